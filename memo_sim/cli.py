@@ -1,0 +1,185 @@
+"""memo-sim: what-if planning for long-context LLM training (no GPU, no torch).
+
+Every user error is one line on stderr and exit code 2 (never a traceback).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from memo_sim.errors import MemoError
+from memo_sim.fileio import atomic_write_json
+from memo_sim.model.config import PRESETS, ModelConfig, get_model
+from memo_sim.plan.schema import read_plan, write_plan
+from memo_sim.policy.policies import POLICIES
+from memo_sim.profile.loader import list_profiles, load_profile
+from memo_sim.report.table import render_table, status_text
+from memo_sim.units import fmt_bytes, fmt_count, fmt_time, parse_count
+
+
+def _count(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        return parse_count(value, f"--{param.name.replace('_', '-')}")
+    except MemoError as e:
+        raise click.BadParameter(str(e).split(": ", 1)[-1]) from None
+
+
+def model_options(f):
+    f = click.option("--vocab", type=int, help="Override the vocabulary size.")(f)
+    f = click.option("--ffn", type=int, help="Override the FFN width.")(f)
+    f = click.option("--heads", type=int, help="Override the attention heads.")(f)
+    f = click.option("--hidden", type=int, help="Override the hidden size.")(f)
+    f = click.option("--layers", type=int, help="Override the number of layers (e.g. a 4-layer toy model).")(f)
+    f = click.option("--model", "model_name", default="gpt-7b", show_default=True,
+                     help="Preset name (memo-sim models) or a model .yaml/.json file.")(f)
+    return f
+
+
+def build_model(model_name: str, layers, hidden, heads, ffn, vocab) -> ModelConfig:
+    base = get_model(model_name)
+    over = {k: v for k, v in dict(layers=layers, hidden=hidden, heads=heads, ffn=ffn, vocab=vocab).items()
+            if v is not None}
+    if not over:
+        return base
+    d = base.to_dict()
+    d.update(over)
+    d["name"] = f"{base.name}-custom"
+    return ModelConfig.from_dict(d, source="model flags")
+
+
+class MemoGroup(click.Group):
+    """Turns MemoError into a one-line message and exit code 2."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except MemoError as e:
+            click.echo(f"error: {e}", err=True)
+            ctx.exit(2)
+
+
+@click.group(cls=MemoGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="memo")
+def cli():
+    """Plan ultra-long-context LLM training: what-if, simulate, memory plans."""
+
+
+@cli.command()
+def profiles():
+    """List the hardware profiles memo can find."""
+    rows = []
+    for name, path in sorted(list_profiles().items()):
+        try:
+            p = load_profile(path)
+            rows.append([name, p.gpu.model, fmt_bytes(p.gpu_memory), f"{p.peak() / 1e12:.0f}",
+                         str(p.node_gpus), fmt_bytes(float(p.host.memory_bytes)), str(path)])
+        except MemoError as e:
+            rows.append([name, f"INVALID: {e}", "", "", "", "", str(path)])
+    click.echo(render_table(["name", "gpu", "memory", "bf16 TFLOP/s", "gpus/node", "host/node", "file"], rows))
+
+
+@cli.command()
+def models():
+    """List the model presets."""
+    rows = [[m.name, str(m.layers), str(m.hidden), str(m.heads), str(m.n_kv_heads), str(m.ffn), m.ffn_type,
+             str(m.vocab), f"{m.params() / 1e9:.2f}B"] for m in PRESETS.values()]
+    click.echo(render_table(["name", "layers", "hidden", "heads", "kv_heads", "ffn", "ffn_type", "vocab", "params"],
+                            rows))
+
+
+@cli.command("check-plan")
+@click.argument("plan_file", type=click.Path(dir_okay=False))
+def check_plan(plan_file):
+    """Validate a plan.json and summarise it."""
+    plan = read_plan(plan_file)
+    p = plan.predicted
+    click.echo(f"{plan_file}: valid {plan.model.name}, {fmt_count(plan.seq_tokens)} tokens, {plan.gpus} GPUs, "
+               f"{plan.layout.label()}, {plan.policy.label()}, predicted {p.get('status')} "
+               f"{fmt_time(p.get('iteration_s', 0.0))}/iter, MFU {100 * p.get('mfu', 0.0):.1f}%")
+
+
+@cli.command()
+@model_options
+@click.option("--seq", default="256K", callback=_count, show_default=True, help="Sequence length (4K, 256K, 1M).")
+@click.option("--gpus", default=8, show_default=True, type=int, help="Number of GPUs.")
+@click.option("--profile", "profile_name", default="a800-80gb", show_default=True, help="Hardware profile.")
+@click.option("--batch", default=1, show_default=True, type=int, help="Sequences per iteration.")
+@click.option("--tp", type=int, help="Fix the tensor-parallel degree.")
+@click.option("--cp", type=int, help="Fix the (ring) context-parallel degree.")
+@click.option("--ulysses", type=int, help="Fix the Ulysses sequence-parallel degree.")
+@click.option("--dp", type=int, help="Fix the data-parallel degree.")
+@click.option("--zero", type=click.IntRange(0, 3), help="Fix the ZeRO stage.")
+@click.option("--sp/--no-sp", default=None, help="Fix Megatron sequence parallelism on or off.")
+@click.option("--policy", "policies", multiple=True, type=click.Choice(POLICIES),
+              help="Only these activation policies (repeatable).")
+@click.option("--alpha", type=click.FloatRange(0, 1), help="Fix MEMO's offload fraction alpha.")
+@click.option("--top", default=15, show_default=True, type=int, help="Rows to print.")
+@click.option("--json", "as_json", is_flag=True, help="Print the ranked candidates as JSON.")
+@click.option("--out", "out_dir", default=".", show_default=True, type=click.Path(file_okay=False),
+              help="Folder for plan.json.")
+@click.option("--no-plan", is_flag=True, help="Do not write plan.json.")
+def whatif(model_name, layers, hidden, heads, ffn, vocab, seq, gpus, profile_name, batch, tp, cp, ulysses, dp,
+           zero, sp, policies, alpha, top, as_json, out_dir, no_plan):
+    """Rank layouts x policies x alpha for a model, sequence length and cluster; write plan.json."""
+    from memo_sim.search.whatif import candidates_for
+
+    t0 = time.perf_counter()
+    model = build_model(model_name, layers, hidden, heads, ffn, vocab)
+    profile = load_profile(profile_name)
+    if batch < 1:
+        raise MemoError("--batch must be at least 1")
+    result = candidates_for(model, seq, gpus, profile, batch=batch, tp=tp, cp=cp, ulysses=ulysses, dp=dp,
+                            zero=zero, sp=sp, policies=tuple(policies) or POLICIES, alpha=alpha)
+    best = result.best
+    plan_path = None
+    if best is not None and not no_plan:
+        plan_path = write_plan(best.to_plan(), Path(out_dir) / "plan.json")
+    elapsed = time.perf_counter() - t0
+    if as_json:
+        obj = {"model": model.to_dict(), "seq_tokens": seq, "gpus": gpus, "batch": batch, "profile": profile.name,
+               "elapsed_s": elapsed, "plan_file": str(plan_path) if plan_path else None,
+               "candidates": [dict(rank=i + 1, **c.to_json()) for i, c in enumerate(result.candidates)],
+               "rejected_layouts": [{"layout": lay.label(), "reason": why} for lay, why in result.rejected_layouts]}
+        click.echo(json.dumps(obj, indent=1))
+        return
+    click.echo(f"{model.name} ({model.params() / 1e9:.2f}B params), {fmt_count(seq)} tokens x {batch}, "
+               f"{gpus} x {profile.gpu.model} ({profile.name})")
+    rows = []
+    for i, c in enumerate(result.candidates[:top]):
+        e, m = c.estimate, c.memory
+        rows.append([str(i + 1), c.layout.label(), c.policy.policy,
+                     "-" if c.policy.alpha is None else f"{c.policy.alpha:.3f}",
+                     status_text(c.status, c.over_bytes), fmt_time(e.iteration_s), f"{100 * e.mfu:.1f}%",
+                     f"{e.tgs:.0f}", fmt_bytes(m.peak_gpu_bytes), fmt_bytes(m.host_bytes_per_node),
+                     fmt_time(e.exposed_copy_s)])
+    click.echo(render_table(["#", "layout", "policy", "alpha", "status", "iter", "MFU", "TGS", "peak GPU",
+                             "host/node", "copy stall"], rows))
+    n_ok = sum(c.status == "OK" for c in result.candidates)
+    click.echo(f"{len(result.candidates)} candidates ({n_ok} fit), {len(result.rejected_layouts)} layouts rejected; "
+               f"analytic estimate (perfect overlap, no contention); {elapsed:.2f} s")
+    if best is None:
+        click.echo("no candidate fits this cluster: no plan.json written. Try more GPUs, a shorter sequence, "
+                   "or --policy memo.")
+    elif plan_path:
+        click.echo(f"best: {best.layout.label()} {best.policy.label()} -> {plan_path}")
+        if best.alpha_note:
+            click.echo(f"  alpha: {best.alpha_note}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        cli.main(args=argv, prog_name="memo-sim", standalone_mode=True)
+    except MemoError as e:  # raised outside a command (e.g. while parsing)
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Pure cost formulas: FLOPs, activation bytes, kernel times, collectives, host transfers."""

@@ -1,0 +1,62 @@
+"""FLOPs, written once. Tokens T = b·s of one sequence (or of one GPU's share where noted).
+
+- GEMM of widths (i, o) on T tokens: 2·T·i·o.
+- Causal attention forward over a sequence of s tokens: 2·b·s²·h (half of the full 4·b·s²·h).
+  FlashAttention's backward runs 2.5x the forward's matmul FLOPs (it recomputes the scores).
+- Model FLOPs per sample (for MFU): 6·s·P + 6·n·h·s².
+"""
+
+from __future__ import annotations
+
+from memo_sim.model.config import ModelConfig
+from memo_sim.model.layer_graph import OpSpec, forward_ops
+
+ATTN_BWD_FACTOR = 2.5  # FlashAttention backward / forward matmul FLOPs
+NORM_FLOPS_PER_ELEM = 8  # mean, var, normalise, scale, shift (negligible next to the GEMMs)
+
+
+def gemm_flops(tokens: float, in_width: int, out_width: int) -> float:
+    return 2.0 * tokens * in_width * out_width
+
+
+def causal_attention_flops(batch: int, seq: int, hidden: int) -> float:
+    """Forward FLOPs of causal attention (QK^T and PV over the lower triangle)."""
+    return 2.0 * batch * seq * seq * hidden
+
+
+def op_flops(op: OpSpec, model: ModelConfig, batch: int, seq: int) -> float:
+    """Forward FLOPs of one op of one layer for a whole (unsplit) sequence batch."""
+    tokens = batch * seq
+    if op.kind == "gemm":
+        return gemm_flops(tokens, *op.gemm)
+    if op.kind == "attention":
+        return causal_attention_flops(batch, seq, model.hidden)
+    if op.kind == "norm":
+        return NORM_FLOPS_PER_ELEM * tokens * model.hidden
+    width = model.ffn if op.name == "act" else model.hidden
+    return 2.0 * tokens * width
+
+
+def layer_forward_flops(model: ModelConfig, batch: int, seq: int) -> dict[str, float]:
+    """GEMM and attention forward FLOPs of one layer: 24·b·s·h² + 2·b·s²·h for GPT (f = 4h)."""
+    gemm = sum(op_flops(op, model, batch, seq) for op in forward_ops(model) if op.kind == "gemm")
+    attn = causal_attention_flops(batch, seq, model.hidden)
+    return {"gemm": gemm, "attention": attn}
+
+
+def classifier_flops(model: ModelConfig, batch: int, seq: int) -> float:
+    return gemm_flops(batch * seq, model.hidden, model.vocab)
+
+
+def model_flops_per_iteration(model: ModelConfig, batch: int, seq: int) -> float:
+    """MISSION's model FLOPs: (6·s·P + 6·n·h·s²) per sample; recompute is not counted."""
+    return batch * (6.0 * seq * model.params() + 6.0 * model.layers * model.hidden * seq * seq)
+
+
+def mfu(model: ModelConfig, batch: int, seq: int, iteration_s: float, gpus: int, peak_flops: float) -> float:
+    return model_flops_per_iteration(model, batch, seq) / iteration_s / (gpus * peak_flops)
+
+
+def tgs(batch: int, seq: int, iteration_s: float, gpus: int) -> float:
+    """Tokens per GPU per second."""
+    return batch * seq / iteration_s / gpus

@@ -1,0 +1,1 @@
+"""Static memory planning: request traces, offline DSA solvers, the caching-allocator model."""

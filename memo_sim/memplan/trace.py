@@ -1,0 +1,181 @@
+"""Request traces: one record per tensor, and the generic static-allocation CSV.
+
+A trace is the input of every memory planner here (offline DSA solvers, the caching-allocator
+model). Each record is a buffer with a size in bytes and a lifetime ``[lower, upper)`` in
+allocation steps (``lower`` inclusive, ``upper`` exclusive), exactly the convention of the public
+``id,lower,upper,size`` CSV files (google/minimalloc). Two buffers conflict when their lifetimes
+overlap: ``a.lower < b.upper and b.lower < a.upper``.
+
+JSON form (``memo-trace`` version 1)::
+
+    {"format": "memo-trace", "version": 1, "name": "...",
+     "buffers": [{"id": "t0", "size": 1024, "lower": 0, "upper": 3,
+                  "phase": "fwd", "layer": 0, "kind": "transient", "name": "qkv"}, ...]}
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from memo_sim.errors import TraceError
+from memo_sim.fileio import atomic_write_json, atomic_write_text
+
+TRACE_FORMAT = "memo-trace"
+TRACE_VERSION = 1
+KINDS = ("transient", "skeletal", "pseudo", "other")
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """One tensor request: ``size`` bytes live during steps ``[lower, upper)``."""
+
+    id: str
+    size: int
+    lower: int
+    upper: int
+    phase: str | None = None
+    layer: int | None = None
+    kind: str | None = None
+    name: str | None = None
+
+    def overlaps(self, other: "Buffer") -> bool:
+        return self.lower < other.upper and other.lower < self.upper
+
+
+@dataclass
+class RequestTrace:
+    buffers: list[Buffer]
+    name: str = ""
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        seen: set[str] = set()
+        for i, b in enumerate(self.buffers):
+            where = f"buffer {i} (id {b.id!r})"
+            if b.id in seen:
+                raise TraceError(f"{where}: duplicate id; give every buffer a unique id")
+            seen.add(b.id)
+            if not isinstance(b.size, int) or b.size <= 0:
+                raise TraceError(f"{where}: size must be a positive integer of bytes, got {b.size!r}")
+            if not isinstance(b.lower, int) or not isinstance(b.upper, int) or b.lower >= b.upper:
+                raise TraceError(
+                    f"{where}: lifetime must satisfy lower < upper (upper exclusive), "
+                    f"got lower={b.lower!r} upper={b.upper!r}"
+                )
+            if b.kind is not None and b.kind not in KINDS:
+                raise TraceError(f"{where}: kind must be one of {', '.join(KINDS)}, got {b.kind!r}")
+
+    def __len__(self) -> int:
+        return len(self.buffers)
+
+    def max_live_bytes(self) -> int:
+        """The max-live lower bound: the largest sum of sizes live at one step."""
+        events: list[tuple[int, int]] = []
+        for b in self.buffers:
+            events.append((b.lower, b.size))
+            events.append((b.upper, -b.size))
+        events.sort(key=lambda e: (e[0], e[1]))  # frees before allocs at the same step
+        live = peak = 0
+        for _, d in events:
+            live += d
+            peak = max(peak, live)
+        return peak
+
+    # ---- JSON -------------------------------------------------------------------------
+    def to_json_obj(self) -> dict:
+        bufs = []
+        for b in self.buffers:
+            d = {k: v for k, v in asdict(b).items() if v is not None}
+            bufs.append(d)
+        return {"format": TRACE_FORMAT, "version": TRACE_VERSION, "name": self.name,
+                "meta": self.meta, "buffers": bufs}
+
+    def write_json(self, path: str | Path) -> Path:
+        return atomic_write_json(path, self.to_json_obj(), indent=1)
+
+    @classmethod
+    def from_json_obj(cls, obj: dict, source: str = "trace") -> "RequestTrace":
+        if not isinstance(obj, dict) or obj.get("format") != TRACE_FORMAT:
+            raise TraceError(f"{source}: field 'format' must be {TRACE_FORMAT!r}")
+        if obj.get("version") != TRACE_VERSION:
+            raise TraceError(
+                f"{source}: field 'version' is {obj.get('version')!r}; this memo reads version {TRACE_VERSION}"
+            )
+        raw = obj.get("buffers")
+        if not isinstance(raw, list):
+            raise TraceError(f"{source}: field 'buffers' must be a list")
+        allowed = {"id", "size", "lower", "upper", "phase", "layer", "kind", "name"}
+        bufs = []
+        for i, r in enumerate(raw):
+            if not isinstance(r, dict):
+                raise TraceError(f"{source}: buffers[{i}] must be an object")
+            unknown = set(r) - allowed
+            if unknown:
+                raise TraceError(f"{source}: buffers[{i}] has unknown field {sorted(unknown)[0]!r}")
+            for k in ("id", "size", "lower", "upper"):
+                if k not in r:
+                    raise TraceError(f"{source}: buffers[{i}] is missing field {k!r}")
+            bufs.append(Buffer(id=str(r["id"]), size=r["size"], lower=r["lower"], upper=r["upper"],
+                               phase=r.get("phase"), layer=r.get("layer"), kind=r.get("kind"),
+                               name=r.get("name")))
+        return cls(bufs, name=str(obj.get("name", "")), meta=dict(obj.get("meta") or {}))
+
+    @classmethod
+    def read_json(cls, path: str | Path) -> "RequestTrace":
+        path = Path(path)
+        try:
+            obj = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise TraceError(f"{path}: no such file") from None
+        except json.JSONDecodeError as e:
+            raise TraceError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        return cls.from_json_obj(obj, source=str(path))
+
+    # ---- CSV (id,lower,upper,size) ----------------------------------------------------
+    def to_csv_text(self) -> str:
+        out = io.StringIO()
+        w = csv.writer(out, lineterminator="\n")
+        w.writerow(["id", "lower", "upper", "size"])
+        for b in self.buffers:
+            w.writerow([b.id, b.lower, b.upper, b.size])
+        return out.getvalue()
+
+    def write_csv(self, path: str | Path) -> Path:
+        return atomic_write_text(path, self.to_csv_text())
+
+    @classmethod
+    def read_csv(cls, path: str | Path) -> "RequestTrace":
+        path = Path(path)
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            raise TraceError(f"{path}: no such file") from None
+        rows = list(csv.reader(io.StringIO(text)))
+        if not rows:
+            raise TraceError(f"{path}: empty file; expected a header id,lower,upper,size")
+        header = [h.strip() for h in rows[0]]
+        need = ["id", "lower", "upper", "size"]
+        missing = [h for h in need if h not in header]
+        if missing:
+            raise TraceError(f"{path}: header lacks column {missing[0]!r}; expected id,lower,upper,size")
+        col = {h: header.index(h) for h in need}
+        bufs = []
+        for ln, row in enumerate(rows[1:], start=2):
+            if not row or all(not c.strip() for c in row):
+                continue
+            try:
+                vals = {h: row[col[h]].strip() for h in need}
+                bufs.append(Buffer(id=vals["id"], lower=int(vals["lower"]), upper=int(vals["upper"]),
+                                   size=int(vals["size"])))
+            except (IndexError, ValueError):
+                raise TraceError(f"{path}: line {ln}: expected integers in lower, upper, size") from None
+        return cls(bufs, name=path.stem)
+
+    @classmethod
+    def read(cls, path: str | Path) -> "RequestTrace":
+        """Read a trace by extension: ``.csv`` as id,lower,upper,size, anything else as JSON."""
+        return cls.read_csv(path) if str(path).lower().endswith(".csv") else cls.read_json(path)

@@ -1,0 +1,112 @@
+"""The op graph of one pre-norm transformer layer: the single place where its tensors live.
+
+Every other part of memo (FLOPs, activation bytes, the MEMO offload split, memory-plan traces,
+the SimPy schedules and the executor's layer) reads tensor widths and op order from here.
+
+Forward, per layer (x is the layer input, y its output = the next layer's input)::
+
+    ln1 = norm(x)                       [TP+SP: all-gather ln1 over the sequence]
+    q, k, v = ln1 @ Wqkv                (gemm)
+    attn, lse = causal_attention(q,k,v) (attention; lse = fp32 log-sum-exp per head)
+    proj = attn @ Wo                    (gemm)   [TP: all-reduce, or reduce-scatter with SP]
+    h1 = x + proj
+    ln2 = norm(h1)                      [TP+SP: all-gather]
+    fc1 = ln2 @ W1                      (gemm; SwiGLU: gate and up, 2f wide)
+    act = gelu(fc1)  | silu(gate)*up
+    fc2 = act @ W2                      (gemm)   [TP: all-reduce / reduce-scatter]
+    y = h1 + fc2
+
+Skeletal (saved for backward) tensors: x, ln1, q, k, v, attn, lse, h1, ln2, fc1, act. For a GPT
+layer (f = 4h) they are 16 elements per token of width h, i.e. 32·b·s·h bytes in 16-bit, of
+which x and attn are 2·b·s·h each (MEMO offloads them whole: roles "input" and "attn"); the
+other 28·b·s·h (role "other") are split token-wise by alpha. Without sequence parallelism the
+tensors with ``tp_split=False`` (x, ln1, h1, ln2: 8·b·s·h bytes) are replicated on every TP
+rank. lse is kept on the GPU by every policy (it is a few MB).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memo_sim.model.config import ModelConfig
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+ROLES = ("input", "attn", "other", "lse", "transient")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    width: int  # elements per token for the whole layer (before any parallel split)
+    dtype_bytes: int
+    tp_split: bool  # split across TP ranks even without sequence parallelism
+    role: str  # MEMO category: input / attn / other (skeletal), lse (kept), transient
+    saved: bool  # skeletal: kept from forward for backward
+
+    def bytes_per_token(self) -> int:
+        return self.width * self.dtype_bytes
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    name: str
+    kind: str  # gemm | attention | norm | elementwise
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    gemm: tuple[int, int] | None = None  # (in_width, out_width) of a gemm
+    tp_comm_after: str | None = None  # "gather" (all-gather with SP), "reduce" (all-reduce / reduce-scatter)
+    token_wise: bool = True  # False only for the attention core: a token subset needs all keys
+
+
+def layer_tensors(model: ModelConfig) -> dict[str, TensorSpec]:
+    b = DTYPE_BYTES[model.dtype]
+    h, kv, f1, f = model.hidden, model.kv_dim, model.fc1_width, model.ffn
+    specs = [
+        TensorSpec("x", h, b, False, "input", True),
+        TensorSpec("ln1", h, b, False, "other", True),
+        TensorSpec("q", h, b, True, "other", True),
+        TensorSpec("k", kv, b, True, "other", True),
+        TensorSpec("v", kv, b, True, "other", True),
+        TensorSpec("attn", h, b, True, "attn", True),
+        TensorSpec("lse", model.heads, 4, True, "lse", True),
+        TensorSpec("proj", h, b, False, "transient", False),
+        TensorSpec("h1", h, b, False, "other", True),
+        TensorSpec("ln2", h, b, False, "other", True),
+        TensorSpec("fc1", f1, b, True, "other", True),
+        TensorSpec("act", f, b, True, "other", True),
+        TensorSpec("fc2", h, b, False, "transient", False),
+        TensorSpec("y", h, b, False, "transient", False),
+    ]
+    return {s.name: s for s in specs}
+
+
+def forward_ops(model: ModelConfig) -> list[OpSpec]:
+    h, kv, f1, f = model.hidden, model.kv_dim, model.fc1_width, model.ffn
+    return [
+        OpSpec("ln1", "norm", ("x",), ("ln1",), tp_comm_after="gather"),
+        OpSpec("qkv", "gemm", ("ln1",), ("q", "k", "v"), gemm=(h, h + 2 * kv)),
+        OpSpec("attention", "attention", ("q", "k", "v"), ("attn", "lse"), token_wise=False),
+        OpSpec("out_proj", "gemm", ("attn",), ("proj",), gemm=(h, h), tp_comm_after="reduce"),
+        OpSpec("add1", "elementwise", ("x", "proj"), ("h1",)),
+        OpSpec("ln2", "norm", ("h1",), ("ln2",), tp_comm_after="gather"),
+        OpSpec("fc1", "gemm", ("ln2",), ("fc1",), gemm=(h, f1)),
+        OpSpec("act", "elementwise", ("fc1",), ("act",)),
+        OpSpec("fc2", "gemm", ("act",), ("fc2",), gemm=(f, h), tp_comm_after="reduce"),
+        OpSpec("add2", "elementwise", ("h1", "fc2"), ("y",)),
+    ]
+
+
+def skeletal_tensors(model: ModelConfig) -> list[TensorSpec]:
+    return [t for t in layer_tensors(model).values() if t.saved]
+
+
+def recompute_ops(model: ModelConfig) -> list[OpSpec]:
+    """Ops MEMO re-runs for the dropped tokens before a layer's backward.
+
+    From the offloaded layer input x and attention output attn every "other" skeletal tensor is
+    rebuilt token-wise: ln1, q/k/v, proj (only to rebuild h1), h1, ln2, fc1, act. The attention
+    core and fc2 are not re-run.
+    """
+    wanted = {"ln1", "qkv", "out_proj", "add1", "ln2", "fc1", "act"}
+    return [op for op in forward_ops(model) if op.name in wanted]

@@ -1,0 +1,171 @@
+"""plan.json, schema ``memo-plan/1``: what the executor reads, validated on read.
+
+Top-level fields (units in the key names)::
+
+    schema            "memo-plan/1"
+    created           ISO-8601 time the plan was written
+    memo_version      version of memo that wrote it
+    model             ModelConfig fields (name, layers, hidden, heads, ffn, vocab, kv_heads, ffn_type, dtype)
+    batch, seq_tokens, gpus
+    layout            Layout fields (tp, sp, cp, ulysses, dp, zero)
+    policy            {"policy": store_all|full_recompute|full_offload|memo, "alpha": float|null}
+    profile           hardware profile name
+    attention_backend auto | flash_attn | sdpa_flash | sdpa_efficient | sdpa_cudnn | math
+    classifier_chunk_tokens  tokens per chunk of the chunked classifier + loss
+    predicted         {"source": analytic|simulated, "status": OK|OOM|OOHM, "iteration_s", "mfu",
+                       "tgs_tokens_per_gpu_s", "peak_gpu_bytes", "peak_host_bytes_per_node", ...}
+    layer_timings_s   {"forward", "backward", "recompute", "offload", "prefetch"} for one layer
+    memory_plan       null, or {"arena_bytes", "phases": {phase: {"peak_bytes", "offsets": {tensor: bytes}}}, ...}
+    timeline          null, or {"file": path of a saved Timeline, ...}
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from memo_sim import __version__
+from memo_sim.errors import MemoError, PlanError
+from memo_sim.fileio import atomic_write_json
+from memo_sim.layout.parallel import Layout
+from memo_sim.model.config import ModelConfig
+from memo_sim.policy.policies import PolicyChoice
+
+PLAN_SCHEMA = "memo-plan/1"
+ATTENTION_BACKENDS = ("auto", "flash_attn", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "math")
+STATUSES = ("OK", "OOM", "OOHM")
+LAYER_TIMING_KEYS = ("forward", "backward", "recompute", "offload", "prefetch")
+
+
+@dataclass
+class Plan:
+    model: ModelConfig
+    batch: int
+    seq_tokens: int
+    gpus: int
+    layout: Layout
+    policy: PolicyChoice
+    profile: str
+    predicted: dict[str, Any]
+    layer_timings_s: dict[str, float]
+    attention_backend: str = "auto"
+    classifier_chunk_tokens: int = 8192
+    memory_plan: dict | None = None
+    timeline: dict | None = None
+    created: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+    memo_version: str = __version__
+
+    def to_dict(self) -> dict:
+        return {
+            "schema": PLAN_SCHEMA,
+            "created": self.created,
+            "memo_version": self.memo_version,
+            "model": self.model.to_dict(),
+            "batch": self.batch,
+            "seq_tokens": self.seq_tokens,
+            "gpus": self.gpus,
+            "layout": self.layout.to_dict(),
+            "policy": self.policy.to_dict(),
+            "profile": self.profile,
+            "attention_backend": self.attention_backend,
+            "classifier_chunk_tokens": self.classifier_chunk_tokens,
+            "predicted": self.predicted,
+            "layer_timings_s": self.layer_timings_s,
+            "memory_plan": self.memory_plan,
+            "timeline": self.timeline,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any, source: str = "plan") -> "Plan":
+        def fail(fieldname: str, msg: str) -> PlanError:
+            return PlanError(f"{source}: {fieldname}: {msg}")
+
+        if not isinstance(d, dict):
+            raise fail("(top)", "a plan is a JSON object")
+        if d.get("schema") != PLAN_SCHEMA:
+            raise fail("schema", f"is {d.get('schema')!r}; this memo reads {PLAN_SCHEMA!r} "
+                                 f"(re-create the plan with this version's memo-sim)")
+        known = {"schema", "created", "memo_version", "model", "batch", "seq_tokens", "gpus", "layout", "policy",
+                 "profile", "attention_backend", "classifier_chunk_tokens", "predicted", "layer_timings_s",
+                 "memory_plan", "timeline"}
+        unknown = set(d) - known
+        if unknown:
+            raise fail(sorted(unknown)[0], "unknown field")
+        for k in ("model", "batch", "seq_tokens", "gpus", "layout", "policy", "profile", "predicted",
+                  "layer_timings_s"):
+            if k not in d:
+                raise fail(k, "missing field")
+        for k in ("batch", "seq_tokens", "gpus", "classifier_chunk_tokens"):
+            v = d.get(k, 1)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise fail(k, f"must be a positive integer, got {v!r}")
+        try:
+            model = ModelConfig.from_dict(d["model"], source=f"{source}: model") if isinstance(d["model"], dict) \
+                else None
+            if model is None:
+                raise fail("model", "must be an object")
+            layout = Layout.from_dict(d["layout"], source=f"{source}: layout") if isinstance(d["layout"], dict) \
+                else None
+            if layout is None:
+                raise fail("layout", "must be an object")
+            pol = d["policy"]
+            if not isinstance(pol, dict) or set(pol) - {"policy", "alpha"} or "policy" not in pol:
+                raise fail("policy", 'must be {"policy": ..., "alpha": ...}')
+            policy = PolicyChoice(pol["policy"], pol.get("alpha"))
+        except PlanError:
+            raise
+        except MemoError as e:
+            raise PlanError(str(e) if str(e).startswith(source) else f"{source}: {e}") from None
+        except TypeError as e:
+            raise fail("model/layout", f"bad value ({e})") from None
+        if layout.gpus != d["gpus"]:
+            raise fail("layout", f"degrees multiply to {layout.gpus} GPUs but gpus is {d['gpus']}")
+        backend = d.get("attention_backend", "auto")
+        if backend not in ATTENTION_BACKENDS:
+            raise fail("attention_backend", f"must be one of {', '.join(ATTENTION_BACKENDS)}, got {backend!r}")
+        pred = d["predicted"]
+        if not isinstance(pred, dict) or pred.get("status") not in STATUSES:
+            raise fail("predicted.status", f"must be one of {', '.join(STATUSES)}")
+        lt = d["layer_timings_s"]
+        if not isinstance(lt, dict) or set(lt) - set(LAYER_TIMING_KEYS):
+            raise fail("layer_timings_s", f"keys must be among {', '.join(LAYER_TIMING_KEYS)}")
+        for k, v in lt.items():
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+                raise fail(f"layer_timings_s.{k}", f"must be a non-negative number of seconds, got {v!r}")
+        if not isinstance(d["profile"], str) or not d["profile"]:
+            raise fail("profile", "must name a hardware profile")
+        mp = d.get("memory_plan")
+        if mp is not None:
+            if not isinstance(mp, dict) or not isinstance(mp.get("arena_bytes"), int) or mp["arena_bytes"] < 0:
+                raise fail("memory_plan.arena_bytes", "must be a non-negative integer")
+            phases = mp.get("phases", {})
+            if not isinstance(phases, dict):
+                raise fail("memory_plan.phases", "must be an object")
+            for ph, body in phases.items():
+                offs = body.get("offsets") if isinstance(body, dict) else None
+                if not isinstance(offs, dict) or any(
+                        isinstance(o, bool) or not isinstance(o, int) or o < 0 for o in offs.values()):
+                    raise fail(f"memory_plan.phases.{ph}.offsets", "must map tensor names to non-negative integers")
+        return cls(model=model, batch=d["batch"], seq_tokens=d["seq_tokens"], gpus=d["gpus"], layout=layout,
+                   policy=policy, profile=d["profile"], predicted=pred, layer_timings_s=dict(lt),
+                   attention_backend=backend, classifier_chunk_tokens=d.get("classifier_chunk_tokens", 8192),
+                   memory_plan=mp, timeline=d.get("timeline"), created=str(d.get("created", "")),
+                   memo_version=str(d.get("memo_version", "")))
+
+
+def write_plan(plan: Plan, path: str | Path) -> Path:
+    return atomic_write_json(path, plan.to_dict())
+
+
+def read_plan(path: str | Path) -> Plan:
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise PlanError(f"{path}: no such plan file") from None
+    except json.JSONDecodeError as e:
+        raise PlanError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    return Plan.from_dict(raw, source=str(path))

@@ -1,0 +1,127 @@
+"""Typed hardware profile. Every number is a `Quantity` in base units with its source.
+
+Base units: bytes, seconds, FLOP/s, bytes/s, counts, ratios. Efficiency curves map a kernel's
+problem size (its FLOPs) to the fraction of peak it reaches, interpolated linearly in log10(FLOPs)
+and held flat outside the measured range.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Quantity:
+    value: float
+    source: str
+
+    def __float__(self) -> float:
+        return float(self.value)
+
+
+@dataclass(frozen=True)
+class Curve:
+    """Efficiency (0..1] as a function of a kernel's FLOPs, piecewise linear in log10(FLOPs)."""
+
+    points: tuple[tuple[float, float], ...]
+    source: str
+
+    def __call__(self, flops: float) -> float:
+        xs = [math.log10(p[0]) for p in self.points]
+        ys = [p[1] for p in self.points]
+        if flops <= 0:
+            return ys[0]
+        x = math.log10(flops)
+        if x <= xs[0]:
+            return ys[0]
+        if x >= xs[-1]:
+            return ys[-1]
+        i = bisect.bisect_right(xs, x)
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    model: str
+    memory_bytes: Quantity
+    reserved_bytes: Quantity  # CUDA context, NCCL buffers, library workspaces: not usable for tensors
+    peak_flops: dict[str, Quantity]  # dtype -> FLOP/s
+    hbm_bandwidth: Quantity
+    copy_compute_slowdown: Quantity  # fractional compute slowdown while a host copy runs (HBM contention)
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    gemm: Curve
+    attention_fwd: Curve
+    attention_bwd: Curve
+    elementwise: Quantity  # fraction of HBM bandwidth reached by norms / activations / adds
+
+
+@dataclass(frozen=True)
+class Link:
+    bandwidth: Quantity  # bytes/s per direction
+    latency: Quantity  # seconds
+
+
+@dataclass(frozen=True)
+class HostLink:
+    d2h_bandwidth: Quantity  # one GPU's own PCIe link, device -> host, bytes/s
+    h2d_bandwidth: Quantity
+    latency: Quantity
+    gpus_per_pcie_switch: Quantity
+    pcie_switch_bandwidth: Quantity  # switch uplink to the CPU, shared by its GPUs, per direction
+    gpus_per_socket: Quantity
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    memory_bytes: Quantity  # per node
+    usable_fraction: Quantity  # OS, framework, dataloader leave the rest
+    memory_bandwidth: Quantity  # per node, caps the sum of all host copies
+    pinned_rounding: str  # "power_of_two" (PyTorch's CachingHostAllocator), "page", "none"
+    pinned_rounding_source: str
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    name: str
+    description: str
+    gpu: GPUSpec
+    efficiency: Efficiency
+    gpus_per_node: Quantity
+    nvlink: Link
+    internode: Link  # per GPU (its share of the node's NICs), per direction
+    host_link: HostLink
+    host: HostSpec
+    path: str = ""
+    provenance: dict = field(default_factory=dict)
+
+    # -- convenience in base units -------------------------------------------------------
+    @property
+    def gpu_memory(self) -> float:
+        return float(self.gpu.memory_bytes)
+
+    @property
+    def usable_gpu_memory(self) -> float:
+        return float(self.gpu.memory_bytes) - float(self.gpu.reserved_bytes)
+
+    @property
+    def node_gpus(self) -> int:
+        return int(self.gpus_per_node.value)
+
+    def peak(self, dtype: str = "bf16") -> float:
+        if dtype not in self.gpu.peak_flops:
+            from memo_sim.errors import MemoError
+
+            raise MemoError(
+                f"profile {self.name}: no peak FLOP/s for dtype {dtype!r}; it has {', '.join(self.gpu.peak_flops)}"
+            )
+        return float(self.gpu.peak_flops[dtype])
+
+    @property
+    def usable_host_memory(self) -> float:
+        return float(self.host.memory_bytes) * float(self.host.usable_fraction)

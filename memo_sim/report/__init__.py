@@ -1,0 +1,1 @@
+"""Reports: tables, Chrome traces and figures."""

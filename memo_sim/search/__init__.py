@@ -1,0 +1,1 @@
+"""Search over plans: the analytic estimate (tier 1) and the what-if ranking."""

@@ -1,0 +1,149 @@
+"""The analytic what-if: enumerate layouts x policies x alpha, estimate, rank, pick a plan.
+
+Ranking: plans that fit (status OK) first, fastest iteration first; then plans that do not fit,
+least over capacity first (OOM by GPU bytes over, OOHM by host bytes over).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from memo_sim.cost.memory import MemoryBreakdown, memory_breakdown
+from memo_sim.errors import MemoError
+from memo_sim.layout.parallel import Layout, enumerate_layouts
+from memo_sim.model.config import ModelConfig
+from memo_sim.plan.schema import Plan
+from memo_sim.policy.policies import POLICIES, PolicyChoice
+from memo_sim.profile.schema import HardwareProfile
+from memo_sim.search.estimate import IterationEstimate, estimate_iteration, memo_alpha
+
+
+@dataclass
+class Candidate:
+    model: ModelConfig
+    layout: Layout
+    policy: PolicyChoice
+    batch: int
+    seq: int
+    profile: HardwareProfile
+    estimate: IterationEstimate
+    memory: MemoryBreakdown
+    alpha_note: str = ""
+    simulated: dict | None = None  # filled by the event simulator (tier 2)
+
+    @property
+    def status(self) -> str:
+        if self.simulated is not None:
+            return self.simulated["status"]
+        return self.memory.status
+
+    @property
+    def over_bytes(self) -> float:
+        return self.memory.oom_by if self.memory.status == "OOM" else self.memory.oohm_by
+
+    def sort_key(self) -> tuple:
+        it = self.simulated["iteration_s"] if self.simulated else self.estimate.iteration_s
+        return (self.status != "OK", self.over_bytes if self.status != "OK" else 0.0, it)
+
+    def to_json(self) -> dict:
+        e, m = self.estimate, self.memory
+        d = {
+            "layout": self.layout.label(),
+            "layout_degrees": self.layout.to_dict(),
+            "policy": self.policy.policy,
+            "alpha": self.policy.alpha,
+            "alpha_note": self.alpha_note,
+            "status": self.status,
+            "analytic_status": m.status,
+            "oom_by_bytes": m.oom_by,
+            "oohm_by_bytes": m.oohm_by,
+            "analytic_iteration_s": e.iteration_s,
+            "analytic_mfu": e.mfu,
+            "analytic_tgs_tokens_per_gpu_s": e.tgs,
+            "analytic_exposed_copy_s": e.exposed_copy_s,
+            "peak_gpu_bytes": m.peak_gpu_bytes,
+            "gpu_capacity_bytes": m.gpu_capacity_bytes,
+            "host_bytes_per_node": m.host_bytes_per_node,
+            "host_capacity_bytes": m.host_capacity_bytes,
+            "model_states_bytes": m.model_states_bytes,
+            "skeletal_resident_bytes": m.skeletal_resident_bytes,
+            "rounding_buffer_bytes": m.rounding_buffer_bytes,
+            "transient_peak_bytes": m.transient_peak_bytes,
+            "layer_forward_s": e.layer.forward,
+            "layer_backward_s": e.layer.backward,
+            "layer_recompute_s": e.layer.recompute,
+            "layer_offload_s": e.layer.offload,
+            "layer_prefetch_s": e.layer.prefetch,
+        }
+        if self.simulated is not None:
+            d.update({f"simulated_{k}": v for k, v in self.simulated.items() if k != "status"})
+            d["simulated_status"] = self.simulated["status"]
+        return d
+
+    def to_plan(self, classifier_chunk_tokens: int = 8192) -> Plan:
+        e = self.estimate
+        sim = self.simulated
+        predicted = {
+            "source": "simulated" if sim else "analytic",
+            "status": self.status,
+            "iteration_s": sim["iteration_s"] if sim else e.iteration_s,
+            "mfu": sim["mfu"] if sim else e.mfu,
+            "tgs_tokens_per_gpu_s": sim["tgs_tokens_per_gpu_s"] if sim else e.tgs,
+            "peak_gpu_bytes": sim["peak_gpu_bytes"] if sim else self.memory.peak_gpu_bytes,
+            "peak_host_bytes_per_node": sim["peak_host_bytes_per_node"] if sim else self.memory.host_bytes_per_node,
+            "exposed_copy_s": sim["exposed_copy_s"] if sim else e.exposed_copy_s,
+            "analytic_iteration_s": e.iteration_s,
+            "memory_breakdown_bytes": {k: v for k, v in self.memory.to_dict().items() if k != "status"},
+        }
+        timings = dict(sim["layer_timings_s"]) if sim and "layer_timings_s" in sim else e.layer.to_dict()
+        return Plan(model=self.model, batch=self.batch, seq_tokens=self.seq, gpus=self.layout.gpus,
+                    layout=self.layout, policy=self.policy, profile=self.profile.name, predicted=predicted,
+                    layer_timings_s=timings, classifier_chunk_tokens=classifier_chunk_tokens)
+
+
+@dataclass
+class WhatIfResult:
+    candidates: list[Candidate]
+    rejected_layouts: list[tuple[Layout, str]] = field(default_factory=list)
+
+    @property
+    def best(self) -> Candidate | None:
+        ok = [c for c in self.candidates if c.status == "OK"]
+        return ok[0] if ok else None
+
+
+def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, *, batch: int = 1,
+                   tp: int | None = None, cp: int | None = None, ulysses: int | None = None, dp: int | None = None,
+                   zero: int | None = None, sp: bool | None = None, policies: tuple[str, ...] = POLICIES,
+                   alpha: float | None = None) -> WhatIfResult:
+    if gpus < 1:
+        raise MemoError("--gpus must be at least 1")
+    for p in policies:
+        if p not in POLICIES:
+            raise MemoError(f"--policy {p!r} unknown; choose from {', '.join(POLICIES)}")
+    if alpha is not None and not (0.0 <= alpha <= 1.0):
+        raise MemoError(f"--alpha must lie in [0, 1], got {alpha}")
+    valid, rejected = enumerate_layouts(model, gpus, profile.node_gpus, seq, tp=tp, cp=cp, ulysses=ulysses,
+                                        dp=dp, zero=zero, sp=sp)
+    if not valid:
+        why = rejected[0][1] if rejected else "no factorisation of the GPU count matches the fixed degrees"
+        raise MemoError(f"no valid layout for {gpus} GPUs with the degrees given: {why}")
+    out: list[Candidate] = []
+    for lay in valid:
+        for pol in policies:
+            note = ""
+            if pol == "memo":
+                if alpha is not None:
+                    a, note = alpha, "fixed by --alpha"
+                else:
+                    res = memo_alpha(model, lay, batch, seq, profile)
+                    a = res.alpha if res.feasible else 0.0
+                    note = res.reason() if res.feasible else f"infeasible ({res.reason()}); alpha=0"
+                choice = PolicyChoice("memo", round(a, 4))
+            else:
+                choice = PolicyChoice(pol)
+            est = estimate_iteration(model, lay, batch, seq, choice, profile)
+            mem = memory_breakdown(model, lay, batch, seq, choice, profile)
+            out.append(Candidate(model, lay, choice, batch, seq, profile, est, mem, note))
+    out.sort(key=Candidate.sort_key)
+    return WhatIfResult(out, rejected)

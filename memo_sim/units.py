@@ -1,0 +1,77 @@
+"""Units: parse "256K" tokens, "80 GiB", "400 GB/s"; format bytes, seconds and FLOP/s.
+
+Every dimension has one base unit: bytes, seconds, FLOP/s, bytes/s, tokens (a count).
+Token counts use binary multipliers as the papers do (1M tokens = 1,048,576; 256K = 262,144).
+"""
+
+from __future__ import annotations
+
+import re
+
+from memo_sim.errors import MemoError
+
+_COUNT = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
+
+BYTES = {
+    "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
+    "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "TiB": 1024**4,
+}
+BANDWIDTH = {
+    "B/s": 1, "KB/s": 1e3, "MB/s": 1e6, "GB/s": 1e9, "TB/s": 1e12,
+    "GiB/s": 1024**3, "Gb/s": 1e9 / 8, "Gbit/s": 1e9 / 8,
+}
+FLOPS = {"FLOP/s": 1, "GFLOP/s": 1e9, "TFLOP/s": 1e12, "PFLOP/s": 1e15}
+TIME = {"s": 1, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+RATIO = {"": 1, "1": 1, "ratio": 1}
+
+DIMENSIONS = {"bytes": BYTES, "bandwidth": BANDWIDTH, "flops": FLOPS, "time": TIME, "ratio": RATIO}
+
+
+def parse_count(text: str | int, field: str = "value") -> int:
+    """Parse a token/element count: 4096, "4K", "256K", "1M", "1.5M" (binary multipliers)."""
+    if isinstance(text, bool):
+        raise MemoError(f"{field}: expected a count like 4096, 256K or 1M, got {text!r}")
+    if isinstance(text, int):
+        if text <= 0:
+            raise MemoError(f"{field}: must be positive, got {text}")
+        return text
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kKmMgG]?)\s*", str(text))
+    if not m:
+        raise MemoError(f"{field}: expected a count like 4096, 256K or 1M, got {text!r}")
+    value = float(m.group(1)) * _COUNT[m.group(2).upper()]
+    if value <= 0 or value != int(value):
+        raise MemoError(f"{field}: must be a positive whole number, got {text!r}")
+    return int(value)
+
+
+def convert(value: float, unit: str, dimension: str, field: str) -> float:
+    """Convert ``value`` in ``unit`` to the base unit of ``dimension`` or raise naming ``field``."""
+    table = DIMENSIONS[dimension]
+    if unit not in table:
+        raise MemoError(
+            f"{field}: unit {unit!r} is not a {dimension} unit; use one of {', '.join(u for u in table if u)}"
+        )
+    return float(value) * table[unit]
+
+
+def fmt_bytes(n: float) -> str:
+    for unit, size in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def fmt_count(n: int) -> str:
+    for unit, size in (("M", 1024**2), ("K", 1024)):
+        if n >= size and n % (size // 1024 or 1) == 0:
+            v = n / size
+            return f"{v:g}{unit}"
+    return str(n)
+
+
+def fmt_time(t: float) -> str:
+    if t >= 1:
+        return f"{t:.2f} s"
+    if t >= 1e-3:
+        return f"{t * 1e3:.2f} ms"
+    return f"{t * 1e6:.1f} us"

@@ -1,0 +1,49 @@
+"""MEMO's alpha: closed form and python-mip LP agree, infeasible cases included."""
+
+import itertools
+
+import pytest
+
+from memo_sim.policy.alpha import AlphaProblem, solve_alpha_closed_form, solve_alpha_lp
+
+GiB = 2**30
+GRID = list(itertools.product(
+    [0.5 * GiB, 2 * GiB],  # s_input (= s_attn)
+    [7 * GiB, 28 * GiB],  # s_others
+    [12.8e9, 25.6e9],  # bandwidth
+    [0.05, 0.3, 2.0],  # t_layer
+    [2 * 2**40, 200 * GiB, 5 * GiB],  # m_cpu per GPU
+    ["none", "power_of_two"],
+))
+
+
+@pytest.mark.parametrize("si,so,bw,t,mc,rnd", GRID)
+def test_lp_matches_closed_form(si, so, bw, t, mc, rnd):
+    p = AlphaProblem(si, si, so, bw, t, 32, mc, rnd)
+    a, b = solve_alpha_closed_form(p), solve_alpha_lp(p)
+    assert a.feasible == b.feasible
+    if a.feasible:
+        assert a.alpha == pytest.approx(b.alpha, abs=1e-6)
+        assert 0.0 <= a.alpha <= 1.0
+        # the answer satisfies both constraints
+        used = si + si + a.alpha * so
+        assert used / bw <= t * (1 + 1e-9)
+        assert used <= p.per_layer_host_cap() * (1 + 1e-9)
+    else:
+        assert a.binding == b.binding
+
+
+def test_known_cases():
+    # offload of input+attn alone exceeds the layer time: infeasible on overlap
+    p = AlphaProblem(4 * GiB, 4 * GiB, 28 * GiB, 10e9, 0.1, 32, 1e15)
+    r = solve_alpha_closed_form(p)
+    assert not r.feasible and r.binding == "overlap"
+    # everything fits: alpha = 1
+    r = solve_alpha_closed_form(AlphaProblem(GiB, GiB, 14 * GiB, 25e9, 10.0, 32, 1e15))
+    assert r.alpha == 1.0 and r.binding == "none"
+    # host-bound: (n-2) * (2 + 14a) GiB <= 150 GiB -> a = (5 - 2) / 14
+    r = solve_alpha_closed_form(AlphaProblem(GiB, GiB, 14 * GiB, 25e9, 10.0, 32, 150 * GiB))
+    assert r.binding == "host_memory" and r.alpha == pytest.approx(3 / 14)
+    # power-of-two pinned rounding: per-layer cap 5 GiB -> 4 GiB -> a = 2/14
+    r = solve_alpha_closed_form(AlphaProblem(GiB, GiB, 14 * GiB, 25e9, 10.0, 32, 150 * GiB, "power_of_two"))
+    assert r.alpha == pytest.approx(2 / 14)

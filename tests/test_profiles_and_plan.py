@@ -1,0 +1,79 @@
+"""Profiles and plan.json: validated on load, one-line errors naming the field."""
+
+import json
+
+import pytest
+import yaml
+
+from memo_sim.errors import PlanError, ProfileError
+from memo_sim.layout import Layout
+from memo_sim.model import get_model
+from memo_sim.plan import Plan, read_plan, write_plan
+from memo_sim.policy import PolicyChoice
+from memo_sim.profile import list_profiles, load_profile
+from memo_sim.profile.loader import REPO_PROFILES
+
+
+def test_builtin_profiles_load():
+    names = set(list_profiles())
+    assert {"a800-80gb", "a100-sxm4-80gb", "h100-sxm5-80gb", "h200-141gb"} <= names
+    for n in names:
+        p = load_profile(n)
+        assert p.peak("bf16") > 1e14 and p.usable_gpu_memory > 0 and p.usable_host_memory > 0
+
+
+def _write_variant(tmp_path, mutate):
+    raw = yaml.safe_load((REPO_PROFILES / "a800-80gb.yaml").read_text())
+    mutate(raw)
+    f = tmp_path / "bad.yaml"
+    f.write_text(yaml.safe_dump(raw))
+    return f
+
+
+@pytest.mark.parametrize("mutate,needle", [
+    (lambda r: r["gpu"].update(colour="green"), "gpu.colour"),
+    (lambda r: r["gpu"].pop("memory"), "gpu.memory: missing"),
+    (lambda r: r["gpu"]["memory"].update(unit="GB/s"), "gpu.memory"),
+    (lambda r: r["host_link"]["d2h_bandwidth"].update(unit="GiB"), "host_link.d2h_bandwidth"),
+    (lambda r: r["gpu"]["hbm_bandwidth"].pop("source"), "source"),
+    (lambda r: r["efficiency"]["gemm"].update(points=[[1e9, 1.5]]), "efficiency.gemm.points[0]"),
+    (lambda r: r.update(schema="memo-hardware-profile/9"), "schema"),
+])
+def test_malformed_profile_names_file_and_field(tmp_path, mutate, needle):
+    f = _write_variant(tmp_path, mutate)
+    with pytest.raises(ProfileError) as e:
+        load_profile(f)
+    msg = str(e.value)
+    assert str(f) in msg and needle in msg and "\n" not in msg
+
+
+def _plan():
+    return Plan(model=get_model("gpt-7b"), batch=1, seq_tokens=262144, gpus=8, layout=Layout(tp=8),
+                policy=PolicyChoice("memo", 0.5), profile="a800-80gb",
+                predicted={"status": "OK", "iteration_s": 1.0, "mfu": 0.5},
+                layer_timings_s={"forward": 0.1, "backward": 0.2})
+
+
+def test_plan_round_trip(tmp_path):
+    p = write_plan(_plan(), tmp_path / "plan.json")
+    back = read_plan(p)
+    assert back.layout == Layout(tp=8) and back.policy.alpha == 0.5 and back.model == get_model("gpt-7b")
+
+
+@pytest.mark.parametrize("mutate,needle", [
+    (lambda d: d.update(schema="memo-plan/2"), "schema"),
+    (lambda d: d.update(gpus=4), "layout"),
+    (lambda d: d["policy"].update(alpha=1.5), "alpha"),
+    (lambda d: d.update(attention_backend="magic"), "attention_backend"),
+    (lambda d: d.pop("layout"), "layout"),
+    (lambda d: d.update(bogus=1), "bogus"),
+    (lambda d: d["layer_timings_s"].update(forward=-1), "layer_timings_s.forward"),
+])
+def test_bad_plan_clear_error(tmp_path, mutate, needle):
+    d = _plan().to_dict()
+    mutate(d)
+    f = tmp_path / "plan.json"
+    f.write_text(json.dumps(d))
+    with pytest.raises(PlanError) as e:
+        read_plan(f)
+    assert needle in str(e.value) and "\n" not in str(e.value)
