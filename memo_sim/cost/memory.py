@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from memo_sim.cost.activations import skeletal_bytes, tensor_bytes, tokens_per_gpu
+from memo_sim.cost.activations import skeletal_bytes, tokens_per_gpu
 from memo_sim.cost.transfer import pinned_bytes
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
-from memo_sim.model.layer_graph import DTYPE_BYTES, forward_ops, layer_tensors
+from memo_sim.model.layer_graph import DTYPE_BYTES
 from memo_sim.policy.policies import NO_OFFLOAD_LAST_LAYERS, PolicyChoice
 from memo_sim.profile.schema import HardwareProfile
 
@@ -76,46 +76,16 @@ def model_state_bytes(model: ModelConfig, layout: Layout) -> float:
     return weights + grads + optim + gathered
 
 
-def _live_peak(steps: list[list[tuple[str, float]]]) -> float:
-    """Peak of the summed sizes of the tensors live at each step (name, bytes) lists."""
-    return max((sum(b for _, b in step) for step in steps), default=0.0)
+def transient_peak_bytes(model: ModelConfig, layout: Layout, batch: int, seq: int,
+                         policy: PolicyChoice | None = None) -> float:
+    """Largest transient live set of one layer's forward or backward on one GPU: the max-live
+    bytes of the level-1 request traces (`memo_sim.memplan.trace_gen`), the one place where a
+    layer's transient tensors and their lifetimes are enumerated."""
+    from memo_sim.memplan.trace_gen import layer_backward_trace, layer_forward_trace
 
-
-def transient_peak_bytes(model: ModelConfig, layout: Layout, batch: int, seq: int) -> float:
-    """Largest transient live set of one layer's forward or backward on one GPU.
-
-    Forward: a gathered (sequence-parallel) gemm input lives with the gemm; a row-parallel gemm
-    output lives at full sequence length until its reduce-scatter (or all-reduce) ends.
-    Backward: the incoming gradient, the gradients an op produces, and the gathered inputs its
-    weight gradient needs.
-    """
-    tens = layer_tensors(model)
-    tb = {n: tensor_bytes(t, layout, batch, seq) for n, t in tens.items()}
-    full_h = tokens_per_gpu(layout, batch, seq) * model.hidden * DTYPE_BYTES[model.dtype]
-    sp = layout.sp and layout.tp > 1
-    fwd_steps: list[list[tuple[str, float]]] = []
-    for op in forward_ops(model):
-        live = [(f"out:{o}", tb[o]) for o in op.outputs if not tens[o].saved]
-        if op.kind == "gemm" and sp and op.tp_comm_after != "reduce":
-            live.append(("gathered_input", full_h))
-        if op.tp_comm_after == "reduce" and layout.tp > 1:
-            live = [(f"out:{o}", full_h) for o in op.outputs] + [("reduced", tb[op.outputs[0]])]
-        if op.kind == "attention":
-            live.append(("attn_workspace", tb["lse"]))
-        fwd_steps.append(live)
-    bwd_steps: list[list[tuple[str, float]]] = []
-    grad_out = tb["y"]
-    for op in reversed(forward_ops(model)):
-        live = [("grad_out", sum(tb[o] for o in op.outputs if o != "lse") if op.kind != "elementwise" else grad_out)]
-        live += [(f"grad:{i}", tb[i]) for i in op.inputs]
-        if op.kind == "gemm" and sp and op.tp_comm_after != "reduce":
-            live.append(("gathered_input", full_h))  # weight gradient needs the gathered input again
-            live.append(("grad_input_full", full_h))  # before its reduce-scatter
-        if op.kind == "attention":
-            live.append(("attn_bwd_workspace", 2 * tb["lse"]))
-        live.append(("residual_grad", tb["h1"]))
-        bwd_steps.append(live)
-    return max(_live_peak(fwd_steps), _live_peak(bwd_steps))
+    fwd = layer_forward_trace(model, layout, batch, seq).max_live_bytes()
+    bwd = layer_backward_trace(model, layout, batch, seq, policy).max_live_bytes()
+    return float(max(fwd, bwd))
 
 
 def classifier_peak_bytes(model: ModelConfig, layout: Layout, batch: int, seq: int,
@@ -149,7 +119,7 @@ def memory_breakdown(model: ModelConfig, layout: Layout, batch: int, seq: int, p
         resident, buffers = n * sk["input"], sk["total"]  # inputs kept; one layer rebuilt at a time
     else:  # full_offload, memo: two rounding buffers hold whole layers
         resident, buffers = 0.0, 2 * sk["total"]
-    transient = transient_peak_bytes(model, layout, batch, seq)
+    transient = transient_peak_bytes(model, layout, batch, seq, policy)
     classifier = classifier_peak_bytes(model, layout, batch, seq, classifier_chunk_tokens)
     # embedding output / final layer output (the next layer's input) is live beside a layer's work
     boundary = sk["input"]

@@ -1,0 +1,70 @@
+"""MEMO's bi-level memory plan (paper sec. 4.2) on top of `solve_dsa`.
+
+Level 1 solves one layer's forward and one layer's backward transient traces; every layer
+reuses those addresses. Level 2 replaces each layer phase by a pseudo block of the level-1
+peak and solves the whole model (embedding, n layers, classifier, skeletal blocks by policy).
+Because skeletal blocks live from a layer's forward to its backward, the whole-model plan is
+judged against the whole-trace max-live bound, not per layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memo_sim.layout.parallel import Layout
+from memo_sim.memplan.solve import DSASolution, solve_dsa
+from memo_sim.memplan.trace import RequestTrace
+from memo_sim.memplan.trace_gen import layer_backward_trace, layer_forward_trace, model_trace
+from memo_sim.memplan.validate import check_placement
+from memo_sim.model.config import ModelConfig
+from memo_sim.policy.policies import PolicyChoice
+
+
+@dataclass
+class BiLevelPlan:
+    fwd: DSASolution
+    bwd: DSASolution
+    model: DSASolution
+    fwd_trace: RequestTrace
+    bwd_trace: RequestTrace
+    model_trace: RequestTrace
+
+    @property
+    def arena_bytes(self) -> int:
+        return int(self.model.peak_bytes)
+
+    def to_plan_json(self) -> dict:
+        """The ``memory_plan`` slot of plan.json: offsets by tensor name per phase, arena size."""
+        def phase(sol: DSASolution, trace: RequestTrace) -> dict:
+            names = {b.id: (b.name or b.id) for b in trace.buffers}
+            return {"peak_bytes": int(sol.peak_bytes), "lower_bound_bytes": int(sol.lower_bound_bytes),
+                    "method": sol.method, "solve_time_s": sol.solve_time_s,
+                    "offsets": {names[i]: int(o) for i, o in sol.offsets.items()}}
+
+        layer_base = {b.id: int(self.model.offsets[b.id]) for b in self.model_trace.buffers if b.kind == "pseudo"}
+        return {"arena_bytes": self.arena_bytes,
+                "lower_bound_bytes": int(self.model.lower_bound_bytes),
+                "phases": {"fwd": phase(self.fwd, self.fwd_trace), "bwd": phase(self.bwd, self.bwd_trace)},
+                "layer_block_offsets": layer_base,
+                "model_offsets": {k: int(v) for k, v in self.model.offsets.items()}}
+
+    def summary(self) -> dict:
+        def one(sol: DSASolution) -> dict:
+            return {"peak_bytes": int(sol.peak_bytes), "lower_bound_bytes": int(sol.lower_bound_bytes),
+                    "gap": sol.gap, "solve_time_s": sol.solve_time_s, "method": sol.method,
+                    "proven_optimal": sol.proven_optimal}
+        return {"level1_fwd": one(self.fwd), "level1_bwd": one(self.bwd), "level2_model": one(self.model)}
+
+
+def plan_memory(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: PolicyChoice, *,
+                time_limit_s: float = 10.0, solver: str = "auto", classifier_chunk_tokens: int = 8192,
+                progress=None) -> BiLevelPlan:
+    ft = layer_forward_trace(model, layout, batch, seq)
+    bt = layer_backward_trace(model, layout, batch, seq, policy)
+    f = solve_dsa(ft, time_limit_s=time_limit_s, solver=solver, progress=progress)
+    b = solve_dsa(bt, time_limit_s=time_limit_s, solver=solver, progress=progress)
+    mt = model_trace(model, layout, batch, seq, policy, int(f.peak_bytes), int(b.peak_bytes), classifier_chunk_tokens)
+    m = solve_dsa(mt, time_limit_s=time_limit_s, solver=solver, progress=progress)
+    for sol, tr in ((f, ft), (b, bt), (m, mt)):
+        check_placement(tr, sol.offsets, int(sol.peak_bytes))
+    return BiLevelPlan(f, b, m, ft, bt, mt)

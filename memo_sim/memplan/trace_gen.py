@@ -1,0 +1,198 @@
+"""Request traces from the layer op graph (`memo_sim.model.layer_graph`), per GPU.
+
+Level 1 (one layer): the transient tensors of one layer's forward and of its backward, with
+their real per-GPU sizes under a layout. Skeletal tensors are not in these traces: offloading
+policies keep them in the preallocated rounding buffers, the others in per-layer blocks that
+the level-2 trace carries.
+
+Forward: a sequence-parallel all-gather output (the gemm input at full local sequence length)
+lives until its gemm ends; a row-parallel gemm output lives at full length until its
+reduce-scatter / all-reduce, whose output lives until the residual add; the layer output y
+lives to the end of the phase (it becomes the next layer's input). The attention kernel's
+workspace is its fp32 log-sum-exp-sized scratch.
+
+Backward (ops in reverse): the incoming gradient dy, the gradients each op produces, the
+gathered inputs the weight gradients need again under sequence parallelism, and MEMO's
+token-wise recompute scratch (the dropped tokens' gathered inputs) at the start.
+
+Level 2 (whole model): embedding output, one pseudo block per layer forward and backward of the
+level-1 peak, skeletal blocks by policy (all layers' skeletal tensors for store-all, layer
+inputs for full recompute, two rounding buffers for offloading policies), lse of every layer,
+one classifier chunk's logits, the final hidden state and its gradient.
+"""
+
+from __future__ import annotations
+
+from memo_sim.cost.activations import skeletal_bytes, tensor_bytes, tokens_per_gpu
+from memo_sim.cost.memory import classifier_peak_bytes
+from memo_sim.layout.parallel import Layout
+from memo_sim.memplan.trace import Buffer, RequestTrace
+from memo_sim.model.config import ModelConfig
+from memo_sim.model.layer_graph import DTYPE_BYTES, forward_ops, layer_tensors
+from memo_sim.policy.policies import PolicyChoice
+
+ALIGN = 512  # the CUDA caching allocator's granularity; planned sizes are rounded to it
+
+
+def _align(n: float) -> int:
+    n = int(round(n))
+    return max(ALIGN, -(-n // ALIGN) * ALIGN)
+
+
+class _Builder:
+    def __init__(self, phase: str, layer: int | None = None):
+        self.phase, self.layer = phase, layer
+        self.step = 0
+        self.open: dict[str, tuple[int, int, str]] = {}
+        self.done: list[Buffer] = []
+
+    def alloc(self, name: str, nbytes: float) -> None:
+        if nbytes <= 0:
+            return
+        self.open[name] = (self.step, _align(nbytes), name)
+
+    def free(self, name: str) -> None:
+        if name in self.open:
+            lower, size, nm = self.open.pop(name)
+            self.done.append(Buffer(f"{self.phase}.{nm}", size, lower, max(self.step, lower + 1), phase=self.phase,
+                                    layer=self.layer, kind="transient", name=nm))
+
+    def tick(self) -> None:
+        self.step += 1
+
+    def finish(self) -> list[Buffer]:
+        self.tick()
+        for name in list(self.open):
+            self.free(name)
+        return sorted(self.done, key=lambda b: (b.lower, b.id))
+
+
+def layer_forward_trace(model: ModelConfig, layout: Layout, batch: int, seq: int) -> RequestTrace:
+    tb = {n: tensor_bytes(t, layout, batch, seq) for n, t in layer_tensors(model).items()}
+    full_h = tokens_per_gpu(layout, batch, seq) * model.hidden * DTYPE_BYTES[model.dtype]
+    sp = layout.sp and layout.tp > 1
+    tp = layout.tp > 1
+    b = _Builder("fwd")
+    for op in forward_ops(model):
+        if op.kind == "gemm" and sp and op.tp_comm_after != "reduce":
+            b.alloc(f"{op.name}_input_gathered", full_h)  # all-gather output
+            b.tick()
+        if op.kind == "attention":
+            b.alloc("attention_workspace", tb["lse"])
+        for o in op.outputs:
+            if not layer_tensors(model)[o].saved:
+                b.alloc(o + ("_partial" if op.tp_comm_after == "reduce" and tp else ""),
+                        full_h if op.tp_comm_after == "reduce" and tp else tb[o])
+        b.tick()
+        b.free(f"{op.name}_input_gathered")
+        b.free("attention_workspace")
+        if op.tp_comm_after == "reduce" and tp:
+            for o in op.outputs:
+                b.alloc(o, tb[o])  # reduce-scatter / all-reduce output
+                b.tick()
+                b.free(o + "_partial")
+        if op.name == "add1":
+            b.free("proj")
+        if op.name == "add2":
+            b.free("fc2")
+    return RequestTrace(b.finish(), name=f"{model.name}-{layout.label()}-{seq}-layer-fwd")
+
+
+def layer_backward_trace(model: ModelConfig, layout: Layout, batch: int, seq: int,
+                         policy: PolicyChoice | None = None) -> RequestTrace:
+    tens = layer_tensors(model)
+    tb = {n: tensor_bytes(t, layout, batch, seq) for n, t in tens.items()}
+    full_h = tokens_per_gpu(layout, batch, seq) * model.hidden * DTYPE_BYTES[model.dtype]
+    sp = layout.sp and layout.tp > 1
+    b = _Builder("bwd")
+    b.alloc("dy", tb["y"])
+    frac = policy.recompute_fraction if policy is not None else 0.0
+    if policy is not None and policy.policy == "full_recompute":
+        frac = 1.0
+    if frac > 0:  # token-wise recompute scratch: gathered inputs and row-parallel partials of dropped tokens
+        for nm in ("recompute_ln1_gathered", "recompute_proj_partial", "recompute_ln2_gathered"):
+            b.alloc(nm, frac * (full_h if sp or nm.endswith("partial") else tb["ln1"]))
+            b.tick()
+            b.free(nm)
+    grads: dict[str, str] = {"y": "dy", "fc2": "dy", "h1": "dy"}
+    for op in reversed(forward_ops(model)):
+        if op.kind == "elementwise" and op.name.startswith("add"):
+            b.tick()  # residual: gradient flows through unchanged (accumulated in place)
+            continue
+        out_grad = grads.get(op.outputs[0], f"d_{op.outputs[0]}")
+        gathered = None
+        if op.kind == "gemm" and sp and op.tp_comm_after == "reduce":
+            gathered = f"{out_grad}_gathered"  # backward of reduce-scatter is an all-gather
+            b.alloc(gathered, full_h)
+            b.tick()
+        if op.kind == "gemm" and sp and op.tp_comm_after != "reduce":
+            b.alloc(f"{op.name}_input_regathered", full_h)  # weight gradient needs the full input
+        if op.kind == "attention":
+            b.alloc("attention_bwd_workspace", 2 * tb["lse"])
+        produced = []
+        for i in op.inputs:
+            if i == "x" and op.name == "ln1":
+                name = "dx"
+            elif i in ("x", "h1"):
+                name = f"d_{i}_part"
+            else:
+                name = f"d_{i}"
+            partial = op.kind == "gemm" and op.tp_comm_after != "reduce" and layout.tp > 1
+            b.alloc(name + ("_partial" if partial else ""), full_h if partial else tb[i])
+            produced.append((name, partial))
+        b.tick()
+        for o in op.outputs:
+            g = grads.get(o, f"d_{o}")
+            if g != "dy":
+                b.free(g)
+        if gathered:
+            b.free(gathered)
+        b.free(f"{op.name}_input_regathered")
+        b.free("attention_bwd_workspace")
+        for name, partial in produced:
+            if partial:
+                b.alloc(name, tb[op.inputs[0]])  # reduce-scatter / all-reduce output
+                b.tick()
+                b.free(name + "_partial")
+            if name.endswith("_part"):
+                b.tick()
+                b.free(name)  # accumulated into dy / dx
+    b.free("dy")
+    return RequestTrace(b.finish(), name=f"{model.name}-{layout.label()}-{seq}-layer-bwd")
+
+
+def model_trace(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: PolicyChoice,
+                fwd_block: int, bwd_block: int, classifier_chunk_tokens: int = 8192) -> RequestTrace:
+    """Level-2 trace: one pseudo block per layer phase plus the blocks that cross layers."""
+    n = model.layers
+    sk = skeletal_bytes(model, layout, batch, seq)
+    x = sk["input"]
+    bufs: list[Buffer] = []
+    # timeline: 0 embedding fwd, 1..n layer fwd, n+1 classifier, n+2..2n+1 layer bwd (reverse), 2n+2 emb bwd
+    end = 2 * n + 3
+
+    def add(id_, size, lo, hi, kind, layer=None, phase=None):
+        if size > 0:
+            bufs.append(Buffer(id_, _align(size), lo, hi, kind=kind, layer=layer, phase=phase, name=id_))
+
+    add("embedding_out", x, 0, 2, "transient", phase="fwd")
+    for i in range(n):
+        add(f"layer{i}.fwd", fwd_block, 1 + i, 2 + i, "pseudo", i, "fwd")
+        bwd_step = n + 2 + (n - 1 - i)
+        add(f"layer{i}.bwd", bwd_block, bwd_step, bwd_step + 1, "pseudo", i, "bwd")
+        add(f"layer{i}.lse", sk["lse"], 1 + i, bwd_step + 1, "skeletal", i)
+        if policy.policy == "store_all":
+            add(f"layer{i}.skeletal", sk["total"], 1 + i, bwd_step + 1, "skeletal", i)
+        elif policy.policy == "full_recompute":
+            add(f"layer{i}.input", x, 1 + i, bwd_step + 1, "skeletal", i)
+    if policy.policy == "full_recompute":
+        add("recompute_buffer", sk["total"], n + 2, 2 * n + 2, "skeletal")
+    if policy.offloads:
+        add("rounding_buffer0", sk["total"], 1, 2 * n + 2, "skeletal")
+        add("rounding_buffer1", sk["total"], 2, 2 * n + 2, "skeletal")
+    add("final_hidden", x, n + 1, n + 2, "transient")
+    add("final_hidden_grad", x, n + 1, n + 3, "transient")
+    add("classifier_chunk", classifier_peak_bytes(model, layout, batch, seq, classifier_chunk_tokens) - 2 * x,
+        n + 1, n + 2, "transient")
+    add("embedding_grad", x, 2 * n + 2, end, "transient")
+    return RequestTrace(bufs, name=f"{model.name}-{layout.label()}-{seq}-{policy.policy}-model")
