@@ -110,7 +110,7 @@ def check_plan(plan_file):
 @click.option("--seq", default="256K", callback=_count, show_default=True, help="Sequence length (4K, 256K, 1M).")
 @click.option("--gpus", default=8, show_default=True, type=int, help="Number of GPUs.")
 @click.option("--profile", "profile_name", default="a800-80gb", show_default=True, help="Hardware profile.")
-@click.option("--batch", default=1, show_default=True, type=int, help="Sequences per iteration.")
+@click.option("--batch", default=1, show_default=True, type=int, help="Sequences per data-parallel replica per iteration.")
 @click.option("--tp", type=int, help="Fix the tensor-parallel degree.")
 @click.option("--cp", type=int, help="Fix the (ring) context-parallel degree.")
 @click.option("--ulysses", type=int, help="Fix the Ulysses sequence-parallel degree.")
@@ -125,8 +125,12 @@ def check_plan(plan_file):
 @click.option("--out", "out_dir", default=".", show_default=True, type=click.Path(file_okay=False),
               help="Folder for plan.json.")
 @click.option("--no-plan", is_flag=True, help="Do not write plan.json.")
+@click.option("--simulate-top", default=8, show_default=True, type=click.IntRange(0, 10000),
+              help="Tier 2: simulate this many of the best analytic candidates in the event simulator (0: none).")
+@click.option("--sweep-alpha", is_flag=True,
+              help="Simulate MEMO at alpha = 0, 0.125, ..., 1 for the (best) fixed layout; writes alpha_sweep.png.")
 def whatif(model_name, layers, hidden, heads, ffn, vocab, seq, gpus, profile_name, batch, tp, cp, ulysses, dp,
-           zero, sp, policies, alpha, top, as_json, out_dir, no_plan):
+           zero, sp, policies, alpha, top, as_json, out_dir, no_plan, simulate_top, sweep_alpha):
     """Rank layouts x policies x alpha for a model, sequence length and cluster; write plan.json."""
     from memo_sim.search.whatif import candidates_for
 
@@ -137,6 +141,19 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, seq, gpus, profile_nam
         raise MemoError("--batch must be at least 1")
     result = candidates_for(model, seq, gpus, profile, batch=batch, tp=tp, cp=cp, ulysses=ulysses, dp=dp,
                             zero=zero, sp=sp, policies=tuple(policies) or POLICIES, alpha=alpha)
+    if sweep_alpha:
+        return _sweep_alpha(model, seq, batch, profile, result, as_json, out_dir, t0)
+    n_sim = 0
+    if simulate_top:
+        from memo_sim.engine.simulate import simulate_candidates
+
+        head = [c for c in result.candidates if c.memory.status == "OK"][:simulate_top]
+        with _progress("simulating", len(head), quiet=as_json) as step:
+            simulate_candidates(head, progress=lambda done, total: step())
+        n_sim = len(head)
+        sim = sorted(head, key=lambda c: c.sort_key())
+        rest = [c for c in result.candidates if c not in head]
+        result.candidates = sim + rest
     best = result.best
     plan_path = None
     if best is not None and not no_plan:
@@ -144,7 +161,7 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, seq, gpus, profile_nam
     elapsed = time.perf_counter() - t0
     if as_json:
         obj = {"model": model.to_dict(), "seq_tokens": seq, "gpus": gpus, "batch": batch, "profile": profile.name,
-               "elapsed_s": elapsed, "plan_file": str(plan_path) if plan_path else None,
+               "elapsed_s": elapsed, "simulated_candidates": n_sim, "plan_file": str(plan_path) if plan_path else None,
                "candidates": [dict(rank=i + 1, **c.to_json()) for i, c in enumerate(result.candidates)],
                "rejected_layouts": [{"layout": lay.label(), "reason": why} for lay, why in result.rejected_layouts]}
         click.echo(json.dumps(obj, indent=1))
@@ -153,17 +170,21 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, seq, gpus, profile_nam
                f"{gpus} x {profile.gpu.model} ({profile.name})")
     rows = []
     for i, c in enumerate(result.candidates[:top]):
-        e, m = c.estimate, c.memory
+        e, m, sm = c.estimate, c.memory, c.simulated
         rows.append([str(i + 1), c.layout.label(), c.policy.policy,
                      "-" if c.policy.alpha is None else f"{c.policy.alpha:.3f}",
-                     status_text(c.status, c.over_bytes), fmt_time(e.iteration_s), f"{100 * e.mfu:.1f}%",
-                     f"{e.tgs:.0f}", fmt_bytes(m.peak_gpu_bytes), fmt_bytes(m.host_bytes_per_node),
-                     fmt_time(e.exposed_copy_s)])
-    click.echo(render_table(["#", "layout", "policy", "alpha", "status", "iter", "MFU", "TGS", "peak GPU",
-                             "host/node", "copy stall"], rows))
+                     status_text(c.status, c.over_bytes), fmt_time(e.iteration_s),
+                     fmt_time(sm["iteration_s"]) if sm else "-",
+                     f"{100 * (sm['mfu'] if sm else e.mfu):.1f}%",
+                     f"{(sm['tgs_tokens_per_gpu_s'] if sm else e.tgs):.0f}",
+                     fmt_bytes(sm["peak_gpu_bytes"] if sm else m.peak_gpu_bytes), fmt_bytes(m.host_bytes_per_node),
+                     fmt_time(sm["exposed_copy_s"] if sm else e.exposed_copy_s)])
+    click.echo(render_table(["#", "layout", "policy", "alpha", "status", "iter (analytic)", "iter (sim)", "MFU",
+                             "TGS", "peak GPU", "host/node", "copy stall"], rows))
     n_ok = sum(c.status == "OK" for c in result.candidates)
     click.echo(f"{len(result.candidates)} candidates ({n_ok} fit), {len(result.rejected_layouts)} layouts rejected; "
-               f"analytic estimate (perfect overlap, no contention); {elapsed:.2f} s")
+               f"tier 1 analytic (perfect overlap, no contention), tier 2 simulated: top {n_sim} "
+               f"(MFU, TGS, peak GPU and copy stall from the simulation where present); {elapsed:.2f} s")
     if best is None:
         click.echo("no candidate fits this cluster: no plan.json written. Try more GPUs, a shorter sequence, "
                    "or --policy memo.")
@@ -259,6 +280,60 @@ def _allocator_summary(rep) -> dict:
     return {"peak_allocated_bytes": rep.peak_allocated_bytes, "peak_reserved_bytes": rep.peak_reserved_bytes,
             "fragmentation_at_peak": rep.fragmentation_at_peak, "num_reorganizations": rep.num_reorganizations,
             "num_cuda_malloc": rep.num_cuda_malloc, "oom": rep.oom}
+
+
+def _progress(label: str, total: int, quiet: bool = False):
+    """A click progress bar on stderr; returns a context manager yielding a step() callable."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def cm():
+        if quiet or total == 0:
+            yield lambda: None
+            return
+        with click.progressbar(length=total, label=label, file=sys.stderr) as bar:
+            yield lambda: bar.update(1)
+    return cm()
+
+
+def _sweep_alpha(model, seq, batch, profile, result, as_json, out_dir, t0):
+    from memo_sim.engine.simulate import DEFAULT_ALPHAS, sweep_alpha
+    from memo_sim.report.figures import alpha_sweep_figure
+
+    memo = [c for c in result.candidates if c.policy.policy == "memo"]
+    if not memo:
+        raise MemoError("--sweep-alpha needs the memo policy among --policy")
+    layout = memo[0].layout
+    layouts = {c.layout for c in result.candidates}
+    with _progress("alpha sweep", len(DEFAULT_ALPHAS), quiet=as_json) as step:
+        res = sweep_alpha(model, layout, batch, seq, profile, DEFAULT_ALPHAS, progress=lambda d, t: step())
+    png = alpha_sweep_figure(res, Path(out_dir) / "alpha_sweep.png")
+    solved = memo[0].policy.alpha
+    if as_json:
+        click.echo(json.dumps({"model": model.to_dict(), "seq_tokens": seq, "profile": profile.name,
+                               "layout": layout.label(), "layout_degrees": layout.to_dict(),
+                               "layout_note": "fixed by flags" if len(layouts) == 1 else
+                               f"best of {len(layouts)} valid layouts (fix --tp/--cp/--dp/--zero to choose)",
+                               "solver_alpha": solved, "figure": str(png),
+                               "sweep": [r.to_dict() for r in res], "elapsed_s": time.perf_counter() - t0},
+                              indent=1))
+        return
+    click.echo(f"{model.name}, {fmt_count(seq)} tokens, {layout.label()} on {profile.name}: MEMO alpha sweep "
+               f"(solver's alpha {solved:.3f})")
+    rows = [[f"{r.policy.alpha:.3f}", status_text(r.status, 0.0) if r.status == "OK" else r.status,
+             fmt_time(r.iteration_s), f"{100 * r.mfu:.1f}%", fmt_bytes(r.peak_gpu_bytes),
+             fmt_bytes(r.peak_host_bytes_per_node), fmt_time(r.exposed_copy_s)] for r in res]
+    click.echo(render_table(["alpha", "status", "iter (sim)", "MFU", "peak GPU", "host/node", "copy stall"], rows))
+    click.echo(f"figure: {png}")
+
+
+def _register_engine_commands() -> None:
+    from memo_sim.engine.commands import register
+
+    register(cli)
+
+
+_register_engine_commands()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -116,7 +116,8 @@ def memory_breakdown(model: ModelConfig, layout: Layout, batch: int, seq: int, p
     if policy.policy == "store_all":
         resident, buffers = n * sk["total"], 0.0
     elif policy.policy == "full_recompute":
-        resident, buffers = n * sk["input"], sk["total"]  # inputs kept; one layer rebuilt at a time
+        # inputs kept; one layer's other skeletal tensors rebuilt at a time (its input is already resident)
+        resident, buffers = n * sk["input"], sk["total"] - sk["input"]
     else:  # full_offload, memo: two rounding buffers hold whole layers
         resident, buffers = 0.0, 2 * sk["total"]
     transient = transient_peak_bytes(model, layout, batch, seq, policy)

@@ -1,1 +1,2 @@
-"""Reports: tables, Chrome traces and figures."""
+"""Reports: tables (`table`), Chrome traces for Perfetto / chrome://tracing (`chrome_trace`) and
+PNG figures: Gantt per stream, memory over time, alpha sweep, MFU vs sequence length (`figures`)."""

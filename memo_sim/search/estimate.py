@@ -7,6 +7,7 @@ Per layer on one GPU (from `memo_sim.cost.layer_time`):
 - Offloaded layers (all but the last two) run forward at max(F, O): layer i+2 waits until buffer
   i%2 is on the host. Their backward runs at max(Bw + R, P): layer i's prefetch runs while layer
   i+1 computes its backward. The last two layers keep their activations in the rounding buffers.
+- ``batch`` is sequences per data-parallel replica (the iteration trains batch x dp sequences).
 - Iteration = embedding + sum of layer forwards + classifier (forward + backward) + sum of layer
   backwards + exposed gradient sync (the last layer's bucket; the rest overlaps the backward)
   + optimizer step.
@@ -138,8 +139,8 @@ def estimate_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int,
     optim = memory_bound_time(2 * (BYTES_OPTIM + BYTES_WEIGHT + BYTES_GRAD) * shard, profile)
     total = emb + fwd + cls + bwd + sync_exposed + zero3 + optim
     return IterationEstimate(
-        iteration_s=total, mfu=mfu(model, batch, seq, total, layout.gpus, profile.peak(model.dtype)),
-        tgs=tgs(batch, seq, total, layout.gpus), layer=lt, embedding_s=emb, classifier_s=cls,
+        iteration_s=total, mfu=mfu(model, batch * layout.dp, seq, total, layout.gpus, profile.peak(model.dtype)),
+        tgs=tgs(batch * layout.dp, seq, total, layout.gpus), layer=lt, embedding_s=emb, classifier_s=cls,
         grad_sync_exposed_s=sync_exposed + zero3, optimizer_s=optim, exposed_copy_s=exposed)
 
 

@@ -1,0 +1,224 @@
+"""The SimPy engine: one process per (device, stream), links as a fluid network, memory over time.
+
+Resources, named for what they model (per simulated device ``d`` on node ``n``):
+
+- ``compute``, ``comm``, ``cp_comm``, ``dp_comm``, ``d2h``, ``h2d`` (any stream name the graph
+  uses): a SimPy process that runs the stream's ops one at a time in issue order; an op first
+  waits for its ``deps`` (events recorded on other streams), then allocates, runs, frees.
+- ``pcie.d2h.d<d>`` / ``pcie.h2d.d<d>``: the GPU's own PCIe link (``host_link.d2h_bandwidth``
+  / ``h2d_bandwidth``), weight 1.
+- ``switch.d2h.n<n>s<s>`` / ``switch.h2d.n<n>s<s>``: the PCIe switch uplink shared by
+  ``gpus_per_pcie_switch`` GPUs (``host_link.pcie_switch_bandwidth``, per direction); the
+  representative's copy weighs ``switch_group`` (its identical switch mates copy with it).
+- ``hostmem.n<n>``: the node's host-memory bandwidth, shared by both directions and all GPUs of
+  the node; the representative weighs ``group``.
+- ``nvlink.d<d>`` / ``internode.d<d>``: the GPU's NVLink port and its share of the node's NICs
+  (per direction); collectives on one of them share it. A collective's alpha-beta time becomes
+  bytes-equivalent work at the link's bandwidth, so alone it takes exactly its OpCost time and
+  under sharing its latency term stretches with the bandwidth term (a slight overestimate).
+
+With ``contention=False`` every op takes its stand-alone time: kernels their `OpCost` seconds,
+collectives their alpha-beta time, host copies `memo_sim.cost.transfer.host_copy_time` at the
+per-GPU rate while all ``group`` GPUs copy (the analytic model's assumption), and compute is
+never slowed by copies. Then the iteration time is the critical path of the op graph, which
+`memo_sim.engine.analytic.analytic_iteration_time` computes layer by layer without SimPy.
+
+Memory: GPU bytes per device and pinned host bytes per node, sampled at every change. An
+allocation past capacity stops the run with a `Failure` (status OOM or OOHM, when, which tensor,
+how much), returned, not raised.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import simpy
+
+from memo_sim.cost.transfer import host_bandwidth_per_gpu
+from memo_sim.engine.fluid import Flow, FluidNetwork
+from memo_sim.engine.graph import MemAction, Op, OpGraph
+from memo_sim.profile.schema import HardwareProfile
+from memo_sim.timeline import MemorySample
+
+HOST_DEVICE_BASE = -1  # node n's host memory is sampled as device -1 - n
+
+
+@dataclass(frozen=True)
+class Failure:
+    status: str  # OOM | OOHM
+    time_s: float
+    tensor: str
+    requested_bytes: float
+    in_use_bytes: float
+    capacity_bytes: float
+    device: int  # GPU index, or -1 - node for host memory
+    op: str | None
+    layer: int | None
+
+    def message(self) -> str:
+        from memo_sim.units import fmt_bytes, fmt_time
+
+        where = "GPU memory" if self.status == "OOM" else "pinned host memory"
+        return (f"{self.status} at {fmt_time(self.time_s)}: {self.tensor} needs {fmt_bytes(self.requested_bytes)} "
+                f"with {fmt_bytes(self.in_use_bytes)} of {fmt_bytes(self.capacity_bytes)} {where} in use"
+                f"{f' (op {self.op}, layer {self.layer})' if self.op else ''}")
+
+    def to_dict(self) -> dict:
+        return {"status": self.status, "time_s": self.time_s, "tensor": self.tensor,
+                "requested_bytes": self.requested_bytes, "in_use_bytes": self.in_use_bytes,
+                "capacity_bytes": self.capacity_bytes, "device": self.device, "op": self.op, "layer": self.layer}
+
+
+class _Abort(Exception):
+    """Internal: ends env.run when an allocation fails."""
+
+
+@dataclass
+class EngineRun:
+    ops: list[Op]
+    memory: list[MemorySample]
+    peak_gpu_bytes: dict[int, float]
+    peak_host_bytes: dict[int, float]  # per node
+    start_gpu_bytes: dict[int, float]
+    end_gpu_bytes: dict[int, float]
+    end_host_bytes: dict[int, float]
+    failure: Failure | None
+    end_time: float
+    link_log: list[tuple[float, dict[str, float]]] = field(default_factory=list)
+    link_capacity: dict[str, float] = field(default_factory=dict)
+    link_carried: dict[str, float] = field(default_factory=dict)
+
+
+class Engine:
+    """Runs an `OpGraph` on a hardware profile; see the module docs for the resources."""
+
+    def __init__(self, graph: OpGraph, profile: HardwareProfile, *, contention: bool = True,
+                 gpu_capacity: float | None = None, host_capacity: float | None = None,
+                 record_links: bool = False):
+        self.graph = graph
+        self.profile = profile
+        self.contention = contention
+        self.gpu_capacity = profile.usable_gpu_memory if gpu_capacity is None else gpu_capacity
+        self.host_capacity = profile.usable_host_memory if host_capacity is None else host_capacity
+        self.env = simpy.Environment()
+        self.net = FluidNetwork(self.env, float(profile.gpu.copy_compute_slowdown) if contention else 0.0,
+                                record=record_links)
+        self.gpu_mem: dict[int, float] = {d: 0.0 for d in graph.devices}
+        self.host_mem: dict[int, float] = {dev.node: 0.0 for dev in graph.devices.values()}
+        self.peak_gpu = dict(self.gpu_mem)
+        self.peak_host = dict(self.host_mem)
+        self.samples: list[MemorySample] = []
+        self.failure: Failure | None = None
+        self.done: dict[int, simpy.Event] = {}
+        hl = profile.host_link
+        self._copy_lat = float(hl.latency)
+        self._solo_rate = {}
+        self._routes = {}
+        for dev in graph.devices.values():
+            for direction in ("d2h", "h2d"):
+                self._solo_rate[(dev.index, direction)] = host_bandwidth_per_gpu(profile, direction, dev.group)
+                own = float(hl.d2h_bandwidth if direction == "d2h" else hl.h2d_bandwidth)
+                self._routes[(dev.index, direction)] = (
+                    (self.net.link(f"pcie.{direction}.d{dev.index}", own), 1.0),
+                    (self.net.link(f"switch.{direction}.n{dev.node}s{dev.switch}", float(hl.pcie_switch_bandwidth)),
+                     float(max(1, dev.switch_group))),
+                    (self.net.link(f"hostmem.n{dev.node}", float(profile.host.memory_bandwidth)),
+                     float(max(1, dev.group))),
+                )
+            for name, lk in (("nvlink", profile.nvlink), ("internode", profile.internode)):
+                self._routes[(dev.index, name)] = ((self.net.link(f"{name}.d{dev.index}", float(lk.bandwidth)), 1.0),)
+
+    # -- memory --------------------------------------------------------------------------
+    def _apply(self, device: int, actions: tuple[MemAction, ...], op: Op | None) -> None:
+        now = self.env.now
+        for a in actions:
+            if a.space == "gpu":
+                cur = self.gpu_mem[device]
+                new = cur + a.nbytes
+                if a.nbytes > 0 and new > self.gpu_capacity:
+                    self._fail("OOM", a, cur, self.gpu_capacity, device, op)
+                self.gpu_mem[device] = new
+                if new > self.peak_gpu[device]:
+                    self.peak_gpu[device] = new
+                self.samples.append(MemorySample(now, device, "gpu", new))
+            else:
+                dev = self.graph.devices[device]
+                node = dev.node
+                delta = a.nbytes * max(1, dev.group)
+                cur = self.host_mem[node]
+                new = cur + delta
+                if delta > 0 and new > self.host_capacity:
+                    self._fail("OOHM", MemAction(a.space, a.tensor, delta), cur, self.host_capacity,
+                               HOST_DEVICE_BASE - node, op)
+                self.host_mem[node] = new
+                if new > self.peak_host[node]:
+                    self.peak_host[node] = new
+                self.samples.append(MemorySample(now, HOST_DEVICE_BASE - node, "host", new))
+
+    def _fail(self, status: str, a: MemAction, cur: float, cap: float, device: int, op: Op | None) -> None:
+        self.failure = Failure(status, self.env.now, a.tensor, a.nbytes, cur, cap, device,
+                               op.name if op else None, op.layer if op else None)
+        raise _Abort()
+
+    # -- streams -------------------------------------------------------------------------
+    def _stream(self, ops: list[Op]):
+        env = self.env
+        net = self.net
+        contention = self.contention
+        for op in ops:
+            for d in op.deps:
+                if d.end is None:
+                    yield self.done[d.uid]
+            op.start = env.now
+            if op.mem_start:
+                self._apply(op.device, op.mem_start, op)
+            if op.work > 0:
+                if op.kind == "compute":
+                    if contention and net.slow_rate < 1.0:
+                        yield net.start(Flow(op.name, op.work, (), op.device, is_compute=True))
+                    else:
+                        yield env.timeout(op.work)
+                elif op.kind == "comm":
+                    if contention and op.link:
+                        route = self._routes[(op.device, op.link)]
+                        yield net.start(Flow(op.name, op.work * route[0][0].capacity, route, op.device))
+                    else:
+                        yield env.timeout(op.work)
+                else:  # copy
+                    yield env.timeout(self._copy_lat)
+                    if contention:
+                        route = self._routes[(op.device, op.direction)]
+                        yield net.start(Flow(op.name, op.work, route, op.device, is_copy=True))
+                    else:
+                        yield env.timeout(op.work / self._solo_rate[(op.device, op.direction)])
+            op.end = env.now
+            if op.mem_end:
+                self._apply(op.device, op.mem_end, op)
+            self.done[op.uid].succeed()
+
+    def run(self) -> EngineRun:
+        g = self.graph
+        for op in g.ops:
+            self.done[op.uid] = self.env.event()
+        start_gpu: dict[int, float] = {}
+        try:
+            for dev_index, action in g.static:
+                self._apply(dev_index, (action,), None)
+            start_gpu = dict(self.gpu_mem)
+            for ops in g.streams.values():
+                self.env.process(self._stream(ops))
+            self.env.run()
+        except _Abort:
+            pass
+        if not start_gpu:
+            start_gpu = dict(self.gpu_mem)
+        return EngineRun(
+            ops=g.ops, memory=self.samples, peak_gpu_bytes=dict(self.peak_gpu), peak_host_bytes=dict(self.peak_host),
+            start_gpu_bytes=start_gpu, end_gpu_bytes=dict(self.gpu_mem), end_host_bytes=dict(self.host_mem),
+            failure=self.failure, end_time=self.env.now, link_log=self.net.load_log,
+            link_capacity={k: v.capacity for k, v in self.net.links.items()},
+            link_carried={k: v.carried for k, v in self.net.links.items()})
+
+    def unfinished(self) -> list[Op]:
+        """Ops that never ran (a dependency cycle or a failed run)."""
+        return [op for op in self.graph.ops if op.end is None]

@@ -1,0 +1,356 @@
+"""Op graphs of one training iteration on one representative GPU, per activation policy.
+
+Order on the representative (every layer's ops come from `memo_sim.cost.layer_time`, each phase
+a chain in which every op waits for the one before it; a ring-CP K/V exchange on ``cp_comm``
+runs beside the attention kernel that follows it and the next op waits for both)::
+
+    embedding fwd -> layer 0..n-1 fwd -> classifier (chunked fwd + bwd)
+    -> layer n-1..0: [prefetch] [recompute] bwd, gradient bucket on dp_comm
+    -> embedding bwd -> (wait for every gradient bucket) optimizer step [-> ZeRO-1/2 param all-gather]
+
+Policies (`memo_sim.policy.policies`):
+
+- ``store_all``: each layer allocates its skeletal bytes at its forward and frees them after
+  its backward.
+- ``full_recompute``: only the layer input stays; before each backward the whole layer forward
+  (`full_recompute_costs`) re-runs and re-allocates the other skeletal tensors.
+- ``full_offload`` and ``memo``: two rounding buffers (static, from `memory_breakdown`), even
+  layers in buffer 0, odd in buffer 1. After layer i's forward its host bytes go out on the
+  ``d2h`` stream (offload) while layer i+1 computes; layer i+2's forward waits on that copy
+  (the CUDA event of the paper). In backward the prefetch of layer i on the ``h2d`` stream
+  starts after layer i+2's backward (buffer i%2 is free) and runs while layer i+1's backward
+  computes; memo then recomputes the dropped (1 - alpha) tokens (`recompute_costs`) before
+  layer i's backward. The last two layers are neither offloaded nor recomputed: their
+  activations stay in the buffers. memo offloads the layer input and attention output whole
+  and alpha of the other skeletal bytes; full_offload all of them.
+
+Memory: model states (and rounding buffers) are static from `memory_breakdown`. Each layer's
+forward, recompute and backward holds one working block of ``transient_peak_bytes`` plus the
+activation handed between layers (the layer input size), as MEMO's level-2 plan treats a layer
+as one pseudo block of its level-1 peak; the classifier holds ``classifier_peak_bytes``; lse
+(the attention log-sum-exp) stays on the GPU from a layer's forward to its backward under every
+policy. Pinned host bytes per offloaded layer are rounded as the profile's pinned allocator
+rounds them and held from the offload's start to the prefetch's end.
+
+Collectives: TP / Ulysses collectives are on ``comm`` (in the OpCost lists, on the critical
+path as in Megatron); ring-CP on ``cp_comm``; DP gradient buckets (one per layer, all-reduce, or
+reduce-scatter from ZeRO-2 on, over the DP x CP x Ulysses group) on ``dp_comm``, each issued
+after its layer's backward and overlapping the next layer's backward. ZeRO-3 all-gathers each
+layer's weights on ``dp_comm`` two layers ahead in forward and in backward.
+
+Embedding, classifier and optimizer times are the analytic estimate's
+(`memo_sim.search.estimate.estimate_iteration`): one place per fact.
+
+Pipelines (SPPO) with the same graph: give each pipeline stage its own `Device` (one
+representative per stage, ``group`` = GPUs of the node running that stage identically), emit
+each (stage, subsequence, layer) phase with `emit_chain` on that device, and connect stages by
+``p2p`` ops (``kind="comm"``, ``link`` nvlink or internode) on a ``p2p`` stream of the sending
+device whose ``deps`` are the sender's last op and on which the receiver's first op depends.
+Subsequence i of stage s waits for subsequence i of stage s-1 (p2p) and for subsequence i-1 of
+stage s (stream order); its offload / prefetch copies use the same d2h / h2d streams with
+per-subsequence bytes (alpha_i). Bubbles, K/V kept on the GPU and per-subsequence offload then
+come out of the same engine; no change to `Engine`, `OpGraph` or the link model is needed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from memo_sim.cost import collectives as coll
+from memo_sim.cost.activations import skeletal_bytes
+from memo_sim.cost.layer_time import (
+    OpCost, backward_costs, forward_costs, full_recompute_costs, recompute_costs,
+)
+from memo_sim.cost.memory import (
+    BYTES_GRAD, BYTES_WEIGHT, DEFAULT_CLASSIFIER_CHUNK, MemoryBreakdown, memory_breakdown,
+    offloaded_bytes_per_layer,
+)
+from memo_sim.cost.transfer import pinned_bytes
+from memo_sim.engine.graph import Device, MemAction, Op, OpGraph
+from memo_sim.layout.parallel import Layout
+from memo_sim.model.config import ModelConfig
+from memo_sim.policy.policies import NO_OFFLOAD_LAST_LAYERS, PolicyChoice
+from memo_sim.profile.schema import HardwareProfile, Link
+
+STREAMS = ("compute", "comm", "cp_comm", "dp_comm", "d2h", "h2d")
+
+
+def representative_device(layout: Layout, profile: HardwareProfile, index: int = 0) -> Device:
+    """The one GPU simulated for a layout whose GPUs all run the same schedule.
+
+    It stands for the min(gpus, gpus_per_node) GPUs of its node, packed onto PCIe switches in
+    order, so min(that, gpus_per_pcie_switch) of them share its switch.
+    """
+    group = min(layout.gpus, profile.node_gpus)
+    per_switch = int(profile.host_link.gpus_per_pcie_switch.value)
+    return Device(index=index, node=0, switch=0, group=group, switch_group=min(group, per_switch),
+                  label=f"GPU {index} (x{group} on node)")
+
+
+def link_name(profile: HardwareProfile, link: Link) -> str:
+    return "internode" if link is profile.internode else "nvlink"
+
+
+def collective_link(cost: OpCost, layout: Layout, profile: HardwareProfile) -> str:
+    """Which link an OpCost collective rides, from the group it runs over (see layer_time)."""
+    if cost.stream == "cp_comm" or cost.name.startswith("cp_"):
+        return link_name(profile, coll.group_link(profile, layout.cp, layout.tp * layout.ulysses))
+    if cost.name.startswith("alltoall"):
+        return link_name(profile, coll.group_link(profile, layout.ulysses, layout.tp))
+    return link_name(profile, coll.group_link(profile, layout.tp, 1))
+
+
+def emit_chain(g: OpGraph, costs: list[OpCost], *, device: int, layer: int | None, phase: str,
+               deps: list[Op], layout: Layout, profile: HardwareProfile,
+               mem_start: tuple[MemAction, ...] = (), mem_end: tuple[MemAction, ...] = (),
+               ) -> tuple[list[Op], list[Op]]:
+    """Add one phase's OpCost list as a dependency chain; return (its ops, what the next op waits on)."""
+    prev = list(deps)
+    ops: list[Op] = []
+    pending_cp: Op | None = None
+    last = len(costs) - 1
+    for k, c in enumerate(costs):
+        kind = "compute" if c.stream == "compute" else "comm"
+        op = g.add(c.name, device=device, stream=c.stream, kind=kind, phase=phase, layer=layer, work=c.seconds,
+                   deps=prev, nbytes=c.nbytes, flops=c.flops,
+                   link=None if kind == "compute" else collective_link(c, layout, profile),
+                   mem_start=mem_start if k == 0 else (), mem_end=mem_end if k == last else ())
+        ops.append(op)
+        if c.stream == "cp_comm":
+            pending_cp = op  # overlaps the attention kernel that follows
+            continue
+        if pending_cp is not None and c.kind == "attention":
+            prev = [op, pending_cp]
+            pending_cp = None
+        else:
+            prev = [op]
+    return ops, prev
+
+
+@dataclass(frozen=True)
+class BoundaryTimes:
+    """Non-layer work of one iteration on one GPU, seconds (from the analytic estimate)."""
+
+    embedding_fwd: float
+    embedding_bwd: float
+    classifier: float
+    optimizer: float
+
+
+def boundary_times(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: PolicyChoice,
+                   profile: HardwareProfile) -> BoundaryTimes:
+    """Embedding (lookup in forward, gradient scatter in backward: half each of the estimate's
+    2·tokens·h·bytes memory-bound pass), chunked classifier (forward and backward per chunk, one
+    op), optimizer step."""
+    from memo_sim.search.estimate import estimate_iteration
+
+    e = estimate_iteration(model, layout, batch, seq, policy, profile)
+    return BoundaryTimes(e.embedding_s / 2, e.embedding_s / 2, e.classifier_s, e.optimizer_s)
+
+
+@dataclass(frozen=True)
+class GradSync:
+    """Gradient / weight collectives over the DP x CP x Ulysses group, seconds alone on the link."""
+
+    link: str
+    layer_grad: float  # one layer's gradient bucket
+    embedding_grad: float
+    layer_gather: float  # ZeRO-3: one layer's bf16 weights
+    param_gather: float  # ZeRO-1/2: every updated bf16 weight after the step
+
+    @property
+    def active(self) -> bool:
+        return self.layer_grad > 0
+
+
+def grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile) -> GradSync:
+    g = layout.state_shards
+    link = coll.group_link(profile, g, layout.tp)
+    bw, lat = float(link.bandwidth), float(link.latency)
+    if g <= 1:
+        return GradSync(link_name(profile, link), 0.0, 0.0, 0.0, 0.0)
+
+    def reduce(nbytes: float) -> float:
+        if layout.zero >= 2:
+            return coll.ring_reduce_scatter_time(nbytes, g, bw, lat)
+        return coll.allreduce_time(nbytes, g, bw, lat)
+
+    layer_p = model.layer_params() / layout.tp
+    emb_p = model.embedding_params() / layout.tp
+    gather = coll.ring_allgather_time(BYTES_WEIGHT * layer_p, g, bw, lat) if layout.zero >= 3 else 0.0
+    params = coll.ring_allgather_time(BYTES_WEIGHT * model.params() / layout.tp, g, bw, lat) \
+        if layout.zero in (1, 2) else 0.0
+    return GradSync(link_name(profile, link), reduce(BYTES_GRAD * layer_p), reduce(BYTES_GRAD * emb_p), gather,
+                    params)
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """Everything about one layer that the schedule and the analytic path share."""
+
+    forward: list[OpCost]
+    backward: list[OpCost]
+    recompute: list[OpCost]  # for the layers that recompute (all for full_recompute, offloaded ones for memo)
+    offload_bytes: float  # per GPU, per offloaded layer
+    offloaded_layers: int  # layers 0 .. offloaded_layers-1 go to host
+    skeletal: dict[str, float]
+    working_bytes: float  # transient pseudo block + the activation handed between layers
+    host_block_bytes: float  # pinned bytes per offloaded layer and GPU
+
+
+def layer_plan(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: PolicyChoice,
+               profile: HardwareProfile, mem: MemoryBreakdown) -> LayerPlan:
+    fwd = forward_costs(model, layout, batch, seq, profile)
+    bwd = backward_costs(model, layout, batch, seq, profile)
+    if policy.policy == "full_recompute":
+        rc = full_recompute_costs(model, layout, batch, seq, profile)
+    elif policy.policy == "memo":
+        rc = recompute_costs(model, layout, batch, seq, profile, policy.recompute_fraction)
+    else:
+        rc = []
+    sk = skeletal_bytes(model, layout, batch, seq)
+    off = offloaded_bytes_per_layer(model, layout, batch, seq, policy)
+    n_off = max(model.layers - NO_OFFLOAD_LAST_LAYERS, 0) if policy.offloads else 0
+    return LayerPlan(fwd, bwd, rc, off, n_off, sk, mem.transient_peak_bytes + sk["input"],
+                     pinned_bytes(off, profile.host.pinned_rounding))
+
+
+@dataclass
+class Schedule:
+    graph: OpGraph
+    device: Device
+    memory: MemoryBreakdown
+    plan: LayerPlan
+    boundary: BoundaryTimes
+    sync: GradSync
+    middle_layer: int
+    phases: dict[tuple[int, str], list[Op]] = field(default_factory=dict)  # (layer, fwd|bwd|recompute) -> ops
+    copies: dict[tuple[int, str], Op] = field(default_factory=dict)  # (layer, offload|prefetch) -> op
+
+
+def middle_layer(n_layers: int) -> int:
+    """A representative layer: in the middle, and offloaded when any layer is."""
+    return max(0, min(n_layers // 2, n_layers - NO_OFFLOAD_LAST_LAYERS - 1))
+
+
+def build_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: PolicyChoice,
+                    profile: HardwareProfile, *, classifier_chunk_tokens: int = DEFAULT_CLASSIFIER_CHUNK,
+                    device: Device | None = None) -> Schedule:
+    """The op graph of one full training iteration on the representative GPU."""
+    dev = device or representative_device(layout, profile)
+    mem = memory_breakdown(model, layout, batch, seq, policy, profile, classifier_chunk_tokens,
+                           active_gpus_per_node=dev.group)
+    lp = layer_plan(model, layout, batch, seq, policy, profile, mem)
+    bt = boundary_times(model, layout, batch, seq, policy, profile)
+    sync = grad_sync(model, layout, profile)
+    n = model.layers
+    d = dev.index
+    g = OpGraph([dev])
+    sched = Schedule(g, dev, mem, lp, bt, sync, middle_layer(n))
+    sk = lp.skeletal
+    pol = policy.policy
+
+    g.add_static(d, MemAction("gpu", "model_states", mem.model_states_bytes))
+    if policy.offloads:
+        g.add_static(d, MemAction("gpu", "rounding_buffers", mem.rounding_buffer_bytes))
+
+    def chain(costs, layer, phase, deps, kept: tuple[MemAction, ...] = (), freed: tuple[MemAction, ...] = ()):
+        work = MemAction("gpu", f"L{layer}.{phase}.working", lp.working_bytes)
+        ops, tail = emit_chain(g, costs, device=d, layer=layer, phase=phase, deps=deps, layout=layout,
+                               profile=profile, mem_start=kept + (work,),
+                               mem_end=(MemAction("gpu", work.tensor, -work.nbytes),) + freed)
+        if ops:
+            sched.phases[(layer, phase)] = ops
+        return tail
+
+    def dp_op(name, layer, work, deps, phase="grad_sync"):
+        return g.add(name, device=d, stream="dp_comm", kind="comm", phase=phase, layer=layer, work=work,
+                     deps=deps, link=sync.link)
+
+    # ---- forward --------------------------------------------------------------------------
+    emb = g.add("embedding", device=d, stream="compute", kind="compute", phase="fwd", layer=None,
+                work=bt.embedding_fwd)
+    tail: list[Op] = [emb]
+    fwd_tail: dict[int, list[Op]] = {}
+    offload: dict[int, Op] = {}
+    gather_f: dict[int, Op] = {}
+    for i in range(n):
+        deps = list(tail)
+        if sync.layer_gather > 0:
+            gather_f[i] = dp_op("allgather_weights", i, sync.layer_gather, fwd_tail.get(i - 2, []), "weight_gather")
+            deps.append(gather_f[i])
+        if policy.offloads and i >= 2 and (i - 2) in offload:
+            deps.append(offload[i - 2])  # buffer i%2 must be on the host before layer i rewrites it
+        if pol == "store_all":
+            kept = (MemAction("gpu", f"L{i}.skeletal", sk["total"] + sk["lse"]),)
+        elif pol == "full_recompute":
+            kept = (MemAction("gpu", f"L{i}.input", sk["input"]), MemAction("gpu", f"L{i}.lse", sk["lse"]))
+        else:
+            kept = (MemAction("gpu", f"L{i}.lse", sk["lse"]),)
+        tail = chain(lp.forward, i, "fwd", deps, kept)
+        fwd_tail[i] = tail
+        if i < lp.offloaded_layers and lp.offload_bytes > 0:
+            op = g.add("offload", device=d, stream="d2h", kind="copy", phase="offload", layer=i,
+                       work=lp.offload_bytes, nbytes=lp.offload_bytes, direction="d2h", deps=tail,
+                       mem_start=(MemAction("host", f"L{i}.offload", lp.host_block_bytes),))
+            offload[i] = op
+            sched.copies[(i, "offload")] = op
+
+    cls = g.add("classifier", device=d, stream="compute", kind="compute", phase="classifier", layer=None,
+                work=bt.classifier, deps=tail,
+                mem_start=(MemAction("gpu", "classifier.working", mem.classifier_peak_bytes),),
+                mem_end=(MemAction("gpu", "classifier.working", -mem.classifier_peak_bytes),))
+    tail = [cls]
+
+    # ---- backward -------------------------------------------------------------------------
+    gather_b: dict[int, Op] = {}
+    if sync.layer_gather > 0:
+        for i in (n - 1, n - 2):
+            if i >= 0:
+                gather_b[i] = dp_op("allgather_weights", i, sync.layer_gather, fwd_tail[n - 1], "weight_gather")
+    bwd_end: dict[int, list[Op]] = {}
+    last_dp: Op | None = None
+    for i in range(n - 1, -1, -1):
+        deps = list(tail)
+        if i in gather_b:
+            deps.append(gather_b[i])
+        if i in offload:
+            pf = g.add("prefetch", device=d, stream="h2d", kind="copy", phase="prefetch", layer=i,
+                       work=lp.offload_bytes, nbytes=lp.offload_bytes, direction="h2d",
+                       deps=bwd_end.get(i + 2, []),  # buffer i%2 is free once layer i+2's backward is done
+                       mem_end=(MemAction("host", f"L{i}.offload", -lp.host_block_bytes),))
+            sched.copies[(i, "prefetch")] = pf
+            deps.append(pf)
+        if pol == "full_recompute":
+            tail = chain(lp.recompute, i, "recompute", deps,
+                         (MemAction("gpu", f"L{i}.recomputed", sk["total"] - sk["input"]),))
+            deps = tail
+        elif pol == "memo" and i in offload and lp.recompute:
+            tail = chain(lp.recompute, i, "recompute", deps)
+            deps = tail
+        if pol == "store_all":
+            freed = (MemAction("gpu", f"L{i}.skeletal", -(sk["total"] + sk["lse"])),)
+        elif pol == "full_recompute":
+            freed = (MemAction("gpu", f"L{i}.recomputed", -(sk["total"] - sk["input"])),
+                     MemAction("gpu", f"L{i}.input", -sk["input"]), MemAction("gpu", f"L{i}.lse", -sk["lse"]))
+        else:
+            freed = (MemAction("gpu", f"L{i}.lse", -sk["lse"]),)
+        tail = chain(lp.backward, i, "bwd", deps, (), freed)
+        bwd_end[i] = tail
+        if sync.layer_gather > 0 and i - 2 >= 0:
+            gather_b[i - 2] = dp_op("allgather_weights", i - 2, sync.layer_gather, tail, "weight_gather")
+        if sync.active:
+            last_dp = dp_op("reducescatter_grads" if layout.zero >= 2 else "allreduce_grads", i, sync.layer_grad,
+                            tail)
+
+    emb_b = g.add("embedding", device=d, stream="compute", kind="compute", phase="bwd", layer=None,
+                  work=bt.embedding_bwd, deps=tail)
+    tail = [emb_b]
+    if sync.active:
+        last_dp = dp_op("reducescatter_grads" if layout.zero >= 2 else "allreduce_grads", None,
+                        sync.embedding_grad, tail)
+    opt = g.add("optimizer", device=d, stream="compute", kind="compute", phase="optimizer", layer=None,
+                work=bt.optimizer, deps=tail + ([last_dp] if last_dp else []))
+    if sync.param_gather > 0:
+        dp_op("allgather_params", None, sync.param_gather, [opt], "param_gather")
+    return sched

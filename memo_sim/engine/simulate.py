@@ -1,0 +1,228 @@
+"""Simulate one training iteration: `simulate`, `sweep_alpha`, `simulate_candidates`.
+
+``batch`` is sequences per data-parallel replica (what `memo_sim.cost.activations` splits across
+a replica's GPUs), so an iteration trains ``batch x dp`` sequences; MFU and TGS count them all.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from memo_sim.cost.flops import mfu as mfu_of, tgs as tgs_of
+from memo_sim.cost.memory import DEFAULT_CLASSIFIER_CHUNK
+from memo_sim.engine.core import Engine, EngineRun, Failure
+from memo_sim.engine.graph import Op
+from memo_sim.engine.schedules import Schedule, build_iteration
+from memo_sim.errors import MemoError
+from memo_sim.layout.parallel import Layout
+from memo_sim.model.config import ModelConfig
+from memo_sim.policy.policies import PolicyChoice
+from memo_sim.profile.schema import HardwareProfile
+from memo_sim.timeline import Timeline, TimelineEvent
+
+DEFAULT_ALPHAS = tuple(i / 8 for i in range(9))  # 0, 0.125, ..., 1
+COPY_STREAMS = ("d2h", "h2d")
+
+Progress = Callable[[int, int], None]  # (done, total)
+
+
+@dataclass
+class SimResult:
+    """One simulated iteration. ``iteration_s``, ``mfu`` and ``tgs`` are None when the run
+    failed (status OOM / OOHM; ``failure`` says when, which tensor and how much)."""
+
+    model: ModelConfig
+    layout: Layout
+    batch: int
+    seq: int
+    policy: PolicyChoice
+    profile: str
+    status: str  # OK | OOM | OOHM
+    iteration_s: float | None
+    mfu: float | None
+    tgs: float | None
+    peak_gpu_bytes: float
+    peak_host_bytes_per_node: float
+    gpu_capacity_bytes: float
+    host_capacity_bytes: float
+    exposed_copy_s: float  # compute-path time spent waiting for host copies
+    layer_timings: dict[str, float]  # forward, backward, recompute, offload, prefetch of one middle layer
+    timeline: Timeline | None
+    failure: Failure | None = None
+    contention: bool = True
+    sim_wall_s: float = 0.0  # host seconds the simulation took
+    n_ops: int = 0
+    start_gpu_bytes: float = 0.0
+    end_gpu_bytes: float = 0.0
+    end_host_bytes: float = 0.0
+    link_log: list = field(default_factory=list)
+    link_capacity: dict = field(default_factory=dict)
+    link_carried: dict = field(default_factory=dict)
+    ops: list[Op] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "OK"
+
+    def to_dict(self) -> dict:
+        """Summary in the keys the what-if and plan.json use (units in key names), no timeline."""
+        return {
+            "status": self.status,
+            "iteration_s": self.iteration_s,
+            "mfu": self.mfu,
+            "tgs_tokens_per_gpu_s": self.tgs,
+            "peak_gpu_bytes": self.peak_gpu_bytes,
+            "peak_host_bytes_per_node": self.peak_host_bytes_per_node,
+            "gpu_capacity_bytes": self.gpu_capacity_bytes,
+            "host_capacity_bytes": self.host_capacity_bytes,
+            "exposed_copy_s": self.exposed_copy_s,
+            "layer_timings_s": dict(self.layer_timings),
+            "failure": self.failure.to_dict() if self.failure else None,
+            "contention": self.contention,
+            "sim_wall_s": self.sim_wall_s,
+            "policy": self.policy.to_dict(),
+            "layout": self.layout.to_dict(),
+            "seq_tokens": self.seq,
+            "batch": self.batch,
+        }
+
+
+def _span(ops: list[Op] | None) -> float:
+    if not ops or any(o.end is None for o in ops):
+        return 0.0
+    return max(o.end for o in ops) - min(o.start for o in ops)
+
+
+def layer_timings(sched: Schedule, layer: int | None = None) -> dict[str, float]:
+    """Simulated seconds of one layer's forward, backward, recompute, offload and prefetch."""
+    i = sched.middle_layer if layer is None else layer
+    out = {"forward": _span(sched.phases.get((i, "fwd"))), "backward": _span(sched.phases.get((i, "bwd"))),
+           "recompute": _span(sched.phases.get((i, "recompute")))}
+    for k in ("offload", "prefetch"):
+        op = sched.copies.get((i, k))
+        out[k] = (op.end - op.start) if op is not None and op.end is not None else 0.0
+    return out
+
+
+def exposed_copy_seconds(ops: list[Op]) -> float:
+    """Time non-copy streams sat ready except for a host copy they waited on.
+
+    For each op on a compute or collective stream: the part of its wait that starts after its
+    stream's previous op and its other dependencies ended and lasts until its last copy
+    dependency ended.
+    """
+    total = 0.0
+    prev_end: dict[tuple[int, str], float] = {}
+    for op in sorted((o for o in ops if o.start is not None), key=lambda o: (o.start, o.uid)):
+        key = (op.device, op.stream)
+        if op.stream not in COPY_STREAMS:
+            copy_end = max((d.end for d in op.deps if d.stream in COPY_STREAMS and d.end is not None), default=None)
+            if copy_end is not None:
+                other = max([prev_end.get(key, 0.0)] + [d.end for d in op.deps
+                                                         if d.stream not in COPY_STREAMS and d.end is not None])
+                total += max(0.0, min(copy_end, op.start) - other)
+        if op.end is not None:
+            prev_end[key] = op.end
+    return total
+
+
+def _timeline(run: EngineRun, meta: dict) -> Timeline:
+    events = [TimelineEvent(op.name, op.layer, op.phase, op.stream, op.device, op.start, op.end, op.nbytes, op.flops)
+              for op in run.ops if op.start is not None and op.end is not None]
+    events.sort(key=lambda e: (e.start, e.device, e.stream))
+    return Timeline(events, list(run.memory), meta)
+
+
+def simulate(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: PolicyChoice,
+             profile: HardwareProfile, *, contention: bool = True,
+             classifier_chunk_tokens: int = DEFAULT_CLASSIFIER_CHUNK, keep_timeline: bool = True,
+             record: bool = False) -> SimResult:
+    """Simulate one training iteration of ``model`` at ``seq`` tokens x ``batch`` sequences per
+    data-parallel replica under ``layout`` and ``policy`` on ``profile``.
+
+    One representative GPU is simulated; the node's shared PCIe switches and host memory see the
+    traffic of every GPU of the node (see `memo_sim.engine.core`). ``contention=False`` gives
+    every op its stand-alone time (the analytic model's assumptions). Running out of GPU or host
+    memory is a result (``status`` OOM / OOHM with ``failure``), not an exception; a bad input
+    raises `MemoError`. ``record=True`` also keeps the op graph (``ops``, with dependencies) and
+    the links' load at every rate change (``link_log``), for checks and debugging.
+    """
+    if batch < 1 or seq < 1:
+        raise MemoError(f"batch and seq must be positive, got batch={batch}, seq={seq}")
+    t0 = time.perf_counter()
+    sched = build_iteration(model, layout, batch, seq, policy, profile, classifier_chunk_tokens=classifier_chunk_tokens)
+    engine = Engine(sched.graph, profile, contention=contention, gpu_capacity=sched.memory.gpu_capacity_bytes,
+                    host_capacity=sched.memory.host_capacity_bytes, record_links=record)
+    run = engine.run()
+    if run.failure is None:
+        stuck = engine.unfinished()
+        if stuck:
+            raise RuntimeError(f"schedule deadlock: {len(stuck)} ops never ran, first {stuck[0]!r} "
+                               f"waiting on {stuck[0].deps!r}")
+    dev = sched.device.index
+    status = run.failure.status if run.failure else "OK"
+    it = mfu = tgs = None
+    if run.failure is None:
+        it = run.end_time
+        sequences = batch * layout.dp
+        mfu = mfu_of(model, sequences, seq, it, layout.gpus, profile.peak(model.dtype))
+        tgs = tgs_of(sequences, seq, it, layout.gpus)
+    meta = {
+        "source": "simulated", "model": model.name, "layers": model.layers, "layout": layout.label(),
+        "policy": policy.label(), "profile": profile.name, "seq_tokens": seq, "batch": batch, "gpus": layout.gpus,
+        "status": status, "iteration_s": it, "mfu": mfu, "contention": contention,
+        "gpu_capacity_bytes": sched.memory.gpu_capacity_bytes,
+        "host_capacity_bytes": sched.memory.host_capacity_bytes,
+        "representative": {"device": dev, "gpus_on_node": sched.device.group,
+                           "gpus_on_pcie_switch": sched.device.switch_group},
+        "middle_layer": sched.middle_layer,
+        "failure": run.failure.to_dict() if run.failure else None,
+    }
+    tl = _timeline(run, meta) if keep_timeline else None
+    wall = time.perf_counter() - t0
+    return SimResult(
+        model=model, layout=layout, batch=batch, seq=seq, policy=policy, profile=profile.name, status=status,
+        iteration_s=it, mfu=mfu, tgs=tgs, peak_gpu_bytes=run.peak_gpu_bytes[dev],
+        peak_host_bytes_per_node=run.peak_host_bytes[sched.device.node],
+        gpu_capacity_bytes=sched.memory.gpu_capacity_bytes, host_capacity_bytes=sched.memory.host_capacity_bytes,
+        exposed_copy_s=exposed_copy_seconds(run.ops), layer_timings=layer_timings(sched), timeline=tl,
+        failure=run.failure, contention=contention, sim_wall_s=wall, n_ops=len(run.ops),
+        start_gpu_bytes=run.start_gpu_bytes.get(dev, 0.0), end_gpu_bytes=run.end_gpu_bytes[dev],
+        end_host_bytes=run.end_host_bytes[sched.device.node], link_log=run.link_log,
+        link_capacity=run.link_capacity, link_carried=run.link_carried,
+        ops=run.ops if record else [])
+
+
+def sweep_alpha(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile,
+                alphas: Iterable[float] = DEFAULT_ALPHAS, progress: Progress | None = None, *,
+                contention: bool = True, keep_timeline: bool = False) -> list[SimResult]:
+    """Simulate the memo policy at each alpha (default 0, 0.125, ..., 1); OOM / OOHM runs are
+    kept as results. ``progress(done, total)`` is called after each run."""
+    alphas = list(alphas)
+    for a in alphas:
+        if not (0.0 <= a <= 1.0) or math.isnan(a):
+            raise MemoError(f"alpha must lie in [0, 1], got {a}")
+    out = []
+    for k, a in enumerate(alphas):
+        out.append(simulate(model, layout, batch, seq, PolicyChoice("memo", float(a)), profile,
+                            contention=contention, keep_timeline=keep_timeline))
+        if progress is not None:
+            progress(k + 1, len(alphas))
+    return out
+
+
+def simulate_candidates(candidates: list, progress: Progress | None = None, *, contention: bool = True) -> list[dict]:
+    """Tier 2 of the what-if: simulate each `memo_sim.search.whatif.Candidate` and store the
+    summary in ``candidate.simulated`` (the keys `Candidate.to_plan` reads). Returns the summaries."""
+    out = []
+    for k, c in enumerate(candidates):
+        r = simulate(c.model, c.layout, c.batch, c.seq, c.policy, c.profile, contention=contention,
+                     keep_timeline=False)
+        c.simulated = r.to_dict()
+        out.append(c.simulated)
+        if progress is not None:
+            progress(k + 1, len(candidates))
+    return out

@@ -1,0 +1,264 @@
+"""PNG figures (matplotlib, Agg canvas; no display and no global pyplot state).
+
+- `gantt_figure`: one row per stream of one GPU over a layer range, forward and backward side by
+  side (they are far apart in time), bars coloured by phase and labelled by layer.
+- `memory_figure`: GPU memory per device and pinned host memory per node over the iteration,
+  with capacities.
+- `alpha_sweep_figure`: MFU and peak memory against MEMO's alpha, OOM / OOHM runs marked.
+- `mfu_vs_seq_figure`: MFU against sequence length, one line per policy, OOM / OOHM marked.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from memo_sim.errors import MemoError
+from memo_sim.timeline import Timeline, TimelineEvent
+from memo_sim.units import fmt_count
+
+if TYPE_CHECKING:
+    from memo_sim.engine.simulate import SimResult
+
+GiB = 1024**3
+TiB = 1024**4
+STREAM_ORDER = ("compute", "comm", "cp_comm", "dp_comm", "d2h", "h2d")
+PHASE_COLOR = {
+    "fwd": "#4C72B0", "bwd": "#DD8452", "recompute": "#C44E52", "offload": "#55A868", "prefetch": "#8172B3",
+    "classifier": "#937860", "optimizer": "#DA8BC3", "grad_sync": "#8C8C8C", "weight_gather": "#CCB974",
+    "param_gather": "#64B5CD",
+}
+FAIL_STYLE = {"OOM": ("x", "#C44E52"), "OOHM": ("v", "#8172B3")}
+FWD_PHASES = ("fwd", "offload", "weight_gather")
+BWD_PHASES = ("bwd", "recompute", "prefetch", "grad_sync")
+
+
+def _save(fig: Figure, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    FigureCanvasAgg(fig)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    return path
+
+
+def parse_layer_range(text: str | None, n_layers: int | None = None) -> tuple[int, int] | None:
+    """``"A:B"`` -> (A, B), both included; ``None`` -> None. ``A:`` runs to the last layer."""
+    if text is None:
+        return None
+    parts = str(text).split(":")
+    if len(parts) != 2:
+        raise MemoError(f"--layers: expected A:B (e.g. 14:16), got {text!r}")
+    try:
+        a = int(parts[0]) if parts[0].strip() else 0
+        b = int(parts[1]) if parts[1].strip() else (n_layers - 1 if n_layers else a)
+    except ValueError:
+        raise MemoError(f"--layers: A and B must be layer numbers, got {text!r}") from None
+    if a < 0 or b < a:
+        raise MemoError(f"--layers: need 0 <= A <= B, got {text!r}")
+    if n_layers is not None and a >= n_layers:
+        raise MemoError(f"--layers: the model has layers 0..{n_layers - 1}, got {text!r}")
+    return a, b
+
+
+def default_layer_range(timeline: Timeline) -> tuple[int, int]:
+    mid = timeline.meta.get("middle_layer")
+    layers = sorted({e.layer for e in timeline.events if e.layer is not None})
+    if not layers:
+        return 0, 0
+    if mid is None:
+        mid = layers[len(layers) // 2]
+    return max(layers[0], mid - 1), min(layers[-1], mid + 1)
+
+
+def _window(events: list[TimelineEvent], layers: tuple[int, int], phases: tuple[str, ...]) -> tuple[float, float] | None:
+    sel = [e for e in events if e.layer is not None and layers[0] <= e.layer <= layers[1] and e.phase in phases]
+    if not sel:
+        return None
+    return min(e.start for e in sel), max(e.end for e in sel)
+
+
+def gantt_figure(timeline: Timeline, path: str | Path, layers: tuple[int, int] | None = None,
+                 device: int = 0) -> Path:
+    """Gantt chart of every stream of ``device`` over ``layers`` (inclusive)."""
+    layers = layers or default_layer_range(timeline)
+    events = [e for e in timeline.events if e.device == device]
+    if not events:
+        raise MemoError(f"timeline has no events on device {device}")
+    streams = sorted({e.stream for e in events},
+                     key=lambda s: (STREAM_ORDER.index(s) if s in STREAM_ORDER else len(STREAM_ORDER), s))
+    windows = [(name, w) for name, w in (("forward", _window(events, layers, FWD_PHASES)),
+                                         ("backward", _window(events, layers, BWD_PHASES))) if w]
+    if not windows:
+        known = sorted({e.layer for e in events if e.layer is not None})
+        raise MemoError(f"no events for layers {layers[0]}..{layers[1]}; the timeline has layers "
+                        f"{known[0] if known else '-'}..{known[-1] if known else '-'}")
+    fig = Figure(figsize=(7 * len(windows), 0.55 * len(streams) + 1.8))
+    axes = fig.subplots(1, len(windows), squeeze=False)[0]
+    seen_phases: set[str] = set()
+    for ax, (name, (t0, t1)) in zip(axes, windows):
+        span = max(t1 - t0, 1e-9)
+        for row, s in enumerate(streams):
+            for e in events:
+                if e.stream != s or e.end < t0 or e.start > t1:
+                    continue
+                a, b = max(e.start, t0), min(e.end, t1)
+                color = PHASE_COLOR.get(e.phase, "#999999")
+                seen_phases.add(e.phase)
+                ax.broken_barh([((a - t0) * 1e3, max((b - a) * 1e3, span * 1e3 * 1e-4))], (row - 0.4, 0.8),
+                               facecolors=color, edgecolors="white", linewidth=0.3)
+                if e.layer is not None and (b - a) > 0.06 * span and s in ("compute", "d2h", "h2d"):
+                    ax.text(((a + b) / 2 - t0) * 1e3, row, f"L{e.layer}", ha="center", va="center", fontsize=6,
+                            color="white")
+        ax.set_yticks(range(len(streams)))
+        ax.set_yticklabels(streams)
+        ax.invert_yaxis()
+        ax.set_xlim(0, span * 1e3)
+        ax.set_xlabel(f"ms from {t0:.3f} s")
+        ax.set_title(f"{name}, layers {layers[0]}..{layers[1]}", fontsize=10)
+        ax.grid(axis="x", alpha=0.3)
+    meta = timeline.meta or {}
+    fig.suptitle(" | ".join(str(meta[k]) for k in ("model", "layout", "policy", "profile") if meta.get(k))
+                 + (f" | {fmt_count(meta['seq_tokens'])} tokens" if meta.get("seq_tokens") else ""), fontsize=10)
+    handles = [Patch(color=PHASE_COLOR.get(p, "#999999"), label=p) for p in sorted(seen_phases)]
+    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 8), fontsize=8, frameon=False,
+               bbox_to_anchor=(0.5, -0.02))
+    fig.tight_layout(rect=(0, 0.06, 1, 0.95))
+    return _save(fig, path)
+
+
+def _steps(samples):
+    """Step curve; of several samples at one instant (a free and an alloc back to back) the last
+    one is the level that holds, so the zero-width dips in between are not drawn."""
+    last: dict[float, float] = {}
+    for m in sorted(samples, key=lambda m: m.time):
+        last[m.time] = m.nbytes
+    xs, ys = [], []
+    for t, v in last.items():
+        if xs:
+            xs.append(t)
+            ys.append(ys[-1])
+        xs.append(t)
+        ys.append(v / GiB)
+    return xs, ys
+
+
+def memory_figure(timeline: Timeline, path: str | Path) -> Path:
+    """GPU memory per device and pinned host memory per node over time, with capacities."""
+    meta = timeline.meta or {}
+    gpu = sorted({m.device for m in timeline.memory if m.kind == "gpu"})
+    host = sorted({m.device for m in timeline.memory if m.kind == "host"})
+    rows = 2 if host else 1
+    fig = Figure(figsize=(10, 3.2 * rows))
+    axes = fig.subplots(rows, 1, squeeze=False, sharex=True)[:, 0]
+    end = max([e.end for e in timeline.events] + [m.time for m in timeline.memory] + [0.0])
+    for d in gpu:
+        xs, ys = _steps([m for m in timeline.memory if m.kind == "gpu" and m.device == d])
+        xs.append(end)
+        ys.append(ys[-1])
+        axes[0].plot(xs, ys, lw=1.2, label=f"GPU {d}")
+    cap = meta.get("gpu_capacity_bytes")
+    if cap:
+        axes[0].axhline(cap / GiB, color="#C44E52", ls="--", lw=1, label="usable capacity")
+    axes[0].set_ylabel("GPU memory (GiB)")
+    axes[0].legend(fontsize=8, loc="upper right")
+    axes[0].grid(alpha=0.3)
+    if host:
+        for h in host:
+            xs, ys = _steps([m for m in timeline.memory if m.kind == "host" and m.device == h])
+            xs.append(end)
+            ys.append(ys[-1])
+            axes[1].plot(xs, ys, lw=1.2, color="#55A868", label=f"node {-1 - h} pinned host")
+        hcap = meta.get("host_capacity_bytes")
+        if hcap:
+            axes[1].axhline(hcap / GiB, color="#C44E52", ls="--", lw=1, label="usable capacity")
+        axes[1].set_ylabel("host memory (GiB)")
+        axes[1].legend(fontsize=8, loc="upper right")
+        axes[1].grid(alpha=0.3)
+    axes[-1].set_xlabel("time in the iteration (s)")
+    fail = meta.get("failure")
+    title = " | ".join(str(meta[k]) for k in ("model", "layout", "policy") if meta.get(k))
+    if fail:
+        title += f" | {fail['status']} at {fail['time_s']:.3f} s ({fail['tensor']})"
+        for ax in axes:
+            ax.axvline(fail["time_s"], color="#C44E52", lw=1)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def _mark_failures(ax, xs, statuses, y):
+    for st, (marker, color) in FAIL_STYLE.items():
+        pts = [x for x, s in zip(xs, statuses) if s == st]
+        if pts:
+            ax.scatter(pts, [y] * len(pts), marker=marker, color=color, s=50, zorder=5, label=st, clip_on=False)
+
+
+def alpha_sweep_figure(results: list["SimResult"], path: str | Path) -> Path:
+    """MFU (top) and peak GPU / host memory (bottom) against alpha; OOM / OOHM marked."""
+    if not results:
+        raise MemoError("alpha sweep: no results to plot")
+    rs = sorted(results, key=lambda r: r.policy.alpha or 0.0)
+    alphas = [r.policy.alpha or 0.0 for r in rs]
+    fig = Figure(figsize=(7, 6))
+    ax1, ax2 = fig.subplots(2, 1, sharex=True)
+    ok = [(a, 100 * r.mfu) for a, r in zip(alphas, rs) if r.ok]
+    if ok:
+        ax1.plot([a for a, _ in ok], [m for _, m in ok], "o-", color="#4C72B0", label="MFU")
+    _mark_failures(ax1, alphas, [r.status for r in rs], 0.0)
+    ax1.set_ylabel("MFU (%)")
+    ax1.set_ylim(bottom=0)
+    ax1.grid(alpha=0.3)
+    ax1.legend(fontsize=8)
+    ax2.plot(alphas, [r.peak_gpu_bytes / GiB for r in rs], "s-", color="#DD8452", label="peak GPU (GiB)")
+    ax2.axhline(rs[0].gpu_capacity_bytes / GiB, color="#DD8452", ls="--", lw=1)
+    ax2.set_ylabel("peak GPU memory (GiB)")
+    ax3 = ax2.twinx()
+    ax3.plot(alphas, [r.peak_host_bytes_per_node / TiB for r in rs], "^-", color="#55A868",
+             label="peak host / node (TiB)")
+    ax3.axhline(rs[0].host_capacity_bytes / TiB, color="#55A868", ls="--", lw=1)
+    ax3.set_ylabel("peak pinned host / node (TiB)")
+    ax2.set_xlabel("alpha (offloaded fraction of the other skeletal tensors)")
+    ax2.grid(alpha=0.3)
+    h1, l1 = ax2.get_legend_handles_labels()
+    h2, l2 = ax3.get_legend_handles_labels()
+    ax2.legend(h1 + h2, l1 + l2, fontsize=8, loc="upper left")
+    r0 = rs[0]
+    fig.suptitle(f"{r0.model.name} {fmt_count(r0.seq)} tokens, {r0.layout.label()}, {r0.profile}: MEMO alpha sweep",
+                 fontsize=10)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def mfu_vs_seq_figure(results: list["SimResult"], path: str | Path) -> Path:
+    """MFU against sequence length, one line per policy; OOM / OOHM runs marked at 0."""
+    if not results:
+        raise MemoError("MFU vs sequence length: no results to plot")
+    fig = Figure(figsize=(7, 4))
+    ax = fig.subplots()
+    by_policy: dict[str, list] = {}
+    for r in results:
+        by_policy.setdefault(r.policy.policy, []).append(r)
+    for pol, rs in by_policy.items():
+        rs.sort(key=lambda r: r.seq)
+        ok = [r for r in rs if r.ok]
+        if ok:
+            ax.plot([r.seq for r in ok], [100 * r.mfu for r in ok], "o-", label=pol)
+    seqs = [r.seq for r in results]
+    _mark_failures(ax, seqs, [r.status for r in results], 0.0)
+    ax.set_xscale("log", base=2)
+    ticks = sorted(set(seqs))
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([fmt_count(s) for s in ticks])
+    ax.set_xlabel("sequence length (tokens)")
+    ax.set_ylabel("MFU (%)")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    r0 = results[0]
+    fig.suptitle(f"{r0.model.name}, {r0.layout.label()}, {r0.profile}: MFU by policy", fontsize=10)
+    fig.tight_layout()
+    return _save(fig, path)
