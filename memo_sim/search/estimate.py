@@ -10,7 +10,7 @@ Per layer on one GPU (from `memo_sim.cost.layer_time`):
 - ``batch`` is sequences per data-parallel replica (the iteration trains batch x dp sequences).
 - Iteration = embedding + sum of layer forwards + classifier (forward + backward) + sum of layer
   backwards + exposed gradient sync (the last layer's bucket; the rest overlaps the backward)
-  + optimizer step.
+  + optimizer step (+ ZeRO-1/2's all-gather of the updated weights).
 """
 
 from __future__ import annotations
@@ -135,13 +135,16 @@ def estimate_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int,
         ag = coll.ring_allgather_time(BYTES_WEIGHT * model.layer_params() / layout.tp, g,
                                       float(link.bandwidth), float(link.latency))
         zero3 = n * (max(0.0, ag - lt.forward) + max(0.0, ag - lt.backward))
+    # ZeRO-1/2: every rank updates its shard, then all-gathers the updated bf16 weights
+    param_gather = coll.ring_allgather_time(BYTES_WEIGHT * model.params() / layout.tp, g, float(link.bandwidth),
+                                            float(link.latency)) if layout.zero in (1, 2) and g > 1 else 0.0
     shard = model.params() / layout.tp / (g if layout.zero >= 1 else 1)
     optim = memory_bound_time(2 * (BYTES_OPTIM + BYTES_WEIGHT + BYTES_GRAD) * shard, profile)
-    total = emb + fwd + cls + bwd + sync_exposed + zero3 + optim
+    total = emb + fwd + cls + bwd + sync_exposed + zero3 + optim + param_gather
     return IterationEstimate(
         iteration_s=total, mfu=mfu(model, batch * layout.dp, seq, total, layout.gpus, profile.peak(model.dtype)),
         tgs=tgs(batch * layout.dp, seq, total, layout.gpus), layer=lt, embedding_s=emb, classifier_s=cls,
-        grad_sync_exposed_s=sync_exposed + zero3, optimizer_s=optim, exposed_copy_s=exposed)
+        grad_sync_exposed_s=sync_exposed + zero3 + param_gather, optimizer_s=optim, exposed_copy_s=exposed)
 
 
 __all__ = ["IterationEstimate", "LayerTimes", "estimate_iteration", "layer_times", "memo_alpha",
