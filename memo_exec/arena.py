@@ -1,0 +1,259 @@
+"""Scratch tensors of one layer: from the caching allocator, or at planned offsets in one arena.
+
+A layer asks its scratch allocator for every transient tensor by name (``get``) and gives it back
+(``free``). `CachingScratch` takes them from PyTorch's caching allocator; `ArenaScratch` places
+the ones that ``plan.memory_plan`` names at their byte offsets in one preallocated byte arena
+(views through ``untyped_storage``-backed ``uint8`` slices and ``view(dtype)``; the layer's ops
+write into them with ``out=``), and the rest go to the caching allocator and are reported.
+Both can feed an `AllocRecorder`, which turns the malloc/free sequence into a
+`memo_sim.memplan.trace.RequestTrace` (``memo-exec trace``, and the plan check below).
+
+plan.json ``memory_plan``::
+
+    {"arena_bytes": int, "phases": {"fwd"|"bwd": {"peak_bytes": int, "offsets": {name: byte_offset}}}}
+
+Offsets are for the plan's dtype (or for ``memory_plan.element_bytes`` when the plan says at which
+element width its sizes were recorded); when the executor computes in a wider dtype (fp32 on CPU
+for a bf16 plan) every offset and the arena size are multiplied by the width ratio, which keeps any
+valid placement valid. Before anything is allocated the plan is checked against the layer's real
+request sequence (recorded on the meta device): an unknown phase or name, a tensor that runs past
+the arena, or two simultaneously live tensors whose ranges overlap is a `MemoryPlanError`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from memo_exec.errors import ExecError, MemoryPlanError
+from memo_sim.memplan.trace import Buffer, RequestTrace
+
+PLAN_PHASES = ("fwd", "bwd")
+
+# memo-sim's trace generator (memo_sim.memplan.trace_gen) names some tensors differently ...
+PLAN_ALIASES = {"bwd": {"recompute_proj_partial": "rc_proj"}}
+# ... and names tensors that exist in this layer but are not allocated through its scratch
+# allocator; offsets for these are accepted and not used (the tensors go through the caching
+# allocator or live inside a kernel), and the report lists them.
+KNOWN_UNPLACED = {
+    "fwd": {"y": "written straight into the next layer's input slot (a skeletal buffer)",
+            "attention_workspace": "allocated inside the attention kernel"},
+    "bwd": {"dy": "incoming gradient, allocated by the previous layer's backward (caching allocator)",
+            "dx": "LayerNorm-1 backward output, returned to autograd (caching allocator)",
+            "d_x_part": "LayerNorm-1 backward output, returned to autograd (caching allocator)",
+            "d_h1_part": "LayerNorm-2 backward output (aten native_layer_norm_backward allocates it), "
+                         "accumulated into dy",
+            "attention_bwd_workspace": "allocated inside the attention kernel",
+            "recompute_ln1_gathered": "recomputed rows are written straight into the rounding buffer",
+            "recompute_ln2_gathered": "recomputed rows are written straight into the rounding buffer"},
+}
+TP_SUFFIXES = ("_gathered", "_regathered", "_partial")  # tensor/sequence-parallel scratch; this executor runs tp=1
+
+
+def unplaced_reason(phase: str, name: str) -> str | None:
+    """Why a plan name that this executor does not place is still a legitimate name, or None."""
+    r = KNOWN_UNPLACED.get(phase, {}).get(name)
+    if r is not None:
+        return r
+    if name.endswith(TP_SUFFIXES):
+        return "tensor/sequence-parallel tensor; this executor runs one device (tp=1)"
+    return None
+
+
+def _nbytes(shape, dtype: torch.dtype) -> int:
+    return math.prod(shape) * torch.empty((), dtype=dtype, device="meta").element_size()
+
+
+class AllocRecorder:
+    """Malloc/free requests in order: ``(op, phase, name, nbytes)``."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, str, int]] = []
+
+    def malloc(self, phase: str, name: str, nbytes: int) -> None:
+        self.events.append(("malloc", phase, name, nbytes))
+
+    def free(self, phase: str, name: str) -> None:
+        self.events.append(("free", phase, name, 0))
+
+    def names(self, phase: str) -> list[str]:
+        return [n for op, ph, n, _ in self.events if op == "malloc" and ph == phase]
+
+    def buffers(self, layer: int = 0, kind: str = "transient") -> list[Buffer]:
+        """One buffer per malloc: lifetime [its malloc step, its free step) in request steps."""
+        open_: dict[tuple[str, str], tuple[int, int]] = {}
+        seen: dict[tuple[str, str], int] = {}
+        out: list[Buffer] = []
+        for step, (op, ph, name, nb) in enumerate(self.events):
+            key = (ph, name)
+            if op == "malloc":
+                if key in open_:
+                    raise ExecError(f"scratch {ph}:{name} allocated twice without a free")
+                open_[key] = (step, nb)
+            else:
+                if key not in open_:
+                    raise ExecError(f"scratch {ph}:{name} freed but not allocated")
+                lo, nb0 = open_.pop(key)
+                k = seen.get(key, 0)
+                seen[key] = k + 1
+                bid = f"{ph}:{name}" + (f"#{k}" if k else "")
+                out.append(Buffer(id=bid, size=nb0, lower=lo, upper=step, phase=ph, layer=layer, kind=kind,
+                                  name=name))
+        end = len(self.events)
+        for (ph, name), (lo, nb0) in open_.items():
+            out.append(Buffer(id=f"{ph}:{name}", size=nb0, lower=lo, upper=end, phase=ph, layer=layer, kind=kind,
+                              name=name))
+        out.sort(key=lambda b: (b.lower, b.id))
+        return out
+
+    def trace(self, name: str = "", meta: dict | None = None, layer: int = 0) -> RequestTrace:
+        return RequestTrace(self.buffers(layer=layer), name=name, meta=dict(meta or {}))
+
+
+class CachingScratch:
+    """Transient tensors from PyTorch's caching allocator."""
+
+    def __init__(self, device: torch.device, recorder: AllocRecorder | None = None) -> None:
+        self.device = torch.device(device)
+        self.recorder = recorder
+        self.phase = "fwd"
+        self.prefix = ""
+        self._live: dict[str, torch.Tensor] = {}
+
+    def set_phase(self, phase: str) -> None:
+        if self._live:
+            raise ExecError(f"scratch tensors still live at the end of phase {self.phase}: {sorted(self._live)}")
+        self.phase = phase
+
+    def _full(self, name: str) -> str:
+        return self.prefix + name
+
+    def _alloc(self, full: str, shape, dtype) -> torch.Tensor:
+        return torch.empty(shape, dtype=dtype, device=self.device)
+
+    def get(self, name: str, shape, dtype: torch.dtype) -> torch.Tensor:
+        full = self._full(name)
+        if full in self._live:
+            raise ExecError(f"scratch {self.phase}:{full} requested twice while live")
+        shape = tuple(int(s) for s in shape)
+        if self.recorder is not None:
+            self.recorder.malloc(self.phase, full, _nbytes(shape, dtype))
+        t = self._alloc(full, shape, dtype)
+        self._live[full] = t
+        return t
+
+    def free(self, name: str) -> None:
+        full = self._full(name)
+        if full not in self._live:
+            raise ExecError(f"scratch {self.phase}:{full} freed but not live")
+        del self._live[full]
+        self._release(full)
+        if self.recorder is not None:
+            self.recorder.free(self.phase, full)
+
+    def _release(self, full: str) -> None:
+        return None
+
+
+@dataclass
+class ArenaPlan:
+    arena_bytes: int
+    offsets: dict[str, dict[str, int]]  # phase -> executor tensor name -> byte offset (already scaled)
+    scale: int = 1
+    peaks: dict[str, int] = field(default_factory=dict)
+    ignored: dict[str, str] = field(default_factory=dict)  # "phase:plan name" -> why it is not placed
+
+
+def parse_memory_plan(mp: dict, plan_elem_bytes: int, exec_elem_bytes: int) -> ArenaPlan:
+    """plan.memory_plan -> `ArenaPlan` with offsets scaled to the executor's element width."""
+    scale = max(1, math.ceil(exec_elem_bytes / plan_elem_bytes))
+    phases = mp.get("phases") or {}
+    unknown = sorted(set(phases) - set(PLAN_PHASES))
+    if unknown:
+        raise MemoryPlanError(f"memory_plan.phases: unknown phase {unknown[0]!r}; this executor plans "
+                              f"{', '.join(PLAN_PHASES)}")
+    offsets: dict[str, dict[str, int]] = {}
+    for ph, body in phases.items():
+        mine: dict[str, int] = {}
+        for n, o in (body.get("offsets") or {}).items():
+            n = PLAN_ALIASES.get(ph, {}).get(str(n), str(n))
+            if n in mine:
+                raise MemoryPlanError(f"memory_plan.phases.{ph}.offsets: {n!r} given twice (directly and by an alias)")
+            mine[n] = int(o) * scale
+        offsets[ph] = mine
+    peaks = {ph: int(body.get("peak_bytes", 0)) * scale for ph, body in phases.items()
+             if isinstance(body.get("peak_bytes", 0), int)}
+    return ArenaPlan(int(mp["arena_bytes"]) * scale, offsets, scale, peaks)
+
+
+def validate_memory_plan(ap: ArenaPlan, recorder: AllocRecorder) -> list[str]:
+    """Check the plan against the recorded request sequence; return the names it leaves unplaced."""
+    for ph, offs in ap.offsets.items():
+        known = set(recorder.names(ph))
+        for name in sorted(offs):
+            if name in known:
+                continue
+            why = unplaced_reason(ph, name)
+            if why is None:
+                raise MemoryPlanError(
+                    f"memory_plan.phases.{ph}.offsets: {name!r} is not a tensor this executor's layer allocates in "
+                    f"{ph} (it allocates: {', '.join(sorted(known)) or 'nothing'})")
+            ap.ignored[f"{ph}:{name}"] = why
+        for name in [n for n in offs if f"{ph}:{n}" in ap.ignored]:
+            del offs[name]
+    live: dict[tuple[str, str], tuple[int, int]] = {}
+    unplanned: list[str] = []
+    for op, ph, name, nb in recorder.events:
+        off = ap.offsets.get(ph, {}).get(name)
+        if off is None:
+            if op == "malloc" and f"{ph}:{name}" not in unplanned:
+                unplanned.append(f"{ph}:{name}")
+            continue
+        if op == "free":
+            live.pop((ph, name), None)
+            continue
+        end = off + nb
+        if end > ap.arena_bytes:
+            scaled = f", offsets scaled x{ap.scale} for the wider dtype" if ap.scale > 1 else ""
+            raise MemoryPlanError(f"memory_plan: {ph}:{name} at offset {off} with {nb} bytes runs past the arena "
+                                  f"({ap.arena_bytes} bytes{scaled})")
+        for (ph2, n2), (o2, e2) in live.items():
+            if off < e2 and o2 < end:
+                raise MemoryPlanError(f"memory_plan: {ph}:{name} [{off}, {end}) overlaps {ph2}:{n2} [{o2}, {e2}) "
+                                      f"while both are live")
+        live[(ph, name)] = (off, end)
+    return unplanned
+
+
+class ArenaScratch(CachingScratch):
+    """Planned names at their offsets in one byte arena; other names from the caching allocator."""
+
+    def __init__(self, device: torch.device, plan: ArenaPlan, recorder: AllocRecorder | None = None) -> None:
+        super().__init__(device, recorder)
+        self.plan = plan
+        self.arena = torch.empty(plan.arena_bytes, dtype=torch.uint8, device=self.device)
+        self._ranges: dict[str, tuple[int, int]] = {}
+        self.unplanned: set[str] = set()
+
+    def _alloc(self, full: str, shape, dtype) -> torch.Tensor:
+        off = self.plan.offsets.get(self.phase, {}).get(full)
+        if off is None:
+            self.unplanned.add(f"{self.phase}:{full}")
+            return super()._alloc(full, shape, dtype)
+        nb = _nbytes(shape, dtype)
+        esize = torch.empty((), dtype=dtype, device="meta").element_size()
+        if off % esize:
+            raise MemoryPlanError(f"memory_plan: {self.phase}:{full} offset {off} is not aligned to {dtype}")
+        if off + nb > self.arena.numel():
+            raise MemoryPlanError(f"memory_plan: {self.phase}:{full} needs [{off}, {off + nb}) beyond the "
+                                  f"{self.arena.numel()}-byte arena")
+        for n2, (o2, e2) in self._ranges.items():
+            if off < e2 and o2 < off + nb:
+                raise MemoryPlanError(f"memory_plan: {self.phase}:{full} overlaps live {n2} in the arena")
+        self._ranges[full] = (off, off + nb)
+        return self.arena[off:off + nb].view(dtype).view(shape)
+
+    def _release(self, full: str) -> None:
+        self._ranges.pop(full, None)

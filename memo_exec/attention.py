@@ -1,0 +1,390 @@
+"""Causal attention backends with an explicit forward (returning the log-sum-exp) and backward.
+
+Every backend reads q, k, v and writes the attention output into token-major ``[T, width]``
+tensors that the layer owns (T = batch x sequence), so the skeletal tensors stay where the
+activation policy put them. What a backend keeps for its backward (the log-sum-exp and, for the
+CUDA kernels, the RNG state) is returned as ``aux`` and kept on the device by every policy.
+
+- ``flash_attn``: the flash-attn package (``flash_attn_func``, forward returns the lse); its
+  backward re-runs the kernel under a local autograd call on the saved q, k, v.
+- ``sdpa_flash`` / ``sdpa_efficient`` / ``sdpa_cudnn``: PyTorch's own SDPA kernels called through
+  their aten forward and backward ops (the kernels ``torch.nn.attention.sdpa_kernel`` selects),
+  so the backward uses the saved output and lse and does not recompute the forward. On CPU,
+  ``sdpa_flash`` is aten's CPU flash kernel.
+- ``math``: plain PyTorch, query-chunked so the score matrix never exceeds a budget; the manual
+  backward rebuilds the probabilities from the saved lse (the FlashAttention recurrence).
+
+A backend is chosen and probed on a tiny problem before anything large is allocated; a missing
+or unsupported one raises `BackendError`.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from memo_exec.device import acc_dtype
+from memo_exec.errors import BackendError
+
+BACKENDS = ("auto", "flash_attn", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "math")
+AUTO_ORDER_CUDA = ("flash_attn", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "math")
+MATH_SCORE_BUDGET_BYTES = 256 * 2**20
+MATH_MAX_CHUNK = 256  # query rows per block: causal blocks skip the keys after the block
+
+
+@dataclass(frozen=True)
+class AttnDims:
+    batch: int
+    seq: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.seq
+
+    @property
+    def group(self) -> int:
+        return self.heads // self.kv_heads
+
+
+def bhsd(t: torch.Tensor, dims: AttnDims, heads: int) -> torch.Tensor:
+    """``[T, heads*d]`` token-major -> ``[b, heads, s, d]`` view (last dim contiguous)."""
+    return t.view(dims.batch, dims.seq, heads, dims.head_dim).transpose(1, 2)
+
+
+def _copy_bhsd_into(dst_tokens: torch.Tensor, src_bhsd: torch.Tensor, dims: AttnDims, heads: int) -> None:
+    dst_tokens.view(dims.batch, dims.seq, heads, dims.head_dim).copy_(src_bhsd.transpose(1, 2))
+
+
+def _expand_kv(t: torch.Tensor, dims: AttnDims) -> torch.Tensor:
+    """GQA: ``[b, Hkv, s, d]`` -> ``[b, H, s, d]`` (head h uses kv head h // group)."""
+    b, hk, s, d = t.shape
+    return t.unsqueeze(2).expand(b, hk, dims.group, s, d).reshape(b, hk * dims.group, s, d)
+
+
+def _reduce_kv(t: torch.Tensor, dims: AttnDims) -> torch.Tensor:
+    b, h, s, d = t.shape
+    return t.view(b, dims.kv_heads, dims.group, s, d).sum(2)
+
+
+class AttentionBackend(ABC):
+    name = "base"
+    # whether it takes scratch tensors from the layer's scratch allocator (memory-plan names attn_*)
+    uses_scratch = False
+
+    @abstractmethod
+    def forward(self, q, k, v, out, dims: AttnDims, scratch) -> Any:
+        """Write softmax(q k^T / sqrt(d), causal) v into ``out``; return what the backward needs."""
+
+    @abstractmethod
+    def backward(self, dout, q, k, v, out, aux, dq, dk, dv, dims: AttnDims, scratch) -> None:
+        """Write the gradients of q, k, v into ``dq``, ``dk``, ``dv``."""
+
+
+# --------------------------------------------------------------------------------------------------
+class MathAttention(AttentionBackend):
+    """Query-chunked causal attention in plain PyTorch with a manual backward from the saved lse."""
+
+    name = "math"
+    uses_scratch = True
+
+    def __init__(self, score_budget_bytes: int = MATH_SCORE_BUDGET_BYTES) -> None:
+        self.budget = score_budget_bytes
+
+    def chunk_tokens(self, dims: AttnDims, acc: torch.dtype) -> int:
+        per_row = 2 * dims.heads * dims.seq * torch.empty((), dtype=acc, device="meta").element_size()
+        return max(1, min(dims.seq, MATH_MAX_CHUNK, self.budget // per_row))
+
+    def _kv_scratch(self, scratch, dims, acc):
+        kk = scratch.get("attn_k", (dims.kv_heads, dims.seq, dims.head_dim), acc)
+        vv = scratch.get("attn_v", (dims.kv_heads, dims.seq, dims.head_dim), acc)
+        return kk, vv
+
+    @staticmethod
+    def _rows(t: torch.Tensor, dims: AttnDims, bi: int, heads: int) -> torch.Tensor:
+        s = dims.seq
+        return t[bi * s:(bi + 1) * s].view(s, heads, dims.head_dim)
+
+    def forward(self, q, k, v, out, dims: AttnDims, scratch) -> Any:
+        acc = acc_dtype(q.dtype)
+        b, s, hk, g, d = dims.batch, dims.seq, dims.kv_heads, dims.group, dims.head_dim
+        scale = 1.0 / math.sqrt(d)
+        c = self.chunk_tokens(dims, acc)
+        lse = torch.empty(b, dims.heads, s, dtype=acc, device=q.device)
+        kk, vv = self._kv_scratch(scratch, dims, acc)
+        qq = scratch.get("attn_q", (hk, g * c, d), acc)
+        ss = scratch.get("attn_s", (hk, g * c, s), acc)
+        oo = scratch.get("attn_o", (hk, g * c, d), acc)
+        mask = torch.ones(c, c, dtype=torch.bool, device=q.device).triu_(1)
+        # on the meta device (dry runs that record the scratch requests) there are no values to compute
+        for bi in range(b if q.device.type != "meta" else 0):
+            kk.copy_(self._rows(k, dims, bi, hk).transpose(0, 1))
+            vv.copy_(self._rows(v, dims, bi, hk).transpose(0, 1))
+            qb, ob = self._rows(q, dims, bi, dims.heads), self._rows(out, dims, bi, dims.heads)
+            for t0 in range(0, s, c):
+                cc = min(c, s - t0)
+                hi = t0 + cc
+                qg = qq[:, :g * cc].view(hk, g, cc, d)
+                qg.copy_(qb[t0:hi].view(cc, hk, g, d).permute(1, 2, 0, 3))
+                qg.mul_(scale)
+                sc = ss[:, :g * cc, :hi]
+                torch.bmm(qq[:, :g * cc], kk[:, :hi].transpose(1, 2), out=sc)
+                sc.view(hk, g, cc, hi)[..., t0:hi].masked_fill_(mask[:cc, :cc], float("-inf"))
+                l_c = torch.logsumexp(sc, -1)  # [hk, g*cc]
+                lse[bi].view(hk, g, s)[:, :, t0:hi].copy_(l_c.view(hk, g, cc))
+                sc.sub_(l_c.unsqueeze(-1)).exp_()
+                o = oo[:, :g * cc]
+                torch.bmm(sc, vv[:, :hi], out=o)
+                ob[t0:hi].view(cc, hk, g, d).copy_(o.view(hk, g, cc, d).permute(2, 0, 1, 3))
+        for n in ("attn_o", "attn_s", "attn_q", "attn_v", "attn_k"):
+            scratch.free(n)
+        return {"lse": lse}
+
+    def backward(self, dout, q, k, v, out, aux, dq, dk, dv, dims: AttnDims, scratch) -> None:
+        acc = acc_dtype(q.dtype)
+        b, s, hk, g, d = dims.batch, dims.seq, dims.kv_heads, dims.group, dims.head_dim
+        scale = 1.0 / math.sqrt(d)
+        c = self.chunk_tokens(dims, acc)
+        lse = aux["lse"]
+        kk, vv = self._kv_scratch(scratch, dims, acc)
+        dkk = scratch.get("attn_dk", (hk, s, d), acc)
+        dvv = scratch.get("attn_dv", (hk, s, d), acc)
+        qq = scratch.get("attn_q", (hk, g * c, d), acc)
+        doo = scratch.get("attn_do", (hk, g * c, d), acc)
+        ss = scratch.get("attn_s", (hk, g * c, s), acc)
+        dp = scratch.get("attn_dp", (hk, g * c, s), acc)
+        dqq = scratch.get("attn_dq", (hk, g * c, d), acc)
+        tmp = scratch.get("attn_tmp", (c, dims.heads * d), acc)
+        mask = torch.ones(c, c, dtype=torch.bool, device=q.device).triu_(1)
+        for bi in range(b if q.device.type != "meta" else 0):
+            kk.copy_(self._rows(k, dims, bi, hk).transpose(0, 1))
+            vv.copy_(self._rows(v, dims, bi, hk).transpose(0, 1))
+            dkk.zero_()
+            dvv.zero_()
+            qb = self._rows(q, dims, bi, dims.heads)
+            dob = self._rows(dout, dims, bi, dims.heads)
+            obf = out[bi * s:(bi + 1) * s]
+            dobf = dout[bi * s:(bi + 1) * s]
+            dqb = self._rows(dq, dims, bi, dims.heads)
+            for t0 in range(0, s, c):
+                cc = min(c, s - t0)
+                hi = t0 + cc
+                qg = qq[:, :g * cc]
+                qg.view(hk, g, cc, d).copy_(qb[t0:hi].view(cc, hk, g, d).permute(1, 2, 0, 3))
+                dog = doo[:, :g * cc]
+                dog.view(hk, g, cc, d).copy_(dob[t0:hi].view(cc, hk, g, d).permute(1, 2, 0, 3))
+                # delta = rowsum(dO * O) per (head, row)
+                torch.mul(dobf[t0:hi], obf[t0:hi], out=tmp[:cc])
+                delta = tmp[:cc].view(cc, hk, g, d).sum(-1).permute(1, 2, 0).reshape(hk, g * cc)
+                # probabilities from the saved lse
+                sc = ss[:, :g * cc, :hi]
+                torch.bmm(qg, kk[:, :hi].transpose(1, 2), out=sc)
+                sc.mul_(scale)
+                sc.view(hk, g, cc, hi)[..., t0:hi].masked_fill_(mask[:cc, :cc], float("-inf"))
+                sc.sub_(lse[bi].view(hk, g, s)[:, :, t0:hi].reshape(hk, g * cc).unsqueeze(-1)).exp_()
+                # dV += P^T dO ; dP = dO V^T ; dS = P (dP - delta) * scale
+                dvv[:, :hi].baddbmm_(sc.transpose(1, 2), dog)
+                dpc = dp[:, :g * cc, :hi]
+                torch.bmm(dog, vv[:, :hi].transpose(1, 2), out=dpc)
+                dpc.sub_(delta.unsqueeze(-1)).mul_(sc).mul_(scale)
+                # dQ = dS K ; dK += dS^T Q
+                dqg = dqq[:, :g * cc]
+                torch.bmm(dpc, kk[:, :hi], out=dqg)
+                dkk[:, :hi].baddbmm_(dpc.transpose(1, 2), qg)
+                dqb[t0:hi].view(cc, hk, g, d).copy_(dqg.view(hk, g, cc, d).permute(2, 0, 1, 3))
+            self._rows(dk, dims, bi, hk).copy_(dkk.transpose(0, 1))
+            self._rows(dv, dims, bi, hk).copy_(dvv.transpose(0, 1))
+        for n in ("attn_tmp", "attn_dq", "attn_dp", "attn_s", "attn_do", "attn_q", "attn_dv", "attn_dk",
+                  "attn_v", "attn_k"):
+            scratch.free(n)
+
+
+# --------------------------------------------------------------------------------------------------
+class _AtenSDPA(AttentionBackend):
+    """Shared plumbing of the aten SDPA kernels: GQA expansion and token-major copies."""
+
+    def _qkv(self, q, k, v, dims):
+        qb = bhsd(q, dims, dims.heads)
+        kb, vb = bhsd(k, dims, dims.kv_heads), bhsd(v, dims, dims.kv_heads)
+        if dims.group > 1:
+            kb, vb = _expand_kv(kb, dims), _expand_kv(vb, dims)
+        return qb, kb, vb
+
+    def _store_grads(self, gq, gk, gv, dq, dk, dv, dims):
+        _copy_bhsd_into(dq, gq, dims, dims.heads)
+        if dims.group > 1:
+            gk, gv = _reduce_kv(gk, dims), _reduce_kv(gv, dims)
+        _copy_bhsd_into(dk, gk, dims, dims.kv_heads)
+        _copy_bhsd_into(dv, gv, dims, dims.kv_heads)
+
+
+class SDPAFlash(_AtenSDPA):
+    name = "sdpa_flash"
+
+    def forward(self, q, k, v, out, dims, scratch):
+        qb, kb, vb = self._qkv(q, k, v, dims)
+        scale = 1.0 / math.sqrt(dims.head_dim)
+        if q.is_cuda:
+            r = torch.ops.aten._scaled_dot_product_flash_attention(qb, kb, vb, 0.0, True, False, scale=scale)
+            o, lse, cum_q, cum_k, max_q, max_k, seed, offset = r[:8]
+            aux = {"lse": lse, "cum_q": cum_q, "cum_k": cum_k, "max_q": max_q, "max_k": max_k,
+                   "seed": seed, "offset": offset}
+        else:
+            o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qb, kb, vb, 0.0, True, scale=scale)
+            aux = {"lse": lse}
+        _copy_bhsd_into(out, o, dims, dims.heads)
+        return aux
+
+    def backward(self, dout, q, k, v, out, aux, dq, dk, dv, dims, scratch):
+        qb, kb, vb = self._qkv(q, k, v, dims)
+        ob, gob = bhsd(out, dims, dims.heads), bhsd(dout, dims, dims.heads)
+        scale = 1.0 / math.sqrt(dims.head_dim)
+        if q.is_cuda:
+            gq, gk, gv = torch.ops.aten._scaled_dot_product_flash_attention_backward(
+                gob, qb, kb, vb, ob, aux["lse"], aux["cum_q"], aux["cum_k"], aux["max_q"], aux["max_k"], 0.0, True,
+                aux["seed"], aux["offset"], scale=scale)
+        else:
+            gq, gk, gv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                gob, qb, kb, vb, ob, aux["lse"], 0.0, True, scale=scale)
+        self._store_grads(gq, gk, gv, dq, dk, dv, dims)
+
+
+class SDPAEfficient(_AtenSDPA):
+    name = "sdpa_efficient"
+
+    def forward(self, q, k, v, out, dims, scratch):
+        qb, kb, vb = self._qkv(q, k, v, dims)
+        scale = 1.0 / math.sqrt(dims.head_dim)
+        o, lse, seed, offset = torch.ops.aten._scaled_dot_product_efficient_attention(
+            qb, kb, vb, None, True, 0.0, True, scale=scale)
+        _copy_bhsd_into(out, o, dims, dims.heads)
+        return {"lse": lse, "seed": seed, "offset": offset}
+
+    def backward(self, dout, q, k, v, out, aux, dq, dk, dv, dims, scratch):
+        qb, kb, vb = self._qkv(q, k, v, dims)
+        ob, gob = bhsd(out, dims, dims.heads), bhsd(dout, dims, dims.heads)
+        scale = 1.0 / math.sqrt(dims.head_dim)
+        gq, gk, gv, _ = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
+            gob, qb, kb, vb, None, ob, aux["lse"], aux["seed"], aux["offset"], 0.0, [True, True, True, False], True,
+            scale=scale)
+        self._store_grads(gq, gk, gv, dq, dk, dv, dims)
+
+
+class SDPACudnn(_AtenSDPA):
+    name = "sdpa_cudnn"
+
+    def forward(self, q, k, v, out, dims, scratch):
+        qb, kb, vb = self._qkv(q, k, v, dims)
+        scale = 1.0 / math.sqrt(dims.head_dim)
+        r = torch.ops.aten._scaled_dot_product_cudnn_attention(qb, kb, vb, None, True, 0.0, True, False, scale=scale)
+        o, lse, cum_q, cum_k, max_q, max_k, seed, offset = r[:8]
+        _copy_bhsd_into(out, o, dims, dims.heads)
+        return {"lse": lse, "cum_q": cum_q, "cum_k": cum_k, "max_q": max_q, "max_k": max_k, "seed": seed,
+                "offset": offset}
+
+    def backward(self, dout, q, k, v, out, aux, dq, dk, dv, dims, scratch):
+        qb, kb, vb = self._qkv(q, k, v, dims)
+        ob, gob = bhsd(out, dims, dims.heads), bhsd(dout, dims, dims.heads)
+        scale = 1.0 / math.sqrt(dims.head_dim)
+        gq, gk, gv = torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
+            gob, qb, kb, vb, ob, aux["lse"], aux["seed"], aux["offset"], None, aux["cum_q"], aux["cum_k"],
+            aux["max_q"], aux["max_k"], 0.0, True, scale=scale)
+        self._store_grads(gq, gk, gv, dq, dk, dv, dims)
+
+
+class FlashAttnPackage(AttentionBackend):
+    """flash-attn 2 (``flash_attn_func``): native GQA, inputs ``[b, s, H, d]`` = our token-major layout."""
+
+    name = "flash_attn"
+
+    def __init__(self) -> None:
+        from flash_attn import flash_attn_func  # noqa: PLC0415 - optional dependency
+
+        self.fn = flash_attn_func
+
+    def _views(self, q, k, v, dims):
+        b, s, d = dims.batch, dims.seq, dims.head_dim
+        return (q.view(b, s, dims.heads, d), k.view(b, s, dims.kv_heads, d), v.view(b, s, dims.kv_heads, d))
+
+    def forward(self, q, k, v, out, dims, scratch):
+        qv, kv, vv = self._views(q, k, v, dims)
+        o, lse, _ = self.fn(qv, kv, vv, 0.0, None, True, return_attn_probs=True)
+        out.view_as(o).copy_(o)
+        return {"lse": lse}
+
+    def backward(self, dout, q, k, v, out, aux, dq, dk, dv, dims, scratch):
+        qv, kv, vv = (t.detach().requires_grad_(True) for t in self._views(q, k, v, dims))
+        with torch.enable_grad():
+            o = self.fn(qv, kv, vv, 0.0, None, True)
+            gq, gk, gv = torch.autograd.grad(o, (qv, kv, vv), dout.view_as(o))
+        dq.view_as(gq).copy_(gq)
+        dk.view_as(gk).copy_(gk)
+        dv.view_as(gv).copy_(gv)
+
+
+_CLASSES = {"math": MathAttention, "sdpa_flash": SDPAFlash, "sdpa_efficient": SDPAEfficient,
+            "sdpa_cudnn": SDPACudnn, "flash_attn": FlashAttnPackage}
+
+
+def _instantiate(name: str) -> AttentionBackend:
+    try:
+        return _CLASSES[name]()
+    except ImportError as e:
+        raise BackendError(f"attention backend {name}: cannot import it ({e})") from None
+
+
+def probe(backend: AttentionBackend, device: torch.device, dtype: torch.dtype, dims: AttnDims) -> None:
+    """Run forward + backward on a tiny problem with the real head sizes; raise BackendError if it fails."""
+    from memo_exec.arena import CachingScratch  # noqa: PLC0415 - avoid an import cycle
+
+    small = AttnDims(1, 64, dims.heads, dims.kv_heads, dims.head_dim)
+    g = torch.Generator(device="cpu").manual_seed(0)
+
+    def mk(w: int) -> torch.Tensor:
+        return torch.randn(small.tokens, w, generator=g, dtype=torch.float32).to(device=device, dtype=dtype)
+
+    h, kv = dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
+    q, k, v = mk(h), mk(kv), mk(kv)
+    out = torch.empty_like(q)
+    scr = CachingScratch(device)
+    try:
+        aux = backend.forward(q, k, v, out, small, scr)
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        backend.backward(torch.ones_like(out), q, k, v, out, aux, dq, dk, dv, small, scr)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    except (RuntimeError, TypeError, ValueError, AssertionError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise BackendError(f"attention backend {backend.name} does not run on {device} with {dtype} and head dim "
+                           f"{dims.head_dim}: {first}") from None
+    if not bool(torch.isfinite(out.float()).all()):
+        raise BackendError(f"attention backend {backend.name} returned non-finite values on {device}")
+
+
+def select_backend(name: str, device: torch.device, dtype: torch.dtype, dims: AttnDims,
+                   run_probe: bool = True) -> AttentionBackend:
+    """The backend ``name`` (or, for ``auto``, the first that works here), probed on a tiny problem."""
+    if name not in BACKENDS:
+        raise BackendError(f"attention backend must be one of {', '.join(BACKENDS)}, got {name!r}")
+    if name == "auto":
+        if device.type != "cuda":
+            return select_backend("math", device, dtype, dims, run_probe)
+        errors = []
+        for cand in AUTO_ORDER_CUDA:
+            try:
+                return select_backend(cand, device, dtype, dims, run_probe)
+            except BackendError as e:
+                errors.append(str(e))
+        raise BackendError("no attention backend runs here: " + "; ".join(errors))
+    if device.type != "cuda" and name in ("sdpa_efficient", "sdpa_cudnn", "flash_attn"):
+        raise BackendError(f"attention backend {name} needs a CUDA device (on CPU use math or sdpa_flash)")
+    backend = _instantiate(name)
+    if run_probe:
+        probe(backend, device, dtype, dims)
+    return backend

@@ -1,0 +1,134 @@
+"""Device and dtype choice, and how much memory the device and the host have.
+
+On CUDA the executor computes in the plan's 16-bit dtype (bf16) with fp32 master weights; on CPU
+it computes in fp32 (or fp64 for tests) so that gradients can be compared tightly.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from memo_exec.errors import ExecError
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    kind: str  # "cuda" | "cpu"
+    index: int = 0
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device(self.kind, self.index) if self.kind == "cuda" else torch.device("cpu")
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.kind == "cuda"
+
+    def describe(self) -> str:
+        if self.is_cuda:
+            return f"cuda:{self.index} ({torch.cuda.get_device_name(self.index)})"
+        return f"cpu ({os.cpu_count()} cores, torch {torch.__version__})"
+
+
+def resolve_device(name: str | None) -> DeviceSpec:
+    """``None``/``auto``: CUDA when available, else CPU. Asking for CUDA without one is an error."""
+    if name in (None, "auto"):
+        return DeviceSpec("cuda") if torch.cuda.is_available() else DeviceSpec("cpu")
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ExecError(f"--device {name}: no CUDA device is visible to torch {torch.__version__}; use --device cpu")
+        idx = int(name.split(":")[1]) if ":" in name else 0
+        if idx >= torch.cuda.device_count():
+            raise ExecError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) visible")
+        return DeviceSpec("cuda", idx)
+    if name == "cpu":
+        return DeviceSpec("cpu")
+    raise ExecError(f"--device must be cuda, cuda:N or cpu, got {name!r}")
+
+
+def compute_dtype(model_dtype: str, device: DeviceSpec, override: str | None = None) -> torch.dtype:
+    """bf16 on CUDA (the plan's dtype), fp32 on CPU unless ``override`` (fp32|fp64|bf16) says otherwise."""
+    if override is not None:
+        if override not in DTYPES:
+            raise ExecError(f"--dtype must be one of {', '.join(DTYPES)}, got {override!r}")
+        name = override
+    elif device.is_cuda:
+        name = model_dtype
+    else:
+        name = "fp32"
+    if name == "fp16":
+        raise ExecError("fp16 training needs loss scaling, which this executor does not implement; use bf16")
+    if device.is_cuda and name == "fp64":
+        raise ExecError("fp64 is for CPU gradient checks only; use bf16 or fp32 on CUDA")
+    return DTYPES[name]
+
+
+def acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Accumulation dtype for softmax statistics, norms and optimizer states."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def element_size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype, device="meta").element_size()
+
+
+def _meminfo(key: str) -> int | None:
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def host_available_bytes() -> int:
+    """Host memory the kernel says is available now (MemAvailable), else physical memory."""
+    avail = _meminfo("MemAvailable")
+    if avail is not None:
+        return avail
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def device_free_bytes(device: DeviceSpec) -> tuple[int, int]:
+    """(free, total) bytes of the compute device; for CPU the host's available and total memory."""
+    if device.is_cuda:
+        free, total = torch.cuda.mem_get_info(device.index)
+        return int(free), int(total)
+    total = _meminfo("MemTotal") or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return host_available_bytes(), int(total)
+
+
+def process_rss_bytes() -> tuple[int, int]:
+    """(current, peak) resident set of this process from /proc/self/status (VmRSS, VmHWM)."""
+    cur = peak = 0
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    cur = int(line.split()[1]) * 1024
+                elif line.startswith("VmHWM:"):
+                    peak = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return cur, peak
+
+
+def reset_process_peak_rss() -> bool:
+    """Reset VmHWM to the current RSS (Linux >= 4.0: write 5 to /proc/self/clear_refs)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"

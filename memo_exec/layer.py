@@ -1,0 +1,332 @@
+"""One pre-norm transformer layer with a hand-written backward, in the op order of
+`memo_sim.model.layer_graph` (ln1, qkv, attention, out_proj, add1, ln2, fc1, act, fc2, add2).
+
+The layer never allocates its skeletal tensors: it reads and writes the `LayerStorage` the
+activation policy hands it (x, ln1, q, k, v, attn, h1, ln2, fc1, act as token-major ``[T, width]``
+tensors, plus the LayerNorm statistics and the attention backend's lse). Transient tensors come
+from a scratch allocator by name (`memo_exec.arena`). Weight and bias gradients are accumulated
+in place into preallocated ``.grad`` tensors (``addmm_`` / ``addmv_``), so the backward returns
+only the gradient of the layer input.
+
+Token-wise recompute (MEMO): every op but the attention core is row-wise, so ``recompute_tokens``
+rebuilds rows ``[start, T)`` of ln1, q, k, v, h1, ln2, fc1, act from x and the attention output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from memo_exec.attention import AttentionBackend, AttnDims
+from memo_exec.device import acc_dtype
+from memo_sim.model.config import ModelConfig
+from memo_sim.model.layer_graph import layer_tensors
+
+SKELETAL = ("x", "ln1", "q", "k", "v", "attn", "h1", "ln2", "fc1", "act")  # lse lives in the backend's aux
+ALIGN = 256
+LN_EPS = 1e-5
+
+
+def skeletal_widths(model: ModelConfig) -> dict[str, int]:
+    specs = layer_tensors(model)
+    return {n: specs[n].width for n in SKELETAL}
+
+
+def skeletal_roles(model: ModelConfig) -> dict[str, str]:
+    specs = layer_tensors(model)
+    return {n: specs[n].role for n in SKELETAL}
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def storage_bytes(model: ModelConfig, tokens: int, dtype: torch.dtype, names=SKELETAL) -> int:
+    esize = torch.empty((), dtype=dtype, device="meta").element_size()
+    w = skeletal_widths(model)
+    return sum(_align(tokens * w[n] * esize) for n in names)
+
+
+def stats_bytes(tokens: int, dtype: torch.dtype) -> int:
+    return 4 * tokens * torch.empty((), dtype=acc_dtype(dtype), device="meta").element_size()
+
+
+_STATS_DTYPE: dict[tuple[str, torch.dtype], torch.dtype] = {}
+
+
+def norm_stats_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """dtype of LayerNorm's saved mean/rstd as this device's kernel returns them (fp32 for bf16 on CUDA,
+    the input dtype on CPU); the backward kernel wants them back in that dtype."""
+    key = (torch.device(device).type, dtype)
+    if key not in _STATS_DTYPE:
+        _, mean, _ = torch.native_layer_norm(torch.zeros(1, 8, dtype=dtype, device=device), [8], None, None, LN_EPS)
+        _STATS_DTYPE[key] = mean.dtype
+    return _STATS_DTYPE[key]
+
+
+class LayerStorage:
+    """Where one layer's skeletal tensors live: named ``[T, width]`` views, norm stats, attention aux."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], stats: torch.Tensor) -> None:
+        self.tensors = tensors
+        self.stats = stats  # [4, T]: mean1, rstd1, mean2, rstd2
+        self.aux: Any = None  # attention backend state for the backward (lse, RNG state)
+
+    def __getattr__(self, name: str) -> torch.Tensor:
+        try:
+            return self.__dict__["tensors"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def with_x(self, x: torch.Tensor) -> "LayerStorage":
+        t = dict(self.tensors)
+        t["x"] = x
+        s = LayerStorage(t, self.stats)
+        s.aux = self.aux
+        return s
+
+
+def carve_storage(block: torch.Tensor, model: ModelConfig, tokens: int, dtype: torch.dtype,
+                  names=SKELETAL) -> dict[str, torch.Tensor]:
+    """Cut named ``[tokens, width]`` views out of one uint8 block (256-byte aligned)."""
+    w = skeletal_widths(model)
+    esize = torch.empty((), dtype=dtype, device="meta").element_size()
+    out, off = {}, 0
+    for n in names:
+        nb = tokens * w[n] * esize
+        out[n] = block[off:off + nb].view(dtype).view(tokens, w[n])
+        off += _align(nb)
+    return out
+
+
+class LayerWeights(nn.Module):
+    """Weights of one layer; sizes match `ModelConfig.layer_params` exactly."""
+
+    def __init__(self, model: ModelConfig, layers: int, device, dtype) -> None:
+        super().__init__()
+        h, kv, f = model.hidden, model.kv_dim, model.ffn
+        mk = lambda *s: nn.Parameter(torch.empty(*s, device=device, dtype=dtype))  # noqa: E731
+        self.ln1_w, self.ln1_b = mk(h), mk(h)
+        self.wqkv, self.bqkv = mk(h + 2 * kv, h), mk(h + 2 * kv)
+        self.wo, self.bo = mk(h, h), mk(h)
+        self.ln2_w, self.ln2_b = mk(h), mk(h)
+        self.swiglu = model.ffn_type == "swiglu"
+        self.w1 = mk(model.fc1_width, h)
+        self.w2 = mk(h, f)
+        self.b1 = None if self.swiglu else mk(f)
+        self.b2 = None if self.swiglu else mk(h)
+        self._layers = layers
+
+    def init_(self, gen: torch.Generator, std: float = 0.02) -> None:
+        out_std = std / (2 * self._layers) ** 0.5
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name.startswith("ln") and name.endswith("_w"):
+                    p.fill_(1.0)
+                elif name.startswith("b") or name.endswith("_b"):
+                    p.zero_()
+                else:
+                    s = out_std if name in ("wo", "w2") else std
+                    p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32, device=p.device).mul_(s))
+
+    def grad(self, name: str) -> torch.Tensor:
+        return getattr(self, name).grad
+
+
+class _NullTimer:
+    @contextlib.contextmanager
+    def span(self, op, layer, phase, stream="compute", nbytes=0, flops=0):
+        yield
+
+
+@dataclass
+class LayerCompute:
+    """The math of one layer for a given token count; shared by all layers (weights differ)."""
+
+    model: ModelConfig
+    batch: int
+    seq: int
+    dtype: torch.dtype
+    device: torch.device
+    backend: AttentionBackend
+    scratch: Any
+    timer: Any = field(default_factory=_NullTimer)
+    eps: float = LN_EPS
+
+    def __post_init__(self) -> None:
+        m = self.model
+        self.dims = AttnDims(self.batch, self.seq, m.heads, m.n_kv_heads, m.head_dim)
+        self.T = self.batch * self.seq
+        self.h, self.kv, self.f = m.hidden, m.kv_dim, m.ffn
+        self.swiglu = m.ffn_type == "swiglu"
+        self.ones = torch.ones(self.T, dtype=self.dtype, device=self.device)
+
+    # ------------------------------------------------------------------ helpers
+    def _norm(self, x, w, b, out, mean_out, rstd_out) -> None:
+        o, mean, rstd = torch.native_layer_norm(x, [self.h], w, b, self.eps)
+        out.copy_(o)
+        mean_out.copy_(mean.view(-1))
+        rstd_out.copy_(rstd.view(-1))
+
+    def _qkv_slices(self, t: torch.Tensor):
+        h, kv = self.h, self.kv
+        return t[:h], t[h:h + kv], t[h + kv:]
+
+    def _fwd_ops(self, p: LayerWeights, S: LayerStorage, layer: int, phase: str, start: int, attention: bool,
+                 y_out: torch.Tensor | None) -> None:
+        X, sp, r = self.scratch, self.timer.span, slice(start, self.T)
+        n, h, f = self.T - start, self.h, self.f
+        with sp("ln1", layer, phase):
+            self._norm(S.x[r], p.ln1_w, p.ln1_b, S.ln1[r], S.stats[0, r], S.stats[1, r])
+        with sp("qkv", layer, phase):
+            for w, b, out in zip(self._qkv_slices(p.wqkv), self._qkv_slices(p.bqkv), (S.q, S.k, S.v)):
+                torch.addmm(b, S.ln1[r], w.t(), out=out[r])
+        if attention:
+            with sp("attention", layer, phase):
+                S.aux = self.backend.forward(S.q, S.k, S.v, S.attn, self.dims, X)
+        with sp("out_proj", layer, phase):
+            proj = X.get("proj", (n, h), self.dtype)
+            torch.addmm(p.bo, S.attn[r], p.wo.t(), out=proj)
+        with sp("add1", layer, phase):
+            torch.add(S.x[r], proj, out=S.h1[r])
+            X.free("proj")
+            del proj
+        with sp("ln2", layer, phase):
+            self._norm(S.h1[r], p.ln2_w, p.ln2_b, S.ln2[r], S.stats[2, r], S.stats[3, r])
+        with sp("fc1", layer, phase):
+            if self.swiglu:
+                torch.mm(S.ln2[r], p.w1.t(), out=S.fc1[r])
+            else:
+                torch.addmm(p.b1, S.ln2[r], p.w1.t(), out=S.fc1[r])
+        with sp("act", layer, phase):
+            if self.swiglu:
+                sg = X.get("silu_gate", (n, f), self.dtype)
+                torch.ops.aten.silu.out(S.fc1[r, :f], out=sg)
+                torch.mul(sg, S.fc1[r, f:], out=S.act[r])
+                X.free("silu_gate")
+                del sg
+            else:
+                torch.ops.aten.gelu.out(S.fc1[r], approximate="none", out=S.act[r])
+        if y_out is None:
+            return
+        with sp("fc2", layer, phase):
+            fc2 = X.get("fc2", (n, h), self.dtype)
+            if self.swiglu:
+                torch.mm(S.act, p.w2.t(), out=fc2)
+            else:
+                torch.addmm(p.b2, S.act, p.w2.t(), out=fc2)
+        with sp("add2", layer, phase):
+            torch.add(S.h1, fc2, out=y_out)
+            X.free("fc2")
+            del fc2
+
+    # ------------------------------------------------------------------ public
+    def forward(self, p: LayerWeights, S: LayerStorage, y_out: torch.Tensor, layer: int) -> None:
+        """Full forward: fills every skeletal tensor of ``S`` (x must be in place) and writes y."""
+        self.scratch.set_phase("fwd")
+        self._fwd_ops(p, S, layer, "fwd", 0, True, y_out)
+
+    def recompute_tokens(self, p: LayerWeights, S: LayerStorage, start: int, layer: int) -> None:
+        """MEMO: rebuild rows [start, T) of ln1, q, k, v, h1, ln2, fc1, act from x and attn."""
+        if start >= self.T:
+            return
+        self.scratch.set_phase("bwd")
+        self.scratch.prefix = "rc_"
+        try:
+            self._fwd_ops(p, S, layer, "recompute", start, False, None)
+        finally:
+            self.scratch.prefix = ""
+
+    def recompute_full(self, p: LayerWeights, S: LayerStorage, layer: int) -> None:
+        """Full recompute: re-run the forward (attention included) from x, without fc2 and y."""
+        self.scratch.set_phase("bwd")
+        self.scratch.prefix = "rc_"
+        try:
+            self._fwd_ops(p, S, layer, "recompute", 0, True, None)
+        finally:
+            self.scratch.prefix = ""
+
+    def backward(self, p: LayerWeights, S: LayerStorage, dy: torch.Tensor, layer: int) -> torch.Tensor:
+        X, sp, T, h, f, dt = self.scratch, self.timer.span, self.T, self.h, self.f, self.dtype
+        self.scratch.set_phase("bwd")
+        ph = "bwd"
+        dy = dy.reshape(T, h)
+        if not dy.is_contiguous() or dy._base is not None:
+            dy = dy.clone(memory_format=torch.contiguous_format)  # we accumulate into dy in place
+        one = self.ones
+        with sp("fc2", layer, ph):
+            p.w2.grad.addmm_(dy.t(), S.act)
+            if p.b2 is not None:
+                p.b2.grad.addmv_(dy.t(), one)
+            d_act = X.get("d_act", (T, f), dt)
+            torch.mm(dy, p.w2, out=d_act)
+        with sp("act", layer, ph):
+            d_fc1 = X.get("d_fc1", (T, self.model.fc1_width), dt)
+            if self.swiglu:
+                gate, up = S.fc1[:, :f], S.fc1[:, f:]
+                sg = X.get("silu_gate", (T, f), dt)
+                torch.ops.aten.silu.out(gate, out=sg)
+                torch.mul(d_act, sg, out=d_fc1[:, f:])
+                torch.mul(d_act, up, out=sg)
+                torch.ops.aten.silu_backward.grad_input(sg, gate, grad_input=d_fc1[:, :f])
+                X.free("silu_gate")
+                del sg
+            else:
+                torch.ops.aten.gelu_backward.grad_input(d_act, S.fc1, approximate="none", grad_input=d_fc1)
+            X.free("d_act")
+            del d_act
+        with sp("fc1", layer, ph):
+            p.w1.grad.addmm_(d_fc1.t(), S.ln2)
+            if p.b1 is not None:
+                p.b1.grad.addmv_(d_fc1.t(), one)
+            d_ln2 = X.get("d_ln2", (T, h), dt)
+            torch.mm(d_fc1, p.w1, out=d_ln2)
+            X.free("d_fc1")
+            del d_fc1
+        with sp("ln2", layer, ph):
+            dn, dw, db = torch.ops.aten.native_layer_norm_backward(
+                d_ln2, S.h1, [h], S.stats[2].view(T, 1), S.stats[3].view(T, 1), p.ln2_w, p.ln2_b, [True, True, True])
+            p.ln2_w.grad.add_(dw)
+            p.ln2_b.grad.add_(db)
+            X.free("d_ln2")
+            del d_ln2
+            d_h1 = dy.add_(dn)  # the residual gradient accumulates into dy in place
+            del dn, dw, db
+        with sp("out_proj", layer, ph):
+            p.wo.grad.addmm_(d_h1.t(), S.attn)
+            p.bo.grad.addmv_(d_h1.t(), one)
+            d_attn = X.get("d_attn", (T, h), dt)
+            torch.mm(d_h1, p.wo, out=d_attn)
+        with sp("attention", layer, ph):
+            d_q = X.get("d_q", (T, h), dt)
+            d_k = X.get("d_k", (T, self.kv), dt)
+            d_v = X.get("d_v", (T, self.kv), dt)
+            self.backend.backward(d_attn, S.q, S.k, S.v, S.attn, S.aux, d_q, d_k, d_v, self.dims, X)
+            X.free("d_attn")
+            del d_attn
+        with sp("qkv", layer, ph):
+            ws, gws, gbs = self._qkv_slices(p.wqkv), self._qkv_slices(p.wqkv.grad), self._qkv_slices(p.bqkv.grad)
+            for d, gw, gb in zip((d_q, d_k, d_v), gws, gbs):
+                gw.addmm_(d.t(), S.ln1)
+                gb.addmv_(d.t(), one)
+            d_ln1 = X.get("d_ln1", (T, h), dt)
+            torch.mm(d_q, ws[0], out=d_ln1)
+            d_ln1.addmm_(d_k, ws[1])
+            d_ln1.addmm_(d_v, ws[2])
+            for n in ("d_q", "d_k", "d_v"):
+                X.free(n)
+            del d_q, d_k, d_v
+        with sp("ln1", layer, ph):
+            dx, dw, db = torch.ops.aten.native_layer_norm_backward(
+                d_ln1, S.x, [h], S.stats[0].view(T, 1), S.stats[1].view(T, 1), p.ln1_w, p.ln1_b, [True, True, True])
+            p.ln1_w.grad.add_(dw)
+            p.ln1_b.grad.add_(db)
+            X.free("d_ln1")
+            del d_ln1
+            dx.add_(d_h1)
+            del d_h1
+        return dx

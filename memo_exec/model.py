@@ -1,0 +1,146 @@
+"""GPT decoder for the executor: tied embedding/classifier, n explicit layers, final LayerNorm,
+chunked classifier + cross-entropy. No positional embedding (causal attention orders tokens), so
+the parameter count is exactly `ModelConfig.params()`, which the MFU formula uses.
+
+Each layer is one `torch.autograd.Function` whose backward is written by hand
+(`memo_exec.layer.LayerCompute`); what it keeps for the backward is decided by the activation
+policy, never by autograd. The classifier computes logits ``classifier_chunk_tokens`` at a time
+and its gradients in the same pass, so a ``[tokens, vocab]`` matrix never exists.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.autograd.function import once_differentiable
+
+from memo_exec.device import acc_dtype
+from memo_exec.layer import LN_EPS, LayerCompute, LayerWeights
+from memo_sim.model.config import ModelConfig
+
+
+class GPT(nn.Module):
+    def __init__(self, model: ModelConfig, layers: int, device: torch.device, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.cfg = model
+        h = model.hidden
+        self.wte = nn.Parameter(torch.empty(model.vocab, h, device=device, dtype=dtype))
+        self.lnf_w = nn.Parameter(torch.empty(h, device=device, dtype=dtype))
+        self.lnf_b = nn.Parameter(torch.empty(h, device=device, dtype=dtype))
+        self.layers = nn.ModuleList(LayerWeights(model, layers, device, dtype) for _ in range(layers))
+
+    def init_(self, seed: int) -> None:
+        """Seeded init (the generator lives on the parameters' device, so CUDA init is fast; CPU and
+        CUDA runs with one seed therefore start from different weights)."""
+        g = torch.Generator(device=self.wte.device).manual_seed(seed)
+        with torch.no_grad():
+            self.wte.copy_(torch.randn(self.wte.shape, generator=g, device=self.wte.device).mul_(0.02))
+            self.lnf_w.fill_(1.0)
+            self.lnf_b.zero_()
+        for lw in self.layers:
+            lw.init_(g)
+
+    def alloc_grads(self) -> None:
+        """Preallocate every ``.grad`` (layer backwards accumulate into them in place)."""
+        for p in self.parameters():
+            p.grad = torch.zeros_like(p)
+
+    def zero_grads(self) -> None:
+        for p in self.parameters():
+            if p.grad is not None:
+                p.grad.zero_()
+
+    def param_count(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+class LayerRuntime:
+    """Binds layer i's weights to the shared compute and the activation policy."""
+
+    def __init__(self, index: int, weights: LayerWeights, policy, compute: LayerCompute, timer) -> None:
+        self.index, self.weights, self.policy, self.compute, self.timer = index, weights, policy, compute, timer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        i, pol, comp = self.index, self.policy, self.compute
+        st = pol.storage_for_forward(i)
+        if x.data_ptr() != st.x.data_ptr():
+            with self.timer.span("input_copy", i, "fwd"):
+                st.x.copy_(x.reshape(st.x.shape))
+        out = pol.output_for(i)
+        if out is None:
+            out = torch.empty(comp.T, comp.h, dtype=comp.dtype, device=comp.device)
+        comp.forward(self.weights, st, out, i)
+        pol.after_forward(i)
+        self.timer.memory_sample()
+        return out.detach()
+
+    def backward(self, dy: torch.Tensor) -> torch.Tensor:
+        i, pol = self.index, self.policy
+        st = pol.storage_for_backward(i, self.weights)
+        dx = self.compute.backward(self.weights, st, dy, i)
+        pol.after_backward(i)
+        self.timer.memory_sample()
+        return dx
+
+
+class LayerFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, rt: LayerRuntime) -> torch.Tensor:
+        ctx.rt = rt
+        return rt.forward(x)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy: torch.Tensor):
+        return ctx.rt.backward(dy), None
+
+
+class ChunkedHead(torch.autograd.Function):
+    """Mean cross-entropy of ``hf @ W^T`` over chunks; gradients are formed in the forward pass."""
+
+    @staticmethod
+    def forward(ctx, hf: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, chunk: int) -> torch.Tensor:
+        T = hf.shape[0]
+        acc = acc_dtype(hf.dtype)
+        d_hf = torch.empty_like(hf)
+        d_w = torch.zeros_like(w)
+        total = torch.zeros((), dtype=acc, device=hf.device)
+        for c0 in range(0, T, chunk):
+            c1 = min(T, c0 + chunk)
+            hc, tc = hf[c0:c1], targets[c0:c1]
+            logits = torch.mm(hc, w.t())
+            lf = logits.to(acc) if logits.dtype != acc else logits
+            lse = torch.logsumexp(lf, dim=-1)
+            total += (lse - lf.gather(1, tc.unsqueeze(1)).squeeze(1)).sum()
+            lf.sub_(lse.unsqueeze(1)).exp_()
+            lf.scatter_add_(1, tc.unsqueeze(1), torch.full((c1 - c0, 1), -1.0, dtype=acc, device=hf.device))
+            lf.mul_(1.0 / T)
+            g = lf.to(hf.dtype) if lf.dtype != hf.dtype else lf
+            torch.mm(g, w, out=d_hf[c0:c1])
+            d_w.addmm_(g.t(), hc)
+            del logits, lf, lse, g
+        ctx.save_for_backward(d_hf, d_w)
+        return (total / T).to(acc)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g: torch.Tensor):
+        d_hf, d_w = ctx.saved_tensors
+        scale = g.to(d_hf.dtype)
+        return d_hf.mul_(scale), d_w.mul_(scale), None, None
+
+
+def forward_loss(gpt: GPT, runtimes: list[LayerRuntime], inputs: torch.Tensor, targets: torch.Tensor,
+                 chunk: int, timer) -> torch.Tensor:
+    """Embedding -> layers -> final norm -> chunked classifier; returns the mean loss (autograd)."""
+    h = gpt.cfg.hidden
+    with timer.span("embedding", None, "fwd"):
+        x = F.embedding(inputs.reshape(-1), gpt.wte)
+    for rt in runtimes:
+        x = LayerFn.apply(x, rt)
+    with timer.span("final_norm", None, "fwd"):
+        hf = F.layer_norm(x, (h,), gpt.lnf_w, gpt.lnf_b, LN_EPS)
+    with timer.span("classifier", None, "fwd"):
+        loss = ChunkedHead.apply(hf, gpt.wte, targets.reshape(-1), chunk)
+    return loss

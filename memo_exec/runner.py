@@ -1,0 +1,352 @@
+"""Execute a plan: check everything, allocate once, train N steps, measure.
+
+Order matters: every check that can fail for a user-fixable reason (schema, layout, device,
+dtype, attention backend, token file, memory plan, memory fit) runs before any large allocation;
+the backend probe and the meta-device dry run of one layer allocate only a few KB.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from memo_exec.activations import make_policy
+from memo_exec.arena import AllocRecorder, ArenaScratch, CachingScratch, parse_memory_plan, validate_memory_plan
+from memo_exec.attention import AttnDims, select_backend
+from memo_exec.data import TokenSource
+from memo_exec.device import acc_dtype, compute_dtype, device_free_bytes, element_size, gib, resolve_device
+from memo_exec.errors import ExecError, FitError, MemoryPlanError
+from memo_exec.layer import LayerCompute, LayerStorage, LayerWeights, carve_storage, norm_stats_dtype, \
+    storage_bytes
+from memo_exec.measure import Recorder, StepRecord, steady_state, summarize_step
+from memo_exec.model import GPT, LayerRuntime, forward_loss
+from memo_exec.optim import AdamW
+from memo_exec.streams import make_engine
+from memo_sim.cost.flops import ATTN_BWD_FACTOR, classifier_flops, op_flops
+from memo_sim.model.config import ModelConfig
+from memo_sim.model.layer_graph import DTYPE_BYTES, forward_ops
+from memo_sim.plan.schema import Plan
+
+
+@dataclass
+class RunOptions:
+    device: str | None = None  # cuda | cuda:N | cpu | None (auto)
+    steps: int = 3
+    layers: int | None = None  # run fewer layers than the plan's model
+    attention_backend: str | None = None  # None: the plan's
+    dtype: str | None = None  # None: bf16 on CUDA (the plan's), fp32 on CPU
+    tokens_file: str | None = None
+    seed: int = 0
+    lr: float = 3e-4
+    weight_decay: float = 0.1
+    use_memory_plan: bool = True
+    probe_backend: bool = True
+
+
+def _recompute_fraction(plan: Plan) -> float:
+    if plan.policy.policy == "full_recompute":
+        return 1.0
+    return plan.policy.recompute_fraction
+
+
+def make_flops_fn(model: ModelConfig, batch: int, seq: int, recompute_fraction: float):
+    """FLOPs of a timed span, from memo_sim.cost.flops (for the trace's annotations)."""
+    fops = {op.name: (op.kind, op_flops(op, model, batch, seq)) for op in forward_ops(model)}
+    cls = classifier_flops(model, batch, seq)
+
+    def fn(op: str, layer: int | None, phase: str) -> float:
+        if layer is None:
+            return 3.0 * cls if op == "classifier" else 0.0
+        if op not in fops:
+            return 0.0
+        kind, f = fops[op]
+        if phase == "fwd":
+            return f
+        if phase == "recompute":
+            return f if kind == "attention" else f * recompute_fraction
+        if phase == "bwd":
+            return {"gemm": 2.0 * f, "attention": ATTN_BWD_FACTOR * f}.get(kind, f)
+        return 0.0
+
+    return fn
+
+
+def dry_run_layer(model: ModelConfig, batch: int, seq: int, dtype: torch.dtype, backend, policy_name: str,
+                  offload_tokens: int) -> AllocRecorder:
+    """One layer's forward, recompute (as the policy does it) and backward on the meta device,
+    recording every scratch request. Nothing is allocated."""
+    meta = torch.device("meta")
+    if not backend.uses_scratch and not backend.name.startswith("sdpa"):
+        from memo_exec.attention import SDPAFlash  # noqa: PLC0415 - same (empty) scratch use, has meta kernels
+
+        backend = SDPAFlash()
+    rec = AllocRecorder()
+    scratch = CachingScratch(meta, rec)
+    comp = LayerCompute(model, batch, seq, dtype, meta, backend, scratch)
+    T = batch * seq
+    w = LayerWeights(model, model.layers, meta, dtype)
+    for p in w.parameters():
+        p.grad = torch.zeros_like(p)
+    block = torch.empty(storage_bytes(model, T, dtype), dtype=torch.uint8, device=meta)
+    st = LayerStorage(carve_storage(block, model, T, dtype),
+                      torch.empty(4, T, dtype=norm_stats_dtype(dtype, meta), device=meta))
+    y = torch.empty(T, model.hidden, dtype=dtype, device=meta)
+    with torch.no_grad():
+        comp.forward(w, st, y, 0)
+        if policy_name == "full_recompute":
+            comp.recompute_full(w, st, 0)
+        elif policy_name == "memo" and offload_tokens < T:
+            comp.recompute_tokens(w, st, offload_tokens, 0)
+        comp.backward(w, st, torch.empty(T, model.hidden, dtype=dtype, device=meta), 0)
+    return rec
+
+
+def _max_live(rec: AllocRecorder, skip: set[str]) -> dict[str, int]:
+    out = {}
+    for phase in ("fwd", "bwd"):
+        live = peak = 0
+        sizes = {}
+        for op, ph, name, nb in rec.events:
+            if ph != phase or f"{ph}:{name}" in skip:
+                continue
+            if op == "malloc":
+                sizes[name] = nb
+                live += nb
+                peak = max(peak, live)
+            else:
+                live -= sizes.pop(name, 0)
+        out[phase] = peak
+    return out
+
+
+@dataclass
+class MemoryEstimate:
+    parts: dict[str, int]
+    total: int
+    host: int
+
+    def lines(self) -> list[str]:
+        return [f"{k}: {gib(v)}" for k, v in self.parts.items()]
+
+
+@dataclass
+class RunResult:
+    plan: Plan
+    options: RunOptions
+    meta: dict
+    steps: list[StepRecord] = field(default_factory=list)
+    summaries: list[dict] = field(default_factory=list)
+
+    @property
+    def steady(self) -> dict:
+        return steady_state(self.summaries)
+
+
+class Executor:
+    def __init__(self, plan: Plan, opts: RunOptions) -> None:
+        self.plan, self.opts = plan, opts
+        lay = plan.layout
+        if lay.gpus != 1 or plan.gpus != 1:
+            raise ExecError(f"plan layout {lay.label()} uses {plan.gpus} GPUs; this executor runs single-device plans "
+                            f"(tp=cp=ulysses=dp=1). Plan with --gpus 1 or run the distributed executor")
+        if opts.layers is not None and not (1 <= opts.layers):
+            raise ExecError(f"--layers must be a positive integer, got {opts.layers}")
+        if opts.steps < 1:
+            raise ExecError(f"--steps must be at least 1, got {opts.steps}")
+        self.model = dataclasses.replace(plan.model, layers=opts.layers or plan.model.layers)
+        self.device_spec = resolve_device(opts.device)
+        self.device = self.device_spec.torch_device
+        self.dtype = compute_dtype(plan.model.dtype, self.device_spec, opts.dtype)
+        self.batch, self.seq = plan.batch, plan.seq_tokens
+        self.tokens = self.batch * self.seq
+        if plan.classifier_chunk_tokens < 1:
+            raise ExecError("classifier_chunk_tokens must be positive")
+        self.data = TokenSource(self.model.vocab, self.batch, self.seq, opts.seed, opts.tokens_file)
+        m = self.model
+        self.dims = AttnDims(self.batch, self.seq, m.heads, m.n_kv_heads, m.head_dim)
+        self.backend_name = opts.attention_backend or plan.attention_backend
+        self.backend = select_backend(self.backend_name, self.device, self.dtype, self.dims,
+                                      run_probe=opts.probe_backend)
+        # the policy object only computes sizes until allocate()
+        self.engine = None
+        self.policy = make_policy(plan.policy, m, self.batch, self.seq, m.layers, self.dtype, self.device,
+                                  None, None, None)
+        offload_tokens = getattr(self.policy, "n_off", self.tokens)
+        self.layer_requests = dry_run_layer(m, self.batch, self.seq, self.dtype, self.backend, plan.policy.policy,
+                                            offload_tokens)
+        self.arena_plan = None
+        self.unplanned: list[str] = []
+        if plan.memory_plan is not None and opts.use_memory_plan and plan.memory_plan.get("phases"):
+            width = plan.memory_plan.get("element_bytes", DTYPE_BYTES[plan.model.dtype])
+            if not isinstance(width, int) or width not in (2, 4, 8):
+                raise MemoryPlanError(f"memory_plan.element_bytes must be 2, 4 or 8, got {width!r}")
+            self.arena_plan = parse_memory_plan(plan.memory_plan, width, element_size(self.dtype))
+            self.unplanned = validate_memory_plan(self.arena_plan, self.layer_requests)
+        self.estimate = self.memory_estimate()
+        self._check_fit()
+        self.allocated = False
+
+    # ------------------------------------------------------------------ sizes
+    def memory_estimate(self) -> MemoryEstimate:
+        m, T, e = self.model, self.tokens, element_size(self.dtype)
+        acc_e = element_size(acc_dtype(self.dtype))
+        P = m.params()
+        h, kv, V = m.hidden, m.kv_dim, m.vocab
+        parts = {"weights": P * e, "gradients": P * e, "optimizer": AdamW.state_bytes_for(P, self.dtype)}
+        parts.update({f"activations.{k}": v for k, v in self.policy.device_bytes().items()})
+        skip = set()
+        if self.arena_plan is not None:
+            parts["arena"] = self.arena_plan.arena_bytes
+            skip = {f"{ph}:{n}" for ph, offs in self.arena_plan.offsets.items() for n in offs}
+        scratch = _max_live(self.layer_requests, skip)
+        gqa = 2 * T * h * e if m.n_kv_heads != m.heads and self.backend.name.startswith("sdpa") else 0
+        fwd = scratch["fwd"] + T * h * e + gqa + (0 if self.backend.uses_scratch else T * h * e)
+        bwd = scratch["bwd"] + 3 * T * h * e + gqa + (0 if self.backend.uses_scratch else T * (h + 2 * kv) * e)
+        layer_dyn = max(fwd, bwd) + T * h * e  # + the layer input / the previous layer's output
+        chunk = min(self.plan.classifier_chunk_tokens, T)
+        head = 3 * T * h * e + chunk * V * (e + 2 * acc_e) + 2 * V * h * e
+        parts["layer_transient_peak"] = layer_dyn
+        parts["embedding_classifier_peak"] = head
+        total = sum(v for k, v in parts.items() if k not in ("layer_transient_peak", "embedding_classifier_peak"))
+        total += max(layer_dyn, head)
+        return MemoryEstimate(parts, int(total), int(self.policy.host_bytes()))
+
+    def _check_fit(self) -> None:
+        est = self.estimate
+        free, total = device_free_bytes(self.device_spec)
+        where = f"cuda:{self.device_spec.index}" if self.device_spec.is_cuda else "this host"
+        need = est.total + (0 if self.device_spec.is_cuda else est.host)
+        if need > free:
+            big = sorted(est.parts.items(), key=lambda kv: -kv[1])[:3]
+            raise FitError(f"does not fit: {self.model.name} ({self.model.layers} layers, {self.tokens} tokens, "
+                           f"{self.plan.policy.label()}) needs about {gib(need)} on {where} "
+                           f"({', '.join(f'{k} {gib(v)}' for k, v in big)}), which has {gib(free)} free"
+                           f"{'; try --layers N' if self.model.layers > 2 else ''}")
+        if self.device_spec.is_cuda and est.host:
+            from memo_exec.device import host_available_bytes  # noqa: PLC0415
+            avail = host_available_bytes()
+            if est.host > avail:
+                raise FitError(f"does not fit: offloaded activations need {gib(est.host)} of pinned host memory, "
+                               f"the host has {gib(avail)} available")
+
+    # ------------------------------------------------------------------ allocate
+    def allocate(self) -> None:
+        m, dev, dt = self.model, self.device, self.dtype
+        rf = _recompute_fraction(self.plan)
+        self.recorder = Recorder(dev, make_flops_fn(m, self.batch, self.seq, rf), self.policy.host_bytes())
+        self.engine = make_engine(dev)
+        self.engine.sink = self.recorder
+        if self.arena_plan is not None:
+            self.scratch = ArenaScratch(dev, self.arena_plan)
+        else:
+            self.scratch = CachingScratch(dev)
+        self.gpt = GPT(m, m.layers, dev, dt)
+        self.gpt.init_(self.opts.seed)
+        self.gpt.alloc_grads()
+        self.optimizer = AdamW(self.gpt.parameters(), lr=self.opts.lr, weight_decay=self.opts.weight_decay)
+        self.compute = LayerCompute(m, self.batch, self.seq, dt, dev, self.backend, self.scratch, self.recorder)
+        self.policy = make_policy(self.plan.policy, m, self.batch, self.seq, m.layers, dt, dev, self.engine,
+                                  self.recorder, self.compute)
+        self.policy.allocate()
+        self.runtimes = [LayerRuntime(i, w, self.policy, self.compute, self.recorder)
+                         for i, w in enumerate(self.gpt.layers)]
+        self.allocated = True
+
+    # ------------------------------------------------------------------ run
+    def forward_backward(self, step: int) -> torch.Tensor:
+        inputs, targets = self.data.batch_at(step)
+        inputs, targets = inputs.to(self.device), targets.to(self.device)
+        self.policy.begin_step()
+        loss = forward_loss(self.gpt, self.runtimes, inputs, targets, self.plan.classifier_chunk_tokens,
+                            self.recorder)
+        loss.backward()
+        self.policy.end_step()
+        return loss
+
+    def step(self, step: int, optimizer: bool = True) -> StepRecord:
+        if not self.allocated:
+            self.allocate()
+        self.recorder.begin_step(step)
+        loss = self.forward_backward(step)
+        if optimizer:
+            with self.recorder.span("optimizer", None, "optimizer"):
+                self.optimizer.step()
+                self.gpt.zero_grads()
+        rec = self.recorder.end_step(self.engine)
+        rec.loss = float(loss.detach().item())
+        return rec
+
+    def run(self) -> RunResult:
+        if not self.allocated:
+            self.allocate()
+        res = RunResult(self.plan, self.opts, self.describe())
+        for k in range(self.opts.steps):
+            rec = self.step(k)
+            res.steps.append(rec)
+            s = summarize_step(rec, self.model.layers)
+            s["step"] = k
+            res.summaries.append(s)
+        res.meta["pinned_host_bytes"] = int(getattr(self.policy, "pinned_bytes", 0))
+        res.meta["caching_allocator"] = self.caching_allocator_tensors()
+        return res
+
+    def close(self) -> None:
+        if self.allocated:
+            self.policy.close()
+            self.engine.close()
+
+    # ------------------------------------------------------------------ description
+    def caching_allocator_tensors(self) -> list[str]:
+        """What does not go through a preallocated buffer or the arena (for the report)."""
+        out = [
+            "LayerNorm forward outputs and statistics (aten native_layer_norm has no real out= kernel; "
+            "copied into the skeletal slot)",
+            "LayerNorm backward outputs (d_h1_part, dx) and LayerNorm weight/bias gradient reductions",
+            "incoming/outgoing layer gradients dy/dx (owned by autograd between layer backwards)",
+            "the last layer's output, final LayerNorm output and gradient, embedding output and its dense "
+            "gradient, classifier chunk logits/probabilities and its weight gradient",
+            "the attention lse (and RNG state) each layer keeps",
+            "optimizer temporaries (one parameter at a time)",
+        ]
+        if not self.backend.uses_scratch:
+            out.insert(0, f"attention output and q/k/v gradients of {self.backend.name} (the aten kernels allocate "
+                          "them; they are copied into the planned slots)")
+            if self.model.n_kv_heads != self.model.heads:
+                out.insert(1, "GQA: k and v expanded to all heads for the SDPA kernel, and their gradients")
+        if self.arena_plan is not None:
+            unpl = [u for u in self.unplanned]
+            if unpl:
+                out.insert(0, "scratch tensors the memory plan does not place: " + ", ".join(unpl))
+        else:
+            out.insert(0, "every layer scratch tensor (no memory plan): " +
+                       ", ".join(sorted({f"{ph}:{n}" for op, ph, n, _ in self.layer_requests.events})))
+        return out
+
+    def describe(self) -> dict:
+        m = self.model
+        d = {
+            "plan_model": self.plan.model.name, "model": m.name, "layers": m.layers,
+            "plan_layers": self.plan.model.layers, "batch": self.batch, "seq_tokens": self.seq,
+            "tokens": self.tokens, "hidden": m.hidden, "heads": m.heads, "kv_heads": m.n_kv_heads,
+            "ffn": m.ffn, "ffn_type": m.ffn_type, "vocab": m.vocab, "params": m.params(),
+            "policy": self.plan.policy.label(), "policy_detail": self.policy.describe(),
+            "layout": self.plan.layout.label(), "device": self.device_spec.describe(),
+            "device_kind": self.device_spec.kind, "dtype": str(self.dtype).replace("torch.", ""),
+            "attention_backend": self.backend.name, "attention_backend_requested": self.backend_name,
+            "classifier_chunk_tokens": self.plan.classifier_chunk_tokens, "data": self.data.describe(),
+            "memory_plan": None, "memory_estimate_bytes": self.estimate.parts,
+            "memory_estimate_total_bytes": self.estimate.total, "host_estimate_bytes": self.estimate.host,
+            "profile": self.plan.profile,
+        }
+        if self.arena_plan is not None:
+            d["memory_plan"] = {"arena_bytes": self.arena_plan.arena_bytes, "offset_scale": self.arena_plan.scale,
+                                "placed": {ph: sorted(o) for ph, o in self.arena_plan.offsets.items()},
+                                "unplaced_by_plan": self.unplanned, "plan_names_not_placed": self.arena_plan.ignored}
+        return d
+
+
+def tokens_per_second(tokens: int, iteration_s: float) -> float:
+    return tokens / iteration_s if iteration_s > 0 else math.nan

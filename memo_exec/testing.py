@@ -1,0 +1,75 @@
+"""Helpers to check the executor against the plain-autograd reference (tests, GPU sessions)."""
+
+from __future__ import annotations
+
+import torch
+
+from memo_exec.reference import RefGPT
+from memo_exec.runner import Executor, RunOptions
+from memo_sim.layout.parallel import Layout
+from memo_sim.model.config import ModelConfig
+from memo_sim.plan.schema import Plan
+from memo_sim.policy.policies import PolicyChoice
+
+def make_plan(model: ModelConfig, seq: int, policy: PolicyChoice, *, batch: int = 1, backend: str = "math",
+              chunk: int = 700, memory_plan: dict | None = None, predicted: dict | None = None,
+              layer_timings: dict | None = None, profile: str = "h100-sxm5-80gb") -> Plan:
+    return Plan(model, batch, seq, 1, Layout(), policy, profile, dict(predicted or {"status": "OK"}),
+                dict(layer_timings or {}), attention_backend=backend, classifier_chunk_tokens=chunk,
+                memory_plan=memory_plan)
+
+
+def executor_grads(plan: Plan, *, device: str = "cpu", dtype: str = "fp32", step: int = 0, setup=None,
+                   **opts) -> tuple[float, dict[str, torch.Tensor], Executor]:
+    """Loss and every parameter gradient of one forward+backward (no optimizer step)."""
+    ex = Executor(plan, RunOptions(device=device, dtype=dtype, steps=1, **opts))
+    ex.allocate()
+    if setup is not None:
+        setup(ex)
+    try:
+        loss = ex.forward_backward(step)
+        ex.engine.synchronize()
+        grads = {n: p.grad.detach().clone() for n, p in ex.gpt.named_parameters()}
+    finally:
+        ex.close()
+    return float(loss.item()), grads, ex
+
+
+def reference_grads(ex: Executor, step: int = 0, dtype: torch.dtype | None = None
+                    ) -> tuple[float, dict[str, torch.Tensor]]:
+    """The reference model with the executor's weights (unchanged by forward_backward) on batch ``step``,
+    in ``dtype`` (default: the executor's; pass float32 to judge a bf16 run against fp32 math)."""
+    ref = RefGPT(ex.model, ex.model.layers, ex.device, dtype or ex.dtype)
+    ref.load_from(ex.gpt)
+    inp, tgt = ex.data.batch_at(step)
+    loss = ref(inp.to(ex.device), tgt.to(ex.device))
+    loss.backward()
+    return float(loss.item()), {k: v.detach().clone() for k, v in ref.grads_by_exec_name().items()}
+
+
+def max_rel_error(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> tuple[float, str]:
+    """Largest norm-wise relative error over parameters: ||got - want|| / ||want||."""
+    worst, name = 0.0, ""
+    assert set(got) == set(want), sorted(set(got) ^ set(want))
+    for k in want:
+        w = want[k].double()
+        e = float((got[k].double() - w).norm() / w.norm().clamp_min(1e-300))
+        if e > worst:
+            worst, name = e, k
+    return worst, name
+
+
+def per_param_errors(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> dict[str, float]:
+    return {k: float((got[k].double() - want[k].double()).norm() / want[k].double().norm().clamp_min(1e-300))
+            for k in want}
+
+
+def bf16_within_autograd_noise(ex: Executor, grads: dict[str, torch.Tensor], factor: float = 2.0,
+                               slack: float = 1e-2) -> list[str]:
+    """Parameters whose bf16 gradient error (against an fp32 reference) exceeds ``factor`` times the
+    error of plain bf16 autograd on the same weights, plus ``slack``; empty when the run is as good
+    as bf16 autograd."""
+    _, ref32 = reference_grads(ex, dtype=torch.float32)
+    _, ref16 = reference_grads(ex, dtype=ex.dtype)
+    ours, theirs = per_param_errors(grads, ref32), per_param_errors(ref16, ref32)
+    return [f"{k}: {ours[k]:.3g} vs autograd {theirs[k]:.3g}" for k in ref32 if ours[k] > factor * theirs[k] + slack]

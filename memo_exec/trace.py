@@ -1,0 +1,202 @@
+"""``memo-exec trace``: record one layer's real malloc/free sequence as a memo-trace.
+
+The layer's forward, its recompute (as the plan's policy does it for an offloaded layer) and its
+backward run once on the chosen device (``meta`` runs the same code without memory, for sizes
+that do not fit here) with a recording scratch allocator: every transient tensor the layer asks
+for, in order, with its real size. Skeletal tensors are not in the trace: the policies keep them
+in preallocated buffers. On CUDA, ``cuda_history`` additionally records what the caching
+allocator itself saw (``torch.cuda.memory._record_memory_history``), kernel-internal workspaces
+and aten-allocated outputs included.
+
+`memory_plan_from_trace` turns a trace into plan.json's ``memory_plan`` with the greedy DSA
+placement of `memo_sim.memplan.greedy` (one arena shared by the forward and backward phases).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import torch
+
+from memo_exec.arena import AllocRecorder, CachingScratch
+from memo_exec.attention import AttnDims, select_backend
+from memo_exec.activations.offload import offload_token_count
+from memo_exec.device import DTYPES, compute_dtype, resolve_device
+from memo_exec.errors import ExecError
+from memo_exec.layer import LayerCompute, LayerStorage, LayerWeights, carve_storage, norm_stats_dtype, \
+    storage_bytes
+from memo_sim.memplan.greedy import greedy_trace
+from memo_sim.memplan.trace import Buffer, RequestTrace
+from memo_sim.plan.schema import Plan
+
+
+def _setup(plan: Plan, device: torch.device, dtype: torch.dtype, backend, recorder: AllocRecorder | None):
+    m = plan.model
+    T = plan.batch * plan.seq_tokens
+    comp = LayerCompute(m, plan.batch, plan.seq_tokens, dtype, device, backend, CachingScratch(device, recorder))
+    w = LayerWeights(m, m.layers, device, dtype)
+    if device.type != "meta":
+        w.init_(torch.Generator(device=device).manual_seed(0))
+    for p in w.parameters():
+        p.grad = torch.zeros_like(p)
+    block = torch.empty(storage_bytes(m, T, dtype), dtype=torch.uint8, device=device)
+    st = LayerStorage(carve_storage(block, m, T, dtype),
+                      torch.empty(4, T, dtype=norm_stats_dtype(dtype, device), device=device))
+    if device.type != "meta":
+        st.x.normal_()
+    return comp, w, st, block
+
+
+def _run_layer(plan: Plan, comp: LayerCompute, w, st, between_phases=None) -> None:
+    T = plan.batch * plan.seq_tokens
+    y = torch.empty(T, plan.model.hidden, dtype=comp.dtype, device=comp.device)
+    with torch.no_grad():
+        comp.forward(w, st, y, 0)
+        if between_phases is not None:
+            between_phases()
+        pol = plan.policy
+        if pol.policy == "full_recompute":
+            comp.recompute_full(w, st, 0)
+        elif pol.policy == "memo":
+            n_off = offload_token_count(float(pol.alpha), T)
+            if n_off < T:
+                comp.recompute_tokens(w, st, n_off, 0)
+        dy = torch.ones_like(y) if comp.device.type != "meta" else torch.empty_like(y)
+        comp.backward(w, st, dy, 0)
+    if comp.device.type == "cuda":
+        torch.cuda.synchronize(comp.device)
+
+
+def record_layer_trace(plan: Plan, device: str | None = None, dtype: str | None = None,
+                       attention_backend: str | None = None) -> RequestTrace:
+    """One layer's scratch requests (forward, recompute, backward) on ``device`` (cpu, cuda or meta)."""
+    if device == "meta":
+        dev = torch.device("meta")
+        name = dtype or plan.model.dtype
+        if name not in DTYPES:
+            raise ExecError(f"--dtype must be one of {', '.join(DTYPES)}, got {name!r}")
+        dt = DTYPES[name]
+        bname = attention_backend or plan.attention_backend
+        backend = _meta_backend("math" if bname == "auto" else bname)
+    else:
+        spec = resolve_device(device)
+        dev = spec.torch_device
+        dt = compute_dtype(plan.model.dtype, spec, dtype)
+        backend = select_backend(attention_backend or plan.attention_backend, dev, dt, _dims(plan))
+    rec = AllocRecorder()
+    comp, w, st, _ = _setup(plan, dev, dt, backend, rec)
+    _run_layer(plan, comp, w, st)
+    T = plan.batch * plan.seq_tokens
+    meta = {"source": "memo-exec trace", "model": plan.model.name, "hidden": plan.model.hidden,
+            "batch": plan.batch, "seq_tokens": plan.seq_tokens, "tokens": T, "dtype": str(dt).replace("torch.", ""),
+            "policy": plan.policy.label(), "attention_backend": backend.name, "device": str(dev),
+            "phases": ["fwd", "bwd"],
+            "note": "transient scratch tensors of one layer; recompute (rc_*) runs at the start of bwd. "
+                    "Not in the trace (caching allocator): LayerNorm outputs, dy/dx, the attention kernel's own "
+                    "outputs and workspaces, the lse."}
+    return rec.trace(name=f"{plan.model.name}-{plan.seq_tokens}-{plan.policy.policy}-layer", meta=meta)
+
+
+def _dims(plan: Plan) -> AttnDims:
+    m = plan.model
+    return AttnDims(plan.batch, plan.seq_tokens, m.heads, m.n_kv_heads, m.head_dim)
+
+
+def _meta_backend(name: str):
+    from memo_exec.attention import BACKENDS, _instantiate  # noqa: PLC0415
+
+    if name not in BACKENDS:
+        raise ExecError(f"attention backend must be one of {', '.join(BACKENDS)}, got {name!r}")
+    if name == "flash_attn":
+        raise ExecError("--device meta cannot trace flash_attn (it has no meta kernels); use sdpa_flash or math")
+    return _instantiate(name)
+
+
+def record_cuda_history(plan: Plan, device: str | None = None, dtype: str | None = None,
+                        attention_backend: str | None = None) -> RequestTrace:
+    """What the CUDA caching allocator saw for one layer's forward (phase fwd) and backward (bwd)."""
+    spec = resolve_device(device or "cuda")
+    if not spec.is_cuda:
+        raise ExecError("the CUDA allocator history needs --device cuda")
+    dev = spec.torch_device
+    dt = compute_dtype(plan.model.dtype, spec, dtype)
+    backend = select_backend(attention_backend or plan.attention_backend, dev, dt, _dims(plan))
+    comp, w, st, _ = _setup(plan, dev, dt, backend, None)
+    snaps = []
+    mem = torch.cuda.memory
+
+    def cut():
+        torch.cuda.synchronize(dev)
+        snaps.append(mem._snapshot())
+        mem._record_memory_history(None)
+        mem._record_memory_history("all", context="alloc", stacks="python", clear_history=True)
+
+    mem._record_memory_history("all", context="alloc", stacks="python", clear_history=True)
+    try:
+        _run_layer(plan, comp, w, st, between_phases=cut)
+        snaps.append(mem._snapshot())
+    finally:
+        mem._record_memory_history(None)
+    bufs: list[Buffer] = []
+    step = 0
+    for phase, snap in zip(("fwd", "bwd"), snaps):
+        traces = snap.get("device_traces", [])
+        entries = traces[spec.index] if spec.index < len(traces) else []
+        open_: dict[int, tuple[int, int, str]] = {}
+        k = 0
+        for e in entries:
+            act = e.get("action")
+            if act == "alloc":
+                open_[e["addr"]] = (step, int(e["size"]), _frame_name(e.get("frames") or []))
+                step += 1
+            elif act in ("free_requested", "free_completed") and e.get("addr") in open_:
+                lo, size, name = open_.pop(e["addr"])
+                bufs.append(Buffer(f"{phase}:cuda{k}", size, lo, max(step, lo + 1), phase=phase, layer=0,
+                                   kind="other", name=name))
+                k += 1
+                step += 1
+        for addr, (lo, size, name) in open_.items():
+            bufs.append(Buffer(f"{phase}:cuda{k}", size, lo, step + 1, phase=phase, layer=0, kind="other", name=name))
+            k += 1
+        step += 1
+    meta = {"source": "torch.cuda.memory._record_memory_history", "device": spec.describe(),
+            "model": plan.model.name, "tokens": plan.batch * plan.seq_tokens, "policy": plan.policy.label(),
+            "attention_backend": backend.name}
+    return RequestTrace(sorted(bufs, key=lambda b: (b.lower, b.id)), name="cuda-allocator-layer", meta=meta)
+
+
+def _frame_name(frames: list[dict]) -> str:
+    for f in frames:
+        fn = str(f.get("filename", ""))
+        if "memo_exec" in fn:
+            return f"{os.path.basename(fn)}:{f.get('line')}:{f.get('name')}"
+    if frames:
+        f = frames[0]
+        return f"{os.path.basename(str(f.get('filename', '?')))}:{f.get('line')}:{f.get('name')}"
+    return "?"
+
+
+def memory_plan_from_trace(trace: RequestTrace) -> dict:
+    """plan.json ``memory_plan`` from a layer trace: greedy DSA placement per phase, one shared arena."""
+    phases = {}
+    for ph in ("fwd", "bwd"):
+        bufs = [b for b in trace.buffers if b.phase == ph]
+        if not bufs:
+            continue
+        names = [b.name or b.id for b in bufs]
+        if len(set(names)) != len(names):
+            raise ExecError(f"trace phase {ph}: a tensor name occurs twice; offsets are per name")
+        sub = RequestTrace([dataclasses.replace(b, id=b.name or b.id) for b in bufs], name=f"{trace.name}-{ph}")
+        offsets, peak, how = greedy_trace(sub)
+        phases[ph] = {"peak_bytes": int(peak), "offsets": {k: int(v) for k, v in offsets.items()},
+                      "method": f"greedy ({how})", "lower_bound_bytes": int(sub.max_live_bytes())}
+    arena = max((p["peak_bytes"] for p in phases.values()), default=0)
+    out = {"arena_bytes": int(arena), "phases": phases, "source": "memo-exec trace + memo_sim.memplan.greedy"}
+    dt = (trace.meta or {}).get("dtype")
+    if dt in TRACE_DTYPE_BYTES:
+        out["element_bytes"] = TRACE_DTYPE_BYTES[dt]  # sizes were recorded at this width
+    return out
+
+
+TRACE_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}

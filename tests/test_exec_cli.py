@@ -1,0 +1,143 @@
+"""``memo-exec run`` / ``memo-exec trace`` through click's CliRunner: outputs exist and parse, user
+errors exit with code 2 and one ``error:`` line, before anything is allocated."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from memo_exec.cli import cli
+from memo_exec.testing import make_plan
+from memo_sim.layout.parallel import Layout
+from memo_sim.model.config import PRESETS, ModelConfig
+from memo_sim.plan.schema import Plan, read_plan, write_plan
+from memo_sim.policy.policies import PolicyChoice
+from memo_sim.timeline import Timeline
+
+torch.set_num_threads(1)
+
+SMALL = ModelConfig("cli-test", 4, 64, 4, 256, vocab=128)
+PRED = {"status": "OK", "iteration_s": 0.05, "mfu": 0.4, "tgs_tokens_per_gpu_s": 5000.0, "peak_gpu_bytes": 2.0e8,
+        "peak_host_bytes_per_node": 1.0e6, "exposed_copy_s": 0.0}
+LT = {"forward": 0.004, "backward": 0.008, "recompute": 0.001, "offload": 0.002, "prefetch": 0.002}
+
+
+def _plan(tmp_path, policy=PolicyChoice("memo", 0.3), model=SMALL, seq=256, name="plan.json", **kw):
+    return write_plan(make_plan(model, seq, policy, predicted=PRED, layer_timings=LT, chunk=100, **kw),
+                      tmp_path / name)
+
+
+def _one_error_line(r) -> str:
+    assert r.exit_code == 2, r.output
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(lines) == 1, r.output
+    assert lines[0].startswith("error: ")
+    assert "Traceback" not in r.output
+    return lines[0]
+
+
+def test_run_writes_valid_outputs(tmp_path):
+    p = _plan(tmp_path)
+    out = tmp_path / "out"
+    r = CliRunner().invoke(cli, ["run", str(p), "--device", "cpu", "--steps", "2", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    tl = Timeline.read_json(out / "measured.json")
+    assert tl.meta["source"] == "measured"
+    assert {"compute", "d2h", "h2d"} <= set(tl.streams())
+    phases = {e.phase for e in tl.events}
+    assert {"fwd", "bwd", "recompute", "offload", "prefetch", "optimizer"} <= phases
+    assert all(e.end >= e.start >= 0 for e in tl.events)
+    assert tl.meta["steady_state"]["iteration_s"] > 0
+    assert len(tl.meta["steps"]) == 2 and tl.meta["steady_state"]["steps_averaged"] == [1]
+    rows = {c["quantity"]: c for c in tl.meta["comparison"]}
+    it = rows["iteration time"]
+    assert it["predicted"] == PRED["iteration_s"]
+    assert it["rel_error"] == pytest.approx((it["measured"] - it["predicted"]) / it["predicted"])
+    assert rows["layer offload (d2h)"]["measured"] > 0 and rows["layer recompute"]["measured"] > 0
+    assert rows["pinned host memory"]["measured"] == tl.meta["pinned_host_bytes"] > 0
+    chrome = json.loads((out / "trace.json").read_text())
+    xs = [e for e in chrome["traceEvents"] if e["ph"] == "X"]
+    assert len(xs) == len(tl.events) and all(e["dur"] >= 0 for e in xs)
+    md = (out / "report.md").read_text()
+    assert "## Measured vs predicted" in md and "| iteration time |" in md and "layers.png" in md
+    for png in ("timeline.png", "memory.png", "layers.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list(out.glob(".*.tmp")) and not list(out.glob(".*.png"))
+
+
+def test_run_fewer_layers_and_token_file(tmp_path):
+    p = _plan(tmp_path, PolicyChoice("full_recompute"), model=ModelConfig("cli-8", 8, 64, 4, 256, vocab=128))
+    np.save(tmp_path / "tok.npy", (np.arange(5000) % 100).astype(np.int64))
+    out = tmp_path / "out"
+    r = CliRunner().invoke(cli, ["run", str(p), "--device", "cpu", "--steps", "1", "--out", str(out), "--layers",
+                                 "3", "--tokens", str(tmp_path / "tok.npy"), "--attention-backend", "sdpa_flash"])
+    assert r.exit_code == 0, r.output
+    tl = Timeline.read_json(out / "measured.json")
+    assert tl.meta["layers"] == 3 and tl.meta["plan_layers"] == 8
+    assert tl.meta["attention_backend"] == "sdpa_flash"
+    assert {e.layer for e in tl.events if e.layer is not None} == {0, 1, 2}
+    md = (out / "report.md").read_text()
+    assert "ran 3 of the plan's 8 layers" in md
+
+
+def test_unknown_schema_exits_2(tmp_path):
+    p = _plan(tmp_path)
+    raw = json.loads(p.read_text())
+    raw["schema"] = "memo-plan/99"
+    p.write_text(json.dumps(raw))
+    line = _one_error_line(CliRunner().invoke(cli, ["run", str(p), "--device", "cpu", "--out", str(tmp_path / "o")]))
+    assert "schema" in line and "memo-plan/99" in line
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--attention-backend", "sdpa_cudnn"], "needs a CUDA device"),
+    (["--attention-backend", "flash_attn"], "flash_attn"),
+    (["--device", "cuda"] if not torch.cuda.is_available() else ["--layers", "0"], "cuda" if not
+     torch.cuda.is_available() else "layers"),
+    (["--tokens", "/nonexistent/tokens.npy"], "no such file"),
+    (["--steps", "0"], "steps"),
+])
+def test_user_errors_exit_2(tmp_path, args, needle):
+    p = _plan(tmp_path)
+    r = CliRunner().invoke(cli, ["run", str(p), "--device", "cpu", "--out", str(tmp_path / "o"), *args])
+    assert needle in _one_error_line(r)
+
+
+def test_model_that_does_not_fit_exits_2(tmp_path):
+    plan = Plan(PRESETS["gpt-7b"], 1, 1_048_576, 1, Layout(), PolicyChoice("store_all"), "a800-80gb", PRED, LT)
+    p = write_plan(plan, tmp_path / "big.json")
+    line = _one_error_line(CliRunner().invoke(cli, ["run", str(p), "--device", "cpu", "--out", str(tmp_path / "o")]))
+    assert "does not fit" in line and "GiB" in line
+
+
+def test_multi_gpu_layout_exits_2(tmp_path):
+    plan = Plan(SMALL, 1, 256, 2, Layout(tp=2), PolicyChoice("store_all"), "a800-80gb", PRED, LT)
+    p = write_plan(plan, tmp_path / "tp2.json")
+    assert "single-device" in _one_error_line(CliRunner().invoke(cli, ["run", str(p), "--device", "cpu"]))
+
+
+def test_missing_plan_file_exits_2(tmp_path):
+    assert "no such plan file" in _one_error_line(CliRunner().invoke(cli, ["run", str(tmp_path / "nope.json")]))
+
+
+def test_trace_meta_device_for_a_big_model(tmp_path):
+    plan = Plan(PRESETS["gpt-7b"], 1, 131072, 1, Layout(), PolicyChoice("memo", 0.25), "h100-sxm5-80gb", PRED, LT,
+                attention_backend="sdpa_flash")
+    p = write_plan(plan, tmp_path / "big.json")
+    r = CliRunner().invoke(cli, ["trace", str(p), "--out", str(tmp_path / "t.json"),
+                                 "--write-plan", str(tmp_path / "p2.json")])
+    assert r.exit_code == 0, r.output
+    from memo_sim.memplan.trace import RequestTrace
+
+    tr = RequestTrace.read_json(tmp_path / "t.json")
+    sizes = {(b.phase, b.name): b.size for b in tr.buffers}
+    assert sizes[("fwd", "proj")] == 131072 * 4096 * 2  # bf16, no memory touched
+    assert sizes[("bwd", "d_act")] == 131072 * 16384 * 2
+    assert sizes[("bwd", "rc_proj")] == (131072 - 32768) * 4096 * 2  # 75% of the tokens recomputed
+    p2 = read_plan(tmp_path / "p2.json")
+    assert p2.memory_plan["element_bytes"] == 2

@@ -1,0 +1,219 @@
+"""Units of the executor: stream/event semantics of the CPU copy engine, attention backends against
+torch's SDPA, the AdamW update against torch.optim.AdamW, token files, sizes before allocation."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from memo_exec.arena import AllocRecorder, CachingScratch
+from memo_exec.attention import AttnDims, MathAttention, SDPAFlash, select_backend
+from memo_exec.data import TokenSource
+from memo_exec.errors import BackendError, ExecError
+from memo_exec.optim import AdamW
+from memo_exec.streams import CopyLabel, HostCopyEngine
+from memo_exec.testing import make_plan
+from memo_sim.model.config import ModelConfig
+from memo_sim.policy.policies import PolicyChoice
+
+torch.set_num_threads(1)
+LBL = CopyLabel("offload", 0, "offload", 0)
+
+
+def test_copy_stream_waits_for_event_recorded_on_compute():
+    eng = HostCopyEngine()
+    try:
+        src, dst = torch.zeros(1000), torch.empty(1000)
+        ev = eng.event()
+        src.fill_(1.0)
+        eng.compute.record(ev)
+        eng.d2h.wait_event(ev)
+        eng.d2h.copy_group([(dst, src)], LBL)
+        done = eng.event()
+        eng.d2h.record(done)
+        eng.compute.wait_event(done)
+        assert torch.equal(dst, src)
+    finally:
+        eng.close()
+
+
+def test_compute_waits_for_delayed_copy_and_rerecorded_events():
+    eng = HostCopyEngine()
+    eng.copy_delay = lambda stream, label: 0.05
+    try:
+        src, dst = torch.arange(10.0), torch.zeros(10)
+        ev = eng.event()
+        for k in range(3):  # the same event recorded again: a wait refers to the latest record
+            src.add_(1)
+            snap = src.clone()
+            eng.d2h.copy_group([(dst, snap)], LBL)
+            eng.d2h.record(ev)
+            assert not ev.query()
+            eng.compute.wait_event(ev)
+            assert ev.query() and torch.equal(dst, snap)
+    finally:
+        eng.close()
+
+
+def test_copy_stream_order_and_cross_stream_wait():
+    eng = HostCopyEngine()
+    order = []
+    lock = threading.Lock()
+
+    def delay(stream, label):
+        with lock:
+            order.append((stream, label.layer))
+        return 0.03 if stream == "d2h" else 0.0
+
+    eng.copy_delay = delay
+    try:
+        a, b, c = torch.ones(10), torch.zeros(10), torch.zeros(10)
+        e1 = eng.event()
+        eng.d2h.copy_group([(b, a)], CopyLabel("offload", 1, "offload", 0))
+        eng.d2h.record(e1)
+        eng.h2d.wait_event(e1)  # h2d must not start its copy before d2h's finished
+        eng.h2d.copy_group([(c, b)], CopyLabel("prefetch", 2, "prefetch", 0))
+        eng.synchronize()
+        assert torch.equal(c, a)
+        assert order == [("d2h", 1), ("h2d", 2)]
+    finally:
+        eng.close()
+
+
+def test_unrecorded_event_wait_is_a_noop_and_failures_surface():
+    eng = HostCopyEngine()
+    try:
+        eng.compute.wait_event(eng.event())
+        eng.d2h.copy_group([(torch.zeros(3), torch.zeros(4))], LBL)  # shape mismatch fails in the worker
+        with pytest.raises(ExecError, match="copy stream failed"):
+            eng.synchronize()
+    finally:
+        eng.close()
+
+
+def _attn_ref(q, k, v, dims):
+    b, s, H, Hk, d = dims.batch, dims.seq, dims.heads, dims.kv_heads, dims.head_dim
+    qb = q.view(b, s, H, d).transpose(1, 2)
+    kb = k.view(b, s, Hk, d).transpose(1, 2)
+    vb = v.view(b, s, Hk, d).transpose(1, 2)
+    o = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, enable_gqa=Hk != H)
+    return o.transpose(1, 2).reshape(b * s, H * d)
+
+
+@pytest.mark.parametrize("backend", [MathAttention(), MathAttention(score_budget_bytes=8 * 4 * 2 * 100), SDPAFlash()],
+                         ids=["math", "math-small-chunks", "sdpa_flash-cpu"])
+@pytest.mark.parametrize("dims", [AttnDims(2, 300, 4, 4, 16), AttnDims(1, 257, 8, 2, 8)], ids=["mha", "gqa"])
+def test_attention_backends_match_sdpa(backend, dims):
+    g = torch.Generator().manual_seed(0)
+    T, h, kv = dims.tokens, dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
+    q, k, v = (torch.randn(T, w, generator=g, dtype=torch.float64) for w in (h, kv, kv))
+    qr, kr, vr = (t.clone().requires_grad_(True) for t in (q, k, v))
+    ref = _attn_ref(qr, kr, vr, dims)
+    dout = torch.randn(ref.shape, generator=g, dtype=torch.float64)
+    ref.backward(dout)
+    rec = AllocRecorder()
+    scr = CachingScratch("cpu", rec)
+    out = torch.empty(T, h, dtype=torch.float64)
+    aux = backend.forward(q, k, v, out, dims, scr)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    backend.backward(dout, q, k, v, out, aux, dq, dk, dv, dims, scr)
+    assert torch.allclose(out, ref, rtol=1e-10, atol=1e-12)
+    for got, want in ((dq, qr.grad), (dk, kr.grad), (dv, vr.grad)):
+        assert torch.allclose(got, want, rtol=1e-9, atol=1e-11)
+    assert aux["lse"].shape == (dims.batch, dims.heads, dims.seq)
+    if backend.uses_scratch:
+        assert rec.trace().max_live_bytes() > 0 and not scr._live
+
+
+def test_backend_refusals():
+    dims = AttnDims(1, 64, 4, 4, 16)
+    with pytest.raises(BackendError, match="CUDA"):
+        select_backend("sdpa_efficient", torch.device("cpu"), torch.float32, dims)
+    with pytest.raises(BackendError, match="one of"):
+        select_backend("xformers", torch.device("cpu"), torch.float32, dims)
+    assert select_backend("auto", torch.device("cpu"), torch.float32, dims).name == "math"
+
+
+def test_adamw_matches_torch():
+    g = torch.Generator().manual_seed(0)
+    p1 = torch.nn.Parameter(torch.randn(30, 20, generator=g, dtype=torch.float64))
+    p2 = torch.nn.Parameter(p1.detach().clone())
+    ours = AdamW([p1], lr=1e-2, weight_decay=0.1)
+    theirs = torch.optim.AdamW([p2], lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    for _ in range(5):
+        gr = torch.randn(30, 20, generator=g, dtype=torch.float64)
+        p1.grad, p2.grad = gr.clone(), gr.clone()
+        ours.step()
+        theirs.step()
+    assert torch.allclose(p1, p2, rtol=1e-13, atol=1e-15)
+
+
+def test_adamw_bf16_keeps_fp32_master():
+    p = torch.nn.Parameter(torch.ones(8, dtype=torch.bfloat16))
+    opt = AdamW([p], lr=1e-4, weight_decay=0.0)
+    p.grad = torch.ones(8, dtype=torch.bfloat16)
+    opt.step()
+    assert opt.master[0].dtype == torch.float32 and opt.m[0].dtype == torch.float32
+    assert float(opt.master[0][0]) == pytest.approx(1 - 1e-4, rel=1e-6)
+    assert opt.state_bytes() == 12 * 8 == AdamW.state_bytes_for(8, torch.bfloat16)
+
+
+def test_token_sources(tmp_path):
+    syn = TokenSource(100, 2, 16, seed=3)
+    a, b = syn.batch_at(0)
+    assert a.shape == b.shape == (2, 16) and torch.equal(a[:, 1:], b[:, :-1])
+    assert torch.equal(syn.batch_at(0)[0], a) and not torch.equal(syn.batch_at(1)[0], a)
+    np.arange(1000, dtype=np.uint16).tofile(tmp_path / "t.bin")
+    fb = TokenSource(1000, 1, 10, path=tmp_path / "t.bin")
+    x, y = fb.batch_at(1)
+    assert x.tolist() == [list(range(10, 20))] and y.tolist() == [list(range(11, 21))]
+    np.save(tmp_path / "bad.npy", np.array([1, 2, 5000]))
+    with pytest.raises(ExecError, match="outside the model's vocabulary"):
+        TokenSource(1000, 1, 2, path=tmp_path / "bad.npy")
+    with pytest.raises(ExecError, match="need at least"):
+        TokenSource(1000, 1, 2000, path=tmp_path / "t.bin")
+
+
+def test_sizes_known_before_allocation():
+    from memo_exec.runner import Executor, RunOptions
+
+    m = ModelConfig("s", 6, 64, 4, 256, vocab=128)
+    ex = Executor(make_plan(m, 128, PolicyChoice("memo", 0.5)), RunOptions(device="cpu"))
+    assert not ex.allocated
+    est = ex.estimate.parts
+    assert est["weights"] == m.params() * 4 and est["optimizer"] == 2 * m.params() * 4
+    pol = ex.policy
+    assert pol.n_off == 64
+    # host: x and attn whole, plus 64 of 128 tokens of ln1, q, k, v, h1, ln2, fc1, act, for 4 layers
+    per_layer = 4 * (2 * 128 * 64 + 64 * (64 * 6 + 256 * 2))
+    assert pol.layer_offload_bytes() == per_layer
+    assert pol.host_bytes() >= 4 * per_layer
+    ex.allocate()
+    assert ex.policy.pool.nbytes == pol.host_bytes()
+    ex.close()
+
+
+def test_scratch_discipline():
+    scr = CachingScratch("cpu", AllocRecorder())
+    t = scr.get("a", (4,), torch.float32)
+    with pytest.raises(ExecError, match="twice"):
+        scr.get("a", (4,), torch.float32)
+    with pytest.raises(ExecError, match="still live"):
+        scr.set_phase("bwd")
+    scr.free("a")
+    with pytest.raises(ExecError, match="not live"):
+        scr.free("a")
+    del t
+
+
+def test_threads_do_not_leak():
+    before = threading.active_count()
+    for _ in range(3):
+        HostCopyEngine().close()
+    time.sleep(0.05)
+    assert threading.active_count() <= before
