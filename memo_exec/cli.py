@@ -13,37 +13,13 @@ on stderr and exit with code 2, before anything large is allocated.
 
 from __future__ import annotations
 
-import functools
+
 import sys
 
 import click
 
 from memo_exec.attention import BACKENDS
-from memo_sim.errors import MemoError
-
-
-def _user_errors(fn):
-    @functools.wraps(fn)
-    def wrapper(*a, **kw):
-        try:
-            return fn(*a, **kw)
-        except MemoError as e:
-            click.echo(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", err=True)
-            sys.exit(2)
-        except MemoryError as e:
-            click.echo(f"error: out of host memory ({e})", err=True)
-            sys.exit(2)
-        except RuntimeError as e:
-            import torch  # noqa: PLC0415
-
-            if isinstance(e, torch.OutOfMemoryError):
-                first = str(e).strip().splitlines()[0]
-                click.echo(f"error: the device ran out of memory although the executor's estimate fit ({first})",
-                           err=True)
-                sys.exit(2)
-            raise
-
-    return wrapper
+from memo_exec.errors import user_errors
 
 
 @click.group(help="Run a memo plan on real hardware and compare with the simulator's prediction.")
@@ -66,7 +42,7 @@ def cli() -> None:
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--lr", default=3e-4, show_default=True, type=float)
 @click.option("--no-memory-plan", is_flag=True, help="ignore plan.memory_plan (caching allocator only)")
-@_user_errors
+@user_errors("while running the plan")
 def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens_file, dtype, seed, lr,
             no_memory_plan) -> None:
     from memo_exec.report import write_outputs  # noqa: PLC0415
@@ -100,7 +76,7 @@ def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens
               help="also write what the CUDA caching allocator saw (torch.cuda.memory._record_memory_history)")
 @click.option("--write-plan", default=None, type=click.Path(dir_okay=False),
               help="write a copy of the plan whose memory_plan is the greedy placement of this trace")
-@_user_errors
+@user_errors("while running the plan")
 def trace_cmd(plan_file, device, out_file, dtype, attention_backend, cuda_history, write_plan) -> None:
     from memo_exec.trace import memory_plan_from_trace, record_cuda_history, record_layer_trace  # noqa: PLC0415
     from memo_sim.plan.schema import read_plan  # noqa: PLC0415
@@ -118,6 +94,70 @@ def trace_cmd(plan_file, device, out_file, dtype, attention_backend, cuda_histor
         plan.memory_plan = memory_plan_from_trace(tr)
         _write_plan(plan, write_plan)
         click.echo(f"wrote {write_plan}: arena {plan.memory_plan['arena_bytes'] / 2**20:.1f} MiB")
+
+
+@cli.command("validate", help="Run a set of plans, predict each with a (calibrated) profile, and tabulate errors.")
+@click.option("--profile", "profile_name", required=True, help="hardware profile to predict with (e.g. one "
+              "memo-exec calibrate wrote)")
+@click.option("--model", "model_name", default=None, help="preset or model .yaml/.json; default a 2-layer toy")
+@click.option("--layers", type=int, default=None)
+@click.option("--hidden", type=int, default=None)
+@click.option("--heads", type=int, default=None)
+@click.option("--ffn", type=int, default=None)
+@click.option("--vocab", type=int, default=None)
+@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default=None,
+              help="model dtype (default bf16 on CUDA, fp32 on CPU)")
+@click.option("--seqs", default="1K,2K", show_default=True, help="comma-separated sequence lengths")
+@click.option("--policies", default="store_all,full_recompute,full_offload,memo", show_default=True)
+@click.option("--alphas", default="0.25,0.5,0.75", show_default=True, help="MEMO alphas")
+@click.option("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if available)")
+@click.option("--steps", default=3, show_default=True, type=click.IntRange(1, 100))
+@click.option("--out", "out_dir", default="validation_out", show_default=True, type=click.Path(file_okay=False))
+@click.option("--report", "report_path", default=None, type=click.Path(dir_okay=False),
+              help="markdown report path (default OUT/validation.md), e.g. reports/validation-h100.md")
+@user_errors("while validating")
+def validate_cmd(profile_name, model_name, layers, hidden, heads, ffn, vocab, dtype, seqs, policies, alphas, device,
+                 steps, out_dir, report_path):
+    import dataclasses
+    import shlex
+
+    import torch
+
+    from memo_exec.validate import plan_set, validate
+    from memo_sim.model.config import ModelConfig, get_model
+    from memo_sim.profile.loader import load_profile
+    from memo_sim.units import parse_count
+
+    profile = load_profile(profile_name)
+    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    base = get_model(model_name) if model_name else ModelConfig("toy", 2, 256, 8, 1024, vocab=1000)
+    over = {k: v for k, v in dict(layers=layers, hidden=hidden, heads=heads, ffn=ffn, vocab=vocab).items() if v}
+    over["dtype"] = dtype or ("bf16" if dev.startswith("cuda") else "fp32")
+    model = ModelConfig.from_dict({**dataclasses.asdict(base), **over}, source="model flags")
+    seq_list = [parse_count(s.strip(), "--seqs") for s in seqs.split(",") if s.strip()]
+    try:
+        alpha_list = [float(a) for a in alphas.split(",") if a.strip()]
+    except ValueError:
+        raise click.BadParameter("expected comma-separated numbers", param_hint="--alphas") from None
+    pols = [p.strip() for p in policies.split(",") if p.strip()]
+    plans = plan_set(seq_list, pols, alpha_list)
+    command = "memo-exec " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    with click.progressbar(length=len(plans), label="validating", file=sys.stderr) as bar:
+        path, summary = validate(model, profile, plans, device=dev, steps=steps, out_dir=out_dir,
+                                 report_path=report_path, command=command,
+                                 progress=lambda done, total: bar.update(1))
+    click.echo(f"wrote {path}: {summary['ran']} of {summary['plans']} plans ran; median |iteration error| "
+               f"{summary['median_abs_iteration_error']}, max {summary['max_abs_iteration_error']}, "
+               f"Kendall tau {summary['kendall_tau_iteration']}")
+
+
+def _register_calibrate() -> None:
+    from memo_exec.calibrate import calibrate_cmd
+
+    cli.add_command(calibrate_cmd, "calibrate")
+
+
+_register_calibrate()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -32,6 +32,8 @@ def _count(ctx, param, value):
 
 
 def model_options(f):
+    f = click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]),
+                     help="Override the model dtype (fp32 for plans run on a CPU profile).")(f)
     f = click.option("--vocab", type=int, help="Override the vocabulary size.")(f)
     f = click.option("--ffn", type=int, help="Override the FFN width.")(f)
     f = click.option("--heads", type=int, help="Override the attention heads.")(f)
@@ -42,10 +44,10 @@ def model_options(f):
     return f
 
 
-def build_model(model_name: str, layers, hidden, heads, ffn, vocab) -> ModelConfig:
+def build_model(model_name: str, layers, hidden, heads, ffn, vocab, dtype=None) -> ModelConfig:
     base = get_model(model_name)
-    over = {k: v for k, v in dict(layers=layers, hidden=hidden, heads=heads, ffn=ffn, vocab=vocab).items()
-            if v is not None}
+    over = {k: v for k, v in dict(layers=layers, hidden=hidden, heads=heads, ffn=ffn, vocab=vocab,
+                                  dtype=dtype).items() if v is not None}
     if not over:
         return base
     d = base.to_dict()
@@ -129,14 +131,15 @@ def check_plan(plan_file):
               help="Tier 2: simulate this many of the best analytic candidates in the event simulator (0: none).")
 @click.option("--sweep-alpha", is_flag=True,
               help="Simulate MEMO at alpha = 0, 0.125, ..., 1 for the (best) fixed layout; writes alpha_sweep.png.")
-def whatif(model_name, layers, hidden, heads, ffn, vocab, seq, gpus, profile_name, batch, tp, cp, ulysses, dp,
+def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, seq, gpus, profile_name, batch, tp, cp, ulysses, dp,
            zero, sp, policies, alpha, top, as_json, out_dir, no_plan, simulate_top, sweep_alpha):
     """Rank layouts x policies x alpha for a model, sequence length and cluster; write plan.json."""
     from memo_sim.search.whatif import candidates_for
 
     t0 = time.perf_counter()
-    model = build_model(model_name, layers, hidden, heads, ffn, vocab)
+    model = build_model(model_name, layers, hidden, heads, ffn, vocab, dtype)
     profile = load_profile(profile_name)
+    profile.peak(model.dtype)  # a clear error if the profile has no peak for the model's dtype
     if batch < 1:
         raise MemoError("--batch must be at least 1")
     result = candidates_for(model, seq, gpus, profile, batch=batch, tp=tp, cp=cp, ulysses=ulysses, dp=dp,
@@ -215,7 +218,7 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, seq, gpus, profile_nam
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False),
               help="Also draw the layout (address over time) as PNG here.")
-def memplan(model_name, layers, hidden, heads, ffn, vocab, csv_file, trace_file, seq, batch, tp, cp, ulysses, sp,
+def memplan(model_name, layers, hidden, heads, ffn, vocab, dtype, csv_file, trace_file, seq, batch, tp, cp, ulysses, sp,
             policy, alpha, profile_name, time_limit, solver, as_json, out_dir):
     """Static memory plan (MEMO's bi-level MIP) for a model/layout/policy, or for a trace/CSV file."""
     from memo_sim.layout.parallel import Layout, check_layout
@@ -243,7 +246,7 @@ def memplan(model_name, layers, hidden, heads, ffn, vocab, csv_file, trace_file,
         from memo_sim.memplan.planner import plan_memory
         from memo_sim.memplan.trace_gen import layer_backward_trace, layer_forward_trace
 
-        model = build_model(model_name, layers, hidden, heads, ffn, vocab)
+        model = build_model(model_name, layers, hidden, heads, ffn, vocab, dtype)
         lay = Layout(tp=tp, cp=cp, ulysses=ulysses, sp=sp)
         why = check_layout(lay, model, lay.gpus, profile.node_gpus, seq, batch)
         if why:

@@ -15,9 +15,9 @@ from memo_sim.profile.loader import REPO_PROFILES
 
 
 def test_builtin_profiles_load():
-    names = set(list_profiles())
-    assert {"a800-80gb", "a100-sxm4-80gb", "h100-sxm5-80gb", "h200-141gb"} <= names
-    for n in names:
+    builtin = {"a800-80gb", "a100-sxm4-80gb", "h100-sxm5-80gb", "h200-141gb"}
+    assert builtin <= set(list_profiles())
+    for n in builtin:
         p = load_profile(n)
         assert p.peak("bf16") > 1e14 and p.usable_gpu_memory > 0 and p.usable_host_memory > 0
 

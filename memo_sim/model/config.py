@@ -35,6 +35,8 @@ class ModelConfig:
         kv = self.kv_heads if self.kv_heads is not None else self.heads
         if kv <= 0 or self.heads % kv:
             raise MemoError(f"model {self.name}: heads ({self.heads}) must be divisible by kv_heads ({kv})")
+        if self.dtype not in ("bf16", "fp16", "fp32"):
+            raise MemoError(f"model {self.name}: dtype must be bf16, fp16 or fp32, got {self.dtype!r}")
         if self.ffn_type not in FFN_TYPES:
             raise MemoError(f"model {self.name}: ffn_type must be one of {', '.join(FFN_TYPES)}")
 

@@ -1,0 +1,357 @@
+"""The calibration run: which microbenchmarks, at which sizes, in what order; raw results as a dict.
+
+`CalibrateOptions` says what to run; `run_suite` runs it and returns every raw measurement
+(JSON-serialisable) plus the fitted values that `memo_exec.calibrate.writer` puts in a profile.
+Sizes differ for CUDA and CPU and for ``quick`` runs (CUDA: under 5 minutes on one H100, quick
+under 1 minute; CPU quick: about 15 s on two cores).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from memo_exec.calibrate import attention as attn_bench
+from memo_exec.calibrate import collectives as coll_bench
+from memo_exec.calibrate import copies as copy_bench
+from memo_exec.calibrate import elementwise as ew_bench
+from memo_exec.calibrate import gemm as gemm_bench
+from memo_exec.calibrate import memory as mem
+from memo_exec.calibrate.fit import fit_copy_model, fit_efficiency_curve, known_peak
+from memo_exec.calibrate.microbench import Bench, Progress
+from memo_exec.device import DeviceSpec, resolve_device
+from memo_exec.errors import ExecError
+
+KiB, MiB, GiB = 2**10, 2**20, 2**30
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Sizes of one calibration run."""
+
+    gemm_hiddens: list[int]
+    gemm_tps: list[int]
+    gemm_tokens: list[int]
+    attn_seqs: list[int]
+    attn_heads_dims: list[tuple[int, int]]
+    ew_tokens: int  # memory-bound ops on [T, h] and [T, 4h]
+    ew_hidden: int
+    hbm_bytes: int
+    copy_sizes: list[int]
+    copy_fit_from: int  # copy bandwidth is fitted on the sizes >= this (beyond the caches)
+    duplex_bytes: int
+    duplex_count: int
+    cc_gemm_n: int  # copy/compute overlap: square GEMM size, GEMM-loop seconds, copy chunk
+    cc_compute_s: float
+    cc_chunk: int
+    coll_sizes: list[int]
+    bench_target_s: float
+    bench_min_repeats: int
+    bench_max_repeats: int
+
+
+def _pow4(lo: int, hi: int) -> list[int]:
+    out, n = [], lo
+    while n <= hi:
+        out.append(n)
+        n *= 4
+    return out
+
+
+def grid_for(kind: str, quick: bool) -> Grid:
+    if kind == "cuda":
+        if quick:
+            return Grid(gemm_hiddens=[1024, 4096, 8192], gemm_tps=[1, 8], gemm_tokens=[2048, 8192],
+                        attn_seqs=[1024, 4096, 16384, 32768], attn_heads_dims=[(8, 128), (32, 128)],
+                        ew_tokens=8192, ew_hidden=4096, hbm_bytes=512 * MiB,
+                        copy_sizes=_pow4(4 * KiB, 256 * MiB), copy_fit_from=8 * MiB,
+                        duplex_bytes=256 * MiB, duplex_count=4, cc_gemm_n=8192, cc_compute_s=0.2, cc_chunk=256 * MiB,
+                        coll_sizes=_pow4(4 * KiB, 256 * MiB)[::2], bench_target_s=0.01, bench_min_repeats=3,
+                        bench_max_repeats=30)
+        return Grid(gemm_hiddens=[1024, 2048, 4096, 8192], gemm_tps=[1, 2, 8], gemm_tokens=[1024, 4096, 16384],
+                    attn_seqs=[1024, 2048, 4096, 8192, 16384, 32768, 65536],
+                    attn_heads_dims=[(8, 128), (32, 128), (16, 64)],
+                    ew_tokens=16384, ew_hidden=4096, hbm_bytes=GiB,
+                    copy_sizes=_pow4(4 * KiB, GiB), copy_fit_from=8 * MiB,
+                    duplex_bytes=256 * MiB, duplex_count=8, cc_gemm_n=8192, cc_compute_s=0.5, cc_chunk=256 * MiB,
+                    coll_sizes=_pow4(4 * KiB, GiB), bench_target_s=0.03, bench_min_repeats=3, bench_max_repeats=50)
+    if quick:
+        return Grid(gemm_hiddens=[64, 256, 512], gemm_tps=[1], gemm_tokens=[256, 1024],
+                    attn_seqs=[128, 512, 1024], attn_heads_dims=[(4, 64)],
+                    ew_tokens=4096, ew_hidden=1024, hbm_bytes=128 * MiB,
+                    copy_sizes=[4 * KiB, 64 * KiB, MiB, 64 * MiB, 128 * MiB], copy_fit_from=64 * MiB,
+                    duplex_bytes=64 * MiB, duplex_count=4, cc_gemm_n=512, cc_compute_s=0.15, cc_chunk=64 * MiB,
+                    coll_sizes=[4 * KiB, 256 * KiB, 4 * MiB], bench_target_s=0.01, bench_min_repeats=5,
+                    bench_max_repeats=10)
+    return Grid(gemm_hiddens=[64, 128, 256, 512, 1024], gemm_tps=[1], gemm_tokens=[128, 512, 2048],
+                attn_seqs=[128, 256, 512, 1024, 2048, 4096], attn_heads_dims=[(4, 64), (8, 64)],
+                ew_tokens=16384, ew_hidden=1024, hbm_bytes=256 * MiB,
+                copy_sizes=_pow4(4 * KiB, 256 * MiB), copy_fit_from=64 * MiB,
+                duplex_bytes=64 * MiB, duplex_count=8, cc_gemm_n=1024, cc_compute_s=0.5, cc_chunk=64 * MiB,
+                coll_sizes=_pow4(4 * KiB, 64 * MiB), bench_target_s=0.05, bench_min_repeats=5, bench_max_repeats=20)
+
+
+@dataclass
+class CalibrateOptions:
+    name: str
+    device: str = "auto"
+    quick: bool = False
+    peak_tflops: float | None = None
+    attention_backend: str = "auto"
+    cpu_budget_bytes: int | None = None
+    threads: int | None = None
+    collectives: bool = True
+    have_base: bool = False  # a --base profile can fill what is not measured
+    command: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------------ environment
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _nvidia_driver() -> str | None:
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        r = subprocess.run([exe, "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
+                           text=True, timeout=20, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    first = r.stdout.strip().splitlines()
+    return first[0].strip() if r.returncode == 0 and first else None
+
+
+def environment(spec: DeviceSpec) -> dict:
+    env = {
+        "date": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
+        "hostname": mem.hostname(),
+        "torch": str(torch.__version__),
+        "load_average_1min": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "argv": " ".join(sys.argv),
+    }
+    if spec.is_cuda:
+        p = torch.cuda.get_device_properties(spec.index)
+        env.update({
+            "device": torch.cuda.get_device_name(spec.index),
+            "device_kind": "cuda",
+            "cuda_runtime": torch.version.cuda,
+            "driver": _nvidia_driver() or "unknown (nvidia-smi not found)",
+            "compute_capability": f"{p.major}.{p.minor}",
+            "multiprocessors": p.multi_processor_count,
+            "visible_gpus": torch.cuda.device_count(),
+            "cudnn": torch.backends.cudnn.version(),
+        })
+    else:
+        env.update({"device": f"CPU {_cpu_model()}", "device_kind": "cpu", "visible_gpus": 0})
+    return env
+
+
+def check_options(opts: CalibrateOptions) -> tuple[DeviceSpec, dict]:
+    """Resolve the device and the peak before anything runs; raise `ExecError` on a bad combination."""
+    spec = resolve_device(opts.device)
+    if opts.threads is not None and opts.threads <= 0:
+        raise ExecError(f"--threads must be a positive integer, got {opts.threads}")
+    peak: dict = {}
+    if spec.is_cuda:
+        if opts.cpu_budget_bytes is not None:
+            raise ExecError("--gpu-memory is for --device cpu; a GPU's memory is measured")
+        name = torch.cuda.get_device_name(spec.index)
+        if opts.peak_tflops is not None:
+            if not opts.peak_tflops > 0:
+                raise ExecError(f"--peak-tflops must be positive, got {opts.peak_tflops}")
+            peak = {"bf16": opts.peak_tflops * 1e12,
+                    "source": f"--peak-tflops {opts.peak_tflops:g} (dense bf16 peak given on the command line)"}
+        else:
+            ks = known_peak(name)
+            if ks is None:
+                raise ExecError(f"no datasheet peak is known for GPU {name!r}; pass --peak-tflops with its dense "
+                                "bf16 TFLOP/s from the datasheet")
+            peak = {"bf16": ks.bf16_tflops * 1e12, "fp32": ks.fp32_tflops * 1e12, "source": ks.source}
+    else:
+        if opts.peak_tflops is not None:
+            raise ExecError("--peak-tflops is for CUDA devices; on CPU the peak is the best measured fp32 GEMM")
+        if opts.cpu_budget_bytes is not None and opts.cpu_budget_bytes <= 0:
+            raise ExecError("--gpu-memory must be positive")
+        total, avail = mem.host_memory()
+        budget = opts.cpu_budget_bytes if opts.cpu_budget_bytes is not None else mem.default_cpu_budget(total)
+        if budget >= avail:
+            raise ExecError(f"--gpu-memory {budget / GiB:.2f} GiB is not below the host's available memory "
+                            f"({avail / GiB:.2f} GiB)")
+    if opts.attention_backend not in attn_bench_backends():
+        raise ExecError(f"--attention-backend must be one of {', '.join(attn_bench_backends())}, "
+                        f"got {opts.attention_backend!r}")
+    return spec, peak
+
+
+def attn_bench_backends() -> tuple[str, ...]:
+    from memo_exec.attention import BACKENDS  # noqa: PLC0415
+
+    return BACKENDS
+
+
+# ------------------------------------------------------------------------------------------- run
+def run_suite(opts: CalibrateOptions, progress: Progress) -> dict:
+    """Run every microbenchmark; return raw results and fitted values (see the module docs)."""
+    spec, peak = check_options(opts)
+    if opts.threads is not None:
+        torch.set_num_threads(opts.threads)
+    torch.manual_seed(0)
+    dev = spec.torch_device
+    kind = spec.kind
+    grid = grid_for(kind, opts.quick)
+    dtype = torch.bfloat16 if spec.is_cuda else torch.float32
+    dtype_name = "bf16" if spec.is_cuda else "fp32"
+    env = environment(spec)
+    load = env.get("load_average_1min")
+    if not spec.is_cuda and load is not None and load > 0.5 * (os.cpu_count() or 1):
+        progress.note(f"warning: this host is busy (1-minute load {load:.2f} on {os.cpu_count()} cores): CPU timings "
+                      "will be slower and noisier than the machine can do")
+    out: dict = {"options": {k: v for k, v in asdict(opts).items() if k != "extra"}, "env": env,
+                 "grid": asdict(grid), "dtype": dtype_name}
+    progress.note(f"calibrating {env['device']} ({'quick' if opts.quick else 'full'} run, {dtype_name}, "
+                  f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads)")
+
+    if spec.is_cuda:
+        torch.cuda.set_device(spec.index)
+        # the pinned-allocator probe goes first, before any pinned block is cached in this process
+        progress.stage("pinned allocation rounding", 1)
+        out["pinned"] = mem.probe_pinned_rounding(dev)
+        progress.step(out["pinned"].get("mode", "not measured") + ": " +
+                      out["pinned"].get("detail", out["pinned"].get("reason", "")))
+        out["memory_start"] = mem.gpu_memory(dev)
+    else:
+        out["framework_rss"] = mem.framework_rss()
+        progress.stage("host allocation rounding", 1)
+        out["pinned"] = mem.probe_host_rounding()
+        progress.step(out["pinned"].get("mode", "not measured") + ": " +
+                      out["pinned"].get("detail", out["pinned"].get("reason", "")))
+    host_total, host_avail = mem.host_memory()
+    out["host_memory"] = {"total": host_total, "available": host_avail}
+
+    # collectives first: a failure shows before the long benchmarks, and the ranks get the GPUs
+    # before this process's caching allocator holds their memory -----------------------------------
+    if not opts.collectives:
+        out["collectives"] = {"measured": False, "reason": "--no-collectives"}
+    elif spec.is_cuda:
+        n = torch.cuda.device_count()
+        if n > 1:
+            out["collectives"] = coll_bench.run_collectives("nccl", n, grid.coll_sizes, progress,
+                                                            timeout_s=120 if opts.quick else 240)
+        else:
+            out["collectives"] = {"measured": False, "reason": "one GPU visible: no NVLink to measure"}
+    else:
+        out["collectives"] = coll_bench.run_collectives("gloo", 2, grid.coll_sizes, progress,
+                                                        timeout_s=120 if opts.quick else 240, target_s=0.02)
+    if not out["collectives"]["measured"]:
+        progress.note(f"collectives not measured: {out['collectives']['reason']}")
+        if not spec.is_cuda and not opts.have_base:
+            raise ExecError(f"collectives not measured ({out['collectives']['reason']}); pass --base PROFILE to take "
+                            "the nvlink/internode fields from it")
+    bench = Bench(dev, target_s=grid.bench_target_s, min_repeats=grid.bench_min_repeats,
+                  max_repeats=grid.bench_max_repeats)
+
+    # GEMMs ------------------------------------------------------------------------------------
+    shapes = gemm_bench.model_gemm_shapes(grid.gemm_hiddens, grid.gemm_tps, grid.gemm_tokens)
+    gemm_rows = gemm_bench.run_gemms(bench, shapes, dtype, progress)
+    best = max(r["flops_per_s"] for r in gemm_rows)
+    if spec.is_cuda:
+        peak_value, peak_source = peak["bf16"], peak["source"]
+    else:
+        peak_value = best
+        peak_source = "measured: best fp32 GEMM throughput of this run (CPU: no datasheet peak; efficiencies are " \
+                      "relative to it)"
+    out["peak"] = {"dtype": dtype_name, "value": peak_value, "source": peak_source, "best_measured": best,
+                   "datasheet": {k: v for k, v in peak.items() if k != "source"}}
+    clipped = sum(1 for r in gemm_rows if r["flops_per_s"] > peak_value)
+    if clipped:
+        progress.note(f"warning: {clipped} GEMM(s) ran faster than the peak {peak_value / 1e12:.1f} TFLOP/s; "
+                      "their efficiency is clipped to 1 (is the peak right?)")
+    out["gemm"] = {"rows": gemm_rows, "clipped": clipped,
+                   "curve": fit_efficiency_curve([(r["flops"], r["flops_per_s"] / peak_value) for r in gemm_rows])}
+
+    # attention ----------------------------------------------------------------------------------
+    cases = attn_bench.attention_cases(grid.attn_seqs, grid.attn_heads_dims)
+    backend, attn_rows = attn_bench.run_attention(bench, cases, dtype, opts.attention_backend, progress)
+    out["attention"] = {
+        "backend": backend, "rows": attn_rows,
+        "fwd_curve": fit_efficiency_curve([(r["fwd_flops"], r["fwd_flops_per_s"] / peak_value) for r in attn_rows]),
+        "bwd_curve": fit_efficiency_curve([(r["bwd_flops"], r["bwd_flops_per_s"] / peak_value) for r in attn_rows]),
+        "clipped": sum(1 for r in attn_rows for k in ("fwd_flops_per_s", "bwd_flops_per_s") if r[k] > peak_value),
+    }
+
+    # memory bandwidth, elementwise ------------------------------------------------------------
+    progress.stage("memory bandwidth and memory-bound ops", 7)
+    hbm = ew_bench.measure_copy_bandwidth(bench, grid.hbm_bytes, dtype, progress)
+    hbm_bw = max(hbm["copy_bytes_per_s"], hbm["add_bytes_per_s"])
+    ew = ew_bench.measure_elementwise(bench, grid.ew_tokens, grid.ew_hidden, 4 * grid.ew_hidden, dtype, progress)
+    out["hbm"] = dict(hbm, bandwidth=hbm_bw)
+    out["elementwise"] = dict(ew, fraction_raw=ew["layer_bytes_per_s"] / hbm_bw,
+                              fraction=min(1.0, ew["layer_bytes_per_s"] / hbm_bw))
+
+    # copies -------------------------------------------------------------------------------------
+    sweep = copy_bench.copy_sweep(bench, grid.copy_sizes, progress)
+    fits = {}
+    for d, rows in sweep.items():
+        bw, lat = fit_copy_model([r["bytes"] for r in rows], [r["seconds"] for r in rows],
+                                 large_from=grid.copy_fit_from)
+        fits[d] = {"bandwidth": bw, "latency": lat}
+    progress.note("  fit: " + ", ".join(f"{d} {f['bandwidth'] / 1e9:.2f} GB/s + {f['latency'] * 1e6:.1f} us"
+                                        for d, f in fits.items()))
+    dup = copy_bench.duplex(bench, grid.duplex_bytes, grid.duplex_count, progress)
+    cc = copy_bench.copy_compute(bench, dtype, grid.cc_gemm_n, grid.cc_compute_s,
+                                 {d: f["bandwidth"] for d, f in fits.items()}, grid.cc_chunk, progress)
+    single = [cc[d]["compute_slowdown"] for d in ("d2h", "h2d")]
+    out["copies"] = {"sweep": sweep, "fit": fits, "duplex": dup, "copy_compute": cc,
+                     "compute_slowdown": sum(single) / len(single)}
+
+    # memory capacity ------------------------------------------------------------------------------
+    if spec.is_cuda:
+        out["memory_end"] = mem.gpu_memory(dev)
+    else:
+        out["cpu_budget"] = {"bytes": opts.cpu_budget_bytes if opts.cpu_budget_bytes is not None
+                             else mem.default_cpu_budget(host_total),
+                             "default": opts.cpu_budget_bytes is None}
+
+    out["duration_s"] = progress.elapsed()
+    if hasattr(os, "getloadavg"):
+        env["load_average_1min_end"] = round(os.getloadavg()[0], 2)
+    return out
+
+
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]i?B|B)?\s*$")
+
+
+def parse_bytes(text: str, option: str) -> int:
+    """``8GiB``, ``512 MiB``, ``4e9`` -> bytes; `ExecError` naming the option otherwise."""
+    from memo_sim.units import BYTES  # noqa: PLC0415
+
+    m = _SIZE.match(str(text))
+    if not m:
+        raise ExecError(f"{option}: expected a size like 8GiB or 512MiB, got {text!r}")
+    value = float(m.group(1)) * BYTES[m.group(2) or "B"]
+    if value < 1:
+        raise ExecError(f"{option}: must be positive, got {text!r}")
+    return int(value)

@@ -1,0 +1,297 @@
+"""``memo-exec calibrate``: the fitters on synthetic points, a quick CPU calibration whose YAML the
+simulator loads and uses, profiles built from its raw results with and without a base profile,
+and bad options as one ``error:`` line with exit code 2. The GPU test runs ``--quick`` on CUDA."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import random
+
+import click
+import pytest
+import torch
+import yaml
+from click.testing import CliRunner
+
+from memo_exec.calibrate import calibrate_cmd
+from memo_exec.calibrate.fit import (
+    curve_is_monotone, fit_copy_model, fit_efficiency_curve, fit_latency_bandwidth, known_peak,
+)
+from memo_exec.calibrate.memory import _classify
+from memo_exec.calibrate.writer import build_profile, load_base, write_profile
+from memo_sim.cost.kernel_time import attention_bwd_time, gemm_time, memory_bound_time
+from memo_sim.errors import MemoError
+from memo_sim.profile import load_profile
+
+MiB = 2**20
+
+
+# ------------------------------------------------------------------------------------------ fitters
+def test_efficiency_fit_is_monotone_clipped_and_tracks_the_median():
+    rng = random.Random(0)
+    true = lambda f: 0.8 * (1 - math.exp(-f / 3e10))  # noqa: E731
+    pts = []
+    for _ in range(400):
+        f = 10 ** rng.uniform(7, 13)
+        pts.append((f, true(f) * rng.uniform(0.85, 1.15)))
+    pts += [(1e13, 1.7), (2e13, 0.0), (-5, 0.5), (1e12, float("nan"))]  # above peak, zero, bad flops, NaN
+    curve = fit_efficiency_curve(pts)
+    assert curve_is_monotone(curve)
+    assert all(0 < e <= 1 for _, e in curve)
+    assert [f for f, _ in curve] == sorted(f for f, _ in curve)
+    assert len(curve) >= 10  # two bins per decade over six decades
+    for f, e in curve:
+        if 1e8 < f < 1e12:
+            assert e == pytest.approx(true(f), rel=0.15, abs=0.01), (f, e)
+
+
+def test_efficiency_fit_pools_violators():
+    # a dip in the middle is pooled with its neighbour, never kept as a decrease
+    curve = fit_efficiency_curve([(1e9, 0.3), (1e10, 0.6), (1e11, 0.5), (1e12, 0.7)], bins_per_decade=1)
+    assert [e for _, e in curve] == [0.3, 0.55, 0.55, 0.7]
+    assert fit_efficiency_curve([(1e9, 3.0)]) == [[1e9, 1.0]]
+
+
+def test_efficiency_fit_without_points_is_an_error():
+    with pytest.raises(MemoError):
+        fit_efficiency_curve([(0, 0.5), (1e9, 0.0)])
+
+
+def test_latency_bandwidth_fit_recovers_synthetic_link():
+    sizes = [4096 * 4 ** k for k in range(10)]
+    times = [7e-6 + s / 25e9 for s in sizes]
+    bw, lat = fit_latency_bandwidth(sizes, times)
+    assert bw == pytest.approx(25e9, rel=1e-6) and lat == pytest.approx(7e-6, rel=1e-6)
+    # no latency in the data: clamped at 0, bandwidth through the origin
+    bw0, lat0 = fit_latency_bandwidth([1e6, 1e7], [1e6 / 5e9 * 0.99, 1e7 / 5e9])
+    assert lat0 >= 0 and bw0 == pytest.approx(5e9, rel=0.02)
+
+
+def test_copy_model_ignores_cache_resident_middle_sizes():
+    sizes = [4096, 65536, MiB, 16 * MiB, 64 * MiB, 256 * MiB]
+    cached = {MiB: 5e-6 + MiB / 50e9, 16 * MiB: 5e-6 + 16 * MiB / 40e9}  # served from cache: fast
+    times = [cached.get(s, 5e-6 + s / 5e9) for s in sizes]
+    bw, lat = fit_copy_model(sizes, times, large_from=64 * MiB)
+    assert bw == pytest.approx(5e9, rel=0.01)
+    assert lat == pytest.approx(5e-6, rel=0.1)
+
+
+@pytest.mark.parametrize("name,bf16", [
+    ("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H200", 989.0), ("NVIDIA A100-SXM4-80GB", 312.0),
+    ("NVIDIA A800-SXM4-80GB", 312.0), ("NVIDIA H100 PCIe", 756.0), ("NVIDIA H200 NVL", None), ("NVIDIA L4", None),
+])
+def test_known_peaks_only_for_known_gpus(name, bf16):
+    p = known_peak(name)
+    assert (p.bf16_tflops if p else None) == bf16
+
+
+def test_pinned_rounding_classifier():
+    req = [3 * MiB + 123, 5 * MiB + 4097, 11 * MiB + 1]
+    p2 = [2 ** math.ceil(math.log2(n)) for n in req]
+    assert _classify(req, p2)[0] == "power_of_two"
+    assert _classify(req, [math.ceil(n / 4096) * 4096 for n in req])[0] == "page"
+    assert _classify(req, list(req))[0] == "none"
+    # RSS readings: a page of slack and one outlier still read as "none"/"page", not power of two
+    rss = [req[0] + 1_400_000, req[1] + 4095, req[2] + 4095]
+    assert _classify(req, rss)[0] in ("none", "page")
+
+
+# ---------------------------------------------------------------------------------- CPU calibration
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("calib")
+    raw = out / "raw.json"
+    r = CliRunner().invoke(calibrate_cmd, ["--device", "cpu", "--quick", "--name", "cpu-test", "--out-dir",
+                                           str(out), "--raw-out", str(raw)])
+    assert r.exit_code == 0, r.output
+    return out, r, json.loads(raw.read_text())
+
+
+def test_cpu_quick_writes_a_profile_the_simulator_loads(cpu_run):
+    out, r, _raw = cpu_run
+    path = out / "cpu-test.yaml"
+    assert f"wrote {path}" in r.output
+    prof = load_profile(path)
+    assert prof.name == "cpu-test"
+    pv = prof.provenance
+    for k in ("command", "date", "hostname", "device", "torch", "measurements", "measured_fields"):
+        assert pv.get(k), k
+    assert "calibrate" in pv["command"] and "--quick" in pv["command"] and pv["torch"] == str(torch.__version__)
+    assert pv["device_kind"] == "cpu"
+    # fp32 only: nothing claims a bf16 peak that was not measured
+    assert set(prof.gpu.peak_flops) == {"fp32"} and prof.peak("fp32") > 1e8
+    with pytest.raises(MemoError, match="bf16"):
+        prof.peak("bf16")
+    for c in (prof.efficiency.gemm, prof.efficiency.attention_fwd, prof.efficiency.attention_bwd):
+        pts = [list(p) for p in c.points]
+        assert curve_is_monotone(pts), pts
+        assert c.source.startswith("measured:")
+    assert 0.2 < max(p[1] for p in prof.efficiency.gemm.points) <= 1  # relative to the best GEMM
+    assert prof.node_gpus == 1 and prof.gpu_memory > prof.usable_gpu_memory > 0
+    assert prof.usable_host_memory > 0
+    assert prof.host.pinned_rounding in ("none", "page", "power_of_two")
+    for q in (prof.gpu.hbm_bandwidth, prof.host_link.d2h_bandwidth, prof.host_link.h2d_bandwidth,
+              prof.host.memory_bandwidth, prof.internode.bandwidth):
+        assert float(q) > 1e7 and q.source.startswith("measured:")
+    assert 0 <= float(prof.gpu.copy_compute_slowdown) <= 1
+    assert 0 < float(prof.efficiency.elementwise) <= 1
+    # the simulator's kernel-time model runs on it for an fp32 model
+    assert gemm_time(1e9, prof, "fp32") > 0 and attention_bwd_time(1e9, prof, "fp32") > 0
+    assert memory_bound_time(1e8, prof) > 0
+    # progress went to stderr-style lines, one per measurement stage
+    assert "[calibrate" in r.output and "GEMM throughput" in r.output
+
+
+def test_cpu_profile_drives_memo_sim_whatif(cpu_run, tmp_path):
+    from memo_sim.cli import cli as sim_cli
+
+    out, _r, _raw = cpu_run
+    model = tmp_path / "tiny.yaml"
+    model.write_text(yaml.safe_dump({"name": "tiny-fp32", "layers": 2, "hidden": 64, "heads": 4, "ffn": 256,
+                                     "vocab": 128, "dtype": "fp32"}))
+    r = CliRunner().invoke(sim_cli, ["whatif", "--model", str(model), "--seq", "256", "--gpus", "1", "--profile",
+                                     str(out / "cpu-test.yaml"), "--out", str(tmp_path), "--simulate-top", "1"])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "plan.json").exists()
+
+
+def test_profiles_from_raw_results_with_and_without_base(cpu_run, tmp_path):
+    _out, _r, raw = cpu_run
+    no_coll = copy.deepcopy(raw)
+    no_coll["collectives"] = {"measured": False, "reason": "--no-collectives"}
+    with pytest.raises(MemoError, match="--base"):
+        build_profile("x", no_coll, None)
+    base = load_base("a800-80gb")
+    d = build_profile("cpu-with-base", no_coll, base)
+    for link in ("nvlink", "internode"):
+        for k in ("bandwidth", "latency"):
+            assert d[link][k]["source"].startswith("from base profile a800-80gb, not measured")
+            assert d[link][k]["value"] == base.raw[link][k]["value"]
+    prof = write_profile(d, tmp_path / "cpu-with-base.yaml")
+    assert load_profile(tmp_path / "cpu-with-base.yaml").nvlink.bandwidth == prof.nvlink.bandwidth
+    assert "nvlink" in d["provenance"]["not_measured_fields"]
+    # a profile that the loader would reject is never written
+    bad = copy.deepcopy(d)
+    bad["efficiency"]["gemm"]["points"] = [[1e9, 0.5], [1e8, 0.6]]
+    with pytest.raises(MemoError, match="efficiency.gemm"):
+        write_profile(bad, tmp_path / "bad.yaml")
+    assert not (tmp_path / "bad.yaml").exists()
+
+
+def _as_cuda_run(raw: dict) -> dict:
+    """The CPU run's results reshaped as a one-GPU CUDA run's (structure only: tests the CUDA branch of the
+    writer where no GPU is available)."""
+    r = copy.deepcopy(raw)
+    r["env"].update(device="NVIDIA H100 80GB HBM3", device_kind="cuda", driver="580.00", cuda_runtime="13.0",
+                    visible_gpus=1, compute_capability="9.0", multiprocessors=132)
+    r["dtype"] = "bf16"
+    r["peak"] = {"dtype": "bf16", "value": 989e12, "source": "NVIDIA H100 SXM5 datasheet", "best_measured": 7.5e14,
+                 "datasheet": {"bf16": 989e12, "fp32": 67e12}}
+    r["memory_start"] = {"total": 85 * 10**9, "free": 84 * 10**9, "torch_reserved": 0, "outside_torch": 10**9}
+    r["memory_end"] = {"total": 85 * 10**9, "free": 80 * 10**9, "torch_reserved": 3 * 10**9,
+                       "outside_torch": 2 * 10**9}
+    r["pinned"] = {"measured": True, "mode": "power_of_two", "method": "host_memory_stats", "detail": "3 -> 4"}
+    r["collectives"] = {"measured": False, "reason": "one GPU visible: no NVLink to measure"}
+    for k in ("cpu_budget", "framework_rss"):
+        r.pop(k, None)
+    return r
+
+
+def test_writer_cuda_branch_takes_topology_from_base(cpu_run, tmp_path):
+    _out, _r, raw = cpu_run
+    d = build_profile("h100-test", _as_cuda_run(raw), load_base("h100-sxm5-80gb"))
+    prof = write_profile(d, tmp_path / "h100-test.yaml")
+    assert set(prof.gpu.peak_flops) == {"bf16", "fp16", "fp32"} and prof.peak("bf16") == 989e12
+    assert prof.node_gpus == 1 and int(prof.host_link.gpus_per_pcie_switch.value) == 1
+    assert "capped at gpus_per_node" in prof.host_link.gpus_per_pcie_switch.source
+    assert prof.nvlink.bandwidth.source.startswith("from base profile h100-sxm5-80gb, not measured (one GPU")
+    assert prof.host.memory_bandwidth.source.startswith("from base profile h100-sxm5-80gb")
+    assert float(prof.gpu.reserved_bytes) == pytest.approx(2e9, rel=1e-3)
+    assert prof.host.pinned_rounding == "power_of_two" and "HostPool" in prof.host.pinned_rounding_source
+    assert d["provenance"]["driver"] == "580.00"
+    node = build_profile("h100-node", _as_cuda_run(raw), load_base("h100-sxm5-80gb"), node_from_base=True)
+    assert node["node"]["gpus_per_node"]["value"] == 8 and node["host"]["memory"]["unit"] == "TB"
+
+
+# ---------------------------------------------------------------------------------------- bad input
+def _one_error_line(r) -> str:
+    assert r.exit_code == 2, r.output
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(lines) == 1, r.output
+    assert lines[0].startswith("error: ") and "Traceback" not in r.output
+    return lines[0]
+
+
+BAD = [
+    (["--name", "a/b", "--device", "cpu"], "--name"),
+    (["--device", "cpu"], "--name"),
+    (["--name", "x", "--device", "tpu"], "--device"),
+    (["--name", "x", "--device", "cpu", "--peak-tflops", "100"], "--peak-tflops"),
+    (["--name", "x", "--device", "cpu", "--gpu-memory", "10 parsecs"], "--gpu-memory"),
+    (["--name", "x", "--device", "cpu", "--gpu-memory", "100TiB"], "--gpu-memory"),
+    (["--name", "x", "--device", "cpu", "--attention-backend", "magic"], "--attention-backend"),
+    (["--name", "x", "--device", "cpu", "--threads", "0"], "--threads"),
+    (["--name", "x", "--device", "cpu", "--no-collectives"], "--base"),
+    (["--name", "x", "--device", "cpu", "--node-from-base"], "--node-from-base"),
+    (["--name", "x", "--device", "cpu", "--base", "no-such-profile"], "no-such-profile"),
+    (["--name", "x", "--device", "cpu", "--peak-tflops", "lots"], "--peak-tflops"),
+    (["--name", "x", "--colour", "red"], "--colour"),
+]
+
+
+@pytest.mark.parametrize("args,needle", BAD, ids=[b[1] + str(i) for i, b in enumerate(BAD)])
+def test_bad_options_are_one_line_errors(args, needle, tmp_path):
+    r = CliRunner().invoke(calibrate_cmd, args + ["--out-dir", str(tmp_path)])
+    assert needle in _one_error_line(r)
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="asks for CUDA where there is none")
+def test_cuda_without_a_gpu_is_a_one_line_error(tmp_path):
+    r = CliRunner().invoke(calibrate_cmd, ["--name", "x", "--device", "cuda", "--out-dir", str(tmp_path)])
+    assert "cuda" in _one_error_line(r)
+
+
+def test_existing_profile_needs_force(tmp_path):
+    (tmp_path / "mine.yaml").write_text("keep me\n")
+    r = CliRunner().invoke(calibrate_cmd, ["--name", "mine", "--device", "cpu", "--out-dir", str(tmp_path)])
+    assert "--force" in _one_error_line(r)
+    assert (tmp_path / "mine.yaml").read_text() == "keep me\n"
+
+
+def test_registered_in_a_group_keeps_one_line_errors(tmp_path):
+    @click.group()
+    def group():
+        pass
+
+    group.add_command(calibrate_cmd)
+    r = CliRunner().invoke(group, ["calibrate", "--name", "x", "--bogus", "--out-dir", str(tmp_path)])
+    assert "--bogus" in _one_error_line(r)
+    r = CliRunner().invoke(group, ["calibrate", "--help"])
+    assert r.exit_code == 0 and "--quick" in r.output
+
+
+# ---------------------------------------------------------------------------------------------- GPU
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_quick_calibration(tmp_path):
+    import time
+
+    t0 = time.perf_counter()
+    r = CliRunner().invoke(calibrate_cmd, ["--device", "cuda", "--quick", "--name", "gpu-test", "--out-dir",
+                                           str(tmp_path), "--raw-out", str(tmp_path / "raw.json")])
+    elapsed = time.perf_counter() - t0
+    assert r.exit_code == 0, r.output
+    prof = load_profile(tmp_path / "gpu-test.yaml")
+    assert prof.peak("bf16") > 1e14
+    for c in (prof.efficiency.gemm, prof.efficiency.attention_fwd, prof.efficiency.attention_bwd):
+        assert curve_is_monotone([list(p) for p in c.points])
+    assert 0.2 < prof.efficiency.gemm(1e13) <= 1
+    assert float(prof.host_link.h2d_bandwidth) > 1e9 and float(prof.host_link.d2h_bandwidth) > 1e9
+    assert float(prof.gpu.hbm_bandwidth) > 5e11
+    assert prof.gpu_memory > 1e10 and prof.usable_gpu_memory > 0
+    assert prof.provenance["device_kind"] == "cuda" and prof.provenance["driver"]
+    assert prof.internode.bandwidth.source.startswith("from base profile")
+    assert elapsed < 120, f"--quick took {elapsed:.0f} s"
