@@ -160,7 +160,13 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, seq, gpus, prof
     best = result.best
     plan_path = None
     if best is not None and not no_plan:
-        plan_path = write_plan(best.to_plan(), Path(out_dir) / "plan.json")
+        plan = best.to_plan()
+        if best.policy.policy == "memo":  # MEMO places its transient tensors by the bi-level static plan
+            from memo_sim.memplan.planner import plan_memory
+
+            plan.memory_plan = plan_memory(model, best.layout, best.batch, seq, best.policy,
+                                           time_limit_s=10.0).to_plan_json()
+        plan_path = write_plan(plan, Path(out_dir) / "plan.json")
     elapsed = time.perf_counter() - t0
     if as_json:
         obj = {"model": model.to_dict(), "seq_tokens": seq, "gpus": gpus, "batch": batch, "profile": profile.name,

@@ -9,7 +9,10 @@ the embedding/classifier too (vocab-parallel).
 
 Transient activations: the largest live set of non-skeletal tensors inside one layer's forward
 or backward (gathered sequence-parallel inputs, pre-reduce-scatter outputs, gradients), from the
-layer graph. The classifier runs in chunks of ``classifier_chunk_tokens`` tokens: one chunk's
+layer graph. MEMO places them by a static plan (its arena is that max-live peak, which the
+bi-level planner reaches on these traces: reports/memplan-gpt.md); the other policies run on
+PyTorch's caching allocator, whose reserved peak on the same requests (rounding, segments,
+fragmentation) is what they occupy. The classifier runs in chunks of ``classifier_chunk_tokens`` tokens: one chunk's
 logits in bf16 plus fp32 softmax/gradient.
 """
 
@@ -35,7 +38,9 @@ class MemoryBreakdown:
     skeletal_resident_bytes: float  # kept on the GPU across layers (all layers, or layer inputs)
     rounding_buffer_bytes: float  # MEMO / full offload: two layers' skeletal buffers; recompute: one layer
     lse_bytes: float
-    transient_peak_bytes: float
+    transient_peak_bytes: float  # the one used: planned arena (memo) or caching-allocator reserved (others)
+    transient_planned_bytes: float  # static plan: max-live of one layer's requests (the planner reaches it)
+    transient_caching_allocator_bytes: float  # caching-allocator model: reserved peak on the same requests
     classifier_peak_bytes: float
     peak_gpu_bytes: float
     gpu_capacity_bytes: float
@@ -120,7 +125,11 @@ def memory_breakdown(model: ModelConfig, layout: Layout, batch: int, seq: int, p
         resident, buffers = n * sk["input"], sk["total"] - sk["input"]
     else:  # full_offload, memo: two rounding buffers hold whole layers
         resident, buffers = 0.0, 2 * sk["total"]
-    transient = transient_peak_bytes(model, layout, batch, seq, policy)
+    from memo_sim.memplan.baseline import caching_allocator_layer_report
+
+    planned = transient_peak_bytes(model, layout, batch, seq, policy)
+    cached = float(caching_allocator_layer_report(model, layout, batch, seq, policy).peak_reserved_bytes)
+    transient = planned if policy.policy == "memo" else cached
     classifier = classifier_peak_bytes(model, layout, batch, seq, classifier_chunk_tokens)
     # embedding output / final layer output (the next layer's input) is live beside a layer's work
     boundary = sk["input"]
@@ -132,6 +141,7 @@ def memory_breakdown(model: ModelConfig, layout: Layout, batch: int, seq: int, p
     host_node = gpus_node * offloaded_layers * pinned_bytes(per_layer, profile.host.pinned_rounding)
     return MemoryBreakdown(
         model_states_bytes=states, skeletal_resident_bytes=resident, rounding_buffer_bytes=buffers,
-        lse_bytes=lse_all, transient_peak_bytes=transient, classifier_peak_bytes=classifier,
+        lse_bytes=lse_all, transient_peak_bytes=transient, transient_planned_bytes=planned,
+        transient_caching_allocator_bytes=cached, classifier_peak_bytes=classifier,
         peak_gpu_bytes=peak, gpu_capacity_bytes=profile.usable_gpu_memory, host_bytes_per_gpu=host_gpu,
         host_bytes_per_node=host_node, host_capacity_bytes=profile.usable_host_memory)

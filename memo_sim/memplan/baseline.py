@@ -1,0 +1,33 @@
+"""What the PyTorch caching allocator reserves for one layer's transient requests (unplanned runs).
+
+One layer's forward and backward request traces are replayed back to back through the
+caching-allocator model; since every layer repeats the same requests, the reserved peak of that
+replay is the steady-state transient footprint of a run without a static memory plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from memo_sim.layout.parallel import Layout
+from memo_sim.memplan.caching_allocator import AllocatorConfig, AllocatorReport, replay
+from memo_sim.memplan.trace import RequestTrace
+from memo_sim.memplan.trace_gen import layer_backward_trace, layer_forward_trace
+from memo_sim.model.config import ModelConfig
+from memo_sim.policy.policies import PolicyChoice
+
+
+def layer_fwd_bwd_trace(model: ModelConfig, layout: Layout, batch: int, seq: int,
+                        policy: PolicyChoice | None) -> RequestTrace:
+    fwd = layer_forward_trace(model, layout, batch, seq)
+    bwd = layer_backward_trace(model, layout, batch, seq, policy)
+    shift = max(b.upper for b in fwd.buffers) + 1
+    return RequestTrace(list(fwd.buffers) + [replace(b, lower=b.lower + shift, upper=b.upper + shift)
+                                             for b in bwd.buffers], name="layer fwd+bwd")
+
+
+def caching_allocator_layer_report(model: ModelConfig, layout: Layout, batch: int, seq: int,
+                                   policy: PolicyChoice | None, capacity_bytes: int | None = None) -> AllocatorReport:
+    trace = layer_fwd_bwd_trace(model, layout, batch, seq, policy)
+    cap = capacity_bytes or 8 * trace.max_live_bytes() + 2**30  # large enough to measure, not to fail
+    return replay(trace, AllocatorConfig(capacity_bytes=int(cap)))

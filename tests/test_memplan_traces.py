@@ -1,0 +1,74 @@
+"""Request traces from the layer graph, the bi-level plan, and the caching-allocator baseline."""
+
+import pytest
+
+from memo_sim.cost.memory import memory_breakdown
+from memo_sim.layout import Layout
+from memo_sim.memplan.baseline import caching_allocator_layer_report, layer_fwd_bwd_trace
+from memo_sim.memplan.planner import plan_memory
+from memo_sim.memplan.trace_gen import layer_backward_trace, layer_forward_trace, model_trace
+from memo_sim.memplan.validate import validate_placement
+from memo_sim.model import get_model
+from memo_sim.policy import PolicyChoice
+from memo_sim.profile import load_profile
+
+M7 = get_model("gpt-7b")
+K = 1024
+
+
+def test_forward_trace_tp_sp_sizes():
+    lay = Layout(tp=8)
+    fwd = layer_forward_trace(M7, lay, 1, 256 * K)
+    full = 256 * K * 4096 * 2  # one gathered sequence-parallel input, bf16
+    gathered = [b for b in fwd.buffers if b.name.endswith("_input_gathered")]
+    assert {b.name for b in gathered} == {"qkv_input_gathered", "fc1_input_gathered"}
+    assert all(b.size == full for b in gathered)
+    # without SP, no gathers, and the row-parallel outputs are all-reduced at full size
+    nosp = layer_forward_trace(M7, Layout(tp=8, sp=False), 1, 256 * K)
+    assert not [b for b in nosp.buffers if "gathered" in b.name]
+
+
+def test_backward_trace_recompute_scratch_scales_with_alpha():
+    lay = Layout(tp=8)
+    full = layer_backward_trace(M7, lay, 1, 256 * K, PolicyChoice("memo", 0.0))
+    half = layer_backward_trace(M7, lay, 1, 256 * K, PolicyChoice("memo", 0.5))
+    none = layer_backward_trace(M7, lay, 1, 256 * K, PolicyChoice("store_all"))
+    rs = lambda t: sum(b.size for b in t.buffers if b.name.startswith("recompute_"))  # noqa: E731
+    assert rs(none) == 0 and rs(full) == pytest.approx(2 * rs(half), rel=1e-3)
+
+
+def test_bilevel_plan_valid_and_at_bound():
+    plan = plan_memory(M7, Layout(tp=8), 1, 256 * K, PolicyChoice("memo", 0.5), time_limit_s=5)
+    for sol, tr in ((plan.fwd, plan.fwd_trace), (plan.bwd, plan.bwd_trace), (plan.model, plan.model_trace)):
+        assert validate_placement(tr, sol.offsets, int(sol.peak_bytes)) == []
+        assert sol.peak_bytes <= 1.01 * tr.max_live_bytes()
+    mp = plan.to_plan_json()
+    assert mp["arena_bytes"] == plan.arena_bytes and set(mp["phases"]) == {"fwd", "bwd"}
+    # level 2 carries one pseudo block per layer phase of the level-1 peaks
+    pseudo = [b for b in plan.model_trace.buffers if b.kind == "pseudo"]
+    assert len(pseudo) == 2 * M7.layers
+    assert {b.size for b in pseudo if b.phase == "fwd"} == {plan.fwd.peak_bytes}
+
+
+@pytest.mark.parametrize("seq", [256 * K, 1024 * K])
+def test_caching_allocator_fragments_unplanned_7b(seq):
+    lay = Layout(tp=8)
+    rep = caching_allocator_layer_report(M7, lay, 1, seq, PolicyChoice("full_recompute"))
+    trace = layer_fwd_bwd_trace(M7, lay, 1, seq, PolicyChoice("full_recompute"))
+    assert rep.fragmentation_at_peak > 0
+    assert rep.peak_reserved_bytes > trace.max_live_bytes()
+
+
+def test_breakdown_uses_plan_for_memo_and_allocator_for_others():
+    p = load_profile("a800-80gb")
+    memo = memory_breakdown(M7, Layout(tp=8), 1, 256 * K, PolicyChoice("memo", 0.5), p)
+    off = memory_breakdown(M7, Layout(tp=8), 1, 256 * K, PolicyChoice("full_offload"), p)
+    assert memo.transient_peak_bytes == memo.transient_planned_bytes
+    assert off.transient_peak_bytes == off.transient_caching_allocator_bytes > off.transient_planned_bytes
+
+
+def test_model_trace_policies():
+    for pol, kind_count in (("store_all", M7.layers), ("full_recompute", M7.layers), ("full_offload", 2)):
+        t = model_trace(M7, Layout(tp=8), 1, 64 * K, PolicyChoice(pol), 10 * 2**20, 20 * 2**20)
+        sk = [b for b in t.buffers if b.kind == "skeletal" and not b.id.endswith(".lse")]
+        assert len(sk) >= kind_count
