@@ -16,14 +16,12 @@ import os
 import platform
 import sys
 import time
-from dataclasses import replace
 
 import click
 
 from memo_sim.fileio import atomic_write_text
-from memo_sim.memplan.caching_allocator import AllocatorConfig, replay
+from memo_sim.memplan.baseline import caching_allocator_layer_report
 from memo_sim.memplan.planner import plan_memory
-from memo_sim.memplan.trace import RequestTrace
 from memo_sim.model import get_model
 from memo_sim.profile import load_profile
 from memo_sim.search.whatif import candidates_for
@@ -31,13 +29,6 @@ from memo_sim.units import fmt_bytes, fmt_count
 
 WORKLOADS = [("gpt-7b", 8), ("gpt-13b", 16), ("gpt-30b", 32), ("gpt-65b", 64)]
 SEQS = [128 * 1024, 256 * 1024, 512 * 1024, 1024 * 1024]
-
-
-def layer_fwd_bwd(plan) -> RequestTrace:
-    shift = max(b.upper for b in plan.fwd_trace.buffers) + 1
-    bufs = list(plan.fwd_trace.buffers) + [replace(b, lower=b.lower + shift, upper=b.upper + shift)
-                                            for b in plan.bwd_trace.buffers]
-    return RequestTrace(bufs, name="layer fwd+bwd")
 
 
 @click.command()
@@ -58,7 +49,8 @@ def main(profile_name, time_limit, out):
                 print(f"{name} {fmt_count(seq)}: no plan fits", file=sys.stderr)
                 continue
             plan = plan_memory(model, best.layout, best.batch, seq, best.policy, time_limit_s=time_limit)
-            base = replay(layer_fwd_bwd(plan), AllocatorConfig(capacity_bytes=int(profile.usable_gpu_memory)))
+            base = caching_allocator_layer_report(model, best.layout, best.batch, seq, best.policy,
+                                                  int(profile.usable_gpu_memory))
             cells = []
             for sol, tr in ((plan.fwd, plan.fwd_trace), (plan.bwd, plan.bwd_trace), (plan.model, plan.model_trace)):
                 gap = sol.peak_bytes / sol.lower_bound_bytes - 1

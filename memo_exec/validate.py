@@ -14,7 +14,6 @@ predict; the memory columns are then left out and the report says so.
 from __future__ import annotations
 
 import datetime as dt
-import io
 import platform
 import statistics
 from dataclasses import dataclass, field
@@ -22,7 +21,7 @@ from pathlib import Path
 
 from memo_exec.errors import ExecError
 from memo_sim.errors import MemoError
-from memo_sim.fileio import atomic_write_bytes, atomic_write_json, atomic_write_text
+from memo_sim.fileio import atomic_write_json, atomic_write_text, save_png
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
 from memo_sim.plan.schema import Plan, write_plan
@@ -147,11 +146,10 @@ def overlay_gantt(pred: Timeline, meas: Timeline, path: Path, title: str) -> Pat
     ax.set_xlabel("seconds from iteration start")
     ax.set_title(title)
     ax.legend(loc="upper right", fontsize=8)
-    buf = io.BytesIO()
     fig.tight_layout()
-    fig.savefig(buf, format="png", dpi=100)
+    out = save_png(fig, path, dpi=100)
     plt.close(fig)
-    return atomic_write_bytes(path, buf.getvalue())
+    return out
 
 
 def render_report(rows: list[ValidationRow], model: ModelConfig, profile: HardwareProfile, device_desc: str,

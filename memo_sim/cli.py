@@ -250,7 +250,7 @@ def memplan(model_name, layers, hidden, heads, ffn, vocab, dtype, csv_file, trac
                                               Path(out_dir) / "memplan.png")))
     else:
         from memo_sim.memplan.planner import plan_memory
-        from memo_sim.memplan.trace_gen import layer_backward_trace, layer_forward_trace
+        from memo_sim.memplan.baseline import caching_allocator_layer_report
 
         model = build_model(model_name, layers, hidden, heads, ffn, vocab, dtype)
         lay = Layout(tp=tp, cp=cp, ulysses=ulysses, sp=sp)
@@ -260,11 +260,7 @@ def memplan(model_name, layers, hidden, heads, ffn, vocab, dtype, csv_file, trac
         pol = PolicyChoice("memo", alpha) if policy == "memo" else PolicyChoice(policy)
         plan = plan_memory(model, lay, batch, seq, pol, time_limit_s=time_limit, solver=solver)
         # baseline: the caching allocator on one layer's forward + backward requests
-        fwd, bwd = layer_forward_trace(model, lay, batch, seq), layer_backward_trace(model, lay, batch, seq, pol)
-        joined = RequestTrace(list(fwd.buffers) + [type(b)(**{**b.__dict__, "lower": b.lower + 10_000,
-                                                               "upper": b.upper + 10_000}) for b in bwd.buffers],
-                              name="layer fwd+bwd")
-        base = replay(joined, AllocatorConfig(capacity_bytes=cap))
+        base = caching_allocator_layer_report(model, lay, batch, seq, pol, cap)
         result = {"model": model.name, "layout": lay.label(), "policy": pol.label(), "seq_tokens": seq,
                   **plan.summary(), "arena_bytes": plan.arena_bytes,
                   "caching_allocator_layer": _allocator_summary(base)}

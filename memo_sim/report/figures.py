@@ -18,6 +18,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from memo_sim.errors import MemoError
+from memo_sim.fileio import save_png
 from memo_sim.timeline import Timeline, TimelineEvent
 from memo_sim.units import fmt_count
 
@@ -38,11 +39,8 @@ BWD_PHASES = ("bwd", "recompute", "prefetch", "grad_sync")
 
 
 def _save(fig: Figure, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(fig)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    return path
+    return save_png(fig, path)
 
 
 def parse_layer_range(text: str | None, n_layers: int | None = None) -> tuple[int, int] | None:

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from memo_sim.fileio import atomic_write_bytes
+from memo_sim.fileio import save_png
 from memo_sim.memplan.trace import RequestTrace
 
 
 def draw_placement(trace: RequestTrace, offsets: dict[str, int], arena_bytes: int, path: str | Path,
                    title: str = "") -> Path:
-    import io
-
     import matplotlib
 
     matplotlib.use("Agg")
@@ -32,9 +30,8 @@ def draw_placement(trace: RequestTrace, offsets: dict[str, int], arena_bytes: in
     ax.set_xlabel("allocation step")
     ax.set_ylabel(f"address ({uname})")
     ax.set_title(title or trace.name)
-    ax.legend(loc="upper right", fontsize=8)
-    buf = io.BytesIO()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     fig.tight_layout()
-    fig.savefig(buf, format="png", dpi=110)
+    out = save_png(fig, path, dpi=110)
     plt.close(fig)
-    return atomic_write_bytes(path, buf.getvalue())
+    return out
