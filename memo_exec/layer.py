@@ -288,14 +288,11 @@ class LayerCompute:
             X.free("d_fc1")
             del d_fc1
         with sp("ln2", layer, ph):
-            dn, dw, db = torch.ops.aten.native_layer_norm_backward(
-                d_ln2, S.h1, [h], S.stats[2].view(T, 1), S.stats[3].view(T, 1), p.ln2_w, p.ln2_b, [True, True, True])
-            p.ln2_w.grad.add_(dw)
-            p.ln2_b.grad.add_(db)
+            dn = _layer_norm_backward(d_ln2, S.h1, S.stats[2].view(T, 1), S.stats[3].view(T, 1), p.ln2_w, p.ln2_b)
             X.free("d_ln2")
             del d_ln2
             d_h1 = dy.add_(dn)  # the residual gradient accumulates into dy in place
-            del dn, dw, db
+            del dn
         with sp("out_proj", layer, ph):
             p.wo.grad.addmm_(d_h1.t(), S.attn)
             p.bo.grad.addmv_(d_h1.t(), one)
@@ -321,12 +318,18 @@ class LayerCompute:
                 X.free(n)
             del d_q, d_k, d_v
         with sp("ln1", layer, ph):
-            dx, dw, db = torch.ops.aten.native_layer_norm_backward(
-                d_ln1, S.x, [h], S.stats[0].view(T, 1), S.stats[1].view(T, 1), p.ln1_w, p.ln1_b, [True, True, True])
-            p.ln1_w.grad.add_(dw)
-            p.ln1_b.grad.add_(db)
+            dx = _layer_norm_backward(d_ln1, S.x, S.stats[0].view(T, 1), S.stats[1].view(T, 1), p.ln1_w, p.ln1_b)
             X.free("d_ln1")
             del d_ln1
             dx.add_(d_h1)
             del d_h1
         return dx
+
+
+def _layer_norm_backward(dout, x, mean, rstd, weight, bias):
+    """LayerNorm backward over the last dimension; accumulates the weight and bias gradients."""
+    dn, dw, db = torch.ops.aten.native_layer_norm_backward(
+        dout, x, [x.shape[-1]], mean, rstd, weight, bias, [True, True, True])
+    weight.grad.add_(dw)
+    bias.grad.add_(db)
+    return dn
