@@ -259,11 +259,7 @@ class LayerCompute:
             dy = dy.clone(memory_format=torch.contiguous_format)  # we accumulate into dy in place
         one = self.ones
         with sp("fc2", layer, ph):
-            p.w2.grad.addmm_(dy.t(), S.act)
-            if p.b2 is not None:
-                p.b2.grad.addmv_(dy.t(), one)
-            d_act = X.get("d_act", (T, f), dt)
-            torch.mm(dy, p.w2, out=d_act)
+            d_act = _linear_backward(dy, S.act, p.w2, p.b2, one, X.get("d_act", (T, f), dt))
         with sp("act", layer, ph):
             d_fc1 = X.get("d_fc1", (T, self.model.fc1_width), dt)
             if self.swiglu:
@@ -280,11 +276,7 @@ class LayerCompute:
             X.free("d_act")
             del d_act
         with sp("fc1", layer, ph):
-            p.w1.grad.addmm_(d_fc1.t(), S.ln2)
-            if p.b1 is not None:
-                p.b1.grad.addmv_(d_fc1.t(), one)
-            d_ln2 = X.get("d_ln2", (T, h), dt)
-            torch.mm(d_fc1, p.w1, out=d_ln2)
+            d_ln2 = _linear_backward(d_fc1, S.ln2, p.w1, p.b1, one, X.get("d_ln2", (T, h), dt))
             X.free("d_fc1")
             del d_fc1
         with sp("ln2", layer, ph):
@@ -294,10 +286,7 @@ class LayerCompute:
             d_h1 = dy.add_(dn)  # the residual gradient accumulates into dy in place
             del dn
         with sp("out_proj", layer, ph):
-            p.wo.grad.addmm_(d_h1.t(), S.attn)
-            p.bo.grad.addmv_(d_h1.t(), one)
-            d_attn = X.get("d_attn", (T, h), dt)
-            torch.mm(d_h1, p.wo, out=d_attn)
+            d_attn = _linear_backward(d_h1, S.attn, p.wo, p.bo, one, X.get("d_attn", (T, h), dt))
         with sp("attention", layer, ph):
             d_q = X.get("d_q", (T, h), dt)
             d_k = X.get("d_k", (T, self.kv), dt)
@@ -333,3 +322,11 @@ def _layer_norm_backward(dout, x, mean, rstd, weight, bias):
     weight.grad.add_(dw)
     bias.grad.add_(db)
     return dn
+
+
+def _linear_backward(dout, inp, weight, bias, ones, d_in):
+    """Backward of y = inp @ weight.T + bias: accumulate weight/bias gradients, write d_in = dout @ weight."""
+    weight.grad.addmm_(dout.t(), inp)
+    if bias is not None:
+        bias.grad.addmv_(dout.t(), ones)
+    return torch.mm(dout, weight, out=d_in)

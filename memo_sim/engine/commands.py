@@ -123,6 +123,15 @@ def _parse_alphas(text: str) -> list[float]:
     return vals
 
 
+def _write_sweep(out: Path, name: str, results, figure, line) -> None:
+    """Write a sweep's results as NAME.json and NAME.png and print one line per run."""
+    atomic_write_json(out / f"{name}.json", [r.to_dict() for r in results])
+    png = figure(results, out / f"{name}.png")
+    for r in results:
+        click.echo(line(r))
+    click.echo(f"wrote {out / (name + '.json')}, {png}")
+
+
 @click.command("sweep-alpha")
 @click.argument("plan_file", type=click.Path(dir_okay=False))
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output folder.")
@@ -139,12 +148,8 @@ def sweep_alpha_cmd(plan_file, out_dir, alphas, profile_override):
     with _progressbar("alpha sweep", len(vals)) as bar:
         results = sweep_alpha(plan.model, plan.layout, plan.batch, plan.seq_tokens, profile, vals,
                               progress=bar.step)
-    out = Path(out_dir)
-    atomic_write_json(out / "alpha_sweep.json", [r.to_dict() for r in results])
-    png = alpha_sweep_figure(results, out / "alpha_sweep.png")
-    for r in results:
-        click.echo(f"alpha {r.policy.alpha:.3f}: {_summary_line(r)}")
-    click.echo(f"wrote {out / 'alpha_sweep.json'}, {png}")
+    _write_sweep(Path(out_dir), "alpha_sweep", results, alpha_sweep_figure,
+                 lambda r: f"alpha {r.policy.alpha:.3f}: {_summary_line(r)}")
 
 
 @click.command("sweep-seq")
@@ -179,12 +184,8 @@ def sweep_seq_cmd(plan_file, out_dir, seqs, profile_override):
                 choice = PolicyChoice(p)
             results.append(simulate(plan.model, plan.layout, plan.batch, s, choice, profile, keep_timeline=False))
             bar.update(1)
-    out = Path(out_dir)
-    atomic_write_json(out / "mfu_vs_seq.json", [r.to_dict() for r in results])
-    png = mfu_vs_seq_figure(results, out / "mfu_vs_seq.png")
-    for r in results:
-        click.echo(f"{fmt_count(r.seq):>5} {r.policy.label():<18} {_summary_line(r)}")
-    click.echo(f"wrote {out / 'mfu_vs_seq.json'}, {png}")
+    _write_sweep(Path(out_dir), "mfu_vs_seq", results, mfu_vs_seq_figure,
+                 lambda r: f"{fmt_count(r.seq):>5} {r.policy.label():<18} {_summary_line(r)}")
 
 
 COMMANDS = (simulate_cmd, plot_cmd, sweep_alpha_cmd, sweep_seq_cmd)

@@ -144,6 +144,21 @@ def _steps(samples):
     return xs, ys
 
 
+def _memory_panel(ax, timeline: Timeline, kind: str, devices: list[int], end: float, capacity: float | None,
+                  ylabel: str, label, color: str | None) -> None:
+    """One memory-over-time panel: a step curve per device, the usable capacity as a dashed line."""
+    for d in devices:
+        xs, ys = _steps([m for m in timeline.memory if m.kind == kind and m.device == d])
+        xs.append(end)
+        ys.append(ys[-1])
+        ax.plot(xs, ys, lw=1.2, label=label(d), **({"color": color} if color else {}))
+    if capacity:
+        ax.axhline(capacity / GiB, color="#C44E52", ls="--", lw=1, label="usable capacity")
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=8, loc="upper right")
+    ax.grid(alpha=0.3)
+
+
 def memory_figure(timeline: Timeline, path: str | Path) -> Path:
     """GPU memory per device and pinned host memory per node over time, with capacities."""
     meta = timeline.meta or {}
@@ -153,29 +168,11 @@ def memory_figure(timeline: Timeline, path: str | Path) -> Path:
     fig = Figure(figsize=(10, 3.2 * rows))
     axes = fig.subplots(rows, 1, squeeze=False, sharex=True)[:, 0]
     end = max([e.end for e in timeline.events] + [m.time for m in timeline.memory] + [0.0])
-    for d in gpu:
-        xs, ys = _steps([m for m in timeline.memory if m.kind == "gpu" and m.device == d])
-        xs.append(end)
-        ys.append(ys[-1])
-        axes[0].plot(xs, ys, lw=1.2, label=f"GPU {d}")
-    cap = meta.get("gpu_capacity_bytes")
-    if cap:
-        axes[0].axhline(cap / GiB, color="#C44E52", ls="--", lw=1, label="usable capacity")
-    axes[0].set_ylabel("GPU memory (GiB)")
-    axes[0].legend(fontsize=8, loc="upper right")
-    axes[0].grid(alpha=0.3)
+    _memory_panel(axes[0], timeline, "gpu", gpu, end, meta.get("gpu_capacity_bytes"), "GPU memory (GiB)",
+                  lambda d: f"GPU {d}", None)
     if host:
-        for h in host:
-            xs, ys = _steps([m for m in timeline.memory if m.kind == "host" and m.device == h])
-            xs.append(end)
-            ys.append(ys[-1])
-            axes[1].plot(xs, ys, lw=1.2, color="#55A868", label=f"node {-1 - h} pinned host")
-        hcap = meta.get("host_capacity_bytes")
-        if hcap:
-            axes[1].axhline(hcap / GiB, color="#C44E52", ls="--", lw=1, label="usable capacity")
-        axes[1].set_ylabel("host memory (GiB)")
-        axes[1].legend(fontsize=8, loc="upper right")
-        axes[1].grid(alpha=0.3)
+        _memory_panel(axes[1], timeline, "host", host, end, meta.get("host_capacity_bytes"), "host memory (GiB)",
+                      lambda h: f"node {-1 - h} pinned host", "#55A868")
     axes[-1].set_xlabel("time in the iteration (s)")
     fail = meta.get("failure")
     title = " | ".join(str(meta[k]) for k in ("model", "layout", "policy") if meta.get(k))
