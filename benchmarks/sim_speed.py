@@ -22,10 +22,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from memo_sim.engine import simulate, simulate_candidates  # noqa: E402
+from memo_sim.engine import simulate  # noqa: E402
+from memo_sim.search.whatif import simulate_candidates  # noqa: E402
 from memo_sim.layout.parallel import Layout  # noqa: E402
 from memo_sim.model.config import get_model  # noqa: E402
-from memo_sim.policy.policies import PolicyChoice  # noqa: E402
+from memo_sim.policy import get_policy  # noqa: E402
 from memo_sim.profile import load_profile  # noqa: E402
 from memo_sim.search.estimate import memo_alpha  # noqa: E402
 from memo_sim.search.whatif import candidates_for  # noqa: E402
@@ -51,7 +52,7 @@ def bench_single(repeat: int) -> dict:
     times, r = [], None
     for _ in range(repeat):
         t0 = time.perf_counter()
-        r = simulate(model, layout, 1, seq, PolicyChoice("memo", alpha), profile)
+        r = simulate(model, layout, 1, seq, get_policy("memo", alpha), profile)
         times.append(time.perf_counter() - t0)
     return {"alpha": alpha, "times": times, "result": r}
 

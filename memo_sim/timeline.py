@@ -16,6 +16,8 @@ from pathlib import Path
 from memo_sim.errors import MemoError
 from memo_sim.fileio import atomic_write_json
 
+STREAMS = ("compute", "comm", "cp_comm", "dp_comm", "d2h", "h2d")  # the one list of stream names
+COPY_STREAMS = ("d2h", "h2d")
 TIMELINE_FORMAT = "memo-timeline"
 TIMELINE_VERSION = 1
 

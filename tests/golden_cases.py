@@ -11,7 +11,7 @@ from pathlib import Path
 
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import get_model
-from memo_sim.policy.policies import PolicyChoice
+from memo_sim.policy import get_policy
 from memo_sim.profile.loader import load_profile
 
 GOLDEN = Path(__file__).parent / "data" / "golden_candidates.json"
@@ -47,13 +47,13 @@ def case_id(case) -> str:
 
 
 def evaluate(case) -> dict:
-    from memo_sim.cost.memory import memory_breakdown
+    from memo_sim.memplan.footprint import memory_breakdown
     from memo_sim.engine.simulate import simulate
     from memo_sim.search.estimate import estimate_iteration
 
     m, lay, seq, pol, a, prof = case
     model, layout, profile = get_model(m), Layout(**lay), load_profile(prof)
-    choice = PolicyChoice(pol, a)
+    choice = get_policy(pol, a)
     est = estimate_iteration(model, layout, 1, seq, choice, profile)
     mem = memory_breakdown(model, layout, 1, seq, choice, profile)
     sim = simulate(model, layout, 1, seq, choice, profile, keep_timeline=False)

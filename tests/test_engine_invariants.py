@@ -7,10 +7,11 @@ from collections import defaultdict
 
 import pytest
 
-from memo_sim.engine import analytic_iteration_time, simulate
+from memo_sim.engine import simulate
+from tests.analytic_reference import analytic_iteration_time
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import get_model
-from memo_sim.policy.policies import PolicyChoice
+from memo_sim.policy import get_policy
 from memo_sim.profile import load_profile
 from memo_sim.search.estimate import estimate_iteration
 
@@ -19,16 +20,16 @@ PROFILE = load_profile("a800-80gb")
 GPT7B = get_model("gpt-7b")
 
 CASES = [
-    ("tp8 memo 64K", GPT7B, Layout(tp=8), 64 * K, PolicyChoice("memo", 0.3)),
-    ("tp8 full_offload 64K", GPT7B, Layout(tp=8), 64 * K, PolicyChoice("full_offload")),
-    ("tp8 full_recompute 128K", GPT7B, Layout(tp=8), 128 * K, PolicyChoice("full_recompute")),
-    ("tp8 store_all 32K", GPT7B, Layout(tp=8), 32 * K, PolicyChoice("store_all")),
-    ("tp2 cp4 memo 256K", GPT7B, Layout(tp=2, cp=4), 256 * K, PolicyChoice("memo", 0.5)),
-    ("tp4 uly2 memo 128K", GPT7B, Layout(tp=4, ulysses=2), 128 * K, PolicyChoice("memo", 0.25)),
-    ("tp4 dp2 z1 memo 64K", GPT7B, Layout(tp=4, dp=2, zero=1), 64 * K, PolicyChoice("memo", 0.5)),
-    ("tp8 dp2 z3 full_offload 128K", GPT7B, Layout(tp=8, dp=2, zero=3), 128 * K, PolicyChoice("full_offload")),
+    ("tp8 memo 64K", GPT7B, Layout(tp=8), 64 * K, get_policy("memo", 0.3)),
+    ("tp8 full_offload 64K", GPT7B, Layout(tp=8), 64 * K, get_policy("full_offload")),
+    ("tp8 full_recompute 128K", GPT7B, Layout(tp=8), 128 * K, get_policy("full_recompute")),
+    ("tp8 store_all 32K", GPT7B, Layout(tp=8), 32 * K, get_policy("store_all")),
+    ("tp2 cp4 memo 256K", GPT7B, Layout(tp=2, cp=4), 256 * K, get_policy("memo", 0.5)),
+    ("tp4 uly2 memo 128K", GPT7B, Layout(tp=4, ulysses=2), 128 * K, get_policy("memo", 0.25)),
+    ("tp4 dp2 z1 memo 64K", GPT7B, Layout(tp=4, dp=2, zero=1), 64 * K, get_policy("memo", 0.5)),
+    ("tp8 dp2 z3 full_offload 128K", GPT7B, Layout(tp=8, dp=2, zero=3), 128 * K, get_policy("full_offload")),
     ("tp4 nosp cp2 full_recompute 64K", GPT7B, Layout(tp=4, sp=False, cp=2), 64 * K,
-     PolicyChoice("full_recompute")),
+     get_policy("full_recompute")),
 ]
 IDS = [c[0] for c in CASES]
 
@@ -93,8 +94,8 @@ def test_no_contention_equals_analytic_critical_path(name):
     assert r.iteration_s == pytest.approx(a, rel=0.01)
 
 
-@pytest.mark.parametrize("seq,pol", [(32 * K, PolicyChoice("store_all")), (128 * K, PolicyChoice("full_recompute")),
-                                     (256 * K, PolicyChoice("full_offload")), (512 * K, PolicyChoice("memo", 0.25))])
+@pytest.mark.parametrize("seq,pol", [(32 * K, get_policy("store_all")), (128 * K, get_policy("full_recompute")),
+                                     (256 * K, get_policy("full_offload")), (512 * K, get_policy("memo", 0.25))])
 def test_no_contention_equals_whatif_estimate_when_copies_hide(seq, pol):
     """Without DP and with copies hidden the estimate is the plain compute path: same number."""
     lay = Layout(tp=8)
@@ -110,13 +111,13 @@ def test_contention_only_slows_down(runs):
 
 
 def test_same_inputs_same_timeline():
-    a = simulate(GPT7B, Layout(tp=8), 1, 64 * K, PolicyChoice("memo", 0.3), PROFILE)
-    b = simulate(GPT7B, Layout(tp=8), 1, 64 * K, PolicyChoice("memo", 0.3), PROFILE)
+    a = simulate(GPT7B, Layout(tp=8), 1, 64 * K, get_policy("memo", 0.3), PROFILE)
+    b = simulate(GPT7B, Layout(tp=8), 1, 64 * K, get_policy("memo", 0.3), PROFILE)
     assert json.dumps(a.timeline.to_json_obj()) == json.dumps(b.timeline.to_json_obj())
 
 
 def _iter(seq: int, policy: str) -> float:
-    r = simulate(GPT7B, Layout(tp=8), 1, seq, PolicyChoice(policy), PROFILE, keep_timeline=False)
+    r = simulate(GPT7B, Layout(tp=8), 1, seq, get_policy(policy), PROFILE, keep_timeline=False)
     assert r.ok, r.failure and r.failure.message()
     return r.iteration_s
 
@@ -135,7 +136,7 @@ def test_issue_layout_offload_vs_recompute_crossover():
     lay = Layout(tp=4, cp=2)
 
     def it(seq, pol):
-        return simulate(GPT7B, lay, 1, seq, PolicyChoice(pol), PROFILE, keep_timeline=False).iteration_s
+        return simulate(GPT7B, lay, 1, seq, get_policy(pol), PROFILE, keep_timeline=False).iteration_s
 
     assert it(64 * K, "full_offload") > it(64 * K, "full_recompute")
     assert it(256 * K, "full_offload") < it(256 * K, "full_recompute")
@@ -153,5 +154,5 @@ def test_memo_never_slower_than_full_recompute_when_alpha_fits():
 
     for seq in (64 * K, 256 * K):
         a = memo_alpha(GPT7B, Layout(tp=8), 1, seq, PROFILE)
-        memo = simulate(GPT7B, Layout(tp=8), 1, seq, PolicyChoice("memo", a.alpha), PROFILE, keep_timeline=False)
+        memo = simulate(GPT7B, Layout(tp=8), 1, seq, get_policy("memo", a.alpha), PROFILE, keep_timeline=False)
         assert memo.ok and memo.iteration_s < _iter(seq, "full_recompute")

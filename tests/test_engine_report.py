@@ -8,11 +8,11 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from memo_sim.engine import DEFAULT_ALPHAS, simulate, simulate_candidates, sweep_alpha
-from memo_sim.engine.commands import register
+from memo_sim.engine import DEFAULT_ALPHAS, simulate, sweep_alpha
+from memo_sim.search.whatif import simulate_candidates
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig, get_model
-from memo_sim.policy.policies import PolicyChoice
+from memo_sim.policy import get_policy
 from memo_sim.profile import load_profile
 from memo_sim.report.chrome_trace import chrome_trace, write_chrome_trace
 from memo_sim.report.figures import (
@@ -28,7 +28,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 @pytest.fixture(scope="module")
 def memo_run():
-    return simulate(GPT7B, Layout(tp=4, cp=2), 1, 128 * K, PolicyChoice("memo", 0.5), PROFILE)
+    return simulate(GPT7B, Layout(tp=4, cp=2), 1, 128 * K, get_policy("memo", 0.5), PROFILE)
 
 
 def test_chrome_trace_is_valid_json_with_one_track_per_stream(memo_run, tmp_path):
@@ -83,7 +83,7 @@ def test_alpha_sweep_and_mfu_vs_seq_figures_mark_failures(tmp_path):
     failed = res[first_fail]
     assert failed.iteration_s is None and failed.mfu is None and failed.failure.tensor.endswith(".offload")
     assert alpha_sweep_figure(res, tmp_path / "a.png").read_bytes()[:8] == PNG
-    seq_runs = [simulate(GPT7B, Layout(tp=8), 1, s, PolicyChoice(p), PROFILE, keep_timeline=False)
+    seq_runs = [simulate(GPT7B, Layout(tp=8), 1, s, get_policy(p), PROFILE, keep_timeline=False)
                 for s in (64 * K, 256 * K) for p in ("store_all", "full_recompute", "full_offload")]
     assert any(r.status == "OOM" for r in seq_runs)
     assert mfu_vs_seq_figure(seq_runs, tmp_path / "s.png").read_bytes()[:8] == PNG
@@ -114,9 +114,9 @@ def test_sim_result_fields(memo_run):
 
 
 def test_dp_counts_every_replica_in_mfu():
-    one = simulate(GPT7B, Layout(tp=8), 1, 64 * K, PolicyChoice("memo", 0.3), PROFILE, contention=False,
+    one = simulate(GPT7B, Layout(tp=8), 1, 64 * K, get_policy("memo", 0.3), PROFILE, contention=False,
                    keep_timeline=False)
-    two = simulate(GPT7B, Layout(tp=8, dp=2), 1, 64 * K, PolicyChoice("memo", 0.3), PROFILE, contention=False,
+    two = simulate(GPT7B, Layout(tp=8, dp=2), 1, 64 * K, get_policy("memo", 0.3), PROFILE, contention=False,
                    keep_timeline=False)
     # two replicas train twice the tokens in a little more time (the gradient all-reduce) on twice the GPUs
     assert two.iteration_s > one.iteration_s
@@ -135,20 +135,16 @@ def test_simulate_candidates_feeds_the_plan(tmp_path):
 
 
 def _cli() -> click.Group:
-    from memo_sim.cli import MemoGroup
+    from memo_sim.cli import cli
 
-    @click.group(cls=MemoGroup)
-    def group():
-        """test group"""
-
-    return register(group)
+    return cli
 
 
 def test_simulate_and_plot_commands(tmp_path):
     toy = ModelConfig("toy", 4, 256, 8, 1024, vocab=1000)
     from memo_sim.plan.schema import Plan, write_plan
 
-    plan = Plan(model=toy, batch=1, seq_tokens=4096, gpus=2, layout=Layout(tp=2), policy=PolicyChoice("memo", 0.5),
+    plan = Plan(model=toy, batch=1, seq_tokens=4096, gpus=2, layout=Layout(tp=2), policy=get_policy("memo", 0.5),
                 profile="a800-80gb", predicted={"status": "OK", "iteration_s": 0.01}, layer_timings_s={})
     write_plan(plan, tmp_path / "plan.json")
     runner = CliRunner()

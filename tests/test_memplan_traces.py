@@ -2,14 +2,14 @@
 
 import pytest
 
-from memo_sim.cost.memory import memory_breakdown
+from memo_sim.memplan.footprint import memory_breakdown
 from memo_sim.layout import Layout
 from memo_sim.memplan.baseline import caching_allocator_layer_report, layer_fwd_bwd_trace
 from memo_sim.memplan.planner import plan_memory
 from memo_sim.memplan.trace_gen import layer_backward_trace, layer_forward_trace, model_trace
 from memo_sim.memplan.validate import validate_placement
 from memo_sim.model import get_model
-from memo_sim.policy import PolicyChoice
+from memo_sim.policy import get_policy
 from memo_sim.profile import load_profile
 
 M7 = get_model("gpt-7b")
@@ -30,15 +30,15 @@ def test_forward_trace_tp_sp_sizes():
 
 def test_backward_trace_recompute_scratch_scales_with_alpha():
     lay = Layout(tp=8)
-    full = layer_backward_trace(M7, lay, 1, 256 * K, PolicyChoice("memo", 0.0))
-    half = layer_backward_trace(M7, lay, 1, 256 * K, PolicyChoice("memo", 0.5))
-    none = layer_backward_trace(M7, lay, 1, 256 * K, PolicyChoice("store_all"))
+    full = layer_backward_trace(M7, lay, 1, 256 * K, get_policy("memo", 0.0))
+    half = layer_backward_trace(M7, lay, 1, 256 * K, get_policy("memo", 0.5))
+    none = layer_backward_trace(M7, lay, 1, 256 * K, get_policy("store_all"))
     rs = lambda t: sum(b.size for b in t.buffers if b.name.startswith("recompute_"))  # noqa: E731
     assert rs(none) == 0 and rs(full) == pytest.approx(2 * rs(half), rel=1e-3)
 
 
 def test_bilevel_plan_valid_and_at_bound():
-    plan = plan_memory(M7, Layout(tp=8), 1, 256 * K, PolicyChoice("memo", 0.5), time_limit_s=5)
+    plan = plan_memory(M7, Layout(tp=8), 1, 256 * K, get_policy("memo", 0.5), time_limit_s=5)
     for sol, tr in ((plan.fwd, plan.fwd_trace), (plan.bwd, plan.bwd_trace), (plan.model, plan.model_trace)):
         assert validate_placement(tr, sol.offsets, int(sol.peak_bytes)) == []
         assert sol.peak_bytes <= 1.01 * tr.max_live_bytes()
@@ -53,22 +53,22 @@ def test_bilevel_plan_valid_and_at_bound():
 @pytest.mark.parametrize("seq", [256 * K, 1024 * K])
 def test_caching_allocator_fragments_unplanned_7b(seq):
     lay = Layout(tp=8)
-    rep = caching_allocator_layer_report(M7, lay, 1, seq, PolicyChoice("full_recompute"))
-    trace = layer_fwd_bwd_trace(M7, lay, 1, seq, PolicyChoice("full_recompute"))
+    rep = caching_allocator_layer_report(M7, lay, 1, seq, get_policy("full_recompute"))
+    trace = layer_fwd_bwd_trace(M7, lay, 1, seq, get_policy("full_recompute"))
     assert rep.fragmentation_at_peak > 0
     assert rep.peak_reserved_bytes > trace.max_live_bytes()
 
 
 def test_breakdown_uses_plan_for_memo_and_allocator_for_others():
     p = load_profile("a800-80gb")
-    memo = memory_breakdown(M7, Layout(tp=8), 1, 256 * K, PolicyChoice("memo", 0.5), p)
-    off = memory_breakdown(M7, Layout(tp=8), 1, 256 * K, PolicyChoice("full_offload"), p)
+    memo = memory_breakdown(M7, Layout(tp=8), 1, 256 * K, get_policy("memo", 0.5), p)
+    off = memory_breakdown(M7, Layout(tp=8), 1, 256 * K, get_policy("full_offload"), p)
     assert memo.transient_peak_bytes == memo.transient_planned_bytes
     assert off.transient_peak_bytes == off.transient_caching_allocator_bytes > off.transient_planned_bytes
 
 
 def test_model_trace_policies():
     for pol, kind_count in (("store_all", M7.layers), ("full_recompute", M7.layers), ("full_offload", 2)):
-        t = model_trace(M7, Layout(tp=8), 1, 64 * K, PolicyChoice(pol), 10 * 2**20, 20 * 2**20)
+        t = model_trace(M7, Layout(tp=8), 1, 64 * K, get_policy(pol), 10 * 2**20, 20 * 2**20)
         sk = [b for b in t.buffers if b.kind == "skeletal" and not b.id.endswith(".lse")]
         assert len(sk) >= kind_count

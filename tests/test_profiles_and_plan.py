@@ -9,7 +9,7 @@ from memo_sim.errors import PlanError, ProfileError
 from memo_sim.layout import Layout
 from memo_sim.model import get_model
 from memo_sim.plan import Plan, read_plan, write_plan
-from memo_sim.policy import PolicyChoice
+from memo_sim.policy import get_policy
 from memo_sim.profile import list_profiles, load_profile
 from memo_sim.profile.loader import REPO_PROFILES
 
@@ -49,7 +49,7 @@ def test_malformed_profile_names_file_and_field(tmp_path, mutate, needle):
 
 def _plan():
     return Plan(model=get_model("gpt-7b"), batch=1, seq_tokens=262144, gpus=8, layout=Layout(tp=8),
-                policy=PolicyChoice("memo", 0.5), profile="a800-80gb",
+                policy=get_policy("memo", 0.5), profile="a800-80gb",
                 predicted={"status": "OK", "iteration_s": 1.0, "mfu": 0.5},
                 layer_timings_s={"forward": 0.1, "backward": 0.2})
 

@@ -51,3 +51,8 @@ def sendrecv_time(size: float, bw: float, lat: float) -> float:
 def group_link(profile: HardwareProfile, size: int, stride: int) -> Link:
     """NVLink for a group inside a node, the inter-node link for one that spans nodes."""
     return profile.internode if group_spans_nodes(size, stride, profile.node_gpus) else profile.nvlink
+
+
+def link_kind(profile: HardwareProfile, link: Link) -> str:
+    """The engine's name for a profile link: ``internode`` or ``nvlink``."""
+    return "internode" if link is profile.internode else "nvlink"

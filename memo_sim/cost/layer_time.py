@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memo_sim.cost import collectives as coll
-from memo_sim.cost.activations import tokens_per_gpu
+from memo_sim.cost.activations import tensor_bytes, tokens_per_gpu
 from memo_sim.cost.flops import ATTN_BWD_FACTOR, op_flops
 from memo_sim.cost.kernel_time import attention_bwd_time, attention_fwd_time, gemm_time, memory_bound_time
 from memo_sim.layout.parallel import Layout
@@ -35,15 +35,7 @@ class OpCost:
 
 def _elementwise_bytes(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, seq: int) -> float:
     tensors = layer_tensors(model)
-    split = layout.tp if layout.sp else 1
-    toks = tokens_per_gpu(layout, batch, seq)
-    total = 0.0
-    for name in op.inputs + op.outputs:
-        t = tensors[name]
-        s = layout.tp if (t.tp_split or layout.sp) else 1
-        total += toks * t.bytes_per_token() / s
-    del split
-    return total
+    return sum(tensor_bytes(tensors[name], layout, batch, seq) for name in op.inputs + op.outputs)
 
 
 def _compute_cost(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, seq: int,
@@ -152,16 +144,38 @@ def full_recompute_costs(model: ModelConfig, layout: Layout, batch: int, seq: in
             for c in forward_costs(model, layout, batch, seq, profile)]
 
 
-def critical_time(costs: list[OpCost]) -> float:
-    """Time of a layer phase when compute and comm are serial and ring-CP overlaps attention."""
-    total, pending_cp = 0.0, 0.0
-    for c in costs:
+def chain_dependencies(costs: list[OpCost]) -> list[list[int]]:
+    """Within one phase, the indices each op waits for: the op before it, except that a ring-CP
+    K/V exchange (stream ``cp_comm``) runs beside the attention kernel that follows it, so both
+    wait for the op before the exchange and the op after the attention waits for both. The
+    event schedule wires its op graph from this, and `critical_time` walks it."""
+    deps: list[list[int]] = []
+    prev: list[int] = []
+    pending_cp: int | None = None
+    for k, c in enumerate(costs):
+        deps.append(list(prev))
         if c.stream == "cp_comm":
-            pending_cp = c.seconds
+            pending_cp = k
             continue
-        if c.kind == "attention" and pending_cp:
-            total += max(c.seconds, pending_cp)
-            pending_cp = 0.0
-            continue
-        total += c.seconds
-    return total
+        if pending_cp is not None and c.kind == "attention":
+            prev = [k, pending_cp]
+            pending_cp = None
+        else:
+            prev = [k]
+    return deps
+
+
+def chain_tail(costs: list[OpCost]) -> list[int]:
+    """Indices the op after the phase waits for."""
+    if not costs:
+        return []
+    deps = chain_dependencies(costs + [OpCost("_tail", "elementwise", "", "compute", 0.0)])
+    return deps[-1]
+
+
+def critical_time(costs: list[OpCost]) -> float:
+    """Seconds of a layer phase alone on the GPU: the longest path of `chain_dependencies`."""
+    finish: list[float] = []
+    for c, d in zip(costs, chain_dependencies(costs)):
+        finish.append(max((finish[j] for j in d), default=0.0) + c.seconds)
+    return max((finish[j] for j in chain_tail(costs)), default=0.0)

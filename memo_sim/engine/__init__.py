@@ -6,19 +6,16 @@
 - `schedules`: one iteration's op graph per policy (store all, full recompute, full offload,
   MEMO) with TP/SP, CP, Ulysses and DP collectives; the module docs say how a pipeline over
   stages and subsequences (SPPO) maps onto the same graph.
-- `analytic`: the schedule's critical path without SimPy (`analytic_iteration_time`).
-- `simulate`: `simulate`, `sweep_alpha`, `simulate_candidates` and `SimResult`.
-- `commands`: the click commands ``simulate`` and ``plot`` (and ``sweep-alpha``).
+- `simulate`: `simulate`, `sweep_alpha` and `SimResult`.
 
 Scale: one representative GPU per group of identical GPUs is simulated; a copy on a link shared
 by k of them counts as k identical flows, and its pinned host memory k times (see `core`).
 """
 
-from memo_sim.engine.analytic import analytic_iteration_time
 from memo_sim.engine.core import Engine, Failure
 from memo_sim.engine.graph import Device, MemAction, Op, OpGraph
 from memo_sim.engine.schedules import build_iteration
-from memo_sim.engine.simulate import DEFAULT_ALPHAS, SimResult, simulate, simulate_candidates, sweep_alpha
+from memo_sim.engine.simulate import DEFAULT_ALPHAS, SimResult, simulate, sweep_alpha
 
 __all__ = ["DEFAULT_ALPHAS", "Device", "Engine", "Failure", "MemAction", "Op", "OpGraph", "SimResult",
-           "analytic_iteration_time", "build_iteration", "simulate", "simulate_candidates", "sweep_alpha"]
+           "build_iteration", "simulate", "sweep_alpha"]

@@ -8,19 +8,21 @@ runs beside the attention kernel that follows it and the next op waits for both)
     -> layer n-1..0: [prefetch] [recompute] bwd, gradient bucket on dp_comm
     -> embedding bwd -> (wait for every gradient bucket) optimizer step [-> ZeRO-1/2 param all-gather]
 
-Policies (`memo_sim.policy.policies`):
+Policies (`memo_sim.policy`; the schedule asks the policy object what it keeps, allocates,
+offloads and recomputes, and never branches on its name):
 
 - ``store_all``: each layer allocates its skeletal bytes at its forward and frees them after
   its backward.
 - ``full_recompute``: only the layer input stays; before each backward the whole layer forward
   (`full_recompute_costs`) re-runs and re-allocates the other skeletal tensors.
 - ``full_offload`` and ``memo``: two rounding buffers (static, from `memory_breakdown`), even
-  layers in buffer 0, odd in buffer 1. After layer i's forward its host bytes go out on the
-  ``d2h`` stream (offload) while layer i+1 computes; layer i+2's forward waits on that copy
-  (the CUDA event of the paper). In backward the prefetch of layer i on the ``h2d`` stream
-  starts after layer i+2's backward (buffer i%2 is free) and runs while layer i+1's backward
-  computes; memo then recomputes the dropped (1 - alpha) tokens (`recompute_costs`) before
-  layer i's backward. The last two layers are neither offloaded nor recomputed: their
+  layers in buffer 0, odd in buffer 1, with the copies' dependencies of
+  `memo_sim.policy.rounding_buffers` (shared with the executor). After layer i's forward its
+  host bytes go out on the ``d2h`` stream (offload) while layer i+1 computes; layer i+2's forward
+  waits on that copy (the CUDA event of the paper). In backward the prefetch of layer i on the
+  ``h2d`` stream starts after layer i+2's backward (buffer i%2 is free) and runs while layer
+  i+1's backward computes; memo then recomputes the dropped (1 - alpha) tokens
+  (`recompute_costs`) before layer i's backward. The last two layers are neither offloaded nor recomputed: their
   activations stay in the buffers. memo offloads the layer input and attention output whole
   and alpha of the other skeletal bytes; full_offload all of them.
 
@@ -38,8 +40,8 @@ reduce-scatter from ZeRO-2 on, over the DP x CP x Ulysses group) on ``dp_comm``,
 after its layer's backward and overlapping the next layer's backward. ZeRO-3 all-gathers each
 layer's weights on ``dp_comm`` two layers ahead in forward and in backward.
 
-Embedding, classifier and optimizer times are the analytic estimate's
-(`memo_sim.search.estimate.estimate_iteration`): one place per fact.
+Embedding, classifier and optimizer times come from `memo_sim.cost.boundary`, gradient and
+weight collectives from `memo_sim.cost.grad_sync`, both shared with the analytic estimate.
 
 Pipelines (SPPO) with the same graph: give each pipeline stage its own `Device` (one
 representative per stage, ``group`` = GPUs of the node running that stage identically), emit
@@ -58,21 +60,20 @@ from dataclasses import dataclass, field
 
 from memo_sim.cost import collectives as coll
 from memo_sim.cost.activations import skeletal_bytes
-from memo_sim.cost.layer_time import (
-    OpCost, backward_costs, forward_costs, full_recompute_costs, recompute_costs,
-)
-from memo_sim.cost.memory import (
-    BYTES_GRAD, BYTES_WEIGHT, DEFAULT_CLASSIFIER_CHUNK, MemoryBreakdown, memory_breakdown,
-    offloaded_bytes_per_layer,
-)
+from memo_sim.cost.boundary import BoundaryTimes, boundary_times
+from memo_sim.cost.grad_sync import GradSync, grad_sync
+from memo_sim.cost.layer_time import OpCost, backward_costs, chain_dependencies, chain_tail, forward_costs
+from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS
 from memo_sim.cost.transfer import pinned_bytes
 from memo_sim.engine.graph import Device, MemAction, Op, OpGraph
 from memo_sim.layout.parallel import Layout
+from memo_sim.memplan.footprint import MemoryBreakdown, memory_breakdown
 from memo_sim.model.config import ModelConfig
-from memo_sim.policy.policies import NO_OFFLOAD_LAST_LAYERS, PolicyChoice
-from memo_sim.profile.schema import HardwareProfile, Link
+from memo_sim.policy.base import Policy
+from memo_sim.policy.rounding_buffers import KEPT_LAYERS
+from memo_sim.profile.schema import HardwareProfile
+from memo_sim.timeline import STREAMS  # noqa: F401  (re-exported: the engine's streams)
 
-STREAMS = ("compute", "comm", "cp_comm", "dp_comm", "d2h", "h2d")
 
 
 def representative_device(layout: Layout, profile: HardwareProfile, index: int = 0) -> Device:
@@ -87,101 +88,32 @@ def representative_device(layout: Layout, profile: HardwareProfile, index: int =
                   label=f"GPU {index} (x{group} on node)")
 
 
-def link_name(profile: HardwareProfile, link: Link) -> str:
-    return "internode" if link is profile.internode else "nvlink"
-
-
 def collective_link(cost: OpCost, layout: Layout, profile: HardwareProfile) -> str:
     """Which link an OpCost collective rides, from the group it runs over (see layer_time)."""
     if cost.stream == "cp_comm" or cost.name.startswith("cp_"):
-        return link_name(profile, coll.group_link(profile, layout.cp, layout.tp * layout.ulysses))
+        return coll.link_kind(profile, coll.group_link(profile, layout.cp, layout.tp * layout.ulysses))
     if cost.name.startswith("alltoall"):
-        return link_name(profile, coll.group_link(profile, layout.ulysses, layout.tp))
-    return link_name(profile, coll.group_link(profile, layout.tp, 1))
+        return coll.link_kind(profile, coll.group_link(profile, layout.ulysses, layout.tp))
+    return coll.link_kind(profile, coll.group_link(profile, layout.tp, 1))
 
 
 def emit_chain(g: OpGraph, costs: list[OpCost], *, device: int, layer: int | None, phase: str,
                deps: list[Op], layout: Layout, profile: HardwareProfile,
                mem_start: tuple[MemAction, ...] = (), mem_end: tuple[MemAction, ...] = (),
                ) -> tuple[list[Op], list[Op]]:
-    """Add one phase's OpCost list as a dependency chain; return (its ops, what the next op waits on)."""
-    prev = list(deps)
+    """Add one phase's OpCost list with the dependencies of `chain_dependencies`; return (its
+    ops, what the next op waits on)."""
     ops: list[Op] = []
-    pending_cp: Op | None = None
     last = len(costs) - 1
-    for k, c in enumerate(costs):
+    for k, (c, within) in enumerate(zip(costs, chain_dependencies(costs))):
         kind = "compute" if c.stream == "compute" else "comm"
         op = g.add(c.name, device=device, stream=c.stream, kind=kind, phase=phase, layer=layer, work=c.seconds,
-                   deps=prev, nbytes=c.nbytes, flops=c.flops,
+                   deps=[ops[j] for j in within] if within else list(deps), nbytes=c.nbytes, flops=c.flops,
                    link=None if kind == "compute" else collective_link(c, layout, profile),
                    mem_start=mem_start if k == 0 else (), mem_end=mem_end if k == last else ())
         ops.append(op)
-        if c.stream == "cp_comm":
-            pending_cp = op  # overlaps the attention kernel that follows
-            continue
-        if pending_cp is not None and c.kind == "attention":
-            prev = [op, pending_cp]
-            pending_cp = None
-        else:
-            prev = [op]
-    return ops, prev
-
-
-@dataclass(frozen=True)
-class BoundaryTimes:
-    """Non-layer work of one iteration on one GPU, seconds (from the analytic estimate)."""
-
-    embedding_fwd: float
-    embedding_bwd: float
-    classifier: float
-    optimizer: float
-
-
-def boundary_times(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: PolicyChoice,
-                   profile: HardwareProfile) -> BoundaryTimes:
-    """Embedding (lookup in forward, gradient scatter in backward: half each of the estimate's
-    2·tokens·h·bytes memory-bound pass), chunked classifier (forward and backward per chunk, one
-    op), optimizer step."""
-    from memo_sim.search.estimate import estimate_iteration
-
-    e = estimate_iteration(model, layout, batch, seq, policy, profile)
-    return BoundaryTimes(e.embedding_s / 2, e.embedding_s / 2, e.classifier_s, e.optimizer_s)
-
-
-@dataclass(frozen=True)
-class GradSync:
-    """Gradient / weight collectives over the DP x CP x Ulysses group, seconds alone on the link."""
-
-    link: str
-    layer_grad: float  # one layer's gradient bucket
-    embedding_grad: float
-    layer_gather: float  # ZeRO-3: one layer's bf16 weights
-    param_gather: float  # ZeRO-1/2: every updated bf16 weight after the step
-
-    @property
-    def active(self) -> bool:
-        return self.layer_grad > 0
-
-
-def grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile) -> GradSync:
-    g = layout.state_shards
-    link = coll.group_link(profile, g, layout.tp)
-    bw, lat = float(link.bandwidth), float(link.latency)
-    if g <= 1:
-        return GradSync(link_name(profile, link), 0.0, 0.0, 0.0, 0.0)
-
-    def reduce(nbytes: float) -> float:
-        if layout.zero >= 2:
-            return coll.ring_reduce_scatter_time(nbytes, g, bw, lat)
-        return coll.allreduce_time(nbytes, g, bw, lat)
-
-    layer_p = model.layer_params() / layout.tp
-    emb_p = model.embedding_params() / layout.tp
-    gather = coll.ring_allgather_time(BYTES_WEIGHT * layer_p, g, bw, lat) if layout.zero >= 3 else 0.0
-    params = coll.ring_allgather_time(BYTES_WEIGHT * model.params() / layout.tp, g, bw, lat) \
-        if layout.zero in (1, 2) else 0.0
-    return GradSync(link_name(profile, link), reduce(BYTES_GRAD * layer_p), reduce(BYTES_GRAD * emb_p), gather,
-                    params)
+    tail = [ops[j] for j in chain_tail(costs)] if ops else list(deps)
+    return ops, tail
 
 
 @dataclass(frozen=True)
@@ -198,20 +130,14 @@ class LayerPlan:
     host_block_bytes: float  # pinned bytes per offloaded layer and GPU
 
 
-def layer_plan(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: PolicyChoice,
+def layer_plan(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy,
                profile: HardwareProfile, mem: MemoryBreakdown) -> LayerPlan:
-    fwd = forward_costs(model, layout, batch, seq, profile)
-    bwd = backward_costs(model, layout, batch, seq, profile)
-    if policy.policy == "full_recompute":
-        rc = full_recompute_costs(model, layout, batch, seq, profile)
-    elif policy.policy == "memo":
-        rc = recompute_costs(model, layout, batch, seq, profile, policy.recompute_fraction)
-    else:
-        rc = []
     sk = skeletal_bytes(model, layout, batch, seq)
-    off = offloaded_bytes_per_layer(model, layout, batch, seq, policy)
-    n_off = max(model.layers - NO_OFFLOAD_LAST_LAYERS, 0) if policy.offloads else 0
-    return LayerPlan(fwd, bwd, rc, off, n_off, sk, mem.transient_peak_bytes + sk["input"],
+    off = policy.offload_bytes(sk)
+    return LayerPlan(forward_costs(model, layout, batch, seq, profile),
+                     backward_costs(model, layout, batch, seq, profile),
+                     policy.recompute_costs(model, layout, batch, seq, profile), off,
+                     policy.offloaded_layers(model.layers), sk, mem.transient_peak_bytes + sk["input"],
                      pinned_bytes(off, profile.host.pinned_rounding))
 
 
@@ -230,29 +156,31 @@ class Schedule:
 
 def middle_layer(n_layers: int) -> int:
     """A representative layer: in the middle, and offloaded when any layer is."""
-    return max(0, min(n_layers // 2, n_layers - NO_OFFLOAD_LAST_LAYERS - 1))
+    return max(0, min(n_layers // 2, n_layers - KEPT_LAYERS - 1))
 
 
-def build_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: PolicyChoice,
-                    profile: HardwareProfile, *, classifier_chunk_tokens: int = DEFAULT_CLASSIFIER_CHUNK,
+def build_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy,
+                    profile: HardwareProfile, *, classifier_chunk_tokens: int = CLASSIFIER_CHUNK_TOKENS,
                     device: Device | None = None) -> Schedule:
     """The op graph of one full training iteration on the representative GPU."""
     dev = device or representative_device(layout, profile)
     mem = memory_breakdown(model, layout, batch, seq, policy, profile, classifier_chunk_tokens,
                            active_gpus_per_node=dev.group)
     lp = layer_plan(model, layout, batch, seq, policy, profile, mem)
-    bt = boundary_times(model, layout, batch, seq, policy, profile)
+    bt = boundary_times(model, layout, batch, seq, profile)
     sync = grad_sync(model, layout, profile)
     n = model.layers
     d = dev.index
     g = OpGraph([dev])
     sched = Schedule(g, dev, mem, lp, bt, sync, middle_layer(n))
     sk = lp.skeletal
-    pol = policy.policy
+
+    def gpu(layer: int, held: list[tuple[str, float]], sign: float = 1.0) -> tuple[MemAction, ...]:
+        return tuple(MemAction("gpu", f"L{layer}.{name}", sign * nbytes) for name, nbytes in held)
 
     g.add_static(d, MemAction("gpu", "model_states", mem.model_states_bytes))
-    if policy.offloads:
-        g.add_static(d, MemAction("gpu", "rounding_buffers", mem.rounding_buffer_bytes))
+    for name, nbytes in policy.static_gpu(sk):
+        g.add_static(d, MemAction("gpu", name, nbytes))
 
     def chain(costs, layer, phase, deps, kept: tuple[MemAction, ...] = (), freed: tuple[MemAction, ...] = ()):
         work = MemAction("gpu", f"L{layer}.{phase}.working", lp.working_bytes)
@@ -279,15 +207,9 @@ def build_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, po
         if sync.layer_gather > 0:
             gather_f[i] = dp_op("allgather_weights", i, sync.layer_gather, fwd_tail.get(i - 2, []), "weight_gather")
             deps.append(gather_f[i])
-        if policy.offloads and i >= 2 and (i - 2) in offload:
+        if i >= 2 and (i - 2) in offload:
             deps.append(offload[i - 2])  # buffer i%2 must be on the host before layer i rewrites it
-        if pol == "store_all":
-            kept = (MemAction("gpu", f"L{i}.skeletal", sk["total"] + sk["lse"]),)
-        elif pol == "full_recompute":
-            kept = (MemAction("gpu", f"L{i}.input", sk["input"]), MemAction("gpu", f"L{i}.lse", sk["lse"]))
-        else:
-            kept = (MemAction("gpu", f"L{i}.lse", sk["lse"]),)
-        tail = chain(lp.forward, i, "fwd", deps, kept)
+        tail = chain(lp.forward, i, "fwd", deps, gpu(i, policy.forward_kept(sk)))
         fwd_tail[i] = tail
         if i < lp.offloaded_layers and lp.offload_bytes > 0:
             op = g.add("offload", device=d, stream="d2h", kind="copy", phase="offload", layer=i,
@@ -321,20 +243,10 @@ def build_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, po
                        mem_end=(MemAction("host", f"L{i}.offload", -lp.host_block_bytes),))
             sched.copies[(i, "prefetch")] = pf
             deps.append(pf)
-        if pol == "full_recompute":
-            tail = chain(lp.recompute, i, "recompute", deps,
-                         (MemAction("gpu", f"L{i}.recomputed", sk["total"] - sk["input"]),))
+        if policy.recomputes_layer(i, n) and lp.recompute:
+            tail = chain(lp.recompute, i, "recompute", deps, gpu(i, policy.recompute_allocated(sk)))
             deps = tail
-        elif pol == "memo" and i in offload and lp.recompute:
-            tail = chain(lp.recompute, i, "recompute", deps)
-            deps = tail
-        if pol == "store_all":
-            freed = (MemAction("gpu", f"L{i}.skeletal", -(sk["total"] + sk["lse"])),)
-        elif pol == "full_recompute":
-            freed = (MemAction("gpu", f"L{i}.recomputed", -(sk["total"] - sk["input"])),
-                     MemAction("gpu", f"L{i}.input", -sk["input"]), MemAction("gpu", f"L{i}.lse", -sk["lse"]))
-        else:
-            freed = (MemAction("gpu", f"L{i}.lse", -sk["lse"]),)
+        freed = gpu(i, policy.recompute_allocated(sk) + policy.forward_kept(sk), -1.0)
         tail = chain(lp.backward, i, "bwd", deps, (), freed)
         bwd_end[i] = tail
         if sync.layer_gather > 0 and i - 2 >= 0:

@@ -1,4 +1,4 @@
-"""Simulate one training iteration: `simulate`, `sweep_alpha`, `simulate_candidates`.
+"""Simulate one training iteration: `simulate` and `sweep_alpha`.
 
 ``batch`` is sequences per data-parallel replica (what `memo_sim.cost.activations` splits across
 a replica's GPUs), so an iteration trains ``batch x dp`` sequences; MFU and TGS count them all.
@@ -12,19 +12,19 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from memo_sim.cost.flops import mfu as mfu_of, tgs as tgs_of
-from memo_sim.cost.memory import DEFAULT_CLASSIFIER_CHUNK
+from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS
 from memo_sim.engine.core import Engine, EngineRun, Failure
 from memo_sim.engine.graph import Op
 from memo_sim.engine.schedules import Schedule, build_iteration
 from memo_sim.errors import MemoError
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
-from memo_sim.policy.policies import PolicyChoice
+from memo_sim.policy.base import Policy
+from memo_sim.policy.registry import get_policy
 from memo_sim.profile.schema import HardwareProfile
-from memo_sim.timeline import Timeline, TimelineEvent
+from memo_sim.timeline import COPY_STREAMS, Timeline, TimelineEvent
 
 DEFAULT_ALPHAS = tuple(i / 8 for i in range(9))  # 0, 0.125, ..., 1
-COPY_STREAMS = ("d2h", "h2d")
 
 Progress = Callable[[int, int], None]  # (done, total)
 
@@ -38,7 +38,7 @@ class SimResult:
     layout: Layout
     batch: int
     seq: int
-    policy: PolicyChoice
+    policy: Policy
     profile: str
     status: str  # OK | OOM | OOHM
     iteration_s: float | None
@@ -136,9 +136,9 @@ def _timeline(run: EngineRun, meta: dict) -> Timeline:
     return Timeline(events, list(run.memory), meta)
 
 
-def simulate(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: PolicyChoice,
+def simulate(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy,
              profile: HardwareProfile, *, contention: bool = True,
-             classifier_chunk_tokens: int = DEFAULT_CLASSIFIER_CHUNK, keep_timeline: bool = True,
+             classifier_chunk_tokens: int = CLASSIFIER_CHUNK_TOKENS, keep_timeline: bool = True,
              record: bool = False) -> SimResult:
     """Simulate one training iteration of ``model`` at ``seq`` tokens x ``batch`` sequences per
     data-parallel replica under ``layout`` and ``policy`` on ``profile``.
@@ -207,22 +207,8 @@ def sweep_alpha(model: ModelConfig, layout: Layout, batch: int, seq: int, profil
             raise MemoError(f"alpha must lie in [0, 1], got {a}")
     out = []
     for k, a in enumerate(alphas):
-        out.append(simulate(model, layout, batch, seq, PolicyChoice("memo", float(a)), profile,
+        out.append(simulate(model, layout, batch, seq, get_policy("memo", float(a)), profile,
                             contention=contention, keep_timeline=keep_timeline))
         if progress is not None:
             progress(k + 1, len(alphas))
-    return out
-
-
-def simulate_candidates(candidates: list, progress: Progress | None = None, *, contention: bool = True) -> list[dict]:
-    """Tier 2 of the what-if: simulate each `memo_sim.search.whatif.Candidate` and store the
-    summary in ``candidate.simulated`` (the keys `Candidate.to_plan` reads). Returns the summaries."""
-    out = []
-    for k, c in enumerate(candidates):
-        r = simulate(c.model, c.layout, c.batch, c.seq, c.policy, c.profile, contention=contention,
-                     keep_timeline=False)
-        c.simulated = r.to_dict()
-        out.append(c.simulated)
-        if progress is not None:
-            progress(k + 1, len(candidates))
     return out

@@ -14,11 +14,11 @@ from memo_sim.memplan.caching_allocator import AllocatorConfig, AllocatorReport,
 from memo_sim.memplan.trace import RequestTrace
 from memo_sim.memplan.trace_gen import layer_backward_trace, layer_forward_trace
 from memo_sim.model.config import ModelConfig
-from memo_sim.policy.policies import PolicyChoice
+from memo_sim.policy.base import Policy
 
 
 def layer_fwd_bwd_trace(model: ModelConfig, layout: Layout, batch: int, seq: int,
-                        policy: PolicyChoice | None) -> RequestTrace:
+                        policy: Policy | None) -> RequestTrace:
     fwd = layer_forward_trace(model, layout, batch, seq)
     bwd = layer_backward_trace(model, layout, batch, seq, policy)
     shift = max(b.upper for b in fwd.buffers) + 1
@@ -27,7 +27,7 @@ def layer_fwd_bwd_trace(model: ModelConfig, layout: Layout, batch: int, seq: int
 
 
 def caching_allocator_layer_report(model: ModelConfig, layout: Layout, batch: int, seq: int,
-                                   policy: PolicyChoice | None, capacity_bytes: int | None = None) -> AllocatorReport:
+                                   policy: Policy | None, capacity_bytes: int | None = None) -> AllocatorReport:
     trace = layer_fwd_bwd_trace(model, layout, batch, seq, policy)
     cap = capacity_bytes or 8 * trace.max_live_bytes() + 2**30  # large enough to measure, not to fail
     return replay(trace, AllocatorConfig(capacity_bytes=int(cap)))

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS
 from memo_sim.layout.parallel import Layout
 from memo_sim.memplan.solve import DSASolution, solve_dsa
 from memo_sim.memplan.trace import RequestTrace
 from memo_sim.memplan.trace_gen import layer_backward_trace, layer_forward_trace, model_trace
 from memo_sim.memplan.validate import check_placement
 from memo_sim.model.config import ModelConfig
-from memo_sim.policy.policies import PolicyChoice
+from memo_sim.policy.base import Policy
 
 
 @dataclass
@@ -56,8 +57,8 @@ class BiLevelPlan:
         return {"level1_fwd": one(self.fwd), "level1_bwd": one(self.bwd), "level2_model": one(self.model)}
 
 
-def plan_memory(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: PolicyChoice, *,
-                time_limit_s: float = 10.0, solver: str = "auto", classifier_chunk_tokens: int = 8192,
+def plan_memory(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy, *,
+                time_limit_s: float = 10.0, solver: str = "auto", classifier_chunk_tokens: int = CLASSIFIER_CHUNK_TOKENS,
                 progress=None) -> BiLevelPlan:
     ft = layer_forward_trace(model, layout, batch, seq)
     bt = layer_backward_trace(model, layout, batch, seq, policy)

@@ -24,12 +24,12 @@ one classifier chunk's logits, the final hidden state and its gradient.
 from __future__ import annotations
 
 from memo_sim.cost.activations import skeletal_bytes, tensor_bytes, tokens_per_gpu
-from memo_sim.cost.memory import classifier_peak_bytes
+from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS, classifier_peak_bytes
 from memo_sim.layout.parallel import Layout
 from memo_sim.memplan.trace import Buffer, RequestTrace
 from memo_sim.model.config import ModelConfig
 from memo_sim.model.layer_graph import DTYPE_BYTES, forward_ops, layer_tensors
-from memo_sim.policy.policies import PolicyChoice
+from memo_sim.policy.base import Policy
 
 ALIGN = 512  # the CUDA caching allocator's granularity; planned sizes are rounded to it
 
@@ -99,7 +99,7 @@ def layer_forward_trace(model: ModelConfig, layout: Layout, batch: int, seq: int
 
 
 def layer_backward_trace(model: ModelConfig, layout: Layout, batch: int, seq: int,
-                         policy: PolicyChoice | None = None) -> RequestTrace:
+                         policy: Policy | None = None) -> RequestTrace:
     tens = layer_tensors(model)
     tb = {n: tensor_bytes(t, layout, batch, seq) for n, t in tens.items()}
     full_h = tokens_per_gpu(layout, batch, seq) * model.hidden * DTYPE_BYTES[model.dtype]
@@ -107,8 +107,6 @@ def layer_backward_trace(model: ModelConfig, layout: Layout, batch: int, seq: in
     b = _Builder("bwd")
     b.alloc("dy", tb["y"])
     frac = policy.recompute_fraction if policy is not None else 0.0
-    if policy is not None and policy.policy == "full_recompute":
-        frac = 1.0
     if frac > 0:  # token-wise recompute scratch: gathered inputs and row-parallel partials of dropped tokens
         for nm in ("recompute_ln1_gathered", "recompute_proj_partial", "recompute_ln2_gathered"):
             b.alloc(nm, frac * (full_h if sp or nm.endswith("partial") else tb["ln1"]))
@@ -161,15 +159,42 @@ def layer_backward_trace(model: ModelConfig, layout: Layout, batch: int, seq: in
     return RequestTrace(b.finish(), name=f"{model.name}-{layout.label()}-{seq}-layer-bwd")
 
 
-def model_trace(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: PolicyChoice,
-                fwd_block: int, bwd_block: int, classifier_chunk_tokens: int = 8192) -> RequestTrace:
-    """Level-2 trace: one pseudo block per layer phase plus the blocks that cross layers."""
+class _ModelSteps:
+    """Steps of the level-2 timeline: 0 embedding forward, 1..n layer forwards, n+1 classifier,
+    n+2..2n+1 layer backwards (last layer first), 2n+2 embedding backward."""
+
+    def __init__(self, n_layers: int):
+        self.n = n_layers
+
+    def fwd(self, layer: int) -> int:
+        return 1 + layer
+
+    def bwd(self, layer: int) -> int:
+        return self.n + 2 + (self.n - 1 - layer)
+
+    @property
+    def classifier(self) -> int:
+        return self.n + 1
+
+    @property
+    def end_of_backward(self) -> int:
+        return 2 * self.n + 2
+
+    @property
+    def end(self) -> int:
+        return 2 * self.n + 3
+
+
+def model_trace(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy,
+                fwd_block: int, bwd_block: int,
+                classifier_chunk_tokens: int = CLASSIFIER_CHUNK_TOKENS) -> RequestTrace:
+    """Level-2 trace: one pseudo block per layer phase plus the blocks that cross layers (the
+    policy's skeletal blocks from `Policy.layer_blocks` and `Policy.shared_blocks`)."""
     n = model.layers
     sk = skeletal_bytes(model, layout, batch, seq)
     x = sk["input"]
+    st = _ModelSteps(n)
     bufs: list[Buffer] = []
-    # timeline: 0 embedding fwd, 1..n layer fwd, n+1 classifier, n+2..2n+1 layer bwd (reverse), 2n+2 emb bwd
-    end = 2 * n + 3
 
     def add(id_, size, lo, hi, kind, layer=None, phase=None):
         if size > 0:
@@ -177,22 +202,17 @@ def model_trace(model: ModelConfig, layout: Layout, batch: int, seq: int, policy
 
     add("embedding_out", x, 0, 2, "transient", phase="fwd")
     for i in range(n):
-        add(f"layer{i}.fwd", fwd_block, 1 + i, 2 + i, "pseudo", i, "fwd")
-        bwd_step = n + 2 + (n - 1 - i)
-        add(f"layer{i}.bwd", bwd_block, bwd_step, bwd_step + 1, "pseudo", i, "bwd")
-        add(f"layer{i}.lse", sk["lse"], 1 + i, bwd_step + 1, "skeletal", i)
-        if policy.policy == "store_all":
-            add(f"layer{i}.skeletal", sk["total"], 1 + i, bwd_step + 1, "skeletal", i)
-        elif policy.policy == "full_recompute":
-            add(f"layer{i}.input", x, 1 + i, bwd_step + 1, "skeletal", i)
-    if policy.policy == "full_recompute":
-        add("recompute_buffer", sk["total"], n + 2, 2 * n + 2, "skeletal")
-    if policy.offloads:
-        add("rounding_buffer0", sk["total"], 1, 2 * n + 2, "skeletal")
-        add("rounding_buffer1", sk["total"], 2, 2 * n + 2, "skeletal")
-    add("final_hidden", x, n + 1, n + 2, "transient")
-    add("final_hidden_grad", x, n + 1, n + 3, "transient")
+        add(f"layer{i}.fwd", fwd_block, st.fwd(i), st.fwd(i) + 1, "pseudo", i, "fwd")
+        add(f"layer{i}.bwd", bwd_block, st.bwd(i), st.bwd(i) + 1, "pseudo", i, "bwd")
+        add(f"layer{i}.lse", sk["lse"], st.fwd(i), st.bwd(i) + 1, "skeletal", i)
+        for name, nbytes in policy.layer_blocks(sk):
+            add(f"layer{i}.{name}", nbytes, st.fwd(i), st.bwd(i) + 1, "skeletal", i)
+    for name, nbytes, lo, hi in policy.shared_blocks(sk, st, n):
+        add(name, nbytes, lo, hi, "skeletal")
+    c = st.classifier
+    add("final_hidden", x, c, c + 1, "transient")
+    add("final_hidden_grad", x, c, c + 2, "transient")
     add("classifier_chunk", classifier_peak_bytes(model, layout, batch, seq, classifier_chunk_tokens) - 2 * x,
-        n + 1, n + 2, "transient")
-    add("embedding_grad", x, 2 * n + 2, end, "transient")
-    return RequestTrace(bufs, name=f"{model.name}-{layout.label()}-{seq}-{policy.policy}-model")
+        c, c + 1, "transient")
+    add("embedding_grad", x, st.end_of_backward, st.end, "transient")
+    return RequestTrace(bufs, name=f"{model.name}-{layout.label()}-{seq}-{policy.name}-model")

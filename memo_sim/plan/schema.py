@@ -32,7 +32,8 @@ from memo_sim.errors import MemoError, PlanError
 from memo_sim.fileio import atomic_write_json
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
-from memo_sim.policy.policies import PolicyChoice
+from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS
+from memo_sim.policy import Policy, get_policy
 
 PLAN_SCHEMA = "memo-plan/1"
 ATTENTION_BACKENDS = ("auto", "flash_attn", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "math")
@@ -47,12 +48,12 @@ class Plan:
     seq_tokens: int
     gpus: int
     layout: Layout
-    policy: PolicyChoice
+    policy: Policy
     profile: str
     predicted: dict[str, Any]
     layer_timings_s: dict[str, float]
     attention_backend: str = "auto"
-    classifier_chunk_tokens: int = 8192
+    classifier_chunk_tokens: int = CLASSIFIER_CHUNK_TOKENS
     memory_plan: dict | None = None
     timeline: dict | None = None
     created: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
@@ -114,7 +115,7 @@ class Plan:
             pol = d["policy"]
             if not isinstance(pol, dict) or set(pol) - {"policy", "alpha"} or "policy" not in pol:
                 raise fail("policy", 'must be {"policy": ..., "alpha": ...}')
-            policy = PolicyChoice(pol["policy"], pol.get("alpha"))
+            policy = get_policy(pol["policy"], pol.get("alpha"))
         except PlanError:
             raise
         except MemoError as e:
@@ -151,7 +152,7 @@ class Plan:
                     raise fail(f"memory_plan.phases.{ph}.offsets", "must map tensor names to non-negative integers")
         return cls(model=model, batch=d["batch"], seq_tokens=d["seq_tokens"], gpus=d["gpus"], layout=layout,
                    policy=policy, profile=d["profile"], predicted=pred, layer_timings_s=dict(lt),
-                   attention_backend=backend, classifier_chunk_tokens=d.get("classifier_chunk_tokens", 8192),
+                   attention_backend=backend, classifier_chunk_tokens=d.get("classifier_chunk_tokens", CLASSIFIER_CHUNK_TOKENS),
                    memory_plan=mp, timeline=d.get("timeline"), created=str(d.get("created", "")),
                    memo_version=str(d.get("memo_version", "")))
 

@@ -1,5 +1,11 @@
-"""Activation policies (store all, full recompute, full offload, MEMO) and MEMO's alpha solver."""
+"""Activation policies (store all, full recompute, full offload, MEMO), registered by name, and
+MEMO's alpha solver. Importing this package registers the built-in policies, in the order the
+what-if lists them."""
 
-from memo_sim.policy.policies import POLICIES, PolicyChoice
+# isort: off
+from memo_sim.policy import store_all, full_recompute, full_offload, memo  # noqa: F401  (registration order)
+# isort: on
+from memo_sim.policy.base import Policy
+from memo_sim.policy.registry import get_policy, policy_class, policy_names, register
 
-__all__ = ["POLICIES", "PolicyChoice"]
+__all__ = ["Policy", "get_policy", "policy_class", "policy_names", "register"]

@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 
 from memo_sim.mip_util import quiet_stdout
-from memo_sim.policy.policies import NO_OFFLOAD_LAST_LAYERS
+from memo_sim.policy.rounding_buffers import offloaded_layer_count
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class AlphaProblem:
 
     def per_layer_host_cap(self) -> float:
         """Bytes one layer's host block may have under the host-memory constraint."""
-        k = max(self.layers - NO_OFFLOAD_LAST_LAYERS, 0)
+        k = offloaded_layer_count(self.layers)
         if k == 0:
             return math.inf
         cap = self.m_cpu / k

@@ -236,7 +236,7 @@ def mfu_vs_seq_figure(results: list["SimResult"], path: str | Path) -> Path:
     ax = fig.subplots()
     by_policy: dict[str, list] = {}
     for r in results:
-        by_policy.setdefault(r.policy.policy, []).append(r)
+        by_policy.setdefault(r.policy.name, []).append(r)
     for pol, rs in by_policy.items():
         rs.sort(key=lambda r: r.seq)
         ok = [r for r in rs if r.ok]

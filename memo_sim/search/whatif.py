@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from memo_sim.cost.memory import MemoryBreakdown, memory_breakdown
+from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS
+from memo_sim.engine.simulate import Progress, simulate
 from memo_sim.errors import MemoError
 from memo_sim.layout.parallel import Layout, enumerate_layouts
+from memo_sim.memplan.footprint import MemoryBreakdown, memory_breakdown
 from memo_sim.model.config import ModelConfig
 from memo_sim.plan.schema import Plan
-from memo_sim.policy.policies import POLICIES, PolicyChoice
+from memo_sim.policy import Policy, get_policy, policy_class, policy_names
 from memo_sim.profile.schema import HardwareProfile
 from memo_sim.search.estimate import IterationEstimate, estimate_iteration, memo_alpha
 
@@ -22,7 +24,7 @@ from memo_sim.search.estimate import IterationEstimate, estimate_iteration, memo
 class Candidate:
     model: ModelConfig
     layout: Layout
-    policy: PolicyChoice
+    policy: Policy
     batch: int
     seq: int
     profile: HardwareProfile
@@ -50,7 +52,7 @@ class Candidate:
         d = {
             "layout": self.layout.label(),
             "layout_degrees": self.layout.to_dict(),
-            "policy": self.policy.policy,
+            "policy": self.policy.name,
             "alpha": self.policy.alpha,
             "alpha_note": self.alpha_note,
             "status": self.status,
@@ -71,7 +73,7 @@ class Candidate:
             "transient_peak_bytes": m.transient_peak_bytes,
             "transient_planned_bytes": m.transient_planned_bytes,
             "transient_caching_allocator_bytes": m.transient_caching_allocator_bytes,
-            "transient_source": "static memory plan" if self.policy.policy == "memo" else "caching allocator",
+            "transient_source": "static memory plan" if self.policy.static_memory_plan else "caching allocator",
             "layer_forward_s": e.layer.forward,
             "layer_backward_s": e.layer.backward,
             "layer_recompute_s": e.layer.recompute,
@@ -83,7 +85,7 @@ class Candidate:
             d["simulated_status"] = self.simulated["status"]
         return d
 
-    def to_plan(self, classifier_chunk_tokens: int = 8192) -> Plan:
+    def to_plan(self, classifier_chunk_tokens: int = CLASSIFIER_CHUNK_TOKENS) -> Plan:
         e = self.estimate
         sim = self.simulated
         predicted = {
@@ -117,13 +119,14 @@ class WhatIfResult:
 
 def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, *, batch: int = 1,
                    tp: int | None = None, cp: int | None = None, ulysses: int | None = None, dp: int | None = None,
-                   zero: int | None = None, sp: bool | None = None, policies: tuple[str, ...] = POLICIES,
+                   zero: int | None = None, sp: bool | None = None, policies: tuple[str, ...] | None = None,
                    alpha: float | None = None) -> WhatIfResult:
     if gpus < 1:
         raise MemoError("--gpus must be at least 1")
+    policies = policy_names() if policies is None else policies
     for p in policies:
-        if p not in POLICIES:
-            raise MemoError(f"--policy {p!r} unknown; choose from {', '.join(POLICIES)}")
+        if p not in policy_names():
+            raise MemoError(f"--policy {p!r} unknown; choose from {', '.join(policy_names())}")
     if alpha is not None and not (0.0 <= alpha <= 1.0):
         raise MemoError(f"--alpha must lie in [0, 1], got {alpha}")
     valid, rejected = enumerate_layouts(model, gpus, profile.node_gpus, seq, tp=tp, cp=cp, ulysses=ulysses,
@@ -134,19 +137,33 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     out: list[Candidate] = []
     for lay in valid:
         for pol in policies:
-            note = ""
-            if pol == "memo":
+            note, a = "", None
+            if policy_class(pol).takes_alpha:
                 if alpha is not None:
                     a, note = alpha, "fixed by --alpha"
                 else:
                     res = memo_alpha(model, lay, batch, seq, profile)
                     a = res.alpha if res.feasible else 0.0
                     note = res.reason() if res.feasible else f"infeasible ({res.reason()}); alpha=0"
-                choice = PolicyChoice("memo", round(a, 4))
-            else:
-                choice = PolicyChoice(pol)
+                a = round(a, 4)
+            choice = get_policy(pol, a)
             est = estimate_iteration(model, lay, batch, seq, choice, profile)
             mem = memory_breakdown(model, lay, batch, seq, choice, profile)
             out.append(Candidate(model, lay, choice, batch, seq, profile, est, mem, note))
     out.sort(key=Candidate.sort_key)
     return WhatIfResult(out, rejected)
+
+
+def simulate_candidates(candidates: list[Candidate], progress: Progress | None = None, *,
+                        contention: bool = True) -> list[dict]:
+    """Tier 2 of the what-if: simulate each candidate and store the summary in
+    ``candidate.simulated`` (the keys `Candidate.to_plan` reads). Returns the summaries."""
+    out = []
+    for k, c in enumerate(candidates):
+        r = simulate(c.model, c.layout, c.batch, c.seq, c.policy, c.profile, contention=contention,
+                     keep_timeline=False)
+        c.simulated = r.to_dict()
+        out.append(c.simulated)
+        if progress is not None:
+            progress(k + 1, len(candidates))
+    return out

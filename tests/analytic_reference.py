@@ -1,4 +1,5 @@
-"""The schedule's critical path, layer by layer, without SimPy: the engine's no-contention reference.
+"""Test reference: the schedule's critical path, layer by layer, without SimPy (the engine's
+no-contention reference; only the tests use it).
 
 Same inputs as the engine (one place per fact): per-phase critical times of the OpCost lists
 (`memo_sim.cost.layer_time.critical_time`), host copies at `host_copy_time` with every GPU of the
@@ -19,25 +20,28 @@ estimate's per-layer max(F, O) is an approximation.
 
 from __future__ import annotations
 
+from memo_sim.cost.boundary import boundary_times
+from memo_sim.cost.grad_sync import grad_sync
 from memo_sim.cost.layer_time import critical_time
-from memo_sim.cost.memory import DEFAULT_CLASSIFIER_CHUNK, memory_breakdown
+from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS
 from memo_sim.cost.transfer import host_copy_time
-from memo_sim.engine.schedules import boundary_times, grad_sync, layer_plan, representative_device
+from memo_sim.engine.schedules import layer_plan, representative_device
 from memo_sim.layout.parallel import Layout
+from memo_sim.memplan.footprint import memory_breakdown
 from memo_sim.model.config import ModelConfig
-from memo_sim.policy.policies import PolicyChoice
+from memo_sim.policy import Policy
 from memo_sim.profile.schema import HardwareProfile
 
 
-def analytic_iteration_time(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: PolicyChoice,
+def analytic_iteration_time(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy,
                             profile: HardwareProfile, *,
-                            classifier_chunk_tokens: int = DEFAULT_CLASSIFIER_CHUNK) -> float:
+                            classifier_chunk_tokens: int = CLASSIFIER_CHUNK_TOKENS) -> float:
     """Iteration seconds along the schedule's critical path with no link contention."""
     dev = representative_device(layout, profile)
     mem = memory_breakdown(model, layout, batch, seq, policy, profile, classifier_chunk_tokens,
                            active_gpus_per_node=dev.group)
     lp = layer_plan(model, layout, batch, seq, policy, profile, mem)
-    bt = boundary_times(model, layout, batch, seq, policy, profile)
+    bt = boundary_times(model, layout, batch, seq, profile)
     sync = grad_sync(model, layout, profile)
     f, b, r = critical_time(lp.forward), critical_time(lp.backward), critical_time(lp.recompute)
     o = host_copy_time(lp.offload_bytes, profile, "d2h", dev.group)
@@ -78,7 +82,7 @@ def analytic_iteration_time(model: ModelConfig, layout: Layout, batch: int, seq:
         if i in off_end:
             h2d = max(bwd_end.get(i + 2, 0.0), h2d) + p
             start = max(start, h2d)
-        rec = r if (policy.policy == "full_recompute" or (policy.policy == "memo" and i in off_end)) else 0.0
+        rec = r if policy.recomputes_layer(i, n) else 0.0
         c = start + rec + b
         bwd_end[i] = c
         if ag > 0 and i - 2 >= 0:

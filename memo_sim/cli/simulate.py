@@ -1,4 +1,4 @@
-"""Click commands of the simulator, for the ``memo-sim`` group (``register(cli)`` adds them all).
+"""memo-sim simulate, plot, sweep-alpha, sweep-seq: the event simulator from the command line.
 
 - ``memo-sim simulate plan.json --out DIR``: simulate the plan's iteration; write timeline.json,
   trace.json (Perfetto / chrome://tracing), gantt.png, memory.png and summary.json.
@@ -15,11 +15,11 @@ Sweeps show a progress bar on stderr.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
 
+from memo_sim.cli.common import progress_bar
 from memo_sim.errors import MemoError
 from memo_sim.fileio import atomic_write_json
 from memo_sim.units import fmt_bytes, fmt_count, fmt_time, parse_count
@@ -106,13 +106,6 @@ def plot_cmd(timeline_file, out_dir, layers_text, device):
     click.echo("wrote " + ", ".join(str(p) for p in written))
 
 
-def _progressbar(label: str, total: int):
-    """A click progress bar on stderr; its ``.step(done, total)`` fits the sweeps' ``progress`` callback."""
-    bar = click.progressbar(length=total, label=label, file=sys.stderr, show_pos=True)
-    bar.step = lambda done, _total: bar.update(done - bar.pos)
-    return bar
-
-
 def _parse_alphas(text: str) -> list[float]:
     try:
         vals = [float(x) for x in text.split(",") if x.strip()]
@@ -145,9 +138,9 @@ def sweep_alpha_cmd(plan_file, out_dir, alphas, profile_override):
 
     plan, profile = _load_plan_and_profile(plan_file, profile_override)
     vals = _parse_alphas(alphas)
-    with _progressbar("alpha sweep", len(vals)) as bar:
+    with progress_bar("alpha sweep", len(vals)) as step:
         results = sweep_alpha(plan.model, plan.layout, plan.batch, plan.seq_tokens, profile, vals,
-                              progress=bar.step)
+                              progress=lambda done, total: step())
     _write_sweep(Path(out_dir), "alpha_sweep", results, alpha_sweep_figure,
                  lambda r: f"alpha {r.policy.alpha:.3f}: {_summary_line(r)}")
 
@@ -161,7 +154,7 @@ def sweep_seq_cmd(plan_file, out_dir, seqs, profile_override):
     """Every policy at each sequence length for the plan's model and layout; plot MFU."""
     from memo_sim.engine.simulate import simulate
     from memo_sim.layout.parallel import check_layout
-    from memo_sim.policy.policies import POLICIES, PolicyChoice
+    from memo_sim.policy import get_policy, policy_class, policy_names
     from memo_sim.report.figures import mfu_vs_seq_figure
     from memo_sim.search.estimate import memo_alpha
 
@@ -173,26 +166,19 @@ def sweep_seq_cmd(plan_file, out_dir, seqs, profile_override):
         why = check_layout(plan.layout, plan.model, plan.layout.gpus, profile.node_gpus, s, plan.batch)
         if why:
             raise MemoError(f"--seqs: {fmt_count(s)} does not fit layout {plan.layout.label()}: {why}")
-    runs = [(s, p) for s in lens for p in POLICIES]
+    runs = [(s, p) for s in lens for p in policy_names()]
     results = []
-    with _progressbar("sequence sweep", len(runs)) as bar:
+    with progress_bar("sequence sweep", len(runs)) as step:
         for s, p in runs:
-            if p == "memo":
+            alpha = None
+            if policy_class(p).takes_alpha:  # at its solved alpha
                 a = memo_alpha(plan.model, plan.layout, plan.batch, s, profile)
-                choice = PolicyChoice("memo", a.alpha if a.feasible else 0.0)
-            else:
-                choice = PolicyChoice(p)
-            results.append(simulate(plan.model, plan.layout, plan.batch, s, choice, profile, keep_timeline=False))
-            bar.update(1)
+                alpha = a.alpha if a.feasible else 0.0
+            results.append(simulate(plan.model, plan.layout, plan.batch, s, get_policy(p, alpha), profile,
+                                    keep_timeline=False))
+            step()
     _write_sweep(Path(out_dir), "mfu_vs_seq", results, mfu_vs_seq_figure,
                  lambda r: f"{fmt_count(r.seq):>5} {r.policy.label():<18} {_summary_line(r)}")
 
 
 COMMANDS = (simulate_cmd, plot_cmd, sweep_alpha_cmd, sweep_seq_cmd)
-
-
-def register(group: click.Group) -> click.Group:
-    """Add the simulator's commands to ``group`` (the ``memo-sim`` CLI)."""
-    for c in COMMANDS:
-        group.add_command(c)
-    return group

@@ -1,0 +1,69 @@
+"""Shared pieces of the memo-sim commands: count options, model flags, the error-to-exit-2 group, progress."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+
+import click
+
+from memo_sim.errors import MemoError
+from memo_sim.model.config import ModelConfig, get_model
+from memo_sim.units import parse_count
+
+
+def count_option(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        return parse_count(value, f"--{param.name.replace('_', '-')}")
+    except MemoError as e:
+        raise click.BadParameter(str(e).split(": ", 1)[-1]) from None
+
+
+def model_options(f):
+    f = click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]),
+                     help="Override the model dtype (fp32 for plans run on a CPU profile).")(f)
+    f = click.option("--vocab", type=int, help="Override the vocabulary size.")(f)
+    f = click.option("--ffn", type=int, help="Override the FFN width.")(f)
+    f = click.option("--heads", type=int, help="Override the attention heads.")(f)
+    f = click.option("--hidden", type=int, help="Override the hidden size.")(f)
+    f = click.option("--layers", type=int, help="Override the number of layers (e.g. a 4-layer toy model).")(f)
+    f = click.option("--model", "model_name", default="gpt-7b", show_default=True,
+                     help="Preset name (memo-sim models) or a model .yaml/.json file.")(f)
+    return f
+
+
+def build_model(model_name: str, layers, hidden, heads, ffn, vocab, dtype=None) -> ModelConfig:
+    base = get_model(model_name)
+    over = {k: v for k, v in dict(layers=layers, hidden=hidden, heads=heads, ffn=ffn, vocab=vocab,
+                                  dtype=dtype).items() if v is not None}
+    if not over:
+        return base
+    d = base.to_dict()
+    d.update(over)
+    d["name"] = f"{base.name}-custom"
+    return ModelConfig.from_dict(d, source="model flags")
+
+
+def progress_bar(label: str, total: int, quiet: bool = False):
+    """A click progress bar on stderr; returns a context manager yielding a step() callable."""
+    @contextlib.contextmanager
+    def cm():
+        if quiet or total == 0:
+            yield lambda: None
+            return
+        with click.progressbar(length=total, label=label, file=sys.stderr) as bar:
+            yield lambda: bar.update(1)
+    return cm()
+
+
+class MemoGroup(click.Group):
+    """Turns MemoError into a one-line message and exit code 2."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except MemoError as e:
+            click.echo(f"error: {e}", err=True)
+            ctx.exit(2)

@@ -1,0 +1,48 @@
+"""memo-sim profiles, models, check-plan: what is there and whether a plan is valid."""
+
+from __future__ import annotations
+
+import click
+
+from memo_sim.model.config import PRESETS
+from memo_sim.plan.schema import read_plan
+from memo_sim.profile.loader import list_profiles, load_profile
+from memo_sim.report.table import render_table
+from memo_sim.units import fmt_bytes, fmt_count, fmt_time
+
+
+@click.command()
+def profiles():
+    """List the hardware profiles memo can find."""
+    rows = []
+    for name, path in sorted(list_profiles().items()):
+        try:
+            p = load_profile(path)
+            rows.append([name, p.gpu.model, fmt_bytes(p.gpu_memory), f"{p.peak() / 1e12:.0f}",
+                         str(p.node_gpus), fmt_bytes(float(p.host.memory_bytes)), str(path)])
+        except MemoError as e:
+            rows.append([name, f"INVALID: {e}", "", "", "", "", str(path)])
+    click.echo(render_table(["name", "gpu", "memory", "bf16 TFLOP/s", "gpus/node", "host/node", "file"], rows))
+
+
+@click.command()
+def models():
+    """List the model presets."""
+    rows = [[m.name, str(m.layers), str(m.hidden), str(m.heads), str(m.n_kv_heads), str(m.ffn), m.ffn_type,
+             str(m.vocab), f"{m.params() / 1e9:.2f}B"] for m in PRESETS.values()]
+    click.echo(render_table(["name", "layers", "hidden", "heads", "kv_heads", "ffn", "ffn_type", "vocab", "params"],
+                            rows))
+
+
+@click.command("check-plan")
+@click.argument("plan_file", type=click.Path(dir_okay=False))
+def check_plan(plan_file):
+    """Validate a plan.json and summarise it."""
+    plan = read_plan(plan_file)
+    p = plan.predicted
+    click.echo(f"{plan_file}: valid {plan.model.name}, {fmt_count(plan.seq_tokens)} tokens, {plan.gpus} GPUs, "
+               f"{plan.layout.label()}, {plan.policy.label()}, predicted {p.get('status')} "
+               f"{fmt_time(p.get('iteration_s', 0.0))}/iter, MFU {100 * p.get('mfu', 0.0):.1f}%")
+
+
+COMMANDS = (profiles, models, check_plan)

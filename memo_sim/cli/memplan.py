@@ -1,0 +1,99 @@
+"""memo-sim memplan: MEMO's bi-level static memory plan, or any DSA problem from a CSV or trace."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from memo_sim.cli.common import build_model, count_option, model_options
+from memo_sim.errors import MemoError
+from memo_sim.fileio import atomic_write_json
+from memo_sim.policy import policy_names
+from memo_sim.profile.loader import load_profile
+from memo_sim.units import fmt_bytes, fmt_time
+
+
+@click.command()
+@model_options
+@click.option("--csv", "csv_file", type=click.Path(dir_okay=False), help="Plan an id,lower,upper,size CSV instead.")
+@click.option("--trace", "trace_file", type=click.Path(dir_okay=False), help="Plan a memo-trace JSON instead.")
+@click.option("--seq", default="256K", callback=count_option, show_default=True, help="Sequence length.")
+@click.option("--batch", default=1, show_default=True, type=int)
+@click.option("--tp", default=8, show_default=True, type=int)
+@click.option("--cp", default=1, show_default=True, type=int)
+@click.option("--ulysses", default=1, show_default=True, type=int)
+@click.option("--sp/--no-sp", default=True, show_default=True)
+@click.option("--policy", default="memo", show_default=True, type=click.Choice(policy_names()))
+@click.option("--alpha", default=0.5, show_default=True, type=click.FloatRange(0, 1))
+@click.option("--profile", "profile_name", default="a800-80gb", show_default=True,
+              help="Profile whose GPU capacity the caching-allocator baseline uses.")
+@click.option("--time-limit", default=10.0, show_default=True, type=click.FloatRange(0.1, 3600),
+              help="Seconds per DSA solve.")
+@click.option("--solver", default="auto", show_default=True,
+              type=click.Choice(["auto", "search", "mip-highs", "mip-cbc", "greedy"]))
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False),
+              help="Also draw the layout (address over time) as PNG here.")
+def memplan(model_name, layers, hidden, heads, ffn, vocab, dtype, csv_file, trace_file, seq, batch, tp, cp, ulysses, sp,
+            policy, alpha, profile_name, time_limit, solver, as_json, out_dir):
+    """Static memory plan (MEMO's bi-level MIP) for a model/layout/policy, or for a trace/CSV file."""
+    from memo_sim.layout.parallel import Layout, check_layout
+    from memo_sim.memplan.caching_allocator import AllocatorConfig, replay
+    from memo_sim.memplan.solve import solve_dsa
+    from memo_sim.memplan.trace import RequestTrace
+    from memo_sim.policy import get_policy, policy_class
+    from memo_sim.report.memplan_figure import draw_placement
+
+    profile = load_profile(profile_name)
+    cap = int(profile.usable_gpu_memory)
+    figures = []
+    if csv_file or trace_file:
+        if csv_file and trace_file:
+            raise MemoError("give either --csv or --trace, not both")
+        trace = RequestTrace.read_csv(csv_file) if csv_file else RequestTrace.read_json(trace_file)
+        sol = solve_dsa(trace, time_limit_s=time_limit, solver=solver)
+        base = replay(trace, AllocatorConfig(capacity_bytes=max(cap, 4 * trace.max_live_bytes())))
+        result = {"source": csv_file or trace_file, "buffers": len(trace), **sol.to_json_obj(),
+                  "caching_allocator": _allocator_summary(base)}
+        if out_dir:
+            figures.append(str(draw_placement(trace, sol.offsets, int(sol.peak_bytes),
+                                              Path(out_dir) / "memplan.png")))
+    else:
+        from memo_sim.memplan.planner import plan_memory
+        from memo_sim.memplan.baseline import caching_allocator_layer_report
+
+        model = build_model(model_name, layers, hidden, heads, ffn, vocab, dtype)
+        lay = Layout(tp=tp, cp=cp, ulysses=ulysses, sp=sp)
+        why = check_layout(lay, model, lay.gpus, profile.node_gpus, seq, batch)
+        if why:
+            raise MemoError(f"layout {lay.label()}: {why}")
+        pol = get_policy(policy, alpha if policy_class(policy).takes_alpha else None)
+        plan = plan_memory(model, lay, batch, seq, pol, time_limit_s=time_limit, solver=solver)
+        # baseline: the caching allocator on one layer's forward + backward requests
+        base = caching_allocator_layer_report(model, lay, batch, seq, pol, cap)
+        result = {"model": model.name, "layout": lay.label(), "policy": pol.label(), "seq_tokens": seq,
+                  **plan.summary(), "arena_bytes": plan.arena_bytes,
+                  "caching_allocator_layer": _allocator_summary(base)}
+        if out_dir:
+            for name, sol, tr in (("fwd", plan.fwd, plan.fwd_trace), ("bwd", plan.bwd, plan.bwd_trace),
+                                  ("model", plan.model, plan.model_trace)):
+                figures.append(str(draw_placement(tr, sol.offsets, int(sol.peak_bytes),
+                                                  Path(out_dir) / f"memplan-{name}.png")))
+    result["figures"] = figures
+    if as_json:
+        click.echo(json.dumps(result, indent=1))
+        return
+    for k, v in result.items():
+        if isinstance(v, dict) and "offsets" in v:
+            v = {kk: vv for kk, vv in v.items() if kk != "offsets"}
+        if k == "offsets":
+            continue
+        click.echo(f"{k}: {v}")
+
+
+def _allocator_summary(rep) -> dict:
+    return {"peak_allocated_bytes": rep.peak_allocated_bytes, "peak_reserved_bytes": rep.peak_reserved_bytes,
+            "fragmentation_at_peak": rep.fragmentation_at_peak, "num_reorganizations": rep.num_reorganizations,
+            "num_cuda_malloc": rep.num_cuda_malloc, "oom": rep.oom}

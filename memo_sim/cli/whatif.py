@@ -1,0 +1,144 @@
+"""memo-sim whatif: rank layouts x policies x alpha, simulate the best, write plan.json."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import click
+
+from memo_sim.cli.common import build_model, count_option, model_options, progress_bar
+from memo_sim.errors import MemoError
+from memo_sim.plan.schema import write_plan
+from memo_sim.policy import policy_names
+from memo_sim.profile.loader import load_profile
+from memo_sim.report.table import render_table, status_text
+from memo_sim.units import fmt_bytes, fmt_count, fmt_time
+
+
+@click.command()
+@model_options
+@click.option("--seq", default="256K", callback=count_option, show_default=True, help="Sequence length (4K, 256K, 1M).")
+@click.option("--gpus", default=8, show_default=True, type=int, help="Number of GPUs.")
+@click.option("--profile", "profile_name", default="a800-80gb", show_default=True, help="Hardware profile.")
+@click.option("--batch", default=1, show_default=True, type=int, help="Sequences per data-parallel replica per iteration.")
+@click.option("--tp", type=int, help="Fix the tensor-parallel degree.")
+@click.option("--cp", type=int, help="Fix the (ring) context-parallel degree.")
+@click.option("--ulysses", type=int, help="Fix the Ulysses sequence-parallel degree.")
+@click.option("--dp", type=int, help="Fix the data-parallel degree.")
+@click.option("--zero", type=click.IntRange(0, 3), help="Fix the ZeRO stage.")
+@click.option("--sp/--no-sp", default=None, help="Fix Megatron sequence parallelism on or off.")
+@click.option("--policy", "policies", multiple=True, type=click.Choice(policy_names()),
+              help="Only these activation policies (repeatable).")
+@click.option("--alpha", type=click.FloatRange(0, 1), help="Fix MEMO's offload fraction alpha.")
+@click.option("--top", default=15, show_default=True, type=int, help="Rows to print.")
+@click.option("--json", "as_json", is_flag=True, help="Print the ranked candidates as JSON.")
+@click.option("--out", "out_dir", default=".", show_default=True, type=click.Path(file_okay=False),
+              help="Folder for plan.json.")
+@click.option("--no-plan", is_flag=True, help="Do not write plan.json.")
+@click.option("--simulate-top", default=8, show_default=True, type=click.IntRange(0, 10000),
+              help="Tier 2: simulate this many of the best analytic candidates in the event simulator (0: none).")
+@click.option("--sweep-alpha", is_flag=True,
+              help="Simulate MEMO at alpha = 0, 0.125, ..., 1 for the (best) fixed layout; writes alpha_sweep.png.")
+def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, seq, gpus, profile_name, batch, tp, cp, ulysses, dp,
+           zero, sp, policies, alpha, top, as_json, out_dir, no_plan, simulate_top, sweep_alpha):
+    """Rank layouts x policies x alpha for a model, sequence length and cluster; write plan.json."""
+    from memo_sim.search.whatif import candidates_for
+
+    t0 = time.perf_counter()
+    model = build_model(model_name, layers, hidden, heads, ffn, vocab, dtype)
+    profile = load_profile(profile_name)
+    profile.peak(model.dtype)  # a clear error if the profile has no peak for the model's dtype
+    if batch < 1:
+        raise MemoError("--batch must be at least 1")
+    result = candidates_for(model, seq, gpus, profile, batch=batch, tp=tp, cp=cp, ulysses=ulysses, dp=dp,
+                            zero=zero, sp=sp, policies=tuple(policies) or policy_names(), alpha=alpha)
+    if sweep_alpha:
+        return _sweep_alpha(model, seq, batch, profile, result, as_json, out_dir, t0)
+    n_sim = 0
+    if simulate_top:
+        from memo_sim.search.whatif import simulate_candidates
+
+        head = [c for c in result.candidates if c.memory.status == "OK"][:simulate_top]
+        with progress_bar("simulating", len(head), quiet=as_json) as step:
+            simulate_candidates(head, progress=lambda done, total: step())
+        n_sim = len(head)
+        sim = sorted(head, key=lambda c: c.sort_key())
+        rest = [c for c in result.candidates if c not in head]
+        result.candidates = sim + rest
+    best = result.best
+    plan_path = None
+    if best is not None and not no_plan:
+        plan = best.to_plan()
+        if best.policy.static_memory_plan:  # MEMO places its transient tensors by the bi-level static plan
+            from memo_sim.memplan.planner import plan_memory
+
+            plan.memory_plan = plan_memory(model, best.layout, best.batch, seq, best.policy,
+                                           time_limit_s=10.0).to_plan_json()
+        plan_path = write_plan(plan, Path(out_dir) / "plan.json")
+    elapsed = time.perf_counter() - t0
+    if as_json:
+        obj = {"model": model.to_dict(), "seq_tokens": seq, "gpus": gpus, "batch": batch, "profile": profile.name,
+               "elapsed_s": elapsed, "simulated_candidates": n_sim, "plan_file": str(plan_path) if plan_path else None,
+               "candidates": [dict(rank=i + 1, **c.to_json()) for i, c in enumerate(result.candidates)],
+               "rejected_layouts": [{"layout": lay.label(), "reason": why} for lay, why in result.rejected_layouts]}
+        click.echo(json.dumps(obj, indent=1))
+        return
+    click.echo(f"{model.name} ({model.params() / 1e9:.2f}B params), {fmt_count(seq)} tokens x {batch}, "
+               f"{gpus} x {profile.gpu.model} ({profile.name})")
+    rows = []
+    for i, c in enumerate(result.candidates[:top]):
+        e, m, sm = c.estimate, c.memory, c.simulated
+        rows.append([str(i + 1), c.layout.label(), c.policy.name,
+                     "-" if c.policy.alpha is None else f"{c.policy.alpha:.3f}",
+                     status_text(c.status, c.over_bytes), fmt_time(e.iteration_s),
+                     fmt_time(sm["iteration_s"]) if sm else "-",
+                     f"{100 * (sm['mfu'] if sm else e.mfu):.1f}%",
+                     f"{(sm['tgs_tokens_per_gpu_s'] if sm else e.tgs):.0f}",
+                     fmt_bytes(sm["peak_gpu_bytes"] if sm else m.peak_gpu_bytes), fmt_bytes(m.host_bytes_per_node),
+                     fmt_time(sm["exposed_copy_s"] if sm else e.exposed_copy_s)])
+    click.echo(render_table(["#", "layout", "policy", "alpha", "status", "iter (analytic)", "iter (sim)", "MFU",
+                             "TGS", "peak GPU", "host/node", "copy stall"], rows))
+    n_ok = sum(c.status == "OK" for c in result.candidates)
+    click.echo(f"{len(result.candidates)} candidates ({n_ok} fit), {len(result.rejected_layouts)} layouts rejected; "
+               f"tier 1 analytic (perfect overlap, no contention), tier 2 simulated: top {n_sim} "
+               f"(MFU, TGS, peak GPU and copy stall from the simulation where present); {elapsed:.2f} s")
+    if best is None:
+        click.echo("no candidate fits this cluster: no plan.json written. Try more GPUs, a shorter sequence, "
+                   "or --policy memo.")
+    elif plan_path:
+        click.echo(f"best: {best.layout.label()} {best.policy.label()} -> {plan_path}")
+        if best.alpha_note:
+            click.echo(f"  alpha: {best.alpha_note}")
+
+
+def _sweep_alpha(model, seq, batch, profile, result, as_json, out_dir, t0):
+    from memo_sim.engine.simulate import DEFAULT_ALPHAS, sweep_alpha
+    from memo_sim.report.figures import alpha_sweep_figure
+
+    memo = [c for c in result.candidates if c.policy.takes_alpha]
+    if not memo:
+        raise MemoError("--sweep-alpha needs the memo policy among --policy")
+    layout = memo[0].layout
+    layouts = {c.layout for c in result.candidates}
+    with progress_bar("alpha sweep", len(DEFAULT_ALPHAS), quiet=as_json) as step:
+        res = sweep_alpha(model, layout, batch, seq, profile, DEFAULT_ALPHAS, progress=lambda d, t: step())
+    png = alpha_sweep_figure(res, Path(out_dir) / "alpha_sweep.png")
+    solved = memo[0].policy.alpha
+    if as_json:
+        click.echo(json.dumps({"model": model.to_dict(), "seq_tokens": seq, "profile": profile.name,
+                               "layout": layout.label(), "layout_degrees": layout.to_dict(),
+                               "layout_note": "fixed by flags" if len(layouts) == 1 else
+                               f"best of {len(layouts)} valid layouts (fix --tp/--cp/--dp/--zero to choose)",
+                               "solver_alpha": solved, "figure": str(png),
+                               "sweep": [r.to_dict() for r in res], "elapsed_s": time.perf_counter() - t0},
+                              indent=1))
+        return
+    click.echo(f"{model.name}, {fmt_count(seq)} tokens, {layout.label()} on {profile.name}: MEMO alpha sweep "
+               f"(solver's alpha {solved:.3f})")
+    rows = [[f"{r.policy.alpha:.3f}", status_text(r.status, 0.0) if r.status == "OK" else r.status,
+             fmt_time(r.iteration_s), f"{100 * r.mfu:.1f}%", fmt_bytes(r.peak_gpu_bytes),
+             fmt_bytes(r.peak_host_bytes_per_node), fmt_time(r.exposed_copy_s)] for r in res]
+    click.echo(render_table(["alpha", "status", "iter (sim)", "MFU", "peak GPU", "host/node", "copy stall"], rows))
+    click.echo(f"figure: {png}")

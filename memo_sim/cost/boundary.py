@@ -1,0 +1,53 @@
+"""Non-layer work of one iteration on one GPU: embedding, chunked classifier, optimizer step.
+
+- embedding: a memory-bound pass over 2·tokens·h·bytes, half in forward (lookup) and half in
+  backward (gradient scatter);
+- classifier: forward + backward of the vocabulary projection (3x its forward GEMM FLOPs, split
+  over TP and the sequence split) plus a memory-bound pass over the logits (model dtype) and
+  their fp32 softmax and gradient;
+- optimizer: Adam reads and writes master weights, moments, weights and gradients of the
+  parameter shard this GPU updates (everything over TP, and over DP x CP x Ulysses from ZeRO-1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memo_sim.cost.activations import tokens_per_gpu
+from memo_sim.cost.flops import classifier_flops
+from memo_sim.cost.kernel_time import gemm_time, memory_bound_time
+from memo_sim.cost.memory import BYTES_GRAD, BYTES_OPTIM, BYTES_WEIGHT, CLASSIFIER_BYTES_PER_LOGIT_FP32
+from memo_sim.layout.parallel import Layout
+from memo_sim.model.config import ModelConfig
+from memo_sim.model.layer_graph import DTYPE_BYTES
+from memo_sim.profile.schema import HardwareProfile
+
+
+@dataclass(frozen=True)
+class BoundaryTimes:
+    """Seconds on one GPU, each alone at full speed."""
+
+    embedding: float  # forward + backward
+    classifier: float  # forward + backward, all chunks
+    optimizer: float
+
+    @property
+    def embedding_fwd(self) -> float:
+        return self.embedding / 2
+
+    @property
+    def embedding_bwd(self) -> float:
+        return self.embedding / 2
+
+
+def boundary_times(model: ModelConfig, layout: Layout, batch: int, seq: int,
+                   profile: HardwareProfile) -> BoundaryTimes:
+    toks = tokens_per_gpu(layout, batch, seq)
+    dt = DTYPE_BYTES[model.dtype]
+    emb = memory_bound_time(2 * toks * model.hidden * dt, profile)
+    cls_flops = classifier_flops(model, batch, seq) / (layout.tp * layout.seq_split)
+    cls = 3 * gemm_time(cls_flops, profile, model.dtype) + memory_bound_time(
+        toks * model.vocab / layout.tp * (dt + CLASSIFIER_BYTES_PER_LOGIT_FP32), profile)
+    shard = model.params() / layout.tp / (layout.state_shards if layout.zero >= 1 else 1)
+    optim = memory_bound_time(2 * (BYTES_OPTIM + BYTES_WEIGHT + BYTES_GRAD) * shard, profile)
+    return BoundaryTimes(emb, cls, optim)

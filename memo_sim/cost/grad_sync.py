@@ -1,0 +1,55 @@
+"""Gradient and weight collectives over the group that holds the same weights (DP x CP x Ulysses).
+
+- gradient buckets: all-reduce, or reduce-scatter from ZeRO-2 on; one bucket per layer and one
+  for the embedding/classifier (the schedule), or all gradients at once (``all_grads``, the
+  analytic estimate's exposed tail is its 1/n share);
+- ZeRO-3: each layer's bf16 weights all-gathered before its forward and again before its backward;
+- ZeRO-1/2: the updated bf16 weights all-gathered after the optimizer step.
+
+Seconds alone on the group's link (NVLink inside a node, the inter-node link across nodes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memo_sim.cost import collectives as coll
+from memo_sim.cost.memory import BYTES_GRAD, BYTES_WEIGHT
+from memo_sim.layout.parallel import Layout
+from memo_sim.model.config import ModelConfig
+from memo_sim.profile.schema import HardwareProfile
+
+
+@dataclass(frozen=True)
+class GradSync:
+    link: str  # nvlink | internode
+    layer_grad: float  # one layer's gradient bucket
+    embedding_grad: float
+    all_grads: float  # every gradient in one collective
+    layer_gather: float  # ZeRO-3: one layer's bf16 weights
+    param_gather: float  # ZeRO-1/2: every updated bf16 weight after the step
+
+    @property
+    def active(self) -> bool:
+        return self.layer_grad > 0
+
+
+def grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile) -> GradSync:
+    g = layout.state_shards
+    link = coll.group_link(profile, g, layout.tp)
+    bw, lat = float(link.bandwidth), float(link.latency)
+    if g <= 1:
+        return GradSync(coll.link_kind(profile, link), 0.0, 0.0, 0.0, 0.0, 0.0)
+
+    def reduce(nbytes: float) -> float:
+        if layout.zero >= 2:
+            return coll.ring_reduce_scatter_time(nbytes, g, bw, lat)
+        return coll.allreduce_time(nbytes, g, bw, lat)
+
+    layer_p = model.layer_params() / layout.tp
+    emb_p = model.embedding_params() / layout.tp
+    all_p = model.params() / layout.tp
+    gather = coll.ring_allgather_time(BYTES_WEIGHT * layer_p, g, bw, lat) if layout.zero >= 3 else 0.0
+    params = coll.ring_allgather_time(BYTES_WEIGHT * all_p, g, bw, lat) if layout.zero in (1, 2) else 0.0
+    return GradSync(coll.link_kind(profile, link), reduce(BYTES_GRAD * layer_p), reduce(BYTES_GRAD * emb_p),
+                    reduce(BYTES_GRAD * all_p), gather, params)

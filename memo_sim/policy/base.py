@@ -1,0 +1,130 @@
+"""The activation-policy interface: what a policy keeps, offloads and recomputes, once.
+
+A policy decides what happens to a layer's skeletal activations between its forward and its
+backward. Each policy is one module (`store_all`, `full_recompute`, `full_offload`, `memo`)
+registered by name in `memo_sim.policy.registry`; the cost model, the memory accounting, the
+request traces, the event schedule and the executor ask the policy object and never branch on
+its name.
+
+Byte arguments ``sk`` are one layer's per-GPU skeletal bytes by MEMO role, as
+`memo_sim.cost.activations.skeletal_bytes` returns them: ``input`` (the layer input x),
+``attn`` (attention output), ``other`` (the rest, split token-wise by MEMO), ``lse`` (the
+attention log-sum-exp, kept on the GPU by every policy) and ``total`` (input + attn + other).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
+
+from memo_sim.cost.layer_time import OpCost
+from memo_sim.errors import MemoError
+from memo_sim.layout.parallel import Layout
+from memo_sim.model.config import ModelConfig
+from memo_sim.policy.rounding_buffers import offloaded_layer_count
+from memo_sim.profile.schema import HardwareProfile
+
+
+class ModelSteps(Protocol):
+    """Step indices of the whole-model (level-2) request trace, given by the trace builder."""
+
+    def fwd(self, layer: int) -> int: ...
+
+    def bwd(self, layer: int) -> int: ...
+
+    @property
+    def end_of_backward(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class Policy:
+    """One activation policy; ``alpha`` only for policies that take it (MEMO)."""
+
+    alpha: float | None = None
+
+    name: ClassVar[str] = "base"
+    takes_alpha: ClassVar[bool] = False
+    offloads: ClassVar[bool] = False  # skeletal bytes go to host after the forward
+    recomputes_attention: ClassVar[bool] = False  # the whole layer forward re-runs before backward
+    static_memory_plan: ClassVar[bool] = False  # transients placed by MEMO's bi-level plan
+    summary: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        if self.takes_alpha:
+            a = self.alpha
+            if isinstance(a, bool) or not isinstance(a, (int, float)) or not (0.0 <= a <= 1.0):
+                raise MemoError(f"alpha must lie in [0, 1] for the {self.name} policy, got {a!r}")
+        elif self.alpha is not None:
+            raise MemoError(f"alpha applies only to the memo policy, not {self.name}")
+
+    # -- what moves where ---------------------------------------------------------------------------
+    @property
+    def offload_fraction_other(self) -> float:
+        """Share of the role-"other" skeletal bytes copied to host (input and attn go whole)."""
+        return 0.0
+
+    @property
+    def recompute_fraction(self) -> float:
+        """Share of the tokens whose non-input skeletal tensors are rebuilt before backward."""
+        return 0.0
+
+    def offloaded_layers(self, n_layers: int) -> int:
+        """Layers 0 .. k-1 go to host (the last ones go straight into backward)."""
+        return offloaded_layer_count(n_layers) if self.offloads else 0
+
+    def recomputes_layer(self, layer: int, n_layers: int) -> bool:
+        return False
+
+    def offload_bytes(self, sk: dict[str, float]) -> float:
+        """Bytes of one layer copied to host (one GPU)."""
+        if not self.offloads:
+            return 0.0
+        return sk["input"] + sk["attn"] + self.offload_fraction_other * sk["other"]
+
+    def recompute_costs(self, model: ModelConfig, layout: Layout, batch: int, seq: int,
+                        profile: HardwareProfile) -> list[OpCost]:
+        """The ops re-run before a recomputing layer's backward."""
+        return []
+
+    # -- GPU memory -----------------------------------------------------------------------------------
+    def resident_bytes(self, sk: dict[str, float], n_layers: int) -> float:
+        """Skeletal bytes kept on the GPU across layers (all layers together)."""
+        return 0.0
+
+    def buffer_bytes(self, sk: dict[str, float]) -> float:
+        """Static working buffers for skeletal tensors (rounding buffers, recompute buffer)."""
+        return 0.0
+
+    def forward_kept(self, sk: dict[str, float]) -> list[tuple[str, float]]:
+        """(tensor, bytes) a layer allocates at its forward and frees after its backward."""
+        return [("lse", sk["lse"])]
+
+    def recompute_allocated(self, sk: dict[str, float]) -> list[tuple[str, float]]:
+        """(tensor, bytes) allocated when the recompute starts, freed after the backward."""
+        return []
+
+    def static_gpu(self, sk: dict[str, float]) -> list[tuple[str, float]]:
+        """(tensor, bytes) allocated before the iteration and held throughout."""
+        return []
+
+    # -- whole-model request trace (level 2 of the memory plan) ----------------------------------------
+    def layer_blocks(self, sk: dict[str, float]) -> list[tuple[str, float]]:
+        """Per-layer skeletal blocks, live from the layer's forward to its backward (besides lse)."""
+        return []
+
+    def shared_blocks(self, sk: dict[str, float], steps: ModelSteps,
+                      n_layers: int) -> list[tuple[str, float, int, int]]:
+        """Skeletal blocks shared by all layers: (name, bytes, first step, end step)."""
+        return []
+
+    # -- naming --------------------------------------------------------------------------------------
+    @property
+    def policy(self) -> str:
+        """TEMPORARY: the name under plan.json's key, while the executor moves to ``.name``."""
+        return self.name
+
+    def label(self) -> str:
+        return self.name
+
+    def to_dict(self) -> dict:
+        return {"policy": self.name, "alpha": self.alpha}
