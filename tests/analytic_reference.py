@@ -6,7 +6,9 @@ Same inputs as the engine (one place per fact): per-phase critical times of the 
 node copying, boundary and gradient-collective times from `memo_sim.engine.schedules`. The same
 dependencies as `build_iteration`, at layer granularity, as a max-plus recurrence:
 
-    fwd_start(i)   = max(fwd_end(i-1), offload_end(i-2), zero3_gather_end(i))
+    fwd_start(i)   = max(fwd_end(i-1), zero3_gather_end(i))
+    fwd_end(i)     = max(fwd_start(i) + F - F_last, offload_end(i-1)) + F_last
+                     (F_last: the op writing layer i+1's input into the rounding buffer)
     offload_end(i) = max(fwd_end(i), offload_end(i-1)) + O            (i < n-2, offloading policies)
     prefetch_end(i)= max(bwd_end(i+2), prefetch_end(i+1)) + P
     bwd_end(i)     = max(bwd_end(i+1), prefetch_end(i), zero3_gather_end(i)) + R(i) + Bw
@@ -30,6 +32,7 @@ from memo_sim.layout.parallel import Layout
 from memo_sim.memplan.footprint import memory_breakdown
 from memo_sim.model.config import ModelConfig
 from memo_sim.policy import Policy
+from memo_sim.policy.rounding_buffers import output_write_waits_for
 from memo_sim.profile.schema import HardwareProfile
 
 
@@ -59,9 +62,12 @@ def analytic_iteration_time(model: ModelConfig, layout: Layout, batch: int, seq:
         if ag > 0:
             dp = max(dp, fwd_end.get(i - 2, 0.0)) + ag
             start = max(start, dp)
-        if i - 2 in off_end:
-            start = max(start, off_end[i - 2])
-        c = start + f
+        last = lp.forward[-1].seconds
+        c = start + f - last
+        j = output_write_waits_for(i, n)
+        if j in off_end:
+            c = max(c, off_end[j])
+        c += last
         fwd_end[i] = c
         if i < lp.offloaded_layers and lp.offload_bytes > 0:
             d2h = max(c, d2h) + o

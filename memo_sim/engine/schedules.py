@@ -18,8 +18,9 @@ offloads and recomputes, and never branches on its name):
 - ``full_offload`` and ``memo``: two rounding buffers (static, from `memory_breakdown`), even
   layers in buffer 0, odd in buffer 1, with the copies' dependencies of
   `memo_sim.policy.rounding_buffers` (shared with the executor). After layer i's forward its
-  host bytes go out on the ``d2h`` stream (offload) while layer i+1 computes; layer i+2's forward
-  waits on that copy (the CUDA event of the paper). In backward the prefetch of layer i on the
+  host bytes go out on the ``d2h`` stream (offload) while layer i+1 computes; the last op of
+  layer i+1's forward, which writes layer i+2's input into buffer i%2, waits on that copy (the
+  CUDA event of the paper). In backward the prefetch of layer i on the
   ``h2d`` stream starts after layer i+2's backward (buffer i%2 is free) and runs while layer
   i+1's backward computes; memo then recomputes the dropped (1 - alpha) tokens
   (`recompute_costs`) before layer i's backward. The last two layers are neither offloaded nor recomputed: their
@@ -70,7 +71,7 @@ from memo_sim.layout.parallel import Layout
 from memo_sim.memplan.footprint import MemoryBreakdown, memory_breakdown
 from memo_sim.model.config import ModelConfig
 from memo_sim.policy.base import Policy
-from memo_sim.policy.rounding_buffers import KEPT_LAYERS
+from memo_sim.policy.rounding_buffers import KEPT_LAYERS, output_write_waits_for, prefetch_after_backward_of
 from memo_sim.profile.schema import HardwareProfile
 from memo_sim.timeline import STREAMS  # noqa: F401  (re-exported: the engine's streams)
 
@@ -100,15 +101,19 @@ def collective_link(cost: OpCost, layout: Layout, profile: HardwareProfile) -> s
 def emit_chain(g: OpGraph, costs: list[OpCost], *, device: int, layer: int | None, phase: str,
                deps: list[Op], layout: Layout, profile: HardwareProfile,
                mem_start: tuple[MemAction, ...] = (), mem_end: tuple[MemAction, ...] = (),
+               last_deps: list[Op] = (),
                ) -> tuple[list[Op], list[Op]]:
-    """Add one phase's OpCost list with the dependencies of `chain_dependencies`; return (its
-    ops, what the next op waits on)."""
+    """Add one phase's OpCost list with the dependencies of `chain_dependencies`, the phase's
+    last op also waiting for ``last_deps``; return (its ops, what the next op waits on)."""
     ops: list[Op] = []
     last = len(costs) - 1
     for k, (c, within) in enumerate(zip(costs, chain_dependencies(costs))):
         kind = "compute" if c.stream == "compute" else "comm"
+        op_deps = [ops[j] for j in within] if within else list(deps)
+        if k == last:
+            op_deps += list(last_deps)
         op = g.add(c.name, device=device, stream=c.stream, kind=kind, phase=phase, layer=layer, work=c.seconds,
-                   deps=[ops[j] for j in within] if within else list(deps), nbytes=c.nbytes, flops=c.flops,
+                   deps=op_deps, nbytes=c.nbytes, flops=c.flops,
                    link=None if kind == "compute" else collective_link(c, layout, profile),
                    mem_start=mem_start if k == 0 else (), mem_end=mem_end if k == last else ())
         ops.append(op)
@@ -182,11 +187,12 @@ def build_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, po
     for name, nbytes in policy.static_gpu(sk):
         g.add_static(d, MemAction("gpu", name, nbytes))
 
-    def chain(costs, layer, phase, deps, kept: tuple[MemAction, ...] = (), freed: tuple[MemAction, ...] = ()):
+    def chain(costs, layer, phase, deps, kept: tuple[MemAction, ...] = (), freed: tuple[MemAction, ...] = (),
+              last_deps: list[Op] = ()):
         work = MemAction("gpu", f"L{layer}.{phase}.working", lp.working_bytes)
         ops, tail = emit_chain(g, costs, device=d, layer=layer, phase=phase, deps=deps, layout=layout,
                                profile=profile, mem_start=kept + (work,),
-                               mem_end=(MemAction("gpu", work.tensor, -work.nbytes),) + freed)
+                               mem_end=(MemAction("gpu", work.tensor, -work.nbytes),) + freed, last_deps=last_deps)
         if ops:
             sched.phases[(layer, phase)] = ops
         return tail
@@ -207,9 +213,10 @@ def build_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, po
         if sync.layer_gather > 0:
             gather_f[i] = dp_op("allgather_weights", i, sync.layer_gather, fwd_tail.get(i - 2, []), "weight_gather")
             deps.append(gather_f[i])
-        if i >= 2 and (i - 2) in offload:
-            deps.append(offload[i - 2])  # buffer i%2 must be on the host before layer i rewrites it
-        tail = chain(lp.forward, i, "fwd", deps, gpu(i, policy.forward_kept(sk)))
+        # the op writing layer i+1's input into buffer (i+1)%2 waits until offload(i-1) has read it
+        j = output_write_waits_for(i, n)
+        tail = chain(lp.forward, i, "fwd", deps, gpu(i, policy.forward_kept(sk)),
+                     last_deps=[offload[j]] if j in offload else [])
         fwd_tail[i] = tail
         if i < lp.offloaded_layers and lp.offload_bytes > 0:
             op = g.add("offload", device=d, stream="d2h", kind="copy", phase="offload", layer=i,
@@ -239,7 +246,8 @@ def build_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, po
         if i in offload:
             pf = g.add("prefetch", device=d, stream="h2d", kind="copy", phase="prefetch", layer=i,
                        work=lp.offload_bytes, nbytes=lp.offload_bytes, direction="h2d",
-                       deps=bwd_end.get(i + 2, []),  # buffer i%2 is free once layer i+2's backward is done
+                       # buffer i%2 is free once layer i+2's backward is done
+                       deps=bwd_end[prefetch_after_backward_of(i, n)],
                        mem_end=(MemAction("host", f"L{i}.offload", -lp.host_block_bytes),))
             sched.copies[(i, "prefetch")] = pf
             deps.append(pf)
