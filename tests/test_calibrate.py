@@ -100,13 +100,8 @@ def test_pinned_rounding_classifier():
 
 # ---------------------------------------------------------------------------------- CPU calibration
 @pytest.fixture(scope="module")
-def cpu_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("calib")
-    raw = out / "raw.json"
-    r = CliRunner().invoke(calibrate_cmd, ["--device", "cpu", "--quick", "--name", "cpu-test", "--out-dir",
-                                           str(out), "--raw-out", str(raw)])
-    assert r.exit_code == 0, r.output
-    return out, r, json.loads(raw.read_text())
+def cpu_run(cpu_calibration):
+    return cpu_calibration
 
 
 def test_cpu_quick_writes_a_profile_the_simulator_loads(cpu_run):

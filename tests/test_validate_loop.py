@@ -19,11 +19,8 @@ def test_kendall_tau():
     assert kendall_tau([1], [2]) is None
 
 
-def test_cpu_calibrate_plan_run_compare(tmp_path):
-    r = CliRunner().invoke(exec_cli, ["calibrate", "--device", "cpu", "--quick", "--name", "cpu-ci",
-                                      "--out-dir", str(tmp_path)])
-    assert r.exit_code == 0, r.output
-    prof = tmp_path / "cpu-ci.yaml"
+def test_cpu_calibrate_plan_run_compare(tmp_path, cpu_calibration):
+    prof = cpu_calibration[0] / "cpu-test.yaml"  # memo-exec calibrate --device cpu --quick (conftest)
     # plan with the calibrated profile
     r = CliRunner().invoke(sim_cli, ["whatif", "--layers", "3", "--hidden", "128", "--heads", "4", "--ffn", "512",
                                      "--vocab", "500", "--dtype", "fp32", "--seq", "512", "--gpus", "1",

@@ -9,7 +9,7 @@ Everything here is derived from the lifetimes and sizes of a :class:`RequestTrac
 * the **sections**: the timeline cut at every distinct buffer end. Section ``k`` holds the
   buffers live just before the ``k``-th distinct end time; every buffer spans a contiguous range
   of sections, two buffers conflict exactly when they share a section, and the largest section
-  total is the max-live bound. The exact search (``search.py``) prunes by sections;
+  total is the max-live bound. The exact search (``dsa_search.py``) prunes by sections;
 * **tight big-M** constants for the pairwise disjunctions of the MIP (``mip_model.py``).
 
 Buffers are referred to by their index in ``trace.buffers`` throughout.

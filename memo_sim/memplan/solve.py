@@ -4,7 +4,7 @@ Given a request trace (buffers with sizes and lifetimes) it returns a static off
 buffer and the arena size (peak) they need, minimising the peak:
 
 * ``"greedy"``: best of several orderings placed by best / first fit (``greedy.py``);
-* ``"search"``: greedy, then the canonical branch-and-bound of ``search.py`` aimed at the
+* ``"search"``: greedy, then the canonical branch-and-bound of ``dsa_search.py`` aimed at the
   max-live lower bound first (a hit there is optimal), then higher targets;
 * ``"mip-highs"`` / ``"mip-cbc"``: greedy, then the MIP of ``mip_model.py`` (MEMO section 4.2)
   warm-started from it;
@@ -12,7 +12,7 @@ buffer and the arena size (peak) they need, minimising the peak:
   instances the search has not proven optimal, HiGHS with the time left (it can prove a bound
   the search cannot).
 
-Every answer is checked by ``validate.validate_placement`` before it is returned; a candidate
+Every answer is checked by ``placement_check.validate_placement`` before it is returned; a candidate
 that fails is dropped with a note and the next best valid one is used.
 """
 
@@ -28,9 +28,9 @@ from memo_sim.errors import MemoError
 from memo_sim.memplan.bounds import DSAInstance
 from memo_sim.memplan.greedy import greedy_place, peak_of
 from memo_sim.memplan.mip_model import solve_mip
-from memo_sim.memplan.search import minimize_peak
+from memo_sim.memplan.dsa_search import minimize_peak
 from memo_sim.memplan.trace import RequestTrace
-from memo_sim.memplan.validate import validate_placement
+from memo_sim.memplan.placement_check import validate_placement
 
 SOLVERS = ("auto", "search", "mip-highs", "mip-cbc", "greedy")
 AUTO_MIP_MAX_BUFFERS = 60
