@@ -13,13 +13,12 @@ GRID = list(itertools.product(
     [12.8e9, 25.6e9],  # bandwidth
     [0.05, 0.3, 2.0],  # t_layer
     [2 * 2**40, 200 * GiB, 5 * GiB],  # m_cpu per GPU
-    ["none", "power_of_two"],
 ))
 
 
-@pytest.mark.parametrize("si,so,bw,t,mc,rnd", GRID)
-def test_lp_matches_closed_form(si, so, bw, t, mc, rnd):
-    p = AlphaProblem(si, si, so, bw, t, 32, mc, rnd)
+@pytest.mark.parametrize("si,so,bw,t,mc", GRID)
+def test_lp_matches_closed_form(si, so, bw, t, mc):
+    p = AlphaProblem(si, si, so, bw, t, 32, mc)
     a, b = solve_alpha_closed_form(p), solve_alpha_lp(p)
     assert a.feasible == b.feasible
     if a.feasible:
@@ -44,6 +43,3 @@ def test_known_cases():
     # host-bound: (n-2) * (2 + 14a) GiB <= 150 GiB -> a = (5 - 2) / 14
     r = solve_alpha_closed_form(AlphaProblem(GiB, GiB, 14 * GiB, 25e9, 10.0, 32, 150 * GiB))
     assert r.binding == "host_memory" and r.alpha == pytest.approx(3 / 14)
-    # power-of-two pinned rounding: per-layer cap 5 GiB -> 4 GiB -> a = 2/14
-    r = solve_alpha_closed_form(AlphaProblem(GiB, GiB, 14 * GiB, 25e9, 10.0, 32, 150 * GiB, "power_of_two"))
-    assert r.alpha == pytest.approx(2 / 14)

@@ -9,6 +9,7 @@ import click
 
 from memo_sim.errors import MemoError
 from memo_sim.model.config import ModelConfig, get_model
+from memo_sim.model.precision import RECIPES
 from memo_sim.units import parse_count
 
 
@@ -22,6 +23,8 @@ def count_option(ctx, param, value):
 
 
 def model_options(f):
+    f = click.option("--precision", type=click.Choice(list(RECIPES)),
+                     help="Model-state recipe (default: megatron for 16-bit models, fp32 for fp32).")(f)
     f = click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]),
                      help="Override the model dtype (fp32 for plans run on a CPU profile).")(f)
     f = click.option("--vocab", type=int, help="Override the vocabulary size.")(f)
@@ -34,10 +37,10 @@ def model_options(f):
     return f
 
 
-def build_model(model_name: str, layers, hidden, heads, ffn, vocab, dtype=None) -> ModelConfig:
+def build_model(model_name: str, layers, hidden, heads, ffn, vocab, dtype=None, precision=None) -> ModelConfig:
     base = get_model(model_name)
     over = {k: v for k, v in dict(layers=layers, hidden=hidden, heads=heads, ffn=ffn, vocab=vocab,
-                                  dtype=dtype).items() if v is not None}
+                                  dtype=dtype, precision=precision).items() if v is not None}
     if not over:
         return base
     d = base.to_dict()

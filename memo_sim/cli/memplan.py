@@ -36,7 +36,7 @@ from memo_sim.units import fmt_bytes, fmt_time
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False),
               help="Also draw the layout (address over time) as PNG here.")
-def memplan(model_name, layers, hidden, heads, ffn, vocab, dtype, csv_file, trace_file, seq, batch, tp, cp, ulysses, sp,
+def memplan(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, csv_file, trace_file, seq, batch, tp, cp, ulysses, sp,
             policy, alpha, profile_name, time_limit, solver, as_json, out_dir):
     """Static memory plan (MEMO's bi-level MIP) for a model/layout/policy, or for a trace/CSV file."""
     from memo_sim.layout.parallel import Layout, check_layout
@@ -64,7 +64,7 @@ def memplan(model_name, layers, hidden, heads, ffn, vocab, dtype, csv_file, trac
         from memo_sim.memplan.planner import plan_memory
         from memo_sim.memplan.baseline import caching_allocator_layer_report
 
-        model = build_model(model_name, layers, hidden, heads, ffn, vocab, dtype)
+        model = build_model(model_name, layers, hidden, heads, ffn, vocab, dtype, precision)
         lay = Layout(tp=tp, cp=cp, ulysses=ulysses, sp=sp)
         why = check_layout(lay, model, lay.gpus, profile.node_gpus, seq, batch)
         if why:

@@ -41,13 +41,13 @@ from memo_sim.units import fmt_bytes, fmt_count, fmt_time
               help="Tier 2: simulate this many of the best analytic candidates in the event simulator (0: none).")
 @click.option("--sweep-alpha", is_flag=True,
               help="Simulate MEMO at alpha = 0, 0.125, ..., 1 for the (best) fixed layout; writes alpha_sweep.png.")
-def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, seq, gpus, profile_name, batch, tp, cp, ulysses, dp,
+def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq, gpus, profile_name, batch, tp, cp, ulysses, dp,
            zero, sp, policies, alpha, top, as_json, out_dir, no_plan, simulate_top, sweep_alpha):
     """Rank layouts x policies x alpha for a model, sequence length and cluster; write plan.json."""
     from memo_sim.search.whatif import candidates_for
 
     t0 = time.perf_counter()
-    model = build_model(model_name, layers, hidden, heads, ffn, vocab, dtype)
+    model = build_model(model_name, layers, hidden, heads, ffn, vocab, dtype, precision)
     profile = load_profile(profile_name)
     profile.peak(model.dtype)  # a clear error if the profile has no peak for the model's dtype
     if batch < 1:

@@ -24,6 +24,18 @@ def tensor_bytes(t: TensorSpec, layout: Layout, batch: int, seq: int) -> float:
     return tokens_per_gpu(layout, batch, seq) * t.bytes_per_token() / split
 
 
+def layer_rows(layout: Layout, batch: int, seq: int) -> int:
+    """Token rows of every activation tensor of a layer on one GPU (token-major tensors): the
+    GPU's tokens, divided by TP under Megatron sequence parallelism."""
+    split = layout.tp if layout.sp else 1
+    return max(1, int(round(tokens_per_gpu(layout, batch, seq) / split)))
+
+
+def row_bytes(t: TensorSpec, layout: Layout) -> float:
+    """Bytes of one token row of a tensor on one GPU (TP-split tensors are narrower without SP)."""
+    return t.bytes_per_token() / (layout.tp if (t.tp_split and not layout.sp) else 1)
+
+
 def skeletal_bytes(model: ModelConfig, layout: Layout, batch: int, seq: int) -> dict[str, float]:
     """One layer's skeletal bytes on one GPU by MEMO role: input, attn, other, lse, and total.
 

@@ -5,8 +5,9 @@
 - classifier: forward + backward of the vocabulary projection (3x its forward GEMM FLOPs, split
   over TP and the sequence split) plus a memory-bound pass over the logits (model dtype) and
   their fp32 softmax and gradient;
-- optimizer: Adam reads and writes master weights, moments, weights and gradients of the
-  parameter shard this GPU updates (everything over TP, and over DP x CP x Ulysses from ZeRO-1).
+- optimizer: Adam reads and writes master weights, moments, weights and gradients (the
+  model's precision recipe) of the parameter shard this GPU updates (everything over TP, and
+  over DP x CP x Ulysses from ZeRO-1).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from memo_sim.cost.activations import tokens_per_gpu
 from memo_sim.cost.flops import classifier_flops
 from memo_sim.cost.kernel_time import gemm_time, memory_bound_time
-from memo_sim.cost.memory import BYTES_GRAD, BYTES_OPTIM, BYTES_WEIGHT, CLASSIFIER_BYTES_PER_LOGIT_FP32
+from memo_sim.cost.memory import CLASSIFIER_BYTES_PER_LOGIT_FP32
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
 from memo_sim.model.layer_graph import DTYPE_BYTES
@@ -49,5 +50,5 @@ def boundary_times(model: ModelConfig, layout: Layout, batch: int, seq: int,
     cls = 3 * gemm_time(cls_flops, profile, model.dtype) + memory_bound_time(
         toks * model.vocab / layout.tp * (dt + CLASSIFIER_BYTES_PER_LOGIT_FP32), profile)
     shard = model.params() / layout.tp / (layout.state_shards if layout.zero >= 1 else 1)
-    optim = memory_bound_time(2 * (BYTES_OPTIM + BYTES_WEIGHT + BYTES_GRAD) * shard, profile)
+    optim = memory_bound_time(2 * model.recipe.bytes_per_param * shard, profile)  # read and write every state
     return BoundaryTimes(emb, cls, optim)

@@ -14,7 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memo_sim.cost import collectives as coll
-from memo_sim.cost.memory import BYTES_GRAD, BYTES_WEIGHT
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
 from memo_sim.profile.schema import HardwareProfile
@@ -46,10 +45,11 @@ def grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile) -> G
             return coll.ring_reduce_scatter_time(nbytes, g, bw, lat)
         return coll.allreduce_time(nbytes, g, bw, lat)
 
+    w, gr = model.recipe.weight_bytes, model.recipe.grad_reduce_bytes
     layer_p = model.layer_params() / layout.tp
     emb_p = model.embedding_params() / layout.tp
     all_p = model.params() / layout.tp
-    gather = coll.ring_allgather_time(BYTES_WEIGHT * layer_p, g, bw, lat) if layout.zero >= 3 else 0.0
-    params = coll.ring_allgather_time(BYTES_WEIGHT * all_p, g, bw, lat) if layout.zero in (1, 2) else 0.0
-    return GradSync(coll.link_kind(profile, link), reduce(BYTES_GRAD * layer_p), reduce(BYTES_GRAD * emb_p),
-                    reduce(BYTES_GRAD * all_p), gather, params)
+    gather = coll.ring_allgather_time(w * layer_p, g, bw, lat) if layout.zero >= 3 else 0.0
+    params = coll.ring_allgather_time(w * all_p, g, bw, lat) if layout.zero in (1, 2) else 0.0
+    return GradSync(coll.link_kind(profile, link), reduce(gr * layer_p), reduce(gr * emb_p),
+                    reduce(gr * all_p), gather, params)

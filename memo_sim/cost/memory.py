@@ -1,10 +1,9 @@
 """Pure memory formulas per GPU: model states, the chunked classifier, offloaded bytes.
 
-Model states follow the ZeRO paper's mixed-precision accounting, 16 bytes per parameter:
-2 (bf16 weights) + 2 (bf16 gradients) + 12 (fp32 master weights, Adam m and v). ZeRO stage 1
-shards the 12 over the DP x CP x Ulysses group, stage 2 also the gradients, stage 3 also the
-weights (and keeps two layers' gathered weights live for prefetch). TP divides everything,
-the embedding/classifier too (vocab-parallel).
+Model states follow the model's mixed-precision recipe (`memo_sim.model.precision`; default
+Megatron-LM bf16: 2 + 4 + 4 + 8 = 18 bytes per parameter), sharded by ZeRO over the DP x CP x
+Ulysses group as the recipe says; ZeRO-3 also keeps two layers' gathered weights live for
+prefetch. TP divides everything, the embedding/classifier too (vocab-parallel).
 
 The classifier runs in chunks of ``CLASSIFIER_CHUNK_TOKENS`` tokens (the one default; plans
 carry their own value): one chunk's logits in bf16 plus fp32 softmax and gradient.
@@ -20,20 +19,24 @@ from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
 from memo_sim.model.layer_graph import DTYPE_BYTES
 
-BYTES_WEIGHT, BYTES_GRAD, BYTES_OPTIM = 2, 2, 12
 CLASSIFIER_CHUNK_TOKENS = 8192
 CLASSIFIER_BYTES_PER_LOGIT_FP32 = 4 + 4  # fp32 softmax + fp32 gradient beside the model-dtype logits
 
 
-def model_state_bytes(model: ModelConfig, layout: Layout) -> float:
+def model_state_parts(model: ModelConfig, layout: Layout) -> dict[str, float]:
+    """Model-state bytes on one GPU by part: weights, grads, master weights + optimizer, and
+    ZeRO-3's two gathered layers."""
+    r = model.recipe
     p = model.params() / layout.tp
-    n = layout.state_shards
-    z = layout.zero
-    weights = BYTES_WEIGHT * p / (n if z >= 3 else 1)
-    grads = BYTES_GRAD * p / (n if z >= 2 else 1)
-    optim = BYTES_OPTIM * p / (n if z >= 1 else 1)
-    gathered = 2 * BYTES_WEIGHT * model.layer_params() / layout.tp if z >= 3 else 0.0
-    return weights + grads + optim + gathered
+    n, z = layout.state_shards, layout.zero
+    return {"weights": r.weight_bytes * p / (n if z >= 3 else 1),
+            "grads": r.grad_bytes * p / (n if z >= 2 else 1),
+            "master_and_optimizer": (r.master_bytes + r.optimizer_bytes) * p / (n if z >= 1 else 1),
+            "gathered_layers": 2 * r.weight_bytes * model.layer_params() / layout.tp if z >= 3 else 0.0}
+
+
+def model_state_bytes(model: ModelConfig, layout: Layout) -> float:
+    return sum(model_state_parts(model, layout).values())
 
 
 def classifier_peak_bytes(model: ModelConfig, layout: Layout, batch: int, seq: int,

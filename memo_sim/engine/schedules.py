@@ -32,8 +32,8 @@ forward, recompute and backward holds one working block of ``transient_peak_byte
 activation handed between layers (the layer input size), as MEMO's level-2 plan treats a layer
 as one pseudo block of its level-1 peak; the classifier holds ``classifier_peak_bytes``; lse
 (the attention log-sum-exp) stays on the GPU from a layer's forward to its backward under every
-policy. Pinned host bytes per offloaded layer are rounded as the profile's pinned allocator
-rounds them and held from the offload's start to the prefetch's end.
+policy. Pinned host bytes per offloaded layer (as `memo_sim.policy.host_layout` allocates them)
+are held from the offload's start to the prefetch's end.
 
 Collectives: TP / Ulysses collectives are on ``comm`` (in the OpCost lists, on the critical
 path as in Megatron); ring-CP on ``cp_comm``; DP gradient buckets (one per layer, all-reduce, or
@@ -65,7 +65,6 @@ from memo_sim.cost.boundary import BoundaryTimes, boundary_times
 from memo_sim.cost.grad_sync import GradSync, grad_sync
 from memo_sim.cost.layer_time import OpCost, backward_costs, chain_dependencies, chain_tail, forward_costs
 from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS
-from memo_sim.cost.transfer import pinned_bytes
 from memo_sim.engine.graph import Device, MemAction, Op, OpGraph
 from memo_sim.layout.parallel import Layout
 from memo_sim.memplan.footprint import MemoryBreakdown, memory_breakdown
@@ -138,12 +137,12 @@ class LayerPlan:
 def layer_plan(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy,
                profile: HardwareProfile, mem: MemoryBreakdown) -> LayerPlan:
     sk = skeletal_bytes(model, layout, batch, seq)
-    off = policy.offload_bytes(sk)
     return LayerPlan(forward_costs(model, layout, batch, seq, profile),
                      backward_costs(model, layout, batch, seq, profile),
-                     policy.recompute_costs(model, layout, batch, seq, profile), off,
+                     policy.recompute_costs(model, layout, batch, seq, profile),
+                     policy.offload_bytes(model, layout, batch, seq),
                      policy.offloaded_layers(model.layers), sk, mem.transient_peak_bytes + sk["input"],
-                     pinned_bytes(off, profile.host.pinned_rounding))
+                     policy.host_bytes_per_layer(model, layout, batch, seq, profile))
 
 
 @dataclass

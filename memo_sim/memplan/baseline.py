@@ -8,11 +8,12 @@ replay is the steady-state transient footprint of a run without a static memory 
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import lru_cache
 
 from memo_sim.layout.parallel import Layout
 from memo_sim.memplan.caching_allocator import AllocatorConfig, AllocatorReport, replay
 from memo_sim.memplan.trace import RequestTrace
-from memo_sim.memplan.trace_gen import layer_backward_trace, layer_forward_trace
+from memo_sim.memplan.trace_gen import layer_backward_trace, layer_forward_trace, per_gpu_shard
 from memo_sim.model.config import ModelConfig
 from memo_sim.policy.base import Policy
 
@@ -28,6 +29,13 @@ def layer_fwd_bwd_trace(model: ModelConfig, layout: Layout, batch: int, seq: int
 
 def caching_allocator_layer_report(model: ModelConfig, layout: Layout, batch: int, seq: int,
                                    policy: Policy | None, capacity_bytes: int | None = None) -> AllocatorReport:
+    """Memoised per model, GPU shard and policy: the what-if asks for it for every candidate."""
+    return _report(model, per_gpu_shard(layout), batch, seq, policy, capacity_bytes)
+
+
+@lru_cache(maxsize=1024)
+def _report(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy | None,
+            capacity_bytes: int | None) -> AllocatorReport:
     trace = layer_fwd_bwd_trace(model, layout, batch, seq, policy)
     cap = capacity_bytes or 8 * trace.max_live_bytes() + 2**30  # large enough to measure, not to fail
     return replay(trace, AllocatorConfig(capacity_bytes=int(cap)))

@@ -44,7 +44,8 @@ What it leaves out: streams (per-stream pools, cross-stream reuse), CUDA events 
 ``roundup_power2_divisions``, CUDA-graph private pools, free-memory callbacks, IPC,
 ``empty_cache`` calls by the program (available as :meth:`CachingAllocatorModel.empty_cache`,
 never called by :func:`replay`), the latency of cudaMalloc/cudaFree/map/unmap and of the
-device synchronisation in a reorganisation (the report counts them; a cost model prices them),
+device synchronisation in a reorganisation (the model counts the calls and their bytes;
+:mod:`memo_sim.memplan.iteration_replay` prices them with the profile's ``gpu.allocator`` costs),
 and fragmentation inside the driver (cudaMalloc succeeds whenever the total fits).
 
 Byte counts follow PyTorch's statistics: *allocated* is the sum of the sizes of blocks handed
@@ -324,6 +325,8 @@ class CachingAllocatorModel:
         self._small = _Pool(small=True)
         self._large = _Pool(small=False)
         self._live: dict[str, _Block] = {}
+        self._pending: list[tuple[int, _Block]] = []  # freed, waiting for a stream event
+        self.pending_bytes = 0
         self._segments: list[_Segment] = []
         self._next_addr = 0
         self._step = 0
@@ -340,8 +343,12 @@ class CachingAllocatorModel:
         self.peak_segments = 0
         self.num_cuda_malloc = 0
         self.num_cuda_free = 0
+        self.cuda_malloc_bytes = 0  # bytes of the segments (pages) cudaMalloc'd (mapped)
+        self.cuda_free_bytes = 0  # bytes of the segments (pages) cudaFree'd (unmapped)
         self.num_reorganizations = 0
         self.reorganization_steps: list[int] = []
+        self.reorganization_cuda_frees = 0  # the cudaFree calls (unmaps) made by reorganisations
+        self.reorganization_free_bytes = 0
         self.num_oversize_releases = 0
         self.fragmentation_failures = 0
         self.worst_fragmentation_failure: FragmentationFailure | None = None
@@ -406,25 +413,84 @@ class CachingAllocatorModel:
         self._update_end_of_op_peaks(after_request=True)
         return block.addr
 
-    def free(self, buffer_id: str, step: int = 0) -> None:
-        """Return a buffer's block to the cache, merging it with free neighbours."""
+    def free(self, buffer_id: str, step: int = 0, pending_until: int | None = None) -> None:
+        """Return a buffer's block to the cache, merging it with free neighbours.
+
+        ``pending_until``: the block was used on another stream (``record_stream``: a collective
+        or a copy still reads or writes it), so PyTorch records an event and keeps the block out
+        of the cache until the event completes. It stops counting as allocated at once (as in
+        PyTorch's statistics) but only :meth:`complete_pending` (the event completed at
+        ``pending_until``, a caller-defined clock) or a reorganisation (which synchronises the
+        device first) returns it to the cache.
+        """
         block = self._live.pop(buffer_id, None)
         if block is None:
             raise MemoError(f"buffer {buffer_id!r} is not allocated; cannot free it")
         self._step = step
-        pool = self._small if block.segment.small else self._large
-        block.allocated = False
         self.allocated_bytes -= block.size
         self.requested_bytes -= block.requested
         block.requested = 0
+        if pending_until is not None:
+            # the block stays marked allocated (nothing may reuse or merge it) until its event completes
+            self._pending.append((pending_until, block))
+            self.pending_bytes += block.size
+        else:
+            self._return_block(block)
+        self._update_end_of_op_peaks()
+
+    def _return_block(self, block: _Block) -> None:
+        pool = self._small if block.segment.small else self._large
+        block.allocated = False
         self._merge(block, block.prev, pool)
         self._merge(block, block.next, pool)
         pool.insert(block)
-        self._update_end_of_op_peaks()
+
+    def complete_pending(self, until: int | None = None) -> int:
+        """Return to the cache the pending blocks whose events completed by ``until`` (all when
+        None, as ``synchronize_and_free_events`` does); returns how many."""
+        done = 0
+        keep: list[tuple[int, _Block]] = []
+        for t, block in self._pending:
+            if until is None or t <= until:
+                self.pending_bytes -= block.size
+                self._return_block(block)
+                done += 1
+            else:
+                keep.append((t, block))
+        self._pending = keep
+        return done
 
     def empty_cache(self) -> None:
         """``torch.cuda.empty_cache()``: free every cached unsplit segment (not a reorganisation)."""
         self._release_cached_blocks(count_as_reorganization=False)
+
+    def reset_peak_stats(self) -> None:
+        """Start the peak statistics afresh from the current state (``torch.cuda.reset_peak_memory_stats``).
+
+        Counters (cudaMalloc/cudaFree calls and bytes, reorganisations) keep counting; read them
+        before and after a stretch of requests with :meth:`counters` to get that stretch's share.
+        """
+        self.peak_reserved_bytes = self.reserved_bytes
+        self.allocated_at_peak_reserved_bytes = self.allocated_bytes
+        self.step_at_peak_reserved = self._step
+        self.peak_allocated_bytes = self.allocated_bytes
+        self.peak_requested_bytes = self.requested_bytes
+        self.peak_reserved_unallocated_bytes = 0
+        self.peak_segments = len(self._segments)
+
+    def counters(self) -> dict[str, int]:
+        """The cumulative event counters now (differences of two snapshots count a stretch)."""
+        return {
+            "cuda_malloc": self.num_cuda_malloc,
+            "cuda_free": self.num_cuda_free,
+            "cuda_malloc_bytes": self.cuda_malloc_bytes,
+            "cuda_free_bytes": self.cuda_free_bytes,
+            "reorganizations": self.num_reorganizations,
+            "reorganization_cuda_frees": self.reorganization_cuda_frees,
+            "reorganization_free_bytes": self.reorganization_free_bytes,
+            "oversize_releases": self.num_oversize_releases,
+            "fragmentation_failures": self.fragmentation_failures,
+        }
 
     def is_live(self, buffer_id: str) -> bool:
         """Whether the buffer is currently allocated."""
@@ -447,7 +513,7 @@ class CachingAllocatorModel:
         for pool in pools.values():
             for b in list(pool.by_addr.values()) + list(pool.unmapped.values()):
                 heads.setdefault(id(b.segment), b)
-        for b in self._live.values():
+        for b in list(self._live.values()) + [b for _, b in self._pending]:
             heads.setdefault(id(b.segment), b)
         assert set(heads) == {id(s) for s in self._segments}, "blocks and segments disagree"
         for seg in self._segments:
@@ -483,7 +549,7 @@ class CachingAllocatorModel:
             assert pool.keys == sorted(pool.keys)
             assert pool.free_bytes == sum(k[0] for k in pool.keys)
         assert reserved == self.reserved_bytes, (reserved, self.reserved_bytes)
-        assert allocated == self.allocated_bytes, (allocated, self.allocated_bytes)
+        assert allocated == self.allocated_bytes + self.pending_bytes, (allocated, self.allocated_bytes)
         assert self.reserved_bytes <= self.config.capacity_bytes
 
     # ---- bookkeeping ----------------------------------------------------------------------
@@ -577,6 +643,7 @@ class CachingAllocatorModel:
         seg = _Segment(self._new_address_range(alloc_size), alloc_size, pool.small, False, alloc_size)
         self._segments.append(seg)
         self.num_cuda_malloc += 1
+        self.cuda_malloc_bytes += alloc_size
         self._raise_reserved(alloc_size)
         return _Block(seg.base, alloc_size, seg)
 
@@ -625,6 +692,7 @@ class CachingAllocatorModel:
         self._merge(b, b.next, pool)
         pool.insert(b)
         self.num_cuda_malloc += 1
+        self.cuda_malloc_bytes += n
         self._raise_reserved(n)
         return True
 
@@ -652,6 +720,7 @@ class CachingAllocatorModel:
         self._segments.remove(b.segment)
         self.reserved_bytes -= b.size
         self.num_cuda_free += 1
+        self.cuda_free_bytes += b.size
 
     def _release_available_cached_blocks(self, pool: _Pool, size: int) -> bool:
         """With max_split_size: cudaFree cached oversize segments until ``size`` would fit."""
@@ -714,12 +783,12 @@ class CachingAllocatorModel:
         pool.insert_unmapped(b)
         self.reserved_bytes -= end - begin
         self.num_cuda_free += 1
+        self.cuda_free_bytes += end - begin
 
     def _release_cached_blocks(self, count_as_reorganization: bool) -> None:
         """Free every cached unsplit segment and unmap every free expandable page."""
-        if count_as_reorganization:
-            self.num_reorganizations += 1
-            self.reorganization_steps.append(self._step)
+        self.complete_pending()  # synchronize_and_free_events: every stream event has completed
+        frees0, bytes0 = self.num_cuda_free, self.cuda_free_bytes
         for pool in (self._large, self._small):
             to_unmap: list[_Block] = []
             for b in [pool.by_addr[a] for _, a in list(pool.keys)]:
@@ -732,6 +801,11 @@ class CachingAllocatorModel:
                 if not b.mapped and not b.is_split():
                     pool.remove_unmapped(b)
                     self._segments.remove(b.segment)
+        if count_as_reorganization:
+            self.num_reorganizations += 1
+            self.reorganization_steps.append(self._step)
+            self.reorganization_cuda_frees += self.num_cuda_free - frees0
+            self.reorganization_free_bytes += self.cuda_free_bytes - bytes0
 
 
 def replay(trace: RequestTrace, config: AllocatorConfig) -> AllocatorReport:

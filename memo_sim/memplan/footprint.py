@@ -10,8 +10,9 @@ that max-live peak, which the bi-level planner reaches on these traces (reports/
 the others run on PyTorch's caching allocator, whose reserved peak on the same requests
 (`memo_sim.memplan.baseline`) is what they occupy.
 
-Host: each offloaded layer's bytes, one pinned block per layer and GPU, rounded as the
-profile's pinned allocator rounds them, times the active GPUs of the node.
+Host: each offloaded layer's bytes as the policy's host layout allocates them
+(`memo_sim.policy.host_layout`: memo's executor registers one exact pool per GPU), times the
+offloaded layers and the active GPUs of the node.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from dataclasses import asdict, dataclass
 
 from memo_sim.cost.activations import skeletal_bytes
 from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS, classifier_peak_bytes, model_state_bytes
-from memo_sim.cost.transfer import pinned_bytes
 from memo_sim.layout.parallel import Layout
 from memo_sim.memplan.baseline import caching_allocator_layer_report
 from memo_sim.memplan.trace_gen import layer_backward_trace, layer_forward_trace
@@ -42,7 +42,7 @@ class MemoryBreakdown:
     peak_gpu_bytes: float
     gpu_capacity_bytes: float
     host_bytes_per_gpu: float  # raw offloaded bytes
-    host_bytes_per_node: float  # pinned, after allocation rounding
+    host_bytes_per_node: float  # pinned, as the host layout allocates them
     host_capacity_bytes: float
 
     @property
@@ -92,11 +92,10 @@ def memory_breakdown(model: ModelConfig, layout: Layout, batch: int, seq: int, p
     # embedding output / final layer output (the next layer's input) is live beside a layer's work
     boundary = sk["input"]
     peak = states + resident + buffers + lse_all + max(transient + boundary, classifier)
-    per_layer = policy.offload_bytes(sk)
     offloaded_layers = policy.offloaded_layers(n)
-    host_gpu = offloaded_layers * per_layer
+    host_gpu = offloaded_layers * policy.offload_bytes(model, layout, batch, seq)
     gpus_node = active_gpus_per_node or min(layout.gpus, profile.node_gpus)
-    host_node = gpus_node * offloaded_layers * pinned_bytes(per_layer, profile.host.pinned_rounding)
+    host_node = gpus_node * offloaded_layers * policy.host_bytes_per_layer(model, layout, batch, seq, profile)
     return MemoryBreakdown(
         model_states_bytes=states, skeletal_resident_bytes=resident, rounding_buffer_bytes=buffers,
         lse_bytes=lse_all, transient_peak_bytes=transient, transient_planned_bytes=planned,

@@ -23,6 +23,9 @@ one classifier chunk's logits, the final hidden state and its gradient.
 
 from __future__ import annotations
 
+from dataclasses import replace
+from functools import lru_cache
+
 from memo_sim.cost.activations import skeletal_bytes, tensor_bytes, tokens_per_gpu
 from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS, classifier_peak_bytes
 from memo_sim.layout.parallel import Layout
@@ -67,7 +70,26 @@ class _Builder:
         return sorted(self.done, key=lambda b: (b.lower, b.id))
 
 
+def per_gpu_shard(layout: Layout) -> Layout:
+    """The part of a layout that shapes one GPU's layer tensors (DP and ZeRO do not)."""
+    return replace(layout, dp=1, zero=0)
+
+
 def layer_forward_trace(model: ModelConfig, layout: Layout, batch: int, seq: int) -> RequestTrace:
+    """One layer's forward transient requests on one GPU (memoised per model and GPU shard)."""
+    return _layer_forward_trace(model, per_gpu_shard(layout), batch, seq)
+
+
+def layer_backward_trace(model: ModelConfig, layout: Layout, batch: int, seq: int,
+                         policy: Policy | None = None) -> RequestTrace:
+    """One layer's backward transient requests on one GPU, with the policy's token-wise
+    recompute scratch (memoised per model, GPU shard and recompute fraction)."""
+    frac = policy.recompute_fraction if policy is not None else 0.0
+    return _layer_backward_trace(model, per_gpu_shard(layout), batch, seq, frac)
+
+
+@lru_cache(maxsize=1024)
+def _layer_forward_trace(model: ModelConfig, layout: Layout, batch: int, seq: int) -> RequestTrace:
     tb = {n: tensor_bytes(t, layout, batch, seq) for n, t in layer_tensors(model).items()}
     full_h = tokens_per_gpu(layout, batch, seq) * model.hidden * DTYPE_BYTES[model.dtype]
     sp = layout.sp and layout.tp > 1
@@ -98,15 +120,14 @@ def layer_forward_trace(model: ModelConfig, layout: Layout, batch: int, seq: int
     return RequestTrace(b.finish(), name=f"{model.name}-{layout.label()}-{seq}-layer-fwd")
 
 
-def layer_backward_trace(model: ModelConfig, layout: Layout, batch: int, seq: int,
-                         policy: Policy | None = None) -> RequestTrace:
+@lru_cache(maxsize=1024)
+def _layer_backward_trace(model: ModelConfig, layout: Layout, batch: int, seq: int, frac: float) -> RequestTrace:
     tens = layer_tensors(model)
     tb = {n: tensor_bytes(t, layout, batch, seq) for n, t in tens.items()}
     full_h = tokens_per_gpu(layout, batch, seq) * model.hidden * DTYPE_BYTES[model.dtype]
     sp = layout.sp and layout.tp > 1
     b = _Builder("bwd")
     b.alloc("dy", tb["y"])
-    frac = policy.recompute_fraction if policy is not None else 0.0
     if frac > 0:  # token-wise recompute scratch: gathered inputs and row-parallel partials of dropped tokens
         for nm in ("recompute_ln1_gathered", "recompute_proj_partial", "recompute_ln2_gathered"):
             b.alloc(nm, frac * (full_h if sp or nm.endswith("partial") else tb["ln1"]))

@@ -9,6 +9,7 @@ from pathlib import Path
 import yaml
 
 from memo_sim.errors import MemoError
+from memo_sim.model.precision import RECIPES, PrecisionRecipe, default_recipe
 
 FFN_TYPES = ("gelu", "swiglu")
 
@@ -24,6 +25,7 @@ class ModelConfig:
     kv_heads: int | None = None  # grouped-query attention; None = heads
     ffn_type: str = "gelu"  # gelu: fc1 (h->f), act, fc2 (f->h); swiglu: gate+up (h->2f), act, down
     dtype: str = "bf16"
+    precision: str | None = None  # model-state recipe (`memo_sim.model.precision`); None: by dtype
 
     def __post_init__(self) -> None:
         for f in ("layers", "hidden", "heads", "ffn", "vocab"):
@@ -39,6 +41,13 @@ class ModelConfig:
             raise MemoError(f"model {self.name}: dtype must be bf16, fp16 or fp32, got {self.dtype!r}")
         if self.ffn_type not in FFN_TYPES:
             raise MemoError(f"model {self.name}: ffn_type must be one of {', '.join(FFN_TYPES)}")
+        if self.precision is not None and self.precision not in RECIPES:
+            raise MemoError(f"model {self.name}: precision must be one of {', '.join(RECIPES)}, got {self.precision!r}")
+
+    @property
+    def recipe(self) -> PrecisionRecipe:
+        """The precision recipe: the one named, else fp32 for an fp32 model and Megatron's otherwise."""
+        return RECIPES[self.precision or default_recipe(self.dtype)]
 
     @property
     def head_dim(self) -> int:

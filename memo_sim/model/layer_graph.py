@@ -27,6 +27,8 @@ rank. lse is kept on the GPU by every policy (it is a few MB).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
+from types import MappingProxyType
 
 from memo_sim.model.config import ModelConfig
 
@@ -59,7 +61,9 @@ class OpSpec:
     token_wise: bool = True  # False only for the attention core: a token subset needs all keys
 
 
-def layer_tensors(model: ModelConfig) -> dict[str, TensorSpec]:
+@lru_cache(maxsize=256)
+def layer_tensors(model: ModelConfig) -> MappingProxyType:
+    """Tensor name -> `TensorSpec` of one layer, in op order (read-only, built once per model)."""
     b = DTYPE_BYTES[model.dtype]
     h, kv, f1, f = model.hidden, model.kv_dim, model.fc1_width, model.ffn
     specs = [
@@ -78,7 +82,7 @@ def layer_tensors(model: ModelConfig) -> dict[str, TensorSpec]:
         TensorSpec("fc2", h, b, False, "transient", False),
         TensorSpec("y", h, b, False, "transient", False),
     ]
-    return {s.name: s for s in specs}
+    return MappingProxyType({s.name: s for s in specs})
 
 
 def forward_ops(model: ModelConfig) -> list[OpSpec]:

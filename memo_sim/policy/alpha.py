@@ -6,11 +6,11 @@
          0 <= alpha <= 1
 
 Sizes are one layer's per-GPU bytes, B the per-GPU GPU-to-host bandwidth, M_CPU the host bytes
-available to one GPU. When pinned allocations are rounded to a power of two (PyTorch's pinned
-allocator), a layer's host block of S bytes really takes 2^ceil(log2 S), so the host constraint
-becomes S <= 2^floor(log2(M_CPU / (n-2))) — still a constant bound, so both forms keep it.
-If even alpha = 0 violates a constraint the problem is infeasible: MEMO cannot hide the
-whole-tensor offload (or host memory cannot hold it), and we say which constraint binds.
+available to one GPU. This is the continuous problem; `memo_sim.search.estimate.memo_alpha` then
+floors alpha to whole token rows and re-checks host memory with the bytes exactly as the host
+layout (`memo_sim.policy.host_layout`) allocates them, so alpha is never rounded up past a
+constraint. If even alpha = 0 violates a constraint the problem is infeasible: MEMO cannot hide
+the whole-tensor offload (or host memory cannot hold it), and we say which constraint binds.
 """
 
 from __future__ import annotations
@@ -31,19 +31,11 @@ class AlphaProblem:
     t_layer: float  # seconds
     layers: int
     m_cpu: float  # host bytes for one GPU
-    pinned_rounding: str = "none"
 
     def per_layer_host_cap(self) -> float:
         """Bytes one layer's host block may have under the host-memory constraint."""
         k = offloaded_layer_count(self.layers)
-        if k == 0:
-            return math.inf
-        cap = self.m_cpu / k
-        if self.pinned_rounding == "power_of_two":
-            return 0.0 if cap < 1 else float(2 ** math.floor(math.log2(cap)))
-        if self.pinned_rounding == "page":
-            return math.floor(cap / 4096) * 4096.0
-        return cap
+        return math.inf if k == 0 else self.m_cpu / k
 
 
 @dataclass(frozen=True)

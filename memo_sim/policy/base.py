@@ -17,10 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
+from memo_sim.cost.activations import layer_rows, row_bytes
 from memo_sim.cost.layer_time import OpCost
 from memo_sim.errors import MemoError
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
+from memo_sim.model.layer_graph import skeletal_tensors
+from memo_sim.policy.host_layout import OffloadedTensor, copy_bytes, host_block_bytes, offload_token_count
 from memo_sim.policy.rounding_buffers import offloaded_layer_count
 from memo_sim.profile.schema import HardwareProfile
 
@@ -47,6 +50,7 @@ class Policy:
     offloads: ClassVar[bool] = False  # skeletal bytes go to host after the forward
     recomputes_attention: ClassVar[bool] = False  # the whole layer forward re-runs before backward
     static_memory_plan: ClassVar[bool] = False  # transients placed by MEMO's bi-level plan
+    host_scheme: ClassVar[str] = "registered_pool"  # how offloaded bytes sit in pinned host memory
     summary: ClassVar[str] = ""
 
     def __post_init__(self) -> None:
@@ -75,11 +79,27 @@ class Policy:
     def recomputes_layer(self, layer: int, n_layers: int) -> bool:
         return False
 
-    def offload_bytes(self, sk: dict[str, float]) -> float:
-        """Bytes of one layer copied to host (one GPU)."""
+    def offloaded_tensors(self, model: ModelConfig, layout: Layout, batch: int,
+                          seq: int) -> list[OffloadedTensor]:
+        """Per offloaded layer and GPU: each skeletal tensor's rows copied to host. The layer
+        input and attention output go whole; the other skeletal tensors their first
+        ``offload_token_count(offload_fraction_other, rows)`` rows; lse stays on the GPU."""
         if not self.offloads:
-            return 0.0
-        return sk["input"] + sk["attn"] + self.offload_fraction_other * sk["other"]
+            return []
+        rows = layer_rows(layout, batch, seq)
+        split = offload_token_count(self.offload_fraction_other, rows)
+        return [OffloadedTensor(t.name, rows if t.role in ("input", "attn") else split, row_bytes(t, layout))
+                for t in skeletal_tensors(model) if t.role in ("input", "attn", "other")]
+
+    def offload_bytes(self, model: ModelConfig, layout: Layout, batch: int, seq: int) -> float:
+        """Bytes one offloaded layer copies to host (and back) on one GPU."""
+        return copy_bytes(self.offloaded_tensors(model, layout, batch, seq))
+
+    def host_bytes_per_layer(self, model: ModelConfig, layout: Layout, batch: int, seq: int,
+                             profile: HardwareProfile) -> float:
+        """Pinned host bytes one offloaded layer takes on one GPU, as `host_scheme` allocates them."""
+        return host_block_bytes(self.offloaded_tensors(model, layout, batch, seq), self.host_scheme,
+                                profile.host.pinned_rounding)
 
     def recompute_costs(self, model: ModelConfig, layout: Layout, batch: int, seq: int,
                         profile: HardwareProfile) -> list[OpCost]:

@@ -3,6 +3,9 @@
 A quantity is written ``{value: 80, unit: GiB, source: "NVIDIA datasheet"}``; a curve is
 ``{x: FLOP, points: [[1e9, 0.3], [1e12, 0.75]], source: "..."}``. An unknown key, a missing
 field, a wrong unit or a missing source is a `ProfileError` naming the file and the field.
+The one optional section, ``gpu.allocator`` (what cudaMalloc, cudaFree and a reorganisation's
+synchronise cost), is complete or absent: profiles written before it existed load with
+`memo_sim.profile.schema.DEFAULT_ALLOCATOR_COSTS`, whose sources say they are assumed defaults.
 
 Profiles are looked up by name in, in order: the folders of ``$MEMO_PROFILES`` (os.pathsep
 separated), ``./hardware_profiles`` and the repository's ``hardware_profiles/``.
@@ -19,7 +22,8 @@ import yaml
 
 from memo_sim.errors import MemoError, ProfileError
 from memo_sim.profile.schema import (
-    Curve, Efficiency, GPUSpec, HardwareProfile, HostLink, HostSpec, Link, Quantity,
+    DEFAULT_ALLOCATOR_COSTS, AllocatorCosts, Curve, Efficiency, GPUSpec, HardwareProfile, HostLink, HostSpec, Link,
+    Quantity,
 )
 from memo_sim.units import convert
 
@@ -40,6 +44,13 @@ SPEC: dict[str, Any] = {
         "peak_flops": ("dtypes", "flops"),
         "hbm_bandwidth": ("q", "bandwidth"),
         "copy_compute_slowdown": ("q", "ratio"),
+        "allocator": {  # optional: profiles written before it exist (see OPTIONAL)
+            "sync": ("q", "time"),
+            "cuda_malloc_latency": ("q", "time"),
+            "cuda_malloc_throughput": ("q", "bandwidth"),
+            "cuda_free_latency": ("q", "time"),
+            "cuda_free_throughput": ("q", "bandwidth"),
+        },
     },
     "efficiency": {
         "gemm": ("curve",),
@@ -65,7 +76,7 @@ SPEC: dict[str, Any] = {
         "pinned_rounding": {"value": ("str",), "source": ("str",)},
     },
 }
-OPTIONAL = {"provenance", "description"}
+OPTIONAL = {"provenance", "description", "allocator"}
 
 
 class _Reader:
@@ -177,7 +188,8 @@ def parse_profile(raw: Any, source: str) -> HardwareProfile:
         name=d["name"],
         description=d.get("description", ""),
         gpu=GPUSpec(g["model"], g["memory"], g["reserved"], g["peak_flops"], g["hbm_bandwidth"],
-                    g["copy_compute_slowdown"]),
+                    g["copy_compute_slowdown"],
+                    AllocatorCosts(**g["allocator"]) if "allocator" in g else DEFAULT_ALLOCATOR_COSTS),
         efficiency=Efficiency(**d["efficiency"]),
         gpus_per_node=d["node"]["gpus_per_node"],
         nvlink=Link(**d["nvlink"]),

@@ -44,6 +44,49 @@ class Curve:
 
 
 @dataclass(frozen=True)
+class AllocatorCosts:
+    """What the device calls of PyTorch's caching allocator cost the compute stream.
+
+    A reorganisation (cache flush and retry, PyTorch's ``num_alloc_retries``) synchronises the
+    device, cudaFrees every cached unsplit segment and cudaMallocs again; while it runs the GPU
+    has nothing queued. Priced as
+
+    * ``sync``: seconds per reorganisation for the synchronisation itself (an idle-device
+      ``cudaDeviceSynchronize`` plus refilling the launch queue afterwards);
+    * a cudaMalloc of ``b`` bytes: ``cuda_malloc_latency + b / cuda_malloc_throughput``;
+    * a cudaFree of ``b`` bytes: ``cuda_free_latency + b / cuda_free_throughput``.
+
+    Throughputs are bytes of device memory mapped (unmapped) per second, in bandwidth units.
+    """
+
+    sync: Quantity  # seconds
+    cuda_malloc_latency: Quantity  # seconds per call
+    cuda_malloc_throughput: Quantity  # bytes/s
+    cuda_free_latency: Quantity  # seconds per call
+    cuda_free_throughput: Quantity  # bytes/s
+
+    def malloc_seconds(self, calls: int, nbytes: float) -> float:
+        """Seconds of ``calls`` cudaMalloc calls that map ``nbytes`` in all."""
+        return calls * float(self.cuda_malloc_latency) + nbytes / float(self.cuda_malloc_throughput)
+
+    def free_seconds(self, calls: int, nbytes: float) -> float:
+        """Seconds of ``calls`` cudaFree calls that release ``nbytes`` in all."""
+        return calls * float(self.cuda_free_latency) + nbytes / float(self.cuda_free_throughput)
+
+
+_ASSUMED = ("assumed default: this profile has no gpu.allocator section (written before memo priced allocator "
+            "calls); order of magnitude only, not measured; `memo-exec calibrate` on a CUDA GPU measures it: ")
+DEFAULT_ALLOCATOR_COSTS = AllocatorCosts(
+    sync=Quantity(20e-6, _ASSUMED + "tens of microseconds for an idle-device synchronise plus one kernel launch "
+                  "to refill the queue"),
+    cuda_malloc_latency=Quantity(50e-6, _ASSUMED + "tens of microseconds per cudaMalloc call"),
+    cuda_malloc_throughput=Quantity(2e12, _ASSUMED + "roughly half a millisecond per GB mapped by cudaMalloc"),
+    cuda_free_latency=Quantity(50e-6, _ASSUMED + "tens of microseconds per cudaFree call"),
+    cuda_free_throughput=Quantity(1e12, _ASSUMED + "roughly a millisecond per GB unmapped by cudaFree"),
+)
+
+
+@dataclass(frozen=True)
 class GPUSpec:
     model: str
     memory_bytes: Quantity
@@ -51,6 +94,7 @@ class GPUSpec:
     peak_flops: dict[str, Quantity]  # dtype -> FLOP/s
     hbm_bandwidth: Quantity
     copy_compute_slowdown: Quantity  # fractional compute slowdown while a host copy runs (HBM contention)
+    allocator: AllocatorCosts = DEFAULT_ALLOCATOR_COSTS  # cudaMalloc / cudaFree / synchronise costs
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,9 @@ Per layer on one GPU (from `memo_sim.cost.layer_time`):
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
-from memo_sim.cost.activations import skeletal_bytes
+from memo_sim.cost.activations import layer_rows, skeletal_bytes
 from memo_sim.cost.boundary import boundary_times
 from memo_sim.cost.flops import mfu, model_flops_per_iteration, tgs
 from memo_sim.cost.grad_sync import grad_sync
@@ -29,6 +29,9 @@ from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
 from memo_sim.policy.alpha import AlphaProblem, AlphaResult, solve_alpha_closed_form
 from memo_sim.policy.base import Policy
+from memo_sim.policy.host_layout import offload_token_count
+from memo_sim.policy.registry import get_policy
+from memo_sim.policy.rounding_buffers import offloaded_layer_count
 from memo_sim.profile.schema import HardwareProfile
 
 
@@ -71,7 +74,7 @@ def layer_times(model: ModelConfig, layout: Layout, batch: int, seq: int, policy
     f = critical_time(forward_costs(model, layout, batch, seq, profile))
     b = critical_time(backward_costs(model, layout, batch, seq, profile))
     r = critical_time(policy.recompute_costs(model, layout, batch, seq, profile))
-    nbytes = policy.offload_bytes(skeletal_bytes(model, layout, batch, seq))
+    nbytes = policy.offload_bytes(model, layout, batch, seq)
     active = active_gpus_per_node(layout, profile)
     o = host_copy_time(nbytes, profile, "d2h", active)
     p = host_copy_time(nbytes, profile, "h2d", active)
@@ -80,16 +83,39 @@ def layer_times(model: ModelConfig, layout: Layout, batch: int, seq: int, policy
 
 def memo_alpha(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile,
                solver=solve_alpha_closed_form) -> AlphaResult:
-    """MEMO's alpha for this layout from profiled layer sizes and forward time."""
+    """MEMO's alpha for this layout from profiled layer sizes and forward time.
+
+    The continuous problem's alpha is floored to whole token rows, and host memory is checked
+    with the bytes exactly as the executor allocates them (`memo_sim.policy.host_layout`); where
+    that check fails the row count is lowered until it holds (binary search: host bytes grow
+    with the rows), so the result never exceeds a constraint."""
     sk = skeletal_bytes(model, layout, batch, seq)
     f = critical_time(forward_costs(model, layout, batch, seq, profile))
     active = active_gpus_per_node(layout, profile)
     bw = host_bandwidth_per_gpu(profile, "d2h", active)
     # the copy latency is paid once per layer: take it off the time budget
     budget = max(0.0, f - float(profile.host_link.latency))
-    prob = AlphaProblem(sk["input"], sk["attn"], sk["other"], bw, budget, model.layers,
-                        profile.usable_host_memory / active, profile.host.pinned_rounding)
-    return solver(prob)
+    m_cpu = profile.usable_host_memory / active
+    res = solver(AlphaProblem(sk["input"], sk["attn"], sk["other"], bw, budget, model.layers, m_cpu))
+    if not res.feasible:
+        return res
+    rows = layer_rows(layout, batch, seq)
+    k = max(1, offloaded_layer_count(model.layers))
+
+    def host_ok(n: int) -> bool:
+        pol = get_policy("memo", n / rows)
+        return k * pol.host_bytes_per_layer(model, layout, batch, seq, profile) <= m_cpu
+
+    hi = offload_token_count(res.alpha, rows)
+    if host_ok(hi):
+        return replace(res, alpha=hi / rows)
+    if not host_ok(0):
+        return AlphaResult(None, "host_memory", False, res.solver)
+    lo = 0  # host_ok(lo) holds, host_ok(hi) does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if host_ok(mid) else (lo, mid)
+    return AlphaResult(lo / rows, "host_memory", True, res.solver)
 
 
 def estimate_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy,

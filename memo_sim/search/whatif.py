@@ -145,7 +145,6 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
                     res = memo_alpha(model, lay, batch, seq, profile)
                     a = res.alpha if res.feasible else 0.0
                     note = res.reason() if res.feasible else f"infeasible ({res.reason()}); alpha=0"
-                a = round(a, 4)
             choice = get_policy(pol, a)
             est = estimate_iteration(model, lay, batch, seq, choice, profile)
             mem = memory_breakdown(model, lay, batch, seq, choice, profile)

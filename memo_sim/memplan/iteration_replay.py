@@ -1,0 +1,599 @@
+"""PyTorch's caching allocator over whole training iterations of one GPU (unplanned policies).
+
+`memo_sim.memplan.baseline` replays one layer's transient requests alone on unlimited memory;
+that gives the transient footprint but never a reorganisation, because nothing else lives on the
+device. Here the request stream of a whole iteration goes through the caching-allocator model
+(`memo_sim.memplan.caching_allocator`) against the device's real capacity
+(``profile.usable_gpu_memory``), with everything that shares the allocator with the transients:
+
+* before the first iteration, the model states (bf16 weights, bf16 gradients, fp32 optimizer
+  states, ZeRO-3's two gathered layers; one request each, as Megatron's contiguous buffers) and
+  the policy's static GPU buffers (`Policy.static_gpu`: rounding buffers);
+* the embedding output, i.e. layer 0's input;
+* for each layer i, its forward: the level-1 transients of
+  `memo_sim.memplan.trace_gen.layer_forward_trace`, and the skeletal tensors the policy keeps
+  (`Policy.forward_kept`) allocated one tensor at a time at the op that produces them, as
+  PyTorch's autograd saves them. The layer output ``y`` is the next layer's input (the same
+  allocation); the input is freed at the end of the forward unless the policy keeps it;
+* the classifier: final-norm output, one chunk's logits (`classifier_peak_bytes`), and the
+  gradient handed to the last layer's backward;
+* for each layer, last first: when the policy recomputes it, the recompute, then the backward
+  (`layer_backward_trace`), whose incoming gradient ``dy`` is the gradient the layer above
+  produced (its ``dx``). A policy that re-runs the whole layer forward (`recomputes_attention`,
+  full recompute) replays the layer forward trace again, with the tensors of
+  `Policy.recompute_allocated` allocated at their producing ops, and the backward trace without
+  the token-wise recompute scratch; a token-wise recompute allocates them when the backward
+  starts and keeps the trace's recompute scratch. Each saved tensor is freed right after the
+  backward of the last op that needs it (attention frees q, k, v, attn and lse; ln1's backward
+  frees the layer input), as autograd releases saved tensors;
+* the embedding backward frees the gradient of layer 0's input.
+
+A policy's kept tensors are named by role only (``[("skeletal", total + lse)]`` for store-all);
+they are split into the layer's tensors (`memo_sim.model.layer_graph.layer_tensors`) by asking
+the policy's functions for their bytes on one-role inputs (every policy's bytes are linear in
+the role bytes; a lump that is not is allocated whole, at the start of its phase).
+
+Steady state: two iterations (``iterations``) are replayed back to back and the last one is
+reported, so the segments cached during the first one serve the second, as in real training.
+A *reorganisation* is the allocator freeing every cached unsplit segment and retrying a
+cudaMalloc that did not fit (PyTorch's ``num_alloc_retries``); `IterationReplay.stall_seconds`
+prices the reorganisations, cudaFree and cudaMalloc calls of the reported iteration with the
+profile's ``gpu.allocator`` costs.
+
+Contract: this describes runs on PyTorch's caching allocator. A policy with a static memory plan
+(`Policy.static_memory_plan`, MEMO) places its transients at planned addresses and has no
+reorganisation by construction; the caller decides that (`replay_iteration` replays whatever it
+is given). Left out, as in the allocator model: streams and ``record_stream`` (a tensor freed on
+the compute stream while a copy or collective still reads it is reusable at once), ring-CP K/V
+receive buffers, TP collective workspaces, gradient-reduction buckets, optimizer temporaries,
+and per-parameter weight tensors (model states are a few contiguous buffers).
+
+Wall time: the request stream depends only on (model, layout, batch, seq, policy, classifier
+chunk) and is memoised; a replay of 7B (32 layers) takes a few tens of milliseconds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+
+from memo_sim.cost.activations import skeletal_bytes, tensor_bytes
+from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS, classifier_peak_bytes, model_state_parts
+from memo_sim.errors import MemoError
+from memo_sim.layout.parallel import Layout
+from memo_sim.memplan.caching_allocator import (
+    AllocatorConfig, AllocatorOutOfMemory, CachingAllocatorModel, OomEvent,
+)
+from memo_sim.memplan.trace import Buffer, RequestTrace
+from memo_sim.memplan.trace_gen import layer_backward_trace, layer_forward_trace
+from memo_sim.model.config import ModelConfig
+from memo_sim.model.layer_graph import forward_ops, layer_tensors
+from memo_sim.policy.base import Policy
+from memo_sim.profile.schema import AllocatorCosts, HardwareProfile
+
+MALLOC, FREE, FREE_STREAM = 1, 0, 2  # FREE_STREAM: the buffer was used by a collective (record_stream)
+ROLES = ("input", "attn", "other", "lse")
+
+# One request: (MALLOC, FREE or FREE_STREAM, buffer id, bytes; 0 for a free).
+Request = tuple[int, str, int]
+
+
+# ---------------------------------------------------------------------------------- the stream
+@dataclass(frozen=True)
+class IterationStream:
+    """The requests of one GPU: ``static`` once before the first iteration, ``iteration`` per
+    iteration (it frees everything it allocates). ``phase_of[j]`` numbers the phase request j
+    belongs to (0 embedding, then each layer's forward, the classifier, each layer's backward
+    with its recompute, the embedding backward); empty means one phase."""
+
+    static: tuple[Request, ...]
+    iteration: tuple[Request, ...]
+    phase_of: tuple[int, ...] = ()
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if self.phase_of and len(self.phase_of) != len(self.iteration):
+            raise MemoError("IterationStream.phase_of must have one entry per request")
+        _check_balanced(self)
+
+    @property
+    def static_bytes(self) -> int:
+        return sum(r[2] for r in self.static)
+
+    @property
+    def phases(self) -> int:
+        return (self.phase_of[-1] + 1) if self.phase_of else 1
+
+    def max_live_bytes(self) -> int:
+        """Largest sum of live request sizes (static included): the lower bound on any allocator."""
+        live = peak = self.static_bytes
+        sizes: dict[str, int] = {}
+        for kind, bid, size in self.iteration:
+            if kind == MALLOC:
+                sizes[bid] = size
+                live += size
+                peak = max(peak, live)
+            else:
+                live -= sizes.pop(bid)
+        return peak
+
+    def to_trace(self) -> RequestTrace:
+        """One iteration as a `RequestTrace` (step j = request j; the static buffers live through
+        it), for the DSA tools and plots."""
+        n = len(self.iteration)
+        bufs = [Buffer(bid, size, 0, n + 1, kind="other", name=bid) for _k, bid, size in self.static]
+        open_: dict[str, tuple[int, int]] = {}
+        for j, (kind, bid, size) in enumerate(self.iteration):
+            if kind == MALLOC:
+                open_[bid] = (j, size)
+            else:
+                lo, sz = open_.pop(bid)
+                bufs.append(Buffer(f"it.{bid}", sz, lo, j, name=bid))
+        return RequestTrace(bufs, name=self.name)
+
+
+def _check_balanced(stream: IterationStream) -> None:
+    live: set[str] = set()
+    for kind, bid, size in stream.static:
+        if kind != MALLOC or not isinstance(size, int) or size <= 0:
+            raise MemoError(f"iteration stream: static request {bid!r} must be a malloc of a positive size")
+        live.add(bid)
+    static = set(live)
+    for kind, bid, size in stream.iteration:
+        if kind == MALLOC:
+            if bid in live:
+                raise MemoError(f"iteration stream: {bid!r} allocated while allocated")
+            if not isinstance(size, int) or size <= 0:
+                raise MemoError(f"iteration stream: {bid!r} needs a positive integer size, got {size!r}")
+            live.add(bid)
+        elif kind in (FREE, FREE_STREAM):
+            if bid not in live or bid in static:
+                raise MemoError(f"iteration stream: {bid!r} freed while not allocated in the iteration")
+            live.remove(bid)
+        else:
+            raise MemoError(f"iteration stream: unknown request kind {kind!r}")
+    if live != static:
+        raise MemoError(f"iteration stream: {sorted(live - static)[:3]} still allocated at the end of the iteration")
+
+
+def _nbytes(x: float) -> int:
+    return max(1, int(math.ceil(x - 1e-6)))
+
+
+def _basis(role: str) -> dict[str, float]:
+    d = {r: 0.0 for r in ROLES}
+    d[role] = 1.0
+    d["total"] = 1.0 if role in ("input", "attn", "other") else 0.0
+    return d
+
+
+def _split_by_role(lumps_of, sk: dict[str, float]) -> list[tuple[str, dict[str, float] | None, float]]:
+    """A policy's (name, bytes) lumps as (name, {role: share}, bytes); the share map is None for a
+    lump whose bytes are not a linear combination of the role bytes."""
+    actual = list(lumps_of(sk))
+    probes = {r: dict(lumps_of(_basis(r))) for r in ROLES}
+    out = []
+    for name, nbytes in actual:
+        comp = {r: float(probes[r].get(name, 0.0)) for r in ROLES}
+        recon = sum(comp[r] * sk[r] for r in ROLES)
+        ok = all(c >= 0 for c in comp.values()) and math.isclose(recon, nbytes, rel_tol=1e-9, abs_tol=1.0)
+        out.append((name, comp if ok else None, float(nbytes)))
+    return out
+
+
+def _forward_op_steps(model: ModelConfig, layout: Layout) -> dict[str, int]:
+    """Step of `layer_forward_trace` at which each forward op allocates its outputs (the same walk
+    of the op list and the same ticks; `tests/test_allocator_iteration.py` checks they agree)."""
+    sp = layout.sp and layout.tp > 1
+    tp = layout.tp > 1
+    step, out = 0, {}
+    for op in forward_ops(model):
+        if op.kind == "gemm" and sp and op.tp_comm_after != "reduce":
+            step += 1  # all-gather of the input
+        out[op.name] = step
+        step += 1
+        if op.tp_comm_after == "reduce" and tp:
+            step += len(op.outputs)  # reduce-scatter / all-reduce outputs
+    return out
+
+
+def _backward_op_steps(model: ModelConfig, trace: RequestTrace) -> dict[str, int]:
+    """Step of a `layer_backward_trace` at which each (non-add) op's backward runs: where it
+    allocates the gradients of its inputs (trace_gen's names: dx, d_<t>_part, d_<t>[_partial])."""
+    lower = {b.id: b.lower for b in trace.buffers}
+    out: dict[str, int] = {}
+    for op in forward_ops(model):
+        steps = []
+        for i in op.inputs:
+            n = "dx" if (i == "x" and op.name == "ln1") else (f"d_{i}_part" if i in ("x", "h1") else f"d_{i}")
+            for cand in (f"bwd.{n}", f"bwd.{n}_partial"):
+                if cand in lower:
+                    steps.append(lower[cand])
+        if steps:
+            out[op.name] = min(steps)
+    return out
+
+
+def _release_op(model: ModelConfig) -> dict[str, str]:
+    """Saved tensor -> the forward op whose backward is the last to need it (the earliest op in
+    forward order among those that read it; the attention backward also reads its outputs)."""
+    ops = forward_ops(model)
+    out: dict[str, str] = {}
+    for t, spec in layer_tensors(model).items():
+        if not spec.saved:
+            continue
+        users = [k for k, op in enumerate(ops) if t in op.inputs
+                 or (op.kind == "attention" and t in op.outputs)]
+        if users:
+            out[t] = ops[min(users)].name
+    return out
+
+
+def _collective(name: str, names: set[str]) -> bool:
+    """Whether a level-1 transient is read or written by a TP collective (trace_gen's names: an
+    all-gather output ``*_gathered``, a reduce input ``*_partial`` or the reduce output beside it)."""
+    return name.endswith(("_gathered", "_partial")) or f"{name}_partial" in names
+
+
+class _Phase:
+    """Requests of one phase keyed by (step, free-before-malloc, order), emitted in that order."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[int, int, int, int, str, int]] = []
+
+    def add(self, step: int, kind: int, bid: str, size: int = 0) -> None:
+        self.items.append((step, kind, len(self.items), kind, bid, size))
+
+    def requests(self) -> list[Request]:
+        return [(k, b, s) for _st, _o, _n, k, b, s in sorted(self.items)]
+
+
+def _expand(lumps, model: ModelConfig, layout: Layout, batch: int, seq: int, prefix: str):
+    """Kept lumps -> [(tensor name or None, id suffix, bytes)], one entry per layer tensor.
+    The layer input (role input) comes back with tensor name "x" and is not a new allocation."""
+    tensors = layer_tensors(model)
+    out = []
+    for name, comp, nbytes in lumps:
+        if comp is None:
+            out.append((None, f"{prefix}{name}", _nbytes(nbytes)))
+            continue
+        for t, spec in tensors.items():
+            share = comp.get(spec.role, 0.0) if spec.saved else 0.0
+            if share <= 0:
+                continue
+            b = share * tensor_bytes(spec, layout, batch, seq)
+            if b > 0:
+                out.append((t, f"{prefix}{name}.{t}", _nbytes(b)))
+    return out
+
+
+@dataclass(frozen=True)
+class _LayerTemplates:
+    forward: tuple[Request, ...]
+    backward: tuple[Request, ...]  # without recompute
+    backward_recompute: tuple[Request, ...]  # recompute + backward
+
+
+# Chain names, substituted per layer: the layer's input and output activations and gradients.
+X_IN, X_OUT, G_IN, G_OUT = "@x_in", "@x_out", "@g_in", "@g_out"
+
+
+def _layer_templates(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy) -> _LayerTemplates:
+    sk = skeletal_bytes(model, layout, batch, seq)
+    fwd = layer_forward_trace(model, layout, batch, seq)
+    fsteps = _forward_op_steps(model, layout)
+    producer = {o: op.name for op in forward_ops(model) for o in op.outputs}
+    release = _release_op(model)
+    fwd_end = max(b.upper for b in fwd.buffers) if fwd.buffers else max(fsteps.values()) + 1
+    fnames = {b.name for b in fwd.buffers}
+
+    kept = _expand(_split_by_role(policy.forward_kept, sk), model, layout, batch, seq, "keep.")
+    keeps_input = any(t == "x" for t, _, _ in kept)
+    kept = [k for k in kept if k[0] != "x"]
+    rec = _expand(_split_by_role(policy.recompute_allocated, sk), model, layout, batch, seq, "rec.")
+
+    def forward_phase(ph: _Phase, saved, local: str, y_name: str) -> int:
+        """The layer forward's requests into ``ph``; returns the phase's end step."""
+        for b in fwd.buffers:
+            if b.name == "y":  # the layer output: its free is the caller's
+                ph.add(b.lower, MALLOC, y_name, b.size)
+                continue
+            ph.add(b.lower, MALLOC, f"{local}{b.name}", b.size)
+            ph.add(b.upper, FREE_STREAM if _collective(b.name, fnames) else FREE, f"{local}{b.name}")
+        for t, bid, size in saved:
+            step = fsteps.get(producer.get(t, ""), 0) if t is not None else 0
+            ph.add(step, MALLOC, bid, size)
+        return fwd_end
+
+    # ---- forward
+    ph = _Phase()
+    end = forward_phase(ph, kept, "fwd.", X_OUT)
+    if not keeps_input:
+        ph.add(end, FREE, X_IN)
+    forward = tuple(ph.requests())
+
+    # ---- backward (with or without recompute)
+    def backward_phase(recompute: bool) -> tuple[Request, ...]:
+        ph = _Phase()
+        offset = 0
+        full_forward = recompute and policy.recomputes_attention
+        rec_saved = rec if recompute else []
+        if full_forward:
+            # the whole layer forward runs again; its output (the recomputed y) is what the
+            # backward differentiates, held until the backward ends
+            offset = forward_phase(ph, rec_saved, "rfwd.", "rfwd.y") + 1
+        bwd = layer_backward_trace(model, layout, batch, seq, None if full_forward else policy)
+        bsteps = _backward_op_steps(model, bwd)
+        bnames = {b.name for b in bwd.buffers}
+        bwd_end = offset + (max(b.upper for b in bwd.buffers) if bwd.buffers else 0)
+        if recompute and not full_forward:
+            for _t, bid, size in rec_saved:
+                ph.add(offset, MALLOC, bid, size)
+        for b in bwd.buffers:
+            lo, up = b.lower + offset, b.upper + offset
+            if b.name == "dy":
+                ph.add(up, FREE, G_IN)  # the gradient the layer above handed down
+            elif b.name == "dx":
+                ph.add(lo, MALLOC, G_OUT, b.size)  # handed to the layer below
+            else:
+                ph.add(lo, MALLOC, f"bwd.{b.name}", b.size)
+                ph.add(up, FREE_STREAM if _collective(b.name, bnames) else FREE, f"bwd.{b.name}")
+
+        def free_after_use(t: str | None, bid: str) -> None:
+            op = release.get(t) if t is not None else None
+            step = offset + bsteps[op] + 1 if op in bsteps else bwd_end
+            ph.add(step, FREE, bid)
+
+        for t, bid, _ in kept + list(rec_saved):
+            free_after_use(t, bid)
+        if keeps_input:
+            free_after_use("x", X_IN)
+        if full_forward:
+            ph.add(bwd_end, FREE, "rfwd.y")
+        return tuple(ph.requests())
+
+    return _LayerTemplates(forward, backward_phase(False), backward_phase(True))
+
+
+def _model_state_requests(model: ModelConfig, layout: Layout) -> list[Request]:
+    """Model states as Megatron holds them: one contiguous buffer per part
+    (`memo_sim.cost.memory.model_state_parts`), allocated before the first iteration."""
+    return [(MALLOC, f"model.{name}", _nbytes(b)) for name, b in model_state_parts(model, layout).items() if b > 0]
+
+
+@lru_cache(maxsize=256)
+def iteration_stream(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy,
+                     classifier_chunk_tokens: int = CLASSIFIER_CHUNK_TOKENS) -> IterationStream:
+    """The request stream of one GPU's training iteration (memoised; see the module docs)."""
+    n = model.layers
+    sk = skeletal_bytes(model, layout, batch, seq)
+    x = _nbytes(sk["input"])
+    tpl = _layer_templates(model, layout, batch, seq, policy)
+
+    static = _model_state_requests(model, layout)
+    static += [(MALLOC, f"static.{name}", _nbytes(b)) for name, b in policy.static_gpu(sk) if b > 0]
+
+    reqs: list[Request] = [(MALLOC, "x0", x)]  # embedding output = layer 0's input
+
+    def emit(template: tuple[Request, ...], i: int) -> None:
+        chain = {X_IN: f"x{i}", X_OUT: f"x{i + 1}", G_IN: f"g{i + 1}", G_OUT: f"g{i}"}
+        pre = f"L{i}."
+        for kind, bid, size in template:
+            reqs.append((kind, chain[bid] if bid[0] == "@" else pre + bid, size))
+
+    for i in range(n):
+        emit(tpl.forward, i)
+    # classifier: final norm output, one chunk's logits (+ fp32 softmax and gradient), the gradient
+    # of the last layer's output; the last layer's output dies with the final norm's backward
+    logits = _nbytes(max(1.0, classifier_peak_bytes(model, layout, batch, seq, classifier_chunk_tokens) - 2 * sk["input"]))
+    reqs += [(MALLOC, "cls.final_norm", x), (MALLOC, "cls.chunk", logits), (FREE, "cls.chunk", 0),
+             (MALLOC, f"g{n}", x), (FREE, "cls.final_norm", 0), (FREE, f"x{n}", 0)]
+    for i in range(n - 1, -1, -1):
+        emit(tpl.backward_recompute if policy.recomputes_layer(i, n) else tpl.backward, i)
+    reqs.append((FREE, "g0", 0))  # embedding backward
+    name = f"{model.name}-{layout.label()}-{seq}-{policy.label()}-iteration"
+    stream = IterationStream(tuple(static), tuple(reqs), name=name)
+    _check_balanced(stream)
+    return stream
+
+
+# ---------------------------------------------------------------------------------- the replay
+@dataclass
+class IterationReplay:
+    """The caching allocator over a steady-state iteration (the last of ``iterations`` replayed).
+
+    Bytes are per GPU. ``peak_reserved_bytes`` includes the segments cached by earlier
+    iterations; ``fragmentation_at_peak`` = 1 - allocated / reserved at the moment allocated
+    bytes peak in the reported iteration. Counts (reorganisations, cudaMalloc / cudaFree calls
+    and their bytes) are those of the reported iteration. On OOM the replay stops:
+    ``oom_iteration`` (0-based) and ``oom_event`` say where; the counts are then those replayed.
+    """
+
+    name: str
+    policy: str
+    capacity_bytes: int
+    iterations: int
+    requests_per_iteration: int  # mallocs
+    static_bytes: int
+    max_live_bytes: int
+    peak_reserved_bytes: int
+    peak_allocated_bytes: int
+    reserved_at_peak_allocated_bytes: int
+    fragmentation_at_peak: float
+    reorganizations: int
+    reorganization_requests: list[str]
+    cuda_mallocs: int
+    cuda_malloc_bytes: int
+    cuda_frees: int
+    cuda_free_bytes: int
+    reorganization_cuda_frees: int
+    fragmentation_failures: int
+    first_iteration: dict  # the warm-up iteration's counters
+    oom: bool
+    oom_iteration: int | None
+    oom_event: OomEvent | None
+    expandable_segments: bool = False
+    max_split_size_bytes: int | None = None
+    stream_lag_requests: int | None = None
+    static_memory_plan: bool = False  # the policy has one: these numbers do not apply to it
+    series_reserved_bytes: list[int] = field(default_factory=list)  # per request, reported iteration
+    series_allocated_bytes: list[int] = field(default_factory=list)
+
+    @property
+    def oom_request(self) -> str | None:
+        return self.oom_event.buffer_id if self.oom_event is not None else None
+
+    def stall_breakdown(self, profile: HardwareProfile | AllocatorCosts) -> dict[str, float]:
+        """Seconds the reported iteration's allocator calls stall the compute stream, by kind:
+        one device synchronise per reorganisation, every cudaFree and every cudaMalloc (in a
+        steady state all of them follow from reorganisations: the segments a flush released are
+        cudaMalloc'd again later in the iteration)."""
+        costs = profile.gpu.allocator if isinstance(profile, HardwareProfile) else profile
+        out = {
+            "sync_s": self.reorganizations * float(costs.sync),
+            "cuda_free_s": costs.free_seconds(self.cuda_frees, self.cuda_free_bytes),
+            "cuda_malloc_s": costs.malloc_seconds(self.cuda_mallocs, self.cuda_malloc_bytes),
+        }
+        out["total_s"] = out["sync_s"] + out["cuda_free_s"] + out["cuda_malloc_s"]
+        return out
+
+    def stall_seconds(self, profile: HardwareProfile | AllocatorCosts) -> float:
+        """Seconds per iteration the compute stream waits for the allocator (`stall_breakdown`)."""
+        return self.stall_breakdown(profile)["total_s"]
+
+    def to_json_obj(self) -> dict:
+        d = asdict(self)
+        d["oom_request"] = self.oom_request
+        return d
+
+
+def replay_stream(stream: IterationStream, config: AllocatorConfig, iterations: int = 2,
+                  series: bool = False, policy: Policy | None = None,
+                  stream_lag_requests: int | None = None) -> IterationReplay:
+    """Replay ``stream``'s static requests, then ``iterations`` iterations; report the last.
+
+    ``stream_lag_requests``: None (default) returns every freed block to the cache at once. An
+    integer L models ``record_stream`` on the collectives' buffers (``FREE_STREAM`` requests):
+    the GPU runs L requests behind the CPU, so such a block becomes reusable only L requests
+    after its free, or at a reorganisation (which synchronises the device).
+    """
+    if not isinstance(iterations, int) or isinstance(iterations, bool) or iterations < 1:
+        raise MemoError(f"iterations must be a positive integer, got {iterations!r}")
+    if stream_lag_requests is not None and (not isinstance(stream_lag_requests, int) or stream_lag_requests < 0):
+        raise MemoError(f"stream_lag_requests must be None or a non-negative integer, got {stream_lag_requests!r}")
+    m = CachingAllocatorModel(config)
+    oom: OomEvent | None = None
+    oom_it: int | None = None
+    for _k, bid, size in stream.static:
+        try:
+            m.malloc(bid, size, 0)
+        except AllocatorOutOfMemory as e:
+            oom, oom_it = e.event, 0
+            break
+    reqs = stream.iteration
+    n = len(reqs)
+    lag = stream_lag_requests
+    first: dict = {}
+    before = m.counters()
+    reorg_before = 0
+    peak_alloc = reserved_at_peak = 0
+    res_series: list[int] = []
+    alloc_series: list[int] = []
+    malloc, free = m.malloc, m.free
+    for it in range(iterations if oom is None else 0):
+        last = it == iterations - 1
+        if last:
+            if it > 0:
+                now = m.counters()
+                first = {k: now[k] - before[k] for k in now}
+                before = now
+            m.reset_peak_stats()
+            reorg_before = len(m.reorganization_steps)
+            peak_alloc, reserved_at_peak = m.allocated_bytes, m.reserved_bytes
+        base = 1 + it * n
+        try:
+            for j, (kind, bid, size) in enumerate(reqs):
+                step = base + j
+                if lag is not None and m.pending_bytes:
+                    m.complete_pending(step)
+                if kind == MALLOC:
+                    malloc(bid, size, step)
+                    if last and m.allocated_bytes > peak_alloc:
+                        peak_alloc, reserved_at_peak = m.allocated_bytes, m.reserved_bytes
+                elif kind == FREE_STREAM and lag:
+                    free(bid, step, pending_until=step + lag)
+                else:
+                    free(bid, step)
+                if last and series:
+                    res_series.append(m.reserved_bytes)
+                    alloc_series.append(m.allocated_bytes)
+        except AllocatorOutOfMemory as e:
+            oom, oom_it = e.event, it
+            break
+        m.complete_pending()  # the iteration ends with a synchronisation (loss.item(), grad-norm)
+    reached_last = oom_it is None or oom_it == iterations - 1
+    if not reached_last:  # failed in a warm-up iteration: report what happened there
+        peak_alloc = m.peak_allocated_bytes
+        reserved_at_peak = m.peak_reserved_bytes
+    now = m.counters()
+    cnt = {k: now[k] - before[k] for k in now}
+    last_base = 1 + (iterations - 1) * n
+    reorg_ids = [reqs[s - last_base][1] if 0 <= s - last_base < n else f"step {s}"
+                 for s in m.reorganization_steps[reorg_before:]]
+    return IterationReplay(
+        name=stream.name,
+        policy=policy.label() if policy is not None else "",
+        capacity_bytes=config.capacity_bytes,
+        iterations=iterations,
+        requests_per_iteration=sum(1 for r in reqs if r[0] == MALLOC),
+        static_bytes=stream.static_bytes,
+        max_live_bytes=stream.max_live_bytes(),
+        peak_reserved_bytes=m.peak_reserved_bytes,
+        peak_allocated_bytes=peak_alloc,
+        reserved_at_peak_allocated_bytes=reserved_at_peak,
+        fragmentation_at_peak=1.0 - peak_alloc / reserved_at_peak if reserved_at_peak else 0.0,
+        reorganizations=cnt["reorganizations"],
+        reorganization_requests=reorg_ids,
+        cuda_mallocs=cnt["cuda_malloc"],
+        cuda_malloc_bytes=cnt["cuda_malloc_bytes"],
+        cuda_frees=cnt["cuda_free"],
+        cuda_free_bytes=cnt["cuda_free_bytes"],
+        reorganization_cuda_frees=cnt["reorganization_cuda_frees"],
+        fragmentation_failures=cnt["fragmentation_failures"],
+        first_iteration=first,
+        oom=oom is not None,
+        oom_iteration=oom_it,
+        oom_event=oom,
+        expandable_segments=config.expandable_segments,
+        max_split_size_bytes=config.max_split_size_bytes,
+        stream_lag_requests=lag,
+        static_memory_plan=bool(policy is not None and policy.static_memory_plan),
+        series_reserved_bytes=res_series,
+        series_allocated_bytes=alloc_series,
+    )
+
+
+def replay_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy,
+                     profile: HardwareProfile, *, iterations: int = 2,
+                     classifier_chunk_tokens: int = CLASSIFIER_CHUNK_TOKENS,
+                     capacity_bytes: int | None = None, expandable_segments: bool = False,
+                     max_split_size_bytes: int | None = None, stream_lag_requests: int | None = None,
+                     series: bool = False) -> IterationReplay:
+    """Replay one GPU's training iterations through the caching-allocator model; report the last.
+
+    Capacity: ``profile.usable_gpu_memory`` (device memory minus what lives outside the
+    allocator), or ``capacity_bytes``. ``expandable_segments`` / ``max_split_size_bytes`` are
+    ``PYTORCH_CUDA_ALLOC_CONF``'s settings. ``series`` keeps reserved and allocated bytes after
+    every request of the reported iteration.
+
+    Applies to policies that run on the caching allocator. For a policy with a static memory plan
+    (``policy.static_memory_plan``: MEMO) the caller should charge no reorganisation: its
+    transients sit at planned addresses; the replay still runs (and says ``static_memory_plan``).
+    """
+    cap = int(profile.usable_gpu_memory if capacity_bytes is None else capacity_bytes)
+    cfg = AllocatorConfig(capacity_bytes=cap, expandable_segments=expandable_segments,
+                          max_split_size_bytes=max_split_size_bytes)
+    stream = iteration_stream(model, layout, batch, seq, policy, classifier_chunk_tokens)
+    return replay_stream(stream, cfg, iterations=iterations, series=series, policy=policy,
+                         stream_lag_requests=stream_lag_requests)
