@@ -6,12 +6,12 @@ Same inputs as the engine (one place per fact): per-phase critical times of the 
 node copying, boundary and gradient-collective times from `memo_sim.engine.schedules`. The same
 dependencies as `build_iteration`, at layer granularity, as a max-plus recurrence:
 
-    fwd_start(i)   = max(fwd_end(i-1), zero3_gather_end(i))
+    fwd_start(i)   = max(fwd_end(i-1), weight_gather_end(i))         (ZeRO >= 1)
     fwd_end(i)     = max(fwd_start(i) + F - F_last, offload_end(i-1)) + F_last
                      (F_last: the op writing layer i+1's input into the rounding buffer)
     offload_end(i) = max(fwd_end(i), offload_end(i-1)) + O            (i < n-2, offloading policies)
     prefetch_end(i)= max(bwd_end(i+2), prefetch_end(i+1)) + P
-    bwd_end(i)     = max(bwd_end(i+1), prefetch_end(i), zero3_gather_end(i)) + R(i) + Bw
+    bwd_end(i)     = max(bwd_end(i+1), prefetch_end(i), zero3_gather_end(i)) + R(i) + Bw   (ZeRO-3)
     gradient buckets on the dp stream: max(bwd_end(i), previous bucket) + sync
 
 When copies hide under compute and there is no data parallelism this is the plain sum of the
@@ -74,7 +74,7 @@ def analytic_iteration_time(model: ModelConfig, layout: Layout, batch: int, seq:
             off_end[i] = d2h
     c += bt.classifier
     gather_b: dict[int, float] = {}
-    if ag > 0:
+    if sync.gather_in_backward:
         for i in (n - 1, n - 2):
             if i >= 0:
                 dp = max(dp, fwd_end[n - 1]) + ag
@@ -91,7 +91,7 @@ def analytic_iteration_time(model: ModelConfig, layout: Layout, batch: int, seq:
         rec = r if policy.recomputes_layer(i, n) else 0.0
         c = start + rec + b
         bwd_end[i] = c
-        if ag > 0 and i - 2 >= 0:
+        if sync.gather_in_backward and i - 2 >= 0:
             dp = max(dp, c) + ag
             gather_b[i - 2] = dp
         if sync.active:
@@ -101,6 +101,4 @@ def analytic_iteration_time(model: ModelConfig, layout: Layout, batch: int, seq:
         dp = max(dp, c) + sync.embedding_grad
         c = max(c, dp)
     c += bt.optimizer
-    if sync.param_gather > 0:
-        c = max(c, dp) + sync.param_gather
     return c

@@ -1,10 +1,14 @@
 """Gradient and weight collectives over the group that holds the same weights (DP x CP x Ulysses).
 
-- gradient buckets: all-reduce, or reduce-scatter from ZeRO-2 on; one bucket per layer and one
-  for the embedding/classifier (the schedule), or all gradients at once (``all_grads``, the
-  analytic estimate's exposed tail is its 1/n share);
-- ZeRO-3: each layer's bf16 weights all-gathered before its forward and again before its backward;
-- ZeRO-1/2: the updated bf16 weights all-gathered after the optimizer step.
+- gradient buckets: all-reduce without ZeRO; reduce-scatter from ZeRO-1 on (a sharded optimizer
+  needs only its shard of the gradient: Megatron's distributed optimizer and DeepSpeed's ZeRO
+  both reduce-scatter); one bucket per layer and one for the embedding/classifier (the
+  schedule), or all gradients at once (``all_grads``; the analytic estimate's exposed tail is its
+  1/n share); element width from the model's precision recipe;
+- ZeRO-1/2: each layer's updated weights all-gathered once per iteration, overlapping the
+  forward (Megatron's overlapped parameter gather): layer i's forward waits for its gather;
+- ZeRO-3: each layer's weights all-gathered before its forward and again before its backward.
+The embedding/classifier weights are small next to the layers and not gathered separately.
 
 Seconds alone on the group's link (NVLink inside a node, the inter-node link across nodes).
 """
@@ -25,8 +29,8 @@ class GradSync:
     layer_grad: float  # one layer's gradient bucket
     embedding_grad: float
     all_grads: float  # every gradient in one collective
-    layer_gather: float  # ZeRO-3: one layer's bf16 weights
-    param_gather: float  # ZeRO-1/2: every updated bf16 weight after the step
+    layer_gather: float  # ZeRO >= 1: one layer's working weights all-gathered
+    gather_in_backward: bool = False  # ZeRO-3 gathers again before each layer's backward
 
     @property
     def active(self) -> bool:
@@ -38,10 +42,10 @@ def grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile) -> G
     link = coll.group_link(profile, g, layout.tp)
     bw, lat = float(link.bandwidth), float(link.latency)
     if g <= 1:
-        return GradSync(coll.link_kind(profile, link), 0.0, 0.0, 0.0, 0.0, 0.0)
+        return GradSync(coll.link_kind(profile, link), 0.0, 0.0, 0.0, 0.0)
 
     def reduce(nbytes: float) -> float:
-        if layout.zero >= 2:
+        if layout.zero >= 1:
             return coll.ring_reduce_scatter_time(nbytes, g, bw, lat)
         return coll.allreduce_time(nbytes, g, bw, lat)
 
@@ -49,7 +53,6 @@ def grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile) -> G
     layer_p = model.layer_params() / layout.tp
     emb_p = model.embedding_params() / layout.tp
     all_p = model.params() / layout.tp
-    gather = coll.ring_allgather_time(w * layer_p, g, bw, lat) if layout.zero >= 3 else 0.0
-    params = coll.ring_allgather_time(w * all_p, g, bw, lat) if layout.zero in (1, 2) else 0.0
+    gather = coll.ring_allgather_time(w * layer_p, g, bw, lat) if layout.zero >= 1 else 0.0
     return GradSync(coll.link_kind(profile, link), reduce(gr * layer_p), reduce(gr * emb_p),
-                    reduce(gr * all_p), gather, params)
+                    reduce(gr * all_p), gather, layout.zero >= 3)

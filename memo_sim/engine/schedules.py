@@ -6,7 +6,7 @@ runs beside the attention kernel that follows it and the next op waits for both)
 
     embedding fwd -> layer 0..n-1 fwd -> classifier (chunked fwd + bwd)
     -> layer n-1..0: [prefetch] [recompute] bwd, gradient bucket on dp_comm
-    -> embedding bwd -> (wait for every gradient bucket) optimizer step [-> ZeRO-1/2 param all-gather]
+    -> embedding bwd -> (wait for every gradient bucket) optimizer step
 
 Policies (`memo_sim.policy`; the schedule asks the policy object what it keeps, allocates,
 offloads and recomputes, and never branches on its name):
@@ -37,9 +37,11 @@ are held from the offload's start to the prefetch's end.
 
 Collectives: TP / Ulysses collectives are on ``comm`` (in the OpCost lists, on the critical
 path as in Megatron); ring-CP on ``cp_comm``; DP gradient buckets (one per layer, all-reduce, or
-reduce-scatter from ZeRO-2 on, over the DP x CP x Ulysses group) on ``dp_comm``, each issued
-after its layer's backward and overlapping the next layer's backward. ZeRO-3 all-gathers each
-layer's weights on ``dp_comm`` two layers ahead in forward and in backward.
+reduce-scatter from ZeRO-1 on, over the DP x CP x Ulysses group) on ``dp_comm``, each issued
+after its layer's backward and overlapping the next layer's backward. From ZeRO-1 on each
+layer's weights are all-gathered on ``dp_comm`` two layers ahead of its forward (ZeRO-1/2: the
+previous step's updated weights, Megatron's overlapped parameter gather); ZeRO-3 gathers them
+again ahead of its backward (phase ``weight_gather_bwd``).
 
 Embedding, classifier and optimizer times come from `memo_sim.cost.boundary`, gradient and
 weight collectives from `memo_sim.cost.grad_sync`, both shared with the analytic estimate.
@@ -232,10 +234,10 @@ def build_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, po
 
     # ---- backward -------------------------------------------------------------------------
     gather_b: dict[int, Op] = {}
-    if sync.layer_gather > 0:
+    if sync.gather_in_backward:
         for i in (n - 1, n - 2):
             if i >= 0:
-                gather_b[i] = dp_op("allgather_weights", i, sync.layer_gather, fwd_tail[n - 1], "weight_gather")
+                gather_b[i] = dp_op("allgather_weights", i, sync.layer_gather, fwd_tail[n - 1], "weight_gather_bwd")
     bwd_end: dict[int, list[Op]] = {}
     last_dp: Op | None = None
     for i in range(n - 1, -1, -1):
@@ -256,20 +258,18 @@ def build_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, po
         freed = gpu(i, policy.recompute_allocated(sk) + policy.forward_kept(sk), -1.0)
         tail = chain(lp.backward, i, "bwd", deps, (), freed)
         bwd_end[i] = tail
-        if sync.layer_gather > 0 and i - 2 >= 0:
-            gather_b[i - 2] = dp_op("allgather_weights", i - 2, sync.layer_gather, tail, "weight_gather")
+        if sync.gather_in_backward and i - 2 >= 0:
+            gather_b[i - 2] = dp_op("allgather_weights", i - 2, sync.layer_gather, tail, "weight_gather_bwd")
         if sync.active:
-            last_dp = dp_op("reducescatter_grads" if layout.zero >= 2 else "allreduce_grads", i, sync.layer_grad,
+            last_dp = dp_op("reducescatter_grads" if layout.zero >= 1 else "allreduce_grads", i, sync.layer_grad,
                             tail)
 
     emb_b = g.add("embedding", device=d, stream="compute", kind="compute", phase="bwd", layer=None,
                   work=bt.embedding_bwd, deps=tail)
     tail = [emb_b]
     if sync.active:
-        last_dp = dp_op("reducescatter_grads" if layout.zero >= 2 else "allreduce_grads", None,
+        last_dp = dp_op("reducescatter_grads" if layout.zero >= 1 else "allreduce_grads", None,
                         sync.embedding_grad, tail)
-    opt = g.add("optimizer", device=d, stream="compute", kind="compute", phase="optimizer", layer=None,
-                work=bt.optimizer, deps=tail + ([last_dp] if last_dp else []))
-    if sync.param_gather > 0:
-        dp_op("allgather_params", None, sync.param_gather, [opt], "param_gather")
+    g.add("optimizer", device=d, stream="compute", kind="compute", phase="optimizer", layer=None,
+          work=bt.optimizer, deps=tail + ([last_dp] if last_dp else []))
     return sched

@@ -19,7 +19,7 @@ from matplotlib.patches import Patch
 
 from memo_sim.errors import MemoError
 from memo_sim.fileio import save_png
-from memo_sim.timeline import Timeline, TimelineEvent
+from memo_sim.timeline import STREAMS, Timeline, TimelineEvent
 from memo_sim.units import fmt_count
 
 if TYPE_CHECKING:
@@ -27,15 +27,14 @@ if TYPE_CHECKING:
 
 GiB = 1024**3
 TiB = 1024**4
-STREAM_ORDER = ("compute", "comm", "cp_comm", "dp_comm", "d2h", "h2d")
 PHASE_COLOR = {
     "fwd": "#4C72B0", "bwd": "#DD8452", "recompute": "#C44E52", "offload": "#55A868", "prefetch": "#8172B3",
     "classifier": "#937860", "optimizer": "#DA8BC3", "grad_sync": "#8C8C8C", "weight_gather": "#CCB974",
-    "param_gather": "#64B5CD",
+    "weight_gather_bwd": "#CCB974",
 }
 FAIL_STYLE = {"OOM": ("x", "#C44E52"), "OOHM": ("v", "#8172B3")}
 FWD_PHASES = ("fwd", "offload", "weight_gather")
-BWD_PHASES = ("bwd", "recompute", "prefetch", "grad_sync")
+BWD_PHASES = ("bwd", "recompute", "prefetch", "grad_sync", "weight_gather_bwd")
 
 
 def _save(fig: Figure, path: str | Path) -> Path:
@@ -87,7 +86,7 @@ def gantt_figure(timeline: Timeline, path: str | Path, layers: tuple[int, int] |
     if not events:
         raise MemoError(f"timeline has no events on device {device}")
     streams = sorted({e.stream for e in events},
-                     key=lambda s: (STREAM_ORDER.index(s) if s in STREAM_ORDER else len(STREAM_ORDER), s))
+                     key=lambda s: (STREAMS.index(s) if s in STREAMS else len(STREAMS), s))
     windows = [(name, w) for name, w in (("forward", _window(events, layers, FWD_PHASES)),
                                          ("backward", _window(events, layers, BWD_PHASES))) if w]
     if not windows:

@@ -10,7 +10,7 @@ Per layer on one GPU (from `memo_sim.cost.layer_time`):
 - ``batch`` is sequences per data-parallel replica (the iteration trains batch x dp sequences).
 - Iteration = embedding + sum of layer forwards + classifier (forward + backward) + sum of layer
   backwards + exposed gradient sync (the last layer's bucket; the rest overlaps the backward)
-  + optimizer step (+ ZeRO-1/2's all-gather of the updated weights). Embedding, classifier and
+  + the exposed part of ZeRO's weight gathers + optimizer step. Embedding, classifier and
   optimizer come from `memo_sim.cost.boundary`, the collectives from `memo_sim.cost.grad_sync`,
   as in the event schedule.
 """
@@ -135,14 +135,15 @@ def estimate_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int,
     bt = boundary_times(model, layout, batch, seq, profile)
     sync = grad_sync(model, layout, profile)
     sync_exposed = sync.all_grads / n
-    # ZeRO-3: a layer's weight gather is exposed where it outlasts the layer it runs beside
-    zero3 = n * (max(0.0, sync.layer_gather - lt.forward) + max(0.0, sync.layer_gather - lt.backward)) \
-        if sync.layer_gather > 0 else 0.0
-    total = bt.embedding + fwd + bt.classifier + bwd + sync_exposed + zero3 + bt.optimizer + sync.param_gather
+    # ZeRO: a layer's weight gather is exposed where it outlasts the layer it runs beside
+    gathers = n * max(0.0, sync.layer_gather - lt.forward)
+    if sync.gather_in_backward:
+        gathers += n * max(0.0, sync.layer_gather - lt.backward)
+    total = bt.embedding + fwd + bt.classifier + bwd + sync_exposed + gathers + bt.optimizer
     return IterationEstimate(
         iteration_s=total, mfu=mfu(model, batch * layout.dp, seq, total, layout.gpus, profile.peak(model.dtype)),
         tgs=tgs(batch * layout.dp, seq, total, layout.gpus), layer=lt, embedding_s=bt.embedding,
-        classifier_s=bt.classifier, grad_sync_exposed_s=sync_exposed + zero3 + sync.param_gather,
+        classifier_s=bt.classifier, grad_sync_exposed_s=sync_exposed + gathers,
         optimizer_s=bt.optimizer, exposed_copy_s=exposed)
 
 

@@ -1,6 +1,8 @@
 """The analytic what-if: enumerate layouts x policies x alpha, estimate, rank, pick a plan.
 
-Ranking: plans that fit (status OK) first, fastest iteration first; then plans that do not fit,
+Ranking: plans that fit (status OK) first, highest throughput first (tokens per GPU per second,
+so a DP=2 plan that trains two sequences per iteration is judged by what it trains, not by its
+longer iteration; MFU orders the same way for one model and length); then plans that do not fit,
 least over capacity first (OOM by GPU bytes over, OOHM by host bytes over).
 """
 
@@ -43,9 +45,13 @@ class Candidate:
     def over_bytes(self) -> float:
         return self.memory.oom_by if self.memory.status == "OOM" else self.memory.oohm_by
 
+    @property
+    def tgs(self) -> float:
+        """Tokens per GPU per second: simulated where tier 2 ran, else analytic."""
+        return self.simulated["tgs_tokens_per_gpu_s"] if self.simulated else self.estimate.tgs
+
     def sort_key(self) -> tuple:
-        it = self.simulated["iteration_s"] if self.simulated else self.estimate.iteration_s
-        return (self.status != "OK", self.over_bytes if self.status != "OK" else 0.0, it)
+        return (self.status != "OK", self.over_bytes if self.status != "OK" else 0.0, -self.tgs)
 
     def to_json(self) -> dict:
         e, m = self.estimate, self.memory
