@@ -8,8 +8,8 @@ the level-2 trace carries.
 Forward: a sequence-parallel all-gather output (the gemm input at full local sequence length)
 lives until its gemm ends; a row-parallel gemm output lives at full length until its
 reduce-scatter / all-reduce, whose output lives until the residual add; the layer output y
-lives to the end of the phase (it becomes the next layer's input). The attention kernel's
-workspace is its fp32 log-sum-exp-sized scratch.
+lives to the end of the phase (it becomes the next layer's input). Attention and its
+communication add the buffers of `attention_buffers` while the attention kernel runs.
 
 Backward (ops in reverse): the incoming gradient dy, the gradients each op produces, the
 gathered inputs the weight gradients need again under sequence parallelism, and MEMO's
@@ -35,6 +35,39 @@ from memo_sim.model.layer_graph import DTYPE_BYTES, forward_ops, layer_tensors
 from memo_sim.policy.base import Policy
 
 ALIGN = 512  # the CUDA caching allocator's granularity; planned sizes are rounded to it
+FP32 = 4
+
+
+def attention_buffers(model: ModelConfig, layout: Layout, tb: dict[str, float], phase: str) -> list[tuple[str, float]]:
+    """Transient buffers live while one layer's attention runs on one GPU, (name, bytes).
+
+    With q, k, v, attn the per-GPU bytes of those tensors and d the model dtype's bytes:
+
+    - forward: the kernel's fp32 log-sum-exp-sized scratch (lse bytes);
+      ring CP (cp > 1): the K/V double buffer, the chunk being received beside the one in use,
+      2·(k + v); the fp32 output accumulator the partial results merge into, attn·4/d;
+      Ulysses (u > 1): the all-to-all outputs, head-sharded q, k, v (q + k + v) and the
+      attention output before its all-to-all back (attn).
+    - backward: the kernel's scratch (2·lse) plus FlashAttention's fp32 dQ accumulator, q·4/d
+      (one buffer, ``attention_bwd_workspace``); ring CP: the K/V double buffer 2·(k + v) and the
+      fp32 dK/dV travelling the ring, in use and in flight, 2·(k + v)·4/d; Ulysses: the
+      all-to-all buffers of the incoming attention gradient (attn) and of dq, dk, dv (q + k + v).
+    """
+    d = DTYPE_BYTES[model.dtype]
+    kv, qkv = tb["k"] + tb["v"], tb["q"] + tb["k"] + tb["v"]
+    if phase == "fwd":
+        out = [("attention_workspace", tb["lse"])]
+        if layout.cp > 1:
+            out += [("cp_kv_double_buffer", 2 * kv), ("cp_out_accumulator_fp32", tb["attn"] * FP32 / d)]
+        if layout.ulysses > 1:
+            out += [("ulysses_qkv_alltoall", qkv), ("ulysses_attn_alltoall", tb["attn"])]
+        return out
+    out = [("attention_bwd_workspace", 2 * tb["lse"] + tb["q"] * FP32 / d)]
+    if layout.cp > 1:
+        out += [("cp_kv_double_buffer", 2 * kv), ("cp_dkv_fp32_in_flight", 2 * kv * FP32 / d)]
+    if layout.ulysses > 1:
+        out += [("ulysses_dattn_alltoall", tb["attn"]), ("ulysses_dqkv_alltoall", qkv)]
+    return out
 
 
 def _align(n: float) -> int:
@@ -99,15 +132,17 @@ def _layer_forward_trace(model: ModelConfig, layout: Layout, batch: int, seq: in
         if op.kind == "gemm" and sp and op.tp_comm_after != "reduce":
             b.alloc(f"{op.name}_input_gathered", full_h)  # all-gather output
             b.tick()
-        if op.kind == "attention":
-            b.alloc("attention_workspace", tb["lse"])
+        attn_bufs = attention_buffers(model, layout, tb, "fwd") if op.kind == "attention" else []
+        for name, nbytes in attn_bufs:
+            b.alloc(name, nbytes)
         for o in op.outputs:
             if not layer_tensors(model)[o].saved:
                 b.alloc(o + ("_partial" if op.tp_comm_after == "reduce" and tp else ""),
                         full_h if op.tp_comm_after == "reduce" and tp else tb[o])
         b.tick()
         b.free(f"{op.name}_input_gathered")
-        b.free("attention_workspace")
+        for name, _ in attn_bufs:
+            b.free(name)
         if op.tp_comm_after == "reduce" and tp:
             for o in op.outputs:
                 b.alloc(o, tb[o])  # reduce-scatter / all-reduce output
@@ -146,8 +181,9 @@ def _layer_backward_trace(model: ModelConfig, layout: Layout, batch: int, seq: i
             b.tick()
         if op.kind == "gemm" and sp and op.tp_comm_after != "reduce":
             b.alloc(f"{op.name}_input_regathered", full_h)  # weight gradient needs the full input
-        if op.kind == "attention":
-            b.alloc("attention_bwd_workspace", 2 * tb["lse"])
+        attn_bufs = attention_buffers(model, layout, tb, "bwd") if op.kind == "attention" else []
+        for name, nbytes in attn_bufs:
+            b.alloc(name, nbytes)
         produced = []
         for i in op.inputs:
             if i == "x" and op.name == "ln1":
@@ -167,7 +203,8 @@ def _layer_backward_trace(model: ModelConfig, layout: Layout, batch: int, seq: i
         if gathered:
             b.free(gathered)
         b.free(f"{op.name}_input_regathered")
-        b.free("attention_bwd_workspace")
+        for name, _ in attn_bufs:
+            b.free(name)
         for name, partial in produced:
             if partial:
                 b.alloc(name, tb[op.inputs[0]])  # reduce-scatter / all-reduce output
