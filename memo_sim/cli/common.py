@@ -50,10 +50,12 @@ def build_model(model_name: str, layers, hidden, heads, ffn, vocab, dtype=None, 
 
 
 def progress_bar(label: str, total: int, quiet: bool = False):
-    """A click progress bar on stderr; returns a context manager yielding a step() callable."""
+    """A click progress bar on stderr; returns a context manager yielding a step() callable.
+    Silent when ``quiet`` (e.g. --json), when there is nothing to count, or when stderr is not a
+    terminal (logs and pipes get no bar)."""
     @contextlib.contextmanager
     def cm():
-        if quiet or total == 0:
+        if quiet or total == 0 or not sys.stderr.isatty():
             yield lambda: None
             return
         with click.progressbar(length=total, label=label, file=sys.stderr) as bar:

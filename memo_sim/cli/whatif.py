@@ -14,6 +14,7 @@ from memo_sim.plan.schema import write_plan
 from memo_sim.policy import policy_names
 from memo_sim.profile.loader import load_profile
 from memo_sim.report.table import render_table, status_text
+from memo_sim.search.frameworks import FRAMEWORKS
 from memo_sim.units import fmt_bytes, fmt_count, fmt_time
 
 
@@ -39,12 +40,14 @@ from memo_sim.units import fmt_bytes, fmt_count, fmt_time
 @click.option("--no-plan", is_flag=True, help="Do not write plan.json.")
 @click.option("--simulate-top", default=8, show_default=True, type=click.IntRange(0, 10000),
               help="Tier 2: simulate this many of the best analytic candidates in the event simulator (0: none).")
+@click.option("--framework", default="any", show_default=True, type=click.Choice(list(FRAMEWORKS)),
+              help="Search only what this framework offers, and compare its best plan with memo's.")
 @click.option("--sweep-alpha", is_flag=True,
               help="Simulate MEMO at alpha = 0, 0.125, ..., 1 for the (best) fixed layout; writes alpha_sweep.png.")
 def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq, gpus, profile_name, batch, tp, cp, ulysses, dp,
-           zero, sp, policies, alpha, top, as_json, out_dir, no_plan, simulate_top, sweep_alpha):
+           zero, sp, policies, alpha, top, as_json, out_dir, no_plan, simulate_top, framework, sweep_alpha):
     """Rank layouts x policies x alpha for a model, sequence length and cluster; write plan.json."""
-    from memo_sim.search.whatif import candidates_for
+    from memo_sim.search.whatif import candidates_for, rank
 
     t0 = time.perf_counter()
     model = build_model(model_name, layers, hidden, heads, ffn, vocab, dtype, precision)
@@ -52,21 +55,18 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq,
     profile.peak(model.dtype)  # a clear error if the profile has no peak for the model's dtype
     if batch < 1:
         raise MemoError("--batch must be at least 1")
-    result = candidates_for(model, seq, gpus, profile, batch=batch, tp=tp, cp=cp, ulysses=ulysses, dp=dp,
-                            zero=zero, sp=sp, policies=tuple(policies) or policy_names(), alpha=alpha)
+    fixed = dict(batch=batch, tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero, sp=sp, alpha=alpha)
     if sweep_alpha:
+        result = candidates_for(model, seq, gpus, profile, policies=tuple(policies) or None, framework=framework,
+                                **fixed)
         return _sweep_alpha(model, seq, batch, profile, result, as_json, out_dir, t0)
-    n_sim = 0
-    if simulate_top:
-        from memo_sim.search.whatif import simulate_candidates
-
-        head = [c for c in result.candidates if c.memory.status == "OK"][:simulate_top]
-        with progress_bar("simulating", len(head), quiet=as_json) as step:
-            simulate_candidates(head, progress=lambda done, total: step())
-        n_sim = len(head)
-        sim = sorted(head, key=lambda c: c.sort_key())
-        rest = [c for c in result.candidates if c not in head]
-        result.candidates = sim + rest
+    with progress_bar("simulating", simulate_top, quiet=as_json) as step:
+        result = rank(model, seq, gpus, profile, simulate_top=simulate_top, progress=lambda d, t: step(),
+                      policies=tuple(policies) or None, framework=framework, **fixed)
+    n_sim = result.simulated
+    memo_best = None
+    if framework != "any":  # what memo would do with the same cluster, beside the framework's best
+        memo_best = rank(model, seq, gpus, profile, simulate_top=1, **fixed).best
     best = result.best
     plan_path = None
     if best is not None and not no_plan:
@@ -81,6 +81,8 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq,
     if as_json:
         obj = {"model": model.to_dict(), "seq_tokens": seq, "gpus": gpus, "batch": batch, "profile": profile.name,
                "elapsed_s": elapsed, "simulated_candidates": n_sim, "plan_file": str(plan_path) if plan_path else None,
+               "framework": framework,
+               "memo_best": memo_best.to_json() if memo_best is not None else None,
                "candidates": [dict(rank=i + 1, **c.to_json()) for i, c in enumerate(result.candidates)],
                "rejected_layouts": [{"layout": lay.label(), "reason": why} for lay, why in result.rejected_layouts]}
         click.echo(json.dumps(obj, indent=1))
@@ -111,6 +113,12 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq,
         click.echo(f"best: {best.layout.label()} {best.policy.label()} -> {plan_path}")
         if best.alpha_note:
             click.echo(f"  alpha: {best.alpha_note}")
+    if framework != "any":
+        mine = f"{best.layout.label()} {best.policy.label()}, {best.tgs:.0f} tokens/GPU/s" if best else "nothing fits"
+        theirs = (f"{memo_best.layout.label()} {memo_best.policy.label()}, {memo_best.tgs:.0f} tokens/GPU/s"
+                  if memo_best else "nothing fits")
+        ratio = f" ({memo_best.tgs / best.tgs:.2f}x)" if best and memo_best else ""
+        click.echo(f"{framework}'s best: {mine}; memo's best: {theirs}{ratio}")
 
 
 def _sweep_alpha(model, seq, batch, profile, result, as_json, out_dir, t0):

@@ -20,6 +20,7 @@ from memo_sim.plan.schema import Plan
 from memo_sim.policy import Policy, get_policy, policy_class, policy_names
 from memo_sim.profile.schema import HardwareProfile
 from memo_sim.search.estimate import IterationEstimate, estimate_iteration, memo_alpha
+from memo_sim.search.frameworks import get_framework
 
 
 @dataclass
@@ -116,6 +117,7 @@ class Candidate:
 class WhatIfResult:
     candidates: list[Candidate]
     rejected_layouts: list[tuple[Layout, str]] = field(default_factory=list)
+    simulated: int = 0  # how many of the best were simulated (tier 2)
 
     @property
     def best(self) -> Candidate | None:
@@ -126,17 +128,23 @@ class WhatIfResult:
 def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, *, batch: int = 1,
                    tp: int | None = None, cp: int | None = None, ulysses: int | None = None, dp: int | None = None,
                    zero: int | None = None, sp: bool | None = None, policies: tuple[str, ...] | None = None,
-                   alpha: float | None = None) -> WhatIfResult:
+                   alpha: float | None = None, framework: str = "any") -> WhatIfResult:
+    """Every valid layout x policy (MEMO at its solved alpha) for ``framework``, estimated and ranked."""
     if gpus < 1:
         raise MemoError("--gpus must be at least 1")
-    policies = policy_names() if policies is None else policies
+    fw = get_framework(framework)
+    policies = fw.policies if policies is None else policies
     for p in policies:
         if p not in policy_names():
             raise MemoError(f"--policy {p!r} unknown; choose from {', '.join(policy_names())}")
+        if p not in fw.policies:
+            raise MemoError(f"--policy {p}: {fw.name} does not offer it (it offers {', '.join(fw.policies)})")
     if alpha is not None and not (0.0 <= alpha <= 1.0):
         raise MemoError(f"--alpha must lie in [0, 1], got {alpha}")
     valid, rejected = enumerate_layouts(model, gpus, profile.node_gpus, seq, tp=tp, cp=cp, ulysses=ulysses,
                                         dp=dp, zero=zero, sp=sp)
+    rejected += [(lay, fw.why_not(lay)) for lay in valid if not fw.allows(lay)]
+    valid = [lay for lay in valid if fw.allows(lay)]
     if not valid:
         why = rejected[0][1] if rejected else "no factorisation of the GPU count matches the fixed degrees"
         raise MemoError(f"no valid layout for {gpus} GPUs with the degrees given: {why}")
@@ -172,3 +180,16 @@ def simulate_candidates(candidates: list[Candidate], progress: Progress | None =
         if progress is not None:
             progress(k + 1, len(candidates))
     return out
+
+
+def rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, *, simulate_top: int = 8,
+         progress: Progress | None = None, **fixed) -> WhatIfResult:
+    """Both tiers: every candidate estimated, the best ``simulate_top`` that fit simulated and
+    ranked first by their simulated throughput. ``fixed``: `candidates_for`'s keyword arguments."""
+    result = candidates_for(model, seq, gpus, profile, **fixed)
+    if simulate_top:
+        head = [c for c in result.candidates if c.memory.status == "OK"][:simulate_top]
+        simulate_candidates(head, progress=progress)
+        result.candidates = sorted(head, key=Candidate.sort_key) + [c for c in result.candidates if c not in head]
+        result.simulated = len(head)
+    return result

@@ -1,0 +1,3 @@
+from memo_sim.cli import main
+
+main()
