@@ -7,7 +7,7 @@ from memo_sim.layout import Layout
 from memo_sim.memplan.baseline import caching_allocator_layer_report, layer_fwd_bwd_trace
 from memo_sim.memplan.planner import plan_memory
 from memo_sim.memplan.trace_gen import layer_backward_trace, layer_forward_trace, model_trace
-from memo_sim.memplan.validate import validate_placement
+from memo_sim.memplan.placement_check import validate_placement
 from memo_sim.model import get_model
 from memo_sim.policy import get_policy
 from memo_sim.profile import load_profile

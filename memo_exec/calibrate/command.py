@@ -115,8 +115,9 @@ def _command_line(ctx: click.Context) -> str:
 
 
 @click.command("calibrate", cls=_OneLineErrors,
-               help="Measure GEMM, attention, memory-bound ops, host copies, copy/compute overlap, memory and "
-                    "collectives on this machine and write hardware_profiles/NAME.yaml for memo-sim.")
+               help="Measure GEMM, attention, memory-bound ops, host copies, copy/compute overlap, memory, "
+                    "allocator calls and collectives on this machine and write hardware_profiles/NAME.yaml for "
+                    "memo-sim.")
 @click.option("--name", required=True, help="profile name (the file is OUT_DIR/NAME.yaml)")
 @click.option("--device", default="auto", show_default=True, help="auto, cuda, cuda:N or cpu")
 @click.option("--quick", is_flag=True, help="fewer sizes (under 1 minute on an H100, ~15 s on CPU)")

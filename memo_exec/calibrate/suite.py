@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from memo_exec.calibrate import allocator as alloc_bench
 from memo_exec.calibrate import attention as attn_bench
 from memo_exec.calibrate import collectives as coll_bench
 from memo_exec.calibrate import copies as copy_bench
@@ -326,6 +327,9 @@ def run_suite(opts: CalibrateOptions, progress: Progress) -> dict:
     single = [cc[d]["compute_slowdown"] for d in ("d2h", "h2d")]
     out["copies"] = {"sweep": sweep, "fit": fits, "duplex": dup, "copy_compute": cc,
                      "compute_slowdown": sum(single) / len(single)}
+
+    # allocator calls (CUDA; on CPU: not measured) -----------------------------------------------
+    out["allocator"] = alloc_bench.run(dev, opts.quick, progress)
 
     # memory capacity ------------------------------------------------------------------------------
     if spec.is_cuda:

@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from memo_exec.calibrate.allocator import profile_fields as allocator_fields
+from memo_exec.calibrate.allocator import summary as allocator_summary
 from memo_sim.errors import MemoError
 from memo_sim.fileio import atomic_write_text
 from memo_sim.profile.loader import SCHEMA, list_profiles, load_profile, parse_profile
@@ -167,6 +169,11 @@ def build_profile(name: str, r: dict, base: BaseProfile | None, node_from_base: 
     slow_q = measured("gpu.copy_compute_slowdown", q(min(1.0, max(0.0, slow)), "ratio", slow_src))
     gpu = {"model": dev, "memory": gpu_mem, "reserved": reserved, "peak_flops": peaks, "hbm_bandwidth": hbm_q,
            "copy_compute_slowdown": slow_q}
+    alloc, alloc_measured, alloc_not_measured = allocator_fields(r, at, base)
+    if alloc is not None:  # absent: the simulator's assumed defaults (CPU, or nothing measured or in the base)
+        gpu["allocator"] = alloc
+    measured_fields += alloc_measured
+    base_fields += alloc_not_measured
 
     # ---------------------------------------------------------------- efficiency
     g = r["gemm"]
@@ -336,6 +343,7 @@ def build_profile(name: str, r: dict, base: BaseProfile | None, node_from_base: 
         "copy_compute": {m: {k: sig(v) for k, v in cc[m].items() if isinstance(v, float)}
                          for m in ("d2h", "h2d", "both")},
         "elementwise_gb_s": {k: sig(v["bytes_per_s"] / 1e9) for k, v in e["ops"].items()},
+        "allocator": allocator_summary(r),
     }
     if coll["measured"]:
         summary["collectives"] = [{"bytes": row["bytes"], "sendrecv_us": sig(row["sendrecv_s"] * 1e6),

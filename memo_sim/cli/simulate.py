@@ -52,9 +52,12 @@ def _write_outputs(timeline, out: Path, layers_text: str | None, device: int = 0
 
 def _summary_line(r) -> str:
     if r.ok:
+        a = r.allocator
+        alloc = ("static memory plan" if a.get("static_memory_plan") else
+                 f"caching allocator: {a['reorganizations']} reorganisations, stall {fmt_time(a['stall_s'])}")
         return (f"{r.status}: {fmt_time(r.iteration_s)}/iteration, MFU {100 * r.mfu:.1f}%, TGS {r.tgs:.0f}, "
                 f"peak GPU {fmt_bytes(r.peak_gpu_bytes)}, peak host/node {fmt_bytes(r.peak_host_bytes_per_node)}, "
-                f"copy stall {fmt_time(r.exposed_copy_s)}")
+                f"copy stall {fmt_time(r.exposed_copy_s)}, {alloc}")
     return f"{r.failure.message()}"
 
 
@@ -65,12 +68,14 @@ def _summary_line(r) -> str:
 @click.option("--profile", "profile_override", default=None,
               help="Hardware profile name or file (default: the plan's profile).")
 @click.option("--no-contention", is_flag=True, help="Give every op its stand-alone time (the analytic model).")
-def simulate_cmd(plan_file, out_dir, layers_text, profile_override, no_contention):
+@click.option("--allocator-lag", default=0, show_default=True, type=click.IntRange(0, 64),
+              help="Layers the GPU lags behind the CPU, holding collective buffers (record_stream); 0: it keeps up.")
+def simulate_cmd(plan_file, out_dir, layers_text, profile_override, no_contention, allocator_lag):
     """Simulate a plan's training iteration; write timeline.json, trace.json and figures."""
     from memo_sim.engine.simulate import simulate
 
     plan, profile = _load_plan_and_profile(plan_file, profile_override)
-    r = simulate(plan.model, plan.layout, plan.batch, plan.seq_tokens, plan.policy, profile,
+    r = simulate(plan.model, plan.layout, plan.batch, plan.seq_tokens, plan.policy, profile, allocator_lag=allocator_lag,
                  contention=not no_contention, classifier_chunk_tokens=plan.classifier_chunk_tokens)
     out = Path(out_dir)
     r.timeline.meta["plan_file"] = str(plan_file)

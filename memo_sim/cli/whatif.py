@@ -40,12 +40,16 @@ from memo_sim.units import fmt_bytes, fmt_count, fmt_time
 @click.option("--no-plan", is_flag=True, help="Do not write plan.json.")
 @click.option("--simulate-top", default=8, show_default=True, type=click.IntRange(0, 10000),
               help="Tier 2: simulate this many of the best analytic candidates in the event simulator (0: none).")
+@click.option("--allocator-lag", default=0, show_default=True, type=click.IntRange(0, 64),
+              help="Tier 2: layers the GPU lags behind the CPU, holding collective buffers from the caching "
+                   "allocator (record_stream); 0: the GPU keeps up.")
 @click.option("--framework", default="any", show_default=True, type=click.Choice(list(FRAMEWORKS)),
               help="Search only what this framework offers, and compare its best plan with memo's.")
 @click.option("--sweep-alpha", is_flag=True,
               help="Simulate MEMO at alpha = 0, 0.125, ..., 1 for the (best) fixed layout; writes alpha_sweep.png.")
 def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq, gpus, profile_name, batch, tp, cp, ulysses, dp,
-           zero, sp, policies, alpha, top, as_json, out_dir, no_plan, simulate_top, framework, sweep_alpha):
+           zero, sp, policies, alpha, top, as_json, out_dir, no_plan, simulate_top, allocator_lag, framework,
+           sweep_alpha):
     """Rank layouts x policies x alpha for a model, sequence length and cluster; write plan.json."""
     from memo_sim.search.whatif import candidates_for, rank
 
@@ -62,11 +66,11 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq,
         return _sweep_alpha(model, seq, batch, profile, result, as_json, out_dir, t0)
     with progress_bar("simulating", simulate_top, quiet=as_json) as step:
         result = rank(model, seq, gpus, profile, simulate_top=simulate_top, progress=lambda d, t: step(),
-                      policies=tuple(policies) or None, framework=framework, **fixed)
+                      allocator_lag=allocator_lag, policies=tuple(policies) or None, framework=framework, **fixed)
     n_sim = result.simulated
     memo_best = None
     if framework != "any":  # what memo would do with the same cluster, beside the framework's best
-        memo_best = rank(model, seq, gpus, profile, simulate_top=1, **fixed).best
+        memo_best = rank(model, seq, gpus, profile, simulate_top=1, allocator_lag=allocator_lag, **fixed).best
     best = result.best
     plan_path = None
     if best is not None and not no_plan:

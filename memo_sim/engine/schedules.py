@@ -167,8 +167,13 @@ def middle_layer(n_layers: int) -> int:
 
 def build_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy,
                     profile: HardwareProfile, *, classifier_chunk_tokens: int = CLASSIFIER_CHUNK_TOKENS,
-                    device: Device | None = None) -> Schedule:
-    """The op graph of one full training iteration on the representative GPU."""
+                    device: Device | None = None, allocator_stall: dict[str, float] | None = None) -> Schedule:
+    """The op graph of one full training iteration on the representative GPU.
+
+    ``allocator_stall``: seconds the caching allocator's reorganisations stall the compute stream,
+    by phase (``L<i>.fwd``, ``L<i>.bwd``, ``classifier``, ``embedding``, ``embedding.bwd``; from
+    `memo_sim.memplan.iteration_replay.IterationReplay.stall_by_phase`): each becomes an
+    ``allocator_reorganization`` op on the compute stream at the start of its phase."""
     dev = device or representative_device(layout, profile)
     mem = memory_breakdown(model, layout, batch, seq, policy, profile, classifier_chunk_tokens,
                            active_gpus_per_node=dev.group)
@@ -188,8 +193,20 @@ def build_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, po
     for name, nbytes in policy.static_gpu(sk):
         g.add_static(d, MemAction("gpu", name, nbytes))
 
+    stall = dict(allocator_stall or {})
+
+    def reorganize(key: str, layer, deps: list[Op]) -> list[Op]:
+        """The allocator's stall at the start of a phase, if the replay put one there."""
+        seconds = stall.pop(key, 0.0)
+        if seconds <= 0:
+            return deps
+        return [g.add("allocator_reorganization", device=d, stream="compute", kind="compute", phase="allocator",
+                      layer=layer, work=seconds, deps=deps)]
+
     def chain(costs, layer, phase, deps, kept: tuple[MemAction, ...] = (), freed: tuple[MemAction, ...] = (),
               last_deps: list[Op] = ()):
+        if phase in ("fwd", "recompute") or (phase == "bwd" and (layer, "recompute") not in sched.phases):
+            deps = reorganize(f"L{layer}.{'fwd' if phase == 'fwd' else 'bwd'}", layer, deps)
         work = MemAction("gpu", f"L{layer}.{phase}.working", lp.working_bytes)
         ops, tail = emit_chain(g, costs, device=d, layer=layer, phase=phase, deps=deps, layout=layout,
                                profile=profile, mem_start=kept + (work,),
@@ -204,7 +221,7 @@ def build_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, po
 
     # ---- forward --------------------------------------------------------------------------
     emb = g.add("embedding", device=d, stream="compute", kind="compute", phase="fwd", layer=None,
-                work=bt.embedding_fwd)
+                work=bt.embedding_fwd, deps=reorganize("embedding", None, []))
     tail: list[Op] = [emb]
     fwd_tail: dict[int, list[Op]] = {}
     offload: dict[int, Op] = {}
@@ -227,7 +244,7 @@ def build_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, po
             sched.copies[(i, "offload")] = op
 
     cls = g.add("classifier", device=d, stream="compute", kind="compute", phase="classifier", layer=None,
-                work=bt.classifier, deps=tail,
+                work=bt.classifier, deps=reorganize("classifier", None, tail),
                 mem_start=(MemAction("gpu", "classifier.working", mem.classifier_peak_bytes),),
                 mem_end=(MemAction("gpu", "classifier.working", -mem.classifier_peak_bytes),))
     tail = [cls]
@@ -265,11 +282,14 @@ def build_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, po
                             tail)
 
     emb_b = g.add("embedding", device=d, stream="compute", kind="compute", phase="bwd", layer=None,
-                  work=bt.embedding_bwd, deps=tail)
+                  work=bt.embedding_bwd, deps=reorganize("embedding.bwd", None, tail))
     tail = [emb_b]
     if sync.active:
         last_dp = dp_op("reducescatter_grads" if layout.zero >= 1 else "allreduce_grads", None,
                         sync.embedding_grad, tail)
     g.add("optimizer", device=d, stream="compute", kind="compute", phase="optimizer", layer=None,
           work=bt.optimizer, deps=tail + ([last_dp] if last_dp else []))
+    if stall:  # a phase name this schedule does not have: charge it before the optimizer step
+        g.add("allocator_reorganization", device=d, stream="compute", kind="compute", phase="allocator",
+              layer=None, work=sum(stall.values()), deps=[])
     return sched

@@ -18,6 +18,7 @@ from memo_sim.engine.graph import Op
 from memo_sim.engine.schedules import Schedule, build_iteration
 from memo_sim.errors import MemoError
 from memo_sim.layout.parallel import Layout
+from memo_sim.memplan.iteration_replay import replay_iteration
 from memo_sim.model.config import ModelConfig
 from memo_sim.policy.base import Policy
 from memo_sim.policy.registry import get_policy
@@ -62,6 +63,7 @@ class SimResult:
     link_capacity: dict = field(default_factory=dict)
     link_carried: dict = field(default_factory=dict)
     ops: list[Op] = field(default_factory=list)
+    allocator: dict = field(default_factory=dict)  # caching-allocator replay of unplanned policies
 
     @property
     def ok(self) -> bool:
@@ -81,6 +83,7 @@ class SimResult:
             "exposed_copy_s": self.exposed_copy_s,
             "layer_timings_s": dict(self.layer_timings),
             "failure": self.failure.to_dict() if self.failure else None,
+            "allocator": dict(self.allocator),
             "contention": self.contention,
             "sim_wall_s": self.sim_wall_s,
             "policy": self.policy.to_dict(),
@@ -139,7 +142,7 @@ def _timeline(run: EngineRun, meta: dict) -> Timeline:
 def simulate(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy,
              profile: HardwareProfile, *, contention: bool = True,
              classifier_chunk_tokens: int = CLASSIFIER_CHUNK_TOKENS, keep_timeline: bool = True,
-             record: bool = False) -> SimResult:
+             record: bool = False, allocator_lag: int = 0) -> SimResult:
     """Simulate one training iteration of ``model`` at ``seq`` tokens x ``batch`` sequences per
     data-parallel replica under ``layout`` and ``policy`` on ``profile``.
 
@@ -149,11 +152,25 @@ def simulate(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: P
     memory is a result (``status`` OOM / OOHM with ``failure``), not an exception; a bad input
     raises `MemoError`. ``record=True`` also keeps the op graph (``ops``, with dependencies) and
     the links' load at every rate change (``link_log``), for checks and debugging.
+
+    A policy without a static memory plan runs on PyTorch's caching allocator: its whole
+    iteration is replayed (`memo_sim.memplan.iteration_replay`) against the GPU's capacity, each
+    reorganisation's stall is charged on the compute stream where it happens, and a replay that
+    runs out of memory (fragmentation, where the byte count alone fits) ends the run as OOM.
+    ``allocator_lag`` models ``record_stream`` on collective buffers with the GPU that many layers
+    behind the CPU (0: the GPU keeps up).
     """
     if batch < 1 or seq < 1:
         raise MemoError(f"batch and seq must be positive, got batch={batch}, seq={seq}")
     t0 = time.perf_counter()
-    sched = build_iteration(model, layout, batch, seq, policy, profile, classifier_chunk_tokens=classifier_chunk_tokens)
+    replay, stall = None, None
+    if not policy.static_memory_plan:
+        replay = replay_iteration(model, layout, batch, seq, policy, profile,
+                                  classifier_chunk_tokens=classifier_chunk_tokens,
+                                  stream_lag_phases=allocator_lag or None)
+        stall = replay.stall_by_phase(profile)
+    sched = build_iteration(model, layout, batch, seq, policy, profile, classifier_chunk_tokens=classifier_chunk_tokens,
+                            allocator_stall=stall)
     engine = Engine(sched.graph, profile, contention=contention, gpu_capacity=sched.memory.gpu_capacity_bytes,
                     host_capacity=sched.memory.host_capacity_bytes, record_links=record)
     run = engine.run()
@@ -163,9 +180,15 @@ def simulate(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: P
             raise RuntimeError(f"schedule deadlock: {len(stuck)} ops never ran, first {stuck[0]!r} "
                                f"waiting on {stuck[0].deps!r}")
     dev = sched.device.index
-    status = run.failure.status if run.failure else "OK"
+    failure = run.failure
+    if failure is None and replay is not None and replay.oom:
+        ev = replay.oom_event
+        failure = Failure("OOM", 0.0, f"{replay.oom_request} (caching-allocator fragmentation)",
+                          float(ev.requested_bytes) if ev else 0.0, float(ev.allocated_bytes) if ev else 0.0,
+                          sched.memory.gpu_capacity_bytes, dev, None, None)
+    status = failure.status if failure else "OK"
     it = mfu = tgs = None
-    if run.failure is None:
+    if failure is None:
         it = run.end_time
         sequences = batch * layout.dp
         mfu = mfu_of(model, sequences, seq, it, layout.gpus, profile.peak(model.dtype))
@@ -179,7 +202,8 @@ def simulate(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: P
         "representative": {"device": dev, "gpus_on_node": sched.device.group,
                            "gpus_on_pcie_switch": sched.device.switch_group},
         "middle_layer": sched.middle_layer,
-        "failure": run.failure.to_dict() if run.failure else None,
+        "failure": failure.to_dict() if failure else None,
+        "allocator": _allocator_summary(replay, profile),
     }
     tl = _timeline(run, meta) if keep_timeline else None
     wall = time.perf_counter() - t0
@@ -189,11 +213,21 @@ def simulate(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: P
         peak_host_bytes_per_node=run.peak_host_bytes[sched.device.node],
         gpu_capacity_bytes=sched.memory.gpu_capacity_bytes, host_capacity_bytes=sched.memory.host_capacity_bytes,
         exposed_copy_s=exposed_copy_seconds(run.ops), layer_timings=layer_timings(sched), timeline=tl,
-        failure=run.failure, contention=contention, sim_wall_s=wall, n_ops=len(run.ops),
+        failure=failure, contention=contention, sim_wall_s=wall, n_ops=len(run.ops),
         start_gpu_bytes=run.start_gpu_bytes.get(dev, 0.0), end_gpu_bytes=run.end_gpu_bytes[dev],
         end_host_bytes=run.end_host_bytes[sched.device.node], link_log=run.link_log,
         link_capacity=run.link_capacity, link_carried=run.link_carried,
-        ops=run.ops if record else [])
+        ops=run.ops if record else [], allocator=_allocator_summary(replay, profile))
+
+
+def _allocator_summary(replay, profile: HardwareProfile) -> dict:
+    if replay is None:
+        return {"static_memory_plan": True, "reorganizations": 0, "stall_s": 0.0}
+    return {"static_memory_plan": False, "reorganizations": replay.reorganizations,
+            "stall_s": replay.stall_seconds(profile), "cuda_mallocs": replay.cuda_mallocs,
+            "cuda_frees": replay.cuda_frees, "fragmentation_at_peak": replay.fragmentation_at_peak,
+            "peak_reserved_bytes": replay.peak_reserved_bytes, "max_live_bytes": replay.max_live_bytes,
+            "oom": replay.oom, "stream_lag_layers": replay.stream_lag_phases}
 
 
 def sweep_alpha(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile,

@@ -37,10 +37,13 @@ What the model keeps of ``c10/cuda/CUDACachingAllocator.cpp`` (one device, one s
   free tail block). A reorganisation unmaps every completely free page, so free memory is no
   longer trapped between segments. Page maps and unmaps count as cudaMalloc and cudaFree calls
   (PyTorch's ``num_device_alloc`` / ``num_device_free``).
+* ``record_stream``: a block freed while another stream still uses it (``free(...,
+  pending_until=t)``) stops counting as allocated but stays out of the cache until its event
+  completes (:meth:`CachingAllocatorModel.complete_pending`, driven by the caller's clock) or a
+  reorganisation synchronises the device (``synchronize_and_free_events``) and returns it.
 
-What it leaves out: streams (per-stream pools, cross-stream reuse), CUDA events and
-``record_stream`` (freed blocks are reusable at once), the garbage-collection threshold and
-``set_per_process_memory_fraction`` (``capacity_bytes`` plays the role of the limit),
+What it leaves out: per-stream pools and cross-stream reuse, the garbage-collection threshold
+and ``set_per_process_memory_fraction`` (``capacity_bytes`` plays the role of the limit),
 ``roundup_power2_divisions``, CUDA-graph private pools, free-memory callbacks, IPC,
 ``empty_cache`` calls by the program (available as :meth:`CachingAllocatorModel.empty_cache`,
 never called by :func:`replay`), the latency of cudaMalloc/cudaFree/map/unmap and of the
@@ -491,6 +494,29 @@ class CachingAllocatorModel:
             "oversize_releases": self.num_oversize_releases,
             "fragmentation_failures": self.fragmentation_failures,
         }
+
+    def layout_signature(self) -> tuple:
+        """The segments and their blocks in address order, without absolute addresses: (pool,
+        expandable, ((size, allocated, mapped), ...)) per segment. Two states with the same
+        signature serve the same request sequence the same way (new segments always come at
+        higher addresses), which is how a replay recognises a steady state."""
+        heads: dict[int, _Block] = {}
+        for pool in (self._small, self._large):
+            for b in list(pool.by_addr.values()) + list(pool.unmapped.values()):
+                heads.setdefault(id(b.segment), b)
+        for b in list(self._live.values()) + [b for _, b in self._pending]:
+            heads.setdefault(id(b.segment), b)
+        out = []
+        for seg in sorted(self._segments, key=lambda sg: sg.base):
+            b: _Block | None = heads[id(seg)]
+            while b.prev is not None:
+                b = b.prev
+            blocks = []
+            while b is not None:
+                blocks.append((b.size, b.allocated, b.mapped))
+                b = b.next
+            out.append((seg.small, seg.expandable, tuple(blocks)))
+        return tuple(out)
 
     def is_live(self, buffer_id: str) -> bool:
         """Whether the buffer is currently allocated."""

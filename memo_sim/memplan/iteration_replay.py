@@ -33,23 +33,38 @@ they are split into the layer's tensors (`memo_sim.model.layer_graph.layer_tenso
 the policy's functions for their bytes on one-role inputs (every policy's bytes are linear in
 the role bytes; a lump that is not is allocated whole, at the start of its phase).
 
-Steady state: two iterations (``iterations``) are replayed back to back and the last one is
-reported, so the segments cached during the first one serve the second, as in real training.
-A *reorganisation* is the allocator freeing every cached unsplit segment and retrying a
-cudaMalloc that did not fit (PyTorch's ``num_alloc_retries``); `IterationReplay.stall_seconds`
-prices the reorganisations, cudaFree and cudaMalloc calls of the reported iteration with the
-profile's ``gpu.allocator`` costs.
+Steady state: iterations are replayed back to back, so the segments cached by one serve the
+next as in real training, until one leaves the cache exactly as it found it (from then on every
+iteration repeats it) or `MAX_ITERATIONS`; that last iteration is reported (``iterations=2``
+replays exactly two, and so on). A *reorganisation* is the allocator freeing every cached
+unsplit segment and retrying a cudaMalloc that did not fit (PyTorch's ``num_alloc_retries``);
+`IterationReplay.stall_seconds` prices the reorganisations, cudaFree and cudaMalloc calls of the
+reported iteration with the profile's ``gpu.allocator`` costs.
+
+Streams: by default a freed block is reusable at once (the GPU keeps up with the CPU). With
+``stream_lag_phases=k`` the buffers that collectives read or write on their own streams (TP
+all-gather outputs and reduce buffers, ring-CP K/V and dK/dV buffers, Ulysses all-to-all
+buffers; ProcessGroupNCCL calls ``record_stream`` on them) come back to the cache only k phases
+(layers) after their free, as when the CPU runs k layers ahead of the GPU and the allocator
+waits for the collective's event; a reorganisation synchronises the device and returns them all
+(the CPU's lead is assumed to come back within a phase). What
+the replay says for GPT-7B with full recompute on an A800 (tests/test_allocator_iteration.py):
+with the GPU keeping up, an iteration that fits repeats the first iteration's placements in
+its cache and never reorganises (and where the cache needs more than the capacity it runs out
+of memory instead, because every segment holds a live layer input); with the collectives'
+blocks held a few layers, it reorganises many times per iteration.
 
 Contract: this describes runs on PyTorch's caching allocator. A policy with a static memory plan
 (`Policy.static_memory_plan`, MEMO) places its transients at planned addresses and has no
 reorganisation by construction; the caller decides that (`replay_iteration` replays whatever it
-is given). Left out, as in the allocator model: streams and ``record_stream`` (a tensor freed on
-the compute stream while a copy or collective still reads it is reusable at once), ring-CP K/V
-receive buffers, TP collective workspaces, gradient-reduction buckets, optimizer temporaries,
-and per-parameter weight tensors (model states are a few contiguous buffers).
+is given and says ``static_memory_plan``). Left out: NCCL's own workspaces (outside the
+allocator), Megatron's global all-gather buffer (the level-1 traces allocate gathered inputs
+afresh), gradient-reduction buckets, optimizer temporaries, and per-parameter weight tensors
+(model states are a few contiguous buffers).
 
 Wall time: the request stream depends only on (model, layout, batch, seq, policy, classifier
-chunk) and is memoised; a replay of 7B (32 layers) takes a few tens of milliseconds.
+chunk) and is memoised; a replay of 7B (32 layers) takes about 10-30 ms, of an 80-layer model
+about 50 ms (up to 0.25 s with a stream lag, which needs more iterations to settle).
 """
 
 from __future__ import annotations
@@ -84,18 +99,26 @@ Request = tuple[int, str, int]
 class IterationStream:
     """The requests of one GPU: ``static`` once before the first iteration, ``iteration`` per
     iteration (it frees everything it allocates). ``phase_of[j]`` numbers the phase request j
-    belongs to (0 embedding, then each layer's forward, the classifier, each layer's backward
-    with its recompute, the embedding backward); empty means one phase."""
+    belongs to, in order (``embedding``, ``L<i>.fwd`` for each layer, ``classifier``,
+    ``L<i>.bwd`` (recompute and backward) from the last layer down, ``embedding.bwd``: the names
+    in ``phase_names``); empty means one phase."""
 
     static: tuple[Request, ...]
     iteration: tuple[Request, ...]
     phase_of: tuple[int, ...] = ()
     name: str = ""
+    phase_names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.phase_of and len(self.phase_of) != len(self.iteration):
-            raise MemoError("IterationStream.phase_of must have one entry per request")
+        if self.phase_of and (len(self.phase_of) != len(self.iteration)
+                              or any(b < a for a, b in zip(self.phase_of, self.phase_of[1:]))):
+            raise MemoError("IterationStream.phase_of must give each request a phase, in non-decreasing order")
+        if self.phase_names and len(self.phase_names) != self.phases:
+            raise MemoError("IterationStream.phase_names must name every phase")
         _check_balanced(self)
+
+    def phase_name(self, k: int) -> str:
+        return self.phase_names[k] if self.phase_names else f"phase{k}"
 
     @property
     def static_bytes(self) -> int:
@@ -204,6 +227,8 @@ def _backward_op_steps(model: ModelConfig, trace: RequestTrace) -> dict[str, int
     lower = {b.id: b.lower for b in trace.buffers}
     out: dict[str, int] = {}
     for op in forward_ops(model):
+        if op.kind == "elementwise" and op.name.startswith("add"):
+            continue  # residual adds: the gradient flows through, nothing is allocated
         steps = []
         for i in op.inputs:
             n = "dx" if (i == "x" and op.name == "ln1") else (f"d_{i}_part" if i in ("x", "h1") else f"d_{i}")
@@ -230,10 +255,16 @@ def _release_op(model: ModelConfig) -> dict[str, str]:
     return out
 
 
+_COMM_BUFFERS = ("cp_kv_", "cp_dkv_", "ulysses_")  # trace_gen.attention_buffers: ring-CP P2P, all-to-all
+
+
 def _collective(name: str, names: set[str]) -> bool:
-    """Whether a level-1 transient is read or written by a TP collective (trace_gen's names: an
-    all-gather output ``*_gathered``, a reduce input ``*_partial`` or the reduce output beside it)."""
-    return name.endswith(("_gathered", "_partial")) or f"{name}_partial" in names
+    """Whether a level-1 transient is read or written by a collective on another stream
+    (trace_gen's names: a TP all-gather output ``*_gathered``, a reduce input ``*_partial`` or
+    the reduce output beside it, the ring-CP K/V and dK/dV buffers, the Ulysses all-to-all
+    buffers)."""
+    return (name.endswith(("_gathered", "_partial")) or name.startswith(_COMM_BUFFERS)
+            or f"{name}_partial" in names)
 
 
 class _Phase:
@@ -243,20 +274,22 @@ class _Phase:
         self.items: list[tuple[int, int, int, int, str, int]] = []
 
     def add(self, step: int, kind: int, bid: str, size: int = 0) -> None:
-        self.items.append((step, kind, len(self.items), kind, bid, size))
+        self.items.append((step, 1 if kind == MALLOC else 0, len(self.items), kind, bid, size))
 
     def requests(self) -> list[Request]:
         return [(k, b, s) for _st, _o, _n, k, b, s in sorted(self.items)]
 
 
 def _expand(lumps, model: ModelConfig, layout: Layout, batch: int, seq: int, prefix: str):
-    """Kept lumps -> [(tensor name or None, id suffix, bytes)], one entry per layer tensor.
-    The layer input (role input) comes back with tensor name "x" and is not a new allocation."""
+    """Kept lumps -> [(tensor name or None, id suffix, bytes, share)], one entry per layer tensor
+    (share: the part of that tensor the lump holds; a lump that is not linear in the role bytes
+    comes back whole, tensor None)."""
     tensors = layer_tensors(model)
     out = []
     for name, comp, nbytes in lumps:
         if comp is None:
-            out.append((None, f"{prefix}{name}", _nbytes(nbytes)))
+            if nbytes > 0:
+                out.append((None, f"{prefix}{name}", _nbytes(nbytes), 1.0))
             continue
         for t, spec in tensors.items():
             share = comp.get(spec.role, 0.0) if spec.saved else 0.0
@@ -264,7 +297,7 @@ def _expand(lumps, model: ModelConfig, layout: Layout, batch: int, seq: int, pre
                 continue
             b = share * tensor_bytes(spec, layout, batch, seq)
             if b > 0:
-                out.append((t, f"{prefix}{name}.{t}", _nbytes(b)))
+                out.append((t, f"{prefix}{name}.{t}", _nbytes(b), share))
     return out
 
 
@@ -289,8 +322,9 @@ def _layer_templates(model: ModelConfig, layout: Layout, batch: int, seq: int, p
     fnames = {b.name for b in fwd.buffers}
 
     kept = _expand(_split_by_role(policy.forward_kept, sk), model, layout, batch, seq, "keep.")
-    keeps_input = any(t == "x" for t, _, _ in kept)
-    kept = [k for k in kept if k[0] != "x"]
+    # keeping the whole layer input is keeping the previous layer's output allocation (no copy)
+    keeps_input = any(t == "x" and math.isclose(share, 1.0) for t, _, _, share in kept)
+    kept = [k for k in kept if not (k[0] == "x" and math.isclose(k[3], 1.0))]
     rec = _expand(_split_by_role(policy.recompute_allocated, sk), model, layout, batch, seq, "rec.")
 
     def forward_phase(ph: _Phase, saved, local: str, y_name: str) -> int:
@@ -301,7 +335,7 @@ def _layer_templates(model: ModelConfig, layout: Layout, batch: int, seq: int, p
                 continue
             ph.add(b.lower, MALLOC, f"{local}{b.name}", b.size)
             ph.add(b.upper, FREE_STREAM if _collective(b.name, fnames) else FREE, f"{local}{b.name}")
-        for t, bid, size in saved:
+        for t, bid, size, _share in saved:
             step = fsteps.get(producer.get(t, ""), 0) if t is not None else 0
             ph.add(step, MALLOC, bid, size)
         return fwd_end
@@ -328,7 +362,7 @@ def _layer_templates(model: ModelConfig, layout: Layout, batch: int, seq: int, p
         bnames = {b.name for b in bwd.buffers}
         bwd_end = offset + (max(b.upper for b in bwd.buffers) if bwd.buffers else 0)
         if recompute and not full_forward:
-            for _t, bid, size in rec_saved:
+            for _t, bid, size, _share in rec_saved:
                 ph.add(offset, MALLOC, bid, size)
         for b in bwd.buffers:
             lo, up = b.lower + offset, b.upper + offset
@@ -345,7 +379,7 @@ def _layer_templates(model: ModelConfig, layout: Layout, batch: int, seq: int, p
             step = offset + bsteps[op] + 1 if op in bsteps else bwd_end
             ph.add(step, FREE, bid)
 
-        for t, bid, _ in kept + list(rec_saved):
+        for t, bid, _size, _share in kept + list(rec_saved):
             free_after_use(t, bid)
         if keeps_input:
             free_after_use("x", X_IN)
@@ -362,7 +396,7 @@ def _model_state_requests(model: ModelConfig, layout: Layout) -> list[Request]:
     return [(MALLOC, f"model.{name}", _nbytes(b)) for name, b in model_state_parts(model, layout).items() if b > 0]
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=64)
 def iteration_stream(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy,
                      classifier_chunk_tokens: int = CLASSIFIER_CHUNK_TOKENS) -> IterationStream:
     """The request stream of one GPU's training iteration (memoised; see the module docs)."""
@@ -374,49 +408,68 @@ def iteration_stream(model: ModelConfig, layout: Layout, batch: int, seq: int, p
     static = _model_state_requests(model, layout)
     static += [(MALLOC, f"static.{name}", _nbytes(b)) for name, b in policy.static_gpu(sk) if b > 0]
 
-    reqs: list[Request] = [(MALLOC, "x0", x)]  # embedding output = layer 0's input
+    reqs: list[Request] = []
+    phase_of: list[int] = []
+    phase = 0
+
+    def add(kind: int, bid: str, size: int = 0) -> None:
+        reqs.append((kind, bid, size))
+        phase_of.append(phase)
 
     def emit(template: tuple[Request, ...], i: int) -> None:
         chain = {X_IN: f"x{i}", X_OUT: f"x{i + 1}", G_IN: f"g{i + 1}", G_OUT: f"g{i}"}
         pre = f"L{i}."
         for kind, bid, size in template:
-            reqs.append((kind, chain[bid] if bid[0] == "@" else pre + bid, size))
+            add(kind, chain[bid] if bid[0] == "@" else pre + bid, size)
 
+    add(MALLOC, "x0", x)  # embedding output = layer 0's input
     for i in range(n):
+        phase += 1
         emit(tpl.forward, i)
     # classifier: final norm output, one chunk's logits (+ fp32 softmax and gradient), the gradient
     # of the last layer's output; the last layer's output dies with the final norm's backward
-    logits = _nbytes(max(1.0, classifier_peak_bytes(model, layout, batch, seq, classifier_chunk_tokens) - 2 * sk["input"]))
-    reqs += [(MALLOC, "cls.final_norm", x), (MALLOC, "cls.chunk", logits), (FREE, "cls.chunk", 0),
-             (MALLOC, f"g{n}", x), (FREE, "cls.final_norm", 0), (FREE, f"x{n}", 0)]
+    phase += 1
+    logits = _nbytes(max(1.0, classifier_peak_bytes(model, layout, batch, seq, classifier_chunk_tokens)
+                         - 2 * sk["input"]))
+    for r in ((MALLOC, "cls.final_norm", x), (MALLOC, "cls.chunk", logits), (FREE, "cls.chunk", 0),
+              (MALLOC, f"g{n}", x), (FREE, "cls.final_norm", 0), (FREE, f"x{n}", 0)):
+        add(*r)
     for i in range(n - 1, -1, -1):
+        phase += 1
         emit(tpl.backward_recompute if policy.recomputes_layer(i, n) else tpl.backward, i)
-    reqs.append((FREE, "g0", 0))  # embedding backward
+    phase += 1
+    add(FREE, "g0")  # embedding backward
     name = f"{model.name}-{layout.label()}-{seq}-{policy.label()}-iteration"
-    stream = IterationStream(tuple(static), tuple(reqs), name=name)
-    _check_balanced(stream)
-    return stream
+    names = (("embedding",) + tuple(f"L{i}.fwd" for i in range(n)) + ("classifier",)
+             + tuple(f"L{i}.bwd" for i in range(n - 1, -1, -1)) + ("embedding.bwd",))
+    return IterationStream(tuple(static), tuple(reqs), tuple(phase_of), name=name, phase_names=names)
 
 
 # ---------------------------------------------------------------------------------- the replay
 @dataclass
 class IterationReplay:
-    """The caching allocator over a steady-state iteration (the last of ``iterations`` replayed).
+    """The caching allocator over a steady-state training iteration of one GPU.
 
-    Bytes are per GPU. ``peak_reserved_bytes`` includes the segments cached by earlier
-    iterations; ``fragmentation_at_peak`` = 1 - allocated / reserved at the moment allocated
-    bytes peak in the reported iteration. Counts (reorganisations, cudaMalloc / cudaFree calls
-    and their bytes) are those of the reported iteration. On OOM the replay stops:
-    ``oom_iteration`` (0-based) and ``oom_event`` say where; the counts are then those replayed.
+    ``iterations`` were replayed back to back and the last is reported (``steady``: it left the
+    cache as it found it, so every later iteration repeats it). Bytes are per GPU.
+    ``peak_reserved_bytes`` includes the segments cached by earlier iterations;
+    ``fragmentation_at_peak`` = 1 - allocated / reserved at the moment allocated bytes peak in
+    the reported iteration. Counts (reorganisations, cudaMalloc / cudaFree calls and their bytes,
+    fragmentation failures) are the reported iteration's; ``warmup`` holds the earlier ones'
+    together. ``reorganization_requests`` names the requests that triggered a reorganisation.
+    On OOM the replay stops: ``oom_iteration`` (0-based; -1: the static requests, model states
+    and the policy's static buffers, do not fit) and ``oom_event`` say where (the OOM request is
+    ``oom_request``); the counts are those of the failing iteration up to there.
     """
 
     name: str
     policy: str
     capacity_bytes: int
     iterations: int
+    steady: bool
     requests_per_iteration: int  # mallocs
-    static_bytes: int
-    max_live_bytes: int
+    static_bytes: int  # model states and the policy's static buffers
+    max_live_bytes: int  # the most bytes live at once (static included): the bound for any allocator
     peak_reserved_bytes: int
     peak_allocated_bytes: int
     reserved_at_peak_allocated_bytes: int
@@ -429,13 +482,14 @@ class IterationReplay:
     cuda_free_bytes: int
     reorganization_cuda_frees: int
     fragmentation_failures: int
-    first_iteration: dict  # the warm-up iteration's counters
+    phase_counts: dict  # phase name -> its counts (reorganizations, cuda_free(_bytes), cuda_malloc(_bytes))
+    warmup: dict  # counters of the iterations before the reported one, summed
     oom: bool
     oom_iteration: int | None
     oom_event: OomEvent | None
     expandable_segments: bool = False
     max_split_size_bytes: int | None = None
-    stream_lag_requests: int | None = None
+    stream_lag_phases: int = 0
     static_memory_plan: bool = False  # the policy has one: these numbers do not apply to it
     series_reserved_bytes: list[int] = field(default_factory=list)  # per request, reported iteration
     series_allocated_bytes: list[int] = field(default_factory=list)
@@ -458,6 +512,16 @@ class IterationReplay:
         out["total_s"] = out["sync_s"] + out["cuda_free_s"] + out["cuda_malloc_s"]
         return out
 
+    def stall_by_phase(self, profile: HardwareProfile | AllocatorCosts) -> dict[str, float]:
+        """`stall_seconds` split by the phase whose requests made the calls (``L<i>.fwd``,
+        ``L<i>.bwd``, ``classifier``, ...; phases without a call are left out): where an event
+        simulator puts the stall on the compute stream. The values add up to `stall_seconds`."""
+        costs = profile.gpu.allocator if isinstance(profile, HardwareProfile) else profile
+        return {name: (c["reorganizations"] * float(costs.sync)
+                       + costs.free_seconds(c["cuda_free"], c["cuda_free_bytes"])
+                       + costs.malloc_seconds(c["cuda_malloc"], c["cuda_malloc_bytes"]))
+                for name, c in self.phase_counts.items()}
+
     def stall_seconds(self, profile: HardwareProfile | AllocatorCosts) -> float:
         """Seconds per iteration the compute stream waits for the allocator (`stall_breakdown`)."""
         return self.stall_breakdown(profile)["total_s"]
@@ -468,20 +532,32 @@ class IterationReplay:
         return d
 
 
-def replay_stream(stream: IterationStream, config: AllocatorConfig, iterations: int = 2,
-                  series: bool = False, policy: Policy | None = None,
-                  stream_lag_requests: int | None = None) -> IterationReplay:
-    """Replay ``stream``'s static requests, then ``iterations`` iterations; report the last.
+MAX_ITERATIONS = 8  # replay at most this many iterations looking for a steady state
+_PRICED = ("reorganizations", "cuda_free", "cuda_free_bytes", "cuda_malloc", "cuda_malloc_bytes")
 
-    ``stream_lag_requests``: None (default) returns every freed block to the cache at once. An
-    integer L models ``record_stream`` on the collectives' buffers (``FREE_STREAM`` requests):
-    the GPU runs L requests behind the CPU, so such a block becomes reusable only L requests
-    after its free, or at a reorganisation (which synchronises the device).
+
+def replay_stream(stream: IterationStream, config: AllocatorConfig, iterations: int | None = None,
+                  series: bool = False, policy: Policy | None = None,
+                  stream_lag_phases: int | None = None) -> IterationReplay:
+    """Replay ``stream``'s static requests, then iterations of it; report the last.
+
+    ``iterations``: None (default) replays until an iteration leaves the cache exactly as it
+    found it (`CachingAllocatorModel.layout_signature`), so that every later iteration repeats it
+    (the steady state; at least two iterations, at most `MAX_ITERATIONS`); an integer replays
+    exactly that many. Either way ``steady`` says whether the reported iteration is a fixed point.
+
+    ``stream_lag_phases``: None or 0 (default) returns every freed block to the cache at once.
+    k >= 1 models ``record_stream`` on the collectives' buffers (``FREE_STREAM`` requests) with
+    the GPU k phases (layers) behind the CPU: such a block is reusable only from the k-th phase
+    after the one that freed it, or after a reorganisation or the end of the iteration (both
+    synchronise the device).
     """
-    if not isinstance(iterations, int) or isinstance(iterations, bool) or iterations < 1:
-        raise MemoError(f"iterations must be a positive integer, got {iterations!r}")
-    if stream_lag_requests is not None and (not isinstance(stream_lag_requests, int) or stream_lag_requests < 0):
-        raise MemoError(f"stream_lag_requests must be None or a non-negative integer, got {stream_lag_requests!r}")
+    if iterations is not None and (not isinstance(iterations, int) or isinstance(iterations, bool)
+                                   or iterations < 1):
+        raise MemoError(f"iterations must be None or a positive integer, got {iterations!r}")
+    lag = stream_lag_phases or 0
+    if not isinstance(lag, int) or isinstance(lag, bool) or lag < 0:
+        raise MemoError(f"stream_lag_phases must be None or a non-negative integer, got {stream_lag_phases!r}")
     m = CachingAllocatorModel(config)
     oom: OomEvent | None = None
     oom_it: int | None = None
@@ -489,63 +565,80 @@ def replay_stream(stream: IterationStream, config: AllocatorConfig, iterations: 
         try:
             m.malloc(bid, size, 0)
         except AllocatorOutOfMemory as e:
-            oom, oom_it = e.event, 0
+            oom, oom_it = e.event, -1  # the model states and static buffers do not fit
             break
     reqs = stream.iteration
     n = len(reqs)
-    lag = stream_lag_requests
-    first: dict = {}
-    before = m.counters()
-    reorg_before = 0
+    phase_of = stream.phase_of or (0,) * n
+    n_phases = stream.phases
+    after_static = start = m.counters()
+    by_phase: dict[str, dict[str, int]] = {}
+    reorg_start = 0
     peak_alloc = reserved_at_peak = 0
     res_series: list[int] = []
     alloc_series: list[int] = []
     malloc, free = m.malloc, m.free
-    for it in range(iterations if oom is None else 0):
-        last = it == iterations - 1
-        if last:
-            if it > 0:
-                now = m.counters()
-                first = {k: now[k] - before[k] for k in now}
-                before = now
-            m.reset_peak_stats()
-            reorg_before = len(m.reorganization_steps)
-            peak_alloc, reserved_at_peak = m.allocated_bytes, m.reserved_bytes
+    limit = MAX_ITERATIONS if iterations is None else iterations
+    steady = False
+    done = 0
+    while oom is None and done < limit:
+        it = done
+        start = m.counters()
+        reorg_start = len(m.reorganization_steps)
+        sig_start = m.layout_signature()
+        m.reset_peak_stats()
+        peak_alloc, reserved_at_peak = m.allocated_bytes, m.reserved_bytes
+        res_series, alloc_series = [], []
         base = 1 + it * n
+        phase_base = it * n_phases
+        cur = -1
+        marks: list[tuple[int, dict[str, int]]] = []
         try:
             for j, (kind, bid, size) in enumerate(reqs):
                 step = base + j
-                if lag is not None and m.pending_bytes:
-                    m.complete_pending(step)
+                if phase_of[j] != cur:
+                    cur = phase_of[j]
+                    marks.append((cur, m.counters()))
+                    if lag and m.pending_bytes:
+                        m.complete_pending(phase_base + cur)
                 if kind == MALLOC:
                     malloc(bid, size, step)
-                    if last and m.allocated_bytes > peak_alloc:
+                    if m.allocated_bytes > peak_alloc:
                         peak_alloc, reserved_at_peak = m.allocated_bytes, m.reserved_bytes
                 elif kind == FREE_STREAM and lag:
-                    free(bid, step, pending_until=step + lag)
+                    free(bid, step, pending_until=phase_base + phase_of[j] + lag)
                 else:
                     free(bid, step)
-                if last and series:
+                if series:
                     res_series.append(m.reserved_bytes)
                     alloc_series.append(m.allocated_bytes)
         except AllocatorOutOfMemory as e:
             oom, oom_it = e.event, it
+        marks.append((-1, m.counters()))
+        by_phase = {}
+        for (k, c0), (_k1, c1) in zip(marks, marks[1:]):
+            d = {key: c1[key] - c0[key] for key in _PRICED}
+            if any(d.values()):
+                by_phase[stream.phase_name(k)] = d
+        done += 1
+        if oom is not None:
             break
-        m.complete_pending()  # the iteration ends with a synchronisation (loss.item(), grad-norm)
-    reached_last = oom_it is None or oom_it == iterations - 1
-    if not reached_last:  # failed in a warm-up iteration: report what happened there
-        peak_alloc = m.peak_allocated_bytes
-        reserved_at_peak = m.peak_reserved_bytes
+        m.complete_pending()  # the iteration ends with a synchronisation (loss.item(), gradient norm)
+        steady = m.layout_signature() == sig_start
+        if iterations is None and steady and done >= 2:
+            break
     now = m.counters()
-    cnt = {k: now[k] - before[k] for k in now}
-    last_base = 1 + (iterations - 1) * n
+    cnt = {k: now[k] - start[k] for k in now}
+    warmup = {k: start[k] - after_static[k] for k in now}
+    last_base = 1 + (done - 1) * n
     reorg_ids = [reqs[s - last_base][1] if 0 <= s - last_base < n else f"step {s}"
-                 for s in m.reorganization_steps[reorg_before:]]
+                 for s in m.reorganization_steps[reorg_start:]]
     return IterationReplay(
         name=stream.name,
         policy=policy.label() if policy is not None else "",
         capacity_bytes=config.capacity_bytes,
-        iterations=iterations,
+        iterations=done,
+        steady=steady and oom is None,
         requests_per_iteration=sum(1 for r in reqs if r[0] == MALLOC),
         static_bytes=stream.static_bytes,
         max_live_bytes=stream.max_live_bytes(),
@@ -555,19 +648,20 @@ def replay_stream(stream: IterationStream, config: AllocatorConfig, iterations: 
         fragmentation_at_peak=1.0 - peak_alloc / reserved_at_peak if reserved_at_peak else 0.0,
         reorganizations=cnt["reorganizations"],
         reorganization_requests=reorg_ids,
+        phase_counts=by_phase,
         cuda_mallocs=cnt["cuda_malloc"],
         cuda_malloc_bytes=cnt["cuda_malloc_bytes"],
         cuda_frees=cnt["cuda_free"],
         cuda_free_bytes=cnt["cuda_free_bytes"],
         reorganization_cuda_frees=cnt["reorganization_cuda_frees"],
         fragmentation_failures=cnt["fragmentation_failures"],
-        first_iteration=first,
+        warmup=warmup,
         oom=oom is not None,
         oom_iteration=oom_it,
         oom_event=oom,
         expandable_segments=config.expandable_segments,
         max_split_size_bytes=config.max_split_size_bytes,
-        stream_lag_requests=lag,
+        stream_lag_phases=lag,
         static_memory_plan=bool(policy is not None and policy.static_memory_plan),
         series_reserved_bytes=res_series,
         series_allocated_bytes=alloc_series,
@@ -575,16 +669,18 @@ def replay_stream(stream: IterationStream, config: AllocatorConfig, iterations: 
 
 
 def replay_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy,
-                     profile: HardwareProfile, *, iterations: int = 2,
+                     profile: HardwareProfile, *, iterations: int | None = None,
                      classifier_chunk_tokens: int = CLASSIFIER_CHUNK_TOKENS,
                      capacity_bytes: int | None = None, expandable_segments: bool = False,
-                     max_split_size_bytes: int | None = None, stream_lag_requests: int | None = None,
+                     max_split_size_bytes: int | None = None, stream_lag_phases: int | None = None,
                      series: bool = False) -> IterationReplay:
     """Replay one GPU's training iterations through the caching-allocator model; report the last.
 
     Capacity: ``profile.usable_gpu_memory`` (device memory minus what lives outside the
     allocator), or ``capacity_bytes``. ``expandable_segments`` / ``max_split_size_bytes`` are
-    ``PYTORCH_CUDA_ALLOC_CONF``'s settings. ``series`` keeps reserved and allocated bytes after
+    ``PYTORCH_CUDA_ALLOC_CONF``'s settings. ``stream_lag_phases`` (default None: the GPU keeps
+    up) models ``record_stream`` on the TP collectives' buffers with the GPU that many layers
+    behind the CPU (see `replay_stream`). ``series`` keeps reserved and allocated bytes after
     every request of the reported iteration.
 
     Applies to policies that run on the caching allocator. For a policy with a static memory plan
@@ -596,4 +692,4 @@ def replay_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, p
                           max_split_size_bytes=max_split_size_bytes)
     stream = iteration_stream(model, layout, batch, seq, policy, classifier_chunk_tokens)
     return replay_stream(stream, cfg, iterations=iterations, series=series, policy=policy,
-                         stream_lag_requests=stream_lag_requests)
+                         stream_lag_phases=stream_lag_phases)

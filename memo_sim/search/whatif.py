@@ -168,13 +168,13 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
 
 
 def simulate_candidates(candidates: list[Candidate], progress: Progress | None = None, *,
-                        contention: bool = True) -> list[dict]:
+                        contention: bool = True, allocator_lag: int = 0) -> list[dict]:
     """Tier 2 of the what-if: simulate each candidate and store the summary in
     ``candidate.simulated`` (the keys `Candidate.to_plan` reads). Returns the summaries."""
     out = []
     for k, c in enumerate(candidates):
         r = simulate(c.model, c.layout, c.batch, c.seq, c.policy, c.profile, contention=contention,
-                     keep_timeline=False)
+                     keep_timeline=False, allocator_lag=allocator_lag)
         c.simulated = r.to_dict()
         out.append(c.simulated)
         if progress is not None:
@@ -183,13 +183,13 @@ def simulate_candidates(candidates: list[Candidate], progress: Progress | None =
 
 
 def rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, *, simulate_top: int = 8,
-         progress: Progress | None = None, **fixed) -> WhatIfResult:
+         progress: Progress | None = None, allocator_lag: int = 0, **fixed) -> WhatIfResult:
     """Both tiers: every candidate estimated, the best ``simulate_top`` that fit simulated and
     ranked first by their simulated throughput. ``fixed``: `candidates_for`'s keyword arguments."""
     result = candidates_for(model, seq, gpus, profile, **fixed)
     if simulate_top:
         head = [c for c in result.candidates if c.memory.status == "OK"][:simulate_top]
-        simulate_candidates(head, progress=progress)
+        simulate_candidates(head, progress=progress, allocator_lag=allocator_lag)
         result.candidates = sorted(head, key=Candidate.sort_key) + [c for c in result.candidates if c not in head]
         result.simulated = len(head)
     return result
