@@ -24,6 +24,7 @@ from memo_exec.calibrate.writer import build_profile, load_base, write_profile
 from memo_sim.cost.kernel_time import attention_bwd_time, gemm_time, memory_bound_time
 from memo_sim.errors import MemoError
 from memo_sim.profile import load_profile
+from tests.calibration_fixtures import as_cuda_run
 
 MiB = 2**20
 
@@ -175,28 +176,9 @@ def test_profiles_from_raw_results_with_and_without_base(cpu_run, tmp_path):
     assert not (tmp_path / "bad.yaml").exists()
 
 
-def _as_cuda_run(raw: dict) -> dict:
-    """The CPU run's results reshaped as a one-GPU CUDA run's (structure only: tests the CUDA branch of the
-    writer where no GPU is available)."""
-    r = copy.deepcopy(raw)
-    r["env"].update(device="NVIDIA H100 80GB HBM3", device_kind="cuda", driver="580.00", cuda_runtime="13.0",
-                    visible_gpus=1, compute_capability="9.0", multiprocessors=132)
-    r["dtype"] = "bf16"
-    r["peak"] = {"dtype": "bf16", "value": 989e12, "source": "NVIDIA H100 SXM5 datasheet", "best_measured": 7.5e14,
-                 "datasheet": {"bf16": 989e12, "fp32": 67e12}}
-    r["memory_start"] = {"total": 85 * 10**9, "free": 84 * 10**9, "torch_reserved": 0, "outside_torch": 10**9}
-    r["memory_end"] = {"total": 85 * 10**9, "free": 80 * 10**9, "torch_reserved": 3 * 10**9,
-                       "outside_torch": 2 * 10**9}
-    r["pinned"] = {"measured": True, "mode": "power_of_two", "method": "host_memory_stats", "detail": "3 -> 4"}
-    r["collectives"] = {"measured": False, "reason": "one GPU visible: no NVLink to measure"}
-    for k in ("cpu_budget", "framework_rss"):
-        r.pop(k, None)
-    return r
-
-
 def test_writer_cuda_branch_takes_topology_from_base(cpu_run, tmp_path):
     _out, _r, raw = cpu_run
-    d = build_profile("h100-test", _as_cuda_run(raw), load_base("h100-sxm5-80gb"))
+    d = build_profile("h100-test", as_cuda_run(raw), load_base("h100-sxm5-80gb"))
     prof = write_profile(d, tmp_path / "h100-test.yaml")
     assert set(prof.gpu.peak_flops) == {"bf16", "fp16", "fp32"} and prof.peak("bf16") == 989e12
     assert prof.node_gpus == 1 and int(prof.host_link.gpus_per_pcie_switch.value) == 1
@@ -206,7 +188,7 @@ def test_writer_cuda_branch_takes_topology_from_base(cpu_run, tmp_path):
     assert float(prof.gpu.reserved_bytes) == pytest.approx(2e9, rel=1e-3)
     assert prof.host.pinned_rounding == "power_of_two" and "HostPool" in prof.host.pinned_rounding_source
     assert d["provenance"]["driver"] == "580.00"
-    node = build_profile("h100-node", _as_cuda_run(raw), load_base("h100-sxm5-80gb"), node_from_base=True)
+    node = build_profile("h100-node", as_cuda_run(raw), load_base("h100-sxm5-80gb"), node_from_base=True)
     assert node["node"]["gpus_per_node"]["value"] == 8 and node["host"]["memory"]["unit"] == "TB"
 
 

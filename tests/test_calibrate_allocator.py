@@ -5,7 +5,6 @@ measurement (the base profile's values), and the measurement itself on a GPU."""
 
 from __future__ import annotations
 
-import copy
 
 import pytest
 import torch
@@ -15,6 +14,7 @@ from memo_exec.calibrate.microbench import Progress
 from memo_exec.calibrate.writer import build_profile, load_base, write_profile
 from memo_sim.profile import load_profile
 from memo_sim.profile.schema import DEFAULT_ALLOCATOR_COSTS
+from tests.calibration_fixtures import as_cuda_run
 
 MiB, GiB = 2**20, 2**30
 SIZES = [32 * MiB, 128 * MiB, 512 * MiB, 2 * GiB, 8 * GiB]
@@ -51,27 +51,9 @@ def _measured(sync=15e-6, m_lat=30e-6, m_tp=4e12, f_lat=80e-6, f_tp=1.5e12) -> d
     return raw
 
 
-def _as_cuda_run(raw: dict) -> dict:
-    """The CPU run's results shaped as a one-GPU CUDA run's (structure only, for the writer)."""
-    r = copy.deepcopy(raw)
-    r["env"].update(device="NVIDIA H100 80GB HBM3", device_kind="cuda", driver="580.00", cuda_runtime="13.0",
-                    visible_gpus=1, compute_capability="9.0", multiprocessors=132)
-    r["dtype"] = "bf16"
-    r["peak"] = {"dtype": "bf16", "value": 989e12, "source": "NVIDIA H100 SXM5 datasheet", "best_measured": 7.5e14,
-                 "datasheet": {"bf16": 989e12, "fp32": 67e12}}
-    r["memory_start"] = {"total": 85 * 10**9, "free": 84 * 10**9, "torch_reserved": 0, "outside_torch": 10**9}
-    r["memory_end"] = {"total": 85 * 10**9, "free": 80 * 10**9, "torch_reserved": 3 * 10**9,
-                       "outside_torch": 2 * 10**9}
-    r["pinned"] = {"measured": True, "mode": "power_of_two", "method": "host_memory_stats", "detail": "3 -> 4"}
-    r["collectives"] = {"measured": False, "reason": "one GPU visible: no NVLink to measure"}
-    for k in ("cpu_budget", "framework_rss"):
-        r.pop(k, None)
-    return r
-
-
 def test_measured_costs_are_written_with_units_and_provenance(cpu_calibration, tmp_path):
     _out, _r, raw = cpu_calibration
-    r = _as_cuda_run(raw)
+    r = as_cuda_run(raw)
     r["allocator"] = _measured()
     d = build_profile("h100-alloc", r, load_base("h100-sxm5-80gb"))
     units = {k: v["unit"] for k, v in d["gpu"]["allocator"].items()}
@@ -95,7 +77,7 @@ def test_measured_costs_are_written_with_units_and_provenance(cpu_calibration, t
 
 def test_cuda_run_without_a_measurement_takes_the_base_profile(cpu_calibration, tmp_path):
     _out, _r, raw = cpu_calibration
-    r = _as_cuda_run(raw)
+    r = as_cuda_run(raw)
     r["allocator"] = alloc.not_measured("allocator measurement failed (synthetic)")
     d = build_profile("h100-base", r, load_base("h100-sxm5-80gb"))
     prof = write_profile(d, tmp_path / "h100-base.yaml")
