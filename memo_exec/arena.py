@@ -12,6 +12,11 @@ plan.json ``memory_plan``::
 
     {"arena_bytes": int, "phases": {"fwd"|"bwd": {"peak_bytes": int, "offsets": {name: byte_offset}}}}
 
+The arena is the largest level-1 phase peak (``phases.*.peak_bytes``): one layer's forward and
+backward reuse it, layer after layer. A bi-level plan's top-level ``arena_bytes`` is its level-2
+(whole-model) arena, which also holds the rounding buffers, hidden states and the classifier
+chunk; the executor allocates those once on their own, so it does not allocate that arena.
+
 Offsets are for the plan's dtype (or for ``memory_plan.element_bytes`` when the plan says at which
 element width its sizes were recorded); when the executor computes in a wider dtype (fp32 on CPU
 for a bf16 plan) every offset and the arena size are multiplied by the width ratio, which keeps any
@@ -159,11 +164,12 @@ class CachingScratch:
 
 @dataclass
 class ArenaPlan:
-    arena_bytes: int
+    arena_bytes: int  # the largest phase peak (scaled): what the executor allocates
     offsets: dict[str, dict[str, int]]  # phase -> executor tensor name -> byte offset (already scaled)
     scale: int = 1
     peaks: dict[str, int] = field(default_factory=dict)
     ignored: dict[str, str] = field(default_factory=dict)  # "phase:plan name" -> why it is not placed
+    model_arena_bytes: int = 0  # the plan's top-level (level-2) arena_bytes, scaled; not allocated
 
 
 def parse_memory_plan(mp: dict, plan_elem_bytes: int, exec_elem_bytes: int) -> ArenaPlan:
@@ -183,13 +189,20 @@ def parse_memory_plan(mp: dict, plan_elem_bytes: int, exec_elem_bytes: int) -> A
                 raise MemoryPlanError(f"memory_plan.phases.{ph}.offsets: {n!r} given twice (directly and by an alias)")
             mine[n] = int(o) * scale
         offsets[ph] = mine
-    peaks = {ph: int(body.get("peak_bytes", 0)) * scale for ph, body in phases.items()
-             if isinstance(body.get("peak_bytes", 0), int)}
-    return ArenaPlan(int(mp["arena_bytes"]) * scale, offsets, scale, peaks)
+    peaks = {}
+    for ph, body in phases.items():
+        pk = body.get("peak_bytes")
+        if isinstance(pk, bool) or not isinstance(pk, int) or pk < 0:
+            raise MemoryPlanError(f"memory_plan.phases.{ph}.peak_bytes must be a non-negative integer, got {pk!r}")
+        peaks[ph] = pk * scale
+    level2 = mp.get("arena_bytes", 0)
+    return ArenaPlan(max(peaks.values(), default=0), offsets, scale, peaks,
+                     model_arena_bytes=int(level2) * scale if isinstance(level2, int) else 0)
 
 
-def validate_memory_plan(ap: ArenaPlan, recorder: AllocRecorder) -> list[str]:
-    """Check the plan against the recorded request sequence; return the names it leaves unplaced."""
+def validate_memory_plan(ap: ArenaPlan, recorder: AllocRecorder, backend: str = "") -> list[str]:
+    """Check the plan against the recorded request sequence (recorded with attention backend
+    ``backend``); return the names it leaves unplaced."""
     for ph, offs in ap.offsets.items():
         known = set(recorder.names(ph))
         for name in sorted(offs):
@@ -197,9 +210,13 @@ def validate_memory_plan(ap: ArenaPlan, recorder: AllocRecorder) -> list[str]:
                 continue
             why = unplaced_reason(ph, name)
             if why is None:
+                other = (f"; the plan was recorded with the math attention backend (attn_* scratch) and this run "
+                         f"uses {backend}: record the layer trace with --attention-backend {backend}"
+                         if name.startswith(("attn_", "rc_attn_")) and backend and backend != "math" else "")
                 raise MemoryPlanError(
                     f"memory_plan.phases.{ph}.offsets: {name!r} is not a tensor this executor's layer allocates in "
-                    f"{ph} (it allocates: {', '.join(sorted(known)) or 'nothing'})")
+                    f"{ph} with the {backend or 'chosen'} attention backend (it allocates: "
+                    f"{', '.join(sorted(known)) or 'nothing'}){other}")
             ap.ignored[f"{ph}:{name}"] = why
         for name in [n for n in offs if f"{ph}:{n}" in ap.ignored]:
             del offs[name]

@@ -86,6 +86,11 @@ class AttentionBackend(ABC):
     def backward(self, dout, q, k, v, out, aux, dq, dk, dv, dims: AttnDims, scratch) -> None:
         """Write the gradients of q, k, v into ``dq``, ``dk``, ``dv``."""
 
+    def outside_bytes(self, dims: AttnDims, esize: int, phase: str) -> int:
+        """Bytes the kernel allocates itself (not through the scratch allocator, so not in a memory
+        plan) while it runs in ``phase`` (fwd | bwd); the lse it keeps is counted with the lse."""
+        return 0
+
 
 # --------------------------------------------------------------------------------------------------
 class MathAttention(AttentionBackend):
@@ -216,6 +221,13 @@ class _AtenSDPA(AttentionBackend):
             kb, vb = _expand_kv(kb, dims), _expand_kv(vb, dims)
         return qb, kb, vb
 
+    def outside_bytes(self, dims: AttnDims, esize: int, phase: str) -> int:
+        T, h, kv = dims.tokens, dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
+        expanded = 2 * T * h * esize if dims.group > 1 else 0  # GQA: k and v expanded to every head
+        if phase == "fwd":
+            return T * h * esize + expanded  # the kernel's output
+        return T * (h + 2 * kv) * esize + 2 * expanded  # dq, dk, dv (+ GQA: expanded k, v and unreduced dk, dv)
+
     def _store_grads(self, gq, gk, gv, dq, dk, dv, dims):
         _copy_bhsd_into(dq, gq, dims, dims.heads)
         if dims.group > 1:
@@ -308,6 +320,12 @@ class FlashAttnPackage(AttentionBackend):
 
         self.fn = flash_attn_func
 
+    def outside_bytes(self, dims: AttnDims, esize: int, phase: str) -> int:
+        T, h, kv = dims.tokens, dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
+        if phase == "fwd":
+            return T * h * esize  # the kernel's output
+        return T * h * esize + T * (h + 2 * kv) * esize  # the backward re-runs the forward, then dq, dk, dv
+
     def _views(self, q, k, v, dims):
         b, s, d = dims.batch, dims.seq, dims.head_dim
         return (q.view(b, s, dims.heads, d), k.view(b, s, dims.kv_heads, d), v.view(b, s, dims.kv_heads, d))
@@ -365,6 +383,33 @@ def probe(backend: AttentionBackend, device: torch.device, dtype: torch.dtype, d
                            f"{dims.head_dim}: {first}") from None
     if not bool(torch.isfinite(out.float()).all()):
         raise BackendError(f"attention backend {backend.name} returned non-finite values on {device}")
+
+
+def auto_backend_for(device_type: str, dtype: torch.dtype, dims: AttnDims) -> str:
+    """What ``auto`` resolves to on a device of this type, decided without running a kernel (for
+    a trace recorded on the meta device): math on a CPU; on CUDA flash-attn when it imports, else
+    torch's flash kernel for 16-bit dtypes and head dims up to 256, else its memory-efficient one.
+    On a real device `select_backend` probes instead; only math takes scratch tensors, so every
+    CUDA choice records the same scratch requests."""
+    if device_type != "cuda":
+        return "math"
+    half = dtype in (torch.float16, torch.bfloat16)
+    if half:
+        try:
+            import flash_attn  # noqa: F401, PLC0415 - optional dependency
+            return "flash_attn"
+        except ImportError:
+            pass
+    return "sdpa_flash" if half and dims.head_dim <= 256 else "sdpa_efficient"
+
+
+def meta_stand_in(name: str) -> AttentionBackend:
+    """A backend that runs on the meta device with the same scratch requests as ``name``: the
+    backend itself when it has meta kernels (math, sdpa_flash), else sdpa_flash, which like every
+    kernel backend takes no scratch tensors."""
+    if name not in BACKENDS or name == "auto":
+        raise BackendError(f"attention backend must be one of {', '.join(BACKENDS[1:])}, got {name!r}")
+    return MathAttention() if name == "math" else SDPAFlash()
 
 
 def select_backend(name: str, device: torch.device, dtype: torch.dtype, dims: AttnDims,

@@ -3,8 +3,9 @@
     memo-exec run plan.json [--device cuda|cpu] [--steps N] [--out DIR] [--layers N]
                             [--attention-backend auto|flash_attn|sdpa_flash|sdpa_efficient|sdpa_cudnn|math]
                             [--tokens FILE] [--dtype fp32|fp64|bf16] [--seed S] [--lr LR] [--no-memory-plan]
-    memo-exec trace plan.json [--device cpu|cuda|meta] [--out trace.json] [--cuda-history FILE]
-                              [--write-plan PLAN_WITH_MEMORY_PLAN.json]
+                            [--json]
+    memo-exec trace plan.json [--device cpu|cuda|meta] [--target cuda|cpu] [--out trace.json]
+                              [--cuda-history FILE] [--write-plan PLAN_WITH_MEMORY_PLAN.json]
 
 User errors (unknown plan schema, a layout this executor does not run, a missing backend, a run
 that does not fit by the executor's own estimate, a bad memory plan) print one ``error:`` line
@@ -42,9 +43,11 @@ def cli() -> None:
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--lr", default=3e-4, show_default=True, type=float)
 @click.option("--no-memory-plan", is_flag=True, help="ignore plan.memory_plan (caching allocator only)")
+@click.option("--json", "as_json", is_flag=True,
+              help="print the measured-vs-predicted rows (totals, streams, ops per layer, memory) as JSON")
 @user_errors("while running the plan")
 def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens_file, dtype, seed, lr,
-            no_memory_plan) -> None:
+            no_memory_plan, as_json) -> None:
     from memo_exec.report import write_outputs  # noqa: PLC0415
     from memo_exec.runner import Executor, RunOptions  # noqa: PLC0415
     from memo_sim.plan.schema import read_plan  # noqa: PLC0415
@@ -57,8 +60,17 @@ def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens
         res = ex.run()
     finally:
         ex.close()
-    paths = write_outputs(res, out_dir, plan_file)
+    paths, comparison = write_outputs(res, out_dir, plan_file)
     st = res.steady
+    if as_json:
+        import json  # noqa: PLC0415
+
+        doc = {"model": res.meta["model"], "policy": res.meta["policy"], "device": res.meta["device"],
+               "layers": res.meta["layers"], "tokens": res.meta["tokens"], "steady_state": st,
+               "losses": [s["loss"] for s in res.summaries], **comparison.to_dict(),
+               "files": {k: str(v) for k, v in paths.items()}}
+        click.echo(json.dumps(doc, indent=1, default=float))
+        return
     click.echo(f"{res.meta['model']} {res.meta['policy']} on {res.meta['device']}: "
                f"{st['iteration_s']:.4f} s/iteration, {res.meta['tokens'] / st['iteration_s']:,.0f} tokens/s, "
                f"loss {res.summaries[-1]['loss']:.4f}")
@@ -72,18 +84,20 @@ def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens
 @click.option("--dtype", default=None, type=click.Choice(["bf16", "fp32", "fp64"]),
               help="default: the plan's dtype on meta and CUDA, fp32 on CPU")
 @click.option("--attention-backend", default=None, type=click.Choice(BACKENDS))
+@click.option("--target", default="cuda", show_default=True, type=click.Choice(["cuda", "cpu"]),
+              help="with --device meta: the device the plan will run on (what --attention-backend auto resolves to)")
 @click.option("--cuda-history", default=None, type=click.Path(dir_okay=False),
               help="also write what the CUDA caching allocator saw (torch.cuda.memory._record_memory_history)")
 @click.option("--write-plan", default=None, type=click.Path(dir_okay=False),
               help="write a copy of the plan whose memory_plan is the greedy placement of this trace")
 @user_errors("while running the plan")
-def trace_cmd(plan_file, device, out_file, dtype, attention_backend, cuda_history, write_plan) -> None:
+def trace_cmd(plan_file, device, out_file, dtype, attention_backend, target, cuda_history, write_plan) -> None:
     from memo_exec.trace import memory_plan_from_trace, record_cuda_history, record_layer_trace  # noqa: PLC0415
     from memo_sim.plan.schema import read_plan  # noqa: PLC0415
     from memo_sim.plan.schema import write_plan as _write_plan  # noqa: PLC0415
 
     plan = read_plan(plan_file)
-    tr = record_layer_trace(plan, device, dtype, attention_backend)
+    tr = record_layer_trace(plan, device, dtype, attention_backend, target)
     tr.write_json(out_file)
     click.echo(f"wrote {out_file}: {len(tr)} buffers, max live {tr.max_live_bytes() / 2**20:.1f} MiB")
     if cuda_history:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -88,12 +89,57 @@ def _meminfo(key: str) -> int | None:
     return None
 
 
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None  # cgroup v2 writes "max" for no limit
+
+
+def cgroup_available_bytes(proc_cgroup: str | Path = "/proc/self/cgroup",
+                           root: str | Path = "/sys/fs/cgroup") -> int | None:
+    """Memory this process's cgroup still allows (limit minus usage, the tightest over the cgroup
+    and its ancestors), or None without a limit. cgroup v2: ``memory.max`` - ``memory.current``;
+    v1: ``memory.limit_in_bytes`` - ``memory.usage_in_bytes`` under the memory controller."""
+    try:
+        lines = Path(proc_cgroup).read_text().splitlines()
+    except OSError:
+        return None
+    root = Path(root)
+    candidates: list[tuple[Path, str, str]] = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        rel = path.strip().lstrip("/")
+        if controllers == "":  # v2 unified hierarchy
+            candidates.append((root / rel, "memory.max", "memory.current"))
+        elif "memory" in controllers.split(","):
+            candidates.append((root / "memory" / rel, "memory.limit_in_bytes", "memory.usage_in_bytes"))
+    best: int | None = None
+    for base, limit_file, usage_file in candidates:
+        d = base
+        while True:
+            limit, usage = _read_int(d / limit_file), _read_int(d / usage_file)
+            if limit is not None and usage is not None and limit < 2**60:  # v1 writes ~2^63 for no limit
+                free = max(0, limit - usage)
+                best = free if best is None else min(best, free)
+            if d == root or root not in d.parents:
+                break
+            d = d.parent
+    return best
+
+
 def host_available_bytes() -> int:
-    """Host memory the kernel says is available now (MemAvailable), else physical memory."""
+    """Host memory available to this process now: the smaller of the kernel's MemAvailable (or the
+    physical memory when /proc/meminfo has none) and what its cgroup still allows."""
     avail = _meminfo("MemAvailable")
-    if avail is not None:
-        return avail
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if avail is None:
+        avail = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    cg = cgroup_available_bytes()
+    return avail if cg is None else min(avail, cg)
 
 
 def device_free_bytes(device: DeviceSpec) -> tuple[int, int]:

@@ -8,6 +8,10 @@ from a scratch allocator by name (`memo_exec.arena`). Weight and bias gradients 
 in place into preallocated ``.grad`` tensors (``addmm_`` / ``addmv_``), so the backward returns
 only the gradient of the layer input.
 
+The last op (add2) writes y straight into the next layer's input slot, which may be a rounding
+buffer an offload copy still reads; ``forward`` calls a ``before_output`` callback right before
+that op, so the policy's wait sits exactly where the memory is overwritten.
+
 Token-wise recompute (MEMO): every op but the attention core is row-wise, so ``recompute_tokens``
 rebuilds rows ``[start, T)`` of ln1, q, k, v, h1, ln2, fc1, act from x and the attention output.
 """
@@ -15,6 +19,7 @@ rebuilds rows ``[start, T)`` of ln1, q, k, v, h1, ln2, fc1, act from x and the a
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -177,7 +182,7 @@ class LayerCompute:
         return t[:h], t[h:h + kv], t[h + kv:]
 
     def _fwd_ops(self, p: LayerWeights, S: LayerStorage, layer: int, phase: str, start: int, attention: bool,
-                 y_out: torch.Tensor | None) -> None:
+                 y_out: torch.Tensor | None, before_output: Callable[[], None] | None = None) -> None:
         X, sp, r = self.scratch, self.timer.span, slice(start, self.T)
         n, h, f = self.T - start, self.h, self.f
         with sp("ln1", layer, phase):
@@ -219,16 +224,20 @@ class LayerCompute:
                 torch.mm(S.act, p.w2.t(), out=fc2)
             else:
                 torch.addmm(p.b2, S.act, p.w2.t(), out=fc2)
+        if before_output is not None:
+            before_output()  # y_out may be memory a copy still reads: the policy waits here, not earlier
         with sp("add2", layer, phase):
             torch.add(S.h1, fc2, out=y_out)
             X.free("fc2")
             del fc2
 
     # ------------------------------------------------------------------ public
-    def forward(self, p: LayerWeights, S: LayerStorage, y_out: torch.Tensor, layer: int) -> None:
-        """Full forward: fills every skeletal tensor of ``S`` (x must be in place) and writes y."""
+    def forward(self, p: LayerWeights, S: LayerStorage, y_out: torch.Tensor, layer: int,
+                before_output: Callable[[], None] | None = None) -> None:
+        """Full forward: fills every skeletal tensor of ``S`` (x must be in place) and writes y.
+        ``before_output`` runs right before the last op (add2) writes ``y_out``."""
         self.scratch.set_phase("fwd")
-        self._fwd_ops(p, S, layer, "fwd", 0, True, y_out)
+        self._fwd_ops(p, S, layer, "fwd", 0, True, y_out, before_output)
 
     def recompute_tokens(self, p: LayerWeights, S: LayerStorage, start: int, layer: int) -> None:
         """MEMO: rebuild rows [start, T) of ln1, q, k, v, h1, ln2, fc1, act from x and attn."""

@@ -10,7 +10,9 @@ the process resident set (VmRSS, peak VmHWM reset each step), which counts every
 process holds, not just tensors.
 
 Everything becomes a `memo_sim.timeline.Timeline` (meta source = "measured") in the same format
-the simulator writes.
+the simulator writes. The recorder also keeps the step's issue order (`memo_exec.streams.Issued`):
+every compute op as its span opens, and every copy, event record and wait as the streams issue
+them, which `memo_exec.op_order` turns into dependency edges.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from memo_exec.device import process_rss_bytes, reset_process_peak_rss
-from memo_exec.streams import CopyLabel
+from memo_exec.streams import CopyLabel, Issued
 from memo_sim.timeline import MemorySample, Timeline, TimelineEvent
 
 STALL_OPS = ("wait_offload", "wait_prefetch")
@@ -40,6 +42,7 @@ class StepRecord:
     peak_allocated_bytes: int
     peak_reserved_bytes: int
     loss: float = float("nan")
+    issued: list[Issued] = field(default_factory=list)  # issue order of compute ops, copies, records, waits
 
 
 class Recorder:
@@ -54,13 +57,14 @@ class Recorder:
         self._lock = threading.Lock()
         self._spans: list = []
         self._mem: list = []
+        self._issued: list[Issued] = []
         self._step = -1
         self._t0 = None
 
     # ------------------------------------------------------------------ step
     def begin_step(self, step: int) -> None:
         self._step = step
-        self._spans, self._mem = [], []
+        self._spans, self._mem, self._issued = [], [], []
         if self.cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
             self._t0 = torch.cuda.Event(enable_timing=True)
@@ -100,7 +104,7 @@ class Recorder:
         memory += [MemorySample(time=0.0, device=-1, kind="host", nbytes=float(self.host_bytes)),
                    MemorySample(time=iteration, device=-1, kind="host", nbytes=float(self.host_bytes))]
         memory.sort(key=lambda m: (m.kind, m.time))
-        return StepRecord(self._step, iteration, events, memory, peak_alloc, peak_res)
+        return StepRecord(self._step, iteration, events, memory, peak_alloc, peak_res, issued=list(self._issued))
 
     # ------------------------------------------------------------------ spans
     def _mark(self):
@@ -113,6 +117,8 @@ class Recorder:
     @contextlib.contextmanager
     def span(self, op: str, layer: int | None, phase: str, stream: str = "compute", nbytes: float = 0,
              flops: float | None = None):
+        if phase != "stall":  # a stall is a wait, which the stream reports itself
+            self._issued.append(Issued(stream, "op", op, layer, phase))
         s = self._mark()
         try:
             yield
@@ -121,6 +127,10 @@ class Recorder:
             fl = flops if flops is not None else (self.flops_fn(op, layer, phase) if self.flops_fn else 0.0)
             with self._lock:
                 self._spans.append((op, layer, phase, stream, s, e, nbytes, fl))
+
+    def issued(self, entry: Issued) -> None:
+        """Called by the streams, on the issuing thread, for every copy, record and wait."""
+        self._issued.append(entry)
 
     def add_copy(self, stream: str, label: CopyLabel, start, end) -> None:
         with self._lock:

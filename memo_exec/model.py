@@ -70,7 +70,7 @@ class LayerRuntime:
         out = pol.output_for(i)
         if out is None:
             out = torch.empty(comp.T, comp.h, dtype=comp.dtype, device=comp.device)
-        comp.forward(self.weights, st, out, i)
+        comp.forward(self.weights, st, out, i, before_output=lambda: pol.before_output_write(i))
         pol.after_forward(i)
         self.timer.memory_sample()
         return out.detach()

@@ -42,6 +42,14 @@ class AdamW:
             return 2 * numel * torch.empty((), dtype=dtype).element_size()
         return 12 * numel
 
+    @staticmethod
+    def step_temporary_bytes(numel: int, dtype: torch.dtype) -> int:
+        """Temporaries of one parameter's update: the state-dtype gradient (16-bit parameters) and
+        the two tensors of ``sqrt(v) / bc2_sqrt``."""
+        if dtype in (torch.float32, torch.float64):
+            return 2 * numel * torch.empty((), dtype=dtype).element_size()
+        return 3 * numel * 4
+
     @torch.no_grad()
     def step(self) -> None:
         self.step_count += 1

@@ -1,10 +1,13 @@
 """Outputs of ``memo-exec run``: measured.json (a Timeline), trace.json (Chrome trace) and
-report.md with PNG figures, setting the measurement beside plan.predicted and plan.layer_timings_s.
+report.md with PNG figures, setting the measurement beside the prediction.
 
-Relative error = (measured - predicted) / predicted. With ``--layers N`` smaller than the plan's
-model the whole-iteration predictions are not comparable; the report then re-runs the
-simulator's analytic estimate (`memo_sim.search.estimate`, `memo_sim.cost.memory`) for N layers
-and says so, while per-layer numbers are compared with the plan's own.
+Predictions: the whole-iteration numbers are the plan's own (``plan.predicted``) when every
+layer ran; with ``--layers N`` they come from re-simulating the plan for N layers. Per stream
+(busy, exposed, overlapped time of compute, d2h, h2d) and per layer and op class (forward,
+recompute, backward, offload, prefetch) the prediction is always that re-simulation
+(`memo_exec.compare`), drawn over the measurement in ``gantt_overlay.png``. The executor's memory
+estimate is set beside the simulator's memory breakdown term by term. Every row has
+rel_error = (measured - predicted) / predicted.
 """
 
 from __future__ import annotations
@@ -14,26 +17,26 @@ import io
 import math
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from memo_exec.compare import op_rows, rel_error, resimulate, sim_memory_breakdown, stream_rows
+from memo_exec.device import element_size
+from memo_exec.figures import overlay_gantt
 from memo_exec.measure import timeline_from_step
 from memo_exec.runner import RunResult
 from memo_sim.cost.flops import mfu
 from memo_sim.fileio import atomic_write_bytes, atomic_write_text
+from memo_sim.model.layer_graph import DTYPE_BYTES
 from memo_sim.report.chrome_trace import write_chrome_trace
 from memo_sim.report.figures import gantt_figure, memory_figure
 from memo_sim.timeline import Timeline
 
 GiB = 2**30
-
-
-def _rel(meas, pred):
-    if meas is None or pred is None or not isinstance(pred, (int, float)) or pred == 0:
-        return None
-    return (meas - pred) / pred
 
 
 def _peak_flops(profile: str, dtype: str) -> tuple[float | None, str]:
@@ -46,44 +49,50 @@ def _peak_flops(profile: str, dtype: str) -> tuple[float | None, str]:
         return None, f"no peak FLOP/s ({e})"
 
 
-def predictions_for_run(res: RunResult) -> tuple[dict, str]:
-    """plan.predicted, or (with --layers) the simulator's analytic estimate for the layers run."""
+@dataclass
+class Comparison:
+    totals: list[dict]  # whole-iteration and per-layer quantities
+    streams: list[dict]  # per stream: busy, exposed, overlapped
+    ops: list[dict]  # per layer and op class
+    memory: list[dict]  # executor estimate vs simulator breakdown, term by term
+    source: str  # where the whole-iteration predictions come from
+    simulation: str  # how the per-stream / per-op prediction was made (or why it is missing)
+    predicted_timeline: Timeline | None = None
+
+    def to_dict(self) -> dict:
+        return {"totals": self.totals, "streams": self.streams, "ops": self.ops, "memory": self.memory,
+                "totals_predicted_from": self.source, "streams_ops_predicted_from": self.simulation}
+
+
+def compare_run(res: RunResult) -> Comparison:
     plan, n = res.plan, res.meta["layers"]
+    sim, sim_note = resimulate(plan, n)
     if n == plan.model.layers:
-        return dict(plan.predicted), "plan.predicted"
-    try:
-        from memo_sim.cost.memory import memory_breakdown  # noqa: PLC0415
-        from memo_sim.profile.loader import load_profile  # noqa: PLC0415
-        from memo_sim.search.estimate import estimate_iteration  # noqa: PLC0415
-
-        prof = load_profile(plan.profile)
-        m = dataclasses.replace(plan.model, layers=n)
-        est = estimate_iteration(m, plan.layout, plan.batch, plan.seq_tokens, plan.policy, prof,
-                                 plan.classifier_chunk_tokens)
-        mem = memory_breakdown(m, plan.layout, plan.batch, plan.seq_tokens, plan.policy, prof,
-                               plan.classifier_chunk_tokens)
-        return ({"iteration_s": est.iteration_s, "mfu": est.mfu, "tgs_tokens_per_gpu_s": est.tgs,
-                 "exposed_copy_s": est.exposed_copy_s, "peak_gpu_bytes": mem.peak_gpu_bytes,
-                 "peak_host_bytes_per_node": mem.host_bytes_per_node},
-                f"memo_sim analytic estimate re-run for {n} of the plan's {plan.model.layers} layers")
-    except Exception as e:  # noqa: BLE001 - the comparison is optional; the report says why it is missing
-        return {}, (f"not comparable: the plan is for {plan.model.layers} layers, {n} were run, and the "
-                    f"simulator estimate could not be re-run ({type(e).__name__}: {e})")
+        pred, source = dict(plan.predicted), "plan.predicted"
+    elif sim is not None:
+        pred, source = sim.to_dict(), f"{sim_note} (the plan is for {plan.model.layers} layers)"
+    else:
+        pred, source = {}, f"not comparable: the plan is for {plan.model.layers} layers, {n} ran, and {sim_note}"
+    steady = res.steps[1:] if len(res.steps) > 1 else res.steps
+    measured = [timeline_from_step(r, {}) for r in steady]
+    ptl = sim.timeline if sim is not None else None
+    breakdown, boundary = sim_memory_breakdown(plan, n)
+    return Comparison(totals_rows(res, pred, source), stream_rows(measured, ptl), op_rows(measured, ptl),
+                      res.estimate.compare(breakdown, boundary), source, sim_note, ptl)
 
 
-def comparison_rows(res: RunResult) -> tuple[list[dict], str]:
+def totals_rows(res: RunResult, pred: dict, source: str) -> list[dict]:
     st = res.steady
-    pred, source = predictions_for_run(res)
     lt = res.plan.layer_timings_s or {}
     tokens = res.meta["tokens"]
     it = st.get("iteration_s")
+    cuda = res.meta["device_kind"] == "cuda"
     meas_mfu = None
-    if res.meta["device_kind"] == "cuda" and it:
+    if cuda and it:
         peak, _ = _peak_flops(res.plan.profile, res.plan.model.dtype)
         if peak:
             m = dataclasses.replace(res.plan.model, layers=res.meta["layers"])
             meas_mfu = mfu(m, res.plan.batch, res.plan.seq_tokens, it, 1, peak)
-    peak_mem = st.get("peak_allocated_bytes") if res.meta["device_kind"] == "cuda" else None
     rows = [
         ("iteration time", "s", pred.get("iteration_s"), it, source),
         ("MFU", "", pred.get("mfu"), meas_mfu, source),
@@ -94,13 +103,18 @@ def comparison_rows(res: RunResult) -> tuple[list[dict], str]:
         ("layer offload (d2h)", "s", lt.get("offload"), st.get("layer_offload_s"), "plan.layer_timings_s"),
         ("layer prefetch (h2d)", "s", lt.get("prefetch"), st.get("layer_prefetch_s"), "plan.layer_timings_s"),
         ("exposed copy time", "s", pred.get("exposed_copy_s"), st.get("exposed_copy_s"), source),
-        ("peak GPU memory (allocated)", "bytes", pred.get("peak_gpu_bytes"), peak_mem, source),
+        ("peak device memory (allocated)", "bytes", pred.get("peak_gpu_bytes"),
+         st.get("peak_allocated_bytes") if cuda else None, source),
+        ("executor's memory estimate", "bytes", pred.get("peak_gpu_bytes"), res.meta["memory_estimate_total_bytes"],
+         source),
         ("pinned host memory", "bytes", pred.get("peak_host_bytes_per_node"), res.meta.get("pinned_host_bytes"),
          source),
     ]
-    out = [{"quantity": q, "unit": u, "predicted": p, "measured": m, "rel_error": _rel(m, p), "predicted_from": s}
-           for q, u, p, m, s in rows]
-    return out, source
+    if not cuda:
+        rows.append(("process RSS peak (CPU: model, activations and the host pool)", "bytes", None,
+                     st.get("peak_allocated_bytes"), "not predicted"))
+    return [{"quantity": q, "unit": u, "predicted": p, "measured": m, "rel_error": rel_error(m, p),
+             "predicted_from": s} for q, u, p, m, s in rows]
 
 
 def _fmt(v, unit: str) -> str:
@@ -165,14 +179,18 @@ def layer_figure(res: RunResult, rows: list[dict], path: Path) -> Path:
     return atomic_write_bytes(path, buf.getvalue())
 
 
-def write_outputs(res: RunResult, out_dir: str | Path, plan_path: str | Path | None = None) -> dict[str, Path]:
+def write_outputs(res: RunResult, out_dir: str | Path, plan_path: str | Path | None = None
+                  ) -> tuple[dict[str, Path], Comparison]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    rows, source = comparison_rows(res)
+    cmp_ = compare_run(res)
     meta = dict(res.meta)
     meta.update({"plan_file": str(plan_path) if plan_path else None, "steady_state": res.steady,
-                 "steps": res.summaries, "comparison": rows, "predicted": res.plan.predicted,
-                 "layer_timings_s": res.plan.layer_timings_s, "middle_layer": meta["layers"] // 2})
+                 "steps": res.summaries, "comparison": cmp_.totals, "streams": cmp_.streams, "ops": cmp_.ops,
+                 "memory_comparison": cmp_.memory, "prediction": {"totals": cmp_.source,
+                                                                  "streams_and_ops": cmp_.simulation},
+                 "predicted": res.plan.predicted, "layer_timings_s": res.plan.layer_timings_s,
+                 "middle_layer": meta["layers"] // 2})
     tl: Timeline = timeline_from_step(res.steps[-1], meta)
     paths = {"measured": tl.write_json(out / "measured.json"), "trace": write_chrome_trace(tl, out / "trace.json")}
     figs = {}
@@ -184,15 +202,28 @@ def write_outputs(res: RunResult, out_dir: str | Path, plan_path: str | Path | N
         figs["memory"] = _atomic_png(lambda p: memory_figure(tl, p), out / "memory.png")
     except Exception as e:  # noqa: BLE001
         figs["memory_error"] = f"{type(e).__name__}: {e}"
-    figs["layers"] = layer_figure(res, rows, out / "layers.png")
+    if cmp_.predicted_timeline is not None:
+        try:
+            figs["overlay"] = overlay_gantt(cmp_.predicted_timeline, tl, out / "gantt_overlay.png",
+                                            f"{meta['model']} {meta['policy']}: predicted vs measured (last step)")
+        except Exception as e:  # noqa: BLE001
+            figs["overlay_error"] = f"{type(e).__name__}: {e}"
+    else:
+        figs["overlay_error"] = cmp_.simulation
+    figs["layers"] = layer_figure(res, cmp_.totals, out / "layers.png")
     paths.update({k: v for k, v in figs.items() if isinstance(v, Path)})
-    paths["report"] = atomic_write_text(out / "report.md", render_markdown(res, rows, source, figs, meta))
-    return paths
+    paths["report"] = atomic_write_text(out / "report.md", render_markdown(res, cmp_, figs, meta))
+    return paths, cmp_
 
 
-def render_markdown(res: RunResult, rows: list[dict], source: str, figs: dict, meta: dict | None = None) -> str:
+def _pct(v) -> str:
+    return "—" if v is None else f"{v * 100:+.1f}%"
+
+
+def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | None = None) -> str:
     m, p = (meta or res.meta), res.plan
     st = res.steady
+    rows, source = cmp_.totals, cmp_.source
     L = []
     L.append(f"# memo-exec run: {m['model']} — {m['policy']} — {m['seq_tokens']:,} tokens\n")
     L.append(f"- device: {m['device']}, dtype {m['dtype']}, attention backend {m['attention_backend']} "
@@ -214,25 +245,71 @@ def render_markdown(res: RunResult, rows: list[dict], source: str, figs: dict, m
     L.append("| quantity | predicted | measured | rel. error | predicted from |")
     L.append("|---|---:|---:|---:|---|")
     for r in rows:
-        re_ = "—" if r["rel_error"] is None else f"{r['rel_error'] * 100:+.1f}%"
         L.append(f"| {r['quantity']} | {_fmt(r['predicted'], r['unit'])} | {_fmt(r['measured'], r['unit'])} | "
-                 f"{re_} | {r['predicted_from']} |")
+                 f"{_pct(r['rel_error'])} | {r['predicted_from']} |")
     L.append("")
     L.append("Relative error = (measured − predicted) / predicted. Layer times are sums of the compute-stream ops "
              "of one layer (stalls excluded), averaged over layers; offload/prefetch are the copy-stream spans of "
              "one layer; exposed copy time is the time the compute stream waited on copy events in the whole "
              "iteration.")
     if m["device_kind"] == "cuda":
-        L.append(f"Peak reserved by the caching allocator: {_fmt(st['peak_reserved_bytes'], 'bytes')}.")
+        L.append(f"Peak device memory is the caching allocator's peak allocated; its peak reserved was "
+                 f"{_fmt(st['peak_reserved_bytes'], 'bytes')}. Pinned host memory is the page-locked offload pool.")
     else:
-        L.append(f"Peak process RSS on the CPU (not comparable with GPU memory): "
-                 f"{_fmt(st['peak_allocated_bytes'], 'bytes')}.")
+        L.append("On a CPU there is no device memory to measure: the process RSS holds the model, the activations "
+                 "and the host pool of the offloaded activations together (the pool is part of the RSS, not "
+                 "beside it); pinned host memory is the pool's size.")
+    L.append("")
+    L.append(f"## Streams: measured vs predicted\n\nPredicted: {cmp_.simulation}. Measured: mean over the steady "
+             f"steps. busy = time the stream runs ops (compute stalls excluded); overlapped = busy time during "
+             f"which the other side also runs (copy streams: compute; compute: either copy stream); exposed = busy "
+             f"− overlapped.\n")
+    L.append("| stream | quantity | predicted | measured | rel. error |")
+    L.append("|---|---|---:|---:|---:|")
+    for r in cmp_.streams:
+        L.append(f"| {r['stream']} | {r['quantity']} | {_fmt(r['predicted_s'], 's')} | {_fmt(r['measured_s'], 's')} | "
+                 f"{_pct(r['rel_error'])} |")
+    L.append("")
+    L.append("## Per layer and op class: measured vs predicted\n")
+    L.append("| layer | op | predicted | measured | rel. error |")
+    L.append("|---:|---|---:|---:|---:|")
+    for r in cmp_.ops:
+        L.append(f"| {r['layer']} | {r['op']} | {_fmt(r['predicted_s'], 's')} | {_fmt(r['measured_s'], 's')} | "
+                 f"{_pct(r['rel_error'])} |")
+    L.append("")
+    L.append("## Memory: the executor's estimate vs the simulator's breakdown\n")
+    L.append("Term by term (bytes on the device; `memo_exec.memory_estimate` documents each term). "
+             "A simulator value of 0 marks a term the simulator does not count.\n")
+    L.append("| term | simulator | executor | rel. error |")
+    L.append("|---|---:|---:|---:|")
+    for r in cmp_.memory:
+        L.append(f"| {r['term']} | {_fmt(r['simulator_bytes'], 'bytes')} | {_fmt(r['executor_bytes'], 'bytes')} | "
+                 f"{_pct(r['rel_error'])} |")
+    plan_width = DTYPE_BYTES.get(p.model.dtype)
+    run_width = element_size(getattr(torch, m["dtype"]))
+    if plan_width and plan_width != run_width:
+        L.append("")
+        L.append(f"The simulator counts the plan's {p.model.dtype} ({plan_width} bytes per element); this run computes "
+                 f"in {m['dtype']} ({run_width} bytes), so activation and model-state terms differ by that ratio.")
+    recipe = getattr(p.model, "recipe", None)  # the plan's model-state precision recipe
+    ours = m["memory_estimate_bytes"]["model_states"] / max(1, m["params"])
+    if recipe is not None and abs(recipe.bytes_per_param - ours) > 1e-9:
+        L.append("")
+        L.append(f"The plan counts model states with the {recipe.name} recipe ({recipe.bytes_per_param} bytes per "
+                 f"parameter); this executor's AdamW keeps {ours:g} bytes per parameter (gradients in the compute "
+                 f"dtype, fp32 master weights and moments where the dtype is 16-bit).")
+    det = m.get("memory_estimate_detail_bytes") or {}
+    if det:
+        L.append("")
+        L.append("transient_peak = arena + the larger of what lives outside it in forward and in backward: " +
+                 ", ".join(f"{k} {_fmt(v, 'bytes')}" for k, v in det.items()))
     L.append("")
     L.append("## Steps\n")
-    L.append("| step | loss | iteration | exposed copy | peak memory |")
-    L.append("|---:|---:|---:|---:|---:|")
+    L.append("| step | loss | iteration | exposed copy | exposed offload | exposed prefetch | peak memory |")
+    L.append("|---:|---:|---:|---:|---:|---:|---:|")
     for s in res.summaries:
         L.append(f"| {s['step']} | {s['loss']:.5f} | {_fmt(s['iteration_s'], 's')} | {_fmt(s['exposed_copy_s'], 's')} | "
+                 f"{_fmt(s['exposed_offload_s'], 's')} | {_fmt(s['exposed_prefetch_s'], 's')} | "
                  f"{_fmt(s['peak_allocated_bytes'], 'bytes')} |")
     L.append("")
     last = res.summaries[-1]
@@ -252,12 +329,15 @@ def render_markdown(res: RunResult, rows: list[dict], source: str, figs: dict, m
         L.append(f"- offload: {pd['offloaded_layers']} layers; per layer {pd['layer_offload_bytes'] / GiB:.4f} GiB "
                  f"({', '.join(pd['whole'])} whole; {', '.join(pd['split'])}: first {pd['offload_tokens']} of "
                  f"{pd['tokens']} tokens); pinned pool {m.get('pinned_host_bytes', 0) / GiB:.4f} GiB")
-    L.append(f"- executor's own estimate before allocating: {m['memory_estimate_total_bytes'] / GiB:.3f} GiB "
-             f"(" + ", ".join(f"{k} {v / GiB:.3f}" for k, v in m["memory_estimate_bytes"].items()) + ")")
     mp = m.get("memory_plan")
     if mp:
-        L.append(f"- memory plan: arena {mp['arena_bytes'] / GiB:.4f} GiB (offsets x{mp['offset_scale']} for the "
-                 f"executor's dtype); placed: " + "; ".join(f"{ph}: {', '.join(n)}" for ph, n in mp["placed"].items()))
+        level2 = (f"; the plan's whole-model arena of {mp['plan_model_arena_bytes'] / GiB:.3f} GiB is not allocated: "
+                  f"the rounding buffers, hidden states and classifier chunk it places are allocated on their own"
+                  if mp.get("plan_model_arena_bytes") else "")
+        L.append(f"- memory plan: arena {mp['arena_bytes'] / GiB:.4f} GiB, the largest phase peak "
+                 f"({', '.join(f'{ph} {v / GiB:.4f} GiB' for ph, v in mp['phase_peak_bytes'].items())}; offsets "
+                 f"x{mp['offset_scale']} for the executor's dtype){level2}; placed: " +
+                 "; ".join(f"{ph}: {', '.join(n)}" for ph, n in mp["placed"].items()))
         if mp["plan_names_not_placed"]:
             L.append("- plan names this executor accepts but does not place: " +
                      "; ".join(f"{k} ({v})" for k, v in mp["plan_names_not_placed"].items()))
@@ -268,7 +348,8 @@ def render_markdown(res: RunResult, rows: list[dict], source: str, figs: dict, m
         L.append(f"  - {line}")
     L.append("")
     L.append("## Figures\n")
-    for key, title in (("timeline", "Streams over the middle layers (last step)"), ("memory", "Memory over the step"),
+    for key, title in (("overlay", "Predicted (light, upper) over measured (dark, lower) streams, last step"),
+                       ("timeline", "Streams over the middle layers (last step)"), ("memory", "Memory over the step"),
                        ("layers", "Per-layer times")):
         if key in figs and isinstance(figs[key], Path):
             L.append(f"![{title}]({figs[key].name})\n")

@@ -13,15 +13,17 @@ from dataclasses import dataclass, field
 
 import torch
 
-from memo_exec.activations import make_policy
-from memo_exec.arena import AllocRecorder, ArenaScratch, CachingScratch, parse_memory_plan, validate_memory_plan
-from memo_exec.attention import AttnDims, select_backend
+from memo_exec.activations import ActivationPolicy, make_policy
+from memo_exec.arena import AllocRecorder, ArenaPlan, ArenaScratch, CachingScratch, parse_memory_plan, \
+    validate_memory_plan
+from memo_exec.attention import AttnDims, meta_stand_in, select_backend
 from memo_exec.data import TokenSource
-from memo_exec.device import acc_dtype, compute_dtype, device_free_bytes, element_size, gib, resolve_device
-from memo_exec.errors import ExecError, FitError, MemoryPlanError
+from memo_exec.device import compute_dtype, device_free_bytes, element_size, host_available_bytes, resolve_device
+from memo_exec.errors import ExecError, MemoryPlanError
 from memo_exec.layer import LayerCompute, LayerStorage, LayerWeights, carve_storage, norm_stats_dtype, \
     storage_bytes
 from memo_exec.measure import Recorder, StepRecord, steady_state, summarize_step
+from memo_exec.memory_estimate import MemoryEstimate, check_fit, estimate_memory
 from memo_exec.model import GPT, LayerRuntime, forward_loss
 from memo_exec.optim import AdamW
 from memo_exec.streams import make_engine
@@ -46,12 +48,6 @@ class RunOptions:
     probe_backend: bool = True
 
 
-def _recompute_fraction(plan: Plan) -> float:
-    if plan.policy.policy == "full_recompute":
-        return 1.0
-    return plan.policy.recompute_fraction
-
-
 def make_flops_fn(model: ModelConfig, batch: int, seq: int, recompute_fraction: float):
     """FLOPs of a timed span, from memo_sim.cost.flops (for the trace's annotations)."""
     fops = {op.name: (op.kind, op_flops(op, model, batch, seq)) for op in forward_ops(model)}
@@ -74,18 +70,15 @@ def make_flops_fn(model: ModelConfig, batch: int, seq: int, recompute_fraction: 
     return fn
 
 
-def dry_run_layer(model: ModelConfig, batch: int, seq: int, dtype: torch.dtype, backend, policy_name: str,
-                  offload_tokens: int) -> AllocRecorder:
-    """One layer's forward, recompute (as the policy does it) and backward on the meta device,
+def dry_run_layer(model: ModelConfig, batch: int, seq: int, dtype: torch.dtype, backend_name: str,
+                  policy) -> AllocRecorder:
+    """One layer's forward, recompute (as the executor ``policy`` does it) and backward on the
+    meta device with the attention backend that will run (``backend_name``, already resolved),
     recording every scratch request. Nothing is allocated."""
     meta = torch.device("meta")
-    if not backend.uses_scratch and not backend.name.startswith("sdpa"):
-        from memo_exec.attention import SDPAFlash  # noqa: PLC0415 - same (empty) scratch use, has meta kernels
-
-        backend = SDPAFlash()
     rec = AllocRecorder()
     scratch = CachingScratch(meta, rec)
-    comp = LayerCompute(model, batch, seq, dtype, meta, backend, scratch)
+    comp = LayerCompute(model, batch, seq, dtype, meta, meta_stand_in(backend_name), scratch)
     T = batch * seq
     w = LayerWeights(model, model.layers, meta, dtype)
     for p in w.parameters():
@@ -96,40 +89,42 @@ def dry_run_layer(model: ModelConfig, batch: int, seq: int, dtype: torch.dtype, 
     y = torch.empty(T, model.hidden, dtype=dtype, device=meta)
     with torch.no_grad():
         comp.forward(w, st, y, 0)
-        if policy_name == "full_recompute":
-            comp.recompute_full(w, st, 0)
-        elif policy_name == "memo" and offload_tokens < T:
-            comp.recompute_tokens(w, st, offload_tokens, 0)
+        policy.recompute(comp, w, st, 0)  # layer 0 is offloaded (and recomputed) whenever any layer is
         comp.backward(w, st, torch.empty(T, model.hidden, dtype=dtype, device=meta), 0)
     return rec
 
 
-def _max_live(rec: AllocRecorder, skip: set[str]) -> dict[str, int]:
-    out = {}
-    for phase in ("fwd", "bwd"):
-        live = peak = 0
-        sizes = {}
-        for op, ph, name, nb in rec.events:
-            if ph != phase or f"{ph}:{name}" in skip:
-                continue
-            if op == "malloc":
-                sizes[name] = nb
-                live += nb
-                peak = max(peak, live)
-            else:
-                live -= sizes.pop(name, 0)
-        out[phase] = peak
-    return out
-
-
 @dataclass
-class MemoryEstimate:
-    parts: dict[str, int]
-    total: int
-    host: int
+class PlanSizes:
+    policy: ActivationPolicy  # the executor policy, sizes only
+    requests: AllocRecorder  # one layer's scratch requests, recorded on the meta device
+    arena_plan: ArenaPlan | None
+    unplanned: list[str]  # scratch the memory plan does not place
+    estimate: MemoryEstimate
 
-    def lines(self) -> list[str]:
-        return [f"{k}: {gib(v)}" for k, v in self.parts.items()]
+
+def size_plan(plan: Plan, model: ModelConfig, dtype: torch.dtype, backend, use_memory_plan: bool = True
+              ) -> PlanSizes:
+    """Everything the executor knows before allocating: its policy's sizes, the layer's requests
+    with the attention backend that will run (``backend``, already resolved for the device), the
+    memory plan checked against them, and the memory estimate. Needs no device: a CUDA plan can be
+    sized on a CPU with the backend `memo_exec.attention.auto_backend_for` names."""
+    batch, seq = plan.batch, plan.seq_tokens
+    policy = make_policy(plan.policy, model, batch, seq, model.layers, dtype, torch.device("meta"), None, None, None)
+    requests = dry_run_layer(model, batch, seq, dtype, backend.name, policy)
+    arena_plan, unplanned = None, []
+    mp = plan.memory_plan
+    if mp is not None and use_memory_plan and mp.get("phases"):
+        width = mp.get("element_bytes", DTYPE_BYTES[plan.model.dtype])
+        if not isinstance(width, int) or width not in (2, 4, 8):
+            raise MemoryPlanError(f"memory_plan.element_bytes must be 2, 4 or 8, got {width!r}")
+        arena_plan = parse_memory_plan(mp, width, element_size(dtype))
+        unplanned = validate_memory_plan(arena_plan, requests, backend.name)
+    dims = AttnDims(batch, seq, model.heads, model.n_kv_heads, model.head_dim)
+    largest = max(p.numel() for p in GPT(model, model.layers, torch.device("meta"), dtype).parameters())
+    est = estimate_memory(model, batch, seq, dtype, policy, backend, dims, requests, arena_plan,
+                          plan.classifier_chunk_tokens, largest)
+    return PlanSizes(policy, requests, arena_plan, unplanned, est)
 
 
 @dataclass
@@ -137,6 +132,7 @@ class RunResult:
     plan: Plan
     options: RunOptions
     meta: dict
+    estimate: MemoryEstimate
     steps: list[StepRecord] = field(default_factory=list)
     summaries: list[dict] = field(default_factory=list)
 
@@ -168,74 +164,30 @@ class Executor:
         m = self.model
         self.dims = AttnDims(self.batch, self.seq, m.heads, m.n_kv_heads, m.head_dim)
         self.backend_name = opts.attention_backend or plan.attention_backend
+        # resolved on this device (auto probes the candidates) before the layer's requests are recorded
         self.backend = select_backend(self.backend_name, self.device, self.dtype, self.dims,
                                       run_probe=opts.probe_backend)
-        # the policy object only computes sizes until allocate()
         self.engine = None
-        self.policy = make_policy(plan.policy, m, self.batch, self.seq, m.layers, self.dtype, self.device,
-                                  None, None, None)
-        offload_tokens = getattr(self.policy, "n_off", self.tokens)
-        self.layer_requests = dry_run_layer(m, self.batch, self.seq, self.dtype, self.backend, plan.policy.policy,
-                                            offload_tokens)
-        self.arena_plan = None
-        self.unplanned: list[str] = []
-        if plan.memory_plan is not None and opts.use_memory_plan and plan.memory_plan.get("phases"):
-            width = plan.memory_plan.get("element_bytes", DTYPE_BYTES[plan.model.dtype])
-            if not isinstance(width, int) or width not in (2, 4, 8):
-                raise MemoryPlanError(f"memory_plan.element_bytes must be 2, 4 or 8, got {width!r}")
-            self.arena_plan = parse_memory_plan(plan.memory_plan, width, element_size(self.dtype))
-            self.unplanned = validate_memory_plan(self.arena_plan, self.layer_requests)
-        self.estimate = self.memory_estimate()
+        sz = size_plan(plan, m, self.dtype, self.backend, opts.use_memory_plan)
+        self.policy = sz.policy  # computes sizes only until allocate() replaces it
+        self.layer_requests, self.arena_plan, self.unplanned = sz.requests, sz.arena_plan, sz.unplanned
+        self.estimate = sz.estimate
         self._check_fit()
         self.allocated = False
 
     # ------------------------------------------------------------------ sizes
-    def memory_estimate(self) -> MemoryEstimate:
-        m, T, e = self.model, self.tokens, element_size(self.dtype)
-        acc_e = element_size(acc_dtype(self.dtype))
-        P = m.params()
-        h, kv, V = m.hidden, m.kv_dim, m.vocab
-        parts = {"weights": P * e, "gradients": P * e, "optimizer": AdamW.state_bytes_for(P, self.dtype)}
-        parts.update({f"activations.{k}": v for k, v in self.policy.device_bytes().items()})
-        skip = set()
-        if self.arena_plan is not None:
-            parts["arena"] = self.arena_plan.arena_bytes
-            skip = {f"{ph}:{n}" for ph, offs in self.arena_plan.offsets.items() for n in offs}
-        scratch = _max_live(self.layer_requests, skip)
-        gqa = 2 * T * h * e if m.n_kv_heads != m.heads and self.backend.name.startswith("sdpa") else 0
-        fwd = scratch["fwd"] + T * h * e + gqa + (0 if self.backend.uses_scratch else T * h * e)
-        bwd = scratch["bwd"] + 3 * T * h * e + gqa + (0 if self.backend.uses_scratch else T * (h + 2 * kv) * e)
-        layer_dyn = max(fwd, bwd) + T * h * e  # + the layer input / the previous layer's output
-        chunk = min(self.plan.classifier_chunk_tokens, T)
-        head = 3 * T * h * e + chunk * V * (e + 2 * acc_e) + 2 * V * h * e
-        parts["layer_transient_peak"] = layer_dyn
-        parts["embedding_classifier_peak"] = head
-        total = sum(v for k, v in parts.items() if k not in ("layer_transient_peak", "embedding_classifier_peak"))
-        total += max(layer_dyn, head)
-        return MemoryEstimate(parts, int(total), int(self.policy.host_bytes()))
-
     def _check_fit(self) -> None:
-        est = self.estimate
-        free, total = device_free_bytes(self.device_spec)
+        free, _ = device_free_bytes(self.device_spec)
+        what = f"{self.model.name} ({self.model.layers} layers, {self.tokens} tokens, {self.plan.policy.label()})"
         where = f"cuda:{self.device_spec.index}" if self.device_spec.is_cuda else "this host"
-        need = est.total + (0 if self.device_spec.is_cuda else est.host)
-        if need > free:
-            big = sorted(est.parts.items(), key=lambda kv: -kv[1])[:3]
-            raise FitError(f"does not fit: {self.model.name} ({self.model.layers} layers, {self.tokens} tokens, "
-                           f"{self.plan.policy.label()}) needs about {gib(need)} on {where} "
-                           f"({', '.join(f'{k} {gib(v)}' for k, v in big)}), which has {gib(free)} free"
-                           f"{'; try --layers N' if self.model.layers > 2 else ''}")
-        if self.device_spec.is_cuda and est.host:
-            from memo_exec.device import host_available_bytes  # noqa: PLC0415
-            avail = host_available_bytes()
-            if est.host > avail:
-                raise FitError(f"does not fit: offloaded activations need {gib(est.host)} of pinned host memory, "
-                               f"the host has {gib(avail)} available")
+        check_fit(self.estimate, device_free=free, host_available=host_available_bytes(),
+                  on_cuda=self.device_spec.is_cuda, what=what, where=where,
+                  hint="; try --layers N" if self.model.layers > 2 else "")
 
     # ------------------------------------------------------------------ allocate
     def allocate(self) -> None:
         m, dev, dt = self.model, self.device, self.dtype
-        rf = _recompute_fraction(self.plan)
+        rf = float(self.plan.policy.recompute_fraction)
         self.recorder = Recorder(dev, make_flops_fn(m, self.batch, self.seq, rf), self.policy.host_bytes())
         self.engine = make_engine(dev)
         self.engine.sink = self.recorder
@@ -282,7 +234,7 @@ class Executor:
     def run(self) -> RunResult:
         if not self.allocated:
             self.allocate()
-        res = RunResult(self.plan, self.opts, self.describe())
+        res = RunResult(self.plan, self.opts, self.describe(), self.estimate)
         for k in range(self.opts.steps):
             rec = self.step(k)
             res.steps.append(rec)
@@ -337,12 +289,15 @@ class Executor:
             "device_kind": self.device_spec.kind, "dtype": str(self.dtype).replace("torch.", ""),
             "attention_backend": self.backend.name, "attention_backend_requested": self.backend_name,
             "classifier_chunk_tokens": self.plan.classifier_chunk_tokens, "data": self.data.describe(),
-            "memory_plan": None, "memory_estimate_bytes": self.estimate.parts,
+            "memory_plan": None, "memory_estimate_bytes": self.estimate.terms,
+            "memory_estimate_detail_bytes": self.estimate.detail,
             "memory_estimate_total_bytes": self.estimate.total, "host_estimate_bytes": self.estimate.host,
             "profile": self.plan.profile,
         }
         if self.arena_plan is not None:
-            d["memory_plan"] = {"arena_bytes": self.arena_plan.arena_bytes, "offset_scale": self.arena_plan.scale,
+            d["memory_plan"] = {"arena_bytes": self.arena_plan.arena_bytes, "phase_peak_bytes": self.arena_plan.peaks,
+                                "plan_model_arena_bytes": self.arena_plan.model_arena_bytes,
+                                "offset_scale": self.arena_plan.scale,
                                 "placed": {ph: sorted(o) for ph, o in self.arena_plan.offsets.items()},
                                 "unplaced_by_plan": self.unplanned, "plan_names_not_placed": self.arena_plan.ignored}
         return d

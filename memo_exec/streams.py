@@ -1,5 +1,14 @@
 """Three streams -- compute, offload (d2h), prefetch (h2d) -- and events between them.
 
+Both engines feed the same happens-before race detector (`memo_exec.happens_before`): every
+``record`` snapshots the recording stream's vector clock into the event, every ``wait_event``
+joins it into the waiting stream's, and the activation policy declares which rounding-buffer
+and host rows each compute op and each copy group reads and writes (``access`` / the
+``reads``/``writes`` of ``copy_group``). A conflicting pair that no event orders raises
+`RaceError` at issue time, deterministically, on CPU and on CUDA alike. Every record, wait and
+copy is also reported, in issue order, to the engine's sink (``issued``): with the compute ops
+the recorder logs, that is the op order the tests compare with the simulator's op graph.
+
 CUDA: `torch.cuda.Stream` / `torch.cuda.Event`; copies are ``copy_(non_blocking=True)`` on a side
 stream, and every device tensor a side stream touches gets ``record_stream`` so the caching
 allocator never hands its memory out while the copy may still read or write it.
@@ -10,22 +19,24 @@ once, and waiting on an event blocks the thread). Each copy stream is a worker t
 its queue in order: ``wait_event`` queues a wait, ``record`` queues the event's completion,
 ``copy_group`` queues copies. An event may be recorded again; a wait refers to the latest record
 at the time ``wait_event`` is called, as with CUDA events. Waiting on a never-recorded event is a
-no-op. ``copy_delay`` (tests) makes a worker sleep before a copy group, which turns a missing wait
-into a wrong gradient.
+no-op. ``copy_delay`` (tests) makes a worker sleep before a copy group: the copies really run
+late, and the results must not change.
 """
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
 from memo_exec.errors import ExecError
+from memo_exec.happens_before import HappensBefore, Region
 
 
 @dataclass(frozen=True)
@@ -36,17 +47,65 @@ class CopyLabel:
     nbytes: int
 
 
+@dataclass(frozen=True)
+class Issued:
+    """One entry of the issue order: a compute op, a copy group, an event record or wait."""
+
+    stream: str
+    kind: str  # "op" | "copy" | "record" | "wait"
+    op: str = ""  # op name, copy op ("offload"/"prefetch") or event name
+    layer: int | None = None
+    phase: str = ""
+    event: int | None = None  # id of the event recorded or waited on
+
+
 class CopySink(Protocol):
-    """Receives the start/end of every copy group (floats on CPU, CUDA events on GPU)."""
+    """Receives the start/end of every copy group (floats on CPU, CUDA events on GPU) and the
+    issue order of copies, records and waits."""
 
     def add_copy(self, stream: str, label: CopyLabel, start, end) -> None: ...
+
+    def issued(self, entry: Issued) -> None: ...
+
+
+_EVENT_IDS = itertools.count(1)
+
+
+class _Ordering:
+    """What every stream shares: the race detector's clock and the issue log."""
+
+    name: str
+    engine: "HostCopyEngine | CudaCopyEngine"
+
+    def access(self, what: str, reads: Iterable[Region] = (), writes: Iterable[Region] = ()) -> None:
+        """Declare that the next op on this stream reads / writes these regions."""
+        self.engine.hb.access(self.name, what, tuple(reads), tuple(writes))
+
+    def _issued(self, kind: str, **kw) -> None:
+        if self.engine.sink is not None:
+            self.engine.sink.issued(Issued(self.name, kind, **kw))
+
+    def _note_record(self, ev) -> None:
+        ev.clock = self.engine.hb.snapshot(self.name)
+        self._issued("record", op=ev.name, event=ev.id)
+
+    def _note_wait(self, ev) -> None:
+        self.engine.hb.join(self.name, ev.clock)
+        self._issued("wait", op=ev.name, event=ev.id)
+
+    def _note_copy(self, label: CopyLabel, reads, writes) -> None:
+        self.access(f"{label.op}({label.layer})", reads, writes)
+        self._issued("copy", op=label.op, layer=label.layer, phase=label.phase)
 
 
 # --------------------------------------------------------------------------------------------------
 # CPU: threads
 # --------------------------------------------------------------------------------------------------
 class HostEvent:
-    def __init__(self) -> None:
+    def __init__(self, name: str = "") -> None:
+        self.name = name
+        self.id = next(_EVENT_IDS)
+        self.clock: dict[str, int] | None = None  # happens-before snapshot of the latest record
         self._cond = threading.Condition()
         self._recorded = 0
         self._done = 0
@@ -73,24 +132,24 @@ class HostEvent:
             return self._done >= self._recorded
 
 
-class HostComputeStream:
+class HostComputeStream(_Ordering):
     name = "compute"
 
     def __init__(self, engine: "HostCopyEngine") -> None:
         self.engine = engine
 
     def record(self, ev: HostEvent) -> None:
+        self._note_record(ev)
         ev._complete(ev._new_record())
 
     def wait_event(self, ev: HostEvent) -> None:
-        if self.engine.unsafe_skip_compute_waits:
-            return
+        self._note_wait(ev)
         gen = ev._recorded
         if gen:
             ev._wait(gen, self.engine)
 
 
-class HostCopyStream:
+class HostCopyStream(_Ordering):
     def __init__(self, name: str, engine: "HostCopyEngine") -> None:
         self.name = name
         self.engine = engine
@@ -99,20 +158,26 @@ class HostCopyStream:
         self._thread.start()
 
     def record(self, ev: HostEvent) -> None:
+        self._note_record(ev)
         self._q.put(("mark", ev, ev._new_record()))
 
     def wait_event(self, ev: HostEvent) -> None:
+        self._note_wait(ev)
         gen = ev._recorded
         if gen:
             self._q.put(("wait", ev, gen))
 
-    def copy_group(self, pairs: list[tuple[torch.Tensor, torch.Tensor]], label: CopyLabel) -> None:
+    def copy_group(self, pairs: list[tuple[torch.Tensor, torch.Tensor]], label: CopyLabel,
+                   reads: Iterable[Region] = (), writes: Iterable[Region] = ()) -> None:
+        """Copy each ``(dst, src)`` pair in order; ``reads``/``writes`` name the regions for the race detector."""
+        self._note_copy(label, reads, writes)
         self._q.put(("copy", pairs, label))
 
     def synchronize(self) -> None:
-        ev = HostEvent()
-        self.record(ev)
-        ev._wait(ev._recorded, self.engine)
+        ev = HostEvent("synchronize")
+        gen = ev._new_record()
+        self._q.put(("mark", ev, gen))
+        ev._wait(gen, self.engine)
 
     def close(self) -> None:
         self._q.put(("stop", None, None))
@@ -152,14 +217,14 @@ class HostCopyEngine:
     def __init__(self) -> None:
         self.error: BaseException | None = None
         self.copy_delay: Callable[[str, CopyLabel], float] | None = None
-        self.unsafe_skip_compute_waits = False  # test-only: proves the delay tests have teeth
         self.sink: CopySink | None = None
+        self.hb = HappensBefore()
         self.compute = HostComputeStream(self)
         self.d2h = HostCopyStream("d2h", self)
         self.h2d = HostCopyStream("h2d", self)
 
-    def event(self) -> HostEvent:
-        return HostEvent()
+    def event(self, name: str = "") -> HostEvent:
+        return HostEvent(name)
 
     def raise_if_failed(self) -> None:
         if self.error is not None:
@@ -169,6 +234,7 @@ class HostCopyEngine:
     def synchronize(self) -> None:
         self.d2h.synchronize()
         self.h2d.synchronize()
+        self.hb.barrier()
         self.raise_if_failed()
 
     def close(self) -> None:
@@ -180,14 +246,17 @@ class HostCopyEngine:
 # CUDA
 # --------------------------------------------------------------------------------------------------
 class CudaEvent:
-    def __init__(self) -> None:
+    def __init__(self, name: str = "") -> None:
+        self.name = name
+        self.id = next(_EVENT_IDS)
+        self.clock: dict[str, int] | None = None
         self.ev = torch.cuda.Event()
 
     def query(self) -> bool:
         return self.ev.query()
 
 
-class CudaComputeStream:
+class CudaComputeStream(_Ordering):
     """The stream the training loop runs on (the current stream; autograd's backward uses the
     forward's stream)."""
 
@@ -197,29 +266,36 @@ class CudaComputeStream:
         self.engine = engine
 
     def record(self, ev: CudaEvent) -> None:
+        self._note_record(ev)
         ev.ev.record(torch.cuda.current_stream(self.engine.device))
 
     def wait_event(self, ev: CudaEvent) -> None:
-        if self.engine.unsafe_skip_compute_waits:
-            return
+        self._note_wait(ev)
         torch.cuda.current_stream(self.engine.device).wait_event(ev.ev)
 
 
-class CudaCopyStream:
+class CudaCopyStream(_Ordering):
     def __init__(self, name: str, engine: "CudaCopyEngine") -> None:
         self.name = name
         self.engine = engine
         self.stream = torch.cuda.Stream(device=engine.device)
 
     def record(self, ev: CudaEvent) -> None:
+        self._note_record(ev)
         ev.ev.record(self.stream)
 
     def wait_event(self, ev: CudaEvent) -> None:
+        self._note_wait(ev)
         self.stream.wait_event(ev.ev)
 
-    def copy_group(self, pairs: list[tuple[torch.Tensor, torch.Tensor]], label: CopyLabel) -> None:
+    def copy_group(self, pairs: list[tuple[torch.Tensor, torch.Tensor]], label: CopyLabel,
+                   reads: Iterable[Region] = (), writes: Iterable[Region] = ()) -> None:
+        self._note_copy(label, reads, writes)
         timed = self.engine.sink is not None
         with torch.cuda.stream(self.stream):
+            delay = self.engine.copy_delay(self.name, label) if self.engine.copy_delay else 0.0
+            if delay:
+                torch.cuda._sleep(int(delay * self.engine.sleep_cycles_per_s))
             if timed:
                 t0 = torch.cuda.Event(enable_timing=True)
                 t0.record(self.stream)
@@ -245,21 +321,24 @@ class CudaCopyEngine:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self.copy_delay = None  # CUDA copies cannot be delayed from Python; the CPU engine tests races
-        self.unsafe_skip_compute_waits = False
+        # tests: seconds to keep a copy stream busy (torch.cuda._sleep) before a copy group
+        self.copy_delay: Callable[[str, CopyLabel], float] | None = None
+        self.sleep_cycles_per_s = 1.5e9  # GPU clock cycles per second for torch.cuda._sleep (about)
         self.sink: CopySink | None = None
+        self.hb = HappensBefore()
         self.compute = CudaComputeStream(self)
         self.d2h = CudaCopyStream("d2h", self)
         self.h2d = CudaCopyStream("h2d", self)
 
-    def event(self) -> CudaEvent:
-        return CudaEvent()
+    def event(self, name: str = "") -> CudaEvent:
+        return CudaEvent(name)
 
     def raise_if_failed(self) -> None:
         return None
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)
+        self.hb.barrier()
 
     def close(self) -> None:
         self.synchronize()

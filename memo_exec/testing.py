@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
+import time
+
 import torch
 
 from memo_exec.reference import RefGPT
@@ -9,9 +14,15 @@ from memo_exec.runner import Executor, RunOptions
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
 from memo_sim.plan.schema import Plan
-from memo_sim.policy.policies import PolicyChoice
+from memo_sim.policy import get_policy
 
-def make_plan(model: ModelConfig, seq: int, policy: PolicyChoice, *, batch: int = 1, backend: str = "math",
+
+def policy(name: str, alpha: float | None = None):
+    """The simulator's policy object ``name`` (with ``alpha`` for MEMO)."""
+    return get_policy(name, alpha)
+
+
+def make_plan(model: ModelConfig, seq: int, policy, *, batch: int = 1, backend: str = "math",
               chunk: int = 700, memory_plan: dict | None = None, predicted: dict | None = None,
               layer_timings: dict | None = None, profile: str = "h100-sxm5-80gb") -> Plan:
     return Plan(model, batch, seq, 1, Layout(), policy, profile, dict(predicted or {"status": "OK"}),
@@ -73,3 +84,26 @@ def bf16_within_autograd_noise(ex: Executor, grads: dict[str, torch.Tensor], fac
     _, ref16 = reference_grads(ex, dtype=ex.dtype)
     ours, theirs = per_param_errors(grads, ref32), per_param_errors(ref16, ref32)
     return [f"{k}: {ours[k]:.3g} vs autograd {theirs[k]:.3g}" for k in ref32 if ours[k] > factor * theirs[k] + slack]
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float):
+    """Raise `TimeoutError` in the main thread after ``seconds`` (SIGALRM), so a test whose copy
+    threads deadlock fails instead of hanging. Elsewhere than the main thread it only yields."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def expire(signum, frame):
+        raise TimeoutError(f"test exceeded its {seconds:g} s time limit")
+
+    old = signal.signal(signal.SIGALRM, expire)
+    outer, interval = signal.setitimer(signal.ITIMER_REAL, seconds)
+    t0 = time.monotonic()
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+        if outer:  # an enclosing time limit keeps running
+            signal.setitimer(signal.ITIMER_REAL, max(1e-3, outer - (time.monotonic() - t0)), interval)

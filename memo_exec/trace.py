@@ -20,8 +20,8 @@ import os
 import torch
 
 from memo_exec.arena import AllocRecorder, CachingScratch
-from memo_exec.attention import AttnDims, select_backend
-from memo_exec.activations.offload import offload_token_count
+from memo_exec.activations import make_policy, sim_policy_name
+from memo_exec.attention import AttnDims, auto_backend_for, meta_stand_in, select_backend
 from memo_exec.device import DTYPES, compute_dtype, resolve_device
 from memo_exec.errors import ExecError
 from memo_exec.layer import LayerCompute, LayerStorage, LayerWeights, carve_storage, norm_stats_dtype, \
@@ -50,18 +50,15 @@ def _setup(plan: Plan, device: torch.device, dtype: torch.dtype, backend, record
 
 def _run_layer(plan: Plan, comp: LayerCompute, w, st, between_phases=None) -> None:
     T = plan.batch * plan.seq_tokens
-    y = torch.empty(T, plan.model.hidden, dtype=comp.dtype, device=comp.device)
+    m = plan.model
+    policy = make_policy(plan.policy, m, plan.batch, plan.seq_tokens, m.layers, comp.dtype, comp.device,
+                         None, None, None)
+    y = torch.empty(T, m.hidden, dtype=comp.dtype, device=comp.device)
     with torch.no_grad():
         comp.forward(w, st, y, 0)
         if between_phases is not None:
             between_phases()
-        pol = plan.policy
-        if pol.policy == "full_recompute":
-            comp.recompute_full(w, st, 0)
-        elif pol.policy == "memo":
-            n_off = offload_token_count(float(pol.alpha), T)
-            if n_off < T:
-                comp.recompute_tokens(w, st, n_off, 0)
+        policy.recompute(comp, w, st, 0)  # as the policy does it before an offloaded layer's backward
         dy = torch.ones_like(y) if comp.device.type != "meta" else torch.empty_like(y)
         comp.backward(w, st, dy, 0)
     if comp.device.type == "cuda":
@@ -69,48 +66,48 @@ def _run_layer(plan: Plan, comp: LayerCompute, w, st, between_phases=None) -> No
 
 
 def record_layer_trace(plan: Plan, device: str | None = None, dtype: str | None = None,
-                       attention_backend: str | None = None) -> RequestTrace:
-    """One layer's scratch requests (forward, recompute, backward) on ``device`` (cpu, cuda or meta)."""
+                       attention_backend: str | None = None, target: str = "cuda") -> RequestTrace:
+    """One layer's scratch requests (forward, recompute, backward) on ``device`` (cpu, cuda or meta).
+
+    On a real device the attention backend is the one `select_backend` picks there. On ``meta``
+    (sizes only) ``auto`` resolves to what it will pick on the ``target`` device type (cuda or cpu),
+    so the trace -- and a memory plan made from it -- names the scratch tensors of the backend that
+    will run."""
     if device == "meta":
         dev = torch.device("meta")
         name = dtype or plan.model.dtype
         if name not in DTYPES:
             raise ExecError(f"--dtype must be one of {', '.join(DTYPES)}, got {name!r}")
+        if target not in ("cuda", "cpu"):
+            raise ExecError(f"--target must be cuda or cpu, got {target!r}")
         dt = DTYPES[name]
         bname = attention_backend or plan.attention_backend
-        backend = _meta_backend("math" if bname == "auto" else bname)
+        if bname == "auto":
+            bname = auto_backend_for(target, dt, _dims(plan))
+        backend, backend_name = meta_stand_in(bname), bname
     else:
         spec = resolve_device(device)
         dev = spec.torch_device
         dt = compute_dtype(plan.model.dtype, spec, dtype)
         backend = select_backend(attention_backend or plan.attention_backend, dev, dt, _dims(plan))
+        backend_name = backend.name
     rec = AllocRecorder()
     comp, w, st, _ = _setup(plan, dev, dt, backend, rec)
     _run_layer(plan, comp, w, st)
     T = plan.batch * plan.seq_tokens
     meta = {"source": "memo-exec trace", "model": plan.model.name, "hidden": plan.model.hidden,
             "batch": plan.batch, "seq_tokens": plan.seq_tokens, "tokens": T, "dtype": str(dt).replace("torch.", ""),
-            "policy": plan.policy.label(), "attention_backend": backend.name, "device": str(dev),
+            "policy": plan.policy.label(), "attention_backend": backend_name, "device": str(dev),
             "phases": ["fwd", "bwd"],
             "note": "transient scratch tensors of one layer; recompute (rc_*) runs at the start of bwd. "
                     "Not in the trace (caching allocator): LayerNorm outputs, dy/dx, the attention kernel's own "
                     "outputs and workspaces, the lse."}
-    return rec.trace(name=f"{plan.model.name}-{plan.seq_tokens}-{plan.policy.policy}-layer", meta=meta)
+    return rec.trace(name=f"{plan.model.name}-{plan.seq_tokens}-{sim_policy_name(plan.policy)}-layer", meta=meta)
 
 
 def _dims(plan: Plan) -> AttnDims:
     m = plan.model
     return AttnDims(plan.batch, plan.seq_tokens, m.heads, m.n_kv_heads, m.head_dim)
-
-
-def _meta_backend(name: str):
-    from memo_exec.attention import BACKENDS, _instantiate  # noqa: PLC0415
-
-    if name not in BACKENDS:
-        raise ExecError(f"attention backend must be one of {', '.join(BACKENDS)}, got {name!r}")
-    if name == "flash_attn":
-        raise ExecError("--device meta cannot trace flash_attn (it has no meta kernels); use sdpa_flash or math")
-    return _instantiate(name)
 
 
 def record_cuda_history(plan: Plan, device: str | None = None, dtype: str | None = None,

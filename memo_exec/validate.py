@@ -20,12 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from memo_exec.errors import ExecError
+from memo_exec.figures import overlay_gantt
 from memo_sim.errors import MemoError
-from memo_sim.fileio import atomic_write_json, atomic_write_text, save_png
+from memo_sim.fileio import atomic_write_json, atomic_write_text
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
 from memo_sim.plan.schema import Plan, write_plan
-from memo_sim.policy.policies import PolicyChoice
+from memo_sim.policy import Policy, get_policy, policy_class
 from memo_sim.profile.schema import HardwareProfile
 from memo_sim.timeline import Timeline
 from memo_sim.units import fmt_bytes, fmt_count, fmt_time
@@ -35,7 +36,7 @@ from memo_sim.units import fmt_bytes, fmt_count, fmt_time
 class ValidationRow:
     label: str
     seq: int
-    policy: PolicyChoice
+    policy: Policy
     predicted: dict
     measured: dict
     status: str = "ran"  # ran | predicted OOM | failed: ...
@@ -63,19 +64,20 @@ def kendall_tau(xs: list[float], ys: list[float]) -> float | None:
     return (c - d) / (n * (n - 1) / 2)
 
 
-def plan_set(seqs: list[int], policies: list[str], alphas: list[float]) -> list[tuple[int, PolicyChoice]]:
+def plan_set(seqs: list[int], policies: list[str], alphas: list[float]) -> list[tuple[int, Policy]]:
+    """Every (sequence length, policy) to validate; a policy that takes alpha once per alpha."""
     out = []
     for s in seqs:
         for p in policies:
-            if p == "memo":
-                out += [(s, PolicyChoice("memo", a)) for a in alphas]
+            if policy_class(p).takes_alpha:
+                out += [(s, get_policy(p, a)) for a in alphas]
             else:
-                out.append((s, PolicyChoice(p)))
+                out.append((s, get_policy(p)))
     return out
 
 
-def predict(model: ModelConfig, seq: int, policy: PolicyChoice, profile: HardwareProfile):
-    from memo_sim.engine.simulate import simulate
+def predict(model: ModelConfig, seq: int, policy: Policy, profile: HardwareProfile):
+    from memo_sim.api import simulate
 
     return simulate(model, Layout(), 1, seq, policy, profile)
 
@@ -91,7 +93,7 @@ def _plan_for(model, seq, policy, profile, sim) -> Plan:
                 predicted=predicted, layer_timings_s=lt, attention_backend="auto")
 
 
-def run_validation(model: ModelConfig, profile: HardwareProfile, plans: list[tuple[int, PolicyChoice]], *,
+def run_validation(model: ModelConfig, profile: HardwareProfile, plans: list[tuple[int, Policy]], *,
                    device: str, steps: int, out_dir: Path, progress=None) -> list[ValidationRow]:
     from memo_exec.measure import timeline_from_step
     from memo_exec.runner import Executor, RunOptions
@@ -125,31 +127,6 @@ def run_validation(model: ModelConfig, profile: HardwareProfile, plans: list[tup
         if progress:
             progress(k + 1, len(plans))
     return rows
-
-
-def overlay_gantt(pred: Timeline, meas: Timeline, path: Path, title: str) -> Path:
-    """Predicted (light, upper half) and measured (dark, lower half) busy spans per stream."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    streams = [s for s in ("compute", "d2h", "h2d", "comm") if s in set(pred.streams()) | set(meas.streams())]
-    fig, ax = plt.subplots(figsize=(11, 1 + 0.8 * len(streams)))
-    for tl, y0, colour, name in ((pred, 0.45, "#9ecae1", "predicted"), (meas, 0.05, "#08519c", "measured")):
-        t0 = min(e.start for e in tl.events)
-        for i, s in enumerate(streams):
-            spans = [(e.start - t0, e.duration) for e in tl.events if e.stream == s and e.duration > 0]
-            ax.broken_barh(spans, (i + y0, 0.4), facecolors=colour, edgecolors="white", linewidth=0.3,
-                           label=name if i == 0 else None)
-    ax.set_yticks([i + 0.45 for i in range(len(streams))], streams)
-    ax.set_xlabel("seconds from iteration start")
-    ax.set_title(title)
-    ax.legend(loc="upper right", fontsize=8)
-    fig.tight_layout()
-    out = save_png(fig, path, dpi=100)
-    plt.close(fig)
-    return out
 
 
 def render_report(rows: list[ValidationRow], model: ModelConfig, profile: HardwareProfile, device_desc: str,
@@ -200,7 +177,7 @@ def render_report(rows: list[ValidationRow], model: ModelConfig, profile: Hardwa
     return "\n".join(lines) + "\n", summary
 
 
-def validate(model: ModelConfig, profile: HardwareProfile, plans: list[tuple[int, PolicyChoice]], *, device: str,
+def validate(model: ModelConfig, profile: HardwareProfile, plans: list[tuple[int, Policy]], *, device: str,
              steps: int, out_dir: str | Path, report_path: str | Path | None, command: str,
              progress=None) -> tuple[Path, dict]:
     if not plans:

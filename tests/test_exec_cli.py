@@ -11,11 +11,11 @@ import torch
 from click.testing import CliRunner
 
 from memo_exec.cli import cli
-from memo_exec.testing import make_plan
+from memo_exec.testing import make_plan, time_limit
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import PRESETS, ModelConfig
 from memo_sim.plan.schema import Plan, read_plan, write_plan
-from memo_sim.policy.policies import PolicyChoice
+from memo_sim.policy import get_policy
 from memo_sim.timeline import Timeline
 
 torch.set_num_threads(1)
@@ -26,7 +26,13 @@ PRED = {"status": "OK", "iteration_s": 0.05, "mfu": 0.4, "tgs_tokens_per_gpu_s":
 LT = {"forward": 0.004, "backward": 0.008, "recompute": 0.001, "offload": 0.002, "prefetch": 0.002}
 
 
-def _plan(tmp_path, policy=PolicyChoice("memo", 0.3), model=SMALL, seq=256, name="plan.json", **kw):
+@pytest.fixture(autouse=True)
+def _time_limit():
+    with time_limit(180):
+        yield
+
+
+def _plan(tmp_path, policy=get_policy("memo", 0.3), model=SMALL, seq=256, name="plan.json", **kw):
     return write_plan(make_plan(model, seq, policy, predicted=PRED, layer_timings=LT, chunk=100, **kw),
                       tmp_path / name)
 
@@ -64,13 +70,43 @@ def test_run_writes_valid_outputs(tmp_path):
     assert len(xs) == len(tl.events) and all(e["dur"] >= 0 for e in xs)
     md = (out / "report.md").read_text()
     assert "## Measured vs predicted" in md and "| iteration time |" in md and "layers.png" in md
-    for png in ("timeline.png", "memory.png", "layers.png"):
+    assert "## Streams: measured vs predicted" in md and "| d2h | exposed |" in md
+    assert "## Per layer and op class" in md and "| 0 | offload |" in md
+    assert "## Memory: the executor's estimate vs the simulator's breakdown" in md and "| transient_peak |" in md
+    assert "the pool is part of the RSS" in md and "gantt_overlay.png" in md
+    streams = {(r["stream"], r["quantity"]): r for r in tl.meta["streams"]}
+    assert set(streams) == {(s, q) for s in ("compute", "d2h", "h2d") for q in ("busy", "exposed", "overlapped")}
+    d2h = {q: streams[("d2h", q)] for q in ("busy", "exposed", "overlapped")}
+    assert d2h["busy"]["measured_s"] > 0 and d2h["busy"]["predicted_s"] > 0
+    assert d2h["exposed"]["measured_s"] + d2h["overlapped"]["measured_s"] == pytest.approx(d2h["busy"]["measured_s"])
+    ops = {(r["layer"], r["op"]): r for r in tl.meta["ops"]}
+    assert {(i, c) for i in range(2) for c in ("forward", "recompute", "backward", "offload", "prefetch")} <= set(ops)
+    assert (3, "offload") not in ops and (3, "backward") in ops  # the last two layers stay on the device
+    r = ops[(0, "forward")]
+    assert r["rel_error"] == pytest.approx((r["measured_s"] - r["predicted_s"]) / r["predicted_s"])
+    for png in ("timeline.png", "memory.png", "layers.png", "gantt_overlay.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list(out.glob(".*.tmp")) and not list(out.glob(".*.png"))
 
 
+def test_run_json_has_per_stream_and_per_op_rows(tmp_path):
+    p = _plan(tmp_path, get_policy("full_offload"))
+    r = CliRunner().invoke(cli, ["run", str(p), "--device", "cpu", "--steps", "2", "--out", str(tmp_path / "o"),
+                                 "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["policy"] == "full_offload" and len(doc["losses"]) == 2
+    assert {row["stream"] for row in doc["streams"]} == {"compute", "d2h", "h2d"}
+    assert all(row["predicted_s"] is not None for row in doc["streams"])
+    classes = {row["op"] for row in doc["ops"]}
+    assert classes == {"forward", "backward", "offload", "prefetch"}  # full offload recomputes nothing
+    assert {row["term"] for row in doc["memory"]} >= {"model_states", "buffers", "transient_peak", "peak_total"}
+    assert doc["totals_predicted_from"] == "plan.predicted" and "re-simulated" in doc["streams_ops_predicted_from"]
+    assert set(doc["files"]) >= {"report", "measured", "trace", "overlay"}
+
+
 def test_run_fewer_layers_and_token_file(tmp_path):
-    p = _plan(tmp_path, PolicyChoice("full_recompute"), model=ModelConfig("cli-8", 8, 64, 4, 256, vocab=128))
+    p = _plan(tmp_path, get_policy("full_recompute"), model=ModelConfig("cli-8", 8, 64, 4, 256, vocab=128))
     np.save(tmp_path / "tok.npy", (np.arange(5000) % 100).astype(np.int64))
     out = tmp_path / "out"
     r = CliRunner().invoke(cli, ["run", str(p), "--device", "cpu", "--steps", "1", "--out", str(out), "--layers",
@@ -109,14 +145,14 @@ def test_user_errors_exit_2(tmp_path, args, needle):
 
 
 def test_model_that_does_not_fit_exits_2(tmp_path):
-    plan = Plan(PRESETS["gpt-7b"], 1, 1_048_576, 1, Layout(), PolicyChoice("store_all"), "a800-80gb", PRED, LT)
+    plan = Plan(PRESETS["gpt-7b"], 1, 1_048_576, 1, Layout(), get_policy("store_all"), "a800-80gb", PRED, LT)
     p = write_plan(plan, tmp_path / "big.json")
     line = _one_error_line(CliRunner().invoke(cli, ["run", str(p), "--device", "cpu", "--out", str(tmp_path / "o")]))
     assert "does not fit" in line and "GiB" in line
 
 
 def test_multi_gpu_layout_exits_2(tmp_path):
-    plan = Plan(SMALL, 1, 256, 2, Layout(tp=2), PolicyChoice("store_all"), "a800-80gb", PRED, LT)
+    plan = Plan(SMALL, 1, 256, 2, Layout(tp=2), get_policy("store_all"), "a800-80gb", PRED, LT)
     p = write_plan(plan, tmp_path / "tp2.json")
     assert "single-device" in _one_error_line(CliRunner().invoke(cli, ["run", str(p), "--device", "cpu"]))
 
@@ -125,8 +161,23 @@ def test_missing_plan_file_exits_2(tmp_path):
     assert "no such plan file" in _one_error_line(CliRunner().invoke(cli, ["run", str(tmp_path / "nope.json")]))
 
 
+def test_trace_target_picks_the_backend_auto_resolves_to(tmp_path):
+    p = _plan(tmp_path)  # attention_backend "math" in make_plan; switch it to auto
+    raw = json.loads(p.read_text())
+    raw["attention_backend"] = "auto"
+    p.write_text(json.dumps(raw))
+    for target, backend_is_math in (("cpu", True), ("cuda", False)):
+        out = tmp_path / f"{target}.json"
+        r = CliRunner().invoke(cli, ["trace", str(p), "--target", target, "--out", str(out)])
+        assert r.exit_code == 0, r.output
+        meta = json.loads(out.read_text())["meta"]
+        assert (meta["attention_backend"] == "math") == backend_is_math, meta
+    r = CliRunner().invoke(cli, ["trace", str(p), "--target", "tpu"])
+    assert r.exit_code == 2
+
+
 def test_trace_meta_device_for_a_big_model(tmp_path):
-    plan = Plan(PRESETS["gpt-7b"], 1, 131072, 1, Layout(), PolicyChoice("memo", 0.25), "h100-sxm5-80gb", PRED, LT,
+    plan = Plan(PRESETS["gpt-7b"], 1, 131072, 1, Layout(), get_policy("memo", 0.25), "h100-sxm5-80gb", PRED, LT,
                 attention_backend="sdpa_flash")
     p = write_plan(plan, tmp_path / "big.json")
     r = CliRunner().invoke(cli, ["trace", str(p), "--out", str(tmp_path / "t.json"),

@@ -1,6 +1,7 @@
 """GPU checks of the executor (skipped without CUDA): bf16 runs of every policy and SDPA kernel
-against the reference, real copy/compute overlap on three streams, the pinned pool, the CUDA
-allocator history trace, and the CLI end to end."""
+against the reference, copy streams delayed on the GPU (torch.cuda._sleep) without changing the
+gradients, the race detector on CUDA, real copy/compute overlap on three streams, the pinned pool,
+the CUDA allocator history trace, and the CLI end to end with a memory plan traced for CUDA."""
 
 from __future__ import annotations
 
@@ -16,16 +17,22 @@ pytestmark = [pytest.mark.gpu,
 from memo_exec.cli import cli  # noqa: E402
 from memo_exec.runner import Executor, RunOptions  # noqa: E402
 from memo_exec.testing import (  # noqa: E402
-    bf16_within_autograd_noise, executor_grads, make_plan, max_rel_error, reference_grads)
+    bf16_within_autograd_noise, executor_grads, make_plan, max_rel_error, reference_grads, time_limit)
 from memo_exec.trace import memory_plan_from_trace, record_cuda_history, record_layer_trace  # noqa: E402
 from memo_sim.model.config import ModelConfig  # noqa: E402
 from memo_sim.plan.schema import write_plan  # noqa: E402
-from memo_sim.policy.policies import PolicyChoice  # noqa: E402
+from memo_sim.policy import get_policy  # noqa: E402
 
 MODEL = ModelConfig("gpu-test", 4, 1024, 8, 4096, vocab=1024)
 SEQ = 8192
-POLICIES = [PolicyChoice("store_all"), PolicyChoice("full_recompute"), PolicyChoice("full_offload"),
-            PolicyChoice("memo", 0.0), PolicyChoice("memo", 0.3), PolicyChoice("memo", 1.0)]
+POLICIES = [get_policy("store_all"), get_policy("full_recompute"), get_policy("full_offload"),
+            get_policy("memo", 0.0), get_policy("memo", 0.3), get_policy("memo", 1.0)]
+
+
+@pytest.fixture(autouse=True)
+def _time_limit():
+    with time_limit(300):
+        yield
 
 
 @pytest.mark.parametrize("policy", POLICIES, ids=lambda p: p.label())
@@ -40,7 +47,7 @@ def test_fp32_policies_match_reference_on_gpu(policy):
 
 @pytest.mark.parametrize("backend", ["sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "math"])
 def test_bf16_backends_close_to_reference(backend):
-    plan = make_plan(MODEL, SEQ, PolicyChoice("memo", 0.3), backend=backend, chunk=4096)
+    plan = make_plan(MODEL, SEQ, get_policy("memo", 0.3), backend=backend, chunk=4096)
     try:
         loss, grads, ex = executor_grads(plan, device="cuda", dtype="bf16")
     except Exception as e:  # a backend this GPU/torch lacks is refused with BackendError
@@ -57,17 +64,42 @@ def test_bf16_backends_close_to_reference(backend):
 
 def test_full_offload_bitwise_equals_store_all_in_bf16():
     """Offload/prefetch round-trips are exact copies (math backend: no atomics in its backward)."""
-    a = executor_grads(make_plan(MODEL, SEQ, PolicyChoice("store_all"), backend="math"), device="cuda",
+    a = executor_grads(make_plan(MODEL, SEQ, get_policy("store_all"), backend="math"), device="cuda",
                        dtype="bf16")
-    b = executor_grads(make_plan(MODEL, SEQ, PolicyChoice("full_offload"), backend="math"), device="cuda",
+    b = executor_grads(make_plan(MODEL, SEQ, get_policy("full_offload"), backend="math"), device="cuda",
                        dtype="bf16")
     assert a[0] == b[0]
     assert all(torch.equal(a[1][k], b[1][k]) for k in a[1])
 
 
+@pytest.mark.parametrize("streams", [("d2h",), ("h2d",), ("d2h", "h2d")])
+def test_copy_streams_delayed_on_the_gpu_change_nothing(streams):
+    """torch.cuda._sleep keeps a copy stream busy before each copy group, so the copies really run
+    late on the GPU; with every wait in place the gradients are bitwise those of an undelayed run."""
+    plan = make_plan(MODEL, SEQ, get_policy("memo", 0.3), backend="math", chunk=4096)
+    loss, grads, _ = executor_grads(plan, device="cuda", dtype="bf16")
+
+    def delay(ex):
+        ex.engine.copy_delay = lambda stream, label: 0.02 if stream in streams else 0.0
+
+    loss2, grads2, _ = executor_grads(plan, device="cuda", dtype="bf16", setup=delay)
+    assert loss2 == loss
+    assert all(torch.equal(grads2[k], grads[k]) for k in grads)
+
+
+def test_a_missing_wait_is_a_race_on_cuda_too(monkeypatch):
+    from memo_exec.activations.token_offload import TokenOffload
+    from memo_exec.happens_before import RaceError
+
+    monkeypatch.setattr(TokenOffload, "_output_write_waits_for_offload", lambda self, j: None)
+    with pytest.raises(RaceError, match="race on"):
+        executor_grads(make_plan(MODEL, SEQ, get_policy("memo", 0.3), backend="math", chunk=4096), device="cuda",
+                       dtype="bf16")
+
+
 def test_copies_overlap_compute_and_pool_is_pinned(tmp_path):
     m = ModelConfig("overlap", 6, 2048, 16, 8192, vocab=1024)
-    plan = make_plan(m, 32768, PolicyChoice("memo", 0.5), backend="sdpa_flash", chunk=8192)
+    plan = make_plan(m, 32768, get_policy("memo", 0.5), backend="sdpa_flash", chunk=8192)
     ex = Executor(plan, RunOptions(device="cuda", steps=2))
     try:
         ex.allocate()
@@ -85,7 +117,7 @@ def test_copies_overlap_compute_and_pool_is_pinned(tmp_path):
 
 def test_cuda_allocator_history_trace():
     m = ModelConfig("hist", 2, 512, 8, 2048, vocab=512)
-    plan = make_plan(m, 4096, PolicyChoice("memo", 0.3), backend="sdpa_flash")
+    plan = make_plan(m, 4096, get_policy("memo", 0.3), backend="sdpa_flash")
     tr = record_cuda_history(plan, "cuda", "bf16")
     assert len(tr) > 5 and {b.phase for b in tr.buffers} == {"fwd", "bwd"}
     own = record_layer_trace(plan, "cuda", "bf16")
@@ -93,7 +125,7 @@ def test_cuda_allocator_history_trace():
 
 
 def test_cli_on_gpu_with_memory_plan(tmp_path):
-    plan = make_plan(MODEL, SEQ, PolicyChoice("memo", 0.3), backend="auto", chunk=4096,
+    plan = make_plan(MODEL, SEQ, get_policy("memo", 0.3), backend="auto", chunk=4096,
                      predicted={"status": "OK", "iteration_s": 0.1, "peak_gpu_bytes": 4e9},
                      layer_timings={"forward": 0.005, "backward": 0.01})
     plan.memory_plan = memory_plan_from_trace(record_layer_trace(plan, "meta"))

@@ -13,9 +13,9 @@ import torch
 
 from memo_exec.activations import offload_token_count
 from memo_exec.testing import (bf16_within_autograd_noise, executor_grads, make_plan, max_rel_error,
-                               reference_grads)
+                               reference_grads, time_limit)
 from memo_sim.model.config import ModelConfig
-from memo_sim.policy.policies import PolicyChoice
+from memo_sim.policy import get_policy
 
 torch.set_num_threads(1)  # the test machine's cores are shared; OpenMP teams stall under contention
 
@@ -24,13 +24,19 @@ SEQ = 2048
 TOL = 1e-5
 
 POLICIES = {
-    "store_all": PolicyChoice("store_all"),
-    "full_recompute": PolicyChoice("full_recompute"),
-    "full_offload": PolicyChoice("full_offload"),
-    "memo0": PolicyChoice("memo", 0.0),
-    "memo0.3": PolicyChoice("memo", 0.3),
-    "memo1": PolicyChoice("memo", 1.0),
+    "store_all": get_policy("store_all"),
+    "full_recompute": get_policy("full_recompute"),
+    "full_offload": get_policy("full_offload"),
+    "memo0": get_policy("memo", 0.0),
+    "memo0.3": get_policy("memo", 0.3),
+    "memo1": get_policy("memo", 1.0),
 }
+
+
+@pytest.fixture(autouse=True)
+def _time_limit():
+    with time_limit(180):
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +66,8 @@ def test_cpu_flash_backend_matches_reference(reference):
 
 
 @pytest.mark.parametrize("backend", ["math", "sdpa_flash"])
-@pytest.mark.parametrize("policy", [PolicyChoice("store_all"), PolicyChoice("memo", 0.3),
-                                    PolicyChoice("full_recompute")], ids=lambda p: p.label())
+@pytest.mark.parametrize("policy", [get_policy("store_all"), get_policy("memo", 0.3),
+                                    get_policy("full_recompute")], ids=lambda p: p.label())
 def test_gqa_swiglu_batch2(backend, policy):
     m = ModelConfig("gqa-swiglu", 3, 128, 8, 384, vocab=256, kv_heads=2, ffn_type="swiglu")
     plan = make_plan(m, 300, policy, batch=2, backend=backend, chunk=257)
@@ -73,7 +79,7 @@ def test_gqa_swiglu_batch2(backend, policy):
     assert sum(p.numel() for p in ex.gpt.parameters()) == m.params()
 
 
-@pytest.mark.parametrize("policy", [PolicyChoice("memo", 0.3), PolicyChoice("full_recompute")],
+@pytest.mark.parametrize("policy", [get_policy("memo", 0.3), get_policy("full_recompute")],
                          ids=lambda p: p.label())
 def test_bf16_paths_on_cpu_are_as_good_as_bf16_autograd(policy):
     """The CUDA dtype path (bf16 compute, fp32 master weights, fp32 softmax in the head) on CPU: each

@@ -19,14 +19,14 @@ from memo_exec.arena import ArenaScratch
 from memo_exec.cli import cli
 from memo_exec.errors import MemoryPlanError
 from memo_exec.runner import Executor, RunOptions
-from memo_exec.testing import executor_grads, make_plan, max_rel_error, reference_grads
+from memo_exec.testing import executor_grads, make_plan, max_rel_error, reference_grads, time_limit
 from memo_exec.trace import memory_plan_from_trace, record_layer_trace
 from memo_sim.layout.parallel import Layout
 from memo_sim.memplan.trace import RequestTrace
 from memo_sim.memplan.trace_gen import layer_backward_trace, layer_forward_trace
 from memo_sim.model.config import ModelConfig
 from memo_sim.plan.schema import write_plan
-from memo_sim.policy.policies import PolicyChoice
+from memo_sim.policy import get_policy
 
 torch.set_num_threads(1)
 
@@ -35,7 +35,13 @@ SEQ = 2048
 TOL = 1e-5
 
 
-def own_plan(policy: PolicyChoice, model=MODEL, seq=SEQ, backend="math"):
+@pytest.fixture(autouse=True)
+def _time_limit():
+    with time_limit(180):
+        yield
+
+
+def own_plan(policy, model=MODEL, seq=SEQ, backend="math"):
     plan = make_plan(model, seq, policy, backend=backend)
     plan.memory_plan = memory_plan_from_trace(record_layer_trace(plan, "meta"))
     return plan
@@ -43,12 +49,12 @@ def own_plan(policy: PolicyChoice, model=MODEL, seq=SEQ, backend="math"):
 
 @pytest.fixture(scope="module")
 def reference():
-    _, _, ex = executor_grads(make_plan(MODEL, SEQ, PolicyChoice("store_all")))
+    _, _, ex = executor_grads(make_plan(MODEL, SEQ, get_policy("store_all")))
     return reference_grads(ex)
 
 
-@pytest.mark.parametrize("policy", [PolicyChoice("store_all"), PolicyChoice("full_recompute"),
-                                    PolicyChoice("memo", 0.3)], ids=lambda p: p.label())
+@pytest.mark.parametrize("policy", [get_policy("store_all"), get_policy("full_recompute"),
+                                    get_policy("memo", 0.3)], ids=lambda p: p.label())
 def test_own_plan_places_every_scratch_tensor(policy, reference):
     plan = own_plan(policy)
     loss, grads, ex = executor_grads(plan)
@@ -63,7 +69,7 @@ def test_own_plan_places_every_scratch_tensor(policy, reference):
 
 
 def test_arena_views_really_alias_the_arena():
-    plan = own_plan(PolicyChoice("memo", 0.3), ModelConfig("s", 3, 64, 4, 256, vocab=128), 256)
+    plan = own_plan(get_policy("memo", 0.3), ModelConfig("s", 3, 64, 4, 256, vocab=128), 256)
     ex = Executor(plan, RunOptions(device="cpu", dtype="fp64"))
     ex.allocate()
     base = ex.scratch.arena.data_ptr()
@@ -73,13 +79,13 @@ def test_arena_views_really_alias_the_arena():
     ex.close()
 
 
-def sim_plan(policy: PolicyChoice, model=MODEL, seq=SEQ) -> dict:
+def sim_plan(policy, model=MODEL, seq=SEQ) -> dict:
     ft = layer_forward_trace(model, Layout(), 1, seq)
     bt = layer_backward_trace(model, Layout(), 1, seq, policy)
     return memory_plan_from_trace(RequestTrace(ft.buffers + bt.buffers, name="sim"))
 
 
-@pytest.mark.parametrize("policy", [PolicyChoice("memo", 0.3), PolicyChoice("full_recompute")],
+@pytest.mark.parametrize("policy", [get_policy("memo", 0.3), get_policy("full_recompute")],
                          ids=lambda p: p.label())
 def test_simulator_named_plan_is_accepted(policy, reference):
     plan = make_plan(MODEL, SEQ, policy, memory_plan=sim_plan(policy))
@@ -98,7 +104,7 @@ def test_bilevel_planner_plan_if_available():
     planner = pytest.importorskip("memo_sim.memplan.planner")
     pytest.importorskip("memo_sim.memplan.solve")
     m = ModelConfig("s", 3, 64, 4, 256, vocab=128)
-    pol = PolicyChoice("memo", 0.3)
+    pol = get_policy("memo", 0.3)
     bp = planner.plan_memory(m, Layout(), 1, 256, pol, time_limit_s=5.0)
     plan = make_plan(m, 256, pol, memory_plan=bp.to_plan_json())
     loss, grads, ex = executor_grads(plan, dtype="fp64")
@@ -111,7 +117,7 @@ SMALL = ModelConfig("s", 3, 64, 4, 256, vocab=128)
 
 
 def _bad(mutate) -> dict:
-    mp = own_plan(PolicyChoice("memo", 0.3), SMALL, 256).memory_plan
+    mp = own_plan(get_policy("memo", 0.3), SMALL, 256).memory_plan
     mp = copy.deepcopy(mp)
     mutate(mp)
     return mp
@@ -121,10 +127,10 @@ def _bad(mutate) -> dict:
     (lambda mp: mp["phases"]["fwd"]["offsets"].__setitem__("qkv_workspace", 0), "qkv_workspace"),
     (lambda mp: mp["phases"].__setitem__("classifier", {"peak_bytes": 0, "offsets": {}}), "unknown phase"),
     (lambda mp: mp["phases"]["bwd"]["offsets"].__setitem__("d_k", mp["phases"]["bwd"]["offsets"]["d_q"]), "overlaps"),
-    (lambda mp: mp.__setitem__("arena_bytes", 1024), "past the arena"),
+    (lambda mp: [ph.__setitem__("peak_bytes", 1024) for ph in mp["phases"].values()], "past the arena"),
 ], ids=["unknown-name", "unknown-phase", "overlap", "too-small"])
 def test_bad_plans_are_refused_before_allocation(mutate, msg, monkeypatch):
-    plan = make_plan(SMALL, 256, PolicyChoice("memo", 0.3), memory_plan=_bad(mutate))
+    plan = make_plan(SMALL, 256, get_policy("memo", 0.3), memory_plan=_bad(mutate))
     allocated = []
     monkeypatch.setattr(Executor, "allocate", lambda self: allocated.append(1))
     with pytest.raises(MemoryPlanError, match=msg):
@@ -133,7 +139,7 @@ def test_bad_plans_are_refused_before_allocation(mutate, msg, monkeypatch):
 
 
 def test_cli_bad_memory_plan_exits_2(tmp_path):
-    plan = make_plan(SMALL, 256, PolicyChoice("memo", 0.3),
+    plan = make_plan(SMALL, 256, get_policy("memo", 0.3),
                      memory_plan=_bad(lambda mp: mp["phases"]["fwd"]["offsets"].__setitem__("bogus", 0)))
     p = write_plan(plan, tmp_path / "plan.json")
     r = CliRunner().invoke(cli, ["run", str(p), "--device", "cpu", "--steps", "1", "--out", str(tmp_path / "o")])
@@ -144,7 +150,7 @@ def test_cli_bad_memory_plan_exits_2(tmp_path):
 
 
 def test_trace_command_and_write_plan(tmp_path):
-    plan = make_plan(SMALL, 256, PolicyChoice("memo", 0.3))
+    plan = make_plan(SMALL, 256, get_policy("memo", 0.3))
     p = write_plan(plan, tmp_path / "plan.json")
     r = CliRunner().invoke(cli, ["trace", str(p), "--device", "cpu", "--out", str(tmp_path / "t.json"),
                                  "--write-plan", str(tmp_path / "plan2.json")])

@@ -7,14 +7,15 @@ with a 1e-9 tolerance per step."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from memo_exec.reference import RefGPT
 from memo_exec.runner import Executor, RunOptions
-from memo_exec.testing import make_plan
+from memo_exec.testing import make_plan, time_limit
 from memo_exec.trace import memory_plan_from_trace, record_layer_trace
 from memo_sim.model.config import ModelConfig
-from memo_sim.policy.policies import PolicyChoice
+from memo_sim.policy import get_policy
 
 torch.set_num_threads(1)
 
@@ -24,10 +25,17 @@ STEPS = 20
 LR, WD, BETAS, EPS = 1e-3, 0.1, (0.9, 0.95), 1e-8
 
 
+@pytest.fixture(autouse=True)
+def _time_limit():
+    with time_limit(180):
+        yield
+
+
+@pytest.mark.slow
 def test_twenty_steps_follow_the_reference_loss_curve(tmp_path):
     # a learnable token file (period-97 pattern), which also exercises --tokens
     np.save(tmp_path / "tokens.npy", ((np.arange(50_000) * 37) % 97 + 3).astype(np.int32))
-    plan = make_plan(MODEL, SEQ, PolicyChoice("memo", 0.3), chunk=100)
+    plan = make_plan(MODEL, SEQ, get_policy("memo", 0.3), chunk=100)
     plan.memory_plan = memory_plan_from_trace(record_layer_trace(plan, "meta"))
     ex = Executor(plan, RunOptions(device="cpu", dtype="fp64", steps=STEPS, lr=LR, weight_decay=WD,
                                    tokens_file=str(tmp_path / "tokens.npy")))

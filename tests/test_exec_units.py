@@ -1,5 +1,6 @@
-"""Units of the executor: stream/event semantics of the CPU copy engine, attention backends against
-torch's SDPA, the AdamW update against torch.optim.AdamW, token files, sizes before allocation."""
+"""Units of the executor: stream/event semantics of the CPU copy engine and its happens-before race
+detector, attention backends against torch's SDPA and their resolution before tracing, the AdamW
+update against torch.optim.AdamW, token files, sizes before allocation, host memory limits."""
 
 from __future__ import annotations
 
@@ -12,17 +13,23 @@ import torch
 import torch.nn.functional as F
 
 from memo_exec.arena import AllocRecorder, CachingScratch
-from memo_exec.attention import AttnDims, MathAttention, SDPAFlash, select_backend
+from memo_exec.attention import AttnDims, MathAttention, SDPAFlash, auto_backend_for, meta_stand_in, select_backend
 from memo_exec.data import TokenSource
 from memo_exec.errors import BackendError, ExecError
 from memo_exec.optim import AdamW
+from memo_exec.happens_before import HappensBefore, RaceError, Region
 from memo_exec.streams import CopyLabel, HostCopyEngine
-from memo_exec.testing import make_plan
+from memo_exec.testing import make_plan, policy, time_limit
 from memo_sim.model.config import ModelConfig
-from memo_sim.policy.policies import PolicyChoice
 
 torch.set_num_threads(1)
 LBL = CopyLabel("offload", 0, "offload", 0)
+
+
+@pytest.fixture(autouse=True)
+def _time_limit():
+    with time_limit(60):
+        yield
 
 
 def test_copy_stream_waits_for_event_recorded_on_compute():
@@ -183,10 +190,11 @@ def test_sizes_known_before_allocation():
     from memo_exec.runner import Executor, RunOptions
 
     m = ModelConfig("s", 6, 64, 4, 256, vocab=128)
-    ex = Executor(make_plan(m, 128, PolicyChoice("memo", 0.5)), RunOptions(device="cpu"))
+    ex = Executor(make_plan(m, 128, policy("memo", 0.5)), RunOptions(device="cpu"))
     assert not ex.allocated
-    est = ex.estimate.parts
-    assert est["weights"] == m.params() * 4 and est["optimizer"] == 2 * m.params() * 4
+    est = ex.estimate.terms
+    assert est["model_states"] == m.params() * 4 * 4  # fp32: weight, gradient, Adam m and v
+    assert est["buffers"] == 2 * 128 * (64 * 8 + 256 * 2) * 4 and est["skeletal_resident"] == 0  # two rounding buffers
     pol = ex.policy
     assert pol.n_off == 64
     # host: x and attn whole, plus 64 of 128 tokens of ln1, q, k, v, h1, ln2, fc1, act, for 4 layers
@@ -217,3 +225,135 @@ def test_threads_do_not_leak():
         HostCopyEngine().close()
     time.sleep(0.05)
     assert threading.active_count() <= before
+
+
+# -- happens-before race detector ------------------------------------------------------------------
+def _r(tensor="x", rows=(0, 10), space="buffer", index=0):
+    return Region(space, index, tensor, rows)
+
+
+def test_hb_event_wait_orders_accesses():
+    hb = HappensBefore()
+    hb.access("compute", "forward(0)", writes=[_r()])
+    snap = hb.snapshot("compute")
+    hb.join("d2h", snap)
+    hb.access("d2h", "offload(0)", reads=[_r()], writes=[_r(space="host")])
+    hb.join("compute", hb.snapshot("d2h"))
+    hb.access("compute", "forward(2)", writes=[_r()])  # overwrites what the offload read: ordered by the wait
+
+
+def test_hb_missing_wait_is_a_race_naming_both_accesses():
+    hb = HappensBefore()
+    hb.access("compute", "forward(0)", writes=[_r()])
+    with pytest.raises(RaceError, match=r"rounding buffer 0 x\[0:10\]: forward\(0\) writes it on compute and "
+                                        r"offload\(0\) reads it on d2h"):
+        hb.access("d2h", "offload(0)", reads=[_r()])
+
+
+def test_hb_rows_and_reads():
+    hb = HappensBefore()
+    hb.access("h2d", "prefetch(0)", writes=[_r(rows=(0, 4))])
+    hb.access("compute", "recompute(0)", writes=[_r(rows=(4, 10))])  # disjoint rows: no conflict
+    hb.access("d2h", "a", reads=[_r("q")])
+    hb.access("compute", "b", reads=[_r("q")])  # two reads never conflict
+    with pytest.raises(RaceError):
+        hb.access("compute", "backward(0)", reads=[_r(rows=(3, 5))])  # overlaps the unordered prefetch rows
+
+
+def test_hb_wait_refers_to_the_latest_record_and_barrier_orders_all():
+    hb = HappensBefore()
+    hb.access("compute", "w1", writes=[_r()])
+    snap = hb.snapshot("compute")  # recorded here ...
+    hb.access("compute", "w2", writes=[_r()])  # ... so a wait on it does not cover this write
+    hb.join("d2h", snap)
+    with pytest.raises(RaceError, match="w2"):
+        hb.access("d2h", "copy", reads=[_r()])
+    hb2 = HappensBefore()
+    hb2.access("compute", "w", writes=[_r()])
+    hb2.join("d2h", None)  # a never-recorded event orders nothing
+    hb2.barrier()
+    hb2.access("d2h", "copy", reads=[_r()])
+    assert hb2.history[_r().key][-1].what == "copy"
+
+
+def test_engine_reports_races_of_copies_at_issue_time():
+    eng = HostCopyEngine()
+    try:
+        a, b = torch.ones(10), torch.zeros(10)
+        eng.compute.access("fill", writes=[_r()])
+        with pytest.raises(RaceError, match="fill writes it on compute"):
+            eng.d2h.copy_group([(b, a)], LBL, reads=[_r()], writes=[_r(space="host")])
+        ev = eng.event("done")
+        eng.compute.record(ev)
+        eng.d2h.wait_event(ev)
+        eng.d2h.copy_group([(b, a)], LBL, reads=[_r()], writes=[_r(space="host")])
+        eng.synchronize()
+        assert torch.equal(a, b)
+    finally:
+        eng.close()
+
+
+# -- attention backend resolution before tracing ---------------------------------------------------
+def test_auto_resolves_per_device_before_tracing():
+    dims = AttnDims(1, 64, 4, 4, 16)
+    assert auto_backend_for("cpu", torch.float32, dims) == "math"
+    cuda16 = auto_backend_for("cuda", torch.bfloat16, dims)
+    assert cuda16 in ("flash_attn", "sdpa_flash")
+    assert auto_backend_for("cuda", torch.float32, dims) == "sdpa_efficient"  # flash kernels need 16 bit
+    assert not meta_stand_in(cuda16).uses_scratch and meta_stand_in("math").uses_scratch
+
+
+def test_meta_trace_for_cuda_has_no_math_scratch_and_a_math_plan_is_refused_with_a_hint():
+    from memo_exec.errors import MemoryPlanError
+    from memo_exec.runner import size_plan
+    from memo_exec.trace import memory_plan_from_trace, record_layer_trace
+
+    m = ModelConfig("s", 3, 64, 4, 256, vocab=128, dtype="bf16")
+    plan = make_plan(m, 256, policy("memo", 0.3), backend="auto")
+    cuda = record_layer_trace(plan, "meta")
+    cpu = record_layer_trace(plan, "meta", target="cpu")
+    assert cuda.meta["attention_backend"] in ("flash_attn", "sdpa_flash")
+    assert not any(b.name.startswith("attn_") for b in cuda.buffers)
+    assert any(b.name.startswith("attn_") for b in cpu.buffers) and cpu.meta["attention_backend"] == "math"
+    plan.memory_plan = memory_plan_from_trace(cpu)  # a plan made for the math backend ...
+    with pytest.raises(MemoryPlanError, match="recorded with the math attention backend.*--attention-backend "
+                                              "sdpa_flash"):
+        size_plan(plan, m, torch.bfloat16, SDPAFlash())  # ... checked against what CUDA runs
+    plan.memory_plan = memory_plan_from_trace(cuda)
+    assert size_plan(plan, m, torch.bfloat16, SDPAFlash()).unplanned == []
+
+
+# -- measured vs predicted per stream ----------------------------------------------------------------
+def test_stream_stats_busy_overlapped_exposed():
+    from memo_exec.compare import op_rows, stream_rows, stream_stats
+    from memo_sim.timeline import Timeline, TimelineEvent
+
+    def ev(stream, s, e, phase="fwd", layer=0, op="x"):
+        return TimelineEvent(op, layer, phase, stream, 0, s, e)
+
+    tl = Timeline([ev("compute", 0, 4), ev("compute", 4, 10, "bwd"), ev("compute", 10, 12, "stall", op="wait"),
+                   ev("d2h", 5, 12, "offload"), ev("h2d", 20, 21, "prefetch")])
+    st = stream_stats(tl)
+    assert st["compute"] == {"busy_s": 10, "overlapped_s": 5, "exposed_s": 5}  # the stall is not work
+    assert st["d2h"] == {"busy_s": 7, "overlapped_s": 5, "exposed_s": 2}
+    assert st["h2d"] == {"busy_s": 1, "overlapped_s": 0, "exposed_s": 1}
+    half = Timeline([TimelineEvent(e.op, e.layer, e.phase, e.stream, 0, e.start / 2, e.end / 2) for e in tl.events])
+    rows = {(r["stream"], r["quantity"]): r for r in stream_rows([tl], half)}
+    assert rows[("d2h", "busy")]["rel_error"] == pytest.approx(1.0)
+    ops = {(r["layer"], r["op"]): r for r in op_rows([tl, half], tl)}
+    assert ops[(0, "forward")]["measured_s"] == pytest.approx(3.0) and ops[(0, "forward")]["predicted_s"] == 4
+    assert ops[(0, "offload")]["rel_error"] == pytest.approx(-0.25)
+
+
+def test_time_limit_interrupts_a_hanging_wait():
+    import threading as th
+
+    never = th.Event()
+    with pytest.raises(TimeoutError, match="0.2 s time limit"):
+        with time_limit(0.2):
+            never.wait(5)
+    with pytest.raises(TimeoutError, match="0.3 s time limit"):  # the enclosing limit is restored
+        with time_limit(0.3):
+            with time_limit(10):
+                pass
+            never.wait(5)

@@ -1,14 +1,20 @@
 """Activation policies: where each layer's skeletal tensors live between its forward and backward.
 
-- `StoreAll`: every layer keeps all its skeletal tensors on the device.
-- `FullRecompute`: every layer keeps only its input; one shared set of buffers is rebuilt by
+One module per policy, registered under the simulator's policy name (`registry`):
+
+- `store_all`: every layer keeps all its skeletal tensors on the device.
+- `full_recompute`: every layer keeps only its input; one shared set of buffers is rebuilt by
   re-running the layer forward before its backward.
-- `TokenOffload` (``full_offload`` = all tokens, ``memo`` = a fraction alpha of the tokens):
-  MEMO's two rounding buffers, an offload and a prefetch stream, token-wise recompute.
+- `full_offload`, `memo` (`token_offload.TokenOffload`): MEMO's two rounding buffers, an offload
+  and a prefetch stream, token-wise recompute of what was not offloaded.
 """
 
-from memo_exec.activations.base import ActivationPolicy, make_policy
-from memo_exec.activations.offload import TokenOffload, offload_token_count
-from memo_exec.activations.simple import FullRecompute, StoreAll
+# isort: off
+from memo_exec.activations import store_all, full_recompute, full_offload, memo  # noqa: F401  (registration)
+# isort: on
+from memo_exec.activations.base import ActivationPolicy
+from memo_exec.activations.registry import make_policy, register, registered, sim_policy_name
+from memo_exec.activations.token_offload import TokenOffload, offload_token_count
 
-__all__ = ["ActivationPolicy", "FullRecompute", "StoreAll", "TokenOffload", "make_policy", "offload_token_count"]
+__all__ = ["ActivationPolicy", "TokenOffload", "make_policy", "offload_token_count", "register", "registered",
+           "sim_policy_name"]

@@ -8,21 +8,27 @@ import torch
 
 from memo_exec.layer import LayerCompute, LayerStorage, LayerWeights, norm_stats_dtype, stats_bytes
 from memo_sim.model.config import ModelConfig
-from memo_sim.policy.policies import PolicyChoice
 
 
 class ActivationPolicy(ABC):
     """Hands each layer the storage for its forward and backward and moves data in between.
 
     Call order in one step: ``begin_step``; per layer i ascending ``storage_for_forward(i)``,
-    ``output_for(i)``, layer forward, ``after_forward(i)``; per layer descending
-    ``storage_for_backward(i)``, layer backward, ``after_backward(i)``; ``end_step``.
+    ``output_for(i)``, layer forward (which calls ``before_output_write(i)`` right before its
+    last op writes the output), ``after_forward(i)``; per layer descending
+    ``storage_for_backward(i)`` (which runs ``recompute``), layer backward, ``after_backward(i)``;
+    ``end_step``.
+
+    ``choice`` is the simulator's policy object (`memo_sim.policy`); what the executor keeps,
+    offloads and recomputes comes from its attributes.
     """
 
-    name = "base"
-
-    def __init__(self, model: ModelConfig, batch: int, seq: int, layers: int, dtype: torch.dtype,
+    def __init__(self, choice, model: ModelConfig, batch: int, seq: int, layers: int, dtype: torch.dtype,
                  device: torch.device, engine, timer, compute: LayerCompute | None) -> None:
+        from memo_exec.activations.registry import sim_policy_name  # noqa: PLC0415
+
+        self.choice = choice
+        self.name = sim_policy_name(choice)
         self.model, self.batch, self.seq, self.layers = model, batch, seq, layers
         self.tokens = batch * seq
         self.dtype, self.device = dtype, device
@@ -32,7 +38,8 @@ class ActivationPolicy(ABC):
     # -- sizes, known before anything is allocated -----------------------------------------------
     @abstractmethod
     def device_bytes(self) -> dict[str, int]:
-        """Bytes this policy preallocates on the device, by purpose."""
+        """Bytes this policy preallocates on the device, by the simulator's memory terms:
+        ``skeletal_resident``, ``buffers`` (rounding buffers, or the recompute buffer), ``lse``, ``norm_stats``."""
 
     def host_bytes(self) -> int:
         return 0
@@ -64,15 +71,26 @@ class ActivationPolicy(ABC):
     def storage_for_forward(self, i: int) -> LayerStorage:
         return self.storages[i]
 
-    @abstractmethod
     def output_for(self, i: int) -> torch.Tensor | None:
         """Where layer i writes its output (the next layer's x), or None for a fresh tensor."""
+        return self.storages[i + 1].x if i + 1 < self.layers else None
+
+    def before_output_write(self, i: int) -> None:
+        """Called by layer i's forward right before its last op writes ``output_for(i)``."""
+        return None
 
     def after_forward(self, i: int) -> None:
         return None
 
+    def recompute(self, compute: LayerCompute, weights: LayerWeights, storage: LayerStorage, i: int) -> None:
+        """Rebuild what the forward did not keep, before layer i's backward (also run by the dry run
+        that records the layer's memory requests)."""
+        return None
+
     def storage_for_backward(self, i: int, weights: LayerWeights) -> LayerStorage:
-        return self.storages[i]
+        s = self.storages[i]
+        self.recompute(self.compute, weights, s, i)
+        return s
 
     def after_backward(self, i: int) -> None:
         return None
@@ -82,18 +100,3 @@ class ActivationPolicy(ABC):
 
     def describe(self) -> dict:
         return {"policy": self.name}
-
-
-def make_policy(choice: PolicyChoice, model: ModelConfig, batch: int, seq: int, layers: int, dtype: torch.dtype,
-                device: torch.device, engine, timer, compute: LayerCompute | None) -> ActivationPolicy:
-    from memo_exec.activations.offload import TokenOffload  # noqa: PLC0415
-    from memo_exec.activations.simple import FullRecompute, StoreAll  # noqa: PLC0415
-
-    args = (model, batch, seq, layers, dtype, device, engine, timer, compute)
-    if choice.policy == "store_all":
-        return StoreAll(*args)
-    if choice.policy == "full_recompute":
-        return FullRecompute(*args)
-    if choice.policy == "full_offload":
-        return TokenOffload(*args, fraction=1.0, label="full_offload")
-    return TokenOffload(*args, fraction=float(choice.alpha), label="memo")

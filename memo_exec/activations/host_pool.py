@@ -3,7 +3,8 @@
 On CUDA the pool is an ordinary host tensor that is page-locked in place with
 ``cudaHostRegister`` (what ``torch.cuda._pin_memory_utils`` does), so it takes exactly the bytes
 asked for: PyTorch's pinned caching allocator would round a single request up to a power of two.
-On CPU it is a plain tensor. Views are cut at 256-byte aligned offsets.
+On CPU it is a plain tensor. Views are cut at ``HOST_ALIGN``-aligned offsets, the
+``registered_pool`` layout of `memo_sim.policy.host_layout` that the simulator sizes host memory by.
 """
 
 from __future__ import annotations
@@ -13,8 +14,7 @@ import math
 import torch
 
 from memo_exec.errors import ExecError
-
-ALIGN = 256
+from memo_sim.policy.host_layout import HOST_ALIGN as ALIGN  # the layout the simulator sizes host memory by
 
 
 def _align(n: int) -> int:

@@ -1,0 +1,40 @@
+"""Full recompute: each layer keeps its input; one shared buffer set is rebuilt before each
+layer's backward by re-running the layer forward (attention included)."""
+
+from __future__ import annotations
+
+import torch
+
+from memo_exec.activations.base import ActivationPolicy
+from memo_exec.activations.registry import register
+from memo_exec.layer import SKELETAL, LayerStorage, carve_storage, storage_bytes
+
+
+@register("full_recompute")
+class FullRecompute(ActivationPolicy):
+    _work_names = tuple(n for n in SKELETAL if n != "x")
+
+    def device_bytes(self) -> dict[str, int]:
+        return {"skeletal_resident": self.layers * storage_bytes(self.model, self.tokens, self.dtype, ("x",)),
+                "buffers": storage_bytes(self.model, self.tokens, self.dtype, self._work_names),
+                "norm_stats": self._stats_bytes(), "lse": self.lse_bytes_per_layer()}
+
+    def allocate(self) -> None:
+        xb = storage_bytes(self.model, self.tokens, self.dtype, ("x",))
+        self.x_block = torch.empty(self.layers * xb, dtype=torch.uint8, device=self.device)
+        xs = [carve_storage(self.x_block[i * xb:(i + 1) * xb], self.model, self.tokens, self.dtype, ("x",))["x"]
+              for i in range(self.layers)]
+        self.work_block = torch.empty(storage_bytes(self.model, self.tokens, self.dtype, self._work_names),
+                                      dtype=torch.uint8, device=self.device)
+        work = carve_storage(self.work_block, self.model, self.tokens, self.dtype, self._work_names)
+        stats = self._stats()
+        self.storages = [LayerStorage({**work, "x": xs[i]}, stats) for i in range(self.layers)]
+
+    def after_forward(self, i: int) -> None:
+        self.storages[i].aux = None  # the attention lse is rebuilt with everything else
+
+    def recompute(self, compute, weights, storage, i: int) -> None:
+        compute.recompute_full(weights, storage, i)
+
+    def after_backward(self, i: int) -> None:
+        self.storages[i].aux = None

@@ -1,0 +1,203 @@
+"""Token-wise offload through MEMO's two rounding buffers (paper sec. 4.1); ``full_offload`` and
+``memo`` are this class with the simulator policy's fractions.
+
+Rounding buffers: two preallocated device blocks, each holding one layer's skeletal tensors
+(x, ln1, q, k, v, attn, h1, ln2, fc1, act); layer i uses block ``rounding_buffer(i)``. Layer i-1's
+last op writes layer i's input straight into that block. Of every role-"other" tensor the first
+``n_off = offload_token_count(offload_fraction_other, T)`` tokens go to host (whole rows, floored:
+`memo_sim.policy.host_layout`, the rule the simulator sizes host memory with) (a contiguous prefix of a
+token-major tensor); x and attn go whole. The rest is recomputed token-wise before the backward.
+
+The copies follow the dependency rule of `memo_sim.policy.rounding_buffers` (the simulator's
+schedule follows the same functions), one method per edge:
+
+1. ``_offload_waits_for_forward``: the offload stream waits for forward(i) before copying it out.
+2. ``_output_write_waits_for_offload``: right before forward(i)'s last op writes layer i+1's input
+   into the buffer that offload(i-1) still reads, the compute stream waits for that offload.
+   Everything else of forward(i) runs beside the copy.
+3. ``_prefetch_waits_for_backward``: prefetch(j) waits for backward(j+2), the last kernel that
+   reads the buffer it overwrites, and then runs beside backward(j+1).
+4. ``_backward_waits_for_prefetch``: the recompute and backward of layer j wait for prefetch(j).
+
+Every compute op and copy declares the rows it reads and writes to the engine's happens-before
+race detector (`memo_exec.happens_before`), so a missing or misplaced wait is an error at issue
+time. The last ``KEPT_LAYERS`` layers are neither offloaded nor recomputed. The attention lse and
+the LayerNorm statistics stay on the device for every layer.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from memo_exec.activations.base import ActivationPolicy
+from memo_exec.activations.host_pool import HostPool
+from memo_exec.happens_before import Region
+from memo_exec.layer import SKELETAL, LayerStorage, carve_storage, skeletal_roles, skeletal_widths, storage_bytes
+from memo_exec.streams import CopyLabel
+from memo_sim.policy.host_layout import offload_token_count
+from memo_sim.policy.rounding_buffers import (
+    N_BUFFERS, is_offloaded, offloaded_layer_count, output_write_waits_for, prefetch_launched_after_backward,
+    rounding_buffer,
+)
+
+
+class TokenOffload(ActivationPolicy):
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.fraction = float(self.choice.offload_fraction_other)
+        self.n_off = offload_token_count(self.fraction, self.tokens)  # the simulator's rule: floor(alpha * T)
+        roles = skeletal_roles(self.model)
+        self.whole = [n for n in SKELETAL if roles[n] in ("input", "attn")]
+        self.split = [n for n in SKELETAL if roles[n] == "other"]
+        self.widths = skeletal_widths(self.model)
+
+    def offloaded(self, i: int) -> bool:
+        return is_offloaded(i, self.layers)
+
+    @property
+    def n_offloaded(self) -> int:
+        return offloaded_layer_count(self.layers)
+
+    # -- sizes -------------------------------------------------------------------------------------
+    def _moved(self) -> list[tuple[str, tuple[int, int]]]:
+        """(tensor, token rows) that go to host and come back."""
+        rows = [(n, (0, self.tokens)) for n in self.whole]
+        return rows + ([(n, (0, self.n_off)) for n in self.split] if self.n_off else [])
+
+    def _host_shapes(self) -> list[tuple[tuple[int, ...], torch.dtype]]:
+        return [((hi - lo, self.widths[n]), self.dtype) for n, (lo, hi) in self._moved()]
+
+    def layer_offload_bytes(self) -> int:
+        esize = torch.empty((), dtype=self.dtype, device="meta").element_size()
+        return sum(math.prod(s) for s, _ in self._host_shapes()) * esize
+
+    def device_bytes(self) -> dict[str, int]:
+        return {"buffers": N_BUFFERS * storage_bytes(self.model, self.tokens, self.dtype),
+                "norm_stats": self.layers * self._stats_bytes(), "lse": self.layers * self.lse_bytes_per_layer()}
+
+    def host_bytes(self) -> int:
+        return self.n_offloaded * HostPool.layout_bytes(self._host_shapes())
+
+    # -- allocation --------------------------------------------------------------------------------
+    def allocate(self) -> None:
+        nb = storage_bytes(self.model, self.tokens, self.dtype)
+        self.blocks = [torch.empty(nb, dtype=torch.uint8, device=self.device) for _ in range(N_BUFFERS)]
+        bufs = [carve_storage(b, self.model, self.tokens, self.dtype) for b in self.blocks]
+        self.storages = [LayerStorage(bufs[rounding_buffer(i)], self._stats()) for i in range(self.layers)]
+        self.pool = HostPool(self.host_bytes(), self.device)
+        self.host: list[dict[str, torch.Tensor]] = [
+            {n: self.pool.take((hi - lo, self.widths[n]), self.dtype) for n, (lo, hi) in self._moved()}
+            for _ in range(self.n_offloaded)]
+        ev = self.engine.event
+        self.ev_fwd = [ev(f"forward_done({i})") for i in range(self.layers)]
+        self.ev_off = [ev(f"offloaded({i})") for i in range(self.layers)]
+        self.ev_bwd = [ev(f"backward_done({i})") for i in range(self.layers)]
+        self.ev_pf = [ev(f"prefetched({i})") for i in range(self.layers)]
+
+    @property
+    def pinned_bytes(self) -> int:
+        return self.pool.nbytes if hasattr(self, "pool") else 0
+
+    def close(self) -> None:
+        if hasattr(self, "pool"):
+            self.engine.synchronize()
+            self.pool.close()
+
+    # -- regions the race detector sees --------------------------------------------------------------
+    def _buf(self, i: int, names, rows: tuple[int, int] | None = None) -> list[Region]:
+        r = rows or (0, self.tokens)
+        return [Region("buffer", rounding_buffer(i), n, r) for n in names]
+
+    def _copy(self, i: int, to_host: bool):
+        """(dst, src) pairs of layer i's offload (to_host) or prefetch, with the regions each reads and writes."""
+        dev, host = self.storages[i].tensors, self.host[i]
+        pairs, on_dev, on_host = [], [], []
+        for n, (lo, hi) in self._moved():
+            pairs.append((host[n], dev[n][lo:hi]) if to_host else (dev[n][lo:hi], host[n]))
+            on_dev.append(Region("buffer", rounding_buffer(i), n, (lo, hi)))
+            on_host.append(Region("host", i, n, (lo, hi)))
+        return (pairs, on_dev, on_host) if to_host else (pairs, on_host, on_dev)
+
+    def _declare(self, what: str, reads=(), writes=()) -> None:
+        self.engine.compute.access(what, reads, writes)
+
+    # -- the four edges of the dependency rule -------------------------------------------------------
+    def _stall(self, ev, what: str, i: int) -> None:
+        with self.timer.span(f"wait_{what}", i, "stall"):
+            self.engine.compute.wait_event(ev)
+
+    def _offload_waits_for_forward(self, i: int) -> None:  # edge 1
+        self.engine.d2h.wait_event(self.ev_fwd[i])
+
+    def _output_write_waits_for_offload(self, j: int) -> None:  # edge 2
+        self._stall(self.ev_off[j], "offload", j)
+
+    def _prefetch_waits_for_backward(self, i: int) -> None:  # edge 3
+        self.engine.h2d.wait_event(self.ev_bwd[i])
+
+    def _backward_waits_for_prefetch(self, j: int) -> None:  # edge 4
+        self._stall(self.ev_pf[j], "prefetch", j)
+
+    # -- per layer -----------------------------------------------------------------------------------
+    def storage_for_forward(self, i: int) -> LayerStorage:
+        x, body = self._buf(i, ["x"]), self._buf(i, [n for n in SKELETAL if n != "x"])
+        if i == 0:  # layer 0's input is copied in from the embedding output
+            self._declare("forward(0)", writes=x + body)
+        else:  # later inputs were written by the previous layer's last op
+            self._declare(f"forward({i})", reads=x, writes=body)
+        return self.storages[i]
+
+    def before_output_write(self, i: int) -> None:
+        if i + 1 >= self.layers:
+            return
+        j = output_write_waits_for(i, self.layers)
+        if j is not None:
+            self._output_write_waits_for_offload(j)
+        self._declare(f"forward({i}) output", writes=self._buf(i + 1, ["x"]))
+
+    def after_forward(self, i: int) -> None:
+        if not self.offloaded(i):
+            return
+        eng = self.engine
+        eng.compute.record(self.ev_fwd[i])
+        self._offload_waits_for_forward(i)
+        pairs, reads, writes = self._copy(i, to_host=True)
+        eng.d2h.copy_group(pairs, CopyLabel("offload", i, "offload", self.layer_offload_bytes()), reads, writes)
+        eng.d2h.record(self.ev_off[i])
+
+    def recompute(self, compute, weights, storage, i: int) -> None:
+        if not self.offloaded(i) or self.n_off >= self.tokens:
+            return
+        if self.engine is not None:
+            self._declare(f"recompute({i})", reads=self._buf(i, self.whole),
+                          writes=self._buf(i, self.split, (self.n_off, self.tokens)))
+        compute.recompute_tokens(weights, storage, self.n_off, i)
+
+    def storage_for_backward(self, i: int, weights) -> LayerStorage:
+        if self.offloaded(i):
+            self._backward_waits_for_prefetch(i)
+        s = self.storages[i]
+        self.recompute(self.compute, weights, s, i)
+        self._declare(f"backward({i})", reads=self._buf(i, SKELETAL))
+        return s
+
+    def after_backward(self, i: int) -> None:
+        j = prefetch_launched_after_backward(i, self.layers)
+        if j is None:
+            return
+        eng = self.engine
+        eng.compute.record(self.ev_bwd[i])
+        self._prefetch_waits_for_backward(i)
+        pairs, reads, writes = self._copy(j, to_host=False)
+        eng.h2d.copy_group(pairs, CopyLabel("prefetch", j, "prefetch", self.layer_offload_bytes()), reads, writes)
+        eng.h2d.record(self.ev_pf[j])
+
+    def end_step(self) -> None:
+        self.engine.raise_if_failed()
+
+    def describe(self) -> dict:
+        return {"policy": self.name, "fraction": self.fraction, "offload_tokens": self.n_off, "tokens": self.tokens,
+                "offloaded_layers": self.n_offloaded, "layer_offload_bytes": self.layer_offload_bytes(),
+                "whole": self.whole, "split": self.split}

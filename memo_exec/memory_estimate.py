@@ -1,0 +1,157 @@
+"""The executor's device-memory estimate before anything is allocated, term by term in the
+simulator's terms (`memo_sim.memplan.footprint.MemoryBreakdown`), and the fit check.
+
+Terms (bytes on the device):
+
+- ``model_states``: weights, gradients, AdamW states (fp32 master weights for 16-bit parameters).
+- ``skeletal_resident``: skeletal tensors kept across layers (store all: every layer's; full
+  recompute: every layer's input).
+- ``buffers``: the two rounding buffers (offloading policies) or the one recompute buffer.
+- ``lse``: every layer's attention log-sum-exp.
+- ``norm_stats``: every layer's LayerNorm mean and rstd (the simulator does not count these).
+- ``transient_peak``: one layer at its peak: the arena (the memory plan's largest level-1 phase
+  peak, shared by forward and backward) plus what lives outside it at that moment: scratch the
+  plan does not place, the attention kernel's own outputs (the aten SDPA kernels and flash-attn
+  allocate them; the layer copies them into its slots), LayerNorm outputs (aten allocates them).
+- ``layer_boundary``: the activation handed between layers, live beside a layer's work (the
+  embedding output in layer 0's forward, the incoming gradient in backward).
+- ``classifier_peak``: the chunked head: the last layer output, the final norm output and its
+  gradient, the head's weight gradient and one chunk's logits (with the fp32 softmax and the
+  gradient cast back when the model dtype is 16-bit).
+- ``optimizer_step_peak``: the AdamW step's temporaries for the largest parameter (the
+  simulator does not count these).
+- ``peak_total`` = states + resident + buffers + lse + norm stats +
+  max(transient + boundary, classifier, optimizer step), the simulator's formula plus the
+  executor-only terms.
+
+Whole-model buffers (rounding buffers, hidden states, the classifier chunk) are allocated once
+outside the arena, so the level-2 ``arena_bytes`` of a plan is not allocated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memo_exec.device import acc_dtype, element_size, gib
+from memo_exec.errors import FitError
+from memo_exec.optim import AdamW
+
+# executor term -> the simulator's MemoryBreakdown field (None: computed here from the simulator's
+# skeletal bytes, or a term the simulator does not have)
+SIM_TERMS = {
+    "model_states": "model_states_bytes",
+    "skeletal_resident": "skeletal_resident_bytes",
+    "buffers": "rounding_buffer_bytes",
+    "lse": "lse_bytes",
+    "norm_stats": None,
+    "transient_peak": "transient_peak_bytes",
+    "layer_boundary": None,
+    "classifier_peak": "classifier_peak_bytes",
+    "optimizer_step_peak": None,
+    "peak_total": "peak_gpu_bytes",
+}
+STATIC_TERMS = ("model_states", "skeletal_resident", "buffers", "lse", "norm_stats")
+
+
+@dataclass
+class MemoryEstimate:
+    terms: dict[str, int]  # the SIM_TERMS keys, peak_total last
+    host: int  # pinned host bytes (the offload pool)
+    detail: dict[str, int]  # how transient_peak is made up
+
+    @property
+    def total(self) -> int:
+        return self.terms["peak_total"]
+
+    def lines(self) -> list[str]:
+        return [f"{k}: {gib(v)}" for k, v in self.terms.items()]
+
+    def compare(self, sim: dict | None, boundary_bytes: float | None = None) -> list[dict]:
+        """Rows ``term, executor, simulator, rel_error`` against a simulator memory breakdown
+        (``MemoryBreakdown.to_dict()``); ``boundary_bytes`` is the simulator's layer input size."""
+        rows = []
+        for k, v in self.terms.items():
+            field = SIM_TERMS[k]
+            s = None
+            if sim is not None:
+                if field is not None:
+                    s = sim.get(field)
+                elif k == "layer_boundary":
+                    s = boundary_bytes
+                else:
+                    s = 0.0
+            rel = (v - s) / s if s else None
+            rows.append({"term": k, "executor_bytes": v, "simulator_bytes": s, "rel_error": rel,
+                         "simulator_field": field})
+        return rows
+
+
+def scratch_peak(events: list[tuple[str, str, str, int]], phase: str, skip: set[str] = frozenset()) -> int:
+    """Max-live bytes of one phase's recorded scratch requests, leaving out ``phase:name`` in ``skip``."""
+    live = peak = 0
+    sizes: dict[str, int] = {}
+    for op, ph, name, nb in events:
+        if ph != phase or f"{ph}:{name}" in skip:
+            continue
+        if op == "malloc":
+            sizes[name] = nb
+            live += nb
+            peak = max(peak, live)
+        else:
+            live -= sizes.pop(name, 0)
+    return peak
+
+
+def estimate_memory(model, batch: int, seq: int, dtype, policy, backend, dims, requests, arena_plan,
+                    classifier_chunk_tokens: int, largest_param_numel: int) -> MemoryEstimate:
+    """``policy``: the executor policy (sizes only); ``requests``: the layer's recorded scratch
+    requests (`memo_exec.arena.AllocRecorder`); ``arena_plan``: the parsed memory plan or None."""
+    T, h, V = batch * seq, model.hidden, model.vocab
+    e, acc_e = element_size(dtype), element_size(acc_dtype(dtype))
+    P = model.params()
+    dev = policy.device_bytes()
+    terms = {"model_states": 2 * P * e + AdamW.state_bytes_for(P, dtype),
+             "skeletal_resident": dev.get("skeletal_resident", 0), "buffers": dev.get("buffers", 0),
+             "lse": dev.get("lse", 0), "norm_stats": dev.get("norm_stats", 0)}
+
+    arena, placed = 0, set()
+    if arena_plan is not None:
+        arena = arena_plan.arena_bytes
+        placed = {f"{ph}:{n}" for ph, offs in arena_plan.offsets.items() for n in offs}
+    hidden = T * h * e  # one [T, h] activation: LayerNorm output, layer input/output, incoming gradient
+    kernel = {ph: backend.outside_bytes(dims, e, ph) for ph in ("fwd", "bwd")}
+    recomputes_attention = bool(getattr(policy.choice, "recomputes_attention", False))
+    outside = {
+        "fwd": scratch_peak(requests.events, "fwd", placed) + max(hidden, kernel["fwd"]),
+        # backward: LayerNorm backward outputs, the kernel's gradients, or (full recompute) its forward outputs
+        "bwd": scratch_peak(requests.events, "bwd", placed) + max(hidden, kernel["bwd"],
+                                                                  kernel["fwd"] if recomputes_attention else 0),
+    }
+    terms["transient_peak"] = arena + max(outside.values())
+    terms["layer_boundary"] = hidden
+    chunk = min(classifier_chunk_tokens, T)
+    widened = chunk * V * (acc_e + e) if acc_e != e else 0  # fp32 softmax copy and the gradient cast back
+    head = 3 * hidden + V * h * e + chunk * V * e + widened
+    terms["classifier_peak"] = max(head, hidden + V * h * e)  # or the embedding's dense gradient beside dy
+    terms["optimizer_step_peak"] = AdamW.step_temporary_bytes(largest_param_numel, dtype)
+    static = sum(terms[k] for k in STATIC_TERMS)
+    terms["peak_total"] = int(static + max(terms["transient_peak"] + terms["layer_boundary"],
+                                           terms["classifier_peak"], terms["optimizer_step_peak"]))
+    detail = {"arena": arena, "outside_arena_fwd": outside["fwd"], "outside_arena_bwd": outside["bwd"],
+              "attention_kernel_fwd": kernel["fwd"], "attention_kernel_bwd": kernel["bwd"]}
+    return MemoryEstimate({k: int(v) for k, v in terms.items()}, int(policy.host_bytes()), detail)
+
+
+def check_fit(est: MemoryEstimate, *, device_free: int, host_available: int, on_cuda: bool, what: str,
+              where: str, hint: str = "") -> None:
+    """Raise `FitError` when the estimate exceeds the device's free memory or (offloading on CUDA)
+    the pinned pool exceeds the host's available memory. On a CPU the device is the host, so the
+    host pool counts against the same free memory."""
+    need = est.total + (0 if on_cuda else est.host)
+    if need > device_free:
+        big = sorted(((k, v) for k, v in est.terms.items() if k != "peak_total"), key=lambda kv: -kv[1])[:3]
+        raise FitError(f"does not fit: {what} needs about {gib(need)} on {where} "
+                       f"({', '.join(f'{k} {gib(v)}' for k, v in big)}), which has {gib(device_free)} free{hint}")
+    if on_cuda and est.host > host_available:
+        raise FitError(f"does not fit: offloaded activations need {gib(est.host)} of pinned host memory, "
+                       f"the host has {gib(host_available)} available")
