@@ -138,11 +138,6 @@ class Policy:
         return []
 
     # -- naming --------------------------------------------------------------------------------------
-    @property
-    def policy(self) -> str:
-        """TEMPORARY: the name under plan.json's key, while the executor moves to ``.name``."""
-        return self.name
-
     def label(self) -> str:
         return self.name
 

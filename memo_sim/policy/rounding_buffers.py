@@ -1,7 +1,7 @@
 """MEMO's two rounding buffers and the one dependency rule of its copies.
 
 Both the simulator's schedule (`memo_sim.engine.schedules`) and the executor
-(`memo_exec.activations.offload`) follow these functions; neither writes the rule again.
+(`memo_exec.activations.token_offload`) follow these functions; neither writes the rule again.
 
 Buffers: layer i's skeletal tensors (x, ln1, q, k, v, attn, h1, ln2, fc1, act) live in rounding
 buffer ``i % 2``. Layer i's input x is written by the last op of layer i-1's forward (the
