@@ -193,14 +193,14 @@ def main() -> int:
         if "choice" not in e:
             continue
         plan = build_plan(model, e["seq_tokens"], e["choice"], profile, args.backend, chunk)
-        e["predicted"], e["layer_timings_s"] = plan.predicted, plan.layer_timings_s
-        if plan.predicted["status"] == "OOM":  # store all at the longer sequences
+        e["predicted"], e["layer_timings_s"] = plan.predicted.to_dict(), plan.layer_timings_s
+        if plan.predicted.status == "OOM":  # store all at the longer sequences
             e["skipped"] = "the simulator predicts OOM"
             continue
         if e["choice"].static_memory_plan:
             tr = record_layer_trace(plan, "meta", args.dtype or ("fp32" if target == "cpu" else None), None, target)
             plan.memory_plan = memory_plan_from_trace(tr)
-            e["arena_bytes"] = plan.memory_plan["arena_bytes"]
+            e["arena_bytes"] = plan.memory_plan.transient_arena_bytes
         e["plan"] = str(write_plan(plan, scratch / "plans" / f"{e['name']}.json"))
 
     todo = [e for e in entries if "plan" in e]

@@ -34,6 +34,7 @@ import torch
 
 from memo_exec.errors import ExecError, MemoryPlanError
 from memo_sim.memplan.trace import Buffer, RequestTrace
+from memo_sim.plan.contract import MemoryPlan
 
 PLAN_PHASES = ("fwd", "bwd")
 
@@ -172,10 +173,10 @@ class ArenaPlan:
     model_arena_bytes: int = 0  # the plan's top-level (level-2) arena_bytes, scaled; not allocated
 
 
-def parse_memory_plan(mp: dict, plan_elem_bytes: int, exec_elem_bytes: int) -> ArenaPlan:
+def parse_memory_plan(mp: MemoryPlan, plan_elem_bytes: int, exec_elem_bytes: int) -> ArenaPlan:
     """plan.memory_plan -> `ArenaPlan` with offsets scaled to the executor's element width."""
     scale = max(1, math.ceil(exec_elem_bytes / plan_elem_bytes))
-    phases = mp.get("phases") or {}
+    phases = mp.phases
     unknown = sorted(set(phases) - set(PLAN_PHASES))
     if unknown:
         raise MemoryPlanError(f"memory_plan.phases: unknown phase {unknown[0]!r}; this executor plans "
@@ -183,21 +184,15 @@ def parse_memory_plan(mp: dict, plan_elem_bytes: int, exec_elem_bytes: int) -> A
     offsets: dict[str, dict[str, int]] = {}
     for ph, body in phases.items():
         mine: dict[str, int] = {}
-        for n, o in (body.get("offsets") or {}).items():
+        for n, o in body.offsets.items():
             n = PLAN_ALIASES.get(ph, {}).get(str(n), str(n))
             if n in mine:
                 raise MemoryPlanError(f"memory_plan.phases.{ph}.offsets: {n!r} given twice (directly and by an alias)")
             mine[n] = int(o) * scale
         offsets[ph] = mine
-    peaks = {}
-    for ph, body in phases.items():
-        pk = body.get("peak_bytes")
-        if isinstance(pk, bool) or not isinstance(pk, int) or pk < 0:
-            raise MemoryPlanError(f"memory_plan.phases.{ph}.peak_bytes must be a non-negative integer, got {pk!r}")
-        peaks[ph] = pk * scale
-    level2 = mp.get("arena_bytes", 0)
+    peaks = {ph: body.peak_bytes * scale for ph, body in phases.items()}
     return ArenaPlan(max(peaks.values(), default=0), offsets, scale, peaks,
-                     model_arena_bytes=int(level2) * scale if isinstance(level2, int) else 0)
+                     model_arena_bytes=mp.arena_bytes * scale)
 
 
 def validate_memory_plan(ap: ArenaPlan, recorder: AllocRecorder, backend: str = "") -> list[str]:

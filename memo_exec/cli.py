@@ -107,7 +107,7 @@ def trace_cmd(plan_file, device, out_file, dtype, attention_backend, target, cud
     if write_plan:
         plan.memory_plan = memory_plan_from_trace(tr)
         _write_plan(plan, write_plan)
-        click.echo(f"wrote {write_plan}: arena {plan.memory_plan['arena_bytes'] / 2**20:.1f} MiB")
+        click.echo(f"wrote {write_plan}: arena {plan.memory_plan.transient_arena_bytes / 2**20:.1f} MiB")
 
 
 @cli.command("validate", help="Run a set of plans, predict each with a (calibrated) profile, and tabulate errors.")

@@ -68,7 +68,7 @@ def compare_run(res: RunResult) -> Comparison:
     plan, n = res.plan, res.meta["layers"]
     sim, sim_note = resimulate(plan, n)
     if n == plan.model.layers:
-        pred, source = dict(plan.predicted), "plan.predicted"
+        pred, source = plan.predicted.to_dict(), "plan.predicted"
     elif sim is not None:
         pred, source = sim.to_dict(), f"{sim_note} (the plan is for {plan.model.layers} layers)"
     else:
@@ -189,7 +189,7 @@ def write_outputs(res: RunResult, out_dir: str | Path, plan_path: str | Path | N
                  "steps": res.summaries, "comparison": cmp_.totals, "streams": cmp_.streams, "ops": cmp_.ops,
                  "memory_comparison": cmp_.memory, "prediction": {"totals": cmp_.source,
                                                                   "streams_and_ops": cmp_.simulation},
-                 "predicted": res.plan.predicted, "layer_timings_s": res.plan.layer_timings_s,
+                 "predicted": res.plan.predicted.to_dict(), "layer_timings_s": res.plan.layer_timings_s,
                  "middle_layer": meta["layers"] // 2})
     tl: Timeline = timeline_from_step(res.steps[-1], meta)
     paths = {"measured": tl.write_json(out / "measured.json"), "trace": write_chrome_trace(tl, out / "trace.json")}

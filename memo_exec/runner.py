@@ -114,10 +114,8 @@ def size_plan(plan: Plan, model: ModelConfig, dtype: torch.dtype, backend, use_m
     requests = dry_run_layer(model, batch, seq, dtype, backend.name, policy)
     arena_plan, unplanned = None, []
     mp = plan.memory_plan
-    if mp is not None and use_memory_plan and mp.get("phases"):
-        width = mp.get("element_bytes", DTYPE_BYTES[plan.model.dtype])
-        if not isinstance(width, int) or width not in (2, 4, 8):
-            raise MemoryPlanError(f"memory_plan.element_bytes must be 2, 4 or 8, got {width!r}")
+    if mp is not None and use_memory_plan and mp.phases:
+        width = mp.element_bytes or DTYPE_BYTES[plan.model.dtype]
         arena_plan = parse_memory_plan(mp, width, element_size(dtype))
         unplanned = validate_memory_plan(arena_plan, requests, backend.name)
     dims = AttnDims(batch, seq, model.heads, model.n_kv_heads, model.head_dim)

@@ -130,7 +130,7 @@ def test_simulate_candidates_feeds_the_plan(tmp_path):
     sims = simulate_candidates(res.candidates[:3])
     assert len(sims) == 3 and all(c.simulated is not None for c in res.candidates[:3])
     plan = res.candidates[0].to_plan()
-    assert plan.predicted["source"] == "simulated"
+    assert plan.predicted.source == "simulated"
     assert set(plan.layer_timings_s) == {"forward", "backward", "recompute", "offload", "prefetch"}
 
 

@@ -191,4 +191,4 @@ def test_trace_meta_device_for_a_big_model(tmp_path):
     assert sizes[("bwd", "d_act")] == 131072 * 16384 * 2
     assert sizes[("bwd", "rc_proj")] == (131072 - 32768) * 4096 * 2  # 75% of the tokens recomputed
     p2 = read_plan(tmp_path / "p2.json")
-    assert p2.memory_plan["element_bytes"] == 2
+    assert p2.memory_plan.element_bytes == 2

@@ -66,16 +66,16 @@ def _cuda_sizes(plan):
 def test_h100_memo_128k_estimate_is_within_5_percent_and_fits_80gb(h100_plan):
     plan = h100_plan
     assert plan.policy.name == "memo" and plan.model.layers == 8 and plan.seq_tokens == 131072
-    assert plan.memory_plan and plan.memory_plan.get("phases")
+    assert plan.memory_plan and plan.memory_plan.phases
     sz, backend, dims = _cuda_sizes(plan)
     # the arena is one layer's largest phase peak, not the plan's whole-model (level-2) arena
-    peaks = [ph["peak_bytes"] for ph in plan.memory_plan["phases"].values()]
-    assert sz.arena_plan.arena_bytes == max(peaks) < plan.memory_plan["arena_bytes"]
-    predicted = plan.predicted["peak_gpu_bytes"]
+    peaks = [ph.peak_bytes for ph in plan.memory_plan.phases.values()]
+    assert sz.arena_plan.arena_bytes == max(peaks) < plan.memory_plan.arena_bytes
+    predicted = plan.predicted.peak_gpu_bytes
     assert abs(sz.estimate.total - predicted) / predicted <= 0.05, (sz.estimate.total, predicted)
     check_fit(sz.estimate, device_free=80 * GB, host_available=2000 * GB, on_cuda=True, what="plan", where="fake")
     # the pinned pool is laid out exactly as the simulator sizes host memory (one GPU on the node)
-    assert sz.estimate.host == plan.predicted["peak_host_bytes_per_node"]
+    assert sz.estimate.host == plan.predicted.peak_host_bytes_per_node
 
 
 def test_h100_estimate_term_by_term(h100_plan_zero):
@@ -91,8 +91,8 @@ def test_h100_estimate_term_by_term(h100_plan_zero):
         assert rows[term]["executor_bytes"] == rows[term]["simulator_bytes"], rows[term]
     extra = rows["transient_peak"]["executor_bytes"] - rows["transient_peak"]["simulator_bytes"]
     assert extra == backend.outside_bytes(dims, 2, "bwd")
-    assert rows["peak_total"]["simulator_bytes"] == plan.predicted["peak_gpu_bytes"]
-    predicted = plan.predicted["peak_gpu_bytes"]
+    assert rows["peak_total"]["simulator_bytes"] == plan.predicted.peak_gpu_bytes
+    predicted = plan.predicted.peak_gpu_bytes
     assert abs(sz.estimate.total - predicted) / predicted <= 0.05
 
 

@@ -61,7 +61,7 @@ def test_own_plan_places_every_scratch_tensor(policy, reference):
     assert isinstance(ex.scratch, ArenaScratch)
     assert ex.arena_plan.scale == 2  # bf16 plan, fp32 run
     assert ex.scratch.unplanned == set() and ex.unplanned == []
-    assert ex.scratch.arena.numel() == 2 * plan.memory_plan["arena_bytes"]
+    assert ex.scratch.arena.numel() == 2 * plan.memory_plan.arena_bytes
     ref_loss, ref_grads = reference
     assert abs(loss - ref_loss) <= TOL * abs(ref_loss)
     err, worst = max_rel_error(grads, ref_grads)
@@ -118,7 +118,7 @@ SMALL = ModelConfig("s", 3, 64, 4, 256, vocab=128)
 
 def _bad(mutate) -> dict:
     mp = own_plan(get_policy("memo", 0.3), SMALL, 256).memory_plan
-    mp = copy.deepcopy(mp)
+    mp = copy.deepcopy(mp.to_dict())
     mutate(mp)
     return mp
 

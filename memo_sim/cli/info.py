@@ -41,8 +41,8 @@ def check_plan(plan_file):
     plan = read_plan(plan_file)
     p = plan.predicted
     click.echo(f"{plan_file}: valid {plan.model.name}, {fmt_count(plan.seq_tokens)} tokens, {plan.gpus} GPUs, "
-               f"{plan.layout.label()}, {plan.policy.label()}, predicted {p.get('status')} "
-               f"{fmt_time(p.get('iteration_s', 0.0))}/iter, MFU {100 * p.get('mfu', 0.0):.1f}%")
+               f"{plan.layout.label()}, {plan.policy.label()}, predicted {p.status} "
+               f"{fmt_time(p.iteration_s or 0.0)}/iter, MFU {100 * (p.mfu or 0.0):.1f}%")
 
 
 COMMANDS = (profiles, models, check_plan)

@@ -33,11 +33,11 @@ from memo_sim.fileio import atomic_write_json
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
 from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS
+from memo_sim.plan.contract import MemoryPlan, Prediction
 from memo_sim.policy import Policy, get_policy
 
 PLAN_SCHEMA = "memo-plan/1"
 ATTENTION_BACKENDS = ("auto", "flash_attn", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "math")
-STATUSES = ("OK", "OOM", "OOHM")
 LAYER_TIMING_KEYS = ("forward", "backward", "recompute", "offload", "prefetch")
 
 
@@ -50,14 +50,22 @@ class Plan:
     layout: Layout
     policy: Policy
     profile: str
-    predicted: dict[str, Any]
+    predicted: Prediction
     layer_timings_s: dict[str, float]
     attention_backend: str = "auto"
     classifier_chunk_tokens: int = CLASSIFIER_CHUNK_TOKENS
-    memory_plan: dict | None = None
+    memory_plan: MemoryPlan | None = None
     timeline: dict | None = None
     created: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
     memo_version: str = __version__
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # the JSON shapes are accepted too (plans built in code) and parsed, checked, once
+        if name == "memory_plan" and isinstance(value, dict):
+            value = MemoryPlan.from_dict(value)
+        elif name == "predicted" and isinstance(value, dict):
+            value = Prediction.from_dict(value)
+        super().__setattr__(name, value)
 
     def to_dict(self) -> dict:
         return {
@@ -73,9 +81,9 @@ class Plan:
             "profile": self.profile,
             "attention_backend": self.attention_backend,
             "classifier_chunk_tokens": self.classifier_chunk_tokens,
-            "predicted": self.predicted,
+            "predicted": self.predicted.to_dict(),
             "layer_timings_s": self.layer_timings_s,
-            "memory_plan": self.memory_plan,
+            "memory_plan": self.memory_plan.to_dict() if self.memory_plan is not None else None,
             "timeline": self.timeline,
         }
 
@@ -127,9 +135,11 @@ class Plan:
         backend = d.get("attention_backend", "auto")
         if backend not in ATTENTION_BACKENDS:
             raise fail("attention_backend", f"must be one of {', '.join(ATTENTION_BACKENDS)}, got {backend!r}")
-        pred = d["predicted"]
-        if not isinstance(pred, dict) or pred.get("status") not in STATUSES:
-            raise fail("predicted.status", f"must be one of {', '.join(STATUSES)}")
+        try:
+            pred = Prediction.from_dict(d["predicted"])
+            mp = MemoryPlan.from_dict(d["memory_plan"]) if d.get("memory_plan") is not None else None
+        except PlanError as e:
+            raise PlanError(f"{source}: {e}") from None
         lt = d["layer_timings_s"]
         if not isinstance(lt, dict) or set(lt) - set(LAYER_TIMING_KEYS):
             raise fail("layer_timings_s", f"keys must be among {', '.join(LAYER_TIMING_KEYS)}")
@@ -138,18 +148,6 @@ class Plan:
                 raise fail(f"layer_timings_s.{k}", f"must be a non-negative number of seconds, got {v!r}")
         if not isinstance(d["profile"], str) or not d["profile"]:
             raise fail("profile", "must name a hardware profile")
-        mp = d.get("memory_plan")
-        if mp is not None:
-            if not isinstance(mp, dict) or not isinstance(mp.get("arena_bytes"), int) or mp["arena_bytes"] < 0:
-                raise fail("memory_plan.arena_bytes", "must be a non-negative integer")
-            phases = mp.get("phases", {})
-            if not isinstance(phases, dict):
-                raise fail("memory_plan.phases", "must be an object")
-            for ph, body in phases.items():
-                offs = body.get("offsets") if isinstance(body, dict) else None
-                if not isinstance(offs, dict) or any(
-                        isinstance(o, bool) or not isinstance(o, int) or o < 0 for o in offs.values()):
-                    raise fail(f"memory_plan.phases.{ph}.offsets", "must map tensor names to non-negative integers")
         return cls(model=model, batch=d["batch"], seq_tokens=d["seq_tokens"], gpus=d["gpus"], layout=layout,
                    policy=policy, profile=d["profile"], predicted=pred, layer_timings_s=dict(lt),
                    attention_backend=backend, classifier_chunk_tokens=d.get("classifier_chunk_tokens", CLASSIFIER_CHUNK_TOKENS),
