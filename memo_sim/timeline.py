@@ -3,8 +3,9 @@
 op by op and stream by stream.
 
 Streams are named for what they model: ``compute``, ``comm`` (TP/Ulysses collectives),
-``cp_comm`` (ring-CP K/V exchange), ``d2h`` (offload copy engine), ``h2d`` (prefetch copy
-engine), ``dp_comm`` (gradient collectives).
+``cp_comm`` (ring-CP K/V exchange), ``tp_p2p`` (METP's ring send/recv of weight and K/V
+blocks), ``tp_bcast`` (METP attention's broadcasts and reduces of weight blocks), ``d2h``
+(offload copy engine), ``h2d`` (prefetch copy engine), ``dp_comm`` (gradient collectives).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from pathlib import Path
 from memo_sim.errors import MemoError
 from memo_sim.fileio import atomic_write_json
 
-STREAMS = ("compute", "comm", "cp_comm", "dp_comm", "d2h", "h2d")  # the one list of stream names
+STREAMS = ("compute", "comm", "cp_comm", "tp_p2p", "tp_bcast", "dp_comm", "d2h", "h2d")  # the one list of stream names
+TP_RING_STREAMS = ("tp_p2p", "tp_bcast")  # METP's side streams (exposed P2P time is waiting on them)
 COPY_STREAMS = ("d2h", "h2d")
 TIMELINE_FORMAT = "memo-timeline"
 TIMELINE_VERSION = 1

@@ -25,6 +25,8 @@ from memo_sim.units import fmt_bytes, fmt_time
 @click.option("--cp", default=1, show_default=True, type=int)
 @click.option("--ulysses", default=1, show_default=True, type=int)
 @click.option("--sp/--no-sp", default=True, show_default=True)
+@click.option("--tp-mode", default="megatron", show_default=True, type=click.Choice(["megatron", "metp_ffn", "metp"]),
+              help="Tensor-parallel flavour (METP's level-1 traces hold its ring's blocks and double buffers).")
 @click.option("--policy", default="memo", show_default=True, type=click.Choice(policy_names()))
 @click.option("--alpha", default=0.5, show_default=True, type=click.FloatRange(0, 1))
 @click.option("--profile", "profile_name", default="a800-80gb", show_default=True,
@@ -37,7 +39,7 @@ from memo_sim.units import fmt_bytes, fmt_time
 @click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False),
               help="Also draw the layout (address over time) as PNG here.")
 def memplan(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, csv_file, trace_file, seq, batch, tp, cp, ulysses, sp,
-            policy, alpha, profile_name, time_limit, solver, as_json, out_dir):
+            tp_mode, policy, alpha, profile_name, time_limit, solver, as_json, out_dir):
     """Static memory plan (MEMO's bi-level MIP) for a model/layout/policy, or for a trace/CSV file."""
     from memo_sim.layout.parallel import Layout, check_layout
     from memo_sim.memplan.caching_allocator import AllocatorConfig, replay
@@ -65,7 +67,7 @@ def memplan(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, csv
         from memo_sim.memplan.baseline import caching_allocator_layer_report
 
         model = build_model(model_name, layers, hidden, heads, ffn, vocab, dtype, precision)
-        lay = Layout(tp=tp, cp=cp, ulysses=ulysses, sp=sp)
+        lay = Layout(tp=tp, cp=cp, ulysses=ulysses, sp=sp, tp_mode=tp_mode)
         why = check_layout(lay, model, lay.gpus, profile.node_gpus, seq, batch)
         if why:
             raise MemoError(f"layout {lay.label()}: {why}")

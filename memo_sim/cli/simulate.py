@@ -7,7 +7,11 @@
 - ``memo-sim sweep-alpha plan.json --out DIR``: the plan's model and layout under MEMO at each
   alpha; alpha_sweep.png and alpha_sweep.json.
 - ``memo-sim sweep-seq plan.json --out DIR --seqs 64K,256K,1M``: every policy at each sequence
-  length (MEMO at its solved alpha); mfu_vs_seq.png and mfu_vs_seq.json.
+  length (MEMO at its solved alpha); mfu_vs_seq.png and mfu_vs_seq.json. ``--tp-mode
+  megatron,metp`` adds a tensor-parallel-flavour axis (the plan's degrees in each mode):
+  also seq_by_tp_mode.png / .json (peak GPU memory and step time against the length per mode and
+  policy, ``--best-policy``: per mode the best of the policies) and where each METP mode's step
+  time catches up with Megatron's.
 
 Bad input raises `MemoError`, which the ``memo-sim`` group prints as one line (exit code 2).
 Sweeps show a progress bar on stderr.
@@ -22,6 +26,7 @@ import click
 from memo_sim.cli.common import progress_bar
 from memo_sim.errors import MemoError
 from memo_sim.fileio import atomic_write_json
+from memo_sim.policy import policy_names
 from memo_sim.units import fmt_bytes, fmt_count, fmt_time, parse_count
 
 LAYERS_HELP = "Layer range for the Gantt chart, both ends included (e.g. 14:16); default: the middle three."
@@ -82,14 +87,14 @@ def simulate_cmd(plan_file, out_dir, layers_text, profile_override, no_contentio
     written = [r.timeline.write_json(out / "timeline.json")]
     written += _write_outputs(r.timeline, out, layers_text)
     summary = r.to_dict()
-    summary["plan_predicted"] = plan.predicted
+    summary["plan_predicted"] = plan.predicted.to_dict()
     written.append(atomic_write_json(out / "summary.json", summary))
     click.echo(f"{plan.model.name}, {fmt_count(plan.seq_tokens)} tokens x {plan.batch}, {plan.layout.label()}, "
                f"{plan.policy.label()}, {profile.name}")
     click.echo(_summary_line(r))
-    pred = plan.predicted.get("iteration_s")
+    pred = plan.predicted.iteration_s
     if r.ok and isinstance(pred, (int, float)) and pred > 0:
-        click.echo(f"plan predicted {fmt_time(pred)} ({plan.predicted.get('source', '?')}); "
+        click.echo(f"plan predicted {fmt_time(pred)} ({plan.predicted.source}); "
                    f"simulated/predicted = {r.iteration_s / pred:.3f}")
     click.echo(f"simulated {r.n_ops} ops in {r.sim_wall_s:.2f} s; wrote " + ", ".join(p.name for p in written)
                + f" to {out}")
@@ -155,11 +160,17 @@ def sweep_alpha_cmd(plan_file, out_dir, alphas, profile_override):
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output folder.")
 @click.option("--seqs", default="64K,128K,256K,512K,1M", show_default=True, help="Comma-separated sequence lengths.")
 @click.option("--profile", "profile_override", default=None, help="Hardware profile (default: the plan's).")
-def sweep_seq_cmd(plan_file, out_dir, seqs, profile_override):
+@click.option("--tp-mode", "tp_modes", default=None,
+              help="Comma-separated tensor-parallel flavours (megatron, metp_ffn, metp) to sweep with the plan's "
+                   "degrees; adds seq_by_tp_mode.png (peak memory and step time per mode).")
+@click.option("--policy", "policies", multiple=True, type=click.Choice(policy_names()),
+              help="Only these policies (repeatable; default: every policy).")
+@click.option("--best-policy", is_flag=True, help="With --tp-mode: one line per mode, its best policy at each length.")
+def sweep_seq_cmd(plan_file, out_dir, seqs, profile_override, tp_modes, policies, best_policy):
     """Every policy at each sequence length for the plan's model and layout; plot MFU."""
     from memo_sim.engine.simulate import simulate
     from memo_sim.layout.parallel import check_layout
-    from memo_sim.policy import get_policy, policy_class, policy_names
+    from memo_sim.policy import get_policy, policy_class
     from memo_sim.report.figures import mfu_vs_seq_figure
     from memo_sim.search.estimate import memo_alpha
 
@@ -167,23 +178,84 @@ def sweep_seq_cmd(plan_file, out_dir, seqs, profile_override):
     lens = [parse_count(s.strip(), "--seqs") for s in seqs.split(",") if s.strip()]
     if not lens:
         raise MemoError("--seqs: give at least one sequence length")
+    pols = tuple(policies) or policy_names()
+    layouts = _tp_mode_layouts(plan.layout, tp_modes) if tp_modes else {plan.layout.label(): plan.layout}
     for s in lens:
-        why = check_layout(plan.layout, plan.model, plan.layout.gpus, profile.node_gpus, s, plan.batch)
-        if why:
-            raise MemoError(f"--seqs: {fmt_count(s)} does not fit layout {plan.layout.label()}: {why}")
-    runs = [(s, p) for s in lens for p in policy_names()]
+        for lay in layouts.values():
+            why = check_layout(lay, plan.model, lay.gpus, profile.node_gpus, s, plan.batch)
+            if why:
+                raise MemoError(f"--seqs: {fmt_count(s)} does not fit layout {lay.label()}: {why}")
+    runs = [(s, lay, p) for lay in layouts.values() for s in lens for p in pols]
     results = []
     with progress_bar("sequence sweep", len(runs)) as step:
-        for s, p in runs:
+        for s, lay, p in runs:
             alpha = None
             if policy_class(p).takes_alpha:  # at its solved alpha
-                a = memo_alpha(plan.model, plan.layout, plan.batch, s, profile)
+                a = memo_alpha(plan.model, lay, plan.batch, s, profile)
                 alpha = a.alpha if a.feasible else 0.0
-            results.append(simulate(plan.model, plan.layout, plan.batch, s, get_policy(p, alpha), profile,
+            results.append(simulate(plan.model, lay, plan.batch, s, get_policy(p, alpha), profile,
                                     keep_timeline=False))
             step()
+    several = len(layouts) > 1
     _write_sweep(Path(out_dir), "mfu_vs_seq", results, mfu_vs_seq_figure,
-                 lambda r: f"{fmt_count(r.seq):>5} {r.policy.label():<18} {_summary_line(r)}")
+                 lambda r: f"{fmt_count(r.seq):>5} {(r.layout.label() + ' ') if several else ''}"
+                           f"{r.policy.label():<18} {_summary_line(r)}")
+    if tp_modes:
+        _sweep_tp_modes(plan, profile, layouts, lens, pols, best_policy, Path(out_dir))
+
+
+def _tp_mode_layouts(layout, text: str) -> dict:
+    """The plan's degrees in each tensor-parallel flavour of ``text`` (METP turns SP on)."""
+    from dataclasses import replace
+
+    from memo_sim.model.layer_graph import TP_MODES
+
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    if not modes or any(m not in TP_MODES for m in modes):
+        raise MemoError(f"--tp-mode: expected a comma-separated list of {', '.join(TP_MODES)}, got {text!r}")
+    if layout.tp < 2:
+        raise MemoError(f"--tp-mode: the plan's layout {layout.label()} has no tensor parallelism (tp = 1)")
+    out = {}
+    for m in dict.fromkeys(modes):
+        lay = replace(layout, tp_mode=m, sp=True if m != "megatron" else layout.sp)
+        out[lay.label()] = lay
+    return out
+
+
+def _sweep_tp_modes(plan, profile, layouts, lens, pols, best_policy, out: Path) -> None:
+    from memo_sim.report.figures import seq_sweep_figure
+    from memo_sim.search.seq_sweep import crossover_seq, sweep_layouts
+
+    points = []
+    if best_policy:
+        points = sweep_layouts(plan.model, layouts, lens, profile, pols, batch=plan.batch)
+    else:
+        for p in pols:
+            series = {f"{label} {p}": lay for label, lay in layouts.items()}
+            points += sweep_layouts(plan.model, series, lens, profile, (p,), batch=plan.batch)
+    labels = list(dict.fromkeys(pt.label for pt in points))
+    megatron = [lb for lb in labels if "metp" not in lb.split(" ")[0]]
+    crossings = []
+    for lb in labels:
+        if lb in megatron:
+            continue
+        rest = lb.split(" ", 1)[1] if " " in lb else ""
+        twin = next((m for m in megatron if (m.split(" ", 1)[1] if " " in m else "") == rest), None)
+        if twin is not None:
+            crossings.append(crossover_seq(points, lb, twin))
+    atomic_write_json(out / "seq_by_tp_mode.json", {"points": [pt.to_dict() for pt in points],
+                                                    "crossovers": [c.to_dict() for c in crossings]})
+    title = f"{plan.model.name}, {profile.name}: peak memory and step time by tensor-parallel mode"
+    png = seq_sweep_figure(points, out / "seq_by_tp_mode.png", title, crossings,
+                           reference=megatron[0] if len(megatron) == 1 else None)
+    for pt in points:
+        it = fmt_time(pt.iteration_s) if pt.iteration_s is not None else "-"
+        click.echo(f"{fmt_count(pt.seq):>5} {pt.label:<32} {pt.policy:<18} {pt.status:<4} "
+                   f"peak GPU {fmt_bytes(pt.peak_gpu_bytes)}, step {it}, exposed P2P {fmt_time(pt.exposed_p2p_s)}")
+    for c in crossings:
+        at = f"{fmt_count(int(round(c.time_seq)))} tokens" if c.time_seq is not None else "none in range"
+        click.echo(f"crossover {c.a} vs {c.b}: {at} ({c.note})")
+    click.echo(f"wrote {out / 'seq_by_tp_mode.json'}, {png}")
 
 
 COMMANDS = (simulate_cmd, plot_cmd, sweep_alpha_cmd, sweep_seq_cmd)

@@ -30,6 +30,11 @@ from memo_sim.units import fmt_bytes, fmt_count, fmt_time
 @click.option("--dp", type=int, help="Fix the data-parallel degree.")
 @click.option("--zero", type=click.IntRange(0, 3), help="Fix the ZeRO stage.")
 @click.option("--sp/--no-sp", default=None, help="Fix Megatron sequence parallelism on or off.")
+@click.option("--tp-mode", default="all", show_default=True, type=click.Choice(["megatron", "metp_ffn", "metp", "all"]),
+              help="Tensor-parallel flavour: Megatron TP, METP for the FFN (metp_ffn), METP for the FFN and the "
+                   "two-level MHA (metp), or all of them ranked together.")
+@click.option("--metp-across-nodes", is_flag=True,
+              help="Let a METP ring span whole nodes (its send/recv then rides the inter-node link).")
 @click.option("--policy", "policies", multiple=True, type=click.Choice(policy_names()),
               help="Only these activation policies (repeatable).")
 @click.option("--alpha", type=click.FloatRange(0, 1), help="Fix MEMO's offload fraction alpha.")
@@ -48,8 +53,8 @@ from memo_sim.units import fmt_bytes, fmt_count, fmt_time
 @click.option("--sweep-alpha", is_flag=True,
               help="Simulate MEMO at alpha = 0, 0.125, ..., 1 for the (best) fixed layout; writes alpha_sweep.png.")
 def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq, gpus, profile_name, batch, tp, cp, ulysses, dp,
-           zero, sp, policies, alpha, top, as_json, out_dir, no_plan, simulate_top, allocator_lag, framework,
-           sweep_alpha):
+           zero, sp, tp_mode, metp_across_nodes, policies, alpha, top, as_json, out_dir, no_plan, simulate_top,
+           allocator_lag, framework, sweep_alpha):
     """Rank layouts x policies x alpha for a model, sequence length and cluster; write plan.json."""
     from memo_sim.search.whatif import candidates_for, rank
 
@@ -59,7 +64,8 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq,
     profile.peak(model.dtype)  # a clear error if the profile has no peak for the model's dtype
     if batch < 1:
         raise MemoError("--batch must be at least 1")
-    fixed = dict(batch=batch, tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero, sp=sp, alpha=alpha)
+    fixed = dict(batch=batch, tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero, sp=sp, alpha=alpha, tp_mode=tp_mode,
+                 metp_across_nodes=metp_across_nodes)
     if sweep_alpha:
         result = candidates_for(model, seq, gpus, profile, policies=tuple(policies) or None, framework=framework,
                                 **fixed)
@@ -81,11 +87,13 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq,
             plan.memory_plan = plan_memory(model, best.layout, best.batch, seq, best.policy,
                                            time_limit_s=10.0).to_plan_json()
         plan_path = write_plan(plan, Path(out_dir) / "plan.json")
+    metp_rows = _metp_vs_megatron(result.candidates, alpha)
     elapsed = time.perf_counter() - t0
     if as_json:
         obj = {"model": model.to_dict(), "seq_tokens": seq, "gpus": gpus, "batch": batch, "profile": profile.name,
                "elapsed_s": elapsed, "simulated_candidates": n_sim, "plan_file": str(plan_path) if plan_path else None,
-               "framework": framework,
+               "framework": framework, "tp_mode": tp_mode,
+               "metp_vs_megatron": metp_rows,
                "memo_best": memo_best.to_json() if memo_best is not None else None,
                "candidates": [dict(rank=i + 1, **c.to_json()) for i, c in enumerate(result.candidates)],
                "rejected_layouts": [{"layout": lay.label(), "reason": why} for lay, why in result.rejected_layouts]}
@@ -106,6 +114,14 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq,
                      fmt_time(sm["exposed_copy_s"] if sm else e.exposed_copy_s)])
     click.echo(render_table(["#", "layout", "policy", "alpha", "status", "iter (analytic)", "iter (sim)", "MFU",
                              "TGS", "peak GPU", "host/node", "copy stall"], rows))
+    if metp_rows:
+        click.echo("METP against Megatron TP+SP with the same degrees and policy (analytic tier):")
+        click.echo(render_table(
+            ["METP plan", "status", "peak GPU", "iter", "TP+SP plan", "status", "peak GPU", "iter", "memory saved"],
+            [[f"{r['layout']} {r['policy_label']}", r["status"], fmt_bytes(r["peak_gpu_bytes"]),
+              fmt_time(r["analytic_iteration_s"]), f"{r['megatron_layout']} {r['megatron_policy_label']}",
+              r["megatron_status"], fmt_bytes(r["megatron_peak_gpu_bytes"]), fmt_time(r["megatron_analytic_iteration_s"]),
+              f"{100 * r['memory_saved_fraction']:.0f}%"] for r in metp_rows]))
     n_ok = sum(c.status == "OK" for c in result.candidates)
     click.echo(f"{len(result.candidates)} candidates ({n_ok} fit), {len(result.rejected_layouts)} layouts rejected; "
                f"tier 1 analytic (perfect overlap, no contention), tier 2 simulated: top {n_sim} "
@@ -123,6 +139,30 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq,
                   if memo_best else "nothing fits")
         ratio = f" ({memo_best.tgs / best.tgs:.2f}x)" if best and memo_best else ""
         click.echo(f"{framework}'s best: {mine}; memo's best: {theirs}{ratio}")
+
+
+METP_COMPARED = 5  # METP candidates compared with their Megatron TP+SP twins
+
+
+def _metp_vs_megatron(candidates, alpha) -> list[dict]:
+    """The best METP candidates (one per layout and policy) beside their Megatron TP+SP twins."""
+    from memo_sim.layout.parallel import check_layout
+    from memo_sim.search.whatif import megatron_twin
+
+    out = []
+    for c in [c for c in candidates if c.layout.metp][:METP_COMPARED]:
+        t = megatron_twin(c, alpha)
+        m, tm = c.memory, t.memory
+        why = check_layout(t.layout, c.model, t.layout.gpus, c.profile.node_gpus, c.seq, c.batch)
+        out.append({"layout": c.layout.label(), "policy": c.policy.name, "policy_label": c.policy.label(),
+                    "status": c.status, "peak_gpu_bytes": m.peak_gpu_bytes,
+                    "analytic_iteration_s": c.estimate.iteration_s,
+                    "megatron_layout": t.layout.label(), "megatron_policy_label": t.policy.label(),
+                    "megatron_status": "invalid" if why else t.status, "megatron_invalid_reason": why,
+                    "megatron_peak_gpu_bytes": tm.peak_gpu_bytes,
+                    "megatron_analytic_iteration_s": t.estimate.iteration_s,
+                    "memory_saved_fraction": 1.0 - m.peak_gpu_bytes / tm.peak_gpu_bytes})
+    return out
 
 
 def _sweep_alpha(model, seq, batch, profile, result, as_json, out_dir, t0):

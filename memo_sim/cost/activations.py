@@ -5,13 +5,20 @@ tokens_per_gpu = b·s / (cp · ulysses), further divided by tp when the tensor i
 Megatron sequence parallelism is on (then every activation is split by tp). Totals for a GPT
 layer: 32·b·s·h bytes; with TP+SP and CP each GPU holds 1/(t·c); with TP alone
 (8 + 24/t)·b·s·h (divided by c).
+
+Under METP (``layout.tp_mode``) the tensors the layer graph names `block_tensors` never exist
+whole on a GPU: `tensor_bytes` and `row_bytes` give them 0 bytes, so every sum over the layer's
+tensors (skeletal bytes, offloaded rows, kept tensors) counts what METP holds; their per-step
+blocks are level-1 transients sized by `memo_sim.cost.metp.block_sizes`. METP keeps per GPU
+x, ln1, attn, h1, ln2 (10·b·s·h/t bytes, ``metp``) or also q, k, v (16·b·s·h/t, ``metp_ffn``
+for a GPT layer) against Megatron TP+SP's 32·b·s·h/t.
 """
 
 from __future__ import annotations
 
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
-from memo_sim.model.layer_graph import TensorSpec, layer_tensors
+from memo_sim.model.layer_graph import TensorSpec, block_tensors, layer_tensors
 
 
 def tokens_per_gpu(layout: Layout, batch: int, seq: int) -> float:
@@ -19,7 +26,9 @@ def tokens_per_gpu(layout: Layout, batch: int, seq: int) -> float:
 
 
 def tensor_bytes(t: TensorSpec, layout: Layout, batch: int, seq: int) -> float:
-    """Bytes of one layer's tensor on one GPU."""
+    """Bytes of one layer's tensor on one GPU (0 for a tensor METP holds only as blocks)."""
+    if t.name in block_tensors(layout.tp_mode):
+        return 0.0
     split = layout.tp if (t.tp_split or layout.sp) else 1
     return tokens_per_gpu(layout, batch, seq) * t.bytes_per_token() / split
 
@@ -32,7 +41,10 @@ def layer_rows(layout: Layout, batch: int, seq: int) -> int:
 
 
 def row_bytes(t: TensorSpec, layout: Layout) -> float:
-    """Bytes of one token row of a tensor on one GPU (TP-split tensors are narrower without SP)."""
+    """Bytes of one token row of a tensor on one GPU (TP-split tensors are narrower without SP;
+    0 for a tensor METP holds only as blocks)."""
+    if t.name in block_tensors(layout.tp_mode):
+        return 0.0
     return t.bytes_per_token() / (layout.tp if (t.tp_split and not layout.sp) else 1)
 
 
@@ -42,7 +54,7 @@ def skeletal_bytes(model: ModelConfig, layout: Layout, batch: int, seq: int) -> 
     ``total`` is the 32·b·s·h of MISSION.md (lse excluded; it is reported on its own).
     """
     out = {"input": 0.0, "attn": 0.0, "other": 0.0, "lse": 0.0}
-    for t in layer_tensors(model).values():
+    for t in layer_tensors(model, layout.tp_mode).values():
         if t.saved:
             out[t.role] += tensor_bytes(t, layout, batch, seq)
     out["total"] = out["input"] + out["attn"] + out["other"]
@@ -50,4 +62,10 @@ def skeletal_bytes(model: ModelConfig, layout: Layout, batch: int, seq: int) -> 
 
 
 def layer_tensor_bytes(model: ModelConfig, layout: Layout, batch: int, seq: int) -> dict[str, float]:
-    return {n: tensor_bytes(t, layout, batch, seq) for n, t in layer_tensors(model).items()}
+    return {n: tensor_bytes(t, layout, batch, seq) for n, t in layer_tensors(model, layout.tp_mode).items()}
+
+
+def saved_tensors(model: ModelConfig, layout: Layout) -> list[TensorSpec]:
+    """The layer's skeletal tensors under the layout's tensor-parallel mode (what a policy keeps,
+    offloads or recomputes; Megatron's list without METP's block tensors)."""
+    return [t for t in layer_tensors(model, layout.tp_mode).values() if t.saved]

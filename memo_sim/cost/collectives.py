@@ -9,6 +9,8 @@ per-step latency ``lat`` seconds.
 - tree all-reduce (double binary tree): 2·log2(g)·lat + 2·size/bw
 - all-to-all: (g-1)·(lat + size/(g·bw))
 - send/recv: lat + size/bw
+- broadcast / reduce (binomial tree, METP's weight blocks): ceil(log2 g)·(lat + size/bw); the
+  root's block passes log2 g hops, so each GPU's port carries log2(g)·size (papers/metp.txt 4.2)
 """
 
 from __future__ import annotations
@@ -46,6 +48,19 @@ def alltoall_time(size: float, g: int, bw: float, lat: float) -> float:
 
 def sendrecv_time(size: float, bw: float, lat: float) -> float:
     return lat + size / bw
+
+
+def tree_steps(g: int) -> int:
+    """Rounds of a binomial-tree broadcast or reduce over ``g`` GPUs: ceil(log2 g)."""
+    return 0 if g <= 1 else math.ceil(math.log2(g))
+
+
+def broadcast_time(size: float, g: int, bw: float, lat: float) -> float:
+    return tree_steps(g) * (lat + size / bw)
+
+
+def reduce_time(size: float, g: int, bw: float, lat: float) -> float:
+    return tree_steps(g) * (lat + size / bw)
 
 
 def group_link(profile: HardwareProfile, size: int, stride: int) -> Link:

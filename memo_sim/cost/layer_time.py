@@ -1,40 +1,37 @@
 """Per-op time of one transformer layer on one GPU: forward, backward, token-wise recompute.
 
-Each entry is an `OpCost` on a stream: "compute" for kernels, "comm" for TP / Ulysses
-collectives that Megatron-style training runs on the critical path, "cp_comm" for ring-CP K/V
-exchange, which overlaps the attention kernel it feeds (the layer waits for the later of the two).
+Each entry is an `OpCost` (`memo_sim.cost.opcost`) on a stream: "compute" for kernels, "comm"
+for TP / Ulysses collectives that Megatron-style training runs on the critical path, "cp_comm"
+for ring-CP K/V exchange, which overlaps the attention kernel it feeds (the layer waits for the
+later of the two). Under METP (``layout.tp_mode``) the FFN, and with ``metp`` also the MHA, run
+as the rings of `memo_sim.cost.metp` (send/recv on "tp_p2p", broadcasts and reduces on
+"tp_bcast", each beside the compute it overlaps), and the Megatron all-gathers / reduce-scatters
+around them are gone. The dependency rule of a phase's list is `memo_sim.cost.opcost`'s.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import replace
 
 from memo_sim.cost import collectives as coll
+from memo_sim.cost import metp
 from memo_sim.cost.activations import tensor_bytes, tokens_per_gpu
 from memo_sim.cost.flops import ATTN_BWD_FACTOR, op_flops
 from memo_sim.cost.kernel_time import attention_bwd_time, attention_fwd_time, gemm_time, memory_bound_time
+from memo_sim.cost.opcost import OpCost, chain_dependencies, chain_tail, critical_time  # noqa: F401  (re-exported)
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
-from memo_sim.model.layer_graph import DTYPE_BYTES, OpSpec, forward_ops, layer_tensors, recompute_ops
+from memo_sim.model.layer_graph import (
+    DTYPE_BYTES, METP_GROUPS, OpSpec, forward_ops, layer_tensors, metp_group_of, metp_groups, recompute_ops,
+)
 from memo_sim.profile.schema import HardwareProfile
 
 GEMM_BWD_FACTOR = 2.0  # data gradient + weight gradient
 ELEMENTWISE_BWD_FACTOR = 2.0
 
 
-@dataclass(frozen=True)
-class OpCost:
-    name: str
-    kind: str  # gemm | attention | norm | elementwise | collective
-    phase: str  # fwd | bwd | recompute
-    stream: str  # compute | comm | cp_comm
-    seconds: float
-    flops: float = 0.0
-    nbytes: float = 0.0
-
-
 def _elementwise_bytes(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, seq: int) -> float:
-    tensors = layer_tensors(model)
+    tensors = layer_tensors(model, layout.tp_mode)
     return sum(tensor_bytes(tensors[name], layout, batch, seq) for name in op.inputs + op.outputs)
 
 
@@ -97,13 +94,48 @@ def _cp_ring(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: 
     link = coll.group_link(profile, layout.cp, layout.tp * layout.ulysses)
     steps = layout.cp - 1
     t = steps * coll.sendrecv_time(kv, float(link.bandwidth), float(link.latency))
-    return OpCost("cp_ring_kv", "collective", phase, "cp_comm", t, nbytes=kv * steps)
+    return OpCost("cp_ring_kv", "collective", phase, "cp_comm", t, nbytes=kv * steps, overlaps=1)
+
+
+def _metp_free_comm(model: ModelConfig, tp_mode: str) -> set[str]:
+    """Ops whose Megatron TP collective METP removes: each METP group's ops and the op whose
+    output the group reads (the norm whose all-gather would feed it)."""
+    ops = forward_ops(model)
+    producer = {o: op.name for op in ops for o in op.outputs}
+    out: set[str] = set()
+    for g in metp_groups(tp_mode):
+        names = METP_GROUPS[g]
+        out |= set(names)
+        first = next(op for op in ops if op.name == names[0])
+        out |= {producer[i] for i in first.inputs if i in producer}
+    return out
+
+
+def _metp_group_costs(group: str, model: ModelConfig, layout: Layout, batch: int, seq: int,
+                      profile: HardwareProfile, phase: str, fraction: float) -> list[OpCost]:
+    if group == "ffn":
+        return metp.ffn_costs(model, layout, batch, seq, profile, phase)
+    if phase == "recompute":  # MEMO's token-wise recompute needs only proj (to rebuild h1)
+        return metp.proj_recompute_costs(model, layout, batch, seq, profile, fraction)
+    return metp.mha_costs(model, layout, batch, seq, profile, phase)
 
 
 def _ops_with_comm(ops: list[OpSpec], model: ModelConfig, layout: Layout, batch: int, seq: int,
                    profile: HardwareProfile, phase: str, fraction: float = 1.0) -> list[OpCost]:
     out: list[OpCost] = []
-    for op in ops:
+    mode = layout.tp_mode
+    free = _metp_free_comm(model, mode) if layout.metp else set()
+    emitted: set[str] = set()
+    for k, op in enumerate(ops):
+        group = metp_group_of(op.name, mode)
+        if group is not None:
+            if group not in emitted:
+                emitted.add(group)
+                out += _metp_group_costs(group, model, layout, batch, seq, profile, phase, fraction)
+            continue
+        nxt = metp_group_of(ops[k + 1].name, mode) if k + 1 < len(ops) else None
+        if nxt == "mha" and phase != "recompute":  # step 0's weight broadcast beside this op
+            out.append(metp.mha_prologue(model, layout, batch, seq, profile, phase))
         if op.kind == "attention" and layout.ulysses > 1:
             out.append(_ulysses_alltoall(model, layout, batch, seq, profile, phase,
                                          model.hidden + 2 * model.kv_dim, "alltoall_qkv"))
@@ -112,7 +144,7 @@ def _ops_with_comm(ops: list[OpSpec], model: ModelConfig, layout: Layout, batch:
         out.append(_compute_cost(op, model, layout, batch, seq, profile, phase, fraction))
         if op.kind == "attention" and layout.ulysses > 1:
             out.append(_ulysses_alltoall(model, layout, batch, seq, profile, phase, model.hidden, "alltoall_attn"))
-        c = _tp_collective(op, model, layout, batch, seq, profile, phase, fraction)
+        c = None if op.name in free else _tp_collective(op, model, layout, batch, seq, profile, phase, fraction)
         if c is not None:
             out.append(c)
     return out
@@ -133,49 +165,12 @@ def recompute_costs(model: ModelConfig, layout: Layout, batch: int, seq: int, pr
     """MEMO's token-wise recompute of ``fraction`` of the tokens (1 - alpha) before backward."""
     if fraction <= 0:
         return []
-    costs = _ops_with_comm(recompute_ops(model), model, layout, batch, seq, profile, "recompute", fraction)
+    costs = _ops_with_comm(recompute_ops(model, layout.tp_mode), model, layout, batch, seq, profile, "recompute",
+                           fraction)
     return [c for c in costs if c.stream == "compute" or c.kind == "collective"]
 
 
 def full_recompute_costs(model: ModelConfig, layout: Layout, batch: int, seq: int,
                          profile: HardwareProfile) -> list[OpCost]:
     """Full activation checkpointing re-runs the whole layer forward before its backward."""
-    return [OpCost(c.name, c.kind, "recompute", c.stream, c.seconds, c.flops, c.nbytes)
-            for c in forward_costs(model, layout, batch, seq, profile)]
-
-
-def chain_dependencies(costs: list[OpCost]) -> list[list[int]]:
-    """Within one phase, the indices each op waits for: the op before it, except that a ring-CP
-    K/V exchange (stream ``cp_comm``) runs beside the attention kernel that follows it, so both
-    wait for the op before the exchange and the op after the attention waits for both. The
-    event schedule wires its op graph from this, and `critical_time` walks it."""
-    deps: list[list[int]] = []
-    prev: list[int] = []
-    pending_cp: int | None = None
-    for k, c in enumerate(costs):
-        deps.append(list(prev))
-        if c.stream == "cp_comm":
-            pending_cp = k
-            continue
-        if pending_cp is not None and c.kind == "attention":
-            prev = [k, pending_cp]
-            pending_cp = None
-        else:
-            prev = [k]
-    return deps
-
-
-def chain_tail(costs: list[OpCost]) -> list[int]:
-    """Indices the op after the phase waits for."""
-    if not costs:
-        return []
-    deps = chain_dependencies(costs + [OpCost("_tail", "elementwise", "", "compute", 0.0)])
-    return deps[-1]
-
-
-def critical_time(costs: list[OpCost]) -> float:
-    """Seconds of a layer phase alone on the GPU: the longest path of `chain_dependencies`."""
-    finish: list[float] = []
-    for c, d in zip(costs, chain_dependencies(costs)):
-        finish.append(max((finish[j] for j in d), default=0.0) + c.seconds)
-    return max((finish[j] for j in chain_tail(costs)), default=0.0)
+    return [replace(c, phase="recompute") for c in forward_costs(model, layout, batch, seq, profile)]

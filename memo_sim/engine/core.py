@@ -2,8 +2,8 @@
 
 Resources, named for what they model (per simulated device ``d`` on node ``n``):
 
-- ``compute``, ``comm``, ``cp_comm``, ``dp_comm``, ``d2h``, ``h2d`` (any stream name the graph
-  uses): a SimPy process that runs the stream's ops one at a time in issue order; an op first
+- ``compute``, ``comm``, ``cp_comm``, ``tp_p2p``, ``tp_bcast``, ``dp_comm``, ``d2h``, ``h2d`` (any
+  stream name the graph uses): a SimPy process that runs the stream's ops one at a time in issue order; an op first
   waits for its ``deps`` (events recorded on other streams), then allocates, runs, frees.
 - ``pcie.d2h.d<d>`` / ``pcie.h2d.d<d>``: the GPU's own PCIe link (``host_link.d2h_bandwidth``
   / ``h2d_bandwidth``), weight 1.

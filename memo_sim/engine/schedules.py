@@ -1,8 +1,10 @@
 """Op graphs of one training iteration on one representative GPU, per activation policy.
 
 Order on the representative (every layer's ops come from `memo_sim.cost.layer_time`, each phase
-a chain in which every op waits for the one before it; a ring-CP K/V exchange on ``cp_comm``
-runs beside the attention kernel that follows it and the next op waits for both)::
+a chain in which every op waits for the one before it; a side op (a ring-CP K/V exchange on
+``cp_comm``, a METP ring step on ``tp_p2p`` or a METP weight broadcast / reduce on ``tp_bcast``)
+runs beside the ops it overlaps and the op after them waits for it too, as
+`memo_sim.cost.opcost.chain_dependencies` says)::
 
     embedding fwd -> layer 0..n-1 fwd -> classifier (chunked fwd + bwd)
     -> layer n-1..0: [prefetch] [recompute] bwd, gradient bucket on dp_comm
@@ -36,7 +38,10 @@ policy. Pinned host bytes per offloaded layer (as `memo_sim.policy.host_layout` 
 are held from the offload's start to the prefetch's end.
 
 Collectives: TP / Ulysses collectives are on ``comm`` (in the OpCost lists, on the critical
-path as in Megatron); ring-CP on ``cp_comm``; DP gradient buckets (one per layer, all-reduce, or
+path as in Megatron); ring-CP on ``cp_comm``; METP's ring on ``tp_p2p`` (one send/recv op per
+ring step beside the step's compute block, on the representative's NVLink port) and its
+attention's weight broadcasts / reduces on ``tp_bcast``; where a transfer outlasts the compute it
+overlaps, the next step waits (exposed P2P time, `memo_sim.engine.simulate.exposed_wait_seconds`); DP gradient buckets (one per layer, all-reduce, or
 reduce-scatter from ZeRO-1 on, over the DP x CP x Ulysses group) on ``dp_comm``, each issued
 after its layer's backward and overlapping the next layer's backward. From ZeRO-1 on each
 layer's weights are all-gathered on ``dp_comm`` two layers ahead of its forward (ZeRO-1/2: the
@@ -74,7 +79,7 @@ from memo_sim.model.config import ModelConfig
 from memo_sim.policy.base import Policy
 from memo_sim.policy.rounding_buffers import KEPT_LAYERS, output_write_waits_for, prefetch_after_backward_of
 from memo_sim.profile.schema import HardwareProfile
-from memo_sim.timeline import STREAMS  # noqa: F401  (re-exported: the engine's streams)
+from memo_sim.timeline import STREAMS, TP_RING_STREAMS  # noqa: F401  (re-exported: the engine's streams)
 
 
 
@@ -91,7 +96,12 @@ def representative_device(layout: Layout, profile: HardwareProfile, index: int =
 
 
 def collective_link(cost: OpCost, layout: Layout, profile: HardwareProfile) -> str:
-    """Which link an OpCost collective rides, from the group it runs over (see layer_time)."""
+    """Which link an OpCost collective rides, from the group it runs over (see layer_time): ring CP
+    over the CP group, Ulysses all-to-alls over theirs, TP collectives and METP's ring (``tp_p2p``,
+    ``tp_bcast``: the representative's NVLink port, or the inter-node link for a METP group that
+    spans nodes) over the TP group."""
+    if cost.stream in TP_RING_STREAMS:
+        return coll.link_kind(profile, coll.group_link(profile, layout.tp, 1))
     if cost.stream == "cp_comm" or cost.name.startswith("cp_"):
         return coll.link_kind(profile, coll.group_link(profile, layout.cp, layout.tp * layout.ulysses))
     if cost.name.startswith("alltoall"):

@@ -23,7 +23,7 @@ from memo_sim.model.config import ModelConfig
 from memo_sim.policy.base import Policy
 from memo_sim.policy.registry import get_policy
 from memo_sim.profile.schema import HardwareProfile
-from memo_sim.timeline import COPY_STREAMS, Timeline, TimelineEvent
+from memo_sim.timeline import COPY_STREAMS, TP_RING_STREAMS, Timeline, TimelineEvent
 
 DEFAULT_ALPHAS = tuple(i / 8 for i in range(9))  # 0, 0.125, ..., 1
 
@@ -64,6 +64,7 @@ class SimResult:
     link_carried: dict = field(default_factory=dict)
     ops: list[Op] = field(default_factory=list)
     allocator: dict = field(default_factory=dict)  # caching-allocator replay of unplanned policies
+    exposed_p2p_s: float = 0.0  # time waiting on METP's ring transfers beyond the compute they overlap
 
     @property
     def ok(self) -> bool:
@@ -81,6 +82,7 @@ class SimResult:
             "gpu_capacity_bytes": self.gpu_capacity_bytes,
             "host_capacity_bytes": self.host_capacity_bytes,
             "exposed_copy_s": self.exposed_copy_s,
+            "exposed_p2p_s": self.exposed_p2p_s,
             "layer_timings_s": dict(self.layer_timings),
             "failure": self.failure.to_dict() if self.failure else None,
             "allocator": dict(self.allocator),
@@ -110,26 +112,37 @@ def layer_timings(sched: Schedule, layer: int | None = None) -> dict[str, float]
     return out
 
 
-def exposed_copy_seconds(ops: list[Op]) -> float:
-    """Time non-copy streams sat ready except for a host copy they waited on.
+def exposed_wait_seconds(ops: list[Op], wait_on: tuple[str, ...]) -> float:
+    """Time the other streams sat ready except for an op on a ``wait_on`` stream they waited for.
 
-    For each op on a compute or collective stream: the part of its wait that starts after its
-    stream's previous op and its other dependencies ended and lasts until its last copy
+    For each op not on a ``wait_on`` stream: the part of its wait that starts after its stream's
+    previous op and its other dependencies ended and lasts until its last ``wait_on``
     dependency ended.
     """
     total = 0.0
     prev_end: dict[tuple[int, str], float] = {}
     for op in sorted((o for o in ops if o.start is not None), key=lambda o: (o.start, o.uid)):
         key = (op.device, op.stream)
-        if op.stream not in COPY_STREAMS:
-            copy_end = max((d.end for d in op.deps if d.stream in COPY_STREAMS and d.end is not None), default=None)
-            if copy_end is not None:
+        if op.stream not in wait_on:
+            wait_end = max((d.end for d in op.deps if d.stream in wait_on and d.end is not None), default=None)
+            if wait_end is not None:
                 other = max([prev_end.get(key, 0.0)] + [d.end for d in op.deps
-                                                         if d.stream not in COPY_STREAMS and d.end is not None])
-                total += max(0.0, min(copy_end, op.start) - other)
+                                                         if d.stream not in wait_on and d.end is not None])
+                total += max(0.0, min(wait_end, op.start) - other)
         if op.end is not None:
             prev_end[key] = op.end
     return total
+
+
+def exposed_copy_seconds(ops: list[Op]) -> float:
+    """Time non-copy streams sat ready except for a host copy they waited on."""
+    return exposed_wait_seconds(ops, COPY_STREAMS)
+
+
+def exposed_p2p_seconds(ops: list[Op]) -> float:
+    """Time the other streams waited on METP's ring (send/recv, broadcast, reduce) beyond the
+    compute it overlaps: the ring steps whose transfer outlasts their compute block."""
+    return exposed_wait_seconds(ops, TP_RING_STREAMS)
 
 
 def _timeline(run: EngineRun, meta: dict) -> Timeline:
@@ -217,7 +230,8 @@ def simulate(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: P
         start_gpu_bytes=run.start_gpu_bytes.get(dev, 0.0), end_gpu_bytes=run.end_gpu_bytes[dev],
         end_host_bytes=run.end_host_bytes[sched.device.node], link_log=run.link_log,
         link_capacity=run.link_capacity, link_carried=run.link_carried,
-        ops=run.ops if record else [], allocator=_allocator_summary(replay, profile))
+        ops=run.ops if record else [], allocator=_allocator_summary(replay, profile),
+        exposed_p2p_s=exposed_p2p_seconds(run.ops) if layout.metp else 0.0)
 
 
 def _allocator_summary(replay, profile: HardwareProfile) -> dict:

@@ -7,6 +7,17 @@ inside a node), and a group of degree g whose ranks are ``stride`` apart spans n
 Model states (weights, gradients, optimizer states) are replicated across every rank that holds
 the same weights, i.e. the DP x CP x Ulysses group; ZeRO stage z shards them over that group:
 stage 1 the optimizer states, 2 also the gradients, 3 also the weights.
+
+Tensor-parallel flavour (``tp_mode``, papers/metp.txt): ``megatron`` (default) is Megatron-LM's
+TP, with or without its sequence parallelism; ``metp_ffn`` runs the FFN as memory-efficient
+tensor parallelism (METP: each of the p = tp ranks holds 1/p of the tokens, the W_in / W_out
+blocks travel a ring by send/recv) beside Megatron TP+SP attention; ``metp`` also runs the
+attention as METP's two-level scheme (outer loop over p head groups whose W_qkv / W_proj blocks
+are broadcast, inner ring of K/V blocks). METP shards every activation over the TP ranks like
+Megatron SP, so it requires ``sp=True``. Validity (`check_layout`): tp >= 2; heads and, for
+``metp``, KV heads divisible by p (the outer loop's head groups); ``metp`` is not combined with
+ring CP or Ulysses (its inner ring already spans the sequence); the TP group stays inside a node
+unless ``metp_across_nodes`` allows a METP ring over whole nodes.
 """
 
 from __future__ import annotations
@@ -16,6 +27,7 @@ from itertools import product
 
 from memo_sim.errors import MemoError
 from memo_sim.model.config import ModelConfig
+from memo_sim.model.layer_graph import TP_MODES
 
 
 @dataclass(frozen=True)
@@ -26,6 +38,7 @@ class Layout:
     ulysses: int = 1  # DeepSpeed-Ulysses sequence parallelism (all-to-all over heads)
     dp: int = 1
     zero: int = 0
+    tp_mode: str = "megatron"  # megatron | metp_ffn | metp (see the module docs)
 
     @property
     def gpus(self) -> int:
@@ -41,8 +54,16 @@ class Layout:
         """Size of the group that holds identical weights (DP x CP x Ulysses)."""
         return self.dp * self.cp * self.ulysses
 
+    @property
+    def metp(self) -> bool:
+        """Whether any part of the layer runs as METP."""
+        return self.tp_mode != "megatron"
+
     def label(self) -> str:
-        parts = [f"tp{self.tp}{'+sp' if self.sp and self.tp > 1 else ''}"]
+        if self.metp:
+            parts = [f"tp{self.tp}+{self.tp_mode}"]
+        else:
+            parts = [f"tp{self.tp}{'+sp' if self.sp and self.tp > 1 else ''}"]
         if self.ulysses > 1:
             parts.append(f"uly{self.ulysses}")
         if self.cp > 1:
@@ -61,6 +82,8 @@ class Layout:
         unknown = set(d) - set(cls.__dataclass_fields__)
         if unknown:
             raise MemoError(f"{source}: unknown layout field {sorted(unknown)[0]!r}")
+        if d.get("tp_mode", "megatron") not in TP_MODES:
+            raise MemoError(f"{source}: tp_mode must be one of {', '.join(TP_MODES)}, got {d['tp_mode']!r}")
         return cls(**d)
 
 
@@ -69,8 +92,9 @@ def group_spans_nodes(size: int, stride: int, gpus_per_node: int) -> bool:
 
 
 def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: int,
-                 seq: int, batch: int = 1) -> str | None:
-    """Return None if the layout is valid, else the reason it is rejected."""
+                 seq: int, batch: int = 1, metp_across_nodes: bool = False) -> str | None:
+    """Return None if the layout is valid, else the reason it is rejected. ``metp_across_nodes``
+    lets a METP group span whole nodes (its ring then rides the inter-node link)."""
     for f in ("tp", "cp", "ulysses", "dp"):
         v = getattr(layout, f)
         if not isinstance(v, int) or v < 1:
@@ -79,7 +103,19 @@ def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: i
         return "zero must be 0, 1, 2 or 3"
     if layout.gpus != gpus:
         return f"tp x ulysses x cp x dp = {layout.gpus}, not the {gpus} GPUs asked for"
-    if layout.tp > gpus_per_node or gpus_per_node % layout.tp:
+    if layout.tp_mode not in TP_MODES:
+        return f"tp_mode must be one of {', '.join(TP_MODES)}, got {layout.tp_mode!r}"
+    if layout.metp:
+        if layout.tp < 2:
+            return f"{layout.tp_mode} needs a tensor-parallel degree of at least 2"
+        if not layout.sp:
+            return "METP shards every activation over the TP ranks (like Megatron SP): sp must be on"
+        if layout.tp_mode == "metp" and (layout.cp > 1 or layout.ulysses > 1):
+            return "two-level METP attention is not combined with ring CP or Ulysses (use metp_ffn)"
+        if layout.tp_mode == "metp" and model.n_kv_heads % layout.tp:
+            return f"kv heads ({model.n_kv_heads}) not divisible by tp ({layout.tp}) (METP's outer loop over head groups)"
+    across = metp_across_nodes and layout.metp and layout.tp > gpus_per_node and layout.tp % gpus_per_node == 0
+    if (layout.tp > gpus_per_node or gpus_per_node % layout.tp) and not across:
         return f"tp={layout.tp} must divide the {gpus_per_node} GPUs of a node (TP stays inside a node)"
     if model.heads % (layout.tp * layout.ulysses):
         return f"heads ({model.heads}) not divisible by tp x ulysses ({layout.tp * layout.ulysses})"
@@ -88,6 +124,8 @@ def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: i
     if model.ffn % layout.tp:
         return f"ffn ({model.ffn}) not divisible by tp ({layout.tp})"
     chunks = layout.ulysses * layout.cp * (2 if layout.cp > 1 else 1) * (layout.tp if layout.sp else 1)
+    if layout.tp_mode == "metp":
+        chunks *= 2  # the inner K/V ring splits the sequence zigzag (2p chunks) to balance causal work
     if seq % chunks:
         return f"sequence length {seq} not divisible into {chunks} equal chunks (ulysses x 2cp x tp)"
     if layout.zero and layout.state_shards == 1:
@@ -104,8 +142,12 @@ def _divisors(n: int) -> list[int]:
 def enumerate_layouts(model: ModelConfig, gpus: int, gpus_per_node: int, seq: int, *,
                       tp: int | None = None, cp: int | None = None, ulysses: int | None = None,
                       dp: int | None = None, zero: int | None = None, sp: bool | None = None,
+                      tp_modes: tuple[str, ...] = ("megatron",), metp_across_nodes: bool = False,
                       ) -> tuple[list[Layout], list[tuple[Layout, str]]]:
-    """All layouts for ``gpus`` GPUs matching the fixed degrees; (valid, [(rejected, reason)])."""
+    """All layouts for ``gpus`` GPUs matching the fixed degrees; (valid, [(rejected, reason)]).
+
+    ``tp_modes``: the tensor-parallel flavours to enumerate (default Megatron only). A METP mode
+    is only tried where it can apply (tp >= 2 with sequence parallelism)."""
     valid: list[Layout] = []
     rejected: list[tuple[Layout, str]] = []
     choices = lambda fixed: [fixed] if fixed is not None else _divisors(gpus)  # noqa: E731
@@ -117,11 +159,15 @@ def enumerate_layouts(model: ModelConfig, gpus: int, gpus_per_node: int, seq: in
             continue
         sps = [sp] if sp is not None else ([True, False] if t > 1 else [True])
         zs = [zero] if zero is not None else ([0, 1, 2, 3] if d * c * u > 1 else [0])
-        for s, z in product(sps, zs):
-            lay = Layout(tp=t, sp=s if t > 1 else True, cp=c, ulysses=u, dp=d, zero=z)
-            why = check_layout(lay, model, gpus, gpus_per_node, seq)
+        for s, z, mode in product(sps, zs, tp_modes):
+            if mode != "megatron" and (t < 2 or not s):
+                continue
+            lay = Layout(tp=t, sp=s if t > 1 else True, cp=c, ulysses=u, dp=d, zero=z, tp_mode=mode)
+            why = check_layout(lay, model, gpus, gpus_per_node, seq, metp_across_nodes=metp_across_nodes)
             (rejected.append((lay, why)) if why else valid.append(lay))
     if dp is not None and tp is not None and cp is not None and ulysses is not None and not valid and not rejected:
-        lay = Layout(tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero or 0, sp=True if sp is None else sp)
-        rejected.append((lay, check_layout(lay, model, gpus, gpus_per_node, seq) or "inconsistent degrees"))
+        lay = Layout(tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero or 0, sp=True if sp is None else sp,
+                     tp_mode=tp_modes[0] if len(tp_modes) == 1 else "megatron")
+        rejected.append((lay, check_layout(lay, model, gpus, gpus_per_node, seq, metp_across_nodes=metp_across_nodes)
+                         or "inconsistent degrees"))
     return valid, rejected

@@ -255,7 +255,10 @@ def _release_op(model: ModelConfig) -> dict[str, str]:
     return out
 
 
-_COMM_BUFFERS = ("cp_kv_", "cp_dkv_", "ulysses_")  # trace_gen.attention_buffers: ring-CP P2P, all-to-all
+# buffers collectives read or write on their own streams: trace_gen.attention_buffers (ring-CP P2P,
+# all-to-all) and METP's ring and broadcast buffers
+_COMM_BUFFERS = ("cp_kv_", "cp_dkv_", "ulysses_", "metp_ffn_w", "metp_ffn_dw", "metp_mha_w", "metp_mha_dw",
+                 "metp_kv_", "metp_dkv_", "metp_wproj")
 
 
 def _collective(name: str, names: set[str]) -> bool:
@@ -284,7 +287,7 @@ def _expand(lumps, model: ModelConfig, layout: Layout, batch: int, seq: int, pre
     """Kept lumps -> [(tensor name or None, id suffix, bytes, share)], one entry per layer tensor
     (share: the part of that tensor the lump holds; a lump that is not linear in the role bytes
     comes back whole, tensor None)."""
-    tensors = layer_tensors(model)
+    tensors = layer_tensors(model, layout.tp_mode)
     out = []
     for name, comp, nbytes in lumps:
         if comp is None:

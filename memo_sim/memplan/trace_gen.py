@@ -15,6 +15,25 @@ Backward (ops in reverse): the incoming gradient dy, the gradients each op produ
 gathered inputs the weight gradients need again under sequence parallelism, and MEMO's
 token-wise recompute scratch (the dropped tokens' gathered inputs) at the start.
 
+METP (``layout.tp_mode``, `memo_sim.cost.metp`): the ring replaces the FFN (and with ``metp``
+the MHA) and its all-gathers / reduce-scatters. Forward FFN: the double buffer of received
+W_in / W_out blocks (``metp_ffn_w_double_buffer``, 2 x (B + C) blocks) and the output
+accumulator O_i (``fc2``) for the whole ring; per step j the T_ij block (``metp_fc1_block<j>``)
+and the D_ij block (``metp_act_block<j>``), both live during the activation. Backward FFN: the
+weight double buffer, the double buffer of the partial dB / dC blocks travelling the ring
+(``metp_ffn_dw_double_buffer``), the dA_i accumulator (``d_ln2``); per step the recomputed T_ij
+and D_ij, dD_ij (``metp_d_act_block<j>``) and dT_ij (``metp_d_fc1_block<j>``). Forward MHA: the
+double buffer of broadcast W_qkv / W_proj blocks (``metp_mha_w_double_buffer``), the output
+accumulator (``proj``); per outer step the Q/K/V head block (``metp_qkv_block<j>``) and, while
+the inner ring runs, its K/V double buffer (``metp_kv_double_buffer<j>``, 2 x K/V block), the
+fp32 accumulator of A_ij (``metp_attn_accumulator_fp32_<j>``) and the kernel's lse scratch.
+Backward MHA: the weight double buffer, the double buffer of dW_qkv / dW_proj blocks being
+computed and reduced (``metp_mha_dw_reduce_buffers``), the dX_i accumulator (``d_ln1``); per outer
+step dA_ij, the recomputed Q/K/V block, its gradient block, the inner ring's K/V double buffer
+and dK/dV in flight (``metp_dkv_in_flight<j>``, 2 x K/V block) and FlashAttention's workspace
+(2 x lse block + fp32 dQ accumulator). MEMO's recompute scratch under ``metp`` is the dropped
+tokens' proj and the W_proj ring's double buffer.
+
 Level 2 (whole model): embedding output, one pseudo block per layer forward and backward of the
 level-1 peak, skeletal blocks by policy (all layers' skeletal tensors for store-all, layer
 inputs for full recompute, two rounding buffers for offloading policies), lse of every layer,
@@ -29,9 +48,10 @@ from functools import lru_cache
 from memo_sim.cost.activations import skeletal_bytes, tensor_bytes, tokens_per_gpu
 from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS, classifier_peak_bytes
 from memo_sim.layout.parallel import Layout
+from memo_sim.cost.metp import block_sizes
 from memo_sim.memplan.trace import Buffer, RequestTrace
 from memo_sim.model.config import ModelConfig
-from memo_sim.model.layer_graph import DTYPE_BYTES, forward_ops, layer_tensors
+from memo_sim.model.layer_graph import DTYPE_BYTES, forward_ops, layer_tensors, metp_group_of
 from memo_sim.policy.base import Policy
 
 ALIGN = 512  # the CUDA caching allocator's granularity; planned sizes are rounded to it
@@ -121,14 +141,106 @@ def layer_backward_trace(model: ModelConfig, layout: Layout, batch: int, seq: in
     return _layer_backward_trace(model, per_gpu_shard(layout), batch, seq, frac)
 
 
+def _metp_ffn_forward(b: "_Builder", bs: dict[str, float], p: int, tb: dict[str, float]) -> None:
+    b.alloc("metp_ffn_w_double_buffer", 2 * bs["ffn_w_block"])
+    b.alloc("fc2", tb["fc2"])  # the output accumulator O_i, freed by the residual add
+    b.tick()
+    for j in range(p):
+        b.alloc(f"metp_fc1_block{j}", bs["fc1_block"])  # T_ij = A_i B_j
+        b.tick()
+        b.alloc(f"metp_act_block{j}", bs["act_block"])  # D_ij = f(T_ij)
+        b.tick()
+        b.free(f"metp_fc1_block{j}")
+        b.tick()  # O_i += D_ij C_j
+        b.free(f"metp_act_block{j}")
+    b.free("metp_ffn_w_double_buffer")
+
+
+def _metp_mha_forward(b: "_Builder", bs: dict[str, float], p: int, tb: dict[str, float], d: int) -> None:
+    b.alloc("metp_mha_w_double_buffer", 2 * bs["mha_w_block"])
+    b.alloc("proj", tb["proj"])  # the output accumulator O_i, freed by the residual add
+    b.tick()
+    for j in range(p):
+        b.alloc(f"metp_qkv_block{j}", bs["qkv_block"])  # Q_ij, K_ij, V_ij = X_i W_qkv_j
+        b.tick()
+        ring = [(f"metp_kv_double_buffer{j}", 2 * bs["kv_block"]),
+                (f"metp_attn_accumulator_fp32_{j}", bs["attn_block"] * FP32 / d),
+                (f"attention_workspace{j}", bs["lse_block"])]
+        for name, nbytes in ring:
+            b.alloc(name, nbytes)
+        b.tick()  # the inner ring; A_ij goes into the kept attention output
+        for name, _ in ring:
+            b.free(name)
+        b.free(f"metp_qkv_block{j}")
+        b.tick()  # O_i += A_ij W_proj_j
+    b.free("metp_mha_w_double_buffer")
+
+
+def _metp_ffn_backward(b: "_Builder", bs: dict[str, float], p: int, tb: dict[str, float]) -> None:
+    b.alloc("metp_ffn_w_double_buffer", 2 * bs["ffn_w_block"])
+    b.alloc("metp_ffn_dw_double_buffer", 2 * bs["ffn_w_block"])  # dB, dC: accumulated, in flight
+    b.alloc("d_ln2", tb["ln2"])  # dA_i, accumulated over the ring; freed by ln2's backward
+    b.tick()
+    for j in range(p):
+        b.alloc(f"metp_fc1_block{j}", bs["fc1_block"])  # recompute T_ij
+        b.tick()
+        b.alloc(f"metp_act_block{j}", bs["act_block"])  # recompute D_ij
+        b.alloc(f"metp_d_act_block{j}", bs["act_block"])  # dD_ij = dO C_j^T; dC_j += D_ij^T dO
+        b.tick()
+        b.free(f"metp_act_block{j}")
+        b.alloc(f"metp_d_fc1_block{j}", bs["fc1_block"])  # dT_ij = f'(T_ij) dD_ij
+        b.tick()
+        b.free(f"metp_fc1_block{j}")
+        b.free(f"metp_d_act_block{j}")
+        b.tick()  # dA_i += dT_ij B_j^T; dB_j += A_i^T dT_ij
+        b.free(f"metp_d_fc1_block{j}")
+    b.free("metp_ffn_w_double_buffer")
+    b.free("metp_ffn_dw_double_buffer")
+
+
+def _metp_mha_backward(b: "_Builder", bs: dict[str, float], p: int, tb: dict[str, float], d: int) -> None:
+    b.alloc("metp_mha_w_double_buffer", 2 * bs["mha_w_block"])
+    b.alloc("metp_mha_dw_reduce_buffers", 2 * bs["mha_w_block"])  # dW_qkv_j, dW_proj_j: computed, reduced
+    b.alloc("d_ln1", tb["ln1"])  # dX_i, accumulated over the outer loop; freed by ln1's backward
+    b.tick()
+    for j in range(p):
+        b.alloc(f"metp_d_attn_block{j}", bs["attn_block"])  # dA_ij = dO W_proj_j^T
+        b.alloc(f"metp_qkv_block{j}", bs["qkv_block"])  # recompute Q_ij, K_ij, V_ij
+        b.tick()
+        ring = [(f"metp_kv_double_buffer{j}", 2 * bs["kv_block"]),
+                (f"metp_dkv_in_flight{j}", 2 * bs["kv_block"]),
+                (f"attention_bwd_workspace{j}", 2 * bs["lse_block"] + bs["attn_block"] * FP32 / d)]
+        for name, nbytes in ring:
+            b.alloc(name, nbytes)
+        b.alloc(f"metp_d_qkv_block{j}", bs["qkv_block"])
+        b.tick()  # the inner backward ring
+        for name, _ in ring:
+            b.free(name)
+        b.free(f"metp_d_attn_block{j}")
+        b.tick()  # dX_i += dQKV W_qkv_j^T; dW_qkv_j = X_i^T dQKV
+        b.free(f"metp_qkv_block{j}")
+        b.free(f"metp_d_qkv_block{j}")
+    b.free("metp_mha_w_double_buffer")
+    b.free("metp_mha_dw_reduce_buffers")
+
+
 @lru_cache(maxsize=1024)
 def _layer_forward_trace(model: ModelConfig, layout: Layout, batch: int, seq: int) -> RequestTrace:
-    tb = {n: tensor_bytes(t, layout, batch, seq) for n, t in layer_tensors(model).items()}
+    tens = layer_tensors(model, layout.tp_mode)
+    tb = {n: tensor_bytes(t, layout, batch, seq) for n, t in tens.items()}
     full_h = tokens_per_gpu(layout, batch, seq) * model.hidden * DTYPE_BYTES[model.dtype]
     sp = layout.sp and layout.tp > 1
     tp = layout.tp > 1
+    bs = block_sizes(model, layout, batch, seq) if layout.metp else {}
     b = _Builder("fwd")
     for op in forward_ops(model):
+        group = metp_group_of(op.name, layout.tp_mode)
+        if group == "ffn" and op.name == "fc1":
+            _metp_ffn_forward(b, bs, layout.tp, tb)
+        elif group == "mha" and op.name == "qkv":
+            _metp_mha_forward(b, bs, layout.tp, tb, DTYPE_BYTES[model.dtype])
+        if group is not None:
+            continue
         if op.kind == "gemm" and sp and op.tp_comm_after != "reduce":
             b.alloc(f"{op.name}_input_gathered", full_h)  # all-gather output
             b.tick()
@@ -136,7 +248,7 @@ def _layer_forward_trace(model: ModelConfig, layout: Layout, batch: int, seq: in
         for name, nbytes in attn_bufs:
             b.alloc(name, nbytes)
         for o in op.outputs:
-            if not layer_tensors(model)[o].saved:
+            if not tens[o].saved:
                 b.alloc(o + ("_partial" if op.tp_comm_after == "reduce" and tp else ""),
                         full_h if op.tp_comm_after == "reduce" and tp else tb[o])
         b.tick()
@@ -155,21 +267,42 @@ def _layer_forward_trace(model: ModelConfig, layout: Layout, batch: int, seq: in
     return RequestTrace(b.finish(), name=f"{model.name}-{layout.label()}-{seq}-layer-fwd")
 
 
+def _recompute_scratch(model: ModelConfig, layout: Layout, frac: float, tb: dict[str, float],
+                       full_h: float) -> list[tuple[str, float]]:
+    """MEMO's token-wise recompute scratch of the dropped ``frac`` of the tokens, one at a time."""
+    sp = layout.sp and layout.tp > 1
+    if layout.tp_mode == "metp":  # h1 = x + attn W_proj: local rows, W_proj blocks on a ring
+        bs = block_sizes(model, layout, 1, 1)  # weight blocks do not depend on the tokens
+        return [("recompute_proj", frac * tb["proj"]), ("metp_wproj_double_buffer", 2 * bs["wproj_block"])]
+    names = ("recompute_ln1_gathered", "recompute_proj_partial", "recompute_ln2_gathered")
+    if layout.tp_mode == "metp_ffn":  # fc1 and act are not rebuilt: ln2 needs no gather
+        names = names[:2]
+    return [(nm, frac * (full_h if sp or nm.endswith("partial") else tb["ln1"])) for nm in names]
+
+
 @lru_cache(maxsize=1024)
 def _layer_backward_trace(model: ModelConfig, layout: Layout, batch: int, seq: int, frac: float) -> RequestTrace:
-    tens = layer_tensors(model)
+    tens = layer_tensors(model, layout.tp_mode)
     tb = {n: tensor_bytes(t, layout, batch, seq) for n, t in tens.items()}
     full_h = tokens_per_gpu(layout, batch, seq) * model.hidden * DTYPE_BYTES[model.dtype]
     sp = layout.sp and layout.tp > 1
+    bs = block_sizes(model, layout, batch, seq) if layout.metp else {}
     b = _Builder("bwd")
     b.alloc("dy", tb["y"])
     if frac > 0:  # token-wise recompute scratch: gathered inputs and row-parallel partials of dropped tokens
-        for nm in ("recompute_ln1_gathered", "recompute_proj_partial", "recompute_ln2_gathered"):
-            b.alloc(nm, frac * (full_h if sp or nm.endswith("partial") else tb["ln1"]))
+        for nm, nbytes in _recompute_scratch(model, layout, frac, tb, full_h):
+            b.alloc(nm, nbytes)
             b.tick()
             b.free(nm)
     grads: dict[str, str] = {"y": "dy", "fc2": "dy", "h1": "dy"}
     for op in reversed(forward_ops(model)):
+        group = metp_group_of(op.name, layout.tp_mode)
+        if group == "ffn" and op.name == "fc2":
+            _metp_ffn_backward(b, bs, layout.tp, tb)
+        elif group == "mha" and op.name == "out_proj":
+            _metp_mha_backward(b, bs, layout.tp, tb, DTYPE_BYTES[model.dtype])
+        if group is not None:
+            continue
         if op.kind == "elementwise" and op.name.startswith("add"):
             b.tick()  # residual: gradient flows through unchanged (accumulated in place)
             continue

@@ -22,6 +22,17 @@ which x and attn are 2·b·s·h each (MEMO offloads them whole: roles "input" an
 other 28·b·s·h (role "other") are split token-wise by alpha. Without sequence parallelism the
 tensors with ``tp_split=False`` (x, ln1, h1, ln2: 8·b·s·h bytes) are replicated on every TP
 rank. lse is kept on the GPU by every policy (it is a few MB).
+
+Tensor-parallel modes (``tp_mode``, `TP_MODES`; METP, papers/metp.txt sections 3-4): under
+``megatron`` the tensors above are as described. Under METP the ranks of the TP group each hold
+1/p of the tokens of every activation (as Megatron SP) and the weight blocks travel a ring, so
+some tensors never exist whole on a GPU: they are built block by block inside the ring loops and
+rebuilt in backward (Algorithms 2 and 6), and so are not saved. ``metp_ffn`` (METP for the FFN,
+Megatron TP+SP attention): fc1 and act exist only as per-step blocks (T_ij, D_ij of
+(tokens/p) x (width/p)); the FFN keeps only its input ln2. ``metp`` (METP FFN and the two-level
+MHA): also q, k, v exist only as per-outer-step head blocks; the MHA keeps only its input ln1 and
+the attention output attn (and lse). `block_tensors` names them; `layer_tensors` marks them not
+saved (role "transient") under the mode.
 """
 
 from __future__ import annotations
@@ -30,11 +41,48 @@ from dataclasses import dataclass
 from functools import lru_cache
 from types import MappingProxyType
 
+from memo_sim.errors import MemoError
 from memo_sim.model.config import ModelConfig
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 ROLES = ("input", "attn", "other", "lse", "transient")
+
+TP_MODES = ("megatron", "metp_ffn", "metp")  # tensor-parallel flavours (`memo_sim.layout.parallel.Layout.tp_mode`)
+
+# The op groups METP runs as a ring (papers/metp.txt): O = f(A B) C with A the group's input.
+METP_GROUPS: dict[str, tuple[str, ...]] = {"ffn": ("fc1", "act", "fc2"), "mha": ("qkv", "attention", "out_proj")}
+_MODE_GROUPS: dict[str, tuple[str, ...]] = {"megatron": (), "metp_ffn": ("ffn",), "metp": ("mha", "ffn")}
+_BLOCK_TENSORS: dict[str, frozenset[str]] = {
+    "megatron": frozenset(),
+    "metp_ffn": frozenset({"fc1", "act"}),
+    "metp": frozenset({"q", "k", "v", "fc1", "act"}),
+}
+
+
+def check_tp_mode(tp_mode: str) -> str:
+    if tp_mode not in TP_MODES:
+        raise MemoError(f"tp_mode must be one of {', '.join(TP_MODES)}, got {tp_mode!r}")
+    return tp_mode
+
+
+def metp_groups(tp_mode: str) -> tuple[str, ...]:
+    """The op groups (``"mha"``, ``"ffn"``) METP runs as a ring under ``tp_mode``."""
+    return _MODE_GROUPS[check_tp_mode(tp_mode)]
+
+
+def metp_group_of(op_name: str, tp_mode: str) -> str | None:
+    """The METP group an op of `forward_ops` belongs to under ``tp_mode``, or None (Megatron op)."""
+    for g in metp_groups(tp_mode):
+        if op_name in METP_GROUPS[g]:
+            return g
+    return None
+
+
+def block_tensors(tp_mode: str) -> frozenset[str]:
+    """Tensors that under ``tp_mode`` exist only as per-step blocks inside METP's ring loops (never
+    whole on a GPU, not saved for backward)."""
+    return _BLOCK_TENSORS[check_tp_mode(tp_mode)]
 
 
 @dataclass(frozen=True)
@@ -62,8 +110,10 @@ class OpSpec:
 
 
 @lru_cache(maxsize=256)
-def layer_tensors(model: ModelConfig) -> MappingProxyType:
-    """Tensor name -> `TensorSpec` of one layer, in op order (read-only, built once per model)."""
+def layer_tensors(model: ModelConfig, tp_mode: str = "megatron") -> MappingProxyType:
+    """Tensor name -> `TensorSpec` of one layer, in op order (read-only, built once per model and
+    mode). Under a METP mode the `block_tensors` are not saved (role "transient")."""
+    blocks = block_tensors(tp_mode)
     b = DTYPE_BYTES[model.dtype]
     h, kv, f1, f = model.hidden, model.kv_dim, model.fc1_width, model.ffn
     specs = [
@@ -82,6 +132,8 @@ def layer_tensors(model: ModelConfig) -> MappingProxyType:
         TensorSpec("fc2", h, b, False, "transient", False),
         TensorSpec("y", h, b, False, "transient", False),
     ]
+    specs = [TensorSpec(t.name, t.width, t.dtype_bytes, t.tp_split, "transient", False) if t.name in blocks else t
+             for t in specs]
     return MappingProxyType({s.name: s for s in specs})
 
 
@@ -101,16 +153,19 @@ def forward_ops(model: ModelConfig) -> list[OpSpec]:
     ]
 
 
-def skeletal_tensors(model: ModelConfig) -> list[TensorSpec]:
-    return [t for t in layer_tensors(model).values() if t.saved]
+def skeletal_tensors(model: ModelConfig, tp_mode: str = "megatron") -> list[TensorSpec]:
+    return [t for t in layer_tensors(model, tp_mode).values() if t.saved]
 
 
-def recompute_ops(model: ModelConfig) -> list[OpSpec]:
+def recompute_ops(model: ModelConfig, tp_mode: str = "megatron") -> list[OpSpec]:
     """Ops MEMO re-runs for the dropped tokens before a layer's backward.
 
     From the offloaded layer input x and attention output attn every "other" skeletal tensor is
     rebuilt token-wise: ln1, q/k/v, proj (only to rebuild h1), h1, ln2, fc1, act. The attention
-    core and fc2 are not re-run.
+    core and fc2 are not re-run. Under METP the block tensors are not skeletal, so their ops are
+    not re-run: ``metp_ffn`` drops fc1 and act, ``metp`` also qkv (only ln1, out_proj, add1 and ln2
+    remain; out_proj runs as a ring of W_proj blocks, `memo_sim.cost.metp`).
     """
+    blocks = block_tensors(tp_mode)
     wanted = {"ln1", "qkv", "out_proj", "add1", "ln2", "fc1", "act"}
-    return [op for op in forward_ops(model) if op.name in wanted]
+    return [op for op in forward_ops(model) if op.name in wanted and not set(op.outputs) <= blocks]

@@ -7,7 +7,7 @@ Top-level fields (units in the key names)::
     memo_version      version of memo that wrote it
     model             ModelConfig fields (name, layers, hidden, heads, ffn, vocab, kv_heads, ffn_type, dtype)
     batch, seq_tokens, gpus
-    layout            Layout fields (tp, sp, cp, ulysses, dp, zero)
+    layout            Layout fields (tp, sp, tp_mode, cp, ulysses, dp, zero)
     policy            {"policy": store_all|full_recompute|full_offload|memo, "alpha": float|null}
     profile           hardware profile name
     attention_backend auto | flash_attn | sdpa_flash | sdpa_efficient | sdpa_cudnn | math

@@ -17,12 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
-from memo_sim.cost.activations import layer_rows, row_bytes
+from memo_sim.cost.activations import layer_rows, row_bytes, saved_tensors
 from memo_sim.cost.layer_time import OpCost
 from memo_sim.errors import MemoError
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
-from memo_sim.model.layer_graph import skeletal_tensors
 from memo_sim.policy.host_layout import OffloadedTensor, copy_bytes, host_block_bytes, offload_token_count
 from memo_sim.policy.rounding_buffers import offloaded_layer_count
 from memo_sim.profile.schema import HardwareProfile
@@ -89,7 +88,7 @@ class Policy:
         rows = layer_rows(layout, batch, seq)
         split = offload_token_count(self.offload_fraction_other, rows)
         return [OffloadedTensor(t.name, rows if t.role in ("input", "attn") else split, row_bytes(t, layout))
-                for t in skeletal_tensors(model) if t.role in ("input", "attn", "other")]
+                for t in saved_tensors(model, layout) if t.role in ("input", "attn", "other")]
 
     def offload_bytes(self, model: ModelConfig, layout: Layout, batch: int, seq: int) -> float:
         """Bytes one offloaded layer copies to host (and back) on one GPU."""

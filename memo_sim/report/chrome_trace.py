@@ -1,7 +1,7 @@
 """Chrome trace (Perfetto / chrome://tracing) from a `Timeline`.
 
 One process (pid) per GPU with one track (tid) per stream, named by ``thread_name`` metadata
-and ordered compute, comm, cp_comm, dp_comm, d2h, h2d, then any other stream; every op is an
+and ordered compute, comm, cp_comm, tp_p2p, tp_bcast, dp_comm, d2h, h2d, then any other stream; every op is an
 ``"X"`` complete event (``ts`` and ``dur`` in microseconds) with its layer, phase, bytes and
 FLOPs in ``args``. Memory is a ``"C"`` counter per GPU (allocated GiB) on the GPU's process and
 one per node's pinned host memory on a process of its own.
@@ -15,9 +15,10 @@ from pathlib import Path
 from memo_sim.fileio import atomic_write_text
 from memo_sim.timeline import Timeline
 
-STREAM_ORDER = ("compute", "comm", "cp_comm", "dp_comm", "d2h", "h2d")
+STREAM_ORDER = ("compute", "comm", "cp_comm", "tp_p2p", "tp_bcast", "dp_comm", "d2h", "h2d")
 STREAM_LABEL = {
     "compute": "compute", "comm": "comm (TP/Ulysses, NVLink)", "cp_comm": "cp_comm (ring CP)",
+    "tp_p2p": "tp_p2p (METP ring send/recv)", "tp_bcast": "tp_bcast (METP weight broadcast/reduce)",
     "dp_comm": "dp_comm (gradients)", "d2h": "d2h (offload copy engine)", "h2d": "h2d (prefetch copy engine)",
 }
 HOST_PID_BASE = 10_000  # node n's host memory is process HOST_PID_BASE + n

@@ -5,7 +5,11 @@
 - `memory_figure`: GPU memory per device and pinned host memory per node over the iteration,
   with capacities.
 - `alpha_sweep_figure`: MFU and peak memory against MEMO's alpha, OOM / OOHM runs marked.
-- `mfu_vs_seq_figure`: MFU against sequence length, one line per policy, OOM / OOHM marked.
+- `mfu_vs_seq_figure`: MFU against sequence length, one line per policy (and layout, where the
+  sweep has several), OOM / OOHM marked.
+- `seq_sweep_figure`: peak GPU memory (with the capacity) and step time against sequence length,
+  one line per series of `memo_sim.search.seq_sweep` (e.g. METP, Megatron TP+SP, Ulysses), plans
+  that do not fit marked on the time axis, crossovers drawn as vertical lines.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from memo_sim.units import fmt_count
 
 if TYPE_CHECKING:
     from memo_sim.engine.simulate import SimResult
+    from memo_sim.search.seq_sweep import Crossover, SeqPoint
 
 GiB = 1024**3
 TiB = 1024**4
@@ -234,8 +239,9 @@ def mfu_vs_seq_figure(results: list["SimResult"], path: str | Path) -> Path:
     fig = Figure(figsize=(7, 4))
     ax = fig.subplots()
     by_policy: dict[str, list] = {}
+    several = len({r.layout for r in results}) > 1
     for r in results:
-        by_policy.setdefault(r.policy.name, []).append(r)
+        by_policy.setdefault(f"{r.policy.name} {r.layout.label()}" if several else r.policy.name, []).append(r)
     for pol, rs in by_policy.items():
         rs.sort(key=lambda r: r.seq)
         ok = [r for r in rs if r.ok]
@@ -253,6 +259,84 @@ def mfu_vs_seq_figure(results: list["SimResult"], path: str | Path) -> Path:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     r0 = results[0]
-    fig.suptitle(f"{r0.model.name}, {r0.layout.label()}, {r0.profile}: MFU by policy", fontsize=10)
+    where = "by layout" if several else r0.layout.label()
+    fig.suptitle(f"{r0.model.name}, {where}, {r0.profile}: MFU by policy", fontsize=10)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def _sparse_ticks(seqs: list[int], min_ratio: float = 1.3) -> list[int]:
+    """Ticks for a log-scale length axis: every length, less those too close to the one before."""
+    out: list[int] = []
+    for x in sorted(seqs):
+        if not out or x >= out[-1] * min_ratio:
+            out.append(x)
+    return out
+
+
+def seq_sweep_figure(points: list["SeqPoint"], path: str | Path, title: str,
+                     crossovers: list["Crossover"] = (), reference: str | None = None) -> Path:
+    """Peak GPU memory (analytic, with the usable capacity), simulated step time and, with a
+    ``reference`` series, step time relative to it, against sequence length, one line per series;
+    a plan that does not fit is an x at the foot of the time axis; crossovers
+    (`memo_sim.search.seq_sweep.crossover_seq`) are dashed vertical lines."""
+    pts = [p for p in points if p.status != "invalid"]
+    if not pts:
+        raise MemoError("sequence sweep: no points to plot")
+    rows = 3 if reference else 2
+    fig = Figure(figsize=(7.5, 3.2 * rows + 0.6))
+    axes = fig.subplots(rows, 1, sharex=True)
+    ax1, ax2 = axes[0], axes[1]
+    series: dict[str, list] = {}
+    for p in pts:
+        series.setdefault(p.label, []).append(p)
+    failed, colors = [], {}
+    for label, ps in series.items():
+        ps.sort(key=lambda p: p.seq)
+        line = ax1.plot([p.seq for p in ps], [p.peak_gpu_bytes / GiB for p in ps], "o-", ms=4, label=label)[0]
+        colors[label] = line.get_color()
+        ok = [p for p in ps if p.iteration_s is not None]
+        if ok:
+            ax2.plot([p.seq for p in ok], [p.iteration_s for p in ok], "o-", ms=4, color=colors[label], label=label)
+        failed.append(([p.seq for p in ps if p.iteration_s is None], colors[label]))
+    ax2.set_yscale("log", base=2)
+    bottom, top = ax2.get_ylim()
+    for k, (xs, color) in enumerate(failed):  # staggered so that coinciding failures stay visible
+        if xs:
+            y = bottom * (top / bottom) ** (0.03 + 0.04 * k)
+            ax2.scatter(xs, [y] * len(xs), marker="x", color=color, s=40, zorder=5, clip_on=False)
+    if reference:
+        ax3 = axes[2]
+        ref = {p.seq: p.iteration_s for p in series.get(reference, []) if p.iteration_s is not None}
+        for label, ps in series.items():
+            rel = [(p.seq, p.iteration_s / ref[p.seq]) for p in ps if p.iteration_s is not None and p.seq in ref]
+            if rel and label != reference:
+                ax3.plot([x for x, _ in rel], [y for _, y in rel], "o-", ms=4, color=colors[label], label=label)
+        ax3.axhline(1.0, color=colors.get(reference, "k"), lw=1)
+        ax3.set_ylabel(f"step time / {reference}", fontsize=8)
+        ax3.grid(alpha=0.3)
+    cap = pts[0].gpu_capacity_bytes / GiB
+    ax1.axhline(cap, color="#C44E52", ls=":", lw=1)
+    ax1.text(min(p.seq for p in pts), cap, " usable GPU memory", va="bottom", fontsize=8, color="#C44E52")
+    for c in crossovers:
+        if c.time_seq is not None:
+            for ax in axes:
+                ax.axvline(c.time_seq, color="#555555", ls="--", lw=1)
+            ax2.text(c.time_seq, ax2.get_ylim()[1], f" {c.a} = {c.b}\n at {c.time_seq / 1024:.0f}K tokens",
+                     fontsize=7, va="top")
+    seqs = sorted({p.seq for p in pts})
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.grid(alpha=0.3)
+    ax1.set_yscale("log", base=2)
+    ticks = _sparse_ticks(seqs)
+    axes[-1].set_xticks(ticks)
+    axes[-1].set_xticklabels([fmt_count(s) for s in ticks], rotation=45)
+    axes[-1].set_xticks([], minor=True)
+    ax1.set_ylabel("peak GPU memory (GiB)")
+    ax2.set_ylabel("step time (s); x: does not fit", fontsize=9)
+    axes[-1].set_xlabel("sequence length (tokens)")
+    ax1.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return _save(fig, path)

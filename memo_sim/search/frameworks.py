@@ -5,10 +5,11 @@ executor and everything it plans) offers them all. What the frameworks offer, as
 
 - ``megatron`` (Megatron-LM): tensor parallelism with sequence parallelism, context parallelism
   (ring), data parallelism with the distributed optimizer (ZeRO-1 semantics) or without;
-  full activation recompute or none; no activation offload to host, no Ulysses, no ZeRO-2/3.
+  full activation recompute or none; no activation offload to host, no Ulysses, no ZeRO-2/3,
+  no METP.
   (Selective recompute and pipeline parallelism are not modelled.)
 - ``deepspeed`` (DeepSpeed-Ulysses): Ulysses sequence parallelism with ZeRO (any stage), no
-  tensor or ring context parallelism; full activation checkpointing or none. (Checkpoint
+  tensor or ring context parallelism (so no METP); full activation checkpointing or none. (Checkpoint
   offload to host, which keeps only layer inputs on the host, is not modelled.)
 """
 
@@ -38,11 +39,11 @@ FRAMEWORKS: dict[str, Framework] = {
     "megatron": Framework(
         "megatron", "Megatron-LM: TP+SP, ring CP, DP with the distributed optimizer; recompute, no offload",
         ("store_all", "full_recompute"),
-        lambda lay: lay.ulysses == 1 and lay.zero <= 1 and (lay.sp or lay.tp == 1)),
+        lambda lay: lay.ulysses == 1 and lay.zero <= 1 and (lay.sp or lay.tp == 1) and not lay.metp),
     "deepspeed": Framework(
         "deepspeed", "DeepSpeed-Ulysses: Ulysses sequence parallelism with ZeRO; checkpointing, no offload",
         ("store_all", "full_recompute"),
-        lambda lay: lay.tp == 1 and lay.cp == 1),
+        lambda lay: lay.tp == 1 and lay.cp == 1 and not lay.metp),
 }
 
 

@@ -4,16 +4,24 @@ Ranking: plans that fit (status OK) first, highest throughput first (tokens per 
 so a DP=2 plan that trains two sequences per iteration is judged by what it trains, not by its
 longer iteration; MFU orders the same way for one model and length); then plans that do not fit,
 least over capacity first (OOM by GPU bytes over, OOHM by host bytes over).
+
+Tensor-parallel flavours (``tp_mode``): ``all`` (default) ranks METP layouts (``metp_ffn``:
+METP FFN with Megatron TP+SP attention; ``metp``: METP FFN and two-level MHA) beside Megatron's
+TP (with or without SP), ring CP and Ulysses, every activation policy on top of each (MEMO's alpha
+solved for each layout); ``megatron``, ``metp_ffn`` or ``metp`` keep only that flavour.
+`megatron_twin` prices a METP candidate's Megatron TP+SP counterpart (same degrees and policy)
+so the answer can say what METP saves.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS
 from memo_sim.engine.simulate import Progress, simulate
 from memo_sim.errors import MemoError
 from memo_sim.layout.parallel import Layout, enumerate_layouts
+from memo_sim.model.layer_graph import TP_MODES
 from memo_sim.memplan.footprint import MemoryBreakdown, memory_breakdown
 from memo_sim.model.config import ModelConfig
 from memo_sim.plan.schema import Plan
@@ -86,6 +94,7 @@ class Candidate:
             "layer_recompute_s": e.layer.recompute,
             "layer_offload_s": e.layer.offload,
             "layer_prefetch_s": e.layer.prefetch,
+            "tp_mode": self.layout.tp_mode,
         }
         if self.simulated is not None:
             d.update({f"simulated_{k}": v for k, v in self.simulated.items() if k != "status"})
@@ -125,13 +134,28 @@ class WhatIfResult:
         return ok[0] if ok else None
 
 
+TP_MODE_CHOICES = TP_MODES + ("all",)
+
+
+def tp_modes_of(tp_mode: str) -> tuple[str, ...]:
+    """The flavours a ``--tp-mode`` value asks for (``all``: every one)."""
+    if tp_mode == "all":
+        return TP_MODES
+    if tp_mode not in TP_MODES:
+        raise MemoError(f"--tp-mode {tp_mode!r} unknown; choose from {', '.join(TP_MODE_CHOICES)}")
+    return (tp_mode,)
+
+
 def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, *, batch: int = 1,
                    tp: int | None = None, cp: int | None = None, ulysses: int | None = None, dp: int | None = None,
                    zero: int | None = None, sp: bool | None = None, policies: tuple[str, ...] | None = None,
-                   alpha: float | None = None, framework: str = "any") -> WhatIfResult:
-    """Every valid layout x policy (MEMO at its solved alpha) for ``framework``, estimated and ranked."""
+                   alpha: float | None = None, framework: str = "any", tp_mode: str = "all",
+                   metp_across_nodes: bool = False) -> WhatIfResult:
+    """Every valid layout x policy (MEMO at its solved alpha) for ``framework``, estimated and ranked.
+    ``tp_mode``: the tensor-parallel flavours to include (``all``, or one of `TP_MODES`)."""
     if gpus < 1:
         raise MemoError("--gpus must be at least 1")
+    modes = tp_modes_of(tp_mode)
     fw = get_framework(framework)
     policies = fw.policies if policies is None else policies
     for p in policies:
@@ -142,7 +166,8 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     if alpha is not None and not (0.0 <= alpha <= 1.0):
         raise MemoError(f"--alpha must lie in [0, 1], got {alpha}")
     valid, rejected = enumerate_layouts(model, gpus, profile.node_gpus, seq, tp=tp, cp=cp, ulysses=ulysses,
-                                        dp=dp, zero=zero, sp=sp)
+                                        dp=dp, zero=zero, sp=sp, tp_modes=modes,
+                                        metp_across_nodes=metp_across_nodes)
     rejected += [(lay, fw.why_not(lay)) for lay in valid if not fw.allows(lay)]
     valid = [lay for lay in valid if fw.allows(lay)]
     if not valid:
@@ -151,20 +176,32 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     out: list[Candidate] = []
     for lay in valid:
         for pol in policies:
-            note, a = "", None
-            if policy_class(pol).takes_alpha:
-                if alpha is not None:
-                    a, note = alpha, "fixed by --alpha"
-                else:
-                    res = memo_alpha(model, lay, batch, seq, profile)
-                    a = res.alpha if res.feasible else 0.0
-                    note = res.reason() if res.feasible else f"infeasible ({res.reason()}); alpha=0"
-            choice = get_policy(pol, a)
-            est = estimate_iteration(model, lay, batch, seq, choice, profile)
-            mem = memory_breakdown(model, lay, batch, seq, choice, profile)
-            out.append(Candidate(model, lay, choice, batch, seq, profile, est, mem, note))
+            out.append(make_candidate(model, lay, pol, batch, seq, profile, alpha))
     out.sort(key=Candidate.sort_key)
     return WhatIfResult(out, rejected)
+
+
+def make_candidate(model: ModelConfig, lay: Layout, pol: str, batch: int, seq: int, profile: HardwareProfile,
+               alpha: float | None) -> Candidate:
+    note, a = "", None
+    if policy_class(pol).takes_alpha:
+        if alpha is not None:
+            a, note = alpha, "fixed by --alpha"
+        else:
+            res = memo_alpha(model, lay, batch, seq, profile)
+            a = res.alpha if res.feasible else 0.0
+            note = res.reason() if res.feasible else f"infeasible ({res.reason()}); alpha=0"
+    choice = get_policy(pol, a)
+    est = estimate_iteration(model, lay, batch, seq, choice, profile)
+    mem = memory_breakdown(model, lay, batch, seq, choice, profile)
+    return Candidate(model, lay, choice, batch, seq, profile, est, mem, note)
+
+
+def megatron_twin(c: Candidate, alpha: float | None = None) -> Candidate:
+    """A METP candidate's Megatron TP+SP counterpart: the same degrees and policy (MEMO at its own
+    solved alpha unless ``alpha`` fixes it), estimated (tier 1)."""
+    twin = replace(c.layout, tp_mode="megatron")
+    return make_candidate(c.model, twin, c.policy.name, c.batch, c.seq, c.profile, alpha)
 
 
 def simulate_candidates(candidates: list[Candidate], progress: Progress | None = None, *,

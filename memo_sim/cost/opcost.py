@@ -1,0 +1,69 @@
+"""One op of a layer phase on one GPU (`OpCost`) and the dependency rule of a phase's op list.
+
+A phase (one layer's forward, backward or recompute) is a list of `OpCost` in issue order. Ops
+with ``overlaps == 0`` form a chain: each waits for the op before it. An op with
+``overlaps = n > 0`` runs on a side stream beside the ``n`` chain ops that follow it (side ops in
+between are not counted): it waits for what the next chain op waits for, and the chain op after
+those ``n`` waits for it too. Ring-CP's K/V exchange overlaps the attention kernel (n = 1); each
+step of METP's ring sends the next weight blocks beside the step's compute block
+(`memo_sim.cost.metp`). `chain_dependencies` is the one statement of this rule: the event
+schedule wires its op graph from it and `critical_time` walks it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class OpCost:
+    name: str
+    kind: str  # gemm | attention | norm | elementwise | collective
+    phase: str  # fwd | bwd | recompute
+    stream: str  # compute | comm | cp_comm | tp_p2p | tp_bcast
+    seconds: float
+    flops: float = 0.0
+    nbytes: float = 0.0
+    overlaps: int = 0  # side op: runs beside this many following chain ops, the next one waits for it
+
+
+def _walk(costs: list[OpCost]) -> tuple[list[list[int]], list[int]]:
+    """(dependencies of each op, what the op after the phase waits for)."""
+    deps: list[list[int]] = []
+    prev: list[int] = []
+    pending: list[list[int]] = []  # [side op index, chain ops still to run beside it]
+    for k, c in enumerate(costs):
+        deps.append(list(prev))
+        if c.overlaps > 0:
+            pending.append([k, c.overlaps])
+            continue
+        prev = [k]
+        for p in pending:
+            p[1] -= 1
+        prev += [p[0] for p in pending if p[1] == 0]
+        pending = [p for p in pending if p[1] > 0]
+    return deps, (prev + [p[0] for p in pending]) if costs else []
+
+
+def chain_dependencies(costs: list[OpCost]) -> list[list[int]]:
+    """Within one phase, the indices each op waits for (the module's rule)."""
+    return _walk(costs)[0]
+
+
+def chain_tail(costs: list[OpCost]) -> list[int]:
+    """Indices the op after the phase waits for: the last chain op and every side op still running."""
+    return _walk(costs)[1]
+
+
+def critical_time(costs: list[OpCost]) -> float:
+    """Seconds of a layer phase alone on the GPU: the longest path of `chain_dependencies`."""
+    finish: list[float] = []
+    for c, d in zip(costs, chain_dependencies(costs)):
+        finish.append(max((finish[j] for j in d), default=0.0) + c.seconds)
+    return max((finish[j] for j in chain_tail(costs)), default=0.0)
+
+
+def exposed_side_time(costs: list[OpCost]) -> float:
+    """Seconds a phase alone on the GPU waits for its side ops: `critical_time` minus the chain
+    ops' own time (0 when every side transfer hides under the ops it overlaps)."""
+    return max(0.0, critical_time(costs) - sum(c.seconds for c in costs if c.overlaps == 0))
