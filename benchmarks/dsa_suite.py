@@ -30,7 +30,7 @@ from memo_sim.errors import MemoError  # noqa: E402
 from memo_sim.fileio import atomic_write_text  # noqa: E402
 from memo_sim.memplan.bounds import conflict_graph  # noqa: E402
 from memo_sim.memplan.solve import SOLVERS, solve_dsa  # noqa: E402
-from memo_sim.memplan.trace import RequestTrace  # noqa: E402
+from memo_sim.request_trace import RequestTrace  # noqa: E402
 from memo_sim.memplan.placement_check import validate_placement  # noqa: E402
 
 DEFAULT_DIR = "../shared/benchmarks/dsa/minimalloc-challenging"

@@ -6,7 +6,7 @@ the ones that ``plan.memory_plan`` names at their byte offsets in one preallocat
 (views through ``untyped_storage``-backed ``uint8`` slices and ``view(dtype)``; the layer's ops
 write into them with ``out=``), and the rest go to the caching allocator and are reported.
 Both can feed an `AllocRecorder`, which turns the malloc/free sequence into a
-`memo_sim.memplan.trace.RequestTrace` (``memo-exec trace``, and the plan check below).
+`memo_sim.request_trace.RequestTrace` (``memo-exec trace``, and the plan check below).
 
 plan.json ``memory_plan``::
 
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from memo_exec.errors import ExecError, MemoryPlanError
-from memo_sim.memplan.trace import Buffer, RequestTrace
+from memo_sim.request_trace import Buffer, RequestTrace
 from memo_sim.plan.contract import MemoryPlan
 
 PLAN_PHASES = ("fwd", "bwd")

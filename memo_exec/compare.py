@@ -56,22 +56,21 @@ def resimulate(plan, layers: int):
     return res, note
 
 
-def sim_memory_breakdown(plan, layers: int) -> tuple[dict | None, float | None]:
-    """The simulator's memory breakdown for the plan with ``layers`` layers (``to_dict()``), and its
-    layer-boundary term (one layer input's bytes), or (None, None) when it cannot be computed."""
+def sim_memory_breakdown(plan, layers: int) -> dict | None:
+    """The simulator's memory breakdown for the plan with ``layers`` layers (``to_dict()``), or None
+    when it cannot be computed."""
     try:
         from memo_sim.api import load_profile, memory_breakdown  # noqa: PLC0415
-        from memo_sim.cost.activations import skeletal_bytes  # noqa: PLC0415
         from memo_sim.errors import MemoError  # noqa: PLC0415
     except ImportError:
-        return None, None
+        return None
     model = dataclasses.replace(plan.model, layers=layers)
     try:
         mem = memory_breakdown(model, plan.layout, plan.batch, plan.seq_tokens, plan.policy,
                                load_profile(plan.profile), plan.classifier_chunk_tokens)
     except MemoError:  # e.g. an unknown profile: the report shows the simulator column empty
-        return None, None
-    return mem.to_dict(), float(skeletal_bytes(model, plan.layout, plan.batch, plan.seq_tokens)["input"])
+        return None
+    return mem.to_dict()
 
 
 # --------------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ process holds, not just tensors.
 Everything becomes a `memo_sim.timeline.Timeline` (meta source = "measured") in the same format
 the simulator writes. The recorder also keeps the step's issue order (`memo_exec.streams.Issued`):
 every compute op as its span opens, and every copy, event record and wait as the streams issue
-them, which `memo_exec.op_order` turns into dependency edges.
+them, which `tests.exec_op_order` turns into dependency edges.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ SIM_TERMS = {
     "lse": "lse_bytes",
     "norm_stats": None,
     "transient_peak": "transient_peak_bytes",
-    "layer_boundary": None,
+    "layer_boundary": "layer_boundary_bytes",
     "classifier_peak": "classifier_peak_bytes",
     "optimizer_step_peak": None,
     "peak_total": "peak_gpu_bytes",
@@ -66,9 +66,9 @@ class MemoryEstimate:
     def lines(self) -> list[str]:
         return [f"{k}: {gib(v)}" for k, v in self.terms.items()]
 
-    def compare(self, sim: dict | None, boundary_bytes: float | None = None) -> list[dict]:
+    def compare(self, sim: dict | None) -> list[dict]:
         """Rows ``term, executor, simulator, rel_error`` against a simulator memory breakdown
-        (``MemoryBreakdown.to_dict()``); ``boundary_bytes`` is the simulator's layer input size."""
+        (``MemoryBreakdown.to_dict()``)."""
         rows = []
         for k, v in self.terms.items():
             field = SIM_TERMS[k]
@@ -76,8 +76,6 @@ class MemoryEstimate:
             if sim is not None:
                 if field is not None:
                     s = sim.get(field)
-                elif k == "layer_boundary":
-                    s = boundary_bytes
                 else:
                     s = 0.0
             rel = (v - s) / s if s else None

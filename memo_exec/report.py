@@ -29,7 +29,7 @@ from memo_exec.device import element_size
 from memo_exec.figures import overlay_gantt
 from memo_exec.measure import timeline_from_step
 from memo_exec.runner import RunResult
-from memo_sim.cost.flops import mfu
+from memo_sim.model.flops import mfu
 from memo_sim.fileio import atomic_write_bytes, atomic_write_text
 from memo_sim.model.layer_graph import DTYPE_BYTES
 from memo_sim.report.chrome_trace import write_chrome_trace
@@ -76,9 +76,9 @@ def compare_run(res: RunResult) -> Comparison:
     steady = res.steps[1:] if len(res.steps) > 1 else res.steps
     measured = [timeline_from_step(r, {}) for r in steady]
     ptl = sim.timeline if sim is not None else None
-    breakdown, boundary = sim_memory_breakdown(plan, n)
+    breakdown = sim_memory_breakdown(plan, n)
     return Comparison(totals_rows(res, pred, source), stream_rows(measured, ptl), op_rows(measured, ptl),
-                      res.estimate.compare(breakdown, boundary), source, sim_note, ptl)
+                      res.estimate.compare(breakdown), source, sim_note, ptl)
 
 
 def totals_rows(res: RunResult, pred: dict, source: str) -> list[dict]:

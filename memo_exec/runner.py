@@ -27,7 +27,7 @@ from memo_exec.memory_estimate import MemoryEstimate, check_fit, estimate_memory
 from memo_exec.model import GPT, LayerRuntime, forward_loss
 from memo_exec.optim import AdamW
 from memo_exec.streams import make_engine
-from memo_sim.cost.flops import ATTN_BWD_FACTOR, classifier_flops, op_flops
+from memo_sim.model.flops import ATTN_BWD_FACTOR, classifier_flops, op_flops
 from memo_sim.model.config import ModelConfig
 from memo_sim.model.layer_graph import DTYPE_BYTES, forward_ops
 from memo_sim.plan.schema import Plan
@@ -49,7 +49,7 @@ class RunOptions:
 
 
 def make_flops_fn(model: ModelConfig, batch: int, seq: int, recompute_fraction: float):
-    """FLOPs of a timed span, from memo_sim.cost.flops (for the trace's annotations)."""
+    """FLOPs of a timed span, from memo_sim.model.flops (for the trace's annotations)."""
     fops = {op.name: (op.kind, op_flops(op, model, batch, seq)) for op in forward_ops(model)}
     cls = classifier_flops(model, batch, seq)
 

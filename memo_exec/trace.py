@@ -26,8 +26,8 @@ from memo_exec.device import DTYPES, compute_dtype, resolve_device
 from memo_exec.errors import ExecError
 from memo_exec.layer import LayerCompute, LayerStorage, LayerWeights, carve_storage, norm_stats_dtype, \
     storage_bytes
-from memo_sim.memplan.greedy import greedy_trace
-from memo_sim.memplan.trace import Buffer, RequestTrace
+from memo_sim.api import greedy_trace
+from memo_sim.request_trace import Buffer, RequestTrace
 from memo_sim.plan.schema import Plan
 
 

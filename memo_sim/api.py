@@ -8,17 +8,20 @@ packages inside memo_sim.
 from memo_sim.engine.simulate import SimResult, simulate, sweep_alpha
 from memo_sim.layout.parallel import Layout, check_layout
 from memo_sim.memplan.footprint import MemoryBreakdown, memory_breakdown
+from memo_sim.memplan.greedy import greedy_trace
 from memo_sim.memplan.planner import BiLevelPlan, plan_memory
 from memo_sim.model.config import ModelConfig, get_model
 from memo_sim.plan.schema import Plan, read_plan, write_plan
 from memo_sim.policy import Policy, get_policy, policy_names
 from memo_sim.profile.loader import load_profile
 from memo_sim.profile.schema import HardwareProfile
+from memo_sim.request_trace import Buffer, RequestTrace
 from memo_sim.search.estimate import IterationEstimate, estimate_iteration, memo_alpha
 from memo_sim.search.whatif import Candidate, WhatIfResult, candidates_for, simulate_candidates
 from memo_sim.timeline import Timeline, TimelineEvent
 
 __all__ = [
+    "Buffer", "RequestTrace", "greedy_trace",
     "BiLevelPlan", "Candidate", "HardwareProfile", "IterationEstimate", "Layout", "MemoryBreakdown", "ModelConfig",
     "Plan", "Policy", "SimResult", "Timeline", "TimelineEvent", "WhatIfResult", "candidates_for", "check_layout",
     "estimate_iteration", "get_model", "get_policy", "load_profile", "memo_alpha", "memory_breakdown", "plan_memory",

@@ -20,7 +20,7 @@ from memo_sim.memplan.caching_allocator import (
     CachingAllocatorModel,
     replay,
 )
-from memo_sim.memplan.trace import Buffer, RequestTrace
+from memo_sim.request_trace import Buffer, RequestTrace
 
 MiB = 1 << 20
 BIG = 1 << 40  # a capacity that never runs out

@@ -11,7 +11,7 @@ import torch
 from click.testing import CliRunner
 
 from memo_exec.cli import cli
-from memo_exec.testing import make_plan, time_limit
+from tests.exec_helpers import make_plan, time_limit
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import PRESETS, ModelConfig
 from memo_sim.plan.schema import Plan, read_plan, write_plan
@@ -183,7 +183,7 @@ def test_trace_meta_device_for_a_big_model(tmp_path):
     r = CliRunner().invoke(cli, ["trace", str(p), "--out", str(tmp_path / "t.json"),
                                  "--write-plan", str(tmp_path / "p2.json")])
     assert r.exit_code == 0, r.output
-    from memo_sim.memplan.trace import RequestTrace
+    from memo_sim.request_trace import RequestTrace
 
     tr = RequestTrace.read_json(tmp_path / "t.json")
     sizes = {(b.phase, b.name): b.size for b in tr.buffers}

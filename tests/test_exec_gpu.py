@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.gpu,
 
 from memo_exec.cli import cli  # noqa: E402
 from memo_exec.runner import Executor, RunOptions  # noqa: E402
-from memo_exec.testing import (  # noqa: E402
+from tests.exec_helpers import (  # noqa: E402
     bf16_within_autograd_noise, executor_grads, make_plan, max_rel_error, reference_grads, time_limit)
 from memo_exec.trace import memory_plan_from_trace, record_cuda_history, record_layer_trace  # noqa: E402
 from memo_sim.model.config import ModelConfig  # noqa: E402

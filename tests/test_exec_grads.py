@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from memo_exec.activations import offload_token_count
-from memo_exec.testing import (bf16_within_autograd_noise, executor_grads, make_plan, max_rel_error,
+from tests.exec_helpers import (bf16_within_autograd_noise, executor_grads, make_plan, max_rel_error,
                                reference_grads, time_limit)
 from memo_sim.model.config import ModelConfig
 from memo_sim.policy import get_policy

@@ -20,7 +20,7 @@ from memo_exec.device import cgroup_available_bytes, host_available_bytes
 from memo_exec.errors import FitError
 from memo_exec.memory_estimate import check_fit
 from memo_exec.runner import Executor, RunOptions, size_plan
-from memo_exec.testing import make_plan, policy, time_limit
+from tests.exec_helpers import make_plan, policy, time_limit
 from memo_sim.model.config import ModelConfig
 from memo_sim.plan.schema import read_plan
 
@@ -85,8 +85,8 @@ def test_h100_estimate_term_by_term(h100_plan_zero):
     executor's chunked head)."""
     plan = h100_plan_zero
     sz, backend, dims = _cuda_sizes(plan)
-    sim, boundary = sim_memory_breakdown(plan, plan.model.layers)
-    rows = {r["term"]: r for r in sz.estimate.compare(sim, boundary)}
+    sim = sim_memory_breakdown(plan, plan.model.layers)
+    rows = {r["term"]: r for r in sz.estimate.compare(sim)}
     for term in ("model_states", "skeletal_resident", "buffers", "lse", "layer_boundary"):
         assert rows[term]["executor_bytes"] == rows[term]["simulator_bytes"], rows[term]
     extra = rows["transient_peak"]["executor_bytes"] - rows["transient_peak"]["simulator_bytes"]

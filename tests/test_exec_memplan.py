@@ -19,10 +19,10 @@ from memo_exec.arena import ArenaScratch
 from memo_exec.cli import cli
 from memo_exec.errors import MemoryPlanError
 from memo_exec.runner import Executor, RunOptions
-from memo_exec.testing import executor_grads, make_plan, max_rel_error, reference_grads, time_limit
+from tests.exec_helpers import executor_grads, make_plan, max_rel_error, reference_grads, time_limit
 from memo_exec.trace import memory_plan_from_trace, record_layer_trace
 from memo_sim.layout.parallel import Layout
-from memo_sim.memplan.trace import RequestTrace
+from memo_sim.request_trace import RequestTrace
 from memo_sim.memplan.trace_gen import layer_backward_trace, layer_forward_trace
 from memo_sim.model.config import ModelConfig
 from memo_sim.plan.schema import write_plan

@@ -12,9 +12,9 @@ import torch
 from memo_exec.activations import token_offload
 from memo_exec.activations.token_offload import TokenOffload
 from memo_exec.happens_before import RaceError
-from memo_exec.op_order import describe, issued_edges, schedule_edges
+from tests.exec_op_order import describe, issued_edges, schedule_edges
 from memo_exec.runner import Executor, RunOptions
-from memo_exec.testing import executor_grads, make_plan, max_rel_error, policy, reference_grads, time_limit
+from tests.exec_helpers import executor_grads, make_plan, max_rel_error, policy, reference_grads, time_limit
 from memo_sim.engine.schedules import build_iteration
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig

@@ -14,7 +14,7 @@ import torch
 from memo_exec.activations import offload_token_count
 from memo_exec.activations.token_offload import TokenOffload
 from memo_exec.happens_before import RaceError
-from memo_exec.testing import executor_grads, make_plan, max_rel_error, policy, reference_grads, time_limit
+from tests.exec_helpers import executor_grads, make_plan, max_rel_error, policy, reference_grads, time_limit
 from memo_sim.model.config import ModelConfig
 from memo_sim.policy.rounding_buffers import KEPT_LAYERS
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from memo_exec.op_order import describe, issued_edges, schedule_edges
+from tests.exec_op_order import describe, issued_edges, schedule_edges
 from memo_exec.runner import Executor, RunOptions
-from memo_exec.testing import make_plan, policy, time_limit
+from tests.exec_helpers import make_plan, policy, time_limit
 from memo_sim.engine.schedules import build_iteration
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig

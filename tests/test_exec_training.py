@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from memo_exec.reference import RefGPT
+from tests.exec_reference import RefGPT
 from memo_exec.runner import Executor, RunOptions
-from memo_exec.testing import make_plan, time_limit
+from tests.exec_helpers import make_plan, time_limit
 from memo_exec.trace import memory_plan_from_trace, record_layer_trace
 from memo_sim.model.config import ModelConfig
 from memo_sim.policy import get_policy

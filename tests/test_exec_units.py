@@ -19,7 +19,7 @@ from memo_exec.errors import BackendError, ExecError
 from memo_exec.optim import AdamW
 from memo_exec.happens_before import HappensBefore, RaceError, Region
 from memo_exec.streams import CopyLabel, HostCopyEngine
-from memo_exec.testing import make_plan, policy, time_limit
+from tests.exec_helpers import make_plan, policy, time_limit
 from memo_sim.model.config import ModelConfig
 
 torch.set_num_threads(1)

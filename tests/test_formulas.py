@@ -6,7 +6,7 @@ import pytest
 
 from memo_sim.cost.activations import skeletal_bytes
 from memo_sim.cost.collectives import allreduce_time, ring_allgather_time, ring_allreduce_time
-from memo_sim.cost.flops import layer_forward_flops, model_flops_per_iteration
+from memo_sim.model.flops import layer_forward_flops, model_flops_per_iteration
 from memo_sim.cost.transfer import host_bandwidth_per_gpu, pinned_bytes
 from memo_sim.layout import Layout
 from memo_sim.model import PRESETS, get_model

@@ -1,7 +1,8 @@
 """Dependencies point one way, as the data flows (a lower layer never imports a higher one).
 
 memo_sim, lowest first:
-  shared utilities: errors; units, fileio, mip_util; timeline (the predicted/measured format)
+  shared utilities: errors; units, fileio, mip_util; timeline (the predicted/measured format) and
+  request_trace (the malloc/free trace format), which the executor writes too
   the vocabulary: profile, model; layout (parallel degrees of a model)
   cost (pure formulas)
   policy (what each activation policy keeps, offloads, recomputes)
@@ -25,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LEVELS = {
     "errors": 0, "__init__": 0,
     "units": 1, "fileio": 1, "mip_util": 1,
-    "timeline": 2,
+    "timeline": 2, "request_trace": 2,
     "profile": 3, "model": 3,
     "layout": 4,
     "cost": 5,
@@ -88,3 +89,35 @@ def test_memo_sim_imports_without_torch():
             "assert 'memo_exec' not in sys.modules\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+# ---------------------------------------------------------------------------------------- memo_exec
+# The executor reads plans through the contract: its run path imports from memo_sim only the plan,
+# the vocabulary (profile, model, layout, the policy registry) and shared utilities. The commands
+# that close the loop (validate, calibrate, trace, the report's re-prediction) may also use the
+# simulator's public API (memo_sim.api) and its report writers.
+SHARED = {"plan", "profile", "model", "layout", "policy", "errors", "units", "fileio", "timeline", "request_trace"}
+LOOP_CLOSING = {"memo_exec.validate", "memo_exec.trace", "memo_exec.report", "memo_exec.compare", "memo_exec.figures",
+                "memo_exec.cli", "memo_exec.calibrate"}
+RUN_PATH = {"memo_exec", "memo_exec.runner", "memo_exec.layer", "memo_exec.activations", "memo_exec.arena",
+            "memo_exec.streams", "memo_exec.measure", "memo_exec.device", "memo_exec.attention", "memo_exec.model",
+            "memo_exec.data", "memo_exec.optim", "memo_exec.errors", "memo_exec.happens_before",
+            "memo_exec.memory_estimate"}
+
+
+def _exec_group(module: str) -> str:
+    for prefix in sorted(LOOP_CLOSING | RUN_PATH, key=len, reverse=True):
+        if module == prefix or module.startswith(prefix + "."):
+            return "loop" if prefix in LOOP_CLOSING else "run"
+    return "unclassified"
+
+
+@pytest.mark.parametrize("module,path", list(_modules("memo_exec")), ids=lambda v: str(v))
+def test_memo_exec_reads_the_simulator_through_the_contract(module, path):
+    group = _exec_group(module)
+    assert group != "unclassified", f"classify {module} in this test: run path or loop-closing command"
+    allowed = SHARED | ({"api", "report"} if group == "loop" else set())
+    for imp in _imports(path):
+        if imp.split(".")[0] != "memo_sim" or imp == "memo_sim":
+            continue
+        assert _package(imp) in allowed, f"{module} ({group}) imports {imp}; allowed: {sorted(allowed)}"

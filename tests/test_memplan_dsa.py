@@ -30,7 +30,7 @@ from memo_sim.memplan.greedy import (
 from memo_sim.memplan.mip_model import disjunction_violations, solve_mip
 from memo_sim.memplan.dsa_search import CanonicalSearch, minimize_peak
 from memo_sim.memplan.solve import SOLVERS, DSAInputError, solve_dsa
-from memo_sim.memplan.trace import Buffer, RequestTrace
+from memo_sim.request_trace import Buffer, RequestTrace
 from memo_sim.memplan.placement_check import PlacementError, check_placement, validate_placement
 
 SUITE = Path(__file__).resolve().parent / "data" / "dsa"  # copied from ../shared/benchmarks/dsa

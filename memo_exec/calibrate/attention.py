@@ -2,7 +2,7 @@
 
 The kernels are the executor's own backends (`memo_exec.attention`): the one ``auto`` picks
 (flash-attn when installed, else torch's SDPA flash kernel on CUDA; the query-chunked math
-backend on CPU) or the one named. FLOPs follow `memo_sim.cost.flops`: forward
+backend on CPU) or the one named. FLOPs follow `memo_sim.model.flops`: forward
 2·b·s²·(heads·head_dim) (causal half), backward 2.5x that; the efficiency curves are fitted
 against those FLOPs, as `memo_sim.cost.kernel_time` looks them up.
 """
@@ -16,7 +16,7 @@ import torch
 from memo_exec.arena import CachingScratch
 from memo_exec.attention import AttnDims, select_backend
 from memo_exec.calibrate.microbench import Bench, Progress, randn
-from memo_sim.cost.flops import ATTN_BWD_FACTOR, causal_attention_flops
+from memo_sim.model.flops import ATTN_BWD_FACTOR, causal_attention_flops
 
 
 @dataclass(frozen=True)

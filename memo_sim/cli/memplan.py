@@ -44,7 +44,7 @@ def memplan(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, csv
     from memo_sim.layout.parallel import Layout, check_layout
     from memo_sim.memplan.caching_allocator import AllocatorConfig, replay
     from memo_sim.memplan.solve import solve_dsa
-    from memo_sim.memplan.trace import RequestTrace
+    from memo_sim.request_trace import RequestTrace
     from memo_sim.policy import get_policy, policy_class
     from memo_sim.report.memplan_figure import draw_placement
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memo_sim.cost.activations import tokens_per_gpu
-from memo_sim.cost.flops import classifier_flops
+from memo_sim.model.flops import classifier_flops
 from memo_sim.cost.kernel_time import gemm_time, memory_bound_time
 from memo_sim.cost.memory import CLASSIFIER_BYTES_PER_LOGIT_FP32
 from memo_sim.layout.parallel import Layout

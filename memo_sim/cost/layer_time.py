@@ -16,7 +16,7 @@ from dataclasses import replace
 from memo_sim.cost import collectives as coll
 from memo_sim.cost import metp
 from memo_sim.cost.activations import tensor_bytes, tokens_per_gpu
-from memo_sim.cost.flops import ATTN_BWD_FACTOR, op_flops
+from memo_sim.model.flops import ATTN_BWD_FACTOR, op_flops
 from memo_sim.cost.kernel_time import attention_bwd_time, attention_fwd_time, gemm_time, memory_bound_time
 from memo_sim.cost.opcost import OpCost, chain_dependencies, chain_tail, critical_time  # noqa: F401  (re-exported)
 from memo_sim.layout.parallel import Layout

@@ -76,7 +76,7 @@ from dataclasses import dataclass
 
 from memo_sim.cost import collectives as coll
 from memo_sim.cost.activations import tokens_per_gpu
-from memo_sim.cost.flops import ATTN_BWD_FACTOR, causal_attention_flops
+from memo_sim.model.flops import ATTN_BWD_FACTOR, causal_attention_flops
 from memo_sim.cost.kernel_time import attention_bwd_time, attention_fwd_time, gemm_time, memory_bound_time
 from memo_sim.cost.opcost import OpCost
 from memo_sim.layout.parallel import Layout

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from memo_sim.cost.flops import mfu as mfu_of, tgs as tgs_of
+from memo_sim.model.flops import mfu as mfu_of, tgs as tgs_of
 from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS
 from memo_sim.engine.core import Engine, EngineRun, Failure
 from memo_sim.engine.graph import Op

@@ -12,7 +12,7 @@ from functools import lru_cache
 
 from memo_sim.layout.parallel import Layout
 from memo_sim.memplan.caching_allocator import AllocatorConfig, AllocatorReport, replay
-from memo_sim.memplan.trace import RequestTrace
+from memo_sim.request_trace import RequestTrace
 from memo_sim.memplan.trace_gen import layer_backward_trace, layer_forward_trace, per_gpu_shard
 from memo_sim.model.config import ModelConfig
 from memo_sim.policy.base import Policy

@@ -22,7 +22,7 @@ from math import gcd
 
 import numpy as np
 
-from memo_sim.memplan.trace import RequestTrace
+from memo_sim.request_trace import RequestTrace
 
 
 def max_live_lower_bound(trace: RequestTrace) -> int:

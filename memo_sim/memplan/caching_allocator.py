@@ -4,7 +4,7 @@ The MEMO paper (sections 1, 3.3, 4.2) argues that the caching allocator fragment
 long-context training: memory is reserved but cannot serve a request, the allocator then frees
 its cache and calls cudaMalloc again (a "reorganisation" that synchronises the device), and it
 runs out of memory at lengths a static plan fits. This module replays a
-:class:`~memo_sim.memplan.trace.RequestTrace` through a model of that allocator so the planner
+:class:`~memo_sim.request_trace.RequestTrace` through a model of that allocator so the planner
 can compare its static plan with what PyTorch would do on the same requests.
 
 Replay order: steps are visited in increasing order; at each step the buffers whose
@@ -72,7 +72,7 @@ import bisect
 from dataclasses import asdict, dataclass, field
 
 from memo_sim.errors import MemoError
-from memo_sim.memplan.trace import Buffer, RequestTrace
+from memo_sim.request_trace import Buffer, RequestTrace
 
 MiB = 1 << 20
 

@@ -38,6 +38,7 @@ class MemoryBreakdown:
     transient_peak_bytes: float  # the one used: planned arena (memo) or caching-allocator reserved (others)
     transient_planned_bytes: float  # static plan: max-live of one layer's requests (the planner reaches it)
     transient_caching_allocator_bytes: float  # caching-allocator model: reserved peak on the same requests
+    layer_boundary_bytes: float  # the activation handed between layers, live beside a layer's transients
     classifier_peak_bytes: float
     peak_gpu_bytes: float
     gpu_capacity_bytes: float
@@ -99,6 +100,6 @@ def memory_breakdown(model: ModelConfig, layout: Layout, batch: int, seq: int, p
     return MemoryBreakdown(
         model_states_bytes=states, skeletal_resident_bytes=resident, rounding_buffer_bytes=buffers,
         lse_bytes=lse_all, transient_peak_bytes=transient, transient_planned_bytes=planned,
-        transient_caching_allocator_bytes=cached, classifier_peak_bytes=classifier,
+        transient_caching_allocator_bytes=cached, layer_boundary_bytes=boundary, classifier_peak_bytes=classifier,
         peak_gpu_bytes=peak, gpu_capacity_bytes=profile.usable_gpu_memory, host_bytes_per_gpu=host_gpu,
         host_bytes_per_node=host_node, host_capacity_bytes=profile.usable_host_memory)

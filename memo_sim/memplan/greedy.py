@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from memo_sim.memplan.bounds import DSAInstance
-from memo_sim.memplan.trace import RequestTrace
+from memo_sim.request_trace import RequestTrace
 
 _BIG = np.int64(1) << np.int64(62)
 

@@ -80,7 +80,7 @@ from memo_sim.layout.parallel import Layout
 from memo_sim.memplan.caching_allocator import (
     AllocatorConfig, AllocatorOutOfMemory, CachingAllocatorModel, OomEvent,
 )
-from memo_sim.memplan.trace import Buffer, RequestTrace
+from memo_sim.request_trace import Buffer, RequestTrace
 from memo_sim.memplan.trace_gen import layer_backward_trace, layer_forward_trace
 from memo_sim.model.config import ModelConfig
 from memo_sim.model.layer_graph import forward_ops, layer_tensors

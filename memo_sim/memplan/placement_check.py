@@ -15,7 +15,7 @@ import numpy as np
 
 from memo_sim.errors import MemoError
 from memo_sim.memplan.bounds import overlap_pairs, trace_arrays
-from memo_sim.memplan.trace import RequestTrace
+from memo_sim.request_trace import RequestTrace
 
 
 class PlacementError(MemoError):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS
 from memo_sim.layout.parallel import Layout
 from memo_sim.memplan.solve import DSASolution, solve_dsa
-from memo_sim.memplan.trace import RequestTrace
+from memo_sim.request_trace import RequestTrace
 from memo_sim.memplan.trace_gen import layer_backward_trace, layer_forward_trace, model_trace
 from memo_sim.memplan.placement_check import check_placement
 from memo_sim.model.config import ModelConfig

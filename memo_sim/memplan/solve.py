@@ -29,7 +29,7 @@ from memo_sim.memplan.bounds import DSAInstance
 from memo_sim.memplan.greedy import greedy_place, peak_of
 from memo_sim.memplan.mip_model import solve_mip
 from memo_sim.memplan.dsa_search import minimize_peak
-from memo_sim.memplan.trace import RequestTrace
+from memo_sim.request_trace import RequestTrace
 from memo_sim.memplan.placement_check import validate_placement
 
 SOLVERS = ("auto", "search", "mip-highs", "mip-cbc", "greedy")

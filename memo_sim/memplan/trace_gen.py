@@ -49,7 +49,7 @@ from memo_sim.cost.activations import skeletal_bytes, tensor_bytes, tokens_per_g
 from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS, classifier_peak_bytes
 from memo_sim.layout.parallel import Layout
 from memo_sim.cost.metp import block_sizes
-from memo_sim.memplan.trace import Buffer, RequestTrace
+from memo_sim.request_trace import Buffer, RequestTrace
 from memo_sim.model.config import ModelConfig
 from memo_sim.model.layer_graph import DTYPE_BYTES, forward_ops, layer_tensors, metp_group_of
 from memo_sim.policy.base import Policy

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from memo_sim.fileio import save_png
-from memo_sim.memplan.trace import RequestTrace
+from memo_sim.request_trace import RequestTrace
 
 
 def draw_placement(trace: RequestTrace, offsets: dict[str, int], arena_bytes: int, path: str | Path,

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, replace
 
 from memo_sim.cost.activations import layer_rows, skeletal_bytes
 from memo_sim.cost.boundary import boundary_times
-from memo_sim.cost.flops import mfu, model_flops_per_iteration, tgs
+from memo_sim.model.flops import mfu, model_flops_per_iteration, tgs
 from memo_sim.cost.grad_sync import grad_sync
 from memo_sim.cost.layer_time import backward_costs, critical_time, forward_costs
 from memo_sim.cost.transfer import host_bandwidth_per_gpu, host_copy_time

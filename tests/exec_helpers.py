@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from memo_exec.reference import RefGPT
+from tests.exec_reference import RefGPT
 from memo_exec.runner import Executor, RunOptions
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
