@@ -38,29 +38,13 @@ from memo_sim.plan.contract import MemoryPlan
 
 PLAN_PHASES = ("fwd", "bwd")
 
-# memo-sim's trace generator (memo_sim.memplan.trace_gen) names some tensors differently ...
-PLAN_ALIASES = {"bwd": {"recompute_proj_partial": "rc_proj"}}
-# ... and names tensors that exist in this layer but are not allocated through its scratch
-# allocator; offsets for these are accepted and not used (the tensors go through the caching
-# allocator or live inside a kernel), and the report lists them.
-KNOWN_UNPLACED = {
-    "fwd": {"y": "written straight into the next layer's input slot (a skeletal buffer)",
-            "attention_workspace": "allocated inside the attention kernel"},
-    "bwd": {"dy": "incoming gradient, allocated by the previous layer's backward (caching allocator)",
-            "dx": "LayerNorm-1 backward output, returned to autograd (caching allocator)",
-            "d_x_part": "LayerNorm-1 backward output, returned to autograd (caching allocator)",
-            "d_h1_part": "LayerNorm-2 backward output (aten native_layer_norm_backward allocates it), "
-                         "accumulated into dy",
-            "attention_bwd_workspace": "allocated inside the attention kernel",
-            "recompute_ln1_gathered": "recomputed rows are written straight into the rounding buffer",
-            "recompute_ln2_gathered": "recomputed rows are written straight into the rounding buffer"},
-}
 TP_SUFFIXES = ("_gathered", "_regathered", "_partial")  # tensor/sequence-parallel scratch; this executor runs tp=1
 
 
-def unplaced_reason(phase: str, name: str) -> str | None:
-    """Why a plan name that this executor does not place is still a legitimate name, or None."""
-    r = KNOWN_UNPLACED.get(phase, {}).get(name)
+def unplaced_reason(ap: "ArenaPlan", phase: str, name: str) -> str | None:
+    """Why a plan name that this executor does not place is still a legitimate name (the plan's
+    own ``unplaced`` list, from the simulator's traces), or None."""
+    r = ap.unplaced.get(phase, {}).get(name)
     if r is not None:
         return r
     if name.endswith(TP_SUFFIXES):
@@ -171,6 +155,7 @@ class ArenaPlan:
     peaks: dict[str, int] = field(default_factory=dict)
     ignored: dict[str, str] = field(default_factory=dict)  # "phase:plan name" -> why it is not placed
     model_arena_bytes: int = 0  # the plan's top-level (level-2) arena_bytes, scaled; not allocated
+    unplaced: dict[str, dict[str, str]] = field(default_factory=dict)  # phase -> plan name -> why not placed
 
 
 def parse_memory_plan(mp: MemoryPlan, plan_elem_bytes: int, exec_elem_bytes: int) -> ArenaPlan:
@@ -185,14 +170,12 @@ def parse_memory_plan(mp: MemoryPlan, plan_elem_bytes: int, exec_elem_bytes: int
     for ph, body in phases.items():
         mine: dict[str, int] = {}
         for n, o in body.offsets.items():
-            n = PLAN_ALIASES.get(ph, {}).get(str(n), str(n))
-            if n in mine:
-                raise MemoryPlanError(f"memory_plan.phases.{ph}.offsets: {n!r} given twice (directly and by an alias)")
-            mine[n] = int(o) * scale
+            mine[str(n)] = int(o) * scale
         offsets[ph] = mine
     peaks = {ph: body.peak_bytes * scale for ph, body in phases.items()}
     return ArenaPlan(max(peaks.values(), default=0), offsets, scale, peaks,
-                     model_arena_bytes=mp.arena_bytes * scale)
+                     model_arena_bytes=mp.arena_bytes * scale,
+                     unplaced={ph: dict(body.unplaced) for ph, body in phases.items()})
 
 
 def validate_memory_plan(ap: ArenaPlan, recorder: AllocRecorder, backend: str = "") -> list[str]:
@@ -203,7 +186,7 @@ def validate_memory_plan(ap: ArenaPlan, recorder: AllocRecorder, backend: str = 
         for name in sorted(offs):
             if name in known:
                 continue
-            why = unplaced_reason(ph, name)
+            why = unplaced_reason(ap, ph, name)
             if why is None:
                 other = (f"; the plan was recorded with the math attention backend (attn_* scratch) and this run "
                          f"uses {backend}: record the layer trace with --attention-backend {backend}"

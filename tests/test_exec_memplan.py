@@ -23,7 +23,7 @@ from tests.exec_helpers import executor_grads, make_plan, max_rel_error, referen
 from memo_exec.trace import memory_plan_from_trace, record_layer_trace
 from memo_sim.layout.parallel import Layout
 from memo_sim.request_trace import RequestTrace
-from memo_sim.memplan.trace_gen import layer_backward_trace, layer_forward_trace
+from memo_sim.memplan.trace_gen import layer_backward_trace, layer_forward_trace, unplaced_in
 from memo_sim.model.config import ModelConfig
 from memo_sim.plan.schema import write_plan
 from memo_sim.policy import get_policy
@@ -80,9 +80,13 @@ def test_arena_views_really_alias_the_arena():
 
 
 def sim_plan(policy, model=MODEL, seq=SEQ) -> dict:
+    """A plan placed on the simulator's own level-1 traces, with its list of what is not placed."""
     ft = layer_forward_trace(model, Layout(), 1, seq)
     bt = layer_backward_trace(model, Layout(), 1, seq, policy)
-    return memory_plan_from_trace(RequestTrace(ft.buffers + bt.buffers, name="sim"))
+    mp = memory_plan_from_trace(RequestTrace(ft.buffers + bt.buffers, name="sim"))
+    mp["phases"]["fwd"]["unplaced"] = unplaced_in(ft, "fwd")
+    mp["phases"]["bwd"]["unplaced"] = unplaced_in(bt, "bwd")
+    return mp
 
 
 @pytest.mark.parametrize("policy", [get_policy("memo", 0.3), get_policy("full_recompute")],

@@ -15,7 +15,7 @@ from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS
 from memo_sim.layout.parallel import Layout
 from memo_sim.memplan.solve import DSASolution, solve_dsa
 from memo_sim.request_trace import RequestTrace
-from memo_sim.memplan.trace_gen import layer_backward_trace, layer_forward_trace, model_trace
+from memo_sim.memplan.trace_gen import layer_backward_trace, layer_forward_trace, model_trace, unplaced_in
 from memo_sim.memplan.placement_check import check_placement
 from memo_sim.model.config import ModelConfig
 from memo_sim.policy.base import Policy
@@ -36,16 +36,17 @@ class BiLevelPlan:
 
     def to_plan_json(self) -> dict:
         """The ``memory_plan`` slot of plan.json: offsets by tensor name per phase, arena size."""
-        def phase(sol: DSASolution, trace: RequestTrace) -> dict:
+        def phase(sol: DSASolution, trace: RequestTrace, ph: str) -> dict:
             names = {b.id: (b.name or b.id) for b in trace.buffers}
             return {"peak_bytes": int(sol.peak_bytes), "lower_bound_bytes": int(sol.lower_bound_bytes),
                     "method": sol.method, "solve_time_s": sol.solve_time_s,
-                    "offsets": {names[i]: int(o) for i, o in sol.offsets.items()}}
+                    "offsets": {names[i]: int(o) for i, o in sol.offsets.items()},
+                    "unplaced": unplaced_in(trace, ph)}
 
         layer_base = {b.id: int(self.model.offsets[b.id]) for b in self.model_trace.buffers if b.kind == "pseudo"}
         return {"arena_bytes": self.arena_bytes,
                 "lower_bound_bytes": int(self.model.lower_bound_bytes),
-                "phases": {"fwd": phase(self.fwd, self.fwd_trace), "bwd": phase(self.bwd, self.bwd_trace)},
+                "phases": {"fwd": phase(self.fwd, self.fwd_trace, "fwd"), "bwd": phase(self.bwd, self.bwd_trace, "bwd")},
                 "layer_block_offsets": layer_base,
                 "model_offsets": {k: int(v) for k, v in self.model.offsets.items()}}
 

@@ -55,6 +55,28 @@ from memo_sim.model.layer_graph import DTYPE_BYTES, forward_ops, layer_tensors, 
 from memo_sim.policy.base import Policy
 
 ALIGN = 512  # the CUDA caching allocator's granularity; planned sizes are rounded to it
+
+# Level-1 tensors that MEMO's runtime does not place in the planned arena (they still take memory,
+# so the traces and peaks count them): written straight into another buffer, allocated inside a
+# kernel, or handed to autograd. plan.json lists them per phase with the reason (``unplaced``).
+UNPLACED = {
+    "fwd": {"y": "written straight into the next layer's input slot (a skeletal buffer)",
+            "attention_workspace": "allocated inside the attention kernel"},
+    "bwd": {"dy": "incoming gradient, allocated by the previous layer's backward (caching allocator)",
+            "dx": "LayerNorm-1 backward output, returned to autograd (caching allocator)",
+            "d_x_part": "LayerNorm-1 backward output, returned to autograd (caching allocator)",
+            "d_h1_part": "LayerNorm-2 backward output, allocated by the norm's backward kernel and accumulated "
+                         "into dy",
+            "attention_bwd_workspace": "allocated inside the attention kernel",
+            "recompute_ln1_gathered": "recomputed rows are written straight into the rounding buffer",
+            "recompute_ln2_gathered": "recomputed rows are written straight into the rounding buffer"},
+}
+
+
+def unplaced_in(trace: RequestTrace, phase: str) -> dict[str, str]:
+    """The tensors of a level-1 trace that the runtime does not place, with the reason."""
+    names = {b.name or b.id for b in trace.buffers}
+    return {n: why for n, why in UNPLACED.get(phase, {}).items() if n in names}
 FP32 = 4
 
 
@@ -274,10 +296,13 @@ def _recompute_scratch(model: ModelConfig, layout: Layout, frac: float, tb: dict
     if layout.tp_mode == "metp":  # h1 = x + attn W_proj: local rows, W_proj blocks on a ring
         bs = block_sizes(model, layout, 1, 1)  # weight blocks do not depend on the tokens
         return [("recompute_proj", frac * tb["proj"]), ("metp_wproj_double_buffer", 2 * bs["wproj_block"])]
-    names = ("recompute_ln1_gathered", "recompute_proj_partial", "recompute_ln2_gathered")
+    gathered = full_h if sp else tb["ln1"]
+    # rc_proj: the output projection of the dropped tokens (a full-length partial sum under TP)
+    out = [("recompute_ln1_gathered", frac * gathered), ("rc_proj", frac * full_h),
+           ("recompute_ln2_gathered", frac * gathered)]
     if layout.tp_mode == "metp_ffn":  # fc1 and act are not rebuilt: ln2 needs no gather
-        names = names[:2]
-    return [(nm, frac * (full_h if sp or nm.endswith("partial") else tb["ln1"])) for nm in names]
+        out = out[:2]
+    return out
 
 
 @lru_cache(maxsize=1024)
