@@ -75,7 +75,7 @@ class _Ordering:
     """What every stream shares: the race detector's clock and the issue log."""
 
     name: str
-    engine: "HostCopyEngine | CudaCopyEngine"
+    engine: "HostStreams | CudaStreams"
 
     def access(self, what: str, reads: Iterable[Region] = (), writes: Iterable[Region] = ()) -> None:
         """Declare that the next op on this stream reads / writes these regions."""
@@ -121,7 +121,7 @@ class HostEvent:
                 self._done = gen
             self._cond.notify_all()
 
-    def _wait(self, gen: int, engine: "HostCopyEngine") -> None:
+    def _wait(self, gen: int, engine: "HostStreams") -> None:
         with self._cond:
             while self._done < gen:
                 self._cond.wait(timeout=0.5)
@@ -135,7 +135,7 @@ class HostEvent:
 class HostComputeStream(_Ordering):
     name = "compute"
 
-    def __init__(self, engine: "HostCopyEngine") -> None:
+    def __init__(self, engine: "HostStreams") -> None:
         self.engine = engine
 
     def record(self, ev: HostEvent) -> None:
@@ -150,7 +150,7 @@ class HostComputeStream(_Ordering):
 
 
 class HostCopyStream(_Ordering):
-    def __init__(self, name: str, engine: "HostCopyEngine") -> None:
+    def __init__(self, name: str, engine: "HostStreams") -> None:
         self.name = name
         self.engine = engine
         self._q: queue.Queue = queue.Queue()
@@ -209,8 +209,8 @@ class HostCopyStream(_Ordering):
                     a._complete(b)
 
 
-class HostCopyEngine:
-    """CPU copy engine: compute = calling thread, d2h and h2d = one worker thread each."""
+class HostStreams:
+    """The three streams on a CPU: compute = the calling thread, d2h and h2d = one worker thread each."""
 
     kind = "cpu"
 
@@ -262,7 +262,7 @@ class CudaComputeStream(_Ordering):
 
     name = "compute"
 
-    def __init__(self, engine: "CudaCopyEngine") -> None:
+    def __init__(self, engine: "CudaStreams") -> None:
         self.engine = engine
 
     def record(self, ev: CudaEvent) -> None:
@@ -275,7 +275,7 @@ class CudaComputeStream(_Ordering):
 
 
 class CudaCopyStream(_Ordering):
-    def __init__(self, name: str, engine: "CudaCopyEngine") -> None:
+    def __init__(self, name: str, engine: "CudaStreams") -> None:
         self.name = name
         self.engine = engine
         self.stream = torch.cuda.Stream(device=engine.device)
@@ -316,7 +316,9 @@ class CudaCopyStream(_Ordering):
         self.stream.synchronize()
 
 
-class CudaCopyEngine:
+class CudaStreams:
+    """The three streams on a GPU: the current stream for compute, one side stream each for d2h and h2d."""
+
     kind = "cuda"
 
     def __init__(self, device: torch.device) -> None:
@@ -345,4 +347,4 @@ class CudaCopyEngine:
 
 
 def make_engine(device: torch.device):
-    return CudaCopyEngine(device) if device.type == "cuda" else HostCopyEngine()
+    return CudaStreams(device) if device.type == "cuda" else HostStreams()

@@ -18,7 +18,7 @@ from memo_exec.data import TokenSource
 from memo_exec.errors import BackendError, ExecError
 from memo_exec.optim import AdamW
 from memo_exec.happens_before import HappensBefore, RaceError, Region
-from memo_exec.streams import CopyLabel, HostCopyEngine
+from memo_exec.streams import CopyLabel, HostStreams
 from tests.exec_helpers import make_plan, policy, time_limit
 from memo_sim.model.config import ModelConfig
 
@@ -33,7 +33,7 @@ def _time_limit():
 
 
 def test_copy_stream_waits_for_event_recorded_on_compute():
-    eng = HostCopyEngine()
+    eng = HostStreams()
     try:
         src, dst = torch.zeros(1000), torch.empty(1000)
         ev = eng.event()
@@ -50,7 +50,7 @@ def test_copy_stream_waits_for_event_recorded_on_compute():
 
 
 def test_compute_waits_for_delayed_copy_and_rerecorded_events():
-    eng = HostCopyEngine()
+    eng = HostStreams()
     eng.copy_delay = lambda stream, label: 0.05
     try:
         src, dst = torch.arange(10.0), torch.zeros(10)
@@ -68,7 +68,7 @@ def test_compute_waits_for_delayed_copy_and_rerecorded_events():
 
 
 def test_copy_stream_order_and_cross_stream_wait():
-    eng = HostCopyEngine()
+    eng = HostStreams()
     order = []
     lock = threading.Lock()
 
@@ -93,7 +93,7 @@ def test_copy_stream_order_and_cross_stream_wait():
 
 
 def test_unrecorded_event_wait_is_a_noop_and_failures_surface():
-    eng = HostCopyEngine()
+    eng = HostStreams()
     try:
         eng.compute.wait_event(eng.event())
         eng.d2h.copy_group([(torch.zeros(3), torch.zeros(4))], LBL)  # shape mismatch fails in the worker
@@ -222,7 +222,7 @@ def test_scratch_discipline():
 def test_threads_do_not_leak():
     before = threading.active_count()
     for _ in range(3):
-        HostCopyEngine().close()
+        HostStreams().close()
     time.sleep(0.05)
     assert threading.active_count() <= before
 
@@ -277,7 +277,7 @@ def test_hb_wait_refers_to_the_latest_record_and_barrier_orders_all():
 
 
 def test_engine_reports_races_of_copies_at_issue_time():
-    eng = HostCopyEngine()
+    eng = HostStreams()
     try:
         a, b = torch.ones(10), torch.zeros(10)
         eng.compute.access("fill", writes=[_r()])
