@@ -29,8 +29,9 @@ import torch
 
 from memo_exec.device import acc_dtype
 from memo_exec.errors import BackendError
+from memo_sim.plan.schema import ATTENTION_BACKENDS
 
-BACKENDS = ("auto", "flash_attn", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "math")
+BACKENDS = ATTENTION_BACKENDS  # the names plan.json may carry (memo_sim.plan.schema)
 AUTO_ORDER_CUDA = ("flash_attn", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "math")
 MATH_SCORE_BUDGET_BYTES = 256 * 2**20
 MATH_MAX_CHUNK = 256  # query rows per block: causal blocks skip the keys after the block

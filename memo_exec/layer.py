@@ -29,9 +29,9 @@ from torch import nn
 from memo_exec.attention import AttentionBackend, AttnDims
 from memo_exec.device import acc_dtype
 from memo_sim.model.config import ModelConfig
-from memo_sim.model.layer_graph import layer_tensors
+from memo_sim.model.layer_graph import SKELETAL_NAMES, layer_tensors
 
-SKELETAL = ("x", "ln1", "q", "k", "v", "attn", "h1", "ln2", "fc1", "act")  # lse lives in the backend's aux
+SKELETAL = SKELETAL_NAMES  # the layer graph's saved tensors; lse lives in the backend's aux
 ALIGN = 256
 LN_EPS = 1e-5
 

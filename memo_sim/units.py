@@ -10,6 +10,8 @@ import re
 
 from memo_sim.errors import MemoError
 
+PAGE_BYTES = 4096  # a host memory page (pinned allocations are rounded to it)
+
 _COUNT = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
 
 BYTES = {

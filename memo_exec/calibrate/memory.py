@@ -21,8 +21,8 @@ import statistics
 import torch
 
 from memo_exec.device import DeviceSpec, device_free_bytes, process_rss_bytes
+from memo_sim.units import PAGE_BYTES
 
-PAGE = 4096
 # neither powers of two nor page multiples; next power of two adds 20-60 %
 PROBE_SIZES = (3 * 2**20 + 123, 5 * 2**20 + 4097, 11 * 2**20 + 1, 25 * 2**20 + 999)
 
@@ -43,7 +43,7 @@ def gpu_memory(device: torch.device) -> dict:
 def _classify(requested: list[int], taken: list[int]) -> tuple[str, str]:
     models = {
         "power_of_two": [2 ** math.ceil(math.log2(n)) for n in requested],
-        "page": [math.ceil(n / PAGE) * PAGE for n in requested],
+        "page": [math.ceil(n / PAGE_BYTES) * PAGE_BYTES for n in requested],
         "none": list(requested),
     }
     # median relative error of each model: exact for the allocator's rule; RSS readings have pages of

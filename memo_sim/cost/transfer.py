@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 
 from memo_sim.profile.schema import HardwareProfile
+from memo_sim.units import PAGE_BYTES
 
-PAGE = 4096
 
 
 def host_bandwidth_per_gpu(profile: HardwareProfile, direction: str, active_gpus: int) -> float:
@@ -41,5 +41,5 @@ def pinned_bytes(nbytes: float, rounding: str) -> float:
     if rounding == "power_of_two":
         return float(2 ** math.ceil(math.log2(nbytes)))
     if rounding == "page":
-        return float(math.ceil(nbytes / PAGE) * PAGE)
+        return float(math.ceil(nbytes / PAGE_BYTES) * PAGE_BYTES)
     return float(nbytes)

@@ -109,31 +109,39 @@ class OpSpec:
     token_wise: bool = True  # False only for the attention core: a token subset needs all keys
 
 
+# One layer's tensors in op order: (name, width, tp_split, role, saved). Widths: h hidden, kv the
+# K/V width, f1 the first FFN GEMM's output (2f for SwiGLU), f the FFN width, heads (lse: fp32).
+_TENSORS = (
+    ("x", "h", False, "input", True),
+    ("ln1", "h", False, "other", True),
+    ("q", "h", True, "other", True),
+    ("k", "kv", True, "other", True),
+    ("v", "kv", True, "other", True),
+    ("attn", "h", True, "attn", True),
+    ("lse", "heads", True, "lse", True),
+    ("proj", "h", False, "transient", False),
+    ("h1", "h", False, "other", True),
+    ("ln2", "h", False, "other", True),
+    ("fc1", "f1", True, "other", True),
+    ("act", "f", True, "other", True),
+    ("fc2", "h", False, "transient", False),
+    ("y", "h", False, "transient", False),
+)
+# the tensors a Megatron-mode layer keeps for its backward in activation buffers (lse, a few MB,
+# stays with the attention kernel's state)
+SKELETAL_NAMES = tuple(n for n, _w, _s, role, saved in _TENSORS if saved and role != "lse")
+
+
 @lru_cache(maxsize=256)
 def layer_tensors(model: ModelConfig, tp_mode: str = "megatron") -> MappingProxyType:
     """Tensor name -> `TensorSpec` of one layer, in op order (read-only, built once per model and
     mode). Under a METP mode the `block_tensors` are not saved (role "transient")."""
     blocks = block_tensors(tp_mode)
     b = DTYPE_BYTES[model.dtype]
-    h, kv, f1, f = model.hidden, model.kv_dim, model.fc1_width, model.ffn
-    specs = [
-        TensorSpec("x", h, b, False, "input", True),
-        TensorSpec("ln1", h, b, False, "other", True),
-        TensorSpec("q", h, b, True, "other", True),
-        TensorSpec("k", kv, b, True, "other", True),
-        TensorSpec("v", kv, b, True, "other", True),
-        TensorSpec("attn", h, b, True, "attn", True),
-        TensorSpec("lse", model.heads, 4, True, "lse", True),
-        TensorSpec("proj", h, b, False, "transient", False),
-        TensorSpec("h1", h, b, False, "other", True),
-        TensorSpec("ln2", h, b, False, "other", True),
-        TensorSpec("fc1", f1, b, True, "other", True),
-        TensorSpec("act", f, b, True, "other", True),
-        TensorSpec("fc2", h, b, False, "transient", False),
-        TensorSpec("y", h, b, False, "transient", False),
-    ]
-    specs = [TensorSpec(t.name, t.width, t.dtype_bytes, t.tp_split, "transient", False) if t.name in blocks else t
-             for t in specs]
+    width = {"h": model.hidden, "kv": model.kv_dim, "f1": model.fc1_width, "f": model.ffn, "heads": model.heads}
+    specs = [TensorSpec(n, width[w], 4 if role == "lse" else b, split,
+                        "transient" if n in blocks else role, saved and n not in blocks)
+             for n, w, split, role, saved in _TENSORS]
     return MappingProxyType({s.name: s for s in specs})
 
 
