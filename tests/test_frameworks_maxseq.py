@@ -69,3 +69,14 @@ def test_maxseq_command(tmp_path):
     assert a["max_seq_tokens"] >= 1024 * K and 0 < a["mfu"] < 1 and a["binding"]
     r = CliRunner().invoke(cli, ["maxseq", "--model", "gpt-7b", "--gpus", "8", "--step", "0"])
     assert r.exit_code == 2
+
+
+def test_a_simulated_failure_ranks_after_every_fit_without_a_throughput():
+    """The event simulator can fail a candidate the analytic tier passed (e.g. the caching
+    allocator's fragmentation): it has no throughput and must sort after the fits, not crash."""
+    res = candidates_for(M7, 256 * K, 8, A800, policies=("full_recompute",))
+    first = res.candidates[0]
+    first.simulated = {"status": "OOM", "iteration_s": None, "mfu": None, "tgs_tokens_per_gpu_s": None}
+    ranked = sorted(res.candidates, key=lambda c: c.sort_key())
+    ok = [c for c in ranked if c.status == "OK"]
+    assert ranked[:len(ok)] == ok and first in ranked[len(ok):]

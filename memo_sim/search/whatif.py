@@ -60,7 +60,9 @@ class Candidate:
         return self.simulated["tgs_tokens_per_gpu_s"] if self.simulated else self.estimate.tgs
 
     def sort_key(self) -> tuple:
-        return (self.status != "OK", self.over_bytes if self.status != "OK" else 0.0, -self.tgs)
+        if self.status != "OK":  # a simulated failure has no throughput
+            return (True, self.over_bytes, 0.0)
+        return (False, 0.0, -self.tgs)
 
     def to_json(self) -> dict:
         e, m = self.estimate, self.memory
