@@ -37,6 +37,7 @@ import time
 from typing import Any
 
 from memo_sim.errors import MemoError
+from memo_exec.calibrate.fit import relative_least_squares
 
 MiB, GiB = 2**20, 2**30
 SYNC_REPEATS = 200
@@ -64,20 +65,15 @@ def fit_call_cost(sizes: list[float], times: list[float]) -> tuple[float, float]
     pts = [(float(s), float(t)) for s, t in zip(sizes, times) if s > 0 and t > 0]
     if not pts:
         raise MemoError("cannot fit an allocator call cost: no positive (size, time) point")
-    a11 = sum(1 / t ** 2 for s, t in pts)
-    a12 = sum(s / t ** 2 for s, t in pts)
-    a22 = sum(s * s / t ** 2 for s, t in pts)
-    b1 = sum(1 / t for s, t in pts)
-    b2 = sum(s / t for s, t in pts)
-    det = a11 * a22 - a12 * a12
-    if len(pts) >= 2 and det > 1e-9 * a11 * a22:
-        lat = (a22 * b1 - a12 * b2) / det
-        inv = (a11 * b2 - a12 * b1) / det
-        if inv > 1.0 / UNBOUNDED_THROUGHPUT:
-            if lat >= 0:
-                return lat, 1.0 / inv
-            return 0.0, a22 / b2  # through the origin: minimises sum((s / (T t) - 1)^2)
-    return b1 / a11, UNBOUNDED_THROUGHPUT  # latency alone: minimises sum((L / t - 1)^2)
+    sol = relative_least_squares(pts)
+    if sol is not None and sol[1] > 1.0 / UNBOUNDED_THROUGHPUT:
+        lat, per_byte = sol
+        if lat >= 0:
+            return lat, 1.0 / per_byte
+        # through the origin: minimises sum((s / (T t) - 1)^2)
+        return 0.0, sum((s / t) ** 2 for s, t in pts) / sum(s / t for s, t in pts)
+    # latency alone: minimises sum((L / t - 1)^2)
+    return sum(1 / t for s, t in pts) / sum(1 / t ** 2 for s, t in pts), UNBOUNDED_THROUGHPUT
 
 
 def fit_results(raw: dict) -> dict:

@@ -111,6 +111,23 @@ def fit_efficiency_curve(points: list[tuple[float, float]], bins_per_decade: int
     return out
 
 
+def relative_least_squares(pts: list[tuple[float, float]]) -> tuple[float, float] | None:
+    """``(latency, seconds per byte)`` minimising the relative error of ``t = latency + size x
+    per_byte`` over ``(size, time)`` points (rows ``[1/t, size/t] . [latency, per_byte] = 1``), or
+    None when fewer than two points or the system is (nearly) singular."""
+    if len(pts) < 2:
+        return None
+    a11 = sum(1 / t ** 2 for s, t in pts)
+    a12 = sum(s / t ** 2 for s, t in pts)
+    a22 = sum(s * s / t ** 2 for s, t in pts)
+    b1 = sum(1 / t for s, t in pts)
+    b2 = sum(s / t for s, t in pts)
+    det = a11 * a22 - a12 * a12
+    if det <= 1e-9 * a11 * a22:
+        return None
+    return (a22 * b1 - a12 * b2) / det, (a11 * b2 - a12 * b1) / det
+
+
 def fit_latency_bandwidth(sizes: list[float], times: list[float]) -> tuple[float, float]:
     """Fit ``t = latency + size / bandwidth``; return ``(bandwidth bytes/s, latency s)``.
 
@@ -120,18 +137,9 @@ def fit_latency_bandwidth(sizes: list[float], times: list[float]) -> tuple[float
     pts = [(float(s), float(t)) for s, t in zip(sizes, times) if s > 0 and t > 0]
     if len(pts) < 1:
         raise MemoError("cannot fit latency and bandwidth: no positive (size, time) point")
-    if len(pts) >= 2:
-        a11 = sum(1 / t ** 2 for s, t in pts)
-        a12 = sum(s / t ** 2 for s, t in pts)
-        a22 = sum(s * s / t ** 2 for s, t in pts)
-        b1 = sum(1 / t for s, t in pts)
-        b2 = sum(s / t for s, t in pts)
-        det = a11 * a22 - a12 * a12
-        if det > 0:
-            lat = (a22 * b1 - a12 * b2) / det
-            inv_bw = (a11 * b2 - a12 * b1) / det
-            if lat >= 0 and inv_bw > 0:
-                return 1.0 / inv_bw, lat
+    sol = relative_least_squares(pts)
+    if sol is not None and sol[0] >= 0 and sol[1] > 0:
+        return 1.0 / sol[1], sol[0]
     # latency 0: minimise sum((s*x/t - 1)^2) -> x = sum(s/t) / sum(s^2/t^2)
     inv_bw = sum(s / t for s, t in pts) / sum((s / t) ** 2 for s, t in pts)
     return 1.0 / inv_bw, 0.0
