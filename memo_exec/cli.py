@@ -23,7 +23,8 @@ from memo_exec.attention import BACKENDS
 from memo_exec.errors import user_errors
 
 
-@click.group(help="Run a memo plan on real hardware and compare with the simulator's prediction.")
+@click.group(help="Run a memo plan on real hardware and compare with the simulator's prediction.",
+             context_settings={"help_option_names": ["-h", "--help"]})
 def cli() -> None:
     pass
 

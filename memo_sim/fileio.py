@@ -8,13 +8,23 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from memo_sim.errors import MemoError
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    """Write ``data`` to ``path`` via a temporary file in the same folder and a rename."""
+    """Write ``data`` to ``path`` via a temporary file in the same folder and a rename; the file
+    gets the permissions a plain ``open`` would give it (0666 less the umask)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
@@ -27,6 +37,15 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
             pass
         raise
     return path
+
+
+def read_utf8(path: str | os.PathLike, error: type[MemoError] = MemoError) -> str:
+    """A text file's contents as UTF-8 (a leading byte-order mark is dropped). A file that is not
+    UTF-8 raises ``error`` naming the file and the first bad byte; a missing one FileNotFoundError."""
+    try:
+        return Path(path).read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise error(f"{path}: not UTF-8 text (byte {e.start}); save it as UTF-8") from None
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:

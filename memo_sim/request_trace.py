@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from memo_sim.errors import TraceError
-from memo_sim.fileio import atomic_write_json, atomic_write_text
+from memo_sim.fileio import atomic_write_json, atomic_write_text, read_utf8
 
 TRACE_FORMAT = "memo-trace"
 TRACE_VERSION = 1
@@ -128,7 +128,7 @@ class RequestTrace:
     def read_json(cls, path: str | Path) -> "RequestTrace":
         path = Path(path)
         try:
-            obj = json.loads(path.read_text())
+            obj = json.loads(read_utf8(path, TraceError))
         except FileNotFoundError:
             raise TraceError(f"{path}: no such file") from None
         except json.JSONDecodeError as e:
@@ -151,7 +151,7 @@ class RequestTrace:
     def read_csv(cls, path: str | Path) -> "RequestTrace":
         path = Path(path)
         try:
-            text = path.read_text()
+            text = read_utf8(path, TraceError)
         except FileNotFoundError:
             raise TraceError(f"{path}: no such file") from None
         rows = list(csv.reader(io.StringIO(text)))

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from memo_sim.errors import MemoError
-from memo_sim.fileio import atomic_write_json
+from memo_sim.fileio import atomic_write_json, read_utf8
 
 STREAMS = ("compute", "comm", "cp_comm", "tp_p2p", "tp_bcast", "dp_comm", "d2h", "h2d")  # the one list of stream names
 TP_RING_STREAMS = ("tp_p2p", "tp_bcast")  # METP's side streams (exposed P2P time is waiting on them)
@@ -92,7 +92,7 @@ class Timeline:
     def read_json(cls, path: str | Path) -> "Timeline":
         path = Path(path)
         try:
-            obj = json.loads(path.read_text())
+            obj = json.loads(read_utf8(path, MemoError))
         except FileNotFoundError:
             raise MemoError(f"{path}: no such timeline file") from None
         except json.JSONDecodeError as e:

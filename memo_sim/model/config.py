@@ -9,6 +9,7 @@ from pathlib import Path
 import yaml
 
 from memo_sim.errors import MemoError
+from memo_sim.fileio import read_utf8
 from memo_sim.model.precision import RECIPES, PrecisionRecipe, default_recipe
 
 FFN_TYPES = ("gelu", "swiglu")
@@ -127,7 +128,8 @@ def model_from_file(path: str | Path) -> ModelConfig:
     if not path.exists():
         raise MemoError(f"{path}: no such model file")
     try:
-        raw = json.loads(path.read_text()) if path.suffix == ".json" else yaml.safe_load(path.read_text())
+        text = read_utf8(path, MemoError)
+        raw = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as e:
         raise MemoError(f"{path}: cannot parse model file ({str(e).splitlines()[0]})") from None
     if not isinstance(raw, dict):

@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from memo_sim.errors import MemoError, ProfileError
+from memo_sim.fileio import read_utf8
 from memo_sim.profile.schema import (
     DEFAULT_ALLOCATOR_COSTS, AllocatorCosts, Curve, Efficiency, GPUSpec, HardwareProfile, HostLink, HostSpec, Link,
     Quantity,
@@ -216,7 +217,7 @@ def profile_dirs() -> list[Path]:
 
 def _read_file(path: Path) -> Any:
     try:
-        text = path.read_text()
+        text = read_utf8(path, ProfileError)
     except OSError as e:
         raise ProfileError(f"{path}: cannot read ({e.strerror})") from None
     try:

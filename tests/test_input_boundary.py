@@ -1,0 +1,44 @@
+"""[robust-ux] Files and outputs at the boundary: UTF-8 (a BOM is fine, anything else one line and
+exit 2), outputs that honour the umask, `-h` on both CLIs."""
+
+import os
+import stat
+
+from click.testing import CliRunner
+
+from memo_sim.cli import cli as sim_cli
+from memo_sim.fileio import atomic_write_text
+from memo_sim.request_trace import RequestTrace
+
+
+def test_csv_with_a_byte_order_mark_reads(tmp_path):
+    p = tmp_path / "bom.csv"
+    p.write_bytes("\ufeffid,lower,upper,size\na,0,2,512\nb,1,3,512\n".encode("utf-8"))
+    assert [b.id for b in RequestTrace.read_csv(p).buffers] == ["a", "b"]
+
+
+def test_non_utf8_inputs_are_one_line_errors(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_bytes(b"id,lower,upper,size\n\xff\xfe,0,1,512\n")
+    r = CliRunner().invoke(sim_cli, ["memplan", "--csv", str(bad)])
+    assert r.exit_code == 2 and "not UTF-8" in r.output and r.output.count("\n") == 1
+    plan = tmp_path / "plan.json"
+    plan.write_bytes(b'{"schema": "\xff"}')
+    r = CliRunner().invoke(sim_cli, ["check-plan", str(plan)])
+    assert r.exit_code == 2 and "not UTF-8" in r.output
+
+
+def test_outputs_honour_the_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        p = atomic_write_text(tmp_path / "out.txt", "x")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(p.stat().st_mode) == 0o644
+
+
+def test_both_clis_take_dash_h():
+    from memo_exec.cli import cli as exec_cli
+
+    assert CliRunner().invoke(sim_cli, ["-h"]).exit_code == 0
+    assert CliRunner().invoke(exec_cli, ["-h"]).exit_code == 0
