@@ -17,7 +17,10 @@ from memo_sim.profile.loader import load_profile
 from memo_sim.profile.schema import HardwareProfile
 from memo_sim.request_trace import Buffer, RequestTrace
 from memo_sim.search.estimate import IterationEstimate, estimate_iteration, memo_alpha
+from memo_sim.search.sppo import SppoPoint, SppoSearch, search_sppo, solve_point
 from memo_sim.search.whatif import Candidate, WhatIfResult, candidates_for, simulate_candidates
+from memo_sim.policy.sppo import Sppo
+from memo_sim.cost.sppo import multiplex_phases, partition_bounds
 from memo_sim.timeline import Timeline, TimelineEvent
 
 __all__ = [
@@ -26,4 +29,5 @@ __all__ = [
     "Plan", "Policy", "SimResult", "Timeline", "TimelineEvent", "WhatIfResult", "candidates_for", "check_layout",
     "estimate_iteration", "get_model", "get_policy", "load_profile", "memo_alpha", "memory_breakdown", "plan_memory",
     "policy_names", "read_plan", "simulate", "simulate_candidates", "sweep_alpha", "write_plan",
+    "Sppo", "SppoPoint", "SppoSearch", "multiplex_phases", "partition_bounds", "search_sppo", "solve_point",
 ]

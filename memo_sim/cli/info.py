@@ -40,9 +40,20 @@ def check_plan(plan_file):
     """Validate a plan.json and summarise it."""
     plan = read_plan(plan_file)
     p = plan.predicted
+    check = getattr(plan.policy, "check", None)  # SPPO: the subsequence plan must fit the layout and length
+    why = check(plan.model, plan.layout, plan.batch, plan.seq_tokens) if check else None
+    if why:
+        from memo_sim.errors import PlanError
+
+        raise PlanError(f"{plan_file}: policy: {why}")
     click.echo(f"{plan_file}: valid {plan.model.name}, {fmt_count(plan.seq_tokens)} tokens, {plan.gpus} GPUs, "
                f"{plan.layout.label()}, {plan.policy.label()}, predicted {p.status} "
                f"{fmt_time(p.iteration_s or 0.0)}/iter, MFU {100 * (p.mfu or 0.0):.1f}%")
+    if getattr(plan.policy, "pipelined", False):
+        b, a = plan.policy.bounds, plan.policy.alphas
+        click.echo(f"  SPPO: PP={plan.layout.pp}, N={plan.policy.subseqs} ({plan.policy.partition} partition"
+                   f"{', multiplexed' if plan.policy.multiplex else ''}); subsequence lengths "
+                   f"{b[1] - b[0]}..{b[-1] - b[-2]} tokens; alpha_i {min(a):.3f}..{max(a):.3f}")
 
 
 COMMANDS = (profiles, models, check_plan)

@@ -8,7 +8,7 @@ import time
 import click
 
 from memo_sim.cli.common import build_model, count_option, model_options, progress_bar
-from memo_sim.policy import policy_names
+from memo_sim.policy import policy_class, policy_names
 from memo_sim.profile.loader import load_profile
 from memo_sim.report.table import render_table
 from memo_sim.search.frameworks import FRAMEWORKS, get_framework
@@ -20,7 +20,8 @@ from memo_sim.units import fmt_count
 @click.option("--gpus", default=8, show_default=True, type=int, help="Number of GPUs.")
 @click.option("--profile", "profile_name", default="a800-80gb", show_default=True, help="Hardware profile.")
 @click.option("--policy", "policies", multiple=True, type=click.Choice(policy_names()),
-              help="Only these activation policies (repeatable; default: all the framework offers).")
+              help="Only these activation policies (repeatable; default: all the framework offers but sppo, "
+                   "whose pipeline search runs at every probed length: ask for it with --policy sppo).")
 @click.option("--framework", default="any", show_default=True, type=click.Choice(list(FRAMEWORKS)),
               help="Only layouts and policies this framework offers.")
 @click.option("--step", default="128K", callback=count_option, show_default=True,
@@ -36,7 +37,8 @@ def maxseq(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, gpus
     model = build_model(model_name, layers, hidden, heads, ffn, vocab, dtype, precision)
     profile = load_profile(profile_name)
     profile.peak(model.dtype)
-    pols = tuple(policies) or get_framework(framework).policies
+    pols = tuple(policies) or tuple(p for p in get_framework(framework).policies
+                                    if not getattr(policy_class(p), "pipelined", False))
     answers = []
     with progress_bar("searching", len(pols), quiet=as_json) as tick:
         for p in pols:

@@ -29,7 +29,8 @@ from memo_sim.fileio import atomic_write_json
 from memo_sim.policy import policy_names
 from memo_sim.units import fmt_bytes, fmt_count, fmt_time, parse_count
 
-LAYERS_HELP = "Layer range for the Gantt chart, both ends included (e.g. 14:16); default: the middle three."
+LAYERS_HELP = ("Layer range for the Gantt chart, both ends included (e.g. 14:16); default: the middle three "
+               "(SPPO plans: gantt.png only with --layers; pipeline_gantt.png shows the whole pipeline).")
 
 
 def _load_plan_and_profile(plan_file: str, profile_override: str | None):
@@ -48,10 +49,18 @@ def _write_outputs(timeline, out: Path, layers_text: str | None, device: int = 0
     n_layers = timeline.meta.get("layers")
     layers = parse_layer_range(layers_text, n_layers)
     written = [write_chrome_trace(timeline, out / "trace.json")]
-    if timeline.events:
+    piped = bool((timeline.meta or {}).get("pipeline"))
+    if timeline.events and (layers is not None or not piped):  # a pipeline: its Gantt chart below instead
         written.append(gantt_figure(timeline, out / "gantt.png", layers, device))
     if timeline.memory:
         written.append(memory_figure(timeline, out / "memory.png"))
+    if piped:
+        from memo_sim.report.figures import pipeline_gantt_figure, stage_memory_figure
+
+        if timeline.events:
+            written.append(pipeline_gantt_figure(timeline, out / "pipeline_gantt.png"))
+        if timeline.memory:
+            written.append(stage_memory_figure(timeline, out / "stage_memory.png"))
     return written
 
 
@@ -59,6 +68,7 @@ def _summary_line(r) -> str:
     if r.ok:
         a = r.allocator
         alloc = ("static memory plan" if a.get("static_memory_plan") else
+                 "caching allocator (SPPO iteration not replayed)" if a.get("replayed") is False else
                  f"caching allocator: {a['reorganizations']} reorganisations, stall {fmt_time(a['stall_s'])}")
         return (f"{r.status}: {fmt_time(r.iteration_s)}/iteration, MFU {100 * r.mfu:.1f}%, TGS {r.tgs:.0f}, "
                 f"peak GPU {fmt_bytes(r.peak_gpu_bytes)}, peak host/node {fmt_bytes(r.peak_host_bytes_per_node)}, "
@@ -75,13 +85,16 @@ def _summary_line(r) -> str:
 @click.option("--no-contention", is_flag=True, help="Give every op its stand-alone time (the analytic model).")
 @click.option("--allocator-lag", default=0, show_default=True, type=click.IntRange(0, 64),
               help="Layers the GPU lags behind the CPU, holding collective buffers (record_stream); 0: it keeps up.")
-def simulate_cmd(plan_file, out_dir, layers_text, profile_override, no_contention, allocator_lag):
+@click.option("--detail", default="auto", show_default=True, type=click.Choice(["auto", "ops", "units"]),
+              help="SPPO plans: every kernel and collective (ops), one compute and one collective op per "
+                   "subsequence and layer (units), or ops while the graph stays small (auto).")
+def simulate_cmd(plan_file, out_dir, layers_text, profile_override, no_contention, allocator_lag, detail):
     """Simulate a plan's training iteration; write timeline.json, trace.json and figures."""
     from memo_sim.engine.simulate import simulate
 
     plan, profile = _load_plan_and_profile(plan_file, profile_override)
     r = simulate(plan.model, plan.layout, plan.batch, plan.seq_tokens, plan.policy, profile, allocator_lag=allocator_lag,
-                 contention=not no_contention, classifier_chunk_tokens=plan.classifier_chunk_tokens)
+                 contention=not no_contention, classifier_chunk_tokens=plan.classifier_chunk_tokens, detail=detail)
     out = Path(out_dir)
     r.timeline.meta["plan_file"] = str(plan_file)
     written = [r.timeline.write_json(out / "timeline.json")]
@@ -178,7 +191,11 @@ def sweep_seq_cmd(plan_file, out_dir, seqs, profile_override, tp_modes, policies
     lens = [parse_count(s.strip(), "--seqs") for s in seqs.split(",") if s.strip()]
     if not lens:
         raise MemoError("--seqs: give at least one sequence length")
-    pols = tuple(policies) or policy_names()
+    if getattr(plan.policy, "pipelined", False) and plan.layout.pp > 1:
+        pols = tuple(policies) or (plan.policy.name,)  # a pipeline layout: only SPPO schedules it
+    else:  # SPPO's pipeline search only where asked for (or the plan is SPPO's)
+        pols = tuple(policies) or tuple(p for p in policy_names() if not getattr(policy_class(p), "pipelined", False)
+                                        or getattr(plan.policy, "pipelined", False))
     layouts = _tp_mode_layouts(plan.layout, tp_modes) if tp_modes else {plan.layout.label(): plan.layout}
     for s in lens:
         for lay in layouts.values():
@@ -190,6 +207,13 @@ def sweep_seq_cmd(plan_file, out_dir, seqs, profile_override, tp_modes, policies
     with progress_bar("sequence sweep", len(runs)) as step:
         for s, lay, p in runs:
             alpha = None
+            if getattr(policy_class(p), "pipelined", False):  # SPPO: its best plan for this layout and length
+                from memo_sim.search.sppo import resolve_for_layout
+
+                pol = resolve_for_layout(plan.model, lay, plan.batch, s, profile).policy
+                results.append(simulate(plan.model, lay, plan.batch, s, pol, profile, keep_timeline=False))
+                step()
+                continue
             if policy_class(p).takes_alpha:  # at its solved alpha
                 a = memo_alpha(plan.model, lay, plan.batch, s, profile)
                 alpha = a.alpha if a.feasible else 0.0
@@ -258,4 +282,79 @@ def _sweep_tp_modes(plan, profile, layouts, lens, pols, best_policy, out: Path) 
     click.echo(f"wrote {out / 'seq_by_tp_mode.json'}, {png}")
 
 
-COMMANDS = (simulate_cmd, plot_cmd, sweep_alpha_cmd, sweep_seq_cmd)
+DEFAULT_SUBSEQS = "1,2,4,8,16,32,64,128"
+
+
+@click.command("sweep-subseqs")
+@click.argument("plan_file", type=click.Path(dir_okay=False))
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output folder.")
+@click.option("--subseqs", "subseqs_text", default=None,
+              help=f"Comma-separated subsequence counts N (default: {DEFAULT_SUBSEQS} and the plan's N, "
+                   "those the sequence splits into).")
+@click.option("--profile", "profile_override", default=None, help="Hardware profile (default: the plan's).")
+@click.option("--no-simulate", is_flag=True, help="Analytic tier only (no event simulation).")
+def sweep_subseqs_cmd(plan_file, out_dir, subseqs_text, profile_override, no_simulate):
+    """Iteration time and peak memory against the subsequence count N for an SPPO plan's layout."""
+    from memo_sim.cost.sppo import pipeline_time
+    from memo_sim.engine.simulate import simulate
+    from memo_sim.report.figures import subseq_sweep_figure
+    from memo_sim.search.sppo import solve_point
+
+    plan, profile = _load_plan_and_profile(plan_file, profile_override)
+    pol0 = plan.policy
+    if not getattr(pol0, "pipelined", False):
+        raise MemoError(f"{plan_file}: sweep-subseqs needs an SPPO plan (policy sppo), not {pol0.name}")
+    try:
+        ns = sorted({int(x) for x in (subseqs_text or DEFAULT_SUBSEQS).split(",") if x.strip()}
+                    | (set() if subseqs_text else {pol0.subseqs}))
+    except ValueError:
+        raise MemoError(f"--subseqs: expected comma-separated whole numbers, got {subseqs_text!r}") from None
+    if not ns or min(ns) < 1:
+        raise MemoError("--subseqs: every N must be at least 1")
+    lay = plan.layout
+    points, skipped = [], []
+    partition = pol0.partition if pol0.partition in ("flops", "length") else "flops"
+    with progress_bar("subsequence sweep", len(ns)) as step:
+        for n in ns:
+            try:
+                pt = solve_point(plan.model, lay, plan.batch, plan.seq_tokens, profile, n, partition, pol0.multiplex)
+            except MemoError as e:
+                skipped.append(f"N={n}: {e}")
+                step()
+                continue
+            d = {"subseqs": n, "status": pt.status, "reason": pt.memory.reason(),
+                 "analytic_iteration_s": pt.estimate.iteration_s,
+                 "peak_gpu_bytes": pt.memory.breakdown.peak_gpu_bytes,
+                 "gpu_capacity_bytes": pt.memory.breakdown.gpu_capacity_bytes,
+                 "host_bytes_per_node": pt.memory.host_bytes_per_node, "alpha_binding": pt.alpha.binding,
+                 "bubble_ratio": (lay.pp - 1) / n, "iteration_s": None, "mfu": None}
+            busy = max(pt.grid.get("stage_busy_s") or [0.0])
+            d["closed_form_iteration_s"] = pipeline_time(lay.pp, n, busy) if busy else None
+            if not no_simulate:
+                r = simulate(plan.model, lay, plan.batch, plan.seq_tokens, pt.policy, profile, keep_timeline=False)
+                d.update(status=r.status, iteration_s=r.iteration_s, mfu=r.mfu,
+                         peak_gpu_bytes=r.peak_gpu_bytes if r.ok else d["peak_gpu_bytes"],
+                         reason=r.failure.message() if r.failure else d["reason"])
+            points.append(d)
+            step()
+    if not points:
+        raise MemoError("no subsequence count of --subseqs splits the sequence: " + "; ".join(skipped))
+    out = Path(out_dir)
+    atomic_write_json(out / "subseq_sweep.json", {"plan": str(plan_file), "layout": lay.label(),
+                                                  "seq_tokens": plan.seq_tokens, "points": points,
+                                                  "skipped": skipped})
+    title = (f"{plan.model.name}, {fmt_count(plan.seq_tokens)} tokens, {lay.label()} on {profile.name}: "
+             f"SPPO against N")
+    png = subseq_sweep_figure(points, out / "subseq_sweep.png", title)
+    for d in points:
+        it = fmt_time(d["iteration_s"]) if d["iteration_s"] else "-"
+        click.echo(f"N={d['subseqs']:<5} {d['status']:<4} iteration {it} "
+                   f"(analytic {fmt_time(d['analytic_iteration_s'])})"
+                   f", peak GPU {fmt_bytes(d['peak_gpu_bytes'])}, bubble ratio {d['bubble_ratio']:.3f}"
+                   + (f"  {d['reason']}" if d["status"] != "OK" else ""))
+    for msg in skipped:
+        click.echo(f"skipped {msg}")
+    click.echo(f"wrote {out / 'subseq_sweep.json'}, {png}")
+
+
+COMMANDS = (simulate_cmd, plot_cmd, sweep_alpha_cmd, sweep_seq_cmd, sweep_subseqs_cmd)

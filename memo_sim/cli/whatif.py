@@ -1,4 +1,11 @@
-"""memo-sim whatif: rank layouts x policies x alpha, simulate the best, write plan.json."""
+"""memo-sim whatif: rank layouts x policies x alpha, simulate the best, write plan.json.
+
+With the ``sppo`` policy among those searched (the default) the SPPO planner
+(`memo_sim.search.sppo`) adds pipeline candidates: ``--pp``, ``--subseqs``, ``--partition`` and
+``--multiplex/--no-multiplex`` fix parts of its space; the table lists its candidates beside the
+others and a summary says the heuristic's (SP, PP, N) against the best the exhaustive search
+found. plan.json is the best plan overall; where that is not an SPPO plan and one fits, the best
+SPPO plan goes to plan-sppo.json as well."""
 
 from __future__ import annotations
 
@@ -38,6 +45,12 @@ from memo_sim.units import fmt_bytes, fmt_count, fmt_time
 @click.option("--policy", "policies", multiple=True, type=click.Choice(policy_names()),
               help="Only these activation policies (repeatable).")
 @click.option("--alpha", type=click.FloatRange(0, 1), help="Fix MEMO's offload fraction alpha.")
+@click.option("--pp", type=click.IntRange(1, 4096), help="SPPO: fix the pipeline degree (stages).")
+@click.option("--subseqs", type=click.IntRange(1, 1 << 16), help="SPPO: fix the subsequence count N.")
+@click.option("--partition", type=click.Choice(["flops", "length"]),
+              help="SPPO: fix how the sequence is partitioned (equal forward FLOPs or equal lengths).")
+@click.option("--multiplex/--no-multiplex", default=None,
+              help="SPPO: fix multiplexed sequence partitioning on or off (default: the search tries both).")
 @click.option("--top", default=15, show_default=True, type=int, help="Rows to print.")
 @click.option("--json", "as_json", is_flag=True, help="Print the ranked candidates as JSON.")
 @click.option("--out", "out_dir", default=".", show_default=True, type=click.Path(file_okay=False),
@@ -53,8 +66,8 @@ from memo_sim.units import fmt_bytes, fmt_count, fmt_time
 @click.option("--sweep-alpha", is_flag=True,
               help="Simulate MEMO at alpha = 0, 0.125, ..., 1 for the (best) fixed layout; writes alpha_sweep.png.")
 def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq, gpus, profile_name, batch, tp, cp, ulysses, dp,
-           zero, sp, tp_mode, metp_across_nodes, policies, alpha, top, as_json, out_dir, no_plan, simulate_top,
-           allocator_lag, framework, sweep_alpha):
+           zero, sp, tp_mode, metp_across_nodes, policies, alpha, pp, subseqs, partition, multiplex, top, as_json,
+           out_dir, no_plan, simulate_top, allocator_lag, framework, sweep_alpha):
     """Rank layouts x policies x alpha for a model, sequence length and cluster; write plan.json."""
     from memo_sim.search.whatif import candidates_for, rank
 
@@ -65,10 +78,16 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq,
     if batch < 1:
         raise MemoError("--batch must be at least 1")
     fixed = dict(batch=batch, tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero, sp=sp, alpha=alpha, tp_mode=tp_mode,
-                 metp_across_nodes=metp_across_nodes)
-    if sweep_alpha:
-        result = candidates_for(model, seq, gpus, profile, policies=tuple(policies) or None, framework=framework,
-                                **fixed)
+                 metp_across_nodes=metp_across_nodes, pp=pp, subseqs=subseqs, partition=partition, multiplex=multiplex)
+    if (pp or subseqs or partition or multiplex is not None) and not policies:
+        policies = ("sppo",)  # pipeline flags plan SPPO
+    if sweep_alpha:  # MEMO's alpha on one layout: no SPPO search
+        from memo_sim.policy import policy_class
+        from memo_sim.search.frameworks import get_framework
+
+        pols = tuple(policies) or tuple(p for p in get_framework(framework).policies
+                                        if not getattr(policy_class(p), "pipelined", False))
+        result = candidates_for(model, seq, gpus, profile, policies=pols, framework=framework, **fixed)
         return _sweep_alpha(model, seq, batch, profile, result, as_json, out_dir, t0)
     with progress_bar("simulating", simulate_top, quiet=as_json) as step:
         result = rank(model, seq, gpus, profile, simulate_top=simulate_top, progress=lambda d, t: step(),
@@ -78,7 +97,7 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq,
     if framework != "any":  # what memo would do with the same cluster, beside the framework's best
         memo_best = rank(model, seq, gpus, profile, simulate_top=1, allocator_lag=allocator_lag, **fixed).best
     best = result.best
-    plan_path = None
+    plan_path = sppo_plan_path = None
     if best is not None and not no_plan:
         plan = best.to_plan()
         if best.policy.static_memory_plan:  # MEMO places its transient tensors by the bi-level static plan
@@ -87,12 +106,17 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq,
             plan.memory_plan = plan_memory(model, best.layout, best.batch, seq, best.policy,
                                            time_limit_s=10.0).to_plan_json()
         plan_path = write_plan(plan, Path(out_dir) / "plan.json")
+        sppo_best = next((c for c in result.candidates if c.sppo is not None and c.status == "OK"), None)
+        if sppo_best is not None and sppo_best is not best:
+            sppo_plan_path = write_plan(sppo_best.to_plan(), Path(out_dir) / "plan-sppo.json")
     metp_rows = _metp_vs_megatron(result.candidates, alpha)
     elapsed = time.perf_counter() - t0
     if as_json:
         obj = {"model": model.to_dict(), "seq_tokens": seq, "gpus": gpus, "batch": batch, "profile": profile.name,
                "elapsed_s": elapsed, "simulated_candidates": n_sim, "plan_file": str(plan_path) if plan_path else None,
                "framework": framework, "tp_mode": tp_mode,
+               "sppo_plan_file": str(sppo_plan_path) if sppo_plan_path else None,
+               "sppo": result.sppo_summary,
                "metp_vs_megatron": metp_rows,
                "memo_best": memo_best.to_json() if memo_best is not None else None,
                "candidates": [dict(rank=i + 1, **c.to_json()) for i, c in enumerate(result.candidates)],
@@ -104,7 +128,7 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq,
     rows = []
     for i, c in enumerate(result.candidates[:top]):
         e, m, sm = c.estimate, c.memory, c.simulated
-        rows.append([str(i + 1), c.layout.label(), c.policy.name,
+        rows.append([str(i + 1), c.layout.label(), c.policy.label() if c.sppo is not None else c.policy.name,
                      "-" if c.policy.alpha is None else f"{c.policy.alpha:.3f}",
                      status_text(c.status, c.over_bytes), fmt_time(e.iteration_s),
                      fmt_time(sm["iteration_s"]) if sm else "-",
@@ -122,6 +146,8 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq,
               fmt_time(r["analytic_iteration_s"]), f"{r['megatron_layout']} {r['megatron_policy_label']}",
               r["megatron_status"], fmt_bytes(r["megatron_peak_gpu_bytes"]), fmt_time(r["megatron_analytic_iteration_s"]),
               f"{100 * r['memory_saved_fraction']:.0f}%"] for r in metp_rows]))
+    if result.sppo_summary:
+        _print_sppo(result)
     n_ok = sum(c.status == "OK" for c in result.candidates)
     click.echo(f"{len(result.candidates)} candidates ({n_ok} fit), {len(result.rejected_layouts)} layouts rejected; "
                f"tier 1 analytic (perfect overlap, no contention), tier 2 simulated: top {n_sim} "
@@ -133,12 +159,41 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq,
         click.echo(f"best: {best.layout.label()} {best.policy.label()} -> {plan_path}")
         if best.alpha_note:
             click.echo(f"  alpha: {best.alpha_note}")
+    if sppo_plan_path:
+        c = next(c for c in result.candidates if c.sppo is not None and c.status == "OK")
+        click.echo(f"best SPPO plan: {c.layout.label()} {c.policy.label()} -> {sppo_plan_path}")
     if framework != "any":
         mine = f"{best.layout.label()} {best.policy.label()}, {best.tgs:.0f} tokens/GPU/s" if best else "nothing fits"
         theirs = (f"{memo_best.layout.label()} {memo_best.policy.label()}, {memo_best.tgs:.0f} tokens/GPU/s"
                   if memo_best else "nothing fits")
         ratio = f" ({memo_best.tgs / best.tgs:.2f}x)" if best and memo_best else ""
         click.echo(f"{framework}'s best: {mine}; memo's best: {theirs}{ratio}")
+
+
+def _print_sppo(result) -> None:
+    """The SPPO planner's answer: the heuristic's (SP, PP, N), the best found, and failures."""
+    sm = result.sppo_summary
+    rows = []
+    for role, d in (("heuristic (sec. 6.1)", sm.get("heuristic")), ("exhaustive best", sm.get("best"))):
+        if not d:
+            rows.append([role, "-", "-", "-", "-", "-", "-", "-", "-"])
+            continue
+        sim = d.get("simulated_iteration_s")
+        rows.append([role, d["label"], f"SP={d['sp']} PP={d['pp']} N={d['subseqs']}", d["status"],
+                     fmt_time(d["analytic_iteration_s"]), fmt_time(sim) if sim else "-",
+                     f"{d.get('simulated_tgs_tokens_per_gpu_s') or d['analytic_tgs_tokens_per_gpu_s']:.0f}",
+                     fmt_bytes(d["peak_gpu_bytes"]), f"stage {d.get('worst_stage')} {d.get('peak_at') or ''}"])
+    click.echo(f"SPPO: {sm['solved_points']} of {sm['space_size']} (SP, PP, N, partition, multiplex) points solved "
+               f"(branch and bound on the analytic tier); {sm.get('heuristic_note', '')}")
+    click.echo(render_table(["SPPO", "plan", "(SP, PP, N)", "status", "iter (analytic)", "iter (sim)", "TGS",
+                             "peak GPU", "peak at"], rows))
+    frac = sm.get("heuristic_tgs_fraction_of_best")
+    if frac is not None:
+        click.echo(f"  the heuristic's plan reaches {100 * frac:.1f}% of the best SPPO throughput found "
+                   f"({sm.get('compared_on')})")
+    fails = [c for c in result.candidates if c.sppo is not None and c.status != "OK"][:3]
+    for c in fails:
+        click.echo(f"  {c.layout.label()} {c.policy.label()}: {c.alpha_note}")
 
 
 METP_COMPARED = 5  # METP candidates compared with their Megatron TP+SP twins

@@ -51,15 +51,11 @@ again ahead of its backward (phase ``weight_gather_bwd``).
 Embedding, classifier and optimizer times come from `memo_sim.cost.boundary`, gradient and
 weight collectives from `memo_sim.cost.grad_sync`, both shared with the analytic estimate.
 
-Pipelines (SPPO) with the same graph: give each pipeline stage its own `Device` (one
-representative per stage, ``group`` = GPUs of the node running that stage identically), emit
-each (stage, subsequence, layer) phase with `emit_chain` on that device, and connect stages by
-``p2p`` ops (``kind="comm"``, ``link`` nvlink or internode) on a ``p2p`` stream of the sending
-device whose ``deps`` are the sender's last op and on which the receiver's first op depends.
-Subsequence i of stage s waits for subsequence i of stage s-1 (p2p) and for subsequence i-1 of
-stage s (stream order); its offload / prefetch copies use the same d2h / h2d streams with
-per-subsequence bytes (alpha_i). Bubbles, K/V kept on the GPU and per-subsequence offload then
-come out of the same engine; no change to `Engine`, `OpGraph` or the link model is needed.
+Pipelines (SPPO) use the same graph, one representative `Device` per stage: `memo_sim.engine.pipeline`
+builds them (each (stage, subsequence piece, layer) phase with `emit_chain` on its stage's device,
+stages connected by ``p2p`` send ops on the sender's NVLink or InfiniBand port, offload and
+prefetch per unit with the rounding-buffer rule of `memo_sim.policy.rounding_buffers`); no change
+to `Engine`, `OpGraph` or the link model was needed.
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """Simulate one training iteration: `simulate` and `sweep_alpha`.
 
+A pipelined policy (SPPO, ``policy.pipelined``) is scheduled by `memo_sim.engine.pipeline`, one
+representative device per stage (`simulate_pipeline`, which `simulate` calls for it).
+
 ``batch`` is sequences per data-parallel replica (what `memo_sim.cost.activations` splits across
 a replica's GPUs), so an iteration trains ``batch x dp`` sequences; MFU and TGS count them all.
 """
@@ -65,6 +68,7 @@ class SimResult:
     ops: list[Op] = field(default_factory=list)
     allocator: dict = field(default_factory=dict)  # caching-allocator replay of unplanned policies
     exposed_p2p_s: float = 0.0  # time waiting on METP's ring transfers beyond the compute they overlap
+    pipeline: dict = field(default_factory=dict)  # SPPO: stages, pieces, per-stage peaks and bubbles
 
     @property
     def ok(self) -> bool:
@@ -92,6 +96,7 @@ class SimResult:
             "layout": self.layout.to_dict(),
             "seq_tokens": self.seq,
             "batch": self.batch,
+            **({"pipeline": dict(self.pipeline)} if self.pipeline else {}),
         }
 
 
@@ -155,7 +160,7 @@ def _timeline(run: EngineRun, meta: dict) -> Timeline:
 def simulate(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy,
              profile: HardwareProfile, *, contention: bool = True,
              classifier_chunk_tokens: int = CLASSIFIER_CHUNK_TOKENS, keep_timeline: bool = True,
-             record: bool = False, allocator_lag: int = 0) -> SimResult:
+             record: bool = False, allocator_lag: int = 0, detail: str = "auto") -> SimResult:
     """Simulate one training iteration of ``model`` at ``seq`` tokens x ``batch`` sequences per
     data-parallel replica under ``layout`` and ``policy`` on ``profile``.
 
@@ -175,6 +180,11 @@ def simulate(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: P
     """
     if batch < 1 or seq < 1:
         raise MemoError(f"batch and seq must be positive, got batch={batch}, seq={seq}")
+    if getattr(policy, "pipelined", False):
+        return simulate_pipeline(model, layout, batch, seq, policy, profile, contention=contention,
+                                 keep_timeline=keep_timeline, record=record, detail=detail)
+    if layout.pp > 1:
+        raise MemoError(f"layout {layout.label()} has pipeline stages: only the sppo policy schedules a pipeline")
     t0 = time.perf_counter()
     replay, stall = None, None
     if not policy.static_memory_plan:
@@ -232,6 +242,91 @@ def simulate(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: P
         link_capacity=run.link_capacity, link_carried=run.link_carried,
         ops=run.ops if record else [], allocator=_allocator_summary(replay, profile),
         exposed_p2p_s=exposed_p2p_seconds(run.ops) if layout.metp else 0.0)
+
+
+def simulate_pipeline(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy,
+                      profile: HardwareProfile, *, contention: bool = True, keep_timeline: bool = True,
+                      record: bool = False, detail: str = "auto") -> SimResult:
+    """`simulate` for a pipelined (SPPO) policy: one representative device per stage
+    (`memo_sim.engine.pipeline`; ``detail``: ops, units or auto). ``peak_gpu_bytes`` is the
+    fullest stage's, the host peak the fullest node's; ``pipeline`` holds per-stage peaks, busy
+    and bubble time and the pieces."""
+    from memo_sim.engine.pipeline import build_pipeline_iteration
+
+    t0 = time.perf_counter()
+    sched = build_pipeline_iteration(model, layout, batch, seq, policy, profile, detail=detail)
+    mem = sched.memory.breakdown
+    engine = Engine(sched.graph, profile, contention=contention, gpu_capacity=mem.gpu_capacity_bytes,
+                    host_capacity=mem.host_capacity_bytes, record_links=record)
+    run = engine.run()
+    if run.failure is None:
+        stuck = engine.unfinished()
+        if stuck:
+            raise RuntimeError(f"pipeline schedule deadlock: {len(stuck)} ops never ran, first {stuck[0]!r} "
+                               f"waiting on {stuck[0].deps!r}")
+    failure = run.failure
+    status = failure.status if failure else "OK"
+    it = mfu = tgs = None
+    if failure is None:
+        it = run.end_time
+        sequences = batch * layout.dp
+        mfu = mfu_of(model, sequences, seq, it, layout.gpus, profile.peak(model.dtype))
+        tgs = tgs_of(sequences, seq, it, layout.gpus)
+    stages = []
+    for dev in sched.devices:
+        busy = sum(o.end - o.start for o in run.ops if o.device == dev.index and o.stream == "compute"
+                   and o.end is not None)
+        stages.append({"stage": dev.index, "node": dev.node, "gpus_on_node": dev.group,
+                       "peak_gpu_bytes": run.peak_gpu_bytes[dev.index], "compute_busy_s": busy,
+                       "idle_s": (it - busy) if it else None,
+                       "analytic_peak_gpu_bytes": sched.memory.stages[dev.index].breakdown.peak_gpu_bytes,
+                       "analytic_peak_at": sched.memory.stages[dev.index].peak_at})
+    worst = max(sched.devices, key=lambda dv: run.peak_gpu_bytes[dv.index])
+    pipe = {"pp": layout.pp, "subseqs": policy.subseqs, "multiplex": policy.multiplex, "detail": sched.detail,
+            "exposed_p2p_s": exposed_wait_seconds(run.ops, ("p2p",)),
+            "bounds": list(policy.bounds), "alphas": list(policy.alphas), "stages": stages,
+            "bubble_fraction": (1 - sum(st["compute_busy_s"] for st in stages) / (len(stages) * it)) if it else None,
+            "worst_stage": worst.index, "memory": sched.memory.to_dict()}
+    meta = {
+        "source": "simulated", "model": model.name, "layers": model.layers, "layout": layout.label(),
+        "policy": policy.label(), "profile": profile.name, "seq_tokens": seq, "batch": batch, "gpus": layout.gpus,
+        "status": status, "iteration_s": it, "mfu": mfu, "contention": contention,
+        "gpu_capacity_bytes": mem.gpu_capacity_bytes, "host_capacity_bytes": mem.host_capacity_bytes,
+        "representative": {"device": worst.index, "gpus_on_node": worst.group,
+                           "gpus_on_pcie_switch": worst.switch_group},
+        "middle_layer": sched.layers[0][len(sched.layers[0]) // 2],  # the Gantt chart of stage 0 (device 0)
+        "failure": failure.to_dict() if failure else None,
+        "allocator": {"static_memory_plan": False, "reorganizations": 0, "stall_s": 0.0, "replayed": False},
+        "pipeline": {**sched.meta(), "subseqs": policy.subseqs, "multiplex": policy.multiplex,
+                     "bounds": list(policy.bounds), "alphas": list(policy.alphas)},
+    }
+    tl = _timeline(run, meta) if keep_timeline else None
+    wall = time.perf_counter() - t0
+    node = worst.node
+    return SimResult(
+        model=model, layout=layout, batch=batch, seq=seq, policy=policy, profile=profile.name, status=status,
+        iteration_s=it, mfu=mfu, tgs=tgs, peak_gpu_bytes=max(run.peak_gpu_bytes.values()),
+        peak_host_bytes_per_node=max(run.peak_host_bytes.values()),
+        gpu_capacity_bytes=mem.gpu_capacity_bytes, host_capacity_bytes=mem.host_capacity_bytes,
+        exposed_copy_s=exposed_copy_seconds(run.ops), layer_timings=pipeline_layer_timings(sched),
+        timeline=tl, failure=failure, contention=contention, sim_wall_s=wall, n_ops=len(run.ops),
+        start_gpu_bytes=run.start_gpu_bytes.get(worst.index, 0.0), end_gpu_bytes=run.end_gpu_bytes[worst.index],
+        end_host_bytes=run.end_host_bytes[node], link_log=run.link_log, link_capacity=run.link_capacity,
+        link_carried=run.link_carried, ops=run.ops if record else [],
+        allocator=dict(meta["allocator"]), pipeline=pipe)
+
+
+def pipeline_layer_timings(sched) -> dict[str, float]:
+    """Simulated seconds of one unit (the middle piece through the middle layer of stage 0)."""
+    ps = sched.pieces[0]
+    k = len(ps) // 2
+    layer = sched.layers[0][len(sched.layers[0]) // 2]
+    out = {"forward": _span(sched.phases.get((0, k, layer, "fwd"))),
+           "backward": _span(sched.phases.get((0, k, layer, "bwd"))), "recompute": 0.0}
+    for kind in ("offload", "prefetch"):
+        op = sched.copies.get((0, k, layer, kind))
+        out[kind] = (op.end - op.start) if op is not None and op.end is not None else 0.0
+    return out
 
 
 def _allocator_summary(replay, profile: HardwareProfile) -> dict:

@@ -1,8 +1,20 @@
 """Parallel layouts and the rules that make one valid.
 
-Rank order, innermost first: TP, Ulysses, CP, DP. So a TP group is ``tp`` consecutive GPUs (kept
+Rank order, innermost first: TP, Ulysses, CP, PP, DP. So a TP group is ``tp`` consecutive GPUs (kept
 inside a node), and a group of degree g whose ranks are ``stride`` apart spans nodes when
 ``g * stride > gpus_per_node``.
+
+Pipeline parallelism (``pp``, SPPO: papers/sppo.txt): the model's layers are split evenly into
+``pp`` stages (the embedding on the first, the classifier on the last); inside a stage the
+sequence is split by Megatron sequence parallelism (TP+SP, degree ``tp``). Stage s occupies the
+ranks ``s * stage_stride .. (s+1) * stage_stride - 1`` of its pipeline (``stage_stride`` = tp x
+ulysses x cp), so consecutive stages exchange activations (forward) and their gradients
+(backward) by P2P send/recv over NVLink when both sit in one node and over InfiniBand when the
+hop crosses a node boundary (`stage_hop_crosses_nodes`). Validity with pp > 1 (`check_layout`):
+layers divisible by pp (even split), Megatron TP with SP inside a stage (ring CP, Ulysses and
+METP are not combined with pipeline stages), ZeRO at most 1 (stages keep their own layers'
+weights). ``pp`` is left out of `Layout.to_dict` when it is 1, so plans without pipelines read
+and write exactly as before.
 
 Model states (weights, gradients, optimizer states) are replicated across every rank that holds
 the same weights, i.e. the DP x CP x Ulysses group; ZeRO stage z shards them over that group:
@@ -39,10 +51,17 @@ class Layout:
     dp: int = 1
     zero: int = 0
     tp_mode: str = "megatron"  # megatron | metp_ffn | metp (see the module docs)
+    pp: int = 1  # pipeline stages (SPPO); layers split evenly, embedding first, classifier last
 
     @property
     def gpus(self) -> int:
-        return self.tp * self.cp * self.ulysses * self.dp
+        return self.tp * self.cp * self.ulysses * self.dp * self.pp
+
+    @property
+    def stage_stride(self) -> int:
+        """GPUs of one pipeline stage of one replica (tp x ulysses x cp): the rank distance between
+        consecutive stages."""
+        return self.tp * self.ulysses * self.cp
 
     @property
     def seq_split(self) -> int:
@@ -68,6 +87,8 @@ class Layout:
             parts.append(f"uly{self.ulysses}")
         if self.cp > 1:
             parts.append(f"cp{self.cp}")
+        if self.pp > 1:
+            parts.append(f"pp{self.pp}")
         if self.dp > 1:
             parts.append(f"dp{self.dp}")
         if self.zero:
@@ -75,7 +96,10 @@ class Layout:
         return "-".join(parts)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if self.pp == 1:  # plans without a pipeline keep their pre-SPPO shape
+            del d["pp"]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict, source: str = "layout") -> "Layout":
@@ -91,18 +115,49 @@ def group_spans_nodes(size: int, stride: int, gpus_per_node: int) -> bool:
     return size > 1 and size * stride > gpus_per_node
 
 
+def stage_first_rank(layout: Layout, stage: int) -> int:
+    """Global rank of the first GPU of pipeline stage ``stage`` in the first replica."""
+    return stage * layout.stage_stride
+
+
+def stage_hop_crosses_nodes(layout: Layout, stage: int, gpus_per_node: int) -> bool:
+    """Whether the P2P hop from stage ``stage`` to stage ``stage + 1`` leaves the node (each GPU of
+    a stage sends to the GPU ``stage_stride`` ranks further on)."""
+    a = stage_first_rank(layout, stage)
+    return a // gpus_per_node != (a + layout.stage_stride) // gpus_per_node
+
+
+def pipeline_spans_nodes(layout: Layout, gpus_per_node: int) -> bool:
+    """Whether any stage-to-stage hop of the pipeline crosses a node boundary."""
+    return any(stage_hop_crosses_nodes(layout, s, gpus_per_node) for s in range(layout.pp - 1))
+
+
 def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: int,
                  seq: int, batch: int = 1, metp_across_nodes: bool = False) -> str | None:
     """Return None if the layout is valid, else the reason it is rejected. ``metp_across_nodes``
     lets a METP group span whole nodes (its ring then rides the inter-node link)."""
-    for f in ("tp", "cp", "ulysses", "dp"):
+    for f in ("tp", "cp", "ulysses", "dp", "pp"):
         v = getattr(layout, f)
         if not isinstance(v, int) or v < 1:
             return f"{f} must be a positive integer"
     if layout.zero not in (0, 1, 2, 3):
         return "zero must be 0, 1, 2 or 3"
     if layout.gpus != gpus:
+        if layout.pp > 1:
+            return f"tp x ulysses x cp x pp x dp = {layout.gpus}, not the {gpus} GPUs asked for"
         return f"tp x ulysses x cp x dp = {layout.gpus}, not the {gpus} GPUs asked for"
+    if layout.pp > 1:
+        if model.layers % layout.pp:
+            return f"{model.layers} layers do not split evenly into {layout.pp} pipeline stages"
+        if layout.cp > 1 or layout.ulysses > 1:
+            return ("pipeline stages split the sequence by Megatron TP+SP only "
+                    "(ring CP and Ulysses are not combined with pp)")
+        if layout.metp:
+            return "pipeline stages run Megatron TP+SP (METP is not combined with pp)"
+        if layout.tp > 1 and not layout.sp:
+            return "pipeline stages split their tokens by Megatron sequence parallelism: sp must be on"
+        if layout.zero > 1:
+            return "pipeline stages keep their own layers' weights and gradients: ZeRO at most 1 with pp"
     if layout.tp_mode not in TP_MODES:
         return f"tp_mode must be one of {', '.join(TP_MODES)}, got {layout.tp_mode!r}"
     if layout.metp:
@@ -171,3 +226,41 @@ def enumerate_layouts(model: ModelConfig, gpus: int, gpus_per_node: int, seq: in
         rejected.append((lay, check_layout(lay, model, gpus, gpus_per_node, seq, metp_across_nodes=metp_across_nodes)
                          or "inconsistent degrees"))
     return valid, rejected
+
+
+def enumerate_pipeline_layouts(model: ModelConfig, gpus: int, gpus_per_node: int, seq: int, *,
+                               tp: int | None = None, pp: int | None = None, dp: int | None = None,
+                               zero: int | None = None,
+                               ) -> tuple[list[Layout], list[tuple[Layout, str]]]:
+    """Pipeline layouts (SPPO): TP+SP inside a stage (degree ``tp``, SP in the paper's words) x
+    ``pp`` stages x ``dp`` replicas, ZeRO 0 or 1; (valid, [(rejected, reason)]). pp = 1 is
+    included (SPPO over one stage: subsequence offloading without a pipeline)."""
+    valid: list[Layout] = []
+    rejected: list[tuple[Layout, str]] = []
+    choices = lambda fixed: [fixed] if fixed is not None else _divisors(gpus)  # noqa: E731
+    for t, p in product(choices(tp), choices(pp)):
+        if gpus % (t * p):
+            continue
+        d = gpus // (t * p)
+        if dp is not None and d != dp:
+            continue
+        for z in ([zero] if zero is not None else ([0, 1] if d > 1 else [0])):
+            lay = Layout(tp=t, sp=True, dp=d, zero=z, pp=p)
+            why = check_layout(lay, model, gpus, gpus_per_node, seq)
+            if not why and z > 1:
+                why = "SPPO keeps each stage's weights and gradients whole: ZeRO 0 or 1"
+            (rejected.append((lay, why)) if why else valid.append(lay))
+    if not valid and not rejected and tp is not None and pp is not None:
+        lay = Layout(tp=tp, sp=True, dp=dp or 1, zero=zero or 0, pp=pp)
+        rejected.append((lay, check_layout(lay, model, gpus, gpus_per_node, seq) or "inconsistent degrees"))
+    return valid, rejected
+
+
+def node_stage_gpus(layout: Layout, gpus_per_node: int) -> dict[int, dict[int, int]]:
+    """For each node, how many of its GPUs run each pipeline stage (every replica counted)."""
+    out: dict[int, dict[int, int]] = {}
+    for r in range(layout.gpus):
+        stage = (r // layout.stage_stride) % layout.pp
+        per = out.setdefault(r // gpus_per_node, {})
+        per[stage] = per.get(stage, 0) + 1
+    return out

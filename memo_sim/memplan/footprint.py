@@ -13,11 +13,17 @@ the others run on PyTorch's caching allocator, whose reserved peak on the same r
 Host: each offloaded layer's bytes as the policy's host layout allocates them
 (`memo_sim.policy.host_layout`: memo's executor registers one exact pool per GPU), times the
 offloaded layers and the active GPUs of the node.
+
+SPPO (`sppo_memory`): per pipeline stage, a walk over the stage's units (piece x layer) in
+schedule order: the stage's model states, every unit's skeletal bytes less what its offload
+has taken to host, the K/V cache of the earlier pieces (two-level activation management), the
+dK/dV accumulators in backward, one working block and, on the last stage, the classifier; host
+bytes per node summed over the stages whose GPUs sit in the node.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from memo_sim.cost.activations import skeletal_bytes
 from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS, classifier_peak_bytes, model_state_bytes
@@ -25,6 +31,7 @@ from memo_sim.layout.parallel import Layout
 from memo_sim.memplan.baseline import caching_allocator_layer_report
 from memo_sim.memplan.trace_gen import layer_backward_trace, layer_forward_trace
 from memo_sim.model.config import ModelConfig
+from memo_sim.model.layer_graph import DTYPE_BYTES
 from memo_sim.policy.base import Policy
 from memo_sim.profile.schema import HardwareProfile
 
@@ -103,3 +110,211 @@ def memory_breakdown(model: ModelConfig, layout: Layout, batch: int, seq: int, p
         transient_caching_allocator_bytes=cached, layer_boundary_bytes=boundary, classifier_peak_bytes=classifier,
         peak_gpu_bytes=peak, gpu_capacity_bytes=profile.usable_gpu_memory, host_bytes_per_gpu=host_gpu,
         host_bytes_per_node=host_node, host_capacity_bytes=profile.usable_host_memory)
+
+
+# ---------------------------------------------------------------------------------------------- SPPO
+@dataclass(frozen=True)
+class StageMemory:
+    """Peak GPU memory of one pipeline stage under SPPO (one GPU of the stage) and where it falls."""
+
+    stage: int
+    breakdown: MemoryBreakdown  # skeletal_resident_bytes: kept rows + cached K/V + dK/dV accumulators at the peak
+    kv_cache_bytes: float  # K/V of every cached piece, all of the stage's layers (the two-level cache)
+    dkv_peak_bytes: float  # dK/dV accumulators of earlier pieces at their largest
+    kept_bytes: float  # skeletal bytes the alphas leave on the GPU after the forward (K/V excluded)
+    peak_at: str  # "fwd s3 L12", "bwd s0.1 L4", "classifier s7" ...
+    host_bytes_per_gpu: float  # pinned host bytes one GPU of the stage holds at most
+
+    def to_dict(self) -> dict:
+        d = {k: v for k, v in self.breakdown.to_dict().items()}
+        d.update(stage=self.stage, kv_cache_bytes=self.kv_cache_bytes, dkv_peak_bytes=self.dkv_peak_bytes,
+                 kept_bytes=self.kept_bytes, peak_at=self.peak_at, host_bytes_per_gpu_stage=self.host_bytes_per_gpu)
+        return d
+
+
+@dataclass(frozen=True)
+class PipelineMemory:
+    stages: list[StageMemory]
+    host_bytes_per_node: float  # the fullest node's pinned host bytes
+
+    @property
+    def worst(self) -> StageMemory:
+        return max(self.stages, key=lambda m: m.breakdown.peak_gpu_bytes)
+
+    @property
+    def breakdown(self) -> MemoryBreakdown:
+        """The fullest stage's breakdown (host bytes: the fullest node's)."""
+        return self.worst.breakdown
+
+    @property
+    def status(self) -> str:
+        return self.breakdown.status
+
+    def reason(self) -> str:
+        """Why it does not fit, naming the stage and the unit (empty when it fits)."""
+        from memo_sim.units import fmt_bytes
+
+        b, w = self.breakdown, self.worst
+        if b.status == "OOM":
+            return (f"OOM on stage {w.stage} at {w.peak_at}: {fmt_bytes(b.peak_gpu_bytes)} of "
+                    f"{fmt_bytes(b.gpu_capacity_bytes)} (K/V cache {fmt_bytes(w.kv_cache_bytes)}, dK/dV "
+                    f"{fmt_bytes(w.dkv_peak_bytes)}, kept activations {fmt_bytes(w.kept_bytes)})")
+        if b.status == "OOHM":
+            return (f"OOHM: {fmt_bytes(b.host_bytes_per_node)} pinned per node of "
+                    f"{fmt_bytes(b.host_capacity_bytes)}")
+        return ""
+
+    def to_dict(self) -> dict:
+        return {"status": self.status, "host_bytes_per_node": self.host_bytes_per_node,
+                "worst_stage": self.worst.stage, "stages": [m.to_dict() for m in self.stages]}
+
+
+def sppo_unit_working_bytes(model: ModelConfig, layout: Layout, batch: int, tokens: int) -> tuple[float, float, float]:
+    """(transient reserved peak, boundary activation, classifier peak) of one unit of ``tokens``
+    tokens on one GPU of a stage: the caching allocator's reserved peak on one layer's requests
+    at that length (SPPO's transients run on PyTorch's allocator; one arena sized for the
+    stage's longest piece serves every unit), the layer input handed between layers, and the
+    chunked classifier."""
+    shard = replace(layout, pp=1, dp=1, zero=0)
+    cached = float(caching_allocator_layer_report(model, shard, batch, tokens, None).peak_reserved_bytes)
+    boundary = skeletal_bytes(model, shard, batch, tokens)["input"]
+    return cached, boundary, classifier_peak_bytes(model, shard, batch, tokens)
+
+
+def sppo_memory(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy,
+                profile: HardwareProfile) -> PipelineMemory:
+    """Peak GPU memory per stage of an SPPO plan and pinned host memory per node, by walking each
+    stage's units as the pipeline schedule runs them (`memo_sim.engine.pipeline`), assuming every
+    offload is done by the end of the next unit's forward (the rounding-buffer rule guarantees it)
+    and each prefetch runs beside the backward of the unit after it.
+
+    Per unit (piece k through layer j of the stage): its skeletal bytes (+ lse) are allocated at
+    its forward; alpha_k of the offloadable rows leave when its copy ends; they come back when its
+    prefetch starts; everything goes after its backward. The backward of the stage's last piece
+    allocates, layer by layer, the dK/dV accumulators of every earlier piece, each freed after
+    that piece's backward. One working block (transients + the activation handed between layers)
+    per running unit; the last stage also runs the classifier per piece and keeps the final hidden
+    state's gradient until the piece's backward."""
+    from memo_sim.cost.sppo import kv_cache_bytes, stage_layers, stage_model_state_bytes
+    from memo_sim.layout.parallel import node_stage_gpus
+    from memo_sim.policy.rounding_buffers import offloaded_layer_count
+
+    shard = replace(layout, pp=1, dp=1, zero=0)
+    stage_pieces = policy.stage_pieces(model, layout, batch)
+    layers = stage_layers(model.layers, layout.pp)
+    out: list[StageMemory] = []
+    dt = DTYPE_BYTES[model.dtype]
+    scheme, rounding = policy.host_scheme, profile.host.pinned_rounding
+    unit_cache: dict[tuple, object] = {}
+
+    def ub(piece, cached_kv: bool, offloaded: bool):
+        key = (piece.sub, piece.tokens, cached_kv, offloaded)
+        v = unit_cache.get(key)
+        if v is None:
+            v = unit_cache[key] = policy.shard_unit_bytes(model, shard, batch, piece, cached_kv, scheme, rounding,
+                                                          offloaded)
+        return v
+
+    for s, pieces in enumerate(stage_pieces):
+        n_l = len(layers[s])
+        n_k = len(pieces)
+        n_u = n_k * n_l
+        longest = max(p.tokens for p in pieces)
+        transient, boundary, classifier = sppo_unit_working_bytes(model, layout, batch, longest)
+        work = transient + boundary
+        last_stage = s == layout.pp - 1
+        ub_off = [ub(p, k < n_k - 1, True) for k, p in enumerate(pieces)]
+        ub_keep = [ub(p, k < n_k - 1, False) for k, p in enumerate(pieces)]
+        kv_piece = [u.kv for u in ub_keep]
+        dgrad_piece = [shard_tokens_bytes(shard, batch, p.tokens, model.hidden, dt) for p in pieces]
+        n_off = offloaded_layer_count(n_u)
+        # per unit: (skeletal, lse, offload) in forward order
+        sk_u = [0.0] * n_u
+        lse_u = [0.0] * n_u
+        off_u = [0.0] * n_u
+        for u in range(n_u):
+            b = (ub_off if u < n_off else ub_keep)[u // n_l]
+            sk_u[u], lse_u[u], off_u[u] = b.skeletal, b.lse, b.offload
+        states = stage_model_state_bytes(model, layout, s)
+        skel = lse = dkv = dgrad = 0.0
+        peak, where, snap = -1.0, None, (0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+        for u in range(n_u):  # forward
+            skel += sk_u[u]
+            lse += lse_u[u]
+            tot = states + skel + lse + dgrad + work
+            if tot > peak:
+                peak, where, snap = tot, ("fwd", u), (skel, lse, 0.0, dgrad, work, 0.0)
+            if u > 0:
+                skel -= off_u[u - 1]
+            if last_stage and u % n_l == n_l - 1:
+                tot = states + skel + lse + dgrad + classifier
+                if tot > peak:
+                    peak, where, snap = tot, ("classifier", u), (skel, lse, 0.0, dgrad, 0.0, classifier)
+                dgrad += dgrad_piece[u // n_l]
+        if n_u > 0:
+            skel -= off_u[n_u - 1]
+        kv_all = sum(kv_piece[:-1]) * n_l
+        kept = skel - kv_all  # after the forward: kept rows of every unit (K/V cache aside)
+        dkv_peak = 0.0
+        dkv_last = kv_cache_bytes(model, shard, batch, pieces[-1].start) if n_k > 1 else 0.0
+        for v in range(n_u - 1, -1, -1):  # backward
+            k, j = divmod(v, n_l)
+            if 0 < v <= n_off:  # prefetch(v-1) runs beside this backward
+                skel += off_u[v - 1]
+            if last_stage and j == n_l - 1:
+                dgrad -= dgrad_piece[k]
+            if k == n_k - 1:
+                dkv += dkv_last
+                if dkv > dkv_peak:
+                    dkv_peak = dkv
+            tot = states + skel + lse + dkv + dgrad + work
+            if tot > peak:
+                peak, where, snap = tot, ("bwd", v), (skel, lse, dkv, dgrad, work, 0.0)
+            skel -= sk_u[v]
+            lse -= lse_u[v]
+            if k < n_k - 1:
+                dkv -= kv_piece[k]
+        host_gpu = sum(ub_off[u // n_l].host_block for u in range(n_off))
+        phase, u = where
+        k, j = divmod(u, n_l)
+        at = f"classifier {pieces[k].tag()}" if phase == "classifier" else f"{phase} {pieces[k].tag()} L{layers[s][j]}"
+        sk_p, lse_p, dkv_p, dgrad_p, work_p, cls_p = snap
+        bd = MemoryBreakdown(
+            model_states_bytes=states, skeletal_resident_bytes=sk_p + dkv_p + dgrad_p,
+            rounding_buffer_bytes=0.0, lse_bytes=lse_p, transient_peak_bytes=transient if work_p else 0.0,
+            transient_planned_bytes=transient, transient_caching_allocator_bytes=transient,
+            layer_boundary_bytes=boundary if work_p else 0.0, classifier_peak_bytes=cls_p,
+            peak_gpu_bytes=peak, gpu_capacity_bytes=profile.usable_gpu_memory,
+            host_bytes_per_gpu=sum(off_u[:n_off]), host_bytes_per_node=0.0,
+            host_capacity_bytes=profile.usable_host_memory)
+        out.append(StageMemory(s, bd, kv_all, dkv_peak, max(0.0, kept), at, host_gpu))
+    per_node = node_stage_gpus(layout, profile.node_gpus)
+    host_node = max(sum(n * out[st].host_bytes_per_gpu for st, n in stages.items()) for stages in per_node.values())
+    out = [replace(m, breakdown=replace(m.breakdown, host_bytes_per_node=host_node)) for m in out]
+    return PipelineMemory(out, host_node)
+
+
+def sppo_host_bytes_per_node(model: ModelConfig, layout: Layout, batch: int, policy: Policy,
+                             profile: HardwareProfile) -> float:
+    """The fullest node's pinned host bytes of an SPPO plan (what `sppo_memory` reports, without the
+    GPU walk: the planner's host-memory bisection asks for it many times)."""
+    from memo_sim.cost.sppo import stage_layers
+    from memo_sim.layout.parallel import node_stage_gpus
+    from memo_sim.policy.rounding_buffers import offloaded_layer_count
+
+    shard = replace(layout, pp=1, dp=1, zero=0)
+    scheme, rounding = policy.host_scheme, profile.host.pinned_rounding
+    n_l = len(stage_layers(model.layers, layout.pp)[0])
+    per_stage = []
+    for pieces in policy.stage_pieces(model, layout, batch):
+        n_k = len(pieces)
+        n_off = offloaded_layer_count(n_k * n_l)
+        per_stage.append(sum(policy.shard_unit_bytes(model, shard, batch, pieces[k], k < n_k - 1, scheme, rounding)
+                             .host_block * max(0, min(n_l, n_off - k * n_l)) for k in range(n_k)))
+    per_node = node_stage_gpus(layout, profile.node_gpus)
+    return max(sum(n * per_stage[st] for st, n in stages.items()) for stages in per_node.values())
+
+
+def shard_tokens_bytes(layout: Layout, batch: int, tokens: int, width: int, dtype_bytes: int) -> float:
+    """Bytes of a ``width``-wide, sequence-sharded activation of ``tokens`` tokens on one GPU."""
+    return batch * tokens / layout.seq_split * width * dtype_bytes / (layout.tp if layout.sp else 1)

@@ -7,8 +7,11 @@ Top-level fields (units in the key names)::
     memo_version      version of memo that wrote it
     model             ModelConfig fields (name, layers, hidden, heads, ffn, vocab, kv_heads, ffn_type, dtype)
     batch, seq_tokens, gpus
-    layout            Layout fields (tp, sp, tp_mode, cp, ulysses, dp, zero)
-    policy            {"policy": store_all|full_recompute|full_offload|memo, "alpha": float|null}
+    layout            Layout fields (tp, sp, tp_mode, cp, ulysses, dp, zero; pp where a pipeline has stages)
+    policy            {"policy": store_all|full_recompute|full_offload|memo, "alpha": float|null}, or for SPPO
+                      {"policy": "sppo", "alpha": null, "subseqs": N, "bounds": [0, x_1, ..., seq]
+                       (subsequence i is tokens bounds[i]..bounds[i+1]), "alphas": [alpha_0, ..., alpha_N-1],
+                       "partition": flops|length|explicit, "multiplex": bool, "threshold_bytes": M_threshold}
     profile           hardware profile name
     attention_backend auto | flash_attn | sdpa_flash | sdpa_efficient | sdpa_cudnn | math
     classifier_chunk_tokens  tokens per chunk of the chunked classifier + loss
@@ -29,12 +32,12 @@ from typing import Any
 
 from memo_sim import __version__
 from memo_sim.errors import MemoError, PlanError
-from memo_sim.fileio import atomic_write_json
+from memo_sim.fileio import atomic_write_json, read_utf8
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
 from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS
 from memo_sim.plan.contract import MemoryPlan, Prediction
-from memo_sim.policy import Policy, get_policy
+from memo_sim.policy import Policy, get_policy, policy_class
 
 PLAN_SCHEMA = "memo-plan/1"
 ATTENTION_BACKENDS = ("auto", "flash_attn", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "math")
@@ -121,9 +124,15 @@ class Plan:
             if layout is None:
                 raise fail("layout", "must be an object")
             pol = d["policy"]
-            if not isinstance(pol, dict) or set(pol) - {"policy", "alpha"} or "policy" not in pol:
+            if not isinstance(pol, dict) or "policy" not in pol:
                 raise fail("policy", 'must be {"policy": ..., "alpha": ...}')
-            policy = get_policy(pol["policy"], pol.get("alpha"))
+            pcls = policy_class(pol["policy"])
+            if hasattr(pcls, "from_dict"):  # a policy with its own plan fields (SPPO's subsequence plan)
+                policy = pcls.from_dict(pol)
+            elif set(pol) - {"policy", "alpha"}:
+                raise fail("policy", 'must be {"policy": ..., "alpha": ...}')
+            else:
+                policy = get_policy(pol["policy"], pol.get("alpha"))
         except PlanError:
             raise
         except MemoError as e:
@@ -162,7 +171,7 @@ def write_plan(plan: Plan, path: str | Path) -> Path:
 def read_plan(path: str | Path) -> Plan:
     path = Path(path)
     try:
-        raw = json.loads(path.read_text())
+        raw = json.loads(read_utf8(path, PlanError))
     except FileNotFoundError:
         raise PlanError(f"{path}: no such plan file") from None
     except json.JSONDecodeError as e:

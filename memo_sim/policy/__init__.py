@@ -4,6 +4,7 @@ what-if lists them."""
 
 # isort: off
 from memo_sim.policy import store_all, full_recompute, full_offload, memo  # noqa: F401  (registration order)
+from memo_sim.policy import sppo  # noqa: F401  (SPPO: subsequence pipeline offloading, registered last)
 # isort: on
 from memo_sim.policy.base import Policy
 from memo_sim.policy.registry import get_policy, policy_class, policy_names, register

@@ -10,6 +10,9 @@
 - `seq_sweep_figure`: peak GPU memory (with the capacity) and step time against sequence length,
   one line per series of `memo_sim.search.seq_sweep` (e.g. METP, Megatron TP+SP, Ulysses), plans
   that do not fit marked on the time axis, crossovers drawn as vertical lines.
+- SPPO: `pipeline_gantt_figure` (stages x time, subsequences coloured, bubbles shaded, P2P /
+  offload / prefetch streams per stage; the paper's Figure 8), `stage_memory_figure` (GPU memory
+  per stage over time) and `subseq_sweep_figure` (iteration time and peak memory against N).
 """
 
 from __future__ import annotations
@@ -337,6 +340,171 @@ def seq_sweep_figure(points: list["SeqPoint"], path: str | Path, title: str,
     ax2.set_ylabel("step time (s); x: does not fit", fontsize=9)
     axes[-1].set_xlabel("sequence length (tokens)")
     ax1.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+# ------------------------------------------------------------------------------------------------ SPPO
+PIPELINE_ROWS = (("compute", ("compute", "comm")), ("p2p", ("p2p",)), ("d2h", ("d2h",)), ("h2d", ("h2d",)))
+
+
+def subsequence_of(op_name: str) -> int | None:
+    """The subsequence an SPPO op belongs to, from its name (``qkv@s3``, ``offload@s3.1``); None for an
+    op without a tag (one subsequence, or per-iteration work)."""
+    if "@s" not in op_name:
+        return None
+    tag = op_name.split("@s", 1)[1]
+    try:
+        return int(tag.split(".")[0])
+    except ValueError:
+        return None
+
+
+def _merged_spans(events: list[TimelineEvent], tol: float) -> list[tuple[float, float, TimelineEvent]]:
+    """Consecutive events of one (subsequence, phase) merged where they are less than ``tol`` apart."""
+    out: list[list] = []
+    for e in sorted(events, key=lambda e: e.start):
+        key = (subsequence_of(e.op), e.phase if e.phase not in ("p2p_fwd", "p2p_bwd") else e.phase)
+        if out and out[-1][3] == key and e.start - out[-1][1] <= tol:
+            out[-1][1] = max(out[-1][1], e.end)
+        else:
+            out.append([e.start, e.end, e, key])
+    return [(a, b, e) for a, b, e, _ in out]
+
+
+def pipeline_gantt_figure(timeline: Timeline, path: str | Path) -> Path:
+    """SPPO's pipeline over the whole iteration (like the paper's Figure 8): per stage its compute
+    (kernels and TP collectives), P2P, offload and prefetch streams against time, bars coloured by
+    subsequence (forward solid, backward hatched, copies lighter), idle compute time (the bubbles)
+    shaded, each stage's bubble share written beside it."""
+    from matplotlib import colormaps
+    from matplotlib.collections import PolyCollection
+    from matplotlib.colors import to_rgba
+
+    pipe = (timeline.meta or {}).get("pipeline")
+    if not pipe:
+        raise MemoError("the timeline is not a pipeline (SPPO) timeline: no meta.pipeline")
+    stages = [st["stage"] for st in pipe["stages"]]
+    n_sub = max(1, int(pipe.get("subseqs") or 1))
+    cmap = colormaps["viridis"]
+    end = max((e.end for e in timeline.events), default=0.0)
+    tol = end * 2e-3
+    rows: list[tuple[int, str, tuple[str, ...]]] = []
+    for s in stages:
+        present = {e.stream for e in timeline.events if e.device == s}
+        rows += [(s, label, streams) for label, streams in PIPELINE_ROWS if present & set(streams)]
+    fig = Figure(figsize=(14, 0.32 * len(rows) + 2.2))
+    ax = fig.subplots(1, 1)
+    busy: dict[int, float] = {}
+    by_device: dict[int, list[TimelineEvent]] = {}
+    for e in timeline.events:
+        by_device.setdefault(e.device, []).append(e)
+    for r, (s, label, streams) in enumerate(rows):
+        evs = [e for e in by_device.get(s, []) if e.stream in streams]
+        if label == "compute":
+            ax.broken_barh([(0, end)], (r - 0.45, 0.9), facecolors="#F4D6D6", edgecolors="none")  # idle = bubble
+            busy[s] = sum(e.duration for e in evs)
+        groups: dict[tuple, list[tuple[float, float]]] = {}
+        for a, b, e in _merged_spans(evs, tol if label == "compute" else 5 * tol):
+            sub = subsequence_of(e.op)
+            if sub is None and pipe.get("subseqs") == 1 and e.phase in ("fwd", "bwd", "offload", "prefetch",
+                                                                          "classifier", "p2p_fwd", "p2p_bwd"):
+                sub = 0
+            hatch = "////" if e.phase in ("bwd", "p2p_bwd", "prefetch") else None
+            groups.setdefault((sub, hatch), []).append((a, max(b - a, end * 1e-4)))
+        light = label in ("d2h", "h2d", "p2p")
+        for hatch in (None, "////"):  # one artist per row and hatch, a colour per bar
+            verts, colors = [], []
+            for (sub, h), spans in groups.items():
+                if h != hatch:
+                    continue
+                rgba = to_rgba(cmap(sub / max(1, n_sub - 1)) if sub is not None else "#9E9E9E",
+                               0.55 if light else 1.0)
+                for a, w in spans:
+                    verts.append([(a, r - 0.4), (a + w, r - 0.4), (a + w, r + 0.4), (a, r + 0.4)])
+                    colors.append(rgba)
+            if verts:
+                ax.add_collection(PolyCollection(verts, facecolors=colors, edgecolors="none", hatch=hatch),
+                                  autolim=False)
+        if label == "compute" and end > 0:
+            ax.text(end * 1.005, r, f"idle {100 * (1 - busy[s] / end):.0f}%", va="center", fontsize=7)
+    ax.set_ylim(len(rows) - 0.5, -0.5)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([f"stage {s} {label}" for s, label, _ in rows], fontsize=7)
+    ax.set_xlim(0, end * 1.06 if end else 1)
+    ax.set_xlabel("time in the iteration (s)")
+    ax.grid(axis="x", alpha=0.3)
+    meta = timeline.meta or {}
+    ax.set_title(" | ".join(str(meta[k]) for k in ("model", "layout", "policy", "profile") if meta.get(k))
+                 + (f" | {fmt_count(meta['seq_tokens'])} tokens" if meta.get("seq_tokens") else "")
+                 + f" | N={n_sub}, PP={len(stages)}", fontsize=10)
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize
+
+    sm = ScalarMappable(norm=Normalize(0, max(1, n_sub - 1)), cmap=cmap)
+    fig.colorbar(sm, ax=ax, label="subsequence", fraction=0.025, pad=0.06)
+    handles = [Patch(facecolor="#777777", label="forward"), Patch(facecolor="#777777", hatch="////", label="backward"),
+               Patch(facecolor="#777777", alpha=0.55, label="P2P / offload / prefetch"),
+               Patch(facecolor="#F4D6D6", label="idle compute (bubble)"), Patch(facecolor="#9E9E9E", label="other")]
+    fig.legend(handles=handles, loc="lower center", ncol=5, fontsize=8, frameon=False, bbox_to_anchor=(0.5, 0.0))
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    return _save(fig, path)
+
+
+def stage_memory_figure(timeline: Timeline, path: str | Path) -> Path:
+    """GPU memory of each pipeline stage's GPU over the iteration (the right plot of the paper's
+    Figure 8), and pinned host memory per node, with capacities."""
+    meta = timeline.meta or {}
+    pipe = meta.get("pipeline") or {}
+    gpu = sorted({m.device for m in timeline.memory if m.kind == "gpu"})
+    host = sorted({m.device for m in timeline.memory if m.kind == "host"})
+    fig = Figure(figsize=(10, 3.4 * (2 if host else 1)))
+    axes = fig.subplots(2 if host else 1, 1, squeeze=False, sharex=True)[:, 0]
+    end = max([e.end for e in timeline.events] + [m.time for m in timeline.memory] + [0.0])
+    layers = {st["stage"]: st.get("layers") for st in pipe.get("stages", [])}
+    _memory_panel(axes[0], timeline, "gpu", gpu, end, meta.get("gpu_capacity_bytes"), "GPU memory (GiB)",
+                  lambda d: f"stage {d}" + (f" (layers {layers[d][0]}-{layers[d][1]})" if layers.get(d) else ""), None)
+    if host:
+        _memory_panel(axes[1], timeline, "host", host, end, meta.get("host_capacity_bytes"), "host memory (GiB)",
+                      lambda h: f"node {-1 - h} pinned host", None)
+    axes[-1].set_xlabel("time in the iteration (s)")
+    fig.suptitle(" | ".join(str(meta[k]) for k in ("model", "layout", "policy") if meta.get(k))
+                 + " | GPU memory per pipeline stage", fontsize=10)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def subseq_sweep_figure(points: list[dict], path: str | Path, title: str = "") -> Path:
+    """Iteration time (simulated and analytic, with SPPO's closed form (p-1+N)/N·F(N)) and peak GPU
+    memory against the subsequence count N; plans that do not fit marked."""
+    fig = Figure(figsize=(8, 6.4))
+    ax_t, ax_m = fig.subplots(2, 1, sharex=True)
+    ns = [p["subseqs"] for p in points]
+    sim = [p.get("iteration_s") for p in points]
+    ana = [p.get("analytic_iteration_s") for p in points]
+    closed = [p.get("closed_form_iteration_s") for p in points]
+    ax_t.plot([n for n, v in zip(ns, ana) if v], [v for v in ana if v], "s--", color="#8C8C8C", label="analytic")
+    if any(closed):
+        ax_t.plot([n for n, v in zip(ns, closed) if v], [v for v in closed if v], ":", color="#C44E52",
+                  label="(p-1+N)/N·F(N)")
+    ax_t.plot([n for n, v in zip(ns, sim) if v], [v for v in sim if v], "o-", color="#4C72B0", label="simulated")
+    top = max([v for v in sim + ana if v] + [1.0])
+    _mark_failures(ax_t, ns, [p["status"] for p in points], top)
+    ax_t.set_ylabel("iteration (s)")
+    ax_t.legend(fontsize=8)
+    ax_t.grid(alpha=0.3)
+    ax_m.plot(ns, [p["peak_gpu_bytes"] / GiB for p in points], "o-", color="#55A868", label="peak GPU (fullest stage)")
+    cap = points[0].get("gpu_capacity_bytes") if points else None
+    if cap:
+        ax_m.axhline(cap / GiB, color="#C44E52", ls="--", lw=1, label="usable capacity")
+    ax_m.set_ylabel("GiB")
+    ax_m.set_xlabel("subsequences N")
+    ax_m.set_xscale("log", base=2)
+    ax_m.set_xticks(ns)
+    ax_m.set_xticklabels([str(n) for n in ns])
+    ax_m.legend(fontsize=8)
+    ax_m.grid(alpha=0.3)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return _save(fig, path)

@@ -11,6 +11,13 @@ TP (with or without SP), ring CP and Ulysses, every activation policy on top of 
 solved for each layout); ``megatron``, ``metp_ffn`` or ``metp`` keep only that flavour.
 `megatron_twin` prices a METP candidate's Megatron TP+SP counterpart (same degrees and policy)
 so the answer can say what METP saves.
+
+SPPO (the ``sppo`` policy, pipeline layouts with ``pp`` stages): `memo_sim.search.sppo` solves
+its space of (SP, PP, N, partition, multiplexing) points, by the paper's heuristic and by an
+exhaustive search; each pipeline layout's best point (and the heuristic's choice) joins the
+ranking as a candidate beside the others, failures with their stage and unit. Tier 2 also
+simulates the heuristic's choice and the best few SPPO points, so `WhatIfResult.sppo_summary`
+can say how far the heuristic is from the best found.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ class Candidate:
     memory: MemoryBreakdown
     alpha_note: str = ""
     simulated: dict | None = None  # filled by the event simulator (tier 2)
+    sppo: dict | None = None  # SPPO: the solved point (N, partition, alphas, stage of the peak, ...) and its role
 
     @property
     def status(self) -> str:
@@ -97,7 +105,11 @@ class Candidate:
             "layer_offload_s": e.layer.offload,
             "layer_prefetch_s": e.layer.prefetch,
             "tp_mode": self.layout.tp_mode,
+            "pp": self.layout.pp,
         }
+        if self.sppo is not None:
+            d["sppo"] = dict(self.sppo)
+            d["policy_label"] = self.policy.label()
         if self.simulated is not None:
             d.update({f"simulated_{k}": v for k, v in self.simulated.items() if k != "status"})
             d["simulated_status"] = self.simulated["status"]
@@ -129,6 +141,8 @@ class WhatIfResult:
     candidates: list[Candidate]
     rejected_layouts: list[tuple[Layout, str]] = field(default_factory=list)
     simulated: int = 0  # how many of the best were simulated (tier 2)
+    sppo: object | None = None  # memo_sim.search.sppo.SppoSearch when SPPO was searched
+    sppo_summary: dict | None = None  # heuristic vs exhaustive best (analytic and simulated)
 
     @property
     def best(self) -> Candidate | None:
@@ -152,9 +166,12 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
                    tp: int | None = None, cp: int | None = None, ulysses: int | None = None, dp: int | None = None,
                    zero: int | None = None, sp: bool | None = None, policies: tuple[str, ...] | None = None,
                    alpha: float | None = None, framework: str = "any", tp_mode: str = "all",
-                   metp_across_nodes: bool = False) -> WhatIfResult:
+                   metp_across_nodes: bool = False, pp: int | None = None, subseqs: int | None = None,
+                   partition: str | None = None, multiplex: bool | None = None) -> WhatIfResult:
     """Every valid layout x policy (MEMO at its solved alpha) for ``framework``, estimated and ranked.
-    ``tp_mode``: the tensor-parallel flavours to include (``all``, or one of `TP_MODES`)."""
+    ``tp_mode``: the tensor-parallel flavours to include (``all``, or one of `TP_MODES`).
+    ``pp``, ``subseqs``, ``partition``, ``multiplex`` fix parts of the SPPO search (pipelines are
+    planned only with the ``sppo`` policy)."""
     if gpus < 1:
         raise MemoError("--gpus must be at least 1")
     modes = tp_modes_of(tp_mode)
@@ -167,24 +184,51 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
             raise MemoError(f"--policy {p}: {fw.name} does not offer it (it offers {', '.join(fw.policies)})")
     if alpha is not None and not (0.0 <= alpha <= 1.0):
         raise MemoError(f"--alpha must lie in [0, 1], got {alpha}")
-    valid, rejected = enumerate_layouts(model, gpus, profile.node_gpus, seq, tp=tp, cp=cp, ulysses=ulysses,
-                                        dp=dp, zero=zero, sp=sp, tp_modes=modes,
-                                        metp_across_nodes=metp_across_nodes)
-    rejected += [(lay, fw.why_not(lay)) for lay in valid if not fw.allows(lay)]
-    valid = [lay for lay in valid if fw.allows(lay)]
-    if not valid:
-        why = rejected[0][1] if rejected else "no factorisation of the GPU count matches the fixed degrees"
-        raise MemoError(f"no valid layout for {gpus} GPUs with the degrees given: {why}")
+    piped = tuple(p for p in policies if getattr(policy_class(p), "pipelined", False))
+    plain = tuple(p for p in policies if p not in piped)
+    sppo_fixed = pp is not None or subseqs is not None or partition is not None or multiplex is not None
+    if sppo_fixed and not piped:
+        raise MemoError("--pp, --subseqs, --partition and --multiplex plan SPPO pipelines: add --policy sppo")
+    if pp is not None and pp > 1:
+        plain = ()  # a pipeline is scheduled only by SPPO
     out: list[Candidate] = []
-    for lay in valid:
-        for pol in policies:
-            out.append(make_candidate(model, lay, pol, batch, seq, profile, alpha))
+    rejected: list[tuple[Layout, str]] = []
+    why_none = "no factorisation of the GPU count matches the fixed degrees"
+    if plain:
+        valid, rejected = enumerate_layouts(model, gpus, profile.node_gpus, seq, tp=tp, cp=cp, ulysses=ulysses,
+                                            dp=dp, zero=zero, sp=sp, tp_modes=modes,
+                                            metp_across_nodes=metp_across_nodes)
+        rejected += [(lay, fw.why_not(lay)) for lay in valid if not fw.allows(lay)]
+        valid = [lay for lay in valid if fw.allows(lay)]
+        if rejected:
+            why_none = rejected[0][1]
+        for lay in valid:
+            for pol in plain:
+                out.append(make_candidate(model, lay, pol, batch, seq, profile, alpha))
+    search = None
+    if piped:
+        from memo_sim.search.sppo import sppo_candidates
+
+        search, sppo_cands, sppo_rejected, why = sppo_candidates(
+            model, seq, gpus, profile, batch=batch, tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero, sp=sp,
+            tp_mode=tp_mode, pp=pp, subseqs=subseqs, partition=partition, multiplex=multiplex)
+        out += sppo_cands
+        rejected += sppo_rejected
+        if why and not out:
+            why_none = why
+    if not out:
+        raise MemoError(f"no valid layout for {gpus} GPUs with the degrees given: {why_none}")
     out.sort(key=Candidate.sort_key)
-    return WhatIfResult(out, rejected)
+    return WhatIfResult(out, rejected, sppo=search)
 
 
 def make_candidate(model: ModelConfig, lay: Layout, pol: str, batch: int, seq: int, profile: HardwareProfile,
                alpha: float | None) -> Candidate:
+    if getattr(policy_class(pol), "pipelined", False):  # SPPO: its best point for this layout
+        from memo_sim.search.sppo import point_candidate, resolve_for_layout
+
+        return point_candidate(model, resolve_for_layout(model, lay, batch, seq, profile), batch, seq, profile,
+                               "fixed layout")
     note, a = "", None
     if policy_class(pol).takes_alpha:
         if alpha is not None:
@@ -221,14 +265,31 @@ def simulate_candidates(candidates: list[Candidate], progress: Progress | None =
     return out
 
 
+SPPO_SIMULATED = 2  # tier 2 also simulates the heuristic's SPPO choice and this many of the best SPPO points
+
+
 def rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, *, simulate_top: int = 8,
-         progress: Progress | None = None, allocator_lag: int = 0, **fixed) -> WhatIfResult:
+         progress: Progress | None = None, allocator_lag: int = 0, sppo_simulate: int = SPPO_SIMULATED,
+         **fixed) -> WhatIfResult:
     """Both tiers: every candidate estimated, the best ``simulate_top`` that fit simulated and
-    ranked first by their simulated throughput. ``fixed``: `candidates_for`'s keyword arguments."""
+    ranked first by their simulated throughput; with SPPO candidates also the heuristic's choice
+    and the best ``sppo_simulate`` SPPO points (`WhatIfResult.sppo_summary`). ``fixed``:
+    `candidates_for`'s keyword arguments."""
     result = candidates_for(model, seq, gpus, profile, **fixed)
     if simulate_top:
         head = [c for c in result.candidates if c.memory.status == "OK"][:simulate_top]
+        if result.sppo is not None and sppo_simulate:
+            sppo_ok = [c for c in result.candidates if c.sppo is not None and c.memory.status == "OK"]
+            extra = [c for c in sppo_ok if "heuristic" in c.sppo.get("roles", ())] + sppo_ok[:sppo_simulate]
+            for c in extra:
+                if not any(c is h for h in head):
+                    head.append(c)
         simulate_candidates(head, progress=progress, allocator_lag=allocator_lag)
-        result.candidates = sorted(head, key=Candidate.sort_key) + [c for c in result.candidates if c not in head]
+        result.candidates = sorted(head, key=Candidate.sort_key) + [c for c in result.candidates
+                                                                    if not any(c is h for h in head)]
         result.simulated = len(head)
+    if result.sppo is not None:
+        from memo_sim.search.sppo import summarize
+
+        result.sppo_summary = summarize(result.sppo, result.candidates)
     return result

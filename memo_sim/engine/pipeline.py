@@ -1,0 +1,336 @@
+"""The SPPO iteration as an op graph: one representative `Device` per pipeline stage.
+
+Stage s runs layers ``stage_layers(n, pp)[s]`` (the embedding on stage 0, the classifier on the
+last) over its pieces (`memo_sim.cost.sppo.stage_pieces`: the N subsequences, split again where
+multiplexed partitioning says), each piece through each of its layers being one *unit*::
+
+    stage s, forward:   for piece k = 0..K-1: [embedding (s = 0)] layer a..b fwd
+                        -> send to stage s+1 (p2p)  |  classifier fwd+bwd of the piece (last stage)
+    stage s, backward:  for piece k = K-1..0: layer b..a: [prefetch] bwd, gradient bucket after the
+                        last piece -> send the input gradient to stage s-1 (p2p) | embedding bwd (s = 0)
+                        -> optimizer step of the stage's parameters
+
+Dependencies: a unit's ops are one `memo_sim.cost.opcost` chain (from `memo_sim.cost.sppo.piece_costs`:
+the piece's own token count, attention at its prefix FLOPs). Piece k of stage s starts after
+piece k-1 of stage s (the compute stream's order and the chain) and after the sends of every
+piece of stage s-1 whose tokens it overlaps (the pieces of neighbouring stages differ only where
+multiplexing split a subsequence); in backward, pieces run in reverse order (a piece's backward
+adds to the dK/dV of every piece before it) and a piece of stage s waits for the backward sends
+of the overlapping pieces of stage s+1. Sends are ``comm`` ops on the sender's ``p2p`` stream
+over NVLink, or InfiniBand where the hop leaves the node
+(`memo_sim.layout.parallel.stage_hop_crosses_nodes`). Host copies follow MEMO's rounding-buffer
+rule in each stage's unit order (`memo_sim.policy.sppo`). Bubbles are simply the time a stage's
+compute stream waits.
+
+Memory per stage device, as `memo_sim.memplan.footprint.sppo_memory` walks it: model states
+(static); per unit at its forward the skeletal bytes and lse, the offloaded rows freed when the
+offload ends and allocated again when the prefetch starts, everything freed after the unit's
+backward; K/V of all but the stage's last piece stay (two-level management); the dK/dV
+accumulators of earlier pieces from the stage's first backward of each layer; one working block
+per running unit; classifier working memory and the kept final-hidden gradient on the last
+stage. Pinned host bytes per offloaded unit from the offload's start to the prefetch's end.
+
+Devices: stage s is represented by its first GPU (rank s·tp of the first replica), standing for
+the GPUs of its node that run stage s (every replica's), of which those on its PCIe switch share
+the switch (`memo_sim.engine.graph.Device`); stages whose representatives share a node share its
+host memory and host-memory bandwidth. With pp = 1 the device is exactly the representative of
+`memo_sim.engine.schedules.representative_device`, and with N = 1 and alpha = 1 the op graph is
+the full-offload schedule's op for op (tests/test_sppo_engine.py).
+
+Not modelled: PyTorch caching-allocator reorganisations of the SPPO iteration (no replay; the
+working block is the allocator's reserved peak on one layer's requests) and ZeRO-1's overlapped
+weight gathers beyond one per layer before its first forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from memo_sim.cost.boundary import boundary_times
+from memo_sim.cost.opcost import OpCost
+from memo_sim.cost.sppo import (
+    Piece, p2p_bytes, p2p_link, p2p_time, piece_costs, stage_grad_sync, stage_layers, stage_model_state_bytes,
+    stage_optimizer_time,
+)
+from memo_sim.engine.graph import Device, MemAction, Op, OpGraph
+from memo_sim.engine.schedules import emit_chain, representative_device
+from memo_sim.layout.parallel import Layout, node_stage_gpus, stage_first_rank
+from memo_sim.memplan.footprint import PipelineMemory, shard_tokens_bytes, sppo_memory, sppo_unit_working_bytes
+from memo_sim.model.config import ModelConfig
+from memo_sim.model.layer_graph import DTYPE_BYTES
+from memo_sim.policy.base import Policy
+from memo_sim.policy.rounding_buffers import is_offloaded, output_write_waits_for, prefetch_after_backward_of
+from memo_sim.profile.schema import HardwareProfile
+
+P2P_STREAM = "p2p"
+
+
+def stage_devices(layout: Layout, profile: HardwareProfile) -> list[Device]:
+    """One representative GPU per stage (see the module docs)."""
+    if layout.pp == 1:
+        return [representative_device(layout, profile)]
+    gpn = profile.node_gpus
+    per_switch = int(profile.host_link.gpus_per_pcie_switch.value)
+    groups = node_stage_gpus(layout, gpn)
+    out = []
+    for s in range(layout.pp):
+        r = stage_first_rank(layout, s)
+        node, local = divmod(r, gpn)
+        switch = local // per_switch
+        mates = [q for q in range(node * gpn, min((node + 1) * gpn, layout.gpus))
+                 if (q // layout.stage_stride) % layout.pp == s and (q % gpn) // per_switch == switch]
+        group = groups[node][s]
+        out.append(Device(index=s, node=node, switch=switch, group=group, switch_group=max(1, len(mates)),
+                          label=f"stage {s}: GPU {r} (x{group} on node {node})"))
+    return out
+
+
+@dataclass
+class PipelineSchedule:
+    graph: OpGraph
+    devices: list[Device]
+    memory: PipelineMemory
+    pieces: list[list[Piece]]
+    layers: list[range]
+    phases: dict[tuple[int, int, int, str], list[Op]] = field(default_factory=dict)  # (stage, piece, layer, fwd|bwd)
+    copies: dict[tuple[int, int, int, str], Op] = field(default_factory=dict)  # (stage, piece, layer, offload|prefetch)
+    sends: dict[tuple[int, int, str], Op] = field(default_factory=dict)  # (stage, piece, fwd|bwd)
+    unit_end: dict[tuple[int, int], list[Op]] = field(default_factory=dict)  # (stage, unit) -> forward tail
+    last_ops: dict[int, Op] = field(default_factory=dict)  # stage -> its optimizer step
+    detail: str = "ops"
+
+    def meta(self) -> dict:
+        return {"pp": len(self.devices), "detail": self.detail, "stages": [
+            {"stage": s, "layers": [r.start, r.stop - 1] if len(r) else [], "device": self.devices[s].index,
+             "node": self.devices[s].node, "gpus_on_node": self.devices[s].group,
+             "pieces": [[p.sub, p.part, p.start, p.end] for p in self.pieces[s]]}
+            for s, r in enumerate(self.layers)]}
+
+
+DETAIL = ("ops", "units")
+FINE_OPS_LIMIT = 40_000  # "auto": the op-by-op graph up to this many ops, one compute + one comm op per unit beyond
+
+
+def collapse_unit(costs: list[OpCost], phase: str) -> list[OpCost]:
+    """One unit's chain as at most three ops: its kernels but the last as one compute op, its TP
+    collectives as one ``comm`` op, and its last op as it is (the op the rounding-buffer rule makes
+    wait for the previous unit's offload). Alone on the GPU that is the chain's timing exactly;
+    under contention the collectives still share the NVLink port and the kernels still slow down
+    beside host copies. Chains with side ops are kept as they are."""
+    if any(c.overlaps for c in costs) or len(costs) < 3:
+        return costs
+    head, last = costs[:-1], costs[-1]
+    comp = [c for c in head if c.stream == "compute"]
+    comm = [c for c in head if c.stream != "compute"]
+    out = [OpCost(f"layer_{phase}", "gemm", phase, "compute", sum(c.seconds for c in comp),
+                  flops=sum(c.flops for c in comp), nbytes=sum(c.nbytes for c in comp))]
+    if comm:
+        out.append(OpCost(f"tp_collectives_{phase}", "collective", phase, comm[0].stream,
+                          sum(c.seconds for c in comm), nbytes=sum(c.nbytes for c in comm)))
+    return out + [last]
+
+
+def resolve_detail(detail: str, model: ModelConfig, layout: Layout, policy: Policy) -> str:
+    """``ops`` or ``units`` for ``auto``: op by op while the graph stays under `FINE_OPS_LIMIT` ops."""
+    if detail in DETAIL:
+        return detail
+    if detail != "auto":
+        from memo_sim.errors import MemoError
+
+        raise MemoError(f"detail must be ops, units or auto, got {detail!r}")
+    pieces = sum(len(p) for p in policy.stage_pieces(model, layout, 1))
+    units = pieces * model.layers // layout.pp
+    return "ops" if units * 2 * 16 <= FINE_OPS_LIMIT else "units"
+
+
+def _overlapping(pieces: list[Piece], a: int, b: int) -> list[int]:
+    return [k for k, p in enumerate(pieces) if p.start < b and a < p.end]
+
+
+def build_pipeline_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy,
+                             profile: HardwareProfile, detail: str = "auto") -> PipelineSchedule:
+    """The op graph of one SPPO training iteration (one representative device per stage).
+    ``detail``: ``ops`` (every kernel and collective of every unit), ``units`` (`collapse_unit`:
+    the what-if's long pipelines) or ``auto``."""
+    detail = resolve_detail(detail, model, layout, policy)
+    why = policy.check(model, layout, batch, seq)
+    if why:
+        from memo_sim.errors import MemoError
+
+        raise MemoError(f"sppo plan does not fit {layout.label()} at {seq} tokens: {why}")
+    devices = stage_devices(layout, profile)
+    pieces = policy.stage_pieces(model, layout, batch)
+    layers = stage_layers(model.layers, layout.pp)
+    mem = sppo_memory(model, layout, batch, seq, policy, profile)
+    g = OpGraph(devices)
+    sched = PipelineSchedule(g, devices, mem, pieces, layers, detail=detail)
+    shard = replace(layout, pp=1, dp=1, zero=0)
+    sync = stage_grad_sync(model, layout, profile)
+    dt = DTYPE_BYTES[model.dtype]
+    pp = layout.pp
+
+    def name(op: str, piece: Piece, n_pieces: int) -> str:
+        return op if n_pieces == 1 else f"{op}@{piece.tag()}"
+
+    def dp_op(d: int, nm: str, layer, work: float, deps: list[Op], phase: str = "grad_sync") -> Op:
+        return g.add(nm, device=d, stream="dp_comm", kind="comm", phase=phase, layer=layer, work=work, deps=deps,
+                     link=sync.link)
+
+    # per-stage unit data
+    info = []
+    for s in range(pp):
+        ps = pieces[s]
+        n_k, n_l = len(ps), len(layers[s])
+        n_u = n_k * n_l
+        longest = max(p.tokens for p in ps)
+        transient, boundary, cls_peak = sppo_unit_working_bytes(model, layout, batch, longest)
+        units = []
+        for u in range(n_u):
+            k, j = divmod(u, n_l)
+            ub = policy.unit_bytes(model, layout, batch, ps[k], k < n_k - 1, profile, is_offloaded(u, n_u))
+            units.append(ub)
+        info.append(dict(n_k=n_k, n_l=n_l, n_u=n_u, work=transient + boundary, cls_peak=cls_peak, units=units))
+        g.add_static(devices[s].index, MemAction("gpu", "model_states", stage_model_state_bytes(model, layout, s)))
+
+    # ---- forward, stage by stage ------------------------------------------------------------------
+    fwd_tail: dict[tuple[int, int], list[Op]] = {}
+    offload: dict[tuple[int, int], Op] = {}
+    classifier: dict[tuple[int, int], Op] = {}
+    gathers: dict[tuple[int, int], Op] = {}
+    for s in range(pp):
+        d = devices[s].index
+        ps, inf = pieces[s], info[s]
+        n_k, n_l, n_u = inf["n_k"], inf["n_l"], inf["n_u"]
+        tail: list[Op] = []
+        for k, pc in enumerate(ps):
+            fcosts, _ = piece_costs(model, shard, batch, pc.start, pc.tokens, profile)
+            if detail == "units":
+                fcosts = collapse_unit(fcosts, "fwd")
+            bt = boundary_times(model, shard, batch, pc.tokens, profile)
+            deps = list(tail)
+            if s == 0:
+                emb = g.add(name("embedding", pc, n_k), device=d, stream="compute", kind="compute", phase="fwd",
+                            layer=None, work=bt.embedding_fwd, deps=deps)
+                deps = [emb]
+            else:
+                deps += [sched.sends[(s - 1, q, "fwd")] for q in _overlapping(pieces[s - 1], pc.start, pc.end)]
+            for j in range(n_l):
+                u = k * n_l + j
+                layer = layers[s][j]
+                ub = inf["units"][u]
+                if sync.layer_gather > 0 and k == 0:
+                    gathers[(s, j)] = dp_op(d, "allgather_weights", layer, sync.layer_gather,
+                                            fwd_tail.get((s, u - 2), []), "weight_gather")
+                    deps = deps + [gathers[(s, j)]]
+                tag = f"L{layer}{'' if n_k == 1 else '@' + pc.tag()}"
+                work = MemAction("gpu", f"{tag}.fwd.working", inf["work"])
+                kept = (MemAction("gpu", f"{tag}.skeletal", ub.skeletal), MemAction("gpu", f"{tag}.lse", ub.lse))
+                w = output_write_waits_for(u, n_u)
+                ops, tail = emit_chain(
+                    g, [c if n_k == 1 else replace(c, name=f"{c.name}@{pc.tag()}") for c in fcosts], device=d,
+                    layer=layer, phase="fwd", deps=deps, layout=shard, profile=profile, mem_start=kept + (work,),
+                    mem_end=(MemAction("gpu", work.tensor, -work.nbytes),),
+                    last_deps=[offload[(s, w)]] if (s, w) in offload else [])
+                sched.phases[(s, k, layer, "fwd")] = ops
+                fwd_tail[(s, u)] = tail
+                sched.unit_end[(s, u)] = tail
+                deps = tail
+                if is_offloaded(u, n_u) and ub.offload > 0:
+                    op = g.add(name("offload", pc, n_k), device=d, stream="d2h", kind="copy", phase="offload",
+                               layer=layer, work=ub.offload, nbytes=ub.offload, direction="d2h", deps=tail,
+                               mem_start=(MemAction("host", f"{tag}.offload", ub.host_block),),
+                               mem_end=(MemAction("gpu", f"{tag}.skeletal.offloaded", -ub.offload),))
+                    offload[(s, u)] = op
+                    sched.copies[(s, k, layer, "offload")] = op
+            if s < pp - 1:
+                sched.sends[(s, k, "fwd")] = g.add(
+                    name("send_fwd", pc, n_k), device=d, stream=P2P_STREAM, kind="comm", phase="p2p_fwd",
+                    layer=layers[s][-1], work=p2p_time(model, layout, batch, pc.tokens, profile, s),
+                    nbytes=p2p_bytes(model, layout, batch, pc.tokens), link=p2p_link(layout, profile, s), deps=tail)
+            else:
+                hold = shard_tokens_bytes(shard, batch, pc.tokens, model.hidden, dt)
+                cls = g.add(name("classifier", pc, n_k), device=d, stream="compute", kind="compute",
+                            phase="classifier", layer=None, work=bt.classifier, deps=tail,
+                            mem_start=(MemAction("gpu", "classifier.working", inf["cls_peak"]),),
+                            mem_end=(MemAction("gpu", "classifier.working", -inf["cls_peak"]),
+                                     MemAction("gpu", f"classifier.dgrad@{pc.tag()}", hold)))
+                classifier[(s, k)] = cls
+                tail = [cls]
+
+    # ---- backward, last stage first ---------------------------------------------------------------
+    for s in range(pp - 1, -1, -1):
+        d = devices[s].index
+        ps, inf = pieces[s], info[s]
+        n_k, n_l, n_u = inf["n_k"], inf["n_l"], inf["n_u"]
+        tail = [classifier[(s, n_k - 1)]] if s == pp - 1 else []
+        bwd_end: dict[int, list[Op]] = {}
+        last_dp: Op | None = None
+        for k in range(n_k - 1, -1, -1):
+            pc = ps[k]
+            _, bcosts = piece_costs(model, shard, batch, pc.start, pc.tokens, profile)
+            if detail == "units":
+                bcosts = collapse_unit(bcosts, "bwd")
+            deps = list(tail)
+            if s == pp - 1:
+                if classifier[(s, k)] not in deps:
+                    deps.append(classifier[(s, k)])
+            else:
+                deps += [sched.sends[(s + 1, q, "bwd")] for q in _overlapping(pieces[s + 1], pc.start, pc.end)]
+            for j in range(n_l - 1, -1, -1):
+                u = k * n_l + j
+                layer = layers[s][j]
+                ub = inf["units"][u]
+                tag = f"L{layer}{'' if n_k == 1 else '@' + pc.tag()}"
+                if is_offloaded(u, n_u) and ub.offload > 0:
+                    pf = g.add(name("prefetch", pc, n_k), device=d, stream="h2d", kind="copy", phase="prefetch",
+                               layer=layer, work=ub.offload, nbytes=ub.offload, direction="h2d",
+                               deps=bwd_end[prefetch_after_backward_of(u, n_u)],
+                               mem_start=(MemAction("gpu", f"{tag}.skeletal.prefetched", ub.offload),),
+                               mem_end=(MemAction("host", f"{tag}.offload", -ub.host_block),))
+                    sched.copies[(s, k, layer, "prefetch")] = pf
+                    deps = deps + [pf]
+                work = MemAction("gpu", f"{tag}.bwd.working", inf["work"])
+                start: tuple[MemAction, ...] = ()
+                if s == pp - 1 and j == n_l - 1:
+                    start += (MemAction("gpu", f"classifier.dgrad@{pc.tag()}",
+                                        -shard_tokens_bytes(shard, batch, pc.tokens, model.hidden, dt)),)
+                if k == n_k - 1 and n_k > 1 and pc.start > 0:
+                    start += (MemAction("gpu", f"L{layer}.dkv_accumulators",
+                                        _kv(model, shard, batch, pc.start)),)
+                end = (MemAction("gpu", work.tensor, -work.nbytes), MemAction("gpu", f"{tag}.skeletal", -ub.skeletal),
+                       MemAction("gpu", f"{tag}.lse", -ub.lse))
+                if k < n_k - 1:
+                    end += (MemAction("gpu", f"L{layer}.dkv_accumulators", -_kv(model, shard, batch, pc.tokens)),)
+                ops, tail = emit_chain(
+                    g, [c if n_k == 1 else replace(c, name=f"{c.name}@{pc.tag()}") for c in bcosts], device=d,
+                    layer=layer, phase="bwd", deps=deps, layout=shard, profile=profile, mem_start=start + (work,),
+                    mem_end=end)
+                sched.phases[(s, k, layer, "bwd")] = ops
+                bwd_end[u] = tail
+                deps = tail
+                if k == 0 and sync.layer_grad > 0:
+                    last_dp = dp_op(d, "reducescatter_grads" if layout.zero >= 1 else "allreduce_grads", layer,
+                                    sync.layer_grad, tail)
+            if s > 0:
+                sched.sends[(s, k, "bwd")] = g.add(
+                    name("send_bwd", pc, n_k), device=d, stream=P2P_STREAM, kind="comm", phase="p2p_bwd",
+                    layer=layers[s][0], work=p2p_time(model, layout, batch, pc.tokens, profile, s - 1),
+                    nbytes=p2p_bytes(model, layout, batch, pc.tokens), link=p2p_link(layout, profile, s - 1),
+                    deps=tail)
+            else:
+                bt = boundary_times(model, shard, batch, pc.tokens, profile)
+                tail = [g.add(name("embedding", pc, n_k), device=d, stream="compute", kind="compute", phase="bwd",
+                              layer=None, work=bt.embedding_bwd, deps=tail)]
+        if sync.embedding_grad > 0 and (s == 0 or s == pp - 1):
+            last_dp = dp_op(d, "reducescatter_grads" if layout.zero >= 1 else "allreduce_grads", None,
+                            sync.embedding_grad, tail)
+        sched.last_ops[s] = g.add("optimizer", device=d, stream="compute", kind="compute", phase="optimizer",
+                                  layer=None, work=stage_optimizer_time(model, layout, s, profile),
+                                  deps=tail + ([last_dp] if last_dp else []))
+    return sched
+
+
+def _kv(model: ModelConfig, shard: Layout, batch: int, tokens: int) -> float:
+    from memo_sim.cost.sppo import kv_cache_bytes
+
+    return kv_cache_bytes(model, shard, batch, tokens)

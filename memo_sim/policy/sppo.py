@@ -1,0 +1,230 @@
+"""SPPO (papers/sppo.txt sec. 5-6): subsequence pipeline with adaptive offloading.
+
+The layout carries the pipeline degree (``Layout.pp``: stages, TP+SP inside each); this policy
+object carries the subsequence plan: N, the partition (its bounds 0 = x_0 < ... < x_N = s and how
+they were chosen, ``flops`` or ``length``), the per-subsequence offload ratios alpha_i and
+whether the bubble-adjacent subsequences are split again (multiplexed sequence partitioning).
+`memo_sim.search.sppo` solves it for a model, layout and profile; plan.json carries it whole for
+the executor.
+
+What the policy keeps, offloads and recomputes, per stage and unit of work (one piece of one
+subsequence through one layer of the stage; `memo_sim.cost.sppo.stage_pieces`):
+
+- **Two-level activation management.** K and V of every piece but the stage's last stay on the
+  GPU from the piece's forward to its backward (later pieces attend to them in forward, and in
+  backward every later piece adds to their gradients: dK/dV accumulators of the earlier pieces,
+  in the model dtype, live from the first backward that touches them until their own). The
+  other skeletal tensors (x, ln1, q, attn, h1, ln2, fc1, act; for the stage's last piece also k
+  and v, which no later piece reads) are split token-wise: the first alpha_i of the rows go to
+  host after the unit's forward, the rest stay on the GPU. Nothing is recomputed. lse stays.
+- **Sequence-aware offloading.** alpha_i·A_i = M_threshold for every subsequence i (A_i its
+  offloadable bytes per layer and GPU), so each unit's copy takes the same time, which the solver
+  matches to the balanced compute time (`memo_sim.cost.sppo.sequence_aware_alphas`).
+- **Copies.** Units follow MEMO's rounding-buffer rule (`memo_sim.policy.rounding_buffers`) in the
+  stage's unit order: unit u's offload starts after its forward; the last op of unit u+1's
+  forward waits until unit u-1's offload has read its data (at most two units' copies in flight,
+  so M_u = M_{u−1} + A_u − alpha_{u−1}·A_{u−1} holds at every unit's end); the prefetch of unit u
+  starts after unit u+2's backward and unit u's backward waits for it. A stage's last two units
+  go straight into backward and are neither offloaded nor prefetched. With N = 1 and PP = 1 and
+  alpha = 1 this is exactly the full-offload schedule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from typing import ClassVar
+
+from memo_sim.cost.activations import layer_rows, row_bytes, saved_tensors, skeletal_bytes
+from memo_sim.cost.sppo import PARTITIONS, Piece, kv_cache_bytes, partition_bounds, stage_pieces
+from memo_sim.errors import MemoError
+from memo_sim.layout.parallel import Layout
+from memo_sim.model.config import ModelConfig
+from memo_sim.policy.base import Policy
+from memo_sim.policy.host_layout import OffloadedTensor, copy_bytes, host_block_bytes, offload_token_count
+from memo_sim.policy.registry import register
+from memo_sim.policy.rounding_buffers import is_offloaded
+from memo_sim.profile.schema import HardwareProfile
+
+KV_TENSORS = ("k", "v")
+
+
+@dataclass(frozen=True)
+class UnitBytes:
+    """One unit's (piece x layer) bytes on one GPU of a stage."""
+
+    skeletal: float  # every skeletal tensor of the piece (32·b·l·h/tp for a GPT layer), lse excluded
+    kv: float  # of which K and V
+    lse: float
+    offload: float  # copied to host (and back): alpha_i of the offloadable rows
+    host_block: float  # pinned host bytes the offload takes
+    cached_kv: bool  # K and V stay on the GPU (every piece but the stage's last)
+
+
+@register
+@dataclass(frozen=True)
+class Sppo(Policy):
+    subseqs: int = 1
+    bounds: tuple[int, ...] = ()  # 0 = x_0 < ... < x_N = seq; empty until solved for a sequence
+    alphas: tuple[float, ...] = ()  # alpha_i per subsequence; empty until solved
+    partition: str = "flops"  # how the bounds were chosen: flops | length | explicit
+    multiplex: bool = False  # multiplexed sequence partitioning (Left-SP / Steady / Right-SP)
+    threshold_bytes: float | None = None  # M_threshold the alphas were solved for (informative)
+
+    name: ClassVar[str] = "sppo"
+    offloads: ClassVar[bool] = True
+    pipelined: ClassVar[bool] = True  # scheduled by `memo_sim.engine.pipeline`, priced by `memo_sim.search.sppo`
+    summary: ClassVar[str] = ("split the sequence into N subsequences and pipeline them over PP stages; keep K/V "
+                              "on the GPU, offload alpha_i of the rest of subsequence i")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        n = self.subseqs
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise MemoError(f"sppo: the subsequence count must be a positive integer, got {n!r}")
+        if self.partition not in PARTITIONS + ("explicit",):
+            raise MemoError(f"sppo: partition must be one of {', '.join(PARTITIONS + ('explicit',))}, "
+                            f"got {self.partition!r}")
+        if self.bounds:
+            b = self.bounds
+            if len(b) != n + 1 or b[0] != 0 or any(not isinstance(x, int) or isinstance(x, bool) for x in b) \
+                    or any(b[k + 1] <= b[k] for k in range(n)):
+                raise MemoError(f"sppo: bounds must be {n + 1} increasing token offsets from 0, got {list(b)!r}")
+        if self.alphas:
+            if len(self.alphas) != n or any(isinstance(a, bool) or not isinstance(a, (int, float))
+                                            or not 0.0 <= a <= 1.0 for a in self.alphas):
+                raise MemoError(f"sppo: alphas must be {n} numbers in [0, 1], got {list(self.alphas)!r}")
+
+    # -- the plan ------------------------------------------------------------------------------------
+    @property
+    def resolved(self) -> bool:
+        return bool(self.bounds) and bool(self.alphas)
+
+    def with_bounds(self, model: ModelConfig, layout: Layout, batch: int, seq: int) -> "Sppo":
+        """This plan with its partition bounds computed for ``seq`` (kept where already given)."""
+        if self.bounds:
+            return self
+        kind = "flops" if self.partition == "explicit" else self.partition
+        return replace(self, bounds=partition_bounds(model, batch, seq, self.subseqs, kind, granule(layout)))
+
+    def check(self, model: ModelConfig, layout: Layout, batch: int, seq: int) -> str | None:
+        """Why this plan cannot run with ``layout`` at ``seq`` tokens, or None."""
+        if layout.cp > 1 or layout.ulysses > 1 or layout.metp:
+            return "sppo splits a stage's tokens by Megatron TP+SP only (no ring CP, Ulysses or METP)"
+        if layout.tp > 1 and not layout.sp:
+            return "sppo needs Megatron sequence parallelism inside a stage (sp on)"
+        if model.layers % layout.pp:
+            return f"{model.layers} layers do not split evenly into {layout.pp} stages"
+        if layout.zero > 1:
+            return "sppo keeps each stage's weights and gradients whole: ZeRO 0 or 1"
+        if not self.bounds:
+            return "the subsequence partition is not solved"
+        if self.bounds[-1] != seq:
+            return f"the subsequence bounds end at {self.bounds[-1]}, not at the sequence length {seq}"
+        g = granule(layout)
+        for k in range(self.subseqs):
+            if (self.bounds[k + 1] - self.bounds[k]) % g:
+                return (f"subsequence {k} ({self.bounds[k + 1] - self.bounds[k]} tokens) does not split into "
+                        f"{g} equal SP shards")
+        if len(self.alphas) != self.subseqs:
+            return "the offload ratios alpha_i are not solved"
+        return None
+
+    def stage_pieces(self, model: ModelConfig, layout: Layout, batch: int) -> list[list[Piece]]:
+        return stage_pieces(model, batch, self.bounds, layout.pp, self.multiplex, granule(layout))
+
+    # -- bytes of one unit ---------------------------------------------------------------------------
+    def unit_offloaded_tensors(self, model: ModelConfig, layout: Layout, batch: int, piece: Piece,
+                               cached_kv: bool) -> list[OffloadedTensor]:
+        """The rows of one unit's tensors that go to host: alpha_i of the rows of every skeletal
+        tensor but lse (and but K and V where they stay cached)."""
+        shard = _shard(layout)
+        rows = layer_rows(shard, batch, piece.tokens)
+        off = offload_token_count(self.alphas[piece.sub], rows)
+        return [OffloadedTensor(t.name, off, row_bytes(t, shard)) for t in saved_tensors(model, shard)
+                if t.role in ("input", "attn", "other") and not (cached_kv and t.name in KV_TENSORS)]
+
+    def unit_bytes(self, model: ModelConfig, layout: Layout, batch: int, piece: Piece, cached_kv: bool,
+                   profile: HardwareProfile, offloaded: bool = True) -> UnitBytes:
+        """One unit's bytes (memoised: the planner asks for the same pieces many times)."""
+        return _unit_bytes(model, _shard(layout), batch, piece.tokens, float(self.alphas[piece.sub]) if offloaded
+                           else 0.0, cached_kv, offloaded, self.host_scheme, profile.host.pinned_rounding)
+
+    def shard_unit_bytes(self, model: ModelConfig, shard: Layout, batch: int, piece: Piece, cached_kv: bool,
+                         scheme: str, rounding: str, offloaded: bool = True) -> UnitBytes:
+        """`unit_bytes` for a layout already reduced to one stage's GPU shard (pp = dp = 1, no ZeRO)."""
+        return _unit_bytes(model, shard, batch, piece.tokens, float(self.alphas[piece.sub]) if offloaded else 0.0,
+                           cached_kv, offloaded, scheme, rounding)
+
+    def offload_bytes_of(self, model: ModelConfig, shard: Layout, batch: int, piece: Piece, cached_kv: bool) -> float:
+        """Bytes one unit copies to host: floor(alpha_i x rows) rows of the offloadable tensors
+        (what `unit_bytes` counts, without building the tensor list)."""
+        rows = layer_rows(shard, batch, piece.tokens)
+        return offload_token_count(self.alphas[piece.sub], rows) * _offload_row_bytes(model, shard, cached_kv)
+
+    def offloadable_bytes(self, model: ModelConfig, layout: Layout, batch: int, tokens: int,
+                          cached_kv: bool = True) -> float:
+        """A_i: the bytes of a ``tokens``-long subsequence per layer and GPU that alpha splits."""
+        shard = _shard(layout)
+        sk = skeletal_bytes(model, shard, batch, tokens)
+        return sk["total"] - (kv_cache_bytes(model, shard, batch, tokens) if cached_kv else 0.0)
+
+    # -- naming and the plan file ----------------------------------------------------------------------
+    def label(self) -> str:
+        return f"sppo(N={self.subseqs}{',mux' if self.multiplex else ''}{',len' if self.partition == 'length' else ''})"
+
+    def to_dict(self) -> dict:
+        return {"policy": self.name, "alpha": None, "subseqs": self.subseqs, "bounds": list(self.bounds),
+                "alphas": [float(a) for a in self.alphas], "partition": self.partition, "multiplex": self.multiplex,
+                "threshold_bytes": self.threshold_bytes}
+
+    PLAN_FIELDS: ClassVar[tuple[str, ...]] = ("policy", "alpha", "subseqs", "bounds", "alphas", "partition",
+                                               "multiplex", "threshold_bytes")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Sppo":
+        unknown = set(d) - set(cls.PLAN_FIELDS)
+        if unknown:
+            raise MemoError(f"sppo policy: unknown field {sorted(unknown)[0]!r}")
+        if d.get("alpha") is not None:
+            raise MemoError("sppo policy: alpha is per subsequence (alphas), not one number")
+        try:
+            return cls(None, subseqs=d.get("subseqs", 1), bounds=tuple(d.get("bounds") or ()),
+                       alphas=tuple(d.get("alphas") or ()), partition=d.get("partition", "flops"),
+                       multiplex=bool(d.get("multiplex", False)), threshold_bytes=d.get("threshold_bytes"))
+        except TypeError as e:
+            raise MemoError(f"sppo policy: bad value ({e})") from None
+
+
+@lru_cache(maxsize=1 << 16)
+def _unit_bytes(model: ModelConfig, shard: Layout, batch: int, tokens: int, alpha: float, cached_kv: bool,
+                offloaded: bool, scheme: str, rounding: str) -> UnitBytes:
+    sk = skeletal_bytes(model, shard, batch, tokens)
+    tensors = []
+    if offloaded:
+        rows = layer_rows(shard, batch, tokens)
+        off = offload_token_count(alpha, rows)
+        tensors = [OffloadedTensor(t.name, off, row_bytes(t, shard)) for t in saved_tensors(model, shard)
+                   if t.role in ("input", "attn", "other") and not (cached_kv and t.name in KV_TENSORS)]
+    return UnitBytes(sk["total"], kv_cache_bytes(model, shard, batch, tokens), sk["lse"], copy_bytes(tensors),
+                     host_block_bytes(tensors, scheme, rounding) if tensors else 0.0, cached_kv)
+
+
+@lru_cache(maxsize=1024)
+def _offload_row_bytes(model: ModelConfig, shard: Layout, cached_kv: bool) -> float:
+    return float(sum(row_bytes(t, shard) for t in saved_tensors(model, shard)
+                     if t.role in ("input", "attn", "other") and not (cached_kv and t.name in KV_TENSORS)))
+
+
+def granule(layout: Layout) -> int:
+    """Tokens a subsequence (or piece) length must be a multiple of: the TP+SP degree."""
+    return layout.tp if layout.sp else 1
+
+
+def _shard(layout: Layout) -> Layout:
+    return replace(layout, pp=1, dp=1, zero=0)
+
+
+def unit_is_offloaded(unit: int, n_units: int) -> bool:
+    """A stage's units but its last two go to host (`memo_sim.policy.rounding_buffers`)."""
+    return is_offloaded(unit, n_units)
