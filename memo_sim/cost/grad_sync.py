@@ -37,9 +37,11 @@ class GradSync:
         return self.layer_grad > 0
 
 
-def grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile) -> GradSync:
+def grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile, stride: int | None = None) -> GradSync:
+    """``stride``: how far apart the group's ranks are (default TP; a pipeline stage's replicas
+    sit TP x PP apart)."""
     g = layout.state_shards
-    link = coll.group_link(profile, g, layout.tp)
+    link = coll.group_link(profile, g, layout.tp if stride is None else stride)
     bw, lat = float(link.bandwidth), float(link.latency)
     if g <= 1:
         return GradSync(coll.link_kind(profile, link), 0.0, 0.0, 0.0, 0.0)

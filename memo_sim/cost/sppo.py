@@ -43,6 +43,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from memo_sim.cost import collectives as coll
+from memo_sim.cost.grad_sync import GradSync, grad_sync
 from memo_sim.cost.activations import tensor_bytes, tokens_per_gpu
 from memo_sim.cost.kernel_time import attention_bwd_time, attention_fwd_time, memory_bound_time
 from memo_sim.cost.layer_time import backward_costs, forward_costs
@@ -315,33 +316,10 @@ def stage_optimizer_time(model: ModelConfig, layout: Layout, stage: int, profile
     return memory_bound_time(2 * model.recipe.bytes_per_param * shard, profile)
 
 
-@dataclass(frozen=True)
-class StageSync:
-    """Data-parallel collectives of one stage (over the dp replicas of the stage, stride tp x pp)."""
-
-    link: str
-    layer_grad: float
-    embedding_grad: float
-    layer_gather: float
-
-
-def stage_grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile) -> StageSync:
-    g = layout.state_shards
-    link = coll.group_link(profile, g, layout.stage_stride * layout.pp)
-    bw, lat = float(link.bandwidth), float(link.latency)
-    if g <= 1:
-        return StageSync(coll.link_kind(profile, link), 0.0, 0.0, 0.0)
-
-    def reduce(nbytes: float) -> float:
-        if layout.zero >= 1:
-            return coll.ring_reduce_scatter_time(nbytes, g, bw, lat)
-        return coll.allreduce_time(nbytes, g, bw, lat)
-
-    w, gr = model.recipe.weight_bytes, model.recipe.grad_reduce_bytes
-    layer_p = model.layer_params() / layout.tp
-    emb_p = model.embedding_params() / layout.tp
-    gather = coll.ring_allgather_time(w * layer_p, g, bw, lat) if layout.zero >= 1 else 0.0
-    return StageSync(coll.link_kind(profile, link), reduce(gr * layer_p), reduce(gr * emb_p), gather)
+def stage_grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile) -> GradSync:
+    """Data-parallel collectives of one stage: over the stage's dp replicas, TP x PP ranks apart
+    (`memo_sim.cost.grad_sync`)."""
+    return grad_sync(model, layout, profile, stride=layout.stage_stride * layout.pp)
 
 
 def p2p_bytes(model: ModelConfig, layout: Layout, batch: int, tokens: int) -> float:

@@ -197,11 +197,7 @@ def simulate(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: P
     engine = Engine(sched.graph, profile, contention=contention, gpu_capacity=sched.memory.gpu_capacity_bytes,
                     host_capacity=sched.memory.host_capacity_bytes, record_links=record)
     run = engine.run()
-    if run.failure is None:
-        stuck = engine.unfinished()
-        if stuck:
-            raise RuntimeError(f"schedule deadlock: {len(stuck)} ops never ran, first {stuck[0]!r} "
-                               f"waiting on {stuck[0].deps!r}")
+    _check_deadlock(engine, run, "schedule")
     dev = sched.device.index
     failure = run.failure
     if failure is None and replay is not None and replay.oom:
@@ -210,12 +206,7 @@ def simulate(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: P
                           float(ev.requested_bytes) if ev else 0.0, float(ev.allocated_bytes) if ev else 0.0,
                           sched.memory.gpu_capacity_bytes, dev, None, None)
     status = failure.status if failure else "OK"
-    it = mfu = tgs = None
-    if failure is None:
-        it = run.end_time
-        sequences = batch * layout.dp
-        mfu = mfu_of(model, sequences, seq, it, layout.gpus, profile.peak(model.dtype))
-        tgs = tgs_of(sequences, seq, it, layout.gpus)
+    it, mfu, tgs = _rates(run, failure, model, layout, batch, seq, profile)
     meta = {
         "source": "simulated", "model": model.name, "layers": model.layers, "layout": layout.label(),
         "policy": policy.label(), "profile": profile.name, "seq_tokens": seq, "batch": batch, "gpus": layout.gpus,
@@ -259,19 +250,10 @@ def simulate_pipeline(model: ModelConfig, layout: Layout, batch: int, seq: int, 
     engine = Engine(sched.graph, profile, contention=contention, gpu_capacity=mem.gpu_capacity_bytes,
                     host_capacity=mem.host_capacity_bytes, record_links=record)
     run = engine.run()
-    if run.failure is None:
-        stuck = engine.unfinished()
-        if stuck:
-            raise RuntimeError(f"pipeline schedule deadlock: {len(stuck)} ops never ran, first {stuck[0]!r} "
-                               f"waiting on {stuck[0].deps!r}")
+    _check_deadlock(engine, run, "pipeline schedule")
     failure = run.failure
     status = failure.status if failure else "OK"
-    it = mfu = tgs = None
-    if failure is None:
-        it = run.end_time
-        sequences = batch * layout.dp
-        mfu = mfu_of(model, sequences, seq, it, layout.gpus, profile.peak(model.dtype))
-        tgs = tgs_of(sequences, seq, it, layout.gpus)
+    it, mfu, tgs = _rates(run, failure, model, layout, batch, seq, profile)
     stages = []
     for dev in sched.devices:
         busy = sum(o.end - o.start for o in run.ops if o.device == dev.index and o.stream == "compute"
@@ -355,3 +337,24 @@ def sweep_alpha(model: ModelConfig, layout: Layout, batch: int, seq: int, profil
         if progress is not None:
             progress(k + 1, len(alphas))
     return out
+
+
+def _check_deadlock(engine: Engine, run: EngineRun, what: str) -> None:
+    """A run that ended without a failure but left ops unrun is a bug in the schedule."""
+    if run.failure is None:
+        stuck = engine.unfinished()
+        if stuck:
+            raise RuntimeError(f"{what} deadlock: {len(stuck)} ops never ran, first {stuck[0]!r} "
+                               f"waiting on {stuck[0].deps!r}")
+
+
+def _rates(run: EngineRun, failure, model: ModelConfig, layout: Layout, batch: int, seq: int,
+           profile: HardwareProfile) -> tuple[float | None, float | None, float | None]:
+    """Iteration seconds, MFU and tokens per GPU per second of a run that did not fail (else
+    Nones); an iteration trains ``batch x dp`` sequences."""
+    if failure is not None:
+        return None, None, None
+    it = run.end_time
+    sequences = batch * layout.dp
+    return (it, mfu_of(model, sequences, seq, it, layout.gpus, profile.peak(model.dtype)),
+            tgs_of(sequences, seq, it, layout.gpus))
