@@ -19,7 +19,7 @@ from memo_exec.arena import AllocRecorder, ArenaPlan, ArenaScratch, CachingScrat
 from memo_exec.attention import AttnDims, meta_stand_in, select_backend
 from memo_exec.data import TokenSource
 from memo_exec.device import compute_dtype, device_free_bytes, element_size, host_available_bytes, resolve_device
-from memo_exec.errors import ExecError, MemoryPlanError
+from memo_exec.errors import ExecError
 from memo_exec.layer import LayerCompute, LayerStorage, LayerWeights, carve_storage, norm_stats_dtype, \
     storage_bytes
 from memo_exec.measure import Recorder, StepRecord, steady_state, summarize_step

@@ -48,6 +48,16 @@ def read_utf8(path: str | os.PathLike, error: type[MemoError] = MemoError) -> st
         raise error(f"{path}: not UTF-8 text (byte {e.start}); save it as UTF-8") from None
 
 
+def read_json(path: str | os.PathLike, error: type[MemoError] = MemoError, what: str = "file") -> Any:
+    """A UTF-8 JSON file's contents; a missing file or bad JSON raises ``error`` in one line."""
+    try:
+        return json.loads(read_utf8(path, error))
+    except FileNotFoundError:
+        raise error(f"{path}: no such {what}") from None
+    except json.JSONDecodeError as e:
+        raise error(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
 

@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from memo_sim.errors import TraceError
-from memo_sim.fileio import atomic_write_json, atomic_write_text, read_utf8
+from memo_sim.fileio import atomic_write_json, atomic_write_text, read_json, read_utf8
 
 TRACE_FORMAT = "memo-trace"
 TRACE_VERSION = 1
@@ -126,13 +125,7 @@ class RequestTrace:
 
     @classmethod
     def read_json(cls, path: str | Path) -> "RequestTrace":
-        path = Path(path)
-        try:
-            obj = json.loads(read_utf8(path, TraceError))
-        except FileNotFoundError:
-            raise TraceError(f"{path}: no such file") from None
-        except json.JSONDecodeError as e:
-            raise TraceError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        obj = read_json(path, TraceError)
         return cls.from_json_obj(obj, source=str(path))
 
     # ---- CSV (id,lower,upper,size) ----------------------------------------------------

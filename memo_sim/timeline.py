@@ -10,12 +10,11 @@ blocks), ``tp_bcast`` (METP attention's broadcasts and reduces of weight blocks)
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from memo_sim.errors import MemoError
-from memo_sim.fileio import atomic_write_json, read_utf8
+from memo_sim.fileio import atomic_write_json, read_json
 
 STREAMS = ("compute", "comm", "cp_comm", "tp_p2p", "tp_bcast", "dp_comm", "d2h", "h2d")  # the one list of stream names
 TP_RING_STREAMS = ("tp_p2p", "tp_bcast")  # METP's side streams (exposed P2P time is waiting on them)
@@ -90,11 +89,5 @@ class Timeline:
 
     @classmethod
     def read_json(cls, path: str | Path) -> "Timeline":
-        path = Path(path)
-        try:
-            obj = json.loads(read_utf8(path, MemoError))
-        except FileNotFoundError:
-            raise MemoError(f"{path}: no such timeline file") from None
-        except json.JSONDecodeError as e:
-            raise MemoError(f"{path}: not valid JSON ({e.msg})") from None
+        obj = read_json(path, MemoError, "timeline file")
         return cls.from_json_obj(obj, source=str(path))

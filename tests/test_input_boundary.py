@@ -42,3 +42,11 @@ def test_both_clis_take_dash_h():
 
     assert CliRunner().invoke(sim_cli, ["-h"]).exit_code == 0
     assert CliRunner().invoke(exec_cli, ["-h"]).exit_code == 0
+
+
+def test_profiles_lists_an_invalid_profile_instead_of_crashing(tmp_path, monkeypatch):
+    (tmp_path / "broken.yaml").write_bytes(b"\xff\xfe not utf-8")
+    monkeypatch.setenv("MEMO_PROFILES", str(tmp_path))
+    r = CliRunner().invoke(sim_cli, ["profiles"])
+    assert r.exit_code == 0, r.output
+    assert "INVALID" in r.output and "broken" in r.output

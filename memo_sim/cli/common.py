@@ -72,3 +72,8 @@ class MemoGroup(click.Group):
         except MemoError as e:
             click.echo(f"error: {e}", err=True)
             ctx.exit(2)
+
+
+MAX_GPUS = 1 << 20  # a cluster of more GPUs than this is a typo, not a plan
+GPU_COUNT = click.IntRange(1, MAX_GPUS)
+DEGREE = click.IntRange(1, MAX_GPUS)

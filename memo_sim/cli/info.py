@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from memo_sim.errors import MemoError
 from memo_sim.model.config import PRESETS
 from memo_sim.plan.schema import read_plan
 from memo_sim.profile.loader import list_profiles, load_profile

@@ -7,7 +7,7 @@ import time
 
 import click
 
-from memo_sim.cli.common import build_model, count_option, model_options, progress_bar
+from memo_sim.cli.common import GPU_COUNT, build_model, count_option, model_options, progress_bar
 from memo_sim.policy import policy_class, policy_names
 from memo_sim.profile.loader import load_profile
 from memo_sim.report.table import render_table
@@ -17,7 +17,7 @@ from memo_sim.units import fmt_count
 
 @click.command()
 @model_options
-@click.option("--gpus", default=8, show_default=True, type=int, help="Number of GPUs.")
+@click.option("--gpus", default=8, show_default=True, type=GPU_COUNT, help="Number of GPUs.")
 @click.option("--profile", "profile_name", default="a800-80gb", show_default=True, help="Hardware profile.")
 @click.option("--policy", "policies", multiple=True, type=click.Choice(policy_names()),
               help="Only these activation policies (repeatable; default: all the framework offers but sppo, "

@@ -7,12 +7,10 @@ from pathlib import Path
 
 import click
 
-from memo_sim.cli.common import build_model, count_option, model_options
+from memo_sim.cli.common import DEGREE, build_model, count_option, model_options
 from memo_sim.errors import MemoError
-from memo_sim.fileio import atomic_write_json
 from memo_sim.policy import policy_names
 from memo_sim.profile.loader import load_profile
-from memo_sim.units import fmt_bytes, fmt_time
 
 
 @click.command()
@@ -20,10 +18,10 @@ from memo_sim.units import fmt_bytes, fmt_time
 @click.option("--csv", "csv_file", type=click.Path(dir_okay=False), help="Plan an id,lower,upper,size CSV instead.")
 @click.option("--trace", "trace_file", type=click.Path(dir_okay=False), help="Plan a memo-trace JSON instead.")
 @click.option("--seq", default="256K", callback=count_option, show_default=True, help="Sequence length.")
-@click.option("--batch", default=1, show_default=True, type=int)
-@click.option("--tp", default=8, show_default=True, type=int)
-@click.option("--cp", default=1, show_default=True, type=int)
-@click.option("--ulysses", default=1, show_default=True, type=int)
+@click.option("--batch", default=1, show_default=True)
+@click.option("--tp", type=DEGREE, default=8, show_default=True)
+@click.option("--cp", type=DEGREE, default=1, show_default=True)
+@click.option("--ulysses", type=DEGREE, default=1, show_default=True)
 @click.option("--sp/--no-sp", default=True, show_default=True)
 @click.option("--tp-mode", default="megatron", show_default=True, type=click.Choice(["megatron", "metp_ffn", "metp"]),
               help="Tensor-parallel flavour (METP's level-1 traces hold its ring's blocks and double buffers).")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from memo_sim.cli.common import build_model, count_option, model_options, progress_bar
+from memo_sim.cli.common import DEGREE, GPU_COUNT, build_model, count_option, model_options, progress_bar
 from memo_sim.errors import MemoError
 from memo_sim.plan.schema import write_plan
 from memo_sim.policy import policy_names
@@ -28,13 +28,13 @@ from memo_sim.units import fmt_bytes, fmt_count, fmt_time
 @click.command()
 @model_options
 @click.option("--seq", default="256K", callback=count_option, show_default=True, help="Sequence length (4K, 256K, 1M).")
-@click.option("--gpus", default=8, show_default=True, type=int, help="Number of GPUs.")
+@click.option("--gpus", default=8, show_default=True, type=GPU_COUNT, help="Number of GPUs.")
 @click.option("--profile", "profile_name", default="a800-80gb", show_default=True, help="Hardware profile.")
 @click.option("--batch", default=1, show_default=True, type=int, help="Sequences per data-parallel replica per iteration.")
-@click.option("--tp", type=int, help="Fix the tensor-parallel degree.")
-@click.option("--cp", type=int, help="Fix the (ring) context-parallel degree.")
-@click.option("--ulysses", type=int, help="Fix the Ulysses sequence-parallel degree.")
-@click.option("--dp", type=int, help="Fix the data-parallel degree.")
+@click.option("--tp", type=DEGREE, help="Fix the tensor-parallel degree.")
+@click.option("--cp", type=DEGREE, help="Fix the (ring) context-parallel degree.")
+@click.option("--ulysses", type=DEGREE, help="Fix the Ulysses sequence-parallel degree.")
+@click.option("--dp", type=DEGREE, help="Fix the data-parallel degree.")
 @click.option("--zero", type=click.IntRange(0, 3), help="Fix the ZeRO stage.")
 @click.option("--sp/--no-sp", default=None, help="Fix Megatron sequence parallelism on or off.")
 @click.option("--tp-mode", default="all", show_default=True, type=click.Choice(["megatron", "metp_ffn", "metp", "all"]),

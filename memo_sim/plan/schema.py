@@ -25,14 +25,13 @@ Top-level fields (units in the key names)::
 from __future__ import annotations
 
 import datetime as _dt
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from memo_sim import __version__
 from memo_sim.errors import MemoError, PlanError
-from memo_sim.fileio import atomic_write_json, read_utf8
+from memo_sim.fileio import atomic_write_json, read_json
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
 from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS
@@ -169,11 +168,5 @@ def write_plan(plan: Plan, path: str | Path) -> Path:
 
 
 def read_plan(path: str | Path) -> Plan:
-    path = Path(path)
-    try:
-        raw = json.loads(read_utf8(path, PlanError))
-    except FileNotFoundError:
-        raise PlanError(f"{path}: no such plan file") from None
-    except json.JSONDecodeError as e:
-        raise PlanError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    raw = read_json(path, PlanError, "plan file")
     return Plan.from_dict(raw, source=str(path))
