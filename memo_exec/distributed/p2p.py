@@ -1,0 +1,89 @@
+"""Point-to-point transfers between ranks: post, then wait on every request before use.
+
+Every transfer goes through `post`: it issues the sends and receives of one exchange with
+``batch_isend_irecv`` in one fixed order (all sends first, by peer rank, then all receives, by
+peer rank), so the two ends of a pair always issue their operations in the same order, and it
+returns a `Transfer` whose ``wait`` waits on every request ``batch_isend_irecv`` returned. A
+received buffer may only be read, and a sent buffer only be overwritten, after ``wait``: the
+double buffers of the ring algorithms rely on it.
+
+``delay_s`` (tests) makes the sends of this transfer start late, from a worker thread, so that a
+consumer that forgets ``wait`` reads a stale buffer deterministically instead of by chance.
+
+Ranks are given in the group's own numbering (0..size-1) and mapped to global ranks here.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class Transfer:
+    """The requests of one exchange; ``wait`` is idempotent."""
+
+    works: list = field(default_factory=list)
+    thread: threading.Thread | None = None
+    error: list = field(default_factory=list)
+    done: bool = False
+
+    def wait(self) -> None:
+        if self.done:
+            return
+        if self.thread is not None:
+            self.thread.join()
+            if self.error:
+                raise self.error[0]
+        for w in self.works:
+            w.wait()
+        self.done = True
+
+
+def _global(group, rank: int) -> int:
+    return rank if group is None else dist.get_global_rank(group, rank)
+
+
+def _ops(sends, recvs, group) -> list[dist.P2POp]:
+    ops = [dist.P2POp(dist.isend, t, _global(group, peer), group) for peer, t in sorted(sends, key=lambda s: s[0])]
+    ops += [dist.P2POp(dist.irecv, t, _global(group, peer), group) for peer, t in sorted(recvs, key=lambda r: r[0])]
+    return ops
+
+
+def post(sends: list[tuple[int, torch.Tensor]], recvs: list[tuple[int, torch.Tensor]], group=None,
+         delay_s: float = 0.0) -> Transfer:
+    """Start one exchange: ``sends``/``recvs`` are (peer rank in ``group``, tensor) pairs."""
+    if not sends and not recvs:
+        return Transfer(done=True)
+    if delay_s <= 0:
+        return Transfer(works=dist.batch_isend_irecv(_ops(sends, recvs, group)))
+    # delayed (tests): receives are posted now, sends after the delay from a worker thread
+    tr = Transfer()
+    if recvs:
+        tr.works = dist.batch_isend_irecv(_ops([], recvs, group))
+
+    def late_send() -> None:
+        try:
+            time.sleep(delay_s)
+            for w in dist.batch_isend_irecv(_ops(sends, [], group)) if sends else []:
+                w.wait()
+        except Exception as e:  # surfaced by wait()
+            tr.error.append(e)
+
+    tr.thread = threading.Thread(target=late_send, daemon=True)
+    tr.thread.start()
+    return tr
+
+
+def ring_shift(send: torch.Tensor, recv: torch.Tensor, group=None, delay_s: float = 0.0) -> Transfer:
+    """Send ``send`` to the next rank of the ring and receive the previous rank's into ``recv``."""
+    size = dist.get_world_size(group)
+    rank = dist.get_rank(group)
+    if size == 1:
+        recv.copy_(send)
+        return Transfer(done=True)
+    return post([((rank + 1) % size, send)], [((rank - 1) % size, recv)], group, delay_s)

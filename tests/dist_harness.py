@@ -1,0 +1,80 @@
+"""Run a function on N gloo processes on this CPU and collect what each rank returns.
+
+``spawn(fn, world, *args)`` starts ``world`` processes (multiprocessing spawn), joins them into a
+gloo process group through a file rendezvous in a fresh temporary folder, calls
+``fn(rank, world, *args)`` in each and returns the list of results by rank (tensors are moved to
+the CPU; results must be picklable). A rank that raises fails the call with that rank's
+traceback; a run past ``timeout`` s kills every process and fails. ``fn`` must be importable
+(a module-level function of a test module or of this package).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import queue
+import tempfile
+import traceback
+
+import torch.multiprocessing as mp
+
+
+def _entry(rank: int, world: int, init_file: str, timeout: float, q, fn, args) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=timeout))
+        out = fn(rank, world, *args)
+        q.put((rank, "ok", out))
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        q.put((rank, "error", traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def spawn(fn, world: int, *args, timeout: float = 120.0) -> list:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    with tempfile.TemporaryDirectory() as d:
+        init_file = os.path.join(d, "rendezvous")
+        procs = [ctx.Process(target=_entry, args=(r, world, init_file, timeout, q, fn, args), daemon=True)
+                 for r in range(world)]
+        for p in procs:
+            p.start()
+        results: dict[int, object] = {}
+        errors: dict[int, str] = {}
+        try:
+            import time
+
+            deadline = time.monotonic() + timeout + 30
+            while len(results) + len(errors) < world:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"{world} gloo ranks did not finish in {timeout + 30:.0f} s "
+                                       f"(finished: {sorted(results)}, failed: {sorted(errors)})")
+                try:
+                    rank, status, payload = q.get(timeout=min(left, 1.0))
+                except queue.Empty:
+                    if errors or any(p.exitcode not in (None, 0) for p in procs):
+                        if all(p.exitcode is not None for p in procs) or errors:
+                            break
+                    continue
+                (results if status == "ok" else errors)[rank] = payload
+        finally:
+            for p in procs:
+                p.join(timeout=5)
+                if p.is_alive():
+                    p.kill()
+                    p.join()
+    if errors:
+        rank = min(errors)
+        raise AssertionError(f"rank {rank} of {world} failed:\n{errors[rank]}")
+    if len(results) < world:
+        missing = sorted(set(range(world)) - set(results))
+        raise AssertionError(f"ranks {missing} of {world} died without a result "
+                             f"(exit codes {[p.exitcode for p in procs]})")
+    return [results[r] for r in range(world)]
