@@ -100,6 +100,8 @@ def run_validation(model: ModelConfig, profile: HardwareProfile, plans: list[tup
 
     rows: list[ValidationRow] = []
     for k, (seq, pol) in enumerate(plans):
+        if progress and k:
+            progress(k, len(plans))  # every plan counts, whether it ran, was predicted OOM or failed
         label = f"{fmt_count(seq)} {pol.label()}"
         sim = predict(model, seq, pol, profile)
         plan = _plan_for(model, seq, pol, profile, sim)
@@ -124,8 +126,8 @@ def run_validation(model: ModelConfig, profile: HardwareProfile, plans: list[tup
                 "layer_forward_s": st.get("layer_forward_s"), "layer_backward_s": st.get("layer_backward_s")}
         mt = timeline_from_step(res.steps[-1], {"source": "measured", "plan": label})
         rows.append(ValidationRow(label, seq, pol, pred, meas, predicted_timeline=sim.timeline, measured_timeline=mt))
-        if progress:
-            progress(k + 1, len(plans))
+    if progress and plans:
+        progress(len(plans), len(plans))
     return rows
 
 
@@ -145,6 +147,12 @@ def render_report(rows: list[ValidationRow], model: ModelConfig, profile: Hardwa
     def pct(v):
         return "—" if v is None else f"{100 * v:+.1f}%"
 
+    def t(v):  # a plan predicted OOM has no predicted times
+        return "—" if v is None else fmt_time(v)
+
+    def b(v):
+        return "—" if v is None else fmt_bytes(v)
+
     lines = [f"# Simulator validation: {model.name} on {device_desc}", "",
              f"- date: {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}",
              f"- machine: {platform.machine()} {platform.node()}; device: {device_desc}",
@@ -159,11 +167,11 @@ def render_report(rows: list[ValidationRow], model: ModelConfig, profile: Hardwa
     for r in rows:
         p, m = r.predicted, r.measured
         lines.append(
-            f"| {r.label} | {r.status} | {fmt_time(p['iteration_s'])} | "
+            f"| {r.label} | {r.status} | {t(p['iteration_s'])} | "
             f"{fmt_time(m['iteration_s']) if m.get('iteration_s') else '—'} | {pct(r.err('iteration_s', 'iteration_s'))} | "
-            f"{fmt_time(p['exposed_copy_s'])} | "
+            f"{t(p['exposed_copy_s'])} | "
             f"{fmt_time(m['exposed_copy_s']) if m.get('exposed_copy_s') is not None else '—'} | "
-            f"{fmt_bytes(p['peak_gpu_bytes'])} | "
+            f"{b(p['peak_gpu_bytes'])} | "
             f"{fmt_bytes(m['peak_gpu_bytes']) if m.get('peak_gpu_bytes') else '—'} | "
             f"{pct(r.err('peak_gpu_bytes', 'peak_gpu_bytes'))} |")
     lines += ["", "## Summary", ""]

@@ -15,3 +15,83 @@ class PlanError(MemoError):
 
 class TraceError(MemoError):
     """A request trace (JSON) or a static-allocation CSV is malformed."""
+
+
+# -- the one boundary: pydantic's errors as one line ---------------------------------------------------
+_FIXES = {
+    "missing": "add it",
+    "extra_forbidden": "remove it or check the spelling",
+    "finite_number": "write a finite number",
+    "float_type": "write a plain number",
+    "float_parsing": "write a plain number",
+    "int_type": "write a whole number",
+    "int_parsing": "write a whole number",
+    "int_from_float": "write a whole number",
+    "bool_type": "write true or false",
+    "string_type": "write a string",
+    "string_too_short": "write a non-empty string",
+    "literal_error": "use one of the values named",
+    "enum": "use one of the values named",
+    "dict_type": "write a mapping of fields",
+    "model_type": "write a mapping of fields",
+    "dataclass_type": "write a mapping of fields",
+    "list_type": "write a list",
+    "tuple_type": "write a list",
+    "too_short": "give more items",
+    "too_long": "give fewer items",
+    "greater_than": "use a larger value",
+    "greater_than_equal": "use a larger value",
+    "less_than": "use a smaller value",
+    "less_than_equal": "use a smaller value",
+}
+
+
+def _loc_text(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif str(part).startswith(("function-", "tagged-union")) or part in ("int", "float", "str", "none"):
+            continue  # pydantic's internal step names, not fields
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(top)"
+
+
+def validation_message(err, source: str, drop: int = 0) -> str:
+    """The first error of a pydantic ``ValidationError`` as one line: ``source: field: problem,
+    got X; fix``. Messages of our own validators already carry their fix after a ``;``. ``drop``:
+    leading parts of the error's location to leave out (a row index the source already names)."""
+    e = err.errors(include_url=False)[0]
+    msg = {"missing": "missing field", "extra_forbidden": "unknown field"}.get(
+        e.get("type", ""), str(e.get("msg", "invalid")).replace("\n", " "))
+    for prefix in ("Value error, ", "Assertion failed, "):
+        if msg.startswith(prefix):
+            msg = msg[len(prefix):]
+    if "; " not in msg and e.get("type") != "value_error":
+        got = e.get("input")
+        if e.get("type") not in ("missing", "extra_forbidden") and not isinstance(got, (dict, list)):
+            shown = repr(got)
+            msg += f", got {shown[:40] + '...' if len(shown) > 40 else shown}"
+        fix = _FIXES.get(e.get("type", ""))
+        if fix:
+            msg += f"; {fix}"
+    where = _loc_text(tuple(e.get("loc", ()))[drop:])
+    if where == "(top)" and drop:
+        return f"{source}: {msg}"
+    return f"{source}: {where}: {msg}" if source else f"{where}: {msg}"
+
+
+def validated(model, raw, source: str, error: type[MemoError] = MemoError):
+    """``model.model_validate(raw)`` (a pydantic model or TypeAdapter), a failure raised as
+    ``error`` with one line naming ``source``, the field and the fix."""
+    from pydantic import TypeAdapter, ValidationError
+
+    try:
+        if isinstance(model, TypeAdapter):
+            return model.validate_python(raw)
+        return model.model_validate(raw)
+    except ValidationError as e:
+        raise error(validation_message(e, source)) from None
+    except RecursionError:
+        raise error(f"{source}: nested too deeply; write a plain mapping of fields") from None

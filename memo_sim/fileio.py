@@ -56,6 +56,8 @@ def read_json(path: str | os.PathLike, error: type[MemoError] = MemoError, what:
         raise error(f"{path}: no such {what}") from None
     except json.JSONDecodeError as e:
         raise error(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    except RecursionError:
+        raise error(f"{path}: nested too deeply to be a {what}; check the file") from None
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:

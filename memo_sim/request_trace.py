@@ -20,12 +20,56 @@ import io
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from memo_sim.errors import TraceError
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+
+from memo_sim.errors import TraceError, validated, validation_message
 from memo_sim.fileio import atomic_write_json, atomic_write_text, read_json, read_utf8
 
 TRACE_FORMAT = "memo-trace"
 TRACE_VERSION = 1
 KINDS = ("transient", "skeletal", "pseudo", "other")
+MAX_BUFFER_BYTES = 1 << 60  # 1 EiB: a larger request is a typo
+MAX_STEP = 1 << 40  # allocation steps of a lifetime
+MAX_BUFFERS = 1 << 22  # records of one trace file
+
+
+class _BufferIn(BaseModel):
+    """One record of a trace file (JSON or CSV), validated once at the boundary."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    id: Annotated[str, Field(min_length=1, max_length=1000)] | Annotated[int, Field(ge=0)]
+    size: Annotated[int, Field(ge=1, le=MAX_BUFFER_BYTES)]
+    lower: Annotated[int, Field(ge=0, le=MAX_STEP)]
+    upper: Annotated[int, Field(ge=1, le=MAX_STEP)]
+    phase: str | None = None
+    layer: Annotated[int, Field(ge=0, le=1 << 20)] | None = None
+    kind: Literal[KINDS] | None = None
+    name: str | None = None
+
+    @model_validator(mode="after")
+    def _lifetime(self):
+        if self.lower >= self.upper:
+            raise ValueError(f"lifetime must satisfy lower < upper (upper exclusive), got lower={self.lower} "
+                             f"upper={self.upper}; fix the two steps")
+        return self
+
+    def typed(self) -> "Buffer":
+        return Buffer(id=str(self.id), size=self.size, lower=self.lower, upper=self.upper, phase=self.phase,
+                      layer=self.layer, kind=self.kind, name=self.name)
+
+
+class _TraceIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    format: Literal[TRACE_FORMAT]
+    version: Annotated[int, Field(ge=TRACE_VERSION, le=TRACE_VERSION)]  # strict: true is not 1
+    name: str = ""
+    meta: dict | None = None
+    buffers: list[_BufferIn] = Field(max_length=MAX_BUFFERS)
+
+
+_CSV_ROWS = TypeAdapter(list[_BufferIn])
 
 
 @dataclass(frozen=True)
@@ -98,30 +142,14 @@ class RequestTrace:
 
     @classmethod
     def from_json_obj(cls, obj: dict, source: str = "trace") -> "RequestTrace":
-        if not isinstance(obj, dict) or obj.get("format") != TRACE_FORMAT:
+        if isinstance(obj, dict) and obj.get("format") != TRACE_FORMAT:
             raise TraceError(f"{source}: field 'format' must be {TRACE_FORMAT!r}")
-        if obj.get("version") != TRACE_VERSION:
+        if isinstance(obj, dict) and (obj.get("version") != TRACE_VERSION or isinstance(obj.get("version"), bool)):
             raise TraceError(
                 f"{source}: field 'version' is {obj.get('version')!r}; this memo reads version {TRACE_VERSION}"
             )
-        raw = obj.get("buffers")
-        if not isinstance(raw, list):
-            raise TraceError(f"{source}: field 'buffers' must be a list")
-        allowed = {"id", "size", "lower", "upper", "phase", "layer", "kind", "name"}
-        bufs = []
-        for i, r in enumerate(raw):
-            if not isinstance(r, dict):
-                raise TraceError(f"{source}: buffers[{i}] must be an object")
-            unknown = set(r) - allowed
-            if unknown:
-                raise TraceError(f"{source}: buffers[{i}] has unknown field {sorted(unknown)[0]!r}")
-            for k in ("id", "size", "lower", "upper"):
-                if k not in r:
-                    raise TraceError(f"{source}: buffers[{i}] is missing field {k!r}")
-            bufs.append(Buffer(id=str(r["id"]), size=r["size"], lower=r["lower"], upper=r["upper"],
-                               phase=r.get("phase"), layer=r.get("layer"), kind=r.get("kind"),
-                               name=r.get("name")))
-        return cls(bufs, name=str(obj.get("name", "")), meta=dict(obj.get("meta") or {}))
+        t = validated(_TraceIn, obj, source, TraceError)
+        return cls([b.typed() for b in t.buffers], name=t.name, meta=dict(t.meta or {}))
 
     @classmethod
     def read_json(cls, path: str | Path) -> "RequestTrace":
@@ -156,16 +184,24 @@ class RequestTrace:
         if missing:
             raise TraceError(f"{path}: header lacks column {missing[0]!r}; expected id,lower,upper,size")
         col = {h: header.index(h) for h in need}
-        bufs = []
+        if len(rows) - 1 > MAX_BUFFERS:
+            raise TraceError(f"{path}: {len(rows) - 1} rows, more than {MAX_BUFFERS}; split the problem")
+        recs, lines = [], []
         for ln, row in enumerate(rows[1:], start=2):
             if not row or all(not c.strip() for c in row):
                 continue
             try:
                 vals = {h: row[col[h]].strip() for h in need}
-                bufs.append(Buffer(id=vals["id"], lower=int(vals["lower"]), upper=int(vals["upper"]),
-                                   size=int(vals["size"])))
+                recs.append({"id": vals["id"], **{h: int(vals[h]) for h in ("lower", "upper", "size")}})
             except (IndexError, ValueError):
                 raise TraceError(f"{path}: line {ln}: expected integers in lower, upper, size") from None
+            lines.append(ln)
+        try:
+            bufs = [b.typed() for b in _CSV_ROWS.validate_python(recs)]
+        except ValidationError as e:
+            first = e.errors(include_url=False)[0]
+            i = first["loc"][0] if first.get("loc") and isinstance(first["loc"][0], int) else 0
+            raise TraceError(validation_message(e, f"{path}: line {lines[i]}", drop=1)) from None
         return cls(bufs, name=path.stem)
 
     @classmethod

@@ -13,7 +13,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from memo_sim.errors import MemoError
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from memo_sim.errors import MemoError, validated
 from memo_sim.fileio import atomic_write_json, read_json
 
 STREAMS = ("compute", "comm", "cp_comm", "tp_p2p", "tp_bcast", "dp_comm", "d2h", "h2d")  # the one list of stream names
@@ -48,6 +52,49 @@ class MemorySample:
     nbytes: float
 
 
+_Seconds = Annotated[float, Field(allow_inf_nan=False, ge=-1e9, le=1e9)]
+_Amount = Annotated[float, Field(allow_inf_nan=False, ge=0, le=1e30)]
+_Name = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:-]+$")]
+
+
+class _EventIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    op: Annotated[str, Field(max_length=1000)]
+    layer: Annotated[int, Field(ge=0, le=1 << 20)] | None
+    phase: Annotated[str, Field(max_length=200)]
+    stream: _Name
+    device: Annotated[int, Field(ge=0, le=1 << 20)]
+    start: _Seconds
+    end: _Seconds
+    nbytes: _Amount = 0.0
+    flops: _Amount = 0.0
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        if self.end < self.start:
+            raise ValueError(f"end ({self.end}) is before start ({self.start}); swap or fix them")
+        return self
+
+
+class _SampleIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    time: _Seconds
+    device: Annotated[int, Field(ge=-1, le=1 << 20)]
+    kind: Literal["gpu", "host"]
+    nbytes: _Amount
+
+
+class _TimelineIn(BaseModel):
+    """A timeline file, validated once (pydantic) before anything is drawn or written."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    format: Literal[TIMELINE_FORMAT]
+    version: Annotated[int, Field(ge=TIMELINE_VERSION, le=TIMELINE_VERSION)]  # strict: true is not 1
+    meta: dict | None = None
+    events: list[_EventIn] = []
+    memory: list[_SampleIn] = []
+
+
 @dataclass
 class Timeline:
     events: list[TimelineEvent] = field(default_factory=list)
@@ -76,16 +123,14 @@ class Timeline:
 
     @classmethod
     def from_json_obj(cls, obj: dict, source: str = "timeline") -> "Timeline":
-        if not isinstance(obj, dict) or obj.get("format") != TIMELINE_FORMAT:
+        if isinstance(obj, dict) and obj.get("format") != TIMELINE_FORMAT:
             raise MemoError(f"{source}: field 'format' must be {TIMELINE_FORMAT!r}")
-        if obj.get("version") != TIMELINE_VERSION:
+        if isinstance(obj, dict) and (obj.get("version") != TIMELINE_VERSION or isinstance(obj.get("version"), bool)):
             raise MemoError(f"{source}: timeline version {obj.get('version')!r} unknown; this memo reads {TIMELINE_VERSION}")
-        try:
-            ev = [TimelineEvent(**e) for e in obj.get("events", [])]
-            mem = [MemorySample(**m) for m in obj.get("memory", [])]
-        except TypeError as e:
-            raise MemoError(f"{source}: malformed event or memory sample ({e})") from None
-        return cls(ev, mem, dict(obj.get("meta") or {}))
+        t = validated(_TimelineIn, obj, source)
+        ev = [TimelineEvent(**e.model_dump()) for e in t.events]
+        mem = [MemorySample(**m.model_dump()) for m in t.memory]
+        return cls(ev, mem, dict(t.meta or {}))
 
     @classmethod
     def read_json(cls, path: str | Path) -> "Timeline":

@@ -13,6 +13,7 @@ from memo_sim.errors import MemoError
 PAGE_BYTES = 4096  # a host memory page (pinned allocations are rounded to it)
 
 _COUNT = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
+MAX_TOKENS = 1 << 30  # 1G tokens: a count past this (a sequence, a step, a chunk) is a typo, not a plan
 
 BYTES = {
     "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
@@ -29,21 +30,26 @@ RATIO = {"": 1, "1": 1, "ratio": 1}
 DIMENSIONS = {"bytes": BYTES, "bandwidth": BANDWIDTH, "flops": FLOPS, "time": TIME, "ratio": RATIO}
 
 
-def parse_count(text: str | int, field: str = "value") -> int:
-    """Parse a token/element count: 4096, "4K", "256K", "1M", "1.5M" (binary multipliers)."""
+def parse_count(text: str | int, field: str = "value", limit: int = MAX_TOKENS) -> int:
+    """Parse a token/element count: 4096, "4K", "256K", "1M", "1.5M" (binary multipliers), at most
+    ``limit`` (a physical cap: a larger count is refused, not searched)."""
     if isinstance(text, bool):
         raise MemoError(f"{field}: expected a count like 4096, 256K or 1M, got {text!r}")
     if isinstance(text, int):
-        if text <= 0:
-            raise MemoError(f"{field}: must be positive, got {text}")
-        return text
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kKmMgG]?)\s*", str(text))
-    if not m:
-        raise MemoError(f"{field}: expected a count like 4096, 256K or 1M, got {text!r}")
-    value = float(m.group(1)) * _COUNT[m.group(2).upper()]
-    if value <= 0 or value != int(value):
-        raise MemoError(f"{field}: must be a positive whole number, got {text!r}")
-    return int(value)
+        value = text
+    else:
+        m = re.fullmatch(r"\s*([0-9]{0,12}\.?[0-9]{1,12})\s*([kKmMgG]?)\s*", str(text))
+        if not m:
+            raise MemoError(f"{field}: expected a count like 4096, 256K or 1M, got {str(text)[:40]!r}")
+        f = float(m.group(1)) * _COUNT[m.group(2).upper()]
+        if f != int(f):
+            raise MemoError(f"{field}: must be a positive whole number, got {text!r}")
+        value = int(f)
+    if value <= 0:
+        raise MemoError(f"{field}: must be positive, got {text!r}")
+    if value > limit:
+        raise MemoError(f"{field}: {text!r} is more than {fmt_count(limit)} tokens; use a smaller count")
+    return value
 
 
 def convert(value: float, unit: str, dimension: str, field: str) -> float:

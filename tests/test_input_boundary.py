@@ -50,3 +50,31 @@ def test_profiles_lists_an_invalid_profile_instead_of_crashing(tmp_path, monkeyp
     r = CliRunner().invoke(sim_cli, ["profiles"])
     assert r.exit_code == 0, r.output
     assert "INVALID" in r.output and "broken" in r.output
+
+
+def test_memplan_csv_progress_on_stderr_only_when_asked(tmp_path):
+    p = tmp_path / "p.csv"
+    p.write_text("id,lower,upper,size\na,0,2,512\nb,1,3,512\n", encoding="utf-8")
+    r = CliRunner().invoke(sim_cli, ["memplan", "--csv", str(p), "--json", "--progress"])
+    assert r.exit_code == 0, r.output
+    assert "memplan" in r.stderr and "solving" in r.stderr and '"peak_bytes"' in r.stdout
+    r = CliRunner().invoke(sim_cli, ["memplan", "--csv", str(p), "--json"])  # --json, not a terminal: quiet
+    assert r.exit_code == 0 and r.stderr == ""
+
+
+def test_flag_errors_are_one_line(tmp_path):
+    for args in (["whatif", "--tp", "0"], ["whatif", "--gpus", "1e20"], ["whatif", "--layers", "1e30"],
+                 ["whatif", "--seq", "99999999M"], ["no-such-command"]):
+        r = CliRunner().invoke(sim_cli, args)
+        assert r.exit_code == 2 and r.output.startswith("error:") and r.output.count("\n") == 1, (args, r.output)
+
+
+def test_deeply_nested_files_are_one_line_errors(tmp_path):
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")
+    for args in (["check-plan", str(deep)], ["whatif", "--profile", str(deep), "--no-plan"],
+                 ["whatif", "--model", str(deep), "--no-plan"], ["memplan", "--trace", str(deep)],
+                 ["plot", str(deep), "--out", str(tmp_path / "figs")]):
+        r = CliRunner().invoke(sim_cli, args)
+        assert r.exit_code == 2 and "nested too deeply" in r.output and r.output.count("\n") == 1, (args, r.output)
+    assert not (tmp_path / "figs").exists()

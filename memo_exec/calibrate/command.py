@@ -46,7 +46,9 @@ def calibrate(name: str, device: str = "auto", quick: bool = False, out_dir: str
     Raises `MemoError` (one line) for a bad option before anything runs.
     """
     from memo_exec.calibrate.microbench import Progress  # noqa: PLC0415
-    from memo_exec.calibrate.suite import CalibrateOptions, check_options, parse_bytes, run_suite  # noqa: PLC0415
+    from memo_exec.calibrate.suite import (  # noqa: PLC0415
+        CalibrateOptions, check_options, parse_bytes, remeasure, run_suite,
+    )
     from memo_exec.calibrate.writer import build_profile, load_base, write_profile  # noqa: PLC0415
 
     if not name or not NAME_RE.match(name):
@@ -76,6 +78,16 @@ def calibrate(name: str, device: str = "auto", quick: bool = False, out_dir: str
     prog = progress if progress is not None else Progress()
     raw = run_suite(opts, prog)
     prof = build_profile(name, raw, base_prof, node_from_base=node_from_base)
+    found = implausible(prof, raw, str(path))
+    if found:
+        parts = tuple(sorted({f.part for f in found}))
+        for f in found:
+            prog.note(f"implausible fit: {f.line()}")
+        prog.note(f"re-measuring {', '.join(parts)} once")
+        raw = remeasure(opts, raw, parts, prog)
+        prof = build_profile(name, raw, base_prof, node_from_base=node_from_base)
+        found = implausible(prof, raw, str(path))
+    record_sanity(prof, raw, found, prog)
     if raw_out:
         from memo_sim.fileio import atomic_write_json  # noqa: PLC0415
 
@@ -83,6 +95,28 @@ def calibrate(name: str, device: str = "auto", quick: bool = False, out_dir: str
     write_profile(prof, path)
     prog.note(f"wrote {path} in {prog.elapsed():.1f} s")
     return path, prof
+
+
+def implausible(prof: dict, raw: dict, source: str) -> list:
+    """The physically implausible fits of a profile dict (`memo_exec.calibrate.sanity`)."""
+    from memo_exec.calibrate.sanity import check  # noqa: PLC0415
+    from memo_exec.calibrate.writer import _plain  # noqa: PLC0415
+    from memo_sim.profile.loader import parse_profile  # noqa: PLC0415
+
+    return check(parse_profile(_plain(prof), source), raw, raw["dtype"])
+
+
+def record_sanity(prof: dict, raw: dict, found: list, prog) -> None:
+    """``provenance.sanity`` of the profile, and a ``warning:`` line on stderr per finding left."""
+    from memo_exec.calibrate.sanity import CHECKS  # noqa: PLC0415
+
+    for f in found:
+        prog.note(f"warning: implausible calibration: {f.line()}")
+    if found:
+        prog.note("warning: the profile records these under provenance.sanity; re-run the calibration on an idle "
+                  "machine to replace them")
+    prof["provenance"]["sanity"] = {"checks": list(CHECKS), "remeasured": list(raw.get("remeasured", [])),
+                                    "warnings": [f.line() for f in found]}
 
 
 class _OneLineErrors(click.Command):
@@ -120,7 +154,9 @@ def _command_line(ctx: click.Context) -> str:
                     "memo-sim.")
 @click.option("--name", required=True, help="profile name (the file is OUT_DIR/NAME.yaml)")
 @click.option("--device", default="auto", show_default=True, help="auto, cuda, cuda:N or cpu")
-@click.option("--quick", is_flag=True, help="fewer sizes (under 1 minute on an H100, ~15 s on CPU)")
+@click.option("--quick", is_flag=True,
+              help="fewer sizes (under 1 minute on an H100; ~15 s on an idle 2-core CPU, longer on a busy one, "
+                   "plus the re-measured part when a fit is implausible)")
 @click.option("--out-dir", default=DEFAULT_OUT, show_default=True, help="folder for NAME.yaml")
 @click.option("--base", default=None,
               help="profile for what this machine cannot measure (inter-node link, NVLink on one GPU, PCIe "

@@ -3,7 +3,9 @@
 `CalibrateOptions` says what to run; `run_suite` runs it and returns every raw measurement
 (JSON-serialisable) plus the fitted values that `memo_exec.calibrate.writer` puts in a profile.
 Sizes differ for CUDA and CPU and for ``quick`` runs (CUDA: under 5 minutes on one H100, quick
-under 1 minute; CPU quick: about 15 s on two cores).
+under 1 minute; CPU quick: about 15 s on two cores, 14.7 s measured on a shared 2-core VM).
+`remeasure` runs the GEMM, attention or copy part again when `memo_exec.calibrate.sanity` finds
+its fit implausible.
 """
 
 from __future__ import annotations
@@ -274,7 +276,41 @@ def run_suite(opts: CalibrateOptions, progress: Progress) -> dict:
     bench = Bench(dev, target_s=grid.bench_target_s, min_repeats=grid.bench_min_repeats,
                   max_repeats=grid.bench_max_repeats)
 
-    # GEMMs ------------------------------------------------------------------------------------
+    _measure_gemms(out, bench, grid, dtype, dtype_name, spec, peak, progress)
+    _measure_attention(out, bench, grid, dtype, opts.attention_backend, progress)
+
+    # memory bandwidth, elementwise ------------------------------------------------------------
+    progress.stage("memory bandwidth and memory-bound ops", 7)
+    hbm = ew_bench.measure_copy_bandwidth(bench, grid.hbm_bytes, dtype, progress)
+    hbm_bw = max(hbm["copy_bytes_per_s"], hbm["add_bytes_per_s"])
+    ew = ew_bench.measure_elementwise(bench, grid.ew_tokens, grid.ew_hidden, 4 * grid.ew_hidden, dtype, progress)
+    out["hbm"] = dict(hbm, bandwidth=hbm_bw)
+    out["elementwise"] = dict(ew, fraction_raw=ew["layer_bytes_per_s"] / hbm_bw,
+                              fraction=min(1.0, ew["layer_bytes_per_s"] / hbm_bw))
+
+    _measure_copies(out, bench, grid, dtype, progress)
+
+    # allocator calls (CUDA; on CPU: not measured) -----------------------------------------------
+    out["allocator"] = alloc_bench.run(dev, opts.quick, progress)
+
+    # memory capacity ------------------------------------------------------------------------------
+    if spec.is_cuda:
+        out["memory_end"] = mem.gpu_memory(dev)
+    else:
+        out["cpu_budget"] = {"bytes": opts.cpu_budget_bytes if opts.cpu_budget_bytes is not None
+                             else mem.default_cpu_budget(host_total),
+                             "default": opts.cpu_budget_bytes is None}
+
+    out["duration_s"] = progress.elapsed()
+    if hasattr(os, "getloadavg"):
+        env["load_average_1min_end"] = round(os.getloadavg()[0], 2)
+    return out
+
+
+# ------------------------------------------------------------------------------------ the parts
+# Each part measures into ``out`` and fits what it measured; `remeasure` runs a part again.
+def _measure_gemms(out: dict, bench: Bench, grid: Grid, dtype, dtype_name: str, spec: DeviceSpec, peak: dict,
+                   progress: Progress) -> None:
     shapes = gemm_bench.model_gemm_shapes(grid.gemm_hiddens, grid.gemm_tps, grid.gemm_tokens)
     gemm_rows = gemm_bench.run_gemms(bench, shapes, dtype, progress)
     best = max(r["flops_per_s"] for r in gemm_rows)
@@ -293,9 +329,11 @@ def run_suite(opts: CalibrateOptions, progress: Progress) -> dict:
     out["gemm"] = {"rows": gemm_rows, "clipped": clipped,
                    "curve": fit_efficiency_curve([(r["flops"], r["flops_per_s"] / peak_value) for r in gemm_rows])}
 
-    # attention ----------------------------------------------------------------------------------
+
+def _measure_attention(out: dict, bench: Bench, grid: Grid, dtype, backend_name: str, progress: Progress) -> None:
+    peak_value = out["peak"]["value"]
     cases = attn_bench.attention_cases(grid.attn_seqs, grid.attn_heads_dims)
-    backend, attn_rows = attn_bench.run_attention(bench, cases, dtype, opts.attention_backend, progress)
+    backend, attn_rows = attn_bench.run_attention(bench, cases, dtype, backend_name, progress)
     out["attention"] = {
         "backend": backend, "rows": attn_rows,
         "fwd_curve": fit_efficiency_curve([(r["fwd_flops"], r["fwd_flops_per_s"] / peak_value) for r in attn_rows]),
@@ -303,16 +341,8 @@ def run_suite(opts: CalibrateOptions, progress: Progress) -> dict:
         "clipped": sum(1 for r in attn_rows for k in ("fwd_flops_per_s", "bwd_flops_per_s") if r[k] > peak_value),
     }
 
-    # memory bandwidth, elementwise ------------------------------------------------------------
-    progress.stage("memory bandwidth and memory-bound ops", 7)
-    hbm = ew_bench.measure_copy_bandwidth(bench, grid.hbm_bytes, dtype, progress)
-    hbm_bw = max(hbm["copy_bytes_per_s"], hbm["add_bytes_per_s"])
-    ew = ew_bench.measure_elementwise(bench, grid.ew_tokens, grid.ew_hidden, 4 * grid.ew_hidden, dtype, progress)
-    out["hbm"] = dict(hbm, bandwidth=hbm_bw)
-    out["elementwise"] = dict(ew, fraction_raw=ew["layer_bytes_per_s"] / hbm_bw,
-                              fraction=min(1.0, ew["layer_bytes_per_s"] / hbm_bw))
 
-    # copies -------------------------------------------------------------------------------------
+def _measure_copies(out: dict, bench: Bench, grid: Grid, dtype, progress: Progress) -> None:
     sweep = copy_bench.copy_sweep(bench, grid.copy_sizes, progress)
     fits = {}
     for d, rows in sweep.items():
@@ -328,20 +358,36 @@ def run_suite(opts: CalibrateOptions, progress: Progress) -> dict:
     out["copies"] = {"sweep": sweep, "fit": fits, "duplex": dup, "copy_compute": cc,
                      "compute_slowdown": sum(single) / len(single)}
 
-    # allocator calls (CUDA; on CPU: not measured) -----------------------------------------------
-    out["allocator"] = alloc_bench.run(dev, opts.quick, progress)
 
-    # memory capacity ------------------------------------------------------------------------------
-    if spec.is_cuda:
-        out["memory_end"] = mem.gpu_memory(dev)
-    else:
-        out["cpu_budget"] = {"bytes": opts.cpu_budget_bytes if opts.cpu_budget_bytes is not None
-                             else mem.default_cpu_budget(host_total),
-                             "default": opts.cpu_budget_bytes is None}
+REMEASURABLE = ("gemm", "attention", "copies")
 
-    out["duration_s"] = progress.elapsed()
-    if hasattr(os, "getloadavg"):
-        env["load_average_1min_end"] = round(os.getloadavg()[0], 2)
+
+def remeasure(opts: CalibrateOptions, raw: dict, parts: tuple[str, ...], progress: Progress) -> dict:
+    """A copy of ``raw`` (a `run_suite` result) with ``parts`` (of `REMEASURABLE`) measured and
+    fitted again, on the same device, sizes and options. On CPU the GEMMs set the peak the
+    attention efficiencies are relative to, so re-measuring them re-fits attention too."""
+    spec, peak = check_options(opts)
+    dev = spec.torch_device
+    grid = grid_for(spec.kind, opts.quick)
+    dtype = torch.bfloat16 if spec.is_cuda else torch.float32
+    bench = Bench(dev, target_s=grid.bench_target_s, min_repeats=grid.bench_min_repeats,
+                  max_repeats=grid.bench_max_repeats)
+    out = dict(raw)
+    if "gemm" in parts:
+        _measure_gemms(out, bench, grid, dtype, raw["dtype"], spec, peak, progress)
+    if "attention" in parts:
+        _measure_attention(out, bench, grid, dtype, opts.attention_backend, progress)
+    elif "gemm" in parts and not spec.is_cuda:  # the same attention measurements, relative to the new peak
+        pv = out["peak"]["value"]
+        rows = out["attention"]["rows"]
+        out["attention"] = dict(out["attention"],
+                                fwd_curve=fit_efficiency_curve([(r["fwd_flops"], r["fwd_flops_per_s"] / pv)
+                                                                for r in rows]),
+                                bwd_curve=fit_efficiency_curve([(r["bwd_flops"], r["bwd_flops_per_s"] / pv)
+                                                                for r in rows]))
+    if "copies" in parts:
+        _measure_copies(out, bench, grid, dtype, progress)
+    out["remeasured"] = sorted(set(raw.get("remeasured", [])) | set(parts))
     return out
 
 

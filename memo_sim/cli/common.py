@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
 
 import click
 
 from memo_sim.errors import MemoError
+from memo_sim.layout.parallel import MAX_DEGREE
+from memo_sim.plan.schema import MAX_BATCH
 from memo_sim.model.config import ModelConfig, get_model
 from memo_sim.model.precision import RECIPES
 from memo_sim.units import parse_count
@@ -63,8 +66,50 @@ def progress_bar(label: str, total: int, quiet: bool = False):
     return cm()
 
 
+def usage_line(e: click.UsageError) -> str:
+    """A click usage error (bad flag value, unknown option) as one line naming the flag and the fix."""
+    msg = " ".join(e.format_message().split()).rstrip(".")
+    cmd = e.ctx.command_path if e.ctx is not None else "the command"
+    return f"error: {msg}; see `{cmd} -h`"
+
+
+def status_line(label: str, quiet: bool = False, force: bool | None = None):
+    """A one-line status on stderr for work that has stages rather than a count (a DSA solve's
+    phases): a context manager yielding ``say(message)``, which rewrites the line in place on a
+    terminal and writes one line per message when ``force`` asks for it off a terminal. Silent
+    when ``quiet`` (e.g. --json) unless ``force``, and off a terminal unless ``force``."""
+    @contextlib.contextmanager
+    def cm():
+        on = force if force is not None else (not quiet and sys.stderr.isatty())
+        if not on:
+            yield lambda msg: None
+            return
+        tty = sys.stderr.isatty()
+        t0 = time.perf_counter()
+
+        def say(msg: str) -> None:
+            line = f"{label} [{time.perf_counter() - t0:6.1f} s] {' '.join(str(msg).split())}"
+            if tty:
+                sys.stderr.write("\r\x1b[K" + line[:200])
+            else:
+                sys.stderr.write(line + "\n")
+            sys.stderr.flush()
+        try:
+            yield say
+        finally:
+            if tty:
+                sys.stderr.write("\r\x1b[K")
+                sys.stderr.flush()
+    return cm()
+
+
+def progress_option(f):
+    return click.option("--progress/--no-progress", "progress", default=None,
+                        help="Show progress on stderr (default: on a terminal, unless --json).")(f)
+
+
 class MemoGroup(click.Group):
-    """Turns MemoError into a one-line message and exit code 2."""
+    """Turns MemoError and click's usage errors into a one-line message and exit code 2."""
 
     def invoke(self, ctx):
         try:
@@ -72,8 +117,12 @@ class MemoGroup(click.Group):
         except MemoError as e:
             click.echo(f"error: {e}", err=True)
             ctx.exit(2)
+        except click.UsageError as e:
+            click.echo(usage_line(e), err=True)
+            ctx.exit(2)
 
 
-MAX_GPUS = 1 << 20  # a cluster of more GPUs than this is a typo, not a plan
+MAX_GPUS = MAX_DEGREE  # a cluster of more GPUs than this is a typo, not a plan
 GPU_COUNT = click.IntRange(1, MAX_GPUS)
 DEGREE = click.IntRange(1, MAX_GPUS)
+BATCH = click.IntRange(1, MAX_BATCH)  # sequences per replica (the plan's own cap)

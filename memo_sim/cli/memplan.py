@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from memo_sim.cli.common import DEGREE, build_model, count_option, model_options
+from memo_sim.cli.common import BATCH, DEGREE, build_model, count_option, model_options, progress_option, status_line
 from memo_sim.errors import MemoError
 from memo_sim.policy import policy_names
 from memo_sim.profile.loader import load_profile
@@ -18,7 +18,7 @@ from memo_sim.profile.loader import load_profile
 @click.option("--csv", "csv_file", type=click.Path(dir_okay=False), help="Plan an id,lower,upper,size CSV instead.")
 @click.option("--trace", "trace_file", type=click.Path(dir_okay=False), help="Plan a memo-trace JSON instead.")
 @click.option("--seq", default="256K", callback=count_option, show_default=True, help="Sequence length.")
-@click.option("--batch", default=1, show_default=True)
+@click.option("--batch", default=1, show_default=True, type=BATCH, help="Sequences per replica.")
 @click.option("--tp", type=DEGREE, default=8, show_default=True)
 @click.option("--cp", type=DEGREE, default=1, show_default=True)
 @click.option("--ulysses", type=DEGREE, default=1, show_default=True)
@@ -36,8 +36,9 @@ from memo_sim.profile.loader import load_profile
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False),
               help="Also draw the layout (address over time) as PNG here.")
+@progress_option
 def memplan(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, csv_file, trace_file, seq, batch, tp, cp, ulysses, sp,
-            tp_mode, policy, alpha, profile_name, time_limit, solver, as_json, out_dir):
+            tp_mode, policy, alpha, profile_name, time_limit, solver, as_json, out_dir, progress):
     """Static memory plan (MEMO's bi-level MIP) for a model/layout/policy, or for a trace/CSV file."""
     from memo_sim.layout.parallel import Layout, check_layout
     from memo_sim.memplan.caching_allocator import AllocatorConfig, replay
@@ -52,9 +53,13 @@ def memplan(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, csv
     if csv_file or trace_file:
         if csv_file and trace_file:
             raise MemoError("give either --csv or --trace, not both")
-        trace = RequestTrace.read_csv(csv_file) if csv_file else RequestTrace.read_json(trace_file)
-        sol = solve_dsa(trace, time_limit_s=time_limit, solver=solver)
-        base = replay(trace, AllocatorConfig(capacity_bytes=max(cap, 4 * trace.max_live_bytes())))
+        with status_line("memplan", quiet=as_json, force=progress) as say:
+            say(f"reading {csv_file or trace_file}")
+            trace = RequestTrace.read_csv(csv_file) if csv_file else RequestTrace.read_json(trace_file)
+            say(f"{len(trace)} buffers; solving (time limit {time_limit:g} s)")
+            sol = solve_dsa(trace, time_limit_s=time_limit, solver=solver, progress=say)
+            say("replaying the caching allocator")
+            base = replay(trace, AllocatorConfig(capacity_bytes=max(cap, 4 * trace.max_live_bytes())))
         result = {"source": csv_file or trace_file, "buffers": len(trace), **sol.to_json_obj(),
                   "caching_allocator": _allocator_summary(base)}
         if out_dir:
@@ -70,9 +75,12 @@ def memplan(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, csv
         if why:
             raise MemoError(f"layout {lay.label()}: {why}")
         pol = get_policy(policy, alpha if policy_class(policy).takes_alpha else None)
-        plan = plan_memory(model, lay, batch, seq, pol, time_limit_s=time_limit, solver=solver)
-        # baseline: the caching allocator on one layer's forward + backward requests
-        base = caching_allocator_layer_report(model, lay, batch, seq, pol, cap)
+        with status_line("memplan", quiet=as_json, force=progress) as say:
+            say(f"bi-level plan of {model.name} {lay.label()} {pol.label()} (time limit {time_limit:g} s per solve)")
+            plan = plan_memory(model, lay, batch, seq, pol, time_limit_s=time_limit, solver=solver)
+            # baseline: the caching allocator on one layer's forward + backward requests
+            say("replaying the caching allocator on one layer")
+            base = caching_allocator_layer_report(model, lay, batch, seq, pol, cap)
         result = {"model": model.name, "layout": lay.label(), "policy": pol.label(), "seq_tokens": seq,
                   **plan.summary(), "arena_bytes": plan.arena_bytes,
                   "caching_allocator_layer": _allocator_summary(base)}

@@ -34,10 +34,14 @@ unless ``metp_across_nodes`` allows a METP ring over whole nodes.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from itertools import product
+from typing import Annotated, Any, Literal
 
-from memo_sim.errors import MemoError
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from memo_sim.errors import validated
 from memo_sim.model.config import ModelConfig
 from memo_sim.model.layer_graph import TP_MODES
 
@@ -102,13 +106,33 @@ class Layout:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict, source: str = "layout") -> "Layout":
-        unknown = set(d) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise MemoError(f"{source}: unknown layout field {sorted(unknown)[0]!r}")
-        if d.get("tp_mode", "megatron") not in TP_MODES:
-            raise MemoError(f"{source}: tp_mode must be one of {', '.join(TP_MODES)}, got {d['tp_mode']!r}")
-        return cls(**d)
+    def from_dict(cls, d: Any, source: str = "layout") -> "Layout":
+        """A layout read from a file (plan.json), validated once: whole degrees in 1..`MAX_DEGREE`,
+        ZeRO 0-3, sp a boolean, tp_mode one of `TP_MODES`."""
+        return cls(**validated(_LayoutIn, d, source).model_dump())
+
+
+MAX_DEGREE = 1 << 20  # a parallel degree past a million GPUs is a typo, not a cluster
+_Degree = Annotated[int, Field(strict=True, ge=1, le=MAX_DEGREE)]
+
+
+class _LayoutIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    tp: _Degree = 1
+    sp: bool = Field(True, strict=True)
+    cp: _Degree = 1
+    ulysses: _Degree = 1
+    dp: _Degree = 1
+    zero: Annotated[int, Field(strict=True, ge=0, le=3)] = 0
+    tp_mode: Literal[TP_MODES] = "megatron"
+    pp: _Degree = 1
+
+    @model_validator(mode="after")
+    def _total(self):
+        total = self.tp * self.cp * self.ulysses * self.dp * self.pp
+        if total > MAX_DEGREE:
+            raise ValueError(f"degrees multiply to {total} GPUs, more than {MAX_DEGREE}; use smaller degrees")
+        return self
 
 
 def group_spans_nodes(size: int, stride: int, gpus_per_node: int) -> bool:
@@ -191,7 +215,9 @@ def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: i
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of ``n`` in increasing order, in O(sqrt(n))."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def enumerate_layouts(model: ModelConfig, gpus: int, gpus_per_node: int, seq: int, *,

@@ -5,14 +5,54 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Annotated, Any, Literal
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from memo_sim.errors import MemoError
+from memo_sim.errors import MemoError, validated
 from memo_sim.fileio import read_utf8
 from memo_sim.model.precision import RECIPES, PrecisionRecipe, default_recipe
 
 FFN_TYPES = ("gelu", "swiglu")
+DTYPES = ("bf16", "fp16", "fp32")
+# Physical caps: the largest published models have ~130 layers, hidden 25K, vocab 256K; a value
+# past these is a typo (1e30 layers would hang the simulator), refused with this range.
+MAX_LAYERS = 4096
+MAX_HIDDEN = 1 << 18
+MAX_HEADS = 1 << 12
+MAX_FFN = 1 << 20
+MAX_VOCAB = 1 << 24
+
+
+def _dim(hi: int):
+    return Annotated[int, Field(strict=True, ge=1, le=hi)]
+
+
+class _ModelIn(BaseModel):
+    """The model fields, validated once (pydantic): whole positive numbers under physical caps,
+    names from their enums, then the divisibility the layer's shapes need."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str = Field(strict=True, min_length=1)
+    layers: _dim(MAX_LAYERS)
+    hidden: _dim(MAX_HIDDEN)
+    heads: _dim(MAX_HEADS)
+    ffn: _dim(MAX_FFN)
+    vocab: _dim(MAX_VOCAB) = 50257
+    kv_heads: _dim(MAX_HEADS) | None = None
+    ffn_type: Literal[FFN_TYPES] = "gelu"
+    dtype: Literal[DTYPES] = "bf16"
+    precision: Literal[tuple(RECIPES)] | None = None
+
+    @model_validator(mode="after")
+    def _shapes(self):
+        if self.hidden % self.heads:
+            raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads}); change one of them")
+        kv = self.kv_heads if self.kv_heads is not None else self.heads
+        if self.heads % kv:
+            raise ValueError(f"heads ({self.heads}) must be divisible by kv_heads ({kv}); change one of them")
+        return self
 
 
 @dataclass(frozen=True)
@@ -29,21 +69,8 @@ class ModelConfig:
     precision: str | None = None  # model-state recipe (`memo_sim.model.precision`); None: by dtype
 
     def __post_init__(self) -> None:
-        for f in ("layers", "hidden", "heads", "ffn", "vocab"):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-                raise MemoError(f"model {self.name}: {f} must be a positive integer, got {v!r}")
-        if self.hidden % self.heads:
-            raise MemoError(f"model {self.name}: hidden ({self.hidden}) must be divisible by heads ({self.heads})")
-        kv = self.kv_heads if self.kv_heads is not None else self.heads
-        if kv <= 0 or self.heads % kv:
-            raise MemoError(f"model {self.name}: heads ({self.heads}) must be divisible by kv_heads ({kv})")
-        if self.dtype not in ("bf16", "fp16", "fp32"):
-            raise MemoError(f"model {self.name}: dtype must be bf16, fp16 or fp32, got {self.dtype!r}")
-        if self.ffn_type not in FFN_TYPES:
-            raise MemoError(f"model {self.name}: ffn_type must be one of {', '.join(FFN_TYPES)}")
-        if self.precision is not None and self.precision not in RECIPES:
-            raise MemoError(f"model {self.name}: precision must be one of {', '.join(RECIPES)}, got {self.precision!r}")
+        # every way of building a model (presets, files, flags, plans) passes the one validator
+        validated(_ModelIn, {f: getattr(self, f) for f in self.__dataclass_fields__}, f"model {self.name}")
 
     @property
     def recipe(self) -> PrecisionRecipe:
@@ -87,17 +114,11 @@ class ModelConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict, source: str = "model") -> "ModelConfig":
-        allowed = set(cls.__dataclass_fields__)
-        unknown = set(d) - allowed
-        if unknown:
-            raise MemoError(f"{source}: unknown model field {sorted(unknown)[0]!r}; known: {', '.join(sorted(allowed))}")
-        missing = [f for f in ("layers", "hidden", "heads", "ffn") if f not in d]
-        if missing:
-            raise MemoError(f"{source}: missing model field {missing[0]!r}")
-        d = dict(d)
-        d.setdefault("name", source)
-        return cls(**d)
+    def from_dict(cls, d: Any, source: str = "model") -> "ModelConfig":
+        if isinstance(d, dict):
+            d = {"name": source, **d}
+        m = validated(_ModelIn, d, source)
+        return cls(**m.model_dump())
 
 
 PRESETS: dict[str, ModelConfig] = {
@@ -132,7 +153,11 @@ def model_from_file(path: str | Path) -> ModelConfig:
         raw = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as e:
         raise MemoError(f"{path}: cannot parse model file ({str(e).splitlines()[0]})") from None
+    except RecursionError:
+        raise MemoError(f"{path}: nested too deeply to be a model file; check the file") from None
     if not isinstance(raw, dict):
         raise MemoError(f"{path}: a model file is a mapping of fields (layers, hidden, heads, ffn, vocab)")
     raw.setdefault("name", path.stem)
+    if not isinstance(raw["name"], str):
+        raw["name"] = str(raw["name"])
     return ModelConfig.from_dict(raw, source=str(path))

@@ -5,29 +5,68 @@ Both are parsed (and checked) once, here; the executor reads attributes, never r
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from memo_sim.errors import PlanError
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from memo_sim.errors import PlanError, validated
 
 STATUSES = ("OK", "OOM", "OOHM")
 PREDICTION_NUMBERS = ("iteration_s", "mfu", "tgs_tokens_per_gpu_s", "peak_gpu_bytes", "peak_host_bytes_per_node",
                       "exposed_copy_s", "analytic_iteration_s")
 
 
-def _number(value: Any, where: str, *, allow_none: bool = True) -> float | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise PlanError(f"{where}: must be a finite non-negative number, got {value!r}")
-    return float(value)
+MAX_BYTES = 1 << 60  # 1 EiB: a larger size or offset is a typo
+MAX_SECONDS = 1e9  # about 30 years of one iteration
+
+_Bytes = Annotated[int, Field(strict=True, ge=0, le=MAX_BYTES)]
+_Seconds = Annotated[float, Field(strict=True, allow_inf_nan=False, ge=0, le=MAX_SECONDS)]
+_ByteAmount = Annotated[float, Field(strict=True, allow_inf_nan=False, ge=0, le=MAX_BYTES)]
 
 
-def _count(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise PlanError(f"{where}: must be a non-negative integer, got {value!r}")
-    return value
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _PredictionIn(_In):
+    status: Literal[STATUSES]
+    source: str = Field("analytic", strict=True, max_length=200)
+    iteration_s: _Seconds | None = None
+    mfu: Annotated[float, Field(strict=True, allow_inf_nan=False, ge=0, le=1)] | None = None
+    tgs_tokens_per_gpu_s: Annotated[float, Field(strict=True, allow_inf_nan=False, ge=0, le=1e12)] | None = None
+    peak_gpu_bytes: _ByteAmount | None = None
+    peak_host_bytes_per_node: _ByteAmount | None = None
+    exposed_copy_s: _Seconds | None = None
+    analytic_iteration_s: _Seconds | None = None
+    memory_breakdown_bytes: dict = {}
+    allocator: dict = {}
+
+
+class _PhaseIn(_In):
+    peak_bytes: _Bytes
+    offsets: dict[str, _Bytes]
+    lower_bound_bytes: _Bytes | None = None
+    method: str = Field("", strict=True)
+    solve_time_s: _Seconds | None = None
+    unplaced: dict[str, Annotated[str, Field(strict=True)]] = {}
+
+
+class _MemoryPlanIn(_In):
+    arena_bytes: _Bytes
+    phases: dict[str, _PhaseIn] = {}
+    element_bytes: Literal[2, 4, 8] | None = None
+    lower_bound_bytes: _Bytes | None = None
+    layer_block_offsets: dict[str, _Bytes] = {}
+    model_offsets: dict[str, _Bytes] = {}
+    source: str = Field("", strict=True)
+
+    @field_validator("element_bytes", mode="before")
+    @classmethod
+    def _no_bool(cls, v):
+        if isinstance(v, bool):
+            raise ValueError(f"must be 2, 4 or 8, got {v!r}; write the element width in bytes")
+        return v
 
 
 @dataclass(frozen=True)
@@ -48,20 +87,8 @@ class Prediction:
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "predicted") -> "Prediction":
-        if not isinstance(d, dict):
-            raise PlanError(f"{where}: must be an object")
-        unknown = set(d) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise PlanError(f"{where}.{sorted(unknown)[0]}: unknown field")
-        if d.get("status") not in STATUSES:
-            raise PlanError(f"{where}.status: must be one of {', '.join(STATUSES)}, got {d.get('status')!r}")
-        nums = {k: _number(d.get(k), f"{where}.{k}") for k in PREDICTION_NUMBERS}
-        for k in ("memory_breakdown_bytes", "allocator"):
-            if not isinstance(d.get(k, {}), dict):
-                raise PlanError(f"{where}.{k}: must be an object")
-        return cls(status=d["status"], source=str(d.get("source", "analytic")), **nums,
-                   memory_breakdown_bytes=dict(d.get("memory_breakdown_bytes", {})),
-                   allocator=dict(d.get("allocator", {})))
+        m = validated(_PredictionIn, d, where, PlanError)
+        return cls(**{k: getattr(m, k) for k in cls.__dataclass_fields__})
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -107,51 +134,12 @@ class MemoryPlan:
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "memory_plan") -> "MemoryPlan":
-        if not isinstance(d, dict):
-            raise PlanError(f"{where}: must be an object")
-        unknown = set(d) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise PlanError(f"{where}.{sorted(unknown)[0]}: unknown field")
-        phases_raw = d.get("phases", {})
-        if not isinstance(phases_raw, dict):
-            raise PlanError(f"{where}.phases: must be an object")
-        phases = {}
-        for ph, body in phases_raw.items():
-            w = f"{where}.phases.{ph}"
-            if not isinstance(body, dict):
-                raise PlanError(f"{w}: must be an object")
-            bad = set(body) - set(PhasePlan.__dataclass_fields__)
-            if bad:
-                raise PlanError(f"{w}.{sorted(bad)[0]}: unknown field")
-            offs = body.get("offsets")
-            if not isinstance(offs, dict):
-                raise PlanError(f"{w}.offsets: must map tensor names to non-negative integers")
-            unplaced = body.get("unplaced", {})
-            if not isinstance(unplaced, dict) or not all(isinstance(v, str) for v in unplaced.values()):
-                raise PlanError(f"{w}.unplaced: must map tensor names to reasons")
-            phases[str(ph)] = PhasePlan(
-                peak_bytes=_count(body.get("peak_bytes"), f"{w}.peak_bytes"),
-                offsets={str(k): _count(v, f"{w}.offsets.{k}") for k, v in offs.items()},
-                lower_bound_bytes=None if body.get("lower_bound_bytes") is None
-                else _count(body["lower_bound_bytes"], f"{w}.lower_bound_bytes"),
-                method=str(body.get("method", "")), solve_time_s=_number(body.get("solve_time_s"), f"{w}.solve_time_s"),
-                unplaced={str(k): v for k, v in unplaced.items()})
-        eb = d.get("element_bytes")
-        if eb is not None and (isinstance(eb, bool) or eb not in (2, 4, 8)):
-            raise PlanError(f"{where}.element_bytes: must be 2, 4 or 8, got {eb!r}")
-        for k in ("layer_block_offsets", "model_offsets"):
-            v = d.get(k, {})
-            if not isinstance(v, dict):
-                raise PlanError(f"{where}.{k}: must be an object")
-        return cls(arena_bytes=_count(d.get("arena_bytes"), f"{where}.arena_bytes"), phases=phases,
-                   element_bytes=eb,
-                   lower_bound_bytes=None if d.get("lower_bound_bytes") is None
-                   else _count(d["lower_bound_bytes"], f"{where}.lower_bound_bytes"),
-                   layer_block_offsets={str(k): _count(v, f"{where}.layer_block_offsets.{k}")
-                                        for k, v in d.get("layer_block_offsets", {}).items()},
-                   model_offsets={str(k): _count(v, f"{where}.model_offsets.{k}")
-                                  for k, v in d.get("model_offsets", {}).items()},
-                   source=str(d.get("source", "")))
+        m = validated(_MemoryPlanIn, d, where, PlanError)
+        phases = {ph: PhasePlan(**{k: getattr(p, k) for k in PhasePlan.__dataclass_fields__})
+                  for ph, p in m.phases.items()}
+        return cls(arena_bytes=m.arena_bytes, phases=phases, element_bytes=m.element_bytes,
+                   lower_bound_bytes=m.lower_bound_bytes, layer_block_offsets=dict(m.layer_block_offsets),
+                   model_offsets=dict(m.model_offsets), source=m.source)
 
     def to_dict(self) -> dict:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "phases"}

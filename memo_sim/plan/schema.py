@@ -27,16 +27,19 @@ from __future__ import annotations
 import datetime as _dt
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from memo_sim import __version__
-from memo_sim.errors import MemoError, PlanError
+from memo_sim.errors import MemoError, PlanError, validated
 from memo_sim.fileio import atomic_write_json, read_json
-from memo_sim.layout.parallel import Layout
+from memo_sim.layout.parallel import MAX_DEGREE, Layout
 from memo_sim.model.config import ModelConfig
 from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS
 from memo_sim.plan.contract import MemoryPlan, Prediction
-from memo_sim.policy import Policy, get_policy, policy_class
+from memo_sim.policy import Policy, get_policy, policy_class, policy_names
+from memo_sim.units import MAX_TOKENS
 
 PLAN_SCHEMA = "memo-plan/1"
 ATTENTION_BACKENDS = ("auto", "flash_attn", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "math")
@@ -91,76 +94,87 @@ class Plan:
 
     @classmethod
     def from_dict(cls, d: Any, source: str = "plan") -> "Plan":
+        """Parse and check a plan (pydantic, once): every field typed and range-checked, the first
+        problem a `PlanError` of one line naming the file, the field and the fix."""
         def fail(fieldname: str, msg: str) -> PlanError:
             return PlanError(f"{source}: {fieldname}: {msg}")
 
-        if not isinstance(d, dict):
-            raise fail("(top)", "a plan is a JSON object")
-        if d.get("schema") != PLAN_SCHEMA:
+        if isinstance(d, dict) and d.get("schema") != PLAN_SCHEMA:
             raise fail("schema", f"is {d.get('schema')!r}; this memo reads {PLAN_SCHEMA!r} "
                                  f"(re-create the plan with this version's memo-sim)")
-        known = {"schema", "created", "memo_version", "model", "batch", "seq_tokens", "gpus", "layout", "policy",
-                 "profile", "attention_backend", "classifier_chunk_tokens", "predicted", "layer_timings_s",
-                 "memory_plan", "timeline"}
-        unknown = set(d) - known
-        if unknown:
-            raise fail(sorted(unknown)[0], "unknown field")
-        for k in ("model", "batch", "seq_tokens", "gpus", "layout", "policy", "profile", "predicted",
-                  "layer_timings_s"):
-            if k not in d:
-                raise fail(k, "missing field")
-        for k in ("batch", "seq_tokens", "gpus", "classifier_chunk_tokens"):
-            v = d.get(k, 1)
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-                raise fail(k, f"must be a positive integer, got {v!r}")
+        raw = validated(_PlanIn, d, source, PlanError)
         try:
-            model = ModelConfig.from_dict(d["model"], source=f"{source}: model") if isinstance(d["model"], dict) \
-                else None
-            if model is None:
-                raise fail("model", "must be an object")
-            layout = Layout.from_dict(d["layout"], source=f"{source}: layout") if isinstance(d["layout"], dict) \
-                else None
-            if layout is None:
-                raise fail("layout", "must be an object")
-            pol = d["policy"]
-            if not isinstance(pol, dict) or "policy" not in pol:
-                raise fail("policy", 'must be {"policy": ..., "alpha": ...}')
+            model = ModelConfig.from_dict(raw.model, source=f"{source}: model")
+            layout = Layout.from_dict(raw.layout, source=f"{source}: layout")
+            pol = raw.policy
             pcls = policy_class(pol["policy"])
             if hasattr(pcls, "from_dict"):  # a policy with its own plan fields (SPPO's subsequence plan)
                 policy = pcls.from_dict(pol)
             elif set(pol) - {"policy", "alpha"}:
-                raise fail("policy", 'must be {"policy": ..., "alpha": ...}')
+                raise fail("policy", f"unknown field {sorted(set(pol) - {'policy', 'alpha'})[0]!r}; "
+                                     f'a policy is {{"policy": ..., "alpha": ...}}')
             else:
-                policy = get_policy(pol["policy"], pol.get("alpha"))
+                alpha = pol.get("alpha")
+                if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float))
+                                          or not 0.0 <= alpha <= 1.0):
+                    raise fail("policy.alpha", f"must be a number in [0, 1] or null, got {alpha!r}")
+                policy = get_policy(pol["policy"], alpha)
         except PlanError:
             raise
         except MemoError as e:
             raise PlanError(str(e) if str(e).startswith(source) else f"{source}: {e}") from None
-        except TypeError as e:
-            raise fail("model/layout", f"bad value ({e})") from None
-        if layout.gpus != d["gpus"]:
-            raise fail("layout", f"degrees multiply to {layout.gpus} GPUs but gpus is {d['gpus']}")
-        backend = d.get("attention_backend", "auto")
-        if backend not in ATTENTION_BACKENDS:
-            raise fail("attention_backend", f"must be one of {', '.join(ATTENTION_BACKENDS)}, got {backend!r}")
+        except (TypeError, ValueError, KeyError, IndexError, OverflowError) as e:
+            raise fail("policy", f"bad value ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                                 f"re-create the plan with memo-sim whatif") from None
+        if layout.gpus != raw.gpus:
+            raise fail("layout", f"degrees multiply to {layout.gpus} GPUs but gpus is {raw.gpus}; make them agree")
         try:
-            pred = Prediction.from_dict(d["predicted"])
-            mp = MemoryPlan.from_dict(d["memory_plan"]) if d.get("memory_plan") is not None else None
+            pred = Prediction.from_dict(raw.predicted)
+            mp = MemoryPlan.from_dict(raw.memory_plan) if raw.memory_plan is not None else None
         except PlanError as e:
             raise PlanError(f"{source}: {e}") from None
-        lt = d["layer_timings_s"]
-        if not isinstance(lt, dict) or set(lt) - set(LAYER_TIMING_KEYS):
-            raise fail("layer_timings_s", f"keys must be among {', '.join(LAYER_TIMING_KEYS)}")
-        for k, v in lt.items():
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-                raise fail(f"layer_timings_s.{k}", f"must be a non-negative number of seconds, got {v!r}")
-        if not isinstance(d["profile"], str) or not d["profile"]:
-            raise fail("profile", "must name a hardware profile")
-        return cls(model=model, batch=d["batch"], seq_tokens=d["seq_tokens"], gpus=d["gpus"], layout=layout,
-                   policy=policy, profile=d["profile"], predicted=pred, layer_timings_s=dict(lt),
-                   attention_backend=backend, classifier_chunk_tokens=d.get("classifier_chunk_tokens", CLASSIFIER_CHUNK_TOKENS),
-                   memory_plan=mp, timeline=d.get("timeline"), created=str(d.get("created", "")),
-                   memo_version=str(d.get("memo_version", "")))
+        return cls(model=model, batch=raw.batch, seq_tokens=raw.seq_tokens, gpus=raw.gpus, layout=layout,
+                   policy=policy, profile=raw.profile, predicted=pred, layer_timings_s=dict(raw.layer_timings_s),
+                   attention_backend=raw.attention_backend, classifier_chunk_tokens=raw.classifier_chunk_tokens,
+                   memory_plan=mp, timeline=raw.timeline, created=raw.created, memo_version=raw.memo_version)
+
+
+MAX_BATCH = 1 << 16  # sequences per replica per iteration
+MAX_SEQ_TOKENS = MAX_TOKENS  # one sequence (the count flags' cap, `memo_sim.units.MAX_TOKENS`)
+_Positive = Annotated[int, Field(strict=True, ge=1)]
+_Seconds = Annotated[float, Field(strict=True, allow_inf_nan=False, ge=0, le=1e9)]
+
+
+class _PlanIn(BaseModel):
+    """plan.json's top level; the nested parts are checked by their own types (`ModelConfig`,
+    `Layout`, the policy registry, `Prediction`, `MemoryPlan`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    schema_: Literal[PLAN_SCHEMA] = Field(alias="schema")
+    created: str = Field("", strict=True, max_length=100)
+    memo_version: str = Field("", strict=True, max_length=100)
+    model: dict[str, Any]
+    batch: Annotated[int, Field(strict=True, ge=1, le=MAX_BATCH)]
+    seq_tokens: Annotated[int, Field(strict=True, ge=1, le=MAX_SEQ_TOKENS)]
+    gpus: Annotated[int, Field(strict=True, ge=1, le=MAX_DEGREE)]
+    layout: dict[str, Any]
+    policy: dict[str, Any]
+    profile: str = Field(strict=True, min_length=1, max_length=4096)
+    attention_backend: Literal[ATTENTION_BACKENDS] = "auto"
+    classifier_chunk_tokens: Annotated[int, Field(strict=True, ge=1, le=MAX_SEQ_TOKENS)] = CLASSIFIER_CHUNK_TOKENS
+    predicted: dict[str, Any]
+    layer_timings_s: dict[Literal[LAYER_TIMING_KEYS], _Seconds]
+    memory_plan: dict[str, Any] | None = None
+    timeline: dict[str, Any] | None = None
+
+    @field_validator("policy")
+    @classmethod
+    def _names_a_policy(cls, v: dict) -> dict:
+        if "policy" not in v:
+            raise ValueError('missing "policy"; write {"policy": "memo", "alpha": 0.5}')
+        if v["policy"] not in policy_names():
+            raise ValueError(f"unknown policy {v['policy']!r}; use one of {', '.join(policy_names())}")
+        return v
 
 
 def write_plan(plan: Plan, path: str | Path) -> Path:

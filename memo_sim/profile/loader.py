@@ -1,8 +1,10 @@
 """Load and validate hardware profiles (YAML or JSON) into `HardwareProfile`.
 
 A quantity is written ``{value: 80, unit: GiB, source: "NVIDIA datasheet"}``; a curve is
-``{x: FLOP, points: [[1e9, 0.3], [1e12, 0.75]], source: "..."}``. An unknown key, a missing
-field, a wrong unit or a missing source is a `ProfileError` naming the file and the field.
+``{x: FLOP, points: [[1e9, 0.3], [1e12, 0.75]], source: "..."}``. The file is validated once,
+by the pydantic models below: an unknown key, a missing field, a wrong unit, a missing source,
+a value that is not a finite number or lies outside its dimension's physical range (`RANGES`)
+is a `ProfileError` of one line naming the file, the field and the fix.
 The one optional section, ``gpu.allocator`` (what cudaMalloc, cudaFree and a reorganisation's
 synchronise cost), is complete or absent: profiles written before it existed load with
 `memo_sim.profile.schema.DEFAULT_ALLOCATOR_COSTS`, whose sources say they are assumed defaults.
@@ -16,11 +18,12 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import yaml
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
-from memo_sim.errors import MemoError, ProfileError
+from memo_sim.errors import MemoError, ProfileError, validated
 from memo_sim.fileio import read_utf8
 from memo_sim.profile.schema import (
     DEFAULT_ALLOCATOR_COSTS, AllocatorCosts, Curve, Efficiency, GPUSpec, HardwareProfile, HostLink, HostSpec, Link,
@@ -32,174 +35,172 @@ SCHEMA = "memo-hardware-profile/1"
 REPO_PROFILES = Path(__file__).resolve().parents[2] / "hardware_profiles"
 PINNED_ROUNDING = ("power_of_two", "page", "none")
 
-# Field spec: a leaf is ("q", dimension) for a quantity, ("curve",), ("str",), ("dtypes", dim).
-SPEC: dict[str, Any] = {
-    "schema": ("str",),
-    "name": ("str",),
-    "description": ("str",),
-    "provenance": ("any",),
-    "gpu": {
-        "model": ("str",),
-        "memory": ("q", "bytes"),
-        "reserved": ("q", "bytes"),
-        "peak_flops": ("dtypes", "flops"),
-        "hbm_bandwidth": ("q", "bandwidth"),
-        "copy_compute_slowdown": ("q", "ratio"),
-        "allocator": {  # optional: profiles written before it exist (see OPTIONAL)
-            "sync": ("q", "time"),
-            "cuda_malloc_latency": ("q", "time"),
-            "cuda_malloc_throughput": ("q", "bandwidth"),
-            "cuda_free_latency": ("q", "time"),
-            "cuda_free_throughput": ("q", "bandwidth"),
-        },
-    },
-    "efficiency": {
-        "gemm": ("curve",),
-        "attention_fwd": ("curve",),
-        "attention_bwd": ("curve",),
-        "elementwise": ("q", "ratio"),
-    },
-    "node": {"gpus_per_node": ("q", "count")},
-    "nvlink": {"bandwidth": ("q", "bandwidth"), "latency": ("q", "time")},
-    "internode": {"bandwidth": ("q", "bandwidth"), "latency": ("q", "time")},
-    "host_link": {
-        "d2h_bandwidth": ("q", "bandwidth"),
-        "h2d_bandwidth": ("q", "bandwidth"),
-        "latency": ("q", "time"),
-        "gpus_per_pcie_switch": ("q", "count"),
-        "pcie_switch_bandwidth": ("q", "bandwidth"),
-        "gpus_per_socket": ("q", "count"),
-    },
-    "host": {
-        "memory": ("q", "bytes"),
-        "usable_fraction": ("q", "ratio"),
-        "memory_bandwidth": ("q", "bandwidth"),
-        "pinned_rounding": {"value": ("str",), "source": ("str",)},
-    },
+MAX_COUNT = 1 << 20  # GPUs per node / per switch / per socket: more is a typo, not hardware
+# Physical range of each dimension, in base units: a value outside is a typo (or NaN / inf),
+# refused at the boundary before any arithmetic runs on it.
+RANGES: dict[str, tuple[float, float, str]] = {
+    "bytes": (1.0, 2.0**60, "1 B .. 1 EiB"),
+    "bandwidth": (1e3, 1e16, "1 KB/s .. 10 PB/s"),
+    "flops": (1e6, 1e21, "1 MFLOP/s .. 1 ZFLOP/s"),
+    "time": (0.0, 3600.0, "0 .. 1 hour"),
+    "ratio": (0.0, 1.0, "0 .. 1"),
 }
-OPTIONAL = {"provenance", "description", "allocator"}
+
+_NonEmpty = Annotated[str, StringConstraints(strict=True, min_length=1, pattern=r"\S")]
 
 
-class _Reader:
-    def __init__(self, source: str):
-        self.source = source
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
-    def fail(self, field: str, msg: str) -> ProfileError:
-        return ProfileError(f"{self.source}: {field}: {msg}")
 
-    def quantity(self, raw: Any, dim: str, field: str) -> Quantity:
-        if not isinstance(raw, dict):
-            raise self.fail(field, "expected {value: ..., unit: ..., source: ...}")
-        extra = set(raw) - {"value", "unit", "source"}
-        if extra:
-            raise self.fail(field, f"unknown key {sorted(extra)[0]!r}; a quantity has value, unit, source")
-        for k in ("value", "source"):
-            if k not in raw:
-                raise self.fail(field, f"missing {k!r}")
-        v = raw["value"]
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise self.fail(field, f"value must be a number, got {v!r}")
-        if not str(raw["source"]).strip():
-            raise self.fail(field, "source is empty; say where the number comes from")
-        unit = str(raw.get("unit", ""))
-        if dim == "count":
-            if unit not in ("", "count") or v != int(v) or v <= 0:
-                raise self.fail(field, f"expected a positive whole count (unit 'count'), got {v!r} {unit!r}")
-            return Quantity(float(v), str(raw["source"]))
+class _QuantityIn(_In):
+    value: float = Field(strict=True, allow_inf_nan=False)
+    unit: str = Field("", strict=True)
+    source: _NonEmpty
+
+
+def _dim(dimension: str, positive: bool = False):
+    def check(q: _QuantityIn) -> Quantity:
+        if dimension == "count":
+            if q.unit not in ("", "count") or q.value != int(q.value) or not 1 <= q.value <= MAX_COUNT:
+                raise ValueError(f"expected a whole count in 1..{MAX_COUNT} (unit 'count'), got {q.value!r} "
+                                 f"{q.unit!r}; write e.g. {{value: 8, unit: count, source: ...}}")
+            return Quantity(float(q.value), q.source)
         try:
-            base = convert(v, unit, dim, f"{self.source}: {field}")
+            base = convert(q.value, q.unit, dimension, "unit")
         except MemoError as e:
-            raise ProfileError(str(e)) from None
-        if base < 0 or (dim != "ratio" and base == 0 and dim != "time"):
-            raise self.fail(field, f"must be positive, got {v!r}")
-        if dim == "ratio" and base > 1:
-            raise self.fail(field, f"a ratio must lie in [0, 1], got {v!r}")
-        return Quantity(base, str(raw["source"]))
+            raise ValueError(f"{str(e).split(': ', 1)[-1]}") from None
+        lo, hi, text = RANGES[dimension]
+        if positive and base == 0:
+            raise ValueError(f"must be more than 0, got {q.value!r}; a zero {dimension} here divides or empties "
+                             f"what it scales")
+        if not (lo <= base <= hi) or (base == 0 and (positive or dimension not in ("time", "ratio"))):
+            raise ValueError(f"{q.value!r} {q.unit} is outside the physical range of a {dimension} quantity "
+                             f"({text}); check the value and its unit")
+        return Quantity(base, q.source)
+    return Annotated[_QuantityIn, AfterValidator(check)]
 
-    def curve(self, raw: Any, field: str) -> Curve:
-        if not isinstance(raw, dict):
-            raise self.fail(field, "expected {x: FLOP, points: [[flops, efficiency], ...], source: ...}")
-        extra = set(raw) - {"x", "points", "source"}
-        if extra:
-            raise self.fail(field, f"unknown key {sorted(extra)[0]!r}")
-        if raw.get("x") != "FLOP":
-            raise self.fail(field, f"x must be 'FLOP' (the kernel's FLOPs), got {raw.get('x')!r}")
-        if not str(raw.get("source", "")).strip():
-            raise self.fail(field, "missing 'source'")
-        pts = raw.get("points")
-        if not isinstance(pts, list) or len(pts) < 1:
-            raise self.fail(field, "points must be a non-empty list of [flops, efficiency]")
-        out = []
-        for i, p in enumerate(pts):
-            if not (isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(x, (int, float)) for x in p)):
-                raise self.fail(f"{field}.points[{i}]", "expected [flops, efficiency]")
-            if p[0] <= 0 or not (0 < p[1] <= 1):
-                raise self.fail(f"{field}.points[{i}]", "flops must be > 0 and efficiency in (0, 1]")
-            out.append((float(p[0]), float(p[1])))
-        if any(b[0] <= a[0] for a, b in zip(out, out[1:])):
-            raise self.fail(field, "points must be sorted by strictly increasing flops")
-        return Curve(tuple(out), str(raw["source"]))
 
-    def walk(self, raw: Any, spec: dict, prefix: str) -> dict:
-        if not isinstance(raw, dict):
-            raise self.fail(prefix or "(top)", "expected a mapping")
-        for k in raw:
-            if k not in spec:
-                raise self.fail(f"{prefix}{k}", f"unknown key; expected one of {', '.join(spec)}")
-        out: dict[str, Any] = {}
-        for k, leaf in spec.items():
-            field = f"{prefix}{k}"
-            if k not in raw:
-                if k in OPTIONAL:
-                    continue
-                raise self.fail(field, "missing field")
-            v = raw[k]
-            if isinstance(leaf, dict):
-                out[k] = self.walk(v, leaf, field + ".")
-            elif leaf[0] == "q":
-                out[k] = self.quantity(v, leaf[1], field)
-            elif leaf[0] == "curve":
-                out[k] = self.curve(v, field)
-            elif leaf[0] == "str":
-                if not isinstance(v, str) or not v.strip():
-                    raise self.fail(field, "expected a non-empty string")
-                out[k] = v
-            elif leaf[0] == "dtypes":
-                if not isinstance(v, dict) or not v:
-                    raise self.fail(field, "expected a mapping dtype -> quantity, e.g. bf16: {...}")
-                out[k] = {d: self.quantity(q, leaf[1], f"{field}.{d}") for d, q in v.items()}
-            else:
-                out[k] = v
-        return out
+Bytes, Bandwidth, Flops, Time, Ratio, Count = (_dim(d) for d in ("bytes", "bandwidth", "flops", "time", "ratio",
+                                                                  "count"))
+Share = _dim("ratio", positive=True)  # a fraction that must not be zero (a rate or a capacity multiplies by it)
+_Point = tuple[Annotated[float, Field(strict=True, allow_inf_nan=False, gt=0, le=1e30)],
+               Annotated[float, Field(strict=True, allow_inf_nan=False, gt=0, le=1)]]
+
+
+class _CurveIn(_In):
+    x: Literal["FLOP"]
+    points: list[_Point] = Field(min_length=1, max_length=4096)
+    source: _NonEmpty
+
+    @model_validator(mode="after")
+    def _sorted(self):
+        if any(b[0] <= a[0] for a, b in zip(self.points, self.points[1:])):
+            raise ValueError("points must be sorted by strictly increasing flops; sort them")
+        return self
+
+    def typed(self) -> Curve:
+        return Curve(tuple((float(a), float(b)) for a, b in self.points), self.source)
+
+
+class _AllocatorIn(_In):
+    sync: Time
+    cuda_malloc_latency: Time
+    cuda_malloc_throughput: Bandwidth
+    cuda_free_latency: Time
+    cuda_free_throughput: Bandwidth
+
+
+class _GPUIn(_In):
+    model: _NonEmpty
+    memory: Bytes
+    reserved: Bytes
+    peak_flops: dict[Annotated[str, StringConstraints(strict=True, pattern=r"^[a-z0-9_]+$")], Flops] = \
+        Field(min_length=1)
+    hbm_bandwidth: Bandwidth
+    copy_compute_slowdown: Ratio
+    allocator: _AllocatorIn | None = None  # optional: profiles written before it exist
+
+    @model_validator(mode="after")
+    def _reserved_below_memory(self):
+        if float(self.reserved) >= float(self.memory):
+            raise ValueError("gpu.reserved must be smaller than gpu.memory; check both values and units")
+        return self
+
+
+class _EfficiencyIn(_In):
+    gemm: _CurveIn
+    attention_fwd: _CurveIn
+    attention_bwd: _CurveIn
+    elementwise: Share
+
+
+class _NodeIn(_In):
+    gpus_per_node: Count
+
+
+class _LinkIn(_In):
+    bandwidth: Bandwidth
+    latency: Time
+
+
+class _HostLinkIn(_In):
+    d2h_bandwidth: Bandwidth
+    h2d_bandwidth: Bandwidth
+    latency: Time
+    gpus_per_pcie_switch: Count
+    pcie_switch_bandwidth: Bandwidth
+    gpus_per_socket: Count
+
+
+class _PinnedIn(_In):
+    value: Literal[PINNED_ROUNDING]
+    source: _NonEmpty
+
+
+class _HostIn(_In):
+    memory: Bytes
+    usable_fraction: Share
+    memory_bandwidth: Bandwidth
+    pinned_rounding: _PinnedIn
+
+
+class _ProfileIn(_In):
+    schema_: Literal[SCHEMA] = Field(alias="schema")
+    name: _NonEmpty
+    description: str = Field("", strict=True)
+    provenance: dict[str, Any] | None = None
+    gpu: _GPUIn
+    efficiency: _EfficiencyIn
+    node: _NodeIn
+    nvlink: _LinkIn
+    internode: _LinkIn
+    host_link: _HostLinkIn
+    host: _HostIn
 
 
 def parse_profile(raw: Any, source: str) -> HardwareProfile:
-    r = _Reader(source)
-    d = r.walk(raw, SPEC, "")
-    if d["schema"] != SCHEMA:
-        raise r.fail("schema", f"is {d['schema']!r}; this memo reads {SCHEMA!r}")
-    pr = d["host"]["pinned_rounding"]
-    if pr["value"] not in PINNED_ROUNDING:
-        raise r.fail("host.pinned_rounding.value", f"must be one of {', '.join(PINNED_ROUNDING)}")
-    g = d["gpu"]
-    if float(g["reserved"]) >= float(g["memory"]):
-        raise r.fail("gpu.reserved", "must be smaller than gpu.memory")
-    hl = d["host_link"]
+    """Validate a profile's raw mapping (pydantic, once) into a `HardwareProfile`; the first
+    problem is a `ProfileError` of one line naming the file, the field and the fix."""
+    d = validated(_ProfileIn, raw, source, ProfileError)
+    g, e, hl, h = d.gpu, d.efficiency, d.host_link, d.host
+    al = g.allocator
     return HardwareProfile(
-        name=d["name"],
-        description=d.get("description", ""),
-        gpu=GPUSpec(g["model"], g["memory"], g["reserved"], g["peak_flops"], g["hbm_bandwidth"],
-                    g["copy_compute_slowdown"],
-                    AllocatorCosts(**g["allocator"]) if "allocator" in g else DEFAULT_ALLOCATOR_COSTS),
-        efficiency=Efficiency(**d["efficiency"]),
-        gpus_per_node=d["node"]["gpus_per_node"],
-        nvlink=Link(**d["nvlink"]),
-        internode=Link(**d["internode"]),
-        host_link=HostLink(**hl),
-        host=HostSpec(d["host"]["memory"], d["host"]["usable_fraction"], d["host"]["memory_bandwidth"],
-                      pr["value"], pr["source"]),
+        name=d.name,
+        description=d.description,
+        gpu=GPUSpec(g.model, g.memory, g.reserved, dict(g.peak_flops), g.hbm_bandwidth, g.copy_compute_slowdown,
+                    AllocatorCosts(al.sync, al.cuda_malloc_latency, al.cuda_malloc_throughput, al.cuda_free_latency,
+                                   al.cuda_free_throughput) if al is not None else DEFAULT_ALLOCATOR_COSTS),
+        efficiency=Efficiency(e.gemm.typed(), e.attention_fwd.typed(), e.attention_bwd.typed(), e.elementwise),
+        gpus_per_node=d.node.gpus_per_node,
+        nvlink=Link(d.nvlink.bandwidth, d.nvlink.latency),
+        internode=Link(d.internode.bandwidth, d.internode.latency),
+        host_link=HostLink(hl.d2h_bandwidth, hl.h2d_bandwidth, hl.latency, hl.gpus_per_pcie_switch,
+                           hl.pcie_switch_bandwidth, hl.gpus_per_socket),
+        host=HostSpec(h.memory, h.usable_fraction, h.memory_bandwidth, h.pinned_rounding.value,
+                      h.pinned_rounding.source),
         path=source,
-        provenance=dict(raw.get("provenance") or {}),
+        provenance=dict(d.provenance or {}),
     )
 
 
@@ -225,6 +226,8 @@ def _read_file(path: Path) -> Any:
     except (yaml.YAMLError, json.JSONDecodeError) as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ProfileError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'} ({first})") from None
+    except RecursionError:
+        raise ProfileError(f"{path}: nested too deeply to be a profile; check the file") from None
 
 
 def list_profiles() -> dict[str, Path]:
