@@ -1,0 +1,280 @@
+"""The METP tensor-parallel flavours of the distributed executor (`memo_exec.distributed.tp`):
+``metp_ffn`` (the FFN as the METP ring, the attention Megatron TP+SP) and ``metp`` (the FFN ring
+and the two-level METP MHA), registered by ``tp_mode``.
+
+Both split the tokens over the TP group like Megatron SP (rank t holds rows t, t+p, ... of its
+shard: the ``interleaved`` order of `memo_exec.metp.ring_attention`) and hold exactly Megatron's
+weight shards: METP's block i of W_in / b1 (its rows, gate and up halves for SwiGLU), of W_out
+(its columns) and of the MHA's head group i (W_qkv / b_qkv rows, W_proj columns) are the slices
+`memo_exec.distributed.tp.megatron.MegatronTP` gives rank i, so weights, sharding, gradient
+gathering and which parameters are replicated are Megatron's. What differs is the layer compute
+(`METPLayerCompute`) and what it saves:
+
+- ``metp_ffn``: x, ln1, h1, ln2 local rows; q, k, v, attn Megatron's gathered head shards; fc1
+  and act this rank's token rows over every FFN column (the row blocks the ring writes);
+- ``metp``: x, ln1, attn (all heads), h1, ln2, fc1, act local rows; no q, k, v (the MHA backward
+  recomputes them per head group); the attention's log-sum-exp in ``S.aux``.
+
+MEMO's token-wise recompute rebuilds local rows [start, T): ln1, h1 (``metp``: the W_proj ring
+of `memo_exec.metp.mha.proj_recompute`; ``metp_ffn``: Megatron's row-parallel projection of the
+gathered rows), ln2, and fc1 / act by a ring of the W_in blocks (`memo_exec.metp.ffn.ffn_forward`
+with ``with_out=False``). Every ring step and transfer is a span of the executor's timer under
+the simulator's op names (`memo_exec.metp.ffn`, `memo_exec.metp.mha`).
+
+The rings allocate their double buffers and blocks through `memo_exec.metp.ledger`, not the
+executor's scratch allocator (they are not yet planned tensors of the memory plan).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from memo_exec.attention import AttnDims
+from memo_exec.device import acc_dtype
+from memo_exec.distributed.tp import register_tp
+from memo_exec.distributed.tp.megatron import MegatronComm, MegatronTP
+from memo_exec.layer import LN_EPS, SKELETAL, _layer_norm_backward, _linear_backward, skeletal_widths
+from memo_exec.metp.blocks import HeadGroups
+from memo_exec.metp.ffn import ffn_backward, ffn_forward
+from memo_exec.metp.lane import RingOptions
+from memo_exec.metp.mha import mha_backward, mha_forward, proj_recompute
+
+ORDER = "interleaved"  # the executor's token order over the TP group (memo_exec.distributed.context)
+
+
+class METPLayerCompute:
+    """One METP rank's layer (the `memo_exec.layer.LayerCompute` contract)."""
+
+    def __init__(self, model, batch, seq, dtype, device, backend, scratch, timer, comm: MegatronComm, group,
+                 full_mha: bool) -> None:
+        self.model, self.batch, self.seq, self.dtype, self.device = model, batch, seq, dtype, device
+        self.backend, self.scratch, self.timer, self.comm, self.group = backend, scratch, timer, comm, group
+        self.full_mha = full_mha
+        p = comm.size
+        self.p = p
+        self.Tg = batch * seq
+        self.T = self.Tg // p
+        self.h = model.hidden
+        self.hq, self.kv = model.hidden // p, model.kv_dim // p
+        self.dims = AttnDims(batch, seq, model.heads // p, model.n_kv_heads // p, model.head_dim)
+        self.hg = HeadGroups(model.heads, model.n_kv_heads, model.head_dim, p)
+        self.swiglu = model.ffn_type == "swiglu"
+        self.ones = torch.ones(self.Tg, dtype=dtype, device=device)
+        self.ledger = None  # each ring counts its own tensors (a fresh `Ledger` per call, kept by tests only)
+        self.eps = LN_EPS
+
+    def _opts(self, layer: int) -> RingOptions:
+        return RingOptions(group=self.group, timer=self.timer, layer=layer)
+
+    def _norm(self, x, w, b, out, mean_out, rstd_out) -> None:
+        o, mean, rstd = torch.native_layer_norm(x, [self.h], w, b, self.eps)
+        out.copy_(o)
+        mean_out.copy_(mean.view(-1))
+        rstd_out.copy_(rstd.view(-1))
+
+    @staticmethod
+    def _ffn_own(p) -> dict:
+        own = {"w1": p.w1, "w2": p.w2}
+        if p.b1 is not None:
+            own["b1"] = p.b1
+        return own
+
+    # ------------------------------------------------------------------ forward
+    def _fwd_ops(self, p, S, layer: int, phase: str, start: int, attention: bool, y_out, before_output=None) -> None:
+        X, sp, T, h = self.scratch, self.timer.span, self.T, self.h
+        r, n = slice(start, T), T - start
+        opts = self._opts(layer)
+        with sp("ln1", layer, phase):
+            self._norm(S.x[r], p.ln1_w, p.ln1_b, S.ln1[r], S.stats[0, r], S.stats[1, r])
+        proj = X.get("proj", (n, h), self.dtype)
+        if self.full_mha:
+            own = {"wqkv": p.wqkv, "bqkv": p.bqkv, "wo": p.wo}
+            if attention:
+                lse = torch.empty(self.batch, self.model.heads, self.seq // self.p, dtype=acc_dtype(self.dtype),
+                                  device=self.device)
+                o = mha_forward(S.ln1, {k: v.detach() for k, v in own.items()}, self.hg, self.batch, opts,
+                                S.attn, lse, self.ledger, ORDER)
+                S.aux = lse
+            else:  # MEMO: h1's projection for the dropped rows, from the kept attention output
+                o = proj_recompute(S.attn[r], p.wo.detach(), self.hg, opts, self.ledger)
+            torch.add(o, p.bo, out=proj)
+            del o
+        else:
+            rg = slice(start * self.p, self.Tg)
+            hq, kv = self.hq, self.kv
+            with sp("qkv", layer, phase):
+                ln1 = self.comm.gather(S.ln1[r], X, "ln1_gathered")
+                ws = (p.wqkv[:hq], p.wqkv[hq:hq + kv], p.wqkv[hq + kv:])
+                bs = (p.bqkv[:hq], p.bqkv[hq:hq + kv], p.bqkv[hq + kv:])
+                for w, b, out in zip(ws, bs, (S.q, S.k, S.v)):
+                    torch.addmm(b, ln1, w.t(), out=out[rg])
+                self.comm.release(X, "ln1_gathered")
+                del ln1
+            if attention:
+                with sp("attention", layer, phase):
+                    S.aux = self.backend.forward(S.q, S.k, S.v, S.attn, self.dims, X)
+            with sp("out_proj", layer, phase):
+                part = X.get("proj_partial", (n * self.p, h), self.dtype)
+                torch.mm(S.attn[rg], p.wo.t(), out=part)
+                self.comm.reduce(part, proj)
+                X.free("proj_partial")
+                del part
+                proj.add_(p.bo)
+        with sp("add1", layer, phase):
+            torch.add(S.x[r], proj, out=S.h1[r])
+            X.free("proj")
+            del proj
+        with sp("ln2", layer, phase):
+            self._norm(S.h1[r], p.ln2_w, p.ln2_b, S.ln2[r], S.stats[2, r], S.stats[3, r])
+        own = {k: v.detach() for k, v in self._ffn_own(p).items()}
+        if y_out is None:
+            ffn_forward(S.ln2, own, opts, self.swiglu, self.ledger, S.fc1, S.act, start, with_out=False,
+                        phase=phase)
+            return
+        out = ffn_forward(S.ln2, own, opts, self.swiglu, self.ledger, S.fc1, S.act, phase=phase)
+        if before_output is not None:
+            before_output()
+        with sp("add2", layer, phase):
+            if p.b2 is not None:
+                out.add_(p.b2)
+            torch.add(S.h1, out, out=y_out)
+        del out
+
+    def forward(self, p, S, y_out, layer: int, before_output=None) -> None:
+        self.scratch.set_phase("fwd")
+        with torch.no_grad():
+            self._fwd_ops(p, S, layer, "fwd", 0, True, y_out, before_output)
+
+    def recompute_tokens(self, p, S, start: int, layer: int) -> None:
+        if start >= self.T:
+            return
+        self.scratch.set_phase("bwd")
+        self.scratch.prefix = "rc_"
+        try:
+            with torch.no_grad():
+                self._fwd_ops(p, S, layer, "recompute", start, False, None)
+        finally:
+            self.scratch.prefix = ""
+
+    def recompute_full(self, p, S, layer: int) -> None:
+        self.scratch.set_phase("bwd")
+        self.scratch.prefix = "rc_"
+        try:
+            with torch.no_grad():
+                self._fwd_ops(p, S, layer, "recompute", 0, True, None)
+        finally:
+            self.scratch.prefix = ""
+
+    # ------------------------------------------------------------------ backward
+    def backward(self, p, S, dy: torch.Tensor, layer: int) -> torch.Tensor:
+        with torch.no_grad():
+            return self._backward(p, S, dy, layer)
+
+    def _backward(self, p, S, dy, layer):
+        X, sp, T, Tg, h, dt = self.scratch, self.timer.span, self.T, self.Tg, self.h, self.dtype
+        self.scratch.set_phase("bwd")
+        opts = self._opts(layer)
+        dy = dy.reshape(T, h)
+        if not dy.is_contiguous() or dy._base is not None:
+            dy = dy.clone(memory_format=torch.contiguous_format)
+        one, oneg = self.ones[:T], self.ones
+        if p.b2 is not None:
+            p.b2.grad.addmv_(dy.t(), one)
+        own = self._ffn_own(p)
+        grads = {k: v.grad for k, v in own.items()}
+        d_ln2 = ffn_backward(S.ln2, dy, {k: v.detach() for k, v in own.items()}, grads, opts, self.swiglu,
+                             self.ledger, S.fc1, S.act)
+        with sp("ln2", layer, "bwd"):
+            dn = _layer_norm_backward(d_ln2, S.h1, S.stats[2].view(T, 1), S.stats[3].view(T, 1), p.ln2_w, p.ln2_b)
+            del d_ln2
+            d_h1 = dy.add_(dn)
+            del dn
+        p.bo.grad.addmv_(d_h1.t(), one)
+        if self.full_mha:
+            own = {"wqkv": p.wqkv, "bqkv": p.bqkv, "wo": p.wo}
+            d_ln1 = mha_backward(S.ln1, d_h1, S.attn, S.aux, {k: v.detach() for k, v in own.items()},
+                                 {k: v.grad for k, v in own.items()}, self.hg, self.batch, opts, self.ledger, ORDER)
+        else:
+            hq, kv = self.hq, self.kv
+            with sp("out_proj", layer, "bwd"):
+                d_h1g = self.comm.gather(d_h1, X, "d_h1_gathered")
+                d_attn = _linear_backward(d_h1g, S.attn, p.wo, None, oneg, X.get("d_attn", (Tg, hq), dt))
+                self.comm.release(X, "d_h1_gathered")
+                del d_h1g
+            with sp("attention", layer, "bwd"):
+                d_q = X.get("d_q", (Tg, hq), dt)
+                d_k = X.get("d_k", (Tg, kv), dt)
+                d_v = X.get("d_v", (Tg, kv), dt)
+                self.backend.backward(d_attn, S.q, S.k, S.v, S.attn, S.aux, d_q, d_k, d_v, self.dims, X)
+                X.free("d_attn")
+                del d_attn
+            with sp("qkv", layer, "bwd"):
+                ln1 = self.comm.gather(S.ln1, X, "ln1_gathered")
+                ws = (p.wqkv[:hq], p.wqkv[hq:hq + kv], p.wqkv[hq + kv:])
+                g = p.wqkv.grad
+                gws = (g[:hq], g[hq:hq + kv], g[hq + kv:])
+                gb = p.bqkv.grad
+                gbs = (gb[:hq], gb[hq:hq + kv], gb[hq + kv:])
+                for d, gw, gbb in zip((d_q, d_k, d_v), gws, gbs):
+                    gw.addmm_(d.t(), ln1)
+                    gbb.addmv_(d.t(), oneg)
+                self.comm.release(X, "ln1_gathered")
+                del ln1
+                d_ln1 = X.get("d_ln1", (T, h), dt)
+                part = X.get("d_ln1_partial", (Tg, h), dt)
+                torch.mm(d_q, ws[0], out=part)
+                part.addmm_(d_k, ws[1])
+                part.addmm_(d_v, ws[2])
+                self.comm.reduce(part, d_ln1)
+                X.free("d_ln1_partial")
+                del part
+                for nm in ("d_q", "d_k", "d_v"):
+                    X.free(nm)
+                del d_q, d_k, d_v
+        with sp("ln1", layer, "bwd"):
+            dx = _layer_norm_backward(d_ln1, S.x, S.stats[0].view(T, 1), S.stats[1].view(T, 1), p.ln1_w, p.ln1_b)
+            if not self.full_mha:
+                X.free("d_ln1")
+            del d_ln1
+            dx.add_(d_h1)
+        return dx
+
+
+class _METPBase(MegatronTP):
+    full_mha = False
+
+    def check(self) -> str | None:
+        why = super().check()
+        if why:
+            return why
+        lay = self.ctx.layout
+        if self.size > 1 and not self.ctx.sp_tokens:
+            return f"{self.name} splits the tokens over the TP group: plan with sp on"
+        if self.full_mha and (lay.cp > 1 or lay.ulysses > 1):
+            return "two-level METP attention is not combined with ring CP or Ulysses: use tp_mode metp_ffn"
+        return None
+
+    def storage_shapes(self) -> dict[str, tuple[int, int]]:
+        p = self.size
+        w = skeletal_widths(self.model)
+        out = {n: (1, w[n]) for n in SKELETAL}  # local rows, every column (ln1, h1, ln2, fc1, act, x)
+        if self.full_mha:
+            out.update(q=(1, 0), k=(1, 0), v=(1, 0))  # recomputed per head group in the backward
+        else:
+            for n in ("q", "k", "v", "attn"):  # Megatron TP+SP attention: gathered rows, this rank's heads
+                out[n] = (p, w[n] // p)
+        return out
+
+    def make_compute(self, batch: int, seq: int, dtype, device, backend, scratch, timer) -> METPLayerCompute:
+        return METPLayerCompute(self.model, batch, seq, dtype, device, backend, scratch, timer, self.comm,
+                                self.group, self.full_mha)
+
+
+@register_tp("metp_ffn")
+class METPFfn(_METPBase):
+    full_mha = False
+
+
+@register_tp("metp")
+class METPFull(_METPBase):
+    full_mha = True

@@ -1,0 +1,203 @@
+"""The inner loop of METP's MHA (papers/metp.txt Algorithms 3 and 4): causal attention of this
+rank's query block against every rank's K/V block, the K/V blocks travelling the ring.
+
+Rank i holds ``[batch, s/p]`` token rows of every sequence, in one of two orders (``order``):
+``contiguous``, the i-th block of every sequence, or ``interleaved``, positions i, i+p, i+2p, ...
+(the order Megatron SP and the distributed executor use, `memo_exec.distributed.context`). At
+inner step t the rank holds the K/V block of rank (i - t) mod p in one half of a double buffer
+(the next block arrives in the other half while it computes, `lane`). Causality across blocks:
+contiguous: an earlier rank's block is attended in full, the own block causally (the diagonal
+block is square, so the kernel's causal mask is the global one), a later rank's block is all
+in the future and skipped; interleaved: local row r is position r*p + i, so a block of a rank
+src <= i is attended causally (keys c <= r) and one of a rank src > i strictly causally (c < r:
+query rows 1.. against key rows ..n-1, causally), every step doing about the same work. The
+per-block outputs and log-sum-exps merge online (the FlashAttention / ring-attention
+recurrence), in the accumulation dtype.
+
+Backward: the same ring; each block's dQ, dK, dV come from the kernel's backward given the
+block's Q, K, V and the *final* output and log-sum-exp (P_ij = exp(S_ij - lse_i), D_i = rowsum(dA_i
+A_i), exactly Algorithm 4's lines 6-12). dQ accumulates locally; dK, dV travel one step behind
+their K/V block (`memo_exec.metp.ffn` does the same for dB, dC) and a last hop brings each
+finished block home.
+
+The block kernel is PyTorch's SDPA flash kernel through its aten op (CPU: forward and backward;
+CUDA, fp16/bf16: forward), else an exact math block (S, P = exp(S - lse)).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from memo_exec.device import acc_dtype
+from memo_exec.metp.lane import Lane, RingOptions
+from memo_exec.metp.ledger import Ledger
+
+
+def _expand(t: torch.Tensor, group: int) -> torch.Tensor:
+    if group == 1:
+        return t
+    b, hk, s, d = t.shape
+    return t.unsqueeze(2).expand(b, hk, group, s, d).reshape(b, hk * group, s, d)
+
+
+def _reduce(t: torch.Tensor, group: int) -> torch.Tensor:
+    if group == 1:
+        return t
+    b, h, s, d = t.shape
+    return t.view(b, h // group, group, s, d).sum(2)
+
+
+def _math_scores(q, k, causal, scale):
+    s = torch.matmul(q, k.transpose(-1, -2)).mul_(scale)
+    if causal:
+        n = s.shape[-1]
+        mask = torch.ones(n, n, dtype=torch.bool, device=s.device).triu_(1)
+        s.masked_fill_(mask, float("-inf"))
+    return s
+
+
+def block_forward(q, k, v, causal: bool, scale: float):
+    """(o, lse) of one block; q [B, H, n, d], k/v [B, H, n, d] (already expanded)."""
+    if q.device.type == "cpu":
+        o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
+        return o, lse
+    if q.dtype in (torch.float16, torch.bfloat16):
+        r = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)
+        return r[0], r[1]
+    s = _math_scores(q.float(), k.float(), causal, scale)
+    lse = torch.logsumexp(s, -1)
+    o = torch.matmul(torch.exp(s - lse.unsqueeze(-1)), v.float()).to(q.dtype)
+    return o, lse
+
+
+def block_backward(do, q, k, v, o, lse, causal: bool, scale: float):
+    """dq, dk, dv of one block given the final output ``o`` and log-sum-exp ``lse`` of the rows."""
+    if q.device.type == "cpu":
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            do, q, k, v, o, lse, 0.0, causal, scale=scale)
+    ad = acc_dtype(q.dtype)
+    qf, kf, vf, dof = q.to(ad), k.to(ad), v.to(ad), do.to(ad)
+    p = torch.exp(_math_scores(qf, kf, causal, scale) - lse.to(ad).unsqueeze(-1))
+    dv = torch.matmul(p.transpose(-1, -2), dof)
+    dp = torch.matmul(dof, vf.transpose(-1, -2))
+    dsum = (dof * o.to(ad)).sum(-1, keepdim=True)
+    ds = p.mul_(dp.sub_(dsum)).mul_(scale)
+    dq = torch.matmul(ds, kf)
+    dk = torch.matmul(ds.transpose(-1, -2), qf)
+    return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype)
+
+
+ORDERS = ("contiguous", "interleaved")
+
+
+def block_plan(src: int, rank: int, rows: int, order: str):
+    """(query rows, key rows, causal) of the block of rank ``src``'s keys, or None when all masked."""
+    if order == "contiguous":
+        return None if src > rank else (slice(None), slice(None), src == rank)
+    if src <= rank:
+        return slice(None), slice(None), True
+    return (slice(1, None), slice(0, rows - 1), True) if rows > 1 else None
+
+
+def _bhsd(t: torch.Tensor, batch: int, heads: int) -> torch.Tensor:
+    """token-major ``[batch*n, heads*d]`` -> ``[batch, heads, n, d]`` view."""
+    rows, w = t.shape
+    return t.view(batch, rows // batch, heads, w // heads).transpose(1, 2)
+
+
+def ring_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: int, q_heads: int,
+                           k_heads: int, out: torch.Tensor, lse_out: torch.Tensor, opts: RingOptions, lane: Lane,
+                           ledger: Ledger, tag: str, order: str = "contiguous") -> None:
+    """q ``[rows, q_heads*d]``, k/v ``[rows, k_heads*d]`` token-major; writes ``out`` (same layout as q)
+    and ``lse_out`` ``[batch, q_heads, rows/batch]``."""
+    p, i = opts.size, opts.rank
+    qb = _bhsd(q, batch, q_heads).contiguous()
+    kb, vb = _bhsd(k, batch, k_heads), _bhsd(v, batch, k_heads)
+    d = qb.shape[-1]
+    scale = d ** -0.5
+    group = q_heads // k_heads
+    shape = (2,) + tuple(kb.shape)
+    nb = min(p, 2)
+    bufs = ledger.halves(f"metp_kv_double_buffer{tag}", shape, k.dtype, k.device, "kv_buffer", nb)
+    bufs[0][0].copy_(kb)
+    bufs[0][1].copy_(vb)
+    ad = acc_dtype(q.dtype)
+    acc = ledger.alloc(f"metp_attn_accumulator_fp32_{tag}", tuple(qb.shape), ad, q.device, "attn_acc", zero=True)
+    lse = ledger.alloc(f"metp_attn_lse{tag}", tuple(qb.shape[:3]), ad, q.device, "attn_acc")
+    lse.fill_(float("-inf"))
+    for t in range(p):
+        cur = bufs[t % 2]
+        pend = lane.ring(f"p2p_kv{tag}.{t}", cur, bufs[(t + 1) % 2]) if t < p - 1 else None
+        plan = block_plan((i - t) % p, i, qb.shape[2], order)
+        if plan is not None:
+            qs, ks, causal = plan
+            with opts.timer.span(f"mha_attn{tag}.{t}", opts.layer, lane.phase, "compute"):
+                kk, vv = _expand(cur[0], group)[:, :, ks], _expand(cur[1], group)[:, :, ks]
+                o_b, lse_b = block_forward(qb[:, :, qs], kk.contiguous(), vv.contiguous(), causal, scale)
+                a_s, l_s = acc[:, :, qs], lse[:, :, qs]
+                lse_b = lse_b.to(ad)
+                new = torch.logaddexp(l_s, lse_b)
+                a_s.mul_(torch.exp(l_s - new).unsqueeze(-1)).add_(o_b.to(ad) * torch.exp(lse_b - new).unsqueeze(-1))
+                l_s.copy_(new)
+                del o_b, lse_b, new, kk, vv
+        lane.wait(pend)
+    lane.drain()
+    _bhsd(out, batch, q_heads).copy_(acc)
+    lse_out.copy_(lse)
+    ledger.free(f"metp_kv_double_buffer{tag}", f"metp_attn_accumulator_fp32_{tag}", f"metp_attn_lse{tag}")
+
+
+def ring_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, do: torch.Tensor,
+                            lse: torch.Tensor, batch: int, q_heads: int, k_heads: int, dq: torch.Tensor,
+                            dk: torch.Tensor, dv: torch.Tensor, opts: RingOptions, lane: Lane, ledger: Ledger,
+                            tag: str, order: str = "contiguous") -> None:
+    """Writes dq, dk, dv (token-major, like q, k, v) of this rank's rows."""
+    p, i = opts.size, opts.rank
+    qb = _bhsd(q, batch, q_heads).contiguous()
+    ob = _bhsd(o, batch, q_heads).contiguous()
+    dob = _bhsd(do, batch, q_heads).contiguous()
+    lse_c = lse.contiguous()
+    kb, vb = _bhsd(k, batch, k_heads), _bhsd(v, batch, k_heads)
+    scale = qb.shape[-1] ** -0.5
+    group = q_heads // k_heads
+    shape = (2,) + tuple(kb.shape)
+    nb = min(p, 2)
+    bufs = ledger.halves(f"metp_kv_double_buffer{tag}", shape, k.dtype, k.device, "kv_buffer", nb)
+    dbufs = ledger.halves(f"metp_dkv_in_flight{tag}", shape, k.dtype, k.device, "dkv_buffer", nb)
+    bufs[0][0].copy_(kb)
+    bufs[0][1].copy_(vb)
+    dbufs[0].zero_()
+    dqb = ledger.alloc(f"metp_dq_accumulator_fp32_{tag}", tuple(qb.shape), acc_dtype(q.dtype), q.device, "attn_acc",
+                       zero=True)
+    for t in range(p):
+        cur = bufs[t % 2]
+        pend = lane.ring_many([(f"p2p_kv_dkv{tag}.{t}", cur, bufs[(t + 1) % 2]) if t < p - 1 else None,
+                               (f"p2p_dkv{tag}.{t - 1}", dbufs[(t - 1) % 2], dbufs[t % 2]) if t > 0 else None])
+        pend_kv = pend.pop(0) if t < p - 1 else None
+        pend_d = pend.pop(0) if t > 0 else None
+        plan = block_plan((i - t) % p, i, qb.shape[2], order)
+        grads = None
+        if plan is not None:
+            qs, ks, causal = plan
+            with opts.timer.span(f"mha_attn_bwd{tag}.{t}", opts.layer, lane.phase, "compute"):
+                kk, vv = _expand(cur[0], group)[:, :, ks], _expand(cur[1], group)[:, :, ks]
+                gq, gk, gv = block_backward(dob[:, :, qs].contiguous(), qb[:, :, qs].contiguous(), kk.contiguous(),
+                                            vv.contiguous(), ob[:, :, qs].contiguous(), lse_c[:, :, qs].contiguous(),
+                                            causal, scale)
+                dqb[:, :, qs].add_(gq)
+                grads = (_reduce(gk, group), _reduce(gv, group))
+                del kk, vv, gq, gk, gv
+        lane.wait(pend_d)  # the partial dK, dV of this block is in
+        if grads is not None:
+            dbufs[t % 2][0][:, :, ks].add_(grads[0])
+            dbufs[t % 2][1][:, :, ks].add_(grads[1])
+        del grads
+        lane.wait(pend_kv)
+    if p > 1:
+        lane.wait(lane.ring(f"p2p_dkv{tag}_home", dbufs[(p - 1) % 2], dbufs[p % 2]))
+    lane.drain()
+    fin = dbufs[p % 2] if p > 1 else dbufs[0]
+    _bhsd(dq, batch, q_heads).copy_(dqb)
+    _bhsd(dk, batch, k_heads).copy_(fin[0])
+    _bhsd(dv, batch, k_heads).copy_(fin[1])
+    ledger.free(f"metp_kv_double_buffer{tag}", f"metp_dkv_in_flight{tag}", f"metp_dq_accumulator_fp32_{tag}")
