@@ -1,0 +1,212 @@
+"""Sequence-aware offloading of a stage's activations (papers/sppo.txt sec. 5.2), on the executor's
+copy streams (`memo_exec.streams`: worker threads with event semantics on CPU, side streams on CUDA).
+
+A *unit* is one piece (subsequence, or part of one) through one layer of the stage. While a unit's
+forward runs, a `torch.autograd.graph.saved_tensors_hooks` pair catches what autograd saves for
+its backward. Token-major activations (``[b, n, width]`` with the piece's ``n`` tokens: x, ln1,
+q, attn, h1, ln2, fc1, act, ...) are the offloadable ones; weights, the LayerNorm statistics, the
+lse and the K/V chunks (which live in the K/V cache, `memo_exec.sppo.kvcache`) stay. After the
+unit's forward its first ``floor(alpha_i * n)`` token rows of every offloadable tensor are copied
+to a pinned host pool on the d2h stream (alpha_i of the unit's subsequence i, from the plan), the
+other rows are kept on the device and the full tensor is let go, so the copy runs while the next
+unit computes. A stage's last two units go straight into backward and are not offloaded (the
+simulator's rule, `memo_sim.policy.sppo.unit_is_offloaded`).
+
+Before a piece's backward, every offloaded unit of that piece is prefetched on the h2d stream (it
+waits for its offload's event); the unpack hook makes the compute stream wait for the prefetch's
+event before autograd reads the tensor, so a late copy delays the backward but never changes it.
+How long the compute stream waited there is the measured exposure of the prefetch. At the end of
+a step the streams are synchronised, so the next step's offloads never overwrite host rows a
+prefetch still reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from memo_exec.errors import ExecError
+from memo_exec.streams import CopyLabel
+from memo_sim.policy.host_layout import offload_token_count
+from memo_sim.policy.sppo import unit_is_offloaded
+
+
+@dataclass
+class _Saved:
+    """One saved activation of one unit: whole on the device until the unit's offload, then split."""
+
+    full: torch.Tensor | None
+    shape: torch.Size
+    rows: int = 0  # token rows on host
+    host: torch.Tensor | None = None
+    tail: torch.Tensor | None = None  # the rows kept on the device
+    back: torch.Tensor | None = None  # the prefetched tensor
+
+
+@dataclass
+class UnitStats:
+    piece: int
+    layer: int
+    offload_bytes: int = 0
+    tensors: int = 0
+    prefetch_wait_s: float = 0.0
+
+
+@dataclass
+class _Unit:
+    key: tuple[int, int]
+    saved: list[_Saved] = field(default_factory=list)
+    by_id: dict = field(default_factory=dict)
+    offloaded: bool = False
+    off_ev: object = None
+    pf_ev: object = None
+    waited: bool = False
+    stats: UnitStats | None = None
+
+
+class SequenceOffload:
+    """The offload of one stage (module docs). ``alphas[k]`` is piece k's ratio (its subsequence's
+    alpha_i); ``layers`` the stage's layer count; ``streams`` a `memo_exec.streams` engine."""
+
+    def __init__(self, streams, device: torch.device, alphas: list[float], layers: int, batch: int,
+                 piece_tokens: list[int], param_ptrs: set[int], enabled: bool = True,
+                 layer_ids: list[int] | None = None, tags: list[str] | None = None, timer=None) -> None:
+        self.streams, self.device = streams, device
+        self.alphas, self.layers, self.batch = list(alphas), layers, batch
+        self.tokens = list(piece_tokens)
+        self.params = param_ptrs
+        self.enabled = enabled
+        self.layer_ids = layer_ids or list(range(layers))  # the model's layer index of each stage layer
+        self.tags = tags or [str(k) for k in range(len(piece_tokens))]
+        self.timer = timer  # `memo_exec.measure.Recorder` (optional): the prefetch waits become stall spans
+        self.n_units = len(piece_tokens) * layers
+        self.pin = device.type == "cuda"
+        self.pool: dict[tuple, torch.Tensor] = {}
+        self.units: dict[tuple[int, int], _Unit] = {}
+        self.stats: list[UnitStats] = []
+
+    # -- forward ---------------------------------------------------------------------------------------
+    def offloaded(self, k: int, j: int) -> bool:
+        return self.enabled and unit_is_offloaded(k * self.layers + j, self.n_units) and \
+            offload_token_count(self.alphas[k], self.tokens[k]) > 0
+
+    @contextlib.contextmanager
+    def unit(self, k: int, j: int):
+        """Wrap the forward of unit (piece k, stage layer j); its offload is issued on exit."""
+        if not self.offloaded(k, j):
+            yield
+            return
+        u = self.units[(k, j)] = _Unit((k, j), stats=UnitStats(k, j))
+        n = self.tokens[k]
+
+        def pack(t: torch.Tensor):
+            if (t.dim() < 3 or t.shape[0] != self.batch or t.shape[1] != n or t.shape[-1] == 1
+                    or t.data_ptr() in self.params or not t.is_floating_point()):
+                return t
+            key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()))
+            if key not in u.by_id:
+                u.by_id[key] = len(u.saved)
+                u.saved.append(_Saved(t, t.shape))
+            return (u, u.by_id[key])
+
+        def unpack(obj):
+            if not isinstance(obj, tuple):
+                return obj
+            unit, i = obj
+            s = unit.saved[i]
+            if s.full is not None:
+                return s.full
+            if not unit.waited:
+                if unit.pf_ev is None:
+                    raise ExecError(f"sppo: unit {unit.key} was not prefetched before its backward")
+                t0 = time.perf_counter()
+                span = self.timer.span("wait_prefetch", self.layer_ids[unit.key[1]], "stall") if self.timer \
+                    else contextlib.nullcontext()
+                with span:
+                    self.streams.compute.wait_event(unit.pf_ev)
+                unit.stats.prefetch_wait_s += time.perf_counter() - t0
+                unit.waited = True
+            return s.back
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            yield
+        with torch.no_grad():
+            self._offload(u, n)
+
+    def pool_bytes(self) -> int:
+        """Bytes of the host pool (every offloaded unit's rows; pinned on CUDA)."""
+        return sum(t.numel() * t.element_size() for t in self.pool.values())
+
+    def _host(self, key: tuple, shape, dtype) -> torch.Tensor:
+        t = self.pool.get(key)
+        if t is None or tuple(t.shape) != tuple(shape) or t.dtype != dtype:
+            t = torch.empty(shape, dtype=dtype, pin_memory=self.pin)
+            self.pool[key] = t
+        return t
+
+    def _offload(self, u: _Unit, n: int) -> None:
+        k, j = u.key
+        r = offload_token_count(self.alphas[k], n)
+        pairs = []
+        for i, s in enumerate(u.saved):
+            t = s.full.detach()
+            s.rows = r
+            s.host = self._host((k, j, i), (t.shape[0], r) + tuple(t.shape[2:]), t.dtype)
+            pairs.append((s.host, t[:, :r]))
+            s.tail = t[:, r:].clone()
+            u.stats.offload_bytes += s.host.numel() * s.host.element_size()
+        u.stats.tensors = len(u.saved)
+        if pairs:
+            made = self.streams.event(f"forward({k},{j})")  # the copy reads what the compute stream wrote
+            self.streams.compute.record(made)
+            self.streams.d2h.wait_event(made)
+            self.streams.d2h.copy_group(pairs, CopyLabel(f"offload@{self.tags[k]}", self.layer_ids[j], "offload",
+                                                           u.stats.offload_bytes))
+            u.off_ev = self.streams.event(f"offload({k},{j})")
+            self.streams.d2h.record(u.off_ev)
+        for s in u.saved:
+            s.full = None  # the copy stream holds the source until it has read it (record_stream on CUDA)
+        u.offloaded = True
+
+    # -- backward --------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def prefetch_piece(self, k: int) -> None:
+        """Start the prefetch of every offloaded unit of piece k (before the piece's backward)."""
+        for j in range(self.layers - 1, -1, -1):
+            u = self.units.get((k, j))
+            if u is None or not u.offloaded:
+                continue
+            pairs = []
+            for s in u.saved:
+                s.back = torch.empty(s.shape, dtype=s.tail.dtype, device=self.device)
+                pairs += [(s.back[:, :s.rows], s.host), (s.back[:, s.rows:], s.tail)]
+            ready = self.streams.event(f"alloc({k},{j})")  # the new device tensors and the kept rows exist
+            self.streams.compute.record(ready)
+            self.streams.h2d.wait_event(ready)
+            if u.off_ev is not None:
+                self.streams.h2d.wait_event(u.off_ev)
+            self.streams.h2d.copy_group(pairs, CopyLabel(f"prefetch@{self.tags[k]}", self.layer_ids[j], "prefetch",
+                                                           u.stats.offload_bytes))
+            u.pf_ev = self.streams.event(f"prefetch({k},{j})")
+            self.streams.h2d.record(u.pf_ev)
+            for s in u.saved:
+                s.tail = None
+
+    def release_piece(self, k: int) -> None:
+        """After piece k's backward: drop its units' prefetched tensors (statistics are kept)."""
+        for j in range(self.layers):
+            u = self.units.get((k, j))
+            if u is not None:
+                self.stats.append(u.stats)
+                u.saved.clear()
+
+    def end_step(self) -> list[UnitStats]:
+        """Synchronise the copy streams, drop the step's units and return their statistics."""
+        self.streams.synchronize()
+        out = [u.stats for u in self.units.values()]
+        self.units.clear()
+        self.stats = []
+        return out

@@ -1,0 +1,293 @@
+"""Run one stage of an SPPO pipeline: its pieces' forwards in order, then their backwards in
+reverse order (`memo_exec.sppo.schedule`), with the activations and their gradients moving between
+stages over point-to-point transfers (`memo_exec.distributed.p2p.post`; every request waited on:
+a receive before its buffer is read, a send before the step ends).
+
+One process per stage (``ranks[s]`` is stage s's rank in ``group``'s numbering). A step:
+
+- forward, piece k: stage 0 embeds the piece's tokens; a later stage posts the receives of the
+  previous stage's overlapping pieces (once each, in the sender's order), waits for them and
+  takes the piece's rows as a leaf that requires grad; the stage's layers run through the K/V
+  cache (`memo_exec.sppo.stage`), each layer inside its offload unit (`memo_exec.sppo.offload`);
+  the output is sent on, or, on the last stage, goes through the final norm and the classifier
+  (the piece's share of the mean loss);
+- backward, piece k (reverse order): the prefetch of the piece's offloaded units starts, then
+  autograd runs from the piece's loss (last stage) or output with the gradient received from the
+  next stage's overlapping pieces; the input gradient is sent back (stage 0: it has gone into
+  the embedding's gradient);
+- the end: every send waited on, the copy streams synchronised, and with PP > 1 the tied
+  embedding's two gradients (stage 0's and the last stage's) are exchanged and summed.
+
+Each rank records a span per piece forward and backward and per receive wait (wall clock,
+``time.perf_counter``, from a barrier at the step's start): the pipeline Gantt with its bubbles.
+
+Test hooks (never set by a run): ``delay_s`` makes every send start that late (the receive must
+still see the right data), ``skip_recv_wait`` reads a received buffer without waiting for it
+(which must break the gradients; the requests are still waited on at the step's end so that the
+processes finish).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from memo_exec.distributed.p2p import Transfer, post
+from memo_exec.sppo.offload import SequenceOffload, UnitStats
+from memo_exec.sppo.schedule import check_pieces, stage_actions
+from memo_exec.sppo.stage import Stage
+from memo_exec.streams import make_engine
+from memo_sim.policy.sppo import Piece  # the simulator's piece (memo_sim.cost.sppo)
+
+
+@dataclass
+class PipelineOptions:
+    offload: bool = True
+    delay_s: float = 0.0  # tests
+    skip_recv_wait: bool = False  # tests
+
+
+@dataclass
+class Span:
+    stage: int
+    kind: str  # fwd | bwd | wait_fwd | wait_bwd
+    piece: str  # the piece's tag (s<sub>[.<part>])
+    start_s: float
+    end_s: float
+
+    def to_dict(self) -> dict:
+        return {"stage": self.stage, "kind": self.kind, "piece": self.piece, "start_s": self.start_s,
+                "end_s": self.end_s}
+
+
+@dataclass
+class CopySpan:
+    stream: str  # d2h | h2d
+    op: str  # offload | prefetch
+    layer: int  # the model's layer index
+    piece: str
+    nbytes: int
+    start_s: float
+    end_s: float
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+class CopyLog:
+    """The copy streams' sink (`memo_exec.streams.CopySink`): start and end of every copy group,
+    as ``time.perf_counter`` floats on CPU or CUDA events on a GPU (resolved at the step's end)."""
+
+    def __init__(self) -> None:
+        self.raw: list = []
+
+    def add_copy(self, stream, label, start, end) -> None:
+        self.raw.append((stream, label, start, end))
+
+    def issued(self, entry) -> None:
+        pass
+
+    def resolve(self, t0: float, ref_event=None, layer_ids: list[int] | None = None) -> list[CopySpan]:
+        out = []
+        for stream, label, a, b in self.raw:
+            if ref_event is not None:  # CUDA: seconds after the step's reference event, on the host clock
+                a, b = t0 + ref_event.elapsed_time(a) / 1e3, t0 + ref_event.elapsed_time(b) / 1e3
+            op, _, piece = label.op.partition("@")
+            out.append(CopySpan(stream, op, label.layer, piece, label.nbytes, a - t0, b - t0))
+        self.raw.clear()
+        return out
+
+
+@dataclass
+class StepResult:
+    loss: float | None  # the mean loss (last stage only)
+    spans: list[Span]
+    units: list[UnitStats]
+    copies: list[CopySpan]
+    kv_peak_bytes: int
+    step_s: float
+    peak_device_bytes: int | None = None
+    extra: dict = field(default_factory=dict)
+
+
+class StageRunner:
+    """Stage ``stage`` of the pipeline described by ``pieces`` (every stage's pieces)."""
+
+    def __init__(self, gpt, stage: int, pieces: list[list[Piece]], batch: int, seq: int, alphas: list[float],
+                 ranks: list[int], device: torch.device, group=None, classifier_chunk: int = 8192,
+                 options: PipelineOptions | None = None, streams=None, timer=None, layer_weights=None,
+                 norm_tokens: int | None = None) -> None:
+        """``streams``: a `memo_exec.streams` engine to share (default: a new one, whose copies this
+        runner logs); ``timer``: a `memo_exec.measure.Recorder` that also gets every span (the
+        distributed executor's per-rank trace); ``layer_weights``/``norm_tokens``: `Stage`'s."""
+        check_pieces(pieces, seq)
+        self.pp = len(pieces)
+        self.pieces = pieces
+        self.s = stage
+        self.ranks, self.group = ranks, group
+        self.device = device
+        self.opt = options or PipelineOptions()
+        self.timer = timer
+        self.stage = Stage(gpt, stage, self.pp, pieces[stage], batch, seq, classifier_chunk, layer_weights,
+                           norm_tokens)
+        self.actions = stage_actions(pieces, stage)
+        self.own_streams = streams is None
+        self.streams = streams or make_engine(device)
+        self.copy_log = CopyLog()
+        if self.own_streams:
+            self.streams.sink = self.copy_log
+        own = pieces[stage]
+        params = {p.data_ptr() for _, p in self.stage.parameters()}
+        self.offload = SequenceOffload(self.streams, device, [alphas[p.sub] for p in own], len(self.stage.layers),
+                                       batch, [p.tokens for p in own], params, enabled=self.opt.offload,
+                                       layer_ids=self.stage.layer_ids, tags=[p.tag() for p in own], timer=timer)
+        self.batch, self.seq, self.hidden, self.dtype = batch, seq, gpt.cfg.hidden, gpt.wte.dtype
+
+    def parameters(self):
+        return self.stage.parameters()
+
+    def close(self) -> None:
+        if self.own_streams:
+            self.streams.close()
+
+    def _span(self, op: str, phase: str, stream: str = "compute"):
+        return self.timer.span(op, None, phase, stream=stream) if self.timer is not None else \
+            contextlib.nullcontext()
+
+    # ---------------------------------------------------------------------------------------------
+    def _buffer(self, tokens: int) -> torch.Tensor:
+        return torch.empty(self.batch, tokens, self.hidden, dtype=self.dtype, device=self.device)
+
+    def _receive(self, peer_stage: int, q: int, bufs: dict[int, torch.Tensor], trs: dict[int, Transfer]) -> None:
+        if q in trs:
+            return
+        p = self.pieces[peer_stage][q]
+        bufs[q] = self._buffer(p.tokens)
+        trs[q] = post([], [(self.ranks[peer_stage], bufs[q])], self.group)
+
+    def _assemble(self, peer_stage: int, qs: tuple[int, ...], pc: Piece, bufs, trs, kind: str,
+                  spans: list[Span], t0: float) -> torch.Tensor:
+        """The rows [pc.start, pc.end) out of the neighbour's overlapping pieces (after their waits)."""
+        for q in sorted(qs, reverse=kind == "bwd"):  # the order the neighbour sends them in
+            self._receive(peer_stage, q, bufs, trs)
+        w0 = time.perf_counter()
+        with self._span(f"recv_{kind}@{pc.tag()}", f"p2p_{kind}", "p2p"):
+            if not self.opt.skip_recv_wait:
+                for q in qs:
+                    trs[q].wait()
+        w1 = time.perf_counter()
+        spans.append(Span(self.s, f"wait_{kind}", pc.tag(), w0 - t0, w1 - t0))
+        parts = []
+        for q in qs:
+            p = self.pieces[peer_stage][q]
+            lo, hi = max(pc.start, p.start) - p.start, min(pc.end, p.end) - p.start
+            parts.append(bufs[q][:, lo:hi])
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+    def _send(self, peer_stage: int, t: torch.Tensor, earlier: list[Transfer]) -> Transfer:
+        """Post one send. With a test delay, each send starts on its own thread after the delay, so
+        two outstanding delayed sends to one peer could be issued out of order: the earlier ones
+        are waited on first (a delayed run is serialised per stage, never reordered)."""
+        if self.opt.delay_s > 0:
+            for tr in earlier:
+                tr.wait()
+        return post([(self.ranks[peer_stage], t)], [], self.group, self.opt.delay_s)
+
+    def _sync(self) -> None:
+        """CUDA: wait for the compute stream (the span ends when the piece's kernels have), not for
+        the copy streams, whose copies keep overlapping the next piece."""
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+
+    def step(self, inputs: torch.Tensor | None, targets: torch.Tensor | None) -> StepResult:
+        """One forward and backward of the whole sequence; the stage's parameter gradients are
+        accumulated into ``.grad`` (zero them before). ``inputs`` is needed on stage 0,
+        ``targets`` on the last stage."""
+        st, s, pp = self.stage, self.s, self.pp
+        own = self.pieces[s]
+        st.cache.reset()
+        st.cache.peak_bytes = 0
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        dist.barrier(group=self.group)
+        t0 = time.perf_counter()
+        ref_ev = None
+        if self.device.type == "cuda":
+            ref_ev = torch.cuda.Event(enable_timing=True)
+            ref_ev.record()
+        spans: list[Span] = []
+        sends: list[Transfer] = []
+        keep: list[torch.Tensor] = []  # sent tensors stay alive until their sends are waited on
+        fbufs: dict[int, torch.Tensor] = {}
+        ftrs: dict[int, Transfer] = {}
+        bbufs: dict[int, torch.Tensor] = {}
+        btrs: dict[int, Transfer] = {}
+        x_in: dict[int, torch.Tensor] = {}
+        out: dict[int, torch.Tensor] = {}
+        loss = 0.0
+        for act in self.actions:
+            k, pc = act.piece, own[act.piece]
+            if act.kind == "fwd":
+                if s > 0:
+                    x = self._assemble(s - 1, act.waits_for, pc, fbufs, ftrs, "fwd", spans, t0)
+                a0 = time.perf_counter()
+                with self._span(f"stage_fwd@{pc.tag()}", "fwd"):
+                    if s == 0:
+                        x = st.embed(inputs, k)
+                    else:
+                        x = x.detach().requires_grad_(True)
+                        x_in[k] = x
+                    for j in range(len(st.layers)):
+                        with self.offload.unit(k, j):
+                            x = st.layer(x, j, k)
+                    if s == pp - 1:
+                        y = st.loss(x, targets, k)
+                        loss += float(y.detach())
+                    else:
+                        y = x
+                    self._sync()
+                out[k] = y
+                spans.append(Span(s, "fwd", pc.tag(), a0 - t0, time.perf_counter() - t0))
+                if s < pp - 1:
+                    keep.append(y.detach())
+                    sends.append(self._send(s + 1, keep[-1], sends))
+            else:
+                dy = None
+                if s < pp - 1:
+                    dy = self._assemble(s + 1, act.waits_for, pc, bbufs, btrs, "bwd", spans, t0)
+                a0 = time.perf_counter()
+                with self._span(f"stage_bwd@{pc.tag()}", "bwd"):
+                    self.offload.prefetch_piece(k)
+                    torch.autograd.backward(out.pop(k), dy)
+                    self.offload.release_piece(k)
+                    self._sync()
+                spans.append(Span(s, "bwd", pc.tag(), a0 - t0, time.perf_counter() - t0))
+                if s > 0:
+                    g = x_in.pop(k).grad
+                    keep.append(g)
+                    sends.append(self._send(s - 1, g, sends))
+        for tr in list(ftrs.values()) + list(btrs.values()) + sends:
+            tr.wait()
+        units = self.offload.end_step()
+        self._tied_embedding_grad()
+        self._sync()
+        step_s = time.perf_counter() - t0
+        copies = self.copy_log.resolve(t0, ref_ev)
+        peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
+        return StepResult(loss if s == pp - 1 else None, spans, units, copies, st.cache.peak_bytes, step_s, peak)
+
+    def _tied_embedding_grad(self) -> None:
+        """Stage 0 and the last stage hold the tied embedding: sum their two gradients."""
+        if self.pp == 1 or self.s not in (0, self.pp - 1):
+            return
+        w = self.stage.gpt.wte
+        peer = self.ranks[self.pp - 1 if self.s == 0 else 0]
+        mine = w.grad.detach().clone()
+        theirs = torch.empty_like(mine)
+        post([(peer, mine)], [(peer, theirs)], self.group).wait()
+        w.grad.add_(theirs)
+

@@ -1,0 +1,223 @@
+"""The measured SPPO pipeline against the simulator's: Gantt charts, bubbles, offload exposure and
+memory per stage.
+
+Input: the merged per-rank timeline a distributed run writes (``measured.json``: every rank's
+last step, each from its own step start) and the plan. The prediction is the plan simulated for
+the layers the run used, by the simulator's own command (``memo-sim simulate``: its
+``summary.json`` and ``pipeline_gantt.png`` go to ``simulated_pipeline/``). The run's timeline is
+rewritten as a pipeline timeline (device = stage, ``meta.pipeline``; ``pipeline_measured.json``)
+and drawn by ``memo-sim plot`` into ``measured_pipeline/pipeline_gantt.png``: both charts come
+from the simulator's `memo_sim.report.figures.pipeline_gantt_figure`, so they read alike, and
+this module stays on the executor's side of the contract (it imports no simulator internals).
+
+Per stage (rank ``stage`` of data-parallel replica 0):
+
+- **bubble**: the share of the iteration the stage's compute stream is idle: 1 - busy /
+  iteration, busy being the union of its compute spans less the prefetch stalls inside them, the
+  iteration the latest end over all stages (the simulator's ``idle_s`` / iteration, its bubble);
+- **receive wait**: time blocked on the neighbour's activations or gradients (the ``p2p`` spans);
+- **offload exposure**: the prefetch stalls (compute waiting for a unit's prefetch) against the
+  simulated exposed copy time;
+- **peak memory**: the measured peak (device memory on CUDA, the process RSS on CPU) against the
+  simulated peak of the stage's GPU.
+
+Absolute times differ where the run's device is not the plan's profile (a CPU run of a GPU plan);
+the bubble shares are the comparable numbers.
+
+Command line: ``python -m memo_exec.sppo.report RUN_DIR PLAN.json [--layers N]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from memo_exec.compare import _intersection, _length, busy_spans
+from memo_sim.errors import MemoError
+from memo_sim.fileio import atomic_write_json, atomic_write_text
+from memo_sim.layout.parallel import Layout
+from memo_sim.timeline import Timeline
+
+STAGE_STREAMS = ("compute", "comm", "p2p", "d2h", "h2d")
+
+
+def stage_of_rank(layout: Layout) -> dict[int, int]:
+    """Rank -> stage for the ranks of data-parallel replica 0 (one rank per stage)."""
+    from memo_exec.distributed.context import coords_of  # noqa: PLC0415
+
+    out = {}
+    for r in range(layout.gpus):
+        c = coords_of(r, layout)
+        if c["dp"] == 0 and c["tp"] == 0 and c["cp"] == 0 and c["ulysses"] == 0:
+            out[r] = c["pp"]
+    return out
+
+
+def measured_pipeline(measured: Timeline, plan) -> Timeline:
+    """The run's timeline as the simulator's pipeline timeline: device = stage, the stalls left
+    out of the bars (they are counted in `stage_rows`)."""
+    ranks = stage_of_rank(plan.layout)
+    ev = [dataclasses.replace(e, device=ranks[e.device]) for e in measured.events
+          if e.device in ranks and e.stream in STAGE_STREAMS and e.phase != "stall"]
+    ev.sort(key=lambda e: (e.device, e.start, e.stream))
+    mem = [dataclasses.replace(m, device=ranks[m.device]) for m in measured.memory if m.device in ranks]
+    pol = plan.policy
+    meta = {"source": "measured", "model": plan.model.name, "layout": plan.layout.label(), "policy": pol.label(),
+            "seq_tokens": plan.seq_tokens, "device": measured.meta.get("device"),
+            "pipeline": {"pp": plan.layout.pp, "subseqs": pol.subseqs, "multiplex": pol.multiplex,
+                         "stages": [{"stage": s} for s in range(plan.layout.pp)]}}
+    return Timeline(ev, mem, meta)
+
+
+def stage_rows(tl: Timeline, stalls: Timeline | None = None) -> list[dict]:
+    """Per stage of a pipeline timeline: busy compute, bubble share, receive wait, stalls, copies, peak."""
+    pp = len(tl.meta["pipeline"]["stages"])
+    end = max((e.end for e in tl.events), default=0.0)
+    rows = []
+    for s in range(pp):
+        mine = Timeline([e for e in tl.events if e.device == s], [], {})
+        comp = busy_spans(mine, ("compute",))
+        st = [] if stalls is None else busy_spans(
+            Timeline([dataclasses.replace(e, phase="x") for e in stalls.events
+                      if e.device == s and e.phase == "stall"], [], {}), ("compute",))
+        stalled = _intersection(comp, st)
+        busy = _length(comp) - stalled
+        peak = max((m.nbytes for m in tl.memory if m.device == s), default=None)
+        rows.append({"stage": s, "iteration_s": end, "compute_busy_s": busy,
+                     "bubble_fraction": 1 - busy / end if end else None,
+                     "receive_wait_s": _length(busy_spans(mine, ("p2p",))), "prefetch_stall_s": stalled,
+                     "offload_bytes": sum(e.nbytes for e in mine.events if e.stream == "d2h"),
+                     "copy_busy_s": {k: _length(busy_spans(mine, (k,))) for k in ("d2h", "h2d")},
+                     "peak_bytes": peak})
+    return rows
+
+
+def _with_stage_devices(measured: Timeline, plan) -> Timeline:
+    ranks = stage_of_rank(plan.layout)
+    return Timeline([dataclasses.replace(e, device=ranks[e.device]) for e in measured.events if e.device in ranks],
+                    [], {})
+
+
+def _bubble(rows: list[dict]) -> float | None:
+    """The whole pipeline's idle share: 1 - sum of busy / (stages x iteration)."""
+    if not rows or not rows[0]["iteration_s"]:
+        return None
+    return 1 - sum(r["compute_busy_s"] for r in rows) / (len(rows) * rows[0]["iteration_s"])
+
+
+def compare(measured: Timeline, plan, sim: dict | None) -> dict:
+    """Measured per-stage rows beside the simulator's (``sim``: ``memo-sim simulate``'s summary.json, or None)."""
+    tl = measured_pipeline(measured, plan)
+    rows = stage_rows(tl, _with_stage_devices(measured, plan))
+    out = {"plan": {"layout": plan.layout.label(), "policy": plan.policy.label(), "seq_tokens": plan.seq_tokens,
+                    "bounds": list(plan.policy.bounds), "alphas": [float(a) for a in plan.policy.alphas]},
+           "measured_device": measured.meta.get("device"), "stages": rows,
+           "measured_bubble_fraction": _bubble(rows)}
+    pipe = (sim or {}).get("pipeline")
+    if pipe:
+        it = sim["iteration_s"]
+        for r, st in zip(rows, pipe["stages"]):
+            r["simulated"] = {"iteration_s": it, "compute_busy_s": st["compute_busy_s"],
+                              "bubble_fraction": (st["idle_s"] / it) if it and st["idle_s"] is not None else None,
+                              "peak_gpu_bytes": st["peak_gpu_bytes"]}
+        out["simulated_bubble_fraction"] = pipe.get("bubble_fraction")
+        out["simulated_exposed_copy_s"] = sim.get("exposed_copy_s")
+        out["simulated_exposed_p2p_s"] = pipe.get("exposed_p2p_s")
+        out["simulated_profile"] = plan.profile
+    return out
+
+
+def _f(v, fmt="{:.4f}") -> str:
+    return "—" if v is None else fmt.format(v)
+
+
+def markdown(cmp: dict) -> str:
+    L = ["# SPPO pipeline: measured against simulated", "",
+         f"Plan: {cmp['plan']['layout']} {cmp['plan']['policy']}, {cmp['plan']['seq_tokens']} tokens, bounds "
+         f"{cmp['plan']['bounds']}, alphas {[round(a, 4) for a in cmp['plan']['alphas']]}. Measured on "
+         f"{cmp.get('measured_device') or 'this run'}, simulated on profile {cmp.get('simulated_profile', '—')}: "
+         "absolute times differ where the devices differ; the bubble shares compare.", "",
+         "| stage | measured iteration s | busy s | bubble | simulated bubble | receive wait s | prefetch stall s "
+         "| offload MiB | measured peak MiB | simulated peak MiB |", "|" + "---|" * 10]
+    for r in cmp["stages"]:
+        sim = r.get("simulated") or {}
+        peak = None if r["peak_bytes"] is None else r["peak_bytes"] / 2**20
+        speak = None if sim.get("peak_gpu_bytes") is None else sim["peak_gpu_bytes"] / 2**20
+        L.append(f"| {r['stage']} | {_f(r['iteration_s'])} | {_f(r['compute_busy_s'])} | "
+                 f"{_f(r['bubble_fraction'], '{:.1%}')} | {_f(sim.get('bubble_fraction'), '{:.1%}')} | "
+                 f"{_f(r['receive_wait_s'])} | {_f(r['prefetch_stall_s'])} | "
+                 f"{_f(r['offload_bytes'] / 2**20, '{:.2f}')} | {_f(peak, '{:.1f}')} | {_f(speak, '{:.1f}')} |")
+    L += ["", f"Whole pipeline bubble: measured {_f(cmp.get('measured_bubble_fraction'), '{:.1%}')}, simulated "
+          f"{_f(cmp.get('simulated_bubble_fraction'), '{:.1%}')}; simulated exposed copy time "
+          f"{_f(cmp.get('simulated_exposed_copy_s'))} s. Gantt charts: measured_pipeline/pipeline_gantt.png, "
+          "simulated_pipeline/pipeline_gantt.png.", ""]
+    return "\n".join(L)
+
+
+def _memo_sim(args: list[str]) -> None:
+    """Run a ``memo-sim`` command (the simulator's public interface) in a child process."""
+    import memo_sim  # noqa: PLC0415 - where the package lives, for the child's path
+
+    root = str(Path(memo_sim.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    r = subprocess.run([sys.executable, "-m", "memo_sim.cli", *args], capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        last = (r.stderr.strip().splitlines() or ["(no message)"])[-1]
+        raise MemoError(f"memo-sim {args[0]} failed: {last}")
+
+
+def write_pipeline_outputs(run_dir: str | Path, plan_file: str | Path, layers: int | None = None) -> list[Path]:
+    """Read ``run_dir/measured.json`` and the plan; write the measured pipeline timeline, both Gantt
+    charts (through ``memo-sim plot`` / ``memo-sim simulate``) and the comparison."""
+    from memo_sim.plan.schema import read_plan, write_plan  # noqa: PLC0415
+
+    out = Path(run_dir)
+    plan = read_plan(plan_file)
+    if not getattr(plan.policy, "pipelined", False) or plan.layout.pp < 2:
+        raise MemoError(f"{plan_file}: not an SPPO pipeline plan (policy {plan.policy.label()}, "
+                        f"layout {plan.layout.label()}); plan with --policy sppo --pp 2 or more")
+    if not (out / "measured.json").exists():
+        raise MemoError(f"{out}: no measured.json; run `memo-exec run {plan_file} --nproc {plan.layout.gpus} "
+                        f"--out {out}` first")
+    measured = Timeline.read_json(out / "measured.json")
+    n_layers = int(layers or measured.meta.get("layers") or plan.model.layers)
+    written = [measured_pipeline(measured, plan).write_json(out / "pipeline_measured.json")]
+    _memo_sim(["plot", str(written[0]), "--out", str(out / "measured_pipeline")])
+    written.append(out / "measured_pipeline" / "pipeline_gantt.png")
+    sim_plan = Path(plan_file)
+    if n_layers != plan.model.layers:  # the run used fewer layers: simulate those
+        plan.model = dataclasses.replace(plan.model, layers=n_layers)
+        sim_plan = write_plan(plan, out / "plan_simulated.json")
+    _memo_sim(["simulate", str(sim_plan), "--out", str(out / "simulated_pipeline")])
+    written.append(out / "simulated_pipeline" / "pipeline_gantt.png")
+    sim = json.loads((out / "simulated_pipeline" / "summary.json").read_text())
+    cmp = compare(measured, plan, sim)
+    written.append(atomic_write_json(out / "sppo_pipeline.json", cmp, indent=1))
+    written.append(atomic_write_text(out / "sppo_pipeline.md", markdown(cmp)))
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse  # noqa: PLC0415
+
+    ap = argparse.ArgumentParser(prog="python -m memo_exec.sppo.report",
+                                 description="SPPO pipeline Gantt charts and bubbles, measured against simulated")
+    ap.add_argument("run_dir", help="the --out folder of `memo-exec run PLAN --nproc N`")
+    ap.add_argument("plan", help="the plan.json the run executed")
+    ap.add_argument("--layers", type=int, default=None, help="layers the run used (default: the run's)")
+    a = ap.parse_args(argv)
+    try:
+        for p in write_pipeline_outputs(a.run_dir, a.plan, a.layers):
+            print(f"wrote {p}")
+    except MemoError as e:
+        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

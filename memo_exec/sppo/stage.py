@@ -1,0 +1,100 @@
+"""One pipeline stage's math, one piece (subsequence or part of one) at a time.
+
+The weights are the executor's own (`memo_exec.model.GPT`: the tied embedding, the layers'
+`memo_exec.layer.LayerWeights`, the final norm), so one seeded model runs whole in the executor and
+split into stages and pieces here. A stage holds the layers `stage_layer_ids` gives it (the
+simulator's even split); stage 0 also embeds, the last stage also applies the final norm and the chunked
+classifier (`memo_exec.model.ChunkedHead`, the executor's loss), and with more than one stage both
+hold the tied embedding, whose two gradients are summed after the backward.
+
+The layer is the executor's op sequence (ln1, qkv, attention, out_proj, add1, ln2, fc1, act, fc2,
+add2; `memo_exec.layer`) written with autograd ops over a ``[b, n, width]`` piece, the attention
+core being `memo_exec.sppo.kvcache.PrefixAttention`. The executor's `LayerCompute` cannot be
+driven per piece: its attention backends take queries and keys of one length, and its storage is
+carved for one fixed token count.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from memo_exec.layer import LN_EPS, LayerWeights
+from memo_exec.model import GPT, ChunkedHead
+from memo_exec.sppo.kvcache import KVCache, PrefixAttention
+from memo_sim.policy.sppo import Piece  # the simulator's piece (memo_sim.cost.sppo)
+from memo_sim.model.config import ModelConfig
+
+
+def stage_layer_ids(n_layers: int, pp: int, stage: int) -> list[int]:
+    """The layers of stage ``stage``: the simulator's even split (`memo_sim.cost.sppo.stage_layers`,
+    which the executor's run path may not import; tests/test_sppo_exec.py holds the two equal)."""
+    if pp < 1 or n_layers % pp:
+        raise ValueError(f"{n_layers} layers do not split evenly into {pp} pipeline stages")
+    k = n_layers // pp
+    return list(range(stage * k, (stage + 1) * k))
+
+
+def layer_forward(m: ModelConfig, p: LayerWeights, x: torch.Tensor, cache: KVCache, layer: int,
+                  piece: int) -> torch.Tensor:
+    """One layer over one piece ``x`` ``[b, n, h]``; ``layer`` indexes the stage's cache."""
+    h, kv, f = m.hidden, m.kv_dim, m.ffn
+    ln1 = F.layer_norm(x, (h,), p.ln1_w, p.ln1_b, LN_EPS)
+    q, k, v = F.linear(ln1, p.wqkv, p.bqkv).split([h, kv, kv], dim=-1)
+    attn = PrefixAttention.apply(q.contiguous(), k, v, cache, layer, piece)
+    h1 = x + F.linear(attn, p.wo, p.bo)
+    fc1 = F.linear(F.layer_norm(h1, (h,), p.ln2_w, p.ln2_b, LN_EPS), p.w1, p.b1)
+    if m.ffn_type == "swiglu":
+        act = F.silu(fc1[..., :f]) * fc1[..., f:]
+    else:
+        act = F.gelu(fc1)
+    return h1 + F.linear(act, p.w2, p.b2)
+
+
+class Stage:
+    """Stage ``stage`` of ``pp`` over its pieces: the weights it holds and its K/V cache."""
+
+    def __init__(self, gpt: GPT, stage: int, pp: int, pieces: list[Piece], batch: int, seq: int,
+                 classifier_chunk: int, layer_weights: list[LayerWeights] | None = None,
+                 norm_tokens: int | None = None) -> None:
+        """``layer_weights``: the stage's layers in order (default: its layers of ``gpt.layers``, a
+        whole model); ``norm_tokens``: the loss divisor (default batch x seq: the mean loss)."""
+        m = gpt.cfg
+        self.cfg, self.gpt, self.stage, self.pp = m, gpt, stage, pp
+        self.pieces, self.batch, self.seq = pieces, batch, seq
+        self.first, self.last = stage == 0, stage == pp - 1
+        self.layer_ids = stage_layer_ids(m.layers, pp, stage)
+        self.layers = layer_weights if layer_weights is not None else [gpt.layers[i] for i in self.layer_ids]
+        if len(self.layers) != len(self.layer_ids):
+            raise ValueError(f"stage {stage} holds layers {self.layer_ids}, got {len(self.layers)} layer weights")
+        self.chunk = classifier_chunk
+        self.norm_tokens = norm_tokens or batch * seq
+        self.cache = KVCache(len(self.layers), [p.start for p in pieces], [p.end for p in pieces], m.heads,
+                             m.n_kv_heads, m.head_dim)
+
+    def parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
+        """(name in `GPT.named_parameters`, parameter) of what this stage holds."""
+        out = []
+        if self.first or self.last:
+            out.append(("wte", self.gpt.wte))
+        if self.last:
+            out += [("lnf_w", self.gpt.lnf_w), ("lnf_b", self.gpt.lnf_b)]
+        for i, lw in zip(self.layer_ids, self.layers):
+            out += [(f"layers.{i}.{n}", p) for n, p in lw.named_parameters()]
+        return out
+
+    def embed(self, inputs: torch.Tensor, k: int) -> torch.Tensor:
+        pc = self.pieces[k]
+        return F.embedding(inputs[:, pc.start:pc.end], self.gpt.wte)
+
+    def layer(self, x: torch.Tensor, j: int, k: int) -> torch.Tensor:
+        """The stage's layer j over piece k."""
+        return layer_forward(self.cfg, self.layers[j], x, self.cache, j, k)
+
+    def loss(self, x: torch.Tensor, targets: torch.Tensor, k: int) -> torch.Tensor:
+        """This piece's share of the mean cross-entropy (its summed loss / ``norm_tokens``)."""
+        pc = self.pieces[k]
+        h = self.cfg.hidden
+        hf = F.layer_norm(x, (h,), self.gpt.lnf_w, self.gpt.lnf_b, LN_EPS).reshape(-1, h)
+        return ChunkedHead.apply(hf, self.gpt.wte, targets[:, pc.start:pc.end].reshape(-1), self.chunk,
+                                 self.norm_tokens)
