@@ -7,14 +7,17 @@ returns a `Transfer` whose ``wait`` waits on every request ``batch_isend_irecv``
 received buffer may only be read, and a sent buffer only be overwritten, after ``wait``: the
 double buffers of the ring algorithms rely on it.
 
-``delay_s`` (tests) makes the sends of this transfer start late, from a worker thread, so that a
-consumer that forgets ``wait`` reads a stale buffer deterministically instead of by chance.
+``delay_s`` (tests) makes the sends of this transfer start late, so that a consumer that forgets
+``wait`` reads a stale buffer deterministically instead of by chance. Delayed sends go out from one
+worker thread per process in the order they were posted: two delayed transfers to the same peer
+never overtake each other (they would otherwise land in each other's receive buffers).
 
 Ranks are given in the group's own numbering (0..size-1) and mapped to global ranks here.
 """
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from dataclasses import dataclass, field
@@ -28,20 +31,53 @@ class Transfer:
     """The requests of one exchange; ``wait`` is idempotent."""
 
     works: list = field(default_factory=list)
-    thread: threading.Thread | None = None
+    sent: threading.Event | None = None  # set by the delayed sender once its sends completed
     error: list = field(default_factory=list)
     done: bool = False
 
     def wait(self) -> None:
         if self.done:
             return
-        if self.thread is not None:
-            self.thread.join()
+        if self.sent is not None:
+            self.sent.wait()
             if self.error:
                 raise self.error[0]
         for w in self.works:
             w.wait()
         self.done = True
+
+
+class _DelayedSender:
+    """One FIFO worker per process that posts delayed sends in issue order (tests only)."""
+
+    def __init__(self) -> None:
+        self.jobs: queue.Queue = queue.Queue()
+        self.thread = threading.Thread(target=self._run, name="p2p-delayed-sends", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            start_at, ops, tr = self.jobs.get()
+            try:
+                time.sleep(max(0.0, start_at - time.monotonic()))
+                for w in dist.batch_isend_irecv(ops):
+                    w.wait()
+            except Exception as e:  # surfaced by Transfer.wait()
+                tr.error.append(e)
+            finally:
+                tr.sent.set()
+
+
+_sender: _DelayedSender | None = None
+_sender_lock = threading.Lock()
+
+
+def _delayed_sender() -> _DelayedSender:
+    global _sender
+    with _sender_lock:
+        if _sender is None:
+            _sender = _DelayedSender()
+        return _sender
 
 
 def _global(group, rank: int) -> int:
@@ -61,21 +97,14 @@ def post(sends: list[tuple[int, torch.Tensor]], recvs: list[tuple[int, torch.Ten
         return Transfer(done=True)
     if delay_s <= 0:
         return Transfer(works=dist.batch_isend_irecv(_ops(sends, recvs, group)))
-    # delayed (tests): receives are posted now, sends after the delay from a worker thread
-    tr = Transfer()
+    # delayed (tests): receives are posted now, sends later, in posting order, by the one sender
+    tr = Transfer(sent=threading.Event())
     if recvs:
         tr.works = dist.batch_isend_irecv(_ops([], recvs, group))
-
-    def late_send() -> None:
-        try:
-            time.sleep(delay_s)
-            for w in dist.batch_isend_irecv(_ops(sends, [], group)) if sends else []:
-                w.wait()
-        except Exception as e:  # surfaced by wait()
-            tr.error.append(e)
-
-    tr.thread = threading.Thread(target=late_send, daemon=True)
-    tr.thread.start()
+    if sends:
+        _delayed_sender().jobs.put((time.monotonic() + delay_s, _ops(sends, [], group), tr))
+    else:
+        tr.sent.set()
     return tr
 
 
