@@ -1,9 +1,10 @@
 """``memo-exec``: run a plan.json on a device and report measured vs predicted; record a layer trace.
 
-    memo-exec run plan.json [--device cuda|cpu] [--steps N] [--out DIR] [--layers N]
+    memo-exec run plan.json [--device cuda|cpu] [--steps N] [--out DIR] [--layers N] [--nproc N]
                             [--attention-backend auto|flash_attn|sdpa_flash|sdpa_efficient|sdpa_cudnn|math]
                             [--tokens FILE] [--dtype fp32|fp64|bf16] [--seed S] [--lr LR] [--no-memory-plan]
-                            [--json]
+                            [--json] [--pg-timeout S] [--progress/--no-progress]
+    torchrun --nproc-per-node N -m memo_exec run plan.json [same options]
     memo-exec trace plan.json [--device cpu|cuda|meta] [--target cuda|cpu] [--out trace.json]
                               [--cuda-history FILE] [--write-plan PLAN_WITH_MEMORY_PLAN.json]
 
@@ -20,7 +21,7 @@ import sys
 import click
 
 from memo_exec.attention import BACKENDS
-from memo_exec.errors import user_errors
+from memo_exec.errors import ExecError, user_errors
 
 
 @click.group(help="Run a memo plan on real hardware and compare with the simulator's prediction.",
@@ -29,7 +30,9 @@ def cli() -> None:
     pass
 
 
-@cli.command("run", help="Train STEPS steps with the plan and write measured.json, trace.json, report.md.")
+@cli.command("run", help="Train STEPS steps with the plan and write measured.json, trace.json, report.md. "
+             "A multi-GPU plan runs one process per device: --nproc N on this machine, or under "
+             "torchrun --nproc-per-node N -m memo_exec run plan.json (--device cpu: gloo).")
 @click.argument("plan_file", type=click.Path(dir_okay=False))
 @click.option("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if available)")
 @click.option("--steps", default=3, show_default=True, type=int, help="training steps (step 0 is a warm-up)")
@@ -46,19 +49,69 @@ def cli() -> None:
 @click.option("--no-memory-plan", is_flag=True, help="ignore plan.memory_plan (caching allocator only)")
 @click.option("--json", "as_json", is_flag=True,
               help="print the measured-vs-predicted rows (totals, streams, ops per layer, memory) as JSON")
+@click.option("--nproc", default=None, type=click.IntRange(1, 4096),
+              help="launch N processes on this machine (torchrun) for a multi-device plan")
+@click.option("--pg-timeout", default=600.0, show_default=True, type=click.FloatRange(min=1.0),
+              help="seconds a rank waits on a collective before it gives up (distributed runs)")
+@click.option("--progress/--no-progress", default=None,
+              help="per-step progress on stderr (default: on when stderr is a terminal and not --json)")
 @user_errors("while running the plan")
 def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens_file, dtype, seed, lr,
-            no_memory_plan, as_json) -> None:
-    from memo_exec.report import write_outputs  # noqa: PLC0415
-    from memo_exec.runner import Executor, RunOptions  # noqa: PLC0415
+            no_memory_plan, as_json, nproc, pg_timeout, progress) -> None:
+    from memo_exec.distributed.launch import in_torchrun  # noqa: PLC0415
+    from memo_exec.runner import RunOptions  # noqa: PLC0415
     from memo_sim.plan.schema import read_plan  # noqa: PLC0415
 
-    plan = read_plan(plan_file)
+    if progress is None:
+        progress = sys.stderr.isatty() and not as_json
     opts = RunOptions(device=device, steps=steps, layers=layers, attention_backend=attention_backend, dtype=dtype,
                       tokens_file=tokens_file, seed=seed, lr=lr, use_memory_plan=not no_memory_plan)
+    if in_torchrun():
+        from memo_exec.distributed.launch import CommFailure, run_rank  # noqa: PLC0415
+
+        try:
+            run_rank(plan_file, opts, out_dir, as_json, pg_timeout, progress, click.echo)
+        except CommFailure as e:
+            click.echo(str(e), err=True)
+            sys.exit(1)
+        return
+    plan = read_plan(plan_file)
+    if nproc is not None:
+        from memo_exec.distributed.launch import backend_for, launch_nproc, rank_device  # noqa: PLC0415
+        from memo_exec.distributed.runner import check_plan_for_world  # noqa: PLC0415
+
+        check_plan_for_world(plan, nproc, opts)
+        backend_for(rank_device(device, 0))
+        argv = [plan_file, "--steps", str(steps), "--out", out_dir, "--seed", str(seed), "--lr", repr(lr),
+                "--pg-timeout", repr(pg_timeout)]
+        for flag, v in (("--device", device), ("--layers", layers), ("--attention-backend", attention_backend),
+                        ("--tokens", tokens_file), ("--dtype", dtype)):
+            if v is not None:
+                argv += [flag, str(v)]
+        argv += ["--no-memory-plan"] * bool(no_memory_plan) + ["--json"] * bool(as_json)
+        rc = launch_nproc(nproc, argv, out_dir, progress)
+        if rc:
+            sys.exit(rc)
+        return
+    if plan.layout.gpus > 1:
+        n = plan.layout.gpus
+        raise ExecError(f"plan layout {plan.layout.label()} uses {n} devices: run it with --nproc {n} on this machine "
+                        f"or torchrun --nproc-per-node {n} -m memo_exec run {plan_file}")
+    _run_single(plan, plan_file, opts, out_dir, as_json, progress)
+
+
+def _run_single(plan, plan_file, opts, out_dir, as_json, progress) -> None:
+    from memo_exec.report import write_outputs  # noqa: PLC0415
+    from memo_exec.runner import Executor  # noqa: PLC0415
+
     ex = Executor(plan, opts)
+
+    def report(done, total, rec):
+        if progress:
+            click.echo(f"[memo-exec] step {done}/{total}: {rec.iteration_s:.3f} s, loss {rec.loss:.4f}", err=True)
+
     try:
-        res = ex.run()
+        res = ex.run(progress=report)
     finally:
         ex.close()
     paths, comparison = write_outputs(res, out_dir, plan_file)

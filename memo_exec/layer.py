@@ -14,6 +14,17 @@ that op, so the policy's wait sits exactly where the memory is overwritten.
 
 Token-wise recompute (MEMO): every op but the attention core is row-wise, so ``recompute_tokens``
 rebuilds rows ``[start, T)`` of ln1, q, k, v, h1, ln2, fc1, act from x and the attention output.
+
+Tensor parallelism (`memo_exec.distributed.tp`): the same code runs one TP rank's shard of the
+layer. ``tp`` is a `TPComm` with two collectives, ``gather`` (entering a column-parallel region:
+all-gather of the sequence with Megatron SP, identity without) and ``reduce`` (leaving a
+row-parallel region: reduce-scatter with SP, all-reduce without); its size p shards q/k/v/attn
+(heads), fc1/act (FFN columns) and the weights. The tensors with ``tp_split`` (layer graph) have
+``row_mult`` rows per local token (p with SP: gathered rows, in the interleaved order
+`memo_exec.distributed.context` assigns tokens in, so the first n local tokens of every rank
+are the first n*p gathered rows), the others one; `storage_shapes` says so, and token-wise
+recompute rebuilds local rows ``[start, T)`` and gathered rows ``[start*p, T*p)``. With
+``IDENTITY_TP`` (one rank) every hook is the identity and nothing is copied.
 """
 
 from __future__ import annotations
@@ -41,6 +52,25 @@ def skeletal_widths(model: ModelConfig) -> dict[str, int]:
     return {n: specs[n].width for n in SKELETAL}
 
 
+def storage_shapes(model: ModelConfig, tp: int = 1, sp: bool = True) -> dict[str, tuple[int, int]]:
+    """Skeletal tensor -> (rows per local token, width) on one rank of a Megatron TP group of size
+    ``tp``: the ``tp_split`` tensors (q, k, v, attn, fc1, act) are 1/tp as wide and, with sequence
+    parallelism, hold the gathered rows of the whole group (tp rows per local token)."""
+    specs = layer_tensors(model)
+    out = {}
+    for n in SKELETAL:
+        s = specs[n]
+        if s.tp_split and tp > 1:
+            out[n] = (tp if sp else 1, s.width // tp)
+        else:
+            out[n] = (1, s.width)
+    return out
+
+
+def _shapes(model: ModelConfig, shapes) -> dict[str, tuple[int, int]]:
+    return shapes if shapes is not None else {n: (1, w) for n, w in skeletal_widths(model).items()}
+
+
 def skeletal_roles(model: ModelConfig) -> dict[str, str]:
     specs = layer_tensors(model)
     return {n: specs[n].role for n in SKELETAL}
@@ -50,10 +80,11 @@ def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-def storage_bytes(model: ModelConfig, tokens: int, dtype: torch.dtype, names=SKELETAL) -> int:
+def storage_bytes(model: ModelConfig, tokens: int, dtype: torch.dtype, names=SKELETAL, shapes=None) -> int:
+    """Bytes of the named skeletal tensors for ``tokens`` local tokens (``shapes``: `storage_shapes`)."""
     esize = torch.empty((), dtype=dtype, device="meta").element_size()
-    w = skeletal_widths(model)
-    return sum(_align(tokens * w[n] * esize) for n in names)
+    sh = _shapes(model, shapes)
+    return sum(_align(tokens * sh[n][0] * sh[n][1] * esize) for n in names)
 
 
 def stats_bytes(tokens: int, dtype: torch.dtype) -> int:
@@ -96,14 +127,16 @@ class LayerStorage:
 
 
 def carve_storage(block: torch.Tensor, model: ModelConfig, tokens: int, dtype: torch.dtype,
-                  names=SKELETAL) -> dict[str, torch.Tensor]:
-    """Cut named ``[tokens, width]`` views out of one uint8 block (256-byte aligned)."""
-    w = skeletal_widths(model)
+                  names=SKELETAL, shapes=None) -> dict[str, torch.Tensor]:
+    """Cut named ``[rows, width]`` views out of one uint8 block (256-byte aligned); rows = tokens x
+    the tensor's rows per token (``shapes``: `storage_shapes`; default one row of the full width)."""
+    sh = _shapes(model, shapes)
     esize = torch.empty((), dtype=dtype, device="meta").element_size()
     out, off = {}, 0
     for n in names:
-        nb = tokens * w[n] * esize
-        out[n] = block[off:off + nb].view(dtype).view(tokens, w[n])
+        rows, w = tokens * sh[n][0], sh[n][1]
+        nb = rows * w * esize
+        out[n] = block[off:off + nb].view(dtype).view(rows, w)
         off += _align(nb)
     return out
 
@@ -111,20 +144,27 @@ def carve_storage(block: torch.Tensor, model: ModelConfig, tokens: int, dtype: t
 class LayerWeights(nn.Module):
     """Weights of one layer; sizes match `ModelConfig.layer_params` exactly."""
 
-    def __init__(self, model: ModelConfig, layers: int, device, dtype) -> None:
+    # parameters whose rows (dim 0) / columns (dim 1) are split over the TP ranks; the rest
+    # (LayerNorms, the row-parallel biases bo and b2) are replicated on every TP rank
+    TP_ROWS = ("wqkv", "bqkv", "w1", "b1")
+    TP_COLS = ("wo", "w2")
+
+    def __init__(self, model: ModelConfig, layers: int, device, dtype, tp: int = 1) -> None:
         super().__init__()
-        h, kv, f = model.hidden, model.kv_dim, model.ffn
+        h, kv, f = model.hidden, model.kv_dim // tp, model.ffn // tp
+        hq = h // tp
         mk = lambda *s: nn.Parameter(torch.empty(*s, device=device, dtype=dtype))  # noqa: E731
         self.ln1_w, self.ln1_b = mk(h), mk(h)
-        self.wqkv, self.bqkv = mk(h + 2 * kv, h), mk(h + 2 * kv)
-        self.wo, self.bo = mk(h, h), mk(h)
+        self.wqkv, self.bqkv = mk(hq + 2 * kv, h), mk(hq + 2 * kv)
+        self.wo, self.bo = mk(h, hq), mk(h)
         self.ln2_w, self.ln2_b = mk(h), mk(h)
         self.swiglu = model.ffn_type == "swiglu"
-        self.w1 = mk(model.fc1_width, h)
+        self.w1 = mk(model.fc1_width // tp, h)
         self.w2 = mk(h, f)
         self.b1 = None if self.swiglu else mk(f)
         self.b2 = None if self.swiglu else mk(h)
         self._layers = layers
+        self.tp = tp
 
     def init_(self, gen: torch.Generator, std: float = 0.02) -> None:
         out_std = std / (2 * self._layers) ** 0.5
@@ -148,9 +188,40 @@ class _NullTimer:
         yield
 
 
+class TPComm:
+    """Tensor parallelism of size 1: both hooks are the identity (no copy, no scratch).
+
+    A TP flavour's communicator (`memo_exec.distributed.tp`) overrides:
+    ``gather(t, X, name)``: ``[n, h]`` local rows -> ``[n*row_mult, h]`` (a scratch tensor named
+    ``name`` from ``X``, or ``t`` itself); ``reduce(partial, out)``: partial sums
+    ``[n*row_mult, h]`` -> ``out`` ``[n, h]`` (in place allowed when row_mult is 1);
+    ``release(X, name)`` frees what ``gather`` took.
+    """
+
+    size = 1
+    row_mult = 1
+    sp = False
+
+    def gather(self, t: torch.Tensor, X, name: str) -> torch.Tensor:
+        return t
+
+    def reduce(self, partial: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        if out.data_ptr() != partial.data_ptr():
+            out.copy_(partial)
+        return out
+
+    def release(self, X, name: str) -> None:
+        return None
+
+
+IDENTITY_TP = TPComm()
+
+
 @dataclass
 class LayerCompute:
-    """The math of one layer for a given token count; shared by all layers (weights differ)."""
+    """The math of one layer (one TP rank's shard of it) for a given token count; shared by all
+    layers (weights differ). ``seq`` is the sequence length the attention sees on this rank (its
+    CP/Ulysses shard, TP-gathered); the layer input has ``batch*seq / tp.row_mult`` rows."""
 
     model: ModelConfig
     batch: int
@@ -161,14 +232,19 @@ class LayerCompute:
     scratch: Any
     timer: Any = field(default_factory=_NullTimer)
     eps: float = LN_EPS
+    tp: Any = IDENTITY_TP
 
     def __post_init__(self) -> None:
-        m = self.model
-        self.dims = AttnDims(self.batch, self.seq, m.heads, m.n_kv_heads, m.head_dim)
-        self.T = self.batch * self.seq
-        self.h, self.kv, self.f = m.hidden, m.kv_dim, m.ffn
+        m, p = self.model, self.tp.size
+        self.dims = AttnDims(self.batch, self.seq, m.heads // p, m.n_kv_heads // p, m.head_dim)
+        self.m = self.tp.row_mult
+        self.Tg = self.batch * self.seq  # rows of the TP-split tensors (q, k, v, attn, fc1, act)
+        self.T = self.Tg // self.m  # rows of x, ln1, h1, ln2 and the layer output
+        self.h = m.hidden
+        self.hq, self.kv, self.f = m.hidden // p, m.kv_dim // p, m.ffn // p
+        self.fc1w = m.fc1_width // p
         self.swiglu = m.ffn_type == "swiglu"
-        self.ones = torch.ones(self.T, dtype=self.dtype, device=self.device)
+        self.ones = torch.ones(self.Tg, dtype=self.dtype, device=self.device)
 
     # ------------------------------------------------------------------ helpers
     def _norm(self, x, w, b, out, mean_out, rstd_out) -> None:
@@ -178,24 +254,43 @@ class LayerCompute:
         rstd_out.copy_(rstd.view(-1))
 
     def _qkv_slices(self, t: torch.Tensor):
-        h, kv = self.h, self.kv
-        return t[:h], t[h:h + kv], t[h + kv:]
+        hq, kv = self.hq, self.kv
+        return t[:hq], t[hq:hq + kv], t[hq + kv:]
+
+    def _row_parallel(self, inp, w, b, out, X, name: str) -> None:
+        """out[n, h] = reduce(inp[n*m, :] @ w^T) + b (the TP group's partial sums reduced)."""
+        if self.tp.size == 1:
+            if b is None:
+                torch.mm(inp, w.t(), out=out)
+            else:
+                torch.addmm(b, inp, w.t(), out=out)
+            return
+        part = X.get(name + "_partial", (inp.shape[0], self.h), self.dtype)
+        torch.mm(inp, w.t(), out=part)
+        self.tp.reduce(part, out)
+        X.free(name + "_partial")
+        if b is not None:
+            out.add_(b)
 
     def _fwd_ops(self, p: LayerWeights, S: LayerStorage, layer: int, phase: str, start: int, attention: bool,
                  y_out: torch.Tensor | None, before_output: Callable[[], None] | None = None) -> None:
-        X, sp, r = self.scratch, self.timer.span, slice(start, self.T)
-        n, h, f = self.T - start, self.h, self.f
+        X, sp, r, rg = self.scratch, self.timer.span, slice(start, self.T), slice(start * self.m, self.Tg)
+        n, h, f, tp = self.T - start, self.h, self.f, self.tp
+        ng = n * self.m
         with sp("ln1", layer, phase):
             self._norm(S.x[r], p.ln1_w, p.ln1_b, S.ln1[r], S.stats[0, r], S.stats[1, r])
         with sp("qkv", layer, phase):
+            ln1 = tp.gather(S.ln1[r], X, "ln1_gathered")
             for w, b, out in zip(self._qkv_slices(p.wqkv), self._qkv_slices(p.bqkv), (S.q, S.k, S.v)):
-                torch.addmm(b, S.ln1[r], w.t(), out=out[r])
+                torch.addmm(b, ln1, w.t(), out=out[rg])
+            tp.release(X, "ln1_gathered")
+            del ln1
         if attention:
             with sp("attention", layer, phase):
                 S.aux = self.backend.forward(S.q, S.k, S.v, S.attn, self.dims, X)
         with sp("out_proj", layer, phase):
             proj = X.get("proj", (n, h), self.dtype)
-            torch.addmm(p.bo, S.attn[r], p.wo.t(), out=proj)
+            self._row_parallel(S.attn[rg], p.wo, p.bo, proj, X, "proj")
         with sp("add1", layer, phase):
             torch.add(S.x[r], proj, out=S.h1[r])
             X.free("proj")
@@ -203,27 +298,27 @@ class LayerCompute:
         with sp("ln2", layer, phase):
             self._norm(S.h1[r], p.ln2_w, p.ln2_b, S.ln2[r], S.stats[2, r], S.stats[3, r])
         with sp("fc1", layer, phase):
+            ln2 = tp.gather(S.ln2[r], X, "ln2_gathered")
             if self.swiglu:
-                torch.mm(S.ln2[r], p.w1.t(), out=S.fc1[r])
+                torch.mm(ln2, p.w1.t(), out=S.fc1[rg])
             else:
-                torch.addmm(p.b1, S.ln2[r], p.w1.t(), out=S.fc1[r])
+                torch.addmm(p.b1, ln2, p.w1.t(), out=S.fc1[rg])
+            tp.release(X, "ln2_gathered")
+            del ln2
         with sp("act", layer, phase):
             if self.swiglu:
-                sg = X.get("silu_gate", (n, f), self.dtype)
-                torch.ops.aten.silu.out(S.fc1[r, :f], out=sg)
-                torch.mul(sg, S.fc1[r, f:], out=S.act[r])
+                sg = X.get("silu_gate", (ng, f), self.dtype)
+                torch.ops.aten.silu.out(S.fc1[rg, :f], out=sg)
+                torch.mul(sg, S.fc1[rg, f:], out=S.act[rg])
                 X.free("silu_gate")
                 del sg
             else:
-                torch.ops.aten.gelu.out(S.fc1[r], approximate="none", out=S.act[r])
+                torch.ops.aten.gelu.out(S.fc1[rg], approximate="none", out=S.act[rg])
         if y_out is None:
             return
         with sp("fc2", layer, phase):
             fc2 = X.get("fc2", (n, h), self.dtype)
-            if self.swiglu:
-                torch.mm(S.act, p.w2.t(), out=fc2)
-            else:
-                torch.addmm(p.b2, S.act, p.w2.t(), out=fc2)
+            self._row_parallel(S.act, p.w2, p.b2, fc2, X, "fc2")
         if before_output is not None:
             before_output()  # y_out may be memory a copy still reads: the policy waits here, not earlier
         with sp("add2", layer, phase):
@@ -240,7 +335,8 @@ class LayerCompute:
         self._fwd_ops(p, S, layer, "fwd", 0, True, y_out, before_output)
 
     def recompute_tokens(self, p: LayerWeights, S: LayerStorage, start: int, layer: int) -> None:
-        """MEMO: rebuild rows [start, T) of ln1, q, k, v, h1, ln2, fc1, act from x and attn."""
+        """MEMO: rebuild local rows [start, T) (TP-split tensors: [start*m, T*m)) of ln1, q, k, v, h1,
+        ln2, fc1, act from x and attn."""
         if start >= self.T:
             return
         self.scratch.set_phase("bwd")
@@ -260,20 +356,25 @@ class LayerCompute:
             self.scratch.prefix = ""
 
     def backward(self, p: LayerWeights, S: LayerStorage, dy: torch.Tensor, layer: int) -> torch.Tensor:
-        X, sp, T, h, f, dt = self.scratch, self.timer.span, self.T, self.h, self.f, self.dtype
+        X, sp, T, Tg, h, f, dt, tp = self.scratch, self.timer.span, self.T, self.Tg, self.h, self.f, self.dtype, self.tp
         self.scratch.set_phase("bwd")
         ph = "bwd"
         dy = dy.reshape(T, h)
         if not dy.is_contiguous() or dy._base is not None:
             dy = dy.clone(memory_format=torch.contiguous_format)  # we accumulate into dy in place
-        one = self.ones
+        one, oneg = self.ones[:T], self.ones
         with sp("fc2", layer, ph):
-            d_act = _linear_backward(dy, S.act, p.w2, p.b2, one, X.get("d_act", (T, f), dt))
+            if p.b2 is not None:
+                p.b2.grad.addmv_(dy.t(), one)
+            dyg = tp.gather(dy, X, "dy_gathered")
+            d_act = _linear_backward(dyg, S.act, p.w2, None, oneg, X.get("d_act", (Tg, f), dt))
+            tp.release(X, "dy_gathered")
+            del dyg
         with sp("act", layer, ph):
-            d_fc1 = X.get("d_fc1", (T, self.model.fc1_width), dt)
+            d_fc1 = X.get("d_fc1", (Tg, self.fc1w), dt)
             if self.swiglu:
                 gate, up = S.fc1[:, :f], S.fc1[:, f:]
-                sg = X.get("silu_gate", (T, f), dt)
+                sg = X.get("silu_gate", (Tg, f), dt)
                 torch.ops.aten.silu.out(gate, out=sg)
                 torch.mul(d_act, sg, out=d_fc1[:, f:])
                 torch.mul(d_act, up, out=sg)
@@ -285,9 +386,18 @@ class LayerCompute:
             X.free("d_act")
             del d_act
         with sp("fc1", layer, ph):
-            d_ln2 = _linear_backward(d_fc1, S.ln2, p.w1, p.b1, one, X.get("d_ln2", (T, h), dt))
+            ln2 = tp.gather(S.ln2, X, "ln2_gathered")
+            d_ln2 = X.get("d_ln2", (T, h), dt)
+            if tp.size == 1:
+                _linear_backward(d_fc1, ln2, p.w1, p.b1, oneg, d_ln2)
+            else:
+                d_ln2p = _linear_backward(d_fc1, ln2, p.w1, p.b1, oneg, X.get("d_ln2_partial", (Tg, h), dt))
+                tp.reduce(d_ln2p, d_ln2)
+                X.free("d_ln2_partial")
+                del d_ln2p
+            tp.release(X, "ln2_gathered")
             X.free("d_fc1")
-            del d_fc1
+            del d_fc1, ln2
         with sp("ln2", layer, ph):
             dn = _layer_norm_backward(d_ln2, S.h1, S.stats[2].view(T, 1), S.stats[3].view(T, 1), p.ln2_w, p.ln2_b)
             X.free("d_ln2")
@@ -295,23 +405,35 @@ class LayerCompute:
             d_h1 = dy.add_(dn)  # the residual gradient accumulates into dy in place
             del dn
         with sp("out_proj", layer, ph):
-            d_attn = _linear_backward(d_h1, S.attn, p.wo, p.bo, one, X.get("d_attn", (T, h), dt))
+            p.bo.grad.addmv_(d_h1.t(), one)
+            d_h1g = tp.gather(d_h1, X, "d_h1_gathered")
+            d_attn = _linear_backward(d_h1g, S.attn, p.wo, None, oneg, X.get("d_attn", (Tg, self.hq), dt))
+            tp.release(X, "d_h1_gathered")
+            del d_h1g
         with sp("attention", layer, ph):
-            d_q = X.get("d_q", (T, h), dt)
-            d_k = X.get("d_k", (T, self.kv), dt)
-            d_v = X.get("d_v", (T, self.kv), dt)
+            d_q = X.get("d_q", (Tg, self.hq), dt)
+            d_k = X.get("d_k", (Tg, self.kv), dt)
+            d_v = X.get("d_v", (Tg, self.kv), dt)
             self.backend.backward(d_attn, S.q, S.k, S.v, S.attn, S.aux, d_q, d_k, d_v, self.dims, X)
             X.free("d_attn")
             del d_attn
         with sp("qkv", layer, ph):
+            ln1 = tp.gather(S.ln1, X, "ln1_gathered")
             ws, gws, gbs = self._qkv_slices(p.wqkv), self._qkv_slices(p.wqkv.grad), self._qkv_slices(p.bqkv.grad)
             for d, gw, gb in zip((d_q, d_k, d_v), gws, gbs):
-                gw.addmm_(d.t(), S.ln1)
-                gb.addmv_(d.t(), one)
+                gw.addmm_(d.t(), ln1)
+                gb.addmv_(d.t(), oneg)
+            tp.release(X, "ln1_gathered")
+            del ln1
             d_ln1 = X.get("d_ln1", (T, h), dt)
-            torch.mm(d_q, ws[0], out=d_ln1)
-            d_ln1.addmm_(d_k, ws[1])
-            d_ln1.addmm_(d_v, ws[2])
+            d_ln1p = d_ln1 if tp.size == 1 else X.get("d_ln1_partial", (Tg, h), dt)
+            torch.mm(d_q, ws[0], out=d_ln1p)
+            d_ln1p.addmm_(d_k, ws[1])
+            d_ln1p.addmm_(d_v, ws[2])
+            if tp.size > 1:
+                tp.reduce(d_ln1p, d_ln1)
+                X.free("d_ln1_partial")
+            del d_ln1p
             for n in ("d_q", "d_k", "d_v"):
                 X.free(n)
             del d_q, d_k, d_v

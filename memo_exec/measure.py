@@ -49,8 +49,9 @@ class Recorder:
     """Collects spans during one step; ``end_step`` turns them into a `StepRecord`."""
 
     def __init__(self, device: torch.device, flops_fn: Callable[[str, int | None, str], float] | None = None,
-                 host_bytes: int = 0) -> None:
+                 host_bytes: int = 0, rank: int = 0) -> None:
         self.device = device
+        self.rank = rank  # the Timeline device index of everything recorded here
         self.cuda = device.type == "cuda"
         self.flops_fn = flops_fn
         self.host_bytes = host_bytes
@@ -97,10 +98,10 @@ class Recorder:
         with self._lock:
             spans, mem = list(self._spans), list(self._mem)
         for op, layer, phase, stream, s, e, nb, fl in spans:
-            events.append(TimelineEvent(op=op, layer=layer, phase=phase, stream=stream, device=0,
+            events.append(TimelineEvent(op=op, layer=layer, phase=phase, stream=stream, device=self.rank,
                                         start=conv(s), end=conv(e), nbytes=float(nb), flops=float(fl)))
         events.sort(key=lambda ev: (ev.start, ev.stream))
-        memory = [MemorySample(time=conv(t), device=0, kind="gpu", nbytes=float(v)) for t, v in mem]
+        memory = [MemorySample(time=conv(t), device=self.rank, kind="gpu", nbytes=float(v)) for t, v in mem]
         memory += [MemorySample(time=0.0, device=-1, kind="host", nbytes=float(self.host_bytes)),
                    MemorySample(time=iteration, device=-1, kind="host", nbytes=float(self.host_bytes))]
         memory.sort(key=lambda m: (m.kind, m.time))

@@ -30,16 +30,25 @@ class GPT(nn.Module):
         self.lnf_b = nn.Parameter(torch.empty(h, device=device, dtype=dtype))
         self.layers = nn.ModuleList(LayerWeights(model, layers, device, dtype) for _ in range(layers))
 
-    def init_(self, seed: int) -> None:
+    def init_(self, seed: int, layer_fn=None, layers: int | None = None) -> None:
         """Seeded init (the generator lives on the parameters' device, so CUDA init is fast; CPU and
-        CUDA runs with one seed therefore start from different weights)."""
+        CUDA runs with one seed therefore start from different weights). With ``layer_fn`` (the
+        distributed executor) each of the model's ``layers`` layers is drawn whole, in the same
+        generator order, and handed to ``layer_fn(i, whole_layer)`` to keep a shard of."""
         g = torch.Generator(device=self.wte.device).manual_seed(seed)
         with torch.no_grad():
             self.wte.copy_(torch.randn(self.wte.shape, generator=g, device=self.wte.device).mul_(0.02))
             self.lnf_w.fill_(1.0)
             self.lnf_b.zero_()
-        for lw in self.layers:
-            lw.init_(g)
+        if layer_fn is None:
+            for lw in self.layers:
+                lw.init_(g)
+            return
+        for i in range(layers):
+            whole = LayerWeights(self.cfg, layers, self.wte.device, self.wte.dtype)
+            whole.init_(g)
+            layer_fn(i, whole)
+            del whole
 
     def alloc_grads(self) -> None:
         """Preallocate every ``.grad`` (layer backwards accumulate into them in place)."""
@@ -55,13 +64,49 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
 
+class LayerHooks:
+    """What runs around a layer besides its math (the distributed executor's ZeRO gathers and
+    gradient reductions, `memo_exec.distributed.zero.GradSync`); nothing on one device.
+    ``i`` is the position of the layer in the runtime list, which is also its unit."""
+
+    def before_forward(self, i: int) -> None:
+        return None
+
+    def after_forward(self, i: int) -> None:
+        return None
+
+    def before_backward(self, i: int) -> None:
+        return None
+
+    def after_backward(self, i: int) -> None:
+        return None
+
+
+NO_HOOKS = LayerHooks()
+
+
 class LayerRuntime:
     """Binds layer i's weights to the shared compute and the activation policy."""
 
-    def __init__(self, index: int, weights: LayerWeights, policy, compute: LayerCompute, timer) -> None:
+    def __init__(self, index: int, weights: LayerWeights, policy, compute: LayerCompute, timer,
+                 hooks: LayerHooks = NO_HOOKS) -> None:
         self.index, self.weights, self.policy, self.compute, self.timer = index, weights, policy, compute, timer
+        self.hooks = hooks
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.hooks.before_forward(self.index)
+        try:
+            return self._forward(x)
+        finally:
+            self.hooks.after_forward(self.index)
+
+    def backward(self, dy: torch.Tensor) -> torch.Tensor:
+        self.hooks.before_backward(self.index)
+        dx = self._backward(dy)
+        self.hooks.after_backward(self.index)
+        return dx
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         i, pol, comp = self.index, self.policy, self.compute
         st = pol.storage_for_forward(i)
         if x.data_ptr() != st.x.data_ptr():
@@ -75,7 +120,7 @@ class LayerRuntime:
         self.timer.memory_sample()
         return out.detach()
 
-    def backward(self, dy: torch.Tensor) -> torch.Tensor:
+    def _backward(self, dy: torch.Tensor) -> torch.Tensor:
         i, pol = self.index, self.policy
         st = pol.storage_for_backward(i, self.weights)
         dx = self.compute.backward(self.weights, st, dy, i)
@@ -97,17 +142,21 @@ class LayerFn(torch.autograd.Function):
 
 
 class ChunkedHead(torch.autograd.Function):
-    """Mean cross-entropy of ``hf @ W^T`` over chunks; gradients are formed in the forward pass."""
+    """Cross-entropy of ``hf @ W^T`` over chunks, summed and divided by ``norm_tokens`` (default:
+    the rows here, i.e. the mean; a rank of a distributed run passes the global token count so
+    that the ranks' parts sum to the mean); gradients are formed in the forward pass."""
 
     @staticmethod
-    def forward(ctx, hf: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, chunk: int) -> torch.Tensor:
-        T = hf.shape[0]
+    def forward(ctx, hf: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, chunk: int,
+                norm_tokens: int | None = None) -> torch.Tensor:
+        T = norm_tokens or hf.shape[0]
         acc = acc_dtype(hf.dtype)
         d_hf = torch.empty_like(hf)
         d_w = torch.zeros_like(w)
         total = torch.zeros((), dtype=acc, device=hf.device)
-        for c0 in range(0, T, chunk):
-            c1 = min(T, c0 + chunk)
+        rows = hf.shape[0]
+        for c0 in range(0, rows, chunk):
+            c1 = min(rows, c0 + chunk)
             hc, tc = hf[c0:c1], targets[c0:c1]
             logits = torch.mm(hc, w.t())
             lf = logits.to(acc) if logits.dtype != acc else logits
@@ -128,12 +177,13 @@ class ChunkedHead(torch.autograd.Function):
     def backward(ctx, g: torch.Tensor):
         d_hf, d_w = ctx.saved_tensors
         scale = g.to(d_hf.dtype)
-        return d_hf.mul_(scale), d_w.mul_(scale), None, None
+        return d_hf.mul_(scale), d_w.mul_(scale), None, None, None
 
 
 def forward_loss(gpt: GPT, runtimes: list[LayerRuntime], inputs: torch.Tensor, targets: torch.Tensor,
-                 chunk: int, timer) -> torch.Tensor:
-    """Embedding -> layers -> final norm -> chunked classifier; returns the mean loss (autograd)."""
+                 chunk: int, timer, norm_tokens: int | None = None) -> torch.Tensor:
+    """Embedding -> layers -> final norm -> chunked classifier; returns the mean loss (autograd),
+    or this rank's part of it when ``norm_tokens`` is the global token count."""
     h = gpt.cfg.hidden
     with timer.span("embedding", None, "fwd"):
         x = F.embedding(inputs.reshape(-1), gpt.wte)
@@ -142,5 +192,5 @@ def forward_loss(gpt: GPT, runtimes: list[LayerRuntime], inputs: torch.Tensor, t
     with timer.span("final_norm", None, "fwd"):
         hf = F.layer_norm(x, (h,), gpt.lnf_w, gpt.lnf_b, LN_EPS)
     with timer.span("classifier", None, "fwd"):
-        loss = ChunkedHead.apply(hf, gpt.wte, targets.reshape(-1), chunk)
+        loss = ChunkedHead.apply(hf, gpt.wte, targets.reshape(-1), chunk, norm_tokens)
     return loss

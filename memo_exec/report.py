@@ -16,6 +16,7 @@ import dataclasses
 import io
 import math
 import os
+import statistics
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -298,6 +299,12 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
         L.append(f"The plan counts model states with the {recipe.name} recipe ({recipe.bytes_per_param} bytes per "
                  f"parameter); this executor's AdamW keeps {ours:g} bytes per parameter (gradients in the compute "
                  f"dtype, fp32 master weights and moments where the dtype is 16-bit).")
+    if m.get("world", 1) > 1:
+        L.append("")
+        L.append(f"Distributed run: the executor's estimate is rank {m.get('rank', 0)}'s static memory (model states "
+                 "after ZeRO, the policy's activation storage, lse and norm statistics); its transient, boundary, "
+                 "classifier and optimizer-step terms are not estimated (they come from a dry run of the layer on "
+                 "the meta device, which cannot run the collectives), so they read 0.")
     det = m.get("memory_estimate_detail_bytes") or {}
     if det:
         L.append("")
@@ -359,3 +366,117 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
     L.append("Files: `measured.json` (memo-timeline, source=measured, last step), `trace.json` (open in "
              "https://ui.perfetto.dev).")
     return "\n".join(L) + "\n"
+
+
+# --------------------------------------------------------------------------------------------------
+# distributed runs: per-rank rows and the merged trace
+# --------------------------------------------------------------------------------------------------
+# Every rank records its own steps (`memo_exec.measure.Recorder`, Timeline events on device = its
+# rank). At the end rank 0 gathers each rank's steady-state summary and last-step events
+# (``gather_object``) and writes, beside the single-rank outputs of `write_outputs` (rank 0's report,
+# figures and comparisons): ``measured.json`` and ``trace.json`` merged over the ranks (one
+# Chrome-trace process per rank, its streams as threads; each rank's times from its own step
+# start), and a "Per rank" section in ``report.md``: measured iteration, layer forward / backward
+# and busy time per stream for every rank, against the simulator's representative GPU (the plan's
+# prediction), with the spread over the ranks.
+
+RANK_STREAMS = ("compute", "comm", "cp_comm", "dp_comm", "d2h", "h2d")
+
+
+def rank_payload(ex, res) -> dict:
+    last = res.steps[-1]
+    return {"rank": ex.ctx.rank, "coords": {d: ex.ctx.coord(d) for d in ("dp", "pp", "cp", "ulysses", "tp")},
+            "steady": res.steady, "summaries": res.summaries, "events": last.events, "memory": last.memory,
+            "losses": [s["loss"] for s in res.summaries], "local_tokens": ex.local_T}
+
+
+def gather_payloads(payload: dict) -> list[dict] | None:
+    """Every rank's payload on rank 0 (None elsewhere); a collective."""
+    import torch.distributed as dist  # noqa: PLC0415
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [payload]
+    out = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(payload, out, dst=0)
+    return out
+
+
+def _busy(summaries: list[dict]) -> dict[str, float]:
+    use = summaries[1:] if len(summaries) > 1 else summaries
+    keys = {k for s in use for k in s["stream_busy_s"]}
+    return {k: statistics.fmean(s["stream_busy_s"].get(k, 0.0) for s in use) for k in keys}
+
+
+def rank_rows(payloads: list[dict], predicted_iteration: float | None) -> list[dict]:
+    rows = []
+    for p in payloads:
+        st = p["steady"]
+        it = st.get("iteration_s")
+        rows.append({"rank": p["rank"], **p["coords"], "local_tokens": p["local_tokens"], "iteration_s": it,
+                     "iteration_rel_error": rel_error(it, predicted_iteration),
+                     "layer_forward_s": st.get("layer_forward_s"), "layer_backward_s": st.get("layer_backward_s"),
+                     "layer_recompute_s": st.get("layer_recompute_s"),
+                     "busy_s": _busy(p["summaries"]), "peak_memory_bytes": st.get("peak_allocated_bytes"),
+                     "last_loss": p["losses"][-1]})
+    return rows
+
+
+def spread(values: list[float]) -> float | None:
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return None
+    mean = statistics.fmean(vals)
+    return (max(vals) - min(vals)) / mean if mean else None
+
+
+def merged_timeline(payloads: list[dict], meta: dict) -> Timeline:
+    events = [e for p in payloads for e in p["events"]]
+    memory = [m for p in payloads for m in p["memory"] if m.kind == "gpu"]
+    memory += [m for m in payloads[0]["memory"] if m.kind != "gpu"]
+    events.sort(key=lambda e: (e.device, e.start, e.stream))
+    return Timeline(events=events, memory=memory, meta={**meta, "source": "measured", "ranks": len(payloads)})
+
+
+def _f(v, fmt="{:.4f}") -> str:
+    return "—" if v is None else fmt.format(v)
+
+
+def per_rank_markdown(rows: list[dict], predicted_iteration: float | None, memory_label: str) -> str:
+    streams = [s for s in RANK_STREAMS if any(s in r["busy_s"] for r in rows)]
+    L = ["", "## Per rank", "",
+         f"The simulator predicts one representative GPU (iteration {_f(predicted_iteration)} s); every rank "
+         "measured its own steps (steady state: the mean over the steps after the warm-up). Busy time per "
+         "stream is the sum of that stream's spans (on CPU the collectives block the calling thread, so their "
+         "spans also lie inside the compute spans that issue them).", "",
+         "| rank | dp | cp | uly | tp | tokens | iteration s | vs predicted | layer fwd s | layer bwd s | "
+         + " | ".join(f"{s} busy s" for s in streams) + f" | {memory_label} peak GiB | last loss |",
+         "|" + "---|" * (12 + len(streams))]
+    for r in rows:
+        mem = None if r["peak_memory_bytes"] is None else r["peak_memory_bytes"] / 2**30
+        L.append(f"| {r['rank']} | {r['dp']} | {r['cp']} | {r['ulysses']} | {r['tp']} | {r['local_tokens']} | "
+                 f"{_f(r['iteration_s'])} | {_f(r['iteration_rel_error'], '{:+.1%}')} | "
+                 f"{_f(r['layer_forward_s'])} | {_f(r['layer_backward_s'])} | "
+                 + " | ".join(_f(r["busy_s"].get(s)) for s in streams)
+                 + f" | {_f(mem, '{:.2f}')} | {_f(r['last_loss'], '{:.6f}')} |")
+    sp = spread([r["iteration_s"] for r in rows])
+    L += ["", f"Spread of the iteration time over the ranks (max - min) / mean: {_f(sp, '{:.1%}')}.", ""]
+    return "\n".join(L)
+
+
+def write_rank_outputs(payloads: list[dict], res0, out_dir: str | Path, plan_file: str | Path,
+                       paths: dict, comparison) -> list[dict]:
+    """Rank 0: merged trace and measured timeline, per-rank rows appended to report.md."""
+    out = Path(out_dir)
+    pred = res0.plan.predicted.to_dict().get("iteration_s")
+    rows = rank_rows(payloads, pred)
+    meta = dict(res0.meta)
+    meta.update({"plan_file": str(plan_file), "per_rank": rows, "iteration_spread": spread([r["iteration_s"]
+                                                                                           for r in rows])})
+    tl = merged_timeline(payloads, meta)
+    paths["measured"] = tl.write_json(out / "measured.json")
+    paths["trace"] = write_chrome_trace(tl, out / "trace.json")
+    label = "GPU memory" if res0.meta.get("device_kind") == "cuda" else "CPU memory (process RSS)"
+    report = Path(paths["report"])
+    text = report.read_text() + per_rank_markdown(rows, pred, label)
+    paths["report"] = atomic_write_text(report, text)
+    return rows

@@ -145,7 +145,8 @@ class Executor:
         lay = plan.layout
         if lay.gpus != 1 or plan.gpus != 1:
             raise ExecError(f"plan layout {lay.label()} uses {plan.gpus} GPUs; this executor runs single-device plans "
-                            f"(tp=cp=ulysses=dp=1). Plan with --gpus 1 or run the distributed executor")
+                            f"(tp=cp=ulysses=dp=1): run it with memo-exec run --nproc {lay.gpus} (or torchrun), "
+                            f"which uses memo_exec.distributed")
         if opts.layers is not None and not (1 <= opts.layers):
             raise ExecError(f"--layers must be a positive integer, got {opts.layers}")
         if opts.steps < 1:
@@ -229,7 +230,8 @@ class Executor:
         rec.loss = float(loss.detach().item())
         return rec
 
-    def run(self) -> RunResult:
+    def run(self, progress=None) -> RunResult:
+        """``progress(done, total, step_record)`` is called after every step."""
         if not self.allocated:
             self.allocate()
         res = RunResult(self.plan, self.opts, self.describe(), self.estimate)
@@ -239,6 +241,8 @@ class Executor:
             s = summarize_step(rec, self.model.layers)
             s["step"] = k
             res.summaries.append(s)
+            if progress is not None:
+                progress(k + 1, self.opts.steps, rec)
         res.meta["pinned_host_bytes"] = int(getattr(self.policy, "pinned_bytes", 0))
         res.meta["caching_allocator"] = self.caching_allocator_tensors()
         return res

@@ -31,28 +31,94 @@ from memo_sim.request_trace import Buffer, RequestTrace
 from memo_sim.plan.schema import Plan
 
 
+def _rank_shape(plan: Plan) -> tuple[int, int, int, object, dict | None]:
+    """(attention sequence length, layer-input rows, TP size, TP comm, storage shapes) of one rank
+    of the plan's layout (rank 0; every rank's layer has the same sizes)."""
+    lay = plan.layout
+    if lay.gpus == 1:
+        from memo_exec.layer import IDENTITY_TP  # noqa: PLC0415
+
+        return plan.seq_tokens, plan.batch * plan.seq_tokens, 1, IDENTITY_TP, None
+    if lay.tp_mode != "megatron" or lay.pp > 1:
+        raise ExecError(f"plan layout {lay.label()}: memo-exec trace records Megatron TP / CP / Ulysses / DP layers; "
+                        f"tp_mode {lay.tp_mode} and pp > 1 are not traced")
+    from memo_exec.distributed.context import check_divisible  # noqa: PLC0415
+    from memo_exec.distributed.tp.megatron import SizesOnlyComm  # noqa: PLC0415
+    from memo_exec.layer import storage_shapes  # noqa: PLC0415
+
+    why = check_divisible(lay, plan.model, plan.batch, plan.seq_tokens)
+    if why:
+        raise ExecError(f"plan layout {lay.label()}: {why}")
+    sp = bool(lay.sp) and lay.tp > 1
+    seq = plan.seq_tokens // (lay.cp * lay.ulysses)
+    rows = plan.batch * seq // (lay.tp if sp else 1)
+    comm = SizesOnlyComm(None, lay.tp, sp) if lay.tp > 1 else None
+    if comm is None:
+        from memo_exec.layer import IDENTITY_TP as comm  # noqa: PLC0415, N811
+    return seq, rows, lay.tp, comm, storage_shapes(plan.model, lay.tp, sp)
+
+
+class _SeqParallelStandIn:
+    """On the meta device: the attention of one CP / Ulysses rank without its communication. The
+    inner kernel runs on the head-sharded shapes Ulysses gives it (its scratch requests are real);
+    ring CP's blocks come from the caching allocator, so with CP no kernel scratch is recorded."""
+
+    uses_scratch = False
+
+    def __init__(self, inner, plan: Plan) -> None:
+        self.inner, self.lay = inner, plan.layout
+        self.name = inner.name
+
+    def _dims(self, dims: AttnDims) -> AttnDims:
+        u = self.lay.ulysses
+        return AttnDims(dims.batch, dims.seq * u, dims.heads // u, dims.kv_heads // u, dims.head_dim)
+
+    def _shaped(self, t, dims):
+        return torch.empty(t.shape[0] * self.lay.ulysses, t.shape[1] // self.lay.ulysses, dtype=t.dtype,
+                           device=t.device)
+
+    def forward(self, q, k, v, out, dims, scratch):
+        if self.lay.cp > 1:
+            return {"lse": None}
+        qh, kh, vh = (self._shaped(t, dims) for t in (q, k, v))
+        return self.inner.forward(qh, kh, vh, torch.empty_like(qh), self._dims(dims), scratch)
+
+    def backward(self, dout, q, k, v, out, aux, dq, dk, dv, dims, scratch):
+        if self.lay.cp > 1:
+            return
+        qh, kh, vh = (self._shaped(t, dims) for t in (q, k, v))
+        self.inner.backward(torch.empty_like(qh), qh, kh, vh, torch.empty_like(qh), aux, torch.empty_like(qh),
+                            torch.empty_like(kh), torch.empty_like(vh), self._dims(dims), scratch)
+
+    def outside_bytes(self, dims, esize, phase) -> int:
+        return 0
+
+
 def _setup(plan: Plan, device: torch.device, dtype: torch.dtype, backend, recorder: AllocRecorder | None):
     m = plan.model
-    T = plan.batch * plan.seq_tokens
-    comp = LayerCompute(m, plan.batch, plan.seq_tokens, dtype, device, backend, CachingScratch(device, recorder))
-    w = LayerWeights(m, m.layers, device, dtype)
+    seq, T, tp, comm, shapes = _rank_shape(plan)
+    if plan.layout.gpus > 1:
+        backend = _SeqParallelStandIn(backend, plan) if plan.layout.seq_split > 1 else backend
+    comp = LayerCompute(m, plan.batch, seq, dtype, device, backend, CachingScratch(device, recorder), tp=comm)
+    w = LayerWeights(m, m.layers, device, dtype, tp=tp)
     if device.type != "meta":
         w.init_(torch.Generator(device=device).manual_seed(0))
     for p in w.parameters():
         p.grad = torch.zeros_like(p)
-    block = torch.empty(storage_bytes(m, T, dtype), dtype=torch.uint8, device=device)
-    st = LayerStorage(carve_storage(block, m, T, dtype),
+    block = torch.empty(storage_bytes(m, T, dtype, shapes=shapes), dtype=torch.uint8, device=device)
+    st = LayerStorage(carve_storage(block, m, T, dtype, shapes=shapes),
                       torch.empty(4, T, dtype=norm_stats_dtype(dtype, device), device=device))
     if device.type != "meta":
         st.x.normal_()
+    st.shapes = shapes
     return comp, w, st, block
 
 
 def _run_layer(plan: Plan, comp: LayerCompute, w, st, between_phases=None) -> None:
-    T = plan.batch * plan.seq_tokens
+    T = comp.T
     m = plan.model
-    policy = make_policy(plan.policy, m, plan.batch, plan.seq_tokens, m.layers, comp.dtype, comp.device,
-                         None, None, None)
+    policy = make_policy(plan.policy, m, 1, T, m.layers, comp.dtype, comp.device, None, None, None,
+                         shapes=getattr(st, "shapes", None))
     y = torch.empty(T, m.hidden, dtype=comp.dtype, device=comp.device)
     with torch.no_grad():
         comp.forward(w, st, y, 0)
@@ -86,6 +152,9 @@ def record_layer_trace(plan: Plan, device: str | None = None, dtype: str | None 
             bname = auto_backend_for(target, dt, _dims(plan))
         backend, backend_name = meta_stand_in(bname), bname
     else:
+        if plan.layout.gpus > 1:
+            raise ExecError(f"plan layout {plan.layout.label()}: one rank's layer trace of a multi-device plan runs on "
+                            f"--device meta (the collectives need the distributed run)")
         spec = resolve_device(device)
         dev = spec.torch_device
         dt = compute_dtype(plan.model.dtype, spec, dtype)
@@ -94,9 +163,10 @@ def record_layer_trace(plan: Plan, device: str | None = None, dtype: str | None 
     rec = AllocRecorder()
     comp, w, st, _ = _setup(plan, dev, dt, backend, rec)
     _run_layer(plan, comp, w, st)
-    T = plan.batch * plan.seq_tokens
+    T = comp.T
     meta = {"source": "memo-exec trace", "model": plan.model.name, "hidden": plan.model.hidden,
             "batch": plan.batch, "seq_tokens": plan.seq_tokens, "tokens": T, "dtype": str(dt).replace("torch.", ""),
+            "layout": plan.layout.label(), "rank_tokens": T, "attention_seq": comp.seq,
             "policy": plan.policy.label(), "attention_backend": backend_name, "device": str(dev),
             "phases": ["fwd", "bwd"],
             "note": "transient scratch tensors of one layer; recompute (rc_*) runs at the start of bwd. "
@@ -106,8 +176,10 @@ def record_layer_trace(plan: Plan, device: str | None = None, dtype: str | None 
 
 
 def _dims(plan: Plan) -> AttnDims:
-    m = plan.model
-    return AttnDims(plan.batch, plan.seq_tokens, m.heads, m.n_kv_heads, m.head_dim)
+    """The attention kernel's dims on one rank (the whole layer on one device)."""
+    m, lay = plan.model, plan.layout
+    split = lay.tp * lay.ulysses
+    return AttnDims(plan.batch, plan.seq_tokens // lay.cp, m.heads // split, m.n_kv_heads // split, m.head_dim)
 
 
 def record_cuda_history(plan: Plan, device: str | None = None, dtype: str | None = None,
@@ -116,6 +188,8 @@ def record_cuda_history(plan: Plan, device: str | None = None, dtype: str | None
     spec = resolve_device(device or "cuda")
     if not spec.is_cuda:
         raise ExecError("the CUDA allocator history needs --device cuda")
+    if plan.layout.gpus > 1:
+        raise ExecError(f"plan layout {plan.layout.label()}: --cuda-history records single-device plans only")
     dev = spec.torch_device
     dt = compute_dtype(plan.model.dtype, spec, dtype)
     backend = select_backend(attention_backend or plan.attention_backend, dev, dt, _dims(plan))

@@ -19,6 +19,24 @@ import traceback
 import torch.multiprocessing as mp
 
 
+def _to_bytes(obj) -> bytes:
+    import io
+
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def _from_bytes(data: bytes):
+    import io
+
+    import torch
+
+    return torch.load(io.BytesIO(data), weights_only=False)
+
+
 def _entry(rank: int, world: int, init_file: str, timeout: float, q, fn, args) -> None:
     import torch
     import torch.distributed as dist
@@ -28,7 +46,7 @@ def _entry(rank: int, world: int, init_file: str, timeout: float, q, fn, args) -
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=timeout))
         out = fn(rank, world, *args)
-        q.put((rank, "ok", out))
+        q.put((rank, "ok", _to_bytes(out)))  # bytes: no shared-memory handle outlives this process
     except BaseException:  # noqa: BLE001 - reported to the parent
         q.put((rank, "error", traceback.format_exc()))
     finally:
@@ -77,4 +95,4 @@ def spawn(fn, world: int, *args, timeout: float = 120.0) -> list:
         missing = sorted(set(range(world)) - set(results))
         raise AssertionError(f"ranks {missing} of {world} died without a result "
                              f"(exit codes {[p.exitcode for p in procs]})")
-    return [results[r] for r in range(world)]
+    return [_from_bytes(results[r]) for r in range(world)]

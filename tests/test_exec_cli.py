@@ -154,7 +154,8 @@ def test_model_that_does_not_fit_exits_2(tmp_path):
 def test_multi_gpu_layout_exits_2(tmp_path):
     plan = Plan(SMALL, 1, 256, 2, Layout(tp=2), get_policy("store_all"), "a800-80gb", PRED, LT)
     p = write_plan(plan, tmp_path / "tp2.json")
-    assert "single-device" in _one_error_line(CliRunner().invoke(cli, ["run", str(p), "--device", "cpu"]))
+    line = _one_error_line(CliRunner().invoke(cli, ["run", str(p), "--device", "cpu"]))
+    assert "uses 2 devices" in line and "--nproc 2" in line
 
 
 def test_missing_plan_file_exits_2(tmp_path):

@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from memo_exec.layer import LayerCompute, LayerStorage, LayerWeights, norm_stats_dtype, stats_bytes
+from memo_exec.layer import LayerCompute, LayerStorage, LayerWeights, norm_stats_dtype, stats_bytes, storage_shapes
 from memo_sim.model.config import ModelConfig
 
 
@@ -24,7 +24,8 @@ class ActivationPolicy(ABC):
     """
 
     def __init__(self, choice, model: ModelConfig, batch: int, seq: int, layers: int, dtype: torch.dtype,
-                 device: torch.device, engine, timer, compute: LayerCompute | None) -> None:
+                 device: torch.device, engine, timer, compute: LayerCompute | None,
+                 shapes: dict[str, tuple[int, int]] | None = None) -> None:
         from memo_exec.activations.registry import sim_policy_name  # noqa: PLC0415
 
         self.choice = choice
@@ -34,6 +35,8 @@ class ActivationPolicy(ABC):
         self.dtype, self.device = dtype, device
         self.engine, self.timer, self.compute = engine, timer, compute
         self.storages: list[LayerStorage] = []
+        # (rows per local token, width) of each skeletal tensor on this rank (`memo_exec.layer.storage_shapes`)
+        self.shapes = shapes if shapes is not None else storage_shapes(model)
 
     # -- sizes, known before anything is allocated -----------------------------------------------
     @abstractmethod
@@ -45,7 +48,8 @@ class ActivationPolicy(ABC):
         return 0
 
     def lse_bytes_per_layer(self) -> int:
-        return self.model.heads * self.tokens * 4
+        rows, width = self.shapes["q"]  # lse: one fp32 per (query row, head) of this rank
+        return (width // self.model.head_dim) * rows * self.tokens * 4
 
     def _stats(self) -> torch.Tensor:
         return torch.empty(4, self.tokens, dtype=norm_stats_dtype(self.dtype, self.device), device=self.device)

@@ -15,18 +15,19 @@ class FullRecompute(ActivationPolicy):
     _work_names = tuple(n for n in SKELETAL if n != "x")
 
     def device_bytes(self) -> dict[str, int]:
-        return {"skeletal_resident": self.layers * storage_bytes(self.model, self.tokens, self.dtype, ("x",)),
-                "buffers": storage_bytes(self.model, self.tokens, self.dtype, self._work_names),
+        return {"skeletal_resident": self.layers * storage_bytes(self.model, self.tokens, self.dtype, ("x",),
+                                                                 shapes=self.shapes),
+                "buffers": storage_bytes(self.model, self.tokens, self.dtype, self._work_names, shapes=self.shapes),
                 "norm_stats": self._stats_bytes(), "lse": self.lse_bytes_per_layer()}
 
     def allocate(self) -> None:
-        xb = storage_bytes(self.model, self.tokens, self.dtype, ("x",))
+        xb = storage_bytes(self.model, self.tokens, self.dtype, ("x",), shapes=self.shapes)
         self.x_block = torch.empty(self.layers * xb, dtype=torch.uint8, device=self.device)
-        xs = [carve_storage(self.x_block[i * xb:(i + 1) * xb], self.model, self.tokens, self.dtype, ("x",))["x"]
-              for i in range(self.layers)]
-        self.work_block = torch.empty(storage_bytes(self.model, self.tokens, self.dtype, self._work_names),
-                                      dtype=torch.uint8, device=self.device)
-        work = carve_storage(self.work_block, self.model, self.tokens, self.dtype, self._work_names)
+        xs = [carve_storage(self.x_block[i * xb:(i + 1) * xb], self.model, self.tokens, self.dtype, ("x",),
+                            shapes=self.shapes)["x"] for i in range(self.layers)]
+        self.work_block = torch.empty(storage_bytes(self.model, self.tokens, self.dtype, self._work_names,
+                                                    shapes=self.shapes), dtype=torch.uint8, device=self.device)
+        work = carve_storage(self.work_block, self.model, self.tokens, self.dtype, self._work_names, shapes=self.shapes)
         stats = self._stats()
         self.storages = [LayerStorage({**work, "x": xs[i]}, stats) for i in range(self.layers)]
 

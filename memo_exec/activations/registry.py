@@ -37,11 +37,12 @@ def sim_policy_name(choice) -> str:
 
 
 def make_policy(choice, model: ModelConfig, batch: int, seq: int, layers: int, dtype: torch.dtype,
-                device: torch.device, engine, timer, compute):
-    """The executor policy for the simulator's policy ``choice`` (sizes only while ``engine`` is None)."""
+                device: torch.device, engine, timer, compute, shapes=None):
+    """The executor policy for the simulator's policy ``choice`` (sizes only while ``engine`` is None);
+    ``shapes``: this rank's `memo_exec.layer.storage_shapes` (default: one device, the whole layer)."""
     name = sim_policy_name(choice)
     try:
         cls = _REGISTRY[name]
     except KeyError:
         raise ExecError(f"policy {name!r}: this executor runs {', '.join(_REGISTRY)}") from None
-    return cls(choice, model, batch, seq, layers, dtype, device, engine, timer, compute)
+    return cls(choice, model, batch, seq, layers, dtype, device, engine, timer, compute, shapes)

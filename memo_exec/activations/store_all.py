@@ -13,11 +13,11 @@ from memo_exec.layer import LayerStorage, carve_storage, storage_bytes
 class StoreAll(ActivationPolicy):
     def device_bytes(self) -> dict[str, int]:
         n = self.layers
-        return {"skeletal_resident": n * storage_bytes(self.model, self.tokens, self.dtype),
+        return {"skeletal_resident": n * storage_bytes(self.model, self.tokens, self.dtype, shapes=self.shapes),
                 "norm_stats": n * self._stats_bytes(), "lse": n * self.lse_bytes_per_layer()}
 
     def allocate(self) -> None:
-        nb = storage_bytes(self.model, self.tokens, self.dtype)
+        nb = storage_bytes(self.model, self.tokens, self.dtype, shapes=self.shapes)
         self.blocks = [torch.empty(nb, dtype=torch.uint8, device=self.device) for _ in range(self.layers)]
-        self.storages = [LayerStorage(carve_storage(b, self.model, self.tokens, self.dtype), self._stats())
-                         for b in self.blocks]
+        self.storages = [LayerStorage(carve_storage(b, self.model, self.tokens, self.dtype, shapes=self.shapes),
+                                      self._stats()) for b in self.blocks]

@@ -21,7 +21,13 @@ schedule follows the same functions), one method per edge:
 
 Every compute op and copy declares the rows it reads and writes to the engine's happens-before
 race detector (`memo_exec.happens_before`), so a missing or misplaced wait is an error at issue
-time. The last ``KEPT_LAYERS`` layers are neither offloaded nor recomputed. The attention lse and
+time. The last ``KEPT_LAYERS`` layers are neither offloaded nor recomputed.
+
+On a rank of a tensor-parallel layout the tensors have the rank's shapes (``shapes``,
+`memo_exec.layer.storage_shapes`): with sequence parallelism the TP-split tensors (q, k, v, attn,
+fc1, act) hold ``row_mult`` gathered rows per local token, so token rows ``[lo, hi)`` are their
+rows ``[lo*m, hi*m)`` (the interleaved token order makes those the same tokens); the copies move
+those rows and the race detector's regions stay in token units. The attention lse and
 the LayerNorm statistics stay on the device for every layer.
 """
 
@@ -34,7 +40,7 @@ import torch
 from memo_exec.activations.base import ActivationPolicy
 from memo_exec.activations.host_pool import HostPool
 from memo_exec.happens_before import Region
-from memo_exec.layer import SKELETAL, LayerStorage, carve_storage, skeletal_roles, skeletal_widths, storage_bytes
+from memo_exec.layer import SKELETAL, LayerStorage, carve_storage, skeletal_roles, storage_bytes
 from memo_exec.streams import CopyLabel
 from memo_sim.policy.host_layout import offload_token_count
 from memo_sim.policy.rounding_buffers import (
@@ -51,7 +57,8 @@ class TokenOffload(ActivationPolicy):
         roles = skeletal_roles(self.model)
         self.whole = [n for n in SKELETAL if roles[n] in ("input", "attn")]
         self.split = [n for n in SKELETAL if roles[n] == "other"]
-        self.widths = skeletal_widths(self.model)
+        self.widths = {n: w for n, (_, w) in self.shapes.items()}
+        self.row_mult = {n: m for n, (m, _) in self.shapes.items()}
 
     def offloaded(self, i: int) -> bool:
         return is_offloaded(i, self.layers)
@@ -67,14 +74,14 @@ class TokenOffload(ActivationPolicy):
         return rows + ([(n, (0, self.n_off)) for n in self.split] if self.n_off else [])
 
     def _host_shapes(self) -> list[tuple[tuple[int, ...], torch.dtype]]:
-        return [((hi - lo, self.widths[n]), self.dtype) for n, (lo, hi) in self._moved()]
+        return [(((hi - lo) * self.row_mult[n], self.widths[n]), self.dtype) for n, (lo, hi) in self._moved()]
 
     def layer_offload_bytes(self) -> int:
         esize = torch.empty((), dtype=self.dtype, device="meta").element_size()
         return sum(math.prod(s) for s, _ in self._host_shapes()) * esize
 
     def device_bytes(self) -> dict[str, int]:
-        return {"buffers": N_BUFFERS * storage_bytes(self.model, self.tokens, self.dtype),
+        return {"buffers": N_BUFFERS * storage_bytes(self.model, self.tokens, self.dtype, shapes=self.shapes),
                 "norm_stats": self.layers * self._stats_bytes(), "lse": self.layers * self.lse_bytes_per_layer()}
 
     def host_bytes(self) -> int:
@@ -82,13 +89,14 @@ class TokenOffload(ActivationPolicy):
 
     # -- allocation --------------------------------------------------------------------------------
     def allocate(self) -> None:
-        nb = storage_bytes(self.model, self.tokens, self.dtype)
+        nb = storage_bytes(self.model, self.tokens, self.dtype, shapes=self.shapes)
         self.blocks = [torch.empty(nb, dtype=torch.uint8, device=self.device) for _ in range(N_BUFFERS)]
-        bufs = [carve_storage(b, self.model, self.tokens, self.dtype) for b in self.blocks]
+        bufs = [carve_storage(b, self.model, self.tokens, self.dtype, shapes=self.shapes) for b in self.blocks]
         self.storages = [LayerStorage(bufs[rounding_buffer(i)], self._stats()) for i in range(self.layers)]
         self.pool = HostPool(self.host_bytes(), self.device)
         self.host: list[dict[str, torch.Tensor]] = [
-            {n: self.pool.take((hi - lo, self.widths[n]), self.dtype) for n, (lo, hi) in self._moved()}
+            {n: self.pool.take(((hi - lo) * self.row_mult[n], self.widths[n]), self.dtype)
+             for n, (lo, hi) in self._moved()}
             for _ in range(self.n_offloaded)]
         ev = self.engine.event
         self.ev_fwd = [ev(f"forward_done({i})") for i in range(self.layers)]
@@ -115,7 +123,8 @@ class TokenOffload(ActivationPolicy):
         dev, host = self.storages[i].tensors, self.host[i]
         pairs, on_dev, on_host = [], [], []
         for n, (lo, hi) in self._moved():
-            pairs.append((host[n], dev[n][lo:hi]) if to_host else (dev[n][lo:hi], host[n]))
+            rows = slice(lo * self.row_mult[n], hi * self.row_mult[n])  # token rows -> this tensor's rows
+            pairs.append((host[n], dev[n][rows]) if to_host else (dev[n][rows], host[n]))
             on_dev.append(Region("buffer", rounding_buffer(i), n, (lo, hi)))
             on_host.append(Region("host", i, n, (lo, hi)))
         return (pairs, on_dev, on_host) if to_host else (pairs, on_host, on_dev)

@@ -1,0 +1,209 @@
+"""Sequence-parallel attention: ring context parallelism and Ulysses, as attention backends.
+
+Both wrap the layer's attention core (`memo_exec.attention.AttentionBackend`: forward writes the
+output into the layer's tensor and returns what its backward needs), so the layer and the
+activation policy are unchanged: q, k, v and attn stay sequence-sharded in the layer's storage.
+
+`RingAttention` (ring CP over the ``cp`` group): each rank holds the zig-zag chunks c and
+2cp-1-c of every sequence (`memo_exec.distributed.context.zigzag_positions`). K/V blocks travel
+the ring with `memo_exec.distributed.p2p.ring_shift` (the next block's transfer is posted before
+the current block is computed and waited on before it is read); each (query chunk, key chunk)
+pair is skipped (key chunk later), causal (same chunk) or full, and partial results are merged
+with the log-sum-exp. Backward: K/V travel the ring again with their dK/dV accumulators, which
+arrive back at their owner after cp shifts. The block kernel is plain PyTorch in the
+accumulation dtype (`memo_exec.device.acc_dtype`); on CUDA the NCCL P2P runs on NCCL's own
+stream, so the transfer of block j+1 overlaps the attention of block j.
+
+`UlyssesAttention` (DeepSpeed-Ulysses over the ``ulysses`` group): ``all_to_all_single`` turns
+sequence-sharded q, k, v (all local heads) into head-sharded ones (1/u of the heads, the whole CP
+shard), runs the inner backend (the plan's kernel, or `RingAttention` with CP) and sends the
+output back; the backward re-does the forward all-to-alls from the saved q, k, v, attn rather
+than keeping head-sharded copies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+import torch.distributed as dist
+
+from memo_exec.attention import AttentionBackend, AttnDims
+from memo_exec.device import acc_dtype
+from memo_exec.distributed.p2p import ring_shift
+
+
+def _bhsd(t: torch.Tensor, b: int, s: int, heads: int, d: int, dtype) -> torch.Tensor:
+    return t.view(b, s, heads, d).permute(0, 2, 1, 3).to(dtype)
+
+
+class RingAttention(AttentionBackend):
+    name = "ring_cp"
+    uses_scratch = False
+
+    def __init__(self, group, cp: int, rank: int, delay_s: float = 0.0) -> None:
+        self.group, self.cp, self.rank, self.delay_s = group, cp, rank, delay_s
+        self.timer = None  # set by the runner: each ring transfer's wait is a span on "cp_comm"
+
+    def _wait(self, tr, what: str, t: torch.Tensor) -> None:
+        if self.timer is None:
+            tr.wait()
+            return
+        with self.timer.span(what, None, "comm", stream="cp_comm", nbytes=t.numel() * t.element_size()):
+            tr.wait()
+
+    def _chunks(self, owner: int) -> tuple[int, int]:
+        return owner, 2 * self.cp - 1 - owner
+
+    def _pairs(self, src: int, k: int):
+        """(query slice, key slice, causal) of the chunk pairs that are not fully masked."""
+        out = []
+        for a, qi in enumerate(self._chunks(self.rank)):
+            for bb, ki in enumerate(self._chunks(src)):
+                if ki <= qi:
+                    out.append((slice(a * k, (a + 1) * k), slice(bb * k, (bb + 1) * k), ki == qi))
+        return out
+
+    @staticmethod
+    def _scores(qa, kb, scale, causal):
+        s = torch.matmul(qa, kb.transpose(-1, -2)).mul_(scale)
+        if causal:
+            n = s.shape[-1]
+            s.masked_fill_(torch.ones(n, n, dtype=torch.bool, device=s.device).triu_(1), float("-inf"))
+        return s
+
+    def _unpack(self, kv, dims: AttnDims, acc):
+        b, s, hk, d, g = dims.batch, dims.seq, dims.kv_heads, dims.head_dim, dims.group
+        kw = hk * d
+        kb = _bhsd(kv[:, :kw], b, s, hk, d, acc)
+        vb = _bhsd(kv[:, kw:], b, s, hk, d, acc)
+        if g > 1:
+            kb, vb = kb.repeat_interleave(g, dim=1), vb.repeat_interleave(g, dim=1)
+        return kb, vb
+
+    def forward(self, q, k, v, out, dims: AttnDims, scratch):
+        acc = acc_dtype(q.dtype)
+        b, s, H, d = dims.batch, dims.seq, dims.heads, dims.head_dim
+        k_chunk = s // 2
+        scale = 1.0 / math.sqrt(d)
+        qb = _bhsd(q, b, s, H, d, acc)
+        o = torch.zeros(b, H, s, d, dtype=acc, device=q.device)
+        lse = torch.full((b, H, s), float("-inf"), dtype=acc, device=q.device)
+        cur = torch.cat([k, v], dim=1)
+        nxt = torch.empty_like(cur)
+        for j in range(self.cp):
+            src = (self.rank - j) % self.cp
+            tr = ring_shift(cur, nxt, self.group, self.delay_s) if j < self.cp - 1 else None
+            kb, vb = self._unpack(cur, dims, acc)
+            for qs, ks, causal in self._pairs(src, k_chunk):
+                sc = self._scores(qb[:, :, qs], kb[:, :, ks], scale, causal)
+                blse = torch.logsumexp(sc, -1)
+                blk = torch.matmul(sc.sub_(blse.unsqueeze(-1)).exp_(), vb[:, :, ks])
+                new = torch.logaddexp(lse[:, :, qs], blse)
+                o[:, :, qs] = o[:, :, qs] * (lse[:, :, qs] - new).exp().unsqueeze(-1) + \
+                    blk * (blse - new).exp().unsqueeze(-1)
+                lse[:, :, qs] = new
+            if tr is not None:
+                self._wait(tr, "cp_kv_ring", cur)
+                cur, nxt = nxt, cur
+        out.view(b, s, H, d).copy_(o.permute(0, 2, 1, 3))
+        return {"lse": lse}
+
+    def backward(self, dout, q, k, v, out, aux, dq, dk, dv, dims: AttnDims, scratch):
+        acc = acc_dtype(q.dtype)
+        b, s, H, hk, d, g = dims.batch, dims.seq, dims.heads, dims.kv_heads, dims.head_dim, dims.group
+        k_chunk = s // 2
+        scale = 1.0 / math.sqrt(d)
+        lse = aux["lse"]
+        qb = _bhsd(q, b, s, H, d, acc)
+        dob = _bhsd(dout, b, s, H, d, acc)
+        delta = (dob * _bhsd(out, b, s, H, d, acc)).sum(-1)  # rowsum(dO * O)
+        dqb = torch.zeros_like(qb)
+        cur = torch.cat([k, v], dim=1)
+        nxt = torch.empty_like(cur)
+        dkv = torch.zeros(2, b, H, s, d, dtype=acc, device=q.device)  # dK, dV of the block held (all heads)
+        dkv_nxt = torch.empty_like(dkv)
+        for j in range(self.cp):
+            src = (self.rank - j) % self.cp
+            tr = ring_shift(cur, nxt, self.group, self.delay_s) if j < self.cp - 1 else None
+            kb, vb = self._unpack(cur, dims, acc)
+            for qs, ks, causal in self._pairs(src, k_chunk):
+                p = self._scores(qb[:, :, qs], kb[:, :, ks], scale, causal)
+                p.sub_(lse[:, :, qs].unsqueeze(-1)).exp_()
+                dkv[1][:, :, ks] += torch.matmul(p.transpose(-1, -2), dob[:, :, qs])
+                dp = torch.matmul(dob[:, :, qs], vb[:, :, ks].transpose(-1, -2))
+                ds = p.mul_(dp.sub_(delta[:, :, qs].unsqueeze(-1))).mul_(scale)
+                dqb[:, :, qs] += torch.matmul(ds, kb[:, :, ks])
+                dkv[0][:, :, ks] += torch.matmul(ds.transpose(-1, -2), qb[:, :, qs])
+            # the accumulators follow their block round the ring; after cp shifts they are home
+            self._wait(ring_shift(dkv, dkv_nxt, self.group, self.delay_s), "cp_dkv_ring", dkv)
+            dkv, dkv_nxt = dkv_nxt, dkv
+            if tr is not None:
+                self._wait(tr, "cp_kv_ring", cur)
+                cur, nxt = nxt, cur
+        dq.view(b, s, H, d).copy_(dqb.permute(0, 2, 1, 3))
+        dkh = dkv.view(2, b, hk, g, s, d).sum(3) if g > 1 else dkv
+        dk.view(b, s, hk, d).copy_(dkh[0].permute(0, 2, 1, 3))
+        dv.view(b, s, hk, d).copy_(dkh[1].permute(0, 2, 1, 3))
+
+
+def seq_to_heads(t: torch.Tensor, b: int, s_local: int, group, u: int) -> torch.Tensor:
+    """``[b*s_local, W]`` (this rank's tokens, all local heads) -> ``[b*s_local*u, W/u]`` (the
+    group's tokens in rank order, this rank's 1/u of the heads)."""
+    w = t.shape[1] // u
+    send = t.view(b, s_local, u, w).permute(2, 0, 1, 3).contiguous()
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)
+    return recv.permute(1, 0, 2, 3).reshape(b * u * s_local, w)
+
+
+def heads_to_seq(t: torch.Tensor, out: torch.Tensor, b: int, s_local: int, group, u: int) -> None:
+    """Inverse of `seq_to_heads`, written into ``out`` ``[b*s_local, W]``."""
+    w = t.shape[1]
+    send = t.view(b, u, s_local, w).permute(1, 0, 2, 3).contiguous()
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)
+    out.view(b, s_local, u, w).copy_(recv.permute(1, 2, 0, 3))
+
+
+class UlyssesAttention(AttentionBackend):
+    name = "ulysses"
+    uses_scratch = False
+
+    def __init__(self, inner: AttentionBackend, group, u: int) -> None:
+        self.inner, self.group, self.u = inner, group, u
+        self.name = f"ulysses({inner.name})"
+        self.timer = None  # set by the runner: each all-to-all is a span on the "comm" stream
+
+    def _span(self, t: torch.Tensor):
+        if self.timer is None:
+            return contextlib.nullcontext()
+        return self.timer.span("ulysses_all_to_all", None, "comm", stream="comm",
+                               nbytes=t.numel() * t.element_size())
+
+    def _dims(self, dims: AttnDims) -> AttnDims:
+        return AttnDims(dims.batch, dims.seq * self.u, dims.heads // self.u, dims.kv_heads // self.u, dims.head_dim)
+
+    def _a2a(self, t, dims):
+        with self._span(t):
+            return seq_to_heads(t, dims.batch, dims.seq, self.group, self.u)
+
+    def _back(self, t, out, dims) -> None:
+        with self._span(t):
+            heads_to_seq(t, out, dims.batch, dims.seq, self.group, self.u)
+
+    def forward(self, q, k, v, out, dims: AttnDims, scratch):
+        qh, kh, vh = self._a2a(q, dims), self._a2a(k, dims), self._a2a(v, dims)
+        oh = torch.empty_like(qh)
+        aux = self.inner.forward(qh, kh, vh, oh, self._dims(dims), scratch)
+        self._back(oh, out, dims)
+        return aux
+
+    def backward(self, dout, q, k, v, out, aux, dq, dk, dv, dims: AttnDims, scratch):
+        qh, kh, vh = self._a2a(q, dims), self._a2a(k, dims), self._a2a(v, dims)
+        oh, doh = self._a2a(out, dims), self._a2a(dout, dims)
+        dqh, dkh, dvh = torch.empty_like(qh), torch.empty_like(kh), torch.empty_like(vh)
+        self.inner.backward(doh, qh, kh, vh, oh, aux, dqh, dkh, dvh, self._dims(dims), scratch)
+        for src, dst in ((dqh, dq), (dkh, dk), (dvh, dv)):
+            self._back(src, dst, dims)

@@ -1,0 +1,215 @@
+"""Starting a distributed run: under torchrun (one process per device) or, for ``--nproc N``,
+as a torchrun of the same command on this machine.
+
+Under torchrun every rank reads RANK / WORLD_SIZE / LOCAL_RANK (and torchrun's MASTER_ADDR /
+MASTER_PORT rendezvous) from the environment, runs every check that needs no communication
+(world size vs the plan, group divisibility, registered TP flavour and schedule, NCCL present on
+CUDA) before it joins the process group, so a refusal is the same one line (exit 2) on every
+rank and no rank waits for another. The process group has a timeout (``--pg-timeout``); a rank
+whose collective fails (a peer died, or the timeout passed) prints one line naming the failure
+and exits 1, so no rank is left hanging.
+
+``--nproc N`` runs the cheap checks in the launching process, then ``python -m
+torch.distributed.run --standalone --nproc-per-node N -m memo_exec run ...`` (the same entry
+point), passing the ranks' stdout through and reducing their stderr to the distinct ``error:``
+lines and progress (torchrun's own log goes to ``OUT/launcher.log``).
+
+Test hook: ``MEMO_EXEC_TEST_KILL=RANK:STEP`` makes that rank SIGKILL itself in the middle of
+that step (after its first layer's forward).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from memo_exec.errors import ExecError
+
+KILL_ENV = "MEMO_EXEC_TEST_KILL"
+DEFAULT_PG_TIMEOUT_S = 600
+
+
+def in_torchrun() -> bool:
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+
+
+def env_rank() -> tuple[int, int, int]:
+    try:
+        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
+    except (KeyError, ValueError) as e:
+        raise ExecError(f"RANK / WORLD_SIZE / LOCAL_RANK: not set to integers by the launcher ({e})") from None
+
+
+def rank_device(device: str | None, local_rank: int):
+    """This rank's device: cuda:LOCAL_RANK when CUDA is asked for (or auto and present), else CPU."""
+    import torch  # noqa: PLC0415
+
+    from memo_exec.device import DeviceSpec, resolve_device  # noqa: PLC0415
+
+    if device in (None, "auto"):
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda"):
+        resolve_device("cuda")  # the one-line error when there is no CUDA device
+        if local_rank >= torch.cuda.device_count():
+            raise ExecError(f"LOCAL_RANK {local_rank}: only {torch.cuda.device_count()} CUDA device(s) on this node; "
+                            f"use --nproc-per-node {torch.cuda.device_count()}")
+        return DeviceSpec("cuda", local_rank)
+    return resolve_device(device)
+
+
+def backend_for(device_spec) -> str:
+    import torch.distributed as dist  # noqa: PLC0415
+
+    if device_spec.is_cuda:
+        if not dist.is_nccl_available():
+            raise ExecError("torch.distributed has no NCCL in this PyTorch build; a CUDA run needs it "
+                            "(install a CUDA build of torch, or run with --device cpu for gloo)")
+        return "nccl"
+    if not dist.is_gloo_available():
+        raise ExecError("torch.distributed has no gloo in this PyTorch build; a CPU run needs it")
+    return "gloo"
+
+
+def kill_point() -> tuple[int, int] | None:
+    v = os.environ.get(KILL_ENV)
+    if not v:
+        return None
+    try:
+        r, s = v.split(":")
+        return int(r), int(s)
+    except ValueError:
+        raise ExecError(f"{KILL_ENV}={v!r}: expected RANK:STEP") from None
+
+
+def init_group(device_spec, timeout_s: float) -> None:
+    import torch  # noqa: PLC0415
+    import torch.distributed as dist  # noqa: PLC0415
+
+    backend = backend_for(device_spec)
+    if device_spec.is_cuda:
+        torch.cuda.set_device(device_spec.index)
+    kw = {"device_id": device_spec.torch_device} if device_spec.is_cuda else {}
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kw)
+
+
+class CommFailure(Exception):
+    """A collective failed: a peer died or the process-group timeout passed."""
+
+
+def comm_failure_line(rank: int, err: BaseException, timeout_s: float) -> str:
+    first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    if len(first) > 240:
+        first = first[:240] + "..."
+    return (f"error: rank {rank}: a collective failed ({type(err).__name__}: {first}); another rank exited or "
+            f"did not answer within the process-group timeout ({timeout_s:.0f} s); stopping")
+
+
+def launch_nproc(nproc: int, argv: list[str], out_dir: str, progress: bool) -> int:
+    """Run ``memo-exec run`` with ``argv`` (no --nproc) under torchrun with ``nproc`` processes."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           "-m", "memo_exec", "run", *argv] + (["--progress"] if progress else [])
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    log_path = Path(out_dir) / "launcher.log"
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    # the ranks run this very package (also when it is not the installed copy)
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONUNBUFFERED"] = "1"
+    seen: set[str] = set()
+    first_error = None
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=None, stderr=subprocess.PIPE, text=True, env=env,
+                                start_new_session=True)
+        try:
+            for line in proc.stderr:
+                log.write(line)
+                s = line.rstrip("\n")
+                if s.startswith("error:"):
+                    if s not in seen:
+                        seen.add(s)
+                        if first_error is None:
+                            first_error = s
+                elif s.startswith("[memo-exec]"):
+                    print(s, file=sys.stderr, flush=True)
+            rc = proc.wait()
+        except KeyboardInterrupt:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait()
+            raise
+    if rc == 0:
+        return 0
+    if first_error is not None:
+        print(first_error, file=sys.stderr)
+        return 2 if all("a collective failed" not in e for e in seen) else 1
+    print(f"error: the {nproc} ranks exited with status {rc} without an error line; see {log_path}", file=sys.stderr)
+    return 1
+
+
+def run_rank(plan_file: str, opts, out_dir: str, as_json: bool, timeout_s: float, progress: bool,
+             echo) -> None:
+    """One torchrun rank: checks, process group, mesh, the run; rank 0 writes the outputs."""
+    import torch.distributed as dist  # noqa: PLC0415
+
+    from memo_exec.distributed.context import build_context  # noqa: PLC0415
+    from memo_exec.report import gather_payloads, rank_payload, write_rank_outputs  # noqa: PLC0415
+    from memo_exec.distributed.runner import DistExecutor, check_plan_for_world  # noqa: PLC0415
+    from memo_exec.report import write_outputs  # noqa: PLC0415
+    from memo_sim.plan.schema import read_plan  # noqa: PLC0415
+
+    rank, world, local_rank = env_rank()
+    plan = read_plan(plan_file)
+    check_plan_for_world(plan, world, opts)  # before joining: every rank refuses alike
+    device = rank_device(opts.device, local_rank)
+    backend_for(device)
+    if timeout_s <= 0:
+        raise ExecError(f"--pg-timeout must be positive seconds, got {timeout_s}")
+    kill = kill_point()
+    init_group(device, timeout_s)
+    try:
+        try:
+            ctx = build_context(plan.layout, device.torch_device, timeout_s)
+            ex = DistExecutor(plan, opts, ctx, device)
+            if kill is not None and kill[0] == rank:
+                ex.kill_at_step = kill[1]
+
+            def report(done, total, rec):
+                if progress and rank == 0:
+                    echo(f"[memo-exec] step {done}/{total}: {rec.iteration_s:.3f} s, loss {rec.loss:.4f}", err=True)
+
+            try:
+                res = ex.run(progress=report)
+            finally:
+                ex.close()
+            payloads = gather_payloads(rank_payload(ex, res))
+        except ExecError:
+            raise
+        except (RuntimeError, dist.DistError) as e:  # a peer died or timed out
+            raise CommFailure(comm_failure_line(rank, e, timeout_s)) from None
+        if rank == 0:
+            paths, comparison = write_outputs(res, out_dir, plan_file)
+            rows = write_rank_outputs(payloads, res, out_dir, plan_file, paths, comparison)
+            st = res.steady
+            if as_json:
+                import json  # noqa: PLC0415
+
+                doc = {"model": res.meta["model"], "policy": res.meta["policy"], "layout": res.meta["layout"],
+                       "device": res.meta["device"], "world": world, "layers": res.meta["layers"],
+                       "tokens": res.meta["tokens"], "steady_state": st,
+                       "losses": [s["loss"] for s in res.summaries], "per_rank": rows, **comparison.to_dict(),
+                       "files": {k: str(v) for k, v in paths.items()}}
+                echo(json.dumps(doc, indent=1, default=float))
+            else:
+                echo(f"{res.meta['model']} {res.meta['policy']} {res.meta['layout']} on {world} ranks "
+                     f"({res.meta['device']}): {st['iteration_s']:.4f} s/iteration (rank 0), "
+                     f"{res.meta['tokens'] / st['iteration_s']:,.0f} tokens/s, loss {res.summaries[-1]['loss']:.4f}")
+                echo(f"wrote {paths['report']}, {paths['measured']}, {paths['trace']} (merged over {world} ranks)")
+    finally:
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - a failed group may not tear down cleanly
+            pass

@@ -1,0 +1,290 @@
+"""The distributed executor: one process per device, the plan's layout over torch.distributed.
+
+`DistExecutor` is `memo_exec.runner.Executor`'s counterpart for a rank of a multi-device plan:
+the same layer (`memo_exec.layer.LayerCompute`, one TP rank's shard via the registered TP
+flavour), the same activation policies (with this rank's `storage_shapes`), the same
+measurement (`memo_exec.measure.Recorder`, events on device = this rank), plus
+
+- process groups from the layout (`memo_exec.distributed.context`),
+- ring CP / Ulysses around the attention core (`memo_exec.distributed.attention`),
+- gradient reduction and ZeRO 0-3 (`memo_exec.distributed.zero.GradSync`, hooked into every
+  layer's forward and backward),
+- a registered step schedule (`memo_exec.distributed.schedule`; pipelines plug in there).
+
+Weights start identical to the single-device executor's for one seed: every layer is drawn
+whole from the same generator sequence (`memo_exec.model.GPT.init_`) and each rank keeps its
+shard. Tokens: `memo_exec.distributed.context.local_token_index`.
+
+Everything that can be checked without communicating is checked in `__init__`, before any
+allocation, identically on every rank (so every rank refuses with the same line).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+
+import torch
+import torch.distributed as dist
+
+from memo_exec.activations import make_policy
+from memo_exec.arena import CachingScratch
+from memo_exec.attention import AttnDims, select_backend
+from memo_exec.data import TokenSource
+from memo_exec.device import DeviceSpec, compute_dtype, element_size
+from memo_exec.distributed.attention import RingAttention, UlyssesAttention
+from memo_exec.distributed.context import DistContext, check_divisible, local_token_index
+from memo_exec.distributed.schedule import schedule_for
+from memo_exec.distributed.tp import flavour_for
+from memo_exec.distributed.zero import GradSync
+from memo_exec.errors import ExecError
+from memo_exec.layer import LayerWeights
+from memo_exec.measure import Recorder, StepRecord, summarize_step
+from memo_exec.memory_estimate import MemoryEstimate
+from memo_exec.model import GPT, LayerHooks, LayerRuntime
+from memo_exec.optim import AdamW
+from memo_exec.runner import RunOptions, RunResult, make_flops_fn
+from memo_exec.streams import make_engine
+from memo_sim.plan.schema import Plan
+
+
+def check_plan_for_world(plan: Plan, world: int, opts: RunOptions) -> None:
+    """The refusals that need no communication (every rank and the launcher run them alike)."""
+    lay = plan.layout
+    if lay.gpus != world:
+        raise ExecError(f"plan layout {lay.label()} needs {lay.gpus} processes (tp x cp x ulysses x pp x dp), "
+                        f"but the world size is {world}; launch with --nproc {lay.gpus} "
+                        f"(torchrun --nproc-per-node {lay.gpus})")
+    flavour_for(lay.tp_mode)
+    schedule_for(lay)
+    model = dataclasses.replace(plan.model, layers=opts.layers or plan.model.layers)
+    why = check_divisible(lay, model, plan.batch, plan.seq_tokens)
+    if why:
+        raise ExecError(f"plan layout {lay.label()}: {why}")
+
+
+class _KillHook(LayerHooks):
+    """Test hook: SIGKILL this rank after its first layer's forward in step ``ex.kill_at_step``."""
+
+    def __init__(self, inner: LayerHooks, ex) -> None:
+        self.inner, self.ex = inner, ex
+
+    def before_forward(self, i: int) -> None:
+        self.inner.before_forward(i)
+
+    def after_forward(self, i: int) -> None:
+        self.inner.after_forward(i)
+        if i == 0 and self.ex.current_step == self.ex.kill_at_step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def before_backward(self, i: int) -> None:
+        self.inner.before_backward(i)
+
+    def after_backward(self, i: int) -> None:
+        self.inner.after_backward(i)
+
+
+class DistExecutor:
+    def __init__(self, plan: Plan, opts: RunOptions, ctx: DistContext, device: DeviceSpec) -> None:
+        self.plan, self.opts, self.ctx, self.layout = plan, opts, ctx, plan.layout
+        if opts.layers is not None and opts.layers < 1:
+            raise ExecError(f"--layers must be a positive integer, got {opts.layers}")
+        if opts.steps < 1:
+            raise ExecError(f"--steps must be at least 1, got {opts.steps}")
+        check_plan_for_world(plan, ctx.world, opts)
+        lay = self.layout
+        self.model = dataclasses.replace(plan.model, layers=opts.layers or plan.model.layers)
+        self.device_spec, self.device = device, device.torch_device
+        self.dtype = compute_dtype(plan.model.dtype, device, opts.dtype)
+        self.batch, self.seq = plan.batch, plan.seq_tokens
+        self.tokens = self.batch * self.seq  # one replica's tokens
+        self.global_tokens = self.tokens * lay.dp
+        self.flavour = flavour_for(lay.tp_mode)(ctx, self.model)
+        why = self.flavour.check()
+        if why:
+            raise ExecError(f"plan layout {lay.label()}: {why}")
+        self.schedule = schedule_for(lay)(self)
+        why = self.schedule.check()
+        if why:
+            raise ExecError(f"plan layout {lay.label()}: {why}")
+        self.shard_seq = self.seq // (lay.cp * lay.ulysses)  # sequence length of this rank's shard
+        self.local_T = self.flavour.local_tokens(self.batch * self.shard_seq)
+        m = self.model
+        p = self.flavour.size
+        inner_dims = AttnDims(self.batch, self.seq // lay.cp, m.heads // (p * lay.ulysses),
+                              m.n_kv_heads // (p * lay.ulysses), m.head_dim)
+        self.backend_name = opts.attention_backend or plan.attention_backend
+        if lay.cp > 1:
+            inner = RingAttention(ctx.group("cp"), lay.cp, ctx.coord("cp"))
+        else:
+            inner = select_backend(self.backend_name, self.device, self.dtype, inner_dims,
+                                   run_probe=opts.probe_backend)
+        self.backend = UlyssesAttention(inner, ctx.group("ulysses"), lay.ulysses) if lay.ulysses > 1 else inner
+        self.held = self.schedule.layer_indices()
+        self.shapes = self.flavour.storage_shapes()
+        self.policy = make_policy(plan.policy, m, 1, self.local_T, len(self.held), self.dtype,
+                                  torch.device("meta"), None, None, None, shapes=self.shapes)
+        self.data = TokenSource(m.vocab, self.batch * lay.dp, self.seq, opts.seed, opts.tokens_file)
+        self.token_index = local_token_index(ctx, self.batch, self.seq)
+        self.estimate = self._estimate()
+        self.allocated = False
+        self.kill_at_step: int | None = None  # test hook (memo_exec.distributed.launch.KILL_ENV)
+        self.current_step = -1
+
+    # ------------------------------------------------------------------ sizes
+    def _local_param_numel(self) -> tuple[int, int]:
+        meta = torch.device("meta")
+        lw = self.flavour.make_weights(self.model.layers, meta, self.dtype)
+        per_layer = sum(q.numel() for q in lw.parameters())
+        rest = self.model.vocab * self.model.hidden + 2 * self.model.hidden
+        return per_layer * len(self.held) + rest, max(per_layer, rest)
+
+    def _estimate(self) -> MemoryEstimate:
+        """This rank's static device memory (model states after ZeRO, the policy's activation
+        storage). The transient terms are not estimated for distributed runs (the single-device
+        estimate comes from a dry run of the layer on the meta device, which cannot run collectives)."""
+        P, largest = self._local_param_numel()
+        e = element_size(self.dtype)
+        D = self.ctx.size("data") if self.layout.zero else 1
+        z = self.layout.zero if D > 1 else 0
+        weights = P * e if z < 3 else P * e // D + largest * e
+        grads = P * e if z < 2 else P * e // D + largest * e
+        states = weights + grads + AdamW.state_bytes_for(P // D if z >= 1 else P, self.dtype)
+        dev = self.policy.device_bytes()
+        terms = {"model_states": states, "skeletal_resident": dev.get("skeletal_resident", 0),
+                 "buffers": dev.get("buffers", 0), "lse": dev.get("lse", 0), "norm_stats": dev.get("norm_stats", 0)}
+        for k in ("transient_peak", "layer_boundary", "classifier_peak", "optimizer_step_peak"):
+            terms[k] = 0
+        terms["peak_total"] = sum(terms.values())
+        return MemoryEstimate(terms, self.policy.host_bytes(), {})
+
+    # ------------------------------------------------------------------ allocate
+    def allocate(self) -> None:
+        m, dev, dt, lay, ctx = self.model, self.device, self.dtype, self.layout, self.ctx
+        rf = float(self.plan.policy.recompute_fraction)
+        whole = make_flops_fn(m, self.batch, self.seq, rf)
+        split = lay.tp * lay.cp * lay.ulysses
+        self.recorder = Recorder(dev, lambda op, layer, phase: whole(op, layer, phase) / split,
+                                 self.policy.host_bytes(), rank=ctx.rank)
+        self.engine = make_engine(dev)
+        self.engine.sink = self.recorder
+        self.scratch = CachingScratch(dev)
+        gpt = GPT(m, 0, dev, dt)  # embedding, final norm; the held layers are added below
+        gpt.layers = torch.nn.ModuleList(self.flavour.make_weights(m.layers, dev, dt) for _ in self.held)
+        held = {li: k for k, li in enumerate(self.held)}
+
+        def shard(i: int, full: LayerWeights) -> None:
+            if i in held:
+                self.flavour.shard_(gpt.layers[held[i]], full)
+
+        gpt.init_(self.opts.seed, layer_fn=shard, layers=m.layers)
+        self.gpt = gpt
+        units = [[(n, getattr(gpt, n)) for n in ("wte", "lnf_w", "lnf_b")]]
+        units += [list(lw.named_parameters()) for lw in gpt.layers]
+        replicated = [[True] * 3] + [[self.flavour.replicated(n) for n, _ in u] for u in units[1:]]
+        self.sync = GradSync(ctx, units, replicated, lay.zero, dev, dt, self.opts.lr, self.opts.weight_decay,
+                             self.recorder)
+        for part in (self.backend, getattr(self.backend, "inner", None), getattr(self.flavour, "comm", None)):
+            if part is not None and hasattr(part, "timer"):
+                part.timer = self.recorder  # collectives become spans of this rank's Timeline
+        self.compute = self.flavour.make_compute(self.batch, self.shard_seq, dt, dev, self.backend, self.scratch,
+                                                 self.recorder)
+        self.policy = make_policy(self.plan.policy, m, 1, self.local_T, len(self.held), dt, dev, self.engine,
+                                  self.recorder, self.compute, shapes=self.shapes)
+        self.policy.allocate()
+        hooks = self.sync if self.kill_at_step is None else _KillHook(self.sync, self)
+        self.runtimes = [LayerRuntime(k, w, self.policy, self.compute, self.recorder, hooks)
+                         for k, w in enumerate(gpt.layers)]
+        self.allocated = True
+
+    # ------------------------------------------------------------------ run
+    def local_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's input and target rows (DP replica d takes rows d*batch.. of the global batch)."""
+        inputs, targets = self.data.batch_at(step)
+        d, b = self.ctx.coord("dp"), self.batch
+        rows = slice(d * b, (d + 1) * b)
+        idx = self.token_index
+        return (inputs[rows].reshape(-1)[idx].to(self.device), targets[rows].reshape(-1)[idx].to(self.device))
+
+    def _loss_sum(self, part: torch.Tensor) -> float:
+        t = part.detach().to(torch.float64).reshape(1).clone()
+        for g in ("tokens", "pp"):
+            if self.ctx.group(g) is not None:
+                dist.all_reduce(t, group=self.ctx.group(g))
+        return float(t.item())
+
+    def forward_backward(self, step: int) -> float:
+        self.sync.begin_step()
+        self.policy.begin_step()
+        part = self.schedule.forward_backward(step)
+        self.policy.end_step()
+        self.sync.end_backward()
+        return self._loss_sum(part)
+
+    def step(self, step: int, optimizer: bool = True) -> StepRecord:
+        if not self.allocated:
+            self.allocate()
+        self.current_step = step
+        self.recorder.begin_step(step)
+        loss = self.forward_backward(step)
+        if optimizer:
+            with self.recorder.span("optimizer", None, "optimizer"):
+                self.sync.step()
+                self.sync.zero_grads()
+        rec = self.recorder.end_step(self.engine)
+        rec.loss = loss
+        return rec
+
+    def run(self, progress=None) -> RunResult:
+        if not self.allocated:
+            self.allocate()
+        res = RunResult(self.plan, self.opts, self.describe(), self.estimate)
+        for k in range(self.opts.steps):
+            rec = self.step(k)
+            res.steps.append(rec)
+            s = summarize_step(rec, len(self.held))
+            s["step"] = k
+            res.summaries.append(s)
+            if progress is not None:
+                progress(k + 1, self.opts.steps, rec)
+        res.meta["pinned_host_bytes"] = int(getattr(self.policy, "pinned_bytes", 0))
+        res.meta["caching_allocator"] = ["every scratch tensor of the distributed layer (no memory plan)",
+                                         "collective buffers (gathered activations, partial sums, ring blocks)"]
+        return res
+
+    def close(self) -> None:
+        if self.allocated:
+            self.policy.close()
+            self.engine.close()
+
+    # ------------------------------------------------------------------ checks
+    def full_gradients(self) -> dict[str, torch.Tensor]:
+        """Every parameter's whole, reduced gradient by `GPT` parameter name (a collective; call
+        after ``step(k, optimizer=False)``)."""
+        units = self.sync.full_grads()
+        out = dict(units[0])
+        for k, li in enumerate(self.held):
+            for n, g in self.flavour.unshard_grads(units[k + 1]).items():
+                out[f"layers.{li}.{n}"] = g
+        return out
+
+    def describe(self) -> dict:
+        m, lay = self.model, self.layout
+        return {
+            "plan_model": self.plan.model.name, "model": m.name, "layers": m.layers,
+            "plan_layers": self.plan.model.layers, "batch": self.batch, "seq_tokens": self.seq,
+            "tokens": self.global_tokens, "hidden": m.hidden, "heads": m.heads, "kv_heads": m.n_kv_heads,
+            "ffn": m.ffn, "ffn_type": m.ffn_type, "vocab": m.vocab, "params": m.params(),
+            "policy": self.plan.policy.label(), "policy_detail": self.policy.describe(),
+            "layout": lay.label(), "device": self.device_spec.describe(), "device_kind": self.device_spec.kind,
+            "dtype": str(self.dtype).replace("torch.", ""), "attention_backend": self.backend.name,
+            "attention_backend_requested": self.backend_name,
+            "classifier_chunk_tokens": self.plan.classifier_chunk_tokens, "data": self.data.describe(),
+            "memory_plan": None, "memory_estimate_bytes": self.estimate.terms,
+            "memory_estimate_detail_bytes": {}, "memory_estimate_total_bytes": self.estimate.total,
+            "host_estimate_bytes": self.estimate.host, "profile": self.plan.profile,
+            "rank": self.ctx.rank, "world": self.ctx.world, "mesh": self.ctx.describe(),
+            "tp_flavour": self.flavour.name, "schedule": self.schedule.name,
+            "local_tokens": self.local_T, "zero": lay.zero,
+        }

@@ -1,0 +1,170 @@
+"""Megatron-LM tensor parallelism, with or without its sequence parallelism (``tp_mode`` megatron).
+
+Column-parallel qkv and fc1 (this rank's heads / FFN columns), row-parallel out_proj and fc2
+(partial sums reduced), LayerNorms and the row-parallel biases replicated. The layer's math is
+`memo_exec.layer.LayerCompute` itself; `MegatronComm` gives it the two collectives:
+
+- with SP, ``gather`` all-gathers the sequence (``all_gather_into_tensor``) and ``reduce``
+  reduce-scatters it (``reduce_scatter_tensor``), in the interleaved token order of
+  `memo_exec.distributed.context.local_token_index` (gathered row t*p + j is rank j's local
+  row t): the collective runs rank-major and a strided copy reorders;
+- without SP, ``gather`` is the identity (every rank holds every token) and ``reduce`` is an
+  all-reduce.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+
+from memo_exec.distributed.collectives import all_gather_single, reduce_scatter_single
+
+from memo_exec.distributed.tp import register_tp
+from memo_exec.distributed.tp.base import TPFlavour
+from memo_exec.layer import LayerCompute, LayerWeights, TPComm, storage_shapes
+
+
+class MegatronComm(TPComm):
+    def __init__(self, group, size: int, sp: bool) -> None:
+        self.group, self.size, self.sp = group, size, sp
+        self.row_mult = size if sp else 1
+        self.timer = None  # set by the runner: each collective is a span on the "comm" stream
+
+    def _span(self, op: str, t: torch.Tensor):
+        if self.timer is None:
+            return contextlib.nullcontext()
+        return self.timer.span(op, None, "comm", stream="comm", nbytes=t.numel() * t.element_size())
+
+    def gather(self, t: torch.Tensor, X, name: str) -> torch.Tensor:
+        if not self.sp:
+            return t
+        n, w = t.shape
+        rank_major = X.get(name + "_rank_major", (self.size * n, w), t.dtype)
+        with self._span("tp_all_gather", rank_major):
+            all_gather_single(rank_major, t.contiguous(), group=self.group)
+        out = X.get(name, (n * self.size, w), t.dtype)
+        out.view(n, self.size, w).copy_(rank_major.view(self.size, n, w).transpose(0, 1))
+        X.free(name + "_rank_major")
+        return out
+
+    def release(self, X, name: str) -> None:
+        if self.sp:
+            X.free(name)
+
+    def reduce(self, partial: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        if not self.sp:
+            with self._span("tp_all_reduce", partial):
+                dist.all_reduce(partial, group=self.group)
+            if out.data_ptr() != partial.data_ptr():
+                out.copy_(partial)
+            return out
+        n, w = out.shape
+        rank_major = partial.view(n, self.size, w).transpose(0, 1).reshape(self.size * n, w)
+        with self._span("tp_reduce_scatter", rank_major):
+            if out.is_contiguous():
+                reduce_scatter_single(out, rank_major, group=self.group)
+            else:
+                tmp = torch.empty_like(out, memory_format=torch.contiguous_format)
+                reduce_scatter_single(tmp, rank_major, group=self.group)
+                out.copy_(tmp)
+        return out
+
+
+class SizesOnlyComm(MegatronComm):
+    """MegatronComm's scratch requests without communicating (a layer trace on the meta device:
+    one rank's transient buffers, `memo_exec.trace`)."""
+
+    def gather(self, t: torch.Tensor, X, name: str) -> torch.Tensor:
+        if not self.sp:
+            return t
+        n, w = t.shape
+        X.get(name + "_rank_major", (self.size * n, w), t.dtype)
+        out = X.get(name, (n * self.size, w), t.dtype)
+        X.free(name + "_rank_major")
+        return out
+
+    def reduce(self, partial: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        return out
+
+
+@register_tp("megatron")
+class MegatronTP(TPFlavour):
+    def __init__(self, ctx, model) -> None:
+        super().__init__(ctx, model)
+        self.sp = bool(ctx.layout.sp) and self.size > 1
+        self.comm = MegatronComm(self.group, self.size, self.sp) if self.size > 1 else TPComm()
+
+    def check(self) -> str | None:
+        m, p = self.model, self.size
+        if m.heads % p or m.n_kv_heads % p:
+            return f"{m.heads} heads / {m.n_kv_heads} KV heads are not divisible by tp = {p}"
+        if m.ffn % p:
+            return f"ffn {m.ffn} is not divisible by tp = {p}"
+        return None
+
+    @property
+    def row_mult(self) -> int:
+        return self.comm.row_mult
+
+    def storage_shapes(self) -> dict[str, tuple[int, int]]:
+        return storage_shapes(self.model, self.size, self.sp)
+
+    def make_weights(self, layers: int, device, dtype) -> LayerWeights:
+        return LayerWeights(self.model, layers, device, dtype, tp=self.size)
+
+    # -- which slice of a whole parameter this rank holds ---------------------------------------
+    def _row_blocks(self, name: str) -> list[tuple[int, int]]:
+        """(start, length) blocks along dim 0 of a whole row-split parameter that are this rank's."""
+        m, p, r = self.model, self.size, self.rank
+        if name in ("wqkv", "bqkv"):
+            h, kv = m.hidden, m.kv_dim
+            return [(r * h // p, h // p), (h + r * kv // p, kv // p), (h + kv + r * kv // p, kv // p)]
+        if name == "w1" and m.ffn_type == "swiglu":
+            f = m.ffn
+            return [(r * f // p, f // p), (f + r * f // p, f // p)]
+        whole = m.fc1_width if name == "w1" else m.ffn
+        return [(r * whole // p, whole // p)]
+
+    def _slices(self, name: str, full: torch.Tensor) -> torch.Tensor:
+        if name in LayerWeights.TP_ROWS:
+            return torch.cat([full.narrow(0, s, n) for s, n in self._row_blocks(name)], 0)
+        if name in LayerWeights.TP_COLS:
+            w = full.shape[1] // self.size
+            return full.narrow(1, self.rank * w, w)
+        return full
+
+    def replicated(self, param_name: str) -> bool:
+        return param_name.split(".")[-1] not in LayerWeights.TP_ROWS + LayerWeights.TP_COLS
+
+    @torch.no_grad()
+    def shard_(self, local: LayerWeights, full: LayerWeights) -> None:
+        for name, p in local.named_parameters():
+            p.copy_(self._slices(name, getattr(full, name)))
+
+    def unshard_grads(self, grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Every parameter's whole gradient (all-gather over the TP group; a collective)."""
+        out = {}
+        for name, g in grads.items():
+            if self.size == 1 or self.replicated(name):
+                out[name] = g.detach().clone()
+                continue
+            parts = [torch.empty_like(g) for _ in range(self.size)]
+            dist.all_gather(parts, g.contiguous(), group=self.group)
+            if name in LayerWeights.TP_COLS:
+                out[name] = torch.cat(parts, 1)
+                continue
+            blocks = [[] for _ in self._row_blocks(name)]
+            for part in parts:  # each rank's rows are its blocks, concatenated
+                off = 0
+                for i, (_, n) in enumerate(self._row_blocks(name)):
+                    blocks[i].append(part.narrow(0, off, n))
+                    off += n
+            out[name] = torch.cat([torch.cat(b, 0) for b in blocks], 0)
+        return out
+
+    def make_compute(self, batch: int, seq: int, dtype, device, backend, scratch, timer) -> LayerCompute:
+        return LayerCompute(self.model, batch, seq, dtype, device, backend, scratch, timer, tp=self.comm)
+
+
