@@ -18,7 +18,8 @@ from memo_sim.profile.schema import HardwareProfile
 from memo_sim.request_trace import Buffer, RequestTrace
 from memo_sim.search.estimate import IterationEstimate, estimate_iteration, memo_alpha
 from memo_sim.search.sppo import SppoPoint, SppoSearch, search_sppo, solve_point
-from memo_sim.search.whatif import Candidate, WhatIfResult, candidates_for, simulate_candidates
+from memo_sim.search.whatif import (Candidate, WhatIfResult, candidates_for, default_jobs, fold_duplicates, rank,
+                                    simulate_candidates)
 from memo_sim.policy.sppo import Sppo
 from memo_sim.cost.sppo import multiplex_phases, partition_bounds
 from memo_sim.timeline import Timeline, TimelineEvent
@@ -28,6 +29,7 @@ __all__ = [
     "BiLevelPlan", "Candidate", "HardwareProfile", "IterationEstimate", "Layout", "MemoryBreakdown", "ModelConfig",
     "Plan", "Policy", "SimResult", "Timeline", "TimelineEvent", "WhatIfResult", "candidates_for", "check_layout",
     "estimate_iteration", "get_model", "get_policy", "load_profile", "memo_alpha", "memory_breakdown", "plan_memory",
-    "policy_names", "read_plan", "simulate", "simulate_candidates", "sweep_alpha", "write_plan",
+    "policy_names", "rank", "read_plan", "simulate", "simulate_candidates", "sweep_alpha", "write_plan",
+    "default_jobs", "fold_duplicates",
     "Sppo", "SppoPoint", "SppoSearch", "multiplex_phases", "partition_bounds", "search_sppo", "solve_point",
 ]

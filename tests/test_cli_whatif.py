@@ -73,3 +73,135 @@ def test_profiles_and_models_list():
     assert "a800-80gb" in run(["profiles"]).output
     out = run(["models"]).output
     assert "gpt-65b" in out and "llama-70b" in out
+
+
+# -- #19 item 6 and #16: tiers apart, duplicates folded, the binding constraint, exit 3, --jobs ---------
+def test_simulated_and_analytic_rows_apart(tmp_path):
+    r = run(["whatif", "--seq", "256K", "--simulate-top", "2", "--policy", "memo", "--policy", "full_recompute",
+             "--no-plan", "--jobs", "1"])
+    assert r.exit_code == 0, r.output
+    sim_at, ana_at = r.output.index("Simulated (tier 2"), r.output.index("Analytic only (tier 1")
+    assert sim_at < ana_at
+    sim_part = r.output[sim_at:ana_at]
+    assert sum(line[:1].isdigit() for line in sim_part.splitlines()) == 2
+    assert "iter (sim)" not in r.output[ana_at:].splitlines()[1]
+    obj = json.loads(run(["whatif", "--seq", "256K", "--simulate-top", "2", "--policy", "memo", "--json",
+                          "--no-plan", "--jobs", "1"]).output)
+    tiers = [c["tier"] for c in obj["candidates"]]
+    assert tiers[:2] == ["simulated", "simulated"] and set(tiers[2:]) == {"analytic"}
+
+
+def test_memo_alpha_1_folded_into_full_offload(tmp_path):
+    import re
+
+    args = ["whatif", "--seq", "128K", "--tp", "8", "--tp-mode", "megatron", "--policy", "memo", "--policy",
+            "full_offload", "--alpha", "1", "--no-plan", "--jobs", "1"]
+    r = run(args)
+    assert r.exit_code == 0, r.output
+    rows = [ln for ln in r.output.splitlines() if re.match(r"^\s*\d+\s+tp", ln)]
+    assert len(rows) == 2  # tp8+sp and tp8: one row per layout, not two
+    assert "moves and rebuilds the same bytes as" in r.output and "duplicates folded" in r.output
+    obj = json.loads(run(args + ["--json"]).output)
+    assert obj["folded_duplicates"] == len(obj["candidates"]) and all(c.get("folded") for c in obj["candidates"])
+
+
+def test_nothing_fits_exit_3_and_advice(tmp_path):
+    assert "3 when" in run(["whatif", "--help"]).output
+    r = CliRunner().invoke(cli, ["whatif", "--seq", "4M", "--gpus", "8", "--tp", "8", "--policy", "store_all",
+                                 "--out", str(tmp_path)])
+    assert r.exit_code == 3, r.output
+    assert not (tmp_path / "plan.json").exists()
+    assert "closest:" in r.output and "GPU memory: peak" in r.output
+    advice = r.output[r.output.index("not searched:"):]
+    for named in ("full_recompute", "memo", "--tp 8", "--gpus"):
+        assert named in advice
+    assert "--policy store_all" not in advice  # never suggests what was searched
+    j = CliRunner().invoke(cli, ["whatif", "--seq", "4M", "--gpus", "8", "--tp", "8", "--policy", "store_all",
+                                 "--json", "--no-plan"])
+    assert j.exit_code == 3 and json.loads(j.output)["nothing_fits"] is True
+
+
+def test_binding_words_name_the_pinned_rounding():
+    from dataclasses import dataclass
+
+    from memo_sim.layout.parallel import Layout
+    from memo_sim.model.config import get_model
+    from memo_sim.policy.full_offload import FullOffload
+    from memo_sim.profile import load_profile
+    from memo_sim.search.whatif import Candidate, binding_words, host_memory_words
+    from memo_sim.search.estimate import estimate_iteration
+    from memo_sim.memplan.footprint import memory_breakdown
+
+    @dataclass(frozen=True)
+    class PinnedOffload(FullOffload):  # plain pinned tensors: PyTorch's power-of-two rounding
+        host_scheme = "caching_host_allocator"
+
+    model, lay, prof, seq = get_model("gpt-7b"), Layout(tp=8), load_profile("a800-80gb"), 768 * 1024
+    pol = PinnedOffload()
+    c = Candidate(model, lay, pol, 1, seq, prof, estimate_iteration(model, lay, 1, seq, pol, prof),
+                  memory_breakdown(model, lay, 1, seq, pol, prof))
+    words = host_memory_words(c)
+    assert "power_of_two rounding" in words and "1.33x" in words, words
+    assert c.status == "OOHM" and binding_words(c).startswith("pinned host memory: 30 offloaded layers x 8 GPUs")
+
+
+def test_memo_alpha_binding_in_words(tmp_path):
+    r = run(["whatif", "--seq", "1M", "--tp", "8", "--tp-mode", "megatron", "--policy", "memo", "--no-plan",
+             "--jobs", "1"])
+    assert r.exit_code == 0, r.output
+    line = r.output.splitlines()[r.output.splitlines().index(next(ln for ln in r.output.splitlines()
+                                                                     if ln.startswith("best:"))) + 1]
+    assert line.strip().startswith("alpha 0.") and ("host memory full --" in line or "hides under" in line), line
+
+
+def test_jobs_output_identical_to_serial(tmp_path):
+    """--jobs 2 prints what --jobs 1 prints, byte for byte, less the wall-clock seconds."""
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(repo) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    outs = {}
+    for jobs in ("1", "2"):
+        for fmt in ((), ("--json",)):
+            p = subprocess.run([sys.executable, "-m", "memo_sim.cli", "whatif", "--seq", "128K", "--simulate-top", "8",
+                                "--policy", "memo", "--policy", "full_recompute", "--policy", "full_offload",
+                                "--no-plan", "--jobs", jobs, *fmt], capture_output=True, text=True, timeout=240,
+                               env=env, cwd=tmp_path)
+            assert p.returncode == 0, p.stderr[-2000:]
+            text = re.sub(r'"(elapsed_s|simulated_sim_wall_s)": [0-9.e+-]+', r'"\1": 0', p.stdout)
+            outs[(jobs, fmt)] = re.sub(r"; [0-9.]+ s\n", "; T s\n", text)
+    assert outs[("1", ())] == outs[("2", ())]
+    assert outs[("1", ("--json",))] == outs[("2", ("--json",))]
+    assert json.loads(outs[("2", ("--json",))])["simulated_candidates"] == 8
+
+
+def test_progress_only_after_a_second_and_never_when_quiet(monkeypatch):
+    import contextlib
+
+    from memo_sim.cli import whatif as w
+
+    opened = []
+
+    @contextlib.contextmanager
+    def fake_bar(label, total, quiet=False):
+        steps = []
+        opened.append((label, total, steps))
+        yield lambda: steps.append(1)
+
+    monkeypatch.setattr(w, "progress_bar", fake_bar)
+    with w.delayed_progress("simulating", quiet=False) as p:  # a short run: no bar
+        for k in range(3):
+            p(k + 1, 3)
+    assert opened == []
+    monkeypatch.setattr(w, "PROGRESS_AFTER_S", 0.0)
+    with w.delayed_progress("simulating", quiet=True) as p:
+        p(1, 3)
+    assert opened == []
+    with w.delayed_progress("simulating", quiet=False) as p:
+        for k in range(5):
+            p(k + 1, 5)
+    assert len(opened) == 1 and opened[0][:2] == ("simulating", 5) and len(opened[0][2]) == 5

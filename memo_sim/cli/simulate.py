@@ -164,8 +164,15 @@ def sweep_alpha_cmd(plan_file, out_dir, alphas, profile_override):
     with progress_bar("alpha sweep", len(vals)) as step:
         results = sweep_alpha(plan.model, plan.layout, plan.batch, plan.seq_tokens, profile, vals,
                               progress=lambda done, total: step())
-    _write_sweep(Path(out_dir), "alpha_sweep", results, alpha_sweep_figure,
+    from memo_sim.search.estimate import memo_alpha
+
+    solved = memo_alpha(plan.model, plan.layout, plan.batch, plan.seq_tokens, profile)
+    solver_alpha = solved.alpha if solved.feasible else None
+    _write_sweep(Path(out_dir), "alpha_sweep", results,
+                 lambda rs, path: alpha_sweep_figure(rs, path, solver_alpha=solver_alpha),
                  lambda r: f"alpha {r.policy.alpha:.3f}: {_summary_line(r)}")
+    click.echo(f"solver's alpha: {solver_alpha:.3f} ({solved.reason()})" if solver_alpha is not None
+               else f"solver's alpha: infeasible ({solved.reason()})")
 
 
 @click.command("sweep-seq")

@@ -9,13 +9,15 @@ SPPO plan goes to plan-sppo.json as well."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
 
 import click
 
-from memo_sim.cli.common import DEGREE, GPU_COUNT, build_model, count_option, model_options, progress_bar
+from memo_sim.cli.common import (DEGREE, GPU_COUNT, build_model, count_option, model_options, progress_bar,
+                                 progress_option)
 from memo_sim.errors import MemoError
 from memo_sim.plan.schema import write_plan
 from memo_sim.policy import policy_names
@@ -65,11 +67,26 @@ from memo_sim.units import fmt_bytes, fmt_count, fmt_time
               help="Search only what this framework offers, and compare its best plan with memo's.")
 @click.option("--sweep-alpha", is_flag=True,
               help="Simulate MEMO at alpha = 0, 0.125, ..., 1 for the (best) fixed layout; writes alpha_sweep.png.")
+@click.option("--jobs", type=click.IntRange(1, 1024),
+              help="Tier 2: simulate candidates in this many processes (default: every core); results are the "
+                   "serial run's, in the same order.")
+@progress_option
 def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq, gpus, profile_name, batch, tp, cp, ulysses, dp,
            zero, sp, tp_mode, metp_across_nodes, policies, alpha, pp, subseqs, partition, multiplex, top, as_json,
-           out_dir, no_plan, simulate_top, allocator_lag, framework, sweep_alpha):
-    """Rank layouts x policies x alpha for a model, sequence length and cluster; write plan.json."""
-    from memo_sim.search.whatif import candidates_for, rank
+           out_dir, no_plan, simulate_top, allocator_lag, framework, sweep_alpha, jobs, progress):
+    """Rank layouts x policies x alpha for a model, sequence length and cluster; write plan.json.
+
+    Simulated rows (tier 2, the event simulator) are listed apart from analytic-only rows (tier 1),
+    rows that do the same thing under two policy names (memo at alpha=1 and full_offload) once.
+
+    Exit status: 0 when a plan fits (plan.json written unless --no-plan), 3 when no candidate
+    fits (nothing written; the advice names what was not searched), 2 on bad input.
+    """
+    from memo_sim.search.whatif import (binding_words, candidates_for, default_jobs, fold_duplicates, not_searched,
+                                        rank)
+
+    jobs = jobs or default_jobs()
+    quiet = as_json if progress is None else not progress  # a bar only for runs longer than a second
 
     t0 = time.perf_counter()
     model = build_model(model_name, layers, hidden, heads, ffn, vocab, dtype, precision)
@@ -88,14 +105,15 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq,
         pols = tuple(policies) or tuple(p for p in get_framework(framework).policies
                                         if not getattr(policy_class(p), "pipelined", False))
         result = candidates_for(model, seq, gpus, profile, policies=pols, framework=framework, **fixed)
-        return _sweep_alpha(model, seq, batch, profile, result, as_json, out_dir, t0)
-    with progress_bar("simulating", simulate_top, quiet=as_json) as step:
-        result = rank(model, seq, gpus, profile, simulate_top=simulate_top, progress=lambda d, t: step(),
-                      allocator_lag=allocator_lag, policies=tuple(policies) or None, framework=framework, **fixed)
+        return _sweep_alpha(model, seq, batch, profile, result, as_json, out_dir, t0, quiet)
+    with delayed_progress("simulating", quiet) as on_progress:
+        result = rank(model, seq, gpus, profile, simulate_top=simulate_top, progress=on_progress,
+                      allocator_lag=allocator_lag, policies=tuple(policies) or None, framework=framework, jobs=jobs,
+                      **fixed)
     n_sim = result.simulated
     memo_best = None
     if framework != "any":  # what memo would do with the same cluster, beside the framework's best
-        memo_best = rank(model, seq, gpus, profile, simulate_top=1, allocator_lag=allocator_lag, **fixed).best
+        memo_best = rank(model, seq, gpus, profile, simulate_top=1, allocator_lag=allocator_lag, jobs=1, **fixed).best
     best = result.best
     plan_path = sppo_plan_path = None
     if best is not None and not no_plan:
@@ -110,6 +128,8 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq,
         if sppo_best is not None and sppo_best is not best:
             sppo_plan_path = write_plan(sppo_best.to_plan(), Path(out_dir) / "plan-sppo.json")
     metp_rows = _metp_vs_megatron(result.candidates, alpha)
+    shown = fold_duplicates(result.candidates)
+    advice = not_searched(gpus, tuple(policies) or None, framework, fixed) if best is None else []
     elapsed = time.perf_counter() - t0
     if as_json:
         obj = {"model": model.to_dict(), "seq_tokens": seq, "gpus": gpus, "batch": batch, "profile": profile.name,
@@ -119,25 +139,35 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq,
                "sppo": result.sppo_summary,
                "metp_vs_megatron": metp_rows,
                "memo_best": memo_best.to_json() if memo_best is not None else None,
-               "candidates": [dict(rank=i + 1, **c.to_json()) for i, c in enumerate(result.candidates)],
+               "candidates": [dict(rank=i + 1, **c.to_json()) for i, c in enumerate(shown)],
+               "folded_duplicates": len(result.candidates) - len(shown),
+               "nothing_fits": best is None, "not_searched": advice,
                "rejected_layouts": [{"layout": lay.label(), "reason": why} for lay, why in result.rejected_layouts]}
         click.echo(json.dumps(obj, indent=1))
+        if best is None:
+            click.get_current_context().exit(NOTHING_FITS)
         return
     click.echo(f"{model.name} ({model.params() / 1e9:.2f}B params), {fmt_count(seq)} tokens x {batch}, "
                f"{gpus} x {profile.gpu.model} ({profile.name})")
-    rows = []
-    for i, c in enumerate(result.candidates[:top]):
-        e, m, sm = c.estimate, c.memory, c.simulated
-        rows.append([str(i + 1), c.layout.label(), c.policy.label() if c.sppo is not None else c.policy.name,
-                     "-" if c.policy.alpha is None else f"{c.policy.alpha:.3f}",
-                     status_text(c.status, c.over_bytes), fmt_time(e.iteration_s),
-                     fmt_time(sm["iteration_s"]) if sm else "-",
-                     f"{100 * (sm['mfu'] if sm else e.mfu):.1f}%",
-                     f"{(sm['tgs_tokens_per_gpu_s'] if sm else e.tgs):.0f}",
-                     fmt_bytes(sm["peak_gpu_bytes"] if sm else m.peak_gpu_bytes), fmt_bytes(m.host_bytes_per_node),
-                     fmt_time(sm["exposed_copy_s"] if sm else e.exposed_copy_s)])
-    click.echo(render_table(["#", "layout", "policy", "alpha", "status", "iter (analytic)", "iter (sim)", "MFU",
-                             "TGS", "peak GPU", "host/node", "copy stall"], rows))
+    sim_rows = [(i, c) for i, c in enumerate(shown) if c.simulated is not None]
+    ana_rows = [(i, c) for i, c in enumerate(shown) if c.simulated is None]
+    budget = max(0, top)
+    if sim_rows:
+        click.echo(f"Simulated (tier 2: the event simulator, with link contention and copy stalls), "
+                   f"{len(sim_rows)} candidates:")
+        click.echo(_table(sim_rows[:budget], simulated=True))
+    rest = budget - min(budget, len(sim_rows))
+    if ana_rows and rest:
+        click.echo(f"Analytic only (tier 1: perfect overlap, no contention; not simulated, so their MFU is an "
+                   f"upper estimate and not comparable with the rows above), {len(ana_rows)} candidates"
+                   f"{f', first {rest}' if rest < len(ana_rows) else ''}:")
+        click.echo(_table(ana_rows[:rest], simulated=False))
+    folds: dict[tuple[str, str], list[str]] = {}
+    for i, c in enumerate(shown[:top]):
+        for label in c.folded:
+            folds.setdefault((label, c.policy.label()), []).append(f"#{i + 1}")
+    for (label, kept), where in folds.items():
+        click.echo(f"  {label} moves and rebuilds the same bytes as {kept}: folded into {', '.join(where)}")
     if metp_rows:
         click.echo("METP against Megatron TP+SP with the same degrees and policy (analytic tier):")
         click.echo(render_table(
@@ -149,16 +179,20 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq,
     if result.sppo_summary:
         _print_sppo(result)
     n_ok = sum(c.status == "OK" for c in result.candidates)
-    click.echo(f"{len(result.candidates)} candidates ({n_ok} fit), {len(result.rejected_layouts)} layouts rejected; "
-               f"tier 1 analytic (perfect overlap, no contention), tier 2 simulated: top {n_sim} "
-               f"(MFU, TGS, peak GPU and copy stall from the simulation where present); {elapsed:.2f} s")
+    n_fold = len(result.candidates) - len(shown)
+    click.echo(f"{len(result.candidates)} candidates ({n_ok} fit{f', {n_fold} duplicates folded' if n_fold else ''}), "
+               f"{len(result.rejected_layouts)} layouts rejected; tier 2 simulated the best {n_sim}; {elapsed:.2f} s")
     if best is None:
-        click.echo("no candidate fits this cluster: no plan.json written. Try more GPUs, a shorter sequence, "
-                   "or --policy memo.")
-    elif plan_path:
-        click.echo(f"best: {best.layout.label()} {best.policy.label()} -> {plan_path}")
-        if best.alpha_note:
-            click.echo(f"  alpha: {best.alpha_note}")
+        first = shown[0] if shown else None
+        click.echo("no candidate fits this cluster: no plan.json written (exit status 3).")
+        if first is not None:
+            click.echo(f"  closest: {first.layout.label()} {first.policy.label()}: {binding_words(first)}")
+        click.echo("  not searched: " + "; ".join(advice))
+    elif plan_path or no_plan:
+        click.echo(f"best: {best.layout.label()} {best.policy.label()}" + (f" -> {plan_path}" if plan_path else ""))
+        why = binding_words(best)
+        if why:
+            click.echo(f"  {why}")
     if sppo_plan_path:
         c = next(c for c in result.candidates if c.sppo is not None and c.status == "OK")
         click.echo(f"best SPPO plan: {c.layout.label()} {c.policy.label()} -> {sppo_plan_path}")
@@ -168,6 +202,56 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq,
                   if memo_best else "nothing fits")
         ratio = f" ({memo_best.tgs / best.tgs:.2f}x)" if best and memo_best else ""
         click.echo(f"{framework}'s best: {mine}; memo's best: {theirs}{ratio}")
+    if best is None:
+        click.get_current_context().exit(NOTHING_FITS)
+
+
+NOTHING_FITS = 3  # exit status when no candidate fits (2 is bad input)
+PROGRESS_AFTER_S = 1.0  # a bar appears only for work that has run this long
+
+
+@contextlib.contextmanager
+def delayed_progress(label: str, quiet: bool):
+    """A ``progress(done, total)`` callback that opens `memo_sim.cli.common.progress_bar` once the
+    work has run `PROGRESS_AFTER_S` seconds (short runs print nothing) and closes it at the end."""
+    t0 = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        state: dict = {}
+
+        def progress(done: int, total: int) -> None:
+            if quiet:
+                return
+            if "step" not in state:
+                if time.perf_counter() - t0 < PROGRESS_AFTER_S:
+                    return
+                state["step"] = stack.enter_context(progress_bar(label, total))
+                state["shown"] = 0
+            while state["shown"] < done:
+                state["step"]()
+                state["shown"] += 1
+
+        yield progress
+
+
+def _table(rows, simulated: bool) -> str:
+    """Rows (rank, candidate) of one tier; simulated ones show the simulator's numbers."""
+    out = []
+    for i, c in rows:
+        e, m, sm = c.estimate, c.memory, c.simulated
+        r = [str(i + 1), c.layout.label(), c.policy.label() if c.sppo is not None else c.policy.name,
+             "-" if c.policy.alpha is None else f"{c.policy.alpha:.3f}", status_text(c.status, c.over_bytes),
+             fmt_time(e.iteration_s)]
+        if simulated:
+            r.append(fmt_time(sm["iteration_s"]) if sm["iteration_s"] else "-")
+        r += [f"{100 * (sm['mfu'] if sm else e.mfu):.1f}%" if (sm is None or sm["mfu"] is not None) else "-",
+              f"{(sm['tgs_tokens_per_gpu_s'] if sm else e.tgs):.0f}" if (sm is None or sm["tgs_tokens_per_gpu_s"])
+              else "-",
+              fmt_bytes(sm["peak_gpu_bytes"] if sm else m.peak_gpu_bytes), fmt_bytes(m.host_bytes_per_node),
+              fmt_time(sm["exposed_copy_s"] if sm else e.exposed_copy_s)]
+        out.append(r)
+    head = ["#", "layout", "policy", "alpha", "status", "iter (analytic)"] + (["iter (sim)"] if simulated else []) \
+        + ["MFU", "TGS", "peak GPU", "host/node", "copy stall"]
+    return render_table(head, out)
 
 
 def _print_sppo(result) -> None:
@@ -220,7 +304,7 @@ def _metp_vs_megatron(candidates, alpha) -> list[dict]:
     return out
 
 
-def _sweep_alpha(model, seq, batch, profile, result, as_json, out_dir, t0):
+def _sweep_alpha(model, seq, batch, profile, result, as_json, out_dir, t0, quiet):
     from memo_sim.engine.simulate import DEFAULT_ALPHAS, sweep_alpha
     from memo_sim.report.figures import alpha_sweep_figure
 
@@ -229,10 +313,10 @@ def _sweep_alpha(model, seq, batch, profile, result, as_json, out_dir, t0):
         raise MemoError("--sweep-alpha needs the memo policy among --policy")
     layout = memo[0].layout
     layouts = {c.layout for c in result.candidates}
-    with progress_bar("alpha sweep", len(DEFAULT_ALPHAS), quiet=as_json) as step:
-        res = sweep_alpha(model, layout, batch, seq, profile, DEFAULT_ALPHAS, progress=lambda d, t: step())
-    png = alpha_sweep_figure(res, Path(out_dir) / "alpha_sweep.png")
     solved = memo[0].policy.alpha
+    with delayed_progress("alpha sweep", quiet) as on_progress:
+        res = sweep_alpha(model, layout, batch, seq, profile, DEFAULT_ALPHAS, progress=on_progress)
+    png = alpha_sweep_figure(res, Path(out_dir) / "alpha_sweep.png", solver_alpha=solved)
     if as_json:
         click.echo(json.dumps({"model": model.to_dict(), "seq_tokens": seq, "profile": profile.name,
                                "layout": layout.label(), "layout_degrees": layout.to_dict(),

@@ -17,6 +17,7 @@ from memo_sim.cost import collectives as coll
 from memo_sim.cost import metp
 from memo_sim.cost.activations import tensor_bytes, tokens_per_gpu
 from memo_sim.model.flops import ATTN_BWD_FACTOR, op_flops
+from memo_sim.cost.memo import memoised
 from memo_sim.cost.kernel_time import attention_bwd_time, attention_fwd_time, gemm_time, memory_bound_time
 from memo_sim.cost.opcost import OpCost, chain_dependencies, chain_tail, critical_time  # noqa: F401  (re-exported)
 from memo_sim.layout.parallel import Layout
@@ -151,13 +152,12 @@ def _ops_with_comm(ops: list[OpSpec], model: ModelConfig, layout: Layout, batch:
 
 
 def forward_costs(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile) -> list[OpCost]:
-    return _ops_with_comm(forward_ops(model), model, layout, batch, seq, profile, "fwd")
+    return list(_forward_costs(model, layout, batch, seq, profile))
 
 
 def backward_costs(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile) -> list[OpCost]:
     """Backward ops in execution order (reverse of forward)."""
-    costs = _ops_with_comm(list(reversed(forward_ops(model))), model, layout, batch, seq, profile, "bwd")
-    return costs
+    return list(_backward_costs(model, layout, batch, seq, profile))
 
 
 def recompute_costs(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile,
@@ -165,9 +165,29 @@ def recompute_costs(model: ModelConfig, layout: Layout, batch: int, seq: int, pr
     """MEMO's token-wise recompute of ``fraction`` of the tokens (1 - alpha) before backward."""
     if fraction <= 0:
         return []
+    return list(_recompute_costs(model, layout, batch, seq, profile, fraction))
+
+
+# Memoised per (model, layout, batch, seq, profile): the what-if prices every policy of a layout
+# on the same op lists, and the event schedule asks for them again.
+@memoised()
+def _forward_costs(model: ModelConfig, layout: Layout, batch: int, seq: int,
+                   profile: HardwareProfile) -> tuple[OpCost, ...]:
+    return tuple(_ops_with_comm(forward_ops(model), model, layout, batch, seq, profile, "fwd"))
+
+
+@memoised()
+def _backward_costs(model: ModelConfig, layout: Layout, batch: int, seq: int,
+                    profile: HardwareProfile) -> tuple[OpCost, ...]:
+    return tuple(_ops_with_comm(list(reversed(forward_ops(model))), model, layout, batch, seq, profile, "bwd"))
+
+
+@memoised()
+def _recompute_costs(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile,
+                     fraction: float) -> tuple[OpCost, ...]:
     costs = _ops_with_comm(recompute_ops(model, layout.tp_mode), model, layout, batch, seq, profile, "recompute",
                            fraction)
-    return [c for c in costs if c.stream == "compute" or c.kind == "collective"]
+    return tuple(c for c in costs if c.stream == "compute" or c.kind == "collective")
 
 
 def full_recompute_costs(model: ModelConfig, layout: Layout, batch: int, seq: int,

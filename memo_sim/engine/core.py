@@ -23,6 +23,13 @@ per-GPU rate while all ``group`` GPUs copy (the analytic model's assumption), an
 never slowed by copies. Then the iteration time is the critical path of the op graph, which
 `memo_sim.engine.analytic.analytic_iteration_time` computes layer by layer without SimPy.
 
+Fast paths (``fast_paths=True``, the default; tests/test_engine_fastpaths.py holds them to the
+reference engine, where every kernel and collective is a flow, within 1e-9): a kernel on a device
+that has no host copy in the graph is a plain timeout; a kernel on a device with copies is a
+timeout at its current rate that a copy starting or ending on the device interrupts and re-times;
+a collective whose links no other stream of the graph uses is a plain timeout of its stand-alone
+time (its bytes still count as carried); dependency events exist only where an op really waits.
+
 Memory: GPU bytes per device and pinned host bytes per node, sampled at every change. An
 allocation past capacity stops the run with a `Failure` (status OOM or OOHM, when, which tensor,
 how much), returned, not raised.
@@ -35,7 +42,7 @@ from dataclasses import dataclass, field
 import simpy
 
 from memo_sim.cost.transfer import host_bandwidth_per_gpu
-from memo_sim.engine.fluid import Flow, FluidNetwork
+from memo_sim.engine.fluid import Flow, FluidNetwork, Link
 from memo_sim.engine.graph import MemAction, Op, OpGraph
 from memo_sim.profile.schema import HardwareProfile
 from memo_sim.timeline import MemorySample
@@ -94,10 +101,11 @@ class Engine:
 
     def __init__(self, graph: OpGraph, profile: HardwareProfile, *, contention: bool = True,
                  gpu_capacity: float | None = None, host_capacity: float | None = None,
-                 record_links: bool = False):
+                 record_links: bool = False, fast_paths: bool = True):
         self.graph = graph
         self.profile = profile
         self.contention = contention
+        self.fast_paths = fast_paths  # False: every kernel and collective through the fluid network (reference)
         self.gpu_capacity = profile.usable_gpu_memory if gpu_capacity is None else gpu_capacity
         self.host_capacity = profile.usable_host_memory if host_capacity is None else host_capacity
         self.env = simpy.Environment()
@@ -109,7 +117,6 @@ class Engine:
         self.peak_host = dict(self.host_mem)
         self.samples: list[MemorySample] = []
         self.failure: Failure | None = None
-        self.done: dict[int, simpy.Event] = {}
         hl = profile.host_link
         self._copy_lat = float(hl.latency)
         self._solo_rate = {}
@@ -165,23 +172,36 @@ class Engine:
         env = self.env
         net = self.net
         contention = self.contention
+        slowed = self._slowed_devices
+        alone = self._alone_routes
+        waiters = self._waiters
         for op in ops:
             for d in op.deps:
-                if d.end is None:
-                    yield self.done[d.uid]
+                if d.end is None:  # only cross-stream waits make an event (most deps have ended)
+                    ev = waiters.get(d.uid)
+                    if ev is None:
+                        ev = waiters[d.uid] = env.event()
+                    yield ev
             op.start = env.now
             if op.mem_start:
                 self._apply(op.device, op.mem_start, op)
             if op.work > 0:
                 if op.kind == "compute":
-                    if contention and net.slow_rate < 1.0:
-                        yield net.start(Flow(op.name, op.work, (), op.device, is_compute=True))
-                    else:
+                    if op.device in slowed:
+                        if self.fast_paths:
+                            yield from self._kernel(op)
+                        else:
+                            yield net.start(Flow(op.name, op.work, (), op.device, is_compute=True))
+                    else:  # no host copy on this device can slow it: a plain timeout
                         yield env.timeout(op.work)
                 elif op.kind == "comm":
                     if contention and op.link:
                         route = self._routes[(op.device, op.link)]
-                        yield net.start(Flow(op.name, op.work * route[0][0].capacity, route, op.device))
+                        if route in alone:  # no other stream ever uses these links: the rate is the link's
+                            yield env.timeout(op.work)
+                            route[0][0].carried += op.work * route[0][0].capacity
+                        else:
+                            yield net.start(Flow(op.name, op.work * route[0][0].capacity, route, op.device))
                     else:
                         yield env.timeout(op.work)
                 else:  # copy
@@ -194,12 +214,45 @@ class Engine:
             op.end = env.now
             if op.mem_end:
                 self._apply(op.device, op.mem_end, op)
-            self.done[op.uid].succeed()
+            ev = waiters.pop(op.uid, None)
+            if ev is not None:
+                ev.succeed()
+
+    def _kernel(self, op: Op):
+        """A kernel on a device whose host copies slow it: a timeout at the current rate (1, or
+        the slow rate while a copy of the device is in flight); a copy starting or ending on the
+        device interrupts it, and the rest of its work is re-timed at the new rate."""
+        env = self.env
+        proc = env.active_process
+        net = self.net
+        remaining = op.work
+        running = self._kernels.setdefault(op.device, {})
+        while True:
+            rate = net.slow_rate if net.copies_per_device.get(op.device) else 1.0
+            t0 = env.now
+            running[proc] = None
+            try:
+                yield env.timeout(max(remaining / rate, 0.0))
+                del running[proc]
+                return
+            except simpy.Interrupt:
+                remaining -= rate * (env.now - t0)
+
+    def _copies_changed(self, device: int, active: bool) -> None:
+        for proc in list(self._kernels.get(device, ())):
+            del self._kernels[device][proc]
+            proc.interrupt()
 
     def run(self) -> EngineRun:
         g = self.graph
-        for op in g.ops:
-            self.done[op.uid] = self.env.event()
+        # kernels slow down only on a device whose host copies can overlap them
+        slowing = self.contention and self.net.slow_rate < 1.0
+        self._slowed_devices = (({op.device for op in g.ops if op.kind == "copy"} if self.fast_paths
+                                 else set(g.devices)) if slowing else set())
+        self._alone_routes = self._exclusive_routes()
+        self._kernels: dict[int, dict] = {}  # device -> kernel processes running now (see _kernel)
+        self.net.on_copies_changed = self._copies_changed
+        self._waiters: dict[int, simpy.Event] = {}
         start_gpu: dict[int, float] = {}
         try:
             for dev_index, action in g.static:
@@ -218,6 +271,29 @@ class Engine:
             failure=self.failure, end_time=self.env.now, link_log=self.net.load_log,
             link_capacity={k: v.capacity for k, v in self.net.links.items()},
             link_carried={k: v.carried for k, v in self.net.links.items()})
+
+    def _exclusive_routes(self) -> set:
+        """Collective routes whose links no other stream of the graph ever uses: one stream runs
+        one op at a time, so such a collective always has its link to itself and takes exactly
+        its stand-alone time (a plain timeout, no fluid network). Not with ``record_links``
+        (the link log then shows every flow)."""
+        if not self.contention or self.net.record or not self.fast_paths:
+            return set()
+        users: dict[Link, set] = {}
+        routes: dict[tuple, tuple] = {}
+        for op in self.graph.ops:
+            if op.kind == "comm" and op.link:
+                key = (op.device, op.link)
+            elif op.kind == "copy":
+                key = (op.device, op.direction)
+            else:
+                continue
+            route = self._routes[key]
+            routes.setdefault((op.device, op.stream, key), route)
+            for lk, _w in route:
+                users.setdefault(lk, set()).add((op.device, op.stream))
+        return {route for (_d, _s, key), route in routes.items()
+                if key[1] not in ("d2h", "h2d") and all(len(users[lk]) == 1 for lk, _w in route)}
 
     def unfinished(self) -> list[Op]:
         """Ops that never ran (a dependency cycle or a failed run)."""

@@ -5,15 +5,20 @@ seconds for a kernel) and a route: the `Link` resources it crosses, each with a 
 weight k means the flow stands for k identical flows (the representative GPU's copy and those of
 the k-1 identical GPUs beside it on that link). When a flow starts or ends the network
 
-1. advances every active flow by ``rate x elapsed time``,
-2. recomputes every rate by progressive filling (max-min fairness): raise all unfrozen flows'
-   rates together until a link is full (sum of weight x rate = capacity), freeze the flows on
-   it, repeat,
-3. schedules one SimPy timeout at the earliest completion; a timeout made stale by a later
-   change is ignored (generation counter).
+1. takes the flows that share a link with it, directly or through other flows (its connected
+   component: max-min fair rates decompose over components, so no other flow's rate changes),
+2. advances each of them by ``rate x elapsed time`` and recomputes their rates by progressive
+   filling (max-min fairness): raise all unfrozen flows' rates together until a link is full
+   (sum of weight x rate = capacity), freeze the flows on it, repeat,
+3. gives each flow whose rate changed a SimPy timeout at its own completion; a timeout made
+   stale by a later change is ignored (a generation counter per flow). There is no scan over
+   all flows per event.
 
-Kernels ride the same clock: a compute flow runs at rate 1 (seconds of work per second), or at
-1 / (1 + copy_compute_slowdown) while a host copy of its device is in flight (HBM contention).
+Kernels ride the same clock but never enter the link computation: a compute flow runs at rate 1
+(seconds of work per second), or at 1 / (1 + copy_compute_slowdown) while a host copy of its
+device is in flight (HBM contention); only a copy starting or ending on its device (the count
+going from 0 to 1 or back) re-times it. The engine runs a kernel as a plain timeout where no
+copy can slow it (`memo_sim.engine.core`).
 
 Nothing is serialised: two copies on one link each get half of it, and each speeds up again
 when the other ends.
@@ -23,12 +28,9 @@ from __future__ import annotations
 
 import simpy
 
-# A flow ends when less than this many seconds of work at its current rate remain (float noise).
-FINISH_TOL_S = 1e-12
-
 
 class Link:
-    __slots__ = ("name", "capacity", "carried", "flows")
+    __slots__ = ("name", "capacity", "carried", "flows", "active")
 
     def __init__(self, name: str, capacity: float):
         if capacity <= 0:
@@ -37,10 +39,12 @@ class Link:
         self.capacity = float(capacity)
         self.carried = 0.0  # weighted work carried so far (bytes over all represented flows)
         self.flows = 0
+        self.active: list[Flow] = []  # flows on the link now, in start order
 
 
 class Flow:
-    __slots__ = ("name", "work", "remaining", "rate", "route", "device", "is_copy", "is_compute", "event")
+    __slots__ = ("name", "work", "remaining", "rate", "route", "device", "is_copy", "is_compute", "event",
+                 "last", "gen")
 
     def __init__(self, name: str, work: float, route: tuple[tuple[Link, float], ...], device: int,
                  is_copy: bool = False, is_compute: bool = False):
@@ -53,6 +57,8 @@ class Flow:
         self.is_copy = is_copy
         self.is_compute = is_compute
         self.event: simpy.Event | None = None
+        self.last = 0.0  # time up to which ``remaining`` is current
+        self.gen = 0  # bumped at every re-timing; a timeout of an older generation is stale
 
 
 class FluidNetwork:
@@ -61,13 +67,17 @@ class FluidNetwork:
     def __init__(self, env: simpy.Environment, copy_compute_slowdown: float = 0.0, record: bool = False):
         self.env = env
         self.slow_rate = 1.0 / (1.0 + max(0.0, copy_compute_slowdown))
-        self.active: list[Flow] = []
+        self.link_flows: dict[Flow, None] = {}  # active flows on links, in start order
+        self.compute_flows: dict[int, list[Flow]] = {}  # device -> its active kernels
         self.copies_per_device: dict[int, int] = {}
-        self.last = env.now
-        self.gen = 0
         self.record = record
         self.load_log: list[tuple[float, dict[str, float]]] = []  # (time, link -> weighted rate) when record
         self.links: dict[str, Link] = {}
+        self.on_copies_changed = None  # callback(device, copies_active: bool) when a device's copy count leaves or hits 0
+
+    @property
+    def active(self) -> list[Flow]:
+        return list(self.link_flows) + [f for fs in self.compute_flows.values() for f in fs]
 
     def link(self, name: str, capacity: float) -> Link:
         lk = self.links.get(name)
@@ -82,46 +92,106 @@ class FluidNetwork:
         if flow.work <= 0:
             flow.event.succeed()
             return flow.event
-        self._advance()
-        self.active.append(flow)
-        if flow.is_copy:
-            self.copies_per_device[flow.device] = self.copies_per_device.get(flow.device, 0) + 1
+        flow.last = self.env.now
+        if flow.is_compute:
+            self.compute_flows.setdefault(flow.device, []).append(flow)
+            flow.rate = self.slow_rate if self.copies_per_device.get(flow.device) else 1.0
+            self._time(flow)
+            return flow.event
+        self.link_flows[flow] = None
         for lk, _w in flow.route:
             lk.flows += 1
-        self._reschedule()
+            lk.active.append(flow)
+        if flow.is_copy:
+            self._copies_changed(flow.device, 1)
+        if flow.route:
+            self._refill(flow.route)
+        else:  # not limited by any link
+            flow.rate = float("inf")
+            self._time(flow)
         return flow.event
 
     # -- internals -----------------------------------------------------------------------
-    def _advance(self) -> None:
-        now = self.env.now
-        dt = now - self.last
-        if dt > 0:
-            for f in self.active:
-                done = f.rate * dt
-                f.remaining -= done
-                for lk, w in f.route:
-                    lk.carried += w * done
-        self.last = now
+    def _time(self, f: Flow) -> None:
+        """(Re)schedule ``f``'s completion at its current rate."""
+        f.gen += 1
+        gen = f.gen
+        ev = self.env.timeout(max(f.remaining / f.rate, 0.0))
+        ev.callbacks.append(lambda _e: self._finish(f, gen))
 
-    def _rates(self) -> None:
-        link_flows: list[Flow] = []
-        for f in self.active:
-            if f.is_compute:
-                f.rate = self.slow_rate if self.copies_per_device.get(f.device) else 1.0
-            else:
-                link_flows.append(f)
-        if not link_flows:
-            if self.record:
-                self.load_log.append((self.env.now, {}))
+    def _advance(self, f: Flow, now: float) -> None:
+        dt = now - f.last
+        if dt > 0:
+            done = f.rate * dt
+            f.remaining -= done
+            for lk, w in f.route:
+                lk.carried += w * done
+        f.last = now
+
+    def _finish(self, f: Flow, gen: int) -> None:
+        if gen != f.gen:
+            return  # re-timed since: a later timeout ends it
+        self._advance(f, self.env.now)
+        f.remaining = 0.0
+        if f.is_compute:
+            self.compute_flows[f.device].remove(f)
+        else:
+            del self.link_flows[f]
+            for lk, _w in f.route:
+                lk.flows -= 1
+                lk.active.remove(f)
+            if f.is_copy:
+                self._copies_changed(f.device, -1)
+            if f.route:
+                self._refill(f.route)
+        f.event.succeed()
+
+    def _copies_changed(self, device: int, delta: int) -> None:
+        before = self.copies_per_device.get(device, 0)
+        after = before + delta
+        self.copies_per_device[device] = after
+        if (before == 0) == (after == 0):
             return
-        # progressive filling with weights
+        if self.on_copies_changed is not None:
+            self.on_copies_changed(device, after > 0)
+        rate = self.slow_rate if after else 1.0
+        now = self.env.now
+        for f in self.compute_flows.get(device, ()):
+            if f.rate != rate:
+                self._advance(f, now)
+                f.rate = rate
+                self._time(f)
+
+    def _component(self, route) -> list[Flow]:
+        """The active link flows connected to ``route``'s links through shared links."""
+        flows: dict[Flow, None] = {}
+        seen = {lk for lk, _w in route}
+        stack = list(seen)
+        while stack:
+            for f in stack.pop().active:
+                if f not in flows:
+                    flows[f] = None
+                    for lk, _w in f.route:
+                        if lk not in seen:
+                            seen.add(lk)
+                            stack.append(lk)
+        return list(flows)
+
+    def _refill(self, route) -> None:
+        """Max-min fair rates of the flows connected to ``route`` (progressive filling)."""
+        comp = self._component(route)
+        now = self.env.now
+        old = {}
+        for f in comp:
+            self._advance(f, now)
+            old[f] = f.rate
         cap: dict[Link, float] = {}
         wsum: dict[Link, float] = {}
-        for f in link_flows:
+        for f in comp:
             for lk, w in f.route:
                 cap[lk] = lk.capacity
                 wsum[lk] = wsum.get(lk, 0.0) + w
-        unfrozen = link_flows
+        unfrozen = comp
         while unfrozen:
             bottleneck, share = None, float("inf")
             for lk, ws in wsum.items():
@@ -129,7 +199,7 @@ class FluidNetwork:
                     s = max(cap[lk], 0.0) / ws
                     if s < share:
                         bottleneck, share = lk, s
-            if bottleneck is None:  # flows with an empty route: not limited by any link
+            if bottleneck is None:  # cannot happen: every flow here crosses a link
                 for f in unfrozen:
                     f.rate = float("inf")
                 break
@@ -143,37 +213,12 @@ class FluidNetwork:
                 else:
                     rest.append(f)
             unfrozen = rest
+        for f in comp:
+            if f.rate != old[f] or f.gen == 0:
+                self._time(f)
         if self.record:
             load: dict[str, float] = {}
-            for f in link_flows:
+            for f in self.link_flows:
                 for lk, w in f.route:
                     load[lk.name] = load.get(lk.name, 0.0) + w * f.rate
-            self.load_log.append((self.env.now, load))
-
-    def _reschedule(self) -> None:
-        self._rates()
-        if not self.active:
-            return
-        tmin = min(f.remaining / f.rate for f in self.active)
-        self.gen += 1
-        gen = self.gen
-        ev = self.env.timeout(max(tmin, 0.0))
-        ev.callbacks.append(lambda _e: self._fire(gen))
-
-    def _fire(self, gen: int) -> None:
-        if gen != self.gen:
-            return  # a later start or finish rescheduled the network
-        self._advance()
-        # the earliest flow is done by construction; others within float noise end with it
-        first = min(self.active, key=lambda f: f.remaining / f.rate)
-        done = [f for f in self.active if f is first or f.remaining <= f.rate * FINISH_TOL_S]
-        for f in done:
-            self.active.remove(f)
-            f.remaining = 0.0
-            if f.is_copy:
-                self.copies_per_device[f.device] -= 1
-            for lk, _w in f.route:
-                lk.flows -= 1
-        self._reschedule()
-        for f in done:
-            f.event.succeed()
+            self.load_log.append((now, load))

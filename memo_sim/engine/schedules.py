@@ -105,6 +105,28 @@ def collective_link(cost: OpCost, layout: Layout, profile: HardwareProfile) -> s
     return coll.link_kind(profile, coll.group_link(profile, layout.tp, 1))
 
 
+_SHAPES: dict[tuple[int, int, int], tuple] = {}  # (id(costs), id(layout), id(profile)) -> (costs, ..., shape)
+
+
+def _chain_shape(costs: list[OpCost], layout: Layout, profile: HardwareProfile) -> tuple:
+    """Per op of a phase: (its dependencies within the phase, its kind, its link); and the tail.
+    Every layer emits the same phase lists, so the shape is worked out once per list (the cache
+    keeps the list, layout and profile alive, so their ids stay theirs)."""
+    key = (id(costs), id(layout), id(profile))
+    hit = _SHAPES.get(key)
+    if hit is not None:
+        return hit[3]
+    ops = []
+    for c, within in zip(costs, chain_dependencies(costs)):
+        kind = "compute" if c.stream == "compute" else "comm"
+        ops.append((within, kind, None if kind == "compute" else collective_link(c, layout, profile)))
+    shape = (ops, chain_tail(costs))
+    if len(_SHAPES) > 256:
+        _SHAPES.clear()
+    _SHAPES[key] = (costs, layout, profile, shape)
+    return shape
+
+
 def emit_chain(g: OpGraph, costs: list[OpCost], *, device: int, layer: int | None, phase: str,
                deps: list[Op], layout: Layout, profile: HardwareProfile,
                mem_start: tuple[MemAction, ...] = (), mem_end: tuple[MemAction, ...] = (),
@@ -114,17 +136,16 @@ def emit_chain(g: OpGraph, costs: list[OpCost], *, device: int, layer: int | Non
     last op also waiting for ``last_deps``; return (its ops, what the next op waits on)."""
     ops: list[Op] = []
     last = len(costs) - 1
-    for k, (c, within) in enumerate(zip(costs, chain_dependencies(costs))):
-        kind = "compute" if c.stream == "compute" else "comm"
+    shape, tail_idx = _chain_shape(costs, layout, profile)
+    for k, (c, (within, kind, link)) in enumerate(zip(costs, shape)):
         op_deps = [ops[j] for j in within] if within else list(deps)
         if k == last:
             op_deps += list(last_deps)
         op = g.add(c.name, device=device, stream=c.stream, kind=kind, phase=phase, layer=layer, work=c.seconds,
-                   deps=op_deps, nbytes=c.nbytes, flops=c.flops,
-                   link=None if kind == "compute" else collective_link(c, layout, profile),
+                   deps=op_deps, nbytes=c.nbytes, flops=c.flops, link=link,
                    mem_start=mem_start if k == 0 else (), mem_end=mem_end if k == last else ())
         ops.append(op)
-    tail = [ops[j] for j in chain_tail(costs)] if ops else list(deps)
+    tail = [ops[j] for j in tail_idx] if ops else list(deps)
     return ops, tail
 
 

@@ -24,12 +24,14 @@ bytes per node summed over the stages whose GPUs sit in the node.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
+from functools import lru_cache
 
 from memo_sim.cost.activations import skeletal_bytes
+from memo_sim.cost.memo import memoised
 from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS, classifier_peak_bytes, model_state_bytes
 from memo_sim.layout.parallel import Layout
 from memo_sim.memplan.baseline import caching_allocator_layer_report
-from memo_sim.memplan.trace_gen import layer_backward_trace, layer_forward_trace
+from memo_sim.memplan.trace_gen import _layer_backward_trace, layer_forward_trace, per_gpu_shard
 from memo_sim.model.config import ModelConfig
 from memo_sim.model.layer_graph import DTYPE_BYTES
 from memo_sim.policy.base import Policy
@@ -79,37 +81,60 @@ def transient_peak_bytes(model: ModelConfig, layout: Layout, batch: int, seq: in
                          policy: Policy | None = None) -> float:
     """Largest transient live set of one layer's forward or backward on one GPU: the max-live
     bytes of the level-1 request traces, the one place where a layer's transient tensors and
-    their lifetimes are enumerated."""
-    fwd = layer_forward_trace(model, layout, batch, seq).max_live_bytes()
-    bwd = layer_backward_trace(model, layout, batch, seq, policy).max_live_bytes()
+    their lifetimes are enumerated. Memoised per model, GPU shard and recompute fraction."""
+    frac = policy.recompute_fraction if policy is not None else 0.0
+    return _transient_peak(model, per_gpu_shard(layout), batch, seq, frac)
+
+
+@lru_cache(maxsize=4096)
+def _transient_peak(model: ModelConfig, shard: Layout, batch: int, seq: int, frac: float) -> float:
+    fwd = layer_forward_trace(model, shard, batch, seq).max_live_bytes()
+    bwd = _layer_backward_trace(model, shard, batch, seq, frac).max_live_bytes()
     return float(max(fwd, bwd))
 
 
 def memory_breakdown(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy,
                      profile: HardwareProfile, classifier_chunk_tokens: int = CLASSIFIER_CHUNK_TOKENS,
                      active_gpus_per_node: int | None = None) -> MemoryBreakdown:
-    sk = skeletal_bytes(model, layout, batch, seq)
+    """Memoised: what depends only on (model, per-GPU shard, batch, seq, policy) -- skeletal bytes,
+    level-1 traces, the caching-allocator replay, offloaded and pinned bytes per layer -- is
+    computed once (`_shard_terms`); model states (DP and ZeRO) and the node's GPUs are arithmetic."""
+    sk, resident, buffers, planned, cached, classifier, host_layer, pinned_layer = _shard_terms(
+        model, per_gpu_shard(layout), batch, seq, policy, profile, classifier_chunk_tokens)
     n = model.layers
     states = model_state_bytes(model, layout)
     lse_all = n * sk["lse"]
-    resident, buffers = policy.resident_bytes(sk, n), policy.buffer_bytes(sk)
-    planned = transient_peak_bytes(model, layout, batch, seq, policy)
-    cached = float(caching_allocator_layer_report(model, layout, batch, seq, policy).peak_reserved_bytes)
     transient = planned if policy.static_memory_plan else cached
-    classifier = classifier_peak_bytes(model, layout, batch, seq, classifier_chunk_tokens)
     # embedding output / final layer output (the next layer's input) is live beside a layer's work
     boundary = sk["input"]
     peak = states + resident + buffers + lse_all + max(transient + boundary, classifier)
     offloaded_layers = policy.offloaded_layers(n)
-    host_gpu = offloaded_layers * policy.offload_bytes(model, layout, batch, seq)
+    host_gpu = offloaded_layers * host_layer
     gpus_node = active_gpus_per_node or min(layout.gpus, profile.node_gpus)
-    host_node = gpus_node * offloaded_layers * policy.host_bytes_per_layer(model, layout, batch, seq, profile)
+    host_node = gpus_node * offloaded_layers * pinned_layer
     return MemoryBreakdown(
         model_states_bytes=states, skeletal_resident_bytes=resident, rounding_buffer_bytes=buffers,
         lse_bytes=lse_all, transient_peak_bytes=transient, transient_planned_bytes=planned,
         transient_caching_allocator_bytes=cached, layer_boundary_bytes=boundary, classifier_peak_bytes=classifier,
         peak_gpu_bytes=peak, gpu_capacity_bytes=profile.usable_gpu_memory, host_bytes_per_gpu=host_gpu,
         host_bytes_per_node=host_node, host_capacity_bytes=profile.usable_host_memory)
+
+
+@memoised()
+def _shard_terms(model: ModelConfig, shard: Layout, batch: int, seq: int, policy: Policy,
+                 profile: HardwareProfile, classifier_chunk_tokens: int) -> tuple:
+    """The terms of `memory_breakdown` that one GPU's shard of the layer fixes (DP and ZeRO do
+    not): skeletal bytes by role, the policy's resident and buffer bytes, the planned and the
+    caching-allocator transient peak, the classifier's peak, raw and pinned host bytes per
+    offloaded layer. Shared between callers: read, never modify."""
+    sk = skeletal_bytes(model, shard, batch, seq)
+    n = model.layers
+    return (sk, policy.resident_bytes(sk, n), policy.buffer_bytes(sk),
+            transient_peak_bytes(model, shard, batch, seq, policy),
+            float(caching_allocator_layer_report(model, shard, batch, seq, policy).peak_reserved_bytes),
+            classifier_peak_bytes(model, shard, batch, seq, classifier_chunk_tokens),
+            policy.offload_bytes(model, shard, batch, seq),
+            policy.host_bytes_per_layer(model, shard, batch, seq, profile))
 
 
 # ---------------------------------------------------------------------------------------------- SPPO

@@ -78,6 +78,15 @@ class Policy:
     def recomputes_layer(self, layer: int, n_layers: int) -> bool:
         return False
 
+    def behaviour(self, n_layers: int) -> tuple:
+        """What the policy does with a layer's skeletal tensors, whatever it is called: offloads
+        or not, the offloaded share of the "other" tensors, the recomputed share and which layers
+        recompute, whether the whole forward re-runs. Equal tuples move and rebuild the same
+        bytes (``memo`` at alpha = 1 and ``full_offload``); the what-if folds such rows."""
+        return (self.offloads, self.offload_fraction_other if self.offloads else 0.0, self.recompute_fraction,
+                self.recomputes_attention,
+                tuple(i for i in range(n_layers) if self.recomputes_layer(i, n_layers)))
+
     def offloaded_tensors(self, model: ModelConfig, layout: Layout, batch: int,
                           seq: int) -> list[OffloadedTensor]:
         """Per offloaded layer and GPU: each skeletal tensor's rows copied to host. The layer

@@ -40,7 +40,27 @@ PHASE_COLOR = {
     "classifier": "#937860", "optimizer": "#DA8BC3", "grad_sync": "#8C8C8C", "weight_gather": "#CCB974",
     "weight_gather_bwd": "#CCB974",
 }
+PHASE_LABEL = {  # what each phase is, for legends
+    "fwd": "forward", "bwd": "backward", "recompute": "recompute (before backward)", "offload": "offload (GPU to host)",
+    "prefetch": "prefetch (host to GPU)", "classifier": "classifier", "optimizer": "optimizer step",
+    "grad_sync": "gradient sync", "weight_gather": "ZeRO weight gather for forward",
+    "weight_gather_bwd": "ZeRO-3 weight gather for backward", "allocator": "allocator reorganisation",
+}
 FAIL_STYLE = {"OOM": ("x", "#C44E52"), "OOHM": ("v", "#8172B3")}
+TIME_UNITS = ((1e-3, 1e-6, "us"), (1.0, 1e-3, "ms"), (120.0, 1.0, "s"), (float("inf"), 60.0, "min"))
+
+
+def time_unit(span_s: float) -> tuple[float, str]:
+    """(seconds per unit, unit name) for an axis spanning ``span_s`` seconds: us below 1 ms, ms
+    below 1 s, s below 2 minutes, min beyond."""
+    for limit, scale, name in TIME_UNITS:
+        if span_s < limit:
+            return scale, name
+    return 60.0, "min"
+
+
+def phase_label(phase: str) -> str:
+    return PHASE_LABEL.get(phase, phase)
 FWD_PHASES = ("fwd", "offload", "weight_gather")
 BWD_PHASES = ("bwd", "recompute", "prefetch", "grad_sync", "weight_gather_bwd")
 
@@ -95,6 +115,8 @@ def gantt_figure(timeline: Timeline, path: str | Path, layers: tuple[int, int] |
         raise MemoError(f"timeline has no events on device {device}")
     streams = sorted({e.stream for e in events},
                      key=lambda s: (STREAMS.index(s) if s in STREAMS else len(STREAMS), s))
+    # each panel spans the layers' own phases: a ZeRO-3 backward weight gather (phase
+    # weight_gather_bwd) belongs to the backward panel, never stretches the forward one
     windows = [(name, w) for name, w in (("forward", _window(events, layers, FWD_PHASES)),
                                          ("backward", _window(events, layers, BWD_PHASES))) if w]
     if not windows:
@@ -104,35 +126,50 @@ def gantt_figure(timeline: Timeline, path: str | Path, layers: tuple[int, int] |
     fig = Figure(figsize=(7 * len(windows), 0.55 * len(streams) + 1.8))
     axes = fig.subplots(1, len(windows), squeeze=False)[0]
     seen_phases: set[str] = set()
+    by_stream: dict[str, list[TimelineEvent]] = {}
+    for e in events:
+        by_stream.setdefault(e.stream, []).append(e)
     for ax, (name, (t0, t1)) in zip(axes, windows):
         span = max(t1 - t0, 1e-9)
+        scale, unit = time_unit(span)
         for row, s in enumerate(streams):
-            for e in events:
-                if e.stream != s or e.end < t0 or e.start > t1:
+            bars, colors = [], []
+            for e in by_stream.get(s, ()):
+                if e.end < t0 or e.start > t1:
                     continue
                 a, b = max(e.start, t0), min(e.end, t1)
-                color = PHASE_COLOR.get(e.phase, "#999999")
                 seen_phases.add(e.phase)
-                ax.broken_barh([((a - t0) * 1e3, max((b - a) * 1e3, span * 1e3 * 1e-4))], (row - 0.4, 0.8),
-                               facecolors=color, edgecolors="white", linewidth=0.3)
+                bars.append(((a - t0) / scale, max(b - a, span * 1e-4) / scale))
+                colors.append(PHASE_COLOR.get(e.phase, "#999999"))
                 if e.layer is not None and (b - a) > 0.06 * span and s in ("compute", "d2h", "h2d"):
-                    ax.text(((a + b) / 2 - t0) * 1e3, row, f"L{e.layer}", ha="center", va="center", fontsize=6,
+                    ax.text(((a + b) / 2 - t0) / scale, row, f"L{e.layer}", ha="center", va="center", fontsize=6,
                             color="white")
+            if bars:  # one artist per stream
+                ax.broken_barh(bars, (row - 0.4, 0.8), facecolors=colors, edgecolors="white", linewidth=0.3)
         ax.set_yticks(range(len(streams)))
         ax.set_yticklabels(streams)
         ax.invert_yaxis()
-        ax.set_xlim(0, span * 1e3)
-        ax.set_xlabel(f"ms from {t0:.3f} s")
+        ax.set_xlim(0, span / scale)
+        ax.set_xlabel(f"{unit} from {t0:.3f} s")
         ax.set_title(f"{name}, layers {layers[0]}..{layers[1]}", fontsize=10)
         ax.grid(axis="x", alpha=0.3)
     meta = timeline.meta or {}
     fig.suptitle(" | ".join(str(meta[k]) for k in ("model", "layout", "policy", "profile") if meta.get(k))
                  + (f" | {fmt_count(meta['seq_tokens'])} tokens" if meta.get("seq_tokens") else ""), fontsize=10)
-    handles = [Patch(color=PHASE_COLOR.get(p, "#999999"), label=p) for p in sorted(seen_phases)]
+    handles = [Patch(color=PHASE_COLOR.get(p, "#999999"), label=phase_label(p)) for p in sorted(seen_phases)]
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 8), fontsize=8, frameon=False,
                bbox_to_anchor=(0.5, -0.02))
-    fig.tight_layout(rect=(0, 0.06, 1, 0.95))
+    _margins(fig, bottom_in=0.55 + 0.25 * ((len(handles) + 7) // 8), top_in=0.55, wspace=0.12)
     return _save(fig, path)
+
+
+def _margins(fig: Figure, bottom_in: float, top_in: float, left_in: float = 1.0, right_in: float = 0.2,
+             wspace: float | None = None, hspace: float | None = None) -> None:
+    """Fixed margins in inches instead of ``tight_layout`` (which draws the whole figure once
+    more; the PNG is cropped to its content when saved anyway)."""
+    w, h = fig.get_size_inches()
+    fig.subplots_adjust(left=min(0.4, left_in / w), right=1 - min(0.2, right_in / w),
+                        bottom=min(0.45, bottom_in / h), top=1 - min(0.3, top_in / h), wspace=wspace, hspace=hspace)
 
 
 def _steps(samples):
@@ -152,13 +189,14 @@ def _steps(samples):
 
 
 def _memory_panel(ax, timeline: Timeline, kind: str, devices: list[int], end: float, capacity: float | None,
-                  ylabel: str, label, color: str | None) -> None:
-    """One memory-over-time panel: a step curve per device, the usable capacity as a dashed line."""
+                  ylabel: str, label, color: str | None, scale: float = 1.0) -> None:
+    """One memory-over-time panel: a step curve per device, the usable capacity as a dashed line;
+    times divided by ``scale`` (seconds per axis unit)."""
     for d in devices:
         xs, ys = _steps([m for m in timeline.memory if m.kind == kind and m.device == d])
         xs.append(end)
         ys.append(ys[-1])
-        ax.plot(xs, ys, lw=1.2, label=label(d), **({"color": color} if color else {}))
+        ax.plot([x / scale for x in xs], ys, lw=1.2, label=label(d), **({"color": color} if color else {}))
     if capacity:
         ax.axhline(capacity / GiB, color="#C44E52", ls="--", lw=1, label="usable capacity")
     ax.set_ylabel(ylabel)
@@ -175,20 +213,22 @@ def memory_figure(timeline: Timeline, path: str | Path) -> Path:
     fig = Figure(figsize=(10, 3.2 * rows))
     axes = fig.subplots(rows, 1, squeeze=False, sharex=True)[:, 0]
     end = max([e.end for e in timeline.events] + [m.time for m in timeline.memory] + [0.0])
-    _memory_panel(axes[0], timeline, "gpu", gpu, end, meta.get("gpu_capacity_bytes"), "GPU memory (GiB)",
-                  lambda d: f"GPU {d}", None)
+    scale, unit = time_unit(end)
+    dev = "CPU" if meta.get("device_kind") == "cpu" else "GPU"  # a measured CPU run's device memory
+    _memory_panel(axes[0], timeline, "gpu", gpu, end, meta.get("gpu_capacity_bytes"), f"{dev} memory (GiB)",
+                  lambda d: f"{dev} {d}", None, scale)
     if host:
         _memory_panel(axes[1], timeline, "host", host, end, meta.get("host_capacity_bytes"), "host memory (GiB)",
-                      lambda h: f"node {-1 - h} pinned host", "#55A868")
-    axes[-1].set_xlabel("time in the iteration (s)")
+                      lambda h: f"node {-1 - h} pinned host", "#55A868", scale)
+    axes[-1].set_xlabel(f"time in the iteration ({unit})")
     fail = meta.get("failure")
     title = " | ".join(str(meta[k]) for k in ("model", "layout", "policy") if meta.get(k))
     if fail:
         title += f" | {fail['status']} at {fail['time_s']:.3f} s ({fail['tensor']})"
         for ax in axes:
-            ax.axvline(fail["time_s"], color="#C44E52", lw=1)
+            ax.axvline(fail["time_s"] / scale, color="#C44E52", lw=1)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    _margins(fig, bottom_in=0.55, top_in=0.45, hspace=0.12)
     return _save(fig, path)
 
 
@@ -199,8 +239,9 @@ def _mark_failures(ax, xs, statuses, y):
             ax.scatter(pts, [y] * len(pts), marker=marker, color=color, s=50, zorder=5, label=st, clip_on=False)
 
 
-def alpha_sweep_figure(results: list["SimResult"], path: str | Path) -> Path:
-    """MFU (top) and peak GPU / host memory (bottom) against alpha; OOM / OOHM marked."""
+def alpha_sweep_figure(results: list["SimResult"], path: str | Path, solver_alpha: float | None = None) -> Path:
+    """MFU (top) and peak GPU / host memory (bottom) against alpha; OOM / OOHM marked; the
+    solver's alpha (MEMO's closed form, `memo_sim.search.estimate.memo_alpha`) a vertical line."""
     if not results:
         raise MemoError("alpha sweep: no results to plot")
     rs = sorted(results, key=lambda r: r.policy.alpha or 0.0)
@@ -228,6 +269,11 @@ def alpha_sweep_figure(results: list["SimResult"], path: str | Path) -> Path:
     h1, l1 = ax2.get_legend_handles_labels()
     h2, l2 = ax3.get_legend_handles_labels()
     ax2.legend(h1 + h2, l1 + l2, fontsize=8, loc="upper left")
+    if solver_alpha is not None:
+        for ax in (ax1, ax2):
+            ax.axvline(solver_alpha, color="#333333", ls="-.", lw=1.2,
+                       label=f"solver's alpha = {solver_alpha:.3f}" if ax is ax1 else None)
+        ax1.legend(fontsize=8)
     r0 = rs[0]
     fig.suptitle(f"{r0.model.name} {fmt_count(r0.seq)} tokens, {r0.layout.label()}, {r0.profile}: MEMO alpha sweep",
                  fontsize=10)
@@ -236,7 +282,8 @@ def alpha_sweep_figure(results: list["SimResult"], path: str | Path) -> Path:
 
 
 def mfu_vs_seq_figure(results: list["SimResult"], path: str | Path) -> Path:
-    """MFU against sequence length, one line per policy; OOM / OOHM runs marked at 0."""
+    """MFU against sequence length, one line per policy; OOM / OOHM runs marked in the series'
+    colour on a row of their own below zero (never stacked on another series' marks)."""
     if not results:
         raise MemoError("MFU vs sequence length: no results to plot")
     fig = Figure(figsize=(7, 4))
@@ -245,22 +292,38 @@ def mfu_vs_seq_figure(results: list["SimResult"], path: str | Path) -> Path:
     several = len({r.layout for r in results}) > 1
     for r in results:
         by_policy.setdefault(f"{r.policy.name} {r.layout.label()}" if several else r.policy.name, []).append(r)
-    for pol, rs in by_policy.items():
+    top = max([100 * r.mfu for r in results if r.ok] + [1.0])
+    step = 0.07 * top  # failed runs: one row per series below the zero line, so none hide another
+    failed_any = False
+    for k, (pol, rs) in enumerate(by_policy.items()):
         rs.sort(key=lambda r: r.seq)
         ok = [r for r in rs if r.ok]
+        color = f"C{k % 10}"
         if ok:
-            ax.plot([r.seq for r in ok], [100 * r.mfu for r in ok], "o-", label=pol)
+            ax.plot([r.seq for r in ok], [100 * r.mfu for r in ok], "o-", color=color, label=pol)
+        y = -step * (k + 1)
+        for st, (marker, _c) in FAIL_STYLE.items():
+            xs = [r.seq for r in rs if r.status == st]
+            if xs:
+                failed_any = True
+                ax.scatter(xs, [y] * len(xs), marker=marker, color=color, s=45, zorder=5,
+                           label=f"{pol}: {st}" if not ok else None)
+                if ok:  # a series with a line: its failures are named by marker in the legend below
+                    ax.scatter([], [], marker=marker, color=color, label=f"{pol}: {st}")
     seqs = [r.seq for r in results]
-    _mark_failures(ax, seqs, [r.status for r in results], 0.0)
+    if failed_any:
+        ax.axhline(0, color="#333333", lw=0.8)
+        ax.text(0.01, 0.01, "below 0: runs that do not fit (x OOM, v OOHM), one row per series",
+                transform=ax.transAxes, fontsize=7, va="bottom")
     ax.set_xscale("log", base=2)
     ticks = sorted(set(seqs))
     ax.set_xticks(ticks)
     ax.set_xticklabels([fmt_count(s) for s in ticks])
     ax.set_xlabel("sequence length (tokens)")
     ax.set_ylabel("MFU (%)")
-    ax.set_ylim(bottom=0)
+    ax.set_ylim(bottom=-step * (len(by_policy) + 1) if failed_any else 0)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
     r0 = results[0]
     where = "by layout" if several else r0.layout.label()
     fig.suptitle(f"{r0.model.name}, {where}, {r0.profile}: MFU by policy", fontsize=10)
@@ -463,12 +526,14 @@ def stage_memory_figure(timeline: Timeline, path: str | Path) -> Path:
     axes = fig.subplots(2 if host else 1, 1, squeeze=False, sharex=True)[:, 0]
     end = max([e.end for e in timeline.events] + [m.time for m in timeline.memory] + [0.0])
     layers = {st["stage"]: st.get("layers") for st in pipe.get("stages", [])}
+    scale, unit = time_unit(end)
     _memory_panel(axes[0], timeline, "gpu", gpu, end, meta.get("gpu_capacity_bytes"), "GPU memory (GiB)",
-                  lambda d: f"stage {d}" + (f" (layers {layers[d][0]}-{layers[d][1]})" if layers.get(d) else ""), None)
+                  lambda d: f"stage {d}" + (f" (layers {layers[d][0]}-{layers[d][1]})" if layers.get(d) else ""), None,
+                  scale)
     if host:
         _memory_panel(axes[1], timeline, "host", host, end, meta.get("host_capacity_bytes"), "host memory (GiB)",
-                      lambda h: f"node {-1 - h} pinned host", None)
-    axes[-1].set_xlabel("time in the iteration (s)")
+                      lambda h: f"node {-1 - h} pinned host", None, scale)
+    axes[-1].set_xlabel(f"time in the iteration ({unit})")
     fig.suptitle(" | ".join(str(meta[k]) for k in ("model", "layout", "policy") if meta.get(k))
                  + " | GPU memory per pipeline stage", fontsize=10)
     fig.tight_layout()

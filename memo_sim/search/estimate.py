@@ -23,9 +23,11 @@ from memo_sim.cost.activations import layer_rows, skeletal_bytes
 from memo_sim.cost.boundary import boundary_times
 from memo_sim.model.flops import mfu, model_flops_per_iteration, tgs
 from memo_sim.cost.grad_sync import grad_sync
+from memo_sim.cost.memo import memoised
 from memo_sim.cost.layer_time import backward_costs, critical_time, forward_costs
 from memo_sim.cost.transfer import host_bandwidth_per_gpu, host_copy_time
 from memo_sim.layout.parallel import Layout
+from memo_sim.memplan.trace_gen import per_gpu_shard
 from memo_sim.model.config import ModelConfig
 from memo_sim.policy.alpha import AlphaProblem, AlphaResult, solve_alpha_closed_form
 from memo_sim.policy.base import Policy
@@ -69,13 +71,28 @@ def active_gpus_per_node(layout: Layout, profile: HardwareProfile) -> int:
     return min(layout.gpus, profile.node_gpus)
 
 
+@memoised()
+def _forward_backward_times(model: ModelConfig, layout: Layout, batch: int, seq: int,
+                            profile: HardwareProfile) -> tuple[float, float]:
+    """Critical seconds of one layer's forward and backward (policy-independent, memoised)."""
+    return (critical_time(forward_costs(model, layout, batch, seq, profile)),
+            critical_time(backward_costs(model, layout, batch, seq, profile)))
+
+
 def layer_times(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy,
                 profile: HardwareProfile) -> LayerTimes:
-    f = critical_time(forward_costs(model, layout, batch, seq, profile))
-    b = critical_time(backward_costs(model, layout, batch, seq, profile))
-    r = critical_time(policy.recompute_costs(model, layout, batch, seq, profile))
-    nbytes = policy.offload_bytes(model, layout, batch, seq)
-    active = active_gpus_per_node(layout, profile)
+    """Memoised per (model, per-GPU shard, batch, seq, policy, profile, active GPUs of the node):
+    DP and ZeRO do not change one layer's op lists or copy bytes."""
+    return _layer_times(model, per_gpu_shard(layout), batch, seq, policy, profile,
+                        active_gpus_per_node(layout, profile))
+
+
+@memoised()
+def _layer_times(model: ModelConfig, shard: Layout, batch: int, seq: int, policy: Policy,
+                 profile: HardwareProfile, active: int) -> LayerTimes:
+    f, b = _forward_backward_times(model, shard, batch, seq, profile)
+    r = critical_time(policy.recompute_costs(model, shard, batch, seq, profile))
+    nbytes = policy.offload_bytes(model, shard, batch, seq)
     o = host_copy_time(nbytes, profile, "d2h", active)
     p = host_copy_time(nbytes, profile, "h2d", active)
     return LayerTimes(f, b, r, o, p)
@@ -90,7 +107,7 @@ def memo_alpha(model: ModelConfig, layout: Layout, batch: int, seq: int, profile
     that check fails the row count is lowered until it holds (binary search: host bytes grow
     with the rows), so the result never exceeds a constraint."""
     sk = skeletal_bytes(model, layout, batch, seq)
-    f = critical_time(forward_costs(model, layout, batch, seq, profile))
+    f = _forward_backward_times(model, per_gpu_shard(layout), batch, seq, profile)[0]
     active = active_gpus_per_node(layout, profile)
     bw = host_bandwidth_per_gpu(profile, "d2h", active)
     # the copy latency is paid once per layer: take it off the time budget

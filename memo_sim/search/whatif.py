@@ -50,6 +50,7 @@ class Candidate:
     memory: MemoryBreakdown
     alpha_note: str = ""
     simulated: dict | None = None  # filled by the event simulator (tier 2)
+    folded: list[str] = field(default_factory=list)  # policy labels of duplicate rows folded into this one
     sppo: dict | None = None  # SPPO: the solved point (N, partition, alphas, stage of the peak, ...) and its role
 
     @property
@@ -57,6 +58,11 @@ class Candidate:
         if self.simulated is not None:
             return self.simulated["status"]
         return self.memory.status
+
+    @property
+    def tier(self) -> str:
+        """``simulated`` where the event simulator ran it (tier 2), else ``analytic`` (tier 1)."""
+        return "simulated" if self.simulated is not None else "analytic"
 
     @property
     def over_bytes(self) -> float:
@@ -78,6 +84,7 @@ class Candidate:
             "layout": self.layout.label(),
             "layout_degrees": self.layout.to_dict(),
             "policy": self.policy.name,
+            "tier": self.tier,
             "alpha": self.policy.alpha,
             "alpha_note": self.alpha_note,
             "status": self.status,
@@ -106,7 +113,10 @@ class Candidate:
             "layer_prefetch_s": e.layer.prefetch,
             "tp_mode": self.layout.tp_mode,
             "pp": self.layout.pp,
+            "binding": binding_words(self),
         }
+        if self.folded:
+            d["folded"] = list(self.folded)
         if self.sppo is not None:
             d["sppo"] = dict(self.sppo)
             d["policy_label"] = self.policy.label()
@@ -250,18 +260,166 @@ def megatron_twin(c: Candidate, alpha: float | None = None) -> Candidate:
     return make_candidate(c.model, twin, c.policy.name, c.batch, c.seq, c.profile, alpha)
 
 
+def _simulate_summary(args: tuple) -> dict:
+    """One candidate's tier-2 summary (module level: a process pool pickles it by name)."""
+    model, layout, batch, seq, policy, profile, contention, allocator_lag = args
+    r = simulate(model, layout, batch, seq, policy, profile, contention=contention, keep_timeline=False,
+                 allocator_lag=allocator_lag)
+    return r.to_dict()
+
+
+def default_jobs() -> int:
+    """All the cores this process may run on."""
+    import os
+
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+PARALLEL_MIN = 4  # fewer candidates than this are simulated in this process (a pool costs more)
+
+
 def simulate_candidates(candidates: list[Candidate], progress: Progress | None = None, *,
-                        contention: bool = True, allocator_lag: int = 0) -> list[dict]:
+                        contention: bool = True, allocator_lag: int = 0, jobs: int = 1) -> list[dict]:
     """Tier 2 of the what-if: simulate each candidate and store the summary in
-    ``candidate.simulated`` (the keys `Candidate.to_plan` reads). Returns the summaries."""
+    ``candidate.simulated`` (the keys `Candidate.to_plan` reads). Returns the summaries, in the
+    candidates' order.
+
+    ``jobs`` > 1 simulates in a pool of that many processes (`concurrent.futures`); a simulation
+    is deterministic, so the summaries are the serial run's (all but ``sim_wall_s``, the host
+    seconds each took), in the same order. ``progress(done, total)`` is called as they come in."""
+    if jobs < 1:
+        raise MemoError(f"--jobs must be at least 1, got {jobs}")
+    work = [(c.model, c.layout, c.batch, c.seq, c.policy, c.profile, contention, allocator_lag) for c in candidates]
+    jobs = min(jobs, len(work))
+    if jobs <= 1 or len(work) < PARALLEL_MIN:
+        results = map(_simulate_summary, work)
+        pool = None
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        # fork: the workers start with this process's modules and caches, nothing to re-import
+        ctx = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() else None
+        pool = ProcessPoolExecutor(max_workers=jobs, mp_context=ctx)
+        results = pool.map(_simulate_summary, work, chunksize=max(1, min(16, len(work) // (8 * jobs))))
     out = []
-    for k, c in enumerate(candidates):
-        r = simulate(c.model, c.layout, c.batch, c.seq, c.policy, c.profile, contention=contention,
-                     keep_timeline=False, allocator_lag=allocator_lag)
-        c.simulated = r.to_dict()
-        out.append(c.simulated)
-        if progress is not None:
-            progress(k + 1, len(candidates))
+    try:
+        for k, (c, summary) in enumerate(zip(candidates, results)):
+            c.simulated = summary
+            out.append(summary)
+            if progress is not None:
+                progress(k + 1, len(candidates))
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+    return out
+
+
+# ------------------------------------------------------------------------------------- presentation
+def behaviour_key(c: Candidate) -> tuple:
+    """What a candidate does, whatever its policy is called: its layout and which bytes go to
+    host or are rebuilt (`Policy.behaviour`). Two candidates with one key are one plan twice
+    (``memo`` at alpha = 1 moves what ``full_offload`` moves)."""
+    return (c.layout, c.sppo is not None, c.policy.behaviour(c.model.layers) if c.sppo is None else c.policy.label())
+
+
+def fold_duplicates(candidates: list[Candidate]) -> list[Candidate]:
+    """The ranking with each behaviour (`behaviour_key`) once, at its best-ranked row; the rows
+    folded into it are named in its ``folded`` list."""
+    seen: dict[tuple, Candidate] = {}
+    out = []
+    for c in candidates:
+        k = behaviour_key(c)
+        first = seen.get(k)
+        if first is None:
+            seen[k] = c
+            c.folded = []
+            out.append(c)
+        else:
+            first.folded.append(c.policy.label())
+    return out
+
+
+def host_memory_words(c: Candidate) -> str:
+    """Pinned host memory of a candidate in words: layers x GPUs x pinned bytes per layer against
+    the node's usable memory, and how much the host layout's rounding adds to the raw bytes."""
+    from memo_sim.units import fmt_bytes
+
+    m = c.memory
+    n_off = c.policy.offloaded_layers(c.model.layers)
+    if n_off == 0 or m.host_bytes_per_node <= 0:
+        return "nothing is offloaded to host memory"
+    gpus = min(c.layout.gpus, c.profile.node_gpus)
+    raw = m.host_bytes_per_gpu / n_off
+    pinned = m.host_bytes_per_node / (gpus * n_off)
+    words = (f"{n_off} offloaded layers x {gpus} GPUs x {fmt_bytes(pinned)} pinned per layer = "
+             f"{fmt_bytes(m.host_bytes_per_node)} of {fmt_bytes(m.host_capacity_bytes)} usable per node")
+    if raw > 0 and pinned > raw * 1.01:
+        words += (f"; {c.policy.host_scheme} with {c.profile.host.pinned_rounding} rounding turns "
+                  f"{fmt_bytes(raw)} of activations per layer into {fmt_bytes(pinned)} pinned "
+                  f"({pinned / raw:.2f}x)")
+    return words
+
+
+def binding_words(c: Candidate) -> str:
+    """Why a candidate stops where it does, in words: what runs out (GPU or pinned host memory,
+    with the terms that fill it), or which limit fixed MEMO's alpha."""
+    from memo_sim.units import fmt_bytes, fmt_time
+
+    m, e = c.memory, c.estimate
+    if c.status == "OOM" or (c.simulated is None and m.status == "OOM"):
+        if c.simulated and c.simulated.get("failure"):
+            f = c.simulated["failure"]
+            return (f"GPU memory: {f['tensor']} needs {fmt_bytes(f['requested_bytes'])} with "
+                    f"{fmt_bytes(f['in_use_bytes'])} of {fmt_bytes(f['capacity_bytes'])} in use (simulated)")
+        return (f"GPU memory: peak {fmt_bytes(m.peak_gpu_bytes)} of {fmt_bytes(m.gpu_capacity_bytes)} usable "
+                f"(model states {fmt_bytes(m.model_states_bytes)}, kept activations "
+                f"{fmt_bytes(m.skeletal_resident_bytes + m.lse_bytes)}, buffers {fmt_bytes(m.rounding_buffer_bytes)}, "
+                f"transients {fmt_bytes(m.transient_peak_bytes)})")
+    if c.status == "OOHM":
+        return "pinned host memory: " + host_memory_words(c)
+    if c.policy.takes_alpha and c.alpha_note:
+        if "host memory" in c.alpha_note:
+            return f"alpha {c.policy.alpha:.3f}: host memory full -- {host_memory_words(c)}"
+        if "offload time" in c.alpha_note:
+            return (f"alpha {c.policy.alpha:.3f}: the offload of one layer ({fmt_time(e.layer.offload)}) "
+                    f"hides under its forward ({fmt_time(e.layer.forward)}); more would stall compute")
+        return f"alpha {c.policy.alpha:.3f}: {c.alpha_note}"
+    return ""
+
+
+def not_searched(gpus: int, policies: tuple[str, ...] | None, framework: str, fixed: dict) -> list[str]:
+    """What a what-if with these restrictions did not look at, as advice a user can act on."""
+    fw = get_framework(framework)
+    searched = tuple(policies) if policies else fw.policies
+    out = []
+    missing = [p for p in policy_names() if p not in searched]
+    if missing:
+        offered = [p for p in missing if p in fw.policies]
+        out.append(f"policies {', '.join(missing)} ("
+                   + (f"drop --policy, or add --policy {offered[0]}" if offered else f"{fw.name} does not offer them")
+                   + ")")
+    if framework != "any":
+        out.append(f"layouts and policies outside what {framework} offers (--framework any)")
+    flags = {"tp": "--tp", "cp": "--cp", "ulysses": "--ulysses", "dp": "--dp", "zero": "--zero", "pp": "--pp",
+             "subseqs": "--subseqs", "partition": "--partition"}
+    pinned = [f"{flag} {fixed[k]}" for k, flag in flags.items() if fixed.get(k) is not None]
+    if fixed.get("sp") is not None:
+        pinned.append("--sp" if fixed["sp"] else "--no-sp")
+    if fixed.get("multiplex") is not None:
+        pinned.append("--multiplex" if fixed["multiplex"] else "--no-multiplex")
+    if fixed.get("alpha") is not None:
+        pinned.append(f"--alpha {fixed['alpha']}")
+    if pinned:
+        out.append(f"other values than {', '.join(pinned)} (drop them to search every layout)")
+    if fixed.get("tp_mode", "all") != "all":
+        out.append(f"tensor-parallel flavours other than {fixed['tp_mode']} (--tp-mode all)")
+    if not fixed.get("metp_across_nodes"):
+        out.append("METP rings across nodes (--metp-across-nodes)")
+    out.append(f"more than {gpus} GPUs (--gpus) or a shorter sequence (memo-sim maxseq finds the longest that fits)")
     return out
 
 
@@ -270,11 +428,11 @@ SPPO_SIMULATED = 2  # tier 2 also simulates the heuristic's SPPO choice and this
 
 def rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, *, simulate_top: int = 8,
          progress: Progress | None = None, allocator_lag: int = 0, sppo_simulate: int = SPPO_SIMULATED,
-         **fixed) -> WhatIfResult:
+         jobs: int = 1, **fixed) -> WhatIfResult:
     """Both tiers: every candidate estimated, the best ``simulate_top`` that fit simulated and
     ranked first by their simulated throughput; with SPPO candidates also the heuristic's choice
-    and the best ``sppo_simulate`` SPPO points (`WhatIfResult.sppo_summary`). ``fixed``:
-    `candidates_for`'s keyword arguments."""
+    and the best ``sppo_simulate`` SPPO points (`WhatIfResult.sppo_summary`). ``jobs``: processes
+    for tier 2 (`simulate_candidates`). ``fixed``: `candidates_for`'s keyword arguments."""
     result = candidates_for(model, seq, gpus, profile, **fixed)
     if simulate_top:
         head = [c for c in result.candidates if c.memory.status == "OK"][:simulate_top]
@@ -284,7 +442,7 @@ def rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, *, s
             for c in extra:
                 if not any(c is h for h in head):
                     head.append(c)
-        simulate_candidates(head, progress=progress, allocator_lag=allocator_lag)
+        simulate_candidates(head, progress=progress, allocator_lag=allocator_lag, jobs=jobs)
         result.candidates = sorted(head, key=Candidate.sort_key) + [c for c in result.candidates
                                                                     if not any(c is h for h in head)]
         result.simulated = len(head)

@@ -1,0 +1,99 @@
+"""[sim-speed] The engine's fast paths -- kernels as plain timeouts where no host copy can slow
+them, a kernel re-timed by an interrupt when a copy of its device starts or ends, collectives
+whose links no other stream uses as plain timeouts, rates recomputed per connected component of
+the link network -- give the timeline of the reference engine (every kernel and collective a
+flow of the fluid network) within 1e-9, on every policy, METP and SPPO included."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from memo_sim.engine.core import Engine
+from memo_sim.engine.pipeline import build_pipeline_iteration
+from memo_sim.engine.schedules import build_iteration
+from memo_sim.layout.parallel import Layout
+from memo_sim.model.config import get_model
+from memo_sim.policy import get_policy
+from memo_sim.policy.sppo import Sppo
+from memo_sim.profile import load_profile
+from memo_sim.search.sppo import solve_alphas
+
+K = 1024
+A800 = load_profile("a800-80gb")
+A100 = load_profile("a100-sxm4-80gb")
+
+CASES = [
+    ("gpt-7b", Layout(tp=8), 64 * K, "store_all", None),
+    ("gpt-7b", Layout(tp=4, cp=2), 256 * K, "full_recompute", None),
+    ("gpt-7b", Layout(tp=2, cp=4), 256 * K, "full_offload", None),
+    ("gpt-7b", Layout(tp=2, cp=4, zero=3), 1024 * K, "memo", 0.059),
+    ("gpt-7b", Layout(tp=8, sp=False), 128 * K, "memo", 0.5),
+    ("gpt-13b", Layout(tp=8, cp=2, dp=2, zero=1), 256 * K, "memo", 0.3),
+    ("gpt-7b", Layout(tp=8, tp_mode="metp"), 256 * K, "memo", 0.4),
+    ("gpt-7b", Layout(tp=8, tp_mode="metp_ffn"), 256 * K, "full_offload", None),
+    ("gpt-7b", Layout(tp=2, ulysses=4, zero=3), 256 * K, "full_recompute", None),
+]
+
+
+def _graph(case, profile=A800):
+    m, lay, seq, pol, a = case
+    sched = build_iteration(get_model(m), lay, 1, seq, get_policy(pol, a), profile)
+    return sched.graph, sched.memory.gpu_capacity_bytes, sched.memory.host_capacity_bytes
+
+
+def _run(graph, gcap, hcap, profile, fast):
+    run = Engine(graph, profile, gpu_capacity=gcap, host_capacity=hcap, fast_paths=fast).run()
+    return run, [(op.uid, op.start, op.end) for op in graph.ops]
+
+
+def _same(build, profile):
+    g1, gcap, hcap = build()
+    g2, _, _ = build()
+    fast, ops_fast = _run(g1, gcap, hcap, profile, True)
+    ref, ops_ref = _run(g2, gcap, hcap, profile, False)
+    assert (fast.failure is None) == (ref.failure is None)
+    tol = 1e-9 * max(ref.end_time, 1e-9)
+    assert math.isclose(fast.end_time, ref.end_time, rel_tol=1e-9)
+    for (u, s1, e1), (_, s2, e2) in zip(ops_fast, ops_ref):
+        if s2 is None:
+            assert s1 is None
+            continue
+        assert abs(s1 - s2) <= tol, (u, s1, s2)
+        assert (e1 is None) == (e2 is None) and (e2 is None or abs(e1 - e2) <= tol), (u, e1, e2)
+    for d in ref.peak_gpu_bytes:
+        assert fast.peak_gpu_bytes[d] == ref.peak_gpu_bytes[d]
+    for name, carried in ref.link_carried.items():
+        assert math.isclose(fast.link_carried[name], carried, rel_tol=1e-9, abs_tol=1e-3), name
+    return fast
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1].label()}-{c[3]}")
+def test_fast_paths_equal_reference(case):
+    run = _same(lambda: _graph(case), A800)
+    assert run.failure is None
+
+
+@pytest.mark.parametrize("tp,pp,seq,n,mux", [(8, 2, 256 * K, 4, False), (4, 4, 256 * K, 8, True)])
+def test_fast_paths_equal_reference_sppo(tp, pp, seq, n, mux):
+    model, lay = get_model("gpt-7b"), Layout(tp=tp, pp=pp)
+    pol = Sppo(None, subseqs=n, multiplex=mux).with_bounds(model, lay, 1, seq)
+    pol = solve_alphas(model, lay, 1, seq, pol, A100)[0]
+
+    def build():
+        sched = build_pipeline_iteration(model, lay, 1, seq, pol, A100, detail="ops")
+        mem = sched.memory.breakdown
+        return sched.graph, mem.gpu_capacity_bytes, mem.host_capacity_bytes
+
+    assert _same(build, A100).failure is None
+
+
+def test_fast_paths_equal_reference_when_memory_runs_out():
+    case = ("gpt-7b", Layout(tp=8), 1024 * K, "store_all", None)  # OOM part-way through the forward
+    g1, gcap, hcap = _graph(case)
+    g2, _, _ = _graph(case)
+    fast, _ = _run(g1, gcap, hcap, A800, True)
+    ref, _ = _run(g2, gcap, hcap, A800, False)
+    assert fast.failure is not None and dataclasses.asdict(fast.failure) == dataclasses.asdict(ref.failure)
