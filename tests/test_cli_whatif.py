@@ -187,7 +187,7 @@ def test_progress_only_after_a_second_and_never_when_quiet(monkeypatch):
     opened = []
 
     @contextlib.contextmanager
-    def fake_bar(label, total, quiet=False):
+    def fake_bar(label, total, quiet=False, force=None):
         steps = []
         opened.append((label, total, steps))
         yield lambda: steps.append(1)

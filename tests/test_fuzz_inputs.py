@@ -236,17 +236,12 @@ def test_fuzz_whatif_flags(flag, value):
             args = args[:4] + args[6:]
         bad = value in ("-1", "1e20", "abc", "nan", "inf", "", "99999999999999999999", "1e30") or \
             (value == "0" and flag not in ("--alpha", "--zero"))
-        if (flag, value) == WHATIF_BATCH_HUGE:
-            bad = False  # known: see test_whatif_huge_batch_is_refused (xfail)
         drive(sim_cli, args, d, {"m.json"}, must_refuse=bad)
 
 
 WHATIF_BATCH_HUGE = ("--batch", "99999999999999999999")
 
 
-@pytest.mark.xfail(strict=False, reason="memo_sim/cli/whatif.py: --batch is type=int without an upper bound, so "
-                                       "1e20 sequences run the search and end 'nothing fits' (exit 3) instead of "
-                                       "exit 2 (fix: type=memo_sim.cli.common.BATCH)")
 def test_whatif_huge_batch_is_refused():
     with scratch() as d:
         (d / "m.json").write_text(json.dumps(MODEL), encoding="utf-8")
@@ -365,8 +360,6 @@ def test_the_seeds_are_accepted():
         assert drive(sim_cli, ["plot", str(d / "tl.json"), "--out", str(d / "figs")], d, set()) == 0
 
 
-@pytest.mark.xfail(strict=False, reason="memo_sim/cli/simulate.py writes timeline.json before it checks --layers "
-                                       "(fix: parse the layer range right after reading the plan)")
 def test_simulate_bad_layers_writes_nothing():
     with scratch() as d:
         (d / "plan.json").write_text(json.dumps(PLAN), encoding="utf-8")

@@ -161,7 +161,9 @@ def test_traces_hold_the_double_buffers_and_blocks(p):
     assert _buf(bwd, "metp_ffn_dw_double_buffer") == pytest.approx(2 * 8 * h * h / p * D)
     assert _buf(bwd, "metp_mha_dw_reduce_buffers") == pytest.approx(2 * 4 * h * h / p * D)
     for j in range(p):  # every step's blocks, each freed before the next step's
-        assert _buf(fwd, f"metp_act_block{j}") == pytest.approx(4 * seq * h / p**2 * D)
+        assert _buf(fwd, f"metp_fc1_block{j}") == pytest.approx(4 * seq * h / p**2 * D)
+        assert not [b for b in fwd.buffers if b.name == f"metp_act_block{j}"]  # f(T_ij) in place
+        assert _buf(bwd, f"metp_act_block{j}") == pytest.approx(4 * seq * h / p**2 * D)
         assert _buf(bwd, f"metp_d_fc1_block{j}") == pytest.approx(4 * seq * h / p**2 * D)
         assert _buf(fwd, f"metp_kv_double_buffer{j}") == pytest.approx(2 * 2 * seq * h / p**2 * D)
         assert _buf(bwd, f"metp_dkv_in_flight{j}") == pytest.approx(2 * 2 * seq * h / p**2 * D)

@@ -52,13 +52,14 @@ def build_model(model_name: str, layers, hidden, heads, ffn, vocab, dtype=None, 
     return ModelConfig.from_dict(d, source="model flags")
 
 
-def progress_bar(label: str, total: int, quiet: bool = False):
+def progress_bar(label: str, total: int, quiet: bool = False, force: bool | None = None):
     """A click progress bar on stderr; returns a context manager yielding a step() callable.
     Silent when ``quiet`` (e.g. --json), when there is nothing to count, or when stderr is not a
-    terminal (logs and pipes get no bar)."""
+    terminal (logs and pipes get no bar); ``force`` (``--progress/--no-progress``) overrides both."""
     @contextlib.contextmanager
     def cm():
-        if quiet or total == 0 or not sys.stderr.isatty():
+        on = force if force is not None else (not quiet and sys.stderr.isatty())
+        if not on or total == 0:
             yield lambda: None
             return
         with click.progressbar(length=total, label=label, file=sys.stderr) as bar:

@@ -92,7 +92,10 @@ def simulate_cmd(plan_file, out_dir, layers_text, profile_override, no_contentio
     """Simulate a plan's training iteration; write timeline.json, trace.json and figures."""
     from memo_sim.engine.simulate import simulate
 
+    from memo_sim.report.figures import parse_layer_range
+
     plan, profile = _load_plan_and_profile(plan_file, profile_override)
+    parse_layer_range(layers_text, plan.model.layers)  # a bad --layers is refused before anything is written
     r = simulate(plan.model, plan.layout, plan.batch, plan.seq_tokens, plan.policy, profile, allocator_lag=allocator_lag,
                  contention=not no_contention, classifier_chunk_tokens=plan.classifier_chunk_tokens, detail=detail)
     out = Path(out_dir)

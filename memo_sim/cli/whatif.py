@@ -16,7 +16,7 @@ from pathlib import Path
 
 import click
 
-from memo_sim.cli.common import (DEGREE, GPU_COUNT, build_model, count_option, model_options, progress_bar,
+from memo_sim.cli.common import (BATCH, DEGREE, GPU_COUNT, build_model, count_option, model_options, progress_bar,
                                  progress_option)
 from memo_sim.errors import MemoError
 from memo_sim.plan.schema import write_plan
@@ -32,7 +32,7 @@ from memo_sim.units import fmt_bytes, fmt_count, fmt_time
 @click.option("--seq", default="256K", callback=count_option, show_default=True, help="Sequence length (4K, 256K, 1M).")
 @click.option("--gpus", default=8, show_default=True, type=GPU_COUNT, help="Number of GPUs.")
 @click.option("--profile", "profile_name", default="a800-80gb", show_default=True, help="Hardware profile.")
-@click.option("--batch", default=1, show_default=True, type=int, help="Sequences per data-parallel replica per iteration.")
+@click.option("--batch", default=1, show_default=True, type=BATCH, help="Sequences per data-parallel replica per iteration.")
 @click.option("--tp", type=DEGREE, help="Fix the tensor-parallel degree.")
 @click.option("--cp", type=DEGREE, help="Fix the (ring) context-parallel degree.")
 @click.option("--ulysses", type=DEGREE, help="Fix the Ulysses sequence-parallel degree.")
@@ -106,7 +106,7 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq,
                                         if not getattr(policy_class(p), "pipelined", False))
         result = candidates_for(model, seq, gpus, profile, policies=pols, framework=framework, **fixed)
         return _sweep_alpha(model, seq, batch, profile, result, as_json, out_dir, t0, quiet)
-    with delayed_progress("simulating", quiet) as on_progress:
+    with delayed_progress("simulating", quiet, force=progress) as on_progress:
         result = rank(model, seq, gpus, profile, simulate_top=simulate_top, progress=on_progress,
                       allocator_lag=allocator_lag, policies=tuple(policies) or None, framework=framework, jobs=jobs,
                       **fixed)
@@ -211,7 +211,7 @@ PROGRESS_AFTER_S = 1.0  # a bar appears only for work that has run this long
 
 
 @contextlib.contextmanager
-def delayed_progress(label: str, quiet: bool):
+def delayed_progress(label: str, quiet: bool, force: bool | None = None):
     """A ``progress(done, total)`` callback that opens `memo_sim.cli.common.progress_bar` once the
     work has run `PROGRESS_AFTER_S` seconds (short runs print nothing) and closes it at the end."""
     t0 = time.perf_counter()
@@ -224,7 +224,7 @@ def delayed_progress(label: str, quiet: bool):
             if "step" not in state:
                 if time.perf_counter() - t0 < PROGRESS_AFTER_S:
                     return
-                state["step"] = stack.enter_context(progress_bar(label, total))
+                state["step"] = stack.enter_context(progress_bar(label, total, force=force))
                 state["shown"] = 0
             while state["shown"] < done:
                 state["step"]()

@@ -49,7 +49,7 @@ from memo_sim.cost.kernel_time import attention_bwd_time, attention_fwd_time, me
 from memo_sim.cost.layer_time import backward_costs, forward_costs
 from memo_sim.cost.opcost import OpCost, critical_time
 from memo_sim.errors import MemoError
-from memo_sim.layout.parallel import Layout, stage_hop_crosses_nodes
+from memo_sim.layout.parallel import Layout, stage_hop_crosses_nodes, stage_layers
 from memo_sim.model.config import ModelConfig
 from memo_sim.model.flops import ATTN_BWD_FACTOR, causal_attention_flops, layer_forward_flops
 from memo_sim.model.layer_graph import DTYPE_BYTES, layer_tensors
@@ -278,14 +278,6 @@ def pipeline_time(pp: int, n: int, f_n: float) -> float:
     """Iteration time of the subsequence pipeline: (p − 1 + N)/N · F(N), F(N) the forward and
     backward time of all N subsequences on one stage."""
     return (pp - 1 + n) / n * f_n
-
-
-def stage_layers(n_layers: int, pp: int) -> list[range]:
-    """Layers of each stage (an even split)."""
-    if pp < 1 or n_layers % pp:
-        raise MemoError(f"{n_layers} layers do not split evenly into {pp} pipeline stages")
-    k = n_layers // pp
-    return [range(s * k, (s + 1) * k) for s in range(pp)]
 
 
 def stage_params(model: ModelConfig, pp: int, stage: int) -> float:

@@ -41,7 +41,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from memo_sim.errors import validated
+from memo_sim.errors import MemoError, validated
 from memo_sim.model.config import ModelConfig
 from memo_sim.model.layer_graph import TP_MODES
 
@@ -290,3 +290,11 @@ def node_stage_gpus(layout: Layout, gpus_per_node: int) -> dict[int, dict[int, i
         per = out.setdefault(r // gpus_per_node, {})
         per[stage] = per.get(stage, 0) + 1
     return out
+
+
+def stage_layers(n_layers: int, pp: int) -> list[range]:
+    """The layers of each pipeline stage: an even split (the simulator and the executor both use it)."""
+    if pp < 1 or n_layers % pp:
+        raise MemoError(f"{n_layers} layers do not split evenly into {pp} pipeline stages")
+    k = n_layers // pp
+    return [range(s * k, (s + 1) * k) for s in range(pp)]

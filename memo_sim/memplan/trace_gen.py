@@ -18,8 +18,9 @@ token-wise recompute scratch (the dropped tokens' gathered inputs) at the start.
 METP (``layout.tp_mode``, `memo_sim.cost.metp`): the ring replaces the FFN (and with ``metp``
 the MHA) and its all-gathers / reduce-scatters. Forward FFN: the double buffer of received
 W_in / W_out blocks (``metp_ffn_w_double_buffer``, 2 x (B + C) blocks) and the output
-accumulator O_i (``fc2``) for the whole ring; per step j the T_ij block (``metp_fc1_block<j>``)
-and the D_ij block (``metp_act_block<j>``), both live during the activation. Backward FFN: the
+accumulator O_i (``fc2``) for the whole ring; per step j the T_ij block (``metp_fc1_block<j>``),
+whose activation D_ij = f(T_ij) is computed in place (the executor's ring does the same; only the
+backward, which needs both T_ij and D_ij, holds ``metp_act_block<j>`` beside it). Backward FFN: the
 weight double buffer, the double buffer of the partial dB / dC blocks travelling the ring
 (``metp_ffn_dw_double_buffer``), the dA_i accumulator (``d_ln2``); per step the recomputed T_ij
 and D_ij, dD_ij (``metp_d_act_block<j>``) and dT_ij (``metp_d_fc1_block<j>``). Forward MHA: the
@@ -168,13 +169,10 @@ def _metp_ffn_forward(b: "_Builder", bs: dict[str, float], p: int, tb: dict[str,
     b.alloc("fc2", tb["fc2"])  # the output accumulator O_i, freed by the residual add
     b.tick()
     for j in range(p):
-        b.alloc(f"metp_fc1_block{j}", bs["fc1_block"])  # T_ij = A_i B_j
-        b.tick()
-        b.alloc(f"metp_act_block{j}", bs["act_block"])  # D_ij = f(T_ij)
-        b.tick()
-        b.free(f"metp_fc1_block{j}")
+        b.alloc(f"metp_fc1_block{j}", bs["fc1_block"])  # T_ij = A_i B_j, then D_ij = f(T_ij) in place
         b.tick()  # O_i += D_ij C_j
-        b.free(f"metp_act_block{j}")
+        b.free(f"metp_fc1_block{j}")
+        b.tick()
     b.free("metp_ffn_w_double_buffer")
 
 

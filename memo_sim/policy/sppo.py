@@ -31,6 +31,8 @@ subsequence through one layer of the stage; `memo_sim.cost.sppo.stage_pieces`):
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import ClassVar
@@ -188,10 +190,16 @@ class Sppo(Policy):
             raise MemoError(f"sppo policy: unknown field {sorted(unknown)[0]!r}")
         if d.get("alpha") is not None:
             raise MemoError("sppo policy: alpha is per subsequence (alphas), not one number")
+        if not isinstance(d.get("multiplex", False), bool):
+            raise MemoError(f"sppo policy: multiplex must be true or false, got {d.get('multiplex')!r}")
+        thr = d.get("threshold_bytes")
+        if thr is not None and (isinstance(thr, bool) or not isinstance(thr, (int, float)) or not math.isfinite(thr)
+                                or thr < 0):
+            raise MemoError(f"sppo policy: threshold_bytes must be a finite number of bytes >= 0 or null, got {thr!r}")
         try:
             return cls(None, subseqs=d.get("subseqs", 1), bounds=tuple(d.get("bounds") or ()),
                        alphas=tuple(d.get("alphas") or ()), partition=d.get("partition", "flops"),
-                       multiplex=bool(d.get("multiplex", False)), threshold_bytes=d.get("threshold_bytes"))
+                       multiplex=d.get("multiplex", False), threshold_bytes=d.get("threshold_bytes"))
         except TypeError as e:
             raise MemoError(f"sppo policy: bad value ({e})") from None
 
