@@ -102,6 +102,11 @@ class Timeline:
     meta: dict = field(default_factory=dict)  # source (simulated|measured), plan label, device, ...
 
     @property
+    def device_word(self) -> str:
+        """What the devices are called in figures and traces: "CPU" for a measured CPU run, else "GPU"."""
+        return "CPU" if (self.meta or {}).get("device_kind") == "cpu" else "GPU"
+
+    @property
     def makespan(self) -> float:
         return max((e.end for e in self.events), default=0.0) - min((e.start for e in self.events), default=0.0)
 

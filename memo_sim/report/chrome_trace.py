@@ -37,11 +37,12 @@ def chrome_trace(timeline: Timeline) -> dict:
     devices = sorted({e.device for e in timeline.events} | {m.device for m in timeline.memory if m.kind == "gpu"})
     hosts = sorted({m.device for m in timeline.memory if m.kind == "host"})
     meta = timeline.meta or {}
+    dev = timeline.device_word
     title = " ".join(str(meta[k]) for k in ("model", "layout", "policy") if meta.get(k))
     ev: list[dict] = []
     for d in devices:
         ev.append({"ph": "M", "name": "process_name", "pid": d, "tid": 0,
-                   "args": {"name": f"GPU {d}" + (f" - {title}" if title else "")}})
+                   "args": {"name": f"{dev} {d}" + (f" - {title}" if title else "")}})
         ev.append({"ph": "M", "name": "process_sort_index", "pid": d, "tid": 0, "args": {"sort_index": d}})
         streams_here = sorted({e.stream for e in timeline.events if e.device == d}, key=lambda s: tids[s])
         for s in streams_here:
@@ -64,7 +65,7 @@ def chrome_trace(timeline: Timeline) -> dict:
                    "ts": e.start * 1e6, "dur": max(0.0, e.end - e.start) * 1e6, "args": args})
     for m in timeline.memory:
         if m.kind == "gpu":
-            ev.append({"ph": "C", "name": "GPU memory (GiB)", "pid": m.device, "tid": 0, "ts": m.time * 1e6,
+            ev.append({"ph": "C", "name": f"{dev} memory (GiB)", "pid": m.device, "tid": 0, "ts": m.time * 1e6,
                        "args": {"allocated": m.nbytes / GiB}})
         else:
             ev.append({"ph": "C", "name": "pinned host memory (GiB)", "pid": HOST_PID_BASE + (-1 - m.device),

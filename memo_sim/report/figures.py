@@ -214,7 +214,7 @@ def memory_figure(timeline: Timeline, path: str | Path) -> Path:
     axes = fig.subplots(rows, 1, squeeze=False, sharex=True)[:, 0]
     end = max([e.end for e in timeline.events] + [m.time for m in timeline.memory] + [0.0])
     scale, unit = time_unit(end)
-    dev = "CPU" if meta.get("device_kind") == "cpu" else "GPU"  # a measured CPU run's device memory
+    dev = timeline.device_word
     _memory_panel(axes[0], timeline, "gpu", gpu, end, meta.get("gpu_capacity_bytes"), f"{dev} memory (GiB)",
                   lambda d: f"{dev} {d}", None, scale)
     if host:
