@@ -15,7 +15,7 @@ on stderr and exit with code 2, before anything large is allocated.
 
 from __future__ import annotations
 
-
+import contextlib
 import sys
 
 import click
@@ -76,6 +76,11 @@ def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens
             sys.exit(1)
         return
     plan = read_plan(plan_file)
+    if nproc is None and plan.layout.gpus == 1:
+        from memo_exec.distributed.schedule import SingleStage, schedule_for  # noqa: PLC0415
+
+        if schedule_for(plan.layout, plan.policy) is not SingleStage:  # e.g. an SPPO plan with pp = 1
+            nproc = 1  # its schedule lives in the distributed executor: one process through torchrun
     if nproc is not None:
         from memo_exec.distributed.launch import backend_for, launch_nproc, rank_device  # noqa: PLC0415
         from memo_exec.distributed.runner import check_plan_for_world  # noqa: PLC0415
@@ -183,9 +188,11 @@ def trace_cmd(plan_file, device, out_file, dtype, attention_backend, target, cud
 @click.option("--out", "out_dir", default="validation_out", show_default=True, type=click.Path(file_okay=False))
 @click.option("--report", "report_path", default=None, type=click.Path(dir_okay=False),
               help="markdown report path (default OUT/validation.md), e.g. reports/validation-h100.md")
+@click.option("--progress/--no-progress", default=None,
+              help="a progress bar on stderr (default: on when stderr is a terminal)")
 @user_errors("while validating")
 def validate_cmd(profile_name, model_name, layers, hidden, heads, ffn, vocab, dtype, seqs, policies, alphas, device,
-                 steps, out_dir, report_path):
+                 steps, out_dir, report_path, progress):
     import dataclasses
     import shlex
 
@@ -210,10 +217,13 @@ def validate_cmd(profile_name, model_name, layers, hidden, heads, ffn, vocab, dt
     pols = [p.strip() for p in policies.split(",") if p.strip()]
     plans = plan_set(seq_list, pols, alpha_list)
     command = "memo-exec " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    with click.progressbar(length=len(plans), label="validating", file=sys.stderr) as bar:
+    if progress is None:
+        progress = sys.stderr.isatty()
+    with (click.progressbar(length=len(plans), label="validating", file=sys.stderr) if progress
+          else contextlib.nullcontext()) as bar:
         path, summary = validate(model, profile, plans, device=dev, steps=steps, out_dir=out_dir,
                                  report_path=report_path, command=command,
-                                 progress=lambda done, total: bar.update(1))
+                                 progress=(lambda done, total: bar.update(1)) if progress else None)
     click.echo(f"wrote {path}: {summary['ran']} of {summary['plans']} plans ran; median |iteration error| "
                f"{summary['median_abs_iteration_error']}, max {summary['max_abs_iteration_error']}, "
                f"Kendall tau {summary['kendall_tau_iteration']}")

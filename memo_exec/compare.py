@@ -5,10 +5,14 @@ The prediction is the plan re-simulated with the simulator's public API
 the plan's profile, layout, batch, sequence length, policy and classifier chunk. Both sides are
 `memo_sim.timeline.Timeline` s, so the same functions measure both.
 
-Per stream (compute, d2h, h2d): ``busy`` is the union of the stream's op intervals (compute-stream
-stalls -- waits on copy events -- are not work); ``overlapped`` is the part of ``busy`` during
-which the other side runs (for a copy stream: compute; for compute: either copy stream);
-``exposed`` = busy - overlapped (a copy stream: copy time not hidden under compute).
+Per stream (compute, d2h, h2d, and METP's tp_p2p / tp_bcast where either side has them):
+``busy`` is the union of the stream's op intervals (compute-stream stalls -- waits on copy
+events or ring transfers -- are not work); ``overlapped`` is the part of ``busy`` during which
+the other side runs (for a copy or ring stream: compute; for compute: either copy stream);
+``exposed`` = busy - overlapped (a copy or ring stream: transfer time not hidden under compute).
+METP's exposed ring time proper -- the time the compute stream waited on the ring -- is
+`ring_stall_seconds` (the executor's ``wait_tp_p2p`` / ``wait_tp_bcast`` stall spans) against the
+simulator's ``exposed_p2p_s`` (its streams' waits on tp_p2p / tp_bcast).
 
 Per layer and op class: forward, recompute, backward (the summed compute ops of that layer's
 phase), offload, prefetch (that layer's copy). Every row carries
@@ -20,9 +24,9 @@ from __future__ import annotations
 import dataclasses
 import statistics
 
-from memo_sim.timeline import Timeline
+from memo_sim.timeline import TP_RING_STREAMS, Timeline
 
-STREAMS = ("compute", "d2h", "h2d")
+STREAMS = ("compute", "d2h", "h2d")  # always reported; TP_RING_STREAMS where a timeline has them
 COPY_STREAMS = ("d2h", "h2d")
 OP_CLASSES = (("forward", "compute", "fwd"), ("recompute", "compute", "recompute"), ("backward", "compute", "bwd"),
               ("offload", "d2h", "offload"), ("prefetch", "h2d", "prefetch"))
@@ -109,11 +113,26 @@ def busy_spans(tl: Timeline, streams: tuple[str, ...]) -> list[tuple[float, floa
     return _union([(e.start, e.end) for e in tl.events if e.stream in streams and e.phase != "stall"])
 
 
-def stream_stats(tl: Timeline) -> dict[str, dict[str, float]]:
-    """busy / overlapped / exposed seconds of each of compute, d2h, h2d."""
+def ring_streams(timelines: list[Timeline | None]) -> tuple[str, ...]:
+    """METP's streams that any of the timelines uses."""
+    used = {e.stream for t in timelines if t is not None for e in t.events}
+    return tuple(s for s in TP_RING_STREAMS if s in used)
+
+
+def ring_stall_seconds(tl: Timeline) -> dict[str, float]:
+    """Measured exposed METP ring time per stream: the compute stream's waits on it
+    (`memo_exec.metp.lane.exposed_ring_seconds`)."""
+    from memo_exec.metp.lane import exposed_ring_seconds  # noqa: PLC0415 - torch.distributed, METP runs only
+
+    return exposed_ring_seconds(tl.events)
+
+
+def stream_stats(tl: Timeline, extra: tuple[str, ...] = ()) -> dict[str, dict[str, float]]:
+    """busy / overlapped / exposed seconds of each of compute, d2h, h2d and the ``extra``
+    (ring) streams."""
     compute, copies = busy_spans(tl, ("compute",)), busy_spans(tl, COPY_STREAMS)
     out = {}
-    for s in STREAMS:
+    for s in STREAMS + extra:
         mine = busy_spans(tl, (s,))
         other = copies if s == "compute" else compute
         busy, over = _length(mine), _intersection(mine, other)
@@ -143,10 +162,11 @@ def _mean_dicts(ds: list[dict]) -> dict:
 
 def stream_rows(measured: list[Timeline], predicted: Timeline | None) -> list[dict]:
     """One row per stream and quantity; measured values are means over the given steps."""
-    meas = [stream_stats(t) for t in measured]
-    pred = stream_stats(predicted) if predicted is not None else None
+    rings = ring_streams([*measured, predicted])
+    meas = [stream_stats(t, rings) for t in measured]
+    pred = stream_stats(predicted, rings) if predicted is not None else None
     rows = []
-    for s in STREAMS:
+    for s in STREAMS + rings:
         m = _mean_dicts([x[s] for x in meas])
         for q in ("busy_s", "exposed_s", "overlapped_s"):
             p = pred[s][q] if pred is not None else None

@@ -25,7 +25,7 @@ import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from memo_exec.compare import op_rows, rel_error, resimulate, sim_memory_breakdown, stream_rows
+from memo_exec.compare import op_rows, rel_error, resimulate, ring_stall_seconds, sim_memory_breakdown, stream_rows
 from memo_exec.device import element_size
 from memo_exec.figures import overlay_gantt
 from memo_exec.measure import timeline_from_step
@@ -35,7 +35,7 @@ from memo_sim.fileio import atomic_write_bytes, atomic_write_text
 from memo_sim.model.layer_graph import DTYPE_BYTES
 from memo_sim.report.chrome_trace import write_chrome_trace
 from memo_sim.report.figures import gantt_figure, memory_figure
-from memo_sim.timeline import Timeline
+from memo_sim.timeline import TP_RING_STREAMS, Timeline
 
 GiB = 2**30
 
@@ -78,8 +78,26 @@ def compare_run(res: RunResult) -> Comparison:
     measured = [timeline_from_step(r, {}) for r in steady]
     ptl = sim.timeline if sim is not None else None
     breakdown = sim_memory_breakdown(plan, n)
-    return Comparison(totals_rows(res, pred, source), stream_rows(measured, ptl), op_rows(measured, ptl),
+    totals = totals_rows(res, pred, source)
+    if plan.layout.metp:
+        totals += ring_rows(measured, sim, sim_note)
+    return Comparison(totals, stream_rows(measured, ptl), op_rows(measured, ptl),
                       res.estimate.compare(breakdown), source, sim_note, ptl)
+
+
+def ring_rows(measured: list, sim, sim_note: str) -> list[dict]:
+    """METP: the time the compute stream waited on the ring (``wait_tp_p2p`` / ``wait_tp_bcast``
+    stalls, mean over the steady steps) against the simulator's ``exposed_p2p_s`` for the same plan
+    (its streams' waits on tp_p2p / tp_bcast beyond the compute they overlap)."""
+    per = [ring_stall_seconds(t) for t in measured]
+    rows = [("exposed METP ring time (compute waiting on tp_p2p + tp_bcast)",
+             sim.exposed_p2p_s if sim is not None else None,
+             statistics.fmean(sum(d.values()) for d in per) if per else None)]
+    for s in TP_RING_STREAMS:
+        rows.append((f"  of which waiting on {s}", None, statistics.fmean(d[s] for d in per) if per else None))
+    src = sim_note if sim is not None else f"not predicted ({sim_note})"
+    return [{"quantity": q, "unit": "s", "predicted": p, "measured": m, "rel_error": rel_error(m, p),
+             "predicted_from": src if p is not None else "the simulator reports the sum only"} for q, p, m in rows]
 
 
 def totals_rows(res: RunResult, pred: dict, source: str) -> list[dict]:
@@ -263,8 +281,8 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
     L.append("")
     L.append(f"## Streams: measured vs predicted\n\nPredicted: {cmp_.simulation}. Measured: mean over the steady "
              f"steps. busy = time the stream runs ops (compute stalls excluded); overlapped = busy time during "
-             f"which the other side also runs (copy streams: compute; compute: either copy stream); exposed = busy "
-             f"− overlapped.\n")
+             f"which the other side also runs (copy and METP ring streams: compute; compute: either copy stream); "
+             f"exposed = busy − overlapped.\n")
     L.append("| stream | quantity | predicted | measured | rel. error |")
     L.append("|---|---|---:|---:|---:|")
     for r in cmp_.streams:
@@ -380,7 +398,7 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
 # and busy time per stream for every rank, against the simulator's representative GPU (the plan's
 # prediction), with the spread over the ranks.
 
-RANK_STREAMS = ("compute", "comm", "cp_comm", "dp_comm", "d2h", "h2d")
+RANK_STREAMS = ("compute", "comm", "cp_comm", "tp_p2p", "tp_bcast", "dp_comm", "d2h", "h2d")
 
 
 def rank_payload(ex, res) -> dict:
@@ -417,8 +435,17 @@ def rank_rows(payloads: list[dict], predicted_iteration: float | None) -> list[d
                      "layer_forward_s": st.get("layer_forward_s"), "layer_backward_s": st.get("layer_backward_s"),
                      "layer_recompute_s": st.get("layer_recompute_s"),
                      "busy_s": _busy(p["summaries"]), "peak_memory_bytes": st.get("peak_allocated_bytes"),
-                     "last_loss": p["losses"][-1]})
+                     "ring_stall_s": _ring_stall(p["events"]), "last_loss": p["losses"][-1]})
     return rows
+
+
+def _ring_stall(events) -> float | None:
+    """The last step's wait on METP's ring (None when the rank ran no ring)."""
+    if not any(e.stream in TP_RING_STREAMS for e in events):
+        return None
+    from memo_exec.metp.lane import exposed_ring_seconds  # noqa: PLC0415
+
+    return sum(exposed_ring_seconds(events).values())
 
 
 def spread(values: list[float]) -> float | None:
@@ -443,22 +470,28 @@ def _f(v, fmt="{:.4f}") -> str:
 
 def per_rank_markdown(rows: list[dict], predicted_iteration: float | None, memory_label: str) -> str:
     streams = [s for s in RANK_STREAMS if any(s in r["busy_s"] for r in rows)]
+    ring = any(r.get("ring_stall_s") is not None for r in rows)
     L = ["", "## Per rank", "",
          f"The simulator predicts one representative GPU (iteration {_f(predicted_iteration)} s); every rank "
          "measured its own steps (steady state: the mean over the steps after the warm-up). Busy time per "
          "stream is the sum of that stream's spans (on CPU the collectives block the calling thread, so their "
          "spans also lie inside the compute spans that issue them).", "",
          "| rank | dp | cp | uly | tp | tokens | iteration s | vs predicted | layer fwd s | layer bwd s | "
-         + " | ".join(f"{s} busy s" for s in streams) + f" | {memory_label} peak GiB | last loss |",
-         "|" + "---|" * (12 + len(streams))]
+         + " | ".join(f"{s} busy s" for s in streams) + " | ring wait s" * ring
+         + f" | {memory_label} peak GiB | last loss |",
+         "|" + "---|" * (12 + len(streams) + ring)]
     for r in rows:
         mem = None if r["peak_memory_bytes"] is None else r["peak_memory_bytes"] / 2**30
         L.append(f"| {r['rank']} | {r['dp']} | {r['cp']} | {r['ulysses']} | {r['tp']} | {r['local_tokens']} | "
                  f"{_f(r['iteration_s'])} | {_f(r['iteration_rel_error'], '{:+.1%}')} | "
                  f"{_f(r['layer_forward_s'])} | {_f(r['layer_backward_s'])} | "
                  + " | ".join(_f(r["busy_s"].get(s)) for s in streams)
+                 + (f" | {_f(r.get('ring_stall_s'))}" if ring else "")
                  + f" | {_f(mem, '{:.2f}')} | {_f(r['last_loss'], '{:.6f}')} |")
     sp = spread([r["iteration_s"] for r in rows])
+    if ring:
+        L += ["", "ring wait s: the last step's time the compute stream waited on METP's ring (the "
+              "`wait_tp_p2p` / `wait_tp_bcast` stalls), the measured exposed P2P time of that rank."]
     L += ["", f"Spread of the iteration time over the ranks (max - min) / mean: {_f(sp, '{:.1%}')}.", ""]
     return "\n".join(L)
 

@@ -147,6 +147,13 @@ class Executor:
             raise ExecError(f"plan layout {lay.label()} uses {plan.gpus} GPUs; this executor runs single-device plans "
                             f"(tp=cp=ulysses=dp=1): run it with memo-exec run --nproc {lay.gpus} (or torchrun), "
                             f"which uses memo_exec.distributed")
+        from memo_exec.distributed.schedule import SingleStage, schedule_for  # noqa: PLC0415
+
+        sched = schedule_for(lay, plan.policy)
+        if sched is not SingleStage:
+            raise ExecError(f"policy {plan.policy.label()} runs as the distributed executor's {sched.name} schedule, "
+                            f"not this single-device loop: run it with memo-exec run --nproc 1 "
+                            f"(torchrun --nproc-per-node 1 -m memo_exec run)")
         if opts.layers is not None and not (1 <= opts.layers):
             raise ExecError(f"--layers must be a positive integer, got {opts.layers}")
         if opts.steps < 1:

@@ -111,3 +111,12 @@ def test_memo_exec_run_writes_the_ring_steps_per_rank(tmp_path):
         assert {"p2p_ffn_w0", "p2p_ffn_dw0", "p2p_ffn_dw_home", "p2p_kv0.0", "reduce_dw0", "p2p_wproj0"} <= names
         streams = {threads[(rank, e["tid"])].split(" ")[0] for e in mine if e["name"].startswith(("p2p_", "bcast_"))}
         assert streams == {"tp_p2p", "tp_bcast"}, streams
+    # the report: measured exposed ring time (the compute stream's waits) against the simulator's
+    # exposed_p2p_s for the same plan, the ring streams' rows, and each rank's ring wait
+    report = (out / "report.md").read_text()
+    row = next(line for line in report.splitlines() if line.startswith("| exposed METP ring time"))
+    predicted, measured = (c.strip() for c in row.split("|")[2:4])
+    assert predicted != "—" and measured != "—", row
+    for s in ("tp_p2p", "tp_bcast"):
+        assert f"| {s} | busy |" in report and f"| {s} | exposed |" in report
+    assert "ring wait s" in report

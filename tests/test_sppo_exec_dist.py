@@ -99,7 +99,8 @@ def test_distributed_executor_runs_sppo_plans(cases):
 
 @pytest.mark.slow
 def test_memo_exec_run_writes_the_pipeline_gantt(tmp_path):
-    """`memo-exec run --nproc 2` of a what-if's SPPO plan, then the Gantt charts beside the simulator's."""
+    """`memo-exec run --nproc 2` of a what-if's SPPO plan writes the Gantt charts beside the
+    simulator's and the per-stage comparison into its report."""
     plan_dir, out = tmp_path / "plan", tmp_path / "run"
     subprocess.run([sys.executable, "-m", "memo_sim.cli", "whatif", "--model", "gpt-7b", "--layers", "4", "--hidden",
                     "64", "--heads", "4", "--ffn", "256", "--vocab", "256", "--seq", "512", "--gpus", "2", "--policy",
@@ -110,10 +111,12 @@ def test_memo_exec_run_writes_the_pipeline_gantt(tmp_path):
                        timeout=400)
     log = (out / "launcher.log").read_text()[-3000:] if (out / "launcher.log").exists() else ""
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:], log)
-    subprocess.run([sys.executable, "-m", "memo_exec.sppo.report", str(out), str(plan_dir / "plan.json")], check=True,
-                   capture_output=True, timeout=300)
+    # the run itself wrote the Gantt charts (the schedule's write_outputs hook) and the comparison
     for f in ("measured_pipeline/pipeline_gantt.png", "simulated_pipeline/pipeline_gantt.png", "sppo_pipeline.md"):
         assert (out / f).stat().st_size > 0
+    report = (out / "report.md").read_text()
+    assert "SPPO pipeline: measured against simulated" in report and "| stage |" in report
+    assert "sppo schedule" in r.stdout
     cmp = json.loads((out / "sppo_pipeline.json").read_text())
     assert [r["stage"] for r in cmp["stages"]] == [0, 1]
     for r in cmp["stages"]:
@@ -131,3 +134,72 @@ def test_report_refuses_a_plan_without_a_pipeline(tmp_path):
     r = subprocess.run([sys.executable, "-m", "memo_exec.sppo.report", str(tmp_path), str(tmp_path / "plan.json")],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "not an SPPO pipeline plan" in r.stderr
+
+
+def test_memo_exec_run_nproc2_reports_the_pipeline(tmp_path):
+    """`memo-exec run --nproc 2` of an SPPO plan (PP = 2, N = 4 multiplexed, alpha_i > 0) writes,
+    from the run itself, both Gantt charts and the per-stage and per-subsequence comparison in its
+    report."""
+    from memo_sim.plan.schema import write_plan
+
+    plan = sppo_plan(2, 4, True)
+    plan.profile = "a100-sxm4-80gb"
+    write_plan(plan, tmp_path / "plan.json")
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "memo_exec.cli", "run", str(tmp_path / "plan.json"), "--nproc", "2",
+                        "--device", "cpu", "--steps", "2", "--out", str(out)], capture_output=True, text=True,
+                       timeout=300)
+    log = (out / "launcher.log").read_text()[-3000:] if (out / "launcher.log").exists() else ""
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:], log)
+    for f in ("measured_pipeline/pipeline_gantt.png", "simulated_pipeline/pipeline_gantt.png"):
+        assert (out / f).stat().st_size > 0
+    report = (out / "report.md").read_text()
+    assert "## Offload per subsequence" in report and "## Per rank" in report
+    cmp = json.loads((out / "sppo_pipeline.json").read_text())
+    subs = {(r["stage"], r["subsequence"]): r for r in cmp["subsequences"]}
+    assert set(subs) == {(s, k) for s in (0, 1) for k in range(4)}
+    for s in (0, 1):  # alpha_i decreasing: subsequence 0 offloads the most, measured and simulated
+        assert subs[(s, 0)]["offload_bytes"] > subs[(s, 3)]["offload_bytes"] >= 0
+        assert subs[(s, 0)]["simulated"]["offload_bytes"] > 0
+        for k in range(4):
+            r = subs[(s, k)]
+            assert 0 <= r["copy_exposed_s"] <= r["copy_busy_s"] and r["prefetch_stall_s"] is not None
+        assert cmp["stages"][s]["simulated"]["peak_gpu_bytes"] > 0
+
+
+def test_a_one_stage_sppo_plan_goes_to_the_sppo_schedule():
+    """pp = 1 with policy sppo: the sppo schedule claims it; the single-device loop refuses it
+    before allocation with the command that runs it."""
+    from memo_exec.distributed.schedule import schedule_for
+    from memo_exec.sppo.plugin import SppoSchedule
+
+    plan = sppo_plan(1, 4, False)
+    assert schedule_for(plan.layout, plan.policy) is SppoSchedule
+    assert schedule_for(plan.layout, policy("store_all")).name == "single_stage"
+    with pytest.raises(Exception, match="--nproc 1"):
+        Executor(plan, RunOptions(device="cpu"))
+
+
+@pytest.mark.slow
+def test_memo_exec_run_of_a_one_stage_sppo_plan(tmp_path):
+    """`memo-sim whatif --policy sppo --pp 1` writes a one-stage SPPO plan; `memo-exec run` runs it
+    through the sppo schedule (one torchrun process), not the single-stage loop that cannot."""
+    plan_dir, out = tmp_path / "plan", tmp_path / "run"
+    subprocess.run([sys.executable, "-m", "memo_sim.cli", "whatif", "--model", "gpt-7b", "--layers", "2", "--hidden",
+                    "64", "--heads", "4", "--ffn", "256", "--vocab", "256", "--seq", "256", "--gpus", "1", "--policy",
+                    "sppo", "--pp", "1", "--tp", "1", "--subseqs", "4", "--profile", "a100-sxm4-80gb",
+                    "--out", str(plan_dir)], check=True, capture_output=True, timeout=300)
+    from memo_sim.plan.schema import read_plan
+
+    plan = read_plan(plan_dir / "plan.json")
+    assert plan.layout.pp == 1 and plan.policy.name == "sppo"
+    with pytest.raises(Exception, match="--nproc 1"):  # the single-device loop refuses before allocation
+        Executor(plan, RunOptions(device="cpu"))
+    r = subprocess.run([sys.executable, "-m", "memo_exec.cli", "run", str(plan_dir / "plan.json"), "--device", "cpu",
+                        "--steps", "2", "--out", str(out), "--json"], capture_output=True, text=True, timeout=300)
+    log = (out / "launcher.log").read_text()[-3000:] if (out / "launcher.log").exists() else ""
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:], log)
+    doc = json.loads(r.stdout)
+    assert len(doc["losses"]) == 2 and all(x == x and x > 0 for x in doc["losses"])
+    measured = json.loads((out / "measured.json").read_text())
+    assert any(e["op"].startswith("stage_fwd@s3") for e in measured["events"])  # the 4 subsequences ran

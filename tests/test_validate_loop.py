@@ -35,6 +35,7 @@ def test_cpu_calibrate_plan_run_compare(tmp_path, cpu_calibration):
                                       "--policies", "store_all,full_recompute,memo", "--alphas", "0.5",
                                       "--device", "cpu", "--steps", "2", "--out", str(out)])
     assert r.exit_code == 0, r.output
+    assert "validating" not in r.output  # off a terminal: no progress bar unless --progress
     report = (out / "validation.md").read_text()
     assert "| 512 memo(a=0.500) | ran |" in report and "kendall_tau_iteration" in report
     data = json.loads((out / "validation.json").read_text())
@@ -47,3 +48,8 @@ def test_cpu_calibrate_plan_run_compare(tmp_path, cpu_calibration):
 def test_validate_bad_profile_is_one_line():
     r = CliRunner().invoke(exec_cli, ["validate", "--profile", "no-such-profile", "--device", "cpu"])
     assert r.exit_code == 2 and "error:" in r.output and "Traceback" not in r.output
+
+
+def test_validate_progress_flag():
+    r = CliRunner().invoke(exec_cli, ["validate", "--help"])
+    assert r.exit_code == 0 and "--progress / --no-progress" in r.output

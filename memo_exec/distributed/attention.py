@@ -10,7 +10,9 @@ the ring with `memo_exec.distributed.p2p.ring_shift` (the next block's transfer 
 the current block is computed and waited on before it is read); each (query chunk, key chunk)
 pair is skipped (key chunk later), causal (same chunk) or full, and partial results are merged
 with the log-sum-exp. Backward: K/V travel the ring again with their dK/dV accumulators, which
-arrive back at their owner after cp shifts. The block kernel is plain PyTorch in the
+arrive back at their owner after cp shifts; a block's accumulator is waited on only after this
+rank has computed its part of that block's dK/dV (into a separate buffer), so its shift overlaps
+the block's compute. The block kernel is plain PyTorch in the
 accumulation dtype (`memo_exec.device.acc_dtype`); on CUDA the NCCL P2P runs on NCCL's own
 stream, so the transfer of block j+1 overlaps the attention of block j.
 
@@ -122,27 +124,40 @@ class RingAttention(AttentionBackend):
         dqb = torch.zeros_like(qb)
         cur = torch.cat([k, v], dim=1)
         nxt = torch.empty_like(cur)
-        dkv = torch.zeros(2, b, H, s, d, dtype=acc, device=q.device)  # dK, dV of the block held (all heads)
-        dkv_nxt = torch.empty_like(dkv)
+        # dK/dV of the block held (all heads): this rank's part of block j is computed into
+        # ``part`` while the accumulator of that block (the sum of the ranks before) is still
+        # travelling; it is waited on only when ``part`` is ready to be added to it, then sent on.
+        # After cp shifts every accumulator is home. ``acc_a`` / ``acc_b``: the accumulator in
+        # flight and the one being received (neither is touched before its transfer is waited).
+        part = torch.empty(2, b, H, s, d, dtype=acc, device=q.device)
+        acc_a, acc_b = torch.empty_like(part), torch.empty_like(part)
+        dkv_tr = None  # the accumulator shift posted after the previous block
         for j in range(self.cp):
             src = (self.rank - j) % self.cp
             tr = ring_shift(cur, nxt, self.group, self.delay_s) if j < self.cp - 1 else None
             kb, vb = self._unpack(cur, dims, acc)
+            part.zero_()
             for qs, ks, causal in self._pairs(src, k_chunk):
                 p = self._scores(qb[:, :, qs], kb[:, :, ks], scale, causal)
                 p.sub_(lse[:, :, qs].unsqueeze(-1)).exp_()
-                dkv[1][:, :, ks] += torch.matmul(p.transpose(-1, -2), dob[:, :, qs])
+                part[1][:, :, ks] += torch.matmul(p.transpose(-1, -2), dob[:, :, qs])
                 dp = torch.matmul(dob[:, :, qs], vb[:, :, ks].transpose(-1, -2))
                 ds = p.mul_(dp.sub_(delta[:, :, qs].unsqueeze(-1))).mul_(scale)
                 dqb[:, :, qs] += torch.matmul(ds, kb[:, :, ks])
-                dkv[0][:, :, ks] += torch.matmul(ds.transpose(-1, -2), qb[:, :, qs])
-            # the accumulators follow their block round the ring; after cp shifts they are home
-            self._wait(ring_shift(dkv, dkv_nxt, self.group, self.delay_s), "cp_dkv_ring", dkv)
-            dkv, dkv_nxt = dkv_nxt, dkv
+                part[0][:, :, ks] += torch.matmul(ds.transpose(-1, -2), qb[:, :, qs])
+            if dkv_tr is None:  # the first block: this rank starts its accumulator
+                acc_a.copy_(part)
+            else:  # block src's accumulator from the previous rank arrived in acc_b
+                self._wait(dkv_tr, "cp_dkv_ring", acc_b)
+                acc_a, acc_b = acc_b, acc_a
+                acc_a += part
+            dkv_tr = ring_shift(acc_a, acc_b, self.group, self.delay_s)
             if tr is not None:
                 self._wait(tr, "cp_kv_ring", cur)
                 cur, nxt = nxt, cur
         dq.view(b, s, H, d).copy_(dqb.permute(0, 2, 1, 3))
+        self._wait(dkv_tr, "cp_dkv_ring", acc_b)  # this rank's own block, home after cp shifts
+        dkv = acc_b
         dkh = dkv.view(2, b, hk, g, s, d).sum(3) if g > 1 else dkv
         dk.view(b, s, hk, d).copy_(dkh[0].permute(0, 2, 1, 3))
         dv.view(b, s, hk, d).copy_(dkh[1].permute(0, 2, 1, 3))

@@ -150,6 +150,28 @@ def launch_nproc(nproc: int, argv: list[str], out_dir: str, progress: bool) -> i
     return 1
 
 
+def schedule_outputs(schedule, out_dir: str, plan_file: str, report) -> dict:
+    """Rank 0, after the merged outputs: the schedule's own files (its optional ``write_outputs``
+    hook, `memo_exec.distributed.schedule`), every Markdown one appended to ``report.md``."""
+    from pathlib import Path  # noqa: PLC0415
+
+    from memo_sim.errors import MemoError  # noqa: PLC0415
+    from memo_sim.fileio import atomic_write_text  # noqa: PLC0415
+
+    hook = getattr(schedule, "write_outputs", None)
+    if hook is None:
+        return {}
+    try:
+        written = [Path(p) for p in hook(out_dir, plan_file)]
+    except MemoError as e:
+        raise ExecError(f"the {schedule.name} schedule's outputs: {str(e).splitlines()[0]}") from None
+    extra = [p.read_text() for p in written if p.suffix == ".md"]
+    if extra:
+        report = Path(report)
+        atomic_write_text(report, report.read_text().rstrip("\n") + "\n\n" + "\n".join(extra))
+    return {f"{schedule.name}:{p.name}": p for p in written}
+
+
 def run_rank(plan_file: str, opts, out_dir: str, as_json: bool, timeout_s: float, progress: bool,
              echo) -> None:
     """One torchrun rank: checks, process group, mesh, the run; rank 0 writes the outputs."""
@@ -193,6 +215,7 @@ def run_rank(plan_file: str, opts, out_dir: str, as_json: bool, timeout_s: float
         if rank == 0:
             paths, comparison = write_outputs(res, out_dir, plan_file)
             rows = write_rank_outputs(payloads, res, out_dir, plan_file, paths, comparison)
+            paths.update(schedule_outputs(ex.schedule, out_dir, plan_file, paths["report"]))
             st = res.steady
             if as_json:
                 import json  # noqa: PLC0415
@@ -208,6 +231,9 @@ def run_rank(plan_file: str, opts, out_dir: str, as_json: bool, timeout_s: float
                      f"({res.meta['device']}): {st['iteration_s']:.4f} s/iteration (rank 0), "
                      f"{res.meta['tokens'] / st['iteration_s']:,.0f} tokens/s, loss {res.summaries[-1]['loss']:.4f}")
                 echo(f"wrote {paths['report']}, {paths['measured']}, {paths['trace']} (merged over {world} ranks)")
+                extra = [str(v) for k, v in paths.items() if ":" in k]
+                if extra:
+                    echo(f"wrote {', '.join(extra)} ({ex.schedule.name} schedule)")
     finally:
         try:
             dist.destroy_process_group()

@@ -57,7 +57,7 @@ def check_plan_for_world(plan: Plan, world: int, opts: RunOptions) -> None:
                         f"but the world size is {world}; launch with --nproc {lay.gpus} "
                         f"(torchrun --nproc-per-node {lay.gpus})")
     flavour_for(lay.tp_mode)
-    schedule_for(lay)
+    schedule_for(lay, plan.policy)
     model = dataclasses.replace(plan.model, layers=opts.layers or plan.model.layers)
     why = check_divisible(lay, model, plan.batch, plan.seq_tokens)
     if why:
@@ -104,7 +104,7 @@ class DistExecutor:
         why = self.flavour.check()
         if why:
             raise ExecError(f"plan layout {lay.label()}: {why}")
-        self.schedule = schedule_for(lay)(self)
+        self.schedule = schedule_for(lay, plan.policy)(self)
         why = self.schedule.check()
         if why:
             raise ExecError(f"plan layout {lay.label()}: {why}")

@@ -1,10 +1,11 @@
 """How one training step runs over the layers a rank holds: registered schedules.
 
 A schedule is a class registered with ``@register_schedule(name, applies)`` where
-``applies(layout) -> bool`` says which layouts it runs; `schedule_for` picks ``single_stage``
-for ``pp == 1`` and otherwise the first registered schedule whose ``applies`` is true (after
-importing the plugin packages of `memo_exec.distributed.tp.PLUGIN_PACKAGES`, e.g.
-``memo_exec.sppo``). A plan with ``pp > 1`` and no such schedule is refused before allocation.
+``applies(layout, policy) -> bool`` says which plans it runs (the plan's `Layout` and its
+activation policy, e.g. ``policy.name == "sppo"``); `schedule_for` picks the first registered
+schedule other than ``single_stage`` that claims the plan (after importing the plugin packages of
+`memo_exec.distributed.tp.PLUGIN_PACKAGES`, e.g. ``memo_exec.sppo``), else ``single_stage`` for
+``pp == 1``. A plan with ``pp > 1`` that no schedule claims is refused before allocation.
 
 A schedule is built as ``cls(ex)`` with the `memo_exec.distributed.runner.DistExecutor` (before
 it allocates: ``ex.ctx``, ``ex.model``, ``ex.plan``, ``ex.layout``) and provides:
@@ -21,6 +22,11 @@ it allocates: ``ex.ctx``, ``ex.model``, ``ex.plan``, ``ex.layout``) and provides
   The executor sums the parts over the ``tokens`` group (and the ``pp`` group) for the reported
   loss, then reduces gradients (`memo_exec.distributed.zero.GradSync.end_backward`) and steps
   the optimizer; the runtimes' hooks already do ZeRO's per-layer gathers and reductions.
+
+Optional hook: ``write_outputs(out_dir, plan_file) -> list[Path]``, called on every rank after
+rank 0 wrote the run's merged ``measured.json`` and ``report.md`` (no collective may run in it;
+return ``[]`` off rank 0). Every Markdown file it returns is appended to ``report.md`` (e.g. the
+SPPO pipeline's measured-vs-simulated table).
 """
 
 from __future__ import annotations
@@ -45,15 +51,16 @@ def register_schedule(name: str, applies: Callable):
     return deco
 
 
-def schedule_for(layout) -> type:
+def schedule_for(layout, policy=None) -> type:
+    """The schedule that runs a plan of this layout and activation policy (module docs)."""
     from memo_exec.distributed.tp import discover  # noqa: PLC0415
 
     discover()
+    for name, (cls, applies) in _SCHEDULES.items():
+        if name != "single_stage" and applies(layout, policy):
+            return cls
     if layout.pp == 1:
         return _SCHEDULES["single_stage"][0]
-    for name, (cls, applies) in _SCHEDULES.items():
-        if name != "single_stage" and applies(layout):
-            return cls
     raise ExecError(f"layout.pp = {layout.pp}: no pipeline schedule is registered in the executor yet; "
                     f"plan with pp 1 (memo-sim whatif without --pp)")
 
@@ -74,7 +81,7 @@ class Schedule:
         raise NotImplementedError
 
 
-@register_schedule("single_stage", lambda layout: layout.pp == 1)
+@register_schedule("single_stage", lambda layout, policy: layout.pp == 1)
 class SingleStage(Schedule):
     """Every layer on this rank: embedding -> layers -> final norm -> classifier, then backward."""
 

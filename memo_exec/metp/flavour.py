@@ -21,8 +21,9 @@ gathered rows), ln2, and fc1 / act by a ring of the W_in blocks (`memo_exec.metp
 with ``with_out=False``). Every ring step and transfer is a span of the executor's timer under
 the simulator's op names (`memo_exec.metp.ffn`, `memo_exec.metp.mha`).
 
-The rings allocate their double buffers and blocks through `memo_exec.metp.ledger`, not the
-executor's scratch allocator (they are not yet planned tensors of the memory plan).
+The rings count their tensors in a `memo_exec.metp.ledger.Ledger` built on the layer's scratch:
+their double buffers and per-step blocks come from ``X.get`` / ``X.free`` under the simulator's
+names (`memo_sim.memplan.trace_gen`), so a memory plan that places them is honoured.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from memo_exec.layer import LN_EPS, SKELETAL, _layer_norm_backward, _linear_back
 from memo_exec.metp.blocks import HeadGroups
 from memo_exec.metp.ffn import ffn_backward, ffn_forward
 from memo_exec.metp.lane import RingOptions
+from memo_exec.metp.ledger import Ledger
 from memo_exec.metp.mha import mha_backward, mha_forward, proj_recompute
 
 ORDER = "interleaved"  # the executor's token order over the TP group (memo_exec.distributed.context)
@@ -60,8 +62,12 @@ class METPLayerCompute:
         self.hg = HeadGroups(model.heads, model.n_kv_heads, model.head_dim, p)
         self.swiglu = model.ffn_type == "swiglu"
         self.ones = torch.ones(self.Tg, dtype=dtype, device=device)
-        self.ledger = None  # each ring counts its own tensors (a fresh `Ledger` per call, kept by tests only)
+        self.ledger = None  # tests: one `Ledger` to count every ring in; else a fresh one per ring call
         self.eps = LN_EPS
+
+    def _ledger(self) -> Ledger:
+        """The ledger a ring call counts in; its ring-internal tensors come from the layer's scratch."""
+        return self.ledger if self.ledger is not None else Ledger(self.scratch)
 
     def _opts(self, layer: int) -> RingOptions:
         return RingOptions(group=self.group, timer=self.timer, layer=layer)
@@ -93,10 +99,10 @@ class METPLayerCompute:
                 lse = torch.empty(self.batch, self.model.heads, self.seq // self.p, dtype=acc_dtype(self.dtype),
                                   device=self.device)
                 o = mha_forward(S.ln1, {k: v.detach() for k, v in own.items()}, self.hg, self.batch, opts,
-                                S.attn, lse, self.ledger, ORDER)
+                                S.attn, lse, self._ledger(), ORDER)
                 S.aux = lse
             else:  # MEMO: h1's projection for the dropped rows, from the kept attention output
-                o = proj_recompute(S.attn[r], p.wo.detach(), self.hg, opts, self.ledger)
+                o = proj_recompute(S.attn[r], p.wo.detach(), self.hg, opts, self._ledger())
             torch.add(o, p.bo, out=proj)
             del o
         else:
@@ -128,10 +134,10 @@ class METPLayerCompute:
             self._norm(S.h1[r], p.ln2_w, p.ln2_b, S.ln2[r], S.stats[2, r], S.stats[3, r])
         own = {k: v.detach() for k, v in self._ffn_own(p).items()}
         if y_out is None:
-            ffn_forward(S.ln2, own, opts, self.swiglu, self.ledger, S.fc1, S.act, start, with_out=False,
+            ffn_forward(S.ln2, own, opts, self.swiglu, self._ledger(), S.fc1, S.act, start, with_out=False,
                         phase=phase)
             return
-        out = ffn_forward(S.ln2, own, opts, self.swiglu, self.ledger, S.fc1, S.act, phase=phase)
+        out = ffn_forward(S.ln2, own, opts, self.swiglu, self._ledger(), S.fc1, S.act, phase=phase)
         if before_output is not None:
             before_output()
         with sp("add2", layer, phase):
@@ -183,7 +189,7 @@ class METPLayerCompute:
         own = self._ffn_own(p)
         grads = {k: v.grad for k, v in own.items()}
         d_ln2 = ffn_backward(S.ln2, dy, {k: v.detach() for k, v in own.items()}, grads, opts, self.swiglu,
-                             self.ledger, S.fc1, S.act)
+                             self._ledger(), S.fc1, S.act)
         with sp("ln2", layer, "bwd"):
             dn = _layer_norm_backward(d_ln2, S.h1, S.stats[2].view(T, 1), S.stats[3].view(T, 1), p.ln2_w, p.ln2_b)
             del d_ln2
@@ -193,7 +199,7 @@ class METPLayerCompute:
         if self.full_mha:
             own = {"wqkv": p.wqkv, "bqkv": p.bqkv, "wo": p.wo}
             d_ln1 = mha_backward(S.ln1, d_h1, S.attn, S.aux, {k: v.detach() for k, v in own.items()},
-                                 {k: v.grad for k, v in own.items()}, self.hg, self.batch, opts, self.ledger, ORDER)
+                                 {k: v.grad for k, v in own.items()}, self.hg, self.batch, opts, self._ledger(), ORDER)
         else:
             hq, kv = self.hq, self.kv
             with sp("out_proj", layer, "bwd"):

@@ -12,6 +12,15 @@ set beside the simulator's trace. Kinds used by the rings (`memo_exec.metp.ffn`,
 - ``kv_buffer``, ``dkv_buffer``: the inner attention ring's K/V and dK/dV double buffers;
 - ``attn_acc``: the inner ring's output accumulator and running log-sum-exp.
 
+Planned tensors: a ledger built with the layer's scratch (``Ledger(scratch)``, what
+`memo_exec.metp.flavour` does) takes every tensor a ring allocates and frees itself -- the
+double buffers and per-step blocks, kinds `SCRATCH_KINDS` -- from that scratch
+(``X.get(name, shape, dtype)`` / ``X.free(name)``), so a memory plan that names them places them
+at its offsets (`memo_exec.arena.ArenaScratch`; the recompute prefix ``rc_`` applies as for the
+layer's own tensors). The ``out`` tensors (O_i, dA_i, dX_i: ``fc2``, ``d_ln2``, ``proj``,
+``d_ln1``, ``metp_proj_rows``) are handed to the caller while still in use after the ring, so
+they stay outside the scratch. A ledger without a scratch allocates from PyTorch (tests).
+
 Callers may `hold` tensors they own (parameters, gradients, optimizer states, saved inputs) under
 kinds of their own, so a test can add them to a peak (the paper's tables count model states).
 A ``Ledger(None)``-style null use is not needed: every ring takes a ledger, the default one
@@ -25,8 +34,14 @@ from collections import defaultdict
 import torch
 
 
+# the kinds whose tensors live and die inside one ring call (allocated and freed by the ring)
+SCRATCH_KINDS = frozenset({"w_buffer", "dw_buffer", "block", "kv_buffer", "dkv_buffer", "attn_acc"})
+
+
 class Ledger:
-    def __init__(self) -> None:
+    def __init__(self, scratch=None) -> None:
+        self.scratch = scratch  # the layer's scratch (`memo_exec.arena.CachingScratch`), or None
+        self._in_scratch: set[str] = set()
         self.live: dict[str, tuple[str, int]] = {}  # name -> (kind, bytes)
         self.by_kind: dict[str, int] = defaultdict(int)
         self.history: list[dict[str, int]] = []  # live bytes by kind after every alloc / hold
@@ -41,7 +56,15 @@ class Ledger:
         self.history.append(dict(self.by_kind))
 
     def alloc(self, name: str, shape, dtype: torch.dtype, device, kind: str, zero: bool = False) -> torch.Tensor:
-        t = (torch.zeros if zero else torch.empty)(shape, dtype=dtype, device=device)
+        if self.scratch is not None and kind in SCRATCH_KINDS:
+            if torch.device(device).type != self.scratch.device.type:
+                raise RuntimeError(f"METP ledger: {name!r} asked on {device}, the scratch is on {self.scratch.device}")
+            t = self.scratch.get(name, tuple(shape), dtype)
+            if zero:
+                t.zero_()
+            self._in_scratch.add(name)
+        else:
+            t = (torch.zeros if zero else torch.empty)(shape, dtype=dtype, device=device)
         self._add(name, kind, t.numel() * t.element_size())
         return t
 
@@ -58,6 +81,9 @@ class Ledger:
         for name in names:
             kind, nbytes = self.live.pop(name)
             self.by_kind[kind] -= nbytes
+            if name in self._in_scratch:
+                self._in_scratch.discard(name)
+                self.scratch.free(name)
 
     def peak(self, kinds=None) -> int:
         """The largest live total over ``kinds`` (all kinds when None) at any allocation."""

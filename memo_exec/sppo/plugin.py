@@ -57,7 +57,13 @@ class SppoActivations(ActivationPolicy):
                 "activations": "autograd per piece; alpha_i of each unit's token rows on host; K/V cached"}
 
 
-@register_schedule("sppo", lambda layout: layout.pp > 1)
+def _claims(layout, policy) -> bool:
+    """Every SPPO plan (one stage too: subsequences, K/V cache and alpha_i offload without the
+    pipeline), and every other pipeline, which `SppoSchedule.check` then refuses with its fix."""
+    return getattr(policy, "name", None) == "sppo" or layout.pp > 1
+
+
+@register_schedule("sppo", _claims)
 class SppoSchedule(Schedule):
     """The SPPO pipeline of one rank (module docs)."""
 

@@ -17,7 +17,9 @@ Per stage (rank ``stage`` of data-parallel replica 0):
   iteration the latest end over all stages (the simulator's ``idle_s`` / iteration, its bubble);
 - **receive wait**: time blocked on the neighbour's activations or gradients (the ``p2p`` spans);
 - **offload exposure**: the prefetch stalls (compute waiting for a unit's prefetch) against the
-  simulated exposed copy time;
+  simulated exposed copy time; per subsequence (`subsequence_rows`), the offloaded bytes and the
+  copy time outside the stage's compute, measured and simulated (its ``timeline.json``), and the
+  measured prefetch stalls inside each subsequence's backward;
 - **peak memory**: the measured peak (device memory on CUDA, the process RSS on CPU) against the
   simulated peak of the stage's GPU.
 
@@ -96,6 +98,39 @@ def stage_rows(tl: Timeline, stalls: Timeline | None = None) -> list[dict]:
     return rows
 
 
+def subsequence_of(op: str) -> int | None:
+    """The subsequence an op belongs to from its piece tag (``...@s<k>`` or ``...@s<k>.<m>``, the
+    executor's and the simulator's names alike), or None."""
+    tag = op.rpartition("@")[2] if "@" in op else ""
+    if not tag.startswith("s"):
+        return None
+    head = tag[1:].split(".")[0]
+    return int(head) if head.isdigit() else None
+
+
+def subsequence_rows(tl: Timeline, stages: int, stalls: Timeline | None = None) -> list[dict]:
+    """Per stage and subsequence: offloaded bytes, copy time (d2h + h2d) not under the stage's
+    compute (the same measure on both sides) and, on the measured side, the compute stream's
+    prefetch stalls inside that subsequence's backward."""
+    rows = []
+    for st in range(stages):
+        mine = [e for e in tl.events if e.device == st]
+        comp = busy_spans(Timeline(mine, [], {}), ("compute",))
+        subs = sorted({k for e in mine if (k := subsequence_of(e.op)) is not None})
+        stall_ev = [] if stalls is None else [e for e in stalls.events if e.device == st and e.phase == "stall"]
+        bwd = [e for e in mine if e.stream == "compute" and e.op.startswith("stage_bwd@")]
+        for k in subs:
+            copies = [e for e in mine if e.stream in ("d2h", "h2d") and subsequence_of(e.op) == k]
+            cs = busy_spans(Timeline(copies, [], {}), ("d2h", "h2d"))
+            spans = [(b.start, b.end) for b in bwd if subsequence_of(b.op) == k]
+            stall = sum(_intersection([(e.start, e.end)], spans) for e in stall_ev) if spans else None
+            rows.append({"stage": st, "subsequence": k, "offload_bytes": sum(e.nbytes for e in copies
+                                                                            if e.stream == "d2h"),
+                         "copy_busy_s": _length(cs), "copy_exposed_s": _length(cs) - _intersection(cs, comp),
+                         "prefetch_stall_s": stall})
+    return rows
+
+
 def _with_stage_devices(measured: Timeline, plan) -> Timeline:
     ranks = stage_of_rank(plan.layout)
     return Timeline([dataclasses.replace(e, device=ranks[e.device]) for e in measured.events if e.device in ranks],
@@ -109,14 +144,24 @@ def _bubble(rows: list[dict]) -> float | None:
     return 1 - sum(r["compute_busy_s"] for r in rows) / (len(rows) * rows[0]["iteration_s"])
 
 
-def compare(measured: Timeline, plan, sim: dict | None) -> dict:
-    """Measured per-stage rows beside the simulator's (``sim``: ``memo-sim simulate``'s summary.json, or None)."""
+def compare(measured: Timeline, plan, sim: dict | None, sim_tl: Timeline | None = None) -> dict:
+    """Measured per-stage and per-subsequence rows beside the simulator's (``sim``: ``memo-sim
+    simulate``'s summary.json, ``sim_tl`` its timeline.json; either may be None)."""
     tl = measured_pipeline(measured, plan)
     rows = stage_rows(tl, _with_stage_devices(measured, plan))
+    stalls = _with_stage_devices(measured, plan)
+    subs = subsequence_rows(tl, plan.layout.pp, stalls)
     out = {"plan": {"layout": plan.layout.label(), "policy": plan.policy.label(), "seq_tokens": plan.seq_tokens,
                     "bounds": list(plan.policy.bounds), "alphas": [float(a) for a in plan.policy.alphas]},
            "measured_device": measured.meta.get("device"), "stages": rows,
-           "measured_bubble_fraction": _bubble(rows)}
+           "measured_bubble_fraction": _bubble(rows), "subsequences": subs}
+    if sim_tl is not None:
+        pred = {(r["stage"], r["subsequence"]): r for r in subsequence_rows(sim_tl, plan.layout.pp)}
+        for r in subs:
+            q = pred.get((r["stage"], r["subsequence"]))
+            r["simulated"] = None if q is None else {"offload_bytes": q["offload_bytes"],
+                                                      "copy_busy_s": q["copy_busy_s"],
+                                                      "copy_exposed_s": q["copy_exposed_s"]}
     pipe = (sim or {}).get("pipeline")
     if pipe:
         it = sim["iteration_s"]
@@ -155,6 +200,23 @@ def markdown(cmp: dict) -> str:
           f"{_f(cmp.get('simulated_bubble_fraction'), '{:.1%}')}; simulated exposed copy time "
           f"{_f(cmp.get('simulated_exposed_copy_s'))} s. Gantt charts: measured_pipeline/pipeline_gantt.png, "
           "simulated_pipeline/pipeline_gantt.png.", ""]
+    subs = cmp.get("subsequences") or []
+    if subs:
+        L += ["## Offload per subsequence", "",
+              "Copy exposed: the offload and prefetch copies of the subsequence (d2h + h2d) outside the stage's "
+              "compute, measured and simulated alike; prefetch stall: the measured time the stage's compute waited "
+              "for that subsequence's prefetch inside its backward.", "",
+              "| stage | subsequence | offload MiB | simulated MiB | copy s | simulated copy s | copy exposed s "
+              "| simulated exposed s | prefetch stall s |", "|" + "---|" * 9]
+        for r in subs:
+            sim = r.get("simulated") or {}
+            smib = None if sim.get("offload_bytes") is None else sim["offload_bytes"] / 2**20
+            t = "{:.6f}"
+            L.append(f"| {r['stage']} | {r['subsequence']} | {_f(r['offload_bytes'] / 2**20, '{:.3f}')} | "
+                     f"{_f(smib, '{:.3f}')} | {_f(r['copy_busy_s'], t)} | {_f(sim.get('copy_busy_s'), t)} | "
+                     f"{_f(r['copy_exposed_s'], t)} | {_f(sim.get('copy_exposed_s'), t)} | "
+                     f"{_f(r['prefetch_stall_s'], t)} |")
+        L.append("")
     return "\n".join(L)
 
 
@@ -177,9 +239,9 @@ def write_pipeline_outputs(run_dir: str | Path, plan_file: str | Path, layers: i
 
     out = Path(run_dir)
     plan = read_plan(plan_file)
-    if not getattr(plan.policy, "pipelined", False) or plan.layout.pp < 2:
+    if not getattr(plan.policy, "pipelined", False):  # one stage (pp = 1) is a pipeline of one
         raise MemoError(f"{plan_file}: not an SPPO pipeline plan (policy {plan.policy.label()}, "
-                        f"layout {plan.layout.label()}); plan with --policy sppo --pp 2 or more")
+                        f"layout {plan.layout.label()}); plan with --policy sppo")
     if not (out / "measured.json").exists():
         raise MemoError(f"{out}: no measured.json; run `memo-exec run {plan_file} --nproc {plan.layout.gpus} "
                         f"--out {out}` first")
@@ -195,7 +257,9 @@ def write_pipeline_outputs(run_dir: str | Path, plan_file: str | Path, layers: i
     _memo_sim(["simulate", str(sim_plan), "--out", str(out / "simulated_pipeline")])
     written.append(out / "simulated_pipeline" / "pipeline_gantt.png")
     sim = json.loads((out / "simulated_pipeline" / "summary.json").read_text())
-    cmp = compare(measured, plan, sim)
+    sim_tl_path = out / "simulated_pipeline" / "timeline.json"
+    sim_tl = Timeline.read_json(sim_tl_path) if sim_tl_path.exists() else None
+    cmp = compare(measured, plan, sim, sim_tl)
     written.append(atomic_write_json(out / "sppo_pipeline.json", cmp, indent=1))
     written.append(atomic_write_text(out / "sppo_pipeline.md", markdown(cmp)))
     return written
