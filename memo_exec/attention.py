@@ -63,15 +63,20 @@ def _copy_bhsd_into(dst_tokens: torch.Tensor, src_bhsd: torch.Tensor, dims: Attn
     dst_tokens.view(dims.batch, dims.seq, heads, dims.head_dim).copy_(src_bhsd.transpose(1, 2))
 
 
-def _expand_kv(t: torch.Tensor, dims: AttnDims) -> torch.Tensor:
-    """GQA: ``[b, Hkv, s, d]`` -> ``[b, H, s, d]`` (head h uses kv head h // group)."""
+def expand_kv_heads(t: torch.Tensor, group: int) -> torch.Tensor:
+    """GQA: ``[b, Hkv, s, d]`` -> ``[b, Hkv*group, s, d]`` (query head h reads kv head h // group)."""
+    if group == 1:
+        return t
     b, hk, s, d = t.shape
-    return t.unsqueeze(2).expand(b, hk, dims.group, s, d).reshape(b, hk * dims.group, s, d)
+    return t.unsqueeze(2).expand(b, hk, group, s, d).reshape(b, hk * group, s, d)
 
 
-def _reduce_kv(t: torch.Tensor, dims: AttnDims) -> torch.Tensor:
+def reduce_kv_heads(t: torch.Tensor, group: int) -> torch.Tensor:
+    """The gradient of `expand_kv_heads`: ``[b, H, s, d]`` -> ``[b, H/group, s, d]``, summed over each group."""
+    if group == 1:
+        return t
     b, h, s, d = t.shape
-    return t.view(b, dims.kv_heads, dims.group, s, d).sum(2)
+    return t.view(b, h // group, group, s, d).sum(2)
 
 
 class AttentionBackend(ABC):
@@ -219,7 +224,7 @@ class _AtenSDPA(AttentionBackend):
         qb = bhsd(q, dims, dims.heads)
         kb, vb = bhsd(k, dims, dims.kv_heads), bhsd(v, dims, dims.kv_heads)
         if dims.group > 1:
-            kb, vb = _expand_kv(kb, dims), _expand_kv(vb, dims)
+            kb, vb = expand_kv_heads(kb, dims.group), expand_kv_heads(vb, dims.group)
         return qb, kb, vb
 
     def outside_bytes(self, dims: AttnDims, esize: int, phase: str) -> int:
@@ -232,7 +237,7 @@ class _AtenSDPA(AttentionBackend):
     def _store_grads(self, gq, gk, gv, dq, dk, dv, dims):
         _copy_bhsd_into(dq, gq, dims, dims.heads)
         if dims.group > 1:
-            gk, gv = _reduce_kv(gk, dims), _reduce_kv(gv, dims)
+            gk, gv = reduce_kv_heads(gk, dims.group), reduce_kv_heads(gv, dims.group)
         _copy_bhsd_into(dk, gk, dims, dims.kv_heads)
         _copy_bhsd_into(dv, gv, dims, dims.kv_heads)
 

@@ -28,23 +28,10 @@ from __future__ import annotations
 
 import torch
 
+from memo_exec.attention import expand_kv_heads, reduce_kv_heads
 from memo_exec.device import acc_dtype
 from memo_exec.metp.lane import Lane, RingOptions
 from memo_exec.metp.ledger import Ledger
-
-
-def _expand(t: torch.Tensor, group: int) -> torch.Tensor:
-    if group == 1:
-        return t
-    b, hk, s, d = t.shape
-    return t.unsqueeze(2).expand(b, hk, group, s, d).reshape(b, hk * group, s, d)
-
-
-def _reduce(t: torch.Tensor, group: int) -> torch.Tensor:
-    if group == 1:
-        return t
-    b, h, s, d = t.shape
-    return t.view(b, h // group, group, s, d).sum(2)
 
 
 def _math_scores(q, k, causal, scale):
@@ -132,7 +119,7 @@ def ring_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ba
         if plan is not None:
             qs, ks, causal = plan
             with opts.timer.span(f"mha_attn{tag}.{t}", opts.layer, lane.phase, "compute"):
-                kk, vv = _expand(cur[0], group)[:, :, ks], _expand(cur[1], group)[:, :, ks]
+                kk, vv = expand_kv_heads(cur[0], group)[:, :, ks], expand_kv_heads(cur[1], group)[:, :, ks]
                 o_b, lse_b = block_forward(qb[:, :, qs], kk.contiguous(), vv.contiguous(), causal, scale)
                 a_s, l_s = acc[:, :, qs], lse[:, :, qs]
                 lse_b = lse_b.to(ad)
@@ -180,12 +167,12 @@ def ring_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o
         if plan is not None:
             qs, ks, causal = plan
             with opts.timer.span(f"mha_attn_bwd{tag}.{t}", opts.layer, lane.phase, "compute"):
-                kk, vv = _expand(cur[0], group)[:, :, ks], _expand(cur[1], group)[:, :, ks]
+                kk, vv = expand_kv_heads(cur[0], group)[:, :, ks], expand_kv_heads(cur[1], group)[:, :, ks]
                 gq, gk, gv = block_backward(dob[:, :, qs].contiguous(), qb[:, :, qs].contiguous(), kk.contiguous(),
                                             vv.contiguous(), ob[:, :, qs].contiguous(), lse_c[:, :, qs].contiguous(),
                                             causal, scale)
                 dqb[:, :, qs].add_(gq)
-                grads = (_reduce(gk, group), _reduce(gv, group))
+                grads = (reduce_kv_heads(gk, group), reduce_kv_heads(gv, group))
                 del kk, vv, gq, gk, gv
         lane.wait(pend_d)  # the partial dK, dV of this block is in
         if grads is not None:

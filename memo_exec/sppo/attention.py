@@ -24,6 +24,7 @@ import math
 
 import torch
 
+from memo_exec.attention import expand_kv_heads, reduce_kv_heads
 from memo_exec.device import acc_dtype
 
 SCORE_BUDGET_BYTES = 64 * 2**20  # one query chunk's scores and probabilities
@@ -32,21 +33,6 @@ SCORE_BUDGET_BYTES = 64 * 2**20  # one query chunk's scores and probabilities
 def _chunk_rows(batch: int, heads: int, keys: int, acc: torch.dtype, budget: int) -> int:
     per_row = 2 * batch * heads * keys * torch.empty((), dtype=acc, device="meta").element_size()
     return max(1, budget // max(1, per_row))
-
-
-def _expand(t: torch.Tensor, group: int) -> torch.Tensor:
-    """``[b, Hk, S, d]`` -> ``[b, Hk*group, S, d]`` (query head h reads kv head h // group)."""
-    if group == 1:
-        return t
-    b, hk, s, d = t.shape
-    return t.unsqueeze(2).expand(b, hk, group, s, d).reshape(b, hk * group, s, d)
-
-
-def _reduce(t: torch.Tensor, group: int) -> torch.Tensor:
-    if group == 1:
-        return t
-    b, h, s, d = t.shape
-    return t.view(b, h // group, group, s, d).sum(2)
 
 
 def _mask(start: int, r0: int, r1: int, keys: int, device) -> torch.Tensor:
@@ -72,8 +58,8 @@ def prefix_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     rows = _chunk_rows(b, H, S, acc, budget)
     for r0 in range(0, n, rows):
         r1 = min(n, r0 + rows)
-        kk = _expand(k[:, :, :start + r1], group).to(acc)  # keys after the chunk's last query are all masked
-        vv = _expand(v[:, :, :start + r1], group).to(acc)
+        kk = expand_kv_heads(k[:, :, :start + r1], group).to(acc)  # keys after the chunk's last query are all masked
+        vv = expand_kv_heads(v[:, :, :start + r1], group).to(acc)
         s = torch.matmul(q[:, :, r0:r1].to(acc), kk.transpose(-1, -2)).mul_(scale)
         s.masked_fill_(_mask(start, r0, r1, start + r1, q.device), float("-inf"))
         m = torch.logsumexp(s, dim=-1)
@@ -100,8 +86,8 @@ def prefix_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tens
     for r0 in range(0, n, rows):
         r1 = min(n, r0 + rows)
         e = start + r1
-        kk = _expand(k[:, :, :e], group).to(acc)
-        vv = _expand(v[:, :, :e], group).to(acc)
+        kk = expand_kv_heads(k[:, :, :e], group).to(acc)
+        vv = expand_kv_heads(v[:, :, :e], group).to(acc)
         qc = q[:, :, r0:r1].to(acc)
         do = dout[:, :, r0:r1].to(acc)
         s = torch.matmul(qc, kk.transpose(-1, -2)).mul_(scale)
@@ -113,4 +99,4 @@ def prefix_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tens
         ds = p.mul_(dp.sub_(delta)).mul_(scale)
         dq[:, :, r0:r1] = torch.matmul(ds, kk).to(q.dtype)
         dk[:, :, :e] += torch.matmul(ds.transpose(-1, -2), qc)
-    return dq, _reduce(dk, group), _reduce(dv, group)
+    return dq, reduce_kv_heads(dk, group), reduce_kv_heads(dv, group)

@@ -22,17 +22,14 @@ import torch.nn.functional as F
 from memo_exec.layer import LN_EPS, LayerWeights
 from memo_exec.model import GPT, ChunkedHead
 from memo_exec.sppo.kvcache import KVCache, PrefixAttention
-from memo_sim.policy.sppo import Piece  # the simulator's piece (memo_sim.cost.sppo)
+from memo_sim.layout.parallel import stage_layers
 from memo_sim.model.config import ModelConfig
+from memo_sim.policy.sppo import Piece  # the simulator's piece (memo_sim.cost.sppo)
 
 
 def stage_layer_ids(n_layers: int, pp: int, stage: int) -> list[int]:
-    """The layers of stage ``stage``: the simulator's even split (`memo_sim.cost.sppo.stage_layers`,
-    which the executor's run path may not import; tests/test_sppo_exec.py holds the two equal)."""
-    if pp < 1 or n_layers % pp:
-        raise ValueError(f"{n_layers} layers do not split evenly into {pp} pipeline stages")
-    k = n_layers // pp
-    return list(range(stage * k, (stage + 1) * k))
+    """The layers of stage ``stage``: the layout's even split, as the simulator prices it."""
+    return list(stage_layers(n_layers, pp)[stage])
 
 
 def layer_forward(m: ModelConfig, p: LayerWeights, x: torch.Tensor, cache: KVCache, layer: int,

@@ -49,7 +49,7 @@ from memo_sim.cost.kernel_time import attention_bwd_time, attention_fwd_time, me
 from memo_sim.cost.layer_time import backward_costs, forward_costs
 from memo_sim.cost.opcost import OpCost, critical_time
 from memo_sim.errors import MemoError
-from memo_sim.layout.parallel import Layout, stage_hop_crosses_nodes, stage_layers
+from memo_sim.layout.parallel import Layout, stage_hop_crosses_nodes, stage_layers  # noqa: F401 (stage_layers re-exported)
 from memo_sim.model.config import ModelConfig
 from memo_sim.model.flops import ATTN_BWD_FACTOR, causal_attention_flops, layer_forward_flops
 from memo_sim.model.layer_graph import DTYPE_BYTES, layer_tensors
