@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -108,6 +109,19 @@ def comm_failure_line(rank: int, err: BaseException, timeout_s: float) -> str:
             f"did not answer within the process-group timeout ({timeout_s:.0f} s); stopping")
 
 
+def killed_rank(torchrun_log: str) -> tuple[int, int] | None:
+    """(rank, negative exit code) of torchrun's "Root Cause (first observed failure)" when that rank was
+    killed by a signal; None otherwise (it exited by itself, with its own error line)."""
+    _, sep, tail = torchrun_log.partition("Root Cause (first observed failure):")
+    if not sep:
+        return None
+    rank = re.search(r"^\s*rank\s*:\s*(\d+)", tail, re.M)
+    code = re.search(r"^\s*exitcode\s*:\s*(-?\d+)", tail, re.M)
+    if not rank or not code or int(code.group(1)) >= 0:
+        return None
+    return int(rank.group(1)), int(code.group(1))
+
+
 def launch_nproc(nproc: int, argv: list[str], out_dir: str, progress: bool) -> int:
     """Run ``memo-exec run`` with ``argv`` (no --nproc) under torchrun with ``nproc`` processes."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
@@ -143,6 +157,15 @@ def launch_nproc(nproc: int, argv: list[str], out_dir: str, progress: bool) -> i
             raise
     if rc == 0:
         return 0
+    died = killed_rank(log_path.read_text(errors="replace"))
+    if died is not None:  # a rank killed by a signal: say so, whichever survivor's error won the race
+        rank, code = died
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        print(f"error: rank {rank} died ({name}); torchrun stopped the other ranks; see {log_path}", file=sys.stderr)
+        return 1
     if first_error is not None:
         print(first_error, file=sys.stderr)
         return 2 if all("a collective failed" not in e for e in seen) else 1
