@@ -151,6 +151,45 @@ def bench_simulated(pools: list[list], n: int, n_serial: int, jobs: int) -> dict
             "load_mid": load_mid}
 
 
+def bench_breakdown(pools: list[list], n: int, step: int = 25) -> dict:
+    """Where a simulated candidate's CPU goes: every ``step``-th of the first ``n`` candidates,
+    serial in this process, each stage timed on its first call for that candidate (as a tier-2
+    worker meets it): the caching-allocator replay (policies without a static memory plan),
+    building the op graph, the SimPy run (no memory samples kept, as tier 2 runs it); SPPO
+    candidates (a pipeline per stage) apart, whole ``simulate`` calls."""
+    from memo_sim.engine.core import Engine
+    from memo_sim.engine.schedules import build_iteration
+    from memo_sim.engine.simulate import simulate
+    from memo_sim.memplan.iteration_replay import replay_iteration
+
+    sample = round_robin(pools, n)[::step]
+    parts = {"replay": 0.0, "build": 0.0, "engine": 0.0, "sppo": 0.0}
+    n_plain = n_sppo = n_replayed = 0
+    for c in sample:
+        if c.sppo is not None:
+            t0 = time.process_time()
+            simulate(c.model, c.layout, c.batch, c.seq, c.policy, c.profile, keep_timeline=False)
+            parts["sppo"] += time.process_time() - t0
+            n_sppo += 1
+            continue
+        t0 = time.process_time()
+        stall = None
+        if not c.policy.static_memory_plan:
+            stall = replay_iteration(c.model, c.layout, c.batch, c.seq, c.policy, c.profile).stall_by_phase(c.profile)
+            n_replayed += 1
+        t1 = time.process_time()
+        sched = build_iteration(c.model, c.layout, c.batch, c.seq, c.policy, c.profile, allocator_stall=stall)
+        t2 = time.process_time()
+        Engine(sched.graph, c.profile, gpu_capacity=sched.memory.gpu_capacity_bytes,
+               host_capacity=sched.memory.host_capacity_bytes, keep_memory=False).run()
+        t3 = time.process_time()
+        parts["replay"] += t1 - t0
+        parts["build"] += t2 - t1
+        parts["engine"] += t3 - t2
+        n_plain += 1
+    return {"n_plain": n_plain, "n_sppo": n_sppo, "n_replayed": n_replayed, "parts": parts, "step": step}
+
+
 def _cli(args: list[str], cwd: Path, timeout: float = 300) -> float:
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     t0 = time.perf_counter()
@@ -186,6 +225,21 @@ def bench_simulate_cmd(repeat: int) -> list[dict]:
     return out
 
 
+def _breakdown_lines(brk: dict) -> list[str]:
+    p, n, ns, nr = brk["parts"], max(1, brk["n_plain"]), brk["n_sppo"], max(1, brk["n_replayed"])
+    total = p["replay"] + p["build"] + p["engine"]
+    out = [f"- Where the CPU goes (every {brk['step']}th candidate, {brk['n_plain']} without SPPO, serial, each stage "
+           f"on its first call for the candidate; CPU ms per candidate, share of the three): caching-allocator replay "
+           f"{1e3 * p['replay'] / n:.1f} ({100 * p['replay'] / total:.0f}%; {1e3 * p['replay'] / nr:.1f} per "
+           f"candidate that replays, the {brk['n_replayed']} without a static memory plan), op graph "
+           f"{1e3 * p['build'] / n:.1f} ({100 * p['build'] / total:.0f}%), SimPy run {1e3 * p['engine'] / n:.1f} "
+           f"({100 * p['engine'] / total:.0f}%)."]
+    if ns:
+        out.append(f"- SPPO candidates (one pipeline of stages each): {ns} in that sample, "
+                   f"{1e3 * p['sppo'] / ns:.0f} ms CPU each (whole `simulate`).")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(REPO / "reports" / "sim-speed.md"))
@@ -201,8 +255,10 @@ def main() -> None:
     t_all = time.perf_counter()
     ana = bench_analytic()
     load1 = uptime()
-    sim = bench_simulated(ana.pop("pools"), args.candidates, min(args.serial, args.candidates), jobs)
+    pools = ana.pop("pools")
+    sim = bench_simulated(pools, args.candidates, min(args.serial, args.candidates), jobs)
     load2 = uptime()
+    brk = bench_breakdown(pools, args.candidates)
     cmds = bench_simulate_cmd(args.repeat)
     load3 = uptime()
     total = time.perf_counter() - t_all
@@ -270,6 +326,7 @@ def main() -> None:
         f"run started: {', '.join(f'{x:.2f}' for x in sim['load_mid'])}).",
         f"- Parallel and serial summaries of those {sim['serial_n']:,} identical (all fields but the wall seconds each "
         f"took), in the same order: {'yes' if sim['identical'] else '**NO**'}.",
+        *_breakdown_lines(brk),
         "",
         "## 3. `memo-sim simulate`, whole process",
         "",

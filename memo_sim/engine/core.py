@@ -30,7 +30,9 @@ timeout at its current rate that a copy starting or ending on the device interru
 a collective whose links no other stream of the graph uses is a plain timeout of its stand-alone
 time (its bytes still count as carried); dependency events exist only where an op really waits.
 
-Memory: GPU bytes per device and pinned host bytes per node, sampled at every change. An
+Memory: GPU bytes per device and pinned host bytes per node, sampled at every change (not kept
+with ``keep_memory=False``, what a run without a timeline asks for; peaks, end bytes and failures
+are the same either way). An
 allocation past capacity stops the run with a `Failure` (status OOM or OOHM, when, which tensor,
 how much), returned, not raised.
 """
@@ -101,7 +103,7 @@ class Engine:
 
     def __init__(self, graph: OpGraph, profile: HardwareProfile, *, contention: bool = True,
                  gpu_capacity: float | None = None, host_capacity: float | None = None,
-                 record_links: bool = False, fast_paths: bool = True):
+                 record_links: bool = False, fast_paths: bool = True, keep_memory: bool = True):
         self.graph = graph
         self.profile = profile
         self.contention = contention
@@ -116,6 +118,7 @@ class Engine:
         self.peak_gpu = dict(self.gpu_mem)
         self.peak_host = dict(self.host_mem)
         self.samples: list[MemorySample] = []
+        self.keep_memory = keep_memory  # False: no memory samples kept (peaks, failures and end bytes still are)
         self.failure: Failure | None = None
         hl = profile.host_link
         self._copy_lat = float(hl.latency)
@@ -147,7 +150,8 @@ class Engine:
                 self.gpu_mem[device] = new
                 if new > self.peak_gpu[device]:
                     self.peak_gpu[device] = new
-                self.samples.append(MemorySample(now, device, "gpu", new))
+                if self.keep_memory:
+                    self.samples.append(MemorySample(now, device, "gpu", new))
             else:
                 dev = self.graph.devices[device]
                 node = dev.node
@@ -160,7 +164,8 @@ class Engine:
                 self.host_mem[node] = new
                 if new > self.peak_host[node]:
                     self.peak_host[node] = new
-                self.samples.append(MemorySample(now, HOST_DEVICE_BASE - node, "host", new))
+                if self.keep_memory:
+                    self.samples.append(MemorySample(now, HOST_DEVICE_BASE - node, "host", new))
 
     def _fail(self, status: str, a: MemAction, cur: float, cap: float, device: int, op: Op | None) -> None:
         self.failure = Failure(status, self.env.now, a.tensor, a.nbytes, cur, cap, device,
@@ -175,6 +180,8 @@ class Engine:
         slowed = self._slowed_devices
         alone = self._alone_routes
         waiters = self._waiters
+        kernels = self._kernels
+        copies = net.copies_per_device
         for op in ops:
             for d in op.deps:
                 if d.end is None:  # only cross-stream waits make an event (most deps have ended)
@@ -189,7 +196,25 @@ class Engine:
                 if op.kind == "compute":
                     if op.device in slowed:
                         if self.fast_paths:
-                            yield from self._kernel(op)
+                            # a kernel on a device whose host copies slow it: a timeout at the
+                            # current rate (1, or the slow rate while a copy of the device is in
+                            # flight); a copy starting or ending on the device interrupts it
+                            # (`_copies_changed`) and the rest of its work is re-timed at the new rate
+                            remaining = op.work
+                            running = kernels.get(op.device)
+                            if running is None:
+                                running = kernels[op.device] = {}
+                            proc = env.active_process
+                            while True:
+                                rate = net.slow_rate if copies.get(op.device) else 1.0
+                                t0 = env.now
+                                running[proc] = None
+                                try:
+                                    yield env.timeout(max(remaining / rate, 0.0))
+                                    del running[proc]
+                                    break
+                                except simpy.Interrupt:
+                                    remaining -= rate * (env.now - t0)
                         else:
                             yield net.start(Flow(op.name, op.work, (), op.device, is_compute=True))
                     else:  # no host copy on this device can slow it: a plain timeout
@@ -218,26 +243,6 @@ class Engine:
             if ev is not None:
                 ev.succeed()
 
-    def _kernel(self, op: Op):
-        """A kernel on a device whose host copies slow it: a timeout at the current rate (1, or
-        the slow rate while a copy of the device is in flight); a copy starting or ending on the
-        device interrupts it, and the rest of its work is re-timed at the new rate."""
-        env = self.env
-        proc = env.active_process
-        net = self.net
-        remaining = op.work
-        running = self._kernels.setdefault(op.device, {})
-        while True:
-            rate = net.slow_rate if net.copies_per_device.get(op.device) else 1.0
-            t0 = env.now
-            running[proc] = None
-            try:
-                yield env.timeout(max(remaining / rate, 0.0))
-                del running[proc]
-                return
-            except simpy.Interrupt:
-                remaining -= rate * (env.now - t0)
-
     def _copies_changed(self, device: int, active: bool) -> None:
         for proc in list(self._kernels.get(device, ())):
             del self._kernels[device][proc]
@@ -250,7 +255,7 @@ class Engine:
         self._slowed_devices = (({op.device for op in g.ops if op.kind == "copy"} if self.fast_paths
                                  else set(g.devices)) if slowing else set())
         self._alone_routes = self._exclusive_routes()
-        self._kernels: dict[int, dict] = {}  # device -> kernel processes running now (see _kernel)
+        self._kernels: dict[int, dict] = {}  # device -> kernel processes running now (see _stream)
         self.net.on_copies_changed = self._copies_changed
         self._waiters: dict[int, simpy.Event] = {}
         start_gpu: dict[int, float] = {}
@@ -279,19 +284,22 @@ class Engine:
         (the link log then shows every flow)."""
         if not self.contention or self.net.record or not self.fast_paths:
             return set()
+        used: dict[tuple, None] = {}  # (device, stream, link or direction) of every collective and copy
+        for op in self.graph.ops:
+            kind = op.kind
+            if kind == "comm":
+                if op.link:
+                    used[(op.device, op.stream, op.link)] = None
+            elif kind == "copy":
+                used[(op.device, op.stream, op.direction)] = None
         users: dict[Link, set] = {}
         routes: dict[tuple, tuple] = {}
-        for op in self.graph.ops:
-            if op.kind == "comm" and op.link:
-                key = (op.device, op.link)
-            elif op.kind == "copy":
-                key = (op.device, op.direction)
-            else:
-                continue
+        for device, stream, name in used:
+            key = (device, name)
             route = self._routes[key]
-            routes.setdefault((op.device, op.stream, key), route)
+            routes.setdefault((device, stream, key), route)
             for lk, _w in route:
-                users.setdefault(lk, set()).add((op.device, op.stream))
+                users.setdefault(lk, set()).add((device, stream))
         return {route for (_d, _s, key), route in routes.items()
                 if key[1] not in ("d2h", "h2d") and all(len(users[lk]) == 1 for lk, _w in route)}
 

@@ -105,26 +105,42 @@ def collective_link(cost: OpCost, layout: Layout, profile: HardwareProfile) -> s
     return coll.link_kind(profile, coll.group_link(profile, layout.tp, 1))
 
 
-_SHAPES: dict[tuple[int, int, int], tuple] = {}  # (id(costs), id(layout), id(profile)) -> (costs, ..., shape)
+_SHAPES: dict[tuple[int, int, int], tuple] = {}  # (id(costs), id(layout), id(profile)) -> (costs, layout, profile, (rows, tail, shape))
+_SHAPES_BY_CONTENT: dict[tuple, tuple] = {}  # ((name, stream, overlaps) per op, id(layout), id(profile)) -> (layout, profile, shape)
 
 
-def _chain_shape(costs: list[OpCost], layout: Layout, profile: HardwareProfile) -> tuple:
-    """Per op of a phase: (its dependencies within the phase, its kind, its link); and the tail.
-    Every layer emits the same phase lists, so the shape is worked out once per list (the cache
-    keeps the list, layout and profile alive, so their ids stay theirs)."""
+def _chain_rows(costs: list[OpCost], layout: Layout, profile: HardwareProfile) -> tuple:
+    """(rows, tail, shape) of a phase list. ``shape``: per op (its dependencies within the phase,
+    its kind, its link), and the tail; ``rows``: per op (within, name, stream, kind, work, nbytes,
+    flops, link), what `emit_chain` passes to `OpGraph.add_checked`. Every layer emits the same
+    phase lists, so this is worked out once per list (the cache keeps the list, layout and
+    profile alive, so their ids stay theirs)."""
     key = (id(costs), id(layout), id(profile))
     hit = _SHAPES.get(key)
     if hit is not None:
         return hit[3]
-    ops = []
-    for c, within in zip(costs, chain_dependencies(costs)):
-        kind = "compute" if c.stream == "compute" else "comm"
-        ops.append((within, kind, None if kind == "compute" else collective_link(c, layout, profile)))
-    shape = (ops, chain_tail(costs))
+    # a list built afresh (SPPO's pieces) with the ops of one seen before has its shape: the
+    # shape reads only each op's name, stream and overlaps (and the layout and profile)
+    ckey = (tuple((c.name, c.stream, c.overlaps) for c in costs), id(layout), id(profile))
+    hit = _SHAPES_BY_CONTENT.get(ckey)
+    if hit is not None:
+        shape = hit[2]
+    else:
+        ops = []
+        for c, within in zip(costs, chain_dependencies(costs)):
+            kind = "compute" if c.stream == "compute" else "comm"
+            ops.append((within, kind, None if kind == "compute" else collective_link(c, layout, profile)))
+        shape = (ops, chain_tail(costs))
+        if len(_SHAPES_BY_CONTENT) > 256:
+            _SHAPES_BY_CONTENT.clear()
+        _SHAPES_BY_CONTENT[ckey] = (layout, profile, shape)
+    rows = [(within, c.name, c.stream, kind, float(c.seconds) if c.seconds > 0.0 else 0.0, c.nbytes, c.flops, link)
+            for c, (within, kind, link) in zip(costs, shape[0])]
+    out = (rows, shape[1], shape)
     if len(_SHAPES) > 256:
         _SHAPES.clear()
-    _SHAPES[key] = (costs, layout, profile, shape)
-    return shape
+    _SHAPES[key] = (costs, layout, profile, out)
+    return out
 
 
 def emit_chain(g: OpGraph, costs: list[OpCost], *, device: int, layer: int | None, phase: str,
@@ -136,15 +152,21 @@ def emit_chain(g: OpGraph, costs: list[OpCost], *, device: int, layer: int | Non
     last op also waiting for ``last_deps``; return (its ops, what the next op waits on)."""
     ops: list[Op] = []
     last = len(costs) - 1
-    shape, tail_idx = _chain_shape(costs, layout, profile)
-    for k, (c, (within, kind, link)) in enumerate(zip(costs, shape)):
+    rows, tail_idx, _shape = _chain_rows(costs, layout, profile)
+    if device not in g.devices:
+        raise ValueError(f"phase {phase!r} on unknown device {device}")
+    deps = [d for d in deps if d is not None]
+    last_deps = [d for d in last_deps if d is not None]
+    mem_start, mem_end = tuple(mem_start), tuple(mem_end)
+    add = g.add_checked
+    k = 0
+    for within, name, stream, kind, work, nbytes, flops, link in rows:
         op_deps = [ops[j] for j in within] if within else list(deps)
         if k == last:
-            op_deps += list(last_deps)
-        op = g.add(c.name, device=device, stream=c.stream, kind=kind, phase=phase, layer=layer, work=c.seconds,
-                   deps=op_deps, nbytes=c.nbytes, flops=c.flops, link=link,
-                   mem_start=mem_start if k == 0 else (), mem_end=mem_end if k == last else ())
-        ops.append(op)
+            op_deps += last_deps
+        ops.append(add(name, device, stream, kind, phase, layer, work, op_deps, nbytes, flops, link,
+                       mem_start if k == 0 else (), mem_end if k == last else ()))
+        k += 1
     tail = [ops[j] for j in tail_idx] if ops else list(deps)
     return ops, tail
 

@@ -124,18 +124,34 @@ def exposed_wait_seconds(ops: list[Op], wait_on: tuple[str, ...]) -> float:
     previous op and its other dependencies ended and lasts until its last ``wait_on``
     dependency ended.
     """
-    total = 0.0
+    # A stream runs its ops one at a time in issue order, so the op before one in (start, uid)
+    # order on its stream is the one issued before it: each stream is walked in issue order and
+    # only the ops that waited on a ``wait_on`` stream contribute, summed in (start, uid) order.
+    parts: list[tuple[float, int, float]] = []
     prev_end: dict[tuple[int, str], float] = {}
-    for op in sorted((o for o in ops if o.start is not None), key=lambda o: (o.start, o.uid)):
+    for op in ops:
+        if op.start is None:
+            continue
         key = (op.device, op.stream)
-        if op.stream not in wait_on:
-            wait_end = max((d.end for d in op.deps if d.stream in wait_on and d.end is not None), default=None)
+        if op.stream not in wait_on and op.deps:
+            wait_end = None
+            other = prev_end.get(key, 0.0)
+            for d in op.deps:
+                e = d.end
+                if e is None:
+                    continue
+                if d.stream in wait_on:
+                    if wait_end is None or e > wait_end:
+                        wait_end = e
+                elif e > other:
+                    other = e
             if wait_end is not None:
-                other = max([prev_end.get(key, 0.0)] + [d.end for d in op.deps
-                                                         if d.stream not in wait_on and d.end is not None])
-                total += max(0.0, min(wait_end, op.start) - other)
+                parts.append((op.start, op.uid, max(0.0, min(wait_end, op.start) - other)))
         if op.end is not None:
             prev_end[key] = op.end
+    total = 0.0
+    for _s, _u, x in sorted(parts):
+        total += x
     return total
 
 
@@ -195,7 +211,7 @@ def simulate(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: P
     sched = build_iteration(model, layout, batch, seq, policy, profile, classifier_chunk_tokens=classifier_chunk_tokens,
                             allocator_stall=stall)
     engine = Engine(sched.graph, profile, contention=contention, gpu_capacity=sched.memory.gpu_capacity_bytes,
-                    host_capacity=sched.memory.host_capacity_bytes, record_links=record)
+                    host_capacity=sched.memory.host_capacity_bytes, record_links=record, keep_memory=keep_timeline)
     run = engine.run()
     _check_deadlock(engine, run, "schedule")
     dev = sched.device.index
@@ -248,7 +264,7 @@ def simulate_pipeline(model: ModelConfig, layout: Layout, batch: int, seq: int, 
     sched = build_pipeline_iteration(model, layout, batch, seq, policy, profile, detail=detail)
     mem = sched.memory.breakdown
     engine = Engine(sched.graph, profile, contention=contention, gpu_capacity=mem.gpu_capacity_bytes,
-                    host_capacity=mem.host_capacity_bytes, record_links=record)
+                    host_capacity=mem.host_capacity_bytes, record_links=record, keep_memory=keep_timeline)
     run = engine.run()
     _check_deadlock(engine, run, "pipeline schedule")
     failure = run.failure
