@@ -16,6 +16,7 @@ on stderr and exit with code 2, before anything large is allocated.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 
 import click
@@ -74,7 +75,12 @@ def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens
         except CommFailure as e:
             click.echo(str(e), err=True)
             sys.exit(1)
-        return
+        # The rank's work is done and its process group destroyed: leave without interpreter
+        # finalization, where gloo's C++ threads can still drop tensors that need the GIL and abort
+        # the process (SIGABRT, "terminate called without an active exception") after a clean run.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     plan = read_plan(plan_file)
     if nproc is None and plan.layout.gpus == 1:
         from memo_exec.distributed.schedule import SingleStage, schedule_for  # noqa: PLC0415

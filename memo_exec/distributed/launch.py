@@ -257,6 +257,10 @@ def run_rank(plan_file: str, opts, out_dir: str, as_json: bool, timeout_s: float
                 extra = [str(v) for k, v in paths.items() if ":" in k]
                 if extra:
                     echo(f"wrote {', '.join(extra)} ({ex.schedule.name} schedule)")
+        try:  # no rank tears its group down while rank 0 still writes the outputs
+            dist.barrier()
+        except (RuntimeError, dist.DistError) as e:
+            raise CommFailure(comm_failure_line(rank, e, timeout_s)) from None
     finally:
         try:
             dist.destroy_process_group()
