@@ -239,20 +239,7 @@ class Executor:
 
     def run(self, progress=None) -> RunResult:
         """``progress(done, total, step_record)`` is called after every step."""
-        if not self.allocated:
-            self.allocate()
-        res = RunResult(self.plan, self.opts, self.describe(), self.estimate)
-        for k in range(self.opts.steps):
-            rec = self.step(k)
-            res.steps.append(rec)
-            s = summarize_step(rec, self.model.layers)
-            s["step"] = k
-            res.summaries.append(s)
-            if progress is not None:
-                progress(k + 1, self.opts.steps, rec)
-        res.meta["pinned_host_bytes"] = int(getattr(self.policy, "pinned_bytes", 0))
-        res.meta["caching_allocator"] = self.caching_allocator_tensors()
-        return res
+        return run_steps(self, self.model.layers, self.caching_allocator_tensors, progress)
 
     def close(self) -> None:
         if self.allocated:
@@ -310,6 +297,25 @@ class Executor:
                                 "placed": {ph: sorted(o) for ph, o in self.arena_plan.offsets.items()},
                                 "unplaced_by_plan": self.unplanned, "plan_names_not_placed": self.arena_plan.ignored}
         return d
+
+
+def run_steps(ex, layers: int, caching_allocator_tensors, progress=None) -> RunResult:
+    """The training loop of an executor (single-device or one distributed rank): allocate, run
+    ``opts.steps`` steps, summarise each over ``layers`` layers, report progress."""
+    if not ex.allocated:
+        ex.allocate()
+    res = RunResult(ex.plan, ex.opts, ex.describe(), ex.estimate)
+    for k in range(ex.opts.steps):
+        rec = ex.step(k)
+        res.steps.append(rec)
+        s = summarize_step(rec, layers)
+        s["step"] = k
+        res.summaries.append(s)
+        if progress is not None:
+            progress(k + 1, ex.opts.steps, rec)
+    res.meta["pinned_host_bytes"] = int(getattr(ex.policy, "pinned_bytes", 0))
+    res.meta["caching_allocator"] = caching_allocator_tensors()
+    return res
 
 
 def tokens_per_second(tokens: int, iteration_s: float) -> float:

@@ -40,11 +40,11 @@ from memo_exec.distributed.tp import flavour_for
 from memo_exec.distributed.zero import GradSync
 from memo_exec.errors import ExecError
 from memo_exec.layer import LayerWeights
-from memo_exec.measure import Recorder, StepRecord, summarize_step
+from memo_exec.measure import Recorder, StepRecord
 from memo_exec.memory_estimate import MemoryEstimate
 from memo_exec.model import GPT, LayerHooks, LayerRuntime
 from memo_exec.optim import AdamW
-from memo_exec.runner import RunOptions, RunResult, make_flops_fn
+from memo_exec.runner import RunOptions, RunResult, make_flops_fn, run_steps
 from memo_exec.streams import make_engine
 from memo_sim.plan.schema import Plan
 
@@ -237,21 +237,9 @@ class DistExecutor:
         return rec
 
     def run(self, progress=None) -> RunResult:
-        if not self.allocated:
-            self.allocate()
-        res = RunResult(self.plan, self.opts, self.describe(), self.estimate)
-        for k in range(self.opts.steps):
-            rec = self.step(k)
-            res.steps.append(rec)
-            s = summarize_step(rec, len(self.held))
-            s["step"] = k
-            res.summaries.append(s)
-            if progress is not None:
-                progress(k + 1, self.opts.steps, rec)
-        res.meta["pinned_host_bytes"] = int(getattr(self.policy, "pinned_bytes", 0))
-        res.meta["caching_allocator"] = ["every scratch tensor of the distributed layer (no memory plan)",
-                                         "collective buffers (gathered activations, partial sums, ring blocks)"]
-        return res
+        return run_steps(self, len(self.held), lambda: [
+            "every scratch tensor of the distributed layer (no memory plan)",
+            "collective buffers (gathered activations, partial sums, ring blocks)"], progress)
 
     def close(self) -> None:
         if self.allocated:
