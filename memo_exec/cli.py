@@ -23,9 +23,21 @@ import click
 
 from memo_exec.attention import BACKENDS
 from memo_exec.errors import ExecError, user_errors
+from memo_sim.errors import usage_line
 
 
-@click.group(help="Run a memo plan on real hardware and compare with the simulator's prediction.",
+class _ExecGroup(click.Group):
+    """A bad flag is one line on stderr and exit code 2, as in memo-sim."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as e:
+            click.echo(usage_line(e), err=True)
+            ctx.exit(2)
+
+
+@click.group(cls=_ExecGroup, help="Run a memo plan on real hardware and compare with the simulator's prediction.",
              context_settings={"help_option_names": ["-h", "--help"]})
 def cli() -> None:
     pass

@@ -17,6 +17,13 @@ class TraceError(MemoError):
     """A request trace (JSON) or a static-allocation CSV is malformed."""
 
 
+def usage_line(e) -> str:
+    """A click usage error (bad flag value, unknown option) as one line naming the flag and the fix."""
+    msg = " ".join(e.format_message().split()).rstrip(".")
+    cmd = e.ctx.command_path if e.ctx is not None else "the command"
+    return f"error: {msg}; see `{cmd} -h`"
+
+
 # -- the one boundary: pydantic's errors as one line ---------------------------------------------------
 _FIXES = {
     "missing": "add it",

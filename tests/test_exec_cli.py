@@ -193,3 +193,14 @@ def test_trace_meta_device_for_a_big_model(tmp_path):
     assert sizes[("bwd", "rc_proj")] == (131072 - 32768) * 4096 * 2  # 75% of the tokens recomputed
     p2 = read_plan(tmp_path / "p2.json")
     assert p2.memory_plan.element_bytes == 2
+
+
+def test_bad_flag_is_one_line_and_exit_2(tmp_path):
+    from click.testing import CliRunner
+
+    from memo_exec.cli import cli
+
+    for args in (["run", "plan.json", "--nproc", "0"], ["run"], ["run", "plan.json", "--pg-timeout", "-1"]):
+        r = CliRunner().invoke(cli, args)
+        text = r.output.strip()
+        assert r.exit_code == 2 and text.startswith("error:") and "\n" not in text, (args, r.output)

@@ -8,7 +8,7 @@ import time
 
 import click
 
-from memo_sim.errors import MemoError
+from memo_sim.errors import MemoError, usage_line
 from memo_sim.layout.parallel import MAX_DEGREE
 from memo_sim.plan.schema import MAX_BATCH
 from memo_sim.model.config import ModelConfig, get_model
@@ -65,13 +65,6 @@ def progress_bar(label: str, total: int, quiet: bool = False, force: bool | None
         with click.progressbar(length=total, label=label, file=sys.stderr) as bar:
             yield lambda: bar.update(1)
     return cm()
-
-
-def usage_line(e: click.UsageError) -> str:
-    """A click usage error (bad flag value, unknown option) as one line naming the flag and the fix."""
-    msg = " ".join(e.format_message().split()).rstrip(".")
-    cmd = e.ctx.command_path if e.ctx is not None else "the command"
-    return f"error: {msg}; see `{cmd} -h`"
 
 
 def status_line(label: str, quiet: bool = False, force: bool | None = None):
