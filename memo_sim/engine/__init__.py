@@ -6,6 +6,8 @@
 - `schedules`: one iteration's op graph per policy (store all, full recompute, full offload,
   MEMO) with TP/SP, CP, Ulysses and DP collectives; the module docs say how a pipeline over
   stages and subsequences (SPPO) maps onto the same graph.
+- `periodic`: identical layers simulated once -- a short schedule run with the event log, checked
+  to repeat layer after layer, unfolded into the whole run's results (or refused).
 - `simulate`: `simulate`, `sweep_alpha` and `SimResult`.
 
 Scale: one representative GPU per group of identical GPUs is simulated; a copy on a link shared

@@ -32,7 +32,9 @@ time (its bytes still count as carried); dependency events exist only where an o
 
 Memory: GPU bytes per device and pinned host bytes per node, sampled at every change (not kept
 with ``keep_memory=False``, what a run without a timeline asks for; peaks, end bytes and failures
-are the same either way). An
+are the same either way). With ``log=True`` the run also keeps the order in which ops started and
+ended and memory changed (`EngineRun.events`, `EngineRun.sample_src`), what
+`memo_sim.engine.periodic` reads to fold identical layers. An
 allocation past capacity stops the run with a `Failure` (status OOM or OOHM, when, which tensor,
 how much), returned, not raised.
 """
@@ -96,6 +98,11 @@ class EngineRun:
     link_log: list[tuple[float, dict[str, float]]] = field(default_factory=list)
     link_capacity: dict[str, float] = field(default_factory=dict)
     link_carried: dict[str, float] = field(default_factory=dict)
+    # with ``log=True``: every op start (0, op), op end (1, op) and memory sample (2, index into
+    # ``memory``) in the order the engine ran them, and per sample (op or None, action, applied
+    # delta: host bytes already multiplied by the device's group)
+    events: list[tuple[int, object]] = field(default_factory=list)
+    sample_src: list[tuple[Op | None, MemAction, float]] = field(default_factory=list)
 
 
 class Engine:
@@ -103,7 +110,8 @@ class Engine:
 
     def __init__(self, graph: OpGraph, profile: HardwareProfile, *, contention: bool = True,
                  gpu_capacity: float | None = None, host_capacity: float | None = None,
-                 record_links: bool = False, fast_paths: bool = True, keep_memory: bool = True):
+                 record_links: bool = False, fast_paths: bool = True, keep_memory: bool = True,
+                 log: bool = False):
         self.graph = graph
         self.profile = profile
         self.contention = contention
@@ -118,12 +126,18 @@ class Engine:
         self.peak_gpu = dict(self.gpu_mem)
         self.peak_host = dict(self.host_mem)
         self.samples: list[MemorySample] = []
-        self.keep_memory = keep_memory  # False: no memory samples kept (peaks, failures and end bytes still are)
+        self.keep_memory = keep_memory or log  # False: no memory samples kept (peaks, failures and end bytes still are)
+        # log: the order of op starts, op ends and memory samples (`EngineRun.events`), what
+        # `memo_sim.engine.periodic` reads to check a folded run and unfold it
+        self.events: list[tuple[int, object]] = []
+        self.sample_src: list[tuple[Op | None, MemAction, float]] = []
+        self._log = self.events.append if log else None
         self.failure: Failure | None = None
         hl = profile.host_link
         self._copy_lat = float(hl.latency)
         self._solo_rate = {}
         self._routes = {}
+        self.routes = self._routes  # (device, d2h | h2d | nvlink | internode) -> ((link, weight), ...)
         for dev in graph.devices.values():
             for direction in ("d2h", "h2d"):
                 self._solo_rate[(dev.index, direction)] = host_bandwidth_per_gpu(profile, direction, dev.group)
@@ -151,6 +165,9 @@ class Engine:
                 if new > self.peak_gpu[device]:
                     self.peak_gpu[device] = new
                 if self.keep_memory:
+                    if self._log is not None:
+                        self._log((2, len(self.samples)))
+                        self.sample_src.append((op, a, a.nbytes))
                     self.samples.append(MemorySample(now, device, "gpu", new))
             else:
                 dev = self.graph.devices[device]
@@ -165,6 +182,9 @@ class Engine:
                 if new > self.peak_host[node]:
                     self.peak_host[node] = new
                 if self.keep_memory:
+                    if self._log is not None:
+                        self._log((2, len(self.samples)))
+                        self.sample_src.append((op, a, delta))
                     self.samples.append(MemorySample(now, HOST_DEVICE_BASE - node, "host", new))
 
     def _fail(self, status: str, a: MemAction, cur: float, cap: float, device: int, op: Op | None) -> None:
@@ -182,6 +202,7 @@ class Engine:
         waiters = self._waiters
         kernels = self._kernels
         copies = net.copies_per_device
+        log = self._log
         for op in ops:
             for d in op.deps:
                 if d.end is None:  # only cross-stream waits make an event (most deps have ended)
@@ -190,6 +211,8 @@ class Engine:
                         ev = waiters[d.uid] = env.event()
                     yield ev
             op.start = env.now
+            if log is not None:
+                log((0, op))
             if op.mem_start:
                 self._apply(op.device, op.mem_start, op)
             if op.work > 0:
@@ -237,6 +260,8 @@ class Engine:
                     else:
                         yield env.timeout(op.work / self._solo_rate[(op.device, op.direction)])
             op.end = env.now
+            if log is not None:
+                log((1, op))
             if op.mem_end:
                 self._apply(op.device, op.mem_end, op)
             ev = waiters.pop(op.uid, None)
@@ -275,7 +300,8 @@ class Engine:
             start_gpu_bytes=start_gpu, end_gpu_bytes=dict(self.gpu_mem), end_host_bytes=dict(self.host_mem),
             failure=self.failure, end_time=self.env.now, link_log=self.net.load_log,
             link_capacity={k: v.capacity for k, v in self.net.links.items()},
-            link_carried={k: v.carried for k, v in self.net.links.items()})
+            link_carried={k: v.carried for k, v in self.net.links.items()},
+            events=self.events, sample_src=self.sample_src)
 
     def _exclusive_routes(self) -> set:
         """Collective routes whose links no other stream of the graph ever uses: one stream runs

@@ -186,13 +186,16 @@ class LayerPlan:
 
 
 def layer_plan(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy,
-               profile: HardwareProfile, mem: MemoryBreakdown) -> LayerPlan:
+               profile: HardwareProfile, mem: MemoryBreakdown, n_layers: int | None = None) -> LayerPlan:
+    """``n_layers``: how many layers the schedule lays out (default the model's; fewer when
+    `memo_sim.engine.periodic` folds identical layers)."""
     sk = skeletal_bytes(model, layout, batch, seq)
     return LayerPlan(forward_costs(model, layout, batch, seq, profile),
                      backward_costs(model, layout, batch, seq, profile),
                      policy.recompute_costs(model, layout, batch, seq, profile),
                      policy.offload_bytes(model, layout, batch, seq),
-                     policy.offloaded_layers(model.layers), sk, mem.transient_peak_bytes + sk["input"],
+                     policy.offloaded_layers(model.layers if n_layers is None else n_layers), sk,
+                     mem.transient_peak_bytes + sk["input"],
                      policy.host_bytes_per_layer(model, layout, batch, seq, profile))
 
 
@@ -214,22 +217,38 @@ def middle_layer(n_layers: int) -> int:
     return max(0, min(n_layers // 2, n_layers - KEPT_LAYERS - 1))
 
 
+def layer_signature(policy: Policy, layer: int, n_layers: int) -> tuple:
+    """Everything `build_iteration` does differently from one layer to the next, relative to the
+    layer's index: whether it is offloaded and recomputed, which offload its output write waits
+    for, whether its weight gathers hang on the layer two before, whether it is one of the last
+    two (their ZeRO-3 gathers are issued when the backward starts). Layers with equal signatures
+    get the same ops and dependencies (`memo_sim.engine.periodic` folds runs of them)."""
+    w = output_write_waits_for(layer, n_layers)
+    return (layer < policy.offloaded_layers(n_layers), policy.recomputes_layer(layer, n_layers),
+            None if w is None else layer - w, layer >= 2, layer >= n_layers - 2)
+
+
 def build_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy,
                     profile: HardwareProfile, *, classifier_chunk_tokens: int = CLASSIFIER_CHUNK_TOKENS,
-                    device: Device | None = None, allocator_stall: dict[str, float] | None = None) -> Schedule:
+                    device: Device | None = None, allocator_stall: dict[str, float] | None = None,
+                    layers: int | None = None) -> Schedule:
     """The op graph of one full training iteration on the representative GPU.
 
     ``allocator_stall``: seconds the caching allocator's reorganisations stall the compute stream,
     by phase (``L<i>.fwd``, ``L<i>.bwd``, ``classifier``, ``embedding``, ``embedding.bwd``; from
     `memo_sim.memplan.iteration_replay.IterationReplay.stall_by_phase`): each becomes an
-    ``allocator_reorganization`` op on the compute stream at the start of its phase."""
+    ``allocator_reorganization`` op on the compute stream at the start of its phase.
+
+    ``layers``: lay out this many layers instead of the model's (the memory, boundary and
+    gradient-sync terms stay the whole model's): the shortened schedule that
+    `memo_sim.engine.periodic` simulates when it folds identical layers."""
     dev = device or representative_device(layout, profile)
     mem = memory_breakdown(model, layout, batch, seq, policy, profile, classifier_chunk_tokens,
                            active_gpus_per_node=dev.group)
-    lp = layer_plan(model, layout, batch, seq, policy, profile, mem)
+    n = model.layers if layers is None else layers
+    lp = layer_plan(model, layout, batch, seq, policy, profile, mem, n)
     bt = boundary_times(model, layout, batch, seq, profile)
     sync = grad_sync(model, layout, profile)
-    n = model.layers
     d = dev.index
     g = OpGraph([dev])
     sched = Schedule(g, dev, mem, lp, bt, sync, middle_layer(n))

@@ -12,13 +12,16 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable, Iterable
 
 from memo_sim.model.flops import mfu as mfu_of, tgs as tgs_of
 from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS
 from memo_sim.engine.core import Engine, EngineRun, Failure
 from memo_sim.engine.graph import Op
-from memo_sim.engine.schedules import Schedule, build_iteration
+from memo_sim.engine.periodic import Fold, plan_fold, unfold
+from memo_sim.engine.schedules import Schedule, build_iteration, layer_signature, middle_layer, representative_device
+from memo_sim.memplan.footprint import memory_breakdown
 from memo_sim.errors import MemoError
 from memo_sim.layout.parallel import Layout
 from memo_sim.memplan.iteration_replay import replay_iteration
@@ -69,6 +72,8 @@ class SimResult:
     allocator: dict = field(default_factory=dict)  # caching-allocator replay of unplanned policies
     exposed_p2p_s: float = 0.0  # time waiting on METP's ring transfers beyond the compute they overlap
     pipeline: dict = field(default_factory=dict)  # SPPO: stages, pieces, per-stage peaks and bubbles
+    folded: int = 0  # layers not simulated but unfolded from a periodic short run (`memo_sim.engine.periodic`);
+    # a folded run that failed keeps no ``link_carried`` (its flows stopped half way)
 
     @property
     def ok(self) -> bool:
@@ -122,8 +127,17 @@ def exposed_wait_seconds(ops: list[Op], wait_on: tuple[str, ...]) -> float:
 
     For each op not on a ``wait_on`` stream: the part of its wait that starts after its stream's
     previous op and its other dependencies ended and lasts until its last ``wait_on``
-    dependency ended.
+    dependency ended (`exposed_wait_parts`), summed in (start, uid) order.
     """
+    total = 0.0
+    for _s, _u, x in sorted(exposed_wait_parts(ops, wait_on)):
+        total += x
+    return total
+
+
+def exposed_wait_parts(ops: list[Op], wait_on: tuple[str, ...]) -> list[tuple[float, int, float]]:
+    """(start, uid, seconds) of each op that waited on a ``wait_on`` stream (see
+    `exposed_wait_seconds`); what an op contributes is settled when it starts."""
     # A stream runs its ops one at a time in issue order, so the op before one in (start, uid)
     # order on its stream is the one issued before it: each stream is walked in issue order and
     # only the ops that waited on a ``wait_on`` stream contribute, summed in (start, uid) order.
@@ -149,10 +163,7 @@ def exposed_wait_seconds(ops: list[Op], wait_on: tuple[str, ...]) -> float:
                 parts.append((op.start, op.uid, max(0.0, min(wait_end, op.start) - other)))
         if op.end is not None:
             prev_end[key] = op.end
-    total = 0.0
-    for _s, _u, x in sorted(parts):
-        total += x
-    return total
+    return parts
 
 
 def exposed_copy_seconds(ops: list[Op]) -> float:
@@ -166,17 +177,21 @@ def exposed_p2p_seconds(ops: list[Op]) -> float:
     return exposed_wait_seconds(ops, TP_RING_STREAMS)
 
 
-def _timeline(run: EngineRun, meta: dict) -> Timeline:
+def _timeline_events(run: EngineRun) -> list[TimelineEvent]:
     events = [TimelineEvent(op.name, op.layer, op.phase, op.stream, op.device, op.start, op.end, op.nbytes, op.flops)
               for op in run.ops if op.start is not None and op.end is not None]
     events.sort(key=lambda e: (e.start, e.device, e.stream))
-    return Timeline(events, list(run.memory), meta)
+    return events
+
+
+def _timeline(run: EngineRun, meta: dict) -> Timeline:
+    return Timeline(_timeline_events(run), list(run.memory), meta)
 
 
 def simulate(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy,
              profile: HardwareProfile, *, contention: bool = True,
              classifier_chunk_tokens: int = CLASSIFIER_CHUNK_TOKENS, keep_timeline: bool = True,
-             record: bool = False, allocator_lag: int = 0, detail: str = "auto") -> SimResult:
+             record: bool = False, allocator_lag: int = 0, detail: str = "auto", fold: bool = True) -> SimResult:
     """Simulate one training iteration of ``model`` at ``seq`` tokens x ``batch`` sequences per
     data-parallel replica under ``layout`` and ``policy`` on ``profile``.
 
@@ -193,6 +208,10 @@ def simulate(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: P
     runs out of memory (fragmentation, where the byte count alone fits) ends the run as OOM.
     ``allocator_lag`` models ``record_stream`` on collective buffers with the GPU that many layers
     behind the CPU (0: the GPU keeps up).
+
+    ``fold`` (default; not with ``record``): identical layers are simulated once where the
+    iteration is periodic (`memo_sim.engine.periodic`; ``folded`` says how many layers the
+    short run stood for), else the whole schedule runs.
     """
     if batch < 1 or seq < 1:
         raise MemoError(f"batch and seq must be positive, got batch={batch}, seq={seq}")
@@ -208,21 +227,27 @@ def simulate(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: P
                                   classifier_chunk_tokens=classifier_chunk_tokens,
                                   stream_lag_phases=allocator_lag or None)
         stall = replay.stall_by_phase(profile)
-    sched = build_iteration(model, layout, batch, seq, policy, profile, classifier_chunk_tokens=classifier_chunk_tokens,
-                            allocator_stall=stall)
-    engine = Engine(sched.graph, profile, contention=contention, gpu_capacity=sched.memory.gpu_capacity_bytes,
-                    host_capacity=sched.memory.host_capacity_bytes, record_links=record, keep_memory=keep_timeline)
-    run = engine.run()
-    _check_deadlock(engine, run, "schedule")
+    plan = None
+    if fold and not record and _fits_on_paper(model, layout, batch, seq, policy, profile, classifier_chunk_tokens):
+        plan = plan_fold(model.layers, partial(layer_signature, policy), stall)
+    out = None
+    if plan is not None:
+        out = _run_folded(model, layout, batch, seq, policy, profile, plan, contention=contention,
+                          classifier_chunk_tokens=classifier_chunk_tokens, stall=stall, keep_timeline=keep_timeline)
+    if out is None:
+        out = _run_whole(model, layout, batch, seq, policy, profile, contention=contention,
+                         classifier_chunk_tokens=classifier_chunk_tokens, stall=stall, keep_timeline=keep_timeline,
+                         record=record)
+    sched = out.sched
     dev = sched.device.index
-    failure = run.failure
+    failure = out.failure
     if failure is None and replay is not None and replay.oom:
         ev = replay.oom_event
         failure = Failure("OOM", 0.0, f"{replay.oom_request} (caching-allocator fragmentation)",
                           float(ev.requested_bytes) if ev else 0.0, float(ev.allocated_bytes) if ev else 0.0,
                           sched.memory.gpu_capacity_bytes, dev, None, None)
     status = failure.status if failure else "OK"
-    it, mfu, tgs = _rates(run, failure, model, layout, batch, seq, profile)
+    it, mfu, tgs = _rates(out.end_time, failure, model, layout, batch, seq, profile)
     meta = {
         "source": "simulated", "model": model.name, "layers": model.layers, "layout": layout.label(),
         "policy": policy.label(), "profile": profile.name, "seq_tokens": seq, "batch": batch, "gpus": layout.gpus,
@@ -231,24 +256,110 @@ def simulate(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: P
         "host_capacity_bytes": sched.memory.host_capacity_bytes,
         "representative": {"device": dev, "gpus_on_node": sched.device.group,
                            "gpus_on_pcie_switch": sched.device.switch_group},
-        "middle_layer": sched.middle_layer,
+        "middle_layer": middle_layer(model.layers),
         "failure": failure.to_dict() if failure else None,
         "allocator": _allocator_summary(replay, profile),
     }
-    tl = _timeline(run, meta) if keep_timeline else None
+    tl = Timeline(out.events, out.memory, meta) if keep_timeline else None
     wall = time.perf_counter() - t0
+    node = sched.device.node
     return SimResult(
         model=model, layout=layout, batch=batch, seq=seq, policy=policy, profile=profile.name, status=status,
-        iteration_s=it, mfu=mfu, tgs=tgs, peak_gpu_bytes=run.peak_gpu_bytes[dev],
-        peak_host_bytes_per_node=run.peak_host_bytes[sched.device.node],
+        iteration_s=it, mfu=mfu, tgs=tgs, peak_gpu_bytes=out.peak_gpu[dev], peak_host_bytes_per_node=out.peak_host[node],
         gpu_capacity_bytes=sched.memory.gpu_capacity_bytes, host_capacity_bytes=sched.memory.host_capacity_bytes,
-        exposed_copy_s=exposed_copy_seconds(run.ops), layer_timings=layer_timings(sched), timeline=tl,
-        failure=failure, contention=contention, sim_wall_s=wall, n_ops=len(run.ops),
-        start_gpu_bytes=run.start_gpu_bytes.get(dev, 0.0), end_gpu_bytes=run.end_gpu_bytes[dev],
-        end_host_bytes=run.end_host_bytes[sched.device.node], link_log=run.link_log,
-        link_capacity=run.link_capacity, link_carried=run.link_carried,
-        ops=run.ops if record else [], allocator=_allocator_summary(replay, profile),
-        exposed_p2p_s=exposed_p2p_seconds(run.ops) if layout.metp else 0.0)
+        exposed_copy_s=out.exposed_copy_s, layer_timings=out.layer_timings, timeline=tl,
+        failure=failure, contention=contention, sim_wall_s=wall, n_ops=out.n_ops,
+        start_gpu_bytes=out.start_gpu.get(dev, 0.0), end_gpu_bytes=out.end_gpu[dev],
+        end_host_bytes=out.end_host[node], link_log=out.link_log,
+        link_capacity=out.link_capacity, link_carried=out.link_carried,
+        ops=out.ops, allocator=_allocator_summary(replay, profile),
+        exposed_p2p_s=out.exposed_p2p_s if layout.metp else 0.0, folded=out.folded)
+
+
+def _fits_on_paper(model, layout, batch, seq, policy, profile, classifier_chunk_tokens) -> bool:
+    """Whether the analytic memory model (`memory_breakdown`, memoised; the schedule reads the
+    same one) expects the run to fit. A run that fails is seldom folded (rounding makes the
+    order of events at the failing instant differ between a short and a whole run, see
+    `memo_sim.engine.periodic`), so one expected to fail runs whole at once."""
+    dev = representative_device(layout, profile)
+    mem = memory_breakdown(model, layout, batch, seq, policy, profile, classifier_chunk_tokens,
+                           active_gpus_per_node=dev.group)
+    return mem.status == "OK"
+
+
+@dataclass
+class _Outcome:
+    """What one engine run (whole, or folded and unfolded) gives `simulate`."""
+
+    sched: Schedule
+    end_time: float
+    failure: Failure | None
+    peak_gpu: dict[int, float]
+    peak_host: dict[int, float]
+    start_gpu: dict[int, float]
+    end_gpu: dict[int, float]
+    end_host: dict[int, float]
+    n_ops: int
+    exposed_copy_s: float
+    exposed_p2p_s: float
+    layer_timings: dict[str, float]
+    events: list[TimelineEvent]
+    memory: list
+    link_capacity: dict
+    link_carried: dict
+    link_log: list = field(default_factory=list)
+    ops: list[Op] = field(default_factory=list)
+    folded: int = 0
+
+
+_PHASES = (("forward", "fwd"), ("backward", "bwd"), ("recompute", "recompute"))
+_COPIES = ("offload", "prefetch")
+
+
+def _run_whole(model, layout, batch, seq, policy, profile, *, contention, classifier_chunk_tokens, stall,
+               keep_timeline, record) -> _Outcome:
+    sched = build_iteration(model, layout, batch, seq, policy, profile, classifier_chunk_tokens=classifier_chunk_tokens,
+                            allocator_stall=stall)
+    engine = Engine(sched.graph, profile, contention=contention, gpu_capacity=sched.memory.gpu_capacity_bytes,
+                    host_capacity=sched.memory.host_capacity_bytes, record_links=record, keep_memory=keep_timeline)
+    run = engine.run()
+    _check_deadlock(engine, run, "schedule")
+    return _Outcome(
+        sched, run.end_time, run.failure, run.peak_gpu_bytes, run.peak_host_bytes, run.start_gpu_bytes,
+        run.end_gpu_bytes, run.end_host_bytes, len(run.ops), exposed_copy_seconds(run.ops),
+        exposed_p2p_seconds(run.ops) if layout.metp else 0.0, layer_timings(sched),
+        _timeline_events(run) if keep_timeline else [], list(run.memory), run.link_capacity, run.link_carried,
+        run.link_log, run.ops if record else [])
+
+
+def _run_folded(model, layout, batch, seq, policy, profile, plan: Fold, *, contention, classifier_chunk_tokens, stall,
+                keep_timeline) -> _Outcome | None:
+    """Identical layers simulated once (`memo_sim.engine.periodic`); None where the short run is
+    not periodic, or failed and a timeline is wanted (the whole run then gives it)."""
+    sched = build_iteration(model, layout, batch, seq, policy, profile, classifier_chunk_tokens=classifier_chunk_tokens,
+                            allocator_stall=plan.allocator_stall, layers=plan.simulated)
+    inf = float("inf")
+    engine = Engine(sched.graph, profile, contention=contention, gpu_capacity=inf, host_capacity=inf, log=True)
+    run = engine.run()
+    _check_deadlock(engine, run, "schedule")
+    u = unfold(run, sched.phases, plan, gpu_capacity=sched.memory.gpu_capacity_bytes,
+               host_capacity=sched.memory.host_capacity_bytes, devices=sched.graph.devices,
+               routes=engine.routes if contention else None)
+    if u is None or (u.failure is not None and (keep_timeline or u.tie)):
+        return None
+    copy_parts = {uid: x for _s, uid, x in exposed_wait_parts(run.ops, COPY_STREAMS)}
+    p2p = u.exposed_wait_seconds({uid: x for _s, uid, x in exposed_wait_parts(run.ops, TP_RING_STREAMS)}) \
+        if layout.metp else 0.0
+    spans = u.layer_phase_spans(middle_layer(model.layers), tuple(p for _k, p in _PHASES), _COPIES)
+    timings = {k: spans[p] for k, p in _PHASES}
+    timings.update({c: spans[c] for c in _COPIES})
+    return _Outcome(
+        # a static allocation that does not fit stops the engine before the iteration starts
+        sched, u.end_time, u.failure, u.peak_gpu, u.peak_host,
+        u.end_gpu if u.failure is not None and u.failure.op is None else run.start_gpu_bytes, u.end_gpu, u.end_host,
+        u.n_ops, u.exposed_wait_seconds(copy_parts), p2p, timings,
+        u.timeline_events() if keep_timeline else [], list(u.samples()) if keep_timeline else [],
+        run.link_capacity, u.link_carried, folded=plan.copies)
 
 
 def simulate_pipeline(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy,
@@ -269,7 +380,7 @@ def simulate_pipeline(model: ModelConfig, layout: Layout, batch: int, seq: int, 
     _check_deadlock(engine, run, "pipeline schedule")
     failure = run.failure
     status = failure.status if failure else "OK"
-    it, mfu, tgs = _rates(run, failure, model, layout, batch, seq, profile)
+    it, mfu, tgs = _rates(run.end_time, failure, model, layout, batch, seq, profile)
     stages = []
     for dev in sched.devices:
         busy = sum(o.end - o.start for o in run.ops if o.device == dev.index and o.stream == "compute"
@@ -364,13 +475,13 @@ def _check_deadlock(engine: Engine, run: EngineRun, what: str) -> None:
                                f"waiting on {stuck[0].deps!r}")
 
 
-def _rates(run: EngineRun, failure, model: ModelConfig, layout: Layout, batch: int, seq: int,
+def _rates(end_time: float, failure, model: ModelConfig, layout: Layout, batch: int, seq: int,
            profile: HardwareProfile) -> tuple[float | None, float | None, float | None]:
     """Iteration seconds, MFU and tokens per GPU per second of a run that did not fail (else
     Nones); an iteration trains ``batch x dp`` sequences."""
     if failure is not None:
         return None, None, None
-    it = run.end_time
+    it = end_time
     sequences = batch * layout.dp
     return (it, mfu_of(model, sequences, seq, it, layout.gpus, profile.peak(model.dtype)),
             tgs_of(sequences, seq, it, layout.gpus))
