@@ -328,8 +328,14 @@ def p2p_link(layout: Layout, profile: HardwareProfile, stage: int) -> str:
 
 def p2p_time(model: ModelConfig, layout: Layout, batch: int, tokens: int, profile: HardwareProfile,
              stage: int) -> float:
-    link = profile.internode if p2p_link(layout, profile, stage) == "internode" else profile.nvlink
-    return coll.sendrecv_time(p2p_bytes(model, layout, batch, tokens), float(link.bandwidth), float(link.latency))
+    return p2p_link_time(model, layout, batch, tokens, profile, p2p_link(layout, profile, stage))
+
+
+def p2p_link_time(model: ModelConfig, layout: Layout, batch: int, tokens: int, profile: HardwareProfile,
+                  link: str) -> float:
+    """`p2p_time` over a hop whose link (`p2p_link`) is known."""
+    lk = profile.internode if link == "internode" else profile.nvlink
+    return coll.sendrecv_time(p2p_bytes(model, layout, batch, tokens), float(lk.bandwidth), float(lk.latency))
 
 
 # ---------------------------------------------------------------------------------------- multiplexing

@@ -44,12 +44,13 @@ weight gathers beyond one per layer before its first forward.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field, replace
 
 from memo_sim.cost.boundary import boundary_times
 from memo_sim.cost.opcost import OpCost
 from memo_sim.cost.sppo import (
-    Piece, p2p_bytes, p2p_link, p2p_time, piece_costs, stage_grad_sync, stage_layers, stage_model_state_bytes,
+    Piece, p2p_bytes, p2p_link, p2p_link_time, piece_costs, stage_grad_sync, stage_layers, stage_model_state_bytes,
     stage_optimizer_time,
 )
 from memo_sim.engine.graph import Device, MemAction, Op, OpGraph
@@ -147,6 +148,22 @@ def _overlapping(pieces: list[Piece], a: int, b: int) -> list[int]:
     return [k for k, p in enumerate(pieces) if p.start < b and a < p.end]
 
 
+def _overlap_finder(pieces: list[Piece]):
+    """`_overlapping` for one stage's pieces, by bisection: a stage's pieces follow one another
+    (each starts at or after the end of the one before), so the pieces that overlap [a, b) are
+    a run, from the first that ends after a to the last that starts before b. Pieces that do
+    not follow one another are scanned as `_overlapping` does."""
+    starts = [p.start for p in pieces]
+    ends = [p.end for p in pieces]
+    if any(s > e for s, e in zip(starts, ends)) or any(ends[k] > starts[k + 1] for k in range(len(pieces) - 1)):
+        return lambda a, b: _overlapping(pieces, a, b)
+
+    def find(a: int, b: int) -> range:
+        return range(bisect_right(ends, a), bisect_left(starts, b))
+
+    return find
+
+
 def build_pipeline_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy,
                              profile: HardwareProfile, detail: str = "auto") -> PipelineSchedule:
     """The op graph of one SPPO training iteration (one representative device per stage).
@@ -176,7 +193,71 @@ def build_pipeline_iteration(model: ModelConfig, layout: Layout, batch: int, seq
         return g.add(nm, device=d, stream="dp_comm", kind="comm", phase=phase, layer=layer, work=work, deps=deps,
                      link=sync.link)
 
-    # per-stage unit data
+    # what every stage asks for the same pieces, worked out once per build: a piece's unit op
+    # lists (`piece_costs`, collapsed for ``units``, its ops renamed ``<op>@<piece tag>`` when the
+    # stage has several pieces) are one list per piece, shared by every layer of every stage
+    # that runs the piece; boundary times, K/V bytes and p2p sends by token count
+    unit_lists: dict[tuple[Piece, bool], tuple[list[OpCost], list[OpCost]]] = {}
+
+    def unit_costs(pc: Piece, renamed: bool) -> tuple[list[OpCost], list[OpCost]]:
+        key = (pc, renamed)
+        hit = unit_lists.get(key)
+        if hit is None:
+            fc, bc = piece_costs(model, shard, batch, pc.start, pc.tokens, profile)
+            if detail == "units":
+                fc, bc = collapse_unit(fc, "fwd"), collapse_unit(bc, "bwd")
+            if renamed:
+                suffix = f"@{pc.tag()}"
+                fc = [replace(c, name=f"{c.name}{suffix}") for c in fc]
+                bc = [replace(c, name=f"{c.name}{suffix}") for c in bc]
+            hit = unit_lists[key] = (fc, bc)
+        return hit
+
+    bts: dict[int, object] = {}
+
+    def bt_of(tokens: int):
+        v = bts.get(tokens)
+        if v is None:
+            v = bts[tokens] = boundary_times(model, shard, batch, tokens, profile)
+        return v
+
+    kv_bytes: dict[int, float] = {}
+
+    def kv_of(tokens: int) -> float:
+        v = kv_bytes.get(tokens)
+        if v is None:
+            v = kv_bytes[tokens] = _kv(model, shard, batch, tokens)
+        return v
+
+    links = [p2p_link(layout, profile, hop) for hop in range(pp - 1)]
+    sends: dict[tuple[str, int], tuple[float, float, str]] = {}
+
+    def send(hop: int, tokens: int) -> tuple[float, float, str]:
+        """(seconds, bytes, link) of a send of ``tokens`` tokens over the hop between stages ``hop``
+        and ``hop + 1`` (either way: the same link)."""
+        link = links[hop]
+        v = sends.get((link, tokens))
+        if v is None:
+            v = sends[(link, tokens)] = (p2p_link_time(model, layout, batch, tokens, profile, link),
+                                         p2p_bytes(model, layout, batch, tokens), link)
+        return v
+
+    overlapping = [_overlap_finder(ps) for ps in pieces]
+
+    # the rounding-buffer rule over a stage's n_u units (most stages have the same count):
+    # per unit, whether it is offloaded, the offload its forward's last op waits for, the backward
+    # its prefetch waits for
+    rules: dict[int, tuple[list[bool], list[int | None], list[int | None]]] = {}
+
+    def rule(n_u: int) -> tuple[list[bool], list[int | None], list[int | None]]:
+        r = rules.get(n_u)
+        if r is None:
+            offl = [is_offloaded(u, n_u) for u in range(n_u)]
+            r = rules[n_u] = (offl, [output_write_waits_for(u, n_u) for u in range(n_u)],
+                              [prefetch_after_backward_of(u, n_u) if offl[u] else None for u in range(n_u)])
+        return r
+
+    # per-stage unit data: within a piece, units differ only in whether they are offloaded
     info = []
     for s in range(pp):
         ps = pieces[s]
@@ -184,12 +265,18 @@ def build_pipeline_iteration(model: ModelConfig, layout: Layout, batch: int, seq
         n_u = n_k * n_l
         longest = max(p.tokens for p in ps)
         transient, boundary, cls_peak = sppo_unit_working_bytes(model, layout, batch, longest)
+        offl, waits, after = rule(n_u)
         units = []
+        seen: dict[tuple[int, bool], object] = {}
         for u in range(n_u):
-            k, j = divmod(u, n_l)
-            ub = policy.unit_bytes(model, layout, batch, ps[k], k < n_k - 1, profile, is_offloaded(u, n_u))
+            k = u // n_l
+            off = offl[u]
+            ub = seen.get((k, off))
+            if ub is None:
+                ub = seen[(k, off)] = policy.unit_bytes(model, layout, batch, ps[k], k < n_k - 1, profile, off)
             units.append(ub)
-        info.append(dict(n_k=n_k, n_l=n_l, n_u=n_u, work=transient + boundary, cls_peak=cls_peak, units=units))
+        info.append(dict(n_k=n_k, n_l=n_l, n_u=n_u, work=transient + boundary, cls_peak=cls_peak, units=units,
+                         offl=offl, waits=waits, after=after))
         g.add_static(devices[s].index, MemAction("gpu", "model_states", stage_model_state_bytes(model, layout, s)))
 
     # ---- forward, stage by stage ------------------------------------------------------------------
@@ -201,56 +288,56 @@ def build_pipeline_iteration(model: ModelConfig, layout: Layout, batch: int, seq
         d = devices[s].index
         ps, inf = pieces[s], info[s]
         n_k, n_l, n_u = inf["n_k"], inf["n_l"], inf["n_u"]
+        units, offl, waits, work_bytes = inf["units"], inf["offl"], inf["waits"], inf["work"]
+        stage_layers_s = layers[s]
         tail: list[Op] = []
         for k, pc in enumerate(ps):
-            fcosts, _ = piece_costs(model, shard, batch, pc.start, pc.tokens, profile)
-            if detail == "units":
-                fcosts = collapse_unit(fcosts, "fwd")
-            bt = boundary_times(model, shard, batch, pc.tokens, profile)
+            fcosts = unit_costs(pc, n_k != 1)[0]
+            suffix = "" if n_k == 1 else "@" + pc.tag()
+            offload_name = name("offload", pc, n_k)
             deps = list(tail)
             if s == 0:
                 emb = g.add(name("embedding", pc, n_k), device=d, stream="compute", kind="compute", phase="fwd",
-                            layer=None, work=bt.embedding_fwd, deps=deps)
+                            layer=None, work=bt_of(pc.tokens).embedding_fwd, deps=deps)
                 deps = [emb]
             else:
-                deps += [sched.sends[(s - 1, q, "fwd")] for q in _overlapping(pieces[s - 1], pc.start, pc.end)]
+                deps += [sched.sends[(s - 1, q, "fwd")] for q in overlapping[s - 1](pc.start, pc.end)]
             for j in range(n_l):
                 u = k * n_l + j
-                layer = layers[s][j]
-                ub = inf["units"][u]
+                layer = stage_layers_s[j]
+                ub = units[u]
                 if sync.layer_gather > 0 and k == 0:
                     gathers[(s, j)] = dp_op(d, "allgather_weights", layer, sync.layer_gather,
                                             fwd_tail.get((s, u - 2), []), "weight_gather")
                     deps = deps + [gathers[(s, j)]]
-                tag = f"L{layer}{'' if n_k == 1 else '@' + pc.tag()}"
-                work = MemAction("gpu", f"{tag}.fwd.working", inf["work"])
+                tag = f"L{layer}{suffix}"
+                work = MemAction("gpu", f"{tag}.fwd.working", work_bytes)
                 kept = (MemAction("gpu", f"{tag}.skeletal", ub.skeletal), MemAction("gpu", f"{tag}.lse", ub.lse))
-                w = output_write_waits_for(u, n_u)
+                w = waits[u]
                 ops, tail = emit_chain(
-                    g, [c if n_k == 1 else replace(c, name=f"{c.name}@{pc.tag()}") for c in fcosts], device=d,
-                    layer=layer, phase="fwd", deps=deps, layout=shard, profile=profile, mem_start=kept + (work,),
-                    mem_end=(MemAction("gpu", work.tensor, -work.nbytes),),
+                    g, fcosts, device=d, layer=layer, phase="fwd", deps=deps, layout=shard, profile=profile,
+                    mem_start=kept + (work,), mem_end=(MemAction("gpu", work.tensor, -work.nbytes),),
                     last_deps=[offload[(s, w)]] if (s, w) in offload else [])
                 sched.phases[(s, k, layer, "fwd")] = ops
                 fwd_tail[(s, u)] = tail
                 sched.unit_end[(s, u)] = tail
                 deps = tail
-                if is_offloaded(u, n_u) and ub.offload > 0:
-                    op = g.add(name("offload", pc, n_k), device=d, stream="d2h", kind="copy", phase="offload",
+                if offl[u] and ub.offload > 0:
+                    op = g.add(offload_name, device=d, stream="d2h", kind="copy", phase="offload",
                                layer=layer, work=ub.offload, nbytes=ub.offload, direction="d2h", deps=tail,
                                mem_start=(MemAction("host", f"{tag}.offload", ub.host_block),),
                                mem_end=(MemAction("gpu", f"{tag}.skeletal.offloaded", -ub.offload),))
                     offload[(s, u)] = op
                     sched.copies[(s, k, layer, "offload")] = op
             if s < pp - 1:
+                seconds, nbytes, link = send(s, pc.tokens)
                 sched.sends[(s, k, "fwd")] = g.add(
                     name("send_fwd", pc, n_k), device=d, stream=P2P_STREAM, kind="comm", phase="p2p_fwd",
-                    layer=layers[s][-1], work=p2p_time(model, layout, batch, pc.tokens, profile, s),
-                    nbytes=p2p_bytes(model, layout, batch, pc.tokens), link=p2p_link(layout, profile, s), deps=tail)
+                    layer=stage_layers_s[-1], work=seconds, nbytes=nbytes, link=link, deps=tail)
             else:
                 hold = shard_tokens_bytes(shard, batch, pc.tokens, model.hidden, dt)
                 cls = g.add(name("classifier", pc, n_k), device=d, stream="compute", kind="compute",
-                            phase="classifier", layer=None, work=bt.classifier, deps=tail,
+                            phase="classifier", layer=None, work=bt_of(pc.tokens).classifier, deps=tail,
                             mem_start=(MemAction("gpu", "classifier.working", inf["cls_peak"]),),
                             mem_end=(MemAction("gpu", "classifier.working", -inf["cls_peak"]),
                                      MemAction("gpu", f"classifier.dgrad@{pc.tag()}", hold)))
@@ -262,49 +349,51 @@ def build_pipeline_iteration(model: ModelConfig, layout: Layout, batch: int, seq
         d = devices[s].index
         ps, inf = pieces[s], info[s]
         n_k, n_l, n_u = inf["n_k"], inf["n_l"], inf["n_u"]
+        units, offl, after, work_bytes = inf["units"], inf["offl"], inf["after"], inf["work"]
+        stage_layers_s = layers[s]
         tail = [classifier[(s, n_k - 1)]] if s == pp - 1 else []
         bwd_end: dict[int, list[Op]] = {}
         last_dp: Op | None = None
         for k in range(n_k - 1, -1, -1):
             pc = ps[k]
-            _, bcosts = piece_costs(model, shard, batch, pc.start, pc.tokens, profile)
-            if detail == "units":
-                bcosts = collapse_unit(bcosts, "bwd")
+            bcosts = unit_costs(pc, n_k != 1)[1]
+            suffix = "" if n_k == 1 else "@" + pc.tag()
+            prefetch_name = name("prefetch", pc, n_k)
+            kv_start = kv_of(pc.start) if k == n_k - 1 and n_k > 1 and pc.start > 0 else 0.0
+            kv_own = kv_of(pc.tokens) if k < n_k - 1 else 0.0
             deps = list(tail)
             if s == pp - 1:
                 if classifier[(s, k)] not in deps:
                     deps.append(classifier[(s, k)])
             else:
-                deps += [sched.sends[(s + 1, q, "bwd")] for q in _overlapping(pieces[s + 1], pc.start, pc.end)]
+                deps += [sched.sends[(s + 1, q, "bwd")] for q in overlapping[s + 1](pc.start, pc.end)]
             for j in range(n_l - 1, -1, -1):
                 u = k * n_l + j
-                layer = layers[s][j]
-                ub = inf["units"][u]
-                tag = f"L{layer}{'' if n_k == 1 else '@' + pc.tag()}"
-                if is_offloaded(u, n_u) and ub.offload > 0:
-                    pf = g.add(name("prefetch", pc, n_k), device=d, stream="h2d", kind="copy", phase="prefetch",
+                layer = stage_layers_s[j]
+                ub = units[u]
+                tag = f"L{layer}{suffix}"
+                if offl[u] and ub.offload > 0:
+                    pf = g.add(prefetch_name, device=d, stream="h2d", kind="copy", phase="prefetch",
                                layer=layer, work=ub.offload, nbytes=ub.offload, direction="h2d",
-                               deps=bwd_end[prefetch_after_backward_of(u, n_u)],
+                               deps=bwd_end[after[u]],
                                mem_start=(MemAction("gpu", f"{tag}.skeletal.prefetched", ub.offload),),
                                mem_end=(MemAction("host", f"{tag}.offload", -ub.host_block),))
                     sched.copies[(s, k, layer, "prefetch")] = pf
                     deps = deps + [pf]
-                work = MemAction("gpu", f"{tag}.bwd.working", inf["work"])
+                work = MemAction("gpu", f"{tag}.bwd.working", work_bytes)
                 start: tuple[MemAction, ...] = ()
                 if s == pp - 1 and j == n_l - 1:
                     start += (MemAction("gpu", f"classifier.dgrad@{pc.tag()}",
                                         -shard_tokens_bytes(shard, batch, pc.tokens, model.hidden, dt)),)
                 if k == n_k - 1 and n_k > 1 and pc.start > 0:
-                    start += (MemAction("gpu", f"L{layer}.dkv_accumulators",
-                                        _kv(model, shard, batch, pc.start)),)
+                    start += (MemAction("gpu", f"L{layer}.dkv_accumulators", kv_start),)
                 end = (MemAction("gpu", work.tensor, -work.nbytes), MemAction("gpu", f"{tag}.skeletal", -ub.skeletal),
                        MemAction("gpu", f"{tag}.lse", -ub.lse))
                 if k < n_k - 1:
-                    end += (MemAction("gpu", f"L{layer}.dkv_accumulators", -_kv(model, shard, batch, pc.tokens)),)
+                    end += (MemAction("gpu", f"L{layer}.dkv_accumulators", -kv_own),)
                 ops, tail = emit_chain(
-                    g, [c if n_k == 1 else replace(c, name=f"{c.name}@{pc.tag()}") for c in bcosts], device=d,
-                    layer=layer, phase="bwd", deps=deps, layout=shard, profile=profile, mem_start=start + (work,),
-                    mem_end=end)
+                    g, bcosts, device=d, layer=layer, phase="bwd", deps=deps, layout=shard, profile=profile,
+                    mem_start=start + (work,), mem_end=end)
                 sched.phases[(s, k, layer, "bwd")] = ops
                 bwd_end[u] = tail
                 deps = tail
@@ -312,15 +401,13 @@ def build_pipeline_iteration(model: ModelConfig, layout: Layout, batch: int, seq
                     last_dp = dp_op(d, "reducescatter_grads" if layout.zero >= 1 else "allreduce_grads", layer,
                                     sync.layer_grad, tail)
             if s > 0:
+                seconds, nbytes, link = send(s - 1, pc.tokens)
                 sched.sends[(s, k, "bwd")] = g.add(
                     name("send_bwd", pc, n_k), device=d, stream=P2P_STREAM, kind="comm", phase="p2p_bwd",
-                    layer=layers[s][0], work=p2p_time(model, layout, batch, pc.tokens, profile, s - 1),
-                    nbytes=p2p_bytes(model, layout, batch, pc.tokens), link=p2p_link(layout, profile, s - 1),
-                    deps=tail)
+                    layer=stage_layers_s[0], work=seconds, nbytes=nbytes, link=link, deps=tail)
             else:
-                bt = boundary_times(model, shard, batch, pc.tokens, profile)
                 tail = [g.add(name("embedding", pc, n_k), device=d, stream="compute", kind="compute", phase="bwd",
-                              layer=None, work=bt.embedding_bwd, deps=tail)]
+                              layer=None, work=bt_of(pc.tokens).embedding_bwd, deps=tail)]
         if sync.embedding_grad > 0 and (s == 0 or s == pp - 1):
             last_dp = dp_op(d, "reducescatter_grads" if layout.zero >= 1 else "allreduce_grads", None,
                             sync.embedding_grad, tail)

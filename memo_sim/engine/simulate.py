@@ -369,8 +369,9 @@ def simulate_pipeline(model: ModelConfig, layout: Layout, batch: int, seq: int, 
     it, mfu, tgs = _rates(run.end_time, failure, model, layout, batch, seq, profile)
     stages = []
     for dev in sched.devices:
-        busy = sum(o.end - o.start for o in run.ops if o.device == dev.index and o.stream == "compute"
-                   and o.end is not None)
+        # the graph keeps each (device, stream)'s ops in issue order, as run.ops has them
+        busy = sum(o.end - o.start for o in sched.graph.streams.get((dev.index, "compute"), ())
+                   if o.end is not None)
         stages.append({"stage": dev.index, "node": dev.node, "gpus_on_node": dev.group,
                        "peak_gpu_bytes": run.peak_gpu_bytes[dev.index], "compute_busy_s": busy,
                        "idle_s": (it - busy) if it else None,

@@ -300,6 +300,13 @@ class _Pool:
         del self.by_addr[b.addr]
         self.free_bytes -= b.size
 
+    def pop_at(self, i: int) -> _Block:
+        """Remove and return the block at position ``i`` of ``keys`` (`remove` without the search)."""
+        _size, addr = self.keys.pop(i)
+        b = self.by_addr.pop(addr)
+        self.free_bytes -= b.size
+        return b
+
     def at(self, i: int) -> _Block:
         return self.by_addr[self.keys[i][1]]
 
@@ -362,7 +369,8 @@ class CachingAllocatorModel:
 
         Raises :class:`AllocatorOutOfMemory` when even a reorganisation cannot make room.
         """
-        if buffer_id in self._live:
+        live = self._live
+        if buffer_id in live:
             raise MemoError(f"buffer {buffer_id!r} is already allocated; free it before allocating it again")
         if not isinstance(size, int) or size <= 0:
             raise MemoError(f"buffer {buffer_id!r}: size must be a positive integer of bytes, got {size!r}")
@@ -371,10 +379,10 @@ class CachingAllocatorModel:
         self._peak_set_in_op = False
         rounded = cfg.round_size(size)
         pool = self._small if cfg.is_small(rounded) else self._large
-        alloc_size = cfg.allocation_size(rounded)
 
         block = self._get_free_block(pool, rounded)
         if block is None:
+            alloc_size = cfg.allocation_size(rounded)
             if pool.free_bytes >= rounded:
                 self._note_fragmentation_failure(buffer_id, rounded, pool)
             block = self._alloc_block(pool, rounded, alloc_size)
@@ -397,9 +405,9 @@ class CachingAllocatorModel:
 
         if self._should_split(block, rounded, pool):
             front = _Block(block.addr, rounded, block.segment)
-            front.prev = block.prev
-            if front.prev is not None:
-                front.prev.next = front
+            prev = front.prev = block.prev
+            if prev is not None:
+                prev.next = front
             front.next = block
             block.prev = front
             block.addr += rounded
@@ -408,12 +416,21 @@ class CachingAllocatorModel:
             block = front
         block.allocated = True
         block.requested = size
-        self._live[buffer_id] = block
-        self.allocated_bytes += block.size
+        live[buffer_id] = block
+        allocated = self.allocated_bytes = self.allocated_bytes + block.size
         self.requested_bytes += size
         if self._peak_set_in_op and self.reserved_bytes == self.peak_reserved_bytes:
-            self.allocated_at_peak_reserved_bytes = self.allocated_bytes
-        self._update_end_of_op_peaks(after_request=True)
+            self.allocated_at_peak_reserved_bytes = allocated
+        # _update_end_of_op_peaks(after_request=True), inlined: this runs for every request
+        if allocated > self.peak_allocated_bytes:
+            self.peak_allocated_bytes = allocated
+        if self.requested_bytes > self.peak_requested_bytes:
+            self.peak_requested_bytes = self.requested_bytes
+        if len(self._segments) > self.peak_segments:
+            self.peak_segments = len(self._segments)
+        idle = self.reserved_bytes - allocated
+        if idle > self.peak_reserved_unallocated_bytes:
+            self.peak_reserved_unallocated_bytes = idle
         return block.addr
 
     def free(self, buffer_id: str, step: int = 0, pending_until: int | None = None) -> None:
@@ -439,13 +456,23 @@ class CachingAllocatorModel:
             self.pending_bytes += block.size
         else:
             self._return_block(block)
-        self._update_end_of_op_peaks()
+        # _update_end_of_op_peaks(), inlined: this runs for every request
+        if self.allocated_bytes > self.peak_allocated_bytes:
+            self.peak_allocated_bytes = self.allocated_bytes
+        if self.requested_bytes > self.peak_requested_bytes:
+            self.peak_requested_bytes = self.requested_bytes
+        if len(self._segments) > self.peak_segments:
+            self.peak_segments = len(self._segments)
 
     def _return_block(self, block: _Block) -> None:
         pool = self._small if block.segment.small else self._large
         block.allocated = False
-        self._merge(block, block.prev, pool)
-        self._merge(block, block.next, pool)
+        # _merge with each neighbour, skipped where the neighbour is busy (the common case)
+        prev, nxt = block.prev, block.next
+        if prev is not None and not prev.allocated:
+            self._merge(block, prev, pool)
+        if nxt is not None and not nxt.allocated:
+            self._merge(block, nxt, pool)
         pool.insert(block)
 
     def complete_pending(self, until: int | None = None) -> int:
@@ -588,12 +615,17 @@ class CachingAllocatorModel:
             self._peak_set_in_op = True
 
     def _update_end_of_op_peaks(self, after_request: bool = False) -> None:
-        self.peak_allocated_bytes = max(self.peak_allocated_bytes, self.allocated_bytes)
-        self.peak_requested_bytes = max(self.peak_requested_bytes, self.requested_bytes)
-        self.peak_segments = max(self.peak_segments, len(self._segments))
+        # comparisons rather than max(): this runs after every request
+        if self.allocated_bytes > self.peak_allocated_bytes:
+            self.peak_allocated_bytes = self.allocated_bytes
+        if self.requested_bytes > self.peak_requested_bytes:
+            self.peak_requested_bytes = self.requested_bytes
+        if len(self._segments) > self.peak_segments:
+            self.peak_segments = len(self._segments)
         if after_request:  # idle cache after frees is not counted, only what a request sees
-            self.peak_reserved_unallocated_bytes = max(self.peak_reserved_unallocated_bytes,
-                                                       self.reserved_bytes - self.allocated_bytes)
+            idle = self.reserved_bytes - self.allocated_bytes
+            if idle > self.peak_reserved_unallocated_bytes:
+                self.peak_reserved_unallocated_bytes = idle
 
     def _note_fragmentation_failure(self, buffer_id: str, rounded: int, pool: _Pool) -> None:
         self.fragmentation_failures += 1
@@ -609,6 +641,9 @@ class CachingAllocatorModel:
         n = len(pool.keys)
         if i == n:
             return None
+        cfg = self.config
+        if not cfg.expandable_segments and cfg.max_split_size_bytes is None:
+            return pool.pop_at(i)  # PyTorch's defaults: the best fit, whatever it is
         b = pool.at(i)
         if self.config.expandable_segments and b.segment.expandable:
             # Prefer the block that would waste least of what it can grow to (a free block
@@ -625,8 +660,7 @@ class CachingAllocatorModel:
                 return None
             if size >= mss and b.size >= size + self.config.large_buffer:
                 return None
-        pool.remove(b)
-        return b
+        return pool.pop_at(i)
 
     def _should_split(self, block: _Block, size: int, pool: _Pool) -> bool:
         remaining = block.size - size

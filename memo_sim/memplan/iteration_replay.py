@@ -65,13 +65,25 @@ afresh), gradient-reduction buckets, optimizer temporaries, and per-parameter we
 Wall time: the request stream depends only on (model, layout, batch, seq, policy, classifier
 chunk) and is memoised; a replay of 7B (32 layers) takes about 10-30 ms, of an 80-layer model
 about 50 ms (up to 0.25 s with a stream lag, which needs more iterations to settle).
+`replay_iteration` also remembers its last `REPLAY_CACHE_SIZE` replays by content: the stream's
+recipe (`_StreamRecipe`: static requests, layer templates, the recompute pattern, the
+classifier's sizes; equal recipes build equal requests and phases), losslessly encoded, and the
+allocator's settings, iterations, series and stream lag. Layouts whose GPUs see the same
+requests (e.g. ones that differ only in dp without ZeRO) share one replay; each call gets its
+own copy, under its own stream name and policy label, equal to what an uncached replay returns
+(tests/test_replay_cache.py).
 """
 
 from __future__ import annotations
 
+import copy
 import math
+import zlib
+from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
+from itertools import count
+from operator import itemgetter
 
 from memo_sim.cost.activations import skeletal_bytes, tensor_bytes
 from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS, classifier_peak_bytes, model_state_parts
@@ -111,7 +123,7 @@ class IterationStream:
 
     def __post_init__(self) -> None:
         if self.phase_of and (len(self.phase_of) != len(self.iteration)
-                              or any(b < a for a, b in zip(self.phase_of, self.phase_of[1:]))):
+                              or sorted(self.phase_of) != list(self.phase_of)):  # non-decreasing
             raise MemoError("IterationStream.phase_of must give each request a phase, in non-decreasing order")
         if self.phase_names and len(self.phase_names) != self.phases:
             raise MemoError("IterationStream.phase_names must name every phase")
@@ -136,7 +148,8 @@ class IterationStream:
             if kind == MALLOC:
                 sizes[bid] = size
                 live += size
-                peak = max(peak, live)
+                if live > peak:
+                    peak = live
             else:
                 live -= sizes.pop(bid)
         return peak
@@ -163,17 +176,18 @@ def _check_balanced(stream: IterationStream) -> None:
             raise MemoError(f"iteration stream: static request {bid!r} must be a malloc of a positive size")
         live.add(bid)
     static = set(live)
+    add, remove = live.add, live.remove  # bound once: this walks every request of every stream built
     for kind, bid, size in stream.iteration:
         if kind == MALLOC:
             if bid in live:
                 raise MemoError(f"iteration stream: {bid!r} allocated while allocated")
             if not isinstance(size, int) or size <= 0:
                 raise MemoError(f"iteration stream: {bid!r} needs a positive integer size, got {size!r}")
-            live.add(bid)
-        elif kind in (FREE, FREE_STREAM):
+            add(bid)
+        elif kind == FREE or kind == FREE_STREAM:
             if bid not in live or bid in static:
                 raise MemoError(f"iteration stream: {bid!r} freed while not allocated in the iteration")
-            live.remove(bid)
+            remove(bid)
         else:
             raise MemoError(f"iteration stream: unknown request kind {kind!r}")
     if live != static:
@@ -399,53 +413,84 @@ def _model_state_requests(model: ModelConfig, layout: Layout) -> list[Request]:
     return [(MALLOC, f"model.{name}", _nbytes(b)) for name, b in model_state_parts(model, layout).items() if b > 0]
 
 
+@dataclass(frozen=True)
+class _StreamRecipe:
+    """Everything one GPU's request stream is built from but its name (`_build_stream`): equal
+    recipes give equal streams, so a replay is memoised by its recipe (`replay_iteration`)."""
+
+    static: tuple[Request, ...]
+    x: int  # the activation handed between layers (embedding output, gradients, final norm)
+    logits: int  # one classifier chunk's working bytes
+    templates: _LayerTemplates
+    recomputes: tuple[bool, ...]  # per layer: its backward runs the recompute template
+
+    def content_key(self) -> bytes:
+        """The recipe, losslessly encoded (the ``repr`` of its ints, strings and bools, compressed):
+        equal keys, equal recipes. About 1 KB, where the recipe's objects take some 15 KB: what
+        the replay memo keeps."""
+        t = self.templates
+        text = repr((self.static, self.x, self.logits, t.forward, t.backward, t.backward_recompute, self.recomputes))
+        return zlib.compress(text.encode(), 1)
+
+
+@lru_cache(maxsize=64)
+def _stream_recipe(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy,
+                   classifier_chunk_tokens: int = CLASSIFIER_CHUNK_TOKENS) -> _StreamRecipe:
+    n = model.layers
+    sk = skeletal_bytes(model, layout, batch, seq)
+    x = _nbytes(sk["input"])
+    static = _model_state_requests(model, layout)
+    static += [(MALLOC, f"static.{name}", _nbytes(b)) for name, b in policy.static_gpu(sk) if b > 0]
+    logits = _nbytes(max(1.0, classifier_peak_bytes(model, layout, batch, seq, classifier_chunk_tokens)
+                         - 2 * sk["input"]))
+    return _StreamRecipe(tuple(static), x, logits, _layer_templates(model, layout, batch, seq, policy),
+                         tuple(bool(policy.recomputes_layer(i, n)) for i in range(n)))
+
+
+def _stream_name(model: ModelConfig, layout: Layout, seq: int, policy: Policy) -> str:
+    return f"{model.name}-{layout.label()}-{seq}-{policy.label()}-iteration"
+
+
+def _build_stream(r: _StreamRecipe, name: str) -> IterationStream:
+    n = len(r.recomputes)
+    tpl = r.templates
+    reqs: list[Request] = [(MALLOC, "x0", r.x)]  # embedding output = layer 0's input
+    phase_of: list[int] = [0]
+
+    def emit(template: tuple[Request, ...], i: int, phase: int) -> None:
+        chain = {X_IN: f"x{i}", X_OUT: f"x{i + 1}", G_IN: f"g{i + 1}", G_OUT: f"g{i}"}
+        pre = f"L{i}."
+        reqs.extend([(kind, chain[bid] if bid[0] == "@" else pre + bid, size) for kind, bid, size in template])
+        phase_of.extend([phase] * len(template))
+
+    phase = 0
+    for i in range(n):
+        phase += 1
+        emit(tpl.forward, i, phase)
+    # classifier: final norm output, one chunk's logits (+ fp32 softmax and gradient), the gradient
+    # of the last layer's output; the last layer's output dies with the final norm's backward
+    phase += 1
+    cls = ((MALLOC, "cls.final_norm", r.x), (MALLOC, "cls.chunk", r.logits), (FREE, "cls.chunk", 0),
+           (MALLOC, f"g{n}", r.x), (FREE, "cls.final_norm", 0), (FREE, f"x{n}", 0))
+    reqs.extend(cls)
+    phase_of.extend([phase] * len(cls))
+    for i in range(n - 1, -1, -1):
+        phase += 1
+        emit(tpl.backward_recompute if r.recomputes[i] else tpl.backward, i, phase)
+    phase += 1
+    reqs.append((FREE, "g0", 0))  # embedding backward
+    phase_of.append(phase)
+    names = (("embedding",) + tuple(f"L{i}.fwd" for i in range(n)) + ("classifier",)
+             + tuple(f"L{i}.bwd" for i in range(n - 1, -1, -1)) + ("embedding.bwd",))
+    return IterationStream(r.static, tuple(reqs), tuple(phase_of), name=name, phase_names=names)
+
+
 @lru_cache(maxsize=64)
 def iteration_stream(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy,
                      classifier_chunk_tokens: int = CLASSIFIER_CHUNK_TOKENS) -> IterationStream:
     """The request stream of one GPU's training iteration (memoised; see the module docs)."""
-    n = model.layers
-    sk = skeletal_bytes(model, layout, batch, seq)
-    x = _nbytes(sk["input"])
-    tpl = _layer_templates(model, layout, batch, seq, policy)
-
-    static = _model_state_requests(model, layout)
-    static += [(MALLOC, f"static.{name}", _nbytes(b)) for name, b in policy.static_gpu(sk) if b > 0]
-
-    reqs: list[Request] = []
-    phase_of: list[int] = []
-    phase = 0
-
-    def add(kind: int, bid: str, size: int = 0) -> None:
-        reqs.append((kind, bid, size))
-        phase_of.append(phase)
-
-    def emit(template: tuple[Request, ...], i: int) -> None:
-        chain = {X_IN: f"x{i}", X_OUT: f"x{i + 1}", G_IN: f"g{i + 1}", G_OUT: f"g{i}"}
-        pre = f"L{i}."
-        for kind, bid, size in template:
-            add(kind, chain[bid] if bid[0] == "@" else pre + bid, size)
-
-    add(MALLOC, "x0", x)  # embedding output = layer 0's input
-    for i in range(n):
-        phase += 1
-        emit(tpl.forward, i)
-    # classifier: final norm output, one chunk's logits (+ fp32 softmax and gradient), the gradient
-    # of the last layer's output; the last layer's output dies with the final norm's backward
-    phase += 1
-    logits = _nbytes(max(1.0, classifier_peak_bytes(model, layout, batch, seq, classifier_chunk_tokens)
-                         - 2 * sk["input"]))
-    for r in ((MALLOC, "cls.final_norm", x), (MALLOC, "cls.chunk", logits), (FREE, "cls.chunk", 0),
-              (MALLOC, f"g{n}", x), (FREE, "cls.final_norm", 0), (FREE, f"x{n}", 0)):
-        add(*r)
-    for i in range(n - 1, -1, -1):
-        phase += 1
-        emit(tpl.backward_recompute if policy.recomputes_layer(i, n) else tpl.backward, i)
-    phase += 1
-    add(FREE, "g0")  # embedding backward
-    name = f"{model.name}-{layout.label()}-{seq}-{policy.label()}-iteration"
-    names = (("embedding",) + tuple(f"L{i}.fwd" for i in range(n)) + ("classifier",)
-             + tuple(f"L{i}.bwd" for i in range(n - 1, -1, -1)) + ("embedding.bwd",))
-    return IterationStream(tuple(static), tuple(reqs), tuple(phase_of), name=name, phase_names=names)
+    return _build_stream(_stream_recipe(model, layout, batch, seq, policy, classifier_chunk_tokens),
+                         _stream_name(model, layout, seq, policy))
 
 
 # ---------------------------------------------------------------------------------- the replay
@@ -597,10 +642,9 @@ def replay_stream(stream: IterationStream, config: AllocatorConfig, iterations: 
         cur = -1
         marks: list[tuple[int, dict[str, int]]] = []
         try:
-            for j, (kind, bid, size) in enumerate(reqs):
-                step = base + j
-                if phase_of[j] != cur:
-                    cur = phase_of[j]
+            for step, (kind, bid, size), ph in zip(count(base), reqs, phase_of):
+                if ph != cur:
+                    cur = ph
                     marks.append((cur, m.counters()))
                     if lag and m.pending_bytes:
                         m.complete_pending(phase_base + cur)
@@ -609,7 +653,7 @@ def replay_stream(stream: IterationStream, config: AllocatorConfig, iterations: 
                     if m.allocated_bytes > peak_alloc:
                         peak_alloc, reserved_at_peak = m.allocated_bytes, m.reserved_bytes
                 elif kind == FREE_STREAM and lag:
-                    free(bid, step, pending_until=phase_base + phase_of[j] + lag)
+                    free(bid, step, pending_until=phase_base + ph + lag)
                 else:
                     free(bid, step)
                 if series:
@@ -642,7 +686,7 @@ def replay_stream(stream: IterationStream, config: AllocatorConfig, iterations: 
         capacity_bytes=config.capacity_bytes,
         iterations=done,
         steady=steady and oom is None,
-        requests_per_iteration=sum(1 for r in reqs if r[0] == MALLOC),
+        requests_per_iteration=list(map(itemgetter(0), reqs)).count(MALLOC),
         static_bytes=stream.static_bytes,
         max_live_bytes=stream.max_live_bytes(),
         peak_reserved_bytes=m.peak_reserved_bytes,
@@ -693,6 +737,42 @@ def replay_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, p
     cap = int(profile.usable_gpu_memory if capacity_bytes is None else capacity_bytes)
     cfg = AllocatorConfig(capacity_bytes=cap, expandable_segments=expandable_segments,
                           max_split_size_bytes=max_split_size_bytes)
-    stream = iteration_stream(model, layout, batch, seq, policy, classifier_chunk_tokens)
-    return replay_stream(stream, cfg, iterations=iterations, series=series, policy=policy,
-                         stream_lag_phases=stream_lag_phases)
+    plain = (iterations is None or type(iterations) is int) and (stream_lag_phases is None
+                                                                 or type(stream_lag_phases) is int)
+    if not plain:  # let replay_stream say what is wrong with them
+        return replay_stream(iteration_stream(model, layout, batch, seq, policy, classifier_chunk_tokens), cfg,
+                             iterations=iterations, series=series, policy=policy, stream_lag_phases=stream_lag_phases)
+    # memoised by content: what the replay reads of the stream (its recipe: equal recipes, equal
+    # requests and phases) and the allocator's settings; the name and the policy's label are
+    # this call's
+    key = (_stream_recipe(model, layout, batch, seq, policy, classifier_chunk_tokens).content_key(), cfg,
+           ("until steady", MAX_ITERATIONS) if iterations is None else iterations, bool(series),
+           stream_lag_phases or 0)
+    hit = _REPLAYS.get(key)
+    if hit is not None:
+        _REPLAYS.move_to_end(key)
+        return _copy_replay(hit, name=_stream_name(model, layout, seq, policy), policy=policy.label(),
+                            static_memory_plan=bool(policy.static_memory_plan))
+    r = replay_stream(iteration_stream(model, layout, batch, seq, policy, classifier_chunk_tokens), cfg,
+                      iterations=iterations, series=series, policy=policy, stream_lag_phases=stream_lag_phases)
+    _REPLAYS[key] = _copy_replay(r)
+    if len(_REPLAYS) > REPLAY_CACHE_SIZE:
+        _REPLAYS.popitem(last=False)
+    return r
+
+
+REPLAY_CACHE_SIZE = 4096  # replays remembered by `replay_iteration` (least recently used go first)
+_REPLAYS: OrderedDict[tuple, IterationReplay] = OrderedDict()
+
+
+def clear_replay_cache() -> None:
+    """Forget the replays `replay_iteration` remembers."""
+    _REPLAYS.clear()
+
+
+def _copy_replay(r: IterationReplay, **changes) -> IterationReplay:
+    """A copy of ``r`` that shares nothing mutable with it (the cache keeps its own)."""
+    out = copy.deepcopy(r)
+    for k, v in changes.items():
+        setattr(out, k, v)
+    return out
