@@ -153,41 +153,38 @@ def bench_simulated(pools: list[list], n: int, n_serial: int, jobs: int) -> dict
 
 def bench_breakdown(pools: list[list], n: int, step: int = 25) -> dict:
     """Where a simulated candidate's CPU goes: every ``step``-th of the first ``n`` candidates,
-    serial in this process, each stage timed on its first call for that candidate (as a tier-2
-    worker meets it): the caching-allocator replay (policies without a static memory plan),
-    building the op graph, the SimPy run (no memory samples kept, as tier 2 runs it); SPPO
-    candidates (a pipeline per stage) apart, whole ``simulate`` calls."""
-    from memo_sim.engine.core import Engine
-    from memo_sim.engine.schedules import build_iteration
+    serial in this process: the caching-allocator replay (policies without a static memory plan;
+    timed first, from a cold replay cache, then `simulate` finds it cached), then `simulate` as
+    tier 2 runs it (identical layers simulated once where the iteration is periodic), then the
+    same `simulate` with ``fold=False`` (the whole schedule) for the ratio; by outcome."""
     from memo_sim.engine.simulate import simulate
+    from memo_sim.memplan import iteration_replay
     from memo_sim.memplan.iteration_replay import replay_iteration
 
+    clear = getattr(iteration_replay, "clear_replay_cache", None)
+    if clear is not None:
+        clear()
     sample = round_robin(pools, n)[::step]
-    parts = {"replay": 0.0, "build": 0.0, "engine": 0.0, "sppo": 0.0}
-    n_plain = n_sppo = n_replayed = 0
+    rows: dict[str, list[float]] = {}  # outcome -> [count, replay, folded simulate, whole simulate]
+    folded_layers = 0
     for c in sample:
-        if c.sppo is not None:
-            t0 = time.process_time()
-            simulate(c.model, c.layout, c.batch, c.seq, c.policy, c.profile, keep_timeline=False)
-            parts["sppo"] += time.process_time() - t0
-            n_sppo += 1
-            continue
         t0 = time.process_time()
-        stall = None
-        if not c.policy.static_memory_plan:
-            stall = replay_iteration(c.model, c.layout, c.batch, c.seq, c.policy, c.profile).stall_by_phase(c.profile)
-            n_replayed += 1
+        if c.sppo is None and not c.policy.static_memory_plan:
+            replay_iteration(c.model, c.layout, c.batch, c.seq, c.policy, c.profile)
         t1 = time.process_time()
-        sched = build_iteration(c.model, c.layout, c.batch, c.seq, c.policy, c.profile, allocator_stall=stall)
+        r = simulate(c.model, c.layout, c.batch, c.seq, c.policy, c.profile, keep_timeline=False)
         t2 = time.process_time()
-        Engine(sched.graph, c.profile, gpu_capacity=sched.memory.gpu_capacity_bytes,
-               host_capacity=sched.memory.host_capacity_bytes, keep_memory=False).run()
+        simulate(c.model, c.layout, c.batch, c.seq, c.policy, c.profile, keep_timeline=False, fold=False)
         t3 = time.process_time()
-        parts["replay"] += t1 - t0
-        parts["build"] += t2 - t1
-        parts["engine"] += t3 - t2
-        n_plain += 1
-    return {"n_plain": n_plain, "n_sppo": n_sppo, "n_replayed": n_replayed, "parts": parts, "step": step}
+        kind = "SPPO" if c.sppo is not None else ("folded" if r.folded else "whole")
+        key = f"{kind}, {r.status}"
+        row = rows.setdefault(key, [0, 0.0, 0.0, 0.0])
+        row[0] += 1
+        row[1] += t1 - t0
+        row[2] += t2 - t1
+        row[3] += t3 - t2
+        folded_layers += r.folded
+    return {"rows": rows, "step": step, "n": len(sample), "folded_layers": folded_layers}
 
 
 def _cli(args: list[str], cwd: Path, timeout: float = 300) -> float:
@@ -226,17 +223,23 @@ def bench_simulate_cmd(repeat: int) -> list[dict]:
 
 
 def _breakdown_lines(brk: dict) -> list[str]:
-    p, n, ns, nr = brk["parts"], max(1, brk["n_plain"]), brk["n_sppo"], max(1, brk["n_replayed"])
-    total = p["replay"] + p["build"] + p["engine"]
-    out = [f"- Where the CPU goes (every {brk['step']}th candidate, {brk['n_plain']} without SPPO, serial, each stage "
-           f"on its first call for the candidate; CPU ms per candidate, share of the three): caching-allocator replay "
-           f"{1e3 * p['replay'] / n:.1f} ({100 * p['replay'] / total:.0f}%; {1e3 * p['replay'] / nr:.1f} per "
-           f"candidate that replays, the {brk['n_replayed']} without a static memory plan), op graph "
-           f"{1e3 * p['build'] / n:.1f} ({100 * p['build'] / total:.0f}%), SimPy run {1e3 * p['engine'] / n:.1f} "
-           f"({100 * p['engine'] / total:.0f}%)."]
-    if ns:
-        out.append(f"- SPPO candidates (one pipeline of stages each): {ns} in that sample, "
-                   f"{1e3 * p['sppo'] / ns:.0f} ms CPU each (whole `simulate`).")
+    rows = brk["rows"]
+    tot = sum(r[1] + r[2] for r in rows.values())
+    tot_whole = sum(r[1] + r[3] for r in rows.values())
+    out = [f"- Where the CPU goes (every {brk['step']}th candidate, {brk['n']} in all, serial; CPU ms per candidate "
+           f"of that kind; \"folded\": identical layers simulated once, \"whole\": the fold stepped aside -- a "
+           f"run that does not repeat layer after layer, a per-layer allocator stall, a failure whose instant ties "
+           f"with another stream's event -- and SPPO has no fold): {1e3 * tot / brk['n']:.1f} ms per candidate on average, against "
+           f"{1e3 * tot_whole / brk['n']:.1f} ms with every schedule simulated whole (`fold=False`, same sample, same "
+           f"run: {tot_whole / tot:.2f}x).",
+           "",
+           "  | candidates | count | allocator replay | simulate (as tier 2) | simulate whole | share of the CPU |",
+           "  |---|---|---|---|---|---|"]
+    for key in sorted(rows):
+        k, rep, fold, whole = rows[key]
+        out.append(f"  | {key} | {k} | {1e3 * rep / k:.1f} | {1e3 * fold / k:.1f} | {1e3 * whole / k:.1f} | "
+                   f"{100 * (rep + fold) / tot:.0f}% |")
+    out.append("")
     return out
 
 

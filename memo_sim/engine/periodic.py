@@ -31,7 +31,7 @@ no memory limit, and this module
    same order. After it, where another stream has an event at the failing instant, which of the
    two came first is up to the order in which SimPy scheduled them, which rounding can change
    between a short and a whole run: `Unfolded.tie` says so and `simulate` runs the whole
-   schedule (5 of 247 failed runs in a sample of the what-if benchmark).
+   schedule (rare: see reports/sim-speed.md).
 
 Exactness: tests/test_engine_periodic.py holds folded results (status, times, peaks, failures,
 exposed copy and P2P time, layer timings, the timeline's events and memory samples) to whole
@@ -47,9 +47,9 @@ from memo_sim.engine.core import HOST_DEVICE_BASE, EngineRun, Failure
 from memo_sim.engine.graph import Op
 from memo_sim.timeline import MemorySample, TimelineEvent
 
-FOLD_LAYERS = 12  # layers the short schedule lays out
-CUT = 6  # its layer where the copies go in (layers below are the model's, from here on + G)
-CHECKED = 2  # windows checked before the copied one (and two after it)
+FOLD_LAYERS = 10  # layers the short schedule lays out
+CUT = 5  # its layer where the copies go in (layers below are the model's, from here on + G)
+CHECKED = 1  # windows checked before the copied one (and two after it)
 MIN_COPIES = 4  # fold only when it saves at least this many layers
 TIME_TOLERANCE = 1e-12  # of the short run's length
 BYTES_TOLERANCE = 1e-12  # of the largest memory value
