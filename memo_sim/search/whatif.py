@@ -294,6 +294,7 @@ def simulate_candidates(candidates: list[Candidate], progress: Progress | None =
         raise MemoError(f"--jobs must be at least 1, got {jobs}")
     work = [(c.model, c.layout, c.batch, c.seq, c.policy, c.profile, contention, allocator_lag) for c in candidates]
     jobs = min(jobs, len(work))
+    order = list(range(len(work)))
     if jobs <= 1 or len(work) < PARALLEL_MIN:
         results = map(_simulate_summary, work)
         pool = None
@@ -301,21 +302,33 @@ def simulate_candidates(candidates: list[Candidate], progress: Progress | None =
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
+        # candidates that share per-GPU shapes go to one worker, one after the other, so that its
+        # memoised costs and caching-allocator replays serve them all; summaries come back in
+        # the candidates' order
+        order.sort(key=lambda i: _locality(candidates[i]))
         # fork: the workers start with this process's modules and caches, nothing to re-import
         ctx = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() else None
         pool = ProcessPoolExecutor(max_workers=jobs, mp_context=ctx)
-        results = pool.map(_simulate_summary, work, chunksize=max(1, min(16, len(work) // (8 * jobs))))
-    out = []
+        results = pool.map(_simulate_summary, [work[i] for i in order],
+                           chunksize=max(1, min(16, len(work) // (8 * jobs))))
+    out: list[dict | None] = [None] * len(work)
     try:
-        for k, (c, summary) in enumerate(zip(candidates, results)):
-            c.simulated = summary
-            out.append(summary)
+        for k, (i, summary) in enumerate(zip(order, results)):
+            candidates[i].simulated = summary
+            out[i] = summary
             if progress is not None:
                 progress(k + 1, len(candidates))
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
     return out
+
+
+def _locality(c: Candidate) -> tuple:
+    """What the per-GPU work of a candidate depends on most, for grouping similar ones."""
+    lay = c.layout
+    return (c.model.name, c.profile.name, c.seq, c.batch, lay.tp, lay.sp, lay.tp_mode, lay.cp, lay.ulysses,
+            lay.pp, c.policy.name, lay.zero, lay.dp, c.policy.label())
 
 
 # ------------------------------------------------------------------------------------- presentation
