@@ -126,20 +126,35 @@ def strip(d: dict) -> dict:
     return {k: v for k, v in d.items() if k != "sim_wall_s"}
 
 
+def _cold_sim() -> None:
+    """Also forget the caching-allocator replays remembered by content."""
+    from memo_sim.memplan import iteration_replay
+
+    cold()
+    iteration_replay.clear_replay_cache()
+    iteration_replay.iteration_stream.cache_clear()
+
+
 def bench_simulated(pools: list[list], n: int, n_serial: int, jobs: int) -> dict:
+    """The ``n`` candidates in ``jobs`` processes first, forked from cold caches (the sweep's
+    costs, traces and replays forgotten); then the first ``n_serial`` serially and again in
+    ``jobs`` processes (each from cold caches), whose summaries must be identical."""
     cands = round_robin(pools, n)
     head = cands[:n_serial]
-    t0, c0 = time.perf_counter(), time.process_time()
-    serial = [dict(s) for s in simulate_candidates(head, jobs=1)]
-    serial_wall, serial_cpu = time.perf_counter() - t0, time.process_time() - c0
-    t0 = time.perf_counter()
-    par_head = simulate_candidates(head, jobs=jobs)
-    par_head_wall = time.perf_counter() - t0
-    same = all(strip(a) == strip(b) for a, b in zip(serial, par_head)) and len(par_head) == len(serial)
+    _cold_sim()
     load_mid = os.getloadavg()
     t0 = time.perf_counter()
     par = simulate_candidates(cands, jobs=jobs)
     par_wall = time.perf_counter() - t0
+    _cold_sim()
+    t0, c0 = time.perf_counter(), time.process_time()
+    serial = [dict(s) for s in simulate_candidates(head, jobs=1)]
+    serial_wall, serial_cpu = time.perf_counter() - t0, time.process_time() - c0
+    _cold_sim()
+    t0 = time.perf_counter()
+    par_head = simulate_candidates(head, jobs=jobs)
+    par_head_wall = time.perf_counter() - t0
+    same = all(strip(a) == strip(b) for a, b in zip(serial, par_head)) and len(par_head) == len(serial)
     statuses: dict[str, int] = {}
     for s in par:
         statuses[s["status"]] = statuses.get(s["status"], 0) + 1
@@ -167,6 +182,7 @@ def bench_breakdown(pools: list[list], n: int, step: int = 25) -> dict:
     sample = round_robin(pools, n)[::step]
     rows: dict[str, list[float]] = {}  # outcome -> [count, replay, folded simulate, whole simulate]
     folded_layers = 0
+    checked, differ = 0, []
     for c in sample:
         t0 = time.process_time()
         if c.sppo is None and not c.policy.static_memory_plan:
@@ -174,8 +190,12 @@ def bench_breakdown(pools: list[list], n: int, step: int = 25) -> dict:
         t1 = time.process_time()
         r = simulate(c.model, c.layout, c.batch, c.seq, c.policy, c.profile, keep_timeline=False)
         t2 = time.process_time()
-        simulate(c.model, c.layout, c.batch, c.seq, c.policy, c.profile, keep_timeline=False, fold=False)
+        w = simulate(c.model, c.layout, c.batch, c.seq, c.policy, c.profile, keep_timeline=False, fold=False)
         t3 = time.process_time()
+        if r.folded:
+            checked += 1
+            if not _same_summary(strip(r.to_dict()), strip(w.to_dict())):
+                differ.append(f"{c.model.name} {c.seq // K}K {c.layout.label()} {c.policy.label()}")
         kind = "SPPO" if c.sppo is not None else ("folded" if r.folded else "whole")
         key = f"{kind}, {r.status}"
         row = rows.setdefault(key, [0, 0.0, 0.0, 0.0])
@@ -184,7 +204,21 @@ def bench_breakdown(pools: list[list], n: int, step: int = 25) -> dict:
         row[2] += t2 - t1
         row[3] += t3 - t2
         folded_layers += r.folded
-    return {"rows": rows, "step": step, "n": len(sample), "folded_layers": folded_layers}
+    return {"rows": rows, "step": step, "n": len(sample), "folded_layers": folded_layers, "checked": checked,
+            "differ": differ}
+
+
+def _same_summary(a, b) -> bool:
+    """Equal summaries, floats within 1e-9 (relative)."""
+    import math
+
+    if isinstance(a, dict) and isinstance(b, dict):
+        return set(a) == set(b) and all(_same_summary(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same_summary(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and isinstance(b, float):
+        return a == b or math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+    return a == b
 
 
 def _cli(args: list[str], cwd: Path, timeout: float = 300) -> float:
@@ -240,6 +274,9 @@ def _breakdown_lines(brk: dict) -> list[str]:
         out.append(f"  | {key} | {k} | {1e3 * rep / k:.1f} | {1e3 * fold / k:.1f} | {1e3 * whole / k:.1f} | "
                    f"{100 * (rep + fold) / tot:.0f}% |")
     out.append("")
+    out.append(f"- Folded against whole, same candidates: {brk['checked']} folded summaries compared with the whole "
+               f"schedule's (every field, floats within 1e-9): "
+               + ("all equal." if not brk["differ"] else f"**{len(brk['differ'])} differ**: {', '.join(brk['differ'][:5])}"))
     return out
 
 
@@ -325,8 +362,9 @@ def main() -> None:
         f"({sim['serial_cpu']:.1f} s CPU, {1e3 * sim['serial_cpu'] / sim['serial_n']:.1f} ms CPU per candidate), "
         f"{ser_rate:.0f} candidates/s; the same {sim['serial_n']:,} in {jobs} processes: "
         f"{sim['par_head_wall']:.1f} s wall, {sim['serial_n'] / sim['par_head_wall']:.0f} candidates/s "
-        f"(parallel / serial {sim['serial_wall'] / sim['par_head_wall']:.2f}x; load average when the 10,000-candidate "
-        f"run started: {', '.join(f'{x:.2f}' for x in sim['load_mid'])}).",
+        f"(parallel / serial {sim['serial_wall'] / sim['par_head_wall']:.2f}x); load average when the 10,000-candidate "
+        f"run started: {', '.join(f'{x:.2f}' for x in sim['load_mid'])}. Each of the three runs starts from cold "
+        f"caches (memoised costs, traces and allocator replays forgotten; the pool's workers fork from that).",
         f"- Parallel and serial summaries of those {sim['serial_n']:,} identical (all fields but the wall seconds each "
         f"took), in the same order: {'yes' if sim['identical'] else '**NO**'}.",
         *_breakdown_lines(brk),

@@ -248,23 +248,28 @@ def test_pipeline_pp2_matches_reference():
 
 
 PP4_CASES = [_case(2, "length", mux=True), _case(4, mux=True), _case(8, mux=True), _case(4, "length")]
+PP4_REST = [_case(n, kind) for n in (2, 8) for kind in ("flops", "length")]
+PP4_REST += [_case(n, kind, mux=True) for n, kind in ((2, "flops"), (4, "length"), (8, "length"))]
+PP4_REST += [_case(8, "length", dtype="fp32", mux=True), _case(8, mux=True, steps=10, seed=13),
+             _case(4, model=GQA, batch=2, mux=True), _case(8, mux=True, delay_s=0.05, seed=17, offload=False)]
+
+
+@pytest.fixture(scope="module")
+def pp4_runs():
+    """Every PP = 4 case in one run of 4 ranks: per case, the list of per-rank results."""
+    return list(zip(*spawn(run_cases, 4, PP4_CASES + PP4_REST, timeout=600)))
 
 
 @pytest.mark.slow
-def test_pipeline_pp4_matches_reference():
+def test_pipeline_pp4_matches_reference(pp4_runs):
     """PP = 4: N = 2, 4, 8 multiplexed (pieces differ between neighbours) and one unmultiplexed case
     (the rest of the grid: the slow test below)."""
-    per_case = list(zip(*spawn(run_cases, 4, PP4_CASES, timeout=300)))
-    for case, per_rank in zip(PP4_CASES, per_case):
+    for case, per_rank in zip(PP4_CASES, pp4_runs[:len(PP4_CASES)]):
         _check(case, list(per_rank), 4)
 
 
 @pytest.mark.slow
-def test_pipeline_pp4_rest_and_ten_steps():
-    cases = [_case(n, kind) for n in (2, 8) for kind in ("flops", "length")]
-    cases += [_case(n, kind, mux=True) for n, kind in ((2, "flops"), (4, "length"), (8, "length"))]
-    cases += [_case(8, "length", dtype="fp32", mux=True), _case(8, mux=True, steps=10, seed=13),
-              _case(4, model=GQA, batch=2, mux=True), _case(8, mux=True, delay_s=0.05, seed=17, offload=False)]
-    per_case = list(zip(*spawn(run_cases, 4, cases, timeout=400)))
-    for case, per_rank in zip(cases, per_case):
+def test_pipeline_pp4_rest_and_ten_steps(pp4_runs):
+    assert len(pp4_runs) == len(PP4_CASES) + len(PP4_REST)
+    for case, per_rank in zip(PP4_REST, pp4_runs[len(PP4_CASES):]):
         _check(case, list(per_rank), 4)
