@@ -20,7 +20,8 @@ from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS
 from memo_sim.engine.core import Engine, EngineRun, Failure
 from memo_sim.engine.graph import Op
 from memo_sim.engine.periodic import Fold, plan_fold, unfold
-from memo_sim.engine.schedules import Schedule, build_iteration, layer_signature, middle_layer
+from memo_sim.engine.schedules import Schedule, build_iteration, layer_signature, middle_layer, representative_device
+from memo_sim.memplan.footprint import memory_breakdown
 from memo_sim.errors import MemoError
 from memo_sim.layout.parallel import Layout
 from memo_sim.memplan.iteration_replay import replay_iteration
@@ -226,7 +227,9 @@ def simulate(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: P
                                   classifier_chunk_tokens=classifier_chunk_tokens,
                                   stream_lag_phases=allocator_lag or None)
         stall = replay.stall_by_phase(profile)
-    plan = plan_fold(model.layers, partial(layer_signature, policy), stall) if fold and not record else None
+    plan = None
+    if fold and not record and _expected_to_fit(model, layout, batch, seq, policy, profile, classifier_chunk_tokens):
+        plan = plan_fold(model.layers, partial(layer_signature, policy), stall)
     out = None
     if plan is not None:
         out = _run_folded(model, layout, batch, seq, policy, profile, plan, contention=contention,
@@ -271,6 +274,16 @@ def simulate(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: P
         link_capacity=out.link_capacity, link_carried=out.link_carried,
         ops=out.ops, allocator=_allocator_summary(replay, profile),
         exposed_p2p_s=out.exposed_p2p_s if layout.metp else 0.0, folded=out.folded)
+
+
+def _expected_to_fit(model, layout, batch, seq, policy, profile, classifier_chunk_tokens) -> bool:
+    """Whether the analytic memory model (`memory_breakdown`, memoised; the schedule reads the
+    same one) expects the run to fit. A run that fails stops at its failure, often early, so the
+    whole schedule costs less than a folded run, which always runs its short iteration to the
+    end (tier 2 of the benchmark: reports/sim-speed.md); one expected to fail runs whole."""
+    dev = representative_device(layout, profile)
+    return memory_breakdown(model, layout, batch, seq, policy, profile, classifier_chunk_tokens,
+                            active_gpus_per_node=dev.group).status == "OK"
 
 
 @dataclass

@@ -299,6 +299,7 @@ def simulate_candidates(candidates: list[Candidate], progress: Progress | None =
         results = map(_simulate_summary, work)
         pool = None
     else:
+        import itertools
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
@@ -306,11 +307,17 @@ def simulate_candidates(candidates: list[Candidate], progress: Progress | None =
         # memoised costs and caching-allocator replays serve them all; summaries come back in
         # the candidates' order
         order.sort(key=lambda i: _locality(candidates[i]))
+        # pipelines (SPPO) cost up to a few hundred times a plain candidate: they go first, one
+        # at a time, so that no worker is left with a chunk of them at the end
+        heavy = [i for i in order if getattr(candidates[i].policy, "pipelined", False)]
+        light = [i for i in order if not getattr(candidates[i].policy, "pipelined", False)]
+        order = heavy + light
         # fork: the workers start with this process's modules and caches, nothing to re-import
         ctx = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() else None
         pool = ProcessPoolExecutor(max_workers=jobs, mp_context=ctx)
-        results = pool.map(_simulate_summary, [work[i] for i in order],
-                           chunksize=max(1, min(16, len(work) // (8 * jobs))))
+        results = itertools.chain(
+            pool.map(_simulate_summary, [work[i] for i in heavy], chunksize=1),
+            pool.map(_simulate_summary, [work[i] for i in light], chunksize=max(1, min(16, len(light) // (8 * jobs)))))
     out: list[dict | None] = [None] * len(work)
     try:
         for k, (i, summary) in enumerate(zip(order, results)):
