@@ -168,30 +168,32 @@ def bench_simulated(pools: list[list], n: int, n_serial: int, jobs: int) -> dict
 
 def bench_breakdown(pools: list[list], n: int, step: int = 25) -> dict:
     """Where a simulated candidate's CPU goes: every ``step``-th of the first ``n`` candidates,
-    serial in this process: the caching-allocator replay (policies without a static memory plan;
-    timed first, from a cold replay cache, then `simulate` finds it cached), then `simulate` as
-    tier 2 runs it (identical layers simulated once where the iteration is periodic), then the
-    same `simulate` with ``fold=False`` (the whole schedule) for the ratio; by outcome."""
+    serial in this process, each from cold caches: the caching-allocator replay (policies without
+    a static memory plan), then `simulate` as tier 2 runs it (the replay now remembered; identical
+    layers simulated once where the iteration is periodic); then, from cold caches again, the same
+    `simulate` with ``fold=False`` (the whole schedule), for the ratio; by outcome."""
     from memo_sim.engine.simulate import simulate
-    from memo_sim.memplan import iteration_replay
     from memo_sim.memplan.iteration_replay import replay_iteration
 
-    clear = getattr(iteration_replay, "clear_replay_cache", None)
-    if clear is not None:
-        clear()
     sample = round_robin(pools, n)[::step]
     rows: dict[str, list[float]] = {}  # outcome -> [count, replay, folded simulate, whole simulate]
     folded_layers = 0
     checked, differ = 0, []
     for c in sample:
+        replays = c.sppo is None and not c.policy.static_memory_plan
+        _cold_sim()
         t0 = time.process_time()
-        if c.sppo is None and not c.policy.static_memory_plan:
+        if replays:
             replay_iteration(c.model, c.layout, c.batch, c.seq, c.policy, c.profile)
         t1 = time.process_time()
         r = simulate(c.model, c.layout, c.batch, c.seq, c.policy, c.profile, keep_timeline=False)
         t2 = time.process_time()
-        w = simulate(c.model, c.layout, c.batch, c.seq, c.policy, c.profile, keep_timeline=False, fold=False)
+        _cold_sim()
+        if replays:
+            replay_iteration(c.model, c.layout, c.batch, c.seq, c.policy, c.profile)
         t3 = time.process_time()
+        w = simulate(c.model, c.layout, c.batch, c.seq, c.policy, c.profile, keep_timeline=False, fold=False)
+        t4 = time.process_time()
         if r.folded:
             checked += 1
             if not _same_summary(strip(r.to_dict()), strip(w.to_dict())):
@@ -202,7 +204,7 @@ def bench_breakdown(pools: list[list], n: int, step: int = 25) -> dict:
         row[0] += 1
         row[1] += t1 - t0
         row[2] += t2 - t1
-        row[3] += t3 - t2
+        row[3] += t4 - t3
         folded_layers += r.folded
     return {"rows": rows, "step": step, "n": len(sample), "folded_layers": folded_layers, "checked": checked,
             "differ": differ}
@@ -260,10 +262,12 @@ def _breakdown_lines(brk: dict) -> list[str]:
     rows = brk["rows"]
     tot = sum(r[1] + r[2] for r in rows.values())
     tot_whole = sum(r[1] + r[3] for r in rows.values())
-    out = [f"- Where the CPU goes (every {brk['step']}th candidate, {brk['n']} in all, serial; CPU ms per candidate "
+    out = [f"- Where the CPU goes (every {brk['step']}th candidate, {brk['n']} in all, serial, each call from cold "
+           f"caches, so dearer than inside the pool, where candidates of one shape share them; CPU ms per candidate "
            f"of that kind; \"folded\": identical layers simulated once, \"whole\": the fold stepped aside -- a "
-           f"run that does not repeat layer after layer, a per-layer allocator stall, a failure whose instant ties "
-           f"with another stream's event -- and SPPO has no fold): {1e3 * tot / brk['n']:.1f} ms per candidate on average, against "
+           f"run the analytic memory model expects to fail (it stops early), one that does not repeat layer after "
+           f"layer, a per-layer allocator stall, a failure whose instant ties with another stream's event -- and "
+           f"SPPO has no fold): {1e3 * tot / brk['n']:.1f} ms per candidate on average, against "
            f"{1e3 * tot_whole / brk['n']:.1f} ms with every schedule simulated whole (`fold=False`, same sample, same "
            f"run: {tot_whole / tot:.2f}x).",
            "",
