@@ -226,3 +226,27 @@ def test_sppo_runs_whole():
     b = simulate(model, lay, 1, seq, pol, H100, keep_timeline=False, fold=False)
     assert a.folded == b.folded == 0
     _close(_summary(a), _summary(b))
+
+
+@pytest.mark.parametrize("case", [
+    # caching-allocator stalls in the first layer, the last layers and the classifier
+    ("gpt-13b", Layout(tp=4, ulysses=2, tp_mode="metp_ffn"), 512 * K, "full_offload", None),
+    # the same stall in every forward layer: the layers still look alike
+    ("gpt-7b", Layout(tp=2, sp=False, cp=2, ulysses=2, zero=2), 512 * K, "full_recompute", None),
+], ids=["stalls-at-the-ends", "stall-in-every-layer"])
+def test_allocator_stalls_fold_with_their_layers(case):
+    m, lay, seq, pol, a = case
+    model, policy = get_model(m), get_policy(pol, a)
+    whole = simulate(model, lay, 1, seq, policy, A800, keep_timeline=False, fold=False)
+    short = simulate(model, lay, 1, seq, policy, A800, keep_timeline=False)
+    assert short.folded and whole.allocator["stall_s"] > 0
+    _close(_summary(whole), _summary(short))
+
+
+def test_without_contention_the_fold_holds_too():
+    model, lay, policy = get_model("gpt-7b"), Layout(tp=2, cp=4), get_policy("memo", 0.3)
+    whole = simulate(model, lay, 1, 256 * K, policy, A800, contention=False, fold=False)
+    short = simulate(model, lay, 1, 256 * K, policy, A800, contention=False)
+    assert short.folded
+    _close(_summary(whole), _summary(short))
+    _close(_by_stream(whole.timeline.events), _by_stream(short.timeline.events), "events")
