@@ -21,23 +21,14 @@ from memo_sim.model.config import get_model
 from memo_sim.policy import get_policy
 from memo_sim.profile import load_profile
 from memo_sim.timeline import COPY_STREAMS
+from tests.test_engine_fastpaths import CASES as FASTPATH_CASES
 
 K = 1024
 A800 = load_profile("a800-80gb")
 H100 = load_profile("h100-sxm5-80gb")
 
-CASES = [
-    ("gpt-7b", Layout(tp=8), 64 * K, "store_all", None),
-    ("gpt-7b", Layout(tp=4, cp=2), 256 * K, "full_recompute", None),
-    ("gpt-7b", Layout(tp=2, cp=4), 256 * K, "full_offload", None),
-    ("gpt-7b", Layout(tp=2, cp=4, zero=3), 1024 * K, "memo", 0.059),
-    ("gpt-7b", Layout(tp=8, sp=False), 128 * K, "memo", 0.5),
-    ("gpt-13b", Layout(tp=8, cp=2, dp=2, zero=1), 256 * K, "memo", 0.3),
-    ("gpt-7b", Layout(tp=8, tp_mode="metp"), 256 * K, "memo", 0.4),
-    ("gpt-7b", Layout(tp=8, tp_mode="metp_ffn"), 256 * K, "full_offload", None),
-    ("gpt-7b", Layout(tp=2, ulysses=4, zero=3), 256 * K, "full_recompute", None),
-    ("gpt-30b", Layout(tp=8, cp=2, dp=2, zero=2), 256 * K, "full_offload", None),
-]
+# the fast-path cases (every policy; TP/SP, CP, Ulysses, METP, ZeRO) and a larger model
+CASES = FASTPATH_CASES + [("gpt-30b", Layout(tp=8, cp=2, dp=2, zero=2), 256 * K, "full_offload", None)]
 
 
 def _close(a, b, path=""):

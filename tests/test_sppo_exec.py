@@ -167,6 +167,17 @@ def test_prefix_attention_chunks_equal_causal_attention():
     assert torch.allclose(dq, q.grad[:, :, a:e], atol=1e-12)  # a query's gradient only involves its own row
 
 
+def _forward_pieces(st, inp, tgt, n_pieces: int) -> list:
+    """Every piece through the stage's layers in order; the loss of each."""
+    losses = []
+    for k in range(n_pieces):
+        x = st.embed(inp, k)
+        for j in range(len(st.layers)):
+            x = st.layer(x, j, k)
+        losses.append(st.loss(x, tgt, k))
+    return losses
+
+
 @pytest.mark.parametrize("model,batch", [(MODEL, 1), (GQA, 2)])
 def test_pieces_in_one_stage_match_reference(model, batch):
     """PP = 1: pieces through the K/V cache, backward in reverse order = the whole-sequence model."""
@@ -176,12 +187,7 @@ def test_pieces_in_one_stage_match_reference(model, batch):
         pieces = _pieces(model, batch, 1, n, kind, False)[0]
         st = Stage(gpt, 0, 1, pieces, batch, SEQ, 24)
         inp, tgt = TokenSource(model.vocab, batch, SEQ, seed=5).batch_at(0)
-        losses = []
-        for k in range(len(pieces)):
-            x = st.embed(inp, k)
-            for j in range(len(st.layers)):
-                x = st.layer(x, j, k)
-            losses.append(st.loss(x, tgt, k))
+        losses = _forward_pieces(st, inp, tgt, len(pieces))
         for k in reversed(range(len(pieces))):
             losses[k].backward()
         err, name = _rel({n_: p.grad for n_, p in gpt.named_parameters()}, want)
@@ -199,12 +205,7 @@ def test_backward_out_of_order_raises():
     pieces = _pieces(MODEL, 1, 1, 4, "flops", False)[0]
     st = Stage(gpt, 0, 1, pieces, 1, SEQ, 24)
     inp, tgt = TokenSource(MODEL.vocab, 1, SEQ, seed=5).batch_at(0)
-    losses = []
-    for k in range(len(pieces)):
-        x = st.embed(inp, k)
-        for j in range(len(st.layers)):
-            x = st.layer(x, j, k)
-        losses.append(st.loss(x, tgt, k))
+    losses = _forward_pieces(st, inp, tgt, len(pieces))
     with pytest.raises(ExecError, match="reverse subsequence order"):
         losses[0].backward()
 

@@ -421,16 +421,7 @@ class CachingAllocatorModel:
         self.requested_bytes += size
         if self._peak_set_in_op and self.reserved_bytes == self.peak_reserved_bytes:
             self.allocated_at_peak_reserved_bytes = allocated
-        # _update_end_of_op_peaks(after_request=True), inlined: this runs for every request
-        if allocated > self.peak_allocated_bytes:
-            self.peak_allocated_bytes = allocated
-        if self.requested_bytes > self.peak_requested_bytes:
-            self.peak_requested_bytes = self.requested_bytes
-        if len(self._segments) > self.peak_segments:
-            self.peak_segments = len(self._segments)
-        idle = self.reserved_bytes - allocated
-        if idle > self.peak_reserved_unallocated_bytes:
-            self.peak_reserved_unallocated_bytes = idle
+        self._update_end_of_op_peaks(after_request=True)
         return block.addr
 
     def free(self, buffer_id: str, step: int = 0, pending_until: int | None = None) -> None:
@@ -456,13 +447,7 @@ class CachingAllocatorModel:
             self.pending_bytes += block.size
         else:
             self._return_block(block)
-        # _update_end_of_op_peaks(), inlined: this runs for every request
-        if self.allocated_bytes > self.peak_allocated_bytes:
-            self.peak_allocated_bytes = self.allocated_bytes
-        if self.requested_bytes > self.peak_requested_bytes:
-            self.peak_requested_bytes = self.requested_bytes
-        if len(self._segments) > self.peak_segments:
-            self.peak_segments = len(self._segments)
+        self._update_end_of_op_peaks()
 
     def _return_block(self, block: _Block) -> None:
         pool = self._small if block.segment.small else self._large
