@@ -265,8 +265,7 @@ def _breakdown_lines(brk: dict) -> list[str]:
     out = [f"- Where the CPU goes (every {brk['step']}th candidate, {brk['n']} in all, serial, each call from cold "
            f"caches, so dearer than inside the pool, where candidates of one shape share them; CPU ms per candidate "
            f"of that kind; \"folded\": identical layers simulated once, \"whole\": the fold stepped aside -- a "
-           f"run the analytic memory model expects to fail (it stops early), one that does not repeat layer after "
-           f"layer, a per-layer allocator stall, a failure whose instant ties with another stream's event -- and "
+           f"run that does not repeat layer after layer, a per-layer allocator stall, a failure whose instant ties with another stream's event -- and "
            f"SPPO has no fold): {1e3 * tot / brk['n']:.1f} ms per candidate on average, against "
            f"{1e3 * tot_whole / brk['n']:.1f} ms with every schedule simulated whole (`fold=False`, same sample, same "
            f"run: {tot_whole / tot:.2f}x).",

@@ -162,6 +162,30 @@ def test_a_failure_of_the_static_bytes_is_found_before_the_first_op():
     assert u.end_gpu[0] == whole.end_gpu_bytes[0]
 
 
+@pytest.mark.parametrize("lay, pol", [(Layout(tp=2), "store_all"), (Layout(tp=2, dp=2, zero=1), "full_offload"),
+                                      (Layout(tp=2, cp=2), "full_recompute"), (Layout(tp=4, tp_mode="metp"), "memo")])
+def test_model_states_that_do_not_fit_fail_before_the_first_op_as_in_the_whole_run(lay, pol, monkeypatch):
+    """gpt-30b's model states do not fit one A800 at tp <= 4: the folded run stops at the static
+    allocation without running its short schedule, with the whole run's summary, op count,
+    peaks, end bytes and bytes per link."""
+    import importlib
+
+    sim_mod = importlib.import_module("memo_sim.engine.simulate")  # the module (the package exports the function)
+    taken = []
+    real = sim_mod._static_failure
+    monkeypatch.setattr(sim_mod, "_static_failure", lambda *a, **k: taken.append(real(*a, **k)) or taken[-1])
+    model, policy = get_model("gpt-30b"), get_policy(pol, 0.5 if pol == "memo" else None)
+    short = simulate(model, lay, 1, 64 * K, policy, A800, keep_timeline=False)
+    assert len(taken) == 1 and taken[0] is not None  # the short schedule did not run
+    whole = simulate(model, lay, 1, 64 * K, policy, A800, keep_timeline=False, fold=False)
+    assert short.folded == model.layers - periodic.FOLD_LAYERS and whole.folded == 0
+    assert short.failure is not None and short.failure.op is None and short.failure.time_s == 0.0
+    _close(_summary(whole), _summary(short))
+    for f in ("n_ops", "peak_gpu_bytes", "peak_host_bytes_per_node", "start_gpu_bytes", "end_gpu_bytes",
+              "end_host_bytes", "exposed_copy_s", "exposed_p2p_s", "link_carried"):
+        assert getattr(whole, f) == getattr(short, f), f
+
+
 def test_short_models_per_layer_stalls_and_odd_layers_are_not_folded():
     memo = get_policy("memo", 0.5)
     sig = lambda i, n: layer_signature(memo, i, n)  # noqa: E731

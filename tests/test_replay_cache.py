@@ -132,3 +132,89 @@ def test_recipe_equality_is_content_equality():
     t = r.templates
     assert ast.literal_eval(zlib.decompress(r.content_key()).decode()) == (
         r.static, r.x, r.logits, t.forward, t.backward, t.backward_recompute, r.recomputes)
+
+
+# ------------------------------------------------- one replay for streams that differ in static sizes
+def _replays(monkeypatch):
+    """Count the replays `replay_iteration` actually runs."""
+    calls = []
+    real = ir.replay_stream
+
+    def counted(*a, **k):
+        calls.append(a[0].name)
+        return real(*a, **k)
+
+    monkeypatch.setattr(ir, "replay_stream", counted)
+    return calls
+
+
+@pytest.mark.parametrize("policy, first, second", [
+    # ZeRO 1 -> 2: the gradients shrink; the large pool's static free bytes differ (1.1 vs 2.2 MB)
+    # and the warm-up's fragmentation failures with them (1 vs 2)
+    ("full_offload", Layout(ulysses=8, zero=1), Layout(ulysses=8, zero=2)),
+    ("store_all", Layout(tp=2, ulysses=4, dp=4, zero=2), Layout(tp=2, ulysses=4, dp=2, zero=3)),
+    ("full_recompute", Layout(tp=8, dp=2, zero=1), Layout(tp=8, dp=4, zero=1)),
+])
+def test_static_sizes_alone_share_a_replay(monkeypatch, policy, first, second):
+    """Two layouts whose iterations make the same requests and differ only in their model
+    states (ZeRO stage, dp) share one replay where no cudaMalloc failed: the second is moved by
+    the static bytes and recounts its fragmentation failures, and equals its own uncached
+    replay field by field."""
+    m, prof, pol = get_model("gpt-7b"), load_profile("a800-80gb"), get_policy(policy)
+    seq = 128 * K
+    r1, r2 = ir._stream_recipe(m, first, 1, seq, pol), ir._stream_recipe(m, second, 1, seq, pol)
+    assert r1.static != r2.static and r1.content_key(static=False) == r2.content_key(static=False)
+    calls = _replays(monkeypatch)
+    a = ir.replay_iteration(m, first, 1, seq, pol, prof)
+    b = ir.replay_iteration(m, second, 1, seq, pol, prof)
+    assert len(calls) == 1 and not a.oom and a.reorganizations == 0  # the second was not replayed
+    monkeypatch.undo()
+    assert a.to_json_obj() == uncached(m, first, seq, pol, prof).to_json_obj()
+    want = uncached(m, second, seq, pol, prof).to_json_obj()
+    assert b.to_json_obj() == want
+    assert b.static_bytes != a.static_bytes and b.peak_reserved_bytes != a.peak_reserved_bytes
+
+
+def test_recounted_fragmentation_failures_differ_where_the_static_free_bytes_do(monkeypatch):
+    """The recount is exercised: the shared replay's warm-up counts 1 failure, the second
+    stream's own replay 2 (its static segments leave more free bytes in the large pool)."""
+    m, prof, pol = get_model("gpt-7b"), load_profile("a800-80gb"), get_policy("full_offload")
+    a = ir.replay_iteration(m, Layout(ulysses=8, zero=1), 1, 128 * K, pol, prof)
+    b = ir.replay_iteration(m, Layout(ulysses=8, zero=2), 1, 128 * K, pol, prof)
+    assert len(ir._SHARED) == 1
+    assert (a.warmup["fragmentation_failures"], b.warmup["fragmentation_failures"]) == (1, 2)
+
+
+def test_a_capacity_without_room_for_the_shared_replay_replays(monkeypatch):
+    """A shared replay serves only capacities that hold what it reserved; below that the stream
+    is replayed at its own capacity (and there reorganises or runs out of memory)."""
+    m, prof, pol = get_model("gpt-7b"), load_profile("a800-80gb"), get_policy("full_recompute")
+    lay, seq = Layout(tp=8, dp=2, zero=1), 128 * K
+    calls = _replays(monkeypatch)
+    a = ir.replay_iteration(m, lay, 1, seq, pol, prof)
+    cfg = AllocatorConfig(capacity_bytes=int(prof.usable_gpu_memory))
+    ra, rb = (ir._StaticBase.of(ir._stream_recipe(m, x, 1, seq, pol), cfg).reserved
+              for x in (lay, Layout(tp=8, dp=4, zero=1)))
+    assert rb < ra  # the second has less static, so the first's reserved peak is no bound for it
+    tight = rb + (a.peak_reserved_bytes - ra) - 64 * 1024 * 1024  # 64 MB short of the shared replay's room
+    b = ir.replay_iteration(m, Layout(tp=8, dp=4, zero=1), 1, seq, pol, prof, capacity_bytes=tight)
+    assert len(calls) == 2
+    monkeypatch.undo()
+    cfg = AllocatorConfig(capacity_bytes=tight)
+    want = ir.replay_stream(ir.iteration_stream(m, Layout(tp=8, dp=4, zero=1), 1, seq, pol), cfg, policy=pol)
+    assert b.to_json_obj() == want.to_json_obj()
+    assert b.oom or b.reorganizations + b.warmup["reorganizations"] > 0
+
+
+def test_replays_that_met_the_capacity_are_not_shared():
+    """A replay that reorganised (or ran out of memory) depends on the capacity itself: it is
+    remembered for its exact stream and capacity only."""
+    m, prof, pol = get_model("gpt-7b"), load_profile("a800-80gb"), get_policy("full_recompute")
+    r = ir.replay_iteration(m, Layout(tp=8), 1, 256 * K, pol, prof, stream_lag_phases=4)
+    assert r.reorganizations > 0 and len(ir._REPLAYS) == 1 and not ir._SHARED
+
+
+def test_expandable_segments_are_never_shared():
+    m, prof, pol = get_model("gpt-7b"), load_profile("a800-80gb"), get_policy("full_recompute")
+    ir.replay_iteration(m, Layout(tp=8), 1, 64 * K, pol, prof, expandable_segments=True)
+    assert len(ir._REPLAYS) == 1 and not ir._SHARED

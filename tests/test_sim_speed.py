@@ -106,7 +106,8 @@ print(json.dumps({"same": [strip(a) == strip(b) for a, b in zip(serial, parallel
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["n"] == 6 and all(got["same"]) and all(got["stored"])
-    assert got["order"] == [1, 2, 3, 4, 5, 6]
+    # progress comes per finished task (a chunk of candidates): increasing, up to all of them
+    assert got["order"] == sorted(set(got["order"])) and got["order"][-1] == 6
 
 
 def test_jobs_must_be_positive():
@@ -114,3 +115,29 @@ def test_jobs_must_be_positive():
 
     with pytest.raises(MemoError, match="--jobs"):
         simulate_candidates([], jobs=0)
+
+
+def test_pool_tasks_hold_every_candidate_once_pipelines_first():
+    """`_chunks`: SPPO candidates one per task, first; the rest in runs of consecutive (shape-
+    sorted) candidates, one run per process, cut in chunks of at most CHUNK and handed out in
+    turn; every candidate in exactly one task."""
+    from memo_sim.search import whatif
+
+    prof = load_profile("a800-80gb")
+    cands = candidates_for(get_model("gpt-7b"), 131072, 8, prof, policies=("store_all", "full_recompute", "sppo")
+                           ).candidates
+    heavy = [i for i, c in enumerate(cands) if getattr(c.policy, "pipelined", False)]
+    assert heavy and len(cands) - len(heavy) > 3 * whatif.CHUNK
+    for jobs in (1, 2, 3):
+        tasks = whatif._chunks(cands, jobs)
+        flat = [i for t in tasks for i in t]
+        assert sorted(flat) == list(range(len(cands)))
+        assert sorted(i for t in tasks[:len(heavy)] for i in t) == heavy and all(len(t) == 1 for t in tasks[:len(heavy)])
+        light = tasks[len(heavy):]
+        assert all(1 <= len(t) <= whatif.CHUNK for t in light)
+        by_shape = sorted((i for i in range(len(cands)) if i not in heavy), key=lambda i: whatif._locality(cands[i]))
+        assert ([i for t in light for i in t] == by_shape) == (jobs == 1)  # runs interleaved
+        key = [whatif._locality(cands[i]) for t in light[::jobs] for i in t]
+        assert key == sorted(key)  # the first run's chunks, in shape order
+    only_pipelines = [cands[i] for i in heavy]
+    assert sorted(whatif._chunks(only_pipelines, 2)) == [[i] for i in range(len(heavy))]

@@ -98,21 +98,6 @@ class OpGraph:
         self.streams.setdefault((device, stream), []).append(op)
         return op
 
-    def add_checked(self, name: str, device: int, stream: str, kind: str, phase: str, layer: int | None,
-                    work: float, deps: list[Op], nbytes: float, flops: float, link: str | None,
-                    mem_start: tuple[MemAction, ...], mem_end: tuple[MemAction, ...]) -> Op:
-        """`add` for a caller that has already checked its arguments (``emit_chain``: the kind and
-        device come from a validated phase shape, ``deps`` holds no None, the mem actions are
-        tuples): the same Op, appended the same way, without the checks."""
-        op = Op(len(self.ops), name, device, stream, kind, phase, layer, float(work) if work > 0.0 else 0.0, nbytes,
-                flops, None, link, deps, mem_start, mem_end)
-        self.ops.append(op)
-        s = self.streams.get((device, stream))
-        if s is None:
-            s = self.streams[(device, stream)] = []
-        s.append(op)
-        return op
-
     def add_static(self, device: int, action: MemAction) -> None:
         """Memory allocated before the iteration starts (model states, rounding buffers)."""
         self.static.append((device, action))

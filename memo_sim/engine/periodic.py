@@ -31,9 +31,10 @@ no memory limit, and this module
    same order. After it, where another stream has an event at the failing instant, which of the
    two came first is up to the order in which SimPy scheduled them, which rounding can change
    between a short and a whole run: `Unfolded.tie` says so and `simulate` runs the whole
-   schedule (5 of 247 failed runs tied, on every 11th of the sim-speed benchmark's candidates
-   with every failed run folded; `simulate` folds a run only where the analytic memory model
-   expects it to fit, since a failing run stops early anyway).
+   schedule (5 of 247 failed runs tied, on every 11th of the sim-speed benchmark's candidates).
+   A failing run is folded too: though the whole one stops at its failure, building and
+   running 10 layers costs less than building them all (reports/sim-speed.md's breakdown times
+   both, by outcome).
 
 Exactness: tests/test_engine_periodic.py holds folded results (status, times, peaks, failures,
 exposed copy and P2P time, layer timings, the timeline's events and memory samples) to whole

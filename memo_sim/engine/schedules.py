@@ -112,7 +112,7 @@ _SHAPES_BY_CONTENT: dict[tuple, tuple] = {}  # ((name, stream, overlaps) per op,
 def _chain_rows(costs: list[OpCost], layout: Layout, profile: HardwareProfile) -> tuple:
     """(rows, tail, shape) of a phase list. ``shape``: per op (its dependencies within the phase,
     its kind, its link), and the tail; ``rows``: per op (within, name, stream, kind, work, nbytes,
-    flops, link), what `emit_chain` passes to `OpGraph.add_checked`. Every layer emits the same
+    flops, link), what `emit_chain` builds each op from. Every layer emits the same
     phase lists, so this is worked out once per list (the cache keeps the list, layout and
     profile alive, so their ids stay theirs)."""
     key = (id(costs), id(layout), id(profile))
@@ -158,15 +158,24 @@ def emit_chain(g: OpGraph, costs: list[OpCost], *, device: int, layer: int | Non
     deps = [d for d in deps if d is not None]
     last_deps = [d for d in last_deps if d is not None]
     mem_start, mem_end = tuple(mem_start), tuple(mem_end)
-    add = g.add_checked
-    k = 0
-    for within, name, stream, kind, work, nbytes, flops, link in rows:
+    # `OpGraph.add` without its checks (the kind and device come from a validated phase shape,
+    # ``deps`` holds no None, the mem actions are tuples) and without a call per op (hundreds of
+    # ops per schedule): the same Op, appended to the graph and its stream the same way
+    graph_ops, streams = g.ops, g.streams
+    uid = len(graph_ops)
+    stream_ops: dict[str, list[Op]] = {}
+    for k, (within, name, stream, kind, work, nbytes, flops, link) in enumerate(rows):
         op_deps = [ops[j] for j in within] if within else list(deps)
         if k == last:
             op_deps += last_deps
-        ops.append(add(name, device, stream, kind, phase, layer, work, op_deps, nbytes, flops, link,
-                       mem_start if k == 0 else (), mem_end if k == last else ()))
-        k += 1
+        op = Op(uid + k, name, device, stream, kind, phase, layer, work, nbytes, flops, None, link, op_deps,
+                mem_start if k == 0 else (), mem_end if k == last else ())
+        ops.append(op)
+        graph_ops.append(op)
+        on = stream_ops.get(stream)
+        if on is None:
+            on = stream_ops[stream] = streams.setdefault((device, stream), [])
+        on.append(op)
     tail = [ops[j] for j in tail_idx] if ops else list(deps)
     return ops, tail
 

@@ -18,10 +18,9 @@ from typing import Callable, Iterable
 from memo_sim.model.flops import mfu as mfu_of, tgs as tgs_of
 from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS
 from memo_sim.engine.core import Engine, EngineRun, Failure
-from memo_sim.engine.graph import Op
+from memo_sim.engine.graph import Op, OpGraph
 from memo_sim.engine.periodic import Fold, plan_fold, unfold
-from memo_sim.engine.schedules import Schedule, build_iteration, layer_signature, middle_layer, representative_device
-from memo_sim.memplan.footprint import memory_breakdown
+from memo_sim.engine.schedules import Schedule, build_iteration, layer_signature, middle_layer
 from memo_sim.errors import MemoError
 from memo_sim.layout.parallel import Layout
 from memo_sim.memplan.iteration_replay import replay_iteration
@@ -228,7 +227,7 @@ def simulate(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: P
                                   stream_lag_phases=allocator_lag or None)
         stall = replay.stall_by_phase(profile)
     plan = None
-    if fold and not record and _expected_to_fit(model, layout, batch, seq, policy, profile, classifier_chunk_tokens):
+    if fold and not record:
         plan = plan_fold(model.layers, partial(layer_signature, policy), stall)
     out = None
     if plan is not None:
@@ -274,16 +273,6 @@ def simulate(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: P
         link_capacity=out.link_capacity, link_carried=out.link_carried,
         ops=out.ops, allocator=_allocator_summary(replay, profile),
         exposed_p2p_s=out.exposed_p2p_s if layout.metp else 0.0, folded=out.folded)
-
-
-def _expected_to_fit(model, layout, batch, seq, policy, profile, classifier_chunk_tokens) -> bool:
-    """Whether the analytic memory model (`memory_breakdown`, memoised; the schedule reads the
-    same one) expects the run to fit. A run that fails stops at its failure, often early, so the
-    whole schedule costs less than a folded run, which always runs its short iteration to the
-    end (tier 2 of the benchmark: reports/sim-speed.md); one expected to fail runs whole."""
-    dev = representative_device(layout, profile)
-    return memory_breakdown(model, layout, batch, seq, policy, profile, classifier_chunk_tokens,
-                            active_gpus_per_node=dev.group).status == "OK"
 
 
 @dataclass
@@ -337,6 +326,10 @@ def _run_folded(model, layout, batch, seq, policy, profile, plan: Fold, *, conte
     not periodic, or failed and a timeline is wanted (the whole run then gives it)."""
     sched = build_iteration(model, layout, batch, seq, policy, profile, classifier_chunk_tokens=classifier_chunk_tokens,
                             allocator_stall=plan.allocator_stall, layers=plan.simulated)
+    if not keep_timeline:
+        out = _static_failure(sched, profile, plan, contention=contention)
+        if out is not None:
+            return out
     inf = float("inf")
     engine = Engine(sched.graph, profile, contention=contention, gpu_capacity=inf, host_capacity=inf, log=True)
     run = engine.run()
@@ -359,6 +352,27 @@ def _run_folded(model, layout, batch, seq, policy, profile, plan: Fold, *, conte
         u.n_ops, u.exposed_wait_seconds(copy_parts), p2p, timings,
         u.timeline_events() if keep_timeline else [], list(u.samples()) if keep_timeline else [],
         run.link_capacity, u.link_carried, folded=plan.copies)
+
+
+def _static_failure(sched: Schedule, profile: HardwareProfile, plan: Fold, *, contention: bool) -> _Outcome | None:
+    """Where the model states and static buffers alone do not fit, the run fails before its
+    first op, the whole model's as the short one's: the engine applies the static allocations
+    and stops (no op of the short schedule runs), and the whole graph's op count is the short
+    one's plus the copied layers' (each as many ops as the short schedule's layer before the cut;
+    tests/test_engine_periodic.py holds this to the whole run). None where they fit."""
+    g = sched.graph
+    probe = OpGraph(list(g.devices.values()))
+    probe.static = list(g.static)
+    engine = Engine(probe, profile, contention=contention, gpu_capacity=sched.memory.gpu_capacity_bytes,
+                    host_capacity=sched.memory.host_capacity_bytes, keep_memory=False)
+    run = engine.run()
+    if run.failure is None:
+        return None
+    n_ops = len(g.ops) + plan.copies * sum(1 for op in g.ops if op.layer == plan.cut - 1)
+    return _Outcome(
+        sched, run.end_time, run.failure, run.peak_gpu_bytes, run.peak_host_bytes, run.start_gpu_bytes,
+        run.end_gpu_bytes, run.end_host_bytes, n_ops, 0.0, 0.0, layer_timings(sched), [], [],
+        run.link_capacity, run.link_carried, folded=plan.copies)
 
 
 def simulate_pipeline(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy,

@@ -362,6 +362,9 @@ class CachingAllocatorModel:
         self.num_oversize_releases = 0
         self.fragmentation_failures = 0
         self.worst_fragmentation_failure: FragmentationFailure | None = None
+        # when a list: (pool is small, the pool's free bytes - the rounded request) per request
+        # the cache could not serve, whether or not it counted as a fragmentation failure
+        self.miss_margins: list[tuple[bool, int]] | None = None
 
     # ---- public API -----------------------------------------------------------------------
     def malloc(self, buffer_id: str, size: int, step: int = 0) -> int:
@@ -383,6 +386,8 @@ class CachingAllocatorModel:
         block = self._get_free_block(pool, rounded)
         if block is None:
             alloc_size = cfg.allocation_size(rounded)
+            if self.miss_margins is not None:
+                self.miss_margins.append((pool.small, pool.free_bytes - rounded))
             if pool.free_bytes >= rounded:
                 self._note_fragmentation_failure(buffer_id, rounded, pool)
             block = self._alloc_block(pool, rounded, alloc_size)

@@ -71,7 +71,10 @@ classifier's sizes; equal recipes build equal requests and phases), losslessly e
 allocator's settings, iterations, series and stream lag. Layouts whose GPUs see the same
 requests (e.g. ones that differ only in dp without ZeRO) share one replay; each call gets its
 own copy, under its own stream name and policy label, equal to what an uncached replay returns
-(tests/test_replay_cache.py).
+(tests/test_replay_cache.py). A replay in which no cudaMalloc failed is also shared by streams
+that differ only in their static buffers' sizes (ZeRO stage, dp) wherever their capacity holds
+what it reserved (`_StaticBase`): in the what-if benchmark's 4,938 replaying candidates that
+leaves 1,829 replays of 3,295 distinct streams.
 """
 
 from __future__ import annotations
@@ -80,10 +83,9 @@ import copy
 import math
 import zlib
 from collections import OrderedDict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 from itertools import count
-from operator import itemgetter
 
 from memo_sim.cost.activations import skeletal_bytes, tensor_bytes
 from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS, classifier_peak_bytes, model_state_parts
@@ -93,7 +95,7 @@ from memo_sim.memplan.caching_allocator import (
     AllocatorConfig, AllocatorOutOfMemory, CachingAllocatorModel, OomEvent,
 )
 from memo_sim.request_trace import Buffer, RequestTrace
-from memo_sim.memplan.trace_gen import layer_backward_trace, layer_forward_trace
+from memo_sim.memplan.trace_gen import layer_backward_trace, layer_forward_trace, per_gpu_shard
 from memo_sim.model.config import ModelConfig
 from memo_sim.model.layer_graph import forward_ops, layer_tensors
 from memo_sim.policy.base import Policy
@@ -142,17 +144,12 @@ class IterationStream:
 
     def max_live_bytes(self) -> int:
         """Largest sum of live request sizes (static included): the lower bound on any allocator."""
-        live = peak = self.static_bytes
-        sizes: dict[str, int] = {}
-        for kind, bid, size in self.iteration:
-            if kind == MALLOC:
-                sizes[bid] = size
-                live += size
-                if live > peak:
-                    peak = live
-            else:
-                live -= sizes.pop(bid)
-        return peak
+        return self.static_bytes + _iteration_facts(self.iteration).max_live
+
+    @property
+    def mallocs(self) -> int:
+        """Requests that allocate, per iteration."""
+        return _iteration_facts(self.iteration).mallocs
 
     def to_trace(self) -> RequestTrace:
         """One iteration as a `RequestTrace` (step j = request j; the static buffers live through
@@ -170,28 +167,63 @@ class IterationStream:
 
 
 def _check_balanced(stream: IterationStream) -> None:
-    live: set[str] = set()
+    static: set[str] = set()
     for kind, bid, size in stream.static:
         if kind != MALLOC or not isinstance(size, int) or size <= 0:
             raise MemoError(f"iteration stream: static request {bid!r} must be a malloc of a positive size")
-        live.add(bid)
-    static = set(live)
-    add, remove = live.add, live.remove  # bound once: this walks every request of every stream built
-    for kind, bid, size in stream.iteration:
+        static.add(bid)
+    clash = _iteration_facts(stream.iteration).allocated & static
+    if clash:  # allocated while allocated, or freed by the iteration
+        raise MemoError(f"iteration stream: {sorted(clash)[0]!r} is a static buffer: the iteration cannot "
+                        f"allocate or free it")
+
+
+@dataclass(frozen=True)
+class _IterationFacts:
+    allocated: frozenset  # every buffer id the iteration allocates
+    max_live: int  # the most bytes its requests hold at once
+    mallocs: int
+
+
+_FACTS: OrderedDict[int, tuple[tuple, _IterationFacts]] = OrderedDict()
+
+
+def _iteration_facts(iteration: tuple[Request, ...]) -> _IterationFacts:
+    """Check that an iteration's requests balance (every buffer allocated once at a time with a
+    positive integer size, freed only while allocated, nothing left at the end) and return what
+    the stream reads of them. Remembered by identity (the entry keeps the tuple alive): streams
+    built from one recipe share their iteration's tuple (`_iteration_requests`)."""
+    hit = _FACTS.get(id(iteration))
+    if hit is not None and hit[0] is iteration:
+        return hit[1]
+    live: dict[str, int] = {}
+    allocated: set[str] = set()
+    cur = peak = mallocs = 0
+    for kind, bid, size in iteration:
         if kind == MALLOC:
             if bid in live:
                 raise MemoError(f"iteration stream: {bid!r} allocated while allocated")
             if not isinstance(size, int) or size <= 0:
                 raise MemoError(f"iteration stream: {bid!r} needs a positive integer size, got {size!r}")
-            add(bid)
+            live[bid] = size
+            allocated.add(bid)
+            mallocs += 1
+            cur += size
+            if cur > peak:
+                peak = cur
         elif kind == FREE or kind == FREE_STREAM:
-            if bid not in live or bid in static:
+            if bid not in live:
                 raise MemoError(f"iteration stream: {bid!r} freed while not allocated in the iteration")
-            remove(bid)
+            cur -= live.pop(bid)
         else:
             raise MemoError(f"iteration stream: unknown request kind {kind!r}")
-    if live != static:
-        raise MemoError(f"iteration stream: {sorted(live - static)[:3]} still allocated at the end of the iteration")
+    if live:
+        raise MemoError(f"iteration stream: {sorted(live)[:3]} still allocated at the end of the iteration")
+    facts = _IterationFacts(frozenset(allocated), peak, mallocs)
+    _FACTS[id(iteration)] = (iteration, facts)
+    if len(_FACTS) > 256:
+        _FACTS.popitem(last=False)
+    return facts
 
 
 def _nbytes(x: float) -> int:
@@ -424,13 +456,28 @@ class _StreamRecipe:
     templates: _LayerTemplates
     recomputes: tuple[bool, ...]  # per layer: its backward runs the recompute template
 
-    def content_key(self) -> bytes:
+    def request_sizes(self) -> set[int]:
+        """The sizes the iteration's requests ask for."""
+        t = self.templates
+        return {self.x, self.logits} | {size for tpl in (t.forward, t.backward, t.backward_recompute)
+                                        for kind, _bid, size in tpl if kind == MALLOC}
+
+    def content_key(self, static: bool = True) -> bytes:
         """The recipe, losslessly encoded (the ``repr`` of its ints, strings and bools, compressed):
         equal keys, equal recipes. About 1 KB, where the recipe's objects take some 15 KB: what
-        the replay memo keeps."""
+        the replay memo keeps. ``static=False`` leaves the static requests out (the iteration's
+        requests and phases alone)."""
         t = self.templates
-        text = repr((self.static, self.x, self.logits, t.forward, t.backward, t.backward_recompute, self.recomputes))
+        text = repr((self.static if static else None, self.x, self.logits, t.forward, t.backward,
+                     t.backward_recompute, self.recomputes))
         return zlib.compress(text.encode(), 1)
+
+
+@lru_cache(maxsize=64)
+def _shard_templates(model: ModelConfig, shard: Layout, batch: int, seq: int, policy: Policy) -> _LayerTemplates:
+    """`_layer_templates` of one GPU's shard: DP and ZeRO change the model states, not a layer's
+    requests, so layouts that differ only in them share one."""
+    return _layer_templates(model, shard, batch, seq, policy)
 
 
 @lru_cache(maxsize=64)
@@ -443,7 +490,7 @@ def _stream_recipe(model: ModelConfig, layout: Layout, batch: int, seq: int, pol
     static += [(MALLOC, f"static.{name}", _nbytes(b)) for name, b in policy.static_gpu(sk) if b > 0]
     logits = _nbytes(max(1.0, classifier_peak_bytes(model, layout, batch, seq, classifier_chunk_tokens)
                          - 2 * sk["input"]))
-    return _StreamRecipe(tuple(static), x, logits, _layer_templates(model, layout, batch, seq, policy),
+    return _StreamRecipe(tuple(static), x, logits, _shard_templates(model, per_gpu_shard(layout), batch, seq, policy),
                          tuple(bool(policy.recomputes_layer(i, n)) for i in range(n)))
 
 
@@ -452,9 +499,16 @@ def _stream_name(model: ModelConfig, layout: Layout, seq: int, policy: Policy) -
 
 
 def _build_stream(r: _StreamRecipe, name: str) -> IterationStream:
-    n = len(r.recomputes)
-    tpl = r.templates
-    reqs: list[Request] = [(MALLOC, "x0", r.x)]  # embedding output = layer 0's input
+    reqs, phase_of, names = _iteration_requests(r.x, r.logits, r.templates, r.recomputes)
+    return IterationStream(r.static, reqs, phase_of, name=name, phase_names=names)
+
+
+@lru_cache(maxsize=64)
+def _iteration_requests(x: int, logits: int, tpl: _LayerTemplates, recomputes: tuple[bool, ...]) -> tuple:
+    """(requests, phase of each, phase names) of one iteration: what a stream holds besides its
+    static requests and name (recipes that differ only in those share one)."""
+    n = len(recomputes)
+    reqs: list[Request] = [(MALLOC, "x0", x)]  # embedding output = layer 0's input
     phase_of: list[int] = [0]
 
     def emit(template: tuple[Request, ...], i: int, phase: int) -> None:
@@ -470,19 +524,19 @@ def _build_stream(r: _StreamRecipe, name: str) -> IterationStream:
     # classifier: final norm output, one chunk's logits (+ fp32 softmax and gradient), the gradient
     # of the last layer's output; the last layer's output dies with the final norm's backward
     phase += 1
-    cls = ((MALLOC, "cls.final_norm", r.x), (MALLOC, "cls.chunk", r.logits), (FREE, "cls.chunk", 0),
-           (MALLOC, f"g{n}", r.x), (FREE, "cls.final_norm", 0), (FREE, f"x{n}", 0))
+    cls = ((MALLOC, "cls.final_norm", x), (MALLOC, "cls.chunk", logits), (FREE, "cls.chunk", 0),
+           (MALLOC, f"g{n}", x), (FREE, "cls.final_norm", 0), (FREE, f"x{n}", 0))
     reqs.extend(cls)
     phase_of.extend([phase] * len(cls))
     for i in range(n - 1, -1, -1):
         phase += 1
-        emit(tpl.backward_recompute if r.recomputes[i] else tpl.backward, i, phase)
+        emit(tpl.backward_recompute if recomputes[i] else tpl.backward, i, phase)
     phase += 1
     reqs.append((FREE, "g0", 0))  # embedding backward
     phase_of.append(phase)
     names = (("embedding",) + tuple(f"L{i}.fwd" for i in range(n)) + ("classifier",)
              + tuple(f"L{i}.bwd" for i in range(n - 1, -1, -1)) + ("embedding.bwd",))
-    return IterationStream(r.static, tuple(reqs), tuple(phase_of), name=name, phase_names=names)
+    return tuple(reqs), tuple(phase_of), names
 
 
 @lru_cache(maxsize=64)
@@ -586,7 +640,7 @@ _PRICED = ("reorganizations", "cuda_free", "cuda_free_bytes", "cuda_malloc", "cu
 
 def replay_stream(stream: IterationStream, config: AllocatorConfig, iterations: int | None = None,
                   series: bool = False, policy: Policy | None = None,
-                  stream_lag_phases: int | None = None) -> IterationReplay:
+                  stream_lag_phases: int | None = None, miss_margins: list | None = None) -> IterationReplay:
     """Replay ``stream``'s static requests, then iterations of it; report the last.
 
     ``iterations``: None (default) replays until an iteration leaves the cache exactly as it
@@ -599,6 +653,10 @@ def replay_stream(stream: IterationStream, config: AllocatorConfig, iterations: 
     the GPU k phases (layers) behind the CPU: such a block is reusable only from the k-th phase
     after the one that freed it, or after a reorganisation or the end of the iteration (both
     synchronise the device).
+
+    ``miss_margins``: a list that receives, per replayed iteration, the large pool's free bytes
+    minus the rounded request at each request the cache could not serve (a fragmentation
+    failure where >= 0).
     """
     if iterations is not None and (not isinstance(iterations, int) or isinstance(iterations, bool)
                                    or iterations < 1):
@@ -615,6 +673,8 @@ def replay_stream(stream: IterationStream, config: AllocatorConfig, iterations: 
         except AllocatorOutOfMemory as e:
             oom, oom_it = e.event, -1  # the model states and static buffers do not fit
             break
+    if miss_margins is not None:
+        m.miss_margins = []
     reqs = stream.iteration
     n = len(reqs)
     phase_of = stream.phase_of or (0,) * n
@@ -641,6 +701,7 @@ def replay_stream(stream: IterationStream, config: AllocatorConfig, iterations: 
         phase_base = it * n_phases
         cur = -1
         marks: list[tuple[int, dict[str, int]]] = []
+        missed = len(m.miss_margins) if miss_margins is not None else 0
         try:
             for step, (kind, bid, size), ph in zip(count(base), reqs, phase_of):
                 if ph != cur:
@@ -662,6 +723,8 @@ def replay_stream(stream: IterationStream, config: AllocatorConfig, iterations: 
         except AllocatorOutOfMemory as e:
             oom, oom_it = e.event, it
         marks.append((-1, m.counters()))
+        if miss_margins is not None:
+            miss_margins.append([x for small, x in m.miss_margins[missed:] if not small])
         by_phase = {}
         for (k, c0), (_k1, c1) in zip(marks, marks[1:]):
             d = {key: c1[key] - c0[key] for key in _PRICED}
@@ -686,7 +749,7 @@ def replay_stream(stream: IterationStream, config: AllocatorConfig, iterations: 
         capacity_bytes=config.capacity_bytes,
         iterations=done,
         steady=steady and oom is None,
-        requests_per_iteration=list(map(itemgetter(0), reqs)).count(MALLOC),
+        requests_per_iteration=stream.mallocs,
         static_bytes=stream.static_bytes,
         max_live_bytes=stream.max_live_bytes(),
         peak_reserved_bytes=m.peak_reserved_bytes,
@@ -745,29 +808,138 @@ def replay_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, p
     # memoised by content: what the replay reads of the stream (its recipe: equal recipes, equal
     # requests and phases) and the allocator's settings; the name and the policy's label are
     # this call's
-    key = (_stream_recipe(model, layout, batch, seq, policy, classifier_chunk_tokens).content_key(), cfg,
-           ("until steady", MAX_ITERATIONS) if iterations is None else iterations, bool(series),
-           stream_lag_phases or 0)
+    recipe = _stream_recipe(model, layout, batch, seq, policy, classifier_chunk_tokens)
+    mode = (("until steady", MAX_ITERATIONS) if iterations is None else iterations, bool(series),
+            stream_lag_phases or 0)
+    key = (recipe.content_key(), cfg) + mode
+    mine = {"name": _stream_name(model, layout, seq, policy), "policy": policy.label(),
+            "static_memory_plan": bool(policy.static_memory_plan)}
     hit = _REPLAYS.get(key)
     if hit is not None:
         _REPLAYS.move_to_end(key)
-        return _copy_replay(hit, name=_stream_name(model, layout, seq, policy), policy=policy.label(),
-                            static_memory_plan=bool(policy.static_memory_plan))
+        return _copy_replay(hit, **mine)
+    # a replay that never found the device full is shared by streams that differ only in the
+    # sizes of their static buffers, wherever their capacity holds what it reserved (`_StaticBase`)
+    base = _StaticBase.of(recipe, cfg)
+    skey = None if base is None else (
+        (recipe.content_key(static=False), base.visible, replace(cfg, capacity_bytes=1)) + mode)
+    shared = _SHARED.get(skey) if skey is not None else None
+    if shared is not None and cap - base.reserved >= shared[1].reserved_above(shared[0]):
+        _SHARED.move_to_end(skey)
+        r = shared[1].moved_to(base, shared[0], shared[2], cap, recipe.static)
+        _remember(_REPLAYS, key, _copy_replay(r))
+        return _copy_replay(r, **mine)
+    margins: list[list[int]] = []
     r = replay_stream(iteration_stream(model, layout, batch, seq, policy, classifier_chunk_tokens), cfg,
-                      iterations=iterations, series=series, policy=policy, stream_lag_phases=stream_lag_phases)
-    _REPLAYS[key] = _copy_replay(r)
-    if len(_REPLAYS) > REPLAY_CACHE_SIZE:
-        _REPLAYS.popitem(last=False)
+                      iterations=iterations, series=series, policy=policy, stream_lag_phases=stream_lag_phases,
+                      miss_margins=margins if skey is not None else None)
+    _remember(_REPLAYS, key, _copy_replay(r))
+    if skey is not None and base.holds(r):
+        _remember(_SHARED, skey, (_copy_replay(r), base, margins))
     return r
 
 
 REPLAY_CACHE_SIZE = 4096  # replays remembered by `replay_iteration` (least recently used go first)
 _REPLAYS: OrderedDict[tuple, IterationReplay] = OrderedDict()
+_SHARED: OrderedDict[tuple, tuple[IterationReplay, "_StaticBase"]] = OrderedDict()
+
+
+def _remember(memo: OrderedDict, key, value) -> None:
+    memo[key] = value
+    if len(memo) > REPLAY_CACHE_SIZE:
+        memo.popitem(last=False)
 
 
 def clear_replay_cache() -> None:
     """Forget the replays `replay_iteration` remembers."""
     _REPLAYS.clear()
+    _SHARED.clear()
+
+
+@dataclass(frozen=True)
+class _StaticBase:
+    """The allocator after a stream's static requests (model states, the policy's static
+    buffers), as far as the iteration's requests can tell.
+
+    Static blocks are never freed, so their segments are never released and never merge with
+    anything the iteration frees. What the iteration can see of them: the reserved bytes
+    (a cudaMalloc fails where reserved + segment > capacity); each static segment's free
+    remainder that some iteration request could take (``visible``: its pool and size, in address
+    order; static segments come first), where a large-pool remainder smaller than the smallest
+    large request never serves one; the large pool's free bytes (``large_free``: a request the
+    cache cannot serve counts as a fragmentation failure where the pool's free bytes would hold
+    it); and, in the statistics, the allocated bytes.
+
+    Two streams with the same iteration requests and the same visible remainders are served the
+    same way wherever no cudaMalloc fails; with none failing the allocator never frees a segment,
+    so the reserved bytes only grow and the last reported peak bounds them all. Such a replay
+    (`holds`) serves any capacity with at least that much room above its own static bytes
+    (`reserved_above`): its byte counts move by the difference of the static ones and its
+    fragmentation failures are recounted from the margins of the requests the cache missed
+    (`moved_to`). Expandable segments size their virtual ranges by the capacity: never shared.
+    """
+
+    reserved: int
+    allocated: int
+    visible: tuple[tuple[bool, int], ...]
+    large_free: int
+
+    @staticmethod
+    def of(recipe: _StreamRecipe, cfg: AllocatorConfig) -> "_StaticBase | None":
+        if cfg.expandable_segments:
+            return None
+        m = CachingAllocatorModel(cfg)
+        try:
+            for _k, bid, size in recipe.static:
+                m.malloc(bid, size, 0)
+        except AllocatorOutOfMemory:
+            return None
+        smallest = min((q for q in map(cfg.round_size, recipe.request_sizes()) if not cfg.is_small(q)), default=None)
+        visible, large_free = [], 0
+        for small, _expandable, blocks in m.layout_signature():
+            for size, allocated, _mapped in blocks:
+                if allocated:
+                    continue
+                if not small:
+                    large_free += size
+                if small or (smallest is not None and size >= smallest):
+                    visible.append((small, size))
+        return _StaticBase(m.reserved_bytes, m.allocated_bytes, tuple(visible), large_free)
+
+    @staticmethod
+    def holds(r: IterationReplay) -> bool:
+        """No cudaMalloc failed in any replayed iteration: every failure ends in a cudaFree
+        (a reorganisation or an oversize release) or in OOM."""
+        return (not r.oom and r.cuda_frees == 0 and r.warmup.get("cuda_free", 0) == 0
+                and r.reorganizations == 0 and r.warmup.get("reorganizations", 0) == 0)
+
+    def reserved_above(self, r: IterationReplay) -> int:
+        """The most bytes ``r``'s iterations reserved on top of the static segments."""
+        return r.peak_reserved_bytes - self.reserved
+
+    def moved_to(self, other: "_StaticBase", r: IterationReplay, margins: list[list[int]], capacity: int,
+                 static: tuple[Request, ...]) -> IterationReplay:
+        """``r`` (replayed on this base, with the large pool's ``margins`` per iteration) as
+        replayed on ``other`` at ``capacity``."""
+        dr, da = other.reserved - self.reserved, other.allocated - self.allocated
+        df = other.large_free - self.large_free
+
+        def recount(failures: int, its: list[list[int]]) -> int:
+            return failures + sum((x + df >= 0) - (x >= 0) for it in its for x in it)
+
+        static_bytes = sum(q[2] for q in static)
+        peak, at_peak = r.peak_allocated_bytes + da, r.reserved_at_peak_allocated_bytes + dr
+        warmup = dict(r.warmup)
+        warmup["fragmentation_failures"] = recount(warmup["fragmentation_failures"], margins[:-1])
+        return replace(
+            _copy_replay(r), capacity_bytes=capacity, static_bytes=static_bytes,
+            max_live_bytes=r.max_live_bytes - r.static_bytes + static_bytes,
+            peak_reserved_bytes=r.peak_reserved_bytes + dr, peak_allocated_bytes=peak,
+            reserved_at_peak_allocated_bytes=at_peak,
+            fragmentation_at_peak=1.0 - peak / at_peak if at_peak else 0.0,
+            fragmentation_failures=recount(r.fragmentation_failures, margins[-1:]), warmup=warmup,
+            series_reserved_bytes=[x + dr for x in r.series_reserved_bytes],
+            series_allocated_bytes=[x + da for x in r.series_allocated_bytes])
 
 
 def _copy_replay(r: IterationReplay, **changes) -> IterationReplay:

@@ -268,6 +268,17 @@ def _simulate_summary(args: tuple) -> dict:
     return r.to_dict()
 
 
+_FORKED_WORK: list[tuple] = []  # the arguments of `_simulate_summary`, inherited by forked workers
+
+
+def _simulate_chunk(items: list) -> list[dict]:
+    """`_simulate_summary` of each item: its arguments, or (in a forked worker) the index of
+    them in the memory the worker was forked with: nothing to pickle, and the candidates keep
+    sharing one model, layout, policy and profile object wherever the parent's did, so that the
+    memos keyed by them serve every candidate (unpickled copies are new keys to them)."""
+    return [_simulate_summary(_FORKED_WORK[x] if isinstance(x, int) else x) for x in items]
+
+
 def default_jobs() -> int:
     """All the cores this process may run on."""
     import os
@@ -279,6 +290,24 @@ def default_jobs() -> int:
 
 
 PARALLEL_MIN = 4  # fewer candidates than this are simulated in this process (a pool costs more)
+CHUNK = 32  # candidates per task of the pool
+
+
+def _chunks(candidates: list[Candidate], jobs: int) -> list[list[int]]:
+    """The pool's tasks, in the order it hands them out: candidates that share per-GPU shapes
+    go to one worker one after the other, so that its memoised costs and caching-allocator
+    replays serve them all. Pipelines (SPPO; up to a few hundred times a plain candidate) go
+    first, one per task, so that no worker is left with a chunk of them at the end. The rest,
+    sorted by shape, are cut into ``jobs`` runs of consecutive candidates, each in chunks of
+    `CHUNK`, handed out in turn (a worker that takes the next chunk of its run, as it does when
+    the workers keep pace, meets the shapes it has just simulated)."""
+    order = sorted(range(len(candidates)), key=lambda i: _locality(candidates[i]))
+    heavy = [[i] for i in order if getattr(candidates[i].policy, "pipelined", False)]
+    light = [i for i in order if not getattr(candidates[i].policy, "pipelined", False)]
+    step = max(1, -(-len(light) // jobs))
+    runs = [[run[k:k + CHUNK] for k in range(0, len(run), CHUNK)]
+            for run in (light[start:start + step] for start in range(0, len(light), step))]
+    return heavy + [run[k] for k in range(max(map(len, runs), default=0)) for run in runs if k < len(run)]
 
 
 def simulate_candidates(candidates: list[Candidate], progress: Progress | None = None, *,
@@ -287,47 +316,49 @@ def simulate_candidates(candidates: list[Candidate], progress: Progress | None =
     ``candidate.simulated`` (the keys `Candidate.to_plan` reads). Returns the summaries, in the
     candidates' order.
 
-    ``jobs`` > 1 simulates in a pool of that many processes (`concurrent.futures`); a simulation
-    is deterministic, so the summaries are the serial run's (all but ``sim_wall_s``, the host
-    seconds each took), in the same order. ``progress(done, total)`` is called as they come in."""
+    ``jobs`` > 1 simulates in a pool of that many processes (`concurrent.futures`, forked where
+    the platform can); a simulation is deterministic, so the summaries are the serial run's (all
+    but ``sim_wall_s``, the host seconds each took), in the same order. ``progress(done, total)``
+    is called as they come in."""
+    global _FORKED_WORK
     if jobs < 1:
         raise MemoError(f"--jobs must be at least 1, got {jobs}")
     work = [(c.model, c.layout, c.batch, c.seq, c.policy, c.profile, contention, allocator_lag) for c in candidates]
     jobs = min(jobs, len(work))
-    order = list(range(len(work)))
-    if jobs <= 1 or len(work) < PARALLEL_MIN:
-        results = map(_simulate_summary, work)
-        pool = None
-    else:
-        import itertools
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-
-        # candidates that share per-GPU shapes go to one worker, one after the other, so that its
-        # memoised costs and caching-allocator replays serve them all; summaries come back in
-        # the candidates' order
-        order.sort(key=lambda i: _locality(candidates[i]))
-        # pipelines (SPPO) cost up to a few hundred times a plain candidate: they go first, one
-        # at a time, so that no worker is left with a chunk of them at the end
-        heavy = [i for i in order if getattr(candidates[i].policy, "pipelined", False)]
-        light = [i for i in order if not getattr(candidates[i].policy, "pipelined", False)]
-        order = heavy + light
-        # fork: the workers start with this process's modules and caches, nothing to re-import
-        ctx = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() else None
-        pool = ProcessPoolExecutor(max_workers=jobs, mp_context=ctx)
-        results = itertools.chain(
-            pool.map(_simulate_summary, [work[i] for i in heavy], chunksize=1),
-            pool.map(_simulate_summary, [work[i] for i in light], chunksize=max(1, min(16, len(light) // (8 * jobs)))))
     out: list[dict | None] = [None] * len(work)
-    try:
-        for k, (i, summary) in enumerate(zip(order, results)):
+
+    def take(indices, summaries, done: int) -> int:
+        for i, summary in zip(indices, summaries):
             candidates[i].simulated = summary
             out[i] = summary
-            if progress is not None:
-                progress(k + 1, len(candidates))
+        if progress is not None:
+            progress(done + len(indices), len(work))
+        return done + len(indices)
+
+    if jobs <= 1 or len(work) < PARALLEL_MIN:
+        done = 0
+        for i, w in enumerate(work):
+            done = take([i], [_simulate_summary(w)], done)
+        return out
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    # fork: the workers start with this process's modules, caches and candidates
+    fork = "fork" in multiprocessing.get_all_start_methods()
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork") if fork else None)
+    try:
+        if fork:
+            _FORKED_WORK = work
+        pending = {pool.submit(_simulate_chunk, chunk if fork else [work[i] for i in chunk]): chunk
+                   for chunk in _chunks(candidates, jobs)}
+        done = 0
+        while pending:
+            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for f in finished:
+                done = take(pending.pop(f), f.result(), done)
     finally:
-        if pool is not None:
-            pool.shutdown(cancel_futures=True)
+        pool.shutdown(cancel_futures=True)
+        _FORKED_WORK = []
     return out
 
 
