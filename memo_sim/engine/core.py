@@ -41,6 +41,8 @@ how much), returned, not raised.
 
 from __future__ import annotations
 
+import gc
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import simpy
@@ -78,6 +80,30 @@ class Failure:
         return {"status": self.status, "time_s": self.time_s, "tensor": self.tensor,
                 "requested_bytes": self.requested_bytes, "in_use_bytes": self.in_use_bytes,
                 "capacity_bytes": self.capacity_bytes, "device": self.device, "op": self.op, "layer": self.layer}
+
+
+@contextmanager
+def gc_paused():
+    """The cyclic garbage collector off for a block that makes a few hundred thousand
+    long-lived objects and no cycles worth collecting (an SPPO op graph,
+    `memo_sim.engine.pipeline.build_pipeline_iteration`): its passes over the young objects
+    would traverse the whole graph, during the block and again at each promotion, for nothing.
+    At the end the block's objects are moved to the oldest generation unscanned (`gc.freeze`
+    then `gc.unfreeze`), where refcounting frees them when their last user lets go (`Engine.run`
+    leaves no cycle through a graph); garbage cycles made meanwhile wait for the next full
+    collection. Left as it was found where the caller has the collector off or has frozen
+    objects itself."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        if gc.get_freeze_count() == 0:
+            gc.freeze()
+            gc.unfreeze()
+        gc.enable()
 
 
 class _Abort(Exception):
@@ -203,6 +229,16 @@ class Engine:
         kernels = self._kernels
         copies = net.copies_per_device
         log = self._log
+        # per op, looked up once per stream: the bound methods and constants, and per link or
+        # direction the route and whether it is one of the exclusive ones
+        timeout = env.timeout
+        start_flow = net.start
+        apply = self._apply
+        fast_paths = self.fast_paths
+        slow_rate = net.slow_rate
+        interrupt = simpy.Interrupt
+        routes = self._routes
+        comm_routes: dict[tuple[int, str], tuple[tuple, bool]] = {}
         for op in ops:
             for d in op.deps:
                 if d.end is None:  # only cross-stream waits make an event (most deps have ended)
@@ -214,11 +250,12 @@ class Engine:
             if log is not None:
                 log((0, op))
             if op.mem_start:
-                self._apply(op.device, op.mem_start, op)
+                apply(op.device, op.mem_start, op)
             if op.work > 0:
-                if op.kind == "compute":
+                kind = op.kind
+                if kind == "compute":
                     if op.device in slowed:
-                        if self.fast_paths:
+                        if fast_paths:
                             # a kernel on a device whose host copies slow it: a timeout at the
                             # current rate (1, or the slow rate while a copy of the device is in
                             # flight); a copy starting or ending on the device interrupts it
@@ -229,41 +266,46 @@ class Engine:
                                 running = kernels[op.device] = {}
                             proc = env.active_process
                             while True:
-                                rate = net.slow_rate if copies.get(op.device) else 1.0
+                                rate = slow_rate if copies.get(op.device) else 1.0
                                 t0 = env.now
                                 running[proc] = None
                                 try:
-                                    yield env.timeout(max(remaining / rate, 0.0))
+                                    yield timeout(max(remaining / rate, 0.0))
                                     del running[proc]
                                     break
-                                except simpy.Interrupt:
+                                except interrupt:
                                     remaining -= rate * (env.now - t0)
                         else:
-                            yield net.start(Flow(op.name, op.work, (), op.device, is_compute=True))
+                            yield start_flow(Flow(op.name, op.work, (), op.device, is_compute=True))
                     else:  # no host copy on this device can slow it: a plain timeout
-                        yield env.timeout(op.work)
-                elif op.kind == "comm":
+                        yield timeout(op.work)
+                elif kind == "comm":
                     if contention and op.link:
-                        route = self._routes[(op.device, op.link)]
-                        if route in alone:  # no other stream ever uses these links: the rate is the link's
-                            yield env.timeout(op.work)
+                        key = (op.device, op.link)
+                        hit = comm_routes.get(key)
+                        if hit is None:
+                            route = routes[key]
+                            hit = comm_routes[key] = (route, route in alone)
+                        route = hit[0]
+                        if hit[1]:  # no other stream ever uses these links: the rate is the link's
+                            yield timeout(op.work)
                             route[0][0].carried += op.work * route[0][0].capacity
                         else:
-                            yield net.start(Flow(op.name, op.work * route[0][0].capacity, route, op.device))
+                            yield start_flow(Flow(op.name, op.work * route[0][0].capacity, route, op.device))
                     else:
-                        yield env.timeout(op.work)
+                        yield timeout(op.work)
                 else:  # copy
-                    yield env.timeout(self._copy_lat)
+                    yield timeout(self._copy_lat)
                     if contention:
-                        route = self._routes[(op.device, op.direction)]
-                        yield net.start(Flow(op.name, op.work, route, op.device, is_copy=True))
+                        route = routes[(op.device, op.direction)]
+                        yield start_flow(Flow(op.name, op.work, route, op.device, is_copy=True))
                     else:
-                        yield env.timeout(op.work / self._solo_rate[(op.device, op.direction)])
+                        yield timeout(op.work / self._solo_rate[(op.device, op.direction)])
             op.end = env.now
             if log is not None:
                 log((1, op))
             if op.mem_end:
-                self._apply(op.device, op.mem_end, op)
+                apply(op.device, op.mem_end, op)
             ev = waiters.pop(op.uid, None)
             if ev is not None:
                 ev.succeed()
@@ -284,15 +326,32 @@ class Engine:
         self.net.on_copies_changed = self._copies_changed
         self._waiters: dict[int, simpy.Event] = {}
         start_gpu: dict[int, float] = {}
+        gens = []
         try:
             for dev_index, action in g.static:
                 self._apply(dev_index, (action,), None)
             start_gpu = dict(self.gpu_mem)
             for ops in g.streams.values():
-                self.env.process(self._stream(ops))
+                gens.append(self._stream(ops))
+                self.env.process(gens[-1])
             self.env.run()
-        except _Abort:
-            pass
+        except _Abort as abort:
+            # the tracebacks of the abort (simpy chains copies of it through the failed
+            # process) hold the frames of this run: dropped, they leave no cycle through it
+            ex: BaseException | None = abort
+            seen: set[int] = set()
+            while ex is not None and id(ex) not in seen:
+                seen.add(id(ex))
+                ex.__traceback__ = None
+                ex = ex.__cause__ or ex.__context__
+        finally:
+            # the references from the network and from the streams still suspended (a failed
+            # or deadlocked run) back to this engine are cycles: broken, the run's graph (up to a
+            # few hundred thousand ops) is freed when its last user lets go, not at the cyclic
+            # collector's next full pass
+            self.net.on_copies_changed = None
+            for gen in gens:
+                gen.close()
         if not start_gpu:
             start_gpu = dict(self.gpu_mem)
         return EngineRun(

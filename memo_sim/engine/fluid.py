@@ -78,6 +78,9 @@ class FluidNetwork:
         self.load_log: list[tuple[float, dict[str, float]]] = []  # (time, link -> weighted rate) when record
         self.links: dict[str, Link] = {}
         self.on_copies_changed = None  # callback(device, copies_active: bool) when a device's copy count leaves or hits 0
+        # id(route) -> (route, the rate of a flow alone on it, or None where the route crosses a
+        # link twice): a flow alone in its component gets the same number every time
+        self._solo: dict[int, tuple[tuple, float | None]] = {}
 
     @property
     def active(self) -> list[Flow]:
@@ -168,6 +171,15 @@ class FluidNetwork:
 
     def _component(self, route) -> list[Flow]:
         """The active link flows connected to ``route``'s links through shared links."""
+        if len(route) == 1:
+            # one link whose flows all cross only it (a collective's NVLink port): the component
+            # is the link's flows, in the order the walk below finds them
+            active = route[0][0].active
+            for f in active:
+                if len(f.route) != 1:
+                    break
+            else:
+                return list(active)
         flows: dict[Flow, None] = {}
         seen = {lk for lk, _w in route}
         stack = list(seen)
@@ -185,28 +197,43 @@ class FluidNetwork:
         """Max-min fair rates of the flows connected to ``route`` (progressive filling)."""
         comp = self._component(route)
         now = self.env.now
-        if (self.single_flow_shortcut and len(comp) == 1
-                and len({id(lk) for lk, _w in comp[0].route}) == len(comp[0].route)):
-            # a flow alone on its links (each crossed once): progressive filling gives it the
-            # smallest capacity / weight of its route, the first such link's
-            f = comp[0]
-            self._advance(f, now)
-            share = float("inf")
-            for lk, w in f.route:
-                if w > 1e-15:
-                    x = max(lk.capacity, 0.0) / w
-                    if x < share:
-                        share = x
-            if share != f.rate or f.gen == 0:
-                f.rate = share
-                self._time(f)
+        if not comp:  # the last flow on these links ended: no rate to change
             if self.record:
                 self._log(now)
             return
-        old = {}
+        if self.single_flow_shortcut and len(comp) == 1:
+            f = comp[0]
+            r = f.route
+            hit = self._solo.get(id(r))
+            if hit is None or hit[0] is not r:
+                hit = self._solo[id(r)] = (r, _solo_rate(r))
+            share = hit[1]
+            if share is not None:
+                # a flow alone on its links (each crossed once): progressive filling gives it
+                # the smallest capacity / weight of its route (`_solo_rate`)
+                dt = now - f.last
+                if dt > 0:  # `_advance`
+                    done = f.rate * dt
+                    f.remaining -= done
+                    for lk, w in r:
+                        lk.carried += w * done
+                f.last = now
+                if share != f.rate or f.gen == 0:
+                    f.rate = share
+                    self._time(f)
+                if self.record:
+                    self._log(now)
+                return
+        old = []  # the rates before, in ``comp``'s order
         for f in comp:
-            self._advance(f, now)
-            old[f] = f.rate
+            dt = now - f.last
+            if dt > 0:  # `_advance`
+                done = f.rate * dt
+                f.remaining -= done
+                for lk, w in f.route:
+                    lk.carried += w * done
+            f.last = now
+            old.append(f.rate)
         cap: dict[Link, float] = {}
         wsum: dict[Link, float] = {}
         for f in comp:
@@ -227,16 +254,18 @@ class FluidNetwork:
                 break
             rest = []
             for f in unfrozen:
-                if any(lk is bottleneck for lk, _ in f.route):
-                    f.rate = share
-                    for lk, w in f.route:
-                        cap[lk] -= w * share
-                        wsum[lk] -= w
+                for lk, _w in f.route:
+                    if lk is bottleneck:
+                        f.rate = share
+                        for lk2, w in f.route:
+                            cap[lk2] -= w * share
+                            wsum[lk2] -= w
+                        break
                 else:
                     rest.append(f)
             unfrozen = rest
-        for f in comp:
-            if f.rate != old[f] or f.gen == 0:
+        for f, rate in zip(comp, old):
+            if f.rate != rate or f.gen == 0:
                 self._time(f)
         if self.record:
             self._log(now)
@@ -247,3 +276,17 @@ class FluidNetwork:
             for lk, w in f.route:
                 load[lk.name] = load.get(lk.name, 0.0) + w * f.rate
         self.load_log.append((now, load))
+
+
+def _solo_rate(route) -> float | None:
+    """The rate of a flow alone on ``route``: the smallest capacity / weight, the first such
+    link's (what progressive filling gives it); None where the route crosses a link twice."""
+    if len({id(lk) for lk, _w in route}) != len(route):
+        return None
+    share = float("inf")
+    for lk, w in route:
+        if w > 1e-15:
+            x = max(lk.capacity, 0.0) / w
+            if x < share:
+                share = x
+    return share

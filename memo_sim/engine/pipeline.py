@@ -53,6 +53,7 @@ from memo_sim.cost.sppo import (
     Piece, p2p_bytes, p2p_link, p2p_link_time, piece_costs, stage_grad_sync, stage_layers, stage_model_state_bytes,
     stage_optimizer_time,
 )
+from memo_sim.engine.core import gc_paused
 from memo_sim.engine.graph import Device, MemAction, Op, OpGraph
 from memo_sim.engine.schedules import emit_chain, representative_device
 from memo_sim.layout.parallel import Layout, node_stage_gpus, stage_first_rank
@@ -169,6 +170,15 @@ def build_pipeline_iteration(model: ModelConfig, layout: Layout, batch: int, seq
     """The op graph of one SPPO training iteration (one representative device per stage).
     ``detail``: ``ops`` (every kernel and collective of every unit), ``units`` (`collapse_unit`:
     the what-if's long pipelines) or ``auto``."""
+    # up to a few hundred thousand long-lived objects (ops, their dependency lists and memory
+    # actions) and no garbage: the cyclic collector's passes over them cost about three times
+    # the build itself (`memo_sim.engine.core.gc_paused`)
+    with gc_paused():
+        return _build(model, layout, batch, seq, policy, profile, detail)
+
+
+def _build(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy,
+           profile: HardwareProfile, detail: str) -> PipelineSchedule:
     detail = resolve_detail(detail, model, layout, policy)
     why = policy.check(model, layout, batch, seq)
     if why:

@@ -141,27 +141,33 @@ def exposed_wait_parts(ops: list[Op], wait_on: tuple[str, ...]) -> list[tuple[fl
     # order on its stream is the one issued before it: each stream is walked in issue order and
     # only the ops that waited on a ``wait_on`` stream contribute, summed in (start, uid) order.
     parts: list[tuple[float, int, float]] = []
-    prev_end: dict[tuple[int, str], float] = {}
+    append = parts.append
+    prev_end: dict[tuple[int, str], float] = {}  # read only for streams not in wait_on
     for op in ops:
-        if op.start is None:
+        start = op.start
+        if start is None:
             continue
-        key = (op.device, op.stream)
-        if op.stream not in wait_on and op.deps:
+        stream = op.stream
+        if stream in wait_on:
+            continue
+        deps = op.deps
+        if deps:
             wait_end = None
-            other = prev_end.get(key, 0.0)
-            for d in op.deps:
-                e = d.end
-                if e is None:
-                    continue
+            for d in deps:
                 if d.stream in wait_on:
-                    if wait_end is None or e > wait_end:
+                    e = d.end
+                    if e is not None and (wait_end is None or e > wait_end):
                         wait_end = e
-                elif e > other:
-                    other = e
             if wait_end is not None:
-                parts.append((op.start, op.uid, max(0.0, min(wait_end, op.start) - other)))
+                other = prev_end.get((op.device, stream), 0.0)
+                for d in deps:
+                    if d.stream not in wait_on:
+                        e = d.end
+                        if e is not None and e > other:
+                            other = e
+                append((start, op.uid, max(0.0, min(wait_end, start) - other)))
         if op.end is not None:
-            prev_end[key] = op.end
+            prev_end[(op.device, stream)] = op.end
     return parts
 
 
