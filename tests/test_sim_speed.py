@@ -141,3 +141,36 @@ def test_pool_tasks_hold_every_candidate_once_pipelines_first():
         assert key == sorted(key)  # the first run's chunks, in shape order
     only_pipelines = [cands[i] for i in heavy]
     assert sorted(whatif._chunks(only_pipelines, 2)) == [[i] for i in range(len(heavy))]
+
+
+def test_serial_tier2_restores_the_collector_thresholds():
+    """Tier 2 collects less often while it runs (`GC_THRESHOLDS`) and gives the caller's
+    thresholds back, also when a simulation raises."""
+    import gc
+
+    from memo_sim.search import whatif
+
+    cands = candidates_for(get_model("gpt-7b"), 65536, 8, load_profile("a800-80gb"), policies=("store_all",)
+                           ).candidates[:2]
+    before = gc.get_threshold()
+    seen = []
+    real = whatif._simulate_summary
+
+    def spy(w):
+        seen.append(gc.get_threshold())
+        return real(w)
+
+    try:
+        whatif._simulate_summary = spy
+        whatif.simulate_candidates(cands, jobs=1)
+        assert seen == [whatif.GC_THRESHOLDS] * 2 and gc.get_threshold() == before
+
+        def boom(w):
+            raise RuntimeError("x")
+
+        whatif._simulate_summary = boom
+        with pytest.raises(RuntimeError):
+            whatif.simulate_candidates(cands, jobs=1)
+        assert gc.get_threshold() == before
+    finally:
+        whatif._simulate_summary = real
