@@ -211,13 +211,7 @@ class FluidNetwork:
             if share is not None:
                 # a flow alone on its links (each crossed once): progressive filling gives it
                 # the smallest capacity / weight of its route (`_solo_rate`)
-                dt = now - f.last
-                if dt > 0:  # `_advance`
-                    done = f.rate * dt
-                    f.remaining -= done
-                    for lk, w in r:
-                        lk.carried += w * done
-                f.last = now
+                self._advance(f, now)
                 if share != f.rate or f.gen == 0:
                     f.rate = share
                     self._time(f)
@@ -226,13 +220,7 @@ class FluidNetwork:
                 return
         old = []  # the rates before, in ``comp``'s order
         for f in comp:
-            dt = now - f.last
-            if dt > 0:  # `_advance`
-                done = f.rate * dt
-                f.remaining -= done
-                for lk, w in f.route:
-                    lk.carried += w * done
-            f.last = now
+            self._advance(f, now)
             old.append(f.rate)
         cap: dict[Link, float] = {}
         wsum: dict[Link, float] = {}

@@ -110,12 +110,15 @@ def _span(ops: list[Op] | None) -> float:
     return max(o.end for o in ops) - min(o.start for o in ops)
 
 
+_PHASES = (("forward", "fwd"), ("backward", "bwd"), ("recompute", "recompute"))  # layer_timings key, phase
+_COPIES = ("offload", "prefetch")
+
+
 def layer_timings(sched: Schedule, layer: int | None = None) -> dict[str, float]:
     """Simulated seconds of one layer's forward, backward, recompute, offload and prefetch."""
     i = sched.middle_layer if layer is None else layer
-    out = {"forward": _span(sched.phases.get((i, "fwd"))), "backward": _span(sched.phases.get((i, "bwd"))),
-           "recompute": _span(sched.phases.get((i, "recompute")))}
-    for k in ("offload", "prefetch"):
+    out = {k: _span(sched.phases.get((i, p))) for k, p in _PHASES}
+    for k in _COPIES:
         op = sched.copies.get((i, k))
         out[k] = (op.end - op.start) if op is not None and op.end is not None else 0.0
     return out
@@ -304,10 +307,6 @@ class _Outcome:
     link_log: list = field(default_factory=list)
     ops: list[Op] = field(default_factory=list)
     folded: int = 0
-
-
-_PHASES = (("forward", "fwd"), ("backward", "bwd"), ("recompute", "recompute"))
-_COPIES = ("offload", "prefetch")
 
 
 def _run_whole(model, layout, batch, seq, policy, profile, *, contention, classifier_chunk_tokens, stall,

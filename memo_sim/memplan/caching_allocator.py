@@ -858,6 +858,11 @@ class CachingAllocatorModel:
             self.reorganization_free_bytes += self.cuda_free_bytes - bytes0
 
 
+def fragmentation(allocated: int, reserved: int) -> float:
+    """The share of reserved bytes not allocated: 1 - allocated / reserved (0 with nothing reserved)."""
+    return 1.0 - allocated / reserved if reserved else 0.0
+
+
 def replay(trace: RequestTrace, config: AllocatorConfig) -> AllocatorReport:
     """Replay ``trace`` through the caching-allocator model and report what happened.
 
@@ -893,7 +898,7 @@ def replay(trace: RequestTrace, config: AllocatorConfig) -> AllocatorReport:
             break
 
     peak_reserved = model.peak_reserved_bytes
-    frag = 1.0 - model.allocated_at_peak_reserved_bytes / peak_reserved if peak_reserved else 0.0
+    frag = fragmentation(model.allocated_at_peak_reserved_bytes, peak_reserved)
     return AllocatorReport(
         config=config,
         trace_name=trace.name,

@@ -92,7 +92,7 @@ from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS, classifier_peak_bytes,
 from memo_sim.errors import MemoError
 from memo_sim.layout.parallel import Layout
 from memo_sim.memplan.caching_allocator import (
-    AllocatorConfig, AllocatorOutOfMemory, CachingAllocatorModel, OomEvent,
+    AllocatorConfig, AllocatorOutOfMemory, CachingAllocatorModel, OomEvent, fragmentation,
 )
 from memo_sim.request_trace import Buffer, RequestTrace
 from memo_sim.memplan.trace_gen import layer_backward_trace, layer_forward_trace, per_gpu_shard
@@ -755,7 +755,7 @@ def replay_stream(stream: IterationStream, config: AllocatorConfig, iterations: 
         peak_reserved_bytes=m.peak_reserved_bytes,
         peak_allocated_bytes=peak_alloc,
         reserved_at_peak_allocated_bytes=reserved_at_peak,
-        fragmentation_at_peak=1.0 - peak_alloc / reserved_at_peak if reserved_at_peak else 0.0,
+        fragmentation_at_peak=fragmentation(peak_alloc, reserved_at_peak),
         reorganizations=cnt["reorganizations"],
         reorganization_requests=reorg_ids,
         phase_counts=by_phase,
@@ -841,7 +841,7 @@ def replay_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, p
 
 REPLAY_CACHE_SIZE = 4096  # replays remembered by `replay_iteration` (least recently used go first)
 _REPLAYS: OrderedDict[tuple, IterationReplay] = OrderedDict()
-_SHARED: OrderedDict[tuple, tuple[IterationReplay, "_StaticBase"]] = OrderedDict()
+_SHARED: OrderedDict[tuple, tuple[IterationReplay, "_StaticBase", list]] = OrderedDict()  # replay, base, margins
 
 
 def _remember(memo: OrderedDict, key, value) -> None:
@@ -931,12 +931,12 @@ class _StaticBase:
         peak, at_peak = r.peak_allocated_bytes + da, r.reserved_at_peak_allocated_bytes + dr
         warmup = dict(r.warmup)
         warmup["fragmentation_failures"] = recount(warmup["fragmentation_failures"], margins[:-1])
-        return replace(
-            _copy_replay(r), capacity_bytes=capacity, static_bytes=static_bytes,
+        return replace(  # shares r's lists and dicts: the caller copies what it keeps or hands out
+            r, capacity_bytes=capacity, static_bytes=static_bytes,
             max_live_bytes=r.max_live_bytes - r.static_bytes + static_bytes,
             peak_reserved_bytes=r.peak_reserved_bytes + dr, peak_allocated_bytes=peak,
             reserved_at_peak_allocated_bytes=at_peak,
-            fragmentation_at_peak=1.0 - peak / at_peak if at_peak else 0.0,
+            fragmentation_at_peak=fragmentation(peak, at_peak),
             fragmentation_failures=recount(r.fragmentation_failures, margins[-1:]), warmup=warmup,
             series_reserved_bytes=[x + dr for x in r.series_reserved_bytes],
             series_allocated_bytes=[x + da for x in r.series_allocated_bytes])
