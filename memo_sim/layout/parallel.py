@@ -55,7 +55,8 @@ class Layout:
     dp: int = 1
     zero: int = 0
     tp_mode: str = "megatron"  # megatron | metp_ffn | metp (see the module docs)
-    pp: int = 1  # pipeline stages (SPPO); layers split evenly, embedding first, classifier last
+    pp: int = 1  # pipeline stages; layers split evenly, embedding first, classifier last
+    vpp: int = 1  # virtual stages (model chunks) per pipeline rank (interleaved 1F1B; `layout.schedule`)
 
     @property
     def gpus(self) -> int:
@@ -92,7 +93,7 @@ class Layout:
         if self.cp > 1:
             parts.append(f"cp{self.cp}")
         if self.pp > 1:
-            parts.append(f"pp{self.pp}")
+            parts.append(f"pp{self.pp}" + (f"v{self.vpp}" if self.vpp > 1 else ""))
         if self.dp > 1:
             parts.append(f"dp{self.dp}")
         if self.zero:
@@ -103,6 +104,8 @@ class Layout:
         d = asdict(self)
         if self.pp == 1:  # plans without a pipeline keep their pre-SPPO shape
             del d["pp"]
+        if self.vpp == 1:  # and those without virtual stages their pre-interleaving one
+            del d["vpp"]
         return d
 
     @classmethod
@@ -126,6 +129,7 @@ class _LayoutIn(BaseModel):
     zero: Annotated[int, Field(strict=True, ge=0, le=3)] = 0
     tp_mode: Literal[TP_MODES] = "megatron"
     pp: _Degree = 1
+    vpp: _Degree = 1
 
     @model_validator(mode="after")
     def _total(self):
@@ -160,7 +164,7 @@ def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: i
                  seq: int, batch: int = 1, metp_across_nodes: bool = False) -> str | None:
     """Return None if the layout is valid, else the reason it is rejected. ``metp_across_nodes``
     lets a METP group span whole nodes (its ring then rides the inter-node link)."""
-    for f in ("tp", "cp", "ulysses", "dp", "pp"):
+    for f in ("tp", "cp", "ulysses", "dp", "pp", "vpp"):
         v = getattr(layout, f)
         if not isinstance(v, int) or v < 1:
             return f"{f} must be a positive integer"
@@ -182,6 +186,11 @@ def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: i
             return "pipeline stages split their tokens by Megatron sequence parallelism: sp must be on"
         if layout.zero > 1:
             return "pipeline stages keep their own layers' weights and gradients: ZeRO at most 1 with pp"
+    if layout.vpp > 1:
+        if layout.pp < 2:
+            return f"virtual stages (vpp = {layout.vpp}) interleave pipeline stages: they need pp >= 2"
+        if model.layers % (layout.pp * layout.vpp):
+            return f"{model.layers} layers do not split evenly into pp x vpp = {layout.pp * layout.vpp} model chunks"
     if layout.tp_mode not in TP_MODES:
         return f"tp_mode must be one of {', '.join(TP_MODES)}, got {layout.tp_mode!r}"
     if layout.metp:

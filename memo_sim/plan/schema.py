@@ -6,8 +6,13 @@ Top-level fields (units in the key names)::
     created           ISO-8601 time the plan was written
     memo_version      version of memo that wrote it
     model             ModelConfig fields (name, layers, hidden, heads, ffn, vocab, kv_heads, ffn_type, dtype)
-    batch, seq_tokens, gpus
-    layout            Layout fields (tp, sp, tp_mode, cp, ulysses, dp, zero; pp where a pipeline has stages)
+    batch, seq_tokens, gpus   batch: sequences per data-parallel replica per iteration
+    micro_batch       sequences per micro-batch (divides batch; batch / micro_batch micro-batches per
+                      iteration, gradients accumulated over them); absent in older plans: = batch
+    schedule          single_stage | 1f1b | interleaved_1f1b | sppo (`memo_sim.layout.schedule`); absent in
+                      older plans: sppo for the SPPO policy, else single_stage
+    layout            Layout fields (tp, sp, tp_mode, cp, ulysses, dp, zero; pp where a pipeline has stages,
+                      vpp where each pipeline rank holds several virtual stages)
     policy            {"policy": store_all|full_recompute|full_offload|memo, "alpha": float|null}, or for SPPO
                       {"policy": "sppo", "alpha": null, "subseqs": N, "bounds": [0, x_1, ..., seq]
                        (subsequence i is tokens bounds[i]..bounds[i+1]), "alphas": [alpha_0, ..., alpha_N-1],
@@ -35,6 +40,7 @@ from memo_sim import __version__
 from memo_sim.errors import MemoError, PlanError, validated
 from memo_sim.fileio import atomic_write_json, read_json
 from memo_sim.layout.parallel import MAX_DEGREE, Layout
+from memo_sim.layout.schedule import SCHEDULE_NAMES, check_schedule, default_schedule
 from memo_sim.model.config import ModelConfig
 from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS
 from memo_sim.plan.contract import MemoryPlan, Prediction
@@ -63,6 +69,24 @@ class Plan:
     timeline: dict | None = None
     created: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
     memo_version: str = __version__
+    schedule: str = ""  # "" = `default_schedule` for the layout and policy
+    micro_batch: int = 0  # 0 = the whole batch in one micro-batch
+
+    def __post_init__(self) -> None:
+        if not self.schedule:
+            self.schedule = default_schedule(self.layout.pp, self.policy.name)
+        if not self.micro_batch:
+            self.micro_batch = self.batch
+
+    @property
+    def micro_batches(self) -> int:
+        """Micro-batches per iteration (gradient accumulation steps)."""
+        return self.batch // self.micro_batch
+
+    def check_schedule(self) -> str | None:
+        """None if the plan's schedule can run its layout and batch split, else the reason."""
+        return check_schedule(self.schedule, pp=self.layout.pp, vpp=self.layout.vpp, layers=self.model.layers,
+                              batch=self.batch, micro_batch=self.micro_batch, policy_name=self.policy.name)
 
     def __setattr__(self, name: str, value: Any) -> None:
         # the JSON shapes are accepted too (plans built in code) and parsed, checked, once
@@ -79,8 +103,10 @@ class Plan:
             "memo_version": self.memo_version,
             "model": self.model.to_dict(),
             "batch": self.batch,
+            "micro_batch": self.micro_batch,
             "seq_tokens": self.seq_tokens,
             "gpus": self.gpus,
+            "schedule": self.schedule,
             "layout": self.layout.to_dict(),
             "policy": self.policy.to_dict(),
             "profile": self.profile,
@@ -133,10 +159,16 @@ class Plan:
             mp = MemoryPlan.from_dict(raw.memory_plan) if raw.memory_plan is not None else None
         except PlanError as e:
             raise PlanError(f"{source}: {e}") from None
-        return cls(model=model, batch=raw.batch, seq_tokens=raw.seq_tokens, gpus=raw.gpus, layout=layout,
+        plan = cls(model=model, batch=raw.batch, seq_tokens=raw.seq_tokens, gpus=raw.gpus, layout=layout,
                    policy=policy, profile=raw.profile, predicted=pred, layer_timings_s=dict(raw.layer_timings_s),
                    attention_backend=raw.attention_backend, classifier_chunk_tokens=raw.classifier_chunk_tokens,
-                   memory_plan=mp, timeline=raw.timeline, created=raw.created, memo_version=raw.memo_version)
+                   memory_plan=mp, timeline=raw.timeline, created=raw.created, memo_version=raw.memo_version,
+                   schedule=raw.schedule or "", micro_batch=raw.micro_batch or 0)
+        why = plan.check_schedule()
+        if why:
+            field_ = "micro_batch" if why.startswith("micro_batch") else "schedule"
+            raise fail(field_, f"{why}; re-create the plan with memo-sim whatif")
+        return plan
 
 
 MAX_BATCH = 1 << 16  # sequences per replica per iteration
@@ -155,6 +187,8 @@ class _PlanIn(BaseModel):
     memo_version: str = Field("", strict=True, max_length=100)
     model: dict[str, Any]
     batch: Annotated[int, Field(strict=True, ge=1, le=MAX_BATCH)]
+    micro_batch: Annotated[int, Field(strict=True, ge=1, le=MAX_BATCH)] | None = None
+    schedule: Literal[SCHEDULE_NAMES] | None = None
     seq_tokens: Annotated[int, Field(strict=True, ge=1, le=MAX_SEQ_TOKENS)]
     gpus: Annotated[int, Field(strict=True, ge=1, le=MAX_DEGREE)]
     layout: dict[str, Any]
