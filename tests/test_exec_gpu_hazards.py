@@ -80,3 +80,81 @@ def test_the_pool_fallback_reaches_the_report(monkeypatch, tmp_path):
     paths, _ = write_outputs(res, tmp_path)
     assert "host pool: pageable" in paths["report"].read_text()
     assert '"method": "pageable"' in paths["measured"].read_text()
+
+
+# ------------------------------------------------------------------------------------ METP ring timing
+class _StreamLog:
+    """Which stream is current (what a CUDA timer's event would be recorded on), and the calls in order."""
+
+    def __init__(self) -> None:
+        self.current = "compute"
+        self.calls: list[str] = []
+
+
+class _FakeSide:
+    """Stands in for `memo_exec.metp.lane._CudaSide` and logs on which stream each step happens."""
+
+    def __init__(self, log: _StreamLog) -> None:
+        self.log = log
+
+    @contextlib.contextmanager
+    def _enter(self):
+        prev, self.log.current = self.log.current, "side"
+        try:
+            yield
+        finally:
+            self.log.current = prev
+
+    @contextlib.contextmanager
+    def issue(self):
+        self.log.calls.append(f"side_waits_compute@{self.log.current}")
+        with self._enter():
+            yield
+
+    def on(self):
+        return self._enter()
+
+    def join(self) -> None:
+        self.log.calls.append(f"compute_waits_side@{self.log.current}")
+
+
+class _EventTimer:
+    """A timer whose marks are 'events on the current stream'."""
+
+    def __init__(self, log: _StreamLog) -> None:
+        self.log = log
+        self.marks: dict[str, list[str]] = {}
+
+    @contextlib.contextmanager
+    def span(self, op, layer, phase, stream="compute", nbytes=0, flops=0):
+        self.marks.setdefault(op, []).append(self.log.current)
+        yield
+        self.marks[op].append(self.log.current)
+
+
+class _Handle:
+    def __init__(self, log: _StreamLog) -> None:
+        self.log = log
+
+    def wait(self) -> None:
+        self.log.calls.append(f"transfer_wait@{self.log.current}")
+
+
+@pytest.mark.parametrize("wait_before_use", [True, False])
+def test_metp_ring_spans_start_and_end_on_the_side_stream(wait_before_use):
+    from memo_exec.metp.lane import P2P_STREAM, Lane, Pending, RingOptions
+
+    log = _StreamLog()
+    timer = _EventTimer(log)
+    lane = Lane(RingOptions(timer=timer, wait_before_use=wait_before_use), torch.device("cpu"), "fwd")
+    lane.side = _FakeSide(log)  # what a CUDA lane holds
+    with lane._issue_ctx():
+        span = lane._open("p2p_kv0.0", P2P_STREAM, 64)
+    p = Pending(_Handle(log), span)
+    lane.wait(p)
+    lane.drain()
+    assert timer.marks["p2p_kv0.0"] == ["side", "side"]  # the transfer's start and end events
+    assert timer.marks["wait_tp_p2p"] == ["compute", "compute"]  # the compute stream's stall
+    # the side stream waits for the transfer inside its own context, the compute stream for the
+    # side stream outside it, after the transfer's end was recorded
+    assert log.calls == ["side_waits_compute@compute", "transfer_wait@side", "compute_waits_side@compute"]
