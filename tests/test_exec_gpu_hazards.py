@@ -158,3 +158,32 @@ def test_metp_ring_spans_start_and_end_on_the_side_stream(wait_before_use):
     # the side stream waits for the transfer inside its own context, the compute stream for the
     # side stream outside it, after the transfer's end was recorded
     assert log.calls == ["side_waits_compute@compute", "transfer_wait@side", "compute_waits_side@compute"]
+
+
+# ------------------------------------------------------------------------------------ one-rank P2P copy
+def test_a_one_rank_ring_shift_record_streams_both_tensors_on_the_copy_stream(monkeypatch):
+    """On a one-rank ring the shift is a local copy on the current stream (a side stream under METP's
+    lane): the source and the destination must be ``record_stream``ed on it, or freeing either on
+    the compute stream lets the allocator reuse its memory while the copy may still read or write it."""
+    from memo_exec.distributed import p2p
+
+    recorded = []
+    monkeypatch.setattr(p2p.dist, "get_world_size", lambda group=None: 1)
+    monkeypatch.setattr(p2p.dist, "get_rank", lambda group=None: 0)
+    monkeypatch.setattr(p2p, "_copy_stream", lambda t: "side-stream")
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, s: recorded.append((self.data_ptr(), s)),
+                        raising=False)
+    send, recv = torch.arange(6.0), torch.zeros(6)
+    tr = p2p.ring_shift(send, recv)
+    tr.wait()
+    assert torch.equal(recv, send)
+    assert sorted(recorded) == sorted([(send.data_ptr(), "side-stream"), (recv.data_ptr(), "side-stream")])
+
+
+def test_a_cpu_local_copy_records_nothing(monkeypatch):
+    from memo_exec.distributed import p2p
+
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, s: pytest.fail("record_stream on CPU"),
+                        raising=False)
+    send, recv = torch.ones(3), torch.zeros(3)
+    assert p2p.local_copy(send, recv).done and torch.equal(recv, send)
