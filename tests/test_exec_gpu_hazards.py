@@ -187,3 +187,37 @@ def test_a_cpu_local_copy_records_nothing(monkeypatch):
                         raising=False)
     send, recv = torch.ones(3), torch.zeros(3)
     assert p2p.local_copy(send, recv).done and torch.equal(recv, send)
+
+
+# ------------------------------------------------------------------------------------ GPU overlap test
+def _ev(layer, start, end, nbytes=0.0):
+    from memo_sim.timeline import TimelineEvent
+
+    return TimelineEvent("x", layer, "fwd", "d2h" if nbytes else "compute", 0, start, end, nbytes, 0.0)
+
+
+def test_the_overlap_bar_follows_the_measured_link():
+    from tests.exec_helpers import achievable_offload_overlap
+
+    compute = [_ev(i, i * 1.0, i * 1.0 + 1.0) for i in range(4)]  # 1 s of forward per layer
+    fast = [_ev(i, i + 1.0, i + 1.25, nbytes=1e9) for i in range(3)]  # 4 GB/s: 0.25 s per copy
+    assert achievable_offload_overlap(fast, compute) == pytest.approx(0.75)  # every copy fits beside compute
+    slow = [_ev(i, i + 1.0, i + 5.0, nbytes=1e9) for i in range(3)]  # 0.25 GB/s: 4 s per copy
+    # only 1 s of each copy can sit beside the next layer's forward: 3 s of 12, where a fixed
+    # "> 50% of the copy time" bar would have asked for 6 s
+    assert achievable_offload_overlap(slow, compute) == pytest.approx(3.0)
+    assert achievable_offload_overlap([_ev(3, 4.0, 5.0, nbytes=1e9)], compute) == 0.0  # no layer after the last
+
+
+def test_a_kernel_backend_failing_at_size_is_skipped_with_the_reason():
+    from tests.exec_helpers import skip_backend_failure
+
+    with pytest.raises(pytest.skip.Exception, match="sdpa_cudnn failed at the test's size: RuntimeError: cuDNN"):
+        with skip_backend_failure("sdpa_cudnn"):
+            raise RuntimeError("cuDNN Frontend error: no execution plan\ndetails")
+    with pytest.raises(pytest.skip.Exception, match="OutOfMemoryError"):
+        with skip_backend_failure("sdpa_efficient"):
+            raise torch.OutOfMemoryError("CUDA out of memory")
+    with pytest.raises(RuntimeError, match="math kernel bug"):  # the executor's own kernel is not excused
+        with skip_backend_failure("math"):
+            raise RuntimeError("math kernel bug")
