@@ -221,3 +221,52 @@ def test_a_kernel_backend_failing_at_size_is_skipped_with_the_reason():
     with pytest.raises(RuntimeError, match="math kernel bug"):  # the executor's own kernel is not excused
         with skip_backend_failure("math"):
             raise RuntimeError("math kernel bug")
+
+
+# ------------------------------------------------------------------------------------ SPPO piece timing
+def _sppo_one_stage(rank: int, world: int, copy_delay: float) -> dict:
+    """One SPPO stage (pp = 1, four subsequences, offload on) for one step; counts the device
+    synchronisations the step asks its clock for."""
+    from memo_exec.model import GPT
+    from memo_exec.sppo.clock import StepClock
+    from memo_exec.sppo.pipeline import StageRunner
+    from memo_exec.data import TokenSource
+    from memo_sim.cost.sppo import partition_bounds, stage_pieces
+    from memo_sim.model.config import ModelConfig
+
+    syncs = []
+    orig = StepClock.synchronize
+    StepClock.synchronize = lambda self: syncs.append(1) or orig(self)
+    m, batch, seq, n = ModelConfig("sppo-clock", 2, 32, 4, 64, vocab=61), 1, 64, 4
+    torch.manual_seed(0)
+    gpt = GPT(m, m.layers, torch.device("cpu"), torch.float32)
+    gpt.init_(3)
+    pieces = stage_pieces(m, batch, partition_bounds(m, batch, seq, n, "flops"), 1, False)
+    runner = StageRunner(gpt, 0, pieces, batch, seq, [0.5] * n, [0], torch.device("cpu"), classifier_chunk=24)
+    runner.streams.copy_delay = lambda stream, label: copy_delay if stream == "h2d" else 0.0
+    try:
+        for _, p in runner.parameters():
+            p.grad = torch.zeros_like(p)
+        inp, tgt = TokenSource(m.vocab, batch, seq, seed=3).batch_at(0)
+        res = runner.step(inp, tgt)
+    finally:
+        runner.close()
+    return {"syncs": len(syncs), "spans": [s.to_dict() for s in res.spans], "loss": res.loss,
+            "waits": [u.prefetch_wait_s for u in res.units], "step_s": res.step_s, "pieces": n}
+
+
+def test_sppo_times_pieces_from_marks_with_one_synchronisation_per_step():
+    from tests.dist_harness import spawn
+
+    r = spawn(_sppo_one_stage, 1, 0.05, timeout=180)[0]
+    assert r["syncs"] == 1  # the step's end only: no per-piece device synchronisation
+    spans = r["spans"]
+    fwd = [s for s in spans if s["kind"] == "fwd"]
+    bwd = [s for s in spans if s["kind"] == "bwd"]
+    assert len(fwd) == len(bwd) == r["pieces"]
+    assert all(0 <= s["start_s"] <= s["end_s"] <= r["step_s"] for s in spans)
+    assert max(s["end_s"] for s in fwd) <= min(s["start_s"] for s in bwd)  # forwards, then backwards
+    assert r["loss"] is not None and r["loss"] > 0
+    # the prefetch copies ran 50 ms late: the compute stream's waits on them were measured (marks
+    # around the wait_event, read at the step's end)
+    assert sum(r["waits"]) > 0.04, r["waits"]

@@ -15,20 +15,21 @@ simulator's rule, `memo_sim.policy.sppo.unit_is_offloaded`).
 Before a piece's backward, every offloaded unit of that piece is prefetched on the h2d stream (it
 waits for its offload's event); the unpack hook makes the compute stream wait for the prefetch's
 event before autograd reads the tensor, so a late copy delays the backward but never changes it.
-How long the compute stream waited there is the measured exposure of the prefetch. At the end of
-a step the streams are synchronised, so the next step's offloads never overwrite host rows a
-prefetch still reads.
+How long the compute stream waited there is the measured exposure of the prefetch: two marks of
+the step clock (`memo_exec.sppo.clock`; CUDA events on the compute stream around the
+``wait_event``), read at the end of the step. At the end of a step the streams are synchronised,
+so the next step's offloads never overwrite host rows a prefetch still reads.
 """
 
 from __future__ import annotations
 
 import contextlib
-import time
 from dataclasses import dataclass, field
 
 import torch
 
 from memo_exec.errors import ExecError
+from memo_exec.sppo.clock import StepClock
 from memo_exec.streams import CopyLabel
 from memo_sim.policy.host_layout import offload_token_count
 from memo_sim.policy.sppo import unit_is_offloaded
@@ -65,6 +66,7 @@ class _Unit:
     pf_ev: object = None
     waited: bool = False
     stats: UnitStats | None = None
+    wait_marks: list = field(default_factory=list)  # (before, after) the compute stream's prefetch wait
 
 
 class SequenceOffload:
@@ -73,7 +75,8 @@ class SequenceOffload:
 
     def __init__(self, streams, device: torch.device, alphas: list[float], layers: int, batch: int,
                  piece_tokens: list[int], param_ptrs: set[int], enabled: bool = True,
-                 layer_ids: list[int] | None = None, tags: list[str] | None = None, timer=None) -> None:
+                 layer_ids: list[int] | None = None, tags: list[str] | None = None, timer=None,
+                 clock: StepClock | None = None) -> None:
         self.streams, self.device = streams, device
         self.alphas, self.layers, self.batch = list(alphas), layers, batch
         self.tokens = list(piece_tokens)
@@ -82,6 +85,7 @@ class SequenceOffload:
         self.layer_ids = layer_ids or list(range(layers))  # the model's layer index of each stage layer
         self.tags = tags or [str(k) for k in range(len(piece_tokens))]
         self.timer = timer  # `memo_exec.measure.Recorder` (optional): the prefetch waits become stall spans
+        self.clock = clock or StepClock(device)  # the prefetch waits' marks, read in `end_step`
         self.n_units = len(piece_tokens) * layers
         self.pin = device.type == "cuda"
         self.pool: dict[tuple, torch.Tensor] = {}
@@ -122,12 +126,12 @@ class SequenceOffload:
             if not unit.waited:
                 if unit.pf_ev is None:
                     raise ExecError(f"sppo: unit {unit.key} was not prefetched before its backward")
-                t0 = time.perf_counter()
                 span = self.timer.span("wait_prefetch", self.layer_ids[unit.key[1]], "stall") if self.timer \
                     else contextlib.nullcontext()
                 with span:
+                    before = self.clock.mark()
                     self.streams.compute.wait_event(unit.pf_ev)
-                unit.stats.prefetch_wait_s += time.perf_counter() - t0
+                    unit.wait_marks.append((before, self.clock.mark()))
                 unit.waited = True
             return s.back
 
@@ -204,8 +208,12 @@ class SequenceOffload:
                 u.saved.clear()
 
     def end_step(self) -> list[UnitStats]:
-        """Synchronise the copy streams, drop the step's units and return their statistics."""
+        """Synchronise the copy streams, read the prefetch waits' marks, drop the step's units and
+        return their statistics."""
         self.streams.synchronize()
+        self.clock.synchronize()
+        for u in self.units.values():
+            u.stats.prefetch_wait_s = sum(self.clock.between(a, b) for a, b in u.wait_marks)
         out = [u.stats for u in self.units.values()]
         self.units.clear()
         self.stats = []
