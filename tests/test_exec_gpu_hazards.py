@@ -224,19 +224,29 @@ def test_a_kernel_backend_failing_at_size_is_skipped_with_the_reason():
 
 
 # ------------------------------------------------------------------------------------ SPPO piece timing
-def _sppo_one_stage(rank: int, world: int, copy_delay: float) -> dict:
+def _sppo_step(copy_delay: float, skip_prefetch_wait: bool = False) -> dict:
     """One SPPO stage (pp = 1, four subsequences, offload on) for one step; counts the device
-    synchronisations the step asks its clock for."""
+    synchronisations the step asks its clock for. ``skip_prefetch_wait``: the mutation of a reload
+    that ignores its copy event (the compute stream does not wait for the prefetch), with every
+    prefetched tensor poisoned (NaN) until its delayed copy lands."""
+    from memo_exec.data import TokenSource
     from memo_exec.model import GPT
     from memo_exec.sppo.clock import StepClock
+    from memo_exec.sppo.offload import SequenceOffload
     from memo_exec.sppo.pipeline import StageRunner
-    from memo_exec.data import TokenSource
     from memo_sim.cost.sppo import partition_bounds, stage_pieces
     from memo_sim.model.config import ModelConfig
 
     syncs = []
-    orig = StepClock.synchronize
-    StepClock.synchronize = lambda self: syncs.append(1) or orig(self)
+    orig_sync, orig_prefetch = StepClock.synchronize, SequenceOffload.prefetch_piece
+    StepClock.synchronize = lambda self: syncs.append(1) or orig_sync(self)
+
+    def poisoned_prefetch(self, k):
+        orig_prefetch(self, k)  # the copies are queued on the h2d worker, which sleeps first
+        for (kk, _), u in self.units.items():
+            for sv in u.saved if kk == k else ():
+                sv.back.fill_(float("nan"))
+
     m, batch, seq, n = ModelConfig("sppo-clock", 2, 32, 4, 64, vocab=61), 1, 64, 4
     torch.manual_seed(0)
     gpt = GPT(m, m.layers, torch.device("cpu"), torch.float32)
@@ -244,6 +254,10 @@ def _sppo_one_stage(rank: int, world: int, copy_delay: float) -> dict:
     pieces = stage_pieces(m, batch, partition_bounds(m, batch, seq, n, "flops"), 1, False)
     runner = StageRunner(gpt, 0, pieces, batch, seq, [0.5] * n, [0], torch.device("cpu"), classifier_chunk=24)
     runner.streams.copy_delay = lambda stream, label: copy_delay if stream == "h2d" else 0.0
+    if skip_prefetch_wait:
+        SequenceOffload.prefetch_piece = poisoned_prefetch
+        wait = runner.streams.compute.wait_event
+        runner.streams.compute.wait_event = lambda ev: None if ev.name.startswith("prefetch") else wait(ev)
     try:
         for _, p in runner.parameters():
             p.grad = torch.zeros_like(p)
@@ -251,14 +265,20 @@ def _sppo_one_stage(rank: int, world: int, copy_delay: float) -> dict:
         res = runner.step(inp, tgt)
     finally:
         runner.close()
+        StepClock.synchronize, SequenceOffload.prefetch_piece = orig_sync, orig_prefetch
     return {"syncs": len(syncs), "spans": [s.to_dict() for s in res.spans], "loss": res.loss,
-            "waits": [u.prefetch_wait_s for u in res.units], "step_s": res.step_s, "pieces": n}
+            "waits": [u.prefetch_wait_s for u in res.units], "step_s": res.step_s, "pieces": n,
+            "grads": {name: p.grad.detach().clone() for name, p in runner.parameters()}}
+
+
+def _sppo_one_stage(rank: int, world: int, copy_delay: float) -> list[dict]:
+    return [_sppo_step(0.0), _sppo_step(copy_delay), _sppo_step(copy_delay, skip_prefetch_wait=True)]
 
 
 def test_sppo_times_pieces_from_marks_with_one_synchronisation_per_step():
     from tests.dist_harness import spawn
 
-    r = spawn(_sppo_one_stage, 1, 0.05, timeout=180)[0]
+    plain, r, mutated = spawn(_sppo_one_stage, 1, 0.05, timeout=180)[0]
     assert r["syncs"] == 1  # the step's end only: no per-piece device synchronisation
     spans = r["spans"]
     fwd = [s for s in spans if s["kind"] == "fwd"]
@@ -270,3 +290,6 @@ def test_sppo_times_pieces_from_marks_with_one_synchronisation_per_step():
     # the prefetch copies ran 50 ms late: the compute stream's waits on them were measured (marks
     # around the wait_event, read at the step's end)
     assert sum(r["waits"]) > 0.04, r["waits"]
+    assert all(torch.equal(r["grads"][k], plain["grads"][k]) for k in plain["grads"])  # late copies change nothing
+    # a reload that ignores its copy event reads the prefetched tensors before they arrive
+    assert any(not torch.equal(mutated["grads"][k], plain["grads"][k]) for k in plain["grads"])
