@@ -44,15 +44,15 @@ def _blockwise(q, k, v, do, n_blocks: int, order=None, budget=BA.MATH_BUDGET_BYT
     c = s // n_blocks
     sl = [slice(i * c, (i + 1) * c) for i in range(n_blocks)]
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-    o = torch.zeros(q.shape, dtype=acc)
-    lse = torch.full(q.shape[:3], float("-inf"), dtype=acc)
+    o = torch.zeros(q.shape, dtype=acc, device=q.device)
+    lse = torch.full(q.shape[:3], float("-inf"), dtype=acc, device=q.device)
     pairs = [(i, j) for i in range(n_blocks) for j in range(n_blocks) if j <= i]
     for i, j in (order(pairs) if order else pairs):
         ob, lb = BA.block_forward(q[:, :, sl[i]], k[:, :, sl[j]], v[:, :, sl[j]], i == j, budget=budget)
         assert ob.dtype == q.dtype and lb.dtype == acc and lb.shape == (B, H, c)
         BA.merge_(o[:, :, sl[i]], lse[:, :, sl[i]], ob, lb)
     out = o.to(q.dtype)
-    dq, dk, dv = torch.zeros_like(o), torch.zeros(k.shape, dtype=acc), torch.zeros(v.shape, dtype=acc)
+    dq, dk, dv = (torch.zeros(t.shape, dtype=acc, device=q.device) for t in (o, k, v))
     for i, j in pairs:
         gq, gk, gv = BA.block_backward(do[:, :, sl[i]], q[:, :, sl[i]], k[:, :, sl[j]], v[:, :, sl[j]],
                                        out[:, :, sl[i]], lse[:, :, sl[i]], i == j, budget=budget)
@@ -130,3 +130,21 @@ def test_a_causal_block_must_be_square():
         BA.block_forward(q[:, :, :4], k, v, True)
     o, lse = BA.block_forward(q[:, :, :4], k, v, False)  # a full rectangular block is fine
     assert o.shape == (B, H, 4, D) and lse.shape == (B, H, 4)
+
+
+# ---------------------------------------------------------------------------------------- on a GPU
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kernel,dtype,tol", [("flash", torch.bfloat16, 2e-2), ("efficient", torch.float32, 1e-4),
+                                              ("efficient", torch.bfloat16, 2e-2), ("math", torch.float32, 1e-5)])
+def test_fused_cuda_blocks_match_the_reference(kernel, dtype, tol, monkeypatch):
+    """The CUDA flash and memory-efficient ops through their aten forward and backward, blocks merged
+    with the lse, against fp64 autograd; a kernel refusing the block fails here (no silent math)."""
+    monkeypatch.setattr(BA, "FALLBACKS", {})
+    q, k, v, do = (t.cuda() for t in _qkv(256, torch.float64))
+    want = [t.cpu() for t in _reference(q.cpu(), k.cpu(), v.cpu(), do.cpu())]
+    with BA.use_kernel(kernel):
+        got = _blockwise(*(t.to(dtype) for t in (q, k, v, do)), 4)
+    assert not BA.FALLBACKS, BA.FALLBACKS
+    for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
+        assert _err(g.cpu(), w) < tol, (kernel, name, _err(g.cpu(), w))
