@@ -293,3 +293,23 @@ def test_sppo_times_pieces_from_marks_with_one_synchronisation_per_step():
     assert all(torch.equal(r["grads"][k], plain["grads"][k]) for k in plain["grads"])  # late copies change nothing
     # a reload that ignores its copy event reads the prefetched tensors before they arrive
     assert any(not torch.equal(mutated["grads"][k], plain["grads"][k]) for k in plain["grads"])
+
+
+def test_sppo_host_rows_fall_back_to_pageable_when_pinning_fails(monkeypatch):
+    from memo_exec.sppo import offload as OFF
+    from memo_exec.streams import HostStreams
+
+    def refuse(shape, dtype):
+        raise RuntimeError("CUDA error: out of memory (pinned)")
+
+    eng = HostStreams()
+    try:
+        off = OFF.SequenceOffload(eng, torch.device("cpu"), [0.5], 1, 1, [8], set())
+        off.pin = True  # what a CUDA stage asks for
+        monkeypatch.setattr(OFF, "_pinned", refuse)
+        with pytest.warns(RuntimeWarning, match="pageable"):
+            t = off._host((0, 0, 0), (1, 4, 8), torch.float32)
+        assert t.shape == (1, 4, 8) and not off.pin and "out of memory (pinned)" in off.pin_warning
+        assert off._host((0, 0, 1), (1, 4, 8), torch.float32).shape == (1, 4, 8)  # no second warning needed
+    finally:
+        eng.close()

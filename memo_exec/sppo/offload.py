@@ -24,6 +24,7 @@ so the next step's offloads never overwrite host rows a prefetch still reads.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -33,6 +34,10 @@ from memo_exec.sppo.clock import StepClock
 from memo_exec.streams import CopyLabel
 from memo_sim.policy.host_layout import offload_token_count
 from memo_sim.policy.sppo import unit_is_offloaded
+
+
+def _pinned(shape, dtype) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, pin_memory=True)
 
 
 @dataclass
@@ -88,6 +93,7 @@ class SequenceOffload:
         self.clock = clock or StepClock(device)  # the prefetch waits' marks, read in `end_step`
         self.n_units = len(piece_tokens) * layers
         self.pin = device.type == "cuda"
+        self.pin_warning: str | None = None  # set when pinning failed and the pool went pageable
         self.pool: dict[tuple, torch.Tensor] = {}
         self.units: dict[tuple[int, int], _Unit] = {}
         self.stats: list[UnitStats] = []
@@ -147,9 +153,23 @@ class SequenceOffload:
     def _host(self, key: tuple, shape, dtype) -> torch.Tensor:
         t = self.pool.get(key)
         if t is None or tuple(t.shape) != tuple(shape) or t.dtype != dtype:
-            t = torch.empty(shape, dtype=dtype, pin_memory=self.pin)
+            t = self._alloc_host(shape, dtype)
             self.pool[key] = t
         return t
+
+    def _alloc_host(self, shape, dtype) -> torch.Tensor:
+        """Page-locked on CUDA; if pinning fails, pageable from then on, with a warning (the copies
+        then go through the driver's staging buffer and overlap compute less than planned)."""
+        if self.pin:
+            try:
+                return _pinned(shape, dtype)
+            except RuntimeError as e:
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                self.pin = False
+                self.pin_warning = (f"sppo: pinning the host pool failed ({first}); offloaded rows go to pageable "
+                                    "memory and their copies will not overlap compute as planned")
+                warnings.warn(self.pin_warning, RuntimeWarning, stacklevel=3)
+        return torch.empty(shape, dtype=dtype)
 
     def _offload(self, u: _Unit, n: int) -> None:
         k, j = u.key
