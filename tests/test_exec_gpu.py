@@ -117,8 +117,8 @@ def test_copies_overlap_compute_and_pool_is_pinned(tmp_path):
     copy_s = sum(o.duration for o in offl)
     gbps = sum(o.nbytes for o in offl) / copy_s / 1e9
     assert achievable > 0, f"no forward compute beside the offloads ({len(comp)} compute spans)"
-    assert overlapped > 0.5 * achievable, (f"overlapped {overlapped:.4f} s of {copy_s:.4f} s of copies at {gbps:.1f} GB/s; "
-                                           f"achievable {achievable:.4f} s")
+    assert overlapped > 0.5 * achievable, (f"overlapped {overlapped:.4f} s of {copy_s:.4f} s of copies at "
+                                           f"{gbps:.1f} GB/s; achievable {achievable:.4f} s")
 
 
 def test_cuda_allocator_history_trace():

@@ -77,8 +77,8 @@ class HostPool:
 
     def describe(self) -> dict:
         """What `measured.json` reports about the pool (``meta.host_pool``)."""
-        return {"bytes": self.nbytes, "method": self.method, "pinned": self.method in ("registered", "pinned_allocator"),
-                "warning": self.warning}
+        pinned = self.method in ("registered", "pinned_allocator")
+        return {"bytes": self.nbytes, "method": self.method, "pinned": pinned, "warning": self.warning}
 
     @staticmethod
     def layout_bytes(shapes: list[tuple[tuple[int, ...], torch.dtype]]) -> int:
