@@ -29,6 +29,7 @@ import torch
 
 from memo_exec.device import acc_dtype
 from memo_exec.errors import BackendError
+from memo_sim.model.layer_graph import LSE_BYTES, attention_bwd_workspace_bytes
 from memo_sim.plan.schema import ATTENTION_BACKENDS
 
 BACKENDS = ATTENTION_BACKENDS  # the names plan.json may carry (memo_sim.plan.schema)
@@ -52,6 +53,14 @@ class AttnDims:
     @property
     def group(self) -> int:
         return self.heads // self.kv_heads
+
+
+def kernel_bwd_workspace(dims: AttnDims, esize: int) -> int:
+    """The fused kernels' backward workspace, FlashAttention's fp32 dQ accumulator and two fp32
+    lse-sized vectors: the simulator's ``attention_bwd_workspace``
+    (`memo_sim.model.layer_graph.attention_bwd_workspace_bytes`, one formula for both)."""
+    lse = dims.tokens * dims.heads * LSE_BYTES
+    return int(attention_bwd_workspace_bytes(lse, dims.tokens * dims.heads * dims.head_dim * esize, esize))
 
 
 def bhsd(t: torch.Tensor, dims: AttnDims, heads: int) -> torch.Tensor:
@@ -232,7 +241,8 @@ class _AtenSDPA(AttentionBackend):
         expanded = 2 * T * h * esize if dims.group > 1 else 0  # GQA: k and v expanded to every head
         if phase == "fwd":
             return T * h * esize + expanded  # the kernel's output
-        return T * (h + 2 * kv) * esize + 2 * expanded  # dq, dk, dv (+ GQA: expanded k, v and unreduced dk, dv)
+        # dq, dk, dv (+ GQA: expanded k, v and unreduced dk, dv) and the kernel's own workspace
+        return T * (h + 2 * kv) * esize + 2 * expanded + kernel_bwd_workspace(dims, esize)
 
     def _store_grads(self, gq, gk, gv, dq, dk, dv, dims):
         _copy_bhsd_into(dq, gq, dims, dims.heads)
@@ -330,7 +340,8 @@ class FlashAttnPackage(AttentionBackend):
         T, h, kv = dims.tokens, dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
         if phase == "fwd":
             return T * h * esize  # the kernel's output
-        return T * h * esize + T * (h + 2 * kv) * esize  # the backward re-runs the forward, then dq, dk, dv
+        # the backward re-runs the forward, then dq, dk, dv, and the kernel's own workspace
+        return T * h * esize + T * (h + 2 * kv) * esize + kernel_bwd_workspace(dims, esize)
 
     def _views(self, q, k, v, dims):
         b, s, d = dims.batch, dims.seq, dims.head_dim

@@ -12,7 +12,10 @@ Terms (bytes on the device):
 - ``transient_peak``: one layer at its peak: the arena (the memory plan's largest level-1 phase
   peak, shared by forward and backward) plus what lives outside it at that moment: scratch the
   plan does not place, the attention kernel's own outputs (the aten SDPA kernels and flash-attn
-  allocate them; the layer copies them into its slots), LayerNorm outputs (aten allocates them).
+  allocate them; the layer copies them into its slots) and, in backward, its own workspace
+  (FlashAttention's fp32 dQ accumulator and two fp32 lse-sized vectors, the simulator's
+  ``attention_bwd_workspace``: `memo_exec.attention.kernel_bwd_workspace`), LayerNorm outputs
+  (aten allocates them).
 - ``layer_boundary``: the activation handed between layers, live beside a layer's work (the
   embedding output in layer 0's forward, the incoming gradient in backward).
 - ``classifier_peak``: the chunked head: the last layer output, the final norm output and its

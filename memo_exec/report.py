@@ -354,6 +354,9 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
         L.append(f"- offload: {pd['offloaded_layers']} layers; per layer {pd['layer_offload_bytes'] / GiB:.4f} GiB "
                  f"({', '.join(pd['whole'])} whole; {', '.join(pd['split'])}: first {pd['offload_tokens']} of "
                  f"{pd['tokens']} tokens); pinned pool {m.get('pinned_host_bytes', 0) / GiB:.4f} GiB")
+    hp = m.get("host_pool") or {}
+    if hp.get("warning"):
+        L.append(f"- **host pool: {hp['method']}**: {hp['warning']}")
     mp = m.get("memory_plan")
     if mp:
         level2 = (f"; the plan's whole-model arena of {mp['plan_model_arena_bytes'] / GiB:.3f} GiB is not allocated: "

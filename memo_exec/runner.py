@@ -314,6 +314,9 @@ def run_steps(ex, layers: int, caching_allocator_tensors, progress=None) -> RunR
         if progress is not None:
             progress(k + 1, ex.opts.steps, rec)
     res.meta["pinned_host_bytes"] = int(getattr(ex.policy, "pinned_bytes", 0))
+    pool = getattr(ex.policy, "pool", None)
+    if hasattr(pool, "describe"):  # the offload pool: how it was page-locked, and any fallback's warning
+        res.meta["host_pool"] = pool.describe()
     res.meta["caching_allocator"] = caching_allocator_tensors()
     return res
 

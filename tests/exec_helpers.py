@@ -107,3 +107,41 @@ def time_limit(seconds: float):
         signal.signal(signal.SIGALRM, old)
         if outer:  # an enclosing time limit keeps running
             signal.setitimer(signal.ITIMER_REAL, max(1e-3, outer - (time.monotonic() - t0)), interval)
+
+
+def achievable_offload_overlap(copies, compute) -> float:
+    """Seconds of offload copy time that can run under forward compute at the measured link speed:
+    the copies' bandwidth is their bytes over their busy time, and layer i's offload can only run
+    beside layer i+1's forward (the rounding-buffer rule, `memo_sim.policy.rounding_buffers`:
+    layer i+2 writes its input into layer i's buffer), so each copy contributes
+    min(its bytes / bandwidth, layer i+1's forward compute). ``copies``/``compute``: events with
+    ``layer``, ``duration`` (and ``nbytes`` for copies)."""
+    nbytes = sum(c.nbytes for c in copies)
+    busy = sum(c.duration for c in copies)
+    if nbytes <= 0 or busy <= 0:
+        return 0.0
+    bandwidth = nbytes / busy
+    fwd: dict[int, float] = {}
+    for c in compute:
+        fwd[c.layer] = fwd.get(c.layer, 0.0) + c.duration
+    return sum(min(c.nbytes / bandwidth, fwd.get(c.layer + 1, 0.0)) for c in copies)
+
+
+@contextlib.contextmanager
+def skip_backend_failure(backend: str):
+    """A kernel backend (anything but the executor's own math) that fails at the real size -- probed
+    fine on a tiny problem, then refused or out of memory at length -- skips its test with the
+    reason instead of failing it; a math failure is a failure."""
+    import pytest  # noqa: PLC0415 - tests only
+
+    from memo_exec.errors import BackendError  # noqa: PLC0415
+
+    try:
+        yield
+    except BackendError as e:
+        pytest.skip(str(e))
+    except RuntimeError as e:  # includes torch.OutOfMemoryError and cuDNN / CUDA kernel errors
+        if backend == "math":
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        pytest.skip(f"attention backend {backend} failed at the test's size: {type(e).__name__}: {first}")

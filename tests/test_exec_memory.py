@@ -81,8 +81,8 @@ def test_h100_memo_128k_estimate_is_within_5_percent_and_fits_80gb(h100_plan):
 def test_h100_estimate_term_by_term(h100_plan_zero):
     """With the executor's precision recipe every term the simulator counts agrees exactly, except
     the ones the executor knows more about: the transient peak (the SDPA backward kernel's dq, dk,
-    dv are allocated outside the arena while the whole arena is reserved) and the classifier (the
-    executor's chunked head)."""
+    dv and its workspace are allocated outside the arena while the whole arena is reserved) and the
+    classifier (the executor's chunked head)."""
     plan = h100_plan_zero
     sz, backend, dims = _cuda_sizes(plan)
     sim = sim_memory_breakdown(plan, plan.model.layers)
@@ -93,7 +93,34 @@ def test_h100_estimate_term_by_term(h100_plan_zero):
     assert extra == backend.outside_bytes(dims, 2, "bwd")
     assert rows["peak_total"]["simulator_bytes"] == plan.predicted.peak_gpu_bytes
     predicted = plan.predicted.peak_gpu_bytes
-    assert abs(sz.estimate.total - predicted) / predicted <= 0.05
+    # the whole difference is the kernel's own backward allocations (its dq, dk, dv and its fp32 dQ
+    # accumulator and lse vectors, 7% here), made outside the arena although the plan's peak, which
+    # the arena reserves, holds a slot for the workspace; the executor-only terms add < 0.1%
+    assert 0 <= sz.estimate.total - predicted - extra <= 0.001 * predicted
+
+
+@pytest.mark.parametrize("kv_heads", [32, 8])
+def test_kernel_backward_workspace_is_the_simulators(kv_heads):
+    """The fused kernels' backward outside-the-arena bytes hold their dq, dk, dv and the kernel's
+    own workspace, FlashAttention's fp32 dQ accumulator plus two fp32 lse vectors, byte for byte
+    the simulator's ``attention_bwd_workspace`` of the same layer (GQA or not)."""
+    from memo_exec.attention import SDPAEfficient, SDPAFlash
+    from memo_sim.cost.activations import tensor_bytes
+    from memo_sim.layout.parallel import Layout
+    from memo_sim.memplan.trace_gen import attention_buffers
+    from memo_sim.model.layer_graph import layer_tensors
+
+    m = ModelConfig("ws", 2, 4096, 32, 11008, vocab=1024, kv_heads=kv_heads)
+    batch, seq, esize = 1, 131072, 2
+    lay = Layout()
+    tb = {n: tensor_bytes(t, lay, batch, seq) for n, t in layer_tensors(m, lay.tp_mode).items()}
+    sim = dict(attention_buffers(m, lay, tb, "bwd"))["attention_bwd_workspace"]
+    T, h, kv = batch * seq, m.hidden, m.n_kv_heads * m.head_dim
+    assert sim == 2 * T * m.heads * 4 + T * h * 4  # the fp32 dQ accumulator is q in fp32: 2 GiB here
+    dims = AttnDims(batch, seq, m.heads, m.n_kv_heads, m.head_dim)
+    expanded = 2 * T * h * esize if kv_heads < m.heads else 0
+    for backend in (SDPAFlash(), SDPAEfficient()):
+        assert backend.outside_bytes(dims, esize, "bwd") == T * (h + 2 * kv) * esize + 2 * expanded + sim
 
 
 def test_a_device_too_small_is_refused_with_the_biggest_terms(h100_plan):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from memo_exec.block_attention import use_kernel
 from memo_exec.data import TokenSource
 from memo_exec.errors import ExecError
 from memo_exec.model import GPT
@@ -139,8 +140,10 @@ def _case(n, partition="flops", mux=False, dtype="fp64", model=MODEL, batch=1, s
 
 
 # ---------------------------------------------------------------------------------------- one process
-def test_prefix_attention_chunks_equal_causal_attention():
-    """Queries [a, a+n) against keys [0, a+n) with the offset mask = the rows of full causal attention."""
+@pytest.mark.parametrize("kernel", ["flash_cpu", "math"])
+def test_prefix_attention_chunks_equal_causal_attention(kernel):
+    """Queries [a, a+n) against keys [0, a+n) with the offset mask = the rows of full causal attention,
+    on the CPU flash block kernel and on the math one (several query chunks)."""
     g = torch.Generator().manual_seed(0)
     b, H, Hk, S, d = 2, 4, 2, 40, 8
     q = torch.randn(b, H, S, d, generator=g, dtype=torch.float64, requires_grad=True)
@@ -150,11 +153,12 @@ def test_prefix_attention_chunks_equal_causal_attention():
     dout = torch.randn_like(full)
     full.backward(dout)
     a, e = 13, 29
-    out, lse = prefix_attention_forward(q[:, :, a:e].detach(), k[:, :, :e].detach(), v[:, :, :e].detach(), a,
-                                        budget=2048)  # several query chunks
-    assert torch.allclose(out, full[:, :, a:e], atol=1e-12)
-    dq, dk, dv = prefix_attention_backward(dout[:, :, a:e], q[:, :, a:e].detach(), k[:, :, :e].detach(),
-                                           v[:, :, :e].detach(), out, lse, a, budget=2048)
+    with use_kernel(kernel):
+        out, lse = prefix_attention_forward(q[:, :, a:e].detach(), k[:, :, :e].detach(), v[:, :, :e].detach(), a,
+                                            budget=2048)  # math: several query chunks
+        assert torch.allclose(out, full[:, :, a:e], atol=1e-12)
+        dq, dk, dv = prefix_attention_backward(dout[:, :, a:e], q[:, :, a:e].detach(), k[:, :, :e].detach(),
+                                               v[:, :, :e].detach(), out, lse, a, budget=2048)
     # the rows [a, e) of the full attention's gradients come from queries >= a only where keys >= ... :
     # compare with autograd over those queries alone
     q2 = q[:, :, a:e].detach().requires_grad_()

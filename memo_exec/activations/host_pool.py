@@ -5,11 +5,18 @@ On CUDA the pool is an ordinary host tensor that is page-locked in place with
 asked for: PyTorch's pinned caching allocator would round a single request up to a power of two.
 On CPU it is a plain tensor. Views are cut at ``HOST_ALIGN``-aligned offsets, the
 ``registered_pool`` layout of `memo_sim.policy.host_layout` that the simulator sizes host memory by.
+
+If registering fails (a container's locked-memory limit, an old driver), the pool falls back to
+``torch.empty(..., pin_memory=True)`` (PyTorch's pinned allocator: page-locked, but it may reserve
+up to twice the bytes), and if that fails too, to pageable memory (copies then go through a staging
+buffer and do not overlap compute as planned). Either fallback is a ``RuntimeWarning`` and is
+reported: ``method`` and ``warning`` go into ``measured.json``'s ``meta.host_pool``.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 
@@ -21,20 +28,57 @@ def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
+def _register(ptr: int, nbytes: int) -> int:
+    """``cudaHostRegister`` of host memory in place; the CUDA error code (0: registered)."""
+    return int(torch.cuda.cudart().cudaHostRegister(ptr, nbytes, 0))
+
+
+def _pinned_empty(nbytes: int) -> torch.Tensor:
+    """A page-locked buffer from PyTorch's pinned host allocator."""
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+
+# how the pool's memory was obtained
+METHODS = ("registered", "pinned_allocator", "pageable", "host")  # host: the device is the CPU
+
+
 class HostPool:
     def __init__(self, nbytes: int, device: torch.device) -> None:
         self.nbytes = int(nbytes)
         self.device = device
         self.registered = False
+        self.method = "host"
+        self.warning: str | None = None
         self.buf = torch.empty(self.nbytes, dtype=torch.uint8)
         if device.type == "cuda" and self.nbytes > 0:
-            rc = int(torch.cuda.cudart().cudaHostRegister(self.buf.data_ptr(), self.nbytes, 0))
-            if rc != 0:
-                raise ExecError(f"cannot page-lock the {self.nbytes}-byte host pool (cudaHostRegister error {rc})")
+            self._page_lock()
+        self._off = 0
+
+    def _page_lock(self) -> None:
+        rc = _register(self.buf.data_ptr(), self.nbytes)
+        if rc == 0:
             self.registered = True
             if not self.buf.is_pinned():
                 raise ExecError("the host pool was registered with CUDA but torch does not see it as pinned")
-        self._off = 0
+            self.method = "registered"
+            return
+        why = f"cudaHostRegister of the {self.nbytes}-byte host pool failed (CUDA error {rc})"
+        try:
+            self.buf = _pinned_empty(self.nbytes)
+            self.method = "pinned_allocator"
+            self.warning = (f"{why}; using torch.empty(pin_memory=True) instead (page-locked, but PyTorch's "
+                            "pinned allocator may reserve up to twice the bytes)")
+        except RuntimeError as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            self.method = "pageable"
+            self.warning = (f"{why}, and pinned allocation failed too ({first}); the pool is pageable: copies "
+                            "are staged by the driver and will not overlap compute as planned")
+        warnings.warn(self.warning, RuntimeWarning, stacklevel=3)
+
+    def describe(self) -> dict:
+        """What `measured.json` reports about the pool (``meta.host_pool``)."""
+        pinned = self.method in ("registered", "pinned_allocator")
+        return {"bytes": self.nbytes, "method": self.method, "pinned": pinned, "warning": self.warning}
 
     @staticmethod
     def layout_bytes(shapes: list[tuple[tuple[int, ...], torch.dtype]]) -> int:

@@ -9,12 +9,15 @@ activation policy are unchanged: q, k, v and attn stay sequence-sharded in the l
 the ring with `memo_exec.distributed.p2p.ring_shift` (the next block's transfer is posted before
 the current block is computed and waited on before it is read); each (query chunk, key chunk)
 pair is skipped (key chunk later), causal (same chunk) or full, and partial results are merged
-with the log-sum-exp. Backward: K/V travel the ring again with their dK/dV accumulators, which
-arrive back at their owner after cp shifts; a block's accumulator is waited on only after this
-rank has computed its part of that block's dK/dV (into a separate buffer), so its shift overlaps
-the block's compute. The block kernel is plain PyTorch in the
-accumulation dtype (`memo_exec.device.acc_dtype`); on CUDA the NCCL P2P runs on NCCL's own
-stream, so the transfer of block j+1 overlaps the attention of block j.
+with the log-sum-exp (`memo_exec.block_attention`: one fused SDPA kernel call per pair, flash /
+memory-efficient on CUDA, the CPU flash kernel on CPU, so no pair's score matrix is built; the
+output and lse accumulate in the accumulation dtype, `memo_exec.device.acc_dtype`). Backward: K/V
+travel the ring again with their dK/dV accumulators (kv heads, accumulation dtype), which arrive
+back at their owner after cp shifts; each pair's gradients come from the kernel's backward given
+the final output and lse; a block's accumulator is waited on only after this rank has computed
+its part of that block's dK/dV (into a separate buffer), so its shift overlaps the block's
+compute. On CUDA the NCCL P2P runs on NCCL's own stream, so the transfer of block j+1 overlaps
+the attention of block j.
 
 `UlyssesAttention` (DeepSpeed-Ulysses over the ``ulysses`` group): ``all_to_all_single`` turns
 sequence-sharded q, k, v (all local heads) into head-sharded ones (1/u of the heads, the whole CP
@@ -32,12 +35,13 @@ import torch
 import torch.distributed as dist
 
 from memo_exec.attention import AttentionBackend, AttnDims
+from memo_exec.block_attention import block_backward, block_forward, merge_
 from memo_exec.device import acc_dtype
 from memo_exec.distributed.p2p import ring_shift
 
 
-def _bhsd(t: torch.Tensor, b: int, s: int, heads: int, d: int, dtype) -> torch.Tensor:
-    return t.view(b, s, heads, d).permute(0, 2, 1, 3).to(dtype)
+def _bhsd(t: torch.Tensor, b: int, s: int, heads: int, d: int) -> torch.Tensor:
+    return t.view(b, s, heads, d).permute(0, 2, 1, 3)
 
 
 class RingAttention(AttentionBackend):
@@ -68,28 +72,18 @@ class RingAttention(AttentionBackend):
         return out
 
     @staticmethod
-    def _scores(qa, kb, scale, causal):
-        s = torch.matmul(qa, kb.transpose(-1, -2)).mul_(scale)
-        if causal:
-            n = s.shape[-1]
-            s.masked_fill_(torch.ones(n, n, dtype=torch.bool, device=s.device).triu_(1), float("-inf"))
-        return s
-
-    def _unpack(self, kv, dims: AttnDims, acc):
-        b, s, hk, d, g = dims.batch, dims.seq, dims.kv_heads, dims.head_dim, dims.group
+    def _unpack(kv, dims: AttnDims):
+        """The K/V block travelling the ring (``[T, 2*Hk*d]``) as ``[b, Hk, s, d]`` views."""
+        b, s, hk, d = dims.batch, dims.seq, dims.kv_heads, dims.head_dim
         kw = hk * d
-        kb = _bhsd(kv[:, :kw], b, s, hk, d, acc)
-        vb = _bhsd(kv[:, kw:], b, s, hk, d, acc)
-        if g > 1:
-            kb, vb = kb.repeat_interleave(g, dim=1), vb.repeat_interleave(g, dim=1)
-        return kb, vb
+        return _bhsd(kv[:, :kw], b, s, hk, d), _bhsd(kv[:, kw:], b, s, hk, d)
 
     def forward(self, q, k, v, out, dims: AttnDims, scratch):
         acc = acc_dtype(q.dtype)
         b, s, H, d = dims.batch, dims.seq, dims.heads, dims.head_dim
         k_chunk = s // 2
         scale = 1.0 / math.sqrt(d)
-        qb = _bhsd(q, b, s, H, d, acc)
+        qb = _bhsd(q, b, s, H, d)
         o = torch.zeros(b, H, s, d, dtype=acc, device=q.device)
         lse = torch.full((b, H, s), float("-inf"), dtype=acc, device=q.device)
         cur = torch.cat([k, v], dim=1)
@@ -97,15 +91,11 @@ class RingAttention(AttentionBackend):
         for j in range(self.cp):
             src = (self.rank - j) % self.cp
             tr = ring_shift(cur, nxt, self.group, self.delay_s) if j < self.cp - 1 else None
-            kb, vb = self._unpack(cur, dims, acc)
+            kb, vb = self._unpack(cur, dims)
             for qs, ks, causal in self._pairs(src, k_chunk):
-                sc = self._scores(qb[:, :, qs], kb[:, :, ks], scale, causal)
-                blse = torch.logsumexp(sc, -1)
-                blk = torch.matmul(sc.sub_(blse.unsqueeze(-1)).exp_(), vb[:, :, ks])
-                new = torch.logaddexp(lse[:, :, qs], blse)
-                o[:, :, qs] = o[:, :, qs] * (lse[:, :, qs] - new).exp().unsqueeze(-1) + \
-                    blk * (blse - new).exp().unsqueeze(-1)
-                lse[:, :, qs] = new
+                ob, lb = block_forward(qb[:, :, qs], kb[:, :, ks], vb[:, :, ks], causal, scale)
+                merge_(o[:, :, qs], lse[:, :, qs], ob, lb)
+                del ob, lb
             if tr is not None:
                 self._wait(tr, "cp_kv_ring", cur)
                 cur, nxt = nxt, cur
@@ -114,37 +104,34 @@ class RingAttention(AttentionBackend):
 
     def backward(self, dout, q, k, v, out, aux, dq, dk, dv, dims: AttnDims, scratch):
         acc = acc_dtype(q.dtype)
-        b, s, H, hk, d, g = dims.batch, dims.seq, dims.heads, dims.kv_heads, dims.head_dim, dims.group
+        b, s, H, hk, d = dims.batch, dims.seq, dims.heads, dims.kv_heads, dims.head_dim
         k_chunk = s // 2
         scale = 1.0 / math.sqrt(d)
         lse = aux["lse"]
-        qb = _bhsd(q, b, s, H, d, acc)
-        dob = _bhsd(dout, b, s, H, d, acc)
-        delta = (dob * _bhsd(out, b, s, H, d, acc)).sum(-1)  # rowsum(dO * O)
-        dqb = torch.zeros_like(qb)
+        qb, dob, ob = (_bhsd(t, b, s, H, d) for t in (q, dout, out))
+        dqb = torch.zeros(b, H, s, d, dtype=acc, device=q.device)
         cur = torch.cat([k, v], dim=1)
         nxt = torch.empty_like(cur)
-        # dK/dV of the block held (all heads): this rank's part of block j is computed into
+        # dK/dV of the block held (its kv heads): this rank's part of block j is computed into
         # ``part`` while the accumulator of that block (the sum of the ranks before) is still
         # travelling; it is waited on only when ``part`` is ready to be added to it, then sent on.
         # After cp shifts every accumulator is home. ``acc_a`` / ``acc_b``: the accumulator in
         # flight and the one being received (neither is touched before its transfer is waited).
-        part = torch.empty(2, b, H, s, d, dtype=acc, device=q.device)
+        part = torch.empty(2, b, hk, s, d, dtype=acc, device=q.device)
         acc_a, acc_b = torch.empty_like(part), torch.empty_like(part)
         dkv_tr = None  # the accumulator shift posted after the previous block
         for j in range(self.cp):
             src = (self.rank - j) % self.cp
             tr = ring_shift(cur, nxt, self.group, self.delay_s) if j < self.cp - 1 else None
-            kb, vb = self._unpack(cur, dims, acc)
+            kb, vb = self._unpack(cur, dims)
             part.zero_()
             for qs, ks, causal in self._pairs(src, k_chunk):
-                p = self._scores(qb[:, :, qs], kb[:, :, ks], scale, causal)
-                p.sub_(lse[:, :, qs].unsqueeze(-1)).exp_()
-                part[1][:, :, ks] += torch.matmul(p.transpose(-1, -2), dob[:, :, qs])
-                dp = torch.matmul(dob[:, :, qs], vb[:, :, ks].transpose(-1, -2))
-                ds = p.mul_(dp.sub_(delta[:, :, qs].unsqueeze(-1))).mul_(scale)
-                dqb[:, :, qs] += torch.matmul(ds, kb[:, :, ks])
-                part[0][:, :, ks] += torch.matmul(ds.transpose(-1, -2), qb[:, :, qs])
+                gq, gk, gv = block_backward(dob[:, :, qs], qb[:, :, qs], kb[:, :, ks], vb[:, :, ks], ob[:, :, qs],
+                                            lse[:, :, qs], causal, scale)
+                dqb[:, :, qs] += gq
+                part[0][:, :, ks] += gk
+                part[1][:, :, ks] += gv
+                del gq, gk, gv
             if dkv_tr is None:  # the first block: this rank starts its accumulator
                 acc_a.copy_(part)
             else:  # block src's accumulator from the previous rank arrived in acc_b
@@ -157,10 +144,8 @@ class RingAttention(AttentionBackend):
                 cur, nxt = nxt, cur
         dq.view(b, s, H, d).copy_(dqb.permute(0, 2, 1, 3))
         self._wait(dkv_tr, "cp_dkv_ring", acc_b)  # this rank's own block, home after cp shifts
-        dkv = acc_b
-        dkh = dkv.view(2, b, hk, g, s, d).sum(3) if g > 1 else dkv
-        dk.view(b, s, hk, d).copy_(dkh[0].permute(0, 2, 1, 3))
-        dv.view(b, s, hk, d).copy_(dkh[1].permute(0, 2, 1, 3))
+        dk.view(b, s, hk, d).copy_(acc_b[0].permute(0, 2, 1, 3))
+        dv.view(b, s, hk, d).copy_(acc_b[1].permute(0, 2, 1, 3))
 
 
 def seq_to_heads(t: torch.Tensor, b: int, s_local: int, group, u: int) -> torch.Tensor:

@@ -108,11 +108,28 @@ def post(sends: list[tuple[int, torch.Tensor]], recvs: list[tuple[int, torch.Ten
     return tr
 
 
+def _copy_stream(t: torch.Tensor):
+    """The stream a local copy of ``t`` is issued on (None off CUDA)."""
+    return torch.cuda.current_stream(t.device) if t.is_cuda else None
+
+
+def local_copy(send: torch.Tensor, recv: torch.Tensor) -> Transfer:
+    """A one-rank ring's shift: ``recv <- send`` on the current stream. That stream may be a side
+    stream (METP's lane issues its transfers on one), other than the one the tensors were allocated
+    on: both are ``record_stream``ed on it, so the caching allocator does not hand their memory out
+    again (when the caller frees them) before the copy has run."""
+    recv.copy_(send)
+    for t in (send, recv):
+        stream = _copy_stream(t)
+        if stream is not None:
+            t.record_stream(stream)
+    return Transfer(done=True)
+
+
 def ring_shift(send: torch.Tensor, recv: torch.Tensor, group=None, delay_s: float = 0.0) -> Transfer:
     """Send ``send`` to the next rank of the ring and receive the previous rank's into ``recv``."""
     size = dist.get_world_size(group)
     rank = dist.get_rank(group)
     if size == 1:
-        recv.copy_(send)
-        return Transfer(done=True)
+        return local_copy(send, recv)
     return post([((rank + 1) % size, send)], [((rank - 1) % size, recv)], group, delay_s)

@@ -19,7 +19,10 @@ that the double buffer is then read before its block arrived.
 
 Each transfer is a span on its stream (``tp_p2p`` for the rings, ``tp_bcast`` for broadcasts and
 reduces: `memo_sim.timeline.TP_RING_STREAMS`, the simulator's names) from its issue to the return
-of its wait. The wait itself is a ``stall`` span on the compute stream (``wait_tp_p2p`` /
+of its wait. On CUDA both ends of that span are events on the side stream the transfer runs on:
+the start after the side stream has waited for the compute stream, the end after the side stream
+has waited for the transfer (inside the side stream's context), before the compute stream is made
+to wait for the side stream (outside it). The wait itself is a ``stall`` span on the compute stream (``wait_tp_p2p`` /
 ``wait_tp_bcast``): the time the compute stream sat idle for the ring, which
 `exposed_ring_seconds` sums into the measured counterpart of the simulator's ``exposed_p2p_s``.
 """
@@ -89,6 +92,27 @@ def _side_stream(device: torch.device):
     return _SIDE[key]
 
 
+class _CudaSide:
+    """The side stream a CUDA lane issues its transfers on."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.stream = _side_stream(device)
+
+    @contextlib.contextmanager
+    def issue(self):
+        """The side stream first waits for everything the compute stream issued, then runs the block."""
+        self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
+        with torch.cuda.stream(self.stream):
+            yield
+
+    def on(self):
+        return torch.cuda.stream(self.stream)
+
+    def join(self) -> None:
+        """The compute stream waits for the side stream (called outside the side stream's context)."""
+        torch.cuda.current_stream(self.stream.device).wait_stream(self.stream)
+
+
 class _Collective:
     """A ``torch.distributed`` async work handle with p2p.Transfer's ``wait``."""
 
@@ -115,16 +139,15 @@ class Lane:
     def __init__(self, opts: RingOptions, device: torch.device, phase: str) -> None:
         self.opts, self.phase = opts, phase
         self.cuda = torch.device(device).type == "cuda"
-        self.side = _side_stream(torch.device(device)) if self.cuda else None
+        self.side = _CudaSide(torch.device(device)) if self.cuda else None
         self.deferred: list[Pending] = []
 
     @contextlib.contextmanager
     def _issue_ctx(self):
-        if not self.cuda:
+        if self.side is None:
             yield
             return
-        self.side.wait_stream(torch.cuda.current_stream(self.side.device))
-        with torch.cuda.stream(self.side):
+        with self.side.issue():
             yield
 
     def _open(self, name: str, stream: str, nbytes: int):
@@ -186,14 +209,15 @@ class Lane:
         if p.waited:
             return
         with self.opts.timer.span(STALL_OP[p.stream], self.opts.layer, "stall", "compute"):
-            if self.cuda:
-                with torch.cuda.stream(self.side):
-                    p.handle.wait()
-                torch.cuda.current_stream(self.side.device).wait_stream(self.side)
+            if self.side is not None:
+                with self.side.on():
+                    p.handle.wait()  # the side stream waits for the transfer
+                    p.span.__exit__(None, None, None)  # its end event on the stream it ran on
+                self.side.join()
             else:
                 p.handle.wait()
+                p.span.__exit__(None, None, None)
         p.waited = True
-        p.span.__exit__(None, None, None)
 
     def wait(self, p: Pending | None) -> None:
         """Before the received buffer is read (or the sent one overwritten)."""

@@ -20,58 +20,19 @@ A_i), exactly Algorithm 4's lines 6-12). dQ accumulates locally; dK, dV travel o
 their K/V block (`memo_exec.metp.ffn` does the same for dB, dC) and a last hop brings each
 finished block home.
 
-The block kernel is PyTorch's SDPA flash kernel through its aten op (CPU: forward and backward;
-CUDA, fp16/bf16: forward), else an exact math block (S, P = exp(S - lse)).
+The block kernel and the merge are `memo_exec.block_attention`'s (the ones ring CP and SPPO's
+prefix attention use): PyTorch's fused SDPA kernels per block, forward and backward (CPU flash;
+CUDA flash for 16-bit, memory-efficient for fp32), a query-chunked math block otherwise.
 """
 
 from __future__ import annotations
 
 import torch
 
-from memo_exec.attention import expand_kv_heads, reduce_kv_heads
+from memo_exec.block_attention import block_backward, block_forward, merge_
 from memo_exec.device import acc_dtype
 from memo_exec.metp.lane import Lane, RingOptions
 from memo_exec.metp.ledger import Ledger
-
-
-def _math_scores(q, k, causal, scale):
-    s = torch.matmul(q, k.transpose(-1, -2)).mul_(scale)
-    if causal:
-        n = s.shape[-1]
-        mask = torch.ones(n, n, dtype=torch.bool, device=s.device).triu_(1)
-        s.masked_fill_(mask, float("-inf"))
-    return s
-
-
-def block_forward(q, k, v, causal: bool, scale: float):
-    """(o, lse) of one block; q [B, H, n, d], k/v [B, H, n, d] (already expanded)."""
-    if q.device.type == "cpu":
-        o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
-        return o, lse
-    if q.dtype in (torch.float16, torch.bfloat16):
-        r = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)
-        return r[0], r[1]
-    s = _math_scores(q.float(), k.float(), causal, scale)
-    lse = torch.logsumexp(s, -1)
-    o = torch.matmul(torch.exp(s - lse.unsqueeze(-1)), v.float()).to(q.dtype)
-    return o, lse
-
-
-def block_backward(do, q, k, v, o, lse, causal: bool, scale: float):
-    """dq, dk, dv of one block given the final output ``o`` and log-sum-exp ``lse`` of the rows."""
-    if q.device.type == "cpu":
-        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            do, q, k, v, o, lse, 0.0, causal, scale=scale)
-    ad = acc_dtype(q.dtype)
-    qf, kf, vf, dof = q.to(ad), k.to(ad), v.to(ad), do.to(ad)
-    p = torch.exp(_math_scores(qf, kf, causal, scale) - lse.to(ad).unsqueeze(-1))
-    dv = torch.matmul(p.transpose(-1, -2), dof)
-    dp = torch.matmul(dof, vf.transpose(-1, -2))
-    dsum = (dof * o.to(ad)).sum(-1, keepdim=True)
-    ds = p.mul_(dp.sub_(dsum)).mul_(scale)
-    dq = torch.matmul(ds, kf)
-    dk = torch.matmul(ds.transpose(-1, -2), qf)
-    return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype)
 
 
 ORDERS = ("contiguous", "interleaved")
@@ -102,7 +63,6 @@ def ring_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ba
     kb, vb = _bhsd(k, batch, k_heads), _bhsd(v, batch, k_heads)
     d = qb.shape[-1]
     scale = d ** -0.5
-    group = q_heads // k_heads
     shape = (2,) + tuple(kb.shape)
     nb = min(p, 2)
     bufs = ledger.halves(f"metp_kv_double_buffer{tag}", shape, k.dtype, k.device, "kv_buffer", nb)
@@ -119,14 +79,9 @@ def ring_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ba
         if plan is not None:
             qs, ks, causal = plan
             with opts.timer.span(f"mha_attn{tag}.{t}", opts.layer, lane.phase, "compute"):
-                kk, vv = expand_kv_heads(cur[0], group)[:, :, ks], expand_kv_heads(cur[1], group)[:, :, ks]
-                o_b, lse_b = block_forward(qb[:, :, qs], kk.contiguous(), vv.contiguous(), causal, scale)
-                a_s, l_s = acc[:, :, qs], lse[:, :, qs]
-                lse_b = lse_b.to(ad)
-                new = torch.logaddexp(l_s, lse_b)
-                a_s.mul_(torch.exp(l_s - new).unsqueeze(-1)).add_(o_b.to(ad) * torch.exp(lse_b - new).unsqueeze(-1))
-                l_s.copy_(new)
-                del o_b, lse_b, new, kk, vv
+                o_b, lse_b = block_forward(qb[:, :, qs], cur[0][:, :, ks], cur[1][:, :, ks], causal, scale)
+                merge_(acc[:, :, qs], lse[:, :, qs], o_b, lse_b)
+                del o_b, lse_b
         lane.wait(pend)
     lane.drain()
     _bhsd(out, batch, q_heads).copy_(acc)
@@ -146,7 +101,6 @@ def ring_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o
     lse_c = lse.contiguous()
     kb, vb = _bhsd(k, batch, k_heads), _bhsd(v, batch, k_heads)
     scale = qb.shape[-1] ** -0.5
-    group = q_heads // k_heads
     shape = (2,) + tuple(kb.shape)
     nb = min(p, 2)
     bufs = ledger.halves(f"metp_kv_double_buffer{tag}", shape, k.dtype, k.device, "kv_buffer", nb)
@@ -167,13 +121,11 @@ def ring_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o
         if plan is not None:
             qs, ks, causal = plan
             with opts.timer.span(f"mha_attn_bwd{tag}.{t}", opts.layer, lane.phase, "compute"):
-                kk, vv = expand_kv_heads(cur[0], group)[:, :, ks], expand_kv_heads(cur[1], group)[:, :, ks]
-                gq, gk, gv = block_backward(dob[:, :, qs].contiguous(), qb[:, :, qs].contiguous(), kk.contiguous(),
-                                            vv.contiguous(), ob[:, :, qs].contiguous(), lse_c[:, :, qs].contiguous(),
-                                            causal, scale)
+                gq, gk, gv = block_backward(dob[:, :, qs], qb[:, :, qs], cur[0][:, :, ks], cur[1][:, :, ks],
+                                            ob[:, :, qs], lse_c[:, :, qs], causal, scale)
                 dqb[:, :, qs].add_(gq)
-                grads = (reduce_kv_heads(gk, group), reduce_kv_heads(gv, group))
-                del kk, vv, gq, gk, gv
+                grads = (gk, gv)
+                del gq, gk, gv
         lane.wait(pend_d)  # the partial dK, dV of this block is in
         if grads is not None:
             dbufs[t % 2][0][:, :, ks].add_(grads[0])

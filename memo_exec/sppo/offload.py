@@ -15,23 +15,29 @@ simulator's rule, `memo_sim.policy.sppo.unit_is_offloaded`).
 Before a piece's backward, every offloaded unit of that piece is prefetched on the h2d stream (it
 waits for its offload's event); the unpack hook makes the compute stream wait for the prefetch's
 event before autograd reads the tensor, so a late copy delays the backward but never changes it.
-How long the compute stream waited there is the measured exposure of the prefetch. At the end of
-a step the streams are synchronised, so the next step's offloads never overwrite host rows a
-prefetch still reads.
+How long the compute stream waited there is the measured exposure of the prefetch: two marks of
+the step clock (`memo_exec.sppo.clock`; CUDA events on the compute stream around the
+``wait_event``), read at the end of the step. At the end of a step the streams are synchronised,
+so the next step's offloads never overwrite host rows a prefetch still reads.
 """
 
 from __future__ import annotations
 
 import contextlib
-import time
+import warnings
 from dataclasses import dataclass, field
 
 import torch
 
 from memo_exec.errors import ExecError
+from memo_exec.sppo.clock import StepClock
 from memo_exec.streams import CopyLabel
 from memo_sim.policy.host_layout import offload_token_count
 from memo_sim.policy.sppo import unit_is_offloaded
+
+
+def _pinned(shape, dtype) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, pin_memory=True)
 
 
 @dataclass
@@ -65,6 +71,7 @@ class _Unit:
     pf_ev: object = None
     waited: bool = False
     stats: UnitStats | None = None
+    wait_marks: list = field(default_factory=list)  # (before, after) the compute stream's prefetch wait
 
 
 class SequenceOffload:
@@ -73,7 +80,8 @@ class SequenceOffload:
 
     def __init__(self, streams, device: torch.device, alphas: list[float], layers: int, batch: int,
                  piece_tokens: list[int], param_ptrs: set[int], enabled: bool = True,
-                 layer_ids: list[int] | None = None, tags: list[str] | None = None, timer=None) -> None:
+                 layer_ids: list[int] | None = None, tags: list[str] | None = None, timer=None,
+                 clock: StepClock | None = None) -> None:
         self.streams, self.device = streams, device
         self.alphas, self.layers, self.batch = list(alphas), layers, batch
         self.tokens = list(piece_tokens)
@@ -82,8 +90,10 @@ class SequenceOffload:
         self.layer_ids = layer_ids or list(range(layers))  # the model's layer index of each stage layer
         self.tags = tags or [str(k) for k in range(len(piece_tokens))]
         self.timer = timer  # `memo_exec.measure.Recorder` (optional): the prefetch waits become stall spans
+        self.clock = clock or StepClock(device)  # the prefetch waits' marks, read in `end_step`
         self.n_units = len(piece_tokens) * layers
         self.pin = device.type == "cuda"
+        self.pin_warning: str | None = None  # set when pinning failed and the pool went pageable
         self.pool: dict[tuple, torch.Tensor] = {}
         self.units: dict[tuple[int, int], _Unit] = {}
         self.stats: list[UnitStats] = []
@@ -122,12 +132,12 @@ class SequenceOffload:
             if not unit.waited:
                 if unit.pf_ev is None:
                     raise ExecError(f"sppo: unit {unit.key} was not prefetched before its backward")
-                t0 = time.perf_counter()
                 span = self.timer.span("wait_prefetch", self.layer_ids[unit.key[1]], "stall") if self.timer \
                     else contextlib.nullcontext()
                 with span:
+                    before = self.clock.mark()
                     self.streams.compute.wait_event(unit.pf_ev)
-                unit.stats.prefetch_wait_s += time.perf_counter() - t0
+                    unit.wait_marks.append((before, self.clock.mark()))
                 unit.waited = True
             return s.back
 
@@ -143,9 +153,23 @@ class SequenceOffload:
     def _host(self, key: tuple, shape, dtype) -> torch.Tensor:
         t = self.pool.get(key)
         if t is None or tuple(t.shape) != tuple(shape) or t.dtype != dtype:
-            t = torch.empty(shape, dtype=dtype, pin_memory=self.pin)
+            t = self._alloc_host(shape, dtype)
             self.pool[key] = t
         return t
+
+    def _alloc_host(self, shape, dtype) -> torch.Tensor:
+        """Page-locked on CUDA; if pinning fails, pageable from then on, with a warning (the copies
+        then go through the driver's staging buffer and overlap compute less than planned)."""
+        if self.pin:
+            try:
+                return _pinned(shape, dtype)
+            except RuntimeError as e:
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                self.pin = False
+                self.pin_warning = (f"sppo: pinning the host pool failed ({first}); offloaded rows go to pageable "
+                                    "memory and their copies will not overlap compute as planned")
+                warnings.warn(self.pin_warning, RuntimeWarning, stacklevel=3)
+        return torch.empty(shape, dtype=dtype)
 
     def _offload(self, u: _Unit, n: int) -> None:
         k, j = u.key
@@ -204,8 +228,12 @@ class SequenceOffload:
                 u.saved.clear()
 
     def end_step(self) -> list[UnitStats]:
-        """Synchronise the copy streams, drop the step's units and return their statistics."""
+        """Synchronise the copy streams, read the prefetch waits' marks, drop the step's units and
+        return their statistics."""
         self.streams.synchronize()
+        self.clock.synchronize()
+        for u in self.units.values():
+            u.stats.prefetch_wait_s = sum(self.clock.between(a, b) for a, b in u.wait_marks)
         out = [u.stats for u in self.units.values()]
         self.units.clear()
         self.stats = []

@@ -18,8 +18,12 @@ One process per stage (``ranks[s]`` is stage s's rank in ``group``'s numbering).
 - the end: every send waited on, the copy streams synchronised, and with PP > 1 the tied
   embedding's two gradients (stage 0's and the last stage's) are exchanged and summed.
 
-Each rank records a span per piece forward and backward and per receive wait (wall clock,
-``time.perf_counter``, from a barrier at the step's start): the pipeline Gantt with its bubbles.
+Each rank records a span per piece forward and backward and per receive wait, from a barrier at
+the step's start: the pipeline Gantt with its bubbles. The spans are marks of the step clock
+(`memo_exec.sppo.clock`: CUDA timing events on the compute stream, ``time.perf_counter`` on
+CPU), read once after the step's one device synchronisation: no piece synchronises the device
+(nor reads its loss back), so the copy streams and the next piece's kernels keep overlapping,
+and a receive or prefetch wait is the time the compute stream sat blocked, not the host's.
 
 Test hooks (never set by a run): ``delay_s`` makes every send start that late (the receive must
 still see the right data), ``skip_recv_wait`` reads a received buffer without waiting for it
@@ -37,6 +41,7 @@ import torch
 import torch.distributed as dist
 
 from memo_exec.distributed.p2p import Transfer, post
+from memo_exec.sppo.clock import StepClock
 from memo_exec.sppo.offload import SequenceOffload, UnitStats
 from memo_exec.sppo.schedule import check_pieces, stage_actions
 from memo_exec.sppo.stage import Stage
@@ -142,9 +147,11 @@ class StageRunner:
             self.streams.sink = self.copy_log
         own = pieces[stage]
         params = {p.data_ptr() for _, p in self.stage.parameters()}
+        self.clock = StepClock(device)
         self.offload = SequenceOffload(self.streams, device, [alphas[p.sub] for p in own], len(self.stage.layers),
                                        batch, [p.tokens for p in own], params, enabled=self.opt.offload,
-                                       layer_ids=self.stage.layer_ids, tags=[p.tag() for p in own], timer=timer)
+                                       layer_ids=self.stage.layer_ids, tags=[p.tag() for p in own], timer=timer,
+                                       clock=self.clock)
         self.batch, self.seq, self.hidden, self.dtype = batch, seq, gpt.cfg.hidden, gpt.wte.dtype
 
     def parameters(self):
@@ -170,17 +177,16 @@ class StageRunner:
         trs[q] = post([], [(self.ranks[peer_stage], bufs[q])], self.group)
 
     def _assemble(self, peer_stage: int, qs: tuple[int, ...], pc: Piece, bufs, trs, kind: str,
-                  spans: list[Span], t0: float) -> torch.Tensor:
+                  marks: list) -> torch.Tensor:
         """The rows [pc.start, pc.end) out of the neighbour's overlapping pieces (after their waits)."""
         for q in sorted(qs, reverse=kind == "bwd"):  # the order the neighbour sends them in
             self._receive(peer_stage, q, bufs, trs)
-        w0 = time.perf_counter()
+        w0 = self.clock.mark()
         with self._span(f"recv_{kind}@{pc.tag()}", f"p2p_{kind}", "p2p"):
             if not self.opt.skip_recv_wait:
                 for q in qs:
                     trs[q].wait()
-        w1 = time.perf_counter()
-        spans.append(Span(self.s, f"wait_{kind}", pc.tag(), w0 - t0, w1 - t0))
+        marks.append((f"wait_{kind}", pc.tag(), w0, self.clock.mark()))
         parts = []
         for q in qs:
             p = self.pieces[peer_stage][q]
@@ -197,12 +203,6 @@ class StageRunner:
                 tr.wait()
         return post([(self.ranks[peer_stage], t)], [], self.group, self.opt.delay_s)
 
-    def _sync(self) -> None:
-        """CUDA: wait for the compute stream (the span ends when the piece's kernels have), not for
-        the copy streams, whose copies keep overlapping the next piece."""
-        if self.device.type == "cuda":
-            torch.cuda.current_stream(self.device).synchronize()
-
     def step(self, inputs: torch.Tensor | None, targets: torch.Tensor | None) -> StepResult:
         """One forward and backward of the whole sequence; the stage's parameter gradients are
         accumulated into ``.grad`` (zero them before). ``inputs`` is needed on stage 0,
@@ -214,12 +214,9 @@ class StageRunner:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         dist.barrier(group=self.group)
-        t0 = time.perf_counter()
-        ref_ev = None
-        if self.device.type == "cuda":
-            ref_ev = torch.cuda.Event(enable_timing=True)
-            ref_ev.record()
-        spans: list[Span] = []
+        clock = self.clock
+        clock.start()
+        marks: list = []  # (kind, piece tag, start mark, end mark), read after the step's synchronisation
         sends: list[Transfer] = []
         keep: list[torch.Tensor] = []  # sent tensors stay alive until their sends are waited on
         fbufs: dict[int, torch.Tensor] = {}
@@ -228,13 +225,13 @@ class StageRunner:
         btrs: dict[int, Transfer] = {}
         x_in: dict[int, torch.Tensor] = {}
         out: dict[int, torch.Tensor] = {}
-        loss = 0.0
+        loss = None  # the pieces' losses summed on the device, read once at the end
         for act in self.actions:
             k, pc = act.piece, own[act.piece]
             if act.kind == "fwd":
                 if s > 0:
-                    x = self._assemble(s - 1, act.waits_for, pc, fbufs, ftrs, "fwd", spans, t0)
-                a0 = time.perf_counter()
+                    x = self._assemble(s - 1, act.waits_for, pc, fbufs, ftrs, "fwd", marks)
+                a0 = clock.mark()
                 with self._span(f"stage_fwd@{pc.tag()}", "fwd"):
                     if s == 0:
                         x = st.embed(inputs, k)
@@ -246,39 +243,38 @@ class StageRunner:
                             x = st.layer(x, j, k)
                     if s == pp - 1:
                         y = st.loss(x, targets, k)
-                        loss += float(y.detach())
+                        loss = y.detach() if loss is None else loss + y.detach()
                     else:
                         y = x
-                    self._sync()
                 out[k] = y
-                spans.append(Span(s, "fwd", pc.tag(), a0 - t0, time.perf_counter() - t0))
+                marks.append(("fwd", pc.tag(), a0, clock.mark()))
                 if s < pp - 1:
                     keep.append(y.detach())
                     sends.append(self._send(s + 1, keep[-1], sends))
             else:
                 dy = None
                 if s < pp - 1:
-                    dy = self._assemble(s + 1, act.waits_for, pc, bbufs, btrs, "bwd", spans, t0)
-                a0 = time.perf_counter()
+                    dy = self._assemble(s + 1, act.waits_for, pc, bbufs, btrs, "bwd", marks)
+                a0 = clock.mark()
                 with self._span(f"stage_bwd@{pc.tag()}", "bwd"):
                     self.offload.prefetch_piece(k)
                     torch.autograd.backward(out.pop(k), dy)
                     self.offload.release_piece(k)
-                    self._sync()
-                spans.append(Span(s, "bwd", pc.tag(), a0 - t0, time.perf_counter() - t0))
+                marks.append(("bwd", pc.tag(), a0, clock.mark()))
                 if s > 0:
                     g = x_in.pop(k).grad
                     keep.append(g)
                     sends.append(self._send(s - 1, g, sends))
         for tr in list(ftrs.values()) + list(btrs.values()) + sends:
             tr.wait()
-        units = self.offload.end_step()
         self._tied_embedding_grad()
-        self._sync()
-        step_s = time.perf_counter() - t0
-        copies = self.copy_log.resolve(t0, ref_ev)
+        units = self.offload.end_step()  # synchronises the copy streams and the compute stream once
+        step_s = time.perf_counter() - clock.t0
+        spans = [Span(s, kind, tag, clock.seconds(a), clock.seconds(b)) for kind, tag, a, b in marks]
+        copies = self.copy_log.resolve(clock.t0, clock.ref)
         peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
-        return StepResult(loss if s == pp - 1 else None, spans, units, copies, st.cache.peak_bytes, step_s, peak)
+        loss_v = float(loss) if s == pp - 1 and loss is not None else None
+        return StepResult(loss_v, spans, units, copies, st.cache.peak_bytes, step_s, peak)
 
     def _tied_embedding_grad(self) -> None:
         """Stage 0 and the last stage hold the tied embedding: sum their two gradients."""

@@ -52,7 +52,8 @@ from memo_sim.layout.parallel import Layout
 from memo_sim.cost.metp import block_sizes
 from memo_sim.request_trace import Buffer, RequestTrace
 from memo_sim.model.config import ModelConfig
-from memo_sim.model.layer_graph import DTYPE_BYTES, forward_ops, layer_tensors, metp_group_of
+from memo_sim.model.layer_graph import (DTYPE_BYTES, attention_bwd_workspace_bytes, forward_ops, layer_tensors,
+                                       metp_group_of)
 from memo_sim.policy.base import Policy
 
 ALIGN = 512  # the CUDA caching allocator's granularity; planned sizes are rounded to it
@@ -105,7 +106,7 @@ def attention_buffers(model: ModelConfig, layout: Layout, tb: dict[str, float], 
         if layout.ulysses > 1:
             out += [("ulysses_qkv_alltoall", qkv), ("ulysses_attn_alltoall", tb["attn"])]
         return out
-    out = [("attention_bwd_workspace", 2 * tb["lse"] + tb["q"] * FP32 / d)]
+    out = [("attention_bwd_workspace", attention_bwd_workspace_bytes(tb["lse"], tb["q"], d))]
     if layout.cp > 1:
         out += [("cp_kv_double_buffer", 2 * kv), ("cp_dkv_fp32_in_flight", 2 * kv * FP32 / d)]
     if layout.ulysses > 1:
@@ -229,7 +230,7 @@ def _metp_mha_backward(b: "_Builder", bs: dict[str, float], p: int, tb: dict[str
         b.tick()
         ring = [(f"metp_kv_double_buffer{j}", 2 * bs["kv_block"]),
                 (f"metp_dkv_in_flight{j}", 2 * bs["kv_block"]),
-                (f"attention_bwd_workspace{j}", 2 * bs["lse_block"] + bs["attn_block"] * FP32 / d)]
+                (f"attention_bwd_workspace{j}", attention_bwd_workspace_bytes(bs["lse_block"], bs["attn_block"], d))]
         for name, nbytes in ring:
             b.alloc(name, nbytes)
         b.alloc(f"metp_d_qkv_block{j}", bs["qkv_block"])

@@ -45,6 +45,18 @@ from memo_sim.errors import MemoError
 from memo_sim.model.config import ModelConfig
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+LSE_BYTES = 4  # the attention's log-sum-exp: fp32 per (token, head)
+FP32_BYTES = 4
+
+
+def attention_bwd_workspace_bytes(lse_bytes: float, q_bytes: float, dtype_bytes: int) -> float:
+    """What the attention backward kernel allocates for itself beside its gradients: two
+    lse-sized fp32 vectors (the lse in the kernel's layout and rowsum(dO * O)) and FlashAttention's
+    fp32 dQ accumulator (q in fp32; ``q_bytes`` in the model dtype of ``dtype_bytes``). The
+    simulator's ``attention_bwd_workspace`` buffers (`memo_sim.memplan.trace_gen`) and the
+    executor's estimate for its kernel backends (`memo_exec.attention.kernel_bwd_workspace`) both
+    take it from here."""
+    return 2 * lse_bytes + q_bytes * FP32_BYTES / dtype_bytes
 
 ROLES = ("input", "attn", "other", "lse", "transient")
 
@@ -139,7 +151,7 @@ def layer_tensors(model: ModelConfig, tp_mode: str = "megatron") -> MappingProxy
     blocks = block_tensors(tp_mode)
     b = DTYPE_BYTES[model.dtype]
     width = {"h": model.hidden, "kv": model.kv_dim, "f1": model.fc1_width, "f": model.ffn, "heads": model.heads}
-    specs = [TensorSpec(n, width[w], 4 if role == "lse" else b, split,
+    specs = [TensorSpec(n, width[w], LSE_BYTES if role == "lse" else b, split,
                         "transient" if n in blocks else role, saved and n not in blocks)
              for n, w, split, role, saved in _TENSORS]
     return MappingProxyType({s.name: s for s in specs})
