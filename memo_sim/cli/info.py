@@ -28,11 +28,12 @@ def profiles():
 
 @click.command()
 def models():
-    """List the model presets."""
+    """List the model presets (any Hugging Face config.json of a dense decoder works too: --model PATH)."""
     rows = [[m.name, str(m.layers), str(m.hidden), str(m.heads), str(m.n_kv_heads), str(m.ffn), m.ffn_type,
-             str(m.vocab), f"{m.params() / 1e9:.2f}B"] for m in PRESETS.values()]
-    click.echo(render_table(["name", "layers", "hidden", "heads", "kv_heads", "ffn", "ffn_type", "vocab", "params"],
-                            rows))
+             m.norm, m.bias, "yes" if m.tied_embeddings else "no", str(m.vocab), f"{m.params() / 1e9:.2f}B"]
+            for m in PRESETS.values()]
+    click.echo(render_table(["name", "layers", "hidden", "heads", "kv_heads", "ffn", "ffn_type", "norm", "bias",
+                             "tied", "vocab", "params"], rows))
 
 
 @click.command("check-plan")
