@@ -67,8 +67,8 @@ def price_line(n: dict) -> str:
         return f"memo could not price the nearest plan: {n['error']}"
     planned = n.get("planned_iteration_s")
     if n["status"] != "OK":
-        return (f"memo predicts the nearest plan ({n['label']}) does not fit: {n['status']}"
-                + (f" ({n['failure']})" if n.get("failure") else ""))
+        return (f"memo predicts the nearest plan ({n['label']}) does not fit: "
+                + (n["failure"] if n.get("failure") else n["status"]))
     text = f"memo predicts the nearest plan ({n['label']}): {n['iteration_s']:.3f} s/iteration"
     if planned:
         text += f" against {planned:.3f} s for the plan ({100 * (n['iteration_s'] / planned - 1):+.1f}%)"
@@ -108,7 +108,7 @@ def price_nearest(plan: Plan, gaps: list[Gap]) -> dict | None:
         return {"label": label, "error": str(e), "status": None}
     return {"label": label, "status": res.status, "iteration_s": res.iteration_s, "mfu": res.mfu,
             "peak_gpu_bytes": res.peak_gpu_bytes, "planned_iteration_s": plan.predicted.iteration_s,
-            "failure": str(res.failure) if res.failure is not None else None}
+            "failure": res.failure.message() if res.failure is not None else None}
 
 
 # The gaps most frameworks share, written once.
