@@ -357,3 +357,21 @@ def test_time_limit_interrupts_a_hanging_wait():
             with time_limit(10):
                 pass
             never.wait(5)
+
+
+@pytest.mark.parametrize("name,content,needle", [
+    ("empty.npy", b"", "the file is empty"),
+    ("empty.bin", b"", "the file is empty"),
+    ("odd.bin", b"\x01\x00\x02", "not a whole number of uint16 ids"),
+    ("junk.npy", b"not numpy at all", "not a .npy array"),
+])
+def test_token_files_that_cannot_hold_ids_are_one_line_errors(tmp_path, name, content, needle):
+    """[robust-runs] an empty or malformed --tokens file is refused in one line, not a traceback."""
+    from memo_exec.data import load_tokens
+    from memo_exec.errors import ExecError
+
+    f = tmp_path / name
+    f.write_bytes(content)
+    with pytest.raises(ExecError) as e:
+        load_tokens(f)
+    assert needle in str(e.value) and "\n" not in str(e.value)
