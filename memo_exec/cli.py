@@ -23,11 +23,12 @@ import click
 
 from memo_exec.attention import BACKENDS
 from memo_exec.errors import ExecError, user_errors
-from memo_sim.errors import usage_line
+from memo_sim.errors import EXIT_INTERRUPTED, environment_error_line, usage_line
 
 
 class _ExecGroup(click.Group):
-    """A bad flag is one line on stderr and exit code 2, as in memo-sim."""
+    """A bad flag is one line on stderr and exit code 2, as in memo-sim; an operating-system error
+    one line and exit code 1; Ctrl-C exit code 130."""
 
     def invoke(self, ctx):
         try:
@@ -35,6 +36,12 @@ class _ExecGroup(click.Group):
         except click.UsageError as e:
             click.echo(usage_line(e), err=True)
             ctx.exit(2)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            ctx.exit(EXIT_INTERRUPTED)
+        except OSError as e:
+            click.echo(environment_error_line(e), err=True)
+            ctx.exit(1)
 
 
 @click.group(cls=_ExecGroup, help="Run a memo plan on real hardware and compare with the simulator's prediction.",
