@@ -34,6 +34,7 @@ import torch
 
 from memo_exec.errors import ExecError, MemoryPlanError
 from memo_sim.request_trace import Buffer, RequestTrace
+from memo_sim.memplan.trace_gen import UNPLACED
 from memo_sim.plan.contract import MemoryPlan
 
 PLAN_PHASES = ("fwd", "bwd")
@@ -43,8 +44,11 @@ TP_SUFFIXES = ("_gathered", "_regathered", "_partial")  # tensor/sequence-parall
 
 def unplaced_reason(ap: "ArenaPlan", phase: str, name: str) -> str | None:
     """Why a plan name that this executor does not place is still a legitimate name (the plan's
-    own ``unplaced`` list, from the simulator's traces), or None."""
+    own ``unplaced`` list, from the simulator's traces; for plans written before plans carried
+    it, the simulator's table of such tensors), or None."""
     r = ap.unplaced.get(phase, {}).get(name)
+    if r is None:
+        r = UNPLACED.get(phase, {}).get(name)
     if r is not None:
         return r
     if name.endswith(TP_SUFFIXES):

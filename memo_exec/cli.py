@@ -23,11 +23,12 @@ import click
 
 from memo_exec.attention import BACKENDS
 from memo_exec.errors import ExecError, user_errors
-from memo_sim.errors import usage_line
+from memo_sim.errors import EXIT_INTERRUPTED, environment_error_line, usage_line
 
 
 class _ExecGroup(click.Group):
-    """A bad flag is one line on stderr and exit code 2, as in memo-sim."""
+    """A bad flag is one line on stderr and exit code 2, as in memo-sim; an operating-system error
+    one line and exit code 1; Ctrl-C exit code 130."""
 
     def invoke(self, ctx):
         try:
@@ -35,6 +36,12 @@ class _ExecGroup(click.Group):
         except click.UsageError as e:
             click.echo(usage_line(e), err=True)
             ctx.exit(2)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            ctx.exit(EXIT_INTERRUPTED)
+        except OSError as e:
+            click.echo(environment_error_line(e), err=True)
+            ctx.exit(1)
 
 
 @click.group(cls=_ExecGroup, help="Run a memo plan on real hardware and compare with the simulator's prediction.",
@@ -105,16 +112,23 @@ def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens
 
         check_plan_for_world(plan, nproc, opts)
         backend_for(rank_device(device, 0))
-        argv = [plan_file, "--steps", str(steps), "--out", out_dir, "--seed", str(seed), "--lr", repr(lr),
+        from memo_sim.fileio import OutputFolder  # noqa: PLC0415
+
+        # rank 0 writes into a staging folder beside --out, moved in when every rank succeeded; a
+        # failed or interrupted run leaves --out untouched and keeps the stage (its launcher.log,
+        # which the error line names) as the incomplete folder
+        outf = OutputFolder(out_dir, "memo-exec run")
+        argv = [plan_file, "--steps", str(steps), "--out", str(outf.stage), "--seed", str(seed), "--lr", repr(lr),
                 "--pg-timeout", repr(pg_timeout)]
         for flag, v in (("--device", device), ("--layers", layers), ("--attention-backend", attention_backend),
                         ("--tokens", tokens_file), ("--dtype", dtype)):
             if v is not None:
                 argv += [flag, str(v)]
         argv += ["--no-memory-plan"] * bool(no_memory_plan) + ["--json"] * bool(as_json)
-        rc = launch_nproc(nproc, argv, out_dir, progress)
+        rc = launch_nproc(nproc, argv, str(outf.stage), progress, shown_out=out_dir)
         if rc:
             sys.exit(rc)
+        outf.commit()
         return
     if plan.layout.gpus > 1:
         n = plan.layout.gpus
@@ -127,17 +141,22 @@ def _run_single(plan, plan_file, opts, out_dir, as_json, progress) -> None:
     from memo_exec.report import write_outputs  # noqa: PLC0415
     from memo_exec.runner import Executor  # noqa: PLC0415
 
-    ex = Executor(plan, opts)
+    from memo_sim.fileio import output_folder  # noqa: PLC0415
 
     def report(done, total, rec):
         if progress:
             click.echo(f"[memo-exec] step {done}/{total}: {rec.iteration_s:.3f} s, loss {rec.loss:.4f}", err=True)
 
-    try:
-        res = ex.run(progress=report)
-    finally:
-        ex.close()
-    paths, comparison = write_outputs(res, out_dir, plan_file)
+    # the outputs are staged beside --out from the start (an unwritable --out fails before any
+    # step) and moved in together at the end; a failure or interrupt leaves --out as it was
+    with output_folder(out_dir, "memo-exec run") as outf:
+        ex = Executor(plan, opts)
+        try:
+            res = ex.run(progress=report)
+        finally:
+            ex.close()
+        staged, comparison = write_outputs(res, outf.stage, plan_file)
+    paths = {k: outf.path(p) for k, p in staged.items()}
     st = res.steady
     if as_json:
         import json  # noqa: PLC0415

@@ -44,17 +44,22 @@ class TokenSource:
 
 
 def load_tokens(path: Path) -> np.ndarray:
-    if not path.exists():
+    if not path.is_file():
         raise ExecError(f"--tokens {path}: no such file")
+    if path.stat().st_size == 0:
+        raise ExecError(f"--tokens {path}: the file is empty; give a .npy array or a .bin file of token ids")
     if path.suffix == ".npy":
         try:
             arr = np.load(path, mmap_mode="r")
-        except ValueError as e:
-            raise ExecError(f"--tokens {path}: not a .npy array ({e})") from None
+        except (ValueError, OSError, EOFError) as e:
+            raise ExecError(f"--tokens {path}: not a .npy array ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+                            ) from None
         if arr.dtype.kind not in "iu":
             raise ExecError(f"--tokens {path}: token ids must be integers, got {arr.dtype}")
         return np.asarray(arr).reshape(-1)
     if path.suffix == ".bin":
+        if path.stat().st_size % 2:
+            raise ExecError(f"--tokens {path}: {path.stat().st_size} bytes is not a whole number of uint16 ids")
         raw = np.memmap(path, dtype=np.uint16, mode="r")
         return np.asarray(raw)
     raise ExecError(f"--tokens {path}: use a .npy array of ids or a .bin file of uint16 ids")

@@ -16,12 +16,30 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from memo_exec.device import acc_dtype
+from memo_exec.errors import ExecError
 from memo_exec.layer import LN_EPS, LayerCompute, LayerWeights
 from memo_sim.model.config import ModelConfig
+
+# The architecture this executor builds (`memo_sim.model.config`'s norm / bias / tied_embeddings):
+# GPT's LayerNorms, biases on every linear (none on a SwiGLU FFN), one tied embedding/classifier.
+BUILT_ARCHITECTURE = {"norm": "layernorm", "bias": "all", "tied_embeddings": True}
+
+
+def check_architecture(model: ModelConfig) -> None:
+    """Refuse, before anything is allocated, a model whose layer this executor does not build
+    (RMSNorm, Llama/Qwen2-style biases, an untied classifier): running it as GPT would measure
+    another model than the plan predicts."""
+    for field_, built in BUILT_ARCHITECTURE.items():
+        have = getattr(model, field_)
+        if have != built:
+            raise ExecError(f"model {model.name}: {field_} = {have!r}: this executor builds {field_} = {built!r} "
+                            f"only (GPT's layer); plan a model with that architecture (e.g. a memo model file "
+                            f"with the same shapes) to measure it")
 
 
 class GPT(nn.Module):
     def __init__(self, model: ModelConfig, layers: int, device: torch.device, dtype: torch.dtype) -> None:
+        check_architecture(model)
         super().__init__()
         self.cfg = model
         h = model.hidden

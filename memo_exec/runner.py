@@ -47,6 +47,30 @@ class RunOptions:
     use_memory_plan: bool = True
     probe_backend: bool = True
 
+    def __post_init__(self) -> None:
+        # refused before anything is allocated: a run that cannot train sensibly is a typo
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
+            raise ExecError(f"--steps must be a whole number of at least 1, got {self.steps!r}")
+        if self.layers is not None and (isinstance(self.layers, bool) or not isinstance(self.layers, int)
+                                        or self.layers < 1):
+            raise ExecError(f"--layers must be a positive integer, got {self.layers!r}")
+        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and 0 < self.lr <= 1):
+            raise ExecError(f"--lr must be a finite learning rate in (0, 1], got {self.lr!r}")
+        if not (isinstance(self.weight_decay, (int, float)) and math.isfinite(self.weight_decay)
+                and self.weight_decay >= 0):
+            raise ExecError(f"weight decay must be finite and >= 0, got {self.weight_decay!r}")
+
+
+def run_model(plan: Plan, opts: RunOptions) -> ModelConfig:
+    """The model a run trains: the plan's, with ``--layers`` of its layers when given (never more)."""
+    if opts.layers is not None and opts.layers > plan.model.layers:
+        raise ExecError(f"--layers {opts.layers}: the plan's model has {plan.model.layers} layers; run at most that many")
+    return dataclasses.replace(plan.model, layers=opts.layers or plan.model.layers)
+
+
+class NonFiniteLoss(ExecError):
+    """Training produced a loss that is not a finite number: the run stops at that step."""
+
 
 def make_flops_fn(model: ModelConfig, batch: int, seq: int, recompute_fraction: float):
     """FLOPs of a timed span, from memo_sim.model.flops (for the trace's annotations)."""
@@ -154,11 +178,7 @@ class Executor:
             raise ExecError(f"policy {plan.policy.label()} runs as the distributed executor's {sched.name} schedule, "
                             f"not this single-device loop: run it with memo-exec run --nproc 1 "
                             f"(torchrun --nproc-per-node 1 -m memo_exec run)")
-        if opts.layers is not None and not (1 <= opts.layers):
-            raise ExecError(f"--layers must be a positive integer, got {opts.layers}")
-        if opts.steps < 1:
-            raise ExecError(f"--steps must be at least 1, got {opts.steps}")
-        self.model = dataclasses.replace(plan.model, layers=opts.layers or plan.model.layers)
+        self.model = run_model(plan, opts)
         self.device_spec = resolve_device(opts.device)
         self.device = self.device_spec.torch_device
         self.dtype = compute_dtype(plan.model.dtype, self.device_spec, opts.dtype)
@@ -305,8 +325,14 @@ def run_steps(ex, layers: int, caching_allocator_tensors, progress=None) -> RunR
     if not ex.allocated:
         ex.allocate()
     res = RunResult(ex.plan, ex.opts, ex.describe(), ex.estimate)
+    last_finite: tuple[int, float] | None = None
     for k in range(ex.opts.steps):
         rec = ex.step(k)
+        if not math.isfinite(rec.loss):
+            before = f"the last finite loss was {last_finite[1]:.6g} at step {last_finite[0]}" if last_finite else \
+                "no step had a finite loss"
+            raise NonFiniteLoss(f"step {k}: the loss is {rec.loss} ({before}); lower --lr or check the token data")
+        last_finite = (k, rec.loss)
         res.steps.append(rec)
         s = summarize_step(rec, layers)
         s["step"] = k

@@ -17,6 +17,8 @@ from memo_sim.profile.loader import load_profile
 from memo_sim.profile.schema import HardwareProfile
 from memo_sim.request_trace import Buffer, RequestTrace
 from memo_sim.search.estimate import IterationEstimate, estimate_iteration, memo_alpha
+from memo_sim.search.plan_build import build_plan
+from memo_sim.search.plan_check import plan_problems
 from memo_sim.search.sppo import SppoPoint, SppoSearch, search_sppo, solve_point
 from memo_sim.search.whatif import (Candidate, WhatIfResult, candidates_for, default_jobs, fold_duplicates, rank,
                                     simulate_candidates)
@@ -30,6 +32,6 @@ __all__ = [
     "Plan", "Policy", "SimResult", "Timeline", "TimelineEvent", "WhatIfResult", "candidates_for", "check_layout",
     "estimate_iteration", "get_model", "get_policy", "load_profile", "memo_alpha", "memory_breakdown", "plan_memory",
     "policy_names", "rank", "read_plan", "simulate", "simulate_candidates", "sweep_alpha", "write_plan",
-    "default_jobs", "fold_duplicates",
+    "default_jobs", "fold_duplicates", "build_plan", "plan_problems",
     "Sppo", "SppoPoint", "SppoSearch", "multiplex_phases", "partition_bounds", "search_sppo", "solve_point",
 ]

@@ -24,6 +24,15 @@ def usage_line(e) -> str:
     return f"error: {msg}; see `{cmd} -h`"
 
 
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a command stopped by Ctrl-C
+
+
+def environment_error_line(e: OSError) -> str:
+    """An operating-system error (read-only or full disk, missing folder, permission) as one line."""
+    where = f"{e.filename}: " if getattr(e, "filename", None) else ""
+    return f"error: {where}{e.strerror or e}; check the path, its permissions and free space"
+
+
 # -- the one boundary: pydantic's errors as one line ---------------------------------------------------
 _FIXES = {
     "missing": "add it",

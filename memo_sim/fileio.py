@@ -75,3 +75,67 @@ def save_png(fig: Any, path: str | os.PathLike, dpi: int = 120) -> Path:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
     return atomic_write_bytes(path, buf.getvalue())
+
+
+MANIFEST = "manifest.json"  # written last into a command's --out: the list of files that belong together
+
+
+class OutputFolder:
+    """A command's outputs, written as one set (`output_folder`).
+
+    ``stage`` is a fresh folder beside ``out`` (``.NAME.XXXX.partial``), created before any work,
+    so an output folder that cannot be written fails at once. The command writes there; `commit`
+    removes ``out``'s manifest (from now on the folder reads as incomplete), moves each staged
+    file into ``out`` (``os.replace``: atomic per file) and writes the new manifest last. A failure
+    or interrupt before `commit` removes the stage and leaves ``out`` exactly as it was."""
+
+    def __init__(self, out: str | os.PathLike, command: str) -> None:
+        self.out = Path(out)
+        self.command = command
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        if self.out.exists() and not self.out.is_dir():
+            raise MemoError(f"--out {self.out}: exists and is not a folder; choose a folder")
+        self.stage = Path(tempfile.mkdtemp(prefix=f".{self.out.name or 'out'}.", suffix=".partial",
+                                           dir=self.out.parent))
+
+    def path(self, staged: str | os.PathLike) -> Path:
+        """Where a staged file ends up once committed."""
+        return self.out / Path(staged).name
+
+    def commit(self) -> list[Path]:
+        self.out.mkdir(parents=True, exist_ok=True)
+        files = sorted(p for p in self.stage.iterdir() if p.is_file())
+        old = self.out / MANIFEST
+        if old.exists():
+            old.unlink()
+        moved = []
+        for f in files:
+            os.replace(f, self.out / f.name)
+            moved.append(self.out / f.name)
+        atomic_write_json(self.out / MANIFEST, {"command": self.command, "complete": True,
+                                                "files": [{"name": p.name, "bytes": p.stat().st_size} for p in moved]})
+        self.discard()
+        return moved
+
+    def discard(self) -> None:
+        import shutil
+
+        shutil.rmtree(self.stage, ignore_errors=True)
+
+
+class output_folder:  # noqa: N801 - used as a context manager, like open()
+    """``with output_folder(out, command) as f:`` write into ``f.stage``; committed on success,
+    discarded on any exception (KeyboardInterrupt included), see `OutputFolder`."""
+
+    def __init__(self, out: str | os.PathLike, command: str) -> None:
+        self.folder = OutputFolder(out, command)
+
+    def __enter__(self) -> OutputFolder:
+        return self.folder
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is None:
+            self.folder.commit()
+        else:
+            self.folder.discard()
+        return False

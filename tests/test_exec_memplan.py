@@ -171,3 +171,29 @@ def test_trace_command_and_write_plan(tmp_path):
     assert r.exit_code == 0, r.output
     meas = json.loads((tmp_path / "o" / "measured.json").read_text())
     assert meas["meta"]["memory_plan"]["offset_scale"] == 1
+
+
+@pytest.mark.parametrize("layers", [1, 2, 3])
+def test_plans_of_very_short_models_run_with_their_memory_plan(tmp_path, layers):
+    """[robust-runs] the what-if's MEMO plan of a 1-3 layer model runs with its memory plan: a model
+    whose layers are all kept recomputes nothing, so its plan places no recompute scratch; and a
+    plan without the ``unplaced`` list (an earlier release's) still runs."""
+    from memo_sim.cli import cli as sim_cli
+    from memo_sim.plan.schema import read_plan
+
+    r = CliRunner().invoke(sim_cli, ["whatif", "--layers", str(layers), "--hidden", "128", "--heads", "4", "--ffn", "512",
+                                 "--vocab", "512", "--dtype", "fp32", "--seq", "1K", "--gpus", "1", "--policy", "memo",
+                                 "--alpha", "0.5", "--jobs", "1", "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    d = json.loads((tmp_path / "plan.json").read_text())
+    for ph in d["memory_plan"]["phases"].values():
+        ph["unplaced"] = {}
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(d))
+    for f in (tmp_path / "plan.json", old):
+        ex = Executor(read_plan(f), RunOptions(device="cpu", steps=1))
+        try:
+            res = ex.run()
+            assert res.steps and ex.arena_plan is not None  # the transients sat at the plan's offsets
+        finally:
+            ex.close()

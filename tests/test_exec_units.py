@@ -357,3 +357,72 @@ def test_time_limit_interrupts_a_hanging_wait():
             with time_limit(10):
                 pass
             never.wait(5)
+
+
+@pytest.mark.parametrize("name,content,needle", [
+    ("empty.npy", b"", "the file is empty"),
+    ("empty.bin", b"", "the file is empty"),
+    ("odd.bin", b"\x01\x00\x02", "not a whole number of uint16 ids"),
+    ("junk.npy", b"not numpy at all", "not a .npy array"),
+])
+def test_token_files_that_cannot_hold_ids_are_one_line_errors(tmp_path, name, content, needle):
+    """[robust-runs] an empty or malformed --tokens file is refused in one line, not a traceback."""
+    from memo_exec.data import load_tokens
+    from memo_exec.errors import ExecError
+
+    f = tmp_path / name
+    f.write_bytes(content)
+    with pytest.raises(ExecError) as e:
+        load_tokens(f)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("kw,needle", [
+    (dict(lr=float("inf")), "--lr"), (dict(lr=float("nan")), "--lr"), (dict(lr=1e30), "--lr"), (dict(lr=0.0), "--lr"),
+    (dict(steps=0), "--steps"), (dict(layers=0), "--layers"), (dict(weight_decay=float("nan")), "weight decay"),
+])
+def test_run_options_that_cannot_train_are_refused(kw, needle):
+    """[robust-runs] flags that cannot be finite or sensible are refused before anything runs."""
+    from memo_exec.runner import RunOptions
+
+    with pytest.raises(ExecError, match=needle):
+        RunOptions(**kw)
+
+
+def test_layers_beyond_the_plan_are_refused():
+    from exec_helpers import make_plan, policy
+
+    from memo_exec.runner import RunOptions, run_model
+    from memo_sim.model.config import ModelConfig
+
+    plan = make_plan(ModelConfig("s", 2, 64, 4, 256, vocab=128), 64, policy("store_all"))
+    assert run_model(plan, RunOptions(layers=1)).layers == 1
+    with pytest.raises(ExecError, match=f"has {plan.model.layers} layers"):
+        run_model(plan, RunOptions(layers=plan.model.layers + 1))
+
+
+def test_training_stops_at_the_first_non_finite_loss():
+    """[robust-runs] a NaN/inf loss ends the run at that step with the last finite loss named."""
+    from memo_exec.measure import StepRecord
+    from memo_exec.runner import NonFiniteLoss, RunOptions, run_steps
+
+    losses = [2.5, 2.25, float("nan"), 1.0]
+    ran = []
+
+    class Fake:
+        allocated, estimate, plan, policy = True, None, None, None
+        opts = RunOptions(steps=4)
+
+        def describe(self):
+            return {}
+
+        def step(self, k):
+            ran.append(k)
+            return StepRecord(step=k, iteration_s=0.1, events=[], memory=[], peak_allocated_bytes=0,
+                              peak_reserved_bytes=0, loss=losses[k])
+
+    with pytest.raises(NonFiniteLoss) as e:
+        run_steps(Fake(), 1, lambda: [])
+    assert ran == [0, 1, 2]
+    assert str(e.value) == ("step 2: the loss is nan (the last finite loss was 2.25 at step 1); "
+                            "lower --lr or check the token data")

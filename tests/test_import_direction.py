@@ -9,7 +9,7 @@ memo_sim, lowest first:
   memplan (request traces, DSA solvers, allocator model, memory footprint), plan (the contract)
   engine (the SimPy simulator)
   search (analytic estimate, what-if ranking)
-  report (tables, traces, figures)
+  report (tables, traces, figures), export (plans as other frameworks' files)
   cli, api
 A module may import its own package and any lower layer; modules of the same layer in different
 packages do not import each other. memo_sim never imports torch or memo_exec.
@@ -34,7 +34,7 @@ LEVELS = {
     "memplan": 7, "plan": 7,
     "engine": 8,
     "search": 9,
-    "report": 10,
+    "report": 10, "export": 10,
     "cli": 11, "api": 11,
 }
 

@@ -324,3 +324,33 @@ def test_round_robin_fit_on_a_suite_problem_above_its_bound():
     assert res.status == "found" and res.peak <= 1048576
     plan = {b.id: int(res.offsets[i]) for i, b in enumerate(tr.buffers)}
     assert validate_placement(tr, plan, 1048576) == []
+
+
+def test_solvers_stop_at_their_time_limit_with_the_best_plan_so_far():
+    """[robust-runs] the greedy starts no ordering past its deadline (one is always placed), the
+    MIP abandons a model it cannot build in time, and solve_dsa returns a valid plan with its gap."""
+    import time as _time
+
+    import numpy as _np
+
+    from memo_sim.memplan.bounds import DSAInstance
+    from memo_sim.memplan.greedy import greedy_place
+    from memo_sim.memplan.mip_model import solve_mip
+    from memo_sim.memplan.solve import solve_dsa
+    from memo_sim.request_trace import Buffer, RequestTrace
+
+    rng = _np.random.default_rng(3)
+    lo = rng.integers(0, 400, 800)
+    up = lo + rng.integers(1, 60, 800)
+    sizes = rng.integers(1, 64, 800) * 256
+    inst = DSAInstance.from_arrays(sizes, lo, up)
+    g = greedy_place(inst, deadline=_time.perf_counter() - 1.0)
+    assert len(g.peaks) == 1
+    assert len(greedy_place(inst).peaks) == 16
+    mr = solve_mip(inst, g.offsets, time_limit_s=1e-6)
+    assert mr.status == "not-built" and not mr.improved and "not built within the time limit" in mr.notes[0]
+    trace = RequestTrace([Buffer(f"b{i}", int(sizes[i]), int(lo[i]), int(up[i])) for i in range(800)])
+    sol = solve_dsa(trace, time_limit_s=1e-6, solver="mip-highs")
+    assert sol.peak_bytes >= sol.lower_bound_bytes and sol.gap >= 0
+    assert "time limit reached" in sol.phases[0].detail
+    assert any(p.phase.startswith("mip") and "not-built" in p.detail for p in sol.phases)

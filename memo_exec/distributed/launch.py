@@ -122,8 +122,18 @@ def killed_rank(torchrun_log: str) -> tuple[int, int] | None:
     return int(rank.group(1)), int(code.group(1))
 
 
-def launch_nproc(nproc: int, argv: list[str], out_dir: str, progress: bool) -> int:
-    """Run ``memo-exec run`` with ``argv`` (no --nproc) under torchrun with ``nproc`` processes."""
+OUT_ENV = "MEMO_EXEC_OUT"  # the --out the user named, when the ranks write into a staging folder beside it
+
+
+def shown_path(p) -> Path:
+    """Where a file the ranks wrote will be once the launcher moves the staged outputs in."""
+    final = os.environ.get(OUT_ENV)
+    return Path(final) / Path(p).name if final else Path(p)
+
+
+def launch_nproc(nproc: int, argv: list[str], out_dir: str, progress: bool, shown_out: str | None = None) -> int:
+    """Run ``memo-exec run`` with ``argv`` (no --nproc) under torchrun with ``nproc`` processes;
+    ``shown_out``: the folder the outputs written to ``out_dir`` will be moved to (for messages)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            "-m", "memo_exec", "run", *argv] + (["--progress"] if progress else [])
     Path(out_dir).mkdir(parents=True, exist_ok=True)
@@ -134,6 +144,8 @@ def launch_nproc(nproc: int, argv: list[str], out_dir: str, progress: bool) -> i
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["PYTHONUNBUFFERED"] = "1"
+    if shown_out is not None:
+        env[OUT_ENV] = str(shown_out)
     seen: set[str] = set()
     first_error = None
     with open(log_path, "w") as log:
@@ -247,14 +259,15 @@ def run_rank(plan_file: str, opts, out_dir: str, as_json: bool, timeout_s: float
                        "device": res.meta["device"], "world": world, "layers": res.meta["layers"],
                        "tokens": res.meta["tokens"], "steady_state": st,
                        "losses": [s["loss"] for s in res.summaries], "per_rank": rows, **comparison.to_dict(),
-                       "files": {k: str(v) for k, v in paths.items()}}
+                       "files": {k: str(shown_path(v)) for k, v in paths.items()}}
                 echo(json.dumps(doc, indent=1, default=float))
             else:
                 echo(f"{res.meta['model']} {res.meta['policy']} {res.meta['layout']} on {world} ranks "
                      f"({res.meta['device']}): {st['iteration_s']:.4f} s/iteration (rank 0), "
                      f"{res.meta['tokens'] / st['iteration_s']:,.0f} tokens/s, loss {res.summaries[-1]['loss']:.4f}")
-                echo(f"wrote {paths['report']}, {paths['measured']}, {paths['trace']} (merged over {world} ranks)")
-                extra = [str(v) for k, v in paths.items() if ":" in k]
+                shown = {k: shown_path(v) for k, v in paths.items()}
+                echo(f"wrote {shown['report']}, {shown['measured']}, {shown['trace']} (merged over {world} ranks)")
+                extra = [str(v) for k, v in shown.items() if ":" in k]
                 if extra:
                     echo(f"wrote {', '.join(extra)} ({ex.schedule.name} schedule)")
         try:  # no rank tears its group down while rank 0 still writes the outputs

@@ -21,7 +21,6 @@ allocation, identically on every rank (so every rank refuses with the same line)
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 
@@ -44,7 +43,7 @@ from memo_exec.measure import Recorder, StepRecord
 from memo_exec.memory_estimate import MemoryEstimate
 from memo_exec.model import GPT, LayerHooks, LayerRuntime
 from memo_exec.optim import AdamW
-from memo_exec.runner import RunOptions, RunResult, make_flops_fn, run_steps
+from memo_exec.runner import RunOptions, RunResult, make_flops_fn, run_model, run_steps
 from memo_exec.streams import make_engine
 from memo_sim.plan.schema import Plan
 
@@ -58,7 +57,7 @@ def check_plan_for_world(plan: Plan, world: int, opts: RunOptions) -> None:
                         f"(torchrun --nproc-per-node {lay.gpus})")
     flavour_for(lay.tp_mode)
     schedule_for(lay, plan.policy)
-    model = dataclasses.replace(plan.model, layers=opts.layers or plan.model.layers)
+    model = run_model(plan, opts)
     why = check_divisible(lay, model, plan.batch, plan.seq_tokens)
     if why:
         raise ExecError(f"plan layout {lay.label()}: {why}")
@@ -88,13 +87,11 @@ class _KillHook(LayerHooks):
 class DistExecutor:
     def __init__(self, plan: Plan, opts: RunOptions, ctx: DistContext, device: DeviceSpec) -> None:
         self.plan, self.opts, self.ctx, self.layout = plan, opts, ctx, plan.layout
-        if opts.layers is not None and opts.layers < 1:
-            raise ExecError(f"--layers must be a positive integer, got {opts.layers}")
         if opts.steps < 1:
             raise ExecError(f"--steps must be at least 1, got {opts.steps}")
         check_plan_for_world(plan, ctx.world, opts)
         lay = self.layout
-        self.model = dataclasses.replace(plan.model, layers=opts.layers or plan.model.layers)
+        self.model = run_model(plan, opts)
         self.device_spec, self.device = device, device.torch_device
         self.dtype = compute_dtype(plan.model.dtype, device, opts.dtype)
         self.batch, self.seq = plan.batch, plan.seq_tokens

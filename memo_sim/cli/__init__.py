@@ -1,6 +1,6 @@
 """memo-sim: what-if planning for long-context LLM training (no GPU, no torch).
 
-One module per family of commands (`info`, `whatif`, `maxseq`, `memplan`, `simulate`); every user error is
+One module per family of commands (`info`, `whatif`, `maxseq`, `memplan`, `simulate`, `export`); every user error is
 one line on stderr and exit code 2 (never a traceback).
 """
 
@@ -10,7 +10,7 @@ import sys
 
 import click
 
-from memo_sim.cli import info, maxseq, memplan, simulate, whatif
+from memo_sim.cli import explain, export, info, maxseq, memplan, simulate, whatif
 from memo_sim.cli.common import MemoGroup
 from memo_sim.errors import MemoError
 
@@ -21,7 +21,7 @@ def cli():
     """Plan ultra-long-context LLM training: what-if, simulate, memory plans."""
 
 
-for _command in (*info.COMMANDS, whatif.whatif, *maxseq.COMMANDS, memplan.memplan, *simulate.COMMANDS):
+for _command in (*info.COMMANDS, whatif.whatif, *maxseq.COMMANDS, memplan.memplan, *simulate.COMMANDS, export.export, *explain.COMMANDS):
     cli.add_command(_command)
 
 

@@ -8,7 +8,7 @@ import time
 
 import click
 
-from memo_sim.errors import MemoError, usage_line
+from memo_sim.errors import EXIT_INTERRUPTED, MemoError, environment_error_line, usage_line
 from memo_sim.layout.parallel import MAX_DEGREE
 from memo_sim.plan.schema import MAX_BATCH
 from memo_sim.model.config import ModelConfig, get_model
@@ -103,7 +103,9 @@ def progress_option(f):
 
 
 class MemoGroup(click.Group):
-    """Turns MemoError and click's usage errors into a one-line message and exit code 2."""
+    """Turns MemoError and click's usage errors into a one-line message and exit code 2, an
+    operating-system error (a read-only or full disk ...) into one line and exit code 1, and
+    Ctrl-C into exit code 130 (files are written atomically, so nothing half-written is left)."""
 
     def invoke(self, ctx):
         try:
@@ -114,6 +116,12 @@ class MemoGroup(click.Group):
         except click.UsageError as e:
             click.echo(usage_line(e), err=True)
             ctx.exit(2)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            ctx.exit(EXIT_INTERRUPTED)
+        except OSError as e:
+            click.echo(environment_error_line(e), err=True)
+            ctx.exit(1)
 
 
 MAX_GPUS = MAX_DEGREE  # a cluster of more GPUs than this is a typo, not a plan

@@ -28,28 +28,37 @@ def profiles():
 
 @click.command()
 def models():
-    """List the model presets."""
+    """List the model presets (any Hugging Face config.json of a dense decoder works too: --model PATH)."""
     rows = [[m.name, str(m.layers), str(m.hidden), str(m.heads), str(m.n_kv_heads), str(m.ffn), m.ffn_type,
-             str(m.vocab), f"{m.params() / 1e9:.2f}B"] for m in PRESETS.values()]
-    click.echo(render_table(["name", "layers", "hidden", "heads", "kv_heads", "ffn", "ffn_type", "vocab", "params"],
-                            rows))
+             m.norm, m.bias, "yes" if m.tied_embeddings else "no", str(m.vocab), f"{m.params() / 1e9:.2f}B"]
+            for m in PRESETS.values()]
+    click.echo(render_table(["name", "layers", "hidden", "heads", "kv_heads", "ffn", "ffn_type", "norm", "bias",
+                             "tied", "vocab", "params"], rows))
 
 
 @click.command("check-plan")
 @click.argument("plan_file", type=click.Path(dir_okay=False))
 def check_plan(plan_file):
     """Validate a plan.json and summarise it."""
+    from memo_sim.errors import PlanError
+    from memo_sim.search.plan_check import plan_problems
+
     plan = read_plan(plan_file)
     p = plan.predicted
-    check = getattr(plan.policy, "check", None)  # SPPO: the subsequence plan must fit the layout and length
-    why = check(plan.model, plan.layout, plan.batch, plan.seq_tokens) if check else None
-    if why:
-        from memo_sim.errors import PlanError
+    problems = plan_problems(plan)
+    if problems:
+        raise PlanError(f"{plan_file}: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
 
-        raise PlanError(f"{plan_file}: policy: {why}")
+    def num(v, fmt) -> str:
+        return "n/a" if v is None else fmt(v)
+
     click.echo(f"{plan_file}: valid {plan.model.name}, {fmt_count(plan.seq_tokens)} tokens, {plan.gpus} GPUs, "
                f"{plan.layout.label()}, {plan.policy.label()}, predicted {p.status} "
-               f"{fmt_time(p.iteration_s or 0.0)}/iter, MFU {100 * (p.mfu or 0.0):.1f}%")
+               f"{num(p.iteration_s, fmt_time)}/iter, MFU {num(p.mfu, lambda m: f'{100 * m:.1f}%')}")
+    if plan.memory_plan is not None:
+        click.echo(f"  memory plan: transient arena {fmt_bytes(plan.memory_plan.transient_arena_bytes)}, "
+                   f"{sum(len(ph.offsets) for ph in plan.memory_plan.phases.values())} tensors placed "
+                   f"(checked against this layer's forward and backward)")
     if getattr(plan.policy, "pipelined", False):
         b, a = plan.policy.bounds, plan.policy.alphas
         click.echo(f"  SPPO: PP={plan.layout.pp}, N={plan.policy.subseqs} ({plan.policy.partition} partition"

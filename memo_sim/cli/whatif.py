@@ -24,6 +24,7 @@ from memo_sim.policy import policy_names
 from memo_sim.profile.loader import load_profile
 from memo_sim.report.table import render_table, status_text
 from memo_sim.search.frameworks import FRAMEWORKS
+from memo_sim.search.plan_build import build_plan
 from memo_sim.units import fmt_bytes, fmt_count, fmt_time
 
 
@@ -117,13 +118,7 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq,
     best = result.best
     plan_path = sppo_plan_path = None
     if best is not None and not no_plan:
-        plan = best.to_plan()
-        if best.policy.static_memory_plan:  # MEMO places its transient tensors by the bi-level static plan
-            from memo_sim.memplan.planner import plan_memory
-
-            plan.memory_plan = plan_memory(model, best.layout, best.batch, seq, best.policy,
-                                           time_limit_s=10.0).to_plan_json()
-        plan_path = write_plan(plan, Path(out_dir) / "plan.json")
+        plan_path = write_plan(build_plan(best), Path(out_dir) / "plan.json")
         sppo_best = next((c for c in result.candidates if c.sppo is not None and c.status == "OK"), None)
         if sppo_best is not None and sppo_best is not best:
             sppo_plan_path = write_plan(sppo_best.to_plan(), Path(out_dir) / "plan-sppo.json")

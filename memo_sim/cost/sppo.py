@@ -282,14 +282,15 @@ def pipeline_time(pp: int, n: int, f_n: float) -> float:
 
 def stage_params(model: ModelConfig, pp: int, stage: int) -> float:
     """Parameters one stage holds: its layers, the embedding on the first stage and the classifier
-    (the tied embedding's copy, with the final norm) on the last (one copy when pp = 1)."""
+    (its own matrix, or the tied embedding's copy) with the final norm on the last (with pp = 1 a
+    tied embedding is one copy)."""
     p = model.layers // pp * model.layer_params()
     if pp == 1:
         return p + model.embedding_params()
     if stage == 0:
         p += model.vocab * model.hidden
     if stage == pp - 1:
-        p += model.embedding_params()
+        p += model.vocab * model.hidden + model.norm_params
     return p
 
 

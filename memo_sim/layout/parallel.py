@@ -207,8 +207,11 @@ def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: i
         return f"tp={layout.tp} must divide the {gpus_per_node} GPUs of a node (TP stays inside a node)"
     if model.heads % (layout.tp * layout.ulysses):
         return f"heads ({model.heads}) not divisible by tp x ulysses ({layout.tp * layout.ulysses})"
-    if model.n_kv_heads % layout.tp and layout.tp % model.n_kv_heads:
-        return f"kv heads ({model.n_kv_heads}) and tp ({layout.tp}) do not divide each other"
+    if model.n_kv_heads % (layout.tp * layout.ulysses):
+        # Megatron-LM asserts num_query_groups % tensor_model_parallel_size == 0, and the executor
+        # splits K/V heads over TP and Ulysses exactly as it splits query heads (no replication)
+        return (f"kv heads ({model.n_kv_heads}) not divisible by tp x ulysses ({layout.tp * layout.ulysses}): "
+                f"each rank holds whole K/V heads")
     if model.ffn % layout.tp:
         return f"ffn ({model.ffn}) not divisible by tp ({layout.tp})"
     chunks = layout.ulysses * layout.cp * (2 if layout.cp > 1 else 1) * (layout.tp if layout.sp else 1)

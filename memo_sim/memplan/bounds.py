@@ -90,8 +90,15 @@ def overlap_pairs(lower: np.ndarray, upper: np.ndarray) -> np.ndarray:
     b_pos = np.repeat(first, count) + (np.arange(total) - run_start)
     a = order[a_pos]
     b = order[b_pos]
-    pairs = np.stack([np.minimum(a, b), np.maximum(a, b)], axis=1)
-    return pairs[np.lexsort((pairs[:, 1], pairs[:, 0]))]
+    return _sorted_pairs(np.minimum(a, b) * n + np.maximum(a, b), n)
+
+
+def _sorted_pairs(key: np.ndarray, n: int) -> np.ndarray:
+    """Pairs ``(key // n, key % n)`` in lexicographic order: one sort of one int64 key per pair
+    (n <= 2^22 buffers, so keys stay below 2^44), several times faster than a two-key lexsort
+    and a gather on tens of millions of pairs."""
+    key.sort()
+    return np.stack([key // n, key % n], axis=1)
 
 
 def conflict_graph(trace: RequestTrace) -> ConflictGraph:
@@ -103,9 +110,8 @@ def conflict_graph(trace: RequestTrace) -> ConflictGraph:
 def conflict_graph_from_arrays(lower: np.ndarray, upper: np.ndarray) -> ConflictGraph:
     n = int(lower.shape[0])
     pairs = overlap_pairs(lower, upper)
-    both = np.concatenate([pairs, pairs[:, ::-1]]) if len(pairs) else pairs
-    if len(both):
-        both = both[np.lexsort((both[:, 1], both[:, 0]))]
+    if len(pairs):
+        both = _sorted_pairs(np.concatenate([pairs[:, 0] * n + pairs[:, 1], pairs[:, 1] * n + pairs[:, 0]]), n)
         starts = np.searchsorted(both[:, 0], np.arange(n + 1), side="left")
         nbrs = tuple(both[starts[i]:starts[i + 1], 1].copy() for i in range(n))
     else:

@@ -15,6 +15,7 @@ with its peak; its cost is O(sum of degrees x log) per ordering.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -111,11 +112,14 @@ class GreedyResult:
 
 def greedy_place(inst: DSAInstance,
                  extra: dict[str, np.ndarray] | None = None,
-                 stop: Callable[[int], bool] | None = None) -> GreedyResult:
+                 stop: Callable[[int], bool] | None = None,
+                 deadline: float | None = None) -> GreedyResult:
     """Try every ordering with best fit and with first fit; return the lowest peak.
 
     ``extra`` adds named orderings; ``stop(peak)`` returning True ends early (for example when
-    the peak has reached the lower bound).
+    the peak has reached the lower bound); past ``deadline`` (a `time.perf_counter` instant)
+    no further ordering starts, so at least one is always placed. ``peaks`` lists the
+    orderings tried.
     """
     if inst.n == 0:
         z = np.zeros(0, dtype=np.int64)
@@ -133,7 +137,7 @@ def greedy_place(inst: DSAInstance,
             peaks[label] = pk
             if best is None or pk < best.peak:
                 best = GreedyResult(off, pk, label, order)
-            if stop is not None and stop(best.peak):
+            if (stop is not None and stop(best.peak)) or (deadline is not None and time.perf_counter() > deadline):
                 return GreedyResult(best.offsets, best.peak, best.ordering, best.order, peaks)
     assert best is not None
     return GreedyResult(best.offsets, best.peak, best.ordering, best.order, peaks)

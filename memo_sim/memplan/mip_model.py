@@ -122,6 +122,10 @@ def solve_mip(inst: DSAInstance, start_offsets: np.ndarray, *, solver: str = "hi
 
     The solver stops at a relative gap of ``rel_gap`` or an absolute gap below one size unit
     (every dropped placement's peak is a whole number of units, so that is optimal).
+
+    ``time_limit_s`` bounds building the model too: a model whose pair constraints are not all
+    added by then is abandoned (status ``not-built``, the warm start returned unimproved, a note
+    saying how far the build got); the solver gets the time the build left.
     """
     import mip
 
@@ -159,7 +163,14 @@ def solve_mip(inst: DSAInstance, start_offsets: np.ndarray, *, solver: str = "hi
     if mirror is not None:
         fixed_set[(mirror[0], mirror[1])] = True
     z = []
+    deadline = t0 + float(time_limit_s)
     for k in range(len(pairs)):
+        if k % 1024 == 0 and time.perf_counter() > deadline:
+            build = time.perf_counter() - t0
+            notes.append(f"the model was not built within the time limit ({k} of {len(pairs)} conflicting pairs "
+                         f"added in {build:.1f} s); the warm start stands")
+            return MipResult(used, "not-built", start, ub_bytes, lb_bytes, ub_bytes / lb_bytes - 1.0 if lb_bytes else 0.0,
+                             0.0, build, False, notes)
         i, j = int(pairs[k, 0]), int(pairs[k, 1])
         si, sj = int(S[i]), int(S[j])
         orient = fixed_set.get((i, j))
@@ -183,7 +194,7 @@ def solve_mip(inst: DSAInstance, start_offsets: np.ndarray, *, solver: str = "hi
     model.start = warm
     build = time.perf_counter() - t0
     t1 = time.perf_counter()
-    status = model.optimize(max_seconds=max(float(time_limit_s), 0.1))
+    status = model.optimize(max_seconds=max(deadline - t1, 0.1))
     solve_t = time.perf_counter() - t1
     bound_s = model.objective_bound
     bound_bytes = lb_bytes

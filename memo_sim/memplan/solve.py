@@ -148,11 +148,12 @@ def solve_dsa(trace: RequestTrace, *, time_limit_s: float = 30.0, solver: str = 
 
     # Candidates (offsets, method); validated at the end, best valid one wins.
     cands: list[tuple[np.ndarray, str]] = []
-    g = greedy_place(inst, stop=lambda pk: pk <= lb)
+    g = greedy_place(inst, stop=lambda pk: pk <= lb, deadline=deadline)
     gmethod = f"greedy:{g.ordering}"
     cands.append((g.offsets, gmethod))
     best_peak = g.peak
-    phase("greedy", g.peak, f"best of {len(g.peaks)} orderings: {g.ordering}, peak {g.peak} "
+    cut = " (time limit reached)" if time.perf_counter() > deadline else ""
+    phase("greedy", g.peak, f"best of {len(g.peaks)} orderings{cut}: {g.ordering}, peak {g.peak} "
           f"({100 * (g.peak / lb - 1):.2f}% over the lower bound {lb})")
     lower = lb
 

@@ -55,6 +55,7 @@ from memo_sim.model.config import ModelConfig
 from memo_sim.model.layer_graph import (DTYPE_BYTES, attention_bwd_workspace_bytes, forward_ops, layer_tensors,
                                        metp_group_of)
 from memo_sim.policy.base import Policy
+from memo_sim.policy.rounding_buffers import offloaded_layer_count
 
 ALIGN = 512  # the CUDA caching allocator's granularity; planned sizes are rounded to it
 
@@ -160,8 +161,12 @@ def layer_forward_trace(model: ModelConfig, layout: Layout, batch: int, seq: int
 def layer_backward_trace(model: ModelConfig, layout: Layout, batch: int, seq: int,
                          policy: Policy | None = None) -> RequestTrace:
     """One layer's backward transient requests on one GPU, with the policy's token-wise
-    recompute scratch (memoised per model, GPU shard and recompute fraction)."""
+    recompute scratch (memoised per model, GPU shard and recompute fraction). A model too short
+    for any layer to be offloaded (`offloaded_layer_count` is 0: the kept layers are all of them)
+    recomputes nothing, so its backward has no recompute scratch."""
     frac = policy.recompute_fraction if policy is not None else 0.0
+    if offloaded_layer_count(model.layers) == 0:
+        frac = 0.0
     return _layer_backward_trace(model, per_gpu_shard(layout), batch, seq, frac)
 
 

@@ -1,4 +1,18 @@
-"""Transformer model configurations: the MEMO paper's GPT presets, LLaMA, GPT-175B, custom."""
+"""Transformer model configurations: the MEMO paper's GPT presets, LLaMA, GPT-175B, today's open
+decoder families (Llama-3.1, Qwen2.5, Mistral) and custom ones (flags, memo model files, Hugging
+Face ``config.json``: `memo_sim.model.hf_config`).
+
+Architecture fields beyond the shapes, each with the families it describes:
+
+- ``norm``: ``layernorm`` (weight and bias; GPT-2, GPT-NeoX, Megatron GPT) or ``rmsnorm``
+  (weight only; Llama, Mistral, Qwen2).
+- ``bias``: which linear layers carry a bias. ``all``: the QKV projection, the attention output
+  projection and a GELU FFN's two linears (GPT-2, GPT-NeoX, Megatron GPT; a SwiGLU FFN has none,
+  as in every family memo models); ``qkv``: only the QKV projection (Qwen2); ``none``: no linear
+  layer (Llama, Mistral).
+- ``tied_embeddings``: the classifier reuses the token embedding (GPT-2, memo's GPT presets) or
+  has its own V x h matrix (Llama-3, Mistral, Qwen2.5 7B and larger).
+"""
 
 from __future__ import annotations
 
@@ -12,10 +26,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from memo_sim.errors import MemoError, validated
 from memo_sim.fileio import read_utf8
+from memo_sim.model.hf_config import config_path, hf_model_fields, is_hf_config, model_name, with_defaults
 from memo_sim.model.precision import RECIPES, PrecisionRecipe, default_recipe
 
 FFN_TYPES = ("gelu", "swiglu")
 DTYPES = ("bf16", "fp16", "fp32")
+NORMS = ("layernorm", "rmsnorm")
+BIASES = ("all", "qkv", "none")
 # Physical caps: the largest published models have ~130 layers, hidden 25K, vocab 256K; a value
 # past these is a typo (1e30 layers would hang the simulator), refused with this range.
 MAX_LAYERS = 4096
@@ -44,6 +61,9 @@ class _ModelIn(BaseModel):
     ffn_type: Literal[FFN_TYPES] = "gelu"
     dtype: Literal[DTYPES] = "bf16"
     precision: Literal[tuple(RECIPES)] | None = None
+    norm: Literal[NORMS] = "layernorm"
+    bias: Literal[BIASES] = "all"
+    tied_embeddings: bool = Field(True, strict=True)
 
     @model_validator(mode="after")
     def _shapes(self):
@@ -67,6 +87,9 @@ class ModelConfig:
     ffn_type: str = "gelu"  # gelu: fc1 (h->f), act, fc2 (f->h); swiglu: gate+up (h->2f), act, down
     dtype: str = "bf16"
     precision: str | None = None  # model-state recipe (`memo_sim.model.precision`); None: by dtype
+    norm: str = "layernorm"  # layernorm | rmsnorm (module docs)
+    bias: str = "all"  # which linears carry a bias: all | qkv | none (module docs)
+    tied_embeddings: bool = True  # the classifier reuses the token embedding
 
     def __post_init__(self) -> None:
         # every way of building a model (presets, files, flags, plans) passes the one validator
@@ -93,19 +116,29 @@ class ModelConfig:
     def fc1_width(self) -> int:
         return 2 * self.ffn if self.ffn_type == "swiglu" else self.ffn
 
+    @property
+    def norm_params(self) -> int:
+        """Weights of one normalisation: scale and shift (LayerNorm) or scale only (RMSNorm)."""
+        return (2 if self.norm == "layernorm" else 1) * self.hidden
+
     def layer_params(self) -> int:
         """Weights and biases of one layer: QKV, output projection, FFN, two norms."""
         h, f, kv = self.hidden, self.ffn, self.kv_dim
-        attn = h * (h + 2 * kv) + (h + 2 * kv) + h * h + h
+        attn = h * (h + 2 * kv) + h * h
+        if self.bias in ("all", "qkv"):
+            attn += h + 2 * kv  # QKV bias
+        if self.bias == "all":
+            attn += h  # output projection bias
         if self.ffn_type == "swiglu":
             ffn = 3 * h * f  # gate, up, down; no biases (LLaMA)
         else:
-            ffn = 2 * h * f + f + h
-        return attn + ffn + 4 * h
+            ffn = 2 * h * f + (f + h if self.bias == "all" else 0)
+        return attn + ffn + 2 * self.norm_params
 
     def embedding_params(self) -> int:
-        """Token embedding, tied with the classifier (one copy), plus the final norm."""
-        return self.vocab * self.hidden + 2 * self.hidden
+        """Everything outside the layers: the token embedding, the classifier when it is not tied
+        to it, and the final norm."""
+        return (1 if self.tied_embeddings else 2) * self.vocab * self.hidden + self.norm_params
 
     def params(self) -> int:
         return self.layers * self.layer_params() + self.embedding_params()
@@ -129,9 +162,21 @@ PRESETS: dict[str, ModelConfig] = {
     "gpt-65b": ModelConfig("gpt-65b", 80, 8192, 64, 32768),
     # GPT-3 paper
     "gpt-175b": ModelConfig("gpt-175b", 96, 12288, 96, 49152),
-    # LLaMA / LLaMA-2 papers
+    # LLaMA / LLaMA-2 papers (shapes only: counted with GPT's LayerNorms, attention biases and tied
+    # embeddings, as earlier releases did; the families below are described exactly)
     "llama-7b": ModelConfig("llama-7b", 32, 4096, 32, 11008, vocab=32000, ffn_type="swiglu"),
     "llama-70b": ModelConfig("llama-70b", 80, 8192, 64, 28672, vocab=32000, kv_heads=8, ffn_type="swiglu"),
+    # Hugging Face config.json of each model (`memo_sim.model.hf_config` reads the same files):
+    # meta-llama/Llama-3.1-8B, -70B, -405B; Qwen/Qwen2.5-7B, -72B; mistralai/Mistral-7B-v0.3
+    **{name: ModelConfig(name, layers, hidden, heads, ffn, vocab=vocab, kv_heads=kv, ffn_type="swiglu",
+                         norm="rmsnorm", bias=bias, tied_embeddings=False)
+       for name, layers, hidden, heads, kv, ffn, vocab, bias in (
+           ("llama-3.1-8b", 32, 4096, 32, 8, 14336, 128256, "none"),
+           ("llama-3.1-70b", 80, 8192, 64, 8, 28672, 128256, "none"),
+           ("llama-3.1-405b", 126, 16384, 128, 8, 53248, 128256, "none"),
+           ("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, "qkv"),
+           ("qwen2.5-72b", 80, 8192, 64, 8, 29568, 152064, "qkv"),
+           ("mistral-7b", 32, 4096, 32, 8, 14336, 32768, "none"))},
 }
 
 
@@ -139,13 +184,16 @@ def get_model(name: str) -> ModelConfig:
     if name in PRESETS:
         return PRESETS[name]
     p = Path(name)
-    if p.suffix in (".json", ".yaml", ".yml"):
+    if p.suffix in (".json", ".yaml", ".yml") or p.is_dir():
         return model_from_file(p)
-    raise MemoError(f"model {name!r} unknown; presets: {', '.join(PRESETS)} (or a .yaml/.json file, or --layers/--hidden/...)")
+    raise MemoError(f"model {name!r} unknown; presets: {', '.join(PRESETS)} (or a .yaml/.json model file, a "
+                    f"Hugging Face config.json or its folder, or --layers/--hidden/...)")
 
 
 def model_from_file(path: str | Path) -> ModelConfig:
-    path = Path(path)
+    """A model from a memo model file (.yaml/.json with ModelConfig's fields) or a Hugging Face
+    config.json (or the folder holding one; `memo_sim.model.hf_config`)."""
+    path = config_path(path)
     if not path.exists():
         raise MemoError(f"{path}: no such model file")
     try:
@@ -157,6 +205,9 @@ def model_from_file(path: str | Path) -> ModelConfig:
         raise MemoError(f"{path}: nested too deeply to be a model file; check the file") from None
     if not isinstance(raw, dict):
         raise MemoError(f"{path}: a model file is a mapping of fields (layers, hidden, heads, ffn, vocab)")
+    if is_hf_config(raw):
+        fields = hf_model_fields(with_defaults(path, raw), source=str(path), name=model_name(path))
+        return ModelConfig.from_dict(fields, source=str(path))
     raw.setdefault("name", path.stem)
     if not isinstance(raw["name"], str):
         raw["name"] = str(raw["name"])

@@ -1,0 +1,112 @@
+"""memo-sim explain: where a plan's iteration time goes, what fills its memory, and what binds."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from memo_sim.engine.simulate import simulate
+from memo_sim.memplan.footprint import memory_breakdown
+from memo_sim.plan.schema import read_plan
+from memo_sim.profile.loader import load_profile
+from memo_sim.report.explain import peak_moment, time_breakdown
+from memo_sim.report.table import render_table
+from memo_sim.search.estimate import memo_alpha
+from memo_sim.units import fmt_bytes, fmt_time
+
+_ALPHA_WORDS = {"overlap": "the offload of one layer's bytes must hide under that layer's forward",
+                "host_memory": "the offloaded bytes of every offloaded layer must fit the node's pinned host memory",
+                "none": "every token fits both limits"}
+
+
+@click.command("explain")
+@click.argument("plan_file", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the explanation as JSON.")
+def explain(plan_file, as_json):
+    """Explain PLAN_FILE: time breakdown, memory at the peak, host memory, the binding limit."""
+    plan = read_plan(plan_file)
+    profile = load_profile(plan.profile)
+    res = simulate(plan.model, plan.layout, plan.batch, plan.seq_tokens, plan.policy, profile, record=True,
+                   classifier_chunk_tokens=plan.classifier_chunk_tokens)
+    devices = sorted({o.device for o in res.ops if o.device >= 0})
+    times = [time_breakdown(res, d) for d in devices]
+    mem = memory_breakdown(plan.model, plan.layout, plan.batch, plan.seq_tokens, plan.policy, profile,
+                           classifier_chunk_tokens=plan.classifier_chunk_tokens)
+    peaks = {d: peak_moment(res, d) for d in devices}
+    binding = _binding(plan, profile, res, mem)
+    terms = {"model states": mem.model_states_bytes, "kept activations": mem.skeletal_resident_bytes,
+             "rounding / recompute buffers": mem.rounding_buffer_bytes, "attention lse": mem.lse_bytes,
+             f"layer transients ({'static plan' if plan.policy.static_memory_plan else 'caching allocator'})":
+                 mem.transient_peak_bytes,
+             "boundary activation": mem.layer_boundary_bytes, "classifier (beside transients, max of the two)":
+                 mem.classifier_peak_bytes}
+    if as_json:
+        click.echo(json.dumps({
+            "plan": str(plan_file), "status": res.status, "iteration_s": res.iteration_s, "mfu": res.mfu,
+            "time_breakdown_s": [{"device": t.device, "iteration_s": t.iteration_s, "busy": t.busy_s,
+                                  "waits": t.waits_s} for t in times],
+            "memory_terms_bytes": None if (res.pipeline or {}).get("stages") else terms,
+            "stages": (res.pipeline or {}).get("stages"),
+            "analytic_peak_gpu_bytes": max((st["analytic_peak_gpu_bytes"] for st in (res.pipeline or {}).get("stages")
+                                            or ()), default=mem.peak_gpu_bytes),
+            "simulated_peak_gpu_bytes": res.peak_gpu_bytes, "gpu_capacity_bytes": res.gpu_capacity_bytes,
+            "peak": peaks, "host_bytes_per_node": res.peak_host_bytes_per_node,
+            "host_capacity_bytes": res.host_capacity_bytes, "binding": binding,
+            "failure": res.failure.message() if res.failure is not None else None}, indent=1))
+        return
+    it = f"{fmt_time(res.iteration_s)}/iteration, MFU {100 * res.mfu:.1f}%" if res.ok else res.failure.message()
+    click.echo(f"{plan.model.name}, {plan.seq_tokens} tokens x {plan.batch}, {plan.layout.label()}, "
+               f"{plan.policy.label()} on {plan.gpus} x {profile.gpu.model}: {res.status}, {it}")
+    click.echo(f"binding: {binding}")
+    for t in times:
+        rows = [[k, fmt_time(v), f"{100 * v / t.iteration_s:.1f}%"] for k, v in t.busy_s.items()]
+        rows += [[k, fmt_time(v), f"{100 * v / t.iteration_s:.1f}%"]
+                 for k, v in sorted(t.waits_s.items(), key=lambda kv: -kv[1])]
+        rows.append(["iteration", fmt_time(t.iteration_s), "100.0%"])
+        where = f"GPU {t.device}" + (f" (stage {devices.index(t.device)})" if len(devices) > 1 else "")
+        click.echo(f"\ntime on {where}'s compute stream (simulated):")
+        click.echo(render_table(["", "seconds", "share"], rows))
+    stages = (res.pipeline or {}).get("stages")
+    if stages:  # a pipeline: each stage holds its own layers, micro-batches or subsequences
+        rows = [[str(s["stage"]), fmt_bytes(s["analytic_peak_gpu_bytes"]), fmt_bytes(s["peak_gpu_bytes"])]
+                for s in stages]
+        click.echo(f"\nGPU memory per stage (usable {fmt_bytes(res.gpu_capacity_bytes)}):")
+        click.echo(render_table(["stage", "peak (analytic)", "peak (simulated)"], rows))
+    else:
+        rows = [[k, fmt_bytes(v)] for k, v in terms.items()]
+        rows += [["peak (analytic: the terms above)", fmt_bytes(mem.peak_gpu_bytes)],
+                 ["peak (simulated)", fmt_bytes(res.peak_gpu_bytes)],
+                 ["usable GPU memory", fmt_bytes(res.gpu_capacity_bytes)]]
+        click.echo("\nGPU memory per GPU:")
+        click.echo(render_table(["", "bytes"], rows))
+    for d, p in peaks.items():
+        if p is not None:
+            at = f"{p['op']} (layer {p['layer']}, {p['phase']})" if p["op"] else "between compute ops"
+            click.echo(f"  GPU {d} peaks at {fmt_time(p['time_s'])} during {at}")
+    click.echo(f"\npinned host memory per node: {fmt_bytes(res.peak_host_bytes_per_node)} of "
+               f"{fmt_bytes(res.host_capacity_bytes)}")
+
+
+def _binding(plan, profile, res, mem) -> str:
+    """The limit nearest to binding, in words."""
+    if not res.ok:
+        return res.failure.message()
+    gpu = res.peak_gpu_bytes / res.gpu_capacity_bytes
+    host = res.peak_host_bytes_per_node / res.host_capacity_bytes if res.host_capacity_bytes else 0.0
+    words = (f"GPU memory {100 * gpu:.0f}% full ({fmt_bytes(res.peak_gpu_bytes)} of "
+             f"{fmt_bytes(res.gpu_capacity_bytes)}); pinned host memory {100 * host:.0f}% full")
+    if plan.policy.takes_alpha and plan.layout.pp == 1:
+        solved = memo_alpha(plan.model, plan.layout, plan.batch, plan.seq_tokens, profile)
+        if solved.feasible:
+            why = _ALPHA_WORDS.get(solved.binding, solved.binding)
+            same = abs(solved.alpha - plan.policy.alpha) < 1e-9
+            words += (f"; alpha {plan.policy.alpha:.3f} " + ("is the solver's: " if same else
+                      f"was set by hand (the solver gives {solved.alpha:.3f}): ") + why)
+        else:
+            words += (f"; alpha {plan.policy.alpha:.3f} was set by hand: the solver finds none "
+                      f"({solved.reason()}), so copies stall the compute stream")
+    return words
+
+
+COMMANDS = (explain,)

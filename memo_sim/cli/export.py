@@ -1,0 +1,43 @@
+"""memo-sim export: a plan as the files Megatron-LM, torchtitan or DeepSpeed read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from memo_sim.errors import MemoError
+from memo_sim.export import EXPORTERS, export_plan
+from memo_sim.export.base import price_line
+from memo_sim.fileio import atomic_write_text
+from memo_sim.plan.schema import read_plan
+
+
+@click.command("export")
+@click.argument("plan_file", type=click.Path(dir_okay=False))
+@click.option("--to", "framework", required=True, type=click.Choice(list(EXPORTERS)),
+              help="The framework to write the plan for.")
+@click.option("--out", "out_dir", default="export", show_default=True, type=click.Path(file_okay=False),
+              help="Folder the framework's files are written to.")
+@click.option("--price/--no-price", default=True, show_default=True,
+              help="Simulate the nearest plan the framework can run where it cannot express the plan.")
+def export(plan_file, framework, out_dir, price):
+    """Write PLAN_FILE for Megatron-LM, torchtitan or DeepSpeed; list what it cannot express."""
+    plan = read_plan(plan_file)
+    ex = export_plan(plan, framework, price=price)
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise MemoError(f"--out {out_dir}: cannot create the folder ({e.strerror}); choose a writable one") from None
+    written = [atomic_write_text(out / name, text) for name, text in ex.files.items()]
+    click.echo(f"{plan_file} -> {ex.framework} ({ex.source}): {', '.join(str(p) for p in written)}")
+    click.echo(f"  run: {ex.launch}")
+    if ex.gaps:
+        click.echo(f"  not expressible in {ex.framework} ({len(ex.gaps)}):")
+        for g in ex.gaps:
+            click.echo(f"    - {g.what} -> {g.nearest}")
+        if ex.nearest is not None:
+            click.echo("  " + price_line(ex.nearest))
+    else:
+        click.echo(f"  every part of the plan is expressed in {ex.framework}")

@@ -1,0 +1,177 @@
+"""What every exporter shares: the plan's parts a framework cannot express, the nearest plan it
+can run instead, and memo's predicted cost of running that one.
+
+An exporter (one module per framework, registered by name in `memo_sim.export`) turns a plan
+into the files that framework reads. Where the framework has no setting for a part of the plan
+(MEMO's token-wise offload, the static memory plan, METP, SPPO, Ulysses or ring CP where it has
+none, a ZeRO stage it does not offer, interleaving), the exporter records a `Gap`: what the plan
+does, the nearest setting written instead, and how the plan changes (`PlanChange`). All changes
+together give the nearest plan, which `price_nearest` simulates on the plan's profile, so the
+user sees what memo predicts the framework's run costs beside what the plan promised.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from memo_sim.errors import MemoError
+from memo_sim.layout.parallel import Layout
+from memo_sim.layout.schedule import default_schedule
+from memo_sim.plan.schema import Plan
+from memo_sim.policy import Policy, get_policy
+
+
+@dataclass(frozen=True)
+class PlanChange:
+    """How the nearest plan differs: a policy by name, layout fields, a schedule."""
+
+    policy: str | None = None
+    layout: dict = field(default_factory=dict)
+    schedule: str | None = None
+
+
+@dataclass(frozen=True)
+class Gap:
+    what: str  # the part of the plan the framework cannot express
+    nearest: str  # the setting written instead
+    change: PlanChange = PlanChange()
+
+
+@dataclass
+class Export:
+    """An exporter's answer: files by name, the gaps, the launch line, and the nearest plan's price."""
+
+    framework: str
+    source: str  # the framework version the option names were checked against
+    files: dict[str, str]
+    gaps: list[Gap]
+    launch: str
+    nearest: dict | None = None  # `price_nearest`'s answer (None when nothing changes)
+
+    def comment_block(self, prefix: str = "# ") -> str:
+        """The not-expressible block, as comment lines of the exported file."""
+        lines = [f"Exported by memo-sim export for {self.framework} (option names as in {self.source})."]
+        if not self.gaps:
+            lines.append("Every part of the plan is expressed below.")
+        else:
+            lines.append("Not expressible in this framework (the nearest setting is written instead):")
+            lines += [f"  - {g.what}: {g.nearest}" for g in self.gaps]
+            if self.nearest is not None:
+                lines.append(price_line(self.nearest))
+        return "\n".join(prefix + ln if ln else prefix.rstrip() for ln in lines)
+
+
+def price_line(n: dict) -> str:
+    if n.get("error"):
+        return f"memo could not price the nearest plan: {n['error']}"
+    planned = n.get("planned_iteration_s")
+    if n["status"] != "OK":
+        return (f"memo predicts the nearest plan ({n['label']}) does not fit: "
+                + (n["failure"] if n.get("failure") else n["status"]))
+    text = f"memo predicts the nearest plan ({n['label']}): {n['iteration_s']:.3f} s/iteration"
+    if planned:
+        text += f" against {planned:.3f} s for the plan ({100 * (n['iteration_s'] / planned - 1):+.1f}%)"
+    return text + f", peak {n['peak_gpu_bytes'] / 2**30:.2f} GiB"
+
+
+def nearest_plan(plan: Plan, gaps: list[Gap]) -> tuple[Layout, Policy, str]:
+    """The layout, policy and schedule the framework runs instead: every gap's change applied."""
+    layout, policy, schedule = plan.layout, plan.policy, plan.schedule
+    for g in gaps:
+        c = g.change
+        if c.layout:
+            layout = dataclasses.replace(layout, **c.layout)
+        if c.policy is not None:
+            policy = get_policy(c.policy, None)
+            if schedule == "sppo":
+                schedule = default_schedule(layout.pp, c.policy)
+        if c.schedule is not None:
+            schedule = c.schedule
+    return layout, policy, schedule
+
+
+def price_nearest(plan: Plan, gaps: list[Gap]) -> dict | None:
+    """memo's prediction for the nearest plan on the plan's profile (None when no gap changes
+    the plan; ``error`` when it cannot be simulated)."""
+    if not any(g.change != PlanChange() for g in gaps):
+        return None
+    from memo_sim.engine.simulate import simulate  # noqa: PLC0415 - the simulator only when pricing
+    from memo_sim.profile.loader import load_profile  # noqa: PLC0415
+
+    layout, policy, schedule = nearest_plan(plan, gaps)
+    label = f"{layout.label()} {policy.label()}" + (f" {schedule}" if layout.pp > 1 else "")
+    try:
+        res = simulate(plan.model, layout, plan.batch, plan.seq_tokens, policy, load_profile(plan.profile),
+                       keep_timeline=False)
+    except MemoError as e:
+        return {"label": label, "error": str(e), "status": None}
+    return {"label": label, "status": res.status, "iteration_s": res.iteration_s, "mfu": res.mfu,
+            "peak_gpu_bytes": res.peak_gpu_bytes, "planned_iteration_s": plan.predicted.iteration_s,
+            "failure": res.failure.message() if res.failure is not None else None}
+
+
+# The gaps most frameworks share, written once.
+
+def ulysses_gap(plan: Plan, instead: str = "cp") -> list[Gap]:
+    u = plan.layout.ulysses
+    if u == 1:
+        return []
+    return [Gap(f"DeepSpeed-Ulysses over {u} GPUs", f"ring context parallelism over {u} GPUs",
+                PlanChange(layout={"ulysses": 1, instead: plan.layout.cp * u}))]
+
+
+def metp_gap(plan: Plan) -> list[Gap]:
+    if not plan.layout.metp:
+        return []
+    return [Gap(f"METP ({plan.layout.tp_mode}: weight blocks on a P2P ring)",
+                f"Megatron tensor parallelism with sequence parallelism, degree {plan.layout.tp}",
+                PlanChange(layout={"tp_mode": "megatron", "sp": True}))]
+
+
+def policy_gaps(plan: Plan, runs: dict[str, str], fallback: str = "full_recompute",
+                notes: dict[str, str] | None = None) -> list[Gap]:
+    """Gaps of the activation policy: ``runs`` maps the policies the framework expresses to the
+    words of its setting; any other becomes ``fallback`` (``notes`` adds the framework's nearest
+    mechanism in words, per policy); MEMO's static memory plan, which no framework takes, is
+    listed on its own."""
+    pol = plan.policy
+    gaps = []
+    if pol.name not in runs:
+        what = {"memo": f"MEMO's token-wise offload (alpha = {pol.alpha}) and recompute",
+                "full_offload": "full offload of the skeletal activations to pinned host memory",
+                "sppo": f"SPPO's subsequence pipeline ({getattr(pol, 'subseqs', '?')} subsequences, "
+                        f"per-subsequence offload)"}.get(pol.name, f"the {pol.name} policy")
+        note = (notes or {}).get(pol.name)
+        gaps.append(Gap(what, runs[fallback] + (f" ({note})" if note else ""), PlanChange(policy=fallback)))
+    if pol.static_memory_plan:
+        gaps.append(Gap("MEMO's bi-level static memory plan", "PyTorch's caching allocator"))
+    return gaps
+
+
+def zero_gap(plan: Plan, stages: tuple[int, ...], words: str) -> list[Gap]:
+    z = plan.layout.zero
+    if z in stages:
+        return []
+    nearest = max(s for s in stages if s <= z) if any(s <= z for s in stages) else min(stages)
+    return [Gap(f"ZeRO stage {z}", f"{words} (ZeRO {nearest})", PlanChange(layout={"zero": nearest}))]
+
+
+def interleave_gap(plan: Plan) -> list[Gap]:
+    if plan.schedule != "interleaved_1f1b":
+        return []
+    return [Gap(f"interleaved 1F1B with {plan.layout.vpp} virtual stages", "1F1B",
+                PlanChange(layout={"vpp": 1}, schedule="1f1b"))]
+
+
+def gpus_per_node(plan: Plan) -> int:
+    from memo_sim.profile.loader import load_profile  # noqa: PLC0415
+
+    return load_profile(plan.profile).node_gpus
+
+
+def torchrun_line(plan: Plan, script: str) -> str:
+    """torchrun's process counts for the plan's GPUs on nodes of the profile's size."""
+    per = min(plan.gpus, gpus_per_node(plan))
+    nodes = -(-plan.gpus // per)
+    return f"torchrun --nnodes {nodes} --nproc-per-node {per} {script}"

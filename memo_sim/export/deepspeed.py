@@ -1,0 +1,110 @@
+"""DeepSpeed: ``ds_config.json`` plus the Megatron-DeepSpeed launch line that reads it.
+
+The JSON keys are DeepSpeed's own (`SOURCE`: ``deepspeed/runtime/constants.py``,
+``runtime/zero/config.py``, ``runtime/activation_checkpointing/config.py``); the launcher is
+Megatron-DeepSpeed's ``pretrain_gpt.py`` (`LAUNCHER_SOURCE`), whose ``--ds-sequence-parallel-size``
+is DeepSpeed-Ulysses and whose ``--deepspeed-activation-checkpointing`` / ``--checkpoint-in-cpu``
+select DeepSpeed's activation checkpointing and its CPU copy of the checkpoints. DeepSpeed
+expresses Ulysses, TP (Megatron's), ZeRO 0-3, DeepSpeed's pipeline engine (no interleaving) and
+full recompute, with the checkpointed layer inputs kept on the GPU or on the host.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from memo_sim.export.base import (Export, Gap, PlanChange, interleave_gap, metp_gap, nearest_plan, policy_gaps,
+                                  price_nearest, torchrun_line)
+from memo_sim.plan.schema import Plan
+
+SOURCE = "deepspeedai/DeepSpeed@edaa7221 (2026-08-22)"
+LAUNCHER_SOURCE = "deepspeedai/Megatron-DeepSpeed (megatron/arguments.py)"
+CONFIG_FILE = "ds_config.json"
+LAUNCH_FILE = "deepspeed.sh"
+
+_RUNS = {"store_all": "no activation checkpointing",
+         "full_recompute": "activation_checkpointing (each layer's input kept, the layer recomputed)"}
+_CPU_NOTE = ("the nearest DeepSpeed mechanism, cpu_checkpointing, keeps only each layer's input on the host and "
+             "recomputes the rest")
+
+
+def gaps(plan: Plan) -> list[Gap]:
+    out = []
+    if plan.layout.cp > 1:
+        out.append(Gap(f"ring context parallelism over {plan.layout.cp} GPUs",
+                       f"DeepSpeed-Ulysses over {plan.layout.cp} GPUs (--ds-sequence-parallel-size)",
+                       PlanChange(layout={"cp": 1, "ulysses": plan.layout.ulysses * plan.layout.cp})))
+    out += metp_gap(plan) + interleave_gap(plan)
+    out += policy_gaps(plan, _RUNS, notes={"memo": _CPU_NOTE, "full_offload": _CPU_NOTE})
+    m = plan.model
+    if (m.ffn_type, m.norm, m.bias, m.tied_embeddings) != ("gelu", "layernorm", "all", True):
+        out.append(Gap(f"{m.name}'s architecture ({m.ffn_type}, {m.norm}, bias {m.bias}, "
+                       f"{'tied' if m.tied_embeddings else 'untied'} embeddings)",
+                       "not written: add the architecture flags as your Megatron-DeepSpeed version spells them"))
+    return out
+
+
+def config(plan: Plan, applied: list[Gap]) -> dict:
+    lay, pol, _ = nearest_plan(plan, applied)
+    m = plan.model
+    cfg = {
+        "train_batch_size": plan.batch * lay.dp,
+        "train_micro_batch_size_per_gpu": plan.micro_batch,
+        "gradient_accumulation_steps": plan.micro_batches,
+        "zero_optimization": {"stage": lay.zero, "overlap_comm": True, "contiguous_gradients": True},
+        "gradient_clipping": 1.0,
+    }
+    if m.dtype in ("bf16", "fp16"):
+        cfg[m.dtype] = {"enabled": True}
+    if pol.name == "full_recompute":
+        cfg["activation_checkpointing"] = {
+            "partition_activations": lay.tp > 1,
+            "cpu_checkpointing": plan.policy.name in ("memo", "full_offload"),
+            "contiguous_memory_optimization": False,
+            "number_checkpoints": m.layers,
+        }
+    return cfg
+
+
+def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | None]]:
+    lay, pol, _ = nearest_plan(plan, applied)
+    m = plan.model
+    args: list[tuple[str, str | None]] = [
+        ("--num-layers", str(m.layers)), ("--hidden-size", str(m.hidden)), ("--ffn-hidden-size", str(m.ffn)),
+        ("--num-attention-heads", str(m.heads)), ("--seq-length", str(plan.seq_tokens)),
+        ("--max-position-embeddings", str(plan.seq_tokens)),
+        ("--micro-batch-size", str(plan.micro_batch)), ("--global-batch-size", str(plan.batch * lay.dp)),
+        ("--tensor-model-parallel-size", str(lay.tp)), ("--pipeline-model-parallel-size", str(lay.pp)),
+    ]
+    if m.n_kv_heads != m.heads:
+        args.append(("--num-key-value-heads", str(m.n_kv_heads)))
+    if lay.pp == 1:
+        args.append(("--no-pipeline-parallel", None))
+    if lay.ulysses > 1:
+        args.append(("--ds-sequence-parallel-size", str(lay.ulysses)))
+    if m.dtype in ("bf16", "fp16"):
+        args.append((f"--{m.dtype}", None))
+    if pol.name == "full_recompute":
+        args.append(("--deepspeed-activation-checkpointing", None))
+        if lay.tp > 1:
+            args.append(("--partition-activations", None))
+        if plan.policy.name in ("memo", "full_offload"):
+            args.append(("--checkpoint-in-cpu", None))
+    args += [("--deepspeed", None), ("--deepspeed_config", CONFIG_FILE)]
+    return args
+
+
+def export(plan: Plan, price: bool = True) -> Export:
+    g = gaps(plan)
+    ex = Export("DeepSpeed", f"{SOURCE}; launcher {LAUNCHER_SOURCE}", {}, g, "")
+    ex.nearest = price_nearest(plan, g) if price else None
+    ex.files[CONFIG_FILE] = json.dumps(config(plan, g), indent=2) + "\n"
+    body = [f"    {opt}" + (f" {shlex.quote(val)}" if val is not None else "") for opt, val in arguments(plan, g)]
+    lines = ["#!/usr/bin/env bash", ex.comment_block(), "#",
+             "# Run from a Megatron-DeepSpeed checkout; add data, tokenizer and optimizer arguments.",
+             "set -euo pipefail", torchrun_line(plan, "pretrain_gpt.py") + " \\"]
+    lines += [b + " \\" for b in body[:-1]] + [body[-1], ""]
+    ex.files[LAUNCH_FILE] = "\n".join(lines)
+    ex.launch = f"bash {LAUNCH_FILE}  # reads {CONFIG_FILE}"
+    return ex

@@ -1,0 +1,97 @@
+"""Megatron-LM: a ``pretrain_gpt.py`` launch script with the plan's model, layout, batch split and
+recompute settings as Megatron-LM's command-line arguments.
+
+Option names and values as NVIDIA/Megatron-LM defines them (`SOURCE`): the literal arguments of
+``megatron/training/arguments.py`` and those its ``ArgumentGroupFactory`` derives from
+``TransformerConfig`` / ``ModelParallelConfig`` fields (``--tensor-model-parallel-size``,
+``--recompute-granularity`` ...). Megatron-LM expresses TP with SP, ring CP, PP with interleaving
+(``--num-virtual-stages-per-pipeline-rank``), DP with the distributed optimizer (ZeRO 1) and full
+recompute; the rest of a plan is a `Gap`.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from memo_sim.export.base import (Export, Gap, metp_gap, nearest_plan, policy_gaps, price_nearest, torchrun_line,
+                                  ulysses_gap, zero_gap)
+from memo_sim.plan.schema import Plan
+
+SOURCE = "NVIDIA/Megatron-LM@d98e8a64 (2026-08-22)"
+FILE = "megatron.sh"
+
+_RUNS = {"store_all": "no recompute (every activation kept)",
+         "full_recompute": "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1"}
+
+
+_OFFLOAD_NOTE = ("Megatron's --cpu-offloading --cpu-offloading-num-layers N, with Transformer Engine, moves "
+                 "whole layers' activations to the host, not a fraction of each layer's token rows")
+
+
+def gaps(plan: Plan) -> list[Gap]:
+    """Megatron-LM interleaves pipelines itself, so only Ulysses, METP, ZeRO 2/3 and the
+    policies other than store-all and full recompute are gaps."""
+    return (ulysses_gap(plan) + metp_gap(plan) + zero_gap(plan, (0, 1), "--use-distributed-optimizer")
+            + policy_gaps(plan, _RUNS, notes={"memo": _OFFLOAD_NOTE, "full_offload": _OFFLOAD_NOTE}))
+
+
+def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | None]]:
+    """(option, value or None for a flag) in the order a reader looks for them."""
+    m, (lay, pol, schedule) = plan.model, nearest_plan(plan, applied)
+    args: list[tuple[str, str | None]] = [
+        ("--num-layers", str(m.layers)), ("--hidden-size", str(m.hidden)), ("--ffn-hidden-size", str(m.ffn)),
+        ("--num-attention-heads", str(m.heads)), ("--seq-length", str(plan.seq_tokens)),
+        ("--max-position-embeddings", str(plan.seq_tokens)), ("--vocab-size", str(m.vocab)),
+    ]
+    if m.n_kv_heads != m.heads:
+        args += [("--group-query-attention", None), ("--num-query-groups", str(m.n_kv_heads))]
+    if m.ffn_type == "swiglu":
+        args.append(("--swiglu", None))
+    if m.norm == "rmsnorm":
+        args += [("--normalization", "RMSNorm"), ("--position-embedding-type", "rope")]
+    if m.bias != "all":
+        args.append(("--disable-bias-linear", None))
+    if m.bias == "qkv":
+        args.append(("--add-qkv-bias", None))
+    if not m.tied_embeddings:
+        args.append(("--untie-embeddings-and-output-weights", None))
+    if m.dtype in ("bf16", "fp16"):
+        args.append((f"--{m.dtype}", None))
+    args.append(("--tensor-model-parallel-size", str(lay.tp)))
+    if lay.tp > 1 and lay.sp:
+        args.append(("--sequence-parallel", None))
+    if lay.cp > 1:
+        args.append(("--context-parallel-size", str(lay.cp)))
+    if lay.pp > 1:
+        args.append(("--pipeline-model-parallel-size", str(lay.pp)))
+        if lay.vpp > 1:
+            args.append(("--num-virtual-stages-per-pipeline-rank", str(lay.vpp)))
+    args += [("--micro-batch-size", str(plan.micro_batch)), ("--global-batch-size", str(plan.batch * lay.dp))]
+    if lay.zero >= 1:
+        args.append(("--use-distributed-optimizer", None))
+    if lay.dp > 1 or lay.cp > 1:
+        args.append(("--overlap-grad-reduce", None))
+        if lay.zero >= 1:
+            args.append(("--overlap-param-gather", None))
+    if pol.name == "full_recompute":
+        args += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"), ("--recompute-num-layers", "1")]
+    return args
+
+
+def export(plan: Plan, price: bool = True) -> Export:
+    g = gaps(plan)
+    ex = Export("Megatron-LM", SOURCE, {}, g, "")
+    ex.nearest = price_nearest(plan, g) if price else None
+    args = arguments(plan, g)
+    lines = ["#!/usr/bin/env bash", ex.comment_block(), "#",
+             f"# memo's plan: {plan.model.name}, {plan.seq_tokens} tokens x {plan.batch} sequences per replica, "
+             f"{plan.layout.label()}, {plan.policy.label()}, schedule {plan.schedule}",
+             "# Add your data, tokenizer, optimizer and checkpoint arguments (--data-path, --tokenizer-type, --lr ...).",
+             "set -euo pipefail",
+             "export CUDA_DEVICE_MAX_CONNECTIONS=1",
+             torchrun_line(plan, "pretrain_gpt.py") + " \\"]
+    body = [f"    {opt}" + (f" {shlex.quote(val)}" if val is not None else "") for opt, val in args]
+    lines += [b + " \\" for b in body[:-1]] + [body[-1], ""]
+    ex.files[FILE] = "\n".join(lines)
+    ex.launch = f"bash {FILE}  # from a Megatron-LM checkout, on each node (torchrun's rendezvous flags added)"
+    return ex

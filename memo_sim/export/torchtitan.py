@@ -1,0 +1,103 @@
+"""torchtitan: a Python configuration module (torchtitan's ``--module`` / ``--config``) that
+derives the plan's run from the nearest shipped model configuration.
+
+torchtitan describes a run by a function returning ``Trainer.Config`` (its command line is
+frozen; ``torchtitan/config/README.md`` at `SOURCE`). The exported function starts from a
+shipped configuration (``torchtitan.models.llama3.config_registry.llama3_8b`` / ``_70b`` /
+``_405b``: the Llama-3.1 shapes; other models start from the one nearest in size and say so) and
+sets ``config.parallelism.*`` (``ParallelismConfig``), ``config.training.*`` (``TrainingConfig``)
+and ``config.activation_checkpoint`` (``FullAC.Config()`` or ``None``). torchtitan expresses TP
+with SP, CP, PP with ``1F1B`` / ``Interleaved1F1B``, DP by replication (ZeRO 0) or FSDP2
+sharding (``data_parallel_shard_degree``; ZeRO 3, or ZeRO 2 with
+``fsdp_reshard_after_forward = "never"``) and full activation checkpointing.
+"""
+
+from __future__ import annotations
+
+from memo_sim.export.base import (Export, Gap, PlanChange, metp_gap, nearest_plan, policy_gaps, price_nearest,
+                                  torchrun_line, ulysses_gap)
+from memo_sim.plan.schema import Plan
+
+SOURCE = "pytorch/torchtitan@b5bcd76c (2026-08-21)"
+FILE = "memo_torchtitan.py"
+FUNCTION = "memo_plan"
+BASES = {"llama-3.1-8b": "llama3_8b", "llama-3.1-70b": "llama3_70b", "llama-3.1-405b": "llama3_405b"}
+SCHEDULES = {"1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}
+_RUNS = {"store_all": "config.activation_checkpoint = None", "full_recompute": "config.activation_checkpoint = "
+         "FullAC.Config()"}
+
+
+def _base(plan: Plan) -> tuple[str, str | None]:
+    """The shipped configuration to start from, and a note when its model is not the plan's."""
+    if plan.model.name in BASES:
+        return BASES[plan.model.name], None
+    p = plan.model.params()
+    name = "llama3_8b" if p < 30e9 else ("llama3_70b" if p < 200e9 else "llama3_405b")
+    return name, (f"{plan.model.name} is not a torchtitan model: the run starts from {name}'s model "
+                  f"(set config.model_spec to a model of the plan's shapes to train this one)")
+
+
+def gaps(plan: Plan) -> list[Gap]:
+    out = ulysses_gap(plan) + metp_gap(plan)
+    if plan.layout.zero == 1:
+        out.append(Gap("ZeRO stage 1 (optimizer states sharded, weights and gradients whole)",
+                       'FSDP2 with fsdp_reshard_after_forward = "never" (ZeRO 2: gradients sharded too)',
+                       PlanChange(layout={"zero": 2})))
+    out += policy_gaps(plan, _RUNS, notes={"memo": "torchtitan offloads no activations",
+                                           "full_offload": "torchtitan offloads no activations"})
+    base, note = _base(plan)
+    if note:
+        out.append(Gap(f"model {plan.model.name}", note))
+    return out
+
+
+def render(plan: Plan, applied: list[Gap]) -> str:
+    lay, pol, schedule = nearest_plan(plan, applied)
+    base, _ = _base(plan)
+    dp_shard = lay.dp if lay.zero >= 2 else 1
+    dp_rep = lay.dp // dp_shard
+    sets = [
+        ("parallelism.data_parallel_replicate_degree", dp_rep),
+        ("parallelism.data_parallel_shard_degree", dp_shard),
+        ("parallelism.tensor_parallel_degree", lay.tp),
+        ("parallelism.enable_sequence_parallel", bool(lay.sp and lay.tp > 1)),
+        ("parallelism.context_parallel_degree", lay.cp),
+        ("parallelism.pipeline_parallel_degree", lay.pp),
+    ]
+    if lay.zero == 2:
+        sets.append(("parallelism.fsdp_reshard_after_forward", "never"))
+    if lay.pp > 1:
+        sets += [("parallelism.pipeline_parallel_schedule", SCHEDULES[schedule]),
+                 ("parallelism.num_pp_microbatches", plan.micro_batches),
+                 ("parallelism.pipeline_parallel_layers_per_stage", plan.model.layers // (lay.pp * lay.vpp))]
+    sets += [("training.max_context_length", plan.seq_tokens),
+             ("training.num_tokens_per_microbatch_per_dp_rank", plan.micro_batch * plan.seq_tokens),
+             ("training.num_tokens_per_train_step", plan.batch * lay.dp * plan.seq_tokens)]
+    body = [f"    config.{k} = {v!r}" for k, v in sets]
+    body.append("    config.activation_checkpoint = " + ("FullAC.Config()" if pol.name == "full_recompute" else "None"))
+    return "\n".join([
+        f"from torchtitan.distributed.activation_checkpoint import FullAC",
+        f"from torchtitan.models.llama3.config_registry import {base}",
+        "from torchtitan.trainer import Trainer",
+        "",
+        "",
+        f"def {FUNCTION}() -> Trainer.Config:",
+        f'    """memo\'s plan: {plan.model.name}, {plan.seq_tokens} tokens x {plan.batch} sequences per replica, '
+        f'{plan.layout.label()}, {plan.policy.label()}."""',
+        f"    config = {base}()",
+        *body,
+        "    return config",
+        "",
+    ])
+
+
+def export(plan: Plan, price: bool = True) -> Export:
+    g = gaps(plan)
+    ex = Export("torchtitan", SOURCE, {}, g, "")
+    ex.nearest = price_nearest(plan, g) if price else None
+    launch = (f"PYTHONPATH=$PWD:$PYTHONPATH " + torchrun_line(plan, "-m torchtitan.train")
+              + f" --module memo_torchtitan --config {FUNCTION}")
+    ex.files[FILE] = "\n".join([ex.comment_block(), "#", f"# Run from a torchtitan checkout: {launch}", "",
+                                render(plan, g)])
+    ex.launch = launch
+    return ex

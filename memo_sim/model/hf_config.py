@@ -1,0 +1,154 @@
+"""Models from a Hugging Face ``config.json`` (local files only; no network).
+
+Reads the decoder families memo can model: ``llama``, ``mistral``, ``qwen2``, ``gpt2``,
+``gpt_neox``, by their own field names (``hidden_size``, ``num_hidden_layers``,
+``num_attention_heads``, ``num_key_value_heads``, ``intermediate_size``, ``vocab_size``,
+``tie_word_embeddings``, ``hidden_act``, ``torch_dtype`` / ``dtype``; GPT-2's ``n_embd``,
+``n_layer``, ``n_head``, ``n_inner``, ``activation_function``), with each family's defaults for
+fields a file leaves out (those of its ``transformers`` configuration class). When
+``transformers`` is installed, its ``AutoConfig.for_model`` fills those defaults itself (nothing
+is downloaded: the file's fields are all it reads).
+
+What memo cannot model is refused with one line naming the field: mixture-of-experts
+(``num_local_experts``, ``num_experts``, ...), sliding-window attention (``sliding_window``,
+``use_sliding_window``), cross-attention or encoder-decoder models, GPT-NeoX's parallel residual,
+a head dimension other than hidden / heads, biases on the MLP of a gated FFN, an activation it
+does not know.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from memo_sim.errors import MemoError
+
+FAMILIES = ("llama", "mistral", "qwen2", "gpt2", "gpt_neox")
+_GATED = ("llama", "mistral", "qwen2")  # gate/up/down MLP: SwiGLU with a SiLU activation
+_SILU = ("silu", "swish")
+_GELU = ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "gelu_python", "quick_gelu")
+_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "bf16": "bf16", "fp16": "fp16",
+           "fp32": "fp32", "float": "fp32", "half": "fp16"}
+_MOE_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", "num_experts_per_tok")
+
+# Each family's defaults for the fields memo reads (transformers' configuration classes).
+_DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": {"tie_word_embeddings": False, "hidden_act": "silu", "attention_bias": False, "mlp_bias": False},
+    "mistral": {"tie_word_embeddings": False, "hidden_act": "silu", "sliding_window": 4096},
+    "qwen2": {"tie_word_embeddings": False, "hidden_act": "silu", "use_sliding_window": False},
+    "gpt2": {"activation_function": "gelu_new", "n_inner": None, "add_cross_attention": False,
+             "tie_word_embeddings": True},
+    "gpt_neox": {"tie_word_embeddings": False, "hidden_act": "gelu", "use_parallel_residual": True,
+                 "attention_bias": True},
+}
+
+
+def is_hf_config(raw: Any) -> bool:
+    """Whether a parsed JSON object is a Hugging Face model configuration (not a memo model file)."""
+    return isinstance(raw, dict) and ("model_type" in raw or "architectures" in raw)
+
+
+def config_path(path: str | Path) -> Path:
+    """``path`` itself, or the ``config.json`` inside it when it is a folder."""
+    p = Path(path)
+    return p / "config.json" if p.is_dir() else p
+
+
+def model_name(f: Path) -> str:
+    """The name a model read from ``f`` goes by: its folder's for a config.json, else the file's."""
+    return (f.parent.name if f.name == "config.json" and f.parent.name else f.stem).lower() or "hf-model"
+
+
+def hf_model_fields(raw: dict, source: str = "config.json", name: str = "hf-model") -> dict:
+    """memo's model fields (`memo_sim.model.config.ModelConfig`; this module builds no
+    ModelConfig itself, so `memo_sim.model.config` can import it) for a parsed Hugging Face
+    configuration (`with_defaults` applied), or a one-line refusal naming the field."""
+    def refuse(field: str, why: str) -> MemoError:
+        return MemoError(f"{source}: {field}: {why}")
+
+    mt = raw.get("model_type")
+    for f in _MOE_FIELDS:
+        if raw.get(f):
+            raise refuse(f, f"{raw[f]} experts: mixture-of-experts layers are not modelled (dense decoders only)")
+    if raw.get("is_encoder_decoder") or raw.get("add_cross_attention"):
+        fld = "is_encoder_decoder" if raw.get("is_encoder_decoder") else "add_cross_attention"
+        raise refuse(fld, "cross-attention / encoder-decoder models are not modelled (decoder-only)")
+    if mt not in FAMILIES:
+        raise refuse("model_type", f"{mt!r} is not a family memo reads; it reads {', '.join(FAMILIES)} "
+                                   f"(or write a memo model file: layers, hidden, heads, ffn, vocab)")
+    c = {**_DEFAULTS[mt], **raw}
+
+    def need(*keys: str) -> int:
+        for k in keys:
+            v = c.get(k)
+            if v is not None:
+                if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                    raise refuse(k, f"must be a positive whole number, got {v!r}")
+                return v
+        raise refuse(keys[0], "missing")
+
+    if mt == "gpt2":
+        hidden, layers, heads = need("n_embd", "hidden_size"), need("n_layer", "num_hidden_layers"), need("n_head")
+        ffn = c.get("n_inner") or 4 * hidden
+        kv, act_field = heads, "activation_function"
+    else:
+        hidden, layers = need("hidden_size"), need("num_hidden_layers")
+        heads, ffn = need("num_attention_heads"), need("intermediate_size")
+        kv = c.get("num_key_value_heads") or heads
+        act_field = "hidden_act"
+    vocab = need("vocab_size")
+    act = c.get(act_field)
+    gated = mt in _GATED
+    if gated and act not in _SILU:
+        raise refuse(act_field, f"{act!r} with a gated MLP is not modelled (memo's gated FFN is SwiGLU: silu)")
+    if not gated and act not in _GELU:
+        raise refuse(act_field, f"{act!r} is not modelled for {mt} (GELU variants: {', '.join(_GELU)})")
+    head_dim = c.get("head_dim")
+    if head_dim is not None and head_dim * heads != hidden:
+        raise refuse("head_dim", f"{head_dim} x {heads} heads != hidden_size {hidden}: memo's attention "
+                                 f"has head_dim = hidden / heads")
+    if mt == "mistral" and c.get("sliding_window") is not None:
+        raise refuse("sliding_window", f"{c['sliding_window']}: sliding-window attention is not modelled "
+                                       f"(full causal attention only; Mistral-7B-v0.3 has none)")
+    if mt == "qwen2" and c.get("use_sliding_window"):
+        raise refuse("use_sliding_window", "true: sliding-window attention is not modelled")
+    if mt == "gpt_neox" and c.get("use_parallel_residual"):
+        raise refuse("use_parallel_residual", "true: attention and MLP side by side (parallel residual) "
+                                              "is not modelled; memo's layer is sequential pre-norm")
+    if c.get("mlp_bias"):
+        raise refuse("mlp_bias", "true: biases on a gated MLP are not modelled")
+    if mt == "qwen2":
+        bias = "qkv"  # Qwen2 always has q/k/v biases, no others
+    elif mt in ("llama", "mistral"):
+        bias = "all" if c.get("attention_bias") else "none"
+    else:  # GPT-2 and GPT-NeoX: biases on every linear layer
+        if mt == "gpt_neox" and not c.get("attention_bias", True):
+            raise refuse("attention_bias", "false with MLP biases is not modelled")
+        bias = "all"
+    dt = c.get("torch_dtype") or c.get("dtype") or "bfloat16"
+    if dt not in _DTYPES:
+        raise refuse("torch_dtype", f"{dt!r} is not a training dtype memo models (bfloat16, float16, float32)")
+    tied = c.get("tie_word_embeddings")
+    if not isinstance(tied, bool):
+        raise refuse("tie_word_embeddings", f"must be true or false, got {tied!r}")
+    d = dict(name=name, layers=layers, hidden=hidden, heads=heads, ffn=ffn, vocab=vocab,
+             kv_heads=None if kv == heads else kv, ffn_type="swiglu" if gated else "gelu", dtype=_DTYPES[dt],
+             norm="rmsnorm" if gated else "layernorm", bias=bias, tied_embeddings=tied)
+    return d
+
+
+def with_defaults(f: Path, raw: dict) -> dict:
+    """The configuration read from ``f`` with its family's defaults: transformers' AutoConfig's
+    when it is installed (local files only), else the JSON as written (`hf_model_fields` fills
+    the defaults of the fields it reads)."""
+    if raw.get("model_type") in FAMILIES:
+        try:
+            from transformers import AutoConfig  # noqa: PLC0415 - optional, only where installed
+        except ImportError:
+            return raw
+        try:
+            full = AutoConfig.for_model(**raw).to_dict()
+        except Exception:  # noqa: BLE001 - a file transformers cannot read is still read as JSON
+            return raw
+        return {**full, **raw}
+    return raw

@@ -1,0 +1,85 @@
+"""Why a plan runs as fast as it does and needs the memory it needs: `memo-sim explain`.
+
+Time: one simulated iteration of the plan's representative GPU (every stage's, for a pipeline)
+is cut into what its compute stream did and what it waited for. The compute stream's busy time
+is summed by phase (forward, backward, recompute, classifier, optimizer, allocator stalls);
+every gap before one of its ops is charged to the stream of the dependency that ended last (the
+one it waited for: host copies, a collective, METP's ring, a pipeline transfer), a gap with no
+later dependency to issue order, and the time after its last op to the stream that finished last.
+The parts add up to the iteration time exactly.
+
+Memory: the per-GPU terms of `memo_sim.memplan.footprint.memory_breakdown` (model states, kept
+activations, buffers, lse, transients, the boundary activation, the classifier), the simulated
+peak with the instant and the op running then, and pinned host memory per node against the node's.
+The limit that binds is said in words: which memory is nearest its capacity, and for MEMO which
+of its two constraints fixed alpha.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from memo_sim.engine.simulate import SimResult
+
+STREAM_WORDS = {"d2h": "host copies (offload)", "h2d": "host copies (prefetch)", "comm": "tensor-parallel collectives",
+                "cp_comm": "context-parallel ring", "uly_comm": "Ulysses all-to-all", "dp_comm": "data-parallel "
+                "gradients and weights", "tp_p2p": "METP ring (send/recv)", "tp_bcast": "METP ring (broadcast)",
+                "pp_p2p": "pipeline transfers", "p2p": "pipeline transfers"}
+PHASE_WORDS = {"fwd": "forward", "bwd": "backward", "recompute": "recompute", "classifier": "classifier",
+               "optimizer": "optimizer step", "allocator": "allocator stalls (cache reorganisations)"}
+
+
+@dataclass
+class TimeBreakdown:
+    device: int
+    iteration_s: float
+    busy_s: dict[str, float] = field(default_factory=dict)  # compute-stream work by phase, in words
+    waits_s: dict[str, float] = field(default_factory=dict)  # compute-stream idle by what it waited on
+
+    @property
+    def accounted_s(self) -> float:
+        return sum(self.busy_s.values()) + sum(self.waits_s.values())
+
+
+def time_breakdown(res: SimResult, device: int) -> TimeBreakdown:
+    """The compute stream of ``device`` over one iteration (``res`` simulated with ``record``)."""
+    ops = sorted((o for o in res.ops if o.device == device and o.start is not None and o.end is not None),
+                 key=lambda o: (o.start, o.uid))
+    compute = [o for o in ops if o.stream == "compute"]
+    end_s = max((o.end for o in ops), default=0.0)
+    tb = TimeBreakdown(device, end_s)
+    prev_end = 0.0
+    for o in compute:
+        word = PHASE_WORDS.get(o.phase, o.phase)
+        tb.busy_s[word] = tb.busy_s.get(word, 0.0) + (o.end - o.start)
+        gap = o.start - prev_end
+        if gap > 0:
+            waited = [d for d in o.deps if d.end is not None and d.end > prev_end and d.stream != "compute"]
+            if waited:
+                last = max(waited, key=lambda d: d.end)
+                why = f"waiting on {STREAM_WORDS.get(last.stream, last.stream)}"
+            else:
+                why = "waiting on issue order (no later dependency)"
+            tb.waits_s[why] = tb.waits_s.get(why, 0.0) + gap
+        prev_end = max(prev_end, o.end)
+    tail = end_s - prev_end
+    if tail > 0:
+        last = max((o for o in ops if o.stream != "compute"), key=lambda o: o.end)
+        why = f"after the last compute op: {STREAM_WORDS.get(last.stream, last.stream)}"
+        tb.waits_s[why] = tb.waits_s.get(why, 0.0) + tail
+    return tb
+
+
+def peak_moment(res: SimResult, device: int) -> dict | None:
+    """When ``device``'s simulated GPU memory peaks, and the compute op running then."""
+    if res.timeline is None:
+        return None
+    samples = [s for s in res.timeline.memory if s.device == device and s.kind == "gpu"]
+    if not samples:
+        return None
+    top = max(samples, key=lambda s: s.nbytes)
+    running = [e for e in res.timeline.events if e.device == device and e.stream == "compute"
+               and e.start <= top.time <= e.end]
+    op = running[0] if running else None
+    return {"time_s": top.time, "bytes": top.nbytes,
+            "op": op.op if op else None, "layer": op.layer if op else None, "phase": op.phase if op else None}

@@ -1,0 +1,75 @@
+"""Whether a plan can be run as written: the checks `memo-sim check-plan` adds to the schema's.
+
+`memo_sim.plan.schema.Plan.from_dict` checks every field on its own (types, ranges, names) and
+the fields against each other (degrees and GPUs, schedule and batch split). What needs the rest
+of the simulator is checked here, before anything runs:
+
+- the profile the plan names can be found and read (`memo-sim simulate` and the executor need it);
+- a policy with its own plan fields (SPPO's subsequences) fits the layout and length;
+- MEMO's static memory plan places exactly the transient tensors of this plan's layer: every
+  tensor of the forward and backward level-1 traces (`memo_sim.memplan.trace_gen`) has an
+  offset or a stated reason for none, no offset names a tensor the layer does not allocate, and
+  the placement is valid (no two tensors that live at the same time overlap, all inside the
+  phase's arena); a plan of another policy carries no memory plan.
+"""
+
+from __future__ import annotations
+
+from memo_sim.errors import MemoError
+from memo_sim.memplan.placement_check import validate_placement
+from memo_sim.memplan.trace_gen import layer_backward_trace, layer_forward_trace
+from memo_sim.plan.schema import Plan
+from memo_sim.profile.loader import load_profile
+from memo_sim.request_trace import RequestTrace
+
+
+def plan_problems(plan: Plan) -> list[str]:
+    """One line per problem (``field: what; fix``); empty when the plan can run as written."""
+    out = []
+    try:
+        load_profile(plan.profile)
+    except MemoError as e:
+        out.append(f"profile: {e}")
+    check = getattr(plan.policy, "check", None)  # SPPO: the subsequence plan must fit the layout and length
+    why = check(plan.model, plan.layout, plan.batch, plan.seq_tokens) if check else None
+    if why:
+        out.append(f"policy: {why}")
+    out += memory_plan_problems(plan)
+    return out
+
+
+def memory_plan_problems(plan: Plan) -> list[str]:
+    mp = plan.memory_plan
+    if mp is None:
+        return []
+    if not plan.policy.static_memory_plan:
+        return [f"memory_plan: the {plan.policy.name} policy runs on PyTorch's caching allocator, not a static "
+                f"plan; drop memory_plan or re-create the plan"]
+    traces = {"fwd": layer_forward_trace(plan.model, plan.layout, plan.micro_batch, plan.seq_tokens),
+              "bwd": layer_backward_trace(plan.model, plan.layout, plan.micro_batch, plan.seq_tokens, plan.policy)}
+    out = []
+    for ph in sorted(set(mp.phases) - set(traces)):
+        out.append(f"memory_plan.phases.{ph}: not a phase of a layer (fwd, bwd)")
+    for ph, trace in traces.items():
+        where = f"memory_plan.phases.{ph}"
+        p = mp.phases.get(ph)
+        if p is None:
+            out.append(f"{where}: missing; re-create the plan with memo-sim whatif")
+            continue
+        by_name = {b.name or b.id: b for b in trace.buffers}
+        missing = sorted(set(by_name) - set(p.offsets) - set(p.unplaced))
+        unknown = sorted(set(p.offsets) - set(by_name))
+        if missing:
+            out.append(f"{where}: no offset for {len(missing)} tensor(s) of the layer ({', '.join(missing[:3])}"
+                       f"{', ...' if len(missing) > 3 else ''}); re-create the plan with memo-sim whatif")
+        if unknown:
+            out.append(f"{where}: offsets for tensor(s) this layer does not allocate ({', '.join(unknown[:3])}"
+                       f"{', ...' if len(unknown) > 3 else ''}); re-create the plan with memo-sim whatif")
+        if missing or unknown or len(by_name) != len(trace.buffers):
+            continue
+        placed = {by_name[n].id: off for n, off in p.offsets.items()}
+        sub = RequestTrace([b for b in trace.buffers if b.id in placed], name=trace.name)
+        bad = validate_placement(sub, placed, p.peak_bytes)
+        if bad:
+            out.append(f"{where}: the placement is invalid ({bad[0]}); re-create the plan with memo-sim whatif")
+    return out

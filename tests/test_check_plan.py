@@ -1,0 +1,82 @@
+"""memo-sim check-plan: a plan that cannot run as written is refused in one line (exit 2), with
+the field; null predictions print as n/a (`memo_sim.search.plan_check`)."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from memo_sim.cli import cli
+from memo_sim.memplan.trace_gen import layer_backward_trace
+from memo_sim.plan.schema import read_plan
+
+TOY = ["whatif", "--layers", "4", "--hidden", "256", "--heads", "8", "--ffn", "1024", "--vocab", "1024", "--seq", "2K",
+       "--gpus", "1", "--policy", "memo", "--alpha", "0.3", "--jobs", "1"]
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    out = tmp_path_factory.mktemp("toy")
+    r = CliRunner().invoke(cli, TOY + ["--out", str(out)])
+    assert r.exit_code == 0, r.output
+    return out / "plan.json"
+
+
+def _variant(toy, tmp_path, mutate):
+    d = json.loads(toy.read_text())
+    mutate(d)
+    f = tmp_path / "variant.json"
+    f.write_text(json.dumps(d))
+    return CliRunner().invoke(cli, ["check-plan", str(f)])
+
+
+def test_a_plan_the_whatif_wrote_is_valid(toy):
+    r = CliRunner().invoke(cli, ["check-plan", str(toy)])
+    assert r.exit_code == 0 and "valid" in r.output and "memory plan" in r.output
+
+
+def _placed(d, ph):
+    p = d["memory_plan"]["phases"][ph]
+    return [n for n in p["offsets"] if n not in p["unplaced"]]
+
+
+def _overlap(d):
+    """Give a backward tensor the offset of another that is live at the same time."""
+    plan = read_plan_from(d)
+    trace = layer_backward_trace(plan.model, plan.layout, plan.micro_batch, plan.seq_tokens, plan.policy)
+    placed = set(_placed(d, "bwd"))
+    bufs = [b for b in trace.buffers if (b.name or b.id) in placed]
+    a, b = next((x, y) for x in bufs for y in bufs if x is not y and x.lower < y.upper and y.lower < x.upper)
+    offs = d["memory_plan"]["phases"]["bwd"]["offsets"]
+    offs[b.name or b.id] = offs[a.name or a.id]
+
+
+def read_plan_from(d):
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as t:
+        f = Path(t) / "p.json"
+        f.write_text(json.dumps(d))
+        return read_plan(f)
+
+
+@pytest.mark.parametrize("mutate,needle", [
+    (lambda d: d.update(profile="abc"), "profile: profile 'abc' not found"),
+    (lambda d: d["memory_plan"]["phases"]["bwd"]["offsets"].pop(_placed(d, "bwd")[0]), "no offset for 1 tensor"),
+    (lambda d: d["memory_plan"]["phases"]["fwd"]["offsets"].update(bogus=0), "does not allocate (bogus)"),
+    (lambda d: d["memory_plan"]["phases"].pop("fwd"), "memory_plan.phases.fwd: missing"),
+    (_overlap, "memory_plan.phases.bwd: the placement is invalid"),
+    (lambda d: d.update(policy={"policy": "full_recompute", "alpha": None}), "runs on PyTorch's caching allocator"),
+])
+def test_plans_that_cannot_run_are_refused(toy, tmp_path, mutate, needle):
+    r = _variant(toy, tmp_path, mutate)
+    assert r.exit_code == 2, r.output
+    assert needle in r.output and r.output.count("\n") == 1
+
+
+def test_null_predictions_print_as_na(toy, tmp_path):
+    def null(d):
+        d["predicted"].update(iteration_s=None, mfu=None)
+    r = _variant(toy, tmp_path, null)
+    assert r.exit_code == 0 and "n/a/iter" in r.output and "MFU n/a" in r.output

@@ -1,0 +1,61 @@
+"""memo-sim explain: for every policy and schedule, the time parts add up to the iteration, the
+memory terms to the peak, and the binding limit is said in words."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from memo_sim.cli import cli
+
+TOY = ["whatif", "--layers", "4", "--hidden", "256", "--heads", "8", "--ffn", "1024", "--vocab", "1024", "--seq", "2K",
+       "--jobs", "1"]
+
+
+def _plan(tmp_path, *extra) -> str:
+    out = tmp_path / "p"
+    r = CliRunner().invoke(cli, TOY + list(extra) + ["--out", str(out)])
+    assert r.exit_code == 0, r.output
+    return str(out / "plan.json")
+
+
+@pytest.mark.parametrize("extra", [
+    ("--gpus", "1", "--policy", "store_all"), ("--gpus", "1", "--policy", "full_recompute"),
+    ("--gpus", "1", "--policy", "full_offload"), ("--gpus", "1", "--policy", "memo", "--alpha", "0.4"),
+    ("--gpus", "4", "--tp", "2", "--cp", "2", "--policy", "memo"),
+], ids=["store_all", "full_recompute", "full_offload", "memo", "tp2-cp2-memo"])
+def test_explain_adds_up(tmp_path, extra):
+    plan = _plan(tmp_path, *extra)
+    r = CliRunner().invoke(cli, ["explain", plan, "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert d["status"] == "OK" and d["binding"]
+    for t in d["time_breakdown_s"]:
+        parts = sum(t["busy"].values()) + sum(t["waits"].values())
+        assert parts == pytest.approx(t["iteration_s"], rel=1e-9, abs=1e-12)
+        assert t["busy"]["forward"] > 0 and t["busy"]["backward"] > 0
+    assert max(t["iteration_s"] for t in d["time_breakdown_s"]) == pytest.approx(d["iteration_s"], rel=1e-9)
+    terms = d["memory_terms_bytes"]
+    resident = sum(v for k, v in terms.items() if not k.startswith(("layer transients", "boundary", "classifier")))
+    trans = next(v for k, v in terms.items() if k.startswith("layer transients")) + terms["boundary activation"]
+    assert resident + max(trans, terms["classifier (beside transients, max of the two)"]) == \
+        pytest.approx(d["analytic_peak_gpu_bytes"], rel=1e-9)
+    if "memo" in extra:
+        assert "alpha" in d["binding"]
+    text = CliRunner().invoke(cli, ["explain", plan])
+    assert text.exit_code == 0 and "binding:" in text.output and "compute stream" in text.output
+
+
+def test_explain_a_pipeline_plan_per_stage(tmp_path):
+    out = tmp_path / "s"
+    r = CliRunner().invoke(cli, ["whatif", "--model", "gpt-7b", "--layers", "8", "--gpus", "8", "--seq", "64K",
+                                 "--policy", "sppo", "--pp", "2", "--jobs", "1", "--simulate-top", "1",
+                                 "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    plan = next(p for p in (out / "plan-sppo.json", out / "plan.json") if p.exists())
+    d = json.loads(CliRunner().invoke(cli, ["explain", str(plan), "--json"]).output)
+    assert len(d["time_breakdown_s"]) == 2 and len(d["stages"]) == 2
+    for t in d["time_breakdown_s"]:
+        assert sum(t["busy"].values()) + sum(t["waits"].values()) == pytest.approx(t["iteration_s"], rel=1e-9)

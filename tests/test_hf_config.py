@@ -1,0 +1,102 @@
+"""Models from Hugging Face config.json files (`memo_sim.model.hf_config`) and the new presets."""
+
+import json
+import shutil
+
+import pytest
+
+from memo_sim.errors import MemoError
+from memo_sim.model.config import PRESETS, ModelConfig, get_model
+from memo_sim.model.hf_config import hf_model_fields
+from pathlib import Path
+
+HF = Path(__file__).parent / "data" / "hf"
+
+# published parameter counts (the model cards), billions
+PUBLISHED_B = {"llama-3.1-8b": 8.03, "llama-3.1-70b": 70.55, "llama-3.1-405b": 405.85, "qwen2.5-7b": 7.62,
+               "qwen2.5-72b": 72.71, "mistral-7b": 7.25}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_B))
+def test_presets_count_published_parameters(name):
+    assert PRESETS[name].params() / 1e9 == pytest.approx(PUBLISHED_B[name], abs=0.006)
+
+
+def test_gpt_presets_unchanged_by_the_architecture_fields():
+    m = PRESETS["gpt-7b"]
+    h, f, V = 4096, 16384, 50257
+    layer = h * 3 * h + 3 * h + h * h + h + 2 * h * f + f + h + 4 * h
+    assert m.params() == 32 * layer + V * h + 2 * h
+
+
+@pytest.mark.parametrize("folder,preset", [("llama-3.1-8b", "llama-3.1-8b"), ("qwen2.5-7b", "qwen2.5-7b")])
+def test_config_json_equals_the_preset(folder, preset):
+    assert get_model(str(HF / folder / "config.json")) == PRESETS[preset]
+    assert get_model(str(HF / folder)) == PRESETS[preset]  # the folder holding it
+
+
+@pytest.mark.parametrize("folder,field", [("mixtral-8x7b", "num_local_experts"),
+                                          ("mistral-7b-v0.1", "sliding_window")])
+def test_unmodelled_configs_are_refused_naming_the_field(folder, field):
+    with pytest.raises(MemoError) as e:
+        get_model(str(HF / folder / "config.json"))
+    msg = str(e.value)
+    assert f": {field}: " in msg and "\n" not in msg and "config.json" in msg
+
+
+def _llama(**over):
+    raw = json.loads((HF / "llama-3.1-8b" / "config.json").read_text())
+    raw.update(over)
+    return raw
+
+
+@pytest.mark.parametrize("over,field", [
+    (dict(model_type="t5"), "model_type"),
+    (dict(hidden_act="gelu"), "hidden_act"),
+    (dict(head_dim=256), "head_dim"),
+    (dict(mlp_bias=True), "mlp_bias"),
+    (dict(is_encoder_decoder=True), "is_encoder_decoder"),
+    (dict(num_experts=64), "num_experts"),
+    (dict(torch_dtype="int8"), "torch_dtype"),
+    (dict(hidden_size=-1), "hidden_size"),
+    (dict(num_hidden_layers=None), "num_hidden_layers"),
+])
+def test_field_refusals(over, field):
+    with pytest.raises(MemoError) as e:
+        hf_model_fields(_llama(**over), source="x/config.json")
+    assert f"x/config.json: {field}: " in str(e.value)
+
+
+def test_families_map_to_the_architecture_fields():
+    q = ModelConfig.from_dict(hf_model_fields(_llama(model_type="qwen2"), name="q"))
+    assert (q.norm, q.bias, q.tied_embeddings, q.ffn_type) == ("rmsnorm", "qkv", False, "swiglu")
+    gpt2 = {"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257,
+            "activation_function": "gelu_new"}
+    g = ModelConfig.from_dict(hf_model_fields(gpt2, name="gpt2"))
+    assert (g.norm, g.bias, g.tied_embeddings, g.ffn, g.ffn_type) == ("layernorm", "all", True, 3072, "gelu")
+    assert g.params() == pytest.approx(124.4e6, rel=0.01)  # GPT-2 small without its 1024 x 768 position table
+    neox = {"model_type": "gpt_neox", "hidden_size": 512, "num_hidden_layers": 6, "num_attention_heads": 8,
+            "intermediate_size": 2048, "vocab_size": 50304}
+    with pytest.raises(MemoError, match="use_parallel_residual"):
+        hf_model_fields(neox)
+    n = ModelConfig.from_dict(hf_model_fields({**neox, "use_parallel_residual": False}, name="n"))
+    assert (n.norm, n.bias, n.tied_embeddings) == ("layernorm", "all", False)
+
+
+def test_whatif_on_a_config_equals_the_preset(tmp_path):
+    from click.testing import CliRunner
+
+    from memo_sim.cli import cli as main
+
+    shutil.copytree(HF / "llama-3.1-8b", tmp_path / "llama-3.1-8b")
+    runner = CliRunner()
+    args = ["whatif", "--gpus", "8", "--seq", "128K", "--json", "--no-plan", "--simulate-top", "2", "--jobs", "1"]
+    a = runner.invoke(main, args + ["--model", str(tmp_path / "llama-3.1-8b" / "config.json")])
+    b = runner.invoke(main, args + ["--model", "llama-3.1-8b"])
+    assert a.exit_code == 0 and b.exit_code == 0, a.output + b.output
+    def answer(out):  # every number but the simulator's own wall time
+        return [{k: v for k, v in row.items() if not k.endswith("_wall_s")} for row in json.loads(out)["candidates"]]
+
+    assert answer(a.output) == answer(b.output)
+    bad = runner.invoke(main, ["whatif", "--model", str(HF / "mixtral-8x7b" / "config.json"), "--gpus", "8"])
+    assert bad.exit_code == 2 and "num_local_experts" in bad.output

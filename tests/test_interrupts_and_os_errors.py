@@ -1,0 +1,152 @@
+"""[robust-runs] Ctrl-C exits 130 with one line; an operating-system error (read-only or missing
+output folder, a full disk) is one line and exit 1, never a traceback; nothing half-written."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from memo_exec.cli import cli as exec_cli
+from memo_sim.cli import cli as sim_cli
+
+TOY = ["whatif", "--layers", "2", "--hidden", "128", "--heads", "4", "--ffn", "512", "--vocab", "512", "--seq", "1K",
+       "--gpus", "1", "--policy", "store_all", "--jobs", "1"]
+
+
+def test_sigint_exits_130_with_one_line(tmp_path):
+    """A real SIGINT to a running memo-sim (a search long enough to be interrupted)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    p = subprocess.Popen([sys.executable, "-m", "memo_sim.cli", "whatif", "--model", "gpt-175b", "--gpus", "1024",
+                          "--seq", "256K", "--simulate-top", "10000", "--jobs", "1", "--no-plan", "--progress"],
+                         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, bufsize=0)
+    try:
+        first = p.stderr.readline()  # the progress label: the search is under way (unbuffered: nothing held back)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+        err = first + err
+    finally:
+        p.kill()
+    assert p.returncode == 130, err.decode()[-2000:]
+    assert first == b"simulating\n"
+    assert err.decode().strip().splitlines()[-1] == "interrupted" and b"Traceback" not in err
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.fixture
+def toy_run(tmp_path):
+    """A toy plan and an --out folder holding a previous complete run (its files and manifest)."""
+    r = CliRunner().invoke(sim_cli, TOY + ["--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    out = tmp_path / "run"
+    r = CliRunner().invoke(exec_cli, ["run", str(tmp_path / "plan.json"), "--device", "cpu", "--steps", "1",
+                                      "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert "manifest.json" in before and "report.md" in before
+    return tmp_path / "plan.json", out, before
+
+
+def _untouched(out, before) -> None:
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert not [p for p in out.parent.iterdir() if p.name.endswith(".partial")]
+
+
+def _run(plan, out):
+    return CliRunner().invoke(exec_cli, ["run", str(plan), "--device", "cpu", "--steps", "2", "--out", str(out)])
+
+
+def _raise(exc):
+    def f(*a, **k):
+        raise exc
+    return f
+
+
+@pytest.mark.parametrize("where", ["run", "write"])
+def test_interrupt_mid_run_or_mid_write_leaves_the_previous_output(monkeypatch, toy_run, where):
+    """[robust-runs] Ctrl-C while training or while the outputs are written: exit 130, one line,
+    --out exactly as the previous run left it, no staging folder left behind."""
+    import memo_exec.report as report
+    import memo_exec.runner as runner
+
+    plan, out, before = toy_run
+    if where == "run":
+        monkeypatch.setattr(runner, "run_steps", _raise(KeyboardInterrupt))
+    else:
+        real = report.atomic_write_text
+
+        def half(path, text):  # the first files are written, then the interrupt comes
+            if str(path).endswith("report.md"):
+                raise KeyboardInterrupt
+            return real(path, text)
+        monkeypatch.setattr(report, "atomic_write_text", half)
+    r = _run(plan, out)
+    assert r.exit_code == 130 and r.output.strip().splitlines()[-1] == "interrupted"
+    _untouched(out, before)
+
+
+def test_disk_full_while_writing_outputs(monkeypatch, toy_run):
+    import memo_sim.fileio as fileio
+
+    plan, out, before = toy_run
+    with monkeypatch.context() as m:
+        m.setattr(fileio.os, "fsync", _raise(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))))
+        r = _run(plan, out)
+    assert r.exit_code == 1 and "No space left on device" in r.output and r.output.count("\n") == 1, r.output
+    _untouched(out, before)
+
+
+def test_unwritable_run_out_fails_before_training(monkeypatch, toy_run):
+    import memo_exec.runner as runner
+
+    plan, _, _ = toy_run
+    monkeypatch.setattr(runner, "run_steps", _raise(AssertionError("trained although --out cannot be written")))
+    r = _run(plan, "/proc/nope/run")
+    assert r.exit_code == 1 and r.output.startswith("error:") and r.output.count("\n") == 1, r.output
+
+
+def test_non_finite_loss_stops_with_one_line(monkeypatch, toy_run):
+    """[robust-runs] --lr that is finite but wrecks training: the run stops at the first NaN/inf
+    loss with one line naming the step and the last finite loss; --out untouched."""
+    from memo_exec.measure import StepRecord
+    import memo_exec.runner as runner
+
+    plan, out, before = toy_run
+    real = runner.Executor.step
+
+    def poisoned(self, k, optimizer=True):
+        rec = real(self, k, optimizer)
+        return StepRecord(**{**rec.__dict__, "loss": float("nan")}) if k == 1 else rec
+    monkeypatch.setattr(runner.Executor, "step", poisoned)
+    r = _run(plan, out)
+    assert r.exit_code == 2 and r.output.count("\n") == 1
+    assert r.output.startswith("error: step 1: the loss is nan (the last finite loss was ")
+    _untouched(out, before)
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0 and not os.path.exists("/proc/self"),
+                    reason="needs /proc")
+def test_unwritable_out_is_one_line(tmp_path):
+    r = CliRunner().invoke(sim_cli, TOY + ["--out", "/proc/nope"])
+    assert r.exit_code in (1, 2) and r.output.count("\n") == 1 and "error:" in r.output, r.output
+    assert "Traceback" not in r.output
+
+
+def test_disk_full_is_one_line_and_leaves_no_partial_file(monkeypatch, tmp_path):
+    import memo_sim.fileio as fileio
+
+    def full(fd):  # the data did not fit: the kernel reports it when the file is flushed to disk
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with monkeypatch.context() as m:
+        m.setattr(fileio.os, "fsync", full)
+        r = CliRunner().invoke(sim_cli, TOY + ["--out", str(tmp_path)])
+    assert r.exit_code == 1, r.output
+    assert r.output.strip().startswith("error:") and "No space left on device" in r.output
+    assert r.output.count("\n") == 1
+    assert not [p for p in tmp_path.iterdir() if p.name != "alpha_sweep.png"]
