@@ -34,7 +34,7 @@ import torch
 
 from memo_exec.errors import ExecError, MemoryPlanError
 from memo_sim.request_trace import Buffer, RequestTrace
-from memo_sim.memplan.trace_gen import UNPLACED
+from memo_sim.model.layer_graph import UNPLACED
 from memo_sim.plan.contract import MemoryPlan
 
 PLAN_PHASES = ("fwd", "bwd")

@@ -52,7 +52,7 @@ from memo_sim.layout.parallel import Layout
 from memo_sim.cost.metp import block_sizes
 from memo_sim.request_trace import Buffer, RequestTrace
 from memo_sim.model.config import ModelConfig
-from memo_sim.model.layer_graph import (DTYPE_BYTES, attention_bwd_workspace_bytes, forward_ops, layer_tensors,
+from memo_sim.model.layer_graph import (DTYPE_BYTES, UNPLACED, attention_bwd_workspace_bytes, forward_ops, layer_tensors,
                                        metp_group_of)
 from memo_sim.policy.base import Policy
 from memo_sim.policy.rounding_buffers import offloaded_layer_count
@@ -62,18 +62,6 @@ ALIGN = 512  # the CUDA caching allocator's granularity; planned sizes are round
 # Level-1 tensors that MEMO's runtime does not place in the planned arena (they still take memory,
 # so the traces and peaks count them): written straight into another buffer, allocated inside a
 # kernel, or handed to autograd. plan.json lists them per phase with the reason (``unplaced``).
-UNPLACED = {
-    "fwd": {"y": "written straight into the next layer's input slot (a skeletal buffer)",
-            "attention_workspace": "allocated inside the attention kernel"},
-    "bwd": {"dy": "incoming gradient, allocated by the previous layer's backward (caching allocator)",
-            "dx": "LayerNorm-1 backward output, returned to autograd (caching allocator)",
-            "d_x_part": "LayerNorm-1 backward output, returned to autograd (caching allocator)",
-            "d_h1_part": "LayerNorm-2 backward output, allocated by the norm's backward kernel and accumulated "
-                         "into dy",
-            "attention_bwd_workspace": "allocated inside the attention kernel",
-            "recompute_ln1_gathered": "recomputed rows are written straight into the rounding buffer",
-            "recompute_ln2_gathered": "recomputed rows are written straight into the rounding buffer"},
-}
 
 
 def unplaced_in(trace: RequestTrace, phase: str) -> dict[str, str]:

@@ -189,3 +189,19 @@ def recompute_ops(model: ModelConfig, tp_mode: str = "megatron") -> list[OpSpec]
     blocks = block_tensors(tp_mode)
     wanted = {"ln1", "qkv", "out_proj", "add1", "ln2", "fc1", "act"}
     return [op for op in forward_ops(model) if op.name in wanted and not set(op.outputs) <= blocks]
+
+
+# Transient tensors of a layer's level-1 traces that the runtime does not place in the static
+# arena, with the reason (the plan records them as `unplaced`; the executor accepts these names).
+UNPLACED = {
+    "fwd": {"y": "written straight into the next layer's input slot (a skeletal buffer)",
+            "attention_workspace": "allocated inside the attention kernel"},
+    "bwd": {"dy": "incoming gradient, allocated by the previous layer's backward (caching allocator)",
+            "dx": "LayerNorm-1 backward output, returned to autograd (caching allocator)",
+            "d_x_part": "LayerNorm-1 backward output, returned to autograd (caching allocator)",
+            "d_h1_part": "LayerNorm-2 backward output, allocated by the norm's backward kernel and accumulated "
+                         "into dy",
+            "attention_bwd_workspace": "allocated inside the attention kernel",
+            "recompute_ln1_gathered": "recomputed rows are written straight into the rounding buffer",
+            "recompute_ln2_gathered": "recomputed rows are written straight into the rounding buffer"},
+}
