@@ -64,7 +64,10 @@ TIMELINE = {"format": "memo-timeline", "version": 1, "meta": {"layers": 2},
                        {"time": 0.001, "device": -1, "kind": "host", "nbytes": 2e9}]}
 FREE_FORM = {("provenance",), ("meta",), ("timeline",), ("created",), ("memo_version",),
              ("predicted", "memory_breakdown_bytes"), ("predicted", "allocator"), ("predicted", "source"),
-             ("name",), ("description",)}
+             ("name",), ("description",),
+             # the memory plan's level-2 placement: recorded for reports, not read by the executor
+             ("memory_plan", "layer_block_offsets"), ("memory_plan", "model_offsets"),
+             ("memory_plan", "lower_bound_bytes"), ("method",), ("solve_time_s",)}
 
 # a mutation: (kind, replacement); "bad" kinds are invalid wherever a number or a mapping is
 BAD_VALUES = [float("nan"), float("inf"), float("-inf"), "abc", "12", [], {}]
@@ -365,3 +368,59 @@ def test_simulate_bad_layers_writes_nothing():
         (d / "plan.json").write_text(json.dumps(PLAN), encoding="utf-8")
         drive(sim_cli, ["simulate", str(d / "plan.json"), "--out", str(d / "sim"), "--layers", "5:2"], d,
               {"plan.json"}, must_refuse=True)
+
+
+# -- memo-exec run: flags and plan fields, seeded by a plan the current what-if writes ------------
+_RUN_PLAN: dict = {}
+
+
+def _whatif_plan() -> dict:
+    """A MEMO plan (with its memory plan) of a 2-layer toy, as `memo-sim whatif` writes it today."""
+    if not _RUN_PLAN:
+        with scratch() as d:
+            r = CliRunner().invoke(sim_cli, ["whatif", "--layers", "2", "--hidden", "64", "--heads", "4", "--ffn",
+                                             "256", "--vocab", "128", "--dtype", "fp32", "--seq", "256", "--gpus", "1",
+                                             "--policy", "memo", "--alpha", "0.5", "--jobs", "1", "--out", str(d)])
+            assert r.exit_code == 0, r.output
+            _RUN_PLAN.update(json.loads((d / "plan.json").read_text()))
+    return copy.deepcopy(_RUN_PLAN)
+
+
+RUN_FLAG_VALUES = ["0", "1", "2", "-1", "1e30", "nan", "inf", "abc", "", "3", "0.5", "99999999999999999999"]
+
+
+@settings(max_examples=40, **SETTINGS)
+@example(flag="--lr", value="nan")
+@example(flag="--lr", value="1e30")
+@example(flag="--layers", value="3")
+@example(flag="--steps", value="0")
+@given(flag=st.sampled_from(["--steps", "--layers", "--lr", "--seed", "--dtype", "--attention-backend", "--device",
+                             "--tokens"]),
+       value=st.sampled_from(RUN_FLAG_VALUES + ["fp64", "bf16", "math", "sdpa_flash", "cpu", "cuda:7"]))
+def test_fuzz_run_flags(flag, value):
+    """[robust-runs] memo-exec run with one odd flag value: it trains (exit 0) or refuses in one line
+    (exit 2) before training, never a traceback; a flag that cannot be finite or sensible is refused."""
+    from memo_exec.cli import cli as exec_cli
+
+    with scratch() as d:
+        (d / "plan.json").write_text(json.dumps(_whatif_plan()), encoding="utf-8")
+        args = ["run", str(d / "plan.json"), "--device", "cpu", "--steps", "1", "--out", str(d / "run"), flag, value]
+        if flag == "--device":
+            args = args[:2] + args[4:]
+        bad = (flag in ("--steps", "--layers", "--lr") and value not in ("1", "2", "0.5")) or \
+            (flag == "--steps" and value == "0.5") or (flag == "--layers" and value in ("0.5", "3")) or \
+            (flag == "--lr" and value == "2")
+        drive(exec_cli, args, d, {"plan.json"}, must_refuse=bad)
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(mutation=st.deferred(lambda: _mutations(_whatif_plan())))
+def test_fuzz_plans_run(mutation):
+    """[robust-runs] a mutated plan (seeded by what the what-if writes, memory plan included) runs one
+    step (exit 0) or is refused in one line (exit 2), never a traceback."""
+    from memo_exec.cli import cli as exec_cli
+
+    with scratch() as d:
+        (d / "plan.json").write_text(_dump_json(_apply(_whatif_plan(), mutation)), encoding="utf-8")
+        drive(exec_cli, ["run", str(d / "plan.json"), "--device", "cpu", "--steps", "1", "--out", str(d / "run")], d,
+              {"plan.json"}, must_refuse=mutation[3])
