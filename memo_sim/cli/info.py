@@ -50,7 +50,10 @@ def check_plan(plan_file):
     click.echo(f"{plan_file}: valid {plan.model.name}, {fmt_count(plan.seq_tokens)} tokens, {plan.gpus} GPUs, "
                f"{plan.layout.label()}, {plan.policy.label()}, predicted {p.status} "
                f"{fmt_time(p.iteration_s or 0.0)}/iter, MFU {100 * (p.mfu or 0.0):.1f}%")
-    if getattr(plan.policy, "pipelined", False):
+    click.echo(f"  schedule {plan.schedule}: {plan.micro_batches} micro-batch(es) of {plan.micro_batch} sequence(s)"
+               + (f", {plan.layout.pp} stages x {plan.layout.vpp} chunks" if plan.schedule != "sppo" and
+                  plan.layout.pp > 1 else ""))
+    if plan.schedule == "sppo":
         b, a = plan.policy.bounds, plan.policy.alphas
         click.echo(f"  SPPO: PP={plan.layout.pp}, N={plan.policy.subseqs} ({plan.policy.partition} partition"
                    f"{', multiplexed' if plan.policy.multiplex else ''}); subsequence lengths "
