@@ -311,14 +311,14 @@ CHUNK = 32  # candidates per task of the pool
 def _chunks(candidates: list[Candidate], jobs: int) -> list[list[int]]:
     """The pool's tasks, in the order it hands them out: candidates that share per-GPU shapes
     go to one worker one after the other, so that its memoised costs and caching-allocator
-    replays serve them all. Pipelines (SPPO; up to a few hundred times a plain candidate) go
-    first, one per task, so that no worker is left with a chunk of them at the end. The rest,
+    replays serve them all. Pipelines (every schedule but the single stage; SPPO up to a few hundred
+    times a plain candidate) go first, one per task, so that no worker is left with a chunk of them at the end. The rest,
     sorted by shape, are cut into ``jobs`` runs of consecutive candidates, each in chunks of
     `CHUNK`, handed out in turn (a worker that takes the next chunk of its run, as it does when
     the workers keep pace, meets the shapes it has just simulated)."""
     order = sorted(range(len(candidates)), key=lambda i: _locality(candidates[i]))
-    heavy = [[i] for i in order if candidates[i].layout.pp > 1]
-    light = [i for i in order if candidates[i].layout.pp == 1]
+    heavy = [[i] for i in order if candidates[i].schedule != "single_stage"]
+    light = [i for i in order if candidates[i].schedule == "single_stage"]
     step = max(1, -(-len(light) // jobs))
     runs = [[run[k:k + CHUNK] for k in range(0, len(run), CHUNK)]
             for run in (light[start:start + step] for start in range(0, len(light), step))]
