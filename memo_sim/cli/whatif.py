@@ -119,8 +119,13 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq,
                  multiplex=multiplex)
     if (subseqs or partition or multiplex is not None) and not policies:
         policies = ("sppo",)  # SPPO's own flags plan SPPO
-    if sweep_alpha:  # MEMO's alpha on one layout
-        result = candidates_for(model, seq, gpus, profile, policies=("memo",), framework=framework, **fixed)
+    if sweep_alpha:  # MEMO's alpha on one layout (no SPPO search)
+        from memo_sim.layout.schedule import schedule_runs_policy
+        from memo_sim.search.frameworks import get_framework
+
+        pols = tuple(policies) or tuple(p for p in get_framework(framework).policies
+                                        if not schedule_runs_policy("sppo", p))
+        result = candidates_for(model, seq, gpus, profile, policies=pols, framework=framework, **fixed)
         return _sweep_alpha(model, seq, profile, result, as_json, out_dir, t0, quiet)
     with delayed_progress("simulating", quiet, force=progress) as on_progress:
         result = rank(model, seq, gpus, profile, simulate_top=simulate_top, progress=on_progress,
@@ -148,7 +153,8 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq,
     advice = not_searched(gpus, tuple(policies) or None, framework, fixed) if best is None else []
     elapsed = time.perf_counter() - t0
     if as_json:
-        obj = {"model": model.to_dict(), "seq_tokens": seq, "gpus": gpus, "batch": batch, "global_batch": global_batch,
+        obj = {"model": model.to_dict(), "seq_tokens": seq, "gpus": gpus,
+               "batch": batch if batch or global_batch else 1, "global_batch": global_batch,
                "micro_batch": micro_batch, "profile": profile.name, "searched": result.searched,
                "elapsed_s": elapsed, "simulated_candidates": n_sim, "plan_file": str(plan_path) if plan_path else None,
                "framework": framework, "tp_mode": tp_mode,

@@ -147,9 +147,8 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
     searched = {"schedules": list(names), "pp": [], "vpp": set(), "micro_batch": set()}
     for p in pps:
         valid, rej = enumerate_layouts(model, gpus, profile.node_gpus, seq, tp=tp, cp=cp, ulysses=ulysses, dp=dp,
-                                       zero=zero if zero is not None else None, sp=sp, pp=p)
+                                       zero=zero, sp=sp, pp=p)
         rejected += rej
-        valid = [lay for lay in valid if lay.zero <= 1]
         rejected += [(lay, f"the framework does not offer {lay.label()}") for lay in valid if not allows(lay)]
         valid = [lay for lay in valid if allows(lay)]
         if valid:

@@ -427,7 +427,7 @@ def not_searched(gpus: int, policies: tuple[str, ...] | None, framework: str, fi
     if framework != "any":
         out.append(f"layouts and policies outside what {framework} offers (--framework any)")
     flags = {"tp": "--tp", "cp": "--cp", "ulysses": "--ulysses", "dp": "--dp", "zero": "--zero", "pp": "--pp",
-             "subseqs": "--subseqs", "partition": "--partition"}
+             "vpp": "--vpp", "micro_batch": "--micro-batch", "subseqs": "--subseqs", "partition": "--partition"}
     pinned = [f"{flag} {fixed[k]}" for k, flag in flags.items() if fixed.get(k) is not None]
     if fixed.get("sp") is not None:
         pinned.append("--sp" if fixed["sp"] else "--no-sp")

@@ -352,8 +352,8 @@ def _build(costs, layout, profile, policy, n_layers, micro_batches, order, devic
                 sched.copies[(s, st.mb, layer, "prefetch")] = pf
                 deps = deps + [pf]
             if rec and policy.recomputes_layer(u, n_f):
-                ops, tail = emit_chain(g, phase_costs("recompute", st.mb), device=d, layer=layer, phase="recompute", deps=deps, layout=shard,
-                                       profile=profile,
+                ops, tail = emit_chain(g, phase_costs("recompute", st.mb), device=d, layer=layer, phase="recompute",
+                                       deps=deps, layout=shard, profile=profile,
                                        mem_start=held(st.mb, layer, rec_alloc) + (working(st.mb, layer, "recompute"),),
                                        mem_end=(working(st.mb, layer, "recompute", -1.0),))
                 sched.phases[(s, st.mb, layer, "recompute")] = ops
@@ -444,8 +444,6 @@ def simulate_microbatch(name: str, order: Order, model: ModelConfig, layout: Lay
     is the fullest stage's, the host peak the fullest node's; ``pipeline`` holds the per-stage
     rows (peak, micro-batches in flight, busy and idle time, bubble) and the bubble share."""
     t0 = time.perf_counter()
-    if policy.name == "sppo":
-        raise MemoError(f"the sppo policy runs the sppo schedule, not {name}")
     m = batch // micro_batch
     costs = pipeline_costs(model, layout, micro_batch, seq, policy, profile)
     sched = build_microbatch_pipeline(costs, layout, profile, policy, model.layers, m, order, detail=detail)
