@@ -260,3 +260,27 @@ def test_no_capability_lookups_and_no_search_cycle():
     tree = ast.parse((src / "search" / "sppo.py").read_text())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert "memo_sim.search.whatif" not in imported
+
+
+def test_every_micro_batch_in_flight_offloads_to_host():
+    """Full offload under 1F1B: with one micro-batch a stage holds one micro-batch's host blocks,
+    with four the first stage holds four, the next three, ... (the node's pinned memory counts
+    them all); the analytic count is an upper bound the simulation comes within 10 % of."""
+    pol = get_policy("full_offload")
+    host = {}
+    for b in (1, 4):
+        r = simulate(GPT7, Layout(tp=2, pp=4), b, 16384, pol, A800, schedule="1f1b", micro_batch=1,
+                     keep_timeline=False)
+        mem, _rows = pipeline_memory(GPT7, Layout(tp=2, pp=4), b, 1, 16384, pol, A800, "1f1b")
+        assert [s["in_flight"] for s in r.pipeline["stages"]] == [min(4 - s, b) for s in range(4)]
+        assert 0.9 * mem.host_bytes_per_node <= r.peak_host_bytes_per_node <= mem.host_bytes_per_node
+        host[b] = r.peak_host_bytes_per_node
+    assert host[4] > 2.5 * host[1]
+
+
+def test_global_batch_gives_each_layout_its_share():
+    res = candidates_for(GPT7, 32768, 8, A800, global_batch=8, policies=("full_recompute",), tp=2)
+    assert res.candidates and all(c.batch * c.layout.dp == 8 for c in res.candidates)
+    assert {c.micro_batch for c in res.candidates if c.batch == 2} == {1, 2}  # the batch's divisors
+    with pytest.raises(MemoError, match="--global-batch"):
+        candidates_for(GPT7, 32768, 8, A800, global_batch=8, batch=2)

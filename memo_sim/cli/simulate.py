@@ -70,7 +70,7 @@ def _summary_line(r) -> str:
     if r.ok:
         a = r.allocator
         alloc = ("static memory plan" if a.get("static_memory_plan") else
-                 "caching allocator (SPPO iteration not replayed)" if a.get("replayed") is False else
+                 "caching allocator (pipeline iteration not replayed)" if a.get("replayed") is False else
                  f"caching allocator: {a['reorganizations']} reorganisations, stall {fmt_time(a['stall_s'])}")
         return (f"{r.status}: {fmt_time(r.iteration_s)}/iteration, MFU {100 * r.mfu:.1f}%, TGS {r.tgs:.0f}, "
                 f"peak GPU {fmt_bytes(r.peak_gpu_bytes)}, peak host/node {fmt_bytes(r.peak_host_bytes_per_node)}, "

@@ -32,6 +32,7 @@ from memo_sim.memplan.footprint import MemoryBreakdown, memory_breakdown
 from memo_sim.model.config import ModelConfig
 from memo_sim.policy import get_policy, policy_class
 from memo_sim.policy.base import Policy
+from memo_sim.policy.rounding_buffers import KEPT_LAYERS
 from memo_sim.profile.schema import HardwareProfile
 from memo_sim.search.candidate import Candidate
 from memo_sim.search.estimate import estimate_pipeline, memo_alpha, pipeline_bubble
@@ -49,15 +50,21 @@ def micro_batch_sizes(batch: int, fixed: int | None = None) -> list[int]:
     return _divisors(batch)[:MAX_MICRO_BATCH_SIZES]
 
 
-def _host_units(model: ModelConfig, layout: Layout, in_flight: list[int], gpus_per_node: int) -> tuple[int, list[int]]:
-    """(host layer blocks per GPU on the fullest node, per stage the layers it holds in flight)."""
+def _host_units(model: ModelConfig, layout: Layout, in_flight: list[int], micro_batches: int,
+                gpus_per_node: int) -> tuple[int, list[int], list[int]]:
+    """(host layer blocks per GPU on the fullest node; per stage the layers it holds in flight, and
+    of those the offloaded ones).
+    A rank's last `KEPT_LAYERS` forward layers stay on the GPU (`memo_sim.policy.rounding_buffers`):
+    they count where the rank holds every forward at once (its peak then includes them)."""
     per_chunk = model.layers // (layout.pp * layout.vpp)
     units = [k * per_chunk for k in in_flight]
+    every = micro_batches * layout.vpp
+    offloaded = [max(0, u - KEPT_LAYERS) if k == every else u for u, k in zip(units, in_flight)]
     worst = 0
     for _node, per in node_stage_gpus(layout, gpus_per_node).items():
         gpus = sum(per.values())
-        worst = max(worst, -(-sum(units[s] * n for s, n in per.items()) // gpus))
-    return worst, units
+        worst = max(worst, -(-sum(offloaded[s] * n for s, n in per.items()) // gpus))
+    return worst, units, offloaded
 
 
 def pipeline_memory(model: ModelConfig, layout: Layout, batch: int, micro_batch: int, seq: int, policy: Policy,
@@ -65,7 +72,7 @@ def pipeline_memory(model: ModelConfig, layout: Layout, batch: int, micro_batch:
     """The fullest stage's memory (see the module docs) and a row per stage."""
     m = batch // micro_batch
     flights = stage_in_flight(schedule, layout.pp, m, layout.vpp)
-    _worst, units = _host_units(model, layout, flights, profile.node_gpus)
+    _worst, units, offloaded = _host_units(model, layout, flights, m, profile.node_gpus)
     shard = replace(layout, pp=1, vpp=1, dp=1, zero=0)
     one = memory_breakdown(model, shard, micro_batch, seq, policy, profile)
     from memo_sim.cost.activations import skeletal_bytes
@@ -86,7 +93,7 @@ def pipeline_memory(model: ModelConfig, layout: Layout, batch: int, micro_batch:
                      "peak_gpu_bytes": peak})
     host_node = 0.0
     for _node, per in node_stage_gpus(layout, profile.node_gpus).items():
-        host_node = max(host_node, sum(n * units[s] * host_block for s, n in per.items()))
+        host_node = max(host_node, sum(n * offloaded[s] * host_block for s, n in per.items()))
     w = max(rows, key=lambda r: r["peak_gpu_bytes"])
     u = units[w["stage"]]
     mem = MemoryBreakdown(
@@ -96,7 +103,7 @@ def pipeline_memory(model: ModelConfig, layout: Layout, batch: int, micro_batch:
         transient_caching_allocator_bytes=one.transient_caching_allocator_bytes,
         layer_boundary_bytes=one.layer_boundary_bytes, classifier_peak_bytes=one.classifier_peak_bytes,
         peak_gpu_bytes=w["peak_gpu_bytes"], gpu_capacity_bytes=profile.usable_gpu_memory,
-        host_bytes_per_gpu=max(units) * offload, host_bytes_per_node=host_node,
+        host_bytes_per_gpu=max(offloaded) * offload, host_bytes_per_node=host_node,
         host_capacity_bytes=profile.usable_host_memory)
     return mem, rows
 
@@ -112,7 +119,7 @@ def pipeline_candidate(model: ModelConfig, layout: Layout, policy_name: str, bat
             a, note = alpha, "fixed by --alpha"
         else:
             flights = stage_in_flight(schedule, layout.pp, m, layout.vpp)
-            units, _ = _host_units(model, layout, flights, profile.node_gpus)
+            units, _all, _off = _host_units(model, layout, flights, m, profile.node_gpus)
             res = memo_alpha(model, replace(layout, pp=1, vpp=1), micro_batch, seq, profile, units=max(1, units))
             a = res.alpha if res.feasible else 0.0
             note = res.reason() if res.feasible else f"infeasible ({res.reason()}); alpha=0"
