@@ -284,3 +284,20 @@ def test_global_batch_gives_each_layout_its_share():
     assert {c.micro_batch for c in res.candidates if c.batch == 2} == {1, 2}  # the batch's divisors
     with pytest.raises(MemoError, match="--global-batch"):
         candidates_for(GPT7, 32768, 8, A800, global_batch=8, batch=2)
+
+
+@pytest.mark.parametrize("layout", [Layout(tp=2, sp=False, pp=2, cp=2), Layout(tp=2, pp=2, ulysses=2),
+                                    Layout(cp=4, pp=2), Layout(tp=4, cp=2, pp=2, dp=2, zero=1)])
+def test_pipelines_combine_with_the_other_splits(layout):
+    """TP without SP, ring CP, Ulysses and DP with ZeRO-1 inside a pipeline: valid layouts, the
+    stage's collectives in its op chains, analytic and simulated within 2 % without contention."""
+    from memo_sim.layout.parallel import check_layout
+
+    assert check_layout(layout, GPT7, layout.gpus, 8, 32768) is None
+    pol = get_policy("memo", 0.4)
+    r = simulate(GPT7, layout, 4, 32768, pol, A800, schedule="1f1b", micro_batch=1, keep_timeline=False,
+                 contention=False, record=True)
+    assert r.ok and r.iteration_s == pytest.approx(estimate_pipeline(GPT7, layout, 4, 1, 32768, pol, A800).iteration_s,
+                                                   rel=0.02)
+    streams = {o.stream for o in r.ops}
+    assert ("cp_comm" in streams) == (layout.cp > 1) and "p2p" in streams
