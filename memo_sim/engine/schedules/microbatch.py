@@ -32,9 +32,10 @@ micro-batch through one model chunk; `memo_sim.engine.schedules.one_f_one_b`,
   slots until their backward). Every micro-batch in flight offloads: each offloaded unit holds
   its pinned host block from the offload's start to the prefetch's end, so the host memory of a
   node counts every micro-batch in flight on every stage it holds. In backward, a unit's
-  prefetch (``h2d``) allocates its slot again; the prefetches of a backward step's first two
-  units are issued when the step before it starts (they overlap it), each later one when the
-  backward two units before it in the step has ended (the two slots); the policy's recompute
+  prefetch (``h2d``) allocates its slot again. The rank's prefetches share two slots in the
+  order they are issued (backward order): the k-th waits for the backward of the (k-2)-th, and
+  none is issued before the step before its own backward step starts (so a backward step's first
+  two prefetches overlap the forward step before it in the steady state); the policy's recompute
   (MEMO's token-wise one, or the whole layer for full recompute, into
   `Policy.recompute_allocated`) runs before the backward.
 - **Gradients.** Accumulated over the micro-batches; each layer's gradient bucket (all-reduce, or
@@ -211,6 +212,7 @@ class _Rank:
     fwd_tail: dict = field(default_factory=dict)
     offload: dict = field(default_factory=dict)  # unit -> offload op
     bwd_end: dict = field(default_factory=dict)
+    prefetched: list = field(default_factory=list)  # offloaded units in the order their prefetches were issued
     last_dp: Op | None = None
 
 
@@ -337,13 +339,15 @@ def _build(costs, layout, profile, policy, n_layers, micro_batches, order, devic
         deps = list(r.tail)
         deps += [send_b[(st.mb, vs + 1)]] if vs < n_vs - 1 else fwd_done[(st.mb, vs)]
         tail = deps
-        done_in_step: list[int] = []
         for j in range(lc - 1, -1, -1):
             layer = vs * lc + j
             u = r.unit_of[(st.mb, st.chunk, j)]
             if u in r.offload:
-                k = len(done_in_step)
-                after = r.bwd_end[done_in_step[k - 2]] if k >= 2 else r.prev_launch
+                # two prefetch slots over the rank's prefetches in order: the k-th waits for the
+                # backward of the (k-2)-th; none is issued before the step before its own starts
+                k = len(r.prefetched)
+                after = list(r.prev_launch) + (r.bwd_end[r.prefetched[k - 2]] if k >= 2 else [])
+                r.prefetched.append(u)
                 pf = g.add(f"prefetch@m{st.mb}", device=d, stream="h2d", kind="copy", phase="prefetch", layer=layer,
                            work=costs.offload_bytes, nbytes=costs.offload_bytes, direction="h2d",
                            deps=list(after) + [r.offload[u]],
@@ -365,7 +369,6 @@ def _build(costs, layout, profile, policy, n_layers, micro_batches, order, devic
                                    mem_end=(working(st.mb, layer, "bwd", -1.0),) + freed)
             sched.phases[(s, st.mb, layer, "bwd")] = ops
             r.bwd_end[u] = tail
-            done_in_step.append(u)
             if st.mb == m - 1 and sync.active:
                 r.last_dp = g.add(grad_op, device=d, stream="dp_comm", kind="comm", phase="grad_sync", layer=layer,
                                   work=sync.layer_grad, deps=tail, link=sync.link)
