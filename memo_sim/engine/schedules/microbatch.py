@@ -32,10 +32,11 @@ micro-batch through one model chunk; `memo_sim.engine.schedules.one_f_one_b`,
   slots until their backward). Every micro-batch in flight offloads: each offloaded unit holds
   its pinned host block from the offload's start to the prefetch's end, so the host memory of a
   node counts every micro-batch in flight on every stage it holds. In backward, a unit's
-  prefetch (``h2d``) allocates its slot again. The rank's prefetches share two slots in the
-  order they are issued (backward order): the k-th waits for the backward of the (k-2)-th, and
-  none is issued before the step before its own backward step starts (so a backward step's first
-  two prefetches overlap the forward step before it in the steady state); the policy's recompute
+  prefetch (``h2d``) allocates its slot again. The rounding-buffer rule runs over the rank's
+  units in backward order (across its backward steps, the kept last two included): the k-th
+  unit's prefetch waits for the backward of the (k-2)-th (the slot it overwrites), and none is
+  issued before the step before its own backward step starts (so a backward step's first
+  prefetches overlap the forward step before it in the steady state); the policy's recompute
   (MEMO's token-wise one, or the whole layer for full recompute, into
   `Policy.recompute_allocated`) runs before the backward.
 - **Gradients.** Accumulated over the micro-batches; each layer's gradient bucket (all-reduce, or
@@ -212,7 +213,7 @@ class _Rank:
     fwd_tail: dict = field(default_factory=dict)
     offload: dict = field(default_factory=dict)  # unit -> offload op
     bwd_end: dict = field(default_factory=dict)
-    prefetched: list = field(default_factory=list)  # offloaded units in the order their prefetches were issued
+    backward_order: list = field(default_factory=list)  # the rank's units in the order their backwards run
     last_dp: Op | None = None
 
 
@@ -342,12 +343,13 @@ def _build(costs, layout, profile, policy, n_layers, micro_batches, order, devic
         for j in range(lc - 1, -1, -1):
             layer = vs * lc + j
             u = r.unit_of[(st.mb, st.chunk, j)]
+            k = len(r.backward_order)
+            r.backward_order.append(u)
             if u in r.offload:
-                # two prefetch slots over the rank's prefetches in order: the k-th waits for the
-                # backward of the (k-2)-th; none is issued before the step before its own starts
-                k = len(r.prefetched)
-                after = list(r.prev_launch) + (r.bwd_end[r.prefetched[k - 2]] if k >= 2 else [])
-                r.prefetched.append(u)
+                # the rounding-buffer rule over the rank's backward units in order: the k-th unit's
+                # prefetch overwrites the slot the (k-2)-th unit's backward read last; none is
+                # issued before the step before its own backward step starts
+                after = list(r.prev_launch) + (r.bwd_end[r.backward_order[k - 2]] if k >= 2 else [])
                 pf = g.add(f"prefetch@m{st.mb}", device=d, stream="h2d", kind="copy", phase="prefetch", layer=layer,
                            work=costs.offload_bytes, nbytes=costs.offload_bytes, direction="h2d",
                            deps=list(after) + [r.offload[u]],
