@@ -55,6 +55,11 @@ class Candidate:
 
     @property
     def over_bytes(self) -> float:
+        """By how much the candidate does not fit: the simulated failure's request past capacity
+        where tier 2 ran out of memory, else the analytic excess."""
+        f = (self.simulated or {}).get("failure")
+        if f:
+            return max(0.0, f["in_use_bytes"] + f["requested_bytes"] - f["capacity_bytes"])
         return self.memory.oom_by if self.memory.status == "OOM" else self.memory.oohm_by
 
     @property
