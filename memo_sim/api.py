@@ -5,8 +5,10 @@ Everything here is stable across internal moves; import from here rather than fr
 packages inside memo_sim.
 """
 
+from memo_sim.engine.schedules import registered_schedules
 from memo_sim.engine.simulate import SimResult, simulate, sweep_alpha
 from memo_sim.layout.parallel import Layout, check_layout
+from memo_sim.layout.schedule import SCHEDULE_NAMES, check_schedule, default_schedule
 from memo_sim.memplan.footprint import MemoryBreakdown, memory_breakdown
 from memo_sim.memplan.greedy import greedy_trace
 from memo_sim.memplan.planner import BiLevelPlan, plan_memory
@@ -16,7 +18,8 @@ from memo_sim.policy import Policy, get_policy, policy_names
 from memo_sim.profile.loader import load_profile
 from memo_sim.profile.schema import HardwareProfile
 from memo_sim.request_trace import Buffer, RequestTrace
-from memo_sim.search.estimate import IterationEstimate, estimate_iteration, memo_alpha
+from memo_sim.search.estimate import IterationEstimate, estimate_iteration, estimate_pipeline, memo_alpha
+from memo_sim.search.pipeline import pipeline_memory
 from memo_sim.search.plan_build import build_plan
 from memo_sim.search.plan_check import plan_problems
 from memo_sim.search.sppo import SppoPoint, SppoSearch, search_sppo, solve_point
@@ -33,5 +36,7 @@ __all__ = [
     "estimate_iteration", "get_model", "get_policy", "load_profile", "memo_alpha", "memory_breakdown", "plan_memory",
     "policy_names", "rank", "read_plan", "simulate", "simulate_candidates", "sweep_alpha", "write_plan",
     "default_jobs", "fold_duplicates", "build_plan", "plan_problems",
+    "SCHEDULE_NAMES", "check_schedule", "default_schedule", "estimate_pipeline", "pipeline_memory",
+    "registered_schedules",
     "Sppo", "SppoPoint", "SppoSearch", "multiplex_phases", "partition_bounds", "search_sppo", "solve_point",
 ]

@@ -12,7 +12,7 @@ import math
 import pytest
 
 from memo_sim.engine.core import Engine
-from memo_sim.engine.pipeline import build_pipeline_iteration
+from memo_sim.engine.schedules.sppo import build_pipeline_iteration
 from memo_sim.engine.schedules import build_iteration
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import get_model

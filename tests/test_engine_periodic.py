@@ -170,7 +170,7 @@ def test_model_states_that_do_not_fit_fail_before_the_first_op_as_in_the_whole_r
     peaks, end bytes and bytes per link."""
     import importlib
 
-    sim_mod = importlib.import_module("memo_sim.engine.simulate")  # the module (the package exports the function)
+    sim_mod = importlib.import_module("memo_sim.engine.schedules.single_stage")  # the single-stage runner's module
     taken = []
     real = sim_mod._static_failure
     monkeypatch.setattr(sim_mod, "_static_failure", lambda *a, **k: taken.append(real(*a, **k)) or taken[-1])

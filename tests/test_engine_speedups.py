@@ -16,12 +16,13 @@ import dataclasses
 
 import pytest
 
-from memo_sim.engine import schedules
+from memo_sim.engine.schedules import single_stage as schedules
 from memo_sim.engine.core import Engine
 from memo_sim.engine.fluid import FluidNetwork
-from memo_sim.engine.pipeline import build_pipeline_iteration
+from memo_sim.engine.schedules.sppo import build_pipeline_iteration
 from memo_sim.engine.schedules import build_iteration
-from memo_sim.engine.simulate import COPY_STREAMS, TP_RING_STREAMS, exposed_wait_seconds
+from memo_sim.engine.simulate import exposed_wait_seconds
+from memo_sim.timeline import COPY_STREAMS, TP_RING_STREAMS
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import get_model
 from memo_sim.policy import get_policy

@@ -154,7 +154,6 @@ def test_not_expressible_block_lists_each_gap_and_its_price():
     assert "--context-parallel-size 4" in uly.files["megatron.sh"]  # the nearest setting is what is written
 
 
-@pytest.mark.xfail(strict=True, reason="the simulator schedules 1F1B pipelines from the [pipeline] branch on")
 def test_pipeline_plan_nearest_cost_is_simulated():
     ex = export_plan(PIPE_V, "deepspeed")  # DeepSpeed has neither ring CP nor interleaving nor MEMO
     whats = " ".join(g.what for g in ex.gaps)

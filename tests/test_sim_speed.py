@@ -126,7 +126,7 @@ def test_pool_tasks_hold_every_candidate_once_pipelines_first():
     prof = load_profile("a800-80gb")
     cands = candidates_for(get_model("gpt-7b"), 131072, 8, prof, policies=("store_all", "full_recompute", "sppo")
                            ).candidates
-    heavy = [i for i, c in enumerate(cands) if getattr(c.policy, "pipelined", False)]
+    heavy = [i for i, c in enumerate(cands) if c.schedule != "single_stage"]
     assert heavy and len(cands) - len(heavy) > 3 * whatif.CHUNK
     for jobs in (1, 2, 3):
         tasks = whatif._chunks(cands, jobs)

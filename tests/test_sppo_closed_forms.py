@@ -106,7 +106,7 @@ def test_memory_recurrence_holds_in_the_simulation():
         [pol.offloadable_bytes(TOY, lay, 1, pol.bounds[i + 1] - pol.bounds[i]) for i in range(n)], 3e5))
     r = simulate(TOY, lay, 1, seq, pol, prof, record=True, detail="ops")
     assert r.ok
-    from memo_sim.engine.pipeline import build_pipeline_iteration
+    from memo_sim.engine.schedules.sppo import build_pipeline_iteration
 
     sched = build_pipeline_iteration(TOY, lay, 1, seq, pol, prof, detail="ops")
     pieces = sched.pieces[0]

@@ -1,4 +1,4 @@
-"""[sppo] The SPPO pipeline in the event engine (`memo_sim.engine.pipeline`): dependencies,
+"""[sppo] The SPPO pipeline in the event engine (`memo_sim.engine.schedules.sppo`): dependencies,
 memory against the analytic walk, P2P links, multiplexed pieces, the analytic tier."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from memo_sim.cost import sppo as C
-from memo_sim.engine.pipeline import build_pipeline_iteration, stage_devices
+from memo_sim.engine.schedules.sppo import build_pipeline_iteration, stage_devices
 from memo_sim.engine.simulate import simulate
 from memo_sim.errors import MemoError
 from memo_sim.layout.parallel import Layout, check_layout, stage_hop_crosses_nodes
@@ -104,8 +104,12 @@ def test_stage_hops_and_devices():
 def test_layout_rules_for_pipelines():
     m = get_model("gpt-7b")
     assert check_layout(Layout(tp=8, pp=3), m, 24, 8, 1 << 20) is not None  # 32 layers into 3 stages
-    assert check_layout(Layout(tp=2, cp=2, pp=2), m, 8, 8, 1 << 20) is not None
-    assert check_layout(Layout(tp=2, sp=False, pp=2), m, 4, 8, 1 << 20) is not None
+    # CP and TP without SP combine with a micro-batch pipeline; SPPO refuses them itself
+    assert check_layout(Layout(tp=2, cp=2, pp=2), m, 8, 8, 1 << 20) is None
+    assert check_layout(Layout(tp=2, sp=False, pp=2), m, 4, 8, 1 << 20) is None
+    assert "TP+SP" in Sppo(None).check(m, Layout(tp=2, cp=2, pp=2), 1, 1 << 20)
+    assert "sp on" in Sppo(None).check(m, Layout(tp=2, sp=False, pp=2), 1, 1 << 20)
+    assert "ZeRO" in check_layout(Layout(tp=2, pp=2, dp=2, zero=2), m, 8, 8, 1 << 20)
     assert check_layout(Layout(tp=8, pp=4), m, 32, 8, 1 << 20) is None
     assert Layout(tp=8, pp=4).label() == "tp8+sp-pp4" and "pp" not in Layout(tp=8).to_dict()
 
@@ -122,10 +126,12 @@ def test_multiplexed_pieces_partition_each_subsequence():
             assert len(mine) == phases[s].parts(i)
 
 
-def test_plain_policies_refuse_a_pipeline():
+def test_plain_policies_pipeline_by_1f1b_not_sppo():
     from memo_sim.policy import get_policy
 
-    with pytest.raises(MemoError):
-        simulate(TOY, Layout(tp=2, pp=2), 1, 8 * K, get_policy("memo", 0.5), A100)
+    r = simulate(TOY, Layout(tp=2, pp=2), 1, 8 * K, get_policy("memo", 0.5), A100, keep_timeline=False)
+    assert r.schedule == "1f1b" and r.pipeline["pp"] == 2  # the default schedule of a plain policy with stages
+    with pytest.raises(MemoError, match="sppo"):
+        simulate(TOY, Layout(tp=2, pp=2), 1, 8 * K, get_policy("memo", 0.5), A100, schedule="sppo")
     with pytest.raises(MemoError):  # an unsolved SPPO plan
         simulate(TOY, Layout(tp=2, pp=2), 1, 8 * K, Sppo(None, subseqs=2), A100)

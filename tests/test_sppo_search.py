@@ -116,8 +116,14 @@ def test_whatif_fixed_pipeline_flags(tmp_path):
     assert cands and all(c["layout_degrees"]["pp"] == 4 and c["sppo"]["subseqs"] == 4 for c in cands)
     r = CliRunner().invoke(cli, ["whatif", "--gpus", "8", "--seq", "64K", "--pp", "3", "--no-plan"])
     assert r.exit_code == 2 and "error:" in r.output
-    r = CliRunner().invoke(cli, ["whatif", "--gpus", "8", "--seq", "64K", "--pp", "2", "--policy", "memo"])
-    assert r.exit_code == 2 and "sppo" in r.output
+    r = CliRunner().invoke(cli, ["whatif", "--gpus", "8", "--seq", "64K", "--pp", "2", "--policy", "memo",
+                                 "--subseqs", "4"])
+    assert r.exit_code == 2 and "sppo" in r.output  # SPPO's own flags need the sppo policy
+    # --pp with a plain policy plans the micro-batch pipelines (tests/test_pipeline_schedules.py)
+    r = CliRunner().invoke(cli, ["whatif", "--gpus", "8", "--seq", "64K", "--pp", "2", "--policy", "memo",
+                                 "--json", "--no-plan", "--simulate-top", "0"])
+    assert r.exit_code == 0, r.output
+    assert {c["schedule"] for c in json.loads(r.output)["candidates"]} == {"1f1b", "interleaved_1f1b"}
 
 
 def test_plan_file_round_trip_and_bad_sppo_fields(tmp_path):

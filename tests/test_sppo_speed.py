@@ -1,4 +1,4 @@
-"""The SPPO builder's shortcuts (`memo_sim.engine.pipeline`) are the plain definitions: the
+"""The SPPO builder's shortcuts (`memo_sim.engine.schedules.sppo`) are the plain definitions: the
 pieces of a neighbouring stage a piece waits for, found by bisection, are the ones a scan finds,
 and the per-piece op lists shared by a stage's layers carry each piece's own names and costs."""
 
@@ -10,7 +10,7 @@ import random
 import pytest
 
 from memo_sim.cost.sppo import Piece, piece_costs
-from memo_sim.engine.pipeline import _overlap_finder, _overlapping, build_pipeline_iteration, collapse_unit
+from memo_sim.engine.schedules.sppo import _overlap_finder, _overlapping, build_pipeline_iteration, collapse_unit
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
 from memo_sim.policy.sppo import Sppo

@@ -28,7 +28,8 @@ def explain(plan_file, as_json):
     plan = read_plan(plan_file)
     profile = load_profile(plan.profile)
     res = simulate(plan.model, plan.layout, plan.batch, plan.seq_tokens, plan.policy, profile, record=True,
-                   classifier_chunk_tokens=plan.classifier_chunk_tokens)
+                   classifier_chunk_tokens=plan.classifier_chunk_tokens, schedule=plan.schedule,
+                   micro_batch=plan.micro_batch)
     devices = sorted({o.device for o in res.ops if o.device >= 0})
     times = [time_breakdown(res, d) for d in devices]
     mem = memory_breakdown(plan.model, plan.layout, plan.batch, plan.seq_tokens, plan.policy, profile,

@@ -55,11 +55,14 @@ def check_plan(plan_file):
     click.echo(f"{plan_file}: valid {plan.model.name}, {fmt_count(plan.seq_tokens)} tokens, {plan.gpus} GPUs, "
                f"{plan.layout.label()}, {plan.policy.label()}, predicted {p.status} "
                f"{num(p.iteration_s, fmt_time)}/iter, MFU {num(p.mfu, lambda m: f'{100 * m:.1f}%')}")
+    click.echo(f"  schedule {plan.schedule}: {plan.micro_batches} micro-batch(es) of {plan.micro_batch} sequence(s)"
+               + (f", {plan.layout.pp} stages x {plan.layout.vpp} chunks" if plan.schedule != "sppo" and
+                  plan.layout.pp > 1 else ""))
     if plan.memory_plan is not None:
         click.echo(f"  memory plan: transient arena {fmt_bytes(plan.memory_plan.transient_arena_bytes)}, "
                    f"{sum(len(ph.offsets) for ph in plan.memory_plan.phases.values())} tensors placed "
                    f"(checked against this layer's forward and backward)")
-    if getattr(plan.policy, "pipelined", False):
+    if plan.schedule == "sppo":
         b, a = plan.policy.bounds, plan.policy.alphas
         click.echo(f"  SPPO: PP={plan.layout.pp}, N={plan.policy.subseqs} ({plan.policy.partition} partition"
                    f"{', multiplexed' if plan.policy.multiplex else ''}); subsequence lengths "

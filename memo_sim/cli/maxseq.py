@@ -8,7 +8,8 @@ import time
 import click
 
 from memo_sim.cli.common import GPU_COUNT, build_model, count_option, model_options, progress_bar
-from memo_sim.policy import policy_class, policy_names
+from memo_sim.layout.schedule import schedule_runs_policy
+from memo_sim.policy import policy_names
 from memo_sim.profile.loader import load_profile
 from memo_sim.report.table import render_table
 from memo_sim.search.frameworks import FRAMEWORKS, get_framework
@@ -38,7 +39,7 @@ def maxseq(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, gpus
     profile = load_profile(profile_name)
     profile.peak(model.dtype)
     pols = tuple(policies) or tuple(p for p in get_framework(framework).policies
-                                    if not getattr(policy_class(p), "pipelined", False))
+                                    if not schedule_runs_policy("sppo", p))
     answers = []
     with progress_bar("searching", len(pols), quiet=as_json) as tick:
         for p in pols:

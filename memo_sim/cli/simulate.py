@@ -1,7 +1,9 @@
 """memo-sim simulate, plot, sweep-alpha, sweep-seq: the event simulator from the command line.
 
-- ``memo-sim simulate plan.json --out DIR``: simulate the plan's iteration; write timeline.json,
-  trace.json (Perfetto / chrome://tracing), gantt.png, memory.png and summary.json.
+- ``memo-sim simulate plan.json --out DIR``: simulate the plan's iteration under its schedule;
+  write timeline.json, trace.json (Perfetto / chrome://tracing), gantt.png, memory.png and
+  summary.json; a pipeline plan (1F1B, interleaved 1F1B, SPPO) writes pipeline_gantt.png (stages
+  x time) and stage_memory.png (GPU memory per stage) instead of gantt.png, and prints per-stage rows.
 - ``memo-sim plot timeline.json --out DIR [--layers A:B]``: figures and trace.json from a saved
   timeline (simulated or measured).
 - ``memo-sim sweep-alpha plan.json --out DIR``: the plan's model and layout under MEMO at each
@@ -68,7 +70,7 @@ def _summary_line(r) -> str:
     if r.ok:
         a = r.allocator
         alloc = ("static memory plan" if a.get("static_memory_plan") else
-                 "caching allocator (SPPO iteration not replayed)" if a.get("replayed") is False else
+                 "caching allocator (pipeline iteration not replayed)" if a.get("replayed") is False else
                  f"caching allocator: {a['reorganizations']} reorganisations, stall {fmt_time(a['stall_s'])}")
         return (f"{r.status}: {fmt_time(r.iteration_s)}/iteration, MFU {100 * r.mfu:.1f}%, TGS {r.tgs:.0f}, "
                 f"peak GPU {fmt_bytes(r.peak_gpu_bytes)}, peak host/node {fmt_bytes(r.peak_host_bytes_per_node)}, "
@@ -86,8 +88,8 @@ def _summary_line(r) -> str:
 @click.option("--allocator-lag", default=0, show_default=True, type=click.IntRange(0, 64),
               help="Layers the GPU lags behind the CPU, holding collective buffers (record_stream); 0: it keeps up.")
 @click.option("--detail", default="auto", show_default=True, type=click.Choice(["auto", "ops", "units"]),
-              help="SPPO plans: every kernel and collective (ops), one compute and one collective op per "
-                   "subsequence and layer (units), or ops while the graph stays small (auto).")
+              help="Pipeline plans: every kernel and collective (ops), one compute and one collective op per "
+                   "subsequence (or micro-batch) and layer (units), or ops while the graph stays small (auto).")
 def simulate_cmd(plan_file, out_dir, layers_text, profile_override, no_contention, allocator_lag, detail):
     """Simulate a plan's training iteration; write timeline.json, trace.json and figures."""
     from memo_sim.engine.simulate import simulate
@@ -96,8 +98,9 @@ def simulate_cmd(plan_file, out_dir, layers_text, profile_override, no_contentio
 
     plan, profile = _load_plan_and_profile(plan_file, profile_override)
     parse_layer_range(layers_text, plan.model.layers)  # a bad --layers is refused before anything is written
-    r = simulate(plan.model, plan.layout, plan.batch, plan.seq_tokens, plan.policy, profile, allocator_lag=allocator_lag,
-                 contention=not no_contention, classifier_chunk_tokens=plan.classifier_chunk_tokens, detail=detail)
+    r = simulate(plan.model, plan.layout, plan.batch, plan.seq_tokens, plan.policy, profile, schedule=plan.schedule,
+                 micro_batch=plan.micro_batch, allocator_lag=allocator_lag, contention=not no_contention,
+                 classifier_chunk_tokens=plan.classifier_chunk_tokens, detail=detail)
     out = Path(out_dir)
     r.timeline.meta["plan_file"] = str(plan_file)
     written = [r.timeline.write_json(out / "timeline.json")]
@@ -106,8 +109,20 @@ def simulate_cmd(plan_file, out_dir, layers_text, profile_override, no_contentio
     summary["plan_predicted"] = plan.predicted.to_dict()
     written.append(atomic_write_json(out / "summary.json", summary))
     click.echo(f"{plan.model.name}, {fmt_count(plan.seq_tokens)} tokens x {plan.batch}, {plan.layout.label()}, "
-               f"{plan.policy.label()}, {profile.name}")
+               f"{plan.policy.label()}, {plan.schedule} ({plan.micro_batches} micro-batches of {plan.micro_batch}), "
+               f"{profile.name}")
     click.echo(_summary_line(r))
+    if r.pipeline.get("micro_batches") is not None:  # a micro-batch pipeline: its stages
+        for st in r.pipeline["stages"]:
+            bub = st["bubble_ratio"]
+            click.echo(f"  stage {st['stage']}: layers {', '.join(f'{a}-{b}' for a, b in st['chunks'])}, "
+                       f"{st['in_flight']} chunk forwards in flight, peak GPU {fmt_bytes(st['peak_gpu_bytes'])}, "
+                       f"busy {fmt_time(st['compute_busy_s'])}"
+                       + (f", bubble {100 * bub:.1f}% of its work" if bub is not None else ""))
+        ideal = r.pipeline["ideal_bubble_ratio"]
+        click.echo(f"  bubble (p - 1)/(v m) = {100 * ideal:.1f}% for equal stages; idle share of the iteration "
+                   + (f"{100 * r.pipeline['bubble_fraction']:.1f}%" if r.pipeline["bubble_fraction"] is not None
+                      else "-"))
     pred = plan.predicted.iteration_s
     if r.ok and isinstance(pred, (int, float)) and pred > 0:
         click.echo(f"plan predicted {fmt_time(pred)} ({plan.predicted.source}); "
@@ -168,10 +183,12 @@ def sweep_alpha_cmd(plan_file, out_dir, alphas, profile_override):
     vals = _parse_alphas(alphas)
     with progress_bar("alpha sweep", len(vals)) as step:
         results = sweep_alpha(plan.model, plan.layout, plan.batch, plan.seq_tokens, profile, vals,
-                              progress=lambda done, total: step())
+                              progress=lambda done, total: step(),
+                              schedule=None if plan.schedule == "sppo" else plan.schedule,
+                              micro_batch=plan.micro_batch)
     from memo_sim.search.estimate import memo_alpha
 
-    solved = memo_alpha(plan.model, plan.layout, plan.batch, plan.seq_tokens, profile)
+    solved = memo_alpha(plan.model, plan.layout, plan.micro_batch, plan.seq_tokens, profile)
     solver_alpha = solved.alpha if solved.feasible else None
     _write_sweep(Path(out_dir), "alpha_sweep", results,
                  lambda rs, path: alpha_sweep_figure(rs, path, solver_alpha=solver_alpha),
@@ -195,6 +212,7 @@ def sweep_seq_cmd(plan_file, out_dir, seqs, profile_override, tp_modes, policies
     """Every policy at each sequence length for the plan's model and layout; plot MFU."""
     from memo_sim.engine.simulate import simulate
     from memo_sim.layout.parallel import check_layout
+    from memo_sim.layout.schedule import schedule_runs_policy
     from memo_sim.policy import get_policy, policy_class
     from memo_sim.report.figures import mfu_vs_seq_figure
     from memo_sim.search.estimate import memo_alpha
@@ -203,11 +221,11 @@ def sweep_seq_cmd(plan_file, out_dir, seqs, profile_override, tp_modes, policies
     lens = [parse_count(s.strip(), "--seqs") for s in seqs.split(",") if s.strip()]
     if not lens:
         raise MemoError("--seqs: give at least one sequence length")
-    if getattr(plan.policy, "pipelined", False) and plan.layout.pp > 1:
-        pols = tuple(policies) or (plan.policy.name,)  # a pipeline layout: only SPPO schedules it
-    else:  # SPPO's pipeline search only where asked for (or the plan is SPPO's)
-        pols = tuple(policies) or tuple(p for p in policy_names() if not getattr(policy_class(p), "pipelined", False)
-                                        or getattr(plan.policy, "pipelined", False))
+    if plan.schedule == "sppo" and plan.layout.pp > 1:
+        pols = tuple(policies) or (plan.policy.name,)  # an SPPO pipeline: only SPPO schedules it
+    else:  # the policies the plan's schedule runs (SPPO's search too where the plan is SPPO's)
+        pols = tuple(policies) or tuple(p for p in policy_names() if schedule_runs_policy(plan.schedule, p)
+                                        or plan.schedule == "sppo")
     layouts = _tp_mode_layouts(plan.layout, tp_modes) if tp_modes else {plan.layout.label(): plan.layout}
     for s in lens:
         for lay in layouts.values():
@@ -219,7 +237,7 @@ def sweep_seq_cmd(plan_file, out_dir, seqs, profile_override, tp_modes, policies
     with progress_bar("sequence sweep", len(runs)) as step:
         for s, lay, p in runs:
             alpha = None
-            if getattr(policy_class(p), "pipelined", False):  # SPPO: its best plan for this layout and length
+            if schedule_runs_policy("sppo", p):  # SPPO: its best plan for this layout and length
                 from memo_sim.search.sppo import resolve_for_layout
 
                 pol = resolve_for_layout(plan.model, lay, plan.batch, s, profile).policy
@@ -227,10 +245,11 @@ def sweep_seq_cmd(plan_file, out_dir, seqs, profile_override, tp_modes, policies
                 step()
                 continue
             if policy_class(p).takes_alpha:  # at its solved alpha
-                a = memo_alpha(plan.model, lay, plan.batch, s, profile)
+                a = memo_alpha(plan.model, lay, plan.micro_batch, s, profile)
                 alpha = a.alpha if a.feasible else 0.0
             results.append(simulate(plan.model, lay, plan.batch, s, get_policy(p, alpha), profile,
-                                    keep_timeline=False))
+                                    schedule=None if plan.schedule == "sppo" else plan.schedule,
+                                    micro_batch=plan.micro_batch, keep_timeline=False))
             step()
     several = len(layouts) > 1
     _write_sweep(Path(out_dir), "mfu_vs_seq", results, mfu_vs_seq_figure,
@@ -314,7 +333,7 @@ def sweep_subseqs_cmd(plan_file, out_dir, subseqs_text, profile_override, no_sim
 
     plan, profile = _load_plan_and_profile(plan_file, profile_override)
     pol0 = plan.policy
-    if not getattr(pol0, "pipelined", False):
+    if plan.schedule != "sppo":
         raise MemoError(f"{plan_file}: sweep-subseqs needs an SPPO plan (policy sppo), not {pol0.name}")
     try:
         ns = sorted({int(x) for x in (subseqs_text or DEFAULT_SUBSEQS).split(",") if x.strip()}

@@ -1,4 +1,10 @@
-"""memo-sim whatif: rank layouts x policies x alpha, simulate the best, write plan.json.
+"""memo-sim whatif: rank layouts x policies x alpha x schedules, simulate the best, write plan.json.
+
+Schedules (`memo_sim.layout.schedule`): the single stage (micro-batches one after the other),
+the micro-batch pipelines 1F1B and interleaved 1F1B (``--pp``, ``--vpp``; searched when asked
+for, or when nothing fits without a pipeline) and SPPO. ``--batch`` (sequences per replica per
+iteration) or ``--global-batch`` (over every replica), ``--micro-batch`` (sequences per
+micro-batch) set the batch split; the output says what was searched.
 
 With the ``sppo`` policy among those searched (the default) the SPPO planner
 (`memo_sim.search.sppo`) adds pipeline candidates: ``--pp``, ``--subseqs``, ``--partition`` and
@@ -19,6 +25,7 @@ import click
 from memo_sim.cli.common import (BATCH, DEGREE, GPU_COUNT, build_model, count_option, model_options, progress_bar,
                                  progress_option)
 from memo_sim.errors import MemoError
+from memo_sim.layout.schedule import SCHEDULE_NAMES
 from memo_sim.plan.schema import write_plan
 from memo_sim.policy import policy_names
 from memo_sim.profile.loader import load_profile
@@ -33,7 +40,15 @@ from memo_sim.units import fmt_bytes, fmt_count, fmt_time
 @click.option("--seq", default="256K", callback=count_option, show_default=True, help="Sequence length (4K, 256K, 1M).")
 @click.option("--gpus", default=8, show_default=True, type=GPU_COUNT, help="Number of GPUs.")
 @click.option("--profile", "profile_name", default="a800-80gb", show_default=True, help="Hardware profile.")
-@click.option("--batch", default=1, show_default=True, type=BATCH, help="Sequences per data-parallel replica per iteration.")
+@click.option("--batch", type=BATCH,
+              help="Sequences per data-parallel replica per iteration (default 1; pp micro-batches where a "
+                   "micro-batch pipeline is searched).")
+@click.option("--global-batch", type=BATCH,
+              help="Sequences per iteration over every data-parallel replica (instead of --batch; each layout "
+                   "trains global-batch / dp per replica).")
+@click.option("--micro-batch", type=BATCH,
+              help="Sequences per micro-batch (divides the batch; gradients accumulate over the micro-batches). "
+                   "Default: the search tries the batch's smallest divisors.")
 @click.option("--tp", type=DEGREE, help="Fix the tensor-parallel degree.")
 @click.option("--cp", type=DEGREE, help="Fix the (ring) context-parallel degree.")
 @click.option("--ulysses", type=DEGREE, help="Fix the Ulysses sequence-parallel degree.")
@@ -48,7 +63,12 @@ from memo_sim.units import fmt_bytes, fmt_count, fmt_time
 @click.option("--policy", "policies", multiple=True, type=click.Choice(policy_names()),
               help="Only these activation policies (repeatable).")
 @click.option("--alpha", type=click.FloatRange(0, 1), help="Fix MEMO's offload fraction alpha.")
-@click.option("--pp", type=click.IntRange(1, 4096), help="SPPO: fix the pipeline degree (stages).")
+@click.option("--pp", type=click.IntRange(1, 4096),
+              help="Fix the pipeline degree (stages): 1F1B and interleaved 1F1B for every policy, SPPO for sppo.")
+@click.option("--vpp", type=click.IntRange(1, 4096),
+              help="Fix the virtual stages (model chunks) per pipeline rank (interleaved 1F1B; 1: plain 1F1B).")
+@click.option("--schedule", "schedules", multiple=True, type=click.Choice(list(SCHEDULE_NAMES)),
+              help="Only these schedules (repeatable; default: every one the framework runs).")
 @click.option("--subseqs", type=click.IntRange(1, 1 << 16), help="SPPO: fix the subsequence count N.")
 @click.option("--partition", type=click.Choice(["flops", "length"]),
               help="SPPO: fix how the sequence is partitioned (equal forward FLOPs or equal lengths).")
@@ -72,9 +92,10 @@ from memo_sim.units import fmt_bytes, fmt_count, fmt_time
               help="Tier 2: simulate candidates in this many processes (default: every core); results are the "
                    "serial run's, in the same order.")
 @progress_option
-def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq, gpus, profile_name, batch, tp, cp, ulysses, dp,
-           zero, sp, tp_mode, metp_across_nodes, policies, alpha, pp, subseqs, partition, multiplex, top, as_json,
-           out_dir, no_plan, simulate_top, allocator_lag, framework, sweep_alpha, jobs, progress):
+def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq, gpus, profile_name, batch, global_batch,
+           micro_batch, tp, cp, ulysses, dp, zero, sp, tp_mode, metp_across_nodes, policies, alpha, pp, vpp, schedules,
+           subseqs, partition, multiplex, top, as_json, out_dir, no_plan, simulate_top, allocator_lag, framework,
+           sweep_alpha, jobs, progress):
     """Rank layouts x policies x alpha for a model, sequence length and cluster; write plan.json.
 
     Simulated rows (tier 2, the event simulator) are listed apart from analytic-only rows (tier 1),
@@ -93,20 +114,20 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq,
     model = build_model(model_name, layers, hidden, heads, ffn, vocab, dtype, precision)
     profile = load_profile(profile_name)
     profile.peak(model.dtype)  # a clear error if the profile has no peak for the model's dtype
-    if batch < 1:
-        raise MemoError("--batch must be at least 1")
-    fixed = dict(batch=batch, tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero, sp=sp, alpha=alpha, tp_mode=tp_mode,
-                 metp_across_nodes=metp_across_nodes, pp=pp, subseqs=subseqs, partition=partition, multiplex=multiplex)
-    if (pp or subseqs or partition or multiplex is not None) and not policies:
-        policies = ("sppo",)  # pipeline flags plan SPPO
-    if sweep_alpha:  # MEMO's alpha on one layout: no SPPO search
-        from memo_sim.policy import policy_class
+    fixed = dict(batch=batch, global_batch=global_batch, micro_batch=micro_batch, tp=tp, cp=cp, ulysses=ulysses,
+                 dp=dp, zero=zero, sp=sp, alpha=alpha, tp_mode=tp_mode, metp_across_nodes=metp_across_nodes, pp=pp,
+                 vpp=vpp, schedules=tuple(schedules) or None, subseqs=subseqs, partition=partition,
+                 multiplex=multiplex)
+    if (subseqs or partition or multiplex is not None) and not policies:
+        policies = ("sppo",)  # SPPO's own flags plan SPPO
+    if sweep_alpha:  # MEMO's alpha on one layout (no SPPO search)
+        from memo_sim.layout.schedule import schedule_runs_policy
         from memo_sim.search.frameworks import get_framework
 
         pols = tuple(policies) or tuple(p for p in get_framework(framework).policies
-                                        if not getattr(policy_class(p), "pipelined", False))
+                                        if not schedule_runs_policy("sppo", p))
         result = candidates_for(model, seq, gpus, profile, policies=pols, framework=framework, **fixed)
-        return _sweep_alpha(model, seq, batch, profile, result, as_json, out_dir, t0, quiet)
+        return _sweep_alpha(model, seq, profile, result, as_json, out_dir, t0, quiet)
     with delayed_progress("simulating", quiet, force=progress) as on_progress:
         result = rank(model, seq, gpus, profile, simulate_top=simulate_top, progress=on_progress,
                       allocator_lag=allocator_lag, policies=tuple(policies) or None, framework=framework, jobs=jobs,
@@ -121,13 +142,15 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq,
         plan_path = write_plan(build_plan(best), Path(out_dir) / "plan.json")
         sppo_best = next((c for c in result.candidates if c.sppo is not None and c.status == "OK"), None)
         if sppo_best is not None and sppo_best is not best:
-            sppo_plan_path = write_plan(sppo_best.to_plan(), Path(out_dir) / "plan-sppo.json")
+            sppo_plan_path = write_plan(build_plan(sppo_best), Path(out_dir) / "plan-sppo.json")
     metp_rows = _metp_vs_megatron(result.candidates, alpha)
     shown = fold_duplicates(result.candidates)
     advice = not_searched(gpus, tuple(policies) or None, framework, fixed) if best is None else []
     elapsed = time.perf_counter() - t0
     if as_json:
-        obj = {"model": model.to_dict(), "seq_tokens": seq, "gpus": gpus, "batch": batch, "profile": profile.name,
+        obj = {"model": model.to_dict(), "seq_tokens": seq, "gpus": gpus,
+               "batch": batch if batch or global_batch else 1, "global_batch": global_batch,
+               "micro_batch": micro_batch, "profile": profile.name, "searched": result.searched,
                "elapsed_s": elapsed, "simulated_candidates": n_sim, "plan_file": str(plan_path) if plan_path else None,
                "framework": framework, "tp_mode": tp_mode,
                "sppo_plan_file": str(sppo_plan_path) if sppo_plan_path else None,
@@ -142,8 +165,12 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq,
         if best is None:
             click.get_current_context().exit(NOTHING_FITS)
         return
-    click.echo(f"{model.name} ({model.params() / 1e9:.2f}B params), {fmt_count(seq)} tokens x {batch}, "
+    batch_words = (f"{global_batch} sequences per iteration" if global_batch else f"{batch} per replica" if batch
+                   else "1 per replica" + (" (a pipeline: pp micro-batches per replica)"
+                                           if result.searched.get("pipeline") else ""))
+    click.echo(f"{model.name} ({model.params() / 1e9:.2f}B params), {fmt_count(seq)} tokens x {batch_words}, "
                f"{gpus} x {profile.gpu.model} ({profile.name})")
+    click.echo("searched: " + _searched_words(result.searched))
     sim_rows = [(i, c) for i, c in enumerate(shown) if c.simulated is not None]
     ana_rows = [(i, c) for i, c in enumerate(shown) if c.simulated is None]
     budget = max(0, top)
@@ -228,9 +255,28 @@ def delayed_progress(label: str, quiet: bool, force: bool | None = None):
         yield progress
 
 
+def _searched_words(searched: dict) -> str:
+    """What the what-if searched, in one line."""
+    words = ", ".join(searched.get("schedules", ())) or "nothing"
+    pipe = searched.get("pipeline")
+    if pipe:
+        words += (f"; pipelines ({pipe['why']}): pp {', '.join(map(str, pipe['pp'])) or '-'}, "
+                  f"vpp {', '.join(map(str, pipe['vpp'])) or '-'}, micro-batch "
+                  f"{', '.join(map(str, pipe['micro_batch'])) or '-'}")
+    elif "single_stage" in searched.get("schedules", ()):
+        words += "; no micro-batch pipelines (--pp, --vpp or --schedule 1f1b ask for them)"
+    return words
+
+
+def _schedule_text(c) -> str:
+    """A candidate's schedule and batch split: ``1f1b 8x1`` (8 micro-batches of 1 sequence)."""
+    return f"{c.schedule} {c.micro_batches}x{c.micro_batch}"
+
+
 def _table(rows, simulated: bool) -> str:
     """Rows (rank, candidate) of one tier; simulated ones show the simulator's numbers."""
     out = []
+    split = any(c.schedule not in ("single_stage", "sppo") or c.micro_batches > 1 for _i, c in rows)
     for i, c in rows:
         e, m, sm = c.estimate, c.memory, c.simulated
         r = [str(i + 1), c.layout.label(), c.policy.label() if c.sppo is not None else c.policy.name,
@@ -243,9 +289,11 @@ def _table(rows, simulated: bool) -> str:
               else "-",
               fmt_bytes(sm["peak_gpu_bytes"] if sm else m.peak_gpu_bytes), fmt_bytes(m.host_bytes_per_node),
               fmt_time(sm["exposed_copy_s"] if sm else e.exposed_copy_s)]
+        if split:
+            r.insert(2, _schedule_text(c))
         out.append(r)
-    head = ["#", "layout", "policy", "alpha", "status", "iter (analytic)"] + (["iter (sim)"] if simulated else []) \
-        + ["MFU", "TGS", "peak GPU", "host/node", "copy stall"]
+    head = ["#", "layout"] + (["schedule"] if split else []) + ["policy", "alpha", "status", "iter (analytic)"] \
+        + (["iter (sim)"] if simulated else []) + ["MFU", "TGS", "peak GPU", "host/node", "copy stall"]
     return render_table(head, out)
 
 
@@ -299,7 +347,7 @@ def _metp_vs_megatron(candidates, alpha) -> list[dict]:
     return out
 
 
-def _sweep_alpha(model, seq, batch, profile, result, as_json, out_dir, t0, quiet):
+def _sweep_alpha(model, seq, profile, result, as_json, out_dir, t0, quiet):
     from memo_sim.engine.simulate import DEFAULT_ALPHAS, sweep_alpha
     from memo_sim.report.figures import alpha_sweep_figure
 
@@ -310,7 +358,8 @@ def _sweep_alpha(model, seq, batch, profile, result, as_json, out_dir, t0, quiet
     layouts = {c.layout for c in result.candidates}
     solved = memo[0].policy.alpha
     with delayed_progress("alpha sweep", quiet) as on_progress:
-        res = sweep_alpha(model, layout, batch, seq, profile, DEFAULT_ALPHAS, progress=on_progress)
+        res = sweep_alpha(model, layout, memo[0].batch, seq, profile, DEFAULT_ALPHAS, progress=on_progress,
+                          schedule=memo[0].schedule, micro_batch=memo[0].micro_batch)
     png = alpha_sweep_figure(res, Path(out_dir) / "alpha_sweep.png", solver_alpha=solved)
     if as_json:
         click.echo(json.dumps({"model": model.to_dict(), "seq_tokens": seq, "profile": profile.name,

@@ -86,7 +86,7 @@ class Failure:
 def gc_paused():
     """The cyclic garbage collector off for a block that makes a few hundred thousand
     long-lived objects and no cycles worth collecting (an SPPO op graph,
-    `memo_sim.engine.pipeline.build_pipeline_iteration`): its passes over the young objects
+    `memo_sim.engine.schedules.sppo.build_pipeline_iteration`): its passes over the young objects
     would traverse the whole graph, during the block and again at each promotion, for nothing.
     At the end the block's objects are moved to the oldest generation unscanned (`gc.freeze`
     then `gc.unfreeze`), where refcounting frees them when their last user lets go (`Engine.run`

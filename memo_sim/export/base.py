@@ -103,7 +103,8 @@ def price_nearest(plan: Plan, gaps: list[Gap]) -> dict | None:
     label = f"{layout.label()} {policy.label()}" + (f" {schedule}" if layout.pp > 1 else "")
     try:
         res = simulate(plan.model, layout, plan.batch, plan.seq_tokens, policy, load_profile(plan.profile),
-                       keep_timeline=False)
+                       keep_timeline=False, schedule=schedule, micro_batch=plan.micro_batch,
+                       classifier_chunk_tokens=plan.classifier_chunk_tokens)
     except MemoError as e:
         return {"label": label, "error": str(e), "status": None}
     return {"label": label, "status": res.status, "iteration_s": res.iteration_s, "mfu": res.mfu,

@@ -4,16 +4,17 @@ Rank order, innermost first: TP, Ulysses, CP, PP, DP. So a TP group is ``tp`` co
 inside a node), and a group of degree g whose ranks are ``stride`` apart spans nodes when
 ``g * stride > gpus_per_node``.
 
-Pipeline parallelism (``pp``, SPPO: papers/sppo.txt): the model's layers are split evenly into
-``pp`` stages (the embedding on the first, the classifier on the last); inside a stage the
-sequence is split by Megatron sequence parallelism (TP+SP, degree ``tp``). Stage s occupies the
+Pipeline parallelism (``pp``; the schedules of `memo_sim.layout.schedule`: 1F1B, interleaved
+1F1B with ``vpp`` model chunks per rank, SPPO): the model's layers are split evenly into ``pp``
+stages (``pp x vpp`` chunks; the embedding on the first, the classifier on the last); inside a
+stage the layout's TP / CP / Ulysses split applies; stage s of a replica is the
 ranks ``s * stage_stride .. (s+1) * stage_stride - 1`` of its pipeline (``stage_stride`` = tp x
-ulysses x cp), so consecutive stages exchange activations (forward) and their gradients
-(backward) by P2P send/recv over NVLink when both sit in one node and over InfiniBand when the
-hop crosses a node boundary (`stage_hop_crosses_nodes`). Validity with pp > 1 (`check_layout`):
-layers divisible by pp (even split), Megatron TP with SP inside a stage (ring CP, Ulysses and
-METP are not combined with pipeline stages), ZeRO at most 1 (stages keep their own layers'
-weights). ``pp`` is left out of `Layout.to_dict` when it is 1, so plans without pipelines read
+ulysses x cp), and the P2P activation transfer between stages rides NVLink unless the
+hop crosses a node boundary (`stage_hop_crosses_nodes`, `stages_cross_nodes`). Validity with
+pp > 1 (`check_layout`): layers divisible by pp (and by pp x vpp), no METP, ZeRO at most 1
+(stages keep their own layers' weights and gradients, as Megatron-LM and DeepSpeed's pipeline
+engine do); what a schedule adds it checks itself (SPPO: Megatron TP+SP only, `Sppo.check`).
+``pp`` is left out of `Layout.to_dict` when it is 1, so plans without pipelines read
 and write exactly as before.
 
 Model states (weights, gradients, optimizer states) are replicated across every rank that holds
@@ -155,6 +156,12 @@ def stage_hop_crosses_nodes(layout: Layout, stage: int, gpus_per_node: int) -> b
     return a // gpus_per_node != (a + layout.stage_stride) // gpus_per_node
 
 
+def stages_cross_nodes(layout: Layout, a: int, b: int, gpus_per_node: int) -> bool:
+    """Whether the P2P hop between pipeline stages ``a`` and ``b`` of one replica (any two; the
+    interleaved schedule's hop from the last stage back to the first among them) leaves the node."""
+    return stage_first_rank(layout, a) // gpus_per_node != stage_first_rank(layout, b) // gpus_per_node
+
+
 def pipeline_spans_nodes(layout: Layout, gpus_per_node: int) -> bool:
     """Whether any stage-to-stage hop of the pipeline crosses a node boundary."""
     return any(stage_hop_crosses_nodes(layout, s, gpus_per_node) for s in range(layout.pp - 1))
@@ -177,13 +184,9 @@ def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: i
     if layout.pp > 1:
         if model.layers % layout.pp:
             return f"{model.layers} layers do not split evenly into {layout.pp} pipeline stages"
-        if layout.cp > 1 or layout.ulysses > 1:
-            return ("pipeline stages split the sequence by Megatron TP+SP only "
-                    "(ring CP and Ulysses are not combined with pp)")
+        # what a schedule adds (SPPO: TP+SP only) it checks itself (`memo_sim.layout.schedule`)
         if layout.metp:
-            return "pipeline stages run Megatron TP+SP (METP is not combined with pp)"
-        if layout.tp > 1 and not layout.sp:
-            return "pipeline stages split their tokens by Megatron sequence parallelism: sp must be on"
+            return "pipeline stages run Megatron TP (METP is not combined with pp)"
         if layout.zero > 1:
             return "pipeline stages keep their own layers' weights and gradients: ZeRO at most 1 with pp"
     if layout.vpp > 1:
@@ -236,18 +239,19 @@ def enumerate_layouts(model: ModelConfig, gpus: int, gpus_per_node: int, seq: in
                       tp: int | None = None, cp: int | None = None, ulysses: int | None = None,
                       dp: int | None = None, zero: int | None = None, sp: bool | None = None,
                       tp_modes: tuple[str, ...] = ("megatron",), metp_across_nodes: bool = False,
-                      ) -> tuple[list[Layout], list[tuple[Layout, str]]]:
+                      pp: int = 1) -> tuple[list[Layout], list[tuple[Layout, str]]]:
     """All layouts for ``gpus`` GPUs matching the fixed degrees; (valid, [(rejected, reason)]).
 
     ``tp_modes``: the tensor-parallel flavours to enumerate (default Megatron only). A METP mode
-    is only tried where it can apply (tp >= 2 with sequence parallelism)."""
+    is only tried where it can apply (tp >= 2 with sequence parallelism). ``pp``: the pipeline
+    stages every layout has (default 1: none)."""
     valid: list[Layout] = []
     rejected: list[tuple[Layout, str]] = []
     choices = lambda fixed: [fixed] if fixed is not None else _divisors(gpus)  # noqa: E731
     for t, c, u in product(choices(tp), choices(cp), choices(ulysses)):
-        if gpus % (t * c * u):
+        if gpus % (t * c * u * pp):
             continue
-        d = gpus // (t * c * u)
+        d = gpus // (t * c * u * pp)
         if dp is not None and d != dp:
             continue
         sps = [sp] if sp is not None else ([True, False] if t > 1 else [True])
@@ -255,12 +259,12 @@ def enumerate_layouts(model: ModelConfig, gpus: int, gpus_per_node: int, seq: in
         for s, z, mode in product(sps, zs, tp_modes):
             if mode != "megatron" and (t < 2 or not s):
                 continue
-            lay = Layout(tp=t, sp=s if t > 1 else True, cp=c, ulysses=u, dp=d, zero=z, tp_mode=mode)
+            lay = Layout(tp=t, sp=s if t > 1 else True, cp=c, ulysses=u, dp=d, zero=z, tp_mode=mode, pp=pp)
             why = check_layout(lay, model, gpus, gpus_per_node, seq, metp_across_nodes=metp_across_nodes)
             (rejected.append((lay, why)) if why else valid.append(lay))
     if dp is not None and tp is not None and cp is not None and ulysses is not None and not valid and not rejected:
         lay = Layout(tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero or 0, sp=True if sp is None else sp,
-                     tp_mode=tp_modes[0] if len(tp_modes) == 1 else "megatron")
+                     tp_mode=tp_modes[0] if len(tp_modes) == 1 else "megatron", pp=pp)
         rejected.append((lay, check_layout(lay, model, gpus, gpus_per_node, seq, metp_across_nodes=metp_across_nodes)
                          or "inconsistent degrees"))
     return valid, rejected

@@ -34,6 +34,12 @@ def default_schedule(pp: int, policy_name: str) -> str:
     return "single_stage" if pp == 1 else "1f1b"
 
 
+def schedule_runs_policy(schedule: str, policy_name: str) -> bool:
+    """Whether ``schedule`` runs the activation policy ``policy_name`` (sppo runs the sppo policy
+    and only it; the others run every other policy)."""
+    return (schedule == "sppo") == (policy_name == "sppo")
+
+
 def check_schedule(schedule: str, *, pp: int, vpp: int, layers: int, batch: int, micro_batch: int,
                    policy_name: str) -> str | None:
     """None if ``schedule`` can run this layout and batch split, else the reason (one line)."""
@@ -43,7 +49,7 @@ def check_schedule(schedule: str, *, pp: int, vpp: int, layers: int, batch: int,
         return (f"micro_batch ({micro_batch}) must divide the batch ({batch} sequences per replica per "
                 f"iteration)")
     m = batch // micro_batch
-    if (schedule == "sppo") != (policy_name == "sppo"):
+    if not schedule_runs_policy(schedule, policy_name):
         return ("the sppo schedule runs the sppo policy and only it" if schedule == "sppo"
                 else f"policy sppo runs the sppo schedule, not {schedule}")
     if schedule == "single_stage" and pp != 1:

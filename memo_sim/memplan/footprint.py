@@ -209,7 +209,7 @@ def sppo_unit_working_bytes(model: ModelConfig, layout: Layout, batch: int, toke
 def sppo_memory(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy,
                 profile: HardwareProfile) -> PipelineMemory:
     """Peak GPU memory per stage of an SPPO plan and pinned host memory per node, by walking each
-    stage's units as the pipeline schedule runs them (`memo_sim.engine.pipeline`), assuming every
+    stage's units as the pipeline schedule runs them (`memo_sim.engine.schedules.sppo`), assuming every
     offload is done by the end of the next unit's forward (the rounding-buffer rule guarantees it)
     and each prefetch runs beside the backward of the unit after it.
 

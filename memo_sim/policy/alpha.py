@@ -31,10 +31,11 @@ class AlphaProblem:
     t_layer: float  # seconds
     layers: int
     m_cpu: float  # host bytes for one GPU
+    offloaded: int | None = None  # layer blocks one GPU holds on host at once (default: every offloaded layer)
 
     def per_layer_host_cap(self) -> float:
         """Bytes one layer's host block may have under the host-memory constraint."""
-        k = offloaded_layer_count(self.layers)
+        k = offloaded_layer_count(self.layers) if self.offloaded is None else self.offloaded
         return math.inf if k == 0 else self.m_cpu / k
 
 

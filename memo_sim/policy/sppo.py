@@ -75,7 +75,7 @@ class Sppo(Policy):
 
     name: ClassVar[str] = "sppo"
     offloads: ClassVar[bool] = True
-    pipelined: ClassVar[bool] = True  # scheduled by `memo_sim.engine.pipeline`, priced by `memo_sim.search.sppo`
+    # scheduled by the ``sppo`` schedule (`memo_sim.engine.schedules.sppo`), priced by `memo_sim.search.sppo`
     summary: ClassVar[str] = ("split the sequence into N subsequences and pipeline them over PP stages; keep K/V "
                               "on the GPU, offload alpha_i of the rest of subsequence i")
 

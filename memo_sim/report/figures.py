@@ -415,20 +415,32 @@ PIPELINE_ROWS = (("compute", ("compute", "comm")), ("p2p", ("p2p",)), ("d2h", ("
 def subsequence_of(op_name: str) -> int | None:
     """The subsequence an SPPO op belongs to, from its name (``qkv@s3``, ``offload@s3.1``); None for an
     op without a tag (one subsequence, or per-iteration work)."""
-    if "@s" not in op_name:
+    return _tag_index(op_name, "@s")
+
+
+def micro_batch_of(op_name: str) -> int | None:
+    """The micro-batch a micro-batch pipeline's op belongs to, from its name (``qkv@m3``); None for
+    per-iteration work (gradient buckets, the optimizer)."""
+    return _tag_index(op_name, "@m")
+
+
+def _tag_index(op_name: str, marker: str) -> int | None:
+    if marker not in op_name:
         return None
-    tag = op_name.split("@s", 1)[1]
+    tag = op_name.split(marker, 1)[1]
     try:
         return int(tag.split(".")[0])
     except ValueError:
         return None
 
 
-def _merged_spans(events: list[TimelineEvent], tol: float) -> list[tuple[float, float, TimelineEvent]]:
-    """Consecutive events of one (subsequence, phase) merged where they are less than ``tol`` apart."""
+def _merged_spans(events: list[TimelineEvent], tol: float,
+                  item_of=subsequence_of) -> list[tuple[float, float, TimelineEvent]]:
+    """Consecutive events of one (subsequence or micro-batch: ``item_of``, phase) merged where they
+    are less than ``tol`` apart."""
     out: list[list] = []
     for e in sorted(events, key=lambda e: e.start):
-        key = (subsequence_of(e.op), e.phase if e.phase not in ("p2p_fwd", "p2p_bwd") else e.phase)
+        key = (item_of(e.op), e.phase if e.phase not in ("p2p_fwd", "p2p_bwd") else e.phase)
         if out and out[-1][3] == key and e.start - out[-1][1] <= tol:
             out[-1][1] = max(out[-1][1], e.end)
         else:
@@ -437,19 +449,22 @@ def _merged_spans(events: list[TimelineEvent], tol: float) -> list[tuple[float, 
 
 
 def pipeline_gantt_figure(timeline: Timeline, path: str | Path) -> Path:
-    """SPPO's pipeline over the whole iteration (like the paper's Figure 8): per stage its compute
-    (kernels and TP collectives), P2P, offload and prefetch streams against time, bars coloured by
-    subsequence (forward solid, backward hatched, copies lighter), idle compute time (the bubbles)
-    shaded, each stage's bubble share written beside it."""
+    """A pipeline over the whole iteration (like SPPO's Figure 8): per stage its compute (kernels
+    and TP collectives), P2P, offload and prefetch streams against time, bars coloured by
+    subsequence (SPPO) or micro-batch (1F1B, interleaved 1F1B; ``meta.pipeline.micro_batches``),
+    forward solid, backward hatched, recompute dotted, copies lighter, idle compute time (the
+    bubbles) shaded, each stage's bubble share written beside it."""
     from matplotlib import colormaps
     from matplotlib.collections import PolyCollection
     from matplotlib.colors import to_rgba
 
     pipe = (timeline.meta or {}).get("pipeline")
     if not pipe:
-        raise MemoError("the timeline is not a pipeline (SPPO) timeline: no meta.pipeline")
+        raise MemoError("the timeline is not a pipeline timeline: no meta.pipeline")
     stages = [st["stage"] for st in pipe["stages"]]
-    n_sub = max(1, int(pipe.get("subseqs") or 1))
+    by_mb = "micro_batches" in pipe
+    n_sub = max(1, int((pipe.get("micro_batches") if by_mb else pipe.get("subseqs")) or 1))
+    item_of = micro_batch_of if by_mb else subsequence_of
     cmap = colormaps["viridis"]
     end = max((e.end for e in timeline.events), default=0.0)
     tol = end * 2e-3
@@ -469,15 +484,15 @@ def pipeline_gantt_figure(timeline: Timeline, path: str | Path) -> Path:
             ax.broken_barh([(0, end)], (r - 0.45, 0.9), facecolors="#F4D6D6", edgecolors="none")  # idle = bubble
             busy[s] = sum(e.duration for e in evs)
         groups: dict[tuple, list[tuple[float, float]]] = {}
-        for a, b, e in _merged_spans(evs, tol if label == "compute" else 5 * tol):
-            sub = subsequence_of(e.op)
-            if sub is None and pipe.get("subseqs") == 1 and e.phase in ("fwd", "bwd", "offload", "prefetch",
-                                                                          "classifier", "p2p_fwd", "p2p_bwd"):
+        for a, b, e in _merged_spans(evs, tol if label == "compute" else 5 * tol, item_of):
+            sub = item_of(e.op)
+            if sub is None and not by_mb and pipe.get("subseqs") == 1 and e.phase in (
+                    "fwd", "bwd", "offload", "prefetch", "classifier", "p2p_fwd", "p2p_bwd"):
                 sub = 0
-            hatch = "////" if e.phase in ("bwd", "p2p_bwd", "prefetch") else None
+            hatch = "////" if e.phase in ("bwd", "p2p_bwd", "prefetch") else "..." if e.phase == "recompute" else None
             groups.setdefault((sub, hatch), []).append((a, max(b - a, end * 1e-4)))
         light = label in ("d2h", "h2d", "p2p")
-        for hatch in (None, "////"):  # one artist per row and hatch, a colour per bar
+        for hatch in (None, "////", "..."):  # one artist per row and hatch, a colour per bar
             verts, colors = [], []
             for (sub, h), spans in groups.items():
                 if h != hatch:
@@ -501,16 +516,19 @@ def pipeline_gantt_figure(timeline: Timeline, path: str | Path) -> Path:
     meta = timeline.meta or {}
     ax.set_title(" | ".join(str(meta[k]) for k in ("model", "layout", "policy", "profile") if meta.get(k))
                  + (f" | {fmt_count(meta['seq_tokens'])} tokens" if meta.get("seq_tokens") else "")
-                 + f" | N={n_sub}, PP={len(stages)}", fontsize=10)
+                 + (f" | {pipe.get('schedule')}, {n_sub} micro-batches, PP={len(stages)}"
+                    + (f" x {pipe.get('vpp')} chunks" if (pipe.get("vpp") or 1) > 1 else "") if by_mb
+                    else f" | N={n_sub}, PP={len(stages)}"), fontsize=10)
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize
 
     sm = ScalarMappable(norm=Normalize(0, max(1, n_sub - 1)), cmap=cmap)
-    fig.colorbar(sm, ax=ax, label="subsequence", fraction=0.025, pad=0.06)
+    fig.colorbar(sm, ax=ax, label="micro-batch" if by_mb else "subsequence", fraction=0.025, pad=0.06)
     handles = [Patch(facecolor="#777777", label="forward"), Patch(facecolor="#777777", hatch="////", label="backward"),
+               Patch(facecolor="#777777", hatch="...", label="recompute"),
                Patch(facecolor="#777777", alpha=0.55, label="P2P / offload / prefetch"),
                Patch(facecolor="#F4D6D6", label="idle compute (bubble)"), Patch(facecolor="#9E9E9E", label="other")]
-    fig.legend(handles=handles, loc="lower center", ncol=5, fontsize=8, frameon=False, bbox_to_anchor=(0.5, 0.0))
+    fig.legend(handles=handles, loc="lower center", ncol=6, fontsize=8, frameon=False, bbox_to_anchor=(0.5, 0.0))
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     return _save(fig, path)
 

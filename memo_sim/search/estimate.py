@@ -99,8 +99,12 @@ def _layer_times(model: ModelConfig, shard: Layout, batch: int, seq: int, policy
 
 
 def memo_alpha(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile,
-               solver=solve_alpha_closed_form) -> AlphaResult:
+               solver=solve_alpha_closed_form, units: int | None = None) -> AlphaResult:
     """MEMO's alpha for this layout from profiled layer sizes and forward time.
+
+    ``units``: layer blocks one GPU holds on host at once (default: the model's offloaded layers,
+    one iteration of one micro-batch); a pipeline stage holds its layers of every micro-batch in
+    flight (`memo_sim.search.pipeline`). ``batch`` is one micro-batch's sequences.
 
     The continuous problem's alpha is floored to whole token rows, and host memory is checked
     with the bytes exactly as the executor allocates them (`memo_sim.policy.host_layout`); where
@@ -113,11 +117,11 @@ def memo_alpha(model: ModelConfig, layout: Layout, batch: int, seq: int, profile
     # the copy latency is paid once per layer: take it off the time budget
     budget = max(0.0, f - float(profile.host_link.latency))
     m_cpu = profile.usable_host_memory / active
-    res = solver(AlphaProblem(sk["input"], sk["attn"], sk["other"], bw, budget, model.layers, m_cpu))
+    res = solver(AlphaProblem(sk["input"], sk["attn"], sk["other"], bw, budget, model.layers, m_cpu, units))
     if not res.feasible:
         return res
     rows = layer_rows(layout, batch, seq)
-    k = max(1, offloaded_layer_count(model.layers))
+    k = max(1, offloaded_layer_count(model.layers) if units is None else units)
 
     def host_ok(n: int) -> bool:
         pol = get_policy("memo", n / rows)
@@ -136,7 +140,15 @@ def memo_alpha(model: ModelConfig, layout: Layout, batch: int, seq: int, profile
 
 
 def estimate_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy,
-                       profile: HardwareProfile) -> IterationEstimate:
+                       profile: HardwareProfile, micro_batch: int | None = None) -> IterationEstimate:
+    """The single stage (module docs). ``micro_batch`` (default ``batch``): gradient accumulation
+    over ``batch / micro_batch`` micro-batches, each layer's work at the micro-batch's size; the
+    gradient sync's exposed tail and ZeRO-1/2's gathers once per iteration (ZeRO-2 reduces, ZeRO-3
+    gathers, every micro-batch), the optimizer step once."""
+    full = batch
+    if micro_batch is not None and micro_batch != batch:
+        batch = micro_batch
+    m = full // batch
     lt = layer_times(model, layout, batch, seq, policy, profile)
     n = model.layers
     n_off = policy.offloaded_layers(n)
@@ -156,13 +168,70 @@ def estimate_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int,
     gathers = n * max(0.0, sync.layer_gather - lt.forward)
     if sync.gather_in_backward:
         gathers += n * max(0.0, sync.layer_gather - lt.backward)
-    total = bt.embedding + fwd + bt.classifier + bwd + sync_exposed + gathers + bt.optimizer
+    if m == 1:
+        total = bt.embedding + fwd + bt.classifier + bwd + sync_exposed + gathers + bt.optimizer
+    else:
+        sync_exposed *= m if layout.zero >= 2 else 1
+        gathers *= m if sync.gather_in_backward else 1
+        exposed *= m
+        total = m * (bt.embedding + fwd + bt.classifier + bwd) + sync_exposed + gathers + bt.optimizer
     return IterationEstimate(
-        iteration_s=total, mfu=mfu(model, batch * layout.dp, seq, total, layout.gpus, profile.peak(model.dtype)),
-        tgs=tgs(batch * layout.dp, seq, total, layout.gpus), layer=lt, embedding_s=bt.embedding,
-        classifier_s=bt.classifier, grad_sync_exposed_s=sync_exposed + gathers,
+        iteration_s=total, mfu=mfu(model, full * layout.dp, seq, total, layout.gpus, profile.peak(model.dtype)),
+        tgs=tgs(full * layout.dp, seq, total, layout.gpus), layer=lt, embedding_s=bt.embedding * m,
+        classifier_s=bt.classifier * m, grad_sync_exposed_s=sync_exposed + gathers,
         optimizer_s=bt.optimizer, exposed_copy_s=exposed)
 
 
-__all__ = ["IterationEstimate", "LayerTimes", "estimate_iteration", "layer_times", "memo_alpha",
-           "model_flops_per_iteration"]
+def estimate_pipeline(model: ModelConfig, layout: Layout, batch: int, micro_batch: int, seq: int, policy: Policy,
+                      profile: HardwareProfile) -> IterationEstimate:
+    """The micro-batch pipelines (1F1B, and interleaved 1F1B with ``layout.vpp`` chunks per rank;
+    `memo_sim.engine.schedules.microbatch`), analytically: ``batch / micro_batch`` = m micro-batches.
+
+    Per stage and micro-batch the forward time is its layers' ``max(F, O)`` (offloading policies;
+    F alone otherwise) plus the embedding (first stage) or the classifier (last stage), the
+    backward its layers' ``max(Bw + R, P)`` plus the embedding's backward; W_s = forward +
+    backward. With v chunks per rank the iteration is
+
+        (m - 1)·max_s W_s + sum_s W_s / v + (1 - 1/v)·max_s W_s + 2·sum_hops P2P
+
+    which for equal stages is (m + (p - 1)/v)·W: the bubble (p - 1)/(v·m) of the work (1F1B:
+    v = 1, (p - 1)/m), plus the fill and drain's P2P sends (one per hop each way; the steady
+    state's sends overlap compute). Then the last gradient bucket of a stage, ZeRO-1's exposed
+    weight gathers (each layer's first forward) and the slowest stage's optimizer step."""
+    from memo_sim.cost.sppo import p2p_time, stage_grad_sync, stage_optimizer_time
+
+    p, v = layout.pp, layout.vpp
+    m = batch // micro_batch
+    shard = replace(layout, pp=1, vpp=1, dp=1, zero=0)
+    lt = _layer_times(model, shard, micro_batch, seq, policy, profile, active_gpus_per_node(layout, profile))
+    per = model.layers // p
+    r = lt.recompute if policy.recomputes_layer(0, model.layers) else 0.0
+    f_unit = max(lt.forward, lt.offload) if policy.offloads else lt.forward
+    b_unit = max(lt.backward + r, lt.prefetch) if policy.offloads else lt.backward + r
+    bt = boundary_times(model, shard, micro_batch, seq, profile)
+    work = [per * (f_unit + b_unit) + (bt.embedding if s == 0 else 0.0) + (bt.classifier if s == p - 1 else 0.0)
+            for s in range(p)]
+    hops = 2 * sum(p2p_time(model, layout, micro_batch, seq, profile, s) for s in range(p - 1))
+    top = max(work)
+    pipe = (m - 1) * top + sum(work) / v + (1 - 1 / v) * top + hops
+    sync = stage_grad_sync(model, layout, profile)
+    sync_exposed = sync.layer_grad
+    gathers = per * max(0.0, sync.layer_gather - lt.forward)
+    opt = max(stage_optimizer_time(model, layout, s, profile) for s in range(p))
+    exposed = m * per * (max(0.0, lt.offload - lt.forward) + max(0.0, lt.prefetch - lt.backward - r)) \
+        if policy.offloads else 0.0
+    total = pipe + sync_exposed + gathers + opt
+    return IterationEstimate(
+        iteration_s=total, mfu=mfu(model, batch * layout.dp, seq, total, layout.gpus, profile.peak(model.dtype)),
+        tgs=tgs(batch * layout.dp, seq, total, layout.gpus), layer=lt, embedding_s=bt.embedding * m,
+        classifier_s=bt.classifier * m, grad_sync_exposed_s=sync_exposed + gathers, optimizer_s=opt,
+        exposed_copy_s=exposed)
+
+
+def pipeline_bubble(pp: int, vpp: int, micro_batches: int) -> float:
+    """Idle time of a stage relative to its work with equal stage times: (p - 1)/(v·m)."""
+    return (pp - 1) / (vpp * micro_batches)
+
+
+__all__ = ["IterationEstimate", "LayerTimes", "estimate_iteration", "estimate_pipeline", "layer_times", "memo_alpha",
+           "model_flops_per_iteration", "pipeline_bubble"]

@@ -17,7 +17,7 @@ MEMORY_PLAN_TIME_LIMIT_S = 10.0  # per DSA solve of the bi-level plan (three sol
 def build_plan(candidate, time_limit_s: float = MEMORY_PLAN_TIME_LIMIT_S) -> Plan:
     """The plan.json of ``candidate`` (a `memo_sim.search.whatif.Candidate`)."""
     plan = candidate.to_plan()
-    if plan.policy.static_memory_plan:
+    if plan.policy.static_memory_plan and plan.layout.pp == 1:  # one micro-batch's plan of one stage
         plan.memory_plan = plan_memory(plan.model, plan.layout, plan.micro_batch, plan.seq_tokens, plan.policy,
                                        time_limit_s=time_limit_s,
                                        classifier_chunk_tokens=plan.classifier_chunk_tokens).to_plan_json()

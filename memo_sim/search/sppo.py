@@ -16,7 +16,7 @@ likewise with the prefetch. The pipeline is the recurrence over the (stage, piec
 piece starts after the previous piece of its stage and after the P2P send of every overlapping
 piece of the stage before it (forward) or after it (backward, pieces in reverse). The stage
 then adds its last gradient bucket and its optimizer step. No link contention; tier 2 replays
-the op graph in the event simulator (`memo_sim.engine.pipeline`).
+the op graph in the event simulator (`memo_sim.engine.schedules.sppo`).
 
 **Heuristic solver** (`heuristic_choice`, sec. 6.1): SP (the TP+SP degree) and PP inside one
 node (SP x PP <= GPUs per node), N such that each device's share of a subsequence, l/SP, lies in
@@ -55,6 +55,7 @@ from memo_sim.model.flops import mfu, tgs
 from memo_sim.policy.rounding_buffers import offloaded_layer_count
 from memo_sim.policy.sppo import Sppo
 from memo_sim.profile.schema import HardwareProfile
+from memo_sim.search.candidate import Candidate
 from memo_sim.search.estimate import IterationEstimate, LayerTimes
 
 MIN_TOKENS_PER_DEVICE = 1024  # exhaustive grid: no subsequence share below this
@@ -560,14 +561,12 @@ def resolve_for_layout(model: ModelConfig, layout: Layout, batch: int, seq: int,
 # ------------------------------------------------------------------------------------------ what-if
 def point_candidate(model: ModelConfig, pt: SppoPoint, batch: int, seq: int, profile: HardwareProfile,
                     *roles: str):
-    """A what-if `memo_sim.search.whatif.Candidate` for one solved point."""
-    from memo_sim.search.whatif import Candidate
-
+    """A what-if `memo_sim.search.candidate.Candidate` for one solved point."""
     info = pt.to_dict()
     info["roles"] = list(roles)
     note = pt.memory.reason() or f"alphas: {pt.alpha.note}"
     return Candidate(model, pt.layout, pt.policy, batch, seq, profile, pt.estimate, pt.memory.breakdown, note,
-                     sppo=info)
+                     sppo=info, schedule="sppo")
 
 
 def sppo_candidates(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, *, batch: int = 1,

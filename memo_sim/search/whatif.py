@@ -25,127 +25,25 @@ from __future__ import annotations
 import gc
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS
 from memo_sim.engine.simulate import Progress, simulate
 from memo_sim.errors import MemoError
+from memo_sim.engine.schedules.microbatch import micro_batch_pipelines
 from memo_sim.layout.parallel import Layout, enumerate_layouts
+from memo_sim.layout.schedule import SCHEDULE_NAMES, check_schedule, default_schedule, schedule_runs_policy
 from memo_sim.model.layer_graph import TP_MODES
 from memo_sim.memplan.footprint import MemoryBreakdown, memory_breakdown
 from memo_sim.model.config import ModelConfig
 from memo_sim.plan.schema import Plan
-from memo_sim.policy import Policy, get_policy, policy_class, policy_names
+from memo_sim.policy import get_policy, policy_class, policy_names
 from memo_sim.profile.schema import HardwareProfile
-from memo_sim.search.estimate import IterationEstimate, estimate_iteration, memo_alpha
+from memo_sim.search.candidate import Candidate, binding_words, host_memory_words  # noqa: F401  (re-exported)
+from memo_sim.search.estimate import estimate_iteration, memo_alpha
 from memo_sim.search.frameworks import get_framework
-
-
-@dataclass
-class Candidate:
-    model: ModelConfig
-    layout: Layout
-    policy: Policy
-    batch: int
-    seq: int
-    profile: HardwareProfile
-    estimate: IterationEstimate
-    memory: MemoryBreakdown
-    alpha_note: str = ""
-    simulated: dict | None = None  # filled by the event simulator (tier 2)
-    folded: list[str] = field(default_factory=list)  # policy labels of duplicate rows folded into this one
-    sppo: dict | None = None  # SPPO: the solved point (N, partition, alphas, stage of the peak, ...) and its role
-
-    @property
-    def status(self) -> str:
-        if self.simulated is not None:
-            return self.simulated["status"]
-        return self.memory.status
-
-    @property
-    def tier(self) -> str:
-        """``simulated`` where the event simulator ran it (tier 2), else ``analytic`` (tier 1)."""
-        return "simulated" if self.simulated is not None else "analytic"
-
-    @property
-    def over_bytes(self) -> float:
-        return self.memory.oom_by if self.memory.status == "OOM" else self.memory.oohm_by
-
-    @property
-    def tgs(self) -> float:
-        """Tokens per GPU per second: simulated where tier 2 ran, else analytic."""
-        return self.simulated["tgs_tokens_per_gpu_s"] if self.simulated else self.estimate.tgs
-
-    def sort_key(self) -> tuple:
-        if self.status != "OK":  # a simulated failure has no throughput
-            return (True, self.over_bytes, 0.0)
-        return (False, 0.0, -self.tgs)
-
-    def to_json(self) -> dict:
-        e, m = self.estimate, self.memory
-        d = {
-            "layout": self.layout.label(),
-            "layout_degrees": self.layout.to_dict(),
-            "policy": self.policy.name,
-            "tier": self.tier,
-            "alpha": self.policy.alpha,
-            "alpha_note": self.alpha_note,
-            "status": self.status,
-            "analytic_status": m.status,
-            "oom_by_bytes": m.oom_by,
-            "oohm_by_bytes": m.oohm_by,
-            "analytic_iteration_s": e.iteration_s,
-            "analytic_mfu": e.mfu,
-            "analytic_tgs_tokens_per_gpu_s": e.tgs,
-            "analytic_exposed_copy_s": e.exposed_copy_s,
-            "peak_gpu_bytes": m.peak_gpu_bytes,
-            "gpu_capacity_bytes": m.gpu_capacity_bytes,
-            "host_bytes_per_node": m.host_bytes_per_node,
-            "host_capacity_bytes": m.host_capacity_bytes,
-            "model_states_bytes": m.model_states_bytes,
-            "skeletal_resident_bytes": m.skeletal_resident_bytes,
-            "rounding_buffer_bytes": m.rounding_buffer_bytes,
-            "transient_peak_bytes": m.transient_peak_bytes,
-            "transient_planned_bytes": m.transient_planned_bytes,
-            "transient_caching_allocator_bytes": m.transient_caching_allocator_bytes,
-            "transient_source": "static memory plan" if self.policy.static_memory_plan else "caching allocator",
-            "layer_forward_s": e.layer.forward,
-            "layer_backward_s": e.layer.backward,
-            "layer_recompute_s": e.layer.recompute,
-            "layer_offload_s": e.layer.offload,
-            "layer_prefetch_s": e.layer.prefetch,
-            "tp_mode": self.layout.tp_mode,
-            "pp": self.layout.pp,
-            "binding": binding_words(self),
-        }
-        if self.folded:
-            d["folded"] = list(self.folded)
-        if self.sppo is not None:
-            d["sppo"] = dict(self.sppo)
-            d["policy_label"] = self.policy.label()
-        if self.simulated is not None:
-            d.update({f"simulated_{k}": v for k, v in self.simulated.items() if k != "status"})
-            d["simulated_status"] = self.simulated["status"]
-        return d
-
-    def to_plan(self, classifier_chunk_tokens: int = CLASSIFIER_CHUNK_TOKENS) -> Plan:
-        e = self.estimate
-        sim = self.simulated
-        predicted = {
-            "source": "simulated" if sim else "analytic",
-            "status": self.status,
-            "iteration_s": sim["iteration_s"] if sim else e.iteration_s,
-            "mfu": sim["mfu"] if sim else e.mfu,
-            "tgs_tokens_per_gpu_s": sim["tgs_tokens_per_gpu_s"] if sim else e.tgs,
-            "peak_gpu_bytes": sim["peak_gpu_bytes"] if sim else self.memory.peak_gpu_bytes,
-            "peak_host_bytes_per_node": sim["peak_host_bytes_per_node"] if sim else self.memory.host_bytes_per_node,
-            "exposed_copy_s": sim["exposed_copy_s"] if sim else e.exposed_copy_s,
-            "analytic_iteration_s": e.iteration_s,
-            "memory_breakdown_bytes": {k: v for k, v in self.memory.to_dict().items() if k != "status"},
-        }
-        timings = dict(sim["layer_timings_s"]) if sim and "layer_timings_s" in sim else e.layer.to_dict()
-        return Plan(model=self.model, batch=self.batch, seq_tokens=self.seq, gpus=self.layout.gpus,
-                    layout=self.layout, policy=self.policy, profile=self.profile.name, predicted=predicted,
-                    layer_timings_s=timings, classifier_chunk_tokens=classifier_chunk_tokens)
+from memo_sim.search.pipeline import micro_batch_sizes, pipeline_candidate, pipeline_candidates
+from memo_sim.search.sppo import point_candidate, resolve_for_layout, sppo_candidates, summarize
 
 
 @dataclass
@@ -155,6 +53,7 @@ class WhatIfResult:
     simulated: int = 0  # how many of the best were simulated (tier 2)
     sppo: object | None = None  # memo_sim.search.sppo.SppoSearch when SPPO was searched
     sppo_summary: dict | None = None  # heuristic vs exhaustive best (analytic and simulated)
+    searched: dict = field(default_factory=dict)  # the schedules searched, and the pipelines' pp, vpp, micro-batch
 
     @property
     def best(self) -> Candidate | None:
@@ -174,16 +73,26 @@ def tp_modes_of(tp_mode: str) -> tuple[str, ...]:
     return (tp_mode,)
 
 
-def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, *, batch: int = 1,
+def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, *, batch: int | None = None,
                    tp: int | None = None, cp: int | None = None, ulysses: int | None = None, dp: int | None = None,
                    zero: int | None = None, sp: bool | None = None, policies: tuple[str, ...] | None = None,
                    alpha: float | None = None, framework: str = "any", tp_mode: str = "all",
                    metp_across_nodes: bool = False, pp: int | None = None, subseqs: int | None = None,
-                   partition: str | None = None, multiplex: bool | None = None) -> WhatIfResult:
-    """Every valid layout x policy (MEMO at its solved alpha) for ``framework``, estimated and ranked.
+                   partition: str | None = None, multiplex: bool | None = None, vpp: int | None = None,
+                   micro_batch: int | None = None, global_batch: int | None = None,
+                   schedules: tuple[str, ...] | None = None) -> WhatIfResult:
+    """Every valid layout x policy x schedule x micro-batch size (MEMO at its solved alpha) for
+    ``framework``, estimated and ranked (the strategies of `SEARCH_STRATEGIES`).
+
+    ``batch``: sequences per data-parallel replica per iteration (default 1; a searched micro-batch
+    pipeline's default is `memo_sim.search.pipeline.default_pipeline_batch`); ``global_batch``:
+    sequences per iteration over every replica instead (each layout's batch is it / dp);
+    ``micro_batch`` fixes the micro-batch size (default: `memo_sim.search.pipeline.micro_batch_sizes`).
     ``tp_mode``: the tensor-parallel flavours to include (``all``, or one of `TP_MODES`).
-    ``pp``, ``subseqs``, ``partition``, ``multiplex`` fix parts of the SPPO search (pipelines are
-    planned only with the ``sppo`` policy)."""
+    ``pp``, ``vpp`` fix the pipeline (pp 1: none); ``subseqs``, ``partition``, ``multiplex`` fix
+    parts of the SPPO search. ``schedules``: only these schedules (default: the framework's).
+    Micro-batch pipelines are searched when a pipeline flag or schedule asks for them, or when
+    no candidate without one fits (`WhatIfResult.searched` says what was searched)."""
     if gpus < 1:
         raise MemoError("--gpus must be at least 1")
     modes = tp_modes_of(tp_mode)
@@ -196,77 +105,156 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
             raise MemoError(f"--policy {p}: {fw.name} does not offer it (it offers {', '.join(fw.policies)})")
     if alpha is not None and not (0.0 <= alpha <= 1.0):
         raise MemoError(f"--alpha must lie in [0, 1], got {alpha}")
-    piped = tuple(p for p in policies if getattr(policy_class(p), "pipelined", False))
-    plain = tuple(p for p in policies if p not in piped)
-    sppo_fixed = pp is not None or subseqs is not None or partition is not None or multiplex is not None
-    if sppo_fixed and not piped:
-        raise MemoError("--pp, --subseqs, --partition and --multiplex plan SPPO pipelines: add --policy sppo")
-    if pp is not None and pp > 1:
-        plain = ()  # a pipeline is scheduled only by SPPO
+    for flag, v in (("--batch", batch), ("--micro-batch", micro_batch), ("--global-batch", global_batch)):
+        if v is not None and v < 1:
+            raise MemoError(f"{flag} must be at least 1, got {v}")
+    if batch is not None and global_batch is not None:
+        raise MemoError("--batch (sequences per replica) and --global-batch (sequences over every replica) "
+                        "say the same thing twice: give one")
+    if schedules:
+        for n in schedules:
+            if n not in SCHEDULE_NAMES:
+                raise MemoError(f"--schedule {n!r} unknown; choose from {', '.join(SCHEDULE_NAMES)}")
+            if n not in fw.schedules:
+                raise MemoError(f"--schedule {n}: {fw.name} does not run it (it runs {', '.join(fw.schedules)})")
+    allowed = tuple(n for n in (schedules or fw.schedules) if n in fw.schedules)
+    pipes = tuple(n for n in allowed if n in micro_batch_pipelines())
+    sppo_pols = tuple(p for p in policies if schedule_runs_policy("sppo", p))
+    plain = tuple(p for p in policies if p not in sppo_pols)
+    sppo_fixed = subseqs is not None or partition is not None or multiplex is not None
+    if sppo_fixed and not sppo_pols:
+        raise MemoError("--subseqs, --partition and --multiplex plan SPPO pipelines: add --policy sppo")
+    if vpp is not None and vpp > 1 and "interleaved_1f1b" not in allowed:
+        raise MemoError(f"--vpp {vpp}: virtual stages run the interleaved_1f1b schedule, which "
+                        f"{'--schedule' if schedules else fw.name} leaves out")
+    if pp is not None and pp > 1 and not pipes and not ("sppo" in allowed and sppo_pols):
+        raise MemoError(f"--pp {pp}: no pipeline schedule is searched ({', '.join(allowed)}); "
+                        f"add --schedule 1f1b or interleaved_1f1b")
+    pipe_flags = (pp is not None and pp > 1) or (vpp is not None and vpp > 1) or bool(set(pipes) & set(schedules or ()))
     out: list[Candidate] = []
     rejected: list[tuple[Layout, str]] = []
+    searched: dict = {"schedules": []}
     why_none = "no factorisation of the GPU count matches the fixed degrees"
-    if plain:
-        valid, rejected = enumerate_layouts(model, gpus, profile.node_gpus, seq, tp=tp, cp=cp, ulysses=ulysses,
-                                            dp=dp, zero=zero, sp=sp, tp_modes=modes,
-                                            metp_across_nodes=metp_across_nodes)
-        rejected += [(lay, fw.why_not(lay)) for lay in valid if not fw.allows(lay)]
+    if plain and "single_stage" in allowed and (pp is None or pp == 1) and (vpp is None or vpp == 1):
+        valid, rej = enumerate_layouts(model, gpus, profile.node_gpus, seq, tp=tp, cp=cp, ulysses=ulysses,
+                                       dp=dp, zero=zero, sp=sp, tp_modes=modes,
+                                       metp_across_nodes=metp_across_nodes)
+        rejected += rej + [(lay, fw.why_not(lay)) for lay in valid if not fw.allows(lay)]
         valid = [lay for lay in valid if fw.allows(lay)]
         if rejected:
             why_none = rejected[0][1]
+        searched["schedules"].append("single_stage")
         for lay in valid:
-            for pol in plain:
-                out.append(make_candidate(model, lay, pol, batch, seq, profile, alpha))
+            b = _replica_batch(batch, global_batch, lay, rejected)
+            if b is None:
+                continue
+            for mb in micro_batch_sizes(b, micro_batch):
+                if b % mb:
+                    rejected.append((lay, f"--micro-batch {mb} does not divide the batch ({b} sequences per replica)"))
+                    continue
+                for pol in plain:
+                    out.append(make_candidate(model, lay, pol, b, seq, profile, alpha, micro_batch=mb))
     search = None
-    if piped:
-        from memo_sim.search.sppo import sppo_candidates
-
+    if sppo_pols and "sppo" in allowed and (vpp is None or vpp == 1) and micro_batch is None:
         search, sppo_cands, sppo_rejected, why = sppo_candidates(
-            model, seq, gpus, profile, batch=batch, tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero, sp=sp,
+            model, seq, gpus, profile, batch=batch or 1, tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero, sp=sp,
             tp_mode=tp_mode, pp=pp, subseqs=subseqs, partition=partition, multiplex=multiplex)
         out += sppo_cands
         rejected += sppo_rejected
+        searched["schedules"].append("sppo")
         if why and not out:
             why_none = why
+    nothing_fits = not any(c.memory.status == "OK" for c in out)
+    if plain and pipes and (pp is None or pp > 1) and (pipe_flags or nothing_fits):
+        pc, pr, what = pipeline_candidates(
+            model, seq, gpus, profile, policies=plain, batch=batch, global_batch=global_batch,
+            micro_batch=micro_batch, allows=fw.allows, tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero, sp=sp,
+            pp=pp, vpp=vpp, alpha=alpha, schedules=pipes)
+        out += pc
+        rejected += pr
+        searched["schedules"] += [n for n in what["schedules"] if any(c.schedule == n for c in pc)]
+        searched["pipeline"] = {"pp": what["pp"], "vpp": what["vpp"], "micro_batch": what["micro_batch"],
+                                "why": "asked for" if pipe_flags else "nothing fits without a pipeline"}
+        if pr and not out:
+            why_none = pr[0][1]
     if not out:
         raise MemoError(f"no valid layout for {gpus} GPUs with the degrees given: {why_none}")
     out.sort(key=Candidate.sort_key)
-    return WhatIfResult(out, rejected, sppo=search)
+    return WhatIfResult(out, rejected, sppo=search, searched=searched)
 
 
-def make_candidate(model: ModelConfig, lay: Layout, pol: str, batch: int, seq: int, profile: HardwareProfile,
-               alpha: float | None) -> Candidate:
-    if getattr(policy_class(pol), "pipelined", False):  # SPPO: its best point for this layout
-        from memo_sim.search.sppo import point_candidate, resolve_for_layout
+def _replica_batch(batch: int | None, global_batch: int | None, lay: Layout,
+                   rejected: list[tuple[Layout, str]]) -> int | None:
+    """Sequences per replica of ``lay``: ``batch``, or ``global_batch / dp`` (None, and the layout
+    rejected, where dp does not divide it), or 1."""
+    if global_batch is None:
+        return batch or 1
+    if global_batch % lay.dp:
+        rejected.append((lay, f"--global-batch {global_batch} does not split over dp {lay.dp}"))
+        return None
+    return global_batch // lay.dp
 
-        return point_candidate(model, resolve_for_layout(model, lay, batch, seq, profile), batch, seq, profile,
-                               "fixed layout")
+
+def _single_stage_candidate(model: ModelConfig, lay: Layout, pol: str, batch: int, micro_batch: int, seq: int,
+                            profile: HardwareProfile, alpha: float | None) -> Candidate:
     note, a = "", None
     if policy_class(pol).takes_alpha:
         if alpha is not None:
             a, note = alpha, "fixed by --alpha"
         else:
-            res = memo_alpha(model, lay, batch, seq, profile)
+            res = memo_alpha(model, lay, micro_batch, seq, profile)
             a = res.alpha if res.feasible else 0.0
             note = res.reason() if res.feasible else f"infeasible ({res.reason()}); alpha=0"
     choice = get_policy(pol, a)
-    est = estimate_iteration(model, lay, batch, seq, choice, profile)
-    mem = memory_breakdown(model, lay, batch, seq, choice, profile)
-    return Candidate(model, lay, choice, batch, seq, profile, est, mem, note)
+    est = estimate_iteration(model, lay, batch, seq, choice, profile, micro_batch=micro_batch)
+    mem = memory_breakdown(model, lay, micro_batch, seq, choice, profile)
+    return Candidate(model, lay, choice, batch, seq, profile, est, mem, note, micro_batch=micro_batch)
+
+
+def _sppo_candidate(model: ModelConfig, lay: Layout, pol: str, batch: int, micro_batch: int, seq: int,
+                    profile: HardwareProfile, alpha: float | None) -> Candidate:
+    """SPPO's best point for this layout (the whole batch in one micro-batch)."""
+    if micro_batch != batch:
+        raise MemoError("the sppo schedule runs the whole batch at once (it splits the sequence instead): "
+                        "drop --micro-batch")
+    return point_candidate(model, resolve_for_layout(model, lay, batch, seq, profile), batch, seq, profile,
+                           "fixed layout")
+
+
+# the search strategy of each schedule for one fixed layout, by the schedule's name
+SEARCH_STRATEGIES = {"single_stage": _single_stage_candidate, "sppo": _sppo_candidate}
+for _name in micro_batch_pipelines():
+    SEARCH_STRATEGIES[_name] = partial(lambda model, lay, pol, batch, micro_batch, seq, profile, alpha, _n:
+                                       pipeline_candidate(model, lay, pol, batch, micro_batch, seq, profile, _n,
+                                                          alpha), _n=_name)
+
+
+def make_candidate(model: ModelConfig, lay: Layout, pol: str, batch: int, seq: int, profile: HardwareProfile,
+                   alpha: float | None, *, micro_batch: int | None = None, schedule: str | None = None) -> Candidate:
+    """One fixed layout's candidate for policy ``pol`` under ``schedule`` (default:
+    `memo_sim.layout.schedule.default_schedule` for the layout and policy)."""
+    name = schedule or default_schedule(lay.pp, pol)
+    mb = micro_batch or batch
+    why = check_schedule(name, pp=lay.pp, vpp=lay.vpp, layers=model.layers, batch=batch, micro_batch=mb,
+                         policy_name=pol)
+    if why:
+        raise MemoError(f"{lay.label()} {pol}: {why}")
+    return SEARCH_STRATEGIES[name](model, lay, pol, batch, mb, seq, profile, alpha)
 
 
 def megatron_twin(c: Candidate, alpha: float | None = None) -> Candidate:
     """A METP candidate's Megatron TP+SP counterpart: the same degrees and policy (MEMO at its own
     solved alpha unless ``alpha`` fixes it), estimated (tier 1)."""
     twin = replace(c.layout, tp_mode="megatron")
-    return make_candidate(c.model, twin, c.policy.name, c.batch, c.seq, c.profile, alpha)
+    return make_candidate(c.model, twin, c.policy.name, c.batch, c.seq, c.profile, alpha, micro_batch=c.micro_batch,
+                          schedule=c.schedule)
 
 
 def _simulate_summary(args: tuple) -> dict:
     """One candidate's tier-2 summary (module level: a process pool pickles it by name)."""
-    model, layout, batch, seq, policy, profile, contention, allocator_lag = args
-    r = simulate(model, layout, batch, seq, policy, profile, contention=contention, keep_timeline=False,
-                 allocator_lag=allocator_lag)
+    model, layout, batch, seq, policy, profile, contention, allocator_lag, schedule, micro_batch = args
+    r = simulate(model, layout, batch, seq, policy, profile, schedule=schedule, micro_batch=micro_batch,
+                 contention=contention, keep_timeline=False, allocator_lag=allocator_lag)
     return r.to_dict()
 
 
@@ -323,14 +311,14 @@ CHUNK = 32  # candidates per task of the pool
 def _chunks(candidates: list[Candidate], jobs: int) -> list[list[int]]:
     """The pool's tasks, in the order it hands them out: candidates that share per-GPU shapes
     go to one worker one after the other, so that its memoised costs and caching-allocator
-    replays serve them all. Pipelines (SPPO; up to a few hundred times a plain candidate) go
-    first, one per task, so that no worker is left with a chunk of them at the end. The rest,
+    replays serve them all. Pipelines (every schedule but the single stage; SPPO up to a few hundred
+    times a plain candidate) go first, one per task, so that no worker is left with a chunk of them at the end. The rest,
     sorted by shape, are cut into ``jobs`` runs of consecutive candidates, each in chunks of
     `CHUNK`, handed out in turn (a worker that takes the next chunk of its run, as it does when
     the workers keep pace, meets the shapes it has just simulated)."""
     order = sorted(range(len(candidates)), key=lambda i: _locality(candidates[i]))
-    heavy = [[i] for i in order if getattr(candidates[i].policy, "pipelined", False)]
-    light = [i for i in order if not getattr(candidates[i].policy, "pipelined", False)]
+    heavy = [[i] for i in order if candidates[i].schedule != "single_stage"]
+    light = [i for i in order if candidates[i].schedule == "single_stage"]
     step = max(1, -(-len(light) // jobs))
     runs = [[run[k:k + CHUNK] for k in range(0, len(run), CHUNK)]
             for run in (light[start:start + step] for start in range(0, len(light), step))]
@@ -350,7 +338,8 @@ def simulate_candidates(candidates: list[Candidate], progress: Progress | None =
     global _FORKED_WORK
     if jobs < 1:
         raise MemoError(f"--jobs must be at least 1, got {jobs}")
-    work = [(c.model, c.layout, c.batch, c.seq, c.policy, c.profile, contention, allocator_lag) for c in candidates]
+    work = [(c.model, c.layout, c.batch, c.seq, c.policy, c.profile, contention, allocator_lag, c.schedule,
+             c.micro_batch) for c in candidates]
     jobs = min(jobs, len(work))
     out: list[dict | None] = [None] * len(work)
 
@@ -394,8 +383,8 @@ def simulate_candidates(candidates: list[Candidate], progress: Progress | None =
 def _locality(c: Candidate) -> tuple:
     """What the per-GPU work of a candidate depends on most, for grouping similar ones."""
     lay = c.layout
-    return (c.model.name, c.profile.name, c.seq, c.batch, lay.tp, lay.sp, lay.tp_mode, lay.cp, lay.ulysses,
-            lay.pp, c.policy.name, lay.zero, lay.dp, c.policy.label())
+    return (c.model.name, c.profile.name, c.seq, c.batch, c.micro_batch, lay.tp, lay.sp, lay.tp_mode, lay.cp,
+            lay.ulysses, lay.pp, lay.vpp, c.schedule, c.policy.name, lay.zero, lay.dp, c.policy.label())
 
 
 # ------------------------------------------------------------------------------------- presentation
@@ -403,7 +392,8 @@ def behaviour_key(c: Candidate) -> tuple:
     """What a candidate does, whatever its policy is called: its layout and which bytes go to
     host or are rebuilt (`Policy.behaviour`). Two candidates with one key are one plan twice
     (``memo`` at alpha = 1 moves what ``full_offload`` moves)."""
-    return (c.layout, c.sppo is not None, c.policy.behaviour(c.model.layers) if c.sppo is None else c.policy.label())
+    return (c.layout, c.schedule, c.batch, c.micro_batch,
+            c.policy.behaviour(c.model.layers) if c.sppo is None else c.policy.label())
 
 
 def fold_duplicates(candidates: list[Candidate]) -> list[Candidate]:
@@ -423,54 +413,6 @@ def fold_duplicates(candidates: list[Candidate]) -> list[Candidate]:
     return out
 
 
-def host_memory_words(c: Candidate) -> str:
-    """Pinned host memory of a candidate in words: layers x GPUs x pinned bytes per layer against
-    the node's usable memory, and how much the host layout's rounding adds to the raw bytes."""
-    from memo_sim.units import fmt_bytes
-
-    m = c.memory
-    n_off = c.policy.offloaded_layers(c.model.layers)
-    if n_off == 0 or m.host_bytes_per_node <= 0:
-        return "nothing is offloaded to host memory"
-    gpus = min(c.layout.gpus, c.profile.node_gpus)
-    raw = m.host_bytes_per_gpu / n_off
-    pinned = m.host_bytes_per_node / (gpus * n_off)
-    words = (f"{n_off} offloaded layers x {gpus} GPUs x {fmt_bytes(pinned)} pinned per layer = "
-             f"{fmt_bytes(m.host_bytes_per_node)} of {fmt_bytes(m.host_capacity_bytes)} usable per node")
-    if raw > 0 and pinned > raw * 1.01:
-        words += (f"; {c.policy.host_scheme} with {c.profile.host.pinned_rounding} rounding turns "
-                  f"{fmt_bytes(raw)} of activations per layer into {fmt_bytes(pinned)} pinned "
-                  f"({pinned / raw:.2f}x)")
-    return words
-
-
-def binding_words(c: Candidate) -> str:
-    """Why a candidate stops where it does, in words: what runs out (GPU or pinned host memory,
-    with the terms that fill it), or which limit fixed MEMO's alpha."""
-    from memo_sim.units import fmt_bytes, fmt_time
-
-    m, e = c.memory, c.estimate
-    if c.status == "OOM" or (c.simulated is None and m.status == "OOM"):
-        if c.simulated and c.simulated.get("failure"):
-            f = c.simulated["failure"]
-            return (f"GPU memory: {f['tensor']} needs {fmt_bytes(f['requested_bytes'])} with "
-                    f"{fmt_bytes(f['in_use_bytes'])} of {fmt_bytes(f['capacity_bytes'])} in use (simulated)")
-        return (f"GPU memory: peak {fmt_bytes(m.peak_gpu_bytes)} of {fmt_bytes(m.gpu_capacity_bytes)} usable "
-                f"(model states {fmt_bytes(m.model_states_bytes)}, kept activations "
-                f"{fmt_bytes(m.skeletal_resident_bytes + m.lse_bytes)}, buffers {fmt_bytes(m.rounding_buffer_bytes)}, "
-                f"transients {fmt_bytes(m.transient_peak_bytes)})")
-    if c.status == "OOHM":
-        return "pinned host memory: " + host_memory_words(c)
-    if c.policy.takes_alpha and c.alpha_note:
-        if "host memory" in c.alpha_note:
-            return f"alpha {c.policy.alpha:.3f}: host memory full -- {host_memory_words(c)}"
-        if "offload time" in c.alpha_note:
-            return (f"alpha {c.policy.alpha:.3f}: the offload of one layer ({fmt_time(e.layer.offload)}) "
-                    f"hides under its forward ({fmt_time(e.layer.forward)}); more would stall compute")
-        return f"alpha {c.policy.alpha:.3f}: {c.alpha_note}"
-    return ""
-
-
 def not_searched(gpus: int, policies: tuple[str, ...] | None, framework: str, fixed: dict) -> list[str]:
     """What a what-if with these restrictions did not look at, as advice a user can act on."""
     fw = get_framework(framework)
@@ -485,7 +427,7 @@ def not_searched(gpus: int, policies: tuple[str, ...] | None, framework: str, fi
     if framework != "any":
         out.append(f"layouts and policies outside what {framework} offers (--framework any)")
     flags = {"tp": "--tp", "cp": "--cp", "ulysses": "--ulysses", "dp": "--dp", "zero": "--zero", "pp": "--pp",
-             "subseqs": "--subseqs", "partition": "--partition"}
+             "vpp": "--vpp", "micro_batch": "--micro-batch", "subseqs": "--subseqs", "partition": "--partition"}
     pinned = [f"{flag} {fixed[k]}" for k, flag in flags.items() if fixed.get(k) is not None]
     if fixed.get("sp") is not None:
         pinned.append("--sp" if fixed["sp"] else "--no-sp")
@@ -527,7 +469,5 @@ def rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, *, s
                                                                     if not any(c is h for h in head)]
         result.simulated = len(head)
     if result.sppo is not None:
-        from memo_sim.search.sppo import summarize
-
         result.sppo_summary = summarize(result.sppo, result.candidates)
     return result

@@ -34,7 +34,7 @@ Devices: stage s is represented by its first GPU (rank s·tp of the first replic
 the GPUs of its node that run stage s (every replica's), of which those on its PCIe switch share
 the switch (`memo_sim.engine.graph.Device`); stages whose representatives share a node share its
 host memory and host-memory bandwidth. With pp = 1 the device is exactly the representative of
-`memo_sim.engine.schedules.representative_device`, and with N = 1 and alpha = 1 the op graph is
+`memo_sim.engine.schedules.single_stage.representative_device`, and with N = 1 and alpha = 1 the op graph is
 the full-offload schedule's op for op (tests/test_sppo_engine.py).
 
 Not modelled: PyTorch caching-allocator reorganisations of the SPPO iteration (no replay; the
@@ -44,6 +44,7 @@ weight gathers beyond one per layer before its first forward.
 
 from __future__ import annotations
 
+import time
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field, replace
 
@@ -53,10 +54,17 @@ from memo_sim.cost.sppo import (
     Piece, p2p_bytes, p2p_link, p2p_link_time, piece_costs, stage_grad_sync, stage_layers, stage_model_state_bytes,
     stage_optimizer_time,
 )
-from memo_sim.engine.core import gc_paused
+from memo_sim.engine.core import Engine, gc_paused
 from memo_sim.engine.graph import Device, MemAction, Op, OpGraph
-from memo_sim.engine.schedules import emit_chain, representative_device
-from memo_sim.layout.parallel import Layout, node_stage_gpus, stage_first_rank
+from memo_sim.engine.result import (
+    SimResult, _span, check_deadlock, exposed_copy_seconds, exposed_wait_seconds, rates, timeline_of,
+)
+from memo_sim.engine.schedules.registry import register_schedule
+from memo_sim.engine.schedules.single_stage import emit_chain
+from memo_sim.engine.schedules.stages import (  # noqa: F401  (re-exported)
+    FINE_OPS_LIMIT, collapse_unit, stage_devices,
+)
+from memo_sim.layout.parallel import Layout
 from memo_sim.memplan.footprint import PipelineMemory, shard_tokens_bytes, sppo_memory, sppo_unit_working_bytes
 from memo_sim.model.config import ModelConfig
 from memo_sim.model.layer_graph import DTYPE_BYTES
@@ -65,26 +73,6 @@ from memo_sim.policy.rounding_buffers import is_offloaded, output_write_waits_fo
 from memo_sim.profile.schema import HardwareProfile
 
 P2P_STREAM = "p2p"
-
-
-def stage_devices(layout: Layout, profile: HardwareProfile) -> list[Device]:
-    """One representative GPU per stage (see the module docs)."""
-    if layout.pp == 1:
-        return [representative_device(layout, profile)]
-    gpn = profile.node_gpus
-    per_switch = int(profile.host_link.gpus_per_pcie_switch.value)
-    groups = node_stage_gpus(layout, gpn)
-    out = []
-    for s in range(layout.pp):
-        r = stage_first_rank(layout, s)
-        node, local = divmod(r, gpn)
-        switch = local // per_switch
-        mates = [q for q in range(node * gpn, min((node + 1) * gpn, layout.gpus))
-                 if (q // layout.stage_stride) % layout.pp == s and (q % gpn) // per_switch == switch]
-        group = groups[node][s]
-        out.append(Device(index=s, node=node, switch=switch, group=group, switch_group=max(1, len(mates)),
-                          label=f"stage {s}: GPU {r} (x{group} on node {node})"))
-    return out
 
 
 @dataclass
@@ -110,26 +98,6 @@ class PipelineSchedule:
 
 
 DETAIL = ("ops", "units")
-FINE_OPS_LIMIT = 40_000  # "auto": the op-by-op graph up to this many ops, one compute + one comm op per unit beyond
-
-
-def collapse_unit(costs: list[OpCost], phase: str) -> list[OpCost]:
-    """One unit's chain as at most three ops: its kernels but the last as one compute op, its TP
-    collectives as one ``comm`` op, and its last op as it is (the op the rounding-buffer rule makes
-    wait for the previous unit's offload). Alone on the GPU that is the chain's timing exactly;
-    under contention the collectives still share the NVLink port and the kernels still slow down
-    beside host copies. Chains with side ops are kept as they are."""
-    if any(c.overlaps for c in costs) or len(costs) < 3:
-        return costs
-    head, last = costs[:-1], costs[-1]
-    comp = [c for c in head if c.stream == "compute"]
-    comm = [c for c in head if c.stream != "compute"]
-    out = [OpCost(f"layer_{phase}", "gemm", phase, "compute", sum(c.seconds for c in comp),
-                  flops=sum(c.flops for c in comp), nbytes=sum(c.nbytes for c in comp))]
-    if comm:
-        out.append(OpCost(f"tp_collectives_{phase}", "collective", phase, comm[0].stream,
-                          sum(c.seconds for c in comm), nbytes=sum(c.nbytes for c in comm)))
-    return out + [last]
 
 
 def resolve_detail(detail: str, model: ModelConfig, layout: Layout, policy: Policy) -> str:
@@ -431,3 +399,83 @@ def _kv(model: ModelConfig, shard: Layout, batch: int, tokens: int) -> float:
     from memo_sim.cost.sppo import kv_cache_bytes
 
     return kv_cache_bytes(model, shard, batch, tokens)
+
+
+# ------------------------------------------------------------------------------------------ runner
+@register_schedule("sppo")
+def simulate_sppo(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy,
+                  profile: HardwareProfile, *, micro_batch: int = 0, contention: bool = True, keep_timeline: bool = True,
+                  record: bool = False, detail: str = "auto", **_single_stage_options) -> SimResult:
+    """The SPPO schedule (`memo_sim.engine.simulate.simulate` calls it): one representative device
+    per stage (``detail``: ops, units or auto; the whole batch is one micro-batch, SPPO splits the
+    sequence instead; the single stage's allocator and fold options do not apply). ``peak_gpu_bytes`` is the
+    fullest stage's, the host peak the fullest node's; ``pipeline`` holds per-stage peaks, busy
+    and bubble time and the pieces."""
+    t0 = time.perf_counter()
+    sched = build_pipeline_iteration(model, layout, batch, seq, policy, profile, detail=detail)
+    mem = sched.memory.breakdown
+    engine = Engine(sched.graph, profile, contention=contention, gpu_capacity=mem.gpu_capacity_bytes,
+                    host_capacity=mem.host_capacity_bytes, record_links=record, keep_memory=keep_timeline)
+    run = engine.run()
+    check_deadlock(engine, run, "pipeline schedule")
+    failure = run.failure
+    status = failure.status if failure else "OK"
+    it, mfu, tgs = rates(run.end_time, failure, model, layout, batch, seq, profile)
+    stages = []
+    for dev in sched.devices:
+        # the graph keeps each (device, stream)'s ops in issue order, as run.ops has them
+        busy = sum(o.end - o.start for o in sched.graph.streams.get((dev.index, "compute"), ())
+                   if o.end is not None)
+        stages.append({"stage": dev.index, "node": dev.node, "gpus_on_node": dev.group,
+                       "peak_gpu_bytes": run.peak_gpu_bytes[dev.index], "compute_busy_s": busy,
+                       "idle_s": (it - busy) if it else None,
+                       "analytic_peak_gpu_bytes": sched.memory.stages[dev.index].breakdown.peak_gpu_bytes,
+                       "analytic_peak_at": sched.memory.stages[dev.index].peak_at})
+    worst = max(sched.devices, key=lambda dv: run.peak_gpu_bytes[dv.index])
+    pipe = {"pp": layout.pp, "subseqs": policy.subseqs, "multiplex": policy.multiplex, "detail": sched.detail,
+            "exposed_p2p_s": exposed_wait_seconds(run.ops, ("p2p",)),
+            "bounds": list(policy.bounds), "alphas": list(policy.alphas), "stages": stages,
+            "bubble_fraction": (1 - sum(st["compute_busy_s"] for st in stages) / (len(stages) * it)) if it else None,
+            "worst_stage": worst.index, "memory": sched.memory.to_dict()}
+    meta = {
+        "source": "simulated", "model": model.name, "layers": model.layers, "layout": layout.label(),
+        "policy": policy.label(), "profile": profile.name, "seq_tokens": seq, "batch": batch, "gpus": layout.gpus,
+        "schedule": "sppo",
+        "status": status, "iteration_s": it, "mfu": mfu, "contention": contention,
+        "gpu_capacity_bytes": mem.gpu_capacity_bytes, "host_capacity_bytes": mem.host_capacity_bytes,
+        "representative": {"device": worst.index, "gpus_on_node": worst.group,
+                           "gpus_on_pcie_switch": worst.switch_group},
+        "middle_layer": sched.layers[0][len(sched.layers[0]) // 2],  # the Gantt chart of stage 0 (device 0)
+        "failure": failure.to_dict() if failure else None,
+        "allocator": {"static_memory_plan": False, "reorganizations": 0, "stall_s": 0.0, "replayed": False},
+        "pipeline": {**sched.meta(), "subseqs": policy.subseqs, "multiplex": policy.multiplex,
+                     "bounds": list(policy.bounds), "alphas": list(policy.alphas)},
+    }
+    tl = timeline_of(run, meta) if keep_timeline else None
+    wall = time.perf_counter() - t0
+    node = worst.node
+    return SimResult(
+        model=model, layout=layout, batch=batch, seq=seq, policy=policy, profile=profile.name, status=status,
+        iteration_s=it, mfu=mfu, tgs=tgs, peak_gpu_bytes=max(run.peak_gpu_bytes.values()),
+        peak_host_bytes_per_node=max(run.peak_host_bytes.values()),
+        gpu_capacity_bytes=mem.gpu_capacity_bytes, host_capacity_bytes=mem.host_capacity_bytes,
+        exposed_copy_s=exposed_copy_seconds(run.ops), layer_timings=pipeline_layer_timings(sched),
+        timeline=tl, failure=failure, contention=contention, sim_wall_s=wall, n_ops=len(run.ops),
+        start_gpu_bytes=run.start_gpu_bytes.get(worst.index, 0.0), end_gpu_bytes=run.end_gpu_bytes[worst.index],
+        end_host_bytes=run.end_host_bytes[node], link_log=run.link_log, link_capacity=run.link_capacity,
+        link_carried=run.link_carried, ops=run.ops if record else [],
+        allocator=dict(meta["allocator"]), pipeline=pipe, schedule="sppo", micro_batch=batch)
+
+
+def pipeline_layer_timings(sched) -> dict[str, float]:
+    """Simulated seconds of one unit (the middle piece through the middle layer of stage 0)."""
+    ps = sched.pieces[0]
+    k = len(ps) // 2
+    layer = sched.layers[0][len(sched.layers[0]) // 2]
+    out = {"forward": _span(sched.phases.get((0, k, layer, "fwd"))),
+           "backward": _span(sched.phases.get((0, k, layer, "bwd"))), "recompute": 0.0}
+    for kind in ("offload", "prefetch"):
+        op = sched.copies.get((0, k, layer, kind))
+        out[kind] = (op.end - op.start) if op is not None and op.end is not None else 0.0
+    return out
+

@@ -51,7 +51,7 @@ again ahead of its backward (phase ``weight_gather_bwd``).
 Embedding, classifier and optimizer times come from `memo_sim.cost.boundary`, gradient and
 weight collectives from `memo_sim.cost.grad_sync`, both shared with the analytic estimate.
 
-Pipelines (SPPO) use the same graph, one representative `Device` per stage: `memo_sim.engine.pipeline`
+Pipelines (SPPO) use the same graph, one representative `Device` per stage: `memo_sim.engine.schedules.sppo`
 builds them (each (stage, subsequence piece, layer) phase with `emit_chain` on its stage's device,
 stages connected by ``p2p`` send ops on the sender's NVLink or InfiniBand port, offload and
 prefetch per unit with the rounding-buffer rule of `memo_sim.policy.rounding_buffers`); no change
@@ -60,7 +60,9 @@ to `Engine`, `OpGraph` or the link model was needed.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
+from functools import partial
 
 from memo_sim.cost import collectives as coll
 from memo_sim.cost.activations import skeletal_bytes
@@ -68,14 +70,22 @@ from memo_sim.cost.boundary import BoundaryTimes, boundary_times
 from memo_sim.cost.grad_sync import GradSync, grad_sync
 from memo_sim.cost.layer_time import OpCost, backward_costs, chain_dependencies, chain_tail, forward_costs
 from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS
+from memo_sim.engine.core import Engine, Failure
 from memo_sim.engine.graph import Device, MemAction, Op, OpGraph
+from memo_sim.engine.periodic import Fold, plan_fold, unfold
+from memo_sim.engine.result import (
+    SimResult, _span, allocator_summary, check_deadlock, exposed_copy_seconds, exposed_p2p_seconds,
+    exposed_wait_parts, rates, timeline_events,
+)
+from memo_sim.engine.schedules.registry import register_schedule
+from memo_sim.memplan.iteration_replay import replay_iteration
 from memo_sim.layout.parallel import Layout
 from memo_sim.memplan.footprint import MemoryBreakdown, memory_breakdown
 from memo_sim.model.config import ModelConfig
 from memo_sim.policy.base import Policy
 from memo_sim.policy.rounding_buffers import KEPT_LAYERS, output_write_waits_for, prefetch_after_backward_of
 from memo_sim.profile.schema import HardwareProfile
-from memo_sim.timeline import STREAMS, TP_RING_STREAMS  # noqa: F401  (re-exported: the engine's streams)
+from memo_sim.timeline import COPY_STREAMS, STREAMS, TP_RING_STREAMS, Timeline, TimelineEvent  # noqa: F401
 
 
 
@@ -240,7 +250,7 @@ def layer_signature(policy: Policy, layer: int, n_layers: int) -> tuple:
 def build_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy,
                     profile: HardwareProfile, *, classifier_chunk_tokens: int = CLASSIFIER_CHUNK_TOKENS,
                     device: Device | None = None, allocator_stall: dict[str, float] | None = None,
-                    layers: int | None = None) -> Schedule:
+                    layers: int | None = None, micro_batches: int = 1) -> Schedule:
     """The op graph of one full training iteration on the representative GPU.
 
     ``allocator_stall``: seconds the caching allocator's reorganisations stall the compute stream,
@@ -250,7 +260,10 @@ def build_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, po
 
     ``layers``: lay out this many layers instead of the model's (the memory, boundary and
     gradient-sync terms stay the whole model's): the shortened schedule that
-    `memo_sim.engine.periodic` simulates when it folds identical layers."""
+    `memo_sim.engine.periodic` simulates when it folds identical layers.
+
+    ``micro_batches``: gradient accumulation over that many micro-batches of ``batch`` sequences
+    each, one after the other (`_micro_batch`); the optimizer steps once after the last."""
     dev = device or representative_device(layout, profile)
     mem = memory_breakdown(model, layout, batch, seq, policy, profile, classifier_chunk_tokens,
                            active_gpus_per_node=dev.group)
@@ -289,23 +302,49 @@ def build_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, po
                                profile=profile, mem_start=kept + (work,),
                                mem_end=(MemAction("gpu", work.tensor, -work.nbytes),) + freed, last_deps=last_deps)
         if ops:
-            sched.phases[(layer, phase)] = ops
+            sched.phases.setdefault((layer, phase), ops)  # the first micro-batch's
         return tail
 
     def dp_op(name, layer, work, deps, phase="grad_sync"):
         return g.add(name, device=d, stream="dp_comm", kind="comm", phase=phase, layer=layer, work=work,
                      deps=deps, link=sync.link)
 
+    # one micro-batch after the other (gradient accumulation); ``batch`` is the micro-batch here
+    tail: list[Op] = []
+    last_dp: Op | None = None
+    for mb in range(micro_batches):
+        tail, last_dp = _micro_batch(g, sched, d, n, mb, micro_batches, tail, last_dp, layout=layout, policy=policy,
+                                     lp=lp, bt=bt, sync=sync, mem=mem, sk=sk, chain=chain, dp_op=dp_op,
+                                     reorganize=reorganize, gpu=gpu)
+    g.add("optimizer", device=d, stream="compute", kind="compute", phase="optimizer", layer=None,
+          work=bt.optimizer, deps=tail + ([last_dp] if last_dp else []))
+    if stall:  # a phase name this schedule does not have: charge it before the optimizer step
+        g.add("allocator_reorganization", device=d, stream="compute", kind="compute", phase="allocator",
+              layer=None, work=sum(stall.values()), deps=[])
+    return sched
+
+
+def _micro_batch(g: OpGraph, sched: Schedule, d: int, n: int, mb: int, micro_batches: int, tail: list[Op],
+                 last_dp: Op | None, *, layout: Layout, policy: Policy, lp: LayerPlan, bt: BoundaryTimes,
+                 sync: GradSync, mem: MemoryBreakdown, sk: dict, chain, dp_op, reorganize, gpu
+                 ) -> tuple[list[Op], Op | None]:
+    """One micro-batch's forward and backward (``mb`` of ``micro_batches``). ZeRO-1/2 gather each
+    layer's updated weights once per iteration (in the first micro-batch's forward), ZeRO-3 before
+    every forward and backward; the gradient buckets go out once per iteration, overlapping the
+    last micro-batch's backward (ZeRO-2/3 reduce-scatter every micro-batch's gradients, since a
+    rank keeps only its shard of them)."""
+    gather_fwd = sync.layer_gather > 0 and (mb == 0 or sync.gather_in_backward)
+    reduce_now = sync.active and (mb == micro_batches - 1 or layout.zero >= 2)
     # ---- forward --------------------------------------------------------------------------
     emb = g.add("embedding", device=d, stream="compute", kind="compute", phase="fwd", layer=None,
                 work=bt.embedding_fwd, deps=reorganize("embedding", None, []))
-    tail: list[Op] = [emb]
+    tail = [emb]
     fwd_tail: dict[int, list[Op]] = {}
     offload: dict[int, Op] = {}
     gather_f: dict[int, Op] = {}
     for i in range(n):
         deps = list(tail)
-        if sync.layer_gather > 0:
+        if gather_fwd:
             gather_f[i] = dp_op("allgather_weights", i, sync.layer_gather, fwd_tail.get(i - 2, []), "weight_gather")
             deps.append(gather_f[i])
         # the op writing layer i+1's input into buffer (i+1)%2 waits until offload(i-1) has read it
@@ -318,7 +357,7 @@ def build_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, po
                        work=lp.offload_bytes, nbytes=lp.offload_bytes, direction="d2h", deps=tail,
                        mem_start=(MemAction("host", f"L{i}.offload", lp.host_block_bytes),))
             offload[i] = op
-            sched.copies[(i, "offload")] = op
+            sched.copies.setdefault((i, "offload"), op)
 
     cls = g.add("classifier", device=d, stream="compute", kind="compute", phase="classifier", layer=None,
                 work=bt.classifier, deps=reorganize("classifier", None, tail),
@@ -333,7 +372,6 @@ def build_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, po
             if i >= 0:
                 gather_b[i] = dp_op("allgather_weights", i, sync.layer_gather, fwd_tail[n - 1], "weight_gather_bwd")
     bwd_end: dict[int, list[Op]] = {}
-    last_dp: Op | None = None
     for i in range(n - 1, -1, -1):
         deps = list(tail)
         if i in gather_b:
@@ -344,7 +382,7 @@ def build_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, po
                        # buffer i%2 is free once layer i+2's backward is done
                        deps=bwd_end[prefetch_after_backward_of(i, n)],
                        mem_end=(MemAction("host", f"L{i}.offload", -lp.host_block_bytes),))
-            sched.copies[(i, "prefetch")] = pf
+            sched.copies.setdefault((i, "prefetch"), pf)
             deps.append(pf)
         if policy.recomputes_layer(i, n) and lp.recompute:
             tail = chain(lp.recompute, i, "recompute", deps, gpu(i, policy.recompute_allocated(sk)))
@@ -354,19 +392,215 @@ def build_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, po
         bwd_end[i] = tail
         if sync.gather_in_backward and i - 2 >= 0:
             gather_b[i - 2] = dp_op("allgather_weights", i - 2, sync.layer_gather, tail, "weight_gather_bwd")
-        if sync.active:
+        if reduce_now:
             last_dp = dp_op("reducescatter_grads" if layout.zero >= 1 else "allreduce_grads", i, sync.layer_grad,
                             tail)
 
     emb_b = g.add("embedding", device=d, stream="compute", kind="compute", phase="bwd", layer=None,
                   work=bt.embedding_bwd, deps=reorganize("embedding.bwd", None, tail))
     tail = [emb_b]
-    if sync.active:
+    if reduce_now:
         last_dp = dp_op("reducescatter_grads" if layout.zero >= 1 else "allreduce_grads", None,
                         sync.embedding_grad, tail)
-    g.add("optimizer", device=d, stream="compute", kind="compute", phase="optimizer", layer=None,
-          work=bt.optimizer, deps=tail + ([last_dp] if last_dp else []))
-    if stall:  # a phase name this schedule does not have: charge it before the optimizer step
-        g.add("allocator_reorganization", device=d, stream="compute", kind="compute", phase="allocator",
-              layer=None, work=sum(stall.values()), deps=[])
-    return sched
+    return tail, last_dp
+
+
+# ------------------------------------------------------------------------------------------ runner
+_PHASES = (("forward", "fwd"), ("backward", "bwd"), ("recompute", "recompute"))  # layer_timings key, phase
+_COPIES = ("offload", "prefetch")
+
+
+def layer_timings(sched: Schedule, layer: int | None = None) -> dict[str, float]:
+    """Simulated seconds of one layer's forward, backward, recompute, offload and prefetch."""
+    i = sched.middle_layer if layer is None else layer
+    out = {k: _span(sched.phases.get((i, p))) for k, p in _PHASES}
+    for k in _COPIES:
+        op = sched.copies.get((i, k))
+        out[k] = (op.end - op.start) if op is not None and op.end is not None else 0.0
+    return out
+
+
+
+@register_schedule("single_stage")
+def simulate_single_stage(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy,
+                          profile: HardwareProfile, *, micro_batch: int, contention: bool = True,
+                          classifier_chunk_tokens: int = CLASSIFIER_CHUNK_TOKENS, keep_timeline: bool = True,
+                          record: bool = False, allocator_lag: int = 0, detail: str = "auto",
+                          fold: bool = True) -> SimResult:
+    """The single-stage schedule (`memo_sim.engine.simulate.simulate` calls it): one training
+    iteration of ``model`` at ``seq`` tokens x ``batch`` sequences per
+    data-parallel replica under ``layout`` and ``policy`` on ``profile``.
+
+    One representative GPU is simulated; the node's shared PCIe switches and host memory see the
+    traffic of every GPU of the node (see `memo_sim.engine.core`). ``contention=False`` gives
+    every op its stand-alone time (the analytic model's assumptions). Running out of GPU or host
+    memory is a result (``status`` OOM / OOHM with ``failure``), not an exception; a bad input
+    raises `MemoError`. ``record=True`` also keeps the op graph (``ops``, with dependencies) and
+    the links' load at every rate change (``link_log``), for checks and debugging.
+
+    A policy without a static memory plan runs on PyTorch's caching allocator: its whole
+    iteration is replayed (`memo_sim.memplan.iteration_replay`) against the GPU's capacity, each
+    reorganisation's stall is charged on the compute stream where it happens, and a replay that
+    runs out of memory (fragmentation, where the byte count alone fits) ends the run as OOM.
+    ``allocator_lag`` models ``record_stream`` on collective buffers with the GPU that many layers
+    behind the CPU (0: the GPU keeps up).
+
+    ``fold`` (default; not with ``record``): identical layers are simulated once where the
+    iteration is periodic (`memo_sim.engine.periodic`; ``folded`` says how many layers the
+    short run stood for), else the whole schedule runs.
+    """
+    m = batch // micro_batch
+    t0 = time.perf_counter()
+    replay, stall = None, None
+    if not policy.static_memory_plan:
+        # one micro-batch's allocations (the allocator's cache is warm for the ones after it)
+        replay = replay_iteration(model, layout, micro_batch, seq, policy, profile,
+                                  classifier_chunk_tokens=classifier_chunk_tokens,
+                                  stream_lag_phases=allocator_lag or None)
+        stall = replay.stall_by_phase(profile)
+    plan = None
+    if fold and not record and m == 1:
+        plan = plan_fold(model.layers, partial(layer_signature, policy), stall)
+    out = None
+    if plan is not None:
+        out = _run_folded(model, layout, micro_batch, seq, policy, profile, plan, contention=contention,
+                          classifier_chunk_tokens=classifier_chunk_tokens, stall=stall, keep_timeline=keep_timeline)
+    if out is None:
+        out = _run_whole(model, layout, micro_batch, seq, policy, profile, contention=contention, micro_batches=m,
+                         classifier_chunk_tokens=classifier_chunk_tokens, stall=stall, keep_timeline=keep_timeline,
+                         record=record)
+    sched = out.sched
+    dev = sched.device.index
+    failure = out.failure
+    if failure is None and replay is not None and replay.oom:
+        ev = replay.oom_event
+        failure = Failure("OOM", 0.0, f"{replay.oom_request} (caching-allocator fragmentation)",
+                          float(ev.requested_bytes) if ev else 0.0, float(ev.allocated_bytes) if ev else 0.0,
+                          sched.memory.gpu_capacity_bytes, dev, None, None)
+    status = failure.status if failure else "OK"
+    it, mfu, tgs = rates(out.end_time, failure, model, layout, batch, seq, profile)
+    meta = {
+        "source": "simulated", "model": model.name, "layers": model.layers, "layout": layout.label(),
+        "policy": policy.label(), "profile": profile.name, "seq_tokens": seq, "batch": batch, "gpus": layout.gpus,
+        "schedule": "single_stage", "micro_batch": micro_batch,
+        "status": status, "iteration_s": it, "mfu": mfu, "contention": contention,
+        "gpu_capacity_bytes": sched.memory.gpu_capacity_bytes,
+        "host_capacity_bytes": sched.memory.host_capacity_bytes,
+        "representative": {"device": dev, "gpus_on_node": sched.device.group,
+                           "gpus_on_pcie_switch": sched.device.switch_group},
+        "middle_layer": middle_layer(model.layers),
+        "failure": failure.to_dict() if failure else None,
+        "allocator": allocator_summary(replay, profile),
+    }
+    tl = Timeline(out.events, out.memory, meta) if keep_timeline else None
+    wall = time.perf_counter() - t0
+    node = sched.device.node
+    return SimResult(
+        model=model, layout=layout, batch=batch, seq=seq, policy=policy, profile=profile.name, status=status,
+        iteration_s=it, mfu=mfu, tgs=tgs, peak_gpu_bytes=out.peak_gpu[dev], peak_host_bytes_per_node=out.peak_host[node],
+        gpu_capacity_bytes=sched.memory.gpu_capacity_bytes, host_capacity_bytes=sched.memory.host_capacity_bytes,
+        exposed_copy_s=out.exposed_copy_s, layer_timings=out.layer_timings, timeline=tl,
+        failure=failure, contention=contention, sim_wall_s=wall, n_ops=out.n_ops,
+        start_gpu_bytes=out.start_gpu.get(dev, 0.0), end_gpu_bytes=out.end_gpu[dev],
+        end_host_bytes=out.end_host[node], link_log=out.link_log,
+        link_capacity=out.link_capacity, link_carried=out.link_carried,
+        ops=out.ops, allocator=allocator_summary(replay, profile),
+        exposed_p2p_s=out.exposed_p2p_s if layout.metp else 0.0, folded=out.folded, micro_batch=micro_batch)
+
+
+
+@dataclass
+class _Outcome:
+    """What one engine run (whole, or folded and unfolded) gives `simulate`."""
+
+    sched: Schedule
+    end_time: float
+    failure: Failure | None
+    peak_gpu: dict[int, float]
+    peak_host: dict[int, float]
+    start_gpu: dict[int, float]
+    end_gpu: dict[int, float]
+    end_host: dict[int, float]
+    n_ops: int
+    exposed_copy_s: float
+    exposed_p2p_s: float
+    layer_timings: dict[str, float]
+    events: list[TimelineEvent]
+    memory: list
+    link_capacity: dict
+    link_carried: dict
+    link_log: list = field(default_factory=list)
+    ops: list[Op] = field(default_factory=list)
+    folded: int = 0
+
+
+def _run_whole(model, layout, batch, seq, policy, profile, *, contention, classifier_chunk_tokens, stall,
+               keep_timeline, record, micro_batches: int = 1) -> _Outcome:
+    sched = build_iteration(model, layout, batch, seq, policy, profile, classifier_chunk_tokens=classifier_chunk_tokens,
+                            allocator_stall=stall, micro_batches=micro_batches)
+    engine = Engine(sched.graph, profile, contention=contention, gpu_capacity=sched.memory.gpu_capacity_bytes,
+                    host_capacity=sched.memory.host_capacity_bytes, record_links=record, keep_memory=keep_timeline)
+    run = engine.run()
+    check_deadlock(engine, run, "schedule")
+    return _Outcome(
+        sched, run.end_time, run.failure, run.peak_gpu_bytes, run.peak_host_bytes, run.start_gpu_bytes,
+        run.end_gpu_bytes, run.end_host_bytes, len(run.ops), exposed_copy_seconds(run.ops),
+        exposed_p2p_seconds(run.ops) if layout.metp else 0.0, layer_timings(sched),
+        timeline_events(run) if keep_timeline else [], list(run.memory), run.link_capacity, run.link_carried,
+        run.link_log, run.ops if record else [])
+
+
+def _run_folded(model, layout, batch, seq, policy, profile, plan: Fold, *, contention, classifier_chunk_tokens, stall,
+                keep_timeline) -> _Outcome | None:
+    """Identical layers simulated once (`memo_sim.engine.periodic`); None where the short run is
+    not periodic, or failed and a timeline is wanted (the whole run then gives it)."""
+    sched = build_iteration(model, layout, batch, seq, policy, profile, classifier_chunk_tokens=classifier_chunk_tokens,
+                            allocator_stall=plan.allocator_stall, layers=plan.simulated)
+    if not keep_timeline:
+        out = _static_failure(sched, profile, plan, contention=contention)
+        if out is not None:
+            return out
+    inf = float("inf")
+    engine = Engine(sched.graph, profile, contention=contention, gpu_capacity=inf, host_capacity=inf, log=True)
+    run = engine.run()
+    check_deadlock(engine, run, "schedule")
+    u = unfold(run, sched.phases, plan, gpu_capacity=sched.memory.gpu_capacity_bytes,
+               host_capacity=sched.memory.host_capacity_bytes, devices=sched.graph.devices,
+               routes=engine.routes if contention else None)
+    if u is None or (u.failure is not None and (keep_timeline or u.tie)):
+        return None
+    copy_parts = {uid: x for _s, uid, x in exposed_wait_parts(run.ops, COPY_STREAMS)}
+    p2p = u.exposed_wait_seconds({uid: x for _s, uid, x in exposed_wait_parts(run.ops, TP_RING_STREAMS)}) \
+        if layout.metp else 0.0
+    spans = u.layer_phase_spans(middle_layer(model.layers), tuple(p for _k, p in _PHASES), _COPIES)
+    timings = {k: spans[p] for k, p in _PHASES}
+    timings.update({c: spans[c] for c in _COPIES})
+    return _Outcome(
+        # a static allocation that does not fit stops the engine before the iteration starts
+        sched, u.end_time, u.failure, u.peak_gpu, u.peak_host,
+        u.end_gpu if u.failure is not None and u.failure.op is None else run.start_gpu_bytes, u.end_gpu, u.end_host,
+        u.n_ops, u.exposed_wait_seconds(copy_parts), p2p, timings,
+        u.timeline_events() if keep_timeline else [], list(u.samples()) if keep_timeline else [],
+        run.link_capacity, u.link_carried, folded=plan.copies)
+
+
+def _static_failure(sched: Schedule, profile: HardwareProfile, plan: Fold, *, contention: bool) -> _Outcome | None:
+    """Where the model states and static buffers alone do not fit, the run fails before its
+    first op, the whole model's as the short one's: the engine applies the static allocations
+    and stops (no op of the short schedule runs), and the whole graph's op count is the short
+    one's plus the copied layers' (each as many ops as the short schedule's layer before the cut;
+    tests/test_engine_periodic.py holds this to the whole run). None where they fit."""
+    g = sched.graph
+    probe = OpGraph(list(g.devices.values()))
+    probe.static = list(g.static)
+    engine = Engine(probe, profile, contention=contention, gpu_capacity=sched.memory.gpu_capacity_bytes,
+                    host_capacity=sched.memory.host_capacity_bytes, keep_memory=False)
+    run = engine.run()
+    if run.failure is None:
+        return None
+    n_ops = len(g.ops) + plan.copies * sum(1 for op in g.ops if op.layer == plan.cut - 1)
+    return _Outcome(
+        sched, run.end_time, run.failure, run.peak_gpu_bytes, run.peak_host_bytes, run.start_gpu_bytes,
+        run.end_gpu_bytes, run.end_host_bytes, n_ops, 0.0, 0.0, layer_timings(sched), [], [],
+        run.link_capacity, run.link_carried, folded=plan.copies)
+

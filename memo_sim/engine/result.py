@@ -1,0 +1,197 @@
+"""What one simulated iteration gives, whatever its schedule: `SimResult`, and the helpers every
+schedule's runner (`memo_sim.engine.schedules`) shares: exposed-wait accounting, the timeline,
+rates (MFU, TGS) and the deadlock check."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from memo_sim.model.flops import mfu as mfu_of, tgs as tgs_of
+from memo_sim.engine.core import Engine, EngineRun, Failure
+from memo_sim.engine.graph import Op
+from memo_sim.layout.parallel import Layout
+from memo_sim.model.config import ModelConfig
+from memo_sim.policy.base import Policy
+from memo_sim.profile.schema import HardwareProfile
+from memo_sim.timeline import COPY_STREAMS, TP_RING_STREAMS, Timeline, TimelineEvent
+
+@dataclass
+class SimResult:
+    """One simulated iteration. ``iteration_s``, ``mfu`` and ``tgs`` are None when the run
+    failed (status OOM / OOHM; ``failure`` says when, which tensor and how much)."""
+
+    model: ModelConfig
+    layout: Layout
+    batch: int
+    seq: int
+    policy: Policy
+    profile: str
+    status: str  # OK | OOM | OOHM
+    iteration_s: float | None
+    mfu: float | None
+    tgs: float | None
+    peak_gpu_bytes: float
+    peak_host_bytes_per_node: float
+    gpu_capacity_bytes: float
+    host_capacity_bytes: float
+    exposed_copy_s: float  # compute-path time spent waiting for host copies
+    layer_timings: dict[str, float]  # forward, backward, recompute, offload, prefetch of one middle layer
+    timeline: Timeline | None
+    failure: Failure | None = None
+    contention: bool = True
+    sim_wall_s: float = 0.0  # host seconds the simulation took
+    n_ops: int = 0
+    start_gpu_bytes: float = 0.0
+    end_gpu_bytes: float = 0.0
+    end_host_bytes: float = 0.0
+    link_log: list = field(default_factory=list)
+    link_capacity: dict = field(default_factory=dict)
+    link_carried: dict = field(default_factory=dict)
+    ops: list[Op] = field(default_factory=list)
+    allocator: dict = field(default_factory=dict)  # caching-allocator replay of unplanned policies
+    exposed_p2p_s: float = 0.0  # time waiting on METP's ring transfers beyond the compute they overlap
+    pipeline: dict = field(default_factory=dict)  # pipelines: stages, per-stage peaks, busy time and bubbles
+    schedule: str = "single_stage"  # the schedule that ran (`memo_sim.layout.schedule`)
+    micro_batch: int = 0  # sequences per micro-batch (0: the whole batch, one micro-batch)
+    folded: int = 0  # layers not simulated but unfolded from a periodic short run (`memo_sim.engine.periodic`);
+    # a folded run that failed keeps no ``link_carried`` (its flows stopped half way)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "OK"
+
+    def to_dict(self) -> dict:
+        """Summary in the keys the what-if and plan.json use (units in key names), no timeline."""
+        return {
+            "status": self.status,
+            "iteration_s": self.iteration_s,
+            "mfu": self.mfu,
+            "tgs_tokens_per_gpu_s": self.tgs,
+            "peak_gpu_bytes": self.peak_gpu_bytes,
+            "peak_host_bytes_per_node": self.peak_host_bytes_per_node,
+            "gpu_capacity_bytes": self.gpu_capacity_bytes,
+            "host_capacity_bytes": self.host_capacity_bytes,
+            "exposed_copy_s": self.exposed_copy_s,
+            "exposed_p2p_s": self.exposed_p2p_s,
+            "layer_timings_s": dict(self.layer_timings),
+            "failure": self.failure.to_dict() if self.failure else None,
+            "allocator": dict(self.allocator),
+            "contention": self.contention,
+            "sim_wall_s": self.sim_wall_s,
+            "policy": self.policy.to_dict(),
+            "layout": self.layout.to_dict(),
+            "seq_tokens": self.seq,
+            "batch": self.batch,
+            "schedule": self.schedule,
+            "micro_batch": self.micro_batch or self.batch,
+            **({"pipeline": dict(self.pipeline)} if self.pipeline else {}),
+        }
+
+
+def _span(ops: list[Op] | None) -> float:
+    if not ops or any(o.end is None for o in ops):
+        return 0.0
+    return max(o.end for o in ops) - min(o.start for o in ops)
+
+
+def exposed_wait_seconds(ops: list[Op], wait_on: tuple[str, ...]) -> float:
+    """Time the other streams sat ready except for an op on a ``wait_on`` stream they waited for.
+
+    For each op not on a ``wait_on`` stream: the part of its wait that starts after its stream's
+    previous op and its other dependencies ended and lasts until its last ``wait_on``
+    dependency ended (`exposed_wait_parts`), summed in (start, uid) order.
+    """
+    total = 0.0
+    for _s, _u, x in sorted(exposed_wait_parts(ops, wait_on)):
+        total += x
+    return total
+
+
+def exposed_wait_parts(ops: list[Op], wait_on: tuple[str, ...]) -> list[tuple[float, int, float]]:
+    """(start, uid, seconds) of each op that waited on a ``wait_on`` stream (see
+    `exposed_wait_seconds`); what an op contributes is settled when it starts."""
+    # A stream runs its ops one at a time in issue order, so the op before one in (start, uid)
+    # order on its stream is the one issued before it: each stream is walked in issue order and
+    # only the ops that waited on a ``wait_on`` stream contribute, summed in (start, uid) order.
+    parts: list[tuple[float, int, float]] = []
+    append = parts.append
+    prev_end: dict[tuple[int, str], float] = {}  # read only for streams not in wait_on
+    for op in ops:
+        start = op.start
+        if start is None:
+            continue
+        stream = op.stream
+        if stream in wait_on:
+            continue
+        deps = op.deps
+        if deps:
+            wait_end = None
+            for d in deps:
+                if d.stream in wait_on:
+                    e = d.end
+                    if e is not None and (wait_end is None or e > wait_end):
+                        wait_end = e
+            if wait_end is not None:
+                other = prev_end.get((op.device, stream), 0.0)
+                for d in deps:
+                    if d.stream not in wait_on:
+                        e = d.end
+                        if e is not None and e > other:
+                            other = e
+                append((start, op.uid, max(0.0, min(wait_end, start) - other)))
+        if op.end is not None:
+            prev_end[(op.device, stream)] = op.end
+    return parts
+
+
+def exposed_copy_seconds(ops: list[Op]) -> float:
+    """Time non-copy streams sat ready except for a host copy they waited on."""
+    return exposed_wait_seconds(ops, COPY_STREAMS)
+
+
+def exposed_p2p_seconds(ops: list[Op]) -> float:
+    """Time the other streams waited on METP's ring (send/recv, broadcast, reduce) beyond the
+    compute it overlaps: the ring steps whose transfer outlasts their compute block."""
+    return exposed_wait_seconds(ops, TP_RING_STREAMS)
+
+
+def timeline_events(run: EngineRun) -> list[TimelineEvent]:
+    events = [TimelineEvent(op.name, op.layer, op.phase, op.stream, op.device, op.start, op.end, op.nbytes, op.flops)
+              for op in run.ops if op.start is not None and op.end is not None]
+    events.sort(key=lambda e: (e.start, e.device, e.stream))
+    return events
+
+
+def timeline_of(run: EngineRun, meta: dict) -> Timeline:
+    return Timeline(timeline_events(run), list(run.memory), meta)
+
+
+def allocator_summary(replay, profile: HardwareProfile) -> dict:
+    if replay is None:
+        return {"static_memory_plan": True, "reorganizations": 0, "stall_s": 0.0}
+    return {"static_memory_plan": False, "reorganizations": replay.reorganizations,
+            "stall_s": replay.stall_seconds(profile), "cuda_mallocs": replay.cuda_mallocs,
+            "cuda_frees": replay.cuda_frees, "fragmentation_at_peak": replay.fragmentation_at_peak,
+            "peak_reserved_bytes": replay.peak_reserved_bytes, "max_live_bytes": replay.max_live_bytes,
+            "oom": replay.oom, "stream_lag_layers": replay.stream_lag_phases}
+
+
+def check_deadlock(engine: Engine, run: EngineRun, what: str) -> None:
+    """A run that ended without a failure but left ops unrun is a bug in the schedule."""
+    if run.failure is None:
+        stuck = engine.unfinished()
+        if stuck:
+            raise RuntimeError(f"{what} deadlock: {len(stuck)} ops never ran, first {stuck[0]!r} "
+                               f"waiting on {stuck[0].deps!r}")
+
+
+def rates(end_time: float, failure, model: ModelConfig, layout: Layout, batch: int, seq: int,
+           profile: HardwareProfile) -> tuple[float | None, float | None, float | None]:
+    """Iteration seconds, MFU and tokens per GPU per second of a run that did not fail (else
+    Nones); an iteration trains ``batch x dp`` sequences."""
+    if failure is not None:
+        return None, None, None
+    it = end_time
+    sequences = batch * layout.dp
+    return (it, mfu_of(model, sequences, seq, it, layout.gpus, profile.peak(model.dtype)),
+            tgs_of(sequences, seq, it, layout.gpus))

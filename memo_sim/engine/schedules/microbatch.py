@@ -1,0 +1,513 @@
+"""The micro-batch pipelines (1F1B and interleaved 1F1B) as an op graph, one representative GPU
+per stage (`memo_sim.engine.schedules.stages`), for every activation policy.
+
+A schedule module gives the per-rank order of steps (`Step`: the forward or backward of one
+micro-batch through one model chunk; `memo_sim.engine.schedules.one_f_one_b`,
+`memo_sim.engine.schedules.interleaved`); this module turns the orders into ops:
+
+- **Chunks and layers.** Each of the ``pp`` ranks holds ``vpp`` model chunks; chunk c of rank s is
+  virtual stage ``c·pp + s`` and runs layers ``[vs·Lc, (vs+1)·Lc)`` with Lc = layers / (pp·vpp).
+  The embedding runs at the start of virtual stage 0's forward (and its backward at the end of
+  its backward), the classifier (forward and backward, chunked) at the end of the last virtual
+  stage's forward.
+- **Per unit** (one layer of one micro-batch): the layer's forward, backward and the policy's
+  recompute chains of `memo_sim.cost.layer_time` at the micro-batch's size (TP/SP, CP and Ulysses
+  collectives inside, as on a single stage), each phase holding one working block.
+- **P2P.** A forward step's output goes to the next virtual stage's rank as a ``send_fwd`` op on
+  the sender's ``p2p`` stream (the activation of its SP shard, `memo_sim.cost.sppo.p2p_bytes`),
+  a backward step's input gradient to the previous one as ``send_bwd``; over NVLink where both
+  ranks' GPUs share a node, over the inter-node link where they do not
+  (`memo_sim.layout.parallel.stages_cross_nodes`). The receiving step waits for the send.
+- **Order.** Every rank's compute stream runs its steps in the schedule's order; a step also
+  waits for the send it receives. Bubbles are the time a rank's compute stream waits.
+- **Activations** (the policy object decides; no branch on its name): a unit allocates the
+  policy's forward-kept bytes (`Policy.forward_kept`: every skeletal tensor for store all, the
+  layer input for full recompute, lse for the offloading policies) at its forward and frees them
+  after its backward, so a rank holds them for every micro-batch in flight (1F1B: p - s on stage
+  s). An offloading policy's unit writes its skeletal tensors (the rounding-buffer slot,
+  ``skeletal.total`` bytes) and copies them to host on ``d2h`` after its forward; the slot is
+  free when the copy ends. MEMO's rounding-buffer rule (`memo_sim.policy.rounding_buffers`) runs
+  over the rank's forward units in order: a unit's output write waits for the offload of the
+  unit before it, and the rank's last two forward units are not offloaded (they stay in their
+  slots until their backward). Every micro-batch in flight offloads: each offloaded unit holds
+  its pinned host block from the offload's start to the prefetch's end, so the host memory of a
+  node counts every micro-batch in flight on every stage it holds. In backward, a unit's
+  prefetch (``h2d``) allocates its slot again. The rounding-buffer rule runs over the rank's
+  units in backward order (across its backward steps, the kept last two included): the k-th
+  unit's prefetch waits for the backward of the (k-2)-th (the slot it overwrites), and none is
+  issued before the step before its own backward step starts (so a backward step's first
+  prefetches overlap the forward step before it in the steady state); the policy's recompute
+  (MEMO's token-wise one, or the whole layer for full recompute, into
+  `Policy.recompute_allocated`) runs before the backward.
+- **Gradients.** Accumulated over the micro-batches; each layer's gradient bucket (all-reduce, or
+  reduce-scatter with ZeRO-1) goes out on ``dp_comm`` after the layer's backward of the last
+  micro-batch (overlapping the rest of that backward), the embedding's after the rank's last
+  step on the first and last ranks; each rank's optimizer step waits for its last bucket.
+  ZeRO-1's weight gathers run before each layer's first forward, two layers ahead.
+
+Not modelled: the caching allocator's reorganisations inside a pipeline stage (its transient
+block is the allocator's reserved peak of one layer, as on a single stage), and P2P sends
+sharing the NVLink port with TP collectives beyond the link model's sharing.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+from memo_sim.cost.boundary import boundary_times
+from memo_sim.cost.grad_sync import GradSync
+from memo_sim.cost.opcost import OpCost
+from memo_sim.cost.sppo import p2p_bytes, p2p_link_time, stage_grad_sync, stage_model_state_bytes, stage_optimizer_time
+from memo_sim.engine.core import Engine, gc_paused
+from memo_sim.engine.graph import Device, MemAction, Op, OpGraph
+from memo_sim.engine.result import (
+    SimResult, _span, check_deadlock, exposed_copy_seconds, exposed_wait_seconds, rates, timeline_of,
+)
+from memo_sim.engine.schedules.single_stage import emit_chain, layer_plan
+from memo_sim.engine.schedules.stages import FINE_OPS_LIMIT, collapse_unit, stage_devices
+from memo_sim.errors import MemoError
+from memo_sim.layout.parallel import Layout, stages_cross_nodes
+from memo_sim.memplan.footprint import memory_breakdown
+from memo_sim.model.config import ModelConfig
+from memo_sim.policy.base import Policy
+from memo_sim.policy.rounding_buffers import is_offloaded, output_write_waits_for
+from memo_sim.profile.schema import HardwareProfile
+
+P2P_STREAM = "p2p"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a rank: the forward (``F``) or backward (``B``) of micro-batch ``mb`` through
+    the rank's model chunk ``chunk`` (0 .. vpp-1)."""
+
+    kind: str
+    mb: int
+    chunk: int = 0
+
+
+Order = Callable[[int, int, int, int], list[Step]]  # (pp, micro_batches, vpp, rank) -> the rank's steps
+
+_ORDERS: dict[str, Order] = {}
+
+
+def register_order(name: str, order: Order) -> None:
+    """A micro-batch pipeline schedule's per-rank order, by the schedule's name (its module calls
+    this; the search reads the in-flight counts off it)."""
+    _ORDERS[name] = order
+
+
+def pipeline_order(name: str) -> Order:
+    """The per-rank order of the micro-batch pipeline schedule ``name``."""
+    try:
+        return _ORDERS[name]
+    except KeyError:
+        raise MemoError(f"{name!r} is not a micro-batch pipeline schedule ({', '.join(_ORDERS)})") from None
+
+
+def micro_batch_pipelines() -> tuple[str, ...]:
+    """The names of the registered micro-batch pipeline schedules."""
+    return tuple(_ORDERS)
+
+
+def stage_in_flight(name: str, pp: int, micro_batches: int, vpp: int) -> list[int]:
+    """Per rank, the most chunk forwards held at once under schedule ``name``."""
+    order = pipeline_order(name)
+    return [in_flight(order(pp, micro_batches, vpp, s)) for s in range(pp)]
+
+
+def in_flight(order: list[Step]) -> int:
+    """The most chunk forwards a rank holds whose backward has not run (its activations' count)."""
+    live = peak = 0
+    for st in order:
+        live += 1 if st.kind == "F" else -1
+        peak = max(peak, live)
+    return peak
+
+
+def check_order(order: list[Step], micro_batches: int, vpp: int) -> None:
+    """Every (micro-batch, chunk) once forward and once backward, the backward after the forward."""
+    seen_f: set[tuple[int, int]] = set()
+    seen_b: set[tuple[int, int]] = set()
+    for st in order:
+        key = (st.mb, st.chunk)
+        if st.kind == "F":
+            if key in seen_f:
+                raise ValueError(f"forward of {key} twice")
+            seen_f.add(key)
+        else:
+            if key not in seen_f or key in seen_b:
+                raise ValueError(f"backward of {key} before its forward or twice")
+            seen_b.add(key)
+    want = {(mb, c) for mb in range(micro_batches) for c in range(vpp)}
+    if seen_f != want or seen_b != want:
+        raise ValueError("the order does not run every micro-batch through every chunk")
+
+
+@dataclass(frozen=True)
+class PipelineCosts:
+    """What one unit (a layer of one micro-batch) and the stages' boundaries cost: from the model
+    (`pipeline_costs`) or, in tests, a toy."""
+
+    forward: list[OpCost]
+    backward: list[OpCost]
+    recompute: list[OpCost]
+    embedding_fwd: float
+    embedding_bwd: float
+    classifier: float
+    optimizer: tuple[float, ...]  # per stage
+    model_states: tuple[float, ...]  # per stage, bytes on one GPU
+    skeletal: dict  # one layer's per-GPU skeletal bytes of one micro-batch, by role
+    working_bytes: float  # one phase's transient block + the activation handed on
+    classifier_bytes: float
+    offload_bytes: float  # per offloaded unit and GPU
+    host_block_bytes: float  # pinned bytes per offloaded unit and GPU
+    p2p_bytes: float  # one send of one micro-batch's activation (or its gradient)
+    p2p_seconds: dict  # link kind -> seconds of one send alone on it
+    sync: GradSync
+
+
+def pipeline_costs(model: ModelConfig, layout: Layout, micro_batch: int, seq: int, policy: Policy,
+                   profile: HardwareProfile) -> PipelineCosts:
+    """The costs of one unit at ``micro_batch`` sequences, from the same functions the single
+    stage uses (`layer_plan`, `memo_sim.cost.boundary`, `memo_sim.cost.sppo`'s per-stage terms)."""
+    shard = replace(layout, pp=1, vpp=1, dp=1, zero=0)
+    mem = memory_breakdown(model, shard, micro_batch, seq, policy, profile)
+    lp = layer_plan(model, shard, micro_batch, seq, policy, profile, mem)
+    bt = boundary_times(model, shard, micro_batch, seq, profile)
+    secs = {link: p2p_link_time(model, layout, micro_batch, seq, profile, link) for link in ("nvlink", "internode")}
+    return PipelineCosts(
+        lp.forward, lp.backward, lp.recompute,
+        bt.embedding_fwd, bt.embedding_bwd, bt.classifier,
+        tuple(stage_optimizer_time(model, layout, s, profile) for s in range(layout.pp)),
+        tuple(stage_model_state_bytes(model, layout, s) for s in range(layout.pp)),
+        dict(lp.skeletal), lp.working_bytes, mem.classifier_peak_bytes, lp.offload_bytes, lp.host_block_bytes,
+        p2p_bytes(model, layout, micro_batch, seq), secs, stage_grad_sync(model, layout, profile))
+
+
+@dataclass
+class MicrobatchSchedule:
+    graph: OpGraph
+    devices: list[Device]
+    orders: list[list[Step]]
+    costs: PipelineCosts
+    layers_per_chunk: int
+    phases: dict = field(default_factory=dict)  # (stage, mb, layer, fwd|bwd|recompute) -> ops
+    copies: dict = field(default_factory=dict)  # (stage, mb, layer, offload|prefetch) -> op
+    sends: dict = field(default_factory=dict)  # (fwd|bwd, mb, virtual stage) -> op
+    detail: str = "ops"
+
+    def chunk_layers(self, stage: int, chunk: int) -> range:
+        vs = chunk * len(self.devices) + stage
+        return range(vs * self.layers_per_chunk, (vs + 1) * self.layers_per_chunk)
+
+
+@dataclass
+class _Rank:
+    tail: list[Op] = field(default_factory=list)  # what the rank's next compute op follows
+    prev_launch: list[Op] = field(default_factory=list)  # the tail when the previous step started
+    u: int = 0  # forward units laid out so far
+    unit_of: dict = field(default_factory=dict)  # (mb, chunk, j) -> unit
+    fwd_tail: dict = field(default_factory=dict)
+    offload: dict = field(default_factory=dict)  # unit -> offload op
+    bwd_end: dict = field(default_factory=dict)
+    backward_order: list = field(default_factory=list)  # the rank's units in the order their backwards run
+    last_dp: Op | None = None
+
+
+def build_microbatch_pipeline(costs: PipelineCosts, layout: Layout, profile: HardwareProfile, policy: Policy,
+                              n_layers: int, micro_batches: int, order: Order, *,
+                              devices: list[Device] | None = None, detail: str = "auto") -> MicrobatchSchedule:
+    """The op graph of one iteration of a micro-batch pipeline (see the module docs)."""
+    with gc_paused():
+        return _build(costs, layout, profile, policy, n_layers, micro_batches, order, devices, detail)
+
+
+def _build(costs, layout, profile, policy, n_layers, micro_batches, order, devices, detail) -> MicrobatchSchedule:
+    p, v, m = layout.pp, layout.vpp, micro_batches
+    n_vs = p * v
+    if n_layers % n_vs:
+        raise MemoError(f"{n_layers} layers do not split evenly into pp x vpp = {n_vs} model chunks")
+    lc = n_layers // n_vs
+    devices = devices or stage_devices(layout, profile)
+    orders = [order(p, m, v, s) for s in range(p)]
+    for o in orders:
+        check_order(o, m, v)
+    fwd, bwd, rec = costs.forward, costs.backward, costs.recompute
+    per_unit = len(fwd) + len(bwd) + len(rec)
+    if detail == "auto":
+        detail = "ops" if p * m * v * lc * per_unit <= FINE_OPS_LIMIT else "units"
+    if detail == "units":
+        fwd, bwd = collapse_unit(fwd, "fwd"), collapse_unit(bwd, "bwd")
+        rec = collapse_unit(rec, "recompute") if rec else rec
+    elif detail != "ops":
+        raise MemoError(f"detail must be ops, units or auto, got {detail!r}")
+    shard = replace(layout, pp=1, vpp=1, dp=1, zero=0)
+    g = OpGraph(devices)
+    sched = MicrobatchSchedule(g, devices, orders, costs, lc, detail=detail)
+    # every op of micro-batch k is named ``<op>@m<k>`` (the figures colour by it); one list per phase and k
+    tagged: dict[tuple[str, int], list[OpCost]] = {}
+
+    def phase_costs(phase: str, mb: int) -> list[OpCost]:
+        hit = tagged.get((phase, mb))
+        if hit is None:
+            base = {"fwd": fwd, "bwd": bwd, "recompute": rec}[phase]
+            hit = tagged[(phase, mb)] = [replace(c, name=f"{c.name}@m{mb}") for c in base]
+        return hit
+    sk = costs.skeletal
+    kept = tuple(policy.forward_kept(sk))
+    rec_alloc = tuple(policy.recompute_allocated(sk))
+    slot = sk["total"] if policy.offloads else 0.0  # an offloading policy's rounding-buffer slot per unit
+    n_f = m * v * lc  # forward units per rank
+    sync = costs.sync
+    grad_op = "reducescatter_grads" if layout.zero >= 1 else "allreduce_grads"
+    for s, dev in enumerate(devices):
+        g.add_static(dev.index, MemAction("gpu", "model_states", costs.model_states[s]))
+    ranks = [_Rank() for _ in range(p)]
+    send_f: dict[tuple[int, int], Op] = {}
+    send_b: dict[tuple[int, int], Op] = {}
+    fwd_done: dict[tuple[int, int], list[Op]] = {}
+
+    def link(a: int, b: int) -> str:
+        return "internode" if stages_cross_nodes(layout, a, b, profile.node_gpus) else "nvlink"
+
+    def send(kind: str, s: int, to: int, mb: int, vs: int, layer: int, deps: list[Op]) -> Op:
+        lk = link(s, to)
+        op = g.add(f"send_{kind}@m{mb}", device=devices[s].index, stream=P2P_STREAM, kind="comm", phase=f"p2p_{kind}",
+                   layer=layer, work=costs.p2p_seconds[lk], nbytes=costs.p2p_bytes, link=lk, deps=deps)
+        sched.sends[(kind, mb, vs)] = op
+        (send_f if kind == "fwd" else send_b)[(mb, vs)] = op
+        return op
+
+    def held(mb: int, layer: int, items, sign: float = 1.0) -> tuple[MemAction, ...]:
+        return tuple(MemAction("gpu", f"mb{mb}.L{layer}.{name}", sign * nbytes) for name, nbytes in items)
+
+    def working(mb: int, layer: int, phase: str, sign: float = 1.0) -> MemAction:
+        return MemAction("gpu", f"mb{mb}.L{layer}.{phase}.working", sign * costs.working_bytes)
+
+    def forward_step(s: int, st: Step) -> None:
+        r, d = ranks[s], devices[s].index
+        vs = st.chunk * p + s
+        deps = list(r.tail)
+        if vs > 0:
+            deps.append(send_f[(st.mb, vs - 1)])
+        else:
+            deps = [g.add(f"embedding@m{st.mb}", device=d, stream="compute", kind="compute", phase="fwd", layer=None,
+                          work=costs.embedding_fwd, deps=deps)]
+        tail = deps
+        for j in range(lc):
+            layer = vs * lc + j
+            u = r.u
+            r.u += 1
+            r.unit_of[(st.mb, st.chunk, j)] = u
+            if sync.layer_gather > 0 and st.mb == 0:
+                deps = deps + [g.add("allgather_weights", device=d, stream="dp_comm", kind="comm",
+                                     phase="weight_gather", layer=layer, work=sync.layer_gather,
+                                     deps=r.fwd_tail.get(u - 2, []), link=sync.link)]
+            start = held(st.mb, layer, kept) + ((MemAction("gpu", f"mb{st.mb}.L{layer}.slot", slot),) if slot else ())
+            w = output_write_waits_for(u, n_f) if slot else None
+            ops, tail = emit_chain(g, phase_costs("fwd", st.mb), device=d, layer=layer, phase="fwd", deps=deps, layout=shard,
+                                   profile=profile, mem_start=start + (working(st.mb, layer, "fwd"),),
+                                   mem_end=(working(st.mb, layer, "fwd", -1.0),),
+                                   last_deps=[r.offload[w]] if w in r.offload else [])
+            sched.phases[(s, st.mb, layer, "fwd")] = ops
+            r.fwd_tail[u] = tail
+            if slot and is_offloaded(u, n_f) and costs.offload_bytes > 0:
+                op = g.add(f"offload@m{st.mb}", device=d, stream="d2h", kind="copy", phase="offload", layer=layer,
+                           work=costs.offload_bytes, nbytes=costs.offload_bytes, direction="d2h", deps=tail,
+                           mem_start=(MemAction("host", f"mb{st.mb}.L{layer}.offload", costs.host_block_bytes),),
+                           mem_end=(MemAction("gpu", f"mb{st.mb}.L{layer}.slot", -slot),))
+                r.offload[u] = op
+                sched.copies[(s, st.mb, layer, "offload")] = op
+            deps = tail
+        last = vs * lc + lc - 1
+        if vs < n_vs - 1:
+            send("fwd", s, (vs + 1) % p, st.mb, vs, last, tail)
+        else:
+            cls = g.add(f"classifier@m{st.mb}", device=d, stream="compute", kind="compute", phase="classifier", layer=None,
+                        work=costs.classifier, deps=tail,
+                        mem_start=(MemAction("gpu", "classifier.working", costs.classifier_bytes),),
+                        mem_end=(MemAction("gpu", "classifier.working", -costs.classifier_bytes),))
+            tail = [cls]
+            fwd_done[(st.mb, vs)] = tail
+        r.tail = tail
+
+    def backward_step(s: int, st: Step) -> None:
+        r, d = ranks[s], devices[s].index
+        vs = st.chunk * p + s
+        deps = list(r.tail)
+        deps += [send_b[(st.mb, vs + 1)]] if vs < n_vs - 1 else fwd_done[(st.mb, vs)]
+        tail = deps
+        for j in range(lc - 1, -1, -1):
+            layer = vs * lc + j
+            u = r.unit_of[(st.mb, st.chunk, j)]
+            k = len(r.backward_order)
+            r.backward_order.append(u)
+            if u in r.offload:
+                # the rounding-buffer rule over the rank's backward units in order: the k-th unit's
+                # prefetch overwrites the slot the (k-2)-th unit's backward read last; none is
+                # issued before the step before its own backward step starts
+                after = list(r.prev_launch) + (r.bwd_end[r.backward_order[k - 2]] if k >= 2 else [])
+                pf = g.add(f"prefetch@m{st.mb}", device=d, stream="h2d", kind="copy", phase="prefetch", layer=layer,
+                           work=costs.offload_bytes, nbytes=costs.offload_bytes, direction="h2d",
+                           deps=list(after) + [r.offload[u]],
+                           mem_start=(MemAction("gpu", f"mb{st.mb}.L{layer}.slot", slot),),
+                           mem_end=(MemAction("host", f"mb{st.mb}.L{layer}.offload", -costs.host_block_bytes),))
+                sched.copies[(s, st.mb, layer, "prefetch")] = pf
+                deps = deps + [pf]
+            if rec and policy.recomputes_layer(u, n_f):
+                ops, tail = emit_chain(g, phase_costs("recompute", st.mb), device=d, layer=layer, phase="recompute",
+                                       deps=deps, layout=shard, profile=profile,
+                                       mem_start=held(st.mb, layer, rec_alloc) + (working(st.mb, layer, "recompute"),),
+                                       mem_end=(working(st.mb, layer, "recompute", -1.0),))
+                sched.phases[(s, st.mb, layer, "recompute")] = ops
+                deps = tail
+            freed = held(st.mb, layer, rec_alloc + kept, -1.0) + (
+                (MemAction("gpu", f"mb{st.mb}.L{layer}.slot", -slot),) if slot else ())
+            ops, tail = emit_chain(g, phase_costs("bwd", st.mb), device=d, layer=layer, phase="bwd", deps=deps, layout=shard,
+                                   profile=profile, mem_start=(working(st.mb, layer, "bwd"),),
+                                   mem_end=(working(st.mb, layer, "bwd", -1.0),) + freed)
+            sched.phases[(s, st.mb, layer, "bwd")] = ops
+            r.bwd_end[u] = tail
+            if st.mb == m - 1 and sync.active:
+                r.last_dp = g.add(grad_op, device=d, stream="dp_comm", kind="comm", phase="grad_sync", layer=layer,
+                                  work=sync.layer_grad, deps=tail, link=sync.link)
+            deps = tail
+        if vs > 0:
+            send("bwd", s, (vs - 1) % p, st.mb, vs, vs * lc, tail)
+        else:
+            tail = [g.add(f"embedding@m{st.mb}", device=d, stream="compute", kind="compute", phase="bwd", layer=None,
+                          work=costs.embedding_bwd, deps=tail)]
+        r.tail = tail
+
+    # lay the steps out in an order that respects every rank's own order and every receive
+    pos = [0] * p
+    total = sum(len(o) for o in orders)
+    laid = 0
+    while laid < total:
+        progressed = False
+        for s in range(p):
+            o = orders[s]
+            while pos[s] < len(o):
+                st = o[pos[s]]
+                vs = st.chunk * p + s
+                if st.kind == "F":
+                    ready = vs == 0 or (st.mb, vs - 1) in send_f
+                else:
+                    ready = (st.mb, vs + 1) in send_b if vs < n_vs - 1 else (st.mb, vs) in fwd_done
+                if not ready:
+                    break
+                launch = list(ranks[s].tail)
+                (forward_step if st.kind == "F" else backward_step)(s, st)
+                ranks[s].prev_launch = launch
+                pos[s] += 1
+                laid += 1
+                progressed = True
+        if not progressed:
+            stuck = [(s, orders[s][pos[s]]) for s in range(p) if pos[s] < len(orders[s])]
+            raise RuntimeError(f"pipeline order deadlocks: every rank waits ({stuck[:3]})")
+    for s, r in enumerate(ranks):
+        d = devices[s].index
+        if sync.embedding_grad > 0 and (s == 0 or s == p - 1):
+            r.last_dp = g.add(grad_op, device=d, stream="dp_comm", kind="comm", phase="grad_sync", layer=None,
+                              work=sync.embedding_grad, deps=r.tail, link=sync.link)
+        g.add("optimizer", device=d, stream="compute", kind="compute", phase="optimizer", layer=None,
+              work=costs.optimizer[s], deps=r.tail + ([r.last_dp] if r.last_dp else []))
+    return sched
+
+
+def run_microbatch_pipeline(sched: MicrobatchSchedule, profile: HardwareProfile, *, contention: bool = True,
+                            record: bool = False, keep_memory: bool = True):
+    """Run the graph in the engine; (engine, run, per-stage rows)."""
+    engine = Engine(sched.graph, profile, contention=contention, gpu_capacity=profile.usable_gpu_memory,
+                    host_capacity=profile.usable_host_memory, record_links=record, keep_memory=keep_memory)
+    run = engine.run()
+    check_deadlock(engine, run, "pipeline schedule")
+    it = run.end_time if run.failure is None else None
+    rows = []
+    for s, dev in enumerate(sched.devices):
+        # the graph keeps each (device, stream)'s ops in issue order
+        busy = sum(o.end - o.start for o in sched.graph.streams.get((dev.index, "compute"), ()) if o.end is not None)
+        rows.append({"stage": s, "node": dev.node, "gpus_on_node": dev.group,
+                     "chunks": [[c.start, c.stop - 1] for c in
+                                (sched.chunk_layers(s, k) for k in range(1 + max(st.chunk for st in sched.orders[s])))],
+                     "in_flight": in_flight(sched.orders[s]),
+                     "peak_gpu_bytes": run.peak_gpu_bytes[dev.index], "model_states_bytes": sched.costs.model_states[s],
+                     "compute_busy_s": busy, "idle_s": (it - busy) if it else None,
+                     "bubble_ratio": ((it - busy) / busy) if it and busy > 0 else None})
+    return engine, run, rows
+
+
+def simulate_microbatch(name: str, order: Order, model: ModelConfig, layout: Layout, batch: int, seq: int,
+                        policy: Policy, profile: HardwareProfile, *, micro_batch: int, contention: bool = True,
+                        keep_timeline: bool = True, record: bool = False, detail: str = "auto",
+                        **_single_stage_options) -> SimResult:
+    """A micro-batch pipeline schedule's runner (``name``, its ``order``): one iteration of
+    ``batch`` sequences per replica in ``batch / micro_batch`` micro-batches. ``peak_gpu_bytes``
+    is the fullest stage's, the host peak the fullest node's; ``pipeline`` holds the per-stage
+    rows (peak, micro-batches in flight, busy and idle time, bubble) and the bubble share."""
+    t0 = time.perf_counter()
+    m = batch // micro_batch
+    costs = pipeline_costs(model, layout, micro_batch, seq, policy, profile)
+    sched = build_microbatch_pipeline(costs, layout, profile, policy, model.layers, m, order, detail=detail)
+    engine, run, rows = run_microbatch_pipeline(sched, profile, contention=contention, record=record,
+                                                keep_memory=keep_timeline)
+    failure = run.failure
+    status = failure.status if failure else "OK"
+    it, mfu, tgs = rates(run.end_time, failure, model, layout, batch, seq, profile)
+    worst = max(sched.devices, key=lambda dv: run.peak_gpu_bytes[dv.index])
+    busy = sum(r["compute_busy_s"] for r in rows)
+    pipe = {"schedule": name, "pp": layout.pp, "vpp": layout.vpp, "micro_batches": m, "micro_batch": micro_batch,
+            "detail": sched.detail, "stages": rows, "worst_stage": worst.index,
+            "exposed_p2p_s": exposed_wait_seconds(run.ops, (P2P_STREAM,)),
+            "bubble_fraction": (1 - busy / (len(rows) * it)) if it else None,
+            "ideal_bubble_ratio": (layout.pp - 1) / (layout.vpp * m)}
+    meta = {
+        "source": "simulated", "model": model.name, "layers": model.layers, "layout": layout.label(),
+        "policy": policy.label(), "profile": profile.name, "seq_tokens": seq, "batch": batch, "gpus": layout.gpus,
+        "schedule": name, "micro_batch": micro_batch,
+        "status": status, "iteration_s": it, "mfu": mfu, "contention": contention,
+        "gpu_capacity_bytes": profile.usable_gpu_memory, "host_capacity_bytes": profile.usable_host_memory,
+        "representative": {"device": worst.index, "gpus_on_node": worst.group, "gpus_on_pcie_switch": worst.switch_group},
+        "middle_layer": sched.chunk_layers(0, 0)[lc_mid(sched)],
+        "failure": failure.to_dict() if failure else None,
+        "allocator": {"static_memory_plan": policy.static_memory_plan, "reorganizations": 0, "stall_s": 0.0,
+                      "replayed": False},
+        "pipeline": {"schedule": name, "pp": layout.pp, "vpp": layout.vpp, "micro_batches": m,
+                     "stages": [{"stage": r["stage"], "device": sched.devices[r["stage"]].index,
+                                 "node": r["node"], "gpus_on_node": r["gpus_on_node"], "chunks": r["chunks"],
+                                 **({"layers": r["chunks"][0]} if len(r["chunks"]) == 1 else {})}
+                                for r in rows]},
+    }
+    tl = timeline_of(run, meta) if keep_timeline else None
+    node = worst.node
+    return SimResult(
+        model=model, layout=layout, batch=batch, seq=seq, policy=policy, profile=profile.name, status=status,
+        iteration_s=it, mfu=mfu, tgs=tgs, peak_gpu_bytes=max(run.peak_gpu_bytes.values()),
+        peak_host_bytes_per_node=max(run.peak_host_bytes.values()),
+        gpu_capacity_bytes=profile.usable_gpu_memory, host_capacity_bytes=profile.usable_host_memory,
+        exposed_copy_s=exposed_copy_seconds(run.ops), layer_timings=_layer_timings(sched),
+        timeline=tl, failure=failure, contention=contention, sim_wall_s=time.perf_counter() - t0,
+        n_ops=len(run.ops), start_gpu_bytes=run.start_gpu_bytes.get(worst.index, 0.0),
+        end_gpu_bytes=run.end_gpu_bytes[worst.index], end_host_bytes=run.end_host_bytes[node],
+        link_log=run.link_log, link_capacity=run.link_capacity, link_carried=run.link_carried,
+        ops=run.ops if record else [], allocator=dict(meta["allocator"]), pipeline=pipe, schedule=name,
+        micro_batch=micro_batch)
+
+
+def lc_mid(sched: MicrobatchSchedule) -> int:
+    return sched.layers_per_chunk // 2
+
+
+def _layer_timings(sched: MicrobatchSchedule) -> dict[str, float]:
+    """Simulated seconds of the middle layer of stage 0's first chunk, first micro-batch."""
+    layer = sched.chunk_layers(0, 0)[lc_mid(sched)]
+
+    out = {k: _span(sched.phases.get((0, 0, layer, ph))) for k, ph in
+           (("forward", "fwd"), ("backward", "bwd"), ("recompute", "recompute"))}
+    for kind in ("offload", "prefetch"):
+        op = sched.copies.get((0, 0, layer, kind))
+        out[kind] = (op.end - op.start) if op is not None and op.end is not None else 0.0
+    return out

@@ -1,0 +1,59 @@
+"""One representative GPU per pipeline stage: the devices every pipeline schedule (SPPO, 1F1B,
+interleaved 1F1B) simulates.
+
+Stage s is represented by its first GPU (rank s·stage_stride of the first replica), standing for
+the GPUs of its node that run stage s (every replica's), of which those on its PCIe switch share
+the switch (`memo_sim.engine.graph.Device`); stages whose representatives share a node share its
+host memory and host-memory bandwidth. With pp = 1 the device is exactly
+`memo_sim.engine.schedules.single_stage.representative_device`.
+"""
+
+from __future__ import annotations
+
+from memo_sim.cost.opcost import OpCost
+from memo_sim.engine.graph import Device
+from memo_sim.engine.schedules.single_stage import representative_device
+from memo_sim.layout.parallel import Layout, node_stage_gpus, stage_first_rank
+from memo_sim.profile.schema import HardwareProfile
+
+
+def stage_devices(layout: Layout, profile: HardwareProfile) -> list[Device]:
+    """One representative GPU per stage (see the module docs)."""
+    if layout.pp == 1:
+        return [representative_device(layout, profile)]
+    gpn = profile.node_gpus
+    per_switch = int(profile.host_link.gpus_per_pcie_switch.value)
+    groups = node_stage_gpus(layout, gpn)
+    out = []
+    for s in range(layout.pp):
+        r = stage_first_rank(layout, s)
+        node, local = divmod(r, gpn)
+        switch = local // per_switch
+        mates = [q for q in range(node * gpn, min((node + 1) * gpn, layout.gpus))
+                 if (q // layout.stage_stride) % layout.pp == s and (q % gpn) // per_switch == switch]
+        group = groups[node][s]
+        out.append(Device(index=s, node=node, switch=switch, group=group, switch_group=max(1, len(mates)),
+                          label=f"stage {s}: GPU {r} (x{group} on node {node})"))
+    return out
+
+
+FINE_OPS_LIMIT = 40_000  # "auto": the op-by-op graph up to this many ops, one compute + one comm op per unit beyond
+
+
+def collapse_unit(costs: list[OpCost], phase: str) -> list[OpCost]:
+    """One unit's chain as at most three ops: its kernels but the last as one compute op, its TP
+    collectives as one ``comm`` op, and its last op as it is (the op the rounding-buffer rule makes
+    wait for the previous unit's offload). Alone on the GPU that is the chain's timing exactly;
+    under contention the collectives still share the NVLink port and the kernels still slow down
+    beside host copies. Chains with side ops are kept as they are."""
+    if any(c.overlaps for c in costs) or len(costs) < 3:
+        return costs
+    head, last = costs[:-1], costs[-1]
+    comp = [c for c in head if c.stream == "compute"]
+    comm = [c for c in head if c.stream != "compute"]
+    out = [OpCost(f"layer_{phase}", "gemm", phase, "compute", sum(c.seconds for c in comp),
+                  flops=sum(c.flops for c in comp), nbytes=sum(c.nbytes for c in comp))]
+    if comm:
+        out.append(OpCost(f"tp_collectives_{phase}", "collective", phase, comm[0].stream,
+                          sum(c.seconds for c in comm), nbytes=sum(c.nbytes for c in comm)))
+    return out + [last]

@@ -1,0 +1,196 @@
+"""The what-if's one candidate type, whatever its schedule: a layout, an activation policy, a
+schedule and a batch split, with its analytic estimate and memory (tier 1) and, where tier 2 ran,
+its simulated summary; and the words that say why a candidate stops where it does."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS
+from memo_sim.layout.parallel import Layout
+from memo_sim.memplan.footprint import MemoryBreakdown
+from memo_sim.model.config import ModelConfig
+from memo_sim.plan.schema import Plan
+from memo_sim.policy import Policy
+from memo_sim.profile.schema import HardwareProfile
+from memo_sim.search.estimate import IterationEstimate
+
+
+@dataclass
+class Candidate:
+    model: ModelConfig
+    layout: Layout
+    policy: Policy
+    batch: int
+    seq: int
+    profile: HardwareProfile
+    estimate: IterationEstimate
+    memory: MemoryBreakdown
+    alpha_note: str = ""
+    simulated: dict | None = None  # filled by the event simulator (tier 2)
+    folded: list[str] = field(default_factory=list)  # policy labels of duplicate rows folded into this one
+    sppo: dict | None = None  # SPPO: the solved point (N, partition, alphas, stage of the peak, ...) and its role
+    schedule: str = "single_stage"  # how the iteration runs over stages and micro-batches (`memo_sim.layout.schedule`)
+    micro_batch: int = 0  # sequences per micro-batch (0: the whole batch in one)
+    pipeline: dict | None = None  # micro-batch pipelines: the analytic per-stage rows and the bubble
+
+    def __post_init__(self) -> None:
+        if not self.micro_batch:
+            self.micro_batch = self.batch
+
+    @property
+    def micro_batches(self) -> int:
+        return self.batch // self.micro_batch
+
+    @property
+    def status(self) -> str:
+        if self.simulated is not None:
+            return self.simulated["status"]
+        return self.memory.status
+
+    @property
+    def tier(self) -> str:
+        """``simulated`` where the event simulator ran it (tier 2), else ``analytic`` (tier 1)."""
+        return "simulated" if self.simulated is not None else "analytic"
+
+    @property
+    def over_bytes(self) -> float:
+        """By how much the candidate does not fit: the simulated failure's request past capacity
+        where tier 2 ran out of memory, else the analytic excess."""
+        f = (self.simulated or {}).get("failure")
+        if f:
+            return max(0.0, f["in_use_bytes"] + f["requested_bytes"] - f["capacity_bytes"])
+        return self.memory.oom_by if self.memory.status == "OOM" else self.memory.oohm_by
+
+    @property
+    def tgs(self) -> float:
+        """Tokens per GPU per second: simulated where tier 2 ran, else analytic."""
+        return self.simulated["tgs_tokens_per_gpu_s"] if self.simulated else self.estimate.tgs
+
+    def sort_key(self) -> tuple:
+        if self.status != "OK":  # a simulated failure has no throughput
+            return (True, self.over_bytes, 0.0)
+        return (False, 0.0, -self.tgs)
+
+    def to_json(self) -> dict:
+        e, m = self.estimate, self.memory
+        d = {
+            "layout": self.layout.label(),
+            "layout_degrees": self.layout.to_dict(),
+            "policy": self.policy.name,
+            "tier": self.tier,
+            "alpha": self.policy.alpha,
+            "alpha_note": self.alpha_note,
+            "status": self.status,
+            "analytic_status": m.status,
+            "oom_by_bytes": m.oom_by,
+            "oohm_by_bytes": m.oohm_by,
+            "analytic_iteration_s": e.iteration_s,
+            "analytic_mfu": e.mfu,
+            "analytic_tgs_tokens_per_gpu_s": e.tgs,
+            "analytic_exposed_copy_s": e.exposed_copy_s,
+            "peak_gpu_bytes": m.peak_gpu_bytes,
+            "gpu_capacity_bytes": m.gpu_capacity_bytes,
+            "host_bytes_per_node": m.host_bytes_per_node,
+            "host_capacity_bytes": m.host_capacity_bytes,
+            "model_states_bytes": m.model_states_bytes,
+            "skeletal_resident_bytes": m.skeletal_resident_bytes,
+            "rounding_buffer_bytes": m.rounding_buffer_bytes,
+            "transient_peak_bytes": m.transient_peak_bytes,
+            "transient_planned_bytes": m.transient_planned_bytes,
+            "transient_caching_allocator_bytes": m.transient_caching_allocator_bytes,
+            "transient_source": "static memory plan" if self.policy.static_memory_plan else "caching allocator",
+            "layer_forward_s": e.layer.forward,
+            "layer_backward_s": e.layer.backward,
+            "layer_recompute_s": e.layer.recompute,
+            "layer_offload_s": e.layer.offload,
+            "layer_prefetch_s": e.layer.prefetch,
+            "tp_mode": self.layout.tp_mode,
+            "pp": self.layout.pp,
+            "vpp": self.layout.vpp,
+            "schedule": self.schedule,
+            "batch": self.batch,
+            "micro_batch": self.micro_batch,
+            "micro_batches": self.micro_batches,
+            "binding": binding_words(self),
+        }
+        if self.folded:
+            d["folded"] = list(self.folded)
+        if self.pipeline is not None:
+            d["pipeline"] = dict(self.pipeline)
+        if self.sppo is not None:
+            d["sppo"] = dict(self.sppo)
+            d["policy_label"] = self.policy.label()
+        if self.simulated is not None:
+            d.update({f"simulated_{k}": v for k, v in self.simulated.items() if k != "status"})
+            d["simulated_status"] = self.simulated["status"]
+        return d
+
+    def to_plan(self, classifier_chunk_tokens: int = CLASSIFIER_CHUNK_TOKENS) -> Plan:
+        e = self.estimate
+        sim = self.simulated
+        predicted = {
+            "source": "simulated" if sim else "analytic",
+            "status": self.status,
+            "iteration_s": sim["iteration_s"] if sim else e.iteration_s,
+            "mfu": sim["mfu"] if sim else e.mfu,
+            "tgs_tokens_per_gpu_s": sim["tgs_tokens_per_gpu_s"] if sim else e.tgs,
+            "peak_gpu_bytes": sim["peak_gpu_bytes"] if sim else self.memory.peak_gpu_bytes,
+            "peak_host_bytes_per_node": sim["peak_host_bytes_per_node"] if sim else self.memory.host_bytes_per_node,
+            "exposed_copy_s": sim["exposed_copy_s"] if sim else e.exposed_copy_s,
+            "analytic_iteration_s": e.iteration_s,
+            "memory_breakdown_bytes": {k: v for k, v in self.memory.to_dict().items() if k != "status"},
+        }
+        timings = dict(sim["layer_timings_s"]) if sim and "layer_timings_s" in sim else e.layer.to_dict()
+        return Plan(model=self.model, batch=self.batch, seq_tokens=self.seq, gpus=self.layout.gpus,
+                    layout=self.layout, policy=self.policy, profile=self.profile.name, predicted=predicted,
+                    layer_timings_s=timings, classifier_chunk_tokens=classifier_chunk_tokens,
+                    schedule=self.schedule, micro_batch=self.micro_batch)
+
+
+def host_memory_words(c: Candidate) -> str:
+    """Pinned host memory of a candidate in words: layers x GPUs x pinned bytes per layer against
+    the node's usable memory, and how much the host layout's rounding adds to the raw bytes."""
+    from memo_sim.units import fmt_bytes
+
+    m = c.memory
+    n_off = c.policy.offloaded_layers(c.model.layers)
+    if n_off == 0 or m.host_bytes_per_node <= 0:
+        return "nothing is offloaded to host memory"
+    gpus = min(c.layout.gpus, c.profile.node_gpus)
+    raw = m.host_bytes_per_gpu / n_off
+    pinned = m.host_bytes_per_node / (gpus * n_off)
+    words = (f"{n_off} offloaded layers x {gpus} GPUs x {fmt_bytes(pinned)} pinned per layer = "
+             f"{fmt_bytes(m.host_bytes_per_node)} of {fmt_bytes(m.host_capacity_bytes)} usable per node")
+    if raw > 0 and pinned > raw * 1.01:
+        words += (f"; {c.policy.host_scheme} with {c.profile.host.pinned_rounding} rounding turns "
+                  f"{fmt_bytes(raw)} of activations per layer into {fmt_bytes(pinned)} pinned "
+                  f"({pinned / raw:.2f}x)")
+    return words
+
+
+def binding_words(c: Candidate) -> str:
+    """Why a candidate stops where it does, in words: what runs out (GPU or pinned host memory,
+    with the terms that fill it), or which limit fixed MEMO's alpha."""
+    from memo_sim.units import fmt_bytes, fmt_time
+
+    m, e = c.memory, c.estimate
+    if c.status == "OOM" or (c.simulated is None and m.status == "OOM"):
+        if c.simulated and c.simulated.get("failure"):
+            f = c.simulated["failure"]
+            return (f"GPU memory: {f['tensor']} needs {fmt_bytes(f['requested_bytes'])} with "
+                    f"{fmt_bytes(f['in_use_bytes'])} of {fmt_bytes(f['capacity_bytes'])} in use (simulated)")
+        return (f"GPU memory: peak {fmt_bytes(m.peak_gpu_bytes)} of {fmt_bytes(m.gpu_capacity_bytes)} usable "
+                f"(model states {fmt_bytes(m.model_states_bytes)}, kept activations "
+                f"{fmt_bytes(m.skeletal_resident_bytes + m.lse_bytes)}, buffers {fmt_bytes(m.rounding_buffer_bytes)}, "
+                f"transients {fmt_bytes(m.transient_peak_bytes)})")
+    if c.status == "OOHM":
+        return "pinned host memory: " + host_memory_words(c)
+    if c.policy.takes_alpha and c.alpha_note:
+        if "host memory" in c.alpha_note:
+            return f"alpha {c.policy.alpha:.3f}: host memory full -- {host_memory_words(c)}"
+        if "offload time" in c.alpha_note:
+            return (f"alpha {c.policy.alpha:.3f}: the offload of one layer ({fmt_time(e.layer.offload)}) "
+                    f"hides under its forward ({fmt_time(e.layer.forward)}); more would stall compute")
+        return f"alpha {c.policy.alpha:.3f}: {c.alpha_note}"
+    return ""

@@ -1,0 +1,189 @@
+"""Search strategy of the micro-batch pipelines (``1f1b``, ``interleaved_1f1b``): which pipeline
+layouts, virtual stages and micro-batch sizes the what-if tries, and their analytic memory.
+
+**Space.** pp among the divisors of the GPU count (> 1) that split the layers evenly, each with
+the single stage's degrees inside a stage (TP with or without SP, ring CP, Ulysses; DP beside;
+ZeRO 0 or 1, `memo_sim.layout.parallel.check_layout`); ``1f1b`` with one chunk per rank,
+``interleaved_1f1b`` with v = 2 .. `MAX_VPP` chunks where the layers split into pp·v chunks and
+the micro-batch count is a multiple of pp; micro-batch sizes among the divisors of the batch
+(`micro_batch_sizes`). ``--pp``, ``--vpp`` and ``--micro-batch`` fix them.
+
+**Memory** (`pipeline_memory`, tier 1): per stage, its model states (its layers, the embedding on
+the first, the classifier on the last, `memo_sim.cost.sppo.stage_model_state_bytes`) + the
+policy's forward-kept bytes of every layer of every chunk in flight (the count read off the
+schedule's own order, `memo_sim.engine.schedules.microbatch.stage_in_flight`: 1F1B holds
+min(p - s, m) micro-batches on stage s, the interleaved schedule its longer warm-up's chunks)
++ the policy's static buffers (an offloading policy's rounding-buffer slots, twice: forward
+slots and the prefetch slots of the backward beside them) + one layer's working block or the
+classifier's; host bytes per node sum, over the stages whose GPUs the node holds, each GPU's
+offloaded layers in flight. MEMO's alpha is solved with that count of host blocks per GPU
+(`memo_sim.search.estimate.memo_alpha` ``units``). The fullest stage is the candidate's memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from memo_sim.cost.sppo import stage_model_state_bytes
+from memo_sim.engine.schedules.microbatch import micro_batch_pipelines, stage_in_flight
+from memo_sim.layout.parallel import Layout, _divisors, enumerate_layouts, node_stage_gpus
+from memo_sim.layout.schedule import check_schedule
+from memo_sim.memplan.footprint import MemoryBreakdown, memory_breakdown
+from memo_sim.model.config import ModelConfig
+from memo_sim.policy import get_policy, policy_class
+from memo_sim.policy.base import Policy
+from memo_sim.policy.rounding_buffers import KEPT_LAYERS
+from memo_sim.profile.schema import HardwareProfile
+from memo_sim.search.candidate import Candidate
+from memo_sim.search.estimate import estimate_pipeline, memo_alpha, pipeline_bubble
+
+MAX_VPP = 4  # interleaving: up to this many chunks per rank (Megatron-LM's runs use 2-4; more adds P2P per micro-batch)
+MAX_MICRO_BATCH_SIZES = 4  # the smallest divisors of the batch tried as micro-batch sizes
+
+
+def micro_batch_sizes(batch: int, fixed: int | None = None) -> list[int]:
+    """Micro-batch sizes to try for ``batch`` sequences per replica: ``fixed``, else its smallest
+    `MAX_MICRO_BATCH_SIZES` divisors (a smaller micro-batch holds fewer activations and, in a
+    pipeline, shrinks the bubble)."""
+    if fixed is not None:
+        return [fixed]
+    return _divisors(batch)[:MAX_MICRO_BATCH_SIZES]
+
+
+def _host_units(model: ModelConfig, layout: Layout, in_flight: list[int], micro_batches: int,
+                gpus_per_node: int) -> tuple[int, list[int], list[int]]:
+    """(host layer blocks per GPU on the fullest node; per stage the layers it holds in flight, and
+    of those the offloaded ones).
+    A rank's last `KEPT_LAYERS` forward layers stay on the GPU (`memo_sim.policy.rounding_buffers`):
+    they count where the rank holds every forward at once (its peak then includes them)."""
+    per_chunk = model.layers // (layout.pp * layout.vpp)
+    units = [k * per_chunk for k in in_flight]
+    every = micro_batches * layout.vpp
+    offloaded = [max(0, u - KEPT_LAYERS) if k == every else u for u, k in zip(units, in_flight)]
+    worst = 0
+    for _node, per in node_stage_gpus(layout, gpus_per_node).items():
+        gpus = sum(per.values())
+        worst = max(worst, -(-sum(offloaded[s] * n for s, n in per.items()) // gpus))
+    return worst, units, offloaded
+
+
+def pipeline_memory(model: ModelConfig, layout: Layout, batch: int, micro_batch: int, seq: int, policy: Policy,
+                    profile: HardwareProfile, schedule: str) -> tuple[MemoryBreakdown, list[dict]]:
+    """The fullest stage's memory (see the module docs) and a row per stage."""
+    m = batch // micro_batch
+    flights = stage_in_flight(schedule, layout.pp, m, layout.vpp)
+    _worst, units, offloaded = _host_units(model, layout, flights, m, profile.node_gpus)
+    shard = replace(layout, pp=1, vpp=1, dp=1, zero=0)
+    one = memory_breakdown(model, shard, micro_batch, seq, policy, profile)
+    from memo_sim.cost.activations import skeletal_bytes
+
+    sk = skeletal_bytes(model, shard, micro_batch, seq)
+    kept = sum(b for _n, b in policy.forward_kept(sk))
+    lse = sk["lse"]
+    buffers = policy.buffer_bytes(sk) * (2 if policy.offloads else 1)
+    host_block = policy.host_bytes_per_layer(model, shard, micro_batch, seq, profile) if policy.offloads else 0.0
+    offload = policy.offload_bytes(model, shard, micro_batch, seq) if policy.offloads else 0.0
+    rows = []
+    for s in range(layout.pp):
+        states = stage_model_state_bytes(model, layout, s)
+        work = one.transient_peak_bytes + one.layer_boundary_bytes
+        top = max(work, one.classifier_peak_bytes) if s == layout.pp - 1 else work
+        peak = states + units[s] * kept + buffers + top
+        rows.append({"stage": s, "in_flight": flights[s], "layers_in_flight": units[s], "model_states_bytes": states,
+                     "peak_gpu_bytes": peak})
+    host_node = 0.0
+    for _node, per in node_stage_gpus(layout, profile.node_gpus).items():
+        host_node = max(host_node, sum(n * offloaded[s] * host_block for s, n in per.items()))
+    w = max(rows, key=lambda r: r["peak_gpu_bytes"])
+    u = units[w["stage"]]
+    mem = MemoryBreakdown(
+        model_states_bytes=w["model_states_bytes"], skeletal_resident_bytes=u * (kept - lse),
+        rounding_buffer_bytes=buffers, lse_bytes=u * lse, transient_peak_bytes=one.transient_peak_bytes,
+        transient_planned_bytes=one.transient_planned_bytes,
+        transient_caching_allocator_bytes=one.transient_caching_allocator_bytes,
+        layer_boundary_bytes=one.layer_boundary_bytes, classifier_peak_bytes=one.classifier_peak_bytes,
+        peak_gpu_bytes=w["peak_gpu_bytes"], gpu_capacity_bytes=profile.usable_gpu_memory,
+        host_bytes_per_gpu=max(offloaded) * offload, host_bytes_per_node=host_node,
+        host_capacity_bytes=profile.usable_host_memory)
+    return mem, rows
+
+
+def pipeline_candidate(model: ModelConfig, layout: Layout, policy_name: str, batch: int, micro_batch: int, seq: int,
+                       profile: HardwareProfile, schedule: str, alpha: float | None = None) -> Candidate:
+    """One pipeline candidate, estimated (tier 1); MEMO's alpha solved for the host blocks its
+    GPUs hold in flight unless ``alpha`` fixes it."""
+    note, a = "", None
+    m = batch // micro_batch
+    if policy_class(policy_name).takes_alpha:
+        if alpha is not None:
+            a, note = alpha, "fixed by --alpha"
+        else:
+            flights = stage_in_flight(schedule, layout.pp, m, layout.vpp)
+            units, _all, _off = _host_units(model, layout, flights, m, profile.node_gpus)
+            res = memo_alpha(model, replace(layout, pp=1, vpp=1), micro_batch, seq, profile, units=max(1, units))
+            a = res.alpha if res.feasible else 0.0
+            note = res.reason() if res.feasible else f"infeasible ({res.reason()}); alpha=0"
+    choice = get_policy(policy_name, a)
+    est = estimate_pipeline(model, layout, batch, micro_batch, seq, choice, profile)
+    mem, rows = pipeline_memory(model, layout, batch, micro_batch, seq, choice, profile, schedule)
+    info = {"schedule": schedule, "pp": layout.pp, "vpp": layout.vpp, "micro_batches": m,
+            "bubble_ratio": pipeline_bubble(layout.pp, layout.vpp, m), "stages": rows}
+    return Candidate(model, layout, choice, batch, seq, profile, est, mem, note, schedule=schedule,
+                     micro_batch=micro_batch, pipeline=info)
+
+
+def default_pipeline_batch(pp: int, micro_batch: int | None) -> int:
+    """Sequences per replica when a pipeline is searched and no batch is given: pp micro-batches
+    (the fewest that fill a pipeline of pp stages once, and the fewest Megatron-LM's interleaved
+    schedule accepts)."""
+    return pp * (micro_batch or 1)
+
+
+def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, *,
+                        policies: tuple[str, ...], batch: int | None, global_batch: int | None,
+                        micro_batch: int | None, allows, tp=None, cp=None, ulysses=None, dp=None, zero=None,
+                        sp=None, pp: int | None = None, vpp: int | None = None, alpha: float | None = None,
+                        schedules: tuple[str, ...] | None = None,
+                        ) -> tuple[list[Candidate], list[tuple[Layout, str]], dict]:
+    """Every pipeline candidate of the space (module docs) for ``policies``: (candidates,
+    rejected layouts, what was searched). ``allows``: the framework's layout filter."""
+    names = tuple(n for n in (schedules or micro_batch_pipelines()) if n in micro_batch_pipelines())
+    pps = [pp] if pp is not None else [d for d in _divisors(gpus) if d > 1 and model.layers % d == 0]
+    out: list[Candidate] = []
+    rejected: list[tuple[Layout, str]] = []
+    searched = {"schedules": list(names), "pp": [], "vpp": set(), "micro_batch": set()}
+    for p in pps:
+        valid, rej = enumerate_layouts(model, gpus, profile.node_gpus, seq, tp=tp, cp=cp, ulysses=ulysses, dp=dp,
+                                       zero=zero, sp=sp, pp=p)
+        rejected += rej
+        rejected += [(lay, f"the framework does not offer {lay.label()}") for lay in valid if not allows(lay)]
+        valid = [lay for lay in valid if allows(lay)]
+        if valid:
+            searched["pp"].append(p)
+        for lay in valid:
+            b = batch
+            if global_batch is not None:
+                if global_batch % lay.dp:
+                    rejected.append((lay, f"--global-batch {global_batch} does not split over dp {lay.dp}"))
+                    continue
+                b = global_batch // lay.dp
+            if b is None:
+                b = default_pipeline_batch(p, micro_batch)
+            for mb in micro_batch_sizes(b, micro_batch):
+                if b % mb:
+                    rejected.append((lay, f"micro-batch {mb} does not divide the batch {b}"))
+                    continue
+                for name in names:
+                    vpps = [vpp] if vpp is not None else [1] + [v for v in range(2, MAX_VPP + 1)]
+                    for v in vpps:
+                        cand = replace(lay, vpp=v)
+                        if check_schedule(name, pp=p, vpp=v, layers=model.layers, batch=b, micro_batch=mb,
+                                          policy_name="store_all"):
+                            continue
+                        searched["vpp"].add(v)
+                        searched["micro_batch"].add(mb)
+                        for pol in policies:
+                            out.append(pipeline_candidate(model, cand, pol, b, mb, seq, profile, name, alpha))
+    searched["vpp"] = sorted(searched["vpp"])
+    searched["micro_batch"] = sorted(searched["micro_batch"])
+    return out, rejected, searched
