@@ -90,24 +90,39 @@ def _summary_line(r) -> str:
 @click.option("--detail", default="auto", show_default=True, type=click.Choice(["auto", "ops", "units"]),
               help="Pipeline plans: every kernel and collective (ops), one compute and one collective op per "
                    "subsequence (or micro-batch) and layer (units), or ops while the graph stays small (auto).")
-def simulate_cmd(plan_file, out_dir, layers_text, profile_override, no_contention, allocator_lag, detail):
+@click.option("--memory-snapshot", "memory_snapshot", is_flag=True,
+              help="Also write the predicted allocations of the iteration in PyTorch's memory snapshot format "
+                   "(memory_snapshot.pickle, one per stage for a pipeline; open it in PyTorch's memory_viz).")
+def simulate_cmd(plan_file, out_dir, layers_text, profile_override, no_contention, allocator_lag, detail,
+                 memory_snapshot):
     """Simulate a plan's training iteration; write timeline.json, trace.json and figures."""
     from memo_sim.engine.simulate import simulate
-
+    from memo_sim.fileio import output_folder
     from memo_sim.report.figures import parse_layer_range
 
     plan, profile = _load_plan_and_profile(plan_file, profile_override)
     parse_layer_range(layers_text, plan.model.layers)  # a bad --layers is refused before anything is written
-    r = simulate(plan.model, plan.layout, plan.batch, plan.seq_tokens, plan.policy, profile, schedule=plan.schedule,
-                 micro_batch=plan.micro_batch, allocator_lag=allocator_lag, contention=not no_contention,
-                 classifier_chunk_tokens=plan.classifier_chunk_tokens, detail=detail)
+    with output_folder(out_dir, "memo-sim simulate") as outf:  # staged: an unwritable --out fails first
+        r = simulate(plan.model, plan.layout, plan.batch, plan.seq_tokens, plan.policy, profile,
+                     schedule=plan.schedule, micro_batch=plan.micro_batch, allocator_lag=allocator_lag,
+                     contention=not no_contention, classifier_chunk_tokens=plan.classifier_chunk_tokens,
+                     detail=detail, record=memory_snapshot)
+        stage = outf.stage
+        r.timeline.meta["plan_file"] = str(plan_file)
+        written = [r.timeline.write_json(stage / "timeline.json")]
+        written += _write_outputs(r.timeline, stage, layers_text)
+        summary = r.to_dict()
+        summary.pop("sim_wall_s", None)  # identical runs write identical summaries (the wall time is printed)
+        summary["plan_predicted"] = plan.predicted.to_dict()
+        written.append(atomic_write_json(stage / "summary.json", summary))
+        if memory_snapshot:
+            from memo_sim.report.memory_snapshot import predicted_snapshot, write_snapshot
+
+            devices = sorted({o.device for o in r.ops if o.device >= 0})
+            for d in devices:
+                name = "memory_snapshot.pickle" if len(devices) == 1 else f"memory_snapshot-stage{d}.pickle"
+                written.append(write_snapshot(predicted_snapshot(r, d), stage / name))
     out = Path(out_dir)
-    r.timeline.meta["plan_file"] = str(plan_file)
-    written = [r.timeline.write_json(out / "timeline.json")]
-    written += _write_outputs(r.timeline, out, layers_text)
-    summary = r.to_dict()
-    summary["plan_predicted"] = plan.predicted.to_dict()
-    written.append(atomic_write_json(out / "summary.json", summary))
     click.echo(f"{plan.model.name}, {fmt_count(plan.seq_tokens)} tokens x {plan.batch}, {plan.layout.label()}, "
                f"{plan.policy.label()}, {plan.schedule} ({plan.micro_batches} micro-batches of {plan.micro_batch}), "
                f"{profile.name}")

@@ -48,6 +48,9 @@ class SimResult:
     link_capacity: dict = field(default_factory=dict)
     link_carried: dict = field(default_factory=dict)
     ops: list[Op] = field(default_factory=list)
+    # with ``record``: the allocations applied before the first op (model states, static buffers),
+    # as (device, tensor, bytes), in the order the engine applied them
+    static_memory: list[tuple[int, str, float]] = field(default_factory=list)
     allocator: dict = field(default_factory=dict)  # caching-allocator replay of unplanned policies
     exposed_p2p_s: float = 0.0  # time waiting on METP's ring transfers beyond the compute they overlap
     pipeline: dict = field(default_factory=dict)  # pipelines: stages, per-stage peaks, busy time and bubbles

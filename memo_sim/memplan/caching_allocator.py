@@ -535,6 +535,33 @@ class CachingAllocatorModel:
             out.append((seg.small, seg.expandable, tuple(blocks)))
         return tuple(out)
 
+    def segments(self) -> list[dict]:
+        """The segments in address order with their blocks (address, size, requested bytes, state:
+        ``allocated``, ``free`` or ``unmapped``), for snapshots of the allocator's state."""
+        heads: dict[int, _Block] = {}
+        for pool in (self._small, self._large):
+            for b in list(pool.by_addr.values()) + list(pool.unmapped.values()):
+                heads.setdefault(id(b.segment), b)
+        for b in list(self._live.values()) + [b for _, b in self._pending]:
+            heads.setdefault(id(b.segment), b)
+        out = []
+        for seg in sorted(self._segments, key=lambda sg: sg.base):
+            b: _Block | None = heads.get(id(seg))
+            blocks = []
+            while b is not None and b.prev is not None:
+                b = b.prev
+            while b is not None:
+                blocks.append({"address": b.addr, "size": b.size, "requested": b.requested if b.allocated else 0,
+                               "state": "allocated" if b.allocated else ("free" if b.mapped else "unmapped")})
+                b = b.next
+            out.append({"address": seg.base, "size": seg.size, "small": seg.small, "expandable": seg.expandable,
+                        "blocks": blocks})
+        return out
+
+    def address_of(self, buffer_id: str) -> int:
+        """The (model) address of a live buffer."""
+        return self._live[buffer_id].addr
+
     def is_live(self, buffer_id: str) -> bool:
         """Whether the buffer is currently allocated."""
         return buffer_id in self._live

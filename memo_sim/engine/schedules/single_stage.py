@@ -505,6 +505,8 @@ def simulate_single_stage(model: ModelConfig, layout: Layout, batch: int, seq: i
         end_host_bytes=out.end_host[node], link_log=out.link_log,
         link_capacity=out.link_capacity, link_carried=out.link_carried,
         ops=out.ops, allocator=allocator_summary(replay, profile),
+        static_memory=[(d, a.tensor, a.nbytes) for d, a in out.sched.graph.static if a.space == "gpu"] if out.ops
+        else [],
         exposed_p2p_s=out.exposed_p2p_s if layout.metp else 0.0, folded=out.folded, micro_batch=micro_batch)
 
 

@@ -464,6 +464,7 @@ def simulate_sppo(model: ModelConfig, layout: Layout, batch: int, seq: int, poli
         start_gpu_bytes=run.start_gpu_bytes.get(worst.index, 0.0), end_gpu_bytes=run.end_gpu_bytes[worst.index],
         end_host_bytes=run.end_host_bytes[node], link_log=run.link_log, link_capacity=run.link_capacity,
         link_carried=run.link_carried, ops=run.ops if record else [],
+        static_memory=[(d, a.tensor, a.nbytes) for d, a in sched.graph.static if a.space == "gpu"] if record else [],
         allocator=dict(meta["allocator"]), pipeline=pipe, schedule="sppo", micro_batch=batch)
 
 
