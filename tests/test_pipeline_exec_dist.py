@@ -31,6 +31,7 @@ def model(layers: int) -> ModelConfig:
 
 
 def pipe_plan(layers: int, lay: dict, schedule: str, pol: str, batch: int = BATCH, micro: int = MICRO):
+    """``batch`` sequences per data-parallel replica, ``micro`` per micro-batch."""
     plan = make_plan(model(layers), SEQ, policy_of(pol), batch=batch, chunk=48)
     plan.layout = Layout(**lay)
     plan.gpus = plan.layout.gpus
@@ -39,12 +40,30 @@ def pipe_plan(layers: int, lay: dict, schedule: str, pol: str, batch: int = BATC
     return plan
 
 
-def run_case(layers, lay, schedule, pol, steps=0, mutate=None):
-    plan = pipe_plan(layers, lay, schedule, pol)
+def _one_slot(order):
+    """Mutation: every (chunk, micro-batch) in one activation slot."""
+    return {(a.chunk, a.mb): 0 for a in order}, 1
+
+
+def _mutate(name: str):
+    if name == "one_slot":  # a micro-batch's forward overwrites the storage of one still in flight
+        from memo_exec.pipeline.schedules import PipelineSchedule
+
+        PipelineSchedule.slot_map = staticmethod(_one_slot)
+    elif name == "reload_without_wait":  # the backward does not wait for its prefetch's copy event
+        from memo_exec.activations.token_offload import TokenOffload
+
+        TokenOffload._backward_waits_for_prefetch = lambda self, j: None
+    else:
+        raise ValueError(name)
+
+
+def run_case(layers, lay, schedule, pol, steps=0, batch=BATCH, mutate=None):
+    if mutate is not None:
+        _mutate(mutate)  # a forked rank: the patch dies with the process
+    plan = pipe_plan(layers, lay, schedule, pol, batch=batch)
     ctx = build_context(plan.layout, torch.device("cpu"))
     ex = DistExecutor(plan, RunOptions(device="cpu", dtype="fp64", steps=max(1, steps)), ctx, DeviceSpec("cpu"))
-    if mutate is not None:
-        mutate(ex)
     ex.allocate()
     t0 = time.perf_counter()
     rec = ex.step(0, optimizer=False)
@@ -63,6 +82,15 @@ def run_case(layers, lay, schedule, pol, steps=0, mutate=None):
 
 def rank_cases(rank: int, world: int, cases) -> list:
     return [run_case(*c) for c in cases]
+
+
+def rank_error(rank: int, world: int, case) -> str | None:
+    """The error a rank's run of ``case`` raised (its peers then fail on the closed connection)."""
+    try:
+        run_case(*case)
+    except Exception as e:  # noqa: BLE001 - returned to the test
+        return f"{type(e).__name__}: {e}"
+    return None
 
 
 _REF: dict = {}
@@ -106,6 +134,8 @@ POLICIES = ("store_all", "full_recompute", "memo")
 def pp2_results():
     cases = [(n, lay, sch, pol) for n, lay, sch in PP2 for pol in POLICIES]
     cases.append((12, {"pp": 2, "vpp": 2}, "interleaved_1f1b", "memo", 10))
+    # single stage, 2 replicas x 2 micro-batches each (ZeRO 1): accumulation, one reduction per iteration
+    cases += [(12, {"dp": 2, "zero": 1}, "single_stage", pol, 0, 2) for pol in ("store_all", "memo")]
     return cases, spawn(rank_cases, 2, cases, timeout=300)
 
 
@@ -113,17 +143,48 @@ def test_pp2_1f1b_and_interleaved_match_one_process(pp2_results):
     """pp 2, 1F1B and interleaved (v = 2), 4 micro-batches, each policy; one 10-step curve."""
     cases, results = pp2_results
     for i, c in enumerate(cases):
+        if c[2] == "single_stage":
+            continue
         check(results[0][i], c[0], c[4] if len(c) > 4 else 0, c)
         if c[3] == "memo":
             assert all(r[i]["offloaded"] > 0 for r in results), c  # MEMO offloads on every stage
     # per micro-batch spans in the trace: the pipeline's forward/backward, receive waits, named copies
-    ops = set(results[0][-1]["ops"])
+    ops = set(results[0][cases.index((12, {"pp": 2, "vpp": 2}, "interleaved_1f1b", "memo", 10))]["ops"])
     for mb in range(4):
         for c in range(2):
             assert ("pipeline", f"fwd@c{c}.mb{mb}") in ops and ("pipeline", f"bwd@c{c}.mb{mb}") in ops
     assert any(s == "p2p" and op.startswith("recv_bwd@") for s, op in ops)
     assert any(s == "d2h" and op.startswith("offload@c0.mb") for s, op in ops)
     assert results[0][0]["slots"] == 2 and results[1][0]["slots"] == 1  # 1F1B: p - s micro-batches in flight
+
+
+def test_single_stage_accumulates_micro_batches(pp2_results):
+    """dp 2, 2 micro-batches per replica: the global-batch mean's loss and gradients."""
+    cases, results = pp2_results
+    singles = [(i, c) for i, c in enumerate(cases) if c[2] == "single_stage"]
+    assert singles
+    for i, c in singles:
+        check(results[0][i], c[0], 0, c)
+        assert ("pipeline", "fwd_bwd@mb1") in set(results[0][i]["ops"])
+
+
+def test_a_micro_batch_reading_another_ones_slot_breaks_the_gradients():
+    """Mutation: every micro-batch in one activation slot (stage 0 of 1F1B holds two in flight), so
+    a backward reads activations (store all) or host slots and rounding buffers (MEMO) that a
+    later micro-batch's forward overwrote: the gradients no longer match."""
+    cases = [(12, {"pp": 2}, "1f1b", pol, 0, BATCH, "one_slot") for pol in ("store_all", "memo")]
+    results = spawn(rank_cases, 2, cases, timeout=300)
+    for i, c in enumerate(cases):
+        with pytest.raises(AssertionError):
+            check(results[0][i], c[0], 0, c)
+
+
+def test_a_reload_that_ignores_its_copy_event_is_a_race():
+    """Mutation: MEMO's backward does not wait for its prefetch inside the pipeline: the race
+    detector stops the run (every slot's buffers and host slots are regions of their own)."""
+    errors = spawn(rank_error, 2, (12, {"pp": 2, "vpp": 2}, "interleaved_1f1b", "memo", 0, BATCH,
+                                   "reload_without_wait"), timeout=300)
+    assert any(e and e.startswith("RaceError: race on") for e in errors), errors
 
 
 def pp4_cases(slow: bool):
