@@ -263,6 +263,15 @@ class PipelineSchedule(Schedule):
         self._tied_embedding()
         return self.loss
 
+    def write_outputs(self, out_dir, plan_file) -> list:
+        """Rank 0, after the merged ``measured.json``: per-stage rows and the pipeline Gantt chart
+        (`memo_exec.pipeline.report`); ``pipeline.md`` is appended to ``report.md``."""
+        from memo_exec.pipeline.report import write_pipeline_outputs  # noqa: PLC0415
+
+        if self.ex.ctx.rank != 0:
+            return []
+        return write_pipeline_outputs(out_dir, plan_file)
+
 
 @register_schedule("1f1b")
 class OneFOneB(PipelineSchedule):
