@@ -258,3 +258,22 @@ def test_memo_exec_run_of_a_pp4_memo_plan_writes_the_pipeline_outputs(tmp_path):
         assert 0 < row["busy_s"] < row["iteration_s"] and 0 < row["bubble_fraction"] < 1
         assert row["offload_bytes"] > 0 and row["peak_bytes"] > 0 and row["simulated"] is None
     assert cmp["ideal_bubble_fraction"] == pytest.approx(3 / 7)
+
+
+def test_refusals_before_allocation(tmp_path):
+    """One `error:` line, exit 2, before any rank starts: ZeRO 2 cannot accumulate micro-batches;
+    the single-device loop sends micro-batches to the distributed executor."""
+    from click.testing import CliRunner
+
+    from memo_exec.cli import cli
+    from memo_exec.errors import ExecError
+
+    plan = pipe_plan(4, {"dp": 2, "zero": 2}, "single_stage", "memo", batch=2)
+    r = CliRunner().invoke(cli, ["run", str(write_plan(plan, tmp_path / "z2.json")), "--nproc", "2", "--device", "cpu",
+                                 "--out", str(tmp_path / "o")])
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error:"), r.output
+    assert "ZeRO 2" in lines[0] and "2 micro-batches" in lines[0]
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(ExecError, match="--nproc 1"):
+        Executor(pipe_plan(4, {}, "single_stage", "memo"), RunOptions(device="cpu"))
