@@ -201,7 +201,8 @@ def pp4_cases(slow: bool):
     if slow:
         return [(n, lay, sch, pol) for n, lay, sch in PP4 for pol in ("store_all", "full_recompute")] + \
             [(12, {"pp": 2, "tp": 2, "sp": True}, "interleaved_1f1b", pol) for pol in POLICIES] + \
-            [(12, {"pp": 4}, "1f1b", "memo", 10), (24, {"pp": 4, "vpp": 2}, "interleaved_1f1b", "memo", 10)]
+            [(12, {"pp": 4}, "1f1b", "memo", 10), (24, {"pp": 4, "vpp": 2}, "interleaved_1f1b", "memo", 10)] + \
+            [(12, {"pp": 2, "dp": 2, "zero": 1}, sch, "memo", 0, 2) for sch in ("1f1b", "interleaved_1f1b")]
     return base
 
 
@@ -214,7 +215,8 @@ def _fix_vpp(c):
 
 @pytest.mark.parametrize("slow", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["memo", "all"])
 def test_pp4_and_pp2_tp2_match_one_process(slow):
-    """pp 4 (1F1B, interleaved v = 2) and pp2 x tp2 (Megatron TP+SP inside each stage), 4 micro-batches."""
+    """pp 4 (1F1B, interleaved v = 2) and pp2 x tp2 (Megatron TP+SP inside each stage), 4 micro-batches;
+    slow: every policy, 10-step curves, and pp2 x dp2 (ZeRO 1, 2 micro-batches per replica)."""
     cases = [_fix_vpp(c) for c in pp4_cases(slow)]
     results = spawn(rank_cases, 4, cases, timeout=360)
     for i, c in enumerate(cases):

@@ -308,6 +308,7 @@ class DistExecutor:
             "memory_estimate_detail_bytes": {}, "memory_estimate_total_bytes": self.estimate.total,
             "host_estimate_bytes": self.estimate.host, "profile": self.plan.profile,
             "rank": self.ctx.rank, "world": self.ctx.world, "mesh": self.ctx.describe(),
-            "tp_flavour": self.flavour.name, "schedule": self.schedule.name,
+            "tp_flavour": self.flavour.name, "schedule": self.schedule.name, "micro_batch": self.micro,
+            "micro_batches": self.plan.micro_batches, "vpp": lay.vpp, "activation_sets": self.activation_sets,
             "local_tokens": self.local_T, "zero": lay.zero,
         }

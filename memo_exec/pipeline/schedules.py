@@ -37,19 +37,33 @@ stream (``fwd@c<chunk>.mb<k>`` / ``bwd@...``), the layers' forward/backward/reco
 offload/prefetch copies on ``d2h``/``h2d`` named ``offload@c<chunk>.mb<k>``.
 
 Why not ``torch.distributed.pipelining`` (``PipelineStage``, ``Schedule1F1B``,
-``ScheduleInterleaved1F1B``, torch 2.13): its schedules call the stage module as
-``submod(*args)`` per micro-batch without telling it which micro-batch (or chunk) it runs, and
-run the backward themselves (``stage_backward`` from the saved output) in an order the schedule
-alone decides. The hand-written layer keeps its saved tensors in storage the activation policy
-hands out per layer and per micro-batch slot, and MEMO's copies must be bound to that slot's
-rounding buffers, host slots and events before a micro-batch's forward and again before its
-backward (the prefetch of the backward's layers is issued from the backward of the layers after
-it, in that slot). A module called without the micro-batch index cannot pick the slot, so the
-storage of one micro-batch would be overwritten by the next one's forward while its backward is
-still pending. Wrapping the schedule would mean reading its private bookkeeping
-(``_step_microbatches`` internals, ``fwd_chunk_id``) to find the micro-batch, which is not a
-public API. The schedule is therefore written here, with the executor's P2P primitive, in
-Megatron-LM's order.
+``ScheduleInterleaved1F1B``; checked against torch 2.13). The layer itself would fit: the
+schedules run the backward through ``torch.autograd.backward`` from the stage's output, which
+reaches `memo_exec.model.LayerFn`'s hand-written backward, and the activation slot a forward bound
+into the layer's autograd context would follow it into that backward. What does not fit:
+
+1. Measurement. The schedules post and wait their P2P receives inside ``_step_microbatches``
+   (``_wait_batch_p2p``; the interleaved one in ``_PipelineScheduleRuntime``), with no public hook
+   before or after a wait or an action. The trace could not hold the per-micro-batch receive
+   waits (issue 27 asks for them; they are what separates a stage's bubble from its transfer
+   time), and a per-action span could only be approximated from inside the module.
+2. The order. ``ScheduleInterleaved1F1B`` does not follow Megatron-LM's order, which the simulator
+   prices, when the micro-batch count equals pp: Megatron runs every forward first
+   (``num_warmup_microbatches = total`` for m = pp), torch caps the warm-up at
+   ``(v - 1) pp + 2 (pp - 1 - r)`` (``_get_warmup_ops``) and alternates earlier; for pp 4, v 2,
+   m 4 (this issue's test case) ranks 2 and 3 run a different order (ranks 0 and 1, and
+   m = 8, agree).
+3. The micro-batch index reaches the stage module only if smuggled in as a tensor kwarg split by
+   ``TensorChunkSpec`` (the module is called as ``submod(*args, **kwargs)``), the activation slot
+   would have to be derived from the schedule's ``pipeline_order`` (entries of the private
+   ``_Action`` type), and the stage must be
+   given ``input_args``/``output_args`` so that shape inference does not run the layer (which
+   writes into the policy's real buffers) on meta tensors; each is possible but works around the
+   API rather than with it.
+
+So the schedule is written here, with the executor's P2P primitive, in Megatron-LM's order
+(`memo_exec.pipeline.order`; for the orders where torch and Megatron agree, the two are the same
+list of actions).
 """
 
 from __future__ import annotations
