@@ -85,7 +85,9 @@ def run_case(layers, lay, schedule, pol, steps=0, batch=BATCH, mutate=None):
     ops = sorted({(e.stream, e.op) for e in rec.events})
     offloaded = sum(e.nbytes for e in rec.events if e.stream == "d2h")
     return {"loss": rec.loss, "grads": grads if ctx.rank == 0 else None, "losses": losses, "ops": ops,
-            "offloaded": offloaded, "slots": ex.schedule.n_slots if hasattr(ex.schedule, "n_slots") else 1,
+            "offloaded": offloaded,
+            "layers": sorted({e.layer for e in rec.events if e.stream == "compute" and e.layer is not None}),
+            "copy_layers": sorted({e.layer for e in rec.events if e.stream in ("d2h", "h2d")}), "slots": ex.schedule.n_slots if hasattr(ex.schedule, "n_slots") else 1,
             "s": time.perf_counter() - t0}
 
 
@@ -165,6 +167,11 @@ def test_pp2_1f1b_and_interleaved_match_one_process(pp2_results):
     assert any(s == "p2p" and op.startswith("recv_bwd@") for s, op in ops)
     assert any(s == "d2h" and op.startswith("offload@c0.mb") for s, op in ops)
     assert results[0][0]["slots"] == 2 and results[1][0]["slots"] == 1  # 1F1B: p - s micro-batches in flight
+    # interleaved: rank 0 holds chunks 0 and 2 of 4 (layers 0-2 and 6-8), recorded by model layer;
+    # MEMO offloads the first layer of each 3-layer chunk (the last two stay in the rounding buffers)
+    k = cases.index((12, {"pp": 2, "vpp": 2}, "interleaved_1f1b", "memo", 10))
+    assert results[0][k]["layers"] == [0, 1, 2, 6, 7, 8] and results[1][k]["layers"] == [3, 4, 5, 9, 10, 11]
+    assert results[0][k]["copy_layers"] == [0, 6] and results[1][k]["copy_layers"] == [3, 9]
 
 
 def test_single_stage_accumulates_micro_batches(pp2_results):

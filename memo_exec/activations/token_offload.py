@@ -180,7 +180,7 @@ class TokenOffload(ActivationPolicy):
         eng.compute.record(self.ev_fwd[i])
         self._offload_waits_for_forward(i)
         pairs, reads, writes = self._copy(i, to_host=True)
-        eng.d2h.copy_group(pairs, CopyLabel("offload" + self.tag, i, "offload", self.layer_offload_bytes()), reads, writes)
+        eng.d2h.copy_group(pairs, CopyLabel("offload" + self.tag, self.layer_base + i, "offload", self.layer_offload_bytes()), reads, writes)
         eng.d2h.record(self.ev_off[i])
 
     def recompute(self, compute, weights, storage, i: int) -> None:
@@ -207,7 +207,7 @@ class TokenOffload(ActivationPolicy):
         eng.compute.record(self.ev_bwd[i])
         self._prefetch_waits_for_backward(i)
         pairs, reads, writes = self._copy(j, to_host=False)
-        eng.h2d.copy_group(pairs, CopyLabel("prefetch" + self.tag, j, "prefetch", self.layer_offload_bytes()), reads, writes)
+        eng.h2d.copy_group(pairs, CopyLabel("prefetch" + self.tag, self.layer_base + j, "prefetch", self.layer_offload_bytes()), reads, writes)
         eng.h2d.record(self.ev_pf[j])
 
     def end_step(self) -> None:

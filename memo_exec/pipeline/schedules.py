@@ -33,7 +33,7 @@ prefetch and recompute run per micro-batch inside the stage under the dependency
 
 Trace (`memo_exec.measure.Recorder`, merged over ranks): per action a span on the ``pipeline``
 stream (``fwd@c<chunk>.mb<k>`` / ``bwd@...``), the layers' forward/backward/recompute spans on
-``compute`` inside it, the receive waits on ``p2p`` (``recv_fwd@...`` / ``recv_bwd@...``), and the
+``compute`` inside it (numbered by model layer), the receive waits on ``p2p`` (``recv_fwd@...`` / ``recv_bwd@...``), and the
 offload/prefetch copies on ``d2h``/``h2d`` named ``offload@c<chunk>.mb<k>``.
 
 Why not ``torch.distributed.pipelining`` (``PipelineStage``, ``Schedule1F1B``,
@@ -97,6 +97,20 @@ class _OffsetHooks(LayerHooks):
 
     def after_backward(self, i: int) -> None:
         self.inner.after_backward(self.offset + i)
+
+
+class _ChunkTimer:
+    """The recorder as a chunk's layers see it: layer k of the chunk is recorded as model layer
+    ``base + k`` (the layer compute, the policy and the runtimes number a chunk's layers from 0)."""
+
+    def __init__(self, recorder, base: int) -> None:
+        self.recorder, self.base = recorder, base
+
+    def span(self, op: str, layer: int | None, phase: str, **kw):
+        return self.recorder.span(op, None if layer is None else self.base + layer, phase, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self.recorder, name)
 
 
 class PolicySet:
@@ -173,7 +187,8 @@ class PipelineSchedule(Schedule):
             pol.allocate()
             pols.append(pol)
         ex.policy = PolicySet(pols)
-        self.runtimes = {(k, c): [LayerRuntime(j, ex.gpt.layers[c * lc + j], pols[k], ex.compute, ex.recorder,
+        self.timers = [_ChunkTimer(ex.recorder, self.chunk_layers(c)[0]) for c in range(self.vpp)]
+        self.runtimes = {(k, c): [LayerRuntime(j, ex.gpt.layers[c * lc + j], pols[k], ex.compute, self.timers[c],
                                                _OffsetHooks(ex.layer_hooks, c * lc)) for j in range(lc)]
                          for k in range(self.n_slots) for c in range(self.vpp)}
         ex.runtimes = [rt for k in range(self.n_slots) for c in range(self.vpp) for rt in self.runtimes[(k, c)]]
@@ -206,11 +221,19 @@ class PipelineSchedule(Schedule):
         self.sends.append((t, post([(dst, t)], [], self.ex.ctx.group("pp"))))
 
     # ------------------------------------------------------------------ one action
+    def _bind(self, a: Action) -> int:
+        """Point the action's slot policy and the layer compute at chunk ``a.chunk`` and micro-batch
+        ``a.mb`` (names and model-layer numbers in the trace); return the slot."""
+        slot = self.slot_of[(a.chunk, a.mb)]
+        pol, timer = self.runtimes[(slot, a.chunk)][0].policy, self.timers[a.chunk]
+        pol.tag, pol.layer_base, pol.timer = f"@{a.tag()}", timer.base, timer
+        self.ex.compute.timer = timer
+        return slot
+
     def _forward(self, a: Action, step: int) -> None:
         ex, c, mb = self.ex, a.chunk, a.mb
         vs = virtual_stage(c, self.s, self.pp)
-        slot = self.slot_of[(c, mb)]
-        self.runtimes[(slot, c)][0].policy.tag = f"@{a.tag()}"
+        slot = self._bind(a)
         if vs > 0:
             x = self._receive(self._rank(vs - 1), ("fwd", c, mb)).requires_grad_(True)
             self.inputs[(c, mb)] = x
@@ -238,8 +261,7 @@ class PipelineSchedule(Schedule):
     def _backward(self, a: Action) -> None:
         ex, c, mb = self.ex, a.chunk, a.mb
         vs = virtual_stage(c, self.s, self.pp)
-        slot = self.slot_of[(c, mb)]
-        self.runtimes[(slot, c)][0].policy.tag = f"@{a.tag()}"
+        slot = self._bind(a)
         dy = None if vs == self.last_vs else self._receive(self._rank(vs + 1), ("bwd", c, mb))
         y = self.outputs.pop((c, mb))
         with ex.recorder.span(f"bwd@{a.tag()}", None, "pipe_bwd", stream="pipeline"):
@@ -270,6 +292,7 @@ class PipelineSchedule(Schedule):
                 self._forward(a, step)
             else:
                 self._backward(a)
+        self.ex.compute.timer = self.ex.recorder
         assert not self.posted and not any(self.expected.values()), "unconsumed pipeline messages"
         for _, tr in self.sends:
             tr.wait()
