@@ -164,6 +164,8 @@ class PipelineSchedule(Schedule):
             return f"{n} layers do not split evenly into pp x vpp = {self.pp * self.vpp} model chunks"
         if lay.cp > 1 or lay.ulysses > 1:
             return "ring CP and Ulysses are not combined with pipeline stages in the executor: plan with cp = ulysses = 1"
+        if lay.tp > 1 and lay.tp_mode != "megatron":
+            return f"pipeline stages run Megatron TP (with or without SP), not {lay.tp_mode}: plan with tp_mode megatron"
         if lay.zero >= 2:
             return "pipeline stages keep their own layers' weights and gradients: plan with ZeRO 0 or 1"
         return None
