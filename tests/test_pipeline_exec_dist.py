@@ -210,7 +210,8 @@ def pp4_cases(slow: bool):
             [(12, {"pp": 2, "tp": 2, "sp": True}, "interleaved_1f1b", pol) for pol in POLICIES] + \
             [(12, {"pp": 4}, "1f1b", "memo", 10), (24, {"pp": 4, "vpp": 2}, "interleaved_1f1b", "memo", 10)] + \
             [(12, {"pp": 2, "dp": 2, "zero": 1}, sch, "memo", 0, 2) for sch in ("1f1b", "interleaved_1f1b")] + \
-            [(12, {"pp": 2, "tp": 2, "sp": True}, "1f1b", "full_recompute", 10)]
+            [(12, {"pp": 2, "tp": 2, "sp": True}, "1f1b", "full_recompute", 10),
+             (12, {"pp": 2, "tp": 2, "sp": False}, "1f1b", "memo")]
     return base
 
 
