@@ -104,8 +104,8 @@ def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens
     if nproc is None and plan.layout.gpus == 1:
         from memo_exec.distributed.schedule import SingleStage, schedule_for  # noqa: PLC0415
 
-        if schedule_for(plan.layout, plan.policy) is not SingleStage:  # e.g. an SPPO plan with pp = 1
-            nproc = 1  # its schedule lives in the distributed executor: one process through torchrun
+        if schedule_for(plan) is not SingleStage or plan.micro_batches > 1:  # e.g. SPPO with pp = 1
+            nproc = 1  # its schedule (or gradient accumulation) lives in the distributed executor: torchrun
     if nproc is not None:
         from memo_exec.distributed.launch import backend_for, launch_nproc, rank_device  # noqa: PLC0415
         from memo_exec.distributed.runner import check_plan_for_world  # noqa: PLC0415

@@ -173,11 +173,15 @@ class Executor:
                             f"which uses memo_exec.distributed")
         from memo_exec.distributed.schedule import SingleStage, schedule_for  # noqa: PLC0415
 
-        sched = schedule_for(lay, plan.policy)
+        sched = schedule_for(plan)
         if sched is not SingleStage:
             raise ExecError(f"policy {plan.policy.label()} runs as the distributed executor's {sched.name} schedule, "
                             f"not this single-device loop: run it with memo-exec run --nproc 1 "
                             f"(torchrun --nproc-per-node 1 -m memo_exec run)")
+        if plan.micro_batches > 1:
+            raise ExecError(f"micro_batch {plan.micro_batch} of batch {plan.batch}: gradient accumulation over "
+                            f"{plan.micro_batches} micro-batches runs in the distributed executor: run it with "
+                            f"memo-exec run --nproc 1 (torchrun --nproc-per-node 1 -m memo_exec run)")
         self.model = run_model(plan, opts)
         self.device_spec = resolve_device(opts.device)
         self.device = self.device_spec.torch_device

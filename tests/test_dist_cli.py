@@ -77,12 +77,19 @@ def test_unregistered_tp_mode_and_pipeline_are_refused(tmp_path):
         p = _plan(tmp_path, Layout(tp=2, tp_mode="metp"), name="metp.json")
         line = _one_error(CliRunner().invoke(cli, ["run", str(p), "--nproc", "2", "--device", "cpu"]))
         assert "layout.tp_mode 'metp'" in line
-    try:
-        schedule.schedule_for(Layout(tp=2, pp=2))
-    except Exception:  # noqa: BLE001 - not registered yet: the plan must be refused
-        p = _plan(tmp_path, Layout(tp=2, pp=2), name="pp.json")
-        line = _one_error(CliRunner().invoke(cli, ["run", str(p), "--nproc", "4", "--device", "cpu"]))
-        assert "layout.pp = 2" in line
+    plan = plan_for(Layout(pp=2), 128, "memo")  # the layout set after the schedule: single_stage with pp 2
+    line = _one_error(CliRunner().invoke(cli, ["run", str(write_plan(plan, tmp_path / "pp.json")), "--nproc", "2",
+                                               "--device", "cpu"]))
+    assert "single_stage runs one pipeline stage, but pp is 2" in line
+    plan.schedule = "1f1b"
+    assert schedule.schedule_for(plan).name == "1f1b"
+    saved = schedule._SCHEDULES.pop("1f1b")
+    try:  # a schedule name with no registered class: refused with the ones this executor runs
+        with pytest.raises(Exception, match=r"schedule '1f1b': the executor runs interleaved_1f1b, single_stage, "
+                                            r"sppo"):
+            schedule.schedule_for(plan)
+    finally:
+        schedule._SCHEDULES["1f1b"] = saved
 
 
 @pytest.mark.slow

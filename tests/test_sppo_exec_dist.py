@@ -1,5 +1,5 @@
-"""SPPO through the distributed executor (`memo_exec.sppo.plugin`: the ``sppo`` step schedule for
-``layout.pp > 1``): loss, every gradient and a short training curve against the single-process
+"""SPPO through the distributed executor (`memo_exec.sppo.plugin`: the ``sppo`` step schedule, run
+for plans whose ``schedule`` is sppo): loss, every gradient and a short training curve against the single-process
 executor on the same seed, and `memo-exec run --nproc` of a planned SPPO plan with its pipeline
 Gantt charts (`memo_exec.sppo.report`)."""
 
@@ -174,8 +174,8 @@ def test_a_one_stage_sppo_plan_goes_to_the_sppo_schedule():
     from memo_exec.sppo.plugin import SppoSchedule
 
     plan = sppo_plan(1, 4, False)
-    assert schedule_for(plan.layout, plan.policy) is SppoSchedule
-    assert schedule_for(plan.layout, policy("store_all")).name == "single_stage"
+    assert plan.schedule == "sppo" and schedule_for(plan) is SppoSchedule
+    assert schedule_for(make_plan(MODEL, SEQ, policy("store_all"))).name == "single_stage"
     with pytest.raises(Exception, match="--nproc 1"):
         Executor(plan, RunOptions(device="cpu"))
 

@@ -21,7 +21,17 @@ class ActivationPolicy(ABC):
 
     ``choice`` is the simulator's policy object (`memo_sim.policy`); what the executor keeps,
     offloads and recomputes comes from its attributes.
+
+    A pipeline rank with several micro-batches in flight holds one instance per micro-batch in
+    flight (`memo_exec.pipeline`): ``slot`` numbers the instance (the race detector's regions of
+    two instances never alias), ``tag`` (e.g. ``"@c0.mb2"``) names the micro-batch it serves now
+    in its copies' op names and ``layer_base`` is the model layer of its layer 0 in them (the
+    instance numbers the layers of one model chunk from 0).
     """
+
+    slot = 0
+    tag = ""
+    layer_base = 0
 
     def __init__(self, choice, model: ModelConfig, batch: int, seq: int, layers: int, dtype: torch.dtype,
                  device: torch.device, engine, timer, compute: LayerCompute | None,

@@ -114,9 +114,16 @@ class TokenOffload(ActivationPolicy):
             self.pool.close()
 
     # -- regions the race detector sees --------------------------------------------------------------
+    def _buffer_id(self, i: int) -> int:
+        """The race detector's number of layer i's rounding buffer (distinct per `slot`)."""
+        return self.slot * N_BUFFERS + rounding_buffer(i)
+
+    def _host_id(self, i: int) -> int:
+        return self.slot * self.layers + i
+
     def _buf(self, i: int, names, rows: tuple[int, int] | None = None) -> list[Region]:
         r = rows or (0, self.tokens)
-        return [Region("buffer", rounding_buffer(i), n, r) for n in names]
+        return [Region("buffer", self._buffer_id(i), n, r) for n in names]
 
     def _copy(self, i: int, to_host: bool):
         """(dst, src) pairs of layer i's offload (to_host) or prefetch, with the regions each reads and writes."""
@@ -125,8 +132,8 @@ class TokenOffload(ActivationPolicy):
         for n, (lo, hi) in self._moved():
             rows = slice(lo * self.row_mult[n], hi * self.row_mult[n])  # token rows -> this tensor's rows
             pairs.append((host[n], dev[n][rows]) if to_host else (dev[n][rows], host[n]))
-            on_dev.append(Region("buffer", rounding_buffer(i), n, (lo, hi)))
-            on_host.append(Region("host", i, n, (lo, hi)))
+            on_dev.append(Region("buffer", self._buffer_id(i), n, (lo, hi)))
+            on_host.append(Region("host", self._host_id(i), n, (lo, hi)))
         return (pairs, on_dev, on_host) if to_host else (pairs, on_host, on_dev)
 
     def _declare(self, what: str, reads=(), writes=()) -> None:
@@ -173,7 +180,7 @@ class TokenOffload(ActivationPolicy):
         eng.compute.record(self.ev_fwd[i])
         self._offload_waits_for_forward(i)
         pairs, reads, writes = self._copy(i, to_host=True)
-        eng.d2h.copy_group(pairs, CopyLabel("offload", i, "offload", self.layer_offload_bytes()), reads, writes)
+        eng.d2h.copy_group(pairs, CopyLabel("offload" + self.tag, self.layer_base + i, "offload", self.layer_offload_bytes()), reads, writes)
         eng.d2h.record(self.ev_off[i])
 
     def recompute(self, compute, weights, storage, i: int) -> None:
@@ -200,7 +207,7 @@ class TokenOffload(ActivationPolicy):
         eng.compute.record(self.ev_bwd[i])
         self._prefetch_waits_for_backward(i)
         pairs, reads, writes = self._copy(j, to_host=False)
-        eng.h2d.copy_group(pairs, CopyLabel("prefetch", j, "prefetch", self.layer_offload_bytes()), reads, writes)
+        eng.h2d.copy_group(pairs, CopyLabel("prefetch" + self.tag, self.layer_base + j, "prefetch", self.layer_offload_bytes()), reads, writes)
         eng.h2d.record(self.ev_pf[j])
 
     def end_step(self) -> None:

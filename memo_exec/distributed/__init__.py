@@ -7,7 +7,8 @@
 - `tp`: registered tensor-parallel flavours (``megatron``; METP plugs in from `memo_exec.metp`).
 - `attention`: ring CP and Ulysses around the attention core.
 - `zero`: gradient reduction and ZeRO 0-3 over the data group.
-- `schedule`: registered step schedules (one stage; pipelines plug in from `memo_exec.sppo`).
+- `schedule`: step schedules registered by the plan's ``schedule`` name (``single_stage`` here;
+  ``1f1b`` and ``interleaved_1f1b`` from `memo_exec.pipeline`, ``sppo`` from `memo_exec.sppo`).
 - `runner`: `DistExecutor`, one rank of a multi-device plan.
 - `launch`: torchrun ranks and ``memo-exec run --nproc N``.
 """

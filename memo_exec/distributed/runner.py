@@ -21,6 +21,7 @@ allocation, identically on every rank (so every rank refuses with the same line)
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 
@@ -56,9 +57,15 @@ def check_plan_for_world(plan: Plan, world: int, opts: RunOptions) -> None:
                         f"but the world size is {world}; launch with --nproc {lay.gpus} "
                         f"(torchrun --nproc-per-node {lay.gpus})")
     flavour_for(lay.tp_mode)
-    schedule_for(lay, plan.policy)
     model = run_model(plan, opts)
-    why = check_divisible(lay, model, plan.batch, plan.seq_tokens)
+    if model.layers != plan.model.layers:  # --layers N: the schedule's split must hold for N layers
+        plan = dataclasses.replace(plan, model=model)
+    schedule_for(plan)
+    if plan.micro_batches > 1 and lay.zero >= 2 and lay.dp * lay.cp * lay.ulysses > 1:
+        raise ExecError(f"plan layout {lay.label()}: ZeRO {lay.zero} reduces each layer's gradient right after its "
+                        f"backward, which the executor does not accumulate over {plan.micro_batches} micro-batches; "
+                        f"plan with ZeRO 0 or 1, or micro_batch = batch ({plan.batch})")
+    why = check_divisible(lay, model, plan.micro_batch, plan.seq_tokens)
     if why:
         raise ExecError(f"plan layout {lay.label()}: {why}")
 
@@ -87,29 +94,28 @@ class _KillHook(LayerHooks):
 class DistExecutor:
     def __init__(self, plan: Plan, opts: RunOptions, ctx: DistContext, device: DeviceSpec) -> None:
         self.plan, self.opts, self.ctx, self.layout = plan, opts, ctx, plan.layout
-        if opts.steps < 1:
-            raise ExecError(f"--steps must be at least 1, got {opts.steps}")
         check_plan_for_world(plan, ctx.world, opts)
         lay = self.layout
         self.model = run_model(plan, opts)
         self.device_spec, self.device = device, device.torch_device
         self.dtype = compute_dtype(plan.model.dtype, device, opts.dtype)
         self.batch, self.seq = plan.batch, plan.seq_tokens
-        self.tokens = self.batch * self.seq  # one replica's tokens
-        self.global_tokens = self.tokens * lay.dp
+        self.micro = plan.micro_batch  # sequences per micro-batch: what one layer call computes
+        self.tokens = self.batch * self.seq  # one replica's tokens per iteration
+        self.global_tokens = self.tokens * lay.dp  # the loss is the mean over the global batch
         self.flavour = flavour_for(lay.tp_mode)(ctx, self.model)
         why = self.flavour.check()
         if why:
             raise ExecError(f"plan layout {lay.label()}: {why}")
-        self.schedule = schedule_for(lay, plan.policy)(self)
+        self.schedule = schedule_for(dataclasses.replace(plan, model=self.model))(self)
         why = self.schedule.check()
         if why:
             raise ExecError(f"plan layout {lay.label()}: {why}")
         self.shard_seq = self.seq // (lay.cp * lay.ulysses)  # sequence length of this rank's shard
-        self.local_T = self.flavour.local_tokens(self.batch * self.shard_seq)
+        self.local_T = self.flavour.local_tokens(self.micro * self.shard_seq)  # one micro-batch's rows here
         m = self.model
         p = self.flavour.size
-        inner_dims = AttnDims(self.batch, self.seq // lay.cp, m.heads // (p * lay.ulysses),
+        inner_dims = AttnDims(self.micro, self.seq // lay.cp, m.heads // (p * lay.ulysses),
                               m.n_kv_heads // (p * lay.ulysses), m.head_dim)
         self.backend_name = opts.attention_backend or plan.attention_backend
         if lay.cp > 1:
@@ -120,10 +126,12 @@ class DistExecutor:
         self.backend = UlyssesAttention(inner, ctx.group("ulysses"), lay.ulysses) if lay.ulysses > 1 else inner
         self.held = self.schedule.layer_indices()
         self.shapes = self.flavour.storage_shapes()
-        self.policy = make_policy(plan.policy, m, 1, self.local_T, len(self.held), self.dtype,
+        per_set, self.activation_sets = self.schedule.activation_sets()
+        self.policy = make_policy(plan.policy, m, 1, self.local_T, per_set, self.dtype,
                                   torch.device("meta"), None, None, None, shapes=self.shapes)
         self.data = TokenSource(m.vocab, self.batch * lay.dp, self.seq, opts.seed, opts.tokens_file)
         self.token_index = local_token_index(ctx, self.batch, self.seq)
+        self.micro_index = local_token_index(ctx, self.micro, self.seq)
         self.estimate = self._estimate()
         self.allocated = False
         self.kill_at_step: int | None = None  # test hook (memo_exec.distributed.launch.KILL_ENV)
@@ -149,21 +157,23 @@ class DistExecutor:
         grads = P * e if z < 2 else P * e // D + largest * e
         states = weights + grads + AdamW.state_bytes_for(P // D if z >= 1 else P, self.dtype)
         dev = self.policy.device_bytes()
-        terms = {"model_states": states, "skeletal_resident": dev.get("skeletal_resident", 0),
-                 "buffers": dev.get("buffers", 0), "lse": dev.get("lse", 0), "norm_stats": dev.get("norm_stats", 0)}
+        n = self.activation_sets  # one policy instance per micro-batch in flight (pipelines)
+        terms = {"model_states": states, "skeletal_resident": n * dev.get("skeletal_resident", 0),
+                 "buffers": n * dev.get("buffers", 0), "lse": n * dev.get("lse", 0),
+                 "norm_stats": n * dev.get("norm_stats", 0)}
         for k in ("transient_peak", "layer_boundary", "classifier_peak", "optimizer_step_peak"):
             terms[k] = 0
         terms["peak_total"] = sum(terms.values())
-        return MemoryEstimate(terms, self.policy.host_bytes(), {})
+        return MemoryEstimate(terms, n * self.policy.host_bytes(), {})
 
     # ------------------------------------------------------------------ allocate
     def allocate(self) -> None:
         m, dev, dt, lay, ctx = self.model, self.device, self.dtype, self.layout, self.ctx
         rf = float(self.plan.policy.recompute_fraction)
-        whole = make_flops_fn(m, self.batch, self.seq, rf)
+        whole = make_flops_fn(m, self.micro, self.seq, rf)
         split = lay.tp * lay.cp * lay.ulysses
         self.recorder = Recorder(dev, lambda op, layer, phase: whole(op, layer, phase) / split,
-                                 self.policy.host_bytes(), rank=ctx.rank)
+                                 self.estimate.host, rank=ctx.rank)
         self.engine = make_engine(dev)
         self.engine.sink = self.recorder
         self.scratch = CachingScratch(dev)
@@ -185,17 +195,29 @@ class DistExecutor:
         for part in (self.backend, getattr(self.backend, "inner", None), getattr(self.flavour, "comm", None)):
             if part is not None and hasattr(part, "timer"):
                 part.timer = self.recorder  # collectives become spans of this rank's Timeline
-        self.compute = self.flavour.make_compute(self.batch, self.shard_seq, dt, dev, self.backend, self.scratch,
+        self.compute = self.flavour.make_compute(self.micro, self.shard_seq, dt, dev, self.backend, self.scratch,
                                                  self.recorder)
-        self.policy = make_policy(self.plan.policy, m, 1, self.local_T, len(self.held), dt, dev, self.engine,
-                                  self.recorder, self.compute, shapes=self.shapes)
-        self.policy.allocate()
-        hooks = self.sync if self.kill_at_step is None else _KillHook(self.sync, self)
-        self.runtimes = [LayerRuntime(k, w, self.policy, self.compute, self.recorder, hooks)
-                         for k, w in enumerate(gpt.layers)]
+        self.layer_hooks = self.sync if self.kill_at_step is None else _KillHook(self.sync, self)
+        self.schedule.build_runtimes()
         self.allocated = True
 
+    def make_activation_policy(self, layers: int):
+        """A new instance of the plan's activation policy over ``layers`` layers of this rank (not
+        yet allocated), for one micro-batch's tokens."""
+        return make_policy(self.plan.policy, self.model, 1, self.local_T, layers, self.dtype, self.device,
+                           self.engine, self.recorder, self.compute, shapes=self.shapes)
+
     # ------------------------------------------------------------------ run
+    def micro_batch_rows(self, step: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's input and target rows of micro-batch ``k`` of the replica's batch (sequences
+        ``k*micro_batch..`` of the replica's rows, `local_batch`)."""
+        inputs, targets = self.data.batch_at(step)
+        b, mb = self.batch, self.micro
+        lo = self.ctx.coord("dp") * b + k * mb
+        idx = self.micro_index
+        return (inputs[lo:lo + mb].reshape(-1)[idx].to(self.device),
+                targets[lo:lo + mb].reshape(-1)[idx].to(self.device))
+
     def local_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's input and target rows (DP replica d takes rows d*batch.. of the global batch)."""
         inputs, targets = self.data.batch_at(step)
@@ -252,7 +274,19 @@ class DistExecutor:
         for k, li in enumerate(self.held):
             for n, g in self.flavour.unshard_grads(units[k + 1]).items():
                 out[f"layers.{li}.{n}"] = g
-        return out
+        pg = self.ctx.group("pp")
+        if pg is None:
+            return out
+        # pipeline: every stage's layers; the embedding from stage 0, the final norm from the last stage
+        parts = [None] * self.layout.pp
+        dist.all_gather_object(parts, out, group=pg)
+        last = self.layout.pp - 1
+        merged = {}
+        for s, part in enumerate(parts):
+            for n, g in part.items():
+                if n.startswith("layers.") or (n == "wte" and s == 0) or (n != "wte" and s == last):
+                    merged[n] = g.to(self.device)
+        return merged
 
     def describe(self) -> dict:
         m, lay = self.model, self.layout
@@ -270,6 +304,7 @@ class DistExecutor:
             "memory_estimate_detail_bytes": {}, "memory_estimate_total_bytes": self.estimate.total,
             "host_estimate_bytes": self.estimate.host, "profile": self.plan.profile,
             "rank": self.ctx.rank, "world": self.ctx.world, "mesh": self.ctx.describe(),
-            "tp_flavour": self.flavour.name, "schedule": self.schedule.name,
+            "tp_flavour": self.flavour.name, "schedule": self.schedule.name, "micro_batch": self.micro,
+            "micro_batches": self.plan.micro_batches, "vpp": lay.vpp, "activation_sets": self.activation_sets,
             "local_tokens": self.local_T, "zero": lay.zero,
         }

@@ -1,68 +1,84 @@
-"""How one training step runs over the layers a rank holds: registered schedules.
+"""How one training step runs over the layers a rank holds: schedules registered by name.
 
-A schedule is a class registered with ``@register_schedule(name, applies)`` where
-``applies(layout, policy) -> bool`` says which plans it runs (the plan's `Layout` and its
-activation policy, e.g. ``policy.name == "sppo"``); `schedule_for` picks the first registered
-schedule other than ``single_stage`` that claims the plan (after importing the plugin packages of
-`memo_exec.distributed.tp.PLUGIN_PACKAGES`, e.g. ``memo_exec.sppo``), else ``single_stage`` for
-``pp == 1``. A plan with ``pp > 1`` that no schedule claims is refused before allocation.
+A schedule is a class registered with ``@register_schedule(name)`` under one of the plan's
+schedule names (`memo_sim.layout.schedule.SCHEDULE_NAMES`: ``single_stage``, ``1f1b``,
+``interleaved_1f1b``, ``sppo``); `schedule_for(plan)` returns the class registered under
+``plan.schedule`` after importing the modules of `SCHEDULE_MODULES` (explicit imports: an import
+error is an error). A plan whose schedule does not fit its layout (``plan.check_schedule()``) or
+has no registered class is refused before allocation, naming the schedules this executor runs.
 
 A schedule is built as ``cls(ex)`` with the `memo_exec.distributed.runner.DistExecutor` (before
 it allocates: ``ex.ctx``, ``ex.model``, ``ex.plan``, ``ex.layout``) and provides:
 
 - ``check() -> str | None``: the one-line reason it cannot run this plan;
 - ``layer_indices() -> list[int]``: the model layers this rank holds (all of them for one stage;
-  a stage's contiguous block for a pipeline). The executor allocates weights, activation storage
-  and ZeRO units for these only, in this order, and builds ``ex.runtimes`` (one
-  `memo_exec.model.LayerRuntime` per held layer, its ``index`` the position in this list);
-- ``forward_backward(step) -> torch.Tensor``: run the step's forward and backward on this rank
-  (``ex.local_batch(step)`` gives this rank's input and target token rows, ``ex.gpt`` the
-  embedding/final norm/classifier weights, ``ex.global_tokens`` the divisor of the loss) and
-  return this rank's part of the loss (a 0-dim tensor; zero on ranks without the classifier).
-  The executor sums the parts over the ``tokens`` group (and the ``pp`` group) for the reported
-  loss, then reduces gradients (`memo_exec.distributed.zero.GradSync.end_backward`) and steps
-  the optimizer; the runtimes' hooks already do ZeRO's per-layer gathers and reductions.
+  a stage's layers for a pipeline). The executor allocates weights and ZeRO units for these
+  only, in this order;
+- ``activation_sets() -> tuple[int, int]``: (layers per activation-policy instance, instances):
+  one instance over every held layer by default; a pipeline keeps one per micro-batch in flight;
+- ``build_runtimes()``: allocate the activation policy (``ex.policy``, with ``begin_step`` /
+  ``end_step`` / ``close``) and the layer runtimes; the default builds one policy over the held
+  layers and ``ex.runtimes`` (one `memo_exec.model.LayerRuntime` per held layer);
+- ``forward_backward(step) -> torch.Tensor``: run the step's forward and backward over the plan's
+  ``plan.micro_batches`` micro-batches (``ex.micro_batch_rows(step, k)`` gives this rank's input
+  and target token rows of micro-batch k, ``ex.gpt`` the embedding/final norm/classifier weights,
+  ``ex.global_tokens`` the divisor of the loss: the global batch's tokens, so that the parts sum
+  to the global-batch mean) accumulating the gradients, and return this rank's part of the loss
+  (a 0-dim tensor; zero on ranks without the classifier). The executor sums the parts over the
+  ``tokens`` group (and the ``pp`` group) for the reported loss, then reduces gradients once
+  (`memo_exec.distributed.zero.GradSync.end_backward`) and steps the optimizer.
 
 Optional hook: ``write_outputs(out_dir, plan_file) -> list[Path]``, called on every rank after
 rank 0 wrote the run's merged ``measured.json`` and ``report.md`` (no collective may run in it;
-return ``[]`` off rank 0). Every Markdown file it returns is appended to ``report.md`` (e.g. the
-SPPO pipeline's measured-vs-simulated table).
+return ``[]`` off rank 0). Every Markdown file it returns is appended to ``report.md``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import importlib
 
 import torch
 
 from memo_exec.errors import ExecError
-from memo_exec.model import forward_loss
+from memo_exec.model import LayerRuntime, forward_loss
+from memo_sim.layout.schedule import SCHEDULE_NAMES
 
-_SCHEDULES: dict[str, tuple[type, Callable]] = {}
+# the modules that register the schedules besides ``single_stage`` (imported by `schedule_for`)
+SCHEDULE_MODULES = ("memo_exec.pipeline.schedules", "memo_exec.sppo.plugin")
+
+_SCHEDULES: dict[str, type] = {}
 
 
-def register_schedule(name: str, applies: Callable):
+def register_schedule(name: str):
+    if name not in SCHEDULE_NAMES:
+        raise ValueError(f"schedule {name!r} is not a plan schedule name ({', '.join(SCHEDULE_NAMES)})")
+
     def deco(cls):
-        if name in _SCHEDULES and _SCHEDULES[name][0] is not cls:
+        if name in _SCHEDULES and _SCHEDULES[name] is not cls:
             raise ValueError(f"schedule {name!r} registered twice")
         cls.name = name
-        _SCHEDULES[name] = (cls, applies)
+        _SCHEDULES[name] = cls
         return cls
     return deco
 
 
-def schedule_for(layout, policy=None) -> type:
-    """The schedule that runs a plan of this layout and activation policy (module docs)."""
-    from memo_exec.distributed.tp import discover  # noqa: PLC0415
+def registered() -> tuple[str, ...]:
+    for mod in SCHEDULE_MODULES:
+        importlib.import_module(mod)
+    return tuple(sorted(_SCHEDULES))
 
-    discover()
-    for name, (cls, applies) in _SCHEDULES.items():
-        if name != "single_stage" and applies(layout, policy):
-            return cls
-    if layout.pp == 1:
-        return _SCHEDULES["single_stage"][0]
-    raise ExecError(f"layout.pp = {layout.pp}: no pipeline schedule is registered in the executor yet; "
-                    f"plan with pp 1 (memo-sim whatif without --pp)")
+
+def schedule_for(plan) -> type:
+    """The schedule class registered under ``plan.schedule`` (ExecError when it cannot run)."""
+    known = registered()
+    why = plan.check_schedule()
+    if why:
+        raise ExecError(f"schedule {plan.schedule}: {why}")
+    try:
+        return _SCHEDULES[plan.schedule]
+    except KeyError:
+        raise ExecError(f"schedule {plan.schedule!r}: the executor runs {', '.join(known)}") from None
 
 
 class Schedule:
@@ -77,21 +93,40 @@ class Schedule:
     def layer_indices(self) -> list[int]:
         raise NotImplementedError
 
+    def activation_sets(self) -> tuple[int, int]:
+        return len(self.layer_indices()), 1
+
+    def build_runtimes(self) -> None:
+        ex = self.ex
+        ex.policy = ex.make_activation_policy(len(ex.held))
+        ex.policy.allocate()
+        ex.runtimes = [LayerRuntime(k, w, ex.policy, ex.compute, ex.recorder, ex.layer_hooks)
+                       for k, w in enumerate(ex.gpt.layers)]
+
     def forward_backward(self, step: int) -> torch.Tensor:
         raise NotImplementedError
 
 
-@register_schedule("single_stage", lambda layout, policy: layout.pp == 1)
+@register_schedule("single_stage")
 class SingleStage(Schedule):
-    """Every layer on this rank: embedding -> layers -> final norm -> classifier, then backward."""
+    """Every layer on this rank: per micro-batch embedding -> layers -> final norm -> classifier,
+    then its backward (the gradients accumulate; one activation policy serves the micro-batches
+    one after the other)."""
 
     def layer_indices(self) -> list[int]:
         return list(range(self.ex.model.layers))
 
     def forward_backward(self, step: int) -> torch.Tensor:
         ex = self.ex
-        inputs, targets = ex.local_batch(step)
-        loss = forward_loss(ex.gpt, ex.runtimes, inputs, targets, ex.plan.classifier_chunk_tokens, ex.recorder,
-                            norm_tokens=ex.global_tokens)
-        loss.backward()
-        return loss.detach()
+        total = torch.zeros((), dtype=torch.float64)
+        m = ex.plan.micro_batches
+        for k in range(m):
+            inputs, targets = ex.micro_batch_rows(step, k)
+            span = ex.recorder.span(f"fwd_bwd@mb{k}", None, "micro_batch", stream="pipeline") if m > 1 \
+                else contextlib.nullcontext()
+            with span:
+                loss = forward_loss(ex.gpt, ex.runtimes, inputs, targets, ex.plan.classifier_chunk_tokens,
+                                    ex.recorder, norm_tokens=ex.global_tokens)
+                loss.backward()
+            total += loss.detach().to(torch.float64)
+        return total

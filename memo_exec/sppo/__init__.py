@@ -15,7 +15,7 @@ One module per job:
 - `pipeline`: `StageRunner`, one stage's step over point-to-point transfers (multiplexed pieces
   included), with its spans and copy log;
 - `plugin`: the distributed executor's ``sppo`` step schedule and activation policy
-  (``memo-exec run --nproc`` of a plan with ``layout.pp > 1``);
+  (``memo-exec run --nproc`` of a plan whose ``schedule`` is ``sppo``);
 - `report`: the measured pipeline against the simulator's (Gantt charts, bubbles, offload
   exposure, memory per stage).
 """

@@ -1,7 +1,7 @@
 """SPPO in the distributed executor (`memo_exec.distributed`): the ``sppo`` step schedule and the
 ``sppo`` activation policy, registered when the executor discovers its plugin packages.
 
-- `SppoSchedule` (`memo_exec.distributed.schedule`, chosen for ``layout.pp > 1``): this rank is
+- `SppoSchedule` (`memo_exec.distributed.schedule`, registered as ``sppo``: plans whose ``schedule`` is sppo): this rank is
   stage ``ctx.coord("pp")`` and holds that stage's layers (`memo_exec.sppo.stage.stage_layer_ids`); a
   step is `memo_exec.sppo.pipeline.StageRunner.step` over the plan's pieces (its bounds, alphas
   and multiplexing) with the ``pp`` process group for the transfers, the executor's weights
@@ -57,13 +57,7 @@ class SppoActivations(ActivationPolicy):
                 "activations": "autograd per piece; alpha_i of each unit's token rows on host; K/V cached"}
 
 
-def _claims(layout, policy) -> bool:
-    """Every SPPO plan (one stage too: subsequences, K/V cache and alpha_i offload without the
-    pipeline), and every other pipeline, which `SppoSchedule.check` then refuses with its fix."""
-    return getattr(policy, "name", None) == "sppo" or layout.pp > 1
-
-
-@register_schedule("sppo", _claims)
+@register_schedule("sppo")
 class SppoSchedule(Schedule):
     """The SPPO pipeline of one rank (module docs)."""
 
@@ -77,7 +71,10 @@ class SppoSchedule(Schedule):
         pol = ex.plan.policy
         name = getattr(pol, "name", None)
         if name != "sppo":
-            return f"layout.pp = {lay.pp}: the executor pipelines SPPO plans only, not {name}; plan with --policy sppo"
+            return f"the sppo schedule runs the sppo policy, not {name}"
+        if ex.plan.micro_batches > 1:
+            return (f"sppo splits each sequence into subsequences, not the batch into micro-batches: plan with "
+                    f"micro_batch = batch ({ex.batch})")
         if lay.tp > 1 or lay.cp > 1 or lay.ulysses > 1:
             return ("the executor's SPPO stages run one rank each (tp = cp = ulysses = 1); "
                     "plan with --tp 1 (TP+SP inside a stage is not executed yet)")

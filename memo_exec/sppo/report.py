@@ -239,7 +239,7 @@ def write_pipeline_outputs(run_dir: str | Path, plan_file: str | Path, layers: i
 
     out = Path(run_dir)
     plan = read_plan(plan_file)
-    if not getattr(plan.policy, "pipelined", False):  # one stage (pp = 1) is a pipeline of one
+    if plan.schedule != "sppo":  # one stage (pp = 1) is a pipeline of one
         raise MemoError(f"{plan_file}: not an SPPO pipeline plan (policy {plan.policy.label()}, "
                         f"layout {plan.layout.label()}); plan with --policy sppo")
     if not (out / "measured.json").exists():

@@ -1,0 +1,326 @@
+"""The ``1f1b`` and ``interleaved_1f1b`` schedules of the distributed executor: one pipeline rank
+(``ctx.coord("pp")``) of a plan with ``pp`` stages, ``vpp`` model chunks per rank and
+``plan.micro_batches`` micro-batches, composed with the mesh's other dimensions (each TP / CP /
+Ulysses rank of stage s talks to the rank with the same coordinates in stage s +- 1 over the
+``pp`` group; data-parallel replicas run their own pipelines and reduce gradients once per
+iteration).
+
+What a rank holds: model chunk ``c * pp + s`` (virtual stage) for c < vpp, each an even block of
+layers (`memo_sim.layout.parallel.stage_layers` over pp x vpp chunks, the split the simulator
+prices); virtual stage 0 also embeds, the last one applies the final norm and the classifier
+(the tied embedding's two gradients, rank 0's and rank pp-1's, are summed after the last
+backward).
+
+The order of forwards and backwards is Megatron-LM's (`memo_exec.pipeline.order`): warm-up
+forwards, one forward / one backward in the steady phase, cool-down backwards. A forward of
+(chunk, micro-batch) receives its input from the previous virtual stage (or embeds), runs the
+chunk's layers (`memo_exec.model.LayerFn`, the hand-written layer: the activation policy decides
+what is saved, offloaded and recomputed), and sends its output on; its backward receives the
+output gradient, runs autograd from the chunk's output (or loss) and sends the input gradient
+back. Every transfer goes through `memo_exec.distributed.p2p.post`: the receives from each
+neighbour are posted in the order that neighbour sends (`order.messages_from`, so that one
+directed pair's activations and gradients, which share a channel when pp = 2 with interleaving,
+are matched one to one), each waited on right before its buffer is read, every send waited on
+at the step's end.
+
+Saved activations per (layer, micro-batch): a rank keeps one instance of the plan's activation
+policy per micro-batch in flight (`order.slots`: a forward takes the lowest free slot, its
+backward frees it; 1F1B needs ``min(pp - s, m)`` on stage s), each with its own storage for one
+chunk's layers: store-all's blocks, full recompute's inputs, MEMO's two rounding buffers, events
+and host slots (its `memo_exec.activations.host_pool.HostPool`), so MEMO's token-wise offload,
+prefetch and recompute run per micro-batch inside the stage under the dependency rule of
+`memo_sim.policy.rounding_buffers`, and the race detector's regions of two slots never alias.
+
+Trace (`memo_exec.measure.Recorder`, merged over ranks): per action a span on the ``pipeline``
+stream (``fwd@c<chunk>.mb<k>`` / ``bwd@...``), the layers' forward/backward/recompute spans on
+``compute`` inside it (numbered by model layer), the receive waits on ``p2p`` (``recv_fwd@...`` / ``recv_bwd@...``), and the
+offload/prefetch copies on ``d2h``/``h2d`` named ``offload@c<chunk>.mb<k>``.
+
+Why not ``torch.distributed.pipelining`` (``PipelineStage``, ``Schedule1F1B``,
+``ScheduleInterleaved1F1B``; checked against torch 2.13). The layer itself would fit: the
+schedules run the backward through ``torch.autograd.backward`` from the stage's output, which
+reaches `memo_exec.model.LayerFn`'s hand-written backward, and the activation slot a forward bound
+into the layer's autograd context would follow it into that backward. What does not fit:
+
+1. Measurement. The schedules post and wait their P2P receives inside ``_step_microbatches``
+   (``_wait_batch_p2p``; the interleaved one in ``_PipelineScheduleRuntime``), with no public hook
+   before or after a wait or an action. The trace could not hold the per-micro-batch receive
+   waits (issue 27 asks for them; they are what separates a stage's bubble from its transfer
+   time), and a per-action span could only be approximated from inside the module.
+2. The order. ``ScheduleInterleaved1F1B`` does not follow Megatron-LM's order, which the simulator
+   prices, when the micro-batch count equals pp: Megatron runs every forward first
+   (``num_warmup_microbatches = total`` for m = pp), torch caps the warm-up at
+   ``(v - 1) pp + 2 (pp - 1 - r)`` (``_get_warmup_ops``) and alternates earlier; for pp 4, v 2,
+   m 4 (this issue's test case) ranks 2 and 3 run a different order (ranks 0 and 1, and
+   m = 8, agree).
+3. The micro-batch index reaches the stage module only if smuggled in as a tensor kwarg split by
+   ``TensorChunkSpec`` (the module is called as ``submod(*args, **kwargs)``), the activation slot
+   would have to be derived from the schedule's ``pipeline_order`` (entries of the private
+   ``_Action`` type), and the stage must be
+   given ``input_args``/``output_args`` so that shape inference does not run the layer (which
+   writes into the policy's real buffers) on meta tensors; each is possible but works around the
+   API rather than with it.
+
+So the schedule is written here, with the executor's P2P primitive, in Megatron-LM's order
+(`memo_exec.pipeline.order`; for the orders where torch and Megatron agree, the two are the same
+list of actions).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from memo_exec.distributed.p2p import Transfer, post
+from memo_exec.distributed.schedule import Schedule, register_schedule
+from memo_exec.layer import LN_EPS
+from memo_exec.model import ChunkedHead, LayerFn, LayerHooks, LayerRuntime
+from memo_exec.pipeline.order import Action, messages_from, slots, stage_order, virtual_stage
+from memo_sim.layout.parallel import stage_layers
+
+
+class _OffsetHooks(LayerHooks):
+    """The executor's layer hooks (ZeRO units by held-layer position) for a chunk's runtimes,
+    which number their layers from 0 within the chunk."""
+
+    def __init__(self, inner: LayerHooks, offset: int) -> None:
+        self.inner, self.offset = inner, offset
+
+    def before_forward(self, i: int) -> None:
+        self.inner.before_forward(self.offset + i)
+
+    def after_forward(self, i: int) -> None:
+        self.inner.after_forward(self.offset + i)
+
+    def before_backward(self, i: int) -> None:
+        self.inner.before_backward(self.offset + i)
+
+    def after_backward(self, i: int) -> None:
+        self.inner.after_backward(self.offset + i)
+
+
+class _ChunkTimer:
+    """The recorder as a chunk's layers see it: layer k of the chunk is recorded as model layer
+    ``base + k`` (the layer compute, the policy and the runtimes number a chunk's layers from 0)."""
+
+    def __init__(self, recorder, base: int) -> None:
+        self.recorder, self.base = recorder, base
+
+    def span(self, op: str, layer: int | None, phase: str, **kw):
+        return self.recorder.span(op, None if layer is None else self.base + layer, phase, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self.recorder, name)
+
+
+class PolicySet:
+    """A pipeline rank's activation policy: one instance per micro-batch in flight (module docs)."""
+
+    def __init__(self, policies: list) -> None:
+        self.policies = policies
+
+    def begin_step(self) -> None:
+        for p in self.policies:
+            p.begin_step()
+
+    def end_step(self) -> None:
+        for p in self.policies:
+            p.end_step()
+
+    def close(self) -> None:
+        for p in self.policies:
+            p.close()
+
+    @property
+    def pinned_bytes(self) -> int:
+        return sum(int(getattr(p, "pinned_bytes", 0)) for p in self.policies)
+
+    def describe(self) -> dict:
+        return {**self.policies[0].describe(), "instances": len(self.policies),
+                "instances_are": "one per micro-batch in flight on this rank"}
+
+
+class PipelineSchedule(Schedule):
+    """One rank of a micro-batch pipeline (module docs); `vpp` chunks per rank."""
+
+    # test hook (never set by a run): order -> (slot of each (chunk, mb), slots), replacing `order.slots`
+    slot_map = None
+
+    @property
+    def vpp(self) -> int:
+        return 1
+
+    def __init__(self, ex) -> None:
+        super().__init__(ex)
+        lay = ex.layout
+        self.pp, self.s, self.m = lay.pp, ex.ctx.coord("pp"), ex.plan.micro_batches
+        self.order = stage_order(self.name, self.pp, lay.vpp, self.m, self.s)
+        self.slot_of, self.n_slots = (self.slot_map or slots)(self.order)
+        self.last_vs = self.pp * self.vpp - 1
+
+    def check(self) -> str | None:
+        lay, n = self.ex.layout, self.ex.model.layers
+        if n % (self.pp * self.vpp):
+            return f"{n} layers do not split evenly into pp x vpp = {self.pp * self.vpp} model chunks"
+        if lay.cp > 1 or lay.ulysses > 1:
+            return "ring CP and Ulysses are not combined with pipeline stages in the executor: plan with cp = ulysses = 1"
+        if lay.tp > 1 and lay.tp_mode != "megatron":
+            return f"pipeline stages run Megatron TP (with or without SP), not {lay.tp_mode}: plan with tp_mode megatron"
+        if lay.zero >= 2:
+            return "pipeline stages keep their own layers' weights and gradients: plan with ZeRO 0 or 1"
+        return None
+
+    def chunk_layers(self, c: int) -> list[int]:
+        return list(stage_layers(self.ex.model.layers, self.pp * self.vpp)[virtual_stage(c, self.s, self.pp)])
+
+    def layer_indices(self) -> list[int]:
+        return [li for c in range(self.vpp) for li in self.chunk_layers(c)]
+
+    def activation_sets(self) -> tuple[int, int]:
+        return self.ex.model.layers // (self.pp * self.vpp), self.n_slots
+
+    def build_runtimes(self) -> None:
+        ex = self.ex
+        lc = ex.model.layers // (self.pp * self.vpp)
+        pols = []
+        for k in range(self.n_slots):
+            pol = ex.make_activation_policy(lc)
+            pol.slot = k
+            pol.allocate()
+            pols.append(pol)
+        ex.policy = PolicySet(pols)
+        self.timers = [_ChunkTimer(ex.recorder, self.chunk_layers(c)[0]) for c in range(self.vpp)]
+        self.runtimes = {(k, c): [LayerRuntime(j, ex.gpt.layers[c * lc + j], pols[k], ex.compute, self.timers[c],
+                                               _OffsetHooks(ex.layer_hooks, c * lc)) for j in range(lc)]
+                         for k in range(self.n_slots) for c in range(self.vpp)}
+        ex.runtimes = [rt for k in range(self.n_slots) for c in range(self.vpp) for rt in self.runtimes[(k, c)]]
+
+    # ------------------------------------------------------------------ transfers
+    def _rank(self, vs: int) -> int:
+        return vs % self.pp
+
+    def _expect(self) -> None:
+        """The messages of this step from each neighbour, in the order it sends them."""
+        lay = self.ex.layout
+        self.expected = {src: list(msgs) for src, msgs in
+                         messages_from(self.name, self.pp, lay.vpp, self.m, self.s).items()}
+        self.posted: dict[tuple, tuple[torch.Tensor, Transfer]] = {}
+
+    def _receive(self, src: int, key: tuple) -> torch.Tensor:
+        ex = self.ex
+        queue = self.expected[src]
+        while key not in self.posted:
+            nxt = queue.pop(0)
+            buf = torch.empty(ex.local_T, ex.model.hidden, dtype=ex.dtype, device=ex.device)
+            self.posted[nxt] = (buf, post([], [(src, buf)], ex.ctx.group("pp")))
+        buf, tr = self.posted.pop(key)
+        kind, c, mb = key
+        with ex.recorder.span(f"recv_{kind}@c{c}.mb{mb}", None, f"p2p_{kind}", stream="p2p"):
+            tr.wait()
+        return buf
+
+    def _send(self, dst: int, t: torch.Tensor) -> None:
+        self.sends.append((t, post([(dst, t)], [], self.ex.ctx.group("pp"))))
+
+    # ------------------------------------------------------------------ one action
+    def _bind(self, a: Action) -> int:
+        """Point the action's slot policy and the layer compute at chunk ``a.chunk`` and micro-batch
+        ``a.mb`` (names and model-layer numbers in the trace); return the slot."""
+        slot = self.slot_of[(a.chunk, a.mb)]
+        pol, timer = self.runtimes[(slot, a.chunk)][0].policy, self.timers[a.chunk]
+        pol.tag, pol.layer_base, pol.timer = f"@{a.tag()}", timer.base, timer
+        self.ex.compute.timer = timer
+        return slot
+
+    def _forward(self, a: Action, step: int) -> None:
+        ex, c, mb = self.ex, a.chunk, a.mb
+        vs = virtual_stage(c, self.s, self.pp)
+        slot = self._bind(a)
+        if vs > 0:
+            x = self._receive(self._rank(vs - 1), ("fwd", c, mb)).requires_grad_(True)
+            self.inputs[(c, mb)] = x
+        with ex.recorder.span(f"fwd@{a.tag()}", None, "pipe_fwd", stream="pipeline"):
+            if vs == 0:
+                inputs, _ = ex.micro_batch_rows(step, mb)
+                with ex.recorder.span("embedding", None, "fwd"):
+                    x = F.embedding(inputs, ex.gpt.wte)
+            for rt in self.runtimes[(slot, c)]:
+                x = LayerFn.apply(x, rt)
+            if vs == self.last_vs:
+                _, targets = ex.micro_batch_rows(step, mb)
+                g = ex.gpt
+                with ex.recorder.span("final_norm", None, "fwd"):
+                    hf = F.layer_norm(x, (ex.model.hidden,), g.lnf_w, g.lnf_b, LN_EPS)
+                with ex.recorder.span("classifier", None, "fwd"):
+                    y = ChunkedHead.apply(hf, g.wte, targets, ex.plan.classifier_chunk_tokens, ex.global_tokens)
+                self.loss += y.detach().to(torch.float64)
+            else:
+                y = x
+        self.outputs[(c, mb)] = y
+        if vs < self.last_vs:
+            self._send(self._rank(vs + 1), y.detach())
+
+    def _backward(self, a: Action) -> None:
+        ex, c, mb = self.ex, a.chunk, a.mb
+        vs = virtual_stage(c, self.s, self.pp)
+        slot = self._bind(a)
+        dy = None if vs == self.last_vs else self._receive(self._rank(vs + 1), ("bwd", c, mb))
+        y = self.outputs.pop((c, mb))
+        with ex.recorder.span(f"bwd@{a.tag()}", None, "pipe_bwd", stream="pipeline"):
+            torch.autograd.backward(y, dy)
+        if vs > 0:
+            self._send(self._rank(vs - 1), self.inputs.pop((c, mb)).grad)
+
+    def _tied_embedding(self) -> None:
+        """Rank 0 (embedding) and rank pp-1 (classifier) hold the tied embedding: sum its gradients."""
+        if self.s not in (0, self.pp - 1):
+            return
+        w = self.ex.gpt.wte
+        peer = self.pp - 1 if self.s == 0 else 0
+        mine = w.grad.detach().clone()
+        theirs = torch.empty_like(mine)
+        with self.ex.recorder.span("tied_embedding_grad", None, "comm", stream="p2p"):
+            post([(peer, mine)], [(peer, theirs)], self.ex.ctx.group("pp")).wait()
+        w.grad.add_(theirs)
+
+    def forward_backward(self, step: int) -> torch.Tensor:
+        self._expect()
+        self.sends: list = []
+        self.inputs: dict = {}
+        self.outputs: dict = {}
+        self.loss = torch.zeros((), dtype=torch.float64)
+        for a in self.order:
+            if a.kind == "fwd":
+                self._forward(a, step)
+            else:
+                self._backward(a)
+        self.ex.compute.timer = self.ex.recorder
+        assert not self.posted and not any(self.expected.values()), "unconsumed pipeline messages"
+        for _, tr in self.sends:
+            tr.wait()
+        self.sends.clear()
+        self._tied_embedding()
+        return self.loss
+
+    def write_outputs(self, out_dir, plan_file) -> list:
+        """Rank 0, after the merged ``measured.json``: per-stage rows and the pipeline Gantt chart
+        (`memo_exec.pipeline.report`); ``pipeline.md`` is appended to ``report.md``."""
+        from memo_exec.pipeline.report import write_pipeline_outputs  # noqa: PLC0415
+
+        if self.ex.ctx.rank != 0:
+            return []
+        return write_pipeline_outputs(out_dir, plan_file)
+
+
+@register_schedule("1f1b")
+class OneFOneB(PipelineSchedule):
+    """PipeDream-flush / Megatron-LM 1F1B: one chunk per rank."""
+
+
+@register_schedule("interleaved_1f1b")
+class Interleaved1F1B(PipelineSchedule):
+    """Megatron-LM's interleaved 1F1B: ``layout.vpp`` chunks per rank."""
+
+    @property
+    def vpp(self) -> int:
+        return self.ex.layout.vpp
