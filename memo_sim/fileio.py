@@ -103,17 +103,24 @@ class OutputFolder:
         return self.out / Path(staged).name
 
     def commit(self) -> list[Path]:
+        import shutil
+
         self.out.mkdir(parents=True, exist_ok=True)
-        files = sorted(p for p in self.stage.iterdir() if p.is_file())
+        entries = sorted(self.stage.iterdir())
         old = self.out / MANIFEST
         if old.exists():
             old.unlink()
         moved = []
-        for f in files:
-            os.replace(f, self.out / f.name)
-            moved.append(self.out / f.name)
-        atomic_write_json(self.out / MANIFEST, {"command": self.command, "complete": True,
-                                                "files": [{"name": p.name, "bytes": p.stat().st_size} for p in moved]})
+        for f in entries:  # files, and folders of files (a folder replaces the one of the same name)
+            dest = self.out / f.name
+            if f.is_dir() and dest.is_dir():
+                shutil.rmtree(dest)
+            os.replace(f, dest)
+            moved.append(dest)
+        files = [p for d in moved for p in ([d] if d.is_file() else sorted(d.rglob("*"))) if p.is_file()]
+        atomic_write_json(self.out / MANIFEST, {
+            "command": self.command, "complete": True,
+            "files": [{"name": str(p.relative_to(self.out)), "bytes": p.stat().st_size} for p in files]})
         self.discard()
         return moved
 
