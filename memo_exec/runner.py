@@ -46,6 +46,21 @@ class RunOptions:
     weight_decay: float = 0.1
     use_memory_plan: bool = True
     probe_backend: bool = True
+    profile: str | None = None  # predict with this profile (name or file) instead of the plan's
+
+
+def use_profile(plan, profile: str | None) -> None:
+    """Point ``plan`` at ``profile`` (a name or a file path) once it loads: the run's re-simulation
+    then predicts with exactly that file. A profile that does not load is a one-line `ProfileError`,
+    never a fall-back to a built-in profile of the same name."""
+    if profile is None:
+        return
+    from pathlib import Path  # noqa: PLC0415
+
+    from memo_sim.profile.loader import load_profile  # noqa: PLC0415
+
+    prof = load_profile(profile)
+    plan.profile = str(Path(prof.path).resolve()) if prof.path and Path(prof.path).exists() else prof.name
 
 
 def make_flops_fn(model: ModelConfig, batch: int, seq: int, recompute_fraction: float):

@@ -118,11 +118,9 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq,
     plan_path = sppo_plan_path = None
     if best is not None and not no_plan:
         plan = best.to_plan()
-        if best.policy.static_memory_plan:  # MEMO places its transient tensors by the bi-level static plan
-            from memo_sim.memplan.planner import plan_memory
+        from memo_sim.memplan.planner import attach_memory_plan
 
-            plan.memory_plan = plan_memory(model, best.layout, best.batch, seq, best.policy,
-                                           time_limit_s=10.0).to_plan_json()
+        attach_memory_plan(plan)  # MEMO places its transient tensors by the bi-level static plan
         plan_path = write_plan(plan, Path(out_dir) / "plan.json")
         sppo_best = next((c for c in result.candidates if c.sppo is not None and c.status == "OK"), None)
         if sppo_best is not None and sppo_best is not best:
