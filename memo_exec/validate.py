@@ -3,7 +3,7 @@
 For each plan (sequence lengths x policies x alphas of one model on one device) the simulator
 predicts with the given (calibrated) profile and writes ``plans/plan-NN.json``: a MEMO plan
 carries its bi-level memory plan, attached by the same code as ``memo-sim whatif``
-(`memo_sim.memplan.planner.attach_memory_plan`), and every plan names the profile by its file
+(`memo_sim.api.attach_memory_plan`), and every plan names the profile by its file
 path, so the run re-predicts with that profile and never with a built-in one of the same name.
 
 Each plan runs in its own process (``python -m memo_exec run PLAN --json``, output under
@@ -131,7 +131,7 @@ def predict(model: ModelConfig, seq: int, policy: Policy, profile: HardwareProfi
 def plan_for(model, seq, policy, profile: HardwareProfile, sim) -> Plan:
     """The plan of one validation point: the simulator's predictions, the profile by its path, and
     (MEMO) the bi-level memory plan."""
-    from memo_sim.memplan.planner import attach_memory_plan
+    from memo_sim.api import attach_memory_plan
 
     d = sim.to_dict()
     predicted = {"source": "simulated", "status": d["status"], "iteration_s": d["iteration_s"], "mfu": d["mfu"],
