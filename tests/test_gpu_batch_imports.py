@@ -160,3 +160,33 @@ def test_dry_run_writes_the_gpu_files_under_the_image_restriction(tmp_path):
         names = tar.getnames()
     assert "batch/logs/calibrate.log" in names and "batch/validate/plans/plan-02.json" in names
     assert any(n.startswith("batch/validate/runs/plan-02/") and n.endswith("report.md") for n in names)
+
+
+def _fake_wheel(folder: Path, name: str, version: str, requires: list[str]) -> None:
+    import zipfile
+
+    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n"
+                                                                                  for r in requires)
+    dist = name.replace("-", "_")
+    with zipfile.ZipFile(folder / f"{dist}-{version}-py3-none-any.whl", "w") as z:
+        z.writestr(f"{dist}-{version}.dist-info/METADATA", meta)
+
+
+def test_fetch_checks_the_dependency_closure_of_the_wheels(tmp_path):
+    """fetch_wheels.py refuses a wheel set whose requirements are neither pinned nor in the image."""
+    fw = _fetch()
+    pins = fw.pins()
+    deps = {"pydantic": ["annotated-types>=0.6.0", "pydantic-core==2.46.4", "typing-extensions>=4.14.1",
+                         "typing-inspection>=0.4.2", "email-validator>=2.0.0; extra == 'email'"],
+            "mip": ["cffi>=1.15", "cbcbox>=2.935"], "cffi": ['pycparser; implementation_name != "PyPy"'],
+            "highspy": ["numpy", 'typing_extensions; python_version < "3.10"']}
+    for name, (version, _) in pins.items():
+        _fake_wheel(tmp_path, name, version, deps.get(name, []))
+    assert len(fw.check_closure(tmp_path)) == len(pins)  # extras and markers are evaluated for 3.12
+    _fake_wheel(tmp_path, "simpy", pins["simpy"][0], ["some-new-dependency>=1"])
+    with pytest.raises(SystemExit, match="simpy needs some-new-dependency"):
+        fw.check_closure(tmp_path)
+    _fake_wheel(tmp_path, "simpy", pins["simpy"][0], [])
+    _fake_wheel(tmp_path, "simpy", "4.0.0", [])
+    with pytest.raises(SystemExit, match="two wheels of simpy"):
+        fw.check_closure(tmp_path)
