@@ -67,6 +67,9 @@ def cli() -> None:
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--lr", default=3e-4, show_default=True, type=float)
 @click.option("--no-memory-plan", is_flag=True, help="ignore plan.memory_plan (caching allocator only)")
+@click.option("--profile", "profile", default=None,
+              help="predict with this hardware profile, a name or a .yaml/.json file (e.g. one memo-exec calibrate "
+                   "wrote), instead of the plan's")
 @click.option("--json", "as_json", is_flag=True,
               help="print the measured-vs-predicted rows (totals, streams, ops per layer, memory) as JSON")
 @click.option("--nproc", default=None, type=click.IntRange(1, 4096),
@@ -77,15 +80,15 @@ def cli() -> None:
               help="per-step progress on stderr (default: on when stderr is a terminal and not --json)")
 @user_errors("while running the plan")
 def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens_file, dtype, seed, lr,
-            no_memory_plan, as_json, nproc, pg_timeout, progress) -> None:
+            no_memory_plan, profile, as_json, nproc, pg_timeout, progress) -> None:
     from memo_exec.distributed.launch import in_torchrun  # noqa: PLC0415
-    from memo_exec.runner import RunOptions  # noqa: PLC0415
+    from memo_exec.runner import RunOptions, use_profile  # noqa: PLC0415
     from memo_sim.plan.schema import read_plan  # noqa: PLC0415
 
     if progress is None:
         progress = sys.stderr.isatty() and not as_json
     opts = RunOptions(device=device, steps=steps, layers=layers, attention_backend=attention_backend, dtype=dtype,
-                      tokens_file=tokens_file, seed=seed, lr=lr, use_memory_plan=not no_memory_plan)
+                      tokens_file=tokens_file, seed=seed, lr=lr, use_memory_plan=not no_memory_plan, profile=profile)
     if in_torchrun():
         from memo_exec.distributed.launch import CommFailure, run_rank  # noqa: PLC0415
 
@@ -101,6 +104,7 @@ def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens
         sys.stderr.flush()
         os._exit(0)
     plan = read_plan(plan_file)
+    use_profile(plan, profile)  # a profile that does not load stops here, before anything runs
     if nproc is None and plan.layout.gpus == 1:
         from memo_exec.distributed.schedule import SingleStage, schedule_for  # noqa: PLC0415
 
@@ -121,7 +125,7 @@ def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens
         argv = [plan_file, "--steps", str(steps), "--out", str(outf.stage), "--seed", str(seed), "--lr", repr(lr),
                 "--pg-timeout", repr(pg_timeout)]
         for flag, v in (("--device", device), ("--layers", layers), ("--attention-backend", attention_backend),
-                        ("--tokens", tokens_file), ("--dtype", dtype)):
+                        ("--tokens", tokens_file), ("--dtype", dtype), ("--profile", profile)):
             if v is not None:
                 argv += [flag, str(v)]
         argv += ["--no-memory-plan"] * bool(no_memory_plan) + ["--json"] * bool(as_json)
@@ -206,9 +210,10 @@ def trace_cmd(plan_file, device, out_file, dtype, attention_backend, target, cud
         click.echo(f"wrote {write_plan}: arena {plan.memory_plan.transient_arena_bytes / 2**20:.1f} MiB")
 
 
-@cli.command("validate", help="Run a set of plans, predict each with a (calibrated) profile, and tabulate errors.")
-@click.option("--profile", "profile_name", required=True, help="hardware profile to predict with (e.g. one "
-              "memo-exec calibrate wrote)")
+@cli.command("validate", help="Predict a set of plans with a (calibrated) profile, run each in its own process, "
+             "and tabulate predicted vs measured (validation.md, validation.json).")
+@click.option("--profile", "profile_name", required=True, help="hardware profile to predict with: a name or a "
+              ".yaml/.json file (e.g. one memo-exec calibrate wrote)")
 @click.option("--model", "model_name", default=None, help="preset or model .yaml/.json; default a 2-layer toy")
 @click.option("--layers", type=int, default=None)
 @click.option("--hidden", type=int, default=None)
@@ -219,7 +224,10 @@ def trace_cmd(plan_file, device, out_file, dtype, attention_backend, target, cud
               help="model dtype (default bf16 on CUDA, fp32 on CPU)")
 @click.option("--seqs", default="1K,2K", show_default=True, help="comma-separated sequence lengths")
 @click.option("--policies", default="store_all,full_recompute,full_offload,memo", show_default=True)
-@click.option("--alphas", default="0.25,0.5,0.75", show_default=True, help="MEMO alphas")
+@click.option("--alphas", default="0.25,0.5,0.75", show_default=True,
+              help="MEMO alphas; 'sim' is the simulator's alpha at each length")
+@click.option("--budget", "budget_s", default=None, type=click.FloatRange(min=1.0),
+              help="seconds for all the runs; each gets a timeout from what is left (default: no limit)")
 @click.option("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if available)")
 @click.option("--steps", default=3, show_default=True, type=click.IntRange(1, 100))
 @click.option("--out", "out_dir", default="validation_out", show_default=True, type=click.Path(file_okay=False))
@@ -228,8 +236,8 @@ def trace_cmd(plan_file, device, out_file, dtype, attention_backend, target, cud
 @click.option("--progress/--no-progress", default=None,
               help="a progress bar on stderr (default: on when stderr is a terminal)")
 @user_errors("while validating")
-def validate_cmd(profile_name, model_name, layers, hidden, heads, ffn, vocab, dtype, seqs, policies, alphas, device,
-                 steps, out_dir, report_path, progress):
+def validate_cmd(profile_name, model_name, layers, hidden, heads, ffn, vocab, dtype, seqs, policies, alphas, budget_s,
+                 device, steps, out_dir, report_path, progress):
     import dataclasses
     import shlex
 
@@ -248,22 +256,34 @@ def validate_cmd(profile_name, model_name, layers, hidden, heads, ffn, vocab, dt
     model = ModelConfig.from_dict({**dataclasses.asdict(base), **over}, source="model flags")
     seq_list = [parse_count(s.strip(), "--seqs") for s in seqs.split(",") if s.strip()]
     try:
-        alpha_list = [float(a) for a in alphas.split(",") if a.strip()]
+        alpha_list = [a.strip() if a.strip() == "sim" else float(a) for a in alphas.split(",") if a.strip()]
     except ValueError:
-        raise click.BadParameter("expected comma-separated numbers", param_hint="--alphas") from None
+        raise click.BadParameter("expected comma-separated numbers or 'sim'", param_hint="--alphas") from None
     pols = [p.strip() for p in policies.split(",") if p.strip()]
-    plans = plan_set(seq_list, pols, alpha_list)
+
+    def alpha_for(seq):  # MEMO at the simulator's alpha
+        from memo_sim.api import Layout, memo_alpha  # noqa: PLC0415
+
+        res = memo_alpha(model, Layout(), 1, seq, profile)
+        return (res.alpha if res.feasible else None), res.reason()
+
+    plans = plan_set(seq_list, pols, alpha_list, alpha_for)
     command = "memo-exec " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     if progress is None:
         progress = sys.stderr.isatty()
     with (click.progressbar(length=len(plans), label="validating", file=sys.stderr) if progress
           else contextlib.nullcontext()) as bar:
         path, summary = validate(model, profile, plans, device=dev, steps=steps, out_dir=out_dir,
-                                 report_path=report_path, command=command,
-                                 progress=(lambda done, total: bar.update(1)) if progress else None)
-    click.echo(f"wrote {path}: {summary['ran']} of {summary['plans']} plans ran; median |iteration error| "
-               f"{summary['median_abs_iteration_error']}, max {summary['max_abs_iteration_error']}, "
-               f"Kendall tau {summary['kendall_tau_iteration']}")
+                                 report_path=report_path, command=command, budget_s=budget_s,
+                                 progress=(lambda done, total: bar.update(done - bar.pos)) if progress else None)
+    e = summary["errors"]["step_s"]
+    click.echo(f"wrote {path}: {summary['ran']} of {summary['plans']} plans ran ({summary['oom']} out of memory, "
+               f"{summary['failed']} failed); step-time |error| mean {_pct(e['mean_abs_error_pct'])}, max "
+               f"{_pct(e['max_abs_error_pct'])}; Kendall tau {summary['kendall_tau_step_time']}")
+
+
+def _pct(v) -> str:
+    return "—" if v is None else f"{v:.1f}%"
 
 
 def _register_calibrate() -> None:

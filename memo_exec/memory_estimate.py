@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 from memo_exec.device import acc_dtype, element_size, gib
 from memo_exec.errors import FitError
-from memo_exec.optim import AdamW
+from memo_exec.optim import AdamW, model_state_bytes
 
 # executor term -> the simulator's MemoryBreakdown field (None: computed here from the simulator's
 # skeletal bytes, or a term the simulator does not have)
@@ -104,14 +104,18 @@ def scratch_peak(events: list[tuple[str, str, str, int]], phase: str, skip: set[
 
 
 def estimate_memory(model, batch: int, seq: int, dtype, policy, backend, dims, requests, arena_plan,
-                    classifier_chunk_tokens: int, largest_param_numel: int) -> MemoryEstimate:
+                    classifier_chunk_tokens: int, largest_param_numel: int, grad_dtype=None,
+                    layer_grad_bytes: int = 0) -> MemoryEstimate:
     """``policy``: the executor policy (sizes only); ``requests``: the layer's recorded scratch
-    requests (`memo_exec.arena.AllocRecorder`); ``arena_plan``: the parsed memory plan or None."""
+    requests (`memo_exec.arena.AllocRecorder`); ``arena_plan``: the parsed memory plan or None;
+    ``grad_dtype``: the gradients the optimizer reads (fp32 main gradients under Megatron's recipe,
+    `memo_exec.optim.main_grad_dtype`), whose 16-bit layer gradients (``layer_grad_bytes``) then
+    live during that layer's backward only."""
     T, h, V = batch * seq, model.hidden, model.vocab
     e, acc_e = element_size(dtype), element_size(acc_dtype(dtype))
     P = model.params()
     dev = policy.device_bytes()
-    terms = {"model_states": 2 * P * e + AdamW.state_bytes_for(P, dtype),
+    terms = {"model_states": model_state_bytes(P, dtype, grad_dtype),
              "skeletal_resident": dev.get("skeletal_resident", 0), "buffers": dev.get("buffers", 0),
              "lse": dev.get("lse", 0), "norm_stats": dev.get("norm_stats", 0)}
 
@@ -125,8 +129,8 @@ def estimate_memory(model, batch: int, seq: int, dtype, policy, backend, dims, r
     outside = {
         "fwd": scratch_peak(requests.events, "fwd", placed) + max(hidden, kernel["fwd"]),
         # backward: LayerNorm backward outputs, the kernel's gradients, or (full recompute) its forward outputs
-        "bwd": scratch_peak(requests.events, "bwd", placed) + max(hidden, kernel["bwd"],
-                                                                  kernel["fwd"] if recomputes_attention else 0),
+        "bwd": scratch_peak(requests.events, "bwd", placed) + layer_grad_bytes + max(
+            hidden, kernel["bwd"], kernel["fwd"] if recomputes_attention else 0),
     }
     terms["transient_peak"] = arena + max(outside.values())
     terms["layer_boundary"] = hidden

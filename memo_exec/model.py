@@ -103,6 +103,48 @@ class LayerHooks:
 NO_HOOKS = LayerHooks()
 
 
+class MainGrads(LayerHooks):
+    """Megatron's fp32 main gradients on one device. Every parameter keeps a ``dtype`` (fp32) main
+    gradient the optimizer reads; a layer's backward accumulates into 16-bit ``.grad`` buffers that
+    exist only during that backward (`before_backward` allocates them, `after_backward` adds them
+    into the main gradients and frees them); the other parameters' 16-bit gradients (embedding,
+    final norm, classifier), formed by autograd during the backward, are added by `fold_rest`."""
+
+    def __init__(self, gpt: "GPT", dtype: torch.dtype) -> None:
+        self.gpt = gpt
+        self.main = {p: torch.zeros_like(p, dtype=dtype) for p in gpt.parameters()}
+        layer_ids = {id(p) for lw in gpt.layers for p in lw.parameters()}
+        self.rest = [p for p in gpt.parameters() if id(p) not in layer_ids]
+        for p in gpt.parameters():
+            p.grad = None
+
+    def before_backward(self, i: int) -> None:
+        for p in self.gpt.layers[i].parameters():
+            p.grad = torch.zeros_like(p)
+
+    def after_backward(self, i: int) -> None:
+        with torch.no_grad():
+            for p in self.gpt.layers[i].parameters():
+                self.main[p].add_(p.grad)
+                p.grad = None
+
+    def fold_rest(self) -> None:
+        with torch.no_grad():
+            for p in self.rest:
+                if p.grad is not None:
+                    self.main[p].add_(p.grad)
+                    p.grad = None
+
+    def zero_(self) -> None:
+        for g in self.main.values():
+            g.zero_()
+
+    @staticmethod
+    def layer_grad_bytes(weights: "LayerWeights") -> int:
+        """The 16-bit gradients one layer's backward holds beside its other transients."""
+        return sum(p.numel() * p.element_size() for p in weights.parameters())
+
+
 class LayerRuntime:
     """Binds layer i's weights to the shared compute and the activation policy."""
 

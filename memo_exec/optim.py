@@ -1,5 +1,8 @@
-"""AdamW with fp32 master weights for 16-bit parameters (the 16 bytes per parameter that
-`memo_sim.cost.memory` counts: 2 weight + 2 gradient + 4 master + 4 m + 4 v).
+"""AdamW with fp32 master weights for 16-bit parameters, and the gradients it reads by the plan's
+precision recipe (`memo_sim.model.precision`): Megatron's recipe (the default for 16-bit models)
+keeps fp32 main gradients, 2 weight + 4 main gradient + 4 master + 4 m + 4 v = 18 bytes per
+parameter (`memo_exec.model.MainGrads`); the ZeRO paper's keeps 16-bit gradients (16 bytes); fp32
+models keep fp32 everything with no master copy.
 
 The update is torch.optim.AdamW's (decoupled weight decay, bias-corrected moments), applied one
 parameter at a time so the fp32 copy of a 16-bit gradient exists for one tensor only. For fp32/fp64
@@ -13,9 +16,28 @@ import math
 import torch
 
 
+def main_grad_dtype(recipe, dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the gradients the optimizer step reads: fp32 main gradients where the plan's
+    precision recipe keeps gradients wider than the 16-bit compute dtype (Megatron's: 4 bytes),
+    else the parameters' own dtype."""
+    if recipe is None or dtype in (torch.float32, torch.float64):
+        return dtype
+    return torch.float32 if recipe.grad_bytes > torch.empty((), dtype=dtype).element_size() else dtype
+
+
+def model_state_bytes(numel: int, dtype: torch.dtype, grad_dtype: torch.dtype | None = None) -> int:
+    """Weights, the gradients the step reads (``grad_dtype``, default the weights') and AdamW's states."""
+    e = torch.empty((), dtype=dtype).element_size()
+    ge = torch.empty((), dtype=grad_dtype or dtype).element_size()
+    return numel * (e + ge) + AdamW.state_bytes_for(numel, dtype)
+
+
 class AdamW:
     def __init__(self, params, lr: float = 3e-4, betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,
-                 weight_decay: float = 0.1) -> None:
+                 weight_decay: float = 0.1, main_grads: dict | None = None) -> None:
+        """``main_grads``: parameter -> its fp32 main gradient (`memo_exec.model.MainGrads`), read
+        instead of ``.grad``."""
+        self.main_grads = main_grads
         self.params = [p for p in params if p.requires_grad]
         self.lr, self.betas, self.eps, self.wd = lr, betas, eps, weight_decay
         self.step_count = 0
@@ -59,9 +81,10 @@ class AdamW:
         step_size = self.lr / bc1
         bc2_sqrt = math.sqrt(bc2)
         for p, mp, m, v in zip(self.params, self.master, self.m, self.v):
-            if p.grad is None:
+            grad = self.main_grads[p] if self.main_grads is not None else p.grad
+            if grad is None:
                 continue
-            g = p.grad if p.grad.dtype == mp.dtype else p.grad.to(mp.dtype)
+            g = grad if grad.dtype == mp.dtype else grad.to(mp.dtype)
             mp.mul_(1 - self.lr * self.wd)
             m.lerp_(g, 1 - b1)
             v.mul_(b2).addcmul_(g, g, value=1 - b2)

@@ -24,8 +24,8 @@ from memo_exec.layer import LayerCompute, LayerStorage, LayerWeights, carve_stor
     storage_bytes
 from memo_exec.measure import Recorder, StepRecord, steady_state, summarize_step
 from memo_exec.memory_estimate import MemoryEstimate, check_fit, estimate_memory
-from memo_exec.model import GPT, LayerRuntime, forward_loss
-from memo_exec.optim import AdamW
+from memo_exec.model import GPT, NO_HOOKS, LayerRuntime, MainGrads, forward_loss
+from memo_exec.optim import AdamW, main_grad_dtype
 from memo_exec.streams import make_engine
 from memo_sim.model.flops import ATTN_BWD_FACTOR, classifier_flops, op_flops
 from memo_sim.model.config import ModelConfig
@@ -46,6 +46,21 @@ class RunOptions:
     weight_decay: float = 0.1
     use_memory_plan: bool = True
     probe_backend: bool = True
+    profile: str | None = None  # predict with this profile (name or file) instead of the plan's
+
+
+def use_profile(plan, profile: str | None) -> None:
+    """Point ``plan`` at ``profile`` (a name or a file path) once it loads: the run's re-simulation
+    then predicts with exactly that file. A profile that does not load is a one-line `ProfileError`,
+    never a fall-back to a built-in profile of the same name."""
+    if profile is None:
+        return
+    from pathlib import Path  # noqa: PLC0415
+
+    from memo_sim.profile.loader import load_profile  # noqa: PLC0415
+
+    prof = load_profile(profile)
+    plan.profile = str(Path(prof.path).resolve()) if prof.path and Path(prof.path).exists() else prof.name
 
     def __post_init__(self) -> None:
         # refused before anything is allocated: a run that cannot train sensibly is a typo
@@ -143,9 +158,13 @@ def size_plan(plan: Plan, model: ModelConfig, dtype: torch.dtype, backend, use_m
         arena_plan = parse_memory_plan(mp, width, element_size(dtype))
         unplanned = validate_memory_plan(arena_plan, requests, backend.name)
     dims = AttnDims(batch, seq, model.heads, model.n_kv_heads, model.head_dim)
-    largest = max(p.numel() for p in GPT(model, model.layers, torch.device("meta"), dtype).parameters())
+    meta_gpt = GPT(model, model.layers, torch.device("meta"), dtype)
+    largest = max(p.numel() for p in meta_gpt.parameters())
+    grad_dtype = main_grad_dtype(plan.model.recipe, dtype)  # the plan's precision recipe
+    layer_grads = MainGrads.layer_grad_bytes(meta_gpt.layers[0]) if grad_dtype != dtype else 0
     est = estimate_memory(model, batch, seq, dtype, policy, backend, dims, requests, arena_plan,
-                          plan.classifier_chunk_tokens, largest)
+                          plan.classifier_chunk_tokens, largest, grad_dtype=grad_dtype,
+                          layer_grad_bytes=layer_grads)
     return PlanSizes(policy, requests, arena_plan, unplanned, est)
 
 
@@ -227,13 +246,17 @@ class Executor:
             self.scratch = CachingScratch(dev)
         self.gpt = GPT(m, m.layers, dev, dt)
         self.gpt.init_(self.opts.seed)
-        self.gpt.alloc_grads()
-        self.optimizer = AdamW(self.gpt.parameters(), lr=self.opts.lr, weight_decay=self.opts.weight_decay)
+        gdt = main_grad_dtype(self.plan.model.recipe, dt)  # the plan's precision recipe
+        self.main_grads = MainGrads(self.gpt, gdt) if gdt != dt else None
+        if self.main_grads is None:
+            self.gpt.alloc_grads()
+        self.optimizer = AdamW(self.gpt.parameters(), lr=self.opts.lr, weight_decay=self.opts.weight_decay,
+                               main_grads=self.main_grads.main if self.main_grads is not None else None)
         self.compute = LayerCompute(m, self.batch, self.seq, dt, dev, self.backend, self.scratch, self.recorder)
         self.policy = make_policy(self.plan.policy, m, self.batch, self.seq, m.layers, dt, dev, self.engine,
                                   self.recorder, self.compute)
         self.policy.allocate()
-        self.runtimes = [LayerRuntime(i, w, self.policy, self.compute, self.recorder)
+        self.runtimes = [LayerRuntime(i, w, self.policy, self.compute, self.recorder, self.main_grads or NO_HOOKS)
                          for i, w in enumerate(self.gpt.layers)]
         self.allocated = True
 
@@ -245,6 +268,8 @@ class Executor:
         loss = forward_loss(self.gpt, self.runtimes, inputs, targets, self.plan.classifier_chunk_tokens,
                             self.recorder)
         loss.backward()
+        if self.main_grads is not None:
+            self.main_grads.fold_rest()
         self.policy.end_step()
         return loss
 
@@ -257,6 +282,8 @@ class Executor:
             with self.recorder.span("optimizer", None, "optimizer"):
                 self.optimizer.step()
                 self.gpt.zero_grads()
+                if self.main_grads is not None:
+                    self.main_grads.zero_()
         rec = self.recorder.end_step(self.engine)
         rec.loss = float(loss.detach().item())
         return rec

@@ -1,53 +1,84 @@
 """Validate the simulator against measured runs: many plans, predicted vs measured, one table.
 
 For each plan (sequence lengths x policies x alphas of one model on one device) the simulator
-predicts with the given (calibrated) profile and the executor runs it; the table sets
-predicted beside measured: iteration time, peak memory, exposed copy time, each with its
-error, plus the Kendall tau between the predicted and the measured ranking of the plans, and
-predicted/measured Gantt charts of the worst case overlaid. The calibration data (memo-exec
-calibrate) and these runs are separate runs.
+predicts with the given (calibrated) profile and writes ``plans/plan-NN.json``: a MEMO plan
+carries its bi-level memory plan, attached by the same code as ``memo-sim whatif``
+(`memo_sim.api.attach_memory_plan`), and every plan names the profile by its file
+path, so the run re-predicts with that profile and never with a built-in one of the same name.
+
+Each plan runs in its own process (``python -m memo_exec run PLAN --json``, output under
+``runs/plan-NN/``): whatever one run leaves reserved on the device is gone before the next
+starts, and a run that fails -- an out-of-memory error, a plan the executor refuses, a crash,
+a time-out -- becomes that plan's row while the others go on.
+
+Per plan the rows hold step time, per-stream busy and exposed time (compute, d2h, h2d) and peak
+memory, each predicted, measured and its error in percent; the summary holds the mean and max
+|error| of each quantity over the plans that ran and the Kendall tau between the predicted and the
+measured ordering of the step times. Both go to ``validation.md`` and ``validation.json``.
 
 On a CPU, peak memory is the process RSS, which the simulator's GPU memory model does not
-predict; the memory columns are then left out and the report says so.
+predict; the memory columns then read "—" and the report says so.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
+import os
 import platform
-import statistics
+import subprocess
+import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from memo_exec.errors import ExecError
-from memo_exec.figures import overlay_gantt
-from memo_sim.errors import MemoError
 from memo_sim.fileio import atomic_write_json, atomic_write_text
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
 from memo_sim.plan.schema import Plan, write_plan
 from memo_sim.policy import Policy, get_policy, policy_class
 from memo_sim.profile.schema import HardwareProfile
-from memo_sim.timeline import Timeline
 from memo_sim.units import fmt_bytes, fmt_count, fmt_time
+
+REPO = Path(__file__).resolve().parents[1]
+# (key, unit, what) of each per-plan quantity, in table order
+QUANTITIES = (
+    ("step_s", "s", "step time"),
+    ("compute_busy_s", "s", "compute busy"),
+    ("compute_exposed_s", "s", "compute exposed"),
+    ("d2h_busy_s", "s", "d2h busy"),
+    ("d2h_exposed_s", "s", "d2h exposed"),
+    ("h2d_busy_s", "s", "h2d busy"),
+    ("h2d_exposed_s", "s", "h2d exposed"),
+    ("peak_memory_bytes", "bytes", "peak memory"),
+)
+RUN_STARTUP_S = 20.0  # a run's process start, allocation and warm-up step, before its steps
+
+
+@dataclass
+class PlanSpec:
+    seq: int
+    policy: Policy | None  # None: skipped before any plan was written
+    skipped: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{fmt_count(self.seq)} {self.policy.label() if self.policy else 'memo(a=sim)'}"
 
 
 @dataclass
 class ValidationRow:
     label: str
-    seq: int
-    policy: Policy
-    predicted: dict
-    measured: dict
-    status: str = "ran"  # ran | predicted OOM | failed: ...
-    predicted_timeline: Timeline | None = field(default=None, repr=False)
-    measured_timeline: Timeline | None = field(default=None, repr=False)
+    status: str  # ran | predicted OOM | OOM: ... | failed: ... | timed out ... | skipped: ...
+    quantities: dict[str, dict]  # QUANTITIES key -> {"predicted", "measured", "error_pct"}
+    plan_file: str | None = None
+    run_dir: str | None = None
+    predicted_timeline: object | None = field(default=None, repr=False)
 
-    def err(self, pred_key: str, meas_key: str) -> float | None:
-        p, m = self.predicted.get(pred_key), self.measured.get(meas_key)
-        if p is None or m is None or not p:
-            return None
-        return (m - p) / p
+    def to_dict(self) -> dict:
+        return {"plan": self.label, "status": self.status, "plan_file": self.plan_file, "run_dir": self.run_dir,
+                "quantities": self.quantities}
 
 
 def kendall_tau(xs: list[float], ys: list[float]) -> float | None:
@@ -64,15 +95,30 @@ def kendall_tau(xs: list[float], ys: list[float]) -> float | None:
     return (c - d) / (n * (n - 1) / 2)
 
 
-def plan_set(seqs: list[int], policies: list[str], alphas: list[float]) -> list[tuple[int, Policy]]:
-    """Every (sequence length, policy) to validate; a policy that takes alpha once per alpha."""
+def error_pct(predicted, measured) -> float | None:
+    """(measured - predicted) / predicted in percent; None where either is missing or predicted is 0."""
+    if predicted is None or measured is None or not predicted:
+        return None
+    return 100.0 * (measured - predicted) / predicted
+
+
+def plan_set(seqs: list[int], policies: list[str], alphas: list, alpha_for=None) -> list[PlanSpec]:
+    """Every (sequence length, policy) to validate; a policy that takes alpha once per alpha. An
+    alpha of ``"sim"`` is the simulator's alpha at that length, ``alpha_for(seq) -> (alpha | None,
+    why)``; where it finds none the plan is skipped with the reason."""
     out = []
     for s in seqs:
         for p in policies:
-            if policy_class(p).takes_alpha:
-                out += [(s, get_policy(p, a)) for a in alphas]
-            else:
-                out.append((s, get_policy(p)))
+            if not policy_class(p).takes_alpha:
+                out.append(PlanSpec(s, get_policy(p)))
+                continue
+            for a in alphas:
+                if a == "sim":
+                    alpha, why = alpha_for(s)
+                    out.append(PlanSpec(s, get_policy(p, alpha)) if alpha is not None else
+                               PlanSpec(s, None, f"skipped: the simulator finds no feasible alpha ({why})"))
+                else:
+                    out.append(PlanSpec(s, get_policy(p, a)))
     return out
 
 
@@ -82,77 +128,190 @@ def predict(model: ModelConfig, seq: int, policy: Policy, profile: HardwareProfi
     return simulate(model, Layout(), 1, seq, policy, profile)
 
 
-def _plan_for(model, seq, policy, profile, sim) -> Plan:
+def plan_for(model, seq, policy, profile: HardwareProfile, sim) -> Plan:
+    """The plan of one validation point: the simulator's predictions, the profile by its path, and
+    (MEMO) the bi-level memory plan."""
+    from memo_sim.api import attach_memory_plan
+
     d = sim.to_dict()
     predicted = {"source": "simulated", "status": d["status"], "iteration_s": d["iteration_s"], "mfu": d["mfu"],
                  "tgs_tokens_per_gpu_s": d["tgs_tokens_per_gpu_s"], "peak_gpu_bytes": d["peak_gpu_bytes"],
                  "peak_host_bytes_per_node": d["peak_host_bytes_per_node"], "exposed_copy_s": d["exposed_copy_s"]}
     lt = {k: v for k, v in d["layer_timings_s"].items() if k in ("forward", "backward", "recompute", "offload",
                                                                  "prefetch")}
-    return Plan(model=model, batch=1, seq_tokens=seq, gpus=1, layout=Layout(), policy=policy, profile=profile.name,
+    prof = str(Path(profile.path).resolve()) if profile.path else profile.name
+    plan = Plan(model=model, batch=1, seq_tokens=seq, gpus=1, layout=Layout(), policy=policy, profile=prof,
                 predicted=predicted, layer_timings_s=lt, attention_backend="auto")
+    if sim.status == "OK":
+        attach_memory_plan(plan)
+    return plan
 
 
-def run_validation(model: ModelConfig, profile: HardwareProfile, plans: list[tuple[int, Policy]], *,
-                   device: str, steps: int, out_dir: Path, progress=None) -> list[ValidationRow]:
-    from memo_exec.measure import timeline_from_step
-    from memo_exec.runner import Executor, RunOptions
+def predicted_quantities(sim) -> dict[str, float | None]:
+    """The simulator's side of every quantity, from its own result (used when a run gives none)."""
+    from memo_exec.compare import stream_stats
 
+    q: dict[str, float | None] = {k: None for k, _, _ in QUANTITIES}
+    if sim.status != "OK":
+        return q
+    q["step_s"], q["peak_memory_bytes"] = sim.iteration_s, sim.peak_gpu_bytes
+    if sim.timeline is not None:
+        for s, st in stream_stats(sim.timeline).items():
+            if f"{s}_busy_s" in q:
+                q[f"{s}_busy_s"], q[f"{s}_exposed_s"] = st["busy_s"], st["exposed_s"]
+    return q
+
+
+def quantities_from_run(doc: dict, fallback: dict[str, float | None]) -> dict[str, dict]:
+    """Per-plan rows from ``memo-exec run --json`` output: its totals (iteration time, peak device
+    memory) and stream rows (busy, exposed), predicted beside measured; ``fallback`` (the
+    simulator's numbers) fills a predicted value the run's comparison lacks."""
+    meas: dict[str, float | None] = {k: None for k, _, _ in QUANTITIES}
+    pred = dict(fallback)
+    tot = {r["quantity"]: r for r in doc.get("totals") or []}
+    for key, name in (("step_s", "iteration time"), ("peak_memory_bytes", "peak device memory (allocated)")):
+        r = tot.get(name) or {}
+        meas[key] = r.get("measured")
+        if r.get("predicted") is not None:
+            pred[key] = r["predicted"]
+    for r in doc.get("streams") or []:
+        key = f"{r['stream']}_{r['quantity']}_s"
+        if key in meas:
+            meas[key] = r.get("measured_s")
+            if r.get("predicted_s") is not None:
+                pred[key] = r["predicted_s"]
+    return {k: {"predicted": pred[k], "measured": meas[k], "error_pct": error_pct(pred[k], meas[k])}
+            for k, _, _ in QUANTITIES}
+
+
+def failure_status(rc: int, stderr: str, timeout: float | None = None) -> str:
+    """One line for a run that did not finish: ``OOM: ...`` for an out-of-memory error,
+    ``timed out ...``, else ``failed: <the last error line>``."""
+    if timeout is not None:
+        return f"timed out after {timeout:.0f} s"
+    lines = [ln.strip() for ln in stderr.strip().splitlines() if ln.strip()]
+    err = next((ln for ln in reversed(lines) if ln.startswith("error:") or "Error" in ln), lines[-1] if lines else "")
+    low = stderr.lower()
+    if "out of memory" in low or "outofmemoryerror" in low:
+        return f"OOM: {err[:300]}"
+    return f"failed (exit {rc}): {err[:300] or 'no error output'}"
+
+
+def run_argv(plan_file: Path, run_dir: Path, device: str, steps: int) -> list[str]:
+    """The command that runs one plan in its own process."""
+    return [sys.executable, "-m", "memo_exec", "run", str(plan_file), "--device", device, "--steps", str(steps),
+            "--out", str(run_dir), "--json", "--no-progress"]
+
+
+def run_plan(plan_file: Path, run_dir: Path, device: str, steps: int, timeout: float | None) -> tuple[str, dict]:
+    """(status, the run's --json document) of one plan run in a fresh process."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        p = subprocess.run(run_argv(plan_file, run_dir, device, steps), capture_output=True, text=True,
+                           timeout=timeout, env=env)
+        rc, out, err = p.returncode, p.stdout, p.stderr
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        atomic_write_text(run_dir / "stdout.txt", out)
+        atomic_write_text(run_dir / "stderr.txt", err)
+        return failure_status(124, err, timeout), {}
+    atomic_write_text(run_dir / "stdout.txt", out)
+    atomic_write_text(run_dir / "stderr.txt", err)
+    if rc != 0:
+        return failure_status(rc, err), {}
+    try:
+        return "ran", json.loads(out)
+    except json.JSONDecodeError as e:
+        return f"failed: unreadable --json output ({e})", {}
+
+
+def run_validation(model: ModelConfig, profile: HardwareProfile, plans: list[PlanSpec], *, device: str,
+                   steps: int, out_dir: Path, progress=None, budget_s: float | None = None,
+                   runner=run_plan) -> list[ValidationRow]:
+    """Predict, write and run every plan (each in its own process). ``budget_s`` bounds the runs'
+    wall time: each gets a timeout from what is left, shared in proportion to the plans' predicted
+    cost; a plan that no longer fits is a ``skipped`` row."""
+    t0 = time.monotonic()
     rows: list[ValidationRow] = []
-    for k, (seq, pol) in enumerate(plans):
-        if progress and k:
-            progress(k, len(plans))  # every plan counts, whether it ran, was predicted OOM or failed
-        label = f"{fmt_count(seq)} {pol.label()}"
-        sim = predict(model, seq, pol, profile)
-        plan = _plan_for(model, seq, pol, profile, sim)
-        write_plan(plan, out_dir / "plans" / f"plan-{k:02d}.json")
-        pred = {"iteration_s": sim.iteration_s, "peak_gpu_bytes": sim.peak_gpu_bytes,
-                "exposed_copy_s": sim.exposed_copy_s, **{f"layer_{k2}_s": v for k2, v in sim.layer_timings.items()}}
+    todo = []  # (index, spec, plan file, predicted quantities, sim)
+    for k, spec in enumerate(plans):
+        if spec.policy is None:
+            rows.append(ValidationRow(spec.label, spec.skipped or "skipped", _empty()))
+            continue
+        sim = predict(model, spec.seq, spec.policy, profile)
+        pq = predicted_quantities(sim)
+        plan_file = write_plan(plan_for(model, spec.seq, spec.policy, profile, sim),
+                               out_dir / "plans" / f"plan-{k:02d}.json")
+        row = ValidationRow(spec.label, "ran", _pred_only(pq), plan_file=str(plan_file),
+                            predicted_timeline=sim.timeline)
+        rows.append(row)
         if sim.status != "OK":
-            rows.append(ValidationRow(label, seq, pol, pred, {}, status=f"predicted {sim.status}"))
+            row.status = f"predicted {sim.status}"
             continue
-        try:
-            ex = Executor(plan, RunOptions(device=device, steps=steps))
-            try:
-                res = ex.run()
-            finally:
-                ex.close()
-        except (MemoError, MemoryError) as e:
-            rows.append(ValidationRow(label, seq, pol, pred, {}, status=f"failed: {str(e).splitlines()[0]}"))
-            continue
-        st = res.steady
-        meas = {"iteration_s": st["iteration_s"], "exposed_copy_s": st.get("exposed_copy_s"),
-                "peak_gpu_bytes": st["peak_allocated_bytes"] if res.meta["device_kind"] == "cuda" else None,
-                "layer_forward_s": st.get("layer_forward_s"), "layer_backward_s": st.get("layer_backward_s")}
-        mt = timeline_from_step(res.steps[-1], {"source": "measured", "plan": label})
-        rows.append(ValidationRow(label, seq, pol, pred, meas, predicted_timeline=sim.timeline, measured_timeline=mt))
-    if progress and plans:
-        progress(len(plans), len(plans))
+        todo.append((k, row, pq, steps * (sim.iteration_s or 0.0) + RUN_STARTUP_S))
+    done = len(plans) - len(todo)
+    if progress and done:
+        progress(done, len(plans))
+    for n, (k, row, pq, cost) in enumerate(todo):
+        timeout = None
+        if budget_s is not None:
+            left = budget_s - (time.monotonic() - t0)
+            timeout = left * cost / sum(c for *_, c in todo[n:])
+            if timeout < min(RUN_STARTUP_S, left):
+                row.status = f"skipped: out of the {budget_s:.0f} s budget"
+                continue
+        run_dir = out_dir / "runs" / f"plan-{k:02d}"
+        status, doc = runner(Path(row.plan_file), run_dir, device, steps, timeout)
+        row.status, row.run_dir = status, str(run_dir)
+        if status == "ran":
+            row.quantities = quantities_from_run(doc, pq)
+        if progress:
+            progress(done + n + 1, len(plans))
     return rows
 
 
-def render_report(rows: list[ValidationRow], model: ModelConfig, profile: HardwareProfile, device_desc: str,
-                  command: str, figure: str | None) -> tuple[str, dict]:
+def _empty() -> dict[str, dict]:
+    return {k: {"predicted": None, "measured": None, "error_pct": None} for k, _, _ in QUANTITIES}
+
+
+def _pred_only(pq: dict) -> dict[str, dict]:
+    return {k: {"predicted": pq[k], "measured": None, "error_pct": None} for k, _, _ in QUANTITIES}
+
+
+def summarize(rows: list[ValidationRow]) -> dict:
+    """Mean and max |error| (percent) of each quantity over the plans that ran, and the Kendall tau
+    between the predicted and the measured ordering of their step times."""
     ran = [r for r in rows if r.status == "ran"]
-    it_err = [abs(e) for r in ran if (e := r.err("iteration_s", "iteration_s")) is not None]
-    mem_err = [abs(e) for r in ran if (e := r.err("peak_gpu_bytes", "peak_gpu_bytes")) is not None]
-    tau = kendall_tau([r.predicted["iteration_s"] for r in ran], [r.measured["iteration_s"] for r in ran])
-    summary = {"plans": len(rows), "ran": len(ran),
-               "median_abs_iteration_error": statistics.median(it_err) if it_err else None,
-               "max_abs_iteration_error": max(it_err) if it_err else None,
-               "median_abs_peak_memory_error": statistics.median(mem_err) if mem_err else None,
-               "max_abs_peak_memory_error": max(mem_err) if mem_err else None,
-               "kendall_tau_iteration": tau}
+    out: dict = {"plans": len(rows), "ran": len(ran),
+                 "failed": sum(r.status.startswith(("OOM", "failed", "timed out")) for r in rows),
+                 "oom": sum(r.status.startswith("OOM") for r in rows)}
+    errors = {}
+    for key, _, _ in QUANTITIES:
+        errs = [abs(e) for r in ran if (e := r.quantities[key]["error_pct"]) is not None]
+        errors[key] = {"mean_abs_error_pct": sum(errs) / len(errs) if errs else None,
+                       "max_abs_error_pct": max(errs) if errs else None, "plans": len(errs)}
+    out["errors"] = errors
+    pairs = [(r.quantities["step_s"]["predicted"], r.quantities["step_s"]["measured"]) for r in ran]
+    pairs = [(p, m) for p, m in pairs if p is not None and m is not None]
+    out["kendall_tau_step_time"] = kendall_tau([p for p, _ in pairs], [m for _, m in pairs])
+    return out
 
-    def pct(v):
-        return "—" if v is None else f"{100 * v:+.1f}%"
 
-    def t(v):  # a plan predicted OOM has no predicted times
-        return "—" if v is None else fmt_time(v)
+def _fmt(v, unit: str) -> str:
+    if v is None:
+        return "—"
+    return fmt_bytes(v) if unit == "bytes" else fmt_time(v)
 
-    def b(v):
-        return "—" if v is None else fmt_bytes(v)
 
+def _pct(v) -> str:
+    return "—" if v is None else f"{v:+.1f}%"
+
+
+def render_report(rows: list[ValidationRow], summary: dict, model: ModelConfig, profile: HardwareProfile,
+                  device_desc: str, command: str, figure: str | None) -> str:
     lines = [f"# Simulator validation: {model.name} on {device_desc}", "",
              f"- date: {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}",
              f"- machine: {platform.machine()} {platform.node()}; device: {device_desc}",
@@ -160,49 +319,65 @@ def render_report(rows: list[ValidationRow], model: ModelConfig, profile: Hardwa
              f"{profile.provenance.get('date', 'n/a')} {profile.provenance.get('command', '')}",
              f"- command: `{command}`",
              f"- model: {model.layers} layers, h={model.hidden}, {model.heads} heads, ffn={model.ffn}, "
-             f"vocab={model.vocab}, dtype {model.dtype}", "",
-             "| plan | status | iteration predicted | measured | error | exposed copy predicted | measured | "
-             "peak memory predicted | measured | error |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             f"vocab={model.vocab}, dtype {model.dtype}",
+             "- each plan ran in its own process; its files are under runs/plan-NN/ (plans/plan-NN.json the plan)",
+             "", "| plan | status | " + " | ".join(f"{w} predicted | measured | error" for _, _, w in QUANTITIES) + " |",
+             "|---|---|" + "---:|---:|---:|" * len(QUANTITIES)]
     for r in rows:
-        p, m = r.predicted, r.measured
-        lines.append(
-            f"| {r.label} | {r.status} | {t(p['iteration_s'])} | "
-            f"{fmt_time(m['iteration_s']) if m.get('iteration_s') else '—'} | {pct(r.err('iteration_s', 'iteration_s'))} | "
-            f"{t(p['exposed_copy_s'])} | "
-            f"{fmt_time(m['exposed_copy_s']) if m.get('exposed_copy_s') is not None else '—'} | "
-            f"{b(p['peak_gpu_bytes'])} | "
-            f"{fmt_bytes(m['peak_gpu_bytes']) if m.get('peak_gpu_bytes') else '—'} | "
-            f"{pct(r.err('peak_gpu_bytes', 'peak_gpu_bytes'))} |")
-    lines += ["", "## Summary", ""]
-    for k, v in summary.items():
-        lines.append(f"- {k}: {v if not isinstance(v, float) else round(v, 4)}")
-    if not mem_err:
-        lines.append("- peak memory: not compared (the device reports no allocator peak: a CPU run measures "
-                     "process RSS, which the simulator's GPU memory model does not predict)")
+        cells = []
+        for key, unit, _ in QUANTITIES:
+            q = r.quantities[key]
+            cells += [_fmt(q["predicted"], unit), _fmt(q["measured"], unit), _pct(q["error_pct"])]
+        lines.append(f"| {r.label} | {r.status} | " + " | ".join(cells) + " |")
+    lines += ["", "## Summary", "", f"- plans: {summary['plans']}, ran: {summary['ran']}, failed: {summary['failed']} "
+              f"(out of memory: {summary['oom']})",
+              f"- Kendall tau, predicted vs measured ordering of step times: "
+              f"{'—' if summary['kendall_tau_step_time'] is None else round(summary['kendall_tau_step_time'], 3)}",
+              "", "| quantity | plans compared | mean abs error | max abs error |", "|---|---:|---:|---:|"]
+    for key, _, what in QUANTITIES:
+        e = summary["errors"][key]
+        mean, mx = e["mean_abs_error_pct"], e["max_abs_error_pct"]
+        lines.append(f"| {what} | {e['plans']} | {'—' if mean is None else f'{mean:.1f}%'} | "
+                     f"{'—' if mx is None else f'{mx:.1f}%'} |")
+    if not summary["errors"]["peak_memory_bytes"]["plans"]:
+        lines.append("\nPeak memory not compared: the device reports no allocator peak (a CPU run measures process "
+                     "RSS, which the simulator's GPU memory model does not predict), or no plan ran.")
     if figure:
-        lines += ["", f"Worst case, predicted vs measured streams: ![]({figure})"]
-    return "\n".join(lines) + "\n", summary
+        lines += ["", f"Worst step-time case, predicted vs measured streams: ![]({figure})"]
+    return "\n".join(lines) + "\n"
 
 
-def validate(model: ModelConfig, profile: HardwareProfile, plans: list[tuple[int, Policy]], *, device: str,
+def validate(model: ModelConfig, profile: HardwareProfile, plans: list[PlanSpec], *, device: str,
              steps: int, out_dir: str | Path, report_path: str | Path | None, command: str,
-             progress=None) -> tuple[Path, dict]:
+             progress=None, budget_s: float | None = None, runner=run_plan) -> tuple[Path, dict]:
+    """Run the validation and write the report (markdown and ``validation.json``); raise `ExecError`
+    (one line) when no plan ran, after writing them."""
     if not plans:
         raise ExecError("no plans to validate: give at least one sequence length and policy")
     out = Path(out_dir)
-    rows = run_validation(model, profile, plans, device=device, steps=steps, out_dir=out, progress=progress)
+    rows = run_validation(model, profile, plans, device=device, steps=steps, out_dir=out, progress=progress,
+                          budget_s=budget_s, runner=runner)
+    summary = summarize(rows)
     ran = [r for r in rows if r.status == "ran"]
-    figure = None
+    figure, dev = None, device
     if ran:
-        worst = max(ran, key=lambda r: abs(r.err("iteration_s", "iteration_s") or 0.0))
-        fig = overlay_gantt(worst.predicted_timeline, worst.measured_timeline, out / "worst-gantt.png",
-                            f"{worst.label}: predicted vs measured")
-        figure = str(fig)
-    dev = rows and ran and ran[0].measured_timeline.meta.get("device")
-    text, summary = render_report(rows, model, profile, str(dev or device), command, figure)
+        from memo_exec.figures import overlay_gantt
+        from memo_sim.timeline import Timeline
+
+        worst = max(ran, key=lambda r: abs(r.quantities["step_s"]["error_pct"] or 0.0))
+        measured = Path(worst.run_dir or "") / "measured.json"
+        if worst.predicted_timeline is not None and measured.exists():
+            mt = Timeline.read_json(measured)
+            dev = mt.meta.get("device") or device
+            figure = str(overlay_gantt(worst.predicted_timeline, mt, out / "worst-gantt.png",
+                                       f"{worst.label}: predicted vs measured"))
+    text = render_report(rows, summary, model, profile, str(dev), command, figure)
     target = Path(report_path) if report_path else out / "validation.md"
     atomic_write_text(target, text)
-    atomic_write_json(out / "validation.json", {"summary": summary, "rows": [
-        {"plan": r.label, "status": r.status, "predicted": r.predicted, "measured": r.measured} for r in rows]})
+    atomic_write_json(out / "validation.json", {"model": model.to_dict(), "profile": profile.name,
+                                                "profile_path": profile.path, "device": str(dev), "command": command,
+                                                "summary": summary, "rows": [r.to_dict() for r in rows]})
+    if not ran:
+        first = next((r.status for r in rows), "")
+        raise ExecError(f"no plan ran ({summary['plans']} planned; first: {first}); see {target}")
     return target, summary

@@ -40,7 +40,8 @@ def executor_grads(plan: Plan, *, device: str = "cpu", dtype: str = "fp32", step
     try:
         loss = ex.forward_backward(step)
         ex.engine.synchronize()
-        grads = {n: p.grad.detach().clone() for n, p in ex.gpt.named_parameters()}
+        grads = {n: (ex.main_grads.main[p] if ex.main_grads is not None else p.grad).detach().clone()
+                 for n, p in ex.gpt.named_parameters()}
     finally:
         ex.close()
     return float(loss.item()), grads, ex

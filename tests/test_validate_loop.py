@@ -37,11 +37,16 @@ def test_cpu_calibrate_plan_run_compare(tmp_path, cpu_calibration):
     assert r.exit_code == 0, r.output
     assert "validating" not in r.output  # off a terminal: no progress bar unless --progress
     report = (out / "validation.md").read_text()
-    assert "| 512 memo(a=0.500) | ran |" in report and "kendall_tau_iteration" in report
+    assert "| 512 memo(a=0.500) | ran |" in report and "Kendall tau" in report
     data = json.loads((out / "validation.json").read_text())
-    assert data["summary"]["ran"] == 6
+    assert data["summary"]["ran"] == 6 and data["profile_path"] == str(prof)
     for row in data["rows"]:
-        assert row["predicted"]["iteration_s"] > 0 and row["measured"]["iteration_s"] > 0
+        q = row["quantities"]
+        assert q["step_s"]["predicted"] > 0 and q["step_s"]["measured"] > 0
+        assert q["compute_busy_s"]["measured"] > 0 and q["compute_exposed_s"]["measured"] is not None
+        plan = json.loads(open(row["plan_file"]).read())
+        assert plan["profile"] == str(prof.resolve())  # the calibrated file, not a name
+        assert (plan.get("memory_plan") is not None) == row["plan"].endswith("memo(a=0.500)")
     assert (out / "worst-gantt.png").stat().st_size > 1000
 
 

@@ -216,10 +216,12 @@ def run_rank(plan_file: str, opts, out_dir: str, as_json: bool, timeout_s: float
     from memo_exec.report import gather_payloads, rank_payload, write_rank_outputs  # noqa: PLC0415
     from memo_exec.distributed.runner import DistExecutor, check_plan_for_world  # noqa: PLC0415
     from memo_exec.report import write_outputs  # noqa: PLC0415
+    from memo_exec.runner import use_profile  # noqa: PLC0415
     from memo_sim.plan.schema import read_plan  # noqa: PLC0415
 
     rank, world, local_rank = env_rank()
     plan = read_plan(plan_file)
+    use_profile(plan, opts.profile)
     check_plan_for_world(plan, world, opts)  # before joining: every rank refuses alike
     device = rank_device(opts.device, local_rank)
     backend_for(device)

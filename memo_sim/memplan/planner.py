@@ -70,3 +70,17 @@ def plan_memory(model: ModelConfig, layout: Layout, batch: int, seq: int, policy
     for sol, tr in ((f, ft), (b, bt), (m, mt)):
         check_placement(tr, sol.offsets, int(sol.peak_bytes))
     return BiLevelPlan(f, b, m, ft, bt, mt)
+
+
+MEMORY_PLAN_TIME_LIMIT_S = 10.0  # what `memo-sim whatif` and `memo-exec validate` give each level's solver
+
+
+def attach_memory_plan(plan, *, time_limit_s: float = MEMORY_PLAN_TIME_LIMIT_S):
+    """Give ``plan`` (a `memo_sim.plan.schema.Plan`) whose policy places its transient tensors by a
+    static plan (MEMO) its bi-level memory plan, the ``memory_plan`` slot of plan.json; a plan of
+    another policy is left as it is. Returns the plan."""
+    if plan.policy.static_memory_plan and plan.layout.pp == 1:  # one micro-batch's plan of one stage
+        plan.memory_plan = plan_memory(plan.model, plan.layout, plan.micro_batch, plan.seq_tokens, plan.policy,
+                                       time_limit_s=time_limit_s,
+                                       classifier_chunk_tokens=plan.classifier_chunk_tokens).to_plan_json()
+    return plan

@@ -1,0 +1,360 @@
+#!/usr/bin/env python
+"""The GPU batch, in one command of at most 10 minutes on a lent H100/H200 with no registry:
+install the carried wheels, record the environment, calibrate (quick), run the GPU-marked tests,
+then predict a batch of plans with the calibrated profile and run `memo-exec validate` over them.
+
+    python3 benchmarks/gpu/run_batch.py --out "$OUT"                     # on the GPU machine
+    python3 benchmarks/gpu/run_batch.py --out "$OUT" --no-gpu-tests --seqs 128K   # a second call
+    python3 benchmarks/gpu/run_batch.py --dry-run --device cpu --out DIR  # the whole batch on CPU, tiny model
+
+Steps (each a subprocess with a timeout from one budget, ``--budget``, default 540 s; a step that
+fails is recorded and the batch goes on where it can):
+
+1. install: ``pip install --no-index --no-deps --target SITE WHEELS/*.whl`` (``--wheels``, default
+   ``.whl/`` at the repository root, filled here by ``benchmarks/gpu/fetch_wheels.py``), then SITE and
+   the repository go first on ``sys.path`` and on every subprocess's PYTHONPATH, and the GPU entry
+   points are imported once (a missing package stops the batch here, with the import error).
+   ``--dry-run`` installs nothing (the carried wheels are for CPython 3.12 on x86-64) and uses this
+   interpreter's packages.
+2. environment: nvidia-smi, Python, torch and its CUDA/cuDNN/NCCL versions, the device, host RAM
+   (/proc/meminfo), CPU count, the installed wheels, the git commit.
+3. calibrate: ``memo-exec calibrate --quick`` writes ``profile.yaml``; its host memory is this
+   machine's (MemTotal), not the built-in profile's.
+4. GPU tests: ``pytest -m gpu`` over the test files that have GPU-marked tests.
+5. validate: ``memo-exec validate --profile profile.yaml`` over the batch's plans (GPU: 8 layers of
+   GPT-7B, h=4096, bf16, at 32K/64K/128K tokens, store all, full recompute and MEMO at the
+   simulator's alpha; dry run: a 3-layer h=64 fp32 model at 128/256 tokens, MEMO at alpha 0.5),
+   each plan in its own process, under what is left of the budget.
+
+Files written to ``--out`` (7, within the device tool's 8): summary.md (each step's exit, time
+and key numbers), env.json, profile.yaml, pytest-gpu.log, validation.md, validation.json and
+batch.tar.gz (every step's log, the calibration's raw measurements, the plans and each run's
+report.md, measured.json, trace.json and figures). The exit code is 0 when every step that ran
+succeeded, else 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+OUT_FILES = ("summary.md", "env.json", "profile.yaml", "pytest-gpu.log", "validation.md", "validation.json",
+             "batch.tar.gz")
+ARCHIVE_FILE_LIMIT = 4 * 2**20  # a file larger than this stays out of batch.tar.gz (listed in summary.md)
+ENTRY_MODULES = ("memo_sim.api", "memo_sim.cli", "memo_exec.cli", "memo_exec.validate", "memo_exec.calibrate.command",
+                 "memo_exec.runner", "memo_sim.memplan.planner", "mip", "highspy")
+GPU = {"model": ["--model", "gpt-7b", "--layers", "8"], "seqs": "32K,64K,128K",
+       "policies": "store_all,full_recompute,memo", "alphas": "sim", "steps": 3}
+DRY = {"model": ["--layers", "3", "--hidden", "64", "--heads", "4", "--ffn", "256", "--vocab", "128",
+                 "--dtype", "fp32"], "seqs": "128,256", "policies": "store_all,full_recompute,memo", "alphas": "0.5",
+       "steps": 2}
+ENV_PROBE = r"""
+import json, os, platform, sys
+out = {"python": sys.version.split()[0], "executable": sys.executable, "platform": platform.platform(),
+       "cpus": os.cpu_count()}
+try:
+    import torch
+    out["torch"] = torch.__version__
+    out["cuda_runtime"] = torch.version.cuda
+    out["cuda_available"] = torch.cuda.is_available()
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        out["device"] = {"name": p.name, "memory_bytes": p.total_memory, "sms": p.multi_processor_count,
+                         "capability": f"{p.major}.{p.minor}", "count": torch.cuda.device_count()}
+        out["cudnn"] = torch.backends.cudnn.version()
+        try:
+            out["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception as e:
+            out["nccl"] = f"unknown ({e})"
+except Exception as e:
+    out["torch_error"] = f"{type(e).__name__}: {e}"
+mods = {}
+for m in ("numpy", "click", "yaml", "matplotlib", "pytest", "typing_extensions", "pydantic", "pydantic_core",
+          "annotated_types", "typing_inspection", "simpy", "mip", "cffi", "pycparser", "highspy"):
+    try:
+        mod = __import__(m)
+        mods[m] = {"version": getattr(mod, "__version__", "?"), "file": getattr(mod, "__file__", None)}
+    except Exception as e:
+        mods[m] = {"error": f"{type(e).__name__}: {e}"}
+out["modules"] = mods
+print(json.dumps(out))
+"""
+
+
+class Batch:
+    def __init__(self, args):
+        self.args = args
+        self.t0 = time.monotonic()
+        self.out = Path(args.out)
+        self.work = Path(tempfile.mkdtemp(prefix="memo-gpu-batch-"))
+        self.logs = self.work / "logs"
+        self.logs.mkdir()
+        self.steps: list[dict] = []
+        self.env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.notes: list[str] = []
+
+    # ------------------------------------------------------------------ helpers
+    def left(self) -> float:
+        return self.args.budget - (time.monotonic() - self.t0)
+
+    def run(self, name: str, argv: list[str], timeout: float, log: Path | None = None) -> dict:
+        """Run one step as a subprocess; its stdout+stderr go to ``log`` (default logs/NAME.log)."""
+        log = log or self.logs / f"{name}.log"
+        rec = {"step": name, "command": " ".join(argv), "timeout_s": round(timeout, 1)}
+        t = time.monotonic()
+        print(f"[{time.strftime('%H:%M:%S')}] {name} (timeout {timeout:.0f} s)", flush=True)
+        if timeout < 5:
+            rec.update(rc=None, status="skipped: out of the budget", wall_s=0.0)
+            self.steps.append(rec)
+            return rec
+        with open(log, "w") as fh:
+            try:
+                p = subprocess.run(argv, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout, cwd=REPO,
+                                   env=self.env, text=True)
+                rec["rc"] = p.returncode
+                rec["status"] = "ok" if p.returncode == 0 else f"exit {p.returncode}"
+            except subprocess.TimeoutExpired:
+                rec["rc"], rec["status"] = 124, f"timed out after {timeout:.0f} s"
+        rec["wall_s"] = round(time.monotonic() - t, 1)
+        tail = log.read_text(errors="replace").strip().splitlines()
+        rec["last_line"] = tail[-1][:300] if tail else ""
+        print(f"    {rec['status']} in {rec['wall_s']} s: {rec['last_line']}", flush=True)
+        self.steps.append(rec)
+        return rec
+
+    # ------------------------------------------------------------------ steps
+    def install(self) -> bool:
+        site = Path(self.args.site)
+        wheels = sorted(Path(self.args.wheels).glob("*.whl"))
+        if self.args.dry_run:
+            self.notes.append("dry run: no wheels installed (they are for CPython 3.12 on x86-64); this "
+                              "interpreter's packages are used")
+            self.steps.append({"step": "install", "status": "skipped: dry run", "rc": None, "wall_s": 0.0})
+        elif not wheels:
+            self.steps.append({"step": "install", "status": f"skipped: no wheels in {self.args.wheels}", "rc": None,
+                               "wall_s": 0.0})
+            self.notes.append(f"no wheels in {self.args.wheels}: run benchmarks/gpu/fetch_wheels.py where PyPI is "
+                              "reachable and carry .whl")
+        else:
+            self.run("install", [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+                                 "--no-compile", "--no-cache-dir", "--upgrade", "--target", str(site),
+                                 *map(str, wheels)], min(120.0, self.left()))
+        paths = ([str(site)] if site.exists() else []) + [str(REPO)]
+        for p in reversed(paths):
+            sys.path.insert(0, p)
+        self.env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in [os.environ.get("PYTHONPATH")] if p])
+        rec = self.run("imports", [sys.executable, "-c", "import importlib, sys\nfor m in sys.argv[1:]: "
+                                   "importlib.import_module(m)\nprint('imported', len(sys.argv) - 1, 'modules')",
+                                   *ENTRY_MODULES], min(120.0, self.left()))
+        return rec["rc"] == 0
+
+    def environment(self) -> dict:
+        env: dict = {"date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": platform.node(),
+                     "dry_run": self.args.dry_run, "device_arg": self.args.device}
+        env["meminfo"] = meminfo()
+        try:
+            env["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                                               timeout=10).stdout.strip() or None
+        except (OSError, subprocess.TimeoutExpired):
+            env["git_commit"] = None
+        smi = shutil.which("nvidia-smi")
+        if smi:
+            try:
+                env["nvidia_smi"] = subprocess.run([smi], capture_output=True, text=True, timeout=30).stdout
+            except subprocess.TimeoutExpired:
+                env["nvidia_smi"] = "timed out"
+        else:
+            env["nvidia_smi"] = None
+        rec = self.run("environment", [sys.executable, "-c", ENV_PROBE], min(60.0, self.left()))
+        lines = (self.logs / "environment.log").read_text(errors="replace").strip().splitlines()
+        try:
+            env["python_env"] = json.loads(lines[-1]) if rec["rc"] == 0 and lines else None
+        except json.JSONDecodeError:
+            env["python_env"] = None
+        site = Path(self.args.site)
+        env["installed_wheels"] = sorted(p.name for p in site.glob("*.dist-info")) if site.exists() else []
+        return env
+
+    def calibrate(self) -> Path | None:
+        name = self.profile_name()
+        pdir = self.work / "profile"
+        rec = self.run("calibrate", [sys.executable, "-m", "memo_exec.calibrate", "--name", name, "--device",
+                                     self.args.device, "--quick", "--out-dir", str(pdir), "--raw-out",
+                                     str(self.logs / "calibrate-raw.json"), "--force"],
+                       min(self.args.calibrate_timeout, self.left()))
+        path = pdir / f"{name}.yaml"
+        return path if rec["rc"] == 0 and path.exists() else None
+
+    def profile_name(self) -> str:
+        if not self.args.device.startswith("cuda"):
+            return "cpu-dry-run"
+        dev = ((self.env_doc.get("python_env") or {}).get("device") or {}).get("name", "gpu")
+        return re.sub(r"[^a-z0-9]+", "-", dev.lower().replace("nvidia", "")).strip("-") + "-calibrated"
+
+    def gpu_tests(self) -> dict:
+        files = sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").glob("test_*.py")
+                       if "mark.gpu" in p.read_text(errors="replace"))
+        return self.run("gpu-tests", [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
+                                      "-rs", *files], min(self.args.tests_timeout, self.left() - self.args.min_validate),
+                        log=self.work / "pytest-gpu.log")
+
+    def validate(self, profile: Path) -> dict:
+        spec = DRY if self.args.dry_run else GPU
+        vdir = self.work / "validate"
+        budget = self.left() - 20.0  # kept back for the report and the archive
+        argv = [sys.executable, "-m", "memo_exec", "validate", "--profile", str(profile), *spec["model"],
+                "--seqs", self.args.seqs or spec["seqs"], "--policies", self.args.policies or spec["policies"],
+                "--alphas", self.args.alphas or spec["alphas"], "--device", self.args.device,
+                "--steps", str(self.args.steps or spec["steps"]), "--out", str(vdir), "--no-progress",
+                "--budget", f"{max(budget - 15.0, 1.0):.0f}"]
+        return self.run("validate", argv, budget)
+
+    # ------------------------------------------------------------------ outputs
+    def finish(self, env: dict, profile: Path | None) -> int:
+        self.out.mkdir(parents=True, exist_ok=True)
+        from memo_sim.fileio import atomic_write_json, atomic_write_text  # noqa: PLC0415
+
+        vdir = self.work / "validate"
+        copies = {"profile.yaml": profile, "pytest-gpu.log": self.work / "pytest-gpu.log",
+                  "validation.md": vdir / "validation.md", "validation.json": vdir / "validation.json"}
+        for dst, src in copies.items():
+            if src is not None and Path(src).exists():
+                shutil.copyfile(src, self.out / dst)
+            else:
+                atomic_write_text(self.out / dst, f"not written: the step that writes it did not finish "
+                                                  f"(see summary.md)\n")
+        env["steps"] = self.steps
+        atomic_write_json(self.out / "env.json", env)
+        left_out = self.archive()
+        text = self.summary(env, profile, left_out)
+        atomic_write_text(self.out / "summary.md", text)
+        print(text, flush=True)
+        failed = [s for s in self.steps if s.get("rc") not in (0, None) or str(s.get("status", "")).startswith(
+            "skipped: out")]
+        return 1 if failed or profile is None else 0
+
+    def archive(self) -> list[str]:
+        left_out = []
+        tmp = self.out / "batch.tar.gz.tmp"
+        with tarfile.open(tmp, "w:gz") as tar:
+            for p in sorted(self.work.rglob("*")):
+                if not p.is_file():
+                    continue
+                if p.stat().st_size > ARCHIVE_FILE_LIMIT:
+                    left_out.append(f"{p.relative_to(self.work)} ({p.stat().st_size / 2**20:.1f} MiB)")
+                    continue
+                tar.add(p, arcname=str(Path("batch") / p.relative_to(self.work)))
+        os.replace(tmp, self.out / "batch.tar.gz")
+        return left_out
+
+    def summary(self, env: dict, profile: Path | None, left_out: list[str]) -> str:
+        pe = env.get("python_env") or {}
+        mem = env.get("meminfo") or {}
+        L = [f"# GPU batch {'(dry run) ' if self.args.dry_run else ''}{env['date_utc']}", "",
+             f"- command: `{' '.join([Path(sys.argv[0]).name, *sys.argv[1:]])}`; git {env.get('git_commit')}",
+             f"- device: {(pe.get('device') or {}).get('name', self.args.device)}; torch {pe.get('torch')} "
+             f"(CUDA {pe.get('cuda_runtime')}, cuDNN {pe.get('cudnn')}, NCCL {pe.get('nccl')}); Python "
+             f"{pe.get('python')}; {pe.get('cpus')} CPUs; host RAM {mem.get('MemTotal', 0) / 2**30:.1f} GiB "
+             f"(available {mem.get('MemAvailable', 0) / 2**30:.1f} GiB)",
+             f"- wall time {time.monotonic() - self.t0:.0f} s of the {self.args.budget:.0f} s budget", ""]
+        L += ["| step | status | wall s | last line |", "|---|---|---:|---|"]
+        for s in self.steps:
+            L.append(f"| {s['step']} | {s.get('status')} | {s.get('wall_s', 0)} | "
+                     f"{str(s.get('last_line', '')).replace('|', '/')[:160]} |")
+        if profile is not None:
+            try:
+                from memo_sim.profile.loader import load_profile  # noqa: PLC0415
+
+                p = load_profile(profile)
+                L += ["", f"Calibrated profile {p.name}: GPU memory {p.gpu_memory / 2**30:.1f} GiB, host memory "
+                          f"{float(p.host.memory_bytes) / 2**30:.1f} GiB (this machine's MemTotal: "
+                          f"{mem.get('MemTotal', 0) / 2**30:.1f} GiB), usable fraction "
+                          f"{float(p.host.usable_fraction):.3f}, d2h {float(p.host_link.d2h_bandwidth) / 1e9:.1f} / "
+                          f"h2d {float(p.host_link.h2d_bandwidth) / 1e9:.1f} GB/s"]
+            except Exception as e:  # noqa: BLE001 - the summary reports it
+                L += ["", f"Calibrated profile {profile.name} does not load: {type(e).__name__}: {e}"]
+        vj = self.work / "validate" / "validation.json"
+        if vj.exists():
+            s = json.loads(vj.read_text())["summary"]
+            e = s["errors"]["step_s"]
+            L += ["", f"Validation: {s['ran']} of {s['plans']} plans ran ({s['oom']} out of memory, {s['failed']} "
+                      f"failed); step-time |error| mean {_pct(e['mean_abs_error_pct'])}, max "
+                      f"{_pct(e['max_abs_error_pct'])}; peak-memory |error| mean "
+                      f"{_pct(s['errors']['peak_memory_bytes']['mean_abs_error_pct'])}; Kendall tau "
+                      f"{s['kendall_tau_step_time']}. Rows: validation.md."]
+        if self.notes:
+            L += [""] + [f"- note: {n}" for n in self.notes]
+        if left_out:
+            L += ["", "Left out of batch.tar.gz (over 4 MiB): " + ", ".join(left_out)]
+        L += ["", "Files: " + ", ".join(OUT_FILES) + " (batch.tar.gz: logs/, profile/, validate/plans, "
+              "validate/runs/plan-NN/)"]
+        return "\n".join(L) + "\n"
+
+
+def _pct(v) -> str:
+    return "—" if v is None else f"{v:.1f}%"
+
+
+def meminfo() -> dict[str, int]:
+    out = {}
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            k, _, v = line.partition(":")
+            parts = v.split()
+            if parts and parts[0].isdigit():
+                out[k] = int(parts[0]) * (1024 if parts[1:] == ["kB"] else 1)
+    except OSError:
+        pass
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.environ.get("OUT"), help="output folder (default $OUT)")
+    ap.add_argument("--dry-run", action="store_true", help="a tiny model, no wheels installed (tests the batch)")
+    ap.add_argument("--device", default=None, help="cuda (default) or cpu (default with --dry-run)")
+    ap.add_argument("--wheels", default=str(REPO / ".whl"), help="folder of the carried wheels")
+    ap.add_argument("--site", default="/tmp/memo-site", help="where the wheels are installed (pip --target)")
+    ap.add_argument("--budget", type=float, default=540.0, help="seconds for the whole batch")
+    ap.add_argument("--seqs", default=None, help="override the batch's sequence lengths (e.g. 128K)")
+    ap.add_argument("--policies", default=None)
+    ap.add_argument("--alphas", default=None, help="MEMO alphas for validate ('sim': the simulator's)")
+    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--no-gpu-tests", action="store_true", help="skip the GPU-marked tests (a second call)")
+    ap.add_argument("--calibrate-timeout", type=float, default=150.0)
+    ap.add_argument("--tests-timeout", type=float, default=150.0)
+    ap.add_argument("--min-validate", type=float, default=200.0,
+                    help="seconds kept for validate when the GPU tests' timeout is set")
+    args = ap.parse_args(argv)
+    if not args.out:
+        print("error: no --out and no $OUT", file=sys.stderr)
+        return 2
+    args.device = args.device or ("cpu" if args.dry_run else "cuda")
+    b = Batch(args)
+    try:
+        ok = b.install()
+        b.env_doc = b.environment()
+        profile = b.calibrate() if ok else None
+        if ok and not args.no_gpu_tests:
+            b.gpu_tests()
+        if profile is not None:
+            b.validate(profile)
+        return b.finish(b.env_doc, profile)
+    finally:
+        shutil.rmtree(b.work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

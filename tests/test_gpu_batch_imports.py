@@ -1,0 +1,192 @@
+"""The GPU batch's imports (issue 25): every GPU entry point imports with only the GPU image's
+packages (benchmarks/gpu/image_packages.txt) plus the carried wheels (benchmarks/gpu/wheels.txt),
+and the batch's dry run (benchmarks/gpu/run_batch.py --dry-run --device cpu) runs the whole batch
+on CPU under the same restriction and writes the files the GPU run writes.
+
+The restriction is a meta-path import blocker installed by a ``sitecustomize`` module on
+PYTHONPATH, so that every Python process the batch starts (memo-exec calibrate, validate, each
+plan's run, pytest) runs under it: a top-level module that is neither in the standard library,
+nor in the image's list, nor in a carried wheel, nor memo's own, raises ModuleNotFoundError. A new
+dependency that is not carried therefore fails here, as it would on the GPU machine.
+"""
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+GPU_DIR = REPO / "benchmarks" / "gpu"
+ENTRY_MODULES = [
+    "memo_exec.cli", "memo_exec.calibrate.command", "memo_exec.calibrate.suite", "memo_exec.calibrate.writer",
+    "memo_exec.runner", "memo_exec.report", "memo_exec.validate", "memo_exec.compare", "memo_exec.trace",
+    "memo_exec.figures", "memo_exec.distributed.launch", "memo_exec.distributed.runner", "memo_sim.api",
+    "memo_sim.cli", "memo_sim.memplan.planner", "memo_sim.memplan.mip_model", "memo_sim.engine.core", "mip",
+    "highspy",
+]
+OWN = ("memo_sim", "memo_exec", "tests", "conftest", "dist_harness", "exec_helpers")
+
+SITECUSTOMIZE = '''
+import os, sys
+from importlib.machinery import PathFinder
+_allowed = set(open(os.environ["MEMO_IMPORT_ALLOW"]).read().split())
+_ok_prefixes = ("__editable__", "_virtualenv", "sitecustomize", "usercustomize", "__main__", "_sysconfigdata")
+
+
+class _GPUImageOnly:
+    def find_spec(self, name, path=None, target=None):
+        top = name.partition(".")[0]
+        if (top in _allowed or top in sys.stdlib_module_names or top in sys.builtin_module_names
+                or top.startswith(_ok_prefixes)):
+            return None
+        if name != top or PathFinder.find_spec(top, sys.path) is None:
+            return None  # not installed here either: "not found", as on the GPU machine (optional imports)
+        raise ModuleNotFoundError(f"blocked import {name!r}: {top!r} is neither in the GPU image "
+                                  f"(benchmarks/gpu/image_packages.txt) nor in a carried wheel "
+                                  f"(benchmarks/gpu/wheels.txt)", name=name)
+
+
+sys.meta_path.insert(0, _GPUImageOnly())
+'''
+
+
+def _fetch():
+    spec = importlib.util.spec_from_file_location("fetch_wheels", GPU_DIR / "fetch_wheels.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _blocked_env(tmp_path: Path, drop: str | None = None) -> dict:
+    fw = _fetch()
+    allowed = fw.image_modules() | fw.carried_modules() | set(OWN)
+    if drop:
+        allowed -= {drop}
+    site = tmp_path / "blocker"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    (site / "allowed.txt").write_text("\n".join(sorted(allowed)))
+    env = dict(os.environ, MEMO_IMPORT_ALLOW=str(site / "allowed.txt"), PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
+               PYTHONPATH=os.pathsep.join([str(site), str(REPO)]))
+    return env
+
+
+def test_runtime_dependencies_are_in_the_image_or_carried():
+    fw = _fetch()
+    pins, image = fw.pins(), fw.image_packages()
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    for dep in deps:
+        name = fw.canonical(re.split(r"[\s<>=!~\[;]", dep, maxsplit=1)[0])
+        assert name in pins or name in image, f"{name} is a dependency but neither carried nor in the GPU image"
+        m = re.search(r">=\s*([\w.]+)", dep)
+        if name in pins and m:  # the carried version meets the project's lower bound
+            from packaging.version import Version
+
+            assert Version(pins[name][0]) >= Version(m.group(1)), (name, pins[name][0], dep)
+    # the image lacks what the issue names; the pins carry each of them
+    for name in ("pydantic", "pydantic-core", "annotated-types", "typing-inspection", "simpy", "mip", "cffi",
+                 "highspy"):
+        assert name in pins and name not in image
+
+
+def test_pins_are_the_versions_tested_here():
+    """The CPU tests run against the same versions as the wheels carried to the GPU."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    fw = _fetch()
+    for name, (pinned, _) in fw.pins().items():
+        try:
+            have = version(name)
+        except PackageNotFoundError:
+            continue
+        assert have == pinned, f"{name}: {have} installed here, {pinned} pinned in benchmarks/gpu/wheels.txt"
+
+
+def test_entry_points_import_with_the_image_and_the_carried_wheels_only(tmp_path):
+    env = _blocked_env(tmp_path)
+    code = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\nprint('ok')"
+    r = subprocess.run([sys.executable, "-c", code, *ENTRY_MODULES], env=env, cwd=tmp_path, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+    for argv in (["-m", "memo_exec", "validate", "--help"], ["-m", "memo_exec", "run", "--help"],
+                 ["-m", "memo_exec", "calibrate", "--help"], [str(GPU_DIR / "run_batch.py"), "--help"]):
+        r = subprocess.run([sys.executable, *argv], env=env, cwd=tmp_path, capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, (argv, r.stderr[-3000:])
+
+
+def test_the_blocker_catches_a_dependency_that_is_not_carried(tmp_path):
+    env = _blocked_env(tmp_path, drop="simpy")
+    r = subprocess.run([sys.executable, "-c", "import memo_sim.api"], env=env, cwd=tmp_path, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode != 0 and "blocked import 'simpy'" in r.stderr
+
+
+@pytest.mark.slow
+def test_dry_run_writes_the_gpu_files_under_the_image_restriction(tmp_path):
+    out = tmp_path / "out"
+    env = _blocked_env(tmp_path)
+    r = subprocess.run([sys.executable, str(GPU_DIR / "run_batch.py"), "--dry-run", "--device", "cpu", "--out",
+                        str(out), "--site", str(tmp_path / "site")], env=env, cwd=tmp_path, capture_output=True,
+                       text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    spec = importlib.util.spec_from_file_location("run_batch", GPU_DIR / "run_batch.py")
+    rb = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rb)
+    assert sorted(p.name for p in out.iterdir()) == sorted(rb.OUT_FILES) and len(rb.OUT_FILES) <= 8
+    env_doc = json.loads((out / "env.json").read_text())
+    assert [s["step"] for s in env_doc["steps"]] == ["install", "imports", "environment", "calibrate", "gpu-tests",
+                                                     "validate"]
+    assert all(s["status"] in ("ok", "skipped: dry run") for s in env_doc["steps"]), env_doc["steps"]
+    # host capacity from this machine, not the built-in profile's 2 TB
+    from memo_sim.profile.loader import load_profile
+
+    prof = load_profile(out / "profile.yaml")
+    assert float(prof.host.memory_bytes) == pytest.approx(env_doc["meminfo"]["MemTotal"], rel=1e-4)
+    val = json.loads((out / "validation.json").read_text())
+    assert val["summary"]["ran"] == val["summary"]["plans"] == 6, [x["status"] for x in val["rows"]]
+    assert val["profile_path"].endswith("cpu-dry-run.yaml")
+    summary = (out / "summary.md").read_text()
+    assert "| validate | ok |" in summary and "Validation: 6 of 6 plans ran" in summary
+    import tarfile
+
+    with tarfile.open(out / "batch.tar.gz") as tar:
+        names = tar.getnames()
+    assert "batch/logs/calibrate.log" in names and "batch/validate/plans/plan-02.json" in names
+    assert any(n.startswith("batch/validate/runs/plan-02/") and n.endswith("report.md") for n in names)
+
+
+def _fake_wheel(folder: Path, name: str, version: str, requires: list[str]) -> None:
+    import zipfile
+
+    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n"
+                                                                                  for r in requires)
+    dist = name.replace("-", "_")
+    with zipfile.ZipFile(folder / f"{dist}-{version}-py3-none-any.whl", "w") as z:
+        z.writestr(f"{dist}-{version}.dist-info/METADATA", meta)
+
+
+def test_fetch_checks_the_dependency_closure_of_the_wheels(tmp_path):
+    """fetch_wheels.py refuses a wheel set whose requirements are neither pinned nor in the image."""
+    fw = _fetch()
+    pins = fw.pins()
+    deps = {"pydantic": ["annotated-types>=0.6.0", "pydantic-core==2.46.4", "typing-extensions>=4.14.1",
+                         "typing-inspection>=0.4.2", "email-validator>=2.0.0; extra == 'email'"],
+            "mip": ["cffi>=1.15", "cbcbox>=2.935"], "cffi": ['pycparser; implementation_name != "PyPy"'],
+            "highspy": ["numpy", 'typing_extensions; python_version < "3.10"']}
+    for name, (version, _) in pins.items():
+        _fake_wheel(tmp_path, name, version, deps.get(name, []))
+    assert len(fw.check_closure(tmp_path)) == len(pins)  # extras and markers are evaluated for 3.12
+    _fake_wheel(tmp_path, "simpy", pins["simpy"][0], ["some-new-dependency>=1"])
+    with pytest.raises(SystemExit, match="simpy needs some-new-dependency"):
+        fw.check_closure(tmp_path)
+    _fake_wheel(tmp_path, "simpy", pins["simpy"][0], [])
+    _fake_wheel(tmp_path, "simpy", "4.0.0", [])
+    with pytest.raises(SystemExit, match="two wheels of simpy"):
+        fw.check_closure(tmp_path)
