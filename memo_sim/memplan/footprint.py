@@ -31,7 +31,7 @@ from memo_sim.cost.memo import memoised
 from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS, classifier_peak_bytes, model_state_bytes
 from memo_sim.layout.parallel import Layout
 from memo_sim.memplan.baseline import caching_allocator_layer_report
-from memo_sim.memplan.trace_gen import _layer_backward_trace, layer_forward_trace, per_gpu_shard
+from memo_sim.memplan.trace_gen import _layer_backward_trace, layer_forward_trace, per_gpu_shard, static_plan_peak_bytes
 from memo_sim.model.config import ModelConfig
 from memo_sim.model.layer_graph import DTYPE_BYTES
 from memo_sim.policy.base import Policy
@@ -79,17 +79,19 @@ class MemoryBreakdown:
 
 def transient_peak_bytes(model: ModelConfig, layout: Layout, batch: int, seq: int,
                          policy: Policy | None = None) -> float:
-    """Largest transient live set of one layer's forward or backward on one GPU: the max-live
-    bytes of the level-1 request traces, the one place where a layer's transient tensors and
-    their lifetimes are enumerated. Memoised per model, GPU shard and recompute fraction."""
+    """Transient bytes of one layer's forward or backward on one GPU under a static plan (the
+    larger phase): the arena of the tensors the runtime places plus the tensors kernels and the
+    caching allocator allocate beside it (`memo_sim.memplan.trace_gen.static_plan_peak_bytes`),
+    from the level-1 request traces, the one place where a layer's transient tensors and their
+    lifetimes are enumerated. Memoised per model, GPU shard and recompute fraction."""
     frac = policy.recompute_fraction if policy is not None else 0.0
     return _transient_peak(model, per_gpu_shard(layout), batch, seq, frac)
 
 
 @lru_cache(maxsize=4096)
 def _transient_peak(model: ModelConfig, shard: Layout, batch: int, seq: int, frac: float) -> float:
-    fwd = layer_forward_trace(model, shard, batch, seq).max_live_bytes()
-    bwd = _layer_backward_trace(model, shard, batch, seq, frac).max_live_bytes()
+    fwd = static_plan_peak_bytes(layer_forward_trace(model, shard, batch, seq), "fwd")
+    bwd = static_plan_peak_bytes(_layer_backward_trace(model, shard, batch, seq, frac), "bwd")
     return float(max(fwd, bwd))
 
 

@@ -15,7 +15,7 @@ from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS
 from memo_sim.layout.parallel import Layout
 from memo_sim.memplan.solve import DSASolution, solve_dsa
 from memo_sim.request_trace import RequestTrace
-from memo_sim.memplan.trace_gen import layer_backward_trace, layer_forward_trace, model_trace, unplaced_in
+from memo_sim.memplan.trace_gen import layer_backward_trace, layer_forward_trace, model_trace, placed_only, unplaced_in
 from memo_sim.memplan.placement_check import check_placement
 from memo_sim.model.config import ModelConfig
 from memo_sim.policy.base import Policy
@@ -26,9 +26,10 @@ class BiLevelPlan:
     fwd: DSASolution
     bwd: DSASolution
     model: DSASolution
-    fwd_trace: RequestTrace
+    fwd_trace: RequestTrace  # the tensors level 1 places (the arena's); `unplaced` names the others
     bwd_trace: RequestTrace
     model_trace: RequestTrace
+    unplaced: dict[str, dict[str, str]] | None = None  # phase -> tensor -> why the runtime places it elsewhere
 
     @property
     def arena_bytes(self) -> int:
@@ -41,7 +42,7 @@ class BiLevelPlan:
             return {"peak_bytes": int(sol.peak_bytes), "lower_bound_bytes": int(sol.lower_bound_bytes),
                     "method": sol.method, "solve_time_s": sol.solve_time_s,
                     "offsets": {names[i]: int(o) for i, o in sol.offsets.items()},
-                    "unplaced": unplaced_in(trace, ph)}
+                    "unplaced": dict((self.unplaced or {}).get(ph) or unplaced_in(trace, ph))}
 
         layer_base = {b.id: int(self.model.offsets[b.id]) for b in self.model_trace.buffers if b.kind == "pseudo"}
         return {"arena_bytes": self.arena_bytes,
@@ -61,15 +62,16 @@ class BiLevelPlan:
 def plan_memory(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy, *,
                 time_limit_s: float = 10.0, solver: str = "auto", classifier_chunk_tokens: int = CLASSIFIER_CHUNK_TOKENS,
                 progress=None) -> BiLevelPlan:
-    ft = layer_forward_trace(model, layout, batch, seq)
-    bt = layer_backward_trace(model, layout, batch, seq, policy)
+    ft_all = layer_forward_trace(model, layout, batch, seq)
+    bt_all = layer_backward_trace(model, layout, batch, seq, policy)
+    ft, bt = placed_only(ft_all, "fwd"), placed_only(bt_all, "bwd")
     f = solve_dsa(ft, time_limit_s=time_limit_s, solver=solver, progress=progress)
     b = solve_dsa(bt, time_limit_s=time_limit_s, solver=solver, progress=progress)
     mt = model_trace(model, layout, batch, seq, policy, int(f.peak_bytes), int(b.peak_bytes), classifier_chunk_tokens)
     m = solve_dsa(mt, time_limit_s=time_limit_s, solver=solver, progress=progress)
     for sol, tr in ((f, ft), (b, bt), (m, mt)):
         check_placement(tr, sol.offsets, int(sol.peak_bytes))
-    return BiLevelPlan(f, b, m, ft, bt, mt)
+    return BiLevelPlan(f, b, m, ft, bt, mt, {"fwd": unplaced_in(ft_all, "fwd"), "bwd": unplaced_in(bt_all, "bwd")})
 
 
 MEMORY_PLAN_TIME_LIMIT_S = 10.0  # what `memo-sim whatif` and `memo-exec validate` give each level's solver

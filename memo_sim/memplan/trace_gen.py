@@ -64,6 +64,25 @@ ALIGN = 512  # the CUDA caching allocator's granularity; planned sizes are round
 # kernel, or handed to autograd. plan.json lists them per phase with the reason (``unplaced``).
 
 
+def placed_only(trace: RequestTrace, phase: str) -> RequestTrace:
+    """The tensors of a level-1 trace the runtime places in the static arena (`UNPLACED` left out:
+    kernels and the caching allocator allocate those outside it, so a slot for them in the
+    arena would be reserved memory nothing uses)."""
+    skip = UNPLACED.get(phase, {})
+    return RequestTrace([b for b in trace.buffers if (b.name or b.id) not in skip], name=trace.name)
+
+
+def static_plan_peak_bytes(trace: RequestTrace, phase: str) -> float:
+    """A layer phase's transient bytes under a static plan: the arena holds the tensors the
+    runtime places for the whole phase (their max-live, which the plan reaches) and the ones
+    kernels and the caching allocator allocate (`UNPLACED`) live outside it, beside it (their
+    own max-live). At least the max-live of all the phase's tensors, which would need the
+    kernel's workspace inside the arena."""
+    skip = UNPLACED.get(phase, {})
+    outside = RequestTrace([b for b in trace.buffers if (b.name or b.id) in skip], name=trace.name)
+    return float(placed_only(trace, phase).max_live_bytes() + outside.max_live_bytes())
+
+
 def unplaced_in(trace: RequestTrace, phase: str) -> dict[str, str]:
     """The tensors of a level-1 trace that the runtime does not place, with the reason."""
     names = {b.name or b.id for b in trace.buffers}
