@@ -48,6 +48,19 @@ class RunOptions:
     probe_backend: bool = True
     profile: str | None = None  # predict with this profile (name or file) instead of the plan's
 
+    def __post_init__(self) -> None:
+        # refused before anything is allocated: a run that cannot train sensibly is a typo
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
+            raise ExecError(f"--steps must be a whole number of at least 1, got {self.steps!r}")
+        if self.layers is not None and (isinstance(self.layers, bool) or not isinstance(self.layers, int)
+                                        or self.layers < 1):
+            raise ExecError(f"--layers must be a positive integer, got {self.layers!r}")
+        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and 0 < self.lr <= 1):
+            raise ExecError(f"--lr must be a finite learning rate in (0, 1], got {self.lr!r}")
+        if not (isinstance(self.weight_decay, (int, float)) and math.isfinite(self.weight_decay)
+                and self.weight_decay >= 0):
+            raise ExecError(f"weight decay must be finite and >= 0, got {self.weight_decay!r}")
+
 
 def use_profile(plan, profile: str | None) -> None:
     """Point ``plan`` at ``profile`` (a name or a file path) once it loads: the run's re-simulation
@@ -61,19 +74,6 @@ def use_profile(plan, profile: str | None) -> None:
 
     prof = load_profile(profile)
     plan.profile = str(Path(prof.path).resolve()) if prof.path and Path(prof.path).exists() else prof.name
-
-    def __post_init__(self) -> None:
-        # refused before anything is allocated: a run that cannot train sensibly is a typo
-        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
-            raise ExecError(f"--steps must be a whole number of at least 1, got {self.steps!r}")
-        if self.layers is not None and (isinstance(self.layers, bool) or not isinstance(self.layers, int)
-                                        or self.layers < 1):
-            raise ExecError(f"--layers must be a positive integer, got {self.layers!r}")
-        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and 0 < self.lr <= 1):
-            raise ExecError(f"--lr must be a finite learning rate in (0, 1], got {self.lr!r}")
-        if not (isinstance(self.weight_decay, (int, float)) and math.isfinite(self.weight_decay)
-                and self.weight_decay >= 0):
-            raise ExecError(f"weight decay must be finite and >= 0, got {self.weight_decay!r}")
 
 
 def run_model(plan: Plan, opts: RunOptions) -> ModelConfig:

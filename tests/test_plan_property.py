@@ -2,7 +2,8 @@
 
 Plans are generated the way `memo-sim whatif` writes them (`memo_sim.search.whatif.candidates_for`
 then `memo_sim.search.plan_build.build_plan`, memory plan included) over tiny shapes (1-4 layers),
-every policy, TP flavour and layout the search offers, and the GPU profiles. Each plan must
+every policy, TP flavour, layout and schedule the search offers (1F1B and interleaved pipelines
+with TP and DP inside a stage), and the GPU profiles. Each plan must
 round-trip through plan.json, pass `memo-sim check-plan`'s checks, and pass the executor's
 refusals: a one-device plan is set up by `memo_exec.runner.Executor` for the CPU (its memory
 plan parsed against the layer's recorded requests, its memory estimate checked), a multi-device
@@ -20,6 +21,7 @@ from hypothesis import strategies as st
 
 from memo_exec.distributed.runner import check_plan_for_world
 from memo_exec.runner import Executor, RunOptions
+from memo_sim.errors import MemoError
 from memo_sim.model.config import ModelConfig
 from memo_sim.plan.schema import Plan
 from memo_sim.profile.loader import load_profile
@@ -41,7 +43,16 @@ def plans(draw):
     seq = draw(st.sampled_from([256, 512, 1024]))
     gpus = draw(st.sampled_from([1, 1, 2, 4]))
     profile = load_profile(draw(st.sampled_from(PROFILES)))
-    res = candidates_for(model, seq, gpus, profile, tp_mode="all")
+    fixed = {}
+    if gpus > 1 and model.layers % 2 == 0 and draw(st.booleans()):
+        # a micro-batch pipeline (1F1B or interleaved): the executor's stages run TP and DP inside
+        # (ring CP and Ulysses with pp are priced by the simulator, not run by the executor yet)
+        fixed = dict(pp=2, cp=1, ulysses=1, policies=draw(st.sampled_from(
+            [("store_all",), ("full_recompute",), ("memo",), ("full_offload",)])))
+    try:
+        res = candidates_for(model, seq, gpus, profile, tp_mode="all", **fixed)
+    except MemoError:  # a fixed pipeline the shapes cannot hold: the what-if refuses it in one line
+        return None
     ok = [c for c in res.candidates if c.status == "OK"]
     if not ok:
         return None
@@ -54,6 +65,7 @@ def _accepted(plan: Plan, run: bool, seen: dict) -> None:
     assert plan_problems(plan) == []
     opts = RunOptions(device="cpu", steps=1)
     seen[plan.policy.name] = seen.get(plan.policy.name, 0) + 1
+    seen[plan.schedule] = seen.get(plan.schedule, 0) + 1
     if plan.layout.tp_mode != "megatron":
         seen["metp"] = seen.get("metp", 0) + 1
     if plan.gpus > 1 or plan.schedule != "single_stage":
@@ -104,4 +116,5 @@ def test_what_the_whatif_writes_the_executor_accepts_500():
     _property(500, 3, seen)()
     _covered(seen, 500)
     assert seen.get("metp", 0) >= 1 and seen.get("sppo", 0) >= 1 and seen["ran"] >= 50, seen
+    assert seen.get("1f1b", 0) >= 5 and seen.get("interleaved_1f1b", 0) >= 1, seen
     print(seen)
