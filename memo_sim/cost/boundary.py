@@ -2,8 +2,9 @@
 
 - embedding: a memory-bound pass over 2·tokens·h·bytes, half in forward (lookup) and half in
   backward (gradient scatter);
-- classifier: forward + backward of the vocabulary projection (3x its forward GEMM FLOPs, split
-  over TP and the sequence split) plus a memory-bound pass over the logits (model dtype) and
+- classifier: forward + backward of the vocabulary projection (three GEMM kernels of its forward
+  FLOPs, split over TP and the sequence split: forward, data gradient, weight gradient, each
+  priced with its operand bytes, `memo_sim.cost.kernel_time.gemm_time`) plus a memory-bound pass over the logits (model dtype) and
   their fp32 softmax and gradient;
 - optimizer: Adam reads and writes master weights, moments, weights and gradients (the
   model's precision recipe) of the parameter shard this GPU updates (everything over TP, and
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 
 from memo_sim.cost.activations import tokens_per_gpu
 from memo_sim.model.flops import classifier_flops
-from memo_sim.cost.kernel_time import gemm_time, memory_bound_time
+from memo_sim.cost.kernel_time import gemm_bytes, gemm_time, memory_bound_time
 from memo_sim.cost.memory import CLASSIFIER_BYTES_PER_LOGIT_FP32
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
@@ -47,7 +48,8 @@ def boundary_times(model: ModelConfig, layout: Layout, batch: int, seq: int,
     dt = DTYPE_BYTES[model.dtype]
     emb = memory_bound_time(2 * toks * model.hidden * dt, profile)
     cls_flops = classifier_flops(model, batch, seq) / (layout.tp * layout.seq_split)
-    cls = 3 * gemm_time(cls_flops, profile, model.dtype) + memory_bound_time(
+    cls_bytes = gemm_bytes(toks, model.vocab / layout.tp, model.hidden, dt)
+    cls = 3 * gemm_time(cls_flops, profile, model.dtype, cls_bytes) + memory_bound_time(
         toks * model.vocab / layout.tp * (dt + CLASSIFIER_BYTES_PER_LOGIT_FP32), profile)
     shard = model.params() / layout.tp / (layout.state_shards if layout.zero >= 1 else 1)
     optim = memory_bound_time(2 * model.recipe.bytes_per_param * shard, profile)  # read and write every state

@@ -30,6 +30,11 @@ Megatron SP, so it requires ``sp=True``. Validity (`check_layout`): tp >= 2; hea
 ``metp``, KV heads divisible by p (the outer loop's head groups); ``metp`` is not combined with
 ring CP or Ulysses (its inner ring already spans the sequence); the TP group stays inside a node
 unless ``metp_across_nodes`` allows a METP ring over whole nodes.
+
+Attention kernel (``attention``, `memo_sim.cost.attention_kernel`): ``flash`` (default) or
+``materialised`` (Megatron-LM before FlashAttention: the whole s x s score matrix per head on one
+GPU), which frameworks of that time ran (`memo_sim.frameworks`); not combined with ring CP, METP's
+ring attention or pipeline stages. Left out of `Layout.to_dict` when ``flash``.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from memo_sim.errors import MemoError, validated
 from memo_sim.model.config import ModelConfig
-from memo_sim.model.layer_graph import TP_MODES
+from memo_sim.model.layer_graph import ATTENTION_KERNELS, TP_MODES
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,7 @@ class Layout:
     tp_mode: str = "megatron"  # megatron | metp_ffn | metp (see the module docs)
     pp: int = 1  # pipeline stages; layers split evenly, embedding first, classifier last
     vpp: int = 1  # virtual stages (model chunks) per pipeline rank (interleaved 1F1B; `layout.schedule`)
+    attention: str = "flash"  # attention kernel: flash | materialised (`memo_sim.cost.attention_kernel`)
 
     @property
     def gpus(self) -> int:
@@ -98,6 +104,8 @@ class Layout:
             parts.append(f"dp{self.dp}")
         if self.zero:
             parts.append(f"z{self.zero}")
+        if self.attention != "flash":
+            parts.append(self.attention)
         return "-".join(parts)
 
     def to_dict(self) -> dict:
@@ -106,12 +114,14 @@ class Layout:
             del d["pp"]
         if self.vpp == 1:  # and those without virtual stages their pre-interleaving one
             del d["vpp"]
+        if self.attention == "flash":  # and FlashAttention plans their shape before kernels were named
+            del d["attention"]
         return d
 
     @classmethod
     def from_dict(cls, d: Any, source: str = "layout") -> "Layout":
         """A layout read from a file (plan.json), validated once: whole degrees in 1..`MAX_DEGREE`,
-        ZeRO 0-3, sp a boolean, tp_mode one of `TP_MODES`."""
+        ZeRO 0-3, sp a boolean, tp_mode one of `TP_MODES`, attention one of `ATTENTION_KERNELS`."""
         return cls(**validated(_LayoutIn, d, source).model_dump())
 
 
@@ -130,6 +140,7 @@ class _LayoutIn(BaseModel):
     tp_mode: Literal[TP_MODES] = "megatron"
     pp: _Degree = 1
     vpp: _Degree = 1
+    attention: Literal[ATTENTION_KERNELS] = "flash"
 
     @model_validator(mode="after")
     def _total(self):
@@ -193,6 +204,12 @@ def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: i
             return f"{model.layers} layers do not split evenly into pp x vpp = {layout.pp * layout.vpp} model chunks"
     if layout.tp_mode not in TP_MODES:
         return f"tp_mode must be one of {', '.join(TP_MODES)}, got {layout.tp_mode!r}"
+    if layout.attention not in ATTENTION_KERNELS:
+        return f"attention must be one of {', '.join(ATTENTION_KERNELS)}, got {layout.attention!r}"
+    if layout.attention == "materialised" and (layout.cp > 1 or layout.tp_mode == "metp" or layout.pp > 1):
+        return ("materialised attention holds each head's whole s x s score matrix on one GPU: it is not "
+                "combined with ring CP or METP's ring attention (they merge blocks by log-sum-exp), nor yet "
+                "priced for pipeline stages (pp > 1)")
     if layout.metp:
         if layout.tp < 2:
             return f"{layout.tp_mode} needs a tensor-parallel degree of at least 2"

@@ -49,6 +49,10 @@ DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 ROLES = ("input", "attn", "other", "lse", "transient")
 
 TP_MODES = ("megatron", "metp_ffn", "metp")  # tensor-parallel flavours (`memo_sim.layout.parallel.Layout.tp_mode`)
+# attention kernels (`memo_sim.layout.parallel.Layout.attention`; priced in `memo_sim.cost.attention_kernel`):
+# "flash" (FlashAttention: fused, causal, no score matrix in memory) or "materialised" (Megatron-LM
+# before FlashAttention: batched GEMMs over the whole s x s score matrix, a fused softmax, dropout)
+ATTENTION_KERNELS = ("flash", "materialised")
 
 # The op groups METP runs as a ring (papers/metp.txt): O = f(A B) C with A the group's input.
 METP_GROUPS: dict[str, tuple[str, ...]] = {"ffn": ("fc1", "act", "fc2"), "mha": ("qkv", "attention", "out_proj")}
