@@ -354,16 +354,16 @@ def build_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, po
         bwd_end[i] = tail
         if sync.gather_in_backward and i - 2 >= 0:
             gather_b[i - 2] = dp_op("allgather_weights", i - 2, sync.layer_gather, tail, "weight_gather_bwd")
-        if sync.active:
+        if sync.active and sync.overlapped:
             last_dp = dp_op("reducescatter_grads" if layout.zero >= 1 else "allreduce_grads", i, sync.layer_grad,
                             tail)
 
     emb_b = g.add("embedding", device=d, stream="compute", kind="compute", phase="bwd", layer=None,
                   work=bt.embedding_bwd, deps=reorganize("embedding.bwd", None, tail))
     tail = [emb_b]
-    if sync.active:
+    if sync.active:  # the embedding's bucket, or (not overlapped) every gradient at once after the backward
         last_dp = dp_op("reducescatter_grads" if layout.zero >= 1 else "allreduce_grads", None,
-                        sync.embedding_grad, tail)
+                        sync.embedding_grad if sync.overlapped else sync.all_grads, tail)
     g.add("optimizer", device=d, stream="compute", kind="compute", phase="optimizer", layer=None,
           work=bt.optimizer, deps=tail + ([last_dp] if last_dp else []))
     if stall:  # a phase name this schedule does not have: charge it before the optimizer step

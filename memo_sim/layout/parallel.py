@@ -35,6 +35,11 @@ Attention kernel (``attention``, `memo_sim.cost.attention_kernel`): ``flash`` (d
 ``materialised`` (Megatron-LM before FlashAttention: the whole s x s score matrix per head on one
 GPU), which frameworks of that time ran (`memo_sim.frameworks`); not combined with ring CP, METP's
 ring attention or pipeline stages. Left out of `Layout.to_dict` when ``flash``.
+
+Gradient reduction (``grad_overlap``, `memo_sim.cost.grad_sync`): True (default) reduces each
+layer's gradient bucket as soon as its backward is done, beside the next layer's backward; False
+reduces all gradients in one collective after the whole backward (Megatron-LM's ``--DDP-impl
+local`` of 2021). Left out of `Layout.to_dict` when True.
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ class Layout:
     pp: int = 1  # pipeline stages; layers split evenly, embedding first, classifier last
     vpp: int = 1  # virtual stages (model chunks) per pipeline rank (interleaved 1F1B; `layout.schedule`)
     attention: str = "flash"  # attention kernel: flash | materialised (`memo_sim.cost.attention_kernel`)
+    grad_overlap: bool = True  # data-parallel gradient reduction overlapped with the backward (`cost.grad_sync`)
 
     @property
     def gpus(self) -> int:
@@ -106,6 +112,8 @@ class Layout:
             parts.append(f"z{self.zero}")
         if self.attention != "flash":
             parts.append(self.attention)
+        if not self.grad_overlap:
+            parts.append("serial-grads")
         return "-".join(parts)
 
     def to_dict(self) -> dict:
@@ -116,6 +124,8 @@ class Layout:
             del d["vpp"]
         if self.attention == "flash":  # and FlashAttention plans their shape before kernels were named
             del d["attention"]
+        if self.grad_overlap:  # and overlapped-gradient plans theirs
+            del d["grad_overlap"]
         return d
 
     @classmethod
@@ -141,6 +151,7 @@ class _LayoutIn(BaseModel):
     pp: _Degree = 1
     vpp: _Degree = 1
     attention: Literal[ATTENTION_KERNELS] = "flash"
+    grad_overlap: bool = Field(True, strict=True)
 
     @model_validator(mode="after")
     def _total(self):
@@ -210,6 +221,8 @@ def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: i
         return ("materialised attention holds each head's whole s x s score matrix on one GPU: it is not "
                 "combined with ring CP or METP's ring attention (they merge blocks by log-sum-exp), nor yet "
                 "priced for pipeline stages (pp > 1)")
+    if not layout.grad_overlap and layout.pp > 1:
+        return "a gradient reduction after the whole backward is not yet priced for pipeline stages (pp > 1)"
     if layout.metp:
         if layout.tp < 2:
             return f"{layout.tp_mode} needs a tensor-parallel degree of at least 2"

@@ -211,7 +211,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
                                             dp=dp, zero=zero, sp=sp, tp_modes=modes,
                                             metp_across_nodes=metp_across_nodes)
         rejected += [(lay, fw.why_not(lay)) for lay in valid if not fw.allows(lay)]
-        valid = [lay for lay in valid if fw.allows(lay)]
+        valid = [fw.adapt(lay) for lay in valid if fw.allows(lay)]  # as the framework runs it
         if rejected:
             why_none = rejected[0][1]
         for lay in valid:

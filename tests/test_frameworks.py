@@ -1,0 +1,78 @@
+"""Frameworks as data (`memo_sim.frameworks`): each version's file loads, selects what it says, and
+each switchable mechanism moves the prediction the way it should."""
+
+from dataclasses import replace
+
+import pytest
+from click.testing import CliRunner
+
+from memo_sim.cli import cli
+from memo_sim.engine.simulate import simulate
+from memo_sim.errors import MemoError
+from memo_sim.frameworks import DATA, MECHANISMS, _read, load_frameworks
+from memo_sim.layout.parallel import Layout
+from memo_sim.model.config import get_model
+from memo_sim.policy import get_policy
+from memo_sim.profile.loader import load_profile
+from memo_sim.search.estimate import estimate_iteration
+from memo_sim.search.frameworks import get_framework
+from memo_sim.search.whatif import candidates_for
+
+NAMES = ("any", "megatron@2021", "megatron@2023", "megatron", "deepspeed", "torchtitan", "memo-paper", "sppo-paper")
+
+
+def test_every_named_framework_is_a_file_with_sources():
+    fws = load_frameworks()
+    assert set(NAMES) <= set(fws)
+    for name in NAMES:
+        fw = get_framework(name)
+        assert fw.path == str(DATA / f"{name}.yaml") and fw.sources
+        assert set(dict(fw.mechanisms)) == set(MECHANISMS)
+
+
+def test_megatron_2021_and_memo_paper_select_their_files():
+    old = get_framework("megatron@2021")
+    assert old.mechanism("attention") == "materialised" and old.mechanism("grad_overlap") is False
+    assert not old.allows(Layout(tp=8, sp=True)) and old.allows(Layout(tp=8, sp=False))
+    assert not old.allows(Layout(tp=4, cp=2, sp=False)) and not old.allows(Layout(tp=1, dp=8, zero=1))
+    memo = get_framework("memo-paper")
+    assert "memo" in memo.policies and memo.allows(Layout(tp=4, cp=2))
+    res = candidates_for(get_model("gpt-7b"), 4096, 8, load_profile("a100-sxm4-80gb"), framework="megatron@2021")
+    assert res.candidates and all(c.layout.attention == "materialised" and not c.layout.grad_overlap
+                                  and (c.layout.tp == 1 or not c.layout.sp) for c in res.candidates)
+
+
+# (mechanism, the value that makes an iteration slower, the value that makes it faster)
+SLOWER = {"attention": ("materialised", "flash"), "grad_overlap": (False, True)}
+
+
+@pytest.mark.parametrize("mechanism", sorted(MECHANISMS))
+def test_each_mechanism_moves_the_prediction_the_expected_way(mechanism):
+    assert set(SLOWER) == set(MECHANISMS)  # a new switch needs its expected direction here
+    model, prof, pol = get_model("gpt-7b"), load_profile("a100-sxm4-80gb"), get_policy("full_recompute")
+    base = Layout(tp=2, sp=False, dp=4)
+    slow, fast = (replace(base, **{MECHANISMS[mechanism]: v}) for v in SLOWER[mechanism])
+    for predict in (lambda lay: estimate_iteration(model, lay, 1, 4096, pol, prof).iteration_s,
+                    lambda lay: simulate(model, lay, 1, 4096, pol, prof, keep_timeline=False).iteration_s):
+        assert predict(slow) > predict(fast)
+
+
+def test_bad_framework_file_is_one_line(tmp_path):
+    p = tmp_path / "mine.yaml"
+    p.write_text((DATA / "megatron.yaml").read_text().replace("name: megatron", "name: mine")
+                 .replace("attention: flash", "attention: sdpa"))
+    with pytest.raises(MemoError, match=r"mine.yaml.*attention"):
+        _read(p)
+    p.write_text((DATA / "megatron@2021.yaml").read_text().replace("name: megatron@2021", "name: mine")
+                 .replace("context_parallel: false", "context_parallel: true"))
+    with pytest.raises(MemoError, match="ring CP"):
+        _read(p)
+
+
+def test_cli_framework_names():
+    r = CliRunner().invoke(cli, ["whatif", "--framework", "megatron@2021", "--seq", "4K", "--no-plan", "--json",
+                                  "--simulate-top", "0"])
+    assert r.exit_code == 0, r.output
+    assert "materialised" in r.output
+    r = CliRunner().invoke(cli, ["whatif", "--framework", "megatron@1999", "--no-plan"])
+    assert r.exit_code == 2
