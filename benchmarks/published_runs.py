@@ -35,6 +35,9 @@ NARAYANAN = ("Narayanan et al. 2021, Efficient Large-Scale Language Model Traini
 KORTHIKANTI = ("Korthikanti et al. 2022, Reducing Activation Recomputation in Large Transformer Models "
                "(arXiv 2205.05198), end-to-end iteration times; numbers and configurations as transcribed by "
                "calculon-ai/calculon, calculon/megatron/validation.py and validation/*.json")
+MEGATRON_2024 = ("NVIDIA/Megatron-LM README at commit f2e5db402c (2024-07-15), images/model_table.png: weak "
+                 "scaling on H100 GPUs, vocabulary 131,072, sequence 4096, --overlap-grad-reduce "
+                 "--overlap-param-gather --tp-comm-overlap")
 TORCHTITAN = ("pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md (torchtitan 9dec370, 2024-12-26), "
               "Grand Teton H100 96 GB HBM2e at 500 W")
 
@@ -68,6 +71,7 @@ class Run:
     pp: int = 1
     dp: int = 1
     sp: bool = False
+    zero: int = 0
     global_batch: int = 1
     policy: str = "full_recompute"
     dtype: str = "fp16"
@@ -79,7 +83,8 @@ class Run:
                            dtype=self.dtype, precision=self.precision)
 
     def layout(self) -> Layout:
-        return get_framework(self.framework).adapt(Layout(tp=self.tp, sp=self.sp, dp=self.dp, pp=self.pp))
+        return get_framework(self.framework).adapt(Layout(tp=self.tp, sp=self.sp, dp=self.dp, pp=self.pp,
+                                                          zero=self.zero))
 
 
 def _narayanan(size, hidden, layers, heads, mp, gpus, batch, tflops):
@@ -111,6 +116,24 @@ def _korthikanti(size, hidden, layers, heads, tp, pp, gpus, batch, mode, seconds
                tp=tp, pp=pp, dp=gpus // (tp * pp), global_batch=batch, sp=not full, why_not=why)
 
 
+def megatron2024_flops(batch: int, layers: int, hidden: int, seq: int = 4096, vocab: int = 131072) -> float:
+    """megatron/training/training.py `num_floating_point_operations` at f2e5db402c for a GPT layer
+    (no GQA, FFN 4h, no SwiGLU): 12·B·s·l·h²·((2 + s/h) + 4 + V/(2·l·h))."""
+    return 12.0 * batch * seq * layers * hidden ** 2 * ((2 + seq / hidden) + 4 + vocab / (2 * layers * hidden))
+
+
+def _megatron2024(size, heads, hidden, layers, tp, pp, dp, gpus, batch, tflops):
+    pub = megatron2024_flops(batch, layers, hidden) / (tflops * 1e12 * gpus)
+    why = f"pipeline parallelism (PP = {pp}) is not simulated yet (the [pipeline] work)" if pp > 1 else None
+    return Run(f"megatron2024-{size}", MEGATRON_2024,
+               f"GPT {size}: h={hidden}, {layers} layers, {heads} heads, TP {tp} x PP {pp} x DP {dp} = {gpus} H100s, "
+               f"batch {batch}, s=4096, V=131072 (untied in Megatron; memo ties the embedding), no recompute stated",
+               pub, f"{tflops} TFLOP/s per GPU (the table) x {gpus} GPUs over training.py's FLOPs",
+               framework="megatron", profile="h100-sxm5-80gb", layers=layers, hidden=hidden, heads=heads,
+               vocab=131072, seq=4096, tp=tp, pp=pp, dp=dp, sp=True, global_batch=batch, policy="store_all",
+               dtype="bf16", precision="megatron", zero=1, why_not=why)
+
+
 def _titan(config, tps, why, gpus=8, seq=8192, batch=2):
     # TPS/GPU -> step time: tokens per GPU per step (local batch x sequence) / TPS
     return Run(f"torchtitan-{config.split(':')[0]}", TORCHTITAN, config, batch * seq / tps,
@@ -138,6 +161,15 @@ RUNS: tuple[Run, ...] = (
     _korthikanti("530B", 20480, 105, 128, 8, 35, 280, 280, "selective", 37.83),
     _korthikanti("1T", 25600, 128, 160, 8, 64, 512, 512, "full", 94.42),
     _korthikanti("1T", 25600, 128, 160, 8, 64, 512, 512, "selective", 71.49),
+    _megatron2024("1.7B", 16, 2048, 24, 1, 1, 48, 48, 192, 408.8),
+    _megatron2024("7.1B", 32, 4096, 30, 2, 1, 48, 96, 192, 465.9),
+    _megatron2024("16B", 48, 6144, 32, 4, 1, 48, 192, 192, 489.1),
+    _megatron2024("32B", 56, 7168, 48, 8, 1, 48, 384, 192, 459.6),
+    _megatron2024("70B", 64, 8192, 84, 8, 2, 48, 768, 384, 419.7),
+    _megatron2024("119B", 80, 10240, 92, 8, 4, 48, 1536, 768, 420.5),
+    _megatron2024("177B", 96, 12288, 96, 8, 6, 48, 2304, 1152, 432.8),
+    _megatron2024("314B", 128, 16384, 96, 8, 8, 48, 3072, 1536, 474.4),
+    _megatron2024("462B", 144, 18432, 112, 8, 16, 48, 6144, 3072, 459.9),
     _titan("t1-fsdp: Llama 3.1 8B, FSDP over 8 GPUs, local batch 2 x 8192, selective AC (Table 1)", 5762,
            "torchtitan's selective (per-op) activation checkpointing is not a policy yet; " + _NO_H100_96),
     _titan("t1-fsdp-compile: the same with torch.compile (Table 1)", 6667,
