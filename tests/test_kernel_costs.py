@@ -91,3 +91,19 @@ def test_materialised_attention_layout_rules():
     assert Layout.from_dict(d) == Layout(tp=8, attention="materialised")
     with pytest.raises(MemoError, match="attention"):
         Layout.from_dict({"tp": 8, "attention": "sdpa"})
+
+
+def test_optimizer_step_bytes_closed_form():
+    from memo_sim.cost.boundary import boundary_times, optimizer_step_bytes
+    from memo_sim.model.precision import RECIPES
+
+    meg, fp32 = RECIPES["megatron"], RECIPES["fp32"]  # (w, g, m, o) = (2, 4, 4, 8) and (4, 4, 0, 8)
+    # 2p + 2g + 2o + (m + w) per parameter of the shard, plus zeroing g per parameter of the grad buffer
+    assert optimizer_step_bytes(meg, 1000, 1, 0) == 1000 * (8 + 8 + 16 + 6) + 1000 * 4
+    assert optimizer_step_bytes(fp32, 1000, 1, 0) == 1000 * (8 + 8 + 16) + 1000 * 4
+    # ZeRO-1 shards the update, not the gradient buffer; ZeRO-2 also the buffer
+    assert optimizer_step_bytes(meg, 1000, 4, 1) == 250 * 38 + 1000 * 4
+    assert optimizer_step_bytes(meg, 1000, 4, 2) == 250 * 38 + 250 * 4
+    m, lay = get_model("gpt-7b"), Layout(tp=8)
+    assert boundary_times(m, lay, 1, 4096, A100).optimizer == pytest.approx(
+        optimizer_step_bytes(m.recipe, m.params() / 8, 1, 0) / HBM)

@@ -22,6 +22,7 @@ from memo_sim.cost.memory import CLASSIFIER_BYTES_PER_LOGIT_FP32
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
 from memo_sim.model.layer_graph import DTYPE_BYTES
+from memo_sim.model.precision import PrecisionRecipe
 from memo_sim.profile.schema import HardwareProfile
 
 
@@ -51,6 +52,18 @@ def boundary_times(model: ModelConfig, layout: Layout, batch: int, seq: int,
     cls_bytes = gemm_bytes(toks, model.vocab / layout.tp, model.hidden, dt)
     cls = 3 * gemm_time(cls_flops, profile, model.dtype, cls_bytes) + memory_bound_time(
         toks * model.vocab / layout.tp * (dt + CLASSIFIER_BYTES_PER_LOGIT_FP32), profile)
-    shard = model.params() / layout.tp / (layout.state_shards if layout.zero >= 1 else 1)
-    optim = memory_bound_time(2 * model.recipe.bytes_per_param * shard, profile)  # read and write every state
+    optim = memory_bound_time(optimizer_step_bytes(model.recipe, model.params() / layout.tp, layout.state_shards,
+                                                   layout.zero), profile)
     return BoundaryTimes(emb, cls, optim)
+
+
+def optimizer_step_bytes(recipe: PrecisionRecipe, params: float, shards: int, zero: int) -> float:
+    """HBM bytes of one optimizer step over ``params`` parameters held by one GPU (before ZeRO),
+    sharded ``shards`` ways by ZeRO stage ``zero`` (the module's formula)."""
+    w, g, m, o = recipe.weight_bytes, recipe.grad_bytes, recipe.master_bytes, recipe.optimizer_bytes
+    p = m or w
+    n = max(1, shards)
+    shard = params / (n if zero >= 1 else 1)
+    per_param = 2 * p + 2 * g + 2 * o + ((m + w) if m else 0)
+    grad_buffer = params / (n if zero >= 2 else 1)
+    return shard * per_param + grad_buffer * g
