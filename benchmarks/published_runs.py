@@ -102,18 +102,14 @@ def _narayanan(size, hidden, layers, heads, mp, gpus, batch, tflops):
 
 def _korthikanti(size, hidden, layers, heads, tp, pp, gpus, batch, mode, seconds):
     full = mode == "full"
-    if pp > 1:
-        why = f"pipeline parallelism (PP = {pp}) is not simulated yet (the [pipeline] work)"
-    elif not full:
-        why = "selective (attention-core) recompute is not a policy yet"
-    else:
-        why = None
+    why = f"pipeline parallelism (PP = {pp}) is not simulated yet (the [pipeline] work)" if pp > 1 else None
     return Run(f"korthikanti-{size}-{mode}", KORTHIKANTI,
                f"GPT {size}: h={hidden}, {layers} layers, {heads} heads, TP {tp} x PP {pp} = {gpus} A100s, "
                f"batch {batch}, micro-batch {4 if pp == 1 else 1}, s=2048, "
                + ("full recompute, TP without SP" if full else "sequence parallelism + selective recompute"),
-               seconds, "measured iteration time (s) as stated", layers=layers, hidden=hidden, heads=heads,
-               tp=tp, pp=pp, dp=gpus // (tp * pp), global_batch=batch, sp=not full, why_not=why)
+               seconds, "measured iteration time (s) as stated", framework="megatron@2022", layers=layers,
+               hidden=hidden, heads=heads, tp=tp, pp=pp, dp=gpus // (tp * pp), global_batch=batch, sp=not full,
+               policy="full_recompute" if full else "selective_recompute", why_not=why)
 
 
 def megatron2024_flops(batch: int, layers: int, hidden: int, seq: int = 4096, vocab: int = 131072) -> float:

@@ -76,3 +76,21 @@ def test_cli_framework_names():
     assert "materialised" in r.output
     r = CliRunner().invoke(cli, ["whatif", "--framework", "megatron@1999", "--no-plan"])
     assert r.exit_code == 2
+
+
+def test_selective_recompute_policy_sits_between_store_all_and_full_recompute():
+    from memo_sim.memplan.footprint import memory_breakdown
+
+    model, prof = get_model("gpt-7b"), load_profile("a100-sxm4-80gb")
+    for lay in (Layout(tp=8, sp=True), Layout(tp=8, sp=False, attention="materialised"), Layout(tp=4, cp=2)):
+        t = {p: estimate_iteration(model, lay, 1, 8192, get_policy(p), prof).iteration_s
+             for p in ("store_all", "selective_recompute", "full_recompute")}
+        assert t["store_all"] < t["selective_recompute"] < t["full_recompute"]
+        sim = {p: simulate(model, lay, 1, 8192, get_policy(p), prof, keep_timeline=False).iteration_s
+               for p in ("store_all", "selective_recompute")}
+        assert sim["store_all"] < sim["selective_recompute"]
+        mem = {p: memory_breakdown(model, lay, 1, 8192, get_policy(p), prof).skeletal_resident_bytes
+               for p in ("store_all", "selective_recompute")}
+        assert mem["store_all"] == mem["selective_recompute"]
+    assert "selective_recompute" in get_framework("megatron").policies
+    assert "selective_recompute" not in get_framework("any").policies  # memo's executor does not run it
