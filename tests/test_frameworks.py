@@ -43,7 +43,8 @@ def test_megatron_2021_and_memo_paper_select_their_files():
 
 
 # (mechanism, the value that makes an iteration slower, the value that makes it faster)
-SLOWER = {"attention": ("materialised", "flash"), "grad_overlap": (False, True)}
+SLOWER = {"attention": ("materialised", "flash"), "grad_overlap": (False, True),
+          "cross_entropy": ("vocab_parallel", "chunked")}
 
 
 @pytest.mark.parametrize("mechanism", sorted(MECHANISMS))

@@ -107,3 +107,21 @@ def test_optimizer_step_bytes_closed_form():
     m, lay = get_model("gpt-7b"), Layout(tp=8)
     assert boundary_times(m, lay, 1, 4096, A100).optimizer == pytest.approx(
         optimizer_step_bytes(m.recipe, m.params() / 8, 1, 0) / HBM)
+
+
+def test_cross_entropy_bytes_per_logit_closed_forms():
+    from memo_sim.cost.boundary import boundary_times, cross_entropy_bytes_per_logit
+    from memo_sim.cost.kernel_time import gemm_bytes
+
+    assert cross_entropy_bytes_per_logit("chunked", 2) == 44  # 2 casts (12) + logsumexp 8 + sub, exp 16 + scale 8
+    assert cross_entropy_bytes_per_logit("vocab_parallel", 2) == 52  # + max 4, sum 4, divide 8 instead of logsumexp
+    assert cross_entropy_bytes_per_logit("torch_fused", 2) == 48
+    assert cross_entropy_bytes_per_logit("chunked", 4) == 32  # fp32 logits: no casts
+    m = get_model("gpt-7b")
+    for ce in ("chunked", "vocab_parallel"):
+        lay = Layout(tp=8, cross_entropy=ce)
+        toks, v = 4096, m.vocab / 8
+        f = 2.0 * toks * m.hidden * v
+        want = 3 * gemm_time(f, A100, "bf16", gemm_bytes(toks, v, m.hidden, 2)) + \
+            toks * v * cross_entropy_bytes_per_logit(ce, 2) / HBM
+        assert boundary_times(m, lay, 1, 4096, A100).classifier == pytest.approx(want)

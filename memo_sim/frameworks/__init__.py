@@ -8,7 +8,9 @@ flavours), which activation policies, and how it runs what the simulator models 
 
 - ``attention``: ``flash`` or ``materialised`` (`memo_sim.cost.attention_kernel`);
 - ``grad_overlap``: whether the data-parallel gradient reduction overlaps the backward
-  (`memo_sim.cost.grad_sync`).
+  (`memo_sim.cost.grad_sync`);
+- ``cross_entropy``: the loss kernel, ``chunked``, ``vocab_parallel`` or ``torch_fused``
+  (`memo_sim.cost.boundary.cross_entropy_bytes_per_logit`).
 
 Only mechanisms the simulator prices can be switched; what the framework ran that memo does not
 model yet is listed under ``not_modelled`` (shown with the framework, never silently dropped).
@@ -29,12 +31,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from memo_sim.errors import MemoError, validated
 from memo_sim.fileio import read_utf8
 from memo_sim.layout.parallel import Layout
-from memo_sim.model.layer_graph import ATTENTION_KERNELS, TP_MODES
+from memo_sim.model.layer_graph import ATTENTION_KERNELS, CROSS_ENTROPY_KERNELS, TP_MODES
 from memo_sim.policy import policy_names
 
 DATA = Path(__file__).parent / "data"
 # the switchable mechanisms: name -> the Layout field it sets
-MECHANISMS = {"attention": "attention", "grad_overlap": "grad_overlap"}
+MECHANISMS = {"attention": "attention", "grad_overlap": "grad_overlap", "cross_entropy": "cross_entropy"}
 
 
 class _LayoutsIn(BaseModel):
@@ -51,6 +53,7 @@ class _MechanismsIn(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     attention: Literal[ATTENTION_KERNELS]
     grad_overlap: bool = Field(strict=True)
+    cross_entropy: Literal[CROSS_ENTROPY_KERNELS]
 
 
 class _FrameworkIn(BaseModel):

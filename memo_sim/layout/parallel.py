@@ -40,6 +40,10 @@ Gradient reduction (``grad_overlap``, `memo_sim.cost.grad_sync`): True (default)
 layer's gradient bucket as soon as its backward is done, beside the next layer's backward; False
 reduces all gradients in one collective after the whole backward (Megatron-LM's ``--DDP-impl
 local`` of 2021). Left out of `Layout.to_dict` when True.
+
+Loss kernel (``cross_entropy``, `memo_sim.cost.boundary`): ``chunked`` (memo's executor),
+``vocab_parallel`` (Megatron-LM's) or ``torch_fused`` (``F.cross_entropy`` on fp32 logits); they
+move different bytes per logit. Left out of `Layout.to_dict` when ``chunked``.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from memo_sim.errors import MemoError, validated
 from memo_sim.model.config import ModelConfig
-from memo_sim.model.layer_graph import ATTENTION_KERNELS, TP_MODES
+from memo_sim.model.layer_graph import ATTENTION_KERNELS, CROSS_ENTROPY_KERNELS, TP_MODES
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,7 @@ class Layout:
     vpp: int = 1  # virtual stages (model chunks) per pipeline rank (interleaved 1F1B; `layout.schedule`)
     attention: str = "flash"  # attention kernel: flash | materialised (`memo_sim.cost.attention_kernel`)
     grad_overlap: bool = True  # data-parallel gradient reduction overlapped with the backward (`cost.grad_sync`)
+    cross_entropy: str = "chunked"  # loss kernel: chunked | vocab_parallel | torch_fused (`cost.boundary`)
 
     @property
     def gpus(self) -> int:
@@ -114,6 +119,8 @@ class Layout:
             parts.append(self.attention)
         if not self.grad_overlap:
             parts.append("serial-grads")
+        if self.cross_entropy != "chunked":
+            parts.append(f"ce-{self.cross_entropy}")
         return "-".join(parts)
 
     def to_dict(self) -> dict:
@@ -126,6 +133,8 @@ class Layout:
             del d["attention"]
         if self.grad_overlap:  # and overlapped-gradient plans theirs
             del d["grad_overlap"]
+        if self.cross_entropy == "chunked":  # and plans with memo's chunked head theirs
+            del d["cross_entropy"]
         return d
 
     @classmethod
@@ -152,6 +161,7 @@ class _LayoutIn(BaseModel):
     vpp: _Degree = 1
     attention: Literal[ATTENTION_KERNELS] = "flash"
     grad_overlap: bool = Field(True, strict=True)
+    cross_entropy: Literal[CROSS_ENTROPY_KERNELS] = "chunked"
 
     @model_validator(mode="after")
     def _total(self):
@@ -221,6 +231,8 @@ def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: i
         return ("materialised attention holds each head's whole s x s score matrix on one GPU: it is not "
                 "combined with ring CP or METP's ring attention (they merge blocks by log-sum-exp), nor yet "
                 "priced for pipeline stages (pp > 1)")
+    if layout.cross_entropy not in CROSS_ENTROPY_KERNELS:
+        return f"cross_entropy must be one of {', '.join(CROSS_ENTROPY_KERNELS)}, got {layout.cross_entropy!r}"
     if not layout.grad_overlap and layout.pp > 1:
         return "a gradient reduction after the whole backward is not yet priced for pipeline stages (pp > 1)"
     if layout.metp:
