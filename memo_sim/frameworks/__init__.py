@@ -10,7 +10,10 @@ flavours), which activation policies, and how it runs what the simulator models 
 - ``grad_overlap``: whether the data-parallel gradient reduction overlaps the backward
   (`memo_sim.cost.grad_sync`);
 - ``cross_entropy``: the loss kernel, ``chunked``, ``vocab_parallel`` or ``torch_fused``
-  (`memo_sim.cost.boundary.cross_entropy_bytes_per_logit`).
+  (`memo_sim.cost.boundary.cross_entropy_bytes_per_logit`);
+- ``host_pool``: where offloaded activations sit in pinned host memory, memo's registered pool
+  or PyTorch's caching host allocator (`memo_sim.policy.host_layout`; matters only to
+  offloading policies).
 
 Only mechanisms the simulator prices can be switched; what the framework ran that memo does not
 model yet is listed under ``not_modelled`` (shown with the framework, never silently dropped).
@@ -30,13 +33,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from memo_sim.errors import MemoError, validated
 from memo_sim.fileio import read_utf8
-from memo_sim.layout.parallel import Layout
+from memo_sim.layout.parallel import HOST_POOLS, Layout
 from memo_sim.model.layer_graph import ATTENTION_KERNELS, CROSS_ENTROPY_KERNELS, TP_MODES
 from memo_sim.policy import policy_names
 
 DATA = Path(__file__).parent / "data"
 # the switchable mechanisms: name -> the Layout field it sets
-MECHANISMS = {"attention": "attention", "grad_overlap": "grad_overlap", "cross_entropy": "cross_entropy"}
+MECHANISMS = {"attention": "attention", "grad_overlap": "grad_overlap", "cross_entropy": "cross_entropy",
+              "host_pool": "host_pool"}
 
 
 class _LayoutsIn(BaseModel):
@@ -54,6 +58,7 @@ class _MechanismsIn(BaseModel):
     attention: Literal[ATTENTION_KERNELS]
     grad_overlap: bool = Field(strict=True)
     cross_entropy: Literal[CROSS_ENTROPY_KERNELS]
+    host_pool: Literal[HOST_POOLS]
 
 
 class _FrameworkIn(BaseModel):

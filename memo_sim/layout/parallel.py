@@ -44,6 +44,11 @@ local`` of 2021). Left out of `Layout.to_dict` when True.
 Loss kernel (``cross_entropy``, `memo_sim.cost.boundary`): ``chunked`` (memo's executor),
 ``vocab_parallel`` (Megatron-LM's) or ``torch_fused`` (``F.cross_entropy`` on fp32 logits); they
 move different bytes per logit. Left out of `Layout.to_dict` when ``chunked``.
+
+Pinned host pool (``host_pool``, `memo_sim.policy.host_layout`): ``registered_pool`` (memo's
+executor: exact bytes) or ``caching_host_allocator`` (PyTorch's ``pin_memory``: each tensor
+rounded as the profile's ``host.pinned_rounding`` says), a runtime setting of offloading
+policies. Left out of `Layout.to_dict` when ``registered_pool``.
 """
 
 from __future__ import annotations
@@ -58,6 +63,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from memo_sim.errors import MemoError, validated
 from memo_sim.model.config import ModelConfig
 from memo_sim.model.layer_graph import ATTENTION_KERNELS, CROSS_ENTROPY_KERNELS, TP_MODES
+
+# how offloaded activations sit in pinned host memory (`memo_sim.policy.host_layout`): memo's executor's
+# one registered pool per GPU, or PyTorch's caching host allocator (one rounded allocation per tensor)
+HOST_POOLS = ("registered_pool", "caching_host_allocator")
 
 
 @dataclass(frozen=True)
@@ -74,6 +83,7 @@ class Layout:
     attention: str = "flash"  # attention kernel: flash | materialised (`memo_sim.cost.attention_kernel`)
     grad_overlap: bool = True  # data-parallel gradient reduction overlapped with the backward (`cost.grad_sync`)
     cross_entropy: str = "chunked"  # loss kernel: chunked | vocab_parallel | torch_fused (`cost.boundary`)
+    host_pool: str = "registered_pool"  # pinned host memory for offloads: one of `HOST_POOLS`
 
     @property
     def gpus(self) -> int:
@@ -121,6 +131,8 @@ class Layout:
             parts.append("serial-grads")
         if self.cross_entropy != "chunked":
             parts.append(f"ce-{self.cross_entropy}")
+        if self.host_pool != "registered_pool":
+            parts.append(self.host_pool.replace("_", "-"))
         return "-".join(parts)
 
     def to_dict(self) -> dict:
@@ -135,6 +147,8 @@ class Layout:
             del d["grad_overlap"]
         if self.cross_entropy == "chunked":  # and plans with memo's chunked head theirs
             del d["cross_entropy"]
+        if self.host_pool == "registered_pool":  # and plans with memo's registered pool theirs
+            del d["host_pool"]
         return d
 
     @classmethod
@@ -162,6 +176,7 @@ class _LayoutIn(BaseModel):
     attention: Literal[ATTENTION_KERNELS] = "flash"
     grad_overlap: bool = Field(True, strict=True)
     cross_entropy: Literal[CROSS_ENTROPY_KERNELS] = "chunked"
+    host_pool: Literal[HOST_POOLS] = "registered_pool"
 
     @model_validator(mode="after")
     def _total(self):
@@ -233,6 +248,8 @@ def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: i
                 "priced for pipeline stages (pp > 1)")
     if layout.cross_entropy not in CROSS_ENTROPY_KERNELS:
         return f"cross_entropy must be one of {', '.join(CROSS_ENTROPY_KERNELS)}, got {layout.cross_entropy!r}"
+    if layout.host_pool not in HOST_POOLS:
+        return f"host_pool must be one of {', '.join(HOST_POOLS)}, got {layout.host_pool!r}"
     if not layout.grad_overlap and layout.pp > 1:
         return "a gradient reduction after the whole backward is not yet priced for pipeline stages (pp > 1)"
     if layout.metp:
