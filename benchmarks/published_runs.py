@@ -207,7 +207,7 @@ HISTORY = (
 STEPS = (
     ("119a926", "FlashAttention and overlapped gradients for every run: the 5 A100 rows at mean |error| 25.0%, "
      "max 36.9% (all too fast)"),
-    ("ec3c7c9 + aa511ed", "materialised softmax attention and gradients reduced after the backward "
+    ("c33b61a + ec3c7c9", "materialised softmax attention and gradients reduced after the backward "
      "(megatron@2021), the GEMM roofline and two-kernel backward GEMMs: 4 predicted at 0.7% / 1.3% (18B OOM: "
      "one pass)"),
     ("354ac84", "+ Megatron-LM's 2024 H100 table (no mechanism change): 8 predicted at 8.6% / 25.0%"),
