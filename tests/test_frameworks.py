@@ -45,7 +45,8 @@ def test_megatron_2021_and_memo_paper_select_their_files():
 # (mechanism, the value that makes the prediction worse, the value that makes it better, what it moves)
 EXPECTED = {"attention": ("materialised", "flash", "time"), "grad_overlap": (False, True, "time"),
             "cross_entropy": ("vocab_parallel", "chunked", "time"),
-            "host_pool": ("caching_host_allocator", "registered_pool", "host memory")}
+            "host_pool": ("caching_host_allocator", "registered_pool", "host memory"),
+            "expandable_segments": (False, True, "gpu memory")}
 
 
 @pytest.mark.parametrize("mechanism", sorted(MECHANISMS))
@@ -62,10 +63,15 @@ def test_each_mechanism_moves_the_prediction_the_expected_way(mechanism):
         for predict in (lambda lay: estimate_iteration(model, lay, 1, 4096, pol, prof).iteration_s,
                         lambda lay: simulate(model, lay, 1, 4096, pol, prof, keep_timeline=False).iteration_s):
             assert predict(worse) > predict(better)
-    else:  # pinned host bytes of an offloading plan (MEMO at alpha 0.37: rows that round up)
+    elif what == "host memory":  # pinned host bytes of an offloading plan (MEMO at alpha 0.37: rows that round up)
         pol = get_policy("memo", 0.37)
         assert (memory_breakdown(model, worse, 1, 65536, pol, prof).host_bytes_per_node
                 > memory_breakdown(model, better, 1, 65536, pol, prof).host_bytes_per_node)
+    else:  # the caching allocator's reserved transients of an unplanned policy
+        pol, lay = get_policy("full_recompute"), Layout(tp=8)
+        worse, better = (replace(lay, **{MECHANISMS[mechanism]: v}) for v in (worse_v, better_v))
+        assert (memory_breakdown(model, worse, 1, 131072, pol, prof).peak_gpu_bytes
+                > memory_breakdown(model, better, 1, 131072, pol, prof).peak_gpu_bytes)
 
 
 def test_bad_framework_file_is_one_line(tmp_path):

@@ -233,6 +233,7 @@ def simulate(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: P
     if not policy.static_memory_plan:
         replay = replay_iteration(model, layout, batch, seq, policy, profile,
                                   classifier_chunk_tokens=classifier_chunk_tokens,
+                                  expandable_segments=layout.expandable_segments,
                                   stream_lag_phases=allocator_lag or None)
         stall = replay.stall_by_phase(profile)
     plan = None

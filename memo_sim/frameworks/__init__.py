@@ -13,7 +13,9 @@ flavours), which activation policies, and how it runs what the simulator models 
   (`memo_sim.cost.boundary.cross_entropy_bytes_per_logit`);
 - ``host_pool``: where offloaded activations sit in pinned host memory, memo's registered pool
   or PyTorch's caching host allocator (`memo_sim.policy.host_layout`; matters only to
-  offloading policies).
+  offloading policies);
+- ``expandable_segments``: whether PyTorch's caching allocator runs with expandable segments
+  (`memo_sim.memplan.caching_allocator`; matters to the policies without a static memory plan).
 
 Only mechanisms the simulator prices can be switched; what the framework ran that memo does not
 model yet is listed under ``not_modelled`` (shown with the framework, never silently dropped).
@@ -40,7 +42,7 @@ from memo_sim.policy import policy_names
 DATA = Path(__file__).parent / "data"
 # the switchable mechanisms: name -> the Layout field it sets
 MECHANISMS = {"attention": "attention", "grad_overlap": "grad_overlap", "cross_entropy": "cross_entropy",
-              "host_pool": "host_pool"}
+              "host_pool": "host_pool", "expandable_segments": "expandable_segments"}
 
 
 class _LayoutsIn(BaseModel):
@@ -59,6 +61,7 @@ class _MechanismsIn(BaseModel):
     grad_overlap: bool = Field(strict=True)
     cross_entropy: Literal[CROSS_ENTROPY_KERNELS]
     host_pool: Literal[HOST_POOLS]
+    expandable_segments: bool = Field(strict=True)
 
 
 class _FrameworkIn(BaseModel):

@@ -49,6 +49,10 @@ Pinned host pool (``host_pool``, `memo_sim.policy.host_layout`): ``registered_po
 executor: exact bytes) or ``caching_host_allocator`` (PyTorch's ``pin_memory``: each tensor
 rounded as the profile's ``host.pinned_rounding`` says), a runtime setting of offloading
 policies. Left out of `Layout.to_dict` when ``registered_pool``.
+
+Caching allocator (``expandable_segments``, `memo_sim.memplan.caching_allocator`): PyTorch's
+``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` or not, for the policies that run on the
+caching allocator (everything but MEMO's static plan). Left out of `Layout.to_dict` when off.
 """
 
 from __future__ import annotations
@@ -84,6 +88,7 @@ class Layout:
     grad_overlap: bool = True  # data-parallel gradient reduction overlapped with the backward (`cost.grad_sync`)
     cross_entropy: str = "chunked"  # loss kernel: chunked | vocab_parallel | torch_fused (`cost.boundary`)
     host_pool: str = "registered_pool"  # pinned host memory for offloads: one of `HOST_POOLS`
+    expandable_segments: bool = False  # PyTorch caching allocator's expandable_segments (`memplan.caching_allocator`)
 
     @property
     def gpus(self) -> int:
@@ -133,6 +138,8 @@ class Layout:
             parts.append(f"ce-{self.cross_entropy}")
         if self.host_pool != "registered_pool":
             parts.append(self.host_pool.replace("_", "-"))
+        if self.expandable_segments:
+            parts.append("expandable")
         return "-".join(parts)
 
     def to_dict(self) -> dict:
@@ -149,6 +156,8 @@ class Layout:
             del d["cross_entropy"]
         if self.host_pool == "registered_pool":  # and plans with memo's registered pool theirs
             del d["host_pool"]
+        if not self.expandable_segments:  # and plans on the default caching allocator theirs
+            del d["expandable_segments"]
         return d
 
     @classmethod
@@ -177,6 +186,7 @@ class _LayoutIn(BaseModel):
     grad_overlap: bool = Field(True, strict=True)
     cross_entropy: Literal[CROSS_ENTROPY_KERNELS] = "chunked"
     host_pool: Literal[HOST_POOLS] = "registered_pool"
+    expandable_segments: bool = Field(False, strict=True)
 
     @model_validator(mode="after")
     def _total(self):
