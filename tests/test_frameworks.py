@@ -18,7 +18,8 @@ from memo_sim.search.estimate import estimate_iteration
 from memo_sim.search.frameworks import get_framework
 from memo_sim.search.whatif import candidates_for
 
-NAMES = ("any", "megatron@2021", "megatron@2022", "megatron@2023", "megatron", "deepspeed", "torchtitan", "memo-paper", "sppo-paper")
+NAMES = ("any", "megatron@2021", "megatron@2022", "megatron@2023", "megatron", "deepspeed", "torchtitan",
+         "memo-paper", "sppo-paper")
 
 
 def test_every_named_framework_is_a_file_with_sources():

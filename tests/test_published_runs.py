@@ -25,7 +25,8 @@ def test_rows_have_sources_and_reasons():
 
 def test_megatron_flops_formula():
     # eq. (3) of Narayanan et al. 2021 at B=1, s=2048, l=1, h=2048, V=51200
-    assert pr.megatron_flops(1, 1, 2048) == pytest.approx(96 * 2048 * 2048 ** 2 * (1 + 2048 / (6 * 2048) + 51200 / (16 * 2048)))
+    want = 96 * 2048 * 2048 ** 2 * (1 + 2048 / (6 * 2048) + 51200 / (16 * 2048))
+    assert pr.megatron_flops(1, 1, 2048) == pytest.approx(want)
 
 
 @pytest.mark.parametrize("rid", ["megatron2021-1.7B", "korthikanti-22B-full"])

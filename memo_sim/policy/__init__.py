@@ -1,4 +1,5 @@
-"""Activation policies (store all, full recompute, full offload, MEMO, selective recompute, SPPO), registered by name, and
+"""Activation policies (store all, full recompute, full offload, MEMO, selective recompute, SPPO),
+registered by name, and
 MEMO's alpha solver. Importing this package registers the built-in policies, in the order the
 what-if lists them."""
 
