@@ -119,3 +119,12 @@ def test_adapted_layouts_round_trip_through_the_plan_format():
         lay = fw.adapt(Layout(tp=2, sp=False, dp=4))
         assert Layout.from_dict(lay.to_dict()) == lay
     assert set(Layout(tp=2).to_dict()) == {"tp", "sp", "cp", "ulysses", "dp", "zero", "tp_mode"}  # defaults: old shape
+
+
+def test_frameworks_command_lists_every_file():
+    r = CliRunner().invoke(cli, ["frameworks"])
+    assert r.exit_code == 0 and all(n in r.output for n in NAMES)
+    import json
+
+    j = json.loads(CliRunner().invoke(cli, ["frameworks", "--json"]).output)
+    assert j["megatron@2021"]["mechanisms"]["attention"] == "materialised" and j["megatron@2021"]["sources"]

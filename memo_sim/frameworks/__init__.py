@@ -69,17 +69,13 @@ class _FrameworkIn(BaseModel):
     name: str = Field(min_length=1)
     summary: str = Field(min_length=1)
     sources: tuple[str, ...] = Field(min_length=1)
-    policies: tuple[str, ...] | Literal["all"]  # "all": every registered policy
+    policies: tuple[str, ...] = Field(min_length=1)
     layouts: _LayoutsIn
     mechanisms: _MechanismsIn
     not_modelled: tuple[str, ...] = ()
 
     @model_validator(mode="after")
     def _consistent(self):
-        if self.policies == "all":
-            return self
-        if not self.policies:
-            raise ValueError("policies: name at least one policy, or all")
         unknown = [p for p in self.policies if p not in policy_names()]
         if unknown:
             raise ValueError(f"policies {unknown} unknown; choose from {', '.join(policy_names())}")
@@ -141,8 +137,7 @@ def _read(path: Path) -> Framework:
     if f.name != path.stem:
         raise MemoError(f"{path}: name {f.name!r} differs from the file name; rename one of them")
     lay = f.layouts
-    policies = policy_names() if f.policies == "all" else f.policies
-    return Framework(f.name, f.summary, tuple(policies), f.sources, lay.tensor_parallel, lay.sequence_parallel,
+    return Framework(f.name, f.summary, f.policies, f.sources, lay.tensor_parallel, lay.sequence_parallel,
                      lay.context_parallel, lay.ulysses, lay.zero, lay.tp_modes,
                      tuple((k, getattr(f.mechanisms, k)) for k in MECHANISMS), f.not_modelled, str(path))
 
