@@ -90,7 +90,7 @@ class Run:
 def _narayanan(size, hidden, layers, heads, mp, gpus, batch, tflops):
     tp, pp = min(mp, 8), max(1, mp // 8)
     pub = megatron_flops(batch, layers, hidden) / (tflops * 1e12 * gpus)
-    why = (f"pipeline parallelism (PP = {pp}, interleaved 1F1B in the paper) is not simulated yet "
+    why = (f"pipeline parallelism (PP = {pp}) is not simulated yet "
            "(the [pipeline] work)") if pp > 1 else None
     return Run(f"megatron2021-{size}", NARAYANAN,
                f"GPT {size}: h={hidden}, {layers} layers, {heads} heads, TP {tp} x PP {pp} x DP {gpus // mp} "
