@@ -25,9 +25,10 @@ the one place each is priced.
   (`memo_sim.cost.kernel_time.gemm_time`'s roofline: with k = d = 64..128 the score GEMMs sit
   near the HBM ridge), the softmax and dropout passes as bytes over HBM bandwidth.
 
-  Memory of the materialised scores (held between the kernels, and the dropout mask kept for
-  backward) is not counted in the footprint yet (`memo_sim.memplan.footprint`): plans with this
-  kernel under-count their peak by up to n_b·s²·(element + 1 + element) bytes.
+  Memory: the score-sized buffers live inside a layer's forward and backward are its transients
+  (`memo_sim.memplan.trace_gen.attention_buffers`); the softmax output, dropout mask and dropped
+  probabilities the backward reads, n_b·s²·(2d + 1), are kept by store all
+  (`memo_sim.cost.activations.skeletal_bytes`'s ``scores``).
 """
 
 from __future__ import annotations

@@ -101,8 +101,9 @@ def attention_buffers(model: ModelConfig, layout: Layout, tb: dict[str, float], 
       GPU's score elements n_b·s²: forward, at the dropout, the softmax output, the dropout mask
       and the dropped probabilities, e·(2d + 1) (the scores are freed after the softmax);
       backward, those three again plus the gradients of the dropped and of the probabilities,
-      e·(4d + 1). (Under store_all the three forward tensors are kept until the layer's backward;
-      the footprint does not count them as kept yet.)
+      e·(4d + 1). (Under store all the three forward tensors are also counted as kept until the
+      layer's backward, `memo_sim.cost.activations.skeletal_bytes`: the backward's transient
+      counts them once more, one layer's e·(2d + 1) too much.)
     """
     d = DTYPE_BYTES[model.dtype]
     mat = score_matrices(model, layout, batch) * seq * seq if layout.attention == "materialised" else 0.0

@@ -2,10 +2,11 @@
 selective``): keep every skeletal tensor but the attention core's, re-run the attention core
 (scores, softmax, dropout, attention over V) of each layer before its backward.
 
-Memory is store-all's in memo's accounting: the score-sized tensors selective recompute drops are
-the ones the footprint does not count as kept under store-all either (`memo_sim.cost.attention_kernel`
-with materialised attention; FlashAttention keeps none). Time: store-all's plus one forward of
-each layer's attention kernel (with ring CP, its K/V exchange beside it) before the backward.
+Memory: store-all's without the score-sized tensors (``sk["scores"]``: with materialised
+attention the softmax output, dropout mask and dropped probabilities, which the recompute
+rebuilds as transients; FlashAttention keeps none, so there it is store-all's). Time: store-all's
+plus one forward of each layer's attention kernel (with ring CP, its K/V exchange beside it)
+before the backward.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from memo_sim.policy.store_all import StoreAll
 class SelectiveRecompute(StoreAll):
     name = "selective_recompute"
     summary = "keep every layer's skeletal activations; re-run each layer's attention core before its backward"
+
+    def kept_scores(self, sk) -> float:
+        return 0.0
 
     def recomputes_layer(self, layer, n_layers):
         return True
