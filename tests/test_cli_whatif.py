@@ -122,8 +122,6 @@ def test_nothing_fits_exit_3_and_advice(tmp_path):
 
 
 def test_binding_words_name_the_pinned_rounding():
-    from dataclasses import dataclass
-
     from memo_sim.layout.parallel import Layout
     from memo_sim.model.config import get_model
     from memo_sim.policy.full_offload import FullOffload
@@ -132,12 +130,10 @@ def test_binding_words_name_the_pinned_rounding():
     from memo_sim.search.estimate import estimate_iteration
     from memo_sim.memplan.footprint import memory_breakdown
 
-    @dataclass(frozen=True)
-    class PinnedOffload(FullOffload):  # plain pinned tensors: PyTorch's power-of-two rounding
-        host_scheme = "caching_host_allocator"
-
-    model, lay, prof, seq = get_model("gpt-7b"), Layout(tp=8), load_profile("a800-80gb"), 768 * 1024
-    pol = PinnedOffload()
+    # plain pinned tensors: PyTorch's power-of-two rounding
+    model, prof, seq = get_model("gpt-7b"), load_profile("a800-80gb"), 768 * 1024
+    lay = Layout(tp=8, host_pool="caching_host_allocator")
+    pol = FullOffload()
     c = Candidate(model, lay, pol, 1, seq, prof, estimate_iteration(model, lay, 1, seq, pol, prof),
                   memory_breakdown(model, lay, 1, seq, pol, prof))
     words = host_memory_words(c)

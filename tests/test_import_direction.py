@@ -6,7 +6,8 @@ memo_sim, lowest first:
   the vocabulary: profile, model; layout (parallel degrees of a model)
   cost (pure formulas)
   policy (what each activation policy keeps, offloads, recomputes)
-  memplan (request traces, DSA solvers, allocator model, memory footprint), plan (the contract)
+  memplan (request traces, DSA solvers, allocator model, memory footprint), plan (the contract),
+  frameworks (each framework version's layouts, policies and mechanisms, as data)
   engine (the SimPy simulator)
   search (analytic estimate, what-if ranking)
   report (tables, traces, figures), export (plans as other frameworks' files)
@@ -31,7 +32,7 @@ LEVELS = {
     "layout": 4,
     "cost": 5,
     "policy": 6,
-    "memplan": 7, "plan": 7,
+    "memplan": 7, "plan": 7, "frameworks": 7,
     "engine": 8,
     "search": 9,
     "report": 10, "export": 10,

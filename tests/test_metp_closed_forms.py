@@ -138,3 +138,29 @@ def test_mha_outer_intensity_eq_12_13():
         assert i > s / 3  # eq. 13 at p = 8, b = 1
         # eq. 12 divides the rank's FLOPs of all p outer steps by one step's traffic: per step it is p times less
         assert metp.mha_outer_step_intensity(1, s, h, 8) == pytest.approx(i / 8)
+
+
+def test_memory_saving_gap_against_the_paper_is_accounted_term_by_term():
+    """cost.metp's account of the paper's ~64% against memo's footprint at GPT-175B / 512K / p = 8."""
+    from memo_sim.cost.metp import ffn_table, mha_table, table_layer_saving
+    from memo_sim.layout.parallel import Layout
+    from memo_sim.memplan.footprint import memory_breakdown
+    from memo_sim.model.config import ModelConfig, get_model
+    from memo_sim.policy import get_policy
+    from memo_sim.profile.loader import load_profile
+
+    b, s, h, p = 1, 512 * 1024, 12288, 8
+    f, m = ffn_table(b, s, h, p), mha_table(b, s, h, p, 96)
+    tables = 1 - (f["metp"].memory + m["metp"].memory) / (f["megatron_tp_sp"].memory + m["megatron_tp_sp"].memory)
+    assert table_layer_saving(b, s, h, p) == pytest.approx(tables)
+    assert table_layer_saving(b, s, h, p) == pytest.approx(0.629, abs=0.001)  # the tables' saving
+    with_memo_acts = table_layer_saving(b, s, h, p, act_units=(16, 5))
+    assert with_memo_acts == pytest.approx(0.642, abs=0.001)  # memo keeps x, h1 (and act under TP)
+    base = get_model("gpt-175b")
+    model = ModelConfig("gpt-175b-8", 8, base.hidden, base.heads, base.ffn, vocab=base.vocab)
+    prof, pol = load_profile("a100-sxm4-80gb"), get_policy("store_all")
+    tp, metp = (memory_breakdown(model, Layout(tp=8, tp_mode=mode), b, s, pol, prof) for mode in ("megatron", "metp"))
+    layer_terms = 1 - (metp.model_states_bytes + metp.skeletal_resident_bytes) / (
+        tp.model_states_bytes + tp.skeletal_resident_bytes)
+    assert layer_terms == pytest.approx(0.590, abs=0.001)  # + 18-byte model states and the embedding
+    assert 1 - metp.peak_gpu_bytes / tp.peak_gpu_bytes == pytest.approx(0.567, abs=0.001)  # + the peak terms

@@ -1,4 +1,4 @@
-"""memo-sim profiles, models, check-plan: what is there and whether a plan is valid."""
+"""memo-sim profiles, models, frameworks, check-plan: what is there and whether a plan is valid."""
 
 from __future__ import annotations
 
@@ -36,6 +36,25 @@ def models():
                              "tied", "vocab", "params"], rows))
 
 
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Every field of every framework file, with its sources.")
+def frameworks(as_json):
+    """List the framework versions (--framework NAME): policies, mechanisms, what memo does not model."""
+    import json
+
+    from memo_sim.frameworks import load_frameworks
+
+    fws = load_frameworks()
+    if as_json:
+        click.echo(json.dumps({n: {"summary": f.summary, "policies": list(f.policies), "mechanisms": dict(f.mechanisms),
+                                   "not_modelled": list(f.not_modelled), "sources": list(f.sources), "file": f.path}
+                               for n, f in fws.items()}, indent=1))
+        return
+    rows = [[n, ", ".join(f.policies), ", ".join(f"{k}={v}" for k, v in f.mechanisms),
+             "; ".join(f.not_modelled) or "-"] for n, f in fws.items()]
+    click.echo(render_table(["name", "policies", "mechanisms", "not modelled"], rows))
+
+
 @click.command("check-plan")
 @click.argument("plan_file", type=click.Path(dir_okay=False))
 def check_plan(plan_file):
@@ -69,4 +88,4 @@ def check_plan(plan_file):
                    f"{b[1] - b[0]}..{b[-1] - b[-2]} tokens; alpha_i {min(a):.3f}..{max(a):.3f}")
 
 
-COMMANDS = (profiles, models, check_plan)
+COMMANDS = (profiles, models, frameworks, check_plan)

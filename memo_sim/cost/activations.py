@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
-from memo_sim.model.layer_graph import TensorSpec, block_tensors, layer_tensors
+from memo_sim.cost.attention_kernel import DROPOUT_MASK_BYTES, score_matrices
+from memo_sim.model.layer_graph import DTYPE_BYTES, TensorSpec, block_tensors, layer_tensors
 
 
 def tokens_per_gpu(layout: Layout, batch: int, seq: int) -> float:
@@ -52,13 +53,28 @@ def skeletal_bytes(model: ModelConfig, layout: Layout, batch: int, seq: int) -> 
     """One layer's skeletal bytes on one GPU by MEMO role: input, attn, other, lse, and total.
 
     ``total`` is the 32·b·s·h of MISSION.md (lse excluded; it is reported on its own).
+    ``scores``: with materialised attention (``layout.attention``) the score-sized tensors the
+    attention's backward reads, the softmax output, the dropout mask and the dropped
+    probabilities, n_b·s²·(2d + 1) (`memo_sim.cost.attention_kernel`); 0 with FlashAttention. A
+    policy that keeps the layer's activations keeps them too (store all); they are not token-wise,
+    so no policy offloads them.
     """
     out = {"input": 0.0, "attn": 0.0, "other": 0.0, "lse": 0.0}
     for t in layer_tensors(model, layout.tp_mode).values():
         if t.saved:
             out[t.role] += tensor_bytes(t, layout, batch, seq)
     out["total"] = out["input"] + out["attn"] + out["other"]
+    out["scores"] = materialised_score_bytes(model, layout, batch, seq)
     return out
+
+
+def materialised_score_bytes(model: ModelConfig, layout: Layout, batch: int, seq: int) -> float:
+    """Bytes of the score-sized tensors one layer's materialised attention keeps for its backward on
+    one GPU (softmax output, dropout mask, dropped probabilities); 0 with FlashAttention."""
+    if layout.attention != "materialised":
+        return 0.0
+    d = DTYPE_BYTES[model.dtype]
+    return score_matrices(model, layout, batch) * seq * seq * (2 * d + DROPOUT_MASK_BYTES)
 
 
 def layer_tensor_bytes(model: ModelConfig, layout: Layout, batch: int, seq: int) -> dict[str, float]:

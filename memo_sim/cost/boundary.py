@@ -2,9 +2,10 @@
 
 - embedding: a memory-bound pass over 2·tokens·h·bytes, half in forward (lookup) and half in
   backward (gradient scatter);
-- classifier: forward + backward of the vocabulary projection (3x its forward GEMM FLOPs, split
-  over TP and the sequence split) plus a memory-bound pass over the logits (model dtype) and
-  their fp32 softmax and gradient;
+- classifier: forward + backward of the vocabulary projection (three GEMM kernels of its forward
+  FLOPs, split over TP and the sequence split: forward, data gradient, weight gradient, each
+  priced with its operand bytes, `memo_sim.cost.kernel_time.gemm_time`) plus the cross-entropy's
+  memory-bound passes over the logits (`cross_entropy_bytes_per_logit`, by ``layout.cross_entropy``);
 - optimizer: Adam reads and writes master weights, moments, weights and gradients (the
   model's precision recipe) of the parameter shard this GPU updates (everything over TP, and
   over DP x CP x Ulysses from ZeRO-1).
@@ -16,11 +17,11 @@ from dataclasses import dataclass
 
 from memo_sim.cost.activations import tokens_per_gpu
 from memo_sim.model.flops import classifier_flops
-from memo_sim.cost.kernel_time import gemm_time, memory_bound_time
-from memo_sim.cost.memory import CLASSIFIER_BYTES_PER_LOGIT_FP32
+from memo_sim.cost.kernel_time import gemm_bytes, gemm_time, memory_bound_time
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
 from memo_sim.model.layer_graph import DTYPE_BYTES
+from memo_sim.model.precision import PrecisionRecipe
 from memo_sim.profile.schema import HardwareProfile
 
 
@@ -47,8 +48,44 @@ def boundary_times(model: ModelConfig, layout: Layout, batch: int, seq: int,
     dt = DTYPE_BYTES[model.dtype]
     emb = memory_bound_time(2 * toks * model.hidden * dt, profile)
     cls_flops = classifier_flops(model, batch, seq) / (layout.tp * layout.seq_split)
-    cls = 3 * gemm_time(cls_flops, profile, model.dtype) + memory_bound_time(
-        toks * model.vocab / layout.tp * (dt + CLASSIFIER_BYTES_PER_LOGIT_FP32), profile)
-    shard = model.params() / layout.tp / (layout.state_shards if layout.zero >= 1 else 1)
-    optim = memory_bound_time(2 * model.recipe.bytes_per_param * shard, profile)  # read and write every state
+    cls_bytes = gemm_bytes(toks, model.vocab / layout.tp, model.hidden, dt)
+    cls = 3 * gemm_time(cls_flops, profile, model.dtype, cls_bytes) + memory_bound_time(
+        toks * model.vocab / layout.tp * cross_entropy_bytes_per_logit(layout.cross_entropy, dt), profile)
+    optim = memory_bound_time(optimizer_step_bytes(model.recipe, model.params() / layout.tp, layout.state_shards,
+                                                   layout.zero), profile)
     return BoundaryTimes(emb, cls, optim)
+
+
+FP32 = 4
+
+
+def cross_entropy_bytes_per_logit(kernel: str, dtype_bytes: int) -> float:
+    """HBM bytes the loss moves per logit (forward and backward), counted from each
+    implementation's kernels; logits of ``dtype_bytes`` (d), softmax in fp32. A cast to fp32 and
+    back (d + 4 each way) only when d != 4.
+
+    - ``chunked`` (memo_exec/model.py `ChunkedHead`): cast; logsumexp (two reads, 8); in-place
+      subtract and exp (16); in-place scale of the gradient (8); cast back: 2(d + 4) + 32.
+    - ``vocab_parallel`` (Megatron-LM's `_VocabParallelCrossEntropy`, megatron/core/tensor_parallel/
+      cross_entropy.py at f2e5db402c, and mpu/cross_entropy.py of 2021): ``.float()``; max (4);
+      in-place subtract (8); exp (8); sum (4); in-place divide (8); backward in-place multiply
+      (8); cast back: 2(d + 4) + 40.
+    - ``torch_fused`` (``F.cross_entropy(logits.float())``, torchtitan): cast; log_softmax forward
+      (max pass, sum pass, write pass: 16); nll backward writes a zeroed gradient (4);
+      log_softmax backward (sum pass, write pass: 16); cast back: 2(d + 4) + 36 (counted from
+      ATen's kernel structure, not measured).
+    """
+    cast = 2 * (dtype_bytes + FP32) if dtype_bytes != FP32 else 0
+    return cast + {"chunked": 32, "vocab_parallel": 40, "torch_fused": 36}[kernel]
+
+
+def optimizer_step_bytes(recipe: PrecisionRecipe, params: float, shards: int, zero: int) -> float:
+    """HBM bytes of one optimizer step over ``params`` parameters held by one GPU (before ZeRO),
+    sharded ``shards`` ways by ZeRO stage ``zero`` (the module's formula)."""
+    w, g, m, o = recipe.weight_bytes, recipe.grad_bytes, recipe.master_bytes, recipe.optimizer_bytes
+    p = m or w
+    n = max(1, shards)
+    shard = params / (n if zero >= 1 else 1)
+    per_param = 2 * p + 2 * g + 2 * o + ((m + w) if m else 0)
+    grad_buffer = params / (n if zero >= 2 else 1)
+    return shard * per_param + grad_buffer * g

@@ -4,7 +4,11 @@
   needs only its shard of the gradient: Megatron's distributed optimizer and DeepSpeed's ZeRO
   both reduce-scatter); one bucket per layer and one for the embedding/classifier (the
   schedule), or all gradients at once (``all_grads``; the analytic estimate's exposed tail is its
-  1/n share); element width from the model's precision recipe;
+  1/n share); element width from the model's precision recipe. With ``layout.grad_overlap``
+  off (``overlapped`` False) the buckets do not overlap the backward: all gradients are reduced
+  in one collective after it (Megatron-LM 2021's local DDP flattens every gradient into one
+  buffer and all-reduces it after the backward: megatron/model/distributed.py,
+  ``allreduce_gradients``), wholly exposed;
 - ZeRO-1/2: each layer's updated weights all-gathered once per iteration, overlapping the
   forward (Megatron's overlapped parameter gather): layer i's forward waits for its gather;
 - ZeRO-3: each layer's weights all-gathered before its forward and again before its backward.
@@ -31,6 +35,7 @@ class GradSync:
     all_grads: float  # every gradient in one collective
     layer_gather: float  # ZeRO >= 1: one layer's working weights all-gathered
     gather_in_backward: bool = False  # ZeRO-3 gathers again before each layer's backward
+    overlapped: bool = True  # buckets reduced beside the backward; False: all at once after it
 
     @property
     def active(self) -> bool:
@@ -44,7 +49,7 @@ def grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile, stri
     link = coll.group_link(profile, g, layout.tp if stride is None else stride)
     bw, lat = float(link.bandwidth), float(link.latency)
     if g <= 1:
-        return GradSync(coll.link_kind(profile, link), 0.0, 0.0, 0.0, 0.0)
+        return GradSync(coll.link_kind(profile, link), 0.0, 0.0, 0.0, 0.0, overlapped=layout.grad_overlap)
 
     def reduce(nbytes: float) -> float:
         if layout.zero >= 1:
@@ -57,4 +62,4 @@ def grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile, stri
     all_p = model.params() / layout.tp
     gather = coll.ring_allgather_time(w * layer_p, g, bw, lat) if layout.zero >= 1 else 0.0
     return GradSync(coll.link_kind(profile, link), reduce(gr * layer_p), reduce(gr * emb_p),
-                    reduce(gr * all_p), gather, layout.zero >= 3)
+                    reduce(gr * all_p), gather, layout.zero >= 3, layout.grad_overlap)

@@ -1,14 +1,34 @@
-"""Kernel times on one GPU from the profile's peak and efficiency curves, written once."""
+"""Kernel times on one GPU from the profile's peak, efficiency curves and HBM bandwidth, written once.
+
+- GEMM (roofline): a GEMM of ``flops`` that reads and writes ``nbytes`` of operands takes
+  max(flops / (peak · gemm_efficiency(flops)), nbytes / (HBM bandwidth · elementwise fraction)).
+  The compute side is the profile's curve (measured over the layer's GEMM shapes by `memo-exec
+  calibrate`); the memory side is the roofline's bandwidth ceiling (Williams, Waterman and
+  Patterson, "Roofline", CACM 2009), which binds when the arithmetic intensity flops / nbytes
+  falls below peak / bandwidth (A100: 312 TFLOP/s / 2039 GB/s = 153 FLOP/byte), as for the
+  batched score GEMMs of materialised attention (k = head dim) or a GEMM on few tokens.
+  `gemm_bytes` gives a GEMM's operand bytes from its shape: an (m x k) by (k x n) product reads
+  m·k + k·n elements and writes m·n, ``batch`` times. The transformer layer's GEMMs
+  (k = hidden or FFN width) sit far above the ridge and are compute-bound.
+- Attention (FlashAttention): FLOPs at the attention efficiency curves.
+- Memory-bound kernels (norms, activations, residual adds, softmax and dropout passes, Adam):
+  bytes / (HBM bandwidth · elementwise fraction).
+"""
 
 from __future__ import annotations
 
 from memo_sim.profile.schema import HardwareProfile
 
 
-def gemm_time(flops: float, profile: HardwareProfile, dtype: str = "bf16") -> float:
+def gemm_bytes(m: float, n: float, k: float, dtype_bytes: int, batch: float = 1) -> float:
+    """Operand bytes of ``batch`` GEMMs (m x k) @ (k x n): reads m·k + k·n, writes m·n elements each."""
+    return batch * dtype_bytes * (m * k + k * n + m * n)
+
+
+def gemm_time(flops: float, profile: HardwareProfile, dtype: str = "bf16", nbytes: float = 0.0) -> float:
     if flops <= 0:
         return 0.0
-    return flops / (profile.peak(dtype) * profile.efficiency.gemm(flops))
+    return max(flops / (profile.peak(dtype) * profile.efficiency.gemm(flops)), memory_bound_time(nbytes, profile))
 
 
 def attention_fwd_time(flops: float, profile: HardwareProfile, dtype: str = "bf16") -> float:

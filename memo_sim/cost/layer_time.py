@@ -18,7 +18,8 @@ from memo_sim.cost import metp
 from memo_sim.cost.activations import tensor_bytes, tokens_per_gpu
 from memo_sim.model.flops import ATTN_BWD_FACTOR, op_flops
 from memo_sim.cost.memo import memoised
-from memo_sim.cost.kernel_time import attention_bwd_time, attention_fwd_time, gemm_time, memory_bound_time
+from memo_sim.cost.attention_kernel import materialised_attention
+from memo_sim.cost.kernel_time import attention_bwd_time, attention_fwd_time, gemm_bytes, gemm_time, memory_bound_time
 from memo_sim.cost.opcost import OpCost, chain_dependencies, chain_tail, critical_time  # noqa: F401  (re-exported)
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
@@ -27,7 +28,7 @@ from memo_sim.model.layer_graph import (
 )
 from memo_sim.profile.schema import HardwareProfile
 
-GEMM_BWD_FACTOR = 2.0  # data gradient + weight gradient
+GEMM_BWD_FACTOR = 2.0  # two kernels: data gradient + weight gradient, each of the forward's FLOPs
 ELEMENTWISE_BWD_FACTOR = 2.0
 
 
@@ -36,15 +37,36 @@ def _elementwise_bytes(op: OpSpec, model: ModelConfig, layout: Layout, batch: in
     return sum(tensor_bytes(tensors[name], layout, batch, seq) for name in op.inputs + op.outputs)
 
 
+def gemm_shape(op: OpSpec, layout: Layout, batch: int, seq: int, fraction: float = 1.0) -> tuple[float, float, float]:
+    """(m, k, n) of a layer GEMM's forward kernel on one GPU: m tokens (the replica's tokens of the
+    sequence split; TP ranks see all of them, after SP's all-gather), k the input width and n the
+    output width, the output split by TP for a column-parallel GEMM and the input for a
+    row-parallel one (those followed by a reduce)."""
+    i, o = op.gemm
+    m = tokens_per_gpu(layout, batch, seq) * fraction
+    if op.tp_comm_after == "reduce":
+        return m, i / layout.tp, o
+    return m, i, o / layout.tp
+
+
 def _compute_cost(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, seq: int,
                   profile: HardwareProfile, phase: str, fraction: float = 1.0) -> OpCost:
     shards = layout.tp * layout.seq_split
     if op.kind == "gemm":
-        f = op_flops(op, model, batch, seq) / shards * fraction
+        # forward: out[m, n] = x[m, k] W[k, n]; backward: two kernels of the same FLOPs, the data
+        # gradient dx[m, k] = dy[m, n] W^T and the weight gradient dW[k, n] = x^T dy, each reading
+        # and writing the same three operands (GEMM_BWD_FACTOR kernels)
+        m, k, n = gemm_shape(op, layout, batch, seq, fraction)
+        f = 2.0 * m * k * n
+        t = gemm_time(f, profile, model.dtype, gemm_bytes(m, n, k, DTYPE_BYTES[model.dtype]))
         if phase == "bwd":
             f *= GEMM_BWD_FACTOR
-        return OpCost(op.name, "gemm", phase, "compute", gemm_time(f, profile, model.dtype), flops=f)
+            t *= GEMM_BWD_FACTOR
+        return OpCost(op.name, "gemm", phase, "compute", t, flops=f)
     if op.kind == "attention":
+        if layout.attention == "materialised":
+            a = materialised_attention(model, layout, batch, seq, profile, phase)
+            return OpCost(op.name, "attention", phase, "compute", a.seconds, flops=a.flops, nbytes=a.nbytes)
         f = op_flops(op, model, batch, seq) / shards
         if phase == "bwd":
             f *= ATTN_BWD_FACTOR

@@ -44,6 +44,7 @@ from functools import lru_cache
 
 from memo_sim.cost import collectives as coll
 from memo_sim.cost.grad_sync import GradSync, grad_sync
+from memo_sim.cost.boundary import optimizer_step_bytes
 from memo_sim.cost.activations import tensor_bytes, tokens_per_gpu
 from memo_sim.cost.kernel_time import attention_bwd_time, attention_fwd_time, memory_bound_time
 from memo_sim.cost.layer_time import backward_costs, forward_costs
@@ -305,8 +306,8 @@ def stage_model_state_bytes(model: ModelConfig, layout: Layout, stage: int) -> f
 
 
 def stage_optimizer_time(model: ModelConfig, layout: Layout, stage: int, profile: HardwareProfile) -> float:
-    shard = stage_params(model, layout.pp, stage) / layout.tp / (layout.state_shards if layout.zero >= 1 else 1)
-    return memory_bound_time(2 * model.recipe.bytes_per_param * shard, profile)
+    return memory_bound_time(optimizer_step_bytes(model.recipe, stage_params(model, layout.pp, stage) / layout.tp,
+                                                  layout.state_shards, layout.zero), profile)
 
 
 def stage_grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile) -> GradSync:

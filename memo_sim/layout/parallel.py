@@ -31,6 +31,29 @@ Megatron SP, so it requires ``sp=True``. Validity (`check_layout`): tp >= 2; hea
 ``metp``, KV heads divisible by p (the outer loop's head groups); ``metp`` is not combined with
 ring CP or Ulysses (its inner ring already spans the sequence); the TP group stays inside a node
 unless ``metp_across_nodes`` allows a METP ring over whole nodes.
+
+Attention kernel (``attention``, `memo_sim.cost.attention_kernel`): ``flash`` (default) or
+``materialised`` (Megatron-LM before FlashAttention: the whole s x s score matrix per head on one
+GPU), which frameworks of that time ran (`memo_sim.frameworks`); not combined with ring CP, METP's
+ring attention or pipeline stages. Left out of `Layout.to_dict` when ``flash``.
+
+Gradient reduction (``grad_overlap``, `memo_sim.cost.grad_sync`): True (default) reduces each
+layer's gradient bucket as soon as its backward is done, beside the next layer's backward; False
+reduces all gradients in one collective after the whole backward (Megatron-LM's ``--DDP-impl
+local`` of 2021). Left out of `Layout.to_dict` when True.
+
+Loss kernel (``cross_entropy``, `memo_sim.cost.boundary`): ``chunked`` (memo's executor),
+``vocab_parallel`` (Megatron-LM's) or ``torch_fused`` (``F.cross_entropy`` on fp32 logits); they
+move different bytes per logit. Left out of `Layout.to_dict` when ``chunked``.
+
+Pinned host pool (``host_pool``, `memo_sim.policy.host_layout`): ``registered_pool`` (memo's
+executor: exact bytes) or ``caching_host_allocator`` (PyTorch's ``pin_memory``: each tensor
+rounded as the profile's ``host.pinned_rounding`` says), a runtime setting of offloading
+policies. Left out of `Layout.to_dict` when ``registered_pool``.
+
+Caching allocator (``expandable_segments``, `memo_sim.memplan.caching_allocator`): PyTorch's
+``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` or not, for the policies that run on the
+caching allocator (everything but MEMO's static plan). Left out of `Layout.to_dict` when off.
 """
 
 from __future__ import annotations
@@ -44,7 +67,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from memo_sim.errors import MemoError, validated
 from memo_sim.model.config import ModelConfig
-from memo_sim.model.layer_graph import TP_MODES
+from memo_sim.model.layer_graph import ATTENTION_KERNELS, CROSS_ENTROPY_KERNELS, TP_MODES
+
+# how offloaded activations sit in pinned host memory (`memo_sim.policy.host_layout`): memo's executor's
+# one registered pool per GPU, or PyTorch's caching host allocator (one rounded allocation per tensor)
+HOST_POOLS = ("registered_pool", "caching_host_allocator")
 
 
 @dataclass(frozen=True)
@@ -58,6 +85,11 @@ class Layout:
     tp_mode: str = "megatron"  # megatron | metp_ffn | metp (see the module docs)
     pp: int = 1  # pipeline stages; layers split evenly, embedding first, classifier last
     vpp: int = 1  # virtual stages (model chunks) per pipeline rank (interleaved 1F1B; `layout.schedule`)
+    attention: str = "flash"  # attention kernel: flash | materialised (`memo_sim.cost.attention_kernel`)
+    grad_overlap: bool = True  # data-parallel gradient reduction overlapped with the backward (`cost.grad_sync`)
+    cross_entropy: str = "chunked"  # loss kernel: chunked | vocab_parallel | torch_fused (`cost.boundary`)
+    host_pool: str = "registered_pool"  # pinned host memory for offloads: one of `HOST_POOLS`
+    expandable_segments: bool = False  # PyTorch caching allocator's expandable_segments (`memplan.caching_allocator`)
 
     @property
     def gpus(self) -> int:
@@ -99,6 +131,16 @@ class Layout:
             parts.append(f"dp{self.dp}")
         if self.zero:
             parts.append(f"z{self.zero}")
+        if self.attention != "flash":
+            parts.append(self.attention)
+        if not self.grad_overlap:
+            parts.append("serial-grads")
+        if self.cross_entropy != "chunked":
+            parts.append(f"ce-{self.cross_entropy}")
+        if self.host_pool != "registered_pool":
+            parts.append(self.host_pool.replace("_", "-"))
+        if self.expandable_segments:
+            parts.append("expandable")
         return "-".join(parts)
 
     def to_dict(self) -> dict:
@@ -107,12 +149,22 @@ class Layout:
             del d["pp"]
         if self.vpp == 1:  # and those without virtual stages their pre-interleaving one
             del d["vpp"]
+        if self.attention == "flash":  # and FlashAttention plans their shape before kernels were named
+            del d["attention"]
+        if self.grad_overlap:  # and overlapped-gradient plans theirs
+            del d["grad_overlap"]
+        if self.cross_entropy == "chunked":  # and plans with memo's chunked head theirs
+            del d["cross_entropy"]
+        if self.host_pool == "registered_pool":  # and plans with memo's registered pool theirs
+            del d["host_pool"]
+        if not self.expandable_segments:  # and plans on the default caching allocator theirs
+            del d["expandable_segments"]
         return d
 
     @classmethod
     def from_dict(cls, d: Any, source: str = "layout") -> "Layout":
         """A layout read from a file (plan.json), validated once: whole degrees in 1..`MAX_DEGREE`,
-        ZeRO 0-3, sp a boolean, tp_mode one of `TP_MODES`."""
+        ZeRO 0-3, sp a boolean, tp_mode one of `TP_MODES`, attention one of `ATTENTION_KERNELS`."""
         return cls(**validated(_LayoutIn, d, source).model_dump())
 
 
@@ -131,6 +183,11 @@ class _LayoutIn(BaseModel):
     tp_mode: Literal[TP_MODES] = "megatron"
     pp: _Degree = 1
     vpp: _Degree = 1
+    attention: Literal[ATTENTION_KERNELS] = "flash"
+    grad_overlap: bool = Field(True, strict=True)
+    cross_entropy: Literal[CROSS_ENTROPY_KERNELS] = "chunked"
+    host_pool: Literal[HOST_POOLS] = "registered_pool"
+    expandable_segments: bool = Field(False, strict=True)
 
     @model_validator(mode="after")
     def _total(self):
@@ -196,6 +253,18 @@ def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: i
             return f"{model.layers} layers do not split evenly into pp x vpp = {layout.pp * layout.vpp} model chunks"
     if layout.tp_mode not in TP_MODES:
         return f"tp_mode must be one of {', '.join(TP_MODES)}, got {layout.tp_mode!r}"
+    if layout.attention not in ATTENTION_KERNELS:
+        return f"attention must be one of {', '.join(ATTENTION_KERNELS)}, got {layout.attention!r}"
+    if layout.attention == "materialised" and (layout.cp > 1 or layout.tp_mode == "metp" or layout.pp > 1):
+        return ("materialised attention holds each head's whole s x s score matrix on one GPU: it is not "
+                "combined with ring CP or METP's ring attention (they merge blocks by log-sum-exp), nor yet "
+                "priced for pipeline stages (pp > 1)")
+    if layout.cross_entropy not in CROSS_ENTROPY_KERNELS:
+        return f"cross_entropy must be one of {', '.join(CROSS_ENTROPY_KERNELS)}, got {layout.cross_entropy!r}"
+    if layout.host_pool not in HOST_POOLS:
+        return f"host_pool must be one of {', '.join(HOST_POOLS)}, got {layout.host_pool!r}"
+    if not layout.grad_overlap and layout.pp > 1:
+        return "a gradient reduction after the whole backward is not yet priced for pipeline stages (pp > 1)"
     if layout.metp:
         if layout.tp < 2:
             return f"{layout.tp_mode} needs a tensor-parallel degree of at least 2"

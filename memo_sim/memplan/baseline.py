@@ -45,4 +45,4 @@ def _report(model: ModelConfig, layout: Layout, batch: int, seq: int, frac: floa
             capacity_bytes: int | None) -> AllocatorReport:
     trace = _fwd_bwd_trace(model, layout, batch, seq, frac)
     cap = capacity_bytes or 8 * trace.max_live_bytes() + 2**30  # large enough to measure, not to fail
-    return replay(trace, AllocatorConfig(capacity_bytes=int(cap)))
+    return replay(trace, AllocatorConfig(capacity_bytes=int(cap), expandable_segments=layout.expandable_segments))

@@ -231,7 +231,7 @@ def sppo_memory(model: ModelConfig, layout: Layout, batch: int, seq: int, policy
     layers = stage_layers(model.layers, layout.pp)
     out: list[StageMemory] = []
     dt = DTYPE_BYTES[model.dtype]
-    scheme, rounding = policy.host_scheme, profile.host.pinned_rounding
+    scheme, rounding = layout.host_pool, profile.host.pinned_rounding
     unit_cache: dict[tuple, object] = {}
 
     def ub(piece, cached_kv: bool, offloaded: bool):
@@ -330,7 +330,7 @@ def sppo_host_bytes_per_node(model: ModelConfig, layout: Layout, batch: int, pol
     from memo_sim.policy.rounding_buffers import offloaded_layer_count
 
     shard = replace(layout, pp=1, dp=1, zero=0)
-    scheme, rounding = policy.host_scheme, profile.host.pinned_rounding
+    scheme, rounding = layout.host_pool, profile.host.pinned_rounding
     n_l = len(stage_layers(model.layers, layout.pp)[0])
     per_stage = []
     for pieces in policy.stage_pieces(model, layout, batch):

@@ -47,6 +47,7 @@ from dataclasses import replace
 from functools import lru_cache
 
 from memo_sim.cost.activations import skeletal_bytes, tensor_bytes, tokens_per_gpu
+from memo_sim.cost.attention_kernel import score_matrices
 from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS, classifier_peak_bytes
 from memo_sim.layout.parallel import Layout
 from memo_sim.cost.metp import block_sizes
@@ -90,7 +91,8 @@ def unplaced_in(trace: RequestTrace, phase: str) -> dict[str, str]:
 FP32 = 4
 
 
-def attention_buffers(model: ModelConfig, layout: Layout, tb: dict[str, float], phase: str) -> list[tuple[str, float]]:
+def attention_buffers(model: ModelConfig, layout: Layout, tb: dict[str, float], phase: str,
+                      batch: int = 1, seq: int = 1) -> list[tuple[str, float]]:
     """Transient buffers live while one layer's attention runs on one GPU, (name, bytes).
 
     With q, k, v, attn the per-GPU bytes of those tensors and d the model dtype's bytes:
@@ -104,17 +106,26 @@ def attention_buffers(model: ModelConfig, layout: Layout, tb: dict[str, float], 
       (one buffer, ``attention_bwd_workspace``); ring CP: the K/V double buffer 2·(k + v) and the
       fp32 dK/dV travelling the ring, in use and in flight, 2·(k + v)·4/d; Ulysses: the
       all-to-all buffers of the incoming attention gradient (attn) and of dq, dk, dv (q + k + v).
+    - materialised attention (``layout.attention``, `memo_sim.cost.attention_kernel`), e the
+      GPU's score elements n_b·s²: forward, at the dropout, the softmax output, the dropout mask
+      and the dropped probabilities, e·(2d + 1) (the scores are freed after the softmax);
+      backward, those three again plus the gradients of the dropped and of the probabilities,
+      e·(4d + 1). (Under store all the three forward tensors are also counted as kept until the
+      layer's backward, `memo_sim.cost.activations.skeletal_bytes`: the backward's transient
+      counts them once more, one layer's e·(2d + 1) too much.)
     """
     d = DTYPE_BYTES[model.dtype]
+    mat = score_matrices(model, layout, batch) * seq * seq if layout.attention == "materialised" else 0.0
     kv, qkv = tb["k"] + tb["v"], tb["q"] + tb["k"] + tb["v"]
     if phase == "fwd":
-        out = [("attention_workspace", tb["lse"])]
+        out = [("materialised_scores", mat * (2 * d + 1))] if mat else [("attention_workspace", tb["lse"])]
         if layout.cp > 1:
             out += [("cp_kv_double_buffer", 2 * kv), ("cp_out_accumulator_fp32", tb["attn"] * FP32 / d)]
         if layout.ulysses > 1:
             out += [("ulysses_qkv_alltoall", qkv), ("ulysses_attn_alltoall", tb["attn"])]
         return out
-    out = [("attention_bwd_workspace", attention_bwd_workspace_bytes(tb["lse"], tb["q"], d))]
+    out = ([("materialised_scores_bwd", mat * (4 * d + 1))] if mat
+           else [("attention_bwd_workspace", attention_bwd_workspace_bytes(tb["lse"], tb["q"], d))])
     if layout.cp > 1:
         out += [("cp_kv_double_buffer", 2 * kv), ("cp_dkv_fp32_in_flight", 2 * kv * FP32 / d)]
     if layout.ulysses > 1:
@@ -277,7 +288,7 @@ def _layer_forward_trace(model: ModelConfig, layout: Layout, batch: int, seq: in
         if op.kind == "gemm" and sp and op.tp_comm_after != "reduce":
             b.alloc(f"{op.name}_input_gathered", full_h)  # all-gather output
             b.tick()
-        attn_bufs = attention_buffers(model, layout, tb, "fwd") if op.kind == "attention" else []
+        attn_bufs = attention_buffers(model, layout, tb, "fwd", batch, seq) if op.kind == "attention" else []
         for name, nbytes in attn_bufs:
             b.alloc(name, nbytes)
         for o in op.outputs:
@@ -350,7 +361,7 @@ def _layer_backward_trace(model: ModelConfig, layout: Layout, batch: int, seq: i
             b.tick()
         if op.kind == "gemm" and sp and op.tp_comm_after != "reduce":
             b.alloc(f"{op.name}_input_regathered", full_h)  # weight gradient needs the full input
-        attn_bufs = attention_buffers(model, layout, tb, "bwd") if op.kind == "attention" else []
+        attn_bufs = attention_buffers(model, layout, tb, "bwd", batch, seq) if op.kind == "attention" else []
         for name, nbytes in attn_bufs:
             b.alloc(name, nbytes)
         produced = []

@@ -61,6 +61,13 @@ def attention_bwd_workspace_bytes(lse_bytes: float, q_bytes: float, dtype_bytes:
 ROLES = ("input", "attn", "other", "lse", "transient")
 
 TP_MODES = ("megatron", "metp_ffn", "metp")  # tensor-parallel flavours (`memo_sim.layout.parallel.Layout.tp_mode`)
+# attention kernels (`memo_sim.layout.parallel.Layout.attention`; priced in `memo_sim.cost.attention_kernel`):
+# "flash" (FlashAttention: fused, causal, no score matrix in memory) or "materialised" (Megatron-LM
+# before FlashAttention: batched GEMMs over the whole s x s score matrix, a fused softmax, dropout)
+ATTENTION_KERNELS = ("flash", "materialised")
+# cross-entropy implementations (`memo_sim.layout.parallel.Layout.cross_entropy`; HBM passes per
+# logit in `memo_sim.cost.boundary.cross_entropy_bytes_per_logit`)
+CROSS_ENTROPY_KERNELS = ("chunked", "vocab_parallel", "torch_fused")
 
 # The op groups METP runs as a ring (papers/metp.txt): O = f(A B) C with A the group's input.
 METP_GROUPS: dict[str, tuple[str, ...]] = {"ffn": ("fc1", "act", "fc2"), "mha": ("qkv", "attention", "out_proj")}

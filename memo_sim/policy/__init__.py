@@ -1,9 +1,11 @@
-"""Activation policies (store all, full recompute, full offload, MEMO), registered by name, and
+"""Activation policies (store all, full recompute, full offload, MEMO, selective recompute, SPPO),
+registered by name, and
 MEMO's alpha solver. Importing this package registers the built-in policies, in the order the
 what-if lists them."""
 
 # isort: off
 from memo_sim.policy import store_all, full_recompute, full_offload, memo  # noqa: F401  (registration order)
+from memo_sim.policy import selective_recompute  # noqa: F401  (Megatron-LM's attention-core recompute)
 from memo_sim.policy import sppo  # noqa: F401  (SPPO: subsequence pipeline offloading, registered last)
 # isort: on
 from memo_sim.policy.base import Policy

@@ -49,7 +49,6 @@ class Policy:
     offloads: ClassVar[bool] = False  # skeletal bytes go to host after the forward
     recomputes_attention: ClassVar[bool] = False  # the whole layer forward re-runs before backward
     static_memory_plan: ClassVar[bool] = False  # transients placed by MEMO's bi-level plan
-    host_scheme: ClassVar[str] = "registered_pool"  # how offloaded bytes sit in pinned host memory
     summary: ClassVar[str] = ""
 
     def __post_init__(self) -> None:
@@ -105,8 +104,8 @@ class Policy:
 
     def host_bytes_per_layer(self, model: ModelConfig, layout: Layout, batch: int, seq: int,
                              profile: HardwareProfile) -> float:
-        """Pinned host bytes one offloaded layer takes on one GPU, as `host_scheme` allocates them."""
-        return host_block_bytes(self.offloaded_tensors(model, layout, batch, seq), self.host_scheme,
+        """Pinned host bytes one offloaded layer takes on one GPU, as the layout's ``host_pool`` allocates them."""
+        return host_block_bytes(self.offloaded_tensors(model, layout, batch, seq), layout.host_pool,
                                 profile.host.pinned_rounding)
 
     def recompute_costs(self, model: ModelConfig, layout: Layout, batch: int, seq: int,

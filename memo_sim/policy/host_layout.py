@@ -11,6 +11,9 @@ Offloading policies copy, per offloaded layer, some token rows of some skeletal 
   frameworks that offload with plain pinned tensors do): one pinned allocation per tensor per
   layer, each rounded as the profile's ``host.pinned_rounding`` says (a power of two for PyTorch).
 
+Which one a plan uses is a runtime setting, the layout's ``host_pool`` (default memo's
+executor's registered pool; a framework file can name the other, `memo_sim.frameworks`).
+
 Token counts: of a tensor split token-wise with fraction alpha, the first
 ``offload_token_count(alpha, rows)`` rows go to host: alpha x rows floored to whole rows, never
 rounded up past what a constraint allowed.
@@ -22,9 +25,10 @@ import math
 from dataclasses import dataclass
 
 from memo_sim.cost.transfer import pinned_bytes
+from memo_sim.layout.parallel import HOST_POOLS
 
 HOST_ALIGN = 256  # bytes: offsets of the views in the registered pool
-HOST_SCHEMES = ("registered_pool", "caching_host_allocator")
+HOST_SCHEMES = HOST_POOLS  # the layout's ``host_pool`` names one
 
 
 def offload_token_count(fraction: float, rows: int) -> int:

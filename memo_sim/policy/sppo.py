@@ -150,7 +150,7 @@ class Sppo(Policy):
                    profile: HardwareProfile, offloaded: bool = True) -> UnitBytes:
         """One unit's bytes (memoised: the planner asks for the same pieces many times)."""
         return _unit_bytes(model, _shard(layout), batch, piece.tokens, float(self.alphas[piece.sub]) if offloaded
-                           else 0.0, cached_kv, offloaded, self.host_scheme, profile.host.pinned_rounding)
+                           else 0.0, cached_kv, offloaded, layout.host_pool, profile.host.pinned_rounding)
 
     def shard_unit_bytes(self, model: ModelConfig, shard: Layout, batch: int, piece: Piece, cached_kv: bool,
                          scheme: str, rounding: str, offloaded: bool = True) -> UnitBytes:

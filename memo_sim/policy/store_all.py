@@ -1,4 +1,5 @@
-"""Store all: every skeletal tensor of every layer stays on the GPU until its backward."""
+"""Store all: every skeletal tensor of every layer stays on the GPU until its backward (with
+materialised attention also its score-sized tensors, ``sk["scores"]``)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,17 @@ class StoreAll(Policy):
     name = "store_all"
     summary = "keep every layer's skeletal activations on the GPU"
 
+    def kept_scores(self, sk) -> float:
+        """Score-sized bytes a layer keeps for its backward (materialised attention only)."""
+        return sk.get("scores", 0.0)
+
     def resident_bytes(self, sk, n_layers):
-        return n_layers * sk["total"]
+        return n_layers * (sk["total"] + self.kept_scores(sk))
 
     def forward_kept(self, sk):
-        return [("skeletal", sk["total"] + sk["lse"])]
+        out = [("skeletal", sk["total"] + sk["lse"])]
+        return out + ([("scores", self.kept_scores(sk))] if self.kept_scores(sk) > 0 else [])
 
     def layer_blocks(self, sk):
-        return [("skeletal", sk["total"])]
+        out = [("skeletal", sk["total"])]
+        return out + ([("scores", self.kept_scores(sk))] if self.kept_scores(sk) > 0 else [])

@@ -163,7 +163,7 @@ def host_memory_words(c: Candidate) -> str:
     words = (f"{n_off} offloaded layers x {gpus} GPUs x {fmt_bytes(pinned)} pinned per layer = "
              f"{fmt_bytes(m.host_bytes_per_node)} of {fmt_bytes(m.host_capacity_bytes)} usable per node")
     if raw > 0 and pinned > raw * 1.01:
-        words += (f"; {c.policy.host_scheme} with {c.profile.host.pinned_rounding} rounding turns "
+        words += (f"; {c.layout.host_pool} with {c.profile.host.pinned_rounding} rounding turns "
                   f"{fmt_bytes(raw)} of activations per layer into {fmt_bytes(pinned)} pinned "
                   f"({pinned / raw:.2f}x)")
     return words

@@ -10,7 +10,8 @@ Per layer on one GPU (from `memo_sim.cost.layer_time`):
 - ``batch`` is sequences per data-parallel replica (the iteration trains batch x dp sequences).
 - Iteration = embedding + sum of layer forwards + classifier (forward + backward) + sum of layer
   backwards + exposed gradient sync (the last layer's bucket; the rest overlaps the backward)
-  + the exposed part of ZeRO's weight gathers + optimizer step. Embedding, classifier and
+  + the exposed part of ZeRO's weight gathers + optimizer step. Without gradient overlap
+  (``layout.grad_overlap`` off) the whole gradient reduction is exposed. Embedding, classifier and
   optimizer come from `memo_sim.cost.boundary`, the collectives from `memo_sim.cost.grad_sync`,
   as in the event schedule.
 """
@@ -163,7 +164,7 @@ def estimate_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int,
                        + max(0.0, lt.prefetch - lt.backward - lt.recompute))
     bt = boundary_times(model, layout, batch, seq, profile)
     sync = grad_sync(model, layout, profile)
-    sync_exposed = sync.all_grads / n
+    sync_exposed = sync.all_grads / n if sync.overlapped else sync.all_grads
     # ZeRO: a layer's weight gather is exposed where it outlasts the layer it runs beside
     gathers = n * max(0.0, sync.layer_gather - lt.forward)
     if sync.gather_in_backward:

@@ -26,7 +26,7 @@ from dataclasses import replace
 
 from memo_sim.cost.sppo import stage_model_state_bytes
 from memo_sim.engine.schedules.microbatch import micro_batch_pipelines, stage_in_flight
-from memo_sim.layout.parallel import Layout, _divisors, enumerate_layouts, node_stage_gpus
+from memo_sim.layout.parallel import Layout, _divisors, check_layout, enumerate_layouts, node_stage_gpus
 from memo_sim.layout.schedule import check_schedule
 from memo_sim.memplan.footprint import MemoryBreakdown, memory_breakdown
 from memo_sim.model.config import ModelConfig
@@ -143,10 +143,11 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
                         policies: tuple[str, ...], batch: int | None, global_batch: int | None,
                         micro_batch: int | None, allows, tp=None, cp=None, ulysses=None, dp=None, zero=None,
                         sp=None, pp: int | None = None, vpp: int | None = None, alpha: float | None = None,
-                        schedules: tuple[str, ...] | None = None,
+                        schedules: tuple[str, ...] | None = None, adapt=None,
                         ) -> tuple[list[Candidate], list[tuple[Layout, str]], dict]:
     """Every pipeline candidate of the space (module docs) for ``policies``: (candidates,
-    rejected layouts, what was searched). ``allows``: the framework's layout filter."""
+    rejected layouts, what was searched). ``allows``: the framework's layout filter; ``adapt``:
+    the layout as the framework runs it (its mechanisms; `memo_sim.frameworks.Framework.adapt`)."""
     names = tuple(n for n in (schedules or micro_batch_pipelines()) if n in micro_batch_pipelines())
     pps = [pp] if pp is not None else [d for d in _divisors(gpus) if d > 1 and model.layers % d == 0]
     out: list[Candidate] = []
@@ -158,6 +159,11 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
         rejected += rej
         rejected += [(lay, f"the framework does not offer {lay.label()}") for lay in valid if not allows(lay)]
         valid = [lay for lay in valid if allows(lay)]
+        if adapt is not None:  # the framework's mechanisms, which a pipeline may not price yet
+            adapted = [(adapt(lay), lay) for lay in valid]
+            why = {id(a): check_layout(a, model, gpus, profile.node_gpus, seq) for a, _ in adapted}
+            rejected += [(a, why[id(a)]) for a, _ in adapted if why[id(a)]]
+            valid = [a for a, _ in adapted if not why[id(a)]]
         if valid:
             searched["pp"].append(p)
         for lay in valid:

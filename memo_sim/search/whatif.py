@@ -140,7 +140,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
                                        dp=dp, zero=zero, sp=sp, tp_modes=modes,
                                        metp_across_nodes=metp_across_nodes)
         rejected += rej + [(lay, fw.why_not(lay)) for lay in valid if not fw.allows(lay)]
-        valid = [lay for lay in valid if fw.allows(lay)]
+        valid = [fw.adapt(lay) for lay in valid if fw.allows(lay)]  # as the framework runs it
         if rejected:
             why_none = rejected[0][1]
         searched["schedules"].append("single_stage")
@@ -168,7 +168,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     if plain and pipes and (pp is None or pp > 1) and (pipe_flags or nothing_fits):
         pc, pr, what = pipeline_candidates(
             model, seq, gpus, profile, policies=plain, batch=batch, global_batch=global_batch,
-            micro_batch=micro_batch, allows=fw.allows, tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero, sp=sp,
+            micro_batch=micro_batch, allows=fw.allows, adapt=fw.adapt, tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero, sp=sp,
             pp=pp, vpp=vpp, alpha=alpha, schedules=pipes)
         out += pc
         rejected += pr

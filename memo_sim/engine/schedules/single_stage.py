@@ -392,16 +392,16 @@ def _micro_batch(g: OpGraph, sched: Schedule, d: int, n: int, mb: int, micro_bat
         bwd_end[i] = tail
         if sync.gather_in_backward and i - 2 >= 0:
             gather_b[i - 2] = dp_op("allgather_weights", i - 2, sync.layer_gather, tail, "weight_gather_bwd")
-        if reduce_now:
+        if reduce_now and sync.overlapped:
             last_dp = dp_op("reducescatter_grads" if layout.zero >= 1 else "allreduce_grads", i, sync.layer_grad,
                             tail)
 
     emb_b = g.add("embedding", device=d, stream="compute", kind="compute", phase="bwd", layer=None,
                   work=bt.embedding_bwd, deps=reorganize("embedding.bwd", None, tail))
     tail = [emb_b]
-    if reduce_now:
+    if reduce_now:  # the embedding's bucket, or (not overlapped) every gradient at once after the backward
         last_dp = dp_op("reducescatter_grads" if layout.zero >= 1 else "allreduce_grads", None,
-                        sync.embedding_grad, tail)
+                        sync.embedding_grad if sync.overlapped else sync.all_grads, tail)
     return tail, last_dp
 
 
@@ -455,6 +455,7 @@ def simulate_single_stage(model: ModelConfig, layout: Layout, batch: int, seq: i
     if not policy.static_memory_plan:
         # one micro-batch's allocations (the allocator's cache is warm for the ones after it)
         replay = replay_iteration(model, layout, micro_batch, seq, policy, profile,
+                                  expandable_segments=layout.expandable_segments,
                                   classifier_chunk_tokens=classifier_chunk_tokens,
                                   stream_lag_phases=allocator_lag or None)
         stall = replay.stall_by_phase(profile)

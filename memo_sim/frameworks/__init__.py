@@ -1,0 +1,157 @@
+"""Training frameworks as data: each framework version is a named set of mechanisms in one YAML
+file under ``memo_sim/frameworks/data/`` (with its sources), read and validated once here.
+
+A file says which layouts the framework offers (tensor parallelism and its sequence-parallel
+settings, ring context parallelism, Ulysses, ZeRO stages / the distributed optimizer, TP
+flavours, the schedules it runs: single stage, 1F1B, interleaved 1F1B, SPPO), which activation
+policies, and how it runs what the simulator models as a switch
+(`MECHANISMS`):
+
+- ``attention``: ``flash`` or ``materialised`` (`memo_sim.cost.attention_kernel`);
+- ``grad_overlap``: whether the data-parallel gradient reduction overlaps the backward
+  (`memo_sim.cost.grad_sync`);
+- ``cross_entropy``: the loss kernel, ``chunked``, ``vocab_parallel`` or ``torch_fused``
+  (`memo_sim.cost.boundary.cross_entropy_bytes_per_logit`);
+- ``host_pool``: where offloaded activations sit in pinned host memory, memo's registered pool
+  or PyTorch's caching host allocator (`memo_sim.policy.host_layout`; matters only to
+  offloading policies);
+- ``expandable_segments``: whether PyTorch's caching allocator runs with expandable segments
+  (`memo_sim.memplan.caching_allocator`; matters to the policies without a static memory plan).
+
+Only mechanisms the simulator prices can be switched; what the framework ran that memo does not
+model yet is listed under ``not_modelled`` (shown with the framework, never silently dropped).
+``--framework NAME`` (`memo_sim.search.frameworks`) searches the layouts a framework allows with
+its mechanisms applied (`Framework.adapt`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from memo_sim.errors import MemoError, validated
+from memo_sim.fileio import read_utf8
+from memo_sim.layout.parallel import HOST_POOLS, Layout
+from memo_sim.layout.schedule import SCHEDULE_NAMES
+from memo_sim.model.layer_graph import ATTENTION_KERNELS, CROSS_ENTROPY_KERNELS, TP_MODES
+from memo_sim.policy import policy_names
+
+DATA = Path(__file__).parent / "data"
+# the switchable mechanisms: name -> the Layout field it sets
+MECHANISMS = {"attention": "attention", "grad_overlap": "grad_overlap", "cross_entropy": "cross_entropy",
+              "host_pool": "host_pool", "expandable_segments": "expandable_segments"}
+
+
+class _LayoutsIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    tensor_parallel: bool = Field(strict=True)
+    sequence_parallel: tuple[bool, ...] = Field(min_length=1)  # sp settings offered with tp > 1
+    context_parallel: bool = Field(strict=True)  # ring CP
+    ulysses: bool = Field(strict=True)
+    zero: tuple[Literal[0, 1, 2, 3], ...] = Field(min_length=1)
+    tp_modes: tuple[Literal[TP_MODES], ...] = ("megatron",)
+    schedules: tuple[Literal[SCHEDULE_NAMES], ...] = ("single_stage",)  # `memo_sim.layout.schedule`
+
+
+class _MechanismsIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    attention: Literal[ATTENTION_KERNELS]
+    grad_overlap: bool = Field(strict=True)
+    cross_entropy: Literal[CROSS_ENTROPY_KERNELS]
+    host_pool: Literal[HOST_POOLS]
+    expandable_segments: bool = Field(strict=True)
+
+
+class _FrameworkIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str = Field(min_length=1)
+    summary: str = Field(min_length=1)
+    sources: tuple[str, ...] = Field(min_length=1)
+    policies: tuple[str, ...] = Field(min_length=1)
+    layouts: _LayoutsIn
+    mechanisms: _MechanismsIn
+    not_modelled: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        unknown = [p for p in self.policies if p not in policy_names()]
+        if unknown:
+            raise ValueError(f"policies {unknown} unknown; choose from {', '.join(policy_names())}")
+        if self.mechanisms.attention == "materialised" and self.layouts.context_parallel:
+            raise ValueError("materialised attention holds whole score matrices: it cannot run with ring CP")
+        return self
+
+
+@dataclass(frozen=True)
+class Framework:
+    name: str
+    summary: str
+    policies: tuple[str, ...]
+    sources: tuple[str, ...]
+    tensor_parallel: bool
+    sequence_parallel: tuple[bool, ...]
+    context_parallel: bool
+    ulysses: bool
+    zero: tuple[int, ...]
+    tp_modes: tuple[str, ...]
+    mechanisms: tuple[tuple[str, object], ...]  # (mechanism, value) in `MECHANISMS` order
+    not_modelled: tuple[str, ...] = ()
+    path: str = ""
+    schedules: tuple[str, ...] = ("single_stage",)  # the schedules it runs (`memo_sim.layout.schedule`)
+
+    def mechanism(self, name: str):
+        return dict(self.mechanisms)[name]
+
+    def allows(self, lay: Layout) -> bool:
+        return self.why_not(lay) is None
+
+    def why_not(self, lay: Layout) -> str | None:
+        """None when the framework offers the layout, else why not (one phrase)."""
+        what = None
+        if lay.tp > 1 and not self.tensor_parallel:
+            what = "tensor parallelism"
+        elif lay.tp > 1 and lay.sp not in self.sequence_parallel:
+            what = "TP with" + ("" if lay.sp else "out") + " sequence parallelism"
+        elif lay.cp > 1 and not self.context_parallel:
+            what = "ring context parallelism"
+        elif lay.ulysses > 1 and not self.ulysses:
+            what = "Ulysses"
+        elif lay.zero not in self.zero:
+            what = f"ZeRO stage {lay.zero}"
+        elif lay.tp_mode not in self.tp_modes:
+            what = f"tp_mode {lay.tp_mode}"
+        return None if what is None else f"{self.name} does not offer {lay.label()} ({what})"
+
+    def adapt(self, lay: Layout) -> Layout:
+        """The layout as this framework runs it: its mechanisms applied."""
+        return replace(lay, **{MECHANISMS[k]: v for k, v in self.mechanisms})
+
+
+def _read(path: Path) -> Framework:
+    try:
+        raw = yaml.safe_load(read_utf8(path, MemoError))
+    except yaml.YAMLError as e:
+        raise MemoError(f"{path}: cannot parse framework file ({str(e).splitlines()[0]})") from None
+    f = validated(_FrameworkIn, raw, str(path))
+    if f.name != path.stem:
+        raise MemoError(f"{path}: name {f.name!r} differs from the file name; rename one of them")
+    lay = f.layouts
+    return Framework(f.name, f.summary, f.policies, f.sources, lay.tensor_parallel, lay.sequence_parallel,
+                     lay.context_parallel, lay.ulysses, lay.zero, lay.tp_modes,
+                     tuple((k, getattr(f.mechanisms, k)) for k in MECHANISMS), f.not_modelled, str(path),
+                     lay.schedules)
+
+
+@lru_cache(maxsize=1)
+def load_frameworks() -> dict[str, Framework]:
+    """Every framework file under `DATA`, by name (``any`` first)."""
+    out = {f.name: f for f in (_read(p) for p in sorted(DATA.glob("*.yaml")))}
+    return dict(sorted(out.items(), key=lambda kv: (kv[0] != "any", kv[0])))
+
+
+__all__ = ["DATA", "MECHANISMS", "Framework", "load_frameworks"]

@@ -1,0 +1,34 @@
+"""Selective recompute (Korthikanti et al. 2022, sec. 5; Megatron-LM ``--recompute-granularity
+selective``): keep every skeletal tensor but the attention core's, re-run the attention core
+(scores, softmax, dropout, attention over V) of each layer before its backward.
+
+Memory: store-all's without the score-sized tensors (``sk["scores"]``: with materialised
+attention the softmax output, dropout mask and dropped probabilities, which the recompute
+rebuilds as transients; FlashAttention keeps none, so there it is store-all's). Time: store-all's
+plus one forward of each layer's attention kernel (with ring CP, its K/V exchange beside it)
+before the backward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from memo_sim.cost.layer_time import forward_costs
+from memo_sim.policy.registry import register
+from memo_sim.policy.store_all import StoreAll
+
+
+@register
+class SelectiveRecompute(StoreAll):
+    name = "selective_recompute"
+    summary = "keep every layer's skeletal activations; re-run each layer's attention core before its backward"
+
+    def kept_scores(self, sk) -> float:
+        return 0.0
+
+    def recomputes_layer(self, layer, n_layers):
+        return True
+
+    def recompute_costs(self, model, layout, batch, seq, profile):
+        return [replace(c, phase="recompute") for c in forward_costs(model, layout, batch, seq, profile)
+                if c.kind == "attention" or c.stream == "cp_comm"]

@@ -1,0 +1,133 @@
+"""Frameworks as data (`memo_sim.frameworks`): each version's file loads, selects what it says, and
+each switchable mechanism moves the prediction the way it should."""
+
+from dataclasses import replace
+
+import pytest
+from click.testing import CliRunner
+
+from memo_sim.cli import cli
+from memo_sim.engine.simulate import simulate
+from memo_sim.errors import MemoError
+from memo_sim.frameworks import DATA, MECHANISMS, _read, load_frameworks
+from memo_sim.layout.parallel import Layout
+from memo_sim.model.config import get_model
+from memo_sim.policy import get_policy
+from memo_sim.profile.loader import load_profile
+from memo_sim.search.estimate import estimate_iteration
+from memo_sim.search.frameworks import get_framework
+from memo_sim.search.whatif import candidates_for
+
+NAMES = ("any", "megatron@2021", "megatron@2022", "megatron@2023", "megatron", "deepspeed", "torchtitan",
+         "memo-paper", "sppo-paper")
+
+
+def test_every_named_framework_is_a_file_with_sources():
+    fws = load_frameworks()
+    assert set(NAMES) <= set(fws)
+    for name in NAMES:
+        fw = get_framework(name)
+        assert fw.path == str(DATA / f"{name}.yaml") and fw.sources
+        assert set(dict(fw.mechanisms)) == set(MECHANISMS)
+
+
+def test_megatron_2021_and_memo_paper_select_their_files():
+    old = get_framework("megatron@2021")
+    assert old.mechanism("attention") == "materialised" and old.mechanism("grad_overlap") is False
+    assert not old.allows(Layout(tp=8, sp=True)) and old.allows(Layout(tp=8, sp=False))
+    assert not old.allows(Layout(tp=4, cp=2, sp=False)) and not old.allows(Layout(tp=1, dp=8, zero=1))
+    memo = get_framework("memo-paper")
+    assert "memo" in memo.policies and memo.allows(Layout(tp=4, cp=2))
+    res = candidates_for(get_model("gpt-7b"), 4096, 8, load_profile("a100-sxm4-80gb"), framework="megatron@2021")
+    assert res.candidates and all(c.layout.attention == "materialised" and not c.layout.grad_overlap
+                                  and (c.layout.tp == 1 or not c.layout.sp) for c in res.candidates)
+
+
+# (mechanism, the value that makes the prediction worse, the value that makes it better, what it moves)
+EXPECTED = {"attention": ("materialised", "flash", "time"), "grad_overlap": (False, True, "time"),
+            "cross_entropy": ("vocab_parallel", "chunked", "time"),
+            "host_pool": ("caching_host_allocator", "registered_pool", "host memory"),
+            "expandable_segments": (False, True, "gpu memory")}
+
+
+@pytest.mark.parametrize("mechanism", sorted(MECHANISMS))
+def test_each_mechanism_moves_the_prediction_the_expected_way(mechanism):
+    from memo_sim.memplan.footprint import memory_breakdown
+
+    assert set(EXPECTED) == set(MECHANISMS)  # a new switch needs its expected direction here
+    worse_v, better_v, what = EXPECTED[mechanism]
+    model, prof = get_model("gpt-7b"), load_profile("a100-sxm4-80gb")
+    base = Layout(tp=2, sp=False, dp=4)
+    worse, better = (replace(base, **{MECHANISMS[mechanism]: v}) for v in (worse_v, better_v))
+    if what == "time":
+        pol = get_policy("full_recompute")
+        for predict in (lambda lay: estimate_iteration(model, lay, 1, 4096, pol, prof).iteration_s,
+                        lambda lay: simulate(model, lay, 1, 4096, pol, prof, keep_timeline=False).iteration_s):
+            assert predict(worse) > predict(better)
+    elif what == "host memory":  # pinned host bytes of an offloading plan (MEMO at alpha 0.37: rows that round up)
+        pol = get_policy("memo", 0.37)
+        assert (memory_breakdown(model, worse, 1, 65536, pol, prof).host_bytes_per_node
+                > memory_breakdown(model, better, 1, 65536, pol, prof).host_bytes_per_node)
+    else:  # the caching allocator's reserved transients of an unplanned policy
+        pol, lay = get_policy("full_recompute"), Layout(tp=8)
+        worse, better = (replace(lay, **{MECHANISMS[mechanism]: v}) for v in (worse_v, better_v))
+        assert (memory_breakdown(model, worse, 1, 131072, pol, prof).peak_gpu_bytes
+                > memory_breakdown(model, better, 1, 131072, pol, prof).peak_gpu_bytes)
+
+
+def test_bad_framework_file_is_one_line(tmp_path):
+    p = tmp_path / "mine.yaml"
+    p.write_text((DATA / "megatron.yaml").read_text().replace("name: megatron", "name: mine")
+                 .replace("attention: flash", "attention: sdpa"))
+    with pytest.raises(MemoError, match=r"mine.yaml.*attention"):
+        _read(p)
+    p.write_text((DATA / "megatron@2021.yaml").read_text().replace("name: megatron@2021", "name: mine")
+                 .replace("context_parallel: false", "context_parallel: true"))
+    with pytest.raises(MemoError, match="ring CP"):
+        _read(p)
+
+
+def test_cli_framework_names():
+    r = CliRunner().invoke(cli, ["whatif", "--framework", "megatron@2021", "--seq", "4K", "--no-plan", "--json",
+                                  "--simulate-top", "0"])
+    assert r.exit_code == 0, r.output
+    assert "materialised" in r.output
+    r = CliRunner().invoke(cli, ["whatif", "--framework", "megatron@1999", "--no-plan"])
+    assert r.exit_code == 2
+
+
+def test_selective_recompute_policy_sits_between_store_all_and_full_recompute():
+    from memo_sim.memplan.footprint import memory_breakdown
+
+    model, prof = get_model("gpt-7b"), load_profile("a100-sxm4-80gb")
+    for lay in (Layout(tp=8, sp=True), Layout(tp=8, sp=False, attention="materialised"), Layout(tp=4, cp=2)):
+        t = {p: estimate_iteration(model, lay, 1, 8192, get_policy(p), prof).iteration_s
+             for p in ("store_all", "selective_recompute", "full_recompute")}
+        assert t["store_all"] < t["selective_recompute"] < t["full_recompute"]
+        sim = {p: simulate(model, lay, 1, 8192, get_policy(p), prof, keep_timeline=False).iteration_s
+               for p in ("store_all", "selective_recompute")}
+        assert sim["store_all"] < sim["selective_recompute"]
+        mem = {p: memory_breakdown(model, lay, 1, 8192, get_policy(p), prof).skeletal_resident_bytes
+               for p in ("store_all", "selective_recompute")}
+        # store all also keeps the materialised attention's score-sized tensors, selective recompute
+        # rebuilds them: n_b·s²·(2d + 1) per layer (none with FlashAttention)
+        scores = (1 * 32 / lay.tp) * 8192 ** 2 * 5 if lay.attention == "materialised" else 0.0
+        assert mem["store_all"] - mem["selective_recompute"] == pytest.approx(model.layers * scores)
+    assert "selective_recompute" in get_framework("megatron").policies
+    assert "selective_recompute" not in get_framework("any").policies  # memo's executor does not run it
+
+
+def test_adapted_layouts_round_trip_through_the_plan_format():
+    for fw in load_frameworks().values():
+        lay = fw.adapt(Layout(tp=2, sp=False, dp=4))
+        assert Layout.from_dict(lay.to_dict()) == lay
+    assert set(Layout(tp=2).to_dict()) == {"tp", "sp", "cp", "ulysses", "dp", "zero", "tp_mode"}  # defaults: old shape
+
+
+def test_frameworks_command_lists_every_file():
+    r = CliRunner().invoke(cli, ["frameworks"])
+    assert r.exit_code == 0 and all(n in r.output for n in NAMES)
+    import json
+
+    j = json.loads(CliRunner().invoke(cli, ["frameworks", "--json"]).output)
+    assert j["megatron@2021"]["mechanisms"]["attention"] == "materialised" and j["megatron@2021"]["sources"]
