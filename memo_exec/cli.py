@@ -23,7 +23,7 @@ import click
 
 from memo_exec.attention import BACKENDS
 from memo_exec.errors import ExecError, user_errors
-from memo_sim.errors import EXIT_INTERRUPTED, environment_error_line, usage_line
+from memo_sim.errors import guarded, usage_line
 
 
 class _ExecGroup(click.Group):
@@ -32,16 +32,11 @@ class _ExecGroup(click.Group):
 
     def invoke(self, ctx):
         try:
-            return super().invoke(ctx)
+            return guarded(lambda: super(_ExecGroup, self).invoke(ctx), lambda line: click.echo(line, err=True),
+                           ctx.exit)
         except click.UsageError as e:
             click.echo(usage_line(e), err=True)
             ctx.exit(2)
-        except KeyboardInterrupt:
-            click.echo("interrupted", err=True)
-            ctx.exit(EXIT_INTERRUPTED)
-        except OSError as e:
-            click.echo(environment_error_line(e), err=True)
-            ctx.exit(1)
 
 
 @click.group(cls=_ExecGroup, help="Run a memo plan on real hardware and compare with the simulator's prediction.",

@@ -80,7 +80,7 @@ def sim_memory_breakdown(plan, layers: int) -> dict | None:
 # --------------------------------------------------------------------------------------------------
 # interval arithmetic
 # --------------------------------------------------------------------------------------------------
-def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+def union_spans(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
     out: list[list[float]] = []
     for s, e in sorted(spans):
         if e <= s:
@@ -92,11 +92,11 @@ def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return [(s, e) for s, e in out]
 
 
-def _length(spans) -> float:
+def spans_length(spans) -> float:
     return sum(e - s for s, e in spans)
 
 
-def _intersection(a, b) -> float:
+def spans_intersection(a, b) -> float:
     total, i, j = 0.0, 0, 0
     while i < len(a) and j < len(b):
         lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
@@ -110,7 +110,7 @@ def _intersection(a, b) -> float:
 
 
 def busy_spans(tl: Timeline, streams: tuple[str, ...]) -> list[tuple[float, float]]:
-    return _union([(e.start, e.end) for e in tl.events if e.stream in streams and e.phase != "stall"])
+    return union_spans([(e.start, e.end) for e in tl.events if e.stream in streams and e.phase != "stall"])
 
 
 def ring_streams(timelines: list[Timeline | None]) -> tuple[str, ...]:
@@ -135,7 +135,7 @@ def stream_stats(tl: Timeline, extra: tuple[str, ...] = ()) -> dict[str, dict[st
     for s in STREAMS + extra:
         mine = busy_spans(tl, (s,))
         other = copies if s == "compute" else compute
-        busy, over = _length(mine), _intersection(mine, other)
+        busy, over = spans_length(mine), spans_intersection(mine, other)
         out[s] = {"busy_s": busy, "overlapped_s": over, "exposed_s": busy - over}
     return out
 

@@ -27,6 +27,20 @@ def usage_line(e) -> str:
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a command stopped by Ctrl-C
 
 
+def guarded(run, say, leave):
+    """``run()``, with Ctrl-C as the line ``interrupted`` and exit code 130, and an operating-system
+    error as one line and exit code 1 (``say(line)`` writes a line, ``leave(code)`` exits): what
+    both command-line tools promise for every command."""
+    try:
+        return run()
+    except KeyboardInterrupt:
+        say("interrupted")
+        leave(EXIT_INTERRUPTED)
+    except OSError as e:
+        say(environment_error_line(e))
+        leave(1)
+
+
 def environment_error_line(e: OSError) -> str:
     """An operating-system error (read-only or full disk, missing folder, permission) as one line."""
     where = f"{e.filename}: " if getattr(e, "filename", None) else ""

@@ -235,7 +235,8 @@ def test_pp4_and_pp2_tp2_match_one_process(slow):
 def test_memo_exec_run_of_a_pp4_memo_plan_writes_the_pipeline_outputs(tmp_path):
     """`memo-exec run plan.json --nproc 4 --device cpu` of a pp4 MEMO 1F1B plan: the merged trace
     holds every stage's per-micro-batch forward/backward, recompute, offload and receive waits;
-    report.md has the per-stage rows (simulated: n/a, the plan carries none) and the Gantt chart."""
+    report.md has the per-stage rows, measured beside the simulator's prediction of the same plan
+    (the plan carries none, so the report simulates it), and the measured and simulated Gantt charts."""
     plan_file = write_plan(pipe_plan(12, {"pp": 4}, "1f1b", "memo"), tmp_path / "plan.json")
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
@@ -246,7 +247,8 @@ def test_memo_exec_run_of_a_pp4_memo_plan_writes_the_pipeline_outputs(tmp_path):
     log = (out / "launcher.log").read_text()[-3000:] if (out / "launcher.log").exists() else ""
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:], log)
     assert "1f1b schedule" in r.stdout
-    for f in ("measured.json", "trace.json", "pipeline_gantt.png", "pipeline.json", "report.md"):
+    for f in ("measured.json", "trace.json", "pipeline_gantt.png", "pipeline_gantt_simulated.png", "pipeline.json",
+              "report.md"):
         assert (out / f).stat().st_size > 0, f
     tl = Timeline.read_json(out / "measured.json")
     for rank in range(4):
@@ -260,14 +262,17 @@ def test_memo_exec_run_of_a_pp4_memo_plan_writes_the_pipeline_outputs(tmp_path):
     assert "fwd@c0.mb3" in (out / "trace.json").read_text()
     report = (out / "report.md").read_text()
     assert "# Pipeline (1f1b): per stage" in report
-    rows = [ln for ln in report.splitlines() if ln.startswith("| ") and ln.split("|")[1].strip().isdigit()
-            and "n/a" in ln]
+    rows = [ln for ln in report.splitlines() if ln.startswith("| ") and ln.split("|")[1].strip().isdigit()]
     assert len(rows) == 4, report[-3000:]
     cmp = json.loads((out / "pipeline.json").read_text())
     assert [r["stage"] for r in cmp["stages"]] == [0, 1, 2, 3]
     for row in cmp["stages"]:
         assert 0 < row["busy_s"] < row["iteration_s"] and 0 < row["bubble_fraction"] < 1
-        assert row["offload_bytes"] > 0 and row["peak_bytes"] > 0 and row["simulated"] is None
+        assert row["offload_bytes"] > 0 and row["peak_bytes"] > 0
+        sim = row["simulated"]
+        assert sim["busy_s"] > 0 and sim["peak_bytes"] > 0 and 0 < sim["bubble_fraction"] < 1
+    assert cmp["simulated_from"].startswith("memo-sim simulate of the plan")
+    assert 0 < cmp["simulated_bubble_fraction"] < 1
     assert cmp["ideal_bubble_fraction"] == pytest.approx(3 / 7)
 
 

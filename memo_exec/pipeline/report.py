@@ -21,7 +21,9 @@ Per stage:
   (p - 1) / (v m) of the ideal time, as a share of the whole);
 - **simulated**: busy, bubble and peak of the stage from ``plan.predicted``'s ``pipeline`` entry
   when the plan carries one (``{"stages": [{"compute_busy_s", "idle_s", "peak_gpu_bytes"}],
-  "bubble_fraction"}``, the shape of ``memo-sim simulate``'s pipeline summary), else "n/a".
+  "bubble_fraction"}``, the shape of ``memo-sim simulate``'s pipeline summary), else from one
+  simulation of the plan made for the report (its schedule, micro-batches and profile); "n/a"
+  when the run used fewer layers than the plan.
 
 The Gantt chart (``pipeline_gantt.png``): one band per stage with its actions (colour = micro-batch,
 forward solid, backward hatched, recompute inside a backward outlined in black), its receive
@@ -35,7 +37,7 @@ import dataclasses
 import re
 from pathlib import Path
 
-from memo_exec.compare import busy_spans
+from memo_exec.compare import busy_spans, spans_intersection, spans_length, union_spans
 from memo_exec.sppo.report import stage_of_rank
 from memo_sim.errors import MemoError
 from memo_sim.fileio import atomic_write_json, atomic_write_text, save_png
@@ -48,33 +50,6 @@ def tag_of(op: str) -> tuple[int, int] | None:
     """(chunk, micro-batch) of an op named ``...@c<chunk>.mb<k>``, else None."""
     m = _TAG.search(op)
     return (int(m.group(1)), int(m.group(2))) if m else None
-
-
-def _length(spans) -> float:
-    return sum(b - a for a, b in spans)
-
-
-def _intersection(a, b) -> float:
-    total, i, j = 0.0, 0, 0
-    while i < len(a) and j < len(b):
-        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
-        if hi > lo:
-            total += hi - lo
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return total
-
-
-def _union(spans) -> list[tuple[float, float]]:
-    out: list[list[float]] = []
-    for a, b in sorted(spans):
-        if out and a <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([a, b])
-    return [(a, b) for a, b in out]
 
 
 def stage_timeline(measured: Timeline, plan) -> Timeline:
@@ -100,12 +75,12 @@ def stage_rows(tl: Timeline, pp: int) -> list[dict]:
     rows = []
     for s in range(pp):
         mine = [e for e in tl.events if e.device == s]
-        act = _union([(e.start, e.end) for e in mine if e.stream == "pipeline"])
-        stalls = _union([(e.start, e.end) for e in mine if e.stream == "compute" and e.phase == "stall"])
-        busy = _length(act) - _intersection(act, stalls)
+        act = union_spans([(e.start, e.end) for e in mine if e.stream == "pipeline"])
+        stalls = union_spans([(e.start, e.end) for e in mine if e.stream == "compute" and e.phase == "stall"])
+        busy = spans_length(act) - spans_intersection(act, stalls)
 
         def total(pred) -> float:
-            return _length(_union([(e.start, e.end) for e in mine if pred(e)]))
+            return spans_length(union_spans([(e.start, e.end) for e in mine if pred(e)]))
 
         peak = max((m.nbytes for m in tl.memory if m.device == s), default=None)
         rows.append({
@@ -114,36 +89,50 @@ def stage_rows(tl: Timeline, pp: int) -> list[dict]:
             "backward_s": total(lambda e: e.stream == "pipeline" and e.phase == "pipe_bwd"),
             "recompute_s": total(lambda e: e.stream == "compute" and e.phase == "recompute"),
             "receive_wait_s": total(lambda e: e.stream == "p2p" and e.phase in ("p2p_fwd", "p2p_bwd")),
-            "stall_s": _length(stalls),
+            "stall_s": spans_length(stalls),
             "offload_bytes": sum(e.nbytes for e in mine if e.stream == "d2h"),
-            "copy_busy_s": {k: _length(busy_spans(Timeline(mine, [], {}), (k,))) for k in ("d2h", "h2d")},
+            "copy_busy_s": {k: spans_length(busy_spans(Timeline(mine, [], {}), (k,))) for k in ("d2h", "h2d")},
             "micro_batches": len({tag_of(e.op) for e in mine if e.stream == "pipeline"}),
             "peak_bytes": peak})
     return rows
 
 
-def simulated_stages(plan, layers_run: int) -> tuple[list[dict] | None, str]:
-    """The plan's per-stage prediction, or None and why there is none."""
+def simulated_stages(plan, layers_run: int):
+    """The simulator's per-stage prediction for the plan: (stages or None, where they come from or
+    why there are none, the simulated result or None). The plan's own ``predicted.pipeline`` entry
+    when it carries one, else one simulation of the plan (schedule, micro-batches, profile) now."""
     if layers_run != plan.model.layers:
-        return None, f"the plan is for {plan.model.layers} layers, {layers_run} ran"
+        return None, f"the plan is for {plan.model.layers} layers, {layers_run} ran", None
     pipe = plan.predicted.to_dict().get("pipeline")
+    res = None
+    source = "plan.predicted"
     if not pipe or not pipe.get("stages"):
-        return None, "the plan carries no per-stage prediction (plan.predicted has no pipeline entry)"
-    it = plan.predicted.iteration_s
+        from memo_sim.api import load_profile, simulate  # noqa: PLC0415 - the simulator, to close the loop
+
+        try:
+            res = simulate(plan.model, plan.layout, plan.batch, plan.seq_tokens, plan.policy,
+                           load_profile(plan.profile), schedule=plan.schedule, micro_batch=plan.micro_batch,
+                           classifier_chunk_tokens=plan.classifier_chunk_tokens)
+        except MemoError as e:
+            return None, f"the plan could not be simulated ({e})", None
+        pipe = res.pipeline
+        source = f"memo-sim simulate of the plan on {plan.profile}"
+    it = plan.predicted.iteration_s if res is None else res.iteration_s
     out = []
     for st in pipe["stages"]:
         idle = st.get("idle_s")
         out.append({"busy_s": st.get("compute_busy_s"), "peak_bytes": st.get("peak_gpu_bytes"),
                     "bubble_fraction": idle / it if it and idle is not None else None})
-    return out, "plan.predicted"
+    return out, source, res
 
 
-def compare(measured: Timeline, plan) -> dict:
+def compare(measured: Timeline, plan) -> tuple[dict, object]:
+    """The per-stage comparison, and the simulated result it used (None when it read the plan's)."""
     lay = plan.layout
     m = plan.micro_batches
     tl = stage_timeline(measured, plan)
     rows = stage_rows(tl, lay.pp)
-    sim, source = simulated_stages(plan, int(measured.meta.get("layers") or plan.model.layers))
+    sim, source, res = simulated_stages(plan, int(measured.meta.get("layers") or plan.model.layers))
     for r in rows:
         r["ideal_bubble_fraction"] = ideal_bubble(lay.pp, lay.vpp, m)
         r["simulated"] = sim[r["stage"]] if sim and r["stage"] < len(sim) else None
@@ -156,8 +145,8 @@ def compare(measured: Timeline, plan) -> dict:
             "measured_bubble_fraction": 1 - busy / (len(rows) * it) if rows and it > 0 else None,
             "ideal_bubble_fraction": ideal_bubble(lay.pp, lay.vpp, m),
             "simulated_from": source,
-            "simulated_bubble_fraction": (plan.predicted.to_dict().get("pipeline") or {}).get("bubble_fraction")
-            if sim else None}
+            "simulated_bubble_fraction": ((res.pipeline if res is not None else plan.predicted.to_dict().get("pipeline"))
+                                          or {}).get("bubble_fraction") if sim else None}, res
 
 
 def _f(v, fmt="{:.4f}") -> str:
@@ -181,7 +170,7 @@ def markdown(cmp: dict, memory_label: str) -> str:
         speak = None if sim.get("peak_bytes") is None else sim["peak_bytes"] / 2**20
         L.append(f"| {r['stage']} | {_f(r['iteration_s'])} | {_f(r['busy_s'])} | "
                  f"{_f(r['bubble_fraction'], '{:.1%}')} | {_f(r['ideal_bubble_fraction'], '{:.1%}')} | "
-                 f"{_f(sim.get('busy_s'))} | {_f(sim.get('bubble_fraction'), '{:.1%}')} | {_f(r['forward_s'])} | "
+                 f"{_f(sim.get('busy_s'), '{:.4g}')} | {_f(sim.get('bubble_fraction'), '{:.1%}')} | {_f(r['forward_s'])} | "
                  f"{_f(r['backward_s'])} | {_f(r['recompute_s'])} | {_f(r['receive_wait_s'])} | {_f(r['stall_s'])} | "
                  f"{_f(r['offload_bytes'] / 2**20, '{:.2f}')} | {_f(peak, '{:.1f}')} | {_f(speak, '{:.1f}')} |")
     L += ["", f"Whole pipeline bubble: measured {_f(cmp['measured_bubble_fraction'], '{:.1%}')}, ideal "
@@ -254,8 +243,9 @@ def gantt_figure(tl: Timeline, pp: int, micro_batches: int, path: Path, title: s
 
 
 def write_pipeline_outputs(run_dir: str | Path, plan_file: str | Path) -> list[Path]:
-    """Read ``run_dir/measured.json`` and the plan; write ``pipeline.json``, ``pipeline.md`` and
-    ``pipeline_gantt.png``."""
+    """Read ``run_dir/measured.json`` and the plan; write ``pipeline.json``, ``pipeline.md``,
+    ``pipeline_gantt.png`` (measured) and ``pipeline_gantt_simulated.png`` (the simulator's, when it
+    simulated the plan for the comparison)."""
     from memo_sim.plan.schema import read_plan  # noqa: PLC0415
 
     out = Path(run_dir)
@@ -263,11 +253,16 @@ def write_pipeline_outputs(run_dir: str | Path, plan_file: str | Path) -> list[P
     if plan.schedule not in ("1f1b", "interleaved_1f1b"):
         raise MemoError(f"{plan_file}: schedule {plan.schedule}, not a micro-batch pipeline (1f1b, interleaved_1f1b)")
     measured = Timeline.read_json(out / "measured.json")
-    cmp = compare(measured, plan)
+    cmp, sim = compare(measured, plan)
     label = "GPU memory" if measured.meta.get("device_kind") == "cuda" else "CPU memory (process RSS)"
     tl = stage_timeline(measured, plan)
     title = (f"{plan.model.name} {plan.policy.label()} {plan.layout.label()} {plan.schedule}, "
              f"{plan.micro_batches} micro-batches: measured (last step)")
-    return [atomic_write_json(out / "pipeline.json", cmp, indent=1),
-            atomic_write_text(out / "pipeline.md", markdown(cmp, label)),
-            gantt_figure(tl, plan.layout.pp, plan.micro_batches, out / "pipeline_gantt.png", title)]
+    paths = [atomic_write_json(out / "pipeline.json", cmp, indent=1),
+             atomic_write_text(out / "pipeline.md", markdown(cmp, label)),
+             gantt_figure(tl, plan.layout.pp, plan.micro_batches, out / "pipeline_gantt.png", title)]
+    if sim is not None and sim.timeline is not None:  # the simulator's Gantt of the same plan, beside it
+        from memo_sim.report.figures import pipeline_gantt_figure  # noqa: PLC0415
+
+        paths.append(pipeline_gantt_figure(sim.timeline, out / "pipeline_gantt_simulated.png"))
+    return paths

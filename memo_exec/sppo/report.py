@@ -38,7 +38,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from memo_exec.compare import _intersection, _length, busy_spans
+from memo_exec.compare import busy_spans, spans_intersection, spans_length
 from memo_sim.errors import MemoError
 from memo_sim.fileio import atomic_write_json, atomic_write_text
 from memo_sim.layout.parallel import Layout
@@ -86,14 +86,14 @@ def stage_rows(tl: Timeline, stalls: Timeline | None = None) -> list[dict]:
         st = [] if stalls is None else busy_spans(
             Timeline([dataclasses.replace(e, phase="x") for e in stalls.events
                       if e.device == s and e.phase == "stall"], [], {}), ("compute",))
-        stalled = _intersection(comp, st)
-        busy = _length(comp) - stalled
+        stalled = spans_intersection(comp, st)
+        busy = spans_length(comp) - stalled
         peak = max((m.nbytes for m in tl.memory if m.device == s), default=None)
         rows.append({"stage": s, "iteration_s": end, "compute_busy_s": busy,
                      "bubble_fraction": 1 - busy / end if end else None,
-                     "receive_wait_s": _length(busy_spans(mine, ("p2p",))), "prefetch_stall_s": stalled,
+                     "receive_wait_s": spans_length(busy_spans(mine, ("p2p",))), "prefetch_stall_s": stalled,
                      "offload_bytes": sum(e.nbytes for e in mine.events if e.stream == "d2h"),
-                     "copy_busy_s": {k: _length(busy_spans(mine, (k,))) for k in ("d2h", "h2d")},
+                     "copy_busy_s": {k: spans_length(busy_spans(mine, (k,))) for k in ("d2h", "h2d")},
                      "peak_bytes": peak})
     return rows
 
@@ -123,10 +123,10 @@ def subsequence_rows(tl: Timeline, stages: int, stalls: Timeline | None = None) 
             copies = [e for e in mine if e.stream in ("d2h", "h2d") and subsequence_of(e.op) == k]
             cs = busy_spans(Timeline(copies, [], {}), ("d2h", "h2d"))
             spans = [(b.start, b.end) for b in bwd if subsequence_of(b.op) == k]
-            stall = sum(_intersection([(e.start, e.end)], spans) for e in stall_ev) if spans else None
+            stall = sum(spans_intersection([(e.start, e.end)], spans) for e in stall_ev) if spans else None
             rows.append({"stage": st, "subsequence": k, "offload_bytes": sum(e.nbytes for e in copies
                                                                             if e.stream == "d2h"),
-                         "copy_busy_s": _length(cs), "copy_exposed_s": _length(cs) - _intersection(cs, comp),
+                         "copy_busy_s": spans_length(cs), "copy_exposed_s": spans_length(cs) - spans_intersection(cs, comp),
                          "prefetch_stall_s": stall})
     return rows
 

@@ -8,7 +8,7 @@ import time
 
 import click
 
-from memo_sim.errors import EXIT_INTERRUPTED, MemoError, environment_error_line, usage_line
+from memo_sim.errors import MemoError, guarded, usage_line
 from memo_sim.layout.parallel import MAX_DEGREE
 from memo_sim.plan.schema import MAX_BATCH
 from memo_sim.model.config import ModelConfig, get_model
@@ -109,19 +109,14 @@ class MemoGroup(click.Group):
 
     def invoke(self, ctx):
         try:
-            return super().invoke(ctx)
+            return guarded(lambda: super(MemoGroup, self).invoke(ctx), lambda line: click.echo(line, err=True),
+                           ctx.exit)
         except MemoError as e:
             click.echo(f"error: {e}", err=True)
             ctx.exit(2)
         except click.UsageError as e:
             click.echo(usage_line(e), err=True)
             ctx.exit(2)
-        except KeyboardInterrupt:
-            click.echo("interrupted", err=True)
-            ctx.exit(EXIT_INTERRUPTED)
-        except OSError as e:
-            click.echo(environment_error_line(e), err=True)
-            ctx.exit(1)
 
 
 MAX_GPUS = MAX_DEGREE  # a cluster of more GPUs than this is a typo, not a plan

@@ -165,6 +165,14 @@ def interleave_gap(plan: Plan) -> list[Gap]:
                 PlanChange(layout={"vpp": 1}, schedule="1f1b"))]
 
 
+def shape_arguments(plan: Plan) -> list[tuple[str, str | None]]:
+    """The model's shape and length as Megatron-LM's arguments (Megatron-DeepSpeed keeps them)."""
+    m = plan.model
+    return [("--num-layers", str(m.layers)), ("--hidden-size", str(m.hidden)), ("--ffn-hidden-size", str(m.ffn)),
+            ("--num-attention-heads", str(m.heads)), ("--seq-length", str(plan.seq_tokens)),
+            ("--max-position-embeddings", str(plan.seq_tokens))]
+
+
 def gpus_per_node(plan: Plan) -> int:
     from memo_sim.profile.loader import load_profile  # noqa: PLC0415
 

@@ -15,7 +15,7 @@ import json
 import shlex
 
 from memo_sim.export.base import (Export, Gap, PlanChange, interleave_gap, metp_gap, nearest_plan, policy_gaps,
-                                  price_nearest, torchrun_line)
+                                  price_nearest, shape_arguments, torchrun_line)
 from memo_sim.plan.schema import Plan
 
 SOURCE = "deepspeedai/DeepSpeed@edaa7221 (2026-08-22)"
@@ -70,10 +70,7 @@ def config(plan: Plan, applied: list[Gap]) -> dict:
 def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | None]]:
     lay, pol, _ = nearest_plan(plan, applied)
     m = plan.model
-    args: list[tuple[str, str | None]] = [
-        ("--num-layers", str(m.layers)), ("--hidden-size", str(m.hidden)), ("--ffn-hidden-size", str(m.ffn)),
-        ("--num-attention-heads", str(m.heads)), ("--seq-length", str(plan.seq_tokens)),
-        ("--max-position-embeddings", str(plan.seq_tokens)),
+    args = shape_arguments(plan) + [
         ("--micro-batch-size", str(plan.micro_batch)), ("--global-batch-size", str(plan.batch * lay.dp)),
         ("--tensor-model-parallel-size", str(lay.tp)), ("--pipeline-model-parallel-size", str(lay.pp)),
     ]

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import shlex
 
-from memo_sim.export.base import (Export, Gap, metp_gap, nearest_plan, policy_gaps, price_nearest, torchrun_line,
-                                  ulysses_gap, zero_gap)
+from memo_sim.export.base import (Export, Gap, metp_gap, nearest_plan, policy_gaps, price_nearest, shape_arguments,
+                                  torchrun_line, ulysses_gap, zero_gap)
 from memo_sim.plan.schema import Plan
 
 SOURCE = "NVIDIA/Megatron-LM@d98e8a64 (2026-08-22)"
@@ -38,11 +38,7 @@ def gaps(plan: Plan) -> list[Gap]:
 def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | None]]:
     """(option, value or None for a flag) in the order a reader looks for them."""
     m, (lay, pol, schedule) = plan.model, nearest_plan(plan, applied)
-    args: list[tuple[str, str | None]] = [
-        ("--num-layers", str(m.layers)), ("--hidden-size", str(m.hidden)), ("--ffn-hidden-size", str(m.ffn)),
-        ("--num-attention-heads", str(m.heads)), ("--seq-length", str(plan.seq_tokens)),
-        ("--max-position-embeddings", str(plan.seq_tokens)), ("--vocab-size", str(m.vocab)),
-    ]
+    args = shape_arguments(plan) + [("--vocab-size", str(m.vocab))]
     if m.n_kv_heads != m.heads:
         args += [("--group-query-attention", None), ("--num-query-groups", str(m.n_kv_heads))]
     if m.ffn_type == "swiglu":

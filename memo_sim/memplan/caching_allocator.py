@@ -512,32 +512,8 @@ class CachingAllocatorModel:
             "fragmentation_failures": self.fragmentation_failures,
         }
 
-    def layout_signature(self) -> tuple:
-        """The segments and their blocks in address order, without absolute addresses: (pool,
-        expandable, ((size, allocated, mapped), ...)) per segment. Two states with the same
-        signature serve the same request sequence the same way (new segments always come at
-        higher addresses), which is how a replay recognises a steady state."""
-        heads: dict[int, _Block] = {}
-        for pool in (self._small, self._large):
-            for b in list(pool.by_addr.values()) + list(pool.unmapped.values()):
-                heads.setdefault(id(b.segment), b)
-        for b in list(self._live.values()) + [b for _, b in self._pending]:
-            heads.setdefault(id(b.segment), b)
-        out = []
-        for seg in sorted(self._segments, key=lambda sg: sg.base):
-            b: _Block | None = heads[id(seg)]
-            while b.prev is not None:
-                b = b.prev
-            blocks = []
-            while b is not None:
-                blocks.append((b.size, b.allocated, b.mapped))
-                b = b.next
-            out.append((seg.small, seg.expandable, tuple(blocks)))
-        return tuple(out)
-
-    def segments(self) -> list[dict]:
-        """The segments in address order with their blocks (address, size, requested bytes, state:
-        ``allocated``, ``free`` or ``unmapped``), for snapshots of the allocator's state."""
+    def _segment_blocks(self) -> list[tuple[_Segment, list[_Block]]]:
+        """Each segment in address order with its blocks in address order."""
         heads: dict[int, _Block] = {}
         for pool in (self._small, self._large):
             for b in list(pool.by_addr.values()) + list(pool.unmapped.values()):
@@ -547,16 +523,31 @@ class CachingAllocatorModel:
         out = []
         for seg in sorted(self._segments, key=lambda sg: sg.base):
             b: _Block | None = heads.get(id(seg))
-            blocks = []
             while b is not None and b.prev is not None:
                 b = b.prev
+            blocks = []
             while b is not None:
-                blocks.append({"address": b.addr, "size": b.size, "requested": b.requested if b.allocated else 0,
-                               "state": "allocated" if b.allocated else ("free" if b.mapped else "unmapped")})
+                blocks.append(b)
                 b = b.next
-            out.append({"address": seg.base, "size": seg.size, "small": seg.small, "expandable": seg.expandable,
-                        "blocks": blocks})
+            out.append((seg, blocks))
         return out
+
+    def layout_signature(self) -> tuple:
+        """The segments and their blocks in address order, without absolute addresses: (pool,
+        expandable, ((size, allocated, mapped), ...)) per segment. Two states with the same
+        signature serve the same request sequence the same way (new segments always come at
+        higher addresses), which is how a replay recognises a steady state."""
+        return tuple((seg.small, seg.expandable, tuple((b.size, b.allocated, b.mapped) for b in blocks))
+                     for seg, blocks in self._segment_blocks())
+
+    def segments(self) -> list[dict]:
+        """The segments in address order with their blocks (address, size, requested bytes, state:
+        ``allocated``, ``free`` or ``unmapped``), for snapshots of the allocator's state."""
+        return [{"address": seg.base, "size": seg.size, "small": seg.small, "expandable": seg.expandable,
+                 "blocks": [{"address": b.addr, "size": b.size, "requested": b.requested if b.allocated else 0,
+                             "state": "allocated" if b.allocated else ("free" if b.mapped else "unmapped")}
+                            for b in blocks]}
+                for seg, blocks in self._segment_blocks()]
 
     def address_of(self, buffer_id: str) -> int:
         """The (model) address of a live buffer."""
