@@ -210,7 +210,7 @@ def trace_cmd(plan_file, device, out_file, dtype, attention_backend, target, cud
 @click.option("--profile", "profile_name", required=True, help="hardware profile to predict with: a name or a "
               ".yaml/.json file (e.g. one memo-exec calibrate wrote)")
 @click.option("--model", "model_name", default=None, help="preset or model .yaml/.json; default a 2-layer toy")
-@click.option("--layers", type=int, default=None)
+@click.option("--layers", type=click.IntRange(min=1), default=None)
 @click.option("--hidden", type=int, default=None)
 @click.option("--heads", type=int, default=None)
 @click.option("--ffn", type=int, default=None)

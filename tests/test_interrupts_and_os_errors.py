@@ -150,3 +150,24 @@ def test_disk_full_is_one_line_and_leaves_no_partial_file(monkeypatch, tmp_path)
     assert r.output.strip().startswith("error:") and "No space left on device" in r.output
     assert r.output.count("\n") == 1
     assert not [p for p in tmp_path.iterdir() if p.name != "alpha_sweep.png"]
+
+
+@pytest.mark.parametrize("cli,args,needle", [
+    (sim_cli, ["whatif", "--policy", "store_all", "--alpha", "0.5", "--seq", "4K", "--no-plan"], "--alpha 0.5"),
+    (exec_cli, ["validate", "--profile", "a800-80gb", "--layers", "0", "--device", "cpu"], "--layers"),
+])
+def test_flags_that_would_be_ignored_or_empty_are_refused(cli, args, needle):
+    """[robust-runs] an --alpha no searched policy takes, a validation of zero layers: one line, exit 2."""
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 2 and needle in r.output and r.output.count("\n") == 1, r.output
+
+
+def test_a_million_gpu_whatif_answers_in_seconds(tmp_path):
+    """[robust-runs] --gpus 1000000 (inside the cap): the layouts no rule admits are skipped and the
+    pipeline's node counts computed once per period, so the search answers in seconds, not minutes."""
+    import time as _time
+
+    t0 = _time.perf_counter()
+    r = CliRunner().invoke(sim_cli, ["whatif", "--gpus", "1000000", "--no-plan", "--jobs", "1", "--json"])
+    assert r.exit_code == 0, r.output[-500:]
+    assert _time.perf_counter() - t0 < 30  # about 4 s on an idle 2-core machine; 30 s at a heavy load

@@ -317,7 +317,16 @@ def enumerate_layouts(model: ModelConfig, gpus: int, gpus_per_node: int, seq: in
     valid: list[Layout] = []
     rejected: list[tuple[Layout, str]] = []
     choices = lambda fixed: [fixed] if fixed is not None else _divisors(gpus)  # noqa: E731
-    for t, c, u in product(choices(tp), choices(cp), choices(ulysses)):
+    # degrees the search picks itself skip values no layout can use whatever the others are (the
+    # rules of `check_layout`), so a cluster of a million GPUs enumerates hundreds, not 10^5: TP
+    # inside a node (or whole nodes for a METP ring), Ulysses dividing the heads, ring CP's 2cp
+    # chunks dividing the sequence. A degree the user fixes is kept, and refused with its reason.
+    across = metp_across_nodes and any(m != "megatron" for m in tp_modes)
+    tps = choices(tp) if tp is not None else [t for t in _divisors(gpus) if (t <= gpus_per_node and gpus_per_node % t == 0)
+                                            or (across and t % gpus_per_node == 0)]
+    ulys = choices(ulysses) if ulysses is not None else [u for u in _divisors(gpus) if model.heads % u == 0]
+    cps = choices(cp) if cp is not None else [c for c in _divisors(gpus) if c == 1 or seq % (2 * c) == 0]
+    for t, c, u in product(tps, cps, ulys):
         if gpus % (t * c * u * pp):
             continue
         d = gpus // (t * c * u * pp)
@@ -368,9 +377,15 @@ def enumerate_pipeline_layouts(model: ModelConfig, gpus: int, gpus_per_node: int
 
 
 def node_stage_gpus(layout: Layout, gpus_per_node: int) -> dict[int, dict[int, int]]:
-    """For each node, how many of its GPUs run each pipeline stage (every replica counted)."""
+    """For each node, how many of its GPUs run each pipeline stage (every replica counted).
+
+    The stage of rank r repeats every stage_stride x pp ranks, so the nodes' counts repeat every
+    lcm(stage_stride x pp, gpus_per_node) / gpus_per_node nodes: only the nodes of the first such
+    period are listed (every node whose counts differ, and the nodes of the first replica's stages),
+    which keeps a million-GPU cluster to a few nodes' work."""
     out: dict[int, dict[int, int]] = {}
-    for r in range(layout.gpus):
+    period = math.lcm(layout.stage_stride * layout.pp, gpus_per_node)
+    for r in range(min(layout.gpus, period)):
         stage = (r // layout.stage_stride) % layout.pp
         per = out.setdefault(r // gpus_per_node, {})
         per[stage] = per.get(stage, 0) + 1

@@ -105,6 +105,9 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
             raise MemoError(f"--policy {p}: {fw.name} does not offer it (it offers {', '.join(fw.policies)})")
     if alpha is not None and not (0.0 <= alpha <= 1.0):
         raise MemoError(f"--alpha must lie in [0, 1], got {alpha}")
+    if alpha is not None and not any(policy_class(p).takes_alpha for p in policies):
+        raise MemoError(f"--alpha {alpha} sets MEMO's offloaded fraction, but the policies searched "
+                        f"({', '.join(policies)}) take none: drop --alpha or add --policy memo")
     for flag, v in (("--batch", batch), ("--micro-batch", micro_batch), ("--global-batch", global_batch)):
         if v is not None and v < 1:
             raise MemoError(f"{flag} must be at least 1, got {v}")
