@@ -83,3 +83,17 @@ def fmt_time(t: float) -> str:
     if t >= 1e-3:
         return f"{t * 1e3:.2f} ms"
     return f"{t * 1e6:.1f} us"
+
+
+_DECIMAL = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
+
+
+def parse_token_budget(text: str, field: str = "--train-tokens") -> int:
+    """A training budget in tokens with decimal multipliers, as budgets are quoted: 300B, 15T, 2.5e12."""
+    m = re.fullmatch(r"\s*([0-9]{1,15}(?:\.[0-9]{1,12})?(?:[eE][0-9]{1,2})?)\s*([kKmMbBgGtT]?)\s*", str(text))
+    if not m:
+        raise MemoError(f"{field}: expected a token count like 300B, 15T or 2e12, got {str(text)[:40]!r}")
+    value = float(m.group(1)) * _DECIMAL[m.group(2).upper()]
+    if not (1 <= value <= 1e18):
+        raise MemoError(f"{field}: must lie between 1 and 1e18 tokens, got {text!r}")
+    return int(value)

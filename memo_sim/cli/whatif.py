@@ -32,7 +32,7 @@ from memo_sim.profile.loader import load_profile
 from memo_sim.report.table import render_table, status_text
 from memo_sim.search.frameworks import FRAMEWORKS
 from memo_sim.search.plan_build import build_plan
-from memo_sim.units import fmt_bytes, fmt_count, fmt_time
+from memo_sim.units import fmt_bytes, fmt_count, fmt_time, parse_token_budget
 
 
 @click.command()
@@ -55,9 +55,13 @@ from memo_sim.units import fmt_bytes, fmt_count, fmt_time
 @click.option("--dp", type=DEGREE, help="Fix the data-parallel degree.")
 @click.option("--zero", type=click.IntRange(0, 3), help="Fix the ZeRO stage.")
 @click.option("--sp/--no-sp", default=None, help="Fix Megatron sequence parallelism on or off.")
-@click.option("--tp-mode", default="all", show_default=True, type=click.Choice(["megatron", "metp_ffn", "metp", "all"]),
+@click.option("--tp-mode", default=None, type=click.Choice(["megatron", "metp_ffn", "metp", "all"]),
               help="Tensor-parallel flavour: Megatron TP, METP for the FFN (metp_ffn), METP for the FFN and the "
-                   "two-level MHA (metp), or all of them ranked together.")
+                   "two-level MHA (metp), or all of them ranked together (default: all; megatron when --tp is "
+                   "given, so --tp 8 asks about Megatron TP8).")
+@click.option("--train-tokens", "train_tokens", default=None,
+              help="Also say how long the best plan takes to train this many tokens, and the GPU-hours "
+                   "(decimal multipliers: 300B, 15T, 2e12).")
 @click.option("--metp-across-nodes", is_flag=True,
               help="Let a METP ring span whole nodes (its send/recv then rides the inter-node link).")
 @click.option("--policy", "policies", multiple=True, type=click.Choice(policy_names()),
@@ -93,7 +97,8 @@ from memo_sim.units import fmt_bytes, fmt_count, fmt_time
                    "serial run's, in the same order.")
 @progress_option
 def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq, gpus, profile_name, batch, global_batch,
-           micro_batch, tp, cp, ulysses, dp, zero, sp, tp_mode, metp_across_nodes, policies, alpha, pp, vpp, schedules,
+           micro_batch, tp, cp, ulysses, dp, zero, sp, tp_mode, train_tokens, metp_across_nodes, policies, alpha, pp,
+           vpp, schedules,
            subseqs, partition, multiplex, top, as_json, out_dir, no_plan, simulate_top, allocator_lag, framework,
            sweep_alpha, jobs, progress):
     """Rank layouts x policies x alpha for a model, sequence length and cluster; write plan.json.
@@ -111,6 +116,9 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq,
     quiet = as_json if progress is None else not progress  # a bar only for runs longer than a second
 
     t0 = time.perf_counter()
+    if tp_mode is None:  # a fixed flag is honoured as asked: --tp N means Megatron TP unless --tp-mode says more
+        tp_mode = "megatron" if tp is not None else "all"
+    train_budget = parse_token_budget(train_tokens) if train_tokens is not None else None
     model = build_model(model_name, layers, hidden, heads, ffn, vocab, dtype, precision)
     profile = load_profile(profile_name)
     profile.peak(model.dtype)  # a clear error if the profile has no peak for the model's dtype
@@ -157,6 +165,8 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq,
                "sppo": result.sppo_summary,
                "metp_vs_megatron": metp_rows,
                "memo_best": memo_best.to_json() if memo_best is not None else None,
+               "train_tokens": train_budget,
+               **_training_json(best, train_budget),
                "candidates": [dict(rank=i + 1, **c.to_json()) for i, c in enumerate(shown)],
                "folded_duplicates": len(result.candidates) - len(shown),
                "nothing_fits": best is None, "not_searched": advice,
@@ -215,6 +225,10 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq,
         why = binding_words(best)
         if why:
             click.echo(f"  {why}")
+        if train_budget is not None:
+            days, gpu_hours = _training_time(best, train_budget)
+            click.echo(f"  training {fmt_tokens(train_budget)} tokens at this plan's {best.tgs:,.0f} tokens/GPU/s on "
+                       f"{best.layout.gpus} GPUs: {days:,.1f} days, {gpu_hours:,.0f} GPU-hours")
     if sppo_plan_path:
         c = next(c for c in result.candidates if c.sppo is not None and c.status == "OK")
         click.echo(f"best SPPO plan: {c.layout.label()} {c.policy.label()} -> {sppo_plan_path}")
@@ -377,3 +391,24 @@ def _sweep_alpha(model, seq, profile, result, as_json, out_dir, t0, quiet):
              fmt_bytes(r.peak_host_bytes_per_node), fmt_time(r.exposed_copy_s)] for r in res]
     click.echo(render_table(["alpha", "status", "iter (sim)", "MFU", "peak GPU", "host/node", "copy stall"], rows))
     click.echo(f"figure: {png}")
+
+
+def _training_json(best, tokens: int | None) -> dict:
+    if tokens is None or best is None:
+        return {"train_days": None, "train_gpu_hours": None}
+    days, gpu_hours = _training_time(best, tokens)
+    return {"train_days": days, "train_gpu_hours": gpu_hours}
+
+
+def fmt_tokens(n: int) -> str:
+    """A token budget the way it is quoted: 300B, 1.5T."""
+    for unit, v in (("T", 10**12), ("B", 10**9), ("M", 10**6), ("K", 10**3)):
+        if n >= v:
+            return f"{n / v:.4g}{unit}"
+    return str(n)
+
+
+def _training_time(c, tokens: int) -> tuple[float, float]:
+    """(days, GPU-hours) to train ``tokens`` tokens at candidate ``c``'s throughput."""
+    seconds = tokens / (c.tgs * c.layout.gpus)
+    return seconds / 86400, seconds * c.layout.gpus / 3600

@@ -193,4 +193,21 @@ def binding_words(c: Candidate) -> str:
             return (f"alpha {c.policy.alpha:.3f}: the offload of one layer ({fmt_time(e.layer.offload)}) "
                     f"hides under its forward ({fmt_time(e.layer.forward)}); more would stall compute")
         return f"alpha {c.policy.alpha:.3f}: {c.alpha_note}"
-    return ""
+    return gpu_memory_words(c)
+
+
+def gpu_memory_words(c) -> str:
+    """How full a fitting candidate's GPU memory is, and its largest term, in words."""
+    from memo_sim.units import fmt_bytes
+
+    m = c.memory
+    peak = c.simulated["peak_gpu_bytes"] if c.simulated else m.peak_gpu_bytes
+    terms = {"model states": m.model_states_bytes, "kept activations": m.skeletal_resident_bytes + m.lse_bytes,
+             "buffers": m.rounding_buffer_bytes, "transients": m.transient_peak_bytes,
+             "classifier": m.classifier_peak_bytes}
+    big = max(terms, key=terms.get)
+    words = (f"GPU memory {100 * peak / m.gpu_capacity_bytes:.0f}% full ({fmt_bytes(peak)} of "
+             f"{fmt_bytes(m.gpu_capacity_bytes)}; largest term {big} {fmt_bytes(terms[big])})")
+    if m.host_bytes_per_node > 0:
+        words += f"; pinned host memory {100 * m.host_bytes_per_node / m.host_capacity_bytes:.0f}% full"
+    return words

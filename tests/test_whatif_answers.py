@@ -1,0 +1,44 @@
+"""[answers] A fixed flag is honoured as asked, every best row says what binds it, and a token
+budget becomes days and GPU-hours at the plan's throughput."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from memo_sim.cli import cli
+
+
+def _json(args):
+    r = CliRunner().invoke(cli, ["whatif", "--json", "--no-plan", "--jobs", "1", *args])
+    assert r.exit_code in (0, 3), r.output[-800:]
+    return json.loads(r.output)
+
+
+def test_tp_means_megatron_tp_unless_tp_mode_says_otherwise():
+    d = _json(["--seq", "256K", "--tp", "8", "--simulate-top", "1"])
+    assert d["tp_mode"] == "megatron"
+    assert {c["layout_degrees"]["tp_mode"] for c in d["candidates"]} == {"megatron"}
+    d = _json(["--seq", "256K", "--tp", "8", "--tp-mode", "all", "--simulate-top", "1"])
+    assert "metp" in {c["layout_degrees"]["tp_mode"] for c in d["candidates"]}
+
+
+@pytest.mark.parametrize("policy", ["store_all", "full_recompute", "full_offload", "memo"])
+def test_the_best_row_says_what_binds_for_every_policy(policy):
+    d = _json(["--seq", "64K", "--policy", policy, "--simulate-top", "1"])
+    best = d["candidates"][0]
+    assert best["status"] == "OK" and best["binding"]
+    assert "GPU memory" in best["binding"] or "alpha" in best["binding"]
+
+
+def test_train_tokens_become_days_and_gpu_hours():
+    d = _json(["--seq", "64K", "--simulate-top", "1", "--train-tokens", "300B"])
+    best = d["candidates"][0]
+    seconds = 300e9 / (best["simulated_tgs_tokens_per_gpu_s"] * d["gpus"])
+    assert d["train_tokens"] == 300_000_000_000
+    assert d["train_days"] == pytest.approx(seconds / 86400)
+    assert d["train_gpu_hours"] == pytest.approx(seconds * d["gpus"] / 3600)
+    bad = CliRunner().invoke(cli, ["whatif", "--train-tokens", "lots", "--no-plan"])
+    assert bad.exit_code == 2 and "--train-tokens" in bad.output
