@@ -9,10 +9,10 @@ import torch
 from memo_exec.device import DeviceSpec
 from memo_exec.distributed.context import build_context
 from memo_exec.distributed.runner import DistExecutor
-from memo_exec.runner import Executor, RunOptions
+from memo_exec.runner import RunOptions
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
-from tests.exec_helpers import executor_grads, make_plan, policy
+from tests.exec_helpers import make_plan, one_process_run, policy
 
 SMALL = ModelConfig("small", 4, 256, 8, 1024, vocab=512, dtype="fp32")
 POLICIES = ("store_all", "full_recompute", "memo")
@@ -32,16 +32,7 @@ def plan_for(layout: Layout, seq: int, pol: str, batch: int = 1, model: ModelCon
 def reference(seq: int, pol: str, batch: int, steps: int = 0, model: ModelConfig = SMALL):
     """Single-process fp64 loss and gradients of the same global batch, and the losses of
     ``steps`` training steps."""
-    plan = plan_for(Layout(), seq, pol, batch=batch, model=model)
-    loss, grads, _ = executor_grads(plan, dtype="fp64")
-    losses = []
-    if steps:
-        ex = Executor(plan, RunOptions(device="cpu", dtype="fp64", steps=steps))
-        try:
-            losses = [s["loss"] for s in ex.run().summaries]
-        finally:
-            ex.close()
-    return loss, grads, losses
+    return one_process_run(plan_for(Layout(), seq, pol, batch=batch, model=model), steps)
 
 
 def rank_case(rank: int, world: int, cases) -> list:

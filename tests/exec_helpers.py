@@ -146,3 +146,19 @@ def skip_backend_failure(backend: str):
             raise
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         pytest.skip(f"attention backend {backend} failed at the test's size: {type(e).__name__}: {first}")
+
+
+def one_process_run(plan: Plan, steps: int = 0) -> tuple:
+    """The single-process fp64 reference of a plan: its loss and gradients, and the losses of
+    ``steps`` training steps (none when 0)."""
+    from memo_exec.runner import Executor, RunOptions
+
+    loss, grads, _ = executor_grads(plan, dtype="fp64")
+    losses = []
+    if steps:
+        ex = Executor(plan, RunOptions(device="cpu", dtype="fp64", steps=steps))
+        try:
+            losses = [s["loss"] for s in ex.run().summaries]
+        finally:
+            ex.close()
+    return loss, grads, losses

@@ -5,7 +5,6 @@ and bad options as one ``error:`` line with exit code 2. The GPU test runs ``--q
 from __future__ import annotations
 
 import copy
-import json
 import math
 import random
 

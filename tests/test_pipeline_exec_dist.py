@@ -27,7 +27,7 @@ from tests.dist_cases import policy_of
 from tests.dist_harness import spawn
 from memo_sim.plan.schema import write_plan
 from memo_sim.timeline import Timeline
-from tests.exec_helpers import executor_grads, make_plan
+from tests.exec_helpers import make_plan, one_process_run
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -110,16 +110,8 @@ _REF: dict = {}
 def reference(layers: int, steps: int = 0):
     key = (layers, steps)
     if key not in _REF:
-        plan = make_plan(model(layers), SEQ, policy_of("store_all"), batch=BATCH, chunk=48)
-        loss, grads, _ = executor_grads(plan, dtype="fp64")
-        losses = []
-        if steps:
-            ex = Executor(plan, RunOptions(device="cpu", dtype="fp64", steps=steps))
-            try:
-                losses = [s["loss"] for s in ex.run().summaries]
-            finally:
-                ex.close()
-        _REF[key] = (loss, grads, losses)
+        _REF[key] = one_process_run(make_plan(model(layers), SEQ, policy_of("store_all"), batch=BATCH, chunk=48),
+                                    steps)
     return _REF[key]
 
 

@@ -42,7 +42,7 @@ from memo_exec.errors import ExecError
 from memo_exec.layer import LayerWeights
 from memo_exec.measure import Recorder, StepRecord
 from memo_exec.memory_estimate import MemoryEstimate
-from memo_exec.model import GPT, LayerHooks, LayerRuntime
+from memo_exec.model import GPT, LayerHooks
 from memo_exec.optim import AdamW
 from memo_exec.runner import RunOptions, RunResult, make_flops_fn, run_model, run_steps
 from memo_exec.streams import make_engine

@@ -263,7 +263,7 @@ class PipelineSchedule(Schedule):
     def _backward(self, a: Action) -> None:
         ex, c, mb = self.ex, a.chunk, a.mb
         vs = virtual_stage(c, self.s, self.pp)
-        slot = self._bind(a)
+        self._bind(a)  # this micro-batch's activation slot, before its backward reads it
         dy = None if vs == self.last_vs else self._receive(self._rank(vs + 1), ("bwd", c, mb))
         y = self.outputs.pop((c, mb))
         with ex.recorder.span(f"bwd@{a.tag()}", None, "pipe_bwd", stream="pipeline"):

@@ -37,7 +37,7 @@ def gaps(plan: Plan) -> list[Gap]:
 
 def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | None]]:
     """(option, value or None for a flag) in the order a reader looks for them."""
-    m, (lay, pol, schedule) = plan.model, nearest_plan(plan, applied)
+    m, (lay, pol, _schedule) = plan.model, nearest_plan(plan, applied)
     args = shape_arguments(plan) + [("--vocab-size", str(m.vocab))]
     if m.n_kv_heads != m.heads:
         args += [("--group-query-attention", None), ("--num-query-groups", str(m.n_kv_heads))]

@@ -27,16 +27,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import partial
 
-from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS
 from memo_sim.engine.simulate import Progress, simulate
 from memo_sim.errors import MemoError
 from memo_sim.engine.schedules.microbatch import micro_batch_pipelines
 from memo_sim.layout.parallel import Layout, enumerate_layouts
 from memo_sim.layout.schedule import SCHEDULE_NAMES, check_schedule, default_schedule, schedule_runs_policy
 from memo_sim.model.layer_graph import TP_MODES
-from memo_sim.memplan.footprint import MemoryBreakdown, memory_breakdown
+from memo_sim.memplan.footprint import memory_breakdown
 from memo_sim.model.config import ModelConfig
-from memo_sim.plan.schema import Plan
 from memo_sim.policy import get_policy, policy_class, policy_names
 from memo_sim.profile.schema import HardwareProfile
 from memo_sim.search.candidate import Candidate, binding_words, host_memory_words  # noqa: F401  (re-exported)
