@@ -42,3 +42,15 @@ def test_train_tokens_become_days_and_gpu_hours():
     assert d["train_gpu_hours"] == pytest.approx(seconds * d["gpus"] / 3600)
     bad = CliRunner().invoke(cli, ["whatif", "--train-tokens", "lots", "--no-plan"])
     assert bad.exit_code == 2 and "--train-tokens" in bad.output
+
+
+def test_a_pipeline_plan_the_executor_does_not_run_says_so():
+    """The what-if prices pipelines with ring CP (Megatron runs them) but memo's executor refuses
+    them: the best plan's line says so, with the same reason the executor gives."""
+    from memo_sim.layout.schedule import executor_stage_limit
+
+    r = CliRunner().invoke(cli, ["whatif", "--model", "gpt-175b", "--gpus", "64", "--seq", "32K", "--pp", "8",
+                                 "--cp", "2", "--policy", "memo", "--no-plan", "--jobs", "1", "--simulate-top", "1"])
+    assert r.exit_code == 0, r.output[-500:]
+    assert "note: memo-exec does not run this plan yet (ring CP and Ulysses" in r.output
+    assert executor_stage_limit(4, "megatron", 1, 1, 1) is None

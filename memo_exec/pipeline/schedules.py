@@ -76,6 +76,7 @@ from memo_exec.distributed.schedule import Schedule, register_schedule
 from memo_exec.layer import LN_EPS
 from memo_exec.model import ChunkedHead, LayerFn, LayerHooks, LayerRuntime
 from memo_exec.pipeline.order import Action, messages_from, slots, stage_order, virtual_stage
+from memo_sim.layout.schedule import executor_stage_limit
 from memo_sim.layout.parallel import stage_layers
 
 
@@ -162,13 +163,7 @@ class PipelineSchedule(Schedule):
         lay, n = self.ex.layout, self.ex.model.layers
         if n % (self.pp * self.vpp):
             return f"{n} layers do not split evenly into pp x vpp = {self.pp * self.vpp} model chunks"
-        if lay.cp > 1 or lay.ulysses > 1:
-            return "ring CP and Ulysses are not combined with pipeline stages in the executor: plan with cp = ulysses = 1"
-        if lay.tp > 1 and lay.tp_mode != "megatron":
-            return f"pipeline stages run Megatron TP (with or without SP), not {lay.tp_mode}: plan with tp_mode megatron"
-        if lay.zero >= 2:
-            return "pipeline stages keep their own layers' weights and gradients: plan with ZeRO 0 or 1"
-        return None
+        return executor_stage_limit(lay.tp, lay.tp_mode, lay.cp, lay.ulysses, lay.zero)
 
     def chunk_layers(self, c: int) -> list[int]:
         return list(stage_layers(self.ex.model.layers, self.pp * self.vpp)[virtual_stage(c, self.s, self.pp)])

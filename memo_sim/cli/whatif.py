@@ -26,6 +26,7 @@ from memo_sim.cli.common import (BATCH, DEGREE, GPU_COUNT, build_model, count_op
                                  progress_option)
 from memo_sim.errors import MemoError
 from memo_sim.layout.schedule import SCHEDULE_NAMES
+from memo_sim.layout.schedule import PIPELINE_SCHEDULES, executor_stage_limit
 from memo_sim.plan.schema import write_plan
 from memo_sim.policy import policy_names
 from memo_sim.profile.loader import load_profile
@@ -225,6 +226,12 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq,
         why = binding_words(best)
         if why:
             click.echo(f"  {why}")
+        if best.schedule in PIPELINE_SCHEDULES:
+            gap = executor_stage_limit(best.layout.tp, best.layout.tp_mode, best.layout.cp, best.layout.ulysses,
+                                       best.layout.zero)
+            if gap:
+                click.echo(f"  note: memo-exec does not run this plan yet ({gap}); `memo-sim export` writes it for "
+                           f"Megatron-LM, or fix --cp 1 --ulysses 1 for a plan it runs")
         if train_budget is not None:
             days, gpu_hours = _training_time(best, train_budget)
             click.echo(f"  training {fmt_tokens(train_budget)} tokens at this plan's {best.tgs:,.0f} tokens/GPU/s on "

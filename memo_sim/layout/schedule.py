@@ -66,3 +66,18 @@ def check_schedule(schedule: str, *, pp: int, vpp: int, layers: int, batch: int,
     elif vpp != 1:
         return f"virtual stages (vpp = {vpp}) belong to interleaved_1f1b, not {schedule}"
     return None
+
+
+def executor_stage_limit(tp: int, tp_mode: str, cp: int, ulysses: int, zero: int) -> str | None:
+    """What memo's executor runs inside a stage of a micro-batch pipeline (1F1B, interleaved): TP
+    (Megatron, with or without SP) and data parallelism with ZeRO 0 or 1. None when a layout is
+    inside that, else what is outside it. The simulator prices more (ring CP, Ulysses); the
+    executor (`memo_exec.pipeline.schedules`) refuses those plans with this reason, and the
+    what-if says so when it writes one."""
+    if cp > 1 or ulysses > 1:
+        return "ring CP and Ulysses are not combined with pipeline stages in the executor: plan with cp = ulysses = 1"
+    if tp > 1 and tp_mode != "megatron":
+        return f"pipeline stages run Megatron TP (with or without SP), not {tp_mode}: plan with tp_mode megatron"
+    if zero >= 2:
+        return "pipeline stages keep their own layers' weights and gradients: plan with ZeRO 0 or 1"
+    return None
