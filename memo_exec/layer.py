@@ -510,7 +510,13 @@ def rms_norm_backward(dout, x, rstd, weight, weight_grad):
     return dn
 
 
-RMS_BACKWARD_TEMPS = 2  # [T, h] tensors in the norm statistics' dtype that `rms_norm_backward` holds
+def norm_backward_temp_bytes(model: ModelConfig, tokens: int, dtype: torch.dtype) -> int:
+    """Bytes one norm backward of ``tokens`` rows holds beside the gradient it returns: none counted
+    for LayerNorm (aten's kernel), two [tokens, h] in the accumulation dtype for `rms_norm_backward`
+    (xhat and dout * xhat)."""
+    if model.norm != "rmsnorm":
+        return 0
+    return 2 * tokens * model.hidden * torch.empty((), dtype=acc_dtype(dtype), device="meta").element_size()
 
 
 def _linear_backward(dout, inp, weight, bias, ones, d_in):

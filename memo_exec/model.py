@@ -28,15 +28,15 @@ from memo_sim.model.config import ModelConfig
 GPT_ARCHITECTURE = {"norm": ("layernorm",), "bias": ("all",), "tied_embeddings": (True,)}
 
 
-def check_architecture(model: ModelConfig, built: dict[str, tuple], path: str) -> str | None:
+def check_architecture(model: ModelConfig, built: dict[str, tuple], path: str, instead: str) -> str | None:
     """Why ``path`` (which builds the architectures in ``built``: field -> values) cannot run
     ``model``, or None: running another architecture would measure another model than the plan
-    predicts."""
+    predicts. ``instead``: what to plan to run this model."""
     for field_, values in built.items():
         have = getattr(model, field_)
         if have not in values:
             return (f"model {model.name}: {field_} = {have!r}: {path} builds {field_} = "
-                    f"{' or '.join(repr(v) for v in values)} only; run it single-device or with tp_mode megatron")
+                    f"{' or '.join(repr(v) for v in values)} only (GPT's layer); {instead}")
     return None
 
 
@@ -66,7 +66,7 @@ class GPT(nn.Module):
         """The final norm (autograd), LayerNorm or RMSNorm as the layers'."""
         if self.lnf_b is not None:
             return F.layer_norm(x, (self.cfg.hidden,), self.lnf_w, self.lnf_b, LN_EPS)
-        return _RMSNormFn.apply(x, self.lnf_w)
+        return _RMSNormFn.apply(x.reshape(-1, self.cfg.hidden), self.lnf_w).view(x.shape)
 
     def init_(self, seed: int, layer_fn=None, layers: int | None = None) -> None:
         """Seeded init (the generator lives on the parameters' device, so CUDA init is fast; CPU and

@@ -7,6 +7,7 @@ Tiny shapes in fp32 on CPU; tolerance 1e-5 relative (norm-wise per parameter, an
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -14,11 +15,19 @@ import torch
 from click.testing import CliRunner
 
 from memo_exec.cli import cli as exec_cli
+from memo_exec.device import DeviceSpec
+from memo_exec.distributed.context import build_context
+from memo_exec.distributed.runner import DistExecutor
+from memo_exec.errors import ExecError
 from memo_exec.layer import LayerWeights, layer_biases
 from memo_exec.model import GPT
+from memo_exec.runner import RunOptions
+from memo_sim.layout.parallel import Layout
 from memo_sim.cli import cli as sim_cli
 from memo_sim.model.config import ModelConfig
 from memo_sim.policy import get_policy
+from memo_sim.policy.sppo import Sppo
+from tests.dist_harness import spawn
 from tests.exec_helpers import executor_grads, make_plan, max_rel_error, reference_grads, time_limit
 
 torch.set_num_threads(1)
@@ -100,3 +109,62 @@ def test_hf_qwen_plan_runs_one_step(tmp_path):
     assert r.exit_code == 0, r.output
     measured = json.loads((out / "measured.json").read_text())
     assert measured["meta"]["params"] == ModelConfig.from_dict(m).params()
+
+
+# ---------------------------------------------------------------------------- distributed (gloo)
+DIST_MODELS = {k: dataclasses.replace(ARCHS[k], dtype="fp32", name=f"{k}-dist") for k in ("qwen2", "llama")}
+DIST_CASES = [  # (model, layout, schedule, policy, batch): against the single-process fp64 run
+    ("qwen2", {"tp": 2, "sp": True}, "single_stage", "memo0.5", 1),
+    ("llama", {"tp": 2, "sp": False}, "single_stage", "store_all", 1),
+    ("qwen2", {"dp": 2, "zero": 3}, "single_stage", "full_recompute", 1),
+    ("qwen2", {"pp": 2}, "1f1b", "store_all", 2),
+]
+REFUSED = [("qwen2", {"tp": 2, "sp": True, "tp_mode": "metp_ffn"}, "single_stage", "store_all", 1),
+           ("llama", {"pp": 2}, "sppo", "sppo", 1)]
+DIST_POLICIES = POLICIES | {"sppo": Sppo(subseqs=2, bounds=(0, 32, 64), alphas=(0.0, 0.0), partition="explicit")}
+
+
+def _dist_plan(arch, lay, schedule, pol, batch):
+    plan = make_plan(DIST_MODELS[arch], 64, DIST_POLICIES[pol], batch=batch, chunk=48)
+    plan.layout = Layout(**lay)
+    plan.gpus = plan.layout.gpus
+    plan.schedule = schedule
+    plan.micro_batch = 1
+    return plan
+
+
+def rank_arch_cases(rank: int, world: int, cases, refused) -> list:
+    out = []
+    for case in cases:
+        plan = _dist_plan(*case)
+        ctx = build_context(plan.layout, torch.device("cpu"))
+        ex = DistExecutor(plan, RunOptions(device="cpu", dtype="fp64", steps=1), ctx, DeviceSpec("cpu"))
+        ex.allocate()
+        rec = ex.step(0, optimizer=False)
+        grads = ex.full_gradients()
+        ex.close()
+        out.append((rec.loss, grads if rank == 0 else None))
+    for case in refused:
+        plan = _dist_plan(*case)
+        try:
+            DistExecutor(plan, RunOptions(device="cpu", dtype="fp64", steps=1),
+                         build_context(plan.layout, torch.device("cpu")), DeviceSpec("cpu"))
+            out.append(None)
+        except ExecError as e:
+            out.append(str(e))
+    return out
+
+
+def test_two_ranks_megatron_tp_zero_pipeline_match_single_process():
+    results = spawn(rank_arch_cases, 2, DIST_CASES, REFUSED, timeout=600)
+    for i, (arch, lay, schedule, pol, batch) in enumerate(DIST_CASES):
+        dp = lay.get("dp", 1)
+        plan = make_plan(DIST_MODELS[arch], 64, POLICIES[pol], batch=batch * dp, chunk=48)
+        ref_loss, ref_grads, _ = executor_grads(plan, dtype="fp64")
+        what = (arch, lay, pol)
+        assert all(abs(r[i][0] - ref_loss) <= TOL * abs(ref_loss) for r in results), (what, ref_loss)
+        err, worst = max_rel_error(results[0][i][1], ref_grads)
+        assert err <= TOL, (what, worst, err)
+    for k, (arch, lay, schedule, _, _) in enumerate(REFUSED):
+        msg = results[0][len(DIST_CASES) + k]
+        assert msg is not None and "\n" not in msg and "GPT's layer" in msg, (lay, schedule, msg)

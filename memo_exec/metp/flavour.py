@@ -40,6 +40,7 @@ from memo_exec.metp.ffn import ffn_backward, ffn_forward
 from memo_exec.metp.lane import RingOptions
 from memo_exec.metp.ledger import Ledger
 from memo_exec.metp.mha import mha_backward, mha_forward, proj_recompute
+from memo_exec.model import GPT_ARCHITECTURE, check_architecture
 
 ORDER = "interleaved"  # the executor's token order over the TP group (memo_exec.distributed.context)
 
@@ -250,7 +251,8 @@ class _METPBase(MegatronTP):
     full_mha = False
 
     def check(self) -> str | None:
-        why = super().check()
+        why = super().check() or check_architecture(
+            self.model, GPT_ARCHITECTURE, f"tp_mode {self.name}", "plan it with tp_mode megatron")
         if why:
             return why
         lay = self.ctx.layout
