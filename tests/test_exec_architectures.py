@@ -28,7 +28,7 @@ from memo_sim.model.config import ModelConfig
 from memo_sim.policy import get_policy
 from memo_sim.policy.sppo import Sppo
 from tests.dist_harness import spawn
-from tests.exec_helpers import executor_grads, make_plan, max_rel_error, reference_grads, time_limit
+from tests.exec_helpers import bf16_within_autograd_noise, executor_grads, make_plan, max_rel_error, reference_grads, time_limit
 
 torch.set_num_threads(1)
 
@@ -92,6 +92,15 @@ def test_gradients_match_autograd(arch, policy):
         assert not torch.allclose(grads["lm_head"], grads["wte"])
 
 
+@pytest.mark.parametrize("policy", ["store_all", "memo0.5"])
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_bf16_within_autograd_noise(arch, policy):
+    """bf16 with fp32 main gradients: the RMSNorm statistics and backward are as good as bf16 autograd."""
+    _, grads, ex = executor_grads(make_plan(ARCHS[arch], 96, POLICIES[policy], batch=2, chunk=70), dtype="bf16")
+    assert ex.main_grads is not None
+    assert bf16_within_autograd_noise(ex, grads) == []
+
+
 def test_hf_qwen_plan_runs_one_step(tmp_path):
     """A plan made from the Qwen2.5 config.json with shape overrides keeps the architecture (GQA:
     the config's 4 KV heads under 8 heads) and runs one step on the CPU executor."""
@@ -118,6 +127,8 @@ DIST_CASES = [  # (model, layout, schedule, policy, batch): against the single-p
     ("llama", {"tp": 2, "sp": False}, "single_stage", "store_all", 1),
     ("qwen2", {"dp": 2, "zero": 3}, "single_stage", "full_recompute", 1),
     ("qwen2", {"pp": 2}, "1f1b", "store_all", 2),
+    ("qwen2", {"cp": 2}, "single_stage", "memo0.5", 1),
+    ("llama", {"ulysses": 2}, "single_stage", "full_recompute", 1),
 ]
 REFUSED = [("qwen2", {"tp": 2, "sp": True, "tp_mode": "metp_ffn"}, "single_stage", "store_all", 1),
            ("llama", {"pp": 2}, "sppo", "sppo", 1)]
@@ -155,7 +166,7 @@ def rank_arch_cases(rank: int, world: int, cases, refused) -> list:
     return out
 
 
-def test_two_ranks_megatron_tp_zero_pipeline_match_single_process():
+def test_two_ranks_tp_zero_pipeline_cp_ulysses_match_single_process():
     results = spawn(rank_arch_cases, 2, DIST_CASES, REFUSED, timeout=600)
     for i, (arch, lay, schedule, pol, batch) in enumerate(DIST_CASES):
         dp = lay.get("dp", 1)
