@@ -3,7 +3,9 @@
 
 The layer never allocates its skeletal tensors: it reads and writes the `LayerStorage` the
 activation policy hands it (x, ln1, q, k, v, attn, h1, ln2, fc1, act as token-major ``[T, width]``
-tensors, plus the LayerNorm statistics and the attention backend's lse). Transient tensors come
+tensors, plus the norm statistics and the attention backend's lse). The norms are the model's
+(`ModelConfig.norm`): LayerNorm (aten's kernels) or RMSNorm (`rms_norm`, `rms_norm_backward`);
+the linears carry the biases `layer_biases` names. Transient tensors come
 from a scratch allocator by name (`memo_exec.arena`). Weight and bias gradients are accumulated
 in place into preallocated ``.grad`` tensors (``addmm_`` / ``addmv_``), so the backward returns
 only the gradient of the layer input.
@@ -109,7 +111,7 @@ class LayerStorage:
 
     def __init__(self, tensors: dict[str, torch.Tensor], stats: torch.Tensor) -> None:
         self.tensors = tensors
-        self.stats = stats  # [4, T]: mean1, rstd1, mean2, rstd2
+        self.stats = stats  # [4, T]: mean1, rstd1, mean2, rstd2 (RMSNorm: the mean rows are unused)
         self.aux: Any = None  # attention backend state for the backward (lse, RNG state)
 
     def __getattr__(self, name: str) -> torch.Tensor:
