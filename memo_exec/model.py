@@ -22,9 +22,9 @@ from memo_exec.layer import LN_EPS, LayerCompute, LayerWeights, norm_stats_dtype
 from memo_sim.model.config import ModelConfig
 
 # GPT's architecture (`memo_sim.model.config`'s norm / bias / tied_embeddings): LayerNorms, biases
-# on every linear (none on a SwiGLU FFN), one tied embedding/classifier. The single-device and
-# Megatron TP paths build any architecture; the paths that build GPT's only refuse the others
-# with `check_architecture`.
+# on every linear (none on a SwiGLU FFN), one tied embedding/classifier. Every path builds any
+# architecture but METP (`memo_exec.metp`), which builds GPT's only and refuses the others with
+# `check_architecture`.
 GPT_ARCHITECTURE = {"norm": ("layernorm",), "bias": ("all",), "tied_embeddings": (True,)}
 
 
@@ -64,9 +64,7 @@ class GPT(nn.Module):
 
     def final_norm(self, x: torch.Tensor) -> torch.Tensor:
         """The final norm (autograd), LayerNorm or RMSNorm as the layers'."""
-        if self.lnf_b is not None:
-            return F.layer_norm(x, (self.cfg.hidden,), self.lnf_w, self.lnf_b, LN_EPS)
-        return _RMSNormFn.apply(x.reshape(-1, self.cfg.hidden), self.lnf_w).view(x.shape)
+        return norm(x, self.lnf_w, self.lnf_b)
 
     def init_(self, seed: int, layer_fn=None, layers: int | None = None) -> None:
         """Seeded init (the generator lives on the parameters' device, so CUDA init is fast; CPU and
@@ -277,6 +275,14 @@ def forward_loss(gpt: GPT, runtimes: list[LayerRuntime], inputs: torch.Tensor, t
     with timer.span("classifier", None, "fwd"):
         loss = ChunkedHead.apply(hf, gpt.head, targets.reshape(-1), chunk, norm_tokens)
     return loss
+
+
+def norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """The model's norm over the last dimension with autograd: LayerNorm when it has a shift ``b``,
+    else RMSNorm (the layers' kernel and hand-written backward)."""
+    if b is not None:
+        return F.layer_norm(x, (x.shape[-1],), w, b, LN_EPS)
+    return _RMSNormFn.apply(x.reshape(-1, x.shape[-1]), w).view(x.shape)
 
 
 class _RMSNormFn(torch.autograd.Function):

@@ -131,9 +131,10 @@ DIST_CASES = [  # (model, layout, schedule, policy, batch): against the single-p
     ("qwen2", {"pp": 2}, "1f1b", "store_all", 2),
     ("qwen2", {"cp": 2}, "single_stage", "memo0.5", 1),
     ("llama", {"ulysses": 2}, "single_stage", "full_recompute", 1),
+    ("qwen2", {"pp": 2}, "sppo", "sppo", 1),
 ]
 REFUSED = [("qwen2", {"tp": 2, "sp": True, "tp_mode": "metp_ffn"}, "single_stage", "store_all", 1),
-           ("llama", {"pp": 2}, "sppo", "sppo", 1)]
+           ("llama", {"tp": 2, "sp": True, "tp_mode": "metp"}, "single_stage", "store_all", 1)]
 DIST_POLICIES = POLICIES | {"sppo": Sppo(subseqs=2, bounds=(0, 32, 64), alphas=(0.0, 0.0), partition="explicit")}
 
 
@@ -168,11 +169,11 @@ def rank_arch_cases(rank: int, world: int, cases, refused) -> list:
     return out
 
 
-def test_two_ranks_tp_zero_pipeline_cp_ulysses_match_single_process():
+def test_two_ranks_tp_cp_ulysses_zero_1f1b_sppo_match_single_process_and_metp_refuses():
     results = spawn(rank_arch_cases, 2, DIST_CASES, REFUSED, timeout=600)
     for i, (arch, lay, schedule, pol, batch) in enumerate(DIST_CASES):
         dp = lay.get("dp", 1)
-        plan = make_plan(DIST_MODELS[arch], 64, POLICIES[pol], batch=batch * dp, chunk=48)
+        plan = make_plan(DIST_MODELS[arch], 64, POLICIES.get(pol, POLICIES["store_all"]), batch=batch * dp, chunk=48)
         ref_loss, ref_grads, _ = executor_grads(plan, dtype="fp64")
         what = (arch, lay, pol)
         assert all(abs(r[i][0] - ref_loss) <= TOL * abs(ref_loss) for r in results), (what, ref_loss)

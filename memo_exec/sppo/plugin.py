@@ -28,7 +28,6 @@ from memo_exec.activations.base import ActivationPolicy
 from memo_exec.activations.registry import register
 from memo_exec.distributed.schedule import Schedule, register_schedule
 from memo_exec.errors import ExecError
-from memo_exec.model import GPT_ARCHITECTURE, check_architecture
 from memo_exec.sppo.pipeline import StageRunner
 from memo_exec.sppo.stage import stage_layer_ids
 
@@ -69,10 +68,6 @@ class SppoSchedule(Schedule):
 
     def check(self) -> str | None:
         ex, lay = self.ex, self.ex.layout
-        why = check_architecture(ex.model, GPT_ARCHITECTURE, "the sppo schedule",
-                                 "plan it with the 1f1b schedule or on one stage")
-        if why:
-            return why
         pol = ex.plan.policy
         name = getattr(pol, "name", None)
         if name != "sppo":
