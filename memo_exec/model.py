@@ -21,22 +21,16 @@ from memo_exec.device import acc_dtype
 from memo_exec.layer import LN_EPS, LayerCompute, LayerWeights, norm_stats_dtype, rms_norm, rms_norm_backward
 from memo_sim.model.config import ModelConfig
 
-# GPT's architecture (`memo_sim.model.config`'s norm / bias / tied_embeddings): LayerNorms, biases
-# on every linear (none on a SwiGLU FFN), one tied embedding/classifier. Every path builds any
-# architecture but METP (`memo_exec.metp`), which builds GPT's only and refuses the others with
-# `check_architecture`.
-GPT_ARCHITECTURE = {"norm": ("layernorm",), "bias": ("all",), "tied_embeddings": (True,)}
-
-
 def check_architecture(model: ModelConfig, built: dict[str, tuple], path: str, instead: str) -> str | None:
-    """Why ``path`` (which builds the architectures in ``built``: field -> values) cannot run
-    ``model``, or None: running another architecture would measure another model than the plan
-    predicts. ``instead``: what to plan to run this model."""
+    """Why ``path`` (which builds the architectures in ``built``: `memo_sim.model.config` field ->
+    the values it builds) cannot run ``model``, or None: running another architecture would measure
+    another model than the plan predicts. ``instead``: what to plan to run this model. Every path
+    builds every architecture but full METP, whose travelling MHA block carries the QKV bias."""
     for field_, values in built.items():
         have = getattr(model, field_)
         if have not in values:
             return (f"model {model.name}: {field_} = {have!r}: {path} builds {field_} = "
-                    f"{' or '.join(repr(v) for v in values)} only (GPT's layer); {instead}")
+                    f"{' or '.join(repr(v) for v in values)} only; {instead}")
     return None
 
 

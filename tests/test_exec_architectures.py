@@ -132,9 +132,12 @@ DIST_CASES = [  # (model, layout, schedule, policy, batch): against the single-p
     ("qwen2", {"cp": 2}, "single_stage", "memo0.5", 1),
     ("llama", {"ulysses": 2}, "single_stage", "full_recompute", 1),
     ("qwen2", {"pp": 2}, "sppo", "sppo", 1),
+    ("qwen2", {"tp": 2, "sp": True, "tp_mode": "metp_ffn"}, "single_stage", "memo0.5", 1),
+    ("qwen2", {"tp": 2, "sp": True, "tp_mode": "metp"}, "single_stage", "store_all", 1),
+    ("llama", {"tp": 2, "sp": True, "tp_mode": "metp_ffn"}, "single_stage", "full_recompute", 1),
 ]
-REFUSED = [("qwen2", {"tp": 2, "sp": True, "tp_mode": "metp_ffn"}, "single_stage", "store_all", 1),
-           ("llama", {"tp": 2, "sp": True, "tp_mode": "metp"}, "single_stage", "store_all", 1)]
+# the two-level METP attention's travelling weight block carries the QKV bias
+REFUSED = [("llama", {"tp": 2, "sp": True, "tp_mode": "metp"}, "single_stage", "store_all", 1)]
 DIST_POLICIES = POLICIES | {"sppo": Sppo(subseqs=2, bounds=(0, 32, 64), alphas=(0.0, 0.0), partition="explicit")}
 
 
@@ -169,7 +172,7 @@ def rank_arch_cases(rank: int, world: int, cases, refused) -> list:
     return out
 
 
-def test_two_ranks_tp_cp_ulysses_zero_1f1b_sppo_match_single_process_and_metp_refuses():
+def test_two_ranks_every_path_matches_single_process_and_full_metp_refuses_no_qkv_bias():
     results = spawn(rank_arch_cases, 2, DIST_CASES, REFUSED, timeout=600)
     for i, (arch, lay, schedule, pol, batch) in enumerate(DIST_CASES):
         dp = lay.get("dp", 1)
@@ -181,4 +184,4 @@ def test_two_ranks_tp_cp_ulysses_zero_1f1b_sppo_match_single_process_and_metp_re
         assert err <= TOL, (what, worst, err)
     for k, (arch, lay, schedule, _, _) in enumerate(REFUSED):
         msg = results[0][len(DIST_CASES) + k]
-        assert msg is not None and "\n" not in msg and "GPT's layer" in msg, (lay, schedule, msg)
+        assert msg is not None and "\n" not in msg and "bias = 'none'" in msg and "metp_ffn" in msg, (lay, msg)
