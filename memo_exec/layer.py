@@ -3,7 +3,9 @@
 
 The layer never allocates its skeletal tensors: it reads and writes the `LayerStorage` the
 activation policy hands it (x, ln1, q, k, v, attn, h1, ln2, fc1, act as token-major ``[T, width]``
-tensors, plus the LayerNorm statistics and the attention backend's lse). Transient tensors come
+tensors, plus the norm statistics and the attention backend's lse). The norms are the model's
+(`ModelConfig.norm`): LayerNorm (aten's kernels) or RMSNorm (`rms_norm`, `rms_norm_backward`);
+the linears carry the biases `layer_biases` names. Transient tensors come
 from a scratch allocator by name (`memo_exec.arena`). Weight and bias gradients are accumulated
 in place into preallocated ``.grad`` tensors (``addmm_`` / ``addmv_``), so the backward returns
 only the gradient of the layer input.
@@ -109,7 +111,7 @@ class LayerStorage:
 
     def __init__(self, tensors: dict[str, torch.Tensor], stats: torch.Tensor) -> None:
         self.tensors = tensors
-        self.stats = stats  # [4, T]: mean1, rstd1, mean2, rstd2
+        self.stats = stats  # [4, T]: mean1, rstd1, mean2, rstd2 (RMSNorm: the mean rows are unused)
         self.aux: Any = None  # attention backend state for the backward (lse, RNG state)
 
     def __getattr__(self, name: str) -> torch.Tensor:
@@ -141,11 +143,22 @@ def carve_storage(block: torch.Tensor, model: ModelConfig, tokens: int, dtype: t
     return out
 
 
+def layer_biases(model: ModelConfig) -> tuple[str, ...]:
+    """The bias parameters one layer carries under the model's ``bias`` setting (`memo_sim.model.config`):
+    bqkv (all, qkv), bo (all), b1 and b2 (all, GELU FFN only: a SwiGLU FFN never has biases)."""
+    out = ("bqkv",) if model.bias in ("all", "qkv") else ()
+    if model.bias == "all":
+        out += ("bo",) + (() if model.ffn_type == "swiglu" else ("b1", "b2"))
+    return out
+
+
 class LayerWeights(nn.Module):
-    """Weights of one layer; sizes match `ModelConfig.layer_params` exactly."""
+    """Weights of one layer; sizes match `ModelConfig.layer_params` exactly. A parameter the model's
+    architecture does not have (an RMSNorm's shift ``ln*_b``, a bias `layer_biases` leaves out) is
+    None and absent from ``named_parameters()``."""
 
     # parameters whose rows (dim 0) / columns (dim 1) are split over the TP ranks; the rest
-    # (LayerNorms, the row-parallel biases bo and b2) are replicated on every TP rank
+    # (the norms, the row-parallel biases bo and b2) are replicated on every TP rank
     TP_ROWS = ("wqkv", "bqkv", "w1", "b1")
     TP_COLS = ("wo", "w2")
 
@@ -154,15 +167,18 @@ class LayerWeights(nn.Module):
         h, kv, f = model.hidden, model.kv_dim // tp, model.ffn // tp
         hq = h // tp
         mk = lambda *s: nn.Parameter(torch.empty(*s, device=device, dtype=dtype))  # noqa: E731
-        self.ln1_w, self.ln1_b = mk(h), mk(h)
-        self.wqkv, self.bqkv = mk(hq + 2 * kv, h), mk(hq + 2 * kv)
-        self.wo, self.bo = mk(h, hq), mk(h)
-        self.ln2_w, self.ln2_b = mk(h), mk(h)
+        biases = layer_biases(model)
+        opt = lambda name, *s: mk(*s) if name in biases else None  # noqa: E731
+        shift = model.norm == "layernorm"
+        self.ln1_w, self.ln1_b = mk(h), mk(h) if shift else None
+        self.wqkv, self.bqkv = mk(hq + 2 * kv, h), opt("bqkv", hq + 2 * kv)
+        self.wo, self.bo = mk(h, hq), opt("bo", h)
+        self.ln2_w, self.ln2_b = mk(h), mk(h) if shift else None
         self.swiglu = model.ffn_type == "swiglu"
         self.w1 = mk(model.fc1_width // tp, h)
         self.w2 = mk(h, f)
-        self.b1 = None if self.swiglu else mk(f)
-        self.b2 = None if self.swiglu else mk(h)
+        self.b1 = opt("b1", f)
+        self.b2 = opt("b2", h)
         self._layers = layers
         self.tp = tp
 
@@ -244,14 +260,25 @@ class LayerCompute:
         self.hq, self.kv, self.f = m.hidden // p, m.kv_dim // p, m.ffn // p
         self.fc1w = m.fc1_width // p
         self.swiglu = m.ffn_type == "swiglu"
+        self.rms = m.norm == "rmsnorm"
         self.ones = torch.ones(self.Tg, dtype=self.dtype, device=self.device)
 
     # ------------------------------------------------------------------ helpers
     def _norm(self, x, w, b, out, mean_out, rstd_out) -> None:
+        """LayerNorm (mean and rstd saved) or, for an RMSNorm model, RMSNorm (rstd saved; the mean
+        slot is left unused)."""
+        if self.rms:
+            rms_norm(x, w, self.eps, out, rstd_out)
+            return
         o, mean, rstd = torch.native_layer_norm(x, [self.h], w, b, self.eps)
         out.copy_(o)
         mean_out.copy_(mean.view(-1))
         rstd_out.copy_(rstd.view(-1))
+
+    def _norm_backward(self, dout, x, mean, rstd, w, b) -> torch.Tensor:
+        if self.rms:
+            return rms_norm_backward(dout, x, rstd, w, w.grad)
+        return _layer_norm_backward(dout, x, mean, rstd, w, b)
 
     def _qkv_slices(self, t: torch.Tensor):
         hq, kv = self.hq, self.kv
@@ -281,8 +308,12 @@ class LayerCompute:
             self._norm(S.x[r], p.ln1_w, p.ln1_b, S.ln1[r], S.stats[0, r], S.stats[1, r])
         with sp("qkv", layer, phase):
             ln1 = tp.gather(S.ln1[r], X, "ln1_gathered")
-            for w, b, out in zip(self._qkv_slices(p.wqkv), self._qkv_slices(p.bqkv), (S.q, S.k, S.v)):
-                torch.addmm(b, ln1, w.t(), out=out[rg])
+            bs = self._qkv_slices(p.bqkv) if p.bqkv is not None else (None, None, None)
+            for w, b, out in zip(self._qkv_slices(p.wqkv), bs, (S.q, S.k, S.v)):
+                if b is None:
+                    torch.mm(ln1, w.t(), out=out[rg])
+                else:
+                    torch.addmm(b, ln1, w.t(), out=out[rg])
             tp.release(X, "ln1_gathered")
             del ln1
         if attention:
@@ -299,7 +330,7 @@ class LayerCompute:
             self._norm(S.h1[r], p.ln2_w, p.ln2_b, S.ln2[r], S.stats[2, r], S.stats[3, r])
         with sp("fc1", layer, phase):
             ln2 = tp.gather(S.ln2[r], X, "ln2_gathered")
-            if self.swiglu:
+            if p.b1 is None:
                 torch.mm(ln2, p.w1.t(), out=S.fc1[rg])
             else:
                 torch.addmm(p.b1, ln2, p.w1.t(), out=S.fc1[rg])
@@ -399,13 +430,14 @@ class LayerCompute:
             X.free("d_fc1")
             del d_fc1, ln2
         with sp("ln2", layer, ph):
-            dn = _layer_norm_backward(d_ln2, S.h1, S.stats[2].view(T, 1), S.stats[3].view(T, 1), p.ln2_w, p.ln2_b)
+            dn = self._norm_backward(d_ln2, S.h1, S.stats[2].view(T, 1), S.stats[3].view(T, 1), p.ln2_w, p.ln2_b)
             X.free("d_ln2")
             del d_ln2
             d_h1 = dy.add_(dn)  # the residual gradient accumulates into dy in place
             del dn
         with sp("out_proj", layer, ph):
-            p.bo.grad.addmv_(d_h1.t(), one)
+            if p.bo is not None:
+                p.bo.grad.addmv_(d_h1.t(), one)
             d_h1g = tp.gather(d_h1, X, "d_h1_gathered")
             d_attn = _linear_backward(d_h1g, S.attn, p.wo, None, oneg, X.get("d_attn", (Tg, self.hq), dt))
             tp.release(X, "d_h1_gathered")
@@ -419,10 +451,12 @@ class LayerCompute:
             del d_attn
         with sp("qkv", layer, ph):
             ln1 = tp.gather(S.ln1, X, "ln1_gathered")
-            ws, gws, gbs = self._qkv_slices(p.wqkv), self._qkv_slices(p.wqkv.grad), self._qkv_slices(p.bqkv.grad)
+            ws, gws = self._qkv_slices(p.wqkv), self._qkv_slices(p.wqkv.grad)
+            gbs = self._qkv_slices(p.bqkv.grad) if p.bqkv is not None else (None, None, None)
             for d, gw, gb in zip((d_q, d_k, d_v), gws, gbs):
                 gw.addmm_(d.t(), ln1)
-                gb.addmv_(d.t(), oneg)
+                if gb is not None:
+                    gb.addmv_(d.t(), oneg)
             tp.release(X, "ln1_gathered")
             del ln1
             d_ln1 = X.get("d_ln1", (T, h), dt)
@@ -438,7 +472,7 @@ class LayerCompute:
                 X.free(n)
             del d_q, d_k, d_v
         with sp("ln1", layer, ph):
-            dx = _layer_norm_backward(d_ln1, S.x, S.stats[0].view(T, 1), S.stats[1].view(T, 1), p.ln1_w, p.ln1_b)
+            dx = self._norm_backward(d_ln1, S.x, S.stats[0].view(T, 1), S.stats[1].view(T, 1), p.ln1_w, p.ln1_b)
             X.free("d_ln1")
             del d_ln1
             dx.add_(d_h1)
@@ -453,6 +487,38 @@ def _layer_norm_backward(dout, x, mean, rstd, weight, bias):
     weight.grad.add_(dw)
     bias.grad.add_(db)
     return dn
+
+
+def rms_norm(x, w, eps, out, rstd_out) -> None:
+    """RMSNorm over the last dimension, ``out = x * rsqrt(mean(x^2) + eps) * w``, with no
+    temporary: rstd (in ``rstd_out``'s dtype) is formed from the row norms in place."""
+    torch.linalg.vector_norm(x, 2, -1, dtype=rstd_out.dtype, out=rstd_out)
+    rstd_out.square_().mul_(1.0 / x.shape[-1]).add_(eps).rsqrt_()
+    torch.mul(x, rstd_out.unsqueeze(1), out=out)
+    out.mul_(w)
+
+
+def rms_norm_backward(dout, x, rstd, weight, weight_grad):
+    """RMSNorm backward (``rstd`` [T, 1] as `rms_norm` saved it): accumulates the weight gradient
+    sum_t dout * xhat into ``weight_grad`` and returns dx = rstd * (dout*w - xhat * mean(dout*w*xhat)), xhat = x * rstd.
+    Temporaries: two [T, h] in rstd's dtype (`RMS_BACKWARD_TEMPS`) beside the returned gradient."""
+    xhat = torch.mul(x, rstd)
+    prod = torch.mul(dout, xhat)
+    weight_grad.add_(prod.sum(0))
+    c = torch.mv(prod, weight.to(prod.dtype)).mul_(1.0 / x.shape[-1]).unsqueeze(1)
+    del prod
+    dn = torch.mul(dout, weight)
+    dn.sub_(xhat.mul_(c)).mul_(rstd)
+    return dn
+
+
+def norm_backward_temp_bytes(model: ModelConfig, tokens: int, dtype: torch.dtype) -> int:
+    """Bytes one norm backward of ``tokens`` rows holds beside the gradient it returns: none counted
+    for LayerNorm (aten's kernel), two [tokens, h] in the accumulation dtype for `rms_norm_backward`
+    (xhat and dout * xhat)."""
+    if model.norm != "rmsnorm":
+        return 0
+    return 2 * tokens * model.hidden * torch.empty((), dtype=acc_dtype(dtype), device="meta").element_size()
 
 
 def _linear_backward(dout, inp, weight, bias, ones, d_in):

@@ -8,14 +8,14 @@ Terms (bytes on the device):
   recompute: every layer's input).
 - ``buffers``: the two rounding buffers (offloading policies) or the one recompute buffer.
 - ``lse``: every layer's attention log-sum-exp.
-- ``norm_stats``: every layer's LayerNorm mean and rstd (the simulator does not count these).
+- ``norm_stats``: every layer's norm statistics, mean and rstd slots (the simulator does not count these).
 - ``transient_peak``: one layer at its peak: the arena (the memory plan's largest level-1 phase
   peak, shared by forward and backward) plus what lives outside it at that moment: scratch the
   plan does not place, the attention kernel's own outputs (the aten SDPA kernels and flash-attn
   allocate them; the layer copies them into its slots) and, in backward, its own workspace
   (FlashAttention's fp32 dQ accumulator and two fp32 lse-sized vectors, the simulator's
   ``attention_bwd_workspace``: `memo_exec.attention.kernel_bwd_workspace`), LayerNorm outputs
-  (aten allocates them).
+  (aten allocates them), an RMSNorm backward's temporaries (`memo_exec.layer.norm_backward_temp_bytes`).
 - ``layer_boundary``: the activation handed between layers, live beside a layer's work (the
   embedding output in layer 0's forward, the incoming gradient in backward).
 - ``classifier_peak``: the chunked head: the last layer output, the final norm output and its
@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from memo_exec.device import acc_dtype, element_size, gib
 from memo_exec.errors import FitError
+from memo_exec.layer import norm_backward_temp_bytes
 from memo_exec.optim import AdamW, model_state_bytes
 
 # executor term -> the simulator's MemoryBreakdown field (None: computed here from the simulator's
@@ -130,7 +131,8 @@ def estimate_memory(model, batch: int, seq: int, dtype, policy, backend, dims, r
         "fwd": scratch_peak(requests.events, "fwd", placed) + max(hidden, kernel["fwd"]),
         # backward: LayerNorm backward outputs, the kernel's gradients, or (full recompute) its forward outputs
         "bwd": scratch_peak(requests.events, "bwd", placed) + layer_grad_bytes + max(
-            hidden, kernel["bwd"], kernel["fwd"] if recomputes_attention else 0),
+            hidden + norm_backward_temp_bytes(model, T, dtype), kernel["bwd"],
+            kernel["fwd"] if recomputes_attention else 0),
     }
     terms["transient_peak"] = arena + max(outside.values())
     terms["layer_boundary"] = hidden

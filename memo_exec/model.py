@@ -1,6 +1,8 @@
-"""GPT decoder for the executor: tied embedding/classifier, n explicit layers, final LayerNorm,
-chunked classifier + cross-entropy. No positional embedding (causal attention orders tokens), so
-the parameter count is exactly `ModelConfig.params()`, which the MFU formula uses.
+"""The decoder for the executor: embedding, n explicit layers, final norm, chunked classifier +
+cross-entropy, in the plan model's architecture (`memo_sim.model.config`: LayerNorm or RMSNorm,
+the biases its ``bias`` setting names, a classifier tied to the embedding or its own ``lm_head``).
+No positional embedding (causal attention orders tokens; the cost of rotary embeddings is not
+modelled), so the parameter count is exactly `ModelConfig.params()`, which the MFU formula uses.
 
 Each layer is one `torch.autograd.Function` whose backward is written by hand
 (`memo_exec.layer.LayerCompute`); what it keeps for the backward is decided by the activation
@@ -16,37 +18,47 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from memo_exec.device import acc_dtype
-from memo_exec.errors import ExecError
-from memo_exec.layer import LN_EPS, LayerCompute, LayerWeights
+from memo_exec.layer import LN_EPS, LayerCompute, LayerWeights, norm_stats_dtype, rms_norm, rms_norm_backward
 from memo_sim.model.config import ModelConfig
 
-# The architecture this executor builds (`memo_sim.model.config`'s norm / bias / tied_embeddings):
-# GPT's LayerNorms, biases on every linear (none on a SwiGLU FFN), one tied embedding/classifier.
-BUILT_ARCHITECTURE = {"norm": "layernorm", "bias": "all", "tied_embeddings": True}
-
-
-def check_architecture(model: ModelConfig) -> None:
-    """Refuse, before anything is allocated, a model whose layer this executor does not build
-    (RMSNorm, Llama/Qwen2-style biases, an untied classifier): running it as GPT would measure
-    another model than the plan predicts."""
-    for field_, built in BUILT_ARCHITECTURE.items():
+def check_architecture(model: ModelConfig, built: dict[str, tuple], path: str, instead: str) -> str | None:
+    """Why ``path`` (which builds the architectures in ``built``: `memo_sim.model.config` field ->
+    the values it builds) cannot run ``model``, or None: running another architecture would measure
+    another model than the plan predicts. ``instead``: what to plan to run this model. Every path
+    builds every architecture but full METP, whose travelling MHA block carries the QKV bias."""
+    for field_, values in built.items():
         have = getattr(model, field_)
-        if have != built:
-            raise ExecError(f"model {model.name}: {field_} = {have!r}: this executor builds {field_} = {built!r} "
-                            f"only (GPT's layer); plan a model with that architecture (e.g. a memo model file "
-                            f"with the same shapes) to measure it")
+        if have not in values:
+            return (f"model {model.name}: {field_} = {have!r}: {path} builds {field_} = "
+                    f"{' or '.join(repr(v) for v in values)} only; {instead}")
+    return None
 
 
 class GPT(nn.Module):
     def __init__(self, model: ModelConfig, layers: int, device: torch.device, dtype: torch.dtype) -> None:
-        check_architecture(model)
         super().__init__()
         self.cfg = model
         h = model.hidden
         self.wte = nn.Parameter(torch.empty(model.vocab, h, device=device, dtype=dtype))
+        # the untied classifier [V, h]; its gradient comes from the classifier only, wte's from the input side
+        self.lm_head = (None if model.tied_embeddings
+                        else nn.Parameter(torch.empty(model.vocab, h, device=device, dtype=dtype)))
         self.lnf_w = nn.Parameter(torch.empty(h, device=device, dtype=dtype))
-        self.lnf_b = nn.Parameter(torch.empty(h, device=device, dtype=dtype))
+        self.lnf_b = nn.Parameter(torch.empty(h, device=device, dtype=dtype)) if model.norm == "layernorm" else None
         self.layers = nn.ModuleList(LayerWeights(model, layers, device, dtype) for _ in range(layers))
+
+    @property
+    def head(self) -> nn.Parameter:
+        """The classifier's weight [V, h]: the tied embedding or the untied ``lm_head``."""
+        return self.wte if self.lm_head is None else self.lm_head
+
+    def outer_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """(name, parameter) of everything outside the layers (embedding, classifier, final norm)."""
+        return [(n, p) for n, p in self.named_parameters(recurse=False)]
+
+    def final_norm(self, x: torch.Tensor) -> torch.Tensor:
+        """The final norm (autograd), LayerNorm or RMSNorm as the layers'."""
+        return norm(x, self.lnf_w, self.lnf_b)
 
     def init_(self, seed: int, layer_fn=None, layers: int | None = None) -> None:
         """Seeded init (the generator lives on the parameters' device, so CUDA init is fast; CPU and
@@ -57,7 +69,10 @@ class GPT(nn.Module):
         with torch.no_grad():
             self.wte.copy_(torch.randn(self.wte.shape, generator=g, device=self.wte.device).mul_(0.02))
             self.lnf_w.fill_(1.0)
-            self.lnf_b.zero_()
+            if self.lnf_b is not None:
+                self.lnf_b.zero_()
+            if self.lm_head is not None:
+                self.lm_head.copy_(torch.randn(self.lm_head.shape, generator=g, device=self.lm_head.device).mul_(0.02))
         if layer_fn is None:
             for lw in self.layers:
                 lw.init_(g)
@@ -250,7 +265,35 @@ def forward_loss(gpt: GPT, runtimes: list[LayerRuntime], inputs: torch.Tensor, t
     for rt in runtimes:
         x = LayerFn.apply(x, rt)
     with timer.span("final_norm", None, "fwd"):
-        hf = F.layer_norm(x, (h,), gpt.lnf_w, gpt.lnf_b, LN_EPS)
+        hf = gpt.final_norm(x.reshape(-1, h))
     with timer.span("classifier", None, "fwd"):
-        loss = ChunkedHead.apply(hf, gpt.wte, targets.reshape(-1), chunk, norm_tokens)
+        loss = ChunkedHead.apply(hf, gpt.head, targets.reshape(-1), chunk, norm_tokens)
     return loss
+
+
+def norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """The model's norm over the last dimension with autograd: LayerNorm when it has a shift ``b``,
+    else RMSNorm (the layers' kernel and hand-written backward)."""
+    if b is not None:
+        return F.layer_norm(x, (x.shape[-1],), w, b, LN_EPS)
+    return _RMSNormFn.apply(x.reshape(-1, x.shape[-1]), w).view(x.shape)
+
+
+class _RMSNormFn(torch.autograd.Function):
+    """The final RMSNorm with the layers' forward and hand-written backward (`memo_exec.layer`)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(x)
+        rstd = torch.empty(x.shape[0], dtype=norm_stats_dtype(x.dtype, x.device), device=x.device)
+        rms_norm(x, w, LN_EPS, out, rstd)
+        ctx.save_for_backward(x, w, rstd)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dout: torch.Tensor):
+        x, w, rstd = ctx.saved_tensors
+        dw = torch.zeros_like(w)
+        dx = rms_norm_backward(dout.contiguous(), x, rstd.unsqueeze(1), w, dw)
+        return dx, dw

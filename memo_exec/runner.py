@@ -302,8 +302,9 @@ class Executor:
         """What does not go through a preallocated buffer or the arena (for the report)."""
         out = [
             "LayerNorm forward outputs and statistics (aten native_layer_norm has no real out= kernel; "
-            "copied into the skeletal slot)",
-            "LayerNorm backward outputs (d_h1_part, dx) and LayerNorm weight/bias gradient reductions",
+            "copied into the skeletal slot; RMSNorm writes its slot directly)",
+            "norm backward outputs (d_h1_part, dx), RMSNorm backward temporaries and the norm weight/bias "
+            "gradient reductions",
             "incoming/outgoing layer gradients dy/dx (owned by autograd between layer backwards)",
             "the last layer's output, final LayerNorm output and gradient, embedding output and its dense "
             "gradient, classifier chunk logits/probabilities and its weight gradient",

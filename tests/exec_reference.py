@@ -1,6 +1,7 @@
-"""A plain-autograd reference of the executor's GPT (nn.LayerNorm, nn.Linear, torch's own
-``scaled_dot_product_attention(is_causal=True)``, ``F.cross_entropy``), built with the same
-weights. Tests compare the executor's loss and every gradient against it."""
+"""A plain-autograd reference of the executor's model (nn.LayerNorm or an autograd RMSNorm
+``x * rsqrt(mean(x^2) + eps) * w``, nn.Linear with the biases the architecture names, torch's own
+``scaled_dot_product_attention(is_causal=True)``, a tied or untied classifier, ``F.cross_entropy``),
+built with the same weights. Tests compare the executor's loss and every gradient against it."""
 
 from __future__ import annotations
 
@@ -12,19 +13,38 @@ from memo_exec.layer import LN_EPS
 from memo_sim.model.config import ModelConfig
 
 
+class RMSNorm(nn.Module):
+    """Autograd RMSNorm (weight only; ``bias`` is None like nn.LayerNorm's without one)."""
+
+    def __init__(self, h: int, eps: float, device, dtype) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(h, device=device, dtype=dtype))
+        self.bias = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def make_norm(m: ModelConfig, device, dtype) -> nn.Module:
+    if m.norm == "rmsnorm":
+        return RMSNorm(m.hidden, LN_EPS, device, dtype)
+    return nn.LayerNorm(m.hidden, eps=LN_EPS, device=device, dtype=dtype)
+
+
 class RefLayer(nn.Module):
     def __init__(self, m: ModelConfig, device, dtype) -> None:
         super().__init__()
         h, kv = m.hidden, m.kv_dim
         self.m = m
         kw = {"device": device, "dtype": dtype}
-        self.ln1 = nn.LayerNorm(h, eps=LN_EPS, **kw)
-        self.qkv = nn.Linear(h, h + 2 * kv, **kw)
-        self.out = nn.Linear(h, h, **kw)
-        self.ln2 = nn.LayerNorm(h, eps=LN_EPS, **kw)
-        swiglu = m.ffn_type == "swiglu"
-        self.fc1 = nn.Linear(h, m.fc1_width, bias=not swiglu, **kw)
-        self.fc2 = nn.Linear(m.ffn, h, bias=not swiglu, **kw)
+        self.ln1 = make_norm(m, device, dtype)
+        self.qkv = nn.Linear(h, h + 2 * kv, bias=m.bias in ("all", "qkv"), **kw)
+        self.out = nn.Linear(h, h, bias=m.bias == "all", **kw)
+        self.ln2 = make_norm(m, device, dtype)
+        ffn_bias = m.ffn_type != "swiglu" and m.bias == "all"
+        self.fc1 = nn.Linear(h, m.fc1_width, bias=ffn_bias, **kw)
+        self.fc2 = nn.Linear(m.ffn, h, bias=ffn_bias, **kw)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         m = self.m
@@ -50,23 +70,27 @@ class RefGPT(nn.Module):
         super().__init__()
         self.m = m
         self.wte = nn.Parameter(torch.empty(m.vocab, m.hidden, device=device, dtype=dtype))
+        self.lm_head = (None if m.tied_embeddings
+                        else nn.Parameter(torch.empty(m.vocab, m.hidden, device=device, dtype=dtype)))
         self.layers = nn.ModuleList(RefLayer(m, device, dtype) for _ in range(layers))
-        self.lnf = nn.LayerNorm(m.hidden, eps=LN_EPS, device=device, dtype=dtype)
+        self.lnf = make_norm(m, device, dtype)
 
     def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         x = F.embedding(inputs, self.wte)
         for lay in self.layers:
             x = lay(x)
-        logits = self.lnf(x) @ self.wte.t()
+        logits = self.lnf(x) @ (self.wte if self.lm_head is None else self.lm_head).t()
         lf = logits if logits.dtype == torch.float64 else logits.float()
         return F.cross_entropy(lf.reshape(-1, lf.shape[-1]), targets.reshape(-1))
 
     @torch.no_grad()
     def load_from(self, gpt) -> None:
         """Copy the executor GPT's weights (memo_exec.model.GPT)."""
-        self.wte.copy_(gpt.wte)
-        self.lnf.weight.copy_(gpt.lnf_w)
-        self.lnf.bias.copy_(gpt.lnf_b)
+        for dst, src in ((self.wte, gpt.wte), (self.lm_head, gpt.lm_head), (self.lnf.weight, gpt.lnf_w),
+                         (self.lnf.bias, gpt.lnf_b)):
+            assert (dst is None) == (src is None)
+            if dst is not None:
+                dst.copy_(src)
         for ref, lw in zip(self.layers, gpt.layers):
             for name, src in self.mapping(ref, lw):
                 name.copy_(src)
@@ -76,15 +100,19 @@ class RefGPT(nn.Module):
         pairs = [(ref.ln1.weight, lw.ln1_w), (ref.ln1.bias, lw.ln1_b), (ref.qkv.weight, lw.wqkv),
                  (ref.qkv.bias, lw.bqkv), (ref.out.weight, lw.wo), (ref.out.bias, lw.bo),
                  (ref.ln2.weight, lw.ln2_w), (ref.ln2.bias, lw.ln2_b), (ref.fc1.weight, lw.w1),
-                 (ref.fc2.weight, lw.w2)]
-        if lw.b1 is not None:
-            pairs += [(ref.fc1.bias, lw.b1), (ref.fc2.bias, lw.b2)]
-        return pairs
+                 (ref.fc2.weight, lw.w2), (ref.fc1.bias, lw.b1), (ref.fc2.bias, lw.b2)]
+        for dst, src in pairs:  # the two models have the same parameters
+            assert (dst is None) == (src is None), (dst, src)
+        return [(d, s) for d, s in pairs if d is not None]
 
     def grads_by_exec_name(self) -> dict[str, torch.Tensor]:
         """Reference gradients keyed like ``GPT.named_parameters()``."""
         names = ["ln1_w", "ln1_b", "wqkv", "bqkv", "wo", "bo", "ln2_w", "ln2_b", "w1", "w2", "b1", "b2"]
-        out = {"wte": self.wte.grad, "lnf_w": self.lnf.weight.grad, "lnf_b": self.lnf.bias.grad}
+        out = {"wte": self.wte.grad, "lnf_w": self.lnf.weight.grad}
+        if self.lm_head is not None:
+            out["lm_head"] = self.lm_head.grad
+        if self.lnf.bias is not None:
+            out["lnf_b"] = self.lnf.bias.grad
         for i, ref in enumerate(self.layers):
             tens = [ref.ln1.weight, ref.ln1.bias, ref.qkv.weight, ref.qkv.bias, ref.out.weight, ref.out.bias,
                     ref.ln2.weight, ref.ln2.bias, ref.fc1.weight, ref.fc2.weight, ref.fc1.bias, ref.fc2.bias]

@@ -25,6 +25,8 @@ from tests.exec_reference import RefGPT
 
 MODEL = ModelConfig("sppo-exec", 4, 32, 4, 64, vocab=61)
 GQA = ModelConfig("sppo-gqa", 4, 32, 4, 48, vocab=61, kv_heads=2, ffn_type="swiglu")
+QWEN = ModelConfig("sppo-qwen2", 4, 32, 4, 48, vocab=61, kv_heads=2, ffn_type="swiglu", norm="rmsnorm", bias="qkv",
+                   tied_embeddings=False)  # Qwen2's architecture: RMSNorm, a QKV bias only, an untied classifier
 SEQ = 64
 DT = {"fp64": torch.float64, "fp32": torch.float32}
 TOL = 1e-5
@@ -182,7 +184,7 @@ def _forward_pieces(st, inp, tgt, n_pieces: int) -> list:
     return losses
 
 
-@pytest.mark.parametrize("model,batch", [(MODEL, 1), (GQA, 2)])
+@pytest.mark.parametrize("model,batch", [(MODEL, 1), (GQA, 2), (QWEN, 2)])
 def test_pieces_in_one_stage_match_reference(model, batch):
     """PP = 1: pieces through the K/V cache, backward in reverse order = the whole-sequence model."""
     _, want = reference(model, batch, "fp64", 5)
@@ -230,6 +232,7 @@ def test_schedule_waits_for_overlapping_pieces():
 # ---------------------------------------------------------------------------------------- gloo
 PP2_CASES = [_case(2), _case(4, "length"), _case(8), _case(4, mux=True), _case(8, "length", mux=True),
              _case(4, dtype="fp32", mux=True), _case(4, model=GQA, batch=2, mux=True),
+             _case(4, model=QWEN, batch=2, mux=True),
              _case(4, mux=True, steps=10, seed=13), _case(4, mux=True, delay_s=0.1, seed=17, offload=False),
              _case(8, copy_delay=0.03, seed=19)]
 NO_WAIT = _case(4, mux=True, delay_s=0.2, seed=23, skip_wait=True, offload=False)  # last: its buffers are garbage
@@ -237,7 +240,7 @@ NO_WAIT = _case(4, mux=True, delay_s=0.2, seed=23, skip_wait=True, offload=False
 
 def test_pipeline_pp2_matches_reference():
     """PP = 2: N = 2, 4, 8, both partitions, with and without multiplexing, fp64 and fp32, GQA +
-    SwiGLU + batch 2, 10 steps of AdamW, every send delayed by 0.1 s, every copy delayed by 30 ms;
+    SwiGLU + batch 2, Qwen2's architecture (RMSNorm, QKV bias only, untied classifier), 10 steps of AdamW, every send delayed by 0.1 s, every copy delayed by 30 ms;
     and the delayed transfer read without its wait: then the gradients are not the reference's."""
     per_case = list(zip(*spawn(run_cases, 2, PP2_CASES + [NO_WAIT], timeout=240)))
     for case, per_rank in zip(PP2_CASES, per_case):

@@ -142,7 +142,7 @@ class DistExecutor:
         meta = torch.device("meta")
         lw = self.flavour.make_weights(self.model.layers, meta, self.dtype)
         per_layer = sum(q.numel() for q in lw.parameters())
-        rest = self.model.vocab * self.model.hidden + 2 * self.model.hidden
+        rest = self.model.embedding_params()
         return per_layer * len(self.held) + rest, max(per_layer, rest)
 
     def _estimate(self) -> MemoryEstimate:
@@ -187,9 +187,9 @@ class DistExecutor:
 
         gpt.init_(self.opts.seed, layer_fn=shard, layers=m.layers)
         self.gpt = gpt
-        units = [[(n, getattr(gpt, n)) for n in ("wte", "lnf_w", "lnf_b")]]
+        units = [gpt.outer_parameters()]
         units += [list(lw.named_parameters()) for lw in gpt.layers]
-        replicated = [[True] * 3] + [[self.flavour.replicated(n) for n, _ in u] for u in units[1:]]
+        replicated = [[True] * len(units[0])] + [[self.flavour.replicated(n) for n, _ in u] for u in units[1:]]
         self.sync = GradSync(ctx, units, replicated, lay.zero, dev, dt, self.opts.lr, self.opts.weight_decay,
                              self.recorder)
         for part in (self.backend, getattr(self.backend, "inner", None), getattr(self.flavour, "comm", None)):
@@ -277,7 +277,8 @@ class DistExecutor:
         pg = self.ctx.group("pp")
         if pg is None:
             return out
-        # pipeline: every stage's layers; the embedding from stage 0, the final norm from the last stage
+        # pipeline: every stage's layers; the embedding from stage 0, the final norm (and an untied
+        # classifier) from the last stage
         parts = [None] * self.layout.pp
         dist.all_gather_object(parts, out, group=pg)
         last = self.layout.pp - 1

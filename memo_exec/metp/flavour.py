@@ -34,12 +34,17 @@ from memo_exec.attention import AttnDims
 from memo_exec.device import acc_dtype
 from memo_exec.distributed.tp import register_tp
 from memo_exec.distributed.tp.megatron import MegatronComm, MegatronTP
-from memo_exec.layer import LN_EPS, SKELETAL, _layer_norm_backward, _linear_backward, skeletal_widths
+from memo_exec.layer import LN_EPS, SKELETAL, _layer_norm_backward, _linear_backward, rms_norm, rms_norm_backward, \
+    skeletal_widths
 from memo_exec.metp.blocks import HeadGroups
 from memo_exec.metp.ffn import ffn_backward, ffn_forward
 from memo_exec.metp.lane import RingOptions
 from memo_exec.metp.ledger import Ledger
 from memo_exec.metp.mha import mha_backward, mha_forward, proj_recompute
+from memo_exec.model import check_architecture
+
+# the two-level MHA's travelling weight block carries the QKV bias (`memo_exec.metp.blocks.mha_pack`)
+FULL_METP_ARCHITECTURE = {"bias": ("all", "qkv")}
 
 ORDER = "interleaved"  # the executor's token order over the TP group (memo_exec.distributed.context)
 
@@ -61,6 +66,7 @@ class METPLayerCompute:
         self.dims = AttnDims(batch, seq, model.heads // p, model.n_kv_heads // p, model.head_dim)
         self.hg = HeadGroups(model.heads, model.n_kv_heads, model.head_dim, p)
         self.swiglu = model.ffn_type == "swiglu"
+        self.rms = model.norm == "rmsnorm"
         self.ones = torch.ones(self.Tg, dtype=dtype, device=device)
         self.ledger = None  # tests: one `Ledger` to count every ring in; else a fresh one per ring call
         self.eps = LN_EPS
@@ -73,10 +79,19 @@ class METPLayerCompute:
         return RingOptions(group=self.group, timer=self.timer, layer=layer)
 
     def _norm(self, x, w, b, out, mean_out, rstd_out) -> None:
+        """LayerNorm or RMSNorm, as `memo_exec.layer.LayerCompute._norm`."""
+        if self.rms:
+            rms_norm(x, w, self.eps, out, rstd_out)
+            return
         o, mean, rstd = torch.native_layer_norm(x, [self.h], w, b, self.eps)
         out.copy_(o)
         mean_out.copy_(mean.view(-1))
         rstd_out.copy_(rstd.view(-1))
+
+    def _norm_backward(self, dout, x, mean, rstd, w, b) -> torch.Tensor:
+        if self.rms:
+            return rms_norm_backward(dout, x, rstd, w, w.grad)
+        return _layer_norm_backward(dout, x, mean, rstd, w, b)
 
     @staticmethod
     def _ffn_own(p) -> dict:
@@ -103,7 +118,10 @@ class METPLayerCompute:
                 S.aux = lse
             else:  # MEMO: h1's projection for the dropped rows, from the kept attention output
                 o = proj_recompute(S.attn[r], p.wo.detach(), self.hg, opts, self._ledger())
-            torch.add(o, p.bo, out=proj)
+            if p.bo is None:
+                proj.copy_(o)
+            else:
+                torch.add(o, p.bo, out=proj)
             del o
         else:
             rg = slice(start * self.p, self.Tg)
@@ -111,9 +129,12 @@ class METPLayerCompute:
             with sp("qkv", layer, phase):
                 ln1 = self.comm.gather(S.ln1[r], X, "ln1_gathered")
                 ws = (p.wqkv[:hq], p.wqkv[hq:hq + kv], p.wqkv[hq + kv:])
-                bs = (p.bqkv[:hq], p.bqkv[hq:hq + kv], p.bqkv[hq + kv:])
+                bs = (p.bqkv[:hq], p.bqkv[hq:hq + kv], p.bqkv[hq + kv:]) if p.bqkv is not None else (None,) * 3
                 for w, b, out in zip(ws, bs, (S.q, S.k, S.v)):
-                    torch.addmm(b, ln1, w.t(), out=out[rg])
+                    if b is None:
+                        torch.mm(ln1, w.t(), out=out[rg])
+                    else:
+                        torch.addmm(b, ln1, w.t(), out=out[rg])
                 self.comm.release(X, "ln1_gathered")
                 del ln1
             if attention:
@@ -125,7 +146,8 @@ class METPLayerCompute:
                 self.comm.reduce(part, proj)
                 X.free("proj_partial")
                 del part
-                proj.add_(p.bo)
+                if p.bo is not None:
+                    proj.add_(p.bo)
         with sp("add1", layer, phase):
             torch.add(S.x[r], proj, out=S.h1[r])
             X.free("proj")
@@ -191,11 +213,12 @@ class METPLayerCompute:
         d_ln2 = ffn_backward(S.ln2, dy, {k: v.detach() for k, v in own.items()}, grads, opts, self.swiglu,
                              self._ledger(), S.fc1, S.act)
         with sp("ln2", layer, "bwd"):
-            dn = _layer_norm_backward(d_ln2, S.h1, S.stats[2].view(T, 1), S.stats[3].view(T, 1), p.ln2_w, p.ln2_b)
+            dn = self._norm_backward(d_ln2, S.h1, S.stats[2].view(T, 1), S.stats[3].view(T, 1), p.ln2_w, p.ln2_b)
             del d_ln2
             d_h1 = dy.add_(dn)
             del dn
-        p.bo.grad.addmv_(d_h1.t(), one)
+        if p.bo is not None:
+            p.bo.grad.addmv_(d_h1.t(), one)
         if self.full_mha:
             own = {"wqkv": p.wqkv, "bqkv": p.bqkv, "wo": p.wo}
             d_ln1 = mha_backward(S.ln1, d_h1, S.attn, S.aux, {k: v.detach() for k, v in own.items()},
@@ -219,11 +242,12 @@ class METPLayerCompute:
                 ws = (p.wqkv[:hq], p.wqkv[hq:hq + kv], p.wqkv[hq + kv:])
                 g = p.wqkv.grad
                 gws = (g[:hq], g[hq:hq + kv], g[hq + kv:])
-                gb = p.bqkv.grad
-                gbs = (gb[:hq], gb[hq:hq + kv], gb[hq + kv:])
+                gb = p.bqkv.grad if p.bqkv is not None else None
+                gbs = (gb[:hq], gb[hq:hq + kv], gb[hq + kv:]) if gb is not None else (None,) * 3
                 for d, gw, gbb in zip((d_q, d_k, d_v), gws, gbs):
                     gw.addmm_(d.t(), ln1)
-                    gbb.addmv_(d.t(), oneg)
+                    if gbb is not None:
+                        gbb.addmv_(d.t(), oneg)
                 self.comm.release(X, "ln1_gathered")
                 del ln1
                 d_ln1 = X.get("d_ln1", (T, h), dt)
@@ -238,7 +262,7 @@ class METPLayerCompute:
                     X.free(nm)
                 del d_q, d_k, d_v
         with sp("ln1", layer, "bwd"):
-            dx = _layer_norm_backward(d_ln1, S.x, S.stats[0].view(T, 1), S.stats[1].view(T, 1), p.ln1_w, p.ln1_b)
+            dx = self._norm_backward(d_ln1, S.x, S.stats[0].view(T, 1), S.stats[1].view(T, 1), p.ln1_w, p.ln1_b)
             if not self.full_mha:
                 X.free("d_ln1")
             del d_ln1
@@ -250,7 +274,9 @@ class _METPBase(MegatronTP):
     full_mha = False
 
     def check(self) -> str | None:
-        why = super().check()
+        why = super().check() or (check_architecture(self.model, FULL_METP_ARCHITECTURE, f"tp_mode {self.name}",
+                                                     "plan it with tp_mode metp_ffn or megatron")
+                                  if self.full_mha else None)
         if why:
             return why
         lay = self.ctx.layout

@@ -8,8 +8,8 @@ iteration).
 What a rank holds: model chunk ``c * pp + s`` (virtual stage) for c < vpp, each an even block of
 layers (`memo_sim.layout.parallel.stage_layers` over pp x vpp chunks, the split the simulator
 prices); virtual stage 0 also embeds, the last one applies the final norm and the classifier
-(the tied embedding's two gradients, rank 0's and rank pp-1's, are summed after the last
-backward).
+(a tied embedding's two gradients, rank 0's and rank pp-1's, are summed after the last
+backward; an untied classifier's is rank pp-1's alone).
 
 The order of forwards and backwards is Megatron-LM's (`memo_exec.pipeline.order`): warm-up
 forwards, one forward / one backward in the steady phase, cool-down backwards. A forward of
@@ -73,7 +73,6 @@ import torch.nn.functional as F
 
 from memo_exec.distributed.p2p import Transfer, post
 from memo_exec.distributed.schedule import Schedule, register_schedule
-from memo_exec.layer import LN_EPS
 from memo_exec.model import ChunkedHead, LayerFn, LayerHooks, LayerRuntime
 from memo_exec.pipeline.order import Action, messages_from, slots, stage_order, virtual_stage
 from memo_sim.layout.schedule import executor_stage_limit
@@ -245,9 +244,9 @@ class PipelineSchedule(Schedule):
                 _, targets = ex.micro_batch_rows(step, mb)
                 g = ex.gpt
                 with ex.recorder.span("final_norm", None, "fwd"):
-                    hf = F.layer_norm(x, (ex.model.hidden,), g.lnf_w, g.lnf_b, LN_EPS)
+                    hf = g.final_norm(x)
                 with ex.recorder.span("classifier", None, "fwd"):
-                    y = ChunkedHead.apply(hf, g.wte, targets, ex.plan.classifier_chunk_tokens, ex.global_tokens)
+                    y = ChunkedHead.apply(hf, g.head, targets, ex.plan.classifier_chunk_tokens, ex.global_tokens)
                 self.loss += y.detach().to(torch.float64)
             else:
                 y = x
@@ -267,8 +266,9 @@ class PipelineSchedule(Schedule):
             self._send(self._rank(vs - 1), self.inputs.pop((c, mb)).grad)
 
     def _tied_embedding(self) -> None:
-        """Rank 0 (embedding) and rank pp-1 (classifier) hold the tied embedding: sum its gradients."""
-        if self.s not in (0, self.pp - 1):
+        """Rank 0 (embedding) and rank pp-1 (classifier) hold the tied embedding: sum its gradients
+        (an untied classifier's gradient is the last rank's alone)."""
+        if self.s not in (0, self.pp - 1) or self.ex.gpt.lm_head is not None:
             return
         w = self.ex.gpt.wte
         peer = self.pp - 1 if self.s == 0 else 0

@@ -277,8 +277,9 @@ class StageRunner:
         return StepResult(loss_v, spans, units, copies, st.cache.peak_bytes, step_s, peak)
 
     def _tied_embedding_grad(self) -> None:
-        """Stage 0 and the last stage hold the tied embedding: sum their two gradients."""
-        if self.pp == 1 or self.s not in (0, self.pp - 1):
+        """Stage 0 and the last stage hold a tied embedding: sum their two gradients (an untied
+        classifier's is the last stage's alone)."""
+        if self.pp == 1 or self.s not in (0, self.pp - 1) or self.stage.gpt.lm_head is not None:
             return
         w = self.stage.gpt.wte
         peer = self.ranks[self.pp - 1 if self.s == 0 else 0]

@@ -1,11 +1,12 @@
 """One pipeline stage's math, one piece (subsequence or part of one) at a time.
 
-The weights are the executor's own (`memo_exec.model.GPT`: the tied embedding, the layers'
-`memo_exec.layer.LayerWeights`, the final norm), so one seeded model runs whole in the executor and
-split into stages and pieces here. A stage holds the layers `stage_layer_ids` gives it (the
-simulator's even split); stage 0 also embeds, the last stage also applies the final norm and the chunked
-classifier (`memo_exec.model.ChunkedHead`, the executor's loss), and with more than one stage both
-hold the tied embedding, whose two gradients are summed after the backward.
+The weights are the executor's own (`memo_exec.model.GPT`: the embedding, the layers'
+`memo_exec.layer.LayerWeights`, the final norm, an untied classifier), in the plan model's
+architecture (LayerNorm or RMSNorm, the biases it has), so one seeded model runs whole in the
+executor and split into stages and pieces here. A stage holds the layers `stage_layer_ids` gives it
+(the simulator's even split); stage 0 also embeds, the last stage also applies the final norm and the
+chunked classifier (`memo_exec.model.ChunkedHead`, the executor's loss), and with more than one stage
+both hold a tied embedding, whose two gradients are summed after the backward.
 
 The layer is the executor's op sequence (ln1, qkv, attention, out_proj, add1, ln2, fc1, act, fc2,
 add2; `memo_exec.layer`) written with autograd ops over a ``[b, n, width]`` piece, the attention
@@ -19,8 +20,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from memo_exec.layer import LN_EPS, LayerWeights
-from memo_exec.model import GPT, ChunkedHead
+from memo_exec.layer import LayerWeights
+from memo_exec.model import GPT, ChunkedHead, norm
 from memo_exec.sppo.kvcache import KVCache, PrefixAttention
 from memo_sim.layout.parallel import stage_layers
 from memo_sim.model.config import ModelConfig
@@ -36,11 +37,11 @@ def layer_forward(m: ModelConfig, p: LayerWeights, x: torch.Tensor, cache: KVCac
                   piece: int) -> torch.Tensor:
     """One layer over one piece ``x`` ``[b, n, h]``; ``layer`` indexes the stage's cache."""
     h, kv, f = m.hidden, m.kv_dim, m.ffn
-    ln1 = F.layer_norm(x, (h,), p.ln1_w, p.ln1_b, LN_EPS)
+    ln1 = norm(x, p.ln1_w, p.ln1_b)
     q, k, v = F.linear(ln1, p.wqkv, p.bqkv).split([h, kv, kv], dim=-1)
     attn = PrefixAttention.apply(q.contiguous(), k, v, cache, layer, piece)
     h1 = x + F.linear(attn, p.wo, p.bo)
-    fc1 = F.linear(F.layer_norm(h1, (h,), p.ln2_w, p.ln2_b, LN_EPS), p.w1, p.b1)
+    fc1 = F.linear(norm(h1, p.ln2_w, p.ln2_b), p.w1, p.b1)
     if m.ffn_type == "swiglu":
         act = F.silu(fc1[..., :f]) * fc1[..., f:]
     else:
@@ -71,11 +72,9 @@ class Stage:
 
     def parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
         """(name in `GPT.named_parameters`, parameter) of what this stage holds."""
-        out = []
-        if self.first or self.last:
-            out.append(("wte", self.gpt.wte))
-        if self.last:
-            out += [("lnf_w", self.gpt.lnf_w), ("lnf_b", self.gpt.lnf_b)]
+        tied = self.gpt.lm_head is None
+        out = [(n, p) for n, p in self.gpt.outer_parameters()  # the embedding first, the rest last
+               if (n == "wte" and (self.first or (self.last and tied))) or (n != "wte" and self.last)]
         for i, lw in zip(self.layer_ids, self.layers):
             out += [(f"layers.{i}.{n}", p) for n, p in lw.named_parameters()]
         return out
@@ -91,7 +90,6 @@ class Stage:
     def loss(self, x: torch.Tensor, targets: torch.Tensor, k: int) -> torch.Tensor:
         """This piece's share of the mean cross-entropy (its summed loss / ``norm_tokens``)."""
         pc = self.pieces[k]
-        h = self.cfg.hidden
-        hf = F.layer_norm(x, (h,), self.gpt.lnf_w, self.gpt.lnf_b, LN_EPS).reshape(-1, h)
-        return ChunkedHead.apply(hf, self.gpt.wte, targets[:, pc.start:pc.end].reshape(-1), self.chunk,
+        hf = self.gpt.final_norm(x).reshape(-1, self.cfg.hidden)
+        return ChunkedHead.apply(hf, self.gpt.head, targets[:, pc.start:pc.end].reshape(-1), self.chunk,
                                  self.norm_tokens)
