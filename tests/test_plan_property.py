@@ -1,7 +1,7 @@
 """[robust-runs] Every plan the what-if can write is one the executor accepts.
 
 Plans are generated the way `memo-sim whatif` writes them (`memo_sim.search.whatif.candidates_for`
-then `memo_sim.search.plan_build.build_plan`, memory plan included) over tiny shapes (1-4 layers),
+then `memo_sim.search.plan_build.build_plan`, memory plan included) over tiny shapes (1-4 layers) of GPT, Llama and Qwen2 architectures,
 every policy, TP flavour, layout and schedule the search offers (1F1B and interleaved pipelines
 with TP and DP inside a stage), and the GPU profiles. Each plan must
 round-trip through plan.json, pass `memo-sim check-plan`'s checks, and pass the executor's
@@ -37,9 +37,12 @@ def plans(draw):
     heads = draw(st.sampled_from([2, 4, 8]))
     hidden = heads * draw(st.sampled_from([16, 32]))
     kv = draw(st.sampled_from([h for h in (1, 2, heads) if heads % h == 0]))
+    norm, bias, tied = draw(st.sampled_from([("layernorm", "all", True), ("rmsnorm", "none", False),
+                                             ("rmsnorm", "qkv", False)]))  # GPT, Llama, Qwen2
     model = ModelConfig("toy", draw(st.integers(1, 4)), hidden, heads, draw(st.sampled_from([2, 4])) * hidden,
                         vocab=draw(st.sampled_from([128, 512])), kv_heads=None if kv == heads else kv,
-                        ffn_type=draw(st.sampled_from(["gelu", "swiglu"])), dtype=draw(st.sampled_from(["fp32", "bf16"])))
+                        ffn_type=draw(st.sampled_from(["gelu", "swiglu"])), dtype=draw(st.sampled_from(["fp32", "bf16"])),
+                        norm=norm, bias=bias, tied_embeddings=tied)
     seq = draw(st.sampled_from([256, 512, 1024]))
     gpus = draw(st.sampled_from([1, 1, 2, 4]))
     profile = load_profile(draw(st.sampled_from(PROFILES)))

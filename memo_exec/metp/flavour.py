@@ -42,9 +42,10 @@ from memo_exec.metp.lane import RingOptions
 from memo_exec.metp.ledger import Ledger
 from memo_exec.metp.mha import mha_backward, mha_forward, proj_recompute
 from memo_exec.model import check_architecture
+from memo_sim.layout.parallel import METP_QKV_BIASES
 
 # the two-level MHA's travelling weight block carries the QKV bias (`memo_exec.metp.blocks.mha_pack`)
-FULL_METP_ARCHITECTURE = {"bias": ("all", "qkv")}
+FULL_METP_ARCHITECTURE = {"bias": METP_QKV_BIASES}  # the layout rule's own set (memo_sim.layout.parallel)
 
 ORDER = "interleaved"  # the executor's token order over the TP group (memo_exec.distributed.context)
 

@@ -168,6 +168,10 @@ class Layout:
         return cls(**validated(_LayoutIn, d, source).model_dump())
 
 
+# The bias settings (`memo_sim.model.config`) two-level METP attention runs with: its travelling
+# QKV block carries the QKV bias (the executor's `memo_exec.metp.flavour` refuses the others too).
+METP_QKV_BIASES = ("all", "qkv")
+
 MAX_DEGREE = 1 << 20  # a parallel degree past a million GPUs is a typo, not a cluster
 _Degree = Annotated[int, Field(strict=True, ge=1, le=MAX_DEGREE)]
 
@@ -272,6 +276,9 @@ def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: i
             return "METP shards every activation over the TP ranks (like Megatron SP): sp must be on"
         if layout.tp_mode == "metp" and (layout.cp > 1 or layout.ulysses > 1):
             return "two-level METP attention is not combined with ring CP or Ulysses (use metp_ffn)"
+        if layout.tp_mode == "metp" and model.bias not in METP_QKV_BIASES:
+            return (f"two-level METP attention moves QKV weight blocks with their bias; {model.name} has no QKV bias "
+                    f"(bias {model.bias}): use metp_ffn")
         if layout.tp_mode == "metp" and model.n_kv_heads % layout.tp:
             return f"kv heads ({model.n_kv_heads}) not divisible by tp ({layout.tp}) (METP's outer loop over head groups)"
     across = metp_across_nodes and layout.metp and layout.tp > gpus_per_node and layout.tp % gpus_per_node == 0
