@@ -36,6 +36,8 @@ def guarded(run, say, leave):
     except KeyboardInterrupt:
         say("interrupted")
         leave(EXIT_INTERRUPTED)
+    except BrokenPipeError:  # the reader of our output went away (`| head`): click leaves quietly
+        raise
     except OSError as e:
         say(environment_error_line(e))
         leave(1)
