@@ -54,3 +54,24 @@ def test_a_pipeline_plan_the_executor_does_not_run_says_so():
     assert r.exit_code == 0, r.output[-500:]
     assert "note: memo-exec does not run this plan yet (ring CP and Ulysses" in r.output
     assert executor_stage_limit(4, "megatron", 1, 1, 1) is None
+
+
+def test_every_answer_says_how_its_profile_was_obtained(tmp_path):
+    """[answers] provenance: the built-in profiles say they are not calibrated and how their numbers
+    were obtained; a profile memo-exec calibrate wrote says where and when it was measured."""
+    from memo_sim.profile.loader import load_profile
+
+    for name in ("a800-80gb", "a100-sxm4-80gb", "h100-sxm5-80gb", "h200-141gb"):
+        p = load_profile(name)
+        assert not p.calibrated and p.provenance_line().startswith("not calibrated (")
+    d = _json(["--seq", "64K", "--simulate-top", "1", "--profile", "h100-sxm5-80gb"])
+    assert d["profile_provenance"]["calibrated"] is False
+    assert "assumed kernel efficiency curves" in d["profile_provenance"]["line"]
+    r = CliRunner().invoke(cli, ["whatif", "--seq", "64K", "--no-plan", "--simulate-top", "1", "--jobs", "1"])
+    assert r.output.splitlines()[1].startswith("profile a800-80gb: not calibrated (fitted)")
+    import dataclasses
+
+    p = dataclasses.replace(load_profile("a800-80gb"), provenance={
+        "method": "calibrated", "device": "NVIDIA H100 80GB HBM3", "date": "2026-11-23", "quick": True})
+    assert p.calibrated and p.provenance_line() == ("calibrated on NVIDIA H100 80GB HBM3 (2026-11-23) with --quick; "
+                                                    "not validated yet")

@@ -352,6 +352,7 @@ def build_profile(name: str, r: dict, base: BaseProfile | None, node_from_base: 
     else:
         summary["collectives"] = f"not measured: {coll['reason']}"
     prov = {
+        "method": "calibrated",
         "tool": "memo-exec calibrate",
         "command": r["options"]["command"] or env["argv"],
         "date": date,

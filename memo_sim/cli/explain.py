@@ -60,6 +60,7 @@ def explain(plan_file, as_json):
     click.echo(f"{plan.model.name}, {plan.seq_tokens} tokens x {plan.batch}, {plan.layout.label()}, "
                f"{plan.policy.label()} on {plan.gpus} x {profile.gpu.model}: {res.status}, {it}")
     click.echo(f"binding: {binding}")
+    click.echo(f"profile {profile.name}: {profile.provenance_line()}")
     for t in times:
         rows = [[k, fmt_time(v), f"{100 * v / t.iteration_s:.1f}%"] for k, v in t.busy_s.items()]
         rows += [[k, fmt_time(v), f"{100 * v / t.iteration_s:.1f}%"]

@@ -159,7 +159,9 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq,
     if as_json:
         obj = {"model": model.to_dict(), "seq_tokens": seq, "gpus": gpus,
                "batch": batch if batch or global_batch else 1, "global_batch": global_batch,
-               "micro_batch": micro_batch, "profile": profile.name, "searched": result.searched,
+               "micro_batch": micro_batch, "profile": profile.name,
+               "profile_provenance": {"calibrated": profile.calibrated, "line": profile.provenance_line()},
+               "searched": result.searched,
                "elapsed_s": elapsed, "simulated_candidates": n_sim, "plan_file": str(plan_path) if plan_path else None,
                "framework": framework, "tp_mode": tp_mode,
                "sppo_plan_file": str(sppo_plan_path) if sppo_plan_path else None,
@@ -181,6 +183,7 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq,
                                            if result.searched.get("pipeline") else ""))
     click.echo(f"{model.name} ({model.params() / 1e9:.2f}B params), {fmt_count(seq)} tokens x {batch_words}, "
                f"{gpus} x {profile.gpu.model} ({profile.name})")
+    click.echo(f"profile {profile.name}: {profile.provenance_line()}")
     click.echo("searched: " + _searched_words(result.searched))
     sim_rows = [(i, c) for i, c in enumerate(shown) if c.simulated is not None]
     ana_rows = [(i, c) for i, c in enumerate(shown) if c.simulated is None]

@@ -157,6 +157,28 @@ class HardwareProfile:
     def node_gpus(self) -> int:
         return int(self.gpus_per_node.value)
 
+    def provenance_line(self) -> str:
+        """How this profile's numbers were obtained, in one line: measured on a device (and the
+        validation error measured for it, if any), or datasheet numbers with fitted or assumed
+        curves, which an answer should be read with."""
+        prov = self.provenance or {}
+        method = prov.get("method")
+        if method == "calibrated" or prov.get("tool") == "memo-exec calibrate":
+            words = f"calibrated on {prov.get('device', 'a device')} ({prov.get('date', 'date unknown')})"
+            quick = " with --quick" if prov.get("quick") else ""
+            val = prov.get("validation") or {}
+            err = val.get("mean_abs_iteration_error")
+            return words + quick + (f"; validated: mean |iteration error| {100 * err:.1f}%" if err is not None else
+                                    "; not validated yet")
+        if prov.get("summary"):
+            return f"not calibrated ({method or 'source unstated'}): {prov['summary']}"
+        return "provenance unknown (no provenance in the profile): treat its answers as assumptions"
+
+    @property
+    def calibrated(self) -> bool:
+        prov = self.provenance or {}
+        return prov.get("method") == "calibrated" or prov.get("tool") == "memo-exec calibrate"
+
     def peak(self, dtype: str = "bf16") -> float:
         if dtype not in self.gpu.peak_flops:
             from memo_sim.errors import MemoError
