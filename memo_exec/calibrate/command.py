@@ -24,6 +24,12 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 DEFAULT_OUT = "hardware_profiles"
 
 
+# What the suites took where they were timed (announced before a run starts)
+DURATION_QUICK = "about 15 s on an idle 2-core CPU (14.7 s measured), longer on a loaded one; not yet timed on a GPU"
+DURATION_FULL = ("several minutes: over 400 s measured on the 2-core CPU; use --quick for a first profile; "
+                 "not yet timed on a GPU")
+
+
 def default_base(device_name: str) -> str:
     """The builtin profile closest to a CUDA device (for fields a one-node box cannot measure)."""
     n = device_name.upper()
@@ -76,6 +82,8 @@ def calibrate(name: str, device: str = "auto", quick: bool = False, out_dir: str
         raise MemoError("--no-collectives on CPU needs --base PROFILE for the nvlink/internode fields")
     opts.have_base = base_prof is not None
     prog = progress if progress is not None else Progress()
+    prog.note(f"calibrating ({'quick' if quick else 'full'} suite) on {spec.describe()}: "
+              + (DURATION_QUICK if quick else DURATION_FULL))
     raw = run_suite(opts, prog)
     prof = build_profile(name, raw, base_prof, node_from_base=node_from_base)
     found = implausible(prof, raw, str(path))
