@@ -301,3 +301,61 @@ def test_pipelines_combine_with_the_other_splits(layout):
                                                    rel=0.02)
     streams = {o.stream for o in r.ops}
     assert ("cp_comm" in streams) == (layout.cp > 1) and "p2p" in streams
+
+
+def test_pipelines_price_materialised_attention_per_layer():
+    """Materialised attention in a pipeline stage (Megatron-LM 2021/2022): each layer's kernels
+    over the whole s x s score matrix and its score-sized transients (and, store all, its kept
+    softmax output and dropout mask per micro-batch in flight): slower and fuller than flash, the
+    more so at a longer sequence; the analytic tier agrees on the direction."""
+    from dataclasses import replace
+
+    from memo_sim.layout.parallel import check_layout
+
+    flash = Layout(tp=8, pp=2, dp=2)
+    mat = replace(flash, attention="materialised")
+    assert check_layout(mat, GPT7, 32, A800.node_gpus, 4096, 4) is None
+    gaps = []
+    for seq in (2048, 8192):
+        for name in ("full_recompute", "store_all"):
+            pol = get_policy(name)
+            a, b = (simulate(GPT7, lay, 4, seq, pol, A800, schedule="1f1b", micro_batch=1, keep_timeline=False)
+                    for lay in (flash, mat))
+            assert b.iteration_s > a.iteration_s and b.peak_gpu_bytes > a.peak_gpu_bytes, (seq, name)
+            assert (estimate_pipeline(GPT7, mat, 4, 1, seq, pol, A800).iteration_s
+                    > estimate_pipeline(GPT7, flash, 4, 1, seq, pol, A800).iteration_s)
+            if name == "full_recompute":
+                gaps.append(b.iteration_s / a.iteration_s)
+    assert gaps[1] > gaps[0]  # the s^2 kernels weigh more at the longer sequence
+
+
+def test_pipelines_price_a_serial_gradient_reduction_per_stage():
+    """``grad_overlap`` off with pp > 1 (Megatron-LM 2021's local DDP): no per-layer buckets; after
+    each rank's last step one collective of the stage's own gradients, wholly exposed: slower than
+    overlapped buckets when DP > 1, the same time without DP."""
+    from dataclasses import replace
+
+    from memo_sim.cost.sppo import stage_grad_sync, stage_serial_grad_reduce
+
+    pol = get_policy("full_recompute")
+    for dp in (2, 1):
+        over = Layout(tp=8, pp=2, dp=dp)
+        serial = replace(over, grad_overlap=False)
+        a, b = (simulate(GPT7, lay, 4, 8192, pol, A800, schedule="1f1b", micro_batch=1, record=True,
+                         keep_timeline=False) for lay in (over, serial))
+        if dp == 1:
+            assert b.iteration_s == pytest.approx(a.iteration_s)
+            continue
+        assert b.iteration_s > a.iteration_s
+        grads = [o for o in b.ops if o.phase == "grad_sync"]
+        assert len(grads) == 2 and all(o.layer is None for o in grads)  # one per stage
+        for o in grads:  # after the stage's whole backward, its own gradients
+            assert o.start >= max(x.end for x in b.ops if x.device == o.device and x.phase == "bwd")
+        secs = [stage_serial_grad_reduce(GPT7, serial, A800, s) for s in range(2)]
+        # each at least its collective alone on the link (the two stages' share links where they overlap)
+        for o in grads:
+            assert o.end - o.start >= secs[0 if o.device == min(g.device for g in grads) else 1] * (1 - 1e-9)
+        # a stage's reduction covers half the layers, so it is shorter than the whole model's
+        assert max(secs) < stage_grad_sync(GPT7, serial, A800).all_grads
+        assert (estimate_pipeline(GPT7, serial, 4, 1, 8192, pol, A800).iteration_s
+                > estimate_pipeline(GPT7, over, 4, 1, 8192, pol, A800).iteration_s)

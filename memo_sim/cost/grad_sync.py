@@ -27,6 +27,24 @@ from memo_sim.model.config import ModelConfig
 from memo_sim.profile.schema import HardwareProfile
 
 
+def _reduce(layout: Layout, nbytes: float, g: int, bw: float, lat: float) -> float:
+    if layout.zero >= 1:
+        return coll.ring_reduce_scatter_time(nbytes, g, bw, lat)
+    return coll.allreduce_time(nbytes, g, bw, lat)
+
+
+def params_reduce_time(model: ModelConfig, layout: Layout, profile: HardwareProfile, params: float,
+                       stride: int | None = None) -> float:
+    """Seconds of one gradient collective over ``params`` parameters per GPU (all-reduce, or
+    reduce-scatter from ZeRO-1 on) over the group that holds the same weights, alone on its link:
+    a pipeline stage's serial reduction of all its gradients at once (``stride`` as in `grad_sync`)."""
+    g = layout.state_shards
+    if g <= 1:
+        return 0.0
+    link = coll.group_link(profile, g, layout.tp if stride is None else stride)
+    return _reduce(layout, model.recipe.grad_reduce_bytes * params, g, float(link.bandwidth), float(link.latency))
+
+
 @dataclass(frozen=True)
 class GradSync:
     link: str  # nvlink | internode
@@ -52,9 +70,7 @@ def grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile, stri
         return GradSync(coll.link_kind(profile, link), 0.0, 0.0, 0.0, 0.0, overlapped=layout.grad_overlap)
 
     def reduce(nbytes: float) -> float:
-        if layout.zero >= 1:
-            return coll.ring_reduce_scatter_time(nbytes, g, bw, lat)
-        return coll.allreduce_time(nbytes, g, bw, lat)
+        return _reduce(layout, nbytes, g, bw, lat)
 
     w, gr = model.recipe.weight_bytes, model.recipe.grad_reduce_bytes
     layer_p = model.layer_params() / layout.tp

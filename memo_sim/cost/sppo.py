@@ -43,7 +43,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from memo_sim.cost import collectives as coll
-from memo_sim.cost.grad_sync import GradSync, grad_sync
+from memo_sim.cost.grad_sync import GradSync, grad_sync, params_reduce_time
 from memo_sim.cost.boundary import optimizer_step_bytes
 from memo_sim.cost.activations import tensor_bytes, tokens_per_gpu
 from memo_sim.cost.kernel_time import attention_bwd_time, attention_fwd_time, memory_bound_time
@@ -314,6 +314,15 @@ def stage_grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile
     """Data-parallel collectives of one stage: over the stage's dp replicas, TP x PP ranks apart
     (`memo_sim.cost.grad_sync`)."""
     return grad_sync(model, layout, profile, stride=layout.stage_stride * layout.pp)
+
+
+def stage_serial_grad_reduce(model: ModelConfig, layout: Layout, profile: HardwareProfile, stage: int) -> float:
+    """Seconds of a stage's serial gradient reduction (``layout.grad_overlap`` off): every gradient
+    the stage holds (`stage_params`: its layers, and the embedding or classifier on the first or
+    last stage), per GPU of its TP group, in one collective over its dp replicas after its whole
+    backward (Megatron-LM 2021's local DDP, `memo_sim.cost.grad_sync`)."""
+    return params_reduce_time(model, layout, profile, stage_params(model, layout.pp, stage) / layout.tp,
+                              stride=layout.stage_stride * layout.pp)
 
 
 def p2p_bytes(model: ModelConfig, layout: Layout, batch: int, tokens: int) -> float:

@@ -34,13 +34,14 @@ unless ``metp_across_nodes`` allows a METP ring over whole nodes.
 
 Attention kernel (``attention``, `memo_sim.cost.attention_kernel`): ``flash`` (default) or
 ``materialised`` (Megatron-LM before FlashAttention: the whole s x s score matrix per head on one
-GPU), which frameworks of that time ran (`memo_sim.frameworks`); not combined with ring CP, METP's
-ring attention or pipeline stages. Left out of `Layout.to_dict` when ``flash``.
+GPU), which frameworks of that time ran (`memo_sim.frameworks`); not combined with ring CP or
+METP's ring attention (pipeline stages price it per layer, as a single stage does). Left out of `Layout.to_dict` when ``flash``.
 
 Gradient reduction (``grad_overlap``, `memo_sim.cost.grad_sync`): True (default) reduces each
 layer's gradient bucket as soon as its backward is done, beside the next layer's backward; False
 reduces all gradients in one collective after the whole backward (Megatron-LM's ``--DDP-impl
-local`` of 2021). Left out of `Layout.to_dict` when True.
+local`` of 2021; with pp > 1 each stage reduces its own gradients so, after its whole backward:
+`memo_sim.cost.sppo.stage_serial_grad_reduce`). Left out of `Layout.to_dict` when True.
 
 Loss kernel (``cross_entropy``, `memo_sim.cost.boundary`): ``chunked`` (memo's executor),
 ``vocab_parallel`` (Megatron-LM's) or ``torch_fused`` (``F.cross_entropy`` on fp32 logits); they
@@ -259,16 +260,13 @@ def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: i
         return f"tp_mode must be one of {', '.join(TP_MODES)}, got {layout.tp_mode!r}"
     if layout.attention not in ATTENTION_KERNELS:
         return f"attention must be one of {', '.join(ATTENTION_KERNELS)}, got {layout.attention!r}"
-    if layout.attention == "materialised" and (layout.cp > 1 or layout.tp_mode == "metp" or layout.pp > 1):
+    if layout.attention == "materialised" and (layout.cp > 1 or layout.tp_mode == "metp"):
         return ("materialised attention holds each head's whole s x s score matrix on one GPU: it is not "
-                "combined with ring CP or METP's ring attention (they merge blocks by log-sum-exp), nor yet "
-                "priced for pipeline stages (pp > 1)")
+                "combined with ring CP or METP's ring attention (they merge blocks by log-sum-exp)")
     if layout.cross_entropy not in CROSS_ENTROPY_KERNELS:
         return f"cross_entropy must be one of {', '.join(CROSS_ENTROPY_KERNELS)}, got {layout.cross_entropy!r}"
     if layout.host_pool not in HOST_POOLS:
         return f"host_pool must be one of {', '.join(HOST_POOLS)}, got {layout.host_pool!r}"
-    if not layout.grad_overlap and layout.pp > 1:
-        return "a gradient reduction after the whole backward is not yet priced for pipeline stages (pp > 1)"
     if layout.metp:
         if layout.tp < 2:
             return f"{layout.tp_mode} needs a tensor-parallel degree of at least 2"

@@ -197,9 +197,10 @@ def estimate_pipeline(model: ModelConfig, layout: Layout, batch: int, micro_batc
 
     which for equal stages is (m + (p - 1)/v)·W: the bubble (p - 1)/(v·m) of the work (1F1B:
     v = 1, (p - 1)/m), plus the fill and drain's P2P sends (one per hop each way; the steady
-    state's sends overlap compute). Then the last gradient bucket of a stage, ZeRO-1's exposed
+    state's sends overlap compute). Then the last gradient bucket of a stage (with ``grad_overlap``
+    off: the slowest stage's reduction of all its gradients at once), ZeRO-1's exposed
     weight gathers (each layer's first forward) and the slowest stage's optimizer step."""
-    from memo_sim.cost.sppo import p2p_time, stage_grad_sync, stage_optimizer_time
+    from memo_sim.cost.sppo import p2p_time, stage_grad_sync, stage_optimizer_time, stage_serial_grad_reduce
 
     p, v = layout.pp, layout.vpp
     m = batch // micro_batch
@@ -216,7 +217,9 @@ def estimate_pipeline(model: ModelConfig, layout: Layout, batch: int, micro_batc
     top = max(work)
     pipe = (m - 1) * top + sum(work) / v + (1 - 1 / v) * top + hops
     sync = stage_grad_sync(model, layout, profile)
-    sync_exposed = sync.layer_grad
+    # overlapped: the last bucket; serial (``grad_overlap`` off): the slowest stage's whole reduction
+    sync_exposed = sync.layer_grad if sync.overlapped else max(
+        stage_serial_grad_reduce(model, layout, profile, s) for s in range(p))
     gathers = per * max(0.0, sync.layer_gather - lt.forward)
     opt = max(stage_optimizer_time(model, layout, s, profile) for s in range(p))
     exposed = m * per * (max(0.0, lt.offload - lt.forward) + max(0.0, lt.prefetch - lt.backward - r)) \

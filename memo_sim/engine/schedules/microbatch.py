@@ -42,7 +42,17 @@ micro-batch through one model chunk; `memo_sim.engine.schedules.one_f_one_b`,
 - **Gradients.** Accumulated over the micro-batches; each layer's gradient bucket (all-reduce, or
   reduce-scatter with ZeRO-1) goes out on ``dp_comm`` after the layer's backward of the last
   micro-batch (overlapping the rest of that backward), the embedding's after the rank's last
-  step on the first and last ranks; each rank's optimizer step waits for its last bucket.
+  step on the first and last ranks; each rank's optimizer step waits for its last bucket. With
+  ``layout.grad_overlap`` off (Megatron-LM 2021's local DDP) there are no buckets: after the rank's
+  last step one collective reduces every gradient the stage holds (its layers', and the embedding's
+  or classifier's on the first or last stage: `memo_sim.cost.sppo.stage_serial_grad_reduce`),
+  wholly exposed before its optimizer step.
+- **Attention kernel.** The unit costs and its memory come from the single stage's functions
+  (`layer_plan`, `memory_breakdown` on the stage's shard), so ``layout.attention`` is priced there
+  and only there: materialised attention's kernel times (`memo_sim.cost.attention_kernel`) in each
+  layer's forward, recompute and backward, its score-sized buffers in the layer's transient block,
+  and (store all) its kept softmax output, dropout mask and dropped probabilities among the
+  layer's skeletal tensors, held for every micro-batch in flight.
   ZeRO-1's weight gathers run before each layer's first forward, two layers ahead.
 
 Not modelled: the caching allocator's reorganisations inside a pipeline stage (its transient
@@ -59,7 +69,9 @@ from typing import Callable
 from memo_sim.cost.boundary import boundary_times
 from memo_sim.cost.grad_sync import GradSync
 from memo_sim.cost.opcost import OpCost
-from memo_sim.cost.sppo import p2p_bytes, p2p_link_time, stage_grad_sync, stage_model_state_bytes, stage_optimizer_time
+from memo_sim.cost.sppo import (
+    p2p_bytes, p2p_link_time, stage_grad_sync, stage_model_state_bytes, stage_optimizer_time, stage_serial_grad_reduce,
+)
 from memo_sim.engine.core import Engine, gc_paused
 from memo_sim.engine.graph import Device, MemAction, Op, OpGraph
 from memo_sim.engine.result import (
@@ -167,6 +179,7 @@ class PipelineCosts:
     p2p_bytes: float  # one send of one micro-batch's activation (or its gradient)
     p2p_seconds: dict  # link kind -> seconds of one send alone on it
     sync: GradSync
+    serial_grads: tuple[float, ...] = ()  # per stage: seconds of all its gradients in one collective (grad_overlap off)
 
 
 def pipeline_costs(model: ModelConfig, layout: Layout, micro_batch: int, seq: int, policy: Policy,
@@ -184,7 +197,8 @@ def pipeline_costs(model: ModelConfig, layout: Layout, micro_batch: int, seq: in
         tuple(stage_optimizer_time(model, layout, s, profile) for s in range(layout.pp)),
         tuple(stage_model_state_bytes(model, layout, s) for s in range(layout.pp)),
         dict(lp.skeletal), lp.working_bytes, mem.classifier_peak_bytes, lp.offload_bytes, lp.host_block_bytes,
-        p2p_bytes(model, layout, micro_batch, seq), secs, stage_grad_sync(model, layout, profile))
+        p2p_bytes(model, layout, micro_batch, seq), secs, stage_grad_sync(model, layout, profile),
+        tuple(stage_serial_grad_reduce(model, layout, profile, s) for s in range(layout.pp)))
 
 
 @dataclass
@@ -371,7 +385,7 @@ def _build(costs, layout, profile, policy, n_layers, micro_batches, order, devic
                                    mem_end=(working(st.mb, layer, "bwd", -1.0),) + freed)
             sched.phases[(s, st.mb, layer, "bwd")] = ops
             r.bwd_end[u] = tail
-            if st.mb == m - 1 and sync.active:
+            if st.mb == m - 1 and sync.active and sync.overlapped:
                 r.last_dp = g.add(grad_op, device=d, stream="dp_comm", kind="comm", phase="grad_sync", layer=layer,
                                   work=sync.layer_grad, deps=tail, link=sync.link)
             deps = tail
@@ -410,7 +424,10 @@ def _build(costs, layout, profile, policy, n_layers, micro_batches, order, devic
             raise RuntimeError(f"pipeline order deadlocks: every rank waits ({stuck[:3]})")
     for s, r in enumerate(ranks):
         d = devices[s].index
-        if sync.embedding_grad > 0 and (s == 0 or s == p - 1):
+        if sync.active and not sync.overlapped:  # every gradient of the stage at once, after its whole backward
+            r.last_dp = g.add(grad_op, device=d, stream="dp_comm", kind="comm", phase="grad_sync", layer=None,
+                              work=costs.serial_grads[s], deps=r.tail, link=sync.link)
+        elif sync.embedding_grad > 0 and (s == 0 or s == p - 1):
             r.last_dp = g.add(grad_op, device=d, stream="dp_comm", kind="comm", phase="grad_sync", layer=None,
                               work=sync.embedding_grad, deps=r.tail, link=sync.link)
         g.add("optimizer", device=d, stream="compute", kind="compute", phase="optimizer", layer=None,
