@@ -79,7 +79,7 @@ def test_calibrate_remeasures_once_then_flags(monkeypatch, tmp_path):
     prof_dict = {"provenance": {}}
     monkeypatch.setattr("memo_exec.calibrate.suite.run_suite", fake_suite)
     monkeypatch.setattr("memo_exec.calibrate.suite.remeasure", fake_remeasure)
-    monkeypatch.setattr("memo_exec.calibrate.suite.check_options", lambda opts: (type("S", (), {"is_cuda": False})(),
+    monkeypatch.setattr("memo_exec.calibrate.suite.check_options", lambda opts: (type("S", (), {"is_cuda": False, "describe": lambda self: "cpu (stand-in)"})(),
                                                                                   {}))
     monkeypatch.setattr("memo_exec.calibrate.writer.build_profile", lambda *a, **k: prof_dict)
     monkeypatch.setattr("memo_exec.calibrate.writer.write_profile", lambda d, path: None)
