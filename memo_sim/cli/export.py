@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
 from memo_sim.errors import MemoError
 from memo_sim.export import EXPORTERS, export_plan
 from memo_sim.export.base import price_line
-from memo_sim.fileio import atomic_write_text
+from memo_sim.fileio import atomic_write_text, output_folder
 from memo_sim.plan.schema import read_plan
 
 
@@ -25,12 +23,12 @@ def export(plan_file, framework, out_dir, price):
     """Write PLAN_FILE for Megatron-LM, torchtitan or DeepSpeed; list what it cannot express."""
     plan = read_plan(plan_file)
     ex = export_plan(plan, framework, price=price)
-    out = Path(out_dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
+    try:  # the framework's files as one set: all of them, or --out as it was
+        with output_folder(out_dir, f"memo-sim export --to {framework}") as outf:
+            staged = [atomic_write_text(outf.stage / name, text) for name, text in ex.files.items()]
     except OSError as e:
-        raise MemoError(f"--out {out_dir}: cannot create the folder ({e.strerror}); choose a writable one") from None
-    written = [atomic_write_text(out / name, text) for name, text in ex.files.items()]
+        raise MemoError(f"--out {out_dir}: cannot write there ({e.strerror}); choose a writable folder") from None
+    written = [outf.path(p) for p in staged]
     click.echo(f"{plan_file} -> {ex.framework} ({ex.source}): {', '.join(str(p) for p in written)}")
     click.echo(f"  run: {ex.launch}")
     if ex.gaps:
