@@ -17,5 +17,5 @@ One job per module:
   blocks are broadcast from their owner one step ahead and whose gradients are reduced to it;
   MEMO's recompute of the projection rows by a ring of the W_proj blocks.
 - `flavour`: the distributed executor's ``tp_mode`` flavours ``metp_ffn`` and ``metp``
-  (registered with `memo_exec.distributed.tp.register_tp`, discovered as a plugin module).
+  (registered with `memo_exec.distributed.tp.registry.register_tp`, imported by `memo_exec.distributed.tp`).
 """

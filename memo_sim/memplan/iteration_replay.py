@@ -87,6 +87,7 @@ from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 from itertools import count
 
+from memo_sim.tp import comm_buffer_prefixes
 from memo_sim.cost.activations import skeletal_bytes, tensor_bytes
 from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS, classifier_peak_bytes, model_state_parts
 from memo_sim.errors import MemoError
@@ -302,9 +303,8 @@ def _release_op(model: ModelConfig) -> dict[str, str]:
 
 
 # buffers collectives read or write on their own streams: trace_gen.attention_buffers (ring-CP P2P,
-# all-to-all) and METP's ring and broadcast buffers
-_COMM_BUFFERS = ("cp_kv_", "cp_dkv_", "ulysses_", "metp_ffn_w", "metp_ffn_dw", "metp_mha_w", "metp_mha_dw",
-                 "metp_kv_", "metp_dkv_", "metp_wproj")
+# all-to-all) and the TP flavours' ring and broadcast buffers (`memo_sim.tp`)
+_COMM_BUFFERS = ("cp_kv_", "cp_dkv_", "ulysses_") + comm_buffer_prefixes()
 
 
 def _collective(name: str, names: set[str]) -> bool:
