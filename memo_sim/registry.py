@@ -12,7 +12,8 @@ is the caller's (the registry's error class, one line listing the known names).
 
 from __future__ import annotations
 
-from typing import Callable, Generic, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
 
 from memo_sim.errors import MemoError
 
@@ -47,7 +48,7 @@ class Registry(Generic[T]):
         """Decorator: register the decorated object under ``name`` (default: its ``name``
         attribute; a class registered under an explicit name gets it as ``name``)."""
         def deco(obj: T) -> T:
-            key = name if name is not None else getattr(obj, "name")
+            key = name if name is not None else obj.name
             if name is not None and isinstance(obj, type):
                 obj.name = name
             return self.add(key, obj)

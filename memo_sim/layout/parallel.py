@@ -69,7 +69,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from memo_sim.errors import MemoError, validated
 from memo_sim.model.config import ModelConfig
 from memo_sim.model.layer_graph import ATTENTION_KERNELS, CROSS_ENTROPY_KERNELS
-from memo_sim.tp import TP_MODES, TPFlavour, tp_flavour
+from memo_sim.tp import FLAVOURS, TP_MODES, TPFlavour, tp_flavour
 
 # how offloaded activations sit in pinned host memory (`memo_sim.policy.host_layout`): memo's executor's
 # one registered pool per GPU, or PyTorch's caching host allocator (one rounded allocation per tensor)
@@ -242,8 +242,8 @@ def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: i
         if layout.pp > 1:
             return f"tp x ulysses x cp x pp x dp = {layout.gpus}, not the {gpus} GPUs asked for"
         return f"tp x ulysses x cp x dp = {layout.gpus}, not the {gpus} GPUs asked for"
-    if layout.tp_mode not in TP_MODES:
-        return f"tp_mode must be one of {', '.join(TP_MODES)}, got {layout.tp_mode!r}"
+    if layout.tp_mode not in FLAVOURS:
+        return f"tp_mode must be one of {', '.join(FLAVOURS.names())}, got {layout.tp_mode!r}"
     if layout.pp > 1:
         if model.layers % layout.pp:
             return f"{model.layers} layers do not split evenly into {layout.pp} pipeline stages"

@@ -9,7 +9,8 @@ ring's degree (tp), ``tb`` the layer tensors' bytes on one GPU, ``d`` the model 
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 from memo_sim.model.layer_graph import FP32_BYTES as FP32
 from memo_sim.model.layer_graph import attention_bwd_workspace_bytes

@@ -15,7 +15,7 @@ The arguments ``layout`` (`memo_sim.layout.parallel.Layout`) and ``model``
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 # The op groups METP runs as a ring (papers/metp.txt), as op names of the layer graph
 # (`memo_sim.model.layer_graph.forward_ops`), in forward order.
