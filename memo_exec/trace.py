@@ -39,7 +39,7 @@ def _rank_shape(plan: Plan) -> tuple[int, int, int, object, dict | None]:
         from memo_exec.layer import IDENTITY_TP  # noqa: PLC0415
 
         return plan.seq_tokens, plan.batch * plan.seq_tokens, 1, IDENTITY_TP, None
-    if lay.tp_mode != "megatron" or lay.pp > 1:
+    if lay.metp or lay.pp > 1:
         raise ExecError(f"plan layout {lay.label()}: memo-exec trace records Megatron TP / CP / Ulysses / DP layers; "
                         f"tp_mode {lay.tp_mode} and pp > 1 are not traced")
     from memo_exec.distributed.context import check_divisible  # noqa: PLC0415

@@ -19,6 +19,7 @@ from memo_sim.cost.activations import skeletal_bytes
 from memo_sim.errors import MemoError, ProfileError
 from memo_sim.layout import Layout
 from memo_sim.memplan import iteration_replay as ir
+from memo_sim.memplan import iteration_requests as req
 from memo_sim.memplan.caching_allocator import AllocatorConfig
 from memo_sim.memplan.iteration_replay import (
     FREE, FREE_STREAM, MALLOC, IterationStream, iteration_stream, replay_iteration, replay_stream,
@@ -168,7 +169,7 @@ def test_op_steps_agree_with_the_level1_traces(model, layout):
     row-parallel partial at its gemm, the layer output at add2; the backward finds every
     non-add op's gradient buffers."""
     m = get_model(model)
-    steps = ir._forward_op_steps(m, layout)
+    steps = req._forward_op_steps(m, layout)
     fwd = {b.name: b for b in layer_forward_trace(m, layout, 1, 64 * K).buffers}
     assert fwd["attention_workspace"].lower == steps["attention"]
     assert fwd["y"].lower == steps["add2"]
@@ -178,7 +179,7 @@ def test_op_steps_agree_with_the_level1_traces(model, layout):
         for o in op.outputs:
             if f"{o}_partial" in fwd:
                 assert fwd[f"{o}_partial"].lower == steps[op.name]
-    bsteps = ir._backward_op_steps(m, layer_backward_trace(m, layout, 1, 64 * K))
+    bsteps = req._backward_op_steps(m, layer_backward_trace(m, layout, 1, 64 * K))
     assert set(bsteps) == {op.name for op in forward_ops(m) if not op.name.startswith("add")}
     assert bsteps["ln1"] == max(bsteps.values())  # the last backward op frees the layer input
 
@@ -318,7 +319,7 @@ def test_replays_are_fast():
         m = get_model(name)
         ir.iteration_stream.cache_clear()
         ir.clear_replay_cache()  # a cold replay, not one remembered by content
-        ir._stream_recipe.cache_clear()
+        req._stream_recipe.cache_clear()
         t0 = time.perf_counter()
         r = replay_iteration(m, lay, 1, seq, get_policy("full_recompute"), prof)
         assert time.perf_counter() - t0 < limit / 4, name

@@ -83,13 +83,13 @@ def test_unregistered_tp_mode_and_pipeline_are_refused(tmp_path):
     assert "single_stage runs one pipeline stage, but pp is 2" in line
     plan.schedule = "1f1b"
     assert schedule.schedule_for(plan).name == "1f1b"
-    saved = schedule._SCHEDULES.pop("1f1b")
+    saved = schedule.SCHEDULES._items.pop("1f1b")
     try:  # a schedule name with no registered class: refused with the ones this executor runs
         with pytest.raises(Exception, match=r"schedule '1f1b': the executor runs interleaved_1f1b, single_stage, "
                                             r"sppo"):
             schedule.schedule_for(plan)
     finally:
-        schedule._SCHEDULES["1f1b"] = saved
+        schedule.SCHEDULES._items["1f1b"] = saved
 
 
 @pytest.mark.slow

@@ -1,8 +1,9 @@
 """Dependencies point one way, as the data flows (a lower layer never imports a higher one).
 
 memo_sim, lowest first:
-  shared utilities: errors; units, fileio, mip_util; timeline (the predicted/measured format) and
-  request_trace (the malloc/free trace format), which the executor writes too
+  shared utilities: errors; units, fileio, mip_util, registry (parts registered by name); timeline
+  (the predicted/measured format) and request_trace (the malloc/free trace format), which the
+  executor writes too; tp (the tensor-parallel flavours: data and rules the layers above ask for)
   the vocabulary: profile, model; layout (parallel degrees of a model)
   cost (pure formulas)
   policy (what each activation policy keeps, offloads, recomputes)
@@ -14,6 +15,10 @@ memo_sim, lowest first:
   cli, api
 A module may import its own package and any lower layer; modules of the same layer in different
 packages do not import each other. memo_sim never imports torch or memo_exec.
+
+Neither memo_sim nor memo_exec has an import cycle (`test_no_import_cycles`), counting imports
+inside functions too: two modules that need each other are one module, or a third holds what both
+need.
 """
 
 import ast
@@ -26,8 +31,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 LEVELS = {
     "errors": 0, "__init__": 0,
-    "units": 1, "fileio": 1, "mip_util": 1,
-    "timeline": 2, "request_trace": 2,
+    "units": 1, "fileio": 1, "mip_util": 1, "registry": 1,
+    "timeline": 2, "request_trace": 2, "tp": 2,
     "profile": 3, "model": 3,
     "layout": 4,
     "cost": 5,
@@ -97,7 +102,8 @@ def test_memo_sim_imports_without_torch():
 # the vocabulary (profile, model, layout, the policy registry) and shared utilities. The commands
 # that close the loop (validate, calibrate, trace, the report's re-prediction) may also use the
 # simulator's public API (memo_sim.api) and its report writers.
-SHARED = {"plan", "profile", "model", "layout", "policy", "errors", "units", "fileio", "timeline", "request_trace"}
+SHARED = {"plan", "profile", "model", "layout", "tp", "policy", "errors", "units", "fileio", "timeline", "request_trace",
+          "registry"}
 LOOP_CLOSING = {"memo_exec.validate", "memo_exec.trace", "memo_exec.report", "memo_exec.compare", "memo_exec.figures",
                 "memo_exec.cli", "memo_exec.calibrate", "memo_exec.pipeline.report"}
 RUN_PATH = {"memo_exec", "memo_exec.runner", "memo_exec.layer", "memo_exec.activations", "memo_exec.arena",
@@ -122,3 +128,78 @@ def test_memo_exec_reads_the_simulator_through_the_contract(module, path):
         if imp.split(".")[0] != "memo_sim" or imp == "memo_sim":
             continue
         assert _package(imp) in allowed, f"{module} ({group}) imports {imp}; allowed: {sorted(allowed)}"
+
+
+# ------------------------------------------------------------------------------------------- cycles
+# Cycles the test still finds, each with the reason it is left (drop an entry when it is fixed):
+KNOWN_CYCLES = {
+    # memo_exec/calibrate is being split by its owner (issue #26); drop this when that merges
+    frozenset({"memo_exec.calibrate.allocator", "memo_exec.calibrate.writer"}),
+}
+
+
+def _import_graph(pkg: str) -> dict[str, set[str]]:
+    """Module -> the modules of ``pkg`` it imports (anywhere in the file, functions included); an
+    import of a package's name resolves to its ``__init__`` (the package's module name), ``from
+    a.b import c`` to ``a.b.c`` when that is a module, else to ``a.b``."""
+    mods = dict(_modules(pkg))
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for mod, path in mods.items():
+        is_pkg = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = mod.split(".")[: len(mod.split(".")) - node.level + (1 if is_pkg else 0)]
+                    base = ".".join(parts + ([base] if base else []))
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
+            graph[mod] |= {t for t in targets if t in mods and t != mod}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[frozenset[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = set()
+            while True:
+                w = stack.pop()
+                comp.add(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(frozenset(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+@pytest.mark.parametrize("pkg", ["memo_sim", "memo_exec"])
+def test_no_import_cycles(pkg):
+    found = [c for c in _cycles(_import_graph(pkg)) if c not in KNOWN_CYCLES]
+    assert not found, "import cycles (modules that import each other, directly or round a loop): " + "; ".join(
+        " <-> ".join(sorted(c)) for c in found)
+
+
+def test_the_cycle_check_finds_a_function_local_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycles(graph) == [frozenset({"a", "b", "c"})]
+    assert _cycles({"a": {"b"}, "b": set()}) == []

@@ -132,8 +132,7 @@ def _distributed(P, x, target, cfg, rank, world, ffn_mode, metp_mha, order, opts
     import torch.nn.functional as F
 
     from memo_exec.metp.blocks import HeadGroups, ffn_blocks, mha_blocks
-    from memo_exec.metp.ffn import FFNRun, MetpFFN
-    from memo_exec.metp.mha import MetpMHA, MHARun
+    from tests.metp_autograd import FFNRun, MetpFFN, MetpMHA, MHARun
 
     B, s, h = x.shape
     n = s // world

@@ -12,6 +12,8 @@ import pytest
 
 from memo_sim.layout import Layout
 from memo_sim.memplan import iteration_replay as ir
+from memo_sim.memplan import iteration_requests as req
+from memo_sim.memplan import replay_cache as rc
 from memo_sim.memplan.caching_allocator import AllocatorConfig
 from memo_sim.model import get_model
 from memo_sim.policy import get_policy
@@ -43,9 +45,9 @@ def test_a_cached_replay_is_the_uncached_one_under_its_own_name():
     sa, sb = ir.iteration_stream(m, a, 1, 128 * K, pol), ir.iteration_stream(m, b, 1, 128 * K, pol)
     assert (sa.static, sa.iteration, sa.phase_of) == (sb.static, sb.iteration, sb.phase_of) and sa.name != sb.name
     ra = ir.replay_iteration(m, a, 1, 128 * K, pol, prof)
-    assert len(ir._REPLAYS) == 1
+    assert len(rc._REPLAYS) == 1
     rb = ir.replay_iteration(m, b, 1, 128 * K, pol, prof)
-    assert len(ir._REPLAYS) == 1  # a hit
+    assert len(rc._REPLAYS) == 1  # a hit
     assert ra.to_json_obj() == uncached(m, a, 128 * K, pol, prof).to_json_obj()
     assert rb.to_json_obj() == uncached(m, b, 128 * K, pol, prof).to_json_obj()
     assert rb.name == sb.name != ra.name
@@ -62,7 +64,7 @@ def test_hits_equal_misses_with_lag_and_series(policy, lag, series):
     assert bool(want["series_reserved_bytes"]) == series
     # the settings are part of the key: the other lag / series is not served from this entry
     other = ir.replay_iteration(m, lay, 1, 128 * K, pol, prof, stream_lag_phases=None if lag else 4)
-    assert other.stream_lag_phases == (0 if lag else 4) and len(ir._REPLAYS) == 2
+    assert other.stream_lag_phases == (0 if lag else 4) and len(rc._REPLAYS) == 2
 
 
 def test_streams_differing_in_one_request_size_do_not_share():
@@ -76,7 +78,7 @@ def test_streams_differing_in_one_request_size_do_not_share():
     assert len(differ) == 1 and differ[0][0][1] == "cls.chunk" and differ[0][0][2] != differ[0][1][2]
     r1 = ir.replay_iteration(m, lay, 1, seq, pol, prof, classifier_chunk_tokens=4 * K)
     r2 = ir.replay_iteration(m, lay, 1, seq, pol, prof, classifier_chunk_tokens=128 * K)
-    assert len(ir._REPLAYS) == 2
+    assert len(rc._REPLAYS) == 2
     assert r1.to_json_obj() == uncached(m, lay, seq, pol, prof, chunk=4 * K).to_json_obj()
     assert r2.to_json_obj() == uncached(m, lay, seq, pol, prof, chunk=128 * K).to_json_obj()
     assert r1.peak_allocated_bytes < r2.peak_allocated_bytes  # a whole-sequence chunk makes the peak
@@ -98,10 +100,10 @@ def test_the_caller_cannot_corrupt_the_cache():
 
 def test_the_cache_is_bounded(monkeypatch):
     m, prof, pol = get_model("gpt-7b"), load_profile("a800-80gb"), get_policy("full_recompute")
-    monkeypatch.setattr(ir, "REPLAY_CACHE_SIZE", 2)
+    monkeypatch.setattr(rc, "REPLAY_CACHE_SIZE", 2)
     for seq in (64 * K, 96 * K, 128 * K):
         ir.replay_iteration(m, Layout(tp=8), 1, seq, pol, prof)
-    assert len(ir._REPLAYS) == 2
+    assert len(rc._REPLAYS) == 2
 
 
 def test_bad_settings_still_fail_as_before():
@@ -111,14 +113,14 @@ def test_bad_settings_still_fail_as_before():
     for kw in ({"iterations": 0}, {"iterations": 1.5}, {"stream_lag_phases": -1}, {"stream_lag_phases": True}):
         with pytest.raises(MemoError):
             ir.replay_iteration(m, Layout(tp=8), 1, 64 * K, pol, prof, **kw)
-    assert not ir._REPLAYS
+    assert not rc._REPLAYS
 
 
 def test_recipe_equality_is_content_equality():
     """The key is the recipe's content: one request size changed in a layer template makes it a
     different key, and the key decodes back to the recipe (no two recipes share one)."""
     m, pol = get_model("gpt-7b"), get_policy("full_recompute")
-    r = ir._stream_recipe(m, Layout(tp=8), 1, 64 * K, pol)
+    r = req._stream_recipe(m, Layout(tp=8), 1, 64 * K, pol)
     fwd = list(r.templates.forward)
     j = next(i for i, q in enumerate(fwd) if q[0] == ir.MALLOC)
     fwd[j] = (fwd[j][0], fwd[j][1], fwd[j][2] + 1)
@@ -162,7 +164,7 @@ def test_static_sizes_alone_share_a_replay(monkeypatch, policy, first, second):
     replay field by field."""
     m, prof, pol = get_model("gpt-7b"), load_profile("a800-80gb"), get_policy(policy)
     seq = 128 * K
-    r1, r2 = ir._stream_recipe(m, first, 1, seq, pol), ir._stream_recipe(m, second, 1, seq, pol)
+    r1, r2 = req._stream_recipe(m, first, 1, seq, pol), req._stream_recipe(m, second, 1, seq, pol)
     assert r1.static != r2.static and r1.content_key(static=False) == r2.content_key(static=False)
     calls = _replays(monkeypatch)
     a = ir.replay_iteration(m, first, 1, seq, pol, prof)
@@ -181,7 +183,7 @@ def test_recounted_fragmentation_failures_differ_where_the_static_free_bytes_do(
     m, prof, pol = get_model("gpt-7b"), load_profile("a800-80gb"), get_policy("full_offload")
     a = ir.replay_iteration(m, Layout(ulysses=8, zero=1), 1, 128 * K, pol, prof)
     b = ir.replay_iteration(m, Layout(ulysses=8, zero=2), 1, 128 * K, pol, prof)
-    assert len(ir._SHARED) == 1
+    assert len(rc._SHARED) == 1
     assert (a.warmup["fragmentation_failures"], b.warmup["fragmentation_failures"]) == (1, 2)
 
 
@@ -193,7 +195,7 @@ def test_a_capacity_without_room_for_the_shared_replay_replays(monkeypatch):
     calls = _replays(monkeypatch)
     a = ir.replay_iteration(m, lay, 1, seq, pol, prof)
     cfg = AllocatorConfig(capacity_bytes=int(prof.usable_gpu_memory))
-    ra, rb = (ir._StaticBase.of(ir._stream_recipe(m, x, 1, seq, pol), cfg).reserved
+    ra, rb = (rc._StaticBase.of(req._stream_recipe(m, x, 1, seq, pol), cfg).reserved
               for x in (lay, Layout(tp=8, dp=4, zero=1)))
     assert rb < ra  # the second has less static, so the first's reserved peak is no bound for it
     tight = rb + (a.peak_reserved_bytes - ra) - 64 * 1024 * 1024  # 64 MB short of the shared replay's room
@@ -211,10 +213,10 @@ def test_replays_that_met_the_capacity_are_not_shared():
     remembered for its exact stream and capacity only."""
     m, prof, pol = get_model("gpt-7b"), load_profile("a800-80gb"), get_policy("full_recompute")
     r = ir.replay_iteration(m, Layout(tp=8), 1, 256 * K, pol, prof, stream_lag_phases=4)
-    assert r.reorganizations > 0 and len(ir._REPLAYS) == 1 and not ir._SHARED
+    assert r.reorganizations > 0 and len(rc._REPLAYS) == 1 and not rc._SHARED
 
 
 def test_expandable_segments_are_never_shared():
     m, prof, pol = get_model("gpt-7b"), load_profile("a800-80gb"), get_policy("full_recompute")
     ir.replay_iteration(m, Layout(tp=8), 1, 64 * K, pol, prof, expandable_segments=True)
-    assert len(ir._REPLAYS) == 1 and not ir._SHARED
+    assert len(rc._REPLAYS) == 1 and not rc._SHARED

@@ -13,22 +13,18 @@ import torch
 
 from memo_exec.errors import ExecError
 from memo_sim.model.config import ModelConfig
+from memo_sim.registry import Registry
 
-_REGISTRY: dict[str, type] = {}
+POLICIES: Registry[type] = Registry("policy", error=ExecError, unknown="{what} {name!r}: this executor runs {known}")
 
 
 def register(name: str):
     """Class decorator: execute the simulator's policy ``name`` with this class."""
-    def deco(cls):
-        if name in _REGISTRY and _REGISTRY[name] is not cls:
-            raise ValueError(f"executor policy {name!r} registered twice")
-        _REGISTRY[name] = cls
-        return cls
-    return deco
+    return lambda cls: POLICIES.add(name, cls)
 
 
 def registered() -> tuple[str, ...]:
-    return tuple(_REGISTRY)
+    return POLICIES.names()
 
 
 def sim_policy_name(choice) -> str:
@@ -40,9 +36,5 @@ def make_policy(choice, model: ModelConfig, batch: int, seq: int, layers: int, d
                 device: torch.device, engine, timer, compute, shapes=None):
     """The executor policy for the simulator's policy ``choice`` (sizes only while ``engine`` is None);
     ``shapes``: this rank's `memo_exec.layer.storage_shapes` (default: one device, the whole layer)."""
-    name = sim_policy_name(choice)
-    try:
-        cls = _REGISTRY[name]
-    except KeyError:
-        raise ExecError(f"policy {name!r}: this executor runs {', '.join(_REGISTRY)}") from None
+    cls = POLICIES.get(sim_policy_name(choice))
     return cls(choice, model, batch, seq, layers, dtype, device, engine, timer, compute, shapes)

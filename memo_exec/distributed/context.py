@@ -70,7 +70,7 @@ class DistContext:
     def sp_tokens(self) -> bool:
         """Whether the tokens are split over the TP group (Megatron SP, or a METP flavour)."""
         lay = self.layout
-        return lay.tp > 1 and (lay.sp or lay.tp_mode != "megatron")
+        return lay.flavour.shards_tokens(lay)
 
     def describe(self) -> dict:
         return {"rank": self.rank, "world": self.world, **{f"{d}_rank": self.coords.get(d, 0) for d in MESH_DIMS},

@@ -43,42 +43,34 @@ import torch
 from memo_exec.errors import ExecError
 from memo_exec.model import LayerRuntime, forward_loss
 from memo_sim.layout.schedule import SCHEDULE_NAMES
+from memo_sim.registry import Registry
 
 # the modules that register the schedules besides ``single_stage`` (imported by `schedule_for`)
 SCHEDULE_MODULES = ("memo_exec.pipeline.schedules", "memo_exec.sppo.plugin")
 
-_SCHEDULES: dict[str, type] = {}
+SCHEDULES: Registry[type] = Registry("schedule", error=ExecError, allowed=SCHEDULE_NAMES, sort=True,
+                                     unknown="{what} {name!r}: the executor runs {known}")
 
 
 def register_schedule(name: str):
     if name not in SCHEDULE_NAMES:
         raise ValueError(f"schedule {name!r} is not a plan schedule name ({', '.join(SCHEDULE_NAMES)})")
-
-    def deco(cls):
-        if name in _SCHEDULES and _SCHEDULES[name] is not cls:
-            raise ValueError(f"schedule {name!r} registered twice")
-        cls.name = name
-        _SCHEDULES[name] = cls
-        return cls
-    return deco
+    return SCHEDULES.register(name)
 
 
 def registered() -> tuple[str, ...]:
     for mod in SCHEDULE_MODULES:
         importlib.import_module(mod)
-    return tuple(sorted(_SCHEDULES))
+    return SCHEDULES.names()
 
 
 def schedule_for(plan) -> type:
     """The schedule class registered under ``plan.schedule`` (ExecError when it cannot run)."""
-    known = registered()
+    registered()
     why = plan.check_schedule()
     if why:
         raise ExecError(f"schedule {plan.schedule}: {why}")
-    try:
-        return _SCHEDULES[plan.schedule]
-    except KeyError:
-        raise ExecError(f"schedule {plan.schedule!r}: the executor runs {', '.join(known)}") from None
+    return SCHEDULES.get(plan.schedule)
 
 
 class Schedule:

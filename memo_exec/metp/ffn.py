@@ -13,7 +13,7 @@ gradient of block j travels with it one step behind: step j posts the send of th
 finished at step j-1 and the receive of the partial the previous rank finished, waits for it
 right before its own dB_j / dC_j GEMMs accumulate into it, and after the last step one more hop
 returns each finished gradient block to its owner. Two weight buffers and two gradient buffers,
-as the simulator plans (`memo_sim.memplan.trace_gen`: ``metp_ffn_w_double_buffer``,
+as the simulator plans (`memo_sim.memplan.ring_trace`: ``metp_ffn_w_double_buffer``,
 ``metp_ffn_dw_double_buffer``).
 
 The activation is computed in place in the T_ij block (D_ij overwrites it; SwiGLU writes it into
@@ -27,7 +27,6 @@ the final hop the paper's count leaves out).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 
 import torch
 
@@ -194,58 +193,3 @@ def ffn_backward(a: torch.Tensor, d_out: torch.Tensor, own: dict[str, torch.Tens
     ledger.free("metp_ffn_w_double_buffer", "metp_ffn_dw_double_buffer")
     ledger.free("d_ln2")  # handed to the caller
     return d_a
-
-
-# ---------------------------------------------------------------------------------- autograd
-@dataclass
-class FFNRun:
-    """What the autograd wrapper needs besides the tensors.
-
-    ``mode``: ``ring`` (the paper: only A_i is kept, the backward recomputes every block),
-    ``store`` (store-all: this rank's fc1 / act rows are kept), ``memo`` (rows ``[0, keep)`` of fc1 /
-    act are kept, rows ``[keep, r)`` dropped after the forward and rebuilt by a ring before the
-    backward, MEMO's token-wise recompute)."""
-
-    opts: RingOptions
-    swiglu: bool
-    mode: str = "ring"
-    keep: int = 0
-    ledger: Ledger = field(default_factory=Ledger)
-
-
-class MetpFFN(torch.autograd.Function):
-    """O_i = sum_j f(A_i B_j) C_j with the ring's backward; b1 is None for SwiGLU."""
-
-    @staticmethod
-    def forward(ctx, a, w1, b1, w2, run: FFNRun):
-        own = {"w1": w1.detach(), "w2": w2.detach()}
-        if b1 is not None:
-            own["b1"] = b1.detach()
-        fc1 = act = None
-        if run.mode in ("store", "memo"):
-            n, f = a.shape[0], w2.shape[1] * run.opts.size
-            fc1 = torch.empty(n, 2 * f if run.swiglu else f, dtype=a.dtype, device=a.device)
-            act = torch.empty(n, f, dtype=a.dtype, device=a.device)
-        out = ffn_forward(a.detach(), own, run.opts, run.swiglu, run.ledger, fc1, act)
-        if run.mode == "memo":  # the dropped rows are gone: anything that reads them unrebuilt is wrong
-            fc1[run.keep:].fill_(float("nan"))
-            act[run.keep:].fill_(float("nan"))
-        ctx.run, ctx.has_b1 = run, b1 is not None
-        ctx.save_for_backward(a, w1, b1 if b1 is not None else torch.empty(0), w2)
-        ctx.fc1, ctx.act = fc1, act
-        return out
-
-    @staticmethod
-    def backward(ctx, d_out):
-        run = ctx.run
-        a, w1, b1, w2 = ctx.saved_tensors
-        own = {"w1": w1, "w2": w2}
-        if ctx.has_b1:
-            own["b1"] = b1
-        if run.mode == "memo":
-            ffn_forward(a, own, run.opts, run.swiglu, run.ledger, ctx.fc1, ctx.act, start=run.keep,
-                        with_out=False, phase="recompute")
-        grads = {k: torch.zeros_like(v) for k, v in own.items()}
-        d_a = ffn_backward(a, d_out.contiguous(), own, grads, run.opts, run.swiglu, run.ledger, ctx.fc1, ctx.act)
-        ctx.fc1 = ctx.act = None
-        return d_a, grads["w1"], grads.get("b1"), grads["w2"], None

@@ -32,7 +32,7 @@ import torch
 
 from memo_exec.attention import AttnDims
 from memo_exec.device import acc_dtype
-from memo_exec.distributed.tp import register_tp
+from memo_exec.distributed.tp.registry import register_tp
 from memo_exec.distributed.tp.megatron import MegatronComm, MegatronTP
 from memo_exec.layer import LN_EPS, SKELETAL, _layer_norm_backward, _linear_backward, rms_norm, rms_norm_backward, \
     skeletal_widths
@@ -42,10 +42,10 @@ from memo_exec.metp.lane import RingOptions
 from memo_exec.metp.ledger import Ledger
 from memo_exec.metp.mha import mha_backward, mha_forward, proj_recompute
 from memo_exec.model import check_architecture
-from memo_sim.layout.parallel import METP_QKV_BIASES
+from memo_sim.tp.metp import METP_QKV_BIASES
 
 # the two-level MHA's travelling weight block carries the QKV bias (`memo_exec.metp.blocks.mha_pack`)
-FULL_METP_ARCHITECTURE = {"bias": METP_QKV_BIASES}  # the layout rule's own set (memo_sim.layout.parallel)
+FULL_METP_ARCHITECTURE = {"bias": METP_QKV_BIASES}  # the layout rule's own set (memo_sim.tp.metp)
 
 ORDER = "interleaved"  # the executor's token order over the TP group (memo_exec.distributed.context)
 

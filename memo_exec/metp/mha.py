@@ -21,7 +21,6 @@ the simulator aggregates): ``bcast_w<j>``, ``mha_qkv<j>``, ``mha_attn<j>.<t>``, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 
 import torch
 
@@ -162,41 +161,3 @@ def proj_recompute(attn_rows: torch.Tensor, own_wo: torch.Tensor, hg: HeadGroups
     lane.drain()
     ledger.free("metp_wproj_double_buffer", "metp_proj_rows")
     return out
-
-
-# ---------------------------------------------------------------------------------- autograd
-@dataclass
-class MHARun:
-    opts: RingOptions
-    groups: HeadGroups
-    batch: int = 1
-    order: str = "contiguous"  # the rank's token rows: `ring_attention.ORDERS`
-    ledger: Ledger = field(default_factory=Ledger)
-
-
-class MetpMHA(torch.autograd.Function):
-    """O_i = sum_j A_ij W_proj_j (without ``bo``) with Algorithm 6's backward."""
-
-    @staticmethod
-    def forward(ctx, x, wqkv, bqkv, wo, run: MHARun):
-        n, h = x.shape
-        hg = run.groups
-        attn = torch.empty(n, hg.heads * hg.head_dim, dtype=x.dtype, device=x.device)
-        from memo_exec.device import acc_dtype
-
-        lse = torch.empty(run.batch, hg.heads, n // run.batch, dtype=acc_dtype(x.dtype), device=x.device)
-        own = {"wqkv": wqkv.detach(), "bqkv": bqkv.detach(), "wo": wo.detach()}
-        out = mha_forward(x.detach(), own, hg, run.batch, run.opts, attn, lse, run.ledger, run.order)
-        ctx.run = run
-        ctx.save_for_backward(x, wqkv, bqkv, wo, attn, lse)
-        return out
-
-    @staticmethod
-    def backward(ctx, d_out):
-        run = ctx.run
-        x, wqkv, bqkv, wo, attn, lse = ctx.saved_tensors
-        own = {"wqkv": wqkv, "bqkv": bqkv, "wo": wo}
-        grads = {k: torch.zeros_like(v) for k, v in own.items()}
-        dx = mha_backward(x, d_out.contiguous(), attn, lse, own, grads, run.groups, run.batch, run.opts, run.ledger,
-                          run.order)
-        return dx, grads["wqkv"], grads["bqkv"], grads["wo"], None

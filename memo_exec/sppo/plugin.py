@@ -1,5 +1,5 @@
 """SPPO in the distributed executor (`memo_exec.distributed`): the ``sppo`` step schedule and the
-``sppo`` activation policy, registered when the executor discovers its plugin packages.
+``sppo`` activation policy, registered when `memo_exec.distributed.schedule` imports this module (``SCHEDULE_MODULES``).
 
 - `SppoSchedule` (`memo_exec.distributed.schedule`, registered as ``sppo``: plans whose ``schedule`` is sppo): this rank is
   stage ``ctx.coord("pp")`` and holds that stage's layers (`memo_exec.sppo.stage.stage_layer_ids`); a

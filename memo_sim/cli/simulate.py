@@ -278,7 +278,7 @@ def _tp_mode_layouts(layout, text: str) -> dict:
     """The plan's degrees in each tensor-parallel flavour of ``text`` (METP turns SP on)."""
     from dataclasses import replace
 
-    from memo_sim.model.layer_graph import TP_MODES
+    from memo_sim.tp import TP_MODES, tp_flavour
 
     modes = [m.strip() for m in text.split(",") if m.strip()]
     if not modes or any(m not in TP_MODES for m in modes):
@@ -287,7 +287,7 @@ def _tp_mode_layouts(layout, text: str) -> dict:
         raise MemoError(f"--tp-mode: the plan's layout {layout.label()} has no tensor parallelism (tp = 1)")
     out = {}
     for m in dict.fromkeys(modes):
-        lay = replace(layout, tp_mode=m, sp=True if m != "megatron" else layout.sp)
+        lay = replace(layout, tp_mode=m, sp=layout.sp or tp_flavour(m).requires_sp)
         out[lay.label()] = lay
     return out
 

@@ -23,10 +23,9 @@ from memo_sim.cost.kernel_time import attention_bwd_time, attention_fwd_time, ge
 from memo_sim.cost.opcost import OpCost, chain_dependencies, chain_tail, critical_time  # noqa: F401  (re-exported)
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
-from memo_sim.model.layer_graph import (
-    DTYPE_BYTES, METP_GROUPS, OpSpec, forward_ops, layer_tensors, metp_group_of, metp_groups, recompute_ops,
-)
+from memo_sim.model.layer_graph import DTYPE_BYTES, OpSpec, forward_ops, layer_tensors, recompute_ops
 from memo_sim.profile.schema import HardwareProfile
+from memo_sim.tp import RING_GROUPS, TPFlavour
 
 GEMM_BWD_FACTOR = 2.0  # two kernels: data gradient + weight gradient, each of the forward's FLOPs
 ELEMENTWISE_BWD_FACTOR = 2.0
@@ -120,45 +119,55 @@ def _cp_ring(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: 
     return OpCost("cp_ring_kv", "collective", phase, "cp_comm", t, nbytes=kv * steps, overlaps=1)
 
 
-def _metp_free_comm(model: ModelConfig, tp_mode: str) -> set[str]:
-    """Ops whose Megatron TP collective METP removes: each METP group's ops and the op whose
+def _metp_free_comm(model: ModelConfig, flavour: TPFlavour) -> set[str]:
+    """Ops whose Megatron TP collective METP removes: each ring group's ops and the op whose
     output the group reads (the norm whose all-gather would feed it)."""
     ops = forward_ops(model)
     producer = {o: op.name for op in ops for o in op.outputs}
     out: set[str] = set()
-    for g in metp_groups(tp_mode):
-        names = METP_GROUPS[g]
+    for g in flavour.ring_groups:
+        names = RING_GROUPS[g]
         out |= set(names)
         first = next(op for op in ops if op.name == names[0])
         out |= {producer[i] for i in first.inputs if i in producer}
     return out
 
 
-def _metp_group_costs(group: str, model: ModelConfig, layout: Layout, batch: int, seq: int,
-                      profile: HardwareProfile, phase: str, fraction: float) -> list[OpCost]:
-    if group == "ffn":
-        return metp.ffn_costs(model, layout, batch, seq, profile, phase)
+def _ffn_ring_costs(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile,
+                    phase: str, fraction: float) -> list[OpCost]:
+    return metp.ffn_costs(model, layout, batch, seq, profile, phase)
+
+
+def _mha_ring_costs(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile,
+                    phase: str, fraction: float) -> list[OpCost]:
     if phase == "recompute":  # MEMO's token-wise recompute needs only proj (to rebuild h1)
         return metp.proj_recompute_costs(model, layout, batch, seq, profile, fraction)
     return metp.mha_costs(model, layout, batch, seq, profile, phase)
 
 
+# The op costs of each ring group of `memo_sim.tp.RING_GROUPS` (``fn(model, layout, batch, seq,
+# profile, phase, fraction)``), and the op a group prices beside the op before it (the MHA's step-0
+# weight broadcast, `memo_sim.cost.metp.mha_prologue`), written once per group for every flavour.
+RING_COSTS = {"ffn": _ffn_ring_costs, "mha": _mha_ring_costs}
+RING_PROLOGUES = {"mha": metp.mha_prologue}
+
+
 def _ops_with_comm(ops: list[OpSpec], model: ModelConfig, layout: Layout, batch: int, seq: int,
                    profile: HardwareProfile, phase: str, fraction: float = 1.0) -> list[OpCost]:
     out: list[OpCost] = []
-    mode = layout.tp_mode
-    free = _metp_free_comm(model, mode) if layout.metp else set()
+    flavour = layout.flavour
+    free = _metp_free_comm(model, flavour)
     emitted: set[str] = set()
     for k, op in enumerate(ops):
-        group = metp_group_of(op.name, mode)
+        group = flavour.group_of(op.name)
         if group is not None:
             if group not in emitted:
                 emitted.add(group)
-                out += _metp_group_costs(group, model, layout, batch, seq, profile, phase, fraction)
+                out += RING_COSTS[group](model, layout, batch, seq, profile, phase, fraction)
             continue
-        nxt = metp_group_of(ops[k + 1].name, mode) if k + 1 < len(ops) else None
-        if nxt == "mha" and phase != "recompute":  # step 0's weight broadcast beside this op
-            out.append(metp.mha_prologue(model, layout, batch, seq, profile, phase))
+        nxt = flavour.group_of(ops[k + 1].name) if k + 1 < len(ops) else None
+        if nxt in RING_PROLOGUES and phase != "recompute":  # a ring's first step beside this op
+            out.append(RING_PROLOGUES[nxt](model, layout, batch, seq, profile, phase))
         if op.kind == "attention" and layout.ulysses > 1:
             out.append(_ulysses_alltoall(model, layout, batch, seq, profile, phase,
                                          model.hidden + 2 * model.kv_dim, "alltoall_qkv"))

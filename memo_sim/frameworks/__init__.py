@@ -38,7 +38,8 @@ from memo_sim.errors import MemoError, validated
 from memo_sim.fileio import read_utf8
 from memo_sim.layout.parallel import HOST_POOLS, Layout
 from memo_sim.layout.schedule import SCHEDULE_NAMES
-from memo_sim.model.layer_graph import ATTENTION_KERNELS, CROSS_ENTROPY_KERNELS, TP_MODES
+from memo_sim.model.layer_graph import ATTENTION_KERNELS, CROSS_ENTROPY_KERNELS
+from memo_sim.tp import TP_MODES
 from memo_sim.policy import policy_names
 
 DATA = Path(__file__).parent / "data"

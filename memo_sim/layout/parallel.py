@@ -21,16 +21,16 @@ Model states (weights, gradients, optimizer states) are replicated across every 
 the same weights, i.e. the DP x CP x Ulysses group; ZeRO stage z shards them over that group:
 stage 1 the optimizer states, 2 also the gradients, 3 also the weights.
 
-Tensor-parallel flavour (``tp_mode``, papers/metp.txt): ``megatron`` (default) is Megatron-LM's
-TP, with or without its sequence parallelism; ``metp_ffn`` runs the FFN as memory-efficient
-tensor parallelism (METP: each of the p = tp ranks holds 1/p of the tokens, the W_in / W_out
-blocks travel a ring by send/recv) beside Megatron TP+SP attention; ``metp`` also runs the
-attention as METP's two-level scheme (outer loop over p head groups whose W_qkv / W_proj blocks
-are broadcast, inner ring of K/V blocks). METP shards every activation over the TP ranks like
-Megatron SP, so it requires ``sp=True``. Validity (`check_layout`): tp >= 2; heads and, for
-``metp``, KV heads divisible by p (the outer loop's head groups); ``metp`` is not combined with
-ring CP or Ulysses (its inner ring already spans the sequence); the TP group stays inside a node
-unless ``metp_across_nodes`` allows a METP ring over whole nodes.
+Tensor-parallel flavour (``tp_mode``, papers/metp.txt): one module per flavour in `memo_sim.tp`,
+which owns its validity rules (`check_layout` asks ``layout.flavour.check``), its label and its
+data. ``megatron`` (default) is Megatron-LM's TP, with or without its sequence parallelism;
+``metp_ffn`` runs the FFN as memory-efficient tensor parallelism (METP: each of the p = tp ranks
+holds 1/p of the tokens, the W_in / W_out blocks travel a ring by send/recv) beside Megatron TP+SP
+attention; ``metp`` also runs the attention as METP's two-level scheme (outer loop over p head
+groups whose W_qkv / W_proj blocks are broadcast, inner ring of K/V blocks). METP shards every
+activation over the TP ranks like Megatron SP, so it requires ``sp=True``; the rest of its rules
+are `memo_sim.tp.metp_ffn` and `memo_sim.tp.metp`. Here: the TP group stays inside a node unless
+``metp_across_nodes`` allows a ring flavour's group over whole nodes.
 
 Attention kernel (``attention``, `memo_sim.cost.attention_kernel`): ``flash`` (default) or
 ``materialised`` (Megatron-LM before FlashAttention: the whole s x s score matrix per head on one
@@ -68,7 +68,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from memo_sim.errors import MemoError, validated
 from memo_sim.model.config import ModelConfig
-from memo_sim.model.layer_graph import ATTENTION_KERNELS, CROSS_ENTROPY_KERNELS, TP_MODES
+from memo_sim.model.layer_graph import ATTENTION_KERNELS, CROSS_ENTROPY_KERNELS
+from memo_sim.tp import FLAVOURS, TP_MODES, TPFlavour, tp_flavour
 
 # how offloaded activations sit in pinned host memory (`memo_sim.policy.host_layout`): memo's executor's
 # one registered pool per GPU, or PyTorch's caching host allocator (one rounded allocation per tensor)
@@ -83,7 +84,7 @@ class Layout:
     ulysses: int = 1  # DeepSpeed-Ulysses sequence parallelism (all-to-all over heads)
     dp: int = 1
     zero: int = 0
-    tp_mode: str = "megatron"  # megatron | metp_ffn | metp (see the module docs)
+    tp_mode: str = "megatron"  # a flavour of `memo_sim.tp`: megatron | metp_ffn | metp (see the module docs)
     pp: int = 1  # pipeline stages; layers split evenly, embedding first, classifier last
     vpp: int = 1  # virtual stages (model chunks) per pipeline rank (interleaved 1F1B; `layout.schedule`)
     attention: str = "flash"  # attention kernel: flash | materialised (`memo_sim.cost.attention_kernel`)
@@ -113,15 +114,17 @@ class Layout:
         return self.dp * self.cp * self.ulysses
 
     @property
+    def flavour(self) -> TPFlavour:
+        """The tensor-parallel flavour of ``tp_mode`` (`memo_sim.tp`)."""
+        return tp_flavour(self.tp_mode)
+
+    @property
     def metp(self) -> bool:
-        """Whether any part of the layer runs as METP."""
-        return self.tp_mode != "megatron"
+        """Whether any part of the layer runs as METP (the flavour runs a ring)."""
+        return self.flavour.runs_rings
 
     def label(self) -> str:
-        if self.metp:
-            parts = [f"tp{self.tp}+{self.tp_mode}"]
-        else:
-            parts = [f"tp{self.tp}{'+sp' if self.sp and self.tp > 1 else ''}"]
+        parts = [self.flavour.label(self)]
         if self.ulysses > 1:
             parts.append(f"uly{self.ulysses}")
         if self.cp > 1:
@@ -168,10 +171,6 @@ class Layout:
         ZeRO 0-3, sp a boolean, tp_mode one of `TP_MODES`, attention one of `ATTENTION_KERNELS`."""
         return cls(**validated(_LayoutIn, d, source).model_dump())
 
-
-# The bias settings (`memo_sim.model.config`) two-level METP attention runs with: its travelling
-# QKV block carries the QKV bias (the executor's `memo_exec.metp.flavour` refuses the others too).
-METP_QKV_BIASES = ("all", "qkv")
 
 MAX_DEGREE = 1 << 20  # a parallel degree past a million GPUs is a typo, not a cluster
 _Degree = Annotated[int, Field(strict=True, ge=1, le=MAX_DEGREE)]
@@ -243,6 +242,8 @@ def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: i
         if layout.pp > 1:
             return f"tp x ulysses x cp x pp x dp = {layout.gpus}, not the {gpus} GPUs asked for"
         return f"tp x ulysses x cp x dp = {layout.gpus}, not the {gpus} GPUs asked for"
+    if layout.tp_mode not in FLAVOURS:
+        return f"tp_mode must be one of {', '.join(FLAVOURS.names())}, got {layout.tp_mode!r}"
     if layout.pp > 1:
         if model.layers % layout.pp:
             return f"{model.layers} layers do not split evenly into {layout.pp} pipeline stages"
@@ -256,29 +257,19 @@ def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: i
             return f"virtual stages (vpp = {layout.vpp}) interleave pipeline stages: they need pp >= 2"
         if model.layers % (layout.pp * layout.vpp):
             return f"{model.layers} layers do not split evenly into pp x vpp = {layout.pp * layout.vpp} model chunks"
-    if layout.tp_mode not in TP_MODES:
-        return f"tp_mode must be one of {', '.join(TP_MODES)}, got {layout.tp_mode!r}"
     if layout.attention not in ATTENTION_KERNELS:
         return f"attention must be one of {', '.join(ATTENTION_KERNELS)}, got {layout.attention!r}"
-    if layout.attention == "materialised" and (layout.cp > 1 or layout.tp_mode == "metp"):
+    flavour = layout.flavour
+    if layout.attention == "materialised" and (layout.cp > 1 or flavour.group_of("attention")):
         return ("materialised attention holds each head's whole s x s score matrix on one GPU: it is not "
                 "combined with ring CP or METP's ring attention (they merge blocks by log-sum-exp)")
     if layout.cross_entropy not in CROSS_ENTROPY_KERNELS:
         return f"cross_entropy must be one of {', '.join(CROSS_ENTROPY_KERNELS)}, got {layout.cross_entropy!r}"
     if layout.host_pool not in HOST_POOLS:
         return f"host_pool must be one of {', '.join(HOST_POOLS)}, got {layout.host_pool!r}"
-    if layout.metp:
-        if layout.tp < 2:
-            return f"{layout.tp_mode} needs a tensor-parallel degree of at least 2"
-        if not layout.sp:
-            return "METP shards every activation over the TP ranks (like Megatron SP): sp must be on"
-        if layout.tp_mode == "metp" and (layout.cp > 1 or layout.ulysses > 1):
-            return "two-level METP attention is not combined with ring CP or Ulysses (use metp_ffn)"
-        if layout.tp_mode == "metp" and model.bias not in METP_QKV_BIASES:
-            return (f"two-level METP attention moves QKV weight blocks with their bias; {model.name} has no QKV bias "
-                    f"(bias {model.bias}): use metp_ffn")
-        if layout.tp_mode == "metp" and model.n_kv_heads % layout.tp:
-            return f"kv heads ({model.n_kv_heads}) not divisible by tp ({layout.tp}) (METP's outer loop over head groups)"
+    why = flavour.check(layout, model)
+    if why:
+        return why
     across = metp_across_nodes and layout.metp and layout.tp > gpus_per_node and layout.tp % gpus_per_node == 0
     if (layout.tp > gpus_per_node or gpus_per_node % layout.tp) and not across:
         return f"tp={layout.tp} must divide the {gpus_per_node} GPUs of a node (TP stays inside a node)"
@@ -292,8 +283,7 @@ def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: i
     if model.ffn % layout.tp:
         return f"ffn ({model.ffn}) not divisible by tp ({layout.tp})"
     chunks = layout.ulysses * layout.cp * (2 if layout.cp > 1 else 1) * (layout.tp if layout.sp else 1)
-    if layout.tp_mode == "metp":
-        chunks *= 2  # the inner K/V ring splits the sequence zigzag (2p chunks) to balance causal work
+    chunks *= flavour.seq_chunk_factor  # e.g. METP's inner K/V ring: zigzag, 2p chunks (`memo_sim.tp.metp`)
     if seq % chunks:
         return f"sequence length {seq} not divisible into {chunks} equal chunks (ulysses x 2cp x tp)"
     if layout.zero and layout.state_shards == 1:
@@ -326,7 +316,7 @@ def enumerate_layouts(model: ModelConfig, gpus: int, gpus_per_node: int, seq: in
     # rules of `check_layout`), so a cluster of a million GPUs enumerates hundreds, not 10^5: TP
     # inside a node (or whole nodes for a METP ring), Ulysses dividing the heads, ring CP's 2cp
     # chunks dividing the sequence. A degree the user fixes is kept, and refused with its reason.
-    across = metp_across_nodes and any(m != "megatron" for m in tp_modes)
+    across = metp_across_nodes and any(tp_flavour(m).runs_rings for m in tp_modes)
     tps = choices(tp) if tp is not None else [t for t in _divisors(gpus) if (t <= gpus_per_node and gpus_per_node % t == 0)
                                             or (across and t % gpus_per_node == 0)]
     ulys = choices(ulysses) if ulysses is not None else [u for u in _divisors(gpus) if model.heads % u == 0]
@@ -340,7 +330,7 @@ def enumerate_layouts(model: ModelConfig, gpus: int, gpus_per_node: int, seq: in
         sps = [sp] if sp is not None else ([True, False] if t > 1 else [True])
         zs = [zero] if zero is not None else ([0, 1, 2, 3] if d * c * u > 1 else [0])
         for s, z, mode in product(sps, zs, tp_modes):
-            if mode != "megatron" and (t < 2 or not s):
+            if not tp_flavour(mode).applies(t, s):
                 continue
             lay = Layout(tp=t, sp=s if t > 1 else True, cp=c, ulysses=u, dp=d, zero=z, tp_mode=mode, pp=pp)
             why = check_layout(lay, model, gpus, gpus_per_node, seq, metp_across_nodes=metp_across_nodes)

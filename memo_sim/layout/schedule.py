@@ -23,6 +23,8 @@ Plans written before schedules were named carry no ``schedule`` field; they read
 
 from __future__ import annotations
 
+from memo_sim.tp import tp_flavour
+
 SCHEDULE_NAMES = ("single_stage", "1f1b", "interleaved_1f1b", "sppo")
 PIPELINE_SCHEDULES = ("1f1b", "interleaved_1f1b")  # the micro-batch pipelines (any activation policy)
 
@@ -76,7 +78,7 @@ def executor_stage_limit(tp: int, tp_mode: str, cp: int, ulysses: int, zero: int
     what-if says so when it writes one."""
     if cp > 1 or ulysses > 1:
         return "ring CP and Ulysses are not combined with pipeline stages in the executor: plan with cp = ulysses = 1"
-    if tp > 1 and tp_mode != "megatron":
+    if tp > 1 and tp_flavour(tp_mode).runs_rings:
         return f"pipeline stages run Megatron TP (with or without SP), not {tp_mode}: plan with tp_mode megatron"
     if zero >= 2:
         return "pipeline stages keep their own layers' weights and gradients: plan with ZeRO 0 or 1"

@@ -15,7 +15,7 @@ Backward (ops in reverse): the incoming gradient dy, the gradients each op produ
 gathered inputs the weight gradients need again under sequence parallelism, and MEMO's
 token-wise recompute scratch (the dropped tokens' gathered inputs) at the start.
 
-METP (``layout.tp_mode``, `memo_sim.cost.metp`): the ring replaces the FFN (and with ``metp``
+METP (``layout.tp_mode``, `memo_sim.tp`; `memo_sim.cost.metp`; the blocks in `memo_sim.memplan.ring_trace`): the ring replaces the FFN (and with ``metp``
 the MHA) and its all-gathers / reduce-scatters. Forward FFN: the double buffer of received
 W_in / W_out blocks (``metp_ffn_w_double_buffer``, 2 x (B + C) blocks) and the output
 accumulator O_i (``fc2``) for the whole ring; per step j the T_ij block (``metp_fc1_block<j>``),
@@ -33,7 +33,7 @@ computed and reduced (``metp_mha_dw_reduce_buffers``), the dX_i accumulator (``d
 step dA_ij, the recomputed Q/K/V block, its gradient block, the inner ring's K/V double buffer
 and dK/dV in flight (``metp_dkv_in_flight<j>``, 2 x K/V block) and FlashAttention's workspace
 (2 x lse block + fp32 dQ accumulator). MEMO's recompute scratch under ``metp`` is the dropped
-tokens' proj and the W_proj ring's double buffer.
+tokens' proj and the W_proj ring's double buffer (each flavour's ``recompute_scratch``).
 
 Level 2 (whole model): embedding output, one pseudo block per layer forward and backward of the
 level-1 peak, skeletal blocks by policy (all layers' skeletal tensors for store-all, layer
@@ -53,8 +53,8 @@ from memo_sim.layout.parallel import Layout
 from memo_sim.cost.metp import block_sizes
 from memo_sim.request_trace import Buffer, RequestTrace
 from memo_sim.model.config import ModelConfig
-from memo_sim.model.layer_graph import (DTYPE_BYTES, UNPLACED, attention_bwd_workspace_bytes, forward_ops, layer_tensors,
-                                       metp_group_of)
+from memo_sim.model.layer_graph import DTYPE_BYTES, UNPLACED, attention_bwd_workspace_bytes, forward_ops, layer_tensors
+from memo_sim.memplan.ring_trace import RING_TRACES
 from memo_sim.policy.base import Policy
 from memo_sim.policy.rounding_buffers import offloaded_layer_count
 
@@ -188,86 +188,6 @@ def layer_backward_trace(model: ModelConfig, layout: Layout, batch: int, seq: in
     return _layer_backward_trace(model, per_gpu_shard(layout), batch, seq, frac)
 
 
-def _metp_ffn_forward(b: "_Builder", bs: dict[str, float], p: int, tb: dict[str, float]) -> None:
-    b.alloc("metp_ffn_w_double_buffer", 2 * bs["ffn_w_block"])
-    b.alloc("fc2", tb["fc2"])  # the output accumulator O_i, freed by the residual add
-    b.tick()
-    for j in range(p):
-        b.alloc(f"metp_fc1_block{j}", bs["fc1_block"])  # T_ij = A_i B_j, then D_ij = f(T_ij) in place
-        b.tick()  # O_i += D_ij C_j
-        b.free(f"metp_fc1_block{j}")
-        b.tick()
-    b.free("metp_ffn_w_double_buffer")
-
-
-def _metp_mha_forward(b: "_Builder", bs: dict[str, float], p: int, tb: dict[str, float], d: int) -> None:
-    b.alloc("metp_mha_w_double_buffer", 2 * bs["mha_w_block"])
-    b.alloc("proj", tb["proj"])  # the output accumulator O_i, freed by the residual add
-    b.tick()
-    for j in range(p):
-        b.alloc(f"metp_qkv_block{j}", bs["qkv_block"])  # Q_ij, K_ij, V_ij = X_i W_qkv_j
-        b.tick()
-        ring = [(f"metp_kv_double_buffer{j}", 2 * bs["kv_block"]),
-                (f"metp_attn_accumulator_fp32_{j}", bs["attn_block"] * FP32 / d),
-                (f"attention_workspace{j}", bs["lse_block"])]
-        for name, nbytes in ring:
-            b.alloc(name, nbytes)
-        b.tick()  # the inner ring; A_ij goes into the kept attention output
-        for name, _ in ring:
-            b.free(name)
-        b.free(f"metp_qkv_block{j}")
-        b.tick()  # O_i += A_ij W_proj_j
-    b.free("metp_mha_w_double_buffer")
-
-
-def _metp_ffn_backward(b: "_Builder", bs: dict[str, float], p: int, tb: dict[str, float]) -> None:
-    b.alloc("metp_ffn_w_double_buffer", 2 * bs["ffn_w_block"])
-    b.alloc("metp_ffn_dw_double_buffer", 2 * bs["ffn_w_block"])  # dB, dC: accumulated, in flight
-    b.alloc("d_ln2", tb["ln2"])  # dA_i, accumulated over the ring; freed by ln2's backward
-    b.tick()
-    for j in range(p):
-        b.alloc(f"metp_fc1_block{j}", bs["fc1_block"])  # recompute T_ij
-        b.tick()
-        b.alloc(f"metp_act_block{j}", bs["act_block"])  # recompute D_ij
-        b.alloc(f"metp_d_act_block{j}", bs["act_block"])  # dD_ij = dO C_j^T; dC_j += D_ij^T dO
-        b.tick()
-        b.free(f"metp_act_block{j}")
-        b.alloc(f"metp_d_fc1_block{j}", bs["fc1_block"])  # dT_ij = f'(T_ij) dD_ij
-        b.tick()
-        b.free(f"metp_fc1_block{j}")
-        b.free(f"metp_d_act_block{j}")
-        b.tick()  # dA_i += dT_ij B_j^T; dB_j += A_i^T dT_ij
-        b.free(f"metp_d_fc1_block{j}")
-    b.free("metp_ffn_w_double_buffer")
-    b.free("metp_ffn_dw_double_buffer")
-
-
-def _metp_mha_backward(b: "_Builder", bs: dict[str, float], p: int, tb: dict[str, float], d: int) -> None:
-    b.alloc("metp_mha_w_double_buffer", 2 * bs["mha_w_block"])
-    b.alloc("metp_mha_dw_reduce_buffers", 2 * bs["mha_w_block"])  # dW_qkv_j, dW_proj_j: computed, reduced
-    b.alloc("d_ln1", tb["ln1"])  # dX_i, accumulated over the outer loop; freed by ln1's backward
-    b.tick()
-    for j in range(p):
-        b.alloc(f"metp_d_attn_block{j}", bs["attn_block"])  # dA_ij = dO W_proj_j^T
-        b.alloc(f"metp_qkv_block{j}", bs["qkv_block"])  # recompute Q_ij, K_ij, V_ij
-        b.tick()
-        ring = [(f"metp_kv_double_buffer{j}", 2 * bs["kv_block"]),
-                (f"metp_dkv_in_flight{j}", 2 * bs["kv_block"]),
-                (f"attention_bwd_workspace{j}", attention_bwd_workspace_bytes(bs["lse_block"], bs["attn_block"], d))]
-        for name, nbytes in ring:
-            b.alloc(name, nbytes)
-        b.alloc(f"metp_d_qkv_block{j}", bs["qkv_block"])
-        b.tick()  # the inner backward ring
-        for name, _ in ring:
-            b.free(name)
-        b.free(f"metp_d_attn_block{j}")
-        b.tick()  # dX_i += dQKV W_qkv_j^T; dW_qkv_j = X_i^T dQKV
-        b.free(f"metp_qkv_block{j}")
-        b.free(f"metp_d_qkv_block{j}")
-    b.free("metp_mha_w_double_buffer")
-    b.free("metp_mha_dw_reduce_buffers")
-
-
 @lru_cache(maxsize=1024)
 def _layer_forward_trace(model: ModelConfig, layout: Layout, batch: int, seq: int) -> RequestTrace:
     tens = layer_tensors(model, layout.tp_mode)
@@ -276,14 +196,15 @@ def _layer_forward_trace(model: ModelConfig, layout: Layout, batch: int, seq: in
     sp = layout.sp and layout.tp > 1
     tp = layout.tp > 1
     bs = block_sizes(model, layout, batch, seq) if layout.metp else {}
+    flavour = layout.flavour
     b = _Builder("fwd")
+    rings: set[str] = set()
     for op in forward_ops(model):
-        group = metp_group_of(op.name, layout.tp_mode)
-        if group == "ffn" and op.name == "fc1":
-            _metp_ffn_forward(b, bs, layout.tp, tb)
-        elif group == "mha" and op.name == "qkv":
-            _metp_mha_forward(b, bs, layout.tp, tb, DTYPE_BYTES[model.dtype])
+        group = flavour.group_of(op.name)
         if group is not None:
+            if group not in rings:  # the ring's blocks, at its first op
+                rings.add(group)
+                RING_TRACES[group].forward(b, bs, layout.tp, tb, DTYPE_BYTES[model.dtype])
             continue
         if op.kind == "gemm" and sp and op.tp_comm_after != "reduce":
             b.alloc(f"{op.name}_input_gathered", full_h)  # all-gather output
@@ -311,22 +232,6 @@ def _layer_forward_trace(model: ModelConfig, layout: Layout, batch: int, seq: in
     return RequestTrace(b.finish(), name=f"{model.name}-{layout.label()}-{seq}-layer-fwd")
 
 
-def _recompute_scratch(model: ModelConfig, layout: Layout, frac: float, tb: dict[str, float],
-                       full_h: float) -> list[tuple[str, float]]:
-    """MEMO's token-wise recompute scratch of the dropped ``frac`` of the tokens, one at a time."""
-    sp = layout.sp and layout.tp > 1
-    if layout.tp_mode == "metp":  # h1 = x + attn W_proj: local rows, W_proj blocks on a ring
-        bs = block_sizes(model, layout, 1, 1)  # weight blocks do not depend on the tokens
-        return [("recompute_proj", frac * tb["proj"]), ("metp_wproj_double_buffer", 2 * bs["wproj_block"])]
-    gathered = full_h if sp else tb["ln1"]
-    # rc_proj: the output projection of the dropped tokens (a full-length partial sum under TP)
-    out = [("recompute_ln1_gathered", frac * gathered), ("rc_proj", frac * full_h),
-           ("recompute_ln2_gathered", frac * gathered)]
-    if layout.tp_mode == "metp_ffn":  # fc1 and act are not rebuilt: ln2 needs no gather
-        out = out[:2]
-    return out
-
-
 @lru_cache(maxsize=1024)
 def _layer_backward_trace(model: ModelConfig, layout: Layout, batch: int, seq: int, frac: float) -> RequestTrace:
     tens = layer_tensors(model, layout.tp_mode)
@@ -334,21 +239,22 @@ def _layer_backward_trace(model: ModelConfig, layout: Layout, batch: int, seq: i
     full_h = tokens_per_gpu(layout, batch, seq) * model.hidden * DTYPE_BYTES[model.dtype]
     sp = layout.sp and layout.tp > 1
     bs = block_sizes(model, layout, batch, seq) if layout.metp else {}
+    flavour = layout.flavour
     b = _Builder("bwd")
     b.alloc("dy", tb["y"])
-    if frac > 0:  # token-wise recompute scratch: gathered inputs and row-parallel partials of dropped tokens
-        for nm, nbytes in _recompute_scratch(model, layout, frac, tb, full_h):
+    if frac > 0:  # the flavour's token-wise recompute scratch (weight blocks do not depend on the tokens)
+        for nm, nbytes in flavour.recompute_scratch(layout, frac, tb, full_h, lambda: block_sizes(model, layout, 1, 1)):
             b.alloc(nm, nbytes)
             b.tick()
             b.free(nm)
     grads: dict[str, str] = {"y": "dy", "fc2": "dy", "h1": "dy"}
+    rings: set[str] = set()
     for op in reversed(forward_ops(model)):
-        group = metp_group_of(op.name, layout.tp_mode)
-        if group == "ffn" and op.name == "fc2":
-            _metp_ffn_backward(b, bs, layout.tp, tb)
-        elif group == "mha" and op.name == "out_proj":
-            _metp_mha_backward(b, bs, layout.tp, tb, DTYPE_BYTES[model.dtype])
+        group = flavour.group_of(op.name)
         if group is not None:
+            if group not in rings:  # the ring's blocks, at its last op (the first in backward)
+                rings.add(group)
+                RING_TRACES[group].backward(b, bs, layout.tp, tb, DTYPE_BYTES[model.dtype])
             continue
         if op.kind == "elementwise" and op.name.startswith("add"):
             b.tick()  # residual: gradient flows through unchanged (accumulated in place)

@@ -23,7 +23,7 @@ other 28·b·s·h (role "other") are split token-wise by alpha. Without sequence
 tensors with ``tp_split=False`` (x, ln1, h1, ln2: 8·b·s·h bytes) are replicated on every TP
 rank. lse is kept on the GPU by every policy (it is a few MB).
 
-Tensor-parallel modes (``tp_mode``, `TP_MODES`; METP, papers/metp.txt sections 3-4): under
+Tensor-parallel modes (``tp_mode``, the flavours of `memo_sim.tp`; METP, papers/metp.txt sections 3-4): under
 ``megatron`` the tensors above are as described. Under METP the ranks of the TP group each hold
 1/p of the tokens of every activation (as Megatron SP) and the weight blocks travel a ring, so
 some tensors never exist whole on a GPU: they are built block by block inside the ring loops and
@@ -41,8 +41,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from types import MappingProxyType
 
-from memo_sim.errors import MemoError
 from memo_sim.model.config import ModelConfig
+from memo_sim.tp import tp_flavour
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 LSE_BYTES = 4  # the attention's log-sum-exp: fp32 per (token, head)
@@ -60,7 +60,6 @@ def attention_bwd_workspace_bytes(lse_bytes: float, q_bytes: float, dtype_bytes:
 
 ROLES = ("input", "attn", "other", "lse", "transient")
 
-TP_MODES = ("megatron", "metp_ffn", "metp")  # tensor-parallel flavours (`memo_sim.layout.parallel.Layout.tp_mode`)
 # attention kernels (`memo_sim.layout.parallel.Layout.attention`; priced in `memo_sim.cost.attention_kernel`):
 # "flash" (FlashAttention: fused, causal, no score matrix in memory) or "materialised" (Megatron-LM
 # before FlashAttention: batched GEMMs over the whole s x s score matrix, a fused softmax, dropout)
@@ -69,39 +68,10 @@ ATTENTION_KERNELS = ("flash", "materialised")
 # logit in `memo_sim.cost.boundary.cross_entropy_bytes_per_logit`)
 CROSS_ENTROPY_KERNELS = ("chunked", "vocab_parallel", "torch_fused")
 
-# The op groups METP runs as a ring (papers/metp.txt): O = f(A B) C with A the group's input.
-METP_GROUPS: dict[str, tuple[str, ...]] = {"ffn": ("fc1", "act", "fc2"), "mha": ("qkv", "attention", "out_proj")}
-_MODE_GROUPS: dict[str, tuple[str, ...]] = {"megatron": (), "metp_ffn": ("ffn",), "metp": ("mha", "ffn")}
-_BLOCK_TENSORS: dict[str, frozenset[str]] = {
-    "megatron": frozenset(),
-    "metp_ffn": frozenset({"fc1", "act"}),
-    "metp": frozenset({"q", "k", "v", "fc1", "act"}),
-}
-
-
-def check_tp_mode(tp_mode: str) -> str:
-    if tp_mode not in TP_MODES:
-        raise MemoError(f"tp_mode must be one of {', '.join(TP_MODES)}, got {tp_mode!r}")
-    return tp_mode
-
-
-def metp_groups(tp_mode: str) -> tuple[str, ...]:
-    """The op groups (``"mha"``, ``"ffn"``) METP runs as a ring under ``tp_mode``."""
-    return _MODE_GROUPS[check_tp_mode(tp_mode)]
-
-
-def metp_group_of(op_name: str, tp_mode: str) -> str | None:
-    """The METP group an op of `forward_ops` belongs to under ``tp_mode``, or None (Megatron op)."""
-    for g in metp_groups(tp_mode):
-        if op_name in METP_GROUPS[g]:
-            return g
-    return None
-
-
 def block_tensors(tp_mode: str) -> frozenset[str]:
     """Tensors that under ``tp_mode`` exist only as per-step blocks inside METP's ring loops (never
-    whole on a GPU, not saved for backward)."""
-    return _BLOCK_TENSORS[check_tp_mode(tp_mode)]
+    whole on a GPU, not saved for backward): the flavour's (`memo_sim.tp`)."""
+    return tp_flavour(tp_mode).block_tensors
 
 
 @dataclass(frozen=True)

@@ -1,31 +1,25 @@
-"""Activation policies by name: each policy module registers its class here."""
+"""Activation policies by name: each policy module registers its class here (`memo_sim.registry`)."""
 
 from __future__ import annotations
 
-from memo_sim.errors import MemoError
 from memo_sim.policy.base import Policy
+from memo_sim.registry import Registry
 
-_REGISTRY: dict[str, type[Policy]] = {}
+POLICIES: Registry[type[Policy]] = Registry("policy")
 
 
 def register(cls: type[Policy]) -> type[Policy]:
     """Class decorator: make a policy available by its ``name``."""
-    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
-        raise ValueError(f"policy {cls.name!r} registered twice")
-    _REGISTRY[cls.name] = cls
-    return cls
+    return POLICIES.add(cls.name, cls)
 
 
 def policy_names() -> tuple[str, ...]:
     """Registered names, in registration order (the order the what-if lists them)."""
-    return tuple(_REGISTRY)
+    return POLICIES.names()
 
 
 def policy_class(name: str) -> type[Policy]:
-    try:
-        return _REGISTRY[name]
-    except (KeyError, TypeError):
-        raise MemoError(f"policy {name!r} unknown; choose one of {', '.join(_REGISTRY)}") from None
+    return POLICIES.get(name)
 
 
 def get_policy(name: str, alpha: float | None = None) -> Policy:

@@ -42,6 +42,7 @@ from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field, replace
 
 from memo_sim.cost.boundary import boundary_times
+from memo_sim.tp import tp_flavour
 from memo_sim.cost.sppo import (
     EFFICIENT_TOKENS_PER_DEVICE, PARTITIONS, bubble_ratio, kv_cache_bytes, p2p_bytes, p2p_link, piece_timer,
     stage_grad_sync, stage_layers, stage_model_state_bytes, stage_optimizer_time,
@@ -579,7 +580,7 @@ def sppo_candidates(model: ModelConfig, seq: int, gpus: int, profile: HardwarePr
         return None, [], [], "sppo stages split the sequence by TP+SP only (no --cp / --ulysses)"
     if sp is False:
         return None, [], [], "sppo needs Megatron sequence parallelism inside a stage (no --no-sp)"
-    if tp_mode not in ("all", "megatron"):
+    if tp_mode != "all" and tp_flavour(tp_mode).runs_rings:
         return None, [], [], f"sppo stages run Megatron TP+SP, not {tp_mode}"
     if partition is not None and partition not in PARTITIONS:
         raise MemoError(f"--partition must be one of {', '.join(PARTITIONS)}, got {partition!r}")

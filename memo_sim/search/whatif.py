@@ -32,7 +32,7 @@ from memo_sim.errors import MemoError
 from memo_sim.engine.schedules.microbatch import micro_batch_pipelines
 from memo_sim.layout.parallel import Layout, enumerate_layouts
 from memo_sim.layout.schedule import SCHEDULE_NAMES, check_schedule, default_schedule, schedule_runs_policy
-from memo_sim.model.layer_graph import TP_MODES
+from memo_sim.tp import TP_MODES
 from memo_sim.memplan.footprint import memory_breakdown
 from memo_sim.model.config import ModelConfig
 from memo_sim.policy import get_policy, policy_class, policy_names
@@ -64,11 +64,11 @@ TP_MODE_CHOICES = TP_MODES + ("all",)
 
 def tp_modes_of(tp_mode: str) -> tuple[str, ...]:
     """The flavours a ``--tp-mode`` value asks for (``all``: every one)."""
-    if tp_mode == "all":
-        return TP_MODES
-    if tp_mode not in TP_MODES:
-        raise MemoError(f"--tp-mode {tp_mode!r} unknown; choose from {', '.join(TP_MODE_CHOICES)}")
-    return (tp_mode,)
+    choices = {"all": TP_MODES, **{m: (m,) for m in TP_MODES}}
+    try:
+        return choices[tp_mode]
+    except (KeyError, TypeError):
+        raise MemoError(f"--tp-mode {tp_mode!r} unknown; choose from {', '.join(TP_MODE_CHOICES)}") from None
 
 
 def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, *, batch: int | None = None,

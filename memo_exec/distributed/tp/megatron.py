@@ -20,9 +20,8 @@ import torch
 import torch.distributed as dist
 
 from memo_exec.distributed.collectives import all_gather_single, reduce_scatter_single
-
-from memo_exec.distributed.tp import register_tp
 from memo_exec.distributed.tp.base import TPFlavour
+from memo_exec.distributed.tp.registry import register_tp
 from memo_exec.layer import LayerCompute, LayerWeights, TPComm, storage_shapes
 
 

@@ -13,31 +13,23 @@ from typing import Callable
 
 from memo_sim.errors import MemoError
 from memo_sim.layout.schedule import SCHEDULE_NAMES
+from memo_sim.registry import Registry
 
-_RUNNERS: dict[str, Callable] = {}
+RUNNERS: Registry[Callable] = Registry("schedule", error=MemoError, allowed=SCHEDULE_NAMES,
+                                      unknown="{what} must be one of {known}, got {name!r}")
 
 
 def register_schedule(name: str):
     """Decorator: ``fn`` simulates schedule ``name`` (one of `SCHEDULE_NAMES`)."""
     if name not in SCHEDULE_NAMES:
         raise ValueError(f"schedule {name!r} is not one of {SCHEDULE_NAMES} (memo_sim.layout.schedule names them)")
-
-    def deco(fn: Callable) -> Callable:
-        if name in _RUNNERS and _RUNNERS[name] is not fn:
-            raise ValueError(f"schedule {name!r} registered twice")
-        _RUNNERS[name] = fn
-        return fn
-
-    return deco
+    return lambda fn: RUNNERS.add(name, fn)
 
 
 def schedule_runner(name: str) -> Callable:
     """The runner registered for ``name`` (a one-line `MemoError` for an unknown name)."""
-    try:
-        return _RUNNERS[name]
-    except KeyError:
-        raise MemoError(f"schedule must be one of {', '.join(sorted(_RUNNERS))}, got {name!r}") from None
+    return RUNNERS.get(name)
 
 
 def registered_schedules() -> tuple[str, ...]:
-    return tuple(n for n in SCHEDULE_NAMES if n in _RUNNERS)
+    return tuple(n for n in SCHEDULE_NAMES if n in RUNNERS)

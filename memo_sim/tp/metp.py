@@ -1,0 +1,45 @@
+"""``metp``: METP for the FFN (`memo_sim.tp.metp_ffn`) and the two-level MHA (papers/metp.txt
+Algorithms 5-6): an outer loop over p head groups whose W_qkv / W_proj blocks are broadcast and an
+inner ring of K/V blocks, so q, k, v too exist only as per-outer-step head blocks; the MHA keeps
+only its input ln1 and the attention output attn (and lse). The executor's flavour is
+`memo_exec.metp.flavour.METPFull`."""
+
+from __future__ import annotations
+
+from memo_sim.tp.metp_ffn import FFN_RING_BUFFERS, MetpFfn
+from memo_sim.tp.registry import FLAVOURS
+
+# The bias settings (`memo_sim.model.config`) two-level METP attention runs with: its travelling
+# QKV block carries the QKV bias (the executor's `memo_exec.metp.flavour` refuses the others too).
+METP_QKV_BIASES = ("all", "qkv")
+
+
+class Metp(MetpFfn):
+    name = "metp"
+    ring_groups = ("mha", "ffn")
+    block_tensors = frozenset({"q", "k", "v", "fc1", "act"})
+    # the MHA's broadcast weight blocks and reduced weight gradients, the inner ring's K/V and
+    # dK/dV, and the W_proj ring of MEMO's recompute
+    comm_buffer_prefixes = FFN_RING_BUFFERS + ("metp_mha_w", "metp_mha_dw", "metp_kv_", "metp_dkv_", "metp_wproj")
+    seq_chunk_factor = 2  # the inner K/V ring splits the sequence zigzag (2p chunks) to balance causal work
+
+    def check(self, layout, model) -> str | None:
+        why = super().check(layout, model)
+        if why:
+            return why
+        if layout.cp > 1 or layout.ulysses > 1:
+            return "two-level METP attention is not combined with ring CP or Ulysses (use metp_ffn)"
+        if model.bias not in METP_QKV_BIASES:
+            return (f"two-level METP attention moves QKV weight blocks with their bias; {model.name} has no QKV bias "
+                    f"(bias {model.bias}): use metp_ffn")
+        if model.n_kv_heads % layout.tp:
+            return f"kv heads ({model.n_kv_heads}) not divisible by tp ({layout.tp}) (METP's outer loop over head groups)"
+        return None
+
+    def recompute_scratch(self, layout, frac, tb, full_h, blocks):
+        """h1 = x + attn W_proj: the dropped tokens' proj (local rows) and the double buffer of the
+        W_proj blocks travelling a ring."""
+        return [("recompute_proj", frac * tb["proj"]), ("metp_wproj_double_buffer", 2 * blocks()["wproj_block"])]
+
+
+METP = FLAVOURS.add(Metp.name, Metp())
