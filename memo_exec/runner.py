@@ -182,6 +182,21 @@ class RunResult:
         return steady_state(self.summaries)
 
 
+def distributed_only(plan: Plan) -> str | None:
+    """Why a one-device plan runs in the distributed executor rather than `Executor`'s loop (its
+    schedule, SPPO with pp = 1, or gradient accumulation lives there), or None. `memo-exec run`
+    runs such a plan in its own process as a process group of one."""
+    from memo_exec.distributed.schedule import SingleStage, schedule_for  # noqa: PLC0415
+
+    sched = schedule_for(plan)
+    if sched is not SingleStage:
+        return f"policy {plan.policy.label()} runs as the distributed executor's {sched.name} schedule"
+    if plan.micro_batches > 1:
+        return (f"micro_batch {plan.micro_batch} of batch {plan.batch}: gradient accumulation over "
+                f"{plan.micro_batches} micro-batches runs in the distributed executor")
+    return None
+
+
 class Executor:
     def __init__(self, plan: Plan, opts: RunOptions) -> None:
         self.plan, self.opts = plan, opts
@@ -190,17 +205,10 @@ class Executor:
             raise ExecError(f"plan layout {lay.label()} uses {plan.gpus} GPUs; this executor runs single-device plans "
                             f"(tp=cp=ulysses=dp=1): run it with memo-exec run --nproc {lay.gpus} (or torchrun), "
                             f"which uses memo_exec.distributed")
-        from memo_exec.distributed.schedule import SingleStage, schedule_for  # noqa: PLC0415
-
-        sched = schedule_for(plan)
-        if sched is not SingleStage:
-            raise ExecError(f"policy {plan.policy.label()} runs as the distributed executor's {sched.name} schedule, "
-                            f"not this single-device loop: run it with memo-exec run --nproc 1 "
-                            f"(torchrun --nproc-per-node 1 -m memo_exec run)")
-        if plan.micro_batches > 1:
-            raise ExecError(f"micro_batch {plan.micro_batch} of batch {plan.batch}: gradient accumulation over "
-                            f"{plan.micro_batches} micro-batches runs in the distributed executor: run it with "
-                            f"memo-exec run --nproc 1 (torchrun --nproc-per-node 1 -m memo_exec run)")
+        why = distributed_only(plan)
+        if why:
+            raise ExecError(f"{why}, not this single-device loop: `memo-exec run` runs it in one process "
+                            f"(or --nproc 1: torchrun --nproc-per-node 1 -m memo_exec run)")
         self.model = run_model(plan, opts)
         self.device_spec = resolve_device(opts.device)
         self.device = self.device_spec.torch_device
