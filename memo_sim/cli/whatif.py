@@ -46,8 +46,11 @@ from memo_sim.profile.loader import load_profile
 from memo_sim.report.table import render_table, status_text
 from memo_sim.search.frameworks import FRAMEWORKS
 from memo_sim.search.request import WhatifRequest, answer_whatif, sweep_candidates
-from memo_sim.search.whatif import binding_words, default_jobs, fold_duplicates
+from memo_sim.search.whatif import TP_MODE_CHOICES, binding_words, default_jobs, fold_duplicates
 from memo_sim.units import fmt_bytes, fmt_count, fmt_time, parse_token_budget
+
+
+ASKED = {f.name: f.default for f in fields(WhatifRequest)}  # the request's defaults, the options' too
 
 
 @click.command()
@@ -70,7 +73,7 @@ from memo_sim.units import fmt_bytes, fmt_count, fmt_time, parse_token_budget
 @click.option("--dp", type=DEGREE, help="Fix the data-parallel degree.")
 @click.option("--zero", type=click.IntRange(0, 3), help="Fix the ZeRO stage.")
 @click.option("--sp/--no-sp", default=None, help="Fix Megatron sequence parallelism on or off.")
-@click.option("--tp-mode", default=None, type=click.Choice(["megatron", "metp_ffn", "metp", "all"]),
+@click.option("--tp-mode", default=None, type=click.Choice(list(TP_MODE_CHOICES)),
               help="Tensor-parallel flavour: Megatron TP, METP for the FFN (metp_ffn), METP for the FFN and the "
                    "two-level MHA (metp), or all of them ranked together (default: all; megatron when --tp is "
                    "given, so --tp 8 asks about Megatron TP8).")
@@ -98,12 +101,12 @@ from memo_sim.units import fmt_bytes, fmt_count, fmt_time, parse_token_budget
 @click.option("--out", "out_dir", default=".", show_default=True, type=click.Path(file_okay=False),
               help="Folder for plan.json.")
 @click.option("--no-plan", is_flag=True, help="Do not write plan.json.")
-@click.option("--simulate-top", default=8, show_default=True, type=click.IntRange(0, 10000),
+@click.option("--simulate-top", default=ASKED["simulate_top"], show_default=True, type=click.IntRange(0, 10000),
               help="Tier 2: simulate this many of the best analytic candidates in the event simulator (0: none).")
-@click.option("--allocator-lag", default=0, show_default=True, type=click.IntRange(0, 64),
+@click.option("--allocator-lag", default=ASKED["allocator_lag"], show_default=True, type=click.IntRange(0, 64),
               help="Tier 2: layers the GPU lags behind the CPU, holding collective buffers from the caching "
                    "allocator (record_stream); 0: the GPU keeps up.")
-@click.option("--framework", default="any", show_default=True, type=click.Choice(list(FRAMEWORKS)),
+@click.option("--framework", default=ASKED["framework"], show_default=True, type=click.Choice(list(FRAMEWORKS)),
               help="Search only what this framework offers, and compare its best plan with memo's.")
 @click.option("--sweep-alpha", is_flag=True,
               help="Simulate MEMO at alpha = 0, 0.125, ..., 1 for the (best) fixed layout; writes alpha_sweep.png.")
@@ -150,13 +153,13 @@ def request_of(options: dict) -> WhatifRequest:
 class Show:
     """What the command prints and writes (the request is `WhatifRequest`)."""
 
-    top: int = 15
-    as_json: bool = False
-    out_dir: str = "."
-    no_plan: bool = False
-    train_budget: int | None = None  # --train-tokens, parsed
-    sweep_alpha: bool = False
-    progress: bool | None = None
+    top: int
+    as_json: bool
+    out_dir: str
+    no_plan: bool
+    train_budget: int | None  # --train-tokens, parsed
+    sweep_alpha: bool
+    progress: bool | None
 
     @classmethod
     def from_options(cls, options: dict) -> Show:
