@@ -78,3 +78,17 @@ def test_request_resolves_like_the_command():
     req = api.WhatifRequest(TOY, 4096, 2, prof, policies=["memo"], schedules=["single_stage"])
     assert req.policies == ("memo",) and req.search_kwargs()["schedules"] == ("single_stage",)
     assert req == api.WhatifRequest(TOY, 4096, 2, prof, policies=("memo",), schedules=("single_stage",))
+
+
+def test_every_whatif_option_lands_in_the_request_or_the_output():
+    """A new `memo-sim whatif` option is a field of `WhatifRequest` (the question) or of the
+    command's `Show` (what it prints and writes), by the same name: none is dropped on the way."""
+    from dataclasses import fields
+
+    from memo_sim.cli.whatif import Show, whatif
+    from memo_sim.search.request import WhatifRequest
+
+    built = {"model_name", "layers", "hidden", "heads", "ffn", "vocab", "dtype", "precision",  # the model
+             "profile_name", "train_tokens"}  # the profile; Show.train_budget
+    taken = {f.name for f in fields(WhatifRequest)} | {f.name for f in fields(Show)} | built
+    assert {p.name for p in whatif.params} - taken == set()

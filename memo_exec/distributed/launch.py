@@ -274,11 +274,13 @@ def run_rank(plan_file: str, opts, out_dir: str, as_json: bool, timeout_s: float
                        "files": {k: str(shown_path(v, shown_out)) for k, v in paths.items()}}
                 echo(json.dumps(doc, indent=1, default=float))
             else:
-                echo(f"{res.meta['model']} {res.meta['policy']} {res.meta['layout']} on {world} ranks "
+                where = f"in this process ({ex.schedule.name} schedule)" if in_process else f"on {world} ranks"
+                echo(f"{res.meta['model']} {res.meta['policy']} {res.meta['layout']} {where} "
                      f"({res.meta['device']}): {st['iteration_s']:.4f} s/iteration (rank 0), "
                      f"{res.meta['tokens'] / st['iteration_s']:,.0f} tokens/s, loss {res.summaries[-1]['loss']:.4f}")
                 shown = {k: shown_path(v, shown_out) for k, v in paths.items()}
-                echo(f"wrote {shown['report']}, {shown['measured']}, {shown['trace']} (merged over {world} ranks)")
+                merged = "" if in_process else f" (merged over {world} ranks)"
+                echo(f"wrote {shown['report']}, {shown['measured']}, {shown['trace']}{merged}")
                 extra = [str(v) for k, v in shown.items() if ":" in k]
                 if extra:
                     echo(f"wrote {', '.join(extra)} ({ex.schedule.name} schedule)")

@@ -6,7 +6,9 @@ options that fix parts of the search, and tier 2's settings. `answer_whatif` ran
 (`memo_sim.search.whatif.rank`), adds the named framework's comparison with memo's best and the
 advice when nothing fits; `WhatifAnswer.plans` builds the plans to write (`build_plan`, memory
 plan included). A new option is one field here (with its default: "not fixed") and, for the
-command, one click option of the same name.
+command, one click option of the same name; an option that narrows the searched space is also
+named in `FIXING` (`candidates_for`'s keywords), a setting of the search itself is passed on by
+`answer_whatif`.
 """
 
 from __future__ import annotations
