@@ -77,7 +77,7 @@ def cli() -> None:
 def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens_file, dtype, seed, lr,
             no_memory_plan, profile, as_json, nproc, pg_timeout, progress) -> None:
     from memo_exec.distributed.launch import in_torchrun  # noqa: PLC0415
-    from memo_exec.runner import RunOptions, use_profile  # noqa: PLC0415
+    from memo_exec.runner import RunOptions, distributed_only, use_profile  # noqa: PLC0415
     from memo_sim.plan.schema import read_plan  # noqa: PLC0415
 
     if progress is None:
@@ -100,11 +100,9 @@ def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens
         os._exit(0)
     plan = read_plan(plan_file)
     use_profile(plan, profile)  # a profile that does not load stops here, before anything runs
-    if nproc is None and plan.layout.gpus == 1:
-        from memo_exec.distributed.schedule import SingleStage, schedule_for  # noqa: PLC0415
-
-        if schedule_for(plan) is not SingleStage or plan.micro_batches > 1:  # e.g. SPPO with pp = 1
-            nproc = 1  # its schedule (or gradient accumulation) lives in the distributed executor: torchrun
+    if nproc is None and plan.layout.gpus == 1 and distributed_only(plan):  # e.g. SPPO with pp = 1
+        _run_one_process(plan_file, opts, out_dir, as_json, pg_timeout, progress)
+        return
     if nproc is not None:
         from memo_exec.distributed.launch import backend_for, launch_nproc, rank_device  # noqa: PLC0415
         from memo_exec.distributed.runner import check_plan_for_world  # noqa: PLC0415
@@ -134,6 +132,18 @@ def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens
         raise ExecError(f"plan layout {plan.layout.label()} uses {n} devices: run it with --nproc {n} on this machine "
                         f"or torchrun --nproc-per-node {n} -m memo_exec run {plan_file}")
     _run_single(plan, plan_file, opts, out_dir, as_json, progress)
+
+
+def _run_one_process(plan_file, opts, out_dir, as_json, pg_timeout, progress) -> None:
+    """A one-device plan whose schedule lives in the distributed executor (`distributed_only`):
+    the distributed executor in this process, a process group of one (no torchrun), its outputs
+    staged beside --out and moved in at the end."""
+    from memo_exec.distributed.launch import run_rank  # noqa: PLC0415
+    from memo_sim.fileio import output_folder  # noqa: PLC0415
+
+    with output_folder(out_dir, "memo-exec run") as outf:
+        run_rank(plan_file, opts, str(outf.stage), as_json, pg_timeout, progress, click.echo, in_process=True,
+                 shown_out=out_dir)
 
 
 def _run_single(plan, plan_file, opts, out_dir, as_json, progress) -> None:

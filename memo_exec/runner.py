@@ -182,47 +182,114 @@ class RunResult:
         return steady_state(self.summaries)
 
 
-class Executor:
-    def __init__(self, plan: Plan, opts: RunOptions) -> None:
+class ExecutorBase:
+    """The set-up and the step every executor shares, one device (`Executor`) or one rank of many
+    (`memo_exec.distributed.runner.DistExecutor`): the model the run trains (`run_model`), the
+    device and compute dtype, the batch, the token source, the attention backend asked for, the
+    recorder and copy engine, one training step (forward and backward, then the optimizer),
+    closing, and the description of the run. A subclass sets up its layer, policy and memory
+    estimate, and provides ``allocate``, ``forward_backward(step)`` (the loss) and
+    ``optimizer_step()``."""
+
+    def set_up(self, plan: Plan, opts: RunOptions, device_spec, data_rows: int) -> None:
+        """The shared set-up: checks, model, device, dtype, batch, tokens (``data_rows`` sequences
+        per iteration: the replica's, or the global batch for a rank of many)."""
+        if plan.classifier_chunk_tokens < 1:
+            raise ExecError("classifier_chunk_tokens must be positive")
         self.plan, self.opts = plan, opts
+        self.model = run_model(plan, opts)
+        self.device_spec, self.device = device_spec, device_spec.torch_device
+        self.dtype = compute_dtype(plan.model.dtype, device_spec, opts.dtype)
+        self.batch, self.seq = plan.batch, plan.seq_tokens
+        self.tokens = self.batch * self.seq  # one replica's tokens per iteration
+        self.data = TokenSource(self.model.vocab, data_rows, self.seq, opts.seed, opts.tokens_file)
+        self.backend_name = opts.attention_backend or plan.attention_backend
+        self.engine = None
+        self.allocated = False
+        self.current_step = -1
+
+    def start_recording(self, flops_fn, host_bytes: int, **rank) -> None:
+        """The step recorder (spans, FLOPs by ``flops_fn``) and the copy engine that reports to it."""
+        self.recorder = Recorder(self.device, flops_fn, host_bytes, **rank)
+        self.engine = make_engine(self.device)
+        self.engine.sink = self.recorder
+
+    def step(self, step: int, optimizer: bool = True) -> StepRecord:
+        if not self.allocated:
+            self.allocate()
+        self.current_step = step
+        self.recorder.begin_step(step)
+        loss = self.forward_backward(step)
+        if optimizer:
+            with self.recorder.span("optimizer", None, "optimizer"):
+                self.optimizer_step()
+        rec = self.recorder.end_step(self.engine)
+        rec.loss = float(loss.detach().item()) if torch.is_tensor(loss) else float(loss)
+        return rec
+
+    def close(self) -> None:
+        if self.allocated:
+            self.policy.close()
+            self.engine.close()
+
+    def describe(self) -> dict:
+        m = self.model
+        return {
+            "plan_model": self.plan.model.name, "model": m.name, "layers": m.layers,
+            "plan_layers": self.plan.model.layers, "batch": self.batch, "seq_tokens": self.seq,
+            "tokens": self.tokens, "hidden": m.hidden, "heads": m.heads, "kv_heads": m.n_kv_heads,
+            "ffn": m.ffn, "ffn_type": m.ffn_type, "vocab": m.vocab, "params": m.params(),
+            "policy": self.plan.policy.label(), "policy_detail": self.policy.describe(),
+            "layout": self.plan.layout.label(), "device": self.device_spec.describe(),
+            "device_kind": self.device_spec.kind, "dtype": str(self.dtype).replace("torch.", ""),
+            "attention_backend": self.backend.name, "attention_backend_requested": self.backend_name,
+            "classifier_chunk_tokens": self.plan.classifier_chunk_tokens, "data": self.data.describe(),
+            "memory_plan": None, "memory_estimate_bytes": self.estimate.terms,
+            "memory_estimate_detail_bytes": self.estimate.detail,
+            "memory_estimate_total_bytes": self.estimate.total, "host_estimate_bytes": self.estimate.host,
+            "profile": self.plan.profile,
+        }
+
+
+def distributed_only(plan: Plan) -> str | None:
+    """Why a one-device plan runs in the distributed executor rather than `Executor`'s loop (its
+    schedule, SPPO with pp = 1, or gradient accumulation lives there), or None. `memo-exec run`
+    runs such a plan in its own process as a process group of one."""
+    from memo_exec.distributed.schedule import SingleStage, schedule_for  # noqa: PLC0415
+
+    sched = schedule_for(plan)
+    if sched is not SingleStage:
+        return f"policy {plan.policy.label()} runs as the distributed executor's {sched.name} schedule"
+    if plan.micro_batches > 1:
+        return (f"micro_batch {plan.micro_batch} of batch {plan.batch}: gradient accumulation over "
+                f"{plan.micro_batches} micro-batches runs in the distributed executor")
+    return None
+
+
+class Executor(ExecutorBase):
+    """One device: the whole model, its scratch in the memory plan's arena (or the caching allocator)."""
+
+    def __init__(self, plan: Plan, opts: RunOptions) -> None:
         lay = plan.layout
         if lay.gpus != 1 or plan.gpus != 1:
             raise ExecError(f"plan layout {lay.label()} uses {plan.gpus} GPUs; this executor runs single-device plans "
                             f"(tp=cp=ulysses=dp=1): run it with memo-exec run --nproc {lay.gpus} (or torchrun), "
                             f"which uses memo_exec.distributed")
-        from memo_exec.distributed.schedule import SingleStage, schedule_for  # noqa: PLC0415
-
-        sched = schedule_for(plan)
-        if sched is not SingleStage:
-            raise ExecError(f"policy {plan.policy.label()} runs as the distributed executor's {sched.name} schedule, "
-                            f"not this single-device loop: run it with memo-exec run --nproc 1 "
-                            f"(torchrun --nproc-per-node 1 -m memo_exec run)")
-        if plan.micro_batches > 1:
-            raise ExecError(f"micro_batch {plan.micro_batch} of batch {plan.batch}: gradient accumulation over "
-                            f"{plan.micro_batches} micro-batches runs in the distributed executor: run it with "
-                            f"memo-exec run --nproc 1 (torchrun --nproc-per-node 1 -m memo_exec run)")
-        self.model = run_model(plan, opts)
-        self.device_spec = resolve_device(opts.device)
-        self.device = self.device_spec.torch_device
-        self.dtype = compute_dtype(plan.model.dtype, self.device_spec, opts.dtype)
-        self.batch, self.seq = plan.batch, plan.seq_tokens
-        self.tokens = self.batch * self.seq
-        if plan.classifier_chunk_tokens < 1:
-            raise ExecError("classifier_chunk_tokens must be positive")
-        self.data = TokenSource(self.model.vocab, self.batch, self.seq, opts.seed, opts.tokens_file)
+        why = distributed_only(plan)
+        if why:
+            raise ExecError(f"{why}, not this single-device loop: `memo-exec run` runs it in one process "
+                            f"(or --nproc 1: torchrun --nproc-per-node 1 -m memo_exec run)")
+        self.set_up(plan, opts, resolve_device(opts.device), plan.batch)
         m = self.model
         self.dims = AttnDims(self.batch, self.seq, m.heads, m.n_kv_heads, m.head_dim)
-        self.backend_name = opts.attention_backend or plan.attention_backend
         # resolved on this device (auto probes the candidates) before the layer's requests are recorded
         self.backend = select_backend(self.backend_name, self.device, self.dtype, self.dims,
                                       run_probe=opts.probe_backend)
-        self.engine = None
         sz = size_plan(plan, m, self.dtype, self.backend, opts.use_memory_plan)
         self.policy = sz.policy  # computes sizes only until allocate() replaces it
         self.layer_requests, self.arena_plan, self.unplanned = sz.requests, sz.arena_plan, sz.unplanned
         self.estimate = sz.estimate
         self._check_fit()
-        self.allocated = False
 
     # ------------------------------------------------------------------ sizes
     def _check_fit(self) -> None:
@@ -237,9 +304,7 @@ class Executor:
     def allocate(self) -> None:
         m, dev, dt = self.model, self.device, self.dtype
         rf = float(self.plan.policy.recompute_fraction)
-        self.recorder = Recorder(dev, make_flops_fn(m, self.batch, self.seq, rf), self.policy.host_bytes())
-        self.engine = make_engine(dev)
-        self.engine.sink = self.recorder
+        self.start_recording(make_flops_fn(m, self.batch, self.seq, rf), self.policy.host_bytes())
         if self.arena_plan is not None:
             self.scratch = ArenaScratch(dev, self.arena_plan)
         else:
@@ -273,29 +338,15 @@ class Executor:
         self.policy.end_step()
         return loss
 
-    def step(self, step: int, optimizer: bool = True) -> StepRecord:
-        if not self.allocated:
-            self.allocate()
-        self.recorder.begin_step(step)
-        loss = self.forward_backward(step)
-        if optimizer:
-            with self.recorder.span("optimizer", None, "optimizer"):
-                self.optimizer.step()
-                self.gpt.zero_grads()
-                if self.main_grads is not None:
-                    self.main_grads.zero_()
-        rec = self.recorder.end_step(self.engine)
-        rec.loss = float(loss.detach().item())
-        return rec
+    def optimizer_step(self) -> None:
+        self.optimizer.step()
+        self.gpt.zero_grads()
+        if self.main_grads is not None:
+            self.main_grads.zero_()
 
     def run(self, progress=None) -> RunResult:
         """``progress(done, total, step_record)`` is called after every step."""
         return run_steps(self, self.model.layers, self.caching_allocator_tensors, progress)
-
-    def close(self) -> None:
-        if self.allocated:
-            self.policy.close()
-            self.engine.close()
 
     # ------------------------------------------------------------------ description
     def caching_allocator_tensors(self) -> list[str]:
@@ -326,22 +377,7 @@ class Executor:
         return out
 
     def describe(self) -> dict:
-        m = self.model
-        d = {
-            "plan_model": self.plan.model.name, "model": m.name, "layers": m.layers,
-            "plan_layers": self.plan.model.layers, "batch": self.batch, "seq_tokens": self.seq,
-            "tokens": self.tokens, "hidden": m.hidden, "heads": m.heads, "kv_heads": m.n_kv_heads,
-            "ffn": m.ffn, "ffn_type": m.ffn_type, "vocab": m.vocab, "params": m.params(),
-            "policy": self.plan.policy.label(), "policy_detail": self.policy.describe(),
-            "layout": self.plan.layout.label(), "device": self.device_spec.describe(),
-            "device_kind": self.device_spec.kind, "dtype": str(self.dtype).replace("torch.", ""),
-            "attention_backend": self.backend.name, "attention_backend_requested": self.backend_name,
-            "classifier_chunk_tokens": self.plan.classifier_chunk_tokens, "data": self.data.describe(),
-            "memory_plan": None, "memory_estimate_bytes": self.estimate.terms,
-            "memory_estimate_detail_bytes": self.estimate.detail,
-            "memory_estimate_total_bytes": self.estimate.total, "host_estimate_bytes": self.estimate.host,
-            "profile": self.plan.profile,
-        }
+        d = super().describe()
         if self.arena_plan is not None:
             d["memory_plan"] = {"arena_bytes": self.arena_plan.arena_bytes, "phase_peak_bytes": self.arena_plan.peaks,
                                 "plan_model_arena_bytes": self.arena_plan.model_arena_bytes,

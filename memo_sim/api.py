@@ -22,6 +22,7 @@ from memo_sim.search.estimate import IterationEstimate, estimate_iteration, esti
 from memo_sim.search.pipeline import pipeline_memory
 from memo_sim.search.plan_build import build_plan
 from memo_sim.search.plan_check import plan_problems
+from memo_sim.search.request import WhatifAnswer, WhatifRequest, answer_whatif
 from memo_sim.search.sppo import SppoPoint, SppoSearch, search_sppo, solve_point
 from memo_sim.search.whatif import (Candidate, WhatIfResult, candidates_for, default_jobs, fold_duplicates, rank,
                                     simulate_candidates)
@@ -36,7 +37,15 @@ __all__ = [
     "attach_memory_plan", "estimate_iteration", "get_model", "get_policy", "load_profile", "memo_alpha", "memory_breakdown", "plan_memory",
     "policy_names", "rank", "read_plan", "simulate", "simulate_candidates", "sweep_alpha", "write_plan",
     "default_jobs", "fold_duplicates", "build_plan", "plan_problems",
+    "WhatifAnswer", "WhatifRequest", "answer_whatif", "whatif",
     "SCHEDULE_NAMES", "check_schedule", "default_schedule", "estimate_pipeline", "pipeline_memory",
     "registered_schedules",
     "Sppo", "SppoPoint", "SppoSearch", "multiplex_phases", "partition_bounds", "search_sppo", "solve_point",
 ]
+
+
+def whatif(request: WhatifRequest, progress=None) -> WhatifAnswer:
+    """The answer `memo-sim whatif` gives to ``request``: ``whatif(req).plans()["plan.json"]``
+    (or ``whatif(req).best.to_plan()``) is byte for byte the plan.json the command writes for
+    the same question."""
+    return answer_whatif(request, progress=progress)

@@ -183,7 +183,7 @@ def test_a_one_stage_sppo_plan_goes_to_the_sppo_schedule():
 @pytest.mark.slow
 def test_memo_exec_run_of_a_one_stage_sppo_plan(tmp_path):
     """`memo-sim whatif --policy sppo --pp 1` writes a one-stage SPPO plan; `memo-exec run` runs it
-    through the sppo schedule (one torchrun process), not the single-stage loop that cannot."""
+    through the sppo schedule (in its own process, a group of one), not the single-stage loop that cannot."""
     plan_dir, out = tmp_path / "plan", tmp_path / "run"
     subprocess.run([sys.executable, "-m", "memo_sim.cli", "whatif", "--model", "gpt-7b", "--layers", "2", "--hidden",
                     "64", "--heads", "4", "--ffn", "256", "--vocab", "256", "--seq", "256", "--gpus", "1", "--policy",

@@ -86,7 +86,8 @@ def kill_point() -> tuple[int, int] | None:
         raise ExecError(f"{KILL_ENV}={v!r}: expected RANK:STEP") from None
 
 
-def init_group(device_spec, timeout_s: float) -> None:
+def init_group(device_spec, timeout_s: float, in_process: bool = False) -> None:
+    """Join torchrun's process group, or (``in_process``) make this process a group of one."""
     import torch  # noqa: PLC0415
     import torch.distributed as dist  # noqa: PLC0415
 
@@ -94,6 +95,8 @@ def init_group(device_spec, timeout_s: float) -> None:
     if device_spec.is_cuda:
         torch.cuda.set_device(device_spec.index)
     kw = {"device_id": device_spec.torch_device} if device_spec.is_cuda else {}
+    if in_process:
+        kw.update(store=dist.HashStore(), rank=0, world_size=1)
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kw)
 
 
@@ -125,9 +128,10 @@ def killed_rank(torchrun_log: str) -> tuple[int, int] | None:
 OUT_ENV = "MEMO_EXEC_OUT"  # the --out the user named, when the ranks write into a staging folder beside it
 
 
-def shown_path(p) -> Path:
-    """Where a file the ranks wrote will be once the launcher moves the staged outputs in."""
-    final = os.environ.get(OUT_ENV)
+def shown_path(p, final: str | None = None) -> Path:
+    """Where a file the ranks wrote will be once the launcher moves the staged outputs into
+    ``final`` (default: the folder `OUT_ENV` names)."""
+    final = final or os.environ.get(OUT_ENV)
     return Path(final) / Path(p).name if final else Path(p)
 
 
@@ -208,8 +212,12 @@ def schedule_outputs(schedule, out_dir: str, plan_file: str, report) -> dict:
 
 
 def run_rank(plan_file: str, opts, out_dir: str, as_json: bool, timeout_s: float, progress: bool,
-             echo) -> None:
-    """One torchrun rank: checks, process group, mesh, the run; rank 0 writes the outputs."""
+             echo, in_process: bool = False, shown_out: str | None = None) -> None:
+    """One torchrun rank: checks, process group, mesh, the run; rank 0 writes the outputs.
+
+    ``in_process``: a one-process plan whose schedule lives in the distributed executor (SPPO
+    with pp = 1, gradient accumulation) runs here as a group of one, no torchrun; ``shown_out``:
+    the folder the outputs written to ``out_dir`` will be moved to (for messages)."""
     import torch.distributed as dist  # noqa: PLC0415
 
     from memo_exec.distributed.context import build_context  # noqa: PLC0415
@@ -219,7 +227,7 @@ def run_rank(plan_file: str, opts, out_dir: str, as_json: bool, timeout_s: float
     from memo_exec.runner import use_profile  # noqa: PLC0415
     from memo_sim.plan.schema import read_plan  # noqa: PLC0415
 
-    rank, world, local_rank = env_rank()
+    rank, world, local_rank = (0, 1, 0) if in_process else env_rank()
     plan = read_plan(plan_file)
     use_profile(plan, opts.profile)
     check_plan_for_world(plan, world, opts)  # before joining: every rank refuses alike
@@ -228,7 +236,7 @@ def run_rank(plan_file: str, opts, out_dir: str, as_json: bool, timeout_s: float
     if timeout_s <= 0:
         raise ExecError(f"--pg-timeout must be positive seconds, got {timeout_s}")
     kill = kill_point()
-    init_group(device, timeout_s)
+    init_group(device, timeout_s, in_process)
     try:
         try:
             ctx = build_context(plan.layout, device.torch_device, timeout_s)
@@ -248,6 +256,8 @@ def run_rank(plan_file: str, opts, out_dir: str, as_json: bool, timeout_s: float
         except ExecError:
             raise
         except (RuntimeError, dist.DistError) as e:  # a peer died or timed out
+            if in_process:  # no peer to blame
+                raise
             raise CommFailure(comm_failure_line(rank, e, timeout_s)) from None
         if rank == 0:
             paths, comparison = write_outputs(res, out_dir, plan_file)
@@ -261,14 +271,16 @@ def run_rank(plan_file: str, opts, out_dir: str, as_json: bool, timeout_s: float
                        "device": res.meta["device"], "world": world, "layers": res.meta["layers"],
                        "tokens": res.meta["tokens"], "steady_state": st,
                        "losses": [s["loss"] for s in res.summaries], "per_rank": rows, **comparison.to_dict(),
-                       "files": {k: str(shown_path(v)) for k, v in paths.items()}}
+                       "files": {k: str(shown_path(v, shown_out)) for k, v in paths.items()}}
                 echo(json.dumps(doc, indent=1, default=float))
             else:
-                echo(f"{res.meta['model']} {res.meta['policy']} {res.meta['layout']} on {world} ranks "
+                where = f"in this process ({ex.schedule.name} schedule)" if in_process else f"on {world} ranks"
+                echo(f"{res.meta['model']} {res.meta['policy']} {res.meta['layout']} {where} "
                      f"({res.meta['device']}): {st['iteration_s']:.4f} s/iteration (rank 0), "
                      f"{res.meta['tokens'] / st['iteration_s']:,.0f} tokens/s, loss {res.summaries[-1]['loss']:.4f}")
-                shown = {k: shown_path(v) for k, v in paths.items()}
-                echo(f"wrote {shown['report']}, {shown['measured']}, {shown['trace']} (merged over {world} ranks)")
+                shown = {k: shown_path(v, shown_out) for k, v in paths.items()}
+                merged = "" if in_process else f" (merged over {world} ranks)"
+                echo(f"wrote {shown['report']}, {shown['measured']}, {shown['trace']}{merged}")
                 extra = [str(v) for k, v in shown.items() if ":" in k]
                 if extra:
                     echo(f"wrote {', '.join(extra)} ({ex.schedule.name} schedule)")

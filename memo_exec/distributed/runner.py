@@ -31,8 +31,7 @@ import torch.distributed as dist
 from memo_exec.activations import make_policy
 from memo_exec.arena import CachingScratch
 from memo_exec.attention import AttnDims, select_backend
-from memo_exec.data import TokenSource
-from memo_exec.device import DeviceSpec, compute_dtype, element_size
+from memo_exec.device import DeviceSpec, element_size
 from memo_exec.distributed.attention import RingAttention, UlyssesAttention
 from memo_exec.distributed.context import DistContext, check_divisible, local_token_index
 from memo_exec.distributed.schedule import schedule_for
@@ -40,12 +39,10 @@ from memo_exec.distributed.tp import flavour_for
 from memo_exec.distributed.zero import GradSync
 from memo_exec.errors import ExecError
 from memo_exec.layer import LayerWeights
-from memo_exec.measure import Recorder, StepRecord
 from memo_exec.memory_estimate import MemoryEstimate
 from memo_exec.model import GPT, LayerHooks
 from memo_exec.optim import AdamW
-from memo_exec.runner import RunOptions, RunResult, make_flops_fn, run_model, run_steps
-from memo_exec.streams import make_engine
+from memo_exec.runner import ExecutorBase, RunOptions, RunResult, make_flops_fn, run_model, run_steps
 from memo_sim.plan.schema import Plan
 
 
@@ -91,17 +88,15 @@ class _KillHook(LayerHooks):
         self.inner.after_backward(i)
 
 
-class DistExecutor:
+class DistExecutor(ExecutorBase):
+    """One rank of a multi-device plan (or a one-device plan whose schedule lives here)."""
+
     def __init__(self, plan: Plan, opts: RunOptions, ctx: DistContext, device: DeviceSpec) -> None:
-        self.plan, self.opts, self.ctx, self.layout = plan, opts, ctx, plan.layout
+        self.ctx, self.layout = ctx, plan.layout
         check_plan_for_world(plan, ctx.world, opts)
         lay = self.layout
-        self.model = run_model(plan, opts)
-        self.device_spec, self.device = device, device.torch_device
-        self.dtype = compute_dtype(plan.model.dtype, device, opts.dtype)
-        self.batch, self.seq = plan.batch, plan.seq_tokens
+        self.set_up(plan, opts, device, plan.batch * lay.dp)  # every rank draws the global batch's tokens
         self.micro = plan.micro_batch  # sequences per micro-batch: what one layer call computes
-        self.tokens = self.batch * self.seq  # one replica's tokens per iteration
         self.global_tokens = self.tokens * lay.dp  # the loss is the mean over the global batch
         self.flavour = flavour_for(lay.tp_mode)(ctx, self.model)
         why = self.flavour.check()
@@ -117,7 +112,6 @@ class DistExecutor:
         p = self.flavour.size
         inner_dims = AttnDims(self.micro, self.seq // lay.cp, m.heads // (p * lay.ulysses),
                               m.n_kv_heads // (p * lay.ulysses), m.head_dim)
-        self.backend_name = opts.attention_backend or plan.attention_backend
         if lay.cp > 1:
             inner = RingAttention(ctx.group("cp"), lay.cp, ctx.coord("cp"))
         else:
@@ -129,13 +123,10 @@ class DistExecutor:
         per_set, self.activation_sets = self.schedule.activation_sets()
         self.policy = make_policy(plan.policy, m, 1, self.local_T, per_set, self.dtype,
                                   torch.device("meta"), None, None, None, shapes=self.shapes)
-        self.data = TokenSource(m.vocab, self.batch * lay.dp, self.seq, opts.seed, opts.tokens_file)
         self.token_index = local_token_index(ctx, self.batch, self.seq)
         self.micro_index = local_token_index(ctx, self.micro, self.seq)
         self.estimate = self._estimate()
-        self.allocated = False
         self.kill_at_step: int | None = None  # test hook (memo_exec.distributed.launch.KILL_ENV)
-        self.current_step = -1
 
     # ------------------------------------------------------------------ sizes
     def _local_param_numel(self) -> tuple[int, int]:
@@ -172,10 +163,8 @@ class DistExecutor:
         rf = float(self.plan.policy.recompute_fraction)
         whole = make_flops_fn(m, self.micro, self.seq, rf)
         split = lay.tp * lay.cp * lay.ulysses
-        self.recorder = Recorder(dev, lambda op, layer, phase: whole(op, layer, phase) / split,
-                                 self.estimate.host, rank=ctx.rank)
-        self.engine = make_engine(dev)
-        self.engine.sink = self.recorder
+        self.start_recording(lambda op, layer, phase: whole(op, layer, phase) / split, self.estimate.host,
+                             rank=ctx.rank)
         self.scratch = CachingScratch(dev)
         gpt = GPT(m, 0, dev, dt)  # embedding, final norm; the held layers are added below
         gpt.layers = torch.nn.ModuleList(self.flavour.make_weights(m.layers, dev, dt) for _ in self.held)
@@ -241,29 +230,14 @@ class DistExecutor:
         self.sync.end_backward()
         return self._loss_sum(part)
 
-    def step(self, step: int, optimizer: bool = True) -> StepRecord:
-        if not self.allocated:
-            self.allocate()
-        self.current_step = step
-        self.recorder.begin_step(step)
-        loss = self.forward_backward(step)
-        if optimizer:
-            with self.recorder.span("optimizer", None, "optimizer"):
-                self.sync.step()
-                self.sync.zero_grads()
-        rec = self.recorder.end_step(self.engine)
-        rec.loss = loss
-        return rec
+    def optimizer_step(self) -> None:
+        self.sync.step()
+        self.sync.zero_grads()
 
     def run(self, progress=None) -> RunResult:
         return run_steps(self, len(self.held), lambda: [
             "every scratch tensor of the distributed layer (no memory plan)",
             "collective buffers (gathered activations, partial sums, ring blocks)"], progress)
-
-    def close(self) -> None:
-        if self.allocated:
-            self.policy.close()
-            self.engine.close()
 
     # ------------------------------------------------------------------ checks
     def full_gradients(self) -> dict[str, torch.Tensor]:
@@ -290,20 +264,9 @@ class DistExecutor:
         return merged
 
     def describe(self) -> dict:
-        m, lay = self.model, self.layout
+        lay = self.layout
         return {
-            "plan_model": self.plan.model.name, "model": m.name, "layers": m.layers,
-            "plan_layers": self.plan.model.layers, "batch": self.batch, "seq_tokens": self.seq,
-            "tokens": self.global_tokens, "hidden": m.hidden, "heads": m.heads, "kv_heads": m.n_kv_heads,
-            "ffn": m.ffn, "ffn_type": m.ffn_type, "vocab": m.vocab, "params": m.params(),
-            "policy": self.plan.policy.label(), "policy_detail": self.policy.describe(),
-            "layout": lay.label(), "device": self.device_spec.describe(), "device_kind": self.device_spec.kind,
-            "dtype": str(self.dtype).replace("torch.", ""), "attention_backend": self.backend.name,
-            "attention_backend_requested": self.backend_name,
-            "classifier_chunk_tokens": self.plan.classifier_chunk_tokens, "data": self.data.describe(),
-            "memory_plan": None, "memory_estimate_bytes": self.estimate.terms,
-            "memory_estimate_detail_bytes": {}, "memory_estimate_total_bytes": self.estimate.total,
-            "host_estimate_bytes": self.estimate.host, "profile": self.plan.profile,
+            **super().describe(), "tokens": self.global_tokens,
             "rank": self.ctx.rank, "world": self.ctx.world, "mesh": self.ctx.describe(),
             "tp_flavour": self.flavour.name, "schedule": self.schedule.name, "micro_batch": self.micro,
             "micro_batches": self.plan.micro_batches, "vpp": lay.vpp, "activation_sets": self.activation_sets,

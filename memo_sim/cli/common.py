@@ -40,6 +40,14 @@ def model_options(f):
     return f
 
 
+DEFAULT_PROFILE = "a800-80gb"  # the hardware profile a command assumes when --profile is not given
+
+
+def profile_option(help: str = "Hardware profile."):
+    """The ``--profile`` option (a profile name or file), `DEFAULT_PROFILE` unless given."""
+    return click.option("--profile", "profile_name", default=DEFAULT_PROFILE, show_default=True, help=help)
+
+
 def build_model(model_name: str, layers, hidden, heads, ffn, vocab, dtype=None, precision=None) -> ModelConfig:
     base = get_model(model_name)
     over = {k: v for k, v in dict(layers=layers, hidden=hidden, heads=heads, ffn=ffn, vocab=vocab,

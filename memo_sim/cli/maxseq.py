@@ -7,7 +7,7 @@ import time
 
 import click
 
-from memo_sim.cli.common import GPU_COUNT, build_model, count_option, model_options, progress_bar
+from memo_sim.cli.common import GPU_COUNT, build_model, count_option, model_options, profile_option, progress_bar
 from memo_sim.layout.schedule import schedule_runs_policy
 from memo_sim.policy import policy_names
 from memo_sim.profile.loader import load_profile
@@ -19,7 +19,7 @@ from memo_sim.units import fmt_count
 @click.command()
 @model_options
 @click.option("--gpus", default=8, show_default=True, type=GPU_COUNT, help="Number of GPUs.")
-@click.option("--profile", "profile_name", default="a800-80gb", show_default=True, help="Hardware profile.")
+@profile_option()
 @click.option("--policy", "policies", multiple=True, type=click.Choice(policy_names()),
               help="Only these activation policies (repeatable; default: all the framework offers but sppo, "
                    "whose pipeline search runs at every probed length: ask for it with --policy sppo).")

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import click
 
-from memo_sim.cli.common import BATCH, DEGREE, build_model, count_option, model_options, progress_option, status_line
+from memo_sim.cli.common import (BATCH, DEGREE, build_model, count_option, model_options, profile_option,
+                                 progress_option, status_line)
 from memo_sim.errors import MemoError
 from memo_sim.policy import policy_names
 from memo_sim.profile.loader import load_profile
@@ -27,8 +28,7 @@ from memo_sim.profile.loader import load_profile
               help="Tensor-parallel flavour (METP's level-1 traces hold its ring's blocks and double buffers).")
 @click.option("--policy", default="memo", show_default=True, type=click.Choice(policy_names()))
 @click.option("--alpha", default=0.5, show_default=True, type=click.FloatRange(0, 1))
-@click.option("--profile", "profile_name", default="a800-80gb", show_default=True,
-              help="Profile whose GPU capacity the caching-allocator baseline uses.")
+@profile_option("Profile whose GPU capacity the caching-allocator baseline uses.")
 @click.option("--time-limit", default=10.0, show_default=True, type=click.FloatRange(0.1, 3600),
               help="Seconds per DSA solve.")
 @click.option("--solver", default="auto", show_default=True,

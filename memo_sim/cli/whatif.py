@@ -18,29 +18,46 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import click
 
-from memo_sim.cli.common import (BATCH, DEGREE, GPU_COUNT, build_model, count_option, model_options, progress_bar,
-                                 progress_option)
+from memo_sim.cli.common import (
+    BATCH,
+    DEGREE,
+    GPU_COUNT,
+    build_model,
+    count_option,
+    model_options,
+    profile_option,
+    progress_bar,
+    progress_option,
+)
 from memo_sim.errors import MemoError
-from memo_sim.layout.schedule import SCHEDULE_NAMES
-from memo_sim.layout.schedule import PIPELINE_SCHEDULES, executor_stage_limit
+from memo_sim.layout.schedule import (
+    PIPELINE_SCHEDULES,
+    SCHEDULE_NAMES,
+    executor_stage_limit,
+)
 from memo_sim.plan.schema import write_plan
 from memo_sim.policy import policy_names
 from memo_sim.profile.loader import load_profile
 from memo_sim.report.table import render_table, status_text
 from memo_sim.search.frameworks import FRAMEWORKS
-from memo_sim.search.plan_build import build_plan
+from memo_sim.search.request import WhatifRequest, answer_whatif, sweep_candidates
+from memo_sim.search.whatif import TP_MODE_CHOICES, binding_words, default_jobs, fold_duplicates
 from memo_sim.units import fmt_bytes, fmt_count, fmt_time, parse_token_budget
+
+
+ASKED = {f.name: f.default for f in fields(WhatifRequest)}  # the request's defaults, the options' too
 
 
 @click.command()
 @model_options
 @click.option("--seq", default="256K", callback=count_option, show_default=True, help="Sequence length (4K, 256K, 1M).")
 @click.option("--gpus", default=8, show_default=True, type=GPU_COUNT, help="Number of GPUs.")
-@click.option("--profile", "profile_name", default="a800-80gb", show_default=True, help="Hardware profile.")
+@profile_option()
 @click.option("--batch", type=BATCH,
               help="Sequences per data-parallel replica per iteration (default 1; pp micro-batches where a "
                    "micro-batch pipeline is searched).")
@@ -56,7 +73,7 @@ from memo_sim.units import fmt_bytes, fmt_count, fmt_time, parse_token_budget
 @click.option("--dp", type=DEGREE, help="Fix the data-parallel degree.")
 @click.option("--zero", type=click.IntRange(0, 3), help="Fix the ZeRO stage.")
 @click.option("--sp/--no-sp", default=None, help="Fix Megatron sequence parallelism on or off.")
-@click.option("--tp-mode", default=None, type=click.Choice(["megatron", "metp_ffn", "metp", "all"]),
+@click.option("--tp-mode", default=None, type=click.Choice(list(TP_MODE_CHOICES)),
               help="Tensor-parallel flavour: Megatron TP, METP for the FFN (metp_ffn), METP for the FFN and the "
                    "two-level MHA (metp), or all of them ranked together (default: all; megatron when --tp is "
                    "given, so --tp 8 asks about Megatron TP8).")
@@ -84,12 +101,12 @@ from memo_sim.units import fmt_bytes, fmt_count, fmt_time, parse_token_budget
 @click.option("--out", "out_dir", default=".", show_default=True, type=click.Path(file_okay=False),
               help="Folder for plan.json.")
 @click.option("--no-plan", is_flag=True, help="Do not write plan.json.")
-@click.option("--simulate-top", default=8, show_default=True, type=click.IntRange(0, 10000),
+@click.option("--simulate-top", default=ASKED["simulate_top"], show_default=True, type=click.IntRange(0, 10000),
               help="Tier 2: simulate this many of the best analytic candidates in the event simulator (0: none).")
-@click.option("--allocator-lag", default=0, show_default=True, type=click.IntRange(0, 64),
+@click.option("--allocator-lag", default=ASKED["allocator_lag"], show_default=True, type=click.IntRange(0, 64),
               help="Tier 2: layers the GPU lags behind the CPU, holding collective buffers from the caching "
                    "allocator (record_stream); 0: the GPU keeps up.")
-@click.option("--framework", default="any", show_default=True, type=click.Choice(list(FRAMEWORKS)),
+@click.option("--framework", default=ASKED["framework"], show_default=True, type=click.Choice(list(FRAMEWORKS)),
               help="Search only what this framework offers, and compare its best plan with memo's.")
 @click.option("--sweep-alpha", is_flag=True,
               help="Simulate MEMO at alpha = 0, 0.125, ..., 1 for the (best) fixed layout; writes alpha_sweep.png.")
@@ -97,11 +114,7 @@ from memo_sim.units import fmt_bytes, fmt_count, fmt_time, parse_token_budget
               help="Tier 2: simulate candidates in this many processes (default: every core); results are the "
                    "serial run's, in the same order.")
 @progress_option
-def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq, gpus, profile_name, batch, global_batch,
-           micro_batch, tp, cp, ulysses, dp, zero, sp, tp_mode, train_tokens, metp_across_nodes, policies, alpha, pp,
-           vpp, schedules,
-           subseqs, partition, multiplex, top, as_json, out_dir, no_plan, simulate_top, allocator_lag, framework,
-           sweep_alpha, jobs, progress):
+def whatif(**options):
     """Rank layouts x policies x alpha for a model, sequence length and cluster; write plan.json.
 
     Simulated rows (tier 2, the event simulator) are listed apart from analytic-only rows (tier 1),
@@ -110,81 +123,119 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq,
     Exit status: 0 when a plan fits (plan.json written unless --no-plan), 3 when no candidate
     fits (nothing written; the advice names what was not searched), 2 on bad input.
     """
-    from memo_sim.search.whatif import (binding_words, candidates_for, default_jobs, fold_duplicates, not_searched,
-                                        rank)
-
-    jobs = jobs or default_jobs()
-    quiet = as_json if progress is None else not progress  # a bar only for runs longer than a second
-
     t0 = time.perf_counter()
-    if tp_mode is None:  # a fixed flag is honoured as asked: --tp N means Megatron TP unless --tp-mode says more
-        tp_mode = "megatron" if tp is not None else "all"
-    train_budget = parse_token_budget(train_tokens) if train_tokens is not None else None
-    model = build_model(model_name, layers, hidden, heads, ffn, vocab, dtype, precision)
-    profile = load_profile(profile_name)
-    profile.peak(model.dtype)  # a clear error if the profile has no peak for the model's dtype
-    fixed = dict(batch=batch, global_batch=global_batch, micro_batch=micro_batch, tp=tp, cp=cp, ulysses=ulysses,
-                 dp=dp, zero=zero, sp=sp, alpha=alpha, tp_mode=tp_mode, metp_across_nodes=metp_across_nodes, pp=pp,
-                 vpp=vpp, schedules=tuple(schedules) or None, subseqs=subseqs, partition=partition,
-                 multiplex=multiplex)
-    if (subseqs or partition or multiplex is not None) and not policies:
-        policies = ("sppo",)  # SPPO's own flags plan SPPO
-    if sweep_alpha:  # MEMO's alpha on one layout (no SPPO search)
-        from memo_sim.layout.schedule import schedule_runs_policy
-        from memo_sim.search.frameworks import get_framework
-
-        pols = tuple(policies) or tuple(p for p in get_framework(framework).policies
-                                        if not schedule_runs_policy("sppo", p))
-        result = candidates_for(model, seq, gpus, profile, policies=pols, framework=framework, **fixed)
-        return _sweep_alpha(model, seq, profile, result, as_json, out_dir, t0, quiet)
-    with delayed_progress("simulating", quiet, force=progress) as on_progress:
-        result = rank(model, seq, gpus, profile, simulate_top=simulate_top, progress=on_progress,
-                      allocator_lag=allocator_lag, policies=tuple(policies) or None, framework=framework, jobs=jobs,
-                      **fixed)
-    n_sim = result.simulated
-    memo_best = None
-    if framework != "any":  # what memo would do with the same cluster, beside the framework's best
-        memo_best = rank(model, seq, gpus, profile, simulate_top=1, allocator_lag=allocator_lag, jobs=1, **fixed).best
-    best = result.best
-    plan_path = sppo_plan_path = None
-    if best is not None and not no_plan:
-        plan_path = write_plan(build_plan(best), Path(out_dir) / "plan.json")
-        sppo_best = next((c for c in result.candidates if c.sppo is not None and c.status == "OK"), None)
-        if sppo_best is not None and sppo_best is not best:
-            sppo_plan_path = write_plan(build_plan(sppo_best), Path(out_dir) / "plan-sppo.json")
-    metp_rows = _metp_vs_megatron(result.candidates, alpha)
-    shown = fold_duplicates(result.candidates)
-    advice = not_searched(gpus, tuple(policies) or None, framework, fixed) if best is None else []
+    show = Show.from_options(options)
+    req = request_of(options)
+    if show.sweep_alpha:  # MEMO's alpha on one layout (no SPPO search)
+        return _sweep_alpha(req, sweep_candidates(req), show, t0)
+    with delayed_progress("simulating", show.quiet, force=show.progress) as on_progress:
+        ans = answer_whatif(req, progress=on_progress)
+    paths = {} if show.no_plan else {name: write_plan(plan, Path(show.out_dir) / name)
+                                     for name, plan in ans.plans().items()}
     elapsed = time.perf_counter() - t0
-    if as_json:
-        obj = {"model": model.to_dict(), "seq_tokens": seq, "gpus": gpus,
-               "batch": batch if batch or global_batch else 1, "global_batch": global_batch,
-               "micro_batch": micro_batch, "profile": profile.name,
-               "profile_provenance": {"calibrated": profile.calibrated, "line": profile.provenance_line()},
-               "searched": result.searched,
-               "elapsed_s": elapsed, "simulated_candidates": n_sim, "plan_file": str(plan_path) if plan_path else None,
-               "framework": framework, "tp_mode": tp_mode,
-               "sppo_plan_file": str(sppo_plan_path) if sppo_plan_path else None,
-               "sppo": result.sppo_summary,
-               "metp_vs_megatron": metp_rows,
-               "memo_best": memo_best.to_json() if memo_best is not None else None,
-               "train_tokens": train_budget,
-               **_training_json(best, train_budget),
-               "candidates": [dict(rank=i + 1, **c.to_json()) for i, c in enumerate(shown)],
-               "folded_duplicates": len(result.candidates) - len(shown),
-               "nothing_fits": best is None, "not_searched": advice,
-               "rejected_layouts": [{"layout": lay.label(), "reason": why} for lay, why in result.rejected_layouts]}
-        click.echo(json.dumps(obj, indent=1))
-        if best is None:
-            click.get_current_context().exit(NOTHING_FITS)
-        return
-    batch_words = (f"{global_batch} sequences per iteration" if global_batch else f"{batch} per replica" if batch
+    if show.as_json:
+        click.echo(json.dumps(_answer_json(ans, paths, elapsed, show), indent=1))
+    else:
+        _print_answer(ans, paths, elapsed, show)
+    if ans.best is None:
+        click.get_current_context().exit(NOTHING_FITS)
+
+
+def request_of(options: dict) -> WhatifRequest:
+    """The what-if request of the command's options (the model and profile built from their flags)."""
+    model = build_model(options["model_name"], options["layers"], options["hidden"], options["heads"],
+                        options["ffn"], options["vocab"], options["dtype"], options["precision"])
+    jobs = options.get("jobs") or default_jobs()
+    return WhatifRequest.from_options(model, load_profile(options["profile_name"]), dict(options, jobs=jobs))
+
+
+@dataclass(frozen=True)
+class Show:
+    """What the command prints and writes (the request is `WhatifRequest`)."""
+
+    top: int
+    as_json: bool
+    out_dir: str
+    no_plan: bool
+    train_budget: int | None  # --train-tokens, parsed
+    sweep_alpha: bool
+    progress: bool | None
+
+    @classmethod
+    def from_options(cls, options: dict) -> Show:
+        tokens = options.get("train_tokens")
+        names = {f.name for f in fields(cls)}
+        return cls(train_budget=parse_token_budget(tokens) if tokens is not None else None,
+                   **{k: v for k, v in options.items() if k in names})
+
+    @property
+    def quiet(self) -> bool:
+        """No progress bar: --json without --progress, or --no-progress (a bar only for runs over a second)."""
+        return self.as_json if self.progress is None else not self.progress
+
+
+def _answer_json(ans, paths: dict, elapsed: float, show: Show) -> dict:
+    """The --json answer."""
+    req, result, best, memo_best = ans.request, ans.result, ans.best, ans.memo_best
+    shown = fold_duplicates(result.candidates)
+    plan_path, sppo_plan_path = paths.get("plan.json"), paths.get("plan-sppo.json")
+    return {"model": req.model.to_dict(), "seq_tokens": req.seq, "gpus": req.gpus,
+            "batch": req.batch if req.batch or req.global_batch else 1, "global_batch": req.global_batch,
+            "micro_batch": req.micro_batch, "profile": req.profile.name,
+            "profile_provenance": {"calibrated": req.profile.calibrated, "line": req.profile.provenance_line()},
+            "searched": result.searched,
+            "elapsed_s": elapsed, "simulated_candidates": result.simulated,
+            "plan_file": str(plan_path) if plan_path else None,
+            "framework": req.framework, "tp_mode": req.flavour,
+            "sppo_plan_file": str(sppo_plan_path) if sppo_plan_path else None,
+            "sppo": result.sppo_summary,
+            "metp_vs_megatron": _metp_vs_megatron(result.candidates, req.alpha),
+            "memo_best": memo_best.to_json() if memo_best is not None else None,
+            "train_tokens": show.train_budget,
+            **_training_json(best, show.train_budget),
+            "candidates": [dict(rank=i + 1, **c.to_json()) for i, c in enumerate(shown)],
+            "folded_duplicates": len(result.candidates) - len(shown),
+            "nothing_fits": best is None, "not_searched": ans.advice,
+            "rejected_layouts": [{"layout": lay.label(), "reason": why} for lay, why in result.rejected_layouts]}
+
+
+def _print_answer(ans, paths: dict, elapsed: float, show: Show) -> None:
+    """The answer in words and tables."""
+    req, result = ans.request, ans.result
+    batch_words = (f"{req.global_batch} sequences per iteration" if req.global_batch
+                   else f"{req.batch} per replica" if req.batch
                    else "1 per replica" + (" (a pipeline: pp micro-batches per replica)"
                                            if result.searched.get("pipeline") else ""))
-    click.echo(f"{model.name} ({model.params() / 1e9:.2f}B params), {fmt_count(seq)} tokens x {batch_words}, "
-               f"{gpus} x {profile.gpu.model} ({profile.name})")
+    model, profile = req.model, req.profile
+    click.echo(f"{model.name} ({model.params() / 1e9:.2f}B params), {fmt_count(req.seq)} tokens x {batch_words}, "
+               f"{req.gpus} x {profile.gpu.model} ({profile.name})")
     click.echo(f"profile {profile.name}: {profile.provenance_line()}")
     click.echo("searched: " + _searched_words(result.searched))
+    shown = fold_duplicates(result.candidates)
+    _print_ranking(shown, show.top)
+    metp_rows = _metp_vs_megatron(result.candidates, req.alpha)
+    if metp_rows:
+        _print_metp(metp_rows)
+    if result.sppo_summary:
+        _print_sppo(result)
+    n_ok = sum(c.status == "OK" for c in result.candidates)
+    n_fold = len(result.candidates) - len(shown)
+    click.echo(f"{len(result.candidates)} candidates ({n_ok} fit{f', {n_fold} duplicates folded' if n_fold else ''}), "
+               f"{len(result.rejected_layouts)} layouts rejected; tier 2 simulated the best {result.simulated}; "
+               f"{elapsed:.2f} s")
+    if ans.best is None:
+        _print_nothing_fits(shown, ans.advice)
+    else:
+        _print_best(ans.best, paths.get("plan.json"), show)
+    if paths.get("plan-sppo.json"):
+        c = ans.sppo_best
+        click.echo(f"best SPPO plan: {c.layout.label()} {c.policy.label()} -> {paths['plan-sppo.json']}")
+    if req.framework != "any":
+        _print_framework_vs_memo(req.framework, ans.best, ans.memo_best)
+
+
+def _print_ranking(shown, top: int) -> None:
+    """The ranked rows, simulated apart from analytic-only, and the duplicates folded into them."""
     sim_rows = [(i, c) for i, c in enumerate(shown) if c.simulated is not None]
     ana_rows = [(i, c) for i, c in enumerate(shown) if c.simulated is None]
     budget = max(0, top)
@@ -204,52 +255,50 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq,
             folds.setdefault((label, c.policy.label()), []).append(f"#{i + 1}")
     for (label, kept), where in folds.items():
         click.echo(f"  {label} moves and rebuilds the same bytes as {kept}: folded into {', '.join(where)}")
-    if metp_rows:
-        click.echo("METP against Megatron TP+SP with the same degrees and policy (analytic tier):")
-        click.echo(render_table(
-            ["METP plan", "status", "peak GPU", "iter", "TP+SP plan", "status", "peak GPU", "iter", "memory saved"],
-            [[f"{r['layout']} {r['policy_label']}", r["status"], fmt_bytes(r["peak_gpu_bytes"]),
-              fmt_time(r["analytic_iteration_s"]), f"{r['megatron_layout']} {r['megatron_policy_label']}",
-              r["megatron_status"], fmt_bytes(r["megatron_peak_gpu_bytes"]), fmt_time(r["megatron_analytic_iteration_s"]),
-              f"{100 * r['memory_saved_fraction']:.0f}%"] for r in metp_rows]))
-    if result.sppo_summary:
-        _print_sppo(result)
-    n_ok = sum(c.status == "OK" for c in result.candidates)
-    n_fold = len(result.candidates) - len(shown)
-    click.echo(f"{len(result.candidates)} candidates ({n_ok} fit{f', {n_fold} duplicates folded' if n_fold else ''}), "
-               f"{len(result.rejected_layouts)} layouts rejected; tier 2 simulated the best {n_sim}; {elapsed:.2f} s")
-    if best is None:
-        first = shown[0] if shown else None
-        click.echo("no candidate fits this cluster: no plan.json written (exit status 3).")
-        if first is not None:
-            click.echo(f"  closest: {first.layout.label()} {first.policy.label()}: {binding_words(first)}")
-        click.echo("  not searched: " + "; ".join(advice))
-    elif plan_path or no_plan:
-        click.echo(f"best: {best.layout.label()} {best.policy.label()}" + (f" -> {plan_path}" if plan_path else ""))
-        why = binding_words(best)
-        if why:
-            click.echo(f"  {why}")
-        if best.schedule in PIPELINE_SCHEDULES:
-            gap = executor_stage_limit(best.layout.tp, best.layout.tp_mode, best.layout.cp, best.layout.ulysses,
-                                       best.layout.zero)
-            if gap:
-                click.echo(f"  note: memo-exec does not run this plan yet ({gap}); `memo-sim export` writes it for "
-                           f"Megatron-LM, or fix --cp 1 --ulysses 1 for a plan it runs")
-        if train_budget is not None:
-            days, gpu_hours = _training_time(best, train_budget)
-            click.echo(f"  training {fmt_tokens(train_budget)} tokens at this plan's {best.tgs:,.0f} tokens/GPU/s on "
-                       f"{best.layout.gpus} GPUs: {days:,.1f} days, {gpu_hours:,.0f} GPU-hours")
-    if sppo_plan_path:
-        c = next(c for c in result.candidates if c.sppo is not None and c.status == "OK")
-        click.echo(f"best SPPO plan: {c.layout.label()} {c.policy.label()} -> {sppo_plan_path}")
-    if framework != "any":
-        mine = f"{best.layout.label()} {best.policy.label()}, {best.tgs:.0f} tokens/GPU/s" if best else "nothing fits"
-        theirs = (f"{memo_best.layout.label()} {memo_best.policy.label()}, {memo_best.tgs:.0f} tokens/GPU/s"
-                  if memo_best else "nothing fits")
-        ratio = f" ({memo_best.tgs / best.tgs:.2f}x)" if best and memo_best else ""
-        click.echo(f"{framework}'s best: {mine}; memo's best: {theirs}{ratio}")
-    if best is None:
-        click.get_current_context().exit(NOTHING_FITS)
+
+
+def _print_metp(metp_rows: list[dict]) -> None:
+    click.echo("METP against Megatron TP+SP with the same degrees and policy (analytic tier):")
+    click.echo(render_table(
+        ["METP plan", "status", "peak GPU", "iter", "TP+SP plan", "status", "peak GPU", "iter", "memory saved"],
+        [[f"{r['layout']} {r['policy_label']}", r["status"], fmt_bytes(r["peak_gpu_bytes"]),
+          fmt_time(r["analytic_iteration_s"]), f"{r['megatron_layout']} {r['megatron_policy_label']}",
+          r["megatron_status"], fmt_bytes(r["megatron_peak_gpu_bytes"]), fmt_time(r["megatron_analytic_iteration_s"]),
+          f"{100 * r['memory_saved_fraction']:.0f}%"] for r in metp_rows]))
+
+
+def _print_nothing_fits(shown, advice: list[str]) -> None:
+    first = shown[0] if shown else None
+    click.echo("no candidate fits this cluster: no plan.json written (exit status 3).")
+    if first is not None:
+        click.echo(f"  closest: {first.layout.label()} {first.policy.label()}: {binding_words(first)}")
+    click.echo("  not searched: " + "; ".join(advice))
+
+
+def _print_best(best, plan_path, show: Show) -> None:
+    """The best plan, where it went, what binds it, and how long it takes to train --train-tokens."""
+    click.echo(f"best: {best.layout.label()} {best.policy.label()}" + (f" -> {plan_path}" if plan_path else ""))
+    why = binding_words(best)
+    if why:
+        click.echo(f"  {why}")
+    if best.schedule in PIPELINE_SCHEDULES:
+        gap = executor_stage_limit(best.layout.tp, best.layout.tp_mode, best.layout.cp, best.layout.ulysses,
+                                   best.layout.zero)
+        if gap:
+            click.echo(f"  note: memo-exec does not run this plan yet ({gap}); `memo-sim export` writes it for "
+                       f"Megatron-LM, or fix --cp 1 --ulysses 1 for a plan it runs")
+    if show.train_budget is not None:
+        days, gpu_hours = _training_time(best, show.train_budget)
+        click.echo(f"  training {fmt_tokens(show.train_budget)} tokens at this plan's {best.tgs:,.0f} tokens/GPU/s on "
+                   f"{best.layout.gpus} GPUs: {days:,.1f} days, {gpu_hours:,.0f} GPU-hours")
+
+
+def _print_framework_vs_memo(framework: str, best, memo_best) -> None:
+    mine = f"{best.layout.label()} {best.policy.label()}, {best.tgs:.0f} tokens/GPU/s" if best else "nothing fits"
+    theirs = (f"{memo_best.layout.label()} {memo_best.policy.label()}, {memo_best.tgs:.0f} tokens/GPU/s"
+              if memo_best else "nothing fits")
+    ratio = f" ({memo_best.tgs / best.tgs:.2f}x)" if best and memo_best else ""
+    click.echo(f"{framework}'s best: {mine}; memo's best: {theirs}{ratio}")
 
 
 NOTHING_FITS = 3  # exit status when no candidate fits (2 is bad input)
@@ -371,21 +420,22 @@ def _metp_vs_megatron(candidates, alpha) -> list[dict]:
     return out
 
 
-def _sweep_alpha(model, seq, profile, result, as_json, out_dir, t0, quiet):
+def _sweep_alpha(req, result, show: Show, t0: float) -> None:
     from memo_sim.engine.simulate import DEFAULT_ALPHAS, sweep_alpha
     from memo_sim.report.figures import alpha_sweep_figure
 
+    model, seq, profile = req.model, req.seq, req.profile
     memo = [c for c in result.candidates if c.policy.takes_alpha]
     if not memo:
         raise MemoError("--sweep-alpha needs the memo policy among --policy")
     layout = memo[0].layout
     layouts = {c.layout for c in result.candidates}
     solved = memo[0].policy.alpha
-    with delayed_progress("alpha sweep", quiet) as on_progress:
+    with delayed_progress("alpha sweep", show.quiet) as on_progress:
         res = sweep_alpha(model, layout, memo[0].batch, seq, profile, DEFAULT_ALPHAS, progress=on_progress,
                           schedule=memo[0].schedule, micro_batch=memo[0].micro_batch)
-    png = alpha_sweep_figure(res, Path(out_dir) / "alpha_sweep.png", solver_alpha=solved)
-    if as_json:
+    png = alpha_sweep_figure(res, Path(show.out_dir) / "alpha_sweep.png", solver_alpha=solved)
+    if show.as_json:
         click.echo(json.dumps({"model": model.to_dict(), "seq_tokens": seq, "profile": profile.name,
                                "layout": layout.label(), "layout_degrees": layout.to_dict(),
                                "layout_note": "fixed by flags" if len(layouts) == 1 else

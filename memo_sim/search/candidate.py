@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS
 from memo_sim.layout.parallel import Layout
 from memo_sim.memplan.footprint import MemoryBreakdown
 from memo_sim.model.config import ModelConfig
@@ -14,6 +13,7 @@ from memo_sim.plan.schema import Plan
 from memo_sim.policy import Policy
 from memo_sim.profile.schema import HardwareProfile
 from memo_sim.search.estimate import IterationEstimate
+from memo_sim.search.plan_build import build_plan
 
 
 @dataclass
@@ -126,26 +126,10 @@ class Candidate:
             d["simulated_status"] = self.simulated["status"]
         return d
 
-    def to_plan(self, classifier_chunk_tokens: int = CLASSIFIER_CHUNK_TOKENS) -> Plan:
-        e = self.estimate
-        sim = self.simulated
-        predicted = {
-            "source": "simulated" if sim else "analytic",
-            "status": self.status,
-            "iteration_s": sim["iteration_s"] if sim else e.iteration_s,
-            "mfu": sim["mfu"] if sim else e.mfu,
-            "tgs_tokens_per_gpu_s": sim["tgs_tokens_per_gpu_s"] if sim else e.tgs,
-            "peak_gpu_bytes": sim["peak_gpu_bytes"] if sim else self.memory.peak_gpu_bytes,
-            "peak_host_bytes_per_node": sim["peak_host_bytes_per_node"] if sim else self.memory.host_bytes_per_node,
-            "exposed_copy_s": sim["exposed_copy_s"] if sim else e.exposed_copy_s,
-            "analytic_iteration_s": e.iteration_s,
-            "memory_breakdown_bytes": {k: v for k, v in self.memory.to_dict().items() if k != "status"},
-        }
-        timings = dict(sim["layer_timings_s"]) if sim and "layer_timings_s" in sim else e.layer.to_dict()
-        return Plan(model=self.model, batch=self.batch, seq_tokens=self.seq, gpus=self.layout.gpus,
-                    layout=self.layout, policy=self.policy, profile=self.profile.name, predicted=predicted,
-                    layer_timings_s=timings, classifier_chunk_tokens=classifier_chunk_tokens,
-                    schedule=self.schedule, micro_batch=self.micro_batch)
+    def to_plan(self) -> Plan:
+        """This candidate's plan.json, memory plan included: `memo_sim.search.plan_build.build_plan`,
+        the one function `memo-sim whatif` writes its plans by."""
+        return build_plan(self)
 
 
 def host_memory_words(c: Candidate) -> str:

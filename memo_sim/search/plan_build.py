@@ -1,17 +1,44 @@
-"""The plan of a what-if candidate, built in one place: `memo-sim whatif` and `memo_sim.api`
-both call `build_plan`, so a program gets byte for byte the plan the command writes.
+"""The plan of a what-if candidate, built in one place: `memo-sim whatif` (through
+`memo_sim.search.request.WhatifAnswer.plans`), `memo_sim.api.build_plan` and
+`Candidate.to_plan` all call `build_plan`, so a program gets byte for byte the plan the command
+writes.
 
-A candidate's own fields give the layout, policy, batch split and predictions
-(`Candidate.to_plan`); a policy with a static memory plan (MEMO) also gets its bi-level plan
+A candidate's own fields give the layout, policy, batch split and predictions (`bare_plan`); a
+policy with a static memory plan (MEMO) also gets its bi-level plan
 (`memo_sim.memplan.planner.attach_memory_plan`), which the executor places its transients by.
 """
 
 from __future__ import annotations
 
+from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS
 from memo_sim.memplan.planner import MEMORY_PLAN_TIME_LIMIT_S, attach_memory_plan
 from memo_sim.plan.schema import Plan
 
 
 def build_plan(candidate, time_limit_s: float = MEMORY_PLAN_TIME_LIMIT_S) -> Plan:
-    """The plan.json of ``candidate`` (a `memo_sim.search.whatif.Candidate`)."""
-    return attach_memory_plan(candidate.to_plan(), time_limit_s=time_limit_s)
+    """The plan.json of ``candidate`` (a `memo_sim.search.candidate.Candidate`), memory plan included."""
+    return attach_memory_plan(bare_plan(candidate), time_limit_s=time_limit_s)
+
+
+def bare_plan(c, classifier_chunk_tokens: int = CLASSIFIER_CHUNK_TOKENS) -> Plan:
+    """The plan of candidate ``c`` without its memory plan: layout, policy, batch split, and the
+    predictions (the simulator's where tier 2 ran, else the analytic ones)."""
+    e = c.estimate
+    sim = c.simulated
+    predicted = {
+        "source": "simulated" if sim else "analytic",
+        "status": c.status,
+        "iteration_s": sim["iteration_s"] if sim else e.iteration_s,
+        "mfu": sim["mfu"] if sim else e.mfu,
+        "tgs_tokens_per_gpu_s": sim["tgs_tokens_per_gpu_s"] if sim else e.tgs,
+        "peak_gpu_bytes": sim["peak_gpu_bytes"] if sim else c.memory.peak_gpu_bytes,
+        "peak_host_bytes_per_node": sim["peak_host_bytes_per_node"] if sim else c.memory.host_bytes_per_node,
+        "exposed_copy_s": sim["exposed_copy_s"] if sim else e.exposed_copy_s,
+        "analytic_iteration_s": e.iteration_s,
+        "memory_breakdown_bytes": {k: v for k, v in c.memory.to_dict().items() if k != "status"},
+    }
+    timings = dict(sim["layer_timings_s"]) if sim and "layer_timings_s" in sim else e.layer.to_dict()
+    return Plan(model=c.model, batch=c.batch, seq_tokens=c.seq, gpus=c.layout.gpus,
+                layout=c.layout, policy=c.policy, profile=c.profile.name, predicted=predicted,
+                layer_timings_s=timings, classifier_chunk_tokens=classifier_chunk_tokens,
+                schedule=c.schedule, micro_batch=c.micro_batch)

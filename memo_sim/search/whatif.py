@@ -96,28 +96,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     modes = tp_modes_of(tp_mode)
     fw = get_framework(framework)
     policies = fw.policies if policies is None else policies
-    for p in policies:
-        if p not in policy_names():
-            raise MemoError(f"--policy {p!r} unknown; choose from {', '.join(policy_names())}")
-        if p not in fw.policies:
-            raise MemoError(f"--policy {p}: {fw.name} does not offer it (it offers {', '.join(fw.policies)})")
-    if alpha is not None and not (0.0 <= alpha <= 1.0):
-        raise MemoError(f"--alpha must lie in [0, 1], got {alpha}")
-    if alpha is not None and not any(policy_class(p).takes_alpha for p in policies):
-        raise MemoError(f"--alpha {alpha} sets MEMO's offloaded fraction, but the policies searched "
-                        f"({', '.join(policies)}) take none: drop --alpha or add --policy memo")
-    for flag, v in (("--batch", batch), ("--micro-batch", micro_batch), ("--global-batch", global_batch)):
-        if v is not None and v < 1:
-            raise MemoError(f"{flag} must be at least 1, got {v}")
-    if batch is not None and global_batch is not None:
-        raise MemoError("--batch (sequences per replica) and --global-batch (sequences over every replica) "
-                        "say the same thing twice: give one")
-    if schedules:
-        for n in schedules:
-            if n not in SCHEDULE_NAMES:
-                raise MemoError(f"--schedule {n!r} unknown; choose from {', '.join(SCHEDULE_NAMES)}")
-            if n not in fw.schedules:
-                raise MemoError(f"--schedule {n}: {fw.name} does not run it (it runs {', '.join(fw.schedules)})")
+    _check_options(fw, policies, alpha, batch, micro_batch, global_batch, schedules)
     allowed = tuple(n for n in (schedules or fw.schedules) if n in fw.schedules)
     pipes = tuple(n for n in allowed if n in micro_batch_pipelines())
     sppo_pols = tuple(p for p in policies if schedule_runs_policy("sppo", p))
@@ -182,6 +161,33 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
         raise MemoError(f"no valid layout for {gpus} GPUs with the degrees given: {why_none}")
     out.sort(key=Candidate.sort_key)
     return WhatIfResult(out, rejected, sppo=search, searched=searched)
+
+
+def _check_options(fw, policies: tuple[str, ...], alpha: float | None, batch: int | None, micro_batch: int | None,
+                   global_batch: int | None, schedules: tuple[str, ...] | None) -> None:
+    """The one-line refusals of a what-if's policies, alpha, batch split and schedules."""
+    for p in policies:
+        if p not in policy_names():
+            raise MemoError(f"--policy {p!r} unknown; choose from {', '.join(policy_names())}")
+        if p not in fw.policies:
+            raise MemoError(f"--policy {p}: {fw.name} does not offer it (it offers {', '.join(fw.policies)})")
+    if alpha is not None and not (0.0 <= alpha <= 1.0):
+        raise MemoError(f"--alpha must lie in [0, 1], got {alpha}")
+    if alpha is not None and not any(policy_class(p).takes_alpha for p in policies):
+        raise MemoError(f"--alpha {alpha} sets MEMO's offloaded fraction, but the policies searched "
+                        f"({', '.join(policies)}) take none: drop --alpha or add --policy memo")
+    for flag, v in (("--batch", batch), ("--micro-batch", micro_batch), ("--global-batch", global_batch)):
+        if v is not None and v < 1:
+            raise MemoError(f"{flag} must be at least 1, got {v}")
+    if batch is not None and global_batch is not None:
+        raise MemoError("--batch (sequences per replica) and --global-batch (sequences over every replica) "
+                        "say the same thing twice: give one")
+    if schedules:
+        for n in schedules:
+            if n not in SCHEDULE_NAMES:
+                raise MemoError(f"--schedule {n!r} unknown; choose from {', '.join(SCHEDULE_NAMES)}")
+            if n not in fw.schedules:
+                raise MemoError(f"--schedule {n}: {fw.name} does not run it (it runs {', '.join(fw.schedules)})")
 
 
 def _replica_batch(batch: int | None, global_batch: int | None, lay: Layout,

@@ -1,0 +1,156 @@
+"""A what-if question as one typed object, and its answer: what `memo-sim whatif` asks and
+`memo_sim.api.whatif` asks, built the same way and answered by the same code.
+
+`WhatifRequest` holds the question: the model, sequence, cluster and profile, the degrees and
+options that fix parts of the search, and tier 2's settings. `answer_whatif` ranks it
+(`memo_sim.search.whatif.rank`), adds the named framework's comparison with memo's best and the
+advice when nothing fits; `WhatifAnswer.plans` builds the plans to write (`build_plan`, memory
+plan included). A new option is one field here (with its default: "not fixed") and, for the
+command, one click option of the same name; an option that narrows the searched space is also
+named in `FIXING` (`candidates_for`'s keywords), a setting of the search itself is passed on by
+`answer_whatif`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+from memo_sim.layout.schedule import schedule_runs_policy
+from memo_sim.model.config import ModelConfig
+from memo_sim.plan.schema import Plan
+from memo_sim.profile.schema import HardwareProfile
+from memo_sim.search.candidate import Candidate
+from memo_sim.search.frameworks import get_framework
+from memo_sim.search.plan_build import build_plan
+from memo_sim.search.whatif import WhatIfResult, candidates_for, not_searched, rank
+
+# the fields that fix part of the searched space (`candidates_for`'s keywords, `not_searched`'s advice)
+FIXING = ("batch", "global_batch", "micro_batch", "tp", "cp", "ulysses", "dp", "zero", "sp", "alpha", "tp_mode",
+          "metp_across_nodes", "pp", "vpp", "schedules", "subseqs", "partition", "multiplex")
+SPPO_FLAGS = ("subseqs", "partition", "multiplex")  # SPPO's own options: with none of --policy, they plan SPPO
+
+
+@dataclass(frozen=True)
+class WhatifRequest:
+    """One what-if question. ``None`` (or an empty tuple) leaves an option to the search."""
+
+    model: ModelConfig
+    seq: int
+    gpus: int
+    profile: HardwareProfile
+    # the batch split: sequences per replica, or over every replica; sequences per micro-batch
+    batch: int | None = None
+    global_batch: int | None = None
+    micro_batch: int | None = None
+    # the layout
+    tp: int | None = None
+    cp: int | None = None
+    ulysses: int | None = None
+    dp: int | None = None
+    zero: int | None = None
+    sp: bool | None = None
+    tp_mode: str | None = None  # None: megatron when tp is fixed, else every flavour ("all")
+    metp_across_nodes: bool = False
+    # the activation policies and schedules
+    policies: tuple[str, ...] = ()
+    alpha: float | None = None
+    pp: int | None = None
+    vpp: int | None = None
+    schedules: tuple[str, ...] = ()
+    subseqs: int | None = None
+    partition: str | None = None
+    multiplex: bool | None = None
+    framework: str = "any"
+    # tier 2 (the event simulator)
+    simulate_top: int = 8
+    allocator_lag: int = 0
+    jobs: int = 1
+
+    def __post_init__(self):
+        for name in ("policies", "schedules"):  # a list from a program or click's tuple: one hashable value
+            object.__setattr__(self, name, tuple(getattr(self, name) or ()))
+
+    @classmethod
+    def from_options(cls, model: ModelConfig, profile: HardwareProfile, options: dict) -> WhatifRequest:
+        """The request of a command's options (those named as a field; the rest are ignored)."""
+        names = {f.name for f in fields(cls)} - {"model", "profile"}
+        return cls(model=model, profile=profile, **{k: v for k, v in options.items() if k in names})
+
+    @property
+    def flavour(self) -> str:
+        """The tensor-parallel flavours searched: as asked, else megatron for a fixed --tp, else all."""
+        if self.tp_mode is not None:
+            return self.tp_mode
+        return "megatron" if self.tp is not None else "all"
+
+    @property
+    def searched_policies(self) -> tuple[str, ...] | None:
+        """The policies asked for (SPPO's own options ask for sppo); None: the framework's."""
+        if self.policies:
+            return self.policies
+        if any(getattr(self, k) is not None for k in SPPO_FLAGS):
+            return ("sppo",)
+        return None
+
+    def fixed(self) -> dict:
+        """What the request fixes, as `candidates_for`'s keywords."""
+        out = {k: getattr(self, k) for k in FIXING}
+        out["tp_mode"] = self.flavour
+        out["schedules"] = self.schedules or None
+        return out
+
+    def search_kwargs(self) -> dict:
+        """`candidates_for`'s keywords for the whole request (fixed options, policies, framework)."""
+        return dict(self.fixed(), policies=self.searched_policies, framework=self.framework)
+
+
+@dataclass
+class WhatifAnswer:
+    """A ranked what-if: the result, memo's own best beside a named framework's, and the advice."""
+
+    request: WhatifRequest
+    result: WhatIfResult
+    memo_best: Candidate | None = None  # with --framework other than any: what memo would do
+    advice: list[str] = field(default_factory=list)  # what was not searched, when nothing fits
+
+    @property
+    def best(self) -> Candidate | None:
+        return self.result.best
+
+    @property
+    def sppo_best(self) -> Candidate | None:
+        """The best SPPO plan that fits, where the best plan overall is another."""
+        c = next((c for c in self.result.candidates if c.sppo is not None and c.status == "OK"), None)
+        return None if c is self.best else c
+
+    def plans(self) -> dict[str, Plan]:
+        """The plans to write, by file name: plan.json (the best), plan-sppo.json (`sppo_best`)."""
+        out = {}
+        if self.best is not None:
+            out["plan.json"] = build_plan(self.best)
+        if self.sppo_best is not None:
+            out["plan-sppo.json"] = build_plan(self.sppo_best)
+        return out
+
+
+def answer_whatif(req: WhatifRequest, progress=None) -> WhatifAnswer:
+    """Both tiers of ``req`` (`rank`); with a named framework also memo's best with the same
+    cluster and fixed options; when nothing fits, what was not searched."""
+    req.profile.peak(req.model.dtype)  # a clear error if the profile has no peak for the model's dtype
+    result = rank(req.model, req.seq, req.gpus, req.profile, simulate_top=req.simulate_top, progress=progress,
+                  allocator_lag=req.allocator_lag, jobs=req.jobs, **req.search_kwargs())
+    memo_best = None
+    if req.framework != "any":
+        memo_best = rank(req.model, req.seq, req.gpus, req.profile, simulate_top=1, allocator_lag=req.allocator_lag,
+                         jobs=1, **req.fixed()).best
+    advice = [] if result.best is not None else not_searched(req.gpus, req.searched_policies, req.framework,
+                                                             req.fixed())
+    return WhatifAnswer(req, result, memo_best, advice)
+
+
+def sweep_candidates(req: WhatifRequest) -> WhatIfResult:
+    """The analytic candidates an alpha sweep picks its layout from: MEMO's policies (no SPPO)."""
+    req.profile.peak(req.model.dtype)
+    pols = req.searched_policies or tuple(p for p in get_framework(req.framework).policies
+                                          if not schedule_runs_policy("sppo", p))
+    return candidates_for(req.model, req.seq, req.gpus, req.profile, **dict(req.search_kwargs(), policies=pols))
