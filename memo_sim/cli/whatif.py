@@ -30,7 +30,11 @@ from memo_sim.layout.schedule import PIPELINE_SCHEDULES, executor_stage_limit
 from memo_sim.plan.schema import write_plan
 from memo_sim.policy import policy_names
 from memo_sim.profile.loader import load_profile
+from memo_sim.report.fit_advice import fit_fixes
+from memo_sim.report.peaks import candidate_peak
+from memo_sim.report.sensitivity import sensitivity_line
 from memo_sim.report.table import render_table, status_text
+from memo_sim.report.whatif_answer import WhatIfView
 from memo_sim.search.frameworks import FRAMEWORKS
 from memo_sim.search.plan_build import build_plan
 from memo_sim.units import fmt_bytes, fmt_count, fmt_time, parse_token_budget
@@ -97,11 +101,16 @@ from memo_sim.units import fmt_bytes, fmt_count, fmt_time, parse_token_budget
               help="Tier 2: simulate candidates in this many processes (default: every core); results are the "
                    "serial run's, in the same order.")
 @progress_option
+@click.option("--details", is_flag=True,
+              help="Print every table: the two tiers apart, METP against Megatron TP+SP, the SPPO planner's.")
+@click.option("--format", "out_format", default="table", show_default=True,
+              type=click.Choice(["table", "json", "csv", "md"]),
+              help="Output format: aligned text, JSON (same as --json), CSV or Markdown.")
 def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq, gpus, profile_name, batch, global_batch,
            micro_batch, tp, cp, ulysses, dp, zero, sp, tp_mode, train_tokens, metp_across_nodes, policies, alpha, pp,
            vpp, schedules,
            subseqs, partition, multiplex, top, as_json, out_dir, no_plan, simulate_top, allocator_lag, framework,
-           sweep_alpha, jobs, progress):
+           sweep_alpha, jobs, progress, details, out_format):
     """Rank layouts x policies x alpha for a model, sequence length and cluster; write plan.json.
 
     Simulated rows (tier 2, the event simulator) are listed apart from analytic-only rows (tier 1),
@@ -114,6 +123,7 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq,
                                         rank)
 
     jobs = jobs or default_jobs()
+    as_json = as_json or out_format == "json"
     quiet = as_json if progress is None else not progress  # a bar only for runs longer than a second
 
     t0 = time.perf_counter()
@@ -170,7 +180,9 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq,
                "memo_best": memo_best.to_json() if memo_best is not None else None,
                "train_tokens": train_budget,
                **_training_json(best, train_budget),
-               "candidates": [dict(rank=i + 1, **c.to_json()) for i, c in enumerate(shown)],
+               "candidates": [dict(rank=i + 1, **c.to_json(), peak=candidate_peak(c).to_json())
+                              for i, c in enumerate(shown)],
+               "not_fitting_fixes": fit_fixes(shown[0], gpus, alpha) if best is None and shown else [],
                "folded_duplicates": len(result.candidates) - len(shown),
                "nothing_fits": best is None, "not_searched": advice,
                "rejected_layouts": [{"layout": lay.label(), "reason": why} for lay, why in result.rejected_layouts]}
@@ -181,73 +193,14 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq,
     batch_words = (f"{global_batch} sequences per iteration" if global_batch else f"{batch} per replica" if batch
                    else "1 per replica" + (" (a pipeline: pp micro-batches per replica)"
                                            if result.searched.get("pipeline") else ""))
-    click.echo(f"{model.name} ({model.params() / 1e9:.2f}B params), {fmt_count(seq)} tokens x {batch_words}, "
-               f"{gpus} x {profile.gpu.model} ({profile.name})")
-    click.echo(f"profile {profile.name}: {profile.provenance_line()}")
-    click.echo("searched: " + _searched_words(result.searched))
-    sim_rows = [(i, c) for i, c in enumerate(shown) if c.simulated is not None]
-    ana_rows = [(i, c) for i, c in enumerate(shown) if c.simulated is None]
-    budget = max(0, top)
-    if sim_rows:
-        click.echo(f"Simulated (tier 2: the event simulator, with link contention and copy stalls), "
-                   f"{len(sim_rows)} candidates:")
-        click.echo(_table(sim_rows[:budget], simulated=True))
-    rest = budget - min(budget, len(sim_rows))
-    if ana_rows and rest:
-        click.echo(f"Analytic only (tier 1: perfect overlap, no contention; not simulated, so their MFU is an "
-                   f"upper estimate and not comparable with the rows above), {len(ana_rows)} candidates"
-                   f"{f', first {rest}' if rest < len(ana_rows) else ''}:")
-        click.echo(_table(ana_rows[:rest], simulated=False))
-    folds: dict[tuple[str, str], list[str]] = {}
-    for i, c in enumerate(shown[:top]):
-        for label in c.folded:
-            folds.setdefault((label, c.policy.label()), []).append(f"#{i + 1}")
-    for (label, kept), where in folds.items():
-        click.echo(f"  {label} moves and rebuilds the same bytes as {kept}: folded into {', '.join(where)}")
-    if metp_rows:
-        click.echo("METP against Megatron TP+SP with the same degrees and policy (analytic tier):")
-        click.echo(render_table(
-            ["METP plan", "status", "peak GPU", "iter", "TP+SP plan", "status", "peak GPU", "iter", "memory saved"],
-            [[f"{r['layout']} {r['policy_label']}", r["status"], fmt_bytes(r["peak_gpu_bytes"]),
-              fmt_time(r["analytic_iteration_s"]), f"{r['megatron_layout']} {r['megatron_policy_label']}",
-              r["megatron_status"], fmt_bytes(r["megatron_peak_gpu_bytes"]), fmt_time(r["megatron_analytic_iteration_s"]),
-              f"{100 * r['memory_saved_fraction']:.0f}%"] for r in metp_rows]))
-    if result.sppo_summary:
-        _print_sppo(result)
-    n_ok = sum(c.status == "OK" for c in result.candidates)
-    n_fold = len(result.candidates) - len(shown)
-    click.echo(f"{len(result.candidates)} candidates ({n_ok} fit{f', {n_fold} duplicates folded' if n_fold else ''}), "
-               f"{len(result.rejected_layouts)} layouts rejected; tier 2 simulated the best {n_sim}; {elapsed:.2f} s")
-    if best is None:
-        first = shown[0] if shown else None
-        click.echo("no candidate fits this cluster: no plan.json written (exit status 3).")
-        if first is not None:
-            click.echo(f"  closest: {first.layout.label()} {first.policy.label()}: {binding_words(first)}")
-        click.echo("  not searched: " + "; ".join(advice))
-    elif plan_path or no_plan:
-        click.echo(f"best: {best.layout.label()} {best.policy.label()}" + (f" -> {plan_path}" if plan_path else ""))
-        why = binding_words(best)
-        if why:
-            click.echo(f"  {why}")
-        if best.schedule in PIPELINE_SCHEDULES:
-            gap = executor_stage_limit(best.layout.tp, best.layout.tp_mode, best.layout.cp, best.layout.ulysses,
-                                       best.layout.zero)
-            if gap:
-                click.echo(f"  note: memo-exec does not run this plan yet ({gap}); `memo-sim export` writes it for "
-                           f"Megatron-LM, or fix --cp 1 --ulysses 1 for a plan it runs")
-        if train_budget is not None:
-            days, gpu_hours = _training_time(best, train_budget)
-            click.echo(f"  training {fmt_tokens(train_budget)} tokens at this plan's {best.tgs:,.0f} tokens/GPU/s on "
-                       f"{best.layout.gpus} GPUs: {days:,.1f} days, {gpu_hours:,.0f} GPU-hours")
-    if sppo_plan_path:
-        c = next(c for c in result.candidates if c.sppo is not None and c.status == "OK")
-        click.echo(f"best SPPO plan: {c.layout.label()} {c.policy.label()} -> {sppo_plan_path}")
-    if framework != "any":
-        mine = f"{best.layout.label()} {best.policy.label()}, {best.tgs:.0f} tokens/GPU/s" if best else "nothing fits"
-        theirs = (f"{memo_best.layout.label()} {memo_best.policy.label()}, {memo_best.tgs:.0f} tokens/GPU/s"
-                  if memo_best else "nothing fits")
-        ratio = f" ({memo_best.tgs / best.tgs:.2f}x)" if best and memo_best else ""
-        click.echo(f"{framework}'s best: {mine}; memo's best: {theirs}{ratio}")
+    _print_answer(WhatIfView(
+        model=model, seq=seq, gpus=gpus, profile=profile, result=result, shown=shown, best=best,
+        batch_words=batch_words, elapsed_s=elapsed, top=top, details=details, plan_path=plan_path,
+        sppo_plan_path=sppo_plan_path, no_plan=no_plan, metp_rows=metp_rows, advice=advice,
+        fixes=fit_fixes(shown[0], gpus, alpha) if best is None and shown else [],
+        sensitivity=sensitivity_line(shown, profile, alpha, jobs=jobs), framework=framework,
+        memo_best=memo_best, train_lines=_train_lines(best, train_budget), pipeline_note=_pipeline_note(best)),
+        out_format)
     if best is None:
         click.get_current_context().exit(NOTHING_FITS)
 
@@ -277,74 +230,6 @@ def delayed_progress(label: str, quiet: bool, force: bool | None = None):
                 state["shown"] += 1
 
         yield progress
-
-
-def _searched_words(searched: dict) -> str:
-    """What the what-if searched, in one line."""
-    words = ", ".join(searched.get("schedules", ())) or "nothing"
-    pipe = searched.get("pipeline")
-    if pipe:
-        words += (f"; pipelines ({pipe['why']}): pp {', '.join(map(str, pipe['pp'])) or '-'}, "
-                  f"vpp {', '.join(map(str, pipe['vpp'])) or '-'}, micro-batch "
-                  f"{', '.join(map(str, pipe['micro_batch'])) or '-'}")
-    elif "single_stage" in searched.get("schedules", ()):
-        words += "; no micro-batch pipelines (--pp, --vpp or --schedule 1f1b ask for them)"
-    return words
-
-
-def _schedule_text(c) -> str:
-    """A candidate's schedule and batch split: ``1f1b 8x1`` (8 micro-batches of 1 sequence)."""
-    return f"{c.schedule} {c.micro_batches}x{c.micro_batch}"
-
-
-def _table(rows, simulated: bool) -> str:
-    """Rows (rank, candidate) of one tier; simulated ones show the simulator's numbers."""
-    out = []
-    split = any(c.schedule not in ("single_stage", "sppo") or c.micro_batches > 1 for _i, c in rows)
-    for i, c in rows:
-        e, m, sm = c.estimate, c.memory, c.simulated
-        r = [str(i + 1), c.layout.label(), c.policy.label() if c.sppo is not None else c.policy.name,
-             "-" if c.policy.alpha is None else f"{c.policy.alpha:.3f}", status_text(c.status, c.over_bytes),
-             fmt_time(e.iteration_s)]
-        if simulated:
-            r.append(fmt_time(sm["iteration_s"]) if sm["iteration_s"] else "-")
-        r += [f"{100 * (sm['mfu'] if sm else e.mfu):.1f}%" if (sm is None or sm["mfu"] is not None) else "-",
-              f"{(sm['tgs_tokens_per_gpu_s'] if sm else e.tgs):.0f}" if (sm is None or sm["tgs_tokens_per_gpu_s"])
-              else "-",
-              fmt_bytes(sm["peak_gpu_bytes"] if sm else m.peak_gpu_bytes), fmt_bytes(m.host_bytes_per_node),
-              fmt_time(sm["exposed_copy_s"] if sm else e.exposed_copy_s)]
-        if split:
-            r.insert(2, _schedule_text(c))
-        out.append(r)
-    head = ["#", "layout"] + (["schedule"] if split else []) + ["policy", "alpha", "status", "iter (analytic)"] \
-        + (["iter (sim)"] if simulated else []) + ["MFU", "TGS", "peak GPU", "host/node", "copy stall"]
-    return render_table(head, out)
-
-
-def _print_sppo(result) -> None:
-    """The SPPO planner's answer: the heuristic's (SP, PP, N), the best found, and failures."""
-    sm = result.sppo_summary
-    rows = []
-    for role, d in (("heuristic (sec. 6.1)", sm.get("heuristic")), ("exhaustive best", sm.get("best"))):
-        if not d:
-            rows.append([role, "-", "-", "-", "-", "-", "-", "-", "-"])
-            continue
-        sim = d.get("simulated_iteration_s")
-        rows.append([role, d["label"], f"SP={d['sp']} PP={d['pp']} N={d['subseqs']}", d["status"],
-                     fmt_time(d["analytic_iteration_s"]), fmt_time(sim) if sim else "-",
-                     f"{d.get('simulated_tgs_tokens_per_gpu_s') or d['analytic_tgs_tokens_per_gpu_s']:.0f}",
-                     fmt_bytes(d["peak_gpu_bytes"]), f"stage {d.get('worst_stage')} {d.get('peak_at') or ''}"])
-    click.echo(f"SPPO: {sm['solved_points']} of {sm['space_size']} (SP, PP, N, partition, multiplex) points solved "
-               f"(branch and bound on the analytic tier); {sm.get('heuristic_note', '')}")
-    click.echo(render_table(["SPPO", "plan", "(SP, PP, N)", "status", "iter (analytic)", "iter (sim)", "TGS",
-                             "peak GPU", "peak at"], rows))
-    frac = sm.get("heuristic_tgs_fraction_of_best")
-    if frac is not None:
-        click.echo(f"  the heuristic's plan reaches {100 * frac:.1f}% of the best SPPO throughput found "
-                   f"({sm.get('compared_on')})")
-    fails = [c for c in result.candidates if c.sppo is not None and c.status != "OK"][:3]
-    for c in fails:
-        click.echo(f"  {c.layout.label()} {c.policy.label()}: {c.alpha_note}")
 
 
 METP_COMPARED = 5  # METP candidates compared with their Megatron TP+SP twins
@@ -401,6 +286,31 @@ def _sweep_alpha(model, seq, profile, result, as_json, out_dir, t0, quiet):
              fmt_bytes(r.peak_host_bytes_per_node), fmt_time(r.exposed_copy_s)] for r in res]
     click.echo(render_table(["alpha", "status", "iter (sim)", "MFU", "peak GPU", "host/node", "copy stall"], rows))
     click.echo(f"figure: {png}")
+
+
+def _print_answer(view, out_format: str) -> None:
+    """The text answer (table, csv or md): a verdict line, then one ranked table (--details: all)."""
+    from memo_sim.report.formats import emit
+    from memo_sim.report.whatif_answer import whatif_answer
+
+    emit(whatif_answer(view), out_format)
+
+
+def _pipeline_note(best) -> str:
+    if best is None or best.schedule not in PIPELINE_SCHEDULES:
+        return ""
+    gap = executor_stage_limit(best.layout.tp, best.layout.tp_mode, best.layout.cp, best.layout.ulysses,
+                               best.layout.zero)
+    return (f"memo-exec does not run this plan yet ({gap}); `memo-sim export` writes it for Megatron-LM, or fix "
+            f"--cp 1 --ulysses 1 for a plan it runs") if gap else ""
+
+
+def _train_lines(best, tokens: int | None) -> list[str]:
+    if best is None or tokens is None:
+        return []
+    days, gpu_hours = _training_time(best, tokens)
+    return [f"training {fmt_tokens(tokens)} tokens at this plan's {best.tgs:,.0f} tokens/GPU/s on "
+            f"{best.layout.gpus} GPUs: {days:,.1f} days, {gpu_hours:,.0f} GPU-hours"]
 
 
 def _training_json(best, tokens: int | None) -> dict:
