@@ -11,6 +11,7 @@ from memo_sim.memplan.footprint import memory_breakdown
 from memo_sim.plan.schema import read_plan
 from memo_sim.profile.loader import load_profile
 from memo_sim.report.explain import peak_moment, time_breakdown
+from memo_sim.report.peaks import analytic_peak, result_peak
 from memo_sim.report.table import render_table
 from memo_sim.search.estimate import memo_alpha
 from memo_sim.units import fmt_bytes, fmt_time
@@ -77,8 +78,8 @@ def explain(plan_file, as_json):
         click.echo(render_table(["stage", "peak (analytic)", "peak (simulated)"], rows))
     else:
         rows = [[k, fmt_bytes(v)] for k, v in terms.items()]
-        rows += [["peak (analytic: the terms above)", fmt_bytes(mem.peak_gpu_bytes)],
-                 ["peak (simulated)", fmt_bytes(res.peak_gpu_bytes)],
+        rows += [["peak (the terms above)", analytic_peak(mem, plan.policy).text()],
+                 ["peak", result_peak(res).text()],
                  ["usable GPU memory", fmt_bytes(res.gpu_capacity_bytes)]]
         click.echo("\nGPU memory per GPU:")
         click.echo(render_table(["", "bytes"], rows))
@@ -96,7 +97,7 @@ def _binding(plan, profile, res, mem) -> str:
         return res.failure.message()
     gpu = res.peak_gpu_bytes / res.gpu_capacity_bytes
     host = res.peak_host_bytes_per_node / res.host_capacity_bytes if res.host_capacity_bytes else 0.0
-    words = (f"GPU memory {100 * gpu:.0f}% full ({fmt_bytes(res.peak_gpu_bytes)} of "
+    words = (f"GPU memory {100 * gpu:.0f}% full ({result_peak(res).text()} of "
              f"{fmt_bytes(res.gpu_capacity_bytes)}); pinned host memory {100 * host:.0f}% full")
     if plan.policy.takes_alpha and plan.layout.pp == 1:
         solved = memo_alpha(plan.model, plan.layout, plan.batch, plan.seq_tokens, profile)

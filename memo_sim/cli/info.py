@@ -8,6 +8,7 @@ from memo_sim.errors import MemoError
 from memo_sim.model.config import PRESETS
 from memo_sim.plan.schema import read_plan
 from memo_sim.profile.loader import list_profiles, load_profile
+from memo_sim.report.peaks import planned_peak
 from memo_sim.report.table import render_table
 from memo_sim.units import fmt_bytes, fmt_count, fmt_time
 
@@ -77,6 +78,9 @@ def check_plan(plan_file):
     click.echo(f"  schedule {plan.schedule}: {plan.micro_batches} micro-batch(es) of {plan.micro_batch} sequence(s)"
                + (f", {plan.layout.pp} stages x {plan.layout.vpp} chunks" if plan.schedule != "sppo" and
                   plan.layout.pp > 1 else ""))
+    peak = planned_peak(plan)
+    if peak is not None:
+        click.echo(f"  predicted peak GPU {peak.text()}")
     if plan.memory_plan is not None:
         click.echo(f"  memory plan: transient arena {fmt_bytes(plan.memory_plan.transient_arena_bytes)}, "
                    f"{sum(len(ph.offsets) for ph in plan.memory_plan.phases.values())} tensors placed "

@@ -29,6 +29,7 @@ from memo_sim.cli.common import progress_bar
 from memo_sim.errors import MemoError
 from memo_sim.fileio import atomic_write_json
 from memo_sim.policy import policy_names
+from memo_sim.report.peaks import allocator_of, result_peak
 from memo_sim.units import fmt_bytes, fmt_count, fmt_time, parse_count
 
 LAYERS_HELP = ("Layer range for the Gantt chart, both ends included (e.g. 14:16); default: the middle three "
@@ -73,9 +74,9 @@ def _summary_line(r) -> str:
                  "caching allocator (pipeline iteration not replayed)" if a.get("replayed") is False else
                  f"caching allocator: {a['reorganizations']} reorganisations, stall {fmt_time(a['stall_s'])}")
         return (f"{r.status}: {fmt_time(r.iteration_s)}/iteration, MFU {100 * r.mfu:.1f}%, TGS {r.tgs:.0f}, "
-                f"peak GPU {fmt_bytes(r.peak_gpu_bytes)}, peak host/node {fmt_bytes(r.peak_host_bytes_per_node)}, "
+                f"peak GPU {result_peak(r).text()}, peak host/node {fmt_bytes(r.peak_host_bytes_per_node)}, "
                 f"copy stall {fmt_time(r.exposed_copy_s)}, {alloc}")
-    return f"{r.failure.message()}"
+    return f"{r.failure.message()} (simulated, {allocator_of(r.policy)})"
 
 
 @click.command("simulate")
@@ -271,7 +272,7 @@ def sweep_seq_cmd(plan_file, out_dir, seqs, profile_override, tp_modes, policies
                  lambda r: f"{fmt_count(r.seq):>5} {(r.layout.label() + ' ') if several else ''}"
                            f"{r.policy.label():<18} {_summary_line(r)}")
     if tp_modes:
-        _sweep_tp_modes(plan, profile, layouts, lens, pols, best_policy, Path(out_dir))
+        _sweep_tp_modes(plan, profile, layouts, lens, pols, best_policy, Path(out_dir), results)
 
 
 def _tp_mode_layouts(layout, text: str) -> dict:
@@ -292,7 +293,27 @@ def _tp_mode_layouts(layout, text: str) -> dict:
     return out
 
 
-def _sweep_tp_modes(plan, profile, layouts, lens, pols, best_policy, out: Path) -> None:
+def _point_peak_text(pt, simulated: dict) -> str:
+    """A sweep point's peak: the simulated one of the same configuration where the sweep ran it
+    (so one configuration reads one number in both tables), else the analytic one; with its source."""
+    from memo_sim.report.peaks import ANALYTIC, CACHING_ALLOCATOR, MEMORY_PLAN, Peak
+
+    r = simulated.get((pt.seq, pt.layout, pt.policy))
+    if r is not None:
+        return result_peak(r).text() if r.ok else f"- ({r.status} when simulated; analytic {fmt_bytes(pt.peak_gpu_bytes)})"
+    alloc = MEMORY_PLAN if pt.policy.startswith("memo") else CACHING_ALLOCATOR
+    return Peak(pt.peak_gpu_bytes, ANALYTIC, alloc).text()
+
+
+def _point_json(pt, simulated: dict) -> dict:
+    """A sweep point as JSON: its analytic peak (``peak_gpu_bytes``) and, where the sweep simulated
+    the same configuration, the simulated one that the printed table shows."""
+    r = simulated.get((pt.seq, pt.layout, pt.policy))
+    return {**pt.to_dict(), "peak_gpu_source": "analytic",
+            "simulated_peak_gpu_bytes": r.peak_gpu_bytes if r is not None and r.ok else None}
+
+
+def _sweep_tp_modes(plan, profile, layouts, lens, pols, best_policy, out: Path, results=()) -> None:
     from memo_sim.report.figures import seq_sweep_figure
     from memo_sim.search.seq_sweep import crossover_seq, sweep_layouts
 
@@ -313,7 +334,8 @@ def _sweep_tp_modes(plan, profile, layouts, lens, pols, best_policy, out: Path) 
         twin = next((m for m in megatron if (m.split(" ", 1)[1] if " " in m else "") == rest), None)
         if twin is not None:
             crossings.append(crossover_seq(points, lb, twin))
-    atomic_write_json(out / "seq_by_tp_mode.json", {"points": [pt.to_dict() for pt in points],
+    simulated = {(r.seq, r.layout.label(), r.policy.label()): r for r in results}
+    atomic_write_json(out / "seq_by_tp_mode.json", {"points": [_point_json(pt, simulated) for pt in points],
                                                     "crossovers": [c.to_dict() for c in crossings]})
     title = f"{plan.model.name}, {profile.name}: peak memory and step time by tensor-parallel mode"
     png = seq_sweep_figure(points, out / "seq_by_tp_mode.png", title, crossings,
@@ -321,7 +343,7 @@ def _sweep_tp_modes(plan, profile, layouts, lens, pols, best_policy, out: Path) 
     for pt in points:
         it = fmt_time(pt.iteration_s) if pt.iteration_s is not None else "-"
         click.echo(f"{fmt_count(pt.seq):>5} {pt.label:<32} {pt.policy:<18} {pt.status:<4} "
-                   f"peak GPU {fmt_bytes(pt.peak_gpu_bytes)}, step {it}, exposed P2P {fmt_time(pt.exposed_p2p_s)}")
+                   f"peak GPU {_point_peak_text(pt, simulated)}, step {it}, exposed P2P {fmt_time(pt.exposed_p2p_s)}")
     for c in crossings:
         at = f"{fmt_count(int(round(c.time_seq)))} tokens" if c.time_seq is not None else "none in range"
         click.echo(f"crossover {c.a} vs {c.b}: {at} ({c.note})")
