@@ -65,15 +65,16 @@ def render(answer: Answer, fmt: str) -> str:
                 w = csv.writer(buf, lineterminator="\n")
                 w.writerow(p.headers)
                 w.writerows(p.rows)
-                out.append((f"# {p.title}\n" if p.title else "") + buf.getvalue().rstrip("\n"))
+                title = p.title.strip()
+                out.append((f"# {title}\n" if title else "") + buf.getvalue().rstrip("\n"))
         return "\n".join(out)
     if fmt == "md":
         if answer.verdict:
             out.append(f"**{answer.verdict}**\n")
         for p in answer.parts:
             if isinstance(p, Table):
-                if p.title:
-                    out.append(f"\n{p.title}\n")
+                if p.title.strip():
+                    out.append(f"\n{p.title.strip()}\n")
                 out.append(markdown_table(p.headers, p.rows))
             else:
                 out.append(p)
