@@ -247,7 +247,7 @@ def _metp_vs_megatron(candidates, alpha) -> list[dict]:
         m, tm = c.memory, t.memory
         why = check_layout(t.layout, c.model, t.layout.gpus, c.profile.node_gpus, c.seq, c.batch)
         out.append({"layout": c.layout.label(), "policy": c.policy.name, "policy_label": c.policy.label(),
-                    "status": c.status, "peak_gpu_bytes": m.peak_gpu_bytes,
+                    "status": c.status, "peak_gpu_bytes": m.peak_gpu_bytes, "peak_source": "analytic",
                     "analytic_iteration_s": c.estimate.iteration_s,
                     "megatron_layout": t.layout.label(), "megatron_policy_label": t.policy.label(),
                     "megatron_status": "invalid" if why else t.status, "megatron_invalid_reason": why,

@@ -74,8 +74,8 @@ def render(answer: Answer, fmt: str) -> str:
         for p in answer.parts:
             if isinstance(p, Table):
                 if p.title.strip():
-                    out.append(f"\n{p.title.strip()}\n")
-                out.append(markdown_table(p.headers, p.rows))
+                    out.append(f"\n{p.title.strip()}")
+                out.append("\n" + markdown_table(p.headers, p.rows) + "\n")
             else:
                 out.append(p)
         return "\n".join(out)

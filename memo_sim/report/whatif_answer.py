@@ -242,21 +242,23 @@ def _same(c, layout_label: str, policy_label: str):
 def metp_table(metp_rows: list[dict], shown) -> tuple[list[str], list[list[str]]]:
     """METP rows beside their Megatron twins; a configuration that is also in the ranking reads the
     ranking's peak (and source), a twin the ranking lacks its analytic peak."""
-    def peak_cell(layout_label, policy_label, analytic_bytes) -> str:
+    def peak_of(layout_label, policy_label, analytic_bytes) -> tuple[float, str]:
         c = next((c for c in shown if _same(c, layout_label, policy_label)), None)
         if c is not None:
             p = candidate_peak(c)
-            return f"{fmt_bytes(p.bytes)} ({'sim' if p.tier == 'simulated' else 'analytic'})"
-        return f"{fmt_bytes(analytic_bytes)} (analytic)"
+            return p.bytes, "sim" if p.tier == "simulated" else "analytic"
+        return analytic_bytes, "analytic"
     rows = []
     for r in metp_rows:
-        mine = peak_cell(r["layout"], r["policy_label"], r["peak_gpu_bytes"])
-        twin = peak_cell(r["megatron_layout"], r["megatron_policy_label"], r["megatron_peak_gpu_bytes"])
-        rows.append([f"{r['layout']} {r['policy_label']}", r["status"], mine, fmt_time(r["analytic_iteration_s"]),
-                     f"{r['megatron_layout']} {r['megatron_policy_label']}", r["megatron_status"], twin,
-                     fmt_time(r["megatron_analytic_iteration_s"]), f"{100 * r['memory_saved_fraction']:.0f}%"])
+        mine, mine_src = peak_of(r["layout"], r["policy_label"], r["peak_gpu_bytes"])
+        twin, twin_src = peak_of(r["megatron_layout"], r["megatron_policy_label"], r["megatron_peak_gpu_bytes"])
+        saved = f"{100 * (1.0 - mine / twin):.0f}%" + ("" if mine_src == twin_src else " (mixed tiers)")
+        rows.append([f"{r['layout']} {r['policy_label']}", r["status"], f"{fmt_bytes(mine)} ({mine_src})",
+                     fmt_time(r["analytic_iteration_s"]), f"{r['megatron_layout']} {r['megatron_policy_label']}",
+                     r["megatron_status"], f"{fmt_bytes(twin)} ({twin_src})",
+                     fmt_time(r["megatron_analytic_iteration_s"]), saved])
     return (["METP plan", "status", "peak GPU", "iter", "TP+SP plan", "status", "peak GPU", "iter",
-             "memory saved (analytic)"], rows)
+             "memory saved"], rows)
 
 
 def _best_fit(cands, keep):
