@@ -13,7 +13,6 @@ from memo_sim.profile.loader import load_profile
 from memo_sim.report.explain import peak_moment, time_breakdown
 from memo_sim.report.formats import Answer, emit, format_options, resolve_format
 from memo_sim.report.peaks import analytic_peak, result_peak
-from memo_sim.report.table import render_table
 from memo_sim.search.estimate import memo_alpha
 from memo_sim.units import fmt_bytes, fmt_count, fmt_time
 

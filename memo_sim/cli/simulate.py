@@ -134,7 +134,8 @@ def simulate_cmd(plan_file, out_dir, layers_text, profile_override, no_contentio
         for st in r.pipeline["stages"]:
             bub = st["bubble_ratio"]
             click.echo(f"  stage {st['stage']}: layers {', '.join(f'{a}-{b}' for a, b in st['chunks'])}, "
-                       f"{st['in_flight']} chunk forwards in flight, peak GPU {fmt_bytes(st['peak_gpu_bytes'])}, "
+                       f"{st['in_flight']} chunk forwards in flight, peak GPU {fmt_bytes(st['peak_gpu_bytes'])} "
+                       f"(simulated, {allocator_of(plan.policy)}), "
                        f"busy {fmt_time(st['compute_busy_s'])}"
                        + (f", bubble {100 * bub:.1f}% of its work" if bub is not None else ""))
         ideal = r.pipeline["ideal_bubble_ratio"]

@@ -33,11 +33,10 @@ from memo_sim.profile.loader import load_profile
 from memo_sim.report.fit_advice import fit_fixes
 from memo_sim.report.peaks import candidate_peak
 from memo_sim.report.sensitivity import sensitivity_line
-from memo_sim.report.table import render_table, status_text
 from memo_sim.report.whatif_answer import WhatIfView
 from memo_sim.search.frameworks import FRAMEWORKS
 from memo_sim.search.plan_build import build_plan
-from memo_sim.units import fmt_bytes, fmt_count, fmt_time, parse_token_budget
+from memo_sim.units import fmt_count, parse_token_budget
 
 
 @click.command()
@@ -119,7 +118,7 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq,
     Exit status: 0 when a plan fits (plan.json written unless --no-plan), 3 when no candidate
     fits (nothing written; the advice names what was not searched), 2 on bad input.
     """
-    from memo_sim.search.whatif import (binding_words, candidates_for, default_jobs, fold_duplicates, not_searched,
+    from memo_sim.search.whatif import (candidates_for, default_jobs, fold_duplicates, not_searched,
                                         rank)
 
     jobs = jobs or default_jobs()
@@ -146,7 +145,7 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq,
         pols = tuple(policies) or tuple(p for p in get_framework(framework).policies
                                         if not schedule_runs_policy("sppo", p))
         result = candidates_for(model, seq, gpus, profile, policies=pols, framework=framework, **fixed)
-        return _sweep_alpha(model, seq, profile, result, as_json, out_dir, t0, quiet)
+        return _sweep_alpha(model, seq, profile, result, as_json, out_dir, t0, quiet, out_format)
     with delayed_progress("simulating", quiet, force=progress) as on_progress:
         result = rank(model, seq, gpus, profile, simulate_top=simulate_top, progress=on_progress,
                       allocator_lag=allocator_lag, policies=tuple(policies) or None, framework=framework, jobs=jobs,
@@ -199,7 +198,7 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq,
         batch_words=batch_words, elapsed_s=elapsed, top=top, details=details, plan_path=plan_path,
         sppo_plan_path=sppo_plan_path, no_plan=no_plan, metp_rows=metp_rows, advice=advice,
         fixes=fit_fixes(shown[0], gpus, alpha) if best is None and shown else [],
-        sensitivity=sensitivity_line(shown, profile, alpha, jobs=jobs), framework=framework,
+        sensitivity=sensitivity_line(shown, profile, alpha), framework=framework,
         memo_best=memo_best, train_lines=_train_lines(best, train_budget), pipeline_note=_pipeline_note(best)),
         out_format)
     if best is None:
@@ -257,7 +256,7 @@ def _metp_vs_megatron(candidates, alpha) -> list[dict]:
     return out
 
 
-def _sweep_alpha(model, seq, profile, result, as_json, out_dir, t0, quiet):
+def _sweep_alpha(model, seq, profile, result, as_json, out_dir, t0, quiet, out_format="table"):
     from memo_sim.engine.simulate import DEFAULT_ALPHAS, sweep_alpha
     from memo_sim.report.figures import alpha_sweep_figure
 
@@ -280,13 +279,13 @@ def _sweep_alpha(model, seq, profile, result, as_json, out_dir, t0, quiet):
                                "sweep": [r.to_dict() for r in res], "elapsed_s": time.perf_counter() - t0},
                               indent=1))
         return
-    click.echo(f"{model.name}, {fmt_count(seq)} tokens, {layout.label()} on {profile.name}: MEMO alpha sweep "
-               f"(solver's alpha {solved:.3f})")
-    rows = [[f"{r.policy.alpha:.3f}", status_text(r.status, 0.0) if r.status == "OK" else r.status,
-             fmt_time(r.iteration_s), f"{100 * r.mfu:.1f}%", fmt_bytes(r.peak_gpu_bytes),
-             fmt_bytes(r.peak_host_bytes_per_node), fmt_time(r.exposed_copy_s)] for r in res]
-    click.echo(render_table(["alpha", "status", "iter (sim)", "MFU", "peak GPU", "host/node", "copy stall"], rows))
-    click.echo(f"figure: {png}")
+    from memo_sim.report.formats import emit
+    from memo_sim.report.sweep_text import runs_answer
+
+    a = runs_answer(f"{model.name}, {fmt_count(seq)} tokens, {layout.label()} on {profile.name}: MEMO alpha sweep "
+                    f"(solver's alpha {solved:.3f})", ["alpha"], [([f"{r.policy.alpha:.3f}"], r) for r in res])
+    a.line(f"figure: {png}")
+    emit(a, out_format)
 
 
 def _print_answer(view, out_format: str) -> None:

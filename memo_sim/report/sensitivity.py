@@ -82,7 +82,7 @@ def sensitivity(shown, profile: HardwareProfile, alpha: float | None = None) -> 
     return out
 
 
-def sensitivity_line(shown, profile: HardwareProfile, alpha: float | None = None, jobs: int = 1) -> str:
+def sensitivity_line(shown, profile: HardwareProfile, alpha: float | None = None) -> str:
     """One line for an uncalibrated profile's answer; empty for a calibrated one."""
     if profile.calibrated:
         return ""
