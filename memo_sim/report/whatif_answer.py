@@ -63,8 +63,10 @@ def verdict(v: WhatIfView) -> str:
     tier = "simulated" if b.simulated is not None else "analytic"
     it = b.simulated["iteration_s"] if b.simulated else b.estimate.iteration_s
     mfu = b.simulated["mfu"] if b.simulated else b.estimate.mfu
-    return (f"answer: {b.layout.label()} {b.policy.label()} fits: {fmt_time(it)}/iteration ({tier}), "
-            f"MFU {100 * mfu:.1f}%, {b.tgs:,.0f} tokens/GPU/s, peak GPU {p.text()} of "
+    it_words = f"{fmt_time(it)}/iteration ({tier}), " if it else ""
+    mfu_words = f"MFU {100 * mfu:.1f}%, " if mfu is not None else ""
+    return (f"answer: {b.layout.label()} {b.policy.label()} fits: {it_words}{mfu_words}"
+            f"{b.tgs:,.0f} tokens/GPU/s, peak GPU {p.text()} of "
             f"{fmt_bytes(b.memory.gpu_capacity_bytes)}" + (f" -> {v.plan_path}" if v.plan_path else ""))
 
 
