@@ -32,7 +32,8 @@ class Peak:
     @property
     def short_source(self) -> str:
         """The source in a table cell: ``sim/allocator``, ``analytic/mem plan``."""
-        return f"{'sim' if self.tier == SIMULATED else 'analytic'}/{'mem plan' if self.allocator == MEMORY_PLAN else 'allocator'}"
+        tier = "sim" if self.tier == SIMULATED else "analytic"
+        return f"{tier}/{'mem plan' if self.allocator == MEMORY_PLAN else 'allocator'}"
 
     def text(self) -> str:
         """``24.81 GiB (simulated, caching allocator)``."""
