@@ -78,7 +78,7 @@ def test_profiles_and_models_list():
 # -- #19 item 6 and #16: tiers apart, duplicates folded, the binding constraint, exit 3, --jobs ---------
 def test_simulated_and_analytic_rows_apart(tmp_path):
     r = run(["whatif", "--seq", "256K", "--simulate-top", "2", "--policy", "memo", "--policy", "full_recompute",
-             "--no-plan", "--jobs", "1"])
+             "--no-plan", "--jobs", "1", "--details"])
     assert r.exit_code == 0, r.output
     sim_at, ana_at = r.output.index("Simulated (tier 2"), r.output.index("Analytic only (tier 1")
     assert sim_at < ana_at

@@ -14,7 +14,8 @@ HF = Path(__file__).parent / "data" / "hf"
 
 # published parameter counts (the model cards), billions
 PUBLISHED_B = {"llama-3.1-8b": 8.03, "llama-3.1-70b": 70.55, "llama-3.1-405b": 405.85, "qwen2.5-7b": 7.62,
-               "qwen2.5-72b": 72.71, "mistral-7b": 7.25}
+               "qwen2.5-72b": 72.71, "mistral-7b": 7.25,
+               "llama-2-7b": 6.74, "llama-2-70b": 68.98}  # Llama-2: 6,738,415,616 and 68,976,648,192
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED_B))

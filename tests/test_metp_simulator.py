@@ -284,7 +284,8 @@ def test_whatif_cli_metp(tmp_path):
     rows = obj["metp_vs_megatron"]
     assert rows and all(row["memory_saved_fraction"] > 0 for row in rows)
     r = CliRunner().invoke(cli, ["whatif", "--model", "gpt-7b", "--gpus", "8", "--seq", "256K", "--tp-mode", "metp",
-                                 "--profile", "a100-sxm4-80gb", "--simulate-top", "1", "--out", str(tmp_path)])
+                                 "--profile", "a100-sxm4-80gb", "--simulate-top", "1", "--out", str(tmp_path),
+                                 "--details"])
     assert r.exit_code == 0, r.output
     assert "METP against Megatron TP+SP" in r.output and "tp8+metp" in r.output
     plan = json.loads((tmp_path / "plan.json").read_text())

@@ -68,7 +68,8 @@ def test_every_answer_says_how_its_profile_was_obtained(tmp_path):
     assert d["profile_provenance"]["calibrated"] is False
     assert "assumed kernel efficiency curves" in d["profile_provenance"]["line"]
     r = CliRunner().invoke(cli, ["whatif", "--seq", "64K", "--no-plan", "--simulate-top", "1", "--jobs", "1"])
-    assert r.output.splitlines()[1].startswith("profile a800-80gb: not calibrated (fitted)")
+    assert r.output.splitlines()[0].startswith("answer: ")  # the verdict first, then the header
+    assert r.output.splitlines()[2].startswith("profile a800-80gb: not calibrated (fitted)")
     import dataclasses
 
     p = dataclasses.replace(load_profile("a800-80gb"), provenance={

@@ -11,9 +11,10 @@ from memo_sim.memplan.footprint import memory_breakdown
 from memo_sim.plan.schema import read_plan
 from memo_sim.profile.loader import load_profile
 from memo_sim.report.explain import peak_moment, time_breakdown
-from memo_sim.report.table import render_table
+from memo_sim.report.formats import Answer, emit, format_options, resolve_format
+from memo_sim.report.peaks import analytic_peak, result_peak
 from memo_sim.search.estimate import memo_alpha
-from memo_sim.units import fmt_bytes, fmt_time
+from memo_sim.units import fmt_bytes, fmt_count, fmt_time
 
 _ALPHA_WORDS = {"overlap": "the offload of one layer's bytes must hide under that layer's forward",
                 "host_memory": "the offloaded bytes of every offloaded layer must fit the node's pinned host memory",
@@ -22,9 +23,10 @@ _ALPHA_WORDS = {"overlap": "the offload of one layer's bytes must hide under tha
 
 @click.command("explain")
 @click.argument("plan_file", type=click.Path(dir_okay=False))
-@click.option("--json", "as_json", is_flag=True, help="Print the explanation as JSON.")
-def explain(plan_file, as_json):
+@format_options
+def explain(plan_file, out_format, as_json):
     """Explain PLAN_FILE: time breakdown, memory at the peak, host memory, the binding limit."""
+    as_json = resolve_format(out_format, as_json) == "json"
     plan = read_plan(plan_file)
     profile = load_profile(plan.profile)
     res = simulate(plan.model, plan.layout, plan.batch, plan.seq_tokens, plan.policy, profile, record=True,
@@ -56,38 +58,39 @@ def explain(plan_file, as_json):
             "host_capacity_bytes": res.host_capacity_bytes, "binding": binding,
             "failure": res.failure.message() if res.failure is not None else None}, indent=1))
         return
+    a = Answer()
     it = f"{fmt_time(res.iteration_s)}/iteration, MFU {100 * res.mfu:.1f}%" if res.ok else res.failure.message()
-    click.echo(f"{plan.model.name}, {plan.seq_tokens} tokens x {plan.batch}, {plan.layout.label()}, "
-               f"{plan.policy.label()} on {plan.gpus} x {profile.gpu.model}: {res.status}, {it}")
-    click.echo(f"binding: {binding}")
-    click.echo(f"profile {profile.name}: {profile.provenance_line()}")
+    a.verdict = (f"{plan.model.name}, {fmt_count(plan.seq_tokens)} tokens x {plan.batch}, {plan.layout.label()}, "
+                 f"{plan.policy.label()} on {plan.gpus} x {profile.gpu.model}: {res.status}, {it}")
+    a.line(f"binding: {binding}")
+    a.line(f"profile {profile.name}: {profile.provenance_line()}")
     for t in times:
         rows = [[k, fmt_time(v), f"{100 * v / t.iteration_s:.1f}%"] for k, v in t.busy_s.items()]
         rows += [[k, fmt_time(v), f"{100 * v / t.iteration_s:.1f}%"]
                  for k, v in sorted(t.waits_s.items(), key=lambda kv: -kv[1])]
         rows.append(["iteration", fmt_time(t.iteration_s), "100.0%"])
         where = f"GPU {t.device}" + (f" (stage {devices.index(t.device)})" if len(devices) > 1 else "")
-        click.echo(f"\ntime on {where}'s compute stream (simulated):")
-        click.echo(render_table(["", "seconds", "share"], rows))
+        a.table(["", "seconds", "share"], rows, title=f"\ntime on {where}'s compute stream (simulated):")
     stages = (res.pipeline or {}).get("stages")
     if stages:  # a pipeline: each stage holds its own layers, micro-batches or subsequences
         rows = [[str(s["stage"]), fmt_bytes(s["analytic_peak_gpu_bytes"]), fmt_bytes(s["peak_gpu_bytes"])]
                 for s in stages]
-        click.echo(f"\nGPU memory per stage (usable {fmt_bytes(res.gpu_capacity_bytes)}):")
-        click.echo(render_table(["stage", "peak (analytic)", "peak (simulated)"], rows))
+        alloc = analytic_peak(mem, plan.policy).allocator
+        a.table(["stage", f"peak (analytic, {alloc})", f"peak (simulated, {alloc})"], rows,
+                title=f"\nGPU memory per stage (usable {fmt_bytes(res.gpu_capacity_bytes)}):")
     else:
         rows = [[k, fmt_bytes(v)] for k, v in terms.items()]
-        rows += [["peak (analytic: the terms above)", fmt_bytes(mem.peak_gpu_bytes)],
-                 ["peak (simulated)", fmt_bytes(res.peak_gpu_bytes)],
+        rows += [["peak (the terms above)", analytic_peak(mem, plan.policy).text()],
+                 ["peak", result_peak(res).text()],
                  ["usable GPU memory", fmt_bytes(res.gpu_capacity_bytes)]]
-        click.echo("\nGPU memory per GPU:")
-        click.echo(render_table(["", "bytes"], rows))
+        a.table(["", "bytes"], rows, title="\nGPU memory per GPU:")
     for d, p in peaks.items():
         if p is not None:
             at = f"{p['op']} (layer {p['layer']}, {p['phase']})" if p["op"] else "between compute ops"
-            click.echo(f"  GPU {d} peaks at {fmt_time(p['time_s'])} during {at}")
-    click.echo(f"\npinned host memory per node: {fmt_bytes(res.peak_host_bytes_per_node)} of "
-               f"{fmt_bytes(res.host_capacity_bytes)}")
+            a.line(f"  GPU {d} peaks at {fmt_time(p['time_s'])} during {at}")
+    a.line(f"\npinned host memory per node: {fmt_bytes(res.peak_host_bytes_per_node)} of "
+           f"{fmt_bytes(res.host_capacity_bytes)}")
+    emit(a, resolve_format(out_format, False))
 
 
 def _binding(plan, profile, res, mem) -> str:
@@ -96,7 +99,7 @@ def _binding(plan, profile, res, mem) -> str:
         return res.failure.message()
     gpu = res.peak_gpu_bytes / res.gpu_capacity_bytes
     host = res.peak_host_bytes_per_node / res.host_capacity_bytes if res.host_capacity_bytes else 0.0
-    words = (f"GPU memory {100 * gpu:.0f}% full ({fmt_bytes(res.peak_gpu_bytes)} of "
+    words = (f"GPU memory {100 * gpu:.0f}% full ({result_peak(res).text()} of "
              f"{fmt_bytes(res.gpu_capacity_bytes)}); pinned host memory {100 * host:.0f}% full")
     if plan.policy.takes_alpha and plan.layout.pp == 1:
         solved = memo_alpha(plan.model, plan.layout, plan.batch, plan.seq_tokens, profile)

@@ -8,6 +8,8 @@ from memo_sim.errors import MemoError
 from memo_sim.model.config import PRESETS
 from memo_sim.plan.schema import read_plan
 from memo_sim.profile.loader import list_profiles, load_profile
+from memo_sim.report.formats import fmt_params, plural
+from memo_sim.report.peaks import planned_peak
 from memo_sim.report.table import render_table
 from memo_sim.units import fmt_bytes, fmt_count, fmt_time
 
@@ -30,10 +32,13 @@ def profiles():
 def models():
     """List the model presets (any Hugging Face config.json of a dense decoder works too: --model PATH)."""
     rows = [[m.name, str(m.layers), str(m.hidden), str(m.heads), str(m.n_kv_heads), str(m.ffn), m.ffn_type,
-             m.norm, m.bias, "yes" if m.tied_embeddings else "no", str(m.vocab), f"{m.params() / 1e9:.2f}B"]
+             m.norm, m.bias, "yes" if m.tied_embeddings else "no", str(m.vocab), fmt_params(m.params())]
             for m in PRESETS.values()]
     click.echo(render_table(["name", "layers", "hidden", "heads", "kv_heads", "ffn", "ffn_type", "norm", "bias",
                              "tied", "vocab", "params"], rows))
+    click.echo("tied: the classifier reuses the token embedding (counted once). llama-7b and llama-70b are the "
+               "papers' shapes with GPT's norms, biases and tied embeddings; llama-2-7b and llama-2-70b are the "
+               "released models.")
 
 
 @click.command()
@@ -74,9 +79,13 @@ def check_plan(plan_file):
     click.echo(f"{plan_file}: valid {plan.model.name}, {fmt_count(plan.seq_tokens)} tokens, {plan.gpus} GPUs, "
                f"{plan.layout.label()}, {plan.policy.label()}, predicted {p.status} "
                f"{num(p.iteration_s, fmt_time)}/iter, MFU {num(p.mfu, lambda m: f'{100 * m:.1f}%')}")
-    click.echo(f"  schedule {plan.schedule}: {plan.micro_batches} micro-batch(es) of {plan.micro_batch} sequence(s)"
+    click.echo(f"  schedule {plan.schedule}: {plural(plan.micro_batches, 'micro-batch', 'micro-batches')} of "
+               f"{plural(plan.micro_batch, 'sequence')}"
                + (f", {plan.layout.pp} stages x {plan.layout.vpp} chunks" if plan.schedule != "sppo" and
                   plan.layout.pp > 1 else ""))
+    peak = planned_peak(plan)
+    if peak is not None:
+        click.echo(f"  predicted peak GPU {peak.text()}")
     if plan.memory_plan is not None:
         click.echo(f"  memory plan: transient arena {fmt_bytes(plan.memory_plan.transient_arena_bytes)}, "
                    f"{sum(len(ph.offsets) for ph in plan.memory_plan.phases.values())} tensors placed "

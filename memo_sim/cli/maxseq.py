@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import textwrap
 import time
 
 import click
@@ -11,7 +11,7 @@ from memo_sim.cli.common import GPU_COUNT, build_model, count_option, model_opti
 from memo_sim.layout.schedule import schedule_runs_policy
 from memo_sim.policy import policy_names
 from memo_sim.profile.loader import load_profile
-from memo_sim.report.table import render_table
+from memo_sim.report.formats import Answer, emit, format_options, resolve_format
 from memo_sim.search.frameworks import FRAMEWORKS, get_framework
 from memo_sim.units import fmt_count
 
@@ -27,13 +27,14 @@ from memo_sim.units import fmt_count
               help="Only layouts and policies this framework offers.")
 @click.option("--step", default="128K", callback=count_option, show_default=True,
               help="Granularity of the answer, in tokens.")
-@click.option("--json", "as_json", is_flag=True, help="Print the answers as JSON.")
+@format_options
 def maxseq(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, gpus, profile_name, policies, framework,
-           step, as_json):
+           step, out_format, as_json):
     """The longest sequence (a multiple of --step) each policy trains, its MFU there, and the
     constraint that binds at the next step."""
     from memo_sim.search.maxseq import max_seq
 
+    fmt = resolve_format(out_format, as_json)
     t0 = time.perf_counter()
     model = build_model(model_name, layers, hidden, heads, ffn, vocab, dtype, precision)
     profile = load_profile(profile_name)
@@ -41,26 +42,44 @@ def maxseq(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, gpus
     pols = tuple(policies) or tuple(p for p in get_framework(framework).policies
                                     if not schedule_runs_policy("sppo", p))
     answers = []
-    with progress_bar("searching", len(pols), quiet=as_json) as tick:
+    with progress_bar("searching", len(pols), quiet=fmt != "table") as tick:
         for p in pols:
             answers.append(max_seq(model, gpus, profile, p, step=step, framework=framework))
             tick()
-    if as_json:
-        click.echo(json.dumps({"model": model.to_dict(), "gpus": gpus, "profile": profile.name, "framework": framework,
-                               "answers": [a.to_json() for a in answers], "elapsed_s": time.perf_counter() - t0},
-                              indent=1))
-        return
-    click.echo(f"{model.name}, {gpus} x {profile.gpu.model} ({profile.name}), framework {framework}, "
-               f"step {fmt_count(step)}")
+    obj = {"model": model.to_dict(), "gpus": gpus, "profile": profile.name, "framework": framework,
+           "answers": [a.to_json() for a in answers], "elapsed_s": time.perf_counter() - t0}
+    emit(maxseq_answer(model, gpus, profile, framework, step, answers, time.perf_counter() - t0), fmt, obj)
+
+
+WIDTH = 100  # the text answer fits a terminal this wide
+
+
+def maxseq_answer(model, gpus, profile, framework, step, answers, elapsed_s) -> Answer:
+    """A verdict, one narrow table (policy, longest, plan, MFU, the first failing length), and the
+    binding constraint at that length per policy as wrapped notes below it."""
+    best = max((a for a in answers if a.max_seq), key=lambda a: a.max_seq, default=None)
+    if best is None:
+        verdict = f"answer: no policy trains {fmt_count(step)} tokens on {gpus} x {profile.gpu.model}"
+    else:
+        verdict = (f"answer: {best.policy} trains the longest sequence, {fmt_count(best.max_seq)} tokens"
+                   + (f" ({best.best.layout.label()} {best.best.policy.label()})" if best.best else ""))
+    a = Answer(verdict)
+    a.line(f"{model.name}, {gpus} x {profile.gpu.model} ({profile.name}), framework {framework}, "
+           f"step {fmt_count(step)}")
     rows = []
-    for a in answers:
-        b = a.best
+    for ans in answers:
+        b = ans.best
         mfu = (b.simulated or {}).get("mfu") if b else None
-        rows.append([a.policy, fmt_count(a.max_seq) if a.max_seq else "none",
+        rows.append([ans.policy, fmt_count(ans.max_seq) if ans.max_seq else "none",
                      f"{b.layout.label()} {b.policy.label()}" if b else "-",
-                     f"{100 * mfu:.1f}%" if mfu is not None else "-", f"{fmt_count(a.next_seq)}: {a.binding}"])
-    click.echo(render_table(["policy", "longest", "best plan there", "MFU (sim)", "first failure: what binds"], rows))
-    click.echo(f"{time.perf_counter() - t0:.1f} s")
+                     f"{100 * mfu:.1f}%" if mfu is not None else "-", fmt_count(ans.next_seq)])
+    a.table(["policy", "longest", "best plan there", "MFU (sim)", "fails at"], rows)
+    a.line("what binds at the first failing length (analytic tier):")
+    for ans in answers:
+        a.line(textwrap.fill(f"{ans.policy} at {fmt_count(ans.next_seq)}: {ans.binding}", WIDTH,
+                             initial_indent="  ", subsequent_indent="    "))
+    a.line(f"{elapsed_s:.1f} s")
+    return a
 
 
 COMMANDS = (maxseq,)

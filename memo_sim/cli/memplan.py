@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
@@ -12,6 +11,8 @@ from memo_sim.cli.common import (BATCH, DEGREE, build_model, count_option, model
 from memo_sim.errors import MemoError
 from memo_sim.policy import policy_names
 from memo_sim.profile.loader import load_profile
+from memo_sim.report.formats import emit, format_options, resolve_format
+from memo_sim.report.memplan_text import memplan_answer
 
 
 @click.command()
@@ -33,12 +34,12 @@ from memo_sim.profile.loader import load_profile
               help="Seconds per DSA solve.")
 @click.option("--solver", default="auto", show_default=True,
               type=click.Choice(["auto", "search", "mip-highs", "mip-cbc", "greedy"]))
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False),
               help="Also draw the layout (address over time) as PNG here.")
 @progress_option
+@format_options
 def memplan(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, csv_file, trace_file, seq, batch, tp, cp, ulysses, sp,
-            tp_mode, policy, alpha, profile_name, time_limit, solver, as_json, out_dir, progress):
+            tp_mode, policy, alpha, profile_name, time_limit, solver, out_dir, progress, out_format, as_json):
     """Static memory plan (MEMO's bi-level MIP) for a model/layout/policy, or for a trace/CSV file."""
     from memo_sim.layout.parallel import Layout, check_layout
     from memo_sim.memplan.caching_allocator import AllocatorConfig, replay
@@ -47,6 +48,8 @@ def memplan(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, csv
     from memo_sim.policy import get_policy, policy_class
     from memo_sim.report.memplan_figure import draw_placement
 
+    fmt = resolve_format(out_format, as_json)
+    as_json = fmt != "table"  # quiet progress for machine formats
     profile = load_profile(profile_name)
     cap = int(profile.usable_gpu_memory)
     figures = []
@@ -90,15 +93,7 @@ def memplan(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, csv
                 figures.append(str(draw_placement(tr, sol.offsets, int(sol.peak_bytes),
                                                   Path(out_dir) / f"memplan-{name}.png")))
     result["figures"] = figures
-    if as_json:
-        click.echo(json.dumps(result, indent=1))
-        return
-    for k, v in result.items():
-        if isinstance(v, dict) and "offsets" in v:
-            v = {kk: vv for kk, vv in v.items() if kk != "offsets"}
-        if k == "offsets":
-            continue
-        click.echo(f"{k}: {v}")
+    emit(memplan_answer(result), fmt, result)
 
 
 def _allocator_summary(rep) -> dict:

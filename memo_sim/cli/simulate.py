@@ -29,6 +29,9 @@ from memo_sim.cli.common import progress_bar
 from memo_sim.errors import MemoError
 from memo_sim.fileio import atomic_write_json
 from memo_sim.policy import policy_names
+from memo_sim.report.formats import format_options, resolve_format
+from memo_sim.report.peaks import allocator_of, result_peak
+from memo_sim.report.sweep_text import runs_answer
 from memo_sim.units import fmt_bytes, fmt_count, fmt_time, parse_count
 
 LAYERS_HELP = ("Layer range for the Gantt chart, both ends included (e.g. 14:16); default: the middle three "
@@ -73,9 +76,9 @@ def _summary_line(r) -> str:
                  "caching allocator (pipeline iteration not replayed)" if a.get("replayed") is False else
                  f"caching allocator: {a['reorganizations']} reorganisations, stall {fmt_time(a['stall_s'])}")
         return (f"{r.status}: {fmt_time(r.iteration_s)}/iteration, MFU {100 * r.mfu:.1f}%, TGS {r.tgs:.0f}, "
-                f"peak GPU {fmt_bytes(r.peak_gpu_bytes)}, peak host/node {fmt_bytes(r.peak_host_bytes_per_node)}, "
+                f"peak GPU {result_peak(r).text()}, peak host/node {fmt_bytes(r.peak_host_bytes_per_node)}, "
                 f"copy stall {fmt_time(r.exposed_copy_s)}, {alloc}")
-    return f"{r.failure.message()}"
+    return f"{r.failure.message()} (simulated, {allocator_of(r.policy)})"
 
 
 @click.command("simulate")
@@ -131,7 +134,8 @@ def simulate_cmd(plan_file, out_dir, layers_text, profile_override, no_contentio
         for st in r.pipeline["stages"]:
             bub = st["bubble_ratio"]
             click.echo(f"  stage {st['stage']}: layers {', '.join(f'{a}-{b}' for a, b in st['chunks'])}, "
-                       f"{st['in_flight']} chunk forwards in flight, peak GPU {fmt_bytes(st['peak_gpu_bytes'])}, "
+                       f"{st['in_flight']} chunk forwards in flight, peak GPU {fmt_bytes(st['peak_gpu_bytes'])} "
+                       f"(simulated, {allocator_of(plan.policy)}), "
                        f"busy {fmt_time(st['compute_busy_s'])}"
                        + (f", bubble {100 * bub:.1f}% of its work" if bub is not None else ""))
         ideal = r.pipeline["ideal_bubble_ratio"]
@@ -174,13 +178,18 @@ def _parse_alphas(text: str) -> list[float]:
     return vals
 
 
-def _write_sweep(out: Path, name: str, results, figure, line) -> None:
-    """Write a sweep's results as NAME.json and NAME.png and print one line per run."""
-    atomic_write_json(out / f"{name}.json", [r.to_dict() for r in results])
+def _write_sweep(out: Path, name: str, results, figure, answer, fmt: str | None = "table") -> None:
+    """Write a sweep's results as NAME.json and NAME.png and print the answer (a table per run)."""
+    from memo_sim.report.formats import emit
+
+    objs = [r.to_dict() for r in results]
+    atomic_write_json(out / f"{name}.json", objs)
     png = figure(results, out / f"{name}.png")
-    for r in results:
-        click.echo(line(r))
-    click.echo(f"wrote {out / (name + '.json')}, {png}")
+    if fmt is None:  # the caller prints one answer for this sweep and what follows it
+        return
+    a = answer(results)
+    a.line(f"wrote {out / (name + '.json')}, {png}")
+    emit(a, fmt, objs)
 
 
 @click.command("sweep-alpha")
@@ -189,7 +198,8 @@ def _write_sweep(out: Path, name: str, results, figure, line) -> None:
 @click.option("--alphas", default="0,0.125,0.25,0.375,0.5,0.625,0.75,0.875,1", show_default=True,
               help="Comma-separated alphas.")
 @click.option("--profile", "profile_override", default=None, help="Hardware profile (default: the plan's).")
-def sweep_alpha_cmd(plan_file, out_dir, alphas, profile_override):
+@format_options
+def sweep_alpha_cmd(plan_file, out_dir, alphas, profile_override, out_format, as_json):
     """Simulate the plan's model and layout under MEMO at each alpha; plot MFU and memory."""
     from memo_sim.engine.simulate import sweep_alpha
     from memo_sim.report.figures import alpha_sweep_figure
@@ -205,11 +215,14 @@ def sweep_alpha_cmd(plan_file, out_dir, alphas, profile_override):
 
     solved = memo_alpha(plan.model, plan.layout, plan.micro_batch, plan.seq_tokens, profile)
     solver_alpha = solved.alpha if solved.feasible else None
+    solver_words = (f"solver's alpha: {solver_alpha:.3f} ({solved.reason()})" if solver_alpha is not None
+                    else f"solver's alpha: infeasible ({solved.reason()})")
     _write_sweep(Path(out_dir), "alpha_sweep", results,
                  lambda rs, path: alpha_sweep_figure(rs, path, solver_alpha=solver_alpha),
-                 lambda r: f"alpha {r.policy.alpha:.3f}: {_summary_line(r)}")
-    click.echo(f"solver's alpha: {solver_alpha:.3f} ({solved.reason()})" if solver_alpha is not None
-               else f"solver's alpha: infeasible ({solved.reason()})")
+                 lambda rs: runs_answer(f"{plan.model.name}, {fmt_count(plan.seq_tokens)} tokens, "
+                                        f"{plan.layout.label()}: MEMO at {len(rs)} alphas; {solver_words}",
+                                        ["alpha"], [([f"{r.policy.alpha:.3f}"], r) for r in rs]),
+                 resolve_format(out_format, as_json))
 
 
 @click.command("sweep-seq")
@@ -223,7 +236,8 @@ def sweep_alpha_cmd(plan_file, out_dir, alphas, profile_override):
 @click.option("--policy", "policies", multiple=True, type=click.Choice(policy_names()),
               help="Only these policies (repeatable; default: every policy).")
 @click.option("--best-policy", is_flag=True, help="With --tp-mode: one line per mode, its best policy at each length.")
-def sweep_seq_cmd(plan_file, out_dir, seqs, profile_override, tp_modes, policies, best_policy):
+@format_options
+def sweep_seq_cmd(plan_file, out_dir, seqs, profile_override, tp_modes, policies, best_policy, out_format, as_json):
     """Every policy at each sequence length for the plan's model and layout; plot MFU."""
     from memo_sim.engine.simulate import simulate
     from memo_sim.layout.parallel import check_layout
@@ -266,12 +280,15 @@ def sweep_seq_cmd(plan_file, out_dir, seqs, profile_override, tp_modes, policies
                                     schedule=None if plan.schedule == "sppo" else plan.schedule,
                                     micro_batch=plan.micro_batch, keep_timeline=False))
             step()
-    several = len(layouts) > 1
+    fmt = resolve_format(out_format, as_json)
     _write_sweep(Path(out_dir), "mfu_vs_seq", results, mfu_vs_seq_figure,
-                 lambda r: f"{fmt_count(r.seq):>5} {(r.layout.label() + ' ') if several else ''}"
-                           f"{r.policy.label():<18} {_summary_line(r)}")
+                 lambda rs: runs_answer(f"{plan.model.name} on {profile.name}: {len(pols)} policies x "
+                                        f"{len(lens)} lengths x {len(layouts)} layouts (simulated)",
+                                        ["seq", "layout", "policy"],
+                                        [([fmt_count(r.seq), r.layout.label(), r.policy.label()], r) for r in rs]),
+                 None if tp_modes and fmt == "json" else fmt)
     if tp_modes:
-        _sweep_tp_modes(plan, profile, layouts, lens, pols, best_policy, Path(out_dir))
+        _sweep_tp_modes(plan, profile, layouts, lens, pols, best_policy, Path(out_dir), results, fmt)
 
 
 def _tp_mode_layouts(layout, text: str) -> dict:
@@ -292,7 +309,27 @@ def _tp_mode_layouts(layout, text: str) -> dict:
     return out
 
 
-def _sweep_tp_modes(plan, profile, layouts, lens, pols, best_policy, out: Path) -> None:
+def _point_peak_text(pt, simulated: dict) -> str:
+    """A sweep point's peak: the simulated one of the same configuration where the sweep ran it
+    (so one configuration reads one number in both tables), else the analytic one; with its source."""
+    from memo_sim.report.peaks import ANALYTIC, CACHING_ALLOCATOR, MEMORY_PLAN, Peak
+
+    r = simulated.get((pt.seq, pt.layout, pt.policy))
+    if r is not None:
+        return result_peak(r).text() if r.ok else f"- ({r.status} when simulated; analytic {fmt_bytes(pt.peak_gpu_bytes)})"
+    alloc = MEMORY_PLAN if pt.policy.startswith("memo") else CACHING_ALLOCATOR
+    return Peak(pt.peak_gpu_bytes, ANALYTIC, alloc).text()
+
+
+def _point_json(pt, simulated: dict) -> dict:
+    """A sweep point as JSON: its analytic peak (``peak_gpu_bytes``) and, where the sweep simulated
+    the same configuration, the simulated one that the printed table shows."""
+    r = simulated.get((pt.seq, pt.layout, pt.policy))
+    return {**pt.to_dict(), "peak_gpu_source": "analytic",
+            "simulated_peak_gpu_bytes": r.peak_gpu_bytes if r is not None and r.ok else None}
+
+
+def _sweep_tp_modes(plan, profile, layouts, lens, pols, best_policy, out: Path, results=(), fmt="table") -> None:
     from memo_sim.report.figures import seq_sweep_figure
     from memo_sim.search.seq_sweep import crossover_seq, sweep_layouts
 
@@ -313,19 +350,25 @@ def _sweep_tp_modes(plan, profile, layouts, lens, pols, best_policy, out: Path) 
         twin = next((m for m in megatron if (m.split(" ", 1)[1] if " " in m else "") == rest), None)
         if twin is not None:
             crossings.append(crossover_seq(points, lb, twin))
-    atomic_write_json(out / "seq_by_tp_mode.json", {"points": [pt.to_dict() for pt in points],
+    simulated = {(r.seq, r.layout.label(), r.policy.label()): r for r in results}
+    atomic_write_json(out / "seq_by_tp_mode.json", {"points": [_point_json(pt, simulated) for pt in points],
                                                     "crossovers": [c.to_dict() for c in crossings]})
     title = f"{plan.model.name}, {profile.name}: peak memory and step time by tensor-parallel mode"
     png = seq_sweep_figure(points, out / "seq_by_tp_mode.png", title, crossings,
                            reference=megatron[0] if len(megatron) == 1 else None)
-    for pt in points:
-        it = fmt_time(pt.iteration_s) if pt.iteration_s is not None else "-"
-        click.echo(f"{fmt_count(pt.seq):>5} {pt.label:<32} {pt.policy:<18} {pt.status:<4} "
-                   f"peak GPU {fmt_bytes(pt.peak_gpu_bytes)}, step {it}, exposed P2P {fmt_time(pt.exposed_p2p_s)}")
+    from memo_sim.report.formats import Answer, emit
+
+    a = Answer()
+    a.table(["seq", "series", "policy", "status", "peak GPU", "step", "exposed P2P"],
+            [[fmt_count(pt.seq), pt.label, pt.policy, pt.status, _point_peak_text(pt, simulated),
+              fmt_time(pt.iteration_s) if pt.iteration_s is not None else "-", fmt_time(pt.exposed_p2p_s)]
+             for pt in points], title="by tensor-parallel mode (the best policy of each series where --best-policy):")
     for c in crossings:
         at = f"{fmt_count(int(round(c.time_seq)))} tokens" if c.time_seq is not None else "none in range"
-        click.echo(f"crossover {c.a} vs {c.b}: {at} ({c.note})")
-    click.echo(f"wrote {out / 'seq_by_tp_mode.json'}, {png}")
+        a.line(f"crossover {c.a} vs {c.b}: {at} ({c.note})")
+    a.line(f"wrote {out / 'seq_by_tp_mode.json'}, {png}")
+    emit(a, fmt, {"runs": [r.to_dict() for r in results], "points": [_point_json(pt, simulated) for pt in points],
+                  "crossovers": [c.to_dict() for c in crossings]})
 
 
 DEFAULT_SUBSEQS = "1,2,4,8,16,32,64,128"
@@ -339,7 +382,8 @@ DEFAULT_SUBSEQS = "1,2,4,8,16,32,64,128"
                    "those the sequence splits into).")
 @click.option("--profile", "profile_override", default=None, help="Hardware profile (default: the plan's).")
 @click.option("--no-simulate", is_flag=True, help="Analytic tier only (no event simulation).")
-def sweep_subseqs_cmd(plan_file, out_dir, subseqs_text, profile_override, no_simulate):
+@format_options
+def sweep_subseqs_cmd(plan_file, out_dir, subseqs_text, profile_override, no_simulate, out_format, as_json):
     """Iteration time and peak memory against the subsequence count N for an SPPO plan's layout."""
     from memo_sim.cost.sppo import pipeline_time
     from memo_sim.engine.simulate import simulate
@@ -392,15 +436,23 @@ def sweep_subseqs_cmd(plan_file, out_dir, subseqs_text, profile_override, no_sim
     title = (f"{plan.model.name}, {fmt_count(plan.seq_tokens)} tokens, {lay.label()} on {profile.name}: "
              f"SPPO against N")
     png = subseq_sweep_figure(points, out / "subseq_sweep.png", title)
+    from memo_sim.report.formats import Answer, emit
+
+    a = Answer(title)
+    src = "analytic" if no_simulate else "sim where OK, else analytic"
+    a.table(["N", "status", "iter (sim)", "iter (analytic)", f"peak GPU ({src}, worst stage)", "bubble ratio"],
+            [[str(d["subseqs"]), d["status"], fmt_time(d["iteration_s"]) if d["iteration_s"] else "-",
+              fmt_time(d["analytic_iteration_s"]), fmt_bytes(d["peak_gpu_bytes"]), f"{d['bubble_ratio']:.3f}"]
+             for d in points])
     for d in points:
-        it = fmt_time(d["iteration_s"]) if d["iteration_s"] else "-"
-        click.echo(f"N={d['subseqs']:<5} {d['status']:<4} iteration {it} "
-                   f"(analytic {fmt_time(d['analytic_iteration_s'])})"
-                   f", peak GPU {fmt_bytes(d['peak_gpu_bytes'])}, bubble ratio {d['bubble_ratio']:.3f}"
-                   + (f"  {d['reason']}" if d["status"] != "OK" else ""))
+        if d["status"] != "OK":
+            a.line(f"  N={d['subseqs']}: {d['reason']}")
     for msg in skipped:
-        click.echo(f"skipped {msg}")
-    click.echo(f"wrote {out / 'subseq_sweep.json'}, {png}")
+        a.line(f"skipped {msg}")
+    a.line(f"wrote {out / 'subseq_sweep.json'}, {png}")
+    emit(a, resolve_format(out_format, as_json), {"plan": str(plan_file), "layout": lay.label(),
+                                                   "seq_tokens": plan.seq_tokens, "points": points,
+                                                   "skipped": skipped})
 
 
 COMMANDS = (simulate_cmd, plot_cmd, sweep_alpha_cmd, sweep_seq_cmd, sweep_subseqs_cmd)

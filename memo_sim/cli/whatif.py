@@ -43,11 +43,14 @@ from memo_sim.layout.schedule import (
 from memo_sim.plan.schema import write_plan
 from memo_sim.policy import policy_names
 from memo_sim.profile.loader import load_profile
-from memo_sim.report.table import render_table, status_text
+from memo_sim.report.fit_advice import fit_fixes
+from memo_sim.report.peaks import candidate_peak
+from memo_sim.report.sensitivity import sensitivity_line
+from memo_sim.report.whatif_answer import WhatIfView
 from memo_sim.search.frameworks import FRAMEWORKS
 from memo_sim.search.request import WhatifRequest, answer_whatif, sweep_candidates
-from memo_sim.search.whatif import TP_MODE_CHOICES, binding_words, default_jobs, fold_duplicates
-from memo_sim.units import fmt_bytes, fmt_count, fmt_time, parse_token_budget
+from memo_sim.search.whatif import TP_MODE_CHOICES, default_jobs, fold_duplicates
+from memo_sim.units import fmt_count, parse_token_budget
 
 
 ASKED = {f.name: f.default for f in fields(WhatifRequest)}  # the request's defaults, the options' too
@@ -114,6 +117,11 @@ ASKED = {f.name: f.default for f in fields(WhatifRequest)}  # the request's defa
               help="Tier 2: simulate candidates in this many processes (default: every core); results are the "
                    "serial run's, in the same order.")
 @progress_option
+@click.option("--details", is_flag=True,
+              help="Print every table: the two tiers apart, METP against Megatron TP+SP, the SPPO planner's.")
+@click.option("--format", "out_format", default="table", show_default=True,
+              type=click.Choice(["table", "json", "csv", "md"]),
+              help="Output format: aligned text, JSON (same as --json), CSV or Markdown.")
 def whatif(**options):
     """Rank layouts x policies x alpha for a model, sequence length and cluster; write plan.json.
 
@@ -160,18 +168,27 @@ class Show:
     train_budget: int | None  # --train-tokens, parsed
     sweep_alpha: bool
     progress: bool | None
+    details: bool = False  # every table, not just the verdict and the ranking
+    out_format: str = "table"  # table | json | csv | md (json is --json)
 
     @classmethod
     def from_options(cls, options: dict) -> Show:
         tokens = options.get("train_tokens")
         names = {f.name for f in fields(cls)}
-        return cls(train_budget=parse_token_budget(tokens) if tokens is not None else None,
-                   **{k: v for k, v in options.items() if k in names})
+        kept = {k: v for k, v in options.items() if k in names}
+        kept["as_json"] = bool(kept.get("as_json")) or kept.get("out_format") == "json"
+        return cls(train_budget=parse_token_budget(tokens) if tokens is not None else None, **kept)
 
     @property
     def quiet(self) -> bool:
         """No progress bar: --json without --progress, or --no-progress (a bar only for runs over a second)."""
         return self.as_json if self.progress is None else not self.progress
+
+
+def _fixes(ans) -> list[str]:
+    """What would make the asked (closest) configuration fit, when nothing does."""
+    shown = fold_duplicates(ans.result.candidates)
+    return fit_fixes(shown[0], ans.request.gpus, ans.request.alpha) if ans.best is None and shown else []
 
 
 def _answer_json(ans, paths: dict, elapsed: float, show: Show) -> dict:
@@ -182,7 +199,8 @@ def _answer_json(ans, paths: dict, elapsed: float, show: Show) -> dict:
     return {"model": req.model.to_dict(), "seq_tokens": req.seq, "gpus": req.gpus,
             "batch": req.batch if req.batch or req.global_batch else 1, "global_batch": req.global_batch,
             "micro_batch": req.micro_batch, "profile": req.profile.name,
-            "profile_provenance": {"calibrated": req.profile.calibrated, "line": req.profile.provenance_line()},
+            "profile_provenance": {"calibrated": req.profile.calibrated, "line": req.profile.provenance_line(),
+                                   "validation": req.profile.validation or None},
             "searched": result.searched,
             "elapsed_s": elapsed, "simulated_candidates": result.simulated,
             "plan_file": str(plan_path) if plan_path else None,
@@ -193,112 +211,33 @@ def _answer_json(ans, paths: dict, elapsed: float, show: Show) -> dict:
             "memo_best": memo_best.to_json() if memo_best is not None else None,
             "train_tokens": show.train_budget,
             **_training_json(best, show.train_budget),
-            "candidates": [dict(rank=i + 1, **c.to_json()) for i, c in enumerate(shown)],
+            "candidates": [dict(rank=i + 1, **c.to_json(), peak=candidate_peak(c).to_json())
+                           for i, c in enumerate(shown)],
+            "not_fitting_fixes": _fixes(ans),
             "folded_duplicates": len(result.candidates) - len(shown),
             "nothing_fits": best is None, "not_searched": ans.advice,
             "rejected_layouts": [{"layout": lay.label(), "reason": why} for lay, why in result.rejected_layouts]}
 
 
 def _print_answer(ans, paths: dict, elapsed: float, show: Show) -> None:
-    """The answer in words and tables."""
-    req, result = ans.request, ans.result
+    """The text answer (table, csv or md): a verdict line, then one ranked table (--details: all)."""
+    from memo_sim.report.formats import emit
+    from memo_sim.report.whatif_answer import whatif_answer
+
+    req, result, best = ans.request, ans.result, ans.best
     batch_words = (f"{req.global_batch} sequences per iteration" if req.global_batch
                    else f"{req.batch} per replica" if req.batch
                    else "1 per replica" + (" (a pipeline: pp micro-batches per replica)"
                                            if result.searched.get("pipeline") else ""))
-    model, profile = req.model, req.profile
-    click.echo(f"{model.name} ({model.params() / 1e9:.2f}B params), {fmt_count(req.seq)} tokens x {batch_words}, "
-               f"{req.gpus} x {profile.gpu.model} ({profile.name})")
-    click.echo(f"profile {profile.name}: {profile.provenance_line()}")
-    click.echo("searched: " + _searched_words(result.searched))
     shown = fold_duplicates(result.candidates)
-    _print_ranking(shown, show.top)
-    metp_rows = _metp_vs_megatron(result.candidates, req.alpha)
-    if metp_rows:
-        _print_metp(metp_rows)
-    if result.sppo_summary:
-        _print_sppo(result)
-    n_ok = sum(c.status == "OK" for c in result.candidates)
-    n_fold = len(result.candidates) - len(shown)
-    click.echo(f"{len(result.candidates)} candidates ({n_ok} fit{f', {n_fold} duplicates folded' if n_fold else ''}), "
-               f"{len(result.rejected_layouts)} layouts rejected; tier 2 simulated the best {result.simulated}; "
-               f"{elapsed:.2f} s")
-    if ans.best is None:
-        _print_nothing_fits(shown, ans.advice)
-    else:
-        _print_best(ans.best, paths.get("plan.json"), show)
-    if paths.get("plan-sppo.json"):
-        c = ans.sppo_best
-        click.echo(f"best SPPO plan: {c.layout.label()} {c.policy.label()} -> {paths['plan-sppo.json']}")
-    if req.framework != "any":
-        _print_framework_vs_memo(req.framework, ans.best, ans.memo_best)
-
-
-def _print_ranking(shown, top: int) -> None:
-    """The ranked rows, simulated apart from analytic-only, and the duplicates folded into them."""
-    sim_rows = [(i, c) for i, c in enumerate(shown) if c.simulated is not None]
-    ana_rows = [(i, c) for i, c in enumerate(shown) if c.simulated is None]
-    budget = max(0, top)
-    if sim_rows:
-        click.echo(f"Simulated (tier 2: the event simulator, with link contention and copy stalls), "
-                   f"{len(sim_rows)} candidates:")
-        click.echo(_table(sim_rows[:budget], simulated=True))
-    rest = budget - min(budget, len(sim_rows))
-    if ana_rows and rest:
-        click.echo(f"Analytic only (tier 1: perfect overlap, no contention; not simulated, so their MFU is an "
-                   f"upper estimate and not comparable with the rows above), {len(ana_rows)} candidates"
-                   f"{f', first {rest}' if rest < len(ana_rows) else ''}:")
-        click.echo(_table(ana_rows[:rest], simulated=False))
-    folds: dict[tuple[str, str], list[str]] = {}
-    for i, c in enumerate(shown[:top]):
-        for label in c.folded:
-            folds.setdefault((label, c.policy.label()), []).append(f"#{i + 1}")
-    for (label, kept), where in folds.items():
-        click.echo(f"  {label} moves and rebuilds the same bytes as {kept}: folded into {', '.join(where)}")
-
-
-def _print_metp(metp_rows: list[dict]) -> None:
-    click.echo("METP against Megatron TP+SP with the same degrees and policy (analytic tier):")
-    click.echo(render_table(
-        ["METP plan", "status", "peak GPU", "iter", "TP+SP plan", "status", "peak GPU", "iter", "memory saved"],
-        [[f"{r['layout']} {r['policy_label']}", r["status"], fmt_bytes(r["peak_gpu_bytes"]),
-          fmt_time(r["analytic_iteration_s"]), f"{r['megatron_layout']} {r['megatron_policy_label']}",
-          r["megatron_status"], fmt_bytes(r["megatron_peak_gpu_bytes"]), fmt_time(r["megatron_analytic_iteration_s"]),
-          f"{100 * r['memory_saved_fraction']:.0f}%"] for r in metp_rows]))
-
-
-def _print_nothing_fits(shown, advice: list[str]) -> None:
-    first = shown[0] if shown else None
-    click.echo("no candidate fits this cluster: no plan.json written (exit status 3).")
-    if first is not None:
-        click.echo(f"  closest: {first.layout.label()} {first.policy.label()}: {binding_words(first)}")
-    click.echo("  not searched: " + "; ".join(advice))
-
-
-def _print_best(best, plan_path, show: Show) -> None:
-    """The best plan, where it went, what binds it, and how long it takes to train --train-tokens."""
-    click.echo(f"best: {best.layout.label()} {best.policy.label()}" + (f" -> {plan_path}" if plan_path else ""))
-    why = binding_words(best)
-    if why:
-        click.echo(f"  {why}")
-    if best.schedule in PIPELINE_SCHEDULES:
-        gap = executor_stage_limit(best.layout.tp, best.layout.tp_mode, best.layout.cp, best.layout.ulysses,
-                                   best.layout.zero)
-        if gap:
-            click.echo(f"  note: memo-exec does not run this plan yet ({gap}); `memo-sim export` writes it for "
-                       f"Megatron-LM, or fix --cp 1 --ulysses 1 for a plan it runs")
-    if show.train_budget is not None:
-        days, gpu_hours = _training_time(best, show.train_budget)
-        click.echo(f"  training {fmt_tokens(show.train_budget)} tokens at this plan's {best.tgs:,.0f} tokens/GPU/s on "
-                   f"{best.layout.gpus} GPUs: {days:,.1f} days, {gpu_hours:,.0f} GPU-hours")
-
-
-def _print_framework_vs_memo(framework: str, best, memo_best) -> None:
-    mine = f"{best.layout.label()} {best.policy.label()}, {best.tgs:.0f} tokens/GPU/s" if best else "nothing fits"
-    theirs = (f"{memo_best.layout.label()} {memo_best.policy.label()}, {memo_best.tgs:.0f} tokens/GPU/s"
-              if memo_best else "nothing fits")
-    ratio = f" ({memo_best.tgs / best.tgs:.2f}x)" if best and memo_best else ""
-    click.echo(f"{framework}'s best: {mine}; memo's best: {theirs}{ratio}")
+    view = WhatIfView(
+        model=req.model, seq=req.seq, gpus=req.gpus, profile=req.profile, result=result, shown=shown, best=best,
+        batch_words=batch_words, elapsed_s=elapsed, top=show.top, details=show.details,
+        plan_path=paths.get("plan.json"), sppo_plan_path=paths.get("plan-sppo.json"), no_plan=show.no_plan,
+        metp_rows=_metp_vs_megatron(result.candidates, req.alpha), advice=ans.advice, fixes=_fixes(ans),
+        sensitivity=sensitivity_line(shown, req.profile, req.alpha), framework=req.framework,
+        memo_best=ans.memo_best, train_lines=_train_lines(best, show.train_budget), pipeline_note=_pipeline_note(best))
+    emit(whatif_answer(view), show.out_format)
 
 
 NOTHING_FITS = 3  # exit status when no candidate fits (2 is bad input)
@@ -328,74 +267,6 @@ def delayed_progress(label: str, quiet: bool, force: bool | None = None):
         yield progress
 
 
-def _searched_words(searched: dict) -> str:
-    """What the what-if searched, in one line."""
-    words = ", ".join(searched.get("schedules", ())) or "nothing"
-    pipe = searched.get("pipeline")
-    if pipe:
-        words += (f"; pipelines ({pipe['why']}): pp {', '.join(map(str, pipe['pp'])) or '-'}, "
-                  f"vpp {', '.join(map(str, pipe['vpp'])) or '-'}, micro-batch "
-                  f"{', '.join(map(str, pipe['micro_batch'])) or '-'}")
-    elif "single_stage" in searched.get("schedules", ()):
-        words += "; no micro-batch pipelines (--pp, --vpp or --schedule 1f1b ask for them)"
-    return words
-
-
-def _schedule_text(c) -> str:
-    """A candidate's schedule and batch split: ``1f1b 8x1`` (8 micro-batches of 1 sequence)."""
-    return f"{c.schedule} {c.micro_batches}x{c.micro_batch}"
-
-
-def _table(rows, simulated: bool) -> str:
-    """Rows (rank, candidate) of one tier; simulated ones show the simulator's numbers."""
-    out = []
-    split = any(c.schedule not in ("single_stage", "sppo") or c.micro_batches > 1 for _i, c in rows)
-    for i, c in rows:
-        e, m, sm = c.estimate, c.memory, c.simulated
-        r = [str(i + 1), c.layout.label(), c.policy.label() if c.sppo is not None else c.policy.name,
-             "-" if c.policy.alpha is None else f"{c.policy.alpha:.3f}", status_text(c.status, c.over_bytes),
-             fmt_time(e.iteration_s)]
-        if simulated:
-            r.append(fmt_time(sm["iteration_s"]) if sm["iteration_s"] else "-")
-        r += [f"{100 * (sm['mfu'] if sm else e.mfu):.1f}%" if (sm is None or sm["mfu"] is not None) else "-",
-              f"{(sm['tgs_tokens_per_gpu_s'] if sm else e.tgs):.0f}" if (sm is None or sm["tgs_tokens_per_gpu_s"])
-              else "-",
-              fmt_bytes(sm["peak_gpu_bytes"] if sm else m.peak_gpu_bytes), fmt_bytes(m.host_bytes_per_node),
-              fmt_time(sm["exposed_copy_s"] if sm else e.exposed_copy_s)]
-        if split:
-            r.insert(2, _schedule_text(c))
-        out.append(r)
-    head = ["#", "layout"] + (["schedule"] if split else []) + ["policy", "alpha", "status", "iter (analytic)"] \
-        + (["iter (sim)"] if simulated else []) + ["MFU", "TGS", "peak GPU", "host/node", "copy stall"]
-    return render_table(head, out)
-
-
-def _print_sppo(result) -> None:
-    """The SPPO planner's answer: the heuristic's (SP, PP, N), the best found, and failures."""
-    sm = result.sppo_summary
-    rows = []
-    for role, d in (("heuristic (sec. 6.1)", sm.get("heuristic")), ("exhaustive best", sm.get("best"))):
-        if not d:
-            rows.append([role, "-", "-", "-", "-", "-", "-", "-", "-"])
-            continue
-        sim = d.get("simulated_iteration_s")
-        rows.append([role, d["label"], f"SP={d['sp']} PP={d['pp']} N={d['subseqs']}", d["status"],
-                     fmt_time(d["analytic_iteration_s"]), fmt_time(sim) if sim else "-",
-                     f"{d.get('simulated_tgs_tokens_per_gpu_s') or d['analytic_tgs_tokens_per_gpu_s']:.0f}",
-                     fmt_bytes(d["peak_gpu_bytes"]), f"stage {d.get('worst_stage')} {d.get('peak_at') or ''}"])
-    click.echo(f"SPPO: {sm['solved_points']} of {sm['space_size']} (SP, PP, N, partition, multiplex) points solved "
-               f"(branch and bound on the analytic tier); {sm.get('heuristic_note', '')}")
-    click.echo(render_table(["SPPO", "plan", "(SP, PP, N)", "status", "iter (analytic)", "iter (sim)", "TGS",
-                             "peak GPU", "peak at"], rows))
-    frac = sm.get("heuristic_tgs_fraction_of_best")
-    if frac is not None:
-        click.echo(f"  the heuristic's plan reaches {100 * frac:.1f}% of the best SPPO throughput found "
-                   f"({sm.get('compared_on')})")
-    fails = [c for c in result.candidates if c.sppo is not None and c.status != "OK"][:3]
-    for c in fails:
-        click.echo(f"  {c.layout.label()} {c.policy.label()}: {c.alpha_note}")
-
-
 METP_COMPARED = 5  # METP candidates compared with their Megatron TP+SP twins
 
 
@@ -410,7 +281,7 @@ def _metp_vs_megatron(candidates, alpha) -> list[dict]:
         m, tm = c.memory, t.memory
         why = check_layout(t.layout, c.model, t.layout.gpus, c.profile.node_gpus, c.seq, c.batch)
         out.append({"layout": c.layout.label(), "policy": c.policy.name, "policy_label": c.policy.label(),
-                    "status": c.status, "peak_gpu_bytes": m.peak_gpu_bytes,
+                    "status": c.status, "peak_gpu_bytes": m.peak_gpu_bytes, "peak_source": "analytic",
                     "analytic_iteration_s": c.estimate.iteration_s,
                     "megatron_layout": t.layout.label(), "megatron_policy_label": t.policy.label(),
                     "megatron_status": "invalid" if why else t.status, "megatron_invalid_reason": why,
@@ -444,13 +315,30 @@ def _sweep_alpha(req, result, show: Show, t0: float) -> None:
                                "sweep": [r.to_dict() for r in res], "elapsed_s": time.perf_counter() - t0},
                               indent=1))
         return
-    click.echo(f"{model.name}, {fmt_count(seq)} tokens, {layout.label()} on {profile.name}: MEMO alpha sweep "
-               f"(solver's alpha {solved:.3f})")
-    rows = [[f"{r.policy.alpha:.3f}", status_text(r.status, 0.0) if r.status == "OK" else r.status,
-             fmt_time(r.iteration_s), f"{100 * r.mfu:.1f}%", fmt_bytes(r.peak_gpu_bytes),
-             fmt_bytes(r.peak_host_bytes_per_node), fmt_time(r.exposed_copy_s)] for r in res]
-    click.echo(render_table(["alpha", "status", "iter (sim)", "MFU", "peak GPU", "host/node", "copy stall"], rows))
-    click.echo(f"figure: {png}")
+    from memo_sim.report.formats import emit
+    from memo_sim.report.sweep_text import runs_answer
+
+    a = runs_answer(f"{model.name}, {fmt_count(seq)} tokens, {layout.label()} on {profile.name}: MEMO alpha sweep "
+                    f"(solver's alpha {solved:.3f})", ["alpha"], [([f"{r.policy.alpha:.3f}"], r) for r in res])
+    a.line(f"figure: {png}")
+    emit(a, show.out_format)
+
+
+def _pipeline_note(best) -> str:
+    if best is None or best.schedule not in PIPELINE_SCHEDULES:
+        return ""
+    gap = executor_stage_limit(best.layout.tp, best.layout.tp_mode, best.layout.cp, best.layout.ulysses,
+                               best.layout.zero)
+    return (f"memo-exec does not run this plan yet ({gap}); `memo-sim export` writes it for Megatron-LM, or fix "
+            f"--cp 1 --ulysses 1 for a plan it runs") if gap else ""
+
+
+def _train_lines(best, tokens: int | None) -> list[str]:
+    if best is None or tokens is None:
+        return []
+    days, gpu_hours = _training_time(best, tokens)
+    return [f"training {fmt_tokens(tokens)} tokens at this plan's {best.tgs:,.0f} tokens/GPU/s on "
+            f"{best.layout.gpus} GPUs: {days:,.1f} days, {gpu_hours:,.0f} GPU-hours"]
 
 
 def _training_json(best, tokens: int | None) -> dict:

@@ -163,14 +163,18 @@ PRESETS: dict[str, ModelConfig] = {
     # GPT-3 paper
     "gpt-175b": ModelConfig("gpt-175b", 96, 12288, 96, 49152),
     # LLaMA / LLaMA-2 papers (shapes only: counted with GPT's LayerNorms, attention biases and tied
-    # embeddings, as earlier releases did; the families below are described exactly)
+    # embeddings, as earlier releases did and the golden tests keep; llama-2-7b and llama-2-70b
+    # below describe the released models exactly: RMSNorm, no biases, untied embeddings)
     "llama-7b": ModelConfig("llama-7b", 32, 4096, 32, 11008, vocab=32000, ffn_type="swiglu"),
     "llama-70b": ModelConfig("llama-70b", 80, 8192, 64, 28672, vocab=32000, kv_heads=8, ffn_type="swiglu"),
     # Hugging Face config.json of each model (`memo_sim.model.hf_config` reads the same files):
-    # meta-llama/Llama-3.1-8B, -70B, -405B; Qwen/Qwen2.5-7B, -72B; mistralai/Mistral-7B-v0.3
+    # meta-llama/Llama-2-7b-hf, -70b-hf; meta-llama/Llama-3.1-8B, -70B, -405B; Qwen/Qwen2.5-7B, -72B;
+    # mistralai/Mistral-7B-v0.3
     **{name: ModelConfig(name, layers, hidden, heads, ffn, vocab=vocab, kv_heads=kv, ffn_type="swiglu",
                          norm="rmsnorm", bias=bias, tied_embeddings=False)
        for name, layers, hidden, heads, kv, ffn, vocab, bias in (
+           ("llama-2-7b", 32, 4096, 32, 32, 11008, 32000, "none"),
+           ("llama-2-70b", 80, 8192, 64, 8, 28672, 32000, "none"),
            ("llama-3.1-8b", 32, 4096, 32, 8, 14336, 128256, "none"),
            ("llama-3.1-70b", 80, 8192, 64, 8, 28672, 128256, "none"),
            ("llama-3.1-405b", 126, 16384, 128, 8, 53248, 128256, "none"),

@@ -5,7 +5,10 @@ A quantity is written ``{value: 80, unit: GiB, source: "NVIDIA datasheet"}``; a 
 by the pydantic models below: an unknown key, a missing field, a wrong unit, a missing source,
 a value that is not a finite number or lies outside its dimension's physical range (`RANGES`)
 is a `ProfileError` of one line naming the file, the field and the fix.
-The one optional section, ``gpu.allocator`` (what cudaMalloc, cudaFree and a reorganisation's
+The optional ``validation`` section records the iteration-time error measured for the profile
+(``median_abs_iteration_error`` as a fraction, ``plans``, ``device``, ``date``); answers on the
+profile print it beside its provenance.
+The optional section ``gpu.allocator`` (what cudaMalloc, cudaFree and a reorganisation's
 synchronise cost), is complete or absent: profiles written before it existed load with
 `memo_sim.profile.schema.DEFAULT_ALLOCATOR_COSTS`, whose sources say they are assumed defaults.
 
@@ -165,11 +168,25 @@ class _HostIn(_In):
     pinned_rounding: _PinnedIn
 
 
+class _ValidationIn(_In):
+    """The validation error measured for this profile: predicted against measured iteration times
+    of plans run on the device (``memo-exec validate``), as fractions (0.12 = 12%)."""
+    median_abs_iteration_error: float = Field(strict=False, ge=0.0, allow_inf_nan=False)
+    mean_abs_iteration_error: float | None = Field(None, strict=False, ge=0.0, allow_inf_nan=False)
+    max_abs_iteration_error: float | None = Field(None, strict=False, ge=0.0, allow_inf_nan=False)
+    plans: int = Field(strict=True, ge=1)
+    device: _NonEmpty
+    date: _NonEmpty
+    tool: str = Field("memo-exec validate", strict=True)
+    note: str = Field("", strict=True)
+
+
 class _ProfileIn(_In):
     schema_: Literal[SCHEMA] = Field(alias="schema")
     name: _NonEmpty
     description: str = Field("", strict=True)
     provenance: dict[str, Any] | None = None
+    validation: _ValidationIn | None = None
     gpu: _GPUIn
     efficiency: _EfficiencyIn
     node: _NodeIn
@@ -201,6 +218,7 @@ def parse_profile(raw: Any, source: str) -> HardwareProfile:
                       h.pinned_rounding.source),
         path=source,
         provenance=dict(d.provenance or {}),
+        validation=d.validation.model_dump() if d.validation is not None else {},
     )
 
 

@@ -143,6 +143,7 @@ class HardwareProfile:
     host: HostSpec
     path: str = ""
     provenance: dict = field(default_factory=dict)
+    validation: dict = field(default_factory=dict)  # the error measured for it (loader's _ValidationIn), if any
 
     # -- convenience in base units -------------------------------------------------------
     @property
@@ -166,13 +167,23 @@ class HardwareProfile:
         if method == "calibrated" or prov.get("tool") == "memo-exec calibrate":
             words = f"calibrated on {prov.get('device', 'a device')} ({prov.get('date', 'date unknown')})"
             quick = " with --quick" if prov.get("quick") else ""
-            val = prov.get("validation") or {}
-            err = val.get("mean_abs_iteration_error")
-            return words + quick + (f"; validated: mean |iteration error| {100 * err:.1f}%" if err is not None else
-                                    "; not validated yet")
+            return words + quick + "; " + (self.validation_words() or "not validated yet")
+        val = f"; {self.validation_words()}" if self.validation else ""
         if prov.get("summary"):
-            return f"not calibrated ({method or 'source unstated'}): {prov['summary']}"
-        return "provenance unknown (no provenance in the profile): treat its answers as assumptions"
+            return f"not calibrated ({method or 'source unstated'}): {prov['summary']}{val}"
+        return "provenance unknown (no provenance in the profile): treat its answers as assumptions" + val
+
+    def validation_words(self) -> str:
+        """The validation error measured for this profile, in words (empty when none was)."""
+        v = self.validation or (self.provenance or {}).get("validation") or {}
+        err = v.get("median_abs_iteration_error", v.get("mean_abs_iteration_error"))
+        if err is None:
+            return ""
+        which = "median" if "median_abs_iteration_error" in v else "mean"
+        where = f" on {v['device']}" if v.get("device") else ""
+        when = f" ({v['date']})" if v.get("date") else ""
+        n = f" over {v['plans']} plans" if v.get("plans") else ""
+        return f"validated{where}{when}: {which} |iteration error| {100 * err:.1f}%{n}"
 
     @property
     def calibrated(self) -> bool:

@@ -1,0 +1,121 @@
+"""Output formats of every command that prints tables: ``--format table|json|csv|md``.
+
+A command builds its answer as a verdict line, notes and `Table`s and hands them to `emit`,
+which writes them in the asked format: the terminal's aligned text (`render_table`), CSV (one
+block per table, a ``# title`` line before each) or Markdown (a heading and a pipe table per
+table). JSON is the command's own object (``--json`` stays an alias of ``--format json``).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass, field
+
+import click
+
+from memo_sim.report.table import render_table
+
+FORMATS = ("table", "json", "csv", "md")
+
+
+@dataclass
+class Table:
+    headers: list[str]
+    rows: list[list[str]]
+    title: str = ""
+
+
+@dataclass
+class Answer:
+    """What a command prints: a one-line verdict first, then tables and notes in order."""
+
+    verdict: str = ""
+    parts: list = field(default_factory=list)  # str (a line of text) or Table
+
+    def line(self, text: str) -> None:
+        self.parts.append(text)
+
+    def table(self, headers: list[str], rows: list[list[str]], title: str = "") -> None:
+        self.parts.append(Table(headers, rows, title))
+
+
+def format_options(f):
+    """``--format`` and its alias ``--json``, appended to a command's options."""
+    f = click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON (same as --format json).")(f)
+    f = click.option("--format", "out_format", default="table", show_default=True, type=click.Choice(FORMATS),
+                     help="Output format: aligned text (table), JSON, CSV or Markdown (md).")(f)
+    return f
+
+
+def resolve_format(out_format: str, as_json: bool) -> str:
+    return "json" if as_json else out_format
+
+
+def render(answer: Answer, fmt: str) -> str:
+    """The answer as text in ``fmt`` (table, csv or md)."""
+    out: list[str] = []
+    if fmt == "csv":
+        if answer.verdict:
+            out.append(f"# {answer.verdict}")
+        for p in answer.parts:
+            if isinstance(p, Table):
+                buf = io.StringIO()
+                w = csv.writer(buf, lineterminator="\n")
+                w.writerow(p.headers)
+                w.writerows(p.rows)
+                title = p.title.strip()
+                out.append((f"# {title}\n" if title else "") + buf.getvalue().rstrip("\n"))
+        return "\n".join(out)
+    if fmt == "md":
+        if answer.verdict:
+            out.append(f"**{answer.verdict}**\n")
+        for p in answer.parts:
+            if isinstance(p, Table):
+                if p.title.strip():
+                    out.append(f"\n{p.title.strip()}")
+                out.append("\n" + markdown_table(p.headers, p.rows) + "\n")
+            else:
+                out.append(p)
+        return "\n".join(out)
+    if answer.verdict:
+        out.append(answer.verdict)
+    for p in answer.parts:
+        if isinstance(p, Table):
+            if p.title:
+                out.append(p.title)
+            out.append(render_table(p.headers, p.rows))
+        else:
+            out.append(p)
+    return "\n".join(out)
+
+
+def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
+    def cell(c: str) -> str:
+        return str(c).replace("|", "\\|")
+    lines = ["| " + " | ".join(cell(h) or " " for h in headers) + " |",
+             "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def fmt_params(n: float) -> str:
+    """A parameter count in the unit that reads: 8.03B, 110.5M, 12.3K (a toy model is not 0.00B)."""
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f}{unit}" if unit in ("T", "B") else f"{n / size:.1f}{unit}"
+    return f"{n:.0f}"
+
+
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """``1 candidate``, ``2 candidates``."""
+    return f"{n} {word if n == 1 else (words or word + 's')}"
+
+
+def emit(answer: Answer, fmt: str, obj: dict | list | None = None) -> None:
+    """Print the answer: ``obj`` as JSON for ``json``, else the rendered answer."""
+    if fmt == "json":
+        click.echo(json.dumps(obj, indent=1))
+    else:
+        click.echo(render(answer, fmt))

@@ -1,0 +1,74 @@
+"""One number per quantity: a configuration's peak GPU memory and where it comes from.
+
+Two tiers predict a peak: the analytic tier (`memo_sim.memplan.footprint.memory_breakdown`, the
+sum of its terms) and the event simulator (the high-water mark of its allocation trace). Two
+allocators place the transients: MEMO's static memory plan, or PyTorch's caching allocator.
+Every command that prints a peak takes it from here and prints its source beside it, so that a
+configuration shows the same number, with the same words, in every table of one run: the
+simulated peak wherever the simulator ran the configuration, the analytic one elsewhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memo_sim.units import fmt_bytes
+
+SIMULATED, ANALYTIC = "simulated", "analytic"
+MEMORY_PLAN, CACHING_ALLOCATOR = "memory plan", "caching allocator"
+
+
+@dataclass(frozen=True)
+class Peak:
+    bytes: float
+    tier: str  # SIMULATED | ANALYTIC
+    allocator: str  # MEMORY_PLAN | CACHING_ALLOCATOR
+
+    @property
+    def source(self) -> str:
+        """``simulated, caching allocator``: the words printed beside the number."""
+        return f"{self.tier}, {self.allocator}"
+
+    @property
+    def short_source(self) -> str:
+        """The source in a table cell: ``sim/allocator``, ``analytic/mem plan``."""
+        tier = "sim" if self.tier == SIMULATED else "analytic"
+        return f"{tier}/{'mem plan' if self.allocator == MEMORY_PLAN else 'allocator'}"
+
+    def text(self) -> str:
+        """``24.81 GiB (simulated, caching allocator)``."""
+        return f"{fmt_bytes(self.bytes)} ({self.source})"
+
+    def to_json(self) -> dict:
+        return {"bytes": self.bytes, "tier": self.tier, "allocator": self.allocator}
+
+
+def allocator_of(policy) -> str:
+    """Who places a policy's transients."""
+    return MEMORY_PLAN if policy.static_memory_plan else CACHING_ALLOCATOR
+
+
+def candidate_peak(c) -> Peak:
+    """A what-if candidate's peak: simulated where tier 2 ran it, else analytic."""
+    if c.simulated is not None and c.simulated.get("peak_gpu_bytes") is not None:
+        return Peak(float(c.simulated["peak_gpu_bytes"]), SIMULATED, allocator_of(c.policy))
+    return analytic_peak(c.memory, c.policy)
+
+
+def analytic_peak(breakdown, policy) -> Peak:
+    """The analytic tier's peak of a `MemoryBreakdown`."""
+    return Peak(float(breakdown.peak_gpu_bytes), ANALYTIC, allocator_of(policy))
+
+
+def result_peak(r) -> Peak:
+    """An event-simulator result's peak (`memo_sim.engine.simulate.SimResult`)."""
+    return Peak(float(r.peak_gpu_bytes), SIMULATED, allocator_of(r.policy))
+
+
+def planned_peak(plan) -> Peak | None:
+    """The peak a plan file predicts (its ``predicted`` block), with the tier that predicted it."""
+    pred = plan.predicted
+    if not isinstance(pred.peak_gpu_bytes, (int, float)):
+        return None
+    tier = SIMULATED if str(pred.source).startswith("sim") else ANALYTIC
+    return Peak(float(pred.peak_gpu_bytes), tier, allocator_of(plan.policy))

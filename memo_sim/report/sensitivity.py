@@ -1,0 +1,103 @@
+"""Which assumed inputs of an uncalibrated profile could change the what-if's ranking.
+
+An uncalibrated profile's kernel efficiency curves, host-link (PCIe) bandwidths and network
+bandwidths are datasheet numbers or assumptions. `sensitivity_line` scales each group by its
+plausible error, down and up (`PERTURBATIONS`), re-estimates the best fitting plans of the
+ranking on the analytic tier (cheap: no simulation) and says whether the best of them changes.
+A calibrated profile measured these inputs, so it gets no line.
+
+The plausible errors are assumptions, printed with the line: kernel efficiency 20% (the largest
+gap the fitted A800 profile shows against published runs is 17%, `tests/test_published_runs.py`),
+host-link bandwidth 25% (pinned copies reach roughly three quarters of a PCIe link's datasheet
+rate on common servers) and network bandwidth 25% (NCCL's bus bandwidth against the link's rate).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from memo_sim.errors import MemoError
+from memo_sim.profile.schema import Curve, HardwareProfile, Quantity
+
+PERTURBATIONS = {"kernel efficiency": 0.20, "host-link bandwidth": 0.25, "network bandwidth": 0.25}
+CHECKED = 8  # fitting candidates re-estimated per perturbation
+
+
+def _q(q: Quantity, f: float) -> Quantity:
+    return Quantity(float(q) * f, q.source + f" (scaled x{f:g} for the sensitivity check)")
+
+
+def _curve(c: Curve, f: float) -> Curve:
+    return Curve(tuple((x, min(1.0, y * f)) for x, y in c.points), c.source)
+
+
+def perturbed(profile: HardwareProfile, what: str, f: float) -> HardwareProfile:
+    """``profile`` with one group of assumed inputs scaled by ``f``."""
+    if what == "kernel efficiency":
+        e = profile.efficiency
+        return replace(profile, efficiency=replace(e, gemm=_curve(e.gemm, f), attention_fwd=_curve(e.attention_fwd, f),
+                                                   attention_bwd=_curve(e.attention_bwd, f)))
+    if what == "host-link bandwidth":
+        h = profile.host_link
+        return replace(profile, host_link=replace(h, d2h_bandwidth=_q(h.d2h_bandwidth, f),
+                                                  h2d_bandwidth=_q(h.h2d_bandwidth, f),
+                                                  pcie_switch_bandwidth=_q(h.pcie_switch_bandwidth, f)))
+    if what == "network bandwidth":
+        return replace(profile, nvlink=replace(profile.nvlink, bandwidth=_q(profile.nvlink.bandwidth, f)),
+                       internode=replace(profile.internode, bandwidth=_q(profile.internode.bandwidth, f)))
+    raise ValueError(what)
+
+
+def _label(c) -> str:
+    return f"{c.layout.label()} {c.policy.label()}"
+
+
+def _best(cands, profile, alpha):
+    from memo_sim.search.whatif import make_candidate
+
+    scored = []
+    for c in cands:
+        try:
+            e = make_candidate(c.model, c.layout, c.policy.name, c.batch, c.seq, profile,
+                               alpha if c.policy.takes_alpha else None, micro_batch=c.micro_batch,
+                               schedule=c.schedule)
+        except MemoError:
+            continue
+        if e.status == "OK":
+            scored.append((e.tgs, _label(e)))
+    return max(scored)[1] if scored else None
+
+
+def sensitivity(shown, profile: HardwareProfile, alpha: float | None = None) -> dict | None:
+    """{group: {"-25%": best label, "+25%": best label}, "base": label} over the best fitting
+    single-stage and micro-batch-pipeline candidates (SPPO's own search is not re-run)."""
+    cands = [c for c in shown if c.status == "OK" and c.sppo is None][:CHECKED]
+    if len(cands) < 2:
+        return None
+    base = _best(cands, profile, alpha)
+    out = {"base": base, "checked": len(cands), "groups": {}}
+    for what, err in PERTURBATIONS.items():
+        out["groups"][what] = {f"{sign}{100 * err:.0f}%": _best(cands, perturbed(profile, what, 1 + s * err), alpha)
+                               for sign, s in (("-", -1), ("+", 1))}
+    return out
+
+
+def sensitivity_line(shown, profile: HardwareProfile, alpha: float | None = None) -> str:
+    """One line for an uncalibrated profile's answer; empty for a calibrated one."""
+    if profile.calibrated:
+        return ""
+    s = sensitivity(shown, profile, alpha)
+    if s is None:
+        return ""
+    stays, changes = [], []
+    for what, runs in s["groups"].items():
+        moved = {k: v for k, v in runs.items() if v != s["base"]}
+        if moved:
+            changes.append(f"{what} {'/'.join(moved)} -> " + ", ".join(sorted(set(moved.values()))))
+        else:
+            stays.append(f"{what} ±{next(iter(runs))[1:]}")
+    head = (f"sensitivity (uncalibrated profile; analytic tier, the best {s['checked']} fitting plans re-estimated): "
+            f"the analytic best {s['base']}")
+    if not changes:
+        return head + " stays best with " + ", ".join(stays)
+    return head + " changes with " + "; ".join(changes) + (f" (stays with {', '.join(stays)})" if stays else "")

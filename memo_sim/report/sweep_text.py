@@ -1,0 +1,39 @@
+"""The sweeps' answers (`memo-sim sweep-alpha`, `sweep-seq`, `sweep-subseqs`) as tables: one row
+per simulated run, its peak with the source, and why a run that does not fit fails as a note."""
+
+from __future__ import annotations
+
+from memo_sim.report.formats import Answer
+from memo_sim.report.peaks import allocator_of, result_peak
+from memo_sim.units import fmt_bytes, fmt_time
+
+RUN_HEAD = ["status", "iter (sim)", "MFU", "TGS", "peak GPU (sim)", "allocator", "host/node", "copy stall",
+            "allocator stalls"]
+
+
+def _stalls(r) -> str:
+    a = r.allocator
+    if a.get("static_memory_plan"):
+        return "-"
+    if a.get("replayed") is False:
+        return "not replayed"
+    return f"{a['reorganizations']} reorg., {fmt_time(a['stall_s'])}"
+
+
+def run_cells(r) -> list[str]:
+    """One simulated run's cells under `RUN_HEAD`."""
+    if not r.ok:
+        return [r.status, "-", "-", "-", "-", allocator_of(r.policy), "-", "-", "-"]
+    p = result_peak(r)
+    return [r.status, fmt_time(r.iteration_s), f"{100 * r.mfu:.1f}%", f"{r.tgs:.0f}", fmt_bytes(p.bytes),
+            p.allocator, fmt_bytes(r.peak_host_bytes_per_node), fmt_time(r.exposed_copy_s), _stalls(r)]
+
+
+def runs_answer(verdict: str, key_head: list[str], keyed_runs: list[tuple[list[str], object]]) -> Answer:
+    """A table of runs keyed by ``key_head`` cells, and a note per run that failed (simulated)."""
+    a = Answer(verdict)
+    a.table(key_head + RUN_HEAD, [keys + run_cells(r) for keys, r in keyed_runs])
+    for keys, r in keyed_runs:
+        if not r.ok:
+            a.line(f"  {' '.join(k.strip() for k in keys)}: {r.failure.message()} (simulated, {allocator_of(r.policy)})")
+    return a

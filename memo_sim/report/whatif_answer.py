@@ -1,0 +1,327 @@
+"""The what-if's answer as text: a one-line verdict, then one ranked table; with ``--details`` the
+tier tables, METP against Megatron TP+SP and the SPPO planner's table as well.
+
+Every peak comes from `memo_sim.report.peaks.candidate_peak` (simulated where tier 2 ran the
+candidate, else analytic) and names its source, so a configuration reads the same number in
+every table of the answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from memo_sim.report.formats import Answer, fmt_params, plural
+from memo_sim.report.peaks import candidate_peak
+from memo_sim.report.table import status_text
+from memo_sim.units import fmt_bytes, fmt_count, fmt_time
+
+
+@dataclass
+class WhatIfView:
+    """What the what-if found, as the answer needs it."""
+
+    model: object
+    seq: int
+    gpus: int
+    profile: object
+    result: object  # memo_sim.search.whatif.WhatIfResult
+    shown: list  # candidates after folding duplicates, best first
+    best: object | None
+    batch_words: str
+    elapsed_s: float
+    top: int = 15
+    details: bool = False
+    plan_path: object = None
+    sppo_plan_path: object = None
+    no_plan: bool = False
+    metp_rows: list = field(default_factory=list)
+    advice: list = field(default_factory=list)
+    fixes: list = field(default_factory=list)  # what would make the asked configuration fit
+    sensitivity: str = ""
+    framework: str = "any"
+    memo_best: object = None
+    train_lines: list = field(default_factory=list)
+    pipeline_note: str = ""
+
+
+def verdict(v: WhatIfView) -> str:
+    """The answer in one line: the best plan and why it is where it is, or why nothing fits."""
+    from memo_sim.search.whatif import binding_words
+
+    b = v.best
+    if b is None:
+        first = v.shown[0] if v.shown else None
+        if first is None:
+            return f"answer: nothing to rank for {fmt_count(v.seq)} tokens on {v.gpus} GPUs (exit status 3)"
+        asked = f"{first.layout.label()} {first.policy.label()}"
+        words = (f"answer: nothing fits (exit status 3, no plan.json); the closest, {asked}, does not fit: "
+                 f"{binding_words(first)}")
+        if v.fixes:
+            words += "; it would fit with " + " or ".join(v.fixes)
+        return words
+    p = candidate_peak(b)
+    tier = "simulated" if b.simulated is not None else "analytic"
+    it = b.simulated["iteration_s"] if b.simulated else b.estimate.iteration_s
+    mfu = b.simulated["mfu"] if b.simulated else b.estimate.mfu
+    it_words = f"{fmt_time(it)}/iteration ({tier}), " if it else ""
+    mfu_words = f"MFU {100 * mfu:.1f}%, " if mfu is not None else ""
+    return (f"answer: {b.layout.label()} {b.policy.label()} fits: {it_words}{mfu_words}"
+            f"{b.tgs:,.0f} tokens/GPU/s, peak GPU {p.text()} of "
+            f"{fmt_bytes(b.memory.gpu_capacity_bytes)}" + (f" -> {v.plan_path}" if v.plan_path else ""))
+
+
+def whatif_answer(v: WhatIfView) -> Answer:
+    from memo_sim.search.whatif import binding_words
+
+    a = Answer(verdict(v))
+    m, prof = v.model, v.profile
+    a.line(f"{m.name} ({fmt_params(m.params())} params), {fmt_count(v.seq)} tokens x {v.batch_words}, "
+           f"{v.gpus} x {prof.gpu.model} ({prof.name})")
+    a.line(f"profile {prof.name}: {prof.provenance_line()}")
+    if v.sensitivity:
+        a.line(v.sensitivity)
+    a.line("searched: " + searched_words(v.result.searched))
+    budget = max(0, v.top)
+    rows = list(enumerate(v.shown))
+    if v.details:
+        _tier_tables(a, rows, budget)
+    else:
+        a.table(*ranked_table(rows[:budget]),
+                title=f"{plural(len(rows), 'candidate')} ranked (fitting first, then throughput)"
+                      + (f", first {budget}" if budget < len(rows) else "")
+                      + "; tier: sim = the event simulator (contention, copy stalls), analytic = perfect overlap "
+                        "(an upper estimate); peak GPU by the tier and allocator named")
+    for label, kept, where in fold_notes(v.shown[:v.top]):
+        a.line(f"  {label} moves and rebuilds the same bytes as {kept}: folded into {', '.join(where)}")
+    line = metp_verdict(v.shown)
+    if line:
+        a.line(line)
+    line = sppo_verdict(v.shown)
+    if line:
+        a.line(line)
+    if v.details and v.metp_rows:
+        a.table(*metp_table(v.metp_rows, v.shown),
+                title="METP against Megatron TP+SP with the same degrees and policy (peaks as in the ranking; "
+                      "iter analytic):")
+    if v.details and v.result.sppo_summary:
+        _sppo_parts(a, v.result)
+    n = len(v.result.candidates)
+    n_ok = sum(c.status == "OK" for c in v.result.candidates)
+    n_fold = n - len(v.shown)
+    folded = f", {plural(n_fold, 'duplicate')} folded" if n_fold else ""
+    a.line(f"{plural(n, 'candidate')} ({n_ok} fit{folded}), "
+           f"{plural(len(v.result.rejected_layouts), 'layout')} rejected; tier 2 simulated the best "
+           f"{v.result.simulated}; {v.elapsed_s:.2f} s")
+    if v.best is None:
+        if v.shown:
+            a.line(f"  closest: {v.shown[0].layout.label()} {v.shown[0].policy.label()}: {binding_words(v.shown[0])}")
+        if v.fixes:
+            a.line("  would fit with: " + "; ".join(v.fixes))
+        a.line("  not searched: " + "; ".join(v.advice))
+    elif v.plan_path or v.no_plan:
+        b = v.best
+        a.line(f"best: {b.layout.label()} {b.policy.label()}" + (f" -> {v.plan_path}" if v.plan_path else ""))
+        why = binding_words(b)
+        if why:
+            a.line(f"  {why}")
+        if v.pipeline_note:
+            a.line(f"  note: {v.pipeline_note}")
+        for t in v.train_lines:
+            a.line(f"  {t}")
+    if v.sppo_plan_path:
+        c = next(c for c in v.result.candidates if c.sppo is not None and c.status == "OK")
+        a.line(f"best SPPO plan: {c.layout.label()} {c.policy.label()} -> {v.sppo_plan_path}")
+    if v.framework != "any":
+        a.line(framework_line(v.framework, v.best, v.memo_best))
+    return a
+
+
+def framework_line(framework: str, best, memo_best) -> str:
+    mine = f"{best.layout.label()} {best.policy.label()}, {best.tgs:.0f} tokens/GPU/s" if best else "nothing fits"
+    theirs = (f"{memo_best.layout.label()} {memo_best.policy.label()}, {memo_best.tgs:.0f} tokens/GPU/s"
+              if memo_best else "nothing fits")
+    ratio = f" ({memo_best.tgs / best.tgs:.2f}x)" if best and memo_best else ""
+    return f"{framework}'s best: {mine}; memo's best: {theirs}{ratio}"
+
+
+def fold_notes(cands) -> list[tuple[str, str, list[str]]]:
+    folds: dict[tuple[str, str], list[str]] = {}
+    for i, c in enumerate(cands):
+        for label in c.folded:
+            folds.setdefault((label, c.policy.label()), []).append(f"#{i + 1}")
+    return [(label, kept, where) for (label, kept), where in folds.items()]
+
+
+def searched_words(searched: dict) -> str:
+    """What the what-if searched, in one line."""
+    words = ", ".join(searched.get("schedules", ())) or "nothing"
+    pipe = searched.get("pipeline")
+    if pipe:
+        words += (f"; pipelines ({pipe['why']}): pp {', '.join(map(str, pipe['pp'])) or '-'}, "
+                  f"vpp {', '.join(map(str, pipe['vpp'])) or '-'}, micro-batch "
+                  f"{', '.join(map(str, pipe['micro_batch'])) or '-'}")
+    elif "single_stage" in searched.get("schedules", ()):
+        words += "; no micro-batch pipelines (--pp, --vpp or --schedule 1f1b ask for them)"
+    return words
+
+
+def _policy_cell(c) -> str:
+    return c.policy.label() if c.sppo is not None else c.policy.name
+
+
+def _split(rows) -> bool:
+    return any(c.schedule not in ("single_stage", "sppo") or c.micro_batches > 1 for _i, c in rows)
+
+
+def ranked_table(rows) -> tuple[list[str], list[list[str]]]:
+    """One table of both tiers: each row's numbers from its own tier, named in the tier column."""
+    split = _split(rows)
+    out = []
+    for i, c in rows:
+        e, sm = c.estimate, c.simulated
+        p = candidate_peak(c)
+        it = (sm["iteration_s"] if sm else e.iteration_s) or None
+        mfu = sm["mfu"] if sm else e.mfu
+        tgs = sm["tgs_tokens_per_gpu_s"] if sm else e.tgs
+        r = [str(i + 1), c.layout.label(), _policy_cell(c),
+             "-" if c.policy.alpha is None else f"{c.policy.alpha:.3f}", status_text(c.status, c.over_bytes),
+             p.short_source, fmt_time(it) if it else "-", f"{100 * mfu:.1f}%" if mfu is not None else "-",
+             f"{tgs:.0f}" if tgs else "-", fmt_bytes(p.bytes), fmt_bytes(c.memory.host_bytes_per_node),
+             fmt_time(sm["exposed_copy_s"] if sm else e.exposed_copy_s)]
+        if split:
+            r.insert(2, f"{c.schedule} {c.micro_batches}x{c.micro_batch}")
+        out.append(r)
+    head = ["#", "layout"] + (["schedule"] if split else []) + ["policy", "alpha", "status", "tier/allocator",
+                                                                "iter", "MFU", "TGS", "peak GPU", "host/node",
+                                                                "copy stall"]
+    return head, out
+
+
+def tier_table(rows, simulated: bool) -> tuple[list[str], list[list[str]]]:
+    """Rows (rank, candidate) of one tier; simulated ones show the simulator's numbers."""
+    split = _split(rows)
+    out = []
+    for i, c in rows:
+        e, sm = c.estimate, c.simulated
+        p = candidate_peak(c)
+        r = [str(i + 1), c.layout.label(), _policy_cell(c),
+             "-" if c.policy.alpha is None else f"{c.policy.alpha:.3f}", status_text(c.status, c.over_bytes),
+             fmt_time(e.iteration_s)]
+        if simulated:
+            r.append(fmt_time(sm["iteration_s"]) if sm["iteration_s"] else "-")
+        r += [f"{100 * (sm['mfu'] if sm else e.mfu):.1f}%" if (sm is None or sm["mfu"] is not None) else "-",
+              f"{(sm['tgs_tokens_per_gpu_s'] if sm else e.tgs):.0f}" if (sm is None or sm["tgs_tokens_per_gpu_s"])
+              else "-", fmt_bytes(p.bytes), p.allocator, fmt_bytes(c.memory.host_bytes_per_node),
+              fmt_time(sm["exposed_copy_s"] if sm else e.exposed_copy_s)]
+        if split:
+            r.insert(2, f"{c.schedule} {c.micro_batches}x{c.micro_batch}")
+        out.append(r)
+    head = ["#", "layout"] + (["schedule"] if split else []) + ["policy", "alpha", "status", "iter (analytic)"] \
+        + (["iter (sim)"] if simulated else []) \
+        + ["MFU", "TGS", f"peak GPU ({'sim' if simulated else 'analytic'})", "allocator", "host/node", "copy stall"]
+    return head, out
+
+
+def _tier_tables(a: Answer, rows, budget: int) -> None:
+    sim_rows = [(i, c) for i, c in rows if c.simulated is not None]
+    ana_rows = [(i, c) for i, c in rows if c.simulated is None]
+    if sim_rows:
+        a.table(*tier_table(sim_rows[:budget], simulated=True),
+                title=f"Simulated (tier 2: the event simulator, with link contention and copy stalls), "
+                      f"{plural(len(sim_rows), 'candidate')}:")
+    rest = budget - min(budget, len(sim_rows))
+    if ana_rows and rest:
+        a.table(*tier_table(ana_rows[:rest], simulated=False),
+                title=f"Analytic only (tier 1: perfect overlap, no contention; not simulated, so their MFU is an "
+                      f"upper estimate and not comparable with the rows above), {plural(len(ana_rows), 'candidate')}"
+                      f"{f', first {rest}' if rest < len(ana_rows) else ''}:")
+
+
+def _same(c, layout_label: str, policy_label: str):
+    return c.layout.label() == layout_label and c.policy.label() == policy_label
+
+
+def metp_table(metp_rows: list[dict], shown) -> tuple[list[str], list[list[str]]]:
+    """METP rows beside their Megatron twins; a configuration that is also in the ranking reads the
+    ranking's peak (and source), a twin the ranking lacks its analytic peak."""
+    def peak_of(layout_label, policy_label, analytic_bytes) -> tuple[float, str]:
+        c = next((c for c in shown if _same(c, layout_label, policy_label)), None)
+        if c is not None:
+            p = candidate_peak(c)
+            return p.bytes, "sim" if p.tier == "simulated" else "analytic"
+        return analytic_bytes, "analytic"
+    rows = []
+    for r in metp_rows:
+        mine, mine_src = peak_of(r["layout"], r["policy_label"], r["peak_gpu_bytes"])
+        twin, twin_src = peak_of(r["megatron_layout"], r["megatron_policy_label"], r["megatron_peak_gpu_bytes"])
+        saved = f"{100 * (1.0 - mine / twin):.0f}%" + ("" if mine_src == twin_src else " (mixed tiers)")
+        rows.append([f"{r['layout']} {r['policy_label']}", r["status"], f"{fmt_bytes(mine)} ({mine_src})",
+                     fmt_time(r["analytic_iteration_s"]), f"{r['megatron_layout']} {r['megatron_policy_label']}",
+                     r["megatron_status"], f"{fmt_bytes(twin)} ({twin_src})",
+                     fmt_time(r["megatron_analytic_iteration_s"]), saved])
+    return (["METP plan", "status", "peak GPU", "iter", "TP+SP plan", "status", "peak GPU", "iter",
+             "memory saved"], rows)
+
+
+def _best_fit(cands, keep):
+    return next((c for c in cands if c.status == "OK" and keep(c)), None)
+
+
+def _plan_words(c) -> str:
+    tier = "sim" if c.simulated is not None else "analytic"
+    return f"{c.layout.label()} {c.policy.label()} ({c.tgs:,.0f} tokens/GPU/s {tier}, peak {candidate_peak(c).text()})"
+
+
+def compare_line(what: str, a, b, a_name: str, b_name: str) -> str:
+    """``what``: A's best against B's best, throughput and peak, in one line."""
+    ratio = a.tgs / b.tgs if b.tgs else float("inf")
+    mem = 1.0 - candidate_peak(a).bytes / candidate_peak(b).bytes
+    faster = "faster" if ratio >= 1 else "slower"
+    less = f"{100 * abs(mem):.0f}% {'less' if mem >= 0 else 'more'} GPU memory"
+    same_tier = (a.simulated is None) == (b.simulated is None)
+    return (f"{what}: {a_name} {ratio:.2f}x the throughput ({abs(ratio - 1) * 100:.1f}% {faster}) with {less}: "
+            f"{_plan_words(a)} against {_plan_words(b)}"
+            + ("" if same_tier else "; different tiers, so read the ratio as rough"))
+
+
+def metp_verdict(cands) -> str:
+    """METP against Megatron TP in one line, where the ranking holds a fitting plan of each."""
+    metp = _best_fit(cands, lambda c: c.layout.metp)
+    meg = _best_fit(cands, lambda c: c.layout.tp > 1 and not c.layout.metp)
+    if metp is None or meg is None:
+        return ""
+    return compare_line("METP vs Megatron TP", metp, meg, "METP", "Megatron TP")
+
+
+def sppo_verdict(cands) -> str:
+    """SPPO against MEMO in one line, where the ranking holds a fitting plan of each."""
+    sppo = _best_fit(cands, lambda c: c.sppo is not None)
+    memo = _best_fit(cands, lambda c: c.sppo is None and c.policy.takes_alpha)
+    if sppo is None or memo is None:
+        return ""
+    return compare_line("SPPO vs MEMO", sppo, memo, "SPPO", "MEMO")
+
+
+def _sppo_parts(a: Answer, result) -> None:
+    """The SPPO planner's answer: the heuristic's (SP, PP, N), the best found, and failures."""
+    sm = result.sppo_summary
+    rows = []
+    for role, d in (("heuristic (sec. 6.1)", sm.get("heuristic")), ("exhaustive best", sm.get("best"))):
+        if not d:
+            rows.append([role, "-", "-", "-", "-", "-", "-", "-", "-"])
+            continue
+        sim = d.get("simulated_iteration_s")
+        rows.append([role, d["label"], f"SP={d['sp']} PP={d['pp']} N={d['subseqs']}", d["status"],
+                     fmt_time(d["analytic_iteration_s"]), fmt_time(sim) if sim else "-",
+                     f"{d.get('simulated_tgs_tokens_per_gpu_s') or d['analytic_tgs_tokens_per_gpu_s']:.0f}",
+                     f"{fmt_bytes(d['peak_gpu_bytes'])} ({'sim' if sim else 'analytic'})", f"stage {d.get('worst_stage')} {d.get('peak_at') or ''}"])
+    a.line(f"SPPO: {sm['solved_points']} of {sm['space_size']} (SP, PP, N, partition, multiplex) points solved "
+           f"(branch and bound on the analytic tier); {sm.get('heuristic_note', '')}")
+    a.table(["SPPO", "plan", "(SP, PP, N)", "status", "iter (analytic)", "iter (sim)", "TGS",
+             "peak GPU", "peak at"], rows)
+    frac = sm.get("heuristic_tgs_fraction_of_best")
+    if frac is not None:
+        a.line(f"  the heuristic's plan reaches {100 * frac:.1f}% of the best SPPO throughput found "
+               f"({sm.get('compared_on')})")
+    for c in [c for c in result.candidates if c.sppo is not None and c.status != "OK"][:3]:
+        a.line(f"  {c.layout.label()} {c.policy.label()}: {c.alpha_note}")

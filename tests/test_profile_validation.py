@@ -1,0 +1,63 @@
+"""[answers #30 item 1] A profile carries the validation error measured for it (a typed
+``validation`` section the loader reads, printed beside its provenance), and an uncalibrated
+profile's what-if answer says which assumed inputs could change the ranking (analytic tier)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from memo_sim.cli import cli
+from memo_sim.errors import ProfileError
+from memo_sim.profile.loader import REPO_PROFILES, load_profile
+
+VALIDATION = {"median_abs_iteration_error": 0.124, "plans": 6, "device": "NVIDIA A800-SXM4-80GB",
+              "date": "2026-11-23"}
+
+
+def _profile_with(tmp_path, **extra):
+    raw = yaml.safe_load((REPO_PROFILES / "a800-80gb.yaml").read_text())
+    raw.update(extra, name="a800-validated")
+    path = tmp_path / "a800-validated.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def test_validation_section_is_read_and_shown(tmp_path):
+    p = load_profile(str(_profile_with(tmp_path, validation=VALIDATION)))
+    assert p.validation["median_abs_iteration_error"] == 0.124 and p.validation["plans"] == 6
+    assert p.provenance_line().endswith("validated on NVIDIA A800-SXM4-80GB (2026-11-23): median |iteration error| "
+                                        "12.4% over 6 plans")
+    d = json.loads(CliRunner().invoke(cli, ["whatif", "--layers", "2", "--seq", "16K", "--profile",
+                                            str(tmp_path / "a800-validated.yaml"), "--json", "--no-plan",
+                                            "--simulate-top", "1", "--jobs", "1"]).output)
+    assert d["profile_provenance"]["validation"]["plans"] == 6 and "12.4%" in d["profile_provenance"]["line"]
+    assert load_profile("a800-80gb").validation == {}  # none measured: nothing claimed
+
+
+def test_a_bad_validation_section_is_one_line(tmp_path):
+    with pytest.raises(ProfileError) as e:
+        load_profile(str(_profile_with(tmp_path, validation={**VALIDATION, "plans": 0})))
+    assert "validation" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_sensitivity_line_for_an_uncalibrated_profile_only():
+    from memo_sim.model.config import get_model
+    from memo_sim.report.sensitivity import perturbed, sensitivity_line
+    from memo_sim.search.whatif import fold_duplicates, rank
+
+    prof = load_profile("a800-80gb")
+    res = rank(get_model("gpt-7b"), 256 * 1024, 8, prof, simulate_top=0, tp=8, tp_mode="all", jobs=1)
+    shown = fold_duplicates(res.candidates)
+    line = sensitivity_line(shown, prof)
+    assert line.startswith("sensitivity (uncalibrated profile; analytic tier")
+    for what in ("kernel efficiency", "host-link bandwidth", "network bandwidth"):
+        assert what in line
+    slower = perturbed(prof, "host-link bandwidth", 0.5)
+    assert float(slower.host_link.d2h_bandwidth) == pytest.approx(0.5 * float(prof.host_link.d2h_bandwidth))
+    calibrated = dataclasses.replace(prof, provenance={"method": "calibrated", "device": "x", "date": "y"})
+    assert sensitivity_line(shown, calibrated) == ""
