@@ -26,7 +26,7 @@ from matplotlib.patches import Patch
 
 from memo_sim.errors import MemoError
 from memo_sim.fileio import save_png
-from memo_sim.report.ranks import device_role
+from memo_sim.report.ranks import device_role, represented_gpus
 from memo_sim.timeline import STREAMS, Timeline, TimelineEvent
 from memo_sim.units import fmt_count, fmt_time
 
@@ -66,9 +66,12 @@ FWD_PHASES = ("fwd", "offload", "weight_gather")
 BWD_PHASES = ("bwd", "recompute", "prefetch", "grad_sync", "weight_gather_bwd")
 
 
+FIGURE_DPI = 100  # PNGs of a few hundred KB at most
+
+
 def _save(fig: Figure, path: str | Path) -> Path:
     FigureCanvasAgg(fig)
-    return save_png(fig, path)
+    return save_png(fig, path, dpi=FIGURE_DPI)
 
 
 def parse_layer_range(text: str | None, n_layers: int | None = None) -> tuple[int, int] | None:
@@ -580,6 +583,7 @@ def pipeline_gantt_figure(timeline: Timeline, path: str | Path) -> Path:
     fig = Figure(figsize=(14, 0.32 * len(rows) + 2.2))
     ax = fig.subplots(1, 1)
     busy: dict[int, float] = {}
+    drawn: set[str] = set()  # legend entries: only the kinds of bar drawn
     by_device: dict[int, list[TimelineEvent]] = {}
     for e in timeline.events:
         by_device.setdefault(e.device, []).append(e)
@@ -610,6 +614,8 @@ def pipeline_gantt_figure(timeline: Timeline, path: str | Path) -> Path:
             if verts:
                 ax.add_collection(PolyCollection(verts, facecolors=colors, edgecolors="none", hatch=hatch),
                                   autolim=False)
+                drawn.add("copies" if light else {None: "forward", "////": "backward", "...": "recompute"}[hatch])
+        drawn |= {"other" for (sub, _h) in groups if sub is None}
         if label == "compute" and end > 0:
             ax.text(end * 1.005, r, f"idle {100 * (1 - busy[s] / end):.0f}%", va="center", fontsize=7)
     ax.set_ylim(len(rows) - 0.5, -0.5)
@@ -623,17 +629,23 @@ def pipeline_gantt_figure(timeline: Timeline, path: str | Path) -> Path:
                  + (f" | {fmt_count(meta['seq_tokens'])} tokens" if meta.get("seq_tokens") else "")
                  + (f" | {pipe.get('schedule')}, {n_sub} micro-batches, PP={len(stages)}"
                     + (f" x {pipe.get('vpp')} chunks" if (pipe.get("vpp") or 1) > 1 else "") if by_mb
-                    else f" | N={n_sub}, PP={len(stages)}"), fontsize=10)
+                    else f" | N={n_sub}, PP={len(stages)}")
+                 + (f"\neach stage's rows: one of its {represented_gpus(timeline)} identical GPUs (simulated)"
+                    if represented_gpus(timeline) else ""), fontsize=10)
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize
 
     sm = ScalarMappable(norm=Normalize(0, max(1, n_sub - 1)), cmap=cmap)
     fig.colorbar(sm, ax=ax, label="micro-batch" if by_mb else "subsequence", fraction=0.025, pad=0.06)
-    handles = [Patch(facecolor="#777777", label="forward"), Patch(facecolor="#777777", hatch="////", label="backward"),
-               Patch(facecolor="#777777", hatch="...", label="recompute"),
-               Patch(facecolor="#777777", alpha=0.55, label="P2P / offload / prefetch"),
-               Patch(facecolor="#F4D6D6", label="idle compute (bubble)"), Patch(facecolor="#9E9E9E", label="other")]
-    fig.legend(handles=handles, loc="lower center", ncol=6, fontsize=8, frameon=False, bbox_to_anchor=(0.5, 0.0))
+    kinds = {"forward": Patch(facecolor="#777777", label="forward"),
+             "backward": Patch(facecolor="#777777", hatch="////", label="backward"),
+             "recompute": Patch(facecolor="#777777", hatch="...", label="recompute"),
+             "copies": Patch(facecolor="#777777", alpha=0.55, label="P2P / offload / prefetch"),
+             "other": Patch(facecolor="#9E9E9E", label=f"not of one {'micro-batch' if by_mb else 'subsequence'}")}
+    handles = [h for k, h in kinds.items() if k in drawn]
+    if any(busy[s] < end for s in busy):
+        handles.append(Patch(facecolor="#F4D6D6", label="idle compute (bubble)"))
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False, bbox_to_anchor=(0.5, 0.0))
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     return _save(fig, path)
 
