@@ -39,13 +39,14 @@ TiB = 1024**4
 PHASE_COLOR = {
     "fwd": "#4C72B0", "bwd": "#DD8452", "recompute": "#C44E52", "offload": "#55A868", "prefetch": "#8172B3",
     "classifier": "#937860", "optimizer": "#DA8BC3", "grad_sync": "#8C8C8C", "weight_gather": "#CCB974",
-    "weight_gather_bwd": "#CCB974",
+    "weight_gather_bwd": "#CCB974", "comm": "#64B5CD", "stall": "#4D4D4D",
 }
 PHASE_LABEL = {  # what each phase is, for legends
     "fwd": "forward", "bwd": "backward", "recompute": "recompute (before backward)", "offload": "offload (GPU to host)",
     "prefetch": "prefetch (host to GPU)", "classifier": "classifier", "optimizer": "optimizer step",
     "grad_sync": "gradient sync", "weight_gather": "ZeRO weight gather for forward",
     "weight_gather_bwd": "ZeRO-3 weight gather for backward", "allocator": "allocator reorganisation",
+    "comm": "collective (measured)", "stall": "stall (compute waits for a copy)",
 }
 FAIL_STYLE = {"OOM": ("x", "#C44E52"), "OOHM": ("v", "#8172B3")}
 TIME_UNITS = ((1e-3, 1e-6, "us"), (1.0, 1e-3, "ms"), (120.0, 1.0, "s"), (float("inf"), 60.0, "min"))
@@ -350,7 +351,11 @@ def mfu_vs_seq_figure(results: list["SimResult"], path: str | Path) -> Path:
     by_policy: dict[str, list] = {}
     several = len({r.layout for r in results}) > 1
     for r in results:
-        by_policy.setdefault(f"{r.policy.name} {r.layout.label()}" if several else r.policy.name, []).append(r)
+        by_policy.setdefault(f"{r.layout.label()} {r.policy.name}" if several else r.policy.name, []).append(r)
+    # several layouts: one colour per layout, one line style per policy (as `seq_sweep_figure`)
+    lay_colour = {lb: f"C{k % 10}" for k, lb in enumerate(dict.fromkeys(r.layout.label() for r in results))}
+    pol_style = {p: SERIES_STYLES[k % len(SERIES_STYLES)]
+                 for k, p in enumerate(dict.fromkeys(r.policy.name for r in results))}
     failed = {pol for pol, rs in by_policy.items() if any(not r.ok for r in rs)}
     strip = [pol for pol in by_policy if pol in failed]
     fig = Figure(figsize=(7.5, 4.2 + (0.22 * len(strip) + 0.3 if strip else 0)))
@@ -360,9 +365,10 @@ def mfu_vs_seq_figure(results: list["SimResult"], path: str | Path) -> Path:
         ax, ax_f = fig.subplots(), None
     for k, (pol, rs) in enumerate(by_policy.items()):
         rs.sort(key=lambda r: r.seq)
-        color = f"C{k % 10}"
+        color = lay_colour[rs[0].layout.label()] if several else f"C{k % 10}"
+        ls, marker = pol_style[rs[0].policy.name] if several else ("-", "o")
         ok = [r for r in rs if r.ok]
-        ax.plot([r.seq for r in ok], [100 * r.mfu for r in ok], "o-", color=color, label=pol)
+        ax.plot([r.seq for r in ok], [100 * r.mfu for r in ok], ls=ls, marker=marker, color=color, label=pol)
         if pol in strip:
             row = strip.index(pol)
             for st, (marker, _c) in FAIL_STYLE.items():
@@ -385,11 +391,14 @@ def mfu_vs_seq_figure(results: list["SimResult"], path: str | Path) -> Path:
         ax_f.set_title("does not fit (x OOM: GPU memory, v OOHM: host memory): no MFU", fontsize=8, loc="left")
     ax.set_ylabel("MFU (%)")
     ax.set_ylim(0, max([100 * r.mfu for r in results if r.ok] + [1.0]) * 1.12)
-    ax.legend(fontsize=7, loc="lower left", ncol=2)
+    if several:
+        _series_legends(fig, list(lay_colour), list(pol_style), lay_colour, pol_style)
+    else:
+        ax.legend(fontsize=7, loc="lower left", ncol=2)
     r0 = results[0]
     where = "by layout" if several else r0.layout.label()
     fig.suptitle(f"{r0.model.name}, {where}, {r0.profile}: MFU by policy", fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 0.78, 1) if several else None)
     return _save(fig, path)
 
 
@@ -496,13 +505,13 @@ def seq_sweep_figure(points: list["SeqPoint"], path: str | Path, title: str,
     ax1.set_ylabel("peak GPU memory (GiB)")
     ax2.set_ylabel("step time (s); x: does not fit", fontsize=9)
     axes[-1].set_xlabel("sequence length (tokens)")
-    _series_legends(fig, ax1, flavours, rests, colour, style)
+    _series_legends(fig, flavours, rests, colour, style)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout(rect=(0, 0, 0.8, 1))
     return _save(fig, path)
 
 
-def _series_legends(fig: Figure, ax, flavours, rests, colour, style) -> None:
+def _series_legends(fig: Figure, flavours, rests, colour, style) -> None:
     """Two legends right of the plots: colour = layout flavour, line style = policy."""
     from matplotlib.lines import Line2D
 
@@ -636,7 +645,11 @@ def pipeline_gantt_figure(timeline: Timeline, path: str | Path) -> Path:
     from matplotlib.colors import Normalize
 
     sm = ScalarMappable(norm=Normalize(0, max(1, n_sub - 1)), cmap=cmap)
-    fig.colorbar(sm, ax=ax, label="micro-batch" if by_mb else "subsequence", fraction=0.025, pad=0.06)
+    from matplotlib.ticker import MaxNLocator
+
+    cb = fig.colorbar(sm, ax=ax, label="micro-batch" if by_mb else "subsequence", fraction=0.025, pad=0.06)
+    cb.locator = MaxNLocator(integer=True)  # whole micro-batches / subsequences
+    cb.update_ticks()
     kinds = {"forward": Patch(facecolor="#777777", label="forward"),
              "backward": Patch(facecolor="#777777", hatch="////", label="backward"),
              "recompute": Patch(facecolor="#777777", hatch="...", label="recompute"),
@@ -698,7 +711,9 @@ def subseq_sweep_figure(points: list[dict], path: str | Path, title: str = "") -
     cap = points[0].get("gpu_capacity_bytes") if points else None
     if cap:
         ax_m.axhline(cap / GiB, color="#C44E52", ls="--", lw=1, label="usable capacity")
-    ax_m.set_ylabel("GiB")
+    ax_m.set_ylim(bottom=0)
+    ax_t.set_ylim(bottom=0)
+    ax_m.set_ylabel("peak GPU memory (GiB)")
     ax_m.set_xlabel("subsequences N")
     ax_m.set_xscale("log", base=2)
     ax_m.set_xticks(ns)
