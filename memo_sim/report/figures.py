@@ -145,6 +145,8 @@ def gantt_figure(timeline: Timeline, path: str | Path, layers: tuple[int, int] |
         for ph, sec in _gantt_panel(ax, evs, streams, t0, t1).items():
             seen[ph] = seen.get(ph, 0.0) + sec
         ax.set_title(f"{name}, layers {layers[0]}..{layers[1]}", fontsize=10)
+    for ax in axes[1:]:  # the same rows: their names once, on the left
+        ax.tick_params(labelleft=False)
     meta = timeline.meta or {}
     fig.suptitle(" | ".join(str(meta[k]) for k in ("model", "layout", "policy", "profile") if meta.get(k))
                  + (f" | {fmt_count(meta['seq_tokens'])} tokens" if meta.get("seq_tokens") else "")
