@@ -467,13 +467,15 @@ def seq_sweep_figure(points: list["SeqPoint"], path: str | Path, title: str,
         ok = [p for p in ps if p.iteration_s is not None]
         if ok:
             ax2.plot([p.seq for p in ok], [p.iteration_s for p in ok], **kw[label])
-        failed.append(([p.seq for p in ps if p.iteration_s is None], kw[label]))
+        failed.append(([p.seq for p in ps if p.iteration_s is None], kw[label], rest))
     ax2.set_yscale("log")
     bottom, top = ax2.get_ylim()
-    for k, (xs, style_kw) in enumerate(failed):  # staggered so that coinciding failures stay visible
+    for k, (xs, style_kw, rest) in enumerate(failed):  # staggered so that coinciding failures stay visible
         if xs:
             y = bottom * (top / bottom) ** (0.03 + 0.04 * k)
             ax2.scatter(xs, [y] * len(xs), marker="x", color=style_kw["color"], s=40, zorder=5, clip_on=False)
+            for x in xs if rest else ():  # which policy does not fit (the colour says which layout)
+                ax2.text(x, y, f"  {rest}", fontsize=6, va="center", ha="left", color=style_kw["color"])
     if reference:
         ax3 = axes[2]
         ref = {p.seq: p.iteration_s for p in series.get(reference, []) if p.iteration_s is not None}
