@@ -83,7 +83,8 @@ def test_tp_flavour_sweep_pairs_lines_and_reads_gib(captured):
         assert len({lines[f"{fl} {p}"].get_color() for p in ("full_recompute", "memo")}) == 1
     for p in ("full_recompute", "memo"):  # ... one line style per policy: the two flavours of a policy pair up
         assert len({lines[f"{fl} {p}"].get_linestyle() for fl in layouts}) == 1
-    assert len({ln.get_color() for ln in lines.values()}) == 2 and len({ln.get_linestyle() for ln in lines.values()}) == 2
+    assert len({ln.get_color() for ln in lines.values()}) == 2
+    assert len({ln.get_linestyle() for ln in lines.values()}) == 2
     fig.canvas.draw()
     ticks = [t.get_text() for t in mem.get_yticklabels() if t.get_text()]
     assert len(ticks) >= 2 and all(_plain_number(t) for t in ticks)  # "50", "100": no 2^x

@@ -3,7 +3,8 @@
 One process (pid) per GPU of the timeline with one track (tid) per stream; a simulated timeline
 holds one GPU per group of identical GPUs (every rank of a single-stage plan, every rank of one
 pipeline stage), and its process name says which GPUs it stands for (`memo_sim.report.ranks`).
-Tracks are named by ``thread_name`` metadata and ordered compute, comm, cp_comm, tp_p2p, tp_bcast, dp_comm, d2h, h2d, then any other stream; every op is an
+Tracks are named by ``thread_name`` metadata and ordered compute, comm, cp_comm, tp_p2p, tp_bcast,
+dp_comm, d2h, h2d, then any other stream; every op is an
 ``"X"`` complete event (``ts`` and ``dur`` in microseconds) with its layer, phase, bytes and
 FLOPs in ``args``. Memory is a ``"C"`` counter per GPU (allocated GiB) on the GPU's process and
 one per node's pinned host memory on a process of its own.

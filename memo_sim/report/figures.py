@@ -1,15 +1,21 @@
-"""PNG figures (matplotlib, Agg canvas; no display and no global pyplot state).
+"""PNG figures (matplotlib, Agg canvas; no display and no global pyplot state), 100 dpi.
 
 - `gantt_figure`: one row per stream of one GPU over a layer range, forward and backward side by
-  side (they are far apart in time), bars coloured by phase and labelled by layer.
+  side (they are far apart in time), only the range's events drawn, bars coloured by phase and
+  labelled by layer, a legend of the phases drawn with their time; the title says which GPUs of
+  the plan the simulated GPU stands for (`memo_sim.report.ranks`).
 - `memory_figure`: GPU memory per device and pinned host memory per node over the iteration,
-  with capacities.
-- `alpha_sweep_figure`: MFU and peak memory against MEMO's alpha, OOM / OOHM runs marked.
-- `mfu_vs_seq_figure`: MFU against sequence length, one line per policy (and layout, where the
-  sweep has several), OOM / OOHM marked.
+  from 0, with capacities; per interval of the time axis the highest level as steps and the range
+  to the lowest shaded (`envelope`), so that a spike of any length shows.
+- `alpha_sweep_figure`: MFU (axis zoomed to the data, the alpha = 0 level as a baseline) and peak
+  memory (from 0) against MEMO's alpha, OOM / OOHM runs marked.
+- `mfu_vs_seq_figure`: MFU against sequence length, one line per policy (colour per layout and
+  line style per policy, where the sweep has several layouts); runs that do not fit on a strip of
+  their own, never as an MFU value.
 - `seq_sweep_figure`: peak GPU memory (with the capacity) and step time against sequence length,
-  one line per series of `memo_sim.search.seq_sweep` (e.g. METP, Megatron TP+SP, Ulysses), plans
-  that do not fit marked on the time axis, crossovers drawn as vertical lines.
+  one line per series of `memo_sim.search.seq_sweep` (e.g. METP, Megatron TP+SP, Ulysses): one
+  colour per layout, one line style per policy, plain-number ticks; plans that do not fit marked
+  on the time axis, crossovers drawn as vertical lines.
 - SPPO: `pipeline_gantt_figure` (stages x time, subsequences coloured, bubbles shaded, P2P /
   offload / prefetch streams per stage; the paper's Figure 8), `stage_memory_figure` (GPU memory
   per stage over time) and `subseq_sweep_figure` (iteration time and peak memory against N).
@@ -287,8 +293,10 @@ def _mark_failures(ax, xs, statuses, y):
 
 
 def alpha_sweep_figure(results: list["SimResult"], path: str | Path, solver_alpha: float | None = None) -> Path:
-    """MFU (top) and peak GPU / host memory (bottom) against alpha; OOM / OOHM marked; the
-    solver's alpha (MEMO's closed form, `memo_sim.search.estimate.memo_alpha`) a vertical line."""
+    """MFU (top; the axis zoomed to the data, whose spread is often a point or two, with the
+    smallest alpha's MFU as a dotted baseline and a note that the axis does not start at 0) and
+    peak GPU / host memory (bottom, from 0) against alpha; OOM / OOHM marked; the solver's alpha
+    (MEMO's closed form, `memo_sim.search.estimate.memo_alpha`) a vertical line."""
     if not results:
         raise MemoError("alpha sweep: no results to plot")
     rs = sorted(results, key=lambda r: r.policy.alpha or 0.0)
@@ -662,7 +670,8 @@ def pipeline_gantt_figure(timeline: Timeline, path: str | Path) -> Path:
     handles = [h for k, h in kinds.items() if k in drawn]
     if any(busy[s] < end for s in busy):
         handles.append(Patch(facecolor="#F4D6D6", label="idle compute (bubble)"))
-    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False, bbox_to_anchor=(0.5, 0.0))
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False,
+               bbox_to_anchor=(0.5, 0.0))
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     return _save(fig, path)
 
