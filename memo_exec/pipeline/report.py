@@ -232,10 +232,15 @@ def gantt_figure(tl: Timeline, pp: int, micro_batches: int, path: Path, title: s
     ax.set_xlim(0, end * 1.02 if end > 0 else 1)
     ax.set_xlabel("time in the iteration (s)")
     ax.set_title(title, fontsize=9)
-    handles = [Patch(facecolor=colour(k), label=f"micro-batch {k}") for k in range(min(micro_batches, 10))]
-    handles += [Patch(facecolor="white", edgecolor="black", hatch="////", label="backward (bars: chunk.mb)"),
-                Patch(facecolor="none", edgecolor="black", label="recompute"),
-                Patch(facecolor="#F4D6D6", label="idle (bubble)")]
+    # legend entries only for what is drawn: the micro-batches of the actions (colours repeat after 10)
+    mbs = sorted({tag[1] % 10 for e in actions if (tag := tag_of(e.op)) is not None})
+    handles = [Patch(facecolor=colour(k), label=f"micro-batch {k}" + (" (+10n)" if micro_batches > 10 else ""))
+               for k in mbs]
+    if any(e.phase == "pipe_bwd" for e in actions):
+        handles.append(Patch(facecolor="white", edgecolor="black", hatch="////", label="backward (bars: chunk.mb)"))
+    if any(e.stream == "compute" and e.phase == "recompute" for e in tl.events):
+        handles.append(Patch(facecolor="none", edgecolor="black", label="recompute"))
+    handles.append(Patch(facecolor="#F4D6D6", label="idle (bubble)"))
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=min(len(handles), 7),
               fontsize=7, frameon=False)
     fig.tight_layout()

@@ -1,7 +1,10 @@
 """Chrome trace (Perfetto / chrome://tracing) from a `Timeline`.
 
-One process (pid) per GPU with one track (tid) per stream, named by ``thread_name`` metadata
-and ordered compute, comm, cp_comm, tp_p2p, tp_bcast, dp_comm, d2h, h2d, then any other stream; every op is an
+One process (pid) per GPU of the timeline with one track (tid) per stream; a simulated timeline
+holds one GPU per group of identical GPUs (every rank of a single-stage plan, every rank of one
+pipeline stage), and its process name says which GPUs it stands for (`memo_sim.report.ranks`).
+Tracks are named by ``thread_name`` metadata and ordered compute, comm, cp_comm, tp_p2p, tp_bcast,
+dp_comm, d2h, h2d, then any other stream; every op is an
 ``"X"`` complete event (``ts`` and ``dur`` in microseconds) with its layer, phase, bytes and
 FLOPs in ``args``. Memory is a ``"C"`` counter per GPU (allocated GiB) on the GPU's process and
 one per node's pinned host memory on a process of its own.
@@ -13,6 +16,7 @@ import json
 from pathlib import Path
 
 from memo_sim.fileio import atomic_write_text
+from memo_sim.report.ranks import device_role
 from memo_sim.timeline import Timeline
 
 STREAM_ORDER = ("compute", "comm", "cp_comm", "tp_p2p", "tp_bcast", "dp_comm", "d2h", "h2d")
@@ -42,7 +46,7 @@ def chrome_trace(timeline: Timeline) -> dict:
     ev: list[dict] = []
     for d in devices:
         ev.append({"ph": "M", "name": "process_name", "pid": d, "tid": 0,
-                   "args": {"name": f"{dev} {d}" + (f" - {title}" if title else "")}})
+                   "args": {"name": device_role(timeline, d) + (f" - {title}" if title else "")}})
         ev.append({"ph": "M", "name": "process_sort_index", "pid": d, "tid": 0, "args": {"sort_index": d}})
         streams_here = sorted({e.stream for e in timeline.events if e.device == d}, key=lambda s: tids[s])
         for s in streams_here:

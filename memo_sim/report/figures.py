@@ -1,15 +1,21 @@
-"""PNG figures (matplotlib, Agg canvas; no display and no global pyplot state).
+"""PNG figures (matplotlib, Agg canvas; no display and no global pyplot state), 100 dpi.
 
 - `gantt_figure`: one row per stream of one GPU over a layer range, forward and backward side by
-  side (they are far apart in time), bars coloured by phase and labelled by layer.
+  side (they are far apart in time), only the range's events drawn, bars coloured by phase and
+  labelled by layer, a legend of the phases drawn with their time; the title says which GPUs of
+  the plan the simulated GPU stands for (`memo_sim.report.ranks`).
 - `memory_figure`: GPU memory per device and pinned host memory per node over the iteration,
-  with capacities.
-- `alpha_sweep_figure`: MFU and peak memory against MEMO's alpha, OOM / OOHM runs marked.
-- `mfu_vs_seq_figure`: MFU against sequence length, one line per policy (and layout, where the
-  sweep has several), OOM / OOHM marked.
+  from 0, with capacities; per interval of the time axis the highest level as steps and the range
+  to the lowest shaded (`envelope`), so that a spike of any length shows.
+- `alpha_sweep_figure`: MFU (axis zoomed to the data, the alpha = 0 level as a baseline) and peak
+  memory (from 0) against MEMO's alpha, OOM / OOHM runs marked.
+- `mfu_vs_seq_figure`: MFU against sequence length, one line per policy (colour per layout and
+  line style per policy, where the sweep has several layouts); runs that do not fit on a strip of
+  their own, never as an MFU value.
 - `seq_sweep_figure`: peak GPU memory (with the capacity) and step time against sequence length,
-  one line per series of `memo_sim.search.seq_sweep` (e.g. METP, Megatron TP+SP, Ulysses), plans
-  that do not fit marked on the time axis, crossovers drawn as vertical lines.
+  one line per series of `memo_sim.search.seq_sweep` (e.g. METP, Megatron TP+SP, Ulysses): one
+  colour per layout, one line style per policy, plain-number ticks; plans that do not fit marked
+  on the time axis, crossovers drawn as vertical lines.
 - SPPO: `pipeline_gantt_figure` (stages x time, subsequences coloured, bubbles shaded, P2P /
   offload / prefetch streams per stage; the paper's Figure 8), `stage_memory_figure` (GPU memory
   per stage over time) and `subseq_sweep_figure` (iteration time and peak memory against N).
@@ -26,8 +32,9 @@ from matplotlib.patches import Patch
 
 from memo_sim.errors import MemoError
 from memo_sim.fileio import save_png
+from memo_sim.report.ranks import device_role, represented_gpus
 from memo_sim.timeline import STREAMS, Timeline, TimelineEvent
-from memo_sim.units import fmt_count
+from memo_sim.units import fmt_count, fmt_time
 
 if TYPE_CHECKING:
     from memo_sim.engine.simulate import SimResult
@@ -38,13 +45,14 @@ TiB = 1024**4
 PHASE_COLOR = {
     "fwd": "#4C72B0", "bwd": "#DD8452", "recompute": "#C44E52", "offload": "#55A868", "prefetch": "#8172B3",
     "classifier": "#937860", "optimizer": "#DA8BC3", "grad_sync": "#8C8C8C", "weight_gather": "#CCB974",
-    "weight_gather_bwd": "#CCB974",
+    "weight_gather_bwd": "#CCB974", "comm": "#64B5CD", "stall": "#4D4D4D",
 }
 PHASE_LABEL = {  # what each phase is, for legends
     "fwd": "forward", "bwd": "backward", "recompute": "recompute (before backward)", "offload": "offload (GPU to host)",
     "prefetch": "prefetch (host to GPU)", "classifier": "classifier", "optimizer": "optimizer step",
     "grad_sync": "gradient sync", "weight_gather": "ZeRO weight gather for forward",
     "weight_gather_bwd": "ZeRO-3 weight gather for backward", "allocator": "allocator reorganisation",
+    "comm": "collective (measured)", "stall": "stall (compute waits for a copy)",
 }
 FAIL_STYLE = {"OOM": ("x", "#C44E52"), "OOHM": ("v", "#8172B3")}
 TIME_UNITS = ((1e-3, 1e-6, "us"), (1.0, 1e-3, "ms"), (120.0, 1.0, "s"), (float("inf"), 60.0, "min"))
@@ -65,9 +73,12 @@ FWD_PHASES = ("fwd", "offload", "weight_gather")
 BWD_PHASES = ("bwd", "recompute", "prefetch", "grad_sync", "weight_gather_bwd")
 
 
+FIGURE_DPI = 100  # PNGs of a few hundred KB at most
+
+
 def _save(fig: Figure, path: str | Path) -> Path:
     FigureCanvasAgg(fig)
-    return save_png(fig, path)
+    return save_png(fig, path, dpi=FIGURE_DPI)
 
 
 def parse_layer_range(text: str | None, n_layers: int | None = None) -> tuple[int, int] | None:
@@ -106,15 +117,21 @@ def _window(events: list[TimelineEvent], layers: tuple[int, int], phases: tuple[
     return min(e.start for e in sel), max(e.end for e in sel)
 
 
+def _in_range(e: TimelineEvent, layers: tuple[int, int]) -> bool:
+    """Whether a Gantt panel draws ``e``: an event of a layer in ``layers``, or one of no layer (a
+    gradient bucket, an allocator stall) inside the panel's window."""
+    return e.layer is None or layers[0] <= e.layer <= layers[1]
+
+
 def gantt_figure(timeline: Timeline, path: str | Path, layers: tuple[int, int] | None = None,
                  device: int = 0) -> Path:
-    """Gantt chart of every stream of ``device`` over ``layers`` (inclusive)."""
+    """Gantt chart of every stream of ``device`` over ``layers`` (inclusive): only those layers'
+    events (and events of no layer inside the panels) are drawn, only the streams and phases drawn
+    get a row and a legend entry."""
     layers = layers or default_layer_range(timeline)
     events = [e for e in timeline.events if e.device == device]
     if not events:
         raise MemoError(f"timeline has no events on device {device}")
-    streams = sorted({e.stream for e in events},
-                     key=lambda s: (STREAMS.index(s) if s in STREAMS else len(STREAMS), s))
     # each panel spans the layers' own phases: a ZeRO-3 backward weight gather (phase
     # weight_gather_bwd) belongs to the backward panel, never stretches the forward one
     windows = [(name, w) for name, w in (("forward", _window(events, layers, FWD_PHASES)),
@@ -123,44 +140,58 @@ def gantt_figure(timeline: Timeline, path: str | Path, layers: tuple[int, int] |
         known = sorted({e.layer for e in events if e.layer is not None})
         raise MemoError(f"no events for layers {layers[0]}..{layers[1]}; the timeline has layers "
                         f"{known[0] if known else '-'}..{known[-1] if known else '-'}")
+    panels = [(name, t0, t1, [e for e in events if _in_range(e, layers) and e.end >= t0 and e.start <= t1])
+              for name, (t0, t1) in windows]
+    drawn = {e.stream for *_w, evs in panels for e in evs}
+    streams = sorted(drawn, key=lambda s: (STREAMS.index(s) if s in STREAMS else len(STREAMS), s))
     fig = Figure(figsize=(7 * len(windows), 0.55 * len(streams) + 1.8))
     axes = fig.subplots(1, len(windows), squeeze=False)[0]
-    seen_phases: set[str] = set()
+    seen: dict[str, float] = {}  # phase -> seconds drawn, over both panels
+    for ax, (name, t0, t1, evs) in zip(axes, panels):
+        for ph, sec in _gantt_panel(ax, evs, streams, t0, t1).items():
+            seen[ph] = seen.get(ph, 0.0) + sec
+        ax.set_title(f"{name}, layers {layers[0]}..{layers[1]}", fontsize=10)
+    for ax in axes[1:]:  # the same rows: their names once, on the left
+        ax.tick_params(labelleft=False)
+    meta = timeline.meta or {}
+    fig.suptitle(" | ".join(str(meta[k]) for k in ("model", "layout", "policy", "profile") if meta.get(k))
+                 + (f" | {fmt_count(meta['seq_tokens'])} tokens" if meta.get("seq_tokens") else "")
+                 + f"\n{device_role(timeline, device)}", fontsize=10)
+    handles = [Patch(color=PHASE_COLOR.get(p, "#999999"), label=f"{phase_label(p)} ({fmt_time(sec)})")
+               for p, sec in sorted(seen.items())]
+    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 4), fontsize=8, frameon=False,
+               bbox_to_anchor=(0.5, -0.02))
+    _margins(fig, bottom_in=0.55 + 0.25 * ((len(handles) + 3) // 4), top_in=0.75, wspace=0.12)
+    return _save(fig, path)
+
+
+def _gantt_panel(ax, events: list[TimelineEvent], streams: list[str], t0: float, t1: float) -> dict[str, float]:
+    """One Gantt panel: a row per stream, ``events`` clipped to [t0, t1]; the seconds drawn per phase."""
+    span = max(t1 - t0, 1e-9)
+    scale, unit = time_unit(span)
+    seen: dict[str, float] = {}
     by_stream: dict[str, list[TimelineEvent]] = {}
     for e in events:
         by_stream.setdefault(e.stream, []).append(e)
-    for ax, (name, (t0, t1)) in zip(axes, windows):
-        span = max(t1 - t0, 1e-9)
-        scale, unit = time_unit(span)
-        for row, s in enumerate(streams):
-            bars, colors = [], []
-            for e in by_stream.get(s, ()):
-                if e.end < t0 or e.start > t1:
-                    continue
-                a, b = max(e.start, t0), min(e.end, t1)
-                seen_phases.add(e.phase)
-                bars.append(((a - t0) / scale, max(b - a, span * 1e-4) / scale))
-                colors.append(PHASE_COLOR.get(e.phase, "#999999"))
-                if e.layer is not None and (b - a) > 0.06 * span and s in ("compute", "d2h", "h2d"):
-                    ax.text(((a + b) / 2 - t0) / scale, row, f"L{e.layer}", ha="center", va="center", fontsize=6,
-                            color="white")
-            if bars:  # one artist per stream
-                ax.broken_barh(bars, (row - 0.4, 0.8), facecolors=colors, edgecolors="white", linewidth=0.3)
-        ax.set_yticks(range(len(streams)))
-        ax.set_yticklabels(streams)
-        ax.invert_yaxis()
-        ax.set_xlim(0, span / scale)
-        ax.set_xlabel(f"{unit} from {t0:.3f} s")
-        ax.set_title(f"{name}, layers {layers[0]}..{layers[1]}", fontsize=10)
-        ax.grid(axis="x", alpha=0.3)
-    meta = timeline.meta or {}
-    fig.suptitle(" | ".join(str(meta[k]) for k in ("model", "layout", "policy", "profile") if meta.get(k))
-                 + (f" | {fmt_count(meta['seq_tokens'])} tokens" if meta.get("seq_tokens") else ""), fontsize=10)
-    handles = [Patch(color=PHASE_COLOR.get(p, "#999999"), label=phase_label(p)) for p in sorted(seen_phases)]
-    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 8), fontsize=8, frameon=False,
-               bbox_to_anchor=(0.5, -0.02))
-    _margins(fig, bottom_in=0.55 + 0.25 * ((len(handles) + 7) // 8), top_in=0.55, wspace=0.12)
-    return _save(fig, path)
+    for row, s in enumerate(streams):
+        bars, colors = [], []
+        for e in by_stream.get(s, ()):
+            a, b = max(e.start, t0), min(e.end, t1)
+            seen[e.phase] = seen.get(e.phase, 0.0) + (b - a)
+            bars.append(((a - t0) / scale, max(b - a, span * 1e-4) / scale))
+            colors.append(PHASE_COLOR.get(e.phase, "#999999"))
+            if e.layer is not None and (b - a) > 0.06 * span and s in ("compute", "d2h", "h2d"):
+                ax.text(((a + b) / 2 - t0) / scale, row, f"L{e.layer}", ha="center", va="center", fontsize=6,
+                        color="white")
+        if bars:  # one artist per stream
+            ax.broken_barh(bars, (row - 0.4, 0.8), facecolors=colors, edgecolors="white", linewidth=0.3)
+    ax.set_yticks(range(len(streams)))
+    ax.set_yticklabels(streams)
+    ax.set_ylim(len(streams) - 0.5, -0.5)
+    ax.set_xlim(0, span / scale)
+    ax.set_xlabel(f"{unit} from {t0:.3f} s")
+    ax.grid(axis="x", alpha=0.3)
+    return seen
 
 
 def _margins(fig: Figure, bottom_in: float, top_in: float, left_in: float = 1.0, right_in: float = 0.2,
@@ -172,35 +203,56 @@ def _margins(fig: Figure, bottom_in: float, top_in: float, left_in: float = 1.0,
                         bottom=min(0.45, bottom_in / h), top=1 - min(0.3, top_in / h), wspace=wspace, hspace=hspace)
 
 
-def _steps(samples):
-    """Step curve; of several samples at one instant (a free and an alloc back to back) the last
-    one is the level that holds, so the zero-width dips in between are not drawn."""
+def _levels(samples) -> tuple[list[float], list[float]]:
+    """(times, GiB) of a memory curve; of several samples at one instant (a free and an alloc back
+    to back) the last one is the level that holds, so the zero-width dips in between are dropped."""
     last: dict[float, float] = {}
     for m in sorted(samples, key=lambda m: m.time):
         last[m.time] = m.nbytes
-    xs, ys = [], []
-    for t, v in last.items():
-        if xs:
-            xs.append(t)
-            ys.append(ys[-1])
-        xs.append(t)
-        ys.append(v / GiB)
-    return xs, ys
+    return list(last), [v / GiB for v in last.values()]
+
+
+ENVELOPE_BINS = 500  # intervals of a memory panel's time axis: a spike shorter than one is drawn one wide
+
+
+def envelope(xs: list[float], ys: list[float], end: float, bins: int = ENVELOPE_BINS):
+    """(edges, lowest, highest) level of a step curve (level ``ys[i]`` from ``xs[i]``) in each of
+    ``bins`` equal intervals of [0, end]: a spike or a dip of any length shows as at least one
+    interval wide, and the highest of all intervals is the curve's peak."""
+    import numpy as np
+
+    x = np.asarray(xs, dtype=float)
+    y = np.asarray(ys, dtype=float)
+    edges = np.linspace(0.0, max(end, x[-1] if len(x) else 0.0, 1e-12), bins + 1)
+    k = np.clip(np.searchsorted(x, edges[:-1], side="right") - 1, 0, len(y) - 1)  # level at each interval's start
+    lo, hi = y[k].copy(), y[k].copy()
+    if len(x) and x[0] > 0:  # before the first sample: nothing allocated
+        first = edges[:-1] < x[0]
+        lo[first] = np.minimum(lo[first], 0.0)
+    inside = np.clip(np.searchsorted(edges, x, side="right") - 1, 0, bins - 1)
+    np.minimum.at(lo, inside, y)
+    np.maximum.at(hi, inside, y)
+    return edges, lo, hi
 
 
 def _memory_panel(ax, timeline: Timeline, kind: str, devices: list[int], end: float, capacity: float | None,
                   ylabel: str, label, color: str | None, scale: float = 1.0) -> None:
-    """One memory-over-time panel: a step curve per device, the usable capacity as a dashed line;
-    times divided by ``scale`` (seconds per axis unit)."""
-    for d in devices:
-        xs, ys = _steps([m for m in timeline.memory if m.kind == kind and m.device == d])
-        xs.append(end)
-        ys.append(ys[-1])
-        ax.plot([x / scale for x in xs], ys, lw=1.2, label=label(d), **({"color": color} if color else {}))
+    """One memory-over-time panel from 0 GiB: per device the highest level in each of
+    `ENVELOPE_BINS` intervals as steps, the range from lowest to highest shaded (short spikes
+    stay visible), the usable capacity as a dashed line; times divided by ``scale``."""
+    for k, d in enumerate(devices):
+        xs, ys = _levels([m for m in timeline.memory if m.kind == kind and m.device == d])
+        if not xs:
+            continue
+        edges, lo, hi = envelope(xs, ys, end)
+        c = color or f"C{k % 10}"
+        ax.stairs(hi, edges / scale, color=c, lw=1.2, label=label(d), baseline=None)
+        ax.stairs(hi, edges / scale, baseline=lo, fill=True, color=c, alpha=0.3, lw=0)
     if capacity:
         ax.axhline(capacity / GiB, color="#C44E52", ls="--", lw=1, label="usable capacity")
+    ax.set_ylim(bottom=0)
     ax.set_ylabel(ylabel)
-    ax.legend(fontsize=8, loc="upper right")
+    ax.legend(fontsize=8, loc="best")
     ax.grid(alpha=0.3)
 
 
@@ -216,7 +268,7 @@ def memory_figure(timeline: Timeline, path: str | Path) -> Path:
     scale, unit = time_unit(end)
     dev = timeline.device_word
     _memory_panel(axes[0], timeline, "gpu", gpu, end, meta.get("gpu_capacity_bytes"), f"{dev} memory (GiB)",
-                  lambda d: f"{dev} {d}", None, scale)
+                  lambda d: device_role(timeline, d), None, scale)
     if host:
         _memory_panel(axes[1], timeline, "host", host, end, meta.get("host_capacity_bytes"), "host memory (GiB)",
                       lambda h: f"node {-1 - h} pinned host", "#55A868", scale)
@@ -227,8 +279,9 @@ def memory_figure(timeline: Timeline, path: str | Path) -> Path:
         title += f" | {fail['status']} at {fail['time_s']:.3f} s ({fail['tensor']})"
         for ax in axes:
             ax.axvline(fail["time_s"] / scale, color="#C44E52", lw=1)
-    fig.suptitle(title, fontsize=10)
-    _margins(fig, bottom_in=0.55, top_in=0.45, hspace=0.12)
+    fig.suptitle(title + f"\nline: highest level in each 1/{ENVELOPE_BINS} of the iteration; shaded: lowest to "
+                 "highest (short spikes drawn one interval wide)", fontsize=9)
+    _margins(fig, bottom_in=0.55, top_in=0.6, hspace=0.12)
     return _save(fig, path)
 
 
@@ -240,8 +293,10 @@ def _mark_failures(ax, xs, statuses, y):
 
 
 def alpha_sweep_figure(results: list["SimResult"], path: str | Path, solver_alpha: float | None = None) -> Path:
-    """MFU (top) and peak GPU / host memory (bottom) against alpha; OOM / OOHM marked; the
-    solver's alpha (MEMO's closed form, `memo_sim.search.estimate.memo_alpha`) a vertical line."""
+    """MFU (top; the axis zoomed to the data, whose spread is often a point or two, with the
+    smallest alpha's MFU as a dotted baseline and a note that the axis does not start at 0) and
+    peak GPU / host memory (bottom, from 0) against alpha; OOM / OOHM marked; the solver's alpha
+    (MEMO's closed form, `memo_sim.search.estimate.memo_alpha`) a vertical line."""
     if not results:
         raise MemoError("alpha sweep: no results to plot")
     rs = sorted(results, key=lambda r: r.policy.alpha or 0.0)
@@ -249,26 +304,33 @@ def alpha_sweep_figure(results: list["SimResult"], path: str | Path, solver_alph
     fig = Figure(figsize=(7, 6))
     ax1, ax2 = fig.subplots(2, 1, sharex=True)
     ok = [(a, 100 * r.mfu) for a, r in zip(alphas, rs) if r.ok]
+    lo, hi = _zoom([m for _, m in ok])
     if ok:
         ax1.plot([a for a, _ in ok], [m for _, m in ok], "o-", color="#4C72B0", label="MFU")
-    _mark_failures(ax1, alphas, [r.status for r in rs], 0.0)
+        base = ok[0]  # the smallest alpha that fits (alpha = 0: no offload, recompute only)
+        ax1.axhline(base[1], color="#777777", ls=":", lw=1, label=f"alpha = {base[0]:g}: {base[1]:.1f}%")
+        ax1.text(0.99, 0.02, f"MFU axis zoomed to {lo:.1f}..{hi:.1f}% (not from 0); best {max(m for _, m in ok):.1f}%",
+                 transform=ax1.transAxes, ha="right", va="bottom", fontsize=7, color="#555555")
+    ax1.set_ylim(lo, hi)
+    _mark_failures(ax1, alphas, [r.status for r in rs], lo)
     ax1.set_ylabel("MFU (%)")
-    ax1.set_ylim(bottom=0)
     ax1.grid(alpha=0.3)
     ax1.legend(fontsize=8)
     ax2.plot(alphas, [r.peak_gpu_bytes / GiB for r in rs], "s-", color="#DD8452", label="peak GPU (GiB)")
-    ax2.axhline(rs[0].gpu_capacity_bytes / GiB, color="#DD8452", ls="--", lw=1)
+    ax2.axhline(rs[0].gpu_capacity_bytes / GiB, color="#DD8452", ls="--", lw=1, label="usable GPU memory")
+    ax2.set_ylim(bottom=0)
     ax2.set_ylabel("peak GPU memory (GiB)")
     ax3 = ax2.twinx()
     ax3.plot(alphas, [r.peak_host_bytes_per_node / TiB for r in rs], "^-", color="#55A868",
              label="peak host / node (TiB)")
-    ax3.axhline(rs[0].host_capacity_bytes / TiB, color="#55A868", ls="--", lw=1)
+    ax3.axhline(rs[0].host_capacity_bytes / TiB, color="#55A868", ls=(0, (2, 2)), lw=1, label="usable host / node")
+    ax3.set_ylim(bottom=0)
     ax3.set_ylabel("peak pinned host / node (TiB)")
     ax2.set_xlabel("alpha (offloaded fraction of the other skeletal tensors)")
     ax2.grid(alpha=0.3)
     h1, l1 = ax2.get_legend_handles_labels()
     h2, l2 = ax3.get_legend_handles_labels()
-    ax2.legend(h1 + h2, l1 + l2, fontsize=8, loc="upper left")
+    ax2.legend(h1 + h2, l1 + l2, fontsize=7, loc="lower left", ncol=2)
     if solver_alpha is not None:
         for ax in (ax1, ax2):
             ax.axvline(solver_alpha, color="#333333", ls="-.", lw=1.2,
@@ -281,53 +343,72 @@ def alpha_sweep_figure(results: list["SimResult"], path: str | Path, solver_alph
     return _save(fig, path)
 
 
+def _zoom(values: list[float], pad: float = 0.15, min_span: float = 1.0) -> tuple[float, float]:
+    """y-limits that hold ``values`` with ``pad`` of their range (at least ``min_span``) either side."""
+    if not values:
+        return 0.0, 1.0
+    lo, hi = min(values), max(values)
+    span = max(hi - lo, min_span)
+    return max(0.0, lo - pad * span), hi + pad * span
+
+
 def mfu_vs_seq_figure(results: list["SimResult"], path: str | Path) -> Path:
-    """MFU against sequence length, one line per policy; OOM / OOHM runs marked in the series'
-    colour on a row of their own below zero (never stacked on another series' marks)."""
+    """MFU against sequence length, one line per policy (per layout where the sweep has several);
+    runs that do not fit have no MFU: they are marked (x OOM, v OOHM) on a strip below the plot,
+    one row per series, never drawn as an MFU value."""
     if not results:
         raise MemoError("MFU vs sequence length: no results to plot")
-    fig = Figure(figsize=(7, 4))
-    ax = fig.subplots()
     by_policy: dict[str, list] = {}
     several = len({r.layout for r in results}) > 1
     for r in results:
-        by_policy.setdefault(f"{r.policy.name} {r.layout.label()}" if several else r.policy.name, []).append(r)
-    top = max([100 * r.mfu for r in results if r.ok] + [1.0])
-    step = 0.07 * top  # failed runs: one row per series below the zero line, so none hide another
-    failed_any = False
+        by_policy.setdefault(f"{r.layout.label()} {r.policy.name}" if several else r.policy.name, []).append(r)
+    # several layouts: one colour per layout, one line style per policy (as `seq_sweep_figure`)
+    lay_colour = {lb: f"C{k % 10}" for k, lb in enumerate(dict.fromkeys(r.layout.label() for r in results))}
+    pol_style = {p: SERIES_STYLES[k % len(SERIES_STYLES)]
+                 for k, p in enumerate(dict.fromkeys(r.policy.name for r in results))}
+    failed = {pol for pol, rs in by_policy.items() if any(not r.ok for r in rs)}
+    strip = [pol for pol in by_policy if pol in failed]
+    fig = Figure(figsize=(7.5, 4.2 + (0.22 * len(strip) + 0.3 if strip else 0)))
+    if strip:
+        ax, ax_f = fig.subplots(2, 1, sharex=True, height_ratios=[4.0, 0.25 * len(strip) + 0.35])
+    else:
+        ax, ax_f = fig.subplots(), None
     for k, (pol, rs) in enumerate(by_policy.items()):
         rs.sort(key=lambda r: r.seq)
+        color = lay_colour[rs[0].layout.label()] if several else f"C{k % 10}"
+        ls, marker = pol_style[rs[0].policy.name] if several else ("-", "o")
         ok = [r for r in rs if r.ok]
-        color = f"C{k % 10}"
-        if ok:
-            ax.plot([r.seq for r in ok], [100 * r.mfu for r in ok], "o-", color=color, label=pol)
-        y = -step * (k + 1)
-        for st, (marker, _c) in FAIL_STYLE.items():
-            xs = [r.seq for r in rs if r.status == st]
-            if xs:
-                failed_any = True
-                ax.scatter(xs, [y] * len(xs), marker=marker, color=color, s=45, zorder=5,
-                           label=f"{pol}: {st}" if not ok else None)
-                if ok:  # a series with a line: its failures are named by marker in the legend below
-                    ax.scatter([], [], marker=marker, color=color, label=f"{pol}: {st}")
-    seqs = [r.seq for r in results]
-    if failed_any:
-        ax.axhline(0, color="#333333", lw=0.8)
-        ax.text(0.01, 0.01, "below 0: runs that do not fit (x OOM, v OOHM), one row per series",
-                transform=ax.transAxes, fontsize=7, va="bottom")
-    ax.set_xscale("log", base=2)
-    ticks = sorted(set(seqs))
-    ax.set_xticks(ticks)
-    ax.set_xticklabels([fmt_count(s) for s in ticks])
-    ax.set_xlabel("sequence length (tokens)")
+        ax.plot([r.seq for r in ok], [100 * r.mfu for r in ok], ls=ls, marker=marker, color=color, label=pol)
+        if pol in strip:
+            row = strip.index(pol)
+            for st, (marker, _c) in FAIL_STYLE.items():
+                xs = [r.seq for r in rs if r.status == st]
+                if xs:
+                    ax_f.scatter(xs, [row] * len(xs), marker=marker, color=color, s=40, zorder=5)
+    seqs = sorted({r.seq for r in results})
+    for a in (ax, ax_f) if ax_f is not None else (ax,):
+        a.set_xscale("log", base=2)
+        a.grid(alpha=0.3)
+    bottom = fig.axes[-1]
+    bottom.set_xticks(seqs)
+    bottom.set_xticklabels([fmt_count(s) for s in seqs])
+    bottom.set_xticks([], minor=True)
+    bottom.set_xlabel("sequence length (tokens)")
+    if ax_f is not None:
+        ax_f.set_ylim(len(strip) - 0.5, -0.5)
+        ax_f.set_yticks(range(len(strip)))
+        ax_f.set_yticklabels(strip, fontsize=7)
+        ax_f.set_title("does not fit (x OOM: GPU memory, v OOHM: host memory): no MFU", fontsize=8, loc="left")
     ax.set_ylabel("MFU (%)")
-    ax.set_ylim(bottom=-step * (len(by_policy) + 1) if failed_any else 0)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.set_ylim(0, max([100 * r.mfu for r in results if r.ok] + [1.0]) * 1.12)
+    if several:
+        _series_legends(fig, list(lay_colour), list(pol_style), lay_colour, pol_style)
+    else:
+        ax.legend(fontsize=7, loc="lower left", ncol=2)
     r0 = results[0]
     where = "by layout" if several else r0.layout.label()
     fig.suptitle(f"{r0.model.name}, {where}, {r0.profile}: MFU by policy", fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 0.78, 1) if several else None)
     return _save(fig, path)
 
 
@@ -340,50 +421,82 @@ def _sparse_ticks(seqs: list[int], min_ratio: float = 1.3) -> list[int]:
     return out
 
 
+SERIES_STYLES = (("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ((0, (5, 1, 1, 1, 1, 1)), "v"),
+                 ((0, (1, 3)), "P"), ((0, (8, 3)), "X"))  # line style and marker per policy of a sequence sweep
+
+
+def readable_log_ticks(ax, axis: str = "y") -> None:
+    """Plain-number ticks (1, 2, 5, 10, 20, 50, ...; 1.5, 3, 7 too over a narrow range) on a log axis,
+    instead of powers of two or ten."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    lo, hi = ax.get_ylim() if axis == "y" else ax.get_xlim()
+    subs = (1.0, 2.0, 5.0) if hi > 8 * lo else (1.0, 1.5, 2.0, 3.0, 5.0, 7.0)
+    target = ax.yaxis if axis == "y" else ax.xaxis
+    target.set_major_locator(LogLocator(base=10, subs=subs))
+    target.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+    target.set_minor_formatter(NullFormatter())
+
+
+def _flavour_and_rest(label: str) -> tuple[str, str]:
+    """A sequence-sweep series label ``tp8+sp memo`` -> (``tp8+sp``, ``memo``); ``tp8+metp`` -> (``tp8+metp``, "")."""
+    head, _, rest = label.partition(" ")
+    return head, rest
+
+
 def seq_sweep_figure(points: list["SeqPoint"], path: str | Path, title: str,
                      crossovers: list["Crossover"] = (), reference: str | None = None) -> Path:
     """Peak GPU memory (analytic, with the usable capacity), simulated step time and, with a
-    ``reference`` series, step time relative to it, against sequence length, one line per series;
-    a plan that does not fit is an x at the foot of the time axis; crossovers
-    (`memo_sim.search.seq_sweep.crossover_seq`) are dashed vertical lines."""
+    ``reference`` series, step time relative to it, against sequence length. A series is a
+    layout flavour (e.g. METP, Megatron TP+SP) and, where the sweep keeps policies apart, a policy:
+    one colour per flavour, one line style and marker per policy, so that the flavours of one
+    policy pair up; a legend for each. A plan that does not fit is an x at the foot of the time
+    axis; crossovers (`memo_sim.search.seq_sweep.crossover_seq`) are dashed vertical lines."""
     pts = [p for p in points if p.status != "invalid"]
     if not pts:
         raise MemoError("sequence sweep: no points to plot")
     rows = 3 if reference else 2
-    fig = Figure(figsize=(7.5, 3.2 * rows + 0.6))
+    fig = Figure(figsize=(9.5, 3.2 * rows + 0.6))
     axes = fig.subplots(rows, 1, sharex=True)
     ax1, ax2 = axes[0], axes[1]
     series: dict[str, list] = {}
     for p in pts:
         series.setdefault(p.label, []).append(p)
-    failed, colors = [], {}
+    flavours = list(dict.fromkeys(_flavour_and_rest(lb)[0] for lb in series))
+    rests = list(dict.fromkeys(_flavour_and_rest(lb)[1] for lb in series))
+    colour = {f: f"C{k % 10}" for k, f in enumerate(flavours)}
+    style = {r: SERIES_STYLES[k % len(SERIES_STYLES)] for k, r in enumerate(rests)}
+    failed, kw = [], {}
     for label, ps in series.items():
         ps.sort(key=lambda p: p.seq)
-        line = ax1.plot([p.seq for p in ps], [p.peak_gpu_bytes / GiB for p in ps], "o-", ms=4, label=label)[0]
-        colors[label] = line.get_color()
+        fl, rest = _flavour_and_rest(label)
+        kw[label] = {"color": colour[fl], "ls": style[rest][0], "marker": style[rest][1], "ms": 4, "lw": 1.3}
+        ax1.plot([p.seq for p in ps], [p.peak_gpu_bytes / GiB for p in ps], label=label, **kw[label])
         ok = [p for p in ps if p.iteration_s is not None]
         if ok:
-            ax2.plot([p.seq for p in ok], [p.iteration_s for p in ok], "o-", ms=4, color=colors[label], label=label)
-        failed.append(([p.seq for p in ps if p.iteration_s is None], colors[label]))
-    ax2.set_yscale("log", base=2)
+            ax2.plot([p.seq for p in ok], [p.iteration_s for p in ok], **kw[label])
+        failed.append(([p.seq for p in ps if p.iteration_s is None], kw[label], rest))
+    ax2.set_yscale("log")
     bottom, top = ax2.get_ylim()
-    for k, (xs, color) in enumerate(failed):  # staggered so that coinciding failures stay visible
+    for k, (xs, style_kw, rest) in enumerate(failed):  # staggered so that coinciding failures stay visible
         if xs:
             y = bottom * (top / bottom) ** (0.03 + 0.04 * k)
-            ax2.scatter(xs, [y] * len(xs), marker="x", color=color, s=40, zorder=5, clip_on=False)
+            ax2.scatter(xs, [y] * len(xs), marker="x", color=style_kw["color"], s=40, zorder=5, clip_on=False)
+            for x in xs if rest else ():  # which policy does not fit (the colour says which layout)
+                ax2.text(x, y, f"  {rest}", fontsize=6, va="center", ha="left", color=style_kw["color"])
     if reference:
         ax3 = axes[2]
         ref = {p.seq: p.iteration_s for p in series.get(reference, []) if p.iteration_s is not None}
         for label, ps in series.items():
             rel = [(p.seq, p.iteration_s / ref[p.seq]) for p in ps if p.iteration_s is not None and p.seq in ref]
             if rel and label != reference:
-                ax3.plot([x for x, _ in rel], [y for _, y in rel], "o-", ms=4, color=colors[label], label=label)
-        ax3.axhline(1.0, color=colors.get(reference, "k"), lw=1)
+                ax3.plot([x for x, _ in rel], [y for _, y in rel], **kw[label])
+        ax3.axhline(1.0, color=kw.get(reference, {}).get("color", "k"), lw=1)
         ax3.set_ylabel(f"step time / {reference}", fontsize=8)
-        ax3.grid(alpha=0.3)
     cap = pts[0].gpu_capacity_bytes / GiB
     ax1.axhline(cap, color="#C44E52", ls=":", lw=1)
-    ax1.text(min(p.seq for p in pts), cap, " usable GPU memory", va="bottom", fontsize=8, color="#C44E52")
+    ax1.text(min(p.seq for p in pts), cap, f" usable GPU memory {cap:.1f} GiB", va="bottom", fontsize=8,
+             color="#C44E52")
     for c in crossovers:
         if c.time_seq is not None:
             for ax in axes:
@@ -393,8 +506,10 @@ def seq_sweep_figure(points: list["SeqPoint"], path: str | Path, title: str,
     seqs = sorted({p.seq for p in pts})
     for ax in axes:
         ax.set_xscale("log", base=2)
-        ax.grid(alpha=0.3)
-    ax1.set_yscale("log", base=2)
+        ax.grid(alpha=0.3, which="both")
+    ax1.set_yscale("log")
+    for ax in (ax1, ax2):
+        readable_log_ticks(ax)
     ticks = _sparse_ticks(seqs)
     axes[-1].set_xticks(ticks)
     axes[-1].set_xticklabels([fmt_count(s) for s in ticks], rotation=45)
@@ -402,10 +517,24 @@ def seq_sweep_figure(points: list["SeqPoint"], path: str | Path, title: str,
     ax1.set_ylabel("peak GPU memory (GiB)")
     ax2.set_ylabel("step time (s); x: does not fit", fontsize=9)
     axes[-1].set_xlabel("sequence length (tokens)")
-    ax1.legend(fontsize=8)
+    _series_legends(fig, flavours, rests, colour, style)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 0.8, 1))
     return _save(fig, path)
+
+
+def _series_legends(fig: Figure, flavours, rests, colour, style) -> None:
+    """Two legends right of the plots: colour = layout flavour, line style = policy."""
+    from matplotlib.lines import Line2D
+
+    by_colour = [Line2D([], [], color=colour[f], lw=2.5, label=f) for f in flavours]
+    fig.legend(handles=by_colour, title="colour: layout", loc="upper left", bbox_to_anchor=(0.8, 0.93),
+               fontsize=8, title_fontsize=8, frameon=False)
+    if any(rests):
+        by_style = [Line2D([], [], color="#444444", ls=style[r][0], marker=style[r][1], ms=4, label=r or "-")
+                    for r in rests]
+        fig.legend(handles=by_style, title="line: policy", loc="center left", bbox_to_anchor=(0.8, 0.5),
+                   fontsize=8, title_fontsize=8, frameon=False)
 
 
 # ------------------------------------------------------------------------------------------------ SPPO
@@ -475,6 +604,7 @@ def pipeline_gantt_figure(timeline: Timeline, path: str | Path) -> Path:
     fig = Figure(figsize=(14, 0.32 * len(rows) + 2.2))
     ax = fig.subplots(1, 1)
     busy: dict[int, float] = {}
+    drawn: set[str] = set()  # legend entries: only the kinds of bar drawn
     by_device: dict[int, list[TimelineEvent]] = {}
     for e in timeline.events:
         by_device.setdefault(e.device, []).append(e)
@@ -505,6 +635,8 @@ def pipeline_gantt_figure(timeline: Timeline, path: str | Path) -> Path:
             if verts:
                 ax.add_collection(PolyCollection(verts, facecolors=colors, edgecolors="none", hatch=hatch),
                                   autolim=False)
+                drawn.add("copies" if light else {None: "forward", "////": "backward", "...": "recompute"}[hatch])
+        drawn |= {"other" for (sub, _h) in groups if sub is None}
         if label == "compute" and end > 0:
             ax.text(end * 1.005, r, f"idle {100 * (1 - busy[s] / end):.0f}%", va="center", fontsize=7)
     ax.set_ylim(len(rows) - 0.5, -0.5)
@@ -518,17 +650,28 @@ def pipeline_gantt_figure(timeline: Timeline, path: str | Path) -> Path:
                  + (f" | {fmt_count(meta['seq_tokens'])} tokens" if meta.get("seq_tokens") else "")
                  + (f" | {pipe.get('schedule')}, {n_sub} micro-batches, PP={len(stages)}"
                     + (f" x {pipe.get('vpp')} chunks" if (pipe.get("vpp") or 1) > 1 else "") if by_mb
-                    else f" | N={n_sub}, PP={len(stages)}"), fontsize=10)
+                    else f" | N={n_sub}, PP={len(stages)}")
+                 + (f"\neach stage's rows: one of its {represented_gpus(timeline)} identical GPUs (simulated)"
+                    if represented_gpus(timeline) else ""), fontsize=10)
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize
 
     sm = ScalarMappable(norm=Normalize(0, max(1, n_sub - 1)), cmap=cmap)
-    fig.colorbar(sm, ax=ax, label="micro-batch" if by_mb else "subsequence", fraction=0.025, pad=0.06)
-    handles = [Patch(facecolor="#777777", label="forward"), Patch(facecolor="#777777", hatch="////", label="backward"),
-               Patch(facecolor="#777777", hatch="...", label="recompute"),
-               Patch(facecolor="#777777", alpha=0.55, label="P2P / offload / prefetch"),
-               Patch(facecolor="#F4D6D6", label="idle compute (bubble)"), Patch(facecolor="#9E9E9E", label="other")]
-    fig.legend(handles=handles, loc="lower center", ncol=6, fontsize=8, frameon=False, bbox_to_anchor=(0.5, 0.0))
+    from matplotlib.ticker import MaxNLocator
+
+    cb = fig.colorbar(sm, ax=ax, label="micro-batch" if by_mb else "subsequence", fraction=0.025, pad=0.06)
+    cb.locator = MaxNLocator(integer=True)  # whole micro-batches / subsequences
+    cb.update_ticks()
+    kinds = {"forward": Patch(facecolor="#777777", label="forward"),
+             "backward": Patch(facecolor="#777777", hatch="////", label="backward"),
+             "recompute": Patch(facecolor="#777777", hatch="...", label="recompute"),
+             "copies": Patch(facecolor="#777777", alpha=0.55, label="P2P / offload / prefetch"),
+             "other": Patch(facecolor="#9E9E9E", label=f"not of one {'micro-batch' if by_mb else 'subsequence'}")}
+    handles = [h for k, h in kinds.items() if k in drawn]
+    if any(busy[s] < end for s in busy):
+        handles.append(Patch(facecolor="#F4D6D6", label="idle compute (bubble)"))
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False,
+               bbox_to_anchor=(0.5, 0.0))
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     return _save(fig, path)
 
@@ -581,7 +724,9 @@ def subseq_sweep_figure(points: list[dict], path: str | Path, title: str = "") -
     cap = points[0].get("gpu_capacity_bytes") if points else None
     if cap:
         ax_m.axhline(cap / GiB, color="#C44E52", ls="--", lw=1, label="usable capacity")
-    ax_m.set_ylabel("GiB")
+    ax_m.set_ylim(bottom=0)
+    ax_t.set_ylim(bottom=0)
+    ax_m.set_ylabel("peak GPU memory (GiB)")
     ax_m.set_xlabel("subsequences N")
     ax_m.set_xscale("log", base=2)
     ax_m.set_xticks(ns)
