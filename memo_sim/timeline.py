@@ -47,7 +47,7 @@ class TimelineEvent:
 @dataclass(frozen=True)
 class MemorySample:
     time: float
-    device: int  # GPU index, or -1 for the node's host memory
+    device: int  # GPU index, or -1 - n for node n's host memory (-1: node 0's)
     kind: str  # "gpu" | "host"
     nbytes: float
 
@@ -79,7 +79,7 @@ class _EventIn(BaseModel):
 class _SampleIn(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
     time: _Seconds
-    device: Annotated[int, Field(ge=-1, le=1 << 20)]
+    device: Annotated[int, Field(ge=-1 - (1 << 20), le=1 << 20)]  # a GPU, or -1 - n for node n's host
     kind: Literal["gpu", "host"]
     nbytes: _Amount
 

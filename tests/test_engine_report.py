@@ -168,3 +168,14 @@ def test_simulate_and_plot_commands(tmp_path):
     assert len(json.loads((tmp_path / "sw" / "alpha_sweep.json").read_text())) == 3
     r = runner.invoke(_cli(), ["simulate", str(tmp_path / "missing.json"), "--out", str(tmp_path / "x")])
     assert r.exit_code == 2 and "no such plan file" in r.output
+
+
+def test_a_multi_node_timeline_reads_back(tmp_path):
+    """Node n's host memory is sampled as device -1 - n (engine.core.HOST_DEVICE_BASE); the file
+    format reads back what the simulator writes for a second node (an SPPO timeline has them)."""
+    from memo_sim.timeline import MemorySample, Timeline
+
+    t = Timeline([], [MemorySample(0.0, 0, "gpu", 1.0), MemorySample(0.0, -1, "host", 2.0),
+                      MemorySample(0.0, -2, "host", 3.0)], {"source": "simulated"})
+    back = Timeline.read_json(t.write_json(tmp_path / "timeline.json"))
+    assert [m.device for m in back.memory] == [0, -1, -2]
