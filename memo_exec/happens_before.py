@@ -319,3 +319,11 @@ class TransferGuard:
 
     def pending(self) -> list[str]:
         return [t.name for t in self.flight.values()]
+
+    def finish(self, what: str) -> None:
+        """The end of a ring: its buffers are let go, so no transfer may still be in flight."""
+        if self.flight:
+            names = ", ".join(repr(n) for n in self.pending())
+            self.flight.clear()
+            raise RaceError(f"{what} ends with transfer {names} not waited on (a missing P2P wait: it may still "
+                            f"write a buffer that is let go)")

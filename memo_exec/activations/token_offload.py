@@ -116,8 +116,8 @@ class TokenOffload(ActivationPolicy):
     # -- regions the race detector sees --------------------------------------------------------------
     # Physical (`Region.of`): the bytes of the very views the ops and copies use, labelled with what
     # they must hold ("layer i x"), so a copy to or from the wrong slot is a race or a mismatch.
-    def _host_slot(self, i: int) -> dict[str, torch.Tensor]:
-        """The host tensors that hold layer i's offloaded rows (the slot choice)."""
+    def _host_slot(self, i: int, to_host: bool) -> dict[str, torch.Tensor]:
+        """The host tensors layer i's offload (``to_host``) writes or its prefetch reads (the slot choice)."""
         return self.host[i]
 
     def _content(self, i: int, n: str) -> str:
@@ -135,7 +135,7 @@ class TokenOffload(ActivationPolicy):
 
     def _copy(self, i: int, to_host: bool):
         """(dst, src) pairs of layer i's offload (to_host) or prefetch, with the regions each reads and writes."""
-        dev, host = self.storages[i].tensors, self._host_slot(i)
+        dev, host = self.storages[i].tensors, self._host_slot(i, to_host)
         pairs, on_dev, on_host = [], [], []
         for n, (lo, hi) in self._moved():
             d = self._rows(dev[n], n, lo, hi)

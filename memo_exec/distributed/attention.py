@@ -64,8 +64,8 @@ class RingAttention(AttentionBackend):
 
     def _use(self, what: str, reads=(), writes=()) -> None:
         """The attention reads / writes these (tensor, content) buffers now."""
-        self.guard.access(what, [Region.of(t, f"{what}'s input", c) for t, c in reads],
-                          [Region.of(t, f"{what}'s output", c) for t, c in writes])
+        self.guard.access(what, [Region.of(t, f"a ring buffer ({c})", c) for t, c in reads],
+                          [Region.of(t, f"a ring buffer ({c})", c) for t, c in writes])
 
     def _kv(self, src: int) -> str:
         return f"K/V of block {src % self.cp}"
@@ -122,6 +122,7 @@ class RingAttention(AttentionBackend):
             if tr is not None:
                 self._wait(tr, "cp_kv_ring", cur)
                 cur, nxt = self._swap("forward K/V", cur, nxt)
+        self.guard.finish("ring CP forward")
         out.view(b, s, H, d).copy_(o.permute(0, 2, 1, 3))
         return {"lse": lse}
 
@@ -173,6 +174,7 @@ class RingAttention(AttentionBackend):
         dq.view(b, s, H, d).copy_(dqb.permute(0, 2, 1, 3))
         self._wait(dkv_tr, "cp_dkv_ring", acc_b)  # this rank's own block, home after cp shifts
         self._use("backward: own dK/dV", reads=[(acc_b, self._dkv(self.rank))])
+        self.guard.finish("ring CP backward")
         dk.view(b, s, hk, d).copy_(acc_b[0].permute(0, 2, 1, 3))
         dv.view(b, s, hk, d).copy_(acc_b[1].permute(0, 2, 1, 3))
 
