@@ -27,7 +27,7 @@ import click
 
 from memo_sim.cli.common import progress_bar
 from memo_sim.errors import MemoError
-from memo_sim.fileio import atomic_write_json
+from memo_sim.fileio import OutputFolder, atomic_write_json, output_folder
 from memo_sim.policy import policy_names
 from memo_sim.units import fmt_bytes, fmt_count, fmt_time, parse_count
 
@@ -97,7 +97,6 @@ def simulate_cmd(plan_file, out_dir, layers_text, profile_override, no_contentio
                  memory_snapshot):
     """Simulate a plan's training iteration; write timeline.json, trace.json and figures."""
     from memo_sim.engine.simulate import simulate
-    from memo_sim.fileio import output_folder
     from memo_sim.report.figures import parse_layer_range
 
     plan, profile = _load_plan_and_profile(plan_file, profile_override)
@@ -160,7 +159,8 @@ def plot_cmd(timeline_file, out_dir, layers_text, device):
     tl = Timeline.read_json(timeline_file)
     if not tl.events and not tl.memory:
         raise MemoError(f"{timeline_file}: the timeline has no events and no memory samples")
-    written = _write_outputs(tl, Path(out_dir), layers_text, device)
+    with output_folder(out_dir, "memo-sim plot") as outf:  # a refused --device leaves no trace.json behind
+        written = [outf.path(p) for p in _write_outputs(tl, outf.stage, layers_text, device)]
     click.echo("wrote " + ", ".join(str(p) for p in written))
 
 
@@ -174,13 +174,19 @@ def _parse_alphas(text: str) -> list[float]:
     return vals
 
 
-def _write_sweep(out: Path, name: str, results, figure, line) -> None:
-    """Write a sweep's results as NAME.json and NAME.png and print one line per run."""
-    atomic_write_json(out / f"{name}.json", [r.to_dict() for r in results])
-    png = figure(results, out / f"{name}.png")
+def _write_sweep(outf, name: str, results, figure, line) -> None:
+    """Write a sweep's results as NAME.json and NAME.png into ``outf`` (`memo_sim.fileio.OutputFolder`)
+    and print one line per run."""
+    atomic_write_json(outf.stage / f"{name}.json", [r.to_dict() for r in results])
+    png = figure(results, outf.stage / f"{name}.png")
     for r in results:
         click.echo(line(r))
-    click.echo(f"wrote {out / (name + '.json')}, {png}")
+    click.echo(f"wrote {outf.path(name + '.json')}, {outf.path(png)}")
+
+
+def _check_out(out_dir: str, command: str) -> None:
+    """Fail now, before the work, if --out cannot be written (the outputs are staged beside it)."""
+    OutputFolder(out_dir, command).discard()
 
 
 @click.command("sweep-alpha")
@@ -196,6 +202,7 @@ def sweep_alpha_cmd(plan_file, out_dir, alphas, profile_override):
 
     plan, profile = _load_plan_and_profile(plan_file, profile_override)
     vals = _parse_alphas(alphas)
+    _check_out(out_dir, "memo-sim sweep-alpha")
     with progress_bar("alpha sweep", len(vals)) as step:
         results = sweep_alpha(plan.model, plan.layout, plan.batch, plan.seq_tokens, profile, vals,
                               progress=lambda done, total: step(),
@@ -205,9 +212,10 @@ def sweep_alpha_cmd(plan_file, out_dir, alphas, profile_override):
 
     solved = memo_alpha(plan.model, plan.layout, plan.micro_batch, plan.seq_tokens, profile)
     solver_alpha = solved.alpha if solved.feasible else None
-    _write_sweep(Path(out_dir), "alpha_sweep", results,
-                 lambda rs, path: alpha_sweep_figure(rs, path, solver_alpha=solver_alpha),
-                 lambda r: f"alpha {r.policy.alpha:.3f}: {_summary_line(r)}")
+    with output_folder(out_dir, "memo-sim sweep-alpha") as outf:
+        _write_sweep(outf, "alpha_sweep", results,
+                     lambda rs, path: alpha_sweep_figure(rs, path, solver_alpha=solver_alpha),
+                     lambda r: f"alpha {r.policy.alpha:.3f}: {_summary_line(r)}")
     click.echo(f"solver's alpha: {solver_alpha:.3f} ({solved.reason()})" if solver_alpha is not None
                else f"solver's alpha: infeasible ({solved.reason()})")
 
@@ -248,6 +256,7 @@ def sweep_seq_cmd(plan_file, out_dir, seqs, profile_override, tp_modes, policies
             if why:
                 raise MemoError(f"--seqs: {fmt_count(s)} does not fit layout {lay.label()}: {why}")
     runs = [(s, lay, p) for lay in layouts.values() for s in lens for p in pols]
+    _check_out(out_dir, "memo-sim sweep-seq")
     results = []
     with progress_bar("sequence sweep", len(runs)) as step:
         for s, lay, p in runs:
@@ -267,11 +276,12 @@ def sweep_seq_cmd(plan_file, out_dir, seqs, profile_override, tp_modes, policies
                                     micro_batch=plan.micro_batch, keep_timeline=False))
             step()
     several = len(layouts) > 1
-    _write_sweep(Path(out_dir), "mfu_vs_seq", results, mfu_vs_seq_figure,
-                 lambda r: f"{fmt_count(r.seq):>5} {(r.layout.label() + ' ') if several else ''}"
-                           f"{r.policy.label():<18} {_summary_line(r)}")
-    if tp_modes:
-        _sweep_tp_modes(plan, profile, layouts, lens, pols, best_policy, Path(out_dir))
+    with output_folder(out_dir, "memo-sim sweep-seq") as outf:
+        _write_sweep(outf, "mfu_vs_seq", results, mfu_vs_seq_figure,
+                     lambda r: f"{fmt_count(r.seq):>5} {(r.layout.label() + ' ') if several else ''}"
+                               f"{r.policy.label():<18} {_summary_line(r)}")
+        if tp_modes:
+            _sweep_tp_modes(plan, profile, layouts, lens, pols, best_policy, outf)
 
 
 def _tp_mode_layouts(layout, text: str) -> dict:
@@ -292,7 +302,7 @@ def _tp_mode_layouts(layout, text: str) -> dict:
     return out
 
 
-def _sweep_tp_modes(plan, profile, layouts, lens, pols, best_policy, out: Path) -> None:
+def _sweep_tp_modes(plan, profile, layouts, lens, pols, best_policy, outf) -> None:
     from memo_sim.report.figures import seq_sweep_figure
     from memo_sim.search.seq_sweep import crossover_seq, sweep_layouts
 
@@ -313,10 +323,10 @@ def _sweep_tp_modes(plan, profile, layouts, lens, pols, best_policy, out: Path) 
         twin = next((m for m in megatron if (m.split(" ", 1)[1] if " " in m else "") == rest), None)
         if twin is not None:
             crossings.append(crossover_seq(points, lb, twin))
-    atomic_write_json(out / "seq_by_tp_mode.json", {"points": [pt.to_dict() for pt in points],
-                                                    "crossovers": [c.to_dict() for c in crossings]})
+    atomic_write_json(outf.stage / "seq_by_tp_mode.json", {"points": [pt.to_dict() for pt in points],
+                                                           "crossovers": [c.to_dict() for c in crossings]})
     title = f"{plan.model.name}, {profile.name}: peak memory and step time by tensor-parallel mode"
-    png = seq_sweep_figure(points, out / "seq_by_tp_mode.png", title, crossings,
+    png = seq_sweep_figure(points, outf.stage / "seq_by_tp_mode.png", title, crossings,
                            reference=megatron[0] if len(megatron) == 1 else None)
     for pt in points:
         it = fmt_time(pt.iteration_s) if pt.iteration_s is not None else "-"
@@ -325,7 +335,7 @@ def _sweep_tp_modes(plan, profile, layouts, lens, pols, best_policy, out: Path) 
     for c in crossings:
         at = f"{fmt_count(int(round(c.time_seq)))} tokens" if c.time_seq is not None else "none in range"
         click.echo(f"crossover {c.a} vs {c.b}: {at} ({c.note})")
-    click.echo(f"wrote {out / 'seq_by_tp_mode.json'}, {png}")
+    click.echo(f"wrote {outf.path('seq_by_tp_mode.json')}, {outf.path(png)}")
 
 
 DEFAULT_SUBSEQS = "1,2,4,8,16,32,64,128"
@@ -358,6 +368,7 @@ def sweep_subseqs_cmd(plan_file, out_dir, subseqs_text, profile_override, no_sim
     if not ns or min(ns) < 1:
         raise MemoError("--subseqs: every N must be at least 1")
     lay = plan.layout
+    _check_out(out_dir, "memo-sim sweep-subseqs")
     points, skipped = [], []
     partition = pol0.partition if pol0.partition in ("flops", "length") else "flops"
     with progress_bar("subsequence sweep", len(ns)) as step:
@@ -385,13 +396,15 @@ def sweep_subseqs_cmd(plan_file, out_dir, subseqs_text, profile_override, no_sim
             step()
     if not points:
         raise MemoError("no subsequence count of --subseqs splits the sequence: " + "; ".join(skipped))
-    out = Path(out_dir)
-    atomic_write_json(out / "subseq_sweep.json", {"plan": str(plan_file), "layout": lay.label(),
-                                                  "seq_tokens": plan.seq_tokens, "points": points,
-                                                  "skipped": skipped})
     title = (f"{plan.model.name}, {fmt_count(plan.seq_tokens)} tokens, {lay.label()} on {profile.name}: "
              f"SPPO against N")
-    png = subseq_sweep_figure(points, out / "subseq_sweep.png", title)
+    with output_folder(out_dir, "memo-sim sweep-subseqs") as outf:
+        atomic_write_json(outf.stage / "subseq_sweep.json", {"plan": str(plan_file), "layout": lay.label(),
+                                                             "seq_tokens": plan.seq_tokens, "points": points,
+                                                             "skipped": skipped})
+        subseq_sweep_figure(points, outf.stage / "subseq_sweep.png", title)
+    out = Path(out_dir)
+    png = out / "subseq_sweep.png"
     for d in points:
         it = fmt_time(d["iteration_s"]) if d["iteration_s"] else "-"
         click.echo(f"N={d['subseqs']:<5} {d['status']:<4} iteration {it} "

@@ -18,13 +18,13 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from pathlib import Path
 
 import click
 
 from memo_sim.cli.common import (BATCH, DEGREE, GPU_COUNT, build_model, count_option, model_options, progress_bar,
                                  progress_option)
 from memo_sim.errors import MemoError
+from memo_sim.fileio import OutputFolder, output_folder
 from memo_sim.layout.schedule import SCHEDULE_NAMES
 from memo_sim.layout.schedule import PIPELINE_SCHEDULES, executor_stage_limit
 from memo_sim.plan.schema import write_plan
@@ -129,6 +129,8 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq,
                  multiplex=multiplex)
     if (subseqs or partition or multiplex is not None) and not policies:
         policies = ("sppo",)  # SPPO's own flags plan SPPO
+    if sweep_alpha or not no_plan:  # an unwritable --out fails now, before the search
+        OutputFolder(out_dir, "memo-sim whatif").discard()
     if sweep_alpha:  # MEMO's alpha on one layout (no SPPO search)
         from memo_sim.layout.schedule import schedule_runs_policy
         from memo_sim.search.frameworks import get_framework
@@ -148,10 +150,11 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq,
     best = result.best
     plan_path = sppo_plan_path = None
     if best is not None and not no_plan:
-        plan_path = write_plan(build_plan(best), Path(out_dir) / "plan.json")
-        sppo_best = next((c for c in result.candidates if c.sppo is not None and c.status == "OK"), None)
-        if sppo_best is not None and sppo_best is not best:
-            sppo_plan_path = write_plan(build_plan(sppo_best), Path(out_dir) / "plan-sppo.json")
+        with output_folder(out_dir, "memo-sim whatif") as outf:  # one set, staged beside --out, manifest last
+            plan_path = outf.path(write_plan(build_plan(best), outf.stage / "plan.json"))
+            sppo_best = next((c for c in result.candidates if c.sppo is not None and c.status == "OK"), None)
+            if sppo_best is not None and sppo_best is not best:
+                sppo_plan_path = outf.path(write_plan(build_plan(sppo_best), outf.stage / "plan-sppo.json"))
     metp_rows = _metp_vs_megatron(result.candidates, alpha)
     shown = fold_duplicates(result.candidates)
     advice = not_searched(gpus, tuple(policies) or None, framework, fixed) if best is None else []
@@ -384,7 +387,8 @@ def _sweep_alpha(model, seq, profile, result, as_json, out_dir, t0, quiet):
     with delayed_progress("alpha sweep", quiet) as on_progress:
         res = sweep_alpha(model, layout, memo[0].batch, seq, profile, DEFAULT_ALPHAS, progress=on_progress,
                           schedule=memo[0].schedule, micro_batch=memo[0].micro_batch)
-    png = alpha_sweep_figure(res, Path(out_dir) / "alpha_sweep.png", solver_alpha=solved)
+    with output_folder(out_dir, "memo-sim whatif --sweep-alpha") as outf:
+        png = outf.path(alpha_sweep_figure(res, outf.stage / "alpha_sweep.png", solver_alpha=solved))
     if as_json:
         click.echo(json.dumps({"model": model.to_dict(), "seq_tokens": seq, "profile": profile.name,
                                "layout": layout.label(), "layout_degrees": layout.to_dict(),
