@@ -5,7 +5,11 @@ Both engines feed the same happens-before race detector (`memo_exec.happens_befo
 joins it into the waiting stream's, and the activation policy declares which rounding-buffer
 and host rows each compute op and each copy group reads and writes (``access`` / the
 ``reads``/``writes`` of ``copy_group``). A conflicting pair that no event orders raises
-`RaceError` at issue time, deterministically, on CPU and on CUDA alike. Every record, wait and
+`RaceError` at issue time, deterministically, on CPU and on CUDA alike. Regions are physical
+(`Region.of` a tensor view): a copy group's ``reads``/``writes`` are built from the very tensors
+of its pairs. Every copy group *holds* its tensors (``_hold``: ``record_stream`` on CUDA, the
+queued references on CPU), and a stream that drops a tensor says so (``release``): freeing memory
+another stream still uses without holding it is refused. Every record, wait and
 copy is also reported, in issue order, to the engine's sink (``issued``): with the compute ops
 the recorder logs, that is the op order the tests compare with the simulator's op graph.
 

@@ -7,7 +7,7 @@ makes it, never a user-visible flag) and the run must fail with `RaceError` (or 
 byte spans, what the bytes hold), so every outcome is the same on an idle and on a loaded machine.
 
 Counted mutations (the closing note's number): the single-device offload's four waits are in
-tests/test_exec_mutations.py; here its slot choices (3) and the three patterns public offload
+tests/test_exec_mutations.py; here its slot choices (4) and the three patterns public offload
 engines shipped as silent gradient bugs; SPPO's waits (4) and slot choices (2); ring CP's waits
 (4) and slot choices (4); METP's ring waits (4) and slot choices (7). The distributed and SPPO
 mutations each run in one spawn (its ranks are killed at its timeout: none outlives the test).
