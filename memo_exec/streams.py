@@ -5,7 +5,11 @@ Both engines feed the same happens-before race detector (`memo_exec.happens_befo
 joins it into the waiting stream's, and the activation policy declares which rounding-buffer
 and host rows each compute op and each copy group reads and writes (``access`` / the
 ``reads``/``writes`` of ``copy_group``). A conflicting pair that no event orders raises
-`RaceError` at issue time, deterministically, on CPU and on CUDA alike. Every record, wait and
+`RaceError` at issue time, deterministically, on CPU and on CUDA alike. Regions are physical
+(`Region.of` a tensor view): a copy group's ``reads``/``writes`` are built from the very tensors
+of its pairs. Every copy group *holds* its tensors (``_hold``: ``record_stream`` on CUDA, the
+queued references on CPU), and a stream that drops a tensor says so (``release``): freeing memory
+another stream still uses without holding it is refused. Every record, wait and
 copy is also reported, in issue order, to the engine's sink (``issued``): with the compute ops
 the recorder logs, that is the op order the tests compare with the simulator's op graph.
 
@@ -81,20 +85,32 @@ class _Ordering:
         """Declare that the next op on this stream reads / writes these regions."""
         self.engine.hb.access(self.name, what, tuple(reads), tuple(writes))
 
+    def release(self, what: str, tensors: Iterable[torch.Tensor]) -> None:
+        """This stream drops these tensors (their memory may be handed out again): the detector
+        checks that no other stream still reads or writes them unless it holds them."""
+        self.engine.hb.release(self.name, what, [Region.of(t, f"{what}: a {tuple(t.shape)} tensor") for t in tensors])
+
     def _issued(self, kind: str, **kw) -> None:
         if self.engine.sink is not None:
             self.engine.sink.issued(Issued(self.name, kind, **kw))
 
     def _note_record(self, ev) -> None:
         ev.clock = self.engine.hb.snapshot(self.name)
+        ev.recorded_on = self.name
         self._issued("record", op=ev.name, event=ev.id)
 
     def _note_wait(self, ev) -> None:
-        self.engine.hb.join(self.name, ev.clock)
+        self.engine.hb.join(self.name, ev.clock, getattr(ev, "recorded_on", None), ev.name)
         self._issued("wait", op=ev.name, event=ev.id)
 
-    def _note_copy(self, label: CopyLabel, reads, writes) -> None:
+    def _hold(self, pairs) -> None:
+        """This copy stream keeps the tensors of its queued copies alive until they ran (CPU: the
+        queue's references; CUDA: ``record_stream``, `CudaCopyStream._hold`)."""
+        self.engine.hb.hold(self.name, {Region.of(t, "").key for pair in pairs for t in pair})
+
+    def _note_copy(self, label: CopyLabel, reads, writes, pairs) -> None:
         self.access(f"{label.op}({label.layer})", reads, writes)
+        self._hold(pairs)
         self._issued("copy", op=label.op, layer=label.layer, phase=label.phase)
 
 
@@ -106,6 +122,7 @@ class HostEvent:
         self.name = name
         self.id = next(_EVENT_IDS)
         self.clock: dict[str, int] | None = None  # happens-before snapshot of the latest record
+        self.recorded_on: str | None = None  # the stream of the latest record
         self._cond = threading.Condition()
         self._recorded = 0
         self._done = 0
@@ -170,7 +187,7 @@ class HostCopyStream(_Ordering):
     def copy_group(self, pairs: list[tuple[torch.Tensor, torch.Tensor]], label: CopyLabel,
                    reads: Iterable[Region] = (), writes: Iterable[Region] = ()) -> None:
         """Copy each ``(dst, src)`` pair in order; ``reads``/``writes`` name the regions for the race detector."""
-        self._note_copy(label, reads, writes)
+        self._note_copy(label, reads, writes, pairs)
         self._q.put(("copy", pairs, label))
 
     def synchronize(self) -> None:
@@ -250,6 +267,7 @@ class CudaEvent:
         self.name = name
         self.id = next(_EVENT_IDS)
         self.clock: dict[str, int] | None = None
+        self.recorded_on: str | None = None
         self.ev = torch.cuda.Event()
 
     def query(self) -> bool:
@@ -290,7 +308,7 @@ class CudaCopyStream(_Ordering):
 
     def copy_group(self, pairs: list[tuple[torch.Tensor, torch.Tensor]], label: CopyLabel,
                    reads: Iterable[Region] = (), writes: Iterable[Region] = ()) -> None:
-        self._note_copy(label, reads, writes)
+        self._note_copy(label, reads, writes, pairs)
         timed = self.engine.sink is not None
         with torch.cuda.stream(self.stream):
             delay = self.engine.copy_delay(self.name, label) if self.engine.copy_delay else 0.0
@@ -301,13 +319,17 @@ class CudaCopyStream(_Ordering):
                 t0.record(self.stream)
             for dst, src in pairs:
                 dst.copy_(src, non_blocking=True)
-                for t in (dst, src):
-                    if t.is_cuda:
-                        t.record_stream(self.stream)
             if timed:
                 t1 = torch.cuda.Event(enable_timing=True)
                 t1.record(self.stream)
                 self.engine.sink.add_copy(self.name, label, t0, t1)
+
+    def _hold(self, pairs) -> None:
+        for pair in pairs:
+            for t in pair:
+                if t.is_cuda:
+                    t.record_stream(self.stream)
+        super()._hold(pairs)
 
     def synchronize(self) -> None:
         self.stream.synchronize()

@@ -229,7 +229,7 @@ def test_threads_do_not_leak():
 
 # -- happens-before race detector ------------------------------------------------------------------
 def _r(tensor="x", rows=(0, 10), space="buffer", index=0):
-    return Region(space, index, tensor, rows)
+    return Region.logical(space, index, tensor, rows)
 
 
 def test_hb_event_wait_orders_accesses():

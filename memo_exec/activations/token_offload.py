@@ -114,26 +114,34 @@ class TokenOffload(ActivationPolicy):
             self.pool.close()
 
     # -- regions the race detector sees --------------------------------------------------------------
-    def _buffer_id(self, i: int) -> int:
-        """The race detector's number of layer i's rounding buffer (distinct per `slot`)."""
-        return self.slot * N_BUFFERS + rounding_buffer(i)
+    # Physical (`Region.of`): the bytes of the very views the ops and copies use, labelled with what
+    # they must hold ("layer i x"), so a copy to or from the wrong slot is a race or a mismatch.
+    def _host_slot(self, i: int, to_host: bool) -> dict[str, torch.Tensor]:
+        """The host tensors layer i's offload (``to_host``) writes or its prefetch reads (the slot choice)."""
+        return self.host[i]
 
-    def _host_id(self, i: int) -> int:
-        return self.slot * self.layers + i
+    def _content(self, i: int, n: str) -> str:
+        return f"layer {self.layer_base + i}{self.tag} {n}"
+
+    def _rows(self, t: torch.Tensor, n: str, lo: int, hi: int) -> torch.Tensor:
+        """Token rows [lo, hi) of tensor ``n`` (its rows [lo*m, hi*m))."""
+        return t[lo * self.row_mult[n]:hi * self.row_mult[n]]
 
     def _buf(self, i: int, names, rows: tuple[int, int] | None = None) -> list[Region]:
-        r = rows or (0, self.tokens)
-        return [Region("buffer", self._buffer_id(i), n, r) for n in names]
+        lo, hi = rows or (0, self.tokens)
+        dev = self.storages[i].tensors
+        return [Region.of(self._rows(dev[n], n, lo, hi), f"rounding buffer {rounding_buffer(i)} {n}[{lo}:{hi}]",
+                          self._content(i, n)) for n in names]
 
     def _copy(self, i: int, to_host: bool):
         """(dst, src) pairs of layer i's offload (to_host) or prefetch, with the regions each reads and writes."""
-        dev, host = self.storages[i].tensors, self.host[i]
+        dev, host = self.storages[i].tensors, self._host_slot(i, to_host)
         pairs, on_dev, on_host = [], [], []
         for n, (lo, hi) in self._moved():
-            rows = slice(lo * self.row_mult[n], hi * self.row_mult[n])  # token rows -> this tensor's rows
-            pairs.append((host[n], dev[n][rows]) if to_host else (dev[n][rows], host[n]))
-            on_dev.append(Region("buffer", self._buffer_id(i), n, (lo, hi)))
-            on_host.append(Region("host", self._host_id(i), n, (lo, hi)))
+            d = self._rows(dev[n], n, lo, hi)
+            pairs.append((host[n], d) if to_host else (d, host[n]))
+            on_dev.append(Region.of(d, f"rounding buffer {rounding_buffer(i)} {n}[{lo}:{hi}]", self._content(i, n)))
+            on_host.append(Region.of(host[n], f"host slot of layer {i} {n}[{lo}:{hi}]", self._content(i, n)))
         return (pairs, on_dev, on_host) if to_host else (pairs, on_host, on_dev)
 
     def _declare(self, what: str, reads=(), writes=()) -> None:

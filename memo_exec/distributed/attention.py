@@ -38,6 +38,7 @@ from memo_exec.attention import AttentionBackend, AttnDims
 from memo_exec.block_attention import block_backward, block_forward, merge_
 from memo_exec.device import acc_dtype
 from memo_exec.distributed.p2p import ring_shift
+from memo_exec.happens_before import Region, TransferGuard
 
 
 def _bhsd(t: torch.Tensor, b: int, s: int, heads: int, d: int) -> torch.Tensor:
@@ -51,6 +52,26 @@ class RingAttention(AttentionBackend):
     def __init__(self, group, cp: int, rank: int, delay_s: float = 0.0) -> None:
         self.group, self.cp, self.rank, self.delay_s = group, cp, rank, delay_s
         self.timer = None  # set by the runner: each ring transfer's wait is a span on "cp_comm"
+        self.guard = TransferGuard()  # every ring buffer's transfers and uses (module docs)
+
+    @staticmethod
+    def _swap(site: str, a, b):
+        """The double buffer ``(a, b)`` after a step at ``site``: the received one becomes current."""
+        return b, a
+
+    def _shift(self, send, recv, name: str, received: str):
+        return ring_shift(send, recv, self.group, self.delay_s, self.guard, name, received)
+
+    def _use(self, what: str, reads=(), writes=()) -> None:
+        """The attention reads / writes these (tensor, content) buffers now."""
+        self.guard.access(what, [Region.of(t, f"a ring buffer ({c})", c) for t, c in reads],
+                          [Region.of(t, f"a ring buffer ({c})", c) for t, c in writes])
+
+    def _kv(self, src: int) -> str:
+        return f"K/V of block {src % self.cp}"
+
+    def _dkv(self, src: int) -> str:
+        return f"dK/dV accumulator of block {src % self.cp}"
 
     def _wait(self, tr, what: str, t: torch.Tensor) -> None:
         if self.timer is None:
@@ -88,9 +109,11 @@ class RingAttention(AttentionBackend):
         lse = torch.full((b, H, s), float("-inf"), dtype=acc, device=q.device)
         cur = torch.cat([k, v], dim=1)
         nxt = torch.empty_like(cur)
+        self._use("forward: own K/V", writes=[(cur, self._kv(self.rank))])
         for j in range(self.cp):
             src = (self.rank - j) % self.cp
-            tr = ring_shift(cur, nxt, self.group, self.delay_s) if j < self.cp - 1 else None
+            tr = self._shift(cur, nxt, f"cp_kv_ring forward step {j}", self._kv(src - 1)) if j < self.cp - 1 else None
+            self._use(f"forward block {j}", reads=[(cur, self._kv(src))])
             kb, vb = self._unpack(cur, dims)
             for qs, ks, causal in self._pairs(src, k_chunk):
                 ob, lb = block_forward(qb[:, :, qs], kb[:, :, ks], vb[:, :, ks], causal, scale)
@@ -98,7 +121,8 @@ class RingAttention(AttentionBackend):
                 del ob, lb
             if tr is not None:
                 self._wait(tr, "cp_kv_ring", cur)
-                cur, nxt = nxt, cur
+                cur, nxt = self._swap("forward K/V", cur, nxt)
+        self.guard.finish("ring CP forward")
         out.view(b, s, H, d).copy_(o.permute(0, 2, 1, 3))
         return {"lse": lse}
 
@@ -120,9 +144,11 @@ class RingAttention(AttentionBackend):
         part = torch.empty(2, b, hk, s, d, dtype=acc, device=q.device)
         acc_a, acc_b = torch.empty_like(part), torch.empty_like(part)
         dkv_tr = None  # the accumulator shift posted after the previous block
+        self._use("backward: own K/V", writes=[(cur, self._kv(self.rank))])
         for j in range(self.cp):
             src = (self.rank - j) % self.cp
-            tr = ring_shift(cur, nxt, self.group, self.delay_s) if j < self.cp - 1 else None
+            tr = self._shift(cur, nxt, f"cp_kv_ring backward step {j}", self._kv(src - 1)) if j < self.cp - 1 else None
+            self._use(f"backward block {j}", reads=[(cur, self._kv(src))])
             kb, vb = self._unpack(cur, dims)
             part.zero_()
             for qs, ks, causal in self._pairs(src, k_chunk):
@@ -133,17 +159,22 @@ class RingAttention(AttentionBackend):
                 part[1][:, :, ks] += gv
                 del gq, gk, gv
             if dkv_tr is None:  # the first block: this rank starts its accumulator
+                self._use(f"backward block {j} dK/dV", writes=[(acc_a, self._dkv(src))])
                 acc_a.copy_(part)
             else:  # block src's accumulator from the previous rank arrived in acc_b
                 self._wait(dkv_tr, "cp_dkv_ring", acc_b)
-                acc_a, acc_b = acc_b, acc_a
+                acc_a, acc_b = self._swap("dK/dV accumulator", acc_a, acc_b)
+                self._use(f"backward block {j} dK/dV", reads=[(acc_a, self._dkv(src))],
+                          writes=[(acc_a, self._dkv(src))])
                 acc_a += part
-            dkv_tr = ring_shift(acc_a, acc_b, self.group, self.delay_s)
+            dkv_tr = self._shift(acc_a, acc_b, f"cp_dkv_ring backward step {j}", self._dkv(src - 1))
             if tr is not None:
                 self._wait(tr, "cp_kv_ring", cur)
-                cur, nxt = nxt, cur
+                cur, nxt = self._swap("backward K/V", cur, nxt)
         dq.view(b, s, H, d).copy_(dqb.permute(0, 2, 1, 3))
         self._wait(dkv_tr, "cp_dkv_ring", acc_b)  # this rank's own block, home after cp shifts
+        self._use("backward: own dK/dV", reads=[(acc_b, self._dkv(self.rank))])
+        self.guard.finish("ring CP backward")
         dk.view(b, s, hk, d).copy_(acc_b[0].permute(0, 2, 1, 3))
         dv.view(b, s, hk, d).copy_(acc_b[1].permute(0, 2, 1, 3))
 

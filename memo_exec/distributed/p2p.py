@@ -7,6 +7,11 @@ returns a `Transfer` whose ``wait`` waits on every request ``batch_isend_irecv``
 received buffer may only be read, and a sent buffer only be overwritten, after ``wait``: the
 double buffers of the ring algorithms rely on it.
 
+A `memo_exec.happens_before.TransferGuard` (``guard``, optional) sees every posted transfer by
+name (its send and receive buffers as physical regions, with what the received block holds) until
+its ``wait``: a consumer that declares its reads and writes to the guard and skips a wait gets a
+`RaceError` naming the transfer at once, instead of a stale block or a hang.
+
 ``delay_s`` (tests) makes the sends of this transfer start late, so that a consumer that forgets
 ``wait`` reads a stale buffer deterministically instead of by chance. Delayed sends go out from one
 worker thread per process in the order they were posted: two delayed transfers to the same peer
@@ -25,6 +30,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from memo_exec.happens_before import Region, TransferGuard
+
 
 @dataclass
 class Transfer:
@@ -34,17 +41,21 @@ class Transfer:
     sent: threading.Event | None = None  # set by the delayed sender once its sends completed
     error: list = field(default_factory=list)
     done: bool = False
+    guard: TransferGuard | None = None
+    token: int = 0  # the guard's name for this transfer
+    name: str = ""
 
     def wait(self) -> None:
-        if self.done:
-            return
-        if self.sent is not None:
-            self.sent.wait()
-            if self.error:
-                raise self.error[0]
-        for w in self.works:
-            w.wait()
-        self.done = True
+        if not self.done:
+            if self.sent is not None:
+                self.sent.wait()
+                if self.error:
+                    raise self.error[0]
+            for w in self.works:
+                w.wait()
+            self.done = True
+        if self.guard is not None:
+            self.guard.waited(self.token)
 
 
 class _DelayedSender:
@@ -90,15 +101,29 @@ def _ops(sends, recvs, group) -> list[dist.P2POp]:
     return ops
 
 
+def _guarded(tr: Transfer, guard: TransferGuard | None, name: str, sends, recvs, received) -> Transfer:
+    tr.name = name
+    if guard is not None:
+        tr.guard = guard
+        tr.token = guard.posted(name, [Region.of(t, f"the send buffer of {name}") for _, t in sends],
+                                [Region.of(t, f"the receive buffer of {name}", c)
+                                 for (_, t), c in zip(recvs, received or [None] * len(recvs))])
+    return tr
+
+
 def post(sends: list[tuple[int, torch.Tensor]], recvs: list[tuple[int, torch.Tensor]], group=None,
-         delay_s: float = 0.0) -> Transfer:
-    """Start one exchange: ``sends``/``recvs`` are (peer rank in ``group``, tensor) pairs."""
+         delay_s: float = 0.0, guard: TransferGuard | None = None, name: str = "p2p",
+         received: list[str | None] | None = None) -> Transfer:
+    """Start one exchange: ``sends``/``recvs`` are (peer rank in ``group``, tensor) pairs; ``guard``
+    (optional) is told about it under ``name``, ``received`` naming what each receive brings."""
     if not sends and not recvs:
         return Transfer(done=True)
+    tr = _guarded(Transfer(), guard, name, sends, recvs, received)
     if delay_s <= 0:
-        return Transfer(works=dist.batch_isend_irecv(_ops(sends, recvs, group)))
+        tr.works = dist.batch_isend_irecv(_ops(sends, recvs, group))
+        return tr
     # delayed (tests): receives are posted now, sends later, in posting order, by the one sender
-    tr = Transfer(sent=threading.Event())
+    tr.sent = threading.Event()
     if recvs:
         tr.works = dist.batch_isend_irecv(_ops([], recvs, group))
     if sends:
@@ -113,23 +138,26 @@ def _copy_stream(t: torch.Tensor):
     return torch.cuda.current_stream(t.device) if t.is_cuda else None
 
 
-def local_copy(send: torch.Tensor, recv: torch.Tensor) -> Transfer:
+def local_copy(send: torch.Tensor, recv: torch.Tensor, guard: TransferGuard | None = None, name: str = "p2p",
+               received: str | None = None) -> Transfer:
     """A one-rank ring's shift: ``recv <- send`` on the current stream. That stream may be a side
     stream (METP's lane issues its transfers on one), other than the one the tensors were allocated
     on: both are ``record_stream``ed on it, so the caching allocator does not hand their memory out
     again (when the caller frees them) before the copy has run."""
+    tr = _guarded(Transfer(done=True), guard, name, [(0, send)], [(0, recv)], [received])
     recv.copy_(send)
     for t in (send, recv):
         stream = _copy_stream(t)
         if stream is not None:
             t.record_stream(stream)
-    return Transfer(done=True)
+    return tr
 
 
-def ring_shift(send: torch.Tensor, recv: torch.Tensor, group=None, delay_s: float = 0.0) -> Transfer:
+def ring_shift(send: torch.Tensor, recv: torch.Tensor, group=None, delay_s: float = 0.0,
+               guard: TransferGuard | None = None, name: str = "p2p", received: str | None = None) -> Transfer:
     """Send ``send`` to the next rank of the ring and receive the previous rank's into ``recv``."""
     size = dist.get_world_size(group)
     rank = dist.get_rank(group)
     if size == 1:
-        return local_copy(send, recv)
-    return post([((rank + 1) % size, send)], [((rank - 1) % size, recv)], group, delay_s)
+        return local_copy(send, recv, guard, name, received)
+    return post([((rank + 1) % size, send)], [((rank - 1) % size, recv)], group, delay_s, guard, name, [received])

@@ -13,7 +13,11 @@ which stream they are issued and when the consumer waits:
   data while the caller computes; ``wait`` blocks until every request has completed.
 
 The ring functions call ``wait`` before a received buffer is read and before a sent buffer is
-overwritten. ``RingOptions.wait_before_use = False`` (tests only) moves every wait to the end of
+overwritten. Every ring transfer is posted under its name to the lane's
+`memo_exec.happens_before.TransferGuard` (``guard``), which the ring functions also tell about
+their reads and writes of the double buffers (`memo_exec.metp.ring_attention`): a read of a
+buffer whose receive was not waited on, a second transfer into a busy buffer or a buffer of the
+wrong block is a `RaceError` naming the transfer at once, never a hang. ``RingOptions.wait_before_use = False`` (tests only) moves every wait to the end of
 the ring (`drain`) and fills every receive buffer with NaN before its receive is posted, to show
 that the double buffer is then read before its block arrived.
 
@@ -37,6 +41,7 @@ import torch
 import torch.distributed as dist
 
 from memo_exec.distributed.p2p import Transfer, post, ring_shift
+from memo_exec.happens_before import TransferGuard
 from memo_sim.timeline import TP_RING_STREAMS
 
 P2P_STREAM, BCAST_STREAM = TP_RING_STREAMS  # METP's ring send/recv; its weight broadcasts and reduces
@@ -141,6 +146,7 @@ class Lane:
         self.cuda = torch.device(device).type == "cuda"
         self.side = _CudaSide(torch.device(device)) if self.cuda else None
         self.deferred: list[Pending] = []
+        self.guard = TransferGuard()  # the ring transfers in flight and the uses of their buffers
 
     @contextlib.contextmanager
     def _issue_ctx(self):
@@ -161,30 +167,32 @@ class Lane:
         if not self.opts.wait_before_use and recv.is_floating_point():
             recv.fill_(float("nan"))
 
-    def ring(self, name: str, send: torch.Tensor, recv: torch.Tensor) -> Pending:
-        """Send ``send`` to the next rank, receive the previous rank's block into ``recv``."""
+    def ring(self, name: str, send: torch.Tensor, recv: torch.Tensor, received: str | None = None) -> Pending:
+        """Send ``send`` to the next rank, receive the previous rank's block (``received`` names
+        what it holds, for the guard) into ``recv``."""
         self._poison(recv)
         with self._issue_ctx():
             span = self._open(name, P2P_STREAM, send.numel() * send.element_size())
-            tr: Transfer = ring_shift(send, recv, self.opts.group, self.opts.delay_s)
+            tr: Transfer = ring_shift(send, recv, self.opts.group, self.opts.delay_s, self.guard, name, received)
         return Pending(tr, span)
 
-    def ring_many(self, items: list[tuple[str, torch.Tensor, torch.Tensor]]) -> list[Pending]:
+    def ring_many(self, items: list[tuple]) -> list[Pending]:
         """Several ring shifts issued as one exchange (one `post`: the sends leave in list order, also
         when p2p's test delay sends them from a worker thread, so two concurrent transfers of equal
         size can never land in each other's buffer). Waiting on any of them completes all."""
-        items = [it for it in items if it is not None]
+        items = [tuple(it) + (None,) * (4 - len(it)) for it in items if it is not None]
         if not items:
             return []
         if len(items) == 1:
             return [self.ring(*items[0])]
         size, rank = self.opts.size, self.opts.rank
-        for _, _, r in items:
+        for _, _, r, _ in items:
             self._poison(r)
         with self._issue_ctx():
-            spans = [self._open(name, P2P_STREAM, s.numel() * s.element_size()) for name, s, _ in items]
-            tr: Transfer = post([((rank + 1) % size, s) for _, s, _ in items],
-                                [((rank - 1) % size, r) for _, _, r in items], self.opts.group, self.opts.delay_s)
+            spans = [self._open(name, P2P_STREAM, s.numel() * s.element_size()) for name, s, _, _ in items]
+            tr: Transfer = post([((rank + 1) % size, s) for _, s, _, _ in items],
+                                [((rank - 1) % size, r) for _, _, r, _ in items], self.opts.group, self.opts.delay_s,
+                                self.guard, " + ".join(n for n, _, _, _ in items), [c for _, _, _, c in items])
         return [Pending(tr, sp) for sp in spans]
 
     def broadcast(self, name: str, t: torch.Tensor, src: int) -> Pending:

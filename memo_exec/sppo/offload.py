@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from memo_exec.errors import ExecError
+from memo_exec.happens_before import Region
 from memo_exec.sppo.clock import StepClock
 from memo_exec.streams import CopyLabel
 from memo_sim.policy.host_layout import offload_token_count
@@ -136,9 +137,10 @@ class SequenceOffload:
                     else contextlib.nullcontext()
                 with span:
                     before = self.clock.mark()
-                    self.streams.compute.wait_event(unit.pf_ev)
+                    self._backward_waits_for_prefetch(unit)
                     unit.wait_marks.append((before, self.clock.mark()))
                 unit.waited = True
+            self.streams.compute.access(f"backward{unit.key}", reads=[self._region(s.back, unit, i, "prefetched")])
             return s.back
 
         with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
@@ -171,26 +173,60 @@ class SequenceOffload:
                 warnings.warn(self.pin_warning, RuntimeWarning, stacklevel=3)
         return torch.empty(shape, dtype=dtype)
 
+    # -- what the race detector sees (`memo_exec.happens_before`: physical regions with content) ---------
+    def _region(self, t: torch.Tensor, u: _Unit, i: int, where: str) -> Region:
+        return Region.of(t, f"{where} tensor {i} of unit {u.key}", f"unit {u.key} tensor {i}")
+
+    def _slot(self, k: int, j: int, i: int) -> tuple:
+        """The host slot (pool key) of saved tensor i of unit (piece k, layer j): the slot choice."""
+        return (k, j, i)
+
+    def _prefetch_source(self, u: _Unit, i: int) -> torch.Tensor:
+        """The host rows the prefetch of unit ``u``'s tensor i reads (the slot its offload wrote)."""
+        return u.saved[i].host
+
+    # -- the waits (one method each; tests remove them one at a time) ------------------------------------
+    def _offload_waits_for_forward(self, made) -> None:
+        self.streams.d2h.wait_event(made)
+
+    def _prefetch_waits_for_alloc(self, ready) -> None:
+        self.streams.h2d.wait_event(ready)
+
+    def _prefetch_waits_for_offload(self, u: _Unit) -> None:
+        if u.off_ev is not None:
+            self.streams.h2d.wait_event(u.off_ev)
+
+    def _backward_waits_for_prefetch(self, u: _Unit) -> None:
+        self.streams.compute.wait_event(u.pf_ev)
+
     def _offload(self, u: _Unit, n: int) -> None:
         k, j = u.key
         r = offload_token_count(self.alphas[k], n)
-        pairs = []
+        pairs, reads, writes = [], [], []
+        if u.saved:  # what the unit's forward wrote
+            self.streams.compute.access(f"forward{u.key}", writes=[self._region(s.full, u, i, "saved")
+                                                                   for i, s in enumerate(u.saved)])
         for i, s in enumerate(u.saved):
             t = s.full.detach()
             s.rows = r
-            s.host = self._host((k, j, i), (t.shape[0], r) + tuple(t.shape[2:]), t.dtype)
+            s.host = self._host(self._slot(k, j, i), (t.shape[0], r) + tuple(t.shape[2:]), t.dtype)
             pairs.append((s.host, t[:, :r]))
+            reads.append(self._region(t[:, :r], u, i, "saved"))
+            writes.append(self._region(s.host, u, i, "host slot of"))
             s.tail = t[:, r:].clone()
+            self.streams.compute.access(f"keep{u.key}", reads=[self._region(t[:, r:], u, i, "saved")],
+                                        writes=[self._region(s.tail, u, i, "kept rows of")])
             u.stats.offload_bytes += s.host.numel() * s.host.element_size()
         u.stats.tensors = len(u.saved)
         if pairs:
             made = self.streams.event(f"forward({k},{j})")  # the copy reads what the compute stream wrote
             self.streams.compute.record(made)
-            self.streams.d2h.wait_event(made)
+            self._offload_waits_for_forward(made)
             self.streams.d2h.copy_group(pairs, CopyLabel(f"offload@{self.tags[k]}", self.layer_ids[j], "offload",
-                                                           u.stats.offload_bytes))
+                                                           u.stats.offload_bytes), reads, writes)
             u.off_ev = self.streams.event(f"offload({k},{j})")
             self.streams.d2h.record(u.off_ev)
+        self.streams.compute.release(f"offload{u.key}", [s.full for s in u.saved])
         for s in u.saved:
             s.full = None  # the copy stream holds the source until it has read it (record_stream on CUDA)
         u.offloaded = True
@@ -203,19 +239,24 @@ class SequenceOffload:
             u = self.units.get((k, j))
             if u is None or not u.offloaded:
                 continue
-            pairs = []
-            for s in u.saved:
+            pairs, reads, writes, fresh = [], [], [], []
+            for i, s in enumerate(u.saved):
                 s.back = torch.empty(s.shape, dtype=s.tail.dtype, device=self.device)
-                pairs += [(s.back[:, :s.rows], s.host), (s.back[:, s.rows:], s.tail)]
+                src = self._prefetch_source(u, i)
+                pairs += [(s.back[:, :s.rows], src), (s.back[:, s.rows:], s.tail)]
+                fresh.append(Region.of(s.back, f"new tensor {i} of unit {u.key}"))
+                reads += [self._region(src, u, i, "host slot of"), self._region(s.tail, u, i, "kept rows of")]
+                writes.append(self._region(s.back, u, i, "prefetched"))
+            self.streams.compute.access(f"alloc{u.key}", writes=fresh)
             ready = self.streams.event(f"alloc({k},{j})")  # the new device tensors and the kept rows exist
             self.streams.compute.record(ready)
-            self.streams.h2d.wait_event(ready)
-            if u.off_ev is not None:
-                self.streams.h2d.wait_event(u.off_ev)
+            self._prefetch_waits_for_alloc(ready)
+            self._prefetch_waits_for_offload(u)
             self.streams.h2d.copy_group(pairs, CopyLabel(f"prefetch@{self.tags[k]}", self.layer_ids[j], "prefetch",
-                                                           u.stats.offload_bytes))
+                                                           u.stats.offload_bytes), reads, writes)
             u.pf_ev = self.streams.event(f"prefetch({k},{j})")
             self.streams.h2d.record(u.pf_ev)
+            self.streams.compute.release(f"prefetch{u.key}", [s.tail for s in u.saved])
             for s in u.saved:
                 s.tail = None
 
@@ -225,6 +266,7 @@ class SequenceOffload:
             u = self.units.get((k, j))
             if u is not None:
                 self.stats.append(u.stats)
+                self.streams.compute.release(f"release{u.key}", [s.back for s in u.saved if s.back is not None])
                 u.saved.clear()
 
     def end_step(self) -> list[UnitStats]:

@@ -27,7 +27,7 @@ import click
 
 from memo_sim.cli.common import progress_bar
 from memo_sim.errors import MemoError
-from memo_sim.fileio import atomic_write_json
+from memo_sim.fileio import OutputFolder, atomic_write_json, output_folder
 from memo_sim.policy import policy_names
 from memo_sim.report.formats import format_options, resolve_format
 from memo_sim.report.peaks import allocator_of, result_peak
@@ -100,7 +100,6 @@ def simulate_cmd(plan_file, out_dir, layers_text, profile_override, no_contentio
                  memory_snapshot):
     """Simulate a plan's training iteration; write timeline.json, trace.json and figures."""
     from memo_sim.engine.simulate import simulate
-    from memo_sim.fileio import output_folder
     from memo_sim.report.figures import parse_layer_range
 
     plan, profile = _load_plan_and_profile(plan_file, profile_override)
@@ -164,7 +163,8 @@ def plot_cmd(timeline_file, out_dir, layers_text, device):
     tl = Timeline.read_json(timeline_file)
     if not tl.events and not tl.memory:
         raise MemoError(f"{timeline_file}: the timeline has no events and no memory samples")
-    written = _write_outputs(tl, Path(out_dir), layers_text, device)
+    with output_folder(out_dir, "memo-sim plot") as outf:  # a refused --device leaves no trace.json behind
+        written = [outf.path(p) for p in _write_outputs(tl, outf.stage, layers_text, device)]
     click.echo("wrote " + ", ".join(str(p) for p in written))
 
 
@@ -178,18 +178,24 @@ def _parse_alphas(text: str) -> list[float]:
     return vals
 
 
-def _write_sweep(out: Path, name: str, results, figure, answer, fmt: str | None = "table") -> None:
-    """Write a sweep's results as NAME.json and NAME.png and print the answer (a table per run)."""
+def _write_sweep(outf, name: str, results, figure, answer, fmt: str | None = "table") -> None:
+    """Write a sweep's results as NAME.json and NAME.png into ``outf`` (`memo_sim.fileio.OutputFolder`)
+    and print the answer (a table per run)."""
     from memo_sim.report.formats import emit
 
     objs = [r.to_dict() for r in results]
-    atomic_write_json(out / f"{name}.json", objs)
-    png = figure(results, out / f"{name}.png")
+    atomic_write_json(outf.stage / f"{name}.json", objs)
+    png = figure(results, outf.stage / f"{name}.png")
     if fmt is None:  # the caller prints one answer for this sweep and what follows it
         return
     a = answer(results)
-    a.line(f"wrote {out / (name + '.json')}, {png}")
+    a.line(f"wrote {outf.path(name + '.json')}, {outf.path(png)}")
     emit(a, fmt, objs)
+
+
+def _check_out(out_dir: str, command: str) -> None:
+    """Fail now, before the work, if --out cannot be written (the outputs are staged beside it)."""
+    OutputFolder(out_dir, command).discard()
 
 
 @click.command("sweep-alpha")
@@ -206,6 +212,7 @@ def sweep_alpha_cmd(plan_file, out_dir, alphas, profile_override, out_format, as
 
     plan, profile = _load_plan_and_profile(plan_file, profile_override)
     vals = _parse_alphas(alphas)
+    _check_out(out_dir, "memo-sim sweep-alpha")
     with progress_bar("alpha sweep", len(vals)) as step:
         results = sweep_alpha(plan.model, plan.layout, plan.batch, plan.seq_tokens, profile, vals,
                               progress=lambda done, total: step(),
@@ -217,12 +224,13 @@ def sweep_alpha_cmd(plan_file, out_dir, alphas, profile_override, out_format, as
     solver_alpha = solved.alpha if solved.feasible else None
     solver_words = (f"solver's alpha: {solver_alpha:.3f} ({solved.reason()})" if solver_alpha is not None
                     else f"solver's alpha: infeasible ({solved.reason()})")
-    _write_sweep(Path(out_dir), "alpha_sweep", results,
-                 lambda rs, path: alpha_sweep_figure(rs, path, solver_alpha=solver_alpha),
-                 lambda rs: runs_answer(f"{plan.model.name}, {fmt_count(plan.seq_tokens)} tokens, "
-                                        f"{plan.layout.label()}: MEMO at {len(rs)} alphas; {solver_words}",
-                                        ["alpha"], [([f"{r.policy.alpha:.3f}"], r) for r in rs]),
-                 resolve_format(out_format, as_json))
+    with output_folder(out_dir, "memo-sim sweep-alpha") as outf:
+        _write_sweep(outf, "alpha_sweep", results,
+                     lambda rs, path: alpha_sweep_figure(rs, path, solver_alpha=solver_alpha),
+                     lambda rs: runs_answer(f"{plan.model.name}, {fmt_count(plan.seq_tokens)} tokens, "
+                                            f"{plan.layout.label()}: MEMO at {len(rs)} alphas; {solver_words}",
+                                            ["alpha"], [([f"{r.policy.alpha:.3f}"], r) for r in rs]),
+                     resolve_format(out_format, as_json))
 
 
 @click.command("sweep-seq")
@@ -262,6 +270,7 @@ def sweep_seq_cmd(plan_file, out_dir, seqs, profile_override, tp_modes, policies
             if why:
                 raise MemoError(f"--seqs: {fmt_count(s)} does not fit layout {lay.label()}: {why}")
     runs = [(s, lay, p) for lay in layouts.values() for s in lens for p in pols]
+    _check_out(out_dir, "memo-sim sweep-seq")
     results = []
     with progress_bar("sequence sweep", len(runs)) as step:
         for s, lay, p in runs:
@@ -281,14 +290,16 @@ def sweep_seq_cmd(plan_file, out_dir, seqs, profile_override, tp_modes, policies
                                     micro_batch=plan.micro_batch, keep_timeline=False))
             step()
     fmt = resolve_format(out_format, as_json)
-    _write_sweep(Path(out_dir), "mfu_vs_seq", results, mfu_vs_seq_figure,
-                 lambda rs: runs_answer(f"{plan.model.name} on {profile.name}: {len(pols)} policies x "
-                                        f"{len(lens)} lengths x {len(layouts)} layouts (simulated)",
-                                        ["seq", "layout", "policy"],
-                                        [([fmt_count(r.seq), r.layout.label(), r.policy.label()], r) for r in rs]),
-                 None if tp_modes and fmt == "json" else fmt)
-    if tp_modes:
-        _sweep_tp_modes(plan, profile, layouts, lens, pols, best_policy, Path(out_dir), results, fmt)
+    with output_folder(out_dir, "memo-sim sweep-seq") as outf:
+        _write_sweep(outf, "mfu_vs_seq", results, mfu_vs_seq_figure,
+                     lambda rs: runs_answer(f"{plan.model.name} on {profile.name}: {len(pols)} policies x "
+                                            f"{len(lens)} lengths x {len(layouts)} layouts (simulated)",
+                                            ["seq", "layout", "policy"],
+                                            [([fmt_count(r.seq), r.layout.label(), r.policy.label()], r)
+                                             for r in rs]),
+                     None if tp_modes and fmt == "json" else fmt)
+        if tp_modes:
+            _sweep_tp_modes(plan, profile, layouts, lens, pols, best_policy, outf, results, fmt)
 
 
 def _tp_mode_layouts(layout, text: str) -> dict:
@@ -329,7 +340,7 @@ def _point_json(pt, simulated: dict) -> dict:
             "simulated_peak_gpu_bytes": r.peak_gpu_bytes if r is not None and r.ok else None}
 
 
-def _sweep_tp_modes(plan, profile, layouts, lens, pols, best_policy, out: Path, results=(), fmt="table") -> None:
+def _sweep_tp_modes(plan, profile, layouts, lens, pols, best_policy, outf, results=(), fmt="table") -> None:
     from memo_sim.report.figures import seq_sweep_figure
     from memo_sim.search.seq_sweep import crossover_seq, sweep_layouts
 
@@ -351,10 +362,10 @@ def _sweep_tp_modes(plan, profile, layouts, lens, pols, best_policy, out: Path, 
         if twin is not None:
             crossings.append(crossover_seq(points, lb, twin))
     simulated = {(r.seq, r.layout.label(), r.policy.label()): r for r in results}
-    atomic_write_json(out / "seq_by_tp_mode.json", {"points": [_point_json(pt, simulated) for pt in points],
-                                                    "crossovers": [c.to_dict() for c in crossings]})
+    atomic_write_json(outf.stage / "seq_by_tp_mode.json", {"points": [_point_json(pt, simulated) for pt in points],
+                                                           "crossovers": [c.to_dict() for c in crossings]})
     title = f"{plan.model.name}, {profile.name}: peak memory and step time by tensor-parallel mode"
-    png = seq_sweep_figure(points, out / "seq_by_tp_mode.png", title, crossings,
+    png = seq_sweep_figure(points, outf.stage / "seq_by_tp_mode.png", title, crossings,
                            reference=megatron[0] if len(megatron) == 1 else None)
     from memo_sim.report.formats import Answer, emit
 
@@ -366,7 +377,7 @@ def _sweep_tp_modes(plan, profile, layouts, lens, pols, best_policy, out: Path, 
     for c in crossings:
         at = f"{fmt_count(int(round(c.time_seq)))} tokens" if c.time_seq is not None else "none in range"
         a.line(f"crossover {c.a} vs {c.b}: {at} ({c.note})")
-    a.line(f"wrote {out / 'seq_by_tp_mode.json'}, {png}")
+    a.line(f"wrote {outf.path('seq_by_tp_mode.json')}, {outf.path(png)}")
     emit(a, fmt, {"runs": [r.to_dict() for r in results], "points": [_point_json(pt, simulated) for pt in points],
                   "crossovers": [c.to_dict() for c in crossings]})
 
@@ -402,6 +413,7 @@ def sweep_subseqs_cmd(plan_file, out_dir, subseqs_text, profile_override, no_sim
     if not ns or min(ns) < 1:
         raise MemoError("--subseqs: every N must be at least 1")
     lay = plan.layout
+    _check_out(out_dir, "memo-sim sweep-subseqs")
     points, skipped = [], []
     partition = pol0.partition if pol0.partition in ("flops", "length") else "flops"
     with progress_bar("subsequence sweep", len(ns)) as step:
@@ -429,15 +441,17 @@ def sweep_subseqs_cmd(plan_file, out_dir, subseqs_text, profile_override, no_sim
             step()
     if not points:
         raise MemoError("no subsequence count of --subseqs splits the sequence: " + "; ".join(skipped))
-    out = Path(out_dir)
-    atomic_write_json(out / "subseq_sweep.json", {"plan": str(plan_file), "layout": lay.label(),
-                                                  "seq_tokens": plan.seq_tokens, "points": points,
-                                                  "skipped": skipped})
     title = (f"{plan.model.name}, {fmt_count(plan.seq_tokens)} tokens, {lay.label()} on {profile.name}: "
              f"SPPO against N")
-    png = subseq_sweep_figure(points, out / "subseq_sweep.png", title)
     from memo_sim.report.formats import Answer, emit
 
+    with output_folder(out_dir, "memo-sim sweep-subseqs") as outf:
+        atomic_write_json(outf.stage / "subseq_sweep.json", {"plan": str(plan_file), "layout": lay.label(),
+                                                             "seq_tokens": plan.seq_tokens, "points": points,
+                                                             "skipped": skipped})
+        subseq_sweep_figure(points, outf.stage / "subseq_sweep.png", title)
+    out = Path(out_dir)
+    png = out / "subseq_sweep.png"
     a = Answer(title)
     src = "analytic" if no_simulate else "sim where OK, else analytic"
     a.table(["N", "status", "iter (sim)", "iter (analytic)", f"peak GPU ({src}, worst stage)", "bubble ratio"],

@@ -19,7 +19,6 @@ import contextlib
 import json
 import time
 from dataclasses import dataclass, fields
-from pathlib import Path
 
 import click
 
@@ -35,6 +34,7 @@ from memo_sim.cli.common import (
     progress_option,
 )
 from memo_sim.errors import MemoError
+from memo_sim.fileio import OutputFolder, output_folder
 from memo_sim.layout.schedule import (
     PIPELINE_SCHEDULES,
     SCHEDULE_NAMES,
@@ -134,12 +134,17 @@ def whatif(**options):
     t0 = time.perf_counter()
     show = Show.from_options(options)
     req = request_of(options)
+    if show.sweep_alpha or not show.no_plan:  # an unwritable --out fails now, before the search
+        OutputFolder(show.out_dir, "memo-sim whatif").discard()
     if show.sweep_alpha:  # MEMO's alpha on one layout (no SPPO search)
         return _sweep_alpha(req, sweep_candidates(req), show, t0)
     with delayed_progress("simulating", show.quiet, force=show.progress) as on_progress:
         ans = answer_whatif(req, progress=on_progress)
-    paths = {} if show.no_plan else {name: write_plan(plan, Path(show.out_dir) / name)
-                                     for name, plan in ans.plans().items()}
+    paths = {}
+    plans = {} if show.no_plan else ans.plans()
+    if plans:
+        with output_folder(show.out_dir, "memo-sim whatif") as outf:  # one set, staged beside --out, manifest last
+            paths = {name: outf.path(write_plan(plan, outf.stage / name)) for name, plan in plans.items()}
     elapsed = time.perf_counter() - t0
     if show.as_json:
         click.echo(json.dumps(_answer_json(ans, paths, elapsed, show), indent=1))
@@ -305,7 +310,8 @@ def _sweep_alpha(req, result, show: Show, t0: float) -> None:
     with delayed_progress("alpha sweep", show.quiet) as on_progress:
         res = sweep_alpha(model, layout, memo[0].batch, seq, profile, DEFAULT_ALPHAS, progress=on_progress,
                           schedule=memo[0].schedule, micro_batch=memo[0].micro_batch)
-    png = alpha_sweep_figure(res, Path(show.out_dir) / "alpha_sweep.png", solver_alpha=solved)
+    with output_folder(show.out_dir, "memo-sim whatif --sweep-alpha") as outf:
+        png = outf.path(alpha_sweep_figure(res, outf.stage / "alpha_sweep.png", solver_alpha=solved))
     if show.as_json:
         click.echo(json.dumps({"model": model.to_dict(), "seq_tokens": seq, "profile": profile.name,
                                "layout": layout.label(), "layout_degrees": layout.to_dict(),

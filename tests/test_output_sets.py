@@ -1,0 +1,115 @@
+"""[robust-runs] item 3 for `whatif`, `plot` and the sweeps: --out is checked writable before any
+work, the outputs are staged beside it and committed as one set with the manifest last, and a
+failure mid-write leaves the previous output exactly as it was (no stray file, no staging folder)."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+from click.testing import CliRunner
+
+from memo_sim.cli import cli as sim_cli
+
+SHAPE = ["--layers", "2", "--hidden", "128", "--heads", "4", "--ffn", "512", "--vocab", "512", "--seq", "1K",
+         "--gpus", "1", "--jobs", "1"]
+
+
+def _ok(args):
+    r = CliRunner().invoke(sim_cli, args)
+    assert r.exit_code == 0, r.output
+    return r
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("inputs")
+    _ok(["whatif", *SHAPE, "--policy", "memo", "--out", str(d / "memo")])
+    _ok(["whatif", *SHAPE, "--policy", "sppo", "--out", str(d / "sppo")])
+    _ok(["simulate", str(d / "memo" / "plan.json"), "--out", str(d / "sim")])
+    return {"plan": str(d / "memo" / "plan.json"), "sppo": str(d / "sppo" / "plan.json"),
+            "timeline": str(d / "sim" / "timeline.json")}
+
+
+# (command line without --out, the function doing the work, the function writing its figure)
+COMMANDS = {
+    "whatif": (lambda i: ["whatif", *SHAPE, "--policy", "memo"], "memo_sim.search.whatif.rank",
+               "memo_sim.cli.whatif.write_plan"),
+    "plot": (lambda i: ["plot", i["timeline"]], "memo_sim.report.chrome_trace.write_chrome_trace",
+             "memo_sim.report.figures.memory_figure"),
+    "sweep-alpha": (lambda i: ["sweep-alpha", i["plan"], "--alphas", "0,1"], "memo_sim.engine.simulate.sweep_alpha",
+                    "memo_sim.report.figures.alpha_sweep_figure"),
+    "sweep-seq": (lambda i: ["sweep-seq", i["plan"], "--seqs", "1K", "--policy", "memo"],
+                  "memo_sim.engine.simulate.simulate", "memo_sim.report.figures.mfu_vs_seq_figure"),
+    "sweep-subseqs": (lambda i: ["sweep-subseqs", i["sppo"], "--subseqs", "1,2", "--no-simulate"],
+                      "memo_sim.search.sppo.solve_point", "memo_sim.report.figures.subseq_sweep_figure"),
+}
+
+
+def _patch(monkeypatch, dotted: str, fn) -> None:
+    import importlib
+
+    mod, name = dotted.rsplit(".", 1)
+    monkeypatch.setattr(importlib.import_module(mod), name, fn)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc (an unwritable folder even for root)")
+@pytest.mark.parametrize("cmd", list(COMMANDS))
+def test_unwritable_out_fails_before_the_work(monkeypatch, inputs, cmd):
+    args, work, _ = COMMANDS[cmd]
+
+    def worked(*a, **k):
+        raise AssertionError(f"{cmd} did its work although --out cannot be written")
+
+    _patch(monkeypatch, work, worked)
+    r = CliRunner().invoke(sim_cli, [*args(inputs), "--out", "/proc/nope/out"])
+    assert r.exit_code in (1, 2), r.output
+    assert r.output.startswith("error:") and r.output.count("\n") == 1 and "Traceback" not in r.output, r.output
+
+
+@pytest.mark.parametrize("cmd", list(COMMANDS))
+def test_a_failure_mid_write_leaves_the_previous_output(monkeypatch, tmp_path, inputs, cmd):
+    args, _, figure = COMMANDS[cmd]
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "manifest.json").write_text("the previous run's manifest\n")
+    (out / "old.txt").write_text("previous\n")
+    real = _resolve(figure)
+
+    def full(*a, **k):  # writes its file, then the disk is full
+        real(*a, **k)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    _patch(monkeypatch, figure, full)
+    r = CliRunner().invoke(sim_cli, [*args(inputs), "--out", str(out)])
+    assert r.exit_code == 1 and "No space left on device" in r.output and "Traceback" not in r.output, r.output
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "old.txt"]
+    assert (out / "manifest.json").read_text() == "the previous run's manifest\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no staging folder left beside it
+
+
+def _resolve(dotted: str):
+    import importlib
+
+    mod, name = dotted.rsplit(".", 1)
+    return getattr(importlib.import_module(mod), name)
+
+
+def test_plot_refusing_a_device_leaves_no_trace_json(inputs, tmp_path):
+    r = CliRunner().invoke(sim_cli, ["plot", inputs["timeline"], "--out", str(tmp_path / "p"), "--device", "5"])
+    assert r.exit_code == 2 and "device 5" in r.output, r.output
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("cmd", list(COMMANDS))
+def test_outputs_are_one_set_with_a_manifest(inputs, tmp_path, cmd):
+    import json
+
+    args, _, _ = COMMANDS[cmd]
+    _ok([*args(inputs), "--out", str(tmp_path / "o")])
+    m = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    assert m["complete"] and m["command"].startswith("memo-sim ")
+    assert sorted(f["name"] for f in m["files"]) == sorted(p.name for p in (tmp_path / "o").iterdir()
+                                                           if p.name != "manifest.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o"]
