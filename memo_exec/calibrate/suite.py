@@ -28,7 +28,8 @@ from memo_exec.calibrate import copies as copy_bench
 from memo_exec.calibrate import elementwise as ew_bench
 from memo_exec.calibrate import gemm as gemm_bench
 from memo_exec.calibrate import memory as mem
-from memo_exec.calibrate.fit import fit_copy_model, fit_efficiency_curve, known_peak
+from memo_exec.calibrate.datasheet import known_peak
+from memo_exec.calibrate.fit import fit_copy_model, fit_efficiency_curve
 from memo_exec.calibrate.microbench import Bench, Progress
 from memo_exec.device import DeviceSpec, resolve_device
 from memo_exec.errors import ExecError
@@ -215,12 +216,36 @@ def attn_bench_backends() -> tuple[str, ...]:
     return BACKENDS
 
 
+def cpu_threads(asked: int | None, cuda: bool) -> tuple[int | None, str]:
+    """(torch CPU threads for the benchmarks, or None to keep torch's, and why).
+
+    ``--threads`` wins. On a CPU device the default is the cores not already busy: the cores less
+    the rounded 1-minute load, at least 1 and at most torch's default. An OpenMP kernel splits its
+    work evenly over its threads and waits for the slowest; a thread that shares its core with
+    another process makes every kernel wait for it, so more threads than free cores run slower and
+    far more erratically than fewer. The profile records the count (``provenance.torch_threads``)
+    and `memo_exec.validate` runs its plans with it, so the rates hold for the runs."""
+    if asked is not None:
+        return asked, f"--threads {asked}"
+    if cuda:
+        return None, "torch's default (CUDA run)"
+    cores = torch.get_num_threads()
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return None, f"torch's default ({cores}; the load average is not readable)"
+    n = max(1, min(cores, (os.cpu_count() or cores) - round(load)))
+    return n, (f"the free cores: {os.cpu_count()} cores less the 1-minute load {load:.2f} before calibrating, at "
+               f"least 1 and at most torch's default {cores}")
+
+
 # ------------------------------------------------------------------------------------------- run
 def run_suite(opts: CalibrateOptions, progress: Progress) -> dict:
     """Run every microbenchmark; return raw results and fitted values (see the module docs)."""
     spec, peak = check_options(opts)
-    if opts.threads is not None:
-        torch.set_num_threads(opts.threads)
+    threads, why = cpu_threads(opts.threads, spec.is_cuda)
+    if threads is not None:
+        torch.set_num_threads(threads)
     torch.manual_seed(0)
     dev = spec.torch_device
     kind = spec.kind
@@ -228,6 +253,7 @@ def run_suite(opts: CalibrateOptions, progress: Progress) -> dict:
     dtype = torch.bfloat16 if spec.is_cuda else torch.float32
     dtype_name = "bf16" if spec.is_cuda else "fp32"
     env = environment(spec)
+    env["torch_threads_reason"] = why
     load = env.get("load_average_1min")
     if not spec.is_cuda and load is not None and load > 0.5 * (os.cpu_count() or 1):
         progress.note(f"warning: this host is busy (1-minute load {load:.2f} on {os.cpu_count()} cores): CPU timings "

@@ -113,22 +113,22 @@ class SequenceOffload:
         n = self.tokens[k]
 
         def pack(t: torch.Tensor):
-            if (t.dim() < 3 or t.shape[0] != self.batch or t.shape[1] != n or t.shape[-1] == 1
-                    or t.data_ptr() in self.params or not t.is_floating_point()):
+            tok = self._token_view(t, n)
+            if tok is None:
                 return t
-            key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()))
+            key = (tok.data_ptr(), tuple(tok.shape), tuple(tok.stride()))
             if key not in u.by_id:
                 u.by_id[key] = len(u.saved)
-                u.saved.append(_Saved(t, t.shape))
-            return (u, u.by_id[key])
+                u.saved.append(_Saved(tok, tok.shape))
+            return (u, u.by_id[key], t.shape)
 
         def unpack(obj):
             if not isinstance(obj, tuple):
                 return obj
-            unit, i = obj
+            unit, i, shape = obj
             s = unit.saved[i]
             if s.full is not None:
-                return s.full
+                return s.full.view(shape)
             if not unit.waited:
                 if unit.pf_ev is None:
                     raise ExecError(f"sppo: unit {unit.key} was not prefetched before its backward")
@@ -139,12 +139,26 @@ class SequenceOffload:
                     self.streams.compute.wait_event(unit.pf_ev)
                     unit.wait_marks.append((before, self.clock.mark()))
                 unit.waited = True
-            return s.back
+            return s.back.view(shape)
 
         with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
             yield
         with torch.no_grad():
             self._offload(u, n)
+
+    def _token_view(self, t: torch.Tensor, n: int) -> torch.Tensor | None:
+        """``t`` as ``[b, n, ...]`` when it is a token-major activation of the unit's ``n`` tokens,
+        else None (weights, LayerNorm statistics, non-float tensors). F.linear saves its input
+        flattened to ``[b*n, width]``: that view counts too (as ``[b, n, width]``), so the inputs
+        of the QKV, out-proj, FC1 and FC2 GEMMs are offloaded like the other skeletal tensors, as
+        the simulator's policy offloads them (`memo_sim.policy.sppo`)."""
+        if t.data_ptr() in self.params or not t.is_floating_point() or t.shape[-1] == 1:
+            return None
+        if t.dim() >= 3 and t.shape[0] == self.batch and t.shape[1] == n:
+            return t
+        if t.dim() == 2 and t.shape[0] == self.batch * n and t.is_contiguous():
+            return t.view(self.batch, n, t.shape[1])
+        return None
 
     def pool_bytes(self) -> int:
         """Bytes of the host pool (every offloaded unit's rows; pinned on CUDA)."""
