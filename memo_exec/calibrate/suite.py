@@ -239,6 +239,25 @@ def cpu_threads(asked: int | None, cuda: bool) -> tuple[int | None, str]:
                f"least 1 and at most torch's default {cores}")
 
 
+def _measure_collectives(opts: CalibrateOptions, spec: DeviceSpec, grid, progress: Progress) -> dict:
+    """NCCL between the visible GPUs, gloo between two CPU processes, or why not measured."""
+    if not opts.collectives:
+        res = {"measured": False, "reason": "--no-collectives"}
+    elif spec.is_cuda:
+        n = torch.cuda.device_count()
+        res = (coll_bench.run_collectives("nccl", n, grid.coll_sizes, progress, timeout_s=120 if opts.quick else 240)
+               if n > 1 else {"measured": False, "reason": "one GPU visible: no NVLink to measure"})
+    else:
+        res = coll_bench.run_collectives("gloo", 2, grid.coll_sizes, progress,
+                                         timeout_s=120 if opts.quick else 240, target_s=0.02)
+    if not res["measured"]:
+        progress.note(f"collectives not measured: {res['reason']}")
+        if not spec.is_cuda and not opts.have_base:
+            raise ExecError(f"collectives not measured ({res['reason']}); pass --base PROFILE to take "
+                            "the nvlink/internode fields from it")
+    return res
+
+
 # ------------------------------------------------------------------------------------------- run
 def run_suite(opts: CalibrateOptions, progress: Progress) -> dict:
     """Run every microbenchmark; return raw results and fitted values (see the module docs)."""
@@ -281,24 +300,8 @@ def run_suite(opts: CalibrateOptions, progress: Progress) -> dict:
     out["host_memory"] = {"total": host_total, "available": host_avail}
 
     # collectives first: a failure shows before the long benchmarks, and the ranks get the GPUs
-    # before this process's caching allocator holds their memory -----------------------------------
-    if not opts.collectives:
-        out["collectives"] = {"measured": False, "reason": "--no-collectives"}
-    elif spec.is_cuda:
-        n = torch.cuda.device_count()
-        if n > 1:
-            out["collectives"] = coll_bench.run_collectives("nccl", n, grid.coll_sizes, progress,
-                                                            timeout_s=120 if opts.quick else 240)
-        else:
-            out["collectives"] = {"measured": False, "reason": "one GPU visible: no NVLink to measure"}
-    else:
-        out["collectives"] = coll_bench.run_collectives("gloo", 2, grid.coll_sizes, progress,
-                                                        timeout_s=120 if opts.quick else 240, target_s=0.02)
-    if not out["collectives"]["measured"]:
-        progress.note(f"collectives not measured: {out['collectives']['reason']}")
-        if not spec.is_cuda and not opts.have_base:
-            raise ExecError(f"collectives not measured ({out['collectives']['reason']}); pass --base PROFILE to take "
-                            "the nvlink/internode fields from it")
+    # before this process's caching allocator holds their memory
+    out["collectives"] = _measure_collectives(opts, spec, grid, progress)
     bench = Bench(dev, target_s=grid.bench_target_s, min_repeats=grid.bench_min_repeats,
                   max_repeats=grid.bench_max_repeats)
 
