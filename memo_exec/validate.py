@@ -354,7 +354,9 @@ def render_report(rows: list[ValidationRow], summary: dict, model: ModelConfig, 
              f"- date: {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}",
              f"- machine: {platform.machine()} {platform.node()}; device: {device_desc}",
              f"- profile: {profile.name} ({profile.path}); calibration provenance: "
-             f"{profile.provenance.get('date', 'n/a')} {profile.provenance.get('command', '')}",
+             f"{profile.provenance.get('date', 'n/a')} {profile.provenance.get('command', '')}"
+             + (f" (1-minute load at its start and end: {profile.provenance['load_average_1min']})"
+                if profile.provenance.get("load_average_1min") else ""),
              f"- command: `{command}`",
              f"- load average (1 min) of the machine before and after the runs: "
              f"{' -> '.join(str(x) for x in summary.get('load_average_1min') or ['n/a'])}"
