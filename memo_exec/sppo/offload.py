@@ -3,8 +3,9 @@ copy streams (`memo_exec.streams`: worker threads with event semantics on CPU, s
 
 A *unit* is one piece (subsequence, or part of one) through one layer of the stage. While a unit's
 forward runs, a `torch.autograd.graph.saved_tensors_hooks` pair catches what autograd saves for
-its backward. Token-major activations (``[b, n, width]`` with the piece's ``n`` tokens: x, ln1,
-q, attn, h1, ln2, fc1, act, ...) are the offloadable ones; weights, the LayerNorm statistics, the
+its backward. Token-major activations (``[b, n, width]`` with the piece's ``n`` tokens, or the
+``[b*n, width]`` view F.linear saves of its input: x, ln1, q, attn, h1, ln2, fc1, act, ...) are the
+offloadable ones, the same tensors the simulator's policy offloads; weights, the LayerNorm statistics, the
 lse and the K/V chunks (which live in the K/V cache, `memo_exec.sppo.kvcache`) stay. After the
 unit's forward its first ``floor(alpha_i * n)`` token rows of every offloadable tensor are copied
 to a pinned host pool on the d2h stream (alpha_i of the unit's subsequence i, from the plan), the
@@ -152,7 +153,7 @@ class SequenceOffload:
         flattened to ``[b*n, width]``: that view counts too (as ``[b, n, width]``), so the inputs
         of the QKV, out-proj, FC1 and FC2 GEMMs are offloaded like the other skeletal tensors, as
         the simulator's policy offloads them (`memo_sim.policy.sppo`)."""
-        if t.data_ptr() in self.params or not t.is_floating_point() or t.shape[-1] == 1:
+        if t.dim() < 2 or t.shape[-1] == 1 or not t.is_floating_point() or t.data_ptr() in self.params:
             return None
         if t.dim() >= 3 and t.shape[0] == self.batch and t.shape[1] == n:
             return t
