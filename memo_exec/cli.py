@@ -248,7 +248,7 @@ def validate_cmd(profile_name, model_name, layers, hidden, heads, ffn, vocab, dt
 
     import torch
 
-    from memo_exec.validate import plan_set, validate
+    from memo_exec.validate import plan_set, summary_line, validate
     from memo_sim.model.config import ModelConfig, get_model
     from memo_sim.profile.loader import load_profile
     from memo_sim.units import parse_count
@@ -281,14 +281,7 @@ def validate_cmd(profile_name, model_name, layers, hidden, heads, ffn, vocab, dt
         path, summary = validate(model, profile, plans, device=dev, steps=steps, out_dir=out_dir,
                                  report_path=report_path, command=command, budget_s=budget_s,
                                  progress=(lambda done, total: bar.update(done - bar.pos)) if progress else None)
-    e = summary["errors"]["step_s"]
-    click.echo(f"wrote {path}: {summary['ran']} of {summary['plans']} plans ran ({summary['oom']} out of memory, "
-               f"{summary['failed']} failed); step-time |error| mean {_pct(e['mean_abs_error_pct'])}, max "
-               f"{_pct(e['max_abs_error_pct'])}; Kendall tau {summary['kendall_tau_step_time']}")
-
-
-def _pct(v) -> str:
-    return "—" if v is None else f"{v:.1f}%"
+    click.echo(f"wrote {path}: {summary_line(summary)}")
 
 
 def _register_calibrate() -> None:

@@ -26,6 +26,7 @@ import datetime as dt
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -197,16 +198,38 @@ def failure_status(rc: int, stderr: str, timeout: float | None = None) -> str:
     return f"failed (exit {rc}): {err[:300] or 'no error output'}"
 
 
+def cpu_threads(profile: HardwareProfile) -> int | None:
+    """The torch CPU threads the profile was calibrated with (``provenance.torch_threads``), or None.
+
+    A CPU profile's rates hold for that many threads: a run with more threads than the calibration
+    had (torch's default is every core) makes its OpenMP threads wait for each other whenever one
+    loses its core to another process or to the executor's copy threads, and then runs many
+    times slower than the profile predicts. CPU runs therefore use the calibration's count."""
+    n = (profile.provenance or {}).get("torch_threads")
+    return int(n) if isinstance(n, int) and n > 0 else None
+
+
+def run_env(device: str, threads: int | None) -> dict[str, str]:
+    """The environment of one run's process: this repository on the path and, on a CPU, the
+    calibration's thread count (``OMP_NUM_THREADS``, which torch reads at start)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    if device == "cpu" and threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
 def run_argv(plan_file: Path, run_dir: Path, device: str, steps: int) -> list[str]:
     """The command that runs one plan in its own process."""
     return [sys.executable, "-m", "memo_exec", "run", str(plan_file), "--device", device, "--steps", str(steps),
             "--out", str(run_dir), "--json", "--no-progress"]
 
 
-def run_plan(plan_file: Path, run_dir: Path, device: str, steps: int, timeout: float | None) -> tuple[str, dict]:
-    """(status, the run's --json document) of one plan run in a fresh process."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+def run_plan(plan_file: Path, run_dir: Path, device: str, steps: int, timeout: float | None,
+             threads: int | None = None) -> tuple[str, dict]:
+    """(status, the run's --json document) of one plan run in a fresh process (on a CPU with
+    ``threads`` torch threads)."""
+    env = run_env(device, threads)
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
         p = subprocess.run(run_argv(plan_file, run_dir, device, steps), capture_output=True, text=True,
@@ -264,7 +287,7 @@ def run_validation(model: ModelConfig, profile: HardwareProfile, plans: list[Pla
                 row.status = f"skipped: out of the {budget_s:.0f} s budget"
                 continue
         run_dir = out_dir / "runs" / f"plan-{k:02d}"
-        status, doc = runner(Path(row.plan_file), run_dir, device, steps, timeout)
+        status, doc = runner(Path(row.plan_file), run_dir, device, steps, timeout, cpu_threads(profile))
         row.status, row.run_dir = status, str(run_dir)
         if status == "ran":
             row.quantities = quantities_from_run(doc, pq)
@@ -282,7 +305,7 @@ def _pred_only(pq: dict) -> dict[str, dict]:
 
 
 def summarize(rows: list[ValidationRow]) -> dict:
-    """Mean and max |error| (percent) of each quantity over the plans that ran, and the Kendall tau
+    """Median, mean and max |error| (percent) of each quantity over the plans that ran, and the Kendall tau
     between the predicted and the measured ordering of their step times."""
     ran = [r for r in rows if r.status == "ran"]
     out: dict = {"plans": len(rows), "ran": len(ran),
@@ -291,7 +314,8 @@ def summarize(rows: list[ValidationRow]) -> dict:
     errors = {}
     for key, _, _ in QUANTITIES:
         errs = [abs(e) for r in ran if (e := r.quantities[key]["error_pct"]) is not None]
-        errors[key] = {"mean_abs_error_pct": sum(errs) / len(errs) if errs else None,
+        errors[key] = {"median_abs_error_pct": statistics.median(errs) if errs else None,
+                       "mean_abs_error_pct": sum(errs) / len(errs) if errs else None,
                        "max_abs_error_pct": max(errs) if errs else None, "plans": len(errs)}
     out["errors"] = errors
     pairs = [(r.quantities["step_s"]["predicted"], r.quantities["step_s"]["measured"]) for r in ran]
@@ -310,14 +334,34 @@ def _pct(v) -> str:
     return "—" if v is None else f"{v:+.1f}%"
 
 
+def _abs_pct(v) -> str:
+    return "—" if v is None else f"{v:.1f}%"
+
+
+def summary_line(summary: dict) -> str:
+    """The step-time errors in one line, in percent (error = (measured - predicted) / predicted)."""
+    e = summary["errors"]["step_s"]
+    tau = summary["kendall_tau_step_time"]
+    return (f"{summary['ran']} of {summary['plans']} plans ran ({summary['oom']} out of memory, {summary['failed']} "
+            f"failed); step-time |error| median {_abs_pct(e['median_abs_error_pct'])}, mean "
+            f"{_abs_pct(e['mean_abs_error_pct'])}, max {_abs_pct(e['max_abs_error_pct'])}; Kendall tau "
+            f"{'—' if tau is None else f'{tau:.2f}'}")
+
+
 def render_report(rows: list[ValidationRow], summary: dict, model: ModelConfig, profile: HardwareProfile,
                   device_desc: str, command: str, figure: str | None) -> str:
     lines = [f"# Simulator validation: {model.name} on {device_desc}", "",
              f"- date: {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}",
              f"- machine: {platform.machine()} {platform.node()}; device: {device_desc}",
              f"- profile: {profile.name} ({profile.path}); calibration provenance: "
-             f"{profile.provenance.get('date', 'n/a')} {profile.provenance.get('command', '')}",
+             f"{profile.provenance.get('date', 'n/a')} {profile.provenance.get('command', '')}"
+             + (f" (1-minute load at its start and end: {profile.provenance['load_average_1min']})"
+                if profile.provenance.get("load_average_1min") else ""),
              f"- command: `{command}`",
+             f"- load average (1 min) of the machine before and after the runs: "
+             f"{' -> '.join(str(x) for x in summary.get('load_average_1min') or ['n/a'])}"
+             + (f"; each CPU run used {summary['cpu_threads']} torch threads (the calibration's)"
+                if summary.get("cpu_threads") else ""),
              f"- model: {model.layers} layers, h={model.hidden}, {model.heads} heads, ffn={model.ffn}, "
              f"vocab={model.vocab}, dtype {model.dtype}",
              "- each plan ran in its own process; its files are under runs/plan-NN/ (plans/plan-NN.json the plan)",
@@ -333,18 +377,25 @@ def render_report(rows: list[ValidationRow], summary: dict, model: ModelConfig, 
               f"(out of memory: {summary['oom']})",
               f"- Kendall tau, predicted vs measured ordering of step times: "
               f"{'—' if summary['kendall_tau_step_time'] is None else round(summary['kendall_tau_step_time'], 3)}",
-              "", "| quantity | plans compared | mean abs error | max abs error |", "|---|---:|---:|---:|"]
+              "", "| quantity | plans compared | median abs error | mean abs error | max abs error |",
+              "|---|---:|---:|---:|---:|"]
     for key, _, what in QUANTITIES:
         e = summary["errors"][key]
-        mean, mx = e["mean_abs_error_pct"], e["max_abs_error_pct"]
-        lines.append(f"| {what} | {e['plans']} | {'—' if mean is None else f'{mean:.1f}%'} | "
-                     f"{'—' if mx is None else f'{mx:.1f}%'} |")
+        cells = " | ".join(_abs_pct(e[k]) for k in ("median_abs_error_pct", "mean_abs_error_pct", "max_abs_error_pct"))
+        lines.append(f"| {what} | {e['plans']} | {cells} |")
     if not summary["errors"]["peak_memory_bytes"]["plans"]:
         lines.append("\nPeak memory not compared: the device reports no allocator peak (a CPU run measures process "
                      "RSS, which the simulator's GPU memory model does not predict), or no plan ran.")
     if figure:
         lines += ["", f"Worst step-time case, predicted vs measured streams: ![]({figure})"]
     return "\n".join(lines) + "\n"
+
+
+def _load_1min() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
 
 
 def validate(model: ModelConfig, profile: HardwareProfile, plans: list[PlanSpec], *, device: str,
@@ -355,9 +406,12 @@ def validate(model: ModelConfig, profile: HardwareProfile, plans: list[PlanSpec]
     if not plans:
         raise ExecError("no plans to validate: give at least one sequence length and policy")
     out = Path(out_dir)
+    load0 = _load_1min()
     rows = run_validation(model, profile, plans, device=device, steps=steps, out_dir=out, progress=progress,
                           budget_s=budget_s, runner=runner)
     summary = summarize(rows)
+    summary["load_average_1min"] = [load0, _load_1min()]
+    summary["cpu_threads"] = cpu_threads(profile) if device == "cpu" else None
     ran = [r for r in rows if r.status == "ran"]
     figure, dev = None, device
     if ran:

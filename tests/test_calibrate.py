@@ -15,9 +15,8 @@ import yaml
 from click.testing import CliRunner
 
 from memo_exec.calibrate import calibrate_cmd
-from memo_exec.calibrate.fit import (
-    curve_is_monotone, fit_copy_model, fit_efficiency_curve, fit_latency_bandwidth, known_peak,
-)
+from memo_exec.calibrate.datasheet import default_base, known_peak
+from memo_exec.calibrate.fit import curve_is_monotone, fit_copy_model, fit_efficiency_curve, fit_latency_bandwidth
 from memo_exec.calibrate.memory import _classify
 from memo_exec.calibrate.writer import build_profile, load_base, write_profile
 from memo_sim.cost.kernel_time import attention_bwd_time, gemm_time, memory_bound_time
@@ -80,11 +79,24 @@ def test_copy_model_ignores_cache_resident_middle_sizes():
 
 @pytest.mark.parametrize("name,bf16", [
     ("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H200", 989.0), ("NVIDIA A100-SXM4-80GB", 312.0),
-    ("NVIDIA A800-SXM4-80GB", 312.0), ("NVIDIA H100 PCIe", 756.0), ("NVIDIA H200 NVL", None), ("NVIDIA L4", None),
+    ("NVIDIA A800-SXM4-80GB", 312.0), ("NVIDIA H100 PCIe", None), ("NVIDIA H200 NVL", None), ("NVIDIA L4", None),
 ])
 def test_known_peaks_only_for_known_gpus(name, bf16):
+    """Peaks come from the shipped profile of the device (one place), with that profile's sources;
+    a variant no shipped profile describes (H100 PCIe, H200 NVL) gets none (--peak-tflops)."""
     p = known_peak(name)
     assert (p.bf16_tflops if p else None) == bf16
+    if p is not None:
+        base = load_profile(default_base(name))
+        assert p.bf16_tflops * 1e12 == base.gpu.peak_flops["bf16"].value
+        assert p.fp32_tflops * 1e12 == base.gpu.peak_flops["fp32"].value
+        assert f"hardware_profiles/{base.name}.yaml" in p.source
+
+
+def test_default_base_reads_the_shipped_profiles():
+    assert default_base("NVIDIA A800-SXM4-80GB") == "a800-80gb"
+    assert default_base("NVIDIA H200") == "h200-141gb"
+    assert default_base("NVIDIA L4") == "h100-sxm5-80gb"  # none describes it: the fallback base
 
 
 def test_pinned_rounding_classifier():
@@ -271,3 +283,23 @@ def test_cuda_quick_calibration(tmp_path):
     assert prof.provenance["device_kind"] == "cuda" and prof.provenance["driver"]
     assert prof.internode.bandwidth.source.startswith("from base profile")
     assert elapsed < 120, f"--quick took {elapsed:.0f} s"
+
+
+def test_cpu_threads_are_the_free_cores(monkeypatch):
+    """Calibrating a CPU: the threads default to the cores not busy (cores less the rounded load,
+    at least 1, at most torch's default); --threads wins; CUDA keeps torch's default."""
+    import os
+
+    import torch
+
+    from memo_exec.calibrate import suite
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    for load, want in ((0.2, 2), (0.9, 1), (1.4, 1), (7.0, 1)):
+        monkeypatch.setattr(os, "getloadavg", lambda load=load: (load, load, load))
+        n, why = suite.cpu_threads(None, cuda=False)
+        assert n == want and "free cores" in why
+    assert suite.cpu_threads(3, cuda=False)[0] == 3
+    assert suite.cpu_threads(None, cuda=True)[0] is None
+

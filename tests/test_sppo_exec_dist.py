@@ -164,7 +164,11 @@ def test_memo_exec_run_nproc2_reports_the_pipeline(tmp_path):
         for k in range(4):
             r = subs[(s, k)]
             assert 0 <= r["copy_exposed_s"] <= r["copy_busy_s"] and r["prefetch_stall_s"] is not None
+            # the executor offloads what the simulator's policy offloads (the GEMM inputs F.linear
+            # saves flattened included): the same bytes per subsequence
+            assert r["offload_bytes"] == r["simulated"]["offload_bytes"]
         assert cmp["stages"][s]["simulated"]["peak_gpu_bytes"] > 0
+    assert cmp["measured_peak"] == "process RSS" and "different quantities" in (out / "sppo_pipeline.md").read_text()
 
 
 def test_a_one_stage_sppo_plan_goes_to_the_sppo_schedule():

@@ -1,6 +1,15 @@
-"""The CPU loop of [calibrate]: calibrate a cpu profile, plan with it, run the plans, compare."""
+"""The CPU loop of [calibrate]: calibrate a cpu profile, plan with it, run the plans, compare.
+
+The loop's accuracy is asserted only on an idle machine: a median |step-time error| under 30%
+when the 1-minute load per core was at most `IDLE_LOAD_PER_CORE` at calibration and before and
+after the runs. On the shared 2-core machine at loads of 2.5 to 12 per core the runs measured
++100% to +400% against their predictions (time-sharing: every op longer than a scheduler slice
+waits its turn), which says nothing about the model; `benchmarks/cpu_loop.py` records the number
+with the load it was measured at.
+"""
 
 import json
+import os
 
 import pytest
 from click.testing import CliRunner
@@ -19,8 +28,25 @@ def test_kendall_tau():
     assert kendall_tau([1], [2]) is None
 
 
-def test_cpu_calibrate_plan_run_compare(tmp_path, cpu_calibration):
+IDLE_LOAD_PER_CORE = 0.5
+LOOP_TARGET_MEDIAN_PCT = 30.0
+
+
+@pytest.fixture(scope="module")
+def cpu_validation(tmp_path_factory, cpu_calibration):
+    """(profile, validation folder, CliRunner result) of `memo-exec validate --device cpu` with the
+    calibrated cpu profile: 3 layers, 256 and 512 tokens, store all, full recompute, MEMO at 0.5."""
     prof = cpu_calibration[0] / "cpu-test.yaml"  # memo-exec calibrate --device cpu --quick (conftest)
+    out = tmp_path_factory.mktemp("val")
+    r = CliRunner().invoke(exec_cli, ["validate", "--profile", str(prof), "--layers", "3", "--hidden", "128",
+                                      "--heads", "4", "--ffn", "512", "--vocab", "500", "--seqs", "256,512",
+                                      "--policies", "store_all,full_recompute,memo", "--alphas", "0.5",
+                                      "--device", "cpu", "--steps", "2", "--out", str(out)])
+    return prof, out, r
+
+
+def test_cpu_calibrate_plan_run_compare(tmp_path, cpu_validation):
+    prof, out, val = cpu_validation
     # plan with the calibrated profile
     r = CliRunner().invoke(sim_cli, ["whatif", "--layers", "3", "--hidden", "128", "--heads", "4", "--ffn", "512",
                                      "--vocab", "500", "--dtype", "fp32", "--seq", "512", "--gpus", "1",
@@ -28,18 +54,19 @@ def test_cpu_calibrate_plan_run_compare(tmp_path, cpu_calibration):
     assert r.exit_code == 0, r.output
     assert json.loads(r.output)["candidates"][0]["status"] == "OK"
     assert (tmp_path / "plan.json").exists()
-    # run several plans and compare with the simulator's predictions
-    out = tmp_path / "val"
-    r = CliRunner().invoke(exec_cli, ["validate", "--profile", str(prof), "--layers", "3", "--hidden", "128",
-                                      "--heads", "4", "--ffn", "512", "--vocab", "500", "--seqs", "256,512",
-                                      "--policies", "store_all,full_recompute,memo", "--alphas", "0.5",
-                                      "--device", "cpu", "--steps", "2", "--out", str(out)])
-    assert r.exit_code == 0, r.output
-    assert "validating" not in r.output  # off a terminal: no progress bar unless --progress
+    # several plans run and compared with the simulator's predictions (the fixture)
+    assert val.exit_code == 0, val.output
+    assert "%" in val.output and "median" in val.output  # the summary line reads in percent
+    assert "validating" not in val.output  # off a terminal: no progress bar unless --progress
     report = (out / "validation.md").read_text()
     assert "| 512 memo(a=0.500) | ran |" in report and "Kendall tau" in report
     data = json.loads((out / "validation.json").read_text())
     assert data["summary"]["ran"] == 6 and data["profile_path"] == str(prof)
+    import yaml
+
+    threads = yaml.safe_load(prof.read_text())["provenance"]["torch_threads"]
+    assert data["summary"]["cpu_threads"] == threads  # the runs used the calibration's thread count
+    assert f"each CPU run used {threads} torch threads" in report
     for row in data["rows"]:
         q = row["quantities"]
         assert q["step_s"]["predicted"] > 0 and q["step_s"]["measured"] > 0
@@ -48,6 +75,44 @@ def test_cpu_calibrate_plan_run_compare(tmp_path, cpu_calibration):
         assert plan["profile"] == str(prof.resolve())  # the calibrated file, not a name
         assert (plan.get("memory_plan") is not None) == row["plan"].endswith("memo(a=0.500)")
     assert (out / "worst-gantt.png").stat().st_size > 1000
+
+
+def _load_per_core(load) -> float | None:
+    return None if load is None else load / (os.cpu_count() or 1)
+
+
+def test_cpu_loop_median_error_on_an_idle_machine(cpu_validation):
+    """calibrate --quick then validate --device cpu: median |step-time error| < 30% when the machine
+    was idle (1-minute load <= 0.5 per core at calibration and around the runs); skipped otherwise."""
+    import yaml
+
+    prof, out, r = cpu_validation
+    assert r.exit_code == 0, r.output
+    summary = json.loads((out / "validation.json").read_text())["summary"]
+    loads = list(yaml.safe_load(prof.read_text())["provenance"]["load_average_1min"])
+    loads += summary["load_average_1min"]
+    per_core = [_load_per_core(x) for x in loads]
+    if any(x is None or x > IDLE_LOAD_PER_CORE for x in per_core):
+        pytest.skip(f"machine not idle: 1-minute load per core {per_core} (calibration start/end, runs before/after)"
+                    f" above {IDLE_LOAD_PER_CORE}")
+    med = summary["errors"]["step_s"]["median_abs_error_pct"]
+    assert med is not None and med < LOOP_TARGET_MEDIAN_PCT, summary
+
+
+def test_readme_validate_line_on_a_cpu_profile(tmp_path, monkeypatch, cpu_calibration):
+    """The README's validate line with a CPU-calibrated profile either validates at least one plan
+    or exits non-zero with one line saying why (here: GPT-7B's 8 layers do not fit the CPU budget)."""
+    prof = cpu_calibration[0] / "cpu-test.yaml"
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(exec_cli, ["validate", "--profile", str(prof), "--model", "gpt-7b", "--layers", "8",
+                                      "--seqs", "16K,32K,64K", "--report", "reports/validation-my-gpu.md",
+                                      "--device", "cpu"])
+    if r.exit_code == 0:
+        assert json.loads((tmp_path / "validation_out" / "validation.json").read_text())["summary"]["ran"] >= 1
+    else:
+        assert r.exit_code == 2 and r.output.count("\n") == 1 and r.output.startswith("error: no plan ran"), r.output
+        assert "predicted OOM" in r.output and "Traceback" not in r.output
+    assert (tmp_path / "reports" / "validation-my-gpu.md").exists()
 
 
 def test_validate_bad_profile_is_one_line():

@@ -47,11 +47,15 @@ def test_rows_from_a_run_and_the_summary():
     e = s["errors"]["step_s"]
     assert e["plans"] == 3 and e["max_abs_error_pct"] == pytest.approx(50.0)
     assert e["mean_abs_error_pct"] == pytest.approx((10 + 50 + 10) / 3)
+    assert e["median_abs_error_pct"] == pytest.approx(10.0)
     # predicted order a < b < c, measured b < a < c: pairs (a,b) discordant, (a,c) and (b,c) concordant
     assert s["kendall_tau_step_time"] == pytest.approx(1 / 3)
-    assert s["errors"]["peak_memory_bytes"] == {"mean_abs_error_pct": None, "max_abs_error_pct": None, "plans": 0}
+    assert s["errors"]["peak_memory_bytes"] == {"median_abs_error_pct": None, "mean_abs_error_pct": None,
+                                                "max_abs_error_pct": None, "plans": 0}
     md = V.render_report(rows, s, _model(), _profile(), "cpu", "memo-exec validate", None)
-    assert "| d | OOM: CUDA out of memory |" in md and "| step time | 3 | 23.3% | 50.0% |" in md
+    assert "| d | OOM: CUDA out of memory |" in md and "| step time | 3 | 10.0% | 23.3% | 50.0% |" in md
+    line = V.summary_line(s)  # percentages only, no raw ratio
+    assert "median 10.0%, mean 23.3%, max 50.0%" in line and "Kendall tau 0.33" in line
 
 
 def test_failure_status_lines():
@@ -147,3 +151,15 @@ def test_run_profile_by_path(tmp_path):
     r = CliRunner().invoke(exec_cli, ["run", str(plan_file), "--device", "cpu", "--profile",
                                       str(tmp_path / "missing.yaml")])
     assert r.exit_code == 2 and r.output.startswith("error:") and "Traceback" not in r.output
+
+
+def test_cpu_runs_use_the_calibration_thread_count():
+    import dataclasses
+
+    prof = _profile()
+    assert V.cpu_threads(prof) is None  # a datasheet profile: torch's default
+    cal = dataclasses.replace(prof, provenance={**prof.provenance, "torch_threads": 1})
+    assert V.cpu_threads(cal) == 1
+    assert V.run_env("cpu", 1)["OMP_NUM_THREADS"] == "1"
+    assert V.run_env("cuda", 1).get("OMP_NUM_THREADS") == __import__("os").environ.get("OMP_NUM_THREADS")
+

@@ -38,6 +38,7 @@ from typing import Any
 
 from memo_sim.errors import MemoError
 from memo_exec.calibrate.fit import relative_least_squares
+from memo_exec.calibrate.quantities import FlowMap, q_bw, q_time
 
 MiB, GiB = 2**20, 2**30
 SYNC_REPEATS = 200
@@ -180,8 +181,6 @@ def profile_fields(r: dict, at: str, base: Any = None) -> tuple[dict | None, lis
     profile's section (its sources quoted) when it has one. Otherwise (CPU, or nothing to take):
     None, and the loader's assumed defaults apply.
     """
-    from memo_exec.calibrate.writer import FlowMap, q_bw, q_time  # noqa: PLC0415
-
     res = r.get("allocator") or not_measured("the calibration run did not measure the allocator")
     cuda = r["env"]["device_kind"] == "cuda"
     if res.get("measured"):

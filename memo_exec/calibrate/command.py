@@ -30,18 +30,6 @@ DURATION_FULL = ("several minutes: over 400 s measured on the 2-core CPU; use --
                  "not yet timed on a GPU")
 
 
-def default_base(device_name: str) -> str:
-    """The builtin profile closest to a CUDA device (for fields a one-node box cannot measure)."""
-    n = device_name.upper()
-    if "H200" in n:
-        return "h200-141gb"
-    if "A800" in n:
-        return "a800-80gb"
-    if "A100" in n:
-        return "a100-sxm4-80gb"
-    return "h100-sxm5-80gb"
-
-
 def calibrate(name: str, device: str = "auto", quick: bool = False, out_dir: str | Path = DEFAULT_OUT,
               base: str | None = None, peak_tflops: float | None = None, attention_backend: str = "auto",
               gpu_memory: str | None = None, threads: int | None = None, node_from_base: bool = False,
@@ -51,6 +39,7 @@ def calibrate(name: str, device: str = "auto", quick: bool = False, out_dir: str
 
     Raises `MemoError` (one line) for a bad option before anything runs.
     """
+    from memo_exec.calibrate.datasheet import default_base  # noqa: PLC0415
     from memo_exec.calibrate.microbench import Progress  # noqa: PLC0415
     from memo_exec.calibrate.suite import (  # noqa: PLC0415
         CalibrateOptions, check_options, parse_bytes, remeasure, run_suite,
@@ -108,10 +97,10 @@ def calibrate(name: str, device: str = "auto", quick: bool = False, out_dir: str
 def implausible(prof: dict, raw: dict, source: str) -> list:
     """The physically implausible fits of a profile dict (`memo_exec.calibrate.sanity`)."""
     from memo_exec.calibrate.sanity import check  # noqa: PLC0415
-    from memo_exec.calibrate.writer import _plain  # noqa: PLC0415
+    from memo_exec.calibrate.quantities import plain  # noqa: PLC0415
     from memo_sim.profile.loader import parse_profile  # noqa: PLC0415
 
-    return check(parse_profile(_plain(prof), source), raw, raw["dtype"])
+    return check(parse_profile(plain(prof), source), raw, raw["dtype"])
 
 
 def record_sanity(prof: dict, raw: dict, found: list, prog) -> None:
@@ -175,7 +164,9 @@ def _command_line(ctx: click.Context) -> str:
               help="attention kernel to measure: auto, flash_attn, sdpa_flash, sdpa_efficient, sdpa_cudnn, math")
 @click.option("--gpu-memory", default=None,
               help="CPU only: the device-memory budget to write, e.g. 8GiB (default min(8 GiB, half the RAM))")
-@click.option("--threads", default=None, type=int, help="torch CPU threads for the benchmarks")
+@click.option("--threads", default=None, type=int,
+              help="torch CPU threads for the benchmarks (CPU default: the cores not busy, from the 1-minute load; "
+                   "memo-exec validate runs its CPU plans with the same count)")
 @click.option("--node-from-base", is_flag=True,
               help="CUDA: take gpus_per_node and host memory from --base (this box is a slice of a bigger node)")
 @click.option("--collectives/--no-collectives", default=True, show_default=True,

@@ -8,7 +8,6 @@
   Efficiencies are clipped into (0, 1].
 - `fit_latency_bandwidth`: ``t = latency + bytes / bandwidth`` by least squares on the relative
   error, so that small transfers (latency-bound) and large ones (bandwidth-bound) count alike.
-- `known_peak`: datasheet dense peaks of the GPUs we know; never guessed for others.
 
 Pure Python (no torch): unit-tested on synthetic points.
 """
@@ -16,43 +15,11 @@ Pure Python (no torch): unit-tested on synthetic points.
 from __future__ import annotations
 
 import math
-import re
 import statistics
-from dataclasses import dataclass
 
 from memo_sim.errors import MemoError
 
 MIN_EFF = 1e-4
-
-
-@dataclass(frozen=True)
-class PeakSpec:
-    bf16_tflops: float
-    fp32_tflops: float
-    source: str
-
-
-# Dense (no sparsity) datasheet peaks. Ordered: the first pattern that matches the CUDA device
-# name wins. Variants whose datasheet numbers differ and are not listed (H100 NVL, H200 NVL,
-# H800, L40, ...) are not matched: pass --peak-tflops for them.
-KNOWN_PEAKS: tuple[tuple[str, PeakSpec], ...] = (
-    (r"H200(?!.*NVL)", PeakSpec(989.0, 67.0, "NVIDIA H200 SXM datasheet (1979 TFLOPS bf16 with sparsity = 989 dense; "
-                                             "fp32 67 TFLOPS)")),
-    (r"H100.*(SXM|HBM3)", PeakSpec(989.0, 67.0, "NVIDIA H100 SXM5 datasheet (1979 TFLOPS bf16 with sparsity = 989 "
-                                                 "dense; fp32 67 TFLOPS)")),
-    (r"H100.*PCIe", PeakSpec(756.0, 51.0, "NVIDIA H100 PCIe datasheet (1513 TFLOPS bf16 with sparsity = 756 dense; "
-                                          "fp32 51 TFLOPS)")),
-    (r"A100", PeakSpec(312.0, 19.5, "NVIDIA A100 datasheet (312 TFLOPS bf16 dense; fp32 19.5 TFLOPS)")),
-    (r"A800", PeakSpec(312.0, 19.5, "NVIDIA A800 datasheet (312 TFLOPS bf16 dense; fp32 19.5 TFLOPS)")),
-)
-
-
-def known_peak(device_name: str) -> PeakSpec | None:
-    """Datasheet peak of a CUDA device by its name (``torch.cuda.get_device_name``), or None."""
-    for pattern, spec in KNOWN_PEAKS:
-        if re.search(pattern, device_name, flags=re.IGNORECASE):
-            return spec
-    return None
 
 
 def _pav(ys: list[float], ws: list[float]) -> list[float]:

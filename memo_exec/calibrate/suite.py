@@ -28,7 +28,8 @@ from memo_exec.calibrate import copies as copy_bench
 from memo_exec.calibrate import elementwise as ew_bench
 from memo_exec.calibrate import gemm as gemm_bench
 from memo_exec.calibrate import memory as mem
-from memo_exec.calibrate.fit import fit_copy_model, fit_efficiency_curve, known_peak
+from memo_exec.calibrate.datasheet import known_peak
+from memo_exec.calibrate.fit import fit_copy_model, fit_efficiency_curve
 from memo_exec.calibrate.microbench import Bench, Progress
 from memo_exec.device import DeviceSpec, resolve_device
 from memo_exec.errors import ExecError
@@ -215,12 +216,55 @@ def attn_bench_backends() -> tuple[str, ...]:
     return BACKENDS
 
 
+def cpu_threads(asked: int | None, cuda: bool) -> tuple[int | None, str]:
+    """(torch CPU threads for the benchmarks, or None to keep torch's, and why).
+
+    ``--threads`` wins. On a CPU device the default is the cores not already busy: the cores less
+    the rounded 1-minute load, at least 1 and at most torch's default. An OpenMP kernel splits its
+    work evenly over its threads and waits for the slowest; a thread that shares its core with
+    another process makes every kernel wait for it, so more threads than free cores run slower and
+    far more erratically than fewer. The profile records the count (``provenance.torch_threads``)
+    and `memo_exec.validate` runs its plans with it, so the rates hold for the runs."""
+    if asked is not None:
+        return asked, f"--threads {asked}"
+    if cuda:
+        return None, "torch's default (CUDA run)"
+    cores = torch.get_num_threads()
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return None, f"torch's default ({cores}; the load average is not readable)"
+    n = max(1, min(cores, (os.cpu_count() or cores) - round(load)))
+    return n, (f"the free cores: {os.cpu_count()} cores less the 1-minute load {load:.2f} before calibrating, at "
+               f"least 1 and at most torch's default {cores}")
+
+
+def _measure_collectives(opts: CalibrateOptions, spec: DeviceSpec, grid, progress: Progress) -> dict:
+    """NCCL between the visible GPUs, gloo between two CPU processes, or why not measured."""
+    if not opts.collectives:
+        res = {"measured": False, "reason": "--no-collectives"}
+    elif spec.is_cuda:
+        n = torch.cuda.device_count()
+        res = (coll_bench.run_collectives("nccl", n, grid.coll_sizes, progress, timeout_s=120 if opts.quick else 240)
+               if n > 1 else {"measured": False, "reason": "one GPU visible: no NVLink to measure"})
+    else:
+        res = coll_bench.run_collectives("gloo", 2, grid.coll_sizes, progress,
+                                         timeout_s=120 if opts.quick else 240, target_s=0.02)
+    if not res["measured"]:
+        progress.note(f"collectives not measured: {res['reason']}")
+        if not spec.is_cuda and not opts.have_base:
+            raise ExecError(f"collectives not measured ({res['reason']}); pass --base PROFILE to take "
+                            "the nvlink/internode fields from it")
+    return res
+
+
 # ------------------------------------------------------------------------------------------- run
 def run_suite(opts: CalibrateOptions, progress: Progress) -> dict:
     """Run every microbenchmark; return raw results and fitted values (see the module docs)."""
     spec, peak = check_options(opts)
-    if opts.threads is not None:
-        torch.set_num_threads(opts.threads)
+    threads, why = cpu_threads(opts.threads, spec.is_cuda)
+    if threads is not None:
+        torch.set_num_threads(threads)
     torch.manual_seed(0)
     dev = spec.torch_device
     kind = spec.kind
@@ -228,6 +272,7 @@ def run_suite(opts: CalibrateOptions, progress: Progress) -> dict:
     dtype = torch.bfloat16 if spec.is_cuda else torch.float32
     dtype_name = "bf16" if spec.is_cuda else "fp32"
     env = environment(spec)
+    env["torch_threads_reason"] = why
     load = env.get("load_average_1min")
     if not spec.is_cuda and load is not None and load > 0.5 * (os.cpu_count() or 1):
         progress.note(f"warning: this host is busy (1-minute load {load:.2f} on {os.cpu_count()} cores): CPU timings "
@@ -255,24 +300,8 @@ def run_suite(opts: CalibrateOptions, progress: Progress) -> dict:
     out["host_memory"] = {"total": host_total, "available": host_avail}
 
     # collectives first: a failure shows before the long benchmarks, and the ranks get the GPUs
-    # before this process's caching allocator holds their memory -----------------------------------
-    if not opts.collectives:
-        out["collectives"] = {"measured": False, "reason": "--no-collectives"}
-    elif spec.is_cuda:
-        n = torch.cuda.device_count()
-        if n > 1:
-            out["collectives"] = coll_bench.run_collectives("nccl", n, grid.coll_sizes, progress,
-                                                            timeout_s=120 if opts.quick else 240)
-        else:
-            out["collectives"] = {"measured": False, "reason": "one GPU visible: no NVLink to measure"}
-    else:
-        out["collectives"] = coll_bench.run_collectives("gloo", 2, grid.coll_sizes, progress,
-                                                        timeout_s=120 if opts.quick else 240, target_s=0.02)
-    if not out["collectives"]["measured"]:
-        progress.note(f"collectives not measured: {out['collectives']['reason']}")
-        if not spec.is_cuda and not opts.have_base:
-            raise ExecError(f"collectives not measured ({out['collectives']['reason']}); pass --base PROFILE to take "
-                            "the nvlink/internode fields from it")
+    # before this process's caching allocator holds their memory
+    out["collectives"] = _measure_collectives(opts, spec, grid, progress)
     bench = Bench(dev, target_s=grid.bench_target_s, min_repeats=grid.bench_min_repeats,
                   max_repeats=grid.bench_max_repeats)
 

@@ -3,8 +3,9 @@ copy streams (`memo_exec.streams`: worker threads with event semantics on CPU, s
 
 A *unit* is one piece (subsequence, or part of one) through one layer of the stage. While a unit's
 forward runs, a `torch.autograd.graph.saved_tensors_hooks` pair catches what autograd saves for
-its backward. Token-major activations (``[b, n, width]`` with the piece's ``n`` tokens: x, ln1,
-q, attn, h1, ln2, fc1, act, ...) are the offloadable ones; weights, the LayerNorm statistics, the
+its backward. Token-major activations (``[b, n, width]`` with the piece's ``n`` tokens, or the
+``[b*n, width]`` view F.linear saves of its input: x, ln1, q, attn, h1, ln2, fc1, act, ...) are the
+offloadable ones, the same tensors the simulator's policy offloads; weights, the LayerNorm statistics, the
 lse and the K/V chunks (which live in the K/V cache, `memo_exec.sppo.kvcache`) stay. After the
 unit's forward its first ``floor(alpha_i * n)`` token rows of every offloadable tensor are copied
 to a pinned host pool on the d2h stream (alpha_i of the unit's subsequence i, from the plan), the
@@ -114,22 +115,22 @@ class SequenceOffload:
         n = self.tokens[k]
 
         def pack(t: torch.Tensor):
-            if (t.dim() < 3 or t.shape[0] != self.batch or t.shape[1] != n or t.shape[-1] == 1
-                    or t.data_ptr() in self.params or not t.is_floating_point()):
+            tok = self._token_view(t, n)
+            if tok is None:
                 return t
-            key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()))
+            key = (tok.data_ptr(), tuple(tok.shape), tuple(tok.stride()))
             if key not in u.by_id:
                 u.by_id[key] = len(u.saved)
-                u.saved.append(_Saved(t, t.shape))
-            return (u, u.by_id[key])
+                u.saved.append(_Saved(tok, tok.shape))
+            return (u, u.by_id[key], t.shape)
 
         def unpack(obj):
             if not isinstance(obj, tuple):
                 return obj
-            unit, i = obj
+            unit, i, shape = obj
             s = unit.saved[i]
             if s.full is not None:
-                return s.full
+                return s.full.view(shape)
             if not unit.waited:
                 if unit.pf_ev is None:
                     raise ExecError(f"sppo: unit {unit.key} was not prefetched before its backward")
@@ -141,12 +142,26 @@ class SequenceOffload:
                     unit.wait_marks.append((before, self.clock.mark()))
                 unit.waited = True
             self.streams.compute.access(f"backward{unit.key}", reads=[self._region(s.back, unit, i, "prefetched")])
-            return s.back
+            return s.back.view(shape)
 
         with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
             yield
         with torch.no_grad():
             self._offload(u, n)
+
+    def _token_view(self, t: torch.Tensor, n: int) -> torch.Tensor | None:
+        """``t`` as ``[b, n, ...]`` when it is a token-major activation of the unit's ``n`` tokens,
+        else None (weights, LayerNorm statistics, non-float tensors). F.linear saves its input
+        flattened to ``[b*n, width]``: that view counts too (as ``[b, n, width]``), so the inputs
+        of the QKV, out-proj, FC1 and FC2 GEMMs are offloaded like the other skeletal tensors, as
+        the simulator's policy offloads them (`memo_sim.policy.sppo`)."""
+        if t.dim() < 2 or t.shape[-1] == 1 or not t.is_floating_point() or t.data_ptr() in self.params:
+            return None
+        if t.dim() >= 3 and t.shape[0] == self.batch and t.shape[1] == n:
+            return t
+        if t.dim() == 2 and t.shape[0] == self.batch * n and t.is_contiguous():
+            return t.view(self.batch, n, t.shape[1])
+        return None
 
     def pool_bytes(self) -> int:
         """Bytes of the host pool (every offloaded unit's rows; pinned on CUDA)."""

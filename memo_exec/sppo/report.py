@@ -2,13 +2,13 @@
 memory per stage.
 
 Input: the merged per-rank timeline a distributed run writes (``measured.json``: every rank's
-last step, each from its own step start) and the plan. The prediction is the plan simulated for
-the layers the run used, by the simulator's own command (``memo-sim simulate``: its
-``summary.json`` and ``pipeline_gantt.png`` go to ``simulated_pipeline/``). The run's timeline is
-rewritten as a pipeline timeline (device = stage, ``meta.pipeline``; ``pipeline_measured.json``)
-and drawn by ``memo-sim plot`` into ``measured_pipeline/pipeline_gantt.png``: both charts come
-from the simulator's `memo_sim.report.figures.pipeline_gantt_figure`, so they read alike, and
-this module stays on the executor's side of the contract (it imports no simulator internals).
+last step, each from its own step start) and the plan. The prediction is the plan simulated
+in-process through `memo_sim.api` for the layers the run used, with its schedule and micro-batch
+(``summary.json``, ``timeline.json`` and ``pipeline_gantt.png`` in ``simulated_pipeline/``, as
+``memo-sim simulate`` writes them). The run's timeline is rewritten as a pipeline timeline (device
+= stage, ``meta.pipeline``; ``pipeline_measured.json``) and drawn into
+``measured_pipeline/pipeline_gantt.png``: both charts come from the simulator's
+`memo_sim.report.figures.pipeline_gantt_figure`, so they read alike.
 
 Per stage (rank ``stage`` of data-parallel replica 0):
 
@@ -20,8 +20,9 @@ Per stage (rank ``stage`` of data-parallel replica 0):
   simulated exposed copy time; per subsequence (`subsequence_rows`), the offloaded bytes and the
   copy time outside the stage's compute, measured and simulated (its ``timeline.json``), and the
   measured prefetch stalls inside each subsequence's backward;
-- **peak memory**: the measured peak (device memory on CUDA, the process RSS on CPU) against the
-  simulated peak of the stage's GPU.
+- **peak memory**: the measured peak against the simulated peak of the stage's GPU; on CUDA both
+  are device memory; a CPU run measures the process RSS (model, activations and host pool in one
+  address space), a different quantity, labelled so and not compared (`measured_peak_kind`).
 
 Absolute times differ where the run's device is not the plan's profile (a CPU run of a GPU plan);
 the bubble shares are the comparable numbers.
@@ -32,9 +33,6 @@ Command line: ``python -m memo_exec.sppo.report RUN_DIR PLAN.json [--layers N]``
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -144,6 +142,14 @@ def _bubble(rows: list[dict]) -> float | None:
     return 1 - sum(r["compute_busy_s"] for r in rows) / (len(rows) * rows[0]["iteration_s"])
 
 
+def measured_peak_kind(measured: Timeline) -> str:
+    """What the measured peak is: a CPU run's memory samples are the process RSS (the model, the
+    activations and the host pool together, plus the Python process), which is not the quantity
+    the simulator predicts (the GPU's allocated bytes); a CUDA run's are the device's."""
+    dev = str(measured.meta.get("device") or "")
+    return "process RSS" if dev.startswith("cpu") else "device memory (allocated)"
+
+
 def compare(measured: Timeline, plan, sim: dict | None, sim_tl: Timeline | None = None) -> dict:
     """Measured per-stage and per-subsequence rows beside the simulator's (``sim``: ``memo-sim
     simulate``'s summary.json, ``sim_tl`` its timeline.json; either may be None)."""
@@ -153,7 +159,8 @@ def compare(measured: Timeline, plan, sim: dict | None, sim_tl: Timeline | None 
     subs = subsequence_rows(tl, plan.layout.pp, stalls)
     out = {"plan": {"layout": plan.layout.label(), "policy": plan.policy.label(), "seq_tokens": plan.seq_tokens,
                     "bounds": list(plan.policy.bounds), "alphas": [float(a) for a in plan.policy.alphas]},
-           "measured_device": measured.meta.get("device"), "stages": rows,
+           "measured_device": measured.meta.get("device"), "measured_peak": measured_peak_kind(measured),
+           "stages": rows,
            "measured_bubble_fraction": _bubble(rows), "subsequences": subs}
     if sim_tl is not None:
         pred = {(r["stage"], r["subsequence"]): r for r in subsequence_rows(sim_tl, plan.layout.pp)}
@@ -181,13 +188,14 @@ def _f(v, fmt="{:.4f}") -> str:
 
 
 def markdown(cmp: dict) -> str:
+    kind = cmp.get("measured_peak") or "device memory (allocated)"
     L = ["# SPPO pipeline: measured against simulated", "",
          f"Plan: {cmp['plan']['layout']} {cmp['plan']['policy']}, {cmp['plan']['seq_tokens']} tokens, bounds "
          f"{cmp['plan']['bounds']}, alphas {[round(a, 4) for a in cmp['plan']['alphas']]}. Measured on "
          f"{cmp.get('measured_device') or 'this run'}, simulated on profile {cmp.get('simulated_profile', '—')}: "
          "absolute times differ where the devices differ; the bubble shares compare.", "",
          "| stage | measured iteration s | busy s | bubble | simulated bubble | receive wait s | prefetch stall s "
-         "| offload MiB | measured peak MiB | simulated peak MiB |", "|" + "---|" * 10]
+         f"| offload MiB | measured peak MiB ({kind}) | simulated GPU peak MiB |", "|" + "---|" * 10]
     for r in cmp["stages"]:
         sim = r.get("simulated") or {}
         peak = None if r["peak_bytes"] is None else r["peak_bytes"] / 2**20
@@ -200,6 +208,10 @@ def markdown(cmp: dict) -> str:
           f"{_f(cmp.get('simulated_bubble_fraction'), '{:.1%}')}; simulated exposed copy time "
           f"{_f(cmp.get('simulated_exposed_copy_s'))} s. Gantt charts: measured_pipeline/pipeline_gantt.png, "
           "simulated_pipeline/pipeline_gantt.png.", ""]
+    if kind == "process RSS":
+        L += ["The measured peak of a CPU run is the process RSS (the model, the activations and the host pool of "
+              "the offloaded rows in one address space, plus PyTorch itself); the simulated peak is the GPU's "
+              "allocated bytes. They are different quantities and are not compared.", ""]
     subs = cmp.get("subsequences") or []
     if subs:
         L += ["## Offload per subsequence", "",
@@ -220,22 +232,31 @@ def markdown(cmp: dict) -> str:
     return "\n".join(L)
 
 
-def _memo_sim(args: list[str]) -> None:
-    """Run a ``memo-sim`` command (the simulator's public interface) in a child process."""
-    import memo_sim  # noqa: PLC0415 - where the package lives, for the child's path
+def simulated_pipeline(plan, layers: int, out: Path) -> tuple[dict, Timeline]:
+    """The plan simulated for ``layers`` layers in-process through `memo_sim.api` (its schedule and
+    micro-batch as planned): ``out/summary.json``, ``out/timeline.json`` and ``out/pipeline_gantt.png``
+    written as ``memo-sim simulate`` writes them; returns (summary, timeline)."""
+    from memo_sim.api import load_profile, simulate  # noqa: PLC0415
+    from memo_sim.report.figures import pipeline_gantt_figure  # noqa: PLC0415
 
-    root = str(Path(memo_sim.__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
-    r = subprocess.run([sys.executable, "-m", "memo_sim.cli", *args], capture_output=True, text=True, env=env)
-    if r.returncode != 0:
-        last = (r.stderr.strip().splitlines() or ["(no message)"])[-1]
-        raise MemoError(f"memo-sim {args[0]} failed: {last}")
+    model = dataclasses.replace(plan.model, layers=layers)
+    res = simulate(model, plan.layout, plan.batch, plan.seq_tokens, plan.policy, load_profile(plan.profile),
+                   schedule=plan.schedule, micro_batch=plan.micro_batch,
+                   classifier_chunk_tokens=plan.classifier_chunk_tokens)
+    summary = res.to_dict()
+    summary.pop("sim_wall_s", None)
+    res.timeline.write_json(out / "timeline.json")
+    atomic_write_json(out / "summary.json", summary)
+    if res.timeline.events:
+        pipeline_gantt_figure(res.timeline, out / "pipeline_gantt.png")
+    return summary, res.timeline
 
 
 def write_pipeline_outputs(run_dir: str | Path, plan_file: str | Path, layers: int | None = None) -> list[Path]:
     """Read ``run_dir/measured.json`` and the plan; write the measured pipeline timeline, both Gantt
-    charts (through ``memo-sim plot`` / ``memo-sim simulate``) and the comparison."""
-    from memo_sim.plan.schema import read_plan, write_plan  # noqa: PLC0415
+    charts (the simulator's own figure) and the comparison."""
+    from memo_sim.api import read_plan  # noqa: PLC0415
+    from memo_sim.report.figures import pipeline_gantt_figure  # noqa: PLC0415
 
     out = Path(run_dir)
     plan = read_plan(plan_file)
@@ -247,18 +268,12 @@ def write_pipeline_outputs(run_dir: str | Path, plan_file: str | Path, layers: i
                         f"--out {out}` first")
     measured = Timeline.read_json(out / "measured.json")
     n_layers = int(layers or measured.meta.get("layers") or plan.model.layers)
-    written = [measured_pipeline(measured, plan).write_json(out / "pipeline_measured.json")]
-    _memo_sim(["plot", str(written[0]), "--out", str(out / "measured_pipeline")])
-    written.append(out / "measured_pipeline" / "pipeline_gantt.png")
-    sim_plan = Path(plan_file)
-    if n_layers != plan.model.layers:  # the run used fewer layers: simulate those
-        plan.model = dataclasses.replace(plan.model, layers=n_layers)
-        sim_plan = write_plan(plan, out / "plan_simulated.json")
-    _memo_sim(["simulate", str(sim_plan), "--out", str(out / "simulated_pipeline")])
+    mp = measured_pipeline(measured, plan)
+    written = [mp.write_json(out / "pipeline_measured.json")]
+    if mp.events:
+        written.append(pipeline_gantt_figure(mp, out / "measured_pipeline" / "pipeline_gantt.png"))
+    sim, sim_tl = simulated_pipeline(plan, n_layers, out / "simulated_pipeline")
     written.append(out / "simulated_pipeline" / "pipeline_gantt.png")
-    sim = json.loads((out / "simulated_pipeline" / "summary.json").read_text())
-    sim_tl_path = out / "simulated_pipeline" / "timeline.json"
-    sim_tl = Timeline.read_json(sim_tl_path) if sim_tl_path.exists() else None
     cmp = compare(measured, plan, sim, sim_tl)
     written.append(atomic_write_json(out / "sppo_pipeline.json", cmp, indent=1))
     written.append(atomic_write_text(out / "sppo_pipeline.md", markdown(cmp)))
