@@ -132,10 +132,7 @@ def test_memo_exec_reads_the_simulator_through_the_contract(module, path):
 
 # ------------------------------------------------------------------------------------------- cycles
 # Cycles the test still finds, each with the reason it is left (drop an entry when it is fixed):
-KNOWN_CYCLES = {
-    # memo_exec/calibrate is being split by its owner (issue #26); drop this when that merges
-    frozenset({"memo_exec.calibrate.allocator", "memo_exec.calibrate.writer"}),
-}
+KNOWN_CYCLES: set[frozenset[str]] = set()  # none: a cycle found is a failure
 
 
 def _import_graph(pkg: str) -> dict[str, set[str]]:
