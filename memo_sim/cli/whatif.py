@@ -36,6 +36,15 @@ from memo_sim.search.plan_build import build_plan
 from memo_sim.units import fmt_bytes, fmt_count, fmt_time, parse_token_budget
 
 
+def _simulate_top_value(ctx, param, value):
+    from memo_sim.search.prune import parse_simulate_top
+
+    try:
+        return parse_simulate_top(value)
+    except MemoError as e:
+        raise click.BadParameter(str(e)) from None
+
+
 @click.command()
 @model_options
 @click.option("--seq", default="256K", callback=count_option, show_default=True, help="Sequence length (4K, 256K, 1M).")
@@ -84,8 +93,10 @@ from memo_sim.units import fmt_bytes, fmt_count, fmt_time, parse_token_budget
 @click.option("--out", "out_dir", default=".", show_default=True, type=click.Path(file_okay=False),
               help="Folder for plan.json.")
 @click.option("--no-plan", is_flag=True, help="Do not write plan.json.")
-@click.option("--simulate-top", default=8, show_default=True, type=click.IntRange(0, 10000),
-              help="Tier 2: simulate this many of the best analytic candidates in the event simulator (0: none).")
+@click.option("--simulate-top", default="bound", show_default=True, callback=_simulate_top_value,
+              help="Tier 2 (the event simulator): 'bound' simulates in order of a proved throughput bound until "
+                   "no candidate left can beat the best simulated; 'all' every fitting candidate; a count N the "
+                   "analytic tier's best N (0: none).")
 @click.option("--allocator-lag", default=0, show_default=True, type=click.IntRange(0, 64),
               help="Tier 2: layers the GPU lags behind the CPU, holding collective buffers from the caching "
                    "allocator (record_stream); 0: the GPU keeps up.")
@@ -162,7 +173,8 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq,
                "micro_batch": micro_batch, "profile": profile.name,
                "profile_provenance": {"calibrated": profile.calibrated, "line": profile.provenance_line()},
                "searched": result.searched,
-               "elapsed_s": elapsed, "simulated_candidates": n_sim, "plan_file": str(plan_path) if plan_path else None,
+               "elapsed_s": elapsed, "simulated_candidates": n_sim,
+               "tier2": result.tier2.to_dict() if result.tier2 is not None else None, "plan_file": str(plan_path) if plan_path else None,
                "framework": framework, "tp_mode": tp_mode,
                "sppo_plan_file": str(sppo_plan_path) if sppo_plan_path else None,
                "sppo": result.sppo_summary,
@@ -217,7 +229,9 @@ def whatif(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, seq,
     n_ok = sum(c.status == "OK" for c in result.candidates)
     n_fold = len(result.candidates) - len(shown)
     click.echo(f"{len(result.candidates)} candidates ({n_ok} fit{f', {n_fold} duplicates folded' if n_fold else ''}), "
-               f"{len(result.rejected_layouts)} layouts rejected; tier 2 simulated the best {n_sim}; {elapsed:.2f} s")
+               f"{len(result.rejected_layouts)} layouts rejected; {elapsed:.2f} s")
+    if result.tier2 is not None:
+        click.echo(result.tier2.line())
     if best is None:
         first = shown[0] if shown else None
         click.echo("no candidate fits this cluster: no plan.json written (exit status 3).")
