@@ -19,6 +19,7 @@ Per layer on one GPU (from `memo_sim.cost.layer_time`):
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
+from functools import lru_cache
 
 from memo_sim.cost.activations import layer_rows, skeletal_bytes
 from memo_sim.cost.boundary import boundary_times
@@ -204,7 +205,7 @@ def estimate_pipeline(model: ModelConfig, layout: Layout, batch: int, micro_batc
 
     p, v = layout.pp, layout.vpp
     m = batch // micro_batch
-    shard = replace(layout, pp=1, vpp=1, dp=1, zero=0)
+    shard = stage_shard(layout)
     lt = _layer_times(model, shard, micro_batch, seq, policy, profile, active_gpus_per_node(layout, profile))
     per = model.layers // p
     r = lt.recompute if policy.recomputes_layer(0, model.layers) else 0.0
@@ -230,6 +231,13 @@ def estimate_pipeline(model: ModelConfig, layout: Layout, batch: int, micro_batc
         exposed_copy_s=exposed)
 
 
+@lru_cache(maxsize=8192)
+def stage_shard(layout: Layout) -> Layout:
+    """What one GPU of a pipeline stage runs: the layout without its pipeline, data parallelism
+    and ZeRO (memoised: `dataclasses.replace` re-validates the layout, thousands of times a query)."""
+    return replace(layout, pp=1, vpp=1, dp=1, zero=0)
+
+
 @memoised()
 def _stage_terms(model: ModelConfig, layout: Layout, micro_batch: int, seq: int,
                  profile: HardwareProfile) -> tuple[float, float, float]:
@@ -249,5 +257,5 @@ def pipeline_bubble(pp: int, vpp: int, micro_batches: int) -> float:
     return (pp - 1) / (vpp * micro_batches)
 
 
-__all__ = ["IterationEstimate", "LayerTimes", "estimate_iteration", "estimate_pipeline", "layer_times", "memo_alpha",
+__all__ = ["IterationEstimate", "LayerTimes", "stage_shard", "estimate_iteration", "estimate_pipeline", "layer_times", "memo_alpha",
            "model_flops_per_iteration", "pipeline_bubble"]

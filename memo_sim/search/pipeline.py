@@ -37,7 +37,7 @@ from memo_sim.policy.base import Policy
 from memo_sim.policy.rounding_buffers import KEPT_LAYERS
 from memo_sim.profile.schema import HardwareProfile
 from memo_sim.search.candidate import Candidate
-from memo_sim.search.estimate import estimate_pipeline, memo_alpha, pipeline_bubble
+from memo_sim.search.estimate import estimate_pipeline, memo_alpha, pipeline_bubble, stage_shard
 
 MAX_VPP = 4  # interleaving: up to this many chunks per rank (Megatron-LM's runs use 2-4; more adds P2P per micro-batch)
 MAX_MICRO_BATCH_SIZES = 4  # the smallest divisors of the batch tried as micro-batch sizes
@@ -68,6 +68,9 @@ def _host_units(model: ModelConfig, layout: Layout, in_flight: list[int], micro_
     return _host_units_of(model.layers, layout, tuple(in_flight), micro_batches, gpus_per_node)
 
 
+_node_stage_gpus = lru_cache(maxsize=4096)(node_stage_gpus)  # read-only here; layouts recur across micro-batches
+
+
 @lru_cache(maxsize=4096)
 def _host_units_of(layers: int, layout: Layout, in_flight: tuple[int, ...], micro_batches: int,
                    gpus_per_node: int) -> tuple[int, tuple[int, ...], tuple[int, ...], int]:
@@ -76,7 +79,7 @@ def _host_units_of(layers: int, layout: Layout, in_flight: tuple[int, ...], micr
     every = micro_batches * layout.vpp
     offloaded = tuple(max(0, u - KEPT_LAYERS) if k == every else u for u, k in zip(units, in_flight))
     worst = node_units = 0
-    for _node, per in node_stage_gpus(layout, gpus_per_node).items():
+    for _node, per in _node_stage_gpus(layout, gpus_per_node).items():
         gpus = sum(per.values())
         blocks = sum(offloaded[s] * n for s, n in per.items())
         worst = max(worst, -(-blocks // gpus))
@@ -90,7 +93,7 @@ def pipeline_memory(model: ModelConfig, layout: Layout, batch: int, micro_batch:
     m = batch // micro_batch
     flights = stage_in_flight(schedule, layout.pp, m, layout.vpp)
     _worst, units, offloaded, node_units = _host_units(model, layout, flights, m, profile.node_gpus)
-    shard = replace(layout, pp=1, vpp=1, dp=1, zero=0)
+    shard = stage_shard(layout)
     one = memory_breakdown(model, shard, micro_batch, seq, policy, profile)
     from memo_sim.cost.activations import skeletal_bytes
 
