@@ -50,8 +50,12 @@ def run_query(flags: list[str], timeout: float = 1800) -> dict:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     load0 = _load()
     t0 = time.perf_counter()
-    p = subprocess.run([sys.executable, "-m", "memo_sim.cli", "whatif", *flags, "--json", "--no-plan"],
-                       capture_output=True, text=True, env=env, timeout=timeout)
+    try:
+        p = subprocess.run([sys.executable, "-m", "memo_sim.cli", "whatif", *flags, "--json", "--no-plan"],
+                           capture_output=True, text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:  # a row that says so, not a lost report
+        return {"wall": time.perf_counter() - t0, "cpu": float("nan"), "load_before": load0, "load_after": _load(),
+                "tier2": None, "candidates": None, "best": f"timed out after {timeout:g} s", "best_iteration_s": None}
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if p.returncode not in (0, 3):
