@@ -42,6 +42,8 @@ from memo_sim.model.config import get_model  # noqa: E402
 from memo_sim.profile import load_profile  # noqa: E402
 from memo_sim.search.whatif import candidates_for, default_jobs, simulate_candidates  # noqa: E402
 
+from sim_speed_queries import PART4, report_lines, run_all  # noqa: E402
+
 K = 1024
 PLAIN = ("store_all", "full_recompute", "full_offload", "memo")
 MODELS = ("gpt-7b", "gpt-13b", "gpt-30b")
@@ -290,7 +292,11 @@ def main() -> None:
     ap.add_argument("--serial", type=int, default=1000, help="candidates simulated serially for the comparison")
     ap.add_argument("--jobs", type=int, default=None, help="processes for tier 2 (default: every core)")
     ap.add_argument("--repeat", type=int, default=3, help="runs of each memo-sim simulate")
+    ap.add_argument("--only", choices=("queries",), default=None,
+                    help="run only part 4 (the real queries of issue #32) and replace it in the report")
     args = ap.parse_args()
+    if args.only == "queries":
+        return _queries_only(Path(args.out))
     jobs = args.jobs or default_jobs()
 
     started = dt.datetime.now(dt.timezone.utc)
@@ -384,8 +390,22 @@ def main() -> None:
         lines.append(f"| {c['label']} | {c['events']:,} | {', '.join(f'{w:.2f}' for w in c['walls'])} | "
                      f"{min(c['walls']):.2f} | {statistics.median(c['walls']):.2f} |")
     lines += ["", "Commands: " + "; ".join(f"`{c['command']}`" for c in cmds), ""]
+    lines += report_lines(run_all())
     text = "\n".join(lines)
     atomic_write_text(Path(args.out), text)
+    print(text)
+
+
+def _queries_only(out: Path) -> None:
+    """Part 4 alone: the report's earlier parts kept as they are, part 4 replaced (or added)."""
+    head = f"- Part 4 run: {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')} (UTC), code {git_state()}, " \
+           f"`python benchmarks/sim_speed.py --only queries`; load before: `{uptime()}`"
+    res = run_all()
+    part = "\n".join(report_lines(res)[:2] + [head, "", *report_lines(res)[2:]]) + f"\n- Load after: `{uptime()}`\n"
+    old = out.read_text() if out.exists() else ""
+    keep = old.split(PART4)[0].rstrip() if PART4 in old else old.rstrip()
+    text = (keep + "\n\n" if keep else "") + part
+    atomic_write_text(out, text)
     print(text)
 
 

@@ -56,6 +56,15 @@ from memo_sim.units import fmt_count, parse_token_budget
 ASKED = {f.name: f.default for f in fields(WhatifRequest)}  # the request's defaults, the options' too
 
 
+def _simulate_top_value(ctx, param, value):
+    from memo_sim.search.prune import parse_simulate_top
+
+    try:
+        return parse_simulate_top(value)
+    except MemoError as e:
+        raise click.BadParameter(str(e)) from None
+
+
 @click.command()
 @model_options
 @click.option("--seq", default="256K", callback=count_option, show_default=True, help="Sequence length (4K, 256K, 1M).")
@@ -104,8 +113,10 @@ ASKED = {f.name: f.default for f in fields(WhatifRequest)}  # the request's defa
 @click.option("--out", "out_dir", default=".", show_default=True, type=click.Path(file_okay=False),
               help="Folder for plan.json.")
 @click.option("--no-plan", is_flag=True, help="Do not write plan.json.")
-@click.option("--simulate-top", default=ASKED["simulate_top"], show_default=True, type=click.IntRange(0, 10000),
-              help="Tier 2: simulate this many of the best analytic candidates in the event simulator (0: none).")
+@click.option("--simulate-top", default=ASKED["simulate_top"], show_default=True, callback=_simulate_top_value,
+              help="Tier 2 (the event simulator): 'bound' simulates in order of a proved throughput bound until "
+                   "no candidate left can beat the best simulated; 'all' every fitting candidate; a count N the "
+                   "analytic tier's best N (0: none).")
 @click.option("--allocator-lag", default=ASKED["allocator_lag"], show_default=True, type=click.IntRange(0, 64),
               help="Tier 2: layers the GPU lags behind the CPU, holding collective buffers from the caching "
                    "allocator (record_stream); 0: the GPU keeps up.")
@@ -208,6 +219,7 @@ def _answer_json(ans, paths: dict, elapsed: float, show: Show) -> dict:
                                    "validation": req.profile.validation or None},
             "searched": result.searched,
             "elapsed_s": elapsed, "simulated_candidates": result.simulated,
+            "tier2": result.tier2.to_dict() if result.tier2 is not None else None,
             "plan_file": str(plan_path) if plan_path else None,
             "framework": req.framework, "tp_mode": req.flavour,
             "sppo_plan_file": str(sppo_plan_path) if sppo_plan_path else None,

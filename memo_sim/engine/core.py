@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 import simpy
 
 from memo_sim.cost.transfer import host_bandwidth_per_gpu
+from memo_sim.engine.events import MEMORY_SAMPLE, OP_END, OP_START, EventKind
 from memo_sim.engine.fluid import Flow, FluidNetwork, Link
 from memo_sim.engine.graph import MemAction, Op, OpGraph
 from memo_sim.profile.schema import HardwareProfile
@@ -124,10 +125,11 @@ class EngineRun:
     link_log: list[tuple[float, dict[str, float]]] = field(default_factory=list)
     link_capacity: dict[str, float] = field(default_factory=dict)
     link_carried: dict[str, float] = field(default_factory=dict)
-    # with ``log=True``: every op start (0, op), op end (1, op) and memory sample (2, index into
-    # ``memory``) in the order the engine ran them, and per sample (op or None, action, applied
+    # with ``log=True``: every op start (OP_START, op), op end (OP_END, op) and memory sample
+    # (MEMORY_SAMPLE, index into ``memory``; `memo_sim.engine.events`) in the order the engine
+    # ran them, and per sample (op or None, action, applied
     # delta: host bytes already multiplied by the device's group)
-    events: list[tuple[int, object]] = field(default_factory=list)
+    events: list[tuple[EventKind, object]] = field(default_factory=list)
     sample_src: list[tuple[Op | None, MemAction, float]] = field(default_factory=list)
 
 
@@ -155,7 +157,7 @@ class Engine:
         self.keep_memory = keep_memory or log  # False: no memory samples kept (peaks, failures and end bytes still are)
         # log: the order of op starts, op ends and memory samples (`EngineRun.events`), what
         # `memo_sim.engine.periodic` reads to check a folded run and unfold it
-        self.events: list[tuple[int, object]] = []
+        self.events: list[tuple[EventKind, object]] = []
         self.sample_src: list[tuple[Op | None, MemAction, float]] = []
         self._log = self.events.append if log else None
         self.failure: Failure | None = None
@@ -192,7 +194,7 @@ class Engine:
                     self.peak_gpu[device] = new
                 if self.keep_memory:
                     if self._log is not None:
-                        self._log((2, len(self.samples)))
+                        self._log((MEMORY_SAMPLE, len(self.samples)))
                         self.sample_src.append((op, a, a.nbytes))
                     self.samples.append(MemorySample(now, device, "gpu", new))
             else:
@@ -209,7 +211,7 @@ class Engine:
                     self.peak_host[node] = new
                 if self.keep_memory:
                     if self._log is not None:
-                        self._log((2, len(self.samples)))
+                        self._log((MEMORY_SAMPLE, len(self.samples)))
                         self.sample_src.append((op, a, delta))
                     self.samples.append(MemorySample(now, HOST_DEVICE_BASE - node, "host", new))
 
@@ -248,7 +250,7 @@ class Engine:
                     yield ev
             op.start = env.now
             if log is not None:
-                log((0, op))
+                log((OP_START, op))
             if op.mem_start:
                 apply(op.device, op.mem_start, op)
             if op.work > 0:
@@ -303,7 +305,7 @@ class Engine:
                         yield timeout(op.work / self._solo_rate[(op.device, op.direction)])
             op.end = env.now
             if log is not None:
-                log((1, op))
+                log((OP_END, op))
             if op.mem_end:
                 apply(op.device, op.mem_end, op)
             ev = waiters.pop(op.uid, None)

@@ -47,6 +47,7 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 
 from memo_sim.engine.core import HOST_DEVICE_BASE, EngineRun, Failure
+from memo_sim.engine.events import MEMORY_SAMPLE, OP_END, OP_START
 from memo_sim.engine.graph import Op
 from memo_sim.timeline import MemorySample, TimelineEvent
 
@@ -156,11 +157,11 @@ class _Log:
         self.started: list[Op] = []  # in start order
         self.start_positions: list[int] = []
         for i, (kind, x) in enumerate(self.events):
-            if kind == 0:
+            if kind == OP_START:
                 self.start_pos[x.uid] = i
                 self.started.append(x)
                 self.start_positions.append(i)
-            elif kind == 1:
+            elif kind == OP_END:
                 self.end_pos[x.uid] = i
 
     def ops_between(self, lo: int, hi: int) -> list[Op]:
@@ -169,7 +170,7 @@ class _Log:
 
     def samples_between(self, lo: int, hi: int) -> list[tuple[int, int]]:
         """(event position, sample index) of the memory samples at events ``lo:hi``."""
-        return [(pos, x) for pos, (kind, x) in enumerate(self.events[lo:hi], lo) if kind == 2]
+        return [(pos, x) for pos, (kind, x) in enumerate(self.events[lo:hi], lo) if kind == MEMORY_SAMPLE]
 
 
 def _same_window(log: _Log, a0: int, a1: int, b0: int, b1: int, period: float, step: int,
@@ -185,7 +186,7 @@ def _same_window(log: _Log, a0: int, a1: int, b0: int, b1: int, period: float, s
         kb, xb = ev[b0 + i]
         if ka != kb:
             return None
-        if ka == 2:
+        if ka == MEMORY_SAMPLE:
             sa, sb = samples[xa], samples[xb]
             if sa.device != sb.device or sa.kind != sb.kind or src[xa][2] != src[xb][2]:
                 return None
@@ -203,7 +204,7 @@ def _same_window(log: _Log, a0: int, a1: int, b0: int, b1: int, period: float, s
             return None
         if (xa.layer is None) != (xb.layer is None) or (xa.layer is not None and xb.layer - xa.layer != step):
             return None
-        ta, tb = (xa.start, xb.start) if ka == 0 else (xa.end, xb.end)
+        ta, tb = (xa.start, xb.start) if ka == OP_START else (xa.end, xb.end)
         if abs(tb - ta - period) > tol_t:
             return None
     return dv
@@ -529,11 +530,11 @@ def _tie_at(u: Unfolded, si: int, m: int, pos: int, op: Op | None, t: float, tol
                 continue
             dt = seg.shift(m_i)[0]
             kind, x = log.events[p]
-            if kind == 2:
+            if kind == MEMORY_SAMPLE:
                 src = log.src[x][0]
                 tp, who = log.samples[x].time, None if src is None else (src.device, src.stream)
             else:
-                tp, who = (x.start if kind == 0 else x.end), (x.device, x.stream)
+                tp, who = (x.start if kind == OP_START else x.end), (x.device, x.stream)
             if abs(tp + dt - t) > tol:
                 break
             if who != mine:

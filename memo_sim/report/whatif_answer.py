@@ -109,9 +109,10 @@ def whatif_answer(v: WhatIfView) -> Answer:
     n_ok = sum(c.status == "OK" for c in v.result.candidates)
     n_fold = n - len(v.shown)
     folded = f", {plural(n_fold, 'duplicate')} folded" if n_fold else ""
+    tier2 = v.result.tier2
     a.line(f"{plural(n, 'candidate')} ({n_ok} fit{folded}), "
-           f"{plural(len(v.result.rejected_layouts), 'layout')} rejected; tier 2 simulated the best "
-           f"{v.result.simulated}; {v.elapsed_s:.2f} s")
+           f"{plural(len(v.result.rejected_layouts), 'layout')} rejected; {v.elapsed_s:.2f} s")
+    a.line(tier2.line() if tier2 is not None else f"tier 2 simulated the best {v.result.simulated}")
     if v.best is None:
         if v.shown:
             a.line(f"  closest: {v.shown[0].layout.label()} {v.shown[0].policy.label()}: {binding_words(v.shown[0])}")

@@ -19,6 +19,7 @@ Per layer on one GPU (from `memo_sim.cost.layer_time`):
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
+from functools import lru_cache
 
 from memo_sim.cost.activations import layer_rows, skeletal_bytes
 from memo_sim.cost.boundary import boundary_times
@@ -200,11 +201,11 @@ def estimate_pipeline(model: ModelConfig, layout: Layout, batch: int, micro_batc
     state's sends overlap compute). Then the last gradient bucket of a stage (with ``grad_overlap``
     off: the slowest stage's reduction of all its gradients at once), ZeRO-1's exposed
     weight gathers (each layer's first forward) and the slowest stage's optimizer step."""
-    from memo_sim.cost.sppo import p2p_time, stage_grad_sync, stage_optimizer_time, stage_serial_grad_reduce
+    from memo_sim.cost.sppo import stage_grad_sync
 
     p, v = layout.pp, layout.vpp
     m = batch // micro_batch
-    shard = replace(layout, pp=1, vpp=1, dp=1, zero=0)
+    shard = stage_shard(layout)
     lt = _layer_times(model, shard, micro_batch, seq, policy, profile, active_gpus_per_node(layout, profile))
     per = model.layers // p
     r = lt.recompute if policy.recomputes_layer(0, model.layers) else 0.0
@@ -213,15 +214,13 @@ def estimate_pipeline(model: ModelConfig, layout: Layout, batch: int, micro_batc
     bt = boundary_times(model, shard, micro_batch, seq, profile)
     work = [per * (f_unit + b_unit) + (bt.embedding if s == 0 else 0.0) + (bt.classifier if s == p - 1 else 0.0)
             for s in range(p)]
-    hops = 2 * sum(p2p_time(model, layout, micro_batch, seq, profile, s) for s in range(p - 1))
+    hops, serial, opt = _stage_terms(model, layout, micro_batch, seq, profile)
     top = max(work)
     pipe = (m - 1) * top + sum(work) / v + (1 - 1 / v) * top + hops
     sync = stage_grad_sync(model, layout, profile)
     # overlapped: the last bucket; serial (``grad_overlap`` off): the slowest stage's whole reduction
-    sync_exposed = sync.layer_grad if sync.overlapped else max(
-        stage_serial_grad_reduce(model, layout, profile, s) for s in range(p))
+    sync_exposed = sync.layer_grad if sync.overlapped else serial
     gathers = per * max(0.0, sync.layer_gather - lt.forward)
-    opt = max(stage_optimizer_time(model, layout, s, profile) for s in range(p))
     exposed = m * per * (max(0.0, lt.offload - lt.forward) + max(0.0, lt.prefetch - lt.backward - r)) \
         if policy.offloads else 0.0
     total = pipe + sync_exposed + gathers + opt
@@ -232,10 +231,31 @@ def estimate_pipeline(model: ModelConfig, layout: Layout, batch: int, micro_batc
         exposed_copy_s=exposed)
 
 
+@lru_cache(maxsize=8192)
+def stage_shard(layout: Layout) -> Layout:
+    """What one GPU of a pipeline stage runs: the layout without its pipeline, data parallelism
+    and ZeRO (memoised: `dataclasses.replace` re-validates the layout, thousands of times a query)."""
+    return replace(layout, pp=1, vpp=1, dp=1, zero=0)
+
+
+@memoised()
+def _stage_terms(model: ModelConfig, layout: Layout, micro_batch: int, seq: int,
+                 profile: HardwareProfile) -> tuple[float, float, float]:
+    """A pipeline's per-stage terms, policy-independent (memoised; every policy of a layout asks):
+    the fill and drain's P2P sends (one per hop each way), the slowest stage's serial gradient
+    reduction and its optimizer step."""
+    from memo_sim.cost.sppo import p2p_time, stage_optimizer_time, stage_serial_grad_reduce
+
+    p = layout.pp
+    hops = 2 * sum(p2p_time(model, layout, micro_batch, seq, profile, s) for s in range(p - 1))
+    serial = max(stage_serial_grad_reduce(model, layout, profile, s) for s in range(p))
+    return hops, serial, max(stage_optimizer_time(model, layout, s, profile) for s in range(p))
+
+
 def pipeline_bubble(pp: int, vpp: int, micro_batches: int) -> float:
     """Idle time of a stage relative to its work with equal stage times: (p - 1)/(v·m)."""
     return (pp - 1) / (vpp * micro_batches)
 
 
-__all__ = ["IterationEstimate", "LayerTimes", "estimate_iteration", "estimate_pipeline", "layer_times", "memo_alpha",
+__all__ = ["IterationEstimate", "LayerTimes", "stage_shard", "estimate_iteration", "estimate_pipeline", "layer_times", "memo_alpha",
            "model_flops_per_iteration", "pipeline_bubble"]

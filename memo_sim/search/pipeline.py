@@ -23,7 +23,9 @@ offloaded layers in flight. MEMO's alpha is solved with that count of host block
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import lru_cache
 
+from memo_sim.cost.memo import memoised
 from memo_sim.cost.sppo import stage_model_state_bytes
 from memo_sim.engine.schedules.microbatch import micro_batch_pipelines, stage_in_flight
 from memo_sim.layout.parallel import Layout, _divisors, check_layout, enumerate_layouts, node_stage_gpus
@@ -35,10 +37,16 @@ from memo_sim.policy.base import Policy
 from memo_sim.policy.rounding_buffers import KEPT_LAYERS
 from memo_sim.profile.schema import HardwareProfile
 from memo_sim.search.candidate import Candidate
-from memo_sim.search.estimate import estimate_pipeline, memo_alpha, pipeline_bubble
+from memo_sim.search.estimate import estimate_pipeline, memo_alpha, pipeline_bubble, stage_shard
 
 MAX_VPP = 4  # interleaving: up to this many chunks per rank (Megatron-LM's runs use 2-4; more adds P2P per micro-batch)
 MAX_MICRO_BATCH_SIZES = 4  # the smallest divisors of the batch tried as micro-batch sizes
+
+
+@memoised()
+def _stage_states(model: ModelConfig, layout: Layout) -> tuple[float, ...]:
+    """Each stage's model-state bytes on one GPU (memoised: every policy of a layout asks)."""
+    return tuple(stage_model_state_bytes(model, layout, s) for s in range(layout.pp))
 
 
 def micro_batch_sizes(batch: int, fixed: int | None = None) -> list[int]:
@@ -51,20 +59,32 @@ def micro_batch_sizes(batch: int, fixed: int | None = None) -> list[int]:
 
 
 def _host_units(model: ModelConfig, layout: Layout, in_flight: list[int], micro_batches: int,
-                gpus_per_node: int) -> tuple[int, list[int], list[int]]:
+                gpus_per_node: int) -> tuple[int, tuple[int, ...], tuple[int, ...], int]:
     """(host layer blocks per GPU on the fullest node; per stage the layers it holds in flight, and
-    of those the offloaded ones).
+    of those the offloaded ones; the most offloaded layer blocks one node holds, its GPUs together).
     A rank's last `KEPT_LAYERS` forward layers stay on the GPU (`memo_sim.policy.rounding_buffers`):
-    they count where the rank holds every forward at once (its peak then includes them)."""
-    per_chunk = model.layers // (layout.pp * layout.vpp)
-    units = [k * per_chunk for k in in_flight]
+    they count where the rank holds every forward at once (its peak then includes them).
+    Memoised: every policy and micro-batch size of a layout asks."""
+    return _host_units_of(model.layers, layout, tuple(in_flight), micro_batches, gpus_per_node)
+
+
+_node_stage_gpus = lru_cache(maxsize=4096)(node_stage_gpus)  # read-only here; layouts recur across micro-batches
+
+
+@lru_cache(maxsize=4096)
+def _host_units_of(layers: int, layout: Layout, in_flight: tuple[int, ...], micro_batches: int,
+                   gpus_per_node: int) -> tuple[int, tuple[int, ...], tuple[int, ...], int]:
+    per_chunk = layers // (layout.pp * layout.vpp)
+    units = tuple(k * per_chunk for k in in_flight)
     every = micro_batches * layout.vpp
-    offloaded = [max(0, u - KEPT_LAYERS) if k == every else u for u, k in zip(units, in_flight)]
-    worst = 0
-    for _node, per in node_stage_gpus(layout, gpus_per_node).items():
+    offloaded = tuple(max(0, u - KEPT_LAYERS) if k == every else u for u, k in zip(units, in_flight))
+    worst = node_units = 0
+    for _node, per in _node_stage_gpus(layout, gpus_per_node).items():
         gpus = sum(per.values())
-        worst = max(worst, -(-sum(offloaded[s] * n for s, n in per.items()) // gpus))
-    return worst, units, offloaded
+        blocks = sum(offloaded[s] * n for s, n in per.items())
+        worst = max(worst, -(-blocks // gpus))
+        node_units = max(node_units, blocks)
+    return worst, units, offloaded, node_units
 
 
 def pipeline_memory(model: ModelConfig, layout: Layout, batch: int, micro_batch: int, seq: int, policy: Policy,
@@ -72,8 +92,8 @@ def pipeline_memory(model: ModelConfig, layout: Layout, batch: int, micro_batch:
     """The fullest stage's memory (see the module docs) and a row per stage."""
     m = batch // micro_batch
     flights = stage_in_flight(schedule, layout.pp, m, layout.vpp)
-    _worst, units, offloaded = _host_units(model, layout, flights, m, profile.node_gpus)
-    shard = replace(layout, pp=1, vpp=1, dp=1, zero=0)
+    _worst, units, offloaded, node_units = _host_units(model, layout, flights, m, profile.node_gpus)
+    shard = stage_shard(layout)
     one = memory_breakdown(model, shard, micro_batch, seq, policy, profile)
     from memo_sim.cost.activations import skeletal_bytes
 
@@ -84,16 +104,15 @@ def pipeline_memory(model: ModelConfig, layout: Layout, batch: int, micro_batch:
     host_block = policy.host_bytes_per_layer(model, shard, micro_batch, seq, profile) if policy.offloads else 0.0
     offload = policy.offload_bytes(model, shard, micro_batch, seq) if policy.offloads else 0.0
     rows = []
+    all_states = _stage_states(model, layout)
     for s in range(layout.pp):
-        states = stage_model_state_bytes(model, layout, s)
+        states = all_states[s]
         work = one.transient_peak_bytes + one.layer_boundary_bytes
         top = max(work, one.classifier_peak_bytes) if s == layout.pp - 1 else work
         peak = states + units[s] * kept + buffers + top
         rows.append({"stage": s, "in_flight": flights[s], "layers_in_flight": units[s], "model_states_bytes": states,
                      "peak_gpu_bytes": peak})
-    host_node = 0.0
-    for _node, per in node_stage_gpus(layout, profile.node_gpus).items():
-        host_node = max(host_node, sum(n * offloaded[s] * host_block for s, n in per.items()))
+    host_node = node_units * host_block
     w = max(rows, key=lambda r: r["peak_gpu_bytes"])
     u = units[w["stage"]]
     mem = MemoryBreakdown(
@@ -119,7 +138,7 @@ def pipeline_candidate(model: ModelConfig, layout: Layout, policy_name: str, bat
             a, note = alpha, "fixed by --alpha"
         else:
             flights = stage_in_flight(schedule, layout.pp, m, layout.vpp)
-            units, _all, _off = _host_units(model, layout, flights, m, profile.node_gpus)
+            units, _all, _off, _node = _host_units(model, layout, flights, m, profile.node_gpus)
             res = memo_alpha(model, replace(layout, pp=1, vpp=1), micro_batch, seq, profile, units=max(1, units))
             a = res.alpha if res.feasible else 0.0
             note = res.reason() if res.feasible else f"infeasible ({res.reason()}); alpha=0"

@@ -19,6 +19,7 @@ from memo_sim.layout.schedule import schedule_runs_policy
 from memo_sim.model.config import ModelConfig
 from memo_sim.plan.schema import Plan
 from memo_sim.profile.schema import HardwareProfile
+from memo_sim.search.prune import SIMULATE_BOUND
 from memo_sim.search.candidate import Candidate
 from memo_sim.search.frameworks import get_framework
 from memo_sim.search.plan_build import build_plan
@@ -62,7 +63,7 @@ class WhatifRequest:
     multiplex: bool | None = None
     framework: str = "any"
     # tier 2 (the event simulator)
-    simulate_top: int = 8
+    simulate_top: int | str = SIMULATE_BOUND  # 'bound' (pruned with proof), 'all', or the analytic tier's best N
     allocator_lag: int = 0
     jobs: int = 1
 

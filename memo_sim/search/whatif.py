@@ -41,6 +41,7 @@ from memo_sim.search.candidate import Candidate, binding_words, host_memory_word
 from memo_sim.search.estimate import estimate_iteration, memo_alpha
 from memo_sim.search.frameworks import get_framework
 from memo_sim.search.pipeline import micro_batch_sizes, pipeline_candidate, pipeline_candidates
+from memo_sim.search.prune import SIMULATE_ALL, SIMULATE_BOUND, PruneReport, parse_simulate_top, simulate_by_bound
 from memo_sim.search.sppo import point_candidate, resolve_for_layout, sppo_candidates, summarize
 
 
@@ -52,6 +53,7 @@ class WhatIfResult:
     sppo: object | None = None  # memo_sim.search.sppo.SppoSearch when SPPO was searched
     sppo_summary: dict | None = None  # heuristic vs exhaustive best (analytic and simulated)
     searched: dict = field(default_factory=dict)  # the schedules searched, and the pipelines' pp, vpp, micro-batch
+    tier2: PruneReport | None = None  # how many tier 2 simulated, skipped by bound, and the proof margin
 
     @property
     def best(self) -> Candidate | None:
@@ -455,25 +457,40 @@ def not_searched(gpus: int, policies: tuple[str, ...] | None, framework: str, fi
 SPPO_SIMULATED = 2  # tier 2 also simulates the heuristic's SPPO choice and this many of the best SPPO points
 
 
-def rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, *, simulate_top: int = 8,
-         progress: Progress | None = None, allocator_lag: int = 0, sppo_simulate: int = SPPO_SIMULATED,
-         jobs: int = 1, **fixed) -> WhatIfResult:
-    """Both tiers: every candidate estimated, the best ``simulate_top`` that fit simulated and
-    ranked first by their simulated throughput; with SPPO candidates also the heuristic's choice
-    and the best ``sppo_simulate`` SPPO points (`WhatIfResult.sppo_summary`). ``jobs``: processes
-    for tier 2 (`simulate_candidates`). ``fixed``: `candidates_for`'s keyword arguments."""
+def rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, *,
+         simulate_top: int | str = SIMULATE_BOUND, progress: Progress | None = None, allocator_lag: int = 0,
+         sppo_simulate: int = SPPO_SIMULATED, jobs: int = 1, **fixed) -> WhatIfResult:
+    """Both tiers: every candidate estimated; of those that fit, tier 2 simulates (``simulate_top``)
+    in order of a proved throughput bound until none left can beat the best simulated
+    (``bound``, `memo_sim.search.prune`), every one (``all``), or the analytic best N; the
+    simulated rank first by their simulated throughput (`WhatIfResult.tier2` says how many were
+    simulated and skipped). With SPPO candidates also the heuristic's choice and the best
+    ``sppo_simulate`` SPPO points (`WhatIfResult.sppo_summary`). ``jobs``: processes for tier 2
+    (`simulate_candidates`). ``fixed``: `candidates_for`'s keyword arguments."""
+    mode = parse_simulate_top(simulate_top)
     result = candidates_for(model, seq, gpus, profile, **fixed)
-    if simulate_top:
-        head = [c for c in result.candidates if c.memory.status == "OK"][:simulate_top]
+    if mode:
+        fitting = [c for c in result.candidates if c.memory.status == "OK"]
+        extra = []
         if result.sppo is not None and sppo_simulate:
-            sppo_ok = [c for c in result.candidates if c.sppo is not None and c.memory.status == "OK"]
+            sppo_ok = [c for c in fitting if c.sppo is not None]
             extra = [c for c in sppo_ok if "heuristic" in c.sppo.get("roles", ())] + sppo_ok[:sppo_simulate]
-            for c in extra:
-                if not any(c is h for h in head):
-                    head.append(c)
-        simulate_candidates(head, progress=progress, allocator_lag=allocator_lag, jobs=jobs)
+
+        def run(cands: list[Candidate]) -> None:
+            simulate_candidates(cands, progress=progress, allocator_lag=allocator_lag, jobs=jobs)
+
+        if mode == SIMULATE_BOUND:
+            result.tier2 = simulate_by_bound(fitting, run, batch=max(PARALLEL_MIN, 2 * jobs), always=extra)
+            head = [c for c in result.candidates if c.simulated is not None]
+        else:
+            head = fitting if mode == SIMULATE_ALL else fitting[:mode]
+            ids = {id(h) for h in head}
+            head = head + [c for c in extra if id(c) not in ids]
+            run(head)
+            result.tier2 = PruneReport("all" if mode == SIMULATE_ALL else "top", len(fitting), len(head), 0)
+        ids = {id(h) for h in head}
         result.candidates = sorted(head, key=Candidate.sort_key) + [c for c in result.candidates
-                                                                    if not any(c is h for h in head)]
+                                                                    if id(c) not in ids]
         result.simulated = len(head)
     if result.sppo is not None:
         result.sppo_summary = summarize(result.sppo, result.candidates)

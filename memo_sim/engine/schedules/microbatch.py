@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Callable
 
 from memo_sim.cost.boundary import boundary_times
@@ -125,9 +126,14 @@ def micro_batch_pipelines() -> tuple[str, ...]:
 
 
 def stage_in_flight(name: str, pp: int, micro_batches: int, vpp: int) -> list[int]:
-    """Per rank, the most chunk forwards held at once under schedule ``name``."""
-    order = pipeline_order(name)
-    return [in_flight(order(pp, micro_batches, vpp, s)) for s in range(pp)]
+    """Per rank, the most chunk forwards held at once under schedule ``name`` (memoised: the
+    what-if asks for the same few (pp, micro-batches, vpp) for thousands of candidates)."""
+    return list(_stage_in_flight(pipeline_order(name), pp, micro_batches, vpp))
+
+
+@lru_cache(maxsize=4096)
+def _stage_in_flight(order, pp: int, micro_batches: int, vpp: int) -> tuple[int, ...]:
+    return tuple(in_flight(order(pp, micro_batches, vpp, s)) for s in range(pp))
 
 
 def in_flight(order: list[Step]) -> int:

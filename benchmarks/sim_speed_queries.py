@@ -1,0 +1,140 @@
+"""The real what-if queries of issue #32, each run as a whole process (`python -m memo_sim.cli
+whatif ... --json`), with the machine's load before and after, wall and CPU (user + sys of the
+child) seconds; and one SPPO candidate at 1M tokens / 64 GPUs simulated in this process.
+
+`benchmarks/sim_speed.py` runs these as its part 4 (``--only queries`` runs just them and
+replaces that part of the report). Targets (issue #32, "Done when"): GPT-13B / 64 A800s / 1M
+tokens with every fitting candidate simulated in at most 3 s; one SPPO candidate at 1M / 64
+GPUs in at most 50 ms; GPT-175B / 1,024 A100s / 256K with pipelines, pruned, in at most 10 s and
+the same best plan as the exhaustive search (whose time is also reported).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+Q13 = ["--model", "gpt-13b", "--seq", "1M", "--gpus", "64", "--profile", "a800-80gb"]
+Q175 = ["--model", "gpt-175b", "--seq", "256K", "--gpus", "1024", "--profile", "a100-sxm4-80gb"]
+PIPELINES = ["--schedule", "single_stage", "--schedule", "1f1b", "--schedule", "interleaved_1f1b",
+             "--schedule", "sppo"]
+QUERIES = [
+    # (label, flags, target seconds or None)
+    ("GPT-13B, 64 A800s, 1M tokens, exhaustive (--simulate-top all)", Q13 + ["--simulate-top", "all"], 3.0),
+    ("GPT-13B, 64 A800s, 1M tokens, pruned (default)", Q13, None),
+    ("GPT-175B, 1,024 A100s, 256K tokens, default schedules, pruned", Q175, None),
+    ("GPT-175B, 1,024 A100s, 256K tokens, default schedules, exhaustive", Q175 + ["--simulate-top", "all"], None),
+    ("GPT-175B, 1,024 A100s, 256K tokens, with pipelines, pruned", Q175 + PIPELINES, 10.0),
+    ("GPT-175B, 1,024 A100s, 256K tokens, with pipelines, exhaustive", Q175 + PIPELINES + ["--simulate-top", "all"],
+     None),
+]
+SPPO_TARGET_S = 0.050
+PART4 = "## 4. Real queries, whole process (issue #32)"
+
+
+def _load() -> str:
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def run_query(flags: list[str], timeout: float = 1800) -> dict:
+    """One what-if as a whole process: wall, the child's user + sys seconds, the load around it,
+    and from its JSON the best plan and tier 2's counts."""
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    load0 = _load()
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run([sys.executable, "-m", "memo_sim.cli", "whatif", *flags, "--json", "--no-plan"],
+                           capture_output=True, text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:  # a row that says so, not a lost report
+        return {"wall": time.perf_counter() - t0, "cpu": float("nan"), "load_before": load0, "load_after": _load(),
+                "tier2": None, "candidates": None, "best": f"timed out after {timeout:g} s", "best_iteration_s": None}
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if p.returncode not in (0, 3):
+        raise SystemExit(f"memo-sim whatif {' '.join(flags)} failed ({p.returncode}): {p.stderr[-2000:]}")
+    out = json.loads(p.stdout)
+    best = next((c for c in out["candidates"] if c["status"] == "OK"), None)
+    return {"wall": wall, "cpu": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+            "load_before": load0, "load_after": _load(), "tier2": out.get("tier2"),
+            "candidates": len(out["candidates"]) + out.get("folded_duplicates", 0),
+            "best": None if best is None else f"{best['layout']} {best['policy']} ({best.get('schedule', '')})",
+            "best_iteration_s": None if best is None else best.get("simulated_iteration_s")}
+
+
+def one_sppo_candidate(repeat: int = 3) -> dict:
+    """The best SPPO candidate of GPT-13B / 64 A800s / 1M tokens simulated in this process (after
+    one warm-up run: its costs memoised), seconds of each run."""
+    sys.path.insert(0, str(REPO))
+    from memo_sim.model.config import get_model
+    from memo_sim.profile import load_profile
+    from memo_sim.engine.simulate import simulate
+    from memo_sim.search.whatif import candidates_for
+
+    model, profile = get_model("gpt-13b"), load_profile("a800-80gb")
+    r = candidates_for(model, 1 << 20, 64, profile, policies=("sppo",))
+    c = next(c for c in r.candidates if c.memory.status == "OK")
+    walls, cpus = [], []
+    for _ in range(repeat + 1):  # as tier 2 runs it (`memo_sim.search.whatif._simulate_summary`)
+        t0, c0 = time.perf_counter(), time.process_time()
+        sim = simulate(model, c.layout, c.batch, c.seq, c.policy, profile, schedule=c.schedule,
+                       micro_batch=c.micro_batch, keep_timeline=False)
+        sim.to_dict()
+        walls.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
+    return {"label": f"{c.layout.label()} {c.policy.label()}", "walls": walls[1:], "cpus": cpus[1:],
+            "ops": sim.n_ops, "load": _load()}
+
+
+def run_all() -> dict:
+    res = {"queries": [], "sppo": one_sppo_candidate()}
+    for label, flags, target in QUERIES:
+        r = run_query(flags)
+        r.update(label=label, command="memo-sim whatif " + " ".join(flags), target=target)
+        res["queries"].append(r)
+        print(f"{label}: {r['wall']:.2f} s wall, {r['cpu']:.2f} s CPU, load {r['load_before']} -> {r['load_after']}",
+              flush=True)
+    return res
+
+
+def _same_best(res: dict, a: str, b: str) -> str:
+    q = {r["label"]: r for r in res["queries"]}
+    if a not in q or b not in q:
+        return "n/a"
+    return "yes" if q[a]["best"] == q[b]["best"] and q[a]["best_iteration_s"] == q[b]["best_iteration_s"] else "**NO**"
+
+
+def report_lines(res: dict) -> list[str]:
+    """Part 4 of reports/sim-speed.md."""
+    sp = res["sppo"]
+    met = lambda ok: "met" if ok else "**NOT met**"  # noqa: E731
+    lines = [PART4, "",
+             "Each row: `python -m memo_sim.cli whatif FLAGS --json --no-plan` as a child process; wall seconds, "
+             "the child's CPU seconds (user + sys: what the query costs whatever the load) and the load average "
+             "(1, 5, 15 min) before and after. Tier 2 runs in every core's process (2 here).", "",
+             "| query | wall (s) | CPU (s) | target | tier 2: simulated / skipped by bound / fitting | best | load before "
+             "-> after |", "|---|---|---|---|---|---|---|"]
+    for r in res["queries"]:
+        t = r["tier2"] or {}
+        tgt = "" if r["target"] is None else f"<= {r['target']:g} s wall: {met(r['wall'] <= r['target'])}"
+        lines.append(f"| {r['label']} | {r['wall']:.2f} | {r['cpu']:.2f} | {tgt} | {t.get('simulated')} / "
+                     f"{t.get('skipped_by_bound')} / {t.get('fitting')} | {r['best']} | {r['load_before']} -> "
+                     f"{r['load_after']} |")
+    lines += ["",
+              "- Pruned and exhaustive return the same best plan (same layout, policy, schedule and simulated "
+              "iteration time): GPT-13B " + _same_best(res, QUERIES[1][0], QUERIES[0][0]) + "; GPT-175B default "
+              "schedules " + _same_best(res, QUERIES[2][0], QUERIES[3][0]) + "; GPT-175B with pipelines "
+              + _same_best(res, QUERIES[4][0], QUERIES[5][0]) + ".",
+              f"- One SPPO candidate at 1M tokens / 64 GPUs ({sp['label']}, {sp['ops']:,} ops), simulated in this "
+              f"process after a warm-up run: {', '.join(f'{w * 1e3:.0f}' for w in sp['walls'])} ms wall "
+              f"({', '.join(f'{c * 1e3:.0f}' for c in sp['cpus'])} ms CPU) at load {sp['load']}; target "
+              f"<= {SPPO_TARGET_S * 1e3:.0f} ms: {met(min(sp['walls']) <= SPPO_TARGET_S)}.",
+              "", "Commands: " + "; ".join(f"`{r['command']}`" for r in res["queries"]), ""]
+    return lines

@@ -1,0 +1,113 @@
+"""Tier 2 that skips with proof: simulate candidates in order of their throughput bound and stop
+when no candidate left can beat the best simulated one.
+
+Each fitting candidate's iteration time has a provable lower bound
+(`memo_sim.search.bound.lower_bound`), so its simulated throughput (tokens per GPU per second,
+what the ranking orders by) has an upper bound. Candidates are simulated in order of that upper
+bound, best first, a batch at a time; the search stops when the next candidate's upper bound is
+below the best simulated throughput: no candidate left can overtake it, so the best plan is the
+one the exhaustive search (every fitting candidate simulated) finds. The bound is proved, not
+fitted, so the margin the stop allows is zero; `PruneReport.margin` says by how much the closest
+skipped candidate's bound fell short of the best (the proof's slack).
+
+Modes (``simulate_top`` of `memo_sim.search.whatif.rank`): `SIMULATE_BOUND` (this search),
+`SIMULATE_ALL` (every fitting candidate: the exhaustive search), or a count (the analytic tier's
+best that many, as before).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+from memo_sim.errors import MemoError
+from memo_sim.search.bound import lower_bound
+
+SIMULATE_ALL = "all"
+SIMULATE_BOUND = "bound"
+SIMULATE_MODES = (SIMULATE_BOUND, SIMULATE_ALL)
+ALLOWED_GAP = 0.0  # the bound is proved (module docs): a skipped candidate is never within any gap of the best
+
+
+def parse_simulate_top(value) -> int | str:
+    """``--simulate-top``: ``bound``, ``all`` or a count of at least 0."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise MemoError(f"--simulate-top must be at least 0, got {value}")
+        return value
+    text = str(value).strip().lower()
+    if text in SIMULATE_MODES:
+        return text
+    try:
+        n = int(text)
+    except ValueError:
+        raise MemoError(f"--simulate-top {value!r}: give a count, 'bound' (simulate until no candidate left can "
+                        f"win) or 'all' (every fitting candidate)") from None
+    return parse_simulate_top(n)
+
+
+@dataclass
+class PruneReport:
+    mode: str  # bound | all | top
+    fitting: int  # candidates the analytic tier says fit: the ones tier 2 may simulate
+    simulated: int
+    skipped_by_bound: int  # fitting candidates whose throughput bound is below the best simulated
+    allowed_gap: float = ALLOWED_GAP
+    margin: float | None = None  # 1 - (best skipped bound / best simulated throughput); None: none skipped
+    best_tgs: float | None = None  # the best simulated throughput
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def line(self) -> str:
+        if self.mode != SIMULATE_BOUND:
+            return (f"tier 2: {self.simulated} of {self.fitting} fitting candidates simulated "
+                    f"({'every one' if self.mode == SIMULATE_ALL else 'the analytic best'})")
+        proof = ("" if self.margin is None else
+                 f"; the closest skipped bound is {100 * self.margin:.1f}% below the best simulated throughput "
+                 f"(proof margin; allowed gap {100 * self.allowed_gap:g}%)")
+        return (f"tier 2: {self.simulated} of {self.fitting} fitting candidates simulated, "
+                f"{self.skipped_by_bound} skipped by a proved bound{proof}")
+
+
+def tgs_upper_bound(c) -> float:
+    """The candidate's throughput at its lower-bound iteration time (the estimate's throughput
+    scaled: throughput is tokens over iteration time)."""
+    lb = lower_bound(c)
+    return c.estimate.tgs * c.estimate.iteration_s / lb if lb > 0 else float("inf")
+
+
+def simulate_by_bound(fitting: list, simulate: Callable[[list], object], *, batch: int = 4,
+                      always: list | None = None) -> PruneReport:
+    """Simulate ``fitting`` candidates (``simulate(list)`` fills each one's ``simulated``) in order
+    of `tgs_upper_bound`, ``batch`` at a time, until the next bound is below the best simulated
+    throughput; ``always`` (e.g. SPPO's heuristic choice) are simulated in the first batch too."""
+    ub = {id(c): tgs_upper_bound(c) for c in fitting}
+    order = sorted(fitting, key=lambda c: -ub[id(c)])
+    extra = [c for c in (always or []) if c.simulated is None]
+    best = None
+    i = 0
+    done = 0
+    while i < len(order):
+        if best is not None and ub[id(order[i])] < best:
+            break
+        chunk = [c for c in order[i:i + batch] if c.simulated is None]
+        chunk += [c for c in extra if not any(c is x for x in chunk)]
+        extra = []
+        simulate(chunk)
+        done += len(chunk)
+        i += batch
+        for c in chunk:
+            s = c.simulated
+            if s and s["status"] == "OK" and s.get("tgs_tokens_per_gpu_s") is not None:
+                best = s["tgs_tokens_per_gpu_s"] if best is None else max(best, s["tgs_tokens_per_gpu_s"])
+    if extra:
+        simulate(extra)
+        done += len(extra)
+    skipped = [c for c in order[i:] if c.simulated is None]
+    margin = (1.0 - max(ub[id(c)] for c in skipped) / best) if skipped and best else None
+    return PruneReport(SIMULATE_BOUND, len(fitting), done, len(skipped), margin=margin, best_tgs=best)
+
+
+__all__ = ["ALLOWED_GAP", "PruneReport", "SIMULATE_ALL", "SIMULATE_BOUND", "SIMULATE_MODES", "parse_simulate_top",
+           "simulate_by_bound", "tgs_upper_bound"]

@@ -1,0 +1,181 @@
+"""SPPO's analytic estimate (tier 1): the (stage, piece) recurrence (`memo_sim.search.sppo`'s
+"Analytic estimate")."""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from dataclasses import replace
+
+from memo_sim.cost.boundary import boundary_times
+from memo_sim.cost.sppo import (
+    p2p_bytes,
+    p2p_link,
+    piece_timer,
+    stage_grad_sync,
+    stage_layers,
+    stage_optimizer_time,
+)
+from memo_sim.cost.transfer import host_bandwidth_per_gpu
+from memo_sim.layout.parallel import Layout
+from memo_sim.model.config import ModelConfig
+from memo_sim.model.flops import mfu, tgs
+from memo_sim.policy.rounding_buffers import offloaded_layer_count
+from memo_sim.policy.sppo import Sppo
+from memo_sim.profile.schema import HardwareProfile
+from memo_sim.search.estimate import IterationEstimate, LayerTimes
+
+
+# ------------------------------------------------------------------------------------------ timing
+def _active(layout: Layout, profile: HardwareProfile) -> int:
+    return min(layout.gpus, profile.node_gpus)
+
+
+def estimate_sppo(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Sppo,
+                  profile: HardwareProfile, quantum: float = 0.0) -> tuple[IterationEstimate, dict]:
+    """Tier 1 for an SPPO plan (module docs): the (stage, piece) recurrence. Returns the estimate
+    and the grid's details (per-stage forward / backward end, busy time). ``quantum``: price
+    the pieces' non-attention ops on a geometric length grid (`memo_sim.cost.sppo.piece_timer`;
+    the search's bounding pass)."""
+    shard = replace(layout, pp=1, dp=1, zero=0)
+    pieces = policy.stage_pieces(model, layout, batch)
+    layers = stage_layers(model.layers, layout.pp)
+    active = _active(layout, profile)
+    sync = stage_grad_sync(model, layout, profile)
+    pp = layout.pp
+    tf: list[list[float]] = []
+    tb: list[list[float]] = []
+    exposed = 0.0
+    mid = None
+    bts: dict[int, object] = {}
+    per_piece: dict[tuple, tuple] = {}
+    bw_o = host_bandwidth_per_gpu(profile, "d2h", active)
+    bw_p = host_bandwidth_per_gpu(profile, "h2d", active)
+    lat = float(profile.host_link.latency)
+    n_l = len(layers[0])
+    timer = piece_timer(model, shard, batch, profile, quantum)
+    starts_of = [[p.start for p in ps] for ps in pieces]
+    base_rows: dict[tuple, tuple] = {}
+    for s in range(pp):
+        ps = pieces[s]
+        n_k = len(ps)
+        n_off_units = offloaded_layer_count(n_l * n_k)
+        if 0 < s < pp - 1 and sync.layer_gather == 0:
+            sig = (ps[0].start, ps[-1].start, n_k, id(ps) if n_k < 3 else ps[1].start)
+            hit = base_rows.get(sig)
+            if hit is not None and starts_of[s] == starts_of[hit[3]]:
+                tf.append(list(hit[0]))
+                tb.append(list(hit[1]))
+                exposed += hit[2]
+                continue
+        exposed_before = exposed
+        rowf, rowb = [], []
+        for k, pc in enumerate(ps):
+            n_off = max(0, min(n_l, n_off_units - k * n_l))
+            key = (pc.sub, pc.start, pc.end, k < n_k - 1, n_off)
+            hit = per_piece.get(key)
+            if hit is None:
+                f, b = timer(pc.start, pc.tokens)
+                off = policy.offload_bytes_of(model, shard, batch, pc, k < n_k - 1)
+                o = (lat + off / bw_o) if off > 0 else 0.0
+                p = (lat + off / bw_p) if off > 0 else 0.0
+                hit = per_piece[key] = (
+                    n_off * max(f, o) + (n_l - n_off) * f, n_off * max(b, p) + (n_l - n_off) * b,
+                    n_off * (max(0.0, o - f) + max(0.0, p - b)), f, b, o, p)
+            t_f, t_b, exp, f, b, o, p = hit
+            exposed += exp
+            if s == 0 or s == pp - 1:
+                bt = bts.get(pc.tokens)
+                if bt is None:
+                    bt = bts[pc.tokens] = boundary_times(model, shard, batch, pc.tokens, profile)
+                if s == 0:
+                    t_f += bt.embedding_fwd
+                    t_b += bt.embedding_bwd
+                if s == pp - 1:
+                    t_f += bt.classifier
+            if sync.layer_gather > 0 and k == 0:
+                t_f += n_l * max(0.0, sync.layer_gather - f)
+            rowf.append(t_f)
+            rowb.append(t_b)
+            if s == 0 and k == n_k // 2:
+                mid = LayerTimes(f, b, 0.0, o if n_off else 0.0, p if n_off else 0.0)
+        tf.append(rowf)
+        tb.append(rowb)
+        if 0 < s < pp - 1 and sync.layer_gather == 0:
+            base_rows[(ps[0].start, ps[-1].start, n_k, id(ps) if n_k < 3 else ps[1].start)] = (
+                rowf, rowb, exposed - exposed_before, s)
+
+    per_token = p2p_bytes(model, layout, batch, 1)
+    links = [profile.internode if p2p_link(layout, profile, s) == "internode" else profile.nvlink
+             for s in range(max(0, pp - 1))]
+    hop_lat = [float(lk.latency) for lk in links]
+    hop_bw = [float(lk.bandwidth) for lk in links]
+
+    def hop(s: int, tokens: int) -> float:  # `memo_sim.cost.sppo.p2p_time`, linear in the tokens
+        return hop_lat[s] + tokens * per_token / hop_bw[s]
+
+    def overlapping(stage: int, a: int, b: int) -> range:
+        starts = starts_of[stage]
+        return range(max(0, bisect_right(starts, a) - 1), bisect_left(starts, b))
+
+    same = [s > 0 and starts_of[s] == starts_of[s - 1] for s in range(pp)]  # no multiplexed split between
+    fend: list[list[float]] = []
+    for s in range(pp):
+        row, t = [], 0.0
+        if s == 0:
+            for x in tf[0]:
+                t += x
+                row.append(t)
+        elif same[s]:  # piece k waits for piece k of the stage before
+            prev, lat, bw = fend[s - 1], hop_lat[s - 1], hop_bw[s - 1]
+            for k, pc in enumerate(pieces[s]):
+                ready = prev[k] + lat + pc.tokens * per_token / bw
+                t = (t if t > ready else ready) + tf[s][k]
+                row.append(t)
+        else:
+            up = pieces[s - 1]
+            for k, pc in enumerate(pieces[s]):
+                ready = max((fend[s - 1][q] + hop(s - 1, up[q].tokens) for q in overlapping(s - 1, pc.start, pc.end)),
+                            default=0.0)
+                t = max(t, ready) + tf[s][k]
+                row.append(t)
+        fend.append(row)
+    bend: list[list[float]] = [[0.0] * len(pieces[s]) for s in range(pp)]
+    stage_end = [0.0] * pp
+    for s in range(pp - 1, -1, -1):
+        t = fend[s][-1]
+        row, tbs = bend[s], tb[s]
+        if s == pp - 1:
+            for k in range(len(pieces[s]) - 1, -1, -1):
+                ready = fend[s][k]
+                t = (t if t > ready else ready) + tbs[k]
+                row[k] = t
+        elif same[s + 1]:
+            nxt, lat, bw = bend[s + 1], hop_lat[s], hop_bw[s]
+            ps = pieces[s]
+            for k in range(len(ps) - 1, -1, -1):
+                ready = nxt[k] + lat + ps[k].tokens * per_token / bw
+                t = (t if t > ready else ready) + tbs[k]
+                row[k] = t
+        else:
+            dn = pieces[s + 1]
+            for k in range(len(pieces[s]) - 1, -1, -1):
+                pc = pieces[s][k]
+                ready = max((bend[s + 1][q] + hop(s, dn[q].tokens) for q in overlapping(s + 1, pc.start, pc.end)),
+                            default=0.0)
+                t = max(t, ready) + tbs[k]
+                row[k] = t
+        tail = sync.layer_grad + (sync.embedding_grad if s in (0, pp - 1) else 0.0)
+        stage_end[s] = t + tail + stage_optimizer_time(model, layout, s, profile)
+    total = max(stage_end)
+    sequences = batch * layout.dp
+    bt = boundary_times(model, shard, batch, seq, profile)
+    est = IterationEstimate(
+        iteration_s=total, mfu=mfu(model, sequences, seq, total, layout.gpus, profile.peak(model.dtype)),
+        tgs=tgs(sequences, seq, total, layout.gpus), layer=mid or LayerTimes(0, 0, 0, 0, 0),
+        embedding_s=bt.embedding, classifier_s=bt.classifier,
+        grad_sync_exposed_s=sync.layer_grad + sync.embedding_grad,
+        optimizer_s=max(stage_optimizer_time(model, layout, s, profile) for s in range(pp)), exposed_copy_s=exposed)
+    busy = [sum(tf[s]) + sum(tb[s]) for s in range(pp)]
+    grid = {"stage_forward_end_s": [r[-1] for r in fend], "stage_backward_end_s": [bend[s][0] for s in range(pp)],
+            "stage_busy_s": busy, "bubble_fraction": 1 - sum(busy) / (pp * total) if total else 0.0}
+    return est, grid

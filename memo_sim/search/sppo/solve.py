@@ -1,0 +1,91 @@
+"""Solving one point (partition, alphas, memory, estimate), its cheap bound for the branch and
+bound, the memory floor that prunes a point outright, and the best point of one fixed layout."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from memo_sim.cost.sppo import (
+    kv_cache_bytes,
+    sequence_aware_alphas,
+    stage_model_state_bytes,
+)
+from memo_sim.errors import MemoError
+from memo_sim.layout.parallel import Layout
+from memo_sim.model.config import ModelConfig
+from memo_sim.policy.sppo import Sppo
+from memo_sim.profile.schema import HardwareProfile
+from memo_sim.search.sppo.alphas import _subseq_tokens, overlap_threshold, solve_alphas
+from memo_sim.search.sppo.estimate import estimate_sppo
+from memo_sim.search.sppo.grid import efficient_subseqs
+from memo_sim.search.sppo.points import (
+    BOUND_QUANTUM,
+    BOUND_SLACK,
+    MULTIPLEX_MAX_PP,
+    SppoPoint,
+    _rank_key,
+)
+
+
+# ------------------------------------------------------------------------------------------ points
+def solve_point(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile, subseqs: int,
+                partition: str = "flops", multiplex: bool = False, bounds: tuple[int, ...] | None = None,
+                lower_bound: float | None = None) -> SppoPoint:
+    """Solve one point: partition, alphas, memory, estimate. Raises `MemoError` where the point
+    cannot exist (the sequence does not split into N SP-divisible subsequences)."""
+    pol = Sppo(None, subseqs=subseqs, bounds=tuple(bounds) if bounds else (), partition=partition,
+               multiplex=multiplex and layout.pp > 1)
+    pol = pol.with_bounds(model, layout, batch, seq)
+    pol, ac, mem = solve_alphas(model, layout, batch, seq, pol, profile)
+    est, grid = estimate_sppo(model, layout, batch, seq, pol, profile)
+    return SppoPoint(layout, pol, est, mem, ac, est.iteration_s if lower_bound is None else lower_bound, grid)
+
+
+def _lower_bound(model, layout, batch, seq, profile, subseqs, partition, multiplex) -> tuple[float, Sppo] | None:
+    """(the estimate with the overlap-threshold alphas, that plan), or None where the point cannot
+    exist or certainly overflows the GPU (`memory_floor`)."""
+    try:
+        pol = Sppo(None, subseqs=subseqs, partition=partition, multiplex=multiplex and layout.pp > 1)
+        pol = pol.with_bounds(model, layout, batch, seq)
+    except MemoError:
+        return None
+    if memory_floor(model, layout, batch, pol) > profile.usable_gpu_memory:
+        return None
+    m = overlap_threshold(model, layout, batch, pol, profile)
+    a_i = [pol.offloadable_bytes(model, layout, batch, t) for t in _subseq_tokens(pol)]
+    pol = replace(pol, alphas=sequence_aware_alphas(a_i, m), threshold_bytes=m)
+    est = estimate_sppo(model, layout, batch, seq, pol, profile, quantum=BOUND_QUANTUM)[0].iteration_s
+    return est * (1 - BOUND_SLACK), pol
+
+
+def memory_floor(model: ModelConfig, layout: Layout, batch: int, policy: Sppo) -> float:
+    """Bytes the fullest stage certainly holds at the end of its last piece's backward, whatever
+    the alphas: its model states, the K/V cache of every earlier subsequence in each of its layers
+    and as many bytes of dK/dV accumulators (a lower bound used to prune)."""
+    shard = replace(layout, pp=1, dp=1, zero=0)
+    n_l = model.layers // layout.pp
+    kv = kv_cache_bytes(model, shard, batch, policy.bounds[-2]) if policy.subseqs > 1 else 0.0
+    return max(stage_model_state_bytes(model, layout, s) for s in range(layout.pp)) + 2 * n_l * kv
+
+def resolve_for_layout(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile,
+                       subseqs: int | None = None, multiplex: bool | None = None) -> SppoPoint:
+    """The best SPPO point for one fixed layout (N from the grid unless given): for commands that
+    hold the layout (sweeps) and for plans asked for with --pp/--subseqs."""
+    if layout.pp > 1 and (layout.cp > 1 or layout.ulysses > 1):
+        raise MemoError(f"sppo: {layout.label()}: pipeline stages use TP+SP only")
+    why = Sppo(None).check(model, layout, batch, seq)
+    if why and "not solved" not in why:
+        raise MemoError(f"sppo: {layout.label()}: {why}")
+    best: SppoPoint | None = None
+    for n in ([subseqs] if subseqs else efficient_subseqs(seq, layout.tp)):
+        muxes = [False, True] if 1 < layout.pp <= MULTIPLEX_MAX_PP else [False]
+        for mux in ([multiplex] if multiplex is not None else muxes):
+            try:
+                pt = solve_point(model, layout, batch, seq, profile, n, "flops", mux)
+            except MemoError:
+                continue
+            if best is None or _rank_key(pt) < _rank_key(best):
+                best = pt
+    if best is None:
+        raise MemoError(f"sppo: {seq} tokens do not split into subsequences for {layout.label()}")
+    return best

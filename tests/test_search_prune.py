@@ -1,0 +1,118 @@
+"""[search-scale] The search that skips with proof (`memo_sim.search.bound`, `memo_sim.search.prune`):
+the lower bound never exceeds the simulated iteration time over a sweep of candidates of every
+schedule and policy, and the pruned search returns the exhaustive search's best plan."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from memo_sim.cli import cli
+from memo_sim.errors import MemoError
+from memo_sim.model.config import ModelConfig
+from memo_sim.profile.loader import load_profile
+from memo_sim.search.bound import lower_bound
+from memo_sim.search.prune import parse_simulate_top, tgs_upper_bound
+from memo_sim.search.whatif import candidates_for, rank, simulate_candidates
+
+K = 1024
+A800 = load_profile("a800-80gb")
+TOY = ModelConfig("toy", layers=8, hidden=2048, heads=16, ffn=8192, vocab=32000)
+
+# (seq, gpus, what-if keywords): single stages of every policy, gradient accumulation, 1F1B,
+# interleaved 1F1B and SPPO
+PLAIN = ("store_all", "full_recompute", "full_offload", "memo")
+SWEEP = [
+    (64 * K, 8, dict(policies=PLAIN)),
+    (256 * K, 16, dict(policies=PLAIN)),
+    (32 * K, 8, dict(batch=4, micro_batch=2)),
+    (32 * K, 8, dict(pp=2, batch=4)),
+    (64 * K, 16, dict(pp=2, vpp=2, batch=4)),
+    (128 * K, 8, dict(policies=("sppo",), pp=2)),
+]
+
+
+def _fitting(seq, gpus, kw, limit=6):
+    r = candidates_for(TOY, seq, gpus, A800, **kw)
+    ok = [c for c in r.candidates if c.memory.status == "OK"]
+    return ok[:: max(1, len(ok) // limit)][:limit]
+
+
+def test_lower_bound_never_exceeds_the_simulated_iteration():
+    _check_bounds(SWEEP, limit=6)
+
+
+@pytest.mark.slow
+def test_lower_bound_over_a_wider_sweep():
+    _check_bounds(SWEEP + [(512 * K, 32, {}), (128 * K, 16, dict(pp=4, batch=8)),
+                           (128 * K, 16, dict(pp=4, vpp=2, batch=8)), (1024 * K, 16, dict(policies=("sppo",)))],
+                  limit=40)
+
+
+def _check_bounds(sweep, limit):
+    seen = set()
+    for seq, gpus, kw in sweep:
+        cands = _fitting(seq, gpus, kw, limit)
+        simulate_candidates(cands, jobs=1)
+        for c in cands:
+            if c.simulated["status"] != "OK":
+                continue
+            lb, sim = lower_bound(c), c.simulated["iteration_s"]
+            assert 0 < lb <= sim * (1 + 1e-9), (c.schedule, c.layout.label(), c.policy.label(), lb, sim)
+            assert tgs_upper_bound(c) >= c.simulated["tgs_tokens_per_gpu_s"] * (1 - 1e-9)
+            seen.add((c.schedule, c.policy.name))
+    schedules = {s for s, _ in seen}
+    assert {"single_stage", "1f1b", "interleaved_1f1b", "sppo"} <= schedules, seen
+    assert {p for s, p in seen if s == "single_stage"} >= {"store_all", "full_recompute", "full_offload", "memo"}
+
+
+def _label(c):
+    return (c.schedule, c.layout.label(), c.policy.label(), c.micro_batch)
+
+
+@pytest.mark.parametrize("seq,gpus,kw", [
+    (64 * K, 8, dict(policies=("memo", "full_recompute"))),
+    pytest.param(64 * K, 8, {}, marks=pytest.mark.slow),
+    pytest.param(256 * K, 16, {}, marks=pytest.mark.slow),
+    pytest.param(32 * K, 8, dict(pp=2, batch=4), marks=pytest.mark.slow),
+    pytest.param(128 * K, 8, dict(policies=("sppo", "memo")), marks=pytest.mark.slow)])
+def test_pruned_search_returns_the_exhaustive_best(seq, gpus, kw):
+    full = rank(TOY, seq, gpus, A800, simulate_top="all", **kw)
+    pruned = rank(TOY, seq, gpus, A800, simulate_top="bound", **kw)
+    assert _label(pruned.best) == _label(full.best)
+    assert pruned.best.simulated["iteration_s"] == full.best.simulated["iteration_s"]
+    t = pruned.tier2
+    assert t.mode == "bound" and t.fitting == full.tier2.fitting
+    assert t.simulated + t.skipped_by_bound >= t.fitting
+    if t.skipped_by_bound:
+        assert t.margin is not None and t.margin >= 0
+        # every skipped candidate: its bound below the best simulated throughput, and (exhaustive) truly slower
+        sim = {_label(c): c.simulated for c in full.candidates if c.simulated}
+        for c in pruned.candidates:
+            if c.simulated is None and c.memory.status == "OK":
+                assert tgs_upper_bound(c) < t.best_tgs
+                s = sim[_label(c)]
+                assert s["status"] != "OK" or s["tgs_tokens_per_gpu_s"] < t.best_tgs
+
+
+def test_simulate_top_values():
+    assert parse_simulate_top("all") == "all" and parse_simulate_top("BOUND") == "bound"
+    assert parse_simulate_top("8") == 8 and parse_simulate_top(0) == 0
+    for bad in ("-1", "some", "1.5"):
+        with pytest.raises(MemoError, match="--simulate-top"):
+            parse_simulate_top(bad)
+
+
+def test_whatif_reports_simulated_and_skipped(tmp_path):
+    args = ["whatif", "--model", "gpt-7b", "--layers", "4", "--seq", "64K", "--gpus", "8", "--no-plan",
+            "--policy", "memo", "--policy", "store_all"]
+    r = CliRunner().invoke(cli, args + ["--json"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    t = json.loads(r.output)["tier2"]
+    assert t["mode"] == "bound" and t["simulated"] + t["skipped_by_bound"] >= t["fitting"] > 0
+    r = CliRunner().invoke(cli, args, catch_exceptions=False)
+    assert r.exit_code == 0 and "skipped by a proved bound" in r.output
+    bad = CliRunner().invoke(cli, args + ["--simulate-top", "most"])
+    assert bad.exit_code == 2 and "--simulate-top" in bad.output and "Traceback" not in bad.output
