@@ -59,3 +59,23 @@ def test_explain_a_pipeline_plan_per_stage(tmp_path):
     assert len(d["time_breakdown_s"]) == 2 and len(d["stages"]) == 2
     for t in d["time_breakdown_s"]:
         assert sum(t["busy"].values()) + sum(t["waits"].values()) == pytest.approx(t["iteration_s"], rel=1e-9)
+
+
+@pytest.mark.parametrize("extra", [
+    ("--gpus", "2", "--pp", "2", "--schedule", "1f1b", "--policy", "memo"),
+    ("--gpus", "2", "--pp", "2", "--schedule", "interleaved_1f1b", "--vpp", "2", "--policy", "full_recompute"),
+    ("--gpus", "1", "--framework", "megatron", "--policy", "selective_recompute"),
+    ("--gpus", "2", "--tp", "2", "--tp-mode", "metp", "--policy", "store_all"),
+], ids=["1f1b-memo", "interleaved-full_recompute", "selective_recompute", "metp"])
+def test_explain_every_schedule_and_the_other_policies(tmp_path, extra):
+    plan = _plan(tmp_path, *extra)
+    r = CliRunner().invoke(cli, ["explain", plan, "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert d["status"] == "OK" and d["binding"] and d["analytic_peak_gpu_bytes"] > 0
+    for t in d["time_breakdown_s"]:
+        assert sum(t["busy"].values()) + sum(t["waits"].values()) == pytest.approx(t["iteration_s"], rel=1e-9)
+    for st in d["stages"] or ():
+        assert st["analytic_peak_gpu_bytes"] > 0 and st["peak_gpu_bytes"] > 0
+    text = CliRunner().invoke(cli, ["explain", plan])
+    assert text.exit_code == 0 and "binding:" in text.output, text.output

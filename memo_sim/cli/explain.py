@@ -32,6 +32,7 @@ def explain(plan_file, out_format, as_json):
     res = simulate(plan.model, plan.layout, plan.batch, plan.seq_tokens, plan.policy, profile, record=True,
                    classifier_chunk_tokens=plan.classifier_chunk_tokens, schedule=plan.schedule,
                    micro_batch=plan.micro_batch)
+    _add_stage_analytic_peaks(plan, profile, res)
     devices = sorted({o.device for o in res.ops if o.device >= 0})
     times = [time_breakdown(res, d) for d in devices]
     mem = memory_breakdown(plan.model, plan.layout, plan.batch, plan.seq_tokens, plan.policy, profile,
@@ -91,6 +92,20 @@ def explain(plan_file, out_format, as_json):
     a.line(f"\npinned host memory per node: {fmt_bytes(res.peak_host_bytes_per_node)} of "
            f"{fmt_bytes(res.host_capacity_bytes)}")
     emit(a, resolve_format(out_format, False))
+
+
+def _add_stage_analytic_peaks(plan, profile, res) -> None:
+    """A micro-batch pipeline's stage rows carry their analytic peak too (the SPPO schedule's carry
+    theirs already): `memo_sim.search.pipeline.pipeline_memory`, the what-if's own estimate."""
+    from memo_sim.search.pipeline import pipeline_memory
+
+    stages = (res.pipeline or {}).get("stages") or []
+    if not stages or all("analytic_peak_gpu_bytes" in st for st in stages):
+        return
+    _mem, rows = pipeline_memory(plan.model, plan.layout, plan.batch, plan.micro_batch, plan.seq_tokens,
+                                 plan.policy, profile, plan.schedule)
+    for st, row in zip(stages, rows):
+        st.setdefault("analytic_peak_gpu_bytes", row["peak_gpu_bytes"])
 
 
 def _binding(plan, profile, res, mem) -> str:
