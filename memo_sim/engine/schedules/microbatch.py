@@ -246,73 +246,139 @@ def build_microbatch_pipeline(costs: PipelineCosts, layout: Layout, profile: Har
 
 
 def _build(costs, layout, profile, policy, n_layers, micro_batches, order, devices, detail) -> MicrobatchSchedule:
-    p, v, m = layout.pp, layout.vpp, micro_batches
-    n_vs = p * v
-    if n_layers % n_vs:
-        raise MemoError(f"{n_layers} layers do not split evenly into pp x vpp = {n_vs} model chunks")
-    lc = n_layers // n_vs
-    devices = devices or stage_devices(layout, profile)
-    orders = [order(p, m, v, s) for s in range(p)]
-    for o in orders:
-        check_order(o, m, v)
-    fwd, bwd, rec = costs.forward, costs.backward, costs.recompute
-    per_unit = len(fwd) + len(bwd) + len(rec)
-    if detail == "auto":
-        detail = "ops" if p * m * v * lc * per_unit <= FINE_OPS_LIMIT else "units"
-    if detail == "units":
-        fwd, bwd = collapse_unit(fwd, "fwd"), collapse_unit(bwd, "bwd")
-        rec = collapse_unit(rec, "recompute") if rec else rec
-    elif detail != "ops":
-        raise MemoError(f"detail must be ops, units or auto, got {detail!r}")
-    shard = replace(layout, pp=1, vpp=1, dp=1, zero=0)
-    g = OpGraph(devices)
-    sched = MicrobatchSchedule(g, devices, orders, costs, lc, detail=detail)
-    # every op of micro-batch k is named ``<op>@m<k>`` (the figures colour by it); one list per phase and k
-    tagged: dict[tuple[str, int], list[OpCost]] = {}
+    return _MicrobatchBuilder(costs, layout, profile, policy, n_layers, micro_batches, order, devices, detail).build()
 
-    def phase_costs(phase: str, mb: int) -> list[OpCost]:
-        hit = tagged.get((phase, mb))
+
+class _MicrobatchBuilder:
+    """One build of `build_microbatch_pipeline`: the ranks' orders and unit costs, then the steps
+    laid out rank by rank as their receives allow, then each stage's gradient sync and optimizer."""
+
+    def __init__(self, costs, layout, profile, policy, n_layers, micro_batches, order, devices, detail):
+        p, v, m = layout.pp, layout.vpp, micro_batches
+        n_vs = p * v
+        if n_layers % n_vs:
+            raise MemoError(f"{n_layers} layers do not split evenly into pp x vpp = {n_vs} model chunks")
+        lc = n_layers // n_vs
+        devices = devices or stage_devices(layout, profile)
+        orders = [order(p, m, v, s) for s in range(p)]
+        for o in orders:
+            check_order(o, m, v)
+        fwd, bwd, rec = costs.forward, costs.backward, costs.recompute
+        per_unit = len(fwd) + len(bwd) + len(rec)
+        if detail == "auto":
+            detail = "ops" if p * m * v * lc * per_unit <= FINE_OPS_LIMIT else "units"
+        if detail == "units":
+            fwd, bwd = collapse_unit(fwd, "fwd"), collapse_unit(bwd, "bwd")
+            rec = collapse_unit(rec, "recompute") if rec else rec
+        elif detail != "ops":
+            raise MemoError(f"detail must be ops, units or auto, got {detail!r}")
+        self.costs, self.layout, self.profile, self.policy = costs, layout, profile, policy
+        self.p, self.m, self.n_vs, self.lc = p, m, n_vs, lc
+        self.devices, self.orders = devices, orders
+        self.fwd, self.bwd, self.rec = fwd, bwd, rec
+        self.shard = replace(layout, pp=1, vpp=1, dp=1, zero=0)
+        self.g = g = OpGraph(devices)
+        self.sched = MicrobatchSchedule(g, devices, orders, costs, lc, detail=detail)
+        # every op of micro-batch k is named ``<op>@m<k>`` (the figures colour by it); one list per phase and k
+        self.tagged: dict[tuple[str, int], list[OpCost]] = {}
+        sk = costs.skeletal
+        self.kept = tuple(policy.forward_kept(sk))
+        self.rec_alloc = tuple(policy.recompute_allocated(sk))
+        self.slot = sk["total"] if policy.offloads else 0.0  # an offloading policy's rounding-buffer slot per unit
+        self.n_f = m * v * lc  # forward units per rank
+        self.sync = costs.sync
+        self.grad_op = "reducescatter_grads" if layout.zero >= 1 else "allreduce_grads"
+        for s, dev in enumerate(devices):
+            g.add_static(dev.index, MemAction("gpu", "model_states", costs.model_states[s]))
+        self.ranks = [_Rank() for _ in range(p)]
+        self.send_f: dict[tuple[int, int], Op] = {}
+        self.send_b: dict[tuple[int, int], Op] = {}
+        self.fwd_done: dict[tuple[int, int], list[Op]] = {}
+
+    def build(self) -> MicrobatchSchedule:
+        self.lay_out()
+        self.finish()
+        return self.sched
+
+    def phase_costs(self, phase: str, mb: int) -> list[OpCost]:
+        hit = self.tagged.get((phase, mb))
         if hit is None:
-            base = {"fwd": fwd, "bwd": bwd, "recompute": rec}[phase]
-            hit = tagged[(phase, mb)] = [replace(c, name=f"{c.name}@m{mb}") for c in base]
+            base = {"fwd": self.fwd, "bwd": self.bwd, "recompute": self.rec}[phase]
+            hit = self.tagged[(phase, mb)] = [replace(c, name=f"{c.name}@m{mb}") for c in base]
         return hit
-    sk = costs.skeletal
-    kept = tuple(policy.forward_kept(sk))
-    rec_alloc = tuple(policy.recompute_allocated(sk))
-    slot = sk["total"] if policy.offloads else 0.0  # an offloading policy's rounding-buffer slot per unit
-    n_f = m * v * lc  # forward units per rank
-    sync = costs.sync
-    grad_op = "reducescatter_grads" if layout.zero >= 1 else "allreduce_grads"
-    for s, dev in enumerate(devices):
-        g.add_static(dev.index, MemAction("gpu", "model_states", costs.model_states[s]))
-    ranks = [_Rank() for _ in range(p)]
-    send_f: dict[tuple[int, int], Op] = {}
-    send_b: dict[tuple[int, int], Op] = {}
-    fwd_done: dict[tuple[int, int], list[Op]] = {}
 
-    def link(a: int, b: int) -> str:
-        return "internode" if stages_cross_nodes(layout, a, b, profile.node_gpus) else "nvlink"
+    def link(self, a: int, b: int) -> str:
+        return "internode" if stages_cross_nodes(self.layout, a, b, self.profile.node_gpus) else "nvlink"
 
-    def send(kind: str, s: int, to: int, mb: int, vs: int, layer: int, deps: list[Op]) -> Op:
-        lk = link(s, to)
-        op = g.add(f"send_{kind}@m{mb}", device=devices[s].index, stream=P2P_STREAM, kind="comm", phase=f"p2p_{kind}",
-                   layer=layer, work=costs.p2p_seconds[lk], nbytes=costs.p2p_bytes, link=lk, deps=deps)
-        sched.sends[(kind, mb, vs)] = op
-        (send_f if kind == "fwd" else send_b)[(mb, vs)] = op
+    def send(self, kind: str, s: int, to: int, mb: int, vs: int, layer: int, deps: list[Op]) -> Op:
+        costs = self.costs
+        lk = self.link(s, to)
+        op = self.g.add(f"send_{kind}@m{mb}", device=self.devices[s].index, stream=P2P_STREAM, kind="comm",
+                        phase=f"p2p_{kind}", layer=layer, work=costs.p2p_seconds[lk], nbytes=costs.p2p_bytes, link=lk,
+                        deps=deps)
+        self.sched.sends[(kind, mb, vs)] = op
+        (self.send_f if kind == "fwd" else self.send_b)[(mb, vs)] = op
         return op
 
+    @staticmethod
     def held(mb: int, layer: int, items, sign: float = 1.0) -> tuple[MemAction, ...]:
         return tuple(MemAction("gpu", f"mb{mb}.L{layer}.{name}", sign * nbytes) for name, nbytes in items)
 
-    def working(mb: int, layer: int, phase: str, sign: float = 1.0) -> MemAction:
-        return MemAction("gpu", f"mb{mb}.L{layer}.{phase}.working", sign * costs.working_bytes)
+    def working(self, mb: int, layer: int, phase: str, sign: float = 1.0) -> MemAction:
+        return MemAction("gpu", f"mb{mb}.L{layer}.{phase}.working", sign * self.costs.working_bytes)
 
-    def forward_step(s: int, st: Step) -> None:
-        r, d = ranks[s], devices[s].index
+    def lay_out(self) -> None:
+        """Lay the steps out in an order that respects every rank's own order and every receive."""
+        p, n_vs, orders, ranks = self.p, self.n_vs, self.orders, self.ranks
+        send_f, send_b, fwd_done = self.send_f, self.send_b, self.fwd_done
+        pos = [0] * p
+        total = sum(len(o) for o in orders)
+        laid = 0
+        while laid < total:
+            progressed = False
+            for s in range(p):
+                o = orders[s]
+                while pos[s] < len(o):
+                    st = o[pos[s]]
+                    vs = st.chunk * p + s
+                    if st.kind == "F":
+                        ready = vs == 0 or (st.mb, vs - 1) in send_f
+                    else:
+                        ready = (st.mb, vs + 1) in send_b if vs < n_vs - 1 else (st.mb, vs) in fwd_done
+                    if not ready:
+                        break
+                    launch = list(ranks[s].tail)
+                    (self.forward_step if st.kind == "F" else self.backward_step)(s, st)
+                    ranks[s].prev_launch = launch
+                    pos[s] += 1
+                    laid += 1
+                    progressed = True
+            if not progressed:
+                stuck = [(s, orders[s][pos[s]]) for s in range(p) if pos[s] < len(orders[s])]
+                raise RuntimeError(f"pipeline order deadlocks: every rank waits ({stuck[:3]})")
+
+    def finish(self) -> None:
+        """Each stage's last gradient sync and its optimizer step."""
+        g, sync, grad_op, costs, p = self.g, self.sync, self.grad_op, self.costs, self.p
+        for s, r in enumerate(self.ranks):
+            d = self.devices[s].index
+            if sync.active and not sync.overlapped:  # every gradient of the stage at once, after its whole backward
+                r.last_dp = g.add(grad_op, device=d, stream="dp_comm", kind="comm", phase="grad_sync", layer=None,
+                                  work=costs.serial_grads[s], deps=r.tail, link=sync.link)
+            elif sync.embedding_grad > 0 and (s == 0 or s == p - 1):
+                r.last_dp = g.add(grad_op, device=d, stream="dp_comm", kind="comm", phase="grad_sync", layer=None,
+                                  work=sync.embedding_grad, deps=r.tail, link=sync.link)
+            g.add("optimizer", device=d, stream="compute", kind="compute", phase="optimizer", layer=None,
+                  work=costs.optimizer[s], deps=r.tail + ([r.last_dp] if r.last_dp else []))
+
+    def forward_step(self, s: int, st: Step) -> None:
+        g, sched, costs, sync, p, lc, n_f = self.g, self.sched, self.costs, self.sync, self.p, self.lc, self.n_f
+        slot, held, working = self.slot, self.held, self.working
+        r, d = self.ranks[s], self.devices[s].index
         vs = st.chunk * p + s
         deps = list(r.tail)
         if vs > 0:
-            deps.append(send_f[(st.mb, vs - 1)])
+            deps.append(self.send_f[(st.mb, vs - 1)])
         else:
             deps = [g.add(f"embedding@m{st.mb}", device=d, stream="compute", kind="compute", phase="fwd", layer=None,
                           work=costs.embedding_fwd, deps=deps)]
@@ -326,10 +392,12 @@ def _build(costs, layout, profile, policy, n_layers, micro_batches, order, devic
                 deps = deps + [g.add("allgather_weights", device=d, stream="dp_comm", kind="comm",
                                      phase="weight_gather", layer=layer, work=sync.layer_gather,
                                      deps=r.fwd_tail.get(u - 2, []), link=sync.link)]
-            start = held(st.mb, layer, kept) + ((MemAction("gpu", f"mb{st.mb}.L{layer}.slot", slot),) if slot else ())
+            start = held(st.mb, layer, self.kept) + (
+                (MemAction("gpu", f"mb{st.mb}.L{layer}.slot", slot),) if slot else ())
             w = output_write_waits_for(u, n_f) if slot else None
-            ops, tail = emit_chain(g, phase_costs("fwd", st.mb), device=d, layer=layer, phase="fwd", deps=deps, layout=shard,
-                                   profile=profile, mem_start=start + (working(st.mb, layer, "fwd"),),
+            ops, tail = emit_chain(g, self.phase_costs("fwd", st.mb), device=d, layer=layer, phase="fwd", deps=deps,
+                                   layout=self.shard, profile=self.profile,
+                                   mem_start=start + (working(st.mb, layer, "fwd"),),
                                    mem_end=(working(st.mb, layer, "fwd", -1.0),),
                                    last_deps=[r.offload[w]] if w in r.offload else [])
             sched.phases[(s, st.mb, layer, "fwd")] = ops
@@ -343,22 +411,24 @@ def _build(costs, layout, profile, policy, n_layers, micro_batches, order, devic
                 sched.copies[(s, st.mb, layer, "offload")] = op
             deps = tail
         last = vs * lc + lc - 1
-        if vs < n_vs - 1:
-            send("fwd", s, (vs + 1) % p, st.mb, vs, last, tail)
+        if vs < self.n_vs - 1:
+            self.send("fwd", s, (vs + 1) % p, st.mb, vs, last, tail)
         else:
-            cls = g.add(f"classifier@m{st.mb}", device=d, stream="compute", kind="compute", phase="classifier", layer=None,
-                        work=costs.classifier, deps=tail,
+            cls = g.add(f"classifier@m{st.mb}", device=d, stream="compute", kind="compute", phase="classifier",
+                        layer=None, work=costs.classifier, deps=tail,
                         mem_start=(MemAction("gpu", "classifier.working", costs.classifier_bytes),),
                         mem_end=(MemAction("gpu", "classifier.working", -costs.classifier_bytes),))
             tail = [cls]
-            fwd_done[(st.mb, vs)] = tail
+            self.fwd_done[(st.mb, vs)] = tail
         r.tail = tail
 
-    def backward_step(s: int, st: Step) -> None:
-        r, d = ranks[s], devices[s].index
+    def backward_step(self, s: int, st: Step) -> None:
+        g, sched, costs, sync, p, lc, n_f = self.g, self.sched, self.costs, self.sync, self.p, self.lc, self.n_f
+        slot, held, working, rec, rec_alloc = self.slot, self.held, self.working, self.rec, self.rec_alloc
+        r, d = self.ranks[s], self.devices[s].index
         vs = st.chunk * p + s
         deps = list(r.tail)
-        deps += [send_b[(st.mb, vs + 1)]] if vs < n_vs - 1 else fwd_done[(st.mb, vs)]
+        deps += [self.send_b[(st.mb, vs + 1)]] if vs < self.n_vs - 1 else self.fwd_done[(st.mb, vs)]
         tail = deps
         for j in range(lc - 1, -1, -1):
             layer = vs * lc + j
@@ -377,68 +447,30 @@ def _build(costs, layout, profile, policy, n_layers, micro_batches, order, devic
                            mem_end=(MemAction("host", f"mb{st.mb}.L{layer}.offload", -costs.host_block_bytes),))
                 sched.copies[(s, st.mb, layer, "prefetch")] = pf
                 deps = deps + [pf]
-            if rec and policy.recomputes_layer(u, n_f):
-                ops, tail = emit_chain(g, phase_costs("recompute", st.mb), device=d, layer=layer, phase="recompute",
-                                       deps=deps, layout=shard, profile=profile,
+            if rec and self.policy.recomputes_layer(u, n_f):
+                ops, tail = emit_chain(g, self.phase_costs("recompute", st.mb), device=d, layer=layer,
+                                       phase="recompute", deps=deps, layout=self.shard, profile=self.profile,
                                        mem_start=held(st.mb, layer, rec_alloc) + (working(st.mb, layer, "recompute"),),
                                        mem_end=(working(st.mb, layer, "recompute", -1.0),))
                 sched.phases[(s, st.mb, layer, "recompute")] = ops
                 deps = tail
-            freed = held(st.mb, layer, rec_alloc + kept, -1.0) + (
+            freed = held(st.mb, layer, rec_alloc + self.kept, -1.0) + (
                 (MemAction("gpu", f"mb{st.mb}.L{layer}.slot", -slot),) if slot else ())
-            ops, tail = emit_chain(g, phase_costs("bwd", st.mb), device=d, layer=layer, phase="bwd", deps=deps, layout=shard,
-                                   profile=profile, mem_start=(working(st.mb, layer, "bwd"),),
+            ops, tail = emit_chain(g, self.phase_costs("bwd", st.mb), device=d, layer=layer, phase="bwd", deps=deps,
+                                   layout=self.shard, profile=self.profile, mem_start=(working(st.mb, layer, "bwd"),),
                                    mem_end=(working(st.mb, layer, "bwd", -1.0),) + freed)
             sched.phases[(s, st.mb, layer, "bwd")] = ops
             r.bwd_end[u] = tail
-            if st.mb == m - 1 and sync.active and sync.overlapped:
-                r.last_dp = g.add(grad_op, device=d, stream="dp_comm", kind="comm", phase="grad_sync", layer=layer,
-                                  work=sync.layer_grad, deps=tail, link=sync.link)
+            if st.mb == self.m - 1 and sync.active and sync.overlapped:
+                r.last_dp = g.add(self.grad_op, device=d, stream="dp_comm", kind="comm", phase="grad_sync",
+                                  layer=layer, work=sync.layer_grad, deps=tail, link=sync.link)
             deps = tail
         if vs > 0:
-            send("bwd", s, (vs - 1) % p, st.mb, vs, vs * lc, tail)
+            self.send("bwd", s, (vs - 1) % p, st.mb, vs, vs * lc, tail)
         else:
             tail = [g.add(f"embedding@m{st.mb}", device=d, stream="compute", kind="compute", phase="bwd", layer=None,
                           work=costs.embedding_bwd, deps=tail)]
         r.tail = tail
-
-    # lay the steps out in an order that respects every rank's own order and every receive
-    pos = [0] * p
-    total = sum(len(o) for o in orders)
-    laid = 0
-    while laid < total:
-        progressed = False
-        for s in range(p):
-            o = orders[s]
-            while pos[s] < len(o):
-                st = o[pos[s]]
-                vs = st.chunk * p + s
-                if st.kind == "F":
-                    ready = vs == 0 or (st.mb, vs - 1) in send_f
-                else:
-                    ready = (st.mb, vs + 1) in send_b if vs < n_vs - 1 else (st.mb, vs) in fwd_done
-                if not ready:
-                    break
-                launch = list(ranks[s].tail)
-                (forward_step if st.kind == "F" else backward_step)(s, st)
-                ranks[s].prev_launch = launch
-                pos[s] += 1
-                laid += 1
-                progressed = True
-        if not progressed:
-            stuck = [(s, orders[s][pos[s]]) for s in range(p) if pos[s] < len(orders[s])]
-            raise RuntimeError(f"pipeline order deadlocks: every rank waits ({stuck[:3]})")
-    for s, r in enumerate(ranks):
-        d = devices[s].index
-        if sync.active and not sync.overlapped:  # every gradient of the stage at once, after its whole backward
-            r.last_dp = g.add(grad_op, device=d, stream="dp_comm", kind="comm", phase="grad_sync", layer=None,
-                              work=costs.serial_grads[s], deps=r.tail, link=sync.link)
-        elif sync.embedding_grad > 0 and (s == 0 or s == p - 1):
-            r.last_dp = g.add(grad_op, device=d, stream="dp_comm", kind="comm", phase="grad_sync", layer=None,
-                              work=sync.embedding_grad, deps=r.tail, link=sync.link)
-        g.add("optimizer", device=d, stream="compute", kind="compute", phase="optimizer", layer=None,
-              work=costs.optimizer[s], deps=r.tail + ([r.last_dp] if r.last_dp else []))
-    return sched
 
 
 def run_microbatch_pipeline(sched: MicrobatchSchedule, profile: HardwareProfile, *, contention: bool = True,

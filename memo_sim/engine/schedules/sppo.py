@@ -147,103 +147,129 @@ def build_pipeline_iteration(model: ModelConfig, layout: Layout, batch: int, seq
 
 def _build(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy,
            profile: HardwareProfile, detail: str) -> PipelineSchedule:
-    detail = resolve_detail(detail, model, layout, policy)
-    why = policy.check(model, layout, batch, seq)
-    if why:
-        from memo_sim.errors import MemoError
+    return _PipelineBuilder(model, layout, batch, seq, policy, profile, detail).build()
 
-        raise MemoError(f"sppo plan does not fit {layout.label()} at {seq} tokens: {why}")
-    devices = stage_devices(layout, profile)
-    pieces = policy.stage_pieces(model, layout, batch)
-    layers = stage_layers(model.layers, layout.pp)
-    mem = sppo_memory(model, layout, batch, seq, policy, profile)
-    g = OpGraph(devices)
-    sched = PipelineSchedule(g, devices, mem, pieces, layers, detail=detail)
-    shard = replace(layout, pp=1, dp=1, zero=0)
-    sync = stage_grad_sync(model, layout, profile)
-    dt = DTYPE_BYTES[model.dtype]
-    pp = layout.pp
 
-    def name(op: str, piece: Piece, n_pieces: int) -> str:
-        return op if n_pieces == 1 else f"{op}@{piece.tag()}"
+def _name(op: str, piece: Piece, n_pieces: int) -> str:
+    return op if n_pieces == 1 else f"{op}@{piece.tag()}"
 
-    def dp_op(d: int, nm: str, layer, work: float, deps: list[Op], phase: str = "grad_sync") -> Op:
-        return g.add(nm, device=d, stream="dp_comm", kind="comm", phase=phase, layer=layer, work=work, deps=deps,
-                     link=sync.link)
 
-    # what every stage asks for the same pieces, worked out once per build: a piece's unit op
-    # lists (`piece_costs`, collapsed for ``units``, its ops renamed ``<op>@<piece tag>`` when the
-    # stage has several pieces) are one list per piece, shared by every layer of every stage
-    # that runs the piece; boundary times, K/V bytes and p2p sends by token count
-    unit_lists: dict[tuple[Piece, bool], tuple[list[OpCost], list[OpCost]]] = {}
+class _PipelineBuilder:
+    """One build of `build_pipeline_iteration`: the per-build caches (what every stage asks for
+    the same pieces), the per-stage unit data, then the forward stages in order and the backward
+    stages last first."""
 
-    def unit_costs(pc: Piece, renamed: bool) -> tuple[list[OpCost], list[OpCost]]:
+    def __init__(self, model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy,
+                 profile: HardwareProfile, detail: str):
+        detail = resolve_detail(detail, model, layout, policy)
+        why = policy.check(model, layout, batch, seq)
+        if why:
+            from memo_sim.errors import MemoError
+
+            raise MemoError(f"sppo plan does not fit {layout.label()} at {seq} tokens: {why}")
+        self.model, self.layout, self.batch, self.policy, self.profile = model, layout, batch, policy, profile
+        self.detail = detail
+        self.devices = devices = stage_devices(layout, profile)
+        self.pieces = pieces = policy.stage_pieces(model, layout, batch)
+        self.layers = layers = stage_layers(model.layers, layout.pp)
+        mem = sppo_memory(model, layout, batch, seq, policy, profile)
+        self.g = OpGraph(devices)
+        self.sched = PipelineSchedule(self.g, devices, mem, pieces, layers, detail=detail)
+        self.shard = replace(layout, pp=1, dp=1, zero=0)
+        self.sync = stage_grad_sync(model, layout, profile)
+        self.dt = DTYPE_BYTES[model.dtype]
+        self.pp = layout.pp
+        # what every stage asks for the same pieces, worked out once per build: a piece's unit op
+        # lists (`piece_costs`, collapsed for ``units``, its ops renamed ``<op>@<piece tag>`` when the
+        # stage has several pieces) are one list per piece, shared by every layer of every stage
+        # that runs the piece; boundary times, K/V bytes and p2p sends by token count
+        self.unit_lists: dict[tuple[Piece, bool], tuple[list[OpCost], list[OpCost]]] = {}
+        self.bts: dict[int, object] = {}
+        self.kv_bytes: dict[int, float] = {}
+        self.links = [p2p_link(layout, profile, hop) for hop in range(self.pp - 1)]
+        self.sends: dict[tuple[str, int], tuple[float, float, str]] = {}
+        self.overlapping = [_overlap_finder(ps) for ps in pieces]
+        # the rounding-buffer rule over a stage's n_u units (most stages have the same count):
+        # per unit, whether it is offloaded, the offload its forward's last op waits for, the backward
+        # its prefetch waits for
+        self.rules: dict[int, tuple[list[bool], list[int | None], list[int | None]]] = {}
+        # the forward's ops that later stages and the backward wait for
+        self.fwd_tail: dict[tuple[int, int], list[Op]] = {}
+        self.offload: dict[tuple[int, int], Op] = {}
+        self.classifier: dict[tuple[int, int], Op] = {}
+        self.gathers: dict[tuple[int, int], Op] = {}
+
+    def build(self) -> PipelineSchedule:
+        # per-stage unit data: within a piece, units differ only in whether they are offloaded
+        self.info = [self.stage_info(s) for s in range(self.pp)]
+        # ---- forward, stage by stage --------------------------------------------------------------
+        for s in range(self.pp):
+            self.forward_stage(s)
+        # ---- backward, last stage first -----------------------------------------------------------
+        for s in range(self.pp - 1, -1, -1):
+            self.backward_stage(s)
+        return self.sched
+
+    # ---- per-build caches ----------------------------------------------------------------------
+    def dp_op(self, d: int, nm: str, layer, work: float, deps: list[Op], phase: str = "grad_sync") -> Op:
+        return self.g.add(nm, device=d, stream="dp_comm", kind="comm", phase=phase, layer=layer, work=work,
+                          deps=deps, link=self.sync.link)
+
+    def unit_costs(self, pc: Piece, renamed: bool) -> tuple[list[OpCost], list[OpCost]]:
         key = (pc, renamed)
-        hit = unit_lists.get(key)
+        hit = self.unit_lists.get(key)
         if hit is None:
-            fc, bc = piece_costs(model, shard, batch, pc.start, pc.tokens, profile)
-            if detail == "units":
+            fc, bc = piece_costs(self.model, self.shard, self.batch, pc.start, pc.tokens, self.profile)
+            if self.detail == "units":
                 fc, bc = collapse_unit(fc, "fwd"), collapse_unit(bc, "bwd")
             if renamed:
                 suffix = f"@{pc.tag()}"
                 fc = [replace(c, name=f"{c.name}{suffix}") for c in fc]
                 bc = [replace(c, name=f"{c.name}{suffix}") for c in bc]
-            hit = unit_lists[key] = (fc, bc)
+            hit = self.unit_lists[key] = (fc, bc)
         return hit
 
-    bts: dict[int, object] = {}
-
-    def bt_of(tokens: int):
-        v = bts.get(tokens)
+    def bt_of(self, tokens: int):
+        v = self.bts.get(tokens)
         if v is None:
-            v = bts[tokens] = boundary_times(model, shard, batch, tokens, profile)
+            v = self.bts[tokens] = boundary_times(self.model, self.shard, self.batch, tokens, self.profile)
         return v
 
-    kv_bytes: dict[int, float] = {}
-
-    def kv_of(tokens: int) -> float:
-        v = kv_bytes.get(tokens)
+    def kv_of(self, tokens: int) -> float:
+        v = self.kv_bytes.get(tokens)
         if v is None:
-            v = kv_bytes[tokens] = _kv(model, shard, batch, tokens)
+            v = self.kv_bytes[tokens] = _kv(self.model, self.shard, self.batch, tokens)
         return v
 
-    links = [p2p_link(layout, profile, hop) for hop in range(pp - 1)]
-    sends: dict[tuple[str, int], tuple[float, float, str]] = {}
-
-    def send(hop: int, tokens: int) -> tuple[float, float, str]:
+    def send(self, hop: int, tokens: int) -> tuple[float, float, str]:
         """(seconds, bytes, link) of a send of ``tokens`` tokens over the hop between stages ``hop``
         and ``hop + 1`` (either way: the same link)."""
-        link = links[hop]
-        v = sends.get((link, tokens))
+        link = self.links[hop]
+        v = self.sends.get((link, tokens))
         if v is None:
-            v = sends[(link, tokens)] = (p2p_link_time(model, layout, batch, tokens, profile, link),
-                                         p2p_bytes(model, layout, batch, tokens), link)
+            v = self.sends[(link, tokens)] = (
+                p2p_link_time(self.model, self.layout, self.batch, tokens, self.profile, link),
+                p2p_bytes(self.model, self.layout, self.batch, tokens), link)
         return v
 
-    overlapping = [_overlap_finder(ps) for ps in pieces]
-
-    # the rounding-buffer rule over a stage's n_u units (most stages have the same count):
-    # per unit, whether it is offloaded, the offload its forward's last op waits for, the backward
-    # its prefetch waits for
-    rules: dict[int, tuple[list[bool], list[int | None], list[int | None]]] = {}
-
-    def rule(n_u: int) -> tuple[list[bool], list[int | None], list[int | None]]:
-        r = rules.get(n_u)
+    def rule(self, n_u: int) -> tuple[list[bool], list[int | None], list[int | None]]:
+        r = self.rules.get(n_u)
         if r is None:
             offl = [is_offloaded(u, n_u) for u in range(n_u)]
-            r = rules[n_u] = (offl, [output_write_waits_for(u, n_u) for u in range(n_u)],
-                              [prefetch_after_backward_of(u, n_u) if offl[u] else None for u in range(n_u)])
+            r = self.rules[n_u] = (offl, [output_write_waits_for(u, n_u) for u in range(n_u)],
+                                   [prefetch_after_backward_of(u, n_u) if offl[u] else None for u in range(n_u)])
         return r
 
-    # per-stage unit data: within a piece, units differ only in whether they are offloaded
-    info = []
-    for s in range(pp):
-        ps = pieces[s]
-        n_k, n_l = len(ps), len(layers[s])
+    # ---- stages --------------------------------------------------------------------------------
+    def stage_info(self, s: int) -> dict:
+        """Stage s's unit data (and its model states, static on its device)."""
+        model, layout, batch = self.model, self.layout, self.batch
+        ps = self.pieces[s]
+        n_k, n_l = len(ps), len(self.layers[s])
         n_u = n_k * n_l
         longest = max(p.tokens for p in ps)
         transient, boundary, cls_peak = sppo_unit_working_bytes(model, layout, batch, longest)
-        offl, waits, after = rule(n_u)
+        offl, waits, after = self.rule(n_u)
         units = []
         seen: dict[tuple[int, bool], object] = {}
         for u in range(n_u):
@@ -251,148 +277,174 @@ def _build(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Pol
             off = offl[u]
             ub = seen.get((k, off))
             if ub is None:
-                ub = seen[(k, off)] = policy.unit_bytes(model, layout, batch, ps[k], k < n_k - 1, profile, off)
+                ub = seen[(k, off)] = self.policy.unit_bytes(model, layout, batch, ps[k], k < n_k - 1,
+                                                             self.profile, off)
             units.append(ub)
-        info.append(dict(n_k=n_k, n_l=n_l, n_u=n_u, work=transient + boundary, cls_peak=cls_peak, units=units,
-                         offl=offl, waits=waits, after=after))
-        g.add_static(devices[s].index, MemAction("gpu", "model_states", stage_model_state_bytes(model, layout, s)))
+        self.g.add_static(self.devices[s].index,
+                          MemAction("gpu", "model_states", stage_model_state_bytes(model, layout, s)))
+        return dict(n_k=n_k, n_l=n_l, n_u=n_u, work=transient + boundary, cls_peak=cls_peak, units=units,
+                    offl=offl, waits=waits, after=after)
 
-    # ---- forward, stage by stage ------------------------------------------------------------------
-    fwd_tail: dict[tuple[int, int], list[Op]] = {}
-    offload: dict[tuple[int, int], Op] = {}
-    classifier: dict[tuple[int, int], Op] = {}
-    gathers: dict[tuple[int, int], Op] = {}
-    for s in range(pp):
-        d = devices[s].index
-        ps, inf = pieces[s], info[s]
-        n_k, n_l, n_u = inf["n_k"], inf["n_l"], inf["n_u"]
-        units, offl, waits, work_bytes = inf["units"], inf["offl"], inf["waits"], inf["work"]
-        stage_layers_s = layers[s]
+    def forward_stage(self, s: int) -> None:
+        """Stage s's forward: its pieces in order, each through its layers, then the send to stage
+        s+1 or (last stage) the piece's classifier."""
+        g, sched, pp = self.g, self.sched, self.pp
+        d = self.devices[s].index
+        ps, inf = self.pieces[s], self.info[s]
+        n_k = inf["n_k"]
+        stage_layers_s = self.layers[s]
         tail: list[Op] = []
         for k, pc in enumerate(ps):
-            fcosts = unit_costs(pc, n_k != 1)[0]
-            suffix = "" if n_k == 1 else "@" + pc.tag()
-            offload_name = name("offload", pc, n_k)
             deps = list(tail)
             if s == 0:
-                emb = g.add(name("embedding", pc, n_k), device=d, stream="compute", kind="compute", phase="fwd",
-                            layer=None, work=bt_of(pc.tokens).embedding_fwd, deps=deps)
+                emb = g.add(_name("embedding", pc, n_k), device=d, stream="compute", kind="compute", phase="fwd",
+                            layer=None, work=self.bt_of(pc.tokens).embedding_fwd, deps=deps)
                 deps = [emb]
             else:
-                deps += [sched.sends[(s - 1, q, "fwd")] for q in overlapping[s - 1](pc.start, pc.end)]
-            for j in range(n_l):
-                u = k * n_l + j
-                layer = stage_layers_s[j]
-                ub = units[u]
-                if sync.layer_gather > 0 and k == 0:
-                    gathers[(s, j)] = dp_op(d, "allgather_weights", layer, sync.layer_gather,
-                                            fwd_tail.get((s, u - 2), []), "weight_gather")
-                    deps = deps + [gathers[(s, j)]]
-                tag = f"L{layer}{suffix}"
-                work = MemAction("gpu", f"{tag}.fwd.working", work_bytes)
-                kept = (MemAction("gpu", f"{tag}.skeletal", ub.skeletal), MemAction("gpu", f"{tag}.lse", ub.lse))
-                w = waits[u]
-                ops, tail = emit_chain(
-                    g, fcosts, device=d, layer=layer, phase="fwd", deps=deps, layout=shard, profile=profile,
-                    mem_start=kept + (work,), mem_end=(MemAction("gpu", work.tensor, -work.nbytes),),
-                    last_deps=[offload[(s, w)]] if (s, w) in offload else [])
-                sched.phases[(s, k, layer, "fwd")] = ops
-                fwd_tail[(s, u)] = tail
-                sched.unit_end[(s, u)] = tail
-                deps = tail
-                if offl[u] and ub.offload > 0:
-                    op = g.add(offload_name, device=d, stream="d2h", kind="copy", phase="offload",
-                               layer=layer, work=ub.offload, nbytes=ub.offload, direction="d2h", deps=tail,
-                               mem_start=(MemAction("host", f"{tag}.offload", ub.host_block),),
-                               mem_end=(MemAction("gpu", f"{tag}.skeletal.offloaded", -ub.offload),))
-                    offload[(s, u)] = op
-                    sched.copies[(s, k, layer, "offload")] = op
+                deps += [sched.sends[(s - 1, q, "fwd")] for q in self.overlapping[s - 1](pc.start, pc.end)]
+            tail = self.forward_piece(s, k, pc, deps, tail)
             if s < pp - 1:
-                seconds, nbytes, link = send(s, pc.tokens)
+                seconds, nbytes, link = self.send(s, pc.tokens)
                 sched.sends[(s, k, "fwd")] = g.add(
-                    name("send_fwd", pc, n_k), device=d, stream=P2P_STREAM, kind="comm", phase="p2p_fwd",
+                    _name("send_fwd", pc, n_k), device=d, stream=P2P_STREAM, kind="comm", phase="p2p_fwd",
                     layer=stage_layers_s[-1], work=seconds, nbytes=nbytes, link=link, deps=tail)
             else:
-                hold = shard_tokens_bytes(shard, batch, pc.tokens, model.hidden, dt)
-                cls = g.add(name("classifier", pc, n_k), device=d, stream="compute", kind="compute",
-                            phase="classifier", layer=None, work=bt_of(pc.tokens).classifier, deps=tail,
+                hold = shard_tokens_bytes(self.shard, self.batch, pc.tokens, self.model.hidden, self.dt)
+                cls = g.add(_name("classifier", pc, n_k), device=d, stream="compute", kind="compute",
+                            phase="classifier", layer=None, work=self.bt_of(pc.tokens).classifier, deps=tail,
                             mem_start=(MemAction("gpu", "classifier.working", inf["cls_peak"]),),
                             mem_end=(MemAction("gpu", "classifier.working", -inf["cls_peak"]),
                                      MemAction("gpu", f"classifier.dgrad@{pc.tag()}", hold)))
-                classifier[(s, k)] = cls
+                self.classifier[(s, k)] = cls
                 tail = [cls]
 
-    # ---- backward, last stage first ---------------------------------------------------------------
-    for s in range(pp - 1, -1, -1):
-        d = devices[s].index
-        ps, inf = pieces[s], info[s]
-        n_k, n_l, n_u = inf["n_k"], inf["n_l"], inf["n_u"]
-        units, offl, after, work_bytes = inf["units"], inf["offl"], inf["after"], inf["work"]
-        stage_layers_s = layers[s]
-        tail = [classifier[(s, n_k - 1)]] if s == pp - 1 else []
+    def forward_piece(self, s: int, k: int, pc: Piece, deps: list[Op], tail: list[Op]) -> list[Op]:
+        """Piece k of stage s forward through the stage's layers (each unit's chain, its weight
+        gather and offload); returns the last unit's tail (``tail`` where the stage has no layers)."""
+        g, sched, sync, offload, fwd_tail = self.g, self.sched, self.sync, self.offload, self.fwd_tail
+        d = self.devices[s].index
+        inf = self.info[s]
+        n_k, n_l = inf["n_k"], inf["n_l"]
+        units, offl, waits, work_bytes = inf["units"], inf["offl"], inf["waits"], inf["work"]
+        stage_layers_s = self.layers[s]
+        fcosts = self.unit_costs(pc, n_k != 1)[0]
+        suffix = "" if n_k == 1 else "@" + pc.tag()
+        offload_name = _name("offload", pc, n_k)
+        for j in range(n_l):
+            u = k * n_l + j
+            layer = stage_layers_s[j]
+            ub = units[u]
+            if sync.layer_gather > 0 and k == 0:
+                self.gathers[(s, j)] = self.dp_op(d, "allgather_weights", layer, sync.layer_gather,
+                                                  fwd_tail.get((s, u - 2), []), "weight_gather")
+                deps = deps + [self.gathers[(s, j)]]
+            tag = f"L{layer}{suffix}"
+            work = MemAction("gpu", f"{tag}.fwd.working", work_bytes)
+            kept = (MemAction("gpu", f"{tag}.skeletal", ub.skeletal), MemAction("gpu", f"{tag}.lse", ub.lse))
+            w = waits[u]
+            ops, tail = emit_chain(
+                g, fcosts, device=d, layer=layer, phase="fwd", deps=deps, layout=self.shard, profile=self.profile,
+                mem_start=kept + (work,), mem_end=(MemAction("gpu", work.tensor, -work.nbytes),),
+                last_deps=[offload[(s, w)]] if (s, w) in offload else [])
+            sched.phases[(s, k, layer, "fwd")] = ops
+            fwd_tail[(s, u)] = tail
+            sched.unit_end[(s, u)] = tail
+            deps = tail
+            if offl[u] and ub.offload > 0:
+                op = g.add(offload_name, device=d, stream="d2h", kind="copy", phase="offload",
+                           layer=layer, work=ub.offload, nbytes=ub.offload, direction="d2h", deps=tail,
+                           mem_start=(MemAction("host", f"{tag}.offload", ub.host_block),),
+                           mem_end=(MemAction("gpu", f"{tag}.skeletal.offloaded", -ub.offload),))
+                offload[(s, u)] = op
+                sched.copies[(s, k, layer, "offload")] = op
+        return tail
+
+    def backward_stage(self, s: int) -> None:
+        """Stage s's backward: its pieces in reverse order, each back through its layers, then the
+        send to stage s-1 or (first stage) the embedding's backward; then the stage's gradient
+        sync and optimizer step."""
+        g, sched, sync, layout, pp = self.g, self.sched, self.sync, self.layout, self.pp
+        d = self.devices[s].index
+        ps, inf = self.pieces[s], self.info[s]
+        n_k = inf["n_k"]
+        stage_layers_s = self.layers[s]
+        tail = [self.classifier[(s, n_k - 1)]] if s == pp - 1 else []
         bwd_end: dict[int, list[Op]] = {}
         last_dp: Op | None = None
         for k in range(n_k - 1, -1, -1):
             pc = ps[k]
-            bcosts = unit_costs(pc, n_k != 1)[1]
-            suffix = "" if n_k == 1 else "@" + pc.tag()
-            prefetch_name = name("prefetch", pc, n_k)
-            kv_start = kv_of(pc.start) if k == n_k - 1 and n_k > 1 and pc.start > 0 else 0.0
-            kv_own = kv_of(pc.tokens) if k < n_k - 1 else 0.0
             deps = list(tail)
             if s == pp - 1:
-                if classifier[(s, k)] not in deps:
-                    deps.append(classifier[(s, k)])
+                if self.classifier[(s, k)] not in deps:
+                    deps.append(self.classifier[(s, k)])
             else:
-                deps += [sched.sends[(s + 1, q, "bwd")] for q in overlapping[s + 1](pc.start, pc.end)]
-            for j in range(n_l - 1, -1, -1):
-                u = k * n_l + j
-                layer = stage_layers_s[j]
-                ub = units[u]
-                tag = f"L{layer}{suffix}"
-                if offl[u] and ub.offload > 0:
-                    pf = g.add(prefetch_name, device=d, stream="h2d", kind="copy", phase="prefetch",
-                               layer=layer, work=ub.offload, nbytes=ub.offload, direction="h2d",
-                               deps=bwd_end[after[u]],
-                               mem_start=(MemAction("gpu", f"{tag}.skeletal.prefetched", ub.offload),),
-                               mem_end=(MemAction("host", f"{tag}.offload", -ub.host_block),))
-                    sched.copies[(s, k, layer, "prefetch")] = pf
-                    deps = deps + [pf]
-                work = MemAction("gpu", f"{tag}.bwd.working", work_bytes)
-                start: tuple[MemAction, ...] = ()
-                if s == pp - 1 and j == n_l - 1:
-                    start += (MemAction("gpu", f"classifier.dgrad@{pc.tag()}",
-                                        -shard_tokens_bytes(shard, batch, pc.tokens, model.hidden, dt)),)
-                if k == n_k - 1 and n_k > 1 and pc.start > 0:
-                    start += (MemAction("gpu", f"L{layer}.dkv_accumulators", kv_start),)
-                end = (MemAction("gpu", work.tensor, -work.nbytes), MemAction("gpu", f"{tag}.skeletal", -ub.skeletal),
-                       MemAction("gpu", f"{tag}.lse", -ub.lse))
-                if k < n_k - 1:
-                    end += (MemAction("gpu", f"L{layer}.dkv_accumulators", -kv_own),)
-                ops, tail = emit_chain(
-                    g, bcosts, device=d, layer=layer, phase="bwd", deps=deps, layout=shard, profile=profile,
-                    mem_start=start + (work,), mem_end=end)
-                sched.phases[(s, k, layer, "bwd")] = ops
-                bwd_end[u] = tail
-                deps = tail
-                if k == 0 and sync.layer_grad > 0:
-                    last_dp = dp_op(d, "reducescatter_grads" if layout.zero >= 1 else "allreduce_grads", layer,
-                                    sync.layer_grad, tail)
+                deps += [sched.sends[(s + 1, q, "bwd")] for q in self.overlapping[s + 1](pc.start, pc.end)]
+            tail, last_dp = self.backward_piece(s, k, pc, deps, tail, bwd_end, last_dp)
             if s > 0:
-                seconds, nbytes, link = send(s - 1, pc.tokens)
+                seconds, nbytes, link = self.send(s - 1, pc.tokens)
                 sched.sends[(s, k, "bwd")] = g.add(
-                    name("send_bwd", pc, n_k), device=d, stream=P2P_STREAM, kind="comm", phase="p2p_bwd",
+                    _name("send_bwd", pc, n_k), device=d, stream=P2P_STREAM, kind="comm", phase="p2p_bwd",
                     layer=stage_layers_s[0], work=seconds, nbytes=nbytes, link=link, deps=tail)
             else:
-                tail = [g.add(name("embedding", pc, n_k), device=d, stream="compute", kind="compute", phase="bwd",
-                              layer=None, work=bt_of(pc.tokens).embedding_bwd, deps=tail)]
+                tail = [g.add(_name("embedding", pc, n_k), device=d, stream="compute", kind="compute", phase="bwd",
+                              layer=None, work=self.bt_of(pc.tokens).embedding_bwd, deps=tail)]
         if sync.embedding_grad > 0 and (s == 0 or s == pp - 1):
-            last_dp = dp_op(d, "reducescatter_grads" if layout.zero >= 1 else "allreduce_grads", None,
-                            sync.embedding_grad, tail)
+            last_dp = self.dp_op(d, "reducescatter_grads" if layout.zero >= 1 else "allreduce_grads", None,
+                                 sync.embedding_grad, tail)
         sched.last_ops[s] = g.add("optimizer", device=d, stream="compute", kind="compute", phase="optimizer",
-                                  layer=None, work=stage_optimizer_time(model, layout, s, profile),
+                                  layer=None, work=stage_optimizer_time(self.model, layout, s, self.profile),
                                   deps=tail + ([last_dp] if last_dp else []))
-    return sched
+
+    def backward_piece(self, s: int, k: int, pc: Piece, deps: list[Op], tail: list[Op],
+                       bwd_end: dict[int, list[Op]], last_dp: Op | None) -> tuple[list[Op], Op | None]:
+        """Piece k of stage s back through the stage's layers, last first (each unit's prefetch and
+        chain, the gradient bucket after the piece 0); returns the last unit's tail (``tail`` where
+        the stage has no layers) and the stage's latest gradient-sync op (``last_dp`` if none)."""
+        g, sched, sync, shard, model = self.g, self.sched, self.sync, self.shard, self.model
+        d = self.devices[s].index
+        inf = self.info[s]
+        n_k, n_l = inf["n_k"], inf["n_l"]
+        units, offl, after, work_bytes = inf["units"], inf["offl"], inf["after"], inf["work"]
+        stage_layers_s = self.layers[s]
+        bcosts = self.unit_costs(pc, n_k != 1)[1]
+        suffix = "" if n_k == 1 else "@" + pc.tag()
+        prefetch_name = _name("prefetch", pc, n_k)
+        kv_start = self.kv_of(pc.start) if k == n_k - 1 and n_k > 1 and pc.start > 0 else 0.0
+        kv_own = self.kv_of(pc.tokens) if k < n_k - 1 else 0.0
+        for j in range(n_l - 1, -1, -1):
+            u = k * n_l + j
+            layer = stage_layers_s[j]
+            ub = units[u]
+            tag = f"L{layer}{suffix}"
+            if offl[u] and ub.offload > 0:
+                pf = g.add(prefetch_name, device=d, stream="h2d", kind="copy", phase="prefetch",
+                           layer=layer, work=ub.offload, nbytes=ub.offload, direction="h2d",
+                           deps=bwd_end[after[u]],
+                           mem_start=(MemAction("gpu", f"{tag}.skeletal.prefetched", ub.offload),),
+                           mem_end=(MemAction("host", f"{tag}.offload", -ub.host_block),))
+                sched.copies[(s, k, layer, "prefetch")] = pf
+                deps = deps + [pf]
+            work = MemAction("gpu", f"{tag}.bwd.working", work_bytes)
+            start: tuple[MemAction, ...] = ()
+            if s == self.pp - 1 and j == n_l - 1:
+                start += (MemAction("gpu", f"classifier.dgrad@{pc.tag()}",
+                                    -shard_tokens_bytes(shard, self.batch, pc.tokens, model.hidden, self.dt)),)
+            if k == n_k - 1 and n_k > 1 and pc.start > 0:
+                start += (MemAction("gpu", f"L{layer}.dkv_accumulators", kv_start),)
+            end = (MemAction("gpu", work.tensor, -work.nbytes), MemAction("gpu", f"{tag}.skeletal", -ub.skeletal),
+                   MemAction("gpu", f"{tag}.lse", -ub.lse))
+            if k < n_k - 1:
+                end += (MemAction("gpu", f"L{layer}.dkv_accumulators", -kv_own),)
+            ops, tail = emit_chain(
+                g, bcosts, device=d, layer=layer, phase="bwd", deps=deps, layout=shard, profile=self.profile,
+                mem_start=start + (work,), mem_end=end)
+            sched.phases[(s, k, layer, "bwd")] = ops
+            bwd_end[u] = tail
+            deps = tail
+            if k == 0 and sync.layer_grad > 0:
+                last_dp = self.dp_op(d, "reducescatter_grads" if self.layout.zero >= 1 else "allreduce_grads",
+                                     layer, sync.layer_grad, tail)
+        return tail, last_dp
 
 
 def _kv(model: ModelConfig, shard: Layout, batch: int, tokens: int) -> float:

@@ -39,9 +39,42 @@ def estimate_sppo(model: ModelConfig, layout: Layout, batch: int, seq: int, poli
     shard = replace(layout, pp=1, dp=1, zero=0)
     pieces = policy.stage_pieces(model, layout, batch)
     layers = stage_layers(model.layers, layout.pp)
-    active = _active(layout, profile)
     sync = stage_grad_sync(model, layout, profile)
     pp = layout.pp
+    starts_of = [[p.start for p in ps] for ps in pieces]
+    tf, tb, exposed, mid = _piece_times(model, layout, batch, policy, profile, quantum, shard, pieces,
+                                        len(layers[0]), sync, starts_of)
+    hops = _hops(model, layout, batch, profile)
+    same = [s > 0 and starts_of[s] == starts_of[s - 1] for s in range(pp)]  # no multiplexed split between
+    fend = _forward_ends(pieces, tf, same, starts_of, hops)
+    bend, done = _backward_ends(pieces, tb, fend, same, starts_of, hops)
+    stage_end = [0.0] * pp
+    for s in range(pp - 1, -1, -1):
+        tail = sync.layer_grad + (sync.embedding_grad if s in (0, pp - 1) else 0.0)
+        stage_end[s] = done[s] + tail + stage_optimizer_time(model, layout, s, profile)
+    total = max(stage_end)
+    sequences = batch * layout.dp
+    bt = boundary_times(model, shard, batch, seq, profile)
+    est = IterationEstimate(
+        iteration_s=total, mfu=mfu(model, sequences, seq, total, layout.gpus, profile.peak(model.dtype)),
+        tgs=tgs(sequences, seq, total, layout.gpus), layer=mid or LayerTimes(0, 0, 0, 0, 0),
+        embedding_s=bt.embedding, classifier_s=bt.classifier,
+        grad_sync_exposed_s=sync.layer_grad + sync.embedding_grad,
+        optimizer_s=max(stage_optimizer_time(model, layout, s, profile) for s in range(pp)), exposed_copy_s=exposed)
+    busy = [sum(tf[s]) + sum(tb[s]) for s in range(pp)]
+    grid = {"stage_forward_end_s": [r[-1] for r in fend], "stage_backward_end_s": [bend[s][0] for s in range(pp)],
+            "stage_busy_s": busy, "bubble_fraction": 1 - sum(busy) / (pp * total) if total else 0.0}
+    return est, grid
+
+
+def _piece_times(model: ModelConfig, layout: Layout, batch: int, policy: Sppo, profile: HardwareProfile,
+                 quantum: float, shard: Layout, pieces: list, n_l: int, sync, starts_of: list[list[int]]):
+    """Each (stage, piece)'s forward and backward seconds through the stage's layers (with the
+    embedding / classifier on the end stages and exposed weight gathers), the exposed copy
+    seconds over all units, and the middle unit's `LayerTimes` of stage 0. Middle stages with the
+    same pieces share their rows."""
+    pp = layout.pp
+    active = _active(layout, profile)
     tf: list[list[float]] = []
     tb: list[list[float]] = []
     exposed = 0.0
@@ -51,9 +84,7 @@ def estimate_sppo(model: ModelConfig, layout: Layout, batch: int, seq: int, poli
     bw_o = host_bandwidth_per_gpu(profile, "d2h", active)
     bw_p = host_bandwidth_per_gpu(profile, "h2d", active)
     lat = float(profile.host_link.latency)
-    n_l = len(layers[0])
     timer = piece_timer(model, shard, batch, profile, quantum)
-    starts_of = [[p.start for p in ps] for ps in pieces]
     base_rows: dict[tuple, tuple] = {}
     for s in range(pp):
         ps = pieces[s]
@@ -103,23 +134,33 @@ def estimate_sppo(model: ModelConfig, layout: Layout, batch: int, seq: int, poli
         if 0 < s < pp - 1 and sync.layer_gather == 0:
             base_rows[(ps[0].start, ps[-1].start, n_k, id(ps) if n_k < 3 else ps[1].start)] = (
                 rowf, rowb, exposed - exposed_before, s)
+    return tf, tb, exposed, mid
 
+
+def _hops(model: ModelConfig, layout: Layout, batch: int, profile: HardwareProfile):
+    """(bytes per token, per-hop latency, per-hop bandwidth) of the p2p sends between stages."""
     per_token = p2p_bytes(model, layout, batch, 1)
     links = [profile.internode if p2p_link(layout, profile, s) == "internode" else profile.nvlink
-             for s in range(max(0, pp - 1))]
-    hop_lat = [float(lk.latency) for lk in links]
-    hop_bw = [float(lk.bandwidth) for lk in links]
+             for s in range(max(0, layout.pp - 1))]
+    return per_token, [float(lk.latency) for lk in links], [float(lk.bandwidth) for lk in links]
 
-    def hop(s: int, tokens: int) -> float:  # `memo_sim.cost.sppo.p2p_time`, linear in the tokens
-        return hop_lat[s] + tokens * per_token / hop_bw[s]
 
-    def overlapping(stage: int, a: int, b: int) -> range:
-        starts = starts_of[stage]
-        return range(max(0, bisect_right(starts, a) - 1), bisect_left(starts, b))
+def _hop(hops, s: int, tokens: int) -> float:  # `memo_sim.cost.sppo.p2p_time`, linear in the tokens
+    per_token, hop_lat, hop_bw = hops
+    return hop_lat[s] + tokens * per_token / hop_bw[s]
 
-    same = [s > 0 and starts_of[s] == starts_of[s - 1] for s in range(pp)]  # no multiplexed split between
+
+def _overlapping(starts: list[int], a: int, b: int) -> range:
+    return range(max(0, bisect_right(starts, a) - 1), bisect_left(starts, b))
+
+
+def _forward_ends(pieces: list, tf: list[list[float]], same: list[bool], starts_of: list[list[int]],
+                  hops) -> list[list[float]]:
+    """When each (stage, piece)'s forward ends: after the stage's previous piece and the sends of
+    the overlapping pieces of the stage before."""
+    per_token, hop_lat, hop_bw = hops
     fend: list[list[float]] = []
-    for s in range(pp):
+    for s in range(len(tf)):
         row, t = [], 0.0
         if s == 0:
             for x in tf[0]:
@@ -134,13 +175,22 @@ def estimate_sppo(model: ModelConfig, layout: Layout, batch: int, seq: int, poli
         else:
             up = pieces[s - 1]
             for k, pc in enumerate(pieces[s]):
-                ready = max((fend[s - 1][q] + hop(s - 1, up[q].tokens) for q in overlapping(s - 1, pc.start, pc.end)),
-                            default=0.0)
+                ready = max((fend[s - 1][q] + _hop(hops, s - 1, up[q].tokens)
+                             for q in _overlapping(starts_of[s - 1], pc.start, pc.end)), default=0.0)
                 t = max(t, ready) + tf[s][k]
                 row.append(t)
         fend.append(row)
+    return fend
+
+
+def _backward_ends(pieces: list, tb: list[list[float]], fend: list[list[float]], same: list[bool],
+                   starts_of: list[list[int]], hops) -> tuple[list[list[float]], list[float]]:
+    """When each (stage, piece)'s backward ends (pieces in reverse order, last stage first), and
+    when each stage's backward ends."""
+    per_token, hop_lat, hop_bw = hops
+    pp = len(tb)
     bend: list[list[float]] = [[0.0] * len(pieces[s]) for s in range(pp)]
-    stage_end = [0.0] * pp
+    done = [0.0] * pp
     for s in range(pp - 1, -1, -1):
         t = fend[s][-1]
         row, tbs = bend[s], tb[s]
@@ -160,22 +210,9 @@ def estimate_sppo(model: ModelConfig, layout: Layout, batch: int, seq: int, poli
             dn = pieces[s + 1]
             for k in range(len(pieces[s]) - 1, -1, -1):
                 pc = pieces[s][k]
-                ready = max((bend[s + 1][q] + hop(s, dn[q].tokens) for q in overlapping(s + 1, pc.start, pc.end)),
-                            default=0.0)
+                ready = max((bend[s + 1][q] + _hop(hops, s, dn[q].tokens)
+                             for q in _overlapping(starts_of[s + 1], pc.start, pc.end)), default=0.0)
                 t = max(t, ready) + tbs[k]
                 row[k] = t
-        tail = sync.layer_grad + (sync.embedding_grad if s in (0, pp - 1) else 0.0)
-        stage_end[s] = t + tail + stage_optimizer_time(model, layout, s, profile)
-    total = max(stage_end)
-    sequences = batch * layout.dp
-    bt = boundary_times(model, shard, batch, seq, profile)
-    est = IterationEstimate(
-        iteration_s=total, mfu=mfu(model, sequences, seq, total, layout.gpus, profile.peak(model.dtype)),
-        tgs=tgs(sequences, seq, total, layout.gpus), layer=mid or LayerTimes(0, 0, 0, 0, 0),
-        embedding_s=bt.embedding, classifier_s=bt.classifier,
-        grad_sync_exposed_s=sync.layer_grad + sync.embedding_grad,
-        optimizer_s=max(stage_optimizer_time(model, layout, s, profile) for s in range(pp)), exposed_copy_s=exposed)
-    busy = [sum(tf[s]) + sum(tb[s]) for s in range(pp)]
-    grid = {"stage_forward_end_s": [r[-1] for r in fend], "stage_backward_end_s": [bend[s][0] for s in range(pp)],
-            "stage_busy_s": busy, "bubble_fraction": 1 - sum(busy) / (pp * total) if total else 0.0}
-    return est, grid
+        done[s] = t
+    return bend, done
