@@ -31,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from machine import cpu_name  # benchmarks/machine.py (this folder is on sys.path when run as a script)
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
@@ -57,15 +59,6 @@ def git_state() -> str:
         return "unknown"
     return head + (" (with uncommitted changes)" if dirty else "")
 
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def step(argv: list[str], log: list[dict]) -> subprocess.CompletedProcess:

@@ -33,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from machine import cpu_name  # benchmarks/machine.py (this folder is on sys.path when run as a script)
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
@@ -51,15 +53,6 @@ SEQS = (128 * K, 256 * K, 512 * K, 1024 * K)
 GPUS = (8, 16, 32)
 TARGET_10K_S, TARGET_ANALYTIC, TARGET_SIM_7B_S = 60.0, 2000.0, 1.5
 
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def uptime() -> str:
