@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from machine import cpu_name  # benchmarks/machine.py (this folder is on sys.path when run as a script)
+from machine import cpu_name, git_state, uptime  # benchmarks/machine.py (this folder is on sys.path when run as a script)
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -40,24 +40,6 @@ from memo_sim.fileio import atomic_write_text  # noqa: E402
 
 TARGET_MEDIAN_PCT = 30.0
 IDLE_LOAD_PER_CORE = 0.5  # the idle threshold of tests/test_validate_loop.py
-
-
-def uptime() -> str:
-    try:
-        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "n/a"
-
-
-def git_state() -> str:
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO,
-                              timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, cwd=REPO,
-                               timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return head + (" (with uncommitted changes)" if dirty else "")
 
 
 
@@ -148,7 +130,7 @@ def main() -> int:
     if a.render:
         return render(Path(a.render), a.out)
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    code = git_state()  # at the start: the code the run measures
+    code = git_state(REPO)  # at the start: the code the run measures
     work = Path(a.work or tempfile.mkdtemp(prefix="cpu-loop-"))
     log: list[dict] = []
     r = step(["calibrate", "--device", "cpu", "--quick", "--name", "cpu-loop", "--out-dir", str(work), "--force"], log)

@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from machine import cpu_name  # benchmarks/machine.py (this folder is on sys.path when run as a script)
+from machine import cpu_name, git_state, uptime  # benchmarks/machine.py (this folder is on sys.path when run as a script)
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -53,24 +53,6 @@ SEQS = (128 * K, 256 * K, 512 * K, 1024 * K)
 GPUS = (8, 16, 32)
 TARGET_10K_S, TARGET_ANALYTIC, TARGET_SIM_7B_S = 60.0, 2000.0, 1.5
 
-
-
-def uptime() -> str:
-    try:
-        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "load average: " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
-def git_state() -> str:
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO,
-                              timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, cwd=REPO,
-                               timeout=30).stdout.strip()
-        return f"{head}" + (f" with {len(dirty.splitlines())} files changed or new in the working tree" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def cold() -> None:
@@ -319,7 +301,7 @@ def main() -> None:
         f"- Date: {started.isoformat(timespec='seconds')} (UTC); whole benchmark {total:.0f} s",
         f"- Machine: {cpu_name()}, {os.cpu_count()} CPU cores visible ({default_jobs()} usable by this process), "
         f"Python {platform.python_version()}, {platform.system()} {platform.release()}",
-        f"- Code: commit {git_state()}",
+        f"- Code: commit {git_state(REPO)}",
         f"- Command: `{cmd}`",
         "- Load (`uptime`; the machine is shared with other engineers, so the load is part of the result):",
         f"  - before: `{load0}`",
@@ -391,7 +373,7 @@ def main() -> None:
 
 def _queries_only(out: Path) -> None:
     """Part 4 alone: the report's earlier parts kept as they are, part 4 replaced (or added)."""
-    head = f"- Part 4 run: {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')} (UTC), code {git_state()}, " \
+    head = f"- Part 4 run: {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')} (UTC), code {git_state(REPO)}, " \
            f"`python benchmarks/sim_speed.py --only queries`; load before: `{uptime()}`"
     res = run_all()
     part = "\n".join(report_lines(res)[:2] + [head, "", *report_lines(res)[2:]]) + f"\n- Load after: `{uptime()}`\n"
