@@ -21,7 +21,7 @@ from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
 from memo_sim.policy.sppo import Sppo
 from tests.dist_harness import spawn
-from tests.exec_helpers import executor_grads, make_plan, policy
+from tests.exec_helpers import make_plan, one_process_run, policy
 
 MODEL = ModelConfig("sppo-dist", 4, 64, 4, 128, vocab=128, dtype="fp32")
 SEQ = 96
@@ -58,14 +58,7 @@ def rank_fn(rank: int, world: int, cases: list) -> list:
 
 
 def _reference():
-    plan = make_plan(MODEL, SEQ, policy("store_all"), chunk=40)
-    loss, grads, _ = executor_grads(plan, dtype="fp64")
-    ex = Executor(plan, RunOptions(device="cpu", dtype="fp64", steps=STEPS))
-    try:
-        losses = [s["loss"] for s in ex.run().summaries]
-    finally:
-        ex.close()
-    return loss, grads, losses
+    return one_process_run(make_plan(MODEL, SEQ, policy("store_all"), chunk=40), STEPS)
 
 
 @pytest.mark.parametrize("cases", [pytest.param([(4, True, "flops")], id="N4-mux"),
