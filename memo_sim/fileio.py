@@ -92,11 +92,15 @@ class OutputFolder:
     def __init__(self, out: str | os.PathLike, command: str) -> None:
         self.out = Path(out)
         self.command = command
-        self.out.parent.mkdir(parents=True, exist_ok=True)
         if self.out.exists() and not self.out.is_dir():
             raise MemoError(f"--out {self.out}: exists and is not a folder; choose a folder")
-        self.stage = Path(tempfile.mkdtemp(prefix=f".{self.out.name or 'out'}.", suffix=".partial",
-                                           dir=self.out.parent))
+        try:
+            self.out.parent.mkdir(parents=True, exist_ok=True)
+            self.stage = Path(tempfile.mkdtemp(prefix=f".{self.out.name or 'out'}.", suffix=".partial",
+                                               dir=self.out.parent))
+        except OSError as e:  # the user's choice of folder, checked before any work: bad input
+            raise MemoError(f"--out {self.out}: cannot write there ({e.strerror or e}); choose a folder you can "
+                            f"write") from None
 
     def path(self, staged: str | os.PathLike) -> Path:
         """Where a staged file ends up once committed."""

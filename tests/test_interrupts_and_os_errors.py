@@ -107,7 +107,8 @@ def test_unwritable_run_out_fails_before_training(monkeypatch, toy_run):
     plan, _, _ = toy_run
     monkeypatch.setattr(runner, "run_steps", _raise(AssertionError("trained although --out cannot be written")))
     r = _run(plan, "/proc/nope/run")
-    assert r.exit_code == 1 and r.output.startswith("error:") and r.output.count("\n") == 1, r.output
+    assert r.exit_code == 2 and r.output.startswith("error: --out /proc/nope/run: cannot write there") \
+        and r.output.count("\n") == 1, r.output
 
 
 def test_non_finite_loss_stops_with_one_line(monkeypatch, toy_run):
