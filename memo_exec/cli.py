@@ -234,7 +234,8 @@ def trace_cmd(plan_file, device, out_file, dtype, attention_backend, target, cud
 @click.option("--budget", "budget_s", default=None, type=click.FloatRange(min=1.0),
               help="seconds for all the runs; each gets a timeout from what is left (default: no limit)")
 @click.option("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if available)")
-@click.option("--steps", default=3, show_default=True, type=click.IntRange(1, 100))
+@click.option("--steps", default=5, show_default=True, type=click.IntRange(1, 100),
+              help="training steps per plan; step 0 is a warm-up, the others give the median")
 @click.option("--out", "out_dir", default="validation_out", show_default=True, type=click.Path(file_okay=False))
 @click.option("--report", "report_path", default=None, type=click.Path(dir_okay=False),
               help="markdown report path (default OUT/validation.md), e.g. reports/validation-h100.md")

@@ -22,8 +22,8 @@ rel_error = (measured - predicted) / predicted.
 from __future__ import annotations
 
 import dataclasses
-import statistics
 
+from memo_exec.measure import steady_value
 from memo_sim.timeline import TP_RING_STREAMS, Timeline
 
 STREAMS = ("compute", "d2h", "h2d")  # always reported; TP_RING_STREAMS where a timeline has them
@@ -155,19 +155,19 @@ def op_times(tl: Timeline) -> dict[tuple[int, str], float]:
 # --------------------------------------------------------------------------------------------------
 # rows
 # --------------------------------------------------------------------------------------------------
-def _mean_dicts(ds: list[dict]) -> dict:
+def _steady_dicts(ds: list[dict]) -> dict:
     keys = {k for d in ds for k in d}
-    return {k: statistics.fmean(d.get(k, 0.0) for d in ds) for k in keys}
+    return {k: steady_value([d.get(k, 0.0) for d in ds]) for k in keys}
 
 
 def stream_rows(measured: list[Timeline], predicted: Timeline | None) -> list[dict]:
-    """One row per stream and quantity; measured values are means over the given steps."""
+    """One row per stream and quantity; measured values are medians over the given steps (`steady_value`)."""
     rings = ring_streams([*measured, predicted])
     meas = [stream_stats(t, rings) for t in measured]
     pred = stream_stats(predicted, rings) if predicted is not None else None
     rows = []
     for s in STREAMS + rings:
-        m = _mean_dicts([x[s] for x in meas])
+        m = _steady_dicts([x[s] for x in meas])
         for q in ("busy_s", "exposed_s", "overlapped_s"):
             p = pred[s][q] if pred is not None else None
             rows.append({"stream": s, "quantity": q[:-2], "measured_s": m[q], "predicted_s": p,
@@ -177,7 +177,7 @@ def stream_rows(measured: list[Timeline], predicted: Timeline | None) -> list[di
 
 def op_rows(measured: list[Timeline], predicted: Timeline | None) -> list[dict]:
     """One row per layer and op class present on either side."""
-    meas = _mean_dicts([{f"{k[0]}:{k[1]}": v for k, v in op_times(t).items()} for t in measured])
+    meas = _steady_dicts([{f"{k[0]}:{k[1]}": v for k, v in op_times(t).items()} for t in measured])
     pred = op_times(predicted) if predicted is not None else {}
     keys = {(int(k.split(":")[0]), k.split(":")[1]) for k in meas} | set(pred)
     order = {c[0]: n for n, c in enumerate(OP_CLASSES)}

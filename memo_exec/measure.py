@@ -194,15 +194,28 @@ def summarize_step(rec: StepRecord, layers: int) -> dict:
     }
 
 
+def steady_value(values: list[float]) -> float:
+    """The steady-state value of a quantity measured once per step: the median over the steps
+    after the warm-up. A step that lost its cores to another process for a while (the CPU and the
+    host are shared) moves a mean by its whole delay and a median not at all, so every measured
+    number the executor compares with a prediction is this one statistic."""
+    return statistics.median(values)
+
+
+def steady_steps(items: list) -> list:
+    """The steps the steady state is taken over: all but step 0 (the warm-up) when there are more."""
+    return items[1:] if len(items) > 1 else items
+
+
 def steady_state(summaries: list[dict]) -> dict:
-    """Mean of the numeric fields over the measured steps (step 0 is a warm-up when there are more)."""
-    use = summaries[1:] if len(summaries) > 1 else summaries
-    out: dict = {"steps_averaged": [s["step"] for s in use]}
+    """`steady_value` of the numeric fields over the measured steps (step 0 is a warm-up when there are more)."""
+    use = steady_steps(summaries)
+    out: dict = {"steps_averaged": [s["step"] for s in use], "statistic": "median"}
     keys = ("iteration_s", "layer_forward_s", "layer_backward_s", "layer_recompute_s", "layer_offload_s",
             "layer_prefetch_s", "exposed_copy_s", "exposed_offload_s", "exposed_prefetch_s")
     for k in keys:
         vals = [s[k] for s in use if s.get(k) is not None]
-        out[k] = statistics.fmean(vals) if vals else None
+        out[k] = steady_value(vals) if vals else None
     out["peak_allocated_bytes"] = max(s["peak_allocated_bytes"] for s in use)
     out["peak_reserved_bytes"] = max(s["peak_reserved_bytes"] for s in use)
     return out

@@ -28,7 +28,7 @@ from matplotlib.figure import Figure
 from memo_exec.compare import op_rows, rel_error, resimulate, ring_stall_seconds, sim_memory_breakdown, stream_rows
 from memo_exec.device import element_size
 from memo_exec.figures import overlay_gantt
-from memo_exec.measure import timeline_from_step
+from memo_exec.measure import steady_steps, steady_value, timeline_from_step
 from memo_exec.runner import RunResult
 from memo_sim.model.flops import mfu
 from memo_sim.fileio import atomic_write_bytes, atomic_write_text
@@ -74,7 +74,7 @@ def compare_run(res: RunResult) -> Comparison:
         pred, source = sim.to_dict(), f"{sim_note} (the plan is for {plan.model.layers} layers)"
     else:
         pred, source = {}, f"not comparable: the plan is for {plan.model.layers} layers, {n} ran, and {sim_note}"
-    steady = res.steps[1:] if len(res.steps) > 1 else res.steps
+    steady = steady_steps(res.steps)
     measured = [timeline_from_step(r, {}) for r in steady]
     ptl = sim.timeline if sim is not None else None
     breakdown = sim_memory_breakdown(plan, n)
@@ -87,14 +87,14 @@ def compare_run(res: RunResult) -> Comparison:
 
 def ring_rows(measured: list, sim, sim_note: str) -> list[dict]:
     """METP: the time the compute stream waited on the ring (``wait_tp_p2p`` / ``wait_tp_bcast``
-    stalls, mean over the steady steps) against the simulator's ``exposed_p2p_s`` for the same plan
+    stalls, median over the steady steps) against the simulator's ``exposed_p2p_s`` for the same plan
     (its streams' waits on tp_p2p / tp_bcast beyond the compute they overlap)."""
     per = [ring_stall_seconds(t) for t in measured]
     rows = [("exposed METP ring time (compute waiting on tp_p2p + tp_bcast)",
              sim.exposed_p2p_s if sim is not None else None,
-             statistics.fmean(sum(d.values()) for d in per) if per else None)]
+             steady_value([sum(d.values()) for d in per]) if per else None)]
     for s in TP_RING_STREAMS:
-        rows.append((f"  of which waiting on {s}", None, statistics.fmean(d[s] for d in per) if per else None))
+        rows.append((f"  of which waiting on {s}", None, steady_value([d[s] for d in per]) if per else None))
     src = sim_note if sim is not None else f"not predicted ({sim_note})"
     return [{"quantity": q, "unit": "s", "predicted": p, "measured": m, "rel_error": rel_error(m, p),
              "predicted_from": src if p is not None else "the simulator reports the sum only"} for q, p, m in rows]
@@ -254,7 +254,8 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
                  f"per-layer numbers compare with the plan's; whole-iteration numbers use {source}.")
     else:
         L.append(f"- all {m['layers']} layers run")
-    L.append(f"- steps: {len(res.summaries)}; steady state averages steps {st['steps_averaged']} "
+    L.append(f"- steps: {len(res.summaries)}; steady state: the median of each quantity over steps "
+             f"{st['steps_averaged']} "
              f"(step 0 includes warm-up when more than one step ran)")
     if m["device_kind"] != "cuda":
         L.append("- **CPU run**: times are host times of CPU kernels and thread copies, memory is the process RSS; "
@@ -279,7 +280,7 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
                  "and the host pool of the offloaded activations together (the pool is part of the RSS, not "
                  "beside it); pinned host memory is the pool's size.")
     L.append("")
-    L.append(f"## Streams: measured vs predicted\n\nPredicted: {cmp_.simulation}. Measured: mean over the steady "
+    L.append(f"## Streams: measured vs predicted\n\nPredicted: {cmp_.simulation}. Measured: median over the steady "
              f"steps. busy = time the stream runs ops (compute stalls excluded); overlapped = busy time during "
              f"which the other side also runs (copy and METP ring streams: compute; compute: either copy stream); "
              f"exposed = busy − overlapped.\n")
@@ -423,9 +424,9 @@ def gather_payloads(payload: dict) -> list[dict] | None:
 
 
 def _busy(summaries: list[dict]) -> dict[str, float]:
-    use = summaries[1:] if len(summaries) > 1 else summaries
+    use = steady_steps(summaries)
     keys = {k for s in use for k in s["stream_busy_s"]}
-    return {k: statistics.fmean(s["stream_busy_s"].get(k, 0.0) for s in use) for k in keys}
+    return {k: steady_value([s["stream_busy_s"].get(k, 0.0) for s in use]) for k in keys}
 
 
 def rank_rows(payloads: list[dict], predicted_iteration: float | None) -> list[dict]:
@@ -476,7 +477,7 @@ def per_rank_markdown(rows: list[dict], predicted_iteration: float | None, memor
     ring = any(r.get("ring_stall_s") is not None for r in rows)
     L = ["", "## Per rank", "",
          f"The simulator predicts one representative GPU (iteration {_f(predicted_iteration)} s); every rank "
-         "measured its own steps (steady state: the mean over the steps after the warm-up). Busy time per "
+         "measured its own steps (steady state: the median over the steps after the warm-up). Busy time per "
          "stream is the sum of that stream's spans (on CPU the collectives block the calling thread, so their "
          "spans also lie inside the compute spans that issue them).", "",
          "| rank | dp | cp | uly | tp | tokens | iteration s | vs predicted | layer fwd s | layer bwd s | "

@@ -41,7 +41,7 @@ def cpu_validation(tmp_path_factory, cpu_calibration):
     r = CliRunner().invoke(exec_cli, ["validate", "--profile", str(prof), "--layers", "3", "--hidden", "128",
                                       "--heads", "4", "--ffn", "512", "--vocab", "500", "--seqs", "256,512",
                                       "--policies", "store_all,full_recompute,memo", "--alphas", "0.5",
-                                      "--device", "cpu", "--steps", "2", "--out", str(out)])
+                                      "--device", "cpu", "--steps", "5", "--out", str(out)])
     return prof, out, r
 
 

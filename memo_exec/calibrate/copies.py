@@ -181,7 +181,7 @@ def _duplex_cpu(nbytes: int, count: int) -> dict:
         overall = max(s[1] for s in spans.values()) - min(s[0] for s in spans.values())
         per["total"] = 2 * count * nbytes / overall
         results.append(per)
-    return {k: max(r[k] for r in results) for k in results[0]}  # fastest of the repeats (shared CPU)
+    return {k: statistics.median(r[k] for r in results) for k in results[0]}  # as `microbench.TIMING_STATISTIC`
 
 
 def _copy_compute_cpu(dtype: torch.dtype, gemm_n: int, compute_s: float, solo_bw: dict[str, float],

@@ -6,9 +6,12 @@ one more call to choose how many repeats fill ``target_s`` (between ``min_repeat
 CUDA each repeat is bracketed by events on the current stream, so a caller that wraps the call
 in ``torch.cuda.stream(s)`` times work on ``s``.
 
-`Timing.seconds` is the statistic the profile uses: the median on CUDA (events time the GPU
-alone), the minimum on CPU, where the cores are shared with the OS and any other process and a
-descheduled OpenMP thread stalls a whole kernel: the fastest repeat is what the machine can do.
+`Timing.seconds` is the statistic the profile uses: the median, on CUDA (events time the GPU
+alone) and on CPU. A run is timed the same way (`memo_exec.measure.steady_value`: the median
+over its steady steps), so a prediction and the measurement it is compared with see the same
+machine: on a CPU shared with the OS and other processes a descheduled OpenMP thread stalls a
+whole kernel now and then, and the fastest repeat (what the machine can do when nothing else
+runs) is faster than what a run of many kernels in a row sees; the median is what both see.
 
 `Progress` prints one line per step on stderr with the elapsed time, so that a long calibration
 shows where it is.
@@ -42,8 +45,12 @@ class Timing:
         return amount / self.seconds if self.seconds > 0 else float("inf")
 
 
+TIMING_STATISTIC = "median"  # of the repeats; `memo_exec.measure.steady_value` is the run's side
+
+
 def statistic_for(device: torch.device) -> str:
-    return "median" if torch.device(device).type == "cuda" else "min"
+    """The statistic `Timing.seconds` reports on ``device``: `TIMING_STATISTIC` on every device."""
+    return TIMING_STATISTIC
 
 
 class Bench:

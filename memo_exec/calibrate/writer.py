@@ -22,6 +22,7 @@ import yaml
 
 from memo_exec.calibrate.allocator import profile_fields as allocator_fields
 from memo_exec.calibrate.allocator import summary as allocator_summary
+from memo_exec.calibrate.microbench import TIMING_STATISTIC
 from memo_exec.calibrate.quantities import GiB, MiB, FlowMap, curve, dump_yaml, plain, q, q_bw, q_bytes, q_time, sig
 from memo_sim.errors import MemoError
 from memo_sim.fileio import atomic_write_text
@@ -373,8 +374,9 @@ def provenance(b: Build) -> dict:
     prov.update({"torch": env["torch"], "python": env["python"], "platform": env["platform"], "cpu": env["cpu"],
                  "cpu_count": env["cpu_count"], "torch_threads": env["torch_threads"],
                  "load_average_1min": [env.get("load_average_1min"), env.get("load_average_1min_end")],
-                 "timing": ("median of repeats timed with CUDA events" if b.cuda else
-                            "fastest of the repeats timed with perf_counter (the CPU is shared)"),
+                 "timing": (f"{TIMING_STATISTIC} of the repeats timed with CUDA events" if b.cuda else
+                            f"{TIMING_STATISTIC} of the repeats timed with perf_counter (the runs' steps are "
+                            "compared by their median too)"),
                  "dtype": r["dtype"], "quick": r["options"]["quick"], "duration_s": round(r["duration_s"], 1),
                  "base_profile": str(b.base.path) if b.base is not None else None,
                  "measured_fields": b.measured_fields, "not_measured_fields": b.base_fields,
