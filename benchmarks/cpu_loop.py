@@ -36,10 +36,9 @@ from machine import cpu_name, git_state, uptime  # benchmarks/machine.py (this f
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from memo_exec.host_share import IDLE_OTHER_CORES, busy_reason  # noqa: E402
+from memo_exec.validate import LOOP_TARGET_MEDIAN_PCT as TARGET_MEDIAN_PCT  # noqa: E402
 from memo_sim.fileio import atomic_write_text  # noqa: E402
-
-TARGET_MEDIAN_PCT = 30.0
-IDLE_LOAD_PER_CORE = 0.5  # the idle threshold of tests/test_validate_loop.py
 
 
 
@@ -80,21 +79,21 @@ def report(log: list[dict], prof: dict | None, val: dict | None, started: str, c
     e = s["errors"]["step_s"]
     med = e.get("median_abs_error_pct")
     met = med is not None and med < TARGET_MEDIAN_PCT
-    loads = [x for x in list((prof or {}).get("provenance", {}).get("load_average_1min") or [])
-             + list(s.get("load_average_1min") or []) if x is not None]
-    idle = bool(loads) and max(loads) <= IDLE_LOAD_PER_CORE * (os.cpu_count() or 1)
+    why_busy = busy_reason((prof or {}).get("provenance", {}), s)
+    share = [((prof or {}).get("provenance", {}).get("cpu_share") or {}).get("other_cores"),
+             (s.get("cpu_share") or {}).get("other_cores")]
     L += ["## Result", "",
           f"- {s['ran']} of {s['plans']} plans ran; step-time |error| median **{_pct(med)}**, mean "
           f"{_pct(e['mean_abs_error_pct'])}, max {_pct(e['max_abs_error_pct'])}; Kendall tau "
           f"{'—' if s['kendall_tau_step_time'] is None else round(s['kendall_tau_step_time'], 2)}; each run used "
           f"{s.get('cpu_threads') or 'torch default'} torch threads (the calibration's)",
-          f"- Target: median |error| < {TARGET_MEDIAN_PCT:.0f}% on an idle machine (1-minute load at most "
-          f"{IDLE_LOAD_PER_CORE} per core). "
-          + ((("Met" if met else "Not met") + " on an idle machine.") if idle else
-             (f"This run was not on an idle machine (1-minute loads {loads} on {os.cpu_count()} cores at the "
-              f"calibration's start and end and around the runs): the calibration measured the same shared cores "
-              f"the runs then used, so the number says how well the loop closes under this load "
-              f"({'under' if met else 'over'} the target), not what it gives on an idle machine.")), "",
+          f"- Cores other processes took on average (calibration, runs): {share} of {os.cpu_count()}",
+          f"- Target: median |error| < {TARGET_MEDIAN_PCT:.0f}% on an idle machine (other processes took at most "
+          f"{IDLE_OTHER_CORES} cores while it measured: `memo_exec.host_share.busy_reason`). "
+          + ((("Met" if met else "Not met") + " on an idle machine.") if why_busy is None else
+             (f"This run was not on an idle machine ({why_busy}): the number says how well the loop closes "
+              f"under this load ({'under' if met else 'over'} the target), not what it gives on an idle "
+              f"machine.")), "",
           "| plan | status | predicted step | measured step | error |", "|---|---|---:|---:|---:|"]
     for r in val["rows"]:
         q = r["quantities"]["step_s"]

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from memo_exec.device import process_rss_bytes, reset_process_peak_rss
+from memo_exec.device import process_rss_bytes, process_rss_now, reset_process_peak_rss
 from memo_exec.streams import CopyLabel, Issued
 from memo_sim.timeline import MemorySample, Timeline, TimelineEvent
 
@@ -141,7 +141,7 @@ class Recorder:
         if self.cuda:
             v = torch.cuda.memory_allocated(self.device)
         else:
-            v, _ = process_rss_bytes()
+            v = process_rss_now()
         t = self._mark()
         with self._lock:
             self._mem.append((t, v))

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from memo_exec.errors import ExecError
+from memo_exec.host_share import CpuShareMeter
 from memo_sim.fileio import atomic_write_json, atomic_write_text
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
@@ -54,6 +55,7 @@ QUANTITIES = (
     ("h2d_exposed_s", "s", "h2d exposed"),
     ("peak_memory_bytes", "bytes", "peak memory"),
 )
+LOOP_TARGET_MEDIAN_PCT = 30.0  # issue #30: the CPU loop's median |step-time error| on an idle machine
 RUN_STARTUP_S = 20.0  # a run's process start, allocation and warm-up step, before its steps
 
 
@@ -362,6 +364,8 @@ def render_report(rows: list[ValidationRow], summary: dict, model: ModelConfig, 
              f"{' -> '.join(str(x) for x in summary.get('load_average_1min') or ['n/a'])}"
              + (f"; each CPU run used {summary['cpu_threads']} torch threads (the calibration's)"
                 if summary.get("cpu_threads") else ""),
+             f"- cores other processes took: {_share_text(profile.provenance.get('cpu_share'))} while calibrating, "
+             f"{_share_text(summary.get('cpu_share'))} during the runs (`memo_exec.host_share`)",
              f"- model: {model.layers} layers, h={model.hidden}, {model.heads} heads, ffn={model.ffn}, "
              f"vocab={model.vocab}, dtype {model.dtype}",
              "- each plan ran in its own process; its files are under runs/plan-NN/ (plans/plan-NN.json the plan)",
@@ -391,6 +395,12 @@ def render_report(rows: list[ValidationRow], summary: dict, model: ModelConfig, 
     return "\n".join(lines) + "\n"
 
 
+def _share_text(share: dict | None) -> str:
+    if not share:
+        return "not measured"
+    return f"{share['other_cores']:.2f} of {share['cores']} (steal {share['steal_cores']:.2f})"
+
+
 def _load_1min() -> float | None:
     try:
         return round(os.getloadavg()[0], 2)
@@ -407,10 +417,12 @@ def validate(model: ModelConfig, profile: HardwareProfile, plans: list[PlanSpec]
         raise ExecError("no plans to validate: give at least one sequence length and policy")
     out = Path(out_dir)
     load0 = _load_1min()
-    rows = run_validation(model, profile, plans, device=device, steps=steps, out_dir=out, progress=progress,
-                          budget_s=budget_s, runner=runner)
+    with CpuShareMeter() as share:
+        rows = run_validation(model, profile, plans, device=device, steps=steps, out_dir=out, progress=progress,
+                              budget_s=budget_s, runner=runner)
     summary = summarize(rows)
     summary["load_average_1min"] = [load0, _load_1min()]
+    summary["cpu_share"] = share.result.to_dict() if share.result is not None else None
     summary["cpu_threads"] = cpu_threads(profile) if device == "cpu" else None
     ran = [r for r in rows if r.status == "ran"]
     figure, dev = None, device

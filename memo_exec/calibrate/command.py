@@ -45,6 +45,7 @@ def calibrate(name: str, device: str = "auto", quick: bool = False, out_dir: str
         CalibrateOptions, check_options, parse_bytes, remeasure, run_suite,
     )
     from memo_exec.calibrate.writer import build_profile, load_base, write_profile  # noqa: PLC0415
+    from memo_exec.host_share import CpuShareMeter  # noqa: PLC0415
 
     if not name or not NAME_RE.match(name):
         raise MemoError(f"--name must be letters, digits, '.', '_' or '-' (a file name), got {name!r}")
@@ -73,7 +74,11 @@ def calibrate(name: str, device: str = "auto", quick: bool = False, out_dir: str
     prog = progress if progress is not None else Progress()
     prog.note(f"calibrating ({'quick' if quick else 'full'} suite) on {spec.describe()}: "
               + (DURATION_QUICK if quick else DURATION_FULL))
-    raw = run_suite(opts, prog)
+    with CpuShareMeter() as share:
+        raw = run_suite(opts, prog)
+    if share.result is not None:  # what other processes took of the cores while this measured
+        raw["env"]["cpu_share"] = share.result.to_dict()
+        prog.note(f"while calibrating, {share.result.line()}")
     prof = build_profile(name, raw, base_prof, node_from_base=node_from_base)
     found = implausible(prof, raw, str(path))
     if found:

@@ -374,6 +374,7 @@ def provenance(b: Build) -> dict:
     prov.update({"torch": env["torch"], "python": env["python"], "platform": env["platform"], "cpu": env["cpu"],
                  "cpu_count": env["cpu_count"], "torch_threads": env["torch_threads"],
                  "load_average_1min": [env.get("load_average_1min"), env.get("load_average_1min_end")],
+                 "cpu_share": env.get("cpu_share"),
                  "timing": (f"{TIMING_STATISTIC} of the repeats timed with CUDA events" if b.cuda else
                             f"{TIMING_STATISTIC} of the repeats timed with perf_counter (the runs' steps are "
                             "compared by their median too)"),

@@ -1,0 +1,110 @@
+"""How much of the host's CPU other processes took while this process and its children measured.
+
+A CPU timing (a calibration, a validation's runs) is only as good as the cores it had. The
+1-minute load average lags by a minute and counts this process's own threads, so it cannot say
+whether a measurement shared its cores. This meter can: over the measured interval it reads the
+cores' busy time from ``/proc/stat`` and this process tree's own CPU time from ``getrusage``
+(``RUSAGE_SELF`` for its threads, ``RUSAGE_CHILDREN`` for the child processes it waited for: the
+validation's runs, the calibration's gloo peers); what is left is what other processes used.
+``steal`` is the time the hypervisor gave this machine's virtual cores to other machines.
+
+On a host without ``/proc/stat`` (not Linux) the meter reports ``None`` for everything.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+from dataclasses import asdict, dataclass
+
+PROC_STAT = "/proc/stat"
+
+
+@dataclass(frozen=True)
+class CpuShare:
+    wall_s: float
+    cores: int
+    busy_core_s: float  # every process, this tree included (user, nice, system, irq, softirq)
+    own_core_s: float  # this process's threads and its waited-for children
+    steal_core_s: float
+
+    @property
+    def other_cores(self) -> float:
+        """Cores other processes kept busy on average over the interval."""
+        return max(0.0, self.busy_core_s - self.own_core_s) / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def steal_cores(self) -> float:
+        return self.steal_core_s / self.wall_s if self.wall_s > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {**{k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(self).items()},
+                "other_cores": round(self.other_cores, 3), "steal_cores": round(self.steal_cores, 3)}
+
+    def line(self) -> str:
+        return (f"other processes used {self.other_cores:.2f} of {self.cores} cores on average over "
+                f"{self.wall_s:.0f} s (steal {self.steal_cores:.2f})")
+
+
+def _stat() -> tuple[float, float] | None:
+    """(busy, steal) seconds of all cores since boot, or None where /proc/stat is not readable."""
+    try:
+        with open(PROC_STAT) as fh:
+            fields = fh.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu" or len(fields) < 8:
+        return None
+    v = [int(x) for x in fields[1:]]
+    hz = os.sysconf("SC_CLK_TCK")
+    user, nice, system, _idle, _iowait, irq, softirq = v[:7]
+    steal = v[7] if len(v) > 7 else 0
+    return (user + nice + system + irq + softirq) / hz, steal / hz
+
+
+def _own() -> float:
+    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+
+class CpuShareMeter:
+    """``with CpuShareMeter() as m: ...`` then ``m.result`` (a `CpuShare`, or None off Linux)."""
+
+    def __enter__(self) -> CpuShareMeter:
+        self.result: CpuShare | None = None
+        self._t0, self._stat0, self._own0 = time.monotonic(), _stat(), _own()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        stat1, own1, t1 = _stat(), _own(), time.monotonic()
+        if self._stat0 is None or stat1 is None:
+            return
+        self.result = CpuShare(wall_s=t1 - self._t0, cores=os.cpu_count() or 1,
+                               busy_core_s=stat1[0] - self._stat0[0], own_core_s=own1 - self._own0,
+                               steal_core_s=stat1[1] - self._stat0[1])
+
+
+# ------------------------------------------------------------------------------------ idle or not
+IDLE_OTHER_CORES = 0.25  # cores other processes may take on average while a CPU loop measures
+IDLE_LOAD_PER_CORE = 0.5  # the fallback where the share is not measured: 1-minute load per core
+
+
+def busy_reason(provenance: dict, summary: dict) -> str | None:
+    """Why the machine was not idle while a CPU calibration (its profile's ``provenance``) and a
+    validation (its ``summary``) measured, or None when it was: other processes took at most
+    `IDLE_OTHER_CORES` cores on average during each; where that was not measured, the 1-minute
+    load per core at calibration and around the runs was at most `IDLE_LOAD_PER_CORE`."""
+    shares = [provenance.get("cpu_share"), summary.get("cpu_share")]
+    if all(shares):
+        other = [round(x["other_cores"], 2) for x in shares]
+        if max(other) > IDLE_OTHER_CORES:
+            return f"other processes took {other} cores (calibration, runs), above {IDLE_OTHER_CORES}"
+        return None
+    cores = os.cpu_count() or 1
+    per_core = [None if x is None else round(x / cores, 3) for x in
+                list(provenance.get("load_average_1min") or [None]) + list(summary.get("load_average_1min") or [None])]
+    if any(x is None or x > IDLE_LOAD_PER_CORE for x in per_core):
+        return (f"1-minute load per core {per_core} (calibration start/end, runs before/after) above "
+                f"{IDLE_LOAD_PER_CORE}")
+    return None

@@ -1,0 +1,31 @@
+"""memo_exec.host_share: the cores other processes took while this process tree measured."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from memo_exec.host_share import CpuShare, CpuShareMeter
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="needs /proc/stat (Linux)")
+def test_meter_counts_this_process_and_its_children_as_own():
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass"
+    with CpuShareMeter() as m:
+        subprocess.run([sys.executable, "-c", burn], check=True, timeout=60)
+        exec(burn)  # noqa: S102 - the same burn in this process
+    r = m.result
+    assert r is not None and r.cores == (os.cpu_count() or 1)
+    assert r.own_core_s >= 0.55  # both burns (and the child's start-up) are this tree's own
+    assert r.busy_core_s >= r.own_core_s * 0.9  # /proc/stat saw them too (ticks are coarse)
+    assert 0.0 <= r.other_cores <= r.cores
+    assert "of %d cores" % r.cores in r.line()
+
+
+def test_share_arithmetic():
+    s = CpuShare(wall_s=2.0, cores=2, busy_core_s=3.0, own_core_s=1.0, steal_core_s=0.2)
+    assert s.other_cores == pytest.approx(1.0) and s.steal_cores == pytest.approx(0.1)
+    assert CpuShare(wall_s=1.0, cores=2, busy_core_s=0.5, own_core_s=0.7, steal_core_s=0).other_cores == 0.0
+    d = s.to_dict()
+    assert d["other_cores"] == 1.0 and d["cores"] == 2
