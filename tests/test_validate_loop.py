@@ -86,11 +86,6 @@ def test_busy_reason():
     assert "load" in busy_reason({"load_average_1min": [3.0, 3.0]}, {"load_average_1min": [0.2, 0.3]})
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue #30 is open: the CPU loop does not close on a quiet machine yet (2026-11-23: median |error| 74.7% "
-    "on this test's plans at load 0.4, 58.5% in reports/cpu-loop-load1.md at load 1.0, every plan slower than "
-    "predicted). Strict: the day the median drops under the target this reports XPASS as a failure - then "
-    "delete this marker."))
 def test_cpu_loop_median_error_on_an_idle_machine(cpu_validation):
     """calibrate --quick then validate --device cpu: median |step-time error| < 30% when the machine
     was idle (`busy_reason`); skipped otherwise."""
