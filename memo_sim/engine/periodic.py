@@ -36,7 +36,15 @@ no memory limit, and this module
    running 10 layers costs less than building them all (reports/sim-speed.md's breakdown times
    both, by outcome).
 
-Exactness: tests/test_engine_periodic.py holds folded results (status, times, peaks, failures,
+The same machinery folds a micro-batch pipeline's steady state (`unfold_window`, planned by
+`memo_sim.engine.schedules.microbatch_fold`): one family of windows (between rank 0's forwards
+of consecutive micro-batch groups, every rank's events inside) instead of the forward and
+backward ones, checked and unfolded as above. What an op's index is (its layer here, its
+micro-batch there), how it is compared between windows and how names move with it is a
+`Labels` object's.
+
+Exactness: tests/test_engine_pipeline_fold.py holds folded pipelines to whole runs the same way;
+tests/test_engine_periodic.py holds folded results (status, times, peaks, failures,
 exposed copy and P2P time, layer timings, the timeline's events and memory samples) to whole
 runs within 1e-9 for every policy with TP/SP, CP, Ulysses, METP and ZeRO-3, OOM and OOHM cases.
 """

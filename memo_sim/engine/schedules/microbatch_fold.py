@@ -23,6 +23,7 @@ Ops of micro-batch k are named ``<op>@m<k>`` and their tensors ``mb<k>.<...>`` (
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from memo_sim.engine.graph import Op
 from memo_sim.engine.periodic import CHECKED, MIN_COPIES, Labels
@@ -43,6 +44,7 @@ def mb_tensor(mb: int, rest: str) -> str:
     return f"mb{mb}.{rest}"
 
 
+@lru_cache(maxsize=1 << 16)
 def split_mb(name: str) -> tuple[str, int | None]:
     """(base name, micro-batch) of an op's name; None for an op of no one micro-batch."""
     base, sep, k = name.rpartition(MB_TAG)
