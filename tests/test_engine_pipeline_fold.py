@@ -34,7 +34,7 @@ POLICIES = [("store_all", None), ("full_recompute", None), ("full_offload", None
 # (schedule, layout, micro-batches, tokens): 1F1B folds windows of 1 micro-batch, interleaved of pp
 # (a run whose windows order two simultaneous events differently is not folded: at 8K tokens
 # interleaved full_recompute's recompute and sends end together; see the last test)
-PIPES = [("1f1b", Layout(tp=4, pp=2), 16, 8 * K), ("interleaved_1f1b", Layout(tp=4, pp=2, vpp=2), 32, 16 * K)]
+PIPES = [("1f1b", Layout(tp=4, pp=2), 18, 8 * K), ("interleaved_1f1b", Layout(tp=4, pp=2, vpp=2), 36, 16 * K)]
 
 
 def _pair(schedule, lay, m, pol, a, seq=8 * K, keep_timeline=True, model=GPT8):
@@ -54,8 +54,13 @@ def _same(whole, short):
     _close(whole.link_carried, short.link_carried, "link_carried")
 
 
-@pytest.mark.parametrize("pipe", PIPES, ids=lambda p: p[0])
-@pytest.mark.parametrize("pol", POLICIES, ids=lambda p: p[0])
+# every policy on both schedules; the interleaved ones but store_all (a few seconds each) are slow
+CASES = [pytest.param(pipe, pol, id=f"{pol[0]}-{pipe[0]}",
+                      marks=[pytest.mark.slow] if pipe[0] != "1f1b" and pol[0] != "store_all" else [])
+         for pipe in PIPES for pol in POLICIES]
+
+
+@pytest.mark.parametrize("pipe, pol", CASES)
 def test_folded_pipeline_equals_the_whole_run(pipe, pol):
     schedule, lay, m, seq = pipe
     whole, short = _pair(schedule, lay, m, *pol, seq=seq)
@@ -74,7 +79,7 @@ def test_folded_pipeline_equals_the_whole_run(pipe, pol):
 
 
 def test_folded_pipeline_with_cp_zero_and_dp_equals_the_whole_run():
-    whole, short = _pair("1f1b", Layout(tp=2, cp=2, pp=2, dp=2, zero=1), 16, "memo", 0.5, seq=16 * K,
+    whole, short = _pair("1f1b", Layout(tp=2, cp=2, pp=2, dp=2, zero=1), 18, "memo", 0.5, seq=16 * K,
                          keep_timeline=False)
     assert short.folded > 0
     _same(whole, short)
@@ -101,7 +106,7 @@ def test_a_failure_is_found_where_the_whole_run_fails(pol):
     op); where no other stream has an event at that instant also the bytes in use, the peaks
     and end bytes. (A 1F1B steady state holds the same bytes window after window, so every
     capacity under the peak fails before the copies.)"""
-    lay, m, policy = Layout(tp=4, pp=2), 16, get_policy(*pol)
+    lay, m, policy = Layout(tp=4, pp=2), 18, get_policy(*pol)
     costs, plan, sched, eng, run, anchors = _short_run(one_f_one_b, lay, m, policy)
     whole_sched = build_microbatch_pipeline(costs, lay, A800, policy, GPT8.layers, m, one_f_one_b.order,
                                             detail="ops")
@@ -134,28 +139,30 @@ def test_an_oom_run_folded_without_a_timeline_equals_the_whole_run():
     """A pipeline that runs out of GPU memory part way: the what-if's summary (no timeline) of
     the folded run is the whole run's, failure included."""
     lay, policy, seq = Layout(tp=2, pp=2), get_policy("store_all"), 128 * K
-    whole = simulate(GPT8, lay, 16, seq, policy, A800, schedule="1f1b", micro_batch=1, fold=False,
+    whole = simulate(GPT8, lay, 18, seq, policy, A800, schedule="1f1b", micro_batch=1, fold=False,
                      keep_timeline=False)
-    short = simulate(GPT8, lay, 16, seq, policy, A800, schedule="1f1b", micro_batch=1, keep_timeline=False)
+    short = simulate(GPT8, lay, 18, seq, policy, A800, schedule="1f1b", micro_batch=1, keep_timeline=False)
     assert whole.status == "OOM", "this case should run out of memory"
     assert short.folded > 0
     assert short.link_carried == {}  # a folded run that failed keeps none (`SimResult.folded`)
     short.link_carried = whole.link_carried
     _same(whole, short)
     # with a timeline the whole run gives it
-    shown = simulate(GPT8, lay, 16, seq, policy, A800, schedule="1f1b", micro_batch=1)
+    shown = simulate(GPT8, lay, 18, seq, policy, A800, schedule="1f1b", micro_batch=1)
     assert shown.folded == 0 and shown.status == "OOM"
 
 
 def test_orders_with_copies_are_the_whole_orders():
-    for mod, pp, vpp, m, step in ((one_f_one_b, 4, 1, 40, 1), (interleaved, 2, 3, 40, 2), (interleaved, 4, 2, 64, 4)):
+    for mod, pp, vpp, m, step in ((one_f_one_b, 4, 1, 40, 1), (interleaved, 2, 3, 40, 2), (interleaved, 4, 2, 80, 4)):
         plan = plan_window_fold(mod.order, pp, m, vpp, 2, get_policy("memo", 0.5), True)
         assert plan is not None and plan.step == step and plan.copies >= periodic.MIN_COPIES
         for s in range(pp):
             got, _cut = order_with_copies(mod.order(pp, plan.short, vpp, s), plan)
             assert got == mod.order(pp, m, vpp, s)
-    # too few micro-batches to save MIN_COPIES windows: none
+    # too few micro-batches to save MIN_COPIES windows, or half the run: none
     assert plan_window_fold(one_f_one_b.order, 4, 12, 1, 2, get_policy("store_all"), False) is None
+    assert plan_window_fold(one_f_one_b.order, 2, 16, 1, 2, get_policy("store_all"), False) is None
+    assert plan_window_fold(one_f_one_b.order, 2, 18, 1, 2, get_policy("store_all"), False) is not None
     assert plan_window_fold(interleaved.order, 2, 4, 2, 2, get_policy("store_all"), False) is None
 
 
@@ -169,7 +176,7 @@ def test_micro_batch_labels():
 
 
 def test_a_run_whose_windows_order_simultaneous_events_differently_runs_whole():
-    whole, short = _pair("interleaved_1f1b", Layout(tp=4, pp=2, vpp=2), 32, "full_recompute", None,
+    whole, short = _pair("interleaved_1f1b", Layout(tp=4, pp=2, vpp=2), 36, "full_recompute", None,
                          keep_timeline=False)
     assert short.folded == 0
     _same(whole, short)
@@ -177,7 +184,7 @@ def test_a_run_whose_windows_order_simultaneous_events_differently_runs_whole():
 
 def test_a_run_that_does_not_repeat_is_not_unfolded():
     lay, policy = Layout(tp=4, pp=2), get_policy("store_all")
-    _costs, plan, sched, eng, run, anchors = _short_run(one_f_one_b, lay, 16, policy)
+    _costs, plan, sched, eng, run, anchors = _short_run(one_f_one_b, lay, 18, policy)
     args = dict(gpu_capacity=math.inf, host_capacity=math.inf, devices=sched.graph.devices, routes=eng.routes)
     assert periodic.unfold_window(run, anchors, plan.copies, plan.step, MICRO_BATCHES, **args) is not None
     # windows from the warm-up on: rank 0's first forwards do not repeat

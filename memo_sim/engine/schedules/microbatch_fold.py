@@ -139,7 +139,8 @@ def plan_window_fold(order, pp: int, micro_batches: int, vpp: int, layers_per_ch
                      slot: bool) -> WindowFold | None:
     """The fold of a micro-batch pipeline's steady state, or None where there is none to make:
     the whole orders and unit rules must be the short ones with copies of one window inserted
-    (see the module docs). Windows of 1 micro-batch (1F1B), else of ``pp`` (interleaved)."""
+    (see the module docs), and the short run at most half the whole one. Windows of 1
+    micro-batch (1F1B), else of ``pp`` (interleaved)."""
     m = micro_batches
     rank0 = order(pp, m, vpp, 0)
     warmup = next((i for i, st in enumerate(rank0) if st.kind == "B"), len(rank0))
@@ -148,7 +149,9 @@ def plan_window_fold(order, pp: int, micro_batches: int, vpp: int, layers_per_ch
         first = -(-warmup // per_window) + SETTLE
         cut = first + CHECKED + 1
         short = (cut + 3 + TAIL) * step
-        if m % step or (m - short) // step < MIN_COPIES:
+        # a short run that does not repeat is run whole after it: worth trying where it saves at
+        # least half the micro-batches (and MIN_COPIES windows)
+        if m % step or (m - short) // step < MIN_COPIES or 2 * short > m:
             continue
         fold = WindowFold(m, short, step, cut)
         try:
