@@ -145,8 +145,11 @@ def simulate_cmd(plan_file, out_dir, layers_text, profile_override, no_contentio
     if r.ok and isinstance(pred, (int, float)) and pred > 0:
         click.echo(f"plan predicted {fmt_time(pred)} ({plan.predicted.source}); "
                    f"simulated/predicted = {r.iteration_s / pred:.3f}")
-    folded = (f" ({r.folded} of {plan.model.layers} identical layers unfolded from a periodic run of "
-              f"{plan.model.layers - r.folded})" if r.folded else "")
+    if r.pipeline.get("micro_batches"):  # a micro-batch pipeline folds micro-batches
+        n, what = r.pipeline["micro_batches"], "micro-batches"
+    else:
+        n, what = plan.model.layers, "identical layers"
+    folded = f" ({r.folded} of {n} {what} unfolded from a periodic run of {n - r.folded})" if r.folded else ""
     click.echo(f"simulated {r.n_ops} ops{folded} in {r.sim_wall_s:.2f} s; wrote " + ", ".join(p.name for p in written)
                + f" to {out}")
 

@@ -36,7 +36,15 @@ no memory limit, and this module
    running 10 layers costs less than building them all (reports/sim-speed.md's breakdown times
    both, by outcome).
 
-Exactness: tests/test_engine_periodic.py holds folded results (status, times, peaks, failures,
+The same machinery folds a micro-batch pipeline's steady state (`unfold_window`, planned by
+`memo_sim.engine.schedules.microbatch_fold`): one family of windows (between rank 0's forwards
+of consecutive micro-batch groups, every rank's events inside) instead of the forward and
+backward ones, checked and unfolded as above. What an op's index is (its layer here, its
+micro-batch there), how it is compared between windows and how names move with it is a
+`Labels` object's.
+
+Exactness: tests/test_engine_pipeline_fold.py holds folded pipelines to whole runs the same way;
+tests/test_engine_periodic.py holds folded results (status, times, peaks, failures,
 exposed copy and P2P time, layer timings, the timeline's events and memory samples) to whole
 runs within 1e-9 for every policy with TP/SP, CP, Ulysses, METP and ZeRO-3, OOM and OOHM cases.
 """
@@ -116,6 +124,39 @@ def plan_fold(layers: int, signature, allocator_stall: dict[str, float] | None =
     return Fold(layers, allocator_stall=short_stall)
 
 
+# ------------------------------------------------------------------------------------- labels
+class Labels:
+    """What repeats from one window to the next: each op's *index* (the layer, for the layer
+    fold; the micro-batch, for a pipeline's `memo_sim.engine.schedules.microbatch.MicroBatchLabels`)
+    moves by the window's step, and everything else about the op stays. A fold reads and writes
+    the index only through these methods."""
+
+    def index(self, op: Op) -> int | None:
+        return op.layer
+
+    def same(self, a: Op, b: Op, step: int) -> bool:
+        """``b`` is ``a`` one window later: the same op, its index ``step`` further."""
+        if a.name != b.name or (a.layer is None) != (b.layer is None):
+            return False
+        return a.layer is None or b.layer - a.layer == step
+
+    def name(self, op: Op, d: int) -> str:
+        """The op's name in the whole run, its index moved by ``d``."""
+        return op.name
+
+    def layer(self, op: Op, d: int) -> int | None:
+        return None if op.layer is None else op.layer + d
+
+    def tensor(self, tensor: str, op: Op | None, d: int) -> str:
+        """A tensor's name in the whole run (what a failure names)."""
+        if op is None or op.layer is None:
+            return tensor
+        return _relabel(tensor, op.layer, op.layer + d)
+
+
+LAYERS = Labels()
+
+
 # ----------------------------------------------------------------------------------- segments
 @dataclass
 class _Segment:
@@ -174,7 +215,7 @@ class _Log:
 
 
 def _same_window(log: _Log, a0: int, a1: int, b0: int, b1: int, period: float, step: int,
-                 tol_t: float, tol_v: float) -> dict | None:
+                 tol_t: float, tol_v: float, labels: Labels = LAYERS) -> dict | None:
     """Window ``b0:b1`` is window ``a0:a1`` one period later: the bytes it is shifted by per
     (device, space), or None."""
     if a1 - a0 != b1 - b0:
@@ -199,10 +240,8 @@ def _same_window(log: _Log, a0: int, a1: int, b0: int, b1: int, period: float, s
             else:
                 dv[key] = d
             continue
-        if (xa.name != xb.name or xa.stream != xb.stream or xa.device != xb.device or xa.phase != xb.phase
-                or xa.kind != xb.kind):
-            return None
-        if (xa.layer is None) != (xb.layer is None) or (xa.layer is not None and xb.layer - xa.layer != step):
+        if (xa.stream != xb.stream or xa.device != xb.device or xa.phase != xb.phase or xa.kind != xb.kind
+                or not labels.same(xa, xb, step)):
             return None
         ta, tb = (xa.start, xb.start) if ka == OP_START else (xa.end, xb.end)
         if abs(tb - ta - period) > tol_t:
@@ -211,7 +250,7 @@ def _same_window(log: _Log, a0: int, a1: int, b0: int, b1: int, period: float, s
 
 
 def _periodic(log: _Log, anchors: list[Op], copied: Op, step: int, tol_t: float,
-              tol_v: float) -> tuple[float, dict] | None:
+              tol_v: float, labels: Labels = LAYERS) -> tuple[float, dict] | None:
     """Consecutive windows between ``anchors`` (first ops of consecutive layers, in run order)
     all repeat with one period, and no op that started before them still runs when the window
     that starts at ``copied`` does: (period, bytes per window), or None."""
@@ -224,7 +263,7 @@ def _periodic(log: _Log, anchors: list[Op], copied: Op, step: int, tol_t: float,
         p = anchors[k + 2].start - anchors[k + 1].start
         if abs(p - period) > tol_t:
             return None
-        dv = _same_window(log, pos[k], pos[k + 1], pos[k + 1], pos[k + 2], period, step, tol_t, tol_v)
+        dv = _same_window(log, pos[k], pos[k + 1], pos[k + 1], pos[k + 2], period, step, tol_t, tol_v, labels)
         if dv is None:
             return None
         if shift is None:
@@ -250,8 +289,9 @@ def _relabel(tensor: str, layer: int | None, new: int | None) -> str:
 class Unfolded:
     """The whole run a folded one stands for (see the module docs): filled by `unfold`."""
 
-    def __init__(self, fold: Fold, log: _Log, segments: list[_Segment], gpu_capacity: float, host_capacity: float):
-        self.fold, self.log, self.segments = fold, log, segments
+    def __init__(self, fold, log: _Log, segments: list[_Segment], gpu_capacity: float, host_capacity: float,
+                 labels: Labels = LAYERS):
+        self.fold, self.log, self.segments, self.labels = fold, log, segments, labels
         self.gpu_capacity, self.host_capacity = gpu_capacity, host_capacity
         self.end_time = 0.0
         self.failure: Failure | None = None
@@ -265,13 +305,14 @@ class Unfolded:
         self.tie = False  # another stream has an event at the failure's time (see `_tie_at`)
         self._ops = [log.ops_between(seg.lo, seg.hi) for seg in segments]
         self._samples = [log.samples_between(seg.lo, seg.hi) for seg in segments]
-        self._by_layer: list[dict[int, list[Op]]] = []
+        self._by_index: list[dict[int, list[Op]]] = []  # per segment: its ops by their index (`Labels`)
         for ops in self._ops:
             d: dict[int, list[Op]] = {}
             for op in ops:
-                if op.layer is not None:
-                    d.setdefault(op.layer, []).append(op)
-            self._by_layer.append(d)
+                i = labels.index(op)
+                if i is not None:
+                    d.setdefault(i, []).append(op)
+            self._by_index.append(d)
 
     # -- order ---------------------------------------------------------------------------------
     def _order(self):
@@ -314,7 +355,7 @@ class Unfolded:
             for op in self._ops[si]:
                 if not self._before_failure(si, m, self.log.start_pos[op.uid]):
                     return
-                yield op, dt, (dl if op.layer is not None else 0), self._ended(si, m, op)
+                yield op, dt, dl, self._ended(si, m, op)
 
     def samples(self):
         """Every memory sample of the whole run, in order (up to a failure)."""
@@ -328,7 +369,8 @@ class Unfolded:
                 yield MemorySample(s.time + dt, s.device, s.kind, s.nbytes + dv.get(_key(s), 0.0))
 
     def timeline_events(self) -> list[TimelineEvent]:
-        out = [TimelineEvent(op.name, None if op.layer is None else op.layer + dl, op.phase, op.stream, op.device,
+        lb = self.labels
+        out = [TimelineEvent(lb.name(op, dl), lb.layer(op, dl), op.phase, op.stream, op.device,
                              op.start + dt, op.end + dt, op.nbytes, op.flops)
                for op, dt, dl, ended in self.op_instances() if ended]
         out.sort(key=lambda e: (e.start, e.device, e.stream))
@@ -355,16 +397,19 @@ class Unfolded:
             break
         return total
 
-    def layer_phase_spans(self, layer: int, phases: tuple[str, ...], copies: tuple[str, ...]) -> dict[str, float]:
-        """Seconds of the model's ``layer``'s phases (first op's start to last op's end; 0 unless
-        all ran) and copies (0 unless it ran), as `memo_sim.engine.simulate.layer_timings`."""
+    def phase_spans(self, index: int, phases: tuple[str, ...], copies: tuple[str, ...],
+                    keep=None) -> dict[str, float]:
+        """Seconds of the phases of the whole run's ops of index ``index`` (a layer, or a
+        micro-batch; `Labels`) that ``keep(op)`` keeps (default all: first op's start to last
+        op's end; 0 unless all ran) and of its copies (0 unless it ran), as
+        `memo_sim.engine.simulate.layer_timings`."""
         spans: dict[str, list] = {p: [] for p in phases}
         out: dict[str, float] = {}
         for si, seg in enumerate(self.segments):
             for m in seg.reps:
                 dt, dl, _dv = seg.shift(m)
-                for op in self._by_layer[si].get(layer - dl, ()):
-                    if not self._before_failure(si, m, self.log.start_pos[op.uid]):
+                for op in self._by_index[si].get(index - dl, ()):
+                    if (keep is not None and not keep(op)) or not self._before_failure(si, m, self.log.start_pos[op.uid]):
                         continue
                     ended = self._ended(si, m, op)
                     if op.phase in spans:
@@ -392,9 +437,7 @@ def unfold(run: EngineRun, phases: dict[tuple[int, str], list[Op]], fold: Fold, 
         return None
     log = _Log(run)
     c, g = fold.cut, fold.copies
-    tol_t = TIME_TOLERANCE * max(1.0, run.end_time)
-    top = max((abs(s.nbytes) for s in run.memory), default=1.0)
-    tol_v = BYTES_TOLERANCE * max(1.0, top)
+    tol_t, tol_v = _tolerances(run)
 
     def first(layer: int, names: tuple[str, ...]) -> Op | None:
         for nm in names:
@@ -431,10 +474,50 @@ def unfold(run: EngineRun, phases: dict[tuple[int, str], list[Op]], fold: Fold, 
         _Segment(b_lo, b_cut, range(1, g + 1), g * period_f, g, dv_mid, period_b, -1, dbytes_b, True),
         _Segment(b_cut, end, range(1), g * (period_f + period_b), 0, dv_b),
     ]
-    u = Unfolded(fold, log, segments, gpu_capacity, host_capacity)
+    return _unfolded(fold, log, segments, run, gpu_capacity, host_capacity, devices, routes, tol_t, LAYERS)
+
+
+def _tolerances(run: EngineRun) -> tuple[float, float]:
+    top = max((abs(s.nbytes) for s in run.memory), default=1.0)
+    return TIME_TOLERANCE * max(1.0, run.end_time), BYTES_TOLERANCE * max(1.0, top)
+
+
+def _unfolded(fold, log: _Log, segments: list[_Segment], run: EngineRun, gpu_capacity: float, host_capacity: float,
+              devices: dict, routes: dict | None, tol_t: float, labels: Labels) -> Unfolded:
+    u = Unfolded(fold, log, segments, gpu_capacity, host_capacity, labels)
     _find_failure(u, devices, tol_t)
     _tally(u, run, routes)
     return u
+
+
+def unfold_window(run: EngineRun, anchors: list[Op], copies: int, step: int, labels: Labels, *, gpu_capacity: float,
+                  host_capacity: float, devices: dict, routes: dict | None = None) -> Unfolded | None:
+    """The whole run from a short one in which one window repeats (a pipeline's steady state,
+    the window the schedule's `Labels` index moves ``step`` through), or None when it does not.
+
+    ``anchors``: ``CHECKED + 4`` ops, the first op of consecutive windows in run order; the window
+    that starts at ``anchors[CHECKED]`` (ending where ``anchors[CHECKED + 1]``'s starts: the cut)
+    is the copied one, and the windows from the first anchor to the last are checked as the layer
+    fold checks its forward windows (`unfold`). The whole run is the short one with ``copies``
+    copies of the copied window inserted at the cut: past it, events move by ``copies`` periods
+    and bytes per window, indices by ``copies * step``. ``run``, ``devices``, ``routes``: as for
+    `unfold`."""
+    if run.failure is not None or len(anchors) != CHECKED + 4 or copies < 1:
+        return None
+    log = _Log(run)
+    tol_t, tol_v = _tolerances(run)
+    found = _periodic(log, anchors, anchors[CHECKED], step, tol_t, tol_v, labels)
+    if found is None:
+        return None
+    period, dbytes = found
+    lo, cut = log.start_pos[anchors[CHECKED].uid], log.start_pos[anchors[CHECKED + 1].uid]
+    segments = [
+        _Segment(0, cut, range(1), 0.0, 0, {}),
+        _Segment(lo, cut, range(1, copies + 1), 0.0, 0, {}, period, step, dbytes, True),
+        _Segment(cut, len(log.events), range(1), copies * period, copies * step,
+                 {k: copies * v for k, v in dbytes.items()}),
+    ]
+    return _unfolded(None, log, segments, run, gpu_capacity, host_capacity, devices, routes, tol_t, labels)
 
 
 def _find_failure(u: Unfolded, devices: dict, tol: float) -> None:
@@ -480,10 +563,12 @@ def _find_failure(u: Unfolded, devices: dict, tol: float) -> None:
                 op, action, delta = log.src[x]
                 cap = u.gpu_capacity if s.kind == "gpu" else u.host_capacity
                 if delta > 0 and v > cap:
-                    new_layer = None if op is None or op.layer is None else op.layer + dl
-                    tensor = _relabel(action.tensor, None if op is None else op.layer, new_layer)
+                    lb = u.labels
+                    new_layer = None if op is None else lb.layer(op, dl)
+                    tensor = lb.tensor(action.tensor, op, dl)
                     u.failure = Failure("OOM" if s.kind == "gpu" else "OOHM", s.time + dt, tensor, delta,
-                                        level.get(key, 0.0), cap, s.device, op.name if op else None, new_layer)
+                                        level.get(key, 0.0), cap, s.device, lb.name(op, dl) if op else None,
+                                        new_layer)
                     u.failure_at = (si, m, pos)
                     u.end_time = s.time + dt
                     # before the cut the short run's events are the whole run's, in the same

@@ -56,7 +56,8 @@ class SimResult:
     pipeline: dict = field(default_factory=dict)  # pipelines: stages, per-stage peaks, busy time and bubbles
     schedule: str = "single_stage"  # the schedule that ran (`memo_sim.layout.schedule`)
     micro_batch: int = 0  # sequences per micro-batch (0: the whole batch, one micro-batch)
-    folded: int = 0  # layers not simulated but unfolded from a periodic short run (`memo_sim.engine.periodic`);
+    folded: int = 0  # layers (micro-batch pipelines: micro-batches) not simulated but unfolded from a periodic
+    # short run (`memo_sim.engine.periodic`, `memo_sim.engine.schedules.microbatch_fold`);
     # a folded run that failed keeps no ``link_carried`` (its flows stopped half way)
 
     @property

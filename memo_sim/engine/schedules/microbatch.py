@@ -73,11 +73,14 @@ from memo_sim.cost.opcost import OpCost
 from memo_sim.cost.sppo import (
     p2p_bytes, p2p_link_time, stage_grad_sync, stage_model_state_bytes, stage_optimizer_time, stage_serial_grad_reduce,
 )
-from memo_sim.engine.core import Engine, gc_paused
+from memo_sim.engine.core import Engine, Failure, gc_paused
+from memo_sim.engine.periodic import unfold_window
 from memo_sim.engine.graph import Device, MemAction, Op, OpGraph
 from memo_sim.engine.result import (
-    SimResult, _span, check_deadlock, exposed_copy_seconds, exposed_wait_seconds, rates, timeline_of,
+    SimResult, _span, check_deadlock, exposed_copy_seconds, exposed_wait_parts, exposed_wait_seconds, rates,
+    timeline_events,
 )
+from memo_sim.engine.schedules.microbatch_fold import MICRO_BATCHES, mb_name, mb_tensor, plan_window_fold
 from memo_sim.engine.schedules.single_stage import emit_chain, layer_plan
 from memo_sim.engine.schedules.stages import FINE_OPS_LIMIT, collapse_unit, stage_devices
 from memo_sim.errors import MemoError
@@ -87,6 +90,7 @@ from memo_sim.model.config import ModelConfig
 from memo_sim.policy.base import Policy
 from memo_sim.policy.rounding_buffers import is_offloaded, output_write_waits_for
 from memo_sim.profile.schema import HardwareProfile
+from memo_sim.timeline import COPY_STREAMS, Timeline
 
 P2P_STREAM = "p2p"
 
@@ -217,6 +221,7 @@ class MicrobatchSchedule:
     phases: dict = field(default_factory=dict)  # (stage, mb, layer, fwd|bwd|recompute) -> ops
     copies: dict = field(default_factory=dict)  # (stage, mb, layer, offload|prefetch) -> op
     sends: dict = field(default_factory=dict)  # (fwd|bwd, mb, virtual stage) -> op
+    forwards: dict = field(default_factory=dict)  # (stage, mb, chunk) -> the first op of that forward step
     detail: str = "ops"
 
     def chunk_layers(self, stage: int, chunk: int) -> range:
@@ -235,6 +240,15 @@ class _Rank:
     bwd_end: dict = field(default_factory=dict)
     backward_order: list = field(default_factory=list)  # the rank's units in the order their backwards run
     last_dp: Op | None = None
+
+
+def resolve_detail(detail: str, costs: PipelineCosts, pp: int, micro_batches: int, vpp: int,
+                   layers_per_chunk: int) -> str:
+    """``ops`` or ``units`` for ``auto``: op by op while the graph stays under `FINE_OPS_LIMIT` ops."""
+    if detail != "auto":
+        return detail
+    per_unit = len(costs.forward) + len(costs.backward) + len(costs.recompute)
+    return "ops" if pp * micro_batches * vpp * layers_per_chunk * per_unit <= FINE_OPS_LIMIT else "units"
 
 
 def build_microbatch_pipeline(costs: PipelineCosts, layout: Layout, profile: HardwareProfile, policy: Policy,
@@ -264,9 +278,7 @@ class _MicrobatchBuilder:
         for o in orders:
             check_order(o, m, v)
         fwd, bwd, rec = costs.forward, costs.backward, costs.recompute
-        per_unit = len(fwd) + len(bwd) + len(rec)
-        if detail == "auto":
-            detail = "ops" if p * m * v * lc * per_unit <= FINE_OPS_LIMIT else "units"
+        detail = resolve_detail(detail, costs, p, m, v, lc)
         if detail == "units":
             fwd, bwd = collapse_unit(fwd, "fwd"), collapse_unit(bwd, "bwd")
             rec = collapse_unit(rec, "recompute") if rec else rec
@@ -304,7 +316,7 @@ class _MicrobatchBuilder:
         hit = self.tagged.get((phase, mb))
         if hit is None:
             base = {"fwd": self.fwd, "bwd": self.bwd, "recompute": self.rec}[phase]
-            hit = self.tagged[(phase, mb)] = [replace(c, name=f"{c.name}@m{mb}") for c in base]
+            hit = self.tagged[(phase, mb)] = [replace(c, name=mb_name(c.name, mb)) for c in base]
         return hit
 
     def link(self, a: int, b: int) -> str:
@@ -313,7 +325,7 @@ class _MicrobatchBuilder:
     def send(self, kind: str, s: int, to: int, mb: int, vs: int, layer: int, deps: list[Op]) -> Op:
         costs = self.costs
         lk = self.link(s, to)
-        op = self.g.add(f"send_{kind}@m{mb}", device=self.devices[s].index, stream=P2P_STREAM, kind="comm",
+        op = self.g.add(mb_name(f"send_{kind}", mb), device=self.devices[s].index, stream=P2P_STREAM, kind="comm",
                         phase=f"p2p_{kind}", layer=layer, work=costs.p2p_seconds[lk], nbytes=costs.p2p_bytes, link=lk,
                         deps=deps)
         self.sched.sends[(kind, mb, vs)] = op
@@ -322,10 +334,10 @@ class _MicrobatchBuilder:
 
     @staticmethod
     def held(mb: int, layer: int, items, sign: float = 1.0) -> tuple[MemAction, ...]:
-        return tuple(MemAction("gpu", f"mb{mb}.L{layer}.{name}", sign * nbytes) for name, nbytes in items)
+        return tuple(MemAction("gpu", mb_tensor(mb, f"L{layer}.{name}"), sign * nbytes) for name, nbytes in items)
 
     def working(self, mb: int, layer: int, phase: str, sign: float = 1.0) -> MemAction:
-        return MemAction("gpu", f"mb{mb}.L{layer}.{phase}.working", sign * self.costs.working_bytes)
+        return MemAction("gpu", mb_tensor(mb, f"L{layer}.{phase}.working"), sign * self.costs.working_bytes)
 
     def lay_out(self) -> None:
         """Lay the steps out in an order that respects every rank's own order and every receive."""
@@ -377,10 +389,11 @@ class _MicrobatchBuilder:
         r, d = self.ranks[s], self.devices[s].index
         vs = st.chunk * p + s
         deps = list(r.tail)
+        first = len(g.ops)
         if vs > 0:
             deps.append(self.send_f[(st.mb, vs - 1)])
         else:
-            deps = [g.add(f"embedding@m{st.mb}", device=d, stream="compute", kind="compute", phase="fwd", layer=None,
+            deps = [g.add(mb_name("embedding", st.mb), device=d, stream="compute", kind="compute", phase="fwd", layer=None,
                           work=costs.embedding_fwd, deps=deps)]
         tail = deps
         for j in range(lc):
@@ -393,7 +406,7 @@ class _MicrobatchBuilder:
                                      phase="weight_gather", layer=layer, work=sync.layer_gather,
                                      deps=r.fwd_tail.get(u - 2, []), link=sync.link)]
             start = held(st.mb, layer, self.kept) + (
-                (MemAction("gpu", f"mb{st.mb}.L{layer}.slot", slot),) if slot else ())
+                (MemAction("gpu", mb_tensor(st.mb, f"L{layer}.slot"), slot),) if slot else ())
             w = output_write_waits_for(u, n_f) if slot else None
             ops, tail = emit_chain(g, self.phase_costs("fwd", st.mb), device=d, layer=layer, phase="fwd", deps=deps,
                                    layout=self.shard, profile=self.profile,
@@ -403,10 +416,10 @@ class _MicrobatchBuilder:
             sched.phases[(s, st.mb, layer, "fwd")] = ops
             r.fwd_tail[u] = tail
             if slot and is_offloaded(u, n_f) and costs.offload_bytes > 0:
-                op = g.add(f"offload@m{st.mb}", device=d, stream="d2h", kind="copy", phase="offload", layer=layer,
+                op = g.add(mb_name("offload", st.mb), device=d, stream="d2h", kind="copy", phase="offload", layer=layer,
                            work=costs.offload_bytes, nbytes=costs.offload_bytes, direction="d2h", deps=tail,
-                           mem_start=(MemAction("host", f"mb{st.mb}.L{layer}.offload", costs.host_block_bytes),),
-                           mem_end=(MemAction("gpu", f"mb{st.mb}.L{layer}.slot", -slot),))
+                           mem_start=(MemAction("host", mb_tensor(st.mb, f"L{layer}.offload"), costs.host_block_bytes),),
+                           mem_end=(MemAction("gpu", mb_tensor(st.mb, f"L{layer}.slot"), -slot),))
                 r.offload[u] = op
                 sched.copies[(s, st.mb, layer, "offload")] = op
             deps = tail
@@ -414,13 +427,14 @@ class _MicrobatchBuilder:
         if vs < self.n_vs - 1:
             self.send("fwd", s, (vs + 1) % p, st.mb, vs, last, tail)
         else:
-            cls = g.add(f"classifier@m{st.mb}", device=d, stream="compute", kind="compute", phase="classifier",
+            cls = g.add(mb_name("classifier", st.mb), device=d, stream="compute", kind="compute", phase="classifier",
                         layer=None, work=costs.classifier, deps=tail,
                         mem_start=(MemAction("gpu", "classifier.working", costs.classifier_bytes),),
                         mem_end=(MemAction("gpu", "classifier.working", -costs.classifier_bytes),))
             tail = [cls]
             self.fwd_done[(st.mb, vs)] = tail
         r.tail = tail
+        sched.forwards[(s, st.mb, st.chunk)] = g.ops[first]
 
     def backward_step(self, s: int, st: Step) -> None:
         g, sched, costs, sync, p, lc, n_f = self.g, self.sched, self.costs, self.sync, self.p, self.lc, self.n_f
@@ -440,11 +454,11 @@ class _MicrobatchBuilder:
                 # prefetch overwrites the slot the (k-2)-th unit's backward read last; none is
                 # issued before the step before its own backward step starts
                 after = list(r.prev_launch) + (r.bwd_end[r.backward_order[k - 2]] if k >= 2 else [])
-                pf = g.add(f"prefetch@m{st.mb}", device=d, stream="h2d", kind="copy", phase="prefetch", layer=layer,
+                pf = g.add(mb_name("prefetch", st.mb), device=d, stream="h2d", kind="copy", phase="prefetch", layer=layer,
                            work=costs.offload_bytes, nbytes=costs.offload_bytes, direction="h2d",
                            deps=list(after) + [r.offload[u]],
-                           mem_start=(MemAction("gpu", f"mb{st.mb}.L{layer}.slot", slot),),
-                           mem_end=(MemAction("host", f"mb{st.mb}.L{layer}.offload", -costs.host_block_bytes),))
+                           mem_start=(MemAction("gpu", mb_tensor(st.mb, f"L{layer}.slot"), slot),),
+                           mem_end=(MemAction("host", mb_tensor(st.mb, f"L{layer}.offload"), -costs.host_block_bytes),))
                 sched.copies[(s, st.mb, layer, "prefetch")] = pf
                 deps = deps + [pf]
             if rec and self.policy.recomputes_layer(u, n_f):
@@ -455,7 +469,7 @@ class _MicrobatchBuilder:
                 sched.phases[(s, st.mb, layer, "recompute")] = ops
                 deps = tail
             freed = held(st.mb, layer, rec_alloc + self.kept, -1.0) + (
-                (MemAction("gpu", f"mb{st.mb}.L{layer}.slot", -slot),) if slot else ())
+                (MemAction("gpu", mb_tensor(st.mb, f"L{layer}.slot"), -slot),) if slot else ())
             ops, tail = emit_chain(g, self.phase_costs("bwd", st.mb), device=d, layer=layer, phase="bwd", deps=deps,
                                    layout=self.shard, profile=self.profile, mem_start=(working(st.mb, layer, "bwd"),),
                                    mem_end=(working(st.mb, layer, "bwd", -1.0),) + freed)
@@ -468,9 +482,32 @@ class _MicrobatchBuilder:
         if vs > 0:
             self.send("bwd", s, (vs - 1) % p, st.mb, vs, vs * lc, tail)
         else:
-            tail = [g.add(f"embedding@m{st.mb}", device=d, stream="compute", kind="compute", phase="bwd", layer=None,
+            tail = [g.add(mb_name("embedding", st.mb), device=d, stream="compute", kind="compute", phase="bwd", layer=None,
                           work=costs.embedding_bwd, deps=tail)]
         r.tail = tail
+
+
+def stage_rows(sched: MicrobatchSchedule, orders: list[list[Step]], end_time: float, failure, peak_gpu: dict,
+               busy: dict) -> list[dict]:
+    """Per stage: its node, chunks, micro-batches in flight, peak, busy and idle time, bubble."""
+    it = end_time if failure is None else None
+    rows = []
+    for s, dev in enumerate(sched.devices):
+        b = busy[dev.index]
+        rows.append({"stage": s, "node": dev.node, "gpus_on_node": dev.group,
+                     "chunks": [[c.start, c.stop - 1] for c in
+                                (sched.chunk_layers(s, k) for k in range(1 + max(st.chunk for st in orders[s])))],
+                     "in_flight": in_flight(orders[s]),
+                     "peak_gpu_bytes": peak_gpu[dev.index], "model_states_bytes": sched.costs.model_states[s],
+                     "compute_busy_s": b, "idle_s": (it - b) if it else None,
+                     "bubble_ratio": ((it - b) / b) if it and b > 0 else None})
+    return rows
+
+
+def _compute_busy(sched: MicrobatchSchedule) -> dict[int, float]:
+    # the graph keeps each (device, stream)'s ops in issue order
+    return {dev.index: sum(o.end - o.start for o in sched.graph.streams.get((dev.index, "compute"), ())
+                           if o.end is not None) for dev in sched.devices}
 
 
 def run_microbatch_pipeline(sched: MicrobatchSchedule, profile: HardwareProfile, *, contention: bool = True,
@@ -480,43 +517,135 @@ def run_microbatch_pipeline(sched: MicrobatchSchedule, profile: HardwareProfile,
                     host_capacity=profile.usable_host_memory, record_links=record, keep_memory=keep_memory)
     run = engine.run()
     check_deadlock(engine, run, "pipeline schedule")
-    it = run.end_time if run.failure is None else None
-    rows = []
-    for s, dev in enumerate(sched.devices):
-        # the graph keeps each (device, stream)'s ops in issue order
-        busy = sum(o.end - o.start for o in sched.graph.streams.get((dev.index, "compute"), ()) if o.end is not None)
-        rows.append({"stage": s, "node": dev.node, "gpus_on_node": dev.group,
-                     "chunks": [[c.start, c.stop - 1] for c in
-                                (sched.chunk_layers(s, k) for k in range(1 + max(st.chunk for st in sched.orders[s])))],
-                     "in_flight": in_flight(sched.orders[s]),
-                     "peak_gpu_bytes": run.peak_gpu_bytes[dev.index], "model_states_bytes": sched.costs.model_states[s],
-                     "compute_busy_s": busy, "idle_s": (it - busy) if it else None,
-                     "bubble_ratio": ((it - busy) / busy) if it and busy > 0 else None})
+    rows = stage_rows(sched, sched.orders, run.end_time, run.failure, run.peak_gpu_bytes, _compute_busy(sched))
     return engine, run, rows
+
+
+@dataclass
+class _Outcome:
+    """What one engine run (whole, or folded and unfolded) gives `simulate_microbatch`."""
+
+    sched: MicrobatchSchedule
+    end_time: float
+    failure: Failure | None
+    peak_gpu: dict
+    peak_host: dict
+    start_gpu: dict
+    end_gpu: dict
+    end_host: dict
+    n_ops: int
+    busy: dict  # device -> compute-stream seconds
+    exposed_copy_s: float
+    exposed_p2p_s: float
+    layer_timings: dict
+    events: list
+    memory: list
+    link_capacity: dict
+    link_carried: dict
+    link_log: list = field(default_factory=list)
+    ops: list = field(default_factory=list)
+    folded: int = 0  # micro-batches unfolded from a periodic short run
+
+
+def _run_whole(costs, layout, profile, policy, n_layers, m, order, *, detail, contention, keep_timeline,
+               record) -> _Outcome:
+    sched = build_microbatch_pipeline(costs, layout, profile, policy, n_layers, m, order, detail=detail)
+    engine, run, _rows = run_microbatch_pipeline(sched, profile, contention=contention, record=record,
+                                                 keep_memory=keep_timeline)
+    return _Outcome(sched, run.end_time, run.failure, run.peak_gpu_bytes, run.peak_host_bytes, run.start_gpu_bytes,
+                    run.end_gpu_bytes, run.end_host_bytes, len(run.ops), _compute_busy(sched),
+                    exposed_copy_seconds(run.ops), exposed_wait_seconds(run.ops, (P2P_STREAM,)), _layer_timings(sched),
+                    timeline_events(run) if keep_timeline else [], list(run.memory), run.link_capacity,
+                    run.link_carried, run.link_log, run.ops if record else [])
+
+
+def _run_folded(costs, layout, profile, policy, n_layers, m, order, *, detail, contention,
+                keep_timeline) -> _Outcome | None:
+    """The steady state simulated a few windows long and unfolded
+    (`memo_sim.engine.schedules.microbatch_fold`); None where there is no fold to make, the short
+    run is not periodic, or it failed and a timeline is wanted (the whole run then gives it)."""
+    p, v = layout.pp, layout.vpp
+    if n_layers % (p * v):
+        return None
+    lc = n_layers // (p * v)
+    plan = plan_window_fold(order, p, m, v, lc, policy, bool(policy.offloads and costs.skeletal["total"]))
+    if plan is None:
+        return None
+    detail = resolve_detail(detail, costs, p, m, v, lc)  # the whole iteration's
+    sched = build_microbatch_pipeline(costs, layout, profile, policy, n_layers, plan.short, order, detail=detail)
+    inf = float("inf")
+    engine = Engine(sched.graph, profile, contention=contention, gpu_capacity=inf, host_capacity=inf, log=True)
+    run = engine.run()
+    check_deadlock(engine, run, "pipeline schedule")
+    anchors = [sched.forwards.get((0, w * plan.step, 0)) for w in plan.anchor_windows()]
+    if any(a is None for a in anchors):
+        return None
+    u = unfold_window(run, anchors, plan.copies, plan.step, MICRO_BATCHES, gpu_capacity=profile.usable_gpu_memory,
+                      host_capacity=profile.usable_host_memory, devices=sched.graph.devices,
+                      routes=engine.routes if contention else None)
+    if u is None or (u.failure is not None and (keep_timeline or u.tie)):
+        return None
+    copy_parts = {uid: x for _s, uid, x in exposed_wait_parts(run.ops, COPY_STREAMS)}
+    p2p_parts = {uid: x for _s, uid, x in exposed_wait_parts(run.ops, (P2P_STREAM,))}
+    dev0, layer = sched.devices[0].index, sched.chunk_layers(0, 0)[lc_mid(sched)]
+    spans = u.phase_spans(0, tuple(ph for _k, ph in _PHASES), _COPIES,
+                          keep=lambda op: op.device == dev0 and op.layer == layer)
+    timings = {k: spans[ph] for k, ph in _PHASES}
+    timings.update({c: spans[c] for c in _COPIES})
+    failure = u.failure
+    return _Outcome(
+        # a static allocation that does not fit stops the engine before the iteration starts
+        sched, u.end_time, failure, u.peak_gpu, u.peak_host,
+        u.end_gpu if failure is not None and failure.op is None else run.start_gpu_bytes, u.end_gpu, u.end_host,
+        u.n_ops, _unfolded_busy(u, sched), u.exposed_wait_seconds(copy_parts), u.exposed_wait_seconds(p2p_parts),
+        timings, u.timeline_events() if keep_timeline else [], list(u.samples()) if keep_timeline else [],
+        run.link_capacity, u.link_carried, folded=plan.copies * plan.step)
+
+
+def _unfolded_busy(u, sched: MicrobatchSchedule) -> dict[int, float]:
+    """Per device, the compute-stream seconds of the whole run's ops that ended."""
+    if u.failure is None:
+        return {dev.index: u.exposed_wait_seconds({o.uid: o.end - o.start
+                                                   for o in sched.graph.streams.get((dev.index, "compute"), ())})
+                for dev in sched.devices}
+    busy = {dev.index: 0.0 for dev in sched.devices}
+    for op, _dt, _dl, ended in u.op_instances():
+        if ended and op.stream == "compute":
+            busy[op.device] += op.end - op.start
+    return busy
 
 
 def simulate_microbatch(name: str, order: Order, model: ModelConfig, layout: Layout, batch: int, seq: int,
                         policy: Policy, profile: HardwareProfile, *, micro_batch: int, contention: bool = True,
-                        keep_timeline: bool = True, record: bool = False, detail: str = "auto",
+                        keep_timeline: bool = True, record: bool = False, detail: str = "auto", fold: bool = True,
                         **_single_stage_options) -> SimResult:
     """A micro-batch pipeline schedule's runner (``name``, its ``order``): one iteration of
     ``batch`` sequences per replica in ``batch / micro_batch`` micro-batches. ``peak_gpu_bytes``
     is the fullest stage's, the host peak the fullest node's; ``pipeline`` holds the per-stage
-    rows (peak, micro-batches in flight, busy and idle time, bubble) and the bubble share."""
+    rows (peak, micro-batches in flight, busy and idle time, bubble) and the bubble share.
+    ``fold`` (default; not with ``record``): the steady state is simulated a few windows long
+    where it repeats (`memo_sim.engine.schedules.microbatch_fold`; ``folded`` says how many
+    micro-batches the short run stood for), else the whole schedule runs."""
     t0 = time.perf_counter()
     m = batch // micro_batch
     costs = pipeline_costs(model, layout, micro_batch, seq, policy, profile)
-    sched = build_microbatch_pipeline(costs, layout, profile, policy, model.layers, m, order, detail=detail)
-    engine, run, rows = run_microbatch_pipeline(sched, profile, contention=contention, record=record,
-                                                keep_memory=keep_timeline)
-    failure = run.failure
+    args = (costs, layout, profile, policy, model.layers, m, order)
+    out = None
+    if fold and not record:
+        out = _run_folded(*args, detail=detail, contention=contention, keep_timeline=keep_timeline)
+    if out is None:
+        out = _run_whole(*args, detail=detail, contention=contention, keep_timeline=keep_timeline, record=record)
+    sched = out.sched
+    orders = [order(layout.pp, m, layout.vpp, s) for s in range(layout.pp)]
+    rows = stage_rows(sched, orders, out.end_time, out.failure, out.peak_gpu, out.busy)
+    failure = out.failure
     status = failure.status if failure else "OK"
-    it, mfu, tgs = rates(run.end_time, failure, model, layout, batch, seq, profile)
-    worst = max(sched.devices, key=lambda dv: run.peak_gpu_bytes[dv.index])
+    it, mfu, tgs = rates(out.end_time, failure, model, layout, batch, seq, profile)
+    worst = max(sched.devices, key=lambda dv: out.peak_gpu[dv.index])
     busy = sum(r["compute_busy_s"] for r in rows)
     pipe = {"schedule": name, "pp": layout.pp, "vpp": layout.vpp, "micro_batches": m, "micro_batch": micro_batch,
             "detail": sched.detail, "stages": rows, "worst_stage": worst.index,
-            "exposed_p2p_s": exposed_wait_seconds(run.ops, (P2P_STREAM,)),
+            "exposed_p2p_s": out.exposed_p2p_s,
             "bubble_fraction": (1 - busy / (len(rows) * it)) if it else None,
             "ideal_bubble_ratio": (layout.pp - 1) / (layout.vpp * m)}
     meta = {
@@ -536,34 +665,37 @@ def simulate_microbatch(name: str, order: Order, model: ModelConfig, layout: Lay
                                  **({"layers": r["chunks"][0]} if len(r["chunks"]) == 1 else {})}
                                 for r in rows]},
     }
-    tl = timeline_of(run, meta) if keep_timeline else None
+    tl = Timeline(out.events, out.memory, meta) if keep_timeline else None
     node = worst.node
     return SimResult(
         model=model, layout=layout, batch=batch, seq=seq, policy=policy, profile=profile.name, status=status,
-        iteration_s=it, mfu=mfu, tgs=tgs, peak_gpu_bytes=max(run.peak_gpu_bytes.values()),
-        peak_host_bytes_per_node=max(run.peak_host_bytes.values()),
+        iteration_s=it, mfu=mfu, tgs=tgs, peak_gpu_bytes=max(out.peak_gpu.values()),
+        peak_host_bytes_per_node=max(out.peak_host.values()),
         gpu_capacity_bytes=profile.usable_gpu_memory, host_capacity_bytes=profile.usable_host_memory,
-        exposed_copy_s=exposed_copy_seconds(run.ops), layer_timings=_layer_timings(sched),
+        exposed_copy_s=out.exposed_copy_s, layer_timings=out.layer_timings,
         timeline=tl, failure=failure, contention=contention, sim_wall_s=time.perf_counter() - t0,
-        n_ops=len(run.ops), start_gpu_bytes=run.start_gpu_bytes.get(worst.index, 0.0),
-        end_gpu_bytes=run.end_gpu_bytes[worst.index], end_host_bytes=run.end_host_bytes[node],
-        link_log=run.link_log, link_capacity=run.link_capacity, link_carried=run.link_carried,
-        ops=run.ops if record else [],
-        static_memory=[(d, a.tensor, a.nbytes) for d, a in sched.graph.static if a.space == "gpu"] if record else [], allocator=dict(meta["allocator"]), pipeline=pipe, schedule=name,
-        micro_batch=micro_batch)
+        n_ops=out.n_ops, start_gpu_bytes=out.start_gpu.get(worst.index, 0.0),
+        end_gpu_bytes=out.end_gpu[worst.index], end_host_bytes=out.end_host[node],
+        link_log=out.link_log, link_capacity=out.link_capacity, link_carried=out.link_carried,
+        ops=out.ops, static_memory=[(d, a.tensor, a.nbytes) for d, a in sched.graph.static if a.space == "gpu"]
+        if record else [], allocator=dict(meta["allocator"]), pipeline=pipe, schedule=name,
+        micro_batch=micro_batch, folded=out.folded)
 
 
 def lc_mid(sched: MicrobatchSchedule) -> int:
     return sched.layers_per_chunk // 2
 
 
+_PHASES = (("forward", "fwd"), ("backward", "bwd"), ("recompute", "recompute"))  # layer_timings key, phase
+_COPIES = ("offload", "prefetch")
+
+
 def _layer_timings(sched: MicrobatchSchedule) -> dict[str, float]:
     """Simulated seconds of the middle layer of stage 0's first chunk, first micro-batch."""
     layer = sched.chunk_layers(0, 0)[lc_mid(sched)]
 
-    out = {k: _span(sched.phases.get((0, 0, layer, ph))) for k, ph in
-           (("forward", "fwd"), ("backward", "bwd"), ("recompute", "recompute"))}
-    for kind in ("offload", "prefetch"):
+    out = {k: _span(sched.phases.get((0, 0, layer, ph))) for k, ph in _PHASES}
+    for kind in _COPIES:
         op = sched.copies.get((0, 0, layer, kind))
         out[kind] = (op.end - op.start) if op is not None and op.end is not None else 0.0
     return out

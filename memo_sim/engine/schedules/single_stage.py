@@ -575,7 +575,7 @@ def _run_folded(model, layout, batch, seq, policy, profile, plan: Fold, *, conte
     copy_parts = {uid: x for _s, uid, x in exposed_wait_parts(run.ops, COPY_STREAMS)}
     p2p = u.exposed_wait_seconds({uid: x for _s, uid, x in exposed_wait_parts(run.ops, TP_RING_STREAMS)}) \
         if layout.metp else 0.0
-    spans = u.layer_phase_spans(middle_layer(model.layers), tuple(p for _k, p in _PHASES), _COPIES)
+    spans = u.phase_spans(middle_layer(model.layers), tuple(p for _k, p in _PHASES), _COPIES)
     timings = {k: spans[p] for k, p in _PHASES}
     timings.update({c: spans[c] for c in _COPIES})
     return _Outcome(
