@@ -13,7 +13,6 @@ rel_error = (measured - predicted) / predicted.
 from __future__ import annotations
 
 import dataclasses
-import io
 import math
 import os
 import statistics
@@ -22,16 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
 from memo_exec.compare import op_rows, rel_error, resimulate, ring_stall_seconds, sim_memory_breakdown, stream_rows
 from memo_exec.device import element_size
-from memo_exec.figures import overlay_gantt
+from memo_exec.figures import layer_figure, overlay_gantt, rank_coords, ranks_to_draw
 from memo_exec.measure import timeline_from_step
 from memo_exec.runner import RunResult
 from memo_sim.model.flops import mfu
-from memo_sim.fileio import atomic_write_bytes, atomic_write_text
+from memo_sim.fileio import atomic_write_text
 from memo_sim.model.layer_graph import DTYPE_BYTES
 from memo_sim.report.chrome_trace import write_chrome_trace
 from memo_sim.report.figures import gantt_figure, memory_figure
@@ -164,40 +161,6 @@ def _atomic_png(draw, path: Path) -> Path:
     return path
 
 
-def layer_figure(res: RunResult, rows: list[dict], path: Path) -> Path:
-    fig = Figure(figsize=(11, 3.6))
-    ax1, ax2 = fig.subplots(1, 2)
-    sel = [r for r in rows if r["quantity"].startswith("layer ")]
-    labels = [r["quantity"].replace("layer ", "") for r in sel]
-    xs = range(len(sel))
-    pv = [(r["predicted"] or 0) * 1e3 for r in sel]
-    mv = [(r["measured"] or 0) * 1e3 for r in sel]
-    ax1.bar([x - 0.2 for x in xs], pv, 0.4, label="predicted", color="#8C8C8C")
-    ax1.bar([x + 0.2 for x in xs], mv, 0.4, label="measured", color="#4C72B0")
-    ax1.set_xticks(list(xs))
-    ax1.set_xticklabels(labels, fontsize=8)
-    ax1.set_ylabel("ms per layer")
-    ax1.legend(fontsize=8)
-    ax1.grid(axis="y", alpha=0.3)
-    ax1.set_title("one layer: predicted vs measured", fontsize=10)
-    last = res.summaries[-1]["per_layer"]
-    for phase, color in (("fwd", "#4C72B0"), ("bwd", "#DD8452"), ("recompute", "#C44E52"), ("offload", "#55A868"),
-                         ("prefetch", "#8172B3")):
-        d = last.get(phase) or {}
-        if d:
-            ax2.plot([int(k) for k in d], [v * 1e3 for v in d.values()], marker="o", ms=3, label=phase, color=color)
-    ax2.set_xlabel("layer")
-    ax2.set_ylabel("ms")
-    ax2.set_title(f"measured per layer (step {res.summaries[-1]['step']})", fontsize=10)
-    ax2.legend(fontsize=8)
-    ax2.grid(alpha=0.3)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    FigureCanvasAgg(fig)
-    fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
-    return atomic_write_bytes(path, buf.getvalue())
-
-
 def write_outputs(res: RunResult, out_dir: str | Path, plan_path: str | Path | None = None
                   ) -> tuple[dict[str, Path], Comparison]:
     out = Path(out_dir)
@@ -229,7 +192,12 @@ def write_outputs(res: RunResult, out_dir: str | Path, plan_path: str | Path | N
             figs["overlay_error"] = f"{type(e).__name__}: {e}"
     else:
         figs["overlay_error"] = cmp_.simulation
-    figs["layers"] = layer_figure(res, cmp_.totals, out / "layers.png")
+    last = res.summaries[-1]
+    try:
+        figs["layers"] = layer_figure(res.plan.layer_timings_s or {}, [("", res.steady)], [("", last["per_layer"])],
+                                      last["step"], out / "layers.png")
+    except Exception as e:  # noqa: BLE001
+        figs["layers_error"] = f"{type(e).__name__}: {e}"
     paths.update({k: v for k, v in figs.items() if isinstance(v, Path)})
     paths["report"] = atomic_write_text(out / "report.md", render_markdown(res, cmp_, figs, meta))
     return paths, cmp_
@@ -508,11 +476,48 @@ def write_rank_outputs(payloads: list[dict], res0, out_dir: str | Path, plan_fil
     meta = dict(res0.meta)
     meta.update({"plan_file": str(plan_file), "per_rank": rows, "iteration_spread": spread([r["iteration_s"]
                                                                                            for r in rows])})
+    meta.update({"rank_labels": {str(r): c for r, c in rank_coords(rows).items() if c},
+                 "middle_layer": meta["layers"] // 2})
     tl = merged_timeline(payloads, meta)
     paths["measured"] = tl.write_json(out / "measured.json")
     paths["trace"] = write_chrome_trace(tl, out / "trace.json")
     label = "GPU memory" if res0.meta.get("device_kind") == "cuda" else "CPU memory (process RSS)"
     report = Path(paths["report"])
     text = report.read_text() + per_rank_markdown(rows, pred, label)
+    if len(payloads) > 1:
+        text += rank_figures(payloads, rows, tl, res0, comparison, out)
     paths["report"] = atomic_write_text(report, text)
     return rows
+
+
+def rank_figures(payloads: list[dict], rows: list[dict], tl: Timeline, res0, comparison, out: Path) -> str:
+    """Redraw ``timeline.png``, ``memory.png``, ``gantt_overlay.png`` and ``layers.png`` (first drawn
+    for rank 0 by `write_outputs`) with every rank (`memo_exec.figures.ranks_to_draw`), each labelled
+    by its coordinates in the parallel groups; a line for the report saying which ranks they show."""
+    drawn, note = ranks_to_draw(rows)
+    ids = [r["rank"] for r in drawn]
+    by_rank = {p["rank"]: p for p in payloads}
+    coords = rank_coords(rows)
+    name = {r: f"rank {r}" + (f" ({coords[r]})" if coords.get(r) else "") for r in ids}
+    shown = Timeline(events=tl.events, memory=[m for m in tl.memory if m.kind != "gpu" or m.device in ids],
+                     meta=tl.meta)
+    last = {r: by_rank[r]["summaries"][-1] for r in ids}
+    draw = {
+        "timeline.png": lambda p: gantt_figure(shown, p, devices=ids, note=note),
+        "memory.png": lambda p: memory_figure(shown, p),
+        "layers.png": lambda p: layer_figure(res0.plan.layer_timings_s or {},
+                                             [(name[r], by_rank[r]["steady"]) for r in ids],
+                                             [(name[r], last[r]["per_layer"]) for r in ids],
+                                             last[ids[0]]["step"], p, note),
+    }
+    if comparison.predicted_timeline is not None:
+        draw["gantt_overlay.png"] = lambda p: overlay_gantt(
+            comparison.predicted_timeline, shown, p, f"{res0.meta['model']} {res0.meta['policy']}: predicted vs "
+            f"measured (last step)", ranks=drawn, note=note)
+    failed = []
+    for fname, fn in draw.items():
+        try:
+            _atomic_png(fn, out / fname)
+        except Exception as e:  # noqa: BLE001 - rank 0's figure stays; the measurements are kept
+            failed.append(f"{fname} shows rank 0 only ({type(e).__name__}: {e})")
+    return "\n".join(["", f"The figures draw {note}, each labelled with its rank and coordinates."] + failed) + "\n"
