@@ -207,10 +207,35 @@ def _pct(v) -> str:
     return "—" if v is None else f"{v * 100:+.1f}%"
 
 
+NOT_COMPARABLE = "not comparable"
+TIME_UNITS = ("s", "tok/s", "")  # quantities of speed: a prediction for the profile's device only
+
+
+def profile_device_kind(profile: str) -> str | None:
+    """The kind of device the plan's profile describes (`HardwareProfile.device_kind`), None when
+    it cannot be read."""
+    from memo_sim.errors import MemoError  # noqa: PLC0415
+    from memo_sim.profile.loader import load_profile  # noqa: PLC0415
+
+    try:
+        return load_profile(profile).device_kind
+    except MemoError:
+        return None
+
+
+def times_comparable(meta: dict, profile: str) -> bool:
+    """Whether the plan's predicted times are predictions of this run: not when its profile
+    describes another kind of device (a GPU profile's plan run on a CPU)."""
+    kind = profile_device_kind(profile)
+    return kind is None or kind == ("cuda" if meta["device_kind"] == "cuda" else "cpu")
+
+
 def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | None = None) -> str:
     m, p = (meta or res.meta), res.plan
     st = res.steady
     rows, source = cmp_.totals, cmp_.source
+    same = times_comparable(m, p.profile)
+    tpct = _pct if same else (lambda v: "—" if v is None else NOT_COMPARABLE)  # a speed's relative error
     L = []
     L.append(f"# memo-exec run: {m['model']} — {m['policy']} — {m['seq_tokens']:,} tokens\n")
     L.append(f"- device: {m['device']}, dtype {m['dtype']}, attention backend {m['attention_backend']} "
@@ -227,13 +252,20 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
     if m["device_kind"] != "cuda":
         L.append("- **CPU run**: times are host times of CPU kernels and thread copies, memory is the process RSS; "
                  "they test the executor, not the GPU predictions. MFU is not computed on a CPU.")
+    if not same:
+        L.append(f"- **the plan's profile ({p.profile}) describes a {profile_device_kind(p.profile)} device, this "
+                 f"ran on {m['device_kind']}**: its predicted times are not predictions of this run, so their "
+                 f"relative errors read \"{NOT_COMPARABLE}\" (they would be thousands of percent); to compare, "
+                 f"run on the profile's device, or calibrate this machine (`memo-exec calibrate --device cpu "
+                 f"--quick`) and run with `--profile` set to that profile.")
     L.append("")
     L.append("## Measured vs predicted\n")
     L.append("| quantity | predicted | measured | rel. error | predicted from |")
     L.append("|---|---:|---:|---:|---|")
     for r in rows:
+        pct = tpct if r["unit"] in TIME_UNITS else _pct
         L.append(f"| {r['quantity']} | {_fmt(r['predicted'], r['unit'])} | {_fmt(r['measured'], r['unit'])} | "
-                 f"{_pct(r['rel_error'])} | {r['predicted_from']} |")
+                 f"{pct(r['rel_error'])} | {r['predicted_from']} |")
     L.append("")
     L.append("Relative error = (measured − predicted) / predicted. Layer times are sums of the compute-stream ops "
              "of one layer (stalls excluded), averaged over layers; offload/prefetch are the copy-stream spans of "
@@ -255,14 +287,14 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
     L.append("|---|---|---:|---:|---:|")
     for r in cmp_.streams:
         L.append(f"| {r['stream']} | {r['quantity']} | {_fmt(r['predicted_s'], 's')} | {_fmt(r['measured_s'], 's')} | "
-                 f"{_pct(r['rel_error'])} |")
+                 f"{tpct(r['rel_error'])} |")
     L.append("")
     L.append("## Per layer and op class: measured vs predicted\n")
     L.append("| layer | op | predicted | measured | rel. error |")
     L.append("|---:|---|---:|---:|---:|")
     for r in cmp_.ops:
         L.append(f"| {r['layer']} | {r['op']} | {_fmt(r['predicted_s'], 's')} | {_fmt(r['measured_s'], 's')} | "
-                 f"{_pct(r['rel_error'])} |")
+                 f"{tpct(r['rel_error'])} |")
     L.append("")
     L.append("## Memory: the executor's estimate vs the simulator's breakdown\n")
     L.append("Term by term (bytes on the device; `memo_exec.memory_estimate` documents each term). "
@@ -439,7 +471,8 @@ def _f(v, fmt="{:.4f}") -> str:
     return "—" if v is None else fmt.format(v)
 
 
-def per_rank_markdown(rows: list[dict], predicted_iteration: float | None, memory_label: str) -> str:
+def per_rank_markdown(rows: list[dict], predicted_iteration: float | None, memory_label: str,
+                      comparable: bool = True) -> str:
     streams = [s for s in RANK_STREAMS if any(s in r["busy_s"] for r in rows)]
     ring = any(r.get("ring_stall_s") is not None for r in rows)
     L = ["", "## Per rank", "",
@@ -454,7 +487,7 @@ def per_rank_markdown(rows: list[dict], predicted_iteration: float | None, memor
     for r in rows:
         mem = None if r["peak_memory_bytes"] is None else r["peak_memory_bytes"] / 2**30
         L.append(f"| {r['rank']} | {r['dp']} | {r['cp']} | {r['ulysses']} | {r['tp']} | {r['local_tokens']} | "
-                 f"{_f(r['iteration_s'])} | {_f(r['iteration_rel_error'], '{:+.1%}')} | "
+                 f"{_f(r['iteration_s'])} | {_f(r['iteration_rel_error'], '{:+.1%}') if comparable else NOT_COMPARABLE} | "
                  f"{_f(r['layer_forward_s'])} | {_f(r['layer_backward_s'])} | "
                  + " | ".join(_f(r["busy_s"].get(s)) for s in streams)
                  + (f" | {_f(r.get('ring_stall_s'))}" if ring else "")
@@ -483,7 +516,7 @@ def write_rank_outputs(payloads: list[dict], res0, out_dir: str | Path, plan_fil
     paths["trace"] = write_chrome_trace(tl, out / "trace.json")
     label = "GPU memory" if res0.meta.get("device_kind") == "cuda" else "CPU memory (process RSS)"
     report = Path(paths["report"])
-    text = report.read_text() + per_rank_markdown(rows, pred, label)
+    text = report.read_text() + per_rank_markdown(rows, pred, label, times_comparable(res0.meta, res0.plan.profile))
     if len(payloads) > 1:
         text += rank_figures(payloads, rows, tl, res0, comparison, out)
     paths["report"] = atomic_write_text(report, text)

@@ -403,7 +403,7 @@ def not_recorded_why(profile: HardwareProfile, device: str) -> str | None:
     a profile's validation error is the one measured on the kind of device it describes (a
     calibrated profile says which, ``provenance.device_kind``; any other describes a GPU)."""
     kind = "cpu" if str(device).startswith("cpu") else "cuda"
-    described = (profile.provenance or {}).get("device_kind") or "cuda"
+    described = profile.device_kind
     if kind != described:
         return (f"not recorded in the profile: it describes a {described} device and this ran on {device} "
                 f"(calibrate this machine to validate a profile of it)")

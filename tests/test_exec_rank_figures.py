@@ -104,3 +104,19 @@ def test_layer_figure_predicted_bars_readable_beside_much_larger_measured(captur
     F.layer_figure({"forward": 0.15, "backward": 0.3}, [("", {"layer_forward_s": 0.2, "layer_backward_s": 0.4})],
                    [("", {"fwd": {"0": 0.2}})], 1, "unused.png")
     assert captured[-1].axes[0].get_yscale() == "linear"  # comparable numbers: a linear axis
+
+
+def test_times_compare_only_on_the_profiles_kind_of_device(tmp_path):
+    import yaml
+
+    from memo_exec.report import times_comparable
+    from memo_sim.profile.loader import REPO_PROFILES
+
+    assert not times_comparable({"device_kind": "cpu"}, "a800-80gb")  # a GPU plan on a CPU
+    assert times_comparable({"device_kind": "cuda"}, "a800-80gb")
+    raw = yaml.safe_load((REPO_PROFILES / "h100-sxm5-80gb.yaml").read_text())
+    raw.update(name="my-cpu", provenance={"method": "calibrated", "device_kind": "cpu"})
+    cpu = tmp_path / "my-cpu.yaml"
+    cpu.write_text(yaml.safe_dump(raw))
+    assert times_comparable({"device_kind": "cpu"}, str(cpu)) and not times_comparable({"device_kind": "cuda"},
+                                                                                       str(cpu))

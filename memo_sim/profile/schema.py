@@ -187,6 +187,12 @@ class HardwareProfile:
         return f"validated{where}{when}: {which} |iteration error| {100 * err:.1f}%{n}{tau}"
 
     @property
+    def device_kind(self) -> str:
+        """The kind of device the profile describes: ``cpu`` for a profile calibrated on a CPU
+        (``provenance.device_kind``), else ``cuda``."""
+        return (self.provenance or {}).get("device_kind") or "cuda"
+
+    @property
     def calibrated(self) -> bool:
         prov = self.provenance or {}
         return prov.get("method") == "calibrated" or prov.get("tool") == "memo-exec calibrate"
