@@ -64,3 +64,16 @@ def test_a_plan_that_does_not_fit_is_never_a_side(bad):
     cands = [Cand(Layout(tp=4), get_policy("sppo"), 2000.0, 50 * GiB, sppo=object(), status=bad),
              Cand(Layout(tp=8), get_policy("memo", 0.4), 1000.0, 40 * GiB)]
     assert sppo_verdict(cands) == ""
+
+
+def test_runner_up_says_what_it_gives_up():
+    from memo_sim.report.whatif_answer import runner_up_line
+
+    best = Cand(Layout(tp=8), get_policy("memo", 0.3), 1000.0, 40 * GiB, simulated={"peak_gpu_bytes": 40 * GiB})
+    shown = [best, Cand(Layout(tp=4, cp=2), get_policy("full_offload"), 990.0, 30 * GiB)]
+    assert runner_up_line(shown, best) == (
+        "runner-up #2 tp4+sp-cp2 full_offload: gives up 1.0% of the throughput (990 tokens/GPU/s analytic) for "
+        "10.00 GiB less GPU memory (peak 30.00 GiB (analytic, caching allocator))")
+    assert runner_up_line([best], best) == ""  # nothing else fits
+    shown[1].status = "OOM"
+    assert runner_up_line(shown, best) == ""
