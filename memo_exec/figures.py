@@ -133,11 +133,11 @@ def layer_figure(predicted: dict, measured: list[tuple[str, dict]], per_layer: l
     for j, (name, colour, vs) in enumerate(series):
         xs = [i - 0.4 + width * (j + 0.5) for i in range(len(ops))]
         ax1.bar(xs, [(v or 0) * 1e3 for v in vs], width, label=name, color=colour)
-        if j == 0:  # the prediction's value on its bar: readable however small the bar
-            for x, v in zip(xs, vs):
-                ax1.annotate("not predicted" if v is None else f"{v * 1e3:.3g}", (x, max((v or 0) * 1e3, floor)),
-                             xytext=(0, 2), textcoords="offset points", ha="center", va="bottom", fontsize=7,
-                             rotation=90, annotation_clip=False)
+        for x, v in zip(xs, vs):  # the prediction's value on its bar, readable however small; a gap named
+            if j == 0 or v is None:
+                words = ("not predicted" if j == 0 else "not measured") if v is None else f"{v * 1e3:.3g}"
+                ax1.annotate(words, (x, max((v or 0) * 1e3, floor)), xytext=(0, 2), textcoords="offset points",
+                             ha="center", va="bottom", fontsize=7, rotation=90, annotation_clip=False)
     ax1.set_xticks(range(len(ops)), [op[0] for op in ops], fontsize=8)
     ax1.set_ylabel("ms per layer" + (" (log scale)" if log else ""))
     ax1.legend(fontsize=7)

@@ -101,9 +101,10 @@ def test_layer_figure_predicted_bars_readable_beside_much_larger_measured(captur
     assert len(ax1.get_legend().get_texts()) == 5  # predicted + one per rank
     legend = {t.get_text() for t in ax2.get_legend().get_texts()}
     assert {"fwd", "bwd", "rank 0", "rank 3"} <= legend
-    F.layer_figure({"forward": 0.15, "backward": 0.3}, [("", {"layer_forward_s": 0.2, "layer_backward_s": 0.4})],
+    F.layer_figure({"forward": 0.15, "backward": 0.3}, [("", {"layer_forward_s": 0.2, "layer_backward_s": None})],
                    [("", {"fwd": {"0": 0.2}})], 1, "unused.png")
     assert captured[-1].axes[0].get_yscale() == "linear"  # comparable numbers: a linear axis
+    assert "not measured" in {t.get_text() for t in captured[-1].axes[0].texts}  # a missing bar is named
 
 
 def test_times_compare_only_on_the_profiles_kind_of_device(tmp_path):
