@@ -241,9 +241,12 @@ def trace_cmd(plan_file, device, out_file, dtype, attention_backend, target, cud
               help="markdown report path (default OUT/validation.md), e.g. reports/validation-h100.md")
 @click.option("--progress/--no-progress", default=None,
               help="a progress bar on stderr (default: on when stderr is a terminal)")
+@click.option("--record/--no-record", default=True, show_default=True,
+              help="write the measured step-time errors into the profile's file (its validation block, which "
+                   "answers on the profile print)")
 @user_errors("while validating")
 def validate_cmd(profile_name, model_name, layers, hidden, heads, ffn, vocab, dtype, seqs, policies, alphas, budget_s,
-                 device, steps, out_dir, report_path, progress):
+                 device, steps, out_dir, report_path, progress, record):
     import dataclasses
     import shlex
 
@@ -280,9 +283,9 @@ def validate_cmd(profile_name, model_name, layers, hidden, heads, ffn, vocab, dt
     with (click.progressbar(length=len(plans), label="validating", file=sys.stderr) if progress
           else contextlib.nullcontext()) as bar:
         path, summary = validate(model, profile, plans, device=dev, steps=steps, out_dir=out_dir,
-                                 report_path=report_path, command=command, budget_s=budget_s,
+                                 report_path=report_path, command=command, budget_s=budget_s, record=record,
                                  progress=(lambda done, total: bar.update(done - bar.pos)) if progress else None)
-    click.echo(f"wrote {path}: {summary_line(summary)}")
+    click.echo(f"wrote {path}: {summary_line(summary)}; {summary['recorded']}")
 
 
 def _register_calibrate() -> None:

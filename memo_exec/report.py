@@ -13,7 +13,6 @@ rel_error = (measured - predicted) / predicted.
 from __future__ import annotations
 
 import dataclasses
-import io
 import math
 import os
 import statistics
@@ -22,16 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
 from memo_exec.compare import op_rows, rel_error, resimulate, ring_stall_seconds, sim_memory_breakdown, stream_rows
 from memo_exec.device import element_size
-from memo_exec.figures import overlay_gantt
+from memo_exec.figures import layer_figure, overlay_gantt, rank_coords, ranks_to_draw
 from memo_exec.measure import steady_steps, steady_value, timeline_from_step
 from memo_exec.runner import RunResult
 from memo_sim.model.flops import mfu
-from memo_sim.fileio import atomic_write_bytes, atomic_write_text
+from memo_sim.fileio import atomic_write_text
 from memo_sim.model.layer_graph import DTYPE_BYTES
 from memo_sim.report.chrome_trace import write_chrome_trace
 from memo_sim.report.figures import gantt_figure, memory_figure
@@ -164,40 +161,6 @@ def _atomic_png(draw, path: Path) -> Path:
     return path
 
 
-def layer_figure(res: RunResult, rows: list[dict], path: Path) -> Path:
-    fig = Figure(figsize=(11, 3.6))
-    ax1, ax2 = fig.subplots(1, 2)
-    sel = [r for r in rows if r["quantity"].startswith("layer ")]
-    labels = [r["quantity"].replace("layer ", "") for r in sel]
-    xs = range(len(sel))
-    pv = [(r["predicted"] or 0) * 1e3 for r in sel]
-    mv = [(r["measured"] or 0) * 1e3 for r in sel]
-    ax1.bar([x - 0.2 for x in xs], pv, 0.4, label="predicted", color="#8C8C8C")
-    ax1.bar([x + 0.2 for x in xs], mv, 0.4, label="measured", color="#4C72B0")
-    ax1.set_xticks(list(xs))
-    ax1.set_xticklabels(labels, fontsize=8)
-    ax1.set_ylabel("ms per layer")
-    ax1.legend(fontsize=8)
-    ax1.grid(axis="y", alpha=0.3)
-    ax1.set_title("one layer: predicted vs measured", fontsize=10)
-    last = res.summaries[-1]["per_layer"]
-    for phase, color in (("fwd", "#4C72B0"), ("bwd", "#DD8452"), ("recompute", "#C44E52"), ("offload", "#55A868"),
-                         ("prefetch", "#8172B3")):
-        d = last.get(phase) or {}
-        if d:
-            ax2.plot([int(k) for k in d], [v * 1e3 for v in d.values()], marker="o", ms=3, label=phase, color=color)
-    ax2.set_xlabel("layer")
-    ax2.set_ylabel("ms")
-    ax2.set_title(f"measured per layer (step {res.summaries[-1]['step']})", fontsize=10)
-    ax2.legend(fontsize=8)
-    ax2.grid(alpha=0.3)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    FigureCanvasAgg(fig)
-    fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
-    return atomic_write_bytes(path, buf.getvalue())
-
-
 def write_outputs(res: RunResult, out_dir: str | Path, plan_path: str | Path | None = None
                   ) -> tuple[dict[str, Path], Comparison]:
     out = Path(out_dir)
@@ -229,7 +192,12 @@ def write_outputs(res: RunResult, out_dir: str | Path, plan_path: str | Path | N
             figs["overlay_error"] = f"{type(e).__name__}: {e}"
     else:
         figs["overlay_error"] = cmp_.simulation
-    figs["layers"] = layer_figure(res, cmp_.totals, out / "layers.png")
+    last = res.summaries[-1]
+    try:
+        figs["layers"] = layer_figure(res.plan.layer_timings_s or {}, [("", res.steady)], [("", last["per_layer"])],
+                                      last["step"], out / "layers.png")
+    except Exception as e:  # noqa: BLE001
+        figs["layers_error"] = f"{type(e).__name__}: {e}"
     paths.update({k: v for k, v in figs.items() if isinstance(v, Path)})
     paths["report"] = atomic_write_text(out / "report.md", render_markdown(res, cmp_, figs, meta))
     return paths, cmp_
@@ -239,10 +207,35 @@ def _pct(v) -> str:
     return "—" if v is None else f"{v * 100:+.1f}%"
 
 
+NOT_COMPARABLE = "not comparable"
+TIME_UNITS = ("s", "tok/s", "")  # quantities of speed: a prediction for the profile's device only
+
+
+def profile_device_kind(profile: str) -> str | None:
+    """The kind of device the plan's profile describes (`HardwareProfile.device_kind`), None when
+    it cannot be read."""
+    from memo_sim.errors import MemoError  # noqa: PLC0415
+    from memo_sim.profile.loader import load_profile  # noqa: PLC0415
+
+    try:
+        return load_profile(profile).device_kind
+    except MemoError:
+        return None
+
+
+def times_comparable(meta: dict, profile: str) -> bool:
+    """Whether the plan's predicted times are predictions of this run: not when its profile
+    describes another kind of device (a GPU profile's plan run on a CPU)."""
+    kind = profile_device_kind(profile)
+    return kind is None or kind == ("cuda" if meta["device_kind"] == "cuda" else "cpu")
+
+
 def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | None = None) -> str:
     m, p = (meta or res.meta), res.plan
     st = res.steady
     rows, source = cmp_.totals, cmp_.source
+    same = times_comparable(m, p.profile)
+    tpct = _pct if same else (lambda v: "—" if v is None else NOT_COMPARABLE)  # a speed's relative error
     L = []
     L.append(f"# memo-exec run: {m['model']} — {m['policy']} — {m['seq_tokens']:,} tokens\n")
     L.append(f"- device: {m['device']}, dtype {m['dtype']}, attention backend {m['attention_backend']} "
@@ -260,13 +253,20 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
     if m["device_kind"] != "cuda":
         L.append("- **CPU run**: times are host times of CPU kernels and thread copies, memory is the process RSS; "
                  "they test the executor, not the GPU predictions. MFU is not computed on a CPU.")
+    if not same:
+        L.append(f"- **the plan's profile ({p.profile}) describes a {profile_device_kind(p.profile)} device, this "
+                 f"ran on {m['device_kind']}**: its predicted times are not predictions of this run, so their "
+                 f"relative errors read \"{NOT_COMPARABLE}\" (they would be thousands of percent); to compare, "
+                 f"run on the profile's device, or calibrate this machine (`memo-exec calibrate --device cpu "
+                 f"--quick`) and run with `--profile` set to that profile.")
     L.append("")
     L.append("## Measured vs predicted\n")
     L.append("| quantity | predicted | measured | rel. error | predicted from |")
     L.append("|---|---:|---:|---:|---|")
     for r in rows:
+        pct = tpct if r["unit"] in TIME_UNITS else _pct
         L.append(f"| {r['quantity']} | {_fmt(r['predicted'], r['unit'])} | {_fmt(r['measured'], r['unit'])} | "
-                 f"{_pct(r['rel_error'])} | {r['predicted_from']} |")
+                 f"{pct(r['rel_error'])} | {r['predicted_from']} |")
     L.append("")
     L.append("Relative error = (measured − predicted) / predicted. Layer times are sums of the compute-stream ops "
              "of one layer (stalls excluded), averaged over layers; offload/prefetch are the copy-stream spans of "
@@ -288,14 +288,14 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
     L.append("|---|---|---:|---:|---:|")
     for r in cmp_.streams:
         L.append(f"| {r['stream']} | {r['quantity']} | {_fmt(r['predicted_s'], 's')} | {_fmt(r['measured_s'], 's')} | "
-                 f"{_pct(r['rel_error'])} |")
+                 f"{tpct(r['rel_error'])} |")
     L.append("")
     L.append("## Per layer and op class: measured vs predicted\n")
     L.append("| layer | op | predicted | measured | rel. error |")
     L.append("|---:|---|---:|---:|---:|")
     for r in cmp_.ops:
         L.append(f"| {r['layer']} | {r['op']} | {_fmt(r['predicted_s'], 's')} | {_fmt(r['measured_s'], 's')} | "
-                 f"{_pct(r['rel_error'])} |")
+                 f"{tpct(r['rel_error'])} |")
     L.append("")
     L.append("## Memory: the executor's estimate vs the simulator's breakdown\n")
     L.append("Term by term (bytes on the device; `memo_exec.memory_estimate` documents each term). "
@@ -472,7 +472,8 @@ def _f(v, fmt="{:.4f}") -> str:
     return "—" if v is None else fmt.format(v)
 
 
-def per_rank_markdown(rows: list[dict], predicted_iteration: float | None, memory_label: str) -> str:
+def per_rank_markdown(rows: list[dict], predicted_iteration: float | None, memory_label: str,
+                      comparable: bool = True) -> str:
     streams = [s for s in RANK_STREAMS if any(s in r["busy_s"] for r in rows)]
     ring = any(r.get("ring_stall_s") is not None for r in rows)
     L = ["", "## Per rank", "",
@@ -487,7 +488,7 @@ def per_rank_markdown(rows: list[dict], predicted_iteration: float | None, memor
     for r in rows:
         mem = None if r["peak_memory_bytes"] is None else r["peak_memory_bytes"] / 2**30
         L.append(f"| {r['rank']} | {r['dp']} | {r['cp']} | {r['ulysses']} | {r['tp']} | {r['local_tokens']} | "
-                 f"{_f(r['iteration_s'])} | {_f(r['iteration_rel_error'], '{:+.1%}')} | "
+                 f"{_f(r['iteration_s'])} | {_f(r['iteration_rel_error'], '{:+.1%}') if comparable else NOT_COMPARABLE} | "
                  f"{_f(r['layer_forward_s'])} | {_f(r['layer_backward_s'])} | "
                  + " | ".join(_f(r["busy_s"].get(s)) for s in streams)
                  + (f" | {_f(r.get('ring_stall_s'))}" if ring else "")
@@ -509,11 +510,48 @@ def write_rank_outputs(payloads: list[dict], res0, out_dir: str | Path, plan_fil
     meta = dict(res0.meta)
     meta.update({"plan_file": str(plan_file), "per_rank": rows, "iteration_spread": spread([r["iteration_s"]
                                                                                            for r in rows])})
+    meta.update({"rank_labels": {str(r): c for r, c in rank_coords(rows).items() if c},
+                 "middle_layer": meta["layers"] // 2})
     tl = merged_timeline(payloads, meta)
     paths["measured"] = tl.write_json(out / "measured.json")
     paths["trace"] = write_chrome_trace(tl, out / "trace.json")
     label = "GPU memory" if res0.meta.get("device_kind") == "cuda" else "CPU memory (process RSS)"
     report = Path(paths["report"])
-    text = report.read_text() + per_rank_markdown(rows, pred, label)
+    text = report.read_text() + per_rank_markdown(rows, pred, label, times_comparable(res0.meta, res0.plan.profile))
+    if len(payloads) > 1:
+        text += rank_figures(payloads, rows, tl, res0, comparison, out)
     paths["report"] = atomic_write_text(report, text)
     return rows
+
+
+def rank_figures(payloads: list[dict], rows: list[dict], tl: Timeline, res0, comparison, out: Path) -> str:
+    """Redraw ``timeline.png``, ``memory.png``, ``gantt_overlay.png`` and ``layers.png`` (first drawn
+    for rank 0 by `write_outputs`) with every rank (`memo_exec.figures.ranks_to_draw`), each labelled
+    by its coordinates in the parallel groups; a line for the report saying which ranks they show."""
+    drawn, note = ranks_to_draw(rows)
+    ids = [r["rank"] for r in drawn]
+    by_rank = {p["rank"]: p for p in payloads}
+    coords = rank_coords(rows)
+    name = {r: f"rank {r}" + (f" ({coords[r]})" if coords.get(r) else "") for r in ids}
+    shown = Timeline(events=tl.events, memory=[m for m in tl.memory if m.kind != "gpu" or m.device in ids],
+                     meta=tl.meta)
+    last = {r: by_rank[r]["summaries"][-1] for r in ids}
+    draw = {
+        "timeline.png": lambda p: gantt_figure(shown, p, devices=ids, note=note),
+        "memory.png": lambda p: memory_figure(shown, p),
+        "layers.png": lambda p: layer_figure(res0.plan.layer_timings_s or {},
+                                             [(name[r], by_rank[r]["steady"]) for r in ids],
+                                             [(name[r], last[r]["per_layer"]) for r in ids],
+                                             last[ids[0]]["step"], p, note),
+    }
+    if comparison.predicted_timeline is not None:
+        draw["gantt_overlay.png"] = lambda p: overlay_gantt(
+            comparison.predicted_timeline, shown, p, f"{res0.meta['model']} {res0.meta['policy']}: predicted vs "
+            f"measured (last step)", ranks=drawn, note=note)
+    failed = []
+    for fname, fn in draw.items():
+        try:
+            _atomic_png(fn, out / fname)
+        except Exception as e:  # noqa: BLE001 - rank 0's figure stays; the measurements are kept
+            failed.append(f"{fname} shows rank 0 only ({type(e).__name__}: {e})")
+    return "\n".join(["", f"The figures draw {note}, each labelled with its rank and coordinates."] + failed) + "\n"

@@ -408,11 +408,47 @@ def _load_1min() -> float | None:
         return None
 
 
+def not_recorded_why(profile: HardwareProfile, device: str) -> str | None:
+    """Why the validation of ``profile`` on ``device`` must not go into the profile (None: it may):
+    a profile's validation error is the one measured on the kind of device it describes (a
+    calibrated profile says which, ``provenance.device_kind``; any other describes a GPU)."""
+    kind = "cpu" if str(device).startswith("cpu") else "cuda"
+    described = profile.device_kind
+    if kind != described:
+        return (f"not recorded in the profile: it describes a {described} device and this ran on {device} "
+                f"(calibrate this machine to validate a profile of it)")
+    if not profile.path:
+        return "not recorded in the profile: it was loaded from no file"
+    return None
+
+
+def record_in_profile(profile: HardwareProfile, summary: dict, device: str, json_path: Path) -> str:
+    """Write the step-time errors of ``summary`` as ``profile``'s validation block (its file, atomically);
+    one line saying where it went, or why it did not."""
+    from memo_sim.profile.record import record_validation, validation_block  # noqa: PLC0415
+
+    e = summary["errors"]["step_s"]
+    if e["median_abs_error_pct"] is None:
+        return "not recorded in the profile: no step time was compared"
+    why = not_recorded_why(profile, device)
+    if why:
+        return why
+    pct = lambda v: None if v is None else v / 100.0  # noqa: E731 - percent -> fraction
+    block = validation_block(median=pct(e["median_abs_error_pct"]), mean=pct(e["mean_abs_error_pct"]),
+                             worst=pct(e["max_abs_error_pct"]), plans=e["plans"], device=str(device),
+                             date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                             kendall_tau=summary["kendall_tau_step_time"], report=str(json_path.resolve()))
+    return f"recorded in {record_validation(profile, block)} (its validation block)"
+
+
 def validate(model: ModelConfig, profile: HardwareProfile, plans: list[PlanSpec], *, device: str,
              steps: int, out_dir: str | Path, report_path: str | Path | None, command: str,
-             progress=None, budget_s: float | None = None, runner=run_plan) -> tuple[Path, dict]:
-    """Run the validation and write the report (markdown and ``validation.json``); raise `ExecError`
-    (one line) when no plan ran, after writing them."""
+             progress=None, budget_s: float | None = None, runner=run_plan,
+             record: bool = True) -> tuple[Path, dict]:
+    """Run the validation and write the report (markdown and ``validation.json``); with ``record``
+    write the measured step-time errors into the profile's file (`record_in_profile`; the line
+    saying where is ``summary["recorded"]``); raise `ExecError` (one line) when no plan ran, after
+    writing the report."""
     if not plans:
         raise ExecError("no plans to validate: give at least one sequence length and policy")
     out = Path(out_dir)
@@ -440,10 +476,12 @@ def validate(model: ModelConfig, profile: HardwareProfile, plans: list[PlanSpec]
     text = render_report(rows, summary, model, profile, str(dev), command, figure)
     target = Path(report_path) if report_path else out / "validation.md"
     atomic_write_text(target, text)
-    atomic_write_json(out / "validation.json", {"model": model.to_dict(), "profile": profile.name,
-                                                "profile_path": profile.path, "device": str(dev), "command": command,
-                                                "summary": summary, "rows": [r.to_dict() for r in rows]})
+    json_path = atomic_write_json(out / "validation.json", {
+        "model": model.to_dict(), "profile": profile.name, "profile_path": profile.path, "device": str(dev),
+        "command": command, "summary": summary, "rows": [r.to_dict() for r in rows]})
     if not ran:
         first = next((r.status for r in rows), "")
         raise ExecError(f"no plan ran ({summary['plans']} planned; first: {first}); see {target}")
+    summary["recorded"] = (record_in_profile(profile, summary, str(dev), json_path) if record
+                           else "not recorded in the profile (--no-record)")
     return target, summary

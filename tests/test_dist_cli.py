@@ -151,6 +151,8 @@ def test_nproc_run_writes_a_merged_trace_and_per_rank_report(tmp_path):
     doc = _run_nproc(p, tmp_path / "o", 2, 2)
     _check_outputs(doc, tmp_path / "o", 2)
     assert all(abs(r["last_loss"] - doc["losses"][-1]) < 1e-9 for r in doc["per_rank"])
+    report = (tmp_path / "o" / "report.md").read_text()  # the figures redrawn with both ranks (#30 item 7)
+    assert "The figures draw all 2 ranks" in report and "shows rank 0 only" not in report
 
 
 # (four ranks, tp2+cp2, under --nproc: the whatif test below writes and checks the same outputs)

@@ -74,6 +74,10 @@ def test_run_writes_valid_outputs(tmp_path):
     assert "## Per layer and op class" in md and "| 0 | offload |" in md
     assert "## Memory: the executor's estimate vs the simulator's breakdown" in md and "| transient_peak |" in md
     assert "the pool is part of the RSS" in md and "gantt_overlay.png" in md
+    # a GPU profile's plan on a CPU: its times' relative errors are not printed (#30: "+374252.8%")
+    it_row = next(ln for ln in md.splitlines() if ln.startswith("| iteration time |"))
+    assert "not comparable" in it_row and "describes a cuda device, this ran on cpu" in md
+    assert "| 0 | forward |" in md and "%" not in next(ln for ln in md.splitlines() if ln.startswith("| 0 | forward |"))
     streams = {(r["stream"], r["quantity"]): r for r in tl.meta["streams"]}
     assert set(streams) == {(s, q) for s in ("compute", "d2h", "h2d") for q in ("busy", "exposed", "overlapped")}
     d2h = {q: streams[("d2h", q)] for q in ("busy", "exposed", "overlapped")}

@@ -38,7 +38,7 @@ def explain(plan_file, out_format, as_json):
     mem = memory_breakdown(plan.model, plan.layout, plan.batch, plan.seq_tokens, plan.policy, profile,
                            classifier_chunk_tokens=plan.classifier_chunk_tokens)
     peaks = {d: peak_moment(res, d) for d in devices}
-    binding = _binding(plan, profile, res, mem)
+    binding = binding_words(plan, profile, res)
     terms = {"model states": mem.model_states_bytes, "kept activations": mem.skeletal_resident_bytes,
              "rounding / recompute buffers": mem.rounding_buffer_bytes, "attention lse": mem.lse_bytes,
              f"layer transients ({'static plan' if plan.policy.static_memory_plan else 'caching allocator'})":
@@ -108,8 +108,8 @@ def _add_stage_analytic_peaks(plan, profile, res) -> None:
         st.setdefault("analytic_peak_gpu_bytes", row["peak_gpu_bytes"])
 
 
-def _binding(plan, profile, res, mem) -> str:
-    """The limit nearest to binding, in words."""
+def binding_words(plan, profile, res) -> str:
+    """The limit nearest to binding for a simulated plan, in words (explain and simulate print it)."""
     if not res.ok:
         return res.failure.message()
     gpu = res.peak_gpu_bytes / res.gpu_capacity_bytes

@@ -125,10 +125,14 @@ def simulate_cmd(plan_file, out_dir, layers_text, profile_override, no_contentio
                 name = "memory_snapshot.pickle" if len(devices) == 1 else f"memory_snapshot-stage{d}.pickle"
                 written.append(write_snapshot(predicted_snapshot(r, d), stage / name))
     out = Path(out_dir)
+    from memo_sim.cli.explain import binding_words  # noqa: PLC0415 - the same words as memo-sim explain
+    from memo_sim.report.formats import plural  # noqa: PLC0415
+
     click.echo(f"{plan.model.name}, {fmt_count(plan.seq_tokens)} tokens x {plan.batch}, {plan.layout.label()}, "
-               f"{plan.policy.label()}, {plan.schedule} ({plan.micro_batches} micro-batches of {plan.micro_batch}), "
-               f"{profile.name}")
+               f"{plan.policy.label()}, {plan.schedule} ({plural(plan.micro_batches, 'micro-batch', 'micro-batches')} "
+               f"of {plan.micro_batch}), {profile.name}")
     click.echo(_summary_line(r))
+    click.echo(f"binding: {binding_words(plan, profile, r)} (memo-sim explain PLAN: the time and memory breakdown)")
     if r.pipeline.get("micro_batches") is not None:  # a micro-batch pipeline: its stages
         for st in r.pipeline["stages"]:
             bub = st["bubble_ratio"]

@@ -6,8 +6,9 @@ by the pydantic models below: an unknown key, a missing field, a wrong unit, a m
 a value that is not a finite number or lies outside its dimension's physical range (`RANGES`)
 is a `ProfileError` of one line naming the file, the field and the fix.
 The optional ``validation`` section records the iteration-time error measured for the profile
-(``median_abs_iteration_error`` as a fraction, ``plans``, ``device``, ``date``); answers on the
-profile print it beside its provenance.
+(``median_abs_iteration_error`` as a fraction, ``plans``, ``device``, ``date``, the Kendall tau of
+the step-time ordering and the ``validation.json`` it came from); ``memo-exec validate`` writes it
+(`memo_sim.profile.record`) and answers on the profile print it beside its provenance.
 The optional section ``gpu.allocator`` (what cudaMalloc, cudaFree and a reorganisation's
 synchronise cost), is complete or absent: profiles written before it existed load with
 `memo_sim.profile.schema.DEFAULT_ALLOCATOR_COSTS`, whose sources say they are assumed defaults.
@@ -177,6 +178,8 @@ class _ValidationIn(_In):
     plans: int = Field(strict=True, ge=1)
     device: _NonEmpty
     date: _NonEmpty
+    kendall_tau: float | None = Field(None, strict=False, ge=-1.0, le=1.0, allow_inf_nan=False)
+    report: str = Field("", strict=True)  # the validation.json the numbers come from
     tool: str = Field("memo-exec validate", strict=True)
     note: str = Field("", strict=True)
 

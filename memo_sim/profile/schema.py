@@ -183,7 +183,14 @@ class HardwareProfile:
         where = f" on {v['device']}" if v.get("device") else ""
         when = f" ({v['date']})" if v.get("date") else ""
         n = f" over {v['plans']} plans" if v.get("plans") else ""
-        return f"validated{where}{when}: {which} |iteration error| {100 * err:.1f}%{n}"
+        tau = f", Kendall tau {v['kendall_tau']:.2f}" if v.get("kendall_tau") is not None else ""
+        return f"validated{where}{when}: {which} |iteration error| {100 * err:.1f}%{n}{tau}"
+
+    @property
+    def device_kind(self) -> str:
+        """The kind of device the profile describes: ``cpu`` for a profile calibrated on a CPU
+        (``provenance.device_kind``), else ``cuda``."""
+        return (self.provenance or {}).get("device_kind") or "cuda"
 
     @property
     def calibrated(self) -> bool:

@@ -123,17 +123,13 @@ def _in_range(e: TimelineEvent, layers: tuple[int, int]) -> bool:
     return e.layer is None or layers[0] <= e.layer <= layers[1]
 
 
-def gantt_figure(timeline: Timeline, path: str | Path, layers: tuple[int, int] | None = None,
-                 device: int = 0) -> Path:
-    """Gantt chart of every stream of ``device`` over ``layers`` (inclusive): only those layers'
-    events (and events of no layer inside the panels) are drawn, only the streams and phases drawn
-    get a row and a legend entry."""
-    layers = layers or default_layer_range(timeline)
+def _device_panels(timeline: Timeline, device: int, layers: tuple[int, int]):
+    """(name, t0, t1, events) of the forward and backward panels of ``device`` over ``layers``
+    and the streams they draw; each panel spans the layers' own phases (a ZeRO-3 backward weight
+    gather, phase weight_gather_bwd, belongs to the backward panel, never stretches the forward one)."""
     events = [e for e in timeline.events if e.device == device]
     if not events:
         raise MemoError(f"timeline has no events on device {device}")
-    # each panel spans the layers' own phases: a ZeRO-3 backward weight gather (phase
-    # weight_gather_bwd) belongs to the backward panel, never stretches the forward one
     windows = [(name, w) for name, w in (("forward", _window(events, layers, FWD_PHASES)),
                                          ("backward", _window(events, layers, BWD_PHASES))) if w]
     if not windows:
@@ -143,25 +139,51 @@ def gantt_figure(timeline: Timeline, path: str | Path, layers: tuple[int, int] |
     panels = [(name, t0, t1, [e for e in events if _in_range(e, layers) and e.end >= t0 and e.start <= t1])
               for name, (t0, t1) in windows]
     drawn = {e.stream for *_w, evs in panels for e in evs}
-    streams = sorted(drawn, key=lambda s: (STREAMS.index(s) if s in STREAMS else len(STREAMS), s))
-    fig = Figure(figsize=(7 * len(windows), 0.55 * len(streams) + 1.8))
-    axes = fig.subplots(1, len(windows), squeeze=False)[0]
-    seen: dict[str, float] = {}  # phase -> seconds drawn, over both panels
-    for ax, (name, t0, t1, evs) in zip(axes, panels):
-        for ph, sec in _gantt_panel(ax, evs, streams, t0, t1).items():
-            seen[ph] = seen.get(ph, 0.0) + sec
-        ax.set_title(f"{name}, layers {layers[0]}..{layers[1]}", fontsize=10)
-    for ax in axes[1:]:  # the same rows: their names once, on the left
-        ax.tick_params(labelleft=False)
+    return panels, sorted(drawn, key=lambda s: (STREAMS.index(s) if s in STREAMS else len(STREAMS), s))
+
+
+def gantt_figure(timeline: Timeline, path: str | Path, layers: tuple[int, int] | None = None,
+                 device: int = 0, devices: list[int] | None = None, note: str = "") -> Path:
+    """Gantt chart of every stream of ``device`` over ``layers`` (inclusive): only those layers'
+    events (and events of no layer inside the panels) are drawn, only the streams and phases drawn
+    get a row and a legend entry. ``devices``: one row of panels per device instead (a measured
+    run's ranks, each from its own step start), labelled by `device_role`; ``note`` goes under
+    the title (e.g. which ranks were drawn)."""
+    layers = layers or default_layer_range(timeline)
+    devs = list(devices) if devices else [device]
+    rows = [(d, *_device_panels(timeline, d, layers)) for d in devs]
+    columns = [c for c in ("forward", "backward") if any(p[0] == c for _d, panels, _s in rows for p in panels)]
+    heights = [0.55 * len(streams) + 0.6 for _d, _p, streams in rows]
+    gap = 0.9  # inches between rows of panels: a row's x label and the next one's title
+    fig = Figure(figsize=(7 * len(columns), sum(heights) + gap * (len(rows) - 1) + 1.2))
+    axes = fig.subplots(len(rows), len(columns), squeeze=False, gridspec_kw={"height_ratios": heights})
+    seen: dict[str, float] = {}  # phase -> seconds drawn, over every panel
+    for r, (d, panels, streams) in enumerate(rows):
+        by_name = {p[0]: p for p in panels}
+        for c, column in enumerate(columns):
+            ax = axes[r][c]
+            if column not in by_name:
+                ax.set_visible(False)
+                continue
+            _name, t0, t1, evs = by_name[column]
+            for ph, sec in _gantt_panel(ax, evs, streams, t0, t1).items():
+                seen[ph] = seen.get(ph, 0.0) + sec
+            who = f"{device_role(timeline, d)}: " if len(rows) > 1 else ""
+            ax.set_title(f"{who}{column}, layers {layers[0]}..{layers[1]}", fontsize=9 if who else 10)
+            if c:  # the same rows: their names once, on the left
+                ax.tick_params(labelleft=False)
     meta = timeline.meta or {}
-    fig.suptitle(" | ".join(str(meta[k]) for k in ("model", "layout", "policy", "profile") if meta.get(k))
-                 + (f" | {fmt_count(meta['seq_tokens'])} tokens" if meta.get("seq_tokens") else "")
-                 + f"\n{device_role(timeline, device)}", fontsize=10)
+    head = (" | ".join(str(meta[k]) for k in ("model", "layout", "policy", "profile") if meta.get(k))
+            + (f" | {fmt_count(meta['seq_tokens'])} tokens" if meta.get("seq_tokens") else ""))
+    sub = note or (device_role(timeline, devs[0]) if len(rows) == 1 else
+                   f"{len(rows)} {timeline.device_word}s, each from its own step start")
+    fig.suptitle(head + f"\n{sub}", fontsize=10)
     handles = [Patch(color=PHASE_COLOR.get(p, "#999999"), label=f"{phase_label(p)} ({fmt_time(sec)})")
                for p, sec in sorted(seen.items())]
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 4), fontsize=8, frameon=False,
                bbox_to_anchor=(0.5, -0.02))
-    _margins(fig, bottom_in=0.55 + 0.25 * ((len(handles) + 3) // 4), top_in=0.75, wspace=0.12)
+    _margins(fig, bottom_in=0.55 + 0.25 * ((len(handles) + 3) // 4), top_in=0.75 + 0.2 * (len(rows) > 1), wspace=0.12,
+             hspace=gap * len(rows) / sum(heights) if len(rows) > 1 else None)
     return _save(fig, path)
 
 

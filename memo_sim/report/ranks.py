@@ -4,7 +4,8 @@ The simulator runs one representative GPU per group of identical GPUs (`memo_sim
 single-stage plan's timeline holds one device that stands for every rank of the plan, a pipeline
 plan's timeline one device per stage that stands for that stage's ``gpus / pp`` ranks (tensor,
 context, Ulysses and data-parallel peers, which run the same schedule). A measured timeline
-(``meta.source`` = measured) holds one device per real rank.
+(``meta.source`` = measured) holds one device per real rank; its ``meta.rank_labels`` (rank ->
+its coordinates in the parallel groups, e.g. ``cp1 tp0``) names them.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ def device_role(timeline: Timeline, device: int) -> str:
     n = represented_gpus(timeline)
     layout = (timeline.meta or {}).get("layout") or "the plan"
     if n is None:
-        return f"{word} {device}"
+        coords = ((timeline.meta or {}).get("rank_labels") or {}).get(str(device))
+        return f"{word} {device}" + (f" (rank {device}: {coords})" if coords else "")
     if pipeline_stages(timeline) > 1:
         return (f"{word} {device}: pipeline stage {device}, simulated for its {n} identical GPU"
                 f"{'s' if n > 1 else ''} ({layout})")

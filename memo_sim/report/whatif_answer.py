@@ -125,6 +125,9 @@ def whatif_answer(v: WhatIfView) -> Answer:
         why = binding_words(b)
         if why:
             a.line(f"  {why}")
+        up = runner_up_line(v.shown, b)
+        if up:
+            a.line(f"  {up}")
         if v.pipeline_note:
             a.line(f"  note: {v.pipeline_note}")
         for t in v.train_lines:
@@ -283,6 +286,23 @@ def compare_line(what: str, a, b, a_name: str, b_name: str) -> str:
     return (f"{what}: {a_name} {ratio:.2f}x the throughput ({abs(ratio - 1) * 100:.1f}% {faster}) with {less}: "
             f"{_plan_words(a)} against {_plan_words(b)}"
             + ("" if same_tier else "; different tiers, so read the ratio as rough"))
+
+
+def runner_up_line(shown, best) -> str:
+    """What the runner-up (the next fitting plan of the ranking) gives up against ``best``:
+    throughput, and the GPU memory it saves or costs (peaks with their source)."""
+    rank = next((i for i, c in enumerate(shown) if c is not best and c.status == "OK"), None)
+    if best is None or rank is None:
+        return ""
+    c = shown[rank]
+    loss = 1.0 - c.tgs / best.tgs if best.tgs else 0.0
+    mine, theirs = candidate_peak(c), candidate_peak(best)
+    diff = theirs.bytes - mine.bytes
+    mem = (f"{fmt_bytes(abs(diff))} {'less' if diff >= 0 else 'more'} GPU memory (peak {mine.text()})"
+           if diff else f"the same peak GPU ({mine.text()})")
+    tier = "sim" if c.simulated is not None else "analytic"
+    return (f"runner-up #{rank + 1} {c.layout.label()} {c.policy.label()}: gives up {100 * loss:.1f}% of the "
+            f"throughput ({c.tgs:,.0f} tokens/GPU/s {tier}) for {mem}")
 
 
 def metp_verdict(cands) -> str:

@@ -1,0 +1,79 @@
+"""[answers #30 item 6] The SPPO-vs-MEMO and METP-vs-Megatron verdict lines: each compares the
+best fitting plan of one kind with the best of the other, and its ratio and memory saving are the
+ones of the two plans it names (peaks by `memo_sim.report.peaks.candidate_peak`, with their source)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from memo_sim.layout.parallel import Layout
+from memo_sim.policy import get_policy
+from memo_sim.report.whatif_answer import metp_verdict, sppo_verdict
+
+GiB = 2**30
+
+
+@dataclass
+class Mem:
+    peak_gpu_bytes: float
+
+
+@dataclass
+class Cand:
+    layout: Layout
+    policy: object
+    tgs: float
+    peak: float
+    status: str = "OK"
+    sppo: object = None
+    simulated: dict | None = None
+
+    @property
+    def memory(self):
+        return Mem(self.peak)
+
+
+def test_metp_vs_megatron_names_the_best_fitting_of_each():
+    cands = [Cand(Layout(tp=8), get_policy("memo", 0.5), 1000.0, 60 * GiB, status="OOM"),  # not fitting: skipped
+             Cand(Layout(tp=8, tp_mode="metp"), get_policy("memo", 0.3), 1100.0, 30 * GiB,
+                  simulated={"peak_gpu_bytes": 30 * GiB}),
+             Cand(Layout(tp=8), get_policy("full_recompute"), 1000.0, 40 * GiB, simulated={"peak_gpu_bytes": 40 * GiB}),
+             Cand(Layout(tp=8), get_policy("store_all"), 900.0, 20 * GiB)]
+    line = metp_verdict(cands)
+    assert line.startswith("METP vs Megatron TP: METP 1.10x the throughput (10.0% faster) with 25% less GPU memory: ")
+    assert "tp8+metp memo(a=0.300) (1,100 tokens/GPU/s sim, peak 30.00 GiB (simulated, memory plan))" in line
+    assert "against tp8+sp full_recompute (1,000 tokens/GPU/s sim, peak 40.00 GiB (simulated, caching allocator))" \
+        in line and "as rough" not in line
+    assert metp_verdict([c for c in cands if not c.layout.metp]) == ""  # nothing to compare: no line
+
+
+def test_sppo_vs_memo_says_when_the_tiers_differ():
+    cands = [Cand(Layout(tp=4), get_policy("sppo"), 950.0, 50 * GiB, sppo=object(),
+                  simulated={"peak_gpu_bytes": 50 * GiB}),
+             Cand(Layout(tp=8), get_policy("memo", 0.4), 1000.0, 40 * GiB)]
+    line = sppo_verdict(cands)
+    assert line.startswith("SPPO vs MEMO: SPPO 0.95x the throughput (5.0% slower) with 25% more GPU memory: ")
+    assert line.endswith("different tiers, so read the ratio as rough")
+    assert sppo_verdict(cands[1:]) == ""
+
+
+@pytest.mark.parametrize("bad", ["OOM", "OOHM"])
+def test_a_plan_that_does_not_fit_is_never_a_side(bad):
+    cands = [Cand(Layout(tp=4), get_policy("sppo"), 2000.0, 50 * GiB, sppo=object(), status=bad),
+             Cand(Layout(tp=8), get_policy("memo", 0.4), 1000.0, 40 * GiB)]
+    assert sppo_verdict(cands) == ""
+
+
+def test_runner_up_says_what_it_gives_up():
+    from memo_sim.report.whatif_answer import runner_up_line
+
+    best = Cand(Layout(tp=8), get_policy("memo", 0.3), 1000.0, 40 * GiB, simulated={"peak_gpu_bytes": 40 * GiB})
+    shown = [best, Cand(Layout(tp=4, cp=2), get_policy("full_offload"), 990.0, 30 * GiB)]
+    assert runner_up_line(shown, best) == (
+        "runner-up #2 tp4+sp-cp2 full_offload: gives up 1.0% of the throughput (990 tokens/GPU/s analytic) for "
+        "10.00 GiB less GPU memory (peak 30.00 GiB (analytic, caching allocator))")
+    assert runner_up_line([best], best) == ""  # nothing else fits
+    shown[1].status = "OOM"
+    assert runner_up_line(shown, best) == ""
