@@ -1,16 +1,33 @@
 """Mutation tests of every copy the executor makes: the single-device offload, SPPO's
-per-subsequence offload and prefetch, ring CP's P2P double buffers and METP's ring attention.
-Each test removes one declared wait or moves one slot choice (a monkeypatch of the one method that
-makes it, never a user-visible flag) and the run must fail with `RaceError` (or its subclass
-`SlotMismatch`) at issue time. No copy is delayed anywhere here: the detector
+per-subsequence offload and prefetch and its stage-to-stage P2P, ring CP's P2P double buffers,
+METP's rings (the inner K/V ring, the FFN ring, the MHA's weight broadcasts and gradient reduces,
+the W_proj ring) and the pipeline executor's P2P. Each test removes one declared wait or moves one
+slot choice (a monkeypatch of the one method that makes it, never a user-visible flag) and the
+run must fail with `RaceError` (or its subclass `SlotMismatch`) at issue time, a skipped P2P wait
+with a message naming the transfer. No copy is delayed anywhere here: the detector
 (`memo_exec.happens_before`) reasons on the issue order and on physical regions (storage address,
 byte spans, what the bytes hold), so every outcome is the same on an idle and on a loaded machine.
 
-Counted mutations (the closing note's number): the single-device offload's four waits are in
-tests/test_exec_mutations.py; here its slot choices (4) and the three patterns public offload
-engines shipped as silent gradient bugs; SPPO's waits (4) and slot choices (2); ring CP's waits
-(4) and slot choices (4); METP's ring waits (4) and slot choices (7). The distributed and SPPO
-mutations each run in one spawn (its ranks are killed at its timeout: none outlives the test).
+Counted mutations (each removed or swapped in turn; 68 in all):
+
+| component                                | waits | slot / buffer choices | bug patterns |
+|------------------------------------------|-------|-----------------------|--------------|
+| single-device offload                    | 4 (*) | 4                     | 2            |
+| SPPO offload / prefetch                  | 4     | 2                     | 2            |
+| SPPO stage-to-stage P2P                  | 2     | -                     | -            |
+| ring CP                                  | 4     | 4                     | -            |
+| METP inner K/V ring (ring attention)     | 4     | 7                     | -            |
+| METP FFN ring                            | 4     | 7                     | -            |
+| METP MHA weight broadcasts / dW reduces  | 6     | 7                     | -            |
+| METP W_proj ring (MEMO's recompute)      | 1     | 2                     | -            |
+| pipeline executor P2P (1F1B)             | 2     | -                     | -            |
+
+(*) in tests/test_exec_mutations.py (each for every layer and for layers 0, 1, 3); the rest here.
+(The stage P2P receive buffers are fresh per message: no slot to choose; the pipeline's
+activation slots are mutated in tests/test_pipeline_exec_dist.py.) The distributed and SPPO
+mutations each run in one spawn (its ranks are killed at its timeout: none outlives the test);
+a mutation that leaves unmatched transfers behind runs last in its process group or on a group
+of its own.
 """
 
 from __future__ import annotations
