@@ -31,10 +31,7 @@ import torch
 from memo_exec.metp.blocks import HeadGroups, mha_pack
 from memo_exec.metp.lane import Lane, RingOptions
 from memo_exec.metp.ledger import Ledger
-from memo_exec.metp.ring_attention import (
-    ring_attention_backward,
-    ring_attention_forward,
-)
+from memo_exec.metp.ring_attention import ring_attention_backward, ring_attention_forward
 
 
 def _split(t: torch.Tensor, hg: HeadGroups):
