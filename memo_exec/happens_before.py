@@ -34,11 +34,18 @@ clean.
 transfer reads its send buffers and writes its receive buffers until its ``wait``; an access of
 the compute side to either before then (reading a receive buffer, overwriting a send buffer), or a
 second transfer on the same bytes, raises `RaceError` naming the transfer -- at once, on the rank
-that skipped the wait, instead of a hang or a stale block.
+that skipped the wait, instead of a hang or a stale block. An in-place collective (a broadcast, a
+reduce) is posted with its buffer as a receive on every rank, the root's too: the buffer is the
+collective's until its wait, so a skipped wait is refused on every rank alike (no rank goes on
+alone into the next transfer, which would hang).
+
+The P2P guard is on unless ``MEMO_EXEC_RACE_CHECK=0`` is set (`transfer_guard` returns None then,
+and every declaration is skipped: the rings and pipelines pay one ``is None`` test per transfer).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from memo_exec.errors import ExecError
@@ -101,19 +108,19 @@ class Region:
     content: str | None = None  # what a write puts there / what a read expects there
 
     @classmethod
-    def of(cls, t, name: str, content: str | None = None) -> "Region":
+    def of(cls, t, name: str, content: str | None = None) -> Region:
         """The bytes tensor view ``t`` covers (physical: its storage's address and byte spans)."""
         return cls(("mem", t.device.type, t.untyped_storage().data_ptr()), _spans(t), name, content)
 
     @classmethod
-    def logical(cls, space: str, index: int, tensor: str, rows: tuple[int, int]) -> "Region":
+    def logical(cls, space: str, index: int, tensor: str, rows: tuple[int, int]) -> Region:
         where = f"rounding buffer {index}" if space == "buffer" else f"host slot of layer {index}"
         return cls((space, index, tensor), (tuple(rows),), f"{where} {tensor}[{rows[0]}:{rows[1]}]")
 
-    def overlaps(self, other: "Region") -> bool:
+    def overlaps(self, other: Region) -> bool:
         return self.key == other.key and _intersect(self.spans, other.spans)
 
-    def covers(self, other: "Region") -> bool:
+    def covers(self, other: Region) -> bool:
         return self.key == other.key and _inside(other.spans, self.spans)
 
     def __str__(self) -> str:
@@ -204,8 +211,7 @@ class HappensBefore:
                             f"nothing (a wait issued inside the side stream's own context?)")
         mine = self.clock[stream]
         for s, c in snapshot.items():
-            if c > mine[s]:
-                mine[s] = c
+            mine[s] = max(mine[s], c)
 
     def barrier(self) -> None:
         """Every stream synchronised with the host: all earlier accesses precede all later ones."""
@@ -317,13 +323,29 @@ class TransferGuard:
             self._clash(w, True, what)
             self.contents.write(w, what)
 
-    def pending(self) -> list[str]:
-        return [t.name for t in self.flight.values()]
+    def pending(self, since: int = 0) -> list[str]:
+        return [t.name for k, t in self.flight.items() if k > since]
 
-    def finish(self, what: str) -> None:
-        """The end of a ring: its buffers are let go, so no transfer may still be in flight."""
-        if self.flight:
-            names = ", ".join(repr(n) for n in self.pending())
-            self.flight.clear()
+    def mark(self) -> int:
+        """The token of the last transfer posted so far (for ``finish(since=...)``)."""
+        return self._next
+
+    def finish(self, what: str, since: int = 0) -> None:
+        """The end of a ring: its buffers are let go, so no transfer posted after ``since`` (`mark`)
+        may still be in flight (a ring nested in an outer loop leaves the outer loop's alone)."""
+        names = self.pending(since)
+        if names:
+            names = ", ".join(repr(n) for n in names)
+            self.flight = {k: t for k, t in self.flight.items() if k <= since}
             raise RaceError(f"{what} ends with transfer {names} not waited on (a missing P2P wait: it may still "
-                            f"write a buffer that is let go)")
+                            f"use a buffer that is let go)")
+
+
+def checking() -> bool:
+    """Whether the P2P transfer guard runs (``MEMO_EXEC_RACE_CHECK=0`` turns it off)."""
+    return os.environ.get("MEMO_EXEC_RACE_CHECK", "1") != "0"
+
+
+def transfer_guard() -> TransferGuard | None:
+    """A new guard, or None when the check is off (module docs)."""
+    return TransferGuard() if checking() else None

@@ -1,16 +1,33 @@
 """Mutation tests of every copy the executor makes: the single-device offload, SPPO's
-per-subsequence offload and prefetch, ring CP's P2P double buffers and METP's ring attention.
-Each test removes one declared wait or moves one slot choice (a monkeypatch of the one method that
-makes it, never a user-visible flag) and the run must fail with `RaceError` (or its subclass
-`SlotMismatch`) at issue time. No copy is delayed anywhere here: the detector
+per-subsequence offload and prefetch and its stage-to-stage P2P, ring CP's P2P double buffers,
+METP's rings (the inner K/V ring, the FFN ring, the MHA's weight broadcasts and gradient reduces,
+the W_proj ring) and the pipeline executor's P2P. Each test removes one declared wait or moves one
+slot choice (a monkeypatch of the one method that makes it, never a user-visible flag) and the
+run must fail with `RaceError` (or its subclass `SlotMismatch`) at issue time, a skipped P2P wait
+with a message naming the transfer. No copy is delayed anywhere here: the detector
 (`memo_exec.happens_before`) reasons on the issue order and on physical regions (storage address,
 byte spans, what the bytes hold), so every outcome is the same on an idle and on a loaded machine.
 
-Counted mutations (the closing note's number): the single-device offload's four waits are in
-tests/test_exec_mutations.py; here its slot choices (4) and the three patterns public offload
-engines shipped as silent gradient bugs; SPPO's waits (4) and slot choices (2); ring CP's waits
-(4) and slot choices (4); METP's ring waits (4) and slot choices (7). The distributed and SPPO
-mutations each run in one spawn (its ranks are killed at its timeout: none outlives the test).
+Counted mutations (each removed or swapped in turn; 68 in all):
+
+| component                                | waits | slot / buffer choices | bug patterns |
+|------------------------------------------|-------|-----------------------|--------------|
+| single-device offload                    | 4 (*) | 4                     | 2            |
+| SPPO offload / prefetch                  | 4     | 2                     | 2            |
+| SPPO stage-to-stage P2P                  | 2     | -                     | -            |
+| ring CP                                  | 4     | 4                     | -            |
+| METP inner K/V ring (ring attention)     | 4     | 7                     | -            |
+| METP FFN ring                            | 4     | 7                     | -            |
+| METP MHA weight broadcasts / dW reduces  | 6     | 7                     | -            |
+| METP W_proj ring (MEMO's recompute)      | 1     | 2                     | -            |
+| pipeline executor P2P (1F1B)             | 2     | -                     | -            |
+
+(*) in tests/test_exec_mutations.py (each for every layer and for layers 0, 1, 3); the rest here.
+(The stage P2P receive buffers are fresh per message: no slot to choose; the pipeline's
+activation slots are mutated in tests/test_pipeline_exec_dist.py.) The distributed and SPPO
+mutations each run in one spawn (its ranks are killed at its timeout: none outlives the test);
+a mutation that leaves unmatched transfers behind runs last in its process group or on a group
+of its own.
 """
 
 from __future__ import annotations
@@ -209,17 +226,23 @@ def _each_mutation(muts: dict, run) -> dict[str, str]:
     import torch.distributed as dist
 
     from memo_exec.distributed import p2p
+    from memo_exec.metp.lane import Lane
 
     posted = []
-    orig = p2p._guarded
+    orig, orig_coll = p2p._guarded, Lane._post_collective
 
     def collect(tr, *a):
         posted.append(tr)
         return orig(tr, *a)
 
+    def collect_coll(self, *a):
+        posted.append(orig_coll(self, *a))
+        return posted[-1]
+
     out = {}
     with pytest.MonkeyPatch.context() as keep:
         keep.setattr(p2p, "_guarded", collect)
+        keep.setattr(Lane, "_post_collective", collect_coll)
         for name, patch in muts.items():
             with pytest.MonkeyPatch.context() as mp:
                 if patch is not None:
@@ -311,17 +334,29 @@ def _metp_ring(rank: int, world: int):
 
 
 def _metp_mutations(rank: int, world: int) -> dict[str, str]:
-    from memo_exec.metp import ring_attention
-    from memo_exec.metp.lane import Lane
-
-    orig_wait, orig_half = Lane.wait, ring_attention.half
     muts = {"baseline": None}
     for site in METP_WAITS:
-        muts[f"skip wait {site}"] = (Lane, "wait", lambda self, p, s=site: None if p is not None and
-                                     p.handle.name.split(" + ")[0] == s else orig_wait(self, p))
+        muts[f"skip wait {site}"] = _skip_lane_wait(None, site)
     for site in METP_HALVES:
-        muts[f"swap half {site}"] = (ring_attention, "half", lambda st, t, s=site: orig_half(st, t + (st == s)))
+        muts[f"swap half {site}"] = _swap_half(site)
     return _each_mutation(muts, lambda: _metp_ring(rank, world))
+
+
+def _skip_lane_wait(phase: str | None, site: str):
+    """Mutation: the METP lane does not wait for transfer ``site`` (in ``phase``, or any)."""
+    from memo_exec.metp.lane import Lane
+
+    orig = Lane.wait
+    return (Lane, "wait", lambda self, p: None if p is not None and phase in (None, self.phase) and
+            p.handle.name.split(" + ")[0] == site else orig(self, p))
+
+
+def _swap_half(site: str):
+    """Mutation: slot choice ``site`` takes the other half of its double buffer."""
+    from memo_exec.metp.lane import Lane
+
+    orig = Lane.half
+    return (Lane, "half", staticmethod(lambda st, t: orig(st, t + (st == site))))
 
 
 @pytest.fixture(scope="module")
@@ -339,3 +374,184 @@ def test_metp_ring_mutations_fail_at_once_naming_the_transfer(metp_results):
             if name.startswith("skip wait"):
                 site = name.removeprefix("skip wait ")
                 assert f"transfer '{site}" in got and "not waited on" in got, (name, got)
+
+
+# -- METP's FFN ring, the MHA's weight broadcasts and gradient reduces, the W_proj ring -----------------
+METP_LAYER_WAITS = (("fwd", "p2p_ffn_w0"), ("bwd", "p2p_ffn_w0"), ("bwd", "p2p_ffn_dw0"), ("bwd", "p2p_ffn_dw_home"),
+                    ("fwd", "bcast_w0"), ("fwd", "bcast_w1"), ("bwd", "bcast_w0"), ("bwd", "bcast_w1"),
+                    ("bwd", "reduce_dw0"), ("bwd", "reduce_dw1"), ("recompute", "p2p_wproj0"))
+METP_LAYER_HALVES = ("ffn W", "ffn W receive", "ffn bwd W", "ffn bwd W receive", "ffn dW", "ffn dW send",
+                     "ffn dW home", "mha fwd W broadcast", "mha fwd W", "mha bwd W broadcast", "mha bwd W", "mha dW",
+                     "mha dW reduce", "mha dW collect", "wproj", "wproj receive")
+METP_LAYER = {"h": 32, "heads": 4, "kv_heads": 4, "f": 64, "layers": 1, "B": 1, "s": 32, "swiglu": False, "seed": 11}
+
+
+def _metp_layer(rank: int, world: int) -> float:
+    """One METP layer (ring FFN under MEMO's recompute, two-level MHA) forward and backward, and the
+    W_proj ring: the worst relative error against the dense reference."""
+    from memo_exec.metp.lane import RingOptions
+    from tests.test_metp_exec import _model_case, _proj_recompute_case
+
+    loss_err, errs, _ = _model_case(rank, world, METP_LAYER, "memo", True, "interleaved", RingOptions())
+    return max(loss_err, *errs.values(), _proj_recompute_case(rank, world))
+
+
+def _metp_layer_mutations(rank: int, world: int) -> dict[str, str]:
+    muts = {"baseline": None}
+    for phase, site in METP_LAYER_WAITS:
+        muts[f"skip wait {phase} {site}"] = _skip_lane_wait(phase, site)
+    for site in METP_LAYER_HALVES:
+        muts[f"swap half {site}"] = _swap_half(site)
+    return _each_mutation(muts, lambda: _metp_layer(rank, world))
+
+
+@pytest.fixture(scope="module")
+def metp_layer_results():
+    return spawn(_metp_layer_mutations, 2, timeout=180)
+
+
+def test_metp_layer_unmutated_is_exact(metp_layer_results):
+    for r in metp_layer_results:
+        ok, err = r["baseline"].split()
+        assert ok == "ok" and float(err) < 1e-10, r["baseline"]
+
+
+@pytest.mark.parametrize("phase,site", METP_LAYER_WAITS, ids=[f"{p}-{s}" for p, s in METP_LAYER_WAITS])
+def test_metp_layer_skipped_wait_fails_at_once_naming_the_transfer(metp_layer_results, phase, site):
+    for r in metp_layer_results:
+        got = r[f"skip wait {phase} {site}"]
+        assert got.startswith("RaceError") and f"transfer '{site}'" in got and "not waited on" in got, got
+
+
+@pytest.mark.parametrize("site", METP_LAYER_HALVES)
+def test_metp_layer_wrong_half_is_a_race_or_a_mismatch(metp_layer_results, site):
+    for r in metp_layer_results:
+        got = r[f"swap half {site}"]
+        assert got.startswith(("RaceError", "SlotMismatch")), got
+
+
+# -- stage-to-stage P2P: SPPO's stages and the pipeline executor (two gloo ranks) -----------------------
+def _fresh_group_each(muts: dict, run) -> dict[str, str]:
+    """Run ``run(group)`` under every mutation in turn, each on a process group of its own: a refused
+    mutation leaves unmatched transfers in flight (a peer stopped early), which die with their group
+    instead of meeting the next mutation's messages."""
+    import torch.distributed as dist
+
+    done = dist.new_group(list(range(dist.get_world_size())))
+    out = {}
+    for name, patch in muts.items():
+        group = dist.new_group(list(range(dist.get_world_size())))
+        with pytest.MonkeyPatch.context() as mp:
+            if patch is not None:
+                mp.setattr(*patch)
+            try:
+                out[name] = f"ok {run(group)}"
+            except RaceError as e:
+                out[name] = f"{type(e).__name__}: {e}"
+    dist.barrier(group=done)  # no rank leaves (closing its connections) while its peer still runs
+    return out
+
+
+def _sppo_stage_step(rank: int, world: int, group) -> str:
+    import tests.test_sppo_exec as T
+    from memo_exec.sppo.pipeline import StageRunner
+
+    case = T._case(2, model=T.MODEL)
+    m = case["model"]
+    gpt = T._gpt(m, T.DT[case["dtype"]], case["seed"])
+    pieces = T._pieces(m, 1, world, case["n"], case["partition"], case["mux"])
+    runner = StageRunner(gpt, rank, pieces, 1, T.SEQ, T._alphas(case["n"]), list(range(world)), torch.device("cpu"),
+                         group=group, classifier_chunk=24)
+    try:
+        for _, p in runner.parameters():
+            p.grad = torch.zeros_like(p)
+        inp, tgt = T.TokenSource(m.vocab, 1, T.SEQ, seed=case["seed"]).batch_at(0)
+        res = runner.step(inp, tgt)
+    finally:
+        runner.close()
+    return f"{res.loss if res.loss is not None else 0.0:.12e}"
+
+
+STAGE_WAITS = ("send", "receive")  # a skipped send wait leaves nothing unmatched; a skipped receive (last) does
+
+
+def _skip_stage_wait(cls, which: str):
+    """Mutation: the stage does not wait for its receives (or its sends)."""
+    orig = cls._wait
+
+    def skipped(self, tr):
+        return None if tr.name.startswith("recv" if which == "receive" else "send") else orig(self, tr)
+    return cls, "_wait", skipped
+
+
+def _sppo_stage_mutations(rank: int, world: int) -> dict[str, str]:
+    from memo_exec.sppo.pipeline import StageRunner
+
+    muts = {"baseline": None} | {f"skip {w} waits": _skip_stage_wait(StageRunner, w) for w in STAGE_WAITS}
+    return _fresh_group_each(muts, lambda g: _sppo_stage_step(rank, world, g))
+
+
+@pytest.fixture(scope="module")
+def sppo_stage_results():
+    return spawn(_sppo_stage_mutations, 2, timeout=180)
+
+
+def test_sppo_stage_p2p_unmutated_runs(sppo_stage_results):
+    import tests.test_sppo_exec as T
+
+    want = T.reference(T.MODEL, 1, "fp64", 11)[0][0]
+    assert all(r["baseline"].startswith("ok") for r in sppo_stage_results)
+    assert abs(float(sppo_stage_results[1]["baseline"].split()[1]) - want) < 1e-9 * abs(want)
+
+
+@pytest.mark.parametrize("which", STAGE_WAITS)
+def test_sppo_stage_skipped_wait_fails_at_once_naming_the_transfer(sppo_stage_results, which):
+    for r in sppo_stage_results:
+        got = r[f"skip {which} waits"]
+        kind = "recv_" if which == "receive" else "send_"
+        assert got.startswith("RaceError") and f"transfer '{kind}" in got and "not waited on" in got, got
+
+
+PIPE_CASE = (4, {"pp": 2}, "1f1b", "store_all")
+
+
+def _pipeline_mutations(rank: int, world: int) -> dict[str, str]:
+    from memo_exec.pipeline.schedules import PipelineSchedule
+    from tests.test_pipeline_exec_dist import run_case
+
+    import torch.distributed as dist
+
+    done = dist.new_group(list(range(world)))  # apart from the pp group, which the last mutation leaves unmatched
+    muts = {"baseline": None} | {f"skip {w} waits": _skip_stage_wait(PipelineSchedule, w) for w in STAGE_WAITS}
+    out = {}
+    for name, patch in muts.items():  # one group (pp = world: the default one): the receive mutation last
+        with pytest.MonkeyPatch.context() as mp:
+            if patch is not None:
+                mp.setattr(*patch)
+            try:
+                out[name] = f"ok {run_case(*PIPE_CASE)['loss']:.12e}"
+            except RaceError as e:
+                out[name] = f"{type(e).__name__}: {e}"
+    dist.barrier(group=done)  # no rank leaves (closing its connections) while its peer still runs
+    return out
+
+
+@pytest.fixture(scope="module")
+def pipeline_results():
+    return spawn(_pipeline_mutations, 2, timeout=180)
+
+
+def test_pipeline_p2p_unmutated_matches_one_process(pipeline_results):
+    from tests.test_pipeline_exec_dist import reference
+
+    want = reference(PIPE_CASE[0])[0]
+    got = float(pipeline_results[0]["baseline"].split()[1])
+    assert abs(got - want) <= 1e-9 * abs(want), (got, want)
+
+
+@pytest.mark.parametrize("which", STAGE_WAITS)
+def test_pipeline_skipped_wait_fails_at_once_naming_the_transfer(pipeline_results, which):
+    for r in pipeline_results:
+        got = r[f"skip {which} waits"]
+        kind = "recv_" if which == "receive" else "send_"
+        assert got.startswith("RaceError") and f"transfer '{kind}" in got and "not waited on" in got, got

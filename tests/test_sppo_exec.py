@@ -73,8 +73,7 @@ def run_case(rank: int, world: int, case: dict) -> dict:
     m, batch = case["model"], case["batch"]
     gpt = _gpt(m, DT[case["dtype"]], case["seed"])
     pieces = _pieces(m, batch, world, case["n"], case["partition"], case["mux"])
-    opts = PipelineOptions(offload=case.get("offload", True), delay_s=case.get("delay_s", 0.0),
-                           skip_recv_wait=case.get("skip_wait", False))
+    opts = PipelineOptions(offload=case.get("offload", True), delay_s=case.get("delay_s", 0.0))
     runner = StageRunner(gpt, rank, pieces, batch, SEQ, _alphas(case["n"]), list(range(world)),
                          torch.device("cpu"), classifier_chunk=24, options=opts)
     if case.get("copy_delay"):
@@ -134,7 +133,7 @@ def _check(case: dict, per_rank: list[dict], world: int) -> None:
 
 def case_id(c: dict) -> str:
     return (f"{c['model'].name}-N{c['n']}-{c['partition']}{'-mux' if c['mux'] else ''}-{c['dtype']}"
-            f"{'-delay' if c.get('delay_s') else ''}{'-nowait' if c.get('skip_wait') else ''}")
+            f"{'-delay' if c.get('delay_s') else ''}")
 
 
 def _case(n, partition="flops", mux=False, dtype="fp64", model=MODEL, batch=1, seed=11, **kw) -> dict:
@@ -235,19 +234,15 @@ PP2_CASES = [_case(2), _case(4, "length"), _case(8), _case(4, mux=True), _case(8
              _case(4, model=QWEN, batch=2, mux=True),
              _case(4, mux=True, steps=10, seed=13), _case(4, mux=True, delay_s=0.1, seed=17, offload=False),
              _case(8, copy_delay=0.03, seed=19)]
-NO_WAIT = _case(4, mux=True, delay_s=0.2, seed=23, skip_wait=True, offload=False)  # last: its buffers are garbage
 
 
 def test_pipeline_pp2_matches_reference():
     """PP = 2: N = 2, 4, 8, both partitions, with and without multiplexing, fp64 and fp32, GQA +
-    SwiGLU + batch 2, Qwen2's architecture (RMSNorm, QKV bias only, untied classifier), 10 steps of AdamW, every send delayed by 0.1 s, every copy delayed by 30 ms;
-    and the delayed transfer read without its wait: then the gradients are not the reference's."""
-    per_case = list(zip(*spawn(run_cases, 2, PP2_CASES + [NO_WAIT], timeout=240)))
+    SwiGLU + batch 2, Qwen2's architecture (RMSNorm, QKV bias only, untied classifier), 10 steps of AdamW, every send delayed by 0.1 s, every copy delayed by 30 ms.
+    (A receive read without its wait: tests/test_race_mutations.py, refused at once naming the transfer.)"""
+    per_case = list(zip(*spawn(run_cases, 2, PP2_CASES, timeout=240)))
     for case, per_rank in zip(PP2_CASES, per_case):
         _check(case, list(per_rank), 2)
-    _, want = reference(NO_WAIT["model"], 1, "fp64", NO_WAIT["seed"])
-    err, _ = _rel(_merge(list(per_case[-1])), want)
-    assert not err < TOL, err  # NaN or large: the stale buffer was used
     stage0 = per_case[0][0]
     assert stage0["offload_bytes"] > 0  # alpha_i > 0: stage 0 really copied rows to host and back
     assert {c["op"] for c in stage0["copies"]} == {"offload", "prefetch"}

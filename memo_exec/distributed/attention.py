@@ -38,7 +38,7 @@ from memo_exec.attention import AttentionBackend, AttnDims
 from memo_exec.block_attention import block_backward, block_forward, merge_
 from memo_exec.device import acc_dtype
 from memo_exec.distributed.p2p import ring_shift
-from memo_exec.happens_before import Region, TransferGuard
+from memo_exec.happens_before import Region, transfer_guard
 
 
 def _bhsd(t: torch.Tensor, b: int, s: int, heads: int, d: int) -> torch.Tensor:
@@ -52,7 +52,7 @@ class RingAttention(AttentionBackend):
     def __init__(self, group, cp: int, rank: int, delay_s: float = 0.0) -> None:
         self.group, self.cp, self.rank, self.delay_s = group, cp, rank, delay_s
         self.timer = None  # set by the runner: each ring transfer's wait is a span on "cp_comm"
-        self.guard = TransferGuard()  # every ring buffer's transfers and uses (module docs)
+        self.guard = transfer_guard()  # every ring buffer's transfers and uses (module docs; None: off)
 
     @staticmethod
     def _swap(site: str, a, b):
@@ -64,8 +64,14 @@ class RingAttention(AttentionBackend):
 
     def _use(self, what: str, reads=(), writes=()) -> None:
         """The attention reads / writes these (tensor, content) buffers now."""
+        if self.guard is None:
+            return
         self.guard.access(what, [Region.of(t, f"a ring buffer ({c})", c) for t, c in reads],
                           [Region.of(t, f"a ring buffer ({c})", c) for t, c in writes])
+
+    def _finish(self, what: str) -> None:
+        if self.guard is not None:
+            self.guard.finish(what)
 
     def _kv(self, src: int) -> str:
         return f"K/V of block {src % self.cp}"
@@ -122,7 +128,7 @@ class RingAttention(AttentionBackend):
             if tr is not None:
                 self._wait(tr, "cp_kv_ring", cur)
                 cur, nxt = self._swap("forward K/V", cur, nxt)
-        self.guard.finish("ring CP forward")
+        self._finish("ring CP forward")
         out.view(b, s, H, d).copy_(o.permute(0, 2, 1, 3))
         return {"lse": lse}
 
@@ -174,7 +180,7 @@ class RingAttention(AttentionBackend):
         dq.view(b, s, H, d).copy_(dqb.permute(0, 2, 1, 3))
         self._wait(dkv_tr, "cp_dkv_ring", acc_b)  # this rank's own block, home after cp shifts
         self._use("backward: own dK/dV", reads=[(acc_b, self._dkv(self.rank))])
-        self.guard.finish("ring CP backward")
+        self._finish("ring CP backward")
         dk.view(b, s, hk, d).copy_(acc_b[0].permute(0, 2, 1, 3))
         dv.view(b, s, hk, d).copy_(acc_b[1].permute(0, 2, 1, 3))
 

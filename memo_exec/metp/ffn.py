@@ -23,16 +23,29 @@ the gate half), so the forward holds one [r, fc1/p] block per step: the paper's 
 Op names in the trace are the simulator's (`memo_sim.cost.metp.ffn_costs`): ``ffn_block<j>`` on
 the compute stream, ``p2p_ffn_w<j>`` and ``p2p_ffn_dw<j>`` on ``tp_p2p`` (``p2p_ffn_dw_home`` is
 the final hop the paper's count leaves out).
+
+Every use of the double buffers is declared to the lane's transfer guard with the block it
+expects there (``W block b``, ``partial dW of block b``) and every half is chosen by
+``Lane.half`` (`memo_exec.metp.lane`), so a skipped wait or a wrong half fails at once, naming the
+transfer or the block.
 """
 
 from __future__ import annotations
-
 
 import torch
 
 from memo_exec.metp.blocks import ffn_cols, ffn_pack
 from memo_exec.metp.lane import Lane, RingOptions
 from memo_exec.metp.ledger import Ledger
+
+
+def _w(blk: int, p: int) -> str:
+    """What a weight buffer holds (for the lane's transfer guard)."""
+    return f"W block {blk % p}"
+
+
+def _dw(blk: int, p: int) -> str:
+    return f"partial dW of block {blk % p}"
 
 
 def _act_inplace(t: torch.Tensor, swiglu: bool) -> torch.Tensor:
@@ -80,13 +93,16 @@ def ffn_forward(a: torch.Tensor, own: dict[str, torch.Tensor], opts: RingOptions
     lane = Lane(opts, a.device, phase)
     dt, dev = own["w1"].dtype, a.device
     bufs = ledger.halves("metp_ffn_w_double_buffer", (pack.numel,), dt, dev, "w_buffer", min(p, 2))
+    lane.use(f"ffn {phase} own W", writes=[(bufs[0], _w(i, p))])
     pack.fill(bufs[0], own)
     out = ledger.alloc("fc2", (n, h), a.dtype, dev, "out", zero=True) if with_out else None
     flops = 2 * n * h * fc1b + (2 * n * fb * h if with_out else 0)
     for j in range(p):
-        cur = bufs[j % 2]
-        pend = lane.ring(f"p2p_ffn_w{j}", cur, bufs[(j + 1) % 2]) if j < p - 1 else None
+        cur = bufs[Lane.half("ffn W", j)]
+        pend = lane.ring(f"p2p_ffn_w{j}", cur, bufs[Lane.half("ffn W receive", j + 1)], _w(i - j - 1, p)) \
+            if j < p - 1 else None
         blk = (i - j) % p
+        lane.use(f"ffn_block{j}", reads=[(cur, _w(blk, p))])
         w = pack.views(cur)
         with opts.timer.span(f"ffn_block{j}", opts.layer, phase, "compute", 0, flops):
             t = ledger.alloc(f"metp_fc1_block{j}", (n, fc1b), a.dtype, dev, "block")
@@ -104,6 +120,7 @@ def ffn_forward(a: torch.Tensor, own: dict[str, torch.Tensor], opts: RingOptions
             del t, d
         lane.wait(pend)
     lane.drain()
+    lane.finish(f"ffn {phase}")
     ledger.free("metp_ffn_w_double_buffer")
     if out is not None:
         ledger.free("fc2")  # handed to the caller
@@ -127,6 +144,7 @@ def ffn_backward(a: torch.Tensor, d_out: torch.Tensor, own: dict[str, torch.Tens
     nb = min(p, 2)
     bufs = ledger.halves("metp_ffn_w_double_buffer", (pack.numel,), dt, dev, "w_buffer", nb)
     dbufs = ledger.halves("metp_ffn_dw_double_buffer", (pack.numel,), dt, dev, "dw_buffer", nb)
+    lane.use("ffn bwd own W", writes=[(bufs[0], _w(i, p)), (dbufs[0], _dw(i, p))])
     pack.fill(bufs[0], own)
     dbufs[0].zero_()
     d_a = ledger.alloc("d_ln2", (n, h), a.dtype, dev, "out", zero=True)
@@ -134,14 +152,18 @@ def ffn_backward(a: torch.Tensor, d_out: torch.Tensor, own: dict[str, torch.Tens
     flops = 2 * n * h * fc1b * 2 + 2 * n * fb * h * 2 + (0 if saved else 2 * n * h * fc1b)
     ones = torch.ones(n, dtype=a.dtype, device=dev) if not swiglu else None
     for j in range(p):
-        cur = bufs[j % 2]
+        cur = bufs[Lane.half("ffn bwd W", j)]
+        dcur = dbufs[Lane.half("ffn dW", j)]
         # the next weight block and, one step behind it, the partial gradient of the block the previous
         # rank held at step j-1 come in beside this step (one exchange: their order is fixed)
-        pend = lane.ring_many([(f"p2p_ffn_w{j}", cur, bufs[(j + 1) % 2]) if j < p - 1 else None,
-                               (f"p2p_ffn_dw{j - 1}", dbufs[(j - 1) % 2], dbufs[j % 2]) if j > 0 else None])
+        pend = lane.ring_many([(f"p2p_ffn_w{j}", cur, bufs[Lane.half("ffn bwd W receive", j + 1)], _w(i - j - 1, p))
+                               if j < p - 1 else None,
+                               (f"p2p_ffn_dw{j - 1}", dbufs[Lane.half("ffn dW send", j - 1)], dcur, _dw(i - j, p))
+                               if j > 0 else None])
         pend_w = pend.pop(0) if j < p - 1 else None
         pend_dw = pend.pop(0) if j > 0 else None
         blk = (i - j) % p
+        lane.use(f"ffn_block{j}", reads=[(cur, _w(blk, p))])
         w = pack.views(cur)
         with opts.timer.span(f"ffn_block{j}", opts.layer, "bwd", "compute", 0, flops):
             fc1_cols, act_col = ffn_cols(blk, p, f, swiglu)
@@ -173,7 +195,8 @@ def ffn_backward(a: torch.Tensor, d_out: torch.Tensor, own: dict[str, torch.Tens
                 torch.ops.aten.gelu_backward.grad_input(dd, parts[0], approximate="none", grad_input=dtb)
             d_a.addmm_(dtb, w["w1"])  # dA_i += dT B_j^T
             lane.wait(pend_dw)  # the partial is in: accumulate this rank's share into it
-            g = pack.views(dbufs[j % 2])
+            lane.use(f"ffn_block{j} dW", reads=[(dcur, _dw(blk, p))], writes=[(dcur, _dw(blk, p))])
+            g = pack.views(dcur)
             g["w1"].addmm_(dtb.t(), a)  # dB_j += A_i^T dT
             if "b1" in g:
                 g["b1"].addmv_(dtb.t(), ones)
@@ -184,10 +207,14 @@ def ffn_backward(a: torch.Tensor, d_out: torch.Tensor, own: dict[str, torch.Tens
         lane.wait(pend_w)
     # the finished gradient of block (i + 1) mod p goes home; this rank's own comes in
     if p > 1:
-        home = lane.ring("p2p_ffn_dw_home", dbufs[(p - 1) % 2], dbufs[p % 2])
+        home = lane.ring("p2p_ffn_dw_home", dbufs[Lane.half("ffn dW send", p - 1)], dbufs[Lane.half("ffn dW home", p)],
+                         _dw(i, p))
         lane.wait(home)
     lane.drain()
-    g = pack.views(dbufs[p % 2] if p > 1 else dbufs[0])
+    lane.finish("ffn bwd")
+    fin = dbufs[Lane.half("ffn dW home", p)] if p > 1 else dbufs[0]
+    lane.use("ffn bwd own dW", reads=[(fin, _dw(i, p))])
+    g = pack.views(fin)
     for k, v in grads.items():
         v.add_(g[k])
     ledger.free("metp_ffn_w_double_buffer", "metp_ffn_dw_double_buffer")

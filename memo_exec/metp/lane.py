@@ -13,11 +13,16 @@ which stream they are issued and when the consumer waits:
   data while the caller computes; ``wait`` blocks until every request has completed.
 
 The ring functions call ``wait`` before a received buffer is read and before a sent buffer is
-overwritten. Every ring transfer is posted under its name to the lane's
+overwritten. Every transfer -- the rings' shifts, the MHA's broadcasts and reduces (an in-place
+collective owns its buffer on every rank until its wait) -- is posted under its name to the lane's
 `memo_exec.happens_before.TransferGuard` (``guard``), which the ring functions also tell about
-their reads and writes of the double buffers (`memo_exec.metp.ring_attention`): a read of a
-buffer whose receive was not waited on, a second transfer into a busy buffer or a buffer of the
-wrong block is a `RaceError` naming the transfer at once, never a hang. ``RingOptions.wait_before_use = False`` (tests only) moves every wait to the end of
+their reads and writes of the double buffers (``use``: the FFN ring, the MHA's weight and
+gradient buffers, the W_proj ring and the inner K/V ring): a read of a buffer whose receive was
+not waited on, a second transfer into a busy buffer or a buffer of the wrong block is a
+`RaceError` naming the transfer at once, never a hang. ``half`` is the one place every METP ring
+chooses the half of a double buffer (tests swap it per site).
+
+``RingOptions.wait_before_use = False`` (tests only) moves every wait to the end of
 the ring (`drain`) and fills every receive buffer with NaN before its receive is posted, to show
 that the double buffer is then read before its block arrived.
 
@@ -41,7 +46,7 @@ import torch
 import torch.distributed as dist
 
 from memo_exec.distributed.p2p import Transfer, post, ring_shift
-from memo_exec.happens_before import TransferGuard
+from memo_exec.happens_before import Region, transfer_guard
 from memo_sim.timeline import TP_RING_STREAMS
 
 P2P_STREAM, BCAST_STREAM = TP_RING_STREAMS  # METP's ring send/recv; its weight broadcasts and reduces
@@ -119,15 +124,17 @@ class _CudaSide:
 
 
 class _Collective:
-    """A ``torch.distributed`` async work handle with p2p.Transfer's ``wait``."""
+    """A ``torch.distributed`` async work handle with p2p.Transfer's ``wait`` (and its guard token)."""
 
-    def __init__(self, work) -> None:
-        self.work = work
+    def __init__(self, work, name: str, guard=None, token: int = 0) -> None:
+        self.work, self.name, self.guard, self.token = work, name, guard, token
 
     def wait(self) -> None:
         if self.work is not None:
             self.work.wait()
             self.work = None
+        if self.guard is not None:
+            self.guard.waited(self.token)
 
 
 @dataclass
@@ -146,7 +153,35 @@ class Lane:
         self.cuda = torch.device(device).type == "cuda"
         self.side = _CudaSide(torch.device(device)) if self.cuda else None
         self.deferred: list[Pending] = []
-        self.guard = TransferGuard()  # the ring transfers in flight and the uses of their buffers
+        self.guard = transfer_guard()  # the transfers in flight and the uses of their buffers (None: off)
+
+    @staticmethod
+    def half(site: str, t: int) -> int:
+        """Which half of a double buffer ``site`` uses at ring step ``t``: the one place every METP
+        ring chooses its slots (tests swap it per site)."""
+        return t % 2
+
+    def use(self, what: str, reads=(), writes=()) -> None:
+        """Tell the guard that ``what`` reads / writes these ``(tensor, content)`` buffers now."""
+        if self.guard is None:
+            return
+        self.guard.access(what, [Region.of(t, f"a ring buffer ({c})", c) for t, c in reads],
+                          [Region.of(t, f"a ring buffer ({c})", c) for t, c in writes])
+
+    def mark(self) -> int:
+        return 0 if self.guard is None else self.guard.mark()
+
+    def finish(self, what: str, since: int = 0) -> None:
+        """End of a ring: no transfer it posted (after ``since``, `mark`) may still be in flight."""
+        if self.guard is not None:
+            self.guard.finish(what, since)
+
+    def _post_collective(self, name: str, t: torch.Tensor, content: str | None, work) -> _Collective:
+        """An in-place collective owns its buffer until its wait, on every rank (`happens_before`)."""
+        if self.guard is None:
+            return _Collective(work, name)
+        token = self.guard.posted(name, (), [Region.of(t, f"the buffer of {name}", content)])
+        return _Collective(work, name, self.guard, token)
 
     @contextlib.contextmanager
     def _issue_ctx(self):
@@ -195,23 +230,30 @@ class Lane:
                                 self.guard, " + ".join(n for n, _, _, _ in items), [c for _, _, _, c in items])
         return [Pending(tr, sp) for sp in spans]
 
-    def broadcast(self, name: str, t: torch.Tensor, src: int) -> Pending:
-        """Broadcast ``t`` from group rank ``src`` (a weight block of the MHA's outer loop)."""
+    def broadcast(self, name: str, t: torch.Tensor, src: int, content: str | None = None) -> Pending:
+        """Broadcast ``t`` (holding ``content``) from group rank ``src`` (a weight block of the MHA's
+        outer loop); the root checks it sends what it claims."""
         g = self.opts.group
         src_g = src if g is None else dist.get_global_rank(g, src)
+        if src == self.opts.rank:
+            self.use(name, reads=[(t, content)])
         with self._issue_ctx():
             span = self._open(name, BCAST_STREAM, t.numel() * t.element_size())
             work = dist.broadcast(t, src_g, group=g, async_op=True) if self.opts.size > 1 else None
-        return Pending(_Collective(work), span, BCAST_STREAM)
+        return Pending(self._post_collective(name, t, content, work), span, BCAST_STREAM)
 
-    def reduce(self, name: str, t: torch.Tensor, dst: int) -> Pending:
-        """Sum ``t`` over the group into group rank ``dst`` (a weight-gradient block)."""
+    def reduce(self, name: str, t: torch.Tensor, dst: int, content: str | None = None,
+               result: str | None = None) -> Pending:
+        """Sum ``t`` (holding ``content``) over the group into group rank ``dst`` (a weight-gradient
+        block), where it then holds ``result``."""
         g = self.opts.group
         dst_g = dst if g is None else dist.get_global_rank(g, dst)
+        self.use(name, reads=[(t, content)])
         with self._issue_ctx():
             span = self._open(name, BCAST_STREAM, t.numel() * t.element_size())
             work = dist.reduce(t, dst_g, op=dist.ReduceOp.SUM, group=g, async_op=True) if self.opts.size > 1 else None
-        return Pending(_Collective(work), span, BCAST_STREAM)
+        return Pending(self._post_collective(name, t, result if dst == self.opts.rank else None, work), span,
+                       BCAST_STREAM)
 
     def _finish(self, p: Pending) -> None:
         if p.waited:

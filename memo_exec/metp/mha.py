@@ -17,10 +17,14 @@ Op names in the trace are the simulator's (`memo_sim.cost.metp.mha_costs`, per i
 the simulator aggregates): ``bcast_w<j>``, ``mha_qkv<j>``, ``mha_attn<j>.<t>``, ``p2p_kv<j>.<t>``,
 ``mha_proj<j>``; backward ``mha_bwd_proj<j>``, ``mha_attn_bwd<j>.<t>``, ``p2p_kv_dkv<j>.<t>``,
 ``p2p_dkv<j>.<t>``, ``mha_bwd_qkv<j>``, ``reduce_dw<j>``.
+
+Every broadcast and reduce is posted to the lane's transfer guard (an in-place collective owns its
+buffer on every rank until its wait) and every read or write of the weight and gradient buffers is
+declared with the head group it expects, each half chosen by ``Lane.half`` (`memo_exec.metp.lane`):
+a skipped wait or a wrong half fails at once on every rank, naming the transfer or the block.
 """
 
 from __future__ import annotations
-
 
 import torch
 
@@ -34,11 +38,21 @@ def _split(t: torch.Tensor, hg: HeadGroups):
     return t[:, :hg.qw], t[:, hg.qw:hg.qw + hg.kw], t[:, hg.qw + hg.kw:]
 
 
-def _bcast(lane: Lane, bufs, pack, own, j: int, rank: int, phase_tag: str = ""):
-    buf = bufs[j % 2]
+def _w(j: int) -> str:
+    """What a weight buffer holds (for the lane's transfer guard)."""
+    return f"W_qkv/W_proj of head group {j}"
+
+
+def _dw(j: int) -> str:
+    return f"this rank's dW of head group {j}"
+
+
+def _bcast(lane: Lane, bufs, pack, own, j: int, rank: int, phase: str):
+    buf = bufs[Lane.half(f"mha {phase} W broadcast", j)]
     if rank == j:
+        lane.use(f"fill bcast_w{j}", writes=[(buf, _w(j))])
         pack.fill(buf, own)
-    return lane.broadcast(f"bcast_w{j}{phase_tag}", buf, j)
+    return lane.broadcast(f"bcast_w{j}", buf, j, _w(j))
 
 
 def mha_forward(x: torch.Tensor, own: dict[str, torch.Tensor], hg: HeadGroups, batch: int, opts: RingOptions,
@@ -54,11 +68,13 @@ def mha_forward(x: torch.Tensor, own: dict[str, torch.Tensor], hg: HeadGroups, b
     dt, dev = own["wqkv"].dtype, x.device
     bufs = ledger.halves("metp_mha_w_double_buffer", (pack.numel,), dt, dev, "w_buffer", min(p, 2))
     out = ledger.alloc("proj", (n, h), x.dtype, dev, "out", zero=True)
-    pend = _bcast(lane, bufs, pack, own, 0, i)
+    pend = _bcast(lane, bufs, pack, own, 0, i, "fwd")
     for j in range(p):
-        nxt = _bcast(lane, bufs, pack, own, j + 1, i) if j < p - 1 else None
+        nxt = _bcast(lane, bufs, pack, own, j + 1, i, "fwd") if j < p - 1 else None
         lane.wait(pend)
-        w = pack.views(bufs[j % 2])
+        cur = bufs[Lane.half("mha fwd W", j)]
+        lane.use(f"mha_qkv{j}", reads=[(cur, _w(j))])
+        w = pack.views(cur)
         qkv = ledger.alloc(f"metp_qkv_block{j}", (n, hg.width), x.dtype, dev, "block")
         with opts.timer.span(f"mha_qkv{j}", opts.layer, "fwd", "compute", 0, 2 * n * h * hg.width):
             torch.addmm(w["bqkv"], x, w["wqkv"].t(), out=qkv)
@@ -73,6 +89,7 @@ def mha_forward(x: torch.Tensor, own: dict[str, torch.Tensor], hg: HeadGroups, b
             out.addmm_(attn[:, cols], w["wo"].t())
         pend = nxt
     lane.drain()
+    lane.finish("mha fwd")
     ledger.free("metp_mha_w_double_buffer", "proj")
     return out
 
@@ -96,20 +113,24 @@ def mha_backward(x: torch.Tensor, d_out: torch.Tensor, attn: torch.Tensor, lse: 
     def collect(j: int) -> None:  # reduce j has completed: the owner keeps its block's gradient
         lane.wait(reduces[j])
         if j == i:
-            g = pack.views(dbufs[j % 2])
+            done = dbufs[Lane.half("mha dW collect", j)]
+            lane.use(f"collect reduce_dw{j}", reads=[(done, f"reduced {_dw(j)}")])
+            g = pack.views(done)
             for k_, v_ in grads.items():
                 v_.add_(g[k_])
 
-    pend = _bcast(lane, bufs, pack, own, 0, i)
+    pend = _bcast(lane, bufs, pack, own, 0, i, "bwd")
     for j in range(p):
-        nxt = _bcast(lane, bufs, pack, own, j + 1, i) if j < p - 1 else None
+        nxt = _bcast(lane, bufs, pack, own, j + 1, i, "bwd") if j < p - 1 else None
         lane.wait(pend)
         if j >= 2:
             collect(j - 2)  # its buffer is reused now
         if p > 1 and j >= 2:
             lane.drain()  # (test hook) a deferred reduce must finish before its buffer is reused
-        w = pack.views(bufs[j % 2])
-        g = pack.views(dbufs[j % 2])
+        cur, dcur = bufs[Lane.half("mha bwd W", j)], dbufs[Lane.half("mha dW", j)]
+        lane.use(f"mha_bwd_proj{j}", reads=[(cur, _w(j))], writes=[(dcur, _dw(j))])
+        w = pack.views(cur)
+        g = pack.views(dcur)
         cols = hg.attn_cols(j)
         heads = slice(j * hg.q_heads, (j + 1) * hg.q_heads)
         a_j = attn[:, cols]
@@ -130,13 +151,18 @@ def mha_backward(x: torch.Tensor, d_out: torch.Tensor, attn: torch.Tensor, lse: 
             torch.sum(dqkv, 0, out=g["bqkv"])
         ledger.free(f"metp_qkv_block{j}", f"metp_d_attn_block{j}", f"metp_d_qkv_block{j}")
         del qkv, da, dqkv, q, k, v, dq, dk, dv
-        reduces[j] = lane.reduce(f"reduce_dw{j}", dbufs[j % 2], j)
+        reduces[j] = lane.reduce(f"reduce_dw{j}", dbufs[Lane.half("mha dW reduce", j)], j, _dw(j), f"reduced {_dw(j)}")
         pend = nxt
     for j in range(max(0, p - 2), p):
         collect(j)
     lane.drain()
+    lane.finish("mha bwd")
     ledger.free("metp_mha_w_double_buffer", "metp_mha_dw_reduce_buffers", "d_ln1")
     return dx
+
+
+def _wproj(src: int, p: int) -> str:
+    return f"W_proj block {src % p}"
 
 
 def proj_recompute(attn_rows: torch.Tensor, own_wo: torch.Tensor, hg: HeadGroups, opts: RingOptions,
@@ -150,14 +176,19 @@ def proj_recompute(attn_rows: torch.Tensor, own_wo: torch.Tensor, hg: HeadGroups
     lane = Lane(opts, attn_rows.device, "recompute")
     bufs = ledger.halves("metp_wproj_double_buffer", tuple(own_wo.shape), own_wo.dtype, own_wo.device, "w_buffer",
                          min(p, 2))
+    lane.use("own W_proj", writes=[(bufs[0], _wproj(i, p))])
     bufs[0].copy_(own_wo)
     out = ledger.alloc("metp_proj_rows", (n, h), attn_rows.dtype, attn_rows.device, "out", zero=True)
     for t in range(p):
-        pend = lane.ring(f"p2p_wproj{t}", bufs[t % 2], bufs[(t + 1) % 2]) if t < p - 1 else None
+        cur = bufs[Lane.half("wproj", t)]
+        pend = lane.ring(f"p2p_wproj{t}", cur, bufs[Lane.half("wproj receive", t + 1)], _wproj(i - t - 1, p)) \
+            if t < p - 1 else None
         src = (i - t) % p
+        lane.use(f"mha_proj_recompute{t}", reads=[(cur, _wproj(src, p))])
         with opts.timer.span(f"mha_proj_recompute{t}", opts.layer, "recompute", "compute", 0, 2 * n * hg.qw * h):
-            out.addmm_(attn_rows[:, hg.attn_cols(src)], bufs[t % 2].t())
+            out.addmm_(attn_rows[:, hg.attn_cols(src)], cur.t())
         lane.wait(pend)
     lane.drain()
+    lane.finish("mha proj recompute")
     ledger.free("metp_wproj_double_buffer", "metp_proj_rows")
     return out

@@ -22,8 +22,8 @@ finished block home.
 
 Every use of the double buffers is declared to the lane's guard (`memo_exec.metp.lane`) with
 what it expects there (the K/V or partial dK/dV of which rank's block), so a skipped wait, a
-half chosen wrongly or two halves aliased fails at once, naming the transfer. ``half`` is the one
-place the halves are chosen (tests swap it per site).
+half chosen wrongly or two halves aliased fails at once, naming the transfer. ``Lane.half`` is
+the one place the halves are chosen (tests swap it per site).
 
 The block kernel and the merge are `memo_exec.block_attention`'s (the ones ring CP and SPPO's
 prefix attention use): PyTorch's fused SDPA kernels per block, forward and backward (CPU flash;
@@ -36,23 +36,10 @@ import torch
 
 from memo_exec.block_attention import block_backward, block_forward, merge_
 from memo_exec.device import acc_dtype
-from memo_exec.happens_before import Region
 from memo_exec.metp.lane import Lane, RingOptions
 from memo_exec.metp.ledger import Ledger
 
-
 ORDERS = ("contiguous", "interleaved")
-
-
-def half(site: str, t: int) -> int:
-    """Which half of a double buffer ``site`` uses at ring step ``t`` (the slot choice)."""
-    return t % 2
-
-
-def _use(lane: Lane, what: str, reads=(), writes=()) -> None:
-    """Tell the lane's transfer guard that ``what`` reads / writes these (tensor, content) buffers now."""
-    lane.guard.access(what, [Region.of(t, f"a ring buffer ({c})", c) for t, c in reads],
-                      [Region.of(t, f"a ring buffer ({c})", c) for t, c in writes])
 
 
 def _kv(src: int, p: int, tag: str) -> str:
@@ -91,7 +78,8 @@ def ring_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ba
     shape = (2,) + tuple(kb.shape)
     nb = min(p, 2)
     bufs = ledger.halves(f"metp_kv_double_buffer{tag}", shape, k.dtype, k.device, "kv_buffer", nb)
-    _use(lane, f"mha_attn{tag} own K/V", writes=[(bufs[0], _kv(i, p, tag))])
+    since = lane.mark()  # the outer loop's broadcast in flight is not this ring's
+    lane.use(f"mha_attn{tag} own K/V", writes=[(bufs[0], _kv(i, p, tag))])
     bufs[0][0].copy_(kb)
     bufs[0][1].copy_(vb)
     ad = acc_dtype(q.dtype)
@@ -99,20 +87,20 @@ def ring_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ba
     lse = ledger.alloc(f"metp_attn_lse{tag}", tuple(qb.shape[:3]), ad, q.device, "attn_acc")
     lse.fill_(float("-inf"))
     for t in range(p):
-        cur = bufs[half("forward K/V", t)]
-        pend = lane.ring(f"p2p_kv{tag}.{t}", cur, bufs[half("forward K/V receive", t + 1)],
+        cur = bufs[Lane.half("forward K/V", t)]
+        pend = lane.ring(f"p2p_kv{tag}.{t}", cur, bufs[Lane.half("forward K/V receive", t + 1)],
                          _kv(i - t - 1, p, tag)) if t < p - 1 else None
         plan = block_plan((i - t) % p, i, qb.shape[2], order)
         if plan is not None:
             qs, ks, causal = plan
-            _use(lane, f"mha_attn{tag}.{t}", reads=[(cur, _kv(i - t, p, tag))])
+            lane.use(f"mha_attn{tag}.{t}", reads=[(cur, _kv(i - t, p, tag))])
             with opts.timer.span(f"mha_attn{tag}.{t}", opts.layer, lane.phase, "compute"):
                 o_b, lse_b = block_forward(qb[:, :, qs], cur[0][:, :, ks], cur[1][:, :, ks], causal, scale)
                 merge_(acc[:, :, qs], lse[:, :, qs], o_b, lse_b)
                 del o_b, lse_b
         lane.wait(pend)
     lane.drain()
-    lane.guard.finish(f"mha_attn{tag}")
+    lane.finish(f"mha_attn{tag}", since)
     _bhsd(out, batch, q_heads).copy_(acc)
     lse_out.copy_(lse)
     ledger.free(f"metp_kv_double_buffer{tag}", f"metp_attn_accumulator_fp32_{tag}", f"metp_attn_lse{tag}")
@@ -134,18 +122,19 @@ def ring_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o
     nb = min(p, 2)
     bufs = ledger.halves(f"metp_kv_double_buffer{tag}", shape, k.dtype, k.device, "kv_buffer", nb)
     dbufs = ledger.halves(f"metp_dkv_in_flight{tag}", shape, k.dtype, k.device, "dkv_buffer", nb)
-    _use(lane, f"mha_attn_bwd{tag} own K/V", writes=[(bufs[0], _kv(i, p, tag)), (dbufs[0], _dkv(i, p, tag))])
+    since = lane.mark()
+    lane.use(f"mha_attn_bwd{tag} own K/V", writes=[(bufs[0], _kv(i, p, tag)), (dbufs[0], _dkv(i, p, tag))])
     bufs[0][0].copy_(kb)
     bufs[0][1].copy_(vb)
     dbufs[0].zero_()
     dqb = ledger.alloc(f"metp_dq_accumulator_fp32_{tag}", tuple(qb.shape), acc_dtype(q.dtype), q.device, "attn_acc",
                        zero=True)
     for t in range(p):
-        cur = bufs[half("backward K/V", t)]
-        dcur = dbufs[half("dK/dV", t)]
-        pend = lane.ring_many([(f"p2p_kv_dkv{tag}.{t}", cur, bufs[half("backward K/V receive", t + 1)],
+        cur = bufs[Lane.half("backward K/V", t)]
+        dcur = dbufs[Lane.half("dK/dV", t)]
+        pend = lane.ring_many([(f"p2p_kv_dkv{tag}.{t}", cur, bufs[Lane.half("backward K/V receive", t + 1)],
                                 _kv(i - t - 1, p, tag)) if t < p - 1 else None,
-                               (f"p2p_dkv{tag}.{t - 1}", dbufs[half("dK/dV send", t - 1)], dcur,
+                               (f"p2p_dkv{tag}.{t - 1}", dbufs[Lane.half("dK/dV send", t - 1)], dcur,
                                 _dkv(i - t, p, tag)) if t > 0 else None])
         pend_kv = pend.pop(0) if t < p - 1 else None
         pend_d = pend.pop(0) if t > 0 else None
@@ -153,7 +142,7 @@ def ring_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o
         grads = None
         if plan is not None:
             qs, ks, causal = plan
-            _use(lane, f"mha_attn_bwd{tag}.{t}", reads=[(cur, _kv(i - t, p, tag))])
+            lane.use(f"mha_attn_bwd{tag}.{t}", reads=[(cur, _kv(i - t, p, tag))])
             with opts.timer.span(f"mha_attn_bwd{tag}.{t}", opts.layer, lane.phase, "compute"):
                 gq, gk, gv = block_backward(dob[:, :, qs], qb[:, :, qs], cur[0][:, :, ks], cur[1][:, :, ks],
                                             ob[:, :, qs], lse_c[:, :, qs], causal, scale)
@@ -163,18 +152,18 @@ def ring_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o
         lane.wait(pend_d)  # the partial dK, dV of this block is in
         if grads is not None:
             mine = [(dcur, _dkv(i - t, p, tag))]
-            _use(lane, f"mha_attn_bwd{tag}.{t} dK/dV", reads=mine, writes=mine)
+            lane.use(f"mha_attn_bwd{tag}.{t} dK/dV", reads=mine, writes=mine)
             dcur[0][:, :, ks].add_(grads[0])
             dcur[1][:, :, ks].add_(grads[1])
         del grads
         lane.wait(pend_kv)
     if p > 1:
-        lane.wait(lane.ring(f"p2p_dkv{tag}_home", dbufs[half("dK/dV send", p - 1)], dbufs[half("dK/dV home", p)],
-                            _dkv(i, p, tag)))
+        lane.wait(lane.ring(f"p2p_dkv{tag}_home", dbufs[Lane.half("dK/dV send", p - 1)],
+                            dbufs[Lane.half("dK/dV home", p)], _dkv(i, p, tag)))
     lane.drain()
-    lane.guard.finish(f"mha_attn_bwd{tag}")
-    fin = dbufs[half("dK/dV home", p)] if p > 1 else dbufs[0]
-    _use(lane, f"mha_attn_bwd{tag} own dK/dV", reads=[(fin, _dkv(i, p, tag))])
+    lane.finish(f"mha_attn_bwd{tag}", since)
+    fin = dbufs[Lane.half("dK/dV home", p)] if p > 1 else dbufs[0]
+    lane.use(f"mha_attn_bwd{tag} own dK/dV", reads=[(fin, _dkv(i, p, tag))])
     _bhsd(dq, batch, q_heads).copy_(dqb)
     _bhsd(dk, batch, k_heads).copy_(fin[0])
     _bhsd(dv, batch, k_heads).copy_(fin[1])

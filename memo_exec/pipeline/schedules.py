@@ -21,7 +21,11 @@ back. Every transfer goes through `memo_exec.distributed.p2p.post`: the receives
 neighbour are posted in the order that neighbour sends (`order.messages_from`, so that one
 directed pair's activations and gradients, which share a channel when pp = 2 with interleaving,
 are matched one to one), each waited on right before its buffer is read, every send waited on
-at the step's end.
+at the step's end. Every transfer is posted under its name (``recv_fwd@c0.mb1 from pp rank 0``,
+``send_bwd@c1.mb0 to pp rank 1``) to the step's `memo_exec.happens_before.TransferGuard`, with
+what the received buffer will hold, and every read of a received buffer is declared to it: a
+receive read before its wait (``_wait``, the one place a transfer is waited on) is a `RaceError`
+naming the transfer at once, a step that ends with a send not waited on is refused naming it.
 
 Saved activations per (layer, micro-batch): a rank keeps one instance of the plan's activation
 policy per micro-batch in flight (`order.slots`: a forward takes the lowest free slot, its
@@ -72,6 +76,7 @@ import torch
 import torch.nn.functional as F
 
 from memo_exec.distributed.p2p import Transfer, post
+from memo_exec.happens_before import Region, transfer_guard
 from memo_exec.distributed.schedule import Schedule, register_schedule
 from memo_exec.model import ChunkedHead, LayerFn, LayerHooks, LayerRuntime
 from memo_exec.pipeline.order import Action, messages_from, slots, stage_order, virtual_stage
@@ -145,6 +150,7 @@ class PipelineSchedule(Schedule):
 
     # test hook (never set by a run): order -> (slot of each (chunk, mb), slots), replacing `order.slots`
     slot_map = None
+    guard = None  # the step's transfer guard (`forward_backward`)
 
     @property
     def vpp(self) -> int:
@@ -200,21 +206,36 @@ class PipelineSchedule(Schedule):
                          messages_from(self.name, self.pp, lay.vpp, self.m, self.s).items()}
         self.posted: dict[tuple, tuple[torch.Tensor, Transfer]] = {}
 
+    @staticmethod
+    def _message(key: tuple, src: int) -> str:
+        """What the message ``key`` = (kind, chunk, micro-batch) from rank ``src`` holds (for the guard)."""
+        kind, c, mb = key
+        return f"{'activation' if kind == 'fwd' else 'gradient'} of c{c}.mb{mb} from pp rank {src}"
+
+    def _wait(self, tr: Transfer) -> None:
+        """Wait for one transfer (the one place: tests skip it)."""
+        tr.wait()
+
     def _receive(self, src: int, key: tuple) -> torch.Tensor:
         ex = self.ex
         queue = self.expected[src]
         while key not in self.posted:
             nxt = queue.pop(0)
             buf = torch.empty(ex.local_T, ex.model.hidden, dtype=ex.dtype, device=ex.device)
-            self.posted[nxt] = (buf, post([], [(src, buf)], ex.ctx.group("pp")))
+            self.posted[nxt] = (buf, post([], [(src, buf)], ex.ctx.group("pp"), guard=self.guard,
+                                          name=f"recv_{nxt[0]}@c{nxt[1]}.mb{nxt[2]} from pp rank {src}",
+                                          received=[self._message(nxt, src)]))
         buf, tr = self.posted.pop(key)
         kind, c, mb = key
         with ex.recorder.span(f"recv_{kind}@c{c}.mb{mb}", None, f"p2p_{kind}", stream="p2p"):
-            tr.wait()
+            self._wait(tr)
+        if self.guard is not None:
+            self.guard.access(f"{kind}@c{c}.mb{mb}", [Region.of(buf, "a receive buffer", self._message(key, src))])
         return buf
 
-    def _send(self, dst: int, t: torch.Tensor) -> None:
-        self.sends.append((t, post([(dst, t)], [], self.ex.ctx.group("pp"))))
+    def _send(self, dst: int, t: torch.Tensor, what: str) -> None:
+        self.sends.append((t, post([(dst, t)], [], self.ex.ctx.group("pp"), guard=self.guard,
+                                   name=f"send_{what} to pp rank {dst}")))
 
     # ------------------------------------------------------------------ one action
     def _bind(self, a: Action) -> int:
@@ -252,7 +273,7 @@ class PipelineSchedule(Schedule):
                 y = x
         self.outputs[(c, mb)] = y
         if vs < self.last_vs:
-            self._send(self._rank(vs + 1), y.detach())
+            self._send(self._rank(vs + 1), y.detach(), f"fwd@{a.tag()}")
 
     def _backward(self, a: Action) -> None:
         ex, c, mb = self.ex, a.chunk, a.mb
@@ -263,7 +284,7 @@ class PipelineSchedule(Schedule):
         with ex.recorder.span(f"bwd@{a.tag()}", None, "pipe_bwd", stream="pipeline"):
             torch.autograd.backward(y, dy)
         if vs > 0:
-            self._send(self._rank(vs - 1), self.inputs.pop((c, mb)).grad)
+            self._send(self._rank(vs - 1), self.inputs.pop((c, mb)).grad, f"bwd@{a.tag()}")
 
     def _tied_embedding(self) -> None:
         """Rank 0 (embedding) and rank pp-1 (classifier) hold the tied embedding: sum its gradients
@@ -279,6 +300,7 @@ class PipelineSchedule(Schedule):
         w.grad.add_(theirs)
 
     def forward_backward(self, step: int) -> torch.Tensor:
+        self.guard = transfer_guard()  # this step's transfers in flight (None: the check is off)
         self._expect()
         self.sends: list = []
         self.inputs: dict = {}
@@ -292,8 +314,10 @@ class PipelineSchedule(Schedule):
         self.ex.compute.timer = self.ex.recorder
         assert not self.posted and not any(self.expected.values()), "unconsumed pipeline messages"
         for _, tr in self.sends:
-            tr.wait()
+            self._wait(tr)
         self.sends.clear()
+        if self.guard is not None:
+            self.guard.finish(f"pp rank {self.s}'s step")
         self._tied_embedding()
         return self.loss
 

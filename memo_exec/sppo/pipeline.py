@@ -25,10 +25,15 @@ CPU), read once after the step's one device synchronisation: no piece synchronis
 (nor reads its loss back), so the copy streams and the next piece's kernels keep overlapping,
 and a receive or prefetch wait is the time the compute stream sat blocked, not the host's.
 
-Test hooks (never set by a run): ``delay_s`` makes every send start that late (the receive must
-still see the right data), ``skip_recv_wait`` reads a received buffer without waiting for it
-(which must break the gradients; the requests are still waited on at the step's end so that the
-processes finish).
+Every transfer is posted under its name (``recv_fwd piece 2 from stage 0``, ``send_bwd piece 1 to
+stage 0``, ...) to the step's `memo_exec.happens_before.TransferGuard` with what the received
+buffer will hold, and every read of a received buffer is declared to it: a receive read before
+its wait (``_wait``, the one place a transfer is waited on) is a `RaceError` naming the transfer
+at once, and a step that ends with a transfer not waited on is refused naming it
+(``MEMO_EXEC_RACE_CHECK=0``: no guard).
+
+Test hook (never set by a run): ``delay_s`` makes every send start that late (the receive must
+still see the right data).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ import torch
 import torch.distributed as dist
 
 from memo_exec.distributed.p2p import Transfer, post
+from memo_exec.happens_before import Region, transfer_guard
 from memo_exec.sppo.clock import StepClock
 from memo_exec.sppo.offload import SequenceOffload, UnitStats
 from memo_exec.sppo.schedule import check_pieces, stage_actions
@@ -53,7 +59,6 @@ from memo_sim.policy.sppo import Piece  # the simulator's piece (memo_sim.cost.s
 class PipelineOptions:
     offload: bool = True
     delay_s: float = 0.0  # tests
-    skip_recv_wait: bool = False  # tests
 
 
 @dataclass
@@ -153,6 +158,7 @@ class StageRunner:
                                        layer_ids=self.stage.layer_ids, tags=[p.tag() for p in own], timer=timer,
                                        clock=self.clock)
         self.batch, self.seq, self.hidden, self.dtype = batch, seq, gpt.cfg.hidden, gpt.wte.dtype
+        self.guard = None  # the step's transfer guard (`step`)
 
     def parameters(self):
         return self.stage.parameters()
@@ -169,24 +175,38 @@ class StageRunner:
     def _buffer(self, tokens: int) -> torch.Tensor:
         return torch.empty(self.batch, tokens, self.hidden, dtype=self.dtype, device=self.device)
 
-    def _receive(self, peer_stage: int, q: int, bufs: dict[int, torch.Tensor], trs: dict[int, Transfer]) -> None:
+    @staticmethod
+    def _content(kind: str, peer_stage: int, q: int) -> str:
+        """What the receive of piece ``q`` from ``peer_stage`` brings (for the transfer guard)."""
+        return f"{'output' if kind == 'fwd' else 'input gradient'} of piece {q} of stage {peer_stage}"
+
+    def _wait(self, tr: Transfer) -> None:
+        """Wait for one transfer (the one place: tests skip it)."""
+        tr.wait()
+
+    def _receive(self, peer_stage: int, q: int, bufs: dict[int, torch.Tensor], trs: dict[int, Transfer],
+                 kind: str) -> None:
         if q in trs:
             return
         p = self.pieces[peer_stage][q]
         bufs[q] = self._buffer(p.tokens)
-        trs[q] = post([], [(self.ranks[peer_stage], bufs[q])], self.group)
+        trs[q] = post([], [(self.ranks[peer_stage], bufs[q])], self.group, guard=self.guard,
+                      name=f"recv_{kind} piece {q} from stage {peer_stage}",
+                      received=[self._content(kind, peer_stage, q)])
 
     def _assemble(self, peer_stage: int, qs: tuple[int, ...], pc: Piece, bufs, trs, kind: str,
                   marks: list) -> torch.Tensor:
         """The rows [pc.start, pc.end) out of the neighbour's overlapping pieces (after their waits)."""
         for q in sorted(qs, reverse=kind == "bwd"):  # the order the neighbour sends them in
-            self._receive(peer_stage, q, bufs, trs)
+            self._receive(peer_stage, q, bufs, trs, kind)
         w0 = self.clock.mark()
         with self._span(f"recv_{kind}@{pc.tag()}", f"p2p_{kind}", "p2p"):
-            if not self.opt.skip_recv_wait:
-                for q in qs:
-                    trs[q].wait()
+            for q in qs:
+                self._wait(trs[q])
         marks.append((f"wait_{kind}", pc.tag(), w0, self.clock.mark()))
+        if self.guard is not None:
+            self.guard.access(f"stage_{kind}@{pc.tag()}", [Region.of(bufs[q], f"the receive buffer of piece {q}",
+                                                                     self._content(kind, peer_stage, q)) for q in qs])
         parts = []
         for q in qs:
             p = self.pieces[peer_stage][q]
@@ -194,14 +214,16 @@ class StageRunner:
             parts.append(bufs[q][:, lo:hi])
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
-    def _send(self, peer_stage: int, t: torch.Tensor, earlier: list[Transfer]) -> Transfer:
-        """Post one send. With a test delay, each send starts on its own thread after the delay, so
-        two outstanding delayed sends to one peer could be issued out of order: the earlier ones
-        are waited on first (a delayed run is serialised per stage, never reordered)."""
+    def _send(self, peer_stage: int, t: torch.Tensor, earlier: list[Transfer], what: str) -> Transfer:
+        """Post one send (``what``: e.g. ``send_fwd piece 0``). With a test delay, each send starts on
+        its own thread after the delay, so two outstanding delayed sends to one peer could be issued
+        out of order: the earlier ones are waited on first (a delayed run is serialised per stage,
+        never reordered)."""
         if self.opt.delay_s > 0:
             for tr in earlier:
-                tr.wait()
-        return post([(self.ranks[peer_stage], t)], [], self.group, self.opt.delay_s)
+                self._wait(tr)
+        return post([(self.ranks[peer_stage], t)], [], self.group, self.opt.delay_s, self.guard,
+                    f"{what} to stage {peer_stage}")
 
     def step(self, inputs: torch.Tensor | None, targets: torch.Tensor | None) -> StepResult:
         """One forward and backward of the whole sequence; the stage's parameter gradients are
@@ -214,6 +236,7 @@ class StageRunner:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         dist.barrier(group=self.group)
+        self.guard = transfer_guard()
         clock = self.clock
         clock.start()
         marks: list = []  # (kind, piece tag, start mark, end mark), read after the step's synchronisation
@@ -250,7 +273,7 @@ class StageRunner:
                 marks.append(("fwd", pc.tag(), a0, clock.mark()))
                 if s < pp - 1:
                     keep.append(y.detach())
-                    sends.append(self._send(s + 1, keep[-1], sends))
+                    sends.append(self._send(s + 1, keep[-1], sends, f"send_fwd piece {k}"))
             else:
                 dy = None
                 if s < pp - 1:
@@ -264,9 +287,11 @@ class StageRunner:
                 if s > 0:
                     g = x_in.pop(k).grad
                     keep.append(g)
-                    sends.append(self._send(s - 1, g, sends))
+                    sends.append(self._send(s - 1, g, sends, f"send_bwd piece {k}"))
         for tr in list(ftrs.values()) + list(btrs.values()) + sends:
-            tr.wait()
+            self._wait(tr)
+        if self.guard is not None:
+            self.guard.finish(f"stage {s}'s step")
         self._tied_embedding_grad()
         units = self.offload.end_step()  # synchronises the copy streams and the compute stream once
         step_s = time.perf_counter() - clock.t0
