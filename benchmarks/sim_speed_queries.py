@@ -93,10 +93,15 @@ def one_sppo_candidate(repeat: int = 3) -> dict:
             "ops": sim.n_ops, "load": _load()}
 
 
-def run_all() -> dict:
+QUERY_TIMEOUT_S = 1800.0
+
+
+def run_all(timeout: float = QUERY_TIMEOUT_S) -> dict:
+    """Every query of `QUERIES` (each stopped after ``timeout`` seconds, a row that says so) and the
+    one SPPO candidate."""
     res = {"queries": [], "sppo": one_sppo_candidate()}
     for label, flags, target in QUERIES:
-        r = run_query(flags)
+        r = run_query(flags, timeout)
         r.update(label=label, command="memo-sim whatif " + " ".join(flags), target=target)
         res["queries"].append(r)
         print(f"{label}: {r['wall']:.2f} s wall, {r['cpu']:.2f} s CPU, load {r['load_before']} -> {r['load_after']}",
