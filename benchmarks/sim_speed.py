@@ -44,7 +44,7 @@ from memo_sim.model.config import get_model  # noqa: E402
 from memo_sim.profile import load_profile  # noqa: E402
 from memo_sim.search.whatif import candidates_for, default_jobs, simulate_candidates  # noqa: E402
 
-from sim_speed_queries import PART4, report_lines, run_all  # noqa: E402
+from sim_speed_queries import PART4, QUERY_TIMEOUT_S, report_lines, run_all  # noqa: E402
 
 K = 1024
 PLAIN = ("store_all", "full_recompute", "full_offload", "memo")
@@ -269,9 +269,11 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="runs of each memo-sim simulate")
     ap.add_argument("--only", choices=("queries",), default=None,
                     help="run only part 4 (the real queries of issue #32) and replace it in the report")
+    ap.add_argument("--query-timeout", type=float, default=QUERY_TIMEOUT_S,
+                    help="seconds after which a part-4 query is stopped (its row says so)")
     args = ap.parse_args()
     if args.only == "queries":
-        return _queries_only(Path(args.out))
+        return _queries_only(Path(args.out), args.query_timeout)
     jobs = args.jobs or default_jobs()
 
     started = dt.datetime.now(dt.timezone.utc)
@@ -371,11 +373,11 @@ def main() -> None:
     print(text)
 
 
-def _queries_only(out: Path) -> None:
+def _queries_only(out: Path, timeout: float = QUERY_TIMEOUT_S) -> None:
     """Part 4 alone: the report's earlier parts kept as they are, part 4 replaced (or added)."""
     head = f"- Part 4 run: {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')} (UTC), code {git_state(REPO)}, " \
-           f"`python benchmarks/sim_speed.py --only queries`; load before: `{uptime()}`"
-    res = run_all()
+           f"`python benchmarks/sim_speed.py --only queries --query-timeout {timeout:g}`; load before: `{uptime()}`"
+    res = run_all(timeout)
     part = "\n".join(report_lines(res)[:2] + [head, "", *report_lines(res)[2:]]) + f"\n- Load after: `{uptime()}`\n"
     old = out.read_text() if out.exists() else ""
     keep = old.split(PART4)[0].rstrip() if PART4 in old else old.rstrip()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import signal
 import subprocess
 import sys
 import time
@@ -50,10 +51,16 @@ def run_query(flags: list[str], timeout: float = 1800) -> dict:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     load0 = _load()
     t0 = time.perf_counter()
+    # its own process group, so that a timeout stops tier 2's pool workers too (not only the child)
+    child = subprocess.Popen([sys.executable, "-m", "memo_sim.cli", "whatif", *flags, "--json", "--no-plan"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                             start_new_session=True)
     try:
-        p = subprocess.run([sys.executable, "-m", "memo_sim.cli", "whatif", *flags, "--json", "--no-plan"],
-                           capture_output=True, text=True, env=env, timeout=timeout)
+        stdout, stderr = child.communicate(timeout=timeout)
+        p = subprocess.CompletedProcess(child.args, child.returncode, stdout, stderr)
     except subprocess.TimeoutExpired:  # a row that says so, not a lost report
+        os.killpg(child.pid, signal.SIGKILL)
+        child.communicate()
         return {"wall": time.perf_counter() - t0, "cpu": float("nan"), "load_before": load0, "load_after": _load(),
                 "tier2": None, "candidates": None, "best": f"timed out after {timeout:g} s", "best_iteration_s": None}
     wall = time.perf_counter() - t0
@@ -93,10 +100,15 @@ def one_sppo_candidate(repeat: int = 3) -> dict:
             "ops": sim.n_ops, "load": _load()}
 
 
-def run_all() -> dict:
+QUERY_TIMEOUT_S = 1800.0
+
+
+def run_all(timeout: float = QUERY_TIMEOUT_S) -> dict:
+    """Every query of `QUERIES` (each stopped after ``timeout`` seconds, a row that says so) and the
+    one SPPO candidate."""
     res = {"queries": [], "sppo": one_sppo_candidate()}
     for label, flags, target in QUERIES:
-        r = run_query(flags)
+        r = run_query(flags, timeout)
         r.update(label=label, command="memo-sim whatif " + " ".join(flags), target=target)
         res["queries"].append(r)
         print(f"{label}: {r['wall']:.2f} s wall, {r['cpu']:.2f} s CPU, load {r['load_before']} -> {r['load_after']}",
@@ -108,6 +120,11 @@ def _same_best(res: dict, a: str, b: str) -> str:
     q = {r["label"]: r for r in res["queries"]}
     if a not in q or b not in q:
         return "n/a"
+    if q[a]["best_iteration_s"] is None and q[b]["best_iteration_s"] is None:
+        return "n/a (" + "; ".join(str(q[x]["best"]) for x in (a, b)) + ")"
+    timed_out = [x for x in (a, b) if str(q[x]["best"]).startswith("timed out")]
+    if timed_out:
+        return f"n/a ({timed_out[0]}: {q[timed_out[0]]['best']})"
     return "yes" if q[a]["best"] == q[b]["best"] and q[a]["best_iteration_s"] == q[b]["best_iteration_s"] else "**NO**"
 
 

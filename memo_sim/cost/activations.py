@@ -16,6 +16,8 @@ for a GPT layer) against Megatron TP+SP's 32·b·s·h/t.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
 from memo_sim.cost.attention_kernel import DROPOUT_MASK_BYTES, score_matrices
@@ -26,9 +28,12 @@ def tokens_per_gpu(layout: Layout, batch: int, seq: int) -> float:
     return batch * seq / layout.seq_split
 
 
+_block_tensors = lru_cache(maxsize=None)(block_tensors)  # a few modes; asked for every tensor priced
+
+
 def tensor_bytes(t: TensorSpec, layout: Layout, batch: int, seq: int) -> float:
     """Bytes of one layer's tensor on one GPU (0 for a tensor METP holds only as blocks)."""
-    if t.name in block_tensors(layout.tp_mode):
+    if t.name in _block_tensors(layout.tp_mode):
         return 0.0
     split = layout.tp if (t.tp_split or layout.sp) else 1
     return tokens_per_gpu(layout, batch, seq) * t.bytes_per_token() / split
@@ -44,7 +49,7 @@ def layer_rows(layout: Layout, batch: int, seq: int) -> int:
 def row_bytes(t: TensorSpec, layout: Layout) -> float:
     """Bytes of one token row of a tensor on one GPU (TP-split tensors are narrower without SP;
     0 for a tensor METP holds only as blocks)."""
-    if t.name in block_tensors(layout.tp_mode):
+    if t.name in _block_tensors(layout.tp_mode):
         return 0.0
     return t.bytes_per_token() / (layout.tp if (t.tp_split and not layout.sp) else 1)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memo_sim.cost.activations import tokens_per_gpu
+from memo_sim.cost.memo import memoised
 from memo_sim.model.flops import classifier_flops
 from memo_sim.cost.kernel_time import gemm_bytes, gemm_time, memory_bound_time
 from memo_sim.layout.parallel import Layout
@@ -42,8 +43,11 @@ class BoundaryTimes:
         return self.embedding / 2
 
 
+@memoised()
 def boundary_times(model: ModelConfig, layout: Layout, batch: int, seq: int,
                    profile: HardwareProfile) -> BoundaryTimes:
+    """Embedding, classifier and optimizer seconds of one GPU (memoised: SPPO's search asks for
+    every piece length of every plan it prices)."""
     toks = tokens_per_gpu(layout, batch, seq)
     dt = DTYPE_BYTES[model.dtype]
     emb = memory_bound_time(2 * toks * model.hidden * dt, profile)

@@ -12,6 +12,7 @@ around them are gone. The dependency rule of a phase's list is `memo_sim.cost.op
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import lru_cache
 
 from memo_sim.cost import collectives as coll
 from memo_sim.cost import metp
@@ -32,8 +33,14 @@ ELEMENTWISE_BWD_FACTOR = 2.0
 
 
 def _elementwise_bytes(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, seq: int) -> float:
-    tensors = layer_tensors(model, layout.tp_mode)
-    return sum(tensor_bytes(tensors[name], layout, batch, seq) for name in op.inputs + op.outputs)
+    return sum(tensor_bytes(t, layout, batch, seq) for t in _op_tensors(op, model, layout.tp_mode))
+
+
+@lru_cache(maxsize=1024)
+def _op_tensors(op: OpSpec, model: ModelConfig, tp_mode: str) -> tuple:
+    """The `TensorSpec`s an op reads and writes, in order (looked up once per op, model and mode)."""
+    tensors = layer_tensors(model, tp_mode)
+    return tuple(tensors[name] for name in op.inputs + op.outputs)
 
 
 def gemm_shape(op: OpSpec, layout: Layout, batch: int, seq: int, fraction: float = 1.0) -> tuple[float, float, float]:
@@ -119,10 +126,11 @@ def _cp_ring(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: 
     return OpCost("cp_ring_kv", "collective", phase, "cp_comm", t, nbytes=kv * steps, overlaps=1)
 
 
-def _metp_free_comm(model: ModelConfig, flavour: TPFlavour) -> set[str]:
+@lru_cache(maxsize=256)
+def _metp_free_comm(model: ModelConfig, flavour: TPFlavour) -> frozenset[str]:
     """Ops whose Megatron TP collective METP removes: each ring group's ops and the op whose
     output the group reads (the norm whose all-gather would feed it)."""
-    ops = forward_ops(model)
+    ops = _forward_ops(model)
     producer = {o: op.name for op in ops for o in op.outputs}
     out: set[str] = set()
     for g in flavour.ring_groups:
@@ -130,7 +138,7 @@ def _metp_free_comm(model: ModelConfig, flavour: TPFlavour) -> set[str]:
         out |= set(names)
         first = next(op for op in ops if op.name == names[0])
         out |= {producer[i] for i in first.inputs if i in producer}
-    return out
+    return frozenset(out)
 
 
 def _ffn_ring_costs(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile,
@@ -204,13 +212,24 @@ def recompute_costs(model: ModelConfig, layout: Layout, batch: int, seq: int, pr
 @memoised()
 def _forward_costs(model: ModelConfig, layout: Layout, batch: int, seq: int,
                    profile: HardwareProfile) -> tuple[OpCost, ...]:
-    return tuple(_ops_with_comm(forward_ops(model), model, layout, batch, seq, profile, "fwd"))
+    return tuple(_ops_with_comm(_forward_ops(model), model, layout, batch, seq, profile, "fwd"))
 
 
 @memoised()
 def _backward_costs(model: ModelConfig, layout: Layout, batch: int, seq: int,
                     profile: HardwareProfile) -> tuple[OpCost, ...]:
-    return tuple(_ops_with_comm(list(reversed(forward_ops(model))), model, layout, batch, seq, profile, "bwd"))
+    return tuple(_ops_with_comm(_backward_ops(model), model, layout, batch, seq, profile, "bwd"))
+
+
+@lru_cache(maxsize=256)
+def _forward_ops(model: ModelConfig) -> tuple[OpSpec, ...]:
+    """`forward_ops`, built once per model (op lists are priced for many shards and lengths)."""
+    return tuple(forward_ops(model))
+
+
+@lru_cache(maxsize=256)
+def _backward_ops(model: ModelConfig) -> tuple[OpSpec, ...]:
+    return tuple(reversed(_forward_ops(model)))
 
 
 @memoised()

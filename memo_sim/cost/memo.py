@@ -14,13 +14,15 @@ what depends only on those is computed once (`memo_sim.cost.layer_time`, `memo_s
 from __future__ import annotations
 
 import functools
-from typing import Callable, TypeVar
+from contextlib import contextmanager
+from typing import Callable, Iterator, TypeVar
 
 from memo_sim.profile.schema import HardwareProfile
 
 F = TypeVar("F", bound=Callable)
 
 _CACHES: list[dict] = []
+_OFF = [False]  # `unmemoised` sets it: every memoised function computes afresh
 
 
 def _key(a):
@@ -36,6 +38,8 @@ def memoised(maxsize: int = 4096) -> Callable[[F], F]:
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
+            if _OFF[0]:
+                return fn(*args, **kwargs)
             key = tuple(_key(a) for a in args)
             if kwargs:
                 key += tuple((k, _key(v)) for k, v in sorted(kwargs.items()))
@@ -57,3 +61,21 @@ def clear_caches() -> None:
     """Empty every cache made by `memoised` (tests that time cold paths)."""
     for c in _CACHES:
         c.clear()
+
+
+def memoising() -> bool:
+    """False inside `unmemoised` (for memos kept outside `memoised`, e.g. SPPO's piece timer)."""
+    return not _OFF[0]
+
+
+@contextmanager
+def unmemoised() -> Iterator[None]:
+    """Inside: every `memoised` function computes afresh (caches emptied before and after), so a
+    test can compare the memoised path with the plain one."""
+    clear_caches()
+    _OFF[0] = True
+    try:
+        yield
+    finally:
+        _OFF[0] = False
+        clear_caches()

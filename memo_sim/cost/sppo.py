@@ -48,6 +48,7 @@ from memo_sim.cost.boundary import optimizer_step_bytes
 from memo_sim.cost.activations import tensor_bytes, tokens_per_gpu
 from memo_sim.cost.kernel_time import attention_bwd_time, attention_fwd_time, memory_bound_time
 from memo_sim.cost.layer_time import backward_costs, forward_costs
+from memo_sim.cost.memo import memoising
 from memo_sim.cost.opcost import OpCost, critical_time
 from memo_sim.errors import MemoError
 from memo_sim.layout.parallel import Layout, stage_hop_crosses_nodes, stage_layers  # noqa: F401 (stage_layers re-exported)
@@ -171,13 +172,13 @@ def piece_costs(model: ModelConfig, layout: Layout, batch: int, start: int, leng
     return fwd, bwd
 
 
-_TIMES: dict[tuple, tuple[HardwareProfile, dict, dict]] = {}
+_TIMES: dict[tuple, tuple[HardwareProfile, dict, dict, dict]] = {}
 
 
 def piece_timer(model: ModelConfig, layout: Layout, batch: int, profile: HardwareProfile, quantum: float = 0.0):
     """A function (start, length) -> (forward, backward) critical time of one layer over a piece on
-    one GPU of a stage: the critical times of `piece_costs`, memoised per model, GPU shard, batch
-    and profile. Where the layer's ops form one chain (TP+SP stages) that is the sum of the ops at
+    one GPU of a stage: the critical times of `piece_costs`, memoised per model, GPU shard, batch,
+    profile and ``quantum`` (`memo_sim.cost.memo.unmemoised` turns it off). Where the layer's ops form one chain (TP+SP stages) that is the sum of the ops at
     the piece's length but attention, plus attention at the piece's prefix FLOPs, so one op list
     is built per length, not per piece.
 
@@ -186,16 +187,18 @@ def piece_timer(model: ModelConfig, layout: Layout, batch: int, profile: Hardwar
     kernel-efficiency curves move by far less than the length does over one step)."""
     shard = layout if (layout.pp, layout.dp, layout.zero) == (1, 1, 0) else replace(layout, pp=1, dp=1, zero=0)
     key = (id(profile), model, shard, batch)
-    entry = _TIMES.get(key)
+    entry = _TIMES.get(key) if memoising() else None
     if entry is None or entry[0] is not profile:
         if len(_TIMES) > 64:
             _TIMES.clear()
-        entry = _TIMES[key] = (profile, {}, {})
+        entry = (profile, {}, {}, {})
+        if memoising():
+            _TIMES[key] = entry
     times, rests = entry[1], entry[2]
     shards = shard.tp * shard.seq_split
     h, dtype = model.hidden, model.dtype
     step = math.log1p(quantum) if quantum > 0 else 0.0
-    qtimes: dict = {}
+    qtimes: dict = entry[3].setdefault(quantum, {}) if step else times
 
     def rest_of(length: int):
         rest = rests.get(length, False)
@@ -207,7 +210,7 @@ def piece_timer(model: ModelConfig, layout: Layout, batch: int, profile: Hardwar
         return rest
 
     def timer(start: int, length: int) -> tuple[float, float]:
-        memo = qtimes if step else times
+        memo = qtimes
         out = memo.get((start, length))
         if out is not None:
             return out

@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 
 
 @dataclass(frozen=True)
@@ -29,8 +30,7 @@ class Curve:
     source: str
 
     def __call__(self, flops: float) -> float:
-        xs = [math.log10(p[0]) for p in self.points]
-        ys = [p[1] for p in self.points]
+        xs, ys = self._xy
         if flops <= 0:
             return ys[0]
         x = math.log10(flops)
@@ -41,6 +41,12 @@ class Curve:
         i = bisect.bisect_right(xs, x)
         x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
         return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+    @cached_property
+    def _xy(self) -> tuple[list[float], list[float]]:
+        """log10 of the points' FLOPs and their efficiencies (computed once: the cost model reads a
+        curve for every kernel it prices)."""
+        return [math.log10(p[0]) for p in self.points], [p[1] for p in self.points]
 
 
 @dataclass(frozen=True)

@@ -28,14 +28,16 @@ def _subseq_tokens(policy: Sppo) -> list[int]:
     return [b[i + 1] - b[i] for i in range(policy.subseqs)]
 
 
-def overlap_threshold(model: ModelConfig, layout: Layout, batch: int, policy: Sppo, profile: HardwareProfile) -> float:
+def overlap_threshold(model: ModelConfig, layout: Layout, batch: int, policy: Sppo, profile: HardwareProfile,
+                      active: int | None = None) -> float:
     """M_threshold = B·(T_min − latency): the bytes one unit may copy while the shortest
-    subsequence's layer forward runs."""
+    subsequence's layer forward runs (``active``: the GPUs of a node copying at once, default
+    the layout's, `memo_sim.search.sppo.estimate._active`)."""
     shard = replace(layout, pp=1, dp=1, zero=0)
     b = policy.bounds
     timer = piece_timer(model, shard, batch, profile)
     t_min = min(timer(b[i], b[i + 1] - b[i])[0] for i in range(policy.subseqs))
-    bw = host_bandwidth_per_gpu(profile, "d2h", _active(layout, profile))
+    bw = host_bandwidth_per_gpu(profile, "d2h", _active(layout, profile) if active is None else active)
     return max(0.0, bw * (t_min - float(profile.host_link.latency)))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from memo_sim.cost.memo import memoised
 from memo_sim.cost.sppo import (
     kv_cache_bytes,
     sequence_aware_alphas,
@@ -16,7 +17,7 @@ from memo_sim.model.config import ModelConfig
 from memo_sim.policy.sppo import Sppo
 from memo_sim.profile.schema import HardwareProfile
 from memo_sim.search.sppo.alphas import _subseq_tokens, overlap_threshold, solve_alphas
-from memo_sim.search.sppo.estimate import estimate_sppo
+from memo_sim.search.sppo.estimate import _active, estimate_sppo
 from memo_sim.search.sppo.grid import efficient_subseqs
 from memo_sim.search.sppo.points import (
     BOUND_QUANTUM,
@@ -44,18 +45,37 @@ def solve_point(model: ModelConfig, layout: Layout, batch: int, seq: int, profil
 def _lower_bound(model, layout, batch, seq, profile, subseqs, partition, multiplex) -> tuple[float, Sppo] | None:
     """(the estimate with the overlap-threshold alphas, that plan), or None where the point cannot
     exist or certainly overflows the GPU (`memory_floor`)."""
-    try:
-        pol = Sppo(None, subseqs=subseqs, partition=partition, multiplex=multiplex and layout.pp > 1)
-        pol = pol.with_bounds(model, layout, batch, seq)
-    except MemoError:
+    shard = replace(layout, pp=1, dp=1, zero=0)
+    pol = _partition(model, shard, batch, seq, subseqs, partition)
+    if pol is None:
         return None
     if memory_floor(model, layout, batch, pol) > profile.usable_gpu_memory:
         return None
-    m = overlap_threshold(model, layout, batch, pol, profile)
-    a_i = [pol.offloadable_bytes(model, layout, batch, t) for t in _subseq_tokens(pol)]
-    pol = replace(pol, alphas=sequence_aware_alphas(a_i, m), threshold_bytes=m)
+    pol = _overlap_alphas(model, shard, _active(layout, profile), batch, profile, pol)
+    if multiplex and layout.pp > 1:
+        pol = replace(pol, multiplex=True)
     est = estimate_sppo(model, layout, batch, seq, pol, profile, quantum=BOUND_QUANTUM)[0].iteration_s
     return est * (1 - BOUND_SLACK), pol
+
+
+@memoised()
+def _partition(model: ModelConfig, shard: Layout, batch: int, seq: int, subseqs: int, partition: str) -> Sppo | None:
+    """The unmultiplexed plan with its subsequence bounds (None where the sequence does not split
+    so), memoised: every pipeline depth and ZeRO stage of a TP+SP shard shares it."""
+    try:
+        return Sppo(None, subseqs=subseqs, partition=partition).with_bounds(model, shard, batch, seq)
+    except MemoError:
+        return None
+
+
+@memoised()
+def _overlap_alphas(model: ModelConfig, shard: Layout, active: int, batch: int, profile: HardwareProfile,
+                    pol: Sppo) -> Sppo:
+    """``pol`` with its overlap-threshold alphas (`overlap_threshold`), memoised like `_partition`:
+    the threshold depends on the shard, the bounds and how many GPUs of a node copy at once."""
+    m = overlap_threshold(model, shard, batch, pol, profile, active)
+    a_i = [pol.offloadable_bytes(model, shard, batch, t) for t in _subseq_tokens(pol)]
+    return replace(pol, alphas=sequence_aware_alphas(a_i, m), threshold_bytes=m)
 
 
 def memory_floor(model: ModelConfig, layout: Layout, batch: int, policy: Sppo) -> float:
