@@ -110,13 +110,11 @@ class OutputFolder:
         the outputs' estimate (``need_bytes``, a lower estimate: a refusal is never a false alarm)."""
         if need_bytes <= 0:
             return
-        from memo_sim.units import fmt_bytes
-
         free = disk_free_bytes(self.stage)
         if free is not None and free < need_bytes:
             self.discard()
-            raise MemoError(f"--out {self.out}: {fmt_bytes(free)} free there and the outputs take at least "
-                            f"{fmt_bytes(need_bytes)}; free some space or choose another folder")
+            raise MemoError(f"--out {self.out}: {free:,} bytes free there and the outputs take at least "
+                            f"{need_bytes:,} bytes; free some space or choose another folder")
 
     def path(self, staged: str | os.PathLike) -> Path:
         """Where a staged file ends up once committed."""

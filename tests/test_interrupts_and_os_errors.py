@@ -38,15 +38,26 @@ def test_sigint_exits_130_with_one_line(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+@pytest.fixture(scope="module")
+def _toy_base(tmp_path_factory):
+    base = tmp_path_factory.mktemp("toy")
+    r = CliRunner().invoke(sim_cli, TOY + ["--out", str(base)])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(exec_cli, ["run", str(base / "plan.json"), "--device", "cpu", "--steps", "1",
+                                      "--out", str(base / "run")])
+    assert r.exit_code == 0, r.output
+    return base
+
+
 @pytest.fixture
-def toy_run(tmp_path):
-    """A toy plan and an --out folder holding a previous complete run (its files and manifest)."""
-    r = CliRunner().invoke(sim_cli, TOY + ["--out", str(tmp_path)])
-    assert r.exit_code == 0, r.output
+def toy_run(tmp_path, _toy_base):
+    """A toy plan and an --out folder holding a previous complete run (its files and manifest),
+    copied for each test from one run per module."""
+    import shutil
+
+    shutil.copy(_toy_base / "plan.json", tmp_path / "plan.json")
     out = tmp_path / "run"
-    r = CliRunner().invoke(exec_cli, ["run", str(tmp_path / "plan.json"), "--device", "cpu", "--steps", "1",
-                                      "--out", str(out)])
-    assert r.exit_code == 0, r.output
+    shutil.copytree(_toy_base / "run", out)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     assert "manifest.json" in before and "report.md" in before
     return tmp_path / "plan.json", out, before
@@ -201,7 +212,7 @@ def test_too_little_free_space_is_refused_before_training(monkeypatch, toy_run):
     monkeypatch.setattr(fileio, "disk_free_bytes", lambda path: 1000)
     r = _run(plan, out)
     assert r.exit_code == 2 and r.output.count("\n") == 1, r.output
-    assert r.output.startswith(f"error: --out {out}: 1000 B free there and the outputs take at least "), r.output
+    assert r.output.startswith(f"error: --out {out}: 1,000 bytes free there and the outputs take at least "), r.output
     _untouched(out, before)
 
 
