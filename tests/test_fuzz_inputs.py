@@ -429,3 +429,17 @@ def test_fuzz_plans_run(seeded):
         (d / "plan.json").write_text(_dump_json(_apply(_whatif_plan(policy), mutation)), encoding="utf-8")
         drive(exec_cli, ["run", str(d / "plan.json"), "--device", "cpu", "--steps", "1", "--out", str(d / "run")], d,
               {"plan.json"}, must_refuse=mutation[3])
+
+
+@pytest.mark.parametrize("name", ["tokens.bin", "tokens.npy"])
+def test_run_with_an_empty_token_file_is_one_line(name):
+    """[robust-runs] `memo-exec run --tokens <empty file>` (it could not mmap an empty file): one
+    line naming --tokens and the fix, exit 2, nothing written."""
+    from memo_exec.cli import cli as exec_cli
+
+    with scratch() as d:
+        (d / "plan.json").write_text(json.dumps(_whatif_plan()), encoding="utf-8")
+        (d / name).write_bytes(b"")
+        code = drive(exec_cli, ["run", str(d / "plan.json"), "--device", "cpu", "--steps", "1", "--tokens",
+                                str(d / name), "--out", str(d / "run")], d, {"plan.json", name}, must_refuse=True)
+        assert code == 2

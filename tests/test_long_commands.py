@@ -58,3 +58,18 @@ def test_memplan_of_10k_rows_with_highs_stops_at_its_time_limit(tmp_path):
         assert stage in r.stderr, r.stderr
     assert (tmp_path / "mp" / "memplan.png").stat().st_size > 0
     assert cpu < 30, (cpu, res["phases"])
+
+
+@pytest.mark.slow
+def test_memplan_of_100k_rows_ends_with_its_plan_and_gap(tmp_path):
+    """The issue's `memplan --csv` of 100k rows (past 60 s before): the default time limit, its
+    stages shown, the greedy's plan with its gap; 19.5 s of CPU at load 7.6 (75 s wall)."""
+    _csv(tmp_path / "big.csv", _random_trace(100_000, 0))
+    cpu0 = time.process_time()
+    r = CliRunner().invoke(sim_cli, ["memplan", "--csv", str(tmp_path / "big.csv"), "--json", "--progress"])
+    cpu = time.process_time() - cpu0
+    assert r.exit_code == 0, r.output[-2000:]
+    res = json.loads(r.stdout)
+    assert res["buffers"] == 100_000 and res["gap"] >= 0 and res["peak_bytes"] >= res["lower_bound_bytes"]
+    assert "greedy: placing 100000 buffers" in r.stderr
+    assert cpu < 90, (cpu, res["phases"])

@@ -126,3 +126,12 @@ def test_simulate_refuses_an_out_clearly_too_small_before_simulating(monkeypatch
     r = CliRunner().invoke(sim_cli, ["simulate", inputs["plan"], "--out", str(tmp_path / "s")])
     assert r.exit_code == 2 and r.output.count("\n") == 1 and "free there and the outputs take at least" in r.output
     assert list(tmp_path.iterdir()) == []
+
+
+def test_simulate_summary_is_the_same_for_identical_runs(inputs, tmp_path):
+    """[robust-runs] item 3: summary.json of two identical `simulate` runs is byte-identical (it held
+    the wall time before); so is the timeline."""
+    for name in ("a", "b"):
+        _ok(["simulate", inputs["plan"], "--out", str(tmp_path / name)])
+    for f in ("summary.json", "timeline.json"):
+        assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes(), f
