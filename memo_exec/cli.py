@@ -114,7 +114,7 @@ def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens
         # rank 0 writes into a staging folder beside --out, moved in when every rank succeeded; a
         # failed or interrupted run leaves --out untouched and keeps the stage (its launcher.log,
         # which the error line names) as the incomplete folder
-        outf = OutputFolder(out_dir, "memo-exec run")
+        outf = OutputFolder(out_dir, "memo-exec run", RUN_OUTPUT_FLOOR_BYTES)
         argv = [plan_file, "--steps", str(steps), "--out", str(outf.stage), "--seed", str(seed), "--lr", repr(lr),
                 "--pg-timeout", repr(pg_timeout)]
         for flag, v in (("--device", device), ("--layers", layers), ("--attention-backend", attention_backend),
@@ -134,6 +134,12 @@ def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens
     _run_single(plan, plan_file, opts, out_dir, as_json, progress)
 
 
+RUN_OUTPUT_FLOOR_BYTES = 160 * 1024
+"""What any run writes at least: a 1-layer, 1-step toy run wrote 170,457 bytes (its four figures
+137 KB, measured.json 15 KB), and a run's figures and rows only grow with its layers and steps; --out
+with less free space than this is refused before any work (`memo_sim.fileio.OutputFolder`)."""
+
+
 def _run_one_process(plan_file, opts, out_dir, as_json, pg_timeout, progress) -> None:
     """A one-device plan whose schedule lives in the distributed executor (`distributed_only`):
     the distributed executor in this process, a process group of one (no torchrun), its outputs
@@ -141,7 +147,7 @@ def _run_one_process(plan_file, opts, out_dir, as_json, pg_timeout, progress) ->
     from memo_exec.distributed.launch import run_rank  # noqa: PLC0415
     from memo_sim.fileio import output_folder  # noqa: PLC0415
 
-    with output_folder(out_dir, "memo-exec run") as outf:
+    with output_folder(out_dir, "memo-exec run", RUN_OUTPUT_FLOOR_BYTES) as outf:
         run_rank(plan_file, opts, str(outf.stage), as_json, pg_timeout, progress, click.echo, in_process=True,
                  shown_out=out_dir)
 
@@ -158,7 +164,7 @@ def _run_single(plan, plan_file, opts, out_dir, as_json, progress) -> None:
 
     # the outputs are staged beside --out from the start (an unwritable --out fails before any
     # step) and moved in together at the end; a failure or interrupt leaves --out as it was
-    with output_folder(out_dir, "memo-exec run") as outf:
+    with output_folder(out_dir, "memo-exec run", RUN_OUTPUT_FLOOR_BYTES) as outf:
         ex = Executor(plan, opts)
         try:
             res = ex.run(progress=report)

@@ -84,12 +84,14 @@ class OutputFolder:
     """A command's outputs, written as one set (`output_folder`).
 
     ``stage`` is a fresh folder beside ``out`` (``.NAME.XXXX.partial``), created before any work,
-    so an output folder that cannot be written fails at once. The command writes there; `commit`
-    removes ``out``'s manifest (from now on the folder reads as incomplete), moves each staged
-    file into ``out`` (``os.replace``: atomic per file) and writes the new manifest last. A failure
+    so an output folder that cannot be written (or has clearly too little free space for
+    ``need_bytes``) fails at once. The command writes there; `commit` first marks ``out``'s
+    manifest ``"complete": false`` (an interrupt from here on leaves a folder that says it is
+    incomplete), moves each staged file into ``out`` (``os.replace``: atomic per file) and writes
+    the new manifest, complete, last. A failure
     or interrupt before `commit` removes the stage and leaves ``out`` exactly as it was."""
 
-    def __init__(self, out: str | os.PathLike, command: str) -> None:
+    def __init__(self, out: str | os.PathLike, command: str, need_bytes: int = 0) -> None:
         self.out = Path(out)
         self.command = command
         if self.out.exists() and not self.out.is_dir():
@@ -101,6 +103,18 @@ class OutputFolder:
         except OSError as e:  # the user's choice of folder, checked before any work: bad input
             raise MemoError(f"--out {self.out}: cannot write there ({e.strerror or e}); choose a folder you can "
                             f"write") from None
+        self._check_space(need_bytes)
+
+    def _check_space(self, need_bytes: int) -> None:
+        """Refuse before any work when the file system holding ``out`` has clearly less room than
+        the outputs' estimate (``need_bytes``, a lower estimate: a refusal is never a false alarm)."""
+        if need_bytes <= 0:
+            return
+        free = disk_free_bytes(self.stage)
+        if free is not None and free < need_bytes:
+            self.discard()
+            raise MemoError(f"--out {self.out}: {free:,} bytes free there and the outputs take at least "
+                            f"{need_bytes:,} bytes; free some space or choose another folder")
 
     def path(self, staged: str | os.PathLike) -> Path:
         """Where a staged file ends up once committed."""
@@ -111,9 +125,8 @@ class OutputFolder:
 
         self.out.mkdir(parents=True, exist_ok=True)
         entries = sorted(self.stage.iterdir())
-        old = self.out / MANIFEST
-        if old.exists():
-            old.unlink()
+        # from here until the new manifest, --out is a mix of old and new files: say so in it
+        atomic_write_json(self.out / MANIFEST, {"command": self.command, "complete": False, "files": []})
         moved = []
         for f in entries:  # files, and folders of files (a folder replaces the one of the same name)
             dest = self.out / f.name
@@ -134,19 +147,33 @@ class OutputFolder:
         shutil.rmtree(self.stage, ignore_errors=True)
 
 
+def disk_free_bytes(path: str | os.PathLike) -> int | None:
+    """Free bytes on the file system holding ``path`` (None where the system cannot tell)."""
+    import shutil
+
+    try:
+        return int(shutil.disk_usage(path).free)
+    except OSError:
+        return None
+
+
 class output_folder:  # noqa: N801 - used as a context manager, like open()
     """``with output_folder(out, command) as f:`` write into ``f.stage``; committed on success,
     discarded on any exception (KeyboardInterrupt included), see `OutputFolder`."""
 
-    def __init__(self, out: str | os.PathLike, command: str) -> None:
-        self.folder = OutputFolder(out, command)
+    def __init__(self, out: str | os.PathLike, command: str, need_bytes: int = 0) -> None:
+        self.folder = OutputFolder(out, command, need_bytes)
 
     def __enter__(self) -> OutputFolder:
         return self.folder
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         if exc_type is None:
-            self.folder.commit()
+            try:
+                self.folder.commit()
+            except BaseException:  # --out says it is incomplete (its manifest); the stage goes
+                self.folder.discard()
+                raise
         else:
             self.folder.discard()
         return False

@@ -188,6 +188,10 @@ def test_plans_of_very_short_models_run_with_their_memory_plan(tmp_path, layers)
     d = json.loads((tmp_path / "plan.json").read_text())
     for ph in d["memory_plan"]["phases"].values():
         ph["unplaced"] = {}
+    # the previous release placed the attention kernels' own workspaces too (the issue's refusal:
+    # 'attention_workspace' is not a tensor this executor's layer allocates in fwd)
+    d["memory_plan"]["phases"]["fwd"]["offsets"]["attention_workspace"] = 0
+    d["memory_plan"]["phases"]["bwd"]["offsets"]["attention_bwd_workspace"] = 0
     old = tmp_path / "old.json"
     old.write_text(json.dumps(d))
     for f in (tmp_path / "plan.json", old):

@@ -371,19 +371,22 @@ def test_simulate_bad_layers_writes_nothing():
 
 
 # -- memo-exec run: flags and plan fields, seeded by a plan the current what-if writes ------------
-_RUN_PLAN: dict = {}
+_RUN_PLANS: dict[str, dict] = {}
+RUN_SEEDS = ("memo", "full_offload", "full_recompute")  # MEMO with its memory plan; the offload; the caching allocator
 
 
-def _whatif_plan() -> dict:
-    """A MEMO plan (with its memory plan) of a 2-layer toy, as `memo-sim whatif` writes it today."""
-    if not _RUN_PLAN:
+def _whatif_plan(policy: str = "memo") -> dict:
+    """A plan of a 2-layer toy under ``policy`` (MEMO: with its memory plan), as `memo-sim whatif`
+    writes it today."""
+    if policy not in _RUN_PLANS:
         with scratch() as d:
             r = CliRunner().invoke(sim_cli, ["whatif", "--layers", "2", "--hidden", "64", "--heads", "4", "--ffn",
                                              "256", "--vocab", "128", "--dtype", "fp32", "--seq", "256", "--gpus", "1",
-                                             "--policy", "memo", "--alpha", "0.5", "--jobs", "1", "--out", str(d)])
+                                             "--policy", policy, "--jobs", "1", "--out", str(d)]
+                                   + (["--alpha", "0.5"] if policy == "memo" else []))
             assert r.exit_code == 0, r.output
-            _RUN_PLAN.update(json.loads((d / "plan.json").read_text()))
-    return copy.deepcopy(_RUN_PLAN)
+            _RUN_PLANS[policy] = json.loads((d / "plan.json").read_text())
+    return copy.deepcopy(_RUN_PLANS[policy])
 
 
 RUN_FLAG_VALUES = ["0", "1", "2", "-1", "1e30", "nan", "inf", "abc", "", "3", "0.5", "99999999999999999999"]
@@ -413,14 +416,30 @@ def test_fuzz_run_flags(flag, value):
         drive(exec_cli, args, d, {"plan.json"}, must_refuse=bad)
 
 
-@settings(max_examples=40, **SETTINGS)
-@given(mutation=st.deferred(lambda: _mutations(_whatif_plan())))
-def test_fuzz_plans_run(mutation):
-    """[robust-runs] a mutated plan (seeded by what the what-if writes, memory plan included) runs one
-    step (exit 0) or is refused in one line (exit 2), never a traceback."""
+@settings(max_examples=60, **SETTINGS)
+@given(seeded=st.sampled_from(RUN_SEEDS).flatmap(
+    lambda pol: st.tuples(st.just(pol), st.deferred(lambda: _mutations(_whatif_plan(pol))))))
+def test_fuzz_plans_run(seeded):
+    """[robust-runs] a mutated plan (seeded by what the what-if writes for three policies, MEMO's
+    memory plan included) runs one step (exit 0) or is refused in one line (exit 2), never a traceback."""
+    from memo_exec.cli import cli as exec_cli
+
+    policy, mutation = seeded
+    with scratch() as d:
+        (d / "plan.json").write_text(_dump_json(_apply(_whatif_plan(policy), mutation)), encoding="utf-8")
+        drive(exec_cli, ["run", str(d / "plan.json"), "--device", "cpu", "--steps", "1", "--out", str(d / "run")], d,
+              {"plan.json"}, must_refuse=mutation[3])
+
+
+@pytest.mark.parametrize("name", ["tokens.bin", "tokens.npy"])
+def test_run_with_an_empty_token_file_is_one_line(name):
+    """[robust-runs] `memo-exec run --tokens <empty file>` (it could not mmap an empty file): one
+    line naming --tokens and the fix, exit 2, nothing written."""
     from memo_exec.cli import cli as exec_cli
 
     with scratch() as d:
-        (d / "plan.json").write_text(_dump_json(_apply(_whatif_plan(), mutation)), encoding="utf-8")
-        drive(exec_cli, ["run", str(d / "plan.json"), "--device", "cpu", "--steps", "1", "--out", str(d / "run")], d,
-              {"plan.json"}, must_refuse=mutation[3])
+        (d / "plan.json").write_text(json.dumps(_whatif_plan()), encoding="utf-8")
+        (d / name).write_bytes(b"")
+        code = drive(exec_cli, ["run", str(d / "plan.json"), "--device", "cpu", "--steps", "1", "--tokens",
+                                str(d / name), "--out", str(d / "run")], d, {"plan.json", name}, must_refuse=True)
+        assert code == 2

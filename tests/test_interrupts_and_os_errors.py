@@ -38,15 +38,26 @@ def test_sigint_exits_130_with_one_line(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+@pytest.fixture(scope="module")
+def _toy_base(tmp_path_factory):
+    base = tmp_path_factory.mktemp("toy")
+    r = CliRunner().invoke(sim_cli, TOY + ["--out", str(base)])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(exec_cli, ["run", str(base / "plan.json"), "--device", "cpu", "--steps", "1",
+                                      "--out", str(base / "run")])
+    assert r.exit_code == 0, r.output
+    return base
+
+
 @pytest.fixture
-def toy_run(tmp_path):
-    """A toy plan and an --out folder holding a previous complete run (its files and manifest)."""
-    r = CliRunner().invoke(sim_cli, TOY + ["--out", str(tmp_path)])
-    assert r.exit_code == 0, r.output
+def toy_run(tmp_path, _toy_base):
+    """A toy plan and an --out folder holding a previous complete run (its files and manifest),
+    copied for each test from one run per module."""
+    import shutil
+
+    shutil.copy(_toy_base / "plan.json", tmp_path / "plan.json")
     out = tmp_path / "run"
-    r = CliRunner().invoke(exec_cli, ["run", str(tmp_path / "plan.json"), "--device", "cpu", "--steps", "1",
-                                      "--out", str(out)])
-    assert r.exit_code == 0, r.output
+    shutil.copytree(_toy_base / "run", out)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     assert "manifest.json" in before and "report.md" in before
     return tmp_path / "plan.json", out, before
@@ -172,3 +183,82 @@ def test_a_million_gpu_whatif_answers_in_seconds(tmp_path):
     r = CliRunner().invoke(sim_cli, ["whatif", "--gpus", "1000000", "--no-plan", "--jobs", "1", "--json"])
     assert r.exit_code == 0, r.output[-500:]
     assert _time.perf_counter() - t0 < 30  # about 4 s on an idle 2-core machine; 30 s at a heavy load
+
+
+@pytest.mark.parametrize("err", [errno.EROFS, errno.EACCES])
+def test_read_only_run_out_fails_before_training(monkeypatch, toy_run, err):
+    """[robust-runs] a read-only --out (errno 30; the tests run as root, so chmod cannot make one):
+    one line naming --out, exit 2, before any step; the previous output untouched."""
+    import memo_exec.runner as runner
+    import memo_sim.fileio as fileio
+
+    plan, out, before = toy_run
+    monkeypatch.setattr(runner, "run_steps", _raise(AssertionError("trained although --out is read-only")))
+    monkeypatch.setattr(fileio.tempfile, "mkdtemp", _raise(OSError(err, os.strerror(err))))
+    r = _run(plan, out)
+    assert r.exit_code == 2 and r.output.count("\n") == 1, r.output
+    assert r.output.startswith(f"error: --out {out}: cannot write there ({os.strerror(err)})"), r.output
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_too_little_free_space_is_refused_before_training(monkeypatch, toy_run):
+    """[robust-runs] --out's file system has clearly less room than the run's outputs take: one line
+    with both sizes, exit 2, before any step; no staging folder left."""
+    import memo_exec.runner as runner
+    import memo_sim.fileio as fileio
+
+    plan, out, before = toy_run
+    monkeypatch.setattr(runner, "run_steps", _raise(AssertionError("trained although --out is full")))
+    monkeypatch.setattr(fileio, "disk_free_bytes", lambda path: 1000)
+    r = _run(plan, out)
+    assert r.exit_code == 2 and r.output.count("\n") == 1, r.output
+    assert r.output.startswith(f"error: --out {out}: 1,000 bytes free there and the outputs take at least "), r.output
+    _untouched(out, before)
+
+
+def test_interrupt_while_committing_marks_the_folder_incomplete(monkeypatch, toy_run):
+    """[robust-runs] Ctrl-C after the first staged file has moved into --out: exit 130, and --out's
+    manifest says ``"complete": false`` (the folder holds old and new files); no staging folder."""
+    import json
+
+    import memo_sim.fileio as fileio
+
+    plan, out, before = toy_run
+    real, moved = os.replace, []
+
+    def replace(src, dst):  # the second staged file moving into --out meets Ctrl-C
+        into_out = ".partial" in str(src) and os.path.dirname(os.path.abspath(dst)) == str(out)
+        if into_out and moved:
+            raise KeyboardInterrupt
+        real(src, dst)
+        if into_out:
+            moved.append(dst)
+    monkeypatch.setattr(fileio.os, "replace", replace)
+    r = _run(plan, out)
+    assert r.exit_code == 130 and r.output.strip().splitlines()[-1] == "interrupted", r.output
+    m = json.loads((out / "manifest.json").read_text())
+    assert moved and m["complete"] is False and m["command"] == "memo-exec run"
+    assert not [p for p in out.parent.iterdir() if p.name.endswith(".partial")]
+
+
+@pytest.mark.slow
+def test_real_sigint_mid_run_exits_130_and_leaves_no_output(tmp_path):
+    """[robust-runs] a real SIGINT to `memo-exec run` once its first step has been reported: exit
+    130, the one line ``interrupted``, no traceback, --out never created, no staging folder."""
+    r = CliRunner().invoke(sim_cli, TOY + ["--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    p = subprocess.Popen([sys.executable, "-m", "memo_exec", "run", str(tmp_path / "plan.json"), "--device", "cpu",
+                          "--steps", "100000", "--progress", "--out", str(tmp_path / "run")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, bufsize=0)
+    try:
+        first = p.stderr.readline()
+        while first and b"[memo-exec] step" not in first:
+            first = p.stderr.readline()
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=120)
+    finally:
+        p.kill()
+    assert b"[memo-exec] step" in first and p.returncode == 130, err.decode()[-2000:]
+    assert err.decode().strip().splitlines()[-1] == "interrupted" and b"Traceback" not in err
+    assert not (tmp_path / "run").exists() and not [q for q in tmp_path.iterdir() if q.name.endswith(".partial")]

@@ -113,3 +113,25 @@ def test_outputs_are_one_set_with_a_manifest(inputs, tmp_path, cmd):
     assert sorted(f["name"] for f in m["files"]) == sorted(p.name for p in (tmp_path / "o").iterdir()
                                                            if p.name != "manifest.json")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["o"]
+
+
+def test_simulate_refuses_an_out_clearly_too_small_before_simulating(monkeypatch, inputs, tmp_path):
+    """[robust-runs] item 3: the outputs' size is estimated (a floor: figures and the timeline's
+    events per layer) before any work; a file system with less free is one line, exit 2, nothing left."""
+    import memo_sim.fileio as fileio
+    from memo_sim.cli.simulate import simulate_output_floor
+
+    _patch(monkeypatch, "memo_sim.engine.simulate.simulate", lambda *a, **k: (_ for _ in ()).throw(AssertionError))
+    monkeypatch.setattr(fileio, "disk_free_bytes", lambda path: simulate_output_floor(2) - 1)
+    r = CliRunner().invoke(sim_cli, ["simulate", inputs["plan"], "--out", str(tmp_path / "s")])
+    assert r.exit_code == 2 and r.output.count("\n") == 1 and "free there and the outputs take at least" in r.output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_simulate_summary_is_the_same_for_identical_runs(inputs, tmp_path):
+    """[robust-runs] item 3: summary.json of two identical `simulate` runs is byte-identical (it held
+    the wall time before); so is the timeline."""
+    for name in ("a", "b"):
+        _ok(["simulate", inputs["plan"], "--out", str(tmp_path / name)])
+    for f in ("summary.json", "timeline.json"):
+        assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes(), f

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
 from memo_sim.cli.common import (BATCH, DEGREE, build_model, count_option, model_options, profile_option,
@@ -41,59 +39,73 @@ from memo_sim.report.memplan_text import memplan_answer
 def memplan(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, csv_file, trace_file, seq, batch, tp, cp, ulysses, sp,
             tp_mode, policy, alpha, profile_name, time_limit, solver, out_dir, progress, out_format, as_json):
     """Static memory plan (MEMO's bi-level MIP) for a model/layout/policy, or for a trace/CSV file."""
-    from memo_sim.layout.parallel import Layout, check_layout
-    from memo_sim.memplan.caching_allocator import AllocatorConfig, replay
-    from memo_sim.memplan.solve import solve_dsa
-    from memo_sim.request_trace import RequestTrace
-    from memo_sim.policy import get_policy, policy_class
+    import contextlib
+
+    from memo_sim.fileio import output_folder
     from memo_sim.report.memplan_figure import draw_placement
 
     fmt = resolve_format(out_format, as_json)
-    as_json = fmt != "table"  # quiet progress for machine formats
+    quiet = fmt != "table"  # quiet progress for machine formats
     profile = load_profile(profile_name)
-    cap = int(profile.usable_gpu_memory)
-    figures = []
-    if csv_file or trace_file:
-        if csv_file and trace_file:
-            raise MemoError("give either --csv or --trace, not both")
-        with status_line("memplan", quiet=as_json, force=progress) as say:
-            say(f"reading {csv_file or trace_file}")
-            trace = RequestTrace.read_csv(csv_file) if csv_file else RequestTrace.read_json(trace_file)
-            say(f"{len(trace)} buffers; solving (time limit {time_limit:g} s)")
-            sol = solve_dsa(trace, time_limit_s=time_limit, solver=solver, progress=say)
-            say("replaying the caching allocator")
-            base = replay(trace, AllocatorConfig(capacity_bytes=max(cap, 4 * trace.max_live_bytes())))
-        result = {"source": csv_file or trace_file, "buffers": len(trace), **sol.to_json_obj(),
-                  "caching_allocator": _allocator_summary(base)}
-        if out_dir:
-            figures.append(str(draw_placement(trace, sol.offsets, int(sol.peak_bytes),
-                                              Path(out_dir) / "memplan.png")))
-    else:
-        from memo_sim.memplan.planner import plan_memory
-        from memo_sim.memplan.baseline import caching_allocator_layer_report
-
-        model = build_model(model_name, layers, hidden, heads, ffn, vocab, dtype, precision)
-        lay = Layout(tp=tp, cp=cp, ulysses=ulysses, sp=sp, tp_mode=tp_mode)
-        why = check_layout(lay, model, lay.gpus, profile.node_gpus, seq, batch)
-        if why:
-            raise MemoError(f"layout {lay.label()}: {why}")
-        pol = get_policy(policy, alpha if policy_class(policy).takes_alpha else None)
-        with status_line("memplan", quiet=as_json, force=progress) as say:
-            say(f"bi-level plan of {model.name} {lay.label()} {pol.label()} (time limit {time_limit:g} s per solve)")
-            plan = plan_memory(model, lay, batch, seq, pol, time_limit_s=time_limit, solver=solver)
-            # baseline: the caching allocator on one layer's forward + backward requests
-            say("replaying the caching allocator on one layer")
-            base = caching_allocator_layer_report(model, lay, batch, seq, pol, cap)
-        result = {"model": model.name, "layout": lay.label(), "policy": pol.label(), "seq_tokens": seq,
-                  **plan.summary(), "arena_bytes": plan.arena_bytes,
-                  "caching_allocator_layer": _allocator_summary(base)}
-        if out_dir:
-            for name, sol, tr in (("fwd", plan.fwd, plan.fwd_trace), ("bwd", plan.bwd, plan.bwd_trace),
-                                  ("model", plan.model, plan.model_trace)):
-                figures.append(str(draw_placement(tr, sol.offsets, int(sol.peak_bytes),
-                                                  Path(out_dir) / f"memplan-{name}.png")))
+    if csv_file and trace_file:
+        raise MemoError("give either --csv or --trace, not both")
+    # staged beside --out before any work: an unwritable --out fails at once, a failure leaves the old one
+    folder = output_folder(out_dir, "memo-sim memplan") if out_dir else contextlib.nullcontext(None)
+    with folder as outf, status_line("memplan", quiet=quiet, force=progress) as say:
+        if csv_file or trace_file:
+            result, drawings = _plan_file(csv_file, trace_file, profile, time_limit, solver, say)
+        else:
+            result, drawings = _plan_model(build_model(model_name, layers, hidden, heads, ffn, vocab, dtype, precision),
+                                           profile, seq, batch, tp, cp, ulysses, sp, tp_mode, policy, alpha,
+                                           time_limit, solver, say)
+        figures = []
+        for name, tr, offsets, peak in drawings if outf is not None else ():
+            say(f"drawing {name}")
+            draw_placement(tr, offsets, peak, outf.stage / name)
+            figures.append(str(outf.path(name)))
     result["figures"] = figures
     emit(memplan_answer(result), fmt, result)
+
+
+def _plan_file(csv_file, trace_file, profile, time_limit, solver, say):
+    """A DSA plan of an id,lower,upper,size CSV or a memo-trace, with the caching allocator's replay."""
+    from memo_sim.memplan.caching_allocator import AllocatorConfig, replay
+    from memo_sim.memplan.solve import solve_dsa
+    from memo_sim.request_trace import RequestTrace
+
+    say(f"reading {csv_file or trace_file}")
+    trace = RequestTrace.read_csv(csv_file) if csv_file else RequestTrace.read_json(trace_file)
+    say(f"{len(trace)} buffers; solving (time limit {time_limit:g} s)")
+    sol = solve_dsa(trace, time_limit_s=time_limit, solver=solver, progress=say)
+    say("replaying the caching allocator")
+    base = replay(trace, AllocatorConfig(capacity_bytes=max(int(profile.usable_gpu_memory), 4 * sol.peak_bytes)))
+    result = {"source": csv_file or trace_file, "buffers": len(trace), **sol.to_json_obj(),
+              "caching_allocator": _allocator_summary(base)}
+    return result, [("memplan.png", trace, sol.offsets, int(sol.peak_bytes))]
+
+
+def _plan_model(model, profile, seq, batch, tp, cp, ulysses, sp, tp_mode, policy, alpha, time_limit, solver, say):
+    """MEMO's bi-level plan of one layer's forward and backward and the model-level buffers, with the
+    caching allocator's replay of one layer."""
+    from memo_sim.layout.parallel import Layout, check_layout
+    from memo_sim.memplan.baseline import caching_allocator_layer_report
+    from memo_sim.memplan.planner import plan_memory
+    from memo_sim.policy import get_policy, policy_class
+
+    lay = Layout(tp=tp, cp=cp, ulysses=ulysses, sp=sp, tp_mode=tp_mode)
+    why = check_layout(lay, model, lay.gpus, profile.node_gpus, seq, batch)
+    if why:
+        raise MemoError(f"layout {lay.label()}: {why}")
+    pol = get_policy(policy, alpha if policy_class(policy).takes_alpha else None)
+    say(f"bi-level plan of {model.name} {lay.label()} {pol.label()} (time limit {time_limit:g} s per solve)")
+    plan = plan_memory(model, lay, batch, seq, pol, time_limit_s=time_limit, solver=solver)
+    say("replaying the caching allocator on one layer")  # the baseline: one layer's forward + backward requests
+    base = caching_allocator_layer_report(model, lay, batch, seq, pol, int(profile.usable_gpu_memory))
+    result = {"model": model.name, "layout": lay.label(), "policy": pol.label(), "seq_tokens": seq,
+              **plan.summary(), "arena_bytes": plan.arena_bytes, "caching_allocator_layer": _allocator_summary(base)}
+    return result, [(f"memplan-{name}.png", tr, sol.offsets, int(sol.peak_bytes))
+                    for name, sol, tr in (("fwd", plan.fwd, plan.fwd_trace), ("bwd", plan.bwd, plan.bwd_trace),
+                                          ("model", plan.model, plan.model_trace))]
 
 
 def _allocator_summary(rep) -> dict:

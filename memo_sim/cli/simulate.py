@@ -81,6 +81,18 @@ def _summary_line(r) -> str:
     return f"{r.failure.message()} (simulated, {allocator_of(r.policy)})"
 
 
+# What `simulate` writes at least, measured on the what-if's toy plans (2 and 32 layers) and gpt-7b
+# (32 layers): 22-28.5 timeline events per layer, 205-216 bytes per event in each of timeline.json
+# and trace.json, 61 KB or more of figures. --out with clearly less free space is refused first.
+SIM_EVENTS_PER_LAYER_FLOOR = 20
+SIM_BYTES_PER_EVENT_FLOOR = 2 * 200
+SIM_FIGURES_FLOOR_BYTES = 60 * 1024
+
+
+def simulate_output_floor(layers: int) -> int:
+    return SIM_FIGURES_FLOOR_BYTES + layers * SIM_EVENTS_PER_LAYER_FLOOR * SIM_BYTES_PER_EVENT_FLOOR
+
+
 @click.command("simulate")
 @click.argument("plan_file", type=click.Path(dir_okay=False))
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output folder.")
@@ -104,7 +116,7 @@ def simulate_cmd(plan_file, out_dir, layers_text, profile_override, no_contentio
 
     plan, profile = _load_plan_and_profile(plan_file, profile_override)
     parse_layer_range(layers_text, plan.model.layers)  # a bad --layers is refused before anything is written
-    with output_folder(out_dir, "memo-sim simulate") as outf:  # staged: an unwritable --out fails first
+    with output_folder(out_dir, "memo-sim simulate", simulate_output_floor(plan.model.layers)) as outf:  # staged first
         r = simulate(plan.model, plan.layout, plan.batch, plan.seq_tokens, plan.policy, profile,
                      schedule=plan.schedule, micro_batch=plan.micro_batch, allocator_lag=allocator_lag,
                      contention=not no_contention, classifier_chunk_tokens=plan.classifier_chunk_tokens,

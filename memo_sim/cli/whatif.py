@@ -40,7 +40,7 @@ from memo_sim.layout.schedule import (
     SCHEDULE_NAMES,
     executor_stage_limit,
 )
-from memo_sim.plan.schema import write_plan
+from memo_sim.plan.schema import with_profile_reference, write_plan
 from memo_sim.policy import policy_names
 from memo_sim.profile.loader import load_profile
 from memo_sim.report.fit_advice import fit_fixes
@@ -152,7 +152,8 @@ def whatif(**options):
     with delayed_progress("simulating", show.quiet, force=show.progress) as on_progress:
         ans = answer_whatif(req, progress=on_progress)
     paths = {}
-    plans = {} if show.no_plan else ans.plans()
+    plans = {} if show.no_plan else {name: with_profile_reference(plan, options["profile_name"])
+                                     for name, plan in ans.plans().items()}
     if plans:
         with output_folder(show.out_dir, "memo-sim whatif") as outf:  # one set, staged beside --out, manifest last
             paths = {name: outf.path(write_plan(plan, outf.stage / name)) for name, plan in plans.items()}

@@ -135,6 +135,7 @@ def solve_dsa(trace: RequestTrace, *, time_limit_s: float = 30.0, solver: str = 
             cap_hit.append(time.perf_counter() - t0)
         say(f"{name}: {detail}")
 
+    say(f"conflicts and sections of {len(trace)} buffers")
     inst = DSAInstance.from_trace(trace)
     lb = inst.lower_bound()
     if capacity is not None and lb > capacity:
@@ -148,6 +149,7 @@ def solve_dsa(trace: RequestTrace, *, time_limit_s: float = 30.0, solver: str = 
 
     # Candidates (offsets, method); validated at the end, best valid one wins.
     cands: list[tuple[np.ndarray, str]] = []
+    say(f"greedy: placing {inst.n} buffers in each ordering (the first always completes)")
     g = greedy_place(inst, stop=lambda pk: pk <= lb, deadline=deadline)
     gmethod = f"greedy:{g.ordering}"
     cands.append((g.offsets, gmethod))
@@ -160,7 +162,10 @@ def solve_dsa(trace: RequestTrace, *, time_limit_s: float = 30.0, solver: str = 
     def settled() -> bool:
         return best_peak <= lower * (1.0 + rel_gap)
 
-    if solver in ("search", "auto") and not settled():
+    if solver in ("search", "auto") and not settled() and time.perf_counter() >= deadline:
+        # setting the search up costs time of its own on a large trace: none is left for it
+        phase("search", best_peak, "not run: the time limit was reached in the greedy; the greedy's plan stands")
+    elif solver in ("search", "auto") and not settled():
         reserve = 0.0
         if solver == "auto" and inst.n <= AUTO_MIP_MAX_BUFFERS:
             reserve = 0.4 * float(time_limit_s)
@@ -196,6 +201,7 @@ def solve_dsa(trace: RequestTrace, *, time_limit_s: float = 30.0, solver: str = 
               f"solve {mr.solve_time_s:.2f}s" + (f"; {extra}" if extra else ""))
 
     # Validate, best first; an invalid candidate is dropped with a note.
+    say("checking the plan")
     ids = [b.id for b in trace.buffers]
     chosen: tuple[dict[str, int], int, str] | None = None
     for off, method in sorted(cands, key=lambda c: peak_of(inst, c[0])):

@@ -211,6 +211,19 @@ class _PlanIn(BaseModel):
         return v
 
 
+def with_profile_reference(plan: Plan, given: str) -> Plan:
+    """``plan`` recording its profile as the user gave it: a profile named by its name stays the
+    name; one read from a file (``--profile cpu.yaml``, what `memo-exec calibrate` writes) is
+    recorded by the file's absolute path, so check-plan, simulate and memo-exec find it again
+    (its bare name resolves only inside a profile folder)."""
+    import dataclasses
+
+    p = Path(given)
+    if str(given) == plan.profile or not (p.suffix in (".yaml", ".yml", ".json") or p.exists()):
+        return plan
+    return dataclasses.replace(plan, profile=str(p.resolve()))
+
+
 def write_plan(plan: Plan, path: str | Path) -> Path:
     return atomic_write_json(path, plan.to_dict())
 

@@ -25,7 +25,7 @@ def is_large(b: Buffer, x_span: float, y_span_bytes: float) -> bool:
 def draw_placement(trace: RequestTrace, offsets: dict[str, int], arena_bytes: int, path: str | Path,
                    title: str = "") -> Path:
     from matplotlib import colormaps
-    from matplotlib.patches import Rectangle
+    from matplotlib.collections import PolyCollection
 
     fig = Figure(figsize=(10, 5))
     FigureCanvasAgg(fig)
@@ -35,9 +35,13 @@ def draw_placement(trace: RequestTrace, offsets: dict[str, int], arena_bytes: in
     lb = trace.max_live_bytes()
     x0, x1 = min(b.lower for b in trace.buffers), max(b.upper for b in trace.buffers)
     top = max(arena_bytes, lb)
-    for k, b in enumerate(trace.buffers):
-        ax.add_patch(Rectangle((b.lower, offsets[b.id] / unit), b.upper - b.lower, b.size / unit,
-                               facecolor=cmap(k % 20), edgecolor="black", linewidth=0.3))
+    boxes = []  # one collection, not a patch per buffer: a 100k-buffer plan draws in seconds
+    for b in trace.buffers:
+        y0, y1 = offsets[b.id] / unit, (offsets[b.id] + b.size) / unit
+        boxes.append(((b.lower, y0), (b.upper, y0), (b.upper, y1), (b.lower, y1)))
+    ax.add_collection(PolyCollection(boxes, facecolors=[cmap(k % 20) for k in range(len(boxes))],
+                                     edgecolors="black", linewidths=0.3))
+    for b in trace.buffers:
         if is_large(b, x1 - x0, top):
             narrow = (b.upper - b.lower) < LABEL_MIN_FRACTION * (x1 - x0)
             tall = b.size / top > (b.upper - b.lower) / (x1 - x0)
