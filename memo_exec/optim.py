@@ -32,12 +32,22 @@ def model_state_bytes(numel: int, dtype: torch.dtype, grad_dtype: torch.dtype | 
     return numel * (e + ge) + AdamW.state_bytes_for(numel, dtype)
 
 
+class NonFiniteGradient(ArithmeticError):
+    """The gradients' global norm is not a finite number: no parameter was updated."""
+
+    def __init__(self, norm: float) -> None:
+        super().__init__(f"the gradient norm is {norm}")
+        self.norm = norm
+
+
 class AdamW:
     def __init__(self, params, lr: float = 3e-4, betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,
-                 weight_decay: float = 0.1, main_grads: dict | None = None) -> None:
+                 weight_decay: float = 0.1, main_grads: dict | None = None, check_finite: bool = True) -> None:
         """``main_grads``: parameter -> its fp32 main gradient (`memo_exec.model.MainGrads`), read
-        instead of ``.grad``."""
+        instead of ``.grad``. ``check_finite``: refuse a non-finite gradient norm (`step`); off
+        for one rank's shard of a distributed optimizer, whose ranks would have to agree first."""
         self.main_grads = main_grads
+        self.check_finite = check_finite
         self.params = [p for p in params if p.requires_grad]
         self.lr, self.betas, self.eps, self.wd = lr, betas, eps, weight_decay
         self.step_count = 0
@@ -72,8 +82,19 @@ class AdamW:
             return 2 * numel * torch.empty((), dtype=dtype).element_size()
         return 3 * numel * 4
 
+    def grads(self) -> list[torch.Tensor]:
+        out = [self.main_grads[p] if self.main_grads is not None else p.grad for p in self.params]
+        return [g for g in out if g is not None]
+
     @torch.no_grad()
     def step(self) -> None:
+        """One AdamW update; raise `NonFiniteGradient` before touching any parameter when the
+        gradients' global L2 norm is not finite (one fused reduction over every gradient)."""
+        grads = self.grads() if self.check_finite else []
+        if grads:
+            norm = float(torch.nn.utils.get_total_norm(grads))
+            if not math.isfinite(norm):
+                raise NonFiniteGradient(norm)
         self.step_count += 1
         b1, b2 = self.betas
         bc1 = 1 - b1 ** self.step_count

@@ -25,7 +25,7 @@ from memo_exec.layer import LayerCompute, LayerStorage, LayerWeights, carve_stor
 from memo_exec.measure import Recorder, StepRecord, steady_state, summarize_step
 from memo_exec.memory_estimate import MemoryEstimate, check_fit, estimate_memory
 from memo_exec.model import GPT, NO_HOOKS, LayerRuntime, MainGrads, forward_loss
-from memo_exec.optim import AdamW, main_grad_dtype
+from memo_exec.optim import AdamW, NonFiniteGradient, main_grad_dtype
 from memo_exec.streams import make_engine
 from memo_sim.model.flops import ATTN_BWD_FACTOR, classifier_flops, op_flops
 from memo_sim.model.config import ModelConfig
@@ -84,7 +84,8 @@ def run_model(plan: Plan, opts: RunOptions) -> ModelConfig:
 
 
 class NonFiniteLoss(ExecError):
-    """Training produced a loss that is not a finite number: the run stops at that step."""
+    """Training produced a loss or a gradient norm that is not a finite number: the run stops at
+    that step (a non-finite gradient norm before the optimizer updates anything)."""
 
 
 def make_flops_fn(model: ModelConfig, batch: int, seq: int, recompute_fraction: float):
@@ -395,10 +396,13 @@ def run_steps(ex, layers: int, caching_allocator_tensors, progress=None) -> RunR
     res = RunResult(ex.plan, ex.opts, ex.describe(), ex.estimate)
     last_finite: tuple[int, float] | None = None
     for k in range(ex.opts.steps):
-        rec = ex.step(k)
+        before = f"the last finite loss was {last_finite[1]:.6g} at step {last_finite[0]}" if last_finite else \
+            "no step had a finite loss"
+        try:
+            rec = ex.step(k)
+        except NonFiniteGradient as e:
+            raise NonFiniteLoss(f"step {k}: {e} ({before}); lower --lr or check the token data") from None
         if not math.isfinite(rec.loss):
-            before = f"the last finite loss was {last_finite[1]:.6g} at step {last_finite[0]}" if last_finite else \
-                "no step had a finite loss"
             raise NonFiniteLoss(f"step {k}: the loss is {rec.loss} ({before}); lower --lr or check the token data")
         last_finite = (k, rec.loss)
         res.steps.append(rec)

@@ -426,3 +426,49 @@ def test_training_stops_at_the_first_non_finite_loss():
     assert ran == [0, 1, 2]
     assert str(e.value) == ("step 2: the loss is nan (the last finite loss was 2.25 at step 1); "
                             "lower --lr or check the token data")
+
+
+def test_optimizer_refuses_a_non_finite_gradient_before_any_update():
+    """[robust-runs] a NaN/inf gradient norm stops the step before AdamW touches a parameter."""
+    import torch
+
+    from memo_exec.optim import AdamW, NonFiniteGradient
+
+    a, b = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))
+    a.grad, b.grad = torch.ones(3), torch.tensor([1.0, float("inf")])
+    opt = AdamW([a, b], lr=0.1)
+    with pytest.raises(NonFiniteGradient, match="the gradient norm is inf"):
+        opt.step()
+    assert torch.equal(a.detach(), torch.ones(3)) and opt.step_count == 0  # nothing was updated
+    b.grad = torch.ones(2)
+    opt.step()
+    assert opt.step_count == 1 and not torch.equal(a.detach(), torch.ones(3))
+
+
+def test_training_stops_at_a_non_finite_gradient_norm():
+    """[robust-runs] the step whose gradient norm is not finite ends the run, naming the last finite loss."""
+    from memo_exec.measure import StepRecord
+    from memo_exec.optim import NonFiniteGradient
+    from memo_exec.runner import NonFiniteLoss, RunOptions, run_steps
+
+    ran = []
+
+    class Fake:
+        allocated, estimate, plan, policy = True, None, None, None
+        opts = RunOptions(steps=4)
+
+        def describe(self):
+            return {}
+
+        def step(self, k):
+            ran.append(k)
+            if k == 1:
+                raise NonFiniteGradient(float("nan"))
+            return StepRecord(step=k, iteration_s=0.1, events=[], memory=[], peak_allocated_bytes=0,
+                              peak_reserved_bytes=0, loss=3.5)
+
+    with pytest.raises(NonFiniteLoss) as e:
+        run_steps(Fake(), 1, lambda: [])
+    assert ran == [0, 1]
+    assert str(e.value) == ("step 1: the gradient norm is nan (the last finite loss was 3.5 at step 0); "
+                            "lower --lr or check the token data")

@@ -102,7 +102,7 @@ class GradSync(LayerHooks):
             self.param_shards = [nn.Parameter(u.shard(u.flat).detach()) for u in self.units]
         for ps, gs in zip(self.param_shards, self.grad_shards):
             ps.grad = gs
-        self.optimizer = AdamW(self.param_shards, lr=lr, weight_decay=weight_decay)
+        self.optimizer = AdamW(self.param_shards, lr=lr, weight_decay=weight_decay, check_finite=False)
         if zero >= 3:
             for u in self.units[1:]:
                 self._free(u)
