@@ -25,7 +25,8 @@ DEFAULT_OUT = "hardware_profiles"
 
 
 # What the suites took where they were timed (announced before a run starts)
-DURATION_QUICK = "about 15 s on an idle 2-core CPU (14.7 s measured), longer on a loaded one; not yet timed on a GPU"
+DURATION_QUICK = ("about 20 s on an idle 2-core CPU (17.9 s and 22 s measured), longer on a loaded one; not yet timed "
+                  "on a GPU")
 DURATION_FULL = ("several minutes: over 400 s measured on the 2-core CPU; use --quick for a first profile; "
                  "not yet timed on a GPU")
 
