@@ -78,7 +78,7 @@ def calibrate(name: str, device: str = "auto", quick: bool = False, out_dir: str
     with CpuShareMeter() as share:
         raw = run_suite(opts, prog)
     if share.result is not None:  # what other processes took of the cores while this measured
-        raw["env"]["cpu_share"] = share.result.to_dict()
+        raw.setdefault("env", {})["cpu_share"] = share.result.to_dict()
         prog.note(f"while calibrating, {share.result.line()}")
     prof = build_profile(name, raw, base_prof, node_from_base=node_from_base)
     found = implausible(prof, raw, str(path))
