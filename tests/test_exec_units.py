@@ -401,29 +401,37 @@ def test_layers_beyond_the_plan_are_refused():
         run_model(plan, RunOptions(layers=plan.model.layers + 1))
 
 
-def test_training_stops_at_the_first_non_finite_loss():
-    """[robust-runs] a NaN/inf loss ends the run at that step with the last finite loss named."""
+def _fake_executor(step_loss, steps: int = 4):
+    """An executor stand-in for `run_steps`: ``step_loss(k)`` gives step k's loss (or raises);
+    the steps it was asked for are appended to its ``ran``."""
     from memo_exec.measure import StepRecord
-    from memo_exec.runner import NonFiniteLoss, RunOptions, run_steps
-
-    losses = [2.5, 2.25, float("nan"), 1.0]
-    ran = []
+    from memo_exec.runner import RunOptions
 
     class Fake:
         allocated, estimate, plan, policy = True, None, None, None
-        opts = RunOptions(steps=4)
+        opts = RunOptions(steps=steps)
+        ran: list = []
 
         def describe(self):
             return {}
 
         def step(self, k):
-            ran.append(k)
+            self.ran.append(k)
             return StepRecord(step=k, iteration_s=0.1, events=[], memory=[], peak_allocated_bytes=0,
-                              peak_reserved_bytes=0, loss=losses[k])
+                              peak_reserved_bytes=0, loss=step_loss(k))
 
+    return Fake()
+
+
+def test_training_stops_at_the_first_non_finite_loss():
+    """[robust-runs] a NaN/inf loss ends the run at that step with the last finite loss named."""
+    from memo_exec.runner import NonFiniteLoss, run_steps
+
+    losses = [2.5, 2.25, float("nan"), 1.0]
+    ex = _fake_executor(lambda k: losses[k])
     with pytest.raises(NonFiniteLoss) as e:
-        run_steps(Fake(), 1, lambda: [])
-    assert ran == [0, 1, 2]
+        run_steps(ex, 1, lambda: [])
+    assert ex.ran == [0, 1, 2]
     assert str(e.value) == ("step 2: the loss is nan (the last finite loss was 2.25 at step 1); "
                             "lower --lr or check the token data")
 
@@ -447,28 +455,17 @@ def test_optimizer_refuses_a_non_finite_gradient_before_any_update():
 
 def test_training_stops_at_a_non_finite_gradient_norm():
     """[robust-runs] the step whose gradient norm is not finite ends the run, naming the last finite loss."""
-    from memo_exec.measure import StepRecord
     from memo_exec.optim import NonFiniteGradient
-    from memo_exec.runner import NonFiniteLoss, RunOptions, run_steps
+    from memo_exec.runner import NonFiniteLoss, run_steps
 
-    ran = []
+    def loss(k):
+        if k == 1:
+            raise NonFiniteGradient(float("nan"))
+        return 3.5
 
-    class Fake:
-        allocated, estimate, plan, policy = True, None, None, None
-        opts = RunOptions(steps=4)
-
-        def describe(self):
-            return {}
-
-        def step(self, k):
-            ran.append(k)
-            if k == 1:
-                raise NonFiniteGradient(float("nan"))
-            return StepRecord(step=k, iteration_s=0.1, events=[], memory=[], peak_allocated_bytes=0,
-                              peak_reserved_bytes=0, loss=3.5)
-
+    ex = _fake_executor(loss)
     with pytest.raises(NonFiniteLoss) as e:
-        run_steps(Fake(), 1, lambda: [])
-    assert ran == [0, 1]
+        run_steps(ex, 1, lambda: [])
+    assert ex.ran == [0, 1]
     assert str(e.value) == ("step 1: the gradient norm is nan (the last finite loss was 3.5 at step 0); "
                             "lower --lr or check the token data")
