@@ -46,11 +46,23 @@ def step(argv: list[str], log: list[dict]) -> subprocess.CompletedProcess:
     """Run one memo-exec command in its own process; log its command, time, exit and the load."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
     before, t0 = uptime(), time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "memo_exec.cli", *argv], capture_output=True, text=True, env=env)
+    safe_path = ["-P"] if sys.version_info >= (3, 11) else []  # this checkout, whatever the working directory
+    r = subprocess.run([sys.executable, *safe_path, "-m", "memo_exec.cli", *argv], capture_output=True, text=True,
+                       env=env)
     log.append({"command": "memo-exec " + " ".join(shlex.quote(a) for a in argv), "exit": r.returncode,
                 "seconds": time.monotonic() - t0, "before": before, "after": uptime(),
                 "last_line": (r.stdout.strip().splitlines() or r.stderr.strip().splitlines() or [""])[-1]})
     return r
+
+
+def _speed_line(speed: dict | None) -> str:
+    """The machine's speed (`memo_exec.speed_probe`) while calibrating and during the runs."""
+    if not speed or speed.get("calibration_median_gflops") is None:
+        return "- Machine speed: not measured (a profile without a speed probe)"
+    return (f"- Machine speed ({speed['reference']}): {speed['calibration_median_gflops']} GFLOP/s while calibrating "
+            f"(spread {speed['calibration_spread_pct']}%); the runs' largest drift from it "
+            f"{'—' if speed['max_abs_drift_pct'] is None else str(speed['max_abs_drift_pct']) + '%'} "
+            f"(limit {speed['limit_pct']:.0f}%)")
 
 
 def _pct(v) -> str:
@@ -88,19 +100,24 @@ def report(log: list[dict], prof: dict | None, val: dict | None, started: str, c
           f"{'—' if s['kendall_tau_step_time'] is None else round(s['kendall_tau_step_time'], 2)}; each run used "
           f"{s.get('cpu_threads') or 'torch default'} torch threads (the calibration's)",
           f"- Cores other processes took on average (calibration, runs): {share} of {os.cpu_count()}",
+          _speed_line(s.get("speed")),
           f"- Target: median |error| < {TARGET_MEDIAN_PCT:.0f}% on an idle machine (other processes took at most "
-          f"{IDLE_OTHER_CORES} cores while it measured: `memo_exec.host_share.busy_reason`). "
+          f"{IDLE_OTHER_CORES} cores while it measured, and the machine ran at one speed: "
+          "`memo_exec.host_share.busy_reason`). "
           + ((("Met" if met else "Not met") + " on an idle machine.") if why_busy is None else
              (f"This run was not on an idle machine ({why_busy}): the number says how well the loop closes "
               f"under this load ({'under' if met else 'over'} the target), not what it gives on an idle "
               f"machine.")), "",
-          "| plan | status | predicted step | measured step | error |", "|---|---|---:|---:|---:|"]
+          "| plan | status | predicted step | measured step | error | machine speed vs calibration |",
+          "|---|---|---:|---:|---:|---:|"]
+    drift = {d["plan"]: d["drift_pct"] for d in (s.get("speed") or {}).get("runs", [])}
     for r in val["rows"]:
         q = r["quantities"]["step_s"]
         pr = "—" if q["predicted"] is None else f"{q['predicted'] * 1e3:.1f} ms"
         me = "—" if q["measured"] is None else f"{q['measured'] * 1e3:.1f} ms"
         er = "—" if q["error_pct"] is None else f"{q['error_pct']:+.1f}%"
-        L.append(f"| {r['plan']} | {r['status']} | {pr} | {me} | {er} |")
+        dr = "—" if drift.get(r["plan"]) is None else f"{drift[r['plan']]:+.1f}%"
+        L.append(f"| {r['plan']} | {r['status']} | {pr} | {me} | {er} | {dr} |")
     L += ["", "Error = (measured - predicted) / predicted. The full tables (per stream, per plan) are in the "
           "validation's own validation.md."]
     return "\n".join(L) + "\n"

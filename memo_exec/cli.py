@@ -23,6 +23,7 @@ import click
 
 from memo_exec.attention import BACKENDS
 from memo_exec.errors import ExecError, user_errors
+from memo_exec.speed_probe import SPEED_DRIFT_LIMIT
 from memo_sim.errors import guarded, usage_line
 
 
@@ -178,7 +179,8 @@ def _run_single(plan, plan_file, opts, out_dir, as_json, progress) -> None:
 
         doc = {"model": res.meta["model"], "policy": res.meta["policy"], "device": res.meta["device"],
                "layers": res.meta["layers"], "tokens": res.meta["tokens"], "steady_state": st,
-               "losses": [s["loss"] for s in res.summaries], **comparison.to_dict(),
+               "losses": [s["loss"] for s in res.summaries], "speed_probe": res.meta.get("speed_probe"),
+               **comparison.to_dict(),
                "files": {k: str(v) for k, v in paths.items()}}
         click.echo(json.dumps(doc, indent=1, default=float))
         return
@@ -250,9 +252,12 @@ def trace_cmd(plan_file, device, out_file, dtype, attention_backend, target, cud
 @click.option("--record/--no-record", default=True, show_default=True,
               help="write the measured step-time errors into the profile's file (its validation block, which "
                    "answers on the profile print)")
+@click.option("--speed-retries", default=1, show_default=True, type=click.IntRange(0, 5),
+              help="CPU: run a plan again when the machine's speed (a reference GEMM after each step) moved more "
+                   f"than {SPEED_DRIFT_LIMIT:.0%} from the calibration's during its run")
 @user_errors("while validating")
 def validate_cmd(profile_name, model_name, layers, hidden, heads, ffn, vocab, dtype, seqs, policies, alphas, budget_s,
-                 device, steps, out_dir, report_path, progress, record):
+                 device, steps, out_dir, report_path, progress, record, speed_retries):
     import dataclasses
     import shlex
 
@@ -290,6 +295,7 @@ def validate_cmd(profile_name, model_name, layers, hidden, heads, ffn, vocab, dt
           else contextlib.nullcontext()) as bar:
         path, summary = validate(model, profile, plans, device=dev, steps=steps, out_dir=out_dir,
                                  report_path=report_path, command=command, budget_s=budget_s, record=record,
+                                 speed_retries=speed_retries,
                                  progress=(lambda done, total: bar.update(done - bar.pos)) if progress else None)
     click.echo(f"wrote {path}: {summary_line(summary)}; {summary['recorded']}")
 

@@ -93,8 +93,16 @@ IDLE_LOAD_PER_CORE = 0.5  # the fallback where the share is not measured: 1-minu
 def busy_reason(provenance: dict, summary: dict) -> str | None:
     """Why the machine was not idle while a CPU calibration (its profile's ``provenance``) and a
     validation (its ``summary``) measured, or None when it was: other processes took at most
-    `IDLE_OTHER_CORES` cores on average during each; where that was not measured, the 1-minute
-    load per core at calibration and around the runs was at most `IDLE_LOAD_PER_CORE`."""
+    `IDLE_OTHER_CORES` cores on average during each (where that was not measured, the 1-minute
+    load per core at calibration and around the runs was at most `IDLE_LOAD_PER_CORE`), and the
+    machine ran at one speed throughout (`memo_exec.speed_probe.speed_reason`: the load other
+    virtual machines put on shared physical cores is seen only there)."""
+    from memo_exec.speed_probe import speed_reason  # noqa: PLC0415
+
+    return _share_reason(provenance, summary) or speed_reason(provenance, summary)
+
+
+def _share_reason(provenance: dict, summary: dict) -> str | None:
     shares = [provenance.get("cpu_share"), summary.get("cpu_share")]
     if all(shares):
         other = [round(x["other_cores"], 2) for x in shares]

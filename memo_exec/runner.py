@@ -26,6 +26,7 @@ from memo_exec.measure import Recorder, StepRecord, steady_state, summarize_step
 from memo_exec.memory_estimate import MemoryEstimate, check_fit, estimate_memory
 from memo_exec.model import GPT, NO_HOOKS, LayerRuntime, MainGrads, forward_loss
 from memo_exec.optim import AdamW, NonFiniteGradient, main_grad_dtype
+from memo_exec.speed_probe import SpeedProbe
 from memo_exec.streams import make_engine
 from memo_sim.model.flops import ATTN_BWD_FACTOR, classifier_flops, op_flops
 from memo_sim.model.config import ModelConfig
@@ -395,6 +396,7 @@ def run_steps(ex, layers: int, caching_allocator_tensors, progress=None) -> RunR
         ex.allocate()
     res = RunResult(ex.plan, ex.opts, ex.describe(), ex.estimate)
     last_finite: tuple[int, float] | None = None
+    probe = SpeedProbe() if ex.device.type == "cpu" else None  # the machine's speed after each step
     for k in range(ex.opts.steps):
         before = f"the last finite loss was {last_finite[1]:.6g} at step {last_finite[0]}" if last_finite else \
             "no step had a finite loss"
@@ -409,8 +411,12 @@ def run_steps(ex, layers: int, caching_allocator_tensors, progress=None) -> RunR
         s = summarize_step(rec, layers)
         s["step"] = k
         res.summaries.append(s)
+        if probe is not None:  # outside the step's timing
+            probe.sample()
         if progress is not None:
             progress(k + 1, ex.opts.steps, rec)
+    if probe is not None:
+        res.meta["speed_probe"] = probe.summary()
     res.meta["pinned_host_bytes"] = int(getattr(ex.policy, "pinned_bytes", 0))
     pool = getattr(ex.policy, "pool", None)
     if hasattr(pool, "describe"):  # the offload pool: how it was page-locked, and any fallback's warning

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from memo_exec.errors import ExecError
 from memo_exec.host_share import CpuShareMeter
+from memo_exec.speed_probe import SPEED_DRIFT_LIMIT, drift, run_speeds
 from memo_sim.fileio import atomic_write_json, atomic_write_text
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
@@ -78,10 +79,13 @@ class ValidationRow:
     plan_file: str | None = None
     run_dir: str | None = None
     predicted_timeline: object | None = field(default=None, repr=False)
+    speed_probe: dict | None = None  # the machine's speed after each of the run's steps (CPU runs)
+    discarded_drifts_pct: list[float] = field(default_factory=list)  # runs done again: the machine's speed moved
 
     def to_dict(self) -> dict:
         return {"plan": self.label, "status": self.status, "plan_file": self.plan_file, "run_dir": self.run_dir,
-                "quantities": self.quantities}
+                "quantities": self.quantities, "speed_probe": self.speed_probe,
+                "discarded_drifts_pct": self.discarded_drifts_pct}
 
 
 def kendall_tau(xs: list[float], ys: list[float]) -> float | None:
@@ -222,8 +226,10 @@ def run_env(device: str, threads: int | None) -> dict[str, str]:
 
 
 def run_argv(plan_file: Path, run_dir: Path, device: str, steps: int) -> list[str]:
-    """The command that runs one plan in its own process."""
-    return [sys.executable, "-m", "memo_exec", "run", str(plan_file), "--device", device, "--steps", str(steps),
+    """The command that runs one plan in its own process: this checkout's executor (``-P``: the
+    working directory, which may hold another checkout, is not put first on the path)."""
+    safe_path = ["-P"] if sys.version_info >= (3, 11) else []
+    return [sys.executable, *safe_path, "-m", "memo_exec", "run", str(plan_file), "--device", device, "--steps", str(steps),
             "--out", str(run_dir), "--json", "--no-progress"]
 
 
@@ -255,10 +261,12 @@ def run_plan(plan_file: Path, run_dir: Path, device: str, steps: int, timeout: f
 
 def run_validation(model: ModelConfig, profile: HardwareProfile, plans: list[PlanSpec], *, device: str,
                    steps: int, out_dir: Path, progress=None, budget_s: float | None = None,
-                   runner=run_plan) -> list[ValidationRow]:
+                   runner=run_plan, speed_retries: int = 1) -> list[ValidationRow]:
     """Predict, write and run every plan (each in its own process). ``budget_s`` bounds the runs'
     wall time: each gets a timeout from what is left, shared in proportion to the plans' predicted
-    cost; a plan that no longer fits is a ``skipped`` row."""
+    cost; a plan that no longer fits is a ``skipped`` row. A CPU run during which the machine's
+    speed moved more than `SPEED_DRIFT_LIMIT` from the calibration's (`memo_exec.speed_probe`) is
+    run again, up to ``speed_retries`` times; the drifts of the runs set aside stay in the row."""
     t0 = time.monotonic()
     rows: list[ValidationRow] = []
     todo = []  # (index, spec, plan file, predicted quantities, sim)
@@ -290,9 +298,15 @@ def run_validation(model: ModelConfig, profile: HardwareProfile, plans: list[Pla
                 continue
         run_dir = out_dir / "runs" / f"plan-{k:02d}"
         status, doc = runner(Path(row.plan_file), run_dir, device, steps, timeout, cpu_threads(profile))
+        cal_probe = (profile.provenance or {}).get("speed_probe")
+        while (status == "ran" and len(row.discarded_drifts_pct) < speed_retries
+               and abs(d := drift(doc.get("speed_probe"), cal_probe) or 0.0) > SPEED_DRIFT_LIMIT):
+            row.discarded_drifts_pct.append(round(100.0 * d, 1))
+            status, doc = runner(Path(row.plan_file), run_dir, device, steps, timeout, cpu_threads(profile))
         row.status, row.run_dir = status, str(run_dir)
         if status == "ran":
             row.quantities = quantities_from_run(doc, pq)
+            row.speed_probe = doc.get("speed_probe")
         if progress:
             progress(done + n + 1, len(plans))
     return rows
@@ -366,6 +380,7 @@ def render_report(rows: list[ValidationRow], summary: dict, model: ModelConfig, 
                 if summary.get("cpu_threads") else ""),
              f"- cores other processes took: {_share_text(profile.provenance.get('cpu_share'))} while calibrating, "
              f"{_share_text(summary.get('cpu_share'))} during the runs (`memo_exec.host_share`)",
+             *_speed_lines(summary.get("speed")),
              f"- model: {model.layers} layers, h={model.hidden}, {model.heads} heads, ffn={model.ffn}, "
              f"vocab={model.vocab}, dtype {model.dtype}",
              "- each plan ran in its own process; its files are under runs/plan-NN/ (plans/plan-NN.json the plan)",
@@ -393,6 +408,19 @@ def render_report(rows: list[ValidationRow], summary: dict, model: ModelConfig, 
     if figure:
         lines += ["", f"Worst step-time case, predicted vs measured streams: ![]({figure})"]
     return "\n".join(lines) + "\n"
+
+
+def _speed_lines(speed: dict | None) -> list[str]:
+    """The machine's speed while calibrating and during each run (`memo_exec.speed_probe`)."""
+    if not speed or speed.get("calibration_median_gflops") is None:
+        return [] if not speed else [f"- machine speed: not compared (the profile has no speed probe: calibrate again)"]
+    runs = ", ".join(f"{r['plan']} {r['median_gflops']} ({r['drift_pct']:+.1f}%"
+                     + "".join(f"; run again after {x:+.1f}%" for x in r["discarded_drifts_pct"]) + ")"
+                     for r in speed["runs"] if r["drift_pct"] is not None)
+    unsteady = (f"; beyond ±{speed['limit_pct']:.0f}%: {', '.join(speed['unsteady'])} (those runs measured another "
+                "machine than the one calibrated)" if speed["unsteady"] else f"; every run within ±{speed['limit_pct']:.0f}%")
+    return [f"- machine speed ({speed['reference']}, GFLOP/s): {speed['calibration_median_gflops']} while calibrating "
+            f"(spread {speed['calibration_spread_pct']}%), after each run's steps: {runs or 'not measured'}{unsteady}"]
 
 
 def _share_text(share: dict | None) -> str:
@@ -444,7 +472,7 @@ def record_in_profile(profile: HardwareProfile, summary: dict, device: str, json
 def validate(model: ModelConfig, profile: HardwareProfile, plans: list[PlanSpec], *, device: str,
              steps: int, out_dir: str | Path, report_path: str | Path | None, command: str,
              progress=None, budget_s: float | None = None, runner=run_plan,
-             record: bool = True) -> tuple[Path, dict]:
+             record: bool = True, speed_retries: int = 1) -> tuple[Path, dict]:
     """Run the validation and write the report (markdown and ``validation.json``); with ``record``
     write the measured step-time errors into the profile's file (`record_in_profile`; the line
     saying where is ``summary["recorded"]``); raise `ExecError` (one line) when no plan ran, after
@@ -455,11 +483,14 @@ def validate(model: ModelConfig, profile: HardwareProfile, plans: list[PlanSpec]
     load0 = _load_1min()
     with CpuShareMeter() as share:
         rows = run_validation(model, profile, plans, device=device, steps=steps, out_dir=out, progress=progress,
-                              budget_s=budget_s, runner=runner)
+                              budget_s=budget_s, runner=runner, speed_retries=speed_retries)
     summary = summarize(rows)
     summary["load_average_1min"] = [load0, _load_1min()]
     summary["cpu_share"] = share.result.to_dict() if share.result is not None else None
     summary["cpu_threads"] = cpu_threads(profile) if device == "cpu" else None
+    if device == "cpu":
+        summary["speed"] = run_speeds([(r.label, r.speed_probe, r.discarded_drifts_pct) for r in rows
+                                       if r.status == "ran"], (profile.provenance or {}).get("speed_probe"))
     ran = [r for r in rows if r.status == "ran"]
     figure, dev = None, device
     if ran:

@@ -144,6 +144,12 @@ def test_cpu_quick_writes_a_profile_the_simulator_loads(cpu_run):
         assert float(q) > 1e7 and q.source.startswith("measured:")
     assert 0 <= float(prof.gpu.copy_compute_slowdown) <= 1
     assert 0 < float(prof.efficiency.elementwise) <= 1
+    # attention measured at two head sizes per case, the memory-bound ops at two sizes, the machine's speed
+    for q in (prof.efficiency.attention_fwd_score_time, prof.efficiency.attention_bwd_score_time,
+              prof.efficiency.kernel_latency):
+        assert float(q) >= 0 and q.source.startswith("measured:"), q
+    sp = pv["speed_probe"]
+    assert len(sp["samples"]) == 4 and sp["min_gflops"] <= sp["median_gflops"] <= sp["max_gflops"]
     # the simulator's kernel-time model runs on it for an fp32 model
     assert gemm_time(1e9, prof, "fp32") > 0 and attention_bwd_time(1e9, prof, "fp32") > 0
     assert memory_bound_time(1e8, prof) > 0

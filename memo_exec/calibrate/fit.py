@@ -137,3 +137,45 @@ def fit_copy_model(sizes: list[float], times: list[float], large_from: float = 8
     if small:
         lat = statistics.median(small)
     return bw, lat
+
+
+SCORE_TIME_HEADROOM = 0.8  # the score term may take at most this share of any measured case's time
+
+
+def fit_score_time(cases: list[tuple[tuple, float, float, float]]) -> tuple[float, list[float]]:
+    """Attention's time per score element beyond its FLOPs, from cases measured at two or more head
+    sizes with the same (sequence, heads, batch).
+
+    ``cases``: (group key, FLOPs, score elements, seconds). Within a group the score elements are
+    equal and the FLOPs grow with the head size, so ``t = FLOPs / rate + elements * c`` has one
+    rate and one ``c`` per group, solved from its smallest and largest head size (the rate is the
+    one the FLOP curve then describes). Returns (the median ``c`` over the groups, clamped to 0 and
+    to `SCORE_TIME_HEADROOM` of the smallest seconds per element of any case; the per-group
+    values); (0.0, []) where no group has two head sizes."""
+    groups: dict[tuple, list[tuple[float, float, float]]] = {}
+    for key, f, e, t in cases:
+        if f > 0 and e > 0 and t > 0:
+            groups.setdefault(key, []).append((f, e, t))
+    per_group = []
+    for pts in groups.values():
+        lo, hi = min(pts), max(pts)
+        if hi[0] <= lo[0]:
+            continue
+        slope = (hi[2] - lo[2]) / (hi[0] - lo[0])  # seconds per FLOP
+        per_group.append((lo[2] - slope * lo[0]) / lo[1])
+    if not per_group:
+        return 0.0, []
+    cap = SCORE_TIME_HEADROOM * min(t / e for _k, _f, e, t in cases if e > 0 and t > 0)
+    return min(cap, max(0.0, statistics.median(per_group))), per_group
+
+
+def fit_call_latency(small: dict[str, tuple[float, float]], large: dict[str, tuple[float, float]],
+                     weights: dict[str, float]) -> float:
+    """Per-call latency of memory-bound ops from each op timed at two sizes: ``{op: (bytes, seconds)}``.
+    For an op, latency = t_small - bytes_small * (t_large / bytes_large) (its own rate, taken at the
+    large size where the latency is negligible); the mean over the ops weighted by ``weights``
+    (their calls per layer, so that a layer's ops at the small size add up), at least 0."""
+    lat = [(weights.get(op, 1.0), ts - bs * tl / bl) for op, (bs, ts) in small.items() if op in large
+           for bl, tl in [large[op]] if bl > 0 and tl > 0]
+    total = sum(w for w, _ in lat)
+    return max(0.0, sum(w * x for w, x in lat) / total) if total > 0 else 0.0

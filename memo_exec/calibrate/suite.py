@@ -29,10 +29,12 @@ from memo_exec.calibrate import elementwise as ew_bench
 from memo_exec.calibrate import gemm as gemm_bench
 from memo_exec.calibrate import memory as mem
 from memo_exec.calibrate.datasheet import known_peak
-from memo_exec.calibrate.fit import fit_copy_model, fit_efficiency_curve
+from memo_exec.calibrate.fit import fit_call_latency, fit_copy_model, fit_efficiency_curve, fit_score_time
 from memo_exec.calibrate.microbench import Bench, Progress
 from memo_exec.device import DeviceSpec, resolve_device
+from memo_exec.speed_probe import SpeedProbe
 from memo_exec.errors import ExecError
+from memo_sim.model.flops import attention_score_elements
 
 KiB, MiB, GiB = 2**10, 2**20, 2**30
 
@@ -48,6 +50,7 @@ class Grid:
     attn_heads_dims: list[tuple[int, int]]
     ew_tokens: int  # memory-bound ops on [T, h] and [T, 4h]
     ew_hidden: int
+    ew_small: tuple[int, int]  # (T, h) of the same ops timed small: their per-call latency
     hbm_bytes: int
     copy_sizes: list[int]
     copy_fit_from: int  # copy bandwidth is fitted on the sizes >= this (beyond the caches)
@@ -74,30 +77,30 @@ def grid_for(kind: str, quick: bool) -> Grid:
     if kind == "cuda":
         if quick:
             return Grid(gemm_hiddens=[1024, 4096, 8192], gemm_tps=[1, 8], gemm_tokens=[2048, 8192],
-                        attn_seqs=[1024, 4096, 16384, 32768], attn_heads_dims=[(8, 128), (32, 128)],
-                        ew_tokens=8192, ew_hidden=4096, hbm_bytes=512 * MiB,
+                        attn_seqs=[1024, 4096, 16384, 32768], attn_heads_dims=[(8, 64), (8, 128), (32, 128)],
+                        ew_tokens=8192, ew_hidden=4096, ew_small=(256, 256), hbm_bytes=512 * MiB,
                         copy_sizes=_pow4(4 * KiB, 256 * MiB), copy_fit_from=8 * MiB,
                         duplex_bytes=256 * MiB, duplex_count=4, cc_gemm_n=8192, cc_compute_s=0.2, cc_chunk=256 * MiB,
                         coll_sizes=_pow4(4 * KiB, 256 * MiB)[::2], bench_target_s=0.01, bench_min_repeats=3,
                         bench_max_repeats=30)
         return Grid(gemm_hiddens=[1024, 2048, 4096, 8192], gemm_tps=[1, 2, 8], gemm_tokens=[1024, 4096, 16384],
                     attn_seqs=[1024, 2048, 4096, 8192, 16384, 32768, 65536],
-                    attn_heads_dims=[(8, 128), (32, 128), (16, 64)],
-                    ew_tokens=16384, ew_hidden=4096, hbm_bytes=GiB,
+                    attn_heads_dims=[(8, 64), (8, 128), (32, 128), (16, 64)],
+                    ew_tokens=16384, ew_hidden=4096, ew_small=(256, 256), hbm_bytes=GiB,
                     copy_sizes=_pow4(4 * KiB, GiB), copy_fit_from=8 * MiB,
                     duplex_bytes=256 * MiB, duplex_count=8, cc_gemm_n=8192, cc_compute_s=0.5, cc_chunk=256 * MiB,
                     coll_sizes=_pow4(4 * KiB, GiB), bench_target_s=0.03, bench_min_repeats=3, bench_max_repeats=50)
     if quick:
         return Grid(gemm_hiddens=[64, 256, 512], gemm_tps=[1], gemm_tokens=[256, 1024],
-                    attn_seqs=[128, 512, 1024], attn_heads_dims=[(4, 64)],
-                    ew_tokens=4096, ew_hidden=1024, hbm_bytes=128 * MiB,
+                    attn_seqs=[128, 512, 1024], attn_heads_dims=[(4, 32), (4, 64)],
+                    ew_tokens=4096, ew_hidden=1024, ew_small=(256, 128), hbm_bytes=128 * MiB,
                     copy_sizes=[4 * KiB, 64 * KiB, MiB, 64 * MiB, 128 * MiB], copy_fit_from=64 * MiB,
                     duplex_bytes=64 * MiB, duplex_count=4, cc_gemm_n=512, cc_compute_s=0.15, cc_chunk=64 * MiB,
                     coll_sizes=[4 * KiB, 256 * KiB, 4 * MiB], bench_target_s=0.01, bench_min_repeats=5,
                     bench_max_repeats=10)
     return Grid(gemm_hiddens=[64, 128, 256, 512, 1024], gemm_tps=[1], gemm_tokens=[128, 512, 2048],
-                attn_seqs=[128, 256, 512, 1024, 2048, 4096], attn_heads_dims=[(4, 64), (8, 64)],
-                ew_tokens=16384, ew_hidden=1024, hbm_bytes=256 * MiB,
+                attn_seqs=[128, 256, 512, 1024, 2048, 4096], attn_heads_dims=[(4, 32), (4, 64), (8, 64)],
+                ew_tokens=16384, ew_hidden=1024, ew_small=(256, 128), hbm_bytes=256 * MiB,
                 copy_sizes=_pow4(4 * KiB, 256 * MiB), copy_fit_from=64 * MiB,
                 duplex_bytes=64 * MiB, duplex_count=8, cc_gemm_n=1024, cc_compute_s=0.5, cc_chunk=64 * MiB,
                 coll_sizes=_pow4(4 * KiB, 64 * MiB), bench_target_s=0.05, bench_min_repeats=5, bench_max_repeats=20)
@@ -304,18 +307,34 @@ def run_suite(opts: CalibrateOptions, progress: Progress) -> dict:
     out["collectives"] = _measure_collectives(opts, spec, grid, progress)
     bench = Bench(dev, target_s=grid.bench_target_s, min_repeats=grid.bench_min_repeats,
                   max_repeats=grid.bench_max_repeats)
+    probe = None if spec.is_cuda else SpeedProbe()  # the machine's speed between the parts (CPU)
 
+    def speed_sample(where: str) -> None:
+        if probe is not None:
+            progress.note(f"machine speed {where}: reference GEMM {probe.sample():.1f} GFLOP/s")
+
+    speed_sample("before the GEMMs")
     _measure_gemms(out, bench, grid, dtype, dtype_name, spec, peak, progress)
+    speed_sample("after the GEMMs")
     _measure_attention(out, bench, grid, dtype, opts.attention_backend, progress)
+    speed_sample("after attention")
 
     # memory bandwidth, elementwise ------------------------------------------------------------
-    progress.stage("memory bandwidth and memory-bound ops", 7)
+    progress.stage("memory bandwidth and memory-bound ops", 13)
     hbm = ew_bench.measure_copy_bandwidth(bench, grid.hbm_bytes, dtype, progress)
     hbm_bw = max(hbm["copy_bytes_per_s"], hbm["add_bytes_per_s"])
     ew = ew_bench.measure_elementwise(bench, grid.ew_tokens, grid.ew_hidden, 4 * grid.ew_hidden, dtype, progress)
+    small_t, small_h = grid.ew_small
+    ew_small = ew_bench.measure_elementwise(bench, small_t, small_h, 4 * small_h, dtype, progress)
+    latency = fit_call_latency({k: (r["sim_bytes"], r["seconds"]) for k, r in ew_small["ops"].items()},
+                               {k: (r["sim_bytes"], r["seconds"]) for k, r in ew["ops"].items()},
+                               {k: ew_bench.OPS_PER_LAYER[r["kind"]] for k, r in ew["ops"].items()})
+    progress.note(f"  memory-bound ops: {ew['layer_bytes_per_s'] / 1e9:.1f} GB/s at T={grid.ew_tokens}, "
+                  f"{latency * 1e6:.1f} us per call beyond their bytes (from T={small_t}, h={small_h})")
     out["hbm"] = dict(hbm, bandwidth=hbm_bw)
     out["elementwise"] = dict(ew, fraction_raw=ew["layer_bytes_per_s"] / hbm_bw,
-                              fraction=min(1.0, ew["layer_bytes_per_s"] / hbm_bw))
+                              fraction=min(1.0, ew["layer_bytes_per_s"] / hbm_bw), small=ew_small,
+                              call_latency_s=latency)
 
     _measure_copies(out, bench, grid, dtype, progress)
 
@@ -330,6 +349,9 @@ def run_suite(opts: CalibrateOptions, progress: Progress) -> dict:
                              else mem.default_cpu_budget(host_total),
                              "default": opts.cpu_budget_bytes is None}
 
+    speed_sample("at the end")
+    if probe is not None:
+        env["speed_probe"] = probe.summary()
     out["duration_s"] = progress.elapsed()
     if hasattr(os, "getloadavg"):
         env["load_average_1min_end"] = round(os.getloadavg()[0], 2)
@@ -360,15 +382,28 @@ def _measure_gemms(out: dict, bench: Bench, grid: Grid, dtype, dtype_name: str, 
 
 
 def _measure_attention(out: dict, bench: Bench, grid: Grid, dtype, backend_name: str, progress: Progress) -> None:
-    peak_value = out["peak"]["value"]
     cases = attn_bench.attention_cases(grid.attn_seqs, grid.attn_heads_dims)
     backend, attn_rows = attn_bench.run_attention(bench, cases, dtype, backend_name, progress)
-    out["attention"] = {
-        "backend": backend, "rows": attn_rows,
-        "fwd_curve": fit_efficiency_curve([(r["fwd_flops"], r["fwd_flops_per_s"] / peak_value) for r in attn_rows]),
-        "bwd_curve": fit_efficiency_curve([(r["bwd_flops"], r["bwd_flops_per_s"] / peak_value) for r in attn_rows]),
-        "clipped": sum(1 for r in attn_rows for k in ("fwd_flops_per_s", "bwd_flops_per_s") if r[k] > peak_value),
-    }
+    out["attention"] = dict(_fit_attention(attn_rows, out["peak"]["value"]), backend=backend)
+    a = out["attention"]
+    progress.note(f"  attention per score element beyond its FLOPs: forward {a['fwd_score_time'] * 1e9:.3f} ns, "
+                  f"backward {a['bwd_score_time'] * 1e9:.3f} ns "
+                  f"({len(a['score_fit']['fwd'])} (seq, heads) cases at two head sizes)")
+
+
+def _fit_attention(rows: list[dict], peak_value: float) -> dict:
+    """Attention's per-score-element times (`fit_score_time`, from cases at two head sizes) and
+    its efficiency curves over the rest of each case's time."""
+    out: dict = {"rows": rows, "score_fit": {}, "clipped": 0}
+    for ph in ("fwd", "bwd"):
+        cases = [((r["seq"], r["heads"], r["batch"]), r[f"{ph}_flops"],
+                  attention_score_elements(r["fwd_flops"], r["head_dim"]), r[f"{ph}_s"]) for r in rows]
+        c, per_group = fit_score_time(cases)
+        eff = [(f, f / (t - e * c) / peak_value) for _k, f, e, t in cases]
+        out[f"{ph}_score_time"], out["score_fit"][ph] = c, per_group
+        out[f"{ph}_curve"] = fit_efficiency_curve(eff)
+        out["clipped"] += sum(1 for _f, x in eff if x > 1)
+    return out
 
 
 def _measure_copies(out: dict, bench: Bench, grid: Grid, dtype, progress: Progress) -> None:
@@ -407,13 +442,8 @@ def remeasure(opts: CalibrateOptions, raw: dict, parts: tuple[str, ...], progres
     if "attention" in parts:
         _measure_attention(out, bench, grid, dtype, opts.attention_backend, progress)
     elif "gemm" in parts and not spec.is_cuda:  # the same attention measurements, relative to the new peak
-        pv = out["peak"]["value"]
-        rows = out["attention"]["rows"]
-        out["attention"] = dict(out["attention"],
-                                fwd_curve=fit_efficiency_curve([(r["fwd_flops"], r["fwd_flops_per_s"] / pv)
-                                                                for r in rows]),
-                                bwd_curve=fit_efficiency_curve([(r["bwd_flops"], r["bwd_flops_per_s"] / pv)
-                                                                for r in rows]))
+        out["attention"] = dict(_fit_attention(out["attention"]["rows"], out["peak"]["value"]),
+                                backend=out["attention"]["backend"])
     if "copies" in parts:
         _measure_copies(out, bench, grid, dtype, progress)
     out["remeasured"] = sorted(set(raw.get("remeasured", [])) | set(parts))

@@ -24,6 +24,7 @@ from memo_exec.calibrate.allocator import profile_fields as allocator_fields
 from memo_exec.calibrate.allocator import summary as allocator_summary
 from memo_exec.calibrate.microbench import TIMING_STATISTIC
 from memo_exec.calibrate.quantities import GiB, MiB, FlowMap, curve, dump_yaml, plain, q, q_bw, q_bytes, q_time, sig
+from memo_exec.calibrate.fit import SCORE_TIME_HEADROOM
 from memo_sim.errors import MemoError
 from memo_sim.fileio import atomic_write_text
 from memo_sim.profile.loader import SCHEMA, list_profiles, load_profile, parse_profile
@@ -181,12 +182,42 @@ def efficiency_section(b: Build) -> dict:
         "attention_bwd": b.measured("efficiency.attention_bwd", curve(a["bwd_curve"], (
             f"measured: backward of {attn_what}; FLOPs 2.5x the forward's; efficiency = achieved / {peak_words}; "
             f"{fit_words}{clip_a}"))),
+        **_score_times(b, a, attn_what),
+        **_call_latency(b, e),
         "elementwise": b.measured("efficiency.elementwise", q(e["fraction"], "ratio", (
             f"measured: one layer's layer-norm, residual-add and GELU forward and backward as memo_exec runs them "
             f"(T={e['tokens']}, h={e['hidden']}, f={e['ffn']}, {r['dtype']}; {ops}), bytes counted as the simulator "
             f"counts them: {e['layer_bytes_per_s'] / 1e9:.1f} GB/s = {e['fraction_raw']:.3f} of hbm_bandwidth"
             + ("" if e["fraction_raw"] <= 1 else ", capped at 1") + f", {at}"))),
     }
+
+
+def _score_times(b: Build, a: dict, attn_what: str) -> dict:
+    """``efficiency.attention_{fwd,bwd}_score_time`` where the run measured them (raw results of
+    calibrations before memo did have no ``fwd_score_time``: nothing is written)."""
+    out = {}
+    for ph, word in (("fwd", "forward"), ("bwd", "backward")):
+        if f"{ph}_score_time" not in a:
+            continue
+        n = len(a["score_fit"][ph])
+        how = (f"measured: {word} of {attn_what}: t = FLOPs at the curve + score elements (b*s^2*heads/2) x this, "
+               f"solved per (s, heads) from the smallest and largest head size, median of {n} case(s), at least 0 "
+               f"and at most {SCORE_TIME_HEADROOM:g} of any case's time per element" if n else
+               f"not separable: every (s, heads) was measured at one head size ({attn_what}); taken as 0")
+        key = f"efficiency.attention_{ph}_score_time"
+        out[f"attention_{ph}_score_time"] = b.measured(key, q_time(a[f"{ph}_score_time"], how))
+    return out
+
+
+def _call_latency(b: Build, e: dict) -> dict:
+    """``efficiency.kernel_latency`` where the run measured the memory-bound ops at a small size too."""
+    if "call_latency_s" not in e:
+        return {}
+    sm = e["small"]
+    return {"kernel_latency": b.measured("efficiency.kernel_latency", q_time(e["call_latency_s"], (
+        f"measured: the same memory-bound ops at T={sm['tokens']}, h={sm['hidden']}, f={sm['ffn']}: per op, its time "
+        f"less its bytes at its own rate at T={e['tokens']}; mean over the ops weighted by their calls per layer, "
+        f"at least 0, {b.at}")))}
 
 
 def _gpus_per_node(b: Build) -> FlowMap:
@@ -374,7 +405,7 @@ def provenance(b: Build) -> dict:
     prov.update({"torch": env["torch"], "python": env["python"], "platform": env["platform"], "cpu": env["cpu"],
                  "cpu_count": env["cpu_count"], "torch_threads": env["torch_threads"],
                  "load_average_1min": [env.get("load_average_1min"), env.get("load_average_1min_end")],
-                 "cpu_share": env.get("cpu_share"),
+                 "cpu_share": env.get("cpu_share"), "speed_probe": env.get("speed_probe"),
                  "timing": (f"{TIMING_STATISTIC} of the repeats timed with CUDA events" if b.cuda else
                             f"{TIMING_STATISTIC} of the repeats timed with perf_counter (the runs' steps are "
                             "compared by their median too)"),

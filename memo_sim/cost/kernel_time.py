@@ -10,13 +10,17 @@
   `gemm_bytes` gives a GEMM's operand bytes from its shape: an (m x k) by (k x n) product reads
   m·k + k·n elements and writes m·n, ``batch`` times. The transformer layer's GEMMs
   (k = hidden or FFN width) sit far above the ridge and are compute-bound.
-- Attention (FlashAttention): FLOPs at the attention efficiency curves.
+- Attention (FlashAttention): FLOPs at the attention efficiency curves, plus the profile's time
+  per causal score element (``efficiency.attention_*_score_time``) times the kernel's score
+  elements when the head size is known (`memo_sim.model.flops.attention_score_elements`).
 - Memory-bound kernels (norms, activations, residual adds, softmax and dropout passes, Adam):
-  bytes / (HBM bandwidth · elementwise fraction).
+  bytes / (HBM bandwidth · elementwise fraction); one op of a layer (`memory_bound_op_time`)
+  adds the profile's per-call ``efficiency.kernel_latency``.
 """
 
 from __future__ import annotations
 
+from memo_sim.model.flops import ATTN_BWD_FACTOR, attention_score_elements
 from memo_sim.profile.schema import HardwareProfile
 
 
@@ -31,20 +35,39 @@ def gemm_time(flops: float, profile: HardwareProfile, dtype: str = "bf16", nbyte
     return max(flops / (profile.peak(dtype) * profile.efficiency.gemm(flops)), memory_bound_time(nbytes, profile))
 
 
-def attention_fwd_time(flops: float, profile: HardwareProfile, dtype: str = "bf16") -> float:
+def attention_fwd_time(flops: float, profile: HardwareProfile, dtype: str = "bf16",
+                       head_dim: int | None = None) -> float:
+    """Forward attention of ``flops``; with ``head_dim``, its score elements at the profile's
+    time per element too."""
     if flops <= 0:
         return 0.0
-    return flops / (profile.peak(dtype) * profile.efficiency.attention_fwd(flops))
+    t = flops / (profile.peak(dtype) * profile.efficiency.attention_fwd(flops))
+    if head_dim:
+        t += attention_score_elements(flops, head_dim) * float(profile.efficiency.attention_fwd_score_time)
+    return t
 
 
-def attention_bwd_time(flops: float, profile: HardwareProfile, dtype: str = "bf16") -> float:
+def attention_bwd_time(flops: float, profile: HardwareProfile, dtype: str = "bf16",
+                       head_dim: int | None = None) -> float:
     """``flops`` are the backward kernel's own FLOPs (2.5x the forward's for FlashAttention)."""
     if flops <= 0:
         return 0.0
-    return flops / (profile.peak(dtype) * profile.efficiency.attention_bwd(flops))
+    t = flops / (profile.peak(dtype) * profile.efficiency.attention_bwd(flops))
+    if head_dim:
+        t += (attention_score_elements(flops / ATTN_BWD_FACTOR, head_dim)
+              * float(profile.efficiency.attention_bwd_score_time))
+    return t
 
 
 def memory_bound_time(nbytes: float, profile: HardwareProfile) -> float:
     if nbytes <= 0:
         return 0.0
     return nbytes / (float(profile.gpu.hbm_bandwidth) * float(profile.efficiency.elementwise))
+
+
+def memory_bound_op_time(nbytes: float, profile: HardwareProfile) -> float:
+    """One memory-bound op of a layer (a norm, an activation, a residual add): its bytes over the
+    bandwidth plus the profile's per-call latency."""
+    if nbytes <= 0:
+        return 0.0
+    return memory_bound_time(nbytes, profile) + float(profile.efficiency.kernel_latency)

@@ -20,7 +20,8 @@ from memo_sim.cost.activations import tensor_bytes, tokens_per_gpu
 from memo_sim.model.flops import ATTN_BWD_FACTOR, op_flops
 from memo_sim.cost.memo import memoised
 from memo_sim.cost.attention_kernel import materialised_attention
-from memo_sim.cost.kernel_time import attention_bwd_time, attention_fwd_time, gemm_bytes, gemm_time, memory_bound_time
+from memo_sim.cost.kernel_time import attention_bwd_time, attention_fwd_time, gemm_bytes, gemm_time, \
+    memory_bound_op_time
 from memo_sim.cost.opcost import OpCost, chain_dependencies, chain_tail, critical_time  # noqa: F401  (re-exported)
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
@@ -76,12 +77,14 @@ def _compute_cost(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, se
         f = op_flops(op, model, batch, seq) / shards
         if phase == "bwd":
             f *= ATTN_BWD_FACTOR
-            return OpCost(op.name, "attention", phase, "compute", attention_bwd_time(f, profile, model.dtype), flops=f)
-        return OpCost(op.name, "attention", phase, "compute", attention_fwd_time(f, profile, model.dtype), flops=f)
+            return OpCost(op.name, "attention", phase, "compute",
+                          attention_bwd_time(f, profile, model.dtype, model.head_dim), flops=f)
+        return OpCost(op.name, "attention", phase, "compute", attention_fwd_time(f, profile, model.dtype, model.head_dim),
+                      flops=f)
     nbytes = _elementwise_bytes(op, model, layout, batch, seq) * fraction
     if phase == "bwd":
         nbytes *= ELEMENTWISE_BWD_FACTOR
-    return OpCost(op.name, op.kind, phase, "compute", memory_bound_time(nbytes, profile), nbytes=nbytes)
+    return OpCost(op.name, op.kind, phase, "compute", memory_bound_op_time(nbytes, profile), nbytes=nbytes)
 
 
 def _tp_collective(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, seq: int,

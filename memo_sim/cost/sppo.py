@@ -136,15 +136,16 @@ _COSTS: dict[tuple, tuple[HardwareProfile, tuple[list[OpCost], list[OpCost]]]] =
 _COSTS_MAX = 20000
 
 
-def _reprice_attention(costs: list[OpCost], flops_fwd: float, profile: HardwareProfile, dtype: str) -> list[OpCost]:
+def _reprice_attention(costs: list[OpCost], flops_fwd: float, profile: HardwareProfile, dtype: str,
+                       head_dim: int) -> list[OpCost]:
     out = []
     for c in costs:
         if c.kind == "attention" and c.stream == "compute":
             if c.phase == "bwd":
                 f = flops_fwd * ATTN_BWD_FACTOR
-                c = replace(c, seconds=attention_bwd_time(f, profile, dtype), flops=f)
+                c = replace(c, seconds=attention_bwd_time(f, profile, dtype, head_dim), flops=f)
             else:
-                c = replace(c, seconds=attention_fwd_time(flops_fwd, profile, dtype), flops=flops_fwd)
+                c = replace(c, seconds=attention_fwd_time(flops_fwd, profile, dtype, head_dim), flops=flops_fwd)
         out.append(c)
     return out
 
@@ -163,8 +164,8 @@ def piece_costs(model: ModelConfig, layout: Layout, batch: int, start: int, leng
     bwd = backward_costs(model, shard, batch, length, profile)
     if start > 0:
         f = prefix_attention_flops(batch, start, length, model.hidden) / (shard.tp * shard.seq_split)
-        fwd = _reprice_attention(fwd, f, profile, model.dtype)
-        bwd = _reprice_attention(bwd, f, profile, model.dtype)
+        fwd = _reprice_attention(fwd, f, profile, model.dtype, model.head_dim)
+        bwd = _reprice_attention(bwd, f, profile, model.dtype, model.head_dim)
     if memo:
         if len(_COSTS) > _COSTS_MAX:
             _COSTS.clear()
@@ -226,8 +227,8 @@ def piece_timer(model: ModelConfig, layout: Layout, batch: int, profile: Hardwar
             out = (critical_time(f), critical_time(b))
         else:
             fl = prefix_attention_flops(batch, start, length, h) / shards
-            out = (rest[0] * scale + attention_fwd_time(fl, profile, dtype),
-                   rest[1] * scale + attention_bwd_time(fl * ATTN_BWD_FACTOR, profile, dtype))
+            out = (rest[0] * scale + attention_fwd_time(fl, profile, dtype, model.head_dim),
+                   rest[1] * scale + attention_bwd_time(fl * ATTN_BWD_FACTOR, profile, dtype, model.head_dim))
         memo[(start, length)] = out
         return out
 

@@ -24,6 +24,13 @@ def causal_attention_flops(batch: int, seq: int, hidden: int) -> float:
     return 2.0 * batch * seq * seq * hidden
 
 
+def attention_score_elements(fwd_flops: float, head_dim: int) -> float:
+    """Score elements (query-key pairs of one head) behind ``fwd_flops`` of causal attention:
+    each costs a multiply-add over the head size in QK^T and another in PV (4·head_dim FLOPs;
+    `causal_attention_flops` counts the lower triangle, so does this)."""
+    return fwd_flops / (4.0 * head_dim)
+
+
 def op_flops(op: OpSpec, model: ModelConfig, batch: int, seq: int) -> float:
     """Forward FLOPs of one op of one layer for a whole (unsplit) sequence batch."""
     tokens = batch * seq

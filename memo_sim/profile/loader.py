@@ -137,6 +137,9 @@ class _EfficiencyIn(_In):
     attention_fwd: _CurveIn
     attention_bwd: _CurveIn
     elementwise: Share
+    attention_fwd_score_time: Time | None = None  # optional: profiles written before memo measured them
+    attention_bwd_score_time: Time | None = None
+    kernel_latency: Time | None = None
 
 
 class _NodeIn(_In):
@@ -211,7 +214,9 @@ def parse_profile(raw: Any, source: str) -> HardwareProfile:
         gpu=GPUSpec(g.model, g.memory, g.reserved, dict(g.peak_flops), g.hbm_bandwidth, g.copy_compute_slowdown,
                     AllocatorCosts(al.sync, al.cuda_malloc_latency, al.cuda_malloc_throughput, al.cuda_free_latency,
                                    al.cuda_free_throughput) if al is not None else DEFAULT_ALLOCATOR_COSTS),
-        efficiency=Efficiency(e.gemm.typed(), e.attention_fwd.typed(), e.attention_bwd.typed(), e.elementwise),
+        efficiency=Efficiency(e.gemm.typed(), e.attention_fwd.typed(), e.attention_bwd.typed(), e.elementwise,
+                              **{k: q for k in ("attention_fwd_score_time", "attention_bwd_score_time",
+                                                "kernel_latency") if (q := getattr(e, k)) is not None}),
         gpus_per_node=d.node.gpus_per_node,
         nvlink=Link(d.nvlink.bandwidth, d.nvlink.latency),
         internode=Link(d.internode.bandwidth, d.internode.latency),

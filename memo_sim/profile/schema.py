@@ -103,12 +103,32 @@ class GPUSpec:
     allocator: AllocatorCosts = DEFAULT_ALLOCATOR_COSTS  # cudaMalloc / cudaFree / synchronise costs
 
 
+_NOT_MEASURED = ("not measured: this profile has none (written before memo measured it, or calibrated with one "
+                 "head size per case); taken as 0")
+NO_TIME = Quantity(0.0, _NOT_MEASURED)
+
+
 @dataclass(frozen=True)
 class Efficiency:
+    """How fast a layer's kernels run, as fractions of the peak and per-call costs.
+
+    ``attention_*_score_time``: seconds per causal score element (one query-key pair of one
+    head) that an attention kernel spends beyond its FLOPs at the ``attention_*`` curve: the
+    softmax's exponentials and the score matrix's passes scale with seq²·heads whatever the head
+    size, the GEMM FLOPs with seq²·heads·head_dim, so a curve over FLOPs alone, measured at one
+    head size, under-prices a smaller one. ``kernel_latency``: seconds a memory-bound op (norm,
+    activation, residual add) costs beyond its bytes over the bandwidth, per call: what a small
+    op pays for its dispatch and for operands that start out in memory, not in cache.
+    `memo-exec calibrate` measures the three (attention at two head sizes, the ops at two sizes);
+    a profile without them prices both as 0."""
+
     gemm: Curve
     attention_fwd: Curve
     attention_bwd: Curve
     elementwise: Quantity  # fraction of HBM bandwidth reached by norms / activations / adds
+    attention_fwd_score_time: Quantity = NO_TIME  # seconds per causal score element (forward)
+    attention_bwd_score_time: Quantity = NO_TIME  # seconds per causal score element (backward)
+    kernel_latency: Quantity = NO_TIME  # seconds per memory-bound op call
 
 
 @dataclass(frozen=True)
