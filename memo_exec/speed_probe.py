@@ -16,7 +16,10 @@ caches written over before each repeat, `memo_exec.calibrate.microbench.Bench`),
 (``provenance.speed_probe``), a CPU run after every step, outside the step's timing
 (``speed_probe`` of the run's --json document), and `drift` compares the two:
 `memo_exec.host_share.busy_reason` treats a run whose median sample is more than
-`SPEED_DRIFT_LIMIT` away from the calibration's as a run on another machine.
+`SPEED_DRIFT_LIMIT` away from the calibration's as a run on another machine. The calibration
+measures its GEMMs (the rates most of a step's time is priced at) once more when the samples
+before and after them are that far apart, and `memo_exec.validate` runs such a run again
+(``--speed-retries``).
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ class SpeedProbe:
         self._bench = Bench(torch.device("cpu"), warmup=1, cold=True)
         self._t0 = time.monotonic()
         self.samples: list[tuple[float, float]] = []  # (seconds since the probe was made, GFLOP/s)
+        self.discarded: list[tuple[float, float]] = []  # samples around a measurement that was done again
 
     def _gemm(self) -> None:
         self._addmm(self._b, self._x, self._w.t(), out=self._out)
@@ -63,6 +67,16 @@ class SpeedProbe:
         self.samples.append((round(time.monotonic() - self._t0, 3), round(rate, 2)))
         return rate
 
+    def moved(self, last: int) -> float:
+        """(max - min) / min of the last ``last`` samples: how far the speed moved across them."""
+        rates = [r for _, r in self.samples[-last:]]
+        return (max(rates) - min(rates)) / min(rates) if rates and min(rates) > 0 else 0.0
+
+    def discard(self, last: int) -> None:
+        """Set the last ``last`` samples aside (the measurement between them is being done again)."""
+        self.discarded += self.samples[-last:]
+        del self.samples[-last:]
+
     def summary(self) -> dict | None:
         if not self.samples:
             return None
@@ -71,7 +85,7 @@ class SpeedProbe:
         return {"reference": reference_text(), "threads": self._threads,
                 "median_gflops": round(med, 2), "min_gflops": min(rates), "max_gflops": max(rates),
                 "spread_pct": round(100.0 * (max(rates) - min(rates)) / med, 1) if med > 0 else None,
-                "samples": [list(s) for s in self.samples]}
+                "samples": [list(s) for s in self.samples], "discarded": [list(s) for s in self.discarded]}
 
 
 def drift(run: dict | None, calibration: dict | None) -> float | None:

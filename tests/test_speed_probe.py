@@ -25,6 +25,11 @@ def test_probe_samples_the_reference_gemm():
     assert all(r > 0.05 for r in rates)  # GFLOP/s: any CPU does more than 50 MFLOP/s
     assert len(s["samples"]) == 2 and s["min_gflops"] <= s["median_gflops"] <= s["max_gflops"]
     assert s["samples"][0][0] <= s["samples"][1][0] and "cold caches" in s["reference"]
+    p.samples[-1] = (p.samples[-1][0], p.samples[-2][1] * 1.5)
+    assert p.moved(2) == pytest.approx(0.5)
+    p.discard(1)
+    s = p.summary()
+    assert len(s["samples"]) == 1 and len(s["discarded"]) == 1
 
 
 def test_drift_and_run_speeds():
