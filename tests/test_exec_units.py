@@ -409,6 +409,7 @@ def _fake_executor(step_loss, steps: int = 4):
 
     class Fake:
         allocated, estimate, plan, policy = True, None, None, None
+        device = torch.device("meta")  # no machine-speed probe between the steps (a CPU run has one)
         opts = RunOptions(steps=steps)
         ran: list = []
 
