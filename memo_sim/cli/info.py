@@ -76,7 +76,7 @@ def check_plan(plan_file):
     def num(v, fmt) -> str:
         return "n/a" if v is None else fmt(v)
 
-    click.echo(f"{plan_file}: valid {plan.model.name}, {fmt_count(plan.seq_tokens)} tokens, {plan.gpus} GPUs, "
+    click.echo(f"{plan_file}: valid {plan.model.name}, {fmt_count(plan.seq_tokens)} tokens, {plural(plan.gpus, 'GPU')}, "
                f"{plan.layout.label()}, {plan.policy.label()}, predicted {p.status} "
                f"{num(p.iteration_s, fmt_time)}/iter, MFU {num(p.mfu, lambda m: f'{100 * m:.1f}%')}")
     click.echo(f"  schedule {plan.schedule}: {plural(plan.micro_batches, 'micro-batch', 'micro-batches')} of "
@@ -95,6 +95,23 @@ def check_plan(plan_file):
         click.echo(f"  SPPO: PP={plan.layout.pp}, N={plan.policy.subseqs} ({plan.policy.partition} partition"
                    f"{', multiplexed' if plan.policy.multiplex else ''}); subsequence lengths "
                    f"{b[1] - b[0]}..{b[-1] - b[-2]} tokens; alpha_i {min(a):.3f}..{max(a):.3f}")
+    _binding_and_memory(plan)
+
+
+def _binding_and_memory(plan) -> None:
+    """What binds and the memory at the peak, from one simulated iteration: the lines and table of
+    `memo-sim explain` (`memo_sim.cli.explain`), so the words are written once."""
+    from memo_sim.cli.explain import add_memory_part, binding_words, plan_breakdown, simulate_plan
+    from memo_sim.profile.loader import load_profile
+    from memo_sim.report.formats import Answer, render
+
+    profile = load_profile(plan.profile)
+    res = simulate_plan(plan, profile)
+    a = Answer()
+    a.line(f"  binding: {binding_words(plan, profile, res)}")
+    add_memory_part(a, plan, res, plan_breakdown(plan, profile))
+    a.line("(memo-sim explain PLAN: the time breakdown as well)")
+    click.echo(render(a, "table"))
 
 
 COMMANDS = (profiles, models, frameworks, check_plan)
