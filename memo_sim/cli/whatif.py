@@ -256,7 +256,7 @@ def _print_answer(ans, paths: dict, elapsed: float, show: Show) -> None:
     batch_words = (f"{req.global_batch} sequences per iteration" if req.global_batch
                    else f"{req.batch} per replica" if req.batch
                    else "1 per replica" + (" (a pipeline: pp micro-batches per replica)"
-                                           if result.searched.get("pipeline") else ""))
+                                           if (result.searched.get("pipeline") or {}).get("pp") else ""))
     shown = fold_duplicates(result.candidates)
     view = WhatIfView(
         model=req.model, seq=req.seq, gpus=req.gpus, profile=req.profile, result=result, shown=shown, best=best,

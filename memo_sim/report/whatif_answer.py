@@ -160,7 +160,9 @@ def searched_words(searched: dict) -> str:
     """What the what-if searched, in one line."""
     words = ", ".join(searched.get("schedules", ())) or "nothing"
     pipe = searched.get("pipeline")
-    if pipe:
+    if pipe and not pipe["pp"]:
+        words += f"; pipelines ({pipe['why']}): none valid with the degrees given"
+    elif pipe:
         words += (f"; pipelines ({pipe['why']}): pp {', '.join(map(str, pipe['pp'])) or '-'}, "
                   f"vpp {', '.join(map(str, pipe['vpp'])) or '-'}, micro-batch "
                   f"{', '.join(map(str, pipe['micro_batch'])) or '-'}")
