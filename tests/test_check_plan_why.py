@@ -41,3 +41,20 @@ def test_check_plan_prints_the_binding_line_and_memory_of_simulate_and_explain(t
     else:
         for row in ("model states", "kept activations", "layer transients", "peak (the terms above)"):
             assert _line(check.output, row) == _line(explain.output, row)
+
+
+def test_check_plan_json_is_explains_memory_and_binding(tmp_path):
+    out = tmp_path / "p"
+    r = CliRunner().invoke(cli, TOY + ["--gpus", "1", "--policy", "full_offload", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    plan = str(out / "plan.json")
+    import json
+
+    check = json.loads(CliRunner().invoke(cli, ["check-plan", plan, "--format", "json"]).output)
+    explain = json.loads(CliRunner().invoke(cli, ["explain", plan, "--json"]).output)
+    assert check["valid"] is True and check["binding"] == explain["binding"]
+    for key in ("memory_terms_bytes", "analytic_peak_gpu_bytes", "simulated_peak_gpu_bytes", "peak",
+                "host_bytes_per_node"):
+        assert check[key] == explain[key], key
+    md = CliRunner().invoke(cli, ["check-plan", plan, "--format", "md"])
+    assert md.exit_code == 0 and md.output.startswith(f"**{plan}: valid") and "| model states |" in md.output

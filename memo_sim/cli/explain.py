@@ -35,20 +35,13 @@ def explain(plan_file, out_format, as_json):
     mem = plan_breakdown(plan, profile)
     peaks = {d: peak_moment(res, d) for d in devices}
     binding = binding_words(plan, profile, res)
-    terms = memory_terms(plan, mem)
     runner_up = plan.predicted.runner_up
     if as_json:
         click.echo(json.dumps({
             "plan": str(plan_file), "status": res.status, "iteration_s": res.iteration_s, "mfu": res.mfu,
             "time_breakdown_s": [{"device": t.device, "iteration_s": t.iteration_s, "busy": t.busy_s,
                                   "waits": t.waits_s} for t in times],
-            "memory_terms_bytes": None if (res.pipeline or {}).get("stages") else terms,
-            "stages": (res.pipeline or {}).get("stages"),
-            "analytic_peak_gpu_bytes": max((st["analytic_peak_gpu_bytes"] for st in (res.pipeline or {}).get("stages")
-                                            or ()), default=mem.peak_gpu_bytes),
-            "simulated_peak_gpu_bytes": res.peak_gpu_bytes, "gpu_capacity_bytes": res.gpu_capacity_bytes,
-            "peak": peaks, "host_bytes_per_node": res.peak_host_bytes_per_node,
-            "host_capacity_bytes": res.host_capacity_bytes, "binding": binding, "runner_up": runner_up,
+            **memory_json(plan, res, mem, peaks), "binding": binding, "runner_up": runner_up,
             "failure": res.failure.message() if res.failure is not None else None}, indent=1))
         return
     a = Answer()
@@ -94,6 +87,18 @@ def memory_terms(plan, mem) -> dict:
                 mem.transient_peak_bytes,
             "boundary activation": mem.layer_boundary_bytes, "classifier (beside transients, max of the two)":
                 mem.classifier_peak_bytes}
+
+
+def memory_json(plan, res, mem, peaks: dict) -> dict:
+    """The memory part of explain's and check-plan's JSON: the per-GPU terms (per-stage peaks for a
+    pipeline), both tiers' peaks, when each GPU peaks, and host memory per node."""
+    stages = (res.pipeline or {}).get("stages")
+    return {"memory_terms_bytes": None if stages else memory_terms(plan, mem), "stages": stages,
+            "analytic_peak_gpu_bytes": max((st["analytic_peak_gpu_bytes"] for st in stages or ()),
+                                           default=mem.peak_gpu_bytes),
+            "simulated_peak_gpu_bytes": res.peak_gpu_bytes, "gpu_capacity_bytes": res.gpu_capacity_bytes,
+            "peak": peaks, "host_bytes_per_node": res.peak_host_bytes_per_node,
+            "host_capacity_bytes": res.host_capacity_bytes}
 
 
 def add_memory_part(a: Answer, plan, res, mem, peaks: dict | None = None) -> None:
