@@ -8,8 +8,14 @@ from memo_sim.errors import MemoError
 from memo_sim.model.config import PRESETS
 from memo_sim.plan.schema import read_plan
 from memo_sim.profile.loader import list_profiles, load_profile
-from memo_sim.report.explain import peak_moment
-from memo_sim.report.formats import Answer, emit, fmt_params, format_options, plural, resolve_format
+from memo_sim.report.formats import (
+    Answer,
+    emit,
+    fmt_params,
+    format_options,
+    plural,
+    resolve_format,
+)
 from memo_sim.report.peaks import planned_peak
 from memo_sim.report.table import render_table
 from memo_sim.units import fmt_bytes, fmt_count, fmt_time
@@ -67,8 +73,15 @@ def frameworks(as_json):
 def check_plan(plan_file, out_format, as_json):
     """Validate a plan.json and summarise it: what binds and the memory at the peak (one simulated
     iteration, the words of memo-sim explain)."""
-    from memo_sim.cli.explain import add_memory_part, binding_words, memory_json, plan_breakdown, simulate_plan
+    from memo_sim.cli.explain import (
+        add_memory_part,
+        binding_words,
+        memory_json,
+        plan_breakdown,
+        simulate_plan,
+    )
     from memo_sim.errors import PlanError
+    from memo_sim.report.explain import peak_moment
     from memo_sim.search.plan_check import plan_problems
 
     plan = read_plan(plan_file)
