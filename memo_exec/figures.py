@@ -2,6 +2,7 @@
 
 - `overlay_gantt`: predicted over measured busy spans per stream; for a run of several ranks one
   panel per drawn rank (`ranks_to_draw`), each against the simulated GPU that stands for it.
+- `rank_host_samples`: every drawn rank's host memory, for the memory figure's stacked host panel.
 - `layer_figure`: one layer's op times, predicted beside every drawn rank's measurement (a log
   axis where they differ by more than `LOG_RATIO`, each predicted value written on its bar), and
   the measured time of every layer per rank.
@@ -9,6 +10,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -17,7 +19,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
 from memo_sim.fileio import save_png
-from memo_sim.timeline import Timeline
+from memo_sim.timeline import MemorySample, Timeline
 
 STREAM_ORDER = ("compute", "d2h", "h2d", "comm", "cp_comm", "tp_p2p", "tp_bcast", "dp_comm")
 COORDS = ("dp", "pp", "cp", "ulysses", "tp")
@@ -49,6 +51,15 @@ def ranks_to_draw(rows: list[dict]) -> tuple[list[dict], str]:
     picked = [r for r in rows if r.get("tp", 0) == 0 and r.get("dp", 0) == 0][:MAX_RANKS_DRAWN]
     return picked, (f"{len(picked)} of {len(rows)} ranks: one per pipeline stage and context position "
                     f"(tp = dp = 0; their tensor- and data-parallel peers run the same schedule)")
+
+
+def rank_host_samples(payloads: list[dict], ranks: list[int]) -> list[MemorySample]:
+    """The host memory samples of every rank in ``ranks`` (its pinned pool, recorded by each rank
+    under the node's number) under the rank's own number, so that
+    `memo_sim.report.figures.memory_figure` draws each rank's host memory, stacked, instead of
+    rank 0's alone."""
+    return [replace(m, device=p["rank"]) for p in payloads if p["rank"] in ranks
+            for m in p["memory"] if m.kind == "host"]
 
 
 def _overlay_panel(ax, pred_events, meas_events, streams, spans, relative) -> None:

@@ -24,7 +24,7 @@ import torch
 
 from memo_exec.compare import op_rows, rel_error, resimulate, ring_stall_seconds, sim_memory_breakdown, stream_rows
 from memo_exec.device import element_size
-from memo_exec.figures import layer_figure, overlay_gantt, rank_coords, ranks_to_draw
+from memo_exec.figures import layer_figure, overlay_gantt, rank_coords, rank_host_samples, ranks_to_draw
 from memo_exec.measure import steady_steps, steady_value, timeline_from_step
 from memo_exec.runner import RunResult
 from memo_sim.model.flops import mfu
@@ -533,8 +533,8 @@ def rank_figures(payloads: list[dict], rows: list[dict], tl: Timeline, res0, com
     by_rank = {p["rank"]: p for p in payloads}
     coords = rank_coords(rows)
     name = {r: f"rank {r}" + (f" ({coords[r]})" if coords.get(r) else "") for r in ids}
-    shown = Timeline(events=tl.events, memory=[m for m in tl.memory if m.kind != "gpu" or m.device in ids],
-                     meta=tl.meta)
+    shown = Timeline(events=tl.events, memory=[m for m in tl.memory if m.kind == "gpu" and m.device in ids]
+                     + rank_host_samples(payloads, ids), meta=tl.meta)  # every drawn rank's host memory too
     last = {r: by_rank[r]["summaries"][-1] for r in ids}
     draw = {
         "timeline.png": lambda p: gantt_figure(shown, p, devices=ids, note=note),

@@ -47,7 +47,8 @@ class TimelineEvent:
 @dataclass(frozen=True)
 class MemorySample:
     time: float
-    device: int  # GPU index, or -1 - n for node n's host memory (-1: node 0's)
+    device: int  # GPU index, or -1 - n for node n's host memory (-1: node 0's); a rank's own host memory
+    # drawn apart (`memo_exec.figures.rank_host_samples`): the rank
     kind: str  # "gpu" | "host"
     nbytes: float
 

@@ -4,7 +4,7 @@ ones of the two plans it names (peaks by `memo_sim.report.peaks.candidate_peak`,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 
@@ -21,6 +21,11 @@ class Mem:
 
 
 @dataclass
+class Est:
+    iteration_s: float | None = None
+
+
+@dataclass
 class Cand:
     layout: Layout
     policy: object
@@ -29,6 +34,7 @@ class Cand:
     status: str = "OK"
     sppo: object = None
     simulated: dict | None = None
+    estimate: Est = field(default_factory=Est)
 
     @property
     def memory(self):

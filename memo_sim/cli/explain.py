@@ -29,34 +29,19 @@ def explain(plan_file, out_format, as_json):
     as_json = resolve_format(out_format, as_json) == "json"
     plan = read_plan(plan_file)
     profile = load_profile(plan.profile)
-    res = simulate(plan.model, plan.layout, plan.batch, plan.seq_tokens, plan.policy, profile, record=True,
-                   classifier_chunk_tokens=plan.classifier_chunk_tokens, schedule=plan.schedule,
-                   micro_batch=plan.micro_batch)
-    _add_stage_analytic_peaks(plan, profile, res)
+    res = simulate_plan(plan, profile)
     devices = sorted({o.device for o in res.ops if o.device >= 0})
     times = [time_breakdown(res, d) for d in devices]
-    mem = memory_breakdown(plan.model, plan.layout, plan.batch, plan.seq_tokens, plan.policy, profile,
-                           classifier_chunk_tokens=plan.classifier_chunk_tokens)
+    mem = plan_breakdown(plan, profile)
     peaks = {d: peak_moment(res, d) for d in devices}
     binding = binding_words(plan, profile, res)
-    terms = {"model states": mem.model_states_bytes, "kept activations": mem.skeletal_resident_bytes,
-             "rounding / recompute buffers": mem.rounding_buffer_bytes, "attention lse": mem.lse_bytes,
-             f"layer transients ({'static plan' if plan.policy.static_memory_plan else 'caching allocator'})":
-                 mem.transient_peak_bytes,
-             "boundary activation": mem.layer_boundary_bytes, "classifier (beside transients, max of the two)":
-                 mem.classifier_peak_bytes}
+    runner_up = plan.predicted.runner_up
     if as_json:
         click.echo(json.dumps({
             "plan": str(plan_file), "status": res.status, "iteration_s": res.iteration_s, "mfu": res.mfu,
             "time_breakdown_s": [{"device": t.device, "iteration_s": t.iteration_s, "busy": t.busy_s,
                                   "waits": t.waits_s} for t in times],
-            "memory_terms_bytes": None if (res.pipeline or {}).get("stages") else terms,
-            "stages": (res.pipeline or {}).get("stages"),
-            "analytic_peak_gpu_bytes": max((st["analytic_peak_gpu_bytes"] for st in (res.pipeline or {}).get("stages")
-                                            or ()), default=mem.peak_gpu_bytes),
-            "simulated_peak_gpu_bytes": res.peak_gpu_bytes, "gpu_capacity_bytes": res.gpu_capacity_bytes,
-            "peak": peaks, "host_bytes_per_node": res.peak_host_bytes_per_node,
-            "host_capacity_bytes": res.host_capacity_bytes, "binding": binding,
+            **memory_json(plan, res, mem, peaks), "binding": binding, "runner_up": runner_up,
             "failure": res.failure.message() if res.failure is not None else None}, indent=1))
         return
     a = Answer()
@@ -64,6 +49,8 @@ def explain(plan_file, out_format, as_json):
     a.verdict = (f"{plan.model.name}, {fmt_count(plan.seq_tokens)} tokens x {plan.batch}, {plan.layout.label()}, "
                  f"{plan.policy.label()} on {plan.gpus} x {profile.gpu.model}: {res.status}, {it}")
     a.line(f"binding: {binding}")
+    if runner_up:
+        a.line(f"the what-if's ranking when it wrote this plan: {runner_up['words']}")
     a.line(f"profile {profile.name}: {profile.provenance_line()}")
     for t in times:
         rows = [[k, fmt_time(v), f"{100 * v / t.iteration_s:.1f}%"] for k, v in t.busy_s.items()]
@@ -72,6 +59,53 @@ def explain(plan_file, out_format, as_json):
         rows.append(["iteration", fmt_time(t.iteration_s), "100.0%"])
         where = f"GPU {t.device}" + (f" (stage {devices.index(t.device)})" if len(devices) > 1 else "")
         a.table(["", "seconds", "share"], rows, title=f"\ntime on {where}'s compute stream (simulated):")
+    add_memory_part(a, plan, res, mem, peaks)
+    emit(a, resolve_format(out_format, False))
+
+
+def simulate_plan(plan, profile):
+    """One recorded iteration of ``plan`` under its schedule (explain and check-plan read it), with
+    a micro-batch pipeline's analytic stage peaks added."""
+    res = simulate(plan.model, plan.layout, plan.batch, plan.seq_tokens, plan.policy, profile, record=True,
+                   classifier_chunk_tokens=plan.classifier_chunk_tokens, schedule=plan.schedule,
+                   micro_batch=plan.micro_batch)
+    _add_stage_analytic_peaks(plan, profile, res)
+    return res
+
+
+def plan_breakdown(plan, profile):
+    """The analytic tier's per-GPU memory terms of ``plan``."""
+    return memory_breakdown(plan.model, plan.layout, plan.batch, plan.seq_tokens, plan.policy, profile,
+                            classifier_chunk_tokens=plan.classifier_chunk_tokens)
+
+
+def memory_terms(plan, mem) -> dict:
+    """The per-GPU memory terms at the peak, in words."""
+    return {"model states": mem.model_states_bytes, "kept activations": mem.skeletal_resident_bytes,
+            "rounding / recompute buffers": mem.rounding_buffer_bytes, "attention lse": mem.lse_bytes,
+            f"layer transients ({'static plan' if plan.policy.static_memory_plan else 'caching allocator'})":
+                mem.transient_peak_bytes,
+            "boundary activation": mem.layer_boundary_bytes, "classifier (beside transients, max of the two)":
+                mem.classifier_peak_bytes}
+
+
+def memory_json(plan, res, mem, peaks: dict) -> dict:
+    """The memory part of explain's and check-plan's JSON: the per-GPU terms (per-stage peaks for a
+    pipeline), both tiers' peaks, when each GPU peaks, and host memory per node."""
+    stages = (res.pipeline or {}).get("stages")
+    return {"memory_terms_bytes": None if stages else memory_terms(plan, mem), "stages": stages,
+            "analytic_peak_gpu_bytes": max((st["analytic_peak_gpu_bytes"] for st in stages or ()),
+                                           default=mem.peak_gpu_bytes),
+            "simulated_peak_gpu_bytes": res.peak_gpu_bytes, "gpu_capacity_bytes": res.gpu_capacity_bytes,
+            "peak": peaks, "host_bytes_per_node": res.peak_host_bytes_per_node,
+            "host_capacity_bytes": res.host_capacity_bytes}
+
+
+def add_memory_part(a: Answer, plan, res, mem, peaks: dict | None = None) -> None:
+    """The memory breakdown at the peak (per stage for a pipeline), when each GPU peaks, and pinned
+    host memory per node: explain and check-plan print it."""
+    if peaks is None:
+        peaks = {d: peak_moment(res, d) for d in sorted({o.device for o in res.ops if o.device >= 0})}
     stages = (res.pipeline or {}).get("stages")
     if stages:  # a pipeline: each stage holds its own layers, micro-batches or subsequences
         rows = [[str(s["stage"]), fmt_bytes(s["analytic_peak_gpu_bytes"]), fmt_bytes(s["peak_gpu_bytes"])]
@@ -80,7 +114,7 @@ def explain(plan_file, out_format, as_json):
         a.table(["stage", f"peak (analytic, {alloc})", f"peak (simulated, {alloc})"], rows,
                 title=f"\nGPU memory per stage (usable {fmt_bytes(res.gpu_capacity_bytes)}):")
     else:
-        rows = [[k, fmt_bytes(v)] for k, v in terms.items()]
+        rows = [[k, fmt_bytes(v)] for k, v in memory_terms(plan, mem).items()]
         rows += [["peak (the terms above)", analytic_peak(mem, plan.policy).text()],
                  ["peak", result_peak(res).text()],
                  ["usable GPU memory", fmt_bytes(res.gpu_capacity_bytes)]]
@@ -91,7 +125,6 @@ def explain(plan_file, out_format, as_json):
             a.line(f"  GPU {d} peaks at {fmt_time(p['time_s'])} during {at}")
     a.line(f"\npinned host memory per node: {fmt_bytes(res.peak_host_bytes_per_node)} of "
            f"{fmt_bytes(res.host_capacity_bytes)}")
-    emit(a, resolve_format(out_format, False))
 
 
 def _add_stage_analytic_peaks(plan, profile, res) -> None:

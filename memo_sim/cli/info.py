@@ -8,7 +8,14 @@ from memo_sim.errors import MemoError
 from memo_sim.model.config import PRESETS
 from memo_sim.plan.schema import read_plan
 from memo_sim.profile.loader import list_profiles, load_profile
-from memo_sim.report.formats import fmt_params, plural
+from memo_sim.report.formats import (
+    Answer,
+    emit,
+    fmt_params,
+    format_options,
+    plural,
+    resolve_format,
+)
 from memo_sim.report.peaks import planned_peak
 from memo_sim.report.table import render_table
 from memo_sim.units import fmt_bytes, fmt_count, fmt_time
@@ -62,39 +69,76 @@ def frameworks(as_json):
 
 @click.command("check-plan")
 @click.argument("plan_file", type=click.Path(dir_okay=False))
-def check_plan(plan_file):
-    """Validate a plan.json and summarise it."""
+@format_options
+def check_plan(plan_file, out_format, as_json):
+    """Validate a plan.json and summarise it: what binds and the memory at the peak (one simulated
+    iteration, the words of memo-sim explain)."""
+    from memo_sim.cli.explain import (
+        add_memory_part,
+        binding_words,
+        memory_json,
+        plan_breakdown,
+        simulate_plan,
+    )
     from memo_sim.errors import PlanError
+    from memo_sim.report.explain import peak_moment
     from memo_sim.search.plan_check import plan_problems
 
     plan = read_plan(plan_file)
-    p = plan.predicted
     problems = plan_problems(plan)
     if problems:
         raise PlanError(f"{plan_file}: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+    profile = load_profile(plan.profile)
+    res = simulate_plan(plan, profile)
+    mem = plan_breakdown(plan, profile)
+    binding = binding_words(plan, profile, res)
+    fmt = resolve_format(out_format, as_json)
+    if fmt == "json":
+        peaks = {d: peak_moment(res, d) for d in sorted({o.device for o in res.ops if o.device >= 0})}
+        emit(Answer(), fmt, {"plan": str(plan_file), "valid": True, "schedule": plan.schedule,
+                             "micro_batches": plan.micro_batches, "predicted": plan.predicted.to_dict(),
+                             "simulated_status": res.status, "binding": binding,
+                             **memory_json(plan, res, mem, peaks)})
+        return
+    a = Answer(_summary_verdict(plan_file, plan))
+    for line in _summary_lines(plan):
+        a.line(line)
+    a.line(f"  binding: {binding}")
+    add_memory_part(a, plan, res, mem)
+    a.line("(memo-sim explain PLAN: the time breakdown as well)")
+    emit(a, fmt)
+
+
+def _summary_verdict(plan_file, plan) -> str:
+    p = plan.predicted
 
     def num(v, fmt) -> str:
         return "n/a" if v is None else fmt(v)
 
-    click.echo(f"{plan_file}: valid {plan.model.name}, {fmt_count(plan.seq_tokens)} tokens, {plan.gpus} GPUs, "
-               f"{plan.layout.label()}, {plan.policy.label()}, predicted {p.status} "
-               f"{num(p.iteration_s, fmt_time)}/iter, MFU {num(p.mfu, lambda m: f'{100 * m:.1f}%')}")
-    click.echo(f"  schedule {plan.schedule}: {plural(plan.micro_batches, 'micro-batch', 'micro-batches')} of "
-               f"{plural(plan.micro_batch, 'sequence')}"
-               + (f", {plan.layout.pp} stages x {plan.layout.vpp} chunks" if plan.schedule != "sppo" and
-                  plan.layout.pp > 1 else ""))
+    return (f"{plan_file}: valid {plan.model.name}, {fmt_count(plan.seq_tokens)} tokens, {plural(plan.gpus, 'GPU')}, "
+            f"{plan.layout.label()}, {plan.policy.label()}, predicted {p.status} "
+            f"{num(p.iteration_s, fmt_time)}/iter, MFU {num(p.mfu, lambda m: f'{100 * m:.1f}%')}")
+
+
+def _summary_lines(plan) -> list[str]:
+    """The schedule, the predicted peak, the memory plan and SPPO's split, one line each."""
+    out = [f"  schedule {plan.schedule}: {plural(plan.micro_batches, 'micro-batch', 'micro-batches')} of "
+           f"{plural(plan.micro_batch, 'sequence')}"
+           + (f", {plan.layout.pp} stages x {plan.layout.vpp} chunks" if plan.schedule != "sppo" and
+              plan.layout.pp > 1 else "")]
     peak = planned_peak(plan)
     if peak is not None:
-        click.echo(f"  predicted peak GPU {peak.text()}")
+        out.append(f"  predicted peak GPU {peak.text()}")
     if plan.memory_plan is not None:
-        click.echo(f"  memory plan: transient arena {fmt_bytes(plan.memory_plan.transient_arena_bytes)}, "
+        out.append(f"  memory plan: transient arena {fmt_bytes(plan.memory_plan.transient_arena_bytes)}, "
                    f"{sum(len(ph.offsets) for ph in plan.memory_plan.phases.values())} tensors placed "
                    f"(checked against this layer's forward and backward)")
     if plan.schedule == "sppo":
-        b, a = plan.policy.bounds, plan.policy.alphas
-        click.echo(f"  SPPO: PP={plan.layout.pp}, N={plan.policy.subseqs} ({plan.policy.partition} partition"
+        b, al = plan.policy.bounds, plan.policy.alphas
+        out.append(f"  SPPO: PP={plan.layout.pp}, N={plan.policy.subseqs} ({plan.policy.partition} partition"
                    f"{', multiplexed' if plan.policy.multiplex else ''}); subsequence lengths "
-                   f"{b[1] - b[0]}..{b[-1] - b[-2]} tokens; alpha_i {min(a):.3f}..{max(a):.3f}")
+                   f"{b[1] - b[0]}..{b[-1] - b[-2]} tokens; alpha_i {min(al):.3f}..{max(al):.3f}")
+    return out
 
 
 COMMANDS = (profiles, models, frameworks, check_plan)

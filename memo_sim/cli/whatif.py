@@ -46,7 +46,7 @@ from memo_sim.profile.loader import load_profile
 from memo_sim.report.fit_advice import fit_fixes
 from memo_sim.report.peaks import candidate_peak
 from memo_sim.report.sensitivity import sensitivity_line
-from memo_sim.report.whatif_answer import WhatIfView
+from memo_sim.report.whatif_answer import WhatIfView, runner_up
 from memo_sim.search.frameworks import FRAMEWORKS
 from memo_sim.search.request import WhatifRequest, answer_whatif, sweep_candidates
 from memo_sim.search.whatif import TP_MODE_CHOICES, default_jobs, fold_duplicates
@@ -154,6 +154,8 @@ def whatif(**options):
     paths = {}
     plans = {} if show.no_plan else {name: with_profile_reference(plan, options["profile_name"])
                                      for name, plan in ans.plans().items()}
+    if "plan.json" in plans:  # the best plan carries what the runner-up gives up (memo-sim explain prints it)
+        plans["plan.json"] = _with_runner_up(plans["plan.json"], ans)
     if plans:
         with output_folder(show.out_dir, "memo-sim whatif") as outf:  # one set, staged beside --out, manifest last
             paths = {name: outf.path(write_plan(plan, outf.stage / name)) for name, plan in plans.items()}
@@ -164,6 +166,13 @@ def whatif(**options):
         _print_answer(ans, paths, elapsed, show)
     if ans.best is None:
         click.get_current_context().exit(NOTHING_FITS)
+
+
+def _with_runner_up(plan, ans):
+    import dataclasses
+
+    up = runner_up(fold_duplicates(ans.result.candidates), ans.best)
+    return dataclasses.replace(plan, predicted=dataclasses.replace(plan.predicted, runner_up=up))
 
 
 def request_of(options: dict) -> WhatifRequest:
@@ -227,6 +236,7 @@ def _answer_json(ans, paths: dict, elapsed: float, show: Show) -> dict:
             "sppo": result.sppo_summary,
             "metp_vs_megatron": _metp_vs_megatron(result.candidates, req.alpha),
             "memo_best": memo_best.to_json() if memo_best is not None else None,
+            "runner_up": runner_up(shown, best),
             "train_tokens": show.train_budget,
             **_training_json(best, show.train_budget),
             "candidates": [dict(rank=i + 1, **c.to_json(), peak=candidate_peak(c).to_json())
@@ -246,7 +256,7 @@ def _print_answer(ans, paths: dict, elapsed: float, show: Show) -> None:
     batch_words = (f"{req.global_batch} sequences per iteration" if req.global_batch
                    else f"{req.batch} per replica" if req.batch
                    else "1 per replica" + (" (a pipeline: pp micro-batches per replica)"
-                                           if result.searched.get("pipeline") else ""))
+                                           if (result.searched.get("pipeline") or {}).get("pp") else ""))
     shown = fold_duplicates(result.candidates)
     view = WhatIfView(
         model=req.model, seq=req.seq, gpus=req.gpus, profile=req.profile, result=result, shown=shown, best=best,

@@ -278,12 +278,46 @@ def _memory_panel(ax, timeline: Timeline, kind: str, devices: list[int], end: fl
     ax.grid(alpha=0.3)
 
 
+def _rank_host_panel(ax, timeline: Timeline, ranks: list[int], end: float, capacity: float | None,
+                     scale: float) -> None:
+    """Host memory of a measured run's ranks stacked, a band per rank (its pool; the colour of its
+    device in the panel above), the top the ranks' sum: the node's where they share one machine."""
+    import numpy as np
+
+    labels = (timeline.meta or {}).get("rank_labels") or {}
+    base, edges = None, None
+    for k, r in enumerate(ranks):
+        xs, ys = _levels([m for m in timeline.memory if m.kind == "host" and m.device == r])
+        if not xs:
+            continue
+        edges, _lo, hi = envelope(xs, ys, end)
+        lo = base if base is not None else np.zeros_like(hi)
+        base = lo + hi
+        coords = labels.get(str(r))
+        ax.stairs(base, edges / scale, baseline=lo, fill=True, color=f"C{k % 10}", alpha=0.45, lw=0,
+                  label=f"rank {r}" + (f" ({coords})" if coords else ""))
+    if base is not None and base.max() > 0:
+        ax.stairs(base, edges / scale, color="#333333", lw=1.0, baseline=None,
+                  label=f"sum of the {len(ranks)} ranks' pools")
+    else:
+        ax.text(0.5, 0.5, f"no host memory on any of the {len(ranks)} ranks (0 B)", transform=ax.transAxes,
+                ha="center", va="center", fontsize=9, color="#555555")
+    if capacity:
+        ax.axhline(capacity / GiB, color="#C44E52", ls="--", lw=1, label="usable capacity")
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.6)  # head room for the legend above the stack
+    ax.set_ylabel("host memory (GiB),\nstacked by rank", fontsize=9)
+    ax.legend(fontsize=8, loc="upper left", ncol=3)
+    ax.grid(alpha=0.3)
+
+
 def memory_figure(timeline: Timeline, path: str | Path) -> Path:
-    """GPU memory per device and pinned host memory per node over time, with capacities."""
+    """GPU memory per device and pinned host memory per node over time, with capacities; host
+    series under a device number >= 0 are a measured run's ranks' pools, drawn stacked by rank."""
     meta = timeline.meta or {}
     gpu = sorted({m.device for m in timeline.memory if m.kind == "gpu"})
-    host = sorted({m.device for m in timeline.memory if m.kind == "host"})
-    rows = 2 if host else 1
+    host = sorted({m.device for m in timeline.memory if m.kind == "host" and m.device < 0})
+    rank_host = sorted({m.device for m in timeline.memory if m.kind == "host" and m.device >= 0})
+    rows = 2 if host or rank_host else 1
     fig = Figure(figsize=(10, 3.2 * rows))
     axes = fig.subplots(rows, 1, squeeze=False, sharex=True)[:, 0]
     end = max([e.end for e in timeline.events] + [m.time for m in timeline.memory] + [0.0])
@@ -291,7 +325,9 @@ def memory_figure(timeline: Timeline, path: str | Path) -> Path:
     dev = timeline.device_word
     _memory_panel(axes[0], timeline, "gpu", gpu, end, meta.get("gpu_capacity_bytes"), f"{dev} memory (GiB)",
                   lambda d: device_role(timeline, d), None, scale)
-    if host:
+    if rank_host:
+        _rank_host_panel(axes[1], timeline, rank_host, end, meta.get("host_capacity_bytes"), scale)
+    elif host:
         _memory_panel(axes[1], timeline, "host", host, end, meta.get("host_capacity_bytes"), "host memory (GiB)",
                       lambda h: f"node {-1 - h} pinned host", "#55A868", scale)
     axes[-1].set_xlabel(f"time in the iteration ({unit})")
@@ -536,8 +572,8 @@ def seq_sweep_figure(points: list["SeqPoint"], path: str | Path, title: str,
     axes[-1].set_xticks(ticks)
     axes[-1].set_xticklabels([fmt_count(s) for s in ticks], rotation=45)
     axes[-1].set_xticks([], minor=True)
-    ax1.set_ylabel("peak GPU memory (GiB)")
-    ax2.set_ylabel("step time (s); x: does not fit", fontsize=9)
+    ax1.set_ylabel("peak GPU memory (GiB, analytic)", fontsize=9)
+    ax2.set_ylabel("step time (s, simulated); x: does not fit", fontsize=9)
     axes[-1].set_xlabel("sequence length (tokens)")
     _series_legends(fig, flavours, rests, colour, style)
     fig.suptitle(title, fontsize=10)

@@ -160,7 +160,9 @@ def searched_words(searched: dict) -> str:
     """What the what-if searched, in one line."""
     words = ", ".join(searched.get("schedules", ())) or "nothing"
     pipe = searched.get("pipeline")
-    if pipe:
+    if pipe and not pipe["pp"]:
+        words += f"; pipelines ({pipe['why']}): none valid with the degrees given"
+    elif pipe:
         words += (f"; pipelines ({pipe['why']}): pp {', '.join(map(str, pipe['pp'])) or '-'}, "
                   f"vpp {', '.join(map(str, pipe['vpp'])) or '-'}, micro-batch "
                   f"{', '.join(map(str, pipe['micro_batch'])) or '-'}")
@@ -288,21 +290,34 @@ def compare_line(what: str, a, b, a_name: str, b_name: str) -> str:
             + ("" if same_tier else "; different tiers, so read the ratio as rough"))
 
 
-def runner_up_line(shown, best) -> str:
+def runner_up(shown, best) -> dict | None:
     """What the runner-up (the next fitting plan of the ranking) gives up against ``best``:
-    throughput, and the GPU memory it saves or costs (peaks with their source)."""
+    throughput, and the GPU memory it saves or costs (peaks with their source). The --json
+    answer's ``runner_up`` and plan.json's ``predicted.runner_up`` (read by `memo-sim explain`)."""
     rank = next((i for i, c in enumerate(shown) if c is not best and c.status == "OK"), None)
     if best is None or rank is None:
-        return ""
+        return None
     c = shown[rank]
     loss = 1.0 - c.tgs / best.tgs if best.tgs else 0.0
     mine, theirs = candidate_peak(c), candidate_peak(best)
     diff = theirs.bytes - mine.bytes
     mem = (f"{fmt_bytes(abs(diff))} {'less' if diff >= 0 else 'more'} GPU memory (peak {mine.text()})"
            if diff else f"the same peak GPU ({mine.text()})")
-    tier = "sim" if c.simulated is not None else "analytic"
-    return (f"runner-up #{rank + 1} {c.layout.label()} {c.policy.label()}: gives up {100 * loss:.1f}% of the "
-            f"throughput ({c.tgs:,.0f} tokens/GPU/s {tier}) for {mem}")
+    tier = "simulated" if c.simulated is not None else "analytic"
+    label = f"{c.layout.label()} {c.policy.label()}"
+    it = (c.simulated["iteration_s"] if c.simulated else c.estimate.iteration_s) or None
+    words = (f"runner-up #{rank + 1} {label}: gives up {100 * loss:.1f}% of the throughput "
+             f"({c.tgs:,.0f} tokens/GPU/s {'sim' if c.simulated is not None else 'analytic'}) for {mem}")
+    return {"rank": rank + 1, "label": label, "tier": tier, "iteration_s": it,
+            "tgs_tokens_per_gpu_s": float(c.tgs) if c.tgs is not None else None,
+            "throughput_given_up_fraction": float(loss), "peak_gpu_bytes": mine.bytes, "peak_source": mine.source,
+            "words": words}
+
+
+def runner_up_line(shown, best) -> str:
+    """`runner_up` in words ("" when there is none)."""
+    up = runner_up(shown, best)
+    return up["words"] if up else ""
 
 
 def metp_verdict(cands) -> str:
