@@ -105,47 +105,61 @@ def exposed_wait_seconds(ops: list[Op], wait_on: tuple[str, ...]) -> float:
     previous op and its other dependencies ended and lasts until its last ``wait_on``
     dependency ended (`exposed_wait_parts`), summed in (start, uid) order.
     """
-    total = 0.0
-    for _s, _u, x in sorted(exposed_wait_parts(ops, wait_on)):
-        total += x
-    return total
+    return exposed_wait_totals(ops, (wait_on,))[0]
+
+
+def exposed_wait_totals(ops: list[Op], groups: tuple[tuple[str, ...], ...]) -> list[float]:
+    """`exposed_wait_seconds` of each group of ``wait_on`` streams, in one pass over the ops."""
+    totals = []
+    for parts in exposed_wait_parts_of(ops, groups):
+        total = 0.0
+        for _s, _u, x in sorted(parts):
+            total += x
+        totals.append(total)
+    return totals
 
 
 def exposed_wait_parts(ops: list[Op], wait_on: tuple[str, ...]) -> list[tuple[float, int, float]]:
     """(start, uid, seconds) of each op that waited on a ``wait_on`` stream (see
     `exposed_wait_seconds`); what an op contributes is settled when it starts."""
+    return exposed_wait_parts_of(ops, (wait_on,))[0]
+
+
+def exposed_wait_parts_of(ops: list[Op], groups: tuple[tuple[str, ...], ...]) -> list[list[tuple[float, int, float]]]:
+    """`exposed_wait_parts` of each group of ``wait_on`` streams, in one pass over the ops."""
     # A stream runs its ops one at a time in issue order, so the op before one in (start, uid)
     # order on its stream is the one issued before it: each stream is walked in issue order and
     # only the ops that waited on a ``wait_on`` stream contribute, summed in (start, uid) order.
-    parts: list[tuple[float, int, float]] = []
-    append = parts.append
-    prev_end: dict[tuple[int, str], float] = {}  # read only for streams not in wait_on
+    out: list[list[tuple[float, int, float]]] = [[] for _ in groups]
+    indexed = list(zip(groups, out))
+    prev_end: dict[tuple[int, str], float] = {}  # per stream, its last op's end (read for streams not waited on)
     for op in ops:
         start = op.start
         if start is None:
             continue
         stream = op.stream
-        if stream in wait_on:
-            continue
         deps = op.deps
         if deps:
-            wait_end = None
-            for d in deps:
-                if d.stream in wait_on:
-                    e = d.end
-                    if e is not None and (wait_end is None or e > wait_end):
-                        wait_end = e
-            if wait_end is not None:
-                other = prev_end.get((op.device, stream), 0.0)
+            for wait_on, parts in indexed:
+                if stream in wait_on:
+                    continue
+                wait_end = None
                 for d in deps:
-                    if d.stream not in wait_on:
+                    if d.stream in wait_on:
                         e = d.end
-                        if e is not None and e > other:
-                            other = e
-                append((start, op.uid, max(0.0, min(wait_end, start) - other)))
+                        if e is not None and (wait_end is None or e > wait_end):
+                            wait_end = e
+                if wait_end is not None:
+                    other = prev_end.get((op.device, stream), 0.0)
+                    for d in deps:
+                        if d.stream not in wait_on:
+                            e = d.end
+                            if e is not None and e > other:
+                                other = e
+                    parts.append((start, op.uid, max(0.0, min(wait_end, start) - other)))
         if op.end is not None:
             prev_end[(op.device, stream)] = op.end
-    return parts
+    return out
 
 
 def exposed_copy_seconds(ops: list[Op]) -> float:

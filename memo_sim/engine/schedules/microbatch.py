@@ -77,7 +77,7 @@ from memo_sim.engine.core import Engine, Failure, gc_paused
 from memo_sim.engine.periodic import unfold_window
 from memo_sim.engine.graph import Device, MemAction, Op, OpGraph
 from memo_sim.engine.result import (
-    SimResult, _span, check_deadlock, exposed_copy_seconds, exposed_wait_parts, exposed_wait_seconds, rates,
+    SimResult, _span, check_deadlock, exposed_wait_parts_of, exposed_wait_totals, rates,
     timeline_events,
 )
 from memo_sim.engine.schedules.microbatch_fold import MICRO_BATCHES, mb_name, mb_tensor, plan_window_fold
@@ -554,7 +554,7 @@ def _run_whole(costs, layout, profile, policy, n_layers, m, order, *, detail, co
                                                  keep_memory=keep_timeline)
     return _Outcome(sched, run.end_time, run.failure, run.peak_gpu_bytes, run.peak_host_bytes, run.start_gpu_bytes,
                     run.end_gpu_bytes, run.end_host_bytes, len(run.ops), _compute_busy(sched),
-                    exposed_copy_seconds(run.ops), exposed_wait_seconds(run.ops, (P2P_STREAM,)), _layer_timings(sched),
+                    *exposed_wait_totals(run.ops, (COPY_STREAMS, (P2P_STREAM,))), _layer_timings(sched),
                     timeline_events(run) if keep_timeline else [], list(run.memory), run.link_capacity,
                     run.link_carried, run.link_log, run.ops if record else [])
 
@@ -585,8 +585,9 @@ def _run_folded(costs, layout, profile, policy, n_layers, m, order, *, detail, c
                       routes=engine.routes if contention else None)
     if u is None or (u.failure is not None and (keep_timeline or u.tie)):
         return None
-    copy_parts = {uid: x for _s, uid, x in exposed_wait_parts(run.ops, COPY_STREAMS)}
-    p2p_parts = {uid: x for _s, uid, x in exposed_wait_parts(run.ops, (P2P_STREAM,))}
+    parts = exposed_wait_parts_of(run.ops, (COPY_STREAMS, (P2P_STREAM,)))
+    copy_parts = {uid: x for _s, uid, x in parts[0]}
+    p2p_parts = {uid: x for _s, uid, x in parts[1]}
     dev0, layer = sched.devices[0].index, sched.chunk_layers(0, 0)[lc_mid(sched)]
     spans = u.phase_spans(0, tuple(ph for _k, ph in _PHASES), _COPIES,
                           keep=lambda op: op.device == dev0 and op.layer == layer)

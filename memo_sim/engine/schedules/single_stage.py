@@ -74,8 +74,8 @@ from memo_sim.engine.core import Engine, Failure
 from memo_sim.engine.graph import Device, MemAction, Op, OpGraph
 from memo_sim.engine.periodic import Fold, plan_fold, unfold
 from memo_sim.engine.result import (
-    SimResult, _span, allocator_summary, check_deadlock, exposed_copy_seconds, exposed_p2p_seconds,
-    exposed_wait_parts, rates, timeline_events,
+    SimResult, _span, allocator_summary, check_deadlock, exposed_wait_parts_of, exposed_wait_totals, rates,
+    timeline_events,
 )
 from memo_sim.engine.schedules.registry import register_schedule
 from memo_sim.memplan.iteration_replay import replay_iteration
@@ -545,10 +545,11 @@ def _run_whole(model, layout, batch, seq, policy, profile, *, contention, classi
                     host_capacity=sched.memory.host_capacity_bytes, record_links=record, keep_memory=keep_timeline)
     run = engine.run()
     check_deadlock(engine, run, "schedule")
+    exposed = exposed_wait_totals(run.ops, (COPY_STREAMS, TP_RING_STREAMS) if layout.metp else (COPY_STREAMS,))
     return _Outcome(
         sched, run.end_time, run.failure, run.peak_gpu_bytes, run.peak_host_bytes, run.start_gpu_bytes,
-        run.end_gpu_bytes, run.end_host_bytes, len(run.ops), exposed_copy_seconds(run.ops),
-        exposed_p2p_seconds(run.ops) if layout.metp else 0.0, layer_timings(sched),
+        run.end_gpu_bytes, run.end_host_bytes, len(run.ops), exposed[0],
+        exposed[1] if layout.metp else 0.0, layer_timings(sched),
         timeline_events(run) if keep_timeline else [], list(run.memory), run.link_capacity, run.link_carried,
         run.link_log, run.ops if record else [])
 
@@ -572,9 +573,9 @@ def _run_folded(model, layout, batch, seq, policy, profile, plan: Fold, *, conte
                routes=engine.routes if contention else None)
     if u is None or (u.failure is not None and (keep_timeline or u.tie)):
         return None
-    copy_parts = {uid: x for _s, uid, x in exposed_wait_parts(run.ops, COPY_STREAMS)}
-    p2p = u.exposed_wait_seconds({uid: x for _s, uid, x in exposed_wait_parts(run.ops, TP_RING_STREAMS)}) \
-        if layout.metp else 0.0
+    parts = exposed_wait_parts_of(run.ops, (COPY_STREAMS, TP_RING_STREAMS) if layout.metp else (COPY_STREAMS,))
+    copy_parts = {uid: x for _s, uid, x in parts[0]}
+    p2p = u.exposed_wait_seconds({uid: x for _s, uid, x in parts[1]}) if layout.metp else 0.0
     spans = u.phase_spans(middle_layer(model.layers), tuple(p for _k, p in _PHASES), _COPIES)
     timings = {k: spans[p] for k, p in _PHASES}
     timings.update({c: spans[c] for c in _COPIES})

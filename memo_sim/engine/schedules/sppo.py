@@ -57,7 +57,7 @@ from memo_sim.cost.sppo import (
 from memo_sim.engine.core import Engine, gc_paused
 from memo_sim.engine.graph import Device, MemAction, Op, OpGraph
 from memo_sim.engine.result import (
-    SimResult, _span, check_deadlock, exposed_copy_seconds, exposed_wait_seconds, rates, timeline_of,
+    SimResult, _span, check_deadlock, exposed_wait_totals, rates, timeline_of,
 )
 from memo_sim.engine.schedules.registry import register_schedule
 from memo_sim.engine.schedules.single_stage import emit_chain
@@ -71,6 +71,7 @@ from memo_sim.model.layer_graph import DTYPE_BYTES
 from memo_sim.policy.base import Policy
 from memo_sim.policy.rounding_buffers import is_offloaded, output_write_waits_for, prefetch_after_backward_of
 from memo_sim.profile.schema import HardwareProfile
+from memo_sim.timeline import COPY_STREAMS
 
 P2P_STREAM = "p2p"
 
@@ -484,8 +485,9 @@ def simulate_sppo(model: ModelConfig, layout: Layout, batch: int, seq: int, poli
                        "analytic_peak_gpu_bytes": sched.memory.stages[dev.index].breakdown.peak_gpu_bytes,
                        "analytic_peak_at": sched.memory.stages[dev.index].peak_at})
     worst = max(sched.devices, key=lambda dv: run.peak_gpu_bytes[dv.index])
+    exposed_copy, exposed_p2p = exposed_wait_totals(run.ops, (COPY_STREAMS, (P2P_STREAM,)))
     pipe = {"pp": layout.pp, "subseqs": policy.subseqs, "multiplex": policy.multiplex, "detail": sched.detail,
-            "exposed_p2p_s": exposed_wait_seconds(run.ops, ("p2p",)),
+            "exposed_p2p_s": exposed_p2p,
             "bounds": list(policy.bounds), "alphas": list(policy.alphas), "stages": stages,
             "bubble_fraction": (1 - sum(st["compute_busy_s"] for st in stages) / (len(stages) * it)) if it else None,
             "worst_stage": worst.index, "memory": sched.memory.to_dict()}
@@ -511,7 +513,7 @@ def simulate_sppo(model: ModelConfig, layout: Layout, batch: int, seq: int, poli
         iteration_s=it, mfu=mfu, tgs=tgs, peak_gpu_bytes=max(run.peak_gpu_bytes.values()),
         peak_host_bytes_per_node=max(run.peak_host_bytes.values()),
         gpu_capacity_bytes=mem.gpu_capacity_bytes, host_capacity_bytes=mem.host_capacity_bytes,
-        exposed_copy_s=exposed_copy_seconds(run.ops), layer_timings=pipeline_layer_timings(sched),
+        exposed_copy_s=exposed_copy, layer_timings=pipeline_layer_timings(sched),
         timeline=tl, failure=failure, contention=contention, sim_wall_s=wall, n_ops=len(run.ops),
         start_gpu_bytes=run.start_gpu_bytes.get(worst.index, 0.0), end_gpu_bytes=run.end_gpu_bytes[worst.index],
         end_host_bytes=run.end_host_bytes[node], link_log=run.link_log, link_capacity=run.link_capacity,
