@@ -195,7 +195,18 @@ class FluidNetwork:
 
     def _refill(self, route) -> None:
         """Max-min fair rates of the flows connected to ``route`` (progressive filling)."""
-        comp = self._component(route)
+        if len(route) == 1 and not self.record:
+            # one link (a collective's NVLink port): no flow left on it, or one flow that crosses
+            # only it, is the component `_component` would find, without the walk
+            active = route[0][0].active
+            if not active:
+                return
+            if len(active) == 1 and len(active[0].route) == 1:
+                self._refill_component([active[0]])
+                return
+        self._refill_component(self._component(route))
+
+    def _refill_component(self, comp: list[Flow]) -> None:
         now = self.env.now
         if not comp:  # the last flow on these links ended: no rate to change
             if self.record:
