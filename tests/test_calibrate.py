@@ -292,8 +292,9 @@ def test_cuda_quick_calibration(tmp_path):
 
 
 def test_cpu_threads_are_the_free_cores(monkeypatch):
-    """Calibrating a CPU: the threads default to the cores not busy (cores less the rounded load,
-    at least 1, at most torch's default); --threads wins; CUDA keeps torch's default."""
+    """Calibrating a CPU: the threads default to the cores not busy less one for the copy streams
+    (cores less the rounded load less 1, at least 1, at most torch's default); --threads wins;
+    CUDA keeps torch's default."""
     import os
 
     import torch
@@ -302,10 +303,15 @@ def test_cpu_threads_are_the_free_cores(monkeypatch):
 
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
-    for load, want in ((0.2, 2), (0.9, 1), (1.4, 1), (7.0, 1)):
+    for load, want in ((0.2, 1), (0.9, 1), (1.4, 1), (7.0, 1)):
         monkeypatch.setattr(os, "getloadavg", lambda load=load: (load, load, load))
         n, why = suite.cpu_threads(None, cuda=False)
-        assert n == want and "free cores" in why
+        assert n == want and "free cores" in why and "copy streams" in why
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 8)
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    for load, want in ((0.2, 7), (2.6, 4), (9.0, 1)):
+        monkeypatch.setattr(os, "getloadavg", lambda load=load: (load, load, load))
+        assert suite.cpu_threads(None, cuda=False)[0] == want
     assert suite.cpu_threads(3, cuda=False)[0] == 3
     assert suite.cpu_threads(None, cuda=True)[0] is None
 

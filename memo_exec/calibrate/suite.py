@@ -219,15 +219,22 @@ def attn_bench_backends() -> tuple[str, ...]:
     return BACKENDS
 
 
+COPY_STREAM_CORES = 1  # cores a CPU calibration leaves to the executor's copy threads
+
+
 def cpu_threads(asked: int | None, cuda: bool) -> tuple[int | None, str]:
     """(torch CPU threads for the benchmarks, or None to keep torch's, and why).
 
-    ``--threads`` wins. On a CPU device the default is the cores not already busy: the cores less
-    the rounded 1-minute load, at least 1 and at most torch's default. An OpenMP kernel splits its
-    work evenly over its threads and waits for the slowest; a thread that shares its core with
-    another process makes every kernel wait for it, so more threads than free cores run slower and
-    far more erratically than fewer. The profile records the count (``provenance.torch_threads``)
-    and `memo_exec.validate` runs its plans with it, so the rates hold for the runs."""
+    ``--threads`` wins. On a CPU device the default is the cores not already busy, less one for the
+    executor's copy streams: the cores less the rounded 1-minute load less `COPY_STREAM_CORES`, at
+    least 1 and at most torch's default. An OpenMP kernel splits its work evenly over its threads
+    and waits for the slowest; a thread that shares its core with another process, or with the
+    executor's own copy threads (a GPU's copy engines run beside its compute, a CPU's copy streams
+    are threads that need a core), makes every kernel wait for it, so more threads than free cores
+    run slower and far more erratically than fewer (measured 2026-11-23 on the idle 2-core VM: a
+    MEMO plan calibrated and run with 2 threads took +16% and +79% over its prediction, with 1
+    thread -3% to +18%). The profile records the count (``provenance.torch_threads``) and
+    `memo_exec.validate` runs its plans with it, so the rates hold for the runs."""
     if asked is not None:
         return asked, f"--threads {asked}"
     if cuda:
@@ -237,9 +244,9 @@ def cpu_threads(asked: int | None, cuda: bool) -> tuple[int | None, str]:
         load = os.getloadavg()[0]
     except OSError:
         return None, f"torch's default ({cores}; the load average is not readable)"
-    n = max(1, min(cores, (os.cpu_count() or cores) - round(load)))
-    return n, (f"the free cores: {os.cpu_count()} cores less the 1-minute load {load:.2f} before calibrating, at "
-               f"least 1 and at most torch's default {cores}")
+    n = max(1, min(cores, (os.cpu_count() or cores) - round(load) - COPY_STREAM_CORES))
+    return n, (f"the free cores less {COPY_STREAM_CORES} for the copy streams: {os.cpu_count()} cores less the "
+               f"1-minute load {load:.2f} before calibrating, at least 1 and at most torch's default {cores}")
 
 
 def _measure_collectives(opts: CalibrateOptions, spec: DeviceSpec, grid, progress: Progress) -> dict:
