@@ -35,13 +35,12 @@ def explain(plan_file, out_format, as_json):
     mem = plan_breakdown(plan, profile)
     peaks = {d: peak_moment(res, d) for d in devices}
     binding = binding_words(plan, profile, res)
-    runner_up = plan.predicted.runner_up
     if as_json:
         click.echo(json.dumps({
             "plan": str(plan_file), "status": res.status, "iteration_s": res.iteration_s, "mfu": res.mfu,
             "time_breakdown_s": [{"device": t.device, "iteration_s": t.iteration_s, "busy": t.busy_s,
                                   "waits": t.waits_s} for t in times],
-            **memory_json(plan, res, mem, peaks), "binding": binding, "runner_up": runner_up,
+            **memory_json(plan, res, mem, peaks), "binding": binding,
             "failure": res.failure.message() if res.failure is not None else None}, indent=1))
         return
     a = Answer()
@@ -49,8 +48,6 @@ def explain(plan_file, out_format, as_json):
     a.verdict = (f"{plan.model.name}, {fmt_count(plan.seq_tokens)} tokens x {plan.batch}, {plan.layout.label()}, "
                  f"{plan.policy.label()} on {plan.gpus} x {profile.gpu.model}: {res.status}, {it}")
     a.line(f"binding: {binding}")
-    if runner_up:
-        a.line(f"the what-if's ranking when it wrote this plan: {runner_up['words']}")
     a.line(f"profile {profile.name}: {profile.provenance_line()}")
     for t in times:
         rows = [[k, fmt_time(v), f"{100 * v / t.iteration_s:.1f}%"] for k, v in t.busy_s.items()]

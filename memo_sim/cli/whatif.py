@@ -154,8 +154,6 @@ def whatif(**options):
     paths = {}
     plans = {} if show.no_plan else {name: with_profile_reference(plan, options["profile_name"])
                                      for name, plan in ans.plans().items()}
-    if "plan.json" in plans:  # the best plan carries what the runner-up gives up (memo-sim explain prints it)
-        plans["plan.json"] = _with_runner_up(plans["plan.json"], ans)
     if plans:
         with output_folder(show.out_dir, "memo-sim whatif") as outf:  # one set, staged beside --out, manifest last
             paths = {name: outf.path(write_plan(plan, outf.stage / name)) for name, plan in plans.items()}
@@ -166,13 +164,6 @@ def whatif(**options):
         _print_answer(ans, paths, elapsed, show)
     if ans.best is None:
         click.get_current_context().exit(NOTHING_FITS)
-
-
-def _with_runner_up(plan, ans):
-    import dataclasses
-
-    up = runner_up(fold_duplicates(ans.result.candidates), ans.best)
-    return dataclasses.replace(plan, predicted=dataclasses.replace(plan.predicted, runner_up=up))
 
 
 def request_of(options: dict) -> WhatifRequest:

@@ -29,18 +29,6 @@ class _In(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class _RunnerUpIn(_In):
-    rank: Annotated[int, Field(strict=True, ge=1)]
-    label: str = Field(strict=True, max_length=500)
-    tier: Literal["simulated", "analytic"]
-    iteration_s: _Seconds | None = None
-    tgs_tokens_per_gpu_s: Annotated[float, Field(strict=True, allow_inf_nan=False, ge=0, le=1e12)] | None = None
-    throughput_given_up_fraction: Annotated[float, Field(strict=True, allow_inf_nan=False, le=1)]
-    peak_gpu_bytes: _ByteAmount
-    peak_source: str = Field(strict=True, max_length=200)
-    words: str = Field(strict=True, max_length=2000)
-
-
 class _PredictionIn(_In):
     status: Literal[STATUSES]
     source: str = Field("analytic", strict=True, max_length=200)
@@ -53,7 +41,6 @@ class _PredictionIn(_In):
     analytic_iteration_s: _Seconds | None = None
     memory_breakdown_bytes: dict = {}
     allocator: dict = {}
-    runner_up: _RunnerUpIn | None = None
 
 
 class _PhaseIn(_In):
@@ -97,14 +84,11 @@ class Prediction:
     analytic_iteration_s: float | None = None
     memory_breakdown_bytes: dict = field(default_factory=dict)
     allocator: dict = field(default_factory=dict)
-    runner_up: dict | None = None  # the what-if's next fitting plan and what it gives up (_RunnerUpIn's fields)
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "predicted") -> "Prediction":
         m = validated(_PredictionIn, d, where, PlanError)
-        kw = {k: getattr(m, k) for k in cls.__dataclass_fields__}
-        kw["runner_up"] = m.runner_up.model_dump() if m.runner_up is not None else None
-        return cls(**kw)
+        return cls(**{k: getattr(m, k) for k in cls.__dataclass_fields__})
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}

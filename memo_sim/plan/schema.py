@@ -21,9 +21,7 @@ Top-level fields (units in the key names)::
     attention_backend auto | flash_attn | sdpa_flash | sdpa_efficient | sdpa_cudnn | math
     classifier_chunk_tokens  tokens per chunk of the chunked classifier + loss
     predicted         {"source": analytic|simulated, "status": OK|OOM|OOHM, "iteration_s", "mfu",
-                       "tgs_tokens_per_gpu_s", "peak_gpu_bytes", "peak_host_bytes_per_node", ...,
-                       "runner_up": null or the what-if's next fitting plan and what it gives up
-                       (`memo_sim.plan.contract._RunnerUpIn`; `memo-sim explain` prints it)}
+                       "tgs_tokens_per_gpu_s", "peak_gpu_bytes", "peak_host_bytes_per_node", ...}
     layer_timings_s   {"forward", "backward", "recompute", "offload", "prefetch"} for one layer
     memory_plan       null, or {"arena_bytes", "phases": {phase: {"peak_bytes", "offsets": {tensor: bytes}}}, ...}
     timeline          null, or {"file": path of a saved Timeline, ...}

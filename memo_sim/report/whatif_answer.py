@@ -292,8 +292,8 @@ def compare_line(what: str, a, b, a_name: str, b_name: str) -> str:
 
 def runner_up(shown, best) -> dict | None:
     """What the runner-up (the next fitting plan of the ranking) gives up against ``best``:
-    throughput, and the GPU memory it saves or costs (peaks with their source). The --json
-    answer's ``runner_up`` and plan.json's ``predicted.runner_up`` (read by `memo-sim explain`)."""
+    throughput, and the GPU memory it saves or costs (peaks with their source): the --json
+    answer's ``runner_up``; ``words`` is the table answer's line."""
     rank = next((i for i, c in enumerate(shown) if c is not best and c.status == "OK"), None)
     if best is None or rank is None:
         return None
