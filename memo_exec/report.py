@@ -123,14 +123,35 @@ def totals_rows(res: RunResult, pred: dict, source: str) -> list[dict]:
          st.get("peak_allocated_bytes") if cuda else None, source),
         ("executor's memory estimate", "bytes", pred.get("peak_gpu_bytes"), res.meta["memory_estimate_total_bytes"],
          source),
-        ("pinned host memory", "bytes", pred.get("peak_host_bytes_per_node"), res.meta.get("pinned_host_bytes"),
-         source),
+        _pinned_row(res, pred, source),
     ]
     if not cuda:
         rows.append(("process RSS peak (CPU: model, activations and the host pool)", "bytes", None,
                      st.get("peak_allocated_bytes"), "not predicted"))
     return [{"quantity": q, "unit": u, "predicted": p, "measured": m, "rel_error": rel_error(m, p),
              "predicted_from": s} for q, u, p, m, s in rows]
+
+
+def _pinned_row(res: RunResult, pred: dict, source: str) -> tuple:
+    """The pinned host pool, measured against its prediction. The simulator predicts a node's pool
+    (every GPU of the node); one rank of a multi-rank run holds its own GPU's share of it, so that
+    rank is compared with the node's prediction over the ranks on the node (the plan's GPUs per
+    node, at most the world size): the same quantity on both sides."""
+    node = pred.get("peak_host_bytes_per_node")
+    mine = res.meta.get("pinned_host_bytes")
+    world = int(res.meta.get("world") or 1)
+    if world <= 1:
+        return ("pinned host memory", "bytes", node, mine, source)
+    from memo_sim.errors import MemoError  # noqa: PLC0415
+    from memo_sim.profile.loader import load_profile  # noqa: PLC0415
+
+    try:
+        per_node = min(world, load_profile(res.plan.profile).node_gpus)
+    except MemoError:
+        per_node = world
+    share = None if node is None else node / per_node
+    return (f"pinned host memory (this rank; predicted: the node's over its {per_node} ranks)", "bytes", share, mine,
+            source)
 
 
 def _fmt(v, unit: str) -> str:
