@@ -5,6 +5,7 @@ its simulated summary; and the words that say why a candidate stops where it doe
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from memo_sim.layout.parallel import Layout
 from memo_sim.memplan.footprint import MemoryBreakdown
@@ -76,7 +77,7 @@ class Candidate:
         e, m = self.estimate, self.memory
         d = {
             "layout": self.layout.label(),
-            "layout_degrees": self.layout.to_dict(),
+            "layout_degrees": dict(_layout_dict(self.layout)),
             "policy": self.policy.name,
             "tier": self.tier,
             "alpha": self.policy.alpha,
@@ -130,6 +131,13 @@ class Candidate:
         """This candidate's plan.json, memory plan included: `memo_sim.search.plan_build.build_plan`,
         the one function `memo-sim whatif` writes its plans by."""
         return build_plan(self)
+
+
+@lru_cache(maxsize=4096)
+def _layout_dict(layout: Layout) -> dict:
+    """`Layout.to_dict` once per layout (a query's tens of thousands of candidates share a few
+    thousand layouts; its fields are scalars, so callers take a shallow copy)."""
+    return layout.to_dict()
 
 
 def host_memory_words(c: Candidate) -> str:
