@@ -122,7 +122,7 @@ def memory_breakdown(model: ModelConfig, layout: Layout, batch: int, seq: int, p
         host_bytes_per_node=host_node, host_capacity_bytes=profile.usable_host_memory)
 
 
-@memoised()
+@memoised(maxsize=1 << 14)
 def _shard_terms(model: ModelConfig, shard: Layout, batch: int, seq: int, policy: Policy,
                  profile: HardwareProfile, classifier_chunk_tokens: int) -> tuple:
     """The terms of `memory_breakdown` that one GPU's shard of the layer fixes (DP and ZeRO do

@@ -133,7 +133,7 @@ class Candidate:
         return build_plan(self)
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=1 << 16)
 def _layout_dict(layout: Layout) -> dict:
     """`Layout.to_dict` once per layout (a query's tens of thousands of candidates share a few
     thousand layouts; its fields are scalars, so callers take a shallow copy)."""

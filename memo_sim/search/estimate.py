@@ -89,7 +89,7 @@ def layer_times(model: ModelConfig, layout: Layout, batch: int, seq: int, policy
                         active_gpus_per_node(layout, profile))
 
 
-@memoised()
+@memoised(maxsize=1 << 14)
 def _layer_times(model: ModelConfig, shard: Layout, batch: int, seq: int, policy: Policy,
                  profile: HardwareProfile, active: int) -> LayerTimes:
     f, b = _forward_backward_times(model, shard, batch, seq, profile)

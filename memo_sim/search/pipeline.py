@@ -76,7 +76,7 @@ def _node_stage_gpus(layout: Layout, gpus_per_node: int) -> dict[int, dict[int, 
     return node_stage_gpus(layout, gpus_per_node)
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=1 << 16)  # a cluster-scale query has some 10k pipeline layouts
 def _host_units_of(layers: int, layout: Layout, in_flight: tuple[int, ...], micro_batches: int,
                    gpus_per_node: int) -> tuple[int, tuple[int, ...], tuple[int, ...], int]:
     per_chunk = layers // (layout.pp * layout.vpp)
@@ -92,7 +92,7 @@ def _host_units_of(layers: int, layout: Layout, in_flight: tuple[int, ...], micr
     return worst, units, offloaded, node_units
 
 
-@memoised()
+@memoised(maxsize=1 << 14)
 def _stage_unit_terms(model: ModelConfig, shard: Layout, micro_batch: int, seq: int, policy: Policy,
                       profile: HardwareProfile) -> tuple:
     """What one GPU of a stage holds per layer unit, whatever the pipeline around it (memoised per
@@ -166,12 +166,12 @@ def pipeline_candidate(model: ModelConfig, layout: Layout, policy_name: str, bat
                      micro_batch=micro_batch, pipeline=info)
 
 
-@lru_cache(maxsize=8192)
+@lru_cache(maxsize=1 << 16)
 def _without_pipeline(layout: Layout) -> Layout:
     return replace(layout, pp=1, vpp=1)
 
 
-@memoised()
+@memoised(maxsize=1 << 16)
 def _stage_alpha(model: ModelConfig, layout: Layout, micro_batch: int, seq: int, profile: HardwareProfile,
                  units: int):
     """`memo_alpha` of a stage's GPU holding ``units`` host blocks (memoised: the schedules,
