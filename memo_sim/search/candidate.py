@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Callable
 
 from memo_sim.layout.parallel import Layout
 from memo_sim.memplan.footprint import MemoryBreakdown
@@ -25,7 +26,7 @@ class Candidate:
     batch: int
     seq: int
     profile: HardwareProfile
-    estimate: IterationEstimate
+    priced: IterationEstimate | Callable[[], IterationEstimate]  # the estimate, or how to price it (`estimate`)
     memory: MemoryBreakdown
     alpha_note: str = ""
     simulated: dict | None = None  # filled by the event simulator (tier 2)
@@ -38,6 +39,17 @@ class Candidate:
     def __post_init__(self) -> None:
         if not self.micro_batch:
             self.micro_batch = self.batch
+
+    @property
+    def estimate(self) -> IterationEstimate:
+        """The analytic estimate (tier 1), priced on first read where the search deferred it: of a
+        cluster-scale query's tens of thousands of candidates most do not fit, and what ranks
+        and lists those is their memory (the same estimate whenever it is priced: its costs are
+        pure functions of the candidate)."""
+        e = self.priced
+        if not isinstance(e, IterationEstimate):
+            e = self.priced = e()
+        return e
 
     @property
     def micro_batches(self) -> int:

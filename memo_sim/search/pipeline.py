@@ -23,7 +23,7 @@ offloaded layers in flight. MEMO's alpha is solved with that count of host block
 from __future__ import annotations
 
 from dataclasses import replace
-from functools import lru_cache
+from functools import lru_cache, partial
 
 from memo_sim.cost.memo import memoised, memoised_by
 from memo_sim.cost.sppo import stage_model_state_bytes
@@ -158,7 +158,7 @@ def pipeline_candidate(model: ModelConfig, layout: Layout, policy_name: str, bat
             a = res.alpha if res.feasible else 0.0
             note = res.reason() if res.feasible else f"infeasible ({res.reason()}); alpha=0"
     choice = get_policy(policy_name, a)
-    est = estimate_pipeline(model, layout, batch, micro_batch, seq, choice, profile)
+    est = partial(estimate_pipeline, model, layout, batch, micro_batch, seq, choice, profile)  # priced on first read
     mem, rows = pipeline_memory(model, layout, batch, micro_batch, seq, choice, profile, schedule)
     info = {"schedule": schedule, "pp": layout.pp, "vpp": layout.vpp, "micro_batches": m,
             "bubble_ratio": pipeline_bubble(layout.pp, layout.vpp, m), "stages": rows}

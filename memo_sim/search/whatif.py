@@ -215,7 +215,7 @@ def _single_stage_candidate(model: ModelConfig, lay: Layout, pol: str, batch: in
             a = res.alpha if res.feasible else 0.0
             note = res.reason() if res.feasible else f"infeasible ({res.reason()}); alpha=0"
     choice = get_policy(pol, a)
-    est = estimate_iteration(model, lay, batch, seq, choice, profile, micro_batch=micro_batch)
+    est = partial(estimate_iteration, model, lay, batch, seq, choice, profile, micro_batch=micro_batch)  # on first read
     mem = memory_breakdown(model, lay, micro_batch, seq, choice, profile)
     return Candidate(model, lay, choice, batch, seq, profile, est, mem, note, micro_batch=micro_batch)
 
