@@ -70,10 +70,12 @@ def _host_units(model: ModelConfig, layout: Layout, in_flight: list[int], micro_
 
 
 @memoised_by(lambda layout, gpus_per_node: (layout.stage_stride, layout.pp, layout.gpus, gpus_per_node))
-def _node_stage_gpus(layout: Layout, gpus_per_node: int) -> dict[int, dict[int, int]]:
-    """`node_stage_gpus`, once per what it reads (the stage stride, pp and GPU count: layouts
-    recur across micro-batches, virtual stages, ZeRO stages and TP flavours); read-only here."""
-    return node_stage_gpus(layout, gpus_per_node)
+def _node_patterns(layout: Layout, gpus_per_node: int) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """The distinct (stage, GPUs) mixes of the nodes of `node_stage_gpus` (a thousand-GPU cluster's
+    nodes repeat a few mixes; `_host_units_of` takes maxima over nodes, which repeats do not
+    change), once per what it reads: the stage stride, pp and GPU count (layouts recur across
+    micro-batches, virtual stages, ZeRO stages and TP flavours)."""
+    return tuple(dict.fromkeys(tuple(per.items()) for per in node_stage_gpus(layout, gpus_per_node).values()))
 
 
 @lru_cache(maxsize=1 << 16)  # a cluster-scale query has some 10k pipeline layouts
@@ -84,9 +86,9 @@ def _host_units_of(layers: int, layout: Layout, in_flight: tuple[int, ...], micr
     every = micro_batches * layout.vpp
     offloaded = tuple(max(0, u - KEPT_LAYERS) if k == every else u for u, k in zip(units, in_flight))
     worst = node_units = 0
-    for _node, per in _node_stage_gpus(layout, gpus_per_node).items():
-        gpus = sum(per.values())
-        blocks = sum(offloaded[s] * n for s, n in per.items())
+    for per in _node_patterns(layout, gpus_per_node):
+        gpus = sum(n for _s, n in per)
+        blocks = sum(offloaded[s] * n for s, n in per)
         worst = max(worst, -(-blocks // gpus))
         node_units = max(node_units, blocks)
     return worst, units, offloaded, node_units
