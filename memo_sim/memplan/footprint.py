@@ -24,7 +24,7 @@ bytes per node summed over the stages whose GPUs sit in the node.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 from memo_sim.cost.activations import skeletal_bytes
 from memo_sim.cost.memo import memoised
@@ -63,7 +63,7 @@ class MemoryBreakdown:
     def oohm_by(self) -> float:
         return max(0.0, self.host_bytes_per_node - self.host_capacity_bytes)
 
-    @property
+    @cached_property  # read for every sort and filter of a query's candidates; the fields are frozen
     def status(self) -> str:
         if self.oom_by > 0:
             return "OOM"

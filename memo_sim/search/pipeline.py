@@ -231,10 +231,10 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
                 for name in names:
                     vpps = [vpp] if vpp is not None else [1] + [v for v in range(2, MAX_VPP + 1)]
                     for v in vpps:
-                        cand = replace(lay, vpp=v)
                         if check_schedule(name, pp=p, vpp=v, layers=model.layers, batch=b, micro_batch=mb,
                                           policy_name="store_all"):
                             continue
+                        cand = replace(lay, vpp=v)
                         searched["vpp"].add(v)
                         searched["micro_batch"].add(mb)
                         for pol in policies:
