@@ -71,7 +71,8 @@ def run_query(flags: list[str], timeout: float = 1800) -> dict:
     best = next((c for c in out["candidates"] if c["status"] == "OK"), None)
     return {"wall": wall, "cpu": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
             "load_before": load0, "load_after": _load(), "tier2": out.get("tier2"),
-            "candidates": len(out["candidates"]) + out.get("folded_duplicates", 0),
+            "candidates": len(out["candidates"]) + out.get("folded_duplicates", 0)
+            + (out.get("candidates_left_out") or {}).get("count", 0),
             "best": None if best is None else f"{best['layout']} {best['policy']} ({best.get('schedule', '')})",
             "best_iteration_s": None if best is None else best.get("simulated_iteration_s")}
 

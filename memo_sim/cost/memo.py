@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 from contextlib import contextmanager
-from typing import Callable, Iterator, TypeVar
+from typing import Callable, Hashable, Iterator, TypeVar
 
 from memo_sim.profile.schema import HardwareProfile
 
@@ -27,6 +27,11 @@ _OFF = [False]  # `unmemoised` sets it: every memoised function computes afresh
 
 def _key(a):
     return ("<profile>", id(a)) if isinstance(a, HardwareProfile) else a
+
+
+def profile_key(profile: HardwareProfile) -> tuple:
+    """A profile in a `memoised_by` key (by identity, as `memoised` keys it)."""
+    return _key(profile)
 
 
 def memoised(maxsize: int = 4096) -> Callable[[F], F]:
@@ -50,6 +55,34 @@ def memoised(maxsize: int = 4096) -> Callable[[F], F]:
             if len(cache) >= maxsize:
                 cache.clear()
             cache[key] = ((args, kwargs), value)  # keeps the profile alive: its id stays unique
+            return value
+
+        wrapper.cache_clear = cache.clear  # type: ignore[attr-defined]
+        return wrapper  # type: ignore[return-value]
+    return deco
+
+
+def memoised_by(key: Callable[..., Hashable], maxsize: int = 4096) -> Callable[[F], F]:
+    """Cache a pure function under ``key(*args)``: the part of its arguments it reads, so that
+    callers whose arguments differ only in what it does not read (a layout's virtual stages, its
+    ZeRO stage...) share one entry. The key must hold every input the result depends on (a
+    profile by `profile_key`)."""
+    def deco(fn: F) -> F:
+        cache: dict = {}
+        _CACHES.append(cache)
+
+        @functools.wraps(fn)
+        def wrapper(*args):
+            if _OFF[0]:
+                return fn(*args)
+            k = key(*args)
+            hit = cache.get(k)
+            if hit is not None:
+                return hit[1]
+            value = fn(*args)
+            if len(cache) >= maxsize:
+                cache.clear()
+            cache[k] = (args, value)  # keeps a profile keyed by id alive: its id stays unique
             return value
 
         wrapper.cache_clear = cache.clear  # type: ignore[attr-defined]

@@ -48,7 +48,7 @@ from memo_sim.cost.boundary import optimizer_step_bytes
 from memo_sim.cost.activations import tensor_bytes, tokens_per_gpu
 from memo_sim.cost.kernel_time import attention_bwd_time, attention_fwd_time, memory_bound_time
 from memo_sim.cost.layer_time import backward_costs, forward_costs
-from memo_sim.cost.memo import memoising
+from memo_sim.cost.memo import memoised_by, memoising, profile_key
 from memo_sim.cost.opcost import OpCost, critical_time
 from memo_sim.errors import MemoError
 from memo_sim.layout.parallel import Layout, stage_hop_crosses_nodes, stage_layers  # noqa: F401 (stage_layers re-exported)
@@ -314,9 +314,12 @@ def stage_optimizer_time(model: ModelConfig, layout: Layout, stage: int, profile
                                                   layout.state_shards, layout.zero), profile)
 
 
+@memoised_by(lambda model, layout, profile: (model, layout.state_shards, layout.tp, layout.zero, layout.grad_overlap,
+                                            layout.stage_stride * layout.pp, profile_key(profile)))
 def stage_grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile) -> GradSync:
     """Data-parallel collectives of one stage: over the stage's dp replicas, TP x PP ranks apart
-    (`memo_sim.cost.grad_sync`)."""
+    (`memo_sim.cost.grad_sync`; memoised by what that reads: the group, TP, ZeRO, the overlap
+    and the stride)."""
     return grad_sync(model, layout, profile, stride=layout.stage_stride * layout.pp)
 
 
@@ -332,8 +335,8 @@ def stage_serial_grad_reduce(model: ModelConfig, layout: Layout, profile: Hardwa
 def p2p_bytes(model: ModelConfig, layout: Layout, batch: int, tokens: int) -> float:
     """Bytes one GPU of a stage sends to the next stage for ``tokens`` tokens: its SP shard of the
     hidden state (forward) or of its gradient (backward)."""
-    return tokens_per_gpu(replace(layout, pp=1), batch, tokens) * model.hidden * DTYPE_BYTES[model.dtype] / (
-        layout.tp if layout.sp else 1)
+    return tokens_per_gpu(layout, batch, tokens) * model.hidden * DTYPE_BYTES[model.dtype] / (
+        layout.tp if layout.sp else 1)  # the pipeline does not split a stage's tokens
 
 
 def p2p_link(layout: Layout, profile: HardwareProfile, stage: int) -> str:

@@ -24,7 +24,7 @@ bytes per node summed over the stages whose GPUs sit in the node.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 from memo_sim.cost.activations import skeletal_bytes
 from memo_sim.cost.memo import memoised
@@ -63,7 +63,7 @@ class MemoryBreakdown:
     def oohm_by(self) -> float:
         return max(0.0, self.host_bytes_per_node - self.host_capacity_bytes)
 
-    @property
+    @cached_property  # read for every sort and filter of a query's candidates; the fields are frozen
     def status(self) -> str:
         if self.oom_by > 0:
             return "OOM"
@@ -122,7 +122,7 @@ def memory_breakdown(model: ModelConfig, layout: Layout, batch: int, seq: int, p
         host_bytes_per_node=host_node, host_capacity_bytes=profile.usable_host_memory)
 
 
-@memoised()
+@memoised(maxsize=1 << 14)
 def _shard_terms(model: ModelConfig, shard: Layout, batch: int, seq: int, policy: Policy,
                  profile: HardwareProfile, classifier_chunk_tokens: int) -> tuple:
     """The terms of `memory_breakdown` that one GPU's shard of the layer fixes (DP and ZeRO do

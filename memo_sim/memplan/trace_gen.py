@@ -166,8 +166,10 @@ class _Builder:
         return sorted(self.done, key=lambda b: (b.lower, b.id))
 
 
+@lru_cache(maxsize=1 << 16)
 def per_gpu_shard(layout: Layout) -> Layout:
-    """The part of a layout that shapes one GPU's layer tensors (DP and ZeRO do not)."""
+    """The part of a layout that shapes one GPU's layer tensors (DP and ZeRO do not); memoised
+    (`dataclasses.replace` re-validates the layout; the what-if asks for every candidate)."""
     return replace(layout, dp=1, zero=0)
 
 

@@ -5,6 +5,8 @@ its simulated summary; and the words that say why a candidate stops where it doe
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Callable
 
 from memo_sim.layout.parallel import Layout
 from memo_sim.memplan.footprint import MemoryBreakdown
@@ -24,7 +26,7 @@ class Candidate:
     batch: int
     seq: int
     profile: HardwareProfile
-    estimate: IterationEstimate
+    priced: IterationEstimate | Callable[[], IterationEstimate]  # the estimate, or how to price it (`estimate`)
     memory: MemoryBreakdown
     alpha_note: str = ""
     simulated: dict | None = None  # filled by the event simulator (tier 2)
@@ -37,6 +39,17 @@ class Candidate:
     def __post_init__(self) -> None:
         if not self.micro_batch:
             self.micro_batch = self.batch
+
+    @property
+    def estimate(self) -> IterationEstimate:
+        """The analytic estimate (tier 1), priced on first read where the search deferred it: of a
+        cluster-scale query's tens of thousands of candidates most do not fit, and what ranks
+        and lists those is their memory (the same estimate whenever it is priced: its costs are
+        pure functions of the candidate)."""
+        e = self.priced
+        if not isinstance(e, IterationEstimate):
+            e = self.priced = e()
+        return e
 
     @property
     def micro_batches(self) -> int:
@@ -76,7 +89,7 @@ class Candidate:
         e, m = self.estimate, self.memory
         d = {
             "layout": self.layout.label(),
-            "layout_degrees": self.layout.to_dict(),
+            "layout_degrees": dict(_layout_dict(self.layout)),
             "policy": self.policy.name,
             "tier": self.tier,
             "alpha": self.policy.alpha,
@@ -130,6 +143,13 @@ class Candidate:
         """This candidate's plan.json, memory plan included: `memo_sim.search.plan_build.build_plan`,
         the one function `memo-sim whatif` writes its plans by."""
         return build_plan(self)
+
+
+@lru_cache(maxsize=1 << 16)
+def _layout_dict(layout: Layout) -> dict:
+    """`Layout.to_dict` once per layout (a query's tens of thousands of candidates share a few
+    thousand layouts; its fields are scalars, so callers take a shallow copy)."""
+    return layout.to_dict()
 
 
 def host_memory_words(c: Candidate) -> str:

@@ -25,7 +25,7 @@ from memo_sim.cost.activations import layer_rows, skeletal_bytes
 from memo_sim.cost.boundary import boundary_times
 from memo_sim.model.flops import mfu, model_flops_per_iteration, tgs
 from memo_sim.cost.grad_sync import grad_sync
-from memo_sim.cost.memo import memoised
+from memo_sim.cost.memo import memoised, memoised_by, profile_key
 from memo_sim.cost.layer_time import backward_costs, critical_time, forward_costs
 from memo_sim.cost.transfer import host_bandwidth_per_gpu, host_copy_time
 from memo_sim.layout.parallel import Layout
@@ -89,7 +89,7 @@ def layer_times(model: ModelConfig, layout: Layout, batch: int, seq: int, policy
                         active_gpus_per_node(layout, profile))
 
 
-@memoised()
+@memoised(maxsize=1 << 14)
 def _layer_times(model: ModelConfig, shard: Layout, batch: int, seq: int, policy: Policy,
                  profile: HardwareProfile, active: int) -> LayerTimes:
     f, b = _forward_backward_times(model, shard, batch, seq, profile)
@@ -238,18 +238,29 @@ def stage_shard(layout: Layout) -> Layout:
     return replace(layout, pp=1, vpp=1, dp=1, zero=0)
 
 
-@memoised()
+@memoised_by(lambda model, layout, micro_batch, seq, profile: (
+    model, layout.tp, layout.sp, layout.cp, layout.ulysses, layout.dp, layout.zero, layout.pp, micro_batch, seq,
+    profile_key(profile)))
 def _stage_terms(model: ModelConfig, layout: Layout, micro_batch: int, seq: int,
                  profile: HardwareProfile) -> tuple[float, float, float]:
-    """A pipeline's per-stage terms, policy-independent (memoised; every policy of a layout asks):
-    the fill and drain's P2P sends (one per hop each way), the slowest stage's serial gradient
-    reduction and its optimizer step."""
-    from memo_sim.cost.sppo import p2p_time, stage_optimizer_time, stage_serial_grad_reduce
+    """A pipeline's per-stage terms, policy-independent (memoised by the degrees they read: every
+    policy, virtual-stage count and TP flavour of a layout asks): the fill and drain's P2P sends
+    (one per hop each way), the slowest stage's serial gradient reduction and its optimizer step.
+    A stage enters them only by its link to the next (P2P) and its parameters (the first, the
+    last and the middle stages differ), so each distinct value is computed once and the sum and
+    maxima are taken over the same values in the same order as stage by stage."""
+    from memo_sim.cost.sppo import p2p_link, p2p_link_time, stage_optimizer_time, stage_serial_grad_reduce
 
     p = layout.pp
-    hops = 2 * sum(p2p_time(model, layout, micro_batch, seq, profile, s) for s in range(p - 1))
-    serial = max(stage_serial_grad_reduce(model, layout, profile, s) for s in range(p))
-    return hops, serial, max(stage_optimizer_time(model, layout, s, profile) for s in range(p))
+    per_link: dict[str, float] = {}
+    for s in range(p - 1):
+        link = p2p_link(layout, profile, s)
+        if link not in per_link:
+            per_link[link] = p2p_link_time(model, layout, micro_batch, seq, profile, link)
+    hops = 2 * sum(per_link[p2p_link(layout, profile, s)] for s in range(p - 1))
+    kinds = sorted({0, p - 1} | ({1} if p > 2 else set()))  # stages 1 .. p-2 hold the same parameters
+    serial = max(stage_serial_grad_reduce(model, layout, profile, s) for s in kinds)
+    return hops, serial, max(stage_optimizer_time(model, layout, s, profile) for s in kinds)
 
 
 def pipeline_bubble(pp: int, vpp: int, micro_batches: int) -> float:

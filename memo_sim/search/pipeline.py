@@ -23,9 +23,9 @@ offloaded layers in flight. MEMO's alpha is solved with that count of host block
 from __future__ import annotations
 
 from dataclasses import replace
-from functools import lru_cache
+from functools import lru_cache, partial
 
-from memo_sim.cost.memo import memoised
+from memo_sim.cost.memo import memoised, memoised_by
 from memo_sim.cost.sppo import stage_model_state_bytes
 from memo_sim.engine.schedules.microbatch import micro_batch_pipelines, stage_in_flight
 from memo_sim.layout.parallel import Layout, _divisors, check_layout, enumerate_layouts, node_stage_gpus
@@ -43,9 +43,10 @@ MAX_VPP = 4  # interleaving: up to this many chunks per rank (Megatron-LM's runs
 MAX_MICRO_BATCH_SIZES = 4  # the smallest divisors of the batch tried as micro-batch sizes
 
 
-@memoised()
+@memoised_by(lambda model, layout: (model, layout.pp, layout.tp, layout.state_shards, layout.zero >= 1))
 def _stage_states(model: ModelConfig, layout: Layout) -> tuple[float, ...]:
-    """Each stage's model-state bytes on one GPU (memoised: every policy of a layout asks)."""
+    """Each stage's model-state bytes on one GPU (memoised by what `stage_model_state_bytes`
+    reads: every policy, micro-batch size and virtual-stage count of a layout asks)."""
     return tuple(stage_model_state_bytes(model, layout, s) for s in range(layout.pp))
 
 
@@ -68,10 +69,16 @@ def _host_units(model: ModelConfig, layout: Layout, in_flight: list[int], micro_
     return _host_units_of(model.layers, layout, tuple(in_flight), micro_batches, gpus_per_node)
 
 
-_node_stage_gpus = lru_cache(maxsize=4096)(node_stage_gpus)  # read-only here; layouts recur across micro-batches
+@memoised_by(lambda layout, gpus_per_node: (layout.stage_stride, layout.pp, layout.gpus, gpus_per_node))
+def _node_patterns(layout: Layout, gpus_per_node: int) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """The distinct (stage, GPUs) mixes of the nodes of `node_stage_gpus` (a thousand-GPU cluster's
+    nodes repeat a few mixes; `_host_units_of` takes maxima over nodes, which repeats do not
+    change), once per what it reads: the stage stride, pp and GPU count (layouts recur across
+    micro-batches, virtual stages, ZeRO stages and TP flavours)."""
+    return tuple(dict.fromkeys(tuple(per.items()) for per in node_stage_gpus(layout, gpus_per_node).values()))
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=1 << 16)  # a cluster-scale query has some 10k pipeline layouts
 def _host_units_of(layers: int, layout: Layout, in_flight: tuple[int, ...], micro_batches: int,
                    gpus_per_node: int) -> tuple[int, tuple[int, ...], tuple[int, ...], int]:
     per_chunk = layers // (layout.pp * layout.vpp)
@@ -79,12 +86,30 @@ def _host_units_of(layers: int, layout: Layout, in_flight: tuple[int, ...], micr
     every = micro_batches * layout.vpp
     offloaded = tuple(max(0, u - KEPT_LAYERS) if k == every else u for u, k in zip(units, in_flight))
     worst = node_units = 0
-    for _node, per in _node_stage_gpus(layout, gpus_per_node).items():
-        gpus = sum(per.values())
-        blocks = sum(offloaded[s] * n for s, n in per.items())
+    for per in _node_patterns(layout, gpus_per_node):
+        gpus = sum(n for _s, n in per)
+        blocks = sum(offloaded[s] * n for s, n in per)
         worst = max(worst, -(-blocks // gpus))
         node_units = max(node_units, blocks)
     return worst, units, offloaded, node_units
+
+
+@memoised(maxsize=1 << 14)
+def _stage_unit_terms(model: ModelConfig, shard: Layout, micro_batch: int, seq: int, policy: Policy,
+                      profile: HardwareProfile) -> tuple:
+    """What one GPU of a stage holds per layer unit, whatever the pipeline around it (memoised per
+    shard, micro-batch and policy): its single-stage memory (for the working block and the
+    classifier), the forward-kept and lse bytes of one layer, the static buffers (an offloading
+    policy's twice), the pinned host block and the raw bytes one offloaded layer copies."""
+    from memo_sim.cost.activations import skeletal_bytes
+
+    one = memory_breakdown(model, shard, micro_batch, seq, policy, profile)
+    sk = skeletal_bytes(model, shard, micro_batch, seq)
+    kept = sum(b for _n, b in policy.forward_kept(sk))
+    buffers = policy.buffer_bytes(sk) * (2 if policy.offloads else 1)
+    host_block = policy.host_bytes_per_layer(model, shard, micro_batch, seq, profile) if policy.offloads else 0.0
+    offload = policy.offload_bytes(model, shard, micro_batch, seq) if policy.offloads else 0.0
+    return one, kept, sk["lse"], buffers, host_block, offload
 
 
 def pipeline_memory(model: ModelConfig, layout: Layout, batch: int, micro_batch: int, seq: int, policy: Policy,
@@ -93,16 +118,8 @@ def pipeline_memory(model: ModelConfig, layout: Layout, batch: int, micro_batch:
     m = batch // micro_batch
     flights = stage_in_flight(schedule, layout.pp, m, layout.vpp)
     _worst, units, offloaded, node_units = _host_units(model, layout, flights, m, profile.node_gpus)
-    shard = stage_shard(layout)
-    one = memory_breakdown(model, shard, micro_batch, seq, policy, profile)
-    from memo_sim.cost.activations import skeletal_bytes
-
-    sk = skeletal_bytes(model, shard, micro_batch, seq)
-    kept = sum(b for _n, b in policy.forward_kept(sk))
-    lse = sk["lse"]
-    buffers = policy.buffer_bytes(sk) * (2 if policy.offloads else 1)
-    host_block = policy.host_bytes_per_layer(model, shard, micro_batch, seq, profile) if policy.offloads else 0.0
-    offload = policy.offload_bytes(model, shard, micro_batch, seq) if policy.offloads else 0.0
+    one, kept, lse, buffers, host_block, offload = _stage_unit_terms(model, stage_shard(layout), micro_batch, seq,
+                                                                     policy, profile)
     rows = []
     all_states = _stage_states(model, layout)
     for s in range(layout.pp):
@@ -139,16 +156,29 @@ def pipeline_candidate(model: ModelConfig, layout: Layout, policy_name: str, bat
         else:
             flights = stage_in_flight(schedule, layout.pp, m, layout.vpp)
             units, _all, _off, _node = _host_units(model, layout, flights, m, profile.node_gpus)
-            res = memo_alpha(model, replace(layout, pp=1, vpp=1), micro_batch, seq, profile, units=max(1, units))
+            res = _stage_alpha(model, _without_pipeline(layout), micro_batch, seq, profile, max(1, units))
             a = res.alpha if res.feasible else 0.0
             note = res.reason() if res.feasible else f"infeasible ({res.reason()}); alpha=0"
     choice = get_policy(policy_name, a)
-    est = estimate_pipeline(model, layout, batch, micro_batch, seq, choice, profile)
+    est = partial(estimate_pipeline, model, layout, batch, micro_batch, seq, choice, profile)  # priced on first read
     mem, rows = pipeline_memory(model, layout, batch, micro_batch, seq, choice, profile, schedule)
     info = {"schedule": schedule, "pp": layout.pp, "vpp": layout.vpp, "micro_batches": m,
             "bubble_ratio": pipeline_bubble(layout.pp, layout.vpp, m), "stages": rows}
     return Candidate(model, layout, choice, batch, seq, profile, est, mem, note, schedule=schedule,
                      micro_batch=micro_batch, pipeline=info)
+
+
+@lru_cache(maxsize=1 << 16)
+def _without_pipeline(layout: Layout) -> Layout:
+    return replace(layout, pp=1, vpp=1)
+
+
+@memoised(maxsize=1 << 16)
+def _stage_alpha(model: ModelConfig, layout: Layout, micro_batch: int, seq: int, profile: HardwareProfile,
+                 units: int):
+    """`memo_alpha` of a stage's GPU holding ``units`` host blocks (memoised: the schedules,
+    virtual-stage counts and pipeline depths of one layout often hold as many)."""
+    return memo_alpha(model, layout, micro_batch, seq, profile, units=units)
 
 
 def default_pipeline_batch(pp: int, micro_batch: int | None) -> int:
@@ -201,10 +231,10 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
                 for name in names:
                     vpps = [vpp] if vpp is not None else [1] + [v for v in range(2, MAX_VPP + 1)]
                     for v in vpps:
-                        cand = replace(lay, vpp=v)
                         if check_schedule(name, pp=p, vpp=v, layers=model.layers, batch=b, micro_batch=mb,
                                           policy_name="store_all"):
                             continue
+                        cand = replace(lay, vpp=v)
                         searched["vpp"].add(v)
                         searched["micro_batch"].add(mb)
                         for pol in policies:

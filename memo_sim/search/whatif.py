@@ -215,7 +215,7 @@ def _single_stage_candidate(model: ModelConfig, lay: Layout, pol: str, batch: in
             a = res.alpha if res.feasible else 0.0
             note = res.reason() if res.feasible else f"infeasible ({res.reason()}); alpha=0"
     choice = get_policy(pol, a)
-    est = estimate_iteration(model, lay, batch, seq, choice, profile, micro_batch=micro_batch)
+    est = partial(estimate_iteration, model, lay, batch, seq, choice, profile, micro_batch=micro_batch)  # on first read
     mem = memory_breakdown(model, lay, micro_batch, seq, choice, profile)
     return Candidate(model, lay, choice, batch, seq, profile, est, mem, note, micro_batch=micro_batch)
 
@@ -397,21 +397,32 @@ def _locality(c: Candidate) -> tuple:
 
 
 # ------------------------------------------------------------------------------------- presentation
-def behaviour_key(c: Candidate) -> tuple:
+def behaviour_key(c: Candidate, behaviours: dict | None = None) -> tuple:
     """What a candidate does, whatever its policy is called: its layout and which bytes go to
     host or are rebuilt (`Policy.behaviour`). Two candidates with one key are one plan twice
-    (``memo`` at alpha = 1 moves what ``full_offload`` moves)."""
-    return (c.layout, c.schedule, c.batch, c.micro_batch,
-            c.policy.behaviour(c.model.layers) if c.sppo is None else c.policy.label())
+    (``memo`` at alpha = 1 moves what ``full_offload`` moves). ``behaviours``: a memo of
+    `Policy.behaviour` by (policy, layers), kept by the caller over many candidates (a query's
+    tens of thousands of candidates share a few dozen policies)."""
+    if c.sppo is not None:
+        what = c.policy.label()
+    elif behaviours is None:
+        what = c.policy.behaviour(c.model.layers)
+    else:
+        k = (c.policy, c.model.layers)
+        what = behaviours.get(k)
+        if what is None:
+            what = behaviours[k] = c.policy.behaviour(c.model.layers)
+    return (c.layout, c.schedule, c.batch, c.micro_batch, what)
 
 
 def fold_duplicates(candidates: list[Candidate]) -> list[Candidate]:
     """The ranking with each behaviour (`behaviour_key`) once, at its best-ranked row; the rows
     folded into it are named in its ``folded`` list."""
     seen: dict[tuple, Candidate] = {}
+    behaviours: dict = {}
     out = []
     for c in candidates:
-        k = behaviour_key(c)
+        k = behaviour_key(c, behaviours)
         first = seen.get(k)
         if first is None:
             seen[k] = c
