@@ -31,6 +31,14 @@ H100 = load_profile("h100-sxm5-80gb")
 CASES = FASTPATH_CASES + [("gpt-30b", Layout(tp=8, cp=2, dp=2, zero=2), 256 * K, "full_offload", None)]
 
 
+def assert_same_failure(unfolded, whole) -> None:
+    """The unfolded run failed as the whole run did: same kind, tensor, op, layer, device and instant."""
+    assert whole is not None and unfolded is not None
+    u, w = unfolded, whole
+    assert (u.status, u.tensor, u.op, u.layer, u.device) == (w.status, w.tensor, w.op, w.layer, w.device)
+    assert math.isclose(u.time_s, w.time_s, rel_tol=1e-9)
+
+
 def _close(a, b, path=""):
     if isinstance(a, dict):
         assert set(a) == set(b), (path, set(a) ^ set(b))
@@ -129,9 +137,7 @@ def test_a_failure_is_found_where_the_whole_run_fails(space, case):
                             devices=short.graph.devices, routes=eng.routes)
         _sched, whole = _whole_at(model, lay, seq, policy, gcap, hcap)
         wf, uf = whole.failure, u.failure
-        assert wf is not None and uf is not None
-        assert (uf.status, uf.tensor, uf.op, uf.layer, uf.device) == (wf.status, wf.tensor, wf.op, wf.layer, wf.device)
-        assert math.isclose(uf.time_s, wf.time_s, rel_tol=1e-9)
+        assert_same_failure(uf, wf)
         if u.tie:
             continue
         compared += 1

@@ -10,19 +10,12 @@ import pytest
 from memo_exec import figures as F
 from memo_sim.report import figures as SF
 from memo_sim.timeline import MemorySample, Timeline, TimelineEvent
+from tests.figure_capture import capture_saves
 
 
 @pytest.fixture
 def captured(monkeypatch):
-    figs = []
-
-    def fake_save(fig, path, **_kw):
-        figs.append(fig)
-        return path
-
-    monkeypatch.setattr(F, "save_png", fake_save)
-    monkeypatch.setattr(SF, "_save", fake_save)
-    return figs
+    return capture_saves(monkeypatch, (F, "save_png"), (SF, "_save"))
 
 
 def _rank_rows(n_cp=2, n_tp=2):

@@ -20,6 +20,7 @@ from memo_sim.report.chrome_trace import chrome_trace
 from memo_sim.request_trace import Buffer, RequestTrace
 from memo_sim.search.seq_sweep import sweep_layouts
 from memo_sim.timeline import MemorySample, Timeline, TimelineEvent
+from tests.figure_capture import capture_saves
 
 K = 1024
 GiB = 1024**3
@@ -29,15 +30,7 @@ PROFILE = load_profile("a800-80gb")
 @pytest.fixture
 def captured(monkeypatch):
     """The Figure objects the figure functions save (no PNG written)."""
-    figs = []
-
-    def fake_save(fig, path, **_kw):
-        figs.append(fig)
-        return path
-
-    monkeypatch.setattr(figures, "_save", fake_save)
-    monkeypatch.setattr(memplan_figure, "save_png", fake_save)
-    return figs
+    return capture_saves(monkeypatch, (figures, "_save"), (memplan_figure, "save_png"))
 
 
 @pytest.fixture(scope="module")

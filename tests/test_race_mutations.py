@@ -220,6 +220,18 @@ def test_sppo_mutation_is_caught(sppo_results, name):
 
 
 # -- ring CP: the P2P double buffers (two gloo ranks, every mutation in one spawn) --------------------
+def _outcome(patch, run) -> str:
+    """``ok <run()>`` with ``patch`` applied (the arguments of one ``monkeypatch.setattr``, or None),
+    or the `RaceError` that refused it, in one line."""
+    with pytest.MonkeyPatch.context() as mp:
+        if patch is not None:
+            mp.setattr(*patch)
+        try:
+            return f"ok {run()}"
+        except RaceError as e:
+            return f"{type(e).__name__}: {e}"
+
+
 def _each_mutation(muts: dict, run) -> dict[str, str]:
     """Run ``run`` under every mutation in turn; after a refused one, wait for the transfers it left
     in flight and meet the other rank, so the next starts from a clean ring."""
@@ -244,13 +256,7 @@ def _each_mutation(muts: dict, run) -> dict[str, str]:
         keep.setattr(p2p, "_guarded", collect)
         keep.setattr(Lane, "_post_collective", collect_coll)
         for name, patch in muts.items():
-            with pytest.MonkeyPatch.context() as mp:
-                if patch is not None:
-                    mp.setattr(*patch)
-                try:
-                    out[name] = f"ok {run():.1e}"
-                except RaceError as e:
-                    out[name] = f"{type(e).__name__}: {e}"
+            out[name] = _outcome(patch, lambda: f"{run():.1e}")
             for tr in posted:
                 tr.guard = None
                 tr.wait()
@@ -441,13 +447,7 @@ def _fresh_group_each(muts: dict, run) -> dict[str, str]:
     out = {}
     for name, patch in muts.items():
         group = dist.new_group(list(range(dist.get_world_size())))
-        with pytest.MonkeyPatch.context() as mp:
-            if patch is not None:
-                mp.setattr(*patch)
-            try:
-                out[name] = f"ok {run(group)}"
-            except RaceError as e:
-                out[name] = f"{type(e).__name__}: {e}"
+        out[name] = _outcome(patch, lambda group=group: run(group))
     dist.barrier(group=done)  # no rank leaves (closing its connections) while its peer still runs
     return out
 
@@ -525,13 +525,7 @@ def _pipeline_mutations(rank: int, world: int) -> dict[str, str]:
     muts = {"baseline": None} | {f"skip {w} waits": _skip_stage_wait(PipelineSchedule, w) for w in STAGE_WAITS}
     out = {}
     for name, patch in muts.items():  # one group (pp = world: the default one): the receive mutation last
-        with pytest.MonkeyPatch.context() as mp:
-            if patch is not None:
-                mp.setattr(*patch)
-            try:
-                out[name] = f"ok {run_case(*PIPE_CASE)['loss']:.12e}"
-            except RaceError as e:
-                out[name] = f"{type(e).__name__}: {e}"
+        out[name] = _outcome(patch, lambda: f"{run_case(*PIPE_CASE)['loss']:.12e}")
     dist.barrier(group=done)  # no rank leaves (closing its connections) while its peer still runs
     return out
 
