@@ -506,7 +506,12 @@ def test_sppo_stage_p2p_unmutated_runs(sppo_stage_results):
 
 @pytest.mark.parametrize("which", STAGE_WAITS)
 def test_sppo_stage_skipped_wait_fails_at_once_naming_the_transfer(sppo_stage_results, which):
-    for r in sppo_stage_results:
+    _assert_stage_wait_named(sppo_stage_results, which)
+
+
+def _assert_stage_wait_named(results, which: str) -> None:
+    """Every rank refused the run with a `RaceError` naming the send or receive left unwaited."""
+    for r in results:
         got = r[f"skip {which} waits"]
         kind = "recv_" if which == "receive" else "send_"
         assert got.startswith("RaceError") and f"transfer '{kind}" in got and "not waited on" in got, got
@@ -545,7 +550,4 @@ def test_pipeline_p2p_unmutated_matches_one_process(pipeline_results):
 
 @pytest.mark.parametrize("which", STAGE_WAITS)
 def test_pipeline_skipped_wait_fails_at_once_naming_the_transfer(pipeline_results, which):
-    for r in pipeline_results:
-        got = r[f"skip {which} waits"]
-        kind = "recv_" if which == "receive" else "send_"
-        assert got.startswith("RaceError") and f"transfer '{kind}" in got and "not waited on" in got, got
+    _assert_stage_wait_named(pipeline_results, which)
