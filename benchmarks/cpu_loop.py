@@ -38,6 +38,7 @@ sys.path.insert(0, str(REPO))
 
 from memo_exec.host_share import IDLE_OTHER_CORES, busy_reason  # noqa: E402
 from memo_exec.validate import LOOP_TARGET_MEDIAN_PCT as TARGET_MEDIAN_PCT  # noqa: E402
+from memo_exec.validate import this_python  # noqa: E402
 from memo_sim.fileio import atomic_write_text  # noqa: E402
 
 
@@ -46,8 +47,7 @@ def step(argv: list[str], log: list[dict]) -> subprocess.CompletedProcess:
     """Run one memo-exec command in its own process; log its command, time, exit and the load."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
     before, t0 = uptime(), time.monotonic()
-    safe_path = ["-P"] if sys.version_info >= (3, 11) else []  # this checkout, whatever the working directory
-    r = subprocess.run([sys.executable, *safe_path, "-m", "memo_exec.cli", *argv], capture_output=True, text=True,
+    r = subprocess.run([*this_python(), "-m", "memo_exec.cli", *argv], capture_output=True, text=True,
                        env=env)
     log.append({"command": "memo-exec " + " ".join(shlex.quote(a) for a in argv), "exit": r.returncode,
                 "seconds": time.monotonic() - t0, "before": before, "after": uptime(),

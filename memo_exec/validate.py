@@ -225,11 +225,16 @@ def run_env(device: str, threads: int | None) -> dict[str, str]:
     return env
 
 
+def this_python() -> list[str]:
+    """The interpreter to start a child with that imports this checkout's packages: ``-P`` keeps the
+    working directory, which may hold another checkout, off the front of the path (Python 3.11+)."""
+    return [sys.executable, *(["-P"] if sys.version_info >= (3, 11) else [])]
+
+
 def run_argv(plan_file: Path, run_dir: Path, device: str, steps: int) -> list[str]:
     """The command that runs one plan in its own process: this checkout's executor (``-P``: the
     working directory, which may hold another checkout, is not put first on the path)."""
-    safe_path = ["-P"] if sys.version_info >= (3, 11) else []
-    return [sys.executable, *safe_path, "-m", "memo_exec", "run", str(plan_file), "--device", device, "--steps", str(steps),
+    return [*this_python(), "-m", "memo_exec", "run", str(plan_file), "--device", device, "--steps", str(steps),
             "--out", str(run_dir), "--json", "--no-progress"]
 
 
