@@ -1,7 +1,9 @@
 """memo-sim: what-if planning for long-context LLM training (no GPU, no torch).
 
-One module per family of commands (`info`, `whatif`, `maxseq`, `memplan`, `simulate`, `export`); every user error is
-one line on stderr and exit code 2 (never a traceback).
+One module per family of commands (`info`, `whatif`, `maxseq`, `memplan`, `simulate`, `export`,
+`explain`), imported when one of its commands runs (`COMMANDS`, `LazyMemoGroup`: a what-if does not
+import the plots or the exporters); every user error is one line on stderr and exit code 2 (never
+a traceback).
 """
 
 from __future__ import annotations
@@ -10,19 +12,32 @@ import sys
 
 import click
 
-from memo_sim.cli import explain, export, info, maxseq, memplan, simulate, whatif
-from memo_sim.cli.common import MemoGroup
+from memo_sim.cli.common import LazyMemoGroup
 from memo_sim.errors import MemoError
 
+# every command: its name -> the module and attribute that define it
+COMMANDS = {
+    "profiles": "memo_sim.cli.info:profiles",
+    "models": "memo_sim.cli.info:models",
+    "frameworks": "memo_sim.cli.info:frameworks",
+    "check-plan": "memo_sim.cli.info:check_plan",
+    "whatif": "memo_sim.cli.whatif:whatif",
+    "maxseq": "memo_sim.cli.maxseq:maxseq",
+    "memplan": "memo_sim.cli.memplan:memplan",
+    "simulate": "memo_sim.cli.simulate:simulate_cmd",
+    "plot": "memo_sim.cli.simulate:plot_cmd",
+    "sweep-alpha": "memo_sim.cli.simulate:sweep_alpha_cmd",
+    "sweep-seq": "memo_sim.cli.simulate:sweep_seq_cmd",
+    "sweep-subseqs": "memo_sim.cli.simulate:sweep_subseqs_cmd",
+    "export": "memo_sim.cli.export:export",
+    "explain": "memo_sim.cli.explain:explain",
+}
 
-@click.group(cls=MemoGroup, context_settings={"help_option_names": ["-h", "--help"]})
+
+@click.group(cls=LazyMemoGroup, lazy_commands=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="memo")
 def cli():
     """Plan ultra-long-context LLM training: what-if, simulate, memory plans."""
-
-
-for _command in (*info.COMMANDS, whatif.whatif, *maxseq.COMMANDS, memplan.memplan, *simulate.COMMANDS, export.export, *explain.COMMANDS):
-    cli.add_command(_command)
 
 
 def main(argv: list[str] | None = None) -> None:

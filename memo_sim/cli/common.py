@@ -127,6 +127,31 @@ class MemoGroup(click.Group):
             ctx.exit(2)
 
 
+class LazyMemoGroup(MemoGroup):
+    """A `MemoGroup` whose commands are imported when one is invoked or listed: ``commands``
+    maps each command's name to ``"module:attribute"``, so that a what-if imports only the
+    modules it uses (not the engine's explain, the plots or the exporters). ``--help`` imports
+    every command's module to show its short help (each command's own docstring)."""
+
+    def __init__(self, *args, lazy_commands: dict[str, str], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.lazy_commands = dict(lazy_commands)
+
+    def list_commands(self, ctx) -> list[str]:
+        return sorted({*self.lazy_commands, *self.commands})
+
+    def get_command(self, ctx, name: str):
+        if name not in self.commands and name in self.lazy_commands:
+            import importlib
+
+            module, attr = self.lazy_commands[name].split(":")
+            cmd = getattr(importlib.import_module(module), attr)
+            if cmd.name != name:
+                raise RuntimeError(f"{self.lazy_commands[name]} is the command {cmd.name!r}, not {name!r}")
+            self.add_command(cmd)
+        return self.commands.get(name)
+
+
 MAX_GPUS = MAX_DEGREE  # a cluster of more GPUs than this is a typo, not a plan
 GPU_COUNT = click.IntRange(1, MAX_GPUS)
 DEGREE = click.IntRange(1, MAX_GPUS)

@@ -1,0 +1,57 @@
+"""memo-sim's commands are imported when used (`memo_sim.cli.COMMANDS`, `LazyMemoGroup`): --help
+still lists every one with its short help, each command's --help works, and a what-if does not
+import the other commands' modules."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from memo_sim.cli import COMMANDS, cli
+
+
+def test_every_command_module_is_in_the_table():
+    for module in sorted({spec.split(":")[0] for spec in COMMANDS.values()}):
+        mod = importlib.import_module(module)
+        for cmd in getattr(mod, "COMMANDS", ()):
+            assert cmd.name in COMMANDS, f"{module} defines {cmd.name}, which memo_sim.cli.COMMANDS lacks"
+            assert getattr(mod, COMMANDS[cmd.name].split(":")[1]) is cmd
+
+
+def test_help_lists_every_command_with_its_short_help():
+    r = CliRunner().invoke(cli, ["--help"])
+    assert r.exit_code == 0, r.output
+    listed = r.output.split("Commands:", 1)[1]
+    for name, spec in COMMANDS.items():
+        module, attr = spec.split(":")
+        short = getattr(importlib.import_module(module), attr).get_short_help_str(limit=30).rstrip(".")
+        line = next((ln for ln in listed.splitlines() if ln.split()[:1] == [name]), None)
+        assert line is not None, f"{name} missing from --help"
+        assert short[:20] in line
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_each_command_help_works(name):
+    r = CliRunner().invoke(cli, [name, "--help"])
+    assert r.exit_code == 0, r.output
+    assert f"Usage: cli {name}" in r.output or f"{name} [OPTIONS]" in r.output
+
+
+def test_unknown_command_is_one_line_exit_2():
+    r = CliRunner().invoke(cli, ["no-such-command"])
+    assert r.exit_code == 2
+    assert "No such command" in r.output
+
+
+def test_whatif_imports_only_its_own_command_module():
+    code = ("import sys; from memo_sim.cli import cli; cli.get_command(None, 'whatif'); "
+            "print(' '.join(sorted(m for m in sys.modules if m.startswith('memo_sim.cli.'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True).stdout
+    loaded = set(out.split())
+    assert "memo_sim.cli.whatif" in loaded
+    assert not loaded & {"memo_sim.cli.explain", "memo_sim.cli.simulate", "memo_sim.cli.export",
+                         "memo_sim.cli.memplan", "memo_sim.cli.maxseq", "memo_sim.cli.info"}
