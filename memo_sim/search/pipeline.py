@@ -122,13 +122,13 @@ def pipeline_memory(model: ModelConfig, layout: Layout, batch: int, micro_batch:
                                                                      policy, profile)
     rows = []
     all_states = _stage_states(model, layout)
+    work = one.transient_peak_bytes + one.layer_boundary_bytes
+    last = layout.pp - 1
     for s in range(layout.pp):
         states = all_states[s]
-        work = one.transient_peak_bytes + one.layer_boundary_bytes
-        top = max(work, one.classifier_peak_bytes) if s == layout.pp - 1 else work
-        peak = states + units[s] * kept + buffers + top
+        top = max(work, one.classifier_peak_bytes) if s == last else work
         rows.append({"stage": s, "in_flight": flights[s], "layers_in_flight": units[s], "model_states_bytes": states,
-                     "peak_gpu_bytes": peak})
+                     "peak_gpu_bytes": states + units[s] * kept + buffers + top})
     host_node = node_units * host_block
     w = max(rows, key=lambda r: r["peak_gpu_bytes"])
     u = units[w["stage"]]

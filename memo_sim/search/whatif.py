@@ -26,6 +26,7 @@ import gc
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import partial
+from typing import Callable
 
 from memo_sim.engine.simulate import Progress, simulate
 from memo_sim.errors import MemoError
@@ -41,6 +42,7 @@ from memo_sim.search.candidate import Candidate, binding_words, host_memory_word
 from memo_sim.search.estimate import estimate_iteration, memo_alpha
 from memo_sim.search.frameworks import get_framework
 from memo_sim.search.pipeline import micro_batch_sizes, pipeline_candidate, pipeline_candidates
+from memo_sim.search.sim_ahead import SimulatedAhead
 from memo_sim.search.prune import SIMULATE_ALL, SIMULATE_BOUND, PruneReport, parse_simulate_top, simulate_by_bound
 from memo_sim.search.sppo import point_candidate, resolve_for_layout, sppo_candidates, summarize
 
@@ -80,7 +82,8 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
                    metp_across_nodes: bool = False, pp: int | None = None, subseqs: int | None = None,
                    partition: str | None = None, multiplex: bool | None = None, vpp: int | None = None,
                    micro_batch: int | None = None, global_batch: int | None = None,
-                   schedules: tuple[str, ...] | None = None) -> WhatIfResult:
+                   schedules: tuple[str, ...] | None = None,
+                   on_sppo: Callable[[list[Candidate]], None] | None = None) -> WhatIfResult:
     """Every valid layout x policy x schedule x micro-batch size (MEMO at its solved alpha) for
     ``framework``, estimated and ranked (the strategies of `SEARCH_STRATEGIES`).
 
@@ -92,7 +95,8 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     ``pp``, ``vpp`` fix the pipeline (pp 1: none); ``subseqs``, ``partition``, ``multiplex`` fix
     parts of the SPPO search. ``schedules``: only these schedules (default: the framework's).
     Micro-batch pipelines are searched when a pipeline flag or schedule asks for them, or when
-    no candidate without one fits (`WhatIfResult.searched` says what was searched)."""
+    no candidate without one fits (`WhatIfResult.searched` says what was searched). ``on_sppo``
+    is called with SPPO's candidates once they are known (before the pipelines are priced)."""
     if gpus < 1:
         raise MemoError("--gpus must be at least 1")
     modes = tp_modes_of(tp_mode)
@@ -141,6 +145,8 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
         search, sppo_cands, sppo_rejected, why = sppo_candidates(
             model, seq, gpus, profile, batch=batch or 1, tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero, sp=sp,
             tp_mode=tp_mode, pp=pp, subseqs=subseqs, partition=partition, multiplex=multiplex)
+        if on_sppo is not None:
+            on_sppo(sppo_cands)
         out += sppo_cands
         rejected += sppo_rejected
         searched["schedules"].append("sppo")
@@ -259,6 +265,12 @@ def megatron_twin(c: Candidate, alpha: float | None = None) -> Candidate:
                           schedule=c.schedule)
 
 
+def _summary_args(c: Candidate, contention: bool, allocator_lag: int) -> tuple:
+    """The arguments of `_simulate_summary` for ``c``."""
+    return (c.model, c.layout, c.batch, c.seq, c.policy, c.profile, contention, allocator_lag, c.schedule,
+            c.micro_batch)
+
+
 def _simulate_summary(args: tuple) -> dict:
     """One candidate's tier-2 summary (module level: a process pool pickles it by name)."""
     model, layout, batch, seq, policy, profile, contention, allocator_lag, schedule, micro_batch = args
@@ -317,15 +329,15 @@ PARALLEL_MIN = 4  # fewer candidates than this are simulated in this process (a 
 CHUNK = 32  # candidates per task of the pool
 
 
-def _chunks(candidates: list[Candidate], jobs: int) -> list[list[int]]:
+def _chunks(candidates: list[Candidate], jobs: int, among: list[int] | None = None) -> list[list[int]]:
     """The pool's tasks, in the order it hands them out: candidates that share per-GPU shapes
     go to one worker one after the other, so that its memoised costs and caching-allocator
     replays serve them all. Pipelines (every schedule but the single stage; SPPO up to a few hundred
     times a plain candidate) go first, one per task, so that no worker is left with a chunk of them at the end. The rest,
     sorted by shape, are cut into ``jobs`` runs of consecutive candidates, each in chunks of
     `CHUNK`, handed out in turn (a worker that takes the next chunk of its run, as it does when
-    the workers keep pace, meets the shapes it has just simulated)."""
-    order = sorted(range(len(candidates)), key=lambda i: _locality(candidates[i]))
+    the workers keep pace, meets the shapes it has just simulated). ``among``: only these indices."""
+    order = sorted(range(len(candidates)) if among is None else among, key=lambda i: _locality(candidates[i]))
     heavy = [[i] for i in order if candidates[i].schedule != "single_stage"]
     light = [i for i in order if candidates[i].schedule == "single_stage"]
     step = max(1, -(-len(light) // jobs))
@@ -335,7 +347,8 @@ def _chunks(candidates: list[Candidate], jobs: int) -> list[list[int]]:
 
 
 def simulate_candidates(candidates: list[Candidate], progress: Progress | None = None, *,
-                        contention: bool = True, allocator_lag: int = 0, jobs: int = 1) -> list[dict]:
+                        contention: bool = True, allocator_lag: int = 0, jobs: int = 1,
+                        ahead: SimulatedAhead | None = None) -> list[dict]:
     """Tier 2 of the what-if: simulate each candidate and store the summary in
     ``candidate.simulated`` (the keys `Candidate.to_plan` reads). Returns the summaries, in the
     candidates' order.
@@ -343,12 +356,12 @@ def simulate_candidates(candidates: list[Candidate], progress: Progress | None =
     ``jobs`` > 1 simulates in a pool of that many processes (`concurrent.futures`, forked where
     the platform can); a simulation is deterministic, so the summaries are the serial run's (all
     but ``sim_wall_s``, the host seconds each took), in the same order. ``progress(done, total)``
-    is called as they come in."""
+    is called as they come in. ``ahead``: summaries started early (`memo_sim.search.sim_ahead`,
+    simulated with the same settings), taken from there for the candidates it has."""
     global _FORKED_WORK
     if jobs < 1:
         raise MemoError(f"--jobs must be at least 1, got {jobs}")
-    work = [(c.model, c.layout, c.batch, c.seq, c.policy, c.profile, contention, allocator_lag, c.schedule,
-             c.micro_batch) for c in candidates]
+    work = [_summary_args(c, contention, allocator_lag) for c in candidates]
     jobs = min(jobs, len(work))
     out: list[dict | None] = [None] * len(work)
 
@@ -360,11 +373,14 @@ def simulate_candidates(candidates: list[Candidate], progress: Progress | None =
             progress(done + len(indices), len(work))
         return done + len(indices)
 
+    def early(i: int) -> dict | None:
+        return ahead.take(candidates[i]) if ahead is not None and ahead.has(candidates[i]) else None
+
     if jobs <= 1 or len(work) < PARALLEL_MIN:
         done = 0
         with _fewer_collections():
             for i, w in enumerate(work):
-                done = take([i], [_simulate_summary(w)], done)
+                done = take([i], [early(i) or _simulate_summary(w)], done)
         return out
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -376,9 +392,17 @@ def simulate_candidates(candidates: list[Candidate], progress: Progress | None =
     try:
         if fork:
             _FORKED_WORK = work
+        started = [i for i in range(len(work)) if ahead is not None and ahead.has(candidates[i])]
+        kept = [i for i in range(len(work)) if i not in set(started)] if started else None
         pending = {pool.submit(_simulate_chunk, chunk if fork else [work[i] for i in chunk]): chunk
-                   for chunk in _chunks(candidates, jobs)}
+                   for chunk in _chunks(candidates, jobs, kept)}
         done = 0
+        for i in started:  # taken while the pool simulates the others
+            s = early(i)
+            if s is None:
+                pending[pool.submit(_simulate_chunk, [i] if fork else [work[i]])] = [i]
+            else:
+                done = take([i], [s], done)
         while pending:
             finished, _ = wait(pending, return_when=FIRST_COMPLETED)
             for f in finished:
@@ -479,7 +503,30 @@ def rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, *,
     ``sppo_simulate`` SPPO points (`WhatIfResult.sppo_summary`). ``jobs``: processes for tier 2
     (`simulate_candidates`). ``fixed``: `candidates_for`'s keyword arguments."""
     mode = parse_simulate_top(simulate_top)
-    result = candidates_for(model, seq, gpus, profile, **fixed)
+    ahead: list[SimulatedAhead] = []
+
+    def start_ahead(sppo_cands: list[Candidate]) -> None:
+        """SPPO's candidates that tier 2 will simulate whatever else it does (the extras below),
+        simulated in a forked process from now on while the pipelines are priced."""
+        if mode and sppo_simulate and jobs > 1:
+            ok = [c for c in sorted(sppo_cands, key=Candidate.sort_key) if c.memory.status == "OK" and c.sppo]
+            first = [c for c in ok if "heuristic" in c.sppo.get("roles", ())] + ok[:sppo_simulate]
+            first = [c for i, c in enumerate(first) if not any(c is x for x in first[:i])]
+            ahead.append(SimulatedAhead(first, [_summary_args(c, True, allocator_lag) for c in first],
+                                        _simulate_summary))
+
+    try:
+        return _rank(model, seq, gpus, profile, mode, progress, allocator_lag, sppo_simulate, jobs, start_ahead,
+                     ahead, fixed)
+    finally:
+        for a in ahead:
+            a.close()
+
+
+def _rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, mode, progress, allocator_lag: int,
+          sppo_simulate: int, jobs: int, start_ahead, ahead: list, fixed: dict) -> WhatIfResult:
+    """`rank` once the SPPO candidates it simulates ahead are planned (``start_ahead``)."""
+    result = candidates_for(model, seq, gpus, profile, on_sppo=start_ahead, **fixed)
     if mode:
         fitting = [c for c in result.candidates if c.memory.status == "OK"]
         extra = []
@@ -488,7 +535,8 @@ def rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, *,
             extra = [c for c in sppo_ok if "heuristic" in c.sppo.get("roles", ())] + sppo_ok[:sppo_simulate]
 
         def run(cands: list[Candidate]) -> None:
-            simulate_candidates(cands, progress=progress, allocator_lag=allocator_lag, jobs=jobs)
+            simulate_candidates(cands, progress=progress, allocator_lag=allocator_lag, jobs=jobs,
+                                ahead=ahead[0] if ahead else None)
 
         if mode == SIMULATE_BOUND:
             result.tier2 = simulate_by_bound(fitting, run, batch=max(PARALLEL_MIN, 2 * jobs), always=extra)

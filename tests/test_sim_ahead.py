@@ -1,0 +1,90 @@
+"""SPPO's candidates simulated ahead (`memo_sim.search.sim_ahead`) while the analytic tier goes on:
+the summaries are the ones simulated in this process, tier 2 takes them instead of simulating
+again, and a what-if with ``jobs`` > 1 answers what it answers with one job."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from memo_sim.model.config import get_model
+from memo_sim.profile import load_profile
+from memo_sim.search import whatif as w
+from memo_sim.search.sim_ahead import SimulatedAhead
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _strip(d: dict) -> dict:
+    return {k: v for k, v in d.items() if k != "sim_wall_s"}
+
+
+@pytest.fixture(scope="module")
+def cands():
+    res = w.candidates_for(get_model("gpt-7b"), 32768, 8, load_profile("a800-80gb"),
+                           policies=("store_all", "full_recompute"))
+    return [c for c in res.candidates if c.memory.status == "OK"][:3]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="simulating ahead forks")
+def test_ahead_summaries_are_the_plain_ones_and_tier2_takes_them(cands, monkeypatch):
+    ahead = SimulatedAhead(cands[:2], [w._summary_args(c, True, 0) for c in cands[:2]], w._simulate_summary)
+    try:
+        plain = [w._simulate_summary(w._summary_args(c, True, 0)) for c in cands]
+        simulated_here = []
+        real = w._simulate_summary
+        monkeypatch.setattr(w, "_simulate_summary", lambda args: simulated_here.append(args) or real(args))
+        got = w.simulate_candidates(cands, jobs=1, ahead=ahead)
+    finally:
+        ahead.close()
+    assert [_strip(g) for g in got] == [_strip(p) for p in plain]
+    assert [c.simulated for c in cands] == got
+    assert len(simulated_here) == 1 and simulated_here[0][1] is cands[2].layout  # only the one not ahead
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="simulating ahead forks")
+def test_close_ends_a_child_never_read(cands):
+    ahead = SimulatedAhead(cands[:1], [w._summary_args(cands[0], True, 0)], w._simulate_summary)
+    pid = ahead._pid
+    ahead.close()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # reaped: no zombie left
+
+
+def test_whatif_with_two_jobs_answers_what_one_job_does():
+    """A query with SPPO candidates and pipelines: every candidate's row and tier 2's report equal."""
+    code = r'''
+import json
+from memo_sim.model.config import get_model
+from memo_sim.profile import load_profile
+from memo_sim.search import sim_ahead, whatif as w
+started = []
+orig = sim_ahead.SimulatedAhead.__init__
+def spy(self, cands, work, fn):
+    started.append(len(cands)); orig(self, cands, work, fn)
+w.SimulatedAhead.__init__ = spy
+out = {}
+for jobs in (1, 2):
+    r = w.rank(get_model("gpt-7b"), 131072, 8, load_profile("a800-80gb"), jobs=jobs,
+               schedules=("single_stage", "1f1b", "sppo"), policies=("store_all", "full_recompute", "sppo"))
+    rows = [c.to_json() for c in r.candidates]
+    for row in rows:
+        row.pop("simulated_sim_wall_s", None)
+        (row.get("simulated") or {}).pop("sim_wall_s", None)
+    sims = sum(1 for row in rows if "simulated_status" in row and row["schedule"] == "sppo")
+    out[jobs] = json.dumps({"rows": rows, "tier2": r.tier2.to_dict(), "sppo": r.sppo_summary}, sort_keys=True,
+                           default=str)
+print(json.dumps({"same": out[1] == out[2], "started": started, "sppo_simulated": sims}))
+'''
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
+    assert p.returncode == 0, p.stderr[-2000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got["started"] and got["started"][0] >= 1  # jobs=2 simulated SPPO candidates ahead
+    assert got["sppo_simulated"] >= got["started"][0]  # the rows compared hold their simulated summaries
+    assert got["same"]
