@@ -1,6 +1,7 @@
 """SPPO's candidates simulated ahead (`memo_sim.search.sim_ahead`) while the analytic tier goes on:
 the summaries are the ones simulated in this process, tier 2 takes them instead of simulating
-again, and a what-if with ``jobs`` > 1 answers what it answers with one job."""
+again; one pool of workers for every batch of a query's tier 2 (`Tier2Pool`) returns the serial
+summaries; and a what-if with ``jobs`` > 1 answers what it answers with one job."""
 
 from __future__ import annotations
 
@@ -28,11 +29,12 @@ def _strip(d: dict) -> dict:
 def cands():
     res = w.candidates_for(get_model("gpt-7b"), 32768, 8, load_profile("a800-80gb"),
                            policies=("store_all", "full_recompute"))
-    return [c for c in res.candidates if c.memory.status == "OK"][:3]
+    return [c for c in res.candidates if c.memory.status == "OK"][:8]
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="simulating ahead forks")
 def test_ahead_summaries_are_the_plain_ones_and_tier2_takes_them(cands, monkeypatch):
+    cands = cands[:3]
     ahead = SimulatedAhead(cands[:2], [w._summary_args(c, True, 0) for c in cands[:2]], w._simulate_summary)
     try:
         plain = [w._simulate_summary(w._summary_args(c, True, 0)) for c in cands]
@@ -54,6 +56,23 @@ def test_close_ends_a_child_never_read(cands):
     ahead.close()
     with pytest.raises(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)  # reaped: no zombie left
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the pool forks")
+def test_one_pool_for_every_batch_returns_the_serial_summaries(cands):
+    assert len(cands) == 8
+    plain = [_strip(w._simulate_summary(w._summary_args(c, True, 0))) for c in cands]
+    pool = w.Tier2Pool(cands, 2)
+    try:
+        first = w.simulate_candidates(cands[:4], jobs=2, pool=pool)
+        executor = pool._executor
+        assert executor is not None  # the pool served the batch
+        second = w.simulate_candidates(cands[4:], jobs=2, pool=pool)
+        assert pool._executor is executor  # the second batch forked nothing
+    finally:
+        pool.close()
+    assert [_strip(s) for s in first + second] == plain
+    assert not pool.serves(cands[:4], True, 1)  # another stream lag: not these workers' work
 
 
 def test_whatif_with_two_jobs_answers_what_one_job_does():

@@ -96,7 +96,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     parts of the SPPO search. ``schedules``: only these schedules (default: the framework's).
     Micro-batch pipelines are searched when a pipeline flag or schedule asks for them, or when
     no candidate without one fits (`WhatIfResult.searched` says what was searched). ``on_sppo``
-    is called with SPPO's candidates once they are known (before the pipelines are priced)."""
+    is called with SPPO's candidates before the micro-batch pipelines are priced, where they are."""
     if gpus < 1:
         raise MemoError("--gpus must be at least 1")
     modes = tp_modes_of(tp_mode)
@@ -145,8 +145,6 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
         search, sppo_cands, sppo_rejected, why = sppo_candidates(
             model, seq, gpus, profile, batch=batch or 1, tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero, sp=sp,
             tp_mode=tp_mode, pp=pp, subseqs=subseqs, partition=partition, multiplex=multiplex)
-        if on_sppo is not None:
-            on_sppo(sppo_cands)
         out += sppo_cands
         rejected += sppo_rejected
         searched["schedules"].append("sppo")
@@ -154,6 +152,8 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
             why_none = why
     nothing_fits = not any(c.memory.status == "OK" for c in out)
     if plain and pipes and (pp is None or pp > 1) and (pipe_flags or nothing_fits):
+        if on_sppo is not None and search is not None:
+            on_sppo(sppo_cands)
         pc, pr, what = pipeline_candidates(
             model, seq, gpus, profile, policies=plain, batch=batch, global_batch=global_batch,
             micro_batch=micro_batch, allows=fw.allows, adapt=fw.adapt, tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero, sp=sp,
@@ -346,15 +346,58 @@ def _chunks(candidates: list[Candidate], jobs: int, among: list[int] | None = No
     return heavy + [run[k] for k in range(max(map(len, runs), default=0)) for run in runs if k < len(run)]
 
 
+class Tier2Pool:
+    """One pool of forked workers for every batch of one query's tier 2 (`simulate_by_bound`
+    simulates a few candidates at a time): forked once, at the first batch, with the arguments of
+    every candidate the query may simulate (``candidates``) in its memory, so that a batch starts
+    no process and each worker keeps its memos and caching-allocator replays from one batch to
+    the next. Where the platform cannot fork, `usable` is False (each batch makes its own pool)."""
+
+    def __init__(self, candidates: list[Candidate], jobs: int, contention: bool = True, allocator_lag: int = 0):
+        import multiprocessing
+
+        self.jobs = jobs
+        self.usable = jobs > 1 and "fork" in multiprocessing.get_all_start_methods()
+        self._index = {id(c): i for i, c in enumerate(candidates)}
+        self._keep = list(candidates)  # their ids stay theirs while the pool lives
+        self._work = [_summary_args(c, contention, allocator_lag) for c in candidates]
+        self._args = (contention, allocator_lag)
+        self._executor = None
+
+    def serves(self, candidates: list[Candidate], contention: bool, allocator_lag: int) -> bool:
+        return (self.usable and (contention, allocator_lag) == self._args
+                and all(id(c) in self._index for c in candidates))
+
+    def submit(self, chunk: list[Candidate]):
+        """A future of `_simulate_chunk` of ``chunk`` (forking the workers on the first call)."""
+        global _FORKED_WORK
+        if self._executor is None:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            _FORKED_WORK = self._work  # the workers are forked at the first submit, with it
+            self._executor = ProcessPoolExecutor(max_workers=self.jobs, initializer=_worker_init,
+                                                 mp_context=multiprocessing.get_context("fork"))
+        return self._executor.submit(_simulate_chunk, [self._index[id(c)] for c in chunk])
+
+    def close(self) -> None:
+        global _FORKED_WORK
+        if self._executor is not None:
+            self._executor.shutdown(cancel_futures=True)
+            self._executor = None
+            _FORKED_WORK = []
+
+
 def simulate_candidates(candidates: list[Candidate], progress: Progress | None = None, *,
                         contention: bool = True, allocator_lag: int = 0, jobs: int = 1,
-                        ahead: SimulatedAhead | None = None) -> list[dict]:
+                        ahead: SimulatedAhead | None = None, pool: Tier2Pool | None = None) -> list[dict]:
     """Tier 2 of the what-if: simulate each candidate and store the summary in
     ``candidate.simulated`` (the keys `Candidate.to_plan` reads). Returns the summaries, in the
     candidates' order.
 
     ``jobs`` > 1 simulates in a pool of that many processes (`concurrent.futures`, forked where
-    the platform can); a simulation is deterministic, so the summaries are the serial run's (all
+    the platform can; ``pool``, a `Tier2Pool` that holds these candidates, instead of a new one);
+    a simulation is deterministic, so the summaries are the serial run's (all
     but ``sim_wall_s``, the host seconds each took), in the same order. ``progress(done, total)``
     is called as they come in. ``ahead``: summaries started early (`memo_sim.search.sim_ahead`,
     simulated with the same settings), taken from there for the candidates it has."""
@@ -385,22 +428,27 @@ def simulate_candidates(candidates: list[Candidate], progress: Progress | None =
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-    # fork: the workers start with this process's modules, caches and candidates
-    fork = "fork" in multiprocessing.get_all_start_methods()
-    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork") if fork else None,
-                               initializer=_worker_init)
-    try:
+    shared = pool is not None and pool.serves(candidates, contention, allocator_lag)
+    if shared:
+        own = None
+        submit = lambda chunk: pool.submit([candidates[i] for i in chunk])  # noqa: E731
+    else:
+        # fork: the workers start with this process's modules, caches and candidates
+        fork = "fork" in multiprocessing.get_all_start_methods()
+        own = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork") if fork else None,
+                                  initializer=_worker_init)
         if fork:
             _FORKED_WORK = work
+        submit = lambda chunk: own.submit(_simulate_chunk, chunk if fork else [work[i] for i in chunk])  # noqa: E731
+    try:
         started = [i for i in range(len(work)) if ahead is not None and ahead.has(candidates[i])]
         kept = [i for i in range(len(work)) if i not in set(started)] if started else None
-        pending = {pool.submit(_simulate_chunk, chunk if fork else [work[i] for i in chunk]): chunk
-                   for chunk in _chunks(candidates, jobs, kept)}
+        pending = {submit(chunk): chunk for chunk in _chunks(candidates, jobs, kept)}
         done = 0
         for i in started:  # taken while the pool simulates the others
             s = early(i)
             if s is None:
-                pending[pool.submit(_simulate_chunk, [i] if fork else [work[i]])] = [i]
+                pending[submit([i])] = [i]
             else:
                 done = take([i], [s], done)
         while pending:
@@ -408,8 +456,9 @@ def simulate_candidates(candidates: list[Candidate], progress: Progress | None =
             for f in finished:
                 done = take(pending.pop(f), f.result(), done)
     finally:
-        pool.shutdown(cancel_futures=True)
-        _FORKED_WORK = []
+        if own is not None:
+            own.shutdown(cancel_futures=True)
+            _FORKED_WORK = []
     return out
 
 
@@ -507,7 +556,8 @@ def rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, *,
 
     def start_ahead(sppo_cands: list[Candidate]) -> None:
         """SPPO's candidates that tier 2 will simulate whatever else it does (the extras below),
-        simulated in a forked process from now on while the pipelines are priced."""
+        simulated in a forked process from now on while the pipelines are priced (without
+        pipelines to price there is nothing to overlap: tier 2's pool spreads them better)."""
         if mode and sppo_simulate and jobs > 1:
             ok = [c for c in sorted(sppo_cands, key=Candidate.sort_key) if c.memory.status == "OK" and c.sppo]
             first = [c for c in ok if "heuristic" in c.sppo.get("roles", ())] + ok[:sppo_simulate]
@@ -534,12 +584,17 @@ def _rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, mod
             sppo_ok = [c for c in fitting if c.sppo is not None]
             extra = [c for c in sppo_ok if "heuristic" in c.sppo.get("roles", ())] + sppo_ok[:sppo_simulate]
 
+        pool = Tier2Pool(fitting, jobs, allocator_lag=allocator_lag) if mode == SIMULATE_BOUND else None
+
         def run(cands: list[Candidate]) -> None:
             simulate_candidates(cands, progress=progress, allocator_lag=allocator_lag, jobs=jobs,
-                                ahead=ahead[0] if ahead else None)
+                                ahead=ahead[0] if ahead else None, pool=pool)
 
         if mode == SIMULATE_BOUND:
-            result.tier2 = simulate_by_bound(fitting, run, batch=max(PARALLEL_MIN, 2 * jobs), always=extra)
+            try:
+                result.tier2 = simulate_by_bound(fitting, run, batch=max(PARALLEL_MIN, 2 * jobs), always=extra)
+            finally:
+                pool.close()
             head = [c for c in result.candidates if c.simulated is not None]
         else:
             head = fitting if mode == SIMULATE_ALL else fitting[:mode]
