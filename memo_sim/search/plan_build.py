@@ -11,13 +11,17 @@ policy with a static memory plan (MEMO) also gets its bi-level plan
 from __future__ import annotations
 
 from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS
-from memo_sim.memplan.planner import MEMORY_PLAN_TIME_LIMIT_S, attach_memory_plan
 from memo_sim.plan.schema import Plan
 
 
-def build_plan(candidate, time_limit_s: float = MEMORY_PLAN_TIME_LIMIT_S) -> Plan:
-    """The plan.json of ``candidate`` (a `memo_sim.search.candidate.Candidate`), memory plan included."""
-    return attach_memory_plan(bare_plan(candidate), time_limit_s=time_limit_s)
+def build_plan(candidate, time_limit_s: float | None = None) -> Plan:
+    """The plan.json of ``candidate`` (a `memo_sim.search.candidate.Candidate`), memory plan
+    included (solved within ``time_limit_s``, default `memo_sim.memplan.planner.MEMORY_PLAN_TIME_LIMIT_S`).
+    The planner (and numpy with it) is imported here: a what-if that writes no plan never needs it."""
+    from memo_sim.memplan.planner import MEMORY_PLAN_TIME_LIMIT_S, attach_memory_plan
+
+    limit = MEMORY_PLAN_TIME_LIMIT_S if time_limit_s is None else time_limit_s
+    return attach_memory_plan(bare_plan(candidate), time_limit_s=limit)
 
 
 def bare_plan(c, classifier_chunk_tokens: int = CLASSIFIER_CHUNK_TOKENS) -> Plan:
