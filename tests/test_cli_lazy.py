@@ -55,3 +55,11 @@ def test_whatif_imports_only_its_own_command_module():
     assert "memo_sim.cli.whatif" in loaded
     assert not loaded & {"memo_sim.cli.explain", "memo_sim.cli.simulate", "memo_sim.cli.export",
                          "memo_sim.cli.memplan", "memo_sim.cli.maxseq", "memo_sim.cli.info"}
+
+
+def test_whatif_without_a_plan_imports_no_memory_planner():
+    """The memory planner (and numpy with it) is imported only where a plan is built."""
+    code = ("import sys; import memo_sim.cli.whatif; "
+            "print('numpy' in sys.modules, 'memo_sim.memplan.planner' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True).stdout
+    assert out.split() == ["False", "False"]
