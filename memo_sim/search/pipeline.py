@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from functools import lru_cache, partial
+from typing import NamedTuple
 
 from memo_sim.cost.memo import memoised, memoised_by
 from memo_sim.cost.sppo import stage_model_state_bytes
@@ -112,16 +113,33 @@ def _stage_unit_terms(model: ModelConfig, shard: Layout, micro_batch: int, seq: 
     return one, kept, sk["lse"], buffers, host_block, offload
 
 
-def pipeline_memory(model: ModelConfig, layout: Layout, batch: int, micro_batch: int, seq: int, policy: Policy,
-                    profile: HardwareProfile, schedule: str) -> tuple[MemoryBreakdown, list[dict]]:
-    """The fullest stage's memory (see the module docs) and a row per stage."""
+class _Shape(NamedTuple):
+    """What every policy's candidate of one pipeline layout, batch split and schedule reads
+    (`_shape`): computed once for them all by `pipeline_candidates`."""
+
+    flights: list[int]  # micro-batches (chunks) in flight per stage
+    host_units: tuple  # `_host_units`
+    states: tuple[float, ...]  # `_stage_states`
+    shard: Layout  # `stage_shard`
+
+
+def _shape(model: ModelConfig, layout: Layout, batch: int, micro_batch: int, profile: HardwareProfile,
+           schedule: str) -> _Shape:
     m = batch // micro_batch
     flights = stage_in_flight(schedule, layout.pp, m, layout.vpp)
-    _worst, units, offloaded, node_units = _host_units(model, layout, flights, m, profile.node_gpus)
-    one, kept, lse, buffers, host_block, offload = _stage_unit_terms(model, stage_shard(layout), micro_batch, seq,
-                                                                     policy, profile)
+    return _Shape(flights, _host_units(model, layout, flights, m, profile.node_gpus), _stage_states(model, layout),
+                  stage_shard(layout))
+
+
+def pipeline_memory(model: ModelConfig, layout: Layout, batch: int, micro_batch: int, seq: int, policy: Policy,
+                    profile: HardwareProfile, schedule: str,
+                    shape: _Shape | None = None) -> tuple[MemoryBreakdown, list[dict]]:
+    """The fullest stage's memory (see the module docs) and a row per stage (``shape``: `_shape`
+    of the arguments, where the caller has it)."""
+    flights, (_worst, units, offloaded, node_units), all_states, shard = (
+        shape or _shape(model, layout, batch, micro_batch, profile, schedule))
+    one, kept, lse, buffers, host_block, offload = _stage_unit_terms(model, shard, micro_batch, seq, policy, profile)
     rows = []
-    all_states = _stage_states(model, layout)
     work = one.transient_peak_bytes + one.layer_boundary_bytes
     last = layout.pp - 1
     for s in range(layout.pp):
@@ -145,23 +163,25 @@ def pipeline_memory(model: ModelConfig, layout: Layout, batch: int, micro_batch:
 
 
 def pipeline_candidate(model: ModelConfig, layout: Layout, policy_name: str, batch: int, micro_batch: int, seq: int,
-                       profile: HardwareProfile, schedule: str, alpha: float | None = None) -> Candidate:
+                       profile: HardwareProfile, schedule: str, alpha: float | None = None,
+                       shape: _Shape | None = None) -> Candidate:
     """One pipeline candidate, estimated (tier 1); MEMO's alpha solved for the host blocks its
-    GPUs hold in flight unless ``alpha`` fixes it."""
+    GPUs hold in flight unless ``alpha`` fixes it. ``shape``: `_shape` of the arguments, where
+    the caller has it."""
     note, a = "", None
     m = batch // micro_batch
+    shape = shape or _shape(model, layout, batch, micro_batch, profile, schedule)
     if policy_class(policy_name).takes_alpha:
         if alpha is not None:
             a, note = alpha, "fixed by --alpha"
         else:
-            flights = stage_in_flight(schedule, layout.pp, m, layout.vpp)
-            units, _all, _off, _node = _host_units(model, layout, flights, m, profile.node_gpus)
+            units = shape.host_units[0]
             res = _stage_alpha(model, _without_pipeline(layout), micro_batch, seq, profile, max(1, units))
             a = res.alpha if res.feasible else 0.0
             note = res.reason() if res.feasible else f"infeasible ({res.reason()}); alpha=0"
     choice = get_policy(policy_name, a)
     est = partial(estimate_pipeline, model, layout, batch, micro_batch, seq, choice, profile)  # priced on first read
-    mem, rows = pipeline_memory(model, layout, batch, micro_batch, seq, choice, profile, schedule)
+    mem, rows = pipeline_memory(model, layout, batch, micro_batch, seq, choice, profile, schedule, shape)
     info = {"schedule": schedule, "pp": layout.pp, "vpp": layout.vpp, "micro_batches": m,
             "bubble_ratio": pipeline_bubble(layout.pp, layout.vpp, m), "stages": rows}
     return Candidate(model, layout, choice, batch, seq, profile, est, mem, note, schedule=schedule,
@@ -237,8 +257,9 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
                         cand = replace(lay, vpp=v)
                         searched["vpp"].add(v)
                         searched["micro_batch"].add(mb)
+                        shape = _shape(model, cand, b, mb, profile, name)  # every policy's
                         for pol in policies:
-                            out.append(pipeline_candidate(model, cand, pol, b, mb, seq, profile, name, alpha))
+                            out.append(pipeline_candidate(model, cand, pol, b, mb, seq, profile, name, alpha, shape))
     searched["vpp"] = sorted(searched["vpp"])
     searched["micro_batch"] = sorted(searched["micro_batch"])
     return out, rejected, searched
