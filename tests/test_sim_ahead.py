@@ -107,3 +107,22 @@ print(json.dumps({"same": out[1] == out[2], "started": started, "sppo_simulated"
     assert got["started"] and got["started"][0] >= 1  # jobs=2 simulated SPPO candidates ahead
     assert got["sppo_simulated"] >= got["started"][0]  # the rows compared hold their simulated summaries
     assert got["same"]
+
+
+def test_sppo_always_lists_each_candidate_once_in_rank_order():
+    """The heuristic choice that is also among the n best SPPO candidates is simulated (and
+    listed) once; unfit and non-SPPO candidates are never picked."""
+    from types import SimpleNamespace as NS
+
+    from memo_sim.search.whatif import sppo_always
+
+    def cand(status, roles=None, sppo=True):
+        return NS(memory=NS(status=status), sppo={"roles": roles or []} if sppo else None)
+
+    plain, best, heur, unfit, third = (cand("OK", sppo=False), cand("OK"), cand("OK", ["heuristic"]),
+                                       cand("OOM", ["heuristic"]), cand("OK"))
+    ranked = [plain, best, heur, unfit, third]
+    picked = sppo_always(ranked, 2)
+    assert [id(c) for c in picked] == [id(heur), id(best)]
+    assert [id(c) for c in sppo_always(ranked, 3)] == [id(heur), id(best), id(third)]
+    assert sppo_always(ranked, 0) == [heur]

@@ -442,7 +442,8 @@ def simulate_candidates(candidates: list[Candidate], progress: Progress | None =
         submit = lambda chunk: own.submit(_simulate_chunk, chunk if fork else [work[i] for i in chunk])  # noqa: E731
     try:
         started = [i for i in range(len(work)) if ahead is not None and ahead.has(candidates[i])]
-        kept = [i for i in range(len(work)) if i not in set(started)] if started else None
+        early_ids = set(started)
+        kept = [i for i in range(len(work)) if i not in early_ids] if started else None
         pending = {submit(chunk): chunk for chunk in _chunks(candidates, jobs, kept)}
         done = 0
         for i in started:  # taken while the pool simulates the others
@@ -541,6 +542,14 @@ def not_searched(gpus: int, policies: tuple[str, ...] | None, framework: str, fi
 SPPO_SIMULATED = 2  # tier 2 also simulates the heuristic's SPPO choice and this many of the best SPPO points
 
 
+def sppo_always(ranked: list[Candidate], n: int) -> list[Candidate]:
+    """SPPO's candidates that tier 2 simulates whatever the bound says: the fitting heuristic
+    choice and the ``n`` best fitting SPPO candidates of ``ranked`` (in rank order), each once."""
+    ok = [c for c in ranked if c.memory.status == "OK" and c.sppo is not None]
+    picked = [c for c in ok if "heuristic" in c.sppo.get("roles", ())] + ok[:n]
+    return [c for i, c in enumerate(picked) if not any(c is x for x in picked[:i])]
+
+
 def rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, *,
          simulate_top: int | str = SIMULATE_BOUND, progress: Progress | None = None, allocator_lag: int = 0,
          sppo_simulate: int = SPPO_SIMULATED, jobs: int = 1, **fixed) -> WhatIfResult:
@@ -559,9 +568,7 @@ def rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, *,
         simulated in a forked process from now on while the pipelines are priced (without
         pipelines to price there is nothing to overlap: tier 2's pool spreads them better)."""
         if mode and sppo_simulate and jobs > 1:
-            ok = [c for c in sorted(sppo_cands, key=Candidate.sort_key) if c.memory.status == "OK" and c.sppo]
-            first = [c for c in ok if "heuristic" in c.sppo.get("roles", ())] + ok[:sppo_simulate]
-            first = [c for i, c in enumerate(first) if not any(c is x for x in first[:i])]
+            first = sppo_always(sorted(sppo_cands, key=Candidate.sort_key), sppo_simulate)
             ahead.append(SimulatedAhead(first, [_summary_args(c, True, allocator_lag) for c in first],
                                         _simulate_summary))
 
@@ -581,8 +588,7 @@ def _rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, mod
         fitting = [c for c in result.candidates if c.memory.status == "OK"]
         extra = []
         if result.sppo is not None and sppo_simulate:
-            sppo_ok = [c for c in fitting if c.sppo is not None]
-            extra = [c for c in sppo_ok if "heuristic" in c.sppo.get("roles", ())] + sppo_ok[:sppo_simulate]
+            extra = sppo_always(fitting, sppo_simulate)
 
         pool = Tier2Pool(fitting, jobs, allocator_lag=allocator_lag) if mode == SIMULATE_BOUND else None
 
