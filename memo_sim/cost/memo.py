@@ -45,7 +45,7 @@ def memoised(maxsize: int = 4096) -> Callable[[F], F]:
         def wrapper(*args, **kwargs):
             if _OFF[0]:
                 return fn(*args, **kwargs)
-            key = tuple([("<profile>", id(a)) if isinstance(a, HardwareProfile) else a for a in args])  # `_key`, inline
+            key = tuple([_key(a) for a in args])
             if kwargs:
                 key += tuple((k, _key(v)) for k, v in sorted(kwargs.items()))
             hit = cache.get(key)
