@@ -418,7 +418,7 @@ def render_report(rows: list[ValidationRow], summary: dict, model: ModelConfig, 
 def _speed_lines(speed: dict | None) -> list[str]:
     """The machine's speed while calibrating and during each run (`memo_exec.speed_probe`)."""
     if not speed or speed.get("calibration_median_gflops") is None:
-        return [] if not speed else [f"- machine speed: not compared (the profile has no speed probe: calibrate again)"]
+        return [] if not speed else ["- machine speed: not compared (the profile has no speed probe: calibrate again)"]
     runs = ", ".join(f"{r['plan']} {r['median_gflops']} ({r['drift_pct']:+.1f}%"
                      + "".join(f"; run again after {x:+.1f}%" for x in r["discarded_drifts_pct"]) + ")"
                      for r in speed["runs"] if r["drift_pct"] is not None)

@@ -10,7 +10,7 @@ from memo_sim.engine.simulate import simulate
 from memo_sim.memplan.footprint import memory_breakdown
 from memo_sim.plan.schema import read_plan
 from memo_sim.profile.loader import load_profile
-from memo_sim.report.explain import peak_moment, time_breakdown
+from memo_sim.report.explain import gpu_devices, peak_moments, time_breakdown
 from memo_sim.report.formats import Answer, emit, format_options, resolve_format
 from memo_sim.report.peaks import analytic_peak, result_peak
 from memo_sim.search.estimate import memo_alpha
@@ -30,10 +30,10 @@ def explain(plan_file, out_format, as_json):
     plan = read_plan(plan_file)
     profile = load_profile(plan.profile)
     res = simulate_plan(plan, profile)
-    devices = sorted({o.device for o in res.ops if o.device >= 0})
+    devices = gpu_devices(res)
     times = [time_breakdown(res, d) for d in devices]
     mem = plan_breakdown(plan, profile)
-    peaks = {d: peak_moment(res, d) for d in devices}
+    peaks = peak_moments(res)
     binding = binding_words(plan, profile, res)
     if as_json:
         click.echo(json.dumps({
@@ -102,7 +102,7 @@ def add_memory_part(a: Answer, plan, res, mem, peaks: dict | None = None) -> Non
     """The memory breakdown at the peak (per stage for a pipeline), when each GPU peaks, and pinned
     host memory per node: explain and check-plan print it."""
     if peaks is None:
-        peaks = {d: peak_moment(res, d) for d in sorted({o.device for o in res.ops if o.device >= 0})}
+        peaks = peak_moments(res)
     stages = (res.pipeline or {}).get("stages")
     if stages:  # a pipeline: each stage holds its own layers, micro-batches or subsequences
         rows = [[str(s["stage"]), fmt_bytes(s["analytic_peak_gpu_bytes"]), fmt_bytes(s["peak_gpu_bytes"])]

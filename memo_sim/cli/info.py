@@ -81,7 +81,7 @@ def check_plan(plan_file, out_format, as_json):
         simulate_plan,
     )
     from memo_sim.errors import PlanError
-    from memo_sim.report.explain import peak_moment
+    from memo_sim.report.explain import peak_moments
     from memo_sim.search.plan_check import plan_problems
 
     plan = read_plan(plan_file)
@@ -94,7 +94,7 @@ def check_plan(plan_file, out_format, as_json):
     binding = binding_words(plan, profile, res)
     fmt = resolve_format(out_format, as_json)
     if fmt == "json":
-        peaks = {d: peak_moment(res, d) for d in sorted({o.device for o in res.ops if o.device >= 0})}
+        peaks = peak_moments(res)
         emit(Answer(), fmt, {"plan": str(plan_file), "valid": True, "schedule": plan.schedule,
                              "micro_batches": plan.micro_batches, "predicted": plan.predicted.to_dict(),
                              "simulated_status": res.status, "binding": binding,

@@ -130,9 +130,10 @@ def simulate_cmd(plan_file, out_dir, layers_text, profile_override, no_contentio
         summary["plan_predicted"] = plan.predicted.to_dict()
         written.append(atomic_write_json(stage / "summary.json", summary))
         if memory_snapshot:
+            from memo_sim.report.explain import gpu_devices
             from memo_sim.report.memory_snapshot import predicted_snapshot, write_snapshot
 
-            devices = sorted({o.device for o in r.ops if o.device >= 0})
+            devices = gpu_devices(r)
             for d in devices:
                 name = "memory_snapshot.pickle" if len(devices) == 1 else f"memory_snapshot-stage{d}.pickle"
                 written.append(write_snapshot(predicted_snapshot(r, d), stage / name))

@@ -13,7 +13,7 @@ from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
 from memo_sim.policy.base import Policy
 from memo_sim.profile.schema import HardwareProfile
-from memo_sim.timeline import COPY_STREAMS, TP_RING_STREAMS, Timeline, TimelineEvent
+from memo_sim.timeline import Timeline, TimelineEvent
 
 @dataclass
 class SimResult:
@@ -160,17 +160,6 @@ def exposed_wait_parts_of(ops: list[Op], groups: tuple[tuple[str, ...], ...]) ->
         if op.end is not None:
             prev_end[(op.device, stream)] = op.end
     return out
-
-
-def exposed_copy_seconds(ops: list[Op]) -> float:
-    """Time non-copy streams sat ready except for a host copy they waited on."""
-    return exposed_wait_seconds(ops, COPY_STREAMS)
-
-
-def exposed_p2p_seconds(ops: list[Op]) -> float:
-    """Time the other streams waited on METP's ring (send/recv, broadcast, reduce) beyond the
-    compute it overlaps: the ring steps whose transfer outlasts their compute block."""
-    return exposed_wait_seconds(ops, TP_RING_STREAMS)
 
 
 def timeline_events(run: EngineRun) -> list[TimelineEvent]:

@@ -17,7 +17,7 @@ from typing import Callable, Iterable
 
 from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS
 from memo_sim.engine.result import (  # noqa: F401  (re-exported: the names callers import from here)
-    SimResult, exposed_copy_seconds, exposed_p2p_seconds, exposed_wait_parts, exposed_wait_seconds,
+    SimResult, exposed_wait_parts, exposed_wait_seconds,
 )
 from memo_sim.engine.schedules import schedule_runner
 from memo_sim.engine.schedules.single_stage import layer_timings  # noqa: F401

@@ -76,7 +76,7 @@ def render(plan: Plan, applied: list[Gap]) -> str:
     body = [f"    config.{k} = {v!r}" for k, v in sets]
     body.append("    config.activation_checkpoint = " + ("FullAC.Config()" if pol.name == "full_recompute" else "None"))
     return "\n".join([
-        f"from torchtitan.distributed.activation_checkpoint import FullAC",
+        "from torchtitan.distributed.activation_checkpoint import FullAC",
         f"from torchtitan.models.llama3.config_registry import {base}",
         "from torchtitan.trainer import Trainer",
         "",
@@ -95,7 +95,7 @@ def export(plan: Plan, price: bool = True) -> Export:
     g = gaps(plan)
     ex = Export("torchtitan", SOURCE, {}, g, "")
     ex.nearest = price_nearest(plan, g) if price else None
-    launch = (f"PYTHONPATH=$PWD:$PYTHONPATH " + torchrun_line(plan, "-m torchtitan.train")
+    launch = ("PYTHONPATH=$PWD:$PYTHONPATH " + torchrun_line(plan, "-m torchtitan.train")
               + f" --module memo_torchtitan --config {FUNCTION}")
     ex.files[FILE] = "\n".join([ex.comment_block(), "#", f"# Run from a torchtitan checkout: {launch}", "",
                                 render(plan, g)])

@@ -70,6 +70,16 @@ def time_breakdown(res: SimResult, device: int) -> TimeBreakdown:
     return tb
 
 
+def gpu_devices(res: SimResult) -> list[int]:
+    """The GPUs (representative devices) a recorded run has ops on, in order."""
+    return sorted({o.device for o in res.ops if o.device >= 0})
+
+
+def peak_moments(res: SimResult) -> dict[int, dict | None]:
+    """`peak_moment` of every GPU of a recorded run."""
+    return {d: peak_moment(res, d) for d in gpu_devices(res)}
+
+
 def peak_moment(res: SimResult, device: int) -> dict | None:
     """When ``device``'s simulated GPU memory peaks, and the compute op running then."""
     if res.timeline is None:
