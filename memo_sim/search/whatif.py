@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Callable
 
+from memo_sim.engine.core import gc_paused
 from memo_sim.engine.simulate import Progress, simulate
 from memo_sim.errors import MemoError
 from memo_sim.engine.schedules.microbatch import micro_batch_pipelines
@@ -583,7 +584,8 @@ def rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, *,
 def _rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, mode, progress, allocator_lag: int,
           sppo_simulate: int, jobs: int, start_ahead, ahead: list, fixed: dict) -> WhatIfResult:
     """`rank` once the SPPO candidates it simulates ahead are planned (``start_ahead``)."""
-    result = candidates_for(model, seq, gpus, profile, on_sppo=start_ahead, **fixed)
+    with gc_paused():  # tens of thousands of long-lived candidates and memos, no garbage cycles
+        result = candidates_for(model, seq, gpus, profile, on_sppo=start_ahead, **fixed)
     if mode:
         fitting = [c for c in result.candidates if c.memory.status == "OK"]
         extra = []
