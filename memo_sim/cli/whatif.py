@@ -206,9 +206,9 @@ class Show:
         return self.as_json if self.progress is None else not self.progress
 
 
-def _fixes(ans) -> list[str]:
-    """What would make the asked (closest) configuration fit, when nothing does."""
-    shown = fold_duplicates(ans.result.candidates)
+def _fixes(ans, shown: list) -> list[str]:
+    """What would make the asked (closest) configuration fit, when nothing does (``shown``: the
+    ranking with duplicates folded, `fold_duplicates`)."""
     return fit_fixes(shown[0], ans.request.gpus, ans.request.alpha) if ans.best is None and shown else []
 
 
@@ -235,7 +235,7 @@ def _answer_json(ans, paths: dict, elapsed: float, show: Show) -> dict:
             "train_tokens": show.train_budget,
             **_training_json(best, show.train_budget),
             **candidates_json(shown, show.all_candidates),
-            "not_fitting_fixes": _fixes(ans),
+            "not_fitting_fixes": _fixes(ans, shown),
             "folded_duplicates": len(result.candidates) - len(shown),
             "nothing_fits": best is None, "not_searched": ans.advice,
             "rejected_layouts": [{"layout": lay.label(), "reason": why} for lay, why in result.rejected_layouts]}
@@ -256,7 +256,7 @@ def _print_answer(ans, paths: dict, elapsed: float, show: Show) -> None:
         model=req.model, seq=req.seq, gpus=req.gpus, profile=req.profile, result=result, shown=shown, best=best,
         batch_words=batch_words, elapsed_s=elapsed, top=show.top, details=show.details,
         plan_path=paths.get("plan.json"), sppo_plan_path=paths.get("plan-sppo.json"), no_plan=show.no_plan,
-        metp_rows=_metp_vs_megatron(result.candidates, req.alpha), advice=ans.advice, fixes=_fixes(ans),
+        metp_rows=_metp_vs_megatron(result.candidates, req.alpha), advice=ans.advice, fixes=_fixes(ans, shown),
         sensitivity=sensitivity_line(shown, req.profile, req.alpha), framework=req.framework,
         memo_best=ans.memo_best, train_lines=_train_lines(best, show.train_budget), pipeline_note=_pipeline_note(best))
     emit(whatif_answer(view), show.out_format)
