@@ -81,3 +81,29 @@ def test_json_lists_fitting_rows_and_counts_the_rest(monkeypatch):
     strip = lambda r: {k: v for k, v in r.items() if not k.endswith("wall_s")}  # noqa: E731
     assert all(strip(r) == strip(by_rank[r["rank"]]) for r in short["candidates"])  # the same rows, same ranks
     assert {r["rank"] for r in fitting} <= {r["rank"] for r in short["candidates"]}
+
+
+def test_rank_leaves_the_collector_as_it_found_it(monkeypatch):
+    """The analytic tier runs with the cyclic collector paused (`memo_sim.engine.core.gc_paused`):
+    a library caller gets it back as it was (on and unfrozen, or off), and the ranking is the
+    one computed with the collector running throughout."""
+    import contextlib
+    import gc
+
+    from memo_sim.search.whatif import rank
+
+    model, prof = _space()
+    kw = dict(simulate_top=0, schedules=("single_stage", "1f1b"), batch=2, policies=("store_all", "memo"))
+    frozen = gc.get_freeze_count()
+    paused = [c.to_json() for c in rank(model, 16384, 8, prof, **kw).candidates]
+    assert gc.isenabled() and gc.get_freeze_count() == frozen
+    gc.disable()
+    try:
+        rank(model, 16384, 8, prof, **kw)
+        assert not gc.isenabled()  # a caller's choice is kept
+    finally:
+        gc.enable()
+    clear_caches()
+    monkeypatch.setattr("memo_sim.search.whatif.gc_paused", contextlib.nullcontext)  # never paused
+    running = [c.to_json() for c in rank(model, 16384, 8, prof, **kw).candidates]
+    assert running == paused
