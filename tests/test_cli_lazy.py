@@ -63,3 +63,33 @@ def test_whatif_without_a_plan_imports_no_memory_planner():
             "print('numpy' in sys.modules, 'memo_sim.memplan.planner' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def test_main_called_with_arguments_leaves_the_collector_as_it_was(capsys):
+    """`main` freezes the heap only when it runs as the program (no ``argv``: the process exits
+    next); a caller that passes its arguments keeps its process, and every object it frees later
+    is still collectable."""
+    import gc
+
+    from memo_sim.cli import main
+
+    frozen = gc.get_freeze_count()
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    assert gc.get_freeze_count() == frozen
+    assert gc.isenabled()
+
+
+def test_main_as_the_program_freezes_the_heap_before_exit():
+    """Run as ``python -m memo_sim.cli``: the heap is frozen once the output is written (the exit
+    then skips the collector's pass over it), and the output and exit code are the command's."""
+    code = ("import atexit, gc, sys\n"
+            "atexit.register(lambda: print('frozen', gc.get_freeze_count() > 0, file=sys.stderr))\n"
+            "sys.argv = ['memo-sim', '--version']\n"
+            "from memo_sim.cli import main\n"
+            "main()\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "version" in p.stdout
+    assert "frozen True" in p.stderr

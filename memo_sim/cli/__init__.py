@@ -48,10 +48,13 @@ def main(argv: list[str] | None = None) -> None:
         click.echo(f"error: {e}", err=True)
         sys.exit(2)
     finally:
-        # the command's output is written: the interpreter's exit need not traverse its heap
-        # (a cluster-scale what-if leaves a few hundred thousand objects; the collector's passes
-        # over them at exit cost a second or more)
-        gc.freeze()
+        if argv is None:
+            # run as the program (its arguments from the command line): the command's output is
+            # written and the process exits next, so the interpreter's exit need not traverse its
+            # heap (a cluster-scale what-if leaves a few hundred thousand objects; the collector's
+            # passes over them at exit cost a second or more). A caller that passes ``argv`` keeps
+            # its process, and its collector as it was.
+            gc.freeze()
 
 
 if __name__ == "__main__":
