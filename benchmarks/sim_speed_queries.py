@@ -97,8 +97,31 @@ def one_sppo_candidate(repeat: int = 3) -> dict:
         sim.to_dict()
         walls.append(time.perf_counter() - t0)
         cpus.append(time.process_time() - c0)
+    events = _engine_events(lambda: simulate(model, c.layout, c.batch, c.seq, c.policy, profile,
+                                             schedule=c.schedule, micro_batch=c.micro_batch, keep_timeline=False))
+    from simpy_floor import one_run  # benchmarks/simpy_floor.py: SimPy alone, in this process, this minute
+
+    per_event = min(one_run(100_000) for _ in range(3))
     return {"label": f"{c.layout.label()} {c.policy.label()}", "walls": walls[1:], "cpus": cpus[1:],
-            "ops": sim.n_ops, "load": _load()}
+            "ops": sim.n_ops, "events": events, "simpy_s_per_event": per_event, "load": _load()}
+
+
+def _engine_events(run) -> int:
+    """SimPy events processed by ``run()`` (an untimed run: `simpy.Environment.step` counted)."""
+    import simpy
+
+    step, count = simpy.Environment.step, [0]
+
+    def counted(env):
+        count[0] += 1
+        return step(env)
+
+    simpy.Environment.step = counted
+    try:
+        run()
+    finally:
+        simpy.Environment.step = step
+    return count[0]
 
 
 QUERY_TIMEOUT_S = 1800.0
@@ -153,6 +176,11 @@ def report_lines(res: dict) -> list[str]:
               f"- One SPPO candidate at 1M tokens / 64 GPUs ({sp['label']}, {sp['ops']:,} ops), simulated in this "
               f"process after a warm-up run: {', '.join(f'{w * 1e3:.0f}' for w in sp['walls'])} ms wall "
               f"({', '.join(f'{c * 1e3:.0f}' for c in sp['cpus'])} ms CPU) at load {sp['load']}; target "
-              f"<= {SPPO_TARGET_S * 1e3:.0f} ms: {met(min(sp['walls']) <= SPPO_TARGET_S)}.",
+              f"<= {SPPO_TARGET_S * 1e3:.0f} ms: {met(min(sp['walls']) <= SPPO_TARGET_S)}. The engine processed "
+              f"{sp['events']:,} SimPy events ({sp['events'] / sp['ops']:.1f} per op); SimPy alone in this process "
+              f"(`benchmarks/simpy_floor.py`'s loop, best of 3) costs {sp['simpy_s_per_event'] * 1e6:.2f} us per event, "
+              f"so these events cost at least {sp['events'] * sp['simpy_s_per_event'] * 1e3:.0f} ms with no work "
+              f"done, and one event per op {sp['ops'] * sp['simpy_s_per_event'] * 1e3:.0f} ms: the floor under any "
+              f"event simulation of this graph in SimPy.",
               "", "Commands: " + "; ".join(f"`{r['command']}`" for r in res["queries"]), ""]
     return lines
