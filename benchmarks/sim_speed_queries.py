@@ -11,6 +11,7 @@ the same best plan as the exhaustive search (whose time is also reported).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import resource
@@ -29,6 +30,8 @@ PIPELINES = ["--schedule", "single_stage", "--schedule", "1f1b", "--schedule", "
 QUERIES = [
     # (label, flags, target seconds or None)
     ("GPT-13B, 64 A800s, 1M tokens, exhaustive (--simulate-top all)", Q13 + ["--simulate-top", "all"], 3.0),
+    ("GPT-13B, 64 A800s, 1M tokens, exhaustive, single stage only (SPPO left out)",
+     Q13 + ["--simulate-top", "all", "--schedule", "single_stage"], None),
     ("GPT-13B, 64 A800s, 1M tokens, pruned (default)", Q13, None),
     ("GPT-175B, 1,024 A100s, 256K tokens, default schedules, pruned", Q175, None),
     ("GPT-175B, 1,024 A100s, 256K tokens, default schedules, exhaustive", Q175 + ["--simulate-top", "all"], None),
@@ -89,21 +92,37 @@ def one_sppo_candidate(repeat: int = 3) -> dict:
     model, profile = get_model("gpt-13b"), load_profile("a800-80gb")
     r = candidates_for(model, 1 << 20, 64, profile, policies=("sppo",))
     c = next(c for c in r.candidates if c.memory.status == "OK")
-    walls, cpus = [], []
-    for _ in range(repeat + 1):  # as tier 2 runs it (`memo_sim.search.whatif._simulate_summary`)
-        t0, c0 = time.perf_counter(), time.process_time()
-        sim = simulate(model, c.layout, c.batch, c.seq, c.policy, profile, schedule=c.schedule,
-                       micro_batch=c.micro_batch, keep_timeline=False)
-        sim.to_dict()
-        walls.append(time.perf_counter() - t0)
-        cpus.append(time.process_time() - c0)
+    walls, cpus, sim = _timed_runs(lambda: simulate(model, c.layout, c.batch, c.seq, c.policy, profile,
+                                                    schedule=c.schedule, micro_batch=c.micro_batch,
+                                                    keep_timeline=False), repeat)
     events = _engine_events(lambda: simulate(model, c.layout, c.batch, c.seq, c.policy, profile,
                                              schedule=c.schedule, micro_batch=c.micro_batch, keep_timeline=False))
     from simpy_floor import one_run  # benchmarks/simpy_floor.py: SimPy alone, in this process, this minute
 
     per_event = min(one_run(100_000) for _ in range(3))
-    return {"label": f"{c.layout.label()} {c.policy.label()}", "walls": walls[1:], "cpus": cpus[1:],
-            "ops": sim.n_ops, "events": events, "simpy_s_per_event": per_event, "load": _load()}
+    # the coarsest graph that still simulates SPPO's pipeline piece by piece: the same candidate with
+    # the model cut to one layer per stage, so one unit per (stage, piece)
+    coarse = dataclasses.replace(model, layers=c.layout.pp)
+    coarse_walls, _, coarse_sim = _timed_runs(lambda: simulate(coarse, c.layout, c.batch, c.seq, c.policy, profile,
+                                                               schedule=c.schedule, micro_batch=c.micro_batch,
+                                                               keep_timeline=False), repeat)
+    return {"label": f"{c.layout.label()} {c.policy.label()}", "walls": walls, "cpus": cpus,
+            "ops": sim.n_ops, "events": events, "simpy_s_per_event": per_event, "load": _load(),
+            "coarse_ops": coarse_sim.n_ops, "coarse_walls": coarse_walls}
+
+
+def _timed_runs(run, repeat: int) -> tuple[list[float], list[float], object]:
+    """Wall and CPU seconds of ``repeat`` runs of ``run()`` (and ``to_dict`` of what it returns, as
+    tier 2 does: `memo_sim.search.whatif._simulate_summary`) after one warm-up run (its costs
+    memoised), and the last result."""
+    walls, cpus = [], []
+    for _ in range(repeat + 1):
+        t0, c0 = time.perf_counter(), time.process_time()
+        sim = run()
+        sim.to_dict()
+        walls.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
+    return walls[1:], cpus[1:], sim
 
 
 def _engine_events(run) -> int:
@@ -170,9 +189,9 @@ def report_lines(res: dict) -> list[str]:
                      f"{r['load_after']} |")
     lines += ["",
               "- Pruned and exhaustive return the same best plan (same layout, policy, schedule and simulated "
-              "iteration time): GPT-13B " + _same_best(res, QUERIES[1][0], QUERIES[0][0]) + "; GPT-175B default "
-              "schedules " + _same_best(res, QUERIES[2][0], QUERIES[3][0]) + "; GPT-175B with pipelines "
-              + _same_best(res, QUERIES[4][0], QUERIES[5][0]) + ".",
+              "iteration time): GPT-13B " + _same_best(res, QUERIES[2][0], QUERIES[0][0]) + "; GPT-175B default "
+              "schedules " + _same_best(res, QUERIES[3][0], QUERIES[4][0]) + "; GPT-175B with pipelines "
+              + _same_best(res, QUERIES[5][0], QUERIES[6][0]) + ".",
               f"- One SPPO candidate at 1M tokens / 64 GPUs ({sp['label']}, {sp['ops']:,} ops), simulated in this "
               f"process after a warm-up run: {', '.join(f'{w * 1e3:.0f}' for w in sp['walls'])} ms wall "
               f"({', '.join(f'{c * 1e3:.0f}' for c in sp['cpus'])} ms CPU) at load {sp['load']}; target "
@@ -181,6 +200,8 @@ def report_lines(res: dict) -> list[str]:
               f"(`benchmarks/simpy_floor.py`'s loop, best of 3) costs {sp['simpy_s_per_event'] * 1e6:.2f} us per event, "
               f"so these events cost at least {sp['events'] * sp['simpy_s_per_event'] * 1e3:.0f} ms with no work "
               f"done, and one event per op {sp['ops'] * sp['simpy_s_per_event'] * 1e3:.0f} ms: the floor under any "
-              f"event simulation of this graph in SimPy.",
+              f"event simulation of this graph in SimPy. The same candidate with the model cut to one layer per "
+              f"stage (one unit per stage and piece, {sp['coarse_ops']:,} ops): "
+              f"{', '.join(f'{w * 1e3:.0f}' for w in sp['coarse_walls'])} ms wall.",
               "", "Commands: " + "; ".join(f"`{r['command']}`" for r in res["queries"]), ""]
     return lines

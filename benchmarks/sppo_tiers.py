@@ -21,6 +21,7 @@ import datetime as dt
 import statistics
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 from machine import cpu_name, git_state, uptime  # benchmarks/machine.py (this folder is on sys.path when run as a script)
@@ -84,13 +85,6 @@ def _stats(xs: list[float]) -> str:
     return f"median |error| {statistics.median(a):.2f} %, max {max(a):.2f} % (signed {min(xs):+.2f} to {max(xs):+.2f} %)"
 
 
-def _count(items) -> dict:
-    out: dict = {}
-    for x in items:
-        out[x] = out.get(x, 0) + 1
-    return out
-
-
 def report(rows: list[dict], head: list[str]) -> str:
     both_ok = [r for r in rows if r["status_t1"] == "OK" and r["status_t2"] == "OK"]
     # a fit the tiers disagree on (one OK, the other not) changes an answer; two failures named
@@ -118,7 +112,7 @@ def report(rows: list[dict], head: list[str]) -> str:
                                                        f"tier 2 {r['status_t2']}" for r in fit_differs) + ")") + ".",
         f"- Failures the tiers name differently: {len(named_differently)} ("
         + ", ".join(f"{n} tier 1 {a} / tier 2 {b}" for (a, b), n in sorted(
-            _count((r['status_t1'], r['status_t2']) for r in named_differently).items()))
+            Counter((r['status_t1'], r['status_t2']) for r in named_differently).items()))
         + f"; in {sum(r['both_over_t1'] for r in named_differently)} of them tier 1 has GPU and host memory both over "
         "capacity and names the GPU, while the simulation stops at whichever allocation fails first in time)."
         if named_differently else "- Failures the tiers name differently: none.",
@@ -154,6 +148,11 @@ def main() -> None:
     ap.add_argument("--per-query", type=int, default=6, help="fitting points (best first) and failing points (closest to fitting first) simulated per what-if")
     ap.add_argument("--out", default=str(REPO / "reports" / "sppo-tiers.md"))
     a = ap.parse_args()
+    if a.per_query < 1:
+        ap.error(f"--per-query must be at least 1, got {a.per_query}")
+    out = Path(a.out)
+    if not out.parent.is_dir():
+        ap.error(f"--out {a.out}: folder {out.parent} does not exist")
     start = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     load0 = uptime()
     t0 = time.perf_counter()
@@ -163,8 +162,10 @@ def main() -> None:
             f"- Machine: {cpu_name()}, Python {sys.version.split()[0]}; code {git_state(REPO)}",
             f"- Command: `python benchmarks/sppo_tiers.py --per-query {a.per_query}`",
             f"- Load before: `{load0}`; after: `{uptime()}`"]
+    head += [f"- Profile {name}: {load_profile(name).provenance_line()}"
+             for name in sorted({prof for _m, _s, _g, prof in QUERIES})]
     text = report(rows, head)
-    atomic_write_text(Path(a.out), text)
+    atomic_write_text(out, text)
     print(text)
 
 

@@ -65,7 +65,7 @@ def test_whatif_without_a_plan_imports_no_memory_planner():
     assert out.split() == ["False", "False"]
 
 
-def test_main_called_with_arguments_leaves_the_collector_as_it_was(capsys):
+def test_main_called_with_arguments_leaves_the_collector_as_it_was():
     """`main` freezes the heap only when it runs as the program (no ``argv``: the process exits
     next); a caller that passes its arguments keeps its process, and every object it frees later
     is still collectable."""
@@ -82,7 +82,8 @@ def test_main_called_with_arguments_leaves_the_collector_as_it_was(capsys):
 
 
 def test_main_as_the_program_freezes_the_heap_before_exit():
-    """Run as ``python -m memo_sim.cli``: the heap is frozen once the output is written (the exit
+    """Run as the program (``main()`` with no arguments, as the console script and ``python -m
+    memo_sim.cli`` call it): the heap is frozen once the output is written (the exit
     then skips the collector's pass over it), and the output and exit code are the command's."""
     code = ("import atexit, gc, sys\n"
             "atexit.register(lambda: print('frozen', gc.get_freeze_count() > 0, file=sys.stderr))\n"
