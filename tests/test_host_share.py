@@ -18,7 +18,9 @@ def test_meter_counts_this_process_and_its_children_as_own():
     r = m.result
     assert r is not None and r.cores == (os.cpu_count() or 1)
     assert r.own_core_s >= 0.55  # both burns (and the child's start-up) are this tree's own
-    assert r.busy_core_s >= r.own_core_s * 0.9  # /proc/stat saw them too (ticks are coarse)
+    # /proc/stat saw them too (ticks are coarse); on a virtual machine the ticks the hypervisor
+    # stole from a running process count as steal there, and as the process's own time in rusage
+    assert r.busy_core_s + r.steal_core_s >= r.own_core_s * 0.9
     assert 0.0 <= r.other_cores <= r.cores
     assert "of %d cores" % r.cores in r.line()
 

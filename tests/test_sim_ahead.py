@@ -50,12 +50,70 @@ def test_ahead_summaries_are_the_plain_ones_and_tier2_takes_them(cands, monkeypa
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="simulating ahead forks")
-def test_close_ends_a_child_never_read(cands):
-    ahead = SimulatedAhead(cands[:1], [w._summary_args(cands[0], True, 0)], w._simulate_summary)
-    pid = ahead._pid
+def test_close_ends_every_child_never_read(cands):
+    ahead = SimulatedAhead(cands[:2], [w._summary_args(c, True, 0) for c in cands[:2]], w._simulate_summary,
+                           children=2)
+    pids = [c.pid for c in ahead._children]
+    assert len(pids) == 2
     ahead.close()
-    with pytest.raises(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)  # reaped: no zombie left
+    for pid in pids:
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)  # reaped: no zombie left
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="simulating ahead forks")
+def test_children_share_the_work_and_each_summary_is_the_plain_one(cands):
+    """Three candidates in two children, the heaviest alone: each summary is the one simulated
+    here, whichever child ran it and in whatever order they are taken."""
+    cands = cands[:3]
+    weights = [1, 5, 2]
+    ahead = SimulatedAhead(cands, [w._summary_args(c, True, 0) for c in cands], w._simulate_summary, children=2,
+                           weights=weights)
+    try:
+        assert sorted(c.items for c in ahead._children) == [[0, 2], [1]]
+        got = [ahead.take(c) for c in reversed(cands)][::-1]
+    finally:
+        ahead.close()
+    plain = [w._simulate_summary(w._summary_args(c, True, 0)) for c in cands]
+    assert [_strip(g) for g in got] == [_strip(p) for p in plain]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="simulating ahead forks")
+def test_a_child_that_dies_leaves_its_candidates_to_the_caller():
+    """A child killed before it answers: `take` says None for its candidates (tier 2 then simulates
+    them itself), and the other child's summaries still come back."""
+    import signal
+    import time
+
+    def fn(x):
+        if x == "slow":
+            time.sleep(60)
+        return {"x": x}
+
+    cands = [object(), object()]
+    ahead = SimulatedAhead(cands, ["slow", "fast"], fn, children=2)
+    try:
+        os.kill(ahead._of[0].pid, signal.SIGKILL)
+        assert ahead.take(cands[0]) is None
+        assert ahead.take(cands[1]) == {"x": "fast"}
+    finally:
+        ahead.close()
+
+
+def test_share_out_gives_the_longest_to_the_least_loaded():
+    from memo_sim.search.sim_ahead import share_out
+
+    assert share_out([3, 1, 2], 2) == [[0], [1, 2]]
+    assert share_out([1, 1, 1], 1) == [[0, 1, 2]]
+    assert share_out([5], 4) == [[0]]  # never more children than candidates
+    assert share_out([2, 2, 1, 1], 2) == [[0, 2], [1, 3]]
+    assert share_out([], 3) == []
+
+
+def test_one_weight_per_candidate(cands):
+    with pytest.raises(ValueError, match="one weight per candidate"):
+        SimulatedAhead(cands[:2], [w._summary_args(c, True, 0) for c in cands[:2]], w._simulate_summary,
+                       weights=[1.0])
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="the pool forks")
@@ -84,8 +142,8 @@ from memo_sim.profile import load_profile
 from memo_sim.search import sim_ahead, whatif as w
 started = []
 orig = sim_ahead.SimulatedAhead.__init__
-def spy(self, cands, work, fn):
-    started.append(len(cands)); orig(self, cands, work, fn)
+def spy(self, cands, work, fn, **kw):
+    started.append(len(cands)); orig(self, cands, work, fn, **kw)
 w.SimulatedAhead.__init__ = spy
 out = {}
 for jobs in (1, 2):

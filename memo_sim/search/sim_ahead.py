@@ -1,14 +1,17 @@
-"""Tier 2's summaries of a few candidates known before the analytic tier ends, simulated in one
-forked process while this one goes on pricing.
+"""Tier 2's summaries of a few candidates known before the analytic tier ends, simulated in
+forked processes while this one goes on pricing.
 
 A what-if with SPPO always simulates SPPO's heuristic choice and its best few points
 (`memo_sim.search.whatif.rank`: ``always`` of the bound search, the extras of ``--simulate-top``);
 they are known once SPPO's search is done, before the micro-batch pipelines are priced, and each
-takes seconds to simulate. `SimulatedAhead` simulates them in a child forked then (`os.fork`, a
-pipe back, no thread), and `memo_sim.search.whatif.simulate_candidates` takes a summary from it
-where tier 2 asks for that candidate, instead of simulating it again: the same deterministic
-simulation of the same objects, so the same summary (all but its host seconds), in the same
-batch and order as without it. Where the platform cannot fork, nothing is simulated ahead.
+takes seconds to simulate. `SimulatedAhead` simulates them in up to ``children`` children forked
+then (`os.fork`, a pipe back from each, no thread), the candidates shared out longest first by
+their ``weights`` (what each is expected to cost: the one that `whatif` gives is SPPO's unit
+count), so that two long ones run side by side rather than one after the other. Tier 2
+(`memo_sim.search.whatif.simulate_candidates`) takes a summary from there where it asks for that
+candidate, instead of simulating it again: the same deterministic simulation of the same
+objects, so the same summary (all but its host seconds), in the same batch and order as without
+it. Where the platform cannot fork, nothing is simulated ahead.
 """
 
 from __future__ import annotations
@@ -16,21 +19,29 @@ from __future__ import annotations
 import gc
 import os
 import pickle
-from typing import Callable
+from typing import Callable, Sequence
 
 
-class SimulatedAhead:
-    """``fn(args)`` of each of ``work`` (one per candidate of ``candidates``), in a forked child."""
+def share_out(weights: Sequence[float], children: int) -> list[list[int]]:
+    """The indices of ``weights`` shared out among at most ``children`` lists, longest first to
+    the least loaded (ties to the lowest index); empty lists left out, each list in index order."""
+    shares: list[list[int]] = [[] for _ in range(max(1, min(children, len(weights))))]
+    load = [0.0] * len(shares)
+    for i in sorted(range(len(weights)), key=lambda i: (-weights[i], i)):
+        k = min(range(len(shares)), key=lambda k: (load[k], k))
+        shares[k].append(i)
+        load[k] += weights[i]
+    return [sorted(s) for s in shares if s]
 
-    def __init__(self, candidates: list, work: list[tuple], fn: Callable[[tuple], dict]):
-        self._ids = {id(c): i for i, c in enumerate(candidates)}
-        self._keep = list(candidates)  # their ids stay theirs while this lives
-        self._results: list | None = None
-        self._pid = None
-        self._read = None
-        if not candidates or not hasattr(os, "fork"):
-            self._ids = {}
-            return
+
+class _Child:
+    """One forked child simulating some of the candidates, and the pipe its summaries come back on."""
+
+    def __init__(self, items: list[int], work: list[tuple], fn: Callable[[tuple], dict]):
+        self.items = items
+        self.results: list | None = None
+        self.pid = None
+        self.read = None
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child: simulate, write the summaries, leave without the parent's exit handlers
@@ -39,7 +50,7 @@ class SimulatedAhead:
             try:
                 gc.freeze()
                 try:
-                    out = ("ok", [fn(x) for x in work])
+                    out = ("ok", [fn(work[i]) for i in items])
                 except BaseException as e:  # noqa: BLE001  (handed to the parent, which raises it)
                     out = ("error", e)
                 with os.fdopen(w, "wb") as f:
@@ -48,42 +59,78 @@ class SimulatedAhead:
                 code = 1
             os._exit(code)
         os.close(w)
-        self._pid, self._read = pid, r
+        self.pid, self.read = pid, r
+
+    def result(self, i: int) -> dict | None:
+        """The summary of work item ``i`` (one of ``items``), waiting for the child where it is not
+        done; None where the child died without one."""
+        if self.results is None:
+            try:
+                with os.fdopen(self.read, "rb") as f:
+                    self.read = None
+                    status, value = pickle.load(f)
+            except (EOFError, pickle.UnpicklingError):
+                status, value = "ok", [None] * len(self.items)
+            self.reap()
+            if status != "ok":
+                raise value
+            self.results = value
+        return self.results[self.items.index(i)]
+
+    def reap(self) -> None:
+        if self.pid is not None:
+            os.waitpid(self.pid, 0)
+            self.pid = None
+
+    def close(self) -> None:
+        if self.read is not None:
+            os.close(self.read)
+            self.read = None
+        if self.pid is not None:
+            import signal
+
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.reap()
+
+
+class SimulatedAhead:
+    """``fn(args)`` of each of ``work`` (one per candidate of ``candidates``), in up to
+    ``children`` forked children, shared out by ``weights`` (default: all alike; `share_out`)."""
+
+    def __init__(self, candidates: list, work: list[tuple], fn: Callable[[tuple], dict], *, children: int = 1,
+                 weights: Sequence[float] | None = None):
+        if len(work) != len(candidates) or (weights is not None and len(weights) != len(candidates)):
+            raise ValueError("SimulatedAhead: one work item and one weight per candidate")
+        self._ids = {id(c): i for i, c in enumerate(candidates)}
+        self._keep = list(candidates)  # their ids stay theirs while this lives
+        self._children: list[_Child] = []
+        self._of: dict[int, _Child] = {}  # work item -> the child simulating it
+        if not candidates or not hasattr(os, "fork"):
+            self._ids = {}
+            return
+        try:
+            for items in share_out(list(weights) if weights is not None else [1.0] * len(work), children):
+                child = _Child(items, work, fn)
+                self._children.append(child)
+                for i in items:
+                    self._of[i] = child
+        except BaseException:
+            self.close()
+            raise
 
     def has(self, candidate) -> bool:
         return id(candidate) in self._ids
 
     def take(self, candidate) -> dict | None:
-        """The summary of ``candidate`` (one that `has`), waiting for the child where it is not
+        """The summary of ``candidate`` (one that `has`), waiting for its child where it is not
         done; None where the child died without one (the caller simulates it)."""
-        if self._results is None:
-            try:
-                with os.fdopen(self._read, "rb") as f:
-                    self._read = None
-                    status, value = pickle.load(f)
-            except (EOFError, pickle.UnpicklingError):
-                status, value = "ok", [None] * len(self._keep)
-            self._reap()
-            if status != "ok":
-                raise value
-            self._results = value
-        return self._results[self._ids[id(candidate)]]
-
-    def _reap(self) -> None:
-        if self._pid is not None:
-            os.waitpid(self._pid, 0)
-            self._pid = None
+        i = self._ids[id(candidate)]
+        return self._of[i].result(i)
 
     def close(self) -> None:
-        """End the child where its summaries were never read."""
-        if self._read is not None:
-            os.close(self._read)
-            self._read = None
-        if self._pid is not None:
-            import signal
-
-            try:
-                os.kill(self._pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self._reap()
+        """End the children whose summaries were never read."""
+        for child in self._children:
+            child.close()

@@ -97,7 +97,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     parts of the SPPO search. ``schedules``: only these schedules (default: the framework's).
     Micro-batch pipelines are searched when a pipeline flag or schedule asks for them, or when
     no candidate without one fits (`WhatIfResult.searched` says what was searched). ``on_sppo``
-    is called with SPPO's candidates before the micro-batch pipelines are priced, where they are."""
+    is called with SPPO's candidates as soon as its search is done, before anything else is priced."""
     if gpus < 1:
         raise MemoError("--gpus must be at least 1")
     modes = tp_modes_of(tp_mode)
@@ -122,6 +122,15 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     rejected: list[tuple[Layout, str]] = []
     searched: dict = {"schedules": []}
     why_none = "no factorisation of the GPU count matches the fixed degrees"
+    # SPPO's search first, so that its candidates are known (``on_sppo``: simulated ahead) while
+    # the single stage is priced; they are listed after the single stage's all the same
+    search, sppo_tried = None, sppo_pols and "sppo" in allowed and (vpp is None or vpp == 1) and micro_batch is None
+    if sppo_tried:
+        search, sppo_cands, sppo_rejected, sppo_why = sppo_candidates(
+            model, seq, gpus, profile, batch=batch or 1, tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero, sp=sp,
+            tp_mode=tp_mode, pp=pp, subseqs=subseqs, partition=partition, multiplex=multiplex)
+        if on_sppo is not None and search is not None:
+            on_sppo(sppo_cands)
     if plain and "single_stage" in allowed and (pp is None or pp == 1) and (vpp is None or vpp == 1):
         valid, rej = enumerate_layouts(model, gpus, profile.node_gpus, seq, tp=tp, cp=cp, ulysses=ulysses,
                                        dp=dp, zero=zero, sp=sp, tp_modes=modes,
@@ -141,20 +150,14 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
                     continue
                 for pol in plain:
                     out.append(make_candidate(model, lay, pol, b, seq, profile, alpha, micro_batch=mb))
-    search = None
-    if sppo_pols and "sppo" in allowed and (vpp is None or vpp == 1) and micro_batch is None:
-        search, sppo_cands, sppo_rejected, why = sppo_candidates(
-            model, seq, gpus, profile, batch=batch or 1, tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero, sp=sp,
-            tp_mode=tp_mode, pp=pp, subseqs=subseqs, partition=partition, multiplex=multiplex)
+    if sppo_tried:
         out += sppo_cands
         rejected += sppo_rejected
         searched["schedules"].append("sppo")
-        if why and not out:
-            why_none = why
+        if sppo_why and not out:
+            why_none = sppo_why
     nothing_fits = not any(c.memory.status == "OK" for c in out)
     if plain and pipes and (pp is None or pp > 1) and (pipe_flags or nothing_fits):
-        if on_sppo is not None and search is not None:
-            on_sppo(sppo_cands)
         pc, pr, what = pipeline_candidates(
             model, seq, gpus, profile, policies=plain, batch=batch, global_batch=global_batch,
             micro_batch=micro_batch, allows=fw.allows, adapt=fw.adapt, tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero, sp=sp,
@@ -551,6 +554,12 @@ def sppo_always(ranked: list[Candidate], n: int) -> list[Candidate]:
     return [c for i, c in enumerate(picked) if not any(c is x for x in picked[:i])]
 
 
+def sppo_units(c: Candidate) -> int:
+    """What simulating an SPPO candidate is expected to cost, for sharing them out among processes:
+    its (subsequence, layer) units over all stages (a multiplexed split adds a few)."""
+    return max(1, c.policy.subseqs) * c.model.layers
+
+
 def rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, *,
          simulate_top: int | str = SIMULATE_BOUND, progress: Progress | None = None, allocator_lag: int = 0,
          sppo_simulate: int = SPPO_SIMULATED, jobs: int = 1, **fixed) -> WhatIfResult:
@@ -566,12 +575,12 @@ def rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, *,
 
     def start_ahead(sppo_cands: list[Candidate]) -> None:
         """SPPO's candidates that tier 2 will simulate whatever else it does (the extras below),
-        simulated in a forked process from now on while the pipelines are priced (without
-        pipelines to price there is nothing to overlap: tier 2's pool spreads them better)."""
+        simulated from now on in up to ``jobs`` forked processes, the longest apart, while the rest
+        is priced (with one job nothing runs beside this process: tier 2 simulates them)."""
         if mode and sppo_simulate and jobs > 1:
             first = sppo_always(sorted(sppo_cands, key=Candidate.sort_key), sppo_simulate)
             ahead.append(SimulatedAhead(first, [_summary_args(c, True, allocator_lag) for c in first],
-                                        _simulate_summary))
+                                        _simulate_summary, children=jobs, weights=[sppo_units(c) for c in first]))
 
     try:
         return _rank(model, seq, gpus, profile, mode, progress, allocator_lag, sppo_simulate, jobs, start_ahead,
