@@ -3,8 +3,8 @@ forked processes while this one goes on pricing.
 
 A what-if with SPPO always simulates SPPO's heuristic choice and its best few points
 (`memo_sim.search.whatif.rank`: ``always`` of the bound search, the extras of ``--simulate-top``);
-they are known once SPPO's search is done, before the micro-batch pipelines are priced, and each
-takes seconds to simulate. `SimulatedAhead` simulates them in up to ``children`` children forked
+they are known once SPPO's search is done, which `candidates_for` runs before it prices anything
+else, and each takes seconds to simulate. `SimulatedAhead` simulates them in up to ``children`` children forked
 then (`os.fork`, a pipe back from each, no thread), the candidates shared out longest first by
 their ``weights`` (what each is expected to cost: the one that `whatif` gives is SPPO's unit
 count), so that two long ones run side by side rather than one after the other. Tier 2

@@ -556,7 +556,7 @@ def sppo_always(ranked: list[Candidate], n: int) -> list[Candidate]:
 
 def sppo_units(c: Candidate) -> int:
     """What simulating an SPPO candidate is expected to cost, for sharing them out among processes:
-    its (subsequence, layer) units over all stages (a multiplexed split adds a few)."""
+    its (subsequence, layer) units over all stages (the few extra pieces of a multiplexed split left out)."""
     return max(1, c.policy.subseqs) * c.model.layers
 
 
