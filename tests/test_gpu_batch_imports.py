@@ -95,19 +95,6 @@ def test_runtime_dependencies_are_in_the_image_or_carried():
         assert name in pins and name not in image
 
 
-def test_pins_are_the_versions_tested_here():
-    """The CPU tests run against the same versions as the wheels carried to the GPU."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    fw = _fetch()
-    for name, (pinned, _) in fw.pins().items():
-        try:
-            have = version(name)
-        except PackageNotFoundError:
-            continue
-        assert have == pinned, f"{name}: {have} installed here, {pinned} pinned in benchmarks/gpu/wheels.txt"
-
-
 def test_entry_points_import_with_the_image_and_the_carried_wheels_only(tmp_path):
     env = _blocked_env(tmp_path)
     code = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\nprint('ok')"
