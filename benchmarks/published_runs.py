@@ -78,12 +78,15 @@ class Run:
     schedule_source: str = ""  # where the micro-batch and the schedule come from
     policy: str = "full_recompute"
     dtype: str = "fp16"
-    precision: str = "zero"  # fp16 weights and gradients (reduced in fp16), fp32 master and Adam
     why_not: str | None = None  # why memo cannot express the run yet
 
     def model(self) -> ModelConfig:
-        return ModelConfig(self.id, self.layers, self.hidden, self.heads, 4 * self.hidden, vocab=self.vocab,
-                           dtype=self.dtype, precision=self.precision)
+        """The run's model as its framework version trains it: the model-state recipe is the
+        framework's for the dtype (`Framework.for_model`; Megatron-LM keeps fp16 gradients under
+        fp16, fp32 ones under bf16), as `memo-sim whatif --framework` applies it."""
+        return get_framework(self.framework).for_model(
+            ModelConfig(self.id, self.layers, self.hidden, self.heads, 4 * self.hidden, vocab=self.vocab,
+                        dtype=self.dtype))
 
     def layout(self) -> Layout:
         return get_framework(self.framework).adapt(Layout(tp=self.tp, sp=self.sp, dp=self.dp, pp=self.pp,
@@ -141,7 +144,7 @@ def _megatron2024(size, heads, hidden, layers, tp, pp, dp, gpus, batch, tflops):
                pub, f"{tflops} TFLOP/s per GPU (the table) x {gpus} GPUs over training.py's FLOPs",
                framework="megatron", profile="h100-sxm5-80gb", layers=layers, hidden=hidden, heads=heads,
                vocab=131072, seq=4096, tp=tp, pp=pp, dp=dp, sp=True, global_batch=batch, policy="store_all",
-               dtype="bf16", precision="megatron", zero=1, why_not=why)
+               dtype="bf16", zero=1, why_not=why)
 
 
 def _titan(config, tps, why, gpus=8, seq=8192, batch=2):
@@ -324,8 +327,10 @@ def report(results: list[Result], wall_s: float) -> str:
         notes = dict.fromkeys(r.run.published_note.split(" (")[0] for r in results if r.run.source == src)
         lines.append(f"- {src}. Step time: {'; '.join(notes)}.")
     lines += ["- Profile `dgx-a100-selene` (the Megatron-LM runs): A100 80 GB numbers of `a100-sxm4-80gb` with "
-              "Selene's eight HDR HCAs per node. fp16 with 16-bit gradients reduced in fp16 (precision recipe "
-              "`zero`), Megatron-LM 2021's default (`--accumulate-allreduce-grads-in-fp32` off).", ""]
+              "Selene's eight HDR HCAs per node. The model-state recipe is each framework version's for the run's "
+              "dtype (its `precision.recipes`, as `memo-sim whatif --framework` applies it): fp16 with 16-bit "
+              "gradients reduced in fp16 (recipe `zero`: `--accumulate-allreduce-grads-in-fp32` stays off under "
+              "fp16), bf16 with fp32 main gradients (recipe `megatron`).", ""]
     return "\n".join(lines)
 
 

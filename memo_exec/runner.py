@@ -78,7 +78,12 @@ def use_profile(plan, profile: str | None) -> None:
 
 
 def run_model(plan: Plan, opts: RunOptions) -> ModelConfig:
-    """The model a run trains: the plan's, with ``--layers`` of its layers when given (never more)."""
+    """The model a run trains: the plan's, with ``--layers`` of its layers when given (never more).
+    A plan whose layer GEMMs run in a quantised format (FP8) is refused: the executor's GEMMs run in
+    the run's dtype, so it would measure another plan than the one predicted."""
+    if plan.model.gemm.quantised:
+        raise ExecError(f"plan model {plan.model.name}: gemm_format {plan.model.gemm_format}: the executor runs the "
+                        f"layer GEMMs in the run's dtype only (no FP8 kernels yet); plan with --precision bf16 to run it")
     if opts.layers is not None and opts.layers > plan.model.layers:
         raise ExecError(f"--layers {opts.layers}: the plan's model has {plan.model.layers} layers; run at most that many")
     return dataclasses.replace(plan.model, layers=opts.layers or plan.model.layers)

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from memo_sim.cli import cli
 from memo_sim.export import EXPORTERS, export_plan
+from memo_sim.export.base import PlanChange
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import get_model
 from memo_sim.plan.schema import Plan, read_plan, write_plan
@@ -71,7 +72,7 @@ def _check_args(script: str, allowed: dict[str, str]) -> dict[str, str | None]:
 
 @pytest.mark.parametrize("plan", [MEMO, PIPE, PIPE_V, ULY], ids=["memo", "tp-cp-pp", "interleaved-memo", "ulysses"])
 def test_megatron_script_uses_megatron_options(plan):
-    ex = export_plan(plan, "megatron", price=False)
+    ex = export_plan(plan, "megatron", price=False, nearest=True)
     args = _check_args(ex.files["megatron.sh"], _names("megatron_options.txt"))
     lay = plan.layout
     assert int(args["--tensor-model-parallel-size"]) == lay.tp
@@ -88,7 +89,7 @@ def test_megatron_script_uses_megatron_options(plan):
 def test_deepspeed_config_and_launcher():
     allowed = _names("deepspeed_config_keys.txt")
     for plan in (MEMO, PIPE, ULY):
-        ex = export_plan(plan, "deepspeed", price=False)
+        ex = export_plan(plan, "deepspeed", price=False, nearest=True)
         cfg = json.loads(ex.files["ds_config.json"])
 
         def paths(d, pre=""):
@@ -100,7 +101,7 @@ def test_deepspeed_config_and_launcher():
         assert cfg["train_batch_size"] == cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] \
             * lay.dp
         _check_args(ex.files["deepspeed.sh"], _names("deepspeed_launcher_options.txt"))
-    ex = export_plan(ULY, "deepspeed", price=False)
+    ex = export_plan(ULY, "deepspeed", price=False, nearest=True)
     cfg = json.loads(ex.files["ds_config.json"])
     assert cfg["zero_optimization"]["stage"] == 3 and cfg["activation_checkpointing"]["cpu_checkpointing"] is True
     assert "--ds-sequence-parallel-size 4" in ex.files["deepspeed.sh"]
@@ -108,7 +109,7 @@ def test_deepspeed_config_and_launcher():
 
 def test_deepspeed_parses_its_config_where_installed(tmp_path):
     ds = pytest.importorskip("deepspeed.runtime.config", reason="deepspeed is an optional test dependency")
-    cfg = json.loads(export_plan(ULY, "deepspeed", price=False).files["ds_config.json"])
+    cfg = json.loads(export_plan(ULY, "deepspeed", price=False, nearest=True).files["ds_config.json"])
     cfg["train_batch_size"] = cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"]
     parsed = ds.DeepSpeedConfig(cfg)
     assert parsed.zero_optimization_stage == 3
@@ -122,7 +123,7 @@ def test_torchtitan_module_sets_only_torchtitan_fields(plan):
         if line.startswith("import ")}
     sets = {line.split(" ")[1]: line.split(" ")[2] for line in (DATA / "torchtitan_names.txt").read_text().splitlines()
             if line.startswith("set ")}
-    src = export_plan(plan, "torchtitan", price=False).files["memo_torchtitan.py"]
+    src = export_plan(plan, "torchtitan", price=False, nearest=True).files["memo_torchtitan.py"]
     tree = ast.parse(src)
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
@@ -143,19 +144,19 @@ def test_torchtitan_module_sets_only_torchtitan_fields(plan):
 
 
 def test_not_expressible_block_lists_each_gap_and_its_price():
-    ex = export_plan(MEMO, "megatron")
+    ex = export_plan(MEMO, "megatron", nearest=True)
     text = ex.files["megatron.sh"]
     assert "MEMO's token-wise offload (alpha = 0.5)" in text and "bi-level static memory plan" in text
     assert ex.nearest["label"] == "tp8+sp full_recompute" and ex.nearest["status"] in ("OK", "OOM", "OOHM")
     assert "memo predicts the nearest plan (tp8+sp full_recompute)" in text
     assert not export_plan(_plan(policy=("full_recompute",)), "megatron").gaps  # Megatron runs it as it is
-    uly = export_plan(ULY, "megatron", price=False)
+    uly = export_plan(ULY, "megatron", price=False, nearest=True)
     assert any("DeepSpeed-Ulysses over 4 GPUs" in g.what for g in uly.gaps)
     assert "--context-parallel-size 4" in uly.files["megatron.sh"]  # the nearest setting is what is written
 
 
 def test_pipeline_plan_nearest_cost_is_simulated():
-    ex = export_plan(PIPE_V, "deepspeed")  # DeepSpeed has neither ring CP nor interleaving nor MEMO
+    ex = export_plan(PIPE_V, "deepspeed", nearest=True)  # DeepSpeed has neither ring CP nor interleaving nor MEMO
     whats = " ".join(g.what for g in ex.gaps)
     assert "ring context parallelism" in whats and "interleaved 1F1B" in whats and "MEMO" in whats
     assert ex.nearest is not None and ex.nearest.get("status") in ("OK", "OOM", "OOHM"), ex.nearest
@@ -164,9 +165,46 @@ def test_pipeline_plan_nearest_cost_is_simulated():
 def test_cli_writes_files_and_summary(tmp_path):
     plan_file = write_plan(MEMO, tmp_path / "plan.json")
     for fw in EXPORTERS:
-        r = CliRunner().invoke(cli, ["export", str(plan_file), "--to", fw, "--out", str(tmp_path / fw), "--no-price"])
+        r = CliRunner().invoke(cli, ["export", str(plan_file), "--to", fw, "--out", str(tmp_path / fw), "--no-price",
+                                     "--nearest"])
         assert r.exit_code == 0, r.output
         assert "not expressible" in r.output and any((tmp_path / fw).iterdir())
     bad = CliRunner().invoke(cli, ["export", str(plan_file), "--to", "jax"])
     assert bad.exit_code == 2
     assert read_plan(plan_file).policy.alpha == 0.5  # the plan itself is untouched
+
+
+def _instead(tmp_path, whatif_args, to="megatron"):
+    r = CliRunner().invoke(cli, ["whatif", *whatif_args, "--out", str(tmp_path / "plan")])
+    assert r.exit_code == 0, r.output
+    plan = read_plan(tmp_path / "plan" / "plan.json")
+    r = CliRunner().invoke(cli, ["export", str(tmp_path / "plan" / "plan.json"), "--to", to, "--out", str(tmp_path / to)])
+    assert r.exit_code == 0, r.output
+    return plan, r.output, export_plan(plan, to, price=False)
+
+
+def test_a_plan_the_framework_cannot_express_exports_its_best_runnable_plan(tmp_path):
+    """[modern-training] item 7: not the nearest setting of memo's plan (which may not fit) but the best
+    plan memo predicts the framework runs, with what it gives up against memo's plan."""
+    plan, out, ex = _instead(tmp_path, ["--model", "gpt-7b", "--gpus", "8", "--seq", "32K", "--profile",
+                                        "h100-sxm5-80gb", "--zero", "3", "--policy", "memo"])
+    assert ex.instead is not None and ex.instead["framework"] == "megatron"
+    assert "is not expressible in Megatron-LM; written instead" in out
+    i = ex.instead  # the flags fixed memo's plan (ZeRO 3, MEMO): Megatron's best may be faster, and says so
+    assert i["iteration_s"] > 0 and i["plan_iteration_s"] > 0
+    assert ("It gives up" in out) == (i["iteration_s"] >= i["plan_iteration_s"]), out
+    script = (tmp_path / "megatron" / "megatron.sh").read_text()
+    assert "written instead" in script
+    assert not [g for g in ex.gaps if g.change != PlanChange()]  # the exported plan is Megatron's own
+    # --nearest keeps the old answer: memo's plan with its nearest settings, the gaps listed
+    near = export_plan(plan, "megatron", price=False, nearest=True)
+    assert near.instead is None and any("ZeRO stage 3" in g.what for g in near.gaps)
+
+
+@pytest.mark.slow
+def test_70b_zero3_memo_plan_exports_a_megatron_plan_that_fits(tmp_path):
+    """The issue's case: Llama-3.1-70B on 64 H100s at 32K, a ZeRO-3 MEMO plan, to Megatron-LM."""
+    _, out, ex = _instead(tmp_path, ["--model", "llama-3.1-70b", "--gpus", "64", "--seq", "32K", "--profile",
+                                     "h100-sxm5-80gb", "--zero", "3", "--policy", "memo"])
+    assert ex.instead is not None and ex.instead["peak_gpu_bytes"] < 78 * 2**30
+    assert "model_states needs" not in out

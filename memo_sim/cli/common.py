@@ -12,6 +12,7 @@ from memo_sim.errors import MemoError, guarded, usage_line
 from memo_sim.layout.parallel import MAX_DEGREE
 from memo_sim.plan.schema import MAX_BATCH
 from memo_sim.model.config import ModelConfig, get_model
+from memo_sim.model.gemm_formats import GEMM_FORMATS
 from memo_sim.model.precision import RECIPES
 from memo_sim.units import parse_count
 
@@ -25,9 +26,30 @@ def count_option(ctx, param, value):
         raise click.BadParameter(str(e).split(": ", 1)[-1]) from None
 
 
+def precision_option(ctx, param, value):
+    """``--precision``: recipe and/or GEMM format names, comma-separated, at most one of each ->
+    {"precision": recipe or None, "gemm_format": format or None}; None when not given."""
+    if value is None:
+        return None
+    out = {"precision": None, "gemm_format": None}
+    for word in (w.strip() for w in value.split(",")):
+        key = "precision" if word in RECIPES else "gemm_format" if word in GEMM_FORMATS else None
+        if key is None:
+            raise click.BadParameter(f"{word!r} is neither a recipe ({', '.join(RECIPES)}) nor a GEMM format "
+                                     f"({', '.join(GEMM_FORMATS)})")
+        if out[key] is not None:
+            raise click.BadParameter(f"two {'recipes' if key == 'precision' else 'GEMM formats'} "
+                                     f"({out[key]}, {word}); name one")
+        out[key] = word
+    return out
+
+
 def model_options(f):
-    f = click.option("--precision", type=click.Choice(list(RECIPES)),
-                     help="Model-state recipe (default: megatron for 16-bit models, fp32 for fp32).")(f)
+    f = click.option("--precision", callback=precision_option, metavar="RECIPE[,FORMAT]",
+                     help="Model-state recipe (" + ", ".join(RECIPES) + "; default: the framework's, else megatron "
+                          "for 16-bit models, fp32 for fp32) and/or the layer GEMMs' format ("
+                          + ", ".join(GEMM_FORMATS) + "; default bf16), comma-separated: e.g. fp8-tensorwise, "
+                          "zero,fp8-blockwise.")(f)
     f = click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]),
                      help="Override the model dtype (fp32 for plans run on a CPU profile).")(f)
     f = click.option("--vocab", type=int, help="Override the vocabulary size.")(f)
@@ -49,14 +71,18 @@ def profile_option(help: str = "Hardware profile."):
 
 
 def build_model(model_name: str, layers, hidden, heads, ffn, vocab, dtype=None, precision=None) -> ModelConfig:
+    """The preset or file ``model_name`` with the flags' overrides; ``precision``: a recipe name, or
+    `precision_option`'s {"precision": ..., "gemm_format": ...}."""
     base = get_model(model_name)
+    prec = precision if isinstance(precision, dict) else {"precision": precision}
     over = {k: v for k, v in dict(layers=layers, hidden=hidden, heads=heads, ffn=ffn, vocab=vocab,
-                                  dtype=dtype, precision=precision).items() if v is not None}
+                                  dtype=dtype, **prec).items() if v is not None}
     if not over:
         return base
     d = base.to_dict()
     d.update(over)
-    d["name"] = f"{base.name}-custom"
+    if set(over) - {"gemm_format"}:  # another model; the same one with its GEMMs in another format keeps its name
+        d["name"] = f"{base.name}-custom"
     return ModelConfig.from_dict(d, source="model flags")
 
 

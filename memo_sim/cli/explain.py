@@ -45,7 +45,7 @@ def explain(plan_file, out_format, as_json):
         return
     a = Answer()
     it = f"{fmt_time(res.iteration_s)}/iteration, MFU {100 * res.mfu:.1f}%" if res.ok else res.failure.message()
-    a.verdict = (f"{plan.model.name}, {fmt_count(plan.seq_tokens)} tokens x {plan.batch}, {plan.layout.label()}, "
+    a.verdict = (f"{plan.model.name}{plan.model.gemm_words}, {fmt_count(plan.seq_tokens)} tokens x {plan.batch}, {plan.layout.label()}, "
                  f"{plan.policy.label()} on {plan.gpus} x {profile.gpu.model}: {res.status}, {it}")
     a.line(f"binding: {binding}")
     a.line(f"profile {profile.name}: {profile.provenance_line()}")

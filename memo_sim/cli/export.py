@@ -6,7 +6,7 @@ import click
 
 from memo_sim.errors import MemoError
 from memo_sim.export import EXPORTERS, export_plan
-from memo_sim.export.base import price_line
+from memo_sim.export.base import instead_lines, price_line
 from memo_sim.fileio import atomic_write_text, output_folder
 from memo_sim.plan.schema import read_plan
 
@@ -19,10 +19,15 @@ from memo_sim.plan.schema import read_plan
               help="Folder the framework's files are written to.")
 @click.option("--price/--no-price", default=True, show_default=True,
               help="Simulate the nearest plan the framework can run where it cannot express the plan.")
-def export(plan_file, framework, out_dir, price):
-    """Write PLAN_FILE for Megatron-LM, torchtitan or DeepSpeed; list what it cannot express."""
+@click.option("--nearest", is_flag=True,
+              help="Where the framework cannot express the plan, write the plan with its nearest settings "
+                   "(default: the best plan memo predicts the framework runs, beside what it gives up).")
+def export(plan_file, framework, out_dir, price, nearest):
+    """Write PLAN_FILE for Megatron-LM, torchtitan or DeepSpeed; list what it cannot express. Where it
+    cannot express the plan, the best plan the framework runs is written instead (--nearest: the plan's
+    nearest settings)."""
     plan = read_plan(plan_file)
-    ex = export_plan(plan, framework, price=price)
+    ex = export_plan(plan, framework, price=price, nearest=nearest)
     try:  # the framework's files as one set: all of them, or --out as it was
         with output_folder(out_dir, f"memo-sim export --to {framework}") as outf:
             staged = [atomic_write_text(outf.stage / name, text) for name, text in ex.files.items()]
@@ -31,6 +36,9 @@ def export(plan_file, framework, out_dir, price):
     written = [outf.path(p) for p in staged]
     click.echo(f"{plan_file} -> {ex.framework} ({ex.source}): {', '.join(str(p) for p in written)}")
     click.echo(f"  run: {ex.launch}")
+    if ex.instead is not None:
+        for line in instead_lines(ex.instead, ex.framework):
+            click.echo(f"  {line}")
     if ex.gaps:
         click.echo(f"  not expressible in {ex.framework} ({len(ex.gaps)}):")
         for g in ex.gaps:

@@ -28,11 +28,23 @@ def profiles():
     for name, path in sorted(list_profiles().items()):
         try:
             p = load_profile(path)
+            fp8 = p.gpu.peak_flops.get("fp8")
             rows.append([name, p.gpu.model, fmt_bytes(p.gpu_memory), f"{p.peak() / 1e12:.0f}",
-                         str(p.node_gpus), fmt_bytes(float(p.host.memory_bytes)), str(path)])
+                         f"{float(fp8) / 1e12:.0f}" if fp8 is not None else "-", str(p.node_gpus),
+                         fmt_bytes(float(p.host.memory_bytes)), _provenance_word(p), str(path)])
         except MemoError as e:
-            rows.append([name, f"INVALID: {e}", "", "", "", "", str(path)])
-    click.echo(render_table(["name", "gpu", "memory", "bf16 TFLOP/s", "gpus/node", "host/node", "file"], rows))
+            rows.append([name, f"INVALID: {e}", "", "", "", "", "", "", str(path)])
+    click.echo(render_table(["name", "gpu", "memory", "bf16 TFLOP/s", "fp8 TFLOP/s", "gpus/node", "host/node",
+                             "provenance", "file"], rows))
+    click.echo("provenance: calibrated (measured by memo-exec calibrate), datasheet or fitted (numbers from "
+               "documents; kernel efficiency curves assumed or fitted): every answer on a profile prints its line.")
+
+
+def _provenance_word(p) -> str:
+    """One word for the profiles table: calibrated, or the method a datasheet profile states."""
+    if p.calibrated:
+        return "calibrated"
+    return (p.provenance or {}).get("method") or "unknown"
 
 
 @click.command()
@@ -59,12 +71,15 @@ def frameworks(as_json):
     fws = load_frameworks()
     if as_json:
         click.echo(json.dumps({n: {"summary": f.summary, "policies": list(f.policies), "mechanisms": dict(f.mechanisms),
+                                   "precision": {"recipes": dict(f.recipes), "gemm_formats": list(f.gemm_formats)},
                                    "not_modelled": list(f.not_modelled), "sources": list(f.sources), "file": f.path}
                                for n, f in fws.items()}, indent=1))
         return
     rows = [[n, ", ".join(f.policies), ", ".join(f"{k}={v}" for k, v in f.mechanisms),
+             ", ".join(f"{d}: {r}" for d, r in f.recipes) + ("; " if f.recipes else "") + ", ".join(f.gemm_formats),
              "; ".join(f.not_modelled) or "-"] for n, f in fws.items()]
-    click.echo(render_table(["name", "policies", "mechanisms", "not modelled"], rows))
+    click.echo(render_table(["name", "policies", "mechanisms", "precision (recipes; GEMM formats)", "not modelled"],
+                            rows))
 
 
 @click.command("check-plan")

@@ -8,6 +8,7 @@ import time
 import click
 
 from memo_sim.cli.common import GPU_COUNT, build_model, count_option, model_options, profile_option, progress_bar
+from memo_sim.cost.gemm_format import check_gemm_format
 from memo_sim.layout.schedule import schedule_runs_policy
 from memo_sim.policy import policy_names
 from memo_sim.profile.loader import load_profile
@@ -39,6 +40,7 @@ def maxseq(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, gpus
     model = build_model(model_name, layers, hidden, heads, ffn, vocab, dtype, precision)
     profile = load_profile(profile_name)
     profile.peak(model.dtype)
+    check_gemm_format(model, profile)
     pols = tuple(policies) or tuple(p for p in get_framework(framework).policies
                                     if not schedule_runs_policy("sppo", p))
     answers = []

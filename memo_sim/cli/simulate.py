@@ -141,7 +141,7 @@ def simulate_cmd(plan_file, out_dir, layers_text, profile_override, no_contentio
     from memo_sim.cli.explain import binding_words  # noqa: PLC0415 - the same words as memo-sim explain
     from memo_sim.report.formats import plural  # noqa: PLC0415
 
-    click.echo(f"{plan.model.name}, {fmt_count(plan.seq_tokens)} tokens x {plan.batch}, {plan.layout.label()}, "
+    click.echo(f"{plan.model.name}{plan.model.gemm_words}, {fmt_count(plan.seq_tokens)} tokens x {plan.batch}, {plan.layout.label()}, "
                f"{plan.policy.label()}, {plan.schedule} ({plural(plan.micro_batches, 'micro-batch', 'micro-batches')} "
                f"of {plan.micro_batch}), {profile.name}")
     click.echo(_summary_line(r))
@@ -247,7 +247,7 @@ def sweep_alpha_cmd(plan_file, out_dir, alphas, profile_override, out_format, as
     with output_folder(out_dir, "memo-sim sweep-alpha") as outf:
         _write_sweep(outf, "alpha_sweep", results,
                      lambda rs, path: alpha_sweep_figure(rs, path, solver_alpha=solver_alpha),
-                     lambda rs: runs_answer(f"{plan.model.name}, {fmt_count(plan.seq_tokens)} tokens, "
+                     lambda rs: runs_answer(f"{plan.model.name}{plan.model.gemm_words}, {fmt_count(plan.seq_tokens)} tokens, "
                                             f"{plan.layout.label()}: MEMO at {len(rs)} alphas; {solver_words}",
                                             ["alpha"], [([f"{r.policy.alpha:.3f}"], r) for r in rs]),
                      resolve_format(out_format, as_json))
@@ -461,7 +461,7 @@ def sweep_subseqs_cmd(plan_file, out_dir, subseqs_text, profile_override, no_sim
             step()
     if not points:
         raise MemoError("no subsequence count of --subseqs splits the sequence: " + "; ".join(skipped))
-    title = (f"{plan.model.name}, {fmt_count(plan.seq_tokens)} tokens, {lay.label()} on {profile.name}: "
+    title = (f"{plan.model.name}{plan.model.gemm_words}, {fmt_count(plan.seq_tokens)} tokens, {lay.label()} on {profile.name}: "
              f"SPPO against N")
     from memo_sim.report.formats import Answer, emit
 

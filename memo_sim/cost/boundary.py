@@ -8,7 +8,8 @@
   memory-bound passes over the logits (`cross_entropy_bytes_per_logit`, by ``layout.cross_entropy``);
 - optimizer: Adam reads and writes master weights, moments, weights and gradients (the
   model's precision recipe) of the parameter shard this GPU updates (everything over TP, and
-  over DP x CP x Ulysses from ZeRO-1).
+  over DP x CP x Ulysses from ZeRO-1), then, under a quantised GEMM format, re-casts the linear
+  weights into their quantised copies (`memo_sim.cost.gemm_format.weight_recast_bytes`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memo_sim.cost.activations import tokens_per_gpu
+from memo_sim.cost.gemm_format import weight_recast_bytes
 from memo_sim.cost.memo import memoised
 from memo_sim.model.flops import classifier_flops
 from memo_sim.cost.kernel_time import gemm_bytes, gemm_time, memory_bound_time
@@ -56,7 +58,8 @@ def boundary_times(model: ModelConfig, layout: Layout, batch: int, seq: int,
     cls = 3 * gemm_time(cls_flops, profile, model.dtype, cls_bytes) + memory_bound_time(
         toks * model.vocab / layout.tp * cross_entropy_bytes_per_logit(layout.cross_entropy, dt), profile)
     optim = memory_bound_time(optimizer_step_bytes(model.recipe, model.params() / layout.tp, layout.state_shards,
-                                                   layout.zero), profile)
+                                                   layout.zero)
+                              + weight_recast_bytes(model, model.layers, layout.tp), profile)
     return BoundaryTimes(emb, cls, optim)
 
 

@@ -20,8 +20,8 @@ from memo_sim.cost.activations import tensor_bytes, tokens_per_gpu
 from memo_sim.model.flops import ATTN_BWD_FACTOR, op_flops
 from memo_sim.cost.memo import memoised
 from memo_sim.cost.attention_kernel import materialised_attention
-from memo_sim.cost.kernel_time import attention_bwd_time, attention_fwd_time, gemm_bytes, gemm_time, \
-    memory_bound_op_time
+from memo_sim.cost.gemm_format import cast_seconds, gemm_peak_key, layer_gemm_bytes
+from memo_sim.cost.kernel_time import attention_bwd_time, attention_fwd_time, gemm_time, memory_bound_op_time
 from memo_sim.cost.opcost import OpCost, chain_dependencies, chain_tail, critical_time  # noqa: F401  (re-exported)
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
@@ -63,12 +63,15 @@ def _compute_cost(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, se
         # forward: out[m, n] = x[m, k] W[k, n]; backward: two kernels of the same FLOPs, the data
         # gradient dx[m, k] = dy[m, n] W^T and the weight gradient dW[k, n] = x^T dy, each reading
         # and writing the same three operands (GEMM_BWD_FACTOR kernels)
+        # a quantised format (`memo_sim.cost.gemm_format`) runs the three at its peak on quantised
+        # operands and casts the GEMM's input (forward) or its output gradient (backward) first
         m, k, n = gemm_shape(op, layout, batch, seq, fraction)
         f = 2.0 * m * k * n
-        t = gemm_time(f, profile, model.dtype, gemm_bytes(m, n, k, DTYPE_BYTES[model.dtype]))
+        t = gemm_time(f, profile, gemm_peak_key(model), layer_gemm_bytes(model, m, k, n))
         if phase == "bwd":
             f *= GEMM_BWD_FACTOR
             t *= GEMM_BWD_FACTOR
+        t += cast_seconds(model, profile, m * n if phase == "bwd" else m * k)
         return OpCost(op.name, "gemm", phase, "compute", t, flops=f)
     if op.kind == "attention":
         if layout.attention == "materialised":

@@ -5,6 +5,8 @@ Megatron-LM bf16: 2 + 4 + 4 + 8 = 18 bytes per parameter), sharded by ZeRO over 
 Ulysses group as the recipe says; ZeRO-3 also keeps two layers' gathered weights live for
 prefetch. TP divides everything, the embedding/classifier too (vocab-parallel).
 
+A quantised GEMM format (FP8) adds its copies of the linear weights (`memo_sim.cost.gemm_format`).
+
 The classifier runs in chunks of ``CLASSIFIER_CHUNK_TOKENS`` tokens (the one default; plans
 carry their own value): one chunk's logits in bf16 plus fp32 softmax and gradient.
 
@@ -15,6 +17,7 @@ The whole-GPU peak by policy (these terms plus skeletal activations and transien
 from __future__ import annotations
 
 from memo_sim.cost.activations import tokens_per_gpu
+from memo_sim.cost.gemm_format import weight_cache_bytes
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
 from memo_sim.model.layer_graph import DTYPE_BYTES
@@ -32,7 +35,9 @@ def model_state_parts(model: ModelConfig, layout: Layout) -> dict[str, float]:
     return {"weights": r.weight_bytes * p / (n if z >= 3 else 1),
             "grads": r.grad_bytes * p / (n if z >= 2 else 1),
             "master_and_optimizer": (r.master_bytes + r.optimizer_bytes) * p / (n if z >= 1 else 1),
-            "gathered_layers": 2 * r.weight_bytes * model.layer_params() / layout.tp if z >= 3 else 0.0}
+            "gathered_layers": 2 * r.weight_bytes * model.layer_params() / layout.tp if z >= 3 else 0.0,
+            # a quantised GEMM format's weight copies: every layer's, or only the two gathered ones under ZeRO-3
+            "quantised_weights": weight_cache_bytes(model, 2 if z >= 3 else model.layers, layout.tp)}
 
 
 def model_state_bytes(model: ModelConfig, layout: Layout) -> float:

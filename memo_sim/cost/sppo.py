@@ -45,6 +45,7 @@ from functools import lru_cache
 from memo_sim.cost import collectives as coll
 from memo_sim.cost.grad_sync import GradSync, grad_sync, params_reduce_time
 from memo_sim.cost.boundary import optimizer_step_bytes
+from memo_sim.cost.gemm_format import weight_cache_bytes, weight_recast_bytes
 from memo_sim.cost.activations import tensor_bytes, tokens_per_gpu
 from memo_sim.cost.kernel_time import attention_bwd_time, attention_fwd_time, memory_bound_time
 from memo_sim.cost.layer_time import backward_costs, forward_costs
@@ -306,12 +307,13 @@ def stage_model_state_bytes(model: ModelConfig, layout: Layout, stage: int) -> f
     p = stage_params(model, layout.pp, stage) / layout.tp
     n = layout.state_shards
     optim = (r.master_bytes + r.optimizer_bytes) * p / (n if layout.zero >= 1 else 1)
-    return (r.weight_bytes + r.grad_bytes) * p + optim
+    return (r.weight_bytes + r.grad_bytes) * p + optim + weight_cache_bytes(model, model.layers // layout.pp, layout.tp)
 
 
 def stage_optimizer_time(model: ModelConfig, layout: Layout, stage: int, profile: HardwareProfile) -> float:
     return memory_bound_time(optimizer_step_bytes(model.recipe, stage_params(model, layout.pp, stage) / layout.tp,
-                                                  layout.state_shards, layout.zero), profile)
+                                                  layout.state_shards, layout.zero)
+                             + weight_recast_bytes(model, model.layers // layout.pp, layout.tp), profile)
 
 
 @memoised_by(lambda model, layout, profile: (model, layout.state_shards, layout.tp, layout.zero, layout.grad_overlap,

@@ -11,18 +11,30 @@ from types import ModuleType
 
 from memo_sim.errors import MemoError
 from memo_sim.export import deepspeed, megatron, torchtitan
-from memo_sim.export.base import Export, Gap
+from memo_sim.export.base import Export, Gap, PlanChange, best_runnable
 from memo_sim.plan.schema import Plan
 
 EXPORTERS: dict[str, ModuleType] = {"megatron": megatron, "torchtitan": torchtitan, "deepspeed": deepspeed}
 
 
-def export_plan(plan: Plan, to: str, price: bool = True) -> Export:
+def export_plan(plan: Plan, to: str, price: bool = True, nearest: bool = False) -> Export:
+    """The plan as ``to``'s files. Where the framework cannot express the plan (a gap that changes
+    it), the best plan memo predicts the framework's version runs is exported instead (`best_runnable`:
+    the what-if constrained to it), with what it gives up against memo's plan; ``nearest`` writes
+    memo's plan with its nearest settings instead (the gaps listed and priced)."""
     try:
         module = EXPORTERS[to]
     except KeyError:
         raise MemoError(f"--to {to!r}: no exporter; choose one of {', '.join(EXPORTERS)}") from None
-    return module.export(plan, price=price)
+    ex = module.export(plan, price=price)
+    if nearest or not any(g.change != PlanChange() for g in ex.gaps):
+        return ex
+    alt, summary = best_runnable(plan, module.FRAMEWORK)
+    if alt is None:  # nothing the framework offers fits: memo's plan's nearest settings, priced
+        ex.gaps.append(Gap(f"a plan {module.FRAMEWORK} runs that fits", "none found by the what-if constrained to "
+                           f"--framework {module.FRAMEWORK}: the nearest settings of memo's plan are written"))
+        return ex
+    return module.export(alt, price=price, instead=summary)
 
 
 __all__ = ["EXPORTERS", "Export", "Gap", "export_plan"]

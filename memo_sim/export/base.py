@@ -29,6 +29,7 @@ class PlanChange:
     policy: str | None = None
     layout: dict = field(default_factory=dict)
     schedule: str | None = None
+    gemm_format: str | None = None  # the layer GEMMs' format the framework runs instead
 
 
 @dataclass(frozen=True)
@@ -48,10 +49,13 @@ class Export:
     gaps: list[Gap]
     launch: str
     nearest: dict | None = None  # `price_nearest`'s answer (None when nothing changes)
+    instead: dict | None = None  # `best_runnable`'s answer when the framework's own best plan was exported
 
     def comment_block(self, prefix: str = "# ") -> str:
         """The not-expressible block, as comment lines of the exported file."""
         lines = [f"Exported by memo-sim export for {self.framework} (option names as in {self.source})."]
+        if self.instead is not None:
+            lines += instead_lines(self.instead, self.framework)
         if not self.gaps:
             lines.append("Every part of the plan is expressed below.")
         else:
@@ -60,6 +64,46 @@ class Export:
             if self.nearest is not None:
                 lines.append(price_line(self.nearest))
         return "\n".join(prefix + ln if ln else prefix.rstrip() for ln in lines)
+
+
+def instead_lines(i: dict, framework: str) -> list[str]:
+    """Why another plan than the one asked for was exported, and what it gives up."""
+    out = [f"memo's plan ({i['plan_label']}) is not expressible in {framework}; written instead: the best plan "
+           f"memo predicts {framework} ({i['framework']}) runs, {i['label']}: {i['iteration_s']:.3f} s/iteration, "
+           f"peak {i['peak_gpu_bytes'] / 2**30:.2f} GiB ({i['source']})."]
+    if i.get("plan_iteration_s"):
+        given_up = 1 - i["plan_iteration_s"] / i["iteration_s"]
+        out.append((f"It gives up {100 * given_up:.1f}% of the throughput of" if given_up >= 0 else
+                    f"It is {100 * -given_up / (1 - given_up):.1f}% faster than")
+                   + f" memo's plan ({i['plan_iteration_s']:.3f} s/iteration); `--nearest` writes memo's plan's "
+                   "nearest settings instead.")
+    return out
+
+
+def best_runnable(plan: Plan, framework: str) -> tuple[Plan | None, dict | None]:
+    """The best plan memo predicts the framework version runs for the plan's model, sequence, GPUs,
+    profile and global batch (the what-if constrained to it), and its summary; (None, None) when
+    nothing the framework offers fits. A GEMM format the framework lacks is searched as bf16."""
+    from memo_sim.profile.loader import load_profile  # noqa: PLC0415
+    from memo_sim.search.frameworks import get_framework  # noqa: PLC0415
+    from memo_sim.search.request import WhatifRequest, answer_whatif  # noqa: PLC0415
+
+    model = plan.model
+    if model.gemm_format not in get_framework(framework).gemm_formats:
+        model = dataclasses.replace(model, gemm_format="bf16")
+    ans = answer_whatif(WhatifRequest(model=model, seq=plan.seq_tokens, gpus=plan.gpus,
+                                      profile=load_profile(plan.profile), global_batch=plan.batch * plan.layout.dp,
+                                      framework=framework, jobs=1))
+    best = ans.best
+    if best is None:
+        return None, None
+    alt = best.to_plan()
+    pred = alt.predicted
+    label = f"{alt.layout.label()} {alt.policy.label()}" + (f" {alt.schedule}" if alt.layout.pp > 1 else "")
+    return alt, {"framework": framework, "label": label, "iteration_s": pred.iteration_s,
+                 "peak_gpu_bytes": pred.peak_gpu_bytes, "source": pred.source,
+                 "plan_label": f"{plan.layout.label()} {plan.policy.label()}",
+                 "plan_iteration_s": plan.predicted.iteration_s}
 
 
 def price_line(n: dict) -> str:
@@ -91,6 +135,12 @@ def nearest_plan(plan: Plan, gaps: list[Gap]) -> tuple[Layout, Policy, str]:
     return layout, policy, schedule
 
 
+def nearest_model(plan: Plan, gaps: list[Gap]):
+    """The plan's model as the framework runs it: a GEMM format it lacks replaced (`gemm_format_gap`)."""
+    fmt = next((g.change.gemm_format for g in gaps if g.change.gemm_format is not None), None)
+    return plan.model if fmt is None else dataclasses.replace(plan.model, gemm_format=fmt)
+
+
 def price_nearest(plan: Plan, gaps: list[Gap]) -> dict | None:
     """memo's prediction for the nearest plan on the plan's profile (None when no gap changes
     the plan; ``error`` when it cannot be simulated)."""
@@ -100,9 +150,11 @@ def price_nearest(plan: Plan, gaps: list[Gap]) -> dict | None:
     from memo_sim.profile.loader import load_profile  # noqa: PLC0415
 
     layout, policy, schedule = nearest_plan(plan, gaps)
-    label = f"{layout.label()} {policy.label()}" + (f" {schedule}" if layout.pp > 1 else "")
+    model = nearest_model(plan, gaps)
+    label = (f"{layout.label()} {policy.label()}" + (f" {schedule}" if layout.pp > 1 else "")
+             + (f" {model.gemm_format} GEMMs" if model.gemm_format != plan.model.gemm_format else ""))
     try:
-        res = simulate(plan.model, layout, plan.batch, plan.seq_tokens, policy, load_profile(plan.profile),
+        res = simulate(model, layout, plan.batch, plan.seq_tokens, policy, load_profile(plan.profile),
                        keep_timeline=False, schedule=schedule, micro_batch=plan.micro_batch,
                        classifier_chunk_tokens=plan.classifier_chunk_tokens)
     except MemoError as e:
@@ -148,6 +200,18 @@ def policy_gaps(plan: Plan, runs: dict[str, str], fallback: str = "full_recomput
     if pol.static_memory_plan:
         gaps.append(Gap("MEMO's bi-level static memory plan", "PyTorch's caching allocator"))
     return gaps
+
+
+def gemm_format_gap(plan: Plan, framework: str) -> list[Gap]:
+    """The plan's GEMM format where the framework version (`memo_sim.frameworks` data) does not offer
+    it: the model dtype's GEMMs instead, priced."""
+    from memo_sim.search.frameworks import get_framework  # noqa: PLC0415
+
+    fmt, fw = plan.model.gemm_format, get_framework(framework)
+    if fmt in fw.gemm_formats:
+        return []
+    return [Gap(f"{fmt} GEMMs ({plan.model.gemm.summary})", f"{plan.model.dtype} GEMMs ({fw.name} offers "
+                f"{', '.join(fw.gemm_formats)})", PlanChange(gemm_format="bf16"))]
 
 
 def zero_gap(plan: Plan, stages: tuple[int, ...], words: str) -> list[Gap]:

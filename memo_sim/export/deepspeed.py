@@ -14,10 +14,11 @@ from __future__ import annotations
 import json
 import shlex
 
-from memo_sim.export.base import (Export, Gap, PlanChange, interleave_gap, metp_gap, nearest_plan, policy_gaps,
+from memo_sim.export.base import (Export, Gap, PlanChange, gemm_format_gap, interleave_gap, metp_gap, nearest_plan, policy_gaps,
                                   price_nearest, shape_arguments, torchrun_line)
 from memo_sim.plan.schema import Plan
 
+FRAMEWORK = "deepspeed"  # its version in memo_sim/frameworks/data (the plans exported instead)
 SOURCE = "deepspeedai/DeepSpeed@edaa7221 (2026-08-22)"
 LAUNCHER_SOURCE = "deepspeedai/Megatron-DeepSpeed (megatron/arguments.py)"
 CONFIG_FILE = "ds_config.json"
@@ -37,6 +38,7 @@ def gaps(plan: Plan) -> list[Gap]:
                        PlanChange(layout={"cp": 1, "ulysses": plan.layout.ulysses * plan.layout.cp})))
     out += metp_gap(plan) + interleave_gap(plan)
     out += policy_gaps(plan, _RUNS, notes={"memo": _CPU_NOTE, "full_offload": _CPU_NOTE})
+    out += gemm_format_gap(plan, "deepspeed")
     m = plan.model
     if (m.ffn_type, m.norm, m.bias, m.tied_embeddings) != ("gelu", "layernorm", "all", True):
         out.append(Gap(f"{m.name}'s architecture ({m.ffn_type}, {m.norm}, bias {m.bias}, "
@@ -92,9 +94,10 @@ def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | None]]:
     return args
 
 
-def export(plan: Plan, price: bool = True) -> Export:
+def export(plan: Plan, price: bool = True, instead: dict | None = None) -> Export:
     g = gaps(plan)
     ex = Export("DeepSpeed", f"{SOURCE}; launcher {LAUNCHER_SOURCE}", {}, g, "")
+    ex.instead = instead
     ex.nearest = price_nearest(plan, g) if price else None
     ex.files[CONFIG_FILE] = json.dumps(config(plan, g), indent=2) + "\n"
     body = [f"    {opt}" + (f" {shlex.quote(val)}" if val is not None else "") for opt, val in arguments(plan, g)]

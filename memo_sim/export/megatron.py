@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import shlex
 
-from memo_sim.export.base import (Export, Gap, metp_gap, nearest_plan, policy_gaps, price_nearest, shape_arguments,
-                                  torchrun_line, ulysses_gap, zero_gap)
+from memo_sim.export.base import (Export, Gap, gemm_format_gap, metp_gap, nearest_plan, policy_gaps, price_nearest,
+                                  shape_arguments, torchrun_line, ulysses_gap, zero_gap)
 from memo_sim.plan.schema import Plan
 
+FRAMEWORK = "megatron"  # its version in memo_sim/frameworks/data (the plans exported instead)
 SOURCE = "NVIDIA/Megatron-LM@d98e8a64 (2026-08-22)"
 FILE = "megatron.sh"
 
@@ -32,7 +33,13 @@ def gaps(plan: Plan) -> list[Gap]:
     """Megatron-LM interleaves pipelines itself, so only Ulysses, METP, ZeRO 2/3 and the
     policies other than store-all and full recompute are gaps."""
     return (ulysses_gap(plan) + metp_gap(plan) + zero_gap(plan, (0, 1), "--use-distributed-optimizer")
-            + policy_gaps(plan, _RUNS, notes={"memo": _OFFLOAD_NOTE, "full_offload": _OFFLOAD_NOTE}))
+            + policy_gaps(plan, _RUNS, notes={"memo": _OFFLOAD_NOTE, "full_offload": _OFFLOAD_NOTE})
+            + gemm_format_gap(plan, "megatron"))
+
+
+# the GEMM formats as --fp8-recipe values (megatron/training/arguments.py, _add_transformer_engine_args);
+# --fp8-format hybrid: E4M3 in forward, E5M2 for gradients
+FP8_RECIPES = {"fp8-tensorwise": "tensorwise", "fp8-blockwise": "blockwise", "mxfp8": "mxfp8"}
 
 
 def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | None]]:
@@ -53,6 +60,8 @@ def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | None]]:
         args.append(("--untie-embeddings-and-output-weights", None))
     if m.dtype in ("bf16", "fp16"):
         args.append((f"--{m.dtype}", None))
+    if m.gemm_format in FP8_RECIPES:
+        args += [("--fp8-format", "hybrid"), ("--fp8-recipe", FP8_RECIPES[m.gemm_format])]
     args.append(("--tensor-model-parallel-size", str(lay.tp)))
     if lay.tp > 1 and lay.sp:
         args.append(("--sequence-parallel", None))
@@ -74,13 +83,14 @@ def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | None]]:
     return args
 
 
-def export(plan: Plan, price: bool = True) -> Export:
+def export(plan: Plan, price: bool = True, instead: dict | None = None) -> Export:
     g = gaps(plan)
     ex = Export("Megatron-LM", SOURCE, {}, g, "")
+    ex.instead = instead
     ex.nearest = price_nearest(plan, g) if price else None
     args = arguments(plan, g)
     lines = ["#!/usr/bin/env bash", ex.comment_block(), "#",
-             f"# memo's plan: {plan.model.name}, {plan.seq_tokens} tokens x {plan.batch} sequences per replica, "
+             f"# the plan: {plan.model.name}, {plan.seq_tokens} tokens x {plan.batch} sequences per replica, "
              f"{plan.layout.label()}, {plan.policy.label()}, schedule {plan.schedule}",
              "# Add your data, tokenizer, optimizer and checkpoint arguments (--data-path, --tokenizer-type, --lr ...).",
              "set -euo pipefail",

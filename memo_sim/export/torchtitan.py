@@ -14,10 +14,11 @@ sharding (``data_parallel_shard_degree``; ZeRO 3, or ZeRO 2 with
 
 from __future__ import annotations
 
-from memo_sim.export.base import (Export, Gap, PlanChange, metp_gap, nearest_plan, policy_gaps, price_nearest,
-                                  torchrun_line, ulysses_gap)
+from memo_sim.export.base import (Export, Gap, PlanChange, gemm_format_gap, metp_gap, nearest_model, nearest_plan,
+                                  policy_gaps, price_nearest, torchrun_line, ulysses_gap)
 from memo_sim.plan.schema import Plan
 
+FRAMEWORK = "torchtitan"  # its version in memo_sim/frameworks/data (the plans exported instead)
 SOURCE = "pytorch/torchtitan@b5bcd76c (2026-08-21)"
 FILE = "memo_torchtitan.py"
 FUNCTION = "memo_plan"
@@ -45,6 +46,10 @@ def gaps(plan: Plan) -> list[Gap]:
                        PlanChange(layout={"zero": 2})))
     out += policy_gaps(plan, _RUNS, notes={"memo": "torchtitan offloads no activations",
                                            "full_offload": "torchtitan offloads no activations"})
+    out += gemm_format_gap(plan, "torchtitan")
+    if plan.model.gemm_format == "mxfp8":
+        out.append(Gap("mxfp8 GEMMs", "not written: add torchtitan's MX converter (torchao MX linear, recipe "
+                       "mxfp8) to config.model_converters as your torchtitan version spells it"))
     base, note = _base(plan)
     if note:
         out.append(Gap(f"model {plan.model.name}", note))
@@ -75,7 +80,11 @@ def render(plan: Plan, applied: list[Gap]) -> str:
              ("training.num_tokens_per_train_step", plan.batch * lay.dp * plan.seq_tokens)]
     body = [f"    config.{k} = {v!r}" for k, v in sets]
     body.append("    config.activation_checkpoint = " + ("FullAC.Config()" if pol.name == "full_recompute" else "None"))
+    fp8 = nearest_model(plan, applied).gemm_format == "fp8-tensorwise"
+    if fp8:  # torchao's Float8Linear, tensorwise scaling (the converter's default recipe)
+        body.append("    config.model_converters.converters = [Float8LinearConverter.Config()]")
     return "\n".join([
+        *(["from torchtitan.components.quantization.float8 import Float8LinearConverter"] if fp8 else []),
         "from torchtitan.distributed.activation_checkpoint import FullAC",
         f"from torchtitan.models.llama3.config_registry import {base}",
         "from torchtitan.trainer import Trainer",
@@ -91,9 +100,10 @@ def render(plan: Plan, applied: list[Gap]) -> str:
     ])
 
 
-def export(plan: Plan, price: bool = True) -> Export:
+def export(plan: Plan, price: bool = True, instead: dict | None = None) -> Export:
     g = gaps(plan)
     ex = Export("torchtitan", SOURCE, {}, g, "")
+    ex.instead = instead
     ex.nearest = price_nearest(plan, g) if price else None
     launch = ("PYTHONPATH=$PWD:$PYTHONPATH " + torchrun_line(plan, "-m torchtitan.train")
               + f" --module memo_torchtitan --config {FUNCTION}")

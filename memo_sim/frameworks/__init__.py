@@ -18,6 +18,12 @@ policies, and how it runs what the simulator models as a switch
 - ``expandable_segments``: whether PyTorch's caching allocator runs with expandable segments
   (`memo_sim.memplan.caching_allocator`; matters to the policies without a static memory plan).
 
+A file's ``precision`` section says how the framework keeps model states and which GEMM formats it
+offers: ``recipes`` maps a model dtype to the model-state recipe the framework runs it with
+(`memo_sim.model.precision`; a dtype not named takes memo's default, and a recipe the user names
+with ``--precision`` wins), ``gemm_formats`` lists the formats (`memo_sim.model.gemm_formats`) the
+version can run (default: ``bf16`` only). `Framework.for_model` applies both to a model.
+
 Only mechanisms the simulator prices can be switched; what the framework ran that memo does not
 model yet is listed under ``not_modelled`` (shown with the framework, never silently dropped).
 ``--framework NAME`` (`memo_sim.search.frameworks`) searches the layouts a framework allows with
@@ -38,7 +44,10 @@ from memo_sim.errors import MemoError, validated
 from memo_sim.fileio import read_utf8
 from memo_sim.layout.parallel import HOST_POOLS, Layout
 from memo_sim.layout.schedule import SCHEDULE_NAMES
+from memo_sim.model.config import DTYPES, ModelConfig
+from memo_sim.model.gemm_formats import GEMM_FORMATS
 from memo_sim.model.layer_graph import ATTENTION_KERNELS, CROSS_ENTROPY_KERNELS
+from memo_sim.model.precision import RECIPES
 from memo_sim.tp import TP_MODES
 from memo_sim.policy import policy_names
 
@@ -68,6 +77,12 @@ class _MechanismsIn(BaseModel):
     expandable_segments: bool = Field(strict=True)
 
 
+class _PrecisionIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    recipes: dict[Literal[DTYPES], Literal[tuple(RECIPES)]] = {}  # model dtype -> the recipe it ran with
+    gemm_formats: tuple[Literal[GEMM_FORMATS], ...] = Field(("bf16",), min_length=1)
+
+
 class _FrameworkIn(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     name: str = Field(min_length=1)
@@ -76,6 +91,7 @@ class _FrameworkIn(BaseModel):
     policies: tuple[str, ...] = Field(min_length=1)
     layouts: _LayoutsIn
     mechanisms: _MechanismsIn
+    precision: _PrecisionIn = _PrecisionIn()
     not_modelled: tuple[str, ...] = ()
 
     @model_validator(mode="after")
@@ -104,6 +120,19 @@ class Framework:
     not_modelled: tuple[str, ...] = ()
     path: str = ""
     schedules: tuple[str, ...] = ("single_stage",)  # the schedules it runs (`memo_sim.layout.schedule`)
+    recipes: tuple[tuple[str, str], ...] = ()  # (model dtype, model-state recipe it runs it with)
+    gemm_formats: tuple[str, ...] = ("bf16",)  # the GEMM formats it offers
+
+    def for_model(self, model: ModelConfig) -> ModelConfig:
+        """``model`` as this framework trains it: its recipe for the model's dtype where the model
+        names none; a GEMM format it does not offer is refused (one line)."""
+        if model.gemm_format not in self.gemm_formats:
+            raise MemoError(f"--precision {model.gemm_format}: {self.name} does not offer {model.gemm_format} GEMMs "
+                            f"(it offers {', '.join(self.gemm_formats)}); fix: drop it or choose another --framework")
+        recipe = dict(self.recipes).get(model.dtype)
+        if model.precision is not None or recipe is None:
+            return model
+        return replace(model, precision=recipe)
 
     def mechanism(self, name: str):
         return dict(self.mechanisms)[name]
@@ -145,7 +174,7 @@ def _read(path: Path) -> Framework:
     return Framework(f.name, f.summary, f.policies, f.sources, lay.tensor_parallel, lay.sequence_parallel,
                      lay.context_parallel, lay.ulysses, lay.zero, lay.tp_modes,
                      tuple((k, getattr(f.mechanisms, k)) for k in MECHANISMS), f.not_modelled, str(path),
-                     lay.schedules)
+                     lay.schedules, tuple(f.precision.recipes.items()), f.precision.gemm_formats)
 
 
 @lru_cache(maxsize=1)

@@ -244,6 +244,8 @@ def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: i
         return f"tp x ulysses x cp x dp = {layout.gpus}, not the {gpus} GPUs asked for"
     if layout.tp_mode not in FLAVOURS:
         return f"tp_mode must be one of {', '.join(FLAVOURS.names())}, got {layout.tp_mode!r}"
+    if layout.metp and model.gemm.quantised:
+        return f"METP's rings are priced with {model.dtype} GEMMs only ({model.gemm_format} GEMMs run Megatron TP)"
     if layout.pp > 1:
         if model.layers % layout.pp:
             return f"{model.layers} layers do not split evenly into {layout.pp} pipeline stages"

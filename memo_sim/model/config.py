@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from memo_sim.errors import MemoError, validated
 from memo_sim.fileio import read_utf8
 from memo_sim.model.hf_config import config_path, hf_model_fields, is_hf_config, model_name, with_defaults
+from memo_sim.model.gemm_formats import GEMM_FORMATS, GemmFormat, gemm_format
 from memo_sim.model.precision import RECIPES, PrecisionRecipe, default_recipe
 
 FFN_TYPES = ("gelu", "swiglu")
@@ -64,6 +65,7 @@ class _ModelIn(BaseModel):
     norm: Literal[NORMS] = "layernorm"
     bias: Literal[BIASES] = "all"
     tied_embeddings: bool = Field(True, strict=True)
+    gemm_format: Literal[GEMM_FORMATS] = "bf16"
 
     @model_validator(mode="after")
     def _shapes(self):
@@ -90,6 +92,7 @@ class ModelConfig:
     norm: str = "layernorm"  # layernorm | rmsnorm (module docs)
     bias: str = "all"  # which linears carry a bias: all | qkv | none (module docs)
     tied_embeddings: bool = True  # the classifier reuses the token embedding
+    gemm_format: str = "bf16"  # the layer GEMMs' number format (`memo_sim.model.gemm_formats`)
 
     def __post_init__(self) -> None:
         # every way of building a model (presets, files, flags, plans) passes the one validator
@@ -99,6 +102,17 @@ class ModelConfig:
     def recipe(self) -> PrecisionRecipe:
         """The precision recipe: the one named, else fp32 for an fp32 model and Megatron's otherwise."""
         return RECIPES[self.precision or default_recipe(self.dtype)]
+
+    @property
+    def gemm(self) -> GemmFormat:
+        """The layer GEMMs' format (`memo_sim.model.gemm_formats`)."""
+        return gemm_format(self.gemm_format)
+
+    @property
+    def gemm_words(self) -> str:
+        """'' for GEMMs in the model dtype, else ', GEMMS IN FORMAT' for a one-line summary (MFU
+        stays counted against the model dtype's peak)."""
+        return f", {self.gemm_format} GEMMs" if self.gemm.quantised else ""
 
     @property
     def head_dim(self) -> int:
@@ -134,6 +148,12 @@ class ModelConfig:
         else:
             ffn = 2 * h * f + (f + h if self.bias == "all" else 0)
         return attn + ffn + 2 * self.norm_params
+
+    def linear_params(self) -> int:
+        """Weights of one layer's four linear GEMMs (QKV, output projection, the FFN's), no biases:
+        what a quantised GEMM format keeps quantised copies of."""
+        h, kv = self.hidden, self.kv_dim
+        return h * (h + 2 * kv) + h * h + h * self.fc1_width + self.ffn * h
 
     def embedding_params(self) -> int:
         """Everything outside the layers: the token embedding, the classifier when it is not tied

@@ -21,6 +21,7 @@ from memo_sim.plan.schema import Plan
 from memo_sim.profile.schema import HardwareProfile
 from memo_sim.search.prune import SIMULATE_BOUND
 from memo_sim.search.candidate import Candidate
+from memo_sim.cost.gemm_format import check_gemm_format
 from memo_sim.search.frameworks import get_framework
 from memo_sim.search.plan_build import build_plan
 from memo_sim.search.whatif import WhatIfResult, candidates_for, not_searched, rank
@@ -138,6 +139,7 @@ def answer_whatif(req: WhatifRequest, progress=None) -> WhatifAnswer:
     """Both tiers of ``req`` (`rank`); with a named framework also memo's best with the same
     cluster and fixed options; when nothing fits, what was not searched."""
     req.profile.peak(req.model.dtype)  # a clear error if the profile has no peak for the model's dtype
+    check_gemm_format(req.model, req.profile)  # ... or for its GEMM format
     result = rank(req.model, req.seq, req.gpus, req.profile, simulate_top=req.simulate_top, progress=progress,
                   allocator_lag=req.allocator_lag, jobs=req.jobs, **req.search_kwargs())
     memo_best = None
@@ -152,6 +154,7 @@ def answer_whatif(req: WhatifRequest, progress=None) -> WhatifAnswer:
 def sweep_candidates(req: WhatifRequest) -> WhatIfResult:
     """The analytic candidates an alpha sweep picks its layout from: MEMO's policies (no SPPO)."""
     req.profile.peak(req.model.dtype)
+    check_gemm_format(req.model, req.profile)
     pols = req.searched_policies or tuple(p for p in get_framework(req.framework).policies
                                           if not schedule_runs_policy("sppo", p))
     return candidates_for(req.model, req.seq, req.gpus, req.profile, **dict(req.search_kwargs(), policies=pols))

@@ -102,6 +102,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
         raise MemoError("--gpus must be at least 1")
     modes = tp_modes_of(tp_mode)
     fw = get_framework(framework)
+    model = fw.for_model(model)  # the framework's model-state recipe; a GEMM format it lacks is refused
     policies = fw.policies if policies is None else policies
     _check_options(fw, policies, alpha, batch, micro_batch, global_batch, schedules)
     allowed = tuple(n for n in (schedules or fw.schedules) if n in fw.schedules)

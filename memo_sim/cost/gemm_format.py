@@ -1,0 +1,66 @@
+"""What a quantised GEMM format (`memo_sim.model.gemm_formats`) costs beside its GEMMs, written once:
+the casts' HBM bytes and time, the quantised weight copies kept in memory and their re-cast after
+each optimizer step, and the check that the profile's GPU has the tensor cores for it.
+
+The GEMMs themselves run at the profile's peak for the format (``peak_flops.fp8``, ``.mxfp8``)
+times the profile's GEMM efficiency curve, the same fractions of peak as the model dtype's GEMMs
+of the same FLOPs: an assumption (no FP8 GEMM has been measured here) that the profile's
+sensitivity line covers and `memo-exec calibrate` would replace. Layer GEMMs only: the attention
+core, the classifier and the embedding stay in the model dtype.
+"""
+
+from __future__ import annotations
+
+from memo_sim.cost.kernel_time import gemm_bytes, memory_bound_op_time
+from memo_sim.errors import MemoError
+from memo_sim.model.config import ModelConfig
+from memo_sim.model.layer_graph import DTYPE_BYTES
+from memo_sim.profile.schema import HardwareProfile
+
+
+def check_gemm_format(model: ModelConfig, profile: HardwareProfile) -> None:
+    """A one-line `MemoError` when the profile's GPU has no peak for the model's GEMM format."""
+    fmt = model.gemm
+    if fmt.quantised and fmt.peak not in profile.gpu.peak_flops:
+        raise MemoError(f"--precision {fmt.name}: profile {profile.name} ({profile.gpu.model}) has no {fmt.peak} peak "
+                        f"(needs {fmt.needs}); fix: drop --precision {fmt.name} or use a profile that lists "
+                        f"gpu.peak_flops.{fmt.peak}")
+
+
+def gemm_peak_key(model: ModelConfig) -> str:
+    """The profile peak the layer GEMMs run at: the format's, else the model dtype's."""
+    return model.gemm.peak or model.dtype
+
+
+def layer_gemm_bytes(model: ModelConfig, m: float, k: float, n: float) -> float:
+    """HBM bytes of one layer GEMM kernel out[m, n] = x[m, k] W[k, n]: quantised operands in the
+    format's element size, the output in the model dtype."""
+    fmt, d = model.gemm, DTYPE_BYTES[model.dtype]
+    if not fmt.quantised:
+        return gemm_bytes(m, n, k, d)
+    return (m * k + k * n) * fmt.element_bytes + m * n * d
+
+
+def cast_seconds(model: ModelConfig, profile: HardwareProfile, elements: float) -> float:
+    """One activation or gradient cast of ``elements`` elements (0 when the format is not quantised)."""
+    fmt = model.gemm
+    if not fmt.quantised:
+        return 0.0
+    return memory_bound_op_time(fmt.cast_bytes(elements, DTYPE_BYTES[model.dtype]), profile)
+
+
+def weight_cache_bytes(model: ModelConfig, layers: float, tp: int) -> float:
+    """The quantised copies of ``layers`` layers' linear weights on one GPU (split by TP)."""
+    fmt = model.gemm
+    if not fmt.quantised:
+        return 0.0
+    return fmt.quantised_bytes(layers * model.linear_params() / tp, weight=True)
+
+
+def weight_recast_bytes(model: ModelConfig, layers: float, tp: int) -> float:
+    """HBM bytes of re-casting ``layers`` layers' linear weights after the optimizer step (read the
+    working weights, write the quantised copies)."""
+    fmt = model.gemm
+    if not fmt.quantised:
+        return 0.0
+    return fmt.cast_bytes(layers * model.linear_params() / tp, model.recipe.weight_bytes, weight=True)

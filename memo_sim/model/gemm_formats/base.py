@@ -1,0 +1,66 @@
+"""What a GEMM format is: the number format a layer's linear GEMMs (QKV, output projection, the
+FFN's two) run in, and what running them in it moves and keeps beside the GEMMs.
+
+A quantised format (FP8) runs the forward GEMM and both backward GEMMs (data gradient, weight
+gradient) at the profile's ``peak`` for it, on operands of ``element_bytes``, and pays for it:
+
+- **casts**: each GEMM's input activation is quantised in forward and its output gradient in
+  backward: a read of the high-precision tensor (a second one first for the amax where the
+  scale is computed from the tensor itself before the cast: ``amax_pass``) and a write of
+  ``copies`` quantised copies with their scales. Hopper's FP8 tensor cores take only the
+  "TN" layout, so the weight-gradient GEMM needs the transposed input and gradient, and the
+  data-gradient GEMM the transposed weight: TransformerEngine's fused cast-transpose writes both
+  (``copies`` = 2); MXFP8's scales run along the reduction dimension, so its row-wise and
+  column-wise quantisations are two copies too.
+- **weights**: the quantised copies of every linear weight (``copies`` of them with scales)
+  are kept across the iteration's micro-batches and re-cast once per step, after the optimizer
+  updates the high-precision weights (memory: `memo_sim.cost.gemm_format.weight_cache_bytes`;
+  time: the step's extra bytes).
+- **scales**: one fp32 scale per tensor (``scale_block`` 0), or one per ``scale_block``
+  consecutive elements along the reduction dimension (``scale_bytes`` each): 1 x 128 tiles of
+  activations and 128 x 128 blocks of weights for DeepSeek-V3's blockwise recipe, 32-element
+  blocks with E8M0 (one byte) scales for MXFP8.
+
+What stays in the model dtype: the attention core (FlashAttention), the norms and elementwise
+ops, the embedding, the classifier (the output layer), and the gradient and optimizer states
+(the precision recipe, `memo_sim.model.precision`). Not modelled yet (said in each framework's
+``not_modelled`` where it runs FP8): activations saved for backward in FP8 (TransformerEngine keeps
+the quantised GEMM inputs; torchao's Float8Linear keeps the high-precision ones, as memo does),
+FP8 all-gathers of sequence-parallel inputs and FSDP parameters, delayed scaling's amax history.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GemmFormat:
+    name: str
+    summary: str
+    sources: tuple[str, ...]
+    peak: str | None = None  # the profile's peak key for the layer GEMMs; None: the model's dtype
+    element_bytes: float = 0.0  # bytes per quantised element (0: not quantised)
+    copies: int = 0  # quantised copies a cast writes (row-wise and column-wise / transposed)
+    amax_pass: bool = False  # the scale needs the tensor's amax first: one more read before the cast
+    scale_block: int = 0  # activation / gradient elements per scale along the reduction dim (0: per tensor)
+    weight_scale_block: int = 0  # weight elements per scale (0: per tensor)
+    scale_bytes: int = 4  # bytes per scale (fp32; MXFP8's E8M0: 1)
+    needs: str = ""  # which GPUs have the tensor cores, for the refusal
+
+    @property
+    def quantised(self) -> bool:
+        return self.peak is not None
+
+    def quantised_bytes(self, elements: float, weight: bool = False) -> float:
+        """Bytes of ``copies`` quantised copies of ``elements`` elements with their scales."""
+        block = self.weight_scale_block if weight else self.scale_block
+        scales = elements / block * self.scale_bytes if block else self.scale_bytes
+        return self.copies * (elements * self.element_bytes + scales)
+
+    def cast_bytes(self, elements: float, hp_bytes: int, weight: bool = False) -> float:
+        """HBM bytes of quantising ``elements`` elements of ``hp_bytes`` each: the reads (two with an
+        amax pass) and the quantised copies written."""
+        if not self.quantised:
+            return 0.0
+        return elements * hp_bytes * (2 if self.amax_pass else 1) + self.quantised_bytes(elements, weight)

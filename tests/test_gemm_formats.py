@@ -1,0 +1,172 @@
+"""[modern-training] item 1: the GEMM formats (``--precision fp8-tensorwise|fp8-blockwise|mxfp8``) as
+registered parts, priced as mechanisms: the layer GEMMs at the profile's FP8 peak, the casts'
+bytes, the quantised weight copies in memory and their re-cast after the optimizer step; profiles
+and framework versions without a format refuse it in one line; the executor refuses an FP8 plan."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from memo_sim.cli import cli
+from memo_sim.cost.boundary import boundary_times
+from memo_sim.cost.gemm_format import check_gemm_format, weight_cache_bytes
+from memo_sim.cost.kernel_time import memory_bound_op_time, memory_bound_time
+from memo_sim.cost.layer_time import backward_costs, forward_costs
+from memo_sim.cost.memory import model_state_parts
+from memo_sim.errors import MemoError
+from memo_sim.layout.parallel import Layout, check_layout
+from memo_sim.model.config import PRESETS
+from memo_sim.model.gemm_formats import GEMM_FORMATS, gemm_format
+from memo_sim.profile.loader import load_profile
+
+H100 = load_profile("h100-sxm5-80gb")
+A100 = load_profile("a100-sxm4-80gb")
+B200 = load_profile("b200-180gb")
+LLAMA = PRESETS["llama-3.1-8b"]
+
+
+def fmt(model, name):
+    return dataclasses.replace(model, gemm_format=name)
+
+
+def test_registered_formats_and_refusal_of_an_unknown_one():
+    assert GEMM_FORMATS == ("bf16", "fp8-tensorwise", "fp8-blockwise", "mxfp8")
+    with pytest.raises(MemoError, match="GEMM format must be one of bf16, fp8-tensorwise"):
+        gemm_format("fp9")
+    with pytest.raises(MemoError, match="gemm_format"):
+        fmt(LLAMA, "fp9")
+
+
+def test_cast_and_copy_bytes_follow_each_formats_scales():
+    n = 128 * 1024
+    tw, bw, mx = gemm_format("fp8-tensorwise"), gemm_format("fp8-blockwise"), gemm_format("mxfp8")
+    # tensorwise: amax read + cast read of bf16, two 1-byte copies with one fp32 scale each
+    assert tw.cast_bytes(n, 2) == 2 * 2 * n + 2 * (n + 4)
+    # blockwise: one read, fp32 scale per 128 activation elements / per 128x128 weight elements
+    assert bw.cast_bytes(n, 2) == 2 * n + 2 * (n + n / 128 * 4)
+    assert bw.quantised_bytes(n, weight=True) == 2 * (n + n / (128 * 128) * 4)
+    # MXFP8: one E8M0 byte per 32 elements
+    assert mx.quantised_bytes(n) == 2 * (n + n / 32)
+    assert gemm_format("bf16").cast_bytes(n, 2) == 0
+
+
+def _op(costs, name):
+    return next(c for c in costs if c.name == name)
+
+
+@pytest.mark.parametrize("name", ["fp8-tensorwise", "fp8-blockwise"])
+def test_fp8_gemm_runs_at_the_fp8_peak_plus_its_cast(name):
+    lay, seq = Layout(tp=1), 8192
+    bf = _op(forward_costs(LLAMA, lay, 1, seq, H100), "fc1")
+    m8 = fmt(LLAMA, name)
+    f8 = _op(forward_costs(m8, lay, 1, seq, H100), "fc1")
+    assert f8.flops == bf.flops  # the model FLOPs are the same
+    cast = memory_bound_op_time(m8.gemm.cast_bytes(seq * LLAMA.hidden, 2), H100)
+    gemm8 = f8.seconds - cast
+    # the GEMM at twice the peak (H100: 1979 vs 989 TFLOP/s) on the same efficiency curve
+    assert gemm8 == pytest.approx(bf.seconds * 989 / 1979, rel=1e-6)
+    # backward: two kernels, and the output gradient's cast (m x n elements)
+    b8 = _op(backward_costs(m8, lay, 1, seq, H100), "fc1")
+    bb = _op(backward_costs(LLAMA, lay, 1, seq, H100), "fc1")
+    cast_b = memory_bound_op_time(m8.gemm.cast_bytes(seq * LLAMA.fc1_width, 2), H100)
+    assert b8.seconds - cast_b == pytest.approx(bb.seconds * 989 / 1979, rel=1e-6)
+    # what stays in bf16: the attention core
+    assert _op(forward_costs(m8, lay, 1, seq, H100), "attention").seconds == \
+        _op(forward_costs(LLAMA, lay, 1, seq, H100), "attention").seconds
+
+
+def test_quantised_weight_copies_in_model_states_and_recast_in_the_optimizer_step():
+    lay = Layout(tp=2, dp=4, zero=1)
+    m8 = fmt(LLAMA, "fp8-tensorwise")
+    parts, parts8 = model_state_parts(LLAMA, lay), model_state_parts(m8, lay)
+    assert parts["quantised_weights"] == 0
+    want = 2 * (LLAMA.layers * LLAMA.linear_params() / 2 + 4)  # two fp8 copies, one scale each
+    assert parts8["quantised_weights"] == pytest.approx(want)
+    assert {k: v for k, v in parts8.items() if k != "quantised_weights"} == \
+        {k: v for k, v in parts.items() if k != "quantised_weights"}
+    # ZeRO-3 gathers layer by layer: only the two gathered layers' copies exist
+    z3 = Layout(dp=8, zero=3)
+    assert model_state_parts(m8, z3)["quantised_weights"] == pytest.approx(weight_cache_bytes(m8, 2, 1))
+    # the re-cast after the step reads the bf16 weights (twice: amax) and writes the copies
+    extra = boundary_times(m8, lay, 1, 8192, H100).optimizer - boundary_times(LLAMA, lay, 1, 8192, H100).optimizer
+    recast = 2 * 2 * LLAMA.layers * LLAMA.linear_params() / 2 + want
+    assert extra == pytest.approx(memory_bound_time(recast, H100), rel=1e-6)
+
+
+def test_profiles_without_the_tensor_cores_refuse():
+    check_gemm_format(fmt(LLAMA, "fp8-tensorwise"), H100)
+    check_gemm_format(fmt(LLAMA, "mxfp8"), B200)
+    with pytest.raises(MemoError, match="profile a100-sxm4-80gb .* has no fp8 peak"):
+        check_gemm_format(fmt(LLAMA, "fp8-tensorwise"), A100)
+    with pytest.raises(MemoError, match="has no mxfp8 peak .*Blackwell"):
+        check_gemm_format(fmt(LLAMA, "mxfp8"), H100)
+
+
+def test_metp_with_fp8_is_rejected_as_a_layout():
+    why = check_layout(Layout(tp=2, sp=True, tp_mode="metp_ffn", dp=4), fmt(LLAMA, "fp8-tensorwise"), 8, 8, 8192)
+    assert why and "METP" in why
+
+
+def _invoke(args):
+    return CliRunner().invoke(cli, args)
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--profile", "a100-sxm4-80gb", "--precision", "fp8-tensorwise"], "has no fp8 peak"),
+    (["--profile", "h100-sxm5-80gb", "--precision", "fp9"], "neither a recipe"),
+    (["--profile", "h100-sxm5-80gb", "--precision", "fp8-tensorwise,mxfp8"], "two GEMM formats"),
+    (["--profile", "h100-sxm5-80gb", "--precision", "fp8-tensorwise", "--framework", "megatron@2023"],
+     "megatron@2023 does not offer fp8-tensorwise"),
+])
+def test_bad_precision_is_one_line_exit_2(args, words):
+    r = _invoke(["whatif", "--model", "llama-3.1-8b", "--gpus", "8", "--seq", "8K", "--no-plan", *args])
+    assert r.exit_code == 2, r.output
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and words in lines[0], r.output
+
+
+def test_whatif_ranks_fp8_plans_faster_than_bf16_on_h100():
+    base = ["whatif", "--model", "llama-3.1-8b", "--gpus", "8", "--seq", "8K", "--profile", "h100-sxm5-80gb",
+            "--framework", "megatron", "--tp", "2", "--dp", "4", "--zero", "1", "--policy", "store_all", "--no-plan",
+            "--json"]
+    out = {}
+    for p in ("bf16", "fp8-tensorwise", "zero,fp8-blockwise"):
+        r = _invoke([*base, "--precision", p])
+        assert r.exit_code == 0, r.output
+        obj = json.loads(r.output)
+        out[p] = obj
+    assert out["fp8-tensorwise"]["model"]["gemm_format"] == "fp8-tensorwise"
+    assert out["zero,fp8-blockwise"]["model"]["precision"] == "zero"
+    it = {p: o["candidates"][0]["simulated_iteration_s"] for p, o in out.items()}
+    assert it["fp8-tensorwise"] < 0.9 * it["bf16"]
+    # the model FLOPs are the format's own: MFU counts them against the bf16 peak, so it rises with the speed
+    assert out["fp8-tensorwise"]["candidates"][0]["simulated_mfu"] > out["bf16"]["candidates"][0]["simulated_mfu"]
+    # the copies cost memory
+    assert out["fp8-tensorwise"]["candidates"][0]["model_states_bytes"] > out["bf16"]["candidates"][0]["model_states_bytes"]
+
+
+def test_fp8_plan_round_trip_export_and_executor_refusal(tmp_path):
+    r = _invoke(["whatif", "--model", "llama-3.1-8b", "--layers", "2", "--gpus", "1", "--seq", "4K", "--profile",
+                 "h100-sxm5-80gb", "--precision", "fp8-tensorwise", "--policy", "store_all", "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    from memo_sim.plan import read_plan
+
+    plan = read_plan(tmp_path / "plan.json")
+    assert plan.model.gemm_format == "fp8-tensorwise"
+    r = _invoke(["export", str(tmp_path / "plan.json"), "--to", "megatron", "--out", str(tmp_path / "mg")])
+    assert r.exit_code == 0, r.output
+    script = (tmp_path / "mg" / "megatron.sh").read_text()
+    assert "--fp8-format hybrid" in script and "--fp8-recipe tensorwise" in script
+    r = _invoke(["export", str(tmp_path / "plan.json"), "--to", "deepspeed", "--out", str(tmp_path / "ds"),
+                 "--nearest"])
+    assert r.exit_code == 0 and "fp8-tensorwise GEMMs" in r.output and "bf16 GEMMs" in r.output, r.output
+    pytest.importorskip("torch")
+    from memo_exec.errors import ExecError
+    from memo_exec.runner import RunOptions, run_model
+
+    with pytest.raises(ExecError, match="gemm_format fp8-tensorwise: the executor runs the layer GEMMs"):
+        run_model(plan, RunOptions(device="cpu"))

@@ -1,0 +1,112 @@
+"""Datasheet profiles of NVIDIA Blackwell nodes (HGX B200, GB200 NVL72) and the FP8 peaks of the
+Hopper profiles: listed, loaded, not calibrated, dense peaks with their sources, and a what-if
+finds a fitting plan on each (the GB200 NVL72 as one 72-GPU NVLink domain)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from memo_sim.cli import cli
+from memo_sim.profile.loader import REPO_PROFILES, list_profiles, load_profile
+
+BLACKWELL = {"b200-180gb": 8, "gb200-nvl72": 72}  # profile -> GPUs per node (NVLink domain)
+HOPPER = ("h100-sxm5-80gb", "h200-141gb")
+SUMMARY = "datasheet numbers and assumed kernel efficiency curves"
+
+
+def _run(args):
+    r = CliRunner().invoke(cli, args, catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    return r.output
+
+
+def test_profiles_lists_the_blackwell_and_h200_profiles():
+    out = _run(["profiles"])
+    rows = {ln.split()[0]: ln for ln in out.splitlines() if ln.strip()}
+    for name, gpn in {**BLACKWELL, "h200-141gb": 8}.items():
+        assert name in rows, out
+        assert "INVALID" not in rows[name]
+        assert f"  {gpn}  " in rows[name], rows[name]  # the gpus/node column
+        assert str(REPO_PROFILES / f"{name}.yaml") in rows[name]
+        assert "  datasheet  " in rows[name], rows[name]  # the provenance column
+    # and every answer on a profile prints its provenance line
+    for name in (*BLACKWELL, "h200-141gb"):
+        p = load_profile(name)
+        assert p.provenance == {"method": "datasheet", "summary": SUMMARY}
+        assert p.provenance_line() == f"not calibrated (datasheet): {SUMMARY}"
+
+
+@pytest.mark.parametrize("name,gpn", sorted(BLACKWELL.items()))
+def test_blackwell_profile_loads_with_dense_peaks(name, gpn):
+    assert name in list_profiles()
+    p = load_profile(name)
+    assert not p.calibrated and p.device_kind == "cuda"
+    assert p.node_gpus == gpn
+    peaks = {k: p.peak(k) for k in ("bf16", "fp16", "fp32", "fp8", "fp4")}
+    assert set(peaks) <= set(p.gpu.peak_flops)
+    assert peaks["fp16"] == peaks["bf16"] > 1e15 > peaks["fp32"]
+    # dense Blackwell tensor-core peaks double with each halving of the format (datasheets)
+    assert peaks["fp8"] == pytest.approx(2 * peaks["bf16"]) and peaks["fp4"] == pytest.approx(2 * peaks["fp8"])
+    assert peaks["fp4"] > peaks["fp8"] > peaks["bf16"]
+    # MXFP8 runs at the FP8 rate: an assumption, said so (no datasheet line of its own)
+    assert p.peak("mxfp8") == peaks["fp8"] and p.gpu.peak_flops["mxfp8"].source.startswith("assumed")
+    for k, q in p.gpu.peak_flops.items():
+        if k == "mxfp8":
+            continue
+        assert "datasheet" in q.source or "technical brief" in q.source, (k, q.source)
+        if k != "fp32":  # a tensor-core peak: dense, halved where the datasheet gives only the sparse value
+            assert "dense" in q.source, (k, q.source)
+            assert "sparse value / 2" in q.source or "without" in q.source, (k, q.source)
+    # kernel efficiency curves are stated assumptions, not fitted to anything
+    for curve in (p.efficiency.gemm, p.efficiency.attention_fwd, p.efficiency.attention_bwd):
+        assert curve.source.startswith("assumed: same fractions of peak as the H100 profile's assumptions")
+    assert p.efficiency.elementwise.source.startswith("assumed")
+    assert 150e9 < p.usable_gpu_memory < p.gpu_memory and p.usable_host_memory > 0
+    assert float(p.nvlink.bandwidth) == pytest.approx(900e9)  # 1.8 TB/s both directions, one direction
+    assert float(p.internode.bandwidth) == pytest.approx(50e9)  # one 400 Gb/s NIC per GPU
+    from memo_exec.calibrate.sanity import check
+
+    assert check(p, {"env": {"device_kind": "cuda"}}, "bf16") == []  # calibrate's plausibility checks pass
+
+
+def test_gb200_host_side_is_the_racks_graces():
+    p = load_profile("gb200-nvl72")
+    assert float(p.host.memory_bytes) == pytest.approx(36 * 480e9)  # 36 Graces x 480 GB LPDDR5X
+    assert float(p.host.memory_bandwidth) == pytest.approx(36 * 512e9)
+    hl = p.host_link
+    assert int(hl.gpus_per_pcie_switch.value) == 2 and int(hl.gpus_per_socket.value) == 2  # 2 GPUs per Grace
+    assert "NVLink-C2C" in hl.pcie_switch_bandwidth.source and "NVLink-C2C" in hl.d2h_bandwidth.source
+
+
+@pytest.mark.parametrize("name", HOPPER)
+def test_hopper_profiles_have_dense_fp8_twice_bf16(name):
+    p = load_profile(name)
+    assert p.peak("fp8") == pytest.approx(2 * p.peak("bf16"), rel=0.01)
+    assert "sparse value / 2" in p.gpu.peak_flops["fp8"].source
+    assert "fp4" not in p.gpu.peak_flops  # Hopper has no FP4 tensor cores
+
+
+@pytest.mark.parametrize("name,gpus", sorted(BLACKWELL.items()))
+def test_whatif_finds_a_fitting_plan(name, gpus):
+    d = json.loads(_run(["whatif", "--model", "llama-3.1-8b", "--gpus", str(gpus), "--seq", "32K", "--profile", name,
+                         "--no-plan", "--json", "--jobs", "1"]))
+    assert d["profile"] == name and d["gpus"] == gpus
+    assert d["profile_provenance"]["calibrated"] is False and SUMMARY in d["profile_provenance"]["line"]
+    assert not d["nothing_fits"]
+    best = d["candidates"][0]
+    assert best["status"] == "OK" and best["tier"] == "simulated"
+    assert best["peak_gpu_bytes"] <= best["gpu_capacity_bytes"] == pytest.approx(load_profile(name).usable_gpu_memory)
+    assert 0 < best["simulated_mfu"] < 1
+
+
+def test_calibrate_finds_the_datasheet_peaks_of_blackwell_devices():
+    """calibrate reads a device's datasheet peaks from the shipped profile whose gpu.model (less its
+    parenthesised note) is the name torch reports."""
+    from memo_exec.calibrate.datasheet import known_peak
+
+    assert known_peak("NVIDIA B200").bf16_tflops == 2250.0
+    assert known_peak("NVIDIA GB200").bf16_tflops == 2500.0
+    assert known_peak("NVIDIA B300") is None  # no shipped B300 profile
