@@ -5,7 +5,7 @@ moved against the lock and what failed to ``reports/dependency-drift.md``. Not a
 the package index, takes minutes, and its answer depends on the day; run it before a release, or
 after ``python benchmarks/lock_deps.py --upgrade`` with ``--lock`` to try the new lock first.
 
-    python benchmarks/dependency_drift.py                  # newest allowed versions, default test selection
+    python benchmarks/dependency_drift.py                  # newest allowed versions (torch kept at its pin), default tests
     python benchmarks/dependency_drift.py --lock           # the lock's versions instead (-c constraints.txt)
     python benchmarks/dependency_drift.py --slow           # the slow selection too
     python benchmarks/dependency_drift.py --out DIR/x.md --keep-venv
@@ -126,7 +126,12 @@ def main() -> int:
     if r.returncode:
         print(f"error: python -m venv failed: {r.stderr.strip()[-300:]}", file=sys.stderr)
         return 2
-    pins = ["-c", str(lock_deps.LOCK)] if args.lock else ["--upgrade", "--upgrade-strategy", "eager"]
+    # newest allowed: every package but torch, which stays at the README's pin (the CPU wheel on disk; an
+    # upgrade would pull another torch's CUDA build, gigabytes)
+    torch_pin = tmp / "torch-pin.txt"
+    torch_pin.write_text(lock_deps.TORCH_PIN + "\n")
+    pins = (["-c", str(lock_deps.LOCK)] if args.lock
+            else ["--upgrade", "--upgrade-strategy", "eager", "-c", str(torch_pin)])
     for argv in ([str(py), "-m", "pip", "install", "-q", lock_deps.TORCH_PIN],
                  [str(py), "-m", "pip", "install", "-q", *pins, "-e", f"{REPO}[exec,test]"]):
         _step("$ " + " ".join(argv[1:]), t0)

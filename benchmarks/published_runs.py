@@ -190,15 +190,15 @@ RUNS: tuple[Run, ...] = (
     _titan("t3-fsdp128: Llama 3.1 8B, FSDP over 128 GPUs, local batch 2 x 8192, selective AC (Table 3)", 5605,
            "selective AC is not a policy yet; " + _NO_H100_96, gpus=128),
     _titan("t2-cp1: Llama 3.1 8B, FSDP 8, CP 1, 32K, full AC, compile + Float8 (Table 2)", 3890,
-           "Float8 GEMMs and torch.compile are not modelled; " + _NO_H100_96, seq=32768, batch=1),
+           "torch.compile's kernel fusion is not modelled (Float8 GEMMs are: --precision fp8-tensorwise); " + _NO_H100_96, seq=32768, batch=1),
     _titan("t2-cp2: Llama 3.1 8B, FSDP 4, CP 2, 64K, full AC, compile + Float8 (Table 2)", 2540,
-           "Float8 GEMMs and torch.compile are not modelled; " + _NO_H100_96, seq=65536, batch=1),
+           "torch.compile's kernel fusion is not modelled (Float8 GEMMs are: --precision fp8-tensorwise); " + _NO_H100_96, seq=65536, batch=1),
     _titan("t2-cp4: Llama 3.1 8B, FSDP 2, CP 4, 128K, full AC, compile + Float8 (Table 2)", 1071,
-           "Float8 GEMMs and torch.compile are not modelled; " + _NO_H100_96, seq=131072, batch=1),
+           "torch.compile's kernel fusion is not modelled (Float8 GEMMs are: --precision fp8-tensorwise); " + _NO_H100_96, seq=131072, batch=1),
     _titan("t2-cp8: Llama 3.1 8B, FSDP 1, CP 8, 256K, full AC, compile + Float8 (Table 2)", 548,
-           "Float8 GEMMs and torch.compile are not modelled; " + _NO_H100_96, seq=262144, batch=1),
+           "torch.compile's kernel fusion is not modelled (Float8 GEMMs are: --precision fp8-tensorwise); " + _NO_H100_96, seq=262144, batch=1),
     _titan("t4-2d: Llama 3.1 70B, FSDP 32 x TP 8, local batch 16, full AC, compile + Float8 (Table 4)", 829,
-           "Float8 GEMMs and torch.compile are not modelled; " + _NO_H100_96, gpus=256, batch=16),
+           "torch.compile's kernel fusion is not modelled (Float8 GEMMs are: --precision fp8-tensorwise); " + _NO_H100_96, gpus=256, batch=16),
 )
 
 

@@ -81,6 +81,9 @@ def run_model(plan: Plan, opts: RunOptions) -> ModelConfig:
     """The model a run trains: the plan's, with ``--layers`` of its layers when given (never more).
     A plan whose layer GEMMs run in a quantised format (FP8) is refused: the executor's GEMMs run in
     the run's dtype, so it would measure another plan than the one predicted."""
+    if plan.layout.optimizer_offload:
+        raise ExecError(f"plan layout {plan.layout.label()}: optimizer_offload: the executor keeps the optimizer on the "
+                        "device (no host optimizer yet); plan with --no-optimizer-offload to run it")
     if plan.model.gemm.quantised:
         raise ExecError(f"plan model {plan.model.name}: gemm_format {plan.model.gemm_format}: the executor runs the "
                         f"layer GEMMs in the run's dtype only (no FP8 kernels yet); plan with --precision bf16 to run it")

@@ -197,6 +197,17 @@ def test_a_reload_that_ignores_its_copy_event_is_a_race():
     assert any(e and e.startswith("RaceError: race on") for e in errors), errors
 
 
+def test_uneven_stages_match_one_process():
+    """[modern-training] uneven stages: 11 layers over pp 2 as 5 + 6 (Megatron's
+    --decoder-first-pipeline-num-layers 5), 1F1B, store all and MEMO: loss and every gradient as one
+    process; each rank runs its own layers."""
+    cases = [(11, {"pp": 2, "first_stage_layers": 5}, "1f1b", pol) for pol in ("store_all", "memo")]
+    results = spawn(rank_cases, 2, cases, timeout=300)
+    for i, c in enumerate(cases):
+        check(results[0][i], c[0], 0, c)
+        assert results[0][i]["layers"] == [0, 1, 2, 3, 4] and results[1][i]["layers"] == list(range(5, 11)), c
+
+
 def pp4_cases(slow: bool):
     base = [(n, lay, sch, "memo") for n, lay, sch in PP4] + [(12, {"pp": 2, "tp": 2, "sp": True}, "1f1b", "memo")]
     if slow:

@@ -81,7 +81,7 @@ from memo_exec.distributed.schedule import Schedule, register_schedule
 from memo_exec.model import ChunkedHead, LayerFn, LayerHooks, LayerRuntime
 from memo_exec.pipeline.order import Action, messages_from, slots, stage_order, virtual_stage
 from memo_sim.layout.schedule import executor_stage_limit
-from memo_sim.layout.parallel import stage_layers
+from memo_sim.layout.parallel import stage_layers, stage_split_why_not
 
 
 class _OffsetHooks(LayerHooks):
@@ -166,22 +166,35 @@ class PipelineSchedule(Schedule):
 
     def check(self) -> str | None:
         lay, n = self.ex.layout, self.ex.model.layers
-        if n % (self.pp * self.vpp):
+        if lay.uneven:  # 1F1B over stages of their own layer counts (the simulator's `Layout.stage_ranges`)
+            if self.vpp > 1:
+                return "uneven pipeline stages run the 1F1B schedule (vpp = 1)"
+            why = stage_split_why_not(n, self.pp, lay.first_stage_layers, lay.last_stage_layers)
+            if why:
+                return why
+        elif n % (self.pp * self.vpp):
             return f"{n} layers do not split evenly into pp x vpp = {self.pp * self.vpp} model chunks"
         return executor_stage_limit(lay.tp, lay.tp_mode, lay.cp, lay.ulysses, lay.zero)
 
     def chunk_layers(self, c: int) -> list[int]:
+        lay = self.ex.layout
+        if lay.uneven:
+            return list(lay.stage_ranges(self.ex.model.layers)[self.s])
         return list(stage_layers(self.ex.model.layers, self.pp * self.vpp)[virtual_stage(c, self.s, self.pp)])
 
     def layer_indices(self) -> list[int]:
         return [li for c in range(self.vpp) for li in self.chunk_layers(c)]
 
+    def _chunk_size(self) -> int:
+        """Layers of each of this rank's chunks (equal; one chunk of its own count with uneven stages)."""
+        return len(self.chunk_layers(0))
+
     def activation_sets(self) -> tuple[int, int]:
-        return self.ex.model.layers // (self.pp * self.vpp), self.n_slots
+        return self._chunk_size(), self.n_slots
 
     def build_runtimes(self) -> None:
         ex = self.ex
-        lc = ex.model.layers // (self.pp * self.vpp)
+        lc = self._chunk_size()
         pols = []
         for k in range(self.n_slots):
             pol = ex.make_activation_policy(lc)

@@ -85,6 +85,10 @@ def _simulate_top_value(ctx, param, value):
 @click.option("--dp", type=DEGREE, help="Fix the data-parallel degree.")
 @click.option("--zero", type=click.IntRange(0, 3), help="Fix the ZeRO stage.")
 @click.option("--sp/--no-sp", default=None, help="Fix Megatron sequence parallelism on or off.")
+@click.option("--optimizer-offload/--no-optimizer-offload", default=None,
+              help="Keep the optimizer's master weights, moments and step on the host (Megatron-Core "
+                   "--optimizer-cpu-offload, DeepSpeed ZeRO-Offload; single stage, ZeRO >= 1), or never. Default: "
+                   "searched where nothing fits with the optimizer on the GPU.")
 @click.option("--tp-mode", default=None, type=click.Choice(list(TP_MODE_CHOICES)),
               help="Tensor-parallel flavour: Megatron TP, METP for the FFN (metp_ffn), METP for the FFN and the "
                    "two-level MHA (metp), or all of them ranked together (default: all; megatron when --tp is "
@@ -99,6 +103,12 @@ def _simulate_top_value(ctx, param, value):
 @click.option("--alpha", type=click.FloatRange(0, 1), help="Fix MEMO's offload fraction alpha.")
 @click.option("--pp", type=click.IntRange(1, 4096),
               help="Fix the pipeline degree (stages): 1F1B and interleaved 1F1B for every policy, SPPO for sppo.")
+@click.option("--decoder-first-pipeline-num-layers", "first_stage_layers", type=click.IntRange(1, 4096),
+              help="Layers of the first pipeline stage (Megatron-LM's option; the stages between share the rest "
+                   "evenly). Default: an even split, or where the layers do not divide, the middle stages "
+                   "ceil(layers/pp) each and the first and last the rest.")
+@click.option("--decoder-last-pipeline-num-layers", "last_stage_layers", type=click.IntRange(1, 4096),
+              help="Layers of the last pipeline stage (Megatron-LM's option).")
 @click.option("--vpp", type=click.IntRange(1, 4096),
               help="Fix the virtual stages (model chunks) per pipeline rank (interleaved 1F1B; 1: plain 1F1B).")
 @click.option("--schedule", "schedules", multiple=True, type=click.Choice(list(SCHEDULE_NAMES)),

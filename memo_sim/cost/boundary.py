@@ -9,7 +9,8 @@
 - optimizer: Adam reads and writes master weights, moments, weights and gradients (the
   model's precision recipe) of the parameter shard this GPU updates (everything over TP, and
   over DP x CP x Ulysses from ZeRO-1), then, under a quantised GEMM format, re-casts the linear
-  weights into their quantised copies (`memo_sim.cost.gemm_format.weight_recast_bytes`).
+  weights into their quantised copies (`memo_sim.cost.gemm_format.weight_recast_bytes`); under
+  optimizer offload the step runs on the host (`memo_sim.cost.optimizer_offload`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 
 from memo_sim.cost.activations import tokens_per_gpu
 from memo_sim.cost.gemm_format import weight_recast_bytes
+from memo_sim.cost.optimizer_offload import offloaded_step_seconds
 from memo_sim.cost.memo import memoised
 from memo_sim.model.flops import classifier_flops
 from memo_sim.cost.kernel_time import gemm_bytes, gemm_time, memory_bound_time
@@ -57,9 +59,7 @@ def boundary_times(model: ModelConfig, layout: Layout, batch: int, seq: int,
     cls_bytes = gemm_bytes(toks, model.vocab / layout.tp, model.hidden, dt)
     cls = 3 * gemm_time(cls_flops, profile, model.dtype, cls_bytes) + memory_bound_time(
         toks * model.vocab / layout.tp * cross_entropy_bytes_per_logit(layout.cross_entropy, dt), profile)
-    optim = memory_bound_time(optimizer_step_bytes(model.recipe, model.params() / layout.tp, layout.state_shards,
-                                                   layout.zero)
-                              + weight_recast_bytes(model, model.layers, layout.tp), profile)
+    optim = optimizer_seconds(model, layout, model.params() / layout.tp, model.layers, profile)
     return BoundaryTimes(emb, cls, optim)
 
 
@@ -84,6 +84,18 @@ def cross_entropy_bytes_per_logit(kernel: str, dtype_bytes: int) -> float:
     """
     cast = 2 * (dtype_bytes + FP32) if dtype_bytes != FP32 else 0
     return cast + {"chunked": 32, "vocab_parallel": 40, "torch_fused": 36}[kernel]
+
+
+def optimizer_seconds(model: ModelConfig, layout: Layout, params: float, layers: float,
+                      profile: HardwareProfile) -> float:
+    """One GPU's optimizer step over ``params`` parameters (already divided by TP) of ``layers``
+    layers: Adam on the GPU (HBM-bound), or on the host under optimizer offload; then the quantised
+    weight copies re-cast."""
+    if layout.optimizer_offload:
+        step = offloaded_step_seconds(model, layout, params, profile)
+    else:
+        step = memory_bound_time(optimizer_step_bytes(model.recipe, params, layout.state_shards, layout.zero), profile)
+    return step + memory_bound_time(weight_recast_bytes(model, layers, layout.tp), profile)
 
 
 def optimizer_step_bytes(recipe: PrecisionRecipe, params: float, shards: int, zero: int) -> float:

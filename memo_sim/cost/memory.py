@@ -34,7 +34,9 @@ def model_state_parts(model: ModelConfig, layout: Layout) -> dict[str, float]:
     n, z = layout.state_shards, layout.zero
     return {"weights": r.weight_bytes * p / (n if z >= 3 else 1),
             "grads": r.grad_bytes * p / (n if z >= 2 else 1),
-            "master_and_optimizer": (r.master_bytes + r.optimizer_bytes) * p / (n if z >= 1 else 1),
+            # on the host under optimizer offload (`memo_sim.cost.optimizer_offload.host_state_bytes`)
+            "master_and_optimizer": 0.0 if layout.optimizer_offload
+            else (r.master_bytes + r.optimizer_bytes) * p / (n if z >= 1 else 1),
             "gathered_layers": 2 * r.weight_bytes * model.layer_params() / layout.tp if z >= 3 else 0.0,
             # a quantised GEMM format's weight copies: every layer's, or only the two gathered ones under ZeRO-3
             "quantised_weights": weight_cache_bytes(model, 2 if z >= 3 else model.layers, layout.tp)}

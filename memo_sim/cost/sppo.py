@@ -44,8 +44,9 @@ from functools import lru_cache
 
 from memo_sim.cost import collectives as coll
 from memo_sim.cost.grad_sync import GradSync, grad_sync, params_reduce_time
-from memo_sim.cost.boundary import optimizer_step_bytes
-from memo_sim.cost.gemm_format import weight_cache_bytes, weight_recast_bytes
+from memo_sim.cost.boundary import optimizer_seconds
+from memo_sim.cost.gemm_format import weight_cache_bytes
+from memo_sim.cost.optimizer_offload import host_state_bytes
 from memo_sim.cost.activations import tensor_bytes, tokens_per_gpu
 from memo_sim.cost.kernel_time import attention_bwd_time, attention_fwd_time, memory_bound_time
 from memo_sim.cost.layer_time import backward_costs, forward_costs
@@ -286,11 +287,19 @@ def pipeline_time(pp: int, n: int, f_n: float) -> float:
     return (pp - 1 + n) / n * f_n
 
 
-def stage_params(model: ModelConfig, pp: int, stage: int) -> float:
+def stage_layer_count(model: ModelConfig, layout: Layout, stage: int) -> int:
+    """Layers of one pipeline stage (the layout's even or uneven split, `Layout.stage_ranges`)."""
+    if not layout.uneven:
+        return model.layers // layout.pp
+    return len(layout.stage_ranges(model.layers)[stage])
+
+
+def stage_params(model: ModelConfig, layout: Layout, stage: int) -> float:
     """Parameters one stage holds: its layers, the embedding on the first stage and the classifier
     (its own matrix, or the tied embedding's copy) with the final norm on the last (with pp = 1 a
     tied embedding is one copy)."""
-    p = model.layers // pp * model.layer_params()
+    pp = layout.pp
+    p = stage_layer_count(model, layout, stage) * model.layer_params()
     if pp == 1:
         return p + model.embedding_params()
     if stage == 0:
@@ -304,16 +313,20 @@ def stage_model_state_bytes(model: ModelConfig, layout: Layout, stage: int) -> f
     """Model-state bytes on one GPU of a stage (weights, grads, master + optimizer; ZeRO-1 shards
     the last over the data-parallel group)."""
     r = model.recipe
-    p = stage_params(model, layout.pp, stage) / layout.tp
+    p = stage_params(model, layout, stage) / layout.tp
     n = layout.state_shards
-    optim = (r.master_bytes + r.optimizer_bytes) * p / (n if layout.zero >= 1 else 1)
-    return (r.weight_bytes + r.grad_bytes) * p + optim + weight_cache_bytes(model, model.layers // layout.pp, layout.tp)
+    optim = 0.0 if layout.optimizer_offload else (r.master_bytes + r.optimizer_bytes) * p / (n if layout.zero >= 1 else 1)
+    return (r.weight_bytes + r.grad_bytes) * p + optim + weight_cache_bytes(model, stage_layer_count(model, layout, stage), layout.tp)
+
+
+def stage_host_state_bytes(model: ModelConfig, layout: Layout, stage: int) -> float:
+    """Host bytes one GPU of a stage holds for its offloaded optimizer (0 without offload)."""
+    return host_state_bytes(model, layout, stage_params(model, layout, stage) / layout.tp)
 
 
 def stage_optimizer_time(model: ModelConfig, layout: Layout, stage: int, profile: HardwareProfile) -> float:
-    return memory_bound_time(optimizer_step_bytes(model.recipe, stage_params(model, layout.pp, stage) / layout.tp,
-                                                  layout.state_shards, layout.zero)
-                             + weight_recast_bytes(model, model.layers // layout.pp, layout.tp), profile)
+    return optimizer_seconds(model, layout, stage_params(model, layout, stage) / layout.tp,
+                             stage_layer_count(model, layout, stage), profile)
 
 
 @memoised_by(lambda model, layout, profile: (model, layout.state_shards, layout.tp, layout.zero, layout.grad_overlap,
@@ -330,7 +343,7 @@ def stage_serial_grad_reduce(model: ModelConfig, layout: Layout, profile: Hardwa
     the stage holds (`stage_params`: its layers, and the embedding or classifier on the first or
     last stage), per GPU of its TP group, in one collective over its dp replicas after its whole
     backward (Megatron-LM 2021's local DDP, `memo_sim.cost.grad_sync`)."""
-    return params_reduce_time(model, layout, profile, stage_params(model, layout.pp, stage) / layout.tp,
+    return params_reduce_time(model, layout, profile, stage_params(model, layout, stage) / layout.tp,
                               stride=layout.stage_stride * layout.pp)
 
 

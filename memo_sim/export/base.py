@@ -214,6 +214,27 @@ def gemm_format_gap(plan: Plan, framework: str) -> list[Gap]:
                 f"{', '.join(fw.gemm_formats)})", PlanChange(gemm_format="bf16"))]
 
 
+def optimizer_offload_gap(plan: Plan, framework: str) -> list[Gap]:
+    """The optimizer on the host where the framework version does not offer it: on the GPU instead."""
+    from memo_sim.search.frameworks import get_framework  # noqa: PLC0415
+
+    if not plan.layout.optimizer_offload or get_framework(framework).optimizer_offload:
+        return []
+    return [Gap("the optimizer's states and step on the host (optimizer offload)", "the optimizer on the GPU",
+                PlanChange(layout={"optimizer_offload": False}))]
+
+
+def uneven_stages_gap(plan: Plan, framework: str) -> list[Gap]:
+    """Uneven pipeline stages where the exporter does not write them (the plan is kept: the user sets
+    the split as the framework spells it)."""
+    lay = plan.layout
+    if lay.pp < 2 or not lay.uneven:
+        return []
+    counts = [len(r) for r in lay.stage_ranges(plan.model.layers)]
+    return [Gap(f"uneven pipeline stages ({', '.join(map(str, counts))} layers)",
+                f"not written: set {framework}'s stage split to these counts")]
+
+
 def zero_gap(plan: Plan, stages: tuple[int, ...], words: str) -> list[Gap]:
     z = plan.layout.zero
     if z in stages:

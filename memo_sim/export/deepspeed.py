@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 import shlex
 
-from memo_sim.export.base import (Export, Gap, PlanChange, gemm_format_gap, interleave_gap, metp_gap, nearest_plan, policy_gaps,
-                                  price_nearest, shape_arguments, torchrun_line)
+from memo_sim.export.base import (Export, Gap, PlanChange, gemm_format_gap, interleave_gap, metp_gap, nearest_plan,
+                                  optimizer_offload_gap, policy_gaps, uneven_stages_gap, price_nearest, shape_arguments, torchrun_line)
 from memo_sim.plan.schema import Plan
 
 FRAMEWORK = "deepspeed"  # its version in memo_sim/frameworks/data (the plans exported instead)
@@ -38,7 +38,8 @@ def gaps(plan: Plan) -> list[Gap]:
                        PlanChange(layout={"cp": 1, "ulysses": plan.layout.ulysses * plan.layout.cp})))
     out += metp_gap(plan) + interleave_gap(plan)
     out += policy_gaps(plan, _RUNS, notes={"memo": _CPU_NOTE, "full_offload": _CPU_NOTE})
-    out += gemm_format_gap(plan, "deepspeed")
+    out += gemm_format_gap(plan, "deepspeed") + optimizer_offload_gap(plan, "deepspeed")
+    out += uneven_stages_gap(plan, "Megatron-DeepSpeed")
     m = plan.model
     if (m.ffn_type, m.norm, m.bias, m.tied_embeddings) != ("gelu", "layernorm", "all", True):
         out.append(Gap(f"{m.name}'s architecture ({m.ffn_type}, {m.norm}, bias {m.bias}, "
@@ -54,7 +55,9 @@ def config(plan: Plan, applied: list[Gap]) -> dict:
         "train_batch_size": plan.batch * lay.dp,
         "train_micro_batch_size_per_gpu": plan.micro_batch,
         "gradient_accumulation_steps": plan.micro_batches,
-        "zero_optimization": {"stage": lay.zero, "overlap_comm": True, "contiguous_gradients": True},
+        "zero_optimization": {"stage": lay.zero, "overlap_comm": True, "contiguous_gradients": True,
+                              **({"offload_optimizer": {"device": "cpu", "pin_memory": True}}
+                                 if lay.optimizer_offload else {})},
         "gradient_clipping": 1.0,
     }
     if m.dtype in ("bf16", "fp16"):

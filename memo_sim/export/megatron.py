@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import shlex
 
-from memo_sim.export.base import (Export, Gap, gemm_format_gap, metp_gap, nearest_plan, policy_gaps, price_nearest,
-                                  shape_arguments, torchrun_line, ulysses_gap, zero_gap)
+from memo_sim.export.base import (Export, Gap, gemm_format_gap, metp_gap, nearest_plan, optimizer_offload_gap,
+                                  policy_gaps, price_nearest, shape_arguments, torchrun_line, ulysses_gap, zero_gap)
 from memo_sim.plan.schema import Plan
 
 FRAMEWORK = "megatron"  # its version in memo_sim/frameworks/data (the plans exported instead)
@@ -34,7 +34,7 @@ def gaps(plan: Plan) -> list[Gap]:
     policies other than store-all and full recompute are gaps."""
     return (ulysses_gap(plan) + metp_gap(plan) + zero_gap(plan, (0, 1), "--use-distributed-optimizer")
             + policy_gaps(plan, _RUNS, notes={"memo": _OFFLOAD_NOTE, "full_offload": _OFFLOAD_NOTE})
-            + gemm_format_gap(plan, "megatron"))
+            + gemm_format_gap(plan, "megatron") + optimizer_offload_gap(plan, "megatron"))
 
 
 # the GEMM formats as --fp8-recipe values (megatron/training/arguments.py, _add_transformer_engine_args);
@@ -71,9 +71,15 @@ def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | None]]:
         args.append(("--pipeline-model-parallel-size", str(lay.pp)))
         if lay.vpp > 1:
             args.append(("--num-virtual-stages-per-pipeline-rank", str(lay.vpp)))
+        if lay.first_stage_layers:
+            args.append(("--decoder-first-pipeline-num-layers", str(lay.first_stage_layers)))
+        if lay.last_stage_layers:
+            args.append(("--decoder-last-pipeline-num-layers", str(lay.last_stage_layers)))
     args += [("--micro-batch-size", str(plan.micro_batch)), ("--global-batch-size", str(plan.batch * lay.dp))]
     if lay.zero >= 1:
         args.append(("--use-distributed-optimizer", None))
+    if lay.optimizer_offload:  # Megatron-Core's HybridDeviceOptimizer, the whole shard on the host
+        args += [("--optimizer-cpu-offload", None), ("--use-precision-aware-optimizer", None)]
     if lay.dp > 1 or lay.cp > 1:
         args.append(("--overlap-grad-reduce", None))
         if lay.zero >= 1:

@@ -15,7 +15,7 @@ sharding (``data_parallel_shard_degree``; ZeRO 3, or ZeRO 2 with
 from __future__ import annotations
 
 from memo_sim.export.base import (Export, Gap, PlanChange, gemm_format_gap, metp_gap, nearest_model, nearest_plan,
-                                  policy_gaps, price_nearest, torchrun_line, ulysses_gap)
+                                  optimizer_offload_gap, policy_gaps, uneven_stages_gap, price_nearest, torchrun_line, ulysses_gap)
 from memo_sim.plan.schema import Plan
 
 FRAMEWORK = "torchtitan"  # its version in memo_sim/frameworks/data (the plans exported instead)
@@ -46,7 +46,8 @@ def gaps(plan: Plan) -> list[Gap]:
                        PlanChange(layout={"zero": 2})))
     out += policy_gaps(plan, _RUNS, notes={"memo": "torchtitan offloads no activations",
                                            "full_offload": "torchtitan offloads no activations"})
-    out += gemm_format_gap(plan, "torchtitan")
+    out += gemm_format_gap(plan, "torchtitan") + optimizer_offload_gap(plan, "torchtitan")
+    out += uneven_stages_gap(plan, "torchtitan (module lists per stage)")
     if plan.model.gemm_format == "mxfp8":
         out.append(Gap("mxfp8 GEMMs", "not written: add torchtitan's MX converter (torchao MX linear, recipe "
                        "mxfp8) to config.model_converters as your torchtitan version spells it"))
@@ -74,7 +75,8 @@ def render(plan: Plan, applied: list[Gap]) -> str:
     if lay.pp > 1:
         sets += [("parallelism.pipeline_parallel_schedule", SCHEDULES[schedule]),
                  ("parallelism.num_pp_microbatches", plan.micro_batches),
-                 ("parallelism.pipeline_parallel_layers_per_stage", plan.model.layers // (lay.pp * lay.vpp))]
+                 *([] if lay.uneven else
+                   [("parallelism.pipeline_parallel_layers_per_stage", plan.model.layers // (lay.pp * lay.vpp))])]
     sets += [("training.max_context_length", plan.seq_tokens),
              ("training.num_tokens_per_microbatch_per_dp_rank", plan.micro_batch * plan.seq_tokens),
              ("training.num_tokens_per_train_step", plan.batch * lay.dp * plan.seq_tokens)]

@@ -66,6 +66,7 @@ class _LayoutsIn(BaseModel):
     zero: tuple[Literal[0, 1, 2, 3], ...] = Field(min_length=1)
     tp_modes: tuple[Literal[TP_MODES], ...] = ("megatron",)
     schedules: tuple[Literal[SCHEDULE_NAMES], ...] = ("single_stage",)  # `memo_sim.layout.schedule`
+    optimizer_offload: bool = Field(False, strict=True)  # the optimizer's states and step on the host
 
 
 class _MechanismsIn(BaseModel):
@@ -122,6 +123,7 @@ class Framework:
     schedules: tuple[str, ...] = ("single_stage",)  # the schedules it runs (`memo_sim.layout.schedule`)
     recipes: tuple[tuple[str, str], ...] = ()  # (model dtype, model-state recipe it runs it with)
     gemm_formats: tuple[str, ...] = ("bf16",)  # the GEMM formats it offers
+    optimizer_offload: bool = False  # it can keep the optimizer's states and step on the host
 
     def for_model(self, model: ModelConfig) -> ModelConfig:
         """``model`` as this framework trains it: its recipe for the model's dtype where the model
@@ -155,6 +157,8 @@ class Framework:
             what = f"ZeRO stage {lay.zero}"
         elif lay.tp_mode not in self.tp_modes:
             what = f"tp_mode {lay.tp_mode}"
+        elif lay.optimizer_offload and not self.optimizer_offload:
+            what = "optimizer offload"
         return None if what is None else f"{self.name} does not offer {lay.label()} ({what})"
 
     def adapt(self, lay: Layout) -> Layout:
@@ -174,7 +178,7 @@ def _read(path: Path) -> Framework:
     return Framework(f.name, f.summary, f.policies, f.sources, lay.tensor_parallel, lay.sequence_parallel,
                      lay.context_parallel, lay.ulysses, lay.zero, lay.tp_modes,
                      tuple((k, getattr(f.mechanisms, k)) for k in MECHANISMS), f.not_modelled, str(path),
-                     lay.schedules, tuple(f.precision.recipes.items()), f.precision.gemm_formats)
+                     lay.schedules, tuple(f.precision.recipes.items()), f.precision.gemm_formats, lay.optimizer_offload)
 
 
 @lru_cache(maxsize=1)

@@ -52,6 +52,10 @@ executor: exact bytes) or ``caching_host_allocator`` (PyTorch's ``pin_memory``: 
 rounded as the profile's ``host.pinned_rounding`` says), a runtime setting of offloading
 policies. Left out of `Layout.to_dict` when ``registered_pool``.
 
+Optimizer offload (``optimizer_offload``, `memo_sim.cost.optimizer_offload`): the optimizer's
+master weights, moments and step on the host (Megatron-Core's ``--optimizer-cpu-offload``,
+DeepSpeed's ZeRO-Offload); with ZeRO 1 or more. Left out of `Layout.to_dict` when off.
+
 Caching allocator (``expandable_segments``, `memo_sim.memplan.caching_allocator`): PyTorch's
 ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` or not, for the policies that run on the
 caching allocator (everything but MEMO's static plan). Left out of `Layout.to_dict` when off.
@@ -92,6 +96,20 @@ class Layout:
     cross_entropy: str = "chunked"  # loss kernel: chunked | vocab_parallel | torch_fused (`cost.boundary`)
     host_pool: str = "registered_pool"  # pinned host memory for offloads: one of `HOST_POOLS`
     expandable_segments: bool = False  # PyTorch caching allocator's expandable_segments (`memplan.caching_allocator`)
+    optimizer_offload: bool = False  # master weights, Adam and its step on the host (`cost.optimizer_offload`)
+    # uneven pipeline stages (Megatron-LM's --decoder-first/last-pipeline-num-layers; 0: not set): the first
+    # and last stages' layer counts, the stages between share the rest evenly (`stage_layers`)
+    first_stage_layers: int = 0
+    last_stage_layers: int = 0
+
+    @property
+    def uneven(self) -> bool:
+        """Whether the first or the last pipeline stage has its own layer count."""
+        return bool(self.first_stage_layers or self.last_stage_layers)
+
+    def stage_ranges(self, n_layers: int) -> list[range]:
+        """The layers of each pipeline stage (`stage_layers` with this layout's first / last counts)."""
+        return stage_layers(n_layers, self.pp, self.first_stage_layers, self.last_stage_layers)
 
     @property
     def gpus(self) -> int:
@@ -130,7 +148,9 @@ class Layout:
         if self.cp > 1:
             parts.append(f"cp{self.cp}")
         if self.pp > 1:
-            parts.append(f"pp{self.pp}" + (f"v{self.vpp}" if self.vpp > 1 else ""))
+            parts.append(f"pp{self.pp}" + (f"v{self.vpp}" if self.vpp > 1 else "")
+                         + (f"f{self.first_stage_layers}" if self.first_stage_layers else "")
+                         + (f"l{self.last_stage_layers}" if self.last_stage_layers else ""))
         if self.dp > 1:
             parts.append(f"dp{self.dp}")
         if self.zero:
@@ -145,6 +165,8 @@ class Layout:
             parts.append(self.host_pool.replace("_", "-"))
         if self.expandable_segments:
             parts.append("expandable")
+        if self.optimizer_offload:
+            parts.append("optim-offload")
         return "-".join(parts)
 
     def to_dict(self) -> dict:
@@ -163,6 +185,11 @@ class Layout:
             del d["host_pool"]
         if not self.expandable_segments:  # and plans on the default caching allocator theirs
             del d["expandable_segments"]
+        if not self.optimizer_offload:  # and plans with the optimizer on the GPU theirs
+            del d["optimizer_offload"]
+        for k in ("first_stage_layers", "last_stage_layers"):  # and plans with even stages theirs
+            if not d[k]:
+                del d[k]
         return d
 
     @classmethod
@@ -192,6 +219,9 @@ class _LayoutIn(BaseModel):
     cross_entropy: Literal[CROSS_ENTROPY_KERNELS] = "chunked"
     host_pool: Literal[HOST_POOLS] = "registered_pool"
     expandable_segments: bool = Field(False, strict=True)
+    optimizer_offload: bool = Field(False, strict=True)
+    first_stage_layers: Annotated[int, Field(strict=True, ge=0, le=1 << 12)] = 0
+    last_stage_layers: Annotated[int, Field(strict=True, ge=0, le=1 << 12)] = 0
 
     @model_validator(mode="after")
     def _total(self):
@@ -228,6 +258,17 @@ def pipeline_spans_nodes(layout: Layout, gpus_per_node: int) -> bool:
     return any(stage_hop_crosses_nodes(layout, s, gpus_per_node) for s in range(layout.pp - 1))
 
 
+def offload_why_not(layout: Layout) -> str | None:
+    """Why the layout cannot have the optimizer on the host (`memo_sim.cost.optimizer_offload`), or None."""
+    if not layout.optimizer_offload:
+        return None
+    if layout.zero < 1:
+        return "optimizer offload runs with the distributed optimizer: ZeRO 1 or more"
+    if layout.pp > 1:
+        return "optimizer offload is priced for single-stage layouts only (pp = 1)"
+    return None
+
+
 def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: int,
                  seq: int, batch: int = 1, metp_across_nodes: bool = False) -> str | None:
     """Return None if the layout is valid, else the reason it is rejected. ``metp_across_nodes``
@@ -244,11 +285,19 @@ def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: i
         return f"tp x ulysses x cp x dp = {layout.gpus}, not the {gpus} GPUs asked for"
     if layout.tp_mode not in FLAVOURS:
         return f"tp_mode must be one of {', '.join(FLAVOURS.names())}, got {layout.tp_mode!r}"
+    why = offload_why_not(layout)
+    if why:
+        return why
     if layout.metp and model.gemm.quantised:
         return f"METP's rings are priced with {model.dtype} GEMMs only ({model.gemm_format} GEMMs run Megatron TP)"
+    if layout.uneven and layout.pp < 2:
+        return "first / last stage layer counts need pipeline stages (pp >= 2)"
+    if layout.uneven and layout.vpp > 1:
+        return "uneven pipeline stages run the 1F1B schedule (vpp = 1)"
     if layout.pp > 1:
-        if model.layers % layout.pp:
-            return f"{model.layers} layers do not split evenly into {layout.pp} pipeline stages"
+        why = stage_split_why_not(model.layers, layout.pp, layout.first_stage_layers, layout.last_stage_layers)
+        if why:
+            return why
         # what a schedule adds (SPPO: TP+SP only) it checks itself (`memo_sim.layout.schedule`)
         if layout.metp:
             return "pipeline stages run Megatron TP (METP is not combined with pp)"
@@ -305,12 +354,18 @@ def enumerate_layouts(model: ModelConfig, gpus: int, gpus_per_node: int, seq: in
                       tp: int | None = None, cp: int | None = None, ulysses: int | None = None,
                       dp: int | None = None, zero: int | None = None, sp: bool | None = None,
                       tp_modes: tuple[str, ...] = ("megatron",), metp_across_nodes: bool = False,
-                      pp: int = 1) -> tuple[list[Layout], list[tuple[Layout, str]]]:
+                      pp: int = 1, first: int | None = None, last: int | None = None,
+                      ) -> tuple[list[Layout], list[tuple[Layout, str]]]:
     """All layouts for ``gpus`` GPUs matching the fixed degrees; (valid, [(rejected, reason)]).
 
     ``tp_modes``: the tensor-parallel flavours to enumerate (default Megatron only). A METP mode
     is only tried where it can apply (tp >= 2 with sequence parallelism). ``pp``: the pipeline
-    stages every layout has (default 1: none)."""
+    stages every layout has (default 1: none); ``first`` / ``last``: the first and last stages'
+    layer counts (Megatron-LM's --decoder-first/last-pipeline-num-layers); not given, the stages
+    split the layers evenly, or where they cannot, as `uneven_split` says."""
+    if pp > 1 and first is None and last is None:
+        first, last = uneven_split(model.layers, pp) or (0, 0)
+    ends = {"first_stage_layers": first or 0, "last_stage_layers": last or 0} if pp > 1 else {}
     valid: list[Layout] = []
     rejected: list[tuple[Layout, str]] = []
     choices = lambda fixed: [fixed] if fixed is not None else _divisors(gpus)  # noqa: E731
@@ -334,12 +389,12 @@ def enumerate_layouts(model: ModelConfig, gpus: int, gpus_per_node: int, seq: in
         for s, z, mode in product(sps, zs, tp_modes):
             if not tp_flavour(mode).applies(t, s):
                 continue
-            lay = Layout(tp=t, sp=s if t > 1 else True, cp=c, ulysses=u, dp=d, zero=z, tp_mode=mode, pp=pp)
+            lay = Layout(tp=t, sp=s if t > 1 else True, cp=c, ulysses=u, dp=d, zero=z, tp_mode=mode, pp=pp, **ends)
             why = check_layout(lay, model, gpus, gpus_per_node, seq, metp_across_nodes=metp_across_nodes)
             (rejected.append((lay, why)) if why else valid.append(lay))
     if dp is not None and tp is not None and cp is not None and ulysses is not None and not valid and not rejected:
         lay = Layout(tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero or 0, sp=True if sp is None else sp,
-                     tp_mode=tp_modes[0] if len(tp_modes) == 1 else "megatron", pp=pp)
+                     tp_mode=tp_modes[0] if len(tp_modes) == 1 else "megatron", pp=pp, **ends)
         rejected.append((lay, check_layout(lay, model, gpus, gpus_per_node, seq, metp_across_nodes=metp_across_nodes)
                          or "inconsistent degrees"))
     return valid, rejected
@@ -389,9 +444,59 @@ def node_stage_gpus(layout: Layout, gpus_per_node: int) -> dict[int, dict[int, i
     return out
 
 
-def stage_layers(n_layers: int, pp: int) -> list[range]:
-    """The layers of each pipeline stage: an even split (the simulator and the executor both use it)."""
-    if pp < 1 or n_layers % pp:
-        raise MemoError(f"{n_layers} layers do not split evenly into {pp} pipeline stages")
-    k = n_layers // pp
-    return [range(s * k, (s + 1) * k) for s in range(pp)]
+def stage_split_why_not(n_layers: int, pp: int, first: int = 0, last: int = 0) -> str | None:
+    """Why ``n_layers`` cannot be split into ``pp`` stages with the first / last stage holding ``first`` /
+    ``last`` layers (0: not set) and the others an even share of the rest, or None."""
+    if pp < 1:
+        return f"pp must be at least 1, got {pp}"
+    if not (first or last):
+        if n_layers % pp:
+            return (f"{n_layers} layers do not split evenly into {pp} pipeline stages; give the first and last "
+                    f"stages their own counts (--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers)")
+        return None
+    fixed = [k for k in (first, last) if k]
+    rest_stages = pp - len(fixed)
+    rest = n_layers - sum(fixed)
+    if rest_stages == 0:
+        return None if rest == 0 else f"the first and last stages' {first} + {last} layers are not the model's {n_layers}"
+    if rest < rest_stages or rest % rest_stages:
+        return (f"the {rest} layers besides the first / last stages' ({first or '-'} / {last or '-'}) do not split "
+                f"evenly into the other {rest_stages} pipeline stages")
+    return None
+
+
+def stage_layers(n_layers: int, pp: int, first: int = 0, last: int = 0) -> list[range]:
+    """The layers of each pipeline stage (the simulator and the executor both use it): an even split,
+    or, Megatron-LM's uneven one, ``first`` layers on the first stage and ``last`` on the last (0: not
+    set) with the stages between (and the end not set) sharing the rest evenly."""
+    why = stage_split_why_not(n_layers, pp, first, last)
+    if why:
+        raise MemoError(why)
+    rest_stages = pp - bool(first) - bool(last)
+    k = (n_layers - first - last) // rest_stages if rest_stages else 0
+    counts = [k] * pp
+    if first:
+        counts[0] = first
+    if last:
+        counts[-1] = last
+    out, at = [], 0
+    for c in counts:
+        out.append(range(at, at + c))
+        at += c
+    return out
+
+
+def uneven_split(n_layers: int, pp: int) -> tuple[int, int] | None:
+    """The split the search tries where ``n_layers`` does not divide into ``pp`` stages: the stages between
+    hold ceil(n / pp) layers each, the first and the last share the rest (the first the smaller half),
+    each at least one layer and at most the others' count (so the embedding and the loss fall on the
+    lighter end stages, as Megatron-LM's --account-for-embedding/loss-in-pipeline-split intend);
+    None where no such split exists (too many stages)."""
+    if pp < 2 or n_layers % pp == 0:
+        return None
+    m = -(-n_layers // pp)
+    rem = n_layers - (pp - 2) * m
+    first, last = rem // 2, rem - rem // 2
+    if first < 1 or last > m:
+        return None
+    return first, last

@@ -168,6 +168,8 @@ def searched_words(searched: dict) -> str:
                   f"{', '.join(map(str, pipe['micro_batch'])) or '-'}")
     elif "single_stage" in searched.get("schedules", ()):
         words += "; no micro-batch pipelines (--pp, --vpp or --schedule 1f1b ask for them)"
+    if searched.get("optimizer_offload"):
+        words += f"; the optimizer on the host ({searched['optimizer_offload']})"
     return words
 
 

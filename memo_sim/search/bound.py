@@ -88,11 +88,24 @@ def pipeline_bound(c) -> float:
     m = c.batch // mb
     shard = replace(lay, pp=1, vpp=1, dp=1, zero=0)
     f, b, r = _phase_times(model, shard, mb, c.seq, policy, profile)
+    bt = boundary_times(model, shard, mb, c.seq, profile)
+    opt0 = stage_optimizer_time(model, lay, 0, profile)
+    if lay.uneven:  # 1F1B over stages of their own layer counts (the same chain, each rank its own units)
+        counts = [len(rg) for rg in lay.stage_ranges(model.layers)]
+        best = 0.0
+        for s in range(p):
+            n_f = m * counts[s]
+            recomputed = sum(1 for u in range(n_f) if policy.recomputes_layer(u, n_f)) if r > 0 else 0
+            own = n_f * (f + b) + recomputed * r
+            own += m * (bt.embedding if s == 0 else 0.0) + m * (bt.classifier if s == p - 1 else 0.0)
+            before = sum(counts[:s])  # layers upstream: micro-batch 0 reaches stage s after their forwards
+            lead = bt.embedding_fwd + before * f if s else 0.0
+            tail = before * b + bt.embedding_bwd if s else 0.0
+            best = max(best, lead + own + tail + opt0)
+        return best
     lc = model.layers // (p * v)  # layers per chunk
     n_f = m * v * lc  # forward units per rank
     recomputed = sum(1 for u in range(n_f) if policy.recomputes_layer(u, n_f)) if r > 0 else 0
-    bt = boundary_times(model, shard, mb, c.seq, profile)
-    opt0 = stage_optimizer_time(model, lay, 0, profile)
     best = 0.0
     for s in range(p):
         own = n_f * (f + b) + recomputed * r

@@ -207,13 +207,14 @@ def estimate_pipeline(model: ModelConfig, layout: Layout, batch: int, micro_batc
     m = batch // micro_batch
     shard = stage_shard(layout)
     lt = _layer_times(model, shard, micro_batch, seq, policy, profile, active_gpus_per_node(layout, profile))
-    per = model.layers // p
+    per_stage = [len(rg) for rg in layout.stage_ranges(model.layers)] if layout.uneven else [model.layers // p] * p
+    per = max(per_stage)  # the fullest stage's layers: its weight gathers and exposed copies per micro-batch
     r = lt.recompute if policy.recomputes_layer(0, model.layers) else 0.0
     f_unit = max(lt.forward, lt.offload) if policy.offloads else lt.forward
     b_unit = max(lt.backward + r, lt.prefetch) if policy.offloads else lt.backward + r
     bt = boundary_times(model, shard, micro_batch, seq, profile)
-    work = [per * (f_unit + b_unit) + (bt.embedding if s == 0 else 0.0) + (bt.classifier if s == p - 1 else 0.0)
-            for s in range(p)]
+    work = [per_stage[s] * (f_unit + b_unit) + (bt.embedding if s == 0 else 0.0)
+            + (bt.classifier if s == p - 1 else 0.0) for s in range(p)]
     hops, serial, opt = _stage_terms(model, layout, micro_batch, seq, profile)
     top = max(work)
     pipe = (m - 1) * top + sum(work) / v + (1 - 1 / v) * top + hops
@@ -240,7 +241,7 @@ def stage_shard(layout: Layout) -> Layout:
 
 @memoised_by(lambda model, layout, micro_batch, seq, profile: (
     model, layout.tp, layout.sp, layout.cp, layout.ulysses, layout.dp, layout.zero, layout.pp, micro_batch, seq,
-    profile_key(profile)))
+    layout.first_stage_layers, layout.last_stage_layers, layout.optimizer_offload, profile_key(profile)))
 def _stage_terms(model: ModelConfig, layout: Layout, micro_batch: int, seq: int,
                  profile: HardwareProfile) -> tuple[float, float, float]:
     """A pipeline's per-stage terms, policy-independent (memoised by the degrees they read: every
@@ -258,7 +259,7 @@ def _stage_terms(model: ModelConfig, layout: Layout, micro_batch: int, seq: int,
         if link not in per_link:
             per_link[link] = p2p_link_time(model, layout, micro_batch, seq, profile, link)
     hops = 2 * sum(per_link[p2p_link(layout, profile, s)] for s in range(p - 1))
-    kinds = sorted({0, p - 1} | ({1} if p > 2 else set()))  # stages 1 .. p-2 hold the same parameters
+    kinds = sorted({0, p - 1} | ({1} if p > 2 else set()))  # stages 1 .. p-2 hold the same parameters (uneven too)
     serial = max(stage_serial_grad_reduce(model, layout, profile, s) for s in kinds)
     return hops, serial, max(stage_optimizer_time(model, layout, s, profile) for s in kinds)
 

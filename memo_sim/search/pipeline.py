@@ -29,7 +29,7 @@ from typing import NamedTuple
 from memo_sim.cost.memo import memoised, memoised_by
 from memo_sim.cost.sppo import stage_model_state_bytes
 from memo_sim.engine.schedules.microbatch import micro_batch_pipelines, stage_in_flight
-from memo_sim.layout.parallel import Layout, _divisors, check_layout, enumerate_layouts, node_stage_gpus
+from memo_sim.layout.parallel import Layout, _divisors, check_layout, enumerate_layouts, node_stage_gpus, uneven_split
 from memo_sim.layout.schedule import check_schedule
 from memo_sim.memplan.footprint import MemoryBreakdown, memory_breakdown
 from memo_sim.model.config import ModelConfig
@@ -44,7 +44,8 @@ MAX_VPP = 4  # interleaving: up to this many chunks per rank (Megatron-LM's runs
 MAX_MICRO_BATCH_SIZES = 4  # the smallest divisors of the batch tried as micro-batch sizes
 
 
-@memoised_by(lambda model, layout: (model, layout.pp, layout.tp, layout.state_shards, layout.zero >= 1))
+@memoised_by(lambda model, layout: (model, layout.pp, layout.tp, layout.state_shards, layout.zero >= 1,
+                                    layout.first_stage_layers, layout.last_stage_layers))
 def _stage_states(model: ModelConfig, layout: Layout) -> tuple[float, ...]:
     """Each stage's model-state bytes on one GPU (memoised by what `stage_model_state_bytes`
     reads: every policy, micro-batch size and virtual-stage count of a layout asks)."""
@@ -82,8 +83,11 @@ def _node_patterns(layout: Layout, gpus_per_node: int) -> tuple[tuple[tuple[int,
 @lru_cache(maxsize=1 << 16)  # a cluster-scale query has some 10k pipeline layouts
 def _host_units_of(layers: int, layout: Layout, in_flight: tuple[int, ...], micro_batches: int,
                    gpus_per_node: int) -> tuple[int, tuple[int, ...], tuple[int, ...], int]:
-    per_chunk = layers // (layout.pp * layout.vpp)
-    units = tuple(k * per_chunk for k in in_flight)
+    if layout.uneven:  # 1F1B (one chunk per rank): each stage's own layer count
+        units = tuple(k * len(r) for k, r in zip(in_flight, layout.stage_ranges(layers)))
+    else:
+        per_chunk = layers // (layout.pp * layout.vpp)
+        units = tuple(k * per_chunk for k in in_flight)
     every = micro_batches * layout.vpp
     offloaded = tuple(max(0, u - KEPT_LAYERS) if k == every else u for u, k in zip(units, in_flight))
     worst = node_units = 0
@@ -212,19 +216,21 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
                         policies: tuple[str, ...], batch: int | None, global_batch: int | None,
                         micro_batch: int | None, allows, tp=None, cp=None, ulysses=None, dp=None, zero=None,
                         sp=None, pp: int | None = None, vpp: int | None = None, alpha: float | None = None,
-                        schedules: tuple[str, ...] | None = None, adapt=None,
-                        ) -> tuple[list[Candidate], list[tuple[Layout, str]], dict]:
+                        schedules: tuple[str, ...] | None = None, adapt=None, first: int | None = None,
+                        last: int | None = None) -> tuple[list[Candidate], list[tuple[Layout, str]], dict]:
     """Every pipeline candidate of the space (module docs) for ``policies``: (candidates,
     rejected layouts, what was searched). ``allows``: the framework's layout filter; ``adapt``:
     the layout as the framework runs it (its mechanisms; `memo_sim.frameworks.Framework.adapt`)."""
     names = tuple(n for n in (schedules or micro_batch_pipelines()) if n in micro_batch_pipelines())
-    pps = [pp] if pp is not None else [d for d in _divisors(gpus) if d > 1 and model.layers % d == 0]
+    # pp splitting the layers evenly, or unevenly where `uneven_split` finds a split (first / last fixed: any)
+    pps = [pp] if pp is not None else [d for d in _divisors(gpus) if d > 1 and (
+        model.layers % d == 0 or first is not None or last is not None or uneven_split(model.layers, d))]
     out: list[Candidate] = []
     rejected: list[tuple[Layout, str]] = []
     searched = {"schedules": list(names), "pp": [], "vpp": set(), "micro_batch": set()}
     for p in pps:
         valid, rej = enumerate_layouts(model, gpus, profile.node_gpus, seq, tp=tp, cp=cp, ulysses=ulysses, dp=dp,
-                                       zero=zero, sp=sp, pp=p)
+                                       zero=zero, sp=sp, pp=p, first=first, last=last)
         rejected += rej
         rejected += [(lay, f"the framework does not offer {lay.label()}") for lay in valid if not allows(lay)]
         valid = [lay for lay in valid if allows(lay)]
@@ -251,6 +257,8 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
                 for name in names:
                     vpps = [vpp] if vpp is not None else [1] + [v for v in range(2, MAX_VPP + 1)]
                     for v in vpps:
+                        if v > 1 and lay.uneven:  # uneven stages run 1F1B
+                            continue
                         if check_schedule(name, pp=p, vpp=v, layers=model.layers, batch=b, micro_batch=mb,
                                           policy_name="store_all"):
                             continue

@@ -28,7 +28,8 @@ from memo_sim.search.whatif import WhatIfResult, candidates_for, not_searched, r
 
 # the fields that fix part of the searched space (`candidates_for`'s keywords, `not_searched`'s advice)
 FIXING = ("batch", "global_batch", "micro_batch", "tp", "cp", "ulysses", "dp", "zero", "sp", "alpha", "tp_mode",
-          "metp_across_nodes", "pp", "vpp", "schedules", "subseqs", "partition", "multiplex")
+          "metp_across_nodes", "pp", "vpp", "schedules", "subseqs", "partition", "multiplex", "optimizer_offload",
+          "first_stage_layers", "last_stage_layers")
 SPPO_FLAGS = ("subseqs", "partition", "multiplex")  # SPPO's own options: with none of --policy, they plan SPPO
 
 
@@ -51,6 +52,7 @@ class WhatifRequest:
     dp: int | None = None
     zero: int | None = None
     sp: bool | None = None
+    optimizer_offload: bool | None = None  # None: searched where nothing fits without it
     tp_mode: str | None = None  # None: megatron when tp is fixed, else every flavour ("all")
     metp_across_nodes: bool = False
     # the activation policies and schedules
@@ -58,6 +60,8 @@ class WhatifRequest:
     alpha: float | None = None
     pp: int | None = None
     vpp: int | None = None
+    first_stage_layers: int | None = None  # uneven pipeline stages (Megatron's --decoder-first-pipeline-num-layers)
+    last_stage_layers: int | None = None  # (--decoder-last-pipeline-num-layers)
     schedules: tuple[str, ...] = ()
     subseqs: int | None = None
     partition: str | None = None

@@ -32,7 +32,7 @@ from memo_sim.engine.core import gc_paused
 from memo_sim.engine.simulate import Progress, simulate
 from memo_sim.errors import MemoError
 from memo_sim.engine.schedules.microbatch import micro_batch_pipelines
-from memo_sim.layout.parallel import Layout, enumerate_layouts
+from memo_sim.layout.parallel import Layout, enumerate_layouts, offload_why_not
 from memo_sim.layout.schedule import SCHEDULE_NAMES, check_schedule, default_schedule, schedule_runs_policy
 from memo_sim.tp import TP_MODES
 from memo_sim.memplan.footprint import memory_breakdown
@@ -83,7 +83,8 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
                    metp_across_nodes: bool = False, pp: int | None = None, subseqs: int | None = None,
                    partition: str | None = None, multiplex: bool | None = None, vpp: int | None = None,
                    micro_batch: int | None = None, global_batch: int | None = None,
-                   schedules: tuple[str, ...] | None = None,
+                   schedules: tuple[str, ...] | None = None, optimizer_offload: bool | None = None,
+                   first_stage_layers: int | None = None, last_stage_layers: int | None = None,
                    on_sppo: Callable[[list[Candidate]], None] | None = None) -> WhatIfResult:
     """Every valid layout x policy x schedule x micro-batch size (MEMO at its solved alpha) for
     ``framework``, estimated and ranked (the strategies of `SEARCH_STRATEGIES`).
@@ -97,7 +98,12 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     parts of the SPPO search. ``schedules``: only these schedules (default: the framework's).
     Micro-batch pipelines are searched when a pipeline flag or schedule asks for them, or when
     no candidate without one fits (`WhatIfResult.searched` says what was searched). ``on_sppo``
-    is called with SPPO's candidates as soon as its search is done, before anything else is priced."""
+    is called with SPPO's candidates as soon as its search is done, before anything else is priced.
+    ``optimizer_offload``: True searches only single-stage layouts with the optimizer on the host
+    (`memo_sim.cost.optimizer_offload`), False none; None (default) adds them where nothing else fits
+    and the framework offers it. ``first_stage_layers`` / ``last_stage_layers``: the first and last
+    pipeline stages' layer counts (Megatron-LM's --decoder-first/last-pipeline-num-layers; default:
+    an even split, or `memo_sim.layout.parallel.uneven_split` where the layers do not divide)."""
     if gpus < 1:
         raise MemoError("--gpus must be at least 1")
     modes = tp_modes_of(tp_mode)
@@ -118,6 +124,11 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     if pp is not None and pp > 1 and not pipes and not ("sppo" in allowed and sppo_pols):
         raise MemoError(f"--pp {pp}: no pipeline schedule is searched ({', '.join(allowed)}); "
                         f"add --schedule 1f1b or interleaved_1f1b")
+    if (first_stage_layers or last_stage_layers) and not pipes:
+        raise MemoError("--decoder-first/last-pipeline-num-layers split a 1F1B pipeline: add --schedule 1f1b or --pp")
+    if optimizer_offload and not fw.optimizer_offload:
+        raise MemoError(f"--optimizer-offload: {fw.name} does not offer it; drop it or choose another --framework")
+    stage_valid: list[Layout] = []
     pipe_flags = (pp is not None and pp > 1) or (vpp is not None and vpp > 1) or bool(set(pipes) & set(schedules or ()))
     out: list[Candidate] = []
     rejected: list[tuple[Layout, str]] = []
@@ -141,16 +152,13 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
         if rejected:
             why_none = rejected[0][1]
         searched["schedules"].append("single_stage")
+        stage_valid = valid
+        if optimizer_offload:  # asked for: only the layouts with the optimizer on the host
+            valid, why_off = _offloaded(valid, fw, rejected)
+            why_none = why_off or why_none
+            searched["optimizer_offload"] = "asked for"
         for lay in valid:
-            b = _replica_batch(batch, global_batch, lay, rejected)
-            if b is None:
-                continue
-            for mb in micro_batch_sizes(b, micro_batch):
-                if b % mb:
-                    rejected.append((lay, f"--micro-batch {mb} does not divide the batch ({b} sequences per replica)"))
-                    continue
-                for pol in plain:
-                    out.append(make_candidate(model, lay, pol, b, seq, profile, alpha, micro_batch=mb))
+            out += _single_stage(model, lay, plain, batch, global_batch, micro_batch, seq, profile, alpha, rejected)
     if sppo_tried:
         out += sppo_cands
         rejected += sppo_rejected
@@ -162,7 +170,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
         pc, pr, what = pipeline_candidates(
             model, seq, gpus, profile, policies=plain, batch=batch, global_batch=global_batch,
             micro_batch=micro_batch, allows=fw.allows, adapt=fw.adapt, tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero, sp=sp,
-            pp=pp, vpp=vpp, alpha=alpha, schedules=pipes)
+            pp=pp, vpp=vpp, alpha=alpha, schedules=pipes, first=first_stage_layers, last=last_stage_layers)
         out += pc
         rejected += pr
         searched["schedules"] += [n for n in what["schedules"] if any(c.schedule == n for c in pc)]
@@ -170,10 +178,47 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
                                 "why": "asked for" if pipe_flags else "nothing fits without a pipeline"}
         if pr and not out:
             why_none = pr[0][1]
+    if (optimizer_offload is None and stage_valid and fw.optimizer_offload
+            and not any(c.memory.status == "OK" for c in out)):  # nothing fits: the optimizer on the host
+        off, _why = _offloaded(stage_valid, fw, rejected)
+        for lay in off:
+            out += _single_stage(model, lay, plain, batch, global_batch, micro_batch, seq, profile, alpha, rejected)
+        searched["optimizer_offload"] = "nothing fits with the optimizer on the GPU"
     if not out:
         raise MemoError(f"no valid layout for {gpus} GPUs with the degrees given: {why_none}")
     out.sort(key=Candidate.sort_key)
     return WhatIfResult(out, rejected, sppo=search, searched=searched)
+
+
+def _single_stage(model, lay: Layout, plain, batch, global_batch, micro_batch, seq, profile, alpha,
+                  rejected: list[tuple[Layout, str]]) -> list[Candidate]:
+    """The single-stage candidates of one layout: every micro-batch size x policy."""
+    b = _replica_batch(batch, global_batch, lay, rejected)
+    if b is None:
+        return []
+    out = []
+    for mb in micro_batch_sizes(b, micro_batch):
+        if b % mb:
+            rejected.append((lay, f"--micro-batch {mb} does not divide the batch ({b} sequences per replica)"))
+            continue
+        for pol in plain:
+            out.append(make_candidate(model, lay, pol, b, seq, profile, alpha, micro_batch=mb))
+    return out
+
+
+def _offloaded(valid: list[Layout], fw, rejected: list[tuple[Layout, str]]) -> tuple[list[Layout], str | None]:
+    """The layouts of ``valid`` with the optimizer on the host where they can have it (ZeRO >= 1), and
+    why none can."""
+    out, why = [], None
+    for lay in valid:
+        off = replace(lay, optimizer_offload=True)
+        bad = offload_why_not(off) or fw.why_not(off)
+        if bad:
+            rejected.append((off, bad))
+            why = why or bad
+        else:
+            out.append(off)
+    return out, (why if not out else None)
 
 
 def _check_options(fw, policies: tuple[str, ...], alpha: float | None, batch: int | None, micro_batch: int | None,

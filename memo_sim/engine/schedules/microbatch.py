@@ -223,9 +223,12 @@ class MicrobatchSchedule:
     sends: dict = field(default_factory=dict)  # (fwd|bwd, mb, virtual stage) -> op
     forwards: dict = field(default_factory=dict)  # (stage, mb, chunk) -> the first op of that forward step
     detail: str = "ops"
+    ranges: tuple[range, ...] = ()  # each virtual stage's layers where they differ (uneven stages)
 
     def chunk_layers(self, stage: int, chunk: int) -> range:
         vs = chunk * len(self.devices) + stage
+        if self.ranges:
+            return self.ranges[vs]
         return range(vs * self.layers_per_chunk, (vs + 1) * self.layers_per_chunk)
 
 
@@ -270,9 +273,14 @@ class _MicrobatchBuilder:
     def __init__(self, costs, layout, profile, policy, n_layers, micro_batches, order, devices, detail):
         p, v, m = layout.pp, layout.vpp, micro_batches
         n_vs = p * v
-        if n_layers % n_vs:
+        if layout.uneven:  # 1F1B, each stage its own layer count (`Layout.stage_ranges`)
+            ranges = tuple(layout.stage_ranges(n_layers))
+        elif n_layers % n_vs:
             raise MemoError(f"{n_layers} layers do not split evenly into pp x vpp = {n_vs} model chunks")
-        lc = n_layers // n_vs
+        else:
+            k = n_layers // n_vs
+            ranges = tuple(range(vs * k, (vs + 1) * k) for vs in range(n_vs))
+        lc = max(len(rg) for rg in ranges)
         devices = devices or stage_devices(layout, profile)
         orders = [order(p, m, v, s) for s in range(p)]
         for o in orders:
@@ -290,14 +298,17 @@ class _MicrobatchBuilder:
         self.fwd, self.bwd, self.rec = fwd, bwd, rec
         self.shard = replace(layout, pp=1, vpp=1, dp=1, zero=0)
         self.g = g = OpGraph(devices)
-        self.sched = MicrobatchSchedule(g, devices, orders, costs, lc, detail=detail)
+        self.sched = MicrobatchSchedule(g, devices, orders, costs, lc, detail=detail,
+                                        ranges=ranges if layout.uneven else ())
+        self.ranges = ranges
         # every op of micro-batch k is named ``<op>@m<k>`` (the figures colour by it); one list per phase and k
         self.tagged: dict[tuple[str, int], list[OpCost]] = {}
         sk = costs.skeletal
         self.kept = tuple(policy.forward_kept(sk))
         self.rec_alloc = tuple(policy.recompute_allocated(sk))
         self.slot = sk["total"] if policy.offloads else 0.0  # an offloading policy's rounding-buffer slot per unit
-        self.n_f = m * v * lc  # forward units per rank
+        # forward units per rank: its chunks' layers x micro-batches
+        self.n_f_of = [m * sum(len(ranges[c * p + s]) for c in range(v)) for s in range(p)]
         self.sync = costs.sync
         self.grad_op = "reducescatter_grads" if layout.zero >= 1 else "allreduce_grads"
         for s, dev in enumerate(devices):
@@ -384,10 +395,11 @@ class _MicrobatchBuilder:
                   work=costs.optimizer[s], deps=r.tail + ([r.last_dp] if r.last_dp else []))
 
     def forward_step(self, s: int, st: Step) -> None:
-        g, sched, costs, sync, p, lc, n_f = self.g, self.sched, self.costs, self.sync, self.p, self.lc, self.n_f
+        g, sched, costs, sync, p, n_f = self.g, self.sched, self.costs, self.sync, self.p, self.n_f_of[s]
         slot, held, working = self.slot, self.held, self.working
         r, d = self.ranks[s], self.devices[s].index
         vs = st.chunk * p + s
+        rg = self.ranges[vs]
         deps = list(r.tail)
         first = len(g.ops)
         if vs > 0:
@@ -396,8 +408,7 @@ class _MicrobatchBuilder:
             deps = [g.add(mb_name("embedding", st.mb), device=d, stream="compute", kind="compute", phase="fwd", layer=None,
                           work=costs.embedding_fwd, deps=deps)]
         tail = deps
-        for j in range(lc):
-            layer = vs * lc + j
+        for j, layer in enumerate(rg):
             u = r.u
             r.u += 1
             r.unit_of[(st.mb, st.chunk, j)] = u
@@ -423,7 +434,7 @@ class _MicrobatchBuilder:
                 r.offload[u] = op
                 sched.copies[(s, st.mb, layer, "offload")] = op
             deps = tail
-        last = vs * lc + lc - 1
+        last = rg[-1]
         if vs < self.n_vs - 1:
             self.send("fwd", s, (vs + 1) % p, st.mb, vs, last, tail)
         else:
@@ -437,15 +448,16 @@ class _MicrobatchBuilder:
         sched.forwards[(s, st.mb, st.chunk)] = g.ops[first]
 
     def backward_step(self, s: int, st: Step) -> None:
-        g, sched, costs, sync, p, lc, n_f = self.g, self.sched, self.costs, self.sync, self.p, self.lc, self.n_f
+        g, sched, costs, sync, p, n_f = self.g, self.sched, self.costs, self.sync, self.p, self.n_f_of[s]
         slot, held, working, rec, rec_alloc = self.slot, self.held, self.working, self.rec, self.rec_alloc
         r, d = self.ranks[s], self.devices[s].index
         vs = st.chunk * p + s
+        rg = self.ranges[vs]
         deps = list(r.tail)
         deps += [self.send_b[(st.mb, vs + 1)]] if vs < self.n_vs - 1 else self.fwd_done[(st.mb, vs)]
         tail = deps
-        for j in range(lc - 1, -1, -1):
-            layer = vs * lc + j
+        for j in range(len(rg) - 1, -1, -1):
+            layer = rg[j]
             u = r.unit_of[(st.mb, st.chunk, j)]
             k = len(r.backward_order)
             r.backward_order.append(u)
@@ -480,7 +492,7 @@ class _MicrobatchBuilder:
                                   layer=layer, work=sync.layer_grad, deps=tail, link=sync.link)
             deps = tail
         if vs > 0:
-            self.send("bwd", s, (vs - 1) % p, st.mb, vs, vs * lc, tail)
+            self.send("bwd", s, (vs - 1) % p, st.mb, vs, rg[0], tail)
         else:
             tail = [g.add(mb_name("embedding", st.mb), device=d, stream="compute", kind="compute", phase="bwd", layer=None,
                           work=costs.embedding_bwd, deps=tail)]
@@ -565,7 +577,7 @@ def _run_folded(costs, layout, profile, policy, n_layers, m, order, *, detail, c
     (`memo_sim.engine.schedules.microbatch_fold`); None where there is no fold to make, the short
     run is not periodic, or it failed and a timeline is wanted (the whole run then gives it)."""
     p, v = layout.pp, layout.vpp
-    if n_layers % (p * v):
+    if n_layers % (p * v) or layout.uneven:  # uneven stages: simulated whole
         return None
     lc = n_layers // (p * v)
     plan = plan_window_fold(order, p, m, v, lc, policy, bool(policy.offloads and costs.skeletal["total"]))
@@ -684,7 +696,7 @@ def simulate_microbatch(name: str, order: Order, model: ModelConfig, layout: Lay
 
 
 def lc_mid(sched: MicrobatchSchedule) -> int:
-    return sched.layers_per_chunk // 2
+    return len(sched.chunk_layers(0, 0)) // 2
 
 
 _PHASES = (("forward", "fwd"), ("backward", "bwd"), ("recompute", "recompute"))  # layer_timings key, phase

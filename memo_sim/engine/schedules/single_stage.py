@@ -65,6 +65,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from memo_sim.cost import collectives as coll
+from memo_sim.cost.optimizer_offload import host_state_bytes
 from memo_sim.cost.activations import skeletal_bytes
 from memo_sim.cost.boundary import BoundaryTimes, boundary_times
 from memo_sim.cost.grad_sync import GradSync, grad_sync
@@ -280,6 +281,8 @@ def build_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, po
         return tuple(MemAction("gpu", f"L{layer}.{name}", sign * nbytes) for name, nbytes in held)
 
     g.add_static(d, MemAction("gpu", "model_states", mem.model_states_bytes))
+    if layout.optimizer_offload:  # the optimizer's states on the host (`memo_sim.cost.optimizer_offload`)
+        g.add_static(d, MemAction("host", "optimizer_states", host_state_bytes(model, layout, model.params() / layout.tp)))
     for name, nbytes in policy.static_gpu(sk):
         g.add_static(d, MemAction("gpu", name, nbytes))
 

@@ -1,0 +1,59 @@
+"""Optimizer offload: the optimizer's states and step on the host (Megatron-Core's
+``--optimizer-cpu-offload``, its HybridDeviceOptimizer with the whole shard offloaded; DeepSpeed's
+ZeRO-Offload, ``zero_optimization.offload_optimizer``), written once.
+
+With ``Layout.optimizer_offload`` the fp32 master weights and Adam's two moments of the shard a GPU
+updates (the precision recipe's ``master_bytes + optimizer_bytes`` per parameter, sharded as ZeRO
+says) live in the host's memory, beside an fp32 copy of the shard's gradients; the GPU keeps the
+working weights and the gradient buffer. Each step then:
+
+1. copies the shard's gradients to the host (the recipe's ``grad_bytes`` per parameter) over the
+   GPU's host link, every GPU of the node at once (`memo_sim.cost.transfer.host_copy_time` with
+   the node's GPUs active);
+2. runs Adam on the host: it reads the master weights, both moments and the fp32 gradients and
+   writes the weights and moments back (``CPU_ADAM_BYTES_PER_PARAM`` bytes), over the node's host-
+   memory bandwidth shared by its GPUs' shards. A memory-bound estimate: the CPU's arithmetic and
+   thread count are not priced, so it is a lower bound on the step on the host;
+3. copies the updated working weights back (the recipe's ``weight_bytes`` per parameter).
+
+The three run one after the other (``--overlap-cpu-optimizer-d2h-h2d``, which pipelines them over
+parameter groups, is not modelled), while the GPU waits. The executor does not run it.
+"""
+
+from __future__ import annotations
+
+from memo_sim.cost.transfer import host_copy_time
+from memo_sim.layout.parallel import Layout
+from memo_sim.model.config import ModelConfig
+from memo_sim.profile.schema import HardwareProfile
+
+FP32 = 4
+# Adam on the host per parameter: read master, m, v and the fp32 gradient (4 x 4), write master, m, v (3 x 4)
+CPU_ADAM_BYTES_PER_PARAM = 7 * FP32
+
+
+def shard_params(params: float, layout: Layout) -> float:
+    """Parameters of the shard one GPU updates (``params`` already divided by TP): ZeRO >= 1 splits
+    the optimizer over the DP x CP x Ulysses group."""
+    return params / (layout.state_shards if layout.zero >= 1 else 1)
+
+
+def host_state_bytes(model: ModelConfig, layout: Layout, params: float) -> float:
+    """Host bytes one GPU's offloaded optimizer holds: master weights, Adam's moments and the fp32
+    gradient copy of its shard (0 without offload)."""
+    if not layout.optimizer_offload:
+        return 0.0
+    r = model.recipe
+    return (r.master_bytes + r.optimizer_bytes + FP32) * shard_params(params, layout)
+
+
+def offloaded_step_seconds(model: ModelConfig, layout: Layout, params: float, profile: HardwareProfile) -> float:
+    """The optimizer step of one GPU with its states on the host: gradients down, Adam on the host,
+    weights up (module docs)."""
+    n = shard_params(params, layout)
+    r = model.recipe
+    gpus = profile.node_gpus
+    down = host_copy_time(r.grad_bytes * n, profile, "d2h", gpus)
+    host = CPU_ADAM_BYTES_PER_PARAM * n / (float(profile.host.memory_bandwidth) / gpus)
+    up = host_copy_time(r.weight_bytes * n, profile, "h2d", gpus)
+    return down + host + up

@@ -1,0 +1,108 @@
+"""[modern-training] item 2: uneven pipeline stages as data (`Layout.first_stage_layers` /
+``last_stage_layers``, Megatron-LM's --decoder-first/last-pipeline-num-layers), searched where the
+layers do not divide into the stages, priced stage by stage in both tiers (each stage's own layers,
+parameters, optimizer step and activations in flight), bounded, exported, and run by the executor
+(tests/test_pipeline_exec_dist.py: gradients against one process)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from memo_sim.cli import cli
+from memo_sim.cost.sppo import stage_layer_count, stage_model_state_bytes, stage_params
+from memo_sim.engine.simulate import simulate
+from memo_sim.errors import MemoError
+from memo_sim.layout.parallel import Layout, check_layout, stage_layers, uneven_split
+from memo_sim.model.config import ModelConfig
+from memo_sim.policy import get_policy
+from memo_sim.profile.loader import load_profile
+from memo_sim.search.bound import lower_bound
+from memo_sim.search.pipeline import pipeline_candidate
+
+H100 = load_profile("h100-sxm5-80gb")
+TOY = ModelConfig("toy7", 7, 1024, 8, 4096, vocab=32000)
+
+
+def test_the_split_rules():
+    assert [len(r) for r in stage_layers(126, 16, 7, 7)] == [7] + [8] * 14 + [7]
+    assert [len(r) for r in stage_layers(11, 2, 5)] == [5, 6] and [len(r) for r in stage_layers(11, 2, 0, 4)] == [7, 4]
+    assert stage_layers(12, 4) == [range(0, 3), range(3, 6), range(6, 9), range(9, 12)]  # even, as before
+    assert uneven_split(126, 16) == (7, 7) and uneven_split(80, 6) == (12, 12) and uneven_split(12, 4) is None
+    assert uneven_split(10, 8) is None  # eight stages cannot hold ten layers with the ends lighter
+    with pytest.raises(MemoError, match="do not split evenly into 4 pipeline stages; give the first and last"):
+        stage_layers(126, 4)
+    with pytest.raises(MemoError, match="do not split evenly into the other 2 pipeline stages"):
+        stage_layers(12, 4, 3, 4)
+
+
+def test_the_layout_field():
+    lay = Layout(tp=2, pp=2, dp=2, first_stage_layers=3)
+    assert lay.uneven and lay.label() == "tp2+sp-pp2f3-dp2" and lay.to_dict()["first_stage_layers"] == 3
+    assert "first_stage_layers" not in Layout(pp=2).to_dict()  # older plans keep their shape
+    assert Layout.from_dict(lay.to_dict()) == lay
+    assert check_layout(lay, TOY, 8, 8, 4096) is None
+    assert "vpp = 1" in check_layout(Layout(pp=2, vpp=2, dp=4, first_stage_layers=3), TOY, 8, 8, 4096)
+    assert "pp >= 2" in check_layout(Layout(dp=8, first_stage_layers=3), TOY, 8, 8, 4096)
+    assert "do not split evenly into 2" in check_layout(Layout(pp=2, dp=4), TOY, 8, 8, 4096)
+
+
+def test_each_stage_holds_and_steps_its_own_layers():
+    lay = Layout(pp=2, dp=4, zero=1, first_stage_layers=3)
+    assert [stage_layer_count(TOY, lay, s) for s in (0, 1)] == [3, 4]
+    assert stage_params(TOY, lay, 0) == 3 * TOY.layer_params() + TOY.vocab * TOY.hidden
+    assert stage_model_state_bytes(TOY, lay, 1) > stage_model_state_bytes(TOY, Layout(pp=2, dp=4, zero=1,
+                                                                                        first_stage_layers=4), 1)
+
+
+@pytest.mark.parametrize("policy", ["store_all", "full_recompute", "memo"])
+def test_uneven_1f1b_simulated_within_its_bound_and_estimate(policy):
+    """Tier 2 runs the uneven pipeline whole (no fold) and the proved bound stays below it."""
+    lay = Layout(tp=2, pp=2, dp=2, zero=1, first_stage_layers=3)
+    c = pipeline_candidate(TOY, lay, policy, 4, 1, 4096, H100, "1f1b", alpha=0.5 if policy == "memo" else None)
+    res = simulate(TOY, lay, 4, 4096, c.policy, H100, keep_timeline=False, schedule="1f1b", micro_batch=1)
+    assert res.status == "OK"
+    assert lower_bound(c) <= res.iteration_s * (1 + 1e-9)
+    assert c.estimate.iteration_s == pytest.approx(res.iteration_s, rel=0.25)
+    # the stage with more layers holds more: its model states and the activations in flight
+    rows = c.pipeline["stages"]
+    assert [r["model_states_bytes"] for r in rows] == [stage_model_state_bytes(TOY, lay, s) for s in (0, 1)]
+    assert rows[0]["layers_in_flight"] == 2 * 3 and rows[1]["layers_in_flight"] == 1 * 4  # 1F1B: p - s in flight
+
+
+def test_uneven_pipeline_is_searched_and_fixed_by_megatrons_options(tmp_path):
+    base = ["whatif", "--model", "llama-3.1-8b", "--layers", "7", "--gpus", "8", "--seq", "8K", "--profile",
+            "h100-sxm5-80gb", "--pp", "2", "--policy", "full_recompute", "--json"]
+    r = CliRunner().invoke(cli, [*base, "--no-plan"])
+    assert r.exit_code == 0, r.output[-2000:]
+    rows = json.loads(r.output)["candidates"]
+    assert rows and all(c["layout_degrees"]["first_stage_layers"] == 3 for c in rows if c["pp"] == 2)
+    r = CliRunner().invoke(cli, [*base, "--decoder-first-pipeline-num-layers", "4", "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output[-2000:]
+    from memo_sim.export import export_plan
+    from memo_sim.plan import read_plan
+
+    plan = read_plan(tmp_path / "plan.json")
+    assert plan.layout.first_stage_layers == 4
+    script = export_plan(plan, "megatron", price=False).files["megatron.sh"]
+    assert "--decoder-first-pipeline-num-layers 4" in script
+    assert any("uneven pipeline stages (4, 3 layers)" in g.what for g in export_plan(plan, "torchtitan",
+                                                                                      price=False, nearest=True).gaps)
+    r = CliRunner().invoke(cli, ["check-plan", str(tmp_path / "plan.json")])
+    assert r.exit_code == 0, r.output
+
+
+def test_llama_405b_pp16_on_16k_gpus_in_seconds():
+    """The issue's query: 126 layers over 16 stages (7, 8 x 14, 7), a plan in under 30 s."""
+    t0 = time.perf_counter()
+    r = CliRunner().invoke(cli, ["whatif", "--model", "llama-3.1-405b", "--gpus", "16384", "--seq", "128K", "--tp",
+                                 "8", "--cp", "16", "--pp", "16", "--profile", "h100-sxm5-80gb", "--framework",
+                                 "megatron", "--no-plan", "--json"])
+    wall = time.perf_counter() - t0
+    assert r.exit_code == 0, r.output[-2000:]
+    best = json.loads(r.output)["candidates"][0]
+    assert best["status"] == "OK" and "pp16f7l7" in best["layout"] and best["simulated_status"] == "OK"
+    assert wall < 30, wall
