@@ -122,9 +122,14 @@ def main() -> int:
     venv = tmp / "venv"
     py = venv / "bin" / "python"
     _step(f"new venv {venv}", t0)
-    r = _run([sys.executable, "-m", "venv", str(venv)], 300)
+    try:
+        r = _run([sys.executable, "-m", "venv", str(venv)], 300)
+    except subprocess.TimeoutExpired:
+        print("error: python -m venv took more than 300 s; fix: check the disk and retry", file=sys.stderr)
+        return 2
     if r.returncode:
-        print(f"error: python -m venv failed: {r.stderr.strip()[-300:]}", file=sys.stderr)
+        last = (r.stderr.strip().splitlines() or ["no message"])[-1]
+        print(f"error: python -m venv failed (exit {r.returncode}): {last}", file=sys.stderr)
         return 2
     # newest allowed: every package but torch, which stays at the README's pin (the CPU wheel on disk; an
     # upgrade would pull another torch's CUDA build, gigabytes)
@@ -135,7 +140,11 @@ def main() -> int:
     for argv in ([str(py), "-m", "pip", "install", "-q", lock_deps.TORCH_PIN],
                  [str(py), "-m", "pip", "install", "-q", *pins, "-e", f"{REPO}[exec,test]"]):
         _step("$ " + " ".join(argv[1:]), t0)
-        r = _run(argv, 1800)
+        try:
+            r = _run(argv, 1800)
+        except subprocess.TimeoutExpired:
+            print("error: the install took more than 1800 s; fix: check the package index and retry", file=sys.stderr)
+            return 2
         if r.returncode:
             err = [ln for ln in r.stderr.splitlines() if ln.strip() and "is ignored" not in ln]
             print(f"error: install failed (exit {r.returncode}): {' | '.join(err[-3:])}", file=sys.stderr)

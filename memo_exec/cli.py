@@ -210,6 +210,9 @@ def trace_cmd(plan_file, device, out_file, dtype, attention_backend, target, cud
     from memo_sim.plan.schema import write_plan as _write_plan  # noqa: PLC0415
 
     plan = read_plan(plan_file)
+    if plan.model.gemm.quantised:  # the executor's layer runs its GEMMs in the run's dtype
+        raise ExecError(f"plan model {plan.model.name}: gemm_format {plan.model.gemm_format}: the executor's layer runs "
+                        "no FP8 GEMMs, so its trace would not be the plan's; plan with --precision bf16 to trace it")
     tr = record_layer_trace(plan, device, dtype, attention_backend, target)
     tr.write_json(out_file)
     click.echo(f"wrote {out_file}: {len(tr)} buffers, max live {tr.max_live_bytes() / 2**20:.1f} MiB")

@@ -116,3 +116,29 @@ def test_whatif_reports_simulated_and_skipped(tmp_path):
     assert r.exit_code == 0 and "skipped by a proved bound" in r.output
     bad = CliRunner().invoke(cli, args + ["--simulate-top", "most"])
     assert bad.exit_code == 2 and "--simulate-top" in bad.output and "Traceback" not in bad.output
+
+
+def test_the_bound_holds_for_the_new_dimensions():
+    """[search-speed] item 3: FP8 GEMMs, the optimizer on the host and uneven 1F1B stages are priced by the
+    same cost functions the bound reads, so their candidates join the pruning with the proof intact."""
+    from dataclasses import replace
+
+    h100 = load_profile("h100-sxm5-80gb")
+    fp8 = replace(TOY, gemm_format="fp8-tensorwise")
+    seven = replace(TOY, name="toy7", layers=7)
+    cases = [(fp8, h100, 32 * K, 8, dict(policies=PLAIN)), (fp8, h100, 32 * K, 8, dict(pp=2, batch=4)),
+             (TOY, A800, 32 * K, 8, dict(optimizer_offload=True, policies=("store_all", "memo"))),
+             (seven, A800, 32 * K, 8, dict(pp=2, batch=4))]
+    seen = set()
+    for model, prof, seq, gpus, kw in cases:
+        r = candidates_for(model, seq, gpus, prof, **kw)
+        ok = [c for c in r.candidates if c.memory.status == "OK"]
+        cands = ok[:: max(1, len(ok) // 5)][:5]
+        simulate_candidates(cands, jobs=1)
+        for c in cands:
+            if c.simulated["status"] != "OK":
+                continue
+            lb, sim = lower_bound(c), c.simulated["iteration_s"]
+            assert 0 < lb <= sim * (1 + 1e-9), (c.layout.label(), c.policy.label(), lb, sim)
+            seen.add((c.model.gemm_format, c.layout.optimizer_offload, c.layout.uneven))
+    assert {("fp8-tensorwise", False, False), ("bf16", True, False), ("bf16", False, True)} <= seen, seen

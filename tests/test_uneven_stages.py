@@ -16,7 +16,7 @@ from memo_sim.cli import cli
 from memo_sim.cost.sppo import stage_layer_count, stage_model_state_bytes, stage_params
 from memo_sim.engine.simulate import simulate
 from memo_sim.errors import MemoError
-from memo_sim.layout.parallel import Layout, check_layout, stage_layers, uneven_split
+from memo_sim.layout.parallel import Layout, check_layout, stage_layers, stage_split_why_not, uneven_split
 from memo_sim.model.config import ModelConfig
 from memo_sim.policy import get_policy
 from memo_sim.profile.loader import load_profile
@@ -46,7 +46,8 @@ def test_the_layout_field():
     assert Layout.from_dict(lay.to_dict()) == lay
     assert check_layout(lay, TOY, 8, 8, 4096) is None
     assert "vpp = 1" in check_layout(Layout(pp=2, vpp=2, dp=4, first_stage_layers=3), TOY, 8, 8, 4096)
-    assert "pp >= 2" in check_layout(Layout(dp=8, first_stage_layers=3), TOY, 8, 8, 4096)
+    assert Layout(dp=8, first_stage_layers=3).first_stage_layers == 0  # a stage's shard (pp 1) drops them
+    assert "pp >= 2" in stage_split_why_not(7, 1, 3)
     assert "do not split evenly into 2" in check_layout(Layout(pp=2, dp=4), TOY, 8, 8, 4096)
 
 
@@ -106,3 +107,28 @@ def test_llama_405b_pp16_on_16k_gpus_in_seconds():
     best = json.loads(r.output)["candidates"][0]
     assert best["status"] == "OK" and "pp16f7l7" in best["layout"] and best["simulated_status"] == "OK"
     assert wall < 30, wall
+
+
+def test_plans_and_programs_are_held_to_the_rules(tmp_path):
+    """A layout read from a plan or passed to the simulator obeys the same rules as the search's."""
+    from memo_sim.engine.simulate import simulate as sim
+    twelve = ModelConfig("toy12", 12, 1024, 8, 4096, vocab=32000)
+    with pytest.raises(MemoError, match="1F1B"):
+        sim(twelve, Layout(pp=2, vpp=2, dp=4, first_stage_layers=3), 4, 4096, get_policy("store_all", None), H100,
+            schedule="interleaved_1f1b", micro_batch=1)
+    with pytest.raises(MemoError, match="single-stage"):
+        sim(twelve, Layout(pp=2, dp=4, zero=1, optimizer_offload=True), 4, 4096, get_policy("store_all", None), H100,
+            schedule="1f1b", micro_batch=1)
+    with pytest.raises(MemoError, match="ZeRO 1 or more"):
+        sim(twelve, Layout(dp=8, optimizer_offload=True), 1, 4096, get_policy("store_all", None), H100)
+    r = CliRunner().invoke(cli, ["whatif", "--model", "llama-3.1-8b", "--layers", "7", "--gpus", "8", "--seq", "8K",
+                                 "--profile", "h100-sxm5-80gb", "--pp", "2", "--framework", "megatron@2023",
+                                 "--no-plan", "--json"])
+    assert r.exit_code != 0 or all("f3" not in c["layout"] for c in json.loads(r.output)["candidates"])
+    # the flags alone ask for the pipeline (no --pp needed)
+    r = CliRunner().invoke(cli, ["whatif", "--model", "llama-3.1-8b", "--layers", "7", "--gpus", "8", "--seq", "8K",
+                                 "--profile", "h100-sxm5-80gb", "--decoder-first-pipeline-num-layers", "3",
+                                 "--policy", "full_recompute", "--no-plan", "--json"])
+    assert r.exit_code == 0, r.output[-2000:]
+    assert any(c["pp"] > 1 and c["layout_degrees"].get("first_stage_layers") == 3
+               for c in json.loads(r.output)["candidates"])

@@ -95,7 +95,10 @@ def optimizer_seconds(model: ModelConfig, layout: Layout, params: float, layers:
         step = offloaded_step_seconds(model, layout, params, profile)
     else:
         step = memory_bound_time(optimizer_step_bytes(model.recipe, params, layout.state_shards, layout.zero), profile)
-    return step + memory_bound_time(weight_recast_bytes(model, layers, layout.tp), profile)
+    # the re-cast of the weights this GPU updates: all of them, or its 1/N shard under ZeRO-3 (each layer's
+    # gathered copies are then cast again per gather, not priced)
+    owned = layers / (layout.state_shards if layout.zero >= 3 else 1)
+    return step + memory_bound_time(weight_recast_bytes(model, owned, layout.tp), profile)
 
 
 def optimizer_step_bytes(recipe: PrecisionRecipe, params: float, shards: int, zero: int) -> float:

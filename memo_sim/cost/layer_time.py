@@ -71,7 +71,9 @@ def _compute_cost(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, se
         if phase == "bwd":
             f *= GEMM_BWD_FACTOR
             t *= GEMM_BWD_FACTOR
-        t += cast_seconds(model, profile, m * n if phase == "bwd" else m * k)
+        # backward: the output gradient, and the input again for the weight gradient (memo keeps the
+        # high-precision input for backward, as torchao's Float8Linear does, and re-casts it there)
+        t += cast_seconds(model, profile, m * k) + (cast_seconds(model, profile, m * n) if phase == "bwd" else 0.0)
         return OpCost(op.name, "gemm", phase, "compute", t, flops=f)
     if op.kind == "attention":
         if layout.attention == "materialised":

@@ -8,7 +8,7 @@ says) live in the host's memory, beside an fp32 copy of the shard's gradients; t
 working weights and the gradient buffer. Each step then:
 
 1. copies the shard's gradients to the host (the recipe's ``grad_bytes`` per parameter) over the
-   GPU's host link, every GPU of the node at once (`memo_sim.cost.transfer.host_copy_time` with
+   GPU's host link, every GPU of the node the job uses at once (`memo_sim.cost.transfer.host_copy_time` with
    the node's GPUs active);
 2. runs Adam on the host: it reads the master weights, both moments and the fp32 gradients and
    writes the weights and moments back (``CPU_ADAM_BYTES_PER_PARAM`` bytes), over the node's host-
@@ -52,7 +52,7 @@ def offloaded_step_seconds(model: ModelConfig, layout: Layout, params: float, pr
     weights up (module docs)."""
     n = shard_params(params, layout)
     r = model.recipe
-    gpus = profile.node_gpus
+    gpus = min(layout.gpus, profile.node_gpus)  # the node's GPUs stepping at once
     down = host_copy_time(r.grad_bytes * n, profile, "d2h", gpus)
     host = CPU_ADAM_BYTES_PER_PARAM * n / (float(profile.host.memory_bandwidth) / gpus)
     up = host_copy_time(r.weight_bytes * n, profile, "h2d", gpus)

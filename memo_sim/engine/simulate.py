@@ -23,7 +23,7 @@ from memo_sim.engine.schedules import schedule_runner
 from memo_sim.engine.schedules.single_stage import layer_timings  # noqa: F401
 from memo_sim.engine.schedules.sppo import pipeline_layer_timings  # noqa: F401
 from memo_sim.errors import MemoError
-from memo_sim.layout.parallel import Layout
+from memo_sim.layout.parallel import Layout, structure_why_not
 from memo_sim.layout.schedule import check_schedule, default_schedule
 from memo_sim.model.config import ModelConfig
 from memo_sim.policy.base import Policy
@@ -63,6 +63,12 @@ def simulate(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: P
     name = schedule or default_schedule(layout.pp, policy.name)
     why = check_schedule(name, pp=layout.pp, vpp=layout.vpp, layers=model.layers, batch=batch, micro_batch=mb,
                          policy_name=policy.name)
+    if why:
+        raise MemoError(f"{layout.label()} {policy.label()}: {why}")
+    why = structure_why_not(layout, model) or (
+        "the optimizer on the host is priced for single-stage layouts only" if layout.optimizer_offload
+        and name != "single_stage" else None) or (
+        "uneven stages run the 1f1b schedule" if layout.uneven and name != "1f1b" else None)
     if why:
         raise MemoError(f"{layout.label()} {policy.label()}: {why}")
     return schedule_runner(name)(model, layout, batch, seq, policy, profile, micro_batch=mb, contention=contention,

@@ -29,7 +29,12 @@ def export_plan(plan: Plan, to: str, price: bool = True, nearest: bool = False) 
     ex = module.export(plan, price=price)
     if nearest or not any(g.change != PlanChange() for g in ex.gaps):
         return ex
-    alt, summary = best_runnable(plan, module.FRAMEWORK)
+    try:
+        alt, summary = best_runnable(plan, module.FRAMEWORK)
+    except MemoError as e:  # the framework's search itself refused: the nearest settings, as with --nearest
+        ex.gaps.append(Gap(f"a plan {module.FRAMEWORK} runs", f"the what-if constrained to --framework "
+                           f"{module.FRAMEWORK} refused ({str(e).splitlines()[0]}): the nearest settings are written"))
+        return ex
     if alt is None:  # nothing the framework offers fits: memo's plan's nearest settings, priced
         ex.gaps.append(Gap(f"a plan {module.FRAMEWORK} runs that fits", "none found by the what-if constrained to "
                            f"--framework {module.FRAMEWORK}: the nearest settings of memo's plan are written"))

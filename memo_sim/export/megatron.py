@@ -22,7 +22,8 @@ SOURCE = "NVIDIA/Megatron-LM@d98e8a64 (2026-08-22)"
 FILE = "megatron.sh"
 
 _RUNS = {"store_all": "no recompute (every activation kept)",
-         "full_recompute": "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1"}
+         "full_recompute": "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1",
+         "selective_recompute": "--recompute-granularity selective"}
 
 
 _OFFLOAD_NOTE = ("Megatron's --cpu-offloading --cpu-offloading-num-layers N, with Transformer Engine, moves "
@@ -86,6 +87,8 @@ def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | None]]:
             args.append(("--overlap-param-gather", None))
     if pol.name == "full_recompute":
         args += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"), ("--recompute-num-layers", "1")]
+    elif pol.name == "selective_recompute":  # the attention core re-run before its backward (Korthikanti et al.)
+        args.append(("--recompute-granularity", "selective"))
     return args
 
 

@@ -67,6 +67,7 @@ class _LayoutsIn(BaseModel):
     tp_modes: tuple[Literal[TP_MODES], ...] = ("megatron",)
     schedules: tuple[Literal[SCHEDULE_NAMES], ...] = ("single_stage",)  # `memo_sim.layout.schedule`
     optimizer_offload: bool = Field(False, strict=True)  # the optimizer's states and step on the host
+    uneven_stages: bool = Field(False, strict=True)  # first / last pipeline stages of their own layer counts
 
 
 class _MechanismsIn(BaseModel):
@@ -124,6 +125,7 @@ class Framework:
     recipes: tuple[tuple[str, str], ...] = ()  # (model dtype, model-state recipe it runs it with)
     gemm_formats: tuple[str, ...] = ("bf16",)  # the GEMM formats it offers
     optimizer_offload: bool = False  # it can keep the optimizer's states and step on the host
+    uneven_stages: bool = False  # it can give the first / last pipeline stages their own layer counts
 
     def for_model(self, model: ModelConfig) -> ModelConfig:
         """``model`` as this framework trains it: its recipe for the model's dtype where the model
@@ -159,6 +161,8 @@ class Framework:
             what = f"tp_mode {lay.tp_mode}"
         elif lay.optimizer_offload and not self.optimizer_offload:
             what = "optimizer offload"
+        elif lay.uneven and not self.uneven_stages:
+            what = "uneven pipeline stages"
         return None if what is None else f"{self.name} does not offer {lay.label()} ({what})"
 
     def adapt(self, lay: Layout) -> Layout:
@@ -178,7 +182,8 @@ def _read(path: Path) -> Framework:
     return Framework(f.name, f.summary, f.policies, f.sources, lay.tensor_parallel, lay.sequence_parallel,
                      lay.context_parallel, lay.ulysses, lay.zero, lay.tp_modes,
                      tuple((k, getattr(f.mechanisms, k)) for k in MECHANISMS), f.not_modelled, str(path),
-                     lay.schedules, tuple(f.precision.recipes.items()), f.precision.gemm_formats, lay.optimizer_offload)
+                     lay.schedules, tuple(f.precision.recipes.items()), f.precision.gemm_formats, lay.optimizer_offload,
+                     lay.uneven_stages)
 
 
 @lru_cache(maxsize=1)

@@ -82,6 +82,9 @@ HOST_POOLS = ("registered_pool", "caching_host_allocator")
 
 @dataclass(frozen=True)
 class Layout:
+    """One parallel layout (module docs). Without pipeline stages (pp 1) the first / last stage
+    counts are 0 whatever was given: a stage's shard (``replace(layout, pp=1, ...)``) is one GPU's
+    work, the same for every split."""
     tp: int = 1
     sp: bool = True  # Megatron sequence parallelism (only meaningful with tp > 1)
     cp: int = 1  # ring context parallelism (zigzag, load-balanced causal)
@@ -101,6 +104,11 @@ class Layout:
     # and last stages' layer counts, the stages between share the rest evenly (`stage_layers`)
     first_stage_layers: int = 0
     last_stage_layers: int = 0
+
+    def __post_init__(self) -> None:
+        if self.pp == 1 and (self.first_stage_layers or self.last_stage_layers):
+            object.__setattr__(self, "first_stage_layers", 0)
+            object.__setattr__(self, "last_stage_layers", 0)
 
     @property
     def uneven(self) -> bool:
@@ -256,6 +264,19 @@ def stages_cross_nodes(layout: Layout, a: int, b: int, gpus_per_node: int) -> bo
 def pipeline_spans_nodes(layout: Layout, gpus_per_node: int) -> bool:
     """Whether any stage-to-stage hop of the pipeline crosses a node boundary."""
     return any(stage_hop_crosses_nodes(layout, s, gpus_per_node) for s in range(layout.pp - 1))
+
+
+def structure_why_not(layout: Layout, model: ModelConfig) -> str | None:
+    """The rules of the optimizer's place and of uneven stages, for a layout read from anywhere (a
+    plan, a program): None, or why the layout cannot run. `check_layout` applies them too."""
+    why = offload_why_not(layout)
+    if why:
+        return why
+    if layout.uneven and layout.vpp > 1:
+        return "uneven pipeline stages run the 1F1B schedule (vpp = 1)"
+    if layout.uneven:
+        return stage_split_why_not(model.layers, layout.pp, layout.first_stage_layers, layout.last_stage_layers)
+    return None
 
 
 def offload_why_not(layout: Layout) -> str | None:
@@ -449,6 +470,8 @@ def stage_split_why_not(n_layers: int, pp: int, first: int = 0, last: int = 0) -
     ``last`` layers (0: not set) and the others an even share of the rest, or None."""
     if pp < 1:
         return f"pp must be at least 1, got {pp}"
+    if (first or last) and pp < 2:
+        return f"first / last stage layer counts need pipeline stages (pp >= 2), got pp {pp}"
     if not (first or last):
         if n_layers % pp:
             return (f"{n_layers} layers do not split evenly into {pp} pipeline stages; give the first and last "

@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from memo_sim import __version__
 from memo_sim.errors import MemoError, PlanError, validated
 from memo_sim.fileio import atomic_write_json, read_json
-from memo_sim.layout.parallel import MAX_DEGREE, Layout
+from memo_sim.layout.parallel import MAX_DEGREE, Layout, structure_why_not
 from memo_sim.layout.schedule import SCHEDULE_NAMES, check_schedule, default_schedule
 from memo_sim.model.config import ModelConfig
 from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS
@@ -168,6 +168,9 @@ class Plan:
         if why:
             field_ = "micro_batch" if why.startswith("micro_batch") else "schedule"
             raise fail(field_, f"{why}; re-create the plan with memo-sim whatif")
+        why = structure_why_not(layout, model)
+        if why:
+            raise fail("layout", f"{why}; re-create the plan with memo-sim whatif")
         return plan
 
 

@@ -115,8 +115,8 @@ class Sppo(Policy):
             return "sppo splits a stage's tokens by Megatron TP+SP only (no ring CP, Ulysses or METP)"
         if layout.tp > 1 and not layout.sp:
             return "sppo needs Megatron sequence parallelism inside a stage (sp on)"
-        if model.layers % layout.pp:
-            return f"{model.layers} layers do not split evenly into {layout.pp} stages"
+        if model.layers % layout.pp or layout.uneven:
+            return f"{model.layers} layers do not split evenly into {layout.pp} stages (sppo runs even stages)"
         if layout.zero > 1:
             return "sppo keeps each stage's weights and gradients whole: ZeRO 0 or 1"
         if not self.bounds:

@@ -45,7 +45,7 @@ MAX_MICRO_BATCH_SIZES = 4  # the smallest divisors of the batch tried as micro-b
 
 
 @memoised_by(lambda model, layout: (model, layout.pp, layout.tp, layout.state_shards, layout.zero >= 1,
-                                    layout.first_stage_layers, layout.last_stage_layers))
+                                    layout.first_stage_layers, layout.last_stage_layers, layout.optimizer_offload))
 def _stage_states(model: ModelConfig, layout: Layout) -> tuple[float, ...]:
     """Each stage's model-state bytes on one GPU (memoised by what `stage_model_state_bytes`
     reads: every policy, micro-batch size and virtual-stage count of a layout asks)."""

@@ -13,7 +13,7 @@ named in `FIXING` (`candidates_for`'s keywords), a setting of the search itself 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 from memo_sim.layout.schedule import schedule_runs_policy
 from memo_sim.model.config import ModelConfig
@@ -147,8 +147,9 @@ def answer_whatif(req: WhatifRequest, progress=None) -> WhatifAnswer:
     result = rank(req.model, req.seq, req.gpus, req.profile, simulate_top=req.simulate_top, progress=progress,
                   allocator_lag=req.allocator_lag, jobs=req.jobs, **req.search_kwargs())
     memo_best = None
-    if req.framework != "any":
-        memo_best = rank(req.model, req.seq, req.gpus, req.profile, simulate_top=1, allocator_lag=req.allocator_lag,
+    if req.framework != "any":  # memo's own best for the same model: the framework's model-state recipe kept
+        same = replace(req.model, precision=get_framework(req.framework).for_model(req.model).precision)
+        memo_best = rank(same, req.seq, req.gpus, req.profile, simulate_top=1, allocator_lag=req.allocator_lag,
                          jobs=1, **req.fixed()).best
     advice = [] if result.best is not None else not_searched(req.gpus, req.searched_policies, req.framework,
                                                              req.fixed())

@@ -124,19 +124,25 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     if pp is not None and pp > 1 and not pipes and not ("sppo" in allowed and sppo_pols):
         raise MemoError(f"--pp {pp}: no pipeline schedule is searched ({', '.join(allowed)}); "
                         f"add --schedule 1f1b or interleaved_1f1b")
-    if (first_stage_layers or last_stage_layers) and not pipes:
-        raise MemoError("--decoder-first/last-pipeline-num-layers split a 1F1B pipeline: add --schedule 1f1b or --pp")
+    uneven_flags = first_stage_layers is not None or last_stage_layers is not None
+    if uneven_flags and ("1f1b" not in pipes or pp == 1 or (vpp is not None and vpp > 1)):
+        raise MemoError("--decoder-first/last-pipeline-num-layers split a 1F1B pipeline: drop them, or search 1f1b "
+                        "(--schedule 1f1b) with pp >= 2 and vpp 1")
     if optimizer_offload and not fw.optimizer_offload:
         raise MemoError(f"--optimizer-offload: {fw.name} does not offer it; drop it or choose another --framework")
+    if optimizer_offload and ((pp is not None and pp > 1) or (vpp is not None and vpp > 1)):
+        raise MemoError("--optimizer-offload is priced for single-stage layouts only: drop --pp/--vpp or it")
     stage_valid: list[Layout] = []
-    pipe_flags = (pp is not None and pp > 1) or (vpp is not None and vpp > 1) or bool(set(pipes) & set(schedules or ()))
+    pipe_flags = ((pp is not None and pp > 1) or (vpp is not None and vpp > 1) or bool(set(pipes) & set(schedules or ()))
+                  or uneven_flags)
     out: list[Candidate] = []
     rejected: list[tuple[Layout, str]] = []
     searched: dict = {"schedules": []}
     why_none = "no factorisation of the GPU count matches the fixed degrees"
     # SPPO's search first, so that its candidates are known (``on_sppo``: simulated ahead) while
     # the single stage is priced; they are listed after the single stage's all the same
-    search, sppo_tried = None, sppo_pols and "sppo" in allowed and (vpp is None or vpp == 1) and micro_batch is None
+    search, sppo_tried = None, (sppo_pols and "sppo" in allowed and (vpp is None or vpp == 1) and micro_batch is None
+                                and not optimizer_offload and not uneven_flags)
     if sppo_tried:
         search, sppo_cands, sppo_rejected, sppo_why = sppo_candidates(
             model, seq, gpus, profile, batch=batch or 1, tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero, sp=sp,
@@ -166,7 +172,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
         if sppo_why and not out:
             why_none = sppo_why
     nothing_fits = not any(c.memory.status == "OK" for c in out)
-    if plain and pipes and (pp is None or pp > 1) and (pipe_flags or nothing_fits):
+    if plain and pipes and (pp is None or pp > 1) and (pipe_flags or nothing_fits) and not optimizer_offload:
         pc, pr, what = pipeline_candidates(
             model, seq, gpus, profile, policies=plain, batch=batch, global_batch=global_batch,
             micro_batch=micro_batch, allows=fw.allows, adapt=fw.adapt, tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero, sp=sp,

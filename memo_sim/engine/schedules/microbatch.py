@@ -274,6 +274,8 @@ class _MicrobatchBuilder:
         p, v, m = layout.pp, layout.vpp, micro_batches
         n_vs = p * v
         if layout.uneven:  # 1F1B, each stage its own layer count (`Layout.stage_ranges`)
+            if v > 1:
+                raise MemoError("uneven pipeline stages run the 1F1B schedule (vpp = 1)")
             ranges = tuple(layout.stage_ranges(n_layers))
         elif n_layers % n_vs:
             raise MemoError(f"{n_layers} layers do not split evenly into pp x vpp = {n_vs} model chunks")

@@ -4,8 +4,9 @@ FFN's two) run in, and what running them in it moves and keeps beside the GEMMs.
 A quantised format (FP8) runs the forward GEMM and both backward GEMMs (data gradient, weight
 gradient) at the profile's ``peak`` for it, on operands of ``element_bytes``, and pays for it:
 
-- **casts**: each GEMM's input activation is quantised in forward and its output gradient in
-  backward: a read of the high-precision tensor (a second one first for the amax where the
+- **casts**: each GEMM's input activation is quantised in forward, and in backward its output
+  gradient and (memo keeps the high-precision input for backward, as torchao's Float8Linear does)
+  its input again for the weight gradient: a read of the high-precision tensor (a second one first for the amax where the
   scale is computed from the tensor itself before the cast: ``amax_pass``) and a write of
   ``copies`` quantised copies with their scales. Hopper's FP8 tensor cores take only the
   "TN" layout, so the weight-gradient GEMM needs the transposed input and gradient, and the
