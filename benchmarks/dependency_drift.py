@@ -172,7 +172,7 @@ def main() -> int:
         failed += f
         if code:
             rc, tail = 1, "\n".join(text.splitlines()[-40:])
-        _step(f"pytest {' '.join(sel[3:]) or '(default)'}: {s}", t0)
+        _step(f"pytest {' '.join(sel[4:]) or '(default selection)'}: {s}", t0)
     wall["tests"] = time.monotonic() - t1
     text = report(args, started, py, moved, "; ".join(summaries), failed, tail, wall, rc)
     lock_deps.write_atomic(out, text)
