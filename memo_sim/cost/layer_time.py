@@ -25,7 +25,7 @@ from memo_sim.cost.kernel_time import attention_bwd_time, attention_fwd_time, ge
 from memo_sim.cost.opcost import OpCost, chain_dependencies, chain_tail, critical_time  # noqa: F401  (re-exported)
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
-from memo_sim.model.layer_graph import DTYPE_BYTES, OpSpec, forward_ops, layer_tensors, recompute_ops
+from memo_sim.model.layer_graph import DTYPE_BYTES, FP8_SAVED_INPUTS, OpSpec, forward_ops, layer_tensors, recompute_ops
 from memo_sim.profile.schema import HardwareProfile
 from memo_sim.tp import RING_GROUPS, TPFlavour
 
@@ -73,7 +73,11 @@ def _compute_cost(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, se
             t *= GEMM_BWD_FACTOR
         # backward: the output gradient, and the input again for the weight gradient (memo keeps the
         # high-precision input for backward, as torchao's Float8Linear does, and re-casts it there)
-        t += cast_seconds(model, profile, m * k) + (cast_seconds(model, profile, m * n) if phase == "bwd" else 0.0)
+        if phase != "bwd":
+            t += cast_seconds(model, profile, m * k)
+        else:  # the output gradient; the input too unless its quantised copy was kept (fp8_saved_inputs)
+            t += cast_seconds(model, profile, m * n) + (
+                0.0 if model.fp8_saved_inputs and op.inputs[0] in FP8_SAVED_INPUTS else cast_seconds(model, profile, m * k))
         return OpCost(op.name, "gemm", phase, "compute", t, flops=f)
     if op.kind == "attention":
         if layout.attention == "materialised":

@@ -83,6 +83,7 @@ class _PrecisionIn(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     recipes: dict[Literal[DTYPES], Literal[tuple(RECIPES)]] = {}  # model dtype -> the recipe it ran with
     gemm_formats: tuple[Literal[GEMM_FORMATS], ...] = Field(("bf16",), min_length=1)
+    fp8_saved_inputs: bool = Field(False, strict=True)  # FP8 GEMM inputs kept for backward as FP8 copies
 
 
 class _FrameworkIn(BaseModel):
@@ -124,6 +125,7 @@ class Framework:
     schedules: tuple[str, ...] = ("single_stage",)  # the schedules it runs (`memo_sim.layout.schedule`)
     recipes: tuple[tuple[str, str], ...] = ()  # (model dtype, model-state recipe it runs it with)
     gemm_formats: tuple[str, ...] = ("bf16",)  # the GEMM formats it offers
+    fp8_saved_inputs: bool = False  # under FP8 it keeps the GEMM inputs for backward as FP8 copies
     optimizer_offload: bool = False  # it can keep the optimizer's states and step on the host
     uneven_stages: bool = False  # it can give the first / last pipeline stages their own layer counts
 
@@ -133,6 +135,8 @@ class Framework:
         if model.gemm_format not in self.gemm_formats:
             raise MemoError(f"--precision {model.gemm_format}: {self.name} does not offer {model.gemm_format} GEMMs "
                             f"(it offers {', '.join(self.gemm_formats)}); fix: drop it or choose another --framework")
+        if model.gemm.quantised and model.fp8_saved_inputs != self.fp8_saved_inputs:
+            model = replace(model, fp8_saved_inputs=self.fp8_saved_inputs)
         recipe = dict(self.recipes).get(model.dtype)
         if model.precision is not None or recipe is None:
             return model
@@ -182,8 +186,9 @@ def _read(path: Path) -> Framework:
     return Framework(f.name, f.summary, f.policies, f.sources, lay.tensor_parallel, lay.sequence_parallel,
                      lay.context_parallel, lay.ulysses, lay.zero, lay.tp_modes,
                      tuple((k, getattr(f.mechanisms, k)) for k in MECHANISMS), f.not_modelled, str(path),
-                     lay.schedules, tuple(f.precision.recipes.items()), f.precision.gemm_formats, lay.optimizer_offload,
-                     lay.uneven_stages)
+                     lay.schedules, recipes=tuple(f.precision.recipes.items()), gemm_formats=f.precision.gemm_formats,
+                     optimizer_offload=lay.optimizer_offload, uneven_stages=lay.uneven_stages,
+                     fp8_saved_inputs=f.precision.fp8_saved_inputs)
 
 
 @lru_cache(maxsize=1)

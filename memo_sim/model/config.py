@@ -66,6 +66,7 @@ class _ModelIn(BaseModel):
     bias: Literal[BIASES] = "all"
     tied_embeddings: bool = Field(True, strict=True)
     gemm_format: Literal[GEMM_FORMATS] = "bf16"
+    fp8_saved_inputs: bool = Field(False, strict=True)
 
     @model_validator(mode="after")
     def _shapes(self):
@@ -93,6 +94,9 @@ class ModelConfig:
     bias: str = "all"  # which linears carry a bias: all | qkv | none (module docs)
     tied_embeddings: bool = True  # the classifier reuses the token embedding
     gemm_format: str = "bf16"  # the layer GEMMs' number format (`memo_sim.model.gemm_formats`)
+    # with a quantised format: the GEMM inputs kept for backward are the quantised copies (TransformerEngine),
+    # not the high-precision tensors (torchao's Float8Linear); set by the framework (`Framework.for_model`)
+    fp8_saved_inputs: bool = False
 
     def __post_init__(self) -> None:
         # every way of building a model (presets, files, flags, plans) passes the one validator

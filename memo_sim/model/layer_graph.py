@@ -116,6 +116,9 @@ _TENSORS = (
     ("fc2", "h", False, "transient", False),
     ("y", "h", False, "transient", False),
 )
+# GEMM inputs read in backward only by their GEMM's weight gradient (the norms' outputs feed QKV and the
+# FFN's first GEMM, the activation the second; the attention output is also the attention kernel's, so not it)
+FP8_SAVED_INPUTS = ("ln1", "ln2", "act")
 # the tensors a Megatron-mode layer keeps for its backward in activation buffers (lse, a few MB,
 # stays with the attention kernel's state)
 SKELETAL_NAMES = tuple(n for n, _w, _s, role, saved in _TENSORS if saved and role != "lse")
@@ -127,8 +130,11 @@ def layer_tensors(model: ModelConfig, tp_mode: str = "megatron") -> MappingProxy
     mode). Under a METP mode the `block_tensors` are not saved (role "transient")."""
     blocks = block_tensors(tp_mode)
     b = DTYPE_BYTES[model.dtype]
+    # the GEMM inputs that only their GEMM's weight gradient reads: kept as the format's quantised copy
+    # where the framework keeps that one (`ModelConfig.fp8_saved_inputs`; scales not counted)
+    fp8 = FP8_SAVED_INPUTS if model.fp8_saved_inputs and model.gemm.quantised else ()
     width = {"h": model.hidden, "kv": model.kv_dim, "f1": model.fc1_width, "f": model.ffn, "heads": model.heads}
-    specs = [TensorSpec(n, width[w], LSE_BYTES if role == "lse" else b, split,
+    specs = [TensorSpec(n, width[w], LSE_BYTES if role == "lse" else int(model.gemm.element_bytes) if n in fp8 else b, split,
                         "transient" if n in blocks else role, saved and n not in blocks)
              for n, w, split, role, saved in _TENSORS]
     return MappingProxyType({s.name: s for s in specs})

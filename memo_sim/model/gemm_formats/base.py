@@ -24,10 +24,11 @@ gradient) at the profile's ``peak`` for it, on operands of ``element_bytes``, an
 
 What stays in the model dtype: the attention core (FlashAttention), the norms and elementwise
 ops, the embedding, the classifier (the output layer), and the gradient and optimizer states
-(the precision recipe, `memo_sim.model.precision`). Not modelled yet (said in each framework's
-``not_modelled`` where it runs FP8): activations saved for backward in FP8 (TransformerEngine keeps
-the quantised GEMM inputs; torchao's Float8Linear keeps the high-precision ones, as memo does),
-FP8 all-gathers of sequence-parallel inputs and FSDP parameters, delayed scaling's amax history.
+(the precision recipe, `memo_sim.model.precision`). Which copy of a GEMM input backward reads is the
+framework's (``ModelConfig.fp8_saved_inputs``, `memo_sim.model.layer_graph.FP8_SAVED_INPUTS`):
+TransformerEngine keeps the quantised copy, torchao's Float8Linear the high-precision tensor (then
+cast again in backward). Not modelled yet (said in each framework's ``not_modelled`` where it runs
+FP8): FP8 all-gathers of sequence-parallel inputs and FSDP parameters, delayed scaling's amax history.
 """
 
 from __future__ import annotations
