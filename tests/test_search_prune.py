@@ -142,3 +142,17 @@ def test_the_bound_holds_for_the_new_dimensions():
             assert 0 < lb <= sim * (1 + 1e-9), (c.layout.label(), c.policy.label(), lb, sim)
             seen.add((c.model.gemm_format, c.layout.optimizer_offload, c.layout.uneven))
     assert {("fp8-tensorwise", False, False), ("bf16", True, False), ("bf16", False, True)} <= seen, seen
+
+
+def test_equal_throughput_ranks_by_lower_peak():
+    """[search-speed] item 5: the README's default what-if ranks the plan with less memory first where two
+    simulate to the same throughput (ZeRO 3 beside ZeRO 2, MEMO's static plan beside the caching allocator)."""
+    r = CliRunner().invoke(cli, ["whatif", "--no-plan", "--json"])
+    assert r.exit_code == 0, r.output[-2000:]
+    rows = [c for c in json.loads(r.output)["candidates"] if c["status"] == "OK" and c["tier"] == "simulated"]
+    ties = 0
+    for a, b in zip(rows, rows[1:]):
+        if a["simulated_tgs_tokens_per_gpu_s"] == b["simulated_tgs_tokens_per_gpu_s"]:
+            ties += 1
+            assert a["peak"]["bytes"] <= b["peak"]["bytes"], (a["layout"], b["layout"])
+    assert ties >= 1 and rows[0]["layout"] == "tp1-cp8-z3"
