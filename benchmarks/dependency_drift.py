@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import importlib.util
 import re
 import subprocess
 import sys
@@ -32,15 +31,9 @@ sys.path.insert(0, str(HERE))
 from machine import cpu_name, git_state, uptime  # noqa: E402
 
 
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+import lock_deps  # noqa: E402  (benchmarks/, on the path above)
 
-
-lock_deps = _load("lock_deps", HERE / "lock_deps.py")
-fw = _load("fetch_wheels", HERE / "gpu" / "fetch_wheels.py")
+fw = lock_deps.fetch_wheels_module()
 
 
 def _step(msg: str, t0: float) -> None:

@@ -35,7 +35,7 @@ TORCH_PIN = "torch==2.13.0"
 COMMAND = "python benchmarks/lock_deps.py"
 
 
-def _fetch_wheels():
+def fetch_wheels_module():
     spec = importlib.util.spec_from_file_location("fetch_wheels", REPO / "benchmarks" / "gpu" / "fetch_wheels.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -81,11 +81,21 @@ def compile_lock(upgrade: bool) -> str:
 
 
 def main() -> int:
+    try:
+        return _main()
+    except SystemExit as e:  # a one-line refusal (pip-tools missing, a lock the wheel set cannot follow): exit 2
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+            return 2
+        raise
+
+
+def _main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--upgrade", action="store_true", help="re-resolve every package to its newest allowed version")
     ap.add_argument("--check", action="store_true", help="compile nothing; check wheels.txt against the lock")
     args = ap.parse_args()
-    fw = _fetch_wheels()
+    fw = fetch_wheels_module()
     if args.check:
         want = fw.wheels_text(LOCK.read_text())
         if fw.PINS.read_text() != want:

@@ -287,11 +287,16 @@ def pipeline_time(pp: int, n: int, f_n: float) -> float:
     return (pp - 1 + n) / n * f_n
 
 
-def stage_layer_count(model: ModelConfig, layout: Layout, stage: int) -> int:
-    """Layers of one pipeline stage (the layout's even or uneven split, `Layout.stage_ranges`)."""
+def stage_layer_counts(model: ModelConfig, layout: Layout) -> list[int]:
+    """Layers of each pipeline stage (the layout's even or uneven split, `Layout.stage_ranges`)."""
     if not layout.uneven:
-        return model.layers // layout.pp
-    return len(layout.stage_ranges(model.layers)[stage])
+        return [model.layers // layout.pp] * layout.pp
+    return [len(r) for r in layout.stage_ranges(model.layers)]
+
+
+def stage_layer_count(model: ModelConfig, layout: Layout, stage: int) -> int:
+    """Layers of one pipeline stage (`stage_layer_counts`)."""
+    return stage_layer_counts(model, layout)[stage]
 
 
 def stage_params(model: ModelConfig, layout: Layout, stage: int) -> float:

@@ -33,7 +33,7 @@ from typing import Callable
 from memo_sim.cost.boundary import boundary_times
 from memo_sim.cost.grad_sync import grad_sync
 from memo_sim.cost.layer_time import critical_time
-from memo_sim.cost.sppo import piece_timer, stage_layers, stage_optimizer_time
+from memo_sim.cost.sppo import piece_timer, stage_layer_counts, stage_layers, stage_optimizer_time
 from memo_sim.errors import MemoError
 from memo_sim.memplan.trace_gen import per_gpu_shard
 from memo_sim.search.estimate import _forward_backward_times
@@ -91,7 +91,7 @@ def pipeline_bound(c) -> float:
     bt = boundary_times(model, shard, mb, c.seq, profile)
     opt0 = stage_optimizer_time(model, lay, 0, profile)
     if lay.uneven:  # 1F1B over stages of their own layer counts (the same chain, each rank its own units)
-        counts = [len(rg) for rg in lay.stage_ranges(model.layers)]
+        counts = stage_layer_counts(model, lay)
         best = 0.0
         for s in range(p):
             n_f = m * counts[s]

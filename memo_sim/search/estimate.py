@@ -201,13 +201,13 @@ def estimate_pipeline(model: ModelConfig, layout: Layout, batch: int, micro_batc
     state's sends overlap compute). Then the last gradient bucket of a stage (with ``grad_overlap``
     off: the slowest stage's reduction of all its gradients at once), ZeRO-1's exposed
     weight gathers (each layer's first forward) and the slowest stage's optimizer step."""
-    from memo_sim.cost.sppo import stage_grad_sync
+    from memo_sim.cost.sppo import stage_grad_sync, stage_layer_counts
 
     p, v = layout.pp, layout.vpp
     m = batch // micro_batch
     shard = stage_shard(layout)
     lt = _layer_times(model, shard, micro_batch, seq, policy, profile, active_gpus_per_node(layout, profile))
-    per_stage = [len(rg) for rg in layout.stage_ranges(model.layers)] if layout.uneven else [model.layers // p] * p
+    per_stage = stage_layer_counts(model, layout)
     per = max(per_stage)  # the fullest stage's layers: its weight gathers and exposed copies per micro-batch
     r = lt.recompute if policy.recomputes_layer(0, model.layers) else 0.0
     f_unit = max(lt.forward, lt.offload) if policy.offloads else lt.forward
