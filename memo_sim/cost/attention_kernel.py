@@ -61,7 +61,7 @@ def materialised_attention(model: ModelConfig, layout: Layout, batch: int, seq: 
     """Seconds, GEMM FLOPs and memory-pass bytes of the materialised attention of one layer on one
     GPU; ``phase`` fwd or recompute (the forward again) or bwd."""
     nb = score_matrices(model, layout, batch)
-    s, d, dt = seq, model.head_dim, DTYPE_BYTES[model.dtype]
+    s, d, dt = seq, model.qk_head_dim, DTYPE_BYTES[model.dtype]
     elems = nb * s * s
     f_one = 2.0 * elems * d  # one batched GEMM over the whole score matrix
     qk_bytes = gemm_bytes(s, s, d, dt, nb)  # Q, K in; scores out

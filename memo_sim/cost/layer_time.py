@@ -87,8 +87,8 @@ def _compute_cost(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, se
         if phase == "bwd":
             f *= ATTN_BWD_FACTOR
             return OpCost(op.name, "attention", phase, "compute",
-                          attention_bwd_time(f, profile, model.dtype, model.head_dim), flops=f)
-        return OpCost(op.name, "attention", phase, "compute", attention_fwd_time(f, profile, model.dtype, model.head_dim),
+                          attention_bwd_time(f, profile, model.dtype, model.qk_head_dim), flops=f)
+        return OpCost(op.name, "attention", phase, "compute", attention_fwd_time(f, profile, model.dtype, model.qk_head_dim),
                       flops=f)
     nbytes = _elementwise_bytes(op, model, layout, batch, seq) * fraction
     if phase == "bwd":
@@ -129,7 +129,7 @@ def _ulysses_alltoall(model: ModelConfig, layout: Layout, batch: int, seq: int, 
 def _cp_ring(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile,
              phase: str) -> OpCost:
     """K and V chunks travel c-1 steps round the ring (backward: also dK, dV)."""
-    kv = 2 * tokens_per_gpu(layout, batch, seq) * model.kv_dim * DTYPE_BYTES[model.dtype] / layout.tp
+    kv = tokens_per_gpu(layout, batch, seq) * (model.kv_dim + model.v_dim) * DTYPE_BYTES[model.dtype] / layout.tp
     if phase == "bwd":
         kv *= 2
     link = coll.group_link(profile, layout.cp, layout.tp * layout.ulysses)

@@ -166,8 +166,8 @@ def piece_costs(model: ModelConfig, layout: Layout, batch: int, start: int, leng
     bwd = backward_costs(model, shard, batch, length, profile)
     if start > 0:
         f = prefix_attention_flops(batch, start, length, model.hidden) / (shard.tp * shard.seq_split)
-        fwd = _reprice_attention(fwd, f, profile, model.dtype, model.head_dim)
-        bwd = _reprice_attention(bwd, f, profile, model.dtype, model.head_dim)
+        fwd = _reprice_attention(fwd, f, profile, model.dtype, model.qk_head_dim)
+        bwd = _reprice_attention(bwd, f, profile, model.dtype, model.qk_head_dim)
     if memo:
         if len(_COSTS) > _COSTS_MAX:
             _COSTS.clear()
@@ -229,8 +229,8 @@ def piece_timer(model: ModelConfig, layout: Layout, batch: int, profile: Hardwar
             out = (critical_time(f), critical_time(b))
         else:
             fl = prefix_attention_flops(batch, start, length, h) / shards
-            out = (rest[0] * scale + attention_fwd_time(fl, profile, dtype, model.head_dim),
-                   rest[1] * scale + attention_bwd_time(fl * ATTN_BWD_FACTOR, profile, dtype, model.head_dim))
+            out = (rest[0] * scale + attention_fwd_time(fl, profile, dtype, model.qk_head_dim),
+                   rest[1] * scale + attention_bwd_time(fl * ATTN_BWD_FACTOR, profile, dtype, model.qk_head_dim))
         memo[(start, length)] = out
         return out
 

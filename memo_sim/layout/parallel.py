@@ -56,6 +56,19 @@ Optimizer offload (``optimizer_offload``, `memo_sim.cost.optimizer_offload`): th
 master weights, moments and step on the host (Megatron-Core's ``--optimizer-cpu-offload``,
 DeepSpeed's ZeRO-Offload); with ZeRO 1 or more. Left out of `Layout.to_dict` when off.
 
+Expert parallelism (mixture-of-experts models only; `memo_sim.cost.moe`): ``ep`` spreads each MoE
+layer's routed experts over that many ranks and ``etp`` splits each expert's FFN over that many
+(Megatron-Core's MoE parallel folding, megatron/core/parallel_state.py at d98e8a64: the expert
+layers have their own rank grid, ETP innermost, then EP, then the expert data-parallel ranks, then
+PP, over the same GPUs as the dense layers' TP x CP x DP; so etp x ep divides the GPUs of a
+pipeline stage, and the expert data-parallel degree is gpus / (etp x ep x pp)). The experts' weights,
+gradients and optimizer states are sharded by ep x etp and ZeRO-sharded over the expert
+data-parallel ranks; the dense parts as above. ``moe_dispatcher`` names the token dispatcher
+(`memo_sim.layout.moe_dispatchers`) and ``moe_balance`` the routed tokens' balance
+(`memo_sim.layout.moe_balance`). With tp > 1 a MoE layout needs sequence parallelism (the MoE
+block reads each rank's sequence shard, as Megatron-Core's dispatchers do). Each left out of
+`Layout.to_dict` at its default (1, 1, alltoall, dropless).
+
 Caching allocator (``expandable_segments``, `memo_sim.memplan.caching_allocator`): PyTorch's
 ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` or not, for the policies that run on the
 caching allocator (everything but MEMO's static plan). Left out of `Layout.to_dict` when off.
@@ -72,6 +85,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from memo_sim.errors import MemoError, validated
 from memo_sim.model.config import ModelConfig
+from memo_sim.layout.moe_balance import balance_why_not, parse_balance, Balance
+from memo_sim.layout.moe_dispatchers import DISPATCHER_NAMES, Dispatcher, dispatcher
 from memo_sim.model.layer_graph import ATTENTION_KERNELS, CROSS_ENTROPY_KERNELS
 from memo_sim.tp import FLAVOURS, TP_MODES, TPFlavour, tp_flavour
 
@@ -104,6 +119,11 @@ class Layout:
     # and last stages' layer counts, the stages between share the rest evenly (`stage_layers`)
     first_stage_layers: int = 0
     last_stage_layers: int = 0
+    # expert parallelism (module docs): experts over ep ranks, each expert's FFN over etp
+    ep: int = 1
+    etp: int = 1
+    moe_dispatcher: str = "alltoall"  # a dispatcher of `memo_sim.layout.moe_dispatchers`
+    moe_balance: str = "dropless"  # forced | dropless | capacity:F (`memo_sim.layout.moe_balance`)
 
     def __post_init__(self) -> None:
         if self.pp == 1 and (self.first_stage_layers or self.last_stage_layers):
@@ -122,6 +142,19 @@ class Layout:
     @property
     def gpus(self) -> int:
         return self.tp * self.cp * self.ulysses * self.dp * self.pp
+
+    @property
+    def expert_dp(self) -> int:
+        """Expert data-parallel degree: the ranks holding the same experts (gpus / (etp x ep x pp))."""
+        return max(1, self.stage_stride * self.dp // (self.ep * self.etp))
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        return dispatcher(self.moe_dispatcher)
+
+    @property
+    def balance(self) -> Balance:
+        return parse_balance(self.moe_balance)
 
     @property
     def stage_stride(self) -> int:
@@ -175,6 +208,12 @@ class Layout:
             parts.append("expandable")
         if self.optimizer_offload:
             parts.append("optim-offload")
+        if self.ep > 1 or self.etp > 1:
+            parts.insert(1, f"ep{self.ep}" + (f"etp{self.etp}" if self.etp > 1 else ""))
+        if self.moe_dispatcher != "alltoall":
+            parts.append(f"moe-{self.moe_dispatcher}")
+        if self.moe_balance != "dropless":
+            parts.append(self.moe_balance.replace(":", ""))
         return "-".join(parts)
 
     def to_dict(self) -> dict:
@@ -197,6 +236,9 @@ class Layout:
             del d["optimizer_offload"]
         for k in ("first_stage_layers", "last_stage_layers"):  # and plans with even stages theirs
             if not d[k]:
+                del d[k]
+        for k, v in (("ep", 1), ("etp", 1), ("moe_dispatcher", "alltoall"), ("moe_balance", "dropless")):
+            if d[k] == v:  # and dense plans theirs
                 del d[k]
         return d
 
@@ -230,9 +272,16 @@ class _LayoutIn(BaseModel):
     optimizer_offload: bool = Field(False, strict=True)
     first_stage_layers: Annotated[int, Field(strict=True, ge=0, le=1 << 12)] = 0
     last_stage_layers: Annotated[int, Field(strict=True, ge=0, le=1 << 12)] = 0
+    ep: _Degree = 1
+    etp: _Degree = 1
+    moe_dispatcher: Literal[DISPATCHER_NAMES] = "alltoall"
+    moe_balance: str = Field("dropless", strict=True)
 
     @model_validator(mode="after")
     def _total(self):
+        why = balance_why_not(self.moe_balance)
+        if why:
+            raise ValueError(why)
         total = self.tp * self.cp * self.ulysses * self.dp * self.pp
         if total > MAX_DEGREE:
             raise ValueError(f"degrees multiply to {total} GPUs, more than {MAX_DEGREE}; use smaller degrees")
@@ -269,13 +318,37 @@ def pipeline_spans_nodes(layout: Layout, gpus_per_node: int) -> bool:
 def structure_why_not(layout: Layout, model: ModelConfig) -> str | None:
     """The rules of the optimizer's place and of uneven stages, for a layout read from anywhere (a
     plan, a program): None, or why the layout cannot run. `check_layout` applies them too."""
-    why = offload_why_not(layout)
+    why = offload_why_not(layout) or expert_why_not(layout, model)
     if why:
         return why
     if layout.uneven and layout.vpp > 1:
         return "uneven pipeline stages run the 1F1B schedule (vpp = 1)"
     if layout.uneven:
         return stage_split_why_not(model.layers, layout.pp, layout.first_stage_layers, layout.last_stage_layers)
+    return None
+
+
+def expert_why_not(layout: Layout, model: ModelConfig) -> str | None:
+    """The expert-parallel rules (module docs) for a layout read from anywhere: None, or why not."""
+    if not model.moe:
+        if layout.ep > 1 or layout.etp > 1:
+            return f"ep / etp spread experts: model {model.name} has none (a dense model runs ep 1, etp 1)"
+        return None
+    if model.experts % layout.ep:
+        return f"the {model.experts} experts do not split evenly over ep {layout.ep}; pick an ep that divides them"
+    if model.expert_width % layout.etp:
+        return f"expert FFN width {model.expert_width} is not divisible by etp {layout.etp}"
+    if model.shared_width % layout.tp:
+        return f"shared-expert width {model.shared_width} is not divisible by tp {layout.tp}"
+    if (layout.stage_stride * layout.dp) % (layout.ep * layout.etp):
+        return (f"etp x ep = {layout.etp * layout.ep} must divide the {layout.stage_stride * layout.dp} GPUs of a pipeline "
+                f"stage (tp x cp x ulysses x dp; Megatron-Core's parallel folding)")
+    if layout.tp > 1 and not layout.sp:
+        return "a MoE layer with tp > 1 reads the sequence-parallel shard: turn sequence parallelism on"
+    if layout.metp:
+        return "METP's rings run a dense FFN: MoE layers run Megatron TP (tp_mode megatron)"
+    if layout.ulysses > 1:
+        return "Ulysses with MoE layers is not modelled (ring CP is)"
     return None
 
 
@@ -306,7 +379,7 @@ def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: i
         return f"tp x ulysses x cp x dp = {layout.gpus}, not the {gpus} GPUs asked for"
     if layout.tp_mode not in FLAVOURS:
         return f"tp_mode must be one of {', '.join(FLAVOURS.names())}, got {layout.tp_mode!r}"
-    why = offload_why_not(layout)
+    why = offload_why_not(layout) or expert_why_not(layout, model)
     if why:
         return why
     if layout.metp and model.gemm.quantised:
@@ -354,6 +427,7 @@ def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: i
                 f"each rank holds whole K/V heads")
     if model.ffn % layout.tp:
         return f"ffn ({model.ffn}) not divisible by tp ({layout.tp})"
+
     chunks = layout.ulysses * layout.cp * (2 if layout.cp > 1 else 1) * (layout.tp if layout.sp else 1)
     chunks *= flavour.seq_chunk_factor  # e.g. METP's inner K/V ring: zigzag, 2p chunks (`memo_sim.tp.metp`)
     if seq % chunks:

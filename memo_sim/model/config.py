@@ -12,6 +12,29 @@ Architecture fields beyond the shapes, each with the families it describes:
   layer (Llama, Mistral).
 - ``tied_embeddings``: the classifier reuses the token embedding (GPT-2, memo's GPT presets) or
   has its own V x h matrix (Llama-3, Mistral, Qwen2.5 7B and larger).
+
+Attention beyond hidden / heads (each 0 / false by default, so a dense model reads as before):
+
+- ``head_dim``: the query/key head size when it is not hidden / heads (Qwen3, GPT-OSS);
+- ``qk_norm``: an RMSNorm over each query and key head (Qwen3);
+- ``attention_sinks``: one learned logit per head added to the softmax's denominator (GPT-OSS);
+- ``sliding_window`` / ``sliding_layers``: that many layers attend only to the last ``sliding_window``
+  tokens (GPT-OSS alternates them with full attention); their attention FLOPs shrink, averaged over
+  the layers (`attention_flop_fraction`);
+- multi-head latent attention (DeepSeek-V2/V3, ``kv_lora_rank`` > 0): queries through a low-rank
+  ``q_lora_rank`` projection (0: a direct one), keys and values from a ``kv_lora_rank`` latent plus a
+  shared ``qk_rope_dim`` rotary key; query/key heads are ``head_dim`` (the no-rope part) +
+  ``qk_rope_dim`` wide, value heads ``v_head_dim``.
+
+Mixture of experts (``experts`` > 0; `memo_sim.model.moe_routers` for the router): every layer but
+``dense_layers`` of them replaces its FFN with ``experts`` routed experts of width ``expert_ffn``
+(SwiGLU or GELU as ``ffn_type``), of which each token uses ``top_k``, beside ``shared_experts``
+always-on experts of width ``shared_ffn`` (with a sigmoid gate on their output where
+``shared_gate``: Qwen2-MoE) and a gate GEMM (``router``; with ``moe_bias`` the router and the
+experts carry biases: GPT-OSS). The ``dense_layers`` (DeepSeek's ``first_k_dense_replace``, Qwen's
+``mlp_only_layers`` and ``decoder_sparse_step``) keep an FFN of width ``ffn``: their parameters are
+counted exactly; the simulator prices every layer as a MoE layer (one repeated layer; each what-if
+names it).
 """
 
 from __future__ import annotations
@@ -28,6 +51,7 @@ from memo_sim.errors import MemoError, validated
 from memo_sim.fileio import read_utf8
 from memo_sim.model.hf_config import config_path, hf_model_fields, is_hf_config, model_name, with_defaults
 from memo_sim.model.gemm_formats import GEMM_FORMATS, GemmFormat, gemm_format
+from memo_sim.model.moe_routers import ROUTER_NAMES, Router, router
 from memo_sim.model.precision import RECIPES, PrecisionRecipe, default_recipe
 
 FFN_TYPES = ("gelu", "swiglu")
@@ -41,6 +65,12 @@ MAX_HIDDEN = 1 << 18
 MAX_HEADS = 1 << 12
 MAX_FFN = 1 << 20
 MAX_VOCAB = 1 << 24
+MAX_EXPERTS = 1 << 14
+# fields left out of `ModelConfig.to_dict` at these values, so dense models' plans keep their shape
+_QUIET_DEFAULTS = {"head_dim": 0, "qk_norm": False, "attention_sinks": False, "sliding_window": 0, "sliding_layers": 0,
+                   "q_lora_rank": 0, "kv_lora_rank": 0, "qk_rope_dim": 0, "v_head_dim": 0, "experts": 0, "top_k": 0,
+                   "expert_ffn": 0, "shared_experts": 0, "shared_ffn": 0, "shared_gate": False, "dense_layers": 0,
+                   "router": "softmax", "moe_bias": False}
 
 
 def _dim(hi: int):
@@ -67,14 +97,51 @@ class _ModelIn(BaseModel):
     tied_embeddings: bool = Field(True, strict=True)
     gemm_format: Literal[GEMM_FORMATS] = "bf16"
     fp8_saved_inputs: bool = Field(False, strict=True)
+    head_dim: Annotated[int, Field(strict=True, ge=0, le=MAX_HIDDEN)] = 0
+    qk_norm: bool = Field(False, strict=True)
+    attention_sinks: bool = Field(False, strict=True)
+    sliding_window: Annotated[int, Field(strict=True, ge=0, le=1 << 30)] = 0
+    sliding_layers: Annotated[int, Field(strict=True, ge=0, le=MAX_LAYERS)] = 0
+    q_lora_rank: Annotated[int, Field(strict=True, ge=0, le=MAX_HIDDEN)] = 0
+    kv_lora_rank: Annotated[int, Field(strict=True, ge=0, le=MAX_HIDDEN)] = 0
+    qk_rope_dim: Annotated[int, Field(strict=True, ge=0, le=MAX_HIDDEN)] = 0
+    v_head_dim: Annotated[int, Field(strict=True, ge=0, le=MAX_HIDDEN)] = 0
+    experts: Annotated[int, Field(strict=True, ge=0, le=MAX_EXPERTS)] = 0
+    top_k: Annotated[int, Field(strict=True, ge=0, le=MAX_EXPERTS)] = 0
+    expert_ffn: Annotated[int, Field(strict=True, ge=0, le=MAX_FFN)] = 0
+    shared_experts: Annotated[int, Field(strict=True, ge=0, le=MAX_EXPERTS)] = 0
+    shared_ffn: Annotated[int, Field(strict=True, ge=0, le=MAX_FFN)] = 0
+    shared_gate: bool = Field(False, strict=True)
+    dense_layers: Annotated[int, Field(strict=True, ge=0, le=MAX_LAYERS)] = 0
+    router: Literal[ROUTER_NAMES] = "softmax"
+    moe_bias: bool = Field(False, strict=True)
 
     @model_validator(mode="after")
     def _shapes(self):
-        if self.hidden % self.heads:
-            raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads}); change one of them")
+        if self.head_dim == 0 and self.hidden % self.heads:
+            raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads}); change one of them "
+                             f"(or give head_dim)")
         kv = self.kv_heads if self.kv_heads is not None else self.heads
         if self.heads % kv:
             raise ValueError(f"heads ({self.heads}) must be divisible by kv_heads ({kv}); change one of them")
+        if self.experts:
+            if not 1 <= self.top_k <= self.experts:
+                raise ValueError(f"top_k ({self.top_k}) must be between 1 and the {self.experts} experts; change top_k")
+            if self.dense_layers >= self.layers:
+                raise ValueError(f"dense_layers ({self.dense_layers}) leaves no MoE layer of the {self.layers}; "
+                                 f"give fewer dense layers or no experts")
+        elif self.top_k or self.shared_experts or self.dense_layers or self.expert_ffn:
+            raise ValueError("top_k, expert_ffn, shared_experts and dense_layers describe experts: give experts too")
+        if self.sliding_layers > self.layers:
+            raise ValueError(f"sliding_layers ({self.sliding_layers}) exceeds the {self.layers} layers")
+        if bool(self.sliding_layers) != bool(self.sliding_window):
+            raise ValueError("sliding_window and sliding_layers go together: give both or neither")
+        if self.kv_lora_rank:
+            if not (self.head_dim and self.qk_rope_dim and self.v_head_dim):
+                raise ValueError("multi-head latent attention (kv_lora_rank) needs head_dim (the no-rope query/key "
+                                 "head), qk_rope_dim and v_head_dim")
+        elif self.q_lora_rank or self.qk_rope_dim or self.v_head_dim:
+            raise ValueError("q_lora_rank, qk_rope_dim and v_head_dim describe latent attention: give kv_lora_rank too")
         return self
 
 
@@ -97,6 +164,26 @@ class ModelConfig:
     # with a quantised format: the GEMM inputs kept for backward are the quantised copies (TransformerEngine),
     # not the high-precision tensors (torchao's Float8Linear); set by the framework (`Framework.for_model`)
     fp8_saved_inputs: bool = False
+    # attention beyond hidden / heads (module docs; 0 / False: as hidden / heads gives)
+    head_dim: int = 0  # query/key head size (no-rope part under latent attention); 0: hidden // heads
+    qk_norm: bool = False
+    attention_sinks: bool = False
+    sliding_window: int = 0
+    sliding_layers: int = 0
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0  # > 0: multi-head latent attention
+    qk_rope_dim: int = 0
+    v_head_dim: int = 0
+    # mixture of experts (module docs; 0 experts: dense)
+    experts: int = 0
+    top_k: int = 0
+    expert_ffn: int = 0  # one routed expert's FFN width; 0: ffn
+    shared_experts: int = 0
+    shared_ffn: int = 0  # one shared expert's FFN width; 0: expert_ffn
+    shared_gate: bool = False
+    dense_layers: int = 0
+    router: str = "softmax"
+    moe_bias: bool = False
 
     def __post_init__(self) -> None:
         # every way of building a model (presets, files, flags, plans) passes the one validator
@@ -119,45 +206,167 @@ class ModelConfig:
         return f", {self.gemm_format} GEMMs" if self.gemm.quantised else ""
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
+    def qk_head_dim(self) -> int:
+        """One query/key head's width (the no-rope and rope parts under latent attention)."""
+        return (self.head_dim or self.hidden // self.heads) + self.qk_rope_dim
+
+    @property
+    def value_head_dim(self) -> int:
+        """One value head's width."""
+        return self.v_head_dim or self.head_dim or self.hidden // self.heads
 
     @property
     def n_kv_heads(self) -> int:
         return self.kv_heads if self.kv_heads is not None else self.heads
 
     @property
+    def mla(self) -> bool:
+        """Multi-head latent attention (DeepSeek-V2/V3)."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def q_dim(self) -> int:
+        """Width of the queries of one token (all heads)."""
+        return self.heads * self.qk_head_dim
+
+    @property
     def kv_dim(self) -> int:
-        return self.n_kv_heads * self.head_dim
+        """Width of the keys of one token (all K/V heads; every head under latent attention)."""
+        return (self.heads if self.mla else self.n_kv_heads) * self.qk_head_dim
+
+    @property
+    def v_dim(self) -> int:
+        """Width of the values of one token (all K/V heads)."""
+        return (self.heads if self.mla else self.n_kv_heads) * self.value_head_dim
+
+    @property
+    def attn_dim(self) -> int:
+        """Width of the attention output of one token (the output projection's input)."""
+        return self.heads * self.value_head_dim
+
+    @property
+    def attention_width(self) -> float:
+        """heads x (query/key + value head) / 2: the width causal attention's FLOPs scale with
+        (hidden for a standard layer, `memo_sim.model.flops.causal_attention_flops`)."""
+        return self.heads * (self.qk_head_dim + self.value_head_dim) / 2
+
+    def attention_flop_fraction(self, seq: int) -> float:
+        """The layers' mean attention FLOPs over those of full causal attention at ``seq`` tokens:
+        a sliding-window layer's query attends to at most ``sliding_window`` keys, so it computes
+        w·(s - w/2) of the s²/2 score elements (all of them when s <= w)."""
+        if not self.sliding_layers or seq <= self.sliding_window:
+            return 1.0
+        w = self.sliding_window
+        sliding = w * (seq - w / 2) / (seq * seq / 2)
+        return (self.sliding_layers * sliding + (self.layers - self.sliding_layers)) / self.layers
 
     @property
     def fc1_width(self) -> int:
         return 2 * self.ffn if self.ffn_type == "swiglu" else self.ffn
+
+    # --- mixture of experts ---------------------------------------------------------------
+    @property
+    def moe(self) -> bool:
+        return self.experts > 0
+
+    @property
+    def moe_router(self) -> Router:
+        return router(self.router)
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers whose FFN is the MoE block (0 for a dense model)."""
+        return self.layers - self.dense_layers if self.moe else 0
+
+    @property
+    def expert_width(self) -> int:
+        """One routed expert's FFN width."""
+        return self.expert_ffn or self.ffn
+
+    @property
+    def expert_fc1_width(self) -> int:
+        return 2 * self.expert_width if self.ffn_type == "swiglu" else self.expert_width
+
+    @property
+    def shared_width(self) -> int:
+        """The shared experts' FFN width, all of them together (0 without shared experts)."""
+        return self.shared_experts * (self.shared_ffn or self.expert_width)
+
+    def _ffn_params(self, width: int, bias: bool) -> int:
+        h = self.hidden
+        if self.ffn_type == "swiglu":
+            return 3 * h * width + ((2 * width + h) if bias else 0)
+        return 2 * h * width + ((width + h) if bias else 0)
+
+    def expert_params(self) -> int:
+        """One routed expert's weights (and biases under ``moe_bias``)."""
+        return self._ffn_params(self.expert_width, self.moe_bias)
+
+    def expert_layer_params(self) -> int:
+        """The routed experts of one MoE layer: what expert parallelism shards."""
+        return self.experts * self.expert_params()
+
+    def moe_block_params(self) -> int:
+        """One MoE layer's FFN block: the router, the routed and the shared experts."""
+        if not self.moe:
+            return 0
+        shared = self._ffn_params(self.shared_width, False) + (self.hidden if self.shared_gate else 0) \
+            if self.shared_experts else 0
+        return self.moe_router.params(self.hidden, self.experts, self.moe_bias) + self.expert_layer_params() + shared
+
+    def dense_ffn_params(self) -> int:
+        """A dense layer's FFN."""
+        return self._ffn_params(self.ffn, self.bias == "all" and self.ffn_type != "swiglu")
 
     @property
     def norm_params(self) -> int:
         """Weights of one normalisation: scale and shift (LayerNorm) or scale only (RMSNorm)."""
         return (2 if self.norm == "layernorm" else 1) * self.hidden
 
-    def layer_params(self) -> int:
-        """Weights and biases of one layer: QKV, output projection, FFN, two norms."""
-        h, f, kv = self.hidden, self.ffn, self.kv_dim
-        attn = h * (h + 2 * kv) + h * h
+    def attention_params(self) -> int:
+        """One layer's attention: the projections (and their biases), QK norms, sinks."""
+        h = self.hidden
+        if self.mla:
+            q = (h * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * self.q_dim) if self.q_lora_rank \
+                else h * self.q_dim
+            kv = h * (self.kv_lora_rank + self.qk_rope_dim) + self.kv_lora_rank \
+                + self.kv_lora_rank * self.heads * (self.head_dim + self.value_head_dim)
+            attn = q + kv + self.attn_dim * h
+        else:
+            attn = h * (self.q_dim + self.kv_dim + self.v_dim) + self.attn_dim * h
         if self.bias in ("all", "qkv"):
-            attn += h + 2 * kv  # QKV bias
+            attn += self.q_dim + self.kv_dim + self.v_dim  # QKV bias
         if self.bias == "all":
             attn += h  # output projection bias
-        if self.ffn_type == "swiglu":
-            ffn = 3 * h * f  # gate, up, down; no biases (LLaMA)
-        else:
-            ffn = 2 * h * f + (f + h if self.bias == "all" else 0)
-        return attn + ffn + 2 * self.norm_params
+        if self.qk_norm:
+            attn += 2 * self.qk_head_dim
+        if self.attention_sinks:
+            attn += self.heads
+        return attn
+
+    def layer_params(self) -> int:
+        """Weights and biases of one layer: attention, FFN (the MoE block for a MoE model: the
+        layer the simulator repeats), two norms."""
+        ffn = self.moe_block_params() if self.moe else self.dense_ffn_params()
+        return self.attention_params() + ffn + 2 * self.norm_params
 
     def linear_params(self) -> int:
-        """Weights of one layer's four linear GEMMs (QKV, output projection, the FFN's), no biases:
-        what a quantised GEMM format keeps quantised copies of."""
-        h, kv = self.hidden, self.kv_dim
-        return h * (h + 2 * kv) + h * h + h * self.fc1_width + self.ffn * h
+        """Weights of one layer's linear GEMMs (the attention projections, the FFN's or the
+        experts'), no biases: what a quantised GEMM format keeps quantised copies of."""
+        h = self.hidden
+        attn = self.attention_params() - (2 * self.qk_head_dim if self.qk_norm else 0) - (
+            self.heads if self.attention_sinks else 0)
+        if self.bias in ("all", "qkv"):
+            attn -= self.q_dim + self.kv_dim + self.v_dim
+        if self.bias == "all":
+            attn -= h
+        if self.mla:
+            attn -= self.kv_lora_rank + self.q_lora_rank  # the latent norms
+        if self.moe:
+            ffn = (self.experts * self.expert_width + self.shared_width) * (h * self.expert_fc1_width // self.expert_width + h)
+        else:
+            ffn = h * self.fc1_width + self.ffn * h
+        return attn + ffn
 
     def embedding_params(self) -> int:
         """Everything outside the layers: the token embedding, the classifier when it is not tied
@@ -165,10 +374,26 @@ class ModelConfig:
         return (1 if self.tied_embeddings else 2) * self.vocab * self.hidden + self.norm_params
 
     def params(self) -> int:
-        return self.layers * self.layer_params() + self.embedding_params()
+        """Every parameter: the layers (dense layers of a MoE model with their own FFN) and the rest."""
+        dense = self.attention_params() + self.dense_ffn_params() + 2 * self.norm_params
+        return self.moe_layers * self.layer_params() + (self.layers - self.moe_layers) * dense + self.embedding_params()
+
+    def routed_params(self) -> int:
+        """All layers' routed experts (what expert parallelism shards)."""
+        return self.moe_layers * self.expert_layer_params()
+
+    def active_params(self) -> int:
+        """Parameters one token uses: every one but the routed experts it is not sent to."""
+        if not self.moe:
+            return self.params()
+        return self.params() - self.moe_layers * (self.experts - self.top_k) * self.expert_params()
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        for k, v in _QUIET_DEFAULTS.items():
+            if d[k] == v:
+                del d[k]
+        return d
 
     @classmethod
     def from_dict(cls, d: Any, source: str = "model") -> "ModelConfig":

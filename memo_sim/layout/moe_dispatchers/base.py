@@ -1,0 +1,44 @@
+"""What a MoE token dispatcher is: the collectives that move each token's hidden state to the ranks
+holding the experts it was routed to (dispatch) and its expert outputs back (combine), as data.
+
+A step is (collective, group, what it moves):
+
+- collective: ``alltoall``, ``allgather`` or ``reducescatter`` (priced by
+  `memo_sim.cost.collectives` on the group's link, `memo_sim.cost.moe`);
+- group: ``ep`` (the expert-parallel ranks, ``etp`` apart), ``etp`` (the expert tensor-parallel
+  ranks, adjacent) or ``etp_ep`` (both: etp x ep adjacent ranks);
+- moves: ``routed`` (each token once per chosen expert: top-k copies, permuted by expert) or
+  ``tokens`` (each token once, with its routing map).
+
+Dispatch runs its steps in order after the router and permutation, combine runs its own before
+the unpermutation; backward runs each step's transpose (an all-to-all's is an all-to-all, an
+all-gather's a reduce-scatter) on the same bytes, so the same time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+COLLECTIVES = ("alltoall", "allgather", "reducescatter")
+GROUPS = ("ep", "etp", "etp_ep")
+MOVES = ("routed", "tokens")
+
+
+@dataclass(frozen=True)
+class Step:
+    collective: str
+    group: str
+    moves: str
+
+    def __post_init__(self) -> None:
+        if self.collective not in COLLECTIVES or self.group not in GROUPS or self.moves not in MOVES:
+            raise ValueError(f"bad dispatcher step {self}")
+
+
+@dataclass(frozen=True)
+class Dispatcher:
+    name: str
+    summary: str
+    dispatch: tuple[Step, ...]
+    combine: tuple[Step, ...]
+    megatron: str  # --moe-token-dispatcher-type
