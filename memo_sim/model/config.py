@@ -70,7 +70,7 @@ MAX_EXPERTS = 1 << 14
 _QUIET_DEFAULTS = {"head_dim": 0, "qk_norm": False, "attention_sinks": False, "sliding_window": 0, "sliding_layers": 0,
                    "q_lora_rank": 0, "kv_lora_rank": 0, "qk_rope_dim": 0, "v_head_dim": 0, "experts": 0, "top_k": 0,
                    "expert_ffn": 0, "shared_experts": 0, "shared_ffn": 0, "shared_gate": False, "dense_layers": 0,
-                   "router": "softmax", "moe_bias": False}
+                   "router": "softmax", "moe_bias": False, "not_modelled": ""}
 
 
 def _dim(hi: int):
@@ -115,6 +115,7 @@ class _ModelIn(BaseModel):
     dense_layers: Annotated[int, Field(strict=True, ge=0, le=MAX_LAYERS)] = 0
     router: Literal[ROUTER_NAMES] = "softmax"
     moe_bias: bool = Field(False, strict=True)
+    not_modelled: str = Field("", strict=True, max_length=500)
 
     @model_validator(mode="after")
     def _shapes(self):
@@ -184,6 +185,8 @@ class ModelConfig:
     dense_layers: int = 0
     router: str = "softmax"
     moe_bias: bool = False
+    # what the source describes that memo neither counts nor prices (a sentence every what-if shows)
+    not_modelled: str = ""
 
     def __post_init__(self) -> None:
         # every way of building a model (presets, files, flags, plans) passes the one validator
@@ -430,6 +433,30 @@ PRESETS: dict[str, ModelConfig] = {
            ("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, "qkv"),
            ("qwen2.5-72b", 80, 8192, 64, 8, 29568, 152064, "qkv"),
            ("mistral-7b", 32, 4096, 32, 8, 14336, 32768, "none"))},
+    # mixtures of experts, from the Hugging Face config.json of each (tests/data/hf holds them, and the
+    # parameter counts transformers gives them): mistralai/Mixtral-8x7B-v0.1, Qwen/Qwen3-30B-A3B,
+    # Qwen/Qwen1.5-MoE-A2.7B, deepseek-ai/DeepSeek-V2-Lite, deepseek-ai/DeepSeek-V3, openai/gpt-oss-20b
+    "mixtral-8x7b": ModelConfig("mixtral-8x7b", 32, 4096, 32, 14336, vocab=32000, kv_heads=8, ffn_type="swiglu",
+                                norm="rmsnorm", bias="none", tied_embeddings=False, experts=8, top_k=2),
+    "qwen3-30b-a3b": ModelConfig("qwen3-30b-a3b", 48, 2048, 32, 6144, vocab=151936, kv_heads=4, ffn_type="swiglu",
+                                 norm="rmsnorm", bias="none", tied_embeddings=False, head_dim=128, qk_norm=True,
+                                 experts=128, top_k=8, expert_ffn=768),
+    "qwen2-moe-a2.7b": ModelConfig("qwen2-moe-a2.7b", 24, 2048, 16, 5632, vocab=151936, ffn_type="swiglu",
+                                   norm="rmsnorm", bias="qkv", tied_embeddings=False, experts=60, top_k=4,
+                                   expert_ffn=1408, shared_experts=1, shared_ffn=5632, shared_gate=True),
+    "deepseek-v2-lite": ModelConfig("deepseek-v2-lite", 27, 2048, 16, 10944, vocab=102400, ffn_type="swiglu",
+                                    norm="rmsnorm", bias="none", tied_embeddings=False, head_dim=128, kv_lora_rank=512,
+                                    qk_rope_dim=64, v_head_dim=128, experts=64, top_k=6, expert_ffn=1408,
+                                    shared_experts=2, shared_ffn=1408, dense_layers=1),
+    "deepseek-v3": ModelConfig("deepseek-v3", 61, 7168, 128, 18432, vocab=129280, ffn_type="swiglu", norm="rmsnorm",
+                               bias="none", tied_embeddings=False, head_dim=128, q_lora_rank=1536, kv_lora_rank=512,
+                               qk_rope_dim=64, v_head_dim=128, experts=256, top_k=8, expert_ffn=2048, shared_experts=1,
+                               shared_ffn=2048, dense_layers=3, router="sigmoid",
+                               not_modelled="multi-token prediction (1 module, num_nextn_predict_layers): not counted, "
+                                            "not priced"),
+    "gpt-oss-20b": ModelConfig("gpt-oss-20b", 24, 2880, 64, 2880, vocab=201088, kv_heads=8, ffn_type="swiglu",
+                               norm="rmsnorm", bias="all", tied_embeddings=False, head_dim=64, attention_sinks=True,
+                               sliding_window=128, sliding_layers=12, experts=32, top_k=4, moe_bias=True),
 }
 
 

@@ -9,11 +9,19 @@ fields a file leaves out (those of its ``transformers`` configuration class). Wh
 ``transformers`` is installed, its ``AutoConfig.for_model`` fills those defaults itself (nothing
 is downloaded: the file's fields are all it reads).
 
-What memo cannot model is refused with one line naming the field: mixture-of-experts
-(``num_local_experts``, ``num_experts``, ...), sliding-window attention (``sliding_window``,
+Mixture-of-experts families (`moe_fields`): ``mixtral``, ``qwen2_moe``, ``qwen3_moe``,
+``deepseek_v2``, ``deepseek_v3`` (multi-head latent attention) and ``gpt_oss`` (alternating
+sliding-window attention, attention sinks, biased router and experts); their parameter counts
+match transformers' models built on the meta device (tests/data/hf/moe_param_counts.json).
+DeepSeek-V3's multi-token-prediction module (``num_nextn_predict_layers``) is not modelled: it is
+named in the model's ``not_modelled`` (and so in every what-if), and its parameters are not
+counted, as transformers does not build it either.
+
+What memo cannot model is refused with one line naming the field: mixture-of-experts fields in a
+dense family, sliding-window attention in a dense family (``sliding_window``,
 ``use_sliding_window``), cross-attention or encoder-decoder models, GPT-NeoX's parallel residual,
-a head dimension other than hidden / heads, biases on the MLP of a gated FFN, an activation it
-does not know.
+a head dimension other than hidden / heads in a dense family, biases on the MLP of a gated FFN, an
+activation it does not know.
 """
 
 from __future__ import annotations
@@ -23,7 +31,9 @@ from typing import Any
 
 from memo_sim.errors import MemoError
 
-FAMILIES = ("llama", "mistral", "qwen2", "gpt2", "gpt_neox")
+DENSE_FAMILIES = ("llama", "mistral", "qwen2", "gpt2", "gpt_neox")
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss")
+FAMILIES = DENSE_FAMILIES + MOE_FAMILIES
 _GATED = ("llama", "mistral", "qwen2")  # gate/up/down MLP: SwiGLU with a SiLU activation
 _SILU = ("silu", "swish")
 _GELU = ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "gelu_python", "quick_gelu")
@@ -40,6 +50,24 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
              "tie_word_embeddings": True},
     "gpt_neox": {"tie_word_embeddings": False, "hidden_act": "gelu", "use_parallel_residual": True,
                  "attention_bias": True},
+    "mixtral": {"tie_word_embeddings": False, "hidden_act": "silu", "sliding_window": None, "num_local_experts": 8,
+                "num_experts_per_tok": 2},
+    "qwen2_moe": {"tie_word_embeddings": False, "hidden_act": "silu", "use_sliding_window": False,
+                  "decoder_sparse_step": 1, "mlp_only_layers": [], "num_experts_per_tok": 4, "num_experts": 60,
+                  "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632, "qkv_bias": True},
+    "qwen3_moe": {"tie_word_embeddings": False, "hidden_act": "silu", "use_sliding_window": False,
+                  "decoder_sparse_step": 1, "mlp_only_layers": [], "attention_bias": False, "num_experts_per_tok": 8,
+                  "num_experts": 128, "moe_intermediate_size": 768},
+    "deepseek_v2": {"tie_word_embeddings": False, "hidden_act": "silu", "attention_bias": False,
+                    "first_k_dense_replace": 0, "moe_layer_freq": 1, "n_shared_experts": None, "scoring_func": "softmax",
+                    "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
+                    "v_head_dim": 128, "num_nextn_predict_layers": 0},
+    "deepseek_v3": {"tie_word_embeddings": False, "hidden_act": "silu", "attention_bias": False,
+                    "first_k_dense_replace": 3, "moe_layer_freq": 1, "n_shared_experts": 1, "scoring_func": "sigmoid",
+                    "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
+                    "v_head_dim": 128, "num_nextn_predict_layers": 0},
+    "gpt_oss": {"tie_word_embeddings": False, "hidden_act": "silu", "attention_bias": True, "num_local_experts": 128,
+                "num_experts_per_tok": 4, "sliding_window": 128, "head_dim": 64},
 }
 
 
@@ -67,9 +95,12 @@ def hf_model_fields(raw: dict, source: str = "config.json", name: str = "hf-mode
         return MemoError(f"{source}: {field}: {why}")
 
     mt = raw.get("model_type")
+    if mt in MOE_FAMILIES:
+        return moe_fields(raw, source, name)
     for f in _MOE_FIELDS:
         if raw.get(f):
-            raise refuse(f, f"{raw[f]} experts: mixture-of-experts layers are not modelled (dense decoders only)")
+            raise refuse(f, f"{raw[f]} experts in a {mt!r} configuration: mixture-of-experts layers are read for "
+                            f"the families {', '.join(MOE_FAMILIES)}")
     if raw.get("is_encoder_decoder") or raw.get("add_cross_attention"):
         fld = "is_encoder_decoder" if raw.get("is_encoder_decoder") else "add_cross_attention"
         raise refuse(fld, "cross-attention / encoder-decoder models are not modelled (decoder-only)")
@@ -137,11 +168,114 @@ def hf_model_fields(raw: dict, source: str = "config.json", name: str = "hf-mode
     return d
 
 
+def _whole(c: dict, key: str, refuse, minimum: int = 1) -> int:
+    v = c.get(key)
+    if v is None:
+        raise refuse(key, "missing")
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise refuse(key, f"must be a whole number >= {minimum}, got {v!r}")
+    return v
+
+
+def moe_fields(raw: dict, source: str = "config.json", name: str = "hf-model") -> dict:
+    """memo's model fields for a mixture-of-experts family (module docs), or a one-line refusal."""
+    def refuse(field: str, why: str) -> MemoError:
+        return MemoError(f"{source}: {field}: {why}")
+
+    mt = raw["model_type"]
+    c = {**_DEFAULTS[mt], **raw}
+    if c.get("is_encoder_decoder") or c.get("add_cross_attention"):
+        raise refuse("is_encoder_decoder", "cross-attention / encoder-decoder models are not modelled (decoder-only)")
+    need = lambda k, lo=1: _whole(c, k, refuse, lo)  # noqa: E731
+    hidden, layers, heads = need("hidden_size"), need("num_hidden_layers"), need("num_attention_heads")
+    vocab, ffn = need("vocab_size"), need("intermediate_size")
+    if c.get("hidden_act") not in _SILU:
+        raise refuse("hidden_act", f"{c.get('hidden_act')!r} with a gated MLP is not modelled (SwiGLU: silu)")
+    d: dict = dict(name=name, layers=layers, hidden=hidden, heads=heads, ffn=ffn, vocab=vocab, ffn_type="swiglu",
+                   norm="rmsnorm", bias="none")
+    kv = c.get("num_key_value_heads") or heads
+    if mt in ("deepseek_v2", "deepseek_v3"):
+        d.update(kv_heads=None, kv_lora_rank=need("kv_lora_rank"), q_lora_rank=c.get("q_lora_rank") or 0,
+                 qk_rope_dim=need("qk_rope_head_dim"), head_dim=need("qk_nope_head_dim"), v_head_dim=need("v_head_dim"))
+        experts, top_k = need("n_routed_experts"), need("num_experts_per_tok")
+        expert_ffn = need("moe_intermediate_size")
+        shared = c.get("n_shared_experts") or 0
+        freq = need("moe_layer_freq")
+        first = need("first_k_dense_replace", 0)
+        moe_layers = sum(1 for i in range(layers) if i >= first and i % freq == 0)
+        scoring = c.get("scoring_func")
+        if scoring not in ("softmax", "sigmoid"):
+            raise refuse("scoring_func", f"{scoring!r}: memo's routers are softmax and sigmoid")
+        d.update(router=scoring)
+        if shared:
+            d.update(shared_experts=shared, shared_ffn=expert_ffn)
+        mtp = c.get("num_nextn_predict_layers") or 0
+        if mtp:
+            d["not_modelled"] = (f"multi-token prediction ({mtp} module{'s' if mtp > 1 else ''}, "
+                                 f"num_nextn_predict_layers): not counted, not priced")
+        if c.get("attention_bias"):
+            raise refuse("attention_bias", "true: biases on latent attention are not modelled")
+    else:
+        d.update(kv_heads=None if kv == heads else kv)
+        if mt in ("mixtral", "gpt_oss"):
+            experts = need("num_local_experts")
+            top_k = need("num_experts_per_tok") if "num_experts_per_tok" in c else need("experts_per_token")
+            expert_ffn = ffn
+            moe_layers = layers
+        else:  # qwen2_moe, qwen3_moe
+            experts, top_k, expert_ffn = need("num_experts"), need("num_experts_per_tok"), need("moe_intermediate_size")
+            step = need("decoder_sparse_step")
+            only = c.get("mlp_only_layers") or []
+            if not isinstance(only, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in only):
+                raise refuse("mlp_only_layers", f"must be a list of layer indices, got {only!r}")
+            moe_layers = sum(1 for i in range(layers) if i not in only and (i + 1) % step == 0)
+        if mt == "qwen2_moe":
+            if c.get("qkv_bias", True):
+                d["bias"] = "qkv"
+            sw = need("shared_expert_intermediate_size", 0)
+            if sw:
+                d.update(shared_experts=1, shared_ffn=sw, shared_gate=True)
+        if mt == "qwen3_moe":
+            d.update(qk_norm=True)
+            if c.get("attention_bias"):
+                d["bias"] = "all"
+        if mt == "gpt_oss":
+            d.update(attention_sinks=True, moe_bias=True, bias="all" if c.get("attention_bias") else "none")
+            types = c.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention"
+                                              for i in range(layers)]
+            if not isinstance(types, list) or len(types) != layers:
+                raise refuse("layer_types", f"must list the {layers} layers' attention types")
+            sliding = sum(1 for t in types if t == "sliding_attention")
+            if sliding:
+                d.update(sliding_window=need("sliding_window"), sliding_layers=sliding)
+        elif mt in ("mixtral",) and c.get("sliding_window") is not None:
+            d.update(sliding_window=need("sliding_window"), sliding_layers=layers)
+        elif mt in ("qwen2_moe", "qwen3_moe") and c.get("use_sliding_window"):
+            raise refuse("use_sliding_window", "true: Qwen's per-layer sliding window (max_window_layers) is not modelled")
+        head_dim = c.get("head_dim")
+        if head_dim is not None and head_dim * heads != hidden:
+            d["head_dim"] = need("head_dim")
+    if not 1 <= top_k <= experts:
+        raise refuse("num_experts_per_tok", f"{top_k} is not between 1 and the {experts} experts")
+    if moe_layers == 0:
+        raise refuse("num_hidden_layers", "no layer is a MoE layer under this configuration's layer pattern")
+    d.update(experts=experts, top_k=top_k, expert_ffn=0 if expert_ffn == ffn else expert_ffn,
+             dense_layers=layers - moe_layers)
+    dt = c.get("torch_dtype") or c.get("dtype") or "bfloat16"
+    if dt not in _DTYPES:
+        raise refuse("torch_dtype", f"{dt!r} is not a training dtype memo models (bfloat16, float16, float32)")
+    tied = c.get("tie_word_embeddings")
+    if not isinstance(tied, bool):
+        raise refuse("tie_word_embeddings", f"must be true or false, got {tied!r}")
+    d.update(dtype=_DTYPES[dt], tied_embeddings=tied)
+    return d
+
+
 def with_defaults(f: Path, raw: dict) -> dict:
     """The configuration read from ``f`` with its family's defaults: transformers' AutoConfig's
     when it is installed (local files only), else the JSON as written (`hf_model_fields` fills
     the defaults of the fields it reads)."""
-    if raw.get("model_type") in FAMILIES:
+    if raw.get("model_type") in DENSE_FAMILIES:
         try:
             from transformers import AutoConfig  # noqa: PLC0415 - optional, only where installed
         except ImportError:

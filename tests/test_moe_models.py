@@ -1,0 +1,93 @@
+"""Mixture-of-experts models (`memo_sim.model.config`, `memo_sim.model.hf_config`): parameter
+counts against transformers, presets equal to their config.json, refusals in one line.
+
+The counts are transformers 5.24.0's models built on the meta device from the config.json files
+in tests/data/hf (tests/data/hf/count_params.py, run once on 2026-11-25; its output is
+tests/data/hf/moe_param_counts.json, read here)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from memo_sim.errors import MemoError
+from memo_sim.model.config import PRESETS, ModelConfig, get_model
+from memo_sim.model.hf_config import hf_model_fields
+
+HF = Path(__file__).parent / "data" / "hf"
+COUNTS = json.loads((HF / "moe_param_counts.json").read_text())
+FAMILIES = {"mixtral-8x7b": "mixtral", "qwen2-moe-a2.7b": "qwen2_moe", "qwen3-30b-a3b": "qwen3_moe",
+            "deepseek-v2-lite": "deepseek_v2", "deepseek-v3": "deepseek_v3", "gpt-oss-20b": "gpt_oss"}
+
+
+def test_the_counts_file_is_transformers_run():
+    assert COUNTS["transformers"] == "5.24.0" and set(COUNTS["models"]) == set(FAMILIES)
+
+
+@pytest.mark.parametrize("folder", sorted(FAMILIES))
+def test_parameter_counts_match_transformers(folder):
+    m = get_model(str(HF / folder / "config.json"))
+    want = COUNTS["models"][folder]
+    assert json.loads((HF / folder / "config.json").read_text())["model_type"] == FAMILIES[folder]
+    assert m.params() == want["total"]
+    assert m.active_params() == want["active"]
+
+
+@pytest.mark.parametrize("folder", sorted(FAMILIES))
+def test_presets_equal_their_config_json(folder):
+    assert PRESETS[folder] == get_model(str(HF / folder))
+
+
+def test_dense_models_are_their_own_active_params_and_keep_their_dict_shape():
+    m = PRESETS["llama-3.1-8b"]
+    assert m.active_params() == m.params() and not m.moe and m.moe_layers == 0
+    assert "experts" not in m.to_dict() and "head_dim" not in m.to_dict()
+    assert ModelConfig.from_dict(PRESETS["deepseek-v3"].to_dict()) == PRESETS["deepseek-v3"]
+
+
+def test_deepseek_v3_names_multi_token_prediction():
+    assert "multi-token prediction" in PRESETS["deepseek-v3"].not_modelled
+
+
+def _raw(folder, **over):
+    raw = json.loads((HF / folder / "config.json").read_text())
+    raw.update(over)
+    return raw
+
+
+@pytest.mark.parametrize("folder,over,field", [
+    ("mixtral-8x7b", dict(num_experts_per_tok=9), "num_experts_per_tok"),
+    ("qwen3-30b-a3b", dict(num_experts=0), "num_experts"),
+    ("qwen3-30b-a3b", dict(hidden_act="gelu"), "hidden_act"),
+    ("qwen3-30b-a3b", dict(use_sliding_window=True), "use_sliding_window"),
+    ("deepseek-v3", dict(scoring_func="softmax2"), "scoring_func"),
+    ("deepseek-v3", dict(first_k_dense_replace=61), "num_hidden_layers"),
+    ("gpt-oss-20b", dict(layer_types=["full_attention"]), "layer_types"),
+    ("llama-3.1-8b", dict(num_experts=64), "num_experts"),
+])
+def test_bad_moe_configs_are_refused_naming_the_field(folder, over, field):
+    with pytest.raises(MemoError) as e:
+        hf_model_fields(_raw(folder, **over), source="config.json")
+    msg = str(e.value)
+    assert f": {field}: " in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("over,needle", [
+    (dict(experts=8, top_k=9), "top_k"),
+    (dict(experts=8, top_k=2, dense_layers=32), "dense_layers"),
+    (dict(top_k=2), "give experts"),
+    (dict(sliding_window=128), "sliding_window and sliding_layers"),
+    (dict(kv_lora_rank=512), "latent attention"),
+])
+def test_bad_moe_model_fields_are_refused(over, needle):
+    with pytest.raises(MemoError) as e:
+        ModelConfig.from_dict({"layers": 32, "hidden": 4096, "heads": 32, "ffn": 14336, **over})
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_sliding_window_shrinks_attention_flops_only_past_the_window():
+    m = PRESETS["gpt-oss-20b"]
+    assert m.attention_flop_fraction(128) == 1.0
+    f = m.attention_flop_fraction(32768)
+    # 12 of 24 layers attend to 128 keys: about half the layers' score elements remain
+    assert 0.5 < f < 0.51
