@@ -10,6 +10,8 @@ import json
 from dataclasses import replace
 
 import pytest
+
+from memo_sim.cost.param_split import model_gpu_params
 from click.testing import CliRunner
 
 from memo_sim.cli import cli
@@ -43,9 +45,11 @@ def test_states_move_to_the_host_and_the_step_runs_there():
     assert a["master_and_optimizer"] > 0 and b["master_and_optimizer"] == 0
     assert a["weights"] == b["weights"] and a["grads"] == b["grads"]
     p = M70.params() / 8
-    assert host_state_bytes(M70, off, p) == (4 + 8 + 4) * p  # master + Adam + an fp32 gradient copy
-    assert host_state_bytes(M70, on_gpu, p) == 0
-    step = offloaded_step_seconds(M70, off, p, A800)
+    held = model_gpu_params(M70, off)  # tp8 alone: the shard is every parameter the GPU holds
+    assert held.local == held.sharded == pytest.approx(p)
+    assert host_state_bytes(M70, off, held) == pytest.approx((4 + 8 + 4) * p)  # master + Adam + an fp32 gradient copy
+    assert host_state_bytes(M70, on_gpu, held) == 0
+    step = offloaded_step_seconds(M70, off, held, A800)
     want = (host_copy_time(4 * p, A800, "d2h", 8) + CPU_ADAM_BYTES_PER_PARAM * p / (float(A800.host.memory_bandwidth) / 8)
             + host_copy_time(2 * p, A800, "h2d", 8))
     assert step == pytest.approx(want)

@@ -26,6 +26,16 @@ def count_option(ctx, param, value):
         raise click.BadParameter(str(e).split(": ", 1)[-1]) from None
 
 
+def moe_balance_option(ctx, param, value):
+    """``--moe-balance``: forced, dropless or capacity:F (`memo_sim.layout.moe_balance`)."""
+    from memo_sim.layout.moe_balance import balance_why_not  # noqa: PLC0415 - the CLI imports lazily
+
+    why = balance_why_not(value)
+    if why:
+        raise click.BadParameter(why)
+    return value
+
+
 def precision_option(ctx, param, value):
     """``--precision``: recipe and/or GEMM format names, comma-separated, at most one of each ->
     {"precision": recipe or None, "gemm_format": format or None}; None when not given."""

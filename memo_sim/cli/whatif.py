@@ -22,7 +22,9 @@ from dataclasses import dataclass, fields
 
 import click
 
+from memo_sim.layout.moe_dispatchers import DISPATCHER_NAMES
 from memo_sim.cli.common import (
+    moe_balance_option,
     BATCH,
     DEGREE,
     GPU_COUNT,
@@ -89,6 +91,13 @@ def _simulate_top_value(ctx, param, value):
               help="Keep the optimizer's master weights, moments and step on the host (Megatron-Core "
                    "--optimizer-cpu-offload, DeepSpeed ZeRO-Offload; single stage, ZeRO >= 1), or never. Default: "
                    "searched where nothing fits with the optimizer on the GPU.")
+@click.option("--ep", type=DEGREE, help="Fix the expert-parallel degree (MoE models; default: searched).")
+@click.option("--etp", type=DEGREE, help="Fix the expert tensor-parallel degree (MoE models; default: 1 or the TP degree).")
+@click.option("--moe-dispatcher", default="alltoall", show_default=True, type=click.Choice(list(DISPATCHER_NAMES)),
+              help="MoE token dispatcher (Megatron-Core's --moe-token-dispatcher-type).")
+@click.option("--moe-balance", default="dropless", show_default=True, callback=moe_balance_option,
+              help="How routed tokens fall on the expert ranks: forced (even, as benchmark runs force), dropless "
+                   "(a uniform router's loads) or capacity:F (each expert padded/dropped to F x its share).")
 @click.option("--tp-mode", default=None, type=click.Choice(list(TP_MODE_CHOICES)),
               help="Tensor-parallel flavour: Megatron TP, METP for the FFN (metp_ffn), METP for the FFN and the "
                    "two-level MHA (metp), or all of them ranked together (default: all; megatron when --tp is "
@@ -227,7 +236,9 @@ def _answer_json(ans, paths: dict, elapsed: float, show: Show) -> dict:
     req, result, best, memo_best = ans.request, ans.result, ans.best, ans.memo_best
     shown = fold_duplicates(result.candidates)
     plan_path, sppo_plan_path = paths.get("plan.json"), paths.get("plan-sppo.json")
-    return {"model": req.model.to_dict(), "seq_tokens": req.seq, "gpus": req.gpus,
+    return {"model": dict(req.model.to_dict(), params=req.model.params(), active_params=req.model.active_params(),
+                          notes=req.model.model_notes()),
+            "seq_tokens": req.seq, "gpus": req.gpus,
             "batch": req.batch if req.batch or req.global_batch else 1, "global_batch": req.global_batch,
             "micro_batch": req.micro_batch, "profile": req.profile.name,
             "profile_provenance": {"calibrated": req.profile.calibrated, "line": req.profile.provenance_line(),

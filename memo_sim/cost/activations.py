@@ -28,6 +28,18 @@ def tokens_per_gpu(layout: Layout, batch: int, seq: int) -> float:
     return batch * seq / layout.seq_split
 
 
+def shard_tokens(layout: Layout, batch: int, seq: int) -> float:
+    """Tokens of one rank's own sequence shard: the GPU's tokens, divided by TP under sequence
+    parallelism (what a MoE block routes: `memo_sim.cost.moe`)."""
+    return tokens_per_gpu(layout, batch, seq) / (layout.tp if layout.sp else 1)
+
+
+def routed_load(layout: Layout, batch: int, seq: int, top_k: int) -> float:
+    """The busiest expert-parallel rank's routed tokens over the mean (`memo_sim.layout.moe_balance`):
+    the EP group routes top_k copies of each of its ranks' shard tokens."""
+    return layout.balance.load_factor(top_k * shard_tokens(layout, batch, seq) * layout.ep, layout.ep)
+
+
 _block_tensors = lru_cache(maxsize=None)(block_tensors)  # a few modes; asked for every tensor priced
 
 
@@ -36,7 +48,10 @@ def tensor_bytes(t: TensorSpec, layout: Layout, batch: int, seq: int) -> float:
     if t.name in _block_tensors(layout.tp_mode):
         return 0.0
     split = layout.tp if (t.tp_split or layout.sp) else 1
-    return tokens_per_gpu(layout, batch, seq) * t.bytes_per_token() / split
+    b = tokens_per_gpu(layout, batch, seq) * t.bytes_per_token() / split
+    if t.routed:  # the busiest EP rank's copies; the ETP group's tokens where each ETP rank holds them whole
+        b *= routed_load(layout, batch, seq, t.routed) * (layout.etp if t.etp_whole else 1)
+    return b
 
 
 def layer_rows(layout: Layout, batch: int, seq: int) -> int:

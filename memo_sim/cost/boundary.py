@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from memo_sim.cost.activations import tokens_per_gpu
 from memo_sim.cost.gemm_format import weight_recast_bytes
 from memo_sim.cost.optimizer_offload import offloaded_step_seconds
+from memo_sim.cost.param_split import GpuParams, model_gpu_params
 from memo_sim.cost.memo import memoised
 from memo_sim.model.flops import classifier_flops
 from memo_sim.cost.kernel_time import gemm_bytes, gemm_time, memory_bound_time
@@ -59,7 +60,7 @@ def boundary_times(model: ModelConfig, layout: Layout, batch: int, seq: int,
     cls_bytes = gemm_bytes(toks, model.vocab / layout.tp, model.hidden, dt)
     cls = 3 * gemm_time(cls_flops, profile, model.dtype, cls_bytes) + memory_bound_time(
         toks * model.vocab / layout.tp * cross_entropy_bytes_per_logit(layout.cross_entropy, dt), profile)
-    optim = optimizer_seconds(model, layout, model.params() / layout.tp, model.layers, profile)
+    optim = optimizer_seconds(model, layout, model_gpu_params(model, layout), model.layers, profile)
     return BoundaryTimes(emb, cls, optim)
 
 
@@ -86,22 +87,22 @@ def cross_entropy_bytes_per_logit(kernel: str, dtype_bytes: int) -> float:
     return cast + {"chunked": 32, "vocab_parallel": 40, "torch_fused": 36}[kernel]
 
 
-def optimizer_seconds(model: ModelConfig, layout: Layout, params: float, layers: float,
+def optimizer_seconds(model: ModelConfig, layout: Layout, params: GpuParams, layers: float,
                       profile: HardwareProfile) -> float:
-    """One GPU's optimizer step over ``params`` parameters (already divided by TP) of ``layers``
-    layers: Adam on the GPU (HBM-bound), or on the host under optimizer offload; then the quantised
-    weight copies re-cast."""
+    """One GPU's optimizer step over ``params`` (its parameters before and after ZeRO,
+    `memo_sim.cost.param_split`) of ``layers`` layers: Adam on the GPU (HBM-bound), or on the host
+    under optimizer offload; then the quantised weight copies re-cast."""
     if layout.optimizer_offload:
         step = offloaded_step_seconds(model, layout, params, profile)
     else:
-        step = memory_bound_time(optimizer_step_bytes(model.recipe, params, layout.state_shards, layout.zero), profile)
+        step = memory_bound_time(optimizer_step_bytes(model.recipe, params.local, params.shards, layout.zero), profile)
     # the re-cast of the weights this GPU updates: all of them, or its 1/N shard under ZeRO-3 (each layer's
     # gathered copies are then cast again per gather, not priced)
     owned = layers / (layout.state_shards if layout.zero >= 3 else 1)
     return step + memory_bound_time(weight_recast_bytes(model, owned, layout.tp), profile)
 
 
-def optimizer_step_bytes(recipe: PrecisionRecipe, params: float, shards: int, zero: int) -> float:
+def optimizer_step_bytes(recipe: PrecisionRecipe, params: float, shards: float, zero: int) -> float:
     """HBM bytes of one optimizer step over ``params`` parameters held by one GPU (before ZeRO),
     sharded ``shards`` ways by ZeRO stage ``zero`` (the module's formula)."""
     w, g, m, o = recipe.weight_bytes, recipe.grad_bytes, recipe.master_bytes, recipe.optimizer_bytes

@@ -13,6 +13,9 @@
   forward (Megatron's overlapped parameter gather): layer i's forward waits for its gather;
 - ZeRO-3: each layer's weights all-gathered before its forward and again before its backward.
 The embedding/classifier weights are small next to the layers and not gathered separately.
+A MoE layer's routed experts (`memo_sim.cost.param_split`) are reduced and gathered over their own
+replicas, the expert data-parallel group (etp x ep ranks apart), beside the dense part's collective
+over the DP group: the bucket takes the sum of the two.
 
 Seconds alone on the group's link (NVLink inside a node, the inter-node link across nodes).
 """
@@ -22,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memo_sim.cost import collectives as coll
+from memo_sim.cost.param_split import layer_gpu_params, model_gpu_params
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
 from memo_sim.profile.schema import HardwareProfile
@@ -73,9 +77,25 @@ def grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile, stri
         return _reduce(layout, nbytes, g, bw, lat)
 
     w, gr = model.recipe.weight_bytes, model.recipe.grad_reduce_bytes
-    layer_p = model.layer_params() / layout.tp
+    layer = layer_gpu_params(model, layout)
+    layer_p = layer.local - layer.expert_local
     emb_p = model.embedding_params() / layout.tp
-    all_p = model.params() / layout.tp
+    every = model_gpu_params(model, layout)
+    all_p = every.local - every.expert_local
     gather = coll.ring_allgather_time(w * layer_p, g, bw, lat) if layout.zero >= 1 else 0.0
-    return GradSync(coll.link_kind(profile, link), reduce(gr * layer_p), reduce(gr * emb_p),
-                    reduce(gr * all_p), gather, layout.zero >= 3, layout.grad_overlap)
+    ge = layout.expert_dp if model.moe else 1
+    if ge > 1:  # the routed experts over their own replicas (module docs)
+        elink = coll.group_link(profile, ge, layout.ep * layout.etp * (layout.pp if stride is not None else 1))
+        ebw, elat = float(elink.bandwidth), float(elink.latency)
+
+        def ereduce(nbytes: float) -> float:
+            return _reduce(layout, nbytes, ge, ebw, elat)
+        layer_r = reduce(gr * layer_p) + ereduce(gr * layer.expert_local)
+        all_r = reduce(gr * all_p) + ereduce(gr * every.expert_local)
+        if layout.zero >= 1:
+            gather += coll.ring_allgather_time(w * layer.expert_local, ge, ebw, elat)
+    else:
+        layer_r = reduce(gr * (layer_p + layer.expert_local))
+        all_r = reduce(gr * (all_p + every.expert_local))
+    return GradSync(coll.link_kind(profile, link), layer_r, reduce(gr * emb_p),
+                    all_r, gather, layout.zero >= 3, layout.grad_overlap)

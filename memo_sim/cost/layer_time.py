@@ -16,6 +16,7 @@ from functools import lru_cache
 
 from memo_sim.cost import collectives as coll
 from memo_sim.cost import metp
+from memo_sim.cost import moe
 from memo_sim.cost.activations import tensor_bytes, tokens_per_gpu
 from memo_sim.model.flops import ATTN_BWD_FACTOR, op_flops
 from memo_sim.cost.memo import memoised
@@ -59,13 +60,22 @@ def gemm_shape(op: OpSpec, layout: Layout, batch: int, seq: int, fraction: float
 def _compute_cost(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, seq: int,
                   profile: HardwareProfile, phase: str, fraction: float = 1.0) -> OpCost:
     shards = layout.tp * layout.seq_split
+    if op.kind == "gemm" and op.scope == "expert":  # the rank's local experts (`memo_sim.cost.moe`)
+        return moe.expert_gemm_cost(op, model, layout, batch, seq, profile, phase, fraction)
+    if op.kind == "gemm" and op.scope == "shard":  # the router: model dtype, whole weights, the rank's shard
+        m, k, n = moe.scoped_gemm_shape(op, layout, batch, seq, fraction)
+        f = 2.0 * m * k * n * (GEMM_BWD_FACTOR if phase == "bwd" else 1.0)
+        return OpCost(op.name, "gemm", phase, "compute", gemm_time(f, profile, model.dtype, 0.0), flops=f)
+    if op.name == "route":
+        return moe.route_cost(model, layout, batch, seq, profile, phase, fraction)
     if op.kind == "gemm":
         # forward: out[m, n] = x[m, k] W[k, n]; backward: two kernels of the same FLOPs, the data
         # gradient dx[m, k] = dy[m, n] W^T and the weight gradient dW[k, n] = x^T dy, each reading
         # and writing the same three operands (GEMM_BWD_FACTOR kernels)
         # a quantised format (`memo_sim.cost.gemm_format`) runs the three at its peak on quantised
         # operands and casts the GEMM's input (forward) or its output gradient (backward) first
-        m, k, n = gemm_shape(op, layout, batch, seq, fraction)
+        m, k, n = (moe.scoped_gemm_shape(op, layout, batch, seq, fraction) if op.scope == "replicated"
+                   else gemm_shape(op, layout, batch, seq, fraction))
         f = 2.0 * m * k * n
         t = gemm_time(f, profile, gemm_peak_key(model), layer_gemm_bytes(model, m, k, n))
         if phase == "bwd":
@@ -83,7 +93,7 @@ def _compute_cost(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, se
         if layout.attention == "materialised":
             a = materialised_attention(model, layout, batch, seq, profile, phase)
             return OpCost(op.name, "attention", phase, "compute", a.seconds, flops=a.flops, nbytes=a.nbytes)
-        f = op_flops(op, model, batch, seq) / shards
+        f = op_flops(op, model, batch, seq) * model.attention_flop_fraction(seq) / shards
         if phase == "bwd":
             f *= ATTN_BWD_FACTOR
             return OpCost(op.name, "attention", phase, "compute",
@@ -188,14 +198,17 @@ def _ops_with_comm(ops: list[OpSpec], model: ModelConfig, layout: Layout, batch:
         nxt = flavour.group_of(ops[k + 1].name) if k + 1 < len(ops) else None
         if nxt in RING_PROLOGUES and phase != "recompute":  # a ring's first step beside this op
             out.append(RING_PROLOGUES[nxt](model, layout, batch, seq, profile, phase))
+        if op.kind == "moe_comm":  # the token dispatcher's collectives (`memo_sim.cost.moe`)
+            out += moe.dispatcher_costs(op, model, layout, batch, seq, profile, phase, fraction)
+            continue
         if op.kind == "attention" and layout.ulysses > 1:
             out.append(_ulysses_alltoall(model, layout, batch, seq, profile, phase,
-                                         model.hidden + 2 * model.kv_dim, "alltoall_qkv"))
+                                         model.q_dim + model.kv_dim + model.v_dim, "alltoall_qkv"))
         if op.kind == "attention" and layout.cp > 1:
             out.append(_cp_ring(model, layout, batch, seq, profile, phase))
         out.append(_compute_cost(op, model, layout, batch, seq, profile, phase, fraction))
         if op.kind == "attention" and layout.ulysses > 1:
-            out.append(_ulysses_alltoall(model, layout, batch, seq, profile, phase, model.hidden, "alltoall_attn"))
+            out.append(_ulysses_alltoall(model, layout, batch, seq, profile, phase, model.attn_dim, "alltoall_attn"))
         c = None if op.name in free else _tp_collective(op, model, layout, batch, seq, profile, phase, fraction)
         if c is not None:
             out.append(c)

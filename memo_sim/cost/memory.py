@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from memo_sim.cost.activations import tokens_per_gpu
 from memo_sim.cost.gemm_format import weight_cache_bytes
+from memo_sim.cost.param_split import layer_gpu_params, model_gpu_params
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
 from memo_sim.model.layer_graph import DTYPE_BYTES
@@ -30,14 +31,14 @@ def model_state_parts(model: ModelConfig, layout: Layout) -> dict[str, float]:
     """Model-state bytes on one GPU by part: weights, grads, master weights + optimizer, and
     ZeRO-3's two gathered layers."""
     r = model.recipe
-    p = model.params() / layout.tp
-    n, z = layout.state_shards, layout.zero
-    return {"weights": r.weight_bytes * p / (n if z >= 3 else 1),
-            "grads": r.grad_bytes * p / (n if z >= 2 else 1),
+    g = model_gpu_params(model, layout)  # dense and routed-expert parts (`memo_sim.cost.param_split`)
+    p, sh, z = g.local, g.sharded, layout.zero
+    return {"weights": r.weight_bytes * (sh if z >= 3 else p),
+            "grads": r.grad_bytes * (sh if z >= 2 else p),
             # on the host under optimizer offload (`memo_sim.cost.optimizer_offload.host_state_bytes`)
             "master_and_optimizer": 0.0 if layout.optimizer_offload
-            else (r.master_bytes + r.optimizer_bytes) * p / (n if z >= 1 else 1),
-            "gathered_layers": 2 * r.weight_bytes * model.layer_params() / layout.tp if z >= 3 else 0.0,
+            else (r.master_bytes + r.optimizer_bytes) * (sh if z >= 1 else p),
+            "gathered_layers": 2 * r.weight_bytes * layer_gpu_params(model, layout).local if z >= 3 else 0.0,
             # a quantised GEMM format's weight copies: every layer's, or only the two gathered ones under ZeRO-3
             "quantised_weights": weight_cache_bytes(model, 2 if z >= 3 else model.layers, layout.tp)}
 

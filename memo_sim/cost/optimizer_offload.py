@@ -22,6 +22,7 @@ parameter groups, is not modelled), while the GPU waits. The executor does not r
 
 from __future__ import annotations
 
+from memo_sim.cost.param_split import GpuParams
 from memo_sim.cost.transfer import host_copy_time
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
@@ -32,13 +33,13 @@ FP32 = 4
 CPU_ADAM_BYTES_PER_PARAM = 7 * FP32
 
 
-def shard_params(params: float, layout: Layout) -> float:
-    """Parameters of the shard one GPU updates (``params`` already divided by TP): ZeRO >= 1 splits
-    the optimizer over the DP x CP x Ulysses group."""
-    return params / (layout.state_shards if layout.zero >= 1 else 1)
+def shard_params(params: GpuParams, layout: Layout) -> float:
+    """Parameters of the shard one GPU updates (``params``: what it holds before and after ZeRO,
+    `memo_sim.cost.param_split`): ZeRO >= 1 splits the optimizer over the replicas."""
+    return params.sharded if layout.zero >= 1 else params.local
 
 
-def host_state_bytes(model: ModelConfig, layout: Layout, params: float) -> float:
+def host_state_bytes(model: ModelConfig, layout: Layout, params: GpuParams) -> float:
     """Host bytes one GPU's offloaded optimizer holds: master weights, Adam's moments and the fp32
     gradient copy of its shard (0 without offload)."""
     if not layout.optimizer_offload:
@@ -47,7 +48,7 @@ def host_state_bytes(model: ModelConfig, layout: Layout, params: float) -> float
     return (r.master_bytes + r.optimizer_bytes + FP32) * shard_params(params, layout)
 
 
-def offloaded_step_seconds(model: ModelConfig, layout: Layout, params: float, profile: HardwareProfile) -> float:
+def offloaded_step_seconds(model: ModelConfig, layout: Layout, params: GpuParams, profile: HardwareProfile) -> float:
     """The optimizer step of one GPU with its states on the host: gradients down, Adam on the host,
     weights up (module docs)."""
     n = shard_params(params, layout)

@@ -50,6 +50,7 @@ from memo_sim.cost.optimizer_offload import host_state_bytes
 from memo_sim.cost.activations import tensor_bytes, tokens_per_gpu
 from memo_sim.cost.kernel_time import attention_bwd_time, attention_fwd_time, memory_bound_time
 from memo_sim.cost.layer_time import backward_costs, forward_costs
+from memo_sim.cost.param_split import GpuParams, gpu_params
 from memo_sim.cost.memo import memoised_by, memoising, profile_key
 from memo_sim.cost.opcost import OpCost, critical_time
 from memo_sim.errors import MemoError
@@ -314,28 +315,36 @@ def stage_params(model: ModelConfig, layout: Layout, stage: int) -> float:
     return p
 
 
+def stage_gpu_params(model: ModelConfig, layout: Layout, stage: int) -> GpuParams:
+    """A stage's parameters on one of its GPUs, dense and routed-expert parts apart
+    (`memo_sim.cost.param_split`; every layer of a MoE model counted as a MoE layer)."""
+    experts = stage_layer_count(model, layout, stage) * model.expert_layer_params() if model.moe else 0
+    return gpu_params(model, layout, stage_params(model, layout, stage), experts)
+
+
 def stage_model_state_bytes(model: ModelConfig, layout: Layout, stage: int) -> float:
     """Model-state bytes on one GPU of a stage (weights, grads, master + optimizer; ZeRO-1 shards
     the last over the data-parallel group)."""
     r = model.recipe
-    p = stage_params(model, layout, stage) / layout.tp
-    n = layout.state_shards
-    optim = 0.0 if layout.optimizer_offload else (r.master_bytes + r.optimizer_bytes) * p / (n if layout.zero >= 1 else 1)
-    return (r.weight_bytes + r.grad_bytes) * p + optim + weight_cache_bytes(model, stage_layer_count(model, layout, stage), layout.tp)
+    g = stage_gpu_params(model, layout, stage)
+    optim = 0.0 if layout.optimizer_offload else (r.master_bytes + r.optimizer_bytes) * (
+        g.sharded if layout.zero >= 1 else g.local)
+    return (r.weight_bytes + r.grad_bytes) * g.local + optim + weight_cache_bytes(
+        model, stage_layer_count(model, layout, stage), layout.tp)
 
 
 def stage_host_state_bytes(model: ModelConfig, layout: Layout, stage: int) -> float:
     """Host bytes one GPU of a stage holds for its offloaded optimizer (0 without offload)."""
-    return host_state_bytes(model, layout, stage_params(model, layout, stage) / layout.tp)
+    return host_state_bytes(model, layout, stage_gpu_params(model, layout, stage))
 
 
 def stage_optimizer_time(model: ModelConfig, layout: Layout, stage: int, profile: HardwareProfile) -> float:
-    return optimizer_seconds(model, layout, stage_params(model, layout, stage) / layout.tp,
+    return optimizer_seconds(model, layout, stage_gpu_params(model, layout, stage),
                              stage_layer_count(model, layout, stage), profile)
 
 
 @memoised_by(lambda model, layout, profile: (model, layout.state_shards, layout.tp, layout.zero, layout.grad_overlap,
-                                            layout.stage_stride * layout.pp, profile_key(profile)))
+                                            layout.stage_stride * layout.pp, layout.ep, layout.etp, profile_key(profile)))
 def stage_grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile) -> GradSync:
     """Data-parallel collectives of one stage: over the stage's dp replicas, TP x PP ranks apart
     (`memo_sim.cost.grad_sync`; memoised by what that reads: the group, TP, ZeRO, the overlap

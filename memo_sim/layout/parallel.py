@@ -445,11 +445,34 @@ def _divisors(n: int) -> list[int]:
     return small + [n // d for d in reversed(small) if d * d != n]
 
 
+@dataclass(frozen=True)
+class ExpertChoice:
+    """The expert-parallel part of a search (MoE models): ``ep`` / ``etp`` fixed or None (searched),
+    the token dispatcher and the balance every candidate runs with."""
+    ep: int | None = None
+    etp: int | None = None
+    dispatcher: str = "alltoall"
+    balance: str = "dropless"
+
+    def options(self, model: ModelConfig, stage_gpus: int, tp: int) -> list[tuple[int, int]]:
+        """(ep, etp) pairs to try for a layout whose pipeline stage has ``stage_gpus`` GPUs and TP
+        ``tp``: ep any divisor of both the experts and the stage's GPUs, etp 1 or the dense TP
+        (Megatron-Core's default); fixed values as given (refused by `check_layout` if they cannot run)."""
+        if not model.moe:
+            return [(self.ep or 1, self.etp or 1)]
+        eps = [self.ep] if self.ep is not None else [
+            e for e in _divisors(math.gcd(model.experts, stage_gpus))]
+        etps = [self.etp] if self.etp is not None else sorted({1, tp})
+        return [(e, t) for e in eps for t in etps
+                if self.ep is not None or self.etp is not None or stage_gpus % (e * t) == 0]
+
+
 def enumerate_layouts(model: ModelConfig, gpus: int, gpus_per_node: int, seq: int, *,
                       tp: int | None = None, cp: int | None = None, ulysses: int | None = None,
                       dp: int | None = None, zero: int | None = None, sp: bool | None = None,
                       tp_modes: tuple[str, ...] = ("megatron",), metp_across_nodes: bool = False,
                       pp: int = 1, first: int | None = None, last: int | None = None,
+                      experts: ExpertChoice = ExpertChoice(),
                       ) -> tuple[list[Layout], list[tuple[Layout, str]]]:
     """All layouts for ``gpus`` GPUs matching the fixed degrees; (valid, [(rejected, reason)]).
 
@@ -457,7 +480,9 @@ def enumerate_layouts(model: ModelConfig, gpus: int, gpus_per_node: int, seq: in
     is only tried where it can apply (tp >= 2 with sequence parallelism). ``pp``: the pipeline
     stages every layout has (default 1: none); ``first`` / ``last``: the first and last stages'
     layer counts (Megatron-LM's --decoder-first/last-pipeline-num-layers); not given, the stages
-    split the layers evenly, or where they cannot, as `uneven_split` says."""
+    split the layers evenly, or where they cannot, as `uneven_split` says. ``experts``: the expert
+    degrees, dispatcher and balance (`ExpertChoice`; a dense model runs ep 1, etp 1)."""
+    moe_kw = {"moe_dispatcher": experts.dispatcher, "moe_balance": experts.balance}
     if pp > 1 and first is None and last is None:
         first, last = uneven_split(model.layers, pp) or (0, 0)
     ends = {"first_stage_layers": first or 0, "last_stage_layers": last or 0} if pp > 1 else {}
@@ -484,12 +509,15 @@ def enumerate_layouts(model: ModelConfig, gpus: int, gpus_per_node: int, seq: in
         for s, z, mode in product(sps, zs, tp_modes):
             if not tp_flavour(mode).applies(t, s):
                 continue
-            lay = Layout(tp=t, sp=s if t > 1 else True, cp=c, ulysses=u, dp=d, zero=z, tp_mode=mode, pp=pp, **ends)
-            why = check_layout(lay, model, gpus, gpus_per_node, seq, metp_across_nodes=metp_across_nodes)
-            (rejected.append((lay, why)) if why else valid.append(lay))
+            for e, et in experts.options(model, t * c * u * d, t):
+                lay = Layout(tp=t, sp=s if t > 1 else True, cp=c, ulysses=u, dp=d, zero=z, tp_mode=mode, pp=pp, **ends,
+                             ep=e, etp=et, **moe_kw)
+                why = check_layout(lay, model, gpus, gpus_per_node, seq, metp_across_nodes=metp_across_nodes)
+                (rejected.append((lay, why)) if why else valid.append(lay))
     if dp is not None and tp is not None and cp is not None and ulysses is not None and not valid and not rejected:
         lay = Layout(tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero or 0, sp=True if sp is None else sp,
-                     tp_mode=tp_modes[0] if len(tp_modes) == 1 else "megatron", pp=pp, **ends)
+                     tp_mode=tp_modes[0] if len(tp_modes) == 1 else "megatron", pp=pp, **ends,
+                     ep=experts.ep or 1, etp=experts.etp or 1, **moe_kw)
         rejected.append((lay, check_layout(lay, model, gpus, gpus_per_node, seq, metp_across_nodes=metp_across_nodes)
                          or "inconsistent degrees"))
     return valid, rejected

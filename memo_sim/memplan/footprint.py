@@ -29,6 +29,7 @@ from functools import cached_property, lru_cache
 from memo_sim.cost.activations import skeletal_bytes
 from memo_sim.cost.memo import memoised
 from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS, classifier_peak_bytes, model_state_bytes
+from memo_sim.cost.param_split import model_gpu_params
 from memo_sim.cost.optimizer_offload import host_state_bytes
 from memo_sim.layout.parallel import Layout
 from memo_sim.memplan.baseline import caching_allocator_layer_report
@@ -112,7 +113,7 @@ def memory_breakdown(model: ModelConfig, layout: Layout, batch: int, seq: int, p
     boundary = sk["input"]
     peak = states + resident + buffers + lse_all + max(transient + boundary, classifier)
     offloaded_layers = policy.offloaded_layers(n)
-    optim_host = host_state_bytes(model, layout, model.params() / layout.tp)  # under optimizer offload
+    optim_host = host_state_bytes(model, layout, model_gpu_params(model, layout))  # under optimizer offload
     host_gpu = offloaded_layers * host_layer + optim_host
     gpus_node = active_gpus_per_node or min(layout.gpus, profile.node_gpus)
     host_node = gpus_node * (offloaded_layers * pinned_layer + optim_host)

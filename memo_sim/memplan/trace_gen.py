@@ -138,6 +138,11 @@ def _align(n: float) -> int:
     return max(ALIGN, -(-n // ALIGN) * ALIGN)
 
 
+# GEMM scopes (`memo_sim.model.layer_graph.OpSpec.scope`) whose input is the TP group's tokens, so all-gathered
+# under sequence parallelism (the router reads the rank's shard, the experts their routed tokens)
+_GATHERED_SCOPES = ("tp", "replicated")
+
+
 class _Builder:
     def __init__(self, phase: str, layer: int | None = None):
         self.phase, self.layer = phase, layer
@@ -208,14 +213,19 @@ def _layer_forward_trace(model: ModelConfig, layout: Layout, batch: int, seq: in
                 rings.add(group)
                 RING_TRACES[group].forward(b, bs, layout.tp, tb, DTYPE_BYTES[model.dtype])
             continue
-        if op.kind == "gemm" and sp and op.tp_comm_after != "reduce":
+        if op.kind == "moe_comm":  # the dispatcher's receive buffer (its output replaces its input)
+            b.alloc(f"{op.name}_recv", tb[op.inputs[0]])
+            b.tick()
+            b.free(f"{op.name}_recv")
+            continue
+        if op.kind == "gemm" and sp and op.tp_comm_after != "reduce" and op.scope in _GATHERED_SCOPES:
             b.alloc(f"{op.name}_input_gathered", full_h)  # all-gather output
             b.tick()
         attn_bufs = attention_buffers(model, layout, tb, "fwd", batch, seq) if op.kind == "attention" else []
         for name, nbytes in attn_bufs:
             b.alloc(name, nbytes)
         for o in op.outputs:
-            if not tens[o].saved:
+            if not tens[o].saved and o not in op.inputs:
                 b.alloc(o + ("_partial" if op.tp_comm_after == "reduce" and tp else ""),
                         full_h if op.tp_comm_after == "reduce" and tp else tb[o])
         b.tick()
@@ -230,7 +240,9 @@ def _layer_forward_trace(model: ModelConfig, layout: Layout, batch: int, seq: in
         if op.name == "add1":
             b.free("proj")
         if op.name == "add2":
-            b.free("fc2")
+            for i in op.inputs:
+                if i != "h1":
+                    b.free(i)  # fc2, or the MoE block's output and its shared experts'
     return RequestTrace(b.finish(), name=f"{model.name}-{layout.label()}-{seq}-layer-fwd")
 
 
@@ -261,13 +273,21 @@ def _layer_backward_trace(model: ModelConfig, layout: Layout, batch: int, seq: i
         if op.kind == "elementwise" and op.name.startswith("add"):
             b.tick()  # residual: gradient flows through unchanged (accumulated in place)
             continue
+        if op.kind == "moe_comm" or set(op.outputs) <= set(op.inputs):
+            if op.kind == "moe_comm":  # the gradients' exchange: a receive buffer
+                b.alloc(f"{op.name}_grad_recv", tb[op.inputs[0]])
+                b.tick()
+                b.free(f"{op.name}_grad_recv")
+            else:
+                b.tick()  # in place (the router's score pass): its gradient overwrites its input's
+            continue
         out_grad = grads.get(op.outputs[0], f"d_{op.outputs[0]}")
         gathered = None
         if op.kind == "gemm" and sp and op.tp_comm_after == "reduce":
             gathered = f"{out_grad}_gathered"  # backward of reduce-scatter is an all-gather
             b.alloc(gathered, full_h)
             b.tick()
-        if op.kind == "gemm" and sp and op.tp_comm_after != "reduce":
+        if op.kind == "gemm" and sp and op.tp_comm_after != "reduce" and op.scope in _GATHERED_SCOPES:
             b.alloc(f"{op.name}_input_regathered", full_h)  # weight gradient needs the full input
         attn_bufs = attention_buffers(model, layout, tb, "bwd", batch, seq) if op.kind == "attention" else []
         for name, nbytes in attn_bufs:
@@ -280,7 +300,7 @@ def _layer_backward_trace(model: ModelConfig, layout: Layout, batch: int, seq: i
                 name = f"d_{i}_part"
             else:
                 name = f"d_{i}"
-            partial = op.kind == "gemm" and op.tp_comm_after != "reduce" and layout.tp > 1
+            partial = op.kind == "gemm" and op.tp_comm_after != "reduce" and layout.tp > 1 and op.scope == "tp"
             b.alloc(name + ("_partial" if partial else ""), full_h if partial else tb[i])
             produced.append((name, partial))
         b.tick()

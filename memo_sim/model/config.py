@@ -209,6 +209,22 @@ class ModelConfig:
         return f", {self.gemm_format} GEMMs" if self.gemm.quantised else ""
 
     @property
+    def moe_words(self) -> str:
+        """'' for a dense model, else ', N active, E experts top-k' for a one-line summary."""
+        if not self.moe:
+            return ""
+        return f", {self.active_params() / 1e9:.2f}B active, {self.experts} experts top-{self.top_k}"
+
+    def model_notes(self) -> list[str]:
+        """What the model describes that memo approximates or leaves out, one sentence each (every
+        what-if shows them)."""
+        out = [self.not_modelled] if self.not_modelled else []
+        if self.moe and self.dense_layers:
+            out.append(f"{self.dense_layers} of {self.layers} layers have a dense FFN (width {self.ffn}): their "
+                       f"parameters are counted exactly, their time and activations priced as MoE layers")
+        return out
+
+    @property
     def qk_head_dim(self) -> int:
         """One query/key head's width (the no-rope and rope parts under latent attention)."""
         return (self.head_dim or self.hidden // self.heads) + self.qk_rope_dim

@@ -37,7 +37,7 @@ def op_flops(op: OpSpec, model: ModelConfig, batch: int, seq: int) -> float:
     if op.kind == "gemm":
         return gemm_flops(tokens, *op.gemm)
     if op.kind == "attention":
-        return causal_attention_flops(batch, seq, model.hidden)
+        return causal_attention_flops(batch, seq, model.attention_width)
     if op.kind == "norm":
         return NORM_FLOPS_PER_ELEM * tokens * model.hidden
     width = model.ffn if op.name == "act" else model.hidden
@@ -45,9 +45,11 @@ def op_flops(op: OpSpec, model: ModelConfig, batch: int, seq: int) -> float:
 
 
 def layer_forward_flops(model: ModelConfig, batch: int, seq: int) -> dict[str, float]:
-    """GEMM and attention forward FLOPs of one layer: 24·b·s·h² + 2·b·s²·h for GPT (f = 4h)."""
-    gemm = sum(op_flops(op, model, batch, seq) for op in forward_ops(model) if op.kind == "gemm")
-    attn = causal_attention_flops(batch, seq, model.hidden)
+    """GEMM and attention forward FLOPs of one layer: 24·b·s·h² + 2·b·s²·h for GPT (f = 4h). A MoE
+    layer's expert GEMMs count the top-k experts each token runs."""
+    gemm = sum(op_flops(op, model, batch, seq) * (model.top_k if op.scope == "expert" else 1)
+               for op in forward_ops(model) if op.kind == "gemm")
+    attn = causal_attention_flops(batch, seq, model.attention_width) * model.attention_flop_fraction(seq)
     return {"gemm": gemm, "attention": attn}
 
 
@@ -56,8 +58,12 @@ def classifier_flops(model: ModelConfig, batch: int, seq: int) -> float:
 
 
 def model_flops_per_iteration(model: ModelConfig, batch: int, seq: int) -> float:
-    """MISSION's model FLOPs: (6·s·P + 6·n·h·s²) per sample; recompute is not counted."""
-    return batch * (6.0 * seq * model.params() + 6.0 * model.layers * model.hidden * seq * seq)
+    """MISSION's model FLOPs: (6·s·P + 6·n·h·s²) per sample; recompute is not counted. A mixture of
+    experts counts the parameters a token uses (`ModelConfig.active_params`); attention counts the
+    width its FLOPs scale with and a sliding window's fewer scores (`ModelConfig.attention_width`,
+    ``attention_flop_fraction``), which are hidden and 1 for a standard layer."""
+    attn = model.layers * model.attention_width * seq * seq * model.attention_flop_fraction(seq)
+    return batch * (6.0 * seq * model.active_params() + 6.0 * attn)
 
 
 def mfu(model: ModelConfig, batch: int, seq: int, iteration_s: float, gpus: int, peak_flops: float) -> float:

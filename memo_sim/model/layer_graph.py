@@ -16,7 +16,30 @@ Forward, per layer (x is the layer input, y its output = the next layer's input)
     fc2 = act @ W2                      (gemm)   [TP: all-reduce / reduce-scatter]
     y = h1 + fc2
 
-Skeletal (saved for backward) tensors: x, ln1, q, k, v, attn, lse, h1, ln2, fc1, act. For a GPT
+Multi-head latent attention (``model.mla``, DeepSeek-V2/V3) replaces the QKV GEMM with down
+projections to the latents (``q_down``: hidden -> q_lora_rank, ``kv_down``: hidden -> kv_lora_rank +
+rope; weights replicated over TP, as Megatron-Core's MLA keeps them, on the TP group's tokens),
+their norms, and up projections (``q_up``, ``kv_up``: column-parallel) to per-head queries, keys
+and values (`_mla_ops`). A mixture-of-experts layer (``model.moe``) replaces fc1/act/fc2 with the
+MoE block (`_moe_ops`)::
+
+    probs = route(ln2 @ Wg)             (router gemm on the rank's own sequence shard; score pass)
+    moe_in = permute(ln2)               (top-k copies of each token, grouped by expert)
+    [dispatch: the token dispatcher's collectives, `memo_sim.layout.moe_dispatchers`]
+    efc1 = moe_in @ W1[e]               (grouped GEMM over the rank's local experts)
+    eact = act(efc1)
+    efc2 = eact @ W2[e]
+    [combine: the dispatcher's collectives back]
+    moe_out = unpermute(efc2, probs)    (weighted sum of each token's top-k outputs)
+    [shared experts: sfc1 = ln2 @ Ws1, sact, sfc2 = sact @ Ws2, TP-split as a dense FFN]
+    y = h1 + moe_out (+ sfc2)
+
+The routed tensors (moe_in, efc1, eact, efc2) hold top-k rows per token (``routed``: the busiest
+expert-parallel rank holds more, `memo_sim.cost.activations.tensor_bytes`); moe_in and efc2 are
+whole over the expert tensor-parallel ranks (``etp_whole``: each ETP rank holds the ETP group's
+tokens at full width). Qwen3's QK norms (two RMSNorms over q and k) are not priced as ops.
+
+Skeletal (saved for backward) tensors of a dense layer: x, ln1, q, k, v, attn, lse, h1, ln2, fc1, act. For a GPT
 layer (f = 4h) they are 16 elements per token of width h, i.e. 32·b·s·h bytes in 16-bit, of
 which x and attn are 2·b·s·h each (MEMO offloads them whole: roles "input" and "attn"); the
 other 28·b·s·h (role "other") are split token-wise by alpha. Without sequence parallelism the
@@ -82,6 +105,8 @@ class TensorSpec:
     tp_split: bool  # split across TP ranks even without sequence parallelism
     role: str  # MEMO category: input / attn / other (skeletal), lse (kept), transient
     saved: bool  # skeletal: kept from forward for backward
+    routed: int = 0  # top-k copies per token: a routed MoE tensor (its width counts them), else 0
+    etp_whole: bool = False  # a routed tensor each expert-TP rank holds for the whole ETP group's tokens
 
     def bytes_per_token(self) -> int:
         return self.width * self.dtype_bytes
@@ -96,6 +121,10 @@ class OpSpec:
     gemm: tuple[int, int] | None = None  # (in_width, out_width) of a gemm
     tp_comm_after: str | None = None  # "gather" (all-gather with SP), "reduce" (all-reduce / reduce-scatter)
     token_wise: bool = True  # False only for the attention core: a token subset needs all keys
+    # where a gemm's weights and tokens sit: "tp" (split over TP, the TP group's tokens), "replicated"
+    # (whole weights, the TP group's tokens: MLA's down projections), "shard" (whole weights, the rank's
+    # own sequence shard: the router), "expert" (the rank's local experts, its routed tokens)
+    scope: str = "tp"
 
 
 # One layer's tensors in op order: (name, width, tp_split, role, saved). Widths: h hidden, kv the
@@ -124,6 +153,35 @@ FP8_SAVED_INPUTS = ("ln1", "ln2", "act")
 SKELETAL_NAMES = tuple(n for n, _w, _s, role, saved in _TENSORS if saved and role != "lse")
 
 
+def _tensor_rows(model: ModelConfig) -> tuple:
+    """(name, width key, tp_split, role, saved) of one layer's tensors, in op order, for the model's
+    attention and FFN kinds (the dense table `_TENSORS` unchanged for a dense standard layer)."""
+    if not (model.mla or model.moe):
+        return _TENSORS
+    rows = list(_TENSORS[:2])  # x, ln1
+    if model.mla:
+        if model.q_lora_rank:
+            rows += [("q_lat", "qlr", False, "other", True), ("q_latn", "qlr", False, "other", True)]
+        rows += [("kv_lat", "kvlr_rope", False, "other", True), ("kv_latn", "kvlr", False, "other", True)]
+    rows += list(_TENSORS[2:10])  # q, k, v, attn, lse, proj, h1, ln2
+    if not model.moe:
+        return tuple(rows + list(_TENSORS[10:]))
+    rows += [("probs", "experts32", False, "other", True),
+             ("moe_in", "k_h", True, "other", True),
+             ("efc1", "k_ef1", True, "other", True),
+             ("eact", "k_ef", True, "other", True),
+             ("efc2", "k_h", True, "transient", False),
+             ("moe_out", "h", False, "transient", False)]
+    if model.shared_experts:
+        rows += [("sfc1", "sf1", True, "other", True), ("sact", "sf", True, "other", True),
+                 ("sfc2", "h", False, "transient", False)]
+    return tuple(rows + [("y", "h", False, "transient", False)])
+
+
+_ROUTED = ("moe_in", "efc1", "eact", "efc2")
+_ETP_WHOLE = ("moe_in", "efc2")
+
+
 @lru_cache(maxsize=256)
 def layer_tensors(model: ModelConfig, tp_mode: str = "megatron") -> MappingProxyType:
     """Tensor name -> `TensorSpec` of one layer, in op order (read-only, built once per model and
@@ -133,26 +191,88 @@ def layer_tensors(model: ModelConfig, tp_mode: str = "megatron") -> MappingProxy
     # the GEMM inputs that only their GEMM's weight gradient reads: kept as the format's quantised copy
     # where the framework keeps that one (`ModelConfig.fp8_saved_inputs`; scales not counted)
     fp8 = FP8_SAVED_INPUTS if model.fp8_saved_inputs and model.gemm.quantised else ()
-    width = {"h": model.hidden, "kv": model.kv_dim, "f1": model.fc1_width, "f": model.ffn, "heads": model.heads}
-    specs = [TensorSpec(n, width[w], LSE_BYTES if role == "lse" else int(model.gemm.element_bytes) if n in fp8 else b, split,
-                        "transient" if n in blocks else role, saved and n not in blocks)
-             for n, w, split, role, saved in _TENSORS]
+    k = model.top_k
+    width = {"h": model.hidden, "kv": model.kv_dim, "f1": model.fc1_width, "f": model.ffn, "heads": model.heads,
+             "q": model.q_dim, "v": model.v_dim, "attn": model.attn_dim, "qlr": model.q_lora_rank,
+             "kvlr": model.kv_lora_rank, "kvlr_rope": model.kv_lora_rank + model.qk_rope_dim,
+             "experts32": model.experts * FP32_BYTES // b if b else model.experts, "k_h": k * model.hidden,
+             "k_ef1": k * model.expert_fc1_width, "k_ef": k * model.expert_width,
+             "sf1": 2 * model.shared_width if model.ffn_type == "swiglu" else model.shared_width, "sf": model.shared_width}
+    # q, v and attn are as wide as the queries, the values and the attention output (hidden for a standard layer)
+    rename = {"q": "q", "v": "v", "attn": "attn"}
+    specs = [TensorSpec(n, width[rename.get(n, w)], LSE_BYTES if role == "lse" else
+                        int(model.gemm.element_bytes) if n in fp8 else b, split,
+                        "transient" if n in blocks else role, saved and n not in blocks,
+                        routed=k if n in _ROUTED else 0, etp_whole=n in _ETP_WHOLE)
+             for n, w, split, role, saved in _tensor_rows(model)]
     return MappingProxyType({s.name: s for s in specs})
+
+
+def _mla_ops(model: ModelConfig) -> list[OpSpec]:
+    """Latent attention's projections, from ln1 to q, k, v (module docs)."""
+    h, heads = model.hidden, model.heads
+    ops = []
+    if model.q_lora_rank:
+        r = model.q_lora_rank
+        ops += [OpSpec("q_down", "gemm", ("ln1",), ("q_lat",), gemm=(h, r), scope="replicated"),
+                OpSpec("q_lnorm", "norm", ("q_lat",), ("q_latn",)),
+                OpSpec("q_up", "gemm", ("q_latn",), ("q",), gemm=(r, model.q_dim))]
+    else:
+        ops.append(OpSpec("q_proj", "gemm", ("ln1",), ("q",), gemm=(h, model.q_dim)))
+    r = model.kv_lora_rank
+    ops += [OpSpec("kv_down", "gemm", ("ln1",), ("kv_lat",), gemm=(h, r + model.qk_rope_dim), scope="replicated"),
+            OpSpec("kv_lnorm", "norm", ("kv_lat",), ("kv_latn",)),
+            OpSpec("kv_up", "gemm", ("kv_latn",), ("k", "v"), gemm=(r, heads * (model.head_dim + model.value_head_dim)))]
+    return ops
+
+
+def _moe_ops(model: ModelConfig) -> list[OpSpec]:
+    """The MoE block, from ln2 to y (module docs). ``dispatch`` / ``combine`` stand for the
+    dispatcher's collectives (priced by `memo_sim.cost.moe`)."""
+    h, fe, fe1 = model.hidden, model.expert_width, model.expert_fc1_width
+    e = model.moe_router.gemm(h, model.experts)
+    ops = [OpSpec("router", "gemm", ("ln2",), ("probs",), gemm=e, scope="shard"),
+           OpSpec("route", "elementwise", ("probs",), ("probs",)),
+           OpSpec("permute", "elementwise", ("ln2",), ("moe_in",)),
+           OpSpec("dispatch", "moe_comm", ("moe_in",), ("moe_in",)),
+           OpSpec("expert_fc1", "gemm", ("moe_in",), ("efc1",), gemm=(h, fe1), scope="expert"),
+           OpSpec("expert_act", "elementwise", ("efc1",), ("eact",)),
+           OpSpec("expert_fc2", "gemm", ("eact",), ("efc2",), gemm=(fe, h), scope="expert"),
+           OpSpec("combine", "moe_comm", ("efc2",), ("efc2",)),
+           OpSpec("unpermute", "elementwise", ("efc2", "probs"), ("moe_out",))]
+    out = ("h1", "moe_out")
+    if model.shared_experts:
+        sw = model.shared_width
+        sw1 = 2 * sw if model.ffn_type == "swiglu" else sw
+        # the shared experts are a dense FFN on the TP group's tokens: ln2's all-gather (`forward_ops`) feeds
+        # them, their output is reduce-scattered
+        ops += [OpSpec("shared_fc1", "gemm", ("ln2",), ("sfc1",), gemm=(h, sw1)),
+                OpSpec("shared_act", "elementwise", ("sfc1",), ("sact",)),
+                OpSpec("shared_fc2", "gemm", ("sact",), ("sfc2",), gemm=(sw, h), tp_comm_after="reduce")]
+        out += ("sfc2",)
+    return ops + [OpSpec("add2", "elementwise", out, ("y",))]
 
 
 def forward_ops(model: ModelConfig) -> list[OpSpec]:
     h, kv, f1, f = model.hidden, model.kv_dim, model.fc1_width, model.ffn
-    return [
-        OpSpec("ln1", "norm", ("x",), ("ln1",), tp_comm_after="gather"),
-        OpSpec("qkv", "gemm", ("ln1",), ("q", "k", "v"), gemm=(h, h + 2 * kv)),
-        OpSpec("attention", "attention", ("q", "k", "v"), ("attn", "lse"), token_wise=False),
-        OpSpec("out_proj", "gemm", ("attn",), ("proj",), gemm=(h, h), tp_comm_after="reduce"),
-        OpSpec("add1", "elementwise", ("x", "proj"), ("h1",)),
-        OpSpec("ln2", "norm", ("h1",), ("ln2",), tp_comm_after="gather"),
+    qkv = _mla_ops(model) if model.mla else [
+        OpSpec("qkv", "gemm", ("ln1",), ("q", "k", "v"), gemm=(h, model.q_dim + kv + model.v_dim))]
+    # the FFN's input is all-gathered over TP for a dense FFN (and a MoE block's shared experts); the
+    # routed experts read each rank's own shard
+    ffn = _moe_ops(model) if model.moe else [
         OpSpec("fc1", "gemm", ("ln2",), ("fc1",), gemm=(h, f1)),
         OpSpec("act", "elementwise", ("fc1",), ("act",)),
         OpSpec("fc2", "gemm", ("act",), ("fc2",), gemm=(f, h), tp_comm_after="reduce"),
-        OpSpec("add2", "elementwise", ("h1", "fc2"), ("y",)),
+        OpSpec("add2", "elementwise", ("h1", "fc2"), ("y",))]
+    return [
+        OpSpec("ln1", "norm", ("x",), ("ln1",), tp_comm_after="gather"),
+        *qkv,
+        OpSpec("attention", "attention", ("q", "k", "v"), ("attn", "lse"), token_wise=False),
+        OpSpec("out_proj", "gemm", ("attn",), ("proj",), gemm=(model.attn_dim, h), tp_comm_after="reduce"),
+        OpSpec("add1", "elementwise", ("x", "proj"), ("h1",)),
+        OpSpec("ln2", "norm", ("h1",), ("ln2",),
+               tp_comm_after=None if model.moe and not model.shared_experts else "gather"),
+        *ffn,
     ]
 
 
@@ -170,8 +290,16 @@ def recompute_ops(model: ModelConfig, tp_mode: str = "megatron") -> list[OpSpec]
     remain; out_proj runs as a ring of W_proj blocks, `memo_sim.cost.metp`).
     """
     blocks = block_tensors(tp_mode)
-    wanted = {"ln1", "qkv", "out_proj", "add1", "ln2", "fc1", "act"}
-    return [op for op in forward_ops(model) if op.name in wanted and not set(op.outputs) <= blocks]
+    return [op for op in forward_ops(model) if op.name in RECOMPUTED and not set(op.outputs) <= blocks]
+
+
+# the ops MEMO's token-wise recompute re-runs (`recompute_ops`): every op rebuilding an "other" skeletal
+# tensor, and out_proj + add1 for h1; latent attention's projections and the MoE block's routing, dispatch
+# (the recomputed rows go to their experts again) and expert / shared FFN inputs
+RECOMPUTED = frozenset({"ln1", "qkv", "out_proj", "add1", "ln2", "fc1", "act",
+                        "q_down", "q_lnorm", "q_up", "q_proj", "kv_down", "kv_lnorm", "kv_up",
+                        "router", "route", "permute", "dispatch", "expert_fc1", "expert_act",
+                        "shared_fc1", "shared_act"})
 
 
 # Transient tensors of a layer's level-1 traces that the runtime does not place in the static

@@ -75,8 +75,10 @@ def whatif_answer(v: WhatIfView) -> Answer:
 
     a = Answer(verdict(v))
     m, prof = v.model, v.profile
-    a.line(f"{m.name} ({fmt_params(m.params())} params{m.gemm_words}), {fmt_count(v.seq)} tokens x {v.batch_words}, "
-           f"{v.gpus} x {prof.gpu.model} ({prof.name})")
+    a.line(f"{m.name} ({fmt_params(m.params())} params{m.moe_words}{m.gemm_words}), {fmt_count(v.seq)} tokens x "
+           f"{v.batch_words}, {v.gpus} x {prof.gpu.model} ({prof.name})")
+    for note in m.model_notes():
+        a.line(f"model: {note}")
     a.line(f"profile {prof.name}: {prof.provenance_line()}")
     if v.sensitivity:
         a.line(v.sensitivity)

@@ -241,7 +241,8 @@ def stage_shard(layout: Layout) -> Layout:
 
 @memoised_by(lambda model, layout, micro_batch, seq, profile: (
     model, layout.tp, layout.sp, layout.cp, layout.ulysses, layout.dp, layout.zero, layout.pp, micro_batch, seq,
-    layout.first_stage_layers, layout.last_stage_layers, layout.optimizer_offload, profile_key(profile)))
+    layout.first_stage_layers, layout.last_stage_layers, layout.optimizer_offload, layout.ep, layout.etp,
+    profile_key(profile)))
 def _stage_terms(model: ModelConfig, layout: Layout, micro_batch: int, seq: int,
                  profile: HardwareProfile) -> tuple[float, float, float]:
     """A pipeline's per-stage terms, policy-independent (memoised by the degrees they read: every

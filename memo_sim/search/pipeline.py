@@ -29,7 +29,9 @@ from typing import NamedTuple
 from memo_sim.cost.memo import memoised, memoised_by
 from memo_sim.cost.sppo import stage_model_state_bytes
 from memo_sim.engine.schedules.microbatch import micro_batch_pipelines, stage_in_flight
-from memo_sim.layout.parallel import Layout, _divisors, check_layout, enumerate_layouts, node_stage_gpus, uneven_split
+from memo_sim.layout.parallel import (
+    ExpertChoice, Layout, _divisors, check_layout, enumerate_layouts, node_stage_gpus, uneven_split,
+)
 from memo_sim.layout.schedule import check_schedule
 from memo_sim.memplan.footprint import MemoryBreakdown, memory_breakdown
 from memo_sim.model.config import ModelConfig
@@ -45,7 +47,8 @@ MAX_MICRO_BATCH_SIZES = 4  # the smallest divisors of the batch tried as micro-b
 
 
 @memoised_by(lambda model, layout: (model, layout.pp, layout.tp, layout.state_shards, layout.zero >= 1,
-                                    layout.first_stage_layers, layout.last_stage_layers, layout.optimizer_offload))
+                                    layout.first_stage_layers, layout.last_stage_layers, layout.optimizer_offload,
+                                    layout.ep, layout.etp))
 def _stage_states(model: ModelConfig, layout: Layout) -> tuple[float, ...]:
     """Each stage's model-state bytes on one GPU (memoised by what `stage_model_state_bytes`
     reads: every policy, micro-batch size and virtual-stage count of a layout asks)."""
@@ -217,7 +220,8 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
                         micro_batch: int | None, allows, tp=None, cp=None, ulysses=None, dp=None, zero=None,
                         sp=None, pp: int | None = None, vpp: int | None = None, alpha: float | None = None,
                         schedules: tuple[str, ...] | None = None, adapt=None, first: int | None = None,
-                        last: int | None = None) -> tuple[list[Candidate], list[tuple[Layout, str]], dict]:
+                        last: int | None = None, experts: ExpertChoice = ExpertChoice(),
+                        ) -> tuple[list[Candidate], list[tuple[Layout, str]], dict]:
     """Every pipeline candidate of the space (module docs) for ``policies``: (candidates,
     rejected layouts, what was searched). ``allows``: the framework's layout filter; ``adapt``:
     the layout as the framework runs it (its mechanisms; `memo_sim.frameworks.Framework.adapt`)."""
@@ -230,7 +234,7 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
     searched = {"schedules": list(names), "pp": [], "vpp": set(), "micro_batch": set()}
     for p in pps:
         valid, rej = enumerate_layouts(model, gpus, profile.node_gpus, seq, tp=tp, cp=cp, ulysses=ulysses, dp=dp,
-                                       zero=zero, sp=sp, pp=p, first=first, last=last)
+                                       zero=zero, sp=sp, pp=p, first=first, last=last, experts=experts)
         rejected += rej
         rejected += [(lay, f"the framework does not offer {lay.label()}") for lay in valid if not allows(lay)]
         valid = [lay for lay in valid if allows(lay)]

@@ -29,7 +29,7 @@ from memo_sim.search.whatif import WhatIfResult, candidates_for, not_searched, r
 # the fields that fix part of the searched space (`candidates_for`'s keywords, `not_searched`'s advice)
 FIXING = ("batch", "global_batch", "micro_batch", "tp", "cp", "ulysses", "dp", "zero", "sp", "alpha", "tp_mode",
           "metp_across_nodes", "pp", "vpp", "schedules", "subseqs", "partition", "multiplex", "optimizer_offload",
-          "first_stage_layers", "last_stage_layers")
+          "first_stage_layers", "last_stage_layers", "ep", "etp", "moe_dispatcher", "moe_balance")
 SPPO_FLAGS = ("subseqs", "partition", "multiplex")  # SPPO's own options: with none of --policy, they plan SPPO
 
 
@@ -55,6 +55,11 @@ class WhatifRequest:
     optimizer_offload: bool | None = None  # None: searched where nothing fits without it
     tp_mode: str | None = None  # None: megatron when tp is fixed, else every flavour ("all")
     metp_across_nodes: bool = False
+    # mixture-of-experts layouts (`memo_sim.layout.parallel.ExpertChoice`)
+    ep: int | None = None
+    etp: int | None = None
+    moe_dispatcher: str = "alltoall"
+    moe_balance: str = "dropless"
     # the activation policies and schedules
     policies: tuple[str, ...] = ()
     alpha: float | None = None

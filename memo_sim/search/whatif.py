@@ -32,7 +32,7 @@ from memo_sim.engine.core import gc_paused
 from memo_sim.engine.simulate import Progress, simulate
 from memo_sim.errors import MemoError
 from memo_sim.engine.schedules.microbatch import micro_batch_pipelines
-from memo_sim.layout.parallel import Layout, enumerate_layouts, offload_why_not
+from memo_sim.layout.parallel import ExpertChoice, Layout, enumerate_layouts, offload_why_not
 from memo_sim.layout.schedule import SCHEDULE_NAMES, check_schedule, default_schedule, schedule_runs_policy
 from memo_sim.tp import TP_MODES
 from memo_sim.memplan.footprint import memory_breakdown
@@ -85,6 +85,8 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
                    micro_batch: int | None = None, global_batch: int | None = None,
                    schedules: tuple[str, ...] | None = None, optimizer_offload: bool | None = None,
                    first_stage_layers: int | None = None, last_stage_layers: int | None = None,
+                   ep: int | None = None, etp: int | None = None, moe_dispatcher: str = "alltoall",
+                   moe_balance: str = "dropless",
                    on_sppo: Callable[[list[Candidate]], None] | None = None) -> WhatIfResult:
     """Every valid layout x policy x schedule x micro-batch size (MEMO at its solved alpha) for
     ``framework``, estimated and ranked (the strategies of `SEARCH_STRATEGIES`).
@@ -103,9 +105,16 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     (`memo_sim.cost.optimizer_offload`), False none; None (default) adds them where nothing else fits
     and the framework offers it. ``first_stage_layers`` / ``last_stage_layers``: the first and last
     pipeline stages' layer counts (Megatron-LM's --decoder-first/last-pipeline-num-layers; default:
-    an even split, or `memo_sim.layout.parallel.uneven_split` where the layers do not divide)."""
+    an even split, or `memo_sim.layout.parallel.uneven_split` where the layers do not divide).
+    ``ep``, ``etp``: the expert degrees of a MoE model (None: searched), ``moe_dispatcher`` and
+    ``moe_balance`` what every MoE candidate runs with (`memo_sim.layout.parallel.ExpertChoice`)."""
     if gpus < 1:
         raise MemoError("--gpus must be at least 1")
+    experts = ExpertChoice(ep, etp, moe_dispatcher, moe_balance)
+    if not model.moe and ((ep or 1) > 1 or (etp or 1) > 1):
+        raise MemoError(f"--ep / --etp spread experts: model {model.name} has none (dense)")
+    if model.moe and (ep or 1) > 1 and model.experts % ep:
+        raise MemoError(f"--ep {ep}: the {model.experts} experts do not split evenly; pick a divisor of {model.experts}")
     modes = tp_modes_of(tp_mode)
     fw = get_framework(framework)
     model = fw.for_model(model)  # the framework's model-state recipe; a GEMM format it lacks is refused
@@ -142,7 +151,9 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     # SPPO's search first, so that its candidates are known (``on_sppo``: simulated ahead) while
     # the single stage is priced; they are listed after the single stage's all the same
     search, sppo_tried = None, (sppo_pols and "sppo" in allowed and (vpp is None or vpp == 1) and micro_batch is None
-                                and not optimizer_offload and not uneven_flags)
+                                and not optimizer_offload and not uneven_flags and not model.moe)
+    if sppo_pols and model.moe:
+        searched["sppo"] = "not searched for mixture-of-experts models (SPPO's planner is built for dense layers)"
     if sppo_tried:
         search, sppo_cands, sppo_rejected, sppo_why = sppo_candidates(
             model, seq, gpus, profile, batch=batch or 1, tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero, sp=sp,
@@ -152,7 +163,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     if plain and "single_stage" in allowed and (pp is None or pp == 1) and (vpp is None or vpp == 1):
         valid, rej = enumerate_layouts(model, gpus, profile.node_gpus, seq, tp=tp, cp=cp, ulysses=ulysses,
                                        dp=dp, zero=zero, sp=sp, tp_modes=modes,
-                                       metp_across_nodes=metp_across_nodes)
+                                       metp_across_nodes=metp_across_nodes, experts=experts)
         rejected += rej + [(lay, fw.why_not(lay)) for lay in valid if not fw.allows(lay)]
         valid = [fw.adapt(lay) for lay in valid if fw.allows(lay)]  # as the framework runs it
         if rejected:
@@ -176,7 +187,8 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
         pc, pr, what = pipeline_candidates(
             model, seq, gpus, profile, policies=plain, batch=batch, global_batch=global_batch,
             micro_batch=micro_batch, allows=fw.allows, adapt=fw.adapt, tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero, sp=sp,
-            pp=pp, vpp=vpp, alpha=alpha, schedules=pipes, first=first_stage_layers, last=last_stage_layers)
+            pp=pp, vpp=vpp, alpha=alpha, schedules=pipes, first=first_stage_layers, last=last_stage_layers,
+            experts=experts)
         out += pc
         rejected += pr
         searched["schedules"] += [n for n in what["schedules"] if any(c.schedule == n for c in pc)]

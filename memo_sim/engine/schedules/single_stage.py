@@ -71,6 +71,8 @@ from memo_sim.cost.boundary import BoundaryTimes, boundary_times
 from memo_sim.cost.grad_sync import GradSync, grad_sync
 from memo_sim.cost.layer_time import OpCost, backward_costs, chain_dependencies, chain_tail, forward_costs
 from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS
+from memo_sim.cost.moe import moe_group_link
+from memo_sim.cost.param_split import model_gpu_params
 from memo_sim.engine.core import Engine, Failure
 from memo_sim.engine.graph import Device, MemAction, Op, OpGraph
 from memo_sim.engine.periodic import Fold, plan_fold, unfold
@@ -109,6 +111,8 @@ def collective_link(cost: OpCost, layout: Layout, profile: HardwareProfile) -> s
     spans nodes) over the TP group."""
     if cost.stream in TP_RING_STREAMS:
         return coll.link_kind(profile, coll.group_link(profile, layout.tp, 1))
+    if cost.name.startswith("moe_"):  # a MoE dispatcher's collective over its expert group
+        return coll.link_kind(profile, moe_group_link(cost.name, layout, profile))
     if cost.stream == "cp_comm" or cost.name.startswith("cp_"):
         return coll.link_kind(profile, coll.group_link(profile, layout.cp, layout.tp * layout.ulysses))
     if cost.name.startswith("alltoall"):
@@ -282,7 +286,7 @@ def build_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, po
 
     g.add_static(d, MemAction("gpu", "model_states", mem.model_states_bytes))
     if layout.optimizer_offload:  # the optimizer's states on the host (`memo_sim.cost.optimizer_offload`)
-        g.add_static(d, MemAction("host", "optimizer_states", host_state_bytes(model, layout, model.params() / layout.tp)))
+        g.add_static(d, MemAction("host", "optimizer_states", host_state_bytes(model, layout, model_gpu_params(model, layout))))
     for name, nbytes in policy.static_gpu(sk):
         g.add_static(d, MemAction("gpu", name, nbytes))
 

@@ -1,0 +1,159 @@
+"""What a mixture-of-experts block costs on one GPU, op by op, written once: the expert GEMMs
+(grouped over the rank's local experts), the router's score pass, and the token dispatcher's
+collectives (`memo_sim.layout.moe_dispatchers`) on the links of their groups.
+
+Tokens. Each rank routes its own sequence shard (``shard_tokens``: T / tp under sequence
+parallelism); the EP group's ranks exchange top-k copies of them, so a rank's local experts
+receive on average top_k x shard tokens (times etp: each expert tensor-parallel rank computes the
+ETP group's tokens on its 1/etp slice of every local expert), and the busiest rank
+``routed_load`` times that (`memo_sim.layout.moe_balance`). The step waits for the busiest rank:
+every per-GPU figure here is that rank's.
+
+Expert GEMMs. ``experts / ep`` local experts, each an (m_e x k) @ (k x n / etp) GEMM with m_e the
+rank's routed tokens over its local experts: a grouped GEMM runs them as one kernel, but each
+expert's tile work is its own, so each is priced at the profile's GEMM efficiency for its own
+FLOPs (small GEMMs of 768-2048-wide experts on few tokens run far below peak) and at the roofline's
+memory bound on its weights (a few tokens per expert read the whole expert). Backward: the data-
+and weight-gradient GEMMs, twice the forward, as for every layer GEMM.
+
+Collectives. An all-to-all over EP moves each rank's top-k copies (``routed``): of its ``size``
+bytes, the share bound for ranks on the same node rides NVLink and the rest the inter-node link,
+at the same time, so it takes the longer of the two (`ep_alltoall_time`). All-gathers and
+reduce-scatters over ETP (routed copies) or ETP x EP (each token once: the all-gather
+dispatcher) are rings on their group's link (`memo_sim.cost.collectives`). Backward runs each
+collective's transpose over the same bytes. Expert ranks order ETP innermost, then EP
+(Megatron-Core's folding, `memo_sim.layout.parallel`), so an EP group's ranks are etp apart.
+Not modelled: overlap of the all-to-all with compute (Megatron-Core's ``--overlap-moe-expert-
+parallel-comm``, DeepEP), FP8 dispatch, token dropping's savings below capacity, the routing map and
+probabilities the all-gather dispatcher gathers beside the tokens (k fp32 values per token).
+"""
+
+from __future__ import annotations
+
+from memo_sim.cost import collectives as coll
+from memo_sim.cost.activations import routed_load, shard_tokens, tokens_per_gpu
+from memo_sim.cost.gemm_format import gemm_peak_key, layer_gemm_bytes
+from memo_sim.cost.kernel_time import gemm_time, memory_bound_op_time
+from memo_sim.cost.opcost import OpCost
+from memo_sim.layout.moe_dispatchers import Step
+from memo_sim.layout.parallel import Layout, group_spans_nodes
+from memo_sim.model.config import ModelConfig
+from memo_sim.model.layer_graph import DTYPE_BYTES, OpSpec
+from memo_sim.profile.schema import HardwareProfile, Link
+
+GEMM_BWD_FACTOR = 2.0
+
+
+def routed_tokens(model: ModelConfig, layout: Layout, batch: int, seq: int) -> float:
+    """Token copies the busiest rank's local experts compute (module docs)."""
+    return model.top_k * shard_tokens(layout, batch, seq) * layout.etp * routed_load(layout, batch, seq, model.top_k)
+
+
+def expert_gemm_shape(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, seq: int,
+                      fraction: float = 1.0) -> tuple[int, float, float, float]:
+    """(local experts, m per expert, k, n) of an expert GEMM on the busiest rank: the expert's FFN
+    width is split by etp (fc1's output, fc2's input)."""
+    local = model.experts // layout.ep
+    m = routed_tokens(model, layout, batch, seq) * fraction / local
+    i, o = op.gemm
+    if op.name == "expert_fc1":
+        return local, m, i, o / layout.etp
+    return local, m, i / layout.etp, o
+
+
+def expert_gemm_cost(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile,
+                     phase: str, fraction: float = 1.0) -> OpCost:
+    """The grouped GEMM of the rank's local experts (module docs)."""
+    local, m, k, n = expert_gemm_shape(op, model, layout, batch, seq, fraction)
+    one = gemm_time(2.0 * m * k * n, profile, gemm_peak_key(model), layer_gemm_bytes(model, m, k, n))
+    f, t = local * 2.0 * m * k * n, local * one
+    if phase == "bwd":
+        f, t = f * GEMM_BWD_FACTOR, t * GEMM_BWD_FACTOR
+    return OpCost(op.name, "gemm", phase, "compute", t, flops=f)
+
+
+def route_cost(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile, phase: str,
+               fraction: float = 1.0) -> OpCost:
+    """The router's score pass (softmax or sigmoid, top-k, balancing) over the rank's shard."""
+    nbytes = model.moe_router.score_bytes(shard_tokens(layout, batch, seq) * fraction, model.experts)
+    return OpCost("route", "elementwise", phase, "compute", memory_bound_op_time(nbytes, profile), nbytes=nbytes)
+
+
+def group_size_stride(group: str, layout: Layout) -> tuple[int, int]:
+    """(ranks, stride) of a dispatcher group (expert ranks: ETP innermost, then EP)."""
+    if group == "ep":
+        return layout.ep, layout.etp
+    if group == "etp":
+        return layout.etp, 1
+    return layout.etp * layout.ep, 1
+
+
+def step_link(step_group: str, layout: Layout, profile: HardwareProfile) -> Link:
+    """The link a dispatcher group's collective rides (the slower one for a group over nodes)."""
+    g, stride = group_size_stride(step_group, layout)
+    return coll.group_link(profile, g, stride)
+
+
+def ep_alltoall_time(size: float, layout: Layout, profile: HardwareProfile) -> float:
+    """An all-to-all of ``size`` bytes per rank over the EP group: the peers on the node over NVLink,
+    the others over the inter-node link, both at once (module docs)."""
+    g, stride = layout.ep, layout.etp
+    if g <= 1:
+        return 0.0
+    if not group_spans_nodes(g, stride, profile.node_gpus):
+        link = profile.nvlink
+        return coll.alltoall_time(size, g, float(link.bandwidth), float(link.latency))
+    local = max(1, profile.node_gpus // stride)  # EP peers on one node, self included
+    nv, ib = profile.nvlink, profile.internode
+    t_nv = (local - 1) * (float(nv.latency) + size / (g * float(nv.bandwidth)))
+    t_ib = (g - local) * float(ib.latency) + size * (g - local) / (g * float(ib.bandwidth))
+    return max(t_nv, t_ib)
+
+
+def step_bytes(step: Step, model: ModelConfig, layout: Layout, batch: int, seq: int, fraction: float) -> float:
+    """Bytes of one dispatcher step per rank (what an all-to-all sends, what an all-gather ends with and a
+    reduce-scatter starts with), in the model dtype."""
+    d = DTYPE_BYTES[model.dtype] * model.hidden * fraction
+    if step.moves == "tokens":
+        g, _ = group_size_stride(step.group, layout)
+        return shard_tokens(layout, batch, seq) * g * d
+    copies = model.top_k * shard_tokens(layout, batch, seq) * routed_load(layout, batch, seq, model.top_k)
+    if step.collective == "alltoall":
+        return copies * d
+    return copies * layout.etp * d  # the ETP group's copies, gathered on every ETP rank
+
+
+def step_cost(op: OpSpec, step: Step, model: ModelConfig, layout: Layout, batch: int, seq: int,
+              profile: HardwareProfile, phase: str, fraction: float) -> OpCost | None:
+    g, stride = group_size_stride(step.group, layout)
+    if g <= 1:
+        return None
+    size = step_bytes(step, model, layout, batch, seq, fraction)
+    if step.collective == "alltoall":
+        t = ep_alltoall_time(size, layout, profile)
+    else:
+        link = step_link(step.group, layout, profile)
+        t = coll.ring_allgather_time(size, g, float(link.bandwidth), float(link.latency))
+    return OpCost(f"moe_{op.name}_{step.collective}_{step.group}", "collective", phase, "comm", t, nbytes=size)
+
+
+def dispatcher_costs(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile,
+                     phase: str, fraction: float = 1.0) -> list[OpCost]:
+    """The dispatcher's collectives standing for the layer graph's ``dispatch`` / ``combine`` op."""
+    steps = layout.dispatcher.dispatch if op.name == "dispatch" else layout.dispatcher.combine
+    out = [step_cost(op, s, model, layout, batch, seq, profile, phase, fraction) for s in steps]
+    return [c for c in out if c is not None]
+
+
+def moe_group_link(name: str, layout: Layout, profile: HardwareProfile) -> Link:
+    """The link of a ``moe_*`` collective (its group is the name's last part)."""
+    return step_link(name.rsplit("_", 1)[1], layout, profile)
+
+
+def scoped_gemm_shape(op: OpSpec, layout: Layout, batch: int, seq: int, fraction: float) -> tuple[float, float, float]:
+    """(m, k, n) of a GEMM whose weights are not TP-split: ``replicated`` on the TP group's tokens,
+    ``shard`` on the rank's own sequence shard (`memo_sim.model.layer_graph.OpSpec.scope`)."""
+    i, o = op.gemm
+    if op.scope == "shard":
+        return shard_tokens(layout, batch, seq) * fraction, i, o
+    return tokens_per_gpu(layout, batch, seq) * fraction, i, o
