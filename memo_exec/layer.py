@@ -32,6 +32,7 @@ recompute rebuilds local rows ``[start, T)`` and gathered rows ``[start*p, T*p)`
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,8 +50,22 @@ ALIGN = 256
 LN_EPS = 1e-5
 
 
+def dense_view(model: ModelConfig) -> ModelConfig:
+    """``model`` without its experts: the dense layer whose skeletal tensors the executor saves for
+    every layer of a MoE model too (fc1 and act for its ``dense_layers``; a MoE layer's block keeps its
+    own state instead, `memo_exec.moe.block`)."""
+    if not model.moe:
+        return model
+    return dataclasses.replace(model, experts=0, top_k=0, expert_ffn=0, shared_experts=0, shared_ffn=0,
+                               shared_gate=False, dense_layers=0, moe_bias=False)
+
+
+def _tensor_specs(model: ModelConfig):
+    return layer_tensors(dense_view(model))
+
+
 def skeletal_widths(model: ModelConfig) -> dict[str, int]:
-    specs = layer_tensors(model)
+    specs = _tensor_specs(model)
     return {n: specs[n].width for n in SKELETAL}
 
 
@@ -58,7 +73,7 @@ def storage_shapes(model: ModelConfig, tp: int = 1, sp: bool = True) -> dict[str
     """Skeletal tensor -> (rows per local token, width) on one rank of a Megatron TP group of size
     ``tp``: the ``tp_split`` tensors (q, k, v, attn, fc1, act) are 1/tp as wide and, with sequence
     parallelism, hold the gathered rows of the whole group (tp rows per local token)."""
-    specs = layer_tensors(model)
+    specs = _tensor_specs(model)
     out = {}
     for n in SKELETAL:
         s = specs[n]
@@ -74,7 +89,7 @@ def _shapes(model: ModelConfig, shapes) -> dict[str, tuple[int, int]]:
 
 
 def skeletal_roles(model: ModelConfig) -> dict[str, str]:
-    specs = layer_tensors(model)
+    specs = _tensor_specs(model)
     return {n: specs[n].role for n in SKELETAL}
 
 
@@ -113,6 +128,8 @@ class LayerStorage:
         self.tensors = tensors
         self.stats = stats  # [4, T]: mean1, rstd1, mean2, rstd2 (RMSNorm: the mean rows are unused)
         self.aux: Any = None  # attention backend state for the backward (lse, RNG state)
+        self.moe: Any = None  # a MoE layer's routing (and, under store all, its block's graph): `memo_exec.moe.block`
+        self.keep_moe_internals = False  # set by a policy that keeps every activation (store all)
 
     def __getattr__(self, name: str) -> torch.Tensor:
         try:
@@ -124,7 +141,7 @@ class LayerStorage:
         t = dict(self.tensors)
         t["x"] = x
         s = LayerStorage(t, self.stats)
-        s.aux = self.aux
+        s.aux, s.moe, s.keep_moe_internals = self.aux, self.moe, self.keep_moe_internals
         return s
 
 
@@ -162,7 +179,11 @@ class LayerWeights(nn.Module):
     TP_ROWS = ("wqkv", "bqkv", "w1", "b1")
     TP_COLS = ("wo", "w2")
 
-    def __init__(self, model: ModelConfig, layers: int, device, dtype, tp: int = 1) -> None:
+    def __init__(self, model: ModelConfig, layers: int, device, dtype, tp: int = 1, layer: int | None = None,
+                 experts: tuple[int, int] | None = None) -> None:
+        """``layer``: the model layer these weights are (None: a dense layer, for sizes and traces); a MoE
+        model's layer at or past ``dense_layers`` has the MoE block ``moe`` (`memo_exec.moe.weights`)
+        instead of w1/w2/b1/b2, holding routed experts ``[first, first + n)`` = ``experts`` (default all)."""
         super().__init__()
         h, kv, f = model.hidden, model.kv_dim // tp, model.ffn // tp
         hq = h // tp
@@ -175,24 +196,45 @@ class LayerWeights(nn.Module):
         self.wo, self.bo = mk(h, hq), opt("bo", h)
         self.ln2_w, self.ln2_b = mk(h), mk(h) if shift else None
         self.swiglu = model.ffn_type == "swiglu"
-        self.w1 = mk(model.fc1_width // tp, h)
-        self.w2 = mk(h, f)
-        self.b1 = opt("b1", f)
-        self.b2 = opt("b2", h)
+        self.index = layer
+        if model.moe and layer is not None and layer >= model.dense_layers:
+            from memo_exec.moe.weights import MoEWeights  # noqa: PLC0415
+
+            first, n = experts if experts is not None else (0, model.experts)
+            self.moe = MoEWeights(model, device, dtype, tp, first, n)
+            self.w1 = self.w2 = self.b1 = self.b2 = None
+        else:
+            self.moe = None
+            self.w1 = mk(model.fc1_width // tp, h)
+            self.w2 = mk(h, f)
+            self.b1 = opt("b1", f)
+            self.b2 = opt("b2", h)
         self._layers = layers
         self.tp = tp
 
-    def init_(self, gen: torch.Generator, std: float = 0.02) -> None:
+    def init_(self, gen: torch.Generator, std: float = 0.02, seed: int | None = None) -> None:
+        """Draw the weights from ``gen`` in parameter order; a MoE layer's routed experts are not
+        drawn from it but from their own seeds (``seed``: the run's; `memo_exec.moe.weights`), so a
+        layer holding some or none of them consumes ``gen`` exactly as one holding all."""
         out_std = std / (2 * self._layers) ** 0.5
         with torch.no_grad():
             for name, p in self.named_parameters():
+                if name.startswith("moe.expert_"):
+                    continue
                 if name.startswith("ln") and name.endswith("_w"):
                     p.fill_(1.0)
                 elif name.startswith("b") or name.endswith("_b"):
                     p.zero_()
                 else:
-                    s = out_std if name in ("wo", "w2") else std
+                    s = out_std if name in ("wo", "w2", "moe.shared_w2") else std
                     p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32, device=p.device).mul_(s))
+        if seed is not None:
+            self.init_experts_(seed, std)
+
+    def init_experts_(self, seed: int, std: float = 0.02) -> None:
+        """A MoE layer's routed experts from their own seeds (after `init_` drew the rest)."""
+        if self.moe is not None:
+            self.moe.init_experts_(seed, self.index, std, std / (2 * self._layers) ** 0.5)
 
     def grad(self, name: str) -> torch.Tensor:
         return getattr(self, name).grad
@@ -249,10 +291,15 @@ class LayerCompute:
     timer: Any = field(default_factory=_NullTimer)
     eps: float = LN_EPS
     tp: Any = IDENTITY_TP
+    moe: Any = None  # the MoE block (`memo_exec.moe.block.MoEBlock`; a distributed rank's is set by its executor)
 
     def __post_init__(self) -> None:
         m, p = self.model, self.tp.size
-        self.dims = AttnDims(self.batch, self.seq, m.heads // p, m.n_kv_heads // p, m.head_dim)
+        if m.moe and self.moe is None:
+            from memo_exec.moe.block import MoEBlock  # noqa: PLC0415
+
+            self.moe = MoEBlock(m, tp_size=p, tp_group=getattr(self.tp, "group", None))
+        self.dims = AttnDims(self.batch, self.seq, m.heads // p, m.n_kv_heads // p, m.qk_head_dim)
         self.m = self.tp.row_mult
         self.Tg = self.batch * self.seq  # rows of the TP-split tensors (q, k, v, attn, fc1, act)
         self.T = self.Tg // self.m  # rows of x, ln1, h1, ln2 and the layer output
@@ -328,6 +375,18 @@ class LayerCompute:
             del proj
         with sp("ln2", layer, phase):
             self._norm(S.h1[r], p.ln2_w, p.ln2_b, S.ln2[r], S.stats[2, r], S.stats[3, r])
+        if p.moe is not None:  # a MoE layer: the block in place of fc1, act, fc2 (recompute: rebuilt in backward)
+            if y_out is None:
+                return
+            with sp("moe", layer, phase):  # the block allocates its own tensors (caching allocator)
+                moe_out = torch.empty(n, h, dtype=self.dtype, device=self.device)
+                self.moe.forward(p.moe, S, moe_out)
+            if before_output is not None:
+                before_output()
+            with sp("add2", layer, phase):
+                torch.add(S.h1, moe_out, out=y_out)
+                del moe_out
+            return
         with sp("fc1", layer, phase):
             ln2 = tp.gather(S.ln2[r], X, "ln2_gathered")
             if p.b1 is None:
@@ -394,6 +453,10 @@ class LayerCompute:
         if not dy.is_contiguous() or dy._base is not None:
             dy = dy.clone(memory_format=torch.contiguous_format)  # we accumulate into dy in place
         one, oneg = self.ones[:T], self.ones
+        if p.moe is not None:
+            with sp("moe", layer, ph):
+                d_ln2 = self.moe.backward(p.moe, S, dy, layer, self.timer)
+            return self._backward_attention(p, S, dy, d_ln2, layer, scratch_d_ln2=False)
         with sp("fc2", layer, ph):
             if p.b2 is not None:
                 p.b2.grad.addmv_(dy.t(), one)
@@ -429,9 +492,18 @@ class LayerCompute:
             tp.release(X, "ln2_gathered")
             X.free("d_fc1")
             del d_fc1, ln2
+        return self._backward_attention(p, S, dy, d_ln2, layer)
+
+    def _backward_attention(self, p: LayerWeights, S: LayerStorage, dy: torch.Tensor, d_ln2: torch.Tensor,
+                            layer: int, scratch_d_ln2: bool = True) -> torch.Tensor:
+        """From d ln2 (``dy`` holds the output gradient, accumulated into in place) to dx."""
+        X, sp, T, Tg, h, dt, tp = self.scratch, self.timer.span, self.T, self.Tg, self.h, self.dtype, self.tp
+        ph = "bwd"
+        one, oneg = self.ones[:T], self.ones
         with sp("ln2", layer, ph):
             dn = self._norm_backward(d_ln2, S.h1, S.stats[2].view(T, 1), S.stats[3].view(T, 1), p.ln2_w, p.ln2_b)
-            X.free("d_ln2")
+            if scratch_d_ln2:
+                X.free("d_ln2")
             del d_ln2
             d_h1 = dy.add_(dn)  # the residual gradient accumulates into dy in place
             del dn

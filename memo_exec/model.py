@@ -45,7 +45,7 @@ class GPT(nn.Module):
                         else nn.Parameter(torch.empty(model.vocab, h, device=device, dtype=dtype)))
         self.lnf_w = nn.Parameter(torch.empty(h, device=device, dtype=dtype))
         self.lnf_b = nn.Parameter(torch.empty(h, device=device, dtype=dtype)) if model.norm == "layernorm" else None
-        self.layers = nn.ModuleList(LayerWeights(model, layers, device, dtype) for _ in range(layers))
+        self.layers = nn.ModuleList(LayerWeights(model, layers, device, dtype, layer=i) for i in range(layers))
 
     @property
     def head(self) -> nn.Parameter:
@@ -64,7 +64,9 @@ class GPT(nn.Module):
         """Seeded init (the generator lives on the parameters' device, so CUDA init is fast; CPU and
         CUDA runs with one seed therefore start from different weights). With ``layer_fn`` (the
         distributed executor) each of the model's ``layers`` layers is drawn whole, in the same
-        generator order, and handed to ``layer_fn(i, whole_layer)`` to keep a shard of."""
+        generator order, and handed to ``layer_fn(i, whole_layer)`` to keep a shard of; a MoE layer's
+        routed experts are left out of the whole layer: ``layer_fn`` draws its own by expert index
+        (`memo_exec.moe.weights.MoEWeights.init_experts_`)."""
         g = torch.Generator(device=self.wte.device).manual_seed(seed)
         with torch.no_grad():
             self.wte.copy_(torch.randn(self.wte.shape, generator=g, device=self.wte.device).mul_(0.02))
@@ -75,10 +77,10 @@ class GPT(nn.Module):
                 self.lm_head.copy_(torch.randn(self.lm_head.shape, generator=g, device=self.lm_head.device).mul_(0.02))
         if layer_fn is None:
             for lw in self.layers:
-                lw.init_(g)
+                lw.init_(g, seed=seed)
             return
-        for i in range(layers):
-            whole = LayerWeights(self.cfg, layers, self.wte.device, self.wte.dtype)
+        for i in range(layers):  # a MoE layer drawn whole but for its routed experts (seeded per expert)
+            whole = LayerWeights(self.cfg, layers, self.wte.device, self.wte.dtype, layer=i, experts=(0, 0))
             whole.init_(g)
             layer_fn(i, whole)
             del whole

@@ -87,6 +87,14 @@ def run_model(plan: Plan, opts: RunOptions) -> ModelConfig:
     if plan.model.gemm.quantised:
         raise ExecError(f"plan model {plan.model.name}: gemm_format {plan.model.gemm_format}: the executor runs the "
                         f"layer GEMMs in the run's dtype only (no FP8 kernels yet); plan with --precision bf16 to run it")
+    from memo_exec.moe.refuse import moe_why_not  # noqa: PLC0415
+
+    why = moe_why_not(plan.model, plan.layout)
+    if why is None and plan.model.moe and plan.schedule == "sppo":
+        why = (f"plan model {plan.model.name}: experts = {plan.model.experts}: SPPO's pieces run dense layers only; "
+               f"plan MoE models with a micro-batch schedule")
+    if why:
+        raise ExecError(why)
     if opts.layers is not None and opts.layers > plan.model.layers:
         raise ExecError(f"--layers {opts.layers}: the plan's model has {plan.model.layers} layers; run at most that many")
     return dataclasses.replace(plan.model, layers=opts.layers or plan.model.layers)
@@ -167,7 +175,7 @@ def size_plan(plan: Plan, model: ModelConfig, dtype: torch.dtype, backend, use_m
         width = mp.element_bytes or DTYPE_BYTES[plan.model.dtype]
         arena_plan = parse_memory_plan(mp, width, element_size(dtype))
         unplanned = validate_memory_plan(arena_plan, requests, backend.name)
-    dims = AttnDims(batch, seq, model.heads, model.n_kv_heads, model.head_dim)
+    dims = AttnDims(batch, seq, model.heads, model.n_kv_heads, model.qk_head_dim)
     meta_gpt = GPT(model, model.layers, torch.device("meta"), dtype)
     largest = max(p.numel() for p in meta_gpt.parameters())
     grad_dtype = main_grad_dtype(plan.model.recipe, dtype)  # the plan's precision recipe
@@ -291,7 +299,7 @@ class Executor(ExecutorBase):
                             f"(or --nproc 1: torchrun --nproc-per-node 1 -m memo_exec run)")
         self.set_up(plan, opts, resolve_device(opts.device), plan.batch)
         m = self.model
-        self.dims = AttnDims(self.batch, self.seq, m.heads, m.n_kv_heads, m.head_dim)
+        self.dims = AttnDims(self.batch, self.seq, m.heads, m.n_kv_heads, m.qk_head_dim)
         # resolved on this device (auto probes the candidates) before the layer's requests are recorded
         self.backend = select_backend(self.backend_name, self.device, self.dtype, self.dims,
                                       run_probe=opts.probe_backend)

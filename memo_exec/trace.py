@@ -179,7 +179,7 @@ def _dims(plan: Plan) -> AttnDims:
     """The attention kernel's dims on one rank (the whole layer on one device)."""
     m, lay = plan.model, plan.layout
     split = lay.tp * lay.ulysses
-    return AttnDims(plan.batch, plan.seq_tokens // lay.cp, m.heads // split, m.n_kv_heads // split, m.head_dim)
+    return AttnDims(plan.batch, plan.seq_tokens // lay.cp, m.heads // split, m.n_kv_heads // split, m.qk_head_dim)
 
 
 def record_cuda_history(plan: Plan, device: str | None = None, dtype: str | None = None,

@@ -59,7 +59,7 @@ class ActivationPolicy(ABC):
 
     def lse_bytes_per_layer(self) -> int:
         rows, width = self.shapes["q"]  # lse: one fp32 per (query row, head) of this rank
-        return (width // self.model.head_dim) * rows * self.tokens * 4
+        return (width // self.model.qk_head_dim) * rows * self.tokens * 4
 
     def _stats(self) -> torch.Tensor:
         return torch.empty(4, self.tokens, dtype=norm_stats_dtype(self.dtype, self.device), device=self.device)

@@ -21,3 +21,5 @@ class StoreAll(ActivationPolicy):
         self.blocks = [torch.empty(nb, dtype=torch.uint8, device=self.device) for _ in range(self.layers)]
         self.storages = [LayerStorage(carve_storage(b, self.model, self.tokens, self.dtype, shapes=self.shapes),
                                       self._stats()) for b in self.blocks]
+        for st in self.storages:  # a MoE block keeps its internal activations (its autograd graph) too
+            st.keep_moe_internals = True

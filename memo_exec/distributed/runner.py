@@ -111,7 +111,7 @@ class DistExecutor(ExecutorBase):
         m = self.model
         p = self.flavour.size
         inner_dims = AttnDims(self.micro, self.seq // lay.cp, m.heads // (p * lay.ulysses),
-                              m.n_kv_heads // (p * lay.ulysses), m.head_dim)
+                              m.n_kv_heads // (p * lay.ulysses), m.qk_head_dim)
         if lay.cp > 1:
             inner = RingAttention(ctx.group("cp"), lay.cp, ctx.coord("cp"))
         else:
@@ -129,12 +129,25 @@ class DistExecutor(ExecutorBase):
         self.kill_at_step: int | None = None  # test hook (memo_exec.distributed.launch.KILL_ENV)
 
     # ------------------------------------------------------------------ sizes
+    def _expert_range(self) -> tuple[int, int]:
+        """(first, count) of the routed experts this rank holds (`memo_exec.moe.groups`)."""
+        from memo_exec.moe.groups import expert_coords  # noqa: PLC0415
+
+        lay, E = self.layout, self.model.experts
+        e = expert_coords(self.ctx.rank, lay)[0] if self.ctx.world > 1 else 0
+        return e * E // lay.ep, E // lay.ep
+
+    def _make_layer(self, li: int, device, dtype):
+        """This rank's shard of model layer ``li`` (a MoE layer with this rank's routed experts)."""
+        if not self.model.moe:
+            return self.flavour.make_weights(self.model.layers, device, dtype)
+        return self.flavour.make_weights(self.model.layers, device, dtype, layer=li, experts=self._expert_range())
+
     def _local_param_numel(self) -> tuple[int, int]:
         meta = torch.device("meta")
-        lw = self.flavour.make_weights(self.model.layers, meta, self.dtype)
-        per_layer = sum(q.numel() for q in lw.parameters())
+        sizes = [sum(q.numel() for q in self._make_layer(li, meta, self.dtype).parameters()) for li in self.held]
         rest = self.model.embedding_params()
-        return per_layer * len(self.held) + rest, max(per_layer, rest)
+        return sum(sizes) + rest, max(sizes + [rest])
 
     def _estimate(self) -> MemoryEstimate:
         """This rank's static device memory (model states after ZeRO, the policy's activation
@@ -167,28 +180,55 @@ class DistExecutor(ExecutorBase):
                              rank=ctx.rank)
         self.scratch = CachingScratch(dev)
         gpt = GPT(m, 0, dev, dt)  # embedding, final norm; the held layers are added below
-        gpt.layers = torch.nn.ModuleList(self.flavour.make_weights(m.layers, dev, dt) for _ in self.held)
+        gpt.layers = torch.nn.ModuleList(self._make_layer(li, dev, dt) for li in self.held)
         held = {li: k for k, li in enumerate(self.held)}
 
         def shard(i: int, full: LayerWeights) -> None:
             if i in held:
                 self.flavour.shard_(gpt.layers[held[i]], full)
+                gpt.layers[held[i]].init_experts_(self.opts.seed)  # routed experts by global index
 
         gpt.init_(self.opts.seed, layer_fn=shard, layers=m.layers)
         self.gpt = gpt
+        # routed experts under ep > 1: their own gradient group and optimizer (`memo_exec.moe.sync`)
+        split_experts = m.moe and lay.ep > 1
+        is_expert = (lambda n: split_experts and n.startswith("moe.expert_"))  # noqa: E731
         units = [gpt.outer_parameters()]
-        units += [list(lw.named_parameters()) for lw in gpt.layers]
+        units += [[(n, q) for n, q in lw.named_parameters() if not is_expert(n)] for lw in gpt.layers]
         replicated = [[True] * len(units[0])] + [[self.flavour.replicated(n) for n, _ in u] for u in units[1:]]
         self.sync = GradSync(ctx, units, replicated, lay.zero, dev, dt, self.opts.lr, self.opts.weight_decay,
                              self.recorder)
+        self.expert_groups = self.expert_sync = None
+        if m.moe:
+            self._set_up_experts(gpt, is_expert)
         for part in (self.backend, getattr(self.backend, "inner", None), getattr(self.flavour, "comm", None)):
             if part is not None and hasattr(part, "timer"):
                 part.timer = self.recorder  # collectives become spans of this rank's Timeline
         self.compute = self.flavour.make_compute(self.micro, self.shard_seq, dt, dev, self.backend, self.scratch,
                                                  self.recorder)
+        if m.moe:
+            from memo_exec.moe.block import MoEBlock  # noqa: PLC0415
+            from memo_exec.moe.dispatchers import dispatcher_for  # noqa: PLC0415
+
+            g = self.expert_groups
+            self.compute.moe = MoEBlock(m, dispatcher_for(lay.moe_dispatcher, m.experts, g.ep, g.ep_rank, g.ep_group),
+                                        tp_size=self.flavour.size, tp_group=ctx.group("tp"),
+                                        keep_graph_ok=self.sync.zero < 3)
         self.layer_hooks = self.sync if self.kill_at_step is None else _KillHook(self.sync, self)
         self.schedule.build_runtimes()
         self.allocated = True
+
+    def _set_up_experts(self, gpt, is_expert) -> None:
+        """The EP / expert-DP groups (every rank creates every group) and, with ep > 1, the routed
+        experts' own gradient sync and optimizer."""
+        from memo_exec.moe.groups import build_expert_groups  # noqa: PLC0415
+        from memo_exec.moe.sync import ExpertGradSync  # noqa: PLC0415
+
+        self.expert_groups = build_expert_groups(self.layout, self.ctx.rank, self.ctx.world)
+        named = [(f"{k}.{n}", q) for k, lw in enumerate(gpt.layers) for n, q in lw.named_parameters() if is_expert(n)]
+        if named:
+            self.expert_sync = ExpertGradSync(named, self.expert_groups.edp_group, self.opts.lr,
+                                              self.opts.weight_decay, self.recorder)
 
     def make_activation_policy(self, layers: int):
         """A new instance of the plan's activation policy over ``layers`` layers of this rank (not
@@ -228,11 +268,22 @@ class DistExecutor(ExecutorBase):
         part = self.schedule.forward_backward(step)
         self.policy.end_step()
         self.sync.end_backward()
+        if self.expert_sync is not None:
+            self.expert_sync.end_backward()
         return self._loss_sum(part)
 
     def optimizer_step(self) -> None:
         self.sync.step()
         self.sync.zero_grads()
+        if self.expert_sync is not None:
+            self.expert_sync.step()
+            self.expert_sync.zero_grads()
+
+    def zero_grads(self) -> None:
+        """Zero every gradient this rank accumulates (the dense units' and the routed experts')."""
+        self.sync.zero_grads()
+        if self.expert_sync is not None:
+            self.expert_sync.zero_grads()
 
     def run(self, progress=None) -> RunResult:
         return run_steps(self, len(self.held), lambda: [
@@ -248,6 +299,13 @@ class DistExecutor(ExecutorBase):
         for k, li in enumerate(self.held):
             for n, g in self.flavour.unshard_grads(units[k + 1]).items():
                 out[f"layers.{li}.{n}"] = g
+        if self.expert_sync is not None:  # routed experts: each EP rank's [E/ep, ...] gathered into [E, ...]
+            from memo_exec.moe.sync import gather_experts  # noqa: PLC0415
+
+            g = self.expert_groups
+            for name, q in self.expert_sync.named:
+                k, n = name.split(".", 1)
+                out[f"layers.{self.held[int(k)]}.{n}"] = gather_experts(q.grad, g.ep, g.ep_group)
         pg = self.ctx.group("pp")
         if pg is None:
             return out

@@ -64,8 +64,8 @@ class METPLayerCompute:
         self.T = self.Tg // p
         self.h = model.hidden
         self.hq, self.kv = model.hidden // p, model.kv_dim // p
-        self.dims = AttnDims(batch, seq, model.heads // p, model.n_kv_heads // p, model.head_dim)
-        self.hg = HeadGroups(model.heads, model.n_kv_heads, model.head_dim, p)
+        self.dims = AttnDims(batch, seq, model.heads // p, model.n_kv_heads // p, model.qk_head_dim)
+        self.hg = HeadGroups(model.heads, model.n_kv_heads, model.qk_head_dim, p)
         self.swiglu = model.ffn_type == "swiglu"
         self.rms = model.norm == "rmsnorm"
         self.ones = torch.ones(self.Tg, dtype=dtype, device=device)

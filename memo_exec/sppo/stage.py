@@ -68,7 +68,7 @@ class Stage:
         self.chunk = classifier_chunk
         self.norm_tokens = norm_tokens or batch * seq
         self.cache = KVCache(len(self.layers), [p.start for p in pieces], [p.end for p in pieces], m.heads,
-                             m.n_kv_heads, m.head_dim)
+                             m.n_kv_heads, m.qk_head_dim)
 
     def parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
         """(name in `GPT.named_parameters`, parameter) of what this stage holds."""

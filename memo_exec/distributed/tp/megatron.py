@@ -23,6 +23,7 @@ from memo_exec.distributed.collectives import all_gather_single, reduce_scatter_
 from memo_exec.distributed.tp.base import TPFlavour
 from memo_exec.distributed.tp.registry import register_tp
 from memo_exec.layer import LayerCompute, LayerWeights, TPComm, storage_shapes
+from memo_exec.moe import weights as moe_weights
 
 
 class MegatronComm(TPComm):
@@ -110,8 +111,10 @@ class MegatronTP(TPFlavour):
     def storage_shapes(self) -> dict[str, tuple[int, int]]:
         return storage_shapes(self.model, self.size, self.sp)
 
-    def make_weights(self, layers: int, device, dtype) -> LayerWeights:
-        return LayerWeights(self.model, layers, device, dtype, tp=self.size)
+    def make_weights(self, layers: int, device, dtype, layer: int | None = None,
+                     experts: tuple[int, int] | None = None) -> LayerWeights:
+        """One layer's shard; a MoE layer (``layer``) holds routed experts ``experts`` = (first, count)."""
+        return LayerWeights(self.model, layers, device, dtype, tp=self.size, layer=layer, experts=experts)
 
     # -- which slice of a whole parameter this rank holds ---------------------------------------
     def _row_blocks(self, name: str) -> list[tuple[int, int]]:
@@ -120,27 +123,40 @@ class MegatronTP(TPFlavour):
         if name in ("wqkv", "bqkv"):
             h, kv = m.hidden, m.kv_dim
             return [(r * h // p, h // p), (h + r * kv // p, kv // p), (h + kv + r * kv // p, kv // p)]
-        if name == "w1" and m.ffn_type == "swiglu":
-            f = m.ffn
+        name = name.split(".")[-1]
+        f = m.shared_width if name == "shared_w1" else m.ffn
+        if name in ("w1", "shared_w1") and m.ffn_type == "swiglu":
             return [(r * f // p, f // p), (f + r * f // p, f // p)]
-        whole = m.fc1_width if name == "w1" else m.ffn
+        whole = m.fc1_width if name == "w1" else f
         return [(r * whole // p, whole // p)]
 
+    @staticmethod
+    def _kind(name: str) -> str:
+        """rows / cols (split over TP) or whole, for a parameter name (a MoE block's under ``moe.``)."""
+        leaf = name.split(".")[-1]
+        if name.startswith("moe."):
+            return "rows" if leaf in moe_weights.TP_ROWS else "cols" if leaf in moe_weights.TP_COLS else "whole"
+        return "rows" if leaf in LayerWeights.TP_ROWS else "cols" if leaf in LayerWeights.TP_COLS else "whole"
+
     def _slices(self, name: str, full: torch.Tensor) -> torch.Tensor:
-        if name in LayerWeights.TP_ROWS:
+        if self._kind(name) == "rows":
             return torch.cat([full.narrow(0, s, n) for s, n in self._row_blocks(name)], 0)
-        if name in LayerWeights.TP_COLS:
+        if self._kind(name) == "cols":
             w = full.shape[1] // self.size
             return full.narrow(1, self.rank * w, w)
         return full
 
     def replicated(self, param_name: str) -> bool:
-        return param_name.split(".")[-1] not in LayerWeights.TP_ROWS + LayerWeights.TP_COLS
+        """Whole on every TP rank (a MoE layer's router, shared gate and, with etp 1, its routed experts)."""
+        return self._kind(param_name) == "whole"
 
     @torch.no_grad()
     def shard_(self, local: LayerWeights, full: LayerWeights) -> None:
+        """Copy this rank's shard of ``full``; routed experts are not in ``full`` (drawn by expert index)."""
         for name, p in local.named_parameters():
-            p.copy_(self._slices(name, getattr(full, name)))
+            if name.startswith("moe.expert_"):
+                continue
+            p.copy_(self._slices(name, full.get_parameter(name)))
 
     def unshard_grads(self, grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Every parameter's whole gradient (all-gather over the TP group; a collective)."""
@@ -151,7 +167,7 @@ class MegatronTP(TPFlavour):
                 continue
             parts = [torch.empty_like(g) for _ in range(self.size)]
             dist.all_gather(parts, g.contiguous(), group=self.group)
-            if name in LayerWeights.TP_COLS:
+            if self._kind(name) == "cols":
                 out[name] = torch.cat(parts, 1)
                 continue
             blocks = [[] for _ in self._row_blocks(name)]

