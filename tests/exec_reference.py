@@ -49,7 +49,7 @@ class RefLayer(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         m = self.m
         b, s, h = x.shape
-        d, H, Hk = m.head_dim, m.heads, m.n_kv_heads
+        d, H, Hk = m.qk_head_dim, m.heads, m.n_kv_heads
         q, k, v = self.qkv(self.ln1(x)).split([h, m.kv_dim, m.kv_dim], dim=-1)
         q = q.view(b, s, H, d).transpose(1, 2)
         k = k.view(b, s, Hk, d).transpose(1, 2)

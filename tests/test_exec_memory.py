@@ -58,7 +58,7 @@ def h100_plan_zero(tmp_path_factory):
 
 def _cuda_sizes(plan):
     m = plan.model
-    dims = AttnDims(plan.batch, plan.seq_tokens, m.heads, m.n_kv_heads, m.head_dim)
+    dims = AttnDims(plan.batch, plan.seq_tokens, m.heads, m.n_kv_heads, m.qk_head_dim)
     backend = meta_stand_in(auto_backend_for("cuda", torch.bfloat16, dims))
     return size_plan(plan, m, torch.bfloat16, backend), backend, dims
 
@@ -123,9 +123,9 @@ def test_kernel_backward_workspace_is_the_simulators(kv_heads):
     lay = Layout()
     tb = {n: tensor_bytes(t, lay, batch, seq) for n, t in layer_tensors(m, lay.tp_mode).items()}
     sim = dict(attention_buffers(m, lay, tb, "bwd"))["attention_bwd_workspace"]
-    T, h, kv = batch * seq, m.hidden, m.n_kv_heads * m.head_dim
+    T, h, kv = batch * seq, m.hidden, m.n_kv_heads * m.qk_head_dim
     assert sim == 2 * T * m.heads * 4 + T * h * 4  # the fp32 dQ accumulator is q in fp32: 2 GiB here
-    dims = AttnDims(batch, seq, m.heads, m.n_kv_heads, m.head_dim)
+    dims = AttnDims(batch, seq, m.heads, m.n_kv_heads, m.qk_head_dim)
     expanded = 2 * T * h * esize if kv_heads < m.heads else 0
     for backend in (SDPAFlash(), SDPAEfficient()):
         assert backend.outside_bytes(dims, esize, "bwd") == T * (h + 2 * kv) * esize + 2 * expanded + sim

@@ -208,3 +208,44 @@ def test_70b_zero3_memo_plan_exports_a_megatron_plan_that_fits(tmp_path):
                                      "h100-sxm5-80gb", "--zero", "3", "--policy", "memo"])
     assert ex.instead is not None and ex.instead["peak_gpu_bytes"] < 78 * 2**30
     assert "model_states needs" not in out
+
+
+MOE_PLANS = [
+    _plan("deepseek-v3", Layout(tp=2, pp=8, dp=16, zero=1, ep=16, first_stage_layers=6, last_stage_layers=7),
+          ("full_recompute",), seq=4096, batch=8, micro=1, sched="1f1b"),
+    _plan("qwen3-30b-a3b", Layout(tp=2, cp=2, dp=4, zero=1, ep=8, etp=2, moe_balance="capacity:1.25"),
+          ("full_recompute",), seq=32768),
+    _plan("qwen2-moe-a2.7b", Layout(dp=8, ep=4, moe_dispatcher="allgather", moe_balance="forced"),
+          ("store_all",), seq=8192),
+]
+
+
+@pytest.mark.parametrize("plan", MOE_PLANS, ids=["deepseek-v3-pp", "qwen3-etp-capacity", "qwen2-allgather-forced"])
+def test_megatron_script_carries_moe_with_megatron_options(plan):
+    ex = export_plan(plan, "megatron", price=False, nearest=True)
+    args = _check_args(ex.files["megatron.sh"], _names("megatron_options.txt"))
+    m, lay = plan.model, plan.layout
+    assert int(args["--num-experts"]) == m.experts and int(args["--moe-router-topk"]) == m.top_k
+    assert int(args["--moe-ffn-hidden-size"]) == m.expert_width
+    assert int(args["--expert-model-parallel-size"]) == lay.ep
+    assert int(args["--expert-tensor-parallel-size"]) == lay.etp
+    assert args["--moe-token-dispatcher-type"] == lay.moe_dispatcher and "--moe-grouped-gemm" in args
+    if m.mla:
+        assert "--multi-latent-attention" in args and int(args["--kv-lora-rank"]) == m.kv_lora_rank
+        assert args["--moe-layer-freq"] == "([0]*3+[1]*58)" and args["--moe-router-score-function"] == "sigmoid"
+        assert "--group-query-attention" not in args
+    if lay.moe_balance.startswith("capacity"):
+        assert args["--moe-expert-capacity-factor"] == "1.25" and "--moe-pad-expert-input-to-capacity" in args
+    if lay.moe_balance == "forced":
+        assert "--moe-router-force-load-balancing" in args
+    if m.shared_gate:
+        assert "--moe-shared-expert-gate" in args and int(args["--moe-shared-expert-intermediate-size"]) == 5632
+    if m.qk_norm:
+        assert "--qk-layernorm" in args and int(args["--kv-channels"]) == 128
+
+
+def test_gpt_oss_attention_is_a_gap():
+    plan = _plan("gpt-oss-20b", Layout(dp=8, ep=8), ("store_all",), seq=8192)
+    ex = export_plan(plan, "megatron", price=False, nearest=True)
+    what = " ".join(g.what for g in ex.gaps)
+    assert "attention sinks" in what and "sliding window" in what

@@ -32,10 +32,65 @@ _OFFLOAD_NOTE = ("Megatron's --cpu-offloading --cpu-offloading-num-layers N, wit
 
 def gaps(plan: Plan) -> list[Gap]:
     """Megatron-LM interleaves pipelines itself, so only Ulysses, METP, ZeRO 2/3 and the
-    policies other than store-all and full recompute are gaps."""
+    policies other than store-all and full recompute are gaps (and GPT-OSS's attention, which
+    the script leaves to the user)."""
     return (ulysses_gap(plan) + metp_gap(plan) + zero_gap(plan, (0, 1), "--use-distributed-optimizer")
             + policy_gaps(plan, _RUNS, notes={"memo": _OFFLOAD_NOTE, "full_offload": _OFFLOAD_NOTE})
-            + gemm_format_gap(plan, "megatron") + optimizer_offload_gap(plan, "megatron"))
+            + gemm_format_gap(plan, "megatron") + optimizer_offload_gap(plan, "megatron") + _attention_gaps(plan))
+
+
+def _attention_gaps(plan: Plan) -> list[Gap]:
+    """Attention the script does not write: sinks and a sliding window on some layers (GPT-OSS); Megatron-Core
+    has --softmax-type learnable and --window-size, the per-layer pattern is the user's to set."""
+    m, out = plan.model, []
+    if m.attention_sinks:
+        out.append(Gap("attention sinks (one learned logit per head)", "vanilla softmax: add --softmax-type learnable"))
+    if m.sliding_layers:
+        out.append(Gap(f"a {m.sliding_window}-token sliding window on {m.sliding_layers} of {m.layers} layers",
+                       "full causal attention on every layer: add --window-size and its layer pattern by hand"))
+    return out
+
+
+# how memo's router and balance names read as Megatron-Core options
+_BALANCE = {"forced": [("--moe-router-force-load-balancing", None)], "dropless": []}
+
+
+def moe_arguments(plan: Plan, lay) -> list[tuple[str, str | None]]:
+    """The mixture-of-experts and latent-attention options of a plan (none for a dense model)."""
+    m, args = plan.model, []
+    if m.mla:
+        args += [("--multi-latent-attention", None), ("--kv-lora-rank", str(m.kv_lora_rank)),
+                 ("--qk-head-dim", str(m.head_dim)), ("--qk-pos-emb-head-dim", str(m.qk_rope_dim)),
+                 ("--v-head-dim", str(m.value_head_dim))]
+        if m.q_lora_rank:
+            args.append(("--q-lora-rank", str(m.q_lora_rank)))
+    elif m.head_dim:
+        args.append(("--kv-channels", str(m.head_dim)))
+    if m.qk_norm:
+        args.append(("--qk-layernorm", None))
+    if not m.moe:
+        return args
+    args += [("--num-experts", str(m.experts)), ("--moe-router-topk", str(m.top_k)),
+             ("--moe-ffn-hidden-size", str(m.expert_width))]
+    if m.dense_layers:  # Megatron-Core's layer pattern: the dense layers first (DeepSeek's first_k_dense_replace)
+        args.append(("--moe-layer-freq", f"([0]*{m.dense_layers}+[1]*{m.moe_layers})"))
+    if m.shared_experts:
+        args.append(("--moe-shared-expert-intermediate-size", str(m.shared_width)))
+        if m.shared_gate:
+            args.append(("--moe-shared-expert-gate", None))
+    if m.router == "sigmoid":
+        args += [("--moe-router-score-function", "sigmoid"), ("--moe-router-enable-expert-bias", None),
+                 ("--moe-router-load-balancing-type", "none")]
+    else:
+        args.append(("--moe-router-load-balancing-type", "aux_loss"))
+    args += [("--expert-model-parallel-size", str(lay.ep)), ("--expert-tensor-parallel-size", str(lay.etp)),
+             ("--moe-token-dispatcher-type", lay.dispatcher.megatron), ("--moe-grouped-gemm", None)]
+    bal = lay.balance
+    if bal.kind == "capacity":
+        args += [("--moe-expert-capacity-factor", f"{bal.capacity:g}"), ("--moe-pad-expert-input-to-capacity", None)]
+    else:
+        args += _BALANCE[bal.kind]
+    return args
 
 
 # the GEMM formats as --fp8-recipe values (megatron/training/arguments.py, _add_transformer_engine_args);
@@ -47,7 +102,7 @@ def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | None]]:
     """(option, value or None for a flag) in the order a reader looks for them."""
     m, (lay, pol, _schedule) = plan.model, nearest_plan(plan, applied)
     args = shape_arguments(plan) + [("--vocab-size", str(m.vocab))]
-    if m.n_kv_heads != m.heads:
+    if m.n_kv_heads != m.heads and not m.mla:
         args += [("--group-query-attention", None), ("--num-query-groups", str(m.n_kv_heads))]
     if m.ffn_type == "swiglu":
         args.append(("--swiglu", None))
@@ -63,6 +118,7 @@ def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | None]]:
         args.append((f"--{m.dtype}", None))
     if m.gemm_format in FP8_RECIPES:
         args += [("--fp8-format", "hybrid"), ("--fp8-recipe", FP8_RECIPES[m.gemm_format])]
+    args += moe_arguments(plan, lay)
     args.append(("--tensor-model-parallel-size", str(lay.tp)))
     if lay.tp > 1 and lay.sp:
         args.append(("--sequence-parallel", None))

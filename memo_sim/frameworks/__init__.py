@@ -18,6 +18,11 @@ policies, and how it runs what the simulator models as a switch
 - ``expandable_segments``: whether PyTorch's caching allocator runs with expandable segments
   (`memo_sim.memplan.caching_allocator`; matters to the policies without a static memory plan).
 
+A file's ``layouts.experts`` section says how the framework trains mixture-of-experts models:
+whether it offers expert parallelism (``expert_parallel``) and expert tensor parallelism
+(``expert_tensor_parallel``), and its token dispatchers (`memo_sim.layout.moe_dispatchers`); a
+framework without the section is refused a MoE model (one line).
+
 A file's ``precision`` section says how the framework keeps model states and which GEMM formats it
 offers: ``recipes`` maps a model dtype to the model-state recipe the framework runs it with
 (`memo_sim.model.precision`; a dtype not named takes memo's default, and a recipe the user names
@@ -42,6 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from memo_sim.errors import MemoError, validated
 from memo_sim.fileio import read_utf8
+from memo_sim.layout.moe_dispatchers import DISPATCHER_NAMES
 from memo_sim.layout.parallel import HOST_POOLS, Layout
 from memo_sim.layout.schedule import SCHEDULE_NAMES
 from memo_sim.model.config import DTYPES, ModelConfig
@@ -57,6 +63,13 @@ MECHANISMS = {"attention": "attention", "grad_overlap": "grad_overlap", "cross_e
               "host_pool": "host_pool", "expandable_segments": "expandable_segments"}
 
 
+class _ExpertsIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    expert_parallel: bool = Field(strict=True)
+    expert_tensor_parallel: bool = Field(strict=True)
+    dispatchers: tuple[Literal[DISPATCHER_NAMES], ...] = Field(min_length=1)
+
+
 class _LayoutsIn(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     tensor_parallel: bool = Field(strict=True)
@@ -68,6 +81,7 @@ class _LayoutsIn(BaseModel):
     schedules: tuple[Literal[SCHEDULE_NAMES], ...] = ("single_stage",)  # `memo_sim.layout.schedule`
     optimizer_offload: bool = Field(False, strict=True)  # the optimizer's states and step on the host
     uneven_stages: bool = Field(False, strict=True)  # first / last pipeline stages of their own layer counts
+    experts: _ExpertsIn | None = None  # mixture-of-experts training (None: not offered)
 
 
 class _MechanismsIn(BaseModel):
@@ -128,10 +142,16 @@ class Framework:
     fp8_saved_inputs: bool = False  # under FP8 it keeps the GEMM inputs for backward as FP8 copies
     optimizer_offload: bool = False  # it can keep the optimizer's states and step on the host
     uneven_stages: bool = False  # it can give the first / last pipeline stages their own layer counts
+    # mixture of experts: (expert parallel, expert tensor parallel, dispatchers); None: MoE models not offered
+    experts: tuple[bool, bool, tuple[str, ...]] | None = None
 
     def for_model(self, model: ModelConfig) -> ModelConfig:
         """``model`` as this framework trains it: its recipe for the model's dtype where the model
-        names none; a GEMM format it does not offer is refused (one line)."""
+        names none; a GEMM format it does not offer, or a mixture of experts where it trains none, is
+        refused (one line)."""
+        if model.moe and self.experts is None:
+            raise MemoError(f"model {model.name} is a mixture of experts: {self.name} does not train them in memo's "
+                            f"framework data; choose another --framework (megatron, torchtitan, deepspeed, any)")
         if model.gemm_format not in self.gemm_formats:
             raise MemoError(f"--precision {model.gemm_format}: {self.name} does not offer {model.gemm_format} GEMMs "
                             f"(it offers {', '.join(self.gemm_formats)}); fix: drop it or choose another --framework")
@@ -167,6 +187,14 @@ class Framework:
             what = "optimizer offload"
         elif lay.uneven and not self.uneven_stages:
             what = "uneven pipeline stages"
+        elif (lay.ep > 1 or lay.etp > 1) and self.experts is None:
+            what = "expert parallelism"
+        elif self.experts is not None and lay.ep > 1 and not self.experts[0]:
+            what = "expert parallelism"
+        elif self.experts is not None and lay.etp > 1 and not self.experts[1]:
+            what = "expert tensor parallelism"
+        elif self.experts is not None and lay.moe_dispatcher not in self.experts[2]:
+            what = f"the {lay.moe_dispatcher} token dispatcher"
         return None if what is None else f"{self.name} does not offer {lay.label()} ({what})"
 
     def adapt(self, lay: Layout) -> Layout:
@@ -188,7 +216,10 @@ def _read(path: Path) -> Framework:
                      tuple((k, getattr(f.mechanisms, k)) for k in MECHANISMS), f.not_modelled, str(path),
                      lay.schedules, recipes=tuple(f.precision.recipes.items()), gemm_formats=f.precision.gemm_formats,
                      optimizer_offload=lay.optimizer_offload, uneven_stages=lay.uneven_stages,
-                     fp8_saved_inputs=f.precision.fp8_saved_inputs)
+                     fp8_saved_inputs=f.precision.fp8_saved_inputs,
+                     experts=None if lay.experts is None else (lay.experts.expert_parallel,
+                                                                lay.experts.expert_tensor_parallel,
+                                                                lay.experts.dispatchers))
 
 
 @lru_cache(maxsize=1)
