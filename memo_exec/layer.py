@@ -17,6 +17,11 @@ that op, so the policy's wait sits exactly where the memory is overwritten.
 Token-wise recompute (MEMO): every op but the attention core is row-wise, so ``recompute_tokens``
 rebuilds rows ``[start, T)`` of ln1, q, k, v, h1, ln2, fc1, act from x and the attention output.
 
+Mixture of experts (`memo_exec.moe`): on a MoE layer (weights with ``moe``) the block replaces fc1,
+act and fc2: forward writes ``y = h1 + block(ln2)``; backward asks the block for d ln2 (it rebuilds
+its internals from ln2 and its kept routing unless a store-all storage kept them) and goes on from
+ln2's backward; the recomputes stop after ln2 (fc1 and act stay unused on such a layer).
+
 Tensor parallelism (`memo_exec.distributed.tp`): the same code runs one TP rank's shard of the
 layer. ``tp`` is a `TPComm` with two collectives, ``gather`` (entering a column-parallel region:
 all-gather of the sequence with Megatron SP, identity without) and ``reduce`` (leaving a

@@ -9,7 +9,10 @@ measurement (`memo_exec.measure.Recorder`, events on device = this rank), plus
 - ring CP / Ulysses around the attention core (`memo_exec.distributed.attention`),
 - gradient reduction and ZeRO 0-3 (`memo_exec.distributed.zero.GradSync`, hooked into every
   layer's forward and backward),
-- a registered step schedule (`memo_exec.distributed.schedule`; pipelines plug in there).
+- a registered step schedule (`memo_exec.distributed.schedule`; pipelines plug in there),
+- mixture-of-experts layers (`memo_exec.moe`): the expert-parallel and expert-DP groups folded into
+  each stage's GPUs, this rank's routed experts (drawn by global expert index), the all-to-all
+  dispatcher, and with ep > 1 the experts' own gradient all-reduce (expert-DP group) and optimizer.
 
 Weights start identical to the single-device executor's for one seed: every layer is drawn
 whole from the same generator sequence (`memo_exec.model.GPT.init_`) and each rank keeps its
@@ -329,4 +332,6 @@ class DistExecutor(ExecutorBase):
             "tp_flavour": self.flavour.name, "schedule": self.schedule.name, "micro_batch": self.micro,
             "micro_batches": self.plan.micro_batches, "vpp": lay.vpp, "activation_sets": self.activation_sets,
             "local_tokens": self.local_T, "zero": lay.zero,
+            **({"experts": {"ep": lay.ep, "etp": lay.etp, "dispatcher": lay.moe_dispatcher,
+                            "local": list(self._expert_range()), "expert_dp": lay.expert_dp}} if self.model.moe else {}),
         }
