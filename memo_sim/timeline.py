@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from memo_sim.errors import MemoError, validated
 from memo_sim.fileio import atomic_write_json, read_json
 
-STREAMS = ("compute", "comm", "cp_comm", "tp_p2p", "tp_bcast", "dp_comm", "d2h", "h2d")  # the one list of stream names
+STREAMS = ("compute", "comm", "cp_comm", "ep_comm", "tp_p2p", "tp_bcast", "dp_comm", "d2h", "h2d")  # the one list of stream names
 TP_RING_STREAMS = ("tp_p2p", "tp_bcast")  # METP's side streams (exposed P2P time is waiting on them)
 COPY_STREAMS = ("d2h", "h2d")
 TIMELINE_FORMAT = "memo-timeline"

@@ -134,7 +134,7 @@ def step_cost(op: OpSpec, step: Step, model: ModelConfig, layout: Layout, batch:
     else:
         link = step_link(step.group, layout, profile)
         t = coll.ring_allgather_time(size, g, float(link.bandwidth), float(link.latency))
-    return OpCost(f"moe_{op.name}_{step.collective}_{step.group}", "collective", phase, "comm", t, nbytes=size)
+    return OpCost(f"moe_{op.name}_{step.collective}_{step.group}", "collective", phase, "ep_comm", t, nbytes=size)
 
 
 def dispatcher_costs(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile,

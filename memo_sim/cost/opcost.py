@@ -20,7 +20,7 @@ class OpCost:
     name: str
     kind: str  # gemm | attention | norm | elementwise | collective
     phase: str  # fwd | bwd | recompute
-    stream: str  # compute | comm | cp_comm | tp_p2p | tp_bcast
+    stream: str  # compute | comm | cp_comm | ep_comm | tp_p2p | tp_bcast
     seconds: float
     flops: float = 0.0
     nbytes: float = 0.0

@@ -19,9 +19,10 @@ from memo_sim.fileio import atomic_write_text
 from memo_sim.report.ranks import device_role
 from memo_sim.timeline import Timeline
 
-STREAM_ORDER = ("compute", "comm", "cp_comm", "tp_p2p", "tp_bcast", "dp_comm", "d2h", "h2d")
+STREAM_ORDER = ("compute", "comm", "cp_comm", "ep_comm", "tp_p2p", "tp_bcast", "dp_comm", "d2h", "h2d")
 STREAM_LABEL = {
     "compute": "compute", "comm": "comm (TP/Ulysses, NVLink)", "cp_comm": "cp_comm (ring CP)",
+    "ep_comm": "ep_comm (MoE token dispatch)",
     "tp_p2p": "tp_p2p (METP ring send/recv)", "tp_bcast": "tp_bcast (METP weight broadcast/reduce)",
     "dp_comm": "dp_comm (gradients)", "d2h": "d2h (offload copy engine)", "h2d": "h2d (prefetch copy engine)",
 }

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from memo_sim.engine.simulate import SimResult
 
 STREAM_WORDS = {"d2h": "host copies (offload)", "h2d": "host copies (prefetch)", "comm": "tensor-parallel collectives",
-                "cp_comm": "context-parallel ring", "uly_comm": "Ulysses all-to-all", "dp_comm": "data-parallel "
+                "cp_comm": "context-parallel ring",
+                "ep_comm": "MoE token dispatch (expert parallelism)", "uly_comm": "Ulysses all-to-all", "dp_comm": "data-parallel "
                 "gradients and weights", "tp_p2p": "METP ring (send/recv)", "tp_bcast": "METP ring (broadcast)",
                 "pp_p2p": "pipeline transfers", "p2p": "pipeline transfers"}
 PHASE_WORDS = {"fwd": "forward", "bwd": "backward", "recompute": "recompute", "classifier": "classifier",

@@ -1,0 +1,208 @@
+"""[moe] Mixture-of-experts layouts and costs in the simulator: Megatron-Core's folding rule and
+the other expert-parallel refusals, expert states sharded by EP, the dispatcher's collectives on
+their links, the balance's busiest rank, MFU from the active parameters, the proved bound on MoE
+candidates, and the what-if questions of the issue."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+from click.testing import CliRunner
+
+from memo_sim.cli import cli
+from memo_sim.cost.activations import routed_load, tensor_bytes
+from memo_sim.cost.layer_time import backward_costs, forward_costs
+from memo_sim.cost.memory import model_state_parts
+from memo_sim.cost.param_split import model_gpu_params
+from memo_sim.engine.schedules.single_stage import collective_link
+from memo_sim.layout.parallel import Layout, check_layout
+from memo_sim.model.config import PRESETS, ModelConfig
+from memo_sim.model.flops import model_flops_per_iteration
+from memo_sim.model.layer_graph import layer_tensors
+from memo_sim.profile.loader import load_profile
+from memo_sim.search.bound import lower_bound
+from memo_sim.search.whatif import candidates_for, simulate_candidates
+
+K = 1024
+H100 = load_profile("h100-sxm5-80gb")
+QWEN3 = PRESETS["qwen3-30b-a3b"]
+# a small MoE for the simulator tests: 8 layers, 16 experts top-2 of width 1024, one shared expert
+TOY = ModelConfig("toy-moe", layers=8, hidden=2048, heads=16, ffn=4096, vocab=32000, ffn_type="swiglu",
+                  norm="rmsnorm", bias="none", tied_embeddings=False, experts=16, top_k=2, expert_ffn=1024,
+                  shared_experts=1)
+
+
+@pytest.mark.parametrize("layout,needle", [
+    (Layout(dp=16, ep=3), "do not split evenly over ep 3"),
+    (Layout(dp=16, ep=32), "must divide the 16 GPUs"),
+    (Layout(tp=2, dp=8, ep=16, etp=2), "must divide the 16 GPUs"),
+    (Layout(dp=16, ep=8, etp=5), "not divisible by etp 5"),
+    (Layout(tp=2, sp=False, dp=8, ep=8), "sequence parallelism"),
+    (Layout(ulysses=2, dp=8, ep=8), "Ulysses"),
+    (Layout(tp=2, dp=8, ep=8, tp_mode="metp_ffn"), "METP"),
+])
+def test_expert_layouts_are_refused_in_one_line(layout, needle):
+    why = check_layout(layout, QWEN3, 16, 8, 32 * K)
+    assert why and needle in why and "\n" not in why, why
+
+
+def test_a_dense_model_refuses_expert_degrees():
+    why = check_layout(Layout(dp=8, ep=2), PRESETS["llama-3.1-8b"], 8, 8, 8 * K)
+    assert "has none" in why
+    assert check_layout(Layout(tp=2, dp=8, ep=8, etp=2), QWEN3, 16, 8, 32 * K) is None  # etp x ep = 16 ranks
+
+
+def test_expert_states_are_sharded_by_ep_and_zero_by_the_stage():
+    routed, total = QWEN3.routed_params(), QWEN3.params()
+    for ep in (1, 2, 8, 16):
+        g = model_gpu_params(QWEN3, Layout(dp=16, ep=ep, zero=1))
+        assert g.local == pytest.approx(total - routed + routed / ep)
+        assert g.sharded == pytest.approx(total / 16)  # etp x ep x expert-dp = the stage's 16 GPUs
+    a, b = model_state_parts(QWEN3, Layout(dp=16, ep=1)), model_state_parts(QWEN3, Layout(dp=16, ep=8))
+    assert a["weights"] - b["weights"] == pytest.approx(2 * routed * (1 - 1 / 8))  # bf16 weights
+    # a dense model: as before (params / tp, sharded by the DP group)
+    m = PRESETS["llama-3.1-8b"]
+    g = model_gpu_params(m, Layout(tp=2, dp=4, zero=1))
+    assert g.local == m.params() / 2 and g.sharded == pytest.approx(m.params() / 8)
+
+
+def _named(costs):
+    return {c.name: c for c in costs}
+
+
+def test_expert_gemms_count_the_routed_tokens_and_the_dispatch_rides_its_group():
+    lay = Layout(tp=2, dp=8, ep=8, moe_balance="forced")
+    f = _named(forward_costs(QWEN3, lay, 1, 32 * K, H100))
+    tokens = 32 * K / 2  # each rank routes its sequence-parallel shard
+    assert f["expert_fc1"].flops == pytest.approx(2 * QWEN3.top_k * tokens * QWEN3.hidden * QWEN3.expert_fc1_width)
+    assert f["expert_fc2"].flops == pytest.approx(2 * QWEN3.top_k * tokens * QWEN3.expert_width * QWEN3.hidden)
+    a2a = f["moe_dispatch_alltoall_ep"]
+    assert a2a.stream == "ep_comm" and a2a.nbytes == pytest.approx(QWEN3.top_k * tokens * QWEN3.hidden * 2)
+    assert collective_link(a2a, lay, H100) == "nvlink"  # 8 EP ranks, one apart: one node
+    wide = Layout(tp=2, dp=8, ep=16, moe_balance="forced")  # 16 EP ranks: two nodes
+    g = _named(forward_costs(QWEN3, wide, 1, 32 * K, H100))["moe_dispatch_alltoall_ep"]
+    assert collective_link(g, wide, H100) == "internode" and g.seconds > a2a.seconds
+    b = _named(backward_costs(QWEN3, lay, 1, 32 * K, H100))
+    assert b["moe_combine_alltoall_ep"].seconds == pytest.approx(a2a.seconds)  # the transpose, same bytes
+
+
+def test_expert_tensor_parallelism_gathers_the_etp_groups_tokens():
+    lay = Layout(tp=2, dp=8, ep=8, etp=2, moe_balance="forced")
+    f = _named(forward_costs(QWEN3, lay, 1, 32 * K, H100))
+    assert "moe_dispatch_allgather_etp" in f and "moe_combine_reducescatter_etp" in f
+    assert f["expert_fc1"].flops == pytest.approx(2 * QWEN3.top_k * (32 * K / 2) * QWEN3.hidden * QWEN3.expert_fc1_width)
+    moe_in = layer_tensors(QWEN3)["moe_in"]
+    assert tensor_bytes(moe_in, lay, 1, 32 * K) == pytest.approx(2 * tensor_bytes(moe_in, replace(lay, etp=1), 1, 32 * K))
+
+
+def test_the_allgather_dispatcher_moves_every_token_of_the_group():
+    lay = Layout(tp=2, dp=8, ep=4, moe_dispatcher="allgather", moe_balance="forced")
+    f = _named(forward_costs(QWEN3, lay, 1, 32 * K, H100))
+    assert f["moe_dispatch_allgather_etp_ep"].nbytes == pytest.approx(32 * K / 2 * 4 * QWEN3.hidden * 2)
+    assert "moe_dispatch_alltoall_ep" not in f
+
+
+def test_the_busiest_rank_sets_the_expert_time():
+    base = Layout(tp=2, dp=8, ep=8)
+    t = {b: _named(forward_costs(QWEN3, replace(base, moe_balance=b), 1, 32 * K, H100))["expert_fc1"].seconds
+         for b in ("forced", "dropless", "capacity:1.5")}
+    assert t["forced"] < t["dropless"] < t["capacity:1.5"]
+    assert routed_load(replace(base, moe_balance="capacity:1.5"), 1, 32 * K, 8) == 1.5
+    assert routed_load(replace(base, moe_balance="forced"), 1, 32 * K, 8) == 1.0
+    assert routed_load(replace(base, ep=1), 1, 32 * K, 8) == 1.0  # one rank holds every expert
+
+
+def test_small_experts_run_below_the_big_gemms_efficiency():
+    """Many small experts (the same FLOPs split over more GEMMs) take longer: each expert's GEMM is
+    priced at the efficiency of its own size."""
+    few = replace(TOY, experts=8, expert_ffn=2048)
+    many = replace(TOY, experts=64, top_k=16, expert_ffn=256)
+    lay = Layout(dp=8, ep=8, moe_balance="forced")
+    a = _named(forward_costs(few, lay, 1, 4 * K, H100))["expert_fc1"]
+    b = _named(forward_costs(many, lay, 1, 4 * K, H100))["expert_fc1"]
+    assert a.flops == pytest.approx(b.flops) and b.seconds > a.seconds
+
+
+def test_mfu_counts_the_active_parameters():
+    m = QWEN3
+    dense_equivalent = model_flops_per_iteration(m, 1, 4096)
+    assert dense_equivalent < 6 * 4096 * m.params()  # not every expert
+    assert dense_equivalent > 6 * 4096 * m.active_params()
+
+
+def test_mla_is_priced_op_by_op():
+    m = PRESETS["deepseek-v3"]
+    f = _named(forward_costs(m, Layout(tp=8, dp=4, ep=32), 1, 4 * K, H100))
+    for name in ("q_down", "q_up", "kv_down", "kv_up", "router", "expert_fc1", "shared_fc1"):
+        assert f[name].seconds > 0, name
+    # the down projections are whole on every TP rank, the up projections split
+    assert f["q_down"].flops == pytest.approx(2 * 4 * K * m.hidden * m.q_lora_rank)
+    assert f["q_up"].flops == pytest.approx(2 * 4 * K * m.q_lora_rank * m.q_dim / 8)
+
+
+def test_the_bound_holds_for_moe_candidates():
+    """[search-speed] item 3: MoE candidates are priced by the cost functions the bound reads."""
+    seen = set()
+    for kw in (dict(policies=("store_all", "full_recompute", "memo")), dict(pp=2, batch=4)):
+        r = candidates_for(TOY, 16 * K, 16, H100, **kw)
+        ok = [c for c in r.candidates if c.memory.status == "OK" and c.layout.ep > 1]
+        cands = ok[:: max(1, len(ok) // 5)][:5]
+        simulate_candidates(cands, jobs=1)
+        for c in cands:
+            if c.simulated["status"] != "OK":
+                continue
+            lb, sim = lower_bound(c), c.simulated["iteration_s"]
+            assert 0 < lb <= sim * (1 + 1e-9), (c.layout.label(), c.policy.label(), lb, sim)
+            seen.add(c.layout.pp > 1)
+    assert seen == {False, True}
+
+
+def _whatif(*args):
+    r = CliRunner().invoke(cli, ["whatif", "--no-plan", "--json", "--jobs", "1", *args])
+    assert r.exit_code in (0, 3), r.output
+    return r.exit_code, json.loads(r.output)
+
+
+def test_whatif_qwen3_ranks_expert_layouts(tmp_path):
+    """Done when: Qwen3-30B-A3B on 16 H100s at 32K ranks EP layouts and answers."""
+    rc, out = _whatif("--model", "tests/data/hf/qwen3-30b-a3b/config.json", "--gpus", "16", "--seq", "32K",
+                      "--profile", "h100-sxm5-80gb", "--simulate-top", "4")
+    assert rc == 0 and out["model"]["params"] == 30_532_122_624 and out["model"]["active_params"] == 3_353_032_704
+    eps = {c["layout_degrees"].get("ep", 1) for c in out["candidates"] if c["status"] == "OK"}
+    assert {1, 2, 4, 8, 16} <= eps
+    r = CliRunner().invoke(cli, ["whatif", "--model", "qwen3-30b-a3b", "--gpus", "16", "--seq", "32K", "--no-plan",
+                                 "--jobs", "1", "--simulate-top", "2"])
+    assert r.output.splitlines()[0].startswith("answer:") and "3.35B active, 128 experts top-8" in r.output
+
+
+def test_whatif_mixtral_at_128k_on_8_gpus_offloads_with_memo():
+    """Done when: Mixtral-8x7B on 8 GPUs at 128K with MEMO offload."""
+    rc, out = _whatif("--model", "tests/data/hf/mixtral-8x7b/config.json", "--gpus", "8", "--seq", "128K",
+                      "--profile", "h100-sxm5-80gb", "--simulate-top", "2", "--policy", "memo")
+    assert rc == 0
+    best = out["candidates"][0]
+    assert best["status"] == "OK" and best["policy"] == "memo" and 0 < best["alpha"] <= 1
+
+
+@pytest.mark.slow
+def test_whatif_deepseek_v3_on_256_gpus_with_a_pipeline():
+    """Done when: DeepSeek-V3 on 256 GPUs at 4K with PP (MLA priced, multi-token prediction named)."""
+    rc, out = _whatif("--model", "tests/data/hf/deepseek-v3/config.json", "--gpus", "256", "--seq", "4K",
+                      "--profile", "h100-sxm5-80gb", "--pp", "8", "--simulate-top", "2")
+    assert rc == 0 and out["candidates"][0]["pp"] == 8
+    assert any("multi-token prediction" in n for n in out["model"]["notes"])
+    assert any("dense FFN" in n for n in out["model"]["notes"])
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--model", "qwen3-30b-a3b", "--ep", "3"], "--ep 3"),
+    (["--model", "llama-3.1-8b", "--ep", "2"], "has none"),
+    (["--model", "qwen3-30b-a3b", "--moe-balance", "capacity:0"], "--moe-balance"),
+    (["--model", "qwen3-30b-a3b", "--framework", "megatron@2021"], "mixture of experts"),
+])
+def test_bad_moe_options_are_one_line(args, needle):
+    r = CliRunner().invoke(cli, ["whatif", "--gpus", "16", "--seq", "32K", "--no-plan", *args])
+    assert r.exit_code == 2 and needle in r.output and "Traceback" not in r.output, r.output
+    assert len([ln for ln in r.output.splitlines() if ln.strip()]) == 1
