@@ -206,3 +206,20 @@ def test_bad_moe_options_are_one_line(args, needle):
     r = CliRunner().invoke(cli, ["whatif", "--gpus", "16", "--seq", "32K", "--no-plan", *args])
     assert r.exit_code == 2 and needle in r.output and "Traceback" not in r.output, r.output
     assert len([ln for ln in r.output.splitlines() if ln.strip()]) == 1
+
+
+def test_moe_split_covers_the_layer_and_draws(tmp_path):
+    """Item 8: one MoE layer's time by part sums to the layer's ops, the memory by part to the states."""
+    from memo_sim.report.moe_split import moe_split, moe_split_figure, moe_split_rows
+
+    lay = Layout(tp=2, dp=8, ep=8)
+    s = moe_split(QWEN3, lay, 1, 32 * K, H100)
+    f = forward_costs(QWEN3, lay, 1, 32 * K, H100)
+    assert sum(s.time_s["forward"].values()) == pytest.approx(sum(c.seconds for c in f))
+    for part in ("attention", "router", "dispatch", "experts", "combine"):
+        assert s.time_s["forward"][part] > 0 and s.time_s["backward"][part] > 0, part
+    assert s.memory_bytes["dense states"] + s.memory_bytes["expert states"] == pytest.approx(
+        sum(model_state_parts(QWEN3, lay).values()))
+    assert s.memory_bytes["dispatch buffers"] > 0 and [r[0] for r in moe_split_rows(s)][0] == "attention"
+    png = moe_split_figure(s, tmp_path / "moe_split.png")
+    assert png.stat().st_size > 10_000

@@ -35,9 +35,15 @@ def explain(plan_file, out_format, as_json):
     mem = plan_breakdown(plan, profile)
     peaks = peak_moments(res)
     binding = binding_words(plan, profile, res)
+    split = None
+    if plan.model.moe:  # a MoE layer's time and the GPU's memory by part (`memo_sim.report.moe_split`)
+        from memo_sim.report.moe_split import moe_split, moe_split_rows
+
+        split = moe_split(plan.model, plan.layout, plan.micro_batch or plan.batch, plan.seq_tokens, profile)
     if as_json:
         click.echo(json.dumps({
             "plan": str(plan_file), "status": res.status, "iteration_s": res.iteration_s, "mfu": res.mfu,
+            **({"moe_split": {"layer_time_s": split.time_s, "memory_bytes": split.memory_bytes}} if split else {}),
             "time_breakdown_s": [{"device": t.device, "iteration_s": t.iteration_s, "busy": t.busy_s,
                                   "waits": t.waits_s} for t in times],
             **memory_json(plan, res, mem, peaks), "binding": binding,
@@ -56,6 +62,11 @@ def explain(plan_file, out_format, as_json):
         rows.append(["iteration", fmt_time(t.iteration_s), "100.0%"])
         where = f"GPU {t.device}" + (f" (stage {devices.index(t.device)})" if len(devices) > 1 else "")
         a.table(["", "seconds", "share"], rows, title=f"\ntime on {where}'s compute stream (simulated):")
+    if split is not None:
+        a.table(["", "forward", "backward", "share"], moe_split_rows(split),
+                title="\none MoE layer by part (each op alone on the GPU; the busiest expert rank):")
+        a.table(["", "bytes"], [[k, fmt_bytes(v)] for k, v in split.memory_bytes.items()],
+                title="\nGPU memory by MoE part:")
     add_memory_part(a, plan, res, mem, peaks)
     emit(a, resolve_format(out_format, False))
 

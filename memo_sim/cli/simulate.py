@@ -2,7 +2,7 @@
 
 - ``memo-sim simulate plan.json --out DIR``: simulate the plan's iteration under its schedule;
   write timeline.json, trace.json (Perfetto / chrome://tracing), gantt.png, memory.png and
-  summary.json; a pipeline plan (1F1B, interleaved 1F1B, SPPO) writes pipeline_gantt.png (stages
+  summary.json (and moe_split.png for a mixture of experts: one layer's time and the GPU's memory by part); a pipeline plan (1F1B, interleaved 1F1B, SPPO) writes pipeline_gantt.png (stages
   x time) and stage_memory.png (GPU memory per stage) instead of gantt.png, and prints per-stage rows.
 - ``memo-sim plot timeline.json --out DIR [--layers A:B]``: figures and trace.json from a saved
   timeline (simulated or measured).
@@ -125,6 +125,11 @@ def simulate_cmd(plan_file, out_dir, layers_text, profile_override, no_contentio
         r.timeline.meta["plan_file"] = str(plan_file)
         written = [r.timeline.write_json(stage / "timeline.json")]
         written += _write_outputs(r.timeline, stage, layers_text)
+        if plan.model.moe:  # where a MoE layer's time and the GPU's memory go (`memo_sim.report.moe_split`)
+            from memo_sim.report.moe_split import moe_split, moe_split_figure
+
+            written.append(moe_split_figure(moe_split(plan.model, plan.layout, plan.micro_batch or plan.batch,
+                                                      plan.seq_tokens, profile), stage / "moe_split.png"))
         summary = r.to_dict()
         summary.pop("sim_wall_s", None)  # identical runs write identical summaries (the wall time is printed)
         summary["plan_predicted"] = plan.predicted.to_dict()
