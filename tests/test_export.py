@@ -249,3 +249,15 @@ def test_gpt_oss_attention_is_a_gap():
     ex = export_plan(plan, "megatron", price=False, nearest=True)
     what = " ".join(g.what for g in ex.gaps)
     assert "attention sinks" in what and "sliding window" in what
+
+
+@pytest.mark.parametrize("plan", MOE_PLANS, ids=["deepseek-v3-pp", "qwen3-etp-capacity", "qwen2-allgather-forced"])
+def test_torchtitan_module_carries_expert_parallelism(plan):
+    test_torchtitan_module_sets_only_torchtitan_fields(plan)
+    ex = export_plan(plan, "torchtitan", price=False, nearest=True)
+    src = ex.files["memo_torchtitan.py"]
+    assert f"config.parallelism.expert_parallel_degree = {plan.layout.ep}" in src
+    if plan.model.name in ("deepseek-v3", "qwen3-30b-a3b"):
+        assert "llama3" not in src
+    if plan.layout.etp > 1:
+        assert any("expert tensor parallelism" in g.what for g in ex.gaps)

@@ -23,15 +23,28 @@ SOURCE = "pytorch/torchtitan@b5bcd76c (2026-08-21)"
 FILE = "memo_torchtitan.py"
 FUNCTION = "memo_plan"
 BASES = {"llama-3.1-8b": "llama3_8b", "llama-3.1-70b": "llama3_70b", "llama-3.1-405b": "llama3_405b"}
+# mixtures of experts: the shipped MoE configurations (torchtitan/models/<module>/config_registry.py at SOURCE)
+MOE_BASES = {"deepseek-v3": ("deepseek_v3", "deepseek_v3_671b"), "qwen3-30b-a3b": ("qwen3", "qwen3_30b_a3b"),
+             "gpt-oss-20b": ("gpt_oss", "gpt_oss_20b")}
 SCHEDULES = {"1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}
 _RUNS = {"store_all": "config.activation_checkpoint = None", "full_recompute": "config.activation_checkpoint = "
          "FullAC.Config()"}
+
+
+def _module(plan: Plan) -> str:
+    """The torchtitan model package whose config_registry the exported function imports from."""
+    return MOE_BASES.get(plan.model.name, ("deepseek_v3" if plan.model.moe else "llama3",))[0]
 
 
 def _base(plan: Plan) -> tuple[str, str | None]:
     """The shipped configuration to start from, and a note when its model is not the plan's."""
     if plan.model.name in BASES:
         return BASES[plan.model.name], None
+    if plan.model.name in MOE_BASES:
+        return MOE_BASES[plan.model.name][1], None
+    if plan.model.moe:  # the nearest shipped MoE configuration
+        return "deepseek_v3_671b", (f"{plan.model.name} is not a torchtitan model: the run starts from "
+                                    f"deepseek_v3_671b (set config.model_spec to a MoE of the plan's shapes)")
     p = plan.model.params()
     name = "llama3_8b" if p < 30e9 else ("llama3_70b" if p < 200e9 else "llama3_405b")
     return name, (f"{plan.model.name} is not a torchtitan model: the run starts from {name}'s model "
@@ -48,6 +61,9 @@ def gaps(plan: Plan) -> list[Gap]:
                                            "full_offload": "torchtitan offloads no activations"})
     out += gemm_format_gap(plan, "torchtitan") + optimizer_offload_gap(plan, "torchtitan")
     out += uneven_stages_gap(plan, "torchtitan (module lists per stage)")
+    if plan.layout.etp > 1:
+        out.append(Gap(f"expert tensor parallelism over {plan.layout.etp} ranks", "experts whole on each EP rank "
+                       "(torchtitan at this version has no expert tensor parallelism)", PlanChange(layout={"etp": 1})))
     if plan.model.gemm_format == "mxfp8":
         out.append(Gap("mxfp8 GEMMs", "not written: add torchtitan's MX converter (torchao MX linear, recipe "
                        "mxfp8) to config.model_converters as your torchtitan version spells it"))
@@ -70,6 +86,8 @@ def render(plan: Plan, applied: list[Gap]) -> str:
         ("parallelism.context_parallel_degree", lay.cp),
         ("parallelism.pipeline_parallel_degree", lay.pp),
     ]
+    if plan.model.moe:
+        sets.append(("parallelism.expert_parallel_degree", lay.ep))
     if lay.zero == 2:
         sets.append(("parallelism.fsdp_reshard_after_forward", "never"))
     if lay.pp > 1:
@@ -88,7 +106,7 @@ def render(plan: Plan, applied: list[Gap]) -> str:
     return "\n".join([
         *(["from torchtitan.components.quantization.float8 import Float8LinearConverter"] if fp8 else []),
         "from torchtitan.distributed.activation_checkpoint import FullAC",
-        f"from torchtitan.models.llama3.config_registry import {base}",
+        f"from torchtitan.models.{_module(plan)}.config_registry import {base}",
         "from torchtitan.trainer import Trainer",
         "",
         "",
