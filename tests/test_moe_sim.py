@@ -223,3 +223,27 @@ def test_moe_split_covers_the_layer_and_draws(tmp_path):
     assert s.memory_bytes["dispatch buffers"] > 0 and [r[0] for r in moe_split_rows(s)][0] == "attention"
     png = moe_split_figure(s, tmp_path / "moe_split.png")
     assert png.stat().st_size > 10_000
+
+
+def test_deepep_sends_each_token_across_nodes_once_per_node():
+    """DeepEP (`memo_sim.layout.moe_dispatchers.deepep`): inside a node it is the all-to-all; across
+    nodes each token crosses the inter-node link once per destination node, not once per expert."""
+    m = PRESETS["deepseek-v3"]
+
+    def a2a(ep, d):
+        lay = Layout(dp=64, ep=ep, moe_dispatcher=d, moe_balance="forced")
+        return next(c for c in forward_costs(m, lay, 1, 4 * K, H100) if c.name.startswith("moe_dispatch"))
+
+    assert a2a(8, "deepep").seconds == pytest.approx(a2a(8, "alltoall").seconds)
+    for ep in (16, 32, 64):
+        assert a2a(ep, "deepep").seconds < a2a(ep, "alltoall").seconds
+        assert collective_link(a2a(ep, "deepep"), Layout(dp=64, ep=ep), H100) == "internode"
+    from memo_sim.export import export_plan
+    from memo_sim.plan.schema import Plan
+    from memo_sim.policy import get_policy
+
+    plan = Plan(model=m, batch=1, seq_tokens=4 * K, gpus=64, layout=Layout(dp=64, ep=32, zero=1, moe_dispatcher="deepep"),
+                policy=get_policy("full_recompute", None), profile="h100-sxm5-80gb",
+                predicted={"status": "OK", "iteration_s": 1.0, "mfu": 0.1}, layer_timings_s={"forward": 0.1, "backward": 0.2})
+    sh = export_plan(plan, "megatron", price=False, nearest=True).files["megatron.sh"]
+    assert "--moe-token-dispatcher-type flex" in sh and "--moe-flex-dispatcher-backend deepep" in sh

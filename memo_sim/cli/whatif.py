@@ -94,7 +94,8 @@ def _simulate_top_value(ctx, param, value):
 @click.option("--ep", type=DEGREE, help="Fix the expert-parallel degree (MoE models; default: searched).")
 @click.option("--etp", type=DEGREE, help="Fix the expert tensor-parallel degree (MoE models; default: 1 or the TP degree).")
 @click.option("--moe-dispatcher", default="alltoall", show_default=True, type=click.Choice(list(DISPATCHER_NAMES)),
-              help="MoE token dispatcher (Megatron-Core's --moe-token-dispatcher-type).")
+              help="MoE token dispatcher: alltoall, allgather (Megatron-Core's --moe-token-dispatcher-type) or deepep "
+                   "(--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep).")
 @click.option("--moe-balance", default="dropless", show_default=True, callback=moe_balance_option,
               help="How routed tokens fall on the expert ranks: forced (even, as benchmark runs force), dropless "
                    "(a uniform router's loads) or capacity:F (each expert padded/dropped to F x its share).")

@@ -20,10 +20,14 @@ Collectives. An all-to-all over EP moves each rank's top-k copies (``routed``): 
 bytes, the share bound for ranks on the same node rides NVLink and the rest the inter-node link,
 at the same time, so it takes the longer of the two (`ep_alltoall_time`). All-gathers and
 reduce-scatters over ETP (routed copies) or ETP x EP (each token once: the all-gather
-dispatcher) are rings on their group's link (`memo_sim.cost.collectives`). Backward runs each
+dispatcher) are rings on their group's link (`memo_sim.cost.collectives`); DeepEP's deduplicated
+all-to-all sends each token over the inter-node link once per destination node
+(`ep_alltoall_dedup_time`). The collectives run on their own stream (``ep_comm``), on the layer's
+critical path (each waits for the op before it and the next op waits for it). Backward runs each
 collective's transpose over the same bytes. Expert ranks order ETP innermost, then EP
 (Megatron-Core's folding, `memo_sim.layout.parallel`), so an EP group's ranks are etp apart.
-Not modelled: overlap of the all-to-all with compute (Megatron-Core's ``--overlap-moe-expert-
+Not modelled: DeepEP's node-limited routing (DeepSeek-V3 sends a token to at most 4 nodes) and its
+fewer SMs, overlap of the all-to-all with compute (Megatron-Core's ``--overlap-moe-expert-
 parallel-comm``, DeepEP), FP8 dispatch, token dropping's savings below capacity, the routing map and
 probabilities the all-gather dispatcher gathers beside the tokens (k fp32 values per token).
 """
@@ -110,6 +114,28 @@ def ep_alltoall_time(size: float, layout: Layout, profile: HardwareProfile) -> f
     return max(t_nv, t_ib)
 
 
+def ep_alltoall_dedup_time(tokens: float, top_k: int, token_bytes: float, layout: Layout,
+                           profile: HardwareProfile) -> float:
+    """DeepEP's all-to-all of a rank's ``tokens`` (the busiest rank's, each ``top_k`` routed copies of
+    ``token_bytes``) over the EP group: a token crosses to each other node of the group holding one of
+    its experts once (its top-k experts fall on the group's n nodes uniformly, so each other node is
+    hit with probability 1 - (1 - 1/n)^k), and the copies for the ranks of a node cross NVLink there;
+    the two at once (module docs)."""
+    g, stride = layout.ep, layout.etp
+    if g <= 1:
+        return 0.0
+    per_node = max(1, min(g, profile.node_gpus // stride))  # EP ranks on one node
+    nodes = -(-g // per_node)
+    nv, ib = profile.nvlink, profile.internode
+    copies = top_k * tokens
+    t_nv = (per_node - 1) * float(nv.latency) + copies * token_bytes * (per_node - 1) / per_node / float(nv.bandwidth)
+    if nodes <= 1:
+        return t_nv
+    hit = 1.0 - (1.0 - 1.0 / nodes) ** top_k
+    t_ib = (nodes - 1) * float(ib.latency) + tokens * token_bytes * (nodes - 1) * hit / float(ib.bandwidth)
+    return max(t_nv, t_ib)
+
+
 def step_bytes(step: Step, model: ModelConfig, layout: Layout, batch: int, seq: int, fraction: float) -> float:
     """Bytes of one dispatcher step per rank (what an all-to-all sends, what an all-gather ends with and a
     reduce-scatter starts with), in the model dtype."""
@@ -118,7 +144,7 @@ def step_bytes(step: Step, model: ModelConfig, layout: Layout, batch: int, seq: 
         g, _ = group_size_stride(step.group, layout)
         return shard_tokens(layout, batch, seq) * g * d
     copies = model.top_k * shard_tokens(layout, batch, seq) * routed_load(layout, batch, seq, model.top_k)
-    if step.collective == "alltoall":
+    if step.collective in ("alltoall", "alltoall_dedup"):
         return copies * d
     return copies * layout.etp * d  # the ETP group's copies, gathered on every ETP rank
 
@@ -131,6 +157,9 @@ def step_cost(op: OpSpec, step: Step, model: ModelConfig, layout: Layout, batch:
     size = step_bytes(step, model, layout, batch, seq, fraction)
     if step.collective == "alltoall":
         t = ep_alltoall_time(size, layout, profile)
+    elif step.collective == "alltoall_dedup":
+        tokens = shard_tokens(layout, batch, seq) * routed_load(layout, batch, seq, model.top_k) * fraction
+        t = ep_alltoall_dedup_time(tokens, model.top_k, DTYPE_BYTES[model.dtype] * model.hidden, layout, profile)
     else:
         link = step_link(step.group, layout, profile)
         t = coll.ring_allgather_time(size, g, float(link.bandwidth), float(link.latency))

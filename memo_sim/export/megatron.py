@@ -85,6 +85,8 @@ def moe_arguments(plan: Plan, lay) -> list[tuple[str, str | None]]:
         args.append(("--moe-router-load-balancing-type", "aux_loss"))
     args += [("--expert-model-parallel-size", str(lay.ep)), ("--expert-tensor-parallel-size", str(lay.etp)),
              ("--moe-token-dispatcher-type", lay.dispatcher.megatron), ("--moe-grouped-gemm", None)]
+    if lay.dispatcher.megatron_backend:
+        args.append(("--moe-flex-dispatcher-backend", lay.dispatcher.megatron_backend))
     bal = lay.balance
     if bal.kind == "capacity":
         args += [("--moe-expert-capacity-factor", f"{bal.capacity:g}"), ("--moe-pad-expert-input-to-capacity", None)]

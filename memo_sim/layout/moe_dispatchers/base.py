@@ -3,8 +3,10 @@ holding the experts it was routed to (dispatch) and its expert outputs back (com
 
 A step is (collective, group, what it moves):
 
-- collective: ``alltoall``, ``allgather`` or ``reducescatter`` (priced by
-  `memo_sim.cost.collectives` on the group's link, `memo_sim.cost.moe`);
+- collective: ``alltoall``, ``alltoall_dedup`` (an all-to-all that sends each token across the
+  inter-node link once per destination node and forwards it inside the node: DeepEP),
+  ``allgather`` or ``reducescatter`` (priced by `memo_sim.cost.collectives` on the group's link,
+  `memo_sim.cost.moe`);
 - group: ``ep`` (the expert-parallel ranks, ``etp`` apart), ``etp`` (the expert tensor-parallel
   ranks, adjacent) or ``etp_ep`` (both: etp x ep adjacent ranks);
 - moves: ``routed`` (each token once per chosen expert: top-k copies, permuted by expert) or
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-COLLECTIVES = ("alltoall", "allgather", "reducescatter")
+COLLECTIVES = ("alltoall", "alltoall_dedup", "allgather", "reducescatter")
 GROUPS = ("ep", "etp", "etp_ep")
 MOVES = ("routed", "tokens")
 
@@ -42,3 +44,4 @@ class Dispatcher:
     dispatch: tuple[Step, ...]
     combine: tuple[Step, ...]
     megatron: str  # --moe-token-dispatcher-type
+    megatron_backend: str = ""  # --moe-flex-dispatcher-backend (the flex dispatcher's)
