@@ -238,6 +238,11 @@ def trace_cmd(plan_file, device, out_file, dtype, attention_backend, target, cud
 @click.option("--vocab", type=int, default=None)
 @click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default=None,
               help="model dtype (default bf16 on CUDA, fp32 on CPU)")
+@click.option("--dp", type=click.IntRange(min=1), default=1, show_default=True,
+              help="data-parallel degree of every plan (dp > 1: each plan runs on that many processes)")
+@click.option("--ep", type=click.IntRange(min=1), default=1, show_default=True,
+              help="expert-parallel degree (a MoE --model; folded into the dp ranks): the report adds the "
+                   "dispatcher's all-to-all time per layer, predicted vs measured")
 @click.option("--seqs", default="1K,2K", show_default=True, help="comma-separated sequence lengths")
 @click.option("--policies", default="store_all,full_recompute,full_offload,memo", show_default=True)
 @click.option("--alphas", default="0.25,0.5,0.75", show_default=True,
@@ -259,14 +264,15 @@ def trace_cmd(plan_file, device, out_file, dtype, attention_backend, target, cud
               help="CPU: run a plan again when the machine's speed (a reference GEMM after each step) moved more "
                    f"than {SPEED_DRIFT_LIMIT:.0%} from the calibration's during its run")
 @user_errors("while validating")
-def validate_cmd(profile_name, model_name, layers, hidden, heads, ffn, vocab, dtype, seqs, policies, alphas, budget_s,
-                 device, steps, out_dir, report_path, progress, record, speed_retries):
+def validate_cmd(profile_name, model_name, layers, hidden, heads, ffn, vocab, dtype, dp, ep, seqs, policies, alphas,
+                 budget_s, device, steps, out_dir, report_path, progress, record, speed_retries):
     import dataclasses
     import shlex
 
     import torch
 
     from memo_exec.validate import plan_set, summary_line, validate
+    from memo_sim.layout.parallel import Layout
     from memo_sim.model.config import ModelConfig, get_model
     from memo_sim.profile.loader import load_profile
     from memo_sim.units import parse_count
@@ -283,11 +289,17 @@ def validate_cmd(profile_name, model_name, layers, hidden, heads, ffn, vocab, dt
     except ValueError:
         raise click.BadParameter("expected comma-separated numbers or 'sim'", param_hint="--alphas") from None
     pols = [p.strip() for p in policies.split(",") if p.strip()]
+    layout = Layout(dp=dp, ep=ep)
+    from memo_sim.layout.parallel import expert_why_not  # noqa: PLC0415
+
+    why = expert_why_not(layout, model)
+    if why:  # a layout that does not fit the model: one line before anything runs
+        raise click.BadParameter(why, param_hint="--ep")
 
     def alpha_for(seq):  # MEMO at the simulator's alpha
-        from memo_sim.api import Layout, memo_alpha  # noqa: PLC0415
+        from memo_sim.api import memo_alpha  # noqa: PLC0415
 
-        res = memo_alpha(model, Layout(), 1, seq, profile)
+        res = memo_alpha(model, layout, 1, seq, profile)
         return (res.alpha if res.feasible else None), res.reason()
 
     plans = plan_set(seq_list, pols, alpha_list, alpha_for)
@@ -298,7 +310,7 @@ def validate_cmd(profile_name, model_name, layers, hidden, heads, ffn, vocab, dt
           else contextlib.nullcontext()) as bar:
         path, summary = validate(model, profile, plans, device=dev, steps=steps, out_dir=out_dir,
                                  report_path=report_path, command=command, budget_s=budget_s, record=record,
-                                 speed_retries=speed_retries,
+                                 speed_retries=speed_retries, layout=layout,
                                  progress=(lambda done, total: bar.update(done - bar.pos)) if progress else None)
     click.echo(f"wrote {path}: {summary_line(summary)}; {summary['recorded']}")
 

@@ -17,6 +17,14 @@ simulator's ``exposed_p2p_s`` (its streams' waits on tp_p2p / tp_bcast).
 Per layer and op class: forward, recompute, backward (the summed compute ops of that layer's
 phase), offload, prefetch (that layer's copy). Every row carries
 rel_error = (measured - predicted) / predicted.
+
+Mixture of experts: the token dispatcher's collectives run on stream ``ep_comm`` on both sides
+(reported as a stream where either timeline has it; overlapped = the part under compute). Per MoE
+layer, `alltoall_rows` sets the executor's measured all-to-all time -- the ``ep_comm`` spans named
+``moe_dispatch_alltoall_ep`` and ``moe_combine_alltoall_ep`` of that layer, forward, recompute and
+backward summed (`memo_exec.moe.dispatchers`) -- beside the simulator's ops of the same names, with
+the counts on each side (so a layer one side prices and the other does not shows) and the ratio
+measured / predicted.
 """
 
 from __future__ import annotations
@@ -26,8 +34,10 @@ import dataclasses
 from memo_exec.measure import steady_value
 from memo_sim.timeline import TP_RING_STREAMS, Timeline
 
-STREAMS = ("compute", "d2h", "h2d")  # always reported; TP_RING_STREAMS where a timeline has them
+STREAMS = ("compute", "d2h", "h2d")  # always reported; TP_RING_STREAMS and EP_STREAMS where a timeline has them
 COPY_STREAMS = ("d2h", "h2d")
+EP_STREAMS = ("ep_comm",)  # the MoE dispatcher's collectives (`memo_sim.timeline.STREAMS`)
+ALLTOALL_OPS = ("moe_dispatch_alltoall_ep", "moe_combine_alltoall_ep")  # `memo_exec.moe.dispatchers.A2A_OPS`
 OP_CLASSES = (("forward", "compute", "fwd"), ("recompute", "compute", "recompute"), ("backward", "compute", "bwd"),
               ("offload", "d2h", "offload"), ("prefetch", "h2d", "prefetch"))
 
@@ -119,6 +129,13 @@ def ring_streams(timelines: list[Timeline | None]) -> tuple[str, ...]:
     return tuple(s for s in TP_RING_STREAMS if s in used)
 
 
+def side_streams(timelines: list[Timeline | None]) -> tuple[str, ...]:
+    """The streams beside compute and the copies that any of the timelines uses and the stream rows
+    report: METP's ring streams and the MoE dispatcher's ``ep_comm``."""
+    used = {e.stream for t in timelines if t is not None for e in t.events}
+    return ring_streams(timelines) + tuple(s for s in EP_STREAMS if s in used)
+
+
 def ring_stall_seconds(tl: Timeline) -> dict[str, float]:
     """Measured exposed METP ring time per stream: the compute stream's waits on it
     (`memo_exec.metp.lane.exposed_ring_seconds`)."""
@@ -127,13 +144,38 @@ def ring_stall_seconds(tl: Timeline) -> dict[str, float]:
     return exposed_ring_seconds(tl.events)
 
 
+def spans_minus(a, b) -> list[tuple[float, float]]:
+    """The parts of the sorted disjoint spans ``a`` outside the sorted disjoint spans ``b``."""
+    out, j = [], 0
+    for s, e in a:
+        while j < len(b) and b[j][1] <= s:
+            j += 1
+        k, cur = j, s
+        while k < len(b) and b[k][0] < e:
+            if b[k][0] > cur:
+                out.append((cur, b[k][0]))
+            cur = max(cur, b[k][1])
+            k += 1
+        if cur < e:
+            out.append((cur, e))
+    return out
+
+
+def compute_spans(tl: Timeline) -> list[tuple[float, float]]:
+    """The compute stream's busy spans, less the time it sat blocked in a MoE dispatcher all-to-all
+    (``ep_comm`` spans: the collective is blocking, so the compute span that issues it -- the
+    executor's ``moe`` op -- holds the wait; the simulator's compute ops never contain one, so its
+    timeline is unchanged)."""
+    return spans_minus(busy_spans(tl, ("compute",)), busy_spans(tl, EP_STREAMS))
+
+
 def stream_stats(tl: Timeline, extra: tuple[str, ...] = ()) -> dict[str, dict[str, float]]:
     """busy / overlapped / exposed seconds of each of compute, d2h, h2d and the ``extra``
-    (ring) streams."""
-    compute, copies = busy_spans(tl, ("compute",)), busy_spans(tl, COPY_STREAMS)
+    (ring, ep_comm) streams."""
+    compute, copies = compute_spans(tl), busy_spans(tl, COPY_STREAMS)
     out = {}
     for s in STREAMS + extra:
-        mine = busy_spans(tl, (s,))
+        mine = compute if s == "compute" else busy_spans(tl, (s,))
         other = copies if s == "compute" else compute
         busy, over = spans_length(mine), spans_intersection(mine, other)
         out[s] = {"busy_s": busy, "overlapped_s": over, "exposed_s": busy - over}
@@ -141,7 +183,9 @@ def stream_stats(tl: Timeline, extra: tuple[str, ...] = ()) -> dict[str, dict[st
 
 
 def op_times(tl: Timeline) -> dict[tuple[int, str], float]:
-    """(layer, op class) -> seconds."""
+    """(layer, op class) -> seconds. A MoE all-to-all (``ep_comm``) that lies inside a compute op of
+    its layer and phase (the executor's blocking collective inside its ``moe`` op) is not that
+    class's compute time: its duration is taken off (`compute_spans`)."""
     out: dict[tuple[int, str], float] = {}
     for e in tl.events:
         if e.layer is None:
@@ -149,6 +193,18 @@ def op_times(tl: Timeline) -> dict[tuple[int, str], float]:
         for cls, stream, phase in OP_CLASSES:
             if e.stream == stream and e.phase == phase:
                 out[(e.layer, cls)] = out.get((e.layer, cls), 0.0) + e.duration
+    cls_of = {phase: cls for cls, stream, phase in OP_CLASSES if stream == "compute"}
+    a2a = [e for e in tl.events if e.stream in EP_STREAMS and e.layer is not None and e.phase in cls_of]
+    if not a2a:
+        return out
+    ops: dict[tuple[int, str], list] = {}
+    for c in tl.events:
+        if c.stream == "compute" and c.layer is not None:
+            ops.setdefault((c.layer, c.phase), []).append(c)
+    for e in a2a:
+        if any(c.start <= e.start and e.end <= c.end for c in ops.get((e.layer, e.phase), ())):
+            key = (e.layer, cls_of[e.phase])
+            out[key] = out.get(key, 0.0) - e.duration
     return out
 
 
@@ -162,7 +218,7 @@ def _steady_dicts(ds: list[dict]) -> dict:
 
 def stream_rows(measured: list[Timeline], predicted: Timeline | None) -> list[dict]:
     """One row per stream and quantity; measured values are medians over the given steps (`steady_value`)."""
-    rings = ring_streams([*measured, predicted])
+    rings = side_streams([*measured, predicted])
     meas = [stream_stats(t, rings) for t in measured]
     pred = stream_stats(predicted, rings) if predicted is not None else None
     rows = []
@@ -185,4 +241,32 @@ def op_rows(measured: list[Timeline], predicted: Timeline | None) -> list[dict]:
     for layer, cls in sorted(keys, key=lambda k: (k[0], order[k[1]])):
         m, p = meas.get(f"{layer}:{cls}"), pred.get((layer, cls)) if predicted is not None else None
         rows.append({"layer": layer, "op": cls, "measured_s": m, "predicted_s": p, "rel_error": rel_error(m, p)})
+    return rows
+
+
+def alltoall_times(tl: Timeline) -> dict[int, tuple[float, int]]:
+    """layer -> (seconds, count) of the MoE dispatch and combine all-to-alls on ``ep_comm``
+    (`ALLTOALL_OPS`, every phase)."""
+    out: dict[int, tuple[float, int]] = {}
+    for e in tl.events:
+        if e.stream in EP_STREAMS and e.op in ALLTOALL_OPS and e.layer is not None and e.phase != "stall":
+            t, n = out.get(e.layer, (0.0, 0))
+            out[e.layer] = (t + e.duration, n + 1)
+    return out
+
+
+def alltoall_rows(measured: list[Timeline], predicted: Timeline | None) -> list[dict]:
+    """One row per layer with a MoE all-to-all on either side: measured seconds (median over the
+    given steps, `steady_value`), predicted seconds, how many all-to-alls each side counted, the
+    ratio measured / predicted and rel_error. Empty for a plan without expert-parallel all-to-alls."""
+    meas = [alltoall_times(t) for t in measured]
+    pred = alltoall_times(predicted) if predicted is not None else {}
+    rows = []
+    for layer in sorted({k for d in meas for k in d} | set(pred)):
+        n = max((d.get(layer, (0.0, 0))[1] for d in meas), default=0)
+        m = steady_value([d.get(layer, (0.0, 0))[0] for d in meas]) if n else None  # None: no all-to-all ran
+        p, np_ = pred.get(layer, (None, 0)) if predicted is not None else (None, 0)
+        rows.append({"layer": layer, "op": "moe all-to-all (dispatch + combine)", "measured_s": m, "predicted_s": p,
+                     "measured_count": n, "predicted_count": np_,
+                     "ratio": (m / p) if m is not None and p else None, "rel_error": rel_error(m, p)})
     return rows

@@ -21,7 +21,7 @@ from matplotlib.ticker import MaxNLocator
 from memo_sim.fileio import save_png
 from memo_sim.timeline import MemorySample, Timeline
 
-STREAM_ORDER = ("compute", "d2h", "h2d", "comm", "cp_comm", "tp_p2p", "tp_bcast", "dp_comm")
+STREAM_ORDER = ("compute", "d2h", "h2d", "comm", "cp_comm", "ep_comm", "tp_p2p", "tp_bcast", "dp_comm")
 COORDS = ("dp", "pp", "cp", "ulysses", "tp")
 MAX_RANKS_DRAWN = 8  # beyond, one rank per pipeline stage and context position (`ranks_to_draw`)
 LOG_RATIO = 20.0  # bar heights spanning more than this ratio go on a log axis

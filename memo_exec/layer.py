@@ -385,7 +385,7 @@ class LayerCompute:
                 return
             with sp("moe", layer, phase):  # the block allocates its own tensors (caching allocator)
                 moe_out = torch.empty(n, h, dtype=self.dtype, device=self.device)
-                self.moe.forward(p.moe, S, moe_out)
+                self.moe.forward(p.moe, S, moe_out, layer, phase)
             if before_output is not None:
                 before_output()
             with sp("add2", layer, phase):

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import torch
 
-from memo_exec.compare import op_rows, rel_error, resimulate, ring_stall_seconds, sim_memory_breakdown, stream_rows
+from memo_exec.compare import (alltoall_rows, op_rows, rel_error, resimulate, ring_stall_seconds, sim_memory_breakdown,
+                                stream_rows)
 from memo_exec.device import element_size
 from memo_exec.figures import layer_figure, overlay_gantt, rank_coords, rank_host_samples, ranks_to_draw
 from memo_exec.measure import steady_steps, steady_value, timeline_from_step
@@ -56,10 +57,12 @@ class Comparison:
     source: str  # where the whole-iteration predictions come from
     simulation: str  # how the per-stream / per-op prediction was made (or why it is missing)
     predicted_timeline: Timeline | None = None
+    alltoall: list[dict] = dataclasses.field(default_factory=list)  # MoE: per layer, the EP all-to-alls
 
     def to_dict(self) -> dict:
         return {"totals": self.totals, "streams": self.streams, "ops": self.ops, "memory": self.memory,
-                "totals_predicted_from": self.source, "streams_ops_predicted_from": self.simulation}
+                "moe_alltoall": self.alltoall, "totals_predicted_from": self.source,
+                "streams_ops_predicted_from": self.simulation}
 
 
 def compare_run(res: RunResult) -> Comparison:
@@ -79,7 +82,7 @@ def compare_run(res: RunResult) -> Comparison:
     if plan.layout.metp:
         totals += ring_rows(measured, sim, sim_note)
     return Comparison(totals, stream_rows(measured, ptl), op_rows(measured, ptl),
-                      res.estimate.compare(breakdown), source, sim_note, ptl)
+                      res.estimate.compare(breakdown), source, sim_note, ptl, alltoall_rows(measured, ptl))
 
 
 def ring_rows(measured: list, sim, sim_note: str) -> list[dict]:
@@ -130,6 +133,27 @@ def totals_rows(res: RunResult, pred: dict, source: str) -> list[dict]:
                      st.get("peak_allocated_bytes"), "not predicted"))
     return [{"quantity": q, "unit": u, "predicted": p, "measured": m, "rel_error": rel_error(m, p),
              "predicted_from": s} for q, u, p, m, s in rows]
+
+
+def alltoall_markdown(rows: list[dict], simulation: str, world: int = 1, tpct=None) -> str:
+    """The per-layer MoE all-to-all table of report.md (`memo_exec.compare.alltoall_rows`)."""
+    tpct = tpct or _pct
+    who = "rank 0's" if world > 1 else "the run's"
+    L = ["## MoE all-to-all per layer: measured vs predicted\n",
+         f"The expert-parallel token dispatch and combine all-to-alls of each MoE layer (stream ep_comm: "
+         f"`moe_dispatch_alltoall_ep` + `moe_combine_alltoall_ep`, forward, recompute and backward summed; n = how "
+         f"many each side counted). Measured: {who} spans, median over the steady steps (on CPU the wall time "
+         f"around each blocking collective, the wait for a later peer included); predicted: {simulation}.\n",
+         "| layer | predicted | n | measured | n | measured / predicted | rel. error |",
+         "|---:|---:|---:|---:|---:|---:|---:|"]
+    from memo_sim.units import fmt_time  # noqa: PLC0415
+
+    t = lambda v: "—" if v is None else fmt_time(v)  # noqa: E731 - microseconds where they are
+    for r in rows:
+        ratio = "—" if r["ratio"] is None else f"{r['ratio']:.2f}"
+        L.append(f"| {r['layer']} | {t(r['predicted_s'])} | {r['predicted_count']} | "
+                 f"{t(r['measured_s'])} | {r['measured_count']} | {ratio} | {tpct(r['rel_error'])} |")
+    return "\n".join(L)
 
 
 def _pinned_row(res: RunResult, pred: dict, source: str) -> tuple:
@@ -317,6 +341,9 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
     for r in cmp_.ops:
         L.append(f"| {r['layer']} | {r['op']} | {_fmt(r['predicted_s'], 's')} | {_fmt(r['measured_s'], 's')} | "
                  f"{tpct(r['rel_error'])} |")
+    if cmp_.alltoall:
+        L.append("")
+        L.append(alltoall_markdown(cmp_.alltoall, cmp_.simulation, m.get("world", 1), tpct))
     L.append("")
     L.append("## Memory: the executor's estimate vs the simulator's breakdown\n")
     L.append("Term by term (bytes on the device; `memo_exec.memory_estimate` documents each term). "
@@ -423,7 +450,7 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
 # and busy time per stream for every rank, against the simulator's representative GPU (the plan's
 # prediction), with the spread over the ranks.
 
-RANK_STREAMS = ("compute", "comm", "cp_comm", "tp_p2p", "tp_bcast", "dp_comm", "d2h", "h2d")
+RANK_STREAMS = ("compute", "comm", "cp_comm", "ep_comm", "tp_p2p", "tp_bcast", "dp_comm", "d2h", "h2d")
 
 
 def rank_payload(ex, res) -> dict:

@@ -12,7 +12,12 @@ starts, and a run that fails -- an out-of-memory error, a plan the executor refu
 a time-out -- becomes that plan's row while the others go on.
 
 Per plan the rows hold step time, per-stream busy and exposed time (compute, d2h, h2d) and peak
-memory, each predicted, measured and its error in percent; the summary holds the mean and max
+memory, each predicted, measured and its error in percent; a mixture-of-experts plan with expert
+parallelism (``layout``: e.g. dp 2 x ep 2, run on that many processes with ``--nproc``) also the
+dispatcher's all-to-all time per MoE layer (``alltoall_layer_s``: the mean over the layers both
+sides time of the dispatch + combine all-to-alls, forward, recompute and backward; measured on rank
+0, `memo_exec.compare.alltoall_rows`), and its per-layer rows (predicted, measured, measured /
+predicted) in a table of their own; the summary holds the mean and max
 |error| of each quantity over the plans that ran and the Kendall tau between the predicted and the
 measured ordering of the step times. Both go to ``validation.md`` and ``validation.json``.
 
@@ -55,7 +60,9 @@ QUANTITIES = (
     ("h2d_busy_s", "s", "h2d busy"),
     ("h2d_exposed_s", "s", "h2d exposed"),
     ("peak_memory_bytes", "bytes", "peak memory"),
+    ("alltoall_layer_s", "s", "MoE all-to-all per layer"),
 )
+OPTIONAL = ("alltoall_layer_s",)  # shown only where some plan has it (MoE plans with ep > 1)
 LOOP_TARGET_MEDIAN_PCT = 30.0  # issue #30: the CPU loop's median |step-time error| on an idle machine
 RUN_STARTUP_S = 20.0  # a run's process start, allocation and warm-up step, before its steps
 
@@ -81,11 +88,12 @@ class ValidationRow:
     predicted_timeline: object | None = field(default=None, repr=False)
     speed_probe: dict | None = None  # the machine's speed after each of the run's steps (CPU runs)
     discarded_drifts_pct: list[float] = field(default_factory=list)  # runs done again: the machine's speed moved
+    alltoall: list[dict] = field(default_factory=list)  # MoE: per layer, `memo_exec.compare.alltoall_rows`
 
     def to_dict(self) -> dict:
         return {"plan": self.label, "status": self.status, "plan_file": self.plan_file, "run_dir": self.run_dir,
                 "quantities": self.quantities, "speed_probe": self.speed_probe,
-                "discarded_drifts_pct": self.discarded_drifts_pct}
+                "discarded_drifts_pct": self.discarded_drifts_pct, "moe_alltoall": self.alltoall}
 
 
 def kendall_tau(xs: list[float], ys: list[float]) -> float | None:
@@ -129,15 +137,16 @@ def plan_set(seqs: list[int], policies: list[str], alphas: list, alpha_for=None)
     return out
 
 
-def predict(model: ModelConfig, seq: int, policy: Policy, profile: HardwareProfile):
+def predict(model: ModelConfig, seq: int, policy: Policy, profile: HardwareProfile, layout: Layout | None = None):
     from memo_sim.api import simulate
 
-    return simulate(model, Layout(), 1, seq, policy, profile)
+    return simulate(model, layout or Layout(), 1, seq, policy, profile)
 
 
-def plan_for(model, seq, policy, profile: HardwareProfile, sim) -> Plan:
+def plan_for(model, seq, policy, profile: HardwareProfile, sim, layout: Layout | None = None) -> Plan:
     """The plan of one validation point: the simulator's predictions, the profile by its path, and
-    (MEMO) the bi-level memory plan."""
+    (MEMO) the bi-level memory plan; ``layout`` (default one device) gives its GPUs."""
+    layout = layout or Layout()
     from memo_sim.api import attach_memory_plan
 
     d = sim.to_dict()
@@ -147,7 +156,7 @@ def plan_for(model, seq, policy, profile: HardwareProfile, sim) -> Plan:
     lt = {k: v for k, v in d["layer_timings_s"].items() if k in ("forward", "backward", "recompute", "offload",
                                                                  "prefetch")}
     prof = str(Path(profile.path).resolve()) if profile.path else profile.name
-    plan = Plan(model=model, batch=1, seq_tokens=seq, gpus=1, layout=Layout(), policy=policy, profile=prof,
+    plan = Plan(model=model, batch=1, seq_tokens=seq, gpus=layout.gpus, layout=layout, policy=policy, profile=prof,
                 predicted=predicted, layer_timings_s=lt, attention_backend="auto")
     if sim.status == "OK":
         attach_memory_plan(plan)
@@ -163,10 +172,24 @@ def predicted_quantities(sim) -> dict[str, float | None]:
         return q
     q["step_s"], q["peak_memory_bytes"] = sim.iteration_s, sim.peak_gpu_bytes
     if sim.timeline is not None:
+        from memo_exec.compare import alltoall_times
+
         for s, st in stream_stats(sim.timeline).items():
             if f"{s}_busy_s" in q:
                 q[f"{s}_busy_s"], q[f"{s}_exposed_s"] = st["busy_s"], st["exposed_s"]
+        per = [t for t, _ in alltoall_times(sim.timeline).values()]
+        q["alltoall_layer_s"] = sum(per) / len(per) if per else None
     return q
+
+
+def alltoall_layer_means(rows: list[dict]) -> tuple[float | None, float | None]:
+    """(predicted, measured) mean all-to-all seconds per MoE layer over the layers both sides time
+    (`memo_exec.compare.alltoall_rows`; a layer only one side has is in the per-layer rows, not here)."""
+    both = [r for r in rows if r.get("predicted_count") and r.get("measured_count")
+            and r.get("predicted_s") is not None and r.get("measured_s") is not None]
+    if not both:
+        return None, None
+    return (sum(r["predicted_s"] for r in both) / len(both), sum(r["measured_s"] for r in both) / len(both))
 
 
 def quantities_from_run(doc: dict, fallback: dict[str, float | None]) -> dict[str, dict]:
@@ -187,6 +210,9 @@ def quantities_from_run(doc: dict, fallback: dict[str, float | None]) -> dict[st
             meas[key] = r.get("measured_s")
             if r.get("predicted_s") is not None:
                 pred[key] = r["predicted_s"]
+    p, m = alltoall_layer_means(doc.get("moe_alltoall") or [])
+    if m is not None:
+        pred["alltoall_layer_s"], meas["alltoall_layer_s"] = p, m
     return {k: {"predicted": pred[k], "measured": meas[k], "error_pct": error_pct(pred[k], meas[k])}
             for k, _, _ in QUANTITIES}
 
@@ -233,9 +259,13 @@ def this_python() -> list[str]:
 
 def run_argv(plan_file: Path, run_dir: Path, device: str, steps: int) -> list[str]:
     """The command that runs one plan in its own process: this checkout's executor (``-P``: the
-    working directory, which may hold another checkout, is not put first on the path)."""
+    working directory, which may hold another checkout, is not put first on the path); a plan on
+    several devices on that many processes of this machine (``--nproc``, rank 0 prints the JSON)."""
+    from memo_sim.plan.schema import read_plan  # noqa: PLC0415
+
+    gpus = read_plan(plan_file).layout.gpus
     return [*this_python(), "-m", "memo_exec", "run", str(plan_file), "--device", device, "--steps", str(steps),
-            "--out", str(run_dir), "--json", "--no-progress"]
+            "--out", str(run_dir), "--json", "--no-progress", *(["--nproc", str(gpus)] if gpus > 1 else [])]
 
 
 def run_plan(plan_file: Path, run_dir: Path, device: str, steps: int, timeout: float | None,
@@ -266,7 +296,7 @@ def run_plan(plan_file: Path, run_dir: Path, device: str, steps: int, timeout: f
 
 def run_validation(model: ModelConfig, profile: HardwareProfile, plans: list[PlanSpec], *, device: str,
                    steps: int, out_dir: Path, progress=None, budget_s: float | None = None,
-                   runner=run_plan, speed_retries: int = 1) -> list[ValidationRow]:
+                   runner=run_plan, speed_retries: int = 1, layout: Layout | None = None) -> list[ValidationRow]:
     """Predict, write and run every plan (each in its own process). ``budget_s`` bounds the runs'
     wall time: each gets a timeout from what is left, shared in proportion to the plans' predicted
     cost; a plan that no longer fits is a ``skipped`` row. A CPU run during which the machine's
@@ -279,9 +309,9 @@ def run_validation(model: ModelConfig, profile: HardwareProfile, plans: list[Pla
         if spec.policy is None:
             rows.append(ValidationRow(spec.label, spec.skipped or "skipped", _empty()))
             continue
-        sim = predict(model, spec.seq, spec.policy, profile)
+        sim = predict(model, spec.seq, spec.policy, profile, layout)
         pq = predicted_quantities(sim)
-        plan_file = write_plan(plan_for(model, spec.seq, spec.policy, profile, sim),
+        plan_file = write_plan(plan_for(model, spec.seq, spec.policy, profile, sim, layout),
                                out_dir / "plans" / f"plan-{k:02d}.json")
         row = ValidationRow(spec.label, "ran", _pred_only(pq), plan_file=str(plan_file),
                             predicted_timeline=sim.timeline)
@@ -312,6 +342,7 @@ def run_validation(model: ModelConfig, profile: HardwareProfile, plans: list[Pla
         if status == "ran":
             row.quantities = quantities_from_run(doc, pq)
             row.speed_probe = doc.get("speed_probe")
+            row.alltoall = doc.get("moe_alltoall") or []
         if progress:
             progress(done + n + 1, len(plans))
     return rows
@@ -363,14 +394,46 @@ def summary_line(summary: dict) -> str:
     """The step-time errors in one line, in percent (error = (measured - predicted) / predicted)."""
     e = summary["errors"]["step_s"]
     tau = summary["kendall_tau_step_time"]
+    a = summary["errors"].get("alltoall_layer_s") or {}
+    a2a = (f"; MoE all-to-all per layer |error| median {_abs_pct(a['median_abs_error_pct'])} over {a['plans']} "
+           f"plans" if a.get("plans") else "")
     return (f"{summary['ran']} of {summary['plans']} plans ran ({summary['oom']} out of memory, {summary['failed']} "
             f"failed); step-time |error| median {_abs_pct(e['median_abs_error_pct'])}, mean "
             f"{_abs_pct(e['mean_abs_error_pct'])}, max {_abs_pct(e['max_abs_error_pct'])}; Kendall tau "
-            f"{'—' if tau is None else f'{tau:.2f}'}")
+            f"{'—' if tau is None else f'{tau:.2f}'}{a2a}")
+
+
+def shown_quantities(rows: list[ValidationRow]) -> tuple:
+    """QUANTITIES less the `OPTIONAL` ones no plan has a number for (a dense validation shows no
+    all-to-all columns)."""
+    return tuple(q for q in QUANTITIES if q[0] not in OPTIONAL or any(
+        r.quantities[q[0]]["predicted"] is not None or r.quantities[q[0]]["measured"] is not None for r in rows))
+
+
+def alltoall_section(rows: list[ValidationRow]) -> list[str]:
+    """Markdown: every MoE plan's all-to-all per layer, predicted vs measured (empty without one)."""
+    moe = [r for r in rows if r.alltoall]
+    if not moe:
+        return []
+    out = ["", "## MoE all-to-all per layer", "",
+           "The expert-parallel dispatch + combine all-to-alls of each MoE layer (stream ep_comm: "
+           "`moe_dispatch_alltoall_ep` + `moe_combine_alltoall_ep`, forward, recompute and backward summed; n = "
+           "how many each side counted). Measured: rank 0's spans, median over the steady steps (on a CPU the wall "
+           "time around each blocking gloo collective); predicted: the simulator's ops of the same names.", "",
+           "| plan | layer | predicted | n | measured | n | measured / predicted | error |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in moe:
+        for a in r.alltoall:
+            ratio = "—" if a.get("ratio") is None else f"{a['ratio']:.2f}"
+            err = None if a.get("rel_error") is None else 100.0 * a["rel_error"]
+            out.append(f"| {r.label} | {a['layer']} | {_fmt(a['predicted_s'], 's')} | {a['predicted_count']} | "
+                       f"{_fmt(a['measured_s'], 's')} | {a['measured_count']} | {ratio} | {_pct(err)} |")
+    return out
 
 
 def render_report(rows: list[ValidationRow], summary: dict, model: ModelConfig, profile: HardwareProfile,
-                  device_desc: str, command: str, figure: str | None) -> str:
+                  device_desc: str, command: str, figure: str | None, layout: Layout | None = None) -> str:
+    shown = shown_quantities(rows)
     lines = [f"# Simulator validation: {model.name} on {device_desc}", "",
              f"- date: {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}",
              f"- machine: {platform.machine()} {platform.node()}; device: {device_desc}",
@@ -387,13 +450,16 @@ def render_report(rows: list[ValidationRow], summary: dict, model: ModelConfig, 
              f"{_share_text(summary.get('cpu_share'))} during the runs (`memo_exec.host_share`)",
              *_speed_lines(summary.get("speed")),
              f"- model: {model.layers} layers, h={model.hidden}, {model.heads} heads, ffn={model.ffn}, "
-             f"vocab={model.vocab}, dtype {model.dtype}",
+             f"vocab={model.vocab}, dtype {model.dtype}"
+             + (f", {model.experts} experts (top {model.top_k})" if model.moe else ""),
+             *([f"- layout: {layout.label()} on {layout.gpus} processes (rank 0's measurements)"]
+               if layout is not None and layout.gpus > 1 else []),
              "- each plan ran in its own process; its files are under runs/plan-NN/ (plans/plan-NN.json the plan)",
-             "", "| plan | status | " + " | ".join(f"{w} predicted | measured | error" for _, _, w in QUANTITIES) + " |",
-             "|---|---|" + "---:|---:|---:|" * len(QUANTITIES)]
+             "", "| plan | status | " + " | ".join(f"{w} predicted | measured | error" for _, _, w in shown) + " |",
+             "|---|---|" + "---:|---:|---:|" * len(shown)]
     for r in rows:
         cells = []
-        for key, unit, _ in QUANTITIES:
+        for key, unit, _ in shown:
             q = r.quantities[key]
             cells += [_fmt(q["predicted"], unit), _fmt(q["measured"], unit), _pct(q["error_pct"])]
         lines.append(f"| {r.label} | {r.status} | " + " | ".join(cells) + " |")
@@ -403,13 +469,14 @@ def render_report(rows: list[ValidationRow], summary: dict, model: ModelConfig, 
               f"{'—' if summary['kendall_tau_step_time'] is None else round(summary['kendall_tau_step_time'], 3)}",
               "", "| quantity | plans compared | median abs error | mean abs error | max abs error |",
               "|---|---:|---:|---:|---:|"]
-    for key, _, what in QUANTITIES:
+    for key, _, what in shown:
         e = summary["errors"][key]
         cells = " | ".join(_abs_pct(e[k]) for k in ("median_abs_error_pct", "mean_abs_error_pct", "max_abs_error_pct"))
         lines.append(f"| {what} | {e['plans']} | {cells} |")
     if not summary["errors"]["peak_memory_bytes"]["plans"]:
         lines.append("\nPeak memory not compared: the device reports no allocator peak (a CPU run measures process "
                      "RSS, which the simulator's GPU memory model does not predict), or no plan ran.")
+    lines += alltoall_section(rows)
     if figure:
         lines += ["", f"Worst step-time case, predicted vs measured streams: ![]({figure})"]
     return "\n".join(lines) + "\n"
@@ -477,7 +544,7 @@ def record_in_profile(profile: HardwareProfile, summary: dict, device: str, json
 def validate(model: ModelConfig, profile: HardwareProfile, plans: list[PlanSpec], *, device: str,
              steps: int, out_dir: str | Path, report_path: str | Path | None, command: str,
              progress=None, budget_s: float | None = None, runner=run_plan,
-             record: bool = True, speed_retries: int = 1) -> tuple[Path, dict]:
+             record: bool = True, speed_retries: int = 1, layout: Layout | None = None) -> tuple[Path, dict]:
     """Run the validation and write the report (markdown and ``validation.json``); with ``record``
     write the measured step-time errors into the profile's file (`record_in_profile`; the line
     saying where is ``summary["recorded"]``); raise `ExecError` (one line) when no plan ran, after
@@ -488,7 +555,7 @@ def validate(model: ModelConfig, profile: HardwareProfile, plans: list[PlanSpec]
     load0 = _load_1min()
     with CpuShareMeter() as share:
         rows = run_validation(model, profile, plans, device=device, steps=steps, out_dir=out, progress=progress,
-                              budget_s=budget_s, runner=runner, speed_retries=speed_retries)
+                              budget_s=budget_s, runner=runner, speed_retries=speed_retries, layout=layout)
     summary = summarize(rows)
     summary["load_average_1min"] = [load0, _load_1min()]
     summary["cpu_share"] = share.result.to_dict() if share.result is not None else None
@@ -509,11 +576,12 @@ def validate(model: ModelConfig, profile: HardwareProfile, plans: list[PlanSpec]
             dev = mt.meta.get("device") or device
             figure = str(overlay_gantt(worst.predicted_timeline, mt, out / "worst-gantt.png",
                                        f"{worst.label}: predicted vs measured"))
-    text = render_report(rows, summary, model, profile, str(dev), command, figure)
+    text = render_report(rows, summary, model, profile, str(dev), command, figure, layout)
     target = Path(report_path) if report_path else out / "validation.md"
     atomic_write_text(target, text)
     json_path = atomic_write_json(out / "validation.json", {
-        "model": model.to_dict(), "profile": profile.name, "profile_path": profile.path, "device": str(dev),
+        "model": model.to_dict(), "layout": (layout or Layout()).label(), "profile": profile.name,
+        "profile_path": profile.path, "device": str(dev),
         "command": command, "summary": summary, "rows": [r.to_dict() for r in rows]})
     if not ran:
         first = next((r.status for r in rows), "")

@@ -61,7 +61,7 @@ def swap_splits() -> None:
     from memo_exec.moe import dispatchers
 
     orig = dispatchers.all_to_all
-    dispatchers.all_to_all = lambda x, out_splits, in_splits, group: orig(x, in_splits, in_splits, group)
+    dispatchers.all_to_all = lambda x, out_splits, in_splits, group, tag=None: orig(x, in_splits, in_splits, group, tag)
 
 
 # ------------------------------------------------------------------------------- per rank

@@ -55,12 +55,14 @@ class MoEBlock:
         self.tp_size, self.tp_group = tp_size, tp_group
         self.keep_graph_ok = keep_graph_ok
 
-    def math(self, w, ln2: torch.Tensor, idx: torch.Tensor | None = None):
-        """(block output [T, h], routing idx) with autograd where grad mode is on."""
+    def math(self, w, ln2: torch.Tensor, idx: torch.Tensor | None = None, layer: int | None = None,
+             phase: str = "fwd"):
+        """(block output [T, h], routing idx) with autograd where grad mode is on; ``layer`` and
+        ``phase`` name the dispatcher's timed collectives (`memo_exec.moe.dispatchers`)."""
         T = ln2.shape[0]
         logits = F.linear(ln2, w.router_w, w.router_b)
         idx, weights = self.router(logits, self.k, idx)
-        xe, counts, state = self.dispatcher.dispatch(ln2, idx)
+        xe, counts, state = self.dispatcher.dispatch(ln2, idx, layer, phase)
         ye = run_experts(xe, counts, w, self.swiglu)
         y = (self.dispatcher.combine(ye, state).view(T, self.k, self.h) * weights.unsqueeze(-1)).sum(1)
         if w.shared_w1 is not None:
@@ -71,17 +73,17 @@ class MoEBlock:
             y = y + s
         return y, idx
 
-    def forward(self, w, S, out: torch.Tensor) -> None:
+    def forward(self, w, S, out: torch.Tensor, layer: int | None = None, phase: str = "fwd") -> None:
         """Write the block's output for every local row into ``out`` [T, h]; keep what the storage says."""
         if getattr(S, "keep_moe_internals", False) and self.keep_graph_ok:
             with torch.enable_grad():
                 leaf = S.ln2.detach().requires_grad_(True)
-                y, idx = self.math(w, leaf)
+                y, idx = self.math(w, leaf, None, layer, phase)
             S.moe = MoESaved(idx, (leaf, y))
             out.copy_(y.detach())
             return
         with torch.no_grad():
-            y, idx = self.math(w, S.ln2)
+            y, idx = self.math(w, S.ln2, None, layer, phase)
         S.moe = MoESaved(idx)
         out.copy_(y)
 
@@ -93,7 +95,7 @@ class MoEBlock:
         if saved.graph is None:
             with timer.span("moe_recompute", layer, "recompute"), torch.enable_grad():
                 leaf = S.ln2.detach().requires_grad_(True)
-                y, _ = self.math(w, leaf, saved.idx)
+                y, _ = self.math(w, leaf, saved.idx, layer, "recompute")
         else:
             leaf, y = saved.graph
         S.moe = None

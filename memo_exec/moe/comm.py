@@ -2,6 +2,14 @@
 
 - `all_to_all`: ``all_to_all_single`` with per-rank split sizes; its backward is the all-to-all
   with the splits swapped. Blocking (``async_op=False``): the call returns once the data is there.
+  Given an `A2ATag` (the rank's recorder, the simulator's op name, the layer, the forward's phase)
+  each of the two is a span on stream ``ep_comm`` of the rank's Timeline, named as the simulator
+  names it (`memo_sim.cost.moe.step_cost`: ``moe_dispatch_alltoall_ep`` / ``moe_combine_alltoall_ep``):
+  the forward's in its phase (``fwd``, or ``recompute`` when the backward re-runs the block), the
+  backward's transpose under the same name in phase ``bwd``, as the simulator prices a step's
+  transpose. The span is the recorder's (`memo_exec.measure.Recorder.span`): on CPU the wall time
+  around the blocking call (the wait for a later peer included), on CUDA a pair of timing events
+  on the current stream, which NCCL's stream joins, as every other collective of the executor.
 - `sp_gather` / `sp_reduce_scatter`: Megatron sequence parallelism's all-gather (entering a
   column-parallel region) and reduce-scatter (leaving a row-parallel one) in the interleaved token
   order of `memo_exec.distributed.context.local_token_index` (gathered row t*p + j is rank j's local
@@ -13,40 +21,68 @@ backward: combine then dispatch), so the collectives pair up.
 
 from __future__ import annotations
 
+import contextlib
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
 
 from memo_exec.distributed.collectives import all_gather_single, reduce_scatter_single
 
+EP_STREAM = "ep_comm"  # the simulator's stream of the dispatcher's collectives (`memo_sim.timeline.STREAMS`)
 
-def _a2a(x: torch.Tensor, out_splits: list[int], in_splits: list[int], group) -> torch.Tensor:
+
+@dataclass(frozen=True)
+class A2ATag:
+    """What names and times one all-to-all: the recorder (None: untimed), the simulator's op name,
+    the model layer and the forward's phase (the backward's is ``bwd``)."""
+
+    timer: object | None
+    op: str
+    layer: int | None
+    phase: str = "fwd"
+
+    def span(self, phase: str, nbytes: float):
+        if self.timer is None:
+            return contextlib.nullcontext()
+        return self.timer.span(self.op, self.layer, phase, stream=EP_STREAM, nbytes=nbytes)
+
+
+def _a2a(x: torch.Tensor, out_splits: list[int], in_splits: list[int], group, tag: A2ATag | None = None,
+         phase: str = "fwd") -> torch.Tensor:
     out = x.new_empty((sum(out_splits),) + tuple(x.shape[1:]))
-    dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
+    x = x.contiguous()
+    with (tag.span(phase, x.numel() * x.element_size()) if tag is not None else contextlib.nullcontext()):
+        dist.all_to_all_single(out, x, out_splits, in_splits, group=group)
     return out
 
 
 class _AllToAll(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, out_splits, in_splits, group):
-        ctx.splits, ctx.group = (out_splits, in_splits), group
-        return _a2a(x, out_splits, in_splits, group)
+    def forward(ctx, x, out_splits, in_splits, group, tag):
+        ctx.splits, ctx.group, ctx.tag = (out_splits, in_splits), group, tag
+        return _a2a(x, out_splits, in_splits, group, tag, tag.phase if tag is not None else "fwd")
 
     @staticmethod
     def backward(ctx, g):
         out_splits, in_splits = ctx.splits
-        return _a2a(g, in_splits, out_splits, ctx.group), None, None, None
+        return _a2a(g, in_splits, out_splits, ctx.group, ctx.tag, "bwd"), None, None, None, None
 
 
-def all_to_all(x: torch.Tensor, out_splits: list[int], in_splits: list[int], group) -> torch.Tensor:
+def all_to_all(x: torch.Tensor, out_splits: list[int], in_splits: list[int], group,
+               tag: A2ATag | None = None) -> torch.Tensor:
     """Rows ``x[sum(in_splits[:r]) : ...]`` go to rank r; the result holds ``out_splits[r]`` rows from
-    each rank r, in rank order."""
-    return _AllToAll.apply(x, list(out_splits), list(in_splits), group)
+    each rank r, in rank order. ``tag``: time it (and its backward) as an ``ep_comm`` span."""
+    return _AllToAll.apply(x, list(out_splits), list(in_splits), group, tag)
 
 
-def exchange_counts(send: torch.Tensor, group) -> torch.Tensor:
-    """Each rank's int64 ``send`` [ep, n] row r goes to rank r: returns [ep, n], row r from rank r."""
+def exchange_counts(send: torch.Tensor, group, tag: A2ATag | None = None) -> torch.Tensor:
+    """Each rank's int64 ``send`` [ep, n] row r goes to rank r: returns [ep, n], row r from rank r.
+    ``tag``: time it as an ``ep_comm`` span (in the tag's phase)."""
     out = torch.empty_like(send)
-    dist.all_to_all_single(out, send.contiguous(), group=group)
+    send = send.contiguous()
+    with (tag.span(tag.phase, send.numel() * send.element_size()) if tag is not None else contextlib.nullcontext()):
+        dist.all_to_all_single(out, send, group=group)
     return out
 
 

@@ -15,6 +15,13 @@ outputs to their copy rows on the rank the tokens came from. Everything is diffe
   the received rows by local expert; combine runs the inverse permutations and the all-to-all back.
   The counts are exchanged before any row moves, so every rank knows how many rows it receives
   from each peer (zero included: a rank no token is routed to still takes part in both exchanges).
+
+Timing (``alltoall``): with a recorder in ``timer`` (the distributed runner sets it) the rows'
+all-to-alls are spans on stream ``ep_comm`` named as the simulator names the dispatcher's steps
+(`memo_sim.cost.moe.step_cost`: ``moe_{dispatch|combine}_{collective}_{group}``, so
+``moe_dispatch_alltoall_ep`` and ``moe_combine_alltoall_ep``), per layer, in the forward's phase and
+in ``bwd`` for their transposes (`memo_exec.moe.comm.all_to_all`); the counts' exchange, which the
+simulator does not price, is its own span ``moe_dispatch_counts_alltoall_ep``.
 """
 
 from __future__ import annotations
@@ -22,11 +29,21 @@ from __future__ import annotations
 import torch
 
 from memo_exec.errors import ExecError
-from memo_exec.moe.comm import all_to_all, exchange_counts
+from memo_exec.moe.comm import A2ATag, all_to_all, exchange_counts
 from memo_sim.registry import Registry
 
 DISPATCHERS: Registry = Registry("layout.moe_dispatcher", error=ExecError,
                                  unknown="{what} {name!r}: the executor runs {known}; plan with moe_dispatcher alltoall")
+
+
+def sim_op_name(which: str, collective: str = "alltoall", group: str = "ep") -> str:
+    """The simulator's name of a dispatcher step (`memo_sim.cost.moe.step_cost`)."""
+    return f"moe_{which}_{collective}_{group}"
+
+
+DISPATCH_A2A, COMBINE_A2A = sim_op_name("dispatch"), sim_op_name("combine")
+COUNTS_A2A = "moe_dispatch_counts_alltoall_ep"  # not priced by the simulator
+A2A_OPS = (DISPATCH_A2A, COMBINE_A2A)  # the rows' all-to-alls `memo_exec.compare.alltoall_rows` compares
 
 
 def _sort_copies(idx: torch.Tensor):
@@ -42,8 +59,12 @@ class Dispatcher:
         self.experts, self.ep, self.ep_rank, self.group = experts, ep, ep_rank, group
         self.local = experts // ep
         self.first = ep_rank * self.local
+        self.timer = None  # a `memo_exec.measure.Recorder`: the collectives become ep_comm spans
 
-    def dispatch(self, x: torch.Tensor, idx: torch.Tensor):
+    def tag(self, op: str, layer: int | None, phase: str) -> A2ATag | None:
+        return None if self.timer is None else A2ATag(self.timer, op, layer, phase)
+
+    def dispatch(self, x: torch.Tensor, idx: torch.Tensor, layer: int | None = None, phase: str = "fwd"):
         raise NotImplementedError
 
     def combine(self, ye: torch.Tensor, state) -> torch.Tensor:
@@ -52,7 +73,7 @@ class Dispatcher:
 
 @DISPATCHERS.register("local")
 class LocalDispatcher(Dispatcher):
-    def dispatch(self, x, idx):
+    def dispatch(self, x, idx, layer=None, phase="fwd"):
         k = idx.shape[1]
         flat, order = _sort_copies(idx)
         counts = torch.bincount(flat, minlength=self.experts).tolist()
@@ -64,21 +85,22 @@ class LocalDispatcher(Dispatcher):
 
 @DISPATCHERS.register("alltoall")
 class AllToAllDispatcher(Dispatcher):
-    def dispatch(self, x, idx):
+    def dispatch(self, x, idx, layer=None, phase="fwd"):
         k, ep, El = idx.shape[1], self.ep, self.local
         flat, order = _sort_copies(idx)
         counts = torch.bincount(flat, minlength=self.experts).view(ep, El)
-        recv = exchange_counts(counts, self.group)  # [source rank, local expert]
+        recv = exchange_counts(counts, self.group, self.tag(COUNTS_A2A, layer, phase))  # [source rank, local expert]
         in_splits = counts.sum(1).tolist()
         out_splits = recv.sum(1).tolist()
-        got = all_to_all(x[order // k], out_splits, in_splits, self.group)
+        got = all_to_all(x[order // k], out_splits, in_splits, self.group, self.tag(DISPATCH_A2A, layer, phase))
         expert_of = torch.repeat_interleave(torch.arange(El, device=x.device).repeat(ep), recv.reshape(-1).to(x.device))
         regroup = torch.sort(expert_of, stable=True).indices
-        return got[regroup], recv.sum(0).tolist(), (order, regroup, in_splits, out_splits)
+        return got[regroup], recv.sum(0).tolist(), (order, regroup, in_splits, out_splits, layer, phase)
 
     def combine(self, ye, state):
-        order, regroup, in_splits, out_splits = state
-        back = all_to_all(ye[torch.argsort(regroup)], in_splits, out_splits, self.group)
+        order, regroup, in_splits, out_splits, layer, phase = state
+        back = all_to_all(ye[torch.argsort(regroup)], in_splits, out_splits, self.group,
+                          self.tag(COMBINE_A2A, layer, phase))
         return back[torch.argsort(order)]
 
 
