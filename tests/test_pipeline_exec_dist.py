@@ -299,3 +299,16 @@ def test_refusals_before_allocation(tmp_path):
     assert not (tmp_path / "o").exists()
     with pytest.raises(ExecError, match="--nproc 1"):
         Executor(pipe_plan(4, {}, "single_stage", "memo"), RunOptions(device="cpu"))
+
+
+def test_uneven_interleaved_chunks_match_one_process():
+    """Uneven model chunks under interleaved 1F1B: 14 layers over pp 2 x vpp 2 with the embedding and the
+    loss each taking a layer's slot (Megatron's --account-for-embedding/loss-in-pipeline-split: chunks of
+    3, 4, 4, 3 layers), store all and full recompute: loss and every gradient as one process (MEMO's
+    rounding buffers run over chunks of one size: refused in one line)."""
+    cases = [(14, {"pp": 2, "vpp": 2, "account_embedding_loss": True}, "interleaved_1f1b", pol)
+             for pol in ("store_all", "full_recompute")]
+    results = spawn(rank_cases, 2, cases, timeout=300)
+    for i, c in enumerate(cases):
+        check(results[0][i], c[0], 0, c)
+        assert results[0][i]["layers"] == [0, 1, 2, 7, 8, 9, 10] and results[1][i]["layers"] == [3, 4, 5, 6, 11, 12, 13]

@@ -45,7 +45,8 @@ def test_the_layout_field():
     assert "first_stage_layers" not in Layout(pp=2).to_dict()  # older plans keep their shape
     assert Layout.from_dict(lay.to_dict()) == lay
     assert check_layout(lay, TOY, 8, 8, 4096) is None
-    assert "vpp = 1" in check_layout(Layout(pp=2, vpp=2, dp=4, first_stage_layers=3), TOY, 8, 8, 4096)
+    assert "divide over the 2 model chunks" in check_layout(Layout(pp=2, vpp=2, dp=4, first_stage_layers=3), TOY, 8, 8,
+                                                            4096)
     assert Layout(dp=8, first_stage_layers=3).first_stage_layers == 0  # a stage's shard (pp 1) drops them
     assert "pp >= 2" in stage_split_why_not(7, 1, 3)
     assert "do not split evenly into 2" in check_layout(Layout(pp=2, dp=4), TOY, 8, 8, 4096)
@@ -105,7 +106,9 @@ def test_llama_405b_pp16_on_16k_gpus_in_seconds():
     wall = time.perf_counter() - t0
     assert r.exit_code == 0, r.output[-2000:]
     best = json.loads(r.output)["candidates"][0]
-    assert best["status"] == "OK" and "pp16f7l7" in best["layout"] and best["simulated_status"] == "OK"
+    # uneven stages: 1F1B with 7-layer end stages, or interleaved chunks with the embedding and loss slots
+    assert best["status"] == "OK" and ("pp16f7l7" in best["layout"] or "el" in best["layout"].split("-")[2])
+    assert best["simulated_status"] == "OK"
     assert wall < 30, wall
 
 
@@ -113,7 +116,7 @@ def test_plans_and_programs_are_held_to_the_rules(tmp_path):
     """A layout read from a plan or passed to the simulator obeys the same rules as the search's."""
     from memo_sim.engine.simulate import simulate as sim
     twelve = ModelConfig("toy12", 12, 1024, 8, 4096, vocab=32000)
-    with pytest.raises(MemoError, match="1F1B"):
+    with pytest.raises(MemoError, match="model chunks of a rank"):
         sim(twelve, Layout(pp=2, vpp=2, dp=4, first_stage_layers=3), 4, 4096, get_policy("store_all", None), H100,
             schedule="interleaved_1f1b", micro_batch=1)
     with pytest.raises(MemoError, match="single-stage"):
@@ -132,3 +135,30 @@ def test_plans_and_programs_are_held_to_the_rules(tmp_path):
     assert r.exit_code == 0, r.output[-2000:]
     assert any(c["pp"] > 1 and c["layout_degrees"].get("first_stage_layers") == 3
                for c in json.loads(r.output)["candidates"])
+
+
+def test_interleaved_pipelines_split_uneven_chunks():
+    """Uneven model chunks (interleaved 1F1B): the end ranks' counts divided over their chunks, or the
+    embedding and the loss each taking a layer's slot (Megatron-LM's --account-for-embedding/loss-in-
+    pipeline-split); the engine lays out each virtual stage's layers, the bound stays below it."""
+    from memo_sim.engine.simulate import simulate as sim
+    from memo_sim.layout.parallel import virtual_stage_layers
+    from memo_sim.search.bound import lower_bound
+    from memo_sim.search.whatif import candidates_for, simulate_candidates
+
+    assert [len(r) for r in virtual_stage_layers(94, 8, 4, account=True)] == [2] + [3] * 30 + [2]
+    assert [len(r) for r in virtual_stage_layers(14, 2, 2, first=4, last=10)] == [2, 5, 2, 5]
+    assert "no layer" in check_layout(Layout(pp=4, vpp=4, dp=2, account_embedding_loss=True), ModelConfig(
+        "toy14", 14, 1024, 8, 4096, vocab=32000), 8, 8, 4096)
+    fourteen = ModelConfig("toy14", 14, 1024, 8, 4096, vocab=32000)  # 16 slots: pp2 x vpp4 chunks of 2 slots
+    lay = Layout(pp=2, vpp=4, dp=4, account_embedding_loss=True)
+    assert check_layout(lay, fourteen, 8, 8, 4096) is None and lay.stage_layer_counts(14) == [7, 7]
+    r = sim(fourteen, lay, 4, 4096, get_policy("store_all", None), H100, schedule="interleaved_1f1b", micro_batch=1)
+    assert r.ok
+    # the search finds the slot split where 14 layers do not divide into pp x vpp chunks, and prices it under its bound
+    res = candidates_for(fourteen, 4096, 8, H100, pp=2, vpp=4, batch=4, policies=("store_all", "full_recompute"))
+    split = [c for c in res.candidates if c.layout.account_embedding_loss and c.memory.status == "OK"]
+    assert split
+    simulate_candidates(split[:3], jobs=1)
+    for c in split[:3]:
+        assert 0 < lower_bound(c) <= c.simulated["iteration_s"] * (1 + 1e-9)

@@ -81,7 +81,7 @@ from memo_exec.distributed.schedule import Schedule, register_schedule
 from memo_exec.model import ChunkedHead, LayerFn, LayerHooks, LayerRuntime
 from memo_exec.pipeline.order import Action, messages_from, slots, stage_order, virtual_stage
 from memo_sim.layout.schedule import executor_stage_limit
-from memo_sim.layout.parallel import stage_layers, stage_split_why_not
+from memo_sim.layout.parallel import stage_layers, virtual_split_why_not
 
 
 class _OffsetHooks(LayerHooks):
@@ -166,12 +166,15 @@ class PipelineSchedule(Schedule):
 
     def check(self) -> str | None:
         lay, n = self.ex.layout, self.ex.model.layers
-        if lay.uneven:  # 1F1B over stages of their own layer counts (the simulator's `Layout.stage_ranges`)
-            if self.vpp > 1:
-                return "uneven pipeline stages run the 1F1B schedule (vpp = 1)"
-            why = stage_split_why_not(n, self.pp, lay.first_stage_layers, lay.last_stage_layers)
+        if lay.uneven:  # stages or chunks of their own layer counts (the simulator's `Layout.virtual_stage_ranges`)
+            why = virtual_split_why_not(n, self.pp, self.vpp, lay.first_stage_layers, lay.last_stage_layers,
+                                        lay.account_embedding_loss)
             if why:
                 return why
+            sizes = {len(self.chunk_layers(c)) for c in range(self.vpp)}
+            if len(sizes) > 1 and self.ex.plan.policy.offloads:
+                return (f"{self.ex.plan.policy.name}'s rounding buffers run over model chunks of one size; this rank's "
+                        f"chunks hold {sorted(sizes)} layers: plan store_all or full_recompute, or an even split")
         elif n % (self.pp * self.vpp):
             return f"{n} layers do not split evenly into pp x vpp = {self.pp * self.vpp} model chunks"
         return executor_stage_limit(lay.tp, lay.tp_mode, lay.cp, lay.ulysses, lay.zero)
@@ -179,15 +182,15 @@ class PipelineSchedule(Schedule):
     def chunk_layers(self, c: int) -> list[int]:
         lay = self.ex.layout
         if lay.uneven:
-            return list(lay.stage_ranges(self.ex.model.layers)[self.s])
+            return list(lay.virtual_stage_ranges(self.ex.model.layers)[virtual_stage(c, self.s, self.pp)])
         return list(stage_layers(self.ex.model.layers, self.pp * self.vpp)[virtual_stage(c, self.s, self.pp)])
 
     def layer_indices(self) -> list[int]:
         return [li for c in range(self.vpp) for li in self.chunk_layers(c)]
 
     def _chunk_size(self) -> int:
-        """Layers of each of this rank's chunks (equal; one chunk of its own count with uneven stages)."""
-        return len(self.chunk_layers(0))
+        """Layers of this rank's largest chunk (its chunks are equal unless the split is uneven)."""
+        return max(len(self.chunk_layers(c)) for c in range(self.vpp))
 
     def activation_sets(self) -> tuple[int, int]:
         return self._chunk_size(), self.n_slots
@@ -203,8 +206,10 @@ class PipelineSchedule(Schedule):
             pols.append(pol)
         ex.policy = PolicySet(pols)
         self.timers = [_ChunkTimer(ex.recorder, self.chunk_layers(c)[0]) for c in range(self.vpp)]
-        self.runtimes = {(k, c): [LayerRuntime(j, ex.gpt.layers[c * lc + j], pols[k], ex.compute, self.timers[c],
-                                               _OffsetHooks(ex.layer_hooks, c * lc)) for j in range(lc)]
+        sizes = [len(self.chunk_layers(c)) for c in range(self.vpp)]  # equal unless the split is uneven
+        starts = [sum(sizes[:c]) for c in range(self.vpp)]  # each chunk's first local layer
+        self.runtimes = {(k, c): [LayerRuntime(j, ex.gpt.layers[starts[c] + j], pols[k], ex.compute, self.timers[c],
+                                               _OffsetHooks(ex.layer_hooks, starts[c])) for j in range(sizes[c])]
                          for k in range(self.n_slots) for c in range(self.vpp)}
         ex.runtimes = [rt for k in range(self.n_slots) for c in range(self.vpp) for rt in self.runtimes[(k, c)]]
 

@@ -289,10 +289,11 @@ def pipeline_time(pp: int, n: int, f_n: float) -> float:
 
 
 def stage_layer_counts(model: ModelConfig, layout: Layout) -> list[int]:
-    """Layers of each pipeline stage (the layout's even or uneven split, `Layout.stage_ranges`)."""
+    """Layers of each pipeline rank over its model chunks (the layout's even or uneven split,
+    `Layout.stage_layer_counts`)."""
     if not layout.uneven:
         return [model.layers // layout.pp] * layout.pp
-    return [len(r) for r in layout.stage_ranges(model.layers)]
+    return layout.stage_layer_counts(model.layers)
 
 
 def stage_layer_count(model: ModelConfig, layout: Layout, stage: int) -> int:

@@ -62,13 +62,15 @@ def simulate(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: P
     mb = batch if micro_batch is None else micro_batch
     name = schedule or default_schedule(layout.pp, policy.name)
     why = check_schedule(name, pp=layout.pp, vpp=layout.vpp, layers=model.layers, batch=batch, micro_batch=mb,
+                         uneven=layout.uneven,
                          policy_name=policy.name)
     if why:
         raise MemoError(f"{layout.label()} {policy.label()}: {why}")
     why = structure_why_not(layout, model) or (
         "the optimizer on the host is priced for single-stage layouts only" if layout.optimizer_offload
         and name != "single_stage" else None) or (
-        "uneven stages run the 1f1b schedule" if layout.uneven and name != "1f1b" else None)
+        "uneven stages run a micro-batch pipeline (1f1b, interleaved_1f1b)" if layout.uneven
+        and name not in ("1f1b", "interleaved_1f1b") else None)
     if why:
         raise MemoError(f"{layout.label()} {policy.label()}: {why}")
     return schedule_runner(name)(model, layout, batch, seq, policy, profile, micro_batch=mb, contention=contention,

@@ -230,7 +230,7 @@ def uneven_stages_gap(plan: Plan, framework: str) -> list[Gap]:
     lay = plan.layout
     if lay.pp < 2 or not lay.uneven:
         return []
-    counts = [len(r) for r in lay.stage_ranges(plan.model.layers)]
+    counts = lay.stage_layer_counts(plan.model.layers)
     return [Gap(f"uneven pipeline stages ({', '.join(map(str, counts))} layers)",
                 f"not written: set {framework}'s stage split to these counts")]
 

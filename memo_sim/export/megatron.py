@@ -134,6 +134,8 @@ def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | None]]:
             args.append(("--decoder-first-pipeline-num-layers", str(lay.first_stage_layers)))
         if lay.last_stage_layers:
             args.append(("--decoder-last-pipeline-num-layers", str(lay.last_stage_layers)))
+        if lay.account_embedding_loss:
+            args += [("--account-for-embedding-in-pipeline-split", None), ("--account-for-loss-in-pipeline-split", None)]
     args += [("--micro-batch-size", str(plan.micro_batch)), ("--global-batch-size", str(plan.batch * lay.dp))]
     if lay.zero >= 1:
         args.append(("--use-distributed-optimizer", None))

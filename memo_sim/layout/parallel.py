@@ -119,6 +119,9 @@ class Layout:
     # and last stages' layer counts, the stages between share the rest evenly (`stage_layers`)
     first_stage_layers: int = 0
     last_stage_layers: int = 0
+    # the embedding and the loss each take a layer's slot in the split over pp x vpp model chunks (Megatron-LM's
+    # --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split; `virtual_stage_layers`)
+    account_embedding_loss: bool = False
     # expert parallelism (module docs): experts over ep ranks, each expert's FFN over etp
     ep: int = 1
     etp: int = 1
@@ -126,18 +129,32 @@ class Layout:
     moe_balance: str = "dropless"  # forced | dropless | capacity:F (`memo_sim.layout.moe_balance`)
 
     def __post_init__(self) -> None:
-        if self.pp == 1 and (self.first_stage_layers or self.last_stage_layers):
+        if self.pp == 1 and (self.first_stage_layers or self.last_stage_layers or self.account_embedding_loss):
             object.__setattr__(self, "first_stage_layers", 0)
             object.__setattr__(self, "last_stage_layers", 0)
+            object.__setattr__(self, "account_embedding_loss", False)
 
     @property
     def uneven(self) -> bool:
-        """Whether the first or the last pipeline stage has its own layer count."""
-        return bool(self.first_stage_layers or self.last_stage_layers)
+        """Whether the pipeline's stages or model chunks hold different layer counts (first / last stage
+        counts, or the embedding and the loss taking a layer's slot)."""
+        return bool(self.first_stage_layers or self.last_stage_layers or self.account_embedding_loss)
 
     def stage_ranges(self, n_layers: int) -> list[range]:
-        """The layers of each pipeline stage (`stage_layers` with this layout's first / last counts)."""
-        return stage_layers(n_layers, self.pp, self.first_stage_layers, self.last_stage_layers)
+        """The layers of each pipeline stage, one model chunk per rank (vpp 1; `virtual_stage_layers`)."""
+        if self.vpp != 1:
+            raise MemoError(f"stage_ranges: {self.vpp} model chunks per rank; use virtual_stage_ranges")
+        return self.virtual_stage_ranges(n_layers)
+
+    def virtual_stage_ranges(self, n_layers: int) -> list[range]:
+        """The layers of each virtual stage (model chunk c of rank s is virtual stage c x pp + s), in order."""
+        return virtual_stage_layers(n_layers, self.pp, self.vpp, self.first_stage_layers, self.last_stage_layers,
+                                    self.account_embedding_loss)
+
+    def stage_layer_counts(self, n_layers: int) -> list[int]:
+        """Layers each pipeline rank holds over its model chunks."""
+        vr = self.virtual_stage_ranges(n_layers)
+        return [sum(len(vr[c * self.pp + s]) for c in range(self.vpp)) for s in range(self.pp)]
 
     @property
     def gpus(self) -> int:
@@ -191,7 +208,8 @@ class Layout:
         if self.pp > 1:
             parts.append(f"pp{self.pp}" + (f"v{self.vpp}" if self.vpp > 1 else "")
                          + (f"f{self.first_stage_layers}" if self.first_stage_layers else "")
-                         + (f"l{self.last_stage_layers}" if self.last_stage_layers else ""))
+                         + (f"l{self.last_stage_layers}" if self.last_stage_layers else "")
+                         + ("el" if self.account_embedding_loss else ""))
         if self.dp > 1:
             parts.append(f"dp{self.dp}")
         if self.zero:
@@ -234,7 +252,7 @@ class Layout:
             del d["expandable_segments"]
         if not self.optimizer_offload:  # and plans with the optimizer on the GPU theirs
             del d["optimizer_offload"]
-        for k in ("first_stage_layers", "last_stage_layers"):  # and plans with even stages theirs
+        for k in ("first_stage_layers", "last_stage_layers", "account_embedding_loss"):  # and even stages theirs
             if not d[k]:
                 del d[k]
         for k, v in (("ep", 1), ("etp", 1), ("moe_dispatcher", "alltoall"), ("moe_balance", "dropless")):
@@ -272,6 +290,7 @@ class _LayoutIn(BaseModel):
     optimizer_offload: bool = Field(False, strict=True)
     first_stage_layers: Annotated[int, Field(strict=True, ge=0, le=1 << 12)] = 0
     last_stage_layers: Annotated[int, Field(strict=True, ge=0, le=1 << 12)] = 0
+    account_embedding_loss: bool = Field(False, strict=True)
     ep: _Degree = 1
     etp: _Degree = 1
     moe_dispatcher: Literal[DISPATCHER_NAMES] = "alltoall"
@@ -321,10 +340,9 @@ def structure_why_not(layout: Layout, model: ModelConfig) -> str | None:
     why = offload_why_not(layout) or expert_why_not(layout, model)
     if why:
         return why
-    if layout.uneven and layout.vpp > 1:
-        return "uneven pipeline stages run the 1F1B schedule (vpp = 1)"
     if layout.uneven:
-        return stage_split_why_not(model.layers, layout.pp, layout.first_stage_layers, layout.last_stage_layers)
+        return virtual_split_why_not(model.layers, layout.pp, layout.vpp, layout.first_stage_layers,
+                                     layout.last_stage_layers, layout.account_embedding_loss)
     return None
 
 
@@ -386,10 +404,9 @@ def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: i
         return f"METP's rings are priced with {model.dtype} GEMMs only ({model.gemm_format} GEMMs run Megatron TP)"
     if layout.uneven and layout.pp < 2:
         return "first / last stage layer counts need pipeline stages (pp >= 2)"
-    if layout.uneven and layout.vpp > 1:
-        return "uneven pipeline stages run the 1F1B schedule (vpp = 1)"
     if layout.pp > 1:
-        why = stage_split_why_not(model.layers, layout.pp, layout.first_stage_layers, layout.last_stage_layers)
+        why = virtual_split_why_not(model.layers, layout.pp, layout.vpp, layout.first_stage_layers,
+                                    layout.last_stage_layers, layout.account_embedding_loss)
         if why:
             return why
         # what a schedule adds (SPPO: TP+SP only) it checks itself (`memo_sim.layout.schedule`)
@@ -400,7 +417,7 @@ def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: i
     if layout.vpp > 1:
         if layout.pp < 2:
             return f"virtual stages (vpp = {layout.vpp}) interleave pipeline stages: they need pp >= 2"
-        if model.layers % (layout.pp * layout.vpp):
+        if model.layers % (layout.pp * layout.vpp) and not layout.uneven:
             return f"{model.layers} layers do not split evenly into pp x vpp = {layout.pp * layout.vpp} model chunks"
     if layout.attention not in ATTENTION_KERNELS:
         return f"attention must be one of {', '.join(ATTENTION_KERNELS)}, got {layout.attention!r}"
@@ -607,6 +624,69 @@ def stage_layers(n_layers: int, pp: int, first: int = 0, last: int = 0) -> list[
         counts[0] = first
     if last:
         counts[-1] = last
+    out, at = [], 0
+    for c in counts:
+        out.append(range(at, at + c))
+        at += c
+    return out
+
+
+def virtual_split_why_not(n_layers: int, pp: int, vpp: int = 1, first: int = 0, last: int = 0,
+                          account: bool = False) -> str | None:
+    """Why ``n_layers`` cannot be split into ``pp`` ranks x ``vpp`` model chunks as asked, or None:
+    evenly; with the first / last ranks' counts (`stage_split_why_not`; with vpp > 1 every rank's
+    count divides over its chunks, as Megatron-LM requires); or with the embedding and the loss each
+    taking a layer's slot (``account``: layers + 2 divide into pp x vpp chunks of at least 2 slots)."""
+    n_vs = pp * vpp
+    if account:
+        if first or last:
+            return ("the embedding and loss slots (--account-for-embedding/loss-in-pipeline-split) and first / last "
+                    "stage layer counts are not set together (Megatron-LM refuses it)")
+        if pp < 2:
+            return "the embedding and loss slots split pipeline stages: they need pp >= 2"
+        if (n_layers + 2) % n_vs:
+            return (f"{n_layers} layers and the embedding and loss slots ({n_layers + 2}) do not split evenly into "
+                    f"pp x vpp = {n_vs} model chunks")
+        if (n_layers + 2) // n_vs < 2:
+            return f"{n_vs} model chunks of {(n_layers + 2) // n_vs} slot leave the first and last chunks no layer"
+        return None
+    if not (first or last):
+        if n_layers % n_vs:
+            if vpp > 1:
+                return f"{n_layers} layers do not split evenly into pp x vpp = {n_vs} model chunks"
+            return stage_split_why_not(n_layers, pp)
+        return None
+    why = stage_split_why_not(n_layers, pp, first, last)
+    if why or vpp == 1:
+        return why
+    counts = [len(r) for r in stage_layers(n_layers, pp, first, last)]
+    if any(c % vpp for c in counts):
+        return (f"the stages' layer counts ({counts[0]} first, {counts[-1]} last, {counts[len(counts) // 2]} between) "
+                f"must each divide over the {vpp} model chunks of a rank")
+    return None
+
+
+def virtual_stage_layers(n_layers: int, pp: int, vpp: int = 1, first: int = 0, last: int = 0,
+                         account: bool = False) -> list[range]:
+    """The layers of each virtual stage (chunk c of rank s is virtual stage c x pp + s; the simulator and
+    the executor both read it): an even split; the first / last ranks' counts, each rank's divided evenly
+    over its chunks (Megatron-LM's --decoder-first/last-pipeline-num-layers); or, with ``account``, each
+    chunk ``(n_layers + 2) / (pp x vpp)`` slots, the embedding taking one of the first chunk's and the loss
+    one of the last chunk's (--account-for-embedding/loss-in-pipeline-split)."""
+    why = virtual_split_why_not(n_layers, pp, vpp, first, last, account)
+    if why:
+        raise MemoError(why)
+    n_vs = pp * vpp
+    if account:
+        slots = (n_layers + 2) // n_vs
+        counts = [slots] * n_vs
+        counts[0] -= 1
+        counts[-1] -= 1
+    elif first or last:
+        per_rank = [len(r) // vpp for r in stage_layers(n_layers, pp, first, last)]
+        counts = [per_rank[vs % pp] for vs in range(n_vs)]
+    else:
+        counts = [n_layers // n_vs] * n_vs
     out, at = [], 0
     for c in counts:
         out.append(range(at, at + c))

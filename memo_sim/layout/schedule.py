@@ -43,8 +43,9 @@ def schedule_runs_policy(schedule: str, policy_name: str) -> bool:
 
 
 def check_schedule(schedule: str, *, pp: int, vpp: int, layers: int, batch: int, micro_batch: int,
-                   policy_name: str) -> str | None:
-    """None if ``schedule`` can run this layout and batch split, else the reason (one line)."""
+                   policy_name: str, uneven: bool = False) -> str | None:
+    """None if ``schedule`` can run this layout and batch split, else the reason (one line). ``uneven``:
+    the layout splits its layers itself (`memo_sim.layout.parallel.virtual_stage_layers` checks it)."""
     if schedule not in SCHEDULE_NAMES:
         return f"schedule must be one of {', '.join(SCHEDULE_NAMES)}, got {schedule!r}"
     if micro_batch < 1 or batch % micro_batch:
@@ -61,7 +62,7 @@ def check_schedule(schedule: str, *, pp: int, vpp: int, layers: int, batch: int,
     if schedule == "interleaved_1f1b":
         if vpp < 2:
             return f"interleaved_1f1b needs at least 2 virtual stages per rank (vpp >= 2), got {vpp}"
-        if layers % (pp * vpp):
+        if layers % (pp * vpp) and not uneven:
             return f"{layers} layers do not split evenly into pp x vpp = {pp * vpp} model chunks"
         if m % pp:
             return f"interleaved_1f1b needs the micro-batch count ({m}) to be a multiple of pp ({pp})"

@@ -86,7 +86,8 @@ class Plan:
     def check_schedule(self) -> str | None:
         """None if the plan's schedule can run its layout and batch split, else the reason."""
         return check_schedule(self.schedule, pp=self.layout.pp, vpp=self.layout.vpp, layers=self.model.layers,
-                              batch=self.batch, micro_batch=self.micro_batch, policy_name=self.policy.name)
+                              batch=self.batch, micro_batch=self.micro_batch, policy_name=self.policy.name,
+                              uneven=self.layout.uneven)
 
     def __setattr__(self, name: str, value: Any) -> None:
         # the JSON shapes are accepted too (plans built in code) and parsed, checked, once

@@ -90,28 +90,20 @@ def pipeline_bound(c) -> float:
     f, b, r = _phase_times(model, shard, mb, c.seq, policy, profile)
     bt = boundary_times(model, shard, mb, c.seq, profile)
     opt0 = stage_optimizer_time(model, lay, 0, profile)
-    if lay.uneven:  # 1F1B over stages of their own layer counts (the same chain, each rank its own units)
-        counts = stage_layer_counts(model, lay)
-        best = 0.0
-        for s in range(p):
-            n_f = m * counts[s]
-            recomputed = sum(1 for u in range(n_f) if policy.recomputes_layer(u, n_f)) if r > 0 else 0
-            own = n_f * (f + b) + recomputed * r
-            own += m * (bt.embedding if s == 0 else 0.0) + m * (bt.classifier if s == p - 1 else 0.0)
-            before = sum(counts[:s])  # layers upstream: micro-batch 0 reaches stage s after their forwards
-            lead = bt.embedding_fwd + before * f if s else 0.0
-            tail = before * b + bt.embedding_bwd if s else 0.0
-            best = max(best, lead + own + tail + opt0)
-        return best
-    lc = model.layers // (p * v)  # layers per chunk
-    n_f = m * v * lc  # forward units per rank
-    recomputed = sum(1 for u in range(n_f) if policy.recomputes_layer(u, n_f)) if r > 0 else 0
+    # rank s cannot start before micro-batch 0 has run forward through virtual stages 0 .. s-1 (chunk 0 of
+    # ranks 0 .. s-1), then runs its own units, then micro-batch 0's backward returns through them
+    vr = lay.virtual_stage_ranges(model.layers) if lay.uneven else None
+    lc = model.layers // (p * v)  # layers per chunk (even split)
+    counts = stage_layer_counts(model, lay) if lay.uneven else [v * lc] * p
     best = 0.0
     for s in range(p):
+        n_f = m * counts[s]  # forward units of the rank
+        recomputed = sum(1 for u in range(n_f) if policy.recomputes_layer(u, n_f)) if r > 0 else 0
         own = n_f * (f + b) + recomputed * r
         own += m * (bt.embedding if s == 0 else 0.0) + m * (bt.classifier if s == p - 1 else 0.0)
-        lead = bt.embedding_fwd + s * lc * f if s else 0.0
-        tail = s * lc * b + bt.embedding_bwd if s else 0.0
+        before = sum(len(vr[i]) for i in range(s)) if vr is not None else s * lc
+        lead = bt.embedding_fwd + before * f if s else 0.0
+        tail = before * b + bt.embedding_bwd if s else 0.0
         best = max(best, lead + own + tail + opt0)
     return best
 

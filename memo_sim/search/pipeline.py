@@ -31,6 +31,7 @@ from memo_sim.cost.sppo import stage_model_state_bytes
 from memo_sim.engine.schedules.microbatch import micro_batch_pipelines, stage_in_flight
 from memo_sim.layout.parallel import (
     ExpertChoice, Layout, _divisors, check_layout, enumerate_layouts, node_stage_gpus, uneven_split,
+    virtual_split_why_not,
 )
 from memo_sim.layout.schedule import check_schedule
 from memo_sim.memplan.footprint import MemoryBreakdown, memory_breakdown
@@ -86,8 +87,9 @@ def _node_patterns(layout: Layout, gpus_per_node: int) -> tuple[tuple[tuple[int,
 @lru_cache(maxsize=1 << 16)  # a cluster-scale query has some 10k pipeline layouts
 def _host_units_of(layers: int, layout: Layout, in_flight: tuple[int, ...], micro_batches: int,
                    gpus_per_node: int) -> tuple[int, tuple[int, ...], tuple[int, ...], int]:
-    if layout.uneven:  # 1F1B (one chunk per rank): each stage's own layer count
-        units = tuple(k * len(r) for k, r in zip(in_flight, layout.stage_ranges(layers)))
+    if layout.uneven:  # each rank's own chunk sizes: in-flight chunk steps x its largest chunk's layers
+        vr, p = layout.virtual_stage_ranges(layers), layout.pp
+        units = tuple(k * max(len(vr[c * p + s]) for c in range(layout.vpp)) for s, k in enumerate(in_flight))
     else:
         per_chunk = layers // (layout.pp * layout.vpp)
         units = tuple(k * per_chunk for k in in_flight)
@@ -215,6 +217,23 @@ def default_pipeline_batch(pp: int, micro_batch: int | None) -> int:
     return pp * (micro_batch or 1)
 
 
+def _chunked(model: ModelConfig, lay: Layout, vpp: int, fixed_ends: bool, allows) -> Layout | None:
+    """``lay`` with ``vpp`` model chunks per rank, its layers split as the layout says, or None where they
+    cannot be: layers that do not divide into pp x vpp chunks are split with the embedding and the loss
+    each taking a layer's slot (Megatron-LM's --account-for-embedding/loss-in-pipeline-split) where that
+    divides and the framework offers uneven stages, unless the user fixed the end stages' counts."""
+    cand = replace(lay, vpp=vpp)
+    if vpp == 1 or not virtual_split_why_not(model.layers, lay.pp, vpp, lay.first_stage_layers,
+                                             lay.last_stage_layers, lay.account_embedding_loss):
+        return cand
+    if fixed_ends:
+        return None
+    slots = replace(cand, first_stage_layers=0, last_stage_layers=0, account_embedding_loss=True)
+    if virtual_split_why_not(model.layers, lay.pp, vpp, account=True) or not allows(slots):
+        return None
+    return slots
+
+
 def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, *,
                         policies: tuple[str, ...], batch: int | None, global_batch: int | None,
                         micro_batch: int | None, allows, tp=None, cp=None, ulysses=None, dp=None, zero=None,
@@ -261,12 +280,11 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
                 for name in names:
                     vpps = [vpp] if vpp is not None else [1] + [v for v in range(2, MAX_VPP + 1)]
                     for v in vpps:
-                        if v > 1 and lay.uneven:  # uneven stages run 1F1B
+                        cand = _chunked(model, lay, v, fixed_ends=first is not None or last is not None,
+                                        allows=allows)
+                        if cand is None or check_schedule(name, pp=p, vpp=v, layers=model.layers, batch=b,
+                                                          micro_batch=mb, policy_name="store_all", uneven=cand.uneven):
                             continue
-                        if check_schedule(name, pp=p, vpp=v, layers=model.layers, batch=b, micro_batch=mb,
-                                          policy_name="store_all"):
-                            continue
-                        cand = replace(lay, vpp=v)
                         searched["vpp"].add(v)
                         searched["micro_batch"].add(mb)
                         shape = _shape(model, cand, b, mb, profile, name)  # every policy's

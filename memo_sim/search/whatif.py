@@ -134,9 +134,9 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
         raise MemoError(f"--pp {pp}: no pipeline schedule is searched ({', '.join(allowed)}); "
                         f"add --schedule 1f1b or interleaved_1f1b")
     uneven_flags = first_stage_layers is not None or last_stage_layers is not None
-    if uneven_flags and ("1f1b" not in pipes or pp == 1 or (vpp is not None and vpp > 1)):
-        raise MemoError("--decoder-first/last-pipeline-num-layers split a 1F1B pipeline: drop them, or search 1f1b "
-                        "(--schedule 1f1b) with pp >= 2 and vpp 1")
+    if uneven_flags and (not pipes or pp == 1):
+        raise MemoError("--decoder-first/last-pipeline-num-layers split a micro-batch pipeline: drop them, or search "
+                        "1f1b or interleaved_1f1b with pp >= 2")
     if optimizer_offload and not fw.optimizer_offload:
         raise MemoError(f"--optimizer-offload: {fw.name} does not offer it; drop it or choose another --framework")
     if optimizer_offload and ((pp is not None and pp > 1) or (vpp is not None and vpp > 1)):
@@ -319,7 +319,7 @@ def make_candidate(model: ModelConfig, lay: Layout, pol: str, batch: int, seq: i
     name = schedule or default_schedule(lay.pp, pol)
     mb = micro_batch or batch
     why = check_schedule(name, pp=lay.pp, vpp=lay.vpp, layers=model.layers, batch=batch, micro_batch=mb,
-                         policy_name=pol)
+                         policy_name=pol, uneven=lay.uneven)
     if why:
         raise MemoError(f"{lay.label()} {pol}: {why}")
     return SEARCH_STRATEGIES[name](model, lay, pol, batch, mb, seq, profile, alpha)

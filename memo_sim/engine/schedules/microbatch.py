@@ -273,10 +273,8 @@ class _MicrobatchBuilder:
     def __init__(self, costs, layout, profile, policy, n_layers, micro_batches, order, devices, detail):
         p, v, m = layout.pp, layout.vpp, micro_batches
         n_vs = p * v
-        if layout.uneven:  # 1F1B, each stage its own layer count (`Layout.stage_ranges`)
-            if v > 1:
-                raise MemoError("uneven pipeline stages run the 1F1B schedule (vpp = 1)")
-            ranges = tuple(layout.stage_ranges(n_layers))
+        if layout.uneven:  # each virtual stage its own layer count (`Layout.virtual_stage_ranges`)
+            ranges = tuple(layout.virtual_stage_ranges(n_layers))
         elif n_layers % n_vs:
             raise MemoError(f"{n_layers} layers do not split evenly into pp x vpp = {n_vs} model chunks")
         else:
