@@ -247,3 +247,29 @@ def test_deepep_sends_each_token_across_nodes_once_per_node():
                 predicted={"status": "OK", "iteration_s": 1.0, "mfu": 0.1}, layer_timings_s={"forward": 0.1, "backward": 0.2})
     sh = export_plan(plan, "megatron", price=False, nearest=True).files["megatron.sh"]
     assert "--moe-token-dispatcher-type flex" in sh and "--moe-flex-dispatcher-backend deepep" in sh
+
+
+def test_megatron_recompute_modules_drop_and_rebuild_their_tensors():
+    """Megatron-LM's --recompute-modules (`memo_sim.policy.recompute_modules`): store all's memory minus
+    the group's tensors, and the group's ops (the MoE block's all-to-alls with recompute_moe) re-run."""
+    from memo_sim.cost.activations import skeletal_bytes
+    from memo_sim.policy import get_policy
+
+    lay = Layout(tp=2, dp=8, ep=8)
+    sk = skeletal_bytes(QWEN3, lay, 1, 32 * K)
+    store, na, moe = (get_policy(n) for n in ("store_all", "recompute_norm_act", "recompute_moe"))
+    assert sk["norms"] > 0 and 0 < sk["moe_act"] < sk["moe_block"]
+    assert store.resident_bytes(sk, 48) - na.resident_bytes(sk, 48) == pytest.approx(48 * (sk["norms"] + sk["moe_act"]))
+    assert store.resident_bytes(sk, 48) - moe.resident_bytes(sk, 48) == pytest.approx(48 * (sk["norms"] + sk["moe_block"]))
+    names = {c.name for c in moe.recompute_costs(QWEN3, lay, 1, 32 * K, H100)}
+    assert {"ln1", "ln2", "router", "expert_fc1", "expert_fc2", "moe_dispatch_alltoall_ep", "moe_combine_alltoall_ep"} <= names
+    assert "attention" not in names
+    assert {c.name for c in na.recompute_costs(QWEN3, lay, 1, 32 * K, H100)} == {"ln1", "ln2", "expert_act"}
+    r = CliRunner().invoke(cli, ["whatif", "--model", "llama-3.1-8b", "--gpus", "8", "--seq", "8K", "--no-plan",
+                                 "--framework", "megatron", "--policy", "recompute_moe"])
+    assert r.exit_code == 2 and "no experts" in r.output
+    res = candidates_for(TOY, 16 * K, 16, H100, framework="megatron", policies=("recompute_moe", "recompute_norm_act"))
+    ok = [c for c in res.candidates if c.memory.status == "OK"][:4]
+    simulate_candidates(ok, jobs=1)
+    for c in ok:
+        assert c.simulated["status"] == "OK" and 0 < lower_bound(c) <= c.simulated["iteration_s"] * (1 + 1e-9)

@@ -69,10 +69,19 @@ def row_bytes(t: TensorSpec, layout: Layout) -> float:
     return t.bytes_per_token() / (layout.tp if (t.tp_split and not layout.sp) else 1)
 
 
+# saved tensors Megatron-LM's --recompute-modules rebuild, by module group (their bytes are keys of
+# `skeletal_bytes`; `memo_sim.policy.recompute_modules`): the norms' outputs, the MoE activation's output,
+# the MoE block's saved tensors (router probabilities, the dispatched tokens, the experts' and shared
+# experts' intermediates)
+RECOMPUTE_GROUPS = {"norms": ("ln1", "ln2"), "moe_act": ("eact",),
+                    "moe_block": ("probs", "moe_in", "efc1", "eact", "sfc1", "sact")}
+
+
 def skeletal_bytes(model: ModelConfig, layout: Layout, batch: int, seq: int) -> dict[str, float]:
     """One layer's skeletal bytes on one GPU by MEMO role: input, attn, other, lse, and total.
 
-    ``total`` is the 32·b·s·h of MISSION.md (lse excluded; it is reported on its own).
+    ``total`` is the 32·b·s·h of MISSION.md (lse excluded; it is reported on its own). The
+    `RECOMPUTE_GROUPS` keys give the bytes of the tensors each Megatron recompute-module group rebuilds.
     ``scores``: with materialised attention (``layout.attention``) the score-sized tensors the
     attention's backward reads, the softmax output, the dropout mask and the dropped
     probabilities, n_b·s²·(2d + 1) (`memo_sim.cost.attention_kernel`); 0 with FlashAttention. A
@@ -80,10 +89,16 @@ def skeletal_bytes(model: ModelConfig, layout: Layout, batch: int, seq: int) -> 
     so no policy offloads them.
     """
     out = {"input": 0.0, "attn": 0.0, "other": 0.0, "lse": 0.0}
+    groups = dict.fromkeys(RECOMPUTE_GROUPS, 0.0)
     for t in layer_tensors(model, layout.tp_mode).values():
         if t.saved:
-            out[t.role] += tensor_bytes(t, layout, batch, seq)
+            b = tensor_bytes(t, layout, batch, seq)
+            out[t.role] += b
+            for g, names in RECOMPUTE_GROUPS.items():
+                if t.name in names:
+                    groups[g] += b
     out["total"] = out["input"] + out["attn"] + out["other"]
+    out.update(groups)
     out["scores"] = materialised_score_bytes(model, layout, batch, seq)
     return out
 

@@ -49,6 +49,7 @@ class Policy:
     offloads: ClassVar[bool] = False  # skeletal bytes go to host after the forward
     recomputes_attention: ClassVar[bool] = False  # the whole layer forward re-runs before backward
     static_memory_plan: ClassVar[bool] = False  # transients placed by MEMO's bi-level plan
+    needs_experts: ClassVar[bool] = False  # only for mixture-of-experts models (it rebuilds MoE tensors)
     summary: ClassVar[str] = ""
 
     def __post_init__(self) -> None:

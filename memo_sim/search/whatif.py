@@ -118,7 +118,12 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     modes = tp_modes_of(tp_mode)
     fw = get_framework(framework)
     model = fw.for_model(model)  # the framework's model-state recipe; a GEMM format it lacks is refused
+    if policies is not None:
+        for p in policies:
+            if p in policy_names() and policy_class(p).needs_experts and not model.moe:
+                raise MemoError(f"--policy {p} rebuilds MoE tensors: model {model.name} has no experts")
     policies = fw.policies if policies is None else policies
+    policies = tuple(p for p in policies if model.moe or not policy_class(p).needs_experts)
     _check_options(fw, policies, alpha, batch, micro_batch, global_batch, schedules)
     allowed = tuple(n for n in (schedules or fw.schedules) if n in fw.schedules)
     pipes = tuple(n for n in allowed if n in micro_batch_pipelines())

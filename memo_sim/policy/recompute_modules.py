@@ -1,0 +1,88 @@
+"""Megatron-LM's selective recompute of named modules (``--recompute-granularity selective
+--recompute-modules ...``, megatron/core/transformer/transformer_config.py ``recompute_modules`` at
+d98e8a64): keep every skeletal tensor but those the named modules produce, and re-run those
+modules' forward before each layer's backward. One policy per module set memo prices:
+
+- ``recompute_norm_act`` (``layernorm moe_act``): the two norms' outputs and the MoE activation's
+  (SwiGLU) output are dropped and rebuilt by re-running the norms and the experts' activation;
+- ``recompute_moe`` (``layernorm moe``, the MoE block checkpointed whole): the norms' outputs and
+  every tensor the MoE block saves (router probabilities, the dispatched tokens, the experts' and
+  shared experts' intermediates) are dropped; the norms and the whole MoE block (router, dispatch,
+  expert GEMMs, combine: its all-to-alls too) re-run before the backward.
+
+Memory: store all's minus the group's bytes (`memo_sim.cost.activations.RECOMPUTE_GROUPS`), which
+the recompute allocates again while the layer's backward runs. Both are for mixture-of-experts
+models (``needs_experts``); the what-if leaves them out for a dense model. memo's executor does not
+run them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import ClassVar
+
+from memo_sim.cost.layer_time import forward_costs
+from memo_sim.policy.registry import register
+from memo_sim.policy.store_all import StoreAll
+
+_MOE_BLOCK_OPS = ("router", "route", "permute", "expert_fc1", "expert_act", "expert_fc2", "unpermute",
+                  "shared_fc1", "shared_act", "shared_fc2")
+
+
+class RecomputeModules(StoreAll):
+    """Keep every skeletal tensor but the groups named; re-run the ops that rebuild them."""
+
+    groups: ClassVar[tuple[str, ...]] = ()
+    ops: ClassVar[tuple[str, ...]] = ()
+    comm_prefixes: ClassVar[tuple[str, ...]] = ()  # collectives re-run with the ops (the MoE block's all-to-alls)
+    needs_experts: ClassVar[bool] = True
+
+    def dropped(self, sk) -> float:
+        return sum(sk.get(g, 0.0) for g in self.groups)
+
+    def recomputes_layer(self, layer, n_layers):
+        return True
+
+    def recompute_costs(self, model, layout, batch, seq, profile):
+        return [replace(c, phase="recompute") for c in forward_costs(model, layout, batch, seq, profile)
+                if c.name in self.ops or c.name.startswith(self.comm_prefixes or ("\0",))]
+
+    def resident_bytes(self, sk, n_layers):
+        return n_layers * (sk["total"] - self.dropped(sk) + self.kept_scores(sk))
+
+    def forward_kept(self, sk):
+        out = [("skeletal", sk["total"] - self.dropped(sk) + sk["lse"])]
+        return out + ([("scores", self.kept_scores(sk))] if self.kept_scores(sk) > 0 else [])
+
+    def recompute_allocated(self, sk):
+        return [("recomputed", self.dropped(sk))]
+
+    def buffer_bytes(self, sk):
+        return self.dropped(sk)  # one layer's rebuilt tensors at a time
+
+    def layer_blocks(self, sk):
+        out = [("skeletal", sk["total"] - self.dropped(sk))]
+        return out + ([("scores", self.kept_scores(sk))] if self.kept_scores(sk) > 0 else [])
+
+    def shared_blocks(self, sk, steps, n_layers):
+        return [("recompute_buffer", self.dropped(sk), steps.bwd(n_layers - 1), steps.end_of_backward)]
+
+
+@register
+class RecomputeNormAct(RecomputeModules):
+    name = "recompute_norm_act"
+    summary = "keep the skeletal activations but the norms' and the MoE activation's outputs; re-run those"
+    groups = ("norms", "moe_act")
+    ops = ("ln1", "ln2", "expert_act")
+
+
+@register
+class RecomputeMoe(RecomputeModules):
+    name = "recompute_moe"
+    summary = "keep the skeletal activations but the norms' and the MoE block's; re-run the norms and the block"
+    groups = ("norms", "moe_block")
+    ops = ("ln1", "ln2") + _MOE_BLOCK_OPS
+    comm_prefixes = ("moe_dispatch", "moe_combine")
+
+    def dropped(self, sk) -> float:
+        return sk.get("norms", 0.0) + sk.get("moe_block", 0.0)
