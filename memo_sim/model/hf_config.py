@@ -156,16 +156,22 @@ def hf_model_fields(raw: dict, source: str = "config.json", name: str = "hf-mode
         if mt == "gpt_neox" and not c.get("attention_bias", True):
             raise refuse("attention_bias", "false with MLP biases is not modelled")
         bias = "all"
+    dtype, tied = _dtype_and_tied(c, refuse)
+    d = dict(name=name, layers=layers, hidden=hidden, heads=heads, ffn=ffn, vocab=vocab,
+             kv_heads=None if kv == heads else kv, ffn_type="swiglu" if gated else "gelu", dtype=dtype,
+             norm="rmsnorm" if gated else "layernorm", bias=bias, tied_embeddings=tied)
+    return d
+
+
+def _dtype_and_tied(c: dict, refuse) -> tuple[str, bool]:
+    """The training dtype (memo's name) and whether the classifier is tied, or a one-line refusal."""
     dt = c.get("torch_dtype") or c.get("dtype") or "bfloat16"
     if dt not in _DTYPES:
         raise refuse("torch_dtype", f"{dt!r} is not a training dtype memo models (bfloat16, float16, float32)")
     tied = c.get("tie_word_embeddings")
     if not isinstance(tied, bool):
         raise refuse("tie_word_embeddings", f"must be true or false, got {tied!r}")
-    d = dict(name=name, layers=layers, hidden=hidden, heads=heads, ffn=ffn, vocab=vocab,
-             kv_heads=None if kv == heads else kv, ffn_type="swiglu" if gated else "gelu", dtype=_DTYPES[dt],
-             norm="rmsnorm" if gated else "layernorm", bias=bias, tied_embeddings=tied)
-    return d
+    return _DTYPES[dt], tied
 
 
 def _whole(c: dict, key: str, refuse, minimum: int = 1) -> int:
@@ -261,13 +267,8 @@ def moe_fields(raw: dict, source: str = "config.json", name: str = "hf-model") -
         raise refuse("num_hidden_layers", "no layer is a MoE layer under this configuration's layer pattern")
     d.update(experts=experts, top_k=top_k, expert_ffn=0 if expert_ffn == ffn else expert_ffn,
              dense_layers=layers - moe_layers)
-    dt = c.get("torch_dtype") or c.get("dtype") or "bfloat16"
-    if dt not in _DTYPES:
-        raise refuse("torch_dtype", f"{dt!r} is not a training dtype memo models (bfloat16, float16, float32)")
-    tied = c.get("tie_word_embeddings")
-    if not isinstance(tied, bool):
-        raise refuse("tie_word_embeddings", f"must be true or false, got {tied!r}")
-    d.update(dtype=_DTYPES[dt], tied_embeddings=tied)
+    dtype, tied = _dtype_and_tied(c, refuse)
+    d.update(dtype=dtype, tied_embeddings=tied)
     return d
 
 
