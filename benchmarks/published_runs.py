@@ -5,7 +5,10 @@ Every row names its source (paper and table, or repository file and commit), the
 the framework version whose mechanisms it runs with (`memo_sim.frameworks`), memo's prediction
 (tier 2, the event simulator) and the published number; rows memo cannot express yet are listed
 with the reason, never dropped. Rows form groups, each with its own mean and max |error|: ``dense`` (the
-dense decoders) and ``moe`` (mixtures of experts, issue #49 item 7: `MOE_RUNS`, their section of the report). The published numbers are never used to set a constant: a row
+dense decoders) and ``moe`` (mixtures of experts, issue #49 item 7: `MOE_RUNS`, their section of the report). A row
+whose published number is an expected value a launch script states, not a measurement (`Run.expected`), is predicted
+and listed apart, never counted in a group's errors; rows at LONG_CONTEXT_TOKENS or more (`Run.long_context`) form
+each group's long-context subgroup (issue #45 reuses them). The published numbers are never used to set a constant: a row
 moves only when a mechanism changes, and then every row is re-run.
 
     python benchmarks/published_runs.py [--out reports/published-runs.md] [--json]
@@ -47,6 +50,8 @@ TORCHTITAN = ("pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md (t
 # 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)) per iteration, so the measured step time is that over
 # (achieved FLOP/s per GPU x GPUs).
 VOCAB_2021, SEQ_2021 = 51200, 2048
+# sequences of this many tokens or more make a row long-context (`Run.long_context`; issue #45 reuses those rows)
+LONG_CONTEXT_TOKENS = 16384
 
 
 def megatron_flops(batch: int, layers: int, hidden: int, seq: int = SEQ_2021, vocab: int = VOCAB_2021) -> float:
@@ -92,6 +97,19 @@ class Run:
     moe_balance: str = "dropless"
     gemm_format: str = "bf16"
     not_modelled: str = ""
+    # the embedding and the loss each take a layer's slot in the pipeline split (Megatron-LM's
+    # --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split)
+    account_embedding_loss: bool = False
+    # the published number is an expected value a launch script states ("performance should be around ..."), not a
+    # measurement: the row is predicted and listed, never counted in a group's errors
+    expected: bool = False
+    # other inputs memo also runs the row with, shown beside its prediction (never counted): (label, ((field, value), ...))
+    variants: tuple[tuple[str, tuple[tuple[str, object], ...]], ...] = ()
+
+    @property
+    def long_context(self) -> bool:
+        """A run at LONG_CONTEXT_TOKENS or more per sequence (the long-context subgroup, reused by issue #45)."""
+        return self.seq >= LONG_CONTEXT_TOKENS
 
     def base_model(self) -> ModelConfig:
         """The run's model before its framework's recipe (what a user hands `memo-sim whatif`)."""
@@ -109,7 +127,8 @@ class Run:
     def layout(self) -> Layout:
         return get_framework(self.framework).adapt(Layout(
             tp=self.tp, sp=self.sp, cp=self.cp, dp=self.dp, pp=self.pp, vpp=self.vpp, zero=self.zero, ep=self.ep,
-            etp=self.etp, moe_dispatcher=self.moe_dispatcher, moe_balance=self.moe_balance))
+            etp=self.etp, moe_dispatcher=self.moe_dispatcher, moe_balance=self.moe_balance,
+            account_embedding_loss=self.account_embedding_loss))
 
     def schedule(self) -> str | None:
         """The pipeline schedule (None: a single stage): 1F1B, interleaved when ``vpp`` > 1."""
@@ -286,9 +305,7 @@ MIXTRAL_8X7B = replace(PRESETS["mixtral-8x7b"], vocab=32768)  # 32000 padded to 
 FLAGPERF_MOE = _moe("flagperf-qwen1.5-moe", 24, 2048, 16, 16, 5504, 151936, 8, 2, bias="qkv")  # megatron_pai_main.sh
 
 _ZOO_OVERLAPS = "--tp-comm-overlap, --overlap-param-gather"
-_NO_EMB_SPLIT = ("94 layers with --account-for-embedding-in-pipeline-split and --account-for-loss-in-pipeline-split "
-                 "over pp x vpp = {c} model chunks (the embedding and the loss each take a layer's slot): memo's "
-                 "uneven stages run 1F1B only (vpp = 1) and split decoder layers, not the embedding or loss")
+
 
 
 def _zoo_mixtral(rid, what, tflops, balance, gemm="bf16", extra=""):
@@ -305,7 +322,7 @@ def _zoo_mixtral(rid, what, tflops, balance, gemm="bf16", extra=""):
         dp=8, zero=1, ep=8, etp=1, seq=4096, global_batch=256, micro_batch=1,
         schedule_source="micro-batch 1, interleaved 1F1B with 7 chunks per GPU: runtime.conf at f13818d695 "
                         "(Mixtral-8x22B: TP 2, PP 8, EP 8, VPP 7, MBS 1, GBS 256, 16 nodes)",
-        policy="store_all", dtype="bf16", moe_balance=balance, gemm_format=gemm,
+        policy="store_all", dtype="bf16", moe_balance=balance, gemm_format=gemm, expected=True,
         not_modelled=(_ZOO_OVERLAPS if gemm == "bf16" else "--fp8-param-gather, bf16 Adam moments "
                       "(--use-precision-aware-optimizer), --overlap-param-gather") + extra)
 
@@ -330,20 +347,52 @@ def _folding(rid, model_, name, gpus, tp, ep, pp, etp, mfu, why=None, seq=4096, 
 
 _FOLD_NO_SCHED = ("the paper states neither the micro-batch size nor the schedule (interleaved or not) and the "
                   "Model Zoo recipe of its time gives them for the folded {m} layout only; memo does not guess them")
+# Qwen3-235B-A22B rows of the Model Zoo's H100 tables (best_practice/qwen3/readme.md at f13818d695). What each
+# row runs with, from the launch files of the same commit: the yaml sets --account-for-embedding-in-pipeline-split
+# --account-for-loss-in-pipeline-split and --num-layers-per-virtual-pipeline-stage ${LAYERS_PER_VP}, runtime.conf
+# gives Qwen3-235B-A22B LAYERS 96 ("Account loss and embedding for number of layers") so LAYERS_PER_VP =
+# 96 / PP / VPP: the slot split of memo's `account_embedding_loss` (no --pipeline-model-parallel-layout string);
+# sbatch_benchmarking.sh: DISPATCHER defaults to deepep (flex), PR=bf16 adds --tp-comm-overlap, A2A_OVERLAP=1 adds
+# --delay-wgrad-compute --overlap-moe-expert-parallel-comm; runtime.conf's MBS is 1; yaml: ETP 1,
+# --overlap-grad-reduce, --overlap-param-gather, sequence parallel, fp32 router with aux loss 1e-3, permute and
+# router fusion, expandable_segments.
 _QWEN3_FLOPS = "x 256 GPUs over training.py's FLOPs at 1e057005 (the table's 'Code' column); GBS {gbs}, s={s}"
+_QWEN3_SPLIT = ("94 layers + the embedding's and the loss's slots = 96 over pp x vpp = {c} chunks of {k} (yaml "
+                "--account-for-embedding/loss-in-pipeline-split, --num-layers-per-virtual-pipeline-stage "
+                "${{LAYERS_PER_VP}} = 96 / PP / VPP, runtime.conf LAYERS 96)")
+_QWEN3_NET = ("stated hardware 'NVLink 4th Generation, InfiniBand 8x50 GB/s' = the profile's 450 GB/s NVLink and "
+              "50 GB/s per GPU (8 x 400 Gb/s per node)")
+_QWEN3_OVERLAPS = "--tp-comm-overlap (PR=bf16), --overlap-param-gather, --manual-gc"
+_FORCED_ASSUMED = ("balance not stated by the table: memo runs forced balance, as every 4K-sequence H100 command "
+                   "of run_235b.sh / run_h100_235b.sh passes --moe-router-force-load-balancing (memo's dropless, "
+                   "a uniform router's loads, is given beside the row)")
+_DROPLESS = (("dropless", (("moe_balance", "dropless"),)),)
 
 
-def _zoo_qwen3(rid, cfg, tflops, why, gbs=2048, seq=4096, stated_step=None):
+def _zoo_qwen3(rid, cfg, tflops, why=None, gbs=2048, seq=4096, stated_step=None, tp=2, cp=1, pp=8, vpp=4, ep=32,
+               dispatcher="deepep", balance="forced", policy="recompute_norm_act", not_modelled="", variants=()):
     f = megatron_moe_flops(QWEN3_235B, gbs, seq, "1e057005")
     pub = stated_step if stated_step else f / (tflops * 1e12 * 256)
     note = (f"stated step time {stated_step} s ({tflops} TFLOP/s per GPU, consistent with training.py at 1e057005 "
             f"to {100 * abs(f / (tflops * 1e12 * 256) / stated_step - 1):.1f}%)" if stated_step
             else f"{tflops} TFLOP/s per GPU " + _QWEN3_FLOPS.format(gbs=gbs, s=seq))
+    split = _QWEN3_SPLIT.format(c=pp * vpp, k=96 // (pp * vpp))
     return Run(f"moe-zoo-qwen3-235b-{rid}", MOE_ZOO, cfg, pub, note, framework="megatron", profile="h100-sxm5-80gb",
-               group="moe", arch=QWEN3_235B, seq=seq, global_batch=gbs, dtype="bf16", why_not=why)
+               group="moe", arch=QWEN3_235B, seq=seq, global_batch=gbs, dtype="bf16", why_not=why, tp=tp, sp=True,
+               cp=cp, pp=pp, vpp=vpp, dp=256 // (tp * cp * pp), zero=1, ep=ep, etp=1, micro_batch=1,
+               account_embedding_loss=True, moe_dispatcher=dispatcher, moe_balance=balance, policy=policy,
+               schedule_source="" if why else (f"micro-batch 1 (runtime.conf), interleaved 1F1B with {vpp} chunks "
+                                               f"per GPU; {split}"),
+               not_modelled="; ".join(x for x in (not_modelled, _QWEN3_OVERLAPS, _QWEN3_NET) if x), variants=variants)
 
 
-_DEEPEP = ("DeepEP (--moe-token-dispatcher-type flex): memo has alltoall and allgather only")
+_A1 = ("Qwen3-235B-A22B, 256 H100 (32 nodes), TP 2 x PP 8 (VPP 4) x DP 16, EP 32 (across 4 nodes), ETP 1, MBS 1, "
+       "GBS 2048 (GA 128), s=4096, BF16, DeepEP (flex), --recompute-modules layernorm moe_act; code moe_dev(f3e6c5)")
+_QWEN3_LONG = ("Qwen3-235B-A22B long context, 256 H100 (32 nodes), TP 4 x CP {cp} x PP 8 (VPP 4) x DP {dp}, EP 8 "
+               "(in the node), ETP 1, MBS 1, GBS 256, s={seq}, BF16, DeepEP (flex), --recompute-modules layernorm moe, "
+               "A2A_OVERLAP=0, {bal} (the readme's {tf} TFLOP/s; code not stated)")
+
+
 MOE_RUNS: tuple[Run, ...] = (
     _zoo_mixtral("dropless", "dropless (aux-loss router)", 445, "dropless"),
     _zoo_mixtral("forced", "--moe-router-force-load-balancing", 465, "forced"),
@@ -384,30 +433,44 @@ MOE_RUNS: tuple[Run, ...] = (
           not_modelled="gradients reduced after the backward (no --overlap-grad-reduce); experts run one GEMM each "
                        "(SequentialMLP, no --moe-grouped-gemm)")
       for pr, tps in (("bf16", 7450.7), ("fp16", 7537.7))),
-    # not expressible yet (listed with the reason, never dropped)
-    _zoo_qwen3("a1-ep32", "Qwen3-235B-A22B, 256 H100, TP 2 x PP 8 (VPP 4) x DP 16, EP 32, ETP 1, MBS 1, GBS 2048, "
-               "s=4096, BF16, DeepEP, recompute norm + moe_act; code moe_dev(f3e6c5)", 245,
-               _NO_EMB_SPLIT.format(c=32) + "; " + _DEEPEP + "; --recompute-modules layernorm moe_act",
-               stated_step=19.7),
-    _zoo_qwen3("a2-ep32-a2a-overlap", "as a1 with EP A2A overlap (--overlap-moe-expert-parallel-comm, "
-               "--delay-wgrad-compute)", 276, _NO_EMB_SPLIT.format(c=32) + "; " + _DEEPEP
-               + "; the all-to-all overlapped with the other micro-batch's compute", stated_step=17.6),
+    # the Model Zoo's Qwen3-235B-A22B H100 rows (A1-A5 of the research notes: stated step times; A7-A10: TFLOP/s,
+    # forced balance and dropless each measured)
+    _zoo_qwen3("a1-ep32", _A1 + "; A2A_OVERLAP=0 (the table's row without '+1f1b overlap'); CUDA graphs not stated",
+               245, stated_step=19.7, not_modelled=_FORCED_ASSUMED, variants=_DROPLESS),
+    _zoo_qwen3("a2-ep32-a2a-overlap", _A1 + "; '+1f1b overlap': A2A_OVERLAP=1 (--overlap-moe-expert-parallel-comm "
+               "--delay-wgrad-compute, CUDA_DEVICE_MAX_CONNECTIONS=32, 24 SMs kept from the norms); CUDA graphs not "
+               "stated (run_235b.sh's H100 baseline line is this layout with A2A_OVERLAP=1 and forced balance)", 276,
+               stated_step=17.6, variants=_DROPLESS,
+               not_modelled="the EP all-to-all overlapped with the other micro-batch's compute "
+               "(--overlap-moe-expert-parallel-comm, --delay-wgrad-compute): memo runs this row as a1 and prices the "
+               "all-to-all exposed, so its small error is a1's gap less what the overlap gained on the cluster, not "
+               "the mechanism predicted; " + _FORCED_ASSUMED),
     _zoo_qwen3("a3-fsdp", "Qwen3-235B-A22B, 256 H100, TP 2 x DP 128 (Megatron FSDP), EP 8, EDP 32, MBS 4, GBS 2048, "
                "s=4096, BF16, DeepEP, full recompute; code 1e057005", 276,
-               "Megatron-FSDP (ZeRO-3 sharding): memo's megatron framework data offers ZeRO 0 and 1 only; " + _DEEPEP,
-               stated_step=17.6),
+               "Megatron-FSDP (parameters, gradients and optimizer states sharded over DP 128, ZeRO-3-like): memo's "
+               "megatron framework data offers ZeRO 0 and 1 only (the distributed optimizer)",
+               stated_step=17.6, tp=2, pp=1, vpp=1, ep=8, policy="full_recompute"),
     _zoo_qwen3("a4-pp32-alltoall", "Qwen3-235B-A22B, 256 H100, TP 2 x PP 32 (VPP 3) x DP 4, EP 8, ETP 1, MBS 1, "
-               "GBS 2048, s=4096, BF16, alltoall, recompute norm + moe_act; code 1e057005", 200,
-               _NO_EMB_SPLIT.format(c=96) + "; --recompute-modules layernorm moe_act", stated_step=24.2),
-    _zoo_qwen3("a5-tp4", "Qwen3-235B-A22B, 256 H100, TP 4 x PP 8 (VPP 4) x DP 8, EP 8, ETP 1, MBS 1, GBS 2048, "
-               "s=4096, BF16, DeepEP, no recompute; code 1e057005", 167, _NO_EMB_SPLIT.format(c=32) + "; " + _DEEPEP,
-               stated_step=29.0),
-    *(_zoo_qwen3(f"long-{seq // 1024}k", f"Qwen3-235B-A22B long context, 256 H100, TP 4 x CP {cp} x PP 8 (VPP 4), "
-                 f"EP 8, MBS 1, GBS 256, s={seq}, BF16, DeepEP, recompute layernorm + moe, forced balance ({forced} "
-                 f"TFLOP/s; dropless {dropless})", forced,
-                 _NO_EMB_SPLIT.format(c=32) + "; " + _DEEPEP + "; --recompute-modules layernorm moe", gbs=256, seq=seq)
+               "GBS 2048 (GA 512), s=4096, BF16, alltoall (DISPATCHER=A2A), --recompute-modules layernorm moe_act; "
+               "code 1e057005", 200,
+               "PP 32 x VPP 3 = 96 model chunks of one slot each (LAYERS_PER_VP = 96 / 32 / 3 = 1 with the yaml's "
+               "--account-for-embedding/loss-in-pipeline-split; no --pipeline-model-parallel-layout string), so the "
+               "first chunk holds only the embedding and the last only the loss: memo refuses end chunks with no "
+               "layer", stated_step=24.2, pp=32, vpp=3, ep=8, dispatcher="alltoall"),
+    _zoo_qwen3("a5-tp4", "Qwen3-235B-A22B, 256 H100 (32 nodes), TP 4 x PP 8 (VPP 4) x DP 8, EP 8 (in the node), ETP 1, "
+               "EDP 4, MBS 1, GBS 2048 (GA 256), s=4096, BF16, DeepEP (flex), no recompute (the table's column is "
+               "blank), A2A_OVERLAP=0; CUDA graphs not stated; code 1e057005", 167, stated_step=29.0, tp=4, ep=8,
+               policy="store_all", not_modelled=_FORCED_ASSUMED,
+               variants=_DROPLESS + (("recompute_norm_act", (("policy", "recompute_norm_act"),)),)),
+    *(_zoo_qwen3(f"long-{seq // 1024}k-{bal}", _QWEN3_LONG.format(cp=cp, dp=8 // cp, seq=seq, tf=tf, bal=(
+                 "--moe-router-force-load-balancing" if bal == "forced" else "dropless (aux-loss router, no forced "
+                 "balance)")), tf, gbs=256, seq=seq, tp=4, cp=cp, ep=8, balance=bal, policy="recompute_moe",
+                 not_modelled="" if bal == "forced" else "the aux-loss router's real expert loads (memo's dropless "
+                 "takes a uniform router's)")
       for seq, cp, forced, dropless in ((16384, 1, 295, 237), (32768, 2, 335, 277), (65536, 4, 368, 320),
-                                        (131072, 8, 389, 357))),
+                                        (131072, 8, 389, 357))
+      for bal, tf in (("forced", forced), ("dropless", dropless))),
+    # not expressible yet (listed with the reason, never dropped)
     _folding("mixtral-8x22b-mcore", MIXTRAL_8X22B, "Mixtral-8x22B", 128, 2, 4, 8, 2, 0.463, stated=458.3,
              why=_FOLD_NO_SCHED.format(m="Mixtral-8x22B")),
     _folding("qwen2-57b-mcore", QWEN2_57B, "Qwen2-57B-A14B", 64, 2, 4, 4, 2, 0.353,
@@ -459,6 +522,46 @@ _VPP7 = ("the interleaved schedule with one-layer chunks (VPP 7). memo gives it 
          "batch_isend_irecv between chunks, with one layer of compute per chunk to hide them. --tp-comm-overlap and "
          "--overlap-param-gather are not modelled; modelling them would make memo faster still")
 MOE_OUTLIERS: dict[str, str] = {
+    # the Model Zoo's Qwen3-235B-A22B rows (memo's per-layer split from `memo_sim.report.moe_split` at this commit)
+    "moe-zoo-qwen3-235b-a1-ep32": (
+        "memo too fast; not pinned down to one mechanism. The h100-sxm5-80gb profile's GEMM curve is an assumption "
+        "never calibrated on an H100 (the dense megatron2024 H100 rows are too fast the same way, most where the GEMMs "
+        "are small); memo prices the cross-node DeepEP dispatch and combine (EP 32 over 4 nodes, 50 GB/s per GPU) at 36% "
+        "of a layer, the experts' grouped GEMMs (4096 tokens per expert per micro-batch) at 34%, attention at 26%. "
+        "What the row ran that memo does not model: the fp32 router with its aux-loss and the router/permute fusions, "
+        "--manual-gc, and --tp-comm-overlap and --overlap-param-gather (those two would make memo faster still). The "
+        "a2 row (the same layout with the all-to-all hidden behind the other micro-batch) ran 11% faster on the "
+        "cluster; memo, which leaves the all-to-all exposed, lands on a2's time, so on this layout memo's compute is "
+        "too fast or its all-to-all too slow, and the two rows cannot tell which"),
+    "moe-zoo-qwen3-235b-a5-tp4": (
+        "memo too fast by far; not pinned down. memo predicts this layout 3% faster than a1 (its EP 8 stays inside "
+        "the node: dispatch and combine 15% of memo's layer instead of a1's 36%), the cluster measured it 47% slower "
+        "(167 against 245 TFLOP/s). Neither the balance (memo's dropless is within 1%) nor the recompute reading "
+        "(the table's blank column read as none; `recompute_norm_act` is beside the row) moves memo much. What "
+        "changes from a1 and what memo may misprice there: GEMMs a quarter and half the size (TP 4 splits the "
+        "attention projections of h=4096 four ways; at forced balance each expert gets 512 tokens per micro-batch, "
+        "against 4096 in a1, priced on the profile's assumed small-GEMM curve), the TP-4 sequence-parallel "
+        "all-gathers and reduce-scatters (6% of memo's layer) with --tp-comm-overlap's userbuffer kernels taking SMs "
+        "from the GEMMs, and a store-all run with 39 micro-batches in flight on the first rank (memo: 54 of 78 GiB "
+        "at peak; expandable segments, which the yaml sets, are not modelled). A calibrated H100 profile (`memo-exec "
+        "calibrate`) would separate the GEMM part from the rest"),
+    **{f"moe-zoo-qwen3-235b-long-{k}-forced": (
+        "memo too slow, by more as the sequence grows (16K +1%, 32K +7%, 64K +13%, 128K +17%) while attention's share "
+        "of memo's layer grows (52%, 66%, 79%, 88%): the attention kernels. The profile's attention curves are "
+        "assumptions (FlashAttention-2 on Hopper: at most 48% of the bf16 peak forward, 40% backward), never "
+        "calibrated; the run uses TransformerEngine's attention (the yaml's --transformer-impl transformer_engine; "
+        "which backend, cuDNN fused attention or FlashAttention, is not stated), whose Hopper kernels can run well "
+        "above FlashAttention-2's share of the peak. The ring CP at CP >= 2 (its per-step kernels on s / CP chunks and the KV "
+        "sends overlapped with them) is priced by memo's ring model, which has no measurement at these lengths either. "
+        "The dropless row of the same length looks closer only because its router imbalance, which memo lacks, "
+        "offsets this") for k in ("64k", "128k")},
+    **{f"moe-zoo-qwen3-235b-long-{k}-dropless": (
+        "the router's real expert loads. memo's dropless takes a uniform router's loads (the busiest of 8 EP ranks "
+        "under multinomial routing: +0.4% over forced balance in memo); the cluster measured dropless 1.24x (16K), "
+        "1.21x (32K), 1.15x (64K) and 1.09x (128K) slower than forced balance, the slowdown shrinking as attention "
+        "takes over the layer, as an imbalance of the MoE part alone would. The aux-loss router (coefficient 1e-3) "
+        "leaves the busiest EP rank well above the mean; modelling it needs the measured expert-load distribution as "
+        "an input (a `--moe-balance` from a load histogram), not a constant set from these rows") for k in ("16k", "32k")},
     "moe-zoo-mixtral-8x22b-dropless": _VPP7 + (". The dropless load (memo: the busiest of 8 EP ranks under a "
                                                "uniform router) costs 2.0% over forced balance in memo, 4.5% in the "
                                                "script's values"),
@@ -524,6 +627,12 @@ STEPS = (
      "per GPU, for 175B and 530B; 1F1B for 1T): 15 at 5.3% / 17.0% (the 9 earlier rows unchanged)"),
     ("MoE group", "+ 31 mixture-of-experts runs from 4 sources, reported as their own group (no mechanism change; the "
      "dense rows unchanged): 9 predicted at 18.4% / 41.1%"),
+    ("c773b21 + fa07187 + 9019dd6", "the Model Zoo's Qwen3-235B-A22B rows run: the embedding and the loss each taking a "
+     "layer's slot in the interleaved split, DeepEP, --recompute-modules layernorm moe_act / layernorm moe (a1, a2, a5 "
+     "and the long-context a7-a10, forced and dropless each: 11 rows, a3 (Megatron-FSDP) and a4 (one-slot chunks) "
+     "still not expressible); the Mixtral-8x22B script comments moved out of the statistics as expected values (no "
+     "mechanism change for the other rows; the dense rows unchanged): measured MoE rows 16 predicted at 13.6% / "
+     "42.4%, the long-context subgroup 8 at 9.6% / 18.4%"),
 )
 
 
@@ -535,6 +644,8 @@ class Result:
     status: str
     layout: str
     ablation: tuple[tuple[str, float | None], ...] = ()  # (mechanism switched to memo's default, error)
+    sim_s: float = 0.0  # wall seconds memo took for the row (its prediction, ablations and variants)
+    variants: tuple[tuple[str, float | None], ...] = ()  # (`Run.variants` label, memo's step time; None: no fit)
 
 
 def _simulate(run: Run, lay: Layout):
@@ -546,6 +657,12 @@ def _simulate(run: Run, lay: Layout):
 def predict(run: Run, ablate: bool = True) -> Result:
     """memo's tier-2 step time for an expressible run (``batch`` = global batch / DP, one pass).
     ``ablate``: also the error with each of the framework's mechanisms switched to ``any``'s value."""
+    t0 = time.perf_counter()
+    res = _predict(run, ablate)
+    return replace(res, sim_s=time.perf_counter() - t0)
+
+
+def _predict(run: Run, ablate: bool) -> Result:
     if run.why_not:
         return Result(run, None, None, "not expressible yet", "")
     fw, model, lay = get_framework(run.framework), run.model(), run.layout()
@@ -567,18 +684,33 @@ def predict(run: Run, ablate: bool = True) -> Result:
             if getattr(lay, field) != getattr(default, field):
                 alt = _simulate(run, replace(lay, **{field: getattr(default, field)}))
                 ablation.append((k, alt.iteration_s / run.published_s - 1 if alt.status == "OK" else None))
-    return Result(run, sim.iteration_s, sim.iteration_s / run.published_s - 1, "OK", lay.label(), tuple(ablation))
+    variants = []
+    for label, fields in run.variants:
+        alt = replace(run, **dict(fields))
+        v = _simulate(alt, alt.layout())
+        variants.append((label, v.iteration_s if v.status == "OK" else None))
+    return Result(run, sim.iteration_s, sim.iteration_s / run.published_s - 1, "OK", lay.label(), tuple(ablation),
+                  variants=tuple(variants))
 
 
 def summary(results: list[Result]) -> dict:
+    """Rows, predicted rows, sources and the mean / max |error| over the measured rows (a row whose published number
+    is an expected value, `Run.expected`, is left out of all of them)."""
+    results = [r for r in results if not r.run.expected]
     errs = [abs(r.error) for r in results if r.error is not None]
     return {"rows": len(results), "predicted": len(errs), "sources": len({r.run.source for r in results}),
             "mean_abs_error": sum(errs) / len(errs) if errs else None, "max_abs_error": max(errs, default=None)}
 
 
 def group_summaries(results: list[Result]) -> dict[str, dict]:
-    """`summary` of each group of rows (``dense``: the dense decoders; ``moe``: the mixtures of experts)."""
-    return {g: summary([r for r in results if r.run.group == g]) for g in dict.fromkeys(r.run.group for r in results)}
+    """`summary` of each group of rows (``dense``: the dense decoders; ``moe``: the mixtures of experts; measured rows
+    only), and of each group's long-context rows (``<group>-long-context``: `Run.long_context`) where it has any."""
+    out = {g: summary([r for r in results if r.run.group == g]) for g in dict.fromkeys(r.run.group for r in results)}
+    for g in list(out):
+        lc = [r for r in results if r.run.group == g and r.run.long_context]
+        if lc:
+            out[f"{g}-long-context"] = summary(lc)
+    return out
 
 
 def _errors_line(s: dict) -> str:
@@ -587,34 +719,68 @@ def _errors_line(s: dict) -> str:
                else "n/a"))
 
 
+def _moe_row(r: Result) -> str:
+    pred = f"{r.predicted_s:.3f} s" if r.predicted_s is not None else r.status
+    pred += "".join(f"; {label}: " + (f"{t:.3f} s ({100 * (t / r.run.published_s - 1):+.1f}%)" if t is not None
+                                      else "no fit") for label, t in r.variants)
+    err = f"{100 * r.error:+.1f}%" if r.error is not None else (r.run.why_not or "")
+    cfg = r.run.config + (f"; schedule: {r.run.schedule_source}" if r.run.schedule_source else "")
+    lay = f"{r.layout} ({r.run.policy})" if r.layout else "-"
+    lc = "yes" if r.run.long_context else "-"
+    return (f"| {r.run.id} | {lc} | {cfg} | {lay} | {r.run.published_s:.3f} s | {r.run.published_note} | {pred} | "
+            f"{err} | {r.run.not_modelled or '-'} | {r.sim_s:.1f} s |")
+
+
+_MOE_HEAD = ("| run | long context | configuration | memo layout (policy) | {pub} | how the step follows | memo step "
+             "(variants beside) | error | used by the run, not modelled | memo wall |")
+
+
 def moe_report(results: list[Result]) -> list[str]:
-    """The MoE group's section: its table, its misses with their mechanisms, what was left out."""
+    """The MoE group's section: its measured rows (with the long-context subgroup), its misses with their
+    mechanisms, the expected values kept apart, what was left out."""
     rows = [r for r in results if r.run.group == "moe"]
     if not rows:
         return []
-    s = summary(rows)
+    measured = [r for r in rows if not r.run.expected]
+    expected = [r for r in rows if r.run.expected]
+    s, lc = summary(measured), summary([r for r in measured if r.run.long_context])
     lines = ["", "## Mixture-of-experts group (issue #49 item 7)", "",
-             f"- {_errors_line(s)} (target: 15% mean, 25% max).",
+             f"- measured rows: {_errors_line(s)} (target: 15% mean, 25% max).",
+             f"- long-context subgroup (s >= {LONG_CONTEXT_TOKENS}, the 'long context' column; issue #45 reuses these "
+             f"rows): {_errors_line(lc)}.",
+             f"- {len(expected)} more rows are expected values a launch script states, not measurements: predicted "
+             "and listed apart below, never counted.",
              "- Every row: framework `megatron` (memo_sim/frameworks/data/megatron.yaml), H100 rows on profile "
-             "`h100-sxm5-80gb` (Eos / DGX H100: 8 GPUs per node, 8 x 400 Gb/s IB), A800 rows on `a800-80gb`; "
+             "`h100-sxm5-80gb` (Eos / DGX H100: 8 GPUs per node, 8 x 400 Gb/s IB; the Model Zoo's stated 'InfiniBand "
+             "8x50 GB/s' is the same 50 GB/s per GPU), A800 rows on `a800-80gb`; "
              "global batch / DP sequences per replica in micro-batches as the source states, the schedule as "
              "written beside each row; the expert layout as Megatron-Core folds it (`memo_sim.layout.parallel`).",
              "- Megatron's `--recompute-activations` is memo's `selective_recompute` (the attention core); "
-             "`--recompute-modules layernorm moe_act` has no memo policy (those rows are not expressible anyway).",
-             "", "| run | configuration | memo layout (policy) | published step | how the step follows | memo step | "
-             "error | used by the run, not modelled |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for r in rows:
-        pred = f"{r.predicted_s:.3f} s" if r.predicted_s is not None else r.status
-        err = f"{100 * r.error:+.1f}%" if r.error is not None else (r.run.why_not or "")
-        cfg = r.run.config + (f"; schedule: {r.run.schedule_source}" if r.run.schedule_source else "")
-        lay = f"{r.layout} ({r.run.policy})" if r.layout else "-"
-        lines.append(f"| {r.run.id} | {cfg} | {lay} | {r.run.published_s:.3f} s | {r.run.published_note} | {pred} | "
-                     f"{err} | {r.run.not_modelled or '-'} |")
-    far = [r for r in rows if r.error is not None and abs(r.error) > 0.10]
+             "`--recompute-modules layernorm moe_act` is `recompute_norm_act`, `--recompute-modules layernorm moe` is "
+             "`recompute_moe`; `--account-for-embedding/loss-in-pipeline-split` is the layout's "
+             "`account_embedding_loss` (the 'el' of the layout label); `--moe-token-dispatcher-type flex "
+             "--moe-flex-dispatcher-backend deepep` is `moe_dispatcher: deepep`.",
+             "- memo wall: seconds memo took for the row on this machine (its prediction, the mechanism ablations "
+             "of the dense table and the variants beside the row).",
+             "", _MOE_HEAD.format(pub="published step"),
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines += [_moe_row(r) for r in measured]
+    far = [r for r in measured if r.error is not None and abs(r.error) > 0.10]
     if far:
-        lines += ["", "MoE rows off by more than 10%, and the mechanism named:", ""]
+        lines += ["", "Measured MoE rows off by more than 10%, and the mechanism named:", ""]
         lines += [f"- {r.run.id} ({100 * r.error:+.1f}%): {MOE_OUTLIERS.get(r.run.id, 'not analysed yet')}"
                   for r in far]
+    if expected:
+        lines += ["", "### Expected values (not measurements)", "",
+                  "Numbers a launch script states as what a run should reach ('performance should be around X "
+                  "TFLOPS'), not logged measurements. Issue #49 asks for measured throughput, so these rows are "
+                  "predicted and kept here but counted in no mean or max; 'error' is memo against the expected "
+                  "value.", "", _MOE_HEAD.format(pub="expected step"),
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        lines += [_moe_row(r) for r in expected]
+        lines += ["", "Where memo and the expected values part by more than 10%:", ""]
+        lines += [f"- {r.run.id} ({100 * r.error:+.1f}%): {MOE_OUTLIERS.get(r.run.id, 'not analysed yet')}"
+                  for r in expected if r.error is not None and abs(r.error) > 0.10]
     lines += ["", "Left out of the MoE group altogether:", ""]
     lines += [f"- {what}: {why}." for what, why in MOE_LEFT_OUT]
     return lines
@@ -632,7 +798,9 @@ def report(results: list[Result], wall_s: float) -> str:
         "a pipelined run (PP > 1) in the 1F1B or interleaved 1F1B schedule at the micro-batch its source states, "
         "a single-stage run as one pass)",
         f"- dense group: {_errors_line(s)}",
-        *([f"- mixture-of-experts group (its own section below): {_errors_line(summary(moe))}"] if moe else []),
+        *([f"- mixture-of-experts group (its own section below), measured rows: {_errors_line(summary(moe))}"
+           + (f"; {sum(r.run.expected for r in moe)} rows of expected values (not measurements) listed apart"
+              if any(r.run.expected for r in moe) else "")] if moe else []),
         "- error = predicted / published - 1 (negative: memo too fast). No constant was set from these numbers: "
         "a row moves only when a mechanism changes, and then all rows are re-run.", "",
         "| run | configuration | framework (mechanisms) | memo layout | published step | memo step | error | "
@@ -682,12 +850,15 @@ def main() -> None:
     wall = time.perf_counter() - t0
     if args.json:
         print(json.dumps({"summary": summary(results), "groups": group_summaries(results), "rows": [
-            {"id": r.run.id, "published_s": r.run.published_s, "predicted_s": r.predicted_s, "error": r.error,
-             "status": r.status, "why_not": r.run.why_not} for r in results]}, indent=1))
+            {"id": r.run.id, "group": r.run.group, "published_s": r.run.published_s, "predicted_s": r.predicted_s,
+             "error": r.error, "status": r.status, "why_not": r.run.why_not, "expected": r.run.expected,
+             "long_context": r.run.long_context, "seq": r.run.seq, "sim_s": r.sim_s,
+             "variants": dict(r.variants)} for r in results]}, indent=1))
     Path(args.out).write_text(report(results, wall))
     for r in results:
-        print(f"{r.run.id:32s} {r.run.published_s:9.3f} s  "
-              + (f"{r.predicted_s:9.3f} s  {100 * r.error:+6.1f}%" if r.error is not None else r.status))
+        print(f"{r.run.id:40s} {r.run.published_s:9.3f} s  "
+              + (f"{r.predicted_s:9.3f} s  {100 * r.error:+6.1f}%" if r.error is not None else r.status)
+              + (" (expected value)" if r.run.expected else "") + f"  [{r.sim_s:.1f} s]")
     print(group_summaries(results))
     print(f"wrote {args.out}")
 
