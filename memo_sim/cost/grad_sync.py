@@ -13,6 +13,9 @@
   forward (Megatron's overlapped parameter gather): layer i's forward waits for its gather;
 - ZeRO-3: each layer's weights all-gathered before its forward and again before its backward.
 The embedding/classifier weights are small next to the layers and not gathered separately.
+FSDP (`memo_sim.dp.fsdp`) gathers over its shard group and, without resharding after the forward,
+not again before the backward; under HSDP a bucket is reduce-scattered over the shard group and its
+shard all-reduced across the replicas.
 A MoE layer's routed experts (`memo_sim.cost.param_split`) are reduced and gathered over their own
 replicas, the expert data-parallel group (etp x ep ranks apart), beside the dense part's collective
 over the DP group: the bucket takes the sum of the two.
@@ -72,9 +75,21 @@ def grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile, stri
     bw, lat = float(link.bandwidth), float(link.latency)
     if g <= 1:
         return GradSync(coll.link_kind(profile, link), 0.0, 0.0, 0.0, 0.0, overlapped=layout.grad_overlap)
+    flavour = layout.dp_flavour
+    shard = flavour.shard_group(layout)
+    if shard != g:  # HSDP (`memo_sim.dp.fsdp`): reduce-scatter over the shard group, all-reduce the shard across replicas
+        replicas = g // shard
+        s_link = coll.group_link(profile, shard, layout.tp)
+        r_link = coll.group_link(profile, replicas, layout.tp * shard)
+        link = r_link if r_link is profile.internode else s_link
 
-    def reduce(nbytes: float) -> float:
-        return _reduce(layout, nbytes, g, bw, lat)
+        def reduce(nbytes: float) -> float:
+            return (coll.ring_reduce_scatter_time(nbytes, shard, float(s_link.bandwidth), float(s_link.latency))
+                    + coll.allreduce_time(nbytes / shard, replicas, float(r_link.bandwidth), float(r_link.latency)))
+        g, bw, lat = shard, float(s_link.bandwidth), float(s_link.latency)  # the weight gathers: the shard group
+    else:
+        def reduce(nbytes: float) -> float:
+            return _reduce(layout, nbytes, g, bw, lat)
 
     w, gr = model.recipe.weight_bytes, model.recipe.grad_reduce_bytes
     layer = layer_gpu_params(model, layout)
@@ -98,4 +113,4 @@ def grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile, stri
         layer_r = reduce(gr * (layer_p + layer.expert_local))
         all_r = reduce(gr * (all_p + every.expert_local))
     return GradSync(coll.link_kind(profile, link), layer_r, reduce(gr * emb_p),
-                    all_r, gather, layout.zero >= 3, layout.grad_overlap)
+                    all_r, gather, layout.zero >= 3 and flavour.gathers_in_backward(layout), layout.grad_overlap)

@@ -33,14 +33,17 @@ def model_state_parts(model: ModelConfig, layout: Layout) -> dict[str, float]:
     r = model.recipe
     g = model_gpu_params(model, layout)  # dense and routed-expert parts (`memo_sim.cost.param_split`)
     p, sh, z = g.local, g.sharded, layout.zero
+    gathered = layout.dp_flavour.gathered_layers(layout, model.layers)
     return {"weights": r.weight_bytes * (sh if z >= 3 else p),
             "grads": r.grad_bytes * (sh if z >= 2 else p),
             # on the host under optimizer offload (`memo_sim.cost.optimizer_offload.host_state_bytes`)
             "master_and_optimizer": 0.0 if layout.optimizer_offload
             else (r.master_bytes + r.optimizer_bytes) * (sh if z >= 1 else p),
-            "gathered_layers": 2 * r.weight_bytes * layer_gpu_params(model, layout).local if z >= 3 else 0.0,
-            # a quantised GEMM format's weight copies: every layer's, or only the two gathered ones under ZeRO-3
-            "quantised_weights": weight_cache_bytes(model, 2 if z >= 3 else model.layers, layout.tp)}
+            # ZeRO-3 / FSDP: the layers whose whole weights a GPU holds at its peak (`memo_sim.dp`: two, or every
+            # layer when FSDP keeps them from forward to backward)
+            "gathered_layers": gathered * r.weight_bytes * layer_gpu_params(model, layout).local if z >= 3 else 0.0,
+            # a quantised GEMM format's weight copies: every layer's, or only the gathered ones under ZeRO-3
+            "quantised_weights": weight_cache_bytes(model, gathered if z >= 3 else model.layers, layout.tp)}
 
 
 def model_state_bytes(model: ModelConfig, layout: Layout) -> float:

@@ -34,7 +34,8 @@ def gpu_params(model: ModelConfig, layout: Layout, total: float, expert: float) 
     dense = total - expert
     expert_local = expert / (layout.ep * layout.etp)
     local = dense / layout.tp + expert_local
-    return GpuParams(local, total / (layout.tp * layout.state_shards), expert_local)
+    # ZeRO shards over the whole group; FSDP over its shard group (HSDP: replicated across the rest; `memo_sim.dp`)
+    return GpuParams(local, total / (layout.tp * layout.dp_flavour.shard_group(layout)), expert_local)
 
 
 def model_gpu_params(model: ModelConfig, layout: Layout) -> GpuParams:

@@ -76,7 +76,10 @@ def gaps(plan: Plan) -> list[Gap]:
 def render(plan: Plan, applied: list[Gap]) -> str:
     lay, pol, schedule = nearest_plan(plan, applied)
     base, _ = _base(plan)
-    dp_shard = lay.dp if lay.zero >= 2 else 1
+    if lay.dp_mode == "fsdp":  # FSDP2 over its shard group (with CP inside it, as torchtitan's mesh puts it)
+        dp_shard = max(1, lay.dp_flavour.shard_group(lay) // (lay.cp * lay.ulysses))
+    else:
+        dp_shard = lay.dp if lay.zero >= 2 else 1
     dp_rep = lay.dp // dp_shard
     sets = [
         ("parallelism.data_parallel_replicate_degree", dp_rep),
@@ -88,7 +91,7 @@ def render(plan: Plan, applied: list[Gap]) -> str:
     ]
     if plan.model.moe:
         sets.append(("parallelism.expert_parallel_degree", lay.ep))
-    if lay.zero == 2:
+    if lay.zero == 2 or (lay.dp_mode == "fsdp" and not lay.reshard_after_forward):
         sets.append(("parallelism.fsdp_reshard_after_forward", "never"))
     if lay.pp > 1:
         sets += [("parallelism.pipeline_parallel_schedule", SCHEDULES[schedule]),

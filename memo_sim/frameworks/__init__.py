@@ -18,6 +18,9 @@ policies, and how it runs what the simulator models as a switch
 - ``expandable_segments``: whether PyTorch's caching allocator runs with expandable segments
   (`memo_sim.memplan.caching_allocator`; matters to the policies without a static memory plan).
 
+A file's ``layouts.dp_modes`` lists its data-parallel flavours (`memo_sim.dp`: ``zero``, the ZeRO
+stages; ``fsdp``, FSDP2 with HSDP and resharding after the forward or not; default ``[zero]``).
+
 A file's ``layouts.experts`` section says how the framework trains mixture-of-experts models:
 whether it offers expert parallelism (``expert_parallel``) and expert tensor parallelism
 (``expert_tensor_parallel``), and its token dispatchers (`memo_sim.layout.moe_dispatchers`); a
@@ -47,6 +50,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from memo_sim.errors import MemoError, validated
 from memo_sim.fileio import read_utf8
+from memo_sim.dp import DP_MODES
 from memo_sim.layout.moe_dispatchers import DISPATCHER_NAMES
 from memo_sim.layout.parallel import HOST_POOLS, Layout
 from memo_sim.layout.schedule import SCHEDULE_NAMES
@@ -82,6 +86,7 @@ class _LayoutsIn(BaseModel):
     optimizer_offload: bool = Field(False, strict=True)  # the optimizer's states and step on the host
     uneven_stages: bool = Field(False, strict=True)  # first / last pipeline stages of their own layer counts
     experts: _ExpertsIn | None = None  # mixture-of-experts training (None: not offered)
+    dp_modes: tuple[Literal[DP_MODES], ...] = ("zero",)  # data-parallel flavours (`memo_sim.dp`)
 
 
 class _MechanismsIn(BaseModel):
@@ -144,6 +149,7 @@ class Framework:
     uneven_stages: bool = False  # it can give the first / last pipeline stages their own layer counts
     # mixture of experts: (expert parallel, expert tensor parallel, dispatchers); None: MoE models not offered
     experts: tuple[bool, bool, tuple[str, ...]] | None = None
+    dp_modes: tuple[str, ...] = ("zero",)  # its data-parallel flavours (`memo_sim.dp`; zero: ZeRO stages)
 
     def for_model(self, model: ModelConfig) -> ModelConfig:
         """``model`` as this framework trains it: its recipe for the model's dtype where the model
@@ -181,6 +187,8 @@ class Framework:
             what = "Ulysses"
         elif lay.zero not in self.zero:
             what = f"ZeRO stage {lay.zero}"
+        elif lay.dp_mode not in self.dp_modes and (lay.dp_mode != "zero" or lay.zero > 0):
+            what = f"data-parallel flavour {lay.dp_mode}" + (f" at stage {lay.zero}" if lay.dp_mode == "zero" else "")
         elif lay.tp_mode not in self.tp_modes:
             what = f"tp_mode {lay.tp_mode}"
         elif lay.optimizer_offload and not self.optimizer_offload:
@@ -217,6 +225,7 @@ def _read(path: Path) -> Framework:
                      lay.schedules, recipes=tuple(f.precision.recipes.items()), gemm_formats=f.precision.gemm_formats,
                      optimizer_offload=lay.optimizer_offload, uneven_stages=lay.uneven_stages,
                      fp8_saved_inputs=f.precision.fp8_saved_inputs,
+                     dp_modes=lay.dp_modes,
                      experts=None if lay.experts is None else (lay.experts.expert_parallel,
                                                                 lay.experts.expert_tensor_parallel,
                                                                 lay.experts.dispatchers))

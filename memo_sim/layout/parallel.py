@@ -77,7 +77,7 @@ caching allocator (everything but MEMO's static plan). Left out of `Layout.to_di
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from itertools import product
 from typing import Annotated, Any, Literal
 
@@ -85,6 +85,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from memo_sim.errors import MemoError, validated
 from memo_sim.model.config import ModelConfig
+from memo_sim.dp import DP_MODES, DPFlavour, dp_flavour
 from memo_sim.layout.moe_balance import balance_why_not, parse_balance, Balance
 from memo_sim.layout.moe_dispatchers import DISPATCHER_NAMES, Dispatcher, dispatcher
 from memo_sim.model.layer_graph import ATTENTION_KERNELS, CROSS_ENTROPY_KERNELS
@@ -127,6 +128,10 @@ class Layout:
     etp: int = 1
     moe_dispatcher: str = "alltoall"  # a dispatcher of `memo_sim.layout.moe_dispatchers`
     moe_balance: str = "dropless"  # forced | dropless | capacity:F (`memo_sim.layout.moe_balance`)
+    # the data-parallel flavour (`memo_sim.dp`): zero (ZeRO stages) or fsdp (FSDP2: HSDP shard group, resharding)
+    dp_mode: str = "zero"
+    fsdp_shard: int = 0  # FSDP's shard group (0: the whole data group; smaller: HSDP, replicated across the rest)
+    reshard_after_forward: bool = True  # FSDP: gathered weights freed after the forward, gathered again for backward
 
     def __post_init__(self) -> None:
         if self.pp == 1 and (self.first_stage_layers or self.last_stage_layers or self.account_embedding_loss):
@@ -164,6 +169,11 @@ class Layout:
     def expert_dp(self) -> int:
         """Expert data-parallel degree: the ranks holding the same experts (gpus / (etp x ep x pp))."""
         return max(1, self.stage_stride * self.dp // (self.ep * self.etp))
+
+    @property
+    def dp_flavour(self) -> DPFlavour:
+        """The data-parallel flavour of ``dp_mode`` (`memo_sim.dp`)."""
+        return dp_flavour(self.dp_mode)
 
     @property
     def dispatcher(self) -> Dispatcher:
@@ -228,6 +238,9 @@ class Layout:
             parts.append("optim-offload")
         if self.ep > 1 or self.etp > 1:
             parts.insert(1, f"ep{self.ep}" + (f"etp{self.etp}" if self.etp > 1 else ""))
+        if self.dp_mode != "zero":
+            parts.append(self.dp_mode + (f"{self.fsdp_shard}" if self.fsdp_shard else "")
+                         + ("" if self.reshard_after_forward else "-keep"))
         if self.moe_dispatcher != "alltoall":
             parts.append(f"moe-{self.moe_dispatcher}")
         if self.moe_balance != "dropless":
@@ -255,7 +268,8 @@ class Layout:
         for k in ("first_stage_layers", "last_stage_layers", "account_embedding_loss"):  # and even stages theirs
             if not d[k]:
                 del d[k]
-        for k, v in (("ep", 1), ("etp", 1), ("moe_dispatcher", "alltoall"), ("moe_balance", "dropless")):
+        for k, v in (("ep", 1), ("etp", 1), ("moe_dispatcher", "alltoall"), ("moe_balance", "dropless"),
+                     ("dp_mode", "zero"), ("fsdp_shard", 0), ("reshard_after_forward", True)):
             if d[k] == v:  # and dense plans theirs
                 del d[k]
         return d
@@ -295,6 +309,9 @@ class _LayoutIn(BaseModel):
     etp: _Degree = 1
     moe_dispatcher: Literal[DISPATCHER_NAMES] = "alltoall"
     moe_balance: str = Field("dropless", strict=True)
+    dp_mode: Literal[DP_MODES] = "zero"
+    fsdp_shard: Annotated[int, Field(strict=True, ge=0, le=MAX_DEGREE)] = 0
+    reshard_after_forward: bool = Field(True, strict=True)
 
     @model_validator(mode="after")
     def _total(self):
@@ -337,7 +354,7 @@ def pipeline_spans_nodes(layout: Layout, gpus_per_node: int) -> bool:
 def structure_why_not(layout: Layout, model: ModelConfig) -> str | None:
     """The rules of the optimizer's place and of uneven stages, for a layout read from anywhere (a
     plan, a program): None, or why the layout cannot run. `check_layout` applies them too."""
-    why = offload_why_not(layout) or expert_why_not(layout, model)
+    why = offload_why_not(layout) or expert_why_not(layout, model) or dp_why_not(layout, model)
     if why:
         return why
     if layout.uneven:
@@ -370,6 +387,15 @@ def expert_why_not(layout: Layout, model: ModelConfig) -> str | None:
     return None
 
 
+def dp_why_not(layout: Layout, model: ModelConfig) -> str | None:
+    """The data-parallel flavour's rules (`memo_sim.dp`), for a layout read from anywhere."""
+    if layout.dp_mode not in DP_MODES:
+        return f"dp_mode must be one of {', '.join(DP_MODES)}, got {layout.dp_mode!r}"
+    if layout.dp_mode == "zero" and (layout.fsdp_shard or not layout.reshard_after_forward):
+        return "fsdp_shard and reshard_after_forward belong to dp_mode fsdp"
+    return layout.dp_flavour.check(layout, model)
+
+
 def offload_why_not(layout: Layout) -> str | None:
     """Why the layout cannot have the optimizer on the host (`memo_sim.cost.optimizer_offload`), or None."""
     if not layout.optimizer_offload:
@@ -397,7 +423,7 @@ def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: i
         return f"tp x ulysses x cp x dp = {layout.gpus}, not the {gpus} GPUs asked for"
     if layout.tp_mode not in FLAVOURS:
         return f"tp_mode must be one of {', '.join(FLAVOURS.names())}, got {layout.tp_mode!r}"
-    why = offload_why_not(layout) or expert_why_not(layout, model)
+    why = offload_why_not(layout) or expert_why_not(layout, model) or dp_why_not(layout, model)
     if why:
         return why
     if layout.metp and model.gemm.quantised:
@@ -489,7 +515,7 @@ def enumerate_layouts(model: ModelConfig, gpus: int, gpus_per_node: int, seq: in
                       dp: int | None = None, zero: int | None = None, sp: bool | None = None,
                       tp_modes: tuple[str, ...] = ("megatron",), metp_across_nodes: bool = False,
                       pp: int = 1, first: int | None = None, last: int | None = None,
-                      experts: ExpertChoice = ExpertChoice(),
+                      experts: ExpertChoice = ExpertChoice(), dp_modes: tuple[str, ...] = ("zero",),
                       ) -> tuple[list[Layout], list[tuple[Layout, str]]]:
     """All layouts for ``gpus`` GPUs matching the fixed degrees; (valid, [(rejected, reason)]).
 
@@ -498,7 +524,10 @@ def enumerate_layouts(model: ModelConfig, gpus: int, gpus_per_node: int, seq: in
     stages every layout has (default 1: none); ``first`` / ``last``: the first and last stages'
     layer counts (Megatron-LM's --decoder-first/last-pipeline-num-layers); not given, the stages
     split the layers evenly, or where they cannot, as `uneven_split` says. ``experts``: the expert
-    degrees, dispatcher and balance (`ExpertChoice`; a dense model runs ep 1, etp 1)."""
+    degrees, dispatcher and balance (`ExpertChoice`; a dense model runs ep 1, etp 1). ``dp_modes``: the
+    data-parallel flavours to try (`memo_sim.dp`); ZeRO stage 3 is tried as each (FSDP over the whole
+    group and, where that group spans nodes, HSDP sharded inside a node; resharding after the forward
+    on and off), the other stages as ZeRO."""
     moe_kw = {"moe_dispatcher": experts.dispatcher, "moe_balance": experts.balance}
     if pp > 1 and first is None and last is None:
         first, last = uneven_split(model.layers, pp) or (0, 0)
@@ -527,10 +556,11 @@ def enumerate_layouts(model: ModelConfig, gpus: int, gpus_per_node: int, seq: in
             if not tp_flavour(mode).applies(t, s):
                 continue
             for e, et in experts.options(model, t * c * u * d, t):
-                lay = Layout(tp=t, sp=s if t > 1 else True, cp=c, ulysses=u, dp=d, zero=z, tp_mode=mode, pp=pp, **ends,
-                             ep=e, etp=et, **moe_kw)
-                why = check_layout(lay, model, gpus, gpus_per_node, seq, metp_across_nodes=metp_across_nodes)
-                (rejected.append((lay, why)) if why else valid.append(lay))
+                base = Layout(tp=t, sp=s if t > 1 else True, cp=c, ulysses=u, dp=d, zero=z, tp_mode=mode, pp=pp, **ends,
+                              ep=e, etp=et, **moe_kw)
+                for lay in _dp_variants(base, dp_modes, gpus_per_node):
+                    why = check_layout(lay, model, gpus, gpus_per_node, seq, metp_across_nodes=metp_across_nodes)
+                    (rejected.append((lay, why)) if why else valid.append(lay))
     if dp is not None and tp is not None and cp is not None and ulysses is not None and not valid and not rejected:
         lay = Layout(tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero or 0, sp=True if sp is None else sp,
                      tp_mode=tp_modes[0] if len(tp_modes) == 1 else "megatron", pp=pp, **ends,
@@ -538,6 +568,21 @@ def enumerate_layouts(model: ModelConfig, gpus: int, gpus_per_node: int, seq: in
         rejected.append((lay, check_layout(lay, model, gpus, gpus_per_node, seq, metp_across_nodes=metp_across_nodes)
                          or "inconsistent degrees"))
     return valid, rejected
+
+
+def _dp_variants(lay: Layout, dp_modes: tuple[str, ...], gpus_per_node: int) -> list[Layout]:
+    """``lay`` under each data-parallel flavour asked for (`enumerate_layouts`)."""
+    if lay.zero != 3 or lay.pp > 1:
+        return [lay] if "zero" in dp_modes or lay.zero == 0 else []
+    out = [lay] if "zero" in dp_modes else []
+    if "fsdp" in dp_modes:
+        n = lay.state_shards
+        node = gpus_per_node // lay.tp if gpus_per_node % lay.tp == 0 else 0  # the group's ranks on one node
+        shards = [0] + ([node] if 2 <= node < n and n % node == 0 and group_spans_nodes(n, lay.tp, gpus_per_node)
+                        else [])
+        out += [replace(lay, dp_mode="fsdp", fsdp_shard=sh, reshard_after_forward=rs)
+                for sh in shards for rs in (True, False)]
+    return out
 
 
 def enumerate_pipeline_layouts(model: ModelConfig, gpus: int, gpus_per_node: int, seq: int, *,

@@ -168,7 +168,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     if plain and "single_stage" in allowed and (pp is None or pp == 1) and (vpp is None or vpp == 1):
         valid, rej = enumerate_layouts(model, gpus, profile.node_gpus, seq, tp=tp, cp=cp, ulysses=ulysses,
                                        dp=dp, zero=zero, sp=sp, tp_modes=modes,
-                                       metp_across_nodes=metp_across_nodes, experts=experts)
+                                       metp_across_nodes=metp_across_nodes, experts=experts, dp_modes=fw.dp_modes)
         rejected += rej + [(lay, fw.why_not(lay)) for lay in valid if not fw.allows(lay)]
         valid = [fw.adapt(lay) for lay in valid if fw.allows(lay)]  # as the framework runs it
         if rejected:

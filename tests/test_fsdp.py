@@ -1,0 +1,92 @@
+"""[modern-training] FSDP as its own data-parallel flavour (`memo_sim.dp.fsdp`): HSDP shard groups,
+resharding after the forward or not, in memory and time (both tiers), the frameworks that run it,
+the torchtitan export."""
+
+from __future__ import annotations
+
+import pytest
+
+from memo_sim.cost.grad_sync import grad_sync
+from memo_sim.cost.memory import model_state_parts
+from memo_sim.cost import collectives as coll
+from memo_sim.cost.param_split import layer_gpu_params
+from memo_sim.layout.parallel import Layout, check_layout
+from memo_sim.model.config import PRESETS, ModelConfig
+from memo_sim.profile.loader import load_profile
+from memo_sim.search.bound import lower_bound
+from memo_sim.search.whatif import candidates_for, simulate_candidates
+
+H100 = load_profile("h100-sxm5-80gb")
+M = PRESETS["llama-3.1-8b"]
+TOY = ModelConfig("toy", layers=8, hidden=2048, heads=16, ffn=8192, vocab=32000)
+
+
+@pytest.mark.parametrize("layout,needle", [
+    (Layout(dp=16, zero=1, dp_mode="fsdp"), "zero 3"),
+    (Layout(dp=16, zero=3, dp_mode="fsdp", fsdp_shard=3), "must divide"),
+    (Layout(dp=16, zero=3, fsdp_shard=4), "belong to dp_mode fsdp"),
+    (Layout(dp=8, pp=2, zero=3, dp_mode="fsdp"), "single-stage"),
+])
+def test_fsdp_layouts_are_refused_in_one_line(layout, needle):
+    why = check_layout(layout, M, 16, 8, 8192)
+    assert why and needle in why and "\n" not in why, why
+
+
+def test_fsdp_over_the_whole_group_is_zero3():
+    z3, f = Layout(dp=32, zero=3), Layout(dp=32, zero=3, dp_mode="fsdp")
+    assert model_state_parts(M, z3) == model_state_parts(M, f)
+    assert grad_sync(M, z3, H100) == grad_sync(M, f, H100)
+
+
+def test_hsdp_shards_inside_the_node_and_reduces_across():
+    lay = Layout(dp=32, zero=3, dp_mode="fsdp", fsdp_shard=8)
+    g = grad_sync(M, lay, H100)
+    nbytes = M.recipe.grad_reduce_bytes * layer_gpu_params(M, lay).local
+    nv, ib = H100.nvlink, H100.internode
+    want = (coll.ring_reduce_scatter_time(nbytes, 8, float(nv.bandwidth), float(nv.latency))
+            + coll.allreduce_time(nbytes / 8, 4, float(ib.bandwidth), float(ib.latency)))
+    assert g.layer_grad == pytest.approx(want)
+    assert g.layer_gather == pytest.approx(coll.ring_allgather_time(
+        M.recipe.weight_bytes * layer_gpu_params(M, lay).local, 8, float(nv.bandwidth), float(nv.latency)))
+    whole = grad_sync(M, Layout(dp=32, zero=3, dp_mode="fsdp"), H100)
+    assert g.layer_gather < whole.layer_gather  # NVLink inside the node, not the inter-node link
+    # states: sharded 8 ways, not 32
+    a, b = model_state_parts(M, lay), model_state_parts(M, Layout(dp=32, zero=3))
+    assert a["master_and_optimizer"] == pytest.approx(4 * b["master_and_optimizer"])
+
+
+def test_without_resharding_every_layer_keeps_its_weights_and_gathers_once():
+    keep = Layout(dp=32, zero=3, dp_mode="fsdp", reshard_after_forward=False)
+    on = Layout(dp=32, zero=3, dp_mode="fsdp")
+    one = M.recipe.weight_bytes * layer_gpu_params(M, keep).local
+    assert model_state_parts(M, keep)["gathered_layers"] == pytest.approx(M.layers * one)
+    assert model_state_parts(M, on)["gathered_layers"] == pytest.approx(2 * one)
+    assert grad_sync(M, on, H100).gather_in_backward and not grad_sync(M, keep, H100).gather_in_backward
+
+
+def test_the_search_tries_fsdp_where_the_framework_runs_it_and_the_bound_holds():
+    r = candidates_for(TOY, 16 * 1024, 16, H100, framework="torchtitan", policies=("store_all", "full_recompute"))
+    modes = {(c.layout.dp_mode, c.layout.zero) for c in r.candidates}
+    assert ("zero", 3) not in modes and ("fsdp", 3) in modes and ("zero", 0) in modes  # torchtitan: FSDP2 or DDP
+    assert {c.layout.fsdp_shard for c in r.candidates if c.layout.dp_mode == "fsdp"} >= {0, 8}
+    ok = [c for c in r.candidates if c.memory.status == "OK" and c.layout.dp_mode == "fsdp"]
+    ok = ok[:: max(1, len(ok) // 5)][:5]
+    simulate_candidates(ok, jobs=1)
+    for c in ok:
+        assert c.simulated["status"] == "OK" and 0 < lower_bound(c) <= c.simulated["iteration_s"] * (1 + 1e-9)
+    mega = candidates_for(TOY, 16 * 1024, 16, H100, framework="megatron")
+    assert all(c.layout.dp_mode == "zero" for c in mega.candidates)
+
+
+def test_torchtitan_export_sets_the_shard_and_replicate_degrees():
+    from memo_sim.export import export_plan
+    from memo_sim.plan.schema import Plan
+    from memo_sim.policy import get_policy
+
+    lay = Layout(dp=32, zero=3, dp_mode="fsdp", fsdp_shard=8, reshard_after_forward=False)
+    plan = Plan(model=M, batch=1, seq_tokens=8192, gpus=32, layout=lay, policy=get_policy("full_recompute"),
+                profile="h100-sxm5-80gb", predicted={"status": "OK", "iteration_s": 1.0, "mfu": 0.5},
+                layer_timings_s={"forward": 0.1, "backward": 0.2})
+    src = export_plan(plan, "torchtitan", price=False, nearest=True).files["memo_torchtitan.py"]
+    assert "data_parallel_shard_degree = 8" in src and "data_parallel_replicate_degree = 4" in src
+    assert "fsdp_reshard_after_forward = 'never'" in src
