@@ -8,7 +8,13 @@ process group per dimension, plus two flattened groups built from the same rank 
 - ``data``: the ranks that hold the same weights (dp x cp x ulysses, same tp and pp
   coordinate): gradients are summed over it and ZeRO shards model states over it;
 - ``tokens``: the ranks whose tokens are disjoint parts of one global batch: ``data`` times
-  ``tp`` when Megatron sequence parallelism splits the tokens over TP, else ``data``.
+  ``tp`` when Megatron sequence parallelism splits the tokens over TP, else ``data``;
+- ``shard`` / ``replicate`` (``dp_mode: fsdp`` with ``fsdp_shard`` smaller than the data group,
+  HSDP): the data group laid out as torchtitan's 2D mesh (replicate, shard), row-major: data rank
+  d has replicate index ``d // S`` and shard index ``d % S`` (S = ``fsdp_shard``), so a shard
+  group is S consecutive ranks of the data group and a replicate group the ranks S apart. The model
+  states are sharded over ``shard`` (the whole ``data`` group otherwise) and the shards' gradients
+  all-reduced over ``replicate``.
 
 A single-process run gets `DistContext.single` (every size 1, no groups, no collectives).
 
@@ -46,7 +52,7 @@ class DistContext:
     @classmethod
     def single(cls, layout: Layout | None = None, device=None) -> "DistContext":
         return cls(layout or Layout(), device=torch.device(device or "cpu"),
-                   coords={d: 0 for d in MESH_DIMS + ("data", "tokens")})
+                   coords={d: 0 for d in MESH_DIMS + ("data", "tokens", "shard", "replicate")})
 
     @property
     def distributed(self) -> bool:
@@ -57,6 +63,10 @@ class DistContext:
             return self.layout.dp * self.layout.cp * self.layout.ulysses
         if dim == "tokens":
             return self.size("data") * (self.layout.tp if self.sp_tokens else 1)
+        if dim == "shard":
+            return shard_size(self.layout)
+        if dim == "replicate":
+            return self.size("data") // self.size("shard")
         return getattr(self.layout, dim)
 
     def coord(self, dim: str) -> int:
@@ -75,6 +85,13 @@ class DistContext:
     def describe(self) -> dict:
         return {"rank": self.rank, "world": self.world, **{f"{d}_rank": self.coords.get(d, 0) for d in MESH_DIMS},
                 "mesh": [self.size(d) for d in MESH_DIMS]}
+
+
+def shard_size(layout: Layout) -> int:
+    """Ranks the model states are sharded over: FSDP's shard group (``fsdp_shard``; 0 = the whole
+    data group), the whole data group under ZeRO."""
+    data = layout.dp * layout.cp * layout.ulysses
+    return (layout.fsdp_shard or data) if layout.dp_mode == "fsdp" else data
 
 
 def mesh_shape(layout: Layout) -> tuple[int, ...]:
@@ -134,7 +151,27 @@ def build_context(layout: Layout, device: torch.device, timeout_s: float | None 
                 mine, ctx.coords[name] = g, members.index(rank)
         if mine is not None:
             ctx.groups[name] = mine
+    _hsdp_groups(ctx, kw)
     return ctx
+
+
+def _hsdp_groups(ctx: DistContext, kw: dict) -> None:
+    """The ``shard`` and ``replicate`` groups (module docs); the shard group is the data group
+    itself unless HSDP splits it."""
+    S, D = ctx.size("shard"), ctx.size("data")
+    d = ctx.coord("data")
+    ctx.coords["shard"], ctx.coords["replicate"] = d % S, d // S
+    if S == D:
+        if ctx.group("data") is not None:
+            ctx.groups["shard"] = ctx.group("data")
+        return
+    for members in _flat_groups(ctx.layout, ("dp", "cp", "ulysses")):  # every rank creates every group, in one order
+        subgroups = [members[r * S:(r + 1) * S] for r in range(D // S)] + [members[s::S] for s in range(S)]
+        names = ["shard"] * (D // S) + ["replicate"] * S
+        for name, sub in zip(names, subgroups):
+            g = dist.new_group(sub, **kw) if len(sub) > 1 else None
+            if ctx.rank in sub and g is not None:
+                ctx.groups[name] = g
 
 
 # ------------------------------------------------------------------------------------------ tokens

@@ -7,8 +7,8 @@ measurement (`memo_exec.measure.Recorder`, events on device = this rank), plus
 
 - process groups from the layout (`memo_exec.distributed.context`),
 - ring CP / Ulysses around the attention core (`memo_exec.distributed.attention`),
-- gradient reduction and ZeRO 0-3 (`memo_exec.distributed.zero.GradSync`, hooked into every
-  layer's forward and backward),
+- gradient reduction, ZeRO 0-3 and FSDP/HSDP (`memo_exec.distributed.zero.GradSync`, hooked into
+  every layer's forward and backward),
 - a registered step schedule (`memo_exec.distributed.schedule`; pipelines plug in there),
 - mixture-of-experts layers (`memo_exec.moe`): the expert-parallel and expert-DP groups folded into
   each stage's GPUs, this rank's routed experts (drawn by global expert index), the all-to-all
@@ -61,6 +61,9 @@ def check_plan_for_world(plan: Plan, world: int, opts: RunOptions) -> None:
     if model.layers != plan.model.layers:  # --layers N: the schedule's split must hold for N layers
         plan = dataclasses.replace(plan, model=model)
     schedule_for(plan)
+    why = fsdp_why_not(plan, model)
+    if why:
+        raise ExecError(f"plan layout {lay.label()}: {why}")
     if plan.micro_batches > 1 and lay.zero >= 2 and lay.dp * lay.cp * lay.ulysses > 1:
         raise ExecError(f"plan layout {lay.label()}: ZeRO {lay.zero} reduces each layer's gradient right after its "
                         f"backward, which the executor does not accumulate over {plan.micro_batches} micro-batches; "
@@ -68,6 +71,24 @@ def check_plan_for_world(plan: Plan, world: int, opts: RunOptions) -> None:
     why = check_divisible(lay, model, plan.micro_batch, plan.seq_tokens)
     if why:
         raise ExecError(f"plan layout {lay.label()}: {why}")
+
+
+def fsdp_why_not(plan: Plan, model) -> str | None:
+    """Why the executor cannot run this plan's FSDP (``dp_mode: fsdp``) layout, naming the field;
+    None for other layouts. The simulator's rules first (`memo_sim.layout.parallel.dp_why_not`:
+    ZeRO 3, one stage, a dense model, a shard group dividing the data group), for plans built
+    without reading a file."""
+    from memo_sim.layout.parallel import dp_why_not  # noqa: PLC0415
+
+    lay = plan.layout
+    why = dp_why_not(lay, model)
+    if why or lay.dp_mode != "fsdp":
+        return why and f"dp_mode {lay.dp_mode}: {why}"
+    if plan.micro_batches > 1 and lay.dp * lay.cp * lay.ulysses > 1:
+        return (f"dp_mode fsdp: micro_batch {plan.micro_batch}: FSDP reduce-scatters each layer's gradient right "
+                f"after its backward, which the executor does not accumulate over {plan.micro_batches} "
+                f"micro-batches; plan with micro_batch = batch ({plan.batch})")
+    return None
 
 
 class _KillHook(LayerHooks):
@@ -147,6 +168,7 @@ class DistExecutor(ExecutorBase):
         return self.flavour.make_weights(self.model.layers, device, dtype, layer=li, experts=self._expert_range())
 
     def _local_param_numel(self) -> tuple[int, int]:
+        """(all parameters, the largest unit) numbers of elements on this rank."""
         meta = torch.device("meta")
         sizes = [sum(q.numel() for q in self._make_layer(li, meta, self.dtype).parameters()) for li in self.held]
         rest = self.model.embedding_params()
@@ -158,9 +180,14 @@ class DistExecutor(ExecutorBase):
         estimate comes from a dry run of the layer on the meta device, which cannot run collectives)."""
         P, largest = self._local_param_numel()
         e = element_size(self.dtype)
-        D = self.ctx.size("data") if self.layout.zero else 1
-        z = self.layout.zero if D > 1 else 0
-        weights = P * e if z < 3 else P * e // D + largest * e
+        lay = self.layout
+        D = self.ctx.size("data") if lay.zero else 1
+        z = lay.zero if D > 1 else 0
+        D = self.ctx.size("shard") if z >= 3 else D  # FSDP/HSDP: sharded over the shard group
+        # gathered at the peak: the largest unit, or under FSDP without resharding every unit (each
+        # held layer kept from its forward to its backward, beside the embedding's)
+        gathered = largest if lay.dp_mode != "fsdp" or lay.reshard_after_forward else P
+        weights = P * e if z < 3 else P * e // D + gathered * e
         grads = P * e if z < 2 else P * e // D + largest * e
         states = weights + grads + AdamW.state_bytes_for(P // D if z >= 1 else P, self.dtype)
         dev = self.policy.device_bytes()
@@ -295,6 +322,16 @@ class DistExecutor(ExecutorBase):
             "collective buffers (gathered activations, partial sums, ring blocks)"], progress)
 
     # ------------------------------------------------------------------ checks
+    def full_parameters(self) -> dict[str, torch.Tensor]:
+        """Every parameter's whole weights by `GPT` parameter name (a collective; dense single-stage
+        layouts: what the FSDP tests compare after a step)."""
+        units = self.sync.full_params()
+        out = dict(units[0])
+        for k, li in enumerate(self.held):
+            for n, w in self.flavour.unshard_grads(units[k + 1]).items():  # the same gather as a gradient's
+                out[f"layers.{li}.{n}"] = w
+        return out
+
     def full_gradients(self) -> dict[str, torch.Tensor]:
         """Every parameter's whole, reduced gradient by `GPT` parameter name (a collective; call
         after ``step(k, optimizer=False)``)."""
@@ -333,6 +370,8 @@ class DistExecutor(ExecutorBase):
             "tp_flavour": self.flavour.name, "schedule": self.schedule.name, "micro_batch": self.micro,
             "micro_batches": self.plan.micro_batches, "vpp": lay.vpp, "activation_sets": self.activation_sets,
             "local_tokens": self.local_T, "zero": lay.zero,
+            **({"fsdp": {"shard": self.ctx.size("shard"), "replicas": self.ctx.size("replicate"),
+                         "reshard_after_forward": lay.reshard_after_forward}} if lay.dp_mode == "fsdp" else {}),
             **({"experts": {"ep": lay.ep, "etp": lay.etp, "dispatcher": lay.moe_dispatcher,
                             "local": list(self._expert_range()), "expert_dp": lay.expert_dp}} if self.model.moe else {}),
         }

@@ -1,8 +1,10 @@
-"""Gradient synchronisation and ZeRO stages 0-3 over the ``data`` group (dp x cp x ulysses).
+"""Gradient synchronisation and ZeRO stages 0-3 over the ``data`` group (dp x cp x ulysses), and
+FSDP (``dp_mode: fsdp``, ZeRO 3 as PyTorch's ``fully_shard`` / torchtitan run it).
 
 The model states are split into units: unit 0 holds the embedding/classifier and the final
 LayerNorm, unit i+1 layer i. Each unit's parameters are views of one flat buffer (padded to a
-multiple of the data-group size D); rank d of the group owns elements ``[d*n/D, (d+1)*n/D)``.
+multiple of the shard-group size S); rank s of the shard group owns elements ``[s*n/S, (s+1)*n/S)``.
+Under ZeRO the shard group is the whole data group (S = D).
 
 - ZeRO 0: every rank keeps whole gradients and optimizer states; gradients are all-reduced.
 - ZeRO 1: whole gradients until the step ends, then reduce-scattered; each rank updates its own
@@ -12,20 +14,32 @@ multiple of the data-group size D); rank d of the group owns elements ``[d*n/D, 
 - ZeRO 3: also the weights: a layer's flat buffer is materialised (all-gather) before its
   forward and before its backward (the recompute runs inside the backward) and freed after each
   (``untyped_storage().resize_(0)``); the optimizer updates the owned shard only.
+- FSDP (ZeRO 3 with two differences, `memo_sim.dp.fsdp`): HSDP shards over a sub-group of the
+  data group (``fsdp_shard`` = S < D; the ``shard`` / ``replicate`` groups of
+  `memo_exec.distributed.context`): the all-gathers and reduce-scatters run over the shard group and
+  each reduce-scattered gradient shard is then all-reduced over the replicate group (the D/S ranks
+  that hold the same shard), every replica updating its copy of the shard alike; and with
+  ``reshard_after_forward`` off, a layer's gathered flat buffer is kept from its forward to its
+  backward (one all-gather per layer per step instead of two) and freed after its backward.
 
 Before the data-group reduction, gradients of parameters that every TP rank holds whole
 (LayerNorms, row-parallel biases, embedding) are all-reduced over the TP group when the tokens
 are split over it (Megatron SP): each TP rank saw only its own tokens.
 
-Why not ``torch.distributed.fsdp.fully_shard``: FSDP2 unshards in a module pre-forward hook and
-reduce-scatters from post-backward hooks that it attaches through autograd to the module's
-forward, and hands the module DTensor parameters with sharded DTensor gradients. The layer here
-is never called as a module (one autograd Function runs a hand-written forward and backward that
-read plain tensors and accumulate into preallocated ``.grad`` tensors, and the activation policy
-re-runs parts of the forward inside the backward), so those hooks would not fire at the right
-points; calling ``unshard()``/``reshard()`` by hand would still leave the gradient reduction to
-be written here. The same collectives (``all_gather_into_tensor``, ``reduce_scatter_tensor``)
-are therefore called directly, at the points the hand-written layer defines.
+Why not ``torch.distributed.fsdp.fully_shard`` (tried again on torch 2.13 for issue #46): a
+`memo_exec.layer.LayerWeights` can be wrapped, and ``unshard()`` / ``reshard()`` called by hand
+at this module's hook points do give the hand-written layer plain, whole parameters to read. But
+the gradient the layer's backward accumulates into an unsharded parameter's ``.grad`` is dropped
+by ``reshard()`` (the sharded DTensor's ``.grad`` stays None): FSDP2 reduce-scatters only from the
+post-backward hook that its pre-forward hook attaches, through autograd, to the inputs of the
+module's own ``forward`` call, and ``FSDPModule`` offers no public call that reduces gradients
+(only ``set_*`` knobs). The layer is never called as a module (one autograd Function, or a
+pipeline schedule's direct calls, run a hand-written forward and backward that accumulate into
+preallocated ``.grad`` tensors, and the activation policy re-runs parts of the forward inside
+the backward), so using ``fully_shard`` would mean routing every schedule's layer calls through
+``module.__call__`` and the optimizer over DTensor shards. The same collectives
+(``all_gather_into_tensor``, ``reduce_scatter_tensor``, ``all_reduce``) are therefore called
+directly, at the points the hand-written layer defines.
 """
 
 from __future__ import annotations
@@ -77,8 +91,15 @@ class GradSync(LayerHooks):
         self.ctx, self.zero, self.timer = ctx, zero, timer
         self.data = ctx.group("data")
         self.tp = ctx.group("tp")
-        self.D = ctx.size("data") if zero >= 1 else 1
-        d = ctx.coord("data") if zero >= 1 else 0
+        lay = ctx.layout
+        self.fsdp = lay.dp_mode == "fsdp" and zero >= 3
+        # FSDP's reshard_after_forward off: each layer's gathered weights kept from its forward to its backward
+        self.keep_gathered = self.fsdp and not lay.reshard_after_forward
+        hsdp = self.fsdp and ctx.size("shard") < ctx.size("data")
+        self.shard_group = ctx.group("shard") if hsdp else self.data  # what the states are sharded over
+        self.replicate = ctx.group("replicate") if hsdp else None  # HSDP: the shards' copies
+        self.D = (ctx.size("shard") if hsdp else ctx.size("data")) if zero >= 1 else 1  # shards per unit
+        d = (ctx.coord("shard") if hsdp else ctx.coord("data")) if zero >= 1 else 0
         self.units = [_Unit(i, named, self.D, d, device, dtype) for i, named in enumerate(units)]
         self.replicated = replicated
         self.tp_sync = ctx.sp_tokens and ctx.size("tp") > 1
@@ -125,7 +146,10 @@ class GradSync(LayerHooks):
             u.flat.untyped_storage().resize_(u.nbytes)
         with self.timer.span("param_all_gather", u.index - 1 if u.index else None, "comm", stream="dp_comm",
                              nbytes=u.nbytes):
-            all_gather_single(u.flat, self.param_shards[u.index].detach(), group=self.data)
+            all_gather_single(u.flat, self.param_shards[u.index].detach(), group=self.shard_group)
+
+    def _gathered(self, u: _Unit) -> bool:
+        return u.flat.untyped_storage().nbytes() > 0
 
     # ------------------------------------------------------------------ hooks (LayerRuntime)
     def begin_step(self) -> None:
@@ -137,11 +161,11 @@ class GradSync(LayerHooks):
             self._gather(self.units[i + 1])
 
     def after_forward(self, i: int) -> None:
-        if self.zero >= 3:
+        if self.zero >= 3 and not self.keep_gathered:
             self._free(self.units[i + 1])
 
     def before_backward(self, i: int) -> None:
-        if self.zero >= 3:
+        if self.zero >= 3 and not (self.keep_gathered and self._gathered(self.units[i + 1])):
             self._gather(self.units[i + 1])
 
     def after_backward(self, i: int) -> None:
@@ -170,9 +194,14 @@ class GradSync(LayerHooks):
         with self.timer.span("grad_reduce_scatter" if self.zero >= 1 else "grad_all_reduce", layer, "comm",
                              stream="dp_comm", nbytes=g.numel() * g.element_size()):
             if self.zero >= 1:
-                reduce_scatter_single(self.grad_shards[u.index], g, group=self.data)
+                reduce_scatter_single(self.grad_shards[u.index], g, group=self.shard_group)
             else:
                 dist.all_reduce(g, group=self.data)
+        if self.replicate is not None:  # HSDP: the shard's copies summed over the replicas
+            gs = self.grad_shards[u.index]
+            with self.timer.span("grad_replica_all_reduce", layer, "comm", stream="dp_comm",
+                                 nbytes=gs.numel() * gs.element_size()):
+                dist.all_reduce(gs, group=self.replicate)
 
     def end_backward(self) -> None:
         """After the whole backward: reduce what is not reduced yet (unit 0; every unit below ZeRO 2)."""
@@ -185,7 +214,7 @@ class GradSync(LayerHooks):
             if self.zero in (1, 2) and self.D > 1:
                 with self.timer.span("param_all_gather", u.index - 1 if u.index else None, "comm", stream="dp_comm",
                                      nbytes=u.nbytes):
-                    all_gather_single(u.flat, self.param_shards[u.index].detach().clone(), group=self.data)
+                    all_gather_single(u.flat, self.param_shards[u.index].detach().clone(), group=self.shard_group)
         if self.zero >= 3:
             self._free(self.units[0])
 
@@ -199,13 +228,21 @@ class GradSync(LayerHooks):
     def full_grads(self) -> list[dict[str, torch.Tensor]]:
         """Each unit's summed gradients by parameter name, whole over the data group (a collective).
         Call after `end_backward` and before `step`."""
+        return self._whole([self.grad_shards[u.index] for u in self.units], self.grads)
+
+    def full_params(self) -> list[dict[str, torch.Tensor]]:
+        """Each unit's weights by parameter name, whole (a collective; after `step` too, when ZeRO 3
+        has freed the gathered buffers)."""
+        return self._whole([ps.detach() for ps in self.param_shards], [u.flat for u in self.units])
+
+    def _whole(self, shards: list[torch.Tensor], fulls: list[torch.Tensor]) -> list[dict[str, torch.Tensor]]:
         out = []
         for u in self.units:
             if self.D > 1:
                 flat = torch.empty(u.padded, dtype=u.flat.dtype, device=u.flat.device)
-                all_gather_single(flat, self.grad_shards[u.index].contiguous(), group=self.data)
+                all_gather_single(flat, shards[u.index].contiguous(), group=self.shard_group)
             else:
-                flat = self.grads[u.index]
+                flat = fulls[u.index]
             d, off = {}, 0
             for name, p in u.named:
                 d[name] = flat[off:off + p.numel()].view(p.shape).clone()

@@ -1,0 +1,170 @@
+"""FSDP plans (``dp_mode: fsdp``) on the distributed executor, gloo on this CPU: dp4 sharded over
+all four ranks with reshard_after_forward on and off, and dp4 HSDP (``fsdp_shard`` 2: 2 replicas x
+2 shards), under store-all, full recompute and MEMO. Each case's loss and every parameter's
+gradient, and every parameter after one optimizer step, against the single-process run of the same
+global batch (fp64, the ZeRO tests' 1e-5 norm-wise tolerance, tests/test_dist_exec.py); the
+all-gathers per step (two per layer resharded, one kept) and HSDP's replica all-reduces counted
+from the ranks' recorded spans; refusals (one line, exit 2, naming the field)."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from click.testing import CliRunner  # noqa: E402
+
+from memo_exec.cli import cli  # noqa: E402
+from memo_exec.distributed.runner import check_plan_for_world  # noqa: E402
+from memo_exec.errors import ExecError  # noqa: E402
+from memo_exec.runner import RunOptions  # noqa: E402
+from memo_sim.layout.parallel import Layout  # noqa: E402
+from memo_sim.plan.schema import write_plan  # noqa: E402
+from tests.dist_cases import SMALL, plan_for  # noqa: E402
+from tests.dist_harness import spawn  # noqa: E402
+from tests.exec_helpers import max_rel_error, time_limit  # noqa: E402
+
+TOL = 1e-5  # as tests/test_dist_exec.py's ZeRO cases
+SEQ = 128
+FSDP = dict(dp=4, zero=3, dp_mode="fsdp")
+CASES = [
+    (dict(FSDP), "store_all"), (dict(FSDP), "full_recompute"), (dict(FSDP), "memo"),
+    (dict(FSDP, reshard_after_forward=False), "store_all"),
+    (dict(FSDP, reshard_after_forward=False), "full_recompute"),
+    (dict(FSDP, reshard_after_forward=False), "memo"),
+    (dict(FSDP, fsdp_shard=2), "store_all"), (dict(FSDP, fsdp_shard=2), "full_recompute"),
+    (dict(FSDP, fsdp_shard=2), "memo"),
+    (dict(FSDP, fsdp_shard=2, reshard_after_forward=False), "memo"),
+    (dict(dp=4, zero=3), "memo"),  # today's ZeRO-3: the gather count to compare with
+]
+
+
+def limited(seconds: float):
+    """Fail the test (`time_limit`) when it runs past ``seconds``; the gloo ranks have their own
+    limit (`spawn`'s timeout)."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def run(*a, **kw):
+            with time_limit(seconds):
+                return fn(*a, **kw)
+        return run
+    return wrap
+
+
+def fsdp_rank_case(rank: int, world: int, cases) -> list:
+    """Per case: the loss, rank 0's whole gradients and (after one optimizer step) weights, this
+    rank's spans per collective ({op: {layer: count}}) and its shard / replicate sizes."""
+    from memo_exec.device import DeviceSpec
+    from memo_exec.distributed.context import build_context
+    from memo_exec.distributed.runner import DistExecutor
+
+    out = []
+    for lay_kw, pol in cases:
+        lay = Layout(**lay_kw)
+        plan = plan_for(lay, SEQ, pol)
+        ctx = build_context(lay, torch.device("cpu"))
+        ex = DistExecutor(plan, RunOptions(device="cpu", dtype="fp64", steps=1), ctx, DeviceSpec("cpu"))
+        ex.allocate()
+        rec = ex.step(0, optimizer=False)
+        grads = ex.full_gradients()
+        counts: dict[str, dict] = {}
+        for e in rec.events:
+            if e.op in ("param_all_gather", "grad_reduce_scatter", "grad_replica_all_reduce"):
+                counts.setdefault(e.op, {}).setdefault(e.layer, 0)
+                counts[e.op][e.layer] += 1
+        ex.optimizer_step()
+        params = ex.full_parameters()
+        sizes = (ctx.size("shard"), ctx.size("replicate"), ex.sync.param_shards[1].numel())
+        ex.close()
+        out.append((rec.loss, grads if rank == 0 else None, params if rank == 0 else None, counts, sizes))
+    return out
+
+
+def _reference(pol: str, batch: int):
+    """Single-process fp64: loss and gradients of the global batch, weights after one step."""
+    from memo_exec.runner import Executor
+
+    ex = Executor(plan_for(Layout(), SEQ, pol, batch=batch), RunOptions(device="cpu", dtype="fp64", steps=1))
+    ex.allocate()
+    try:
+        loss = float(ex.forward_backward(0).item())
+        ex.engine.synchronize()
+        grads = {n: (ex.main_grads.main[p] if ex.main_grads is not None else p.grad).detach().clone()
+                 for n, p in ex.gpt.named_parameters()}
+        ex.optimizer_step()
+        params = {n: p.detach().clone() for n, p in ex.gpt.named_parameters()}
+    finally:
+        ex.close()
+    return loss, grads, params
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return spawn(fsdp_rank_case, 4, CASES, timeout=240)
+
+
+@limited(120)
+def test_fsdp_and_hsdp_match_single_process(runs):
+    refs = {}
+    for i, (lay, pol) in enumerate(CASES):
+        if pol not in refs:
+            refs[pol] = _reference(pol, 4)
+        ref_loss, ref_grads, ref_params = refs[pol]
+        what = f"{lay} {pol}"
+        losses = [r[i][0] for r in runs]
+        assert max(losses) - min(losses) <= TOL * abs(ref_loss), (what, losses)
+        assert abs(losses[0] - ref_loss) <= TOL * abs(ref_loss), (what, losses[0], ref_loss)
+        err, name = max_rel_error(runs[0][i][1], ref_grads)
+        assert err <= TOL, (what, "gradient", name, err)
+        err, name = max_rel_error(runs[0][i][2], ref_params)
+        assert err <= TOL, (what, "weights after the step", name, err)
+
+
+@limited(120)
+def test_hsdp_shards_over_two_ranks_and_all_reduces_over_the_replicas(runs):
+    layers = SMALL.layers
+    for i, (lay, pol) in enumerate(CASES):
+        S = lay.get("fsdp_shard") or 4
+        for r in runs:
+            shard, replicas, n = r[i][4]
+            assert (shard, replicas) == (S, 4 // S), (lay, r[i][4])
+            counts = r[i][3]
+            rs = counts["grad_reduce_scatter"]
+            assert rs == {None: 1, **{k: 1 for k in range(layers)}}, (lay, rs)
+            ar = counts.get("grad_replica_all_reduce", {})
+            assert ar == ({None: 1, **{k: 1 for k in range(layers)}} if S < 4 else {}), (lay, ar)
+        # each rank's shard of a layer: 1/S of it
+        assert runs[0][i][4][2] * S >= sum(v.numel() for k, v in runs[0][i][1].items() if k.startswith("layers.0."))
+
+
+@limited(120)
+def test_all_gathers_per_step_two_per_layer_resharded_one_kept(runs):
+    layers = SMALL.layers
+    for i, (lay, pol) in enumerate(CASES):
+        per_layer = 1 if lay.get("reshard_after_forward") is False else 2
+        for r in runs:
+            ag = r[i][3]["param_all_gather"]
+            assert ag == {None: 1, **{k: per_layer for k in range(layers)}}, (lay, pol, ag)
+
+
+# ---------------------------------------------------------------------------------- refusals
+@limited(60)
+def test_fsdp_combinations_the_executor_does_not_run_are_refused_naming_the_field(tmp_path):
+    opts = RunOptions(device="cpu", dtype="fp64")
+    plan = plan_for(Layout(dp=2, zero=3, dp_mode="fsdp"), SEQ, "memo", batch=2)
+    plan.micro_batch = 1
+    with pytest.raises(ExecError, match="dp_mode fsdp: micro_batch 1"):
+        check_plan_for_world(plan, 2, opts)
+    for lay, field in ((Layout(dp=2, zero=2, dp_mode="fsdp"), "zero 3"),
+                       (Layout(dp=4, zero=3, dp_mode="fsdp", fsdp_shard=3), "shard group (3)")):
+        with pytest.raises(ExecError, match=r"dp_mode fsdp: .*" + field.replace("(", r"\(").replace(")", r"\)")):
+            check_plan_for_world(plan_for(lay, SEQ, "memo"), lay.gpus, opts)
+    # through the command line: one line, exit 2, before any process starts
+    p = write_plan(plan, tmp_path / "plan.json")
+    r = CliRunner().invoke(cli, ["run", str(p), "--nproc", "2", "--device", "cpu", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2, (r.exit_code, r.output)
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and "micro_batch" in lines[0], r.output
+    assert not (tmp_path / "o").exists()
