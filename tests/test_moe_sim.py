@@ -273,3 +273,45 @@ def test_megatron_recompute_modules_drop_and_rebuild_their_tensors():
     simulate_candidates(ok, jobs=1)
     for c in ok:
         assert c.simulated["status"] == "OK" and 0 < lower_bound(c) <= c.simulated["iteration_s"] * (1 + 1e-9)
+
+
+def test_review_fixes_expert_states_links_and_refusals():
+    """FP8 copies of the experts split by EP; expert gradients reduced where the dense group has no
+    replicas; the serial pipeline reduce splits experts too; the EP group's link follows where its
+    ranks sit under pipelines; weights every TP rank holds whole are not divided by TP; DeepEP refuses
+    ETP; SPPO refuses MoE; the all-gather dispatcher's group is read from its name."""
+    from memo_sim.cost.grad_sync import grad_sync, params_reduce_time
+    from memo_sim.cost.moe import moe_group_link, step_link
+    from memo_sim.cost.sppo import stage_gpu_params
+    from memo_sim.policy.sppo import Sppo
+
+    fp8 = replace(QWEN3, gemm_format="fp8-blockwise")
+    q1 = model_state_parts(fp8, Layout(dp=8, ep=1, zero=1))["quantised_weights"]
+    q8 = model_state_parts(fp8, Layout(dp=8, ep=8, zero=1))["quantised_weights"]
+    assert q8 < q1 / 5
+    mix = PRESETS["mixtral-8x7b"]
+    g = grad_sync(mix, Layout(tp=8, dp=1), H100)  # experts whole on every TP rank: 8 replicas
+    assert g.layer_grad > 0 and g.all_grads > 0
+    pipe1, pipe8 = Layout(dp=8, pp=2, zero=1), Layout(dp=8, pp=2, zero=1, ep=8)
+    t1 = params_reduce_time(mix, pipe1, H100, stage_gpu_params(mix, pipe1, 0), stride=16)
+    t8 = params_reduce_time(mix, pipe8, H100, stage_gpu_params(mix, pipe8, 0), stride=16)
+    assert t8 < t1 / 2
+    lay = Layout(dp=8, pp=2, ep=8)  # the stage's 8 GPUs are ranks 0, 2, ..., 14: two nodes
+    assert step_link("ep", lay, H100) is H100.internode and step_link("ep", Layout(dp=8, ep=8), H100) is H100.nvlink
+    ds = PRESETS["deepseek-v3"]
+    g8 = model_gpu_params(ds, Layout(tp=8, dp=32, ep=32, zero=1))
+    whole = ds.replicated_params()
+    assert whole > 1e9 and g8.local == pytest.approx(
+        (ds.params() - ds.routed_params() - whole) / 8 + whole + ds.routed_params() / 32)
+    assert "etp 1" in check_layout(Layout(tp=2, dp=8, ep=8, etp=2, moe_dispatcher="deepep"), QWEN3, 16, 8, 32 * K)
+    assert "dense layers" in Sppo(alpha=None).check(QWEN3, Layout(tp=2, pp=2, dp=4), 1, 32 * K)
+    lay = Layout(tp=1, dp=16, ep=2, etp=8, moe_dispatcher="allgather")
+    assert moe_group_link("moe_dispatch_allgather_etp_ep@m0", lay, H100) is step_link("etp_ep", lay, H100)
+
+
+def test_torchtitan_ep_borrows_only_tp_cp_and_fsdp_ranks():
+    from memo_sim.search.frameworks import get_framework
+
+    fw = get_framework("torchtitan")
+    assert "borrows" in fw.why_not(Layout(dp=8, ep=8))  # DDP replicas lend no EP ranks in torchtitan
+    assert fw.why_not(Layout(tp=8, dp=2, ep=8)) is None

@@ -98,8 +98,7 @@ def optimizer_seconds(model: ModelConfig, layout: Layout, params: GpuParams, lay
         step = memory_bound_time(optimizer_step_bytes(model.recipe, params.local, params.shards, layout.zero), profile)
     # the re-cast of the weights this GPU updates: all of them, or its 1/N shard under ZeRO-3 (each layer's
     # gathered copies are then cast again per gather, not priced)
-    owned = layers / (layout.state_shards if layout.zero >= 3 else 1)
-    return step + memory_bound_time(weight_recast_bytes(model, owned, layout.tp), profile)
+    return step + memory_bound_time(weight_recast_bytes(model, layers, layout, owned=layout.zero >= 3), profile)
 
 
 def optimizer_step_bytes(recipe: PrecisionRecipe, params: float, shards: float, zero: int) -> float:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from memo_sim.cost.kernel_time import gemm_bytes, memory_bound_op_time
 from memo_sim.errors import MemoError
+from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
 from memo_sim.model.layer_graph import DTYPE_BYTES
 from memo_sim.profile.schema import HardwareProfile
@@ -49,18 +50,31 @@ def cast_seconds(model: ModelConfig, profile: HardwareProfile, elements: float) 
     return memory_bound_op_time(fmt.cast_bytes(elements, DTYPE_BYTES[model.dtype]), profile)
 
 
-def weight_cache_bytes(model: ModelConfig, layers: float, tp: int) -> float:
-    """The quantised copies of ``layers`` layers' linear weights on one GPU (split by TP)."""
+def linear_params_on_gpu(model: ModelConfig, layout: Layout, layers: float, owned: bool = False) -> float:
+    """Linear weights of ``layers`` layers one GPU holds: the dense ones split by TP, a MoE layer's routed
+    experts by EP x ETP; ``owned``: its ZeRO-3 shard only (the dense part over the data group, the experts
+    over the expert data-parallel ranks)."""
+    expert = model.expert_linear_params()
+    dense = (model.linear_params() - expert) / layout.tp
+    routed = expert / (layout.ep * layout.etp)
+    if owned:
+        dense /= layout.dp_flavour.shard_group(layout)
+        routed /= layout.expert_dp
+    return layers * (dense + routed)
+
+
+def weight_cache_bytes(model: ModelConfig, layers: float, layout: Layout) -> float:
+    """The quantised copies of ``layers`` layers' linear weights on one GPU (`linear_params_on_gpu`)."""
     fmt = model.gemm
     if not fmt.quantised:
         return 0.0
-    return fmt.quantised_bytes(layers * model.linear_params() / tp, weight=True)
+    return fmt.quantised_bytes(linear_params_on_gpu(model, layout, layers), weight=True)
 
 
-def weight_recast_bytes(model: ModelConfig, layers: float, tp: int) -> float:
+def weight_recast_bytes(model: ModelConfig, layers: float, layout: Layout, owned: bool = False) -> float:
     """HBM bytes of re-casting ``layers`` layers' linear weights after the optimizer step (read the
-    working weights, write the quantised copies)."""
+    working weights, write the quantised copies); ``owned``: only the GPU's ZeRO-3 shard."""
     fmt = model.gemm
     if not fmt.quantised:
         return 0.0
-    return fmt.cast_bytes(layers * model.linear_params() / tp, model.recipe.weight_bytes, weight=True)
+    return fmt.cast_bytes(linear_params_on_gpu(model, layout, layers, owned), model.recipe.weight_bytes, weight=True)

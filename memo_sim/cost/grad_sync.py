@@ -28,8 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memo_sim.cost import collectives as coll
-from memo_sim.cost.param_split import layer_gpu_params, model_gpu_params
-from memo_sim.layout.parallel import Layout
+from memo_sim.cost.param_split import GpuParams, layer_gpu_params, model_gpu_params
+from memo_sim.layout.parallel import Layout, expert_group_ranks, ranks_per_node
 from memo_sim.model.config import ModelConfig
 from memo_sim.profile.schema import HardwareProfile
 
@@ -40,16 +40,22 @@ def _reduce(layout: Layout, nbytes: float, g: int, bw: float, lat: float) -> flo
     return coll.allreduce_time(nbytes, g, bw, lat)
 
 
-def params_reduce_time(model: ModelConfig, layout: Layout, profile: HardwareProfile, params: float,
+def params_reduce_time(model: ModelConfig, layout: Layout, profile: HardwareProfile, params: GpuParams,
                        stride: int | None = None) -> float:
-    """Seconds of one gradient collective over ``params`` parameters per GPU (all-reduce, or
-    reduce-scatter from ZeRO-1 on) over the group that holds the same weights, alone on its link:
+    """Seconds of one gradient collective over ``params`` (a GPU's parameters, dense and routed-expert
+    parts apart: `memo_sim.cost.param_split`) (all-reduce, or reduce-scatter from ZeRO-1 on), the dense
+    part over the group that holds the same weights and the experts over theirs, alone on their links:
     a pipeline stage's serial reduction of all its gradients at once (``stride`` as in `grad_sync`)."""
-    g = layout.state_shards
-    if g <= 1:
-        return 0.0
-    link = coll.group_link(profile, g, layout.tp if stride is None else stride)
-    return _reduce(layout, model.recipe.grad_reduce_bytes * params, g, float(link.bandwidth), float(link.latency))
+    g, gr, t = layout.state_shards, model.recipe.grad_reduce_bytes, 0.0
+    if g > 1:
+        link = coll.group_link(profile, g, layout.tp if stride is None else stride)
+        t += _reduce(layout, gr * (params.local - params.expert_local), g, float(link.bandwidth), float(link.latency))
+    ge = layout.expert_dp if model.moe else 1
+    if ge > 1 and params.expert_local:
+        ranks = expert_group_ranks(layout, ge, layout.ep * layout.etp)
+        elink = profile.internode if ranks_per_node(ranks, profile.node_gpus) < ge else profile.nvlink
+        t += _reduce(layout, gr * params.expert_local, ge, float(elink.bandwidth), float(elink.latency))
+    return t
 
 
 @dataclass(frozen=True)
@@ -73,11 +79,15 @@ def grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile, stri
     g = layout.state_shards
     link = coll.group_link(profile, g, layout.tp if stride is None else stride)
     bw, lat = float(link.bandwidth), float(link.latency)
-    if g <= 1:
+    ge = layout.expert_dp if model.moe else 1  # the routed experts' replicas (they have their own group)
+    if g <= 1 and ge <= 1:
         return GradSync(coll.link_kind(profile, link), 0.0, 0.0, 0.0, 0.0, overlapped=layout.grad_overlap)
     flavour = layout.dp_flavour
     shard = flavour.shard_group(layout)
-    if shard != g:  # HSDP (`memo_sim.dp.fsdp`): reduce-scatter over the shard group, all-reduce the shard across replicas
+    if g <= 1:
+        def reduce(nbytes: float) -> float:  # the dense weights have no replicas
+            return 0.0
+    elif shard != g:  # HSDP (`memo_sim.dp.fsdp`): reduce-scatter over the shard group, all-reduce the shard across replicas
         replicas = g // shard
         s_link = coll.group_link(profile, shard, layout.tp)
         r_link = coll.group_link(profile, replicas, layout.tp * shard)
@@ -97,20 +107,17 @@ def grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile, stri
     emb_p = model.embedding_params() / layout.tp
     every = model_gpu_params(model, layout)
     all_p = every.local - every.expert_local
-    gather = coll.ring_allgather_time(w * layer_p, g, bw, lat) if layout.zero >= 1 else 0.0
-    ge = layout.expert_dp if model.moe else 1
-    if ge > 1:  # the routed experts over their own replicas (module docs)
-        elink = coll.group_link(profile, ge, layout.ep * layout.etp * (layout.pp if stride is not None else 1))
+    gather = coll.ring_allgather_time(w * layer_p, g, bw, lat) if layout.zero >= 1 and g > 1 else 0.0
+    layer_r, all_r = reduce(gr * layer_p), reduce(gr * all_p)
+    if ge > 1:  # the routed experts over their own replicas, where the expert ranks sit (module docs)
+        ranks = expert_group_ranks(layout, ge, layout.ep * layout.etp)
+        elink = profile.internode if ranks_per_node(ranks, profile.node_gpus) < ge else profile.nvlink
         ebw, elat = float(elink.bandwidth), float(elink.latency)
-
-        def ereduce(nbytes: float) -> float:
-            return _reduce(layout, nbytes, ge, ebw, elat)
-        layer_r = reduce(gr * layer_p) + ereduce(gr * layer.expert_local)
-        all_r = reduce(gr * all_p) + ereduce(gr * every.expert_local)
+        if elink is profile.internode:
+            link = elink
+        layer_r += _reduce(layout, gr * layer.expert_local, ge, ebw, elat)
+        all_r += _reduce(layout, gr * every.expert_local, ge, ebw, elat)
         if layout.zero >= 1:
             gather += coll.ring_allgather_time(w * layer.expert_local, ge, ebw, elat)
-    else:
-        layer_r = reduce(gr * (layer_p + layer.expert_local))
-        all_r = reduce(gr * (all_p + every.expert_local))
     return GradSync(coll.link_kind(profile, link), layer_r, reduce(gr * emb_p),
                     all_r, gather, layout.zero >= 3 and flavour.gathers_in_backward(layout), layout.grad_overlap)

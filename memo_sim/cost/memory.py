@@ -43,7 +43,7 @@ def model_state_parts(model: ModelConfig, layout: Layout) -> dict[str, float]:
             # layer when FSDP keeps them from forward to backward)
             "gathered_layers": gathered * r.weight_bytes * layer_gpu_params(model, layout).local if z >= 3 else 0.0,
             # a quantised GEMM format's weight copies: every layer's, or only the gathered ones under ZeRO-3
-            "quantised_weights": weight_cache_bytes(model, gathered if z >= 3 else model.layers, layout.tp)}
+            "quantised_weights": weight_cache_bytes(model, gathered if z >= 3 else model.layers, layout)}
 
 
 def model_state_bytes(model: ModelConfig, layout: Layout) -> float:

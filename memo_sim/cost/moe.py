@@ -40,7 +40,8 @@ from memo_sim.cost.gemm_format import gemm_peak_key, layer_gemm_bytes
 from memo_sim.cost.kernel_time import gemm_time, memory_bound_op_time
 from memo_sim.cost.opcost import OpCost
 from memo_sim.layout.moe_dispatchers import Step
-from memo_sim.layout.parallel import Layout, group_spans_nodes
+from memo_sim.layout.moe_dispatchers.base import GROUPS
+from memo_sim.layout.parallel import Layout, expert_group_ranks, ranks_per_node
 from memo_sim.model.config import ModelConfig
 from memo_sim.model.layer_graph import DTYPE_BYTES, OpSpec
 from memo_sim.profile.schema import HardwareProfile, Link
@@ -92,22 +93,28 @@ def group_size_stride(group: str, layout: Layout) -> tuple[int, int]:
     return layout.etp * layout.ep, 1
 
 
+def _group_ranks(group: str, layout: Layout) -> list[int]:
+    g, stride = group_size_stride(group, layout)
+    return expert_group_ranks(layout, g, stride)
+
+
 def step_link(step_group: str, layout: Layout, profile: HardwareProfile) -> Link:
-    """The link a dispatcher group's collective rides (the slower one for a group over nodes)."""
-    g, stride = group_size_stride(step_group, layout)
-    return coll.group_link(profile, g, stride)
+    """The link a dispatcher group's collective rides: the inter-node link for a group over nodes
+    (`memo_sim.layout.parallel.expert_group_ranks`: where the expert ranks sit), NVLink otherwise."""
+    ranks = _group_ranks(step_group, layout)
+    return profile.internode if ranks_per_node(ranks, profile.node_gpus) < len(ranks) else profile.nvlink
 
 
 def ep_alltoall_time(size: float, layout: Layout, profile: HardwareProfile) -> float:
     """An all-to-all of ``size`` bytes per rank over the EP group: the peers on the node over NVLink,
     the others over the inter-node link, both at once (module docs)."""
-    g, stride = layout.ep, layout.etp
+    g = layout.ep
     if g <= 1:
         return 0.0
-    if not group_spans_nodes(g, stride, profile.node_gpus):
+    local = ranks_per_node(_group_ranks("ep", layout), profile.node_gpus)  # EP peers on one node, self included
+    if local >= g:
         link = profile.nvlink
         return coll.alltoall_time(size, g, float(link.bandwidth), float(link.latency))
-    local = max(1, profile.node_gpus // stride)  # EP peers on one node, self included
     nv, ib = profile.nvlink, profile.internode
     t_nv = (local - 1) * (float(nv.latency) + size / (g * float(nv.bandwidth)))
     t_ib = (g - local) * float(ib.latency) + size * (g - local) / (g * float(ib.bandwidth))
@@ -121,10 +128,10 @@ def ep_alltoall_dedup_time(tokens: float, top_k: int, token_bytes: float, layout
     its experts once (its top-k experts fall on the group's n nodes uniformly, so each other node is
     hit with probability 1 - (1 - 1/n)^k), and the copies for the ranks of a node cross NVLink there;
     the two at once (module docs)."""
-    g, stride = layout.ep, layout.etp
+    g = layout.ep
     if g <= 1:
         return 0.0
-    per_node = max(1, min(g, profile.node_gpus // stride))  # EP ranks on one node
+    per_node = ranks_per_node(_group_ranks("ep", layout), profile.node_gpus)  # EP ranks on one node
     nodes = -(-g // per_node)
     nv, ib = profile.nvlink, profile.internode
     copies = top_k * tokens
@@ -175,8 +182,11 @@ def dispatcher_costs(op: OpSpec, model: ModelConfig, layout: Layout, batch: int,
 
 
 def moe_group_link(name: str, layout: Layout, profile: HardwareProfile) -> Link:
-    """The link of a ``moe_*`` collective (its group is the name's last part)."""
-    return step_link(name.rsplit("_", 1)[1], layout, profile)
+    """The link of a ``moe_*`` collective (its name ends in its group: ``_etp_ep``, ``_etp`` or ``_ep``, before
+    any ``@`` tag the schedules add)."""
+    base = name.split("@", 1)[0]
+    group = next(g for g in sorted(GROUPS, key=len, reverse=True) if base.endswith("_" + g))
+    return step_link(group, layout, profile)
 
 
 def scoped_gemm_shape(op: OpSpec, layout: Layout, batch: int, seq: int, fraction: float) -> tuple[float, float, float]:

@@ -1,6 +1,7 @@
 """Parameters one GPU holds, dense and routed-expert parts apart, written once.
 
-Dense parameters (attention, norms, shared experts, router, embedding) are split by TP and
+Dense parameters (attention, norms, shared experts, embedding) are split by TP (but latent
+attention's down projections and the router, which every TP rank holds whole) and
 replicated over the DP x CP x Ulysses group (``layout.state_shards``); a MoE layer's routed experts
 are split by EP x ETP and replicated over the expert data-parallel group (``layout.expert_dp``;
 `memo_sim.layout.parallel`). ZeRO shards each part over its own replicas, and since etp x ep x
@@ -29,20 +30,23 @@ class GpuParams:
         return self.local / self.sharded if self.sharded else 1.0
 
 
-def gpu_params(model: ModelConfig, layout: Layout, total: float, expert: float) -> GpuParams:
-    """``total`` parameters of which ``expert`` are routed experts, as one GPU of ``layout`` holds them."""
-    dense = total - expert
+def gpu_params(model: ModelConfig, layout: Layout, total: float, expert: float, replicated: float = 0.0) -> GpuParams:
+    """``total`` parameters of which ``expert`` are routed experts and ``replicated`` are whole on every
+    TP rank (`ModelConfig.replicated_layer_params`), as one GPU of ``layout`` holds them."""
+    dense = total - expert - replicated
     expert_local = expert / (layout.ep * layout.etp)
-    local = dense / layout.tp + expert_local
+    local = dense / layout.tp + replicated + expert_local
     # ZeRO shards over the whole group; FSDP over its shard group (HSDP: replicated across the rest; `memo_sim.dp`)
-    return GpuParams(local, total / (layout.tp * layout.dp_flavour.shard_group(layout)), expert_local)
+    n = layout.dp_flavour.shard_group(layout)
+    return GpuParams(local, (dense + expert) / (layout.tp * n) + replicated / n, expert_local)
 
 
 def model_gpu_params(model: ModelConfig, layout: Layout) -> GpuParams:
     """The whole model's parameters on one GPU (pp = 1)."""
-    return gpu_params(model, layout, model.params(), model.routed_params())
+    return gpu_params(model, layout, model.params(), model.routed_params(), model.replicated_params())
 
 
 def layer_gpu_params(model: ModelConfig, layout: Layout) -> GpuParams:
     """One (repeated) layer's parameters on one GPU."""
-    return gpu_params(model, layout, model.layer_params(), model.expert_layer_params() if model.moe else 0)
+    return gpu_params(model, layout, model.layer_params(), model.expert_layer_params() if model.moe else 0,
+                      model.replicated_layer_params())

@@ -319,8 +319,9 @@ def stage_params(model: ModelConfig, layout: Layout, stage: int) -> float:
 def stage_gpu_params(model: ModelConfig, layout: Layout, stage: int) -> GpuParams:
     """A stage's parameters on one of its GPUs, dense and routed-expert parts apart
     (`memo_sim.cost.param_split`; every layer of a MoE model counted as a MoE layer)."""
-    experts = stage_layer_count(model, layout, stage) * model.expert_layer_params() if model.moe else 0
-    return gpu_params(model, layout, stage_params(model, layout, stage), experts)
+    n = stage_layer_count(model, layout, stage)
+    experts = n * model.expert_layer_params() if model.moe else 0
+    return gpu_params(model, layout, stage_params(model, layout, stage), experts, n * model.replicated_layer_params())
 
 
 def stage_model_state_bytes(model: ModelConfig, layout: Layout, stage: int) -> float:
@@ -331,7 +332,7 @@ def stage_model_state_bytes(model: ModelConfig, layout: Layout, stage: int) -> f
     optim = 0.0 if layout.optimizer_offload else (r.master_bytes + r.optimizer_bytes) * (
         g.sharded if layout.zero >= 1 else g.local)
     return (r.weight_bytes + r.grad_bytes) * g.local + optim + weight_cache_bytes(
-        model, stage_layer_count(model, layout, stage), layout.tp)
+        model, stage_layer_count(model, layout, stage), layout)
 
 
 def stage_host_state_bytes(model: ModelConfig, layout: Layout, stage: int) -> float:
@@ -359,7 +360,7 @@ def stage_serial_grad_reduce(model: ModelConfig, layout: Layout, profile: Hardwa
     the stage holds (`stage_params`: its layers, and the embedding or classifier on the first or
     last stage), per GPU of its TP group, in one collective over its dp replicas after its whole
     backward (Megatron-LM 2021's local DDP, `memo_sim.cost.grad_sync`)."""
-    return params_reduce_time(model, layout, profile, stage_params(model, layout, stage) / layout.tp,
+    return params_reduce_time(model, layout, profile, stage_gpu_params(model, layout, stage),
                               stride=layout.stage_stride * layout.pp)
 
 

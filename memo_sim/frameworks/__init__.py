@@ -72,6 +72,8 @@ class _ExpertsIn(BaseModel):
     expert_parallel: bool = Field(strict=True)
     expert_tensor_parallel: bool = Field(strict=True)
     dispatchers: tuple[Literal[DISPATCHER_NAMES], ...] = Field(min_length=1)
+    # EP borrows its ranks from TP x CP x the FSDP shard group only (torchtitan), not from replicated DP ranks
+    ep_within_shards: bool = Field(False, strict=True)
 
 
 class _LayoutsIn(BaseModel):
@@ -147,8 +149,9 @@ class Framework:
     fp8_saved_inputs: bool = False  # under FP8 it keeps the GEMM inputs for backward as FP8 copies
     optimizer_offload: bool = False  # it can keep the optimizer's states and step on the host
     uneven_stages: bool = False  # it can give the first / last pipeline stages their own layer counts
-    # mixture of experts: (expert parallel, expert tensor parallel, dispatchers); None: MoE models not offered
-    experts: tuple[bool, bool, tuple[str, ...]] | None = None
+    # mixture of experts: (expert parallel, expert tensor parallel, dispatchers, EP within TP x CP x the FSDP shard
+    # group); None: MoE models not offered
+    experts: tuple[bool, bool, tuple[str, ...], bool] | None = None
     dp_modes: tuple[str, ...] = ("zero",)  # its data-parallel flavours (`memo_sim.dp`; zero: ZeRO stages)
 
     def for_model(self, model: ModelConfig) -> ModelConfig:
@@ -203,6 +206,9 @@ class Framework:
             what = "expert tensor parallelism"
         elif self.experts is not None and lay.moe_dispatcher not in self.experts[2]:
             what = f"the {lay.moe_dispatcher} token dispatcher"
+        elif self.experts is not None and self.experts[3] and lay.ep > 1 and (
+                lay.tp * (lay.dp_flavour.shard_group(lay) if lay.dp_mode == "fsdp" else lay.cp)) % (lay.ep * lay.etp):
+            what = "expert parallelism beyond the ranks it borrows from (TP x CP x the FSDP shard group)"
         return None if what is None else f"{self.name} does not offer {lay.label()} ({what})"
 
     def adapt(self, lay: Layout) -> Layout:
@@ -228,7 +234,8 @@ def _read(path: Path) -> Framework:
                      dp_modes=lay.dp_modes,
                      experts=None if lay.experts is None else (lay.experts.expert_parallel,
                                                                 lay.experts.expert_tensor_parallel,
-                                                                lay.experts.dispatchers))
+                                                                lay.experts.dispatchers,
+                                                                lay.experts.ep_within_shards))
 
 
 @lru_cache(maxsize=1)

@@ -328,6 +328,27 @@ def group_spans_nodes(size: int, stride: int, gpus_per_node: int) -> bool:
     return size > 1 and size * stride > gpus_per_node
 
 
+def stage_rank(layout: Layout, i: int) -> int:
+    """Global rank of the i-th GPU of pipeline stage 0 over every replica (its tp x ulysses x cp ranks,
+    then the next replica's, ``stage_stride x pp`` ranks on): where expert groups, which fold over a
+    stage's GPUs (Megatron-Core's parallel folding), sit."""
+    return (i // layout.stage_stride) * layout.stage_stride * layout.pp + i % layout.stage_stride
+
+
+def expert_group_ranks(layout: Layout, size: int, stride: int) -> list[int]:
+    """Global ranks of the first expert group of ``size`` ranks ``stride`` apart in the stage's GPU order
+    (EP: size ep, stride etp; ETP: etp, 1; the expert data-parallel group: expert_dp, etp x ep)."""
+    return [stage_rank(layout, k * stride) for k in range(size)]
+
+
+def ranks_per_node(ranks: list[int], gpus_per_node: int) -> int:
+    """The most of ``ranks`` on one node (1 node: all of them; every rank on its own node: 1)."""
+    counts: dict[int, int] = {}
+    for r in ranks:
+        counts[r // gpus_per_node] = counts.get(r // gpus_per_node, 0) + 1
+    return max(counts.values()) if counts else 0
+
+
 def stage_first_rank(layout: Layout, stage: int) -> int:
     """Global rank of the first GPU of pipeline stage ``stage`` in the first replica."""
     return stage * layout.stage_stride
@@ -380,6 +401,9 @@ def expert_why_not(layout: Layout, model: ModelConfig) -> str | None:
                 f"stage (tp x cp x ulysses x dp; Megatron-Core's parallel folding)")
     if layout.tp > 1 and not layout.sp:
         return "a MoE layer with tp > 1 reads the sequence-parallel shard: turn sequence parallelism on"
+    if layout.etp > 1 and not any(s.group in ("etp", "etp_ep") for s in layout.dispatcher.dispatch):
+        return (f"the {layout.moe_dispatcher} dispatcher is priced without expert tensor parallelism: etp 1 "
+                f"(or the alltoall or allgather dispatcher)")
     if layout.metp:
         return "METP's rings run a dense FFN: MoE layers run Megatron TP (tp_mode megatron)"
     if layout.ulysses > 1:

@@ -220,8 +220,9 @@ class ModelConfig:
         what-if shows them)."""
         out = [self.not_modelled] if self.not_modelled else []
         if self.moe and self.dense_layers:
-            out.append(f"{self.dense_layers} of {self.layers} layers have a dense FFN (width {self.ffn}): their "
-                       f"parameters are counted exactly, their time and activations priced as MoE layers")
+            out.append(f"{self.dense_layers} of {self.layers} layers have a dense FFN (width {self.ffn}): the model's "
+                       f"parameter count is exact, but the simulator prices them as MoE layers (time, activations, "
+                       f"and each pipeline stage's model states)")
         return out
 
     @property
@@ -386,6 +387,31 @@ class ModelConfig:
         else:
             ffn = h * self.fc1_width + self.ffn * h
         return attn + ffn
+
+    def replicated_layer_params(self) -> int:
+        """Weights of one (MoE) layer every TP rank holds whole: latent attention's down projections and
+        their norms, the router (Megatron-Core keeps both duplicated over TP)."""
+        out = 0
+        if self.mla:
+            out += self.hidden * (self.kv_lora_rank + self.qk_rope_dim) + self.kv_lora_rank
+            if self.q_lora_rank:
+                out += self.hidden * self.q_lora_rank + self.q_lora_rank
+        if self.moe:
+            out += self.moe_router.params(self.hidden, self.experts, self.moe_bias)
+        return out
+
+    def replicated_params(self) -> int:
+        """Every layer's `replicated_layer_params` (the router only on MoE layers)."""
+        if not (self.mla or self.moe):
+            return 0
+        router = self.moe_router.params(self.hidden, self.experts, self.moe_bias) if self.moe else 0
+        return self.layers * (self.replicated_layer_params() - router) + self.moe_layers * router
+
+    def expert_linear_params(self) -> int:
+        """The routed experts' linear weights of one MoE layer (no biases; 0 for a dense model)."""
+        if not self.moe:
+            return 0
+        return self.experts * (self.hidden * self.expert_fc1_width + self.expert_width * self.hidden)
 
     def embedding_params(self) -> int:
         """Everything outside the layers: the token embedding, the classifier when it is not tied

@@ -113,6 +113,9 @@ class Sppo(Policy):
         """Why this plan cannot run with ``layout`` at ``seq`` tokens, or None."""
         if layout.cp > 1 or layout.ulysses > 1 or layout.metp:
             return "sppo splits a stage's tokens by Megatron TP+SP only (no ring CP, Ulysses or METP)"
+        if model.moe or model.mla or model.attention_width != model.hidden or model.sliding_layers:
+            return ("sppo's pieces are priced for dense layers with standard attention (no experts, latent attention, "
+                    "head_dim other than hidden / heads or sliding window)")
         if layout.tp > 1 and not layout.sp:
             return "sppo needs Megatron sequence parallelism inside a stage (sp on)"
         if model.layers % layout.pp or layout.uneven:
