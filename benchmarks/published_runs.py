@@ -569,7 +569,7 @@ MOE_OUTLIERS: dict[str, str] = {
     "moe-zoo-mixtral-8x22b-capacity1": _VPP7,
     "moe-zoo-mixtral-8x22b-fp8-forced": (
         "FP8 block-wise GEMMs. memo prices them on the bf16 efficiency curve against the FP8 peak (2x), which "
-        "makes this run 1.56x faster than the same run in BF16 (3.617 s to 2.325 s). The script's expected values "
+        "makes this run 1.56x faster than the same run in BF16 (3.617 s to 2.314 s). The script's expected values "
         "give 1.20x (465 to 560 TFLOP/s). Not modelled: Hopper's block-scaled FP8 GEMMs apply the per-128-block "
         "scales inside the kernel and run well below 2x bf16, and every GEMM input needs a quantise/transpose "
         "cast (TransformerEngine's blockwise casts). This row also has the VPP-7 gap of the BF16 rows"),
