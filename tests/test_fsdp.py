@@ -90,3 +90,17 @@ def test_torchtitan_export_sets_the_shard_and_replicate_degrees():
     src = export_plan(plan, "torchtitan", price=False, nearest=True).files["memo_torchtitan.py"]
     assert "data_parallel_shard_degree = 8" in src and "data_parallel_replicate_degree = 4" in src
     assert "fsdp_reshard_after_forward = 'never'" in src
+
+
+def test_the_default_search_keeps_the_frameworks_first_flavour_and_dp_mode_widens_it():
+    r = candidates_for(TOY, 16 * 1024, 16, H100, policies=("store_all",))
+    assert {c.layout.dp_mode for c in r.candidates} == {"zero"}  # any: ZeRO by default
+    r = candidates_for(TOY, 16 * 1024, 16, H100, policies=("store_all",), dp_mode="all")
+    fsdp = [c.layout for c in r.candidates if c.layout.dp_mode == "fsdp"]
+    assert fsdp and not any(lay.fsdp_shard == 0 and lay.reshard_after_forward for lay in fsdp)  # ZeRO-3's twin
+    from click.testing import CliRunner
+    from memo_sim.cli import cli
+
+    bad = CliRunner().invoke(cli, ["whatif", "--model", "llama-3.1-8b", "--gpus", "16", "--seq", "8K", "--no-plan",
+                                   "--framework", "megatron", "--dp-mode", "fsdp"])
+    assert bad.exit_code == 2 and "--dp-mode fsdp" in bad.output and "Traceback" not in bad.output

@@ -99,6 +99,9 @@ def _simulate_top_value(ctx, param, value):
 @click.option("--moe-balance", default="dropless", show_default=True, callback=moe_balance_option,
               help="How routed tokens fall on the expert ranks: forced (even, as benchmark runs force), dropless "
                    "(a uniform router's loads) or capacity:F (each expert padded/dropped to F x its share).")
+@click.option("--dp-mode", default=None, type=click.Choice(["zero", "fsdp", "all"]),
+              help="Data-parallel flavours to search: ZeRO stages, FSDP (with HSDP and resharding on/off), or all the "
+                   "framework runs (default: the framework's first: zero for any, fsdp for torchtitan).")
 @click.option("--tp-mode", default=None, type=click.Choice(list(TP_MODE_CHOICES)),
               help="Tensor-parallel flavour: Megatron TP, METP for the FFN (metp_ffn), METP for the FFN and the "
                    "two-level MHA (metp), or all of them ranked together (default: all; megatron when --tp is "

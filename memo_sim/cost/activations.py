@@ -78,6 +78,16 @@ RECOMPUTE_GROUPS = {"norms": ("ln1", "ln2"), "moe_act": ("eact",),
 
 
 def skeletal_bytes(model: ModelConfig, layout: Layout, batch: int, seq: int) -> dict[str, float]:
+    """`_skeletal_bytes`, computed once per (model, layout, batch, seq); a fresh dict for each caller."""
+    return dict(_skeletal_bytes(model, layout, batch, seq))
+
+
+@lru_cache(maxsize=1 << 14)
+def _skeletal_bytes(model: ModelConfig, layout: Layout, batch: int, seq: int) -> tuple:
+    return tuple(_skeletal_bytes_dict(model, layout, batch, seq).items())
+
+
+def _skeletal_bytes_dict(model: ModelConfig, layout: Layout, batch: int, seq: int) -> dict[str, float]:
     """One layer's skeletal bytes on one GPU by MEMO role: input, attn, other, lse, and total.
 
     ``total`` is the 32·b·s·h of MISSION.md (lse excluded; it is reported on its own). The

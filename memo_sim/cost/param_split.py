@@ -13,6 +13,7 @@ expert_dp = tp x state_shards (the same GPUs of a pipeline stage), a ZeRO shard 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
@@ -30,6 +31,7 @@ class GpuParams:
         return self.local / self.sharded if self.sharded else 1.0
 
 
+@lru_cache(maxsize=1 << 15)
 def gpu_params(model: ModelConfig, layout: Layout, total: float, expert: float, replicated: float = 0.0) -> GpuParams:
     """``total`` parameters of which ``expert`` are routed experts and ``replicated`` are whole on every
     TP rank (`ModelConfig.replicated_layer_params`), as one GPU of ``layout`` holds them."""

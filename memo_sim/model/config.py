@@ -146,6 +146,20 @@ class _ModelIn(BaseModel):
         return self
 
 
+def _counted(method):
+    """A parameter count of the (frozen) model, computed once per model: the search asks for them for
+    every candidate."""
+    name = method.__name__
+
+    def wrapper(self):
+        counts = self._counts
+        if name not in counts:
+            counts[name] = method(self)
+        return counts[name]
+    wrapper.__name__, wrapper.__doc__ = name, method.__doc__
+    return wrapper
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     name: str
@@ -191,6 +205,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         # every way of building a model (presets, files, flags, plans) passes the one validator
         validated(_ModelIn, {f: getattr(self, f) for f in self.__dataclass_fields__}, f"model {self.name}")
+        object.__setattr__(self, "_counts", {})  # the parameter counts, each computed once (`_counted`)
 
     @property
     def recipe(self) -> PrecisionRecipe:
@@ -318,14 +333,17 @@ class ModelConfig:
             return 3 * h * width + ((2 * width + h) if bias else 0)
         return 2 * h * width + ((width + h) if bias else 0)
 
+    @_counted
     def expert_params(self) -> int:
         """One routed expert's weights (and biases under ``moe_bias``)."""
         return self._ffn_params(self.expert_width, self.moe_bias)
 
+    @_counted
     def expert_layer_params(self) -> int:
         """The routed experts of one MoE layer: what expert parallelism shards."""
         return self.experts * self.expert_params()
 
+    @_counted
     def moe_block_params(self) -> int:
         """One MoE layer's FFN block: the router, the routed and the shared experts."""
         if not self.moe:
@@ -334,6 +352,7 @@ class ModelConfig:
             if self.shared_experts else 0
         return self.moe_router.params(self.hidden, self.experts, self.moe_bias) + self.expert_layer_params() + shared
 
+    @_counted
     def dense_ffn_params(self) -> int:
         """A dense layer's FFN."""
         return self._ffn_params(self.ffn, self.bias == "all" and self.ffn_type != "swiglu")
@@ -343,6 +362,7 @@ class ModelConfig:
         """Weights of one normalisation: scale and shift (LayerNorm) or scale only (RMSNorm)."""
         return (2 if self.norm == "layernorm" else 1) * self.hidden
 
+    @_counted
     def attention_params(self) -> int:
         """One layer's attention: the projections (and their biases), QK norms, sinks."""
         h = self.hidden
@@ -364,12 +384,14 @@ class ModelConfig:
             attn += self.heads
         return attn
 
+    @_counted
     def layer_params(self) -> int:
         """Weights and biases of one layer: attention, FFN (the MoE block for a MoE model: the
         layer the simulator repeats), two norms."""
         ffn = self.moe_block_params() if self.moe else self.dense_ffn_params()
         return self.attention_params() + ffn + 2 * self.norm_params
 
+    @_counted
     def linear_params(self) -> int:
         """Weights of one layer's linear GEMMs (the attention projections, the FFN's or the
         experts'), no biases: what a quantised GEMM format keeps quantised copies of."""
@@ -388,6 +410,7 @@ class ModelConfig:
             ffn = h * self.fc1_width + self.ffn * h
         return attn + ffn
 
+    @_counted
     def replicated_layer_params(self) -> int:
         """Weights of one (MoE) layer every TP rank holds whole: latent attention's down projections and
         their norms, the router (Megatron-Core keeps both duplicated over TP)."""
@@ -400,6 +423,7 @@ class ModelConfig:
             out += self.moe_router.params(self.hidden, self.experts, self.moe_bias)
         return out
 
+    @_counted
     def replicated_params(self) -> int:
         """Every layer's `replicated_layer_params` (the router only on MoE layers)."""
         if not (self.mla or self.moe):
@@ -407,26 +431,31 @@ class ModelConfig:
         router = self.moe_router.params(self.hidden, self.experts, self.moe_bias) if self.moe else 0
         return self.layers * (self.replicated_layer_params() - router) + self.moe_layers * router
 
+    @_counted
     def expert_linear_params(self) -> int:
         """The routed experts' linear weights of one MoE layer (no biases; 0 for a dense model)."""
         if not self.moe:
             return 0
         return self.experts * (self.hidden * self.expert_fc1_width + self.expert_width * self.hidden)
 
+    @_counted
     def embedding_params(self) -> int:
         """Everything outside the layers: the token embedding, the classifier when it is not tied
         to it, and the final norm."""
         return (1 if self.tied_embeddings else 2) * self.vocab * self.hidden + self.norm_params
 
+    @_counted
     def params(self) -> int:
         """Every parameter: the layers (dense layers of a MoE model with their own FFN) and the rest."""
         dense = self.attention_params() + self.dense_ffn_params() + 2 * self.norm_params
         return self.moe_layers * self.layer_params() + (self.layers - self.moe_layers) * dense + self.embedding_params()
 
+    @_counted
     def routed_params(self) -> int:
         """All layers' routed experts (what expert parallelism shards)."""
         return self.moe_layers * self.expert_layer_params()
 
+    @_counted
     def active_params(self) -> int:
         """Parameters one token uses: every one but the routed experts it is not sent to."""
         if not self.moe:

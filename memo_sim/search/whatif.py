@@ -86,7 +86,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
                    schedules: tuple[str, ...] | None = None, optimizer_offload: bool | None = None,
                    first_stage_layers: int | None = None, last_stage_layers: int | None = None,
                    ep: int | None = None, etp: int | None = None, moe_dispatcher: str = "alltoall",
-                   moe_balance: str = "dropless",
+                   moe_balance: str = "dropless", dp_mode: str | None = None,
                    on_sppo: Callable[[list[Candidate]], None] | None = None) -> WhatIfResult:
     """Every valid layout x policy x schedule x micro-batch size (MEMO at its solved alpha) for
     ``framework``, estimated and ranked (the strategies of `SEARCH_STRATEGIES`).
@@ -107,7 +107,9 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     pipeline stages' layer counts (Megatron-LM's --decoder-first/last-pipeline-num-layers; default:
     an even split, or `memo_sim.layout.parallel.uneven_split` where the layers do not divide).
     ``ep``, ``etp``: the expert degrees of a MoE model (None: searched), ``moe_dispatcher`` and
-    ``moe_balance`` what every MoE candidate runs with (`memo_sim.layout.parallel.ExpertChoice`)."""
+    ``moe_balance`` what every MoE candidate runs with (`memo_sim.layout.parallel.ExpertChoice`).
+    ``dp_mode``: the data-parallel flavours to search (`memo_sim.dp`): one of the framework's, or ``all``
+    of them; None: the framework's first (``any``: zero; torchtitan: fsdp)."""
     if gpus < 1:
         raise MemoError("--gpus must be at least 1")
     experts = ExpertChoice(ep, etp, moe_dispatcher, moe_balance)
@@ -117,6 +119,9 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
         raise MemoError(f"--ep {ep}: the {model.experts} experts do not split evenly; pick a divisor of {model.experts}")
     modes = tp_modes_of(tp_mode)
     fw = get_framework(framework)
+    if dp_mode is not None and dp_mode != "all" and dp_mode not in fw.dp_modes:
+        raise MemoError(f"--dp-mode {dp_mode}: {fw.name} runs {', '.join(fw.dp_modes)}; choose one of them or all")
+    dp_modes = fw.dp_modes if dp_mode == "all" else (dp_mode,) if dp_mode else fw.dp_modes[:1]
     model = fw.for_model(model)  # the framework's model-state recipe; a GEMM format it lacks is refused
     if policies is not None:
         for p in policies:
@@ -168,7 +173,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     if plain and "single_stage" in allowed and (pp is None or pp == 1) and (vpp is None or vpp == 1):
         valid, rej = enumerate_layouts(model, gpus, profile.node_gpus, seq, tp=tp, cp=cp, ulysses=ulysses,
                                        dp=dp, zero=zero, sp=sp, tp_modes=modes,
-                                       metp_across_nodes=metp_across_nodes, experts=experts, dp_modes=fw.dp_modes)
+                                       metp_across_nodes=metp_across_nodes, experts=experts, dp_modes=dp_modes)
         rejected += rej + [(lay, fw.why_not(lay)) for lay in valid if not fw.allows(lay)]
         valid = [fw.adapt(lay) for lay in valid if fw.allows(lay)]  # as the framework runs it
         if rejected:
