@@ -91,7 +91,7 @@ def test_quantised_weight_copies_in_model_states_and_recast_in_the_optimizer_ste
         {k: v for k, v in parts.items() if k != "quantised_weights"}
     # ZeRO-3 gathers layer by layer: only the two gathered layers' copies exist
     z3 = Layout(dp=8, zero=3)
-    assert model_state_parts(m8, z3)["quantised_weights"] == pytest.approx(weight_cache_bytes(m8, 2, 1))
+    assert model_state_parts(m8, z3)["quantised_weights"] == pytest.approx(weight_cache_bytes(m8, 2, z3))
     # the re-cast after the step reads the bf16 weights (twice: amax) and writes the copies
     extra = boundary_times(m8, lay, 1, 8192, H100).optimizer - boundary_times(LLAMA, lay, 1, 8192, H100).optimizer
     recast = 2 * 2 * LLAMA.layers * LLAMA.linear_params() / 2 + want
