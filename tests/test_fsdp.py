@@ -16,6 +16,8 @@ from memo_sim.profile.loader import load_profile
 from memo_sim.search.bound import lower_bound
 from memo_sim.search.whatif import candidates_for, simulate_candidates
 
+from bound_check import bounds_hold, sample
+
 H100 = load_profile("h100-sxm5-80gb")
 M = PRESETS["llama-3.1-8b"]
 TOY = ModelConfig("toy", layers=8, hidden=2048, heads=16, ffn=8192, vocab=32000)
@@ -70,10 +72,8 @@ def test_the_search_tries_fsdp_where_the_framework_runs_it_and_the_bound_holds()
     assert ("zero", 3) not in modes and ("fsdp", 3) in modes and ("zero", 0) in modes  # torchtitan: FSDP2 or DDP
     assert {c.layout.fsdp_shard for c in r.candidates if c.layout.dp_mode == "fsdp"} >= {0, 8}
     ok = [c for c in r.candidates if c.memory.status == "OK" and c.layout.dp_mode == "fsdp"]
-    ok = ok[:: max(1, len(ok) // 5)][:5]
-    simulate_candidates(ok, jobs=1)
-    for c in ok:
-        assert c.simulated["status"] == "OK" and 0 < lower_bound(c) <= c.simulated["iteration_s"] * (1 + 1e-9)
+    ok = sample(ok)
+    assert len(bounds_hold(ok)) == len(ok)
     mega = candidates_for(TOY, 16 * 1024, 16, H100, framework="megatron")
     assert all(c.layout.dp_mode == "zero" for c in mega.candidates)
 
