@@ -64,9 +64,9 @@ def explain(plan_file, out_format, as_json):
         a.table(["", "seconds", "share"], rows, title=f"\ntime on {where}'s compute stream (simulated):")
     if split is not None:
         a.table(["", "forward", "backward", "share"], moe_split_rows(split),
-                title="\none MoE layer by part (each op alone on the GPU; the busiest expert rank):")
+                title="\none MoE layer by part (analytic: each op alone on the GPU, the busiest expert rank):")
         a.table(["", "bytes"], [[k, fmt_bytes(v)] for k, v in split.memory_bytes.items()],
-                title="\nGPU memory by MoE part:")
+                title="\nGPU memory by MoE part (analytic):")
     add_memory_part(a, plan, res, mem, peaks)
     emit(a, resolve_format(out_format, False))
 

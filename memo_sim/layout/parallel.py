@@ -81,7 +81,7 @@ from dataclasses import asdict, dataclass, replace
 from itertools import product
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from memo_sim.errors import MemoError, validated
 from memo_sim.model.config import ModelConfig
@@ -313,11 +313,16 @@ class _LayoutIn(BaseModel):
     fsdp_shard: Annotated[int, Field(strict=True, ge=0, le=MAX_DEGREE)] = 0
     reshard_after_forward: bool = Field(True, strict=True)
 
-    @model_validator(mode="after")
-    def _total(self):
-        why = balance_why_not(self.moe_balance)
+    @field_validator("moe_balance")
+    @classmethod
+    def _balance(cls, v: str) -> str:
+        why = balance_why_not(v)
         if why:
             raise ValueError(why)
+        return v
+
+    @model_validator(mode="after")
+    def _total(self):
         total = self.tp * self.cp * self.ulysses * self.dp * self.pp
         if total > MAX_DEGREE:
             raise ValueError(f"degrees multiply to {total} GPUs, more than {MAX_DEGREE}; use smaller degrees")

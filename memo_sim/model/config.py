@@ -223,13 +223,6 @@ class ModelConfig:
         stays counted against the model dtype's peak)."""
         return f", {self.gemm_format} GEMMs" if self.gemm.quantised else ""
 
-    @property
-    def moe_words(self) -> str:
-        """'' for a dense model, else ', N active, E experts top-k' for a one-line summary."""
-        if not self.moe:
-            return ""
-        return f", {self.active_params() / 1e9:.2f}B active, {self.experts} experts top-{self.top_k}"
-
     def model_notes(self) -> list[str]:
         """What the model describes that memo approximates or leaves out, one sentence each (every
         what-if shows them)."""
@@ -297,7 +290,7 @@ class ModelConfig:
 
     @property
     def fc1_width(self) -> int:
-        return 2 * self.ffn if self.ffn_type == "swiglu" else self.ffn
+        return self.fc1_of(self.ffn)
 
     # --- mixture of experts ---------------------------------------------------------------
     @property
@@ -320,18 +313,24 @@ class ModelConfig:
 
     @property
     def expert_fc1_width(self) -> int:
-        return 2 * self.expert_width if self.ffn_type == "swiglu" else self.expert_width
+        return self.fc1_of(self.expert_width)
 
     @property
     def shared_width(self) -> int:
         """The shared experts' FFN width, all of them together (0 without shared experts)."""
         return self.shared_experts * (self.shared_ffn or self.expert_width)
 
+    def fc1_of(self, width: int) -> int:
+        """The first GEMM's output width of an FFN of ``width``: gate and up (2 x width) for SwiGLU."""
+        return 2 * width if self.ffn_type == "swiglu" else width
+
+    def _ffn_linear(self, width: int) -> int:
+        """The GEMM weights of an FFN of ``width``: h -> fc1, width -> h."""
+        return self.hidden * self.fc1_of(width) + width * self.hidden
+
     def _ffn_params(self, width: int, bias: bool) -> int:
-        h = self.hidden
-        if self.ffn_type == "swiglu":
-            return 3 * h * width + ((2 * width + h) if bias else 0)
-        return 2 * h * width + ((width + h) if bias else 0)
+        """An FFN's weights and, with ``bias``, its biases (fc1's and the output's)."""
+        return self._ffn_linear(width) + ((self.fc1_of(width) + self.hidden) if bias else 0)
 
     @_counted
     def expert_params(self) -> int:
@@ -404,10 +403,7 @@ class ModelConfig:
             attn -= h
         if self.mla:
             attn -= self.kv_lora_rank + self.q_lora_rank  # the latent norms
-        if self.moe:
-            ffn = (self.experts * self.expert_width + self.shared_width) * (h * self.expert_fc1_width // self.expert_width + h)
-        else:
-            ffn = h * self.fc1_width + self.ffn * h
+        ffn = self.expert_linear_params() + self._ffn_linear(self.shared_width) if self.moe else self._ffn_linear(self.ffn)
         return attn + ffn
 
     @_counted
@@ -436,7 +432,7 @@ class ModelConfig:
         """The routed experts' linear weights of one MoE layer (no biases; 0 for a dense model)."""
         if not self.moe:
             return 0
-        return self.experts * (self.hidden * self.expert_fc1_width + self.expert_width * self.hidden)
+        return self.experts * self._ffn_linear(self.expert_width)
 
     @_counted
     def embedding_params(self) -> int:

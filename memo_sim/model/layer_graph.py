@@ -197,7 +197,7 @@ def layer_tensors(model: ModelConfig, tp_mode: str = "megatron") -> MappingProxy
              "kvlr": model.kv_lora_rank, "kvlr_rope": model.kv_lora_rank + model.qk_rope_dim,
              "experts32": model.experts * FP32_BYTES // b if b else model.experts, "k_h": k * model.hidden,
              "k_ef1": k * model.expert_fc1_width, "k_ef": k * model.expert_width,
-             "sf1": 2 * model.shared_width if model.ffn_type == "swiglu" else model.shared_width, "sf": model.shared_width}
+             "sf1": model.fc1_of(model.shared_width), "sf": model.shared_width}
     # q, v and attn are as wide as the queries, the values and the attention output (hidden for a standard layer)
     rename = {"q": "q", "v": "v", "attn": "attn"}
     specs = [TensorSpec(n, width[rename.get(n, w)], LSE_BYTES if role == "lse" else
@@ -243,7 +243,7 @@ def _moe_ops(model: ModelConfig) -> list[OpSpec]:
     out = ("h1", "moe_out")
     if model.shared_experts:
         sw = model.shared_width
-        sw1 = 2 * sw if model.ffn_type == "swiglu" else sw
+        sw1 = model.fc1_of(sw)
         # the shared experts are a dense FFN on the TP group's tokens: ln2's all-gather (`forward_ops`) feeds
         # them, their output is reduce-scattered
         ops += [OpSpec("shared_fc1", "gemm", ("ln2",), ("sfc1",), gemm=(h, sw1)),
@@ -316,3 +316,10 @@ UNPLACED = {
             "recompute_ln1_gathered": "recomputed rows are written straight into the rounding buffer",
             "recompute_ln2_gathered": "recomputed rows are written straight into the rounding buffer"},
 }
+# The MoE block's transients and gradients: the executor's MoE block (memo_exec/moe) allocates them through the
+# caching allocator, beside the static arena (the simulator counts them there too, `memo_sim.memplan.trace_gen`)
+_MOE_WHY = "the MoE block's tensor: allocated by the caching allocator beside the static arena (memo_exec/moe)"
+_MOE_TENSORS = ("probs", "moe_in", "efc1", "eact", "efc2", "moe_out", "sfc1", "sact", "sfc2")
+UNPLACED["fwd"].update({n: _MOE_WHY for n in ("dispatch_recv", "combine_recv", "efc2", "moe_out", "sfc2")})
+UNPLACED["bwd"].update({f"d_{n}": _MOE_WHY for n in _MOE_TENSORS})
+UNPLACED["bwd"].update({n: _MOE_WHY for n in ("dispatch_grad_recv", "combine_grad_recv")})

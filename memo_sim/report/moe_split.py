@@ -47,7 +47,7 @@ def part_of(name: str) -> str:
 
 @dataclass(frozen=True)
 class MoeSplit:
-    label: str
+    label: str  # model, layout, tokens and the profile with its provenance (every number here is analytic)
     time_s: dict[str, dict[str, float]]  # phase (forward, backward) -> part -> seconds of one layer
     memory_bytes: dict[str, float]  # dense / expert states, dispatch buffers, one layer's saved expert / other activations
 
@@ -74,7 +74,8 @@ def moe_split(model: ModelConfig, layout: Layout, batch: int, seq: int, profile:
               # what one layer saves for its backward (its policy keeps, offloads or rebuilds them)
               "expert activations (one layer)": routed,
               "other activations (one layer)": other}
-    return MoeSplit(f"{model.name} {layout.label()}, {seq} tokens x {batch}", time_s, memory)
+    prof = f"{profile.name}, {'calibrated' if profile.calibrated else 'not calibrated: assumed kernel efficiency'}"
+    return MoeSplit(f"{model.name} {layout.label()}, {seq} tokens x {batch} ({prof})", time_s, memory)
 
 
 def moe_split_rows(split: MoeSplit) -> list[list[str]]:
@@ -110,14 +111,14 @@ def moe_split_figure(split: MoeSplit, path: str | Path) -> Path:
                 left += w
     ax_t.set_yticks([0, 1], ["forward", "backward"])
     ax_t.invert_yaxis()
-    ax_t.set_xlabel("one MoE layer on one GPU (ms; each op alone)")
+    ax_t.set_xlabel("one MoE layer on one GPU (ms, analytic: each op alone)")
     ax_t.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=4, frameon=False)
     names = list(split.memory_bytes)
     vals = [split.memory_bytes[n] / 2**30 for n in names]
     ax_m.barh(range(len(names)), vals, color=["#4C72B0", "#DD8452", "#C44E52", "#F1A340", "#55A868"][:len(names)])
     ax_m.set_yticks(range(len(names)), names, fontsize=8)
     ax_m.invert_yaxis()
-    ax_m.set_xlabel("GPU memory (GiB)")
+    ax_m.set_xlabel("GPU memory (GiB, analytic)")
     for y, v in enumerate(vals):
         ax_m.text(v, y, f" {v:.2f}", va="center", fontsize=7)
     fig.suptitle(f"where a MoE layer's time and the GPU's memory go: {split.label}", fontsize=9)

@@ -75,7 +75,8 @@ def whatif_answer(v: WhatIfView) -> Answer:
 
     a = Answer(verdict(v))
     m, prof = v.model, v.profile
-    a.line(f"{m.name} ({fmt_params(m.params())} params{m.moe_words}{m.gemm_words}), {fmt_count(v.seq)} tokens x "
+    moe = f", {fmt_params(m.active_params())} active, {m.experts} experts top-{m.top_k}" if m.moe else ""
+    a.line(f"{m.name} ({fmt_params(m.params())} params{moe}{m.gemm_words}), {fmt_count(v.seq)} tokens x "
            f"{v.batch_words}, {v.gpus} x {prof.gpu.model} ({prof.name})")
     for note in m.model_notes():
         a.line(f"model: {note}")
