@@ -78,6 +78,7 @@ def cli() -> None:
 def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens_file, dtype, seed, lr,
             no_memory_plan, profile, as_json, nproc, pg_timeout, progress) -> None:
     from memo_exec.distributed.launch import in_torchrun  # noqa: PLC0415
+    from memo_exec.plan_check import check_plan_contract  # noqa: PLC0415
     from memo_exec.runner import RunOptions, distributed_only, use_profile  # noqa: PLC0415
     from memo_sim.plan.schema import read_plan  # noqa: PLC0415
 
@@ -85,6 +86,9 @@ def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens
         progress = sys.stderr.isatty() and not as_json
     opts = RunOptions(device=device, steps=steps, layers=layers, attention_backend=attention_backend, dtype=dtype,
                       tokens_file=tokens_file, seed=seed, lr=lr, use_memory_plan=not no_memory_plan, profile=profile)
+    # what check-plan refuses, refused here too, before anything runs (every rank alike under torchrun)
+    plan = read_plan(plan_file)
+    check_plan_contract(plan, plan_file, not no_memory_plan, device)
     if in_torchrun():
         from memo_exec.distributed.launch import CommFailure, run_rank  # noqa: PLC0415
 
@@ -99,7 +103,6 @@ def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
-    plan = read_plan(plan_file)
     use_profile(plan, profile)  # a profile that does not load stops here, before anything runs
     if nproc is None and plan.layout.gpus == 1 and distributed_only(plan):  # e.g. SPPO with pp = 1
         _run_one_process(plan_file, opts, out_dir, as_json, pg_timeout, progress)

@@ -21,7 +21,7 @@ from memo_sim.request_trace import Buffer, RequestTrace
 from memo_sim.search.estimate import IterationEstimate, estimate_iteration, estimate_pipeline, memo_alpha
 from memo_sim.search.pipeline import pipeline_memory
 from memo_sim.search.plan_build import build_plan
-from memo_sim.search.plan_check import plan_problems
+from memo_sim.search.plan_check import plan_problems, runnable_problems, traced_by_executor
 from memo_sim.search.request import WhatifAnswer, WhatifRequest, answer_whatif
 from memo_sim.search.sppo import SppoPoint, SppoSearch, search_sppo, solve_point
 from memo_sim.search.whatif import (Candidate, WhatIfResult, candidates_for, default_jobs, fold_duplicates, rank,
@@ -36,7 +36,7 @@ __all__ = [
     "Plan", "Policy", "SimResult", "Timeline", "TimelineEvent", "WhatIfResult", "candidates_for", "check_layout",
     "attach_memory_plan", "estimate_iteration", "get_model", "get_policy", "load_profile", "memo_alpha", "memory_breakdown", "plan_memory",
     "policy_names", "rank", "read_plan", "simulate", "simulate_candidates", "sweep_alpha", "write_plan",
-    "default_jobs", "fold_duplicates", "build_plan", "plan_problems",
+    "default_jobs", "fold_duplicates", "build_plan", "plan_problems", "runnable_problems", "traced_by_executor",
     "WhatifAnswer", "WhatifRequest", "answer_whatif", "whatif",
     "SCHEDULE_NAMES", "check_schedule", "default_schedule", "estimate_pipeline", "pipeline_memory",
     "registered_schedules",

@@ -106,7 +106,8 @@ def test_memo_sim_imports_without_torch():
 SHARED = {"plan", "profile", "model", "layout", "tp", "policy", "errors", "units", "fileio", "timeline", "request_trace",
           "registry"}
 LOOP_CLOSING = {"memo_exec.validate", "memo_exec.trace", "memo_exec.report", "memo_exec.compare", "memo_exec.figures",
-                "memo_exec.cli", "memo_exec.calibrate", "memo_exec.pipeline.report", "memo_exec.sppo.report"}
+                "memo_exec.cli", "memo_exec.calibrate", "memo_exec.pipeline.report", "memo_exec.sppo.report",
+                "memo_exec.plan_check"}
 RUN_PATH = {"memo_exec", "memo_exec.runner", "memo_exec.layer", "memo_exec.activations", "memo_exec.arena",
             "memo_exec.streams", "memo_exec.measure", "memo_exec.device", "memo_exec.attention", "memo_exec.model",
             "memo_exec.data", "memo_exec.optim", "memo_exec.errors", "memo_exec.happens_before",

@@ -145,9 +145,12 @@ def _summary_lines(plan) -> list[str]:
     if peak is not None:
         out.append(f"  predicted peak GPU {peak.text()}")
     if plan.memory_plan is not None:
+        from memo_sim.search.plan_check import traced_by_executor
+
+        how = ("placed from memo-exec's recorded layer, which memo-exec run checks it against"
+               if traced_by_executor(plan) else "checked against this layer's forward and backward")
         out.append(f"  memory plan: transient arena {fmt_bytes(plan.memory_plan.transient_arena_bytes)}, "
-                   f"{sum(len(ph.offsets) for ph in plan.memory_plan.phases.values())} tensors placed "
-                   f"(checked against this layer's forward and backward)")
+                   f"{sum(len(ph.offsets) for ph in plan.memory_plan.phases.values())} tensors placed ({how})")
     if plan.schedule == "sppo":
         b, al = plan.policy.bounds, plan.policy.alphas
         out.append(f"  SPPO: PP={plan.layout.pp}, N={plan.policy.subseqs} ({plan.policy.partition} partition"

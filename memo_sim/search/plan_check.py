@@ -30,29 +30,58 @@ def plan_problems(plan: Plan) -> list[str]:
         load_profile(plan.profile)
     except MemoError as e:
         out.append(f"profile: {e}")
+    return out + runnable_problems(plan)
+
+
+def runnable_problems(plan: Plan, memory_plan: bool = True,
+                      traces: dict[str, RequestTrace] | None = None) -> list[str]:
+    """`plan_problems` less the profile's (`memo-exec run --profile` may name another file): the
+    policy's own plan fields and, with ``memory_plan``, MEMO's static memory plan. The executor
+    refuses a plan with the lines `memo-sim check-plan` refuses it with (``traces``: see
+    `memory_plan_problems`)."""
+    out = []
     check = getattr(plan.policy, "check", None)  # SPPO: the subsequence plan must fit the layout and length
     why = check(plan.model, plan.layout, plan.batch, plan.seq_tokens) if check else None
     if why:
         out.append(f"policy: {why}")
-    out += memory_plan_problems(plan)
+    if memory_plan:
+        out += memory_plan_problems(plan, traces)
     return out
 
 
-def memory_plan_problems(plan: Plan) -> list[str]:
+EXECUTOR_TRACE_SOURCE = "memo-exec trace"  # how a memory plan placed from the executor's own trace begins its source
+
+
+def traced_by_executor(plan: Plan) -> bool:
+    """Whether the plan's memory plan was placed from the executor's recorded layer trace (`memo-exec
+    trace --write-plan`): its tensors are the executor's, which only memo-exec can record."""
+    return plan.memory_plan is not None and plan.memory_plan.source.startswith(EXECUTOR_TRACE_SOURCE)
+
+
+def memory_plan_problems(plan: Plan, traces: dict[str, RequestTrace] | None = None) -> list[str]:
+    """The memory plan checked against the layer's tensors per phase: ``traces`` (``{"fwd": ...,
+    "bwd": ...}``, the executor passes its recorded layer for a plan placed from it) or, by
+    default, the simulator's trace generator (`memo_sim.memplan.trace_gen`). A plan placed from the
+    executor's trace is not checked without ``traces``: memo-exec run checks it."""
     mp = plan.memory_plan
     if mp is None:
         return []
     if not plan.policy.static_memory_plan:
         return [f"memory_plan: the {plan.policy.name} policy runs on PyTorch's caching allocator, not a static "
                 f"plan; drop memory_plan or re-create the plan"]
-    traces = {"fwd": layer_forward_trace(plan.model, plan.layout, plan.micro_batch, plan.seq_tokens),
-              "bwd": layer_backward_trace(plan.model, plan.layout, plan.micro_batch, plan.seq_tokens, plan.policy)}
+    if traces is None:
+        if traced_by_executor(plan):
+            return []
+        traces = {"fwd": layer_forward_trace(plan.model, plan.layout, plan.micro_batch, plan.seq_tokens),
+                  "bwd": layer_backward_trace(plan.model, plan.layout, plan.micro_batch, plan.seq_tokens, plan.policy)}
     out = []
     for ph in sorted(set(mp.phases) - set(traces)):
         out.append(f"memory_plan.phases.{ph}: not a phase of a layer (fwd, bwd)")
     for ph, trace in traces.items():
         where = f"memory_plan.phases.{ph}"
         p = mp.phases.get(ph)
+        if p is None and not trace.buffers:
+            continue
         if p is None:
             out.append(f"{where}: missing; re-create the plan with memo-sim whatif")
             continue

@@ -1,0 +1,115 @@
+"""[exec-complete] item 5: one plan checker for both sides.
+
+`memo-exec run` refuses a plan `memo-sim check-plan` refuses, with the same first line
+(`memo_sim.search.plan_check.runnable_problems`), before anything runs: here every offset of a
+tiny MEMO plan's memory plan is removed in turn (the what-if's plan, and a plan placed from the
+executor's own layer trace, which the executor checks against that layer)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+pytest.importorskip("torch")
+
+from memo_exec.cli import cli as exec_cli  # noqa: E402
+from memo_sim.cli import cli as sim_cli  # noqa: E402
+from tests.exec_helpers import time_limit  # noqa: E402
+
+TINY = ["--layers", "2", "--hidden", "64", "--heads", "4", "--ffn", "256", "--vocab", "128", "--dtype", "fp32"]
+
+
+@pytest.fixture(autouse=True)
+def _time_limit():
+    with time_limit(300):
+        yield
+
+
+@pytest.fixture(scope="module")
+def memo_plan(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("plan")
+    r = CliRunner().invoke(sim_cli, ["whatif", *TINY, "--seq", "512", "--gpus", "1", "--policy", "memo",
+                                     "--alpha", "0.5", "--jobs", "1", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    d = json.loads((out / "plan.json").read_text())
+    assert d["memory_plan"]["phases"]["fwd"]["offsets"] and d["memory_plan"]["phases"]["bwd"]["offsets"]
+    return d
+
+
+@pytest.fixture(scope="module")
+def traced_plan(tmp_path_factory, memo_plan) -> dict:
+    out = tmp_path_factory.mktemp("traced")
+    (out / "plan.json").write_text(json.dumps(memo_plan))
+    r = CliRunner().invoke(exec_cli, ["trace", str(out / "plan.json"), "--device", "cpu", "--out",
+                                      str(out / "t.json"), "--write-plan", str(out / "traced.json")])
+    assert r.exit_code == 0, r.output
+    d = json.loads((out / "traced.json").read_text())
+    assert d["memory_plan"]["source"].startswith("memo-exec trace")
+    return d
+
+
+def _without(plan: dict, phase: str, name: str) -> dict:
+    d = json.loads(json.dumps(plan))
+    del d["memory_plan"]["phases"][phase]["offsets"][name]
+    return d
+
+
+def _one_error_line(r) -> str:
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error:"), r.output
+    assert "Traceback" not in r.output
+    return lines[0]
+
+
+def _run(path, out) -> object:
+    return CliRunner().invoke(exec_cli, ["run", str(path), "--device", "cpu", "--steps", "1", "--out", str(out)])
+
+
+def test_every_removed_offset_is_refused_by_both(tmp_path, memo_plan):
+    names = [(ph, n) for ph, body in memo_plan["memory_plan"]["phases"].items() for n in body["offsets"]]
+    assert len(names) >= 10
+    for ph, name in names:
+        p = tmp_path / f"{ph}-{name}.json"
+        p.write_text(json.dumps(_without(memo_plan, ph, name)))
+        sim = CliRunner().invoke(sim_cli, ["check-plan", str(p)])
+        ex = _run(p, tmp_path / "out")
+        sim_line, ex_line = _one_error_line(sim), _one_error_line(ex)
+        assert f"memory_plan.phases.{ph}: no offset for 1 tensor(s) of the layer ({name})" in ex_line, ex_line
+        assert sim_line.split(": ", 1)[1] in ex_line  # the same problem, in the same words
+        assert "--no-memory-plan" in ex_line and not (tmp_path / "out").exists()
+
+
+def test_the_intact_plan_runs_and_no_memory_plan_skips_the_check(tmp_path, memo_plan):
+    p = tmp_path / "plan.json"
+    p.write_text(json.dumps(memo_plan))
+    assert CliRunner().invoke(sim_cli, ["check-plan", str(p)]).exit_code == 0
+    r = _run(p, tmp_path / "ok")
+    assert r.exit_code == 0, r.output
+    ph, name = "fwd", sorted(memo_plan["memory_plan"]["phases"]["fwd"]["offsets"])[0]
+    p2 = tmp_path / "broken.json"
+    p2.write_text(json.dumps(_without(memo_plan, ph, name)))
+    r = CliRunner().invoke(exec_cli, ["run", str(p2), "--device", "cpu", "--steps", "1", "--no-memory-plan",
+                                      "--out", str(tmp_path / "nomp")])
+    assert r.exit_code == 0, r.output  # the memory plan is not used, so its gap does not matter
+
+
+def test_a_plan_traced_from_the_executor_is_checked_against_its_layer(tmp_path, traced_plan):
+    p = tmp_path / "traced.json"
+    p.write_text(json.dumps(traced_plan))
+    assert _run(p, tmp_path / "ok").exit_code == 0
+    for ph, body in traced_plan["memory_plan"]["phases"].items():
+        for name in body["offsets"]:
+            q = tmp_path / f"{ph}-{name}.json"
+            q.write_text(json.dumps(_without(traced_plan, ph, name)))
+            line = _one_error_line(_run(q, tmp_path / "out"))
+            assert f"memory_plan.phases.{ph}: no offset for 1 tensor(s) of the layer ({name})" in line, line
+
+
+def test_check_plan_says_who_checks_an_executor_traced_plan(tmp_path, traced_plan):
+    p = tmp_path / "traced.json"
+    p.write_text(json.dumps(traced_plan))
+    r = CliRunner().invoke(sim_cli, ["check-plan", str(p)])
+    assert r.exit_code == 0, r.output
+    assert "placed from memo-exec's recorded layer, which memo-exec run checks it against" in r.output
