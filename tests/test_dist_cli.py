@@ -6,6 +6,7 @@ TP/CP plan."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -229,3 +230,27 @@ def test_killed_rank_reads_torchruns_root_cause():
     assert killed_rank(log) == (1, -9)
     assert killed_rank(log.replace("-9 (pid: 2)", "1 (pid: 2)")) is None  # exited by itself: its own line
     assert killed_rank("no summary") is None
+
+
+@pytest.mark.parametrize("group", [["--cp", "2"], ["--ulysses", "2"]], ids=["pp2-cp2", "pp2-ulysses2"])
+def test_whatif_pipeline_plan_with_a_sequence_group_runs_under_nproc(tmp_path, group):
+    """[exec-complete] the what-if's pp 2 x ring CP 2 and pp 2 x Ulysses 2 MEMO plans (1F1B, 2
+    micro-batches, 3 layers a stage) run under `memo-exec run --nproc 4 --device cpu`: every rank
+    reports the same losses, MEMO offloads (alpha 0.5), and the outputs merge the 4 ranks (the gradients against one
+    process: tests/test_pipeline_exec_dist.py)."""
+    r = subprocess.run([sys.executable, "-m", "memo_sim.cli", "whatif", "--layers", "6", "--hidden", "64", "--heads",
+                        "4", "--ffn", "256", "--vocab", "128", "--dtype", "fp32", "--seq", "512", "--gpus", "4",
+                        "--pp", "2", *group, "--schedule", "1f1b", "--policy", "memo", "--alpha", "0.5", "--jobs", "1", "--out",
+                        str(tmp_path)], capture_output=True, text=True, timeout=300, env=_env(), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["layout"]["pp"] == 2 and plan["schedule"] == "1f1b"
+    doc = _run_nproc(tmp_path / "plan.json", tmp_path / "run", 4, 3)
+    assert len(doc["per_rank"]) == 4
+    trace = json.loads((tmp_path / "run" / "trace.json").read_text())
+    assert {e["pid"] for e in trace["traceEvents"] if e.get("ph") == "X"} == set(range(4))
+    ops = {e["name"] for e in trace["traceEvents"] if e.get("ph") == "X"}
+    assert any(n.startswith("offload@") for n in ops) and any(n.startswith("recv_fwd@") for n in ops), sorted(ops)[:40]
+    assert len(doc["losses"]) == 3 and all(math.isfinite(x) for x in doc["losses"])
+    last = [r["last_loss"] for r in doc["per_rank"]]
+    assert max(last) - min(last) < 1e-9, last  # the summed loss reaches every rank

@@ -237,6 +237,28 @@ def test_pp4_and_pp2_tp2_match_one_process(slow):
         check(results[0][i], c[0], c[4] if len(c) > 4 else 0, c)
 
 
+# [exec-complete] item 1: every sequence layout inside the stages (4 ranks: pp 2 x a 2-way group)
+PP_SEQ = [(12, {"pp": 2, "cp": 2}, "1f1b", "store_all"), (12, {"pp": 2, "cp": 2}, "1f1b", "memo", 10),
+          (12, {"pp": 2, "cp": 2, "vpp": 2}, "interleaved_1f1b", "full_recompute"),
+          (12, {"pp": 2, "ulysses": 2}, "1f1b", "memo"), (12, {"pp": 2, "ulysses": 2}, "1f1b", "store_all", 10),
+          (12, {"pp": 2, "ulysses": 2, "vpp": 2}, "interleaved_1f1b", "memo"),
+          (12, {"pp": 2, "tp": 2, "sp": True, "tp_mode": "metp_ffn"}, "1f1b", "store_all"),
+          (12, {"pp": 2, "tp": 2, "sp": True, "tp_mode": "metp_ffn", "vpp": 2}, "interleaved_1f1b", "memo", 10),
+          (12, {"pp": 2, "tp": 2, "sp": True, "tp_mode": "metp"}, "1f1b", "memo")]
+
+
+def test_pipelines_with_ring_cp_ulysses_and_metp_match_one_process():
+    """pp 2 x ring CP 2, pp 2 x Ulysses 2 and pp 2 x METP (metp_ffn and metp, TP 2), 1F1B and
+    interleaved, store all / full recompute / MEMO, 4 micro-batches: the loss and every gradient as
+    one process (fp64); three 10-step curves on its loss curve. Each CP / Ulysses / METP rank talks to
+    the rank with its own coordinates in the other stage; MEMO offloads on every rank."""
+    results = spawn(rank_cases, 4, PP_SEQ, timeout=360)
+    for i, c in enumerate(PP_SEQ):
+        check(results[0][i], c[0], c[4] if len(c) > 4 else 0, c)
+        if c[3] == "memo":
+            assert all(r[i]["offloaded"] > 0 for r in results), c
+
+
 def test_memo_exec_run_of_a_pp4_memo_plan_writes_the_pipeline_outputs(tmp_path):
     """`memo-exec run plan.json --nproc 4 --device cpu` of a pp4 MEMO 1F1B plan: the merged trace
     holds every stage's per-micro-batch forward/backward, recompute, offload and receive waits;

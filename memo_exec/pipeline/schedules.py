@@ -111,8 +111,8 @@ class _ChunkTimer:
     def __init__(self, recorder, base: int) -> None:
         self.recorder, self.base = recorder, base
 
-    def span(self, op: str, layer: int | None, phase: str, **kw):
-        return self.recorder.span(op, None if layer is None else self.base + layer, phase, **kw)
+    def span(self, op: str, layer: int | None, phase: str, *args, **kw):
+        return self.recorder.span(op, None if layer is None else self.base + layer, phase, *args, **kw)
 
     def __getattr__(self, name):
         return getattr(self.recorder, name)
@@ -177,7 +177,7 @@ class PipelineSchedule(Schedule):
                         f"chunks hold {sorted(sizes)} layers: plan store_all or full_recompute, or an even split")
         elif n % (self.pp * self.vpp):
             return f"{n} layers do not split evenly into pp x vpp = {self.pp * self.vpp} model chunks"
-        return executor_stage_limit(lay.tp, lay.tp_mode, lay.cp, lay.ulysses, lay.zero)
+        return executor_stage_limit(lay)
 
     def chunk_layers(self, c: int) -> list[int]:
         lay = self.ex.layout

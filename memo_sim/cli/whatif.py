@@ -37,11 +37,7 @@ from memo_sim.cli.common import (
 )
 from memo_sim.errors import MemoError
 from memo_sim.fileio import OutputFolder, output_folder
-from memo_sim.layout.schedule import (
-    PIPELINE_SCHEDULES,
-    SCHEDULE_NAMES,
-    executor_stage_limit,
-)
+from memo_sim.layout.schedule import SCHEDULE_NAMES
 from memo_sim.plan.schema import with_profile_reference, write_plan
 from memo_sim.policy import policy_names
 from memo_sim.profile.loader import load_profile
@@ -283,7 +279,7 @@ def _print_answer(ans, paths: dict, elapsed: float, show: Show) -> None:
         plan_path=paths.get("plan.json"), sppo_plan_path=paths.get("plan-sppo.json"), no_plan=show.no_plan,
         metp_rows=_metp_vs_megatron(result.candidates, req.alpha), advice=ans.advice, fixes=_fixes(ans, shown),
         sensitivity=sensitivity_line(shown, req.profile, req.alpha), framework=req.framework,
-        memo_best=ans.memo_best, train_lines=_train_lines(best, show.train_budget), pipeline_note=_pipeline_note(best))
+        memo_best=ans.memo_best, train_lines=_train_lines(best, show.train_budget))
     emit(whatif_answer(view), show.out_format)
 
 
@@ -370,15 +366,6 @@ def _sweep_alpha(req, result, show: Show, t0: float) -> None:
                     f"(solver's alpha {solved:.3f})", ["alpha"], [([f"{r.policy.alpha:.3f}"], r) for r in res])
     a.line(f"figure: {png}")
     emit(a, show.out_format)
-
-
-def _pipeline_note(best) -> str:
-    if best is None or best.schedule not in PIPELINE_SCHEDULES:
-        return ""
-    gap = executor_stage_limit(best.layout.tp, best.layout.tp_mode, best.layout.cp, best.layout.ulysses,
-                               best.layout.zero)
-    return (f"memo-exec does not run this plan yet ({gap}); `memo-sim export` writes it for Megatron-LM, or fix "
-            f"--cp 1 --ulysses 1 for a plan it runs") if gap else ""
 
 
 def _train_lines(best, tokens: int | None) -> list[str]:

@@ -23,7 +23,6 @@ Plans written before schedules were named carry no ``schedule`` field; they read
 
 from __future__ import annotations
 
-from memo_sim.tp import tp_flavour
 
 SCHEDULE_NAMES = ("single_stage", "1f1b", "interleaved_1f1b", "sppo")
 PIPELINE_SCHEDULES = ("1f1b", "interleaved_1f1b")  # the micro-batch pipelines (any activation policy)
@@ -71,16 +70,12 @@ def check_schedule(schedule: str, *, pp: int, vpp: int, layers: int, batch: int,
     return None
 
 
-def executor_stage_limit(tp: int, tp_mode: str, cp: int, ulysses: int, zero: int) -> str | None:
-    """What memo's executor runs inside a stage of a micro-batch pipeline (1F1B, interleaved): TP
-    (Megatron, with or without SP) and data parallelism with ZeRO 0 or 1. None when a layout is
-    inside that, else what is outside it. The simulator prices more (ring CP, Ulysses); the
-    executor (`memo_exec.pipeline.schedules`) refuses those plans with this reason, and the
-    what-if says so when it writes one."""
-    if cp > 1 or ulysses > 1:
-        return "ring CP and Ulysses are not combined with pipeline stages in the executor: plan with cp = ulysses = 1"
-    if tp > 1 and tp_flavour(tp_mode).runs_rings:
-        return f"pipeline stages run Megatron TP (with or without SP), not {tp_mode}: plan with tp_mode megatron"
-    if zero >= 2:
+def executor_stage_limit(layout) -> str | None:
+    """What memo's executor does not run inside a stage of a micro-batch pipeline (1F1B,
+    interleaved), or None: every sequence layout (TP with or without SP, ring CP, Ulysses, METP's
+    rings) and data parallelism run in its stages, each rank talking to the rank with its own
+    coordinates in the next stage; ZeRO 2 and 3 do not (a stage keeps its own layers' weights and
+    gradients), which the simulator refuses with pipelines too (`memo_sim.layout.parallel`)."""
+    if layout.zero >= 2:
         return "pipeline stages keep their own layers' weights and gradients: plan with ZeRO 0 or 1"
     return None

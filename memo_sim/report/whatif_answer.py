@@ -41,7 +41,6 @@ class WhatIfView:
     framework: str = "any"
     memo_best: object = None
     train_lines: list = field(default_factory=list)
-    pipeline_note: str = ""
 
 
 def verdict(v: WhatIfView) -> str:
@@ -131,8 +130,6 @@ def whatif_answer(v: WhatIfView) -> Answer:
         up = runner_up_line(v.shown, b)
         if up:
             a.line(f"  {up}")
-        if v.pipeline_note:
-            a.line(f"  note: {v.pipeline_note}")
         for t in v.train_lines:
             a.line(f"  {t}")
     if v.sppo_plan_path:
