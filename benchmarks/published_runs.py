@@ -289,9 +289,10 @@ _XT_SELENE = ("8 HDR per node (dgx-a100-selene)", (("profile", "dgx-a100-selene"
 
 def _xtuner_variants(m: ModelConfig, gpus: int):
     """Inputs memo also runs an XTuner row with, beside its prediction (never counted): the other ZeRO stage of
-    XTuner's docs, DeepSpeed's 16-bit gradients (the `zero` recipe), and, where the run spans nodes, Selene's
+    XTuner's docs, fp32 gradients (DeepSpeed with data_types.grad_accum_dtype fp32; the `megatron` recipe), and, where the run spans nodes, Selene's
     eight HDR cards per node (the page states no interconnect)."""
-    out = [_XT_ZERO2, ("16-bit gradients (zero recipe)", (("arch", replace(m, precision="zero")),))]
+    out = [_XT_ZERO2, ("fp32 gradients (grad_accum_dtype fp32: megatron recipe)",
+                       (("arch", replace(m, precision="megatron")),))]
     if gpus > 8:
         out.append(_XT_SELENE)
     return tuple(out)
@@ -399,9 +400,10 @@ LONG_CHOICES = (
      "bf16. With --deepspeed, xtuner/tools/train.py at 7575f2c91 replaces the config's AmpOptimWrapper(dtype="
      "'float16') by DeepSpeedOptimWrapper and resolves the DeepSpeed json's 'fp16': auto and 'bf16': auto (both "
      "so in deepspeed_zero2.json and deepspeed_zero3.json) with auto_dtype_of_deepspeed_config "
-     "(xtuner/tools/utils.py): both true on an A100, so fp16 off and bf16 on. memo's deepspeed framework data "
-     "names a recipe for fp16 only, so bf16 takes memo's default (fp32 main gradients, reduced in fp32); DeepSpeed "
-     "ZeRO keeps and reduces 16-bit gradients: the 'zero recipe' variant beside each row"),
+     "(xtuner/tools/utils.py): both true on an A100, so fp16 off and bf16 on. memo's deepspeed framework data runs "
+     "bf16 with the zero recipe (16-bit gradients, reduced in bf16: DeepSpeed's engine accumulates gradients in the "
+     "model dtype unless data_types.grad_accum_dtype is set, and communicates in it); fp32 gradients are the "
+     "'megatron recipe' variant beside each row"),
     ("XTuner: recompute, kernel, loss",
      "full recompute: SupervisedFinetune(use_activation_checkpointing=True) by default (xtuner/model/sft.py, line "
      "77; the configs do not override it) checkpoints every HF decoder layer, and the hook counts it (3 + 1); "
@@ -799,42 +801,41 @@ _XT_MEMORY = (
     "table's own TFLOP/s fall from 128K to 256K where memory is tight (Yi-34B 191.8 to 145.3; Llama-2-70B 189.7 at "
     "128K SP 8 to 127.6 at 256K SP 16) and hold where it is not (Llama-2-7B, 30 GiB in memo: 180.3 to 176.9), the "
     "pattern of memory pressure rather than of the attention kernel, whose share of memo's layer is {attn}. Not "
-    "pinned down: the run's memory is not stated, and the interconnect (the 'dgx-a100-selene' variant) and DeepSpeed's "
-    "16-bit gradients (the 'zero recipe' variant) each move memo by less than 1%")
+    "pinned down: the run's memory is not stated, and the interconnect (the 'dgx-a100-selene' variant) and fp32 "
+    "gradients (the 'megatron recipe' variant) each move memo by less than 1%")
 OUTLIERS.update({
     "xtuner-llama2-70b-32k-sp4": (
         "memo too slow: the ZeRO-3 collectives it leaves exposed. memo's compute of a micro-batch (forward 6.5 s, "
-        "recompute 6.5 s, backward 14.6 s: 27.6 s) alone is the measured 27.2 s iteration; memo adds about 15 s a "
-        "micro-batch for the 70B weights gathered for the forward, the recompute and the backward and the gradients "
-        "reduce-scattered (every micro-batch, as DeepSpeed ZeRO-3 does at GAS 4) over 4 nodes at the profile's 12.5 "
-        "GB/s per GPU, the gradients in fp32 (memo's deepspeed framework data names no bf16 recipe, so memo's default "
-        "applies; DeepSpeed reduces 16-bit gradients). Two inputs the source does not state move it: the "
-        "interconnect (8 HDR per node, 'dgx-a100-selene': +2.4%) and the gradient width ('zero recipe': +18.5%; both: "
-        "+2.0%). The row is comm-bound only in memo: the cluster hid nearly all of it behind the compute, which memo "
-        "cannot do at 12.5 GB/s per GPU. The mechanism to fix is the deepspeed framework data's bf16 recipe; the "
-        "interconnect stays an unstated input"),
+        "recompute 6.5 s, backward 14.6 s: 27.6 s) alone is the measured 27.2 s iteration; memo adds about 5 s a "
+        "micro-batch for the 70B weights gathered for the forward, the recompute and the backward and the bf16 "
+        "gradients reduce-scattered (every micro-batch, as DeepSpeed ZeRO-3 does at GAS 4) over 4 nodes at the "
+        "profile's 12.5 GB/s per GPU (4 HDR cards per node). The interconnect is not stated: with Selene's 8 HDR "
+        "cards per node ('dgx-a100-selene') memo is at +2.0%. Before the deepspeed framework data ran bf16 with "
+        "DeepSpeed's 16-bit gradients (its engine's default) memo reduced fp32 gradients here and was +57.7%; the "
+        "'megatron recipe' variant beside the row shows it. The row is comm-bound only in memo: the cluster hid "
+        "nearly all of it behind the compute"),
     "xtuner-llama2-7b-1m-sp16": (
         "memo too fast; not pinned down. Attention is 94% of memo's layer (2 heads per GPU over the whole 1M-token "
         "sequence; the Ulysses all-to-alls across the 2 nodes of SP 16 are a few percent, and Selene's wider network "
         "makes memo faster still, -15.1%). The Llama-2-7B rows up to 256K (attention 87% of the layer) are within 6%, "
         "so the gap opens with the attention calls' size: 5.6e14 FLOPs per forward call here (256K: 7e13), beyond the "
         "last point of the a100 profile's FlashAttention-2 curves (assumed, flat at 76% forward / 60% backward of the "
-        "peak from 1e14 FLOPs; never calibrated at these lengths). memo's peak is 35 GiB, so memory pressure is "
+        "peak from 1e14 FLOPs; never calibrated at these lengths). memo's peak is 34 GiB, so memory pressure is "
         "unlikely. What the run does that memo does not model: HF's fp32 logits and torch cross-entropy on 65,536 "
         "tokens per GPU (8.4 GB of logits), XTuner's all-to-all of non-contiguous head slices"),
     "xtuner-yi-34b-256k-sp8": _XT_MEMORY.format(
-        peak="58 GiB (72.5 GB reserved)", attn="82% here against 69% at 128K, where memo is within 7%",
+        peak="56 GiB (70.4 GB reserved)", attn="82% here against 69% at 128K, where memo is within 7%",
         extra="fp32 logits of 32,768 tokens x 64,000 = 8.4 GB and their gradient, the K/V heads repeated 7-fold "
               "before the all-to-all"),
     "xtuner-llama2-70b-128k-sp8": _XT_MEMORY.format(
-        peak="67 GiB (78.8 GB reserved)", attn="63%",
+        peak="63 GiB (74.5 GB reserved)", attn="63%",
         extra="fp32 logits of 16,384 tokens x 32,000 = 2.1 GB and their gradient, the K/V heads repeated 8-fold "
               "before the all-to-all (also 2.4x the all-to-all bytes memo prices for GQA; on NVLink a few ms a layer)"),
     "xtuner-yi-34b-128k-sp8-16gpu": (
         "memo too fast; not pinned down. The table states no GPU (memo runs the speed page's A100-SXM4-80GB), and the "
         "same model, length, SP and config on 32 GPUs (xtuner-yi-34b-128k-sp8) ran at 251.1 TGS, this 16-GPU run at "
         "227 (10% slower), while memo predicts both at 60.7 s an iteration: the ZeRO-3 collectives are hidden under "
-        "the compute in both, and halving the ZeRO-3 group only raises memo's peak (39 to 57 GiB). Candidates: "
+        "the compute in both, and halving the ZeRO-3 group only raises memo's peak (37 to 53 GiB). Candidates: "
         "memory pressure (the HF path's 8.4 GB of fp32 logits on top; see xtuner-yi-34b-256k-sp8), DeepSpeed "
         "ZeRO-3's per-module gathers with half the ranks (twice the shard each rank gathers from, per layer hidden in "
         "memo), and different hardware or software than the speed page's"),
@@ -847,6 +848,12 @@ HISTORY = (
      "buckets for every framework (megatron@2021 did not exist)",
      {"megatron2021-1.7B": -0.369, "megatron2021-3.6B": -0.317, "megatron2021-7.5B": -0.226,
       "megatron2021-18B": -0.205, "korthikanti-22B-full": -0.135}),
+    ("35384d9", "2026-11-25", "before the deepspeed framework data ran bf16 with DeepSpeed's 16-bit gradients (memo's "
+     "default then: fp32 main gradients, reduced in fp32)",
+     {"xtuner-llama2-7b-32k-sp1": -0.045, "xtuner-llama2-7b-128k-sp8": -0.046, "xtuner-llama2-7b-256k-sp8": -0.058,
+      "xtuner-llama2-7b-1m-sp16": -0.132, "xtuner-yi-34b-32k-sp2": -0.090, "xtuner-yi-34b-128k-sp8": -0.070,
+      "xtuner-yi-34b-256k-sp8": -0.267, "xtuner-llama2-70b-32k-sp4": 0.577, "xtuner-llama2-70b-128k-sp8": -0.104,
+      "xtuner-yi-34b-128k-sp8-16gpu": -0.159}),
 )
 
 

@@ -106,17 +106,22 @@ def scratch_peak(events: list[tuple[str, str, str, int]], phase: str, skip: set[
 
 def estimate_memory(model, batch: int, seq: int, dtype, policy, backend, dims, requests, arena_plan,
                     classifier_chunk_tokens: int, largest_param_numel: int, grad_dtype=None,
-                    layer_grad_bytes: int = 0) -> MemoryEstimate:
+                    layer_grad_bytes: int = 0, optimizer_on_host: bool = False) -> MemoryEstimate:
     """``policy``: the executor policy (sizes only); ``requests``: the layer's recorded scratch
     requests (`memo_exec.arena.AllocRecorder`); ``arena_plan``: the parsed memory plan or None;
     ``grad_dtype``: the gradients the optimizer reads (fp32 main gradients under Megatron's recipe,
     `memo_exec.optim.main_grad_dtype`), whose 16-bit layer gradients (``layer_grad_bytes``) then
-    live during that layer's backward only."""
+    live during that layer's backward only. ``optimizer_on_host`` (optimizer offload,
+    `memo_exec.optim_offload`): AdamW's states and its step's temporaries are host memory, so the
+    device keeps the weights and the gradients only."""
     T, h, V = batch * seq, model.hidden, model.vocab
     e, acc_e = element_size(dtype), element_size(acc_dtype(dtype))
     P = model.params()
     dev = policy.device_bytes()
-    terms = {"model_states": model_state_bytes(P, dtype, grad_dtype),
+    states = model_state_bytes(P, dtype, grad_dtype)
+    if optimizer_on_host:
+        states -= AdamW.state_bytes_for(P, dtype)
+    terms = {"model_states": states,
              "skeletal_resident": dev.get("skeletal_resident", 0), "buffers": dev.get("buffers", 0),
              "lse": dev.get("lse", 0), "norm_stats": dev.get("norm_stats", 0)}
 
@@ -140,7 +145,7 @@ def estimate_memory(model, batch: int, seq: int, dtype, policy, backend, dims, r
     widened = chunk * V * (acc_e + e) if acc_e != e else 0  # fp32 softmax copy and the gradient cast back
     head = 3 * hidden + V * h * e + chunk * V * e + widened
     terms["classifier_peak"] = max(head, hidden + V * h * e)  # or the embedding's dense gradient beside dy
-    terms["optimizer_step_peak"] = AdamW.step_temporary_bytes(largest_param_numel, dtype)
+    terms["optimizer_step_peak"] = 0 if optimizer_on_host else AdamW.step_temporary_bytes(largest_param_numel, dtype)
     static = sum(terms[k] for k in STATIC_TERMS)
     terms["peak_total"] = int(static + max(terms["transient_peak"] + terms["layer_boundary"],
                                            terms["classifier_peak"], terms["optimizer_step_peak"]))

@@ -25,7 +25,8 @@ from memo_exec.layer import LayerCompute, LayerStorage, LayerWeights, carve_stor
 from memo_exec.measure import Recorder, StepRecord, steady_state, summarize_step
 from memo_exec.memory_estimate import MemoryEstimate, check_fit, estimate_memory
 from memo_exec.model import GPT, NO_HOOKS, LayerRuntime, MainGrads, forward_loss
-from memo_exec.optim import AdamW, NonFiniteGradient, main_grad_dtype
+from memo_exec.optim import NonFiniteGradient, main_grad_dtype
+from memo_exec.optim_offload import make_adamw
 from memo_exec.speed_probe import SpeedProbe
 from memo_exec.streams import make_engine
 from memo_sim.model.flops import ATTN_BWD_FACTOR, classifier_flops, op_flops
@@ -81,9 +82,6 @@ def run_model(plan: Plan, opts: RunOptions) -> ModelConfig:
     """The model a run trains: the plan's, with ``--layers`` of its layers when given (never more).
     A plan whose layer GEMMs run in a quantised format (FP8) is refused: the executor's GEMMs run in
     the run's dtype, so it would measure another plan than the one predicted."""
-    if plan.layout.optimizer_offload:
-        raise ExecError(f"plan layout {plan.layout.label()}: optimizer_offload: the executor keeps the optimizer on the "
-                        "device (no host optimizer yet); plan with --no-optimizer-offload to run it")
     if plan.model.gemm.quantised:
         raise ExecError(f"plan model {plan.model.name}: gemm_format {plan.model.gemm_format}: the executor runs the "
                         f"layer GEMMs in the run's dtype only (no FP8 kernels yet); plan with --precision bf16 to run it")
@@ -182,7 +180,7 @@ def size_plan(plan: Plan, model: ModelConfig, dtype: torch.dtype, backend, use_m
     layer_grads = MainGrads.layer_grad_bytes(meta_gpt.layers[0]) if grad_dtype != dtype else 0
     est = estimate_memory(model, batch, seq, dtype, policy, backend, dims, requests, arena_plan,
                           plan.classifier_chunk_tokens, largest, grad_dtype=grad_dtype,
-                          layer_grad_bytes=layer_grads)
+                          layer_grad_bytes=layer_grads, optimizer_on_host=plan.layout.optimizer_offload)
     return PlanSizes(policy, requests, arena_plan, unplanned, est)
 
 
@@ -333,8 +331,9 @@ class Executor(ExecutorBase):
         self.main_grads = MainGrads(self.gpt, gdt) if gdt != dt else None
         if self.main_grads is None:
             self.gpt.alloc_grads()
-        self.optimizer = AdamW(self.gpt.parameters(), lr=self.opts.lr, weight_decay=self.opts.weight_decay,
-                               main_grads=self.main_grads.main if self.main_grads is not None else None)
+        self.optimizer = make_adamw(self.gpt.parameters(), self.plan.layout.optimizer_offload, lr=self.opts.lr,
+                                    weight_decay=self.opts.weight_decay,
+                                    main_grads=self.main_grads.main if self.main_grads is not None else None)
         self.compute = LayerCompute(m, self.batch, self.seq, dt, dev, self.backend, self.scratch, self.recorder)
         self.policy = make_policy(self.plan.policy, m, self.batch, self.seq, m.layers, dt, dev, self.engine,
                                   self.recorder, self.compute)

@@ -259,7 +259,7 @@ class DistExecutor(ExecutorBase):
         named = [(f"{k}.{n}", q) for k, lw in enumerate(gpt.layers) for n, q in lw.named_parameters() if is_expert(n)]
         if named:
             self.expert_sync = ExpertGradSync(named, self.expert_groups.edp_group, self.opts.lr,
-                                              self.opts.weight_decay, self.recorder)
+                                              self.opts.weight_decay, self.recorder, self.layout.optimizer_offload)
 
     def make_activation_policy(self, layers: int):
         """A new instance of the plan's activation policy over ``layers`` layers of this rank (not

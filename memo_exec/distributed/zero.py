@@ -51,7 +51,7 @@ from memo_exec.distributed.collectives import all_gather_single, reduce_scatter_
 from torch import nn
 
 from memo_exec.model import LayerHooks
-from memo_exec.optim import AdamW
+from memo_exec.optim_offload import make_adamw
 
 
 class _Unit:
@@ -123,7 +123,9 @@ class GradSync(LayerHooks):
             self.param_shards = [nn.Parameter(u.shard(u.flat).detach()) for u in self.units]
         for ps, gs in zip(self.param_shards, self.grad_shards):
             ps.grad = gs
-        self.optimizer = AdamW(self.param_shards, lr=lr, weight_decay=weight_decay, check_finite=False)
+        # the owned shards' optimizer, on the device or (optimizer offload) on the host
+        self.optimizer = make_adamw(self.param_shards, lay.optimizer_offload, lr=lr, weight_decay=weight_decay,
+                                    check_finite=False)
         if zero >= 3:
             for u in self.units[1:]:
                 self._free(u)

@@ -14,16 +14,17 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from memo_exec.optim import AdamW
+from memo_exec.optim_offload import make_adamw
 
 
 class ExpertGradSync:
     def __init__(self, named: list[tuple[str, torch.nn.Parameter]], group, lr: float, weight_decay: float,
-                 timer) -> None:
+                 timer, offload: bool = False) -> None:
         self.named, self.group, self.timer = named, group, timer
         for _, p in named:
             p.grad = torch.zeros_like(p)
-        self.optimizer = AdamW([p for _, p in named], lr=lr, weight_decay=weight_decay, check_finite=False)
+        self.optimizer = make_adamw([p for _, p in named], offload, lr=lr, weight_decay=weight_decay,
+                                    check_finite=False)
 
     def end_backward(self) -> None:
         if self.group is None:
