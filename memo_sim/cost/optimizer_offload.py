@@ -17,7 +17,8 @@ working weights and the gradient buffer. Each step then:
 3. copies the updated working weights back (the recipe's ``weight_bytes`` per parameter).
 
 The three run one after the other (``--overlap-cpu-optimizer-d2h-h2d``, which pipelines them over
-parameter groups, is not modelled), while the GPU waits. The executor does not run it.
+parameter groups, is not modelled), while the GPU waits. The executor runs the same three phases
+(`memo_exec.optim_offload`).
 """
 
 from __future__ import annotations
