@@ -7,7 +7,6 @@ host's memory bandwidth; the what-if searches it where nothing else fits."""
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import pytest
 
