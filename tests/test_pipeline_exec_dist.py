@@ -200,12 +200,21 @@ def test_a_reload_that_ignores_its_copy_event_is_a_race():
 def test_uneven_stages_match_one_process():
     """[modern-training] uneven stages: 11 layers over pp 2 as 5 + 6 (Megatron's
     --decoder-first-pipeline-num-layers 5), 1F1B, store all and MEMO: loss and every gradient as one
-    process; each rank runs its own layers."""
+    process; each rank runs its own layers. And interleaved MEMO over chunks of unequal sizes."""
     cases = [(11, {"pp": 2, "first_stage_layers": 5}, "1f1b", pol) for pol in ("store_all", "memo")]
-    results = spawn(rank_cases, 2, cases, timeout=300)
+    # interleaved over chunks of unequal sizes (the embedding and the loss accounted as layers, as the
+    # what-if plans by default): MEMO gets one policy instance per chunk size and slot
+    uneven = [(14, {"pp": 2, "vpp": 2, "account_embedding_loss": True}, "interleaved_1f1b", "memo", 10),
+              (6, {"pp": 2, "vpp": 2, "account_embedding_loss": True}, "interleaved_1f1b", "memo")]
+    results = spawn(rank_cases, 2, cases + uneven, timeout=300)
     for i, c in enumerate(cases):
         check(results[0][i], c[0], 0, c)
         assert results[0][i]["layers"] == [0, 1, 2, 3, 4] and results[1][i]["layers"] == list(range(5, 11)), c
+    for i, c in enumerate(uneven, start=len(cases)):
+        check(results[0][i], c[0], c[4] if len(c) > 4 else 0, c)
+    k = len(cases)  # 14 layers + 2 slots = 16 over 4 chunks: rank 0 holds 3 + 4 layers, rank 1 4 + 3
+    assert results[0][k]["layers"] == [0, 1, 2, 7, 8, 9, 10] and results[1][k]["layers"] == [3, 4, 5, 6, 11, 12, 13]
+    assert all(r[k]["offloaded"] > 0 for r in results)
 
 
 def pp4_cases(slow: bool):

@@ -189,7 +189,8 @@ class DistExecutor(ExecutorBase):
         gathered = largest if lay.dp_mode != "fsdp" or lay.reshard_after_forward else P
         weights = P * e if z < 3 else P * e // D + gathered * e
         grads = P * e if z < 2 else P * e // D + largest * e
-        states = weights + grads + AdamW.state_bytes_for(P // D if z >= 1 else P, self.dtype)
+        optimizer = 0 if lay.optimizer_offload else AdamW.state_bytes_for(P // D if z >= 1 else P, self.dtype)
+        states = weights + grads + optimizer  # optimizer offload: AdamW's states on the host
         dev = self.policy.device_bytes()
         n = self.activation_sets  # one policy instance per micro-batch in flight (pipelines)
         terms = {"model_states": states, "skeletal_resident": n * dev.get("skeletal_resident", 0),

@@ -171,10 +171,6 @@ class PipelineSchedule(Schedule):
                                         lay.account_embedding_loss)
             if why:
                 return why
-            sizes = {len(self.chunk_layers(c)) for c in range(self.vpp)}
-            if len(sizes) > 1 and self.ex.plan.policy.offloads:
-                return (f"{self.ex.plan.policy.name}'s rounding buffers run over model chunks of one size; this rank's "
-                        f"chunks hold {sorted(sizes)} layers: plan store_all or full_recompute, or an even split")
         elif n % (self.pp * self.vpp):
             return f"{n} layers do not split evenly into pp x vpp = {self.pp * self.vpp} model chunks"
         return executor_stage_limit(lay)
@@ -196,20 +192,24 @@ class PipelineSchedule(Schedule):
         return self._chunk_size(), self.n_slots
 
     def build_runtimes(self) -> None:
+        """One activation policy per slot and chunk size: a policy runs over one chunk's layers
+        (MEMO's rounding buffers hold that chunk's last two layers and its offload schedule counts its
+        layers), so an uneven split's chunks of different sizes each get their own instance per slot."""
         ex = self.ex
-        lc = self._chunk_size()
-        pols = []
-        for k in range(self.n_slots):
-            pol = ex.make_activation_policy(lc)
-            pol.slot = k
-            pol.allocate()
-            pols.append(pol)
-        ex.policy = PolicySet(pols)
-        self.timers = [_ChunkTimer(ex.recorder, self.chunk_layers(c)[0]) for c in range(self.vpp)]
         sizes = [len(self.chunk_layers(c)) for c in range(self.vpp)]  # equal unless the split is uneven
+        pols: dict[tuple[int, int], object] = {}
+        for k in range(self.n_slots):
+            for n in sorted(set(sizes), reverse=True):
+                pol = ex.make_activation_policy(n)
+                pol.slot = k
+                pol.allocate()
+                pols[(k, n)] = pol
+        ex.policy = PolicySet(list(pols.values()))
+        self.timers = [_ChunkTimer(ex.recorder, self.chunk_layers(c)[0]) for c in range(self.vpp)]
         starts = [sum(sizes[:c]) for c in range(self.vpp)]  # each chunk's first local layer
-        self.runtimes = {(k, c): [LayerRuntime(j, ex.gpt.layers[starts[c] + j], pols[k], ex.compute, self.timers[c],
-                                               _OffsetHooks(ex.layer_hooks, starts[c])) for j in range(sizes[c])]
+        self.runtimes = {(k, c): [LayerRuntime(j, ex.gpt.layers[starts[c] + j], pols[(k, sizes[c])], ex.compute,
+                                               self.timers[c], _OffsetHooks(ex.layer_hooks, starts[c]))
+                                  for j in range(sizes[c])]
                          for k in range(self.n_slots) for c in range(self.vpp)}
         ex.runtimes = [rt for k in range(self.n_slots) for c in range(self.vpp) for rt in self.runtimes[(k, c)]]
 
