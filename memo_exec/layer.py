@@ -441,6 +441,17 @@ class LayerCompute:
         finally:
             self.scratch.prefix = ""
 
+    def recompute_attention(self, p: LayerWeights, S: LayerStorage, layer: int) -> None:
+        """Selective recompute: re-run the attention core from the kept q, k, v, rebuilding its
+        output and the backend's state (lse) for the backward."""
+        self.scratch.set_phase("bwd")
+        self.scratch.prefix = "rc_"
+        try:
+            with self.timer.span("attention", layer, "recompute"):
+                S.aux = self.backend.forward(S.q, S.k, S.v, S.attn, self.dims, self.scratch)
+        finally:
+            self.scratch.prefix = ""
+
     def recompute_full(self, p: LayerWeights, S: LayerStorage, layer: int) -> None:
         """Full recompute: re-run the forward (attention included) from x, without fc2 and y."""
         self.scratch.set_phase("bwd")
