@@ -441,16 +441,31 @@ class LayerCompute:
         finally:
             self.scratch.prefix = ""
 
+    def recompute_norms(self, p: LayerWeights, S: LayerStorage, layer: int) -> None:
+        """Megatron's ``--recompute-modules layernorm``: rebuild the two norms' outputs (and their
+        statistics) from the kept x and h1 before the layer's backward."""
+        sp = self.timer.span
+        with sp("ln1", layer, "recompute"):
+            self._norm(S.x, p.ln1_w, p.ln1_b, S.ln1, S.stats[0], S.stats[1])
+        with sp("ln2", layer, "recompute"):
+            self._norm(S.h1, p.ln2_w, p.ln2_b, S.ln2, S.stats[2], S.stats[3])
+
     def recompute_attention(self, p: LayerWeights, S: LayerStorage, layer: int) -> None:
-        """Selective recompute: re-run the attention core from the kept q, k, v, rebuilding its
-        output and the backend's state (lse) for the backward."""
-        self.scratch.set_phase("bwd")
-        self.scratch.prefix = "rc_"
+        """Selective recompute: re-run the attention core from the kept q, k, v, rebuilding the
+        backend's state (lse) for the backward. Its output is written to scratch and dropped: the
+        kept ``attn`` holds the same values, and rewriting it in place would bump the version of
+        the layer's storage block, which a MoE block's kept autograd graph (its ln2 leaf) shares."""
+        X = self.scratch
+        X.set_phase("bwd")
+        X.prefix = "rc_"
         try:
             with self.timer.span("attention", layer, "recompute"):
-                S.aux = self.backend.forward(S.q, S.k, S.v, S.attn, self.dims, self.scratch)
+                out = X.get("attn_out", tuple(S.attn.shape), self.dtype)
+                S.aux = self.backend.forward(S.q, S.k, S.v, out, self.dims, X)
+                X.free("attn_out")
+                del out
         finally:
-            self.scratch.prefix = ""
+            X.prefix = ""
 
     def recompute_full(self, p: LayerWeights, S: LayerStorage, layer: int) -> None:
         """Full recompute: re-run the forward (attention included) from x, without fc2 and y."""

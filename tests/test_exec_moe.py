@@ -34,7 +34,7 @@ SEQ = 64
 MOE = ModelConfig("moe-small", 4, 64, 4, 128, vocab=128, dtype="fp32", experts=4, top_k=2, expert_ffn=48,
                   shared_experts=1, shared_ffn=32, shared_gate=True, dense_layers=1, ffn_type="swiglu",
                   norm="rmsnorm", bias="none", moe_bias=True)
-POLICIES = ("store_all", "full_recompute", "memo")
+POLICIES = ("store_all", "full_recompute", "memo", "recompute_moe", "selective_recompute")
 
 
 def plan_for(lay: dict, pol: str, batch: int = 1, schedule: str = "", micro: int = 0, model: ModelConfig = MOE):
@@ -198,7 +198,9 @@ def test_top_k_ties_pick_the_lower_expert_index():
 
 @pytest.mark.parametrize("pol", POLICIES)
 def test_single_process_policies_agree(pol):
-    """Store all keeps the blocks' graphs, full recompute and MEMO rebuild them: same loss and gradients."""
+    """Store all keeps the blocks' graphs, full recompute, MEMO and recompute_moe (Megatron's
+    --recompute-modules layernorm moe: the norms rebuilt, the block re-run) rebuild them, selective
+    recompute re-runs the attention core: same loss and gradients."""
     with time_limit(60):
         loss, grads, _ = executor_grads(plan_for({}, pol), dtype="fp64")
         ref_loss, ref, _ = reference("store_all", 1)
@@ -219,7 +221,9 @@ TWO = [dict(lay=dict(dp=2, ep=2), pol="store_all", steps=10),
        dict(lay=dict(dp=2, ep=2, zero=2), pol="store_all"),  # per-layer reduce-scatter of the dense part
        dict(lay=dict(dp=2, ep=2, zero=3), pol="store_all"),  # weights freed between forward and backward
        dict(lay=dict(dp=2, ep=2), pol="store_all", dtype="fp32"),  # the brief's fp32 at 1e-5
-       dict(lay=dict(dp=2, ep=2), pol="memo", variant=1)]  # sigmoid router, GELU, LayerNorm, no shared experts
+       dict(lay=dict(dp=2, ep=2), pol="memo", variant=1),  # sigmoid router, GELU, LayerNorm, no shared experts
+       dict(lay=dict(dp=2, ep=2), pol="recompute_moe", steps=10),  # the block re-run, its all-to-alls too
+       dict(lay=dict(tp=2, sp=True, ep=2), pol="recompute_moe")]
 
 
 def test_two_ranks_dp2_ep2_match_single_process():

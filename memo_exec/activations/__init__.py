@@ -8,10 +8,13 @@ One module per policy, registered under the simulator's policy name (`registry`)
 - `full_offload`, `memo` (`token_offload.TokenOffload`): MEMO's two rounding buffers, an offload
   and a prefetch stream, token-wise recompute of what was not offloaded.
 - `selective_recompute`: store all's tensors; the attention core re-run before each backward.
+- `recompute_moe` (Megatron's ``--recompute-modules layernorm moe``): the norms' outputs rebuilt
+  and the MoE block re-run before each backward.
 """
 
 # isort: off
-from memo_exec.activations import store_all, full_recompute, full_offload, memo, selective_recompute  # noqa: F401
+from memo_exec.activations import store_all, full_recompute, full_offload, memo  # noqa: F401  (registration)
+from memo_exec.activations import selective_recompute, recompute_moe  # noqa: F401
 # isort: on
 from memo_exec.activations.base import ActivationPolicy
 from memo_exec.activations.registry import make_policy, register, registered, sim_policy_name

@@ -12,8 +12,9 @@ modules' forward before each layer's backward. One policy per module set memo pr
 
 Memory: store all's minus the group's bytes (`memo_sim.cost.activations.RECOMPUTE_GROUPS`), which
 the recompute allocates again while the layer's backward runs. Both are for mixture-of-experts
-models (``needs_experts``); the what-if leaves them out for a dense model. memo's executor does not
-run them.
+models (``needs_experts``); the what-if leaves them out for a dense model. memo's executor runs
+``recompute_moe`` (`memo_exec.activations.recompute_moe`); ``recompute_norm_act``, whose experts'
+activation alone is rebuilt inside the MoE block, it refuses in one line.
 """
 
 from __future__ import annotations

@@ -1,0 +1,48 @@
+"""Megatron-LM's ``--recompute-granularity selective --recompute-modules layernorm moe``
+(`memo_sim.policy.recompute_modules.RecomputeMoe`): every layer keeps store all's skeletal tensors
+but the two norms' outputs, which live in one shared buffer and are rebuilt from the kept x and h1
+before each layer's backward (`memo_exec.layer.LayerCompute.recompute_norms`), and the MoE block
+keeps only its routing: its backward re-runs the block's forward (router, dispatch, experts,
+combine, the all-to-alls too) from the rebuilt ln2 (`memo_exec.moe.block`).
+``recompute_norm_act`` (``layernorm moe_act``: the experts' activation alone rebuilt inside the
+block) is not run: the block keeps or re-runs its internals whole.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from memo_exec.activations.base import ActivationPolicy
+from memo_exec.activations.registry import register
+from memo_exec.errors import ExecError
+from memo_exec.layer import SKELETAL, LayerStorage, carve_storage, storage_bytes
+
+NORMS = ("ln1", "ln2")
+
+
+@register("recompute_moe")
+class RecomputeMoe(ActivationPolicy):
+    _kept = tuple(n for n in SKELETAL if n not in NORMS)
+
+    def _bytes(self, names) -> int:
+        return storage_bytes(self.model, self.tokens, self.dtype, names, shapes=self.shapes)
+
+    def device_bytes(self) -> dict[str, int]:
+        n = self.layers
+        return {"skeletal_resident": n * self._bytes(self._kept), "buffers": self._bytes(NORMS),
+                "norm_stats": n * self._stats_bytes(), "lse": n * self.lse_bytes_per_layer()}
+
+    def allocate(self) -> None:
+        if self.compute is not None and not hasattr(self.compute, "recompute_norms"):
+            raise ExecError(f"policy recompute_moe: the {type(self.compute).__name__} layer does not rebuild its norms "
+                            "on their own; plan with tp_mode megatron or another policy")
+        kb = self._bytes(self._kept)
+        self.blocks = [torch.empty(kb, dtype=torch.uint8, device=self.device) for _ in range(self.layers)]
+        self.norm_block = torch.empty(self._bytes(NORMS), dtype=torch.uint8, device=self.device)
+        norms = carve_storage(self.norm_block, self.model, self.tokens, self.dtype, NORMS, shapes=self.shapes)
+        self.storages = [LayerStorage({**carve_storage(b, self.model, self.tokens, self.dtype, self._kept,
+                                                       shapes=self.shapes), **norms}, self._stats())
+                         for b in self.blocks]  # keep_moe_internals stays False: the block keeps its routing only
+
+    def recompute(self, compute, weights, storage, i: int) -> None:
+        compute.recompute_norms(weights, storage, i)
