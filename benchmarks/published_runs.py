@@ -799,7 +799,7 @@ _XT_MEMORY = (
     "usable GiB without the HF path's extra tensors ({extra}); near the 80 GB the caching allocator frees cached "
     "blocks and retries cudaMalloc, which memo's replay of the iteration does not see here (0 reorganisations). The "
     "table's own TFLOP/s fall from 128K to 256K where memory is tight (Yi-34B 191.8 to 145.3; Llama-2-70B 189.7 at "
-    "128K SP 8 to 127.6 at 256K SP 16) and hold where it is not (Llama-2-7B, 30 GiB in memo: 180.3 to 176.9), the "
+    "128K SP 8 to 127.6 at 256K SP 16) and hold where it is not (Llama-2-7B, 29 GiB in memo: 180.3 to 176.9), the "
     "pattern of memory pressure rather than of the attention kernel, whose share of memo's layer is {attn}. Not "
     "pinned down: the run's memory is not stated, and the interconnect (the 'dgx-a100-selene' variant) and fp32 "
     "gradients (the 'megatron recipe' variant) each move memo by less than 1%")
@@ -817,14 +817,14 @@ OUTLIERS.update({
     "xtuner-llama2-7b-1m-sp16": (
         "memo too fast; not pinned down. Attention is 94% of memo's layer (2 heads per GPU over the whole 1M-token "
         "sequence; the Ulysses all-to-alls across the 2 nodes of SP 16 are a few percent, and Selene's wider network "
-        "makes memo faster still, -15.1%). The Llama-2-7B rows up to 256K (attention 87% of the layer) are within 6%, "
+        "makes memo faster still, -15.2%). The Llama-2-7B rows up to 256K (attention 87% of the layer) are within 6%, "
         "so the gap opens with the attention calls' size: 5.6e14 FLOPs per forward call here (256K: 7e13), beyond the "
         "last point of the a100 profile's FlashAttention-2 curves (assumed, flat at 76% forward / 60% backward of the "
         "peak from 1e14 FLOPs; never calibrated at these lengths). memo's peak is 34 GiB, so memory pressure is "
         "unlikely. What the run does that memo does not model: HF's fp32 logits and torch cross-entropy on 65,536 "
         "tokens per GPU (8.4 GB of logits), XTuner's all-to-all of non-contiguous head slices"),
     "xtuner-yi-34b-256k-sp8": _XT_MEMORY.format(
-        peak="56 GiB (70.4 GB reserved)", attn="82% here against 69% at 128K, where memo is within 7%",
+        peak="56 GiB (70.4 GB reserved)", attn="82% here against 69% at 128K, where memo is within 8%",
         extra="fp32 logits of 32,768 tokens x 64,000 = 8.4 GB and their gradient, the K/V heads repeated 7-fold "
               "before the all-to-all"),
     "xtuner-llama2-70b-128k-sp8": _XT_MEMORY.format(
@@ -834,7 +834,7 @@ OUTLIERS.update({
     "xtuner-yi-34b-128k-sp8-16gpu": (
         "memo too fast; not pinned down. The table states no GPU (memo runs the speed page's A100-SXM4-80GB), and the "
         "same model, length, SP and config on 32 GPUs (xtuner-yi-34b-128k-sp8) ran at 251.1 TGS, this 16-GPU run at "
-        "227 (10% slower), while memo predicts both at 60.7 s an iteration: the ZeRO-3 collectives are hidden under "
+        "227 (10% slower), while memo predicts both at 60.5 s an iteration: the ZeRO-3 collectives are hidden under "
         "the compute in both, and halving the ZeRO-3 group only raises memo's peak (37 to 53 GiB). Candidates: "
         "memory pressure (the HF path's 8.4 GB of fp32 logits on top; see xtuner-yi-34b-256k-sp8), DeepSpeed "
         "ZeRO-3's per-module gathers with half the ranks (twice the shard each rank gathers from, per layer hidden in "
@@ -878,6 +878,12 @@ STEPS = (
      "still not expressible); the Mixtral-8x22B script comments moved out of the statistics as expected values (no "
      "mechanism change for the other rows; the dense rows unchanged): measured MoE rows 16 predicted at 13.6% / "
      "42.4%, the long-context subgroup 8 at 9.6% / 18.4%"),
+    ("35384d9", "+ issue #45's long-context dense runs (XTuner's speed benchmark and SP page, Megatron-DeepSpeed's "
+     "DeepSpeed4Science table; no mechanism change): dense 25 predicted at 9.4% / 57.7%, its long-context subgroup "
+     "10 at 15.5% / 57.7%"),
+    ("b9d09df", "the deepspeed framework data runs bf16 with DeepSpeed's 16-bit gradients (its "
+     "engine's default): the XTuner rows move (70B at 32K +57.7% to +18.5%, the others by under 1%), every other row "
+     "unchanged: dense 25 at 7.9% / 26.8%, long-context 10 at 11.8% / 26.8%"),
     ("issue #45 item 1", "+ 17 long-context dense runs (`LONG_RUNS`): XTuner's speed benchmark (11) and SP page (1), "
      "Ulysses SP with DeepSpeed ZeRO-3 on A100s, and Megatron-DeepSpeed's DeepSpeed4Science table (5); no mechanism "
      "change, every earlier row unchanged (the 15 earlier dense rows still 5.3% / 17.0%): 10 XTuner rows predicted at "
@@ -1098,7 +1104,8 @@ def report(results: list[Result], wall_s: float) -> str:
               "Selene's eight HDR HCAs per node. The model-state recipe is each framework version's for the run's "
               "dtype (its `precision.recipes`, as `memo-sim whatif --framework` applies it): fp16 with 16-bit "
               "gradients reduced in fp16 (recipe `zero`: `--accumulate-allreduce-grads-in-fp32` stays off under "
-              "fp16), bf16 with fp32 main gradients (recipe `megatron`)."]
+              "fp16), bf16 with fp32 main gradients (recipe `megatron`) for Megatron-LM and bf16 gradients reduced "
+              "in bf16 (recipe `zero`, DeepSpeed's engine default) for DeepSpeed."]
     lines += moe_report(moe) + [""]
     return "\n".join(lines)
 

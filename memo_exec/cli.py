@@ -88,7 +88,7 @@ def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens
                       tokens_file=tokens_file, seed=seed, lr=lr, use_memory_plan=not no_memory_plan, profile=profile)
     # what check-plan refuses, refused here too, before anything runs (every rank alike under torchrun)
     plan = read_plan(plan_file)
-    check_plan_contract(plan, plan_file, not no_memory_plan, device)
+    check_plan_contract(plan, plan_file, not no_memory_plan, device, attention_backend)
     if in_torchrun():
         from memo_exec.distributed.launch import CommFailure, run_rank  # noqa: PLC0415
 

@@ -39,6 +39,7 @@ from memo_exec.device import acc_dtype, element_size, gib
 from memo_exec.errors import FitError
 from memo_exec.layer import norm_backward_temp_bytes
 from memo_exec.optim import AdamW, model_state_bytes
+from memo_exec.optim_offload import HostAdamW
 
 # executor term -> the simulator's MemoryBreakdown field (None: computed here from the simulator's
 # skeletal bytes, or a term the simulator does not have)
@@ -151,7 +152,8 @@ def estimate_memory(model, batch: int, seq: int, dtype, policy, backend, dims, r
                                            terms["classifier_peak"], terms["optimizer_step_peak"]))
     detail = {"arena": arena, "outside_arena_fwd": outside["fwd"], "outside_arena_bwd": outside["bwd"],
               "attention_kernel_fwd": kernel["fwd"], "attention_kernel_bwd": kernel["bwd"]}
-    return MemoryEstimate({k: int(v) for k, v in terms.items()}, int(policy.host_bytes()), detail)
+    host = policy.host_bytes() + (HostAdamW.host_bytes_for(P, dtype) if optimizer_on_host else 0)
+    return MemoryEstimate({k: int(v) for k, v in terms.items()}, int(host), detail)
 
 
 def check_fit(est: MemoryEstimate, *, device_free: int, host_available: int, on_cuda: bool, what: str,

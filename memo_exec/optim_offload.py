@@ -31,6 +31,7 @@ class HostAdamW:
         self.params = [p for p in params if p.requires_grad]
         self.main_grads = main_grads
         self.pinned = any(p.device.type == "cuda" for p in self.params)
+        self.cuda_devices = sorted({p.device for p in self.params if p.device.type == "cuda"}, key=str)
         self.masters: list[nn.Parameter] = []
         for p in self.params:
             dtype = p.dtype if p.dtype in (torch.float32, torch.float64) else torch.float32
@@ -69,13 +70,15 @@ class HostAdamW:
                 continue
             buf.copy_(g, non_blocking=self.pinned)
             m.grad = buf
-        if self.pinned:
-            torch.cuda.synchronize()  # the host reads the gradients only once they are there
+        self._sync()  # the host reads the gradients only once they are there
         self.inner.step()
         for p, m in zip(self.params, self.masters):
             p.copy_(m.detach(), non_blocking=self.pinned)
-        if self.pinned:
-            torch.cuda.synchronize()  # the pinned masters may change again at the next step
+        self._sync()  # the pinned masters may change again at the next step
+
+    def _sync(self) -> None:
+        for d in self.cuda_devices:  # every device the parameters live on, not only the current one
+            torch.cuda.synchronize(d)
 
     def state_bytes(self) -> int:
         """Device bytes of the optimizer's states: none (they are on the host)."""
@@ -84,6 +87,12 @@ class HostAdamW:
     def host_state_bytes(self) -> int:
         """Host bytes: master weights, the gradient copies and AdamW's moments."""
         return sum(2 * m.numel() * m.element_size() for m in self.masters) + self.inner.state_bytes()
+
+    @staticmethod
+    def host_bytes_for(numel: int, dtype: torch.dtype) -> int:
+        """`host_state_bytes` before anything is allocated: master, gradient copy and two moments at
+        the state width (fp32, or fp64 for fp64 parameters)."""
+        return 4 * numel * (8 if dtype == torch.float64 else 4)
 
 
 def make_adamw(params, offload: bool, **kw):

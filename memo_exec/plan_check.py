@@ -19,18 +19,20 @@ from memo_sim.plan.schema import Plan
 TRACE_WIDTH = {2: "bf16", 4: "fp32", 8: "fp64"}  # a memory plan's element_bytes -> the dtype it was recorded at
 
 
-def check_plan_contract(plan: Plan, plan_file, use_memory_plan: bool = True, device: str | None = None) -> None:
+def check_plan_contract(plan: Plan, plan_file, use_memory_plan: bool = True, device: str | None = None,
+                        attention_backend: str | None = None) -> None:
     """Refuse a plan `memo-sim check-plan` refuses, with its first line (`memo_sim.search.plan_check`:
     the policy's plan fields and the static memory plan, e.g. a tensor without an offset), before
     anything runs. With ``--no-memory-plan`` the memory plan is not used, so it is not checked. A
     memory plan placed from the executor's recorded layer (`memo-exec trace --write-plan`) is
     checked by the same function against that layer, recorded again on the meta device for the
-    run's device type (``device``), at the width the plan was recorded at."""
+    run's device type (``device``) and attention backend (``attention_backend``, default the plan's),
+    at the width the plan was recorded at."""
     from memo_sim.api import runnable_problems, traced_by_executor  # noqa: PLC0415
 
     traces = None
     if use_memory_plan and traced_by_executor(plan):  # placed from this executor's own layer: check against it
-        traces = executor_layer_traces(plan, device)
+        traces = executor_layer_traces(plan, device, attention_backend)
     problems = runnable_problems(plan, memory_plan=use_memory_plan, traces=traces)
     if problems:
         fix = "; or run it with --no-memory-plan" if problems[0].startswith("memory_plan") else ""
@@ -38,7 +40,7 @@ def check_plan_contract(plan: Plan, plan_file, use_memory_plan: bool = True, dev
         raise ExecError(f"{plan_file}: {problems[0]}{more}{fix}")
 
 
-def executor_layer_traces(plan: Plan, device: str | None) -> dict:
+def executor_layer_traces(plan: Plan, device: str | None, attention_backend: str | None = None) -> dict:
     """{phase: the executor's layer requests of that phase} on the meta device, as `memo-exec trace`
     records them for ``device``'s type at the plan's recorded element width."""
     from memo_exec.trace import record_layer_trace  # noqa: PLC0415
@@ -48,5 +50,5 @@ def executor_layer_traces(plan: Plan, device: str | None) -> dict:
     dtype = TRACE_WIDTH.get(width) if width else None
     target = "cpu" if (device or "auto") == "cpu" or (device in (None, "auto") and not torch.cuda.is_available()) \
         else "cuda"
-    tr = record_layer_trace(plan, "meta", dtype, None, target)
+    tr = record_layer_trace(plan, "meta", dtype, attention_backend, target)
     return {ph: RequestTrace([b for b in tr.buffers if b.phase == ph], name=f"{tr.name}-{ph}") for ph in ("fwd", "bwd")}

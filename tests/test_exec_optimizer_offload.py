@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -107,7 +108,7 @@ def test_single_process_bf16_with_main_grads_matches():
 
 
 def test_whatif_optimizer_offload_plan_runs_under_nproc(tmp_path):
-    env = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     r = subprocess.run([sys.executable, "-m", "memo_sim.cli", "whatif", "--layers", "2", "--hidden", "64", "--heads", "4",
                         "--ffn", "256", "--vocab", "128", "--dtype", "fp32", "--seq", "256", "--gpus", "2", "--dp", "2",
                         "--zero", "1", "--optimizer-offload", "--policy", "store_all", "--jobs", "1", "--out",

@@ -113,3 +113,33 @@ def test_check_plan_says_who_checks_an_executor_traced_plan(tmp_path, traced_pla
     r = CliRunner().invoke(sim_cli, ["check-plan", str(p)])
     assert r.exit_code == 0, r.output
     assert "placed from memo-exec's recorded layer, which memo-exec run checks it against" in r.output
+
+
+def test_a_plan_of_an_earlier_release_without_unplaced_lists_still_runs(tmp_path, memo_plan):
+    """Plans written before plans carried the ``unplaced`` lists: the trace generator's own list of
+    what the layer does not place stands in, on both sides."""
+    d = json.loads(json.dumps(memo_plan))
+    for body in d["memory_plan"]["phases"].values():
+        body.pop("unplaced", None)
+    p = tmp_path / "old.json"
+    p.write_text(json.dumps(d))
+    assert CliRunner().invoke(sim_cli, ["check-plan", str(p)]).exit_code == 0
+    r = _run(p, tmp_path / "run")
+    assert r.exit_code == 0, r.output
+
+
+def test_the_run_s_attention_backend_is_the_one_checked(tmp_path, memo_plan):
+    """A plan traced with torch's SDPA flash kernel (which allocates none of the math backend's
+    scratch) runs with --attention-backend sdpa_flash, and is refused with the plan's own (auto:
+    math on a CPU) in one line that says to re-trace: the check records the layer with the backend
+    the run uses."""
+    (tmp_path / "plan.json").write_text(json.dumps(memo_plan))
+    r = CliRunner().invoke(exec_cli, ["trace", str(tmp_path / "plan.json"), "--device", "cpu", "--attention-backend",
+                                      "sdpa_flash", "--out", str(tmp_path / "t.json"), "--write-plan",
+                                      str(tmp_path / "traced.json")])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(exec_cli, ["run", str(tmp_path / "traced.json"), "--device", "cpu", "--steps", "1",
+                                      "--attention-backend", "sdpa_flash", "--out", str(tmp_path / "run")])
+    assert r.exit_code == 0, r.output
+    line = _one_error_line(_run(tmp_path / "traced.json", tmp_path / "run2"))
+    assert "no offset for" in line and "re-trace the plan with memo-exec trace --write-plan" in line, line

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -67,7 +68,7 @@ def test_trace_has_one_attention_recompute_per_layer():
 
 @pytest.mark.parametrize("extra,nproc", [([], 1), (["--tp", "2"], 2)], ids=["one-gpu", "tp2"])
 def test_whatif_megatron_selective_plan_runs(tmp_path, extra, nproc):
-    env = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     r = subprocess.run([sys.executable, "-m", "memo_sim.cli", "whatif", "--layers", "2", "--hidden", "64", "--heads",
                         "4", "--ffn", "256", "--vocab", "128", "--dtype", "fp32", "--seq", "256", "--gpus", str(nproc),
                         *extra, "--policy", "selective_recompute", "--framework", "megatron", "--jobs", "1", "--out",

@@ -203,5 +203,5 @@ def test_framework_files_carry_their_precision_and_layout_settings():
     assert got["megatron"] == (GEMM_FORMATS, True, True, True, {"fp16": "zero"})
     assert got["torchtitan"] == (("bf16", "fp8-tensorwise", "mxfp8"), False, False, False, {})
     assert got["any"] == (GEMM_FORMATS, False, True, True, {})
-    assert got["deepspeed"] == (("bf16",), False, True, False, {"fp16": "zero"})
+    assert got["deepspeed"] == (("bf16",), False, True, False, {"fp16": "zero", "bf16": "zero"})
     assert got["megatron@2021"] == (("bf16",), False, False, False, {"fp16": "zero"})

@@ -247,22 +247,25 @@ def test_pp4_and_pp2_tp2_match_one_process(slow):
 
 
 # [exec-complete] item 1: every sequence layout inside the stages (4 ranks: pp 2 x a 2-way group)
-PP_SEQ = [(12, {"pp": 2, "cp": 2}, "1f1b", "store_all"), (12, {"pp": 2, "cp": 2}, "1f1b", "memo", 10),
-          (12, {"pp": 2, "cp": 2, "vpp": 2}, "interleaved_1f1b", "full_recompute"),
-          (12, {"pp": 2, "ulysses": 2}, "1f1b", "memo"), (12, {"pp": 2, "ulysses": 2}, "1f1b", "store_all", 10),
-          (12, {"pp": 2, "ulysses": 2, "vpp": 2}, "interleaved_1f1b", "memo"),
+PP_SEQ = [(12, {"pp": 2, "cp": 2}, "1f1b", "memo"), (12, {"pp": 2, "ulysses": 2, "vpp": 2}, "interleaved_1f1b", "memo"),
           (12, {"pp": 2, "tp": 2, "sp": True, "tp_mode": "metp_ffn"}, "1f1b", "store_all"),
-          (12, {"pp": 2, "tp": 2, "sp": True, "tp_mode": "metp_ffn", "vpp": 2}, "interleaved_1f1b", "memo", 10),
           (12, {"pp": 2, "tp": 2, "sp": True, "tp_mode": "metp"}, "1f1b", "memo")]
+PP_SEQ_SLOW = [(12, {"pp": 2, "cp": 2}, "1f1b", "store_all"), (12, {"pp": 2, "cp": 2}, "1f1b", "memo", 10),
+               (12, {"pp": 2, "cp": 2, "vpp": 2}, "interleaved_1f1b", "full_recompute"),
+               (12, {"pp": 2, "ulysses": 2}, "1f1b", "memo"), (12, {"pp": 2, "ulysses": 2}, "1f1b", "store_all", 10),
+               (12, {"pp": 2, "tp": 2, "sp": True, "tp_mode": "metp_ffn", "vpp": 2}, "interleaved_1f1b", "memo", 10)]
 
 
-def test_pipelines_with_ring_cp_ulysses_and_metp_match_one_process():
+@pytest.mark.parametrize("slow", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["some", "all"])
+def test_pipelines_with_ring_cp_ulysses_and_metp_match_one_process(slow):
     """pp 2 x ring CP 2, pp 2 x Ulysses 2 and pp 2 x METP (metp_ffn and metp, TP 2), 1F1B and
     interleaved, store all / full recompute / MEMO, 4 micro-batches: the loss and every gradient as
-    one process (fp64); three 10-step curves on its loss curve. Each CP / Ulysses / METP rank talks to
-    the rank with its own coordinates in the other stage; MEMO offloads on every rank."""
-    results = spawn(rank_cases, 4, PP_SEQ, timeout=360)
-    for i, c in enumerate(PP_SEQ):
+    one process (fp64); slow: the other policies and three 10-step curves on its loss curve. Each CP /
+    Ulysses / METP rank talks to the rank with its own coordinates in the other stage; MEMO offloads
+    on every rank."""
+    cases = PP_SEQ_SLOW if slow else PP_SEQ
+    results = spawn(rank_cases, 4, cases, timeout=360)
+    for i, c in enumerate(cases):
         check(results[0][i], c[0], c[4] if len(c) > 4 else 0, c)
         if c[3] == "memo":
             assert all(r[i]["offloaded"] > 0 for r in results), c

@@ -45,6 +45,7 @@ from memo_exec.layer import LayerWeights
 from memo_exec.memory_estimate import MemoryEstimate
 from memo_exec.model import GPT, LayerHooks
 from memo_exec.optim import AdamW
+from memo_exec.optim_offload import HostAdamW
 from memo_exec.runner import ExecutorBase, RunOptions, RunResult, make_flops_fn, run_model, run_steps
 from memo_sim.plan.schema import Plan
 
@@ -189,7 +190,8 @@ class DistExecutor(ExecutorBase):
         gathered = largest if lay.dp_mode != "fsdp" or lay.reshard_after_forward else P
         weights = P * e if z < 3 else P * e // D + gathered * e
         grads = P * e if z < 2 else P * e // D + largest * e
-        optimizer = 0 if lay.optimizer_offload else AdamW.state_bytes_for(P // D if z >= 1 else P, self.dtype)
+        shard = P // D if z >= 1 else P  # the parameters this rank's optimizer updates
+        optimizer = 0 if lay.optimizer_offload else AdamW.state_bytes_for(shard, self.dtype)
         states = weights + grads + optimizer  # optimizer offload: AdamW's states on the host
         dev = self.policy.device_bytes()
         n = self.activation_sets  # one policy instance per micro-batch in flight (pipelines)
@@ -199,7 +201,8 @@ class DistExecutor(ExecutorBase):
         for k in ("transient_peak", "layer_boundary", "classifier_peak", "optimizer_step_peak"):
             terms[k] = 0
         terms["peak_total"] = sum(terms.values())
-        return MemoryEstimate(terms, n * self.policy.host_bytes(), {})
+        host = n * self.policy.host_bytes() + (HostAdamW.host_bytes_for(shard, self.dtype) if lay.optimizer_offload else 0)
+        return MemoryEstimate(terms, host, {})
 
     # ------------------------------------------------------------------ allocate
     def allocate(self) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from memo_sim.errors import MemoError
 from memo_sim.memplan.placement_check import validate_placement
-from memo_sim.memplan.trace_gen import layer_backward_trace, layer_forward_trace
+from memo_sim.memplan.trace_gen import layer_backward_trace, layer_forward_trace, unplaced_in
 from memo_sim.plan.schema import Plan
 from memo_sim.profile.loader import load_profile
 from memo_sim.request_trace import RequestTrace
@@ -69,8 +69,11 @@ def memory_plan_problems(plan: Plan, traces: dict[str, RequestTrace] | None = No
     if not plan.policy.static_memory_plan:
         return [f"memory_plan: the {plan.policy.name} policy runs on PyTorch's caching allocator, not a static "
                 f"plan; drop memory_plan or re-create the plan"]
+    executor = traced_by_executor(plan)
+    fix = ("re-trace the plan with memo-exec trace --write-plan for this device and attention backend" if executor
+           else "re-create the plan with memo-sim whatif")
     if traces is None:
-        if traced_by_executor(plan):
+        if executor:
             return []
         traces = {"fwd": layer_forward_trace(plan.model, plan.layout, plan.micro_batch, plan.seq_tokens),
                   "bwd": layer_backward_trace(plan.model, plan.layout, plan.micro_batch, plan.seq_tokens, plan.policy)}
@@ -83,22 +86,25 @@ def memory_plan_problems(plan: Plan, traces: dict[str, RequestTrace] | None = No
         if p is None and not trace.buffers:
             continue
         if p is None:
-            out.append(f"{where}: missing; re-create the plan with memo-sim whatif")
+            out.append(f"{where}: missing; {fix}")
             continue
         by_name = {b.name or b.id: b for b in trace.buffers}
-        missing = sorted(set(by_name) - set(p.offsets) - set(p.unplaced))
+        # what the layer does not place needs no offset: the plan's own list, or (a plan written before
+        # plans carried it) the trace generator's
+        unplaced = set(p.unplaced) | (set() if executor else set(unplaced_in(trace, ph)))
+        missing = sorted(set(by_name) - set(p.offsets) - unplaced)
         unknown = sorted(set(p.offsets) - set(by_name))
         if missing:
             out.append(f"{where}: no offset for {len(missing)} tensor(s) of the layer ({', '.join(missing[:3])}"
-                       f"{', ...' if len(missing) > 3 else ''}); re-create the plan with memo-sim whatif")
+                       f"{', ...' if len(missing) > 3 else ''}); {fix}")
         if unknown:
             out.append(f"{where}: offsets for tensor(s) this layer does not allocate ({', '.join(unknown[:3])}"
-                       f"{', ...' if len(unknown) > 3 else ''}); re-create the plan with memo-sim whatif")
+                       f"{', ...' if len(unknown) > 3 else ''}); {fix}")
         if missing or unknown or len(by_name) != len(trace.buffers):
             continue
         placed = {by_name[n].id: off for n, off in p.offsets.items()}
         sub = RequestTrace([b for b in trace.buffers if b.id in placed], name=trace.name)
         bad = validate_placement(sub, placed, p.peak_bytes)
         if bad:
-            out.append(f"{where}: the placement is invalid ({bad[0]}); re-create the plan with memo-sim whatif")
+            out.append(f"{where}: the placement is invalid ({bad[0]}); {fix}")
     return out

@@ -1,0 +1,172 @@
+"""[exec-complete]: every plan kind the what-if writes, `memo-exec` runs (or refuses in one line).
+
+The what-if writes a plan for each kind on a tiny model (schedules x layouts x policies, the
+frameworks that offer them); a one-device plan runs one step through `memo-exec run`, a
+multi-device one runs one step on gloo ranks after the same checks `memo-exec run` makes before a
+launch (`memo_exec.plan_check.check_plan_contract`, `check_plan_for_world`), every rank with the
+same loss. The kinds the executor does not run are listed with the one line it refuses them with.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+pytest.importorskip("torch")
+
+from memo_exec.cli import cli as exec_cli  # noqa: E402
+from memo_sim.cli import cli as sim_cli  # noqa: E402
+from tests.dist_harness import spawn  # noqa: E402
+from tests.exec_helpers import time_limit  # noqa: E402
+
+DENSE = ["--hidden", "64", "--heads", "4", "--ffn", "256", "--vocab", "128"]
+TAIL = ["--dtype", "fp32", "--seq", "512", "--jobs", "1"]
+MEMO = ["--policy", "memo", "--alpha", "0.5"]
+
+
+def _moe_config(tmp: Path) -> str:
+    """A tiny Mixtral-style Hugging Face config (4 experts, top 2)."""
+    root = Path(__file__).resolve().parent
+    d = json.loads((root / "data" / "hf" / "mixtral-8x7b" / "config.json").read_text())
+    d.update(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=4,
+             num_hidden_layers=4, vocab_size=128, num_local_experts=4)
+    p = tmp / "moe.json"
+    p.write_text(json.dumps(d))
+    return str(p)
+
+
+# name: (GPUs, what-if flags); "MOE" is replaced by the tiny MoE config's path
+KINDS = {
+    "store_all": (1, ["--layers", "4", "--policy", "store_all"]),
+    "full_recompute": (1, ["--layers", "4", "--policy", "full_recompute"]),
+    "full_offload": (1, ["--layers", "4", "--policy", "full_offload"]),
+    "memo": (1, ["--layers", "4", *MEMO]),
+    "sppo-pp1": (1, ["--layers", "4", "--policy", "sppo", "--subseqs", "2"]),
+    "selective-megatron": (1, ["--layers", "4", "--policy", "selective_recompute", "--framework", "megatron"]),
+    "tp2-sp-memo": (2, ["--layers", "4", "--tp", "2", *MEMO]),
+    "tp2-nosp": (2, ["--layers", "4", "--tp", "2", "--no-sp", "--policy", "store_all"]),
+    "metp_ffn-memo": (2, ["--layers", "4", "--tp", "2", "--tp-mode", "metp_ffn", *MEMO]),
+    "metp": (2, ["--layers", "4", "--tp", "2", "--tp-mode", "metp", "--policy", "full_recompute"]),
+    "cp2-memo": (2, ["--layers", "4", "--cp", "2", *MEMO]),
+    "ulysses2": (2, ["--layers", "4", "--ulysses", "2", "--policy", "full_recompute"]),
+    "dp2-z0": (2, ["--layers", "4", "--dp", "2", "--zero", "0", "--policy", "store_all"]),
+    "dp2-z3-memo": (2, ["--layers", "4", "--dp", "2", "--zero", "3", *MEMO]),
+    "fsdp": (2, ["--layers", "4", "--dp", "2", "--dp-mode", "fsdp", "--policy", "store_all"]),
+    "optimizer-offload": (2, ["--layers", "4", "--dp", "2", "--zero", "1", "--optimizer-offload",
+                              "--policy", "store_all"]),
+    "pp2-1f1b-memo": (2, ["--layers", "6", "--pp", "2", "--schedule", "1f1b", *MEMO]),
+    "pp2-interleaved-memo": (2, ["--layers", "6", "--pp", "2", "--schedule", "interleaved_1f1b", *MEMO]),
+    "pp2-uneven": (2, ["--layers", "5", "--pp", "2", "--decoder-first-pipeline-num-layers", "2",
+                       "--schedule", "1f1b", "--policy", "store_all"]),
+    "sppo-pp2": (2, ["--layers", "4", "--pp", "2", "--policy", "sppo", "--subseqs", "2"]),
+    "moe-ep2-recompute_moe": (2, ["--model", "MOE", "--ep", "2", "--policy", "recompute_moe",
+                                  "--framework", "megatron"]),
+    "moe-ep2-store_all": (2, ["--model", "MOE", "--ep", "2", "--policy", "store_all", "--framework", "megatron"]),
+    "pp2-cp2-memo": (4, ["--layers", "6", "--pp", "2", "--cp", "2", "--schedule", "1f1b", *MEMO]),
+    "pp2-ulysses2": (4, ["--layers", "4", "--pp", "2", "--ulysses", "2", "--schedule", "1f1b",
+                         "--policy", "full_recompute"]),
+    "pp2-tp2": (4, ["--layers", "4", "--pp", "2", "--tp", "2", "--schedule", "interleaved_1f1b",
+                    "--policy", "store_all"]),
+    "pp2-dp2": (4, ["--layers", "4", "--pp", "2", "--dp", "2", "--batch", "2", "--schedule", "1f1b",
+                    "--policy", "full_recompute"]),
+    "hsdp": (4, ["--layers", "4", "--dp", "4", "--dp-mode", "fsdp", "--policy", "store_all",
+                 "--framework", "torchtitan"]),
+}
+# what the executor does not run: (GPUs, what-if flags, the words of its one-line refusal)
+REFUSED = {
+    "fp8-tensorwise": (1, ["--layers", "4", "--policy", "store_all", "--profile", "h100-sxm5-80gb",
+                           "--precision", "fp8-tensorwise"], "no FP8 kernels yet"),
+    "moe-recompute_norm_act": (1, ["--model", "MOE", "--policy", "recompute_norm_act", "--framework", "megatron"],
+                               "policy 'recompute_norm_act'"),
+}
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory) -> dict[str, tuple[int, Path]]:
+    tmp = tmp_path_factory.mktemp("kinds")
+    moe = _moe_config(tmp)
+    out = {}
+    for name, (gpus, flags, *_) in {**KINDS, **REFUSED}.items():
+        flags = [moe if f == "MOE" else f for f in flags]
+        if "--model" not in flags:
+            flags = DENSE + flags
+        d = tmp / name
+        with time_limit(120):
+            r = CliRunner().invoke(sim_cli, ["whatif", *flags, *TAIL, "--gpus", str(gpus), "--out", str(d)])
+        assert r.exit_code == 0 and (d / "plan.json").exists(), (name, r.output[-800:])
+        out[name] = (gpus, d / "plan.json")
+    return out
+
+
+def test_the_kinds_cover_every_schedule_policy_and_sequence_layout(plans):
+    seen_sched, seen_pol, seen_lay = set(), set(), set()
+    for name in KINDS:
+        d = json.loads(plans[name][1].read_text())
+        seen_sched.add(d["schedule"])
+        seen_pol.add(d["policy"]["policy"])
+        lay = d["layout"]
+        seen_lay |= {k for k in ("tp", "cp", "ulysses", "dp", "pp", "ep") if lay.get(k, 1) > 1}
+        seen_lay |= {lay.get("tp_mode", "megatron"), lay.get("dp_mode", "zero")}
+        seen_lay |= {"optimizer_offload"} if lay.get("optimizer_offload") else set()
+    assert seen_sched == {"single_stage", "1f1b", "interleaved_1f1b", "sppo"}
+    assert {"store_all", "full_recompute", "full_offload", "memo", "sppo", "selective_recompute",
+            "recompute_moe"} <= seen_pol
+    assert {"tp", "cp", "ulysses", "dp", "pp", "ep", "metp", "metp_ffn", "megatron", "fsdp",
+            "optimizer_offload"} <= seen_lay
+
+
+@pytest.mark.parametrize("name", [n for n, (g, _) in KINDS.items() if g == 1])
+def test_one_device_kinds_run(plans, name, tmp_path):
+    with time_limit(120):
+        r = CliRunner().invoke(exec_cli, ["run", str(plans[name][1]), "--device", "cpu", "--steps", "1", "--out",
+                                          str(tmp_path / "run"), "--json"])
+    assert r.exit_code == 0, (name, r.output[-1500:])
+
+
+def rank_kinds(rank: int, world: int, files: list[str]) -> list[float]:
+    """One step of each plan on this rank, after `memo-exec run`'s checks."""
+    import torch
+
+    from memo_exec.device import DeviceSpec
+    from memo_exec.distributed.context import build_context
+    from memo_exec.distributed.runner import DistExecutor, check_plan_for_world
+    from memo_exec.plan_check import check_plan_contract
+    from memo_exec.runner import RunOptions
+    from memo_sim.plan.schema import read_plan
+
+    out = []
+    for f in files:
+        plan = read_plan(f)
+        opts = RunOptions(device="cpu", steps=1)
+        check_plan_contract(plan, f, True, "cpu")
+        check_plan_for_world(plan, world, opts)
+        ctx = build_context(plan.layout, torch.device("cpu"))
+        ex = DistExecutor(plan, opts, ctx, DeviceSpec("cpu"))
+        try:
+            ex.allocate()
+            out.append(float(ex.step(0).loss))
+        finally:
+            ex.close()
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_multi_device_kinds_run_on_gloo_ranks(plans, world):
+    names = [n for n, (g, _) in KINDS.items() if g == world]
+    results = spawn(rank_kinds, world, [str(plans[n][1]) for n in names], timeout=400)
+    for i, n in enumerate(names):
+        losses = [r[i] for r in results]
+        assert all(math.isfinite(x) for x in losses) and max(losses) - min(losses) < 1e-9, (n, losses)
+
+
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_kinds_the_executor_does_not_run_are_refused_in_one_line(plans, name, tmp_path):
+    r = CliRunner().invoke(exec_cli, ["run", str(plans[name][1]), "--device", "cpu", "--steps", "1", "--out",
+                                      str(tmp_path / "run")])
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error:"), (name, r.output)
+    assert REFUSED[name][2] in lines[0], lines[0]
