@@ -73,6 +73,8 @@ KINDS = {
                     "--policy", "store_all"]),
     "pp2-dp2": (4, ["--layers", "4", "--pp", "2", "--dp", "2", "--batch", "2", "--schedule", "1f1b",
                     "--policy", "full_recompute"]),
+    "pp2-metp_ffn-memo": (4, ["--layers", "6", "--pp", "2", "--tp", "2", "--tp-mode", "metp_ffn", "--schedule", "1f1b",
+                              *MEMO]),
     "hsdp": (4, ["--layers", "4", "--dp", "4", "--dp-mode", "fsdp", "--policy", "store_all",
                  "--framework", "torchtitan"]),
 }

@@ -138,6 +138,15 @@ def test_the_bound_holds_for_the_new_dimensions():
         for c in bounds_hold(sample(ok)):
             seen.add((c.model.gemm_format, c.layout.optimizer_offload, c.layout.uneven))
     assert {("fp8-tensorwise", False, False), ("bf16", True, False), ("bf16", False, True)} <= seen, seen
+    # METP's rings inside pipeline stages (1F1B and interleaved): the same per-layer costs the bound reads
+    metp = set()
+    for kw in (dict(pp=2, batch=4, tp_mode="all"), dict(pp=2, vpp=2, batch=4, tp_mode="all")):
+        r = candidates_for(TOY, 32 * K, 8, A800, **kw)
+        ok = [c for c in r.candidates if c.memory.status == "OK" and c.layout.metp and c.layout.pp > 1]
+        for sched in ("1f1b", "interleaved_1f1b"):
+            mine = [c for c in ok if c.schedule == sched]
+            metp |= {(c.layout.tp_mode, c.schedule) for c in bounds_hold(sample(mine, 3))}
+    assert {m for m, _ in metp} == {"metp_ffn", "metp"} and {s for _, s in metp} == {"1f1b", "interleaved_1f1b"}, metp
 
 
 def test_equal_throughput_ranks_by_lower_peak():

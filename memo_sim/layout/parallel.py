@@ -465,8 +465,6 @@ def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: i
         if why:
             return why
         # what a schedule adds (SPPO: TP+SP only) it checks itself (`memo_sim.layout.schedule`)
-        if layout.metp:
-            return "pipeline stages run Megatron TP (METP is not combined with pp)"
         if layout.zero > 1:
             return "pipeline stages keep their own layers' weights and gradients: ZeRO at most 1 with pp"
     if layout.vpp > 1:

@@ -2,7 +2,8 @@
 layouts, virtual stages and micro-batch sizes the what-if tries, and their analytic memory.
 
 **Space.** pp among the divisors of the GPU count (> 1) that split the layers evenly, each with
-the single stage's degrees inside a stage (TP with or without SP, ring CP, Ulysses; DP beside;
+the single stage's degrees inside a stage (TP with or without SP, METP's flavours the what-if
+asks for, ring CP, Ulysses; DP beside;
 ZeRO 0 or 1, `memo_sim.layout.parallel.check_layout`); ``1f1b`` with one chunk per rank,
 ``interleaved_1f1b`` with v = 2 .. `MAX_VPP` chunks where the layers split into pp·v chunks and
 the micro-batch count is a multiple of pp; micro-batch sizes among the divisors of the batch
@@ -240,6 +241,7 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
                         sp=None, pp: int | None = None, vpp: int | None = None, alpha: float | None = None,
                         schedules: tuple[str, ...] | None = None, adapt=None, first: int | None = None,
                         last: int | None = None, experts: ExpertChoice = ExpertChoice(),
+                        tp_modes: tuple[str, ...] = ("megatron",), metp_across_nodes: bool = False,
                         ) -> tuple[list[Candidate], list[tuple[Layout, str]], dict]:
     """Every pipeline candidate of the space (module docs) for ``policies``: (candidates,
     rejected layouts, what was searched). ``allows``: the framework's layout filter; ``adapt``:
@@ -253,7 +255,8 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
     searched = {"schedules": list(names), "pp": [], "vpp": set(), "micro_batch": set()}
     for p in pps:
         valid, rej = enumerate_layouts(model, gpus, profile.node_gpus, seq, tp=tp, cp=cp, ulysses=ulysses, dp=dp,
-                                       zero=zero, sp=sp, pp=p, first=first, last=last, experts=experts)
+                                       zero=zero, sp=sp, pp=p, first=first, last=last, experts=experts,
+                                       tp_modes=tp_modes, metp_across_nodes=metp_across_nodes)
         rejected += rej
         rejected += [(lay, f"the framework does not offer {lay.label()}") for lay in valid if not allows(lay)]
         valid = [lay for lay in valid if allows(lay)]

@@ -198,7 +198,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
             model, seq, gpus, profile, policies=plain, batch=batch, global_batch=global_batch,
             micro_batch=micro_batch, allows=fw.allows, adapt=fw.adapt, tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero, sp=sp,
             pp=pp, vpp=vpp, alpha=alpha, schedules=pipes, first=first_stage_layers, last=last_stage_layers,
-            experts=experts)
+            experts=experts, tp_modes=modes, metp_across_nodes=metp_across_nodes)
         out += pc
         rejected += pr
         searched["schedules"] += [n for n in what["schedules"] if any(c.schedule == n for c in pc)]
