@@ -117,6 +117,11 @@ def test_a_block_held_by_another_stream_costs_a_reorganisation_every_iteration()
     b = r.stall_breakdown(c)
     assert b["total_s"] == pytest.approx(b["sync_s"] + b["cuda_free_s"] + b["cuda_malloc_s"])
     assert r.stall_by_phase(c) == {"phase0": pytest.approx(expect, rel=1e-12)}  # a stream of one phase
+    # [allocator] the same counters under torch.cuda.memory_stats()'s keys, a measured run's words
+    assert r.memory_stats() == {"num_alloc_retries": 1, "num_ooms": 0, "num_device_alloc": 1, "num_device_free": 1,
+                                "reserved_bytes.all.peak": r.peak_reserved_bytes,
+                                "allocated_bytes.all.peak": r.peak_allocated_bytes}
+    assert r.peak_reserved_bytes >= 60 * MiB
 
 
 def test_stall_prices_each_call_kind():
@@ -138,6 +143,7 @@ def test_out_of_memory_names_the_request():
     s = stream((MALLOC, "x", 20 * MiB), (FREE, "x", 0), static=[(MALLOC, "states", 90 * MiB)])
     r = replay_stream(s, CAP)
     assert r.oom and r.oom_iteration == 0 and r.oom_request == "x" and r.reorganizations == 1
+    assert r.memory_stats()["num_ooms"] == 1 and r.memory_stats()["num_alloc_retries"] == 1
     big = stream((MALLOC, "x", MiB), (FREE, "x", 0), static=[(MALLOC, "states", 120 * MiB)])
     r = replay_stream(big, CAP)
     assert r.oom and r.oom_iteration == -1 and r.oom_request == "states" and r.iterations == 0

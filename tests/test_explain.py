@@ -44,8 +44,16 @@ def test_explain_adds_up(tmp_path, extra):
         pytest.approx(d["analytic_peak_gpu_bytes"], rel=1e-9)
     if "memo" in extra:
         assert "alpha" in d["binding"]
+    ms = d["allocator_memory_stats"]  # [allocator] torch.cuda.memory_stats()'s keys where the cache was replayed
+    if "memo" in extra:
+        assert ms is None  # the static memory plan: no caching-allocator replay
+    else:
+        assert set(ms) == {"num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free",
+                           "reserved_bytes.all.peak", "allocated_bytes.all.peak"}
+        assert ms["reserved_bytes.all.peak"] >= ms["allocated_bytes.all.peak"] > 0
     text = CliRunner().invoke(cli, ["explain", plan])
     assert text.exit_code == 0 and "binding:" in text.output and "compute stream" in text.output
+    assert ("torch.cuda.memory_stats() keys" in text.output) == (ms is not None)
 
 
 def test_explain_a_pipeline_plan_per_stage(tmp_path):

@@ -106,7 +106,8 @@ def memory_json(plan, res, mem, peaks: dict) -> dict:
                                            default=mem.peak_gpu_bytes),
             "simulated_peak_gpu_bytes": res.peak_gpu_bytes, "gpu_capacity_bytes": res.gpu_capacity_bytes,
             "peak": peaks, "host_bytes_per_node": res.peak_host_bytes_per_node,
-            "host_capacity_bytes": res.host_capacity_bytes}
+            "host_capacity_bytes": res.host_capacity_bytes,
+            "allocator_memory_stats": (res.allocator or {}).get("memory_stats")}
 
 
 def add_memory_part(a: Answer, plan, res, mem, peaks: dict | None = None) -> None:
@@ -131,6 +132,10 @@ def add_memory_part(a: Answer, plan, res, mem, peaks: dict | None = None) -> Non
         if p is not None:
             at = f"{p['op']} (layer {p['layer']}, {p['phase']})" if p["op"] else "between compute ops"
             a.line(f"  GPU {d} peaks at {fmt_time(p['time_s'])} during {at}")
+    ms = (res.allocator or {}).get("memory_stats")
+    if ms:  # the caching allocator replayed over the iteration, in torch.cuda.memory_stats()'s words
+        a.line("  caching allocator, one iteration (torch.cuda.memory_stats() keys): "
+               + ", ".join(f"{k} {fmt_bytes(v) if k.endswith('.peak') else v}" for k, v in ms.items()))
     a.line(f"\npinned host memory per node: {fmt_bytes(res.peak_host_bytes_per_node)} of "
            f"{fmt_bytes(res.host_capacity_bytes)}")
 

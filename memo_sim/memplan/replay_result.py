@@ -57,6 +57,19 @@ class IterationReplay:
     series_reserved_bytes: list[int] = field(default_factory=list)  # per request, reported iteration
     series_allocated_bytes: list[int] = field(default_factory=list)
 
+    def memory_stats(self) -> dict[str, int]:
+        """The reported iteration's counters and peaks under the keys of PyTorch's
+        ``torch.cuda.memory_stats()``, so a measured run compares key by key: ``num_alloc_retries``
+        (reorganisations: cached segments freed and the cudaMalloc retried), ``num_ooms``,
+        ``num_device_alloc`` / ``num_device_free`` (cudaMalloc / cudaFree calls, page maps and unmaps
+        with expandable segments), ``reserved_bytes.all.peak`` and ``allocated_bytes.all.peak``.
+        PyTorch counts from the process start: compare the difference over one iteration with the
+        counters, and the peaks after `reset_peak_memory_stats` at the iteration's start."""
+        return {"num_alloc_retries": self.reorganizations, "num_ooms": int(self.oom),
+                "num_device_alloc": self.cuda_mallocs, "num_device_free": self.cuda_frees,
+                "reserved_bytes.all.peak": self.peak_reserved_bytes,
+                "allocated_bytes.all.peak": self.peak_allocated_bytes}
+
     @property
     def oom_request(self) -> str | None:
         return self.oom_event.buffer_id if self.oom_event is not None else None
