@@ -134,7 +134,7 @@ def add_memory_part(a: Answer, plan, res, mem, peaks: dict | None = None) -> Non
             a.line(f"  GPU {d} peaks at {fmt_time(p['time_s'])} during {at}")
     ms = (res.allocator or {}).get("memory_stats")
     if ms:  # the caching allocator replayed over the iteration, in torch.cuda.memory_stats()'s words
-        a.line("  caching allocator, one iteration (torch.cuda.memory_stats() keys): "
+        a.line("  caching allocator, simulated replay of one iteration (torch.cuda.memory_stats() keys): "
                + ", ".join(f"{k} {fmt_bytes(v) if k.endswith('.peak') else v}" for k, v in ms.items()))
     a.line(f"\npinned host memory per node: {fmt_bytes(res.peak_host_bytes_per_node)} of "
            f"{fmt_bytes(res.host_capacity_bytes)}")
