@@ -320,7 +320,8 @@ def _xtuner(rid, m, name, gpus, seq, sp, gas, tgs, tflops, cfg_file, gas_src=Non
 _XT_CFG = "xtuner/configs/llama_speed_benchmark/{}/{}.py"
 _XT_KV = ("; XTuner repeats the 8 K/V heads to the 64 query heads before the all-to-all (repeat_kv, then "
           "flash_attn_wo_mask/flash_attn_w_mask's sequence_parallel_wrapper: xtuner/model/modules/dispatch/llama.py "
-          "and xtuner/parallel/sequence/attention.py at 7575f2c91)")
+          "and xtuner/parallel/sequence/attention.py at 7575f2c91); memo repeats each K/V head SP / 8 times, one "
+          "head per rank, as XTuner's later mha.py and DeepSpeed's Ulysses do (`memo_sim.layout.kv_heads`)")
 
 
 def _mds_4sci(k: int, tflops: float) -> Run:
@@ -367,8 +368,8 @@ LONG_RUNS: tuple[Run, ...] = (
             _XT_CFG.format("llama2_70b", "llama2_70b_full_alpaca_enzh_32k_sp4")),
     _xtuner("llama2-70b-128k-sp8", LLAMA2_70B, "Llama-2-70B", 32, 131072, 8, 8, 144.7, 189.7,
             _XT_CFG.format("llama2_70b", "llama2_70b_full_alpaca_enzh_128k_sp8")),
-    # SP 16 and SP 64 over 8 K/V heads: memo refuses the layout (the report gives its line); XTuner runs it by
-    # repeating the K/V heads before the all-to-all
+    # SP 16 and SP 64 over 8 K/V heads: each K/V head repeated before the all-to-all (2 and 8 copies in memo,
+    # `memo_sim.layout.kv_heads`; 8 in XTuner at 7575f2c91, see _XT_KV)
     _xtuner("llama2-70b-256k-sp16", LLAMA2_70B, "Llama-2-70B", 32, 262144, 16, 16, 63.8, 127.6,
             _XT_CFG.format("llama2_70b", "llama2_70b_full_alpaca_enzh_256k_sp16"), extra=_XT_KV),
     _xtuner("llama2-70b-1m-sp64", LLAMA2_70B, "Llama-2-70B", 64, 1048576, 64, 64, 21.8, 133.5,
@@ -832,6 +833,31 @@ OUTLIERS.update({
         peak="63 GiB (74.5 GB reserved)", attn="63%",
         extra="fp32 logits of 16,384 tokens x 32,000 = 2.1 GB and their gradient, the K/V heads repeated 8-fold "
               "before the all-to-all (also 2.4x the all-to-all bytes memo prices for GQA; on NVLink a few ms a layer)"),
+    "xtuner-llama2-70b-256k-sp16": (
+        "memo too fast; not pinned down, memory pressure the likeliest. memo runs SP 16 over the 8 K/V heads with each "
+        "head repeated twice before the all-to-all (one K and one V head per rank after it, `memo_sim.layout.kv_heads`) "
+        "and puts the peak at 63 GiB (80.2 GB reserved) of the 78 usable GiB, above the 128K SP 8 row's 74.5 GB "
+        "(-10.6%, see it), without the HF path's extra tensors: fp32 logits of 16,384 tokens x 32,000 = 2.1 GB and "
+        "their gradient, and XTuner's 8-fold repeat (7575f2c91's repeat_kv to all 64 query heads: 4 K/V heads per rank "
+        "after the all-to-all where memo has 1, 0.4 GB more, and 0.5 GB of repeated K/V before it). With them the run "
+        "sits at the GPU's 80 GB, where the caching allocator frees cached blocks and retries cudaMalloc, which memo's "
+        "replay does not see (0 reorganisations); the table's own TFLOP/s fall from 189.7 at 128K SP 8 to 127.6 here. "
+        "The 8-fold repeat also doubles the q, k, v all-to-all memo prices (402 to 805 MB a layer across the 2 nodes of "
+        "SP 16 at the profile's 12.5 GB/s per GPU): about 7 s more of memo's 179 s micro-batch (+4%) if it were priced. "
+        "Attention is 63% of memo's forward and 76% of its backward, in calls of 7e13 FLOPs, the size of the "
+        "Llama-2-7B 256K row's (within 6%); the all-to-alls are 11% and 4%. The interconnect is not stated: Selene's "
+        "8 HDR per node makes memo faster still (-33.7%); the fp32-gradient variant does not fit"),
+    "xtuner-llama2-70b-1m-sp64": (
+        "memo too fast; not pinned down. Here memo's repeat is XTuner's (SP 64 over 8 K/V heads: each repeated 8 times, "
+        "one K and one V head per rank, the bytes of 7575f2c91's repeat to the 64 query heads), and memory is not "
+        "tight (peak 47 GiB, 53.0 GB reserved). Attention is 85% of memo's forward and 92% of its backward: one head "
+        "per GPU over the whole 1M-token sequence, FlashAttention calls of 2.8e14 FLOPs, beyond the last point of the "
+        "a100 profile's FlashAttention-2 curves (assumed, flat at 76% forward / 60% backward of the peak from 1e14 "
+        "FLOPs; never calibrated at these lengths), as in xtuner-llama2-7b-1m-sp16 (-13.4%, 5.6e14 FLOPs a call). The "
+        "all-to-alls across the 8 nodes of SP 64 are 6% and 2% of memo's layer (Selene's 8 HDR per node: -27.4%). The "
+        "GAS is memo's reading of the absent config (accumulative_counts = SP). What the run does that memo does not "
+        "model: HF's fp32 logits and torch cross-entropy on 16,384 tokens per GPU (2.1 GB), XTuner's all-to-all of "
+        "non-contiguous head slices"),
     "xtuner-yi-34b-128k-sp8-16gpu": (
         "memo too fast; not pinned down. The table states no GPU (memo runs the speed page's A100-SXM4-80GB), and the "
         "same model, length, SP and config on 32 GPUs (xtuner-yi-34b-128k-sp8) ran at 251.1 TGS, this 16-GPU run at "
@@ -890,6 +916,10 @@ STEPS = (
      "change, every earlier row unchanged (the 15 earlier dense rows still 5.3% / 17.0%): 10 XTuner rows predicted at "
      "15.5% / 57.7%, 2 refused by memo (Ulysses SP 16 and 64 over 8 K/V heads), the 5 DS4Science rows not predicted "
      "(no A100-40GB profile; TP 32 across nodes refused); the dense group 25 predicted at 9.4% / 57.7%"),
+    ("Ulysses K/V repeat", "Ulysses over more ranks than K/V heads: each K/V head repeated tp x ulysses / n_kv times "
+     "before the all-to-all (XTuner's mha.py, DeepSpeed's ulysses_sp.py; `memo_sim.layout.kv_heads`): the two "
+     "Llama-2-70B rows memo refused run (256K SP 16 -30.3%, 1M SP 64 -25.4%), every other row unchanged (r = 1): "
+     "dense 27 predicted at 9.4% / 30.3%, long-context 12 at 14.4% / 30.3%"),
 )
 
 

@@ -82,6 +82,10 @@ def run_model(plan: Plan, opts: RunOptions) -> ModelConfig:
     """The model a run trains: the plan's, with ``--layers`` of its layers when given (never more).
     A plan whose layer GEMMs run in a quantised format (FP8) is refused: the executor's GEMMs run in
     the run's dtype, so it would measure another plan than the one predicted."""
+    if plan.layout.memory_plan and not plan.policy.static_memory_plan:
+        raise ExecError(f"plan layout {plan.layout.label()}: memory_plan: a static memory plan for the "
+                        f"{plan.policy.name} policy is priced by the simulator only; the executor places MEMO's "
+                        f"plan alone; re-create the plan without --allocator plan to run it on the caching allocator")
     if plan.model.gemm.quantised:
         raise ExecError(f"plan model {plan.model.name}: gemm_format {plan.model.gemm_format}: the executor runs the "
                         f"layer GEMMs in the run's dtype only (no FP8 kernels yet); plan with --precision bf16 to run it")

@@ -67,26 +67,31 @@ class _SeqParallelStandIn:
 
     def __init__(self, inner, plan: Plan) -> None:
         self.inner, self.lay = inner, plan.layout
+        self.r = plan.layout.kv_repeat(plan.model.n_kv_heads)  # K/V heads repeated (`memo_sim.layout.kv_heads`)
         self.name = inner.name
 
     def _dims(self, dims: AttnDims) -> AttnDims:
         u = self.lay.ulysses
-        return AttnDims(dims.batch, dims.seq * u, dims.heads // u, dims.kv_heads // u, dims.head_dim)
+        return AttnDims(dims.batch, dims.seq * u, dims.heads // u, dims.kv_heads * self.r // u, dims.head_dim)
 
-    def _shaped(self, t, dims):
-        return torch.empty(t.shape[0] * self.lay.ulysses, t.shape[1] // self.lay.ulysses, dtype=t.dtype,
+    def _shaped(self, t, dims, r: int = 1):
+        """The head-sharded shape of ``t`` (K/V: each head repeated ``r`` times first)."""
+        return torch.empty(t.shape[0] * self.lay.ulysses, t.shape[1] * r // self.lay.ulysses, dtype=t.dtype,
                            device=t.device)
+
+    def _qkv(self, q, k, v, dims):
+        return self._shaped(q, dims), self._shaped(k, dims, self.r), self._shaped(v, dims, self.r)
 
     def forward(self, q, k, v, out, dims, scratch):
         if self.lay.cp > 1:
             return {"lse": None}
-        qh, kh, vh = (self._shaped(t, dims) for t in (q, k, v))
+        qh, kh, vh = self._qkv(q, k, v, dims)
         return self.inner.forward(qh, kh, vh, torch.empty_like(qh), self._dims(dims), scratch)
 
     def backward(self, dout, q, k, v, out, aux, dq, dk, dv, dims, scratch):
         if self.lay.cp > 1:
             return
-        qh, kh, vh = (self._shaped(t, dims) for t in (q, k, v))
+        qh, kh, vh = self._qkv(q, k, v, dims)
         self.inner.backward(torch.empty_like(qh), qh, kh, vh, torch.empty_like(qh), aux, torch.empty_like(qh),
                             torch.empty_like(kh), torch.empty_like(vh), self._dims(dims), scratch)
 
@@ -179,7 +184,8 @@ def _dims(plan: Plan) -> AttnDims:
     """The attention kernel's dims on one rank (the whole layer on one device)."""
     m, lay = plan.model, plan.layout
     split = lay.tp * lay.ulysses
-    return AttnDims(plan.batch, plan.seq_tokens // lay.cp, m.heads // split, m.n_kv_heads // split, m.qk_head_dim)
+    return AttnDims(plan.batch, plan.seq_tokens // lay.cp, m.heads // split,
+                    m.n_kv_heads * lay.kv_repeat(m.n_kv_heads) // split, m.qk_head_dim)
 
 
 def record_cuda_history(plan: Plan, device: str | None = None, dtype: str | None = None,

@@ -305,8 +305,9 @@ def test_model_raises_oom_and_rejects_misuse():
         m.malloc("x", 100)
     with pytest.raises(MemoError, match="not allocated"):
         m.free("y")
-    with pytest.raises(MemoError, match="max_split_size_bytes"):
-        AllocatorConfig(capacity_bytes=BIG, max_split_size_bytes=20 * MiB)
+    with pytest.raises(MemoError, match="max_split_size_bytes"):  # PyTorch: max_split_size_mb >= 20
+        AllocatorConfig(capacity_bytes=BIG, max_split_size_bytes=19 * MiB)
+    AllocatorConfig(capacity_bytes=BIG, max_split_size_bytes=20 * MiB)
     with pytest.raises(MemoError, match="capacity_bytes"):
         AllocatorConfig(capacity_bytes=0)
 

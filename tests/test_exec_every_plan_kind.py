@@ -84,6 +84,8 @@ REFUSED = {
                            "--precision", "fp8-tensorwise"], "no FP8 kernels yet"),
     "moe-recompute_norm_act": (1, ["--model", "MOE", "--policy", "recompute_norm_act", "--framework", "megatron"],
                                "policy 'recompute_norm_act'"),
+    "memplan-full_recompute": (1, ["--layers", "4", "--policy", "full_recompute", "--allocator", "plan"],
+                               "priced by the simulator only"),
 }
 
 

@@ -47,7 +47,9 @@ def test_megatron_2021_and_memo_paper_select_their_files():
 EXPECTED = {"attention": ("materialised", "flash", "time"), "grad_overlap": (False, True, "time"),
             "cross_entropy": ("vocab_parallel", "chunked", "time"),
             "host_pool": ("caching_host_allocator", "registered_pool", "host memory"),
-            "expandable_segments": (False, True, "gpu memory")}
+            "expandable_segments": (False, True, "gpu memory"),
+            # blocks at or above max_split_size are never split, so the cache reserves more for the same requests
+            "alloc_conf": ("max_split_size_mb:20", "", "gpu memory")}
 
 
 @pytest.mark.parametrize("mechanism", sorted(MECHANISMS))

@@ -23,7 +23,12 @@ the attention of block j.
 sequence-sharded q, k, v (all local heads) into head-sharded ones (1/u of the heads, the whole CP
 shard), runs the inner backend (the plan's kernel, or `RingAttention` with CP) and sends the
 output back; the backward re-does the forward all-to-alls from the saved q, k, v, attn rather
-than keeping head-sharded copies.
+than keeping head-sharded copies. Where tp x u exceeds the model's K/V heads (a GQA model, r =
+tp·u / n_kv, `memo_sim.layout.kv_heads`), each of the rank's K/V heads is repeated r times on the
+head dimension before the all-to-all (`repeat_kv_heads`: head i becomes heads i·r .. i·r + r - 1,
+so query head j still meets K/V head j // (heads / n_kv)), as XTuner's and DeepSpeed's Ulysses do,
+and every rank receives one repeated head; the backward sums the r gradients of each head
+(`sum_kv_repeats`) after the all-to-all back. The saved k and v stay un-repeated.
 """
 
 from __future__ import annotations
@@ -204,12 +209,29 @@ def heads_to_seq(t: torch.Tensor, out: torch.Tensor, b: int, s_local: int, group
     out.view(b, s_local, u, w).copy_(recv.permute(1, 2, 0, 3))
 
 
+def repeat_kv_heads(t: torch.Tensor, heads: int, r: int) -> torch.Tensor:
+    """``[T, heads*d]`` -> ``[T, heads*r*d]``: each K/V head repeated ``r`` times in place (head i
+    becomes heads i·r .. i·r + r - 1: ``repeat_interleave`` on the head dimension, as DeepSpeed's
+    deepspeed/runtime/sequence_parallel/ulysses_sp.py at edaa722126 does before its all-to-all, and
+    XTuner's repeat_kv in xtuner/v1/module/attention/mha.py at b934f46209); ``t`` itself when r = 1."""
+    if r == 1:
+        return t
+    return t.view(t.shape[0], heads, -1).repeat_interleave(r, dim=1).reshape(t.shape[0], -1)
+
+
+def sum_kv_repeats(g: torch.Tensor, out: torch.Tensor, heads: int, r: int) -> None:
+    """The gradient of `repeat_kv_heads`: ``g`` ``[T, heads*r*d]`` summed over each head's ``r``
+    repeats, written into ``out`` ``[T, heads*d]``."""
+    out.view(out.shape[0], heads, -1).copy_(g.view(g.shape[0], heads, r, -1).sum(dim=2))
+
+
 class UlyssesAttention(AttentionBackend):
     name = "ulysses"
     uses_scratch = False
 
-    def __init__(self, inner: AttentionBackend, group, u: int) -> None:
+    def __init__(self, inner: AttentionBackend, group, u: int, kv_repeat: int = 1) -> None:
         self.inner, self.group, self.u = inner, group, u
+        self.r = kv_repeat  # each K/V head's copies before the all-to-all (`memo_sim.layout.kv_heads`)
         self.name = f"ulysses({inner.name})"
         self.timer = None  # set by the runner: each all-to-all is a span on the "comm" stream
 
@@ -220,7 +242,20 @@ class UlyssesAttention(AttentionBackend):
                                nbytes=t.numel() * t.element_size())
 
     def _dims(self, dims: AttnDims) -> AttnDims:
-        return AttnDims(dims.batch, dims.seq * self.u, dims.heads // self.u, dims.kv_heads // self.u, dims.head_dim)
+        return AttnDims(dims.batch, dims.seq * self.u, dims.heads // self.u, dims.kv_heads * self.r // self.u,
+                        dims.head_dim)
+
+    def _a2a_kv(self, t, dims):
+        """K or V to head-sharded, each local K/V head repeated r times first."""
+        return self._a2a(repeat_kv_heads(t, dims.kv_heads, self.r), dims)
+
+    def _back_kv(self, t, out, dims) -> None:
+        """A head-sharded K or V gradient back to ``out`` (un-repeated: its repeats summed)."""
+        if self.r == 1:
+            return self._back(t, out, dims)
+        g = torch.empty(out.shape[0], out.shape[1] * self.r, dtype=out.dtype, device=out.device)
+        self._back(t, g, dims)
+        sum_kv_repeats(g, out, dims.kv_heads, self.r)
 
     def _a2a(self, t, dims):
         with self._span(t):
@@ -231,16 +266,17 @@ class UlyssesAttention(AttentionBackend):
             heads_to_seq(t, out, dims.batch, dims.seq, self.group, self.u)
 
     def forward(self, q, k, v, out, dims: AttnDims, scratch):
-        qh, kh, vh = self._a2a(q, dims), self._a2a(k, dims), self._a2a(v, dims)
+        qh, kh, vh = self._a2a(q, dims), self._a2a_kv(k, dims), self._a2a_kv(v, dims)
         oh = torch.empty_like(qh)
         aux = self.inner.forward(qh, kh, vh, oh, self._dims(dims), scratch)
         self._back(oh, out, dims)
         return aux
 
     def backward(self, dout, q, k, v, out, aux, dq, dk, dv, dims: AttnDims, scratch):
-        qh, kh, vh = self._a2a(q, dims), self._a2a(k, dims), self._a2a(v, dims)
+        qh, kh, vh = self._a2a(q, dims), self._a2a_kv(k, dims), self._a2a_kv(v, dims)
         oh, doh = self._a2a(out, dims), self._a2a(dout, dims)
         dqh, dkh, dvh = torch.empty_like(qh), torch.empty_like(kh), torch.empty_like(vh)
         self.inner.backward(doh, qh, kh, vh, oh, aux, dqh, dkh, dvh, self._dims(dims), scratch)
-        for src, dst in ((dqh, dq), (dkh, dk), (dvh, dv)):
-            self._back(src, dst, dims)
+        self._back(dqh, dq, dims)
+        self._back_kv(dkh, dk, dims)
+        self._back_kv(dvh, dv, dims)

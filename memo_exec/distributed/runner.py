@@ -135,14 +135,15 @@ class DistExecutor(ExecutorBase):
         self.local_T = self.flavour.local_tokens(self.micro * self.shard_seq)  # one micro-batch's rows here
         m = self.model
         p = self.flavour.size
+        r = lay.kv_repeat(m.n_kv_heads)  # K/V heads repeated before Ulysses' all-to-all (`memo_sim.layout.kv_heads`)
         inner_dims = AttnDims(self.micro, self.seq // lay.cp, m.heads // (p * lay.ulysses),
-                              m.n_kv_heads // (p * lay.ulysses), m.qk_head_dim)
+                              m.n_kv_heads * r // (p * lay.ulysses), m.qk_head_dim)
         if lay.cp > 1:
             inner = RingAttention(ctx.group("cp"), lay.cp, ctx.coord("cp"))
         else:
             inner = select_backend(self.backend_name, self.device, self.dtype, inner_dims,
                                    run_probe=opts.probe_backend)
-        self.backend = UlyssesAttention(inner, ctx.group("ulysses"), lay.ulysses) if lay.ulysses > 1 else inner
+        self.backend = UlyssesAttention(inner, ctx.group("ulysses"), lay.ulysses, r) if lay.ulysses > 1 else inner
         self.held = self.schedule.layer_indices()
         self.shapes = self.flavour.storage_shapes()
         per_set, self.activation_sets = self.schedule.activation_sets()

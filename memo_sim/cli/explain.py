@@ -6,6 +6,7 @@ import json
 
 import click
 
+from memo_sim.policy.base import uses_memory_plan
 from memo_sim.engine.simulate import simulate
 from memo_sim.memplan.footprint import memory_breakdown
 from memo_sim.plan.schema import read_plan
@@ -91,7 +92,7 @@ def memory_terms(plan, mem) -> dict:
     """The per-GPU memory terms at the peak, in words."""
     return {"model states": mem.model_states_bytes, "kept activations": mem.skeletal_resident_bytes,
             "rounding / recompute buffers": mem.rounding_buffer_bytes, "attention lse": mem.lse_bytes,
-            f"layer transients ({'static plan' if plan.policy.static_memory_plan else 'caching allocator'})":
+            f"layer transients ({'static plan' if uses_memory_plan(plan.policy, plan.layout) else 'caching allocator'})":
                 mem.transient_peak_bytes,
             "boundary activation": mem.layer_boundary_bytes, "classifier (beside transients, max of the two)":
                 mem.classifier_peak_bytes}
@@ -107,7 +108,8 @@ def memory_json(plan, res, mem, peaks: dict) -> dict:
             "simulated_peak_gpu_bytes": res.peak_gpu_bytes, "gpu_capacity_bytes": res.gpu_capacity_bytes,
             "peak": peaks, "host_bytes_per_node": res.peak_host_bytes_per_node,
             "host_capacity_bytes": res.host_capacity_bytes,
-            "allocator_memory_stats": (res.allocator or {}).get("memory_stats")}
+            "allocator_memory_stats": (res.allocator or {}).get("memory_stats"),
+            "allocator_fragmentation": fragmentation_words(plan, res, mem)}
 
 
 def add_memory_part(a: Answer, plan, res, mem, peaks: dict | None = None) -> None:
@@ -119,12 +121,12 @@ def add_memory_part(a: Answer, plan, res, mem, peaks: dict | None = None) -> Non
     if stages:  # a pipeline: each stage holds its own layers, micro-batches or subsequences
         rows = [[str(s["stage"]), fmt_bytes(s["analytic_peak_gpu_bytes"]), fmt_bytes(s["peak_gpu_bytes"])]
                 for s in stages]
-        alloc = analytic_peak(mem, plan.policy).allocator
+        alloc = analytic_peak(mem, plan.policy, plan.layout).allocator
         a.table(["stage", f"peak (analytic, {alloc})", f"peak (simulated, {alloc})"], rows,
                 title=f"\nGPU memory per stage (usable {fmt_bytes(res.gpu_capacity_bytes)}):")
     else:
         rows = [[k, fmt_bytes(v)] for k, v in memory_terms(plan, mem).items()]
-        rows += [["peak (the terms above)", analytic_peak(mem, plan.policy).text()],
+        rows += [["peak (the terms above)", analytic_peak(mem, plan.policy, plan.layout).text()],
                  ["peak", result_peak(res).text()],
                  ["usable GPU memory", fmt_bytes(res.gpu_capacity_bytes)]]
         a.table(["", "bytes"], rows, title="\nGPU memory per GPU:")
@@ -136,8 +138,33 @@ def add_memory_part(a: Answer, plan, res, mem, peaks: dict | None = None) -> Non
     if ms:  # the caching allocator replayed over the iteration, in torch.cuda.memory_stats()'s words
         a.line("  caching allocator, simulated replay of one iteration (torch.cuda.memory_stats() keys): "
                + ", ".join(f"{k} {fmt_bytes(v) if k.endswith('.peak') else v}" for k, v in ms.items()))
+    words = fragmentation_words(plan, res, mem)
+    if words:
+        a.line("  " + words)
     a.line(f"\npinned host memory per node: {fmt_bytes(res.peak_host_bytes_per_node)} of "
            f"{fmt_bytes(res.host_capacity_bytes)}")
+
+
+def fragmentation_words(plan, res, mem) -> str | None:
+    """For a plan on the caching allocator: how much of its peak reserved memory is not allocated,
+    its retries and what they cost, and what a static memory plan of the same transients would
+    save (the analytic tier's planned against caching-allocator transients), in words."""
+    al = res.allocator or {}
+    if al.get("static_memory_plan", True) or al.get("fragmentation_at_peak") is None:
+        return None
+    frag, reserved = al["fragmentation_at_peak"], al.get("peak_reserved_bytes") or 0
+    save = mem.transient_caching_allocator_bytes - mem.transient_planned_bytes
+    retries = al.get("reorganizations", 0)
+    head = (f"fragmentation: {100 * frag:.1f}% of the {fmt_bytes(reserved)} reserved at the peak is not allocated; "
+            f"{retries} allocation retries per iteration"
+            + (f" costing {fmt_time(al.get('stall_s', 0.0))} (device synchronisation, cudaFree, cudaMalloc)"
+               if retries else ""))
+    if save > 0:
+        tail = (f"; a static memory plan of the same transients (memo-sim whatif --allocator plan) would hold "
+                f"{fmt_bytes(save)} less at the peak" + (" and none of the retries" if retries else ""))
+    else:
+        tail = "; a static memory plan of the same transients would not lower the peak"
+    return head + tail
 
 
 def _add_stage_analytic_peaks(plan, profile, res) -> None:

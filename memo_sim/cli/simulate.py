@@ -78,7 +78,7 @@ def _summary_line(r) -> str:
         return (f"{r.status}: {fmt_time(r.iteration_s)}/iteration, MFU {100 * r.mfu:.1f}%, TGS {r.tgs:.0f}, "
                 f"peak GPU {result_peak(r).text()}, peak host/node {fmt_bytes(r.peak_host_bytes_per_node)}, "
                 f"copy stall {fmt_time(r.exposed_copy_s)}, {alloc}")
-    return f"{r.failure.message()} (simulated, {allocator_of(r.policy)})"
+    return f"{r.failure.message()} (simulated, {allocator_of(r.policy, r.layout)})"
 
 
 # What `simulate` writes at least, measured on the what-if's toy plans (2 and 32 layers) and gpt-7b
@@ -156,7 +156,7 @@ def simulate_cmd(plan_file, out_dir, layers_text, profile_override, no_contentio
             bub = st["bubble_ratio"]
             click.echo(f"  stage {st['stage']}: layers {', '.join(f'{a}-{b}' for a, b in st['chunks'])}, "
                        f"{st['in_flight']} chunk forwards in flight, peak GPU {fmt_bytes(st['peak_gpu_bytes'])} "
-                       f"(simulated, {allocator_of(plan.policy)}), "
+                       f"(simulated, {allocator_of(plan.policy, plan.layout)}), "
                        f"busy {fmt_time(st['compute_busy_s'])}"
                        + (f", bubble {100 * bub:.1f}% of its work" if bub is not None else ""))
         ideal = r.pipeline["ideal_bubble_ratio"]

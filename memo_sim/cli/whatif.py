@@ -95,6 +95,14 @@ def _simulate_top_value(ctx, param, value):
 @click.option("--moe-balance", default="dropless", show_default=True, callback=moe_balance_option,
               help="How routed tokens fall on the expert ranks: forced (even, as benchmark runs force), dropless "
                    "(a uniform router's loads) or capacity:F (each expert padded/dropped to F x its share).")
+@click.option("--allocator", default="caching", show_default=True, type=click.Choice(["caching", "plan", "both"]),
+              help="Who places the transient tensors of the policies without MEMO's own plan: PyTorch's caching "
+                   "allocator (with its fragmentation and retries, as the frameworks run), a static memory plan, or "
+                   "both side by side.")
+@click.option("--alloc-conf", default=None, metavar="TEXT",
+              help="PyTorch caching allocator settings as PYTORCH_CUDA_ALLOC_CONF writes them (expandable_segments, "
+                   "max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold with "
+                   "per_process_memory_fraction), over the framework's; priced for the plans without a memory plan.")
 @click.option("--dp-mode", default=None, type=click.Choice(["zero", "fsdp", "all"]),
               help="Data-parallel flavours to search: ZeRO stages, FSDP (with HSDP and resharding on/off), or all the "
                    "framework runs (default: the framework's first: zero for any, fsdp for torchtitan).")

@@ -139,7 +139,9 @@ def _ulysses_alltoall(model: ModelConfig, layout: Layout, batch: int, seq: int, 
 def _cp_ring(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile,
              phase: str) -> OpCost:
     """K and V chunks travel c-1 steps round the ring (backward: also dK, dV)."""
+    # under Ulysses the ring carries the head-sharded K/V, each head repeated r times (`layout.kv_heads`)
     kv = tokens_per_gpu(layout, batch, seq) * (model.kv_dim + model.v_dim) * DTYPE_BYTES[model.dtype] / layout.tp
+    kv *= layout.kv_repeat(model.n_kv_heads)
     if phase == "bwd":
         kv *= 2
     link = coll.group_link(profile, layout.cp, layout.tp * layout.ulysses)
@@ -201,9 +203,9 @@ def _ops_with_comm(ops: list[OpSpec], model: ModelConfig, layout: Layout, batch:
         if op.kind == "moe_comm":  # the token dispatcher's collectives (`memo_sim.cost.moe`)
             out += moe.dispatcher_costs(op, model, layout, batch, seq, profile, phase, fraction)
             continue
-        if op.kind == "attention" and layout.ulysses > 1:
-            out.append(_ulysses_alltoall(model, layout, batch, seq, profile, phase,
-                                         model.q_dim + model.kv_dim + model.v_dim, "alltoall_qkv"))
+        if op.kind == "attention" and layout.ulysses > 1:  # K and V sent with each head repeated r times
+            kv = layout.kv_repeat(model.n_kv_heads) * (model.kv_dim + model.v_dim)
+            out.append(_ulysses_alltoall(model, layout, batch, seq, profile, phase, model.q_dim + kv, "alltoall_qkv"))
         if op.kind == "attention" and layout.cp > 1:
             out.append(_cp_ring(model, layout, batch, seq, profile, phase))
         out.append(_compute_cost(op, model, layout, batch, seq, profile, phase, fraction))

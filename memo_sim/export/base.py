@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from memo_sim.policy.base import uses_memory_plan
 from memo_sim.errors import MemoError
 from memo_sim.layout.parallel import Layout
 from memo_sim.layout.schedule import default_schedule
@@ -197,8 +198,9 @@ def policy_gaps(plan: Plan, runs: dict[str, str], fallback: str = "full_recomput
                         f"per-subsequence offload)"}.get(pol.name, f"the {pol.name} policy")
         note = (notes or {}).get(pol.name)
         gaps.append(Gap(what, runs[fallback] + (f" ({note})" if note else ""), PlanChange(policy=fallback)))
-    if pol.static_memory_plan:
-        gaps.append(Gap("MEMO's bi-level static memory plan", "PyTorch's caching allocator"))
+    if uses_memory_plan(pol, plan.layout):
+        gaps.append(Gap("MEMO's bi-level static memory plan" if pol.static_memory_plan else "a static memory plan "
+                        "of the transients", "PyTorch's caching allocator"))
     return gaps
 
 

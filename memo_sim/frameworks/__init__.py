@@ -16,7 +16,9 @@ policies, and how it runs what the simulator models as a switch
   or PyTorch's caching host allocator (`memo_sim.policy.host_layout`; matters only to
   offloading policies);
 - ``expandable_segments``: whether PyTorch's caching allocator runs with expandable segments
-  (`memo_sim.memplan.caching_allocator`; matters to the policies without a static memory plan).
+  (`memo_sim.memplan.caching_allocator`; matters to the policies without a static memory plan);
+- ``alloc_conf`` (optional): the rest of the ``PYTORCH_CUDA_ALLOC_CONF`` the framework's launch
+  scripts set (`memo_sim.layout.alloc_conf`; default: PyTorch's).
 
 A file's ``layouts.dp_modes`` lists its data-parallel flavours (`memo_sim.dp`: ``zero``, the ZeRO
 stages; ``fsdp``, FSDP2 with HSDP and resharding after the forward or not; default ``[zero]``).
@@ -51,6 +53,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from memo_sim.errors import MemoError, validated
 from memo_sim.fileio import read_utf8
 from memo_sim.dp import DP_MODES
+from memo_sim.layout.alloc_conf import merged_alloc_conf
 from memo_sim.layout.moe_dispatchers import DISPATCHER_NAMES
 from memo_sim.layout.parallel import HOST_POOLS, Layout
 from memo_sim.layout.schedule import SCHEDULE_NAMES
@@ -64,7 +67,7 @@ from memo_sim.policy import policy_names
 DATA = Path(__file__).parent / "data"
 # the switchable mechanisms: name -> the Layout field it sets
 MECHANISMS = {"attention": "attention", "grad_overlap": "grad_overlap", "cross_entropy": "cross_entropy",
-              "host_pool": "host_pool", "expandable_segments": "expandable_segments"}
+              "host_pool": "host_pool", "expandable_segments": "expandable_segments", "alloc_conf": "alloc_conf"}
 
 
 class _ExpertsIn(BaseModel):
@@ -98,6 +101,15 @@ class _MechanismsIn(BaseModel):
     cross_entropy: Literal[CROSS_ENTROPY_KERNELS]
     host_pool: Literal[HOST_POOLS]
     expandable_segments: bool = Field(strict=True)
+    alloc_conf: str = Field("", strict=True)  # the rest of PYTORCH_CUDA_ALLOC_CONF (`memo_sim.layout.alloc_conf`)
+
+    @model_validator(mode="after")
+    def _conf(self):
+        try:
+            merged_alloc_conf(self.expandable_segments, self.alloc_conf)
+        except MemoError as e:
+            raise ValueError(str(e)) from None
+        return self
 
 
 class _PrecisionIn(BaseModel):

@@ -72,6 +72,9 @@ block reads each rank's sequence shard, as Megatron-Core's dispatchers do). Each
 Caching allocator (``expandable_segments``, `memo_sim.memplan.caching_allocator`): PyTorch's
 ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` or not, for the policies that run on the
 caching allocator (everything but MEMO's static plan). Left out of `Layout.to_dict` when off.
+``alloc_conf`` holds the rest of that setting string (max_split_size_mb, roundup_power2_divisions,
+the garbage collection under a memory fraction; `memo_sim.layout.alloc_conf`), canonical, ``""``
+for PyTorch's defaults (left out of `Layout.to_dict` then).
 """
 
 from __future__ import annotations
@@ -86,6 +89,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from memo_sim.errors import MemoError, validated
 from memo_sim.model.config import ModelConfig
 from memo_sim.dp import DP_MODES, DPFlavour, dp_flavour
+from memo_sim.layout.alloc_conf import merged_alloc_conf
+from memo_sim.layout.kv_heads import kv_heads_why_not, kv_repeat_factor
 from memo_sim.layout.moe_balance import balance_why_not, parse_balance, Balance
 from memo_sim.layout.moe_dispatchers import DISPATCHER_NAMES, Dispatcher, dispatcher
 from memo_sim.model.layer_graph import ATTENTION_KERNELS, CROSS_ENTROPY_KERNELS
@@ -115,6 +120,8 @@ class Layout:
     cross_entropy: str = "chunked"  # loss kernel: chunked | vocab_parallel | torch_fused (`cost.boundary`)
     host_pool: str = "registered_pool"  # pinned host memory for offloads: one of `HOST_POOLS`
     expandable_segments: bool = False  # PyTorch caching allocator's expandable_segments (`memplan.caching_allocator`)
+    alloc_conf: str = ""  # the rest of PYTORCH_CUDA_ALLOC_CONF, canonical (`layout.alloc_conf`); "": defaults
+    memory_plan: bool = False  # a static memory plan places the transients whatever the policy (`policy.base.uses_memory_plan`)
     optimizer_offload: bool = False  # master weights, Adam and its step on the host (`cost.optimizer_offload`)
     # uneven pipeline stages (Megatron-LM's --decoder-first/last-pipeline-num-layers; 0: not set): the first
     # and last stages' layer counts, the stages between share the rest evenly (`stage_layers`)
@@ -194,6 +201,11 @@ class Layout:
         """How many ways one sequence's tokens are split outside TP."""
         return self.cp * self.ulysses
 
+    def kv_repeat(self, n_kv_heads: int) -> int:
+        """How many times each of ``n_kv_heads`` K/V heads is repeated before the Ulysses all-to-all
+        (`memo_sim.layout.kv_heads`: tp x ulysses / n_kv where that exceeds 1, else 1)."""
+        return kv_repeat_factor(self.tp, self.ulysses, n_kv_heads)
+
     @property
     def state_shards(self) -> int:
         """Size of the group that holds identical weights (DP x CP x Ulysses)."""
@@ -234,6 +246,10 @@ class Layout:
             parts.append(self.host_pool.replace("_", "-"))
         if self.expandable_segments:
             parts.append("expandable")
+        if self.alloc_conf:
+            parts.append("alloc-conf")
+        if self.memory_plan:
+            parts.append("memplan")
         if self.optimizer_offload:
             parts.append("optim-offload")
         if self.ep > 1 or self.etp > 1:
@@ -263,6 +279,10 @@ class Layout:
             del d["host_pool"]
         if not self.expandable_segments:  # and plans on the default caching allocator theirs
             del d["expandable_segments"]
+        if not self.alloc_conf:  # and plans with PyTorch's other allocator defaults theirs
+            del d["alloc_conf"]
+        if not self.memory_plan:  # and plans on the allocator their policy runs with theirs
+            del d["memory_plan"]
         if not self.optimizer_offload:  # and plans with the optimizer on the GPU theirs
             del d["optimizer_offload"]
         for k in ("first_stage_layers", "last_stage_layers", "account_embedding_loss"):  # and even stages theirs
@@ -301,6 +321,8 @@ class _LayoutIn(BaseModel):
     cross_entropy: Literal[CROSS_ENTROPY_KERNELS] = "chunked"
     host_pool: Literal[HOST_POOLS] = "registered_pool"
     expandable_segments: bool = Field(False, strict=True)
+    alloc_conf: str = Field("", strict=True, max_length=2000)
+    memory_plan: bool = Field(False, strict=True)
     optimizer_offload: bool = Field(False, strict=True)
     first_stage_layers: Annotated[int, Field(strict=True, ge=0, le=1 << 12)] = 0
     last_stage_layers: Annotated[int, Field(strict=True, ge=0, le=1 << 12)] = 0
@@ -482,6 +504,11 @@ def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: i
         return f"cross_entropy must be one of {', '.join(CROSS_ENTROPY_KERNELS)}, got {layout.cross_entropy!r}"
     if layout.host_pool not in HOST_POOLS:
         return f"host_pool must be one of {', '.join(HOST_POOLS)}, got {layout.host_pool!r}"
+    if layout.alloc_conf:
+        try:
+            merged_alloc_conf(layout.expandable_segments, layout.alloc_conf)
+        except MemoError as e:
+            return str(e)
     why = flavour.check(layout, model)
     if why:
         return why
@@ -490,11 +517,9 @@ def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: i
         return f"tp={layout.tp} must divide the {gpus_per_node} GPUs of a node (TP stays inside a node)"
     if model.heads % (layout.tp * layout.ulysses):
         return f"heads ({model.heads}) not divisible by tp x ulysses ({layout.tp * layout.ulysses})"
-    if model.n_kv_heads % (layout.tp * layout.ulysses):
-        # Megatron-LM asserts num_query_groups % tensor_model_parallel_size == 0, and the executor
-        # splits K/V heads over TP and Ulysses exactly as it splits query heads (no replication)
-        return (f"kv heads ({model.n_kv_heads}) not divisible by tp x ulysses ({layout.tp * layout.ulysses}): "
-                f"each rank holds whole K/V heads")
+    why = kv_heads_why_not(layout.tp, layout.ulysses, model.n_kv_heads)  # whole or repeated (`layout.kv_heads`)
+    if why:
+        return why
     if model.ffn % layout.tp:
         return f"ffn ({model.ffn}) not divisible by tp ({layout.tp})"
 

@@ -10,20 +10,21 @@ import bisect
 class Segment:
     """A cudaMalloc'd segment, or a virtual address range of an expandable segment."""
 
-    __slots__ = ("base", "size", "small", "expandable", "page")
+    __slots__ = ("base", "size", "small", "expandable", "page", "stream")
 
-    def __init__(self, base: int, size: int, small: bool, expandable: bool, page: int) -> None:
+    def __init__(self, base: int, size: int, small: bool, expandable: bool, page: int, stream: int = 0) -> None:
         self.base = base
         self.size = size
         self.small = small
         self.expandable = expandable
         self.page = page
+        self.stream = stream  # the stream whose allocation made it; only that stream's requests reuse it
 
 
 class Block:
     """A contiguous range of one segment: handed out, cached free, or (expandable) unmapped."""
 
-    __slots__ = ("addr", "size", "allocated", "mapped", "prev", "next", "segment", "requested")
+    __slots__ = ("addr", "size", "allocated", "mapped", "prev", "next", "segment", "requested", "gc_base")
 
     def __init__(self, addr: int, size: int, segment: Segment, mapped: bool = True) -> None:
         self.addr = addr
@@ -34,16 +35,24 @@ class Block:
         self.next: Block | None = None
         self.segment = segment
         self.requested = 0
+        self.gc_base = 0  # the pool's free-block searches when it was cached (its age is the searches since)
 
     def is_split(self) -> bool:
         return self.prev is not None or self.next is not None
 
 
 class Pool:
-    """Cached free blocks ordered by (size, address), and unmapped blocks by address."""
+    """Cached free blocks of one stream ordered by (size, address), and unmapped blocks by address.
 
-    def __init__(self, small: bool) -> None:
+    PyTorch keeps one small and one large pool ordered by (stream, size, address), so a search
+    never crosses streams; here each (stream, pool) pair is its own `Pool`. ``gc_calls`` is the
+    counter of free-block searches shared by every stream's pools of one size class (PyTorch's
+    ``get_free_blocks_call_count``), whose value each block records when it is cached."""
+
+    def __init__(self, small: bool, stream: int = 0, gc_calls: list[int] | None = None) -> None:
         self.small = small
+        self.stream = stream
+        self.gc_calls = gc_calls if gc_calls is not None else [0]
         self.keys: list[tuple[int, int]] = []
         self.by_addr: dict[int, Block] = {}
         self.free_bytes = 0
@@ -55,6 +64,7 @@ class Pool:
         return "small" if self.small else "large"
 
     def insert(self, b: Block) -> None:
+        b.gc_base = self.gc_calls[0]
         bisect.insort(self.keys, (b.size, b.addr))
         self.by_addr[b.addr] = b
         self.free_bytes += b.size

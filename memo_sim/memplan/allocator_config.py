@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memo_sim.errors import MemoError
+from memo_sim.layout.alloc_conf import ROUNDUP_INTERVALS, AllocConf
 
 MiB = 1 << 20
 
@@ -40,6 +41,33 @@ class AllocatorConfig:
     round_large: int = K_ROUND_LARGE
     expandable_small_page_bytes: int = K_SMALL_BUFFER
     expandable_large_page_bytes: int = K_LARGE_BUFFER
+    # PYTORCH_CUDA_ALLOC_CONF's roundup_power2_divisions, one entry per power-of-two size class
+    # from 1 MiB (`memo_sim.layout.alloc_conf`); 0 or 1: plain 512-byte rounding
+    roundup_power2_divisions: tuple[int, ...] = (0,) * ROUNDUP_INTERVALS
+    garbage_collection_threshold: float = 0.0  # PYTORCH_CUDA_ALLOC_CONF's; active only with a memory fraction
+    memory_fraction: float | None = None  # torch.cuda.set_per_process_memory_fraction: limit = fraction x capacity
+
+    @classmethod
+    def from_conf(cls, capacity_bytes: int, conf: AllocConf) -> "AllocatorConfig":
+        """The model's settings from a parsed ``PYTORCH_CUDA_ALLOC_CONF`` (`memo_sim.layout.alloc_conf`)."""
+        return cls(capacity_bytes=int(capacity_bytes), expandable_segments=bool(conf.expandable_segments),
+                   max_split_size_bytes=None if conf.max_split_size_mb is None else conf.max_split_size_mb * MiB,
+                   roundup_power2_divisions=conf.roundup_power2_divisions,
+                   garbage_collection_threshold=conf.garbage_collection_threshold,
+                   memory_fraction=conf.per_process_memory_fraction)
+
+    @property
+    def limit_bytes(self) -> int:
+        """What the allocator may reserve: the capacity, or the process's fraction of it (PyTorch's
+        ``allowed_memory_maximum``; memo takes the fraction of the capacity it models)."""
+        if self.memory_fraction is None:
+            return self.capacity_bytes
+        return int(self.memory_fraction * self.capacity_bytes)
+
+    @property
+    def gc_active(self) -> bool:
+        """PyTorch collects cached blocks only when a memory fraction is set and the threshold > 0."""
+        return self.memory_fraction is not None and self.garbage_collection_threshold > 0.0
 
     def __post_init__(self) -> None:
         def positive(name: str) -> None:
@@ -53,19 +81,38 @@ class AllocatorConfig:
             positive(name)
         if self.max_split_size_bytes is not None:
             positive("max_split_size_bytes")
-            if self.max_split_size_bytes <= self.large_buffer:
+            if self.max_split_size_bytes < self.large_buffer:
                 raise MemoError(
-                    f"AllocatorConfig.max_split_size_bytes must exceed large_buffer ({self.large_buffer} B) "
+                    f"AllocatorConfig.max_split_size_bytes must be at least large_buffer ({self.large_buffer} B) "
                     f"as in PyTorch, got {self.max_split_size_bytes}; use None for no limit"
                 )
+        if len(self.roundup_power2_divisions) != ROUNDUP_INTERVALS or any(
+                d < 0 or (d & (d - 1)) for d in self.roundup_power2_divisions):
+            raise MemoError(f"AllocatorConfig.roundup_power2_divisions must be {ROUNDUP_INTERVALS} powers of two "
+                            f"(or 0), got {self.roundup_power2_divisions!r}")
+        if not 0.0 <= self.garbage_collection_threshold < 1.0:
+            raise MemoError("AllocatorConfig.garbage_collection_threshold must be in [0, 1), got "
+                            f"{self.garbage_collection_threshold!r}")
+        if self.memory_fraction is not None and not 0.0 < self.memory_fraction <= 1.0:
+            raise MemoError(f"AllocatorConfig.memory_fraction must be in (0, 1], got {self.memory_fraction!r}")
+        object.__setattr__(self, "_rounds_power2", any(d > 1 for d in self.roundup_power2_divisions))
         if self.small_buffer < self.small_size:
             raise MemoError("AllocatorConfig.small_buffer must be >= small_size (a small segment holds "
                             "at least one small request)")
 
     def round_size(self, size: int) -> int:
-        """Size of the block a request of ``size`` bytes needs (PyTorch's ``round_size``)."""
+        """Size of the block a request of ``size`` bytes needs (PyTorch's ``round_size``: 512-byte
+        multiples, or the next of ``divisions`` equal steps between two powers of two where
+        ``roundup_power2_divisions`` sets more than one for the size's class)."""
         m = self.min_block_size
-        return m if size < m else m * ((size + m - 1) // m)
+        if size < m:
+            return m
+        divs = self.roundup_power2_divisions
+        if self._rounds_power2:
+            d = divs[min(max(size.bit_length() - 1 - 20, 0), ROUNDUP_INTERVALS - 1)]  # 1 MiB = 2^20 starts
+            if d > 1 and size > m * d:
+                return roundup_power2_next_division(size, d)
+        return m * ((size + m - 1) // m)
 
     def is_small(self, rounded: int) -> bool:
         """Whether a rounded request belongs to the small pool."""
@@ -83,3 +130,16 @@ class AllocatorConfig:
     def page_bytes(self, small: bool) -> int:
         """Page size of the expandable segment of the small or large pool."""
         return self.expandable_small_page_bytes if small else self.expandable_large_page_bytes
+
+
+def roundup_power2_next_division(size: int, divisions: int) -> int:
+    """PyTorch's ``roundup_power2_next_division``: the next of ``divisions`` equal steps between
+    the powers of two around ``size`` (a power of two itself stays)."""
+    if size & (size - 1) == 0:
+        return size
+    floor = 1 << (size.bit_length() - 1)
+    step = floor >> (divisions.bit_length() - 1)
+    if step == 0:
+        return floor << 1
+    low = size & ~(step - 1)
+    return size if low == size else low + step

@@ -30,6 +30,7 @@ class DeviceMemory:
         self.reorganization_cuda_frees = 0  # the cudaFree calls (unmaps) made by reorganisations
         self.reorganization_free_bytes = 0
         self.num_oversize_releases = 0
+        self.num_gc_releases = 0  # segments cudaFree'd by the garbage collection (no synchronisation)
 
     # ---- new memory -----------------------------------------------------------------------
     def _new_address_range(self, size: int) -> int:
@@ -41,9 +42,9 @@ class DeviceMemory:
         """cudaMalloc a segment (or map pages of an expandable one); None when it does not fit."""
         if self.config.expandable_segments:
             return self._try_allocate_expandable_block(pool, rounded)
-        if self.reserved_bytes + alloc_size > self.config.capacity_bytes:
+        if self.reserved_bytes + alloc_size > self.config.limit_bytes:
             return None
-        seg = Segment(self._new_address_range(alloc_size), alloc_size, pool.small, False, alloc_size)
+        seg = Segment(self._new_address_range(alloc_size), alloc_size, pool.small, False, alloc_size, pool.stream)
         self._segments.append(seg)
         self.num_cuda_malloc += 1
         self.cuda_malloc_bytes += alloc_size
@@ -68,7 +69,7 @@ class DeviceMemory:
         page = self.config.page_bytes(pool.small)
         cap = self.config.capacity_bytes
         virtual = -(-(cap + cap // 8) // page) * page  # PyTorch reserves 9/8 of device memory
-        seg = Segment(self._new_address_range(virtual), virtual, pool.small, True, page)
+        seg = Segment(self._new_address_range(virtual), virtual, pool.small, True, page, pool.stream)
         self._segments.append(seg)
         c = Block(seg.base, virtual, seg, mapped=False)
         pool.insert_unmapped(c)
@@ -78,7 +79,7 @@ class DeviceMemory:
         """Map the pages covering the first ``size`` bytes of unmapped block ``b``."""
         page = b.segment.page
         n = min(-(-size // page) * page, b.size)
-        if self.reserved_bytes + n > self.config.capacity_bytes:
+        if self.reserved_bytes + n > self.config.limit_bytes:
             return False
         pool.remove_unmapped(b)
         b.mapped = True
@@ -188,11 +189,49 @@ class DeviceMemory:
         self.num_cuda_free += 1
         self.cuda_free_bytes += end - begin
 
+    def _garbage_collect(self) -> None:
+        """PyTorch's ``garbage_collect_cached_blocks``: above ``threshold x limit`` reserved, cudaFree
+        cached unsplit large segments whose age (free-block searches since they were cached) is at
+        least the mean age, round after round, until the excess is reclaimed or none is left; no
+        device synchronisation. Expandable segments are left alone, as PyTorch's release_block
+        refuses them."""
+        cfg = self.config
+        threshold = int(cfg.garbage_collection_threshold * cfg.limit_bytes)
+        if self.reserved_bytes <= threshold:
+            return
+        target = self.reserved_bytes - threshold
+        pools = [p for p in self._pools.values() if not p.small]
+        counter = self._gc_calls[False][0]
+
+        def freeable() -> list[tuple[Pool, Block]]:
+            return [(p, p.by_addr[a]) for p in pools for _, a in list(p.keys)
+                    if not p.by_addr[a].is_split() and not p.by_addr[a].segment.expandable]
+
+        blocks = freeable()
+        if not blocks:
+            return
+        total_age = sum(counter - b.gc_base for _, b in blocks)
+        count = len(blocks)
+        reclaimed = 0
+        freed = True
+        while reclaimed < target and freed and count > 0:
+            threshold_age = total_age / count
+            freed = False
+            for p, b in freeable():
+                age = counter - b.gc_base
+                if age >= threshold_age:
+                    freed = True
+                    reclaimed += b.size
+                    total_age -= age
+                    count -= 1
+                    self._release_block(b, p)
+                    self.num_gc_releases += 1
+
     def _release_cached_blocks(self, count_as_reorganization: bool) -> None:
-        """Free every cached unsplit segment and unmap every free expandable page."""
+        """Free every cached unsplit segment and unmap every free expandable page, every stream's."""
         self.complete_pending()  # synchronize_and_free_events: every stream event has completed
         frees0, bytes0 = self.num_cuda_free, self.cuda_free_bytes
-        for pool in (self._large, self._small):
+        for pool in sorted(self._pools.values(), key=lambda p: (p.small, p.stream)):
             to_unmap: list[Block] = []
             for b in [pool.by_addr[a] for _, a in list(pool.keys)]:
                 if b.segment.expandable:

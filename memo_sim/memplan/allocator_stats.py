@@ -59,6 +59,7 @@ class AllocatorStats:
             "reorganization_cuda_frees": self.reorganization_cuda_frees,
             "reorganization_free_bytes": self.reorganization_free_bytes,
             "oversize_releases": self.num_oversize_releases,
+            "gc_releases": self.num_gc_releases,
             "fragmentation_failures": self.fragmentation_failures,
         }
 
@@ -95,7 +96,7 @@ class AllocatorStats:
     def _segment_blocks(self) -> list[tuple[Segment, list[Block]]]:
         """Each segment in address order with its blocks in address order."""
         heads: dict[int, Block] = {}
-        for pool in (self._small, self._large):
+        for pool in self._pools.values():
             for b in list(pool.by_addr.values()) + list(pool.unmapped.values()):
                 heads.setdefault(id(b.segment), b)
         for b in list(self._live.values()) + [b for _, b in self._pending]:
@@ -117,13 +118,15 @@ class AllocatorStats:
         expandable, ((size, allocated, mapped), ...)) per segment. Two states with the same
         signature serve the same request sequence the same way (new segments always come at
         higher addresses), which is how a replay recognises a steady state."""
-        return tuple((seg.small, seg.expandable, tuple((b.size, b.allocated, b.mapped) for b in blocks))
+        return tuple((seg.small, seg.expandable, seg.stream,
+                       tuple((b.size, b.allocated, b.mapped) for b in blocks))
                      for seg, blocks in self._segment_blocks())
 
     def segments(self) -> list[dict]:
         """The segments in address order with their blocks (address, size, requested bytes, state:
         ``allocated``, ``free`` or ``unmapped``), for snapshots of the allocator's state."""
         return [{"address": seg.base, "size": seg.size, "small": seg.small, "expandable": seg.expandable,
+                 "stream": seg.stream,
                  "blocks": [{"address": b.addr, "size": b.size, "requested": b.requested if b.allocated else 0,
                              "state": "allocated" if b.allocated else ("free" if b.mapped else "unmapped")}
                             for b in blocks]}
@@ -142,14 +145,14 @@ class AllocatorStats:
         return len(self._segments)
 
     def largest_free_block(self, small: bool) -> int:
-        """Largest cached free block of the small or large pool, in bytes."""
-        return (self._small if small else self._large).largest()
+        """Largest cached free block of the small or large pool of any stream, in bytes."""
+        return max((p.largest() for p in self._pools.values() if p.small == small), default=0)
 
     def check_invariants(self) -> None:
         """Check the internal bookkeeping; raise AssertionError when it is inconsistent."""
         reserved = allocated = 0
-        pools = {True: self._small, False: self._large}
-        free_seen = {True: 0, False: 0}
+        pools = self._pools
+        free_seen = {key: 0 for key in pools}
         heads: dict[int, Block] = {}
         for pool in pools.values():
             for b in list(pool.by_addr.values()) + list(pool.unmapped.values()):
@@ -170,13 +173,14 @@ class AllocatorStats:
                     assert b.next.prev is b, "broken block links"
                     if not b.allocated and not b.next.allocated:
                         assert b.mapped != b.next.mapped, "adjacent free blocks were not merged"
-                pool = pools[seg.small]
+                key = (seg.stream, seg.small)
+                pool = pools[key]
                 if b.allocated:
                     assert b.mapped
                     allocated += b.size
                 elif b.mapped:
                     assert pool.by_addr.get(b.addr) is b, "free block missing from its pool"
-                    free_seen[seg.small] += 1
+                    free_seen[key] += 1
                 else:
                     assert seg.expandable and pool.unmapped.get(b.addr) is b
                     assert (b.addr - seg.base) % seg.page == 0 and b.size % seg.page == 0
@@ -185,10 +189,10 @@ class AllocatorStats:
                 pos += b.size
                 b = b.next
             assert pos == seg.base + seg.size, "blocks do not cover their segment"
-        for small, pool in pools.items():
-            assert len(pool.keys) == len(pool.by_addr) == free_seen[small], "stale free-list entries"
+        for key, pool in pools.items():
+            assert len(pool.keys) == len(pool.by_addr) == free_seen[key], "stale free-list entries"
             assert pool.keys == sorted(pool.keys)
             assert pool.free_bytes == sum(k[0] for k in pool.keys)
         assert reserved == self.reserved_bytes, (reserved, self.reserved_bytes)
         assert allocated == self.allocated_bytes + self.pending_bytes, (allocated, self.allocated_bytes)
-        assert self.reserved_bytes <= self.config.capacity_bytes
+        assert self.reserved_bytes <= self.config.limit_bytes

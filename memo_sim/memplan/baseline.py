@@ -11,6 +11,7 @@ from dataclasses import replace
 from functools import lru_cache
 
 from memo_sim.layout.parallel import Layout
+from memo_sim.layout.alloc_conf import merged_alloc_conf
 from memo_sim.memplan.caching_allocator import AllocatorConfig, AllocatorReport, replay
 from memo_sim.request_trace import RequestTrace
 from memo_sim.memplan.trace_gen import _layer_backward_trace, layer_forward_trace, per_gpu_shard
@@ -45,4 +46,5 @@ def _report(model: ModelConfig, layout: Layout, batch: int, seq: int, frac: floa
             capacity_bytes: int | None) -> AllocatorReport:
     trace = _fwd_bwd_trace(model, layout, batch, seq, frac)
     cap = capacity_bytes or 8 * trace.max_live_bytes() + 2**30  # large enough to measure, not to fail
-    return replay(trace, AllocatorConfig(capacity_bytes=int(cap), expandable_segments=layout.expandable_segments))
+    conf = merged_alloc_conf(layout.expandable_segments, layout.alloc_conf)
+    return replay(trace, AllocatorConfig.from_conf(int(cap), conf))

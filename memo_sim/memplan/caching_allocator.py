@@ -11,7 +11,7 @@ Replay order: steps are visited in increasing order; at each step the buffers wh
 ``upper == step`` are freed, then the buffers whose ``lower == step`` are allocated, both in
 trace order. Replay stops at the first out-of-memory (a real training run would crash there).
 
-What the model keeps of ``c10/cuda/CUDACachingAllocator.cpp`` (one device, one stream):
+What the model keeps of ``c10/cuda/CUDACachingAllocator.cpp`` (one device):
 
 * Size rounding: requests are rounded up to a multiple of ``kMinBlockSize`` = 512 B
   (1 byte -> 512 B).
@@ -42,9 +42,24 @@ What the model keeps of ``c10/cuda/CUDACachingAllocator.cpp`` (one device, one s
   completes (:meth:`CachingAllocatorModel.complete_pending`, driven by the caller's clock) or a
   reorganisation synchronises the device (``synchronize_and_free_events``) and returns it.
 
-What it leaves out: per-stream pools and cross-stream reuse, the garbage-collection threshold
-and ``set_per_process_memory_fraction`` (``capacity_bytes`` plays the role of the limit),
-``roundup_power2_divisions``, CUDA-graph private pools, free-memory callbacks, IPC,
+* Per-stream pools: a request names its stream (``malloc(..., stream=k)``, default 0); only
+  blocks cached by that stream serve it (PyTorch orders its pools by stream first), an
+  expandable segment grows per stream and pool, and a reorganisation frees every stream's cache.
+* ``roundup_power2_divisions`` (`AllocatorConfig.round_size`): a request whose size class asks
+  for more than one division rounds up to the next of that many equal steps between powers of
+  two.
+* ``garbage_collection_threshold`` under ``set_per_process_memory_fraction``
+  (``memory_fraction``; the limit becomes that share of ``capacity_bytes``): when the cache
+  misses and reserved memory is above threshold x limit, cached unsplit large segments at least
+  as old as the mean (age: free-block searches since they were cached) are cudaFree'd, round
+  after round, without a device synchronisation (PyTorch's ``garbage_collect_cached_blocks``).
+
+The settings come from a ``PYTORCH_CUDA_ALLOC_CONF``-style string (`memo_sim.layout.alloc_conf`,
+`AllocatorConfig.from_conf`): the framework's data or ``memo-sim whatif --alloc-conf``. Source:
+c10/cuda/CUDACachingAllocator.cpp and c10/core/AllocatorConfig.cpp, pytorch/pytorch at
+001074d25084fdb87a799823e395a50f5ec044d3.
+
+What it leaves out: CUDA-graph private pools, free-memory callbacks, IPC,
 ``empty_cache`` calls by the program (available as :meth:`CachingAllocatorModel.empty_cache`,
 never called by :func:`replay`), the latency of cudaMalloc/cudaFree/map/unmap and of the
 device synchronisation in a reorganisation (the model counts the calls and their bytes;
@@ -85,7 +100,7 @@ from memo_sim.request_trace import Buffer, RequestTrace
 
 
 class CachingAllocatorModel(DeviceMemory, AllocatorStats):
-    """PyTorch's CUDA caching allocator on one device and one stream, without the device.
+    """PyTorch's CUDA caching allocator on one device (per-stream pools), without the device.
 
     Call :meth:`malloc` and :meth:`free` with buffer ids; read the counters and byte totals
     from the attributes. :func:`replay` drives it from a trace and builds the report.
@@ -97,19 +112,28 @@ class CachingAllocatorModel(DeviceMemory, AllocatorStats):
 
     def __init__(self, config: AllocatorConfig) -> None:
         self.config = config
-        self._small = Pool(small=True)
-        self._large = Pool(small=False)
+        self._gc_calls = {True: [0], False: [0]}
+        self._pools: dict[tuple[int, bool], Pool] = {}
+        self._small = self._pool(0, True)
+        self._large = self._pool(0, False)
         self._live: dict[str, Block] = {}
         self._pending: list[tuple[int, Block]] = []  # freed, waiting for a stream event
         self.pending_bytes = 0
         self.init_device()
         self.init_stats()
 
-    # ---- public API -----------------------------------------------------------------------
-    def malloc(self, buffer_id: str, size: int, step: int = 0) -> int:
-        """Serve a request of ``size`` bytes; return the block's (model) address.
+    def _pool(self, stream: int, small: bool) -> Pool:
+        pool = self._pools.get((stream, small))
+        if pool is None:
+            pool = self._pools[(stream, small)] = Pool(small, stream, self._gc_calls[small])
+        return pool
 
-        Raises :class:`AllocatorOutOfMemory` when even a reorganisation cannot make room.
+    # ---- public API -----------------------------------------------------------------------
+    def malloc(self, buffer_id: str, size: int, step: int = 0, stream: int = 0) -> int:
+        """Serve a request of ``size`` bytes on ``stream``; return the block's (model) address.
+
+        Only blocks cached by the same stream serve it (PyTorch's pools are ordered by stream
+        first). Raises :class:`AllocatorOutOfMemory` when even a reorganisation cannot make room.
         """
         live = self._live
         if buffer_id in live:
@@ -120,10 +144,13 @@ class CachingAllocatorModel(DeviceMemory, AllocatorStats):
         self._step = step
         self._peak_set_in_op = False
         rounded = cfg.round_size(size)
-        pool = self._small if cfg.is_small(rounded) else self._large
+        small = cfg.is_small(rounded)
+        pool = (self._small if small else self._large) if stream == 0 else self._pool(stream, small)
 
         block = self._get_free_block(pool, rounded)
         if block is None:
+            if cfg.gc_active:
+                self._garbage_collect()
             alloc_size = cfg.allocation_size(rounded)
             if self.miss_margins is not None:
                 self.miss_margins.append((pool.small, pool.free_bytes - rounded))
@@ -141,7 +168,7 @@ class CachingAllocatorModel(DeviceMemory, AllocatorStats):
                 raise AllocatorOutOfMemory(OomEvent(
                     buffer_id=buffer_id, step=step, requested_bytes=size, rounded_bytes=rounded,
                     alloc_size_bytes=alloc_size, pool=pool.name,
-                    available_bytes=cfg.capacity_bytes - self.reserved_bytes,
+                    available_bytes=cfg.limit_bytes - self.reserved_bytes,
                     reserved_bytes=self.reserved_bytes, allocated_bytes=self.allocated_bytes,
                     cached_free_bytes=self.reserved_bytes - self.allocated_bytes,
                     largest_free_block_bytes=pool.largest(),
@@ -194,7 +221,8 @@ class CachingAllocatorModel(DeviceMemory, AllocatorStats):
         self._update_end_of_op_peaks()
 
     def _return_block(self, block: Block) -> None:
-        pool = self._small if block.segment.small else self._large
+        seg = block.segment
+        pool = self._pools[(seg.stream, seg.small)]
         block.allocated = False
         # merge_free with each neighbour, skipped where the neighbour is busy (the common case)
         prev, nxt = block.prev, block.next
@@ -225,6 +253,8 @@ class CachingAllocatorModel(DeviceMemory, AllocatorStats):
 
     # ---- block search, split --------------------------------------------------------------
     def _get_free_block(self, pool: Pool, size: int) -> Block | None:
+        if self.config.gc_active:
+            pool.gc_calls[0] += 1  # PyTorch counts the searches only while the collection is on
         i = bisect.bisect_left(pool.keys, (size, -1))
         n = len(pool.keys)
         if i == n:

@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from functools import cached_property, lru_cache
 
+from memo_sim.policy.base import uses_memory_plan
 from memo_sim.cost.activations import skeletal_bytes
 from memo_sim.cost.memo import memoised
 from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS, classifier_peak_bytes, model_state_bytes
@@ -108,7 +109,7 @@ def memory_breakdown(model: ModelConfig, layout: Layout, batch: int, seq: int, p
     n = model.layers
     states = model_state_bytes(model, layout)
     lse_all = n * sk["lse"]
-    transient = planned if policy.static_memory_plan else cached
+    transient = planned if uses_memory_plan(policy, layout) else cached
     # embedding output / final layer output (the next layer's input) is live beside a layer's work
     boundary = sk["input"]
     peak = states + resident + buffers + lse_all + max(transient + boundary, classifier)

@@ -88,6 +88,7 @@ from itertools import count
 
 from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS
 from memo_sim.errors import MemoError
+from memo_sim.layout.alloc_conf import merged_alloc_conf
 from memo_sim.layout.parallel import Layout
 from memo_sim.memplan.caching_allocator import (
     AllocatorConfig, AllocatorOutOfMemory, CachingAllocatorModel, OomEvent, fragmentation,
@@ -281,12 +282,15 @@ def replay_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, p
                      classifier_chunk_tokens: int = CLASSIFIER_CHUNK_TOKENS,
                      capacity_bytes: int | None = None, expandable_segments: bool = False,
                      max_split_size_bytes: int | None = None, stream_lag_phases: int | None = None,
-                     series: bool = False) -> IterationReplay:
+                     series: bool = False, alloc_conf: str = "") -> IterationReplay:
     """Replay one GPU's training iterations through the caching-allocator model; report the last.
 
     Capacity: ``profile.usable_gpu_memory`` (device memory minus what lives outside the
     allocator), or ``capacity_bytes``. ``expandable_segments`` / ``max_split_size_bytes`` are
-    ``PYTORCH_CUDA_ALLOC_CONF``'s settings. ``stream_lag_phases`` (default None: the GPU keeps
+    ``PYTORCH_CUDA_ALLOC_CONF``'s settings; ``alloc_conf`` the rest of that string (a layout's
+    ``alloc_conf``, `memo_sim.layout.alloc_conf`: roundup_power2_divisions, the garbage
+    collection under a memory fraction, and max_split_size_mb where ``max_split_size_bytes``
+    is None). ``stream_lag_phases`` (default None: the GPU keeps
     up) models ``record_stream`` on the TP collectives' buffers with the GPU that many layers
     behind the CPU (see `replay_stream`). ``series`` keeps reserved and allocated bytes after
     every request of the reported iteration.
@@ -296,8 +300,13 @@ def replay_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, p
     transients sit at planned addresses; the replay still runs (and says ``static_memory_plan``).
     """
     cap = int(profile.usable_gpu_memory if capacity_bytes is None else capacity_bytes)
-    cfg = AllocatorConfig(capacity_bytes=cap, expandable_segments=expandable_segments,
-                          max_split_size_bytes=max_split_size_bytes)
+    if alloc_conf:
+        cfg = AllocatorConfig.from_conf(cap, merged_alloc_conf(expandable_segments, alloc_conf))
+        if max_split_size_bytes is not None:
+            cfg = replace(cfg, max_split_size_bytes=max_split_size_bytes)
+    else:
+        cfg = AllocatorConfig(capacity_bytes=cap, expandable_segments=expandable_segments,
+                              max_split_size_bytes=max_split_size_bytes)
     plain = (iterations is None or type(iterations) is int) and (stream_lag_phases is None
                                                                  or type(stream_lag_phases) is int)
     if not plain:  # let replay_stream say what is wrong with them

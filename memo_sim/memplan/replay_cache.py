@@ -61,8 +61,8 @@ class _StaticBase:
 
     @staticmethod
     def of(recipe: _StreamRecipe, cfg: AllocatorConfig) -> "_StaticBase | None":
-        if cfg.expandable_segments:
-            return None
+        if cfg.expandable_segments or cfg.memory_fraction is not None:
+            return None  # virtual ranges sized by the capacity; a fraction's limit and collection move with it
         m = CachingAllocatorModel(cfg)
         try:
             for _k, bid, size in recipe.static:
@@ -71,7 +71,7 @@ class _StaticBase:
             return None
         smallest = min((q for q in map(cfg.round_size, recipe.request_sizes()) if not cfg.is_small(q)), default=None)
         visible, large_free = [], 0
-        for small, _expandable, blocks in m.layout_signature():
+        for small, _expandable, _stream, blocks in m.layout_signature():
             for size, allocated, _mapped in blocks:
                 if allocated:
                     continue

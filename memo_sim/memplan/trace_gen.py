@@ -100,12 +100,14 @@ def attention_buffers(model: ModelConfig, layout: Layout, tb: dict[str, float], 
     - forward: the kernel's fp32 log-sum-exp-sized scratch (lse bytes);
       ring CP (cp > 1): the K/V double buffer, the chunk being received beside the one in use,
       2·(k + v); the fp32 output accumulator the partial results merge into, attn·4/d;
-      Ulysses (u > 1): the all-to-all outputs, head-sharded q, k, v (q + k + v) and the
-      attention output before its all-to-all back (attn).
+      Ulysses (u > 1): the all-to-all outputs, head-sharded q, k, v (q + r·(k + v), r the K/V
+      repeat factor of `memo_sim.layout.kv_heads`: each rank one repeated K/V head where tp·u
+      exceeds the K/V heads; ring CP's K/V buffers are r·(k + v) then too) and the attention
+      output before its all-to-all back (attn).
     - backward: the kernel's scratch (2·lse) plus FlashAttention's fp32 dQ accumulator, q·4/d
       (one buffer, ``attention_bwd_workspace``); ring CP: the K/V double buffer 2·(k + v) and the
       fp32 dK/dV travelling the ring, in use and in flight, 2·(k + v)·4/d; Ulysses: the
-      all-to-all buffers of the incoming attention gradient (attn) and of dq, dk, dv (q + k + v).
+      all-to-all buffers of the incoming attention gradient (attn) and of dq, dk, dv (q + r·(k + v)).
     - materialised attention (``layout.attention``, `memo_sim.cost.attention_kernel`), e the
       GPU's score elements n_b·s²: forward, at the dropout, the softmax output, the dropout mask
       and the dropped probabilities, e·(2d + 1) (the scores are freed after the softmax);
@@ -116,7 +118,10 @@ def attention_buffers(model: ModelConfig, layout: Layout, tb: dict[str, float], 
     """
     d = DTYPE_BYTES[model.dtype]
     mat = score_matrices(model, layout, batch) * seq * seq if layout.attention == "materialised" else 0.0
-    kv, qkv = tb["k"] + tb["v"], tb["q"] + tb["k"] + tb["v"]
+    # K and V as the kernel (and ring CP) sees them: under Ulysses after the all-to-all, each head repeated r
+    # times where tp x ulysses exceeds the K/V heads (`memo_sim.layout.kv_heads`); r = 1 otherwise
+    kv = layout.kv_repeat(model.n_kv_heads) * (tb["k"] + tb["v"])
+    qkv = tb["q"] + kv
     if phase == "fwd":
         out = [("materialised_scores", mat * (2 * d + 1))] if mat else [("attention_workspace", tb["lse"])]
         if layout.cp > 1:

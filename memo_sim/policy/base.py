@@ -151,3 +151,13 @@ class Policy:
 
     def to_dict(self) -> dict:
         return {"policy": self.name, "alpha": self.alpha}
+
+
+def uses_memory_plan(policy: "Policy", layout: Layout) -> bool:
+    """Whether a static memory plan places the plan's transient tensors: MEMO's bi-level plan
+    (``policy.static_memory_plan``), or a layout asked to run on one whatever its policy
+    (``layout.memory_plan``: ``memo-sim whatif --allocator plan``); otherwise PyTorch's caching
+    allocator places them, with its fragmentation and retries
+    (`memo_sim.memplan.iteration_replay`). The one place this is decided."""
+    return bool(policy.static_memory_plan or layout.memory_plan)
+

@@ -310,6 +310,21 @@ def _rank_host_panel(ax, timeline: Timeline, ranks: list[int], end: float, capac
     ax.grid(alpha=0.3)
 
 
+def _allocator_levels(ax, alloc: dict) -> None:
+    """Where the caching allocator runs the plan: its replay's peak reserved memory and what was
+    allocated at that moment (`memo_sim.memplan.iteration_replay`), as two levels beside the
+    simulated curve, the gap between them the fragmentation at the peak."""
+    reserved, frag = alloc.get("peak_reserved_bytes"), alloc.get("fragmentation_at_peak")
+    if alloc.get("static_memory_plan", True) or not reserved or frag is None:
+        return
+    retries = alloc.get("reorganizations", 0)
+    ax.axhline(reserved / GiB, color="#333333", ls=":", lw=1.2,
+               label=f"caching allocator: peak reserved ({retries} retries/iteration)")
+    ax.axhline(reserved * (1.0 - frag) / GiB, color="#8172B2", ls="-.", lw=1.0,
+               label=f"allocated at that peak ({100 * frag:.1f}% reserved but unallocated)")
+    ax.legend(fontsize=8, loc="best")
+
+
 def memory_figure(timeline: Timeline, path: str | Path) -> Path:
     """GPU memory per device and pinned host memory per node over time, with capacities; host
     series under a device number >= 0 are a measured run's ranks' pools, drawn stacked by rank."""
@@ -325,6 +340,7 @@ def memory_figure(timeline: Timeline, path: str | Path) -> Path:
     dev = timeline.device_word
     _memory_panel(axes[0], timeline, "gpu", gpu, end, meta.get("gpu_capacity_bytes"), f"{dev} memory (GiB)",
                   lambda d: device_role(timeline, d), None, scale)
+    _allocator_levels(axes[0], meta.get("allocator") or {})
     if rank_host:
         _rank_host_panel(axes[1], timeline, rank_host, end, meta.get("host_capacity_bytes"), scale)
     elif host:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from memo_sim.policy.base import uses_memory_plan
 from memo_sim.units import fmt_bytes
 
 SIMULATED, ANALYTIC = "simulated", "analytic"
@@ -43,26 +44,26 @@ class Peak:
         return {"bytes": self.bytes, "tier": self.tier, "allocator": self.allocator}
 
 
-def allocator_of(policy) -> str:
-    """Who places a policy's transients."""
-    return MEMORY_PLAN if policy.static_memory_plan else CACHING_ALLOCATOR
+def allocator_of(policy, layout) -> str:
+    """Who places a plan's transients (`memo_sim.policy.base.uses_memory_plan`)."""
+    return MEMORY_PLAN if uses_memory_plan(policy, layout) else CACHING_ALLOCATOR
 
 
 def candidate_peak(c) -> Peak:
     """A what-if candidate's peak: simulated where tier 2 ran it, else analytic."""
     if c.simulated is not None and c.simulated.get("peak_gpu_bytes") is not None:
-        return Peak(float(c.simulated["peak_gpu_bytes"]), SIMULATED, allocator_of(c.policy))
-    return analytic_peak(c.memory, c.policy)
+        return Peak(float(c.simulated["peak_gpu_bytes"]), SIMULATED, allocator_of(c.policy, c.layout))
+    return analytic_peak(c.memory, c.policy, c.layout)
 
 
-def analytic_peak(breakdown, policy) -> Peak:
+def analytic_peak(breakdown, policy, layout) -> Peak:
     """The analytic tier's peak of a `MemoryBreakdown`."""
-    return Peak(float(breakdown.peak_gpu_bytes), ANALYTIC, allocator_of(policy))
+    return Peak(float(breakdown.peak_gpu_bytes), ANALYTIC, allocator_of(policy, layout))
 
 
 def result_peak(r) -> Peak:
     """An event-simulator result's peak (`memo_sim.engine.simulate.SimResult`)."""
-    return Peak(float(r.peak_gpu_bytes), SIMULATED, allocator_of(r.policy))
+    return Peak(float(r.peak_gpu_bytes), SIMULATED, allocator_of(r.policy, r.layout))
 
 
 def planned_peak(plan) -> Peak | None:
@@ -71,4 +72,4 @@ def planned_peak(plan) -> Peak | None:
     if not isinstance(pred.peak_gpu_bytes, (int, float)):
         return None
     tier = SIMULATED if str(pred.source).startswith("sim") else ANALYTIC
-    return Peak(float(pred.peak_gpu_bytes), tier, allocator_of(plan.policy))
+    return Peak(float(pred.peak_gpu_bytes), tier, allocator_of(plan.policy, plan.layout))

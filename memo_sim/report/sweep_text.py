@@ -23,7 +23,7 @@ def _stalls(r) -> str:
 def run_cells(r) -> list[str]:
     """One simulated run's cells under `RUN_HEAD`."""
     if not r.ok:
-        return [r.status, "-", "-", "-", "-", allocator_of(r.policy), "-", "-", "-"]
+        return [r.status, "-", "-", "-", "-", allocator_of(r.policy, r.layout), "-", "-", "-"]
     p = result_peak(r)
     return [r.status, fmt_time(r.iteration_s), f"{100 * r.mfu:.1f}%", f"{r.tgs:.0f}", fmt_bytes(p.bytes),
             p.allocator, fmt_bytes(r.peak_host_bytes_per_node), fmt_time(r.exposed_copy_s), _stalls(r)]
@@ -35,5 +35,5 @@ def runs_answer(verdict: str, key_head: list[str], keyed_runs: list[tuple[list[s
     a.table(key_head + RUN_HEAD, [keys + run_cells(r) for keys, r in keyed_runs])
     for keys, r in keyed_runs:
         if not r.ok:
-            a.line(f"  {' '.join(k.strip() for k in keys)}: {r.failure.message()} (simulated, {allocator_of(r.policy)})")
+            a.line(f"  {' '.join(k.strip() for k in keys)}: {r.failure.message()} (simulated, {allocator_of(r.policy, r.layout)})")
     return a

@@ -92,7 +92,8 @@ def whatif_answer(v: WhatIfView) -> Answer:
                 title=f"{plural(len(rows), 'candidate')} ranked (fitting first, then throughput)"
                       + (f", first {budget}" if budget < len(rows) else "")
                       + "; tier: sim = the event simulator (contention, copy stalls), analytic = perfect overlap "
-                        "(an upper estimate); peak GPU by the tier and allocator named")
+                        "(an upper estimate); peak GPU by the tier and allocator named; frag/retries: the caching "
+                        "allocator's reserved-but-unallocated share at the peak and its retries per iteration")
     for label, kept, where in fold_notes(v.shown[:v.top]):
         a.line(f"  {label} moves and rebuilds the same bytes as {kept}: folded into {', '.join(where)}")
     line = metp_verdict(v.shown)
@@ -194,14 +195,14 @@ def ranked_table(rows) -> tuple[list[str], list[list[str]]]:
         r = [str(i + 1), c.layout.label(), _policy_cell(c),
              "-" if c.policy.alpha is None else f"{c.policy.alpha:.3f}", status_text(c.status, c.over_bytes),
              p.short_source, fmt_time(it) if it else "-", f"{100 * mfu:.1f}%" if mfu is not None else "-",
-             f"{tgs:.0f}" if tgs else "-", fmt_bytes(p.bytes), fmt_bytes(c.memory.host_bytes_per_node),
+             f"{tgs:.0f}" if tgs else "-", fmt_bytes(p.bytes), allocator_cell(sm), fmt_bytes(c.memory.host_bytes_per_node),
              fmt_time(sm["exposed_copy_s"] if sm else e.exposed_copy_s)]
         if split:
             r.insert(2, f"{c.schedule} {c.micro_batches}x{c.micro_batch}")
         out.append(r)
     head = ["#", "layout"] + (["schedule"] if split else []) + ["policy", "alpha", "status", "tier/allocator",
-                                                                "iter", "MFU", "TGS", "peak GPU", "host/node",
-                                                                "copy stall"]
+                                                                "iter", "MFU", "TGS", "peak GPU", "frag/retries",
+                                                                "host/node", "copy stall"]
     return head, out
 
 
@@ -219,15 +220,26 @@ def tier_table(rows, simulated: bool) -> tuple[list[str], list[list[str]]]:
             r.append(fmt_time(sm["iteration_s"]) if sm["iteration_s"] else "-")
         r += [f"{100 * (sm['mfu'] if sm else e.mfu):.1f}%" if (sm is None or sm["mfu"] is not None) else "-",
               f"{(sm['tgs_tokens_per_gpu_s'] if sm else e.tgs):.0f}" if (sm is None or sm["tgs_tokens_per_gpu_s"])
-              else "-", fmt_bytes(p.bytes), p.allocator, fmt_bytes(c.memory.host_bytes_per_node),
+              else "-", fmt_bytes(p.bytes), p.allocator, allocator_cell(sm), fmt_bytes(c.memory.host_bytes_per_node),
               fmt_time(sm["exposed_copy_s"] if sm else e.exposed_copy_s)]
         if split:
             r.insert(2, f"{c.schedule} {c.micro_batches}x{c.micro_batch}")
         out.append(r)
     head = ["#", "layout"] + (["schedule"] if split else []) + ["policy", "alpha", "status", "iter (analytic)"] \
         + (["iter (sim)"] if simulated else []) \
-        + ["MFU", "TGS", f"peak GPU ({'sim' if simulated else 'analytic'})", "allocator", "host/node", "copy stall"]
+        + ["MFU", "TGS", f"peak GPU ({'sim' if simulated else 'analytic'})", "allocator", "frag/retries", "host/node",
+           "copy stall"]
     return head, out
+
+
+def allocator_cell(sm: dict | None) -> str:
+    """The caching allocator at the simulated peak: the share of reserved memory not allocated
+    (fragmentation) and the allocation retries (cache flushes, ``num_alloc_retries``) per
+    iteration; ``-`` where a static memory plan places the tensors or nothing was replayed."""
+    a = (sm or {}).get("allocator") or {}
+    if a.get("static_memory_plan", True) or a.get("fragmentation_at_peak") is None:
+        return "-"
+    return f"{100 * a['fragmentation_at_peak']:.1f}% / {a.get('reorganizations', 0)}"
 
 
 def _tier_tables(a: Answer, rows, budget: int) -> None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Callable
 
+from memo_sim.policy.base import uses_memory_plan
 from memo_sim.layout.parallel import Layout
 from memo_sim.memplan.footprint import MemoryBreakdown
 from memo_sim.model.config import ModelConfig
@@ -123,7 +124,7 @@ class Candidate:
             "transient_peak_bytes": m.transient_peak_bytes,
             "transient_planned_bytes": m.transient_planned_bytes,
             "transient_caching_allocator_bytes": m.transient_caching_allocator_bytes,
-            "transient_source": "static memory plan" if self.policy.static_memory_plan else "caching allocator",
+            "transient_source": "static memory plan" if uses_memory_plan(self.policy, self.layout) else "caching allocator",
             "layer_forward_s": e.layer.forward,
             "layer_backward_s": e.layer.backward,
             "layer_recompute_s": e.layer.recompute,

@@ -5,13 +5,22 @@ doubling the length until nothing fits and bisecting between the last fit and th
 failure: O(log(max / step)) what-if rankings per policy instead of one per step. At the
 longest length the best plan is simulated for its MFU; at the next step the least-over
 candidate says what binds: GPU memory (and its largest terms) or pinned host memory.
+
+Reserved memory decides for the plans on PyTorch's caching allocator: a single-stage candidate
+without a static memory plan fits only when the allocator's replay of its iterations
+(`memo_sim.memplan.iteration_replay`) never runs out of device memory, with the cache's
+fragmentation and retries; a length where every analytically fitting candidate fails the replay
+binds on "reserved memory". Candidates are replayed in increasing analytic peak, stopping at the
+first that fits (a replay costs 10-50 ms).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from memo_sim.policy.base import uses_memory_plan
 from memo_sim.errors import MemoError
+from memo_sim.memplan.iteration_replay import replay_iteration
 from memo_sim.model.config import ModelConfig
 from memo_sim.profile.schema import HardwareProfile
 from memo_sim.search.whatif import Candidate, candidates_for, rank
@@ -43,14 +52,37 @@ def _ranked(model, seq, gpus, profile, policy, framework) -> list[Candidate] | s
         return str(e)
 
 
+def _replay_oom(c: Candidate):
+    """The caching allocator's out-of-memory event for a candidate that runs on it (None: it fits,
+    or a static memory plan / a schedule the replay does not cover places its tensors)."""
+    if uses_memory_plan(c.policy, c.layout) or c.schedule != "single_stage":
+        return None
+    r = replay_iteration(c.model, c.layout, c.micro_batch or c.batch, c.seq, c.policy, c.profile,
+                         expandable_segments=c.layout.expandable_segments, alloc_conf=c.layout.alloc_conf)
+    return r.oom_event if r.oom else None
+
+
 def _fits(cands) -> bool:
-    return not isinstance(cands, str) and any(c.status == "OK" for c in cands)
+    """Some candidate fits: analytically, and under the caching allocator's replay where it runs on it."""
+    if isinstance(cands, str):
+        return False
+    ok = sorted((c for c in cands if c.status == "OK"), key=lambda c: c.memory.peak_gpu_bytes)
+    return any(_replay_oom(c) is None for c in ok)
 
 
 def binding_constraint(cands: list[Candidate] | str) -> str:
     """What stops the least-over candidate, in words."""
     if isinstance(cands, str):
         return cands
+    ok = sorted((c for c in cands if c.status == "OK"), key=lambda c: c.memory.peak_gpu_bytes)
+    if ok:  # every one fits on paper; the least-memory one's replay ran out of reserved memory
+        c = ok[0]
+        e = _replay_oom(c)
+        if e is not None:
+            return (f"reserved memory (caching allocator): a {fmt_bytes(e.requested_bytes)} request found "
+                    f"{fmt_bytes(e.reserved_bytes)} reserved, {fmt_bytes(e.allocated_bytes)} allocated and "
+                    f"{fmt_bytes(e.available_bytes)} left after freeing the cache "
+                    f"({c.layout.label()} {c.policy.label()}; fits on paper at {fmt_bytes(c.memory.peak_gpu_bytes)})")
     c = min(cands, key=lambda c: c.over_bytes)
     m = c.memory
     if c.status == "OOHM":

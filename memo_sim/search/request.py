@@ -29,7 +29,8 @@ from memo_sim.search.whatif import WhatIfResult, candidates_for, not_searched, r
 # the fields that fix part of the searched space (`candidates_for`'s keywords, `not_searched`'s advice)
 FIXING = ("batch", "global_batch", "micro_batch", "tp", "cp", "ulysses", "dp", "zero", "sp", "alpha", "tp_mode",
           "metp_across_nodes", "pp", "vpp", "schedules", "subseqs", "partition", "multiplex", "optimizer_offload",
-          "first_stage_layers", "last_stage_layers", "ep", "etp", "moe_dispatcher", "moe_balance", "dp_mode")
+          "first_stage_layers", "last_stage_layers", "ep", "etp", "moe_dispatcher", "moe_balance", "dp_mode",
+          "alloc_conf", "allocator")
 SPPO_FLAGS = ("subseqs", "partition", "multiplex")  # SPPO's own options: with none of --policy, they plan SPPO
 
 
@@ -61,6 +62,8 @@ class WhatifRequest:
     moe_dispatcher: str = "alltoall"
     moe_balance: str = "dropless"
     dp_mode: str | None = None  # data-parallel flavours searched: zero, fsdp or all (None: the framework's first)
+    alloc_conf: str | None = None  # PYTORCH_CUDA_ALLOC_CONF over the framework's (`memo_sim.layout.alloc_conf`)
+    allocator: str = "caching"  # caching | plan | both: who places the transients of policies without MEMO's plan
     # the activation policies and schedules
     policies: tuple[str, ...] = ()
     alpha: float | None = None

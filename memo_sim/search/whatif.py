@@ -32,6 +32,7 @@ from memo_sim.engine.core import gc_paused
 from memo_sim.engine.simulate import Progress, simulate
 from memo_sim.errors import MemoError
 from memo_sim.engine.schedules.microbatch import micro_batch_pipelines
+from memo_sim.layout.alloc_conf import parse_alloc_conf
 from memo_sim.layout.parallel import ExpertChoice, Layout, enumerate_layouts, offload_why_not
 from memo_sim.layout.schedule import SCHEDULE_NAMES, check_schedule, default_schedule, schedule_runs_policy
 from memo_sim.tp import TP_MODES
@@ -76,6 +77,30 @@ def tp_modes_of(tp_mode: str) -> tuple[str, ...]:
         raise MemoError(f"--tp-mode {tp_mode!r} unknown; choose from {', '.join(TP_MODE_CHOICES)}") from None
 
 
+ALLOCATORS = ("caching", "plan", "both")  # `candidates_for`'s allocator choice
+
+
+def _allocator_variants(layouts: list[Layout], allocator: str) -> list[Layout]:
+    """Each layout on the caching allocator, on a static memory plan, or both (in that order)."""
+    planned = [replace(lay, memory_plan=True) for lay in layouts]
+    return {"caching": layouts, "plan": planned, "both": [x for pair in zip(layouts, planned) for x in pair]}[allocator]
+
+
+def _adapter(adapt: Callable[[Layout], Layout], alloc_conf: str | None) -> Callable[[Layout], Layout]:
+    """The framework's ``adapt`` with the user's allocator settings on top (None: the framework's)."""
+    if alloc_conf is None:
+        return adapt
+    conf = parse_alloc_conf(alloc_conf)
+    rest = conf.text(with_expandable=False)
+
+    def adapted(lay: Layout) -> Layout:
+        lay = adapt(lay)
+        expandable = lay.expandable_segments if conf.expandable_segments is None else conf.expandable_segments
+        return replace(lay, expandable_segments=expandable, alloc_conf=rest)
+
+    return adapted
+
+
 def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, *, batch: int | None = None,
                    tp: int | None = None, cp: int | None = None, ulysses: int | None = None, dp: int | None = None,
                    zero: int | None = None, sp: bool | None = None, policies: tuple[str, ...] | None = None,
@@ -86,8 +111,8 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
                    schedules: tuple[str, ...] | None = None, optimizer_offload: bool | None = None,
                    first_stage_layers: int | None = None, last_stage_layers: int | None = None,
                    ep: int | None = None, etp: int | None = None, moe_dispatcher: str = "alltoall",
-                   moe_balance: str = "dropless", dp_mode: str | None = None,
-                   on_sppo: Callable[[list[Candidate]], None] | None = None) -> WhatIfResult:
+                   moe_balance: str = "dropless", dp_mode: str | None = None, alloc_conf: str | None = None,
+                   allocator: str = "caching", on_sppo: Callable[[list[Candidate]], None] | None = None) -> WhatIfResult:
     """Every valid layout x policy x schedule x micro-batch size (MEMO at its solved alpha) for
     ``framework``, estimated and ranked (the strategies of `SEARCH_STRATEGIES`).
 
@@ -109,7 +134,14 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     ``ep``, ``etp``: the expert degrees of a MoE model (None: searched), ``moe_dispatcher`` and
     ``moe_balance`` what every MoE candidate runs with (`memo_sim.layout.parallel.ExpertChoice`).
     ``dp_mode``: the data-parallel flavours to search (`memo_sim.dp`): one of the framework's, or ``all``
-    of them; None: the framework's first (``any``: zero; torchtitan: fsdp)."""
+    of them; None: the framework's first (``any``: zero; torchtitan: fsdp). ``alloc_conf``: the
+    caching allocator's settings as ``PYTORCH_CUDA_ALLOC_CONF`` writes them, over the framework's
+    (`memo_sim.layout.alloc_conf`; None: the framework's). ``allocator``: who places the transients
+    of the policies without MEMO's plan: ``caching`` (PyTorch's caching allocator, as the
+    frameworks run), ``plan`` (a static memory plan, `Layout.memory_plan`) or ``both`` side by side
+    (single-stage layouts; a pipeline takes the caching allocator under ``both``)."""
+    if allocator not in ALLOCATORS:
+        raise MemoError(f"--allocator must be one of {', '.join(ALLOCATORS)}, got {allocator!r}")
     if gpus < 1:
         raise MemoError("--gpus must be at least 1")
     experts = ExpertChoice(ep, etp, moe_dispatcher, moe_balance)
@@ -119,6 +151,8 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
         raise MemoError(f"--ep {ep}: the {model.experts} experts do not split evenly; pick a divisor of {model.experts}")
     modes = tp_modes_of(tp_mode)
     fw = get_framework(framework)
+    adapt = _adapter(fw.adapt, alloc_conf)
+    pipe_adapt = adapt if allocator != "plan" else (lambda lay: replace(adapt(lay), memory_plan=True))
     if dp_mode is not None and dp_mode != "all" and dp_mode not in fw.dp_modes:
         raise MemoError(f"--dp-mode {dp_mode}: {fw.name} runs {', '.join(fw.dp_modes)}; choose one of them or all")
     dp_modes = fw.dp_modes if dp_mode == "all" else (dp_mode,) if dp_mode else fw.dp_modes[:1]
@@ -175,7 +209,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
                                        dp=dp, zero=zero, sp=sp, tp_modes=modes,
                                        metp_across_nodes=metp_across_nodes, experts=experts, dp_modes=dp_modes)
         rejected += rej + [(lay, fw.why_not(lay)) for lay in valid if not fw.allows(lay)]
-        valid = [fw.adapt(lay) for lay in valid if fw.allows(lay)]  # as the framework runs it
+        valid = [adapt(lay) for lay in valid if fw.allows(lay)]  # as the framework runs it
         if rejected:
             why_none = rejected[0][1]
         searched["schedules"].append("single_stage")
@@ -184,7 +218,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
             valid, why_off = _offloaded(valid, fw, rejected)
             why_none = why_off or why_none
             searched["optimizer_offload"] = "asked for"
-        for lay in valid:
+        for lay in _allocator_variants(valid, allocator):
             out += _single_stage(model, lay, plain, batch, global_batch, micro_batch, seq, profile, alpha, rejected)
     if sppo_tried:
         out += sppo_cands
@@ -196,7 +230,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     if plain and pipes and (pp is None or pp > 1) and (pipe_flags or nothing_fits) and not optimizer_offload:
         pc, pr, what = pipeline_candidates(
             model, seq, gpus, profile, policies=plain, batch=batch, global_batch=global_batch,
-            micro_batch=micro_batch, allows=fw.allows, adapt=fw.adapt, tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero, sp=sp,
+            micro_batch=micro_batch, allows=fw.allows, adapt=pipe_adapt, tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero, sp=sp,
             pp=pp, vpp=vpp, alpha=alpha, schedules=pipes, first=first_stage_layers, last=last_stage_layers,
             experts=experts, tp_modes=modes, metp_across_nodes=metp_across_nodes)
         out += pc
@@ -230,6 +264,8 @@ def _single_stage(model, lay: Layout, plain, batch, global_batch, micro_batch, s
             rejected.append((lay, f"--micro-batch {mb} does not divide the batch ({b} sequences per replica)"))
             continue
         for pol in plain:
+            if lay.memory_plan and policy_class(pol).static_memory_plan:
+                continue  # MEMO's own plan places its transients whatever the allocator asked for
             out.append(make_candidate(model, lay, pol, b, seq, profile, alpha, micro_batch=mb))
     return out
 

@@ -64,6 +64,7 @@ import time
 from dataclasses import dataclass, field
 from functools import partial
 
+from memo_sim.policy.base import uses_memory_plan
 from memo_sim.cost import collectives as coll
 from memo_sim.cost.optimizer_offload import host_state_bytes
 from memo_sim.cost.activations import skeletal_bytes
@@ -459,10 +460,10 @@ def simulate_single_stage(model: ModelConfig, layout: Layout, batch: int, seq: i
     m = batch // micro_batch
     t0 = time.perf_counter()
     replay, stall = None, None
-    if not policy.static_memory_plan:
+    if not uses_memory_plan(policy, layout):
         # one micro-batch's allocations (the allocator's cache is warm for the ones after it)
         replay = replay_iteration(model, layout, micro_batch, seq, policy, profile,
-                                  expandable_segments=layout.expandable_segments,
+                                  expandable_segments=layout.expandable_segments, alloc_conf=layout.alloc_conf,
                                   classifier_chunk_tokens=classifier_chunk_tokens,
                                   stream_lag_phases=allocator_lag or None)
         stall = replay.stall_by_phase(profile)
