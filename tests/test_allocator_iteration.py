@@ -11,6 +11,7 @@ level-1 traces, then GPT-7B with full recompute on the a800-80gb profile.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 import yaml
@@ -24,10 +25,10 @@ from memo_sim.memplan.caching_allocator import AllocatorConfig
 from memo_sim.memplan.iteration_replay import (
     FREE, FREE_STREAM, MALLOC, IterationStream, iteration_stream, replay_iteration, replay_stream,
 )
-from memo_sim.memplan.trace_gen import layer_backward_trace, layer_forward_trace
+from memo_sim.memplan.trace_gen import layer_backward_trace, layer_forward_trace, placed_only
 from memo_sim.model import get_model
 from memo_sim.model.config import ModelConfig
-from memo_sim.model.layer_graph import forward_ops, layer_tensors
+from memo_sim.model.layer_graph import IN_ROUNDING_BUFFER, UNPLACED, forward_ops, layer_tensors
 from memo_sim.policy import get_policy
 from memo_sim.policy.full_recompute import FullRecompute
 from memo_sim.profile import load_profile
@@ -310,11 +311,56 @@ def test_gpt7b_full_recompute_with_the_collectives_blocks_held_reorganises():
 
 
 def test_memo_is_flagged_as_planned():
-    """MEMO's transients sit at planned addresses: the replay runs but says the numbers do not
-    apply (the caller charges no reorganisation)."""
+    """MEMO's transients sit at planned addresses: the replay says so."""
     m, prof = get_model("gpt-7b"), load_profile("a800-80gb")
     assert replay_iteration(m, Layout(tp=8), 1, 128 * K, get_policy("memo", 0.5), prof).static_memory_plan
     assert not replay_iteration(m, Layout(tp=8), 1, 128 * K, get_policy("full_recompute"), prof).static_memory_plan
+
+
+@pytest.mark.parametrize("policy, layout", [(("memo", 0.5), Layout(tp=4, cp=2)),
+                                            (("full_recompute",), Layout(tp=4, cp=2, memory_plan=True))])
+def test_a_memory_plan_places_the_transients_in_one_static_arena(policy, layout):
+    """Under a static memory plan the placed level-1 transients are not caching-allocator requests:
+    one arena, allocated before the first iteration, holds them (the largest placed max-live of
+    the layer's phases, memo_exec/arena.py); the unplaced ones (kernel workspaces, the gradients
+    handed to autograd) still go through the allocator, the rounding-buffer ones do not."""
+    m = get_model("gpt-7b")
+    pol = get_policy(*policy)
+    planned = req.iteration_stream(m, layout, 1, 256 * K, pol)
+    arena = [size for _k, bid, size in planned.static if bid == "static.memory_plan_arena"]
+    fwd, bwd = layer_forward_trace(m, layout, 1, 256 * K), layer_backward_trace(m, layout, 1, 256 * K, pol)
+    want = max(placed_only(fwd, "fwd").max_live_bytes(), placed_only(bwd, "bwd").max_live_bytes())
+    if pol.recomputes_attention:
+        want = max(want, placed_only(layer_backward_trace(m, layout, 1, 256 * K), "bwd").max_live_bytes())
+    assert arena == [pytest.approx(want, abs=1)]
+    local = {bid.split(".", 2)[2].split(".")[0] for kind, bid, _s in planned.iteration
+             if kind == MALLOC and bid.startswith("L0.") and (".fwd." in bid or ".bwd." in bid)}
+    assert local and local <= set(UNPLACED["fwd"]) | set(UNPLACED["bwd"])
+    assert not local & set(IN_ROUNDING_BUFFER)
+    cached = req.iteration_stream(m, replace(layout, memory_plan=False), 1, 256 * K, get_policy("full_recompute"))
+    assert not any(bid == "static.memory_plan_arena" for _k, bid, _s in cached.static)
+    assert any(bid.startswith("L0.fwd.") and bid.split(".")[2] not in UNPLACED["fwd"]
+               for kind, bid, _s in cached.iteration if kind == MALLOC)
+
+
+def test_a_1m_token_memo_plan_replays_without_retries():
+    """GPT-7B at 1M tokens on 8 A800s, the what-if's MEMO answer (tp1-cp8-z3, alpha 0.356): with
+    its static plan the iteration repeats without a reorganisation, cudaMalloc or cudaFree and
+    reserves within 2 % of what it allocates, even with the collectives' buffers held 4 layers
+    (the ring's K/V buffers are in the arena); full recompute on the same layout under the caching
+    allocator fragments more and, with the buffers held, reorganises every iteration (the plan's
+    point)."""
+    m, lay, prof = get_model("gpt-7b"), Layout(cp=8, zero=3), load_profile("a800-80gb")
+    memo, fr = get_policy("memo", 0.356), get_policy("full_recompute")
+    for lag in (None, 4):
+        r = replay_iteration(m, lay, 1, 1024 * K, memo, prof, stream_lag_phases=lag)
+        assert not r.oom and r.steady and r.static_memory_plan
+        assert (r.reorganizations, r.cuda_mallocs, r.cuda_frees) == (0, 0, 0)
+        assert r.peak_reserved_bytes <= prof.usable_gpu_memory
+        assert r.fragmentation_at_peak < 0.02
+    base = replay_iteration(m, lay, 1, 1024 * K, fr, prof)
+    assert not base.oom and base.fragmentation_at_peak > r.fragmentation_at_peak
+    assert replay_iteration(m, lay, 1, 1024 * K, fr, prof, stream_lag_phases=4).reorganizations > 0
 
 
 def test_replays_are_fast():

@@ -133,7 +133,7 @@ def test_recipe_equality_is_content_equality():
 
     t = r.templates
     assert ast.literal_eval(zlib.decompress(r.content_key()).decode()) == (
-        r.static, r.x, r.logits, t.forward, t.backward, t.backward_recompute, r.recomputes)
+        r.static, r.x, r.logits, t.forward, t.backward, t.backward_recompute, t.arena, r.recomputes)
 
 
 # ------------------------------------------------- one replay for streams that differ in static sizes

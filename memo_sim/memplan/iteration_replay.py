@@ -54,10 +54,16 @@ its cache and never reorganises (and where the cache needs more than the capacit
 of memory instead, because every segment holds a live layer input); with the collectives'
 blocks held a few layers, it reorganises many times per iteration.
 
-Contract: this describes runs on PyTorch's caching allocator. A policy with a static memory plan
-(`Policy.static_memory_plan`, MEMO) places its transients at planned addresses and has no
-reorganisation by construction; the caller decides that (`replay_iteration` replays whatever it
-is given and says ``static_memory_plan``). Left out: NCCL's own workspaces (outside the
+Static memory plan (`memo_sim.policy.base.uses_memory_plan`: MEMO, or ``whatif --allocator plan``):
+the transients the plan places sit in one arena allocated before the first iteration (the
+largest placed max-live of a layer's phases, as memo_exec/arena.py allocates it); what the plan
+leaves to the caching allocator (`memo_sim.model.layer_graph.UNPLACED`: kernel workspaces, the
+gradients autograd hands between layers, the layer chain, the kept tensors, the classifier) is
+replayed as above, and the rounding buffers' rows are in the static buffers. For GPT-7B at 1M
+tokens with MEMO's plan that replay never reorganises, even with the collectives' buffers held
+(tests/test_allocator_iteration.py). The engine charges no reorganisation to a memory-planned
+run and does not replay it (`replay_iteration` replays whatever it is given and says
+``static_memory_plan``). Left out: NCCL's own workspaces (outside the
 allocator), Megatron's global all-gather buffer (the level-1 traces allocate gathered inputs
 afresh), gradient-reduction buckets, optimizer temporaries, and per-parameter weight tensors
 (model states are a few contiguous buffers).
@@ -295,9 +301,9 @@ def replay_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, p
     behind the CPU (see `replay_stream`). ``series`` keeps reserved and allocated bytes after
     every request of the reported iteration.
 
-    Applies to policies that run on the caching allocator. For a policy with a static memory plan
-    (``policy.static_memory_plan``: MEMO) the caller should charge no reorganisation: its
-    transients sit at planned addresses; the replay still runs (and says ``static_memory_plan``).
+    Under a static memory plan (`memo_sim.policy.base.uses_memory_plan`) the planned transients
+    are one static arena and the rest is replayed (see the module docs; ``static_memory_plan``
+    says so).
     """
     cap = int(profile.usable_gpu_memory if capacity_bytes is None else capacity_bytes)
     if alloc_conf:

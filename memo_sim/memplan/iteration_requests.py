@@ -1,7 +1,8 @@
 """How one GPU's training iteration becomes allocator requests (`iteration_stream`): the model
 states and the policy's static buffers once, then per layer the level-1 transients of
 `memo_sim.memplan.trace_gen` and the tensors the policy keeps, allocated at the ops that produce
-them and freed after the backward of the last op that reads them (the full description is
+them and freed after the backward of the last op that reads them; under a static memory plan the
+transients it places are one static arena instead (the full description is
 `memo_sim.memplan.iteration_replay`'s). The stream is built from a recipe (`_StreamRecipe`:
 static requests, layer templates, the recompute pattern, the classifier's sizes): equal recipes
 build equal streams, which is what the replay cache keys on."""
@@ -17,10 +18,10 @@ from memo_sim.cost.activations import skeletal_bytes, tensor_bytes
 from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS, classifier_peak_bytes, model_state_parts
 from memo_sim.layout.parallel import Layout
 from memo_sim.memplan.iteration_stream import FREE, FREE_STREAM, MALLOC, ROLES, IterationStream, Request
-from memo_sim.memplan.trace_gen import layer_backward_trace, layer_forward_trace, per_gpu_shard
+from memo_sim.memplan.trace_gen import layer_backward_trace, layer_forward_trace, per_gpu_shard, placed_only
 from memo_sim.model.config import ModelConfig
-from memo_sim.model.layer_graph import forward_ops, layer_tensors
-from memo_sim.policy.base import Policy
+from memo_sim.model.layer_graph import IN_ROUNDING_BUFFER, UNPLACED, forward_ops, layer_tensors
+from memo_sim.policy.base import Policy, uses_memory_plan
 from memo_sim.request_trace import RequestTrace
 from memo_sim.tp import comm_buffer_prefixes
 
@@ -153,6 +154,16 @@ class _LayerTemplates:
     forward: tuple[Request, ...]
     backward: tuple[Request, ...]  # without recompute
     backward_recompute: tuple[Request, ...]  # recompute + backward
+    arena: int = 0  # under a static memory plan: the arena its placed transients share (0: none)
+
+
+def _allocated(name: str, phase: str, planned: bool) -> bool:
+    """Whether a level-1 transient goes through the caching allocator: all of them, except under a
+    static memory plan the ones the plan places in its arena and the ones written into the
+    rounding buffers (`memo_sim.model.layer_graph.UNPLACED`)."""
+    if not planned:
+        return True
+    return name in UNPLACED.get(phase, {}) and name not in IN_ROUNDING_BUFFER
 
 
 # Chain names, substituted per layer: the layer's input and output activations and gradients.
@@ -173,12 +184,16 @@ def _layer_templates(model: ModelConfig, layout: Layout, batch: int, seq: int, p
     keeps_input = any(t == "x" and math.isclose(share, 1.0) for t, _, _, share in kept)
     kept = [k for k in kept if not (k[0] == "x" and math.isclose(k[3], 1.0))]
     rec = _expand(_split_by_role(policy.recompute_allocated, sk), model, layout, batch, seq, "rec.")
+    planned = uses_memory_plan(policy, layout)
+    arena = [placed_only(fwd, "fwd").max_live_bytes()] if planned else []
 
     def forward_phase(ph: _Phase, saved, local: str, y_name: str) -> int:
         """The layer forward's requests into ``ph``; returns the phase's end step."""
         for b in fwd.buffers:
             if b.name == "y":  # the layer output: its free is the caller's
                 ph.add(b.lower, MALLOC, y_name, b.size)
+                continue
+            if not _allocated(b.name, "fwd", planned):
                 continue
             ph.add(b.lower, MALLOC, f"{local}{b.name}", b.size)
             ph.add(b.upper, FREE_STREAM if _collective(b.name, fnames) else FREE, f"{local}{b.name}")
@@ -207,6 +222,8 @@ def _layer_templates(model: ModelConfig, layout: Layout, batch: int, seq: int, p
         bwd = layer_backward_trace(model, layout, batch, seq, None if full_forward else policy)
         bsteps = _backward_op_steps(model, bwd)
         bnames = {b.name for b in bwd.buffers}
+        if planned:
+            arena.append(placed_only(bwd, "bwd").max_live_bytes())
         bwd_end = offset + (max(b.upper for b in bwd.buffers) if bwd.buffers else 0)
         if recompute and not full_forward:
             for _t, bid, size, _share in rec_saved:
@@ -217,7 +234,7 @@ def _layer_templates(model: ModelConfig, layout: Layout, batch: int, seq: int, p
                 ph.add(up, FREE, G_IN)  # the gradient the layer above handed down
             elif b.name == "dx":
                 ph.add(lo, MALLOC, G_OUT, b.size)  # handed to the layer below
-            else:
+            elif _allocated(b.name, "bwd", planned):
                 ph.add(lo, MALLOC, f"bwd.{b.name}", b.size)
                 ph.add(up, FREE_STREAM if _collective(b.name, bnames) else FREE, f"bwd.{b.name}")
 
@@ -234,7 +251,8 @@ def _layer_templates(model: ModelConfig, layout: Layout, batch: int, seq: int, p
             ph.add(bwd_end, FREE, "rfwd.y")
         return tuple(ph.requests())
 
-    return _LayerTemplates(forward, backward_phase(False), backward_phase(True))
+    backward, backward_recompute = backward_phase(False), backward_phase(True)
+    return _LayerTemplates(forward, backward, backward_recompute, _nbytes(max(arena)) if arena else 0)
 
 
 def _model_state_requests(model: ModelConfig, layout: Layout) -> list[Request]:
@@ -267,7 +285,7 @@ class _StreamRecipe:
         requests and phases alone)."""
         t = self.templates
         text = repr((self.static if static else None, self.x, self.logits, t.forward, t.backward,
-                     t.backward_recompute, self.recomputes))
+                     t.backward_recompute, t.arena, self.recomputes))
         return zlib.compress(text.encode(), 1)
 
 
@@ -286,9 +304,12 @@ def _stream_recipe(model: ModelConfig, layout: Layout, batch: int, seq: int, pol
     x = _nbytes(sk["input"])
     static = _model_state_requests(model, layout)
     static += [(MALLOC, f"static.{name}", _nbytes(b)) for name, b in policy.static_gpu(sk) if b > 0]
+    templates = _shard_templates(model, per_gpu_shard(layout), batch, seq, policy)
+    if templates.arena:  # the static memory plan's arena, allocated once (memo_exec/arena.py)
+        static.append((MALLOC, "static.memory_plan_arena", templates.arena))
     logits = _nbytes(max(1.0, classifier_peak_bytes(model, layout, batch, seq, classifier_chunk_tokens)
                          - 2 * sk["input"]))
-    return _StreamRecipe(tuple(static), x, logits, _shard_templates(model, per_gpu_shard(layout), batch, seq, policy),
+    return _StreamRecipe(tuple(static), x, logits, templates,
                          tuple(bool(policy.recomputes_layer(i, n)) for i in range(n)))
 
 

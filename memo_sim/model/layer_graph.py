@@ -304,6 +304,9 @@ RECOMPUTED = frozenset({"ln1", "qkv", "out_proj", "add1", "ln2", "fc1", "act",
 
 # Transient tensors of a layer's level-1 traces that the runtime does not place in the static
 # arena, with the reason (the plan records them as `unplaced`; the executor accepts these names).
+# Those of them that live in a static buffer (the policy's rounding buffers), not in the caching allocator:
+# `memo_sim.memplan.iteration_requests` requests nothing for them under a memory plan.
+IN_ROUNDING_BUFFER = ("recompute_ln1_gathered", "recompute_ln2_gathered")
 UNPLACED = {
     "fwd": {"y": "written straight into the next layer's input slot (a skeletal buffer)",
             "attention_workspace": "allocated inside the attention kernel"},
@@ -313,8 +316,8 @@ UNPLACED = {
             "d_h1_part": "LayerNorm-2 backward output, allocated by the norm's backward kernel and accumulated "
                          "into dy",
             "attention_bwd_workspace": "allocated inside the attention kernel",
-            "recompute_ln1_gathered": "recomputed rows are written straight into the rounding buffer",
-            "recompute_ln2_gathered": "recomputed rows are written straight into the rounding buffer"},
+            **{n: "recomputed rows are written straight into the rounding buffer"
+               for n in IN_ROUNDING_BUFFER}},
 }
 # The MoE block's transients and gradients: the executor's MoE block (memo_exec/moe) allocates them through the
 # caching allocator, beside the static arena (the simulator counts them there too, `memo_sim.memplan.trace_gen`)
