@@ -129,6 +129,15 @@ def test_the_memory_fraction_limits_what_is_reserved():
         m.malloc("b", 20 * MiB)  # 60 MiB > the 50 MiB the fraction allows
 
 
+def test_the_memory_fraction_is_of_the_devices_total_memory():
+    """PyTorch's allowed_memory_maximum is the fraction of cudaMemGetInfo's total, not of what is
+    left after the memory outside the allocator; the device never gives more than that capacity."""
+    conf = parse_alloc_conf("per_process_memory_fraction:0.5")
+    assert AllocatorConfig.from_conf(60 * MiB, conf, device_bytes=100 * MiB).limit_bytes == 50 * MiB
+    assert AllocatorConfig.from_conf(40 * MiB, conf, device_bytes=100 * MiB).limit_bytes == 40 * MiB
+    assert AllocatorConfig.from_conf(60 * MiB, conf).limit_bytes == 30 * MiB  # no device total: of the capacity
+
+
 # ---- the setting string -------------------------------------------------------------------------
 def test_alloc_conf_parses_and_writes_back():
     text = "expandable_segments:True,max_split_size_mb:512,roundup_power2_divisions:4"
@@ -140,11 +149,16 @@ def test_alloc_conf_parses_and_writes_back():
     assert cfg.expandable_segments and cfg.max_split_size_bytes == 512 * MiB
     assert parse_alloc_conf("") == parse_alloc_conf(" ")  # PyTorch's defaults
     assert parse_alloc_conf("release_lock_on_cudamalloc:True").other == (("release_lock_on_cudamalloc", "True"),)
+    # fractions are written back exactly
+    exact = parse_alloc_conf("garbage_collection_threshold:0.9999999,per_process_memory_fraction:0.12345678")
+    assert parse_alloc_conf(exact.text()) == exact
 
 
 @pytest.mark.parametrize("text, words", [
     ("max_split_size_mb:10", "max_split_size_mb must be >= 20"),
     ("roundup_power2_divisions:3", "power of two"),
+    ("roundup_power2_divisions:0", "power of two"),
+    ("max_non_split_rounding_mb:64", "not modelled"),
     ("garbage_collection_threshold:0.6", "per_process_memory_fraction"),
     ("garbage_collection_threshold:1.5,per_process_memory_fraction:0.9", "(0, 1)"),
     ("expandable_segments:yes", "True or False"),
@@ -211,8 +225,12 @@ def test_allocator_both_prices_each_policy_on_the_caching_allocator_and_on_a_pla
 
 
 def test_allocator_plan_puts_every_policy_on_a_plan():
+    """Every row on a static plan, MEMO's own among them (once, on its own plan)."""
     rows = _whatif_json("--allocator", "plan")
     assert all(c["transient_source"] == "static memory plan" for c in rows)
+    memo = [c for c in rows if "memo" in str(c["policy"])]
+    assert len(memo) == 1 and "memplan" not in memo[0]["layout"]
+    assert any("full_recompute" in str(c["policy"]) and "memplan" in c["layout"] for c in rows)
 
 
 def test_a_lagging_gpu_makes_the_caching_allocator_retry_and_pay_for_it():
@@ -224,6 +242,10 @@ def test_a_lagging_gpu_makes_the_caching_allocator_retry_and_pay_for_it():
     planned = next(c for c in rows if "memplan" in c["layout"])
     a = cached["simulated_allocator"]
     assert a["reorganizations"] > 0 and a["stall_s"] > 0
+    # the fragmentation is read when the allocation peaks; the retries make reserved peak elsewhere
+    assert a["fragmentation_at_peak"] == pytest.approx(
+        1 - a["peak_allocated_bytes"] / a["reserved_at_peak_allocated_bytes"], abs=1e-12)
+    assert a["reserved_at_peak_allocated_bytes"] < a["peak_reserved_bytes"]
     assert cached["simulated_iteration_s"] > planned["simulated_iteration_s"]
     assert cached["simulated_iteration_s"] - planned["simulated_iteration_s"] == pytest.approx(a["stall_s"], rel=0.05)
 
@@ -239,6 +261,6 @@ def test_explain_says_what_fragmentation_costs_and_what_a_plan_saves(tmp_path):
     e = CliRunner().invoke(cli, ["explain", str(out / "plan.json"), "--json"])
     assert e.exit_code == 0, e.output
     words = json.loads(e.output)["allocator_fragmentation"]
-    assert "reserved at the peak is not allocated" in words and "--allocator plan" in words
+    assert "reserved when the allocation peaks is not allocated" in words and "--allocator plan" in words
     text = CliRunner().invoke(cli, ["explain", str(out / "plan.json")]).output
     assert "fragmentation:" in text

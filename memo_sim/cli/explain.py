@@ -152,10 +152,12 @@ def fragmentation_words(plan, res, mem) -> str | None:
     al = res.allocator or {}
     if al.get("static_memory_plan", True) or al.get("fragmentation_at_peak") is None:
         return None
-    frag, reserved = al["fragmentation_at_peak"], al.get("peak_reserved_bytes") or 0
+    frag = al["fragmentation_at_peak"]
+    reserved = al.get("reserved_at_peak_allocated_bytes") or al.get("peak_reserved_bytes") or 0
     save = mem.transient_caching_allocator_bytes - mem.transient_planned_bytes
     retries = al.get("reorganizations", 0)
-    head = (f"fragmentation: {100 * frag:.1f}% of the {fmt_bytes(reserved)} reserved at the peak is not allocated; "
+    head = (f"fragmentation: {100 * frag:.1f}% of the {fmt_bytes(reserved)} reserved when the allocation peaks is "
+            f"not allocated (peak reserved {fmt_bytes(al.get('peak_reserved_bytes') or 0)}); "
             f"{retries} allocation retries per iteration"
             + (f" costing {fmt_time(al.get('stall_s', 0.0))} (device synchronisation, cudaFree, cudaMalloc)"
                if retries else ""))

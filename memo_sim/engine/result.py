@@ -180,6 +180,8 @@ def allocator_summary(replay, profile: HardwareProfile) -> dict:
             "stall_s": replay.stall_seconds(profile), "cuda_mallocs": replay.cuda_mallocs,
             "cuda_frees": replay.cuda_frees, "fragmentation_at_peak": replay.fragmentation_at_peak,
             "peak_reserved_bytes": replay.peak_reserved_bytes, "max_live_bytes": replay.max_live_bytes,
+            "peak_allocated_bytes": replay.peak_allocated_bytes,
+            "reserved_at_peak_allocated_bytes": replay.reserved_at_peak_allocated_bytes,
             "oom": replay.oom, "stream_lag_layers": replay.stream_lag_phases,
             "memory_stats": replay.memory_stats()}
 

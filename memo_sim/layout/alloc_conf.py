@@ -32,7 +32,8 @@ from dataclasses import dataclass
 
 from memo_sim.errors import MemoError
 
-ROUNDUP_INTERVALS = 16  # kRoundUpPowerOfTwoIntervals: 1 MiB .. 64 GiB in powers of two
+ROUNDUP_INTERVALS = 16  # kRoundUpPowerOfTwoIntervals: the power-of-two classes 1 MiB, 2 MiB, .., 32 GiB (and above)
+_NOT_MODELLED = ("max_non_split_rounding_mb",)  # PyTorch keys that change device memory, which memo refuses
 _NO_EFFECT = ("release_lock_on_cudamalloc", "pinned_use_cuda_host_register", "pinned_num_register_threads",
               "pinned_use_background_threads", "pinned_reserve_segment_size_mb")
 KEYS = ("expandable_segments", "max_split_size_mb", "roundup_power2_divisions", "garbage_collection_threshold",
@@ -65,9 +66,9 @@ class AllocConf:
                 parts.append("roundup_power2_divisions:[" + ",".join(f"{1 << i}:{d}" for i, d in enumerate(divs))
                              + "]")
         if self.garbage_collection_threshold:
-            parts.append(f"garbage_collection_threshold:{self.garbage_collection_threshold:g}")
+            parts.append(f"garbage_collection_threshold:{self.garbage_collection_threshold!r}")
         if self.per_process_memory_fraction is not None:
-            parts.append(f"per_process_memory_fraction:{self.per_process_memory_fraction:g}")
+            parts.append(f"per_process_memory_fraction:{self.per_process_memory_fraction!r}")
         parts += [f"{k}:{v}" for k, v in self.other]
         return ",".join(parts)
 
@@ -104,8 +105,8 @@ def _divisions(v: str) -> tuple[int, ...]:
     where = "alloc_conf: roundup_power2_divisions"
     if not v.startswith("["):
         n = _int("roundup_power2_divisions", v)
-        if n and not _power_of_two(n):
-            raise MemoError(f"{where} must be a power of two (or 0), got {n}")
+        if not _power_of_two(n):  # PyTorch refuses 0 here too (only the list form takes 0 for a size)
+            raise MemoError(f"{where} must be a power of two, got {n}; drop the key for plain rounding")
         return (n,) * ROUNDUP_INTERVALS
     if not v.endswith("]"):
         raise MemoError(f"{where}: a list is written [size_mb:divisions,...,>:divisions], got {v!r}")
@@ -179,6 +180,8 @@ def parse_alloc_conf(text: str) -> AllocConf:
             other.append((key, val))
         elif key in _NO_EFFECT:
             other.append((key, val))
+        elif key in _NOT_MODELLED:
+            raise MemoError(f"alloc_conf: {key} changes device memory but is not modelled; drop the key")
         else:
             raise MemoError(f"alloc_conf: unknown key {key!r}; known: {', '.join(KEYS)}")
     if fields.get("garbage_collection_threshold") and "per_process_memory_fraction" not in fields:

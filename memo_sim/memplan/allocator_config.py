@@ -26,7 +26,7 @@ class AllocatorConfig:
     ``capacity_bytes`` is the device memory the allocator may reserve (total memory minus the
     CUDA context, NCCL buffers and anything else outside the allocator).
     ``max_split_size_bytes`` is ``PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb`` in bytes (``None``:
-    unlimited, PyTorch's default); PyTorch requires it to exceed ``kLargeBuffer``.
+    unlimited, PyTorch's default); PyTorch requires at least ``kLargeBuffer`` (20 MiB).
     The remaining fields are PyTorch's constants; change them only to study variants.
     """
 
@@ -45,24 +45,29 @@ class AllocatorConfig:
     # from 1 MiB (`memo_sim.layout.alloc_conf`); 0 or 1: plain 512-byte rounding
     roundup_power2_divisions: tuple[int, ...] = (0,) * ROUNDUP_INTERVALS
     garbage_collection_threshold: float = 0.0  # PYTORCH_CUDA_ALLOC_CONF's; active only with a memory fraction
-    memory_fraction: float | None = None  # torch.cuda.set_per_process_memory_fraction: limit = fraction x capacity
+    memory_fraction: float | None = None  # torch.cuda.set_per_process_memory_fraction: limit = fraction x device
+    device_bytes: int | None = None  # the device's total memory, which the fraction is of (None: capacity_bytes)
 
     @classmethod
-    def from_conf(cls, capacity_bytes: int, conf: AllocConf) -> "AllocatorConfig":
-        """The model's settings from a parsed ``PYTORCH_CUDA_ALLOC_CONF`` (`memo_sim.layout.alloc_conf`)."""
+    def from_conf(cls, capacity_bytes: int, conf: AllocConf, device_bytes: int | None = None) -> "AllocatorConfig":
+        """The model's settings from a parsed ``PYTORCH_CUDA_ALLOC_CONF`` (`memo_sim.layout.alloc_conf`);
+        ``device_bytes``: the device's total memory (what a memory fraction is a share of)."""
         return cls(capacity_bytes=int(capacity_bytes), expandable_segments=bool(conf.expandable_segments),
                    max_split_size_bytes=None if conf.max_split_size_mb is None else conf.max_split_size_mb * MiB,
                    roundup_power2_divisions=conf.roundup_power2_divisions,
                    garbage_collection_threshold=conf.garbage_collection_threshold,
-                   memory_fraction=conf.per_process_memory_fraction)
+                   memory_fraction=conf.per_process_memory_fraction,
+                   device_bytes=None if device_bytes is None else int(device_bytes))
 
     @property
     def limit_bytes(self) -> int:
-        """What the allocator may reserve: the capacity, or the process's fraction of it (PyTorch's
-        ``allowed_memory_maximum``; memo takes the fraction of the capacity it models)."""
+        """What the allocator may reserve: the capacity, or less under a memory fraction: PyTorch's
+        ``allowed_memory_maximum`` is the fraction of the device's total memory (cudaMemGetInfo's
+        total, ``device_bytes``), and the device never gives more than the capacity."""
         if self.memory_fraction is None:
             return self.capacity_bytes
-        return int(self.memory_fraction * self.capacity_bytes)
+        total = self.capacity_bytes if self.device_bytes is None else self.device_bytes
+        return min(self.capacity_bytes, int(self.memory_fraction * total))
 
     @property
     def gc_active(self) -> bool:

@@ -99,14 +99,14 @@ from memo_sim.layout.parallel import Layout
 from memo_sim.memplan.caching_allocator import (
     AllocatorConfig, AllocatorOutOfMemory, CachingAllocatorModel, OomEvent, fragmentation,
 )
-from memo_sim.memplan.iteration_requests import _stream_name, _stream_recipe, iteration_stream
+from memo_sim.memplan.iteration_requests import ARENA_ID, _stream_name, _stream_recipe, iteration_stream
 from memo_sim.memplan.iteration_stream import FREE, FREE_STREAM, MALLOC, IterationStream, Request  # noqa: F401
 from memo_sim.memplan.replay_cache import (  # noqa: F401  (clear_replay_cache: part of this module's API)
     _REPLAYS, _SHARED, _copy_replay, _remember, _StaticBase, clear_replay_cache,
 )
 from memo_sim.memplan.replay_result import IterationReplay
 from memo_sim.model.config import ModelConfig
-from memo_sim.policy.base import Policy
+from memo_sim.policy.base import Policy, uses_memory_plan
 from memo_sim.profile.schema import HardwareProfile
 
 MAX_ITERATIONS = 8  # replay at most this many iterations looking for a steady state
@@ -277,7 +277,8 @@ def _report(stream: IterationStream, config: AllocatorConfig, policy: Policy | N
         expandable_segments=config.expandable_segments,
         max_split_size_bytes=config.max_split_size_bytes,
         stream_lag_phases=lag,
-        static_memory_plan=bool(policy is not None and policy.static_memory_plan),
+        static_memory_plan=(any(bid == ARENA_ID for _k, bid, _s in stream.static)
+                            or bool(policy is not None and policy.static_memory_plan)),
         series_reserved_bytes=rep.res_series,
         series_allocated_bytes=rep.alloc_series,
     )
@@ -307,7 +308,8 @@ def replay_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, p
     """
     cap = int(profile.usable_gpu_memory if capacity_bytes is None else capacity_bytes)
     if alloc_conf:
-        cfg = AllocatorConfig.from_conf(cap, merged_alloc_conf(expandable_segments, alloc_conf))
+        cfg = AllocatorConfig.from_conf(cap, merged_alloc_conf(expandable_segments, alloc_conf),
+                                        device_bytes=int(float(profile.gpu.memory_bytes)))
         if max_split_size_bytes is not None:
             cfg = replace(cfg, max_split_size_bytes=max_split_size_bytes)
     else:
@@ -326,7 +328,7 @@ def replay_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, p
             stream_lag_phases or 0)
     key = (recipe.content_key(), cfg) + mode
     mine = {"name": _stream_name(model, layout, seq, policy), "policy": policy.label(),
-            "static_memory_plan": bool(policy.static_memory_plan)}
+            "static_memory_plan": uses_memory_plan(policy, layout)}
     hit = _REPLAYS.get(key)
     if hit is not None:
         _REPLAYS.move_to_end(key)

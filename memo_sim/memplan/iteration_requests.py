@@ -166,6 +166,8 @@ def _allocated(name: str, phase: str, planned: bool) -> bool:
     return name in UNPLACED.get(phase, {}) and name not in IN_ROUNDING_BUFFER
 
 
+ARENA_ID = "static.memory_plan_arena"  # the static memory plan's arena among a stream's static requests
+
 # Chain names, substituted per layer: the layer's input and output activations and gradients.
 X_IN, X_OUT, G_IN, G_OUT = "@x_in", "@x_out", "@g_in", "@g_out"
 
@@ -306,7 +308,7 @@ def _stream_recipe(model: ModelConfig, layout: Layout, batch: int, seq: int, pol
     static += [(MALLOC, f"static.{name}", _nbytes(b)) for name, b in policy.static_gpu(sk) if b > 0]
     templates = _shard_templates(model, per_gpu_shard(layout), batch, seq, policy)
     if templates.arena:  # the static memory plan's arena, allocated once (memo_exec/arena.py)
-        static.append((MALLOC, "static.memory_plan_arena", templates.arena))
+        static.append((MALLOC, ARENA_ID, templates.arena))
     logits = _nbytes(max(1.0, classifier_peak_bytes(model, layout, batch, seq, classifier_chunk_tokens)
                          - 2 * sk["input"]))
     return _StreamRecipe(tuple(static), x, logits, templates,

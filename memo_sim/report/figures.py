@@ -311,17 +311,19 @@ def _rank_host_panel(ax, timeline: Timeline, ranks: list[int], end: float, capac
 
 
 def _allocator_levels(ax, alloc: dict) -> None:
-    """Where the caching allocator runs the plan: its replay's peak reserved memory and what was
-    allocated at that moment (`memo_sim.memplan.iteration_replay`), as two levels beside the
-    simulated curve, the gap between them the fragmentation at the peak."""
+    """Where the caching allocator runs the plan: its replay's peak reserved memory and its peak
+    allocated memory (`memo_sim.memplan.iteration_replay`), as two levels beside the simulated
+    curve; the fragmentation is the share of the memory reserved when the allocation peaked that
+    is not allocated (the two peaks fall at different moments where the allocator retried)."""
     reserved, frag = alloc.get("peak_reserved_bytes"), alloc.get("fragmentation_at_peak")
-    if alloc.get("static_memory_plan", True) or not reserved or frag is None:
+    allocated = alloc.get("peak_allocated_bytes")
+    if alloc.get("static_memory_plan", True) or not reserved or frag is None or not allocated:
         return
     retries = alloc.get("reorganizations", 0)
     ax.axhline(reserved / GiB, color="#333333", ls=":", lw=1.2,
                label=f"caching allocator: peak reserved ({retries} retries/iteration)")
-    ax.axhline(reserved * (1.0 - frag) / GiB, color="#8172B2", ls="-.", lw=1.0,
-               label=f"allocated at that peak ({100 * frag:.1f}% reserved but unallocated)")
+    ax.axhline(allocated / GiB, color="#8172B2", ls="-.", lw=1.0,
+               label=f"peak allocated ({100 * frag:.1f}% of the memory then reserved unallocated)")
     ax.legend(fontsize=8, loc="best")
 
 

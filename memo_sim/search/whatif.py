@@ -219,7 +219,8 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
             why_none = why_off or why_none
             searched["optimizer_offload"] = "asked for"
         for lay in _allocator_variants(valid, allocator):
-            out += _single_stage(model, lay, plain, batch, global_batch, micro_batch, seq, profile, alpha, rejected)
+            out += _single_stage(model, lay, plain, batch, global_batch, micro_batch, seq, profile, alpha, rejected,
+                                 allocator)
     if sppo_tried:
         out += sppo_cands
         rejected += sppo_rejected
@@ -243,8 +244,9 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     if (optimizer_offload is None and stage_valid and fw.optimizer_offload
             and not any(c.memory.status == "OK" for c in out)):  # nothing fits: the optimizer on the host
         off, _why = _offloaded(stage_valid, fw, rejected)
-        for lay in off:
-            out += _single_stage(model, lay, plain, batch, global_batch, micro_batch, seq, profile, alpha, rejected)
+        for lay in _allocator_variants(off, allocator):
+            out += _single_stage(model, lay, plain, batch, global_batch, micro_batch, seq, profile, alpha, rejected,
+                                 allocator)
         searched["optimizer_offload"] = "nothing fits with the optimizer on the GPU"
     if not out:
         raise MemoError(f"no valid layout for {gpus} GPUs with the degrees given: {why_none}")
@@ -253,8 +255,10 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
 
 
 def _single_stage(model, lay: Layout, plain, batch, global_batch, micro_batch, seq, profile, alpha,
-                  rejected: list[tuple[Layout, str]]) -> list[Candidate]:
-    """The single-stage candidates of one layout: every micro-batch size x policy."""
+                  rejected: list[tuple[Layout, str]], allocator: str = "caching") -> list[Candidate]:
+    """The single-stage candidates of one layout: every micro-batch size x policy. A policy with its
+    own static plan (MEMO) is one candidate whatever the allocator asked for: on the caching
+    layout, or under ``plan`` (no caching twin) on the layout without the ``memory_plan`` mark."""
     b = _replica_batch(batch, global_batch, lay, rejected)
     if b is None:
         return []
@@ -264,9 +268,12 @@ def _single_stage(model, lay: Layout, plain, batch, global_batch, micro_batch, s
             rejected.append((lay, f"--micro-batch {mb} does not divide the batch ({b} sequences per replica)"))
             continue
         for pol in plain:
+            at = lay
             if lay.memory_plan and policy_class(pol).static_memory_plan:
-                continue  # MEMO's own plan places its transients whatever the allocator asked for
-            out.append(make_candidate(model, lay, pol, b, seq, profile, alpha, micro_batch=mb))
+                if allocator != "plan":
+                    continue  # its caching-allocator twin is the same candidate
+                at = replace(lay, memory_plan=False)  # MEMO's own plan places its transients
+            out.append(make_candidate(model, at, pol, b, seq, profile, alpha, micro_batch=mb))
     return out
 
 

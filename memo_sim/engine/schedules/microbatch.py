@@ -87,7 +87,7 @@ from memo_sim.errors import MemoError
 from memo_sim.layout.parallel import Layout, stages_cross_nodes
 from memo_sim.memplan.footprint import memory_breakdown
 from memo_sim.model.config import ModelConfig
-from memo_sim.policy.base import Policy
+from memo_sim.policy.base import Policy, uses_memory_plan
 from memo_sim.policy.rounding_buffers import is_offloaded, output_write_waits_for
 from memo_sim.profile.schema import HardwareProfile
 from memo_sim.timeline import COPY_STREAMS, Timeline
@@ -670,7 +670,7 @@ def simulate_microbatch(name: str, order: Order, model: ModelConfig, layout: Lay
         "representative": {"device": worst.index, "gpus_on_node": worst.group, "gpus_on_pcie_switch": worst.switch_group},
         "middle_layer": sched.chunk_layers(0, 0)[lc_mid(sched)],
         "failure": failure.to_dict() if failure else None,
-        "allocator": {"static_memory_plan": policy.static_memory_plan, "reorganizations": 0, "stall_s": 0.0,
+        "allocator": {"static_memory_plan": uses_memory_plan(policy, layout), "reorganizations": 0, "stall_s": 0.0,
                       "replayed": False},
         "pipeline": {"schedule": name, "pp": layout.pp, "vpp": layout.vpp, "micro_batches": m,
                      "stages": [{"stage": r["stage"], "device": sched.devices[r["stage"]].index,
