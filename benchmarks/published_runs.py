@@ -881,6 +881,10 @@ HISTORY = (
       "xtuner-llama2-7b-1m-sp16": -0.132, "xtuner-yi-34b-32k-sp2": -0.090, "xtuner-yi-34b-128k-sp8": -0.070,
       "xtuner-yi-34b-256k-sp8": -0.267, "xtuner-llama2-70b-32k-sp4": 0.577, "xtuner-llama2-70b-128k-sp8": -0.104,
       "xtuner-yi-34b-128k-sp8-16gpu": -0.159}),
+    ("b9a871e", "2026-11-25", "before ProcessGroupNCCL's recordStream held freed collective buffers until the next "
+     "synchronisation in the PyTorch of megatron@2021-2023 and memo-paper (`Layout.nccl_record_stream`)",
+     {"megatron2021-3.6B": 0.003, "megatron2021-7.5B": -0.008, "korthikanti-22B-full": -0.003,
+      "korthikanti-22B-selective": -0.065}),
 )
 
 
@@ -920,6 +924,12 @@ STEPS = (
      "before the all-to-all (XTuner's mha.py, DeepSpeed's ulysses_sp.py; `memo_sim.layout.kv_heads`): the two "
      "Llama-2-70B rows memo refused run (256K SP 16 -30.3%, 1M SP 64 -25.4%), every other row unchanged (r = 1): "
      "dense 27 predicted at 9.4% / 30.3%, long-context 12 at 14.4% / 30.3%"),
+    ("record stream", "ProcessGroupNCCL calls recordStream on collective tensors in the PyTorch of megatron@2021-2023 "
+     "and memo-paper (`Layout.nccl_record_stream`; stashing is the default since 2025): a freed collective buffer "
+     "returns to the caching allocator at the next synchronisation, the CPU being ahead of the GPU. Megatron-LM "
+     "2021's 3.6B and 7.5B rows, run as one pass of 16 sequences (their micro-batch is not stated), run out of memory "
+     "on fragmentation and are no longer predicted; Korthikanti's 22B rows move (-0.3% to +1.9%, -6.5% to -3.7%); "
+     "every other row unchanged: dense 25 predicted at 10.0% / 30.3%, long-context 12 at 14.4% / 30.3%"),
 )
 
 

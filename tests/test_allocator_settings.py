@@ -264,3 +264,41 @@ def test_explain_says_what_fragmentation_costs_and_what_a_plan_saves(tmp_path):
     assert "reserved when the allocation peaks is not allocated" in words and "--allocator plan" in words
     text = CliRunner().invoke(cli, ["explain", str(out / "plan.json")]).output
     assert "fragmentation:" in text
+
+
+# ---- collectives' buffers held by recordStream (the framework's PyTorch) --------------------------
+def test_record_stream_frameworks_retry_more_as_the_sequence_grows():
+    """GPT-7B on 8 A800s, TP 4 with SP, CP 2, ZeRO-1, full recompute. Where the framework's PyTorch
+    records the NCCL stream on collective tensors (memo-paper, Megatron-LM of 2021-2023) a freed
+    collective buffer waits for the next synchronisation, the CPU being ahead of the GPU: the
+    caching allocator retries every iteration, more as the sequence grows (128K to 512K), and the
+    iteration pays the priced stalls against the memory-planned run. Where the collectives stash
+    their tensors (Megatron-LM today) the same iteration never retries."""
+    from memo_sim.layout import Layout
+    from memo_sim.memplan.iteration_replay import record_stream_lag, replay_iteration
+    from memo_sim.model import get_model
+    from memo_sim.policy import get_policy
+    from memo_sim.profile import load_profile
+    from memo_sim.search.frameworks import get_framework
+
+    assert get_framework("memo-paper").mechanism("nccl_record_stream") is True
+    assert get_framework("megatron").mechanism("nccl_record_stream") is False
+    m, prof, pol = get_model("gpt-7b"), load_profile("a800-80gb"), get_policy("full_recompute")
+    held, stashed = Layout(tp=4, cp=2, zero=1, nccl_record_stream=True), Layout(tp=4, cp=2, zero=1)
+    K = 1024
+    retries = []
+    for seq in (128 * K, 256 * K, 512 * K):
+        r = replay_iteration(m, held, 1, seq, pol, prof)
+        assert not r.oom and r.stream_lag_phases == record_stream_lag(m, held, 1, seq, pol)
+        retries.append(r.reorganizations)
+        assert replay_iteration(m, stashed, 1, seq, pol, prof).reorganizations == 0
+    assert 0 < retries[0] < retries[1] < retries[2], retries
+    # an explicit lag still wins over the framework's
+    assert replay_iteration(m, held, 1, 128 * K, pol, prof, stream_lag_phases=1).reorganizations == 0
+    rows = _whatif_json("--allocator", "both", "--framework", "memo-paper", "--seq", "128K")
+    cached = next(c for c in rows if "memplan" not in c["layout"] and "full_recompute" in str(c["policy"]))
+    planned = next(c for c in rows if "memplan" in c["layout"])
+    assert cached["simulated_allocator"]["reorganizations"] == retries[0]
+    stall = cached["simulated_allocator"]["stall_s"]
+    assert stall > 0 and cached["simulated_iteration_s"] > planned["simulated_iteration_s"]
+    assert cached["simulated_iteration_s"] - planned["simulated_iteration_s"] == pytest.approx(stall, rel=0.05)

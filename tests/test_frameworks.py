@@ -49,7 +49,9 @@ EXPECTED = {"attention": ("materialised", "flash", "time"), "grad_overlap": (Fal
             "host_pool": ("caching_host_allocator", "registered_pool", "host memory"),
             "expandable_segments": (False, True, "gpu memory"),
             # blocks at or above max_split_size are never split, so the cache reserves more for the same requests
-            "alloc_conf": ("max_split_size_mb:20", "", "gpu memory")}
+            "alloc_conf": ("max_split_size_mb:20", "", "gpu memory"),
+            # collective buffers held until a synchronisation: the cache fills and the allocator retries
+            "nccl_record_stream": (True, False, "allocator retries")}
 
 
 @pytest.mark.parametrize("mechanism", sorted(MECHANISMS))
@@ -70,6 +72,15 @@ def test_each_mechanism_moves_the_prediction_the_expected_way(mechanism):
         pol = get_policy("memo", 0.37)
         assert (memory_breakdown(model, worse, 1, 65536, pol, prof).host_bytes_per_node
                 > memory_breakdown(model, better, 1, 65536, pol, prof).host_bytes_per_node)
+    elif what == "allocator retries":  # an unplanned policy's iteration under the caching allocator
+        from memo_sim.memplan.iteration_replay import replay_iteration
+
+        pol, lay = get_policy("full_recompute"), Layout(tp=4, cp=2, zero=1)
+        worse, better = (replace(lay, **{MECHANISMS[mechanism]: v}) for v in (worse_v, better_v))
+        r_worse, r_better = (replay_iteration(model, x, 1, 262144, pol, prof) for x in (worse, better))
+        assert r_worse.reorganizations > r_better.reorganizations == 0
+        assert (simulate(model, worse, 1, 262144, pol, prof, keep_timeline=False).iteration_s
+                > simulate(model, better, 1, 262144, pol, prof, keep_timeline=False).iteration_s)
     else:  # the caching allocator's reserved transients of an unplanned policy
         pol, lay = get_policy("full_recompute"), Layout(tp=8)
         worse, better = (replace(lay, **{MECHANISMS[mechanism]: v}) for v in (worse_v, better_v))

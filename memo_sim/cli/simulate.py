@@ -101,7 +101,8 @@ def simulate_output_floor(layers: int) -> int:
               help="Hardware profile name or file (default: the plan's profile).")
 @click.option("--no-contention", is_flag=True, help="Give every op its stand-alone time (the analytic model).")
 @click.option("--allocator-lag", default=0, show_default=True, type=click.IntRange(0, 64),
-              help="Layers the GPU lags behind the CPU, holding collective buffers (record_stream); 0: it keeps up.")
+              help="Layers the GPU lags behind the CPU, holding collective buffers (record_stream); 0: the "
+                   "plan's layout's (until a synchronisation with nccl_record_stream, else none).")
 @click.option("--detail", default="auto", show_default=True, type=click.Choice(["auto", "ops", "units"]),
               help="Pipeline plans: every kernel and collective (ops), one compute and one collective op per "
                    "subsequence (or micro-batch) and layer (units), or ops while the graph stays small (auto).")

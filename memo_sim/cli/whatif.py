@@ -149,7 +149,8 @@ def _simulate_top_value(ctx, param, value):
                    "analytic tier's best N (0: none).")
 @click.option("--allocator-lag", default=ASKED["allocator_lag"], show_default=True, type=click.IntRange(0, 64),
               help="Tier 2: layers the GPU lags behind the CPU, holding collective buffers from the caching "
-                   "allocator (record_stream); 0: the GPU keeps up.")
+                   "allocator (record_stream); 0: the framework's (held until a synchronisation where its PyTorch "
+                   "records streams on collectives, mechanisms.nccl_record_stream; else the GPU keeps up).")
 @click.option("--framework", default=ASKED["framework"], show_default=True, type=click.Choice(list(FRAMEWORKS)),
               help="Search only what this framework offers, and compare its best plan with memo's.")
 @click.option("--sweep-alpha", is_flag=True,

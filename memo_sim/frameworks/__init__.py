@@ -18,7 +18,11 @@ policies, and how it runs what the simulator models as a switch
 - ``expandable_segments``: whether PyTorch's caching allocator runs with expandable segments
   (`memo_sim.memplan.caching_allocator`; matters to the policies without a static memory plan);
 - ``alloc_conf`` (optional): the rest of the ``PYTORCH_CUDA_ALLOC_CONF`` the framework's launch
-  scripts set (`memo_sim.layout.alloc_conf`; default: PyTorch's).
+  scripts set (`memo_sim.layout.alloc_conf`; default: PyTorch's);
+- ``nccl_record_stream`` (optional, default false): the framework's PyTorch has ProcessGroupNCCL
+  call ``recordStream`` on collective tensors (PyTorch before TORCH_NCCL_AVOID_RECORD_STREAMS's
+  stashing became the default, without that variable set), so freed collective buffers wait for
+  the next synchronisation before the caching allocator reuses them (`memo_sim.layout.parallel`).
 
 A file's ``layouts.dp_modes`` lists its data-parallel flavours (`memo_sim.dp`: ``zero``, the ZeRO
 stages; ``fsdp``, FSDP2 with HSDP and resharding after the forward or not; default ``[zero]``).
@@ -67,7 +71,8 @@ from memo_sim.policy import policy_names
 DATA = Path(__file__).parent / "data"
 # the switchable mechanisms: name -> the Layout field it sets
 MECHANISMS = {"attention": "attention", "grad_overlap": "grad_overlap", "cross_entropy": "cross_entropy",
-              "host_pool": "host_pool", "expandable_segments": "expandable_segments", "alloc_conf": "alloc_conf"}
+              "host_pool": "host_pool", "expandable_segments": "expandable_segments", "alloc_conf": "alloc_conf",
+              "nccl_record_stream": "nccl_record_stream"}
 
 
 class _ExpertsIn(BaseModel):
@@ -102,6 +107,7 @@ class _MechanismsIn(BaseModel):
     host_pool: Literal[HOST_POOLS]
     expandable_segments: bool = Field(strict=True)
     alloc_conf: str = Field("", strict=True)  # the rest of PYTORCH_CUDA_ALLOC_CONF (`memo_sim.layout.alloc_conf`)
+    nccl_record_stream: bool = Field(False, strict=True)  # recordStream on collective tensors (`layout.parallel`)
 
     @model_validator(mode="after")
     def _conf(self):

@@ -74,7 +74,12 @@ Caching allocator (``expandable_segments``, `memo_sim.memplan.caching_allocator`
 caching allocator (everything but MEMO's static plan). Left out of `Layout.to_dict` when off.
 ``alloc_conf`` holds the rest of that setting string (max_split_size_mb, roundup_power2_divisions,
 the garbage collection under a memory fraction; `memo_sim.layout.alloc_conf`), canonical, ``""``
-for PyTorch's defaults (left out of `Layout.to_dict` then).
+for PyTorch's defaults (left out of `Layout.to_dict` then). ``nccl_record_stream``: the framework's
+PyTorch has ProcessGroupNCCL call ``recordStream`` on the tensors of its collectives (before
+TORCH_NCCL_AVOID_RECORD_STREAMS's stashing became the default), so a freed collective buffer
+returns to the cache only when the host sees the collective done: with the CPU running ahead of
+the GPU, at the next device synchronisation (`memo_sim.memplan.iteration_replay`). Left out of
+`Layout.to_dict` when off.
 """
 
 from __future__ import annotations
@@ -121,6 +126,7 @@ class Layout:
     host_pool: str = "registered_pool"  # pinned host memory for offloads: one of `HOST_POOLS`
     expandable_segments: bool = False  # PyTorch caching allocator's expandable_segments (`memplan.caching_allocator`)
     alloc_conf: str = ""  # the rest of PYTORCH_CUDA_ALLOC_CONF, canonical (`layout.alloc_conf`); "": defaults
+    nccl_record_stream: bool = False  # collective buffers held by recordStream until a synchronisation
     memory_plan: bool = False  # a static memory plan places the transients whatever the policy (`policy.base.uses_memory_plan`)
     optimizer_offload: bool = False  # master weights, Adam and its step on the host (`cost.optimizer_offload`)
     # uneven pipeline stages (Megatron-LM's --decoder-first/last-pipeline-num-layers; 0: not set): the first
@@ -248,6 +254,8 @@ class Layout:
             parts.append("expandable")
         if self.alloc_conf:
             parts.append("alloc-conf")
+        if self.nccl_record_stream:
+            parts.append("record-stream")
         if self.memory_plan:
             parts.append("memplan")
         if self.optimizer_offload:
@@ -281,6 +289,8 @@ class Layout:
             del d["expandable_segments"]
         if not self.alloc_conf:  # and plans with PyTorch's other allocator defaults theirs
             del d["alloc_conf"]
+        if not self.nccl_record_stream:  # and plans whose collectives stash their tensors theirs
+            del d["nccl_record_stream"]
         if not self.memory_plan:  # and plans on the allocator their policy runs with theirs
             del d["memory_plan"]
         if not self.optimizer_offload:  # and plans with the optimizer on the GPU theirs
@@ -322,6 +332,7 @@ class _LayoutIn(BaseModel):
     host_pool: Literal[HOST_POOLS] = "registered_pool"
     expandable_segments: bool = Field(False, strict=True)
     alloc_conf: str = Field("", strict=True, max_length=2000)
+    nccl_record_stream: bool = Field(False, strict=True)
     memory_plan: bool = Field(False, strict=True)
     optimizer_offload: bool = Field(False, strict=True)
     first_stage_layers: Annotated[int, Field(strict=True, ge=0, le=1 << 12)] = 0

@@ -41,7 +41,8 @@ unsplit segment and retrying a cudaMalloc that did not fit (PyTorch's ``num_allo
 `IterationReplay.stall_seconds` prices the reorganisations, cudaFree and cudaMalloc calls of the
 reported iteration with the profile's ``gpu.allocator`` costs.
 
-Streams: by default a freed block is reusable at once (the GPU keeps up with the CPU). With
+Streams: by default a freed block is reusable at once (the GPU keeps up with the CPU), unless the
+layout's collectives record their streams (``layout.nccl_record_stream``: `record_stream_lag`). With
 ``stream_lag_phases=k`` the buffers that collectives read or write on their own streams (TP
 all-gather outputs and reduce buffers, ring-CP K/V and dK/dV buffers, Ulysses all-to-all
 buffers; ProcessGroupNCCL calls ``record_stream`` on them) come back to the cache only k phases
@@ -284,6 +285,18 @@ def _report(stream: IterationStream, config: AllocatorConfig, policy: Policy | N
     )
 
 
+def record_stream_lag(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy,
+                      classifier_chunk_tokens: int = CLASSIFIER_CHUNK_TOKENS) -> int:
+    """The stream lag of a layout whose collectives ``recordStream`` their tensors
+    (``layout.nccl_record_stream``): the iteration's phase count, i.e. a freed collective buffer
+    comes back only at the next synchronisation (a retry or the iteration's end). The allocator
+    returns such a block when it finds the collective's event complete, and the CPU, which only
+    enqueues kernels, runs ahead of a GPU busy with long-sequence layers until something
+    synchronises it (pytorch/pytorch#76861 describes the thrashing this causes; Megatron-LM's
+    long-sequence runs synchronise only at the iteration's end)."""
+    return iteration_stream(model, layout, batch, seq, policy, classifier_chunk_tokens).phases
+
+
 def replay_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy,
                      profile: HardwareProfile, *, iterations: int | None = None,
                      classifier_chunk_tokens: int = CLASSIFIER_CHUNK_TOKENS,
@@ -297,9 +310,9 @@ def replay_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, p
     ``PYTORCH_CUDA_ALLOC_CONF``'s settings; ``alloc_conf`` the rest of that string (a layout's
     ``alloc_conf``, `memo_sim.layout.alloc_conf`: roundup_power2_divisions, the garbage
     collection under a memory fraction, and max_split_size_mb where ``max_split_size_bytes``
-    is None). ``stream_lag_phases`` (default None: the GPU keeps
-    up) models ``record_stream`` on the TP collectives' buffers with the GPU that many layers
-    behind the CPU (see `replay_stream`). ``series`` keeps reserved and allocated bytes after
+    is None). ``stream_lag_phases`` models ``record_stream`` on the TP collectives' buffers with
+    the GPU that many layers behind the CPU (see `replay_stream`); None (default): the layout's
+    (`record_stream_lag` where ``layout.nccl_record_stream``, else the GPU keeps up). ``series`` keeps reserved and allocated bytes after
     every request of the reported iteration.
 
     Under a static memory plan (`memo_sim.policy.base.uses_memory_plan`) the planned transients
@@ -307,6 +320,8 @@ def replay_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, p
     says so).
     """
     cap = int(profile.usable_gpu_memory if capacity_bytes is None else capacity_bytes)
+    if stream_lag_phases is None and layout.nccl_record_stream:
+        stream_lag_phases = record_stream_lag(model, layout, batch, seq, policy, classifier_chunk_tokens)
     if alloc_conf:
         cfg = AllocatorConfig.from_conf(cap, merged_alloc_conf(expandable_segments, alloc_conf),
                                         device_bytes=int(float(profile.gpu.memory_bytes)))

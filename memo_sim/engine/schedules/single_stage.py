@@ -451,7 +451,8 @@ def simulate_single_stage(model: ModelConfig, layout: Layout, batch: int, seq: i
     reorganisation's stall is charged on the compute stream where it happens, and a replay that
     runs out of memory (fragmentation, where the byte count alone fits) ends the run as OOM.
     ``allocator_lag`` models ``record_stream`` on collective buffers with the GPU that many layers
-    behind the CPU (0: the GPU keeps up).
+    behind the CPU (0: the layout's, `memo_sim.memplan.iteration_replay.record_stream_lag` where
+    ``layout.nccl_record_stream``, else the GPU keeps up).
 
     ``fold`` (default; not with ``record``): identical layers are simulated once where the
     iteration is periodic (`memo_sim.engine.periodic`; ``folded`` says how many layers the
