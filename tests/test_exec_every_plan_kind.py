@@ -47,6 +47,10 @@ KINDS = {
     "memo": (1, ["--layers", "4", *MEMO]),
     "sppo-pp1": (1, ["--layers", "4", "--policy", "sppo", "--subseqs", "2"]),
     "selective-megatron": (1, ["--layers", "4", "--policy", "selective_recompute", "--framework", "megatron"]),
+    # the caching allocator's settings and the framework's recordStream are the runtime's, carried in the layout
+    "memo-paper-record-stream": (1, ["--layers", "4", "--policy", "full_recompute", "--framework", "memo-paper"]),
+    "alloc-conf": (1, ["--layers", "4", "--policy", "full_recompute", "--alloc-conf",
+                       "max_split_size_mb:512,roundup_power2_divisions:4"]),
     "tp2-sp-memo": (2, ["--layers", "4", "--tp", "2", *MEMO]),
     "tp2-nosp": (2, ["--layers", "4", "--tp", "2", "--no-sp", "--policy", "store_all"]),
     "metp_ffn-memo": (2, ["--layers", "4", "--tp", "2", "--tp-mode", "metp_ffn", *MEMO]),
