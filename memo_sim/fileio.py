@@ -68,12 +68,13 @@ def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int | None = 2)
     return atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=False) + "\n")
 
 
-def save_png(fig: Any, path: str | os.PathLike, dpi: int = 120) -> Path:
-    """Render a matplotlib figure to PNG in memory, then write it atomically."""
+def save_png(fig: Any, path: str | os.PathLike, dpi: int = 120, tight: bool = True) -> Path:
+    """Render a matplotlib figure to PNG in memory (cropped to its content unless ``tight`` is
+    false), then write it atomically."""
     import io
 
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight" if tight else None)
     return atomic_write_bytes(path, buf.getvalue())
 
 

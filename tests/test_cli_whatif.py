@@ -83,12 +83,14 @@ def test_simulated_and_analytic_rows_apart(tmp_path):
     sim_at, ana_at = r.output.index("Simulated (tier 2"), r.output.index("Analytic only (tier 1")
     assert sim_at < ana_at
     sim_part = r.output[sim_at:ana_at]
-    assert sum(line[:1].isdigit() for line in sim_part.splitlines()) == 2
+    obj = json.loads(run(["whatif", "--seq", "256K", "--simulate-top", "2", "--policy", "memo", "--policy",
+                          "full_recompute", "--json", "--no-plan", "--jobs", "1"]).output)
+    extra = obj["tier2"]["for_verdicts"]  # the verdict lines' sides the top 2 left analytic (METP, Megatron TP)
+    assert obj["tier2"]["simulated"] == 2 + extra
+    assert sum(line[:1].isdigit() for line in sim_part.splitlines()) == 2 + extra
     assert "iter (sim)" not in r.output[ana_at:].splitlines()[1]
-    obj = json.loads(run(["whatif", "--seq", "256K", "--simulate-top", "2", "--policy", "memo", "--json",
-                          "--no-plan", "--jobs", "1"]).output)
     tiers = [c["tier"] for c in obj["candidates"]]
-    assert tiers[:2] == ["simulated", "simulated"] and set(tiers[2:]) == {"analytic"}
+    assert tiers[:2 + extra] == ["simulated"] * (2 + extra) and set(tiers[2 + extra:]) == {"analytic"}
 
 
 def test_memo_alpha_1_folded_into_full_offload(tmp_path):
@@ -172,7 +174,8 @@ def test_jobs_output_identical_to_serial(tmp_path):
             outs[(jobs, fmt)] = re.sub(r"; [0-9.]+ s\n", "; T s\n", text)
     assert outs[("1", ())] == outs[("2", ())]
     assert outs[("1", ("--json",))] == outs[("2", ("--json",))]
-    assert json.loads(outs[("2", ("--json",))])["simulated_candidates"] == 8
+    obj = json.loads(outs[("2", ("--json",))])
+    assert obj["simulated_candidates"] == 8 + obj["tier2"]["for_verdicts"]  # the top 8 and the verdicts' sides
 
 
 def test_progress_only_after_a_second_and_never_when_quiet(monkeypatch):

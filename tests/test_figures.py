@@ -21,7 +21,7 @@ def captured(monkeypatch):
     """The Figure objects the figure functions save (no PNG written)."""
     figs = []
 
-    def fake_save(fig, path):
+    def fake_save(fig, path, **_kw):
         figs.append(fig)
         return path
 
@@ -79,6 +79,10 @@ def test_memory_figure_time_axis_in_minutes_for_long_runs(captured):
     assert r.iteration_s > 120
     figures.memory_figure(r.timeline, "unused.png")
     assert captured[0].axes[-1].get_xlabel().endswith("(min)")
+    gpu = captured[0].axes[0]  # the step patches set the limits themselves (`figures._stairs`): the whole curve shows
+    steps = [p for p in gpu.patches if type(p).__name__ == "StepPatch"]
+    assert len(steps) == 2 and steps[0].get_label().startswith("GPU 0") and not steps[0].get_fill() and steps[1].get_fill()
+    assert gpu.get_ylim()[1] >= r.peak_gpu_bytes / 2**30 and gpu.get_xlim()[1] >= r.iteration_s / 60
 
 
 def test_alpha_sweep_marks_the_solvers_alpha(captured):

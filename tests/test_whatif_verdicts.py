@@ -83,3 +83,32 @@ def test_runner_up_says_what_it_gives_up():
     assert runner_up_line([best], best) == ""  # nothing else fits
     shown[1].status = "OOM"
     assert runner_up_line(shown, best) == ""
+
+
+@pytest.mark.parametrize("simulate_top", ["bound", 1])
+def test_every_verdict_compares_two_simulated_plans(simulate_top):
+    """[#48 item 5] The README's what-if (GPT-7B, 8 A800s, 1M tokens): the proved-bound search stops
+    before the best Megatron TP plan, and a top-1 tier 2 simulates neither METP nor Megatron TP;
+    the what-if then simulates the verdict's sides, so the METP line names two simulated plans,
+    each the best simulated of its side, and says nothing of different tiers."""
+    from memo_sim.model import get_model
+    from memo_sim.profile import load_profile
+    from memo_sim.search.verdicts import VERDICTS, sides
+    from memo_sim.search.whatif import rank
+
+    r = rank(get_model("gpt-7b"), 1 << 20, 8, load_profile("a800-80gb"), simulate_top=simulate_top)
+    compared = 0
+    for v in VERDICTS:
+        pair = sides(r.candidates, v)
+        if pair is None:
+            continue
+        compared += 1
+        for side, keep in zip(pair, (v.a, v.b)):
+            assert side.simulated is not None, (v.what, side.layout.label())
+            best_sim = max((c for c in r.candidates if c.simulated is not None and c.status == "OK" and keep(c)),
+                           key=lambda c: c.tgs)
+            assert side.tgs == best_sim.tgs
+        assert "different tiers" not in metp_verdict(r.candidates) + sppo_verdict(r.candidates)
+    assert compared >= 1
+    assert r.tier2.for_verdicts >= 1 and r.tier2.simulated == sum(c.simulated is not None for c in r.candidates)
+    assert "so that each verdict line compares two simulated plans" in r.tier2.line()

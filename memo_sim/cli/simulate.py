@@ -28,6 +28,7 @@ import click
 from memo_sim.cli.common import progress_bar
 from memo_sim.errors import MemoError
 from memo_sim.fileio import OutputFolder, atomic_write_json, output_folder
+from memo_sim.forked import beside
 from memo_sim.policy import policy_names
 from memo_sim.report.formats import format_options, resolve_format
 from memo_sim.report.peaks import allocator_of, result_peak
@@ -47,26 +48,31 @@ def _load_plan_and_profile(plan_file: str, profile_override: str | None):
     return plan, profile
 
 
-def _write_outputs(timeline, out: Path, layers_text: str | None, device: int = 0) -> list[Path]:
+def _write_outputs(timeline, out: Path, layers_text: str | None, device: int = 0, also: tuple = ()) -> list[Path]:
+    """trace.json and the figures of ``timeline`` in ``out`` (and the ``(function, arguments)``
+    of ``also``, e.g. timeline.json): the Gantt chart and trace.json here while a forked child
+    draws the memory figure and writes the rest (`memo_sim.forked.beside`); the paths written,
+    those of ``also`` last."""
     from memo_sim.report.chrome_trace import write_chrome_trace
     from memo_sim.report.figures import gantt_figure, memory_figure, parse_layer_range
 
     n_layers = timeline.meta.get("layers")
     layers = parse_layer_range(layers_text, n_layers)
-    written = [write_chrome_trace(timeline, out / "trace.json")]
     piped = bool((timeline.meta or {}).get("pipeline"))
+    mine = [(write_chrome_trace, (timeline, out / "trace.json"))]
+    theirs = []
     if timeline.events and (layers is not None or not piped):  # a pipeline: its Gantt chart below instead
-        written.append(gantt_figure(timeline, out / "gantt.png", layers, device))
+        mine.append((gantt_figure, (timeline, out / "gantt.png", layers, device)))
     if timeline.memory:
-        written.append(memory_figure(timeline, out / "memory.png"))
+        theirs.insert(0, (memory_figure, (timeline, out / "memory.png")))
     if piped:
         from memo_sim.report.figures import pipeline_gantt_figure, stage_memory_figure
 
         if timeline.events:
-            written.append(pipeline_gantt_figure(timeline, out / "pipeline_gantt.png"))
+            mine.append((pipeline_gantt_figure, (timeline, out / "pipeline_gantt.png")))
         if timeline.memory:
-            written.append(stage_memory_figure(timeline, out / "stage_memory.png"))
-    return written
+            theirs.append((stage_memory_figure, (timeline, out / "stage_memory.png")))
+    return beside(mine, theirs + list(also))  # what ``also`` wrote comes last
 
 
 def _summary_line(r) -> str:
@@ -124,8 +130,9 @@ def simulate_cmd(plan_file, out_dir, layers_text, profile_override, no_contentio
                      detail=detail, record=memory_snapshot)
         stage = outf.stage
         r.timeline.meta["plan_file"] = str(plan_file)
-        written = [r.timeline.write_json(stage / "timeline.json")]
-        written += _write_outputs(r.timeline, stage, layers_text)
+        *written, timeline_json = _write_outputs(r.timeline, stage, layers_text,
+                                                 also=((r.timeline.write_json, (stage / "timeline.json",)),))
+        written.insert(0, timeline_json)
         if plan.model.moe:  # where a MoE layer's time and the GPU's memory go (`memo_sim.report.moe_split`)
             from memo_sim.report.moe_split import moe_split, moe_split_figure
 

@@ -76,9 +76,11 @@ BWD_PHASES = ("bwd", "recompute", "prefetch", "grad_sync", "weight_gather_bwd")
 FIGURE_DPI = 100  # PNGs of a few hundred KB at most
 
 
-def _save(fig: Figure, path: str | Path) -> Path:
+def _save(fig: Figure, path: str | Path, tight: bool = True) -> Path:
+    """Render ``fig`` to ``path``; ``tight=False`` for a figure whose margins are fixed in inches
+    (`_margins`): no cropping pass, whose extra layout of every text is a fifth of the drawing."""
     FigureCanvasAgg(fig)
-    return save_png(fig, path, dpi=FIGURE_DPI)
+    return save_png(fig, path, dpi=FIGURE_DPI, tight=tight)
 
 
 def parse_layer_range(text: str | None, n_layers: int | None = None) -> tuple[int, int] | None:
@@ -181,10 +183,10 @@ def gantt_figure(timeline: Timeline, path: str | Path, layers: tuple[int, int] |
     handles = [Patch(color=PHASE_COLOR.get(p, "#999999"), label=f"{phase_label(p)} ({fmt_time(sec)})")
                for p, sec in sorted(seen.items())]
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 4), fontsize=8, frameon=False,
-               bbox_to_anchor=(0.5, -0.02))
+               bbox_to_anchor=(0.5, 0.0))
     _margins(fig, bottom_in=0.55 + 0.25 * ((len(handles) + 3) // 4), top_in=0.75 + 0.2 * (len(rows) > 1), wspace=0.12,
              hspace=gap * len(rows) / sum(heights) if len(rows) > 1 else None)
-    return _save(fig, path)
+    return _save(fig, path, tight=False)
 
 
 def _gantt_panel(ax, events: list[TimelineEvent], streams: list[str], t0: float, t1: float) -> dict[str, float]:
@@ -257,6 +259,26 @@ def envelope(xs: list[float], ys: list[float], end: float, bins: int = ENVELOPE_
     return edges, lo, hi
 
 
+def _stairs(ax, values, edges, baseline=None, **kw) -> None:
+    """``ax.stairs`` without its per-segment data-limit walk (matplotlib's ``add_patch`` iterates
+    every Bezier segment of the path to update the limits, most of a memory figure's time): the
+    step patch is added as an artist and the limits grow by its bounding box."""
+    import numpy as np
+    from matplotlib.patches import StepPatch
+
+    fill = kw.pop("fill", False)
+    color = kw.pop("color")
+    kw.setdefault("facecolor" if fill else "edgecolor", color)
+    patch = StepPatch(values, edges, baseline=baseline, fill=fill, **kw)
+    ax.add_artist(patch)
+    patch.set_clip_path(ax.patch)
+    ys = np.asarray(values, dtype=float)
+    base = np.asarray(baseline if baseline is not None else ys, dtype=float)
+    ax.update_datalim([(float(edges[0]), float(min(ys.min(), base.min()))),
+                       (float(edges[-1]), float(max(ys.max(), base.max())))])
+    ax.autoscale_view()
+
+
 def _memory_panel(ax, timeline: Timeline, kind: str, devices: list[int], end: float, capacity: float | None,
                   ylabel: str, label, color: str | None, scale: float = 1.0) -> None:
     """One memory-over-time panel from 0 GiB: per device the highest level in each of
@@ -268,8 +290,8 @@ def _memory_panel(ax, timeline: Timeline, kind: str, devices: list[int], end: fl
             continue
         edges, lo, hi = envelope(xs, ys, end)
         c = color or f"C{k % 10}"
-        ax.stairs(hi, edges / scale, color=c, lw=1.2, label=label(d), baseline=None)
-        ax.stairs(hi, edges / scale, baseline=lo, fill=True, color=c, alpha=0.3, lw=0)
+        _stairs(ax, hi, edges / scale, color=c, lw=1.2, label=label(d))
+        _stairs(ax, hi, edges / scale, baseline=lo, fill=True, color=c, alpha=0.3, lw=0)
     if capacity:
         ax.axhline(capacity / GiB, color="#C44E52", ls="--", lw=1, label="usable capacity")
     ax.set_ylim(bottom=0)
@@ -294,11 +316,11 @@ def _rank_host_panel(ax, timeline: Timeline, ranks: list[int], end: float, capac
         lo = base if base is not None else np.zeros_like(hi)
         base = lo + hi
         coords = labels.get(str(r))
-        ax.stairs(base, edges / scale, baseline=lo, fill=True, color=f"C{k % 10}", alpha=0.45, lw=0,
-                  label=f"rank {r}" + (f" ({coords})" if coords else ""))
+        _stairs(ax, base, edges / scale, baseline=lo, fill=True, color=f"C{k % 10}", alpha=0.45, lw=0,
+                label=f"rank {r}" + (f" ({coords})" if coords else ""))
     if base is not None and base.max() > 0:
-        ax.stairs(base, edges / scale, color="#333333", lw=1.0, baseline=None,
-                  label=f"sum of the {len(ranks)} ranks' pools")
+        _stairs(ax, base, edges / scale, color="#333333", lw=1.0,
+                label=f"sum of the {len(ranks)} ranks' pools")
     else:
         ax.text(0.5, 0.5, f"no host memory on any of the {len(ranks)} ranks (0 B)", transform=ax.transAxes,
                 ha="center", va="center", fontsize=9, color="#555555")
@@ -358,7 +380,7 @@ def memory_figure(timeline: Timeline, path: str | Path) -> Path:
     fig.suptitle(title + f"\nline: highest level in each 1/{ENVELOPE_BINS} of the iteration; shaded: lowest to "
                  "highest (short spikes drawn one interval wide)", fontsize=9)
     _margins(fig, bottom_in=0.55, top_in=0.6, hspace=0.12)
-    return _save(fig, path)
+    return _save(fig, path, tight=False)
 
 
 def _mark_failures(ax, xs, statuses, y):

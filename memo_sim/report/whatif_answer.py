@@ -283,10 +283,6 @@ def metp_table(metp_rows: list[dict], shown) -> tuple[list[str], list[list[str]]
              "memory saved"], rows)
 
 
-def _best_fit(cands, keep):
-    return next((c for c in cands if c.status == "OK" and keep(c)), None)
-
-
 def _plan_words(c) -> str:
     tier = "sim" if c.simulated is not None else "analytic"
     return f"{c.layout.label()} {c.policy.label()} ({c.tgs:,.0f} tokens/GPU/s {tier}, peak {candidate_peak(c).text()})"
@@ -334,22 +330,24 @@ def runner_up_line(shown, best) -> str:
     return up["words"] if up else ""
 
 
+def _verdict_line(cands, what: str) -> str:
+    """The verdict ``what`` (`memo_sim.search.verdicts.VERDICTS`) in one line, where the ranking
+    holds a fitting plan of each side ("" otherwise)."""
+    from memo_sim.search.verdicts import VERDICTS, sides
+
+    v = next(v for v in VERDICTS if v.what == what)
+    pair = sides(cands, v)
+    return compare_line(v.what, pair[0], pair[1], v.a_name, v.b_name) if pair else ""
+
+
 def metp_verdict(cands) -> str:
     """METP against Megatron TP in one line, where the ranking holds a fitting plan of each."""
-    metp = _best_fit(cands, lambda c: c.layout.metp)
-    meg = _best_fit(cands, lambda c: c.layout.tp > 1 and not c.layout.metp)
-    if metp is None or meg is None:
-        return ""
-    return compare_line("METP vs Megatron TP", metp, meg, "METP", "Megatron TP")
+    return _verdict_line(cands, "METP vs Megatron TP")
 
 
 def sppo_verdict(cands) -> str:
     """SPPO against MEMO in one line, where the ranking holds a fitting plan of each."""
-    sppo = _best_fit(cands, lambda c: c.sppo is not None)
-    memo = _best_fit(cands, lambda c: c.sppo is None and c.policy.takes_alpha)
-    if sppo is None or memo is None:
-        return ""
-    return compare_line("SPPO vs MEMO", sppo, memo, "SPPO", "MEMO")
+    return _verdict_line(cands, "SPPO vs MEMO")
 
 
 def _sppo_parts(a: Answer, result) -> None:

@@ -55,19 +55,30 @@ class PruneReport:
     allowed_gap: float = ALLOWED_GAP
     margin: float | None = None  # 1 - (best skipped bound / best simulated throughput); None: none skipped
     best_tgs: float | None = None  # the best simulated throughput
+    for_verdicts: int = 0  # of ``simulated``: the verdict lines' sides, simulated after the search stopped
 
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def add_verdict_sides(self, n: int) -> None:
+        """``n`` more candidates simulated for the verdict lines (`memo_sim.search.verdicts`),
+        each one the search had skipped (bound mode) or left out (top N)."""
+        self.simulated += n
+        self.for_verdicts += n
+        if self.mode == SIMULATE_BOUND:
+            self.skipped_by_bound -= n
+
     def line(self) -> str:
+        extra = (f"; {self.for_verdicts} more simulated so that each verdict line compares two simulated plans"
+                 if self.for_verdicts else "")
         if self.mode != SIMULATE_BOUND:
             return (f"tier 2: {self.simulated} of {self.fitting} fitting candidates simulated "
-                    f"({'every one' if self.mode == SIMULATE_ALL else 'the analytic best'})")
+                    f"({'every one' if self.mode == SIMULATE_ALL else 'the analytic best'}){extra}")
         proof = ("" if self.margin is None else
                  f"; the closest skipped bound is {100 * self.margin:.1f}% below the best simulated throughput "
                  f"(proof margin; allowed gap {100 * self.allowed_gap:g}%)")
         return (f"tier 2: {self.simulated} of {self.fitting} fitting candidates simulated, "
-                f"{self.skipped_by_bound} skipped by a proved bound{proof}")
+                f"{self.skipped_by_bound} skipped by a proved bound{proof}{extra}")
 
 
 def tgs_upper_bound(c) -> float:

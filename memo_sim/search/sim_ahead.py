@@ -16,10 +16,9 @@ it. Where the platform cannot fork, nothing is simulated ahead.
 
 from __future__ import annotations
 
-import gc
-import os
-import pickle
 from typing import Callable, Sequence
+
+from memo_sim.forked import FORKS, ForkedChild
 
 
 def share_out(weights: Sequence[float], children: int) -> list[list[int]]:
@@ -34,68 +33,6 @@ def share_out(weights: Sequence[float], children: int) -> list[list[int]]:
     return [sorted(s) for s in shares if s]
 
 
-class _Child:
-    """One forked child simulating some of the candidates, and the pipe its summaries come back on."""
-
-    def __init__(self, items: list[int], work: list[tuple], fn: Callable[[tuple], dict]):
-        self.items = items
-        self.results: list | None = None
-        self.pid = None
-        self.read = None
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: simulate, write the summaries, leave without the parent's exit handlers
-            os.close(r)
-            code = 0
-            try:
-                gc.freeze()
-                try:
-                    out = ("ok", [fn(work[i]) for i in items])
-                except BaseException as e:  # noqa: BLE001  (handed to the parent, which raises it)
-                    out = ("error", e)
-                with os.fdopen(w, "wb") as f:
-                    pickle.dump(out, f, protocol=pickle.HIGHEST_PROTOCOL)
-            except BaseException:  # noqa: BLE001
-                code = 1
-            os._exit(code)
-        os.close(w)
-        self.pid, self.read = pid, r
-
-    def result(self, i: int) -> dict | None:
-        """The summary of work item ``i`` (one of ``items``), waiting for the child where it is not
-        done; None where the child died without one."""
-        if self.results is None:
-            try:
-                with os.fdopen(self.read, "rb") as f:
-                    self.read = None
-                    status, value = pickle.load(f)
-            except (EOFError, pickle.UnpicklingError):
-                status, value = "ok", [None] * len(self.items)
-            self.reap()
-            if status != "ok":
-                raise value
-            self.results = value
-        return self.results[self.items.index(i)]
-
-    def reap(self) -> None:
-        if self.pid is not None:
-            os.waitpid(self.pid, 0)
-            self.pid = None
-
-    def close(self) -> None:
-        if self.read is not None:
-            os.close(self.read)
-            self.read = None
-        if self.pid is not None:
-            import signal
-
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.reap()
-
-
 class SimulatedAhead:
     """``fn(args)`` of each of ``work`` (one per candidate of ``candidates``), in up to
     ``children`` forked children, shared out by ``weights`` (default: all alike; `share_out`)."""
@@ -106,14 +43,14 @@ class SimulatedAhead:
             raise ValueError("SimulatedAhead: one work item and one weight per candidate")
         self._ids = {id(c): i for i, c in enumerate(candidates)}
         self._keep = list(candidates)  # their ids stay theirs while this lives
-        self._children: list[_Child] = []
-        self._of: dict[int, _Child] = {}  # work item -> the child simulating it
-        if not candidates or not hasattr(os, "fork"):
+        self._children: list[ForkedChild] = []
+        self._of: dict[int, ForkedChild] = {}  # work item -> the child simulating it
+        if not candidates or not FORKS:
             self._ids = {}
             return
         try:
             for items in share_out(list(weights) if weights is not None else [1.0] * len(work), children):
-                child = _Child(items, work, fn)
+                child = ForkedChild(items, work, fn)
                 self._children.append(child)
                 for i in items:
                     self._of[i] = child

@@ -47,6 +47,7 @@ from memo_sim.search.pipeline import micro_batch_sizes, pipeline_candidate, pipe
 from memo_sim.search.sim_ahead import SimulatedAhead
 from memo_sim.search.prune import SIMULATE_ALL, SIMULATE_BOUND, PruneReport, parse_simulate_top, simulate_by_bound
 from memo_sim.search.sppo import point_candidate, resolve_for_layout, sppo_candidates, summarize
+from memo_sim.search.verdicts import VERDICT_ROUNDS, verdict_sides_to_simulate
 
 
 @dataclass
@@ -707,6 +708,23 @@ def rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, *,
             a.close()
 
 
+def _simulate_verdict_sides(candidates: list[Candidate], head: list[Candidate], run) -> int:
+    """Simulate (``run``) the verdict lines' sides that tier 2 left analytic
+    (`memo_sim.search.verdicts`), adding them to ``head`` (the simulated candidates), until every
+    verdict with two sides compares two simulated plans; how many were simulated."""
+    n = 0
+    for _ in range(VERDICT_ROUNDS):
+        ids = {id(h) for h in head}
+        order = sorted(head, key=Candidate.sort_key) + [c for c in candidates if id(c) not in ids]
+        need = verdict_sides_to_simulate(order)
+        if not need:
+            break
+        run(need)
+        head.extend(need)
+        n += len(need)
+    return n
+
+
 def _rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, mode, progress, allocator_lag: int,
           sppo_simulate: int, jobs: int, start_ahead, ahead: list, fixed: dict) -> WhatIfResult:
     """`rank` once the SPPO candidates it simulates ahead are planned (``start_ahead``)."""
@@ -727,15 +745,17 @@ def _rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, mod
         if mode == SIMULATE_BOUND:
             try:
                 result.tier2 = simulate_by_bound(fitting, run, batch=max(PARALLEL_MIN, 2 * jobs), always=extra)
+                head = [c for c in result.candidates if c.simulated is not None]
+                result.tier2.add_verdict_sides(_simulate_verdict_sides(result.candidates, head, run))
             finally:
                 pool.close()
-            head = [c for c in result.candidates if c.simulated is not None]
         else:
             head = fitting if mode == SIMULATE_ALL else fitting[:mode]
             ids = {id(h) for h in head}
             head = head + [c for c in extra if id(c) not in ids]
             run(head)
             result.tier2 = PruneReport("all" if mode == SIMULATE_ALL else "top", len(fitting), len(head), 0)
+            result.tier2.add_verdict_sides(_simulate_verdict_sides(result.candidates, head, run))
         ids = {id(h) for h in head}
         result.candidates = sorted(head, key=Candidate.sort_key) + [c for c in result.candidates
                                                                     if id(c) not in ids]

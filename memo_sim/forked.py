@@ -1,0 +1,106 @@
+"""Work done in a forked child while this process goes on: `ForkedChild` runs a function over
+some work items in a child made with ``os.fork`` (it shares this process's memory as it was at the
+fork, so nothing is pickled on the way in) and sends the results back on a pipe, pickled; no
+thread. `beside` runs two lists of calls at the same time: one here, the other in one child.
+
+Where the platform cannot fork (``os.fork`` missing), callers run the work here instead
+(`FORKS` says which); a child that dies without an answer gives None for each of its items, and
+an exception raised in the child is raised again here when its result is asked for.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import pickle
+from typing import Any, Callable, Sequence
+
+FORKS = hasattr(os, "fork")
+
+
+class ForkedChild:
+    """One forked child computing ``fn(work[i])`` for each ``i`` of ``items``, and the pipe the
+    results come back on."""
+
+    def __init__(self, items: list[int], work: Sequence, fn: Callable[[Any], Any]):
+        self.items = items
+        self.results: list | None = None
+        self.pid = None
+        self.read = None
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: compute, write the results, leave without the parent's exit handlers
+            os.close(r)
+            code = 0
+            try:
+                gc.freeze()
+                try:
+                    out = ("ok", [fn(work[i]) for i in items])
+                except BaseException as e:  # noqa: BLE001  (handed to the parent, which raises it)
+                    out = ("error", e)
+                with os.fdopen(w, "wb") as f:
+                    pickle.dump(out, f, protocol=pickle.HIGHEST_PROTOCOL)
+            except BaseException:  # noqa: BLE001
+                code = 1
+            os._exit(code)
+        os.close(w)
+        self.pid, self.read = pid, r
+
+    def result(self, i: int):
+        """The result of work item ``i`` (one of ``items``), waiting for the child where it is not
+        done; None where the child died without one."""
+        if self.results is None:
+            try:
+                with os.fdopen(self.read, "rb") as f:
+                    self.read = None
+                    status, value = pickle.load(f)
+            except (EOFError, pickle.UnpicklingError):
+                status, value = "ok", [None] * len(self.items)
+            self.reap()
+            if status != "ok":
+                raise value
+            self.results = value
+        return self.results[self.items.index(i)]
+
+    def reap(self) -> None:
+        if self.pid is not None:
+            os.waitpid(self.pid, 0)
+            self.pid = None
+
+    def close(self) -> None:
+        if self.read is not None:
+            os.close(self.read)
+            self.read = None
+        if self.pid is not None:
+            import signal
+
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.reap()
+
+
+def _call(call: tuple[Callable, tuple]):
+    fn, args = call
+    return fn(*args)
+
+
+def beside(mine: Sequence[tuple[Callable, tuple]], theirs: Sequence[tuple[Callable, tuple]]) -> list:
+    """``fn(*args)`` of every ``(fn, args)``: those of ``theirs`` in one forked child while this
+    process runs those of ``mine``; the results of ``mine`` then ``theirs``, in order. Without
+    fork, or with nothing for one side, all run here. A call that raises raises here; a child
+    that died without an answer has its calls run here again."""
+    mine, theirs = list(mine), list(theirs)
+    if not FORKS or not mine or not theirs:
+        return [_call(c) for c in mine + theirs]
+    child = ForkedChild(list(range(len(theirs))), theirs, _call)
+    try:
+        here = [_call(c) for c in mine]
+        there = [child.result(i) for i in range(len(theirs))]
+    finally:
+        child.close()
+    return here + [r if r is not None else _call(c) for r, c in zip(there, theirs)]
+
+
+__all__ = ["FORKS", "ForkedChild", "beside"]

@@ -1,0 +1,64 @@
+"""The what-if's one-line verdicts (METP against Megatron TP, SPPO against MEMO): which candidates
+each side holds, the best fitting plan of each side in a ranking, and the plans tier 2 simulates
+so that every verdict compares two simulated plans, never an analytic number with a simulated one.
+
+A side's plan is the first fitting candidate of the ranking that belongs to it (the ranking puts
+simulated candidates first, `memo_sim.search.candidate.Candidate.sort_key`). Where that plan was
+not simulated (tier 2 stopped at a proved bound before reaching it, or simulated only the top N),
+`verdict_sides_to_simulate` names it; the what-if simulates it and ranks again, until both sides
+of every verdict with two sides are simulated plans (a side whose simulation does not fit gives
+way to the next plan of that side). The compared plans are then each side's best simulated plan:
+the best of its side the exhaustive search would find wherever the side's own best was simulated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+VERDICT_ROUNDS = 4  # simulate-and-rank rounds: a side whose simulated plan does not fit gives way to the next
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One verdict line: its title, the two sides' names and which candidates each side holds."""
+
+    what: str
+    a_name: str
+    b_name: str
+    a: Callable[[object], bool]
+    b: Callable[[object], bool]
+
+
+VERDICTS = (
+    Verdict("METP vs Megatron TP", "METP", "Megatron TP",
+            lambda c: bool(c.layout.metp), lambda c: c.layout.tp > 1 and not c.layout.metp),
+    Verdict("SPPO vs MEMO", "SPPO", "MEMO",
+            lambda c: c.sppo is not None, lambda c: c.sppo is None and c.policy.takes_alpha),
+)
+
+
+def best_fit(cands, keep: Callable[[object], bool]):
+    """The first fitting candidate of ``cands`` (a ranking) that ``keep`` accepts, or None."""
+    return next((c for c in cands if c.status == "OK" and keep(c)), None)
+
+
+def sides(cands, v: Verdict) -> tuple[object, object] | None:
+    """The two plans verdict ``v`` compares in the ranking ``cands``, or None without both."""
+    a, b = best_fit(cands, v.a), best_fit(cands, v.b)
+    return None if a is None or b is None else (a, b)
+
+
+def verdict_sides_to_simulate(cands) -> list:
+    """The plans of the verdicts' sides in the ranking ``cands`` that tier 2 has not simulated
+    (each once), for the verdicts that have both sides."""
+    out: list = []
+    for v in VERDICTS:
+        pair = sides(cands, v)
+        for c in pair or ():
+            if c.simulated is None and not any(c is x for x in out):
+                out.append(c)
+    return out
+
+
+__all__ = ["VERDICTS", "VERDICT_ROUNDS", "Verdict", "best_fit", "sides", "verdict_sides_to_simulate"]
