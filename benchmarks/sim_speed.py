@@ -11,7 +11,7 @@ Measures, in one run:
    identical (all but the wall seconds each took). Target: 10,000 in at most 60 s wall.
 3. ``memo-sim simulate`` as a whole process (interpreter start, imports, simulation, timeline,
    trace and figures written) for the GPT-7B / 1M MEMO plan and a GPT-175B plan. Target: the
-   7B plan under 1.5 s.
+   7B plan at most 0.8 s (issue #48; #32's was 1.5 s).
 
 The machine's load (``uptime``) is recorded before and after each part: the 2-core machine is
 shared, so a number measured under load says so.
@@ -51,7 +51,7 @@ PLAIN = ("store_all", "full_recompute", "full_offload", "memo")
 MODELS = ("gpt-7b", "gpt-13b", "gpt-30b")
 SEQS = (128 * K, 256 * K, 512 * K, 1024 * K)
 GPUS = (8, 16, 32)
-TARGET_10K_S, TARGET_ANALYTIC, TARGET_SIM_7B_S = 60.0, 2000.0, 1.5
+TARGET_10K_S, TARGET_ANALYTIC, TARGET_SIM_7B_S = 60.0, 2000.0, 0.8
 
 
 
@@ -319,9 +319,9 @@ def main() -> None:
         f"({jobs} processes) | {met(sim['par_wall'] <= TARGET_10K_S and sim['n'] >= 10_000)} |",
         f"| analytic tier >= {TARGET_ANALYTIC:,.0f} candidates/s | {ana['rate']:,.0f} candidates/s (cold caches) "
         f"| {met(ana['rate'] >= TARGET_ANALYTIC)} |",
-        f"| `memo-sim simulate` of the 7B/1M MEMO plan < {TARGET_SIM_7B_S} s, whole process | "
+        f"| `memo-sim simulate` of the 7B/1M MEMO plan <= {TARGET_SIM_7B_S} s, whole process | "
         f"{min(seven['walls']):.2f} s best, {statistics.median(seven['walls']):.2f} s median of {len(seven['walls'])} "
-        f"| {met(statistics.median(seven['walls']) < TARGET_SIM_7B_S)} (median) |",
+        f"| {met(statistics.median(seven['walls']) <= TARGET_SIM_7B_S)} (median) |",
         "",
         "## 1. Analytic tier (tier 1)",
         "",
