@@ -249,6 +249,10 @@ def _efficient_bwd(do, q, k, v, o, lse, causal, scale):
     padded = -(-n // EFFICIENT_LSE_ALIGN) * EFFICIENT_LSE_ALIGN
     if padded != n:  # the layout the forward returned (rows past n are never read)
         lse = torch.cat([lse, lse.new_zeros(lse.shape[0], lse.shape[1], padded - n)], dim=-1)
+    # the output in the layout the forward returns it ([b, n, H, d] memory): in bf16 the kernel
+    # reads a [b, H, n, d]-contiguous one wrongly (dq and dk off by 50-85% on an H100, torch 2.11;
+    # benchmarks/gpu/probe_executor.py), in fp32 either layout is right
+    o = o.transpose(1, 2).contiguous().transpose(1, 2)
     return torch.ops.aten._scaled_dot_product_efficient_attention_backward(
         do, q, k, v, None, o, lse, seed, offset, 0.0, [True, True, True, False], causal, scale=scale)
 

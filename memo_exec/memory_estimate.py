@@ -146,7 +146,8 @@ def estimate_memory(model, batch: int, seq: int, dtype, policy, backend, dims, r
     widened = chunk * V * (acc_e + e) if acc_e != e else 0  # fp32 softmax copy and the gradient cast back
     head = 3 * hidden + V * h * e + chunk * V * e + widened
     terms["classifier_peak"] = max(head, hidden + V * h * e)  # or the embedding's dense gradient beside dy
-    terms["optimizer_step_peak"] = 0 if optimizer_on_host else AdamW.step_temporary_bytes(largest_param_numel, dtype)
+    terms["optimizer_step_peak"] = 0 if optimizer_on_host else AdamW.step_temporary_bytes(largest_param_numel, dtype,
+                                                                                           grad_dtype)
     static = sum(terms[k] for k in STATIC_TERMS)
     terms["peak_total"] = int(static + max(terms["transient_peak"] + terms["layer_boundary"],
                                            terms["classifier_peak"], terms["optimizer_step_peak"]))

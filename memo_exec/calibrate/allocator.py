@@ -106,6 +106,8 @@ def run(device: Any, quick: bool, progress: Any) -> dict:
         progress.note("allocator calls: not measured on CPU (the profile keeps the simulator's assumed defaults)")
         return not_measured("CPU run: no CUDA caching allocator, no cudaMalloc / cudaFree to time; the profile keeps "
                             "memo's assumed defaults")
+    if device.index is None:  # caching_allocator_alloc needs an index: the current device's
+        device = torch.device("cuda", torch.cuda.current_device())
     conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
     expandable = "expandable_segments:true" in conf.replace(" ", "").lower()
     try:

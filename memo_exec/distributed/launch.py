@@ -108,8 +108,22 @@ def comm_failure_line(rank: int, err: BaseException, timeout_s: float) -> str:
     first = (str(err).strip().splitlines() or [type(err).__name__])[0]
     if len(first) > 240:
         first = first[:240] + "..."
-    return (f"error: rank {rank}: a collective failed ({type(err).__name__}: {first}); another rank exited or "
-            f"did not answer within the process-group timeout ({timeout_s:.0f} s); stopping")
+    return (f"error: rank {rank}: a collective failed ({type(err).__name__}: {first}{raised_at(err)}); another rank "
+            f"exited or did not answer within the process-group timeout ({timeout_s:.0f} s); stopping")
+
+
+def raised_at(err: BaseException) -> str:
+    """' at FILE:LINE in FUNC' of the innermost memo frame of ``err``'s traceback ('' if none): where
+    the run was when the collective (or whatever raised) failed."""
+    import traceback  # noqa: PLC0415
+
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if "memo_exec" in f.filename or "memo_sim" in f.filename]
+    if not frames:
+        return ""
+    f = frames[-1]
+    parts = f.filename.replace("\\", "/").split("/")
+    where = "/".join(parts[-2:]) if len(parts) > 1 else f.filename
+    return f" at {where}:{f.lineno} in {f.name}"
 
 
 def killed_rank(torchrun_log: str) -> tuple[int, int] | None:
@@ -256,7 +270,7 @@ def run_rank(plan_file: str, opts, out_dir: str, as_json: bool, timeout_s: float
         except ExecError:
             raise
         except (RuntimeError, dist.DistError) as e:  # a peer died or timed out
-            if in_process:  # no peer to blame
+            if in_process or world == 1:  # no peer to blame: the error and its traceback as they are
                 raise
             raise CommFailure(comm_failure_line(rank, e, timeout_s)) from None
         if rank == 0:

@@ -110,7 +110,7 @@ class SingleStage(Schedule):
 
     def forward_backward(self, step: int) -> torch.Tensor:
         ex = self.ex
-        total = torch.zeros((), dtype=torch.float64)
+        total = torch.zeros((), dtype=torch.float64, device=ex.device)  # the loss's device (no CUDA->CPU add)
         m = ex.plan.micro_batches
         for k in range(m):
             inputs, targets = ex.micro_batch_rows(step, k)

@@ -323,7 +323,7 @@ class PipelineSchedule(Schedule):
         self.sends: list = []
         self.inputs: dict = {}
         self.outputs: dict = {}
-        self.loss = torch.zeros((), dtype=torch.float64)
+        self.loss = torch.zeros((), dtype=torch.float64, device=self.ex.device)
         for a in self.order:
             if a.kind == "fwd":
                 self._forward(a, step)
