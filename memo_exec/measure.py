@@ -4,7 +4,8 @@ CUDA: every span is a pair of timing events on the stream it ran on (compute ops
 stream, copy groups on the offload / prefetch streams, stalls as events around a
 ``wait_event``, which therefore measure how long the compute stream sat idle); they are
 resolved against the step's start event after the step synchronises. Memory: allocated bytes
-from the caching allocator at layer boundaries, peak allocated / reserved per step.
+from the caching allocator at layer boundaries, peak allocated / reserved per step, and the
+allocator's counters over each step (`memo_exec.allocator_counters`).
 CPU: host ``perf_counter`` on the calling thread and inside the copy worker threads; memory is
 the process resident set (VmRSS, peak VmHWM reset each step), which counts everything the
 process holds, not just tensors.
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from memo_exec.allocator_counters import iteration_stats, memory_stats
 from memo_exec.device import process_rss_bytes, process_rss_now, reset_process_peak_rss
 from memo_exec.streams import CopyLabel, Issued
 from memo_sim.timeline import MemorySample, Timeline, TimelineEvent
@@ -43,6 +45,7 @@ class StepRecord:
     peak_reserved_bytes: int
     loss: float = float("nan")
     issued: list[Issued] = field(default_factory=list)  # issue order of compute ops, copies, records, waits
+    allocator: dict | None = None  # CUDA: `memo_exec.allocator_counters.iteration_stats` of the step
 
 
 class Recorder:
@@ -61,6 +64,7 @@ class Recorder:
         self._issued: list[Issued] = []
         self._step = -1
         self._t0 = None
+        self._stats0: dict = {}  # CUDA: torch.cuda.memory_stats() at the step's start
 
     # ------------------------------------------------------------------ step
     def begin_step(self, step: int) -> None:
@@ -68,6 +72,7 @@ class Recorder:
         self._spans, self._mem, self._issued = [], [], []
         if self.cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
+            self._stats0 = memory_stats(self.device)
             self._t0 = torch.cuda.Event(enable_timing=True)
             self._t0.record(torch.cuda.current_stream(self.device))
         else:
@@ -86,6 +91,7 @@ class Recorder:
             iteration = conv(t_end)
             peak_alloc = int(torch.cuda.max_memory_allocated(self.device))
             peak_res = int(torch.cuda.max_memory_reserved(self.device))
+            alloc = iteration_stats(self._stats0, memory_stats(self.device))
         else:
             engine.synchronize()
             t_end = time.perf_counter()
@@ -94,6 +100,7 @@ class Recorder:
             iteration = t_end - t0
             _, peak_alloc = process_rss_bytes()
             peak_res = peak_alloc
+            alloc = None
         events = []
         with self._lock:
             spans, mem = list(self._spans), list(self._mem)
@@ -105,7 +112,8 @@ class Recorder:
         memory += [MemorySample(time=0.0, device=-1, kind="host", nbytes=float(self.host_bytes)),
                    MemorySample(time=iteration, device=-1, kind="host", nbytes=float(self.host_bytes))]
         memory.sort(key=lambda m: (m.kind, m.time))
-        return StepRecord(self._step, iteration, events, memory, peak_alloc, peak_res, issued=list(self._issued))
+        return StepRecord(self._step, iteration, events, memory, peak_alloc, peak_res, issued=list(self._issued),
+                          allocator=alloc)
 
     # ------------------------------------------------------------------ spans
     def _mark(self):

@@ -22,6 +22,7 @@ from memo_exec.device import compute_dtype, device_free_bytes, element_size, hos
 from memo_exec.errors import ExecError
 from memo_exec.layer import LayerCompute, LayerStorage, LayerWeights, carve_storage, norm_stats_dtype, \
     storage_bytes
+from memo_exec.allocator_counters import run_block
 from memo_exec.measure import Recorder, StepRecord, steady_state, summarize_step
 from memo_exec.memory_estimate import MemoryEstimate, check_fit, estimate_memory
 from memo_exec.model import GPT, NO_HOOKS, LayerRuntime, MainGrads, forward_loss
@@ -441,6 +442,7 @@ def run_steps(ex, layers: int, caching_allocator_tensors, progress=None) -> RunR
     if hasattr(pool, "describe"):  # the offload pool: how it was page-locked, and any fallback's warning
         res.meta["host_pool"] = pool.describe()
     res.meta["caching_allocator"] = caching_allocator_tensors()
+    res.meta["allocator"] = run_block(ex.device, [(r.step, r.allocator) for r in res.steps])
     return res
 
 

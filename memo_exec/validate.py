@@ -23,6 +23,14 @@ measured ordering of the step times. Both go to ``validation.md`` and ``validati
 
 On a CPU, peak memory is the process RSS, which the simulator's GPU memory model does not
 predict; the memory columns then read "—" and the report says so.
+
+Caching allocator: for a plan whose policy runs on PyTorch's caching allocator, the simulator's
+replay of the iteration (`memo_sim.api.engine_replay`, as the engine charges it; the result's
+``allocator.memory_stats`` where it carries them) beside what the run measured with
+``torch.cuda.memory_stats()`` over its last step (`memo_exec.allocator_counters`, the
+``allocator`` block of its measured.json): reserved and allocated peaks, cudaMalloc retries,
+device allocations and frees per iteration, segments at the iteration's end (`ALLOCATOR_QUANTITIES`).
+A plan with a static memory plan (MEMO) has no replay; a CPU run measures none of it.
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from memo_exec.allocator_counters import not_measured
 from memo_exec.errors import ExecError
 from memo_exec.host_share import CpuShareMeter
 from memo_exec.speed_probe import SPEED_DRIFT_LIMIT, drift, run_speeds
@@ -65,6 +74,17 @@ QUANTITIES = (
 OPTIONAL = ("alltoall_layer_s",)  # shown only where some plan has it (MoE plans with ep > 1)
 LOOP_TARGET_MEDIAN_PCT = 30.0  # issue #30: the CPU loop's median |step-time error| on an idle machine
 RUN_STARTUP_S = 20.0  # a run's process start, allocation and warm-up step, before its steps
+# (torch.cuda.memory_stats() key, unit, what) of each caching-allocator row, in table order
+ALLOCATOR_QUANTITIES = (
+    ("reserved_bytes.all.peak", "bytes", "reserved peak"),
+    ("allocated_bytes.all.peak", "bytes", "allocated peak"),
+    ("num_alloc_retries", "count", "cudaMalloc retries per iteration"),
+    ("num_device_alloc", "count", "device allocations per iteration"),
+    ("num_device_free", "count", "device frees per iteration"),
+    ("segment.all.current", "count", "segments at the iteration's end"),
+)
+STATIC_PLAN = "static memory plan (no caching-allocator replay)"
+ALLOCATOR_SECTION = "## Caching allocator: predicted replay vs measured (torch.cuda.memory_stats)"
 
 
 @dataclass
@@ -89,11 +109,13 @@ class ValidationRow:
     speed_probe: dict | None = None  # the machine's speed after each of the run's steps (CPU runs)
     discarded_drifts_pct: list[float] = field(default_factory=list)  # runs done again: the machine's speed moved
     alltoall: list[dict] = field(default_factory=list)  # MoE: per layer, `memo_exec.compare.alltoall_rows`
+    allocator: dict | None = None  # `allocator_comparison`: the replay beside torch.cuda.memory_stats()
 
     def to_dict(self) -> dict:
         return {"plan": self.label, "status": self.status, "plan_file": self.plan_file, "run_dir": self.run_dir,
                 "quantities": self.quantities, "speed_probe": self.speed_probe,
-                "discarded_drifts_pct": self.discarded_drifts_pct, "moe_alltoall": self.alltoall}
+                "discarded_drifts_pct": self.discarded_drifts_pct, "moe_alltoall": self.alltoall,
+                "allocator": self.allocator}
 
 
 def kendall_tau(xs: list[float], ys: list[float]) -> float | None:
@@ -217,6 +239,52 @@ def quantities_from_run(doc: dict, fallback: dict[str, float | None]) -> dict[st
             for k, _, _ in QUANTITIES}
 
 
+def predicted_allocator(sim, model: ModelConfig, seq: int, policy: Policy, profile: HardwareProfile,
+                        layout: Layout | None = None) -> dict:
+    """The simulator's caching-allocator replay of the plan: ``{"static_memory_plan": True}``, or
+    ``{"static_memory_plan": False, "memory_stats": ...}`` (`IterationReplay.memory_stats`'s keys):
+    the result's own where it carries them, else the replay the engine would charge (`engine_replay`)."""
+    a = getattr(sim, "allocator", None) or {}
+    if a.get("static_memory_plan"):
+        return {"static_memory_plan": True}
+    if a.get("memory_stats") is not None:
+        return {"static_memory_plan": False, "memory_stats": dict(a["memory_stats"])}
+    from memo_sim.api import engine_replay  # noqa: PLC0415
+
+    r = engine_replay(model, layout or Layout(), getattr(sim, "micro_batch", None) or 1, seq, policy, profile)
+    return {"static_memory_plan": True} if r is None else {"static_memory_plan": False,
+                                                           "memory_stats": r.memory_stats()}
+
+
+def measured_allocator(run_dir: Path | None) -> dict:
+    """The ``allocator`` block of a run's measured.json (`memo_exec.allocator_counters.run_block`),
+    or why there is none."""
+    path = Path(run_dir or "") / "measured.json"
+    try:
+        meta = json.loads(path.read_text()).get("meta") or {}
+    except (OSError, json.JSONDecodeError) as e:
+        return not_measured(f"no readable measured.json ({type(e).__name__})")
+    return meta.get("allocator") or not_measured("the run's measured.json has no allocator block")
+
+
+def allocator_comparison(predicted: dict, measured: dict) -> dict:
+    """Per `ALLOCATOR_QUANTITIES` key: predicted (the replay), measured (torch.cuda.memory_stats()),
+    their difference and error in percent; ``status`` says what was compared (`STATIC_PLAN`,
+    ``not measured: <why>`` or ``compared``)."""
+    if predicted.get("static_memory_plan"):
+        return {"status": STATIC_PLAN, "measured": bool(measured.get("measured")), "quantities": {}}
+    pm = predicted.get("memory_stats") or {}
+    mm = measured.get("memory_stats") if measured.get("measured") else None
+    rows = {}
+    for key, _, _ in ALLOCATOR_QUANTITIES:
+        p, m = pm.get(key), (mm or {}).get(key)
+        rows[key] = {"predicted": p, "measured": m, "difference": m - p if p is not None and m is not None else None,
+                     "error_pct": error_pct(p, m)}
+    status = "compared" if mm is not None else f"not measured: {measured.get('reason', 'unknown')}"
+    return {"status": status, "measured": mm is not None, "quantities": rows,
+            "alloc_conf": measured.get("alloc_conf"), "snapshot_segments": measured.get("snapshot_segments")}
+
+
 def failure_status(rc: int, stderr: str, timeout: float | None = None) -> str:
     """One line for a run that did not finish: ``OOM: ...`` for an out-of-memory error,
     ``timed out ...``, else ``failed: <the last error line>``."""
@@ -305,6 +373,7 @@ def run_validation(model: ModelConfig, profile: HardwareProfile, plans: list[Pla
     t0 = time.monotonic()
     rows: list[ValidationRow] = []
     todo = []  # (index, spec, plan file, predicted quantities, sim)
+    replays: dict[int, dict] = {}  # plan index -> `predicted_allocator`
     for k, spec in enumerate(plans):
         if spec.policy is None:
             rows.append(ValidationRow(spec.label, spec.skipped or "skipped", _empty()))
@@ -315,6 +384,8 @@ def run_validation(model: ModelConfig, profile: HardwareProfile, plans: list[Pla
                                out_dir / "plans" / f"plan-{k:02d}.json")
         row = ValidationRow(spec.label, "ran", _pred_only(pq), plan_file=str(plan_file),
                             predicted_timeline=sim.timeline)
+        replays[k] = predicted_allocator(sim, model, spec.seq, spec.policy, profile, layout)
+        row.allocator = allocator_comparison(replays[k], not_measured("the plan did not run"))
         rows.append(row)
         if sim.status != "OK":
             row.status = f"predicted {sim.status}"
@@ -339,6 +410,8 @@ def run_validation(model: ModelConfig, profile: HardwareProfile, plans: list[Pla
             row.discarded_drifts_pct.append(round(100.0 * d, 1))
             status, doc = runner(Path(row.plan_file), run_dir, device, steps, timeout, cpu_threads(profile))
         row.status, row.run_dir = status, str(run_dir)
+        row.allocator = allocator_comparison(replays[k], measured_allocator(run_dir) if status == "ran" else
+                                             not_measured(f"the plan did not run ({status})"))
         if status == "ran":
             row.quantities = quantities_from_run(doc, pq)
             row.speed_probe = doc.get("speed_probe")
@@ -356,6 +429,14 @@ def _pred_only(pq: dict) -> dict[str, dict]:
     return {k: {"predicted": pq[k], "measured": None, "error_pct": None} for k, _, _ in QUANTITIES}
 
 
+def abs_error_stats(errors: list[float | None]) -> dict:
+    """Median, mean and max |error| (percent) of the errors given (None: not compared), and how many."""
+    errs = [abs(e) for e in errors if e is not None]
+    return {"median_abs_error_pct": statistics.median(errs) if errs else None,
+            "mean_abs_error_pct": sum(errs) / len(errs) if errs else None,
+            "max_abs_error_pct": max(errs) if errs else None, "plans": len(errs)}
+
+
 def summarize(rows: list[ValidationRow]) -> dict:
     """Median, mean and max |error| (percent) of each quantity over the plans that ran, and the Kendall tau
     between the predicted and the measured ordering of their step times."""
@@ -363,13 +444,9 @@ def summarize(rows: list[ValidationRow]) -> dict:
     out: dict = {"plans": len(rows), "ran": len(ran),
                  "failed": sum(r.status.startswith(("OOM", "failed", "timed out")) for r in rows),
                  "oom": sum(r.status.startswith("OOM") for r in rows)}
-    errors = {}
-    for key, _, _ in QUANTITIES:
-        errs = [abs(e) for r in ran if (e := r.quantities[key]["error_pct"]) is not None]
-        errors[key] = {"median_abs_error_pct": statistics.median(errs) if errs else None,
-                       "mean_abs_error_pct": sum(errs) / len(errs) if errs else None,
-                       "max_abs_error_pct": max(errs) if errs else None, "plans": len(errs)}
-    out["errors"] = errors
+    out["errors"] = {key: abs_error_stats([r.quantities[key]["error_pct"] for r in ran]) for key, _, _ in QUANTITIES}
+    out["allocator_errors"] = {key: abs_error_stats([(r.allocator or {}).get("quantities", {}).get(key, {}).get(
+        "error_pct") for r in ran]) for key, _, _ in ALLOCATOR_QUANTITIES}
     pairs = [(r.quantities["step_s"]["predicted"], r.quantities["step_s"]["measured"]) for r in ran]
     pairs = [(p, m) for p, m in pairs if p is not None and m is not None]
     out["kendall_tau_step_time"] = kendall_tau([p for p, _ in pairs], [m for _, m in pairs])
@@ -431,6 +508,37 @@ def alltoall_section(rows: list[ValidationRow]) -> list[str]:
     return out
 
 
+def _fmt_any(v, unit: str) -> str:
+    return "—" if v is None else (f"{v:,}" if unit == "count" else _fmt(v, unit))
+
+
+def allocator_section(rows: list[ValidationRow], summary: dict) -> list[str]:
+    """Markdown: every plan's caching-allocator replay beside torch.cuda.memory_stats(); one line
+    saying why where no plan measured them (a CPU run, or none ran)."""
+    out = ["", ALLOCATOR_SECTION, ""]
+    comps = [(r, r.allocator or {}) for r in rows]
+    if not any(a.get("measured") for _, a in comps):
+        why = next((a["status"] for _, a in comps if a.get("status", "").startswith("not measured")), None)
+        return out + [f"Not compared: {why or 'no plan ran'}."]
+    out += ["Predicted: the simulator's replay of PyTorch's caching allocator over the plan's steady iteration; "
+            "measured: torch.cuda.memory_stats() over the run's last step (counters as differences across the step, "
+            "peaks after torch.cuda.reset_peak_memory_stats at its start, segments at its end). Error = (measured - "
+            "predicted) / predicted.", "",
+            "| plan | quantity | predicted | measured | difference | error |", "|---|---|---:|---:|---:|---:|"]
+    for r, a in comps:
+        if a.get("status") == STATIC_PLAN or not a.get("measured"):
+            out.append(f"| {r.label} | {a.get('status', 'not compared')} | | | | |")
+            continue
+        for key, unit, what in ALLOCATOR_QUANTITIES:
+            q = a["quantities"][key]
+            out.append(f"| {r.label} | {what} (`{key}`) | {_fmt_any(q['predicted'], unit)} | "
+                       f"{_fmt_any(q['measured'], unit)} | {_fmt_any(q['difference'], unit)} | {_pct(q['error_pct'])} |")
+    e = summary["allocator_errors"]["reserved_bytes.all.peak"]
+    out += ["", f"- reserved peak |error| over {e['plans']} plans: median {_abs_pct(e['median_abs_error_pct'])}, "
+                f"mean {_abs_pct(e['mean_abs_error_pct'])}, max {_abs_pct(e['max_abs_error_pct'])}"]
+    return out
+
+
 def render_report(rows: list[ValidationRow], summary: dict, model: ModelConfig, profile: HardwareProfile,
                   device_desc: str, command: str, figure: str | None, layout: Layout | None = None) -> str:
     shown = shown_quantities(rows)
@@ -477,6 +585,7 @@ def render_report(rows: list[ValidationRow], summary: dict, model: ModelConfig, 
         lines.append("\nPeak memory not compared: the device reports no allocator peak (a CPU run measures process "
                      "RSS, which the simulator's GPU memory model does not predict), or no plan ran.")
     lines += alltoall_section(rows)
+    lines += allocator_section(rows, summary)
     if figure:
         lines += ["", f"Worst step-time case, predicted vs measured streams: ![]({figure})"]
     return "\n".join(lines) + "\n"

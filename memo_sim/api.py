@@ -11,6 +11,7 @@ from memo_sim.layout.parallel import Layout, check_layout
 from memo_sim.layout.schedule import SCHEDULE_NAMES, check_schedule, default_schedule
 from memo_sim.memplan.footprint import MemoryBreakdown, memory_breakdown
 from memo_sim.memplan.greedy import greedy_trace
+from memo_sim.memplan.iteration_replay import engine_replay
 from memo_sim.memplan.planner import BiLevelPlan, attach_memory_plan, plan_memory
 from memo_sim.model.config import ModelConfig, get_model
 from memo_sim.plan.schema import Plan, read_plan, write_plan
@@ -34,7 +35,7 @@ __all__ = [
     "Buffer", "RequestTrace", "greedy_trace",
     "BiLevelPlan", "Candidate", "HardwareProfile", "IterationEstimate", "Layout", "MemoryBreakdown", "ModelConfig",
     "Plan", "Policy", "SimResult", "Timeline", "TimelineEvent", "WhatIfResult", "candidates_for", "check_layout",
-    "attach_memory_plan", "estimate_iteration", "get_model", "get_policy", "load_profile", "memo_alpha", "memory_breakdown", "plan_memory",
+    "attach_memory_plan", "engine_replay", "estimate_iteration", "get_model", "get_policy", "load_profile", "memo_alpha", "memory_breakdown", "plan_memory",
     "policy_names", "rank", "read_plan", "simulate", "simulate_candidates", "sweep_alpha", "write_plan",
     "default_jobs", "fold_duplicates", "build_plan", "plan_problems", "runnable_problems", "traced_by_executor",
     "WhatifAnswer", "WhatifRequest", "answer_whatif", "whatif",

@@ -121,7 +121,7 @@ def test_a_block_held_by_another_stream_costs_a_reorganisation_every_iteration()
     # [allocator] the same counters under torch.cuda.memory_stats()'s keys, a measured run's words
     assert r.memory_stats() == {"num_alloc_retries": 1, "num_ooms": 0, "num_device_alloc": 1, "num_device_free": 1,
                                 "reserved_bytes.all.peak": r.peak_reserved_bytes,
-                                "allocated_bytes.all.peak": r.peak_allocated_bytes}
+                                "allocated_bytes.all.peak": r.peak_allocated_bytes, "segment.all.current": 1}
     assert r.peak_reserved_bytes >= 60 * MiB
 
 

@@ -112,7 +112,7 @@ LOOP_CLOSING = {"memo_exec.validate", "memo_exec.trace", "memo_exec.report", "me
 RUN_PATH = {"memo_exec", "memo_exec.runner", "memo_exec.layer", "memo_exec.activations", "memo_exec.arena",
             "memo_exec.streams", "memo_exec.measure", "memo_exec.device", "memo_exec.attention", "memo_exec.model",
             "memo_exec.data", "memo_exec.optim", "memo_exec.errors", "memo_exec.happens_before",
-            "memo_exec.memory_estimate"}
+            "memo_exec.memory_estimate", "memo_exec.allocator_counters"}
 
 
 def _exec_group(module: str) -> str:

@@ -36,6 +36,7 @@ import statistics
 import time
 from typing import Any
 
+from memo_exec.allocator_counters import COUNTERS, counter, not_measured
 from memo_sim.errors import MemoError
 from memo_exec.calibrate.fit import relative_least_squares
 from memo_exec.calibrate.quantities import FlowMap, q_bw, q_time
@@ -88,15 +89,6 @@ def fit_results(raw: dict) -> dict:
 
 
 # ------------------------------------------------------------------------------------ measuring
-def not_measured(reason: str) -> dict:
-    return {"measured": False, "reason": reason}
-
-
-def _counter(stats: dict, new: str, old: str) -> int | None:
-    v = stats.get(new, stats.get(old))
-    return int(v) if v is not None else None
-
-
 def run(device: Any, quick: bool, progress: Any) -> dict:
     """Measure on a CUDA ``device`` (a ``torch.device``); see the module docs. Never raises for
     a measurement that goes wrong: the result says ``measured: False`` and why."""
@@ -141,8 +133,8 @@ def run(device: Any, quick: bool, progress: Any) -> dict:
             torch.cuda.empty_cache()
             t3 = time.perf_counter()
             s2 = torch.cuda.memory_stats(device)
-            a = [_counter(s, "num_device_alloc", "segment.all.allocated") for s in (s0, s1)]
-            f = [_counter(s, "num_device_free", "segment.all.freed") for s in (s1, s2)]
+            a = [counter(s, "num_device_alloc", COUNTERS["num_device_alloc"]) for s in (s0, s1)]
+            f = [counter(s, "num_device_free", COUNTERS["num_device_free"]) for s in (s1, s2)]
             ok = None not in a + f and a[1] - a[0] == 1 and f[1] - f[0] == 1
             return t1 - t0, max(0.0, (t3 - t2) - empty), ok
 

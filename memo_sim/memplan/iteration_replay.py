@@ -282,6 +282,7 @@ def _report(stream: IterationStream, config: AllocatorConfig, policy: Policy | N
                             or bool(policy is not None and policy.static_memory_plan)),
         series_reserved_bytes=rep.res_series,
         series_allocated_bytes=rep.alloc_series,
+        segments=m.num_segments(),
     )
 
 
@@ -367,3 +368,18 @@ def replay_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, p
     if skey is not None and base.holds(r):
         _remember(_SHARED, skey, (_copy_replay(r), base, margins))
     return r
+
+
+def engine_replay(model: ModelConfig, layout: Layout, micro_batch: int, seq: int, policy: Policy,
+                  profile: HardwareProfile, *, classifier_chunk_tokens: int = CLASSIFIER_CHUNK_TOKENS,
+                  allocator_lag: int = 0) -> IterationReplay | None:
+    """The replay the engine charges a single-stage run of one micro-batch of ``micro_batch``
+    sequences (`memo_sim.engine.schedules.single_stage.simulate`; the allocator's cache is warm for
+    the ones after it): the layout's allocator settings (``expandable_segments``, ``alloc_conf``),
+    ``allocator_lag`` layers of stream lag (0: the layout's). None under a static memory plan
+    (`uses_memory_plan`): the engine replays nothing then."""
+    if uses_memory_plan(policy, layout):
+        return None
+    return replay_iteration(model, layout, micro_batch, seq, policy, profile,
+                            expandable_segments=layout.expandable_segments, alloc_conf=layout.alloc_conf,
+                            classifier_chunk_tokens=classifier_chunk_tokens, stream_lag_phases=allocator_lag or None)

@@ -58,6 +58,7 @@ class _StaticBase:
     allocated: int
     visible: tuple[tuple[bool, int], ...]
     large_free: int
+    segments: int = 0  # the static requests' segments
 
     @staticmethod
     def of(recipe: _StreamRecipe, cfg: AllocatorConfig) -> "_StaticBase | None":
@@ -79,7 +80,7 @@ class _StaticBase:
                     large_free += size
                 if small or (smallest is not None and size >= smallest):
                     visible.append((small, size))
-        return _StaticBase(m.reserved_bytes, m.allocated_bytes, tuple(visible), large_free)
+        return _StaticBase(m.reserved_bytes, m.allocated_bytes, tuple(visible), large_free, m.num_segments())
 
     @staticmethod
     def holds(r: IterationReplay) -> bool:
@@ -114,7 +115,8 @@ class _StaticBase:
             fragmentation_at_peak=fragmentation(peak, at_peak),
             fragmentation_failures=recount(r.fragmentation_failures, margins[-1:]), warmup=warmup,
             series_reserved_bytes=[x + dr for x in r.series_reserved_bytes],
-            series_allocated_bytes=[x + da for x in r.series_allocated_bytes])
+            series_allocated_bytes=[x + da for x in r.series_allocated_bytes],
+            segments=r.segments + other.segments - self.segments)
 
 
 def _copy_replay(r: IterationReplay, **changes) -> IterationReplay:

@@ -56,19 +56,22 @@ class IterationReplay:
     static_memory_plan: bool = False  # the policy has one: these numbers do not apply to it
     series_reserved_bytes: list[int] = field(default_factory=list)  # per request, reported iteration
     series_allocated_bytes: list[int] = field(default_factory=list)
+    segments: int = 0  # segments held at the reported iteration's end (an expandable one counts once)
 
     def memory_stats(self) -> dict[str, int]:
         """The reported iteration's counters and peaks under the keys of PyTorch's
         ``torch.cuda.memory_stats()``, so a measured run compares key by key: ``num_alloc_retries``
         (reorganisations: cached segments freed and the cudaMalloc retried), ``num_ooms``,
         ``num_device_alloc`` / ``num_device_free`` (cudaMalloc / cudaFree calls, page maps and unmaps
-        with expandable segments), ``reserved_bytes.all.peak`` and ``allocated_bytes.all.peak``.
+        with expandable segments), ``reserved_bytes.all.peak``, ``allocated_bytes.all.peak`` and
+        ``segment.all.current`` (segments held at the iteration's end).
         PyTorch counts from the process start: compare the difference over one iteration with the
         counters, and the peaks after `reset_peak_memory_stats` at the iteration's start."""
         return {"num_alloc_retries": self.reorganizations, "num_ooms": int(self.oom),
                 "num_device_alloc": self.cuda_mallocs, "num_device_free": self.cuda_frees,
                 "reserved_bytes.all.peak": self.peak_reserved_bytes,
-                "allocated_bytes.all.peak": self.peak_allocated_bytes}
+                "allocated_bytes.all.peak": self.peak_allocated_bytes,
+                "segment.all.current": self.segments}
 
     @property
     def oom_request(self) -> str | None:

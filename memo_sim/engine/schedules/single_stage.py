@@ -64,7 +64,6 @@ import time
 from dataclasses import dataclass, field
 from functools import partial
 
-from memo_sim.policy.base import uses_memory_plan
 from memo_sim.cost import collectives as coll
 from memo_sim.cost.optimizer_offload import host_state_bytes
 from memo_sim.cost.activations import skeletal_bytes
@@ -82,7 +81,7 @@ from memo_sim.engine.result import (
     timeline_events,
 )
 from memo_sim.engine.schedules.registry import register_schedule
-from memo_sim.memplan.iteration_replay import replay_iteration
+from memo_sim.memplan.iteration_replay import engine_replay
 from memo_sim.layout.parallel import Layout
 from memo_sim.memplan.footprint import MemoryBreakdown, memory_breakdown
 from memo_sim.model.config import ModelConfig
@@ -460,14 +459,9 @@ def simulate_single_stage(model: ModelConfig, layout: Layout, batch: int, seq: i
     """
     m = batch // micro_batch
     t0 = time.perf_counter()
-    replay, stall = None, None
-    if not uses_memory_plan(policy, layout):
-        # one micro-batch's allocations (the allocator's cache is warm for the ones after it)
-        replay = replay_iteration(model, layout, micro_batch, seq, policy, profile,
-                                  expandable_segments=layout.expandable_segments, alloc_conf=layout.alloc_conf,
-                                  classifier_chunk_tokens=classifier_chunk_tokens,
-                                  stream_lag_phases=allocator_lag or None)
-        stall = replay.stall_by_phase(profile)
+    replay = engine_replay(model, layout, micro_batch, seq, policy, profile,
+                           classifier_chunk_tokens=classifier_chunk_tokens, allocator_lag=allocator_lag)
+    stall = replay.stall_by_phase(profile) if replay is not None else None
     plan = None
     if fold and not record and m == 1:
         plan = plan_fold(model.layers, partial(layer_signature, policy), stall)

@@ -1,0 +1,121 @@
+"""`memo-exec validate`'s caching-allocator rows: the simulator's replay of the iteration beside
+``torch.cuda.memory_stats()`` measured over a step (`memo_exec.allocator_counters`): the counters
+read from hand-made memory_stats, the comparison with a real replay of a tiny model and fake
+measurements, the CPU run that measures nothing (and says why), and on a GPU a real run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+torch = pytest.importorskip("torch")
+
+from memo_exec import allocator_counters as AC  # noqa: E402
+from memo_exec import validate as V  # noqa: E402
+from memo_exec.cli import cli as exec_cli  # noqa: E402
+from memo_sim.api import engine_replay  # noqa: E402
+from memo_sim.layout.parallel import Layout  # noqa: E402
+from memo_sim.model.config import ModelConfig  # noqa: E402
+from memo_sim.policy import get_policy  # noqa: E402
+from memo_sim.profile.loader import load_profile  # noqa: E402
+
+TOY = ["--layers", "2", "--hidden", "64", "--heads", "4", "--ffn", "256", "--vocab", "128", "--dtype", "fp32"]
+MODEL = ModelConfig("toy", 2, 64, 4, 256, vocab=128, dtype="fp32")
+SEQ = 4096
+
+
+def test_iteration_counters_are_differences_and_older_torch_names_are_read():
+    start = {"num_alloc_retries": 2, "num_ooms": 0, "num_device_alloc": 10, "num_device_free": 4}
+    end = {"num_alloc_retries": 5, "num_ooms": 0, "num_device_alloc": 17, "num_device_free": 9,
+           "reserved_bytes.all.peak": 3 << 30, "allocated_bytes.all.peak": 2 << 30, "segment.all.peak": 8,
+           "segment.all.current": 7}
+    assert AC.iteration_stats(start, end) == {
+        "num_alloc_retries": 3, "num_ooms": 0, "num_device_alloc": 7, "num_device_free": 5,
+        "reserved_bytes.all.peak": 3 << 30, "allocated_bytes.all.peak": 2 << 30, "segment.all.peak": 8,
+        "segment.all.current": 7}
+    old = AC.iteration_stats({"segment.all.allocated": 3, "segment.all.freed": 1},
+                             {"segment.all.allocated": 4, "segment.all.freed": 3})
+    assert (old["num_device_alloc"], old["num_device_free"], old["num_alloc_retries"]) == (1, 2, None)
+    assert AC.run_block(torch.device("cpu"), [(0, None)]) == {"measured": False, "reason": AC.CPU_REASON}
+
+
+def _replay(policy):
+    profile = load_profile("h100-sxm5-80gb")
+    sim = V.predict(MODEL, SEQ, policy, profile)
+    return sim, V.predicted_allocator(sim, MODEL, SEQ, policy, profile), profile
+
+
+def test_comparison_of_a_real_replay_with_fake_measurements():
+    policy = get_policy("store_all")
+    sim, pa, profile = _replay(policy)
+    assert pa["static_memory_plan"] is False
+    ms = pa["memory_stats"]
+    assert {k for k, _, _ in V.ALLOCATOR_QUANTITIES} <= set(ms)
+    assert ms["reserved_bytes.all.peak"] >= ms["allocated_bytes.all.peak"] > 0 and ms["segment.all.current"] >= 1
+    # without the result's own replay: the engine's, with the engine's arguments (the same numbers)
+    bare = type("Bare", (), {"allocator": {}, "micro_batch": 1})()
+    assert V.predicted_allocator(bare, MODEL, SEQ, policy, profile) == pa
+    assert engine_replay(MODEL, Layout(), 1, SEQ, policy, profile).memory_stats() == ms
+    fake = {"measured": True, "alloc_conf": "", "snapshot_segments": 3,
+            "memory_stats": {**ms, "reserved_bytes.all.peak": int(ms["reserved_bytes.all.peak"] * 1.25),
+                             "num_alloc_retries": ms["num_alloc_retries"] + 2}}
+    cmp_ = V.allocator_comparison(pa, fake)
+    assert cmp_["status"] == "compared" and cmp_["measured"]
+    q = cmp_["quantities"]
+    assert q["reserved_bytes.all.peak"]["error_pct"] == pytest.approx(25.0, abs=1e-6)
+    assert q["allocated_bytes.all.peak"]["error_pct"] == 0.0 and q["num_alloc_retries"]["difference"] == 2
+    memo = get_policy("memo", 0.5)
+    _sim, pm, _ = _replay(memo)
+    assert pm == {"static_memory_plan": True}
+    row = V.ValidationRow("4K store_all", "ran", V._empty(), allocator=cmp_)
+    static = V.ValidationRow("4K memo", "ran", V._empty(), allocator=V.allocator_comparison(pm, fake))
+    summary = V.summarize([row, static])
+    e = summary["allocator_errors"]["reserved_bytes.all.peak"]
+    assert e["plans"] == 1 and e["median_abs_error_pct"] == pytest.approx(25.0, abs=1e-6)
+    text = "\n".join(V.allocator_section([row, static], summary))
+    assert V.ALLOCATOR_SECTION in text and "| 4K memo | static memory plan (no caching-allocator replay) |" in text
+    assert "reserved peak (`reserved_bytes.all.peak`)" in text and "+25.0%" in text
+    assert "reserved peak |error| over 1 plans: median 25.0%" in text
+    json.dumps(row.to_dict())  # validation.json holds it
+
+
+def test_cpu_run_says_why_nothing_was_measured(tmp_path):
+    out = tmp_path / "val"
+    r = CliRunner().invoke(exec_cli, ["validate", "--profile", "h100-sxm5-80gb", *TOY, "--seqs", "256",
+                                      "--policies", "store_all", "--device", "cpu", "--steps", "1",
+                                      "--no-record", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    meta = json.loads((out / "runs" / "plan-00" / "measured.json").read_text())["meta"]
+    assert meta["allocator"] == {"measured": False, "reason": AC.CPU_REASON}
+    row = json.loads((out / "validation.json").read_text())["rows"][0]
+    assert row["allocator"]["status"] == f"not measured: {AC.CPU_REASON}" and not row["allocator"]["measured"]
+    assert row["allocator"]["quantities"]["reserved_bytes.all.peak"]["predicted"] > 0
+    md = (out / "validation.md").read_text()
+    section = md.split(V.ALLOCATOR_SECTION, 1)[1].strip().splitlines()
+    assert section[0] == f"Not compared: not measured: {AC.CPU_REASON}."
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_run_measures_the_allocator_counters(tmp_path):
+    out = tmp_path / "val"
+    r = CliRunner().invoke(exec_cli, ["validate", "--profile", "h100-sxm5-80gb", *TOY[:-2], "--dtype", "bf16",
+                                      "--seqs", "4096", "--policies", "store_all,memo", "--alphas", "0.5",
+                                      "--device", "cuda", "--steps", "3", "--no-record", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    block = json.loads((out / "runs" / "plan-00" / "measured.json").read_text())["meta"]["allocator"]
+    assert block["measured"] is True, block
+    for key in AC.KEYS:
+        assert type(block["memory_stats"][key]) is int, (key, block["memory_stats"])
+    ms = block["memory_stats"]
+    assert ms["reserved_bytes.all.peak"] >= ms["allocated_bytes.all.peak"] > 0 and ms["segment.all.current"] >= 1
+    assert ms["num_ooms"] == 0 and len(block["per_step"]) == 3 and block["step"] == 2
+    assert block["snapshot_segments"] is None or block["snapshot_segments"] >= 1
+    rows = json.loads((out / "validation.json").read_text())["rows"]
+    assert rows[0]["allocator"]["status"] == "compared", rows[0]["allocator"]
+    assert rows[1]["allocator"]["status"] == V.STATIC_PLAN
+    md = (out / "validation.md").read_text()
+    assert V.ALLOCATOR_SECTION in md and "reserved peak |error| over 1 plans" in md
+    print(md.split(V.ALLOCATOR_SECTION, 1)[1])
