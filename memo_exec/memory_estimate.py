@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from memo_exec.device import acc_dtype, element_size, gib
 from memo_exec.errors import FitError
 from memo_exec.layer import norm_backward_temp_bytes
+from memo_exec.model import padded_vocab, vocab_padding_params
 from memo_exec.optim import AdamW, model_state_bytes
 from memo_exec.optim_offload import HostAdamW
 
@@ -115,9 +116,9 @@ def estimate_memory(model, batch: int, seq: int, dtype, policy, backend, dims, r
     live during that layer's backward only. ``optimizer_on_host`` (optimizer offload,
     `memo_exec.optim_offload`): AdamW's states and its step's temporaries are host memory, so the
     device keeps the weights and the gradients only."""
-    T, h, V = batch * seq, model.hidden, model.vocab
+    T, h, V = batch * seq, model.hidden, padded_vocab(model.vocab)
     e, acc_e = element_size(dtype), element_size(acc_dtype(dtype))
-    P = model.params()
+    P = model.params() + vocab_padding_params(model)
     dev = policy.device_bytes()
     states = model_state_bytes(P, dtype, grad_dtype)
     if optimizer_on_host:

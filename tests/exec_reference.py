@@ -90,7 +90,7 @@ class RefGPT(nn.Module):
                          (self.lnf.bias, gpt.lnf_b)):
             assert (dst is None) == (src is None)
             if dst is not None:
-                dst.copy_(src)
+                dst.copy_(src[:dst.shape[0]])  # the executor's embedding/classifier hold padded_vocab rows
         for ref, lw in zip(self.layers, gpt.layers):
             for name, src in self.mapping(ref, lw):
                 name.copy_(src)
@@ -108,9 +108,9 @@ class RefGPT(nn.Module):
     def grads_by_exec_name(self) -> dict[str, torch.Tensor]:
         """Reference gradients keyed like ``GPT.named_parameters()``."""
         names = ["ln1_w", "ln1_b", "wqkv", "bqkv", "wo", "bo", "ln2_w", "ln2_b", "w1", "w2", "b1", "b2"]
-        out = {"wte": self.wte.grad, "lnf_w": self.lnf.weight.grad}
+        out = {"wte": _padded_rows(self.wte.grad), "lnf_w": self.lnf.weight.grad}
         if self.lm_head is not None:
-            out["lm_head"] = self.lm_head.grad
+            out["lm_head"] = _padded_rows(self.lm_head.grad)
         if self.lnf.bias is not None:
             out["lnf_b"] = self.lnf.bias.grad
         for i, ref in enumerate(self.layers):
@@ -120,3 +120,11 @@ class RefGPT(nn.Module):
                 if t is not None:
                     out[f"layers.{i}.{n}"] = t.grad
         return out
+
+
+def _padded_rows(g: torch.Tensor) -> torch.Tensor:
+    """A [vocab, h] gradient with the executor's padding rows (`memo_exec.model.padded_vocab`), whose
+    gradient must be zero."""
+    from memo_exec.model import padded_vocab
+
+    return F.pad(g, (0, 0, 0, padded_vocab(g.shape[0]) - g.shape[0]))

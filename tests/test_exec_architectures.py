@@ -20,7 +20,7 @@ from memo_exec.distributed.context import build_context
 from memo_exec.distributed.runner import DistExecutor
 from memo_exec.errors import ExecError
 from memo_exec.layer import LayerWeights, layer_biases
-from memo_exec.model import GPT
+from memo_exec.model import GPT, vocab_padding_params
 from memo_exec.runner import RunOptions
 from memo_sim.layout.parallel import Layout
 from memo_sim.cli import cli as sim_cli
@@ -65,7 +65,7 @@ def test_parameters_are_the_architectures(arch):
     assert {"ln1_b", "ln2_b"} <= names if m.norm == "layernorm" else not names & {"ln1_b", "ln2_b"}
     assert names & {"bqkv", "bo", "b1", "b2"} == set(layer_biases(m))
     gpt = GPT(m, m.layers, torch.device("meta"), torch.float32)
-    assert sum(p.numel() for p in gpt.parameters()) == m.params()
+    assert sum(p.numel() for p in gpt.parameters()) - vocab_padding_params(m) == m.params()
     outer = {n for n, _ in gpt.outer_parameters()}
     assert ("lm_head" in outer) == (not m.tied_embeddings) and ("lnf_b" in outer) == (m.norm == "layernorm")
 
@@ -185,3 +185,28 @@ def test_two_ranks_every_path_matches_single_process_and_full_metp_refuses_no_qk
     for k, (arch, lay, schedule, _, _) in enumerate(REFUSED):
         msg = results[0][len(DIST_CASES) + k]
         assert msg is not None and "\n" not in msg and "bias = 'none'" in msg and "metp_ffn" in msg, (lay, msg)
+
+
+def test_padded_vocabulary_rows_change_no_loss_and_get_no_gradient():
+    """The classifier's weight holds `padded_vocab` rows (aligned GEMMs); with the real vocabulary
+    passed, rows past it get no probability: the loss and the real rows' gradients are the
+    unpadded head's, the padding rows' gradient is zero even when their weights are not."""
+    from memo_exec.model import ChunkedHead, padded_vocab
+
+    torch.manual_seed(0)
+    V, h, T = 100, 16, 24
+    Vp = padded_vocab(V)
+    assert Vp == 128 and padded_vocab(128) == 128 and padded_vocab(50257) == 50304
+    hf = torch.randn(T, h, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(Vp, h, dtype=torch.float64, requires_grad=True)  # padding rows deliberately non-zero
+    tg = torch.randint(0, V, (T,))
+    loss = ChunkedHead.apply(hf, w, tg, 10, None, V)
+    loss.backward()
+    hf2, w2 = hf.detach().clone().requires_grad_(), w.detach()[:V].clone().requires_grad_()
+    ref = torch.nn.functional.cross_entropy(hf2 @ w2.t(), tg)
+    ref.backward()
+    assert torch.allclose(loss, ref)
+    assert torch.allclose(hf.grad, hf2.grad) and torch.allclose(w.grad[:V], w2.grad)
+    assert torch.count_nonzero(w.grad[V:]) == 0
+    unmasked = ChunkedHead.apply(hf.detach(), w.detach(), tg, 10, None, None)
+    assert not torch.allclose(unmasked, ref)  # without the real vocabulary the padding rows would count

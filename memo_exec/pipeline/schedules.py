@@ -285,7 +285,8 @@ class PipelineSchedule(Schedule):
                 with ex.recorder.span("final_norm", None, "fwd"):
                     hf = g.final_norm(x)
                 with ex.recorder.span("classifier", None, "fwd"):
-                    y = ChunkedHead.apply(hf, g.head, targets, ex.plan.classifier_chunk_tokens, ex.global_tokens)
+                    y = ChunkedHead.apply(hf, g.head, targets, ex.plan.classifier_chunk_tokens, ex.global_tokens,
+                                          g.vocab)
                 self.loss += y.detach().to(torch.float64)
             else:
                 y = x

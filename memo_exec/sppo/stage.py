@@ -92,4 +92,4 @@ class Stage:
         pc = self.pieces[k]
         hf = self.gpt.final_norm(x).reshape(-1, self.cfg.hidden)
         return ChunkedHead.apply(hf, self.gpt.head, targets[:, pc.start:pc.end].reshape(-1), self.chunk,
-                                 self.norm_tokens)
+                                 self.norm_tokens, self.gpt.vocab)
