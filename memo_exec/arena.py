@@ -256,3 +256,9 @@ class ArenaScratch(CachingScratch):
 
     def _release(self, full: str) -> None:
         self._ranges.pop(full, None)
+
+    def between_layers(self) -> torch.Tensor | None:
+        """The whole arena while no layer tensor is placed in it (between the last forward and the
+        first backward): the classifier's chunk tensors go there, as the plan's level-2 arena puts
+        ``classifier_chunk`` over the layer blocks; None while a layer tensor is live."""
+        return None if self._ranges else self.arena

@@ -20,8 +20,12 @@ Terms (bytes on the device):
   embedding output in layer 0's forward, the incoming gradient in backward).
 - ``classifier_peak``: the chunked head: the last layer output, the final norm output and its
   gradient, the head's weight gradient and one chunk's logits (with the fp32 softmax and the
-  gradient cast back when the model dtype is 16-bit).
-- ``optimizer_step_peak``: the AdamW step's temporaries for the largest parameter (the
+  gradient cast back when the model dtype is 16-bit). Under a memory plan the layer arena stays
+  allocated through the classifier: the chunk's logits and their fp32 copy are placed in it
+  (`memo_exec.model.ChunkPlace`, as the plan's level-2 arena puts ``classifier_chunk`` over the
+  layer blocks), or come on top of it where they do not fit.
+- ``optimizer_step_peak``: the arena (if any) and the AdamW step's temporaries for the largest
+  parameter: none with fp32 main gradients (the fused step), a cast gradient otherwise (the
   simulator does not count these).
 - ``peak_total`` = states + resident + buffers + lse + norm stats +
   max(transient + boundary, classifier, optimizer step), the simulator's formula plus the
@@ -38,7 +42,7 @@ from dataclasses import dataclass
 from memo_exec.device import acc_dtype, element_size, gib
 from memo_exec.errors import FitError
 from memo_exec.layer import norm_backward_temp_bytes
-from memo_exec.model import padded_vocab, vocab_padding_params
+from memo_exec.model import ChunkPlace, padded_vocab, vocab_padding_params
 from memo_exec.optim import AdamW, model_state_bytes
 from memo_exec.optim_offload import HostAdamW
 
@@ -145,10 +149,15 @@ def estimate_memory(model, batch: int, seq: int, dtype, policy, backend, dims, r
     terms["layer_boundary"] = hidden
     chunk = min(classifier_chunk_tokens, T)
     widened = chunk * V * (acc_e + e) if acc_e != e else 0  # fp32 softmax copy and the gradient cast back
-    head = 3 * hidden + V * h * e + chunk * V * e + widened
+    chunk_tensors = chunk * V * e + widened
+    if arena:  # the arena stays allocated: the chunk's logits and fp32 copy lie in it when they fit
+        # (`memo_exec.model.ChunkPlace`), else they come on top of it
+        placed = ChunkPlace.rows_for(arena, chunk, V, e, acc_e if acc_e != e else 0)
+        chunk_tensors = arena if placed else arena + chunk_tensors
+    head = 3 * hidden + V * h * e + chunk_tensors
     terms["classifier_peak"] = max(head, hidden + V * h * e)  # or the embedding's dense gradient beside dy
-    terms["optimizer_step_peak"] = 0 if optimizer_on_host else AdamW.step_temporary_bytes(largest_param_numel, dtype,
-                                                                                           grad_dtype)
+    terms["optimizer_step_peak"] = arena + (0 if optimizer_on_host else AdamW.step_temporary_bytes(
+        largest_param_numel, dtype, grad_dtype))
     static = sum(terms[k] for k in STATIC_TERMS)
     terms["peak_total"] = int(static + max(terms["transient_peak"] + terms["layer_boundary"],
                                            terms["classifier_peak"], terms["optimizer_step_peak"]))

@@ -256,18 +256,21 @@ class ChunkedHead(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hf: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, chunk: int,
-                norm_tokens: int | None = None, vocab: int | None = None) -> torch.Tensor:
+                norm_tokens: int | None = None, vocab: int | None = None,
+                scratch: torch.Tensor | None = None) -> torch.Tensor:
         T = norm_tokens or hf.shape[0]
         acc = acc_dtype(hf.dtype)
         d_hf = torch.empty_like(hf)
         d_w = torch.zeros_like(w)
         total = torch.zeros((), dtype=acc, device=hf.device)
         rows = hf.shape[0]
+        place = ChunkPlace(scratch, min(chunk, rows), w.shape[0], hf.dtype, acc)
+        chunk = place.rows or chunk
         for c0 in range(0, rows, chunk):
             c1 = min(rows, c0 + chunk)
             hc, tc = hf[c0:c1], targets[c0:c1]
-            logits = torch.mm(hc, w.t())
-            lf = logits.to(acc) if logits.dtype != acc else logits
+            logits = torch.mm(hc, w.t(), out=place.logits(c1 - c0)) if place.rows else torch.mm(hc, w.t())
+            lf = place.widened(logits) if place.rows else (logits.to(acc) if logits.dtype != acc else logits)
             if vocab is not None and vocab < lf.shape[1]:
                 lf[:, vocab:] = float("-inf")  # padding rows (`padded_vocab`): no probability, no gradient
             lse = torch.logsumexp(lf, dim=-1)
@@ -275,7 +278,7 @@ class ChunkedHead(torch.autograd.Function):
             lf.sub_(lse.unsqueeze(1)).exp_()
             lf.scatter_add_(1, tc.unsqueeze(1), torch.full((c1 - c0, 1), -1.0, dtype=acc, device=hf.device))
             lf.mul_(1.0 / T)
-            g = lf.to(hf.dtype) if lf.dtype != hf.dtype else lf
+            g = place.narrowed(lf, logits) if place.rows else (lf.to(hf.dtype) if lf.dtype != hf.dtype else lf)
             torch.mm(g, w, out=d_hf[c0:c1])
             d_w.addmm_(g.t(), hc)
             del logits, lf, lse, g
@@ -287,13 +290,60 @@ class ChunkedHead(torch.autograd.Function):
     def backward(ctx, g: torch.Tensor):
         d_hf, d_w = ctx.saved_tensors
         scale = g.to(d_hf.dtype)
-        return d_hf.mul_(scale), d_w.mul_(scale), None, None, None, None
+        return d_hf.mul_(scale), d_w.mul_(scale), None, None, None, None, None
+
+
+class ChunkPlace:
+    """Where `ChunkedHead` puts one chunk's logits ([rows, V], compute dtype; its gradient ``g``
+    reuses them) and their fp32 copy: in ``scratch`` (the memory plan's arena, free between the
+    layers' forward and backward) when at least `MIN_ARENA_ROWS` rows fit, the chunk cut to the
+    rows that fit (a multiple of 128); else (``rows`` 0) from the caching allocator."""
+
+    MIN_ARENA_ROWS = 1024
+
+    def __init__(self, scratch: torch.Tensor | None, chunk: int, V: int, dtype: torch.dtype,
+                 acc: torch.dtype) -> None:
+        self.V, self.dtype, self.acc = V, dtype, acc
+        e = torch.empty((), dtype=dtype, device="meta").element_size()
+        a = torch.empty((), dtype=acc, device="meta").element_size() if acc != dtype else 0
+        self.split = 0
+        self.rows = 0
+        if scratch is None:
+            return
+        self.a = a
+        rows = self.rows_for(scratch.numel(), chunk, V, e, a)
+        if rows:
+            self.rows, self.scratch = rows, scratch
+            self.split = -(-rows * V * e // self.ALIGN) * self.ALIGN  # the fp32 copy starts aligned
+
+    ALIGN = 256
+
+    @classmethod
+    def rows_for(cls, scratch_bytes: int, chunk: int, V: int, e: int, a: int) -> int:
+        """Rows of a chunk placed in ``scratch_bytes`` (0: not placed) for ``V`` logits of ``e``
+        bytes and their ``a``-byte copy (0 when the compute dtype is fp32 already)."""
+        fit = max(0, scratch_bytes - cls.ALIGN) // (V * (e + a))
+        rows = min(chunk, fit if fit >= chunk else fit // 128 * 128)
+        return rows if rows >= min(chunk, cls.MIN_ARENA_ROWS) else 0
+
+    def logits(self, n: int) -> torch.Tensor:
+        return self.scratch[:self.split].view(self.dtype)[:n * self.V].view(n, self.V)
+
+    def widened(self, logits: torch.Tensor) -> torch.Tensor:
+        if not self.a:
+            return logits
+        n = logits.shape[0]
+        return self.scratch[self.split:].view(self.acc)[:n * self.V].view(n, self.V).copy_(logits)
+
+    def narrowed(self, lf: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        return lf if lf is logits else logits.copy_(lf)
 
 
 def forward_loss(gpt: GPT, runtimes: list[LayerRuntime], inputs: torch.Tensor, targets: torch.Tensor,
-                 chunk: int, timer, norm_tokens: int | None = None) -> torch.Tensor:
+                 chunk: int, timer, norm_tokens: int | None = None, arena=None) -> torch.Tensor:
     """Embedding -> layers -> final norm -> chunked classifier; returns the mean loss (autograd),
-    or this rank's part of it when ``norm_tokens`` is the global token count."""
+    or this rank's part of it when ``norm_tokens`` is the global token count. ``arena``: the memory
+    plan's `memo_exec.arena.ArenaScratch`, whose arena holds the classifier's chunk tensors."""
     h = gpt.cfg.hidden
     with timer.span("embedding", None, "fwd"):
         x = F.embedding(inputs.reshape(-1), gpt.wte)
@@ -302,7 +352,8 @@ def forward_loss(gpt: GPT, runtimes: list[LayerRuntime], inputs: torch.Tensor, t
     with timer.span("final_norm", None, "fwd"):
         hf = gpt.final_norm(x.reshape(-1, h))
     with timer.span("classifier", None, "fwd"):
-        loss = ChunkedHead.apply(hf, gpt.head, targets.reshape(-1), chunk, norm_tokens, gpt.vocab)
+        scratch = arena.between_layers() if arena is not None else None  # `memo_exec.arena.ArenaScratch`
+        loss = ChunkedHead.apply(hf, gpt.head, targets.reshape(-1), chunk, norm_tokens, gpt.vocab, scratch)
     return loss
 
 

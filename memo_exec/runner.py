@@ -353,7 +353,7 @@ class Executor(ExecutorBase):
         inputs, targets = inputs.to(self.device), targets.to(self.device)
         self.policy.begin_step()
         loss = forward_loss(self.gpt, self.runtimes, inputs, targets, self.plan.classifier_chunk_tokens,
-                            self.recorder)
+                            self.recorder, arena=self.scratch if isinstance(self.scratch, ArenaScratch) else None)
         loss.backward()
         if self.main_grads is not None:
             self.main_grads.fold_rest()

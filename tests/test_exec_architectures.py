@@ -210,3 +210,31 @@ def test_padded_vocabulary_rows_change_no_loss_and_get_no_gradient():
     assert torch.count_nonzero(w.grad[V:]) == 0
     unmasked = ChunkedHead.apply(hf.detach(), w.detach(), tg, 10, None, None)
     assert not torch.allclose(unmasked, ref)  # without the real vocabulary the padding rows would count
+
+
+def test_a_classifier_chunk_in_the_arena_gives_the_allocated_chunks_result():
+    """`ChunkPlace`: the head's logits and their fp32 copy carved from a plan's arena (chunks cut to
+    the rows that fit) give the same loss and gradients as allocated chunks; too small an arena
+    places nothing."""
+    from memo_exec.model import ChunkedHead, ChunkPlace
+
+    torch.manual_seed(1)
+    V, h, T = 256, 32, 4096
+    hf = torch.randn(T, h, dtype=torch.bfloat16)
+    w = (torch.randn(V, h) * 0.1).to(torch.bfloat16)
+    tg = torch.randint(0, 200, (T,))
+
+    def run(scratch):
+        a, b = hf.clone().requires_grad_(), w.clone().requires_grad_()
+        loss = ChunkedHead.apply(a, b, tg, 2048, None, 200, scratch)
+        loss.backward()
+        return loss, a.grad, b.grad
+
+    want = run(None)
+    arena = torch.full((1536 * V * 6 + 256,), 7, dtype=torch.uint8)  # 1536 rows fit (bf16 logits + fp32 copy)
+    assert ChunkPlace.rows_for(arena.numel(), 2048, V, 2, 4) == 1536
+    got = run(arena)
+    assert int(arena[:16].sum()) != 7 * 16  # the arena was written
+    for g, x in zip(got, want):
+        assert torch.allclose(g.float(), x.float(), rtol=1e-2, atol=1e-3)
+    assert ChunkPlace.rows_for(100 * V * 6, 2048, V, 2, 4) == 0  # fewer than MIN_ARENA_ROWS rows: not placed
