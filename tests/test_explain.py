@@ -49,7 +49,7 @@ def test_explain_adds_up(tmp_path, extra):
         assert ms is None  # the static memory plan: no caching-allocator replay
     else:
         assert set(ms) == {"num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free",
-                           "reserved_bytes.all.peak", "allocated_bytes.all.peak"}
+                           "reserved_bytes.all.peak", "allocated_bytes.all.peak", "segment.all.current"}
         assert ms["reserved_bytes.all.peak"] >= ms["allocated_bytes.all.peak"] > 0
     text = CliRunner().invoke(cli, ["explain", plan])
     assert text.exit_code == 0 and "binding:" in text.output and "compute stream" in text.output
