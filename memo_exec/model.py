@@ -327,13 +327,16 @@ class ChunkPlace:
         return rows if rows >= min(chunk, cls.MIN_ARENA_ROWS) else 0
 
     def logits(self, n: int) -> torch.Tensor:
-        return self.scratch[:self.split].view(self.dtype)[:n * self.V].view(n, self.V)
+        return self._carve(0, n, self.dtype)
 
     def widened(self, logits: torch.Tensor) -> torch.Tensor:
-        if not self.a:
-            return logits
-        n = logits.shape[0]
-        return self.scratch[self.split:].view(self.acc)[:n * self.V].view(n, self.V).copy_(logits)
+        return self._carve(self.split, logits.shape[0], self.acc).copy_(logits) if self.a else logits
+
+    def _carve(self, offset: int, n: int, dtype: torch.dtype) -> torch.Tensor:
+        """[n, V] of ``dtype`` at byte ``offset`` of the scratch (exactly its bytes: the arena's
+        length need not be a multiple of the element size)."""
+        nb = n * self.V * torch.empty((), dtype=dtype, device="meta").element_size()
+        return self.scratch[offset:offset + nb].view(dtype).view(n, self.V)
 
     def narrowed(self, lf: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         return lf if lf is logits else logits.copy_(lf)

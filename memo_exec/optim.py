@@ -133,12 +133,12 @@ class AdamW:
                 cast.append((mp, grad))
         if any(mp.grad is not None for mp in self.master):
             self._fused.step()
+        for mp in self.master:
+            mp.grad = None
         for mp, grad in cast:
-            for other in self.master:
-                other.grad = None
             mp.grad = grad.to(mp.dtype)
             self._fused.step()
-        for p, mp in zip(self.params, self.master):
             mp.grad = None
+        for p, mp in zip(self.params, self.master):
             if mp.data_ptr() != p.data_ptr():
                 p.copy_(mp)

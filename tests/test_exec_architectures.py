@@ -231,7 +231,7 @@ def test_a_classifier_chunk_in_the_arena_gives_the_allocated_chunks_result():
         return loss, a.grad, b.grad
 
     want = run(None)
-    arena = torch.full((1536 * V * 6 + 256,), 7, dtype=torch.uint8)  # 1536 rows fit (bf16 logits + fp32 copy)
+    arena = torch.full((1536 * V * 6 + 257,), 7, dtype=torch.uint8)  # 1536 rows fit; an odd length
     assert ChunkPlace.rows_for(arena.numel(), 2048, V, 2, 4) == 1536
     got = run(arena)
     assert int(arena[:16].sum()) != 7 * 16  # the arena was written
