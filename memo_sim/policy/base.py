@@ -14,6 +14,8 @@ attention log-sum-exp, kept on the GPU by every policy) and ``total`` (input + a
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
@@ -77,6 +79,11 @@ class Policy:
 
     def recomputes_layer(self, layer: int, n_layers: int) -> bool:
         return False
+
+    def recomputed_count(self, n_layers: int) -> int:
+        """How many of ``n_layers`` layers (or a stage's units) `recomputes_layer` says recompute,
+        memoised per policy and count (the bounds ask for it once per candidate)."""
+        return _recomputed_count(self, n_layers)
 
     def behaviour(self, n_layers: int) -> tuple:
         """What the policy does with a layer's skeletal tensors, whatever it is called: offloads
@@ -161,3 +168,7 @@ def uses_memory_plan(policy: "Policy", layout: Layout) -> bool:
     (`memo_sim.memplan.iteration_replay`). The one place this is decided."""
     return bool(policy.static_memory_plan or layout.memory_plan)
 
+
+@functools.lru_cache(maxsize=8192)
+def _recomputed_count(policy: Policy, n_layers: int) -> int:
+    return sum(1 for i in range(n_layers) if policy.recomputes_layer(i, n_layers))

@@ -16,9 +16,8 @@ whose longest path is `critical_time`):
   forward, recompute and backward) one after another on its compute stream, and its last
   backward (the last micro-batch's first chunk) then runs backward on ranks s-1..0 before rank
   0's embedding backward and optimizer step (`memo_sim.engine.schedules.microbatch`);
-- SPPO: the same per stage over its pieces (piece 0 forward through the stages before it, every
-  unit of the stage, piece 0 backward through the stages before it, then stage 0's embedding
-  backward and optimizer step) (`memo_sim.engine.schedules.sppo`).
+- SPPO: its tier-1 (stage, piece) recurrence with the host copies' and weight gathers' waits left
+  out (`sppo_bound`: the argument is written there) (`memo_sim.engine.schedules.sppo`).
 
 Tests (tests/test_search_prune.py) check the bound against the simulator over a sweep of
 candidates of every schedule and policy. `lower_bound` reads a `Candidate`; the rules are
@@ -33,10 +32,11 @@ from typing import Callable
 from memo_sim.cost.boundary import boundary_times
 from memo_sim.cost.grad_sync import grad_sync
 from memo_sim.cost.layer_time import critical_time
-from memo_sim.cost.sppo import piece_timer, stage_layer_counts, stage_layers, stage_optimizer_time
+from memo_sim.cost.sppo import stage_layer_counts, stage_optimizer_time
 from memo_sim.errors import MemoError
 from memo_sim.memplan.trace_gen import per_gpu_shard
 from memo_sim.search.estimate import _forward_backward_times
+from memo_sim.search.sppo.estimate import recurrence
 
 BoundRule = Callable[[object], float]  # Candidate -> seconds
 _BOUNDS: dict[str, BoundRule] = {}
@@ -72,7 +72,7 @@ def single_stage_bound(c) -> float:
     m = c.batch // mb
     f, b, r = _phase_times(model, per_gpu_shard(lay), mb, c.seq, policy, profile)
     n = model.layers
-    recomputed = sum(1 for i in range(n) if policy.recomputes_layer(i, n)) if r > 0 else 0
+    recomputed = policy.recomputed_count(n) if r > 0 else 0
     bt = boundary_times(model, lay, mb, c.seq, profile)
     sync = grad_sync(model, lay, profile)
     bucket = (sync.embedding_grad if sync.overlapped else sync.all_grads) if sync.active else 0.0
@@ -98,7 +98,7 @@ def pipeline_bound(c) -> float:
     best = 0.0
     for s in range(p):
         n_f = m * counts[s]  # forward units of the rank
-        recomputed = sum(1 for u in range(n_f) if policy.recomputes_layer(u, n_f)) if r > 0 else 0
+        recomputed = policy.recomputed_count(n_f) if r > 0 else 0
         own = n_f * (f + b) + recomputed * r
         own += m * (bt.embedding if s == 0 else 0.0) + m * (bt.classifier if s == p - 1 else 0.0)
         before = sum(len(vr[i]) for i in range(s)) if vr is not None else s * lc
@@ -110,43 +110,34 @@ def pipeline_bound(c) -> float:
 
 @register_bound("sppo")
 def sppo_bound(c) -> float:
-    model, lay, policy, profile = c.model, c.layout, c.policy, c.profile
-    batch = c.batch
-    shard = replace(lay, pp=1, dp=1, zero=0)
-    timer = piece_timer(model, shard, batch, profile)
-    pieces = policy.stage_pieces(model, lay, batch)
-    layers = stage_layers(model.layers, lay.pp)
-    bts: dict[int, object] = {}
+    """SPPO's (stage, piece) recurrence with every copy and weight-gather wait left out
+    (`memo_sim.search.sppo.estimate.recurrence` with ``copies=False``), at the exact piece timer.
 
-    def bt(tokens: int):
-        v = bts.get(tokens)
-        if v is None:
-            v = bts[tokens] = boundary_times(model, shard, batch, tokens, profile)
-        return v
+    Why it is a lower bound on the simulated iteration (`memo_sim.engine.schedules.sppo` wires
+    every edge used here; each op lasts at least its ``work``: a kernel beside host copies runs
+    slower, a send or collective sharing a link gets less of it):
 
-    p = lay.pp
-    opt0 = stage_optimizer_time(model, lay, 0, profile)
-    first = [timer(ps[0].start, ps[0].tokens) for ps in pieces]  # piece 0 of each stage: (fwd, bwd)
-    emb_f, emb_b = bt(pieces[0][0].tokens).embedding_fwd, bt(pieces[0][0].tokens).embedding_bwd
-    best = 0.0
-    lead = tail = 0.0
-    for s in range(p):
-        n_l = len(layers[s])
-        own = 0.0
-        for pc in pieces[s]:
-            fw, bw = timer(pc.start, pc.tokens)
-            own += n_l * (fw + bw)
-            if s == 0:
-                own += bt(pc.tokens).embedding
-            if s == p - 1:
-                own += bt(pc.tokens).classifier
-        if s:
-            best = max(best, emb_f + lead + own + tail + emb_b + opt0)
-        else:
-            best = max(best, own + opt0)
-        lead += n_l * first[s][0]
-        tail += n_l * first[s][1]
-    return best
+    - forward: piece k of stage s starts after piece k-1 of stage s has ended (its first op
+      depends on that piece's last) and after the forward sends of the overlapping pieces of
+      stage s-1, each of which starts after that piece's forward on s-1 and lasts at least its
+      latency plus bytes over bandwidth; it then runs its embedding (stage 0), one compute chain
+      per layer of the stage (at least the chain's critical time, the piece timer's value, in the
+      ``units`` detail too: `collapse_unit` keeps the chain's compute and collective seconds) and
+      its classifier forward and backward (last stage), one after another;
+    - backward: pieces in reverse order, piece k after piece k+1 of the same stage and after the
+      backward sends of the overlapping pieces of stage s+1 (the last stage's first backward after
+      its last classifier); the same chains backward, and stage 0's embedding backward per piece;
+    - the end: the stage's gradient buckets run one after another on its data-parallel stream,
+      the last starting after the stage's last layer unit, the end stages' embedding bucket after
+      the stage's last op; the optimizer step starts after the stage's last op and the last bucket.
+
+    What it omits, each of which only delays an op: the offload each unit's last op waits for
+    under the rounding-buffer rule, the prefetch each backward unit waits for, ZeRO's weight
+    gathers, the p2p stream's order (a stage's sends one at a time), contention for links and
+    memory bandwidth, and the caching allocator's stalls. So every term is the length of a chain
+    of ops the simulator runs in that order, and the iteration lasts at least the longest.
+    Checked against the simulator over random SPPO candidates (tests/test_search_prune.py)."""
+    return max(recurrence(c.model, c.layout, c.batch, c.policy, c.profile, copies=False).stage_end)
 
 
 __all__ = ["lower_bound", "pipeline_bound", "register_bound", "single_stage_bound",

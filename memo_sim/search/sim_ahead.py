@@ -1,9 +1,10 @@
 """Tier 2's summaries of a few candidates known before the analytic tier ends, simulated in
 forked processes while this one goes on pricing.
 
-A what-if with SPPO always simulates SPPO's heuristic choice and its best few points
-(`memo_sim.search.whatif.rank`: ``always`` of the bound search, the extras of ``--simulate-top``);
-they are known once SPPO's search is done, which `candidates_for` runs before it prices anything
+A what-if with SPPO simulates some SPPO candidates whatever the proved bound says
+(`memo_sim.search.whatif.rank`: the SPPO vs MEMO verdict's SPPO side in the bound search; with
+``--simulate-top all`` or N also SPPO's heuristic choice and its best few points); they are known
+once SPPO's search is done, which `candidates_for` runs before it prices anything
 else, and each takes seconds to simulate. `SimulatedAhead` simulates them in up to ``children`` children forked
 then (`os.fork`, a pipe back from each, no thread), the candidates shared out longest first by
 their ``weights`` (what each is expected to cost: the one that `whatif` gives is SPPO's unit

@@ -30,12 +30,11 @@ class Verdict:
     b: Callable[[object], bool]
 
 
-VERDICTS = (
-    Verdict("METP vs Megatron TP", "METP", "Megatron TP",
-            lambda c: bool(c.layout.metp), lambda c: c.layout.tp > 1 and not c.layout.metp),
-    Verdict("SPPO vs MEMO", "SPPO", "MEMO",
-            lambda c: c.sppo is not None, lambda c: c.sppo is None and c.policy.takes_alpha),
-)
+METP_VS_MEGATRON = Verdict("METP vs Megatron TP", "METP", "Megatron TP",
+                           lambda c: bool(c.layout.metp), lambda c: c.layout.tp > 1 and not c.layout.metp)
+SPPO_VS_MEMO = Verdict("SPPO vs MEMO", "SPPO", "MEMO",
+                       lambda c: c.sppo is not None, lambda c: c.sppo is None and c.policy.takes_alpha)
+VERDICTS = (METP_VS_MEGATRON, SPPO_VS_MEMO)
 
 
 def best_fit(cands, keep: Callable[[object], bool]):
@@ -61,4 +60,4 @@ def verdict_sides_to_simulate(cands) -> list:
     return out
 
 
-__all__ = ["VERDICTS", "VERDICT_ROUNDS", "Verdict", "best_fit", "sides", "verdict_sides_to_simulate"]
+__all__ = ["METP_VS_MEGATRON", "SPPO_VS_MEMO", "VERDICTS", "VERDICT_ROUNDS", "Verdict", "best_fit", "sides", "verdict_sides_to_simulate"]

@@ -47,7 +47,7 @@ from memo_sim.search.pipeline import micro_batch_sizes, pipeline_candidate, pipe
 from memo_sim.search.sim_ahead import SimulatedAhead
 from memo_sim.search.prune import SIMULATE_ALL, SIMULATE_BOUND, PruneReport, parse_simulate_top, simulate_by_bound
 from memo_sim.search.sppo import point_candidate, resolve_for_layout, sppo_candidates, summarize
-from memo_sim.search.verdicts import VERDICT_ROUNDS, verdict_sides_to_simulate
+from memo_sim.search.verdicts import SPPO_VS_MEMO, VERDICT_ROUNDS, best_fit, verdict_sides_to_simulate
 
 
 @dataclass
@@ -685,18 +685,28 @@ def rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, *,
     in order of a proved throughput bound until none left can beat the best simulated
     (``bound``, `memo_sim.search.prune`), every one (``all``), or the analytic best N; the
     simulated rank first by their simulated throughput (`WhatIfResult.tier2` says how many were
-    simulated and skipped). With SPPO candidates also the heuristic's choice and the best
-    ``sppo_simulate`` SPPO points (`WhatIfResult.sppo_summary`). ``jobs``: processes for tier 2
-    (`simulate_candidates`). ``fixed``: `candidates_for`'s keyword arguments."""
+    simulated and skipped). The bound search skips SPPO's candidates by their proved bound
+    (`memo_sim.search.bound.sppo_bound`) like the others (the SPPO vs MEMO verdict's SPPO side is
+    simulated all the same, `memo_sim.search.verdicts`); with ``all`` or a count, tier 2 also
+    simulates SPPO's heuristic choice and the best ``sppo_simulate`` SPPO points
+    (`WhatIfResult.sppo_summary`). ``jobs``: processes for tier 2 (`simulate_candidates`).
+    ``fixed``: `candidates_for`'s keyword arguments."""
     mode = parse_simulate_top(simulate_top)
     ahead: list[SimulatedAhead] = []
 
     def start_ahead(sppo_cands: list[Candidate]) -> None:
-        """SPPO's candidates that tier 2 will simulate whatever else it does (the extras below),
-        simulated from now on in up to ``jobs`` forked processes, the longest apart, while the rest
-        is priced (with one job nothing runs beside this process: tier 2 simulates them)."""
-        if mode and sppo_simulate and jobs > 1:
-            first = sppo_always(sorted(sppo_cands, key=Candidate.sort_key), sppo_simulate)
+        """SPPO's candidates that tier 2 will simulate whatever else it does (the verdict's SPPO
+        side; with ``all`` or a count, the extras below), simulated from now on in up to ``jobs``
+        forked processes, the longest apart, while the rest is priced (with one job nothing runs
+        beside this process: tier 2 simulates them)."""
+        if mode and jobs > 1:
+            ranked = sorted(sppo_cands, key=Candidate.sort_key)
+            if mode == SIMULATE_BOUND:  # the SPPO side of the SPPO vs MEMO verdict, simulated whatever the bound says
+                first = [c for c in (best_fit(ranked, SPPO_VS_MEMO.a),) if c is not None]
+            else:
+                first = sppo_always(ranked, sppo_simulate) if sppo_simulate else []
+            if not first:
+                return
             ahead.append(SimulatedAhead(first, [_summary_args(c, True, allocator_lag) for c in first],
                                         _simulate_summary, children=jobs, weights=[sppo_units(c) for c in first]))
 
@@ -732,8 +742,8 @@ def _rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, mod
         result = candidates_for(model, seq, gpus, profile, on_sppo=start_ahead, **fixed)
     if mode:
         fitting = [c for c in result.candidates if c.memory.status == "OK"]
-        extra = []
-        if result.sppo is not None and sppo_simulate:
+        extra = []  # the bound search skips SPPO's candidates by their proved bound like any other
+        if result.sppo is not None and sppo_simulate and mode != SIMULATE_BOUND:
             extra = sppo_always(fitting, sppo_simulate)
 
         pool = Tier2Pool(fitting, jobs, allocator_lag=allocator_lag) if mode == SIMULATE_BOUND else None

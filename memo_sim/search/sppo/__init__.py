@@ -15,8 +15,12 @@ under the next unit) plus the embedding (stage 0) or the classifier (last stage)
 likewise with the prefetch. The pipeline is the recurrence over the (stage, piece) grid: a
 piece starts after the previous piece of its stage and after the P2P send of every overlapping
 piece of the stage before it (forward) or after it (backward, pieces in reverse). The stage
-then adds its last gradient bucket and its optimizer step. No link contention; tier 2 replays
-the op graph in the event simulator (`memo_sim.engine.schedules.sppo`).
+then adds its last gradient bucket (after its last layer unit; the embedding's after everything)
+and its optimizer step (`recurrence`). No link contention; tier 2 replays the op graph in the
+event simulator (`memo_sim.engine.schedules.sppo`). The same recurrence with every copy and
+weight-gather wait left out is SPPO's proved lower bound (`memo_sim.search.bound.sppo_bound`); the
+estimate itself is not one (a unit's copy can end later in the simulation than max(forward,
+offload) says).
 
 **Heuristic solver** (`heuristic_choice`, sec. 6.1): SP (the TP+SP degree) and PP inside one
 node (SP x PP <= GPUs per node), N such that each device's share of a subsequence, l/SP, lies in
@@ -32,7 +36,8 @@ N in powers of two (each device's share of a subsequence at least 1K tokens) x p
 pieces stay few): each point's estimate with the overlap-threshold
 alphas is a lower bound on its final estimate (larger alphas only add copy time), so points are
 solved in order of that bound until the best fitting one is proven and ``keep`` fitting points
-are known (branch and bound; the what-if then simulates the best few).
+are known (branch and bound; the what-if's tier 2 then simulates its candidates in order of
+their proved bound, like every other candidate).
 
 Modules, one job each: `points` (a solved point, the ranking, the search's constants), `estimate`
 (the (stage, piece) recurrence), `alphas` (the offload ratios), `solve` (one point, its bound for

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from memo_sim.cost.boundary import boundary_times
 from memo_sim.cost.sppo import (
@@ -37,42 +37,83 @@ def estimate_sppo(model: ModelConfig, layout: Layout, batch: int, seq: int, poli
     the pieces' non-attention ops on a geometric length grid (`memo_sim.cost.sppo.piece_timer`;
     the search's bounding pass)."""
     shard = replace(layout, pp=1, dp=1, zero=0)
+    r = recurrence(model, layout, batch, policy, profile, quantum=quantum)
+    pp = layout.pp
+    total = max(r.stage_end)
+    sequences = batch * layout.dp
+    bt = boundary_times(model, shard, batch, seq, profile)
+    est = IterationEstimate(
+        iteration_s=total, mfu=mfu(model, sequences, seq, total, layout.gpus, profile.peak(model.dtype)),
+        tgs=tgs(sequences, seq, total, layout.gpus), layer=r.mid or LayerTimes(0, 0, 0, 0, 0),
+        embedding_s=bt.embedding, classifier_s=bt.classifier,
+        grad_sync_exposed_s=r.sync.layer_grad + r.sync.embedding_grad,
+        optimizer_s=max(stage_optimizer_time(model, layout, s, profile) for s in range(pp)),
+        exposed_copy_s=r.exposed)
+    busy = [sum(r.tf[s]) + sum(r.tb[s]) for s in range(pp)]
+    grid = {"stage_forward_end_s": [row[-1] for row in r.fend],
+            "stage_backward_end_s": [r.bend[s][0] for s in range(pp)],
+            "stage_busy_s": busy, "bubble_fraction": 1 - sum(busy) / (pp * total) if total else 0.0}
+    return est, grid
+
+
+@dataclass
+class Recurrence:
+    """The (stage, piece) recurrence's rows: each piece's forward / backward seconds on its stage
+    (``tf``, ``tb``), when each ends (``fend``, ``bend``), when each stage's backward ends
+    (``done``) and its step ends (``stage_end``: gradient sync and optimizer step after it)."""
+
+    tf: list[list[float]]
+    tb: list[list[float]]
+    fend: list[list[float]]
+    bend: list[list[float]]
+    done: list[float]
+    stage_end: list[float]
+    exposed: float
+    mid: LayerTimes | None
+    sync: object
+
+
+def recurrence(model: ModelConfig, layout: Layout, batch: int, policy: Sppo, profile: HardwareProfile, *,
+               quantum: float = 0.0, copies: bool = True) -> Recurrence:
+    """The (stage, piece) recurrence of `estimate_sppo`. ``copies`` False leaves out every wait the
+    host copies and the ZeRO weight gathers can add (a unit takes its compute chain's time, not
+    the longer of it and its offload or prefetch): the proved lower bound of
+    `memo_sim.search.bound.sppo_bound` (with ``quantum`` 0)."""
+    shard = replace(layout, pp=1, dp=1, zero=0)
     pieces = policy.stage_pieces(model, layout, batch)
     layers = stage_layers(model.layers, layout.pp)
     sync = stage_grad_sync(model, layout, profile)
     pp = layout.pp
     starts_of = [[p.start for p in ps] for ps in pieces]
     tf, tb, exposed, mid = _piece_times(model, layout, batch, policy, profile, quantum, shard, pieces,
-                                        len(layers[0]), sync, starts_of)
+                                        len(layers[0]), sync, starts_of, copies)
     hops = _hops(model, layout, batch, profile)
     same = [s > 0 and starts_of[s] == starts_of[s - 1] for s in range(pp)]  # no multiplexed split between
     fend = _forward_ends(pieces, tf, same, starts_of, hops)
     bend, done = _backward_ends(pieces, tb, fend, same, starts_of, hops)
-    stage_end = [0.0] * pp
-    for s in range(pp - 1, -1, -1):
-        tail = sync.layer_grad + (sync.embedding_grad if s in (0, pp - 1) else 0.0)
-        stage_end[s] = done[s] + tail + stage_optimizer_time(model, layout, s, profile)
-    total = max(stage_end)
-    sequences = batch * layout.dp
-    bt = boundary_times(model, shard, batch, seq, profile)
-    est = IterationEstimate(
-        iteration_s=total, mfu=mfu(model, sequences, seq, total, layout.gpus, profile.peak(model.dtype)),
-        tgs=tgs(sequences, seq, total, layout.gpus), layer=mid or LayerTimes(0, 0, 0, 0, 0),
-        embedding_s=bt.embedding, classifier_s=bt.classifier,
-        grad_sync_exposed_s=sync.layer_grad + sync.embedding_grad,
-        optimizer_s=max(stage_optimizer_time(model, layout, s, profile) for s in range(pp)), exposed_copy_s=exposed)
-    busy = [sum(tf[s]) + sum(tb[s]) for s in range(pp)]
-    grid = {"stage_forward_end_s": [r[-1] for r in fend], "stage_backward_end_s": [bend[s][0] for s in range(pp)],
-            "stage_busy_s": busy, "bubble_fraction": 1 - sum(busy) / (pp * total) if total else 0.0}
-    return est, grid
+    emb_bwd0 = boundary_times(model, shard, batch, pieces[0][0].tokens, profile).embedding_bwd
+    stage_end = []
+    for s in range(pp):
+        # the stage's gradient buckets on its data-parallel stream, one per layer after piece 0's
+        # backward of it (the last after the last unit, before stage 0's embedding backward), then
+        # the embedding's on the end stages after everything; the step waits for both streams
+        dp_end = 0.0
+        if sync.layer_grad > 0 and len(layers[s]):
+            dp_end = done[s] - (emb_bwd0 if s == 0 else 0.0) + sync.layer_grad
+        if sync.embedding_grad > 0 and s in (0, pp - 1):
+            dp_end = max(done[s], dp_end) + sync.embedding_grad
+        stage_end.append(max(done[s], dp_end) + stage_optimizer_time(model, layout, s, profile))
+    return Recurrence(tf, tb, fend, bend, done, stage_end, exposed, mid, sync)
 
 
 def _piece_times(model: ModelConfig, layout: Layout, batch: int, policy: Sppo, profile: HardwareProfile,
-                 quantum: float, shard: Layout, pieces: list, n_l: int, sync, starts_of: list[list[int]]):
+                 quantum: float, shard: Layout, pieces: list, n_l: int, sync, starts_of: list[list[int]],
+                 copies: bool = True):
     """Each (stage, piece)'s forward and backward seconds through the stage's layers (with the
     embedding / classifier on the end stages and exposed weight gathers), the exposed copy
     seconds over all units, and the middle unit's `LayerTimes` of stage 0. Middle stages with the
-    same pieces share their rows."""
+    same pieces share their rows. ``copies`` False: each unit at its compute chain's seconds
+    (no copy, no exposed weight gather; `recurrence`)."""
     pp = layout.pp
     active = _active(layout, profile)
     tf: list[list[float]] = []
@@ -90,7 +131,7 @@ def _piece_times(model: ModelConfig, layout: Layout, batch: int, policy: Sppo, p
         ps = pieces[s]
         n_k = len(ps)
         n_off_units = offloaded_layer_count(n_l * n_k)
-        if 0 < s < pp - 1 and sync.layer_gather == 0:
+        if 0 < s < pp - 1 and (sync.layer_gather == 0 or not copies):
             sig = (ps[0].start, ps[-1].start, n_k, id(ps) if n_k < 3 else ps[1].start)
             hit = base_rows.get(sig)
             if hit is not None and starts_of[s] == starts_of[hit[3]]:
@@ -106,7 +147,7 @@ def _piece_times(model: ModelConfig, layout: Layout, batch: int, policy: Sppo, p
             hit = per_piece.get(key)
             if hit is None:
                 f, b = timer(pc.start, pc.tokens)
-                off = policy.offload_bytes_of(model, shard, batch, pc, k < n_k - 1)
+                off = policy.offload_bytes_of(model, shard, batch, pc, k < n_k - 1) if copies else 0.0
                 o = (lat + off / bw_o) if off > 0 else 0.0
                 p = (lat + off / bw_p) if off > 0 else 0.0
                 hit = per_piece[key] = (
@@ -123,7 +164,7 @@ def _piece_times(model: ModelConfig, layout: Layout, batch: int, policy: Sppo, p
                     t_b += bt.embedding_bwd
                 if s == pp - 1:
                     t_f += bt.classifier
-            if sync.layer_gather > 0 and k == 0:
+            if copies and sync.layer_gather > 0 and k == 0:
                 t_f += n_l * max(0.0, sync.layer_gather - f)
             rowf.append(t_f)
             rowb.append(t_b)
@@ -131,7 +172,7 @@ def _piece_times(model: ModelConfig, layout: Layout, batch: int, policy: Sppo, p
                 mid = LayerTimes(f, b, 0.0, o if n_off else 0.0, p if n_off else 0.0)
         tf.append(rowf)
         tb.append(rowb)
-        if 0 < s < pp - 1 and sync.layer_gather == 0:
+        if 0 < s < pp - 1 and (sync.layer_gather == 0 or not copies):
             base_rows[(ps[0].start, ps[-1].start, n_k, id(ps) if n_k < 3 else ps[1].start)] = (
                 rowf, rowb, exposed - exposed_before, s)
     return tf, tb, exposed, mid

@@ -1,0 +1,114 @@
+"""[search-speed] The proved lower bound of every schedule (`memo_sim.search.bound`) against the event
+simulator on random candidates: random model shapes, sequence lengths, GPU counts, profiles and
+what-if restrictions, one fitting candidate drawn at random from each what-if, simulated; no
+bound may exceed the simulated iteration time (nor its throughput bound fall below the simulated
+throughput). The default run draws a few per schedule; the slow run 300 per schedule."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from memo_sim.errors import MemoError
+from memo_sim.model.config import ModelConfig
+from memo_sim.profile.loader import load_profile
+from memo_sim.search.bound import lower_bound
+from memo_sim.search.prune import tgs_upper_bound
+from memo_sim.search.whatif import candidates_for, simulate_candidates
+
+K = 1024
+SCHEDULES = ("single_stage", "1f1b", "interleaved_1f1b", "sppo")
+PROFILES = ("a800-80gb", "a100-sxm4-80gb", "h100-sxm5-80gb")
+TRIES = 100  # what-ifs drawn per candidate before giving up (most draws fit something)
+
+
+def _model(rng: random.Random) -> ModelConfig:
+    heads = rng.choice([8, 16, 32])
+    hidden = heads * rng.choice([32, 64, 128])
+    return ModelConfig("rand", layers=rng.choice([2, 4, 6, 8, 12, 16]), hidden=hidden, heads=heads,
+                       ffn=rng.choice([3, 4]) * hidden, vocab=rng.choice([1024, 32000, 50257]))
+
+
+def _plain_policies() -> tuple[str, ...]:
+    from memo_sim.layout.schedule import schedule_runs_policy
+    from memo_sim.policy import policy_class, policy_names
+
+    return tuple(p for p in policy_names() if not policy_class(p).needs_experts
+                 and schedule_runs_policy("single_stage", p) and not schedule_runs_policy("sppo", p))
+
+
+def _restrictions(rng: random.Random, schedule: str) -> tuple[int, int, dict]:
+    """(seq, gpus, candidates_for keywords) for one random what-if of ``schedule``: one policy and
+    most degrees drawn here, so that each what-if prices a handful of candidates."""
+    gpus = rng.choice([2, 4, 8, 16])
+    if schedule == "sppo":
+        seq = rng.choice([16, 64, 256, 512]) * K
+        kw: dict = dict(schedules=("sppo",), policies=("sppo",), pp=rng.choice([1, 2, 4]), tp=rng.choice([1, 2, 4]),
+                        zero=rng.choice([0, 1]), subseqs=rng.choice([1, 2, 4, 8, 16, 32, 64]))
+        if rng.random() < 0.5:
+            kw["multiplex"] = rng.random() < 0.5
+        return seq, gpus, kw
+    kw = dict(schedules=(schedule,), policies=(rng.choice(_plain_policies()),), tp=rng.choice([1, 2, 4]),
+              zero=rng.choice([0, 1]))
+    if schedule == "single_stage":
+        seq = rng.choice([4, 16, 64, 256, 1024]) * K
+        kw["zero"] = rng.choice([0, 1, 2, 3])
+        if rng.random() < 0.3:
+            kw.update(batch=4, micro_batch=rng.choice([1, 2]))
+        return seq, gpus, kw
+    seq = rng.choice([4, 16, 32, 64, 128]) * K
+    pp = rng.choice([2, 4])
+    kw.update(pp=pp, batch=rng.choice([4, 8]))
+    if schedule == "interleaved_1f1b":
+        kw["vpp"] = 2
+    return seq, max(gpus, pp * kw["tp"]), kw
+
+
+def random_candidates(schedule: str, n: int, seed: int) -> list:
+    """``n`` fitting candidates of ``schedule``, each drawn from its own random what-if."""
+    rng = random.Random(seed)
+    profiles = [load_profile(p) for p in PROFILES]
+    out = []
+    while len(out) < n:
+        for _ in range(TRIES):
+            model, prof = _model(rng), rng.choice(profiles)
+            seq, gpus, kw = _restrictions(rng, schedule)
+            try:
+                cands = candidates_for(model, seq, gpus, prof, **kw)
+            except MemoError:
+                continue
+            ok = [c for c in cands.candidates if c.memory.status == "OK" and c.schedule == schedule]
+            if ok:
+                out.append(rng.choice(ok))
+                break
+        else:
+            raise AssertionError(f"{TRIES} random what-ifs of {schedule} in a row fitted nothing (seed {seed})")
+    return out
+
+
+def _check(schedule: str, n: int, seed: int) -> int:
+    cands = random_candidates(schedule, n, seed)
+    simulate_candidates(cands, jobs=1)
+    ran = 0
+    for c in cands:
+        s = c.simulated
+        if s["status"] != "OK":
+            continue
+        ran += 1
+        lb, sim = lower_bound(c), s["iteration_s"]
+        assert 0 < lb <= sim * (1 + 1e-9), (schedule, c.model.layers, c.model.hidden, c.seq, c.profile.name,
+                                            c.layout.label(), c.policy.label(), c.micro_batch, lb, sim)
+        assert tgs_upper_bound(c) >= s["tgs_tokens_per_gpu_s"] * (1 - 1e-9)
+    return ran
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_bound_never_exceeds_the_simulation_on_random_candidates(schedule):
+    assert _check(schedule, 6, seed=SCHEDULES.index(schedule)) >= 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_bound_never_exceeds_the_simulation_on_300_random_candidates(schedule):
+    assert _check(schedule, 300, seed=1000 + SCHEDULES.index(schedule)) >= 200
