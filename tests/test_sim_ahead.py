@@ -134,7 +134,8 @@ def test_one_pool_for_every_batch_returns_the_serial_summaries(cands):
 
 
 def test_whatif_with_two_jobs_answers_what_one_job_does():
-    """A query with SPPO candidates and pipelines: every candidate's row and tier 2's report equal."""
+    """A query with SPPO candidates and pipelines: every candidate's row and tier 2's report equal (MEMO
+    searched too: the SPPO vs MEMO verdict's SPPO side is what the bound search simulates ahead)."""
     code = r'''
 import json
 from memo_sim.model.config import get_model
@@ -148,7 +149,7 @@ w.SimulatedAhead.__init__ = spy
 out = {}
 for jobs in (1, 2):
     r = w.rank(get_model("gpt-7b"), 131072, 8, load_profile("a800-80gb"), jobs=jobs,
-               schedules=("single_stage", "1f1b", "sppo"), policies=("store_all", "full_recompute", "sppo"))
+               schedules=("single_stage", "1f1b", "sppo"), policies=("store_all", "memo", "sppo"))
     rows = [c.to_json() for c in r.candidates]
     for row in rows:
         row.pop("simulated_sim_wall_s", None)

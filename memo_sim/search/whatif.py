@@ -701,8 +701,10 @@ def rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, *,
         beside this process: tier 2 simulates them)."""
         if mode and jobs > 1:
             ranked = sorted(sppo_cands, key=Candidate.sort_key)
-            if mode == SIMULATE_BOUND:  # the SPPO side of the SPPO vs MEMO verdict, simulated whatever the bound says
-                first = [c for c in (best_fit(ranked, SPPO_VS_MEMO.a),) if c is not None]
+            if mode == SIMULATE_BOUND:  # the SPPO side of the SPPO vs MEMO verdict, where MEMO is searched too
+                searched = fixed.get("policies") or get_framework(fixed.get("framework", "any")).policies
+                memo_side = any(policy_class(p).takes_alpha for p in searched if p in policy_names())
+                first = [c for c in (best_fit(ranked, SPPO_VS_MEMO.a),) if c is not None] if memo_side else []
             else:
                 first = sppo_always(ranked, sppo_simulate) if sppo_simulate else []
             if not first:
