@@ -100,6 +100,7 @@ class Run:
     moe_dispatcher: str = "alltoall"
     moe_balance: str = "dropless"
     gemm_format: str = "bf16"
+    dp_mode: str = "zero"  # the data-parallel flavour (`memo_sim.dp`: torchtitan's rows run FSDP)
     not_modelled: str = ""
     # the embedding and the loss each take a layer's slot in the pipeline split (Megatron-LM's
     # --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split)
@@ -133,7 +134,7 @@ class Run:
             tp=self.tp, sp=self.sp, cp=self.cp, ulysses=self.ulysses, dp=self.dp, pp=self.pp, vpp=self.vpp,
             zero=self.zero, ep=self.ep,
             etp=self.etp, moe_dispatcher=self.moe_dispatcher, moe_balance=self.moe_balance,
-            account_embedding_loss=self.account_embedding_loss))
+            account_embedding_loss=self.account_embedding_loss, dp_mode=self.dp_mode))
 
     def schedule(self) -> str | None:
         """The pipeline schedule (None: a single stage): 1F1B, interleaved when ``vpp`` > 1."""
@@ -190,15 +191,28 @@ def _megatron2024(size, heads, hidden, layers, tp, pp, dp, gpus, batch, tflops):
                dtype="bf16", zero=1, why_not=why)
 
 
-def _titan(config, tps, why, gpus=8, seq=8192, batch=2):
-    # TPS/GPU -> step time: tokens per GPU per step (local batch x sequence) / TPS; the sequence makes the
-    # context-parallel rows (32K-256K) long-context rows (not expressible yet, listed in the subgroup)
-    return Run(f"torchtitan-{config.split(':')[0]}", TORCHTITAN, config, batch * seq / tps,
-               f"{tps} tokens/GPU/s at local batch {batch} x {seq} tokens on {gpus} GPUs", framework="torchtitan",
-               profile="h100-sxm5-80gb", seq=seq, why_not=why)
+def _titan(config, tps, why=None, gpus=8, seq=8192, batch=2, model="llama-3.1-8b", cp=1, tp=1, pp=1):
+    # TPS/GPU -> step time: torchtitan@9dec370 train.py counts the local batch's tokens (labels.numel(), before
+    # context parallelism shards them) and divides by the step time x cp x tp x pp (non_data_parallel_size), so a
+    # step takes local batch x sequence / (TPS x cp x tp x pp). Every row here uses torch.compile but the first of
+    # Tables 1 and 3 and Float8 (torchao, tensorwise dynamic scaling) from Table 2 on, as the page's table titles say
+    arch = PRESETS[model]
+    dp = gpus // (cp * tp * pp)
+    fp8 = "Float8" in config
+    return Run(f"torchtitan-{config.split(':')[0]}", TORCHTITAN, config, batch * seq / (tps * cp * tp * pp),
+               f"{tps} tokens/GPU/s at local batch {batch} x {seq} tokens on {gpus} GPUs"
+               + (f" (TPS divides by cp x tp x pp = {cp * tp * pp})" if cp * tp * pp > 1 else ""),
+               framework="torchtitan@2024-12", profile="h100-sxm5-96gb-500w", seq=seq, why_not=why, arch=arch,
+               layers=arch.layers, hidden=arch.hidden, heads=arch.heads, vocab=arch.vocab, dtype="bf16",
+               gemm_format="fp8-tensorwise" if fp8 else "bf16", tp=tp, sp=tp > 1, cp=cp, pp=pp, dp=dp, zero=3,
+               dp_mode="fsdp", global_batch=dp * batch, policy="full_recompute",
+               variants=(("h100-sxm5-80gb (the 700 W SXM5 part: datasheet peaks, HBM3)",
+                          (("profile", "h100-sxm5-80gb"),)),))
 
 
-_NO_H100_96 = "the H100 96 GB HBM2e at 500 W has no profile (h100-sxm5-80gb is the 700 W SXM5 part)"
+_SAC = "torchtitan's selective (per-op) activation checkpointing is not a policy yet"
+_ASYNC_TP = "async TP (TP collectives decomposed and overlapped with the GEMMs) is not modelled"
+_FSDP_PP = "FSDP beside pipeline stages is not priced (memo's pipelines keep ZeRO at most 1)"
 RUNS: tuple[Run, ...] = (
     _narayanan("1.7B", 2304, 24, 24, 1, 32, 512, 137),
     _narayanan("3.6B", 3072, 30, 32, 2, 64, 512, 138),
@@ -227,22 +241,31 @@ RUNS: tuple[Run, ...] = (
     _megatron2024("177B", 96, 12288, 96, 8, 6, 48, 2304, 1152, 432.8),
     _megatron2024("314B", 128, 16384, 96, 8, 8, 48, 3072, 1536, 474.4),
     _megatron2024("462B", 144, 18432, 112, 8, 16, 48, 6144, 3072, 459.9),
-    _titan("t1-fsdp: Llama 3.1 8B, FSDP over 8 GPUs, local batch 2 x 8192, selective AC (Table 1)", 5762,
-           "torchtitan's selective (per-op) activation checkpointing is not a policy yet; " + _NO_H100_96),
-    _titan("t1-fsdp-compile: the same with torch.compile (Table 1)", 6667,
-           "torch.compile's kernel fusion and selective AC are not modelled; " + _NO_H100_96),
-    _titan("t3-fsdp128: Llama 3.1 8B, FSDP over 128 GPUs, local batch 2 x 8192, selective AC (Table 3)", 5605,
-           "selective AC is not a policy yet; " + _NO_H100_96, gpus=128),
-    _titan("t2-cp1: Llama 3.1 8B, FSDP 8, CP 1, 32K, full AC, compile + Float8 (Table 2)", 3890,
-           "torch.compile's kernel fusion is not modelled (Float8 GEMMs are: --precision fp8-tensorwise); " + _NO_H100_96, seq=32768, batch=1),
-    _titan("t2-cp2: Llama 3.1 8B, FSDP 4, CP 2, 64K, full AC, compile + Float8 (Table 2)", 2540,
-           "torch.compile's kernel fusion is not modelled (Float8 GEMMs are: --precision fp8-tensorwise); " + _NO_H100_96, seq=65536, batch=1),
-    _titan("t2-cp4: Llama 3.1 8B, FSDP 2, CP 4, 128K, full AC, compile + Float8 (Table 2)", 1071,
-           "torch.compile's kernel fusion is not modelled (Float8 GEMMs are: --precision fp8-tensorwise); " + _NO_H100_96, seq=131072, batch=1),
-    _titan("t2-cp8: Llama 3.1 8B, FSDP 1, CP 8, 256K, full AC, compile + Float8 (Table 2)", 548,
-           "torch.compile's kernel fusion is not modelled (Float8 GEMMs are: --precision fp8-tensorwise); " + _NO_H100_96, seq=262144, batch=1),
+    _titan("t1-fsdp: Llama 3.1 8B, FSDP over 8 GPUs, local batch 2 x 8192, selective AC (Table 1)", 5762, _SAC),
+    _titan("t1-fsdp-compile: the same with torch.compile (Table 1)", 6667, _SAC),
+    _titan("t1-fsdp-compile-float8: the same with torch.compile + Float8 (Table 1)", 8532, _SAC),
+    _titan("t3-fsdp128: Llama 3.1 8B, FSDP over 128 GPUs, local batch 2 x 8192, selective AC (Table 3)", 5605, _SAC,
+           gpus=128),
+    _titan("t3-fsdp128-compile: the same with torch.compile (Table 3)", 6514, _SAC, gpus=128),
+    _titan("t3-fsdp128-compile-float8: the same with torch.compile + Float8 (Table 3)", 8380, _SAC, gpus=128),
+    _titan("t2-cp1: Llama 3.1 8B, FSDP 8, CP 1, 32K, full AC, compile + Float8 (Table 2)", 3890, seq=32768, batch=1),
+    _titan("t2-cp2: Llama 3.1 8B, FSDP 4, CP 2, 64K, full AC, compile + Float8 (Table 2)", 2540, seq=65536, batch=1,
+           cp=2),
+    _titan("t2-cp4: Llama 3.1 8B, FSDP 2, CP 4, 128K, full AC, compile + Float8 (Table 2)", 1071, seq=131072,
+           batch=1, cp=4),
+    _titan("t2-cp8: Llama 3.1 8B, FSDP 1, CP 8, 256K, full AC, compile + Float8 (Table 2)", 548, seq=262144, batch=1,
+           cp=8),
     _titan("t4-2d: Llama 3.1 70B, FSDP 32 x TP 8, local batch 16, full AC, compile + Float8 (Table 4)", 829,
-           "torch.compile's kernel fusion is not modelled (Float8 GEMMs are: --precision fp8-tensorwise); " + _NO_H100_96, gpus=256, batch=16),
+           gpus=256, batch=16, model="llama-3.1-70b", tp=8),
+    _titan("t4-2d-asynctp: the same with AsyncTP (Table 4)", 876, _ASYNC_TP, gpus=256, batch=16,
+           model="llama-3.1-70b", tp=8),
+    *(_titan(f"t5-{name}: Llama 3.1 405B, FSDP 8 x TP 8 x PP 8, local batch 32, full AC, compile + Float8 + AsyncTP, "
+             f"{label} (Table 5)", tps, f"{_FSDP_PP}; {_ASYNC_TP}", gpus=512, batch=32, model="llama-3.1-405b",
+             tp=8, pp=8) for name, label, tps in (("1f1b", "1F1B", 100), ("interleaved", "interleaved 1F1B", 128))),
+    *(_titan(f"t6-cp{cp}: Llama 3.1 405B, FSDP {8 // cp} x CP {cp} x TP 8 x PP 8, {seq // 1024}K, local batch 8, full AC, "
+             f"compile + Float8 + AsyncTP, 1F1B (Table 6)", tps, f"{_FSDP_PP}; {_ASYNC_TP}", gpus=512, batch=8,
+             seq=seq, model="llama-3.1-405b", tp=8, pp=8, cp=cp)
+      for cp, seq, tps in ((1, 32768, 76), (2, 65536, 47), (4, 131072, 31), (8, 262144, 16))),
 )
 
 
@@ -869,6 +892,38 @@ OUTLIERS.update({
 })
 
 # Earlier runs of the same expressible rows, for the record (same profile, precision and layouts):
+# torchtitan's 2024-12 H100 rows (torchtitan@2024-12 on h100-sxm5-96gb-500w; memo's per-layer split over the 32 / 80
+# layers from `memo_sim.cost.layer_time`'s forward, backward and full-recompute costs at this commit)
+_TITAN_CP = (
+    "memo too fast, most where attention takes the step: memo's step is {memo} ({attn} of it attention, FP8 GEMMs "
+    "{gemm}); the measured step leaves {left} for attention if the rest is as memo prices it, so the attention ran at "
+    "{ratio} of the speed memo assumes. Candidates, none pinned down: (1) the attention kernel: the run's SDPA "
+    "FlashAttention-2, which reaches about 35% of an H100's peak (Shah et al. 2024, FlashAttention-3, arXiv "
+    "2407.08608: 'FlashAttention-2 achieving only 35% utilization on the H100 GPU'), while memo's H100 curve assumes "
+    "45-48% forward and 40% backward (an uncalibrated profile, never fitted to a run); (2) the 500 W part's peak, "
+    "which the source itself does not know (memo takes the midpoint of the SXM and NVL datasheets; the SXM5 variant "
+    "beside is faster still); (3) PyTorch's experimental context parallelism of 2024-12 (cp > 1): each layer's "
+    "attention as cp kernel calls on half blocks per direction, their outputs and gradients merged in fp32 "
+    "(convert_to_f32), K/V all-gathered, none of which memo prices beyond the bytes")
+OUTLIERS.update({
+    "torchtitan-t2-cp1": _TITAN_CP.format(memo="5.67 s", attn="3.29 s", gemm="1.68 s", left="about 6.0 s",
+                                          ratio="0.55x") + " (no CP in this row: (1) and (2) alone)",
+    "torchtitan-t2-cp2": _TITAN_CP.format(memo="8.91 s", attn="6.5 s", gemm="1.68 s", left="about 10.5 s",
+                                          ratio="0.62x"),
+    "torchtitan-t2-cp4": _TITAN_CP.format(memo="15.33 s", attn="12.9 s", gemm="1.68 s", left="about 28 s",
+                                          ratio="0.46x"),
+    "torchtitan-t2-cp8": _TITAN_CP.format(memo="28.15 s", attn="25.8 s", gemm="1.68 s", left="about 57 s",
+                                          ratio="0.45x"),
+    "torchtitan-t4-2d": (
+        "memo too fast: FSDP 32 x TP 8 over 256 GPUs, the TP collectives exposed (no async TP in this row). memo's "
+        "step is 16.33 s: FP8 GEMMs 8.9 s, TP all-gathers and reduce-scatters 4.1 s, attention 2.1 s. Candidates, "
+        "none pinned down: FP8 GEMMs at the bf16 curve's fraction of the FP8 peak (an assumption of the profile, "
+        "never measured; torchao's tensorwise Float8Linear at TP 8 runs GEMMs of 8192 x 16 tokens by 1,024-3,584 "
+        "columns), the 500 W part's unknown peak, and the ZeRO-3 (FSDP) gathers of 32 ranks across 32 nodes that "
+        "memo hides under the compute"),
+})
+
+
 # (commit, date, what the simulator modelled, per-row error).
 HISTORY = (
     ("119a926", "2026-11-23", "before the kernel and framework mechanisms: FlashAttention and overlapped gradient "
@@ -930,6 +985,13 @@ STEPS = (
      "2021's 3.6B and 7.5B rows, run as one pass of 16 sequences (their micro-batch is not stated), run out of memory "
      "on fragmentation and are no longer predicted; Korthikanti's 22B rows move (-0.3% to +1.9%, -6.5% to -3.7%); "
      "every other row unchanged: dense 25 predicted at 10.0% / 30.3%, long-context 12 at 14.4% / 30.3%"),
+    ("torchtitan@2024-12", "torch.compile as a framework mechanism (`Layout.kernel_fusion`: the residual add fused with "
+     "the next norm, FP8 amax reductions in the kernels that write the tensors; `memo_sim.model.kernel_fusion`), the "
+     "framework version torchtitan@2024-12 and the h100-sxm5-96gb-500w profile (the source's GPU), and torchtitan's "
+     "tokens per GPU read as train.py computes them (divided by cp x tp x pp: the CP and 2D rows' published steps "
+     "were cp or tp times too long): torchtitan's Table 2 (FSDP + CP, 32K-256K, Float8) and Table 4 (70B, FSDP 32 x "
+     "TP 8, Float8) rows predicted (all too fast: -17% to -53%), every other row unchanged: dense 30 predicted at "
+     "14.5% / 52.9%, its long-context subgroup 16 at 21.2% / 52.9%, the FP8 rows 5 at 36.8% / 52.9%"),
 )
 
 
@@ -1001,12 +1063,16 @@ def summary(results: list[Result]) -> dict:
 
 def group_summaries(results: list[Result]) -> dict[str, dict]:
     """`summary` of each group of rows (``dense``: the dense decoders; ``moe``: the mixtures of experts; measured rows
-    only), and of each group's long-context rows (``<group>-long-context``: `Run.long_context`) where it has any."""
+    only), of each group's long-context rows (``<group>-long-context``: `Run.long_context`) where it has any, and of
+    the FP8 rows of both (``fp8``)."""
     out = {g: summary([r for r in results if r.run.group == g]) for g in dict.fromkeys(r.run.group for r in results)}
     for g in list(out):
         lc = [r for r in results if r.run.group == g and r.run.long_context]
         if lc:
             out[f"{g}-long-context"] = summary(lc)
+    fp8 = [r for r in results if r.run.gemm_format != "bf16"]
+    if fp8:  # the rows whose layer GEMMs run in an FP8 format, over both groups (issue #46)
+        out["fp8"] = summary(fp8)
     return out
 
 
@@ -1085,6 +1151,7 @@ def moe_report(results: list[Result]) -> list[str]:
 
 def report(results: list[Result], wall_s: float) -> str:
     moe = [r for r in results if r.run.group == "moe"]
+    fp8 = [r for r in results if r.run.gemm_format != "bf16"]
     results = [r for r in results if r.run.group != "moe"]
     s = summary(results)
     lines = [
@@ -1099,6 +1166,8 @@ def report(results: list[Result], wall_s: float) -> str:
         *([f"- dense long-context subgroup (s >= {LONG_CONTEXT_TOKENS}, `Run.long_context`; issue #45): "
            f"{_errors_line(summary([r for r in results if r.run.long_context]))}"]
           if any(r.run.long_context for r in results) else []),
+        *([f"- FP8 rows (layer GEMMs in an FP8 format, dense and MoE; issue #46), measured rows: "
+           f"{_errors_line(summary(fp8))}"] if fp8 else []),
         *([f"- mixture-of-experts group (its own section below), measured rows: {_errors_line(summary(moe))}"
            + (f"; {sum(r.run.expected for r in moe)} rows of expected values (not measurements) listed apart"
               if any(r.run.expected for r in moe) else "")] if moe else []),

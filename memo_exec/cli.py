@@ -213,6 +213,9 @@ def trace_cmd(plan_file, device, out_file, dtype, attention_backend, target, cud
     from memo_sim.plan.schema import write_plan as _write_plan  # noqa: PLC0415
 
     plan = read_plan(plan_file)
+    if plan.layout.kernel_fusion != "fused":  # the executor's layer runs uncompiled
+        raise ExecError(f"plan layout {plan.layout.label()}: kernel_fusion {plan.layout.kernel_fusion}: the executor's "
+                        "layer runs uncompiled, so its trace would not be the plan's; plan with fused kernels to trace it")
     if plan.model.gemm.quantised:  # the executor's layer runs its GEMMs in the run's dtype
         raise ExecError(f"plan model {plan.model.name}: gemm_format {plan.model.gemm_format}: the executor's layer runs "
                         "no FP8 GEMMs, so its trace would not be the plan's; plan with --precision bf16 to trace it")

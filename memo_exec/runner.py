@@ -87,6 +87,10 @@ def run_model(plan: Plan, opts: RunOptions) -> ModelConfig:
         raise ExecError(f"plan layout {plan.layout.label()}: memory_plan: a static memory plan for the "
                         f"{plan.policy.name} policy is priced by the simulator only; the executor places MEMO's "
                         f"plan alone; re-create the plan without --allocator plan to run it on the caching allocator")
+    if plan.layout.kernel_fusion != "fused":
+        raise ExecError(f"plan layout {plan.layout.label()}: kernel_fusion {plan.layout.kernel_fusion}: the executor runs "
+                        f"its layer's kernels uncompiled (no torch.compile), so it would measure another plan than the "
+                        f"one predicted; plan with a framework whose kernels are fused (e.g. --framework torchtitan)")
     if plan.model.gemm.quantised:
         raise ExecError(f"plan model {plan.model.name}: gemm_format {plan.model.gemm_format}: the executor runs the "
                         f"layer GEMMs in the run's dtype only (no FP8 kernels yet); plan with --precision bf16 to run it")

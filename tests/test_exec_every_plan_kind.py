@@ -90,6 +90,8 @@ REFUSED = {
                                "policy 'recompute_norm_act'"),
     "memplan-full_recompute": (1, ["--layers", "4", "--policy", "full_recompute", "--allocator", "plan"],
                                "priced by the simulator only"),
+    "compiled": (1, ["--layers", "4", "--policy", "store_all", "--framework", "torchtitan@2024-12"],
+                 "kernel_fusion compiled"),
 }
 
 

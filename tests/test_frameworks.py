@@ -51,7 +51,9 @@ EXPECTED = {"attention": ("materialised", "flash", "time"), "grad_overlap": (Fal
             # blocks at or above max_split_size are never split, so the cache reserves more for the same requests
             "alloc_conf": ("max_split_size_mb:20", "", "gpu memory"),
             # collective buffers held until a synchronisation: the cache fills and the allocator retries
-            "nccl_record_stream": (True, False, "allocator retries")}
+            "nccl_record_stream": (True, False, "allocator retries"),
+            # a compiled block reads the residual add's output once (it fuses the add into the next norm)
+            "kernel_fusion": ("fused", "compiled", "time")}
 
 
 @pytest.mark.parametrize("mechanism", sorted(MECHANISMS))

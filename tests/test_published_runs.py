@@ -70,7 +70,7 @@ def _whatif_vs_benchmark(run):
 
 
 @pytest.mark.parametrize("rid", ["megatron2021-1.7B", "megatron2024-1.7B", "korthikanti-22B-selective",
-                                 "moe-folding-mixtral-8x22b"])
+                                 "moe-folding-mixtral-8x22b", "torchtitan-t2-cp4"])
 def test_whatif_with_the_framework_gives_the_benchmarks_number(rid):
     """[modern-training] item 6: `whatif --framework X@Y` on the same configuration gives the number the
     published-runs benchmark gives (the framework version carries the precision recipe it ran with)."""

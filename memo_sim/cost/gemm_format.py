@@ -42,12 +42,17 @@ def layer_gemm_bytes(model: ModelConfig, m: float, k: float, n: float) -> float:
     return (m * k + k * n) * fmt.element_bytes + m * n * d
 
 
-def cast_seconds(model: ModelConfig, profile: HardwareProfile, elements: float) -> float:
-    """One activation or gradient cast of ``elements`` elements (0 when the format is not quantised)."""
+def cast_seconds(model: ModelConfig, profile: HardwareProfile, elements: float, amax_fused: bool = False) -> float:
+    """One activation or gradient cast of ``elements`` elements (0 when the format is not quantised);
+    ``amax_fused``: the kernel that wrote the tensor already took its amax (a compiled block,
+    `memo_sim.model.kernel_fusion`), so the cast reads it once."""
     fmt = model.gemm
     if not fmt.quantised:
         return 0.0
-    return memory_bound_op_time(fmt.cast_bytes(elements, DTYPE_BYTES[model.dtype]), profile)
+    nbytes = fmt.cast_bytes(elements, DTYPE_BYTES[model.dtype])
+    if amax_fused and fmt.amax_pass:
+        nbytes -= elements * DTYPE_BYTES[model.dtype]
+    return memory_bound_op_time(nbytes, profile)
 
 
 def linear_params_on_gpu(model: ModelConfig, layout: Layout, layers: float, owned: bool = False) -> float:

@@ -22,10 +22,12 @@ from memo_sim.model.flops import ATTN_BWD_FACTOR, op_flops
 from memo_sim.cost.memo import memoised
 from memo_sim.cost.attention_kernel import materialised_attention
 from memo_sim.cost.gemm_format import cast_seconds, gemm_peak_key, layer_gemm_bytes
-from memo_sim.cost.kernel_time import attention_bwd_time, attention_fwd_time, gemm_time, memory_bound_op_time
+from memo_sim.cost.kernel_time import (attention_bwd_time, attention_fwd_time, gemm_time, memory_bound_op_time,
+                                       memory_bound_time)
 from memo_sim.cost.opcost import OpCost, chain_dependencies, chain_tail, critical_time  # noqa: F401  (re-exported)
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
+from memo_sim.model.kernel_fusion import amax_fused_backward, amax_fused_forward, fused_inputs
 from memo_sim.model.layer_graph import DTYPE_BYTES, FP8_SAVED_INPUTS, OpSpec, forward_ops, layer_tensors, recompute_ops
 from memo_sim.profile.schema import HardwareProfile
 from memo_sim.tp import RING_GROUPS, TPFlavour
@@ -83,10 +85,11 @@ def _compute_cost(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, se
             t *= GEMM_BWD_FACTOR
         # backward: the output gradient, and the input again for the weight gradient (memo keeps the
         # high-precision input for backward, as torchao's Float8Linear does, and re-casts it there)
+        # (a compiled block takes the amax where a memory-bound kernel writes the tensor: `model.kernel_fusion`)
         if phase != "bwd":
-            t += cast_seconds(model, profile, m * k)
+            t += cast_seconds(model, profile, m * k, amax_fused_forward(model, layout.kernel_fusion, op.inputs[0]))
         else:  # the output gradient; the input too unless its quantised copy was kept (fp8_saved_inputs)
-            t += cast_seconds(model, profile, m * n) + (
+            t += cast_seconds(model, profile, m * n, amax_fused_backward(model, layout.kernel_fusion, op.outputs[0])) + (
                 0.0 if model.fp8_saved_inputs and op.inputs[0] in FP8_SAVED_INPUTS else cast_seconds(model, profile, m * k))
         return OpCost(op.name, "gemm", phase, "compute", t, flops=f)
     if op.kind == "attention":
@@ -101,9 +104,16 @@ def _compute_cost(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, se
         return OpCost(op.name, "attention", phase, "compute", attention_fwd_time(f, profile, model.dtype, model.qk_head_dim),
                       flops=f)
     nbytes = _elementwise_bytes(op, model, layout, batch, seq) * fraction
+    # a compiled block fuses the op into the memory-bound op before it: what that one wrote is not read again,
+    # and the op pays no launch of its own (`memo_sim.model.kernel_fusion`)
+    fused = fused_inputs(model).get(op.name, ()) if layout.kernel_fusion == "compiled" else ()
+    if fused:
+        nbytes -= sum(tensor_bytes(t, layout, batch, seq) for t in _op_tensors(op, model, layout.tp_mode)
+                      if t.name in fused) * fraction
     if phase == "bwd":
         nbytes *= ELEMENTWISE_BWD_FACTOR
-    return OpCost(op.name, op.kind, phase, "compute", memory_bound_op_time(nbytes, profile), nbytes=nbytes)
+    seconds = memory_bound_time(nbytes, profile) if fused else memory_bound_op_time(nbytes, profile)
+    return OpCost(op.name, op.kind, phase, "compute", seconds, nbytes=nbytes)
 
 
 def _tp_collective(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, seq: int,

@@ -22,7 +22,10 @@ policies, and how it runs what the simulator models as a switch
 - ``nccl_record_stream`` (optional, default false): the framework's PyTorch has ProcessGroupNCCL
   call ``recordStream`` on collective tensors (PyTorch before TORCH_NCCL_AVOID_RECORD_STREAMS's
   stashing became the default, without that variable set), so freed collective buffers wait for
-  the next synchronisation before the caching allocator reuses them (`memo_sim.layout.parallel`).
+  the next synchronisation before the caching allocator reuses them (`memo_sim.layout.parallel`);
+- ``kernel_fusion`` (optional, default ``fused``): how the norms, activations and residual adds run,
+  hand-fused kernels or a ``compiled`` block (torch.compile: adjacent memory-bound ops and FP8 amax
+  reductions fused; `memo_sim.model.kernel_fusion`).
 
 A file's ``layouts.dp_modes`` lists its data-parallel flavours (`memo_sim.dp`: ``zero``, the ZeRO
 stages; ``fsdp``, FSDP2 with HSDP and resharding after the forward or not; default ``[zero]``).
@@ -63,6 +66,7 @@ from memo_sim.layout.parallel import HOST_POOLS, Layout
 from memo_sim.layout.schedule import SCHEDULE_NAMES
 from memo_sim.model.config import DTYPES, ModelConfig
 from memo_sim.model.gemm_formats import GEMM_FORMATS
+from memo_sim.model.kernel_fusion import KERNEL_FUSIONS
 from memo_sim.model.layer_graph import ATTENTION_KERNELS, CROSS_ENTROPY_KERNELS
 from memo_sim.model.precision import RECIPES
 from memo_sim.tp import TP_MODES
@@ -72,7 +76,7 @@ DATA = Path(__file__).parent / "data"
 # the switchable mechanisms: name -> the Layout field it sets
 MECHANISMS = {"attention": "attention", "grad_overlap": "grad_overlap", "cross_entropy": "cross_entropy",
               "host_pool": "host_pool", "expandable_segments": "expandable_segments", "alloc_conf": "alloc_conf",
-              "nccl_record_stream": "nccl_record_stream"}
+              "nccl_record_stream": "nccl_record_stream", "kernel_fusion": "kernel_fusion"}
 
 
 class _ExpertsIn(BaseModel):
@@ -108,6 +112,7 @@ class _MechanismsIn(BaseModel):
     expandable_segments: bool = Field(strict=True)
     alloc_conf: str = Field("", strict=True)  # the rest of PYTORCH_CUDA_ALLOC_CONF (`memo_sim.layout.alloc_conf`)
     nccl_record_stream: bool = Field(False, strict=True)  # recordStream on collective tensors (`layout.parallel`)
+    kernel_fusion: Literal[KERNEL_FUSIONS] = "fused"  # fused | compiled (`memo_sim.model.kernel_fusion`)
 
     @model_validator(mode="after")
     def _conf(self):

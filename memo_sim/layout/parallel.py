@@ -98,6 +98,7 @@ from memo_sim.layout.alloc_conf import merged_alloc_conf
 from memo_sim.layout.kv_heads import kv_heads_why_not, kv_repeat_factor
 from memo_sim.layout.moe_balance import balance_why_not, parse_balance, Balance
 from memo_sim.layout.moe_dispatchers import DISPATCHER_NAMES, Dispatcher, dispatcher
+from memo_sim.model.kernel_fusion import KERNEL_FUSIONS
 from memo_sim.model.layer_graph import ATTENTION_KERNELS, CROSS_ENTROPY_KERNELS
 from memo_sim.tp import FLAVOURS, TP_MODES, TPFlavour, tp_flavour
 
@@ -127,6 +128,7 @@ class Layout:
     expandable_segments: bool = False  # PyTorch caching allocator's expandable_segments (`memplan.caching_allocator`)
     alloc_conf: str = ""  # the rest of PYTORCH_CUDA_ALLOC_CONF, canonical (`layout.alloc_conf`); "": defaults
     nccl_record_stream: bool = False  # collective buffers held by recordStream until a synchronisation
+    kernel_fusion: str = "fused"  # memory-bound kernels: fused | compiled (torch.compile; `model.kernel_fusion`)
     memory_plan: bool = False  # a static memory plan places the transients whatever the policy (`policy.base.uses_memory_plan`)
     optimizer_offload: bool = False  # master weights, Adam and its step on the host (`cost.optimizer_offload`)
     # uneven pipeline stages (Megatron-LM's --decoder-first/last-pipeline-num-layers; 0: not set): the first
@@ -256,6 +258,8 @@ class Layout:
             parts.append("alloc-conf")
         if self.nccl_record_stream:
             parts.append("record-stream")
+        if self.kernel_fusion != "fused":
+            parts.append(self.kernel_fusion)
         if self.memory_plan:
             parts.append("memplan")
         if self.optimizer_offload:
@@ -291,6 +295,8 @@ class Layout:
             del d["alloc_conf"]
         if not self.nccl_record_stream:  # and plans whose collectives stash their tensors theirs
             del d["nccl_record_stream"]
+        if self.kernel_fusion == "fused":  # and plans with hand-fused kernels theirs
+            del d["kernel_fusion"]
         if not self.memory_plan:  # and plans on the allocator their policy runs with theirs
             del d["memory_plan"]
         if not self.optimizer_offload:  # and plans with the optimizer on the GPU theirs
@@ -333,6 +339,7 @@ class _LayoutIn(BaseModel):
     expandable_segments: bool = Field(False, strict=True)
     alloc_conf: str = Field("", strict=True, max_length=2000)
     nccl_record_stream: bool = Field(False, strict=True)
+    kernel_fusion: Literal[KERNEL_FUSIONS] = "fused"
     memory_plan: bool = Field(False, strict=True)
     optimizer_offload: bool = Field(False, strict=True)
     first_stage_layers: Annotated[int, Field(strict=True, ge=0, le=1 << 12)] = 0
@@ -513,6 +520,8 @@ def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: i
                 "combined with ring CP or METP's ring attention (they merge blocks by log-sum-exp)")
     if layout.cross_entropy not in CROSS_ENTROPY_KERNELS:
         return f"cross_entropy must be one of {', '.join(CROSS_ENTROPY_KERNELS)}, got {layout.cross_entropy!r}"
+    if layout.kernel_fusion not in KERNEL_FUSIONS:
+        return f"kernel_fusion must be one of {', '.join(KERNEL_FUSIONS)}, got {layout.kernel_fusion!r}"
     if layout.host_pool not in HOST_POOLS:
         return f"host_pool must be one of {', '.join(HOST_POOLS)}, got {layout.host_pool!r}"
     if layout.alloc_conf:
