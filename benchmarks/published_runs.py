@@ -191,11 +191,14 @@ def _megatron2024(size, heads, hidden, layers, tp, pp, dp, gpus, batch, tflops):
                dtype="bf16", zero=1, why_not=why)
 
 
-def _titan(config, tps, why=None, gpus=8, seq=8192, batch=2, model="llama-3.1-8b", cp=1, tp=1, pp=1):
+def _titan(config, tps, why=None, gpus=8, seq=8192, batch=2, model="llama-3.1-8b", cp=1, tp=1, pp=1,
+           policy="full_recompute"):
     # TPS/GPU -> step time: torchtitan@9dec370 train.py counts the local batch's tokens (labels.numel(), before
     # context parallelism shards them) and divides by the step time x cp x tp x pp (non_data_parallel_size), so a
     # step takes local batch x sequence / (TPS x cp x tp x pp). Every row here uses torch.compile but the first of
-    # Tables 1 and 3 and Float8 (torchao, tensorwise dynamic scaling) from Table 2 on, as the page's table titles say
+    # Tables 1 and 3 and Float8 (torchao, tensorwise dynamic scaling) from Table 2 on, as the page's table titles say;
+    # "selective activation checkpointing" is per-op (op_sac): train_configs/llama3_8b.toml at 9dec370 sets
+    # mode = 'selective', selective_ac_option = 'op'
     arch = PRESETS[model]
     dp = gpus // (cp * tp * pp)
     fp8 = "Float8" in config
@@ -205,12 +208,15 @@ def _titan(config, tps, why=None, gpus=8, seq=8192, batch=2, model="llama-3.1-8b
                framework="torchtitan@2024-12", profile="h100-sxm5-96gb-500w", seq=seq, why_not=why, arch=arch,
                layers=arch.layers, hidden=arch.hidden, heads=arch.heads, vocab=arch.vocab, dtype="bf16",
                gemm_format="fp8-tensorwise" if fp8 else "bf16", tp=tp, sp=tp > 1, cp=cp, pp=pp, dp=dp, zero=3,
-               dp_mode="fsdp", global_batch=dp * batch, policy="full_recompute",
+               dp_mode="fsdp", global_batch=dp * batch, policy=policy,
                variants=(("h100-sxm5-80gb (the 700 W SXM5 part: datasheet peaks, HBM3)",
                           (("profile", "h100-sxm5-80gb"),)),))
 
 
-_SAC = "torchtitan's selective (per-op) activation checkpointing is not a policy yet"
+_EAGER = ("without torch.compile torchtitan runs eager composite kernels (nn.RMSNorm over an fp32 upcast, SwiGLU's and "
+          "the rotary embedding's separate ops), which memo does not price (its norms are one kernel)")
+_SAC_FP8 = ("per-op selective checkpointing under Float8 is not priced: Float8Linear calls _scaled_mm, not aten.mm, "
+            "so the save list keeps no linear output but its abs passes' outputs")
 _ASYNC_TP = "async TP (TP collectives decomposed and overlapped with the GEMMs) is not modelled"
 _FSDP_PP = "FSDP beside pipeline stages is not priced (memo's pipelines keep ZeRO at most 1)"
 RUNS: tuple[Run, ...] = (
@@ -241,13 +247,15 @@ RUNS: tuple[Run, ...] = (
     _megatron2024("177B", 96, 12288, 96, 8, 6, 48, 2304, 1152, 432.8),
     _megatron2024("314B", 128, 16384, 96, 8, 8, 48, 3072, 1536, 474.4),
     _megatron2024("462B", 144, 18432, 112, 8, 16, 48, 6144, 3072, 459.9),
-    _titan("t1-fsdp: Llama 3.1 8B, FSDP over 8 GPUs, local batch 2 x 8192, selective AC (Table 1)", 5762, _SAC),
-    _titan("t1-fsdp-compile: the same with torch.compile (Table 1)", 6667, _SAC),
-    _titan("t1-fsdp-compile-float8: the same with torch.compile + Float8 (Table 1)", 8532, _SAC),
-    _titan("t3-fsdp128: Llama 3.1 8B, FSDP over 128 GPUs, local batch 2 x 8192, selective AC (Table 3)", 5605, _SAC,
-           gpus=128),
-    _titan("t3-fsdp128-compile: the same with torch.compile (Table 3)", 6514, _SAC, gpus=128),
-    _titan("t3-fsdp128-compile-float8: the same with torch.compile + Float8 (Table 3)", 8380, _SAC, gpus=128),
+    _titan("t1-fsdp: Llama 3.1 8B, FSDP over 8 GPUs, local batch 2 x 8192, selective AC (Table 1)", 5762, _EAGER,
+           policy="op_sac"),
+    _titan("t1-fsdp-compile: the same with torch.compile (Table 1)", 6667, policy="op_sac"),
+    _titan("t1-fsdp-compile-float8: the same with torch.compile + Float8 (Table 1)", 8532, _SAC_FP8, policy="op_sac"),
+    _titan("t3-fsdp128: Llama 3.1 8B, FSDP over 128 GPUs, local batch 2 x 8192, selective AC (Table 3)", 5605, _EAGER,
+           gpus=128, policy="op_sac"),
+    _titan("t3-fsdp128-compile: the same with torch.compile (Table 3)", 6514, gpus=128, policy="op_sac"),
+    _titan("t3-fsdp128-compile-float8: the same with torch.compile + Float8 (Table 3)", 8380, _SAC_FP8, gpus=128,
+           policy="op_sac"),
     _titan("t2-cp1: Llama 3.1 8B, FSDP 8, CP 1, 32K, full AC, compile + Float8 (Table 2)", 3890, seq=32768, batch=1),
     _titan("t2-cp2: Llama 3.1 8B, FSDP 4, CP 2, 64K, full AC, compile + Float8 (Table 2)", 2540, seq=65536, batch=1,
            cp=2),
@@ -812,8 +820,8 @@ RUNS = RUNS + MOE_RUNS
 # Rows whose |error| exceeds 10%, with the mechanism memo is missing or the input it lacks (analysis
 # of the row, not a correction: nothing here changes a prediction).
 _H100 = ("the h100-sxm5-80gb profile's efficiency curves are assumptions, never calibrated: they put these "
-         "GEMMs at 700-735 TFLOP/s (71-74% of the dense peak) and FlashAttention at 42% (forward) and 34% "
-         "(backward) of it; `memo-exec calibrate` on an H100 replaces them. The error shrinks as the GEMMs "
+         "GEMMs at 700-735 TFLOP/s (71-74% of the dense peak) and TransformerEngine's cuDNN fused attention "
+         "(`attention: cudnn`) at 42% (forward) and 34% (backward) of it; `memo-exec calibrate` on an H100 replaces them. The error shrinks as the GEMMs "
          "grow (1.7B to 32B), as a too-optimistic small-GEMM efficiency would. --tp-comm-overlap is not "
          "modelled (it would make memo faster still).")
 OUTLIERS = {"megatron2024-1.7B": _H100, "megatron2024-7.1B": _H100, "megatron2024-16B": _H100}
@@ -895,28 +903,37 @@ OUTLIERS.update({
 # torchtitan's 2024-12 H100 rows (torchtitan@2024-12 on h100-sxm5-96gb-500w; memo's per-layer split over the 32 / 80
 # layers from `memo_sim.cost.layer_time`'s forward, backward and full-recompute costs at this commit)
 _TITAN_CP = (
-    "memo too fast, most where attention takes the step: memo's step is {memo} ({attn} of it attention, FP8 GEMMs "
-    "{gemm}); the measured step leaves {left} for attention if the rest is as memo prices it, so the attention ran at "
-    "{ratio} of the speed memo assumes. Candidates, none pinned down: (1) the attention kernel: the run's SDPA "
-    "FlashAttention-2, which reaches about 35% of an H100's peak (Shah et al. 2024, FlashAttention-3, arXiv "
-    "2407.08608: 'FlashAttention-2 achieving only 35% utilization on the H100 GPU'), while memo's H100 curve assumes "
-    "45-48% forward and 40% backward (an uncalibrated profile, never fitted to a run); (2) the 500 W part's peak, "
-    "which the source itself does not know (memo takes the midpoint of the SXM and NVL datasheets; the SXM5 variant "
-    "beside is faster still); (3) PyTorch's experimental context parallelism of 2024-12 (cp > 1): each layer's "
-    "attention as cp kernel calls on half blocks per direction, their outputs and gradients merged in fp32 "
-    "(convert_to_f32), K/V all-gathered, none of which memo prices beyond the bytes")
+    "memo too fast, most where attention takes the step: memo's step is {memo} ({attn} of it attention, priced as "
+    "FlashAttention-2 at the FlashAttention-3 paper's published 35% top on the H100; FP8 GEMMs {gemm}); the measured "
+    "step leaves {left} for attention if the rest is as memo prices it, so the attention ran at {ratio} of the speed "
+    "memo prices. Candidates, none pinned down: (1) the 500 W part's peak, which the source itself does not know (memo "
+    "takes the midpoint of the SXM and NVL datasheets); (2) the FlashAttention-2 curve below its top and its backward "
+    "(the top is published, the rest of the curve and the backward's ratio are assumptions){cp}")
+_TITAN_CP_RING = ("; (3) PyTorch's experimental context parallelism of 2024-12, which the cp 4 and cp 8 rows feel "
+                  "most: each layer's attention as one SDPA call per ring step on half blocks, every step's output "
+                  "and log-sum-exp merged in fp32 and the gradients accumulated in fp32 (convert_to_f32), K/V "
+                  "all-gathered and dK/dV passed around the ring, none of which memo prices beyond the K/V bytes")
 OUTLIERS.update({
-    "torchtitan-t2-cp1": _TITAN_CP.format(memo="5.67 s", attn="3.29 s", gemm="1.68 s", left="about 6.0 s",
-                                          ratio="0.55x") + " (no CP in this row: (1) and (2) alone)",
-    "torchtitan-t2-cp2": _TITAN_CP.format(memo="8.91 s", attn="6.5 s", gemm="1.68 s", left="about 10.5 s",
-                                          ratio="0.62x"),
-    "torchtitan-t2-cp4": _TITAN_CP.format(memo="15.33 s", attn="12.9 s", gemm="1.68 s", left="about 28 s",
-                                          ratio="0.46x"),
-    "torchtitan-t2-cp8": _TITAN_CP.format(memo="28.15 s", attn="25.8 s", gemm="1.68 s", left="about 57 s",
-                                          ratio="0.45x"),
+    "torchtitan-t2-cp1": _TITAN_CP.format(memo="6.89 s", attn="4.51 s", gemm="1.68 s", left="about 6.0 s",
+                                          ratio="0.75x", cp=" (no CP in this row)"),
+    "torchtitan-t2-cp2": _TITAN_CP.format(memo="11.34 s", attn="8.96 s", gemm="1.68 s", left="about 10.5 s",
+                                          ratio="0.85x", cp=_TITAN_CP_RING),
+    "torchtitan-t2-cp4": _TITAN_CP.format(memo="20.18 s", attn="17.8 s", gemm="1.68 s", left="about 28 s",
+                                          ratio="0.63x", cp=_TITAN_CP_RING),
+    "torchtitan-t2-cp8": _TITAN_CP.format(memo="37.84 s", attn="35.5 s", gemm="1.68 s", left="about 57 s",
+                                          ratio="0.62x", cp=_TITAN_CP_RING),
+    **dict.fromkeys(("torchtitan-t1-fsdp-compile", "torchtitan-t3-fsdp128-compile"), (
+        "memo too fast by a fifth on a GEMM-bound 8K step (Llama 3.1 8B, FSDP, per-op selective checkpointing, "
+        "compiled): memo's step is 1.94 s on 8 GPUs, 2.02 s on 128, about 1.0 s of it the layers' forward and "
+        "backward GEMMs at the profile's assumed 75% of the assumed 912 TF peak, 0.45 s attention, 0.12 s the "
+        "checkpointing's re-run GEMMs. Candidates, none pinned down: the 500 W part's sustained clock under GEMM load "
+        "(the source puts the peak between the SXM's and the NVL's without knowing it; at the NVL's 835.5 TF memo's "
+        "step would be about 8% longer), the GEMM curve (assumed, never calibrated on an H100; the megatron2024 H100 "
+        "rows are too fast the same way), and FSDP's per-layer all-gathers and reduce-scatters, which memo hides "
+        "under the compute")),
     "torchtitan-t4-2d": (
         "memo too fast: FSDP 32 x TP 8 over 256 GPUs, the TP collectives exposed (no async TP in this row). memo's "
-        "step is 16.33 s: FP8 GEMMs 8.9 s, TP all-gathers and reduce-scatters 4.1 s, attention 2.1 s. Candidates, "
+        "step is 17.09 s: FP8 GEMMs 8.9 s, TP all-gathers and reduce-scatters 4.1 s, attention 2.9 s. Candidates, "
         "none pinned down: FP8 GEMMs at the bf16 curve's fraction of the FP8 peak (an assumption of the profile, "
         "never measured; torchao's tensorwise Float8Linear at TP 8 runs GEMMs of 8192 x 16 tokens by 1,024-3,584 "
         "columns), the 500 W part's unknown peak, and the ZeRO-3 (FSDP) gathers of 32 ranks across 32 nodes that "
@@ -940,6 +957,11 @@ HISTORY = (
      "synchronisation in the PyTorch of megatron@2021-2023 and memo-paper (`Layout.nccl_record_stream`)",
      {"megatron2021-3.6B": 0.003, "megatron2021-7.5B": -0.008, "korthikanti-22B-full": -0.003,
       "korthikanti-22B-selective": -0.065}),
+    ("d69a665", "2026-11-25", "before attention kernels were framework data (FlashAttention-2 at the FlashAttention-3 "
+     "paper's published 35% of an H100's peak; cuDNN's fused attention, TransformerEngine's choice on Hopper, at the "
+     "earlier 45-48% assumption)",
+     {"torchtitan-t2-cp1": -0.327, "torchtitan-t2-cp2": -0.309, "torchtitan-t2-cp4": -0.499,
+      "torchtitan-t2-cp8": -0.529, "torchtitan-t4-2d": -0.174}),
 )
 
 
@@ -992,6 +1014,17 @@ STEPS = (
      "were cp or tp times too long): torchtitan's Table 2 (FSDP + CP, 32K-256K, Float8) and Table 4 (70B, FSDP 32 x "
      "TP 8, Float8) rows predicted (all too fast: -17% to -53%), every other row unchanged: dense 30 predicted at "
      "14.5% / 52.9%, its long-context subgroup 16 at 21.2% / 52.9%, the FP8 rows 5 at 36.8% / 52.9%"),
+    ("attention kernels", "attention kernels as framework data: `flash` is FlashAttention-2, whose forward tops out at "
+     "35% of an H100's peak (the FlashAttention-3 paper's published figure) on the Hopper profiles, and `cudnn`, "
+     "cuDNN's fused attention that TransformerEngine prefers on Hopper (Megatron-LM today), keeps the earlier "
+     "45-48% assumption; only the torchtitan rows move (-32.7% to -18.2%, -30.9% to -12.1%, -49.9% to -34.0%, "
+     "-52.9% to -36.7%, the 70B 2D row -17.4% to -13.5%), every other row unchanged: dense 30 predicted at "
+     "12.2% / 36.7%, long-context 16 at 17.1% / 36.7%, the FP8 rows 5 at 22.9% / 36.7%"),
+    ("op_sac", "torchtitan's per-op selective activation checkpointing as a policy (`memo_sim.policy.op_sac`: every "
+     "second GEMM's output and the attention's kept, the rest of the layer re-run), and torchtitan's Table 1 and 3 "
+     "compiled bf16 rows run with it (-21.0%, -19.6%); the eager and the Float8 rows with it stay not expressible "
+     "(eager composite kernels; what the save list keeps under Float8); every other row unchanged: dense 32 "
+     "predicted at 12.7% / 36.7%, long-context 16 at 17.1% / 36.7%, the FP8 rows 5 at 22.9% / 36.7%"),
 )
 
 

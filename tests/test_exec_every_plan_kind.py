@@ -92,6 +92,7 @@ REFUSED = {
                                "priced by the simulator only"),
     "compiled": (1, ["--layers", "4", "--policy", "store_all", "--framework", "torchtitan@2024-12"],
                  "kernel_fusion compiled"),
+    "op_sac": (1, ["--layers", "4", "--policy", "op_sac", "--framework", "torchtitan"], "policy 'op_sac'"),
 }
 
 

@@ -77,6 +77,27 @@ RECOMPUTE_GROUPS = {"norms": ("ln1", "ln2"), "moe_act": ("eact",),
                     "moe_block": ("probs", "moe_in", "efc1", "eact", "sfc1", "sact")}
 
 
+# torchtitan's per-op selective activation checkpointing (`memo_sim.policy.op_sac`): of a dense block's linear GEMMs
+# in torchtitan's order (wq, wk, wv, wo, then w1, w3, w2 for a gated FFN, w1, w2 otherwise) every odd one's output is
+# saved and every even one's recomputed; the attention kernel's outputs are saved; the norms, residual adds and the
+# activation are recomputed. Saved tensors it drops: ln1, k (wk), h1, ln2, act, and for a gated FFN the up half of
+# fc1 (w3's output; w1's, the gate half, is saved); it also keeps w2's output (the gated FFN's 7th GEMM), which
+# store-all does not keep
+OP_SAC_DROPPED = ("ln1", "k", "h1", "ln2", "act")
+
+
+def _op_sac_bytes(model: ModelConfig, layout: Layout, batch: int, seq: int) -> tuple[float, float]:
+    """(skeletal bytes op SAC drops, bytes it keeps beyond the skeletal ones) of one dense layer on one GPU."""
+    tensors = layer_tensors(model, layout.tp_mode)
+    if model.moe or model.mla:
+        return 0.0, 0.0
+    dropped = sum(tensor_bytes(tensors[n], layout, batch, seq) for n in OP_SAC_DROPPED if tensors[n].saved)
+    if model.ffn_type != "swiglu":
+        return dropped, 0.0
+    return (dropped + tensor_bytes(tensors["fc1"], layout, batch, seq) / 2,
+            tensor_bytes(tensors["fc2"], layout, batch, seq))
+
+
 def skeletal_bytes(model: ModelConfig, layout: Layout, batch: int, seq: int) -> dict[str, float]:
     """`_skeletal_bytes`, computed once per (model, layout, batch, seq); a fresh dict for each caller."""
     return dict(_skeletal_bytes(model, layout, batch, seq))
@@ -110,6 +131,7 @@ def _skeletal_bytes_dict(model: ModelConfig, layout: Layout, batch: int, seq: in
     out["total"] = out["input"] + out["attn"] + out["other"]
     out.update(groups)
     out["scores"] = materialised_score_bytes(model, layout, batch, seq)
+    out["op_sac_dropped"], out["op_sac_extra"] = _op_sac_bytes(model, layout, batch, seq)
     return out
 
 

@@ -3,9 +3,11 @@
 ``layout.attention`` (`memo_sim.model.layer_graph.ATTENTION_KERNELS`) picks one; this module is
 the one place each is priced.
 
-- ``flash`` (FlashAttention): one fused kernel over the causal half of the score matrix;
+- ``flash`` (FlashAttention-2): one fused kernel over the causal half of the score matrix;
   forward FLOPs 2·b·s²·h (causal), backward 2.5x that (`memo_sim.model.flops`), each at the
-  profile's attention efficiency curves.
+  profile's attention efficiency curves. ``cudnn`` (cuDNN's fused attention, TransformerEngine's
+  FusedAttention) is the same kernel shape at the profile's cudnn curves where it gives them
+  (`HardwareProfile.efficiency.attention_curves`; Hopper profiles do, the rest price it as flash).
 - ``materialised`` (Megatron-LM's `ParallelAttention` before FlashAttention, e.g. commit
   e64507f06d of 2021-10-31, megatron/model/transformer.py): per GPU there are
   n_b = b · heads / (tp · ulysses) score matrices of s x s (the whole sequence: ring CP cannot

@@ -10,7 +10,8 @@
   `gemm_bytes` gives a GEMM's operand bytes from its shape: an (m x k) by (k x n) product reads
   m·k + k·n elements and writes m·n, ``batch`` times. The transformer layer's GEMMs
   (k = hidden or FFN width) sit far above the ridge and are compute-bound.
-- Attention (FlashAttention): FLOPs at the attention efficiency curves, plus the profile's time
+- Attention (FlashAttention-2, or cuDNN's fused attention where the profile has its curves:
+  ``kernel``): FLOPs at the attention efficiency curves, plus the profile's time
   per causal score element (``efficiency.attention_*_score_time``) times the kernel's score
   elements when the head size is known (`memo_sim.model.flops.attention_score_elements`).
 - Memory-bound kernels (norms, activations, residual adds, softmax and dropout passes, Adam):
@@ -36,23 +37,23 @@ def gemm_time(flops: float, profile: HardwareProfile, dtype: str = "bf16", nbyte
 
 
 def attention_fwd_time(flops: float, profile: HardwareProfile, dtype: str = "bf16",
-                       head_dim: int | None = None) -> float:
-    """Forward attention of ``flops``; with ``head_dim``, its score elements at the profile's
-    time per element too."""
+                       head_dim: int | None = None, kernel: str = "flash") -> float:
+    """Forward attention of ``flops`` in ``kernel`` (`Efficiency.attention_curves`); with ``head_dim``,
+    its score elements at the profile's time per element too."""
     if flops <= 0:
         return 0.0
-    t = flops / (profile.peak(dtype) * profile.efficiency.attention_fwd(flops))
+    t = flops / (profile.peak(dtype) * profile.efficiency.attention_curves(kernel)[0](flops))
     if head_dim:
         t += attention_score_elements(flops, head_dim) * float(profile.efficiency.attention_fwd_score_time)
     return t
 
 
 def attention_bwd_time(flops: float, profile: HardwareProfile, dtype: str = "bf16",
-                       head_dim: int | None = None) -> float:
+                       head_dim: int | None = None, kernel: str = "flash") -> float:
     """``flops`` are the backward kernel's own FLOPs (2.5x the forward's for FlashAttention)."""
     if flops <= 0:
         return 0.0
-    t = flops / (profile.peak(dtype) * profile.efficiency.attention_bwd(flops))
+    t = flops / (profile.peak(dtype) * profile.efficiency.attention_curves(kernel)[1](flops))
     if head_dim:
         t += (attention_score_elements(flops / ATTN_BWD_FACTOR, head_dim)
               * float(profile.efficiency.attention_bwd_score_time))

@@ -100,9 +100,9 @@ def _compute_cost(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, se
         if phase == "bwd":
             f *= ATTN_BWD_FACTOR
             return OpCost(op.name, "attention", phase, "compute",
-                          attention_bwd_time(f, profile, model.dtype, model.qk_head_dim), flops=f)
-        return OpCost(op.name, "attention", phase, "compute", attention_fwd_time(f, profile, model.dtype, model.qk_head_dim),
-                      flops=f)
+                          attention_bwd_time(f, profile, model.dtype, model.qk_head_dim, layout.attention), flops=f)
+        return OpCost(op.name, "attention", phase, "compute",
+                      attention_fwd_time(f, profile, model.dtype, model.qk_head_dim, layout.attention), flops=f)
     nbytes = _elementwise_bytes(op, model, layout, batch, seq) * fraction
     # a compiled block fuses the op into the memory-bound op before it: what that one wrote is not read again,
     # and the op pays no launch of its own (`memo_sim.model.kernel_fusion`)

@@ -140,15 +140,15 @@ _COSTS_MAX = 20000
 
 
 def _reprice_attention(costs: list[OpCost], flops_fwd: float, profile: HardwareProfile, dtype: str,
-                       head_dim: int) -> list[OpCost]:
+                       head_dim: int, kernel: str = "flash") -> list[OpCost]:
     out = []
     for c in costs:
         if c.kind == "attention" and c.stream == "compute":
             if c.phase == "bwd":
                 f = flops_fwd * ATTN_BWD_FACTOR
-                c = replace(c, seconds=attention_bwd_time(f, profile, dtype, head_dim), flops=f)
+                c = replace(c, seconds=attention_bwd_time(f, profile, dtype, head_dim, kernel), flops=f)
             else:
-                c = replace(c, seconds=attention_fwd_time(flops_fwd, profile, dtype, head_dim), flops=flops_fwd)
+                c = replace(c, seconds=attention_fwd_time(flops_fwd, profile, dtype, head_dim, kernel), flops=flops_fwd)
         out.append(c)
     return out
 
@@ -167,8 +167,8 @@ def piece_costs(model: ModelConfig, layout: Layout, batch: int, start: int, leng
     bwd = backward_costs(model, shard, batch, length, profile)
     if start > 0:
         f = prefix_attention_flops(batch, start, length, model.hidden) / (shard.tp * shard.seq_split)
-        fwd = _reprice_attention(fwd, f, profile, model.dtype, model.qk_head_dim)
-        bwd = _reprice_attention(bwd, f, profile, model.dtype, model.qk_head_dim)
+        fwd = _reprice_attention(fwd, f, profile, model.dtype, model.qk_head_dim, layout.attention)
+        bwd = _reprice_attention(bwd, f, profile, model.dtype, model.qk_head_dim, layout.attention)
     if memo:
         if len(_COSTS) > _COSTS_MAX:
             _COSTS.clear()
@@ -230,8 +230,9 @@ def piece_timer(model: ModelConfig, layout: Layout, batch: int, profile: Hardwar
             out = (critical_time(f), critical_time(b))
         else:
             fl = prefix_attention_flops(batch, start, length, h) / shards
-            out = (rest[0] * scale + attention_fwd_time(fl, profile, dtype, model.qk_head_dim),
-                   rest[1] * scale + attention_bwd_time(fl * ATTN_BWD_FACTOR, profile, dtype, model.qk_head_dim))
+            out = (rest[0] * scale + attention_fwd_time(fl, profile, dtype, model.qk_head_dim, shard.attention),
+                   rest[1] * scale + attention_bwd_time(fl * ATTN_BWD_FACTOR, profile, dtype, model.qk_head_dim,
+                                                        shard.attention))
         memo[(start, length)] = out
         return out
 

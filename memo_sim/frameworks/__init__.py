@@ -7,7 +7,8 @@ flavours, the schedules it runs: single stage, 1F1B, interleaved 1F1B, SPPO), wh
 policies, and how it runs what the simulator models as a switch
 (`MECHANISMS`):
 
-- ``attention``: ``flash`` or ``materialised`` (`memo_sim.cost.attention_kernel`);
+- ``attention``: ``flash`` (FlashAttention-2), ``cudnn`` (cuDNN's fused attention, TransformerEngine's
+  choice on Hopper and newer) or ``materialised`` (`memo_sim.cost.attention_kernel`);
 - ``grad_overlap``: whether the data-parallel gradient reduction overlaps the backward
   (`memo_sim.cost.grad_sync`);
 - ``cross_entropy``: the loss kernel, ``chunked``, ``vocab_parallel`` or ``torch_fused``

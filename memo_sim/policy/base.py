@@ -54,6 +54,12 @@ class Policy:
     needs_experts: ClassVar[bool] = False  # only for mixture-of-experts models (it rebuilds MoE tensors)
     summary: ClassVar[str] = ""
 
+    @staticmethod
+    def model_why_not(model: ModelConfig) -> str | None:
+        """Why the policy cannot price ``model`` (None: it can; the what-if leaves it out, or refuses it when
+        asked for by name)."""
+        return None
+
     def __post_init__(self) -> None:
         if self.takes_alpha:
             a = self.alpha

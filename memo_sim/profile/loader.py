@@ -140,6 +140,14 @@ class _EfficiencyIn(_In):
     attention_fwd_score_time: Time | None = None  # optional: profiles written before memo measured them
     attention_bwd_score_time: Time | None = None
     kernel_latency: Time | None = None
+    attention_cudnn_fwd: _CurveIn | None = None  # optional: cuDNN's fused attention (default: the curves above)
+    attention_cudnn_bwd: _CurveIn | None = None
+
+    @model_validator(mode="after")
+    def _cudnn_pair(self):
+        if (self.attention_cudnn_fwd is None) != (self.attention_cudnn_bwd is None):
+            raise ValueError("efficiency.attention_cudnn_fwd and attention_cudnn_bwd go together; give both or neither")
+        return self
 
 
 class _NodeIn(_In):
@@ -216,7 +224,9 @@ def parse_profile(raw: Any, source: str) -> HardwareProfile:
                                    al.cuda_free_throughput) if al is not None else DEFAULT_ALLOCATOR_COSTS),
         efficiency=Efficiency(e.gemm.typed(), e.attention_fwd.typed(), e.attention_bwd.typed(), e.elementwise,
                               **{k: q for k in ("attention_fwd_score_time", "attention_bwd_score_time",
-                                                "kernel_latency") if (q := getattr(e, k)) is not None}),
+                                                "kernel_latency") if (q := getattr(e, k)) is not None},
+                              **{k: c.typed() for k in ("attention_cudnn_fwd", "attention_cudnn_bwd")
+                                 if (c := getattr(e, k)) is not None}),
         gpus_per_node=d.node.gpus_per_node,
         nvlink=Link(d.nvlink.bandwidth, d.nvlink.latency),
         internode=Link(d.internode.bandwidth, d.internode.latency),

@@ -129,6 +129,17 @@ class Efficiency:
     attention_fwd_score_time: Quantity = NO_TIME  # seconds per causal score element (forward)
     attention_bwd_score_time: Quantity = NO_TIME  # seconds per causal score element (backward)
     kernel_latency: Quantity = NO_TIME  # seconds per memory-bound op call
+    # cuDNN's fused attention (TransformerEngine's FusedAttention), where the profile gives it; else the
+    # attention_* curves (FlashAttention-2) price it too (`attention_curves`)
+    attention_cudnn_fwd: Curve | None = None
+    attention_cudnn_bwd: Curve | None = None
+
+    def attention_curves(self, kernel: str = "flash") -> tuple[Curve, Curve]:
+        """(forward, backward) efficiency curves of an attention kernel (`layer_graph.ATTENTION_KERNELS`):
+        ``cudnn``'s own where the profile has them, else the FlashAttention-2 ones every profile has."""
+        if kernel == "cudnn" and self.attention_cudnn_fwd is not None and self.attention_cudnn_bwd is not None:
+            return self.attention_cudnn_fwd, self.attention_cudnn_bwd
+        return self.attention_fwd, self.attention_bwd
 
 
 @dataclass(frozen=True)

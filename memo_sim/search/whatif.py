@@ -162,8 +162,11 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
         for p in policies:
             if p in policy_names() and policy_class(p).needs_experts and not model.moe:
                 raise MemoError(f"--policy {p} rebuilds MoE tensors: model {model.name} has no experts")
+            if p in policy_names() and (why := policy_class(p).model_why_not(model)):
+                raise MemoError(f"--policy {p}: {why}; fix: choose another --policy")
     policies = fw.policies if policies is None else policies
-    policies = tuple(p for p in policies if model.moe or not policy_class(p).needs_experts)
+    policies = tuple(p for p in policies if (model.moe or not policy_class(p).needs_experts)
+                     and policy_class(p).model_why_not(model) is None)
     _check_options(fw, policies, alpha, batch, micro_batch, global_batch, schedules)
     allowed = tuple(n for n in (schedules or fw.schedules) if n in fw.schedules)
     pipes = tuple(n for n in allowed if n in micro_batch_pipelines())

@@ -1,0 +1,76 @@
+"""torchtitan's per-op selective activation checkpointing (``--activation_checkpoint.mode selective
+--activation_checkpoint.selective_ac_option op``; torchtitan@9dec370 torchtitan/parallelisms/parallelize_llama.py
+``_save_list`` and ``_custom_policy``, the default of its Llama configs): each block runs under
+``torch.utils.checkpoint`` with a policy that saves the output of every ``aten.mm`` but every second one, of the
+SDPA kernels and of the reduce-scatters, and recomputes every other op before the block's backward.
+
+In a dense Llama block the linear GEMMs run in the order wq, wk, wv, wo, w1, w3, w2 (w1, w2 without a gate), so
+the outputs of wq, wv, w1 and w2 are kept and wk, wo and w3 re-run; the attention output and its log-sum-exp are
+kept; the norms, the residual adds and the activation re-run. Memory: store-all's skeletal bytes without ln1, k,
+h1, ln2, act and the up half of fc1, with w2's output (which store-all does not keep) added
+(`memo_sim.cost.activations.OP_SAC_DROPPED`). Time: store-all's plus, before each layer's backward, the norms
+(with their sequence-parallel all-gathers), wk's and w3's share of the fused qkv and fc1 GEMMs, the output
+projection (with its reduce), the residual add and the activation (`recompute_costs`). Recomputation stops after
+the last tensor the backward needs (PyTorch's non-reentrant checkpoint stops early), so the last residual add does
+not re-run.
+
+Dense models with standard attention only (`model_why_not`): under a quantised GEMM format torchao's Float8Linear
+calls ``_scaled_mm``, not ``aten.mm``, so the save list keeps no linear output but its ``abs`` passes' outputs,
+which memo does not price; MoE and latent-attention blocks order their GEMMs otherwise. memo's executor does not
+run it (its registry refuses the policy in one line).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from memo_sim.cost.layer_time import forward_costs
+from memo_sim.model.config import ModelConfig
+from memo_sim.policy.recompute_modules import RecomputeModules
+from memo_sim.policy.registry import register
+
+# the ops re-run whole before a layer's backward, and the GEMMs re-run in part (their share of the fused GEMM)
+_WHOLE = ("ln1", "out_proj", "add1", "ln2", "act")
+
+
+@register
+class OpSac(RecomputeModules):
+    name = "op_sac"
+    summary = ("torchtitan's per-op selective checkpointing: keep every other GEMM's output and the attention's; "
+               "re-run the rest of the layer before its backward")
+    needs_experts = False
+
+    @staticmethod
+    def model_why_not(model: ModelConfig) -> str | None:
+        """Why the policy cannot price ``model`` (None: it can)."""
+        if model.moe or model.mla:
+            return "op_sac is priced for dense blocks with standard attention (torchtitan's Llama order of GEMMs)"
+        if model.gemm.quantised:
+            return (f"op_sac under {model.gemm_format} GEMMs is not priced: Float8Linear calls _scaled_mm, so the "
+                    f"save list keeps no linear output but its abs passes' outputs")
+        return None
+
+    def dropped(self, sk) -> float:
+        return sk.get("op_sac_dropped", 0.0) - sk.get("op_sac_extra", 0.0)  # net of w2's output, which it keeps
+
+    def recompute_allocated(self, sk):
+        return [("recomputed", sk.get("op_sac_dropped", 0.0))]
+
+    def buffer_bytes(self, sk):
+        return sk.get("op_sac_dropped", 0.0)  # one layer's rebuilt tensors at a time
+
+    def shared_blocks(self, sk, steps, n_layers):
+        return [("recompute_buffer", sk.get("op_sac_dropped", 0.0), steps.bwd(n_layers - 1), steps.end_of_backward)]
+
+    def recompute_costs(self, model, layout, batch, seq, profile):
+        gated = model.ffn_type == "swiglu"
+        share = {"qkv": model.kv_dim / (model.q_dim + model.kv_dim + model.v_dim), "fc1": 0.5 if gated else 0.0}
+        out = []
+        for c in forward_costs(model, layout, batch, seq, profile):
+            base = c.name.split("_", 1)[1] if c.kind == "collective" and "_" in c.name else c.name
+            if c.name in _WHOLE or (c.kind == "collective" and base in ("ln1", "ln2", "out_proj")):
+                out.append(replace(c, phase="recompute"))
+            elif share.get(c.name):
+                f = share[c.name]
+                out.append(replace(c, phase="recompute", seconds=c.seconds * f, flops=c.flops * f))
+        return out
