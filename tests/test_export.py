@@ -210,6 +210,19 @@ def test_70b_zero3_memo_plan_exports_a_megatron_plan_that_fits(tmp_path):
     assert "model_states needs" not in out
 
 
+def test_70b_on_8_gpus_exports_megatrons_optimizer_offload_plan(tmp_path):
+    """[modern-training] Done when: the what-if's 70B plan on 8 GPUs at 4K (ZeRO 3, MEMO, the optimizer on the host)
+    exported to Megatron-LM writes a plan memo predicts fits (TP 8 with the optimizer on the host: one state shard,
+    the distributed optimizer over one rank) and what it gives up against memo's plan."""
+    plan, out, ex = _instead(tmp_path, ["--model", "llama-3.1-70b", "--gpus", "8", "--seq", "4K"])
+    assert plan.layout.optimizer_offload and plan.layout.zero == 3
+    i = ex.instead
+    assert i is not None and i["peak_gpu_bytes"] < 78 * 2**30 and "optim-offload" in i["label"], i
+    assert "It gives up" in out and "model_states needs" not in out
+    script = (tmp_path / "megatron" / "megatron.sh").read_text()
+    assert "--optimizer-cpu-offload" in script and "--use-distributed-optimizer" in script
+
+
 MOE_PLANS = [
     _plan("deepseek-v3", Layout(tp=2, pp=8, dp=16, zero=1, ep=16, first_stage_layers=6, last_stage_layers=7),
           ("full_recompute",), seq=4096, batch=8, micro=1, sched="1f1b"),

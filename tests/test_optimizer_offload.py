@@ -33,7 +33,9 @@ def test_layout_field_label_and_rules():
     assert lay.label().endswith("-optim-offload") and lay.to_dict()["optimizer_offload"] is True
     assert "optimizer_offload" not in Layout(tp=8).to_dict()  # older plans keep their shape
     assert Layout.from_dict(lay.to_dict()) == lay
-    assert "ZeRO 1 or more" in check_layout(Layout(tp=8, optimizer_offload=True), M70, 8, 8, 4096)
+    assert "ZeRO 1 or more" in check_layout(Layout(tp=4, dp=2, optimizer_offload=True), M70, 8, 8, 4096)
+    # one state shard (no data-parallel replicas): ZeRO 0 is the distributed optimizer over one rank
+    assert check_layout(Layout(tp=8, optimizer_offload=True), M70, 8, 8, 4096) is None
     assert "single-stage" in check_layout(Layout(tp=4, pp=2, zero=1, optimizer_offload=True), M70, 8, 8, 4096)
     assert check_layout(lay, M70, 8, 8, 4096) is None
 

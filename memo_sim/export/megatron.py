@@ -137,7 +137,7 @@ def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | None]]:
         if lay.account_embedding_loss:
             args += [("--account-for-embedding-in-pipeline-split", None), ("--account-for-loss-in-pipeline-split", None)]
     args += [("--micro-batch-size", str(plan.micro_batch)), ("--global-batch-size", str(plan.batch * lay.dp))]
-    if lay.zero >= 1:
+    if lay.zero >= 1 or lay.optimizer_offload:  # the CPU offload runs inside the distributed optimizer
         args.append(("--use-distributed-optimizer", None))
     if lay.optimizer_offload:  # Megatron-Core's HybridDeviceOptimizer, the whole shard on the host
         args += [("--optimizer-cpu-offload", None), ("--use-precision-aware-optimizer", None)]

@@ -54,7 +54,8 @@ policies. Left out of `Layout.to_dict` when ``registered_pool``.
 
 Optimizer offload (``optimizer_offload``, `memo_sim.cost.optimizer_offload`): the optimizer's
 master weights, moments and step on the host (Megatron-Core's ``--optimizer-cpu-offload``,
-DeepSpeed's ZeRO-Offload); with ZeRO 1 or more. Left out of `Layout.to_dict` when off.
+DeepSpeed's ZeRO-Offload); with ZeRO 1 or more, or with one state shard (no data-parallel, CP or Ulysses
+replicas: the distributed optimizer over one rank is the plain one). Left out of `Layout.to_dict` when off.
 
 Expert parallelism (mixture-of-experts models only; `memo_sim.cost.moe`): ``ep`` spreads each MoE
 layer's routed experts over that many ranks and ``etp`` splits each expert's FFN over that many
@@ -469,7 +470,7 @@ def offload_why_not(layout: Layout) -> str | None:
     """Why the layout cannot have the optimizer on the host (`memo_sim.cost.optimizer_offload`), or None."""
     if not layout.optimizer_offload:
         return None
-    if layout.zero < 1:
+    if layout.zero < 1 and layout.state_shards > 1:  # one shard: ZeRO 0 and the distributed optimizer are the same
         return "optimizer offload runs with the distributed optimizer: ZeRO 1 or more"
     if layout.pp > 1:
         return "optimizer offload is priced for single-stage layouts only (pp = 1)"

@@ -282,8 +282,8 @@ def _single_stage(model, lay: Layout, plain, batch, global_batch, micro_batch, s
 
 
 def _offloaded(valid: list[Layout], fw, rejected: list[tuple[Layout, str]]) -> tuple[list[Layout], str | None]:
-    """The layouts of ``valid`` with the optimizer on the host where they can have it (ZeRO >= 1), and
-    why none can."""
+    """The layouts of ``valid`` with the optimizer on the host where they can have it (ZeRO >= 1, or one
+    state shard), and why none can."""
     out, why = [], None
     for lay in valid:
         off = replace(lay, optimizer_offload=True)
