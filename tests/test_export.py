@@ -5,6 +5,7 @@ not-expressible block and the nearest plan's predicted cost."""
 import ast
 import json
 import shlex
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -115,7 +116,14 @@ def test_deepspeed_parses_its_config_where_installed(tmp_path):
     assert parsed.zero_optimization_stage == 3
 
 
-@pytest.mark.parametrize("plan", [MEMO, PIPE, PIPE_V], ids=["memo", "tp-cp-pp", "interleaved-memo"])
+TITAN_FP8 = replace(_plan("llama-3.1-8b", Layout(cp=2, dp=4, zero=3, dp_mode="fsdp", kernel_fusion="compiled"),
+                          ("full_recompute",), seq=65536),
+                    model=replace(get_model("llama-3.1-8b"), gemm_format="fp8-tensorwise"))
+TITAN_SAC = _plan("llama-3.1-8b", Layout(dp=8, zero=3, dp_mode="fsdp"), ("op_sac",), seq=8192, batch=2)
+
+
+@pytest.mark.parametrize("plan", [MEMO, PIPE, PIPE_V, TITAN_FP8, TITAN_SAC],
+                         ids=["memo", "tp-cp-pp", "interleaved-memo", "fp8-compiled", "op-sac"])
 def test_torchtitan_module_sets_only_torchtitan_fields(plan):
     names = _names("torchtitan_names.txt")
     imports = {n.removeprefix("import ") for n in names if n == "import"} | {
@@ -137,10 +145,17 @@ def test_torchtitan_module_sets_only_torchtitan_fields(plan):
                 assert isinstance(value, ast.Constant) and isinstance(value.value, int) and value.value >= 1
             elif kind == "bool":
                 assert isinstance(value, ast.Constant) and isinstance(value.value, bool)
+            elif kind == "call":  # the model's registry with the Float8 converter
+                assert isinstance(value, ast.Call) and ast.unparse(value.func) == "model_registry", ast.unparse(value)
             else:
                 assert ast.unparse(value).strip("'\"") in kind.split("|"), (target, ast.unparse(value))
     fns = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
     assert [f.name for f in fns] == ["memo_plan"]
+    if plan is TITAN_FP8:  # Float8 as the model's converter, told the blocks are compiled; compile on
+        assert "model_registry('8B', converters=[Float8LinearConverter.Config(model_compile_enabled=True)])" in src
+        assert "config.compile.enable = True" in src
+    if plan is TITAN_SAC:
+        assert "config.activation_checkpoint = SelectiveAC.Config()" in src
 
 
 def test_not_expressible_block_lists_each_gap_and_its_price():

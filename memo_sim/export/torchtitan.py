@@ -6,10 +6,12 @@ frozen; ``torchtitan/config/README.md`` at `SOURCE`). The exported function star
 shipped configuration (``torchtitan.models.llama3.config_registry.llama3_8b`` / ``_70b`` /
 ``_405b``: the Llama-3.1 shapes; other models start from the one nearest in size and say so) and
 sets ``config.parallelism.*`` (``ParallelismConfig``), ``config.training.*`` (``TrainingConfig``)
-and ``config.activation_checkpoint`` (``FullAC.Config()`` or ``None``). torchtitan expresses TP
+and ``config.activation_checkpoint`` (``FullAC.Config()``, ``SelectiveAC.Config()`` for per-op selective
+checkpointing, or ``None``), and ``config.compile.enable`` for a plan whose blocks are compiled
+(``Layout.kernel_fusion``). torchtitan expresses TP
 with SP, CP, PP with ``1F1B`` / ``Interleaved1F1B``, DP by replication (ZeRO 0) or FSDP2
 sharding (``data_parallel_shard_degree``; ZeRO 3, or ZeRO 2 with
-``fsdp_reshard_after_forward = "never"``) and full activation checkpointing.
+``fsdp_reshard_after_forward = "never"``) and full or per-op selective activation checkpointing.
 """
 
 from __future__ import annotations
@@ -23,12 +25,16 @@ SOURCE = "pytorch/torchtitan@b5bcd76c (2026-08-21)"
 FILE = "memo_torchtitan.py"
 FUNCTION = "memo_plan"
 BASES = {"llama-3.1-8b": "llama3_8b", "llama-3.1-70b": "llama3_70b", "llama-3.1-405b": "llama3_405b"}
+# the llama3 model_registry flavour of each shipped Llama configuration (torchtitan/models/llama3/__init__.py at SOURCE)
+FLAVOURS = {"llama3_8b": "8B", "llama3_70b": "70B", "llama3_405b": "405B"}
 # mixtures of experts: the shipped MoE configurations (torchtitan/models/<module>/config_registry.py at SOURCE)
 MOE_BASES = {"deepseek-v3": ("deepseek_v3", "deepseek_v3_671b"), "qwen3-30b-a3b": ("qwen3", "qwen3_30b_a3b"),
              "gpt-oss-20b": ("gpt_oss", "gpt_oss_20b")}
 SCHEDULES = {"1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}
 _RUNS = {"store_all": "config.activation_checkpoint = None", "full_recompute": "config.activation_checkpoint = "
-         "FullAC.Config()"}
+         "FullAC.Config()", "op_sac": "config.activation_checkpoint = SelectiveAC.Config()"}
+# the activation-checkpointing class each policy runs with (None: no checkpointing)
+_AC = {"full_recompute": "FullAC", "op_sac": "SelectiveAC"}
 
 
 def _module(plan: Plan) -> str:
@@ -64,6 +70,9 @@ def gaps(plan: Plan) -> list[Gap]:
     if plan.layout.etp > 1:
         out.append(Gap(f"expert tensor parallelism over {plan.layout.etp} ranks", "experts whole on each EP rank "
                        "(torchtitan at this version has no expert tensor parallelism)", PlanChange(layout={"etp": 1})))
+    if plan.model.gemm_format == "fp8-tensorwise" and _base(plan)[0] not in FLAVOURS:
+        out.append(Gap("fp8-tensorwise GEMMs", "not written: pass Float8LinearConverter.Config() in the converters of "
+                       "the model's model_registry (torchtitan/models/<model>/__init__.py) for config.model_spec"))
     if plan.model.gemm_format == "mxfp8":
         out.append(Gap("mxfp8 GEMMs", "not written: add torchtitan's MX converter (torchao MX linear, recipe "
                        "mxfp8) to config.model_converters as your torchtitan version spells it"))
@@ -102,14 +111,19 @@ def render(plan: Plan, applied: list[Gap]) -> str:
              ("training.num_tokens_per_microbatch_per_dp_rank", plan.micro_batch * plan.seq_tokens),
              ("training.num_tokens_per_train_step", plan.batch * lay.dp * plan.seq_tokens)]
     body = [f"    config.{k} = {v!r}" for k, v in sets]
-    body.append("    config.activation_checkpoint = " + ("FullAC.Config()" if pol.name == "full_recompute" else "None"))
-    fp8 = nearest_model(plan, applied).gemm_format == "fp8-tensorwise"
-    if fp8:  # torchao's Float8Linear, tensorwise scaling (the converter's default recipe)
-        body.append("    config.model_converters.converters = [Float8LinearConverter.Config()]")
+    ac = _AC.get(pol.name)
+    body.append("    config.activation_checkpoint = " + (f"{ac}.Config()" if ac else "None"))
+    if lay.kernel_fusion == "compiled":  # each block compiled (torch.compile), as the plan was priced
+        body.append("    config.compile.enable = True")
+    fp8 = nearest_model(plan, applied).gemm_format == "fp8-tensorwise" and base in FLAVOURS
+    if fp8:  # torchao's Float8Linear, tensorwise scaling (the converter's default recipe), as the model's converter
+        body.append(f"    config.model_spec = model_registry({FLAVOURS[base]!r}, converters=[Float8LinearConverter.Config("
+                    f"model_compile_enabled={lay.kernel_fusion == 'compiled'})])")
     return "\n".join([
-        *(["from torchtitan.components.quantization.float8 import Float8LinearConverter"] if fp8 else []),
-        "from torchtitan.distributed.activation_checkpoint import FullAC",
+        *(["from torchtitan.components.quantization import Float8LinearConverter"] if fp8 else []),
+        *([f"from torchtitan.distributed.activation_checkpoint import {ac}"] if ac else []),
         f"from torchtitan.models.{_module(plan)}.config_registry import {base}",
+        *(["from torchtitan.models.llama3 import model_registry"] if fp8 else []),
         "from torchtitan.trainer import Trainer",
         "",
         "",

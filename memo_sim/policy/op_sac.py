@@ -11,8 +11,9 @@ h1, ln2, act and the up half of fc1, with w2's output (which store-all does not 
 (`memo_sim.cost.activations.OP_SAC_DROPPED`). Time: store-all's plus, before each layer's backward, the norms
 (with their sequence-parallel all-gathers), wk's and w3's share of the fused qkv and fc1 GEMMs, the output
 projection (with its reduce), the residual add and the activation (`recompute_costs`). Recomputation stops after
-the last tensor the backward needs (PyTorch's non-reentrant checkpoint stops early), so the last residual add does
-not re-run.
+the last tensor the backward needs (PyTorch's non-reentrant checkpoint stops early, as at 9dec370), so the last
+residual add does not re-run (torchtitan today passes early_stop=False, which re-runs it too: one elementwise op,
+not priced). torchtitan's exports write it as ``SelectiveAC.Config()``.
 
 Dense models with standard attention only (`model_why_not`): under a quantised GEMM format torchao's Float8Linear
 calls ``_scaled_mm``, not ``aten.mm``, so the save list keeps no linear output but its ``abs`` passes' outputs,
