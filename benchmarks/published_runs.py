@@ -927,8 +927,8 @@ OUTLIERS.update({
         "compiled): memo's step is 1.94 s on 8 GPUs, 2.02 s on 128, about 1.0 s of it the layers' forward and "
         "backward GEMMs at the profile's assumed 75% of the assumed 912 TF peak, 0.45 s attention, 0.12 s the "
         "checkpointing's re-run GEMMs. Candidates, none pinned down: the 500 W part's sustained clock under GEMM load "
-        "(the source puts the peak between the SXM's and the NVL's without knowing it; at the NVL's 835.5 TF memo's "
-        "step would be about 8% longer), the GEMM curve (assumed, never calibrated on an H100; the megatron2024 H100 "
+        "(the source puts the peak between the SXM's and the NVL's without knowing it; the SXM5 variant beside shows "
+        "how far the peak alone moves the row), the GEMM curve (assumed, never calibrated on an H100; the megatron2024 H100 "
         "rows are too fast the same way), and FSDP's per-layer all-gathers and reduce-scatters, which memo hides "
         "under the compute")),
     "torchtitan-t4-2d": (

@@ -62,6 +62,8 @@ KINDS = {
     "fsdp": (2, ["--layers", "4", "--dp", "2", "--dp-mode", "fsdp", "--policy", "store_all"]),
     "optimizer-offload": (2, ["--layers", "4", "--dp", "2", "--zero", "1", "--optimizer-offload",
                               "--policy", "store_all"]),
+    # one state shard (TP 2, no replicas): the optimizer on the host with ZeRO 0, the distributed optimizer over one rank
+    "optimizer-offload-tp2": (2, ["--layers", "4", "--tp", "2", "--optimizer-offload", "--policy", "store_all"]),
     "pp2-1f1b-memo": (2, ["--layers", "6", "--pp", "2", "--schedule", "1f1b", *MEMO]),
     "pp2-interleaved-memo": (2, ["--layers", "6", "--pp", "2", "--schedule", "interleaved_1f1b", *MEMO]),
     "pp2-uneven": (2, ["--layers", "5", "--pp", "2", "--decoder-first-pipeline-num-layers", "2",
