@@ -1046,15 +1046,16 @@ def _simulate(run: Run, lay: Layout):
                     micro_batch=run.micro_batch)
 
 
-def predict(run: Run, ablate: bool = True) -> Result:
+def predict(run: Run, ablate: bool = True, variants: bool = True) -> Result:
     """memo's tier-2 step time for an expressible run (``batch`` = global batch / DP, one pass).
-    ``ablate``: also the error with each of the framework's mechanisms switched to ``any``'s value."""
+    ``ablate``: also the error with each of the framework's mechanisms switched to ``any``'s value;
+    ``variants``: also the row's variants (the report's "; dropless: ..." beside the prediction)."""
     t0 = time.perf_counter()
-    res = _predict(run, ablate)
+    res = _predict(run, ablate, variants)
     return replace(res, sim_s=time.perf_counter() - t0)
 
 
-def _predict(run: Run, ablate: bool) -> Result:
+def _predict(run: Run, ablate: bool, with_variants: bool = True) -> Result:
     if run.why_not:
         return Result(run, None, None, "not expressible yet", "")
     fw, model, lay = get_framework(run.framework), run.model(), run.layout()
@@ -1077,7 +1078,7 @@ def _predict(run: Run, ablate: bool) -> Result:
                 alt = _simulate(run, replace(lay, **{field: getattr(default, field)}))
                 ablation.append((k, alt.iteration_s / run.published_s - 1 if alt.status == "OK" else None))
     variants = []
-    for label, fields in run.variants:
+    for label, fields in (run.variants if with_variants else ()):
         alt = replace(run, **dict(fields))
         v = _simulate(alt, alt.layout())
         variants.append((label, v.iteration_s if v.status == "OK" else None))

@@ -6,6 +6,8 @@
   full offload, MEMO token-wise offload), registered by name
 - `memo_exec.streams`: compute / offload / prefetch streams (CUDA, or threads on CPU)
 - `memo_exec.happens_before`: the race detector every stream feeds (vector clocks, issue order)
+- `memo_exec.wait_switch`: the executor's wait primitives, and the test-only switch that removes
+  one call of them (issue 47's wait-removal test)
 - `tests.exec_op_order`: copy <-> compute dependency edges, executor and simulator alike
 - `memo_exec.arena`: scratch tensors at memory-plan offsets in one arena (one layer's peak)
 - `memo_exec.memory_estimate`: sizes before allocating, in the simulator's memory terms

@@ -179,9 +179,7 @@ def size_plan(plan: Plan, model: ModelConfig, dtype: torch.dtype, backend, use_m
     arena_plan, unplanned = None, []
     mp = plan.memory_plan
     if mp is not None and use_memory_plan and mp.phases:
-        width = mp.element_bytes or DTYPE_BYTES[plan.model.dtype]
-        arena_plan = parse_memory_plan(mp, width, element_size(dtype))
-        unplanned = validate_memory_plan(arena_plan, requests, backend.name)
+        arena_plan, unplanned = _checked_arena(plan, requests, dtype, backend.name)
     dims = AttnDims(batch, seq, model.heads, model.n_kv_heads, model.qk_head_dim)
     meta_gpt = GPT(model, model.layers, torch.device("meta"), dtype)
     largest = max(p.numel() for p in meta_gpt.parameters())
@@ -405,12 +403,32 @@ class Executor(ExecutorBase):
     def describe(self) -> dict:
         d = super().describe()
         if self.arena_plan is not None:
-            d["memory_plan"] = {"arena_bytes": self.arena_plan.arena_bytes, "phase_peak_bytes": self.arena_plan.peaks,
-                                "plan_model_arena_bytes": self.arena_plan.model_arena_bytes,
-                                "offset_scale": self.arena_plan.scale,
-                                "placed": {ph: sorted(o) for ph, o in self.arena_plan.offsets.items()},
-                                "unplaced_by_plan": self.unplanned, "plan_names_not_placed": self.arena_plan.ignored}
+            d["memory_plan"] = arena_description(self.arena_plan, self.unplanned)
         return d
+
+
+def arena_description(ap: ArenaPlan, unplanned: list[str]) -> dict:
+    """What a run's report says of the memory plan it placed its layer scratch by."""
+    return {"arena_bytes": ap.arena_bytes, "phase_peak_bytes": ap.peaks, "plan_model_arena_bytes": ap.model_arena_bytes,
+            "offset_scale": ap.scale, "placed": {ph: sorted(o) for ph, o in ap.offsets.items()},
+            "unplaced_by_plan": unplanned, "plan_names_not_placed": ap.ignored}
+
+
+def plan_arena(plan: Plan, model: ModelConfig, batch: int, seq: int, dtype: torch.dtype, backend, policy
+               ) -> tuple[ArenaPlan, list[str]]:
+    """The plan's level-1 memory plan checked against the executor's layer (``batch`` x ``seq`` tokens,
+    the attention ``backend`` that will run, the executor ``policy``'s recompute), recorded on the meta
+    device: the arena to place the layer's scratch in, and the scratch it leaves to the caching allocator."""
+    return _checked_arena(plan, dry_run_layer(model, batch, seq, dtype, backend.name, policy), dtype, backend.name)
+
+
+def _checked_arena(plan: Plan, requests: AllocRecorder, dtype: torch.dtype, backend_name: str
+                   ) -> tuple[ArenaPlan, list[str]]:
+    """The plan's level 1 scaled to the executor's element width and checked against the recorded
+    ``requests`` (a `MemoryPlanError` names what does not fit); with the names it leaves unplaced."""
+    mp = plan.memory_plan
+    ap = parse_memory_plan(mp, mp.element_bytes or DTYPE_BYTES[plan.model.dtype], element_size(dtype))
+    return ap, validate_memory_plan(ap, requests, backend_name)
 
 
 def run_steps(ex, layers: int, caching_allocator_tensors, progress=None) -> RunResult:

@@ -41,6 +41,7 @@ import torch
 
 from memo_exec.errors import ExecError
 from memo_exec.happens_before import HappensBefore, Region
+from memo_exec.wait_switch import wait_primitive
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,7 @@ class HostEvent:
                 self._done = gen
             self._cond.notify_all()
 
-    def _wait(self, gen: int, engine: "HostStreams") -> None:
+    def _block(self, gen: int, engine: "HostStreams") -> None:
         with self._cond:
             while self._done < gen:
                 self._cond.wait(timeout=0.5)
@@ -159,11 +160,12 @@ class HostComputeStream(_Ordering):
         self._note_record(ev)
         ev._complete(ev._new_record())
 
+    @wait_primitive
     def wait_event(self, ev: HostEvent) -> None:
         self._note_wait(ev)
         gen = ev._recorded
         if gen:
-            ev._wait(gen, self.engine)
+            ev._block(gen, self.engine)
 
 
 class HostCopyStream(_Ordering):
@@ -178,6 +180,7 @@ class HostCopyStream(_Ordering):
         self._note_record(ev)
         self._q.put(("mark", ev, ev._new_record()))
 
+    @wait_primitive
     def wait_event(self, ev: HostEvent) -> None:
         self._note_wait(ev)
         gen = ev._recorded
@@ -194,7 +197,7 @@ class HostCopyStream(_Ordering):
         ev = HostEvent("synchronize")
         gen = ev._new_record()
         self._q.put(("mark", ev, gen))
-        ev._wait(gen, self.engine)
+        ev._block(gen, self.engine)
 
     def close(self) -> None:
         self._q.put(("stop", None, None))
@@ -209,7 +212,7 @@ class HostCopyStream(_Ordering):
                 if kind == "mark":
                     a._complete(b)
                 elif kind == "wait":
-                    a._wait(b, self.engine)
+                    a._block(b, self.engine)
                 elif kind == "copy":
                     delay = self.engine.copy_delay(self.name, b) if self.engine.copy_delay else 0.0
                     if delay:
@@ -287,6 +290,7 @@ class CudaComputeStream(_Ordering):
         self._note_record(ev)
         ev.ev.record(torch.cuda.current_stream(self.engine.device))
 
+    @wait_primitive
     def wait_event(self, ev: CudaEvent) -> None:
         self._note_wait(ev)
         torch.cuda.current_stream(self.engine.device).wait_event(ev.ev)
@@ -302,6 +306,7 @@ class CudaCopyStream(_Ordering):
         self._note_record(ev)
         ev.ev.record(self.stream)
 
+    @wait_primitive
     def wait_event(self, ev: CudaEvent) -> None:
         self._note_wait(ev)
         self.stream.wait_event(ev.ev)

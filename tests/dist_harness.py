@@ -62,8 +62,10 @@ def _entry(rank: int, world: int, init_file: str, timeout: float, q, fn, args) -
             dist.destroy_process_group()
 
 
-# imported once by the fork server: torch, gloo and the executor with its TP flavours and schedules
-PRELOAD = ["torch", "torch.distributed", "memo_exec.distributed.runner", "memo_exec.metp.flavour",
+# imported once by the fork server: torch, gloo and the executor with its TP flavours and schedules,
+# and torch._dynamo, which the executor's first meta-device dry run (`memo_exec.runner.size_plan`,
+# through torch._refs) would otherwise import in every rank (about 1 s of CPU each; it starts no thread)
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "memo_exec.distributed.runner", "memo_exec.metp.flavour",
            "memo_exec.sppo.plugin", "tests.dist_cases"]
 
 

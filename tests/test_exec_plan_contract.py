@@ -143,3 +143,41 @@ def test_the_run_s_attention_backend_is_the_one_checked(tmp_path, memo_plan):
     assert r.exit_code == 0, r.output
     line = _one_error_line(_run(tmp_path / "traced.json", tmp_path / "run2"))
     assert "no offset for" in line and "re-trace the plan with memo-exec trace --write-plan" in line, line
+
+
+@pytest.fixture(scope="module")
+def pipelined_memo_plan(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("pipelined")
+    r = CliRunner().invoke(sim_cli, ["whatif", *TINY[:1], "4", *TINY[2:], "--seq", "512", "--gpus", "2", "--pp", "2",
+                                     "--schedule", "1f1b", "--policy", "memo", "--alpha", "0.5", "--jobs", "1",
+                                     "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    d = json.loads((out / "plan.json").read_text())
+    assert d["layout"]["pp"] == 2 and [s["stage"] for s in d["memory_plan"]["stages"]] == [0, 1]
+    return d
+
+
+def test_every_removed_offset_of_a_pipelined_plan_is_refused_by_both(tmp_path, pipelined_memo_plan):
+    """[exec-complete] item 2: a pipelined MEMO plan's level 1 and each rank's level 2 (the blocks of the
+    micro-batches the rank holds in flight): every offset removed in turn, `memo-exec run --nproc 2` and
+    `memo-sim check-plan` refuse it in one line, the same words; the intact plan passes both checks."""
+    plan = pipelined_memo_plan
+    removals = [(("phases", ph), n) for ph, body in plan["memory_plan"]["phases"].items() for n in body["offsets"]]
+    removals += [(("stages", k), n) for k, st in enumerate(plan["memory_plan"]["stages"]) for n in st["offsets"]]
+    assert len(removals) >= 30
+    intact = tmp_path / "intact.json"
+    intact.write_text(json.dumps(plan))
+    assert CliRunner().invoke(sim_cli, ["check-plan", str(intact)]).exit_code == 0
+    for (part, key), name in removals:
+        d = json.loads(json.dumps(plan))
+        body = d["memory_plan"][part][key]
+        del body["offsets"][name]
+        p = tmp_path / "cut.json"
+        p.write_text(json.dumps(d))
+        sim_line = _one_error_line(CliRunner().invoke(sim_cli, ["check-plan", str(p)]))
+        ex_line = _one_error_line(CliRunner().invoke(exec_cli, ["run", str(p), "--nproc", "2", "--device", "cpu",
+                                                                "--steps", "1", "--out", str(tmp_path / "out")]))
+        want = (f"memory_plan.phases.{key}: no offset for 1 tensor(s) of the layer ({name})" if part == "phases"
+                else f"memory_plan.stages[{key}].offsets: no offset for 1 block(s) of the rank's micro-batches ({name})")
+        assert want in ex_line, ex_line
+        assert sim_line.split(": ", 1)[1] in ex_line

@@ -42,6 +42,7 @@ from memo_exec.activations.host_pool import HostPool
 from memo_exec.happens_before import Region
 from memo_exec.layer import SKELETAL, LayerStorage, carve_storage, skeletal_roles, storage_bytes
 from memo_exec.streams import CopyLabel
+from memo_exec.wait_switch import wait_primitive
 from memo_sim.policy.host_layout import offload_token_count
 from memo_sim.policy.rounding_buffers import (
     N_BUFFERS, is_offloaded, offloaded_layer_count, output_write_waits_for, prefetch_launched_after_backward,
@@ -148,6 +149,7 @@ class TokenOffload(ActivationPolicy):
         self.engine.compute.access(what, reads, writes)
 
     # -- the four edges of the dependency rule -------------------------------------------------------
+    @wait_primitive
     def _stall(self, ev, what: str, i: int) -> None:
         with self.timer.span(f"wait_{what}", i, "stall"):
             self.engine.compute.wait_event(ev)

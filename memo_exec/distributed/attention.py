@@ -44,6 +44,7 @@ from memo_exec.block_attention import block_backward, block_forward, merge_
 from memo_exec.device import acc_dtype
 from memo_exec.distributed.p2p import ring_shift
 from memo_exec.happens_before import Region, transfer_guard
+from memo_exec.wait_switch import wait_primitive
 
 
 def _bhsd(t: torch.Tensor, b: int, s: int, heads: int, d: int) -> torch.Tensor:
@@ -84,6 +85,7 @@ class RingAttention(AttentionBackend):
     def _dkv(self, src: int) -> str:
         return f"dK/dV accumulator of block {src % self.cp}"
 
+    @wait_primitive
     def _wait(self, tr, what: str, t: torch.Tensor) -> None:
         if self.timer is None:
             tr.wait()

@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from memo_exec.happens_before import Region, TransferGuard
+from memo_exec.wait_switch import wait_primitive
 
 
 @dataclass
@@ -45,6 +46,7 @@ class Transfer:
     token: int = 0  # the guard's name for this transfer
     name: str = ""
 
+    @wait_primitive
     def wait(self) -> None:
         if not self.done:
             if self.sent is not None:
@@ -56,6 +58,31 @@ class Transfer:
             self.done = True
         if self.guard is not None:
             self.guard.waited(self.token)
+
+    def settle(self) -> None:
+        """Complete the requests without telling the guard: the error path of a step the guard
+        refused (`settle_all`), so that a peer still receiving from this rank is not left waiting on
+        a rank that stopped. Never an edge the step's data depends on."""
+        if not self.done:
+            if self.sent is not None:
+                self.sent.wait(timeout=60)
+            for w in self.works:
+                w.wait()
+            self.done = True
+
+
+def finish_or_settle(guard: TransferGuard | None, what: str, transfers) -> None:
+    """End a step's transfers: ``guard.finish(what)``; when it refuses the step (a transfer not waited
+    on), every one of ``transfers`` is still completed (`Transfer.settle`) before the refusal goes up,
+    so the peers get what this rank posted and reach their own checks instead of a timeout."""
+    if guard is None:
+        return
+    try:
+        guard.finish(what)
+    except Exception:
+        for tr in transfers:
+            tr.settle()
+        raise
 
 
 class _DelayedSender:

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from memo_exec.activations import make_policy
-from memo_exec.arena import CachingScratch
+from memo_exec.arena import ArenaScratch, CachingScratch
 from memo_exec.attention import AttnDims, select_backend
 from memo_exec.device import DeviceSpec, element_size
 from memo_exec.distributed.attention import RingAttention, UlyssesAttention
@@ -46,7 +46,8 @@ from memo_exec.memory_estimate import MemoryEstimate
 from memo_exec.model import GPT, LayerHooks
 from memo_exec.optim import AdamW
 from memo_exec.optim_offload import HostAdamW
-from memo_exec.runner import ExecutorBase, RunOptions, RunResult, make_flops_fn, run_model, run_steps
+from memo_exec.runner import ExecutorBase, RunOptions, RunResult, arena_description, make_flops_fn, plan_arena, \
+    run_model, run_steps
 from memo_sim.plan.schema import Plan
 
 
@@ -149,10 +150,35 @@ class DistExecutor(ExecutorBase):
         per_set, self.activation_sets = self.schedule.activation_sets()
         self.policy = make_policy(plan.policy, m, 1, self.local_T, per_set, self.dtype,
                                   torch.device("meta"), None, None, None, shapes=self.shapes)
+        self.arena_plan, self.unplanned, self.no_arena = None, [], self._arena_why_not(plan, opts)
+        if self.no_arena is None:  # this rank's layer is the one-device layer: its scratch at the plan's offsets
+            # checked against the layer as the whole model's policy runs it (the plan's level 1 is the one-stage
+            # layer's, recompute scratch included; a chunk too short to recompute simply leaves those unused)
+            whole = make_policy(plan.policy, m, self.micro, self.shard_seq, m.layers, self.dtype, torch.device("meta"),
+                                None, None, None)
+            self.arena_plan, self.unplanned = plan_arena(plan, m, self.micro, self.shard_seq, self.dtype, self.backend,
+                                                         whole)
         self.token_index = local_token_index(ctx, self.batch, self.seq)
         self.micro_index = local_token_index(ctx, self.micro, self.seq)
         self.estimate = self._estimate()
         self.kill_at_step: int | None = None  # test hook (memo_exec.distributed.launch.KILL_ENV)
+
+    def _arena_why_not(self, plan: Plan, opts: RunOptions) -> str | None:
+        """Why this rank places its layer scratch with the caching allocator rather than at the memory
+        plan's offsets (None: it uses the plan). The plan's level 1 names the one-device layer's
+        tensors; a rank whose layer is that layer (no tensor, context or Ulysses split inside it, no
+        experts: pipeline stages, data-parallel replicas) places them in one arena per rank, reused by
+        every layer phase of every micro-batch it runs (a stage runs one phase at a time)."""
+        mp, lay = plan.memory_plan, self.layout
+        if mp is None or not mp.phases:
+            return "no memory plan"
+        if not opts.use_memory_plan:
+            return "--no-memory-plan"
+        split = [f"{k} {v}" for k, v in (("tp", self.flavour.size), ("cp", lay.cp), ("ulysses", lay.ulysses)) if v > 1]
+        if split or self.model.moe:
+            return ("no memory plan for a layer split by " + ", ".join(split) if split
+                    else "no memory plan for a mixture-of-experts layer")
+        return None
 
     # ------------------------------------------------------------------ sizes
     def _expert_range(self) -> tuple[int, int]:
@@ -213,7 +239,7 @@ class DistExecutor(ExecutorBase):
         split = lay.tp * lay.cp * lay.ulysses
         self.start_recording(lambda op, layer, phase: whole(op, layer, phase) / split, self.estimate.host,
                              rank=ctx.rank)
-        self.scratch = CachingScratch(dev)
+        self.scratch = ArenaScratch(dev, self.arena_plan) if self.arena_plan is not None else CachingScratch(dev)
         gpt = GPT(m, 0, dev, dt)  # embedding, final norm; the held layers are added below
         gpt.layers = torch.nn.ModuleList(self._make_layer(li, dev, dt) for li in self.held)
         held = {li: k for k, li in enumerate(self.held)}
@@ -322,9 +348,12 @@ class DistExecutor(ExecutorBase):
             self.expert_sync.zero_grads()
 
     def run(self, progress=None) -> RunResult:
-        return run_steps(self, len(self.held), lambda: [
-            "every scratch tensor of the distributed layer (no memory plan)",
-            "collective buffers (gathered activations, partial sums, ring blocks)"], progress)
+        def caching() -> list[str]:
+            first = (f"every scratch tensor of the distributed layer ({self.no_arena})" if self.arena_plan is None
+                     else "scratch tensors the memory plan does not place: " + (", ".join(self.unplanned) or "none"))
+            return [first, "collective buffers (gathered activations, partial sums, ring blocks)"]
+
+        return run_steps(self, len(self.held), caching, progress)
 
     # ------------------------------------------------------------------ checks
     def full_parameters(self) -> dict[str, torch.Tensor]:
@@ -379,4 +408,6 @@ class DistExecutor(ExecutorBase):
                          "reshard_after_forward": lay.reshard_after_forward}} if lay.dp_mode == "fsdp" else {}),
             **({"experts": {"ep": lay.ep, "etp": lay.etp, "dispatcher": lay.moe_dispatcher,
                             "local": list(self._expert_range()), "expert_dp": lay.expert_dp}} if self.model.moe else {}),
+            **({"memory_plan": arena_description(self.arena_plan, self.unplanned)} if self.arena_plan is not None
+               else {"memory_plan_not_used": self.no_arena}),
         }

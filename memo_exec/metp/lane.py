@@ -47,6 +47,7 @@ import torch.distributed as dist
 
 from memo_exec.distributed.p2p import Transfer, post, ring_shift
 from memo_exec.happens_before import Region, transfer_guard
+from memo_exec.wait_switch import wait_primitive
 from memo_sim.timeline import TP_RING_STREAMS
 
 P2P_STREAM, BCAST_STREAM = TP_RING_STREAMS  # METP's ring send/recv; its weight broadcasts and reduces
@@ -129,6 +130,7 @@ class _Collective:
     def __init__(self, work, name: str, guard=None, token: int = 0) -> None:
         self.work, self.name, self.guard, self.token = work, name, guard, token
 
+    @wait_primitive
     def wait(self) -> None:
         if self.work is not None:
             self.work.wait()
@@ -259,16 +261,14 @@ class Lane:
         if p.waited:
             return
         with self.opts.timer.span(STALL_OP[p.stream], self.opts.layer, "stall", "compute"):
+            with self.side.on() if self.side is not None else contextlib.nullcontext():
+                p.handle.wait()  # CUDA: the side stream waits for the transfer
+                p.span.__exit__(None, None, None)  # its end event on the stream it ran on
             if self.side is not None:
-                with self.side.on():
-                    p.handle.wait()  # the side stream waits for the transfer
-                    p.span.__exit__(None, None, None)  # its end event on the stream it ran on
                 self.side.join()
-            else:
-                p.handle.wait()
-                p.span.__exit__(None, None, None)
         p.waited = True
 
+    @wait_primitive
     def wait(self, p: Pending | None) -> None:
         """Before the received buffer is read (or the sent one overwritten)."""
         if p is None:

@@ -22,10 +22,11 @@ neighbour are posted in the order that neighbour sends (`order.messages_from`, s
 directed pair's activations and gradients, which share a channel when pp = 2 with interleaving,
 are matched one to one), each waited on right before its buffer is read, every send waited on
 at the step's end. Every transfer is posted under its name (``recv_fwd@c0.mb1 from pp rank 0``,
-``send_bwd@c1.mb0 to pp rank 1``) to the step's `memo_exec.happens_before.TransferGuard`, with
-what the received buffer will hold, and every read of a received buffer is declared to it: a
-receive read before its wait (``_wait``, the one place a transfer is waited on) is a `RaceError`
-naming the transfer at once, a step that ends with a send not waited on is refused naming it.
+``send_bwd@c1.mb0 to pp rank 1``, the tied embedding's gradient exchange) to the step's
+`memo_exec.happens_before.TransferGuard`, with what the received buffer will hold, and every read
+of a received buffer is declared to it: a receive read before its wait (``_wait``, the one place a
+transfer is waited on) is a `RaceError` naming the transfer at once, a step that ends with a send
+not waited on is refused naming it.
 
 Saved activations per (layer, micro-batch): a rank keeps one instance of the plan's activation
 policy per micro-batch in flight (`order.slots`: a forward takes the lowest free slot, its
@@ -75,8 +76,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from memo_exec.distributed.p2p import Transfer, post
+from memo_exec.distributed.p2p import Transfer, finish_or_settle, post
 from memo_exec.happens_before import Region, transfer_guard
+from memo_exec.wait_switch import wait_primitive
 from memo_exec.distributed.schedule import Schedule, register_schedule
 from memo_exec.model import ChunkedHead, LayerFn, LayerHooks, LayerRuntime
 from memo_exec.pipeline.order import Action, messages_from, slots, stage_order, virtual_stage
@@ -230,6 +232,7 @@ class PipelineSchedule(Schedule):
         kind, c, mb = key
         return f"{'activation' if kind == 'fwd' else 'gradient'} of c{c}.mb{mb} from pp rank {src}"
 
+    @wait_primitive
     def _wait(self, tr: Transfer) -> None:
         """Wait for one transfer (the one place: tests skip it)."""
         tr.wait()
@@ -314,8 +317,12 @@ class PipelineSchedule(Schedule):
         peer = self.pp - 1 if self.s == 0 else 0
         mine = w.grad.detach().clone()
         theirs = torch.empty_like(mine)
+        what = f"tied embedding gradient of pp rank {peer}"
         with self.ex.recorder.span("tied_embedding_grad", None, "comm", stream="p2p"):
-            post([(peer, mine)], [(peer, theirs)], self.ex.ctx.group("pp")).wait()
+            self._wait(post([(peer, mine)], [(peer, theirs)], self.ex.ctx.group("pp"), guard=self.guard,
+                            name=f"tied_embedding_grad from pp rank {peer}", received=[what]))
+        if self.guard is not None:
+            self.guard.access("tied embedding gradient sum", [Region.of(theirs, "the received tied gradient", what)])
         w.grad.add_(theirs)
 
     def forward_backward(self, step: int) -> torch.Tensor:
@@ -334,9 +341,8 @@ class PipelineSchedule(Schedule):
         assert not self.posted and not any(self.expected.values()), "unconsumed pipeline messages"
         for _, tr in self.sends:
             self._wait(tr)
+        finish_or_settle(self.guard, f"pp rank {self.s}'s step", [tr for _, tr in self.sends])
         self.sends.clear()
-        if self.guard is not None:
-            self.guard.finish(f"pp rank {self.s}'s step")
         self._tied_embedding()
         return self.loss
 

@@ -26,11 +26,11 @@ CPU), read once after the step's one device synchronisation: no piece synchronis
 and a receive or prefetch wait is the time the compute stream sat blocked, not the host's.
 
 Every transfer is posted under its name (``recv_fwd piece 2 from stage 0``, ``send_bwd piece 1 to
-stage 0``, ...) to the step's `memo_exec.happens_before.TransferGuard` with what the received
-buffer will hold, and every read of a received buffer is declared to it: a receive read before
-its wait (``_wait``, the one place a transfer is waited on) is a `RaceError` naming the transfer
-at once, and a step that ends with a transfer not waited on is refused naming it
-(``MEMO_EXEC_RACE_CHECK=0``: no guard).
+stage 0``, ..., the tied embedding's gradient exchange) to the step's
+`memo_exec.happens_before.TransferGuard` with what the received buffer will hold, and every read
+of a received buffer is declared to it: a receive read before its wait (``_wait``, the one place a
+transfer is waited on) is a `RaceError` naming the transfer at once, and a step that ends with a
+transfer not waited on is refused naming it (``MEMO_EXEC_RACE_CHECK=0``: no guard).
 
 Test hook (never set by a run): ``delay_s`` makes every send start that late (the receive must
 still see the right data).
@@ -45,13 +45,14 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from memo_exec.distributed.p2p import Transfer, post
+from memo_exec.distributed.p2p import Transfer, finish_or_settle, post
 from memo_exec.happens_before import Region, transfer_guard
 from memo_exec.sppo.clock import StepClock
 from memo_exec.sppo.offload import SequenceOffload, UnitStats
 from memo_exec.sppo.schedule import check_pieces, stage_actions
 from memo_exec.sppo.stage import Stage
 from memo_exec.streams import make_engine
+from memo_exec.wait_switch import wait_primitive
 from memo_sim.policy.sppo import Piece  # the simulator's piece (memo_sim.cost.sppo)
 
 
@@ -180,6 +181,7 @@ class StageRunner:
         """What the receive of piece ``q`` from ``peer_stage`` brings (for the transfer guard)."""
         return f"{'output' if kind == 'fwd' else 'input gradient'} of piece {q} of stage {peer_stage}"
 
+    @wait_primitive
     def _wait(self, tr: Transfer) -> None:
         """Wait for one transfer (the one place: tests skip it)."""
         tr.wait()
@@ -288,10 +290,10 @@ class StageRunner:
                     g = x_in.pop(k).grad
                     keep.append(g)
                     sends.append(self._send(s - 1, g, sends, f"send_bwd piece {k}"))
-        for tr in list(ftrs.values()) + list(btrs.values()) + sends:
+        posted = list(ftrs.values()) + list(btrs.values()) + sends
+        for tr in posted:
             self._wait(tr)
-        if self.guard is not None:
-            self.guard.finish(f"stage {s}'s step")
+        finish_or_settle(self.guard, f"stage {s}'s step", posted)
         self._tied_embedding_grad()
         units = self.offload.end_step()  # synchronises the copy streams and the compute stream once
         step_s = time.perf_counter() - clock.t0
@@ -307,9 +309,14 @@ class StageRunner:
         if self.pp == 1 or self.s not in (0, self.pp - 1) or self.stage.gpt.lm_head is not None:
             return
         w = self.stage.gpt.wte
-        peer = self.ranks[self.pp - 1 if self.s == 0 else 0]
+        other = self.pp - 1 if self.s == 0 else 0  # the other stage that holds the embedding
+        peer = self.ranks[other]
         mine = w.grad.detach().clone()
         theirs = torch.empty_like(mine)
-        post([(peer, mine)], [(peer, theirs)], self.group).wait()
+        what = f"tied embedding gradient of stage {other}"
+        self._wait(post([(peer, mine)], [(peer, theirs)], self.group, guard=self.guard,
+                        name=f"tied_embedding_grad from stage {other}", received=[what]))
+        if self.guard is not None:
+            self.guard.access("tied embedding gradient sum", [Region.of(theirs, "the received tied gradient", what)])
         w.grad.add_(theirs)
 

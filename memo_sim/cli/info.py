@@ -151,6 +151,10 @@ def _summary_lines(plan) -> list[str]:
                if traced_by_executor(plan) else "checked against this layer's forward and backward")
         out.append(f"  memory plan: transient arena {fmt_bytes(plan.memory_plan.transient_arena_bytes)}, "
                    f"{sum(len(ph.offsets) for ph in plan.memory_plan.phases.values())} tensors placed ({how})")
+        if plan.memory_plan.stages:
+            out.append("  level 2 per pipeline rank (the micro-batches each holds in flight, checked against its "
+                       "schedule's order): " + ", ".join(f"rank {st.stage} {fmt_bytes(st.arena_bytes)} "
+                                                         f"({len(st.offsets)} blocks)" for st in plan.memory_plan.stages))
     if plan.schedule == "sppo":
         b, al = plan.policy.bounds, plan.policy.alphas
         out.append(f"  SPPO: PP={plan.layout.pp}, N={plan.policy.subseqs} ({plan.policy.partition} partition"

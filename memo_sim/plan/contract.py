@@ -52,9 +52,19 @@ class _PhaseIn(_In):
     unplaced: dict[str, Annotated[str, Field(strict=True)]] = {}
 
 
+class _StageIn(_In):
+    stage: Annotated[int, Field(strict=True, ge=0, le=1 << 20)]
+    arena_bytes: _Bytes
+    lower_bound_bytes: _Bytes | None = None
+    method: str = Field("", strict=True)
+    solve_time_s: _Seconds | None = None
+    offsets: dict[str, _Bytes] = {}
+
+
 class _MemoryPlanIn(_In):
     arena_bytes: _Bytes
     phases: dict[str, _PhaseIn] = {}
+    stages: list[_StageIn] = []
     element_bytes: Literal[2, 4, 8] | None = None
     lower_bound_bytes: _Bytes | None = None
     layer_block_offsets: dict[str, _Bytes] = {}
@@ -111,6 +121,22 @@ class PhasePlan:
 
 
 @dataclass(frozen=True)
+class StagePlan:
+    """Level 2 of MEMO's plan for one pipeline rank (`memo_sim.memplan.stage_plan`): a byte offset for
+    every block of the micro-batches it holds in flight, in an arena of ``arena_bytes``."""
+
+    stage: int
+    arena_bytes: int
+    offsets: dict[str, int]
+    lower_bound_bytes: int | None = None
+    method: str = ""
+    solve_time_s: float | None = None
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+@dataclass(frozen=True)
 class MemoryPlan:
     """MEMO's bi-level static memory plan as plan.json carries it.
 
@@ -127,6 +153,7 @@ class MemoryPlan:
     layer_block_offsets: dict[str, int] = field(default_factory=dict)
     model_offsets: dict[str, int] = field(default_factory=dict)
     source: str = ""
+    stages: tuple[StagePlan, ...] = ()  # a micro-batch pipeline: level 2 per rank (``arena_bytes``: the largest)
 
     @property
     def transient_arena_bytes(self) -> int:
@@ -139,9 +166,13 @@ class MemoryPlan:
                   for ph, p in m.phases.items()}
         return cls(arena_bytes=m.arena_bytes, phases=phases, element_bytes=m.element_bytes,
                    lower_bound_bytes=m.lower_bound_bytes, layer_block_offsets=dict(m.layer_block_offsets),
-                   model_offsets=dict(m.model_offsets), source=m.source)
+                   model_offsets=dict(m.model_offsets), source=m.source,
+                   stages=tuple(StagePlan(**{k: getattr(st, k) for k in StagePlan.__dataclass_fields__})
+                                for st in m.stages))
 
     def to_dict(self) -> dict:
-        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "phases"}
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("phases", "stages")}
         d["phases"] = {ph: p.to_dict() for ph, p in self.phases.items()}
+        if self.stages:  # plans of one stage keep their earlier form
+            d["stages"] = [st.to_dict() for st in self.stages]
         return d

@@ -21,7 +21,20 @@ def build_plan(candidate, time_limit_s: float | None = None) -> Plan:
     from memo_sim.memplan.planner import MEMORY_PLAN_TIME_LIMIT_S, attach_memory_plan
 
     limit = MEMORY_PLAN_TIME_LIMIT_S if time_limit_s is None else time_limit_s
-    return attach_memory_plan(bare_plan(candidate), time_limit_s=limit)
+    plan = bare_plan(candidate)
+    return attach_memory_plan(plan, time_limit_s=limit, stage_order=stage_order_of(plan))
+
+
+def stage_order_of(plan: Plan):
+    """``rank -> that rank's order`` of a plan's micro-batch pipeline (1F1B, interleaved 1F1B), for its
+    per-rank memory plan; None for a plan in one stage or a pipeline over subsequences (SPPO)."""
+    from memo_sim.engine.schedules.microbatch import micro_batch_pipelines, pipeline_order
+
+    if plan.layout.pp == 1 or plan.schedule not in micro_batch_pipelines():
+        return None
+    order = pipeline_order(plan.schedule)
+    lay, m = plan.layout, plan.micro_batches
+    return lambda rank: order(lay.pp, m, lay.vpp, rank)
 
 
 def bare_plan(c, classifier_chunk_tokens: int = CLASSIFIER_CHUNK_TOKENS) -> Plan:

@@ -10,13 +10,17 @@ of the simulator is checked here, before anything runs:
   tensor of the forward and backward level-1 traces (`memo_sim.memplan.trace_gen`) has an
   offset or a stated reason for none, no offset names a tensor the layer does not allocate, and
   the placement is valid (no two tensors that live at the same time overlap, all inside the
-  phase's arena); a plan of another policy carries no memory plan.
+  phase's arena); a plan of another policy carries no memory plan;
+- a MEMO plan's level 2 under a micro-batch pipeline places, for every pipeline rank, exactly the blocks of the
+  micro-batches that rank holds in flight in its schedule's order (`memo_sim.memplan.stage_plan`),
+  validly; a plan in one stage carries no per-rank plans.
 """
 
 from __future__ import annotations
 
 from memo_sim.errors import MemoError
 from memo_sim.memplan.placement_check import validate_placement
+from memo_sim.memplan.stage_plan import stage_model_trace
 from memo_sim.memplan.trace_gen import layer_backward_trace, layer_forward_trace, unplaced_in
 from memo_sim.plan.schema import Plan
 from memo_sim.profile.loader import load_profile
@@ -94,17 +98,58 @@ def memory_plan_problems(plan: Plan, traces: dict[str, RequestTrace] | None = No
         unplaced = set(p.unplaced) | (set() if executor else set(unplaced_in(trace, ph)))
         missing = sorted(set(by_name) - set(p.offsets) - unplaced)
         unknown = sorted(set(p.offsets) - set(by_name))
-        if missing:
-            out.append(f"{where}: no offset for {len(missing)} tensor(s) of the layer ({', '.join(missing[:3])}"
-                       f"{', ...' if len(missing) > 3 else ''}); {fix}")
-        if unknown:
-            out.append(f"{where}: offsets for tensor(s) this layer does not allocate ({', '.join(unknown[:3])}"
-                       f"{', ...' if len(unknown) > 3 else ''}); {fix}")
+        out += _name_problems(where, missing, "no offset for {n} tensor(s) of the layer", unknown,
+                              "offsets for tensor(s) this layer does not allocate", fix)
         if missing or unknown or len(by_name) != len(trace.buffers):
             continue
         placed = {by_name[n].id: off for n, off in p.offsets.items()}
         sub = RequestTrace([b for b in trace.buffers if b.id in placed], name=trace.name)
         bad = validate_placement(sub, placed, p.peak_bytes)
+        if bad:
+            out.append(f"{where}: the placement is invalid ({bad[0]}); {fix}")
+    if not out and not executor:
+        out += _stage_problems(plan, fix)
+    return out
+
+
+def _name_problems(where: str, missing: list[str], missing_text: str, unknown: list[str], unknown_text: str,
+                   fix: str) -> list[str]:
+    """The lines for names without an offset (``missing_text`` with ``{n}``) and offsets naming nothing
+    the trace holds, the first three of each named."""
+    def names(xs: list[str]) -> str:
+        return ", ".join(xs[:3]) + (", ..." if len(xs) > 3 else "")
+
+    out = [f"{where}: {missing_text.format(n=len(missing))} ({names(missing)}); {fix}"] if missing else []
+    return out + ([f"{where}: {unknown_text} ({names(unknown)}); {fix}"] if unknown else [])
+
+
+def _stage_problems(plan: Plan, fix: str) -> list[str]:
+    """Level 2 per pipeline rank: present exactly for a micro-batch pipeline, each rank's blocks (rebuilt
+    from the schedule's order and the level-1 peaks) all placed, validly, in the rank's arena."""
+    from memo_sim.search.plan_build import stage_order_of  # noqa: PLC0415  (the engine's schedules)
+
+    mp = plan.memory_plan
+    order = stage_order_of(plan)
+    if order is None:
+        return [f"memory_plan.stages: per-rank plans in a plan without a micro-batch pipeline; {fix}"] if mp.stages \
+            else []
+    got = {st.stage: st for st in mp.stages}
+    if sorted(got) != list(range(plan.layout.pp)) or len(mp.stages) != plan.layout.pp:
+        return [f"memory_plan.stages: one plan per pipeline rank 0..{plan.layout.pp - 1} expected, found "
+                f"{sorted(got) or 'none'}; {fix}"]
+    fwd, bwd = (mp.phases[ph].peak_bytes if ph in mp.phases else 0 for ph in ("fwd", "bwd"))
+    out = []
+    for rank in range(plan.layout.pp):
+        st, where = got[rank], f"memory_plan.stages[{rank}]"
+        trace = stage_model_trace(plan.model, plan.layout, plan.micro_batch, plan.seq_tokens, plan.policy, fwd, bwd,
+                                  list(order(rank)), rank, plan.classifier_chunk_tokens)
+        ids = {b.id for b in trace.buffers}
+        missing, unknown = sorted(ids - set(st.offsets)), sorted(set(st.offsets) - ids)
+        out += _name_problems(f"{where}.offsets", missing, "no offset for {n} block(s) of the rank's micro-batches",
+                              unknown, "offsets for block(s) this rank does not hold", fix)
+        if missing or unknown:
+            continue
+        bad = validate_placement(trace, st.offsets, st.arena_bytes)
         if bad:
             out.append(f"{where}: the placement is invalid ({bad[0]}); {fix}")
     return out
