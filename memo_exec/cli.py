@@ -249,6 +249,14 @@ def trace_cmd(plan_file, device, out_file, dtype, attention_backend, target, cud
 @click.option("--ep", type=click.IntRange(min=1), default=1, show_default=True,
               help="expert-parallel degree (a MoE --model; folded into the dp ranks): the report adds the "
                    "dispatcher's all-to-all time per layer, predicted vs measured")
+@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
+              help="tensor-parallel degree of every plan (with sequence parallelism)")
+@click.option("--cp", type=click.IntRange(min=1), default=1, show_default=True,
+              help="ring context-parallel degree of every plan")
+@click.option("--pp", type=click.IntRange(min=1), default=1, show_default=True,
+              help="pipeline stages of every plan (1F1B over --micro-batches micro-batches of one sequence)")
+@click.option("--micro-batches", type=click.IntRange(min=1), default=1, show_default=True,
+              help="micro-batches of one sequence per iteration (gradient accumulation; a pipeline's micro-batches)")
 @click.option("--seqs", default="1K,2K", show_default=True, help="comma-separated sequence lengths")
 @click.option("--policies", default="store_all,full_recompute,full_offload,memo", show_default=True)
 @click.option("--alphas", default="0.25,0.5,0.75", show_default=True,
@@ -270,8 +278,9 @@ def trace_cmd(plan_file, device, out_file, dtype, attention_backend, target, cud
               help="CPU: run a plan again when the machine's speed (a reference GEMM after each step) moved more "
                    f"than {SPEED_DRIFT_LIMIT:.0%} from the calibration's during its run")
 @user_errors("while validating")
-def validate_cmd(profile_name, model_name, layers, hidden, heads, ffn, vocab, dtype, dp, ep, seqs, policies, alphas,
-                 budget_s, device, steps, out_dir, report_path, progress, record, speed_retries):
+def validate_cmd(profile_name, model_name, layers, hidden, heads, ffn, vocab, dtype, dp, ep, tp, cp, pp, micro_batches,
+                 seqs, policies, alphas, budget_s, device, steps, out_dir, report_path, progress, record,
+                 speed_retries):
     import dataclasses
     import shlex
 
@@ -295,12 +304,26 @@ def validate_cmd(profile_name, model_name, layers, hidden, heads, ffn, vocab, dt
     except ValueError:
         raise click.BadParameter("expected comma-separated numbers or 'sim'", param_hint="--alphas") from None
     pols = [p.strip() for p in policies.split(",") if p.strip()]
-    layout = Layout(dp=dp, ep=ep)
+    layout = Layout(dp=dp, ep=ep, tp=tp, sp=tp > 1, cp=cp, pp=pp)
     from memo_sim.layout.parallel import expert_why_not  # noqa: PLC0415
 
     why = expert_why_not(layout, model)
     if why:  # a layout that does not fit the model: one line before anything runs
         raise click.BadParameter(why, param_hint="--ep")
+    from memo_exec.validate import batch_split  # noqa: PLC0415
+    from memo_sim.layout.parallel import check_layout  # noqa: PLC0415
+    from memo_sim.layout.schedule import check_schedule  # noqa: PLC0415
+
+    batch, micro, schedule = batch_split(layout, micro_batches)
+    for s in seq_list:  # the same refusals the what-if gives, before anything runs
+        why = check_layout(layout, model, layout.gpus, max(profile.node_gpus, layout.gpus), s, batch)
+        if why:
+            raise click.BadParameter(why, param_hint="--tp/--cp/--pp/--dp")
+    for p in pols:
+        why = check_schedule(schedule, pp=layout.pp, vpp=layout.vpp, layers=model.layers, batch=batch,
+                             micro_batch=micro, policy_name=p)
+        if why:
+            raise click.BadParameter(why, param_hint="--pp/--micro-batches")
 
     def alpha_for(seq):  # MEMO at the simulator's alpha
         from memo_sim.api import memo_alpha  # noqa: PLC0415
@@ -316,7 +339,7 @@ def validate_cmd(profile_name, model_name, layers, hidden, heads, ffn, vocab, dt
           else contextlib.nullcontext()) as bar:
         path, summary = validate(model, profile, plans, device=dev, steps=steps, out_dir=out_dir,
                                  report_path=report_path, command=command, budget_s=budget_s, record=record,
-                                 speed_retries=speed_retries, layout=layout,
+                                 speed_retries=speed_retries, layout=layout, micro_batches=micro_batches,
                                  progress=(lambda done, total: bar.update(done - bar.pos)) if progress else None)
     click.echo(f"wrote {path}: {summary_line(summary)}; {summary['recorded']}")
 

@@ -159,16 +159,30 @@ def plan_set(seqs: list[int], policies: list[str], alphas: list, alpha_for=None)
     return out
 
 
-def predict(model: ModelConfig, seq: int, policy: Policy, profile: HardwareProfile, layout: Layout | None = None):
+def batch_split(layout: Layout | None, micro_batches: int = 1) -> tuple[int, int, str]:
+    """(sequences per replica, per micro-batch, schedule) of a validation plan: one sequence, or under a
+    pipeline ``micro_batches`` micro-batches of one sequence through 1F1B (interleaved with vpp > 1)."""
+    lay = layout or Layout()
+    if lay.pp == 1:
+        return micro_batches, 1, "single_stage"
+    return micro_batches, 1, "interleaved_1f1b" if lay.vpp > 1 else "1f1b"
+
+
+def predict(model: ModelConfig, seq: int, policy: Policy, profile: HardwareProfile, layout: Layout | None = None,
+            micro_batches: int = 1):
     from memo_sim.api import simulate
 
-    return simulate(model, layout or Layout(), 1, seq, policy, profile)
+    batch, micro, schedule = batch_split(layout, micro_batches)
+    return simulate(model, layout or Layout(), batch, seq, policy, profile, schedule=schedule, micro_batch=micro)
 
 
-def plan_for(model, seq, policy, profile: HardwareProfile, sim, layout: Layout | None = None) -> Plan:
+def plan_for(model, seq, policy, profile: HardwareProfile, sim, layout: Layout | None = None,
+             micro_batches: int = 1) -> Plan:
     """The plan of one validation point: the simulator's predictions, the profile by its path, and
-    (MEMO) the bi-level memory plan; ``layout`` (default one device) gives its GPUs."""
+    (MEMO) the bi-level memory plan; ``layout`` (default one device) gives its GPUs, ``micro_batches``
+    the iteration's micro-batches of one sequence (`batch_split`)."""
     layout = layout or Layout()
+    batch, micro, schedule = batch_split(layout, micro_batches)
     from memo_sim.api import attach_memory_plan
 
     d = sim.to_dict()
@@ -178,8 +192,9 @@ def plan_for(model, seq, policy, profile: HardwareProfile, sim, layout: Layout |
     lt = {k: v for k, v in d["layer_timings_s"].items() if k in ("forward", "backward", "recompute", "offload",
                                                                  "prefetch")}
     prof = str(Path(profile.path).resolve()) if profile.path else profile.name
-    plan = Plan(model=model, batch=1, seq_tokens=seq, gpus=layout.gpus, layout=layout, policy=policy, profile=prof,
-                predicted=predicted, layer_timings_s=lt, attention_backend="auto")
+    plan = Plan(model=model, batch=batch, seq_tokens=seq, gpus=layout.gpus, layout=layout, policy=policy, profile=prof,
+                predicted=predicted, layer_timings_s=lt, attention_backend="auto", schedule=schedule,
+                micro_batch=micro)
     if sim.status == "OK":
         attach_memory_plan(plan)
     return plan
@@ -364,7 +379,8 @@ def run_plan(plan_file: Path, run_dir: Path, device: str, steps: int, timeout: f
 
 def run_validation(model: ModelConfig, profile: HardwareProfile, plans: list[PlanSpec], *, device: str,
                    steps: int, out_dir: Path, progress=None, budget_s: float | None = None,
-                   runner=run_plan, speed_retries: int = 1, layout: Layout | None = None) -> list[ValidationRow]:
+                   runner=run_plan, speed_retries: int = 1, layout: Layout | None = None,
+                   micro_batches: int = 1) -> list[ValidationRow]:
     """Predict, write and run every plan (each in its own process). ``budget_s`` bounds the runs'
     wall time: each gets a timeout from what is left, shared in proportion to the plans' predicted
     cost; a plan that no longer fits is a ``skipped`` row. A CPU run during which the machine's
@@ -378,9 +394,9 @@ def run_validation(model: ModelConfig, profile: HardwareProfile, plans: list[Pla
         if spec.policy is None:
             rows.append(ValidationRow(spec.label, spec.skipped or "skipped", _empty()))
             continue
-        sim = predict(model, spec.seq, spec.policy, profile, layout)
+        sim = predict(model, spec.seq, spec.policy, profile, layout, micro_batches)
         pq = predicted_quantities(sim)
-        plan_file = write_plan(plan_for(model, spec.seq, spec.policy, profile, sim, layout),
+        plan_file = write_plan(plan_for(model, spec.seq, spec.policy, profile, sim, layout, micro_batches),
                                out_dir / "plans" / f"plan-{k:02d}.json")
         row = ValidationRow(spec.label, "ran", _pred_only(pq), plan_file=str(plan_file),
                             predicted_timeline=sim.timeline)
@@ -653,7 +669,8 @@ def record_in_profile(profile: HardwareProfile, summary: dict, device: str, json
 def validate(model: ModelConfig, profile: HardwareProfile, plans: list[PlanSpec], *, device: str,
              steps: int, out_dir: str | Path, report_path: str | Path | None, command: str,
              progress=None, budget_s: float | None = None, runner=run_plan,
-             record: bool = True, speed_retries: int = 1, layout: Layout | None = None) -> tuple[Path, dict]:
+             record: bool = True, speed_retries: int = 1, layout: Layout | None = None,
+             micro_batches: int = 1) -> tuple[Path, dict]:
     """Run the validation and write the report (markdown and ``validation.json``); with ``record``
     write the measured step-time errors into the profile's file (`record_in_profile`; the line
     saying where is ``summary["recorded"]``); raise `ExecError` (one line) when no plan ran, after
@@ -664,7 +681,8 @@ def validate(model: ModelConfig, profile: HardwareProfile, plans: list[PlanSpec]
     load0 = _load_1min()
     with CpuShareMeter() as share:
         rows = run_validation(model, profile, plans, device=device, steps=steps, out_dir=out, progress=progress,
-                              budget_s=budget_s, runner=runner, speed_retries=speed_retries, layout=layout)
+                              budget_s=budget_s, runner=runner, speed_retries=speed_retries, layout=layout,
+                              micro_batches=micro_batches)
     summary = summarize(rows)
     summary["load_average_1min"] = [load0, _load_1min()]
     summary["cpu_share"] = share.result.to_dict() if share.result is not None else None

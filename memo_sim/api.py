@@ -12,7 +12,7 @@ from memo_sim.layout.schedule import SCHEDULE_NAMES, check_schedule, default_sch
 from memo_sim.memplan.footprint import MemoryBreakdown, memory_breakdown
 from memo_sim.memplan.greedy import greedy_trace
 from memo_sim.memplan.iteration_replay import engine_replay
-from memo_sim.memplan.planner import BiLevelPlan, attach_memory_plan, plan_memory
+from memo_sim.memplan.planner import BiLevelPlan, plan_memory
 from memo_sim.model.config import ModelConfig, get_model
 from memo_sim.plan.schema import Plan, read_plan, write_plan
 from memo_sim.policy import Policy, get_policy, policy_names
@@ -21,7 +21,7 @@ from memo_sim.profile.schema import HardwareProfile
 from memo_sim.request_trace import Buffer, RequestTrace
 from memo_sim.search.estimate import IterationEstimate, estimate_iteration, estimate_pipeline, memo_alpha
 from memo_sim.search.pipeline import pipeline_memory
-from memo_sim.search.plan_build import build_plan
+from memo_sim.search.plan_build import attach_memory_plan, build_plan
 from memo_sim.search.plan_check import plan_problems, runnable_problems, traced_by_executor
 from memo_sim.search.request import WhatifAnswer, WhatifRequest, answer_whatif
 from memo_sim.search.sppo import SppoPoint, SppoSearch, search_sppo, solve_point

@@ -70,10 +70,9 @@ def _mutate(name: str):
 def with_memory_plan(plan):
     """The plan with the bi-level memory plan the what-if attaches (level 1 and, under a pipeline, level 2
     per rank over its schedule's order)."""
-    from memo_sim.memplan.planner import attach_memory_plan
-    from memo_sim.search.plan_build import stage_order_of
+    from memo_sim.api import attach_memory_plan
 
-    return attach_memory_plan(plan, time_limit_s=2.0, stage_order=stage_order_of(plan))
+    return attach_memory_plan(plan, time_limit_s=2.0)
 
 
 def run_case(layers, lay, schedule, pol, steps=0, batch=BATCH, mutate=None, planned=False):

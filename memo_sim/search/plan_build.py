@@ -18,11 +18,16 @@ def build_plan(candidate, time_limit_s: float | None = None) -> Plan:
     """The plan.json of ``candidate`` (a `memo_sim.search.candidate.Candidate`), memory plan
     included (solved within ``time_limit_s``, default `memo_sim.memplan.planner.MEMORY_PLAN_TIME_LIMIT_S`).
     The planner (and numpy with it) is imported here: a what-if that writes no plan never needs it."""
-    from memo_sim.memplan.planner import MEMORY_PLAN_TIME_LIMIT_S, attach_memory_plan
+    return attach_memory_plan(bare_plan(candidate), time_limit_s=time_limit_s)
 
-    limit = MEMORY_PLAN_TIME_LIMIT_S if time_limit_s is None else time_limit_s
-    plan = bare_plan(candidate)
-    return attach_memory_plan(plan, time_limit_s=limit, stage_order=stage_order_of(plan))
+
+def attach_memory_plan(plan: Plan, time_limit_s: float | None = None) -> Plan:
+    """`memo_sim.memplan.planner.attach_memory_plan` with the plan's own schedule: under a micro-batch
+    pipeline each rank's order (`stage_order_of`) for its level 2 (what `memo_sim.api` exports)."""
+    from memo_sim.memplan import planner
+
+    limit = planner.MEMORY_PLAN_TIME_LIMIT_S if time_limit_s is None else time_limit_s
+    return planner.attach_memory_plan(plan, time_limit_s=limit, stage_order=stage_order_of(plan))
 
 
 def stage_order_of(plan: Plan):
