@@ -204,8 +204,9 @@ class DistExecutor(ExecutorBase):
 
     def _estimate(self) -> MemoryEstimate:
         """This rank's static device memory (model states after ZeRO, the policy's activation
-        storage). The transient terms are not estimated for distributed runs (the single-device
-        estimate comes from a dry run of the layer on the meta device, which cannot run collectives)."""
+        storage, and under a memory plan the layer's arena). The other transient terms are not
+        estimated for distributed runs (the single-device estimate comes from a dry run of the layer on
+        the meta device, which cannot run collectives)."""
         P, largest = self._local_param_numel()
         e = element_size(self.dtype)
         lay = self.layout
@@ -227,6 +228,8 @@ class DistExecutor(ExecutorBase):
                  "norm_stats": n * dev.get("norm_stats", 0)}
         for k in ("transient_peak", "layer_boundary", "classifier_peak", "optimizer_step_peak"):
             terms[k] = 0
+        if self.arena_plan is not None:  # the layer's planned scratch: the arena this rank allocates
+            terms["transient_peak"] = self.arena_plan.arena_bytes
         terms["peak_total"] = sum(terms.values())
         host = n * self.policy.host_bytes() + (HostAdamW.host_bytes_for(shard, self.dtype) if lay.optimizer_offload else 0)
         return MemoryEstimate(terms, host, {})
