@@ -179,13 +179,25 @@ class GradSync(LayerHooks):
 
     # ------------------------------------------------------------------ reductions
     def _tp_sync(self, u: _Unit) -> None:
+        """Sum the gradients of the weights every TP rank holds whole (norms, replicated biases) over the
+        TP group: one all-reduce per unit and dtype of their gradients flattened together, as Megatron-LM
+        coalesces its layer-norm gradients (`_allreduce_layernorm_grads`), instead of one per parameter
+        (on gloo each call costs a round trip: 27 calls took 43 ms of a 481 ms tp2 step on this CPU)."""
         if not self.tp_sync:
             return
-        for (name, p), rep in zip(u.named, self.replicated[u.index]):
+        by_dtype: dict = {}
+        for (_name, p), rep in zip(u.named, self.replicated[u.index]):
             if rep:
-                with self.timer.span("tp_grad_all_reduce", u.index - 1 if u.index else None, "comm", stream="comm",
-                                     nbytes=p.grad.numel() * p.grad.element_size()):
-                    dist.all_reduce(p.grad, group=self.tp)
+                by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
+        for grads in by_dtype.values():
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            with self.timer.span("tp_grad_all_reduce", u.index - 1 if u.index else None, "comm", stream="comm",
+                                 nbytes=flat.numel() * flat.element_size()):
+                dist.all_reduce(flat, group=self.tp)
+            at = 0
+            for g in grads:
+                g.copy_(flat[at:at + g.numel()].view_as(g))
+                at += g.numel()
 
     def _reduce(self, u: _Unit) -> None:
         self._tp_sync(u)
