@@ -1,14 +1,21 @@
-"""Point-to-point and all-reduce timings over torch.distributed: NCCL across the visible GPUs, gloo
-between processes on CPU.
+"""Point-to-point and collective timings over torch.distributed: NCCL across the visible GPUs,
+gloo between processes on CPU.
 
 One process per rank is started (``python -m memo_exec.calibrate.collectives``, so nothing
 depends on how the parent was started; file-store rendezvous in a temporary folder, no network
-port). For each size, ranks 0 and 1 ping-pong a buffer (one-way time =
-round trip / 2) and then every rank all-reduces it. Rank 0 writes the timings as JSON. The
-parent waits at most ``timeout_s`` and stops the processes it started if they overrun.
+port). For each size ``n`` (bytes of one rank's buffer), ranks 0 and 1 ping-pong a buffer
+(one-way time = round trip / 2), then every rank runs each collective the executor issues, on the
+flat tensors it uses (`memo_exec.distributed.collectives`): an all-gather of ``n`` bytes per rank
+(``world·n`` out), a reduce-scatter of ``world·n`` bytes in, an all-reduce and an all-to-all of
+``n`` bytes. Rank 0 writes the timings as JSON. The parent waits at most ``timeout_s`` and stops
+the processes it started if they overrun.
 
 The link's bandwidth and latency come from the one-way times (`fit.fit_copy_model`): that is
 the simulator's per-direction ``bandwidth`` and per-step ``latency`` of `memo_sim.cost.collectives`.
+Each collective gets its own fit too (``fits``: a line over its times at the large sizes against
+the formula's size, turned into that formula's parameters by `memo_sim.cost.collectives.fit_params`),
+which the profile keeps as the link's ``collectives``: a library's all-gather or reduce-scatter
+is not a chain of ping-pongs (gloo's reduce-scatter takes several times its all-gather).
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -24,8 +32,17 @@ import traceback
 from datetime import timedelta
 from pathlib import Path
 
-from memo_exec.calibrate.fit import fit_copy_model
+from memo_exec.calibrate.fit import fit_copy_model, fit_latency_bandwidth
 from memo_exec.calibrate.microbench import Progress
+from memo_exec.distributed.collectives import all_gather_single, reduce_scatter_single
+from memo_sim.cost.collectives import fit_params
+
+# each collective's time column and the formula's size (`memo_sim.cost.collectives`) for a buffer of n
+# bytes per rank over ``world`` ranks: what an all-gather ends with, a reduce-scatter starts with
+COLUMNS = {"all_gather": ("allgather_s", lambda n, world: world * n),
+           "reduce_scatter": ("reducescatter_s", lambda n, world: world * n),
+           "all_reduce": ("allreduce_s", lambda n, world: n),
+           "all_to_all": ("alltoall_s", lambda n, world: n)}
 
 
 def _worker(rank: int, world: int, backend: str, folder: str, sizes: list[int], target_s: float) -> None:
@@ -62,13 +79,23 @@ def _worker(rank: int, world: int, backend: str, folder: str, sizes: list[int], 
                         dist.send(buf, 0)
                 sync()
 
-            def allreduce(iters):
-                for _ in range(iters):
-                    dist.all_reduce(buf)
-                sync()
+            whole = torch.empty(world * buf.numel(), dtype=buf.dtype, device=dev)
+            other = torch.empty_like(buf)
+
+            def looped(call):
+                def run(iters):
+                    for _ in range(iters):
+                        call()
+                    sync()
+                return run
 
             row = {"bytes": nbytes}
-            for name, fn, per in (("sendrecv_s", pingpong, 2), ("allreduce_s", allreduce, 1)):
+            for name, fn, per in (
+                    ("sendrecv_s", pingpong, 2),
+                    ("allreduce_s", looped(lambda: dist.all_reduce(buf)), 1),
+                    ("allgather_s", looped(lambda: all_gather_single(whole, buf)), 1),
+                    ("reducescatter_s", looped(lambda: reduce_scatter_single(other, whole)), 1),
+                    ("alltoall_s", looped(lambda: dist.all_to_all_single(other, buf)), 1)):
                 fn(2)  # warm-up: communicators, buffers
                 dist.barrier()
                 t0 = time.perf_counter()
@@ -79,11 +106,14 @@ def _worker(rank: int, world: int, backend: str, folder: str, sizes: list[int], 
                                   device=dev)
                 dist.broadcast(it, 0)
                 iters = int(it.item())
-                dist.barrier()
-                sync()
-                t0 = time.perf_counter()
-                fn(iters)
-                row[name] = (time.perf_counter() - t0) / (iters * per)
+                blocks = []  # the median of BLOCKS timed blocks: one block is at the mercy of a scheduler hiccup
+                for _ in range(BLOCKS):
+                    dist.barrier()
+                    sync()
+                    t0 = time.perf_counter()
+                    fn(iters)
+                    blocks.append((time.perf_counter() - t0) / (iters * per))
+                row[name] = statistics.median(blocks)
             rows.append(row)
         if rank == 0:
             out = {"backend": backend, "world": world, "rows": rows}
@@ -141,10 +171,37 @@ def run_collectives(backend: str, world: int, sizes: list[int], progress: Progre
         busbw = 2 * (g - 1) / g * r["bytes"] / r["allreduce_s"] if g > 1 else 0.0
         r["sendrecv_bytes_per_s"] = r["bytes"] / r["sendrecv_s"]
         r["allreduce_busbw_bytes_per_s"] = busbw
-        progress.step(f"{r['bytes'] / 2**20:.3f} MiB: send/recv {r['sendrecv_bytes_per_s'] / 1e9:.2f} GB/s "
-                      f"({r['sendrecv_s'] * 1e6:.1f} us), all-reduce bus {busbw / 1e9:.2f} GB/s")
+        progress.step(f"{r['bytes'] / 2**20:.3f} MiB per rank: send/recv {r['sendrecv_bytes_per_s'] / 1e9:.2f} GB/s "
+                      f"({r['sendrecv_s'] * 1e6:.1f} us), all-reduce bus {busbw / 1e9:.2f} GB/s, all-gather "
+                      f"{r['allgather_s'] * 1e6:.1f} us, reduce-scatter {r['reducescatter_s'] * 1e6:.1f} us, "
+                      f"all-to-all {r['alltoall_s'] * 1e6:.1f} us")
     bw, lat = fit_copy_model([r["bytes"] for r in rows], [r["sendrecv_s"] for r in rows])
-    return {"measured": True, "backend": backend, "world": world, "rows": rows, "bandwidth": bw, "latency": lat}
+    return {"measured": True, "backend": backend, "world": world, "rows": rows, "bandwidth": bw, "latency": lat,
+            "fits": collective_fits(rows, world)}
+
+
+BLOCKS = 5  # timed blocks per size and collective (rank 0's median)
+FIT_FROM = 256 * 2**10  # bytes per rank: the sizes a collective's line is fitted over (the two largest if fewer)
+
+
+def collective_fits(rows: list[dict], world: int) -> dict[str, dict[str, float]]:
+    """Each collective's (bandwidth, latency) for `memo_sim.cost.collectives`'s formula: a line
+    ``t = intercept + size / bandwidth`` through its times at the sizes from `FIT_FROM` per rank on
+    (`fit.fit_latency_bandwidth`; slope and intercept both from them: a library's small-message path
+    differs from its large one, and the large ones are what a layer's collectives move), then
+    `fit_params`."""
+    out = {}
+    for kind, (col, size) in COLUMNS.items():
+        pts = sorted((r["bytes"], size(r["bytes"], world), r[col]) for r in rows if r.get(col))
+        if len(pts) < 2 or world < 2:
+            continue
+        large = [p for p in pts if p[0] >= FIT_FROM]
+        if len(large) < 2:
+            large = pts[-2:]
+        bw_line, intercept = fit_latency_bandwidth([p[1] for p in large], [p[2] for p in large])
+        bw, lat = fit_params(kind, world, intercept, 1.0 / bw_line)
+        out[kind] = {"bandwidth": bw, "latency": lat}
+    return out
 
 
 def _main(argv: list[str] | None = None) -> None:

@@ -96,7 +96,7 @@ def grid_for(kind: str, quick: bool) -> Grid:
                     ew_tokens=4096, ew_hidden=1024, ew_small=(256, 128), hbm_bytes=128 * MiB,
                     copy_sizes=[4 * KiB, 64 * KiB, MiB, 64 * MiB, 128 * MiB], copy_fit_from=64 * MiB,
                     duplex_bytes=64 * MiB, duplex_count=4, cc_gemm_n=512, cc_compute_s=0.15, cc_chunk=64 * MiB,
-                    coll_sizes=[4 * KiB, 256 * KiB, 4 * MiB], bench_target_s=0.01, bench_min_repeats=5,
+                    coll_sizes=[4 * KiB, 64 * KiB, 512 * KiB, 2 * MiB], bench_target_s=0.01, bench_min_repeats=5,
                     bench_max_repeats=10)
     return Grid(gemm_hiddens=[64, 128, 256, 512, 1024], gemm_tps=[1], gemm_tokens=[128, 512, 2048],
                 attn_seqs=[128, 256, 512, 1024, 2048, 4096], attn_heads_dims=[(4, 32), (4, 64), (8, 64)],

@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from memo_exec.calibrate.allocator import profile_fields as allocator_fields
+from memo_exec.calibrate.collectives import FIT_FROM
 from memo_exec.calibrate.allocator import summary as allocator_summary
 from memo_exec.calibrate.microbench import TIMING_STATISTIC
 from memo_exec.calibrate.quantities import GiB, MiB, FlowMap, curve, dump_yaml, plain, q, q_bw, q_bytes, q_time, sig
@@ -230,6 +231,19 @@ def _gpus_per_node(b: Build) -> FlowMap:
     return q(1, "count", "CPU run: one executor device per process (memo convention, not measured)")
 
 
+def _collective_fits(b: Build, coll: dict) -> dict:
+    """A link's ``collectives`` section: each collective's own fit (`memo_exec.calibrate.collectives`)."""
+    fits = coll.get("fits") or {}
+    if not fits:
+        return {}
+    src = (f"measured: {coll['backend']} {{}} over {coll['world']} processes, sizes {coll['rows'][0]['bytes']}.."
+           f"{coll['rows'][-1]['bytes']} bytes per rank; a line through the sizes from {FIT_FROM // 1024} KiB per rank on, "
+           f"as the formula's bandwidth and per-step latency (memo_sim.cost.collectives.fit_params), {b.at}")
+    return {"collectives": {k: {"bandwidth": q_bw(f["bandwidth"], src.format(k.replace("_", "-"))),
+                                "latency": q_time(f["latency"], src.format(k.replace("_", "-")))}
+                            for k, f in fits.items()}}
+
+
 def link_sections(b: Build) -> tuple[dict, dict, dict]:
     """(``node``, ``nvlink``, ``internode``): measured collectives where they ran, else the base's."""
     gpn = _gpus_per_node(b)
@@ -242,14 +256,14 @@ def link_sections(b: Build) -> tuple[dict, dict, dict]:
         if not b.cuda:
             lk_src += "; CPU: with gpus_per_node 1 the simulator routes every group over internode"
         nvlink = b.measured("nvlink", {"bandwidth": q_bw(coll["bandwidth"], lk_src),
-                                       "latency": q_time(coll["latency"], lk_src)})
+                                       "latency": q_time(coll["latency"], lk_src), **_collective_fits(b, coll)})
     else:
         base = b.need_base("nvlink")
         why = f"not measured ({coll['reason']})"
         nvlink = {"bandwidth": base.quantity("nvlink.bandwidth", why), "latency": base.quantity("nvlink.latency", why)}
     if coll["measured"] and not b.cuda:
         internode = b.measured("internode", {"bandwidth": q_bw(coll["bandwidth"], lk_src),
-                                             "latency": q_time(coll["latency"], lk_src)})
+                                             "latency": q_time(coll["latency"], lk_src), **_collective_fits(b, coll)})
     else:
         base = b.need_base("internode")
         why = "not measured (one node: no inter-node link to measure)"
@@ -386,7 +400,9 @@ def measurements(r: dict) -> dict:
     }
     if coll["measured"]:
         summary["collectives"] = [{"bytes": row["bytes"], "sendrecv_us": sig(row["sendrecv_s"] * 1e6),
-                                   "allreduce_busbw_gb_s": sig(row["allreduce_busbw_bytes_per_s"] / 1e9)}
+                                   "allreduce_busbw_gb_s": sig(row["allreduce_busbw_bytes_per_s"] / 1e9),
+                                   **{k.replace("_s", "_us"): sig(row[k] * 1e6)
+                                      for k in ("allgather_s", "reducescatter_s", "alltoall_s") if k in row}}
                                   for row in coll["rows"]]
     else:
         summary["collectives"] = f"not measured: {coll['reason']}"

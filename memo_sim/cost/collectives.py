@@ -11,13 +11,20 @@ per-step latency ``lat`` seconds.
 - send/recv: lat + size/bw
 - broadcast / reduce (binomial tree, METP's weight blocks): ceil(log2 g)·(lat + size/bw); the
   root's block passes log2 g hops, so each GPU's port carries log2(g)·size (papers/metp.txt 4.2)
+
+``bw`` and ``lat`` are the link's own (a send/recv's) unless the profile measured the collective
+itself on that link (`Link.collectives`, written by ``memo-exec calibrate``): `link_params` picks
+them, and `fit_params` turns a measured line t = intercept + slope·size at g ranks into the
+parameters that make the collective's formula above give those times. A library's collective is
+not a chain of ping-pongs (gloo's reduce-scatter costs several times its all-gather on the same
+bytes), so where it was measured its own fit prices it.
 """
 
 from __future__ import annotations
 
 import math
 
-from memo_sim.profile.schema import HardwareProfile, Link
+from memo_sim.profile.schema import COLLECTIVES, HardwareProfile, Link
 from memo_sim.layout.parallel import group_spans_nodes
 
 
@@ -61,6 +68,30 @@ def broadcast_time(size: float, g: int, bw: float, lat: float) -> float:
 
 def reduce_time(size: float, g: int, bw: float, lat: float) -> float:
     return tree_steps(g) * (lat + size / bw)
+
+
+# t = steps·(g-1)·lat + steps·(g-1)/g·size/bw: the ring formulas above, per collective (all-reduce: the
+# ring's two passes; NCCL's tree is the same measured time when g = 2)
+_RING_PASSES = {"all_gather": 1, "reduce_scatter": 1, "all_to_all": 1, "all_reduce": 2}
+assert set(_RING_PASSES) == set(COLLECTIVES)
+
+
+def link_params(link: Link, collective: str | None = None) -> tuple[float, float]:
+    """(bandwidth, latency) that price ``collective`` (one of `COLLECTIVES`; None: a send/recv) on
+    ``link``: its measured fit where the profile has one, else the link's own."""
+    fit = link.collectives.get(collective) if collective is not None else None
+    if fit is None:
+        return float(link.bandwidth), float(link.latency)
+    return float(fit.bandwidth), float(fit.latency)
+
+
+def fit_params(collective: str, g: int, intercept: float, slope: float) -> tuple[float, float]:
+    """(bandwidth, latency) with which ``collective``'s formula over ``g`` ranks is the measured line
+    ``t = intercept + slope·size`` (seconds, seconds per byte of the formula's ``size``)."""
+    if g < 2 or slope <= 0:
+        raise ValueError(f"a collective fit needs g >= 2 ranks and a positive slope (g={g}, slope={slope})")
+    k = _RING_PASSES[collective] * (g - 1)
+    return k / (g * slope), max(0.0, intercept) / k
 
 
 def group_link(profile: HardwareProfile, size: int, stride: int) -> Link:

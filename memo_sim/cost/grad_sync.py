@@ -34,10 +34,14 @@ from memo_sim.model.config import ModelConfig
 from memo_sim.profile.schema import HardwareProfile
 
 
-def _reduce(layout: Layout, nbytes: float, g: int, bw: float, lat: float) -> float:
+def _reduce(layout: Layout, nbytes: float, g: int, link) -> float:
     if layout.zero >= 1:
-        return coll.ring_reduce_scatter_time(nbytes, g, bw, lat)
-    return coll.allreduce_time(nbytes, g, bw, lat)
+        return coll.ring_reduce_scatter_time(nbytes, g, *coll.link_params(link, "reduce_scatter"))
+    return coll.allreduce_time(nbytes, g, *coll.link_params(link, "all_reduce"))
+
+
+def _gather(nbytes: float, g: int, link) -> float:
+    return coll.ring_allgather_time(nbytes, g, *coll.link_params(link, "all_gather"))
 
 
 def params_reduce_time(model: ModelConfig, layout: Layout, profile: HardwareProfile, params: GpuParams,
@@ -49,12 +53,12 @@ def params_reduce_time(model: ModelConfig, layout: Layout, profile: HardwareProf
     g, gr, t = layout.state_shards, model.recipe.grad_reduce_bytes, 0.0
     if g > 1:
         link = coll.group_link(profile, g, layout.tp if stride is None else stride)
-        t += _reduce(layout, gr * (params.local - params.expert_local), g, float(link.bandwidth), float(link.latency))
+        t += _reduce(layout, gr * (params.local - params.expert_local), g, link)
     ge = layout.expert_dp if model.moe else 1
     if ge > 1 and params.expert_local:
         ranks = expert_group_ranks(layout, ge, layout.ep * layout.etp)
         elink = profile.internode if ranks_per_node(ranks, profile.node_gpus) < ge else profile.nvlink
-        t += _reduce(layout, gr * params.expert_local, ge, float(elink.bandwidth), float(elink.latency))
+        t += _reduce(layout, gr * params.expert_local, ge, elink)
     return t
 
 
@@ -78,7 +82,7 @@ def grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile, stri
     sit TP x PP apart)."""
     g = layout.state_shards
     link = coll.group_link(profile, g, layout.tp if stride is None else stride)
-    bw, lat = float(link.bandwidth), float(link.latency)
+    gather_link = link  # where the weights are all-gathered
     ge = layout.expert_dp if model.moe else 1  # the routed experts' replicas (they have their own group)
     if g <= 1 and ge <= 1:
         return GradSync(coll.link_kind(profile, link), 0.0, 0.0, 0.0, 0.0, overlapped=layout.grad_overlap)
@@ -94,12 +98,12 @@ def grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile, stri
         link = r_link if r_link is profile.internode else s_link
 
         def reduce(nbytes: float) -> float:
-            return (coll.ring_reduce_scatter_time(nbytes, shard, float(s_link.bandwidth), float(s_link.latency))
-                    + coll.allreduce_time(nbytes / shard, replicas, float(r_link.bandwidth), float(r_link.latency)))
-        g, bw, lat = shard, float(s_link.bandwidth), float(s_link.latency)  # the weight gathers: the shard group
+            return (coll.ring_reduce_scatter_time(nbytes, shard, *coll.link_params(s_link, "reduce_scatter"))
+                    + coll.allreduce_time(nbytes / shard, replicas, *coll.link_params(r_link, "all_reduce")))
+        g, gather_link = shard, s_link  # the weight gathers: the shard group
     else:
         def reduce(nbytes: float) -> float:
-            return _reduce(layout, nbytes, g, bw, lat)
+            return _reduce(layout, nbytes, g, link)
 
     w, gr = model.recipe.weight_bytes, model.recipe.grad_reduce_bytes
     layer = layer_gpu_params(model, layout)
@@ -107,17 +111,16 @@ def grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile, stri
     emb_p = model.embedding_params() / layout.tp
     every = model_gpu_params(model, layout)
     all_p = every.local - every.expert_local
-    gather = coll.ring_allgather_time(w * layer_p, g, bw, lat) if layout.zero >= 1 and g > 1 else 0.0
+    gather = _gather(w * layer_p, g, gather_link) if layout.zero >= 1 and g > 1 else 0.0
     layer_r, all_r = reduce(gr * layer_p), reduce(gr * all_p)
     if ge > 1:  # the routed experts over their own replicas, where the expert ranks sit (module docs)
         ranks = expert_group_ranks(layout, ge, layout.ep * layout.etp)
         elink = profile.internode if ranks_per_node(ranks, profile.node_gpus) < ge else profile.nvlink
-        ebw, elat = float(elink.bandwidth), float(elink.latency)
         if elink is profile.internode:
             link = elink
-        layer_r += _reduce(layout, gr * layer.expert_local, ge, ebw, elat)
-        all_r += _reduce(layout, gr * every.expert_local, ge, ebw, elat)
+        layer_r += _reduce(layout, gr * layer.expert_local, ge, elink)
+        all_r += _reduce(layout, gr * every.expert_local, ge, elink)
         if layout.zero >= 1:
-            gather += coll.ring_allgather_time(w * layer.expert_local, ge, ebw, elat)
+            gather += _gather(w * layer.expert_local, ge, elink)
     return GradSync(coll.link_kind(profile, link), layer_r, reduce(gr * emb_p),
                     all_r, gather, layout.zero >= 3 and flavour.gathers_in_backward(layout), layout.grad_overlap)

@@ -28,7 +28,8 @@ from memo_sim.cost.opcost import OpCost, chain_dependencies, chain_tail, critica
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
 from memo_sim.model.kernel_fusion import amax_fused_backward, amax_fused_forward, fused_inputs
-from memo_sim.model.layer_graph import DTYPE_BYTES, FP8_SAVED_INPUTS, OpSpec, forward_ops, layer_tensors, recompute_ops
+from memo_sim.model.layer_graph import (DTYPE_BYTES, FP8_SAVED_INPUTS, OpSpec, forward_ops, layer_tensors, recompute_ops,
+                                       sp_regathered)
 from memo_sim.profile.schema import HardwareProfile
 from memo_sim.tp import RING_GROUPS, TPFlavour
 
@@ -122,27 +123,44 @@ def _tp_collective(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, s
         return None
     size = tokens_per_gpu(layout, batch, seq) * model.hidden * DTYPE_BYTES[model.dtype] * fraction
     link = coll.group_link(profile, layout.tp, 1)
-    bw, lat = float(link.bandwidth), float(link.latency)
     if layout.sp:
         # forward: all-gather before a column-parallel gemm, reduce-scatter after a row-parallel one;
         # backward swaps them.
         gather = (op.tp_comm_after == "gather") == (phase != "bwd")
         name = ("allgather" if gather else "reducescatter") + f"_{op.name}"
-        t = coll.ring_allgather_time(size, layout.tp, bw, lat)
+        t = coll.ring_allgather_time(size, layout.tp, *coll.link_params(link, "all_gather" if gather else "reduce_scatter"))
     else:
         # forward: all-reduce after the row-parallel gemms; backward: after the column-parallel ones
         if (op.tp_comm_after == "reduce") == (phase == "bwd"):
             return None
         name = f"allreduce_{op.name}"
-        t = coll.allreduce_time(size, layout.tp, bw, lat)
+        t = coll.allreduce_time(size, layout.tp, *coll.link_params(link, "all_reduce"))
     return OpCost(name, "collective", phase, "comm", t, nbytes=size)
+
+
+def _sp_regather(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, seq: int,
+                 profile: HardwareProfile) -> list[OpCost]:
+    """Sequence parallelism keeps only the rank's shard of a column-parallel GEMM's gathered input, so
+    its backward all-gathers it again for the weight gradient (`layer_graph.sp_regathered`): before the
+    GEMM's backward, on the critical path as the layer's other TP collectives (memo's executor), or
+    beside it where the framework issues it asynchronously next to the data-gradient GEMM
+    (``layout.sp_regather_overlap``: Megatron-LM's LinearWithGradAccumulationAndAsyncCommunication;
+    memo's backward GEMM op is the data and weight gradients together, so the gather may hide under
+    both). Megatron's reduce-scatter beside the weight gradient is not modelled."""
+    if layout.tp == 1 or not layout.sp or op.name not in sp_regathered(model):
+        return []
+    size = tokens_per_gpu(layout, batch, seq) * model.hidden * DTYPE_BYTES[model.dtype]
+    link = coll.group_link(profile, layout.tp, 1)
+    t = coll.ring_allgather_time(size, layout.tp, *coll.link_params(link, "all_gather"))
+    return [OpCost(f"allgather_{op.name}_input", "collective", "bwd", "comm", t, nbytes=size,
+                   overlaps=1 if layout.sp_regather_overlap else 0)]
 
 
 def _ulysses_alltoall(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile,
                       phase: str, width: int, name: str) -> OpCost:
     size = tokens_per_gpu(layout, batch, seq) * width * DTYPE_BYTES[model.dtype] / layout.tp
     link = coll.group_link(profile, layout.ulysses, layout.tp)
-    t = coll.alltoall_time(size, layout.ulysses, float(link.bandwidth), float(link.latency))
+    t = coll.alltoall_time(size, layout.ulysses, *coll.link_params(link, "all_to_all"))
     return OpCost(name, "collective", phase, "comm", t, nbytes=size)
 
 
@@ -218,6 +236,8 @@ def _ops_with_comm(ops: list[OpSpec], model: ModelConfig, layout: Layout, batch:
             out.append(_ulysses_alltoall(model, layout, batch, seq, profile, phase, model.q_dim + kv, "alltoall_qkv"))
         if op.kind == "attention" and layout.cp > 1:
             out.append(_cp_ring(model, layout, batch, seq, profile, phase))
+        if phase == "bwd" and op.name not in free:
+            out += _sp_regather(op, model, layout, batch, seq, profile)
         out.append(_compute_cost(op, model, layout, batch, seq, profile, phase, fraction))
         if op.kind == "attention" and layout.ulysses > 1:
             out.append(_ulysses_alltoall(model, layout, batch, seq, profile, phase, model.attn_dim, "alltoall_attn"))

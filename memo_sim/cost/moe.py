@@ -113,11 +113,10 @@ def ep_alltoall_time(size: float, layout: Layout, profile: HardwareProfile) -> f
         return 0.0
     local = ranks_per_node(_group_ranks("ep", layout), profile.node_gpus)  # EP peers on one node, self included
     if local >= g:
-        link = profile.nvlink
-        return coll.alltoall_time(size, g, float(link.bandwidth), float(link.latency))
-    nv, ib = profile.nvlink, profile.internode
-    t_nv = (local - 1) * (float(nv.latency) + size / (g * float(nv.bandwidth)))
-    t_ib = (g - local) * float(ib.latency) + size * (g - local) / (g * float(ib.bandwidth))
+        return coll.alltoall_time(size, g, *coll.link_params(profile.nvlink, "all_to_all"))
+    (nv_bw, nv_lat), (ib_bw, ib_lat) = (coll.link_params(lk, "all_to_all") for lk in (profile.nvlink, profile.internode))
+    t_nv = (local - 1) * (nv_lat + size / (g * nv_bw))
+    t_ib = (g - local) * ib_lat + size * (g - local) / (g * ib_bw)
     return max(t_nv, t_ib)
 
 
@@ -169,7 +168,8 @@ def step_cost(op: OpSpec, step: Step, model: ModelConfig, layout: Layout, batch:
         t = ep_alltoall_dedup_time(tokens, model.top_k, DTYPE_BYTES[model.dtype] * model.hidden, layout, profile)
     else:
         link = step_link(step.group, layout, profile)
-        t = coll.ring_allgather_time(size, g, float(link.bandwidth), float(link.latency))
+        kind = "all_gather" if step.collective == "allgather" else "reduce_scatter"
+        t = coll.ring_allgather_time(size, g, *coll.link_params(link, kind))
     return OpCost(f"moe_{op.name}_{step.collective}_{step.group}", "collective", phase, "ep_comm", t, nbytes=size)
 
 

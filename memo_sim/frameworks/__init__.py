@@ -26,7 +26,10 @@ policies, and how it runs what the simulator models as a switch
   the next synchronisation before the caching allocator reuses them (`memo_sim.layout.parallel`);
 - ``kernel_fusion`` (optional, default ``fused``): how the norms, activations and residual adds run,
   hand-fused kernels or a ``compiled`` block (torch.compile: adjacent memory-bound ops and FP8 amax
-  reductions fused; `memo_sim.model.kernel_fusion`).
+  reductions fused; `memo_sim.model.kernel_fusion`);
+- ``sp_regather_overlap`` (optional, default false): under sequence parallelism the backward all-gathers
+  a column-parallel GEMM's input again for its weight gradient; true where the framework issues that
+  all-gather asynchronously beside the data-gradient GEMM (`memo_sim.layout.parallel`).
 
 A file's ``layouts.dp_modes`` lists its data-parallel flavours (`memo_sim.dp`: ``zero``, the ZeRO
 stages; ``fsdp``, FSDP2 with HSDP and resharding after the forward or not; default ``[zero]``).
@@ -77,7 +80,8 @@ DATA = Path(__file__).parent / "data"
 # the switchable mechanisms: name -> the Layout field it sets
 MECHANISMS = {"attention": "attention", "grad_overlap": "grad_overlap", "cross_entropy": "cross_entropy",
               "host_pool": "host_pool", "expandable_segments": "expandable_segments", "alloc_conf": "alloc_conf",
-              "nccl_record_stream": "nccl_record_stream", "kernel_fusion": "kernel_fusion"}
+              "nccl_record_stream": "nccl_record_stream", "kernel_fusion": "kernel_fusion",
+              "sp_regather_overlap": "sp_regather_overlap"}
 
 
 class _ExpertsIn(BaseModel):
@@ -114,6 +118,7 @@ class _MechanismsIn(BaseModel):
     alloc_conf: str = Field("", strict=True)  # the rest of PYTORCH_CUDA_ALLOC_CONF (`memo_sim.layout.alloc_conf`)
     nccl_record_stream: bool = Field(False, strict=True)  # recordStream on collective tensors (`layout.parallel`)
     kernel_fusion: Literal[KERNEL_FUSIONS] = "fused"  # fused | compiled (`memo_sim.model.kernel_fusion`)
+    sp_regather_overlap: bool = Field(False, strict=True)  # SP's backward re-gather beside the dgrad GEMM
 
     @model_validator(mode="after")
     def _conf(self):

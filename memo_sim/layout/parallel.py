@@ -80,7 +80,10 @@ PyTorch has ProcessGroupNCCL call ``recordStream`` on the tensors of its collect
 TORCH_NCCL_AVOID_RECORD_STREAMS's stashing became the default), so a freed collective buffer
 returns to the cache only when the host sees the collective done: with the CPU running ahead of
 the GPU, at the next device synchronisation (`memo_sim.memplan.iteration_replay`). Left out of
-`Layout.to_dict` when off.
+`Layout.to_dict` when off. ``sp_regather_overlap``: under sequence parallelism the backward of a
+column-parallel GEMM all-gathers its input again for the weight gradient (`cost.layer_time`);
+Megatron-LM issues that all-gather asynchronously beside the data-gradient GEMM (True), memo's
+executor before it (False, left out of `Layout.to_dict`).
 """
 
 from __future__ import annotations
@@ -130,6 +133,7 @@ class Layout:
     alloc_conf: str = ""  # the rest of PYTORCH_CUDA_ALLOC_CONF, canonical (`layout.alloc_conf`); "": defaults
     nccl_record_stream: bool = False  # collective buffers held by recordStream until a synchronisation
     kernel_fusion: str = "fused"  # memory-bound kernels: fused | compiled (torch.compile; `model.kernel_fusion`)
+    sp_regather_overlap: bool = False  # SP's backward re-gather beside the data-gradient GEMM (module docs)
     memory_plan: bool = False  # a static memory plan places the transients whatever the policy (`policy.base.uses_memory_plan`)
     optimizer_offload: bool = False  # master weights, Adam and its step on the host (`cost.optimizer_offload`)
     # uneven pipeline stages (Megatron-LM's --decoder-first/last-pipeline-num-layers; 0: not set): the first
@@ -261,6 +265,8 @@ class Layout:
             parts.append("record-stream")
         if self.kernel_fusion != "fused":
             parts.append(self.kernel_fusion)
+        if self.sp_regather_overlap and self.sp and self.tp > 1:
+            parts.append("ag-overlap")
         if self.memory_plan:
             parts.append("memplan")
         if self.optimizer_offload:
@@ -298,6 +304,8 @@ class Layout:
             del d["nccl_record_stream"]
         if self.kernel_fusion == "fused":  # and plans with hand-fused kernels theirs
             del d["kernel_fusion"]
+        if not self.sp_regather_overlap:  # and plans whose SP re-gathers run before the GEMM theirs
+            del d["sp_regather_overlap"]
         if not self.memory_plan:  # and plans on the allocator their policy runs with theirs
             del d["memory_plan"]
         if not self.optimizer_offload:  # and plans with the optimizer on the GPU theirs
@@ -341,6 +349,7 @@ class _LayoutIn(BaseModel):
     alloc_conf: str = Field("", strict=True, max_length=2000)
     nccl_record_stream: bool = Field(False, strict=True)
     kernel_fusion: Literal[KERNEL_FUSIONS] = "fused"
+    sp_regather_overlap: bool = Field(False, strict=True)
     memory_plan: bool = Field(False, strict=True)
     optimizer_offload: bool = Field(False, strict=True)
     first_stage_layers: Annotated[int, Field(strict=True, ge=0, le=1 << 12)] = 0

@@ -279,6 +279,18 @@ def forward_ops(model: ModelConfig) -> list[OpSpec]:
     ]
 
 
+@lru_cache(maxsize=256)
+def sp_regathered(model: ModelConfig) -> frozenset[str]:
+    """The GEMMs whose input sequence parallelism all-gathers in the forward (the output of an op with
+    ``tp_comm_after == "gather"``) and all-gathers again in the backward for the weight gradient: the
+    forward keeps only the rank's shard of it (Megatron-LM's ColumnParallelLinear with SP, memo's
+    executor alike). The router reads the rank's own shard, the experts their routed tokens."""
+    ops = forward_ops(model)
+    gathered = {o for op in ops if op.tp_comm_after == "gather" for o in op.outputs}
+    return frozenset(op.name for op in ops if op.kind == "gemm" and op.tp_comm_after != "reduce"
+                     and op.scope in ("tp", "replicated") and op.inputs[0] in gathered)
+
+
 def skeletal_tensors(model: ModelConfig, tp_mode: str = "megatron") -> list[TensorSpec]:
     return [t for t in layer_tensors(model, tp_mode).values() if t.saved]
 

@@ -30,8 +30,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 from memo_sim.errors import MemoError, ProfileError, validated
 from memo_sim.fileio import read_utf8
 from memo_sim.profile.schema import (
-    DEFAULT_ALLOCATOR_COSTS, AllocatorCosts, Curve, Efficiency, GPUSpec, HardwareProfile, HostLink, HostSpec, Link,
-    Quantity,
+    COLLECTIVES, DEFAULT_ALLOCATOR_COSTS, AllocatorCosts, CollectiveFit, Curve, Efficiency, GPUSpec, HardwareProfile,
+    HostLink, HostSpec, Link, Quantity,
 )
 from memo_sim.units import convert
 
@@ -154,9 +154,20 @@ class _NodeIn(_In):
     gpus_per_node: Count
 
 
+class _CollectiveFitIn(_In):
+    bandwidth: Bandwidth
+    latency: Time
+
+
 class _LinkIn(_In):
     bandwidth: Bandwidth
     latency: Time
+    # a measured fit per collective (`memo_sim.profile.schema.COLLECTIVES`), optional
+    collectives: dict[Literal[COLLECTIVES], _CollectiveFitIn] | None = None
+
+    def typed(self) -> Link:
+        fits = {k: CollectiveFit(f.bandwidth, f.latency) for k, f in (self.collectives or {}).items()}
+        return Link(self.bandwidth, self.latency, fits)
 
 
 class _HostLinkIn(_In):
@@ -228,8 +239,8 @@ def parse_profile(raw: Any, source: str) -> HardwareProfile:
                               **{k: c.typed() for k in ("attention_cudnn_fwd", "attention_cudnn_bwd")
                                  if (c := getattr(e, k)) is not None}),
         gpus_per_node=d.node.gpus_per_node,
-        nvlink=Link(d.nvlink.bandwidth, d.nvlink.latency),
-        internode=Link(d.internode.bandwidth, d.internode.latency),
+        nvlink=d.nvlink.typed(),
+        internode=d.internode.typed(),
         host_link=HostLink(hl.d2h_bandwidth, hl.h2d_bandwidth, hl.latency, hl.gpus_per_pcie_switch,
                            hl.pcie_switch_bandwidth, hl.gpus_per_socket),
         host=HostSpec(h.memory, h.usable_fraction, h.memory_bandwidth, h.pinned_rounding.value,

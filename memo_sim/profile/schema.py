@@ -142,10 +142,29 @@ class Efficiency:
         return self.attention_fwd, self.attention_bwd
 
 
+# The collectives a link may carry a measured fit for (`CollectiveFit`); a send/recv is the link's own
+# bandwidth and latency, and METP's broadcasts and reduces take those too.
+COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
+
+
+@dataclass(frozen=True)
+class CollectiveFit:
+    """One collective's own alpha-beta parameters on a link, as measured (`memo-exec calibrate`):
+    the per-direction ``bandwidth`` and per-step ``latency`` that `memo_sim.cost.collectives`'s
+    formula for that collective needs to give the measured times (a library's implementation of
+    an all-gather or a reduce-scatter is not a ping-pong: extra copies, its own algorithm)."""
+
+    bandwidth: Quantity  # bytes/s
+    latency: Quantity  # seconds
+
+
 @dataclass(frozen=True)
 class Link:
-    bandwidth: Quantity  # bytes/s per direction
+    bandwidth: Quantity  # bytes/s per direction (a send/recv's, and every collective's without a fit of its own)
     latency: Quantity  # seconds
+    # measured per collective (`memo_sim.cost.collectives.COLLECTIVES`); a collective not named here is
+    # priced from the link's bandwidth and latency above
+    collectives: dict[str, CollectiveFit] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -42,9 +42,11 @@ def perturbed(profile: HardwareProfile, what: str, f: float) -> HardwareProfile:
         return replace(profile, host_link=replace(h, d2h_bandwidth=_q(h.d2h_bandwidth, f),
                                                   h2d_bandwidth=_q(h.h2d_bandwidth, f),
                                                   pcie_switch_bandwidth=_q(h.pcie_switch_bandwidth, f)))
-    if what == "network bandwidth":
-        return replace(profile, nvlink=replace(profile.nvlink, bandwidth=_q(profile.nvlink.bandwidth, f)),
-                       internode=replace(profile.internode, bandwidth=_q(profile.internode.bandwidth, f)))
+    if what == "network bandwidth":  # the link's own and every collective's measured fit on it
+        def link(lk):
+            return replace(lk, bandwidth=_q(lk.bandwidth, f),
+                           collectives={k: replace(c, bandwidth=_q(c.bandwidth, f)) for k, c in lk.collectives.items()})
+        return replace(profile, nvlink=link(profile.nvlink), internode=link(profile.internode))
     raise ValueError(what)
 
 
