@@ -10,8 +10,9 @@ Runs the README's two commands as a user would, each as its own process:
 3. with ``--layouts`` (default ``one,tp2,cp2,dp2,pp2``) the same validation of 2-rank plans, one
    ``memo-exec validate`` per layout (``--tp 2``, ring ``--cp 2``, ``--dp 2``, and a pipeline of 2
    stages over 4 micro-batches, 1F1B: ``--pp 2 --micro-batches 4``), each rank a process with the
-   calibration's threads; the gloo collectives and P2P transfers are priced with the link the
-   calibration measured between two processes (`memo_exec.calibrate.collectives`)
+   calibration's threads; the P2P transfers are priced with the link the calibration measured
+   between two processes and each gloo collective with its own measured fit (the link's
+   ``collectives`` section, `memo_exec.calibrate.collectives`)
 
 and records the median, mean and max |step-time error| over the plans that ran (all layouts
 together, and per layout), each plan's predicted and measured step, the CPU threads the

@@ -15,6 +15,7 @@ import yaml
 from click.testing import CliRunner
 
 from memo_exec.calibrate import calibrate_cmd
+from memo_exec.calibrate.attention import BlockCase, fit_ring_blocks, ring_block_kernel
 from memo_exec.calibrate.datasheet import default_base, known_peak
 from memo_exec.calibrate.fit import curve_is_monotone, fit_copy_model, fit_efficiency_curve, fit_latency_bandwidth
 from memo_exec.calibrate.memory import _classify
@@ -56,6 +57,38 @@ def test_efficiency_fit_pools_violators():
 def test_efficiency_fit_without_points_is_an_error():
     with pytest.raises(MemoError):
         fit_efficiency_curve([(0, 0.5), (1e9, 0.0)])
+
+
+def test_ring_block_fit_recovers_synthetic_blocks():
+    """Blocks timed as t = FLOPs / (peak x eff) + score elements x st, at two head sizes: the fit gives
+    st back, and the curves eff (full) and eff / 2 (causal)."""
+    peak, st = 1e11, 0.5e-9
+    rows = []
+    for c in (128, 512, 1024):
+        for d in (32, 64):
+            for causal in (False, True):
+                b = BlockCase(c, 4, d, causal)
+                e = c * c * 4 / (2 if causal else 1)
+                t = {ph: f / (peak * (0.3 if causal else 0.6)) + e * st
+                     for ph, f in (("fwd", b.fwd_flops), ("bwd", b.bwd_flops))}
+                rows.append({"c": c, "heads": 4, "head_dim": d, "batch": 1, "causal": causal, "fwd_flops": b.fwd_flops,
+                             "fwd_s": t["fwd"], "bwd_flops": b.bwd_flops, "bwd_s": t["bwd"]})
+    fit = fit_ring_blocks({"measured": True, "kernel": "k", "rows": rows}, peak)
+    for ph in ("fwd", "bwd"):
+        assert fit[f"{ph}_score_time"] == pytest.approx(st)
+        assert all(x == pytest.approx(0.6, rel=1e-3) for _f, x in fit[f"{ph}_curve"])
+        assert all(x == pytest.approx(0.3, rel=1e-3) for _f, x in fit[f"causal_{ph}_curve"])
+    # no block's FLOPs may run past the peak: a score time that would leave them faster is cut down
+    fast = fit_ring_blocks({"measured": True, "kernel": "k", "rows": rows}, peak / 4)
+    assert fast["fwd_score_time"] < st and all(x <= 1 for _f, x in fast["fwd_curve"])
+    assert fit_ring_blocks({"measured": False, "reason": "same"}, peak) == {"measured": False, "reason": "same"}
+
+
+def test_ring_block_kernel_is_measured_only_where_it_differs():
+    cpu = torch.device("cpu")
+    assert ring_block_kernel("sdpa_flash", cpu, torch.float32, [32, 64]) == ("flash_cpu", "")
+    kernel, why = ring_block_kernel("math", cpu, torch.float32, [32, 64])
+    assert kernel == "flash_cpu" and "math" in why
 
 
 def test_latency_bandwidth_fit_recovers_synthetic_link():
@@ -148,6 +181,15 @@ def test_cpu_quick_writes_a_profile_the_simulator_loads(cpu_run):
     for q in (prof.efficiency.attention_fwd_score_time, prof.efficiency.attention_bwd_score_time,
               prof.efficiency.kernel_latency):
         assert float(q) >= 0 and q.source.startswith("measured:"), q
+    # ring CP's blocks run aten's CPU flash kernel, not the math backend: measured apart, its own curves
+    e = prof.efficiency
+    assert e.has_block_kernel and pv["measurements"]["ring_block_kernel"] == "flash_cpu"
+    for c in (e.attention_block_fwd, e.attention_block_bwd, e.attention_block_causal_fwd, e.attention_block_causal_bwd):
+        assert curve_is_monotone([list(p) for p in c.points]) and c.source.startswith("measured:"), c
+        assert "block_forward" in c.source and "flash_cpu" in c.source
+    for q in (e.attention_block_fwd_score_time, e.attention_block_bwd_score_time):
+        assert float(q) >= 0 and q.source.startswith("measured:"), q
+    assert e.attention_curves("flash", "causal") == (e.attention_block_causal_fwd, e.attention_block_causal_bwd)
     sp = pv["speed_probe"]
     assert len(sp["samples"]) == 4 and sp["min_gflops"] <= sp["median_gflops"] <= sp["max_gflops"]
     # the simulator's kernel-time model runs on it for an fp32 model
@@ -191,6 +233,11 @@ def test_profiles_from_raw_results_with_and_without_base(cpu_run, tmp_path):
     with pytest.raises(MemoError, match="efficiency.gemm"):
         write_profile(bad, tmp_path / "bad.yaml")
     assert not (tmp_path / "bad.yaml").exists()
+    # raw results from before ring blocks were measured (or where the ring runs the whole-sequence
+    # kernel) write no block curves
+    old = copy.deepcopy(raw)
+    old["attention"].pop("ring_blocks", None)
+    assert not any(k.startswith("attention_block") for k in build_profile("old", old, base)["efficiency"])
 
 
 def test_writer_cuda_branch_takes_topology_from_base(cpu_run, tmp_path):

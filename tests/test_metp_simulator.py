@@ -79,11 +79,17 @@ def test_ring_traffic_matches_tables(p, seq):
     # one send/recv op per ring step: p-1 forward, 2(p-1) backward (weights, then gradients)
     assert sum(c.name.startswith("p2p_ffn") for c in fwd) == p - 1
     assert sum(c.name.startswith("p2p_ffn") for c in bwd) == 2 * (p - 1)
-    # Megatron's FFN traffic is Table 1's 5(p-1)/p·bsh with SP (ring all-gather / reduce-scatter)
+    # Megatron's FFN traffic is Table 1's 5(p-1)/p·bsh with SP (ring all-gather / reduce-scatter): forward
+    # all-gather and reduce-scatter, backward all-gather of the output gradient, reduce-scatter of the input
+    # gradient and the input's re-gather for the weight gradient
     meg = Layout(tp=p)
     coll = [c for c in forward_costs(GPT, meg, 1, seq, A100) + backward_costs(GPT, meg, 1, seq, A100)
             if c.stream == "comm"]
-    assert len(coll) == 8  # 2 all-gathers + 2 reduce-scatters per direction, MHA and FFN
+    assert len(coll) == 10  # 5 per block, MHA and FFN
+    ffn = [c for c in coll if c.name in ("allgather_ln2", "reducescatter_fc2", "allgather_fc2", "reducescatter_ln2",
+                                          "allgather_fc1_input")]
+    assert len(ffn) == 5
+    assert sum(c.nbytes * (p - 1) / p for c in ffn) == pytest.approx(5 * (p - 1) / p * bsh * D)
 
 
 @pytest.mark.parametrize("p", [2, 4, 8])

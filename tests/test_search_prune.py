@@ -160,4 +160,4 @@ def test_equal_throughput_ranks_by_lower_peak():
         if a["simulated_tgs_tokens_per_gpu_s"] == b["simulated_tgs_tokens_per_gpu_s"]:
             ties += 1
             assert a["peak"]["bytes"] <= b["peak"]["bytes"], (a["layout"], b["layout"])
-    assert ties >= 1 and rows[0]["layout"] == "tp1-cp8-z3"
+    assert ties >= 1 and rows[0]["layout"] == "tp1-uly4-dp2-z3"

@@ -5,6 +5,16 @@ The kernels are the executor's own backends (`memo_exec.attention`): the one ``a
 backend on CPU) or the one named. FLOPs follow `memo_sim.model.flops`: forward
 2·b·s²·(heads·head_dim) (causal half), backward 2.5x that; the efficiency curves are fitted
 against those FLOPs, as `memo_sim.cost.kernel_time` looks them up.
+
+Ring context parallelism runs its attention as c x c blocks on its own kernel
+(`memo_exec.block_attention.kernel_for`; `memo_sim.cost.ring_attention` prices them). Where that
+kernel is not the whole-sequence backend's (on a CPU: aten's flash kernel against the math
+backend), `measure_ring_blocks` times one ring step's block as the executor runs it (its
+`block_forward` on the strided chunk views, then `merge_` into the running output; backward
+`block_backward` and the adds into dQ and the travelling dK/dV), full and causal, at the grid's
+sequence lengths as c and its (heads, head size) pairs (the bench's fewest repeats: twelve blocks in
+a quick CPU run), and fits the block kernel's own time per score element (from the full blocks at
+two head sizes) and curves for each shape.
 """
 
 from __future__ import annotations
@@ -13,10 +23,18 @@ from dataclasses import dataclass
 
 import torch
 
+from memo_exec import block_attention
 from memo_exec.arena import CachingScratch
 from memo_exec.attention import AttnDims, select_backend
+from memo_exec.calibrate.fit import SCORE_TIME_HEADROOM, fit_efficiency_curve, fit_score_time
 from memo_exec.calibrate.microbench import Bench, Progress, randn
-from memo_sim.model.flops import ATTN_BWD_FACTOR, causal_attention_flops
+from memo_exec.device import acc_dtype
+from memo_sim.model.flops import ATTN_BWD_FACTOR, attention_score_elements, causal_attention_flops
+
+# whole-sequence backends (`memo_exec.attention`) that run the kernel a ring block runs
+# (`memo_exec.block_attention.KERNELS`): aten's flash kernel (CUDA and CPU; flash-attn 2 is the same
+# FlashAttention-2 kernel), its memory-efficient one
+SAME_KERNEL = {"sdpa_flash": ("flash", "flash_cpu"), "flash_attn": ("flash",), "sdpa_efficient": ("efficient",)}
 
 
 @dataclass(frozen=True)
@@ -87,3 +105,135 @@ def run_attention(bench: Bench, cases: list[AttnCase], dtype: torch.dtype, backe
         torch.cuda.empty_cache()
     name = next(iter(backends.values())).name if backends else backend_name
     return name, rows
+
+
+# ------------------------------------------------------------------------------ ring CP's blocks
+@dataclass(frozen=True)
+class BlockCase:
+    """One c x c block of ring CP: full, or the causal diagonal one."""
+    c: int
+    heads: int
+    head_dim: int
+    causal: bool
+    batch: int = 1
+
+    @property
+    def fwd_flops(self) -> float:
+        full = 2.0 * causal_attention_flops(self.batch, self.c, self.heads * self.head_dim)
+        return full / 2 if self.causal else full
+
+    @property
+    def bwd_flops(self) -> float:
+        return ATTN_BWD_FACTOR * self.fwd_flops
+
+
+def block_cases(sizes: list[int], heads_dims: list[tuple[int, int]]) -> list[BlockCase]:
+    cases = [BlockCase(c, h, d, causal) for c in sizes for h, d in heads_dims for causal in (False, True)]
+    return sorted(cases, key=lambda b: (b.fwd_flops, b.causal))
+
+
+def ring_block_kernel(whole_backend: str, device: torch.device, dtype: torch.dtype,
+                      head_dims: list[int]) -> tuple[str, str]:
+    """(the ring's block kernel here, why it is or is not measured apart): ``""`` as the second
+    where it is the whole-sequence backend's own kernel at every head size."""
+    kernels = sorted({block_attention.kernel_for(device.type, dtype, d) for d in head_dims})
+    name = "/".join(kernels)
+    if all(k in SAME_KERNEL.get(whole_backend, ()) for k in kernels):
+        return name, ""
+    return name, f"the ring's blocks run {name}, the whole-sequence backend is {whole_backend}"
+
+
+def _heads_view(t: torch.Tensor, b: int, s: int, heads: int, d: int) -> torch.Tensor:
+    """A token-major ``[b*s, heads*d]`` tensor as ``[b, heads, s, d]`` (the ring's own view)."""
+    return t.view(b, s, heads, d).permute(0, 2, 1, 3)
+
+
+def _time_block(bench: Bench, c: BlockCase, dtype: torch.dtype, repeats: int) -> tuple:
+    """(forward, backward) `Timing` of one ring step's block on a rank holding 2c tokens: queries of
+    its second chunk against the first chunk's keys (full), or its first chunk against itself (causal),
+    ``repeats`` times each."""
+    device, b, h, d, s = bench.device, c.batch, c.heads, c.head_dim, 2 * c.c
+    acc = acc_dtype(dtype)
+    q, dout = (randn(b * s, h * d, device=device, dtype=dtype, scale=sc) for sc in (0.5, 0.1))
+    kv = randn(b * s, 2 * h * d, device=device, dtype=dtype, scale=0.5)  # K and V as they travel the ring
+    qb, dob = _heads_view(q, b, s, h, d), _heads_view(dout, b, s, h, d)
+    kb, vb = _heads_view(kv[:, :h * d], b, s, h, d), _heads_view(kv[:, h * d:], b, s, h, d)
+    qs, ks = (slice(0, c.c), slice(0, c.c)) if c.causal else (slice(c.c, s), slice(0, c.c))
+    o = torch.zeros(b, h, s, d, dtype=acc, device=device)
+    lse = torch.full((b, h, s), float("-inf"), dtype=acc, device=device)
+    dq = torch.zeros(b, h, s, d, dtype=acc, device=device)
+    part = torch.zeros(2, b, h, s, d, dtype=acc, device=device)
+
+    def fwd():
+        ob, lb = block_attention.block_forward(qb[:, :, qs], kb[:, :, ks], vb[:, :, ks], c.causal)
+        block_attention.merge_(o[:, :, qs], lse[:, :, qs], ob, lb)
+
+    fwd()
+    out = o.to(dtype)
+
+    def bwd():
+        gq, gk, gv = block_attention.block_backward(dob[:, :, qs], qb[:, :, qs], kb[:, :, ks], vb[:, :, ks],
+                                                    out[:, :, qs], lse[:, :, qs], c.causal)
+        dq[:, :, qs] += gq
+        part[0][:, :, ks] += gk
+        part[1][:, :, ks] += gv
+
+    return bench.time(fwd, repeats), bench.time(bwd, repeats)
+
+
+def measure_ring_blocks(bench: Bench, sizes: list[int], heads_dims: list[tuple[int, int]], dtype: torch.dtype,
+                        whole_backend: str, peak_value: float, progress: Progress) -> dict:
+    """Ring CP's blocks timed and fitted (`fit_ring_blocks`) where their kernel is not the whole-sequence
+    backend's; else ``{"measured": False, ...}`` (the simulator prices them on the attention curves)."""
+    kernel, why = ring_block_kernel(whole_backend, bench.device, dtype, sorted({d for _h, d in heads_dims}))
+    if not why:
+        return {"measured": False, "kernel": kernel,
+                "reason": f"the ring's blocks run {kernel}, the kernel of the whole-sequence backend {whole_backend}"}
+    cases = block_cases(sizes, heads_dims)
+    progress.stage(f"ring CP attention blocks ({kernel}) forward + backward", len(cases))
+    rows = []
+    for c in cases:
+        tf, tb = _time_block(bench, c, dtype, bench.min_repeats)
+        rows.append({"c": c.c, "heads": c.heads, "head_dim": c.head_dim, "batch": c.batch, "causal": c.causal,
+                     "fwd_flops": c.fwd_flops, "fwd_s": tf.seconds, "bwd_flops": c.bwd_flops, "bwd_s": tb.seconds})
+        progress.step(f"{'causal' if c.causal else 'full'} c={c.c} heads={c.heads} d={c.head_dim}: fwd "
+                      f"{tf.seconds * 1e3:.2f} ms, bwd {tb.seconds * 1e3:.2f} ms")
+    fell = sorted({k[0] for k in block_attention.FALLBACKS if k[1] == bench.device.type and k[2] == dtype})
+    if fell:  # a refused block ran on the math kernel: that is what was measured
+        kernel = f"{kernel} (math where {'/'.join(fell)} refused)"
+    if bench.cuda:
+        torch.cuda.empty_cache()
+    out = fit_ring_blocks({"measured": True, "kernel": kernel, "whole_backend": whole_backend, "reason": why,
+                           "rows": rows}, peak_value)
+    progress.note(f"  ring blocks per score element beyond their FLOPs: forward {out['fwd_score_time'] * 1e9:.3f} ns, "
+                  f"backward {out['bwd_score_time'] * 1e9:.3f} ns")
+    return out
+
+
+def fit_ring_blocks(blocks: dict, peak_value: float) -> dict:
+    """``blocks`` with its fits (relative to ``peak_value``): the block kernel's time per score element
+    (`fit_score_time` over the full blocks, grouped by (c, heads, batch); at most what leaves every
+    block's FLOPs at or below the peak) and, beside it, the efficiency curves of the full blocks
+    (``{fwd,bwd}_curve``) and of the causal ones (``causal_{fwd,bwd}_curve``); unchanged where
+    nothing was measured."""
+    if not blocks.get("measured"):
+        return blocks
+    out = dict(blocks, score_fit={}, clipped=0)
+    rows = blocks["rows"]
+    for ph in ("fwd", "bwd"):
+        def case(r):
+            return ((r["c"], r["heads"], r["batch"]), r[f"{ph}_flops"],
+                    attention_score_elements(r["fwd_flops"], r["head_dim"]), r[f"{ph}_s"])
+        cases = [case(r) for r in rows]
+        st, per_group = fit_score_time([x for x, r in zip(cases, rows) if not r["causal"]])
+        # as `fit_score_time` caps it over the full blocks, so over the causal ones; and no block's FLOPs
+        # may run faster than the peak (a small block's per-call cost, the same at both head sizes, reads
+        # as a per-element one in `fit_score_time`'s solve and would push a large block's FLOPs past it)
+        st = min([st] + [SCORE_TIME_HEADROOM * t / e for _k, _f, e, t in cases if e > 0 and t > 0]
+                 + [max(0.0, t - f / peak_value) / e for _k, f, e, t in cases if e > 0])
+        out[f"{ph}_score_time"], out["score_fit"][ph] = st, per_group
+        for causal, key in ((False, f"{ph}_curve"), (True, f"causal_{ph}_curve")):
+            eff = [(f, f / (t - e * st) / peak_value) for (_k, f, e, t), r in zip(cases, rows) if r["causal"] == causal]
+            out[key] = fit_efficiency_curve(eff)
+            out["clipped"] += sum(1 for _f, x in eff if x > 1)
+    return out

@@ -13,7 +13,7 @@ the processes it started if they overrun.
 The link's bandwidth and latency come from the one-way times (`fit.fit_copy_model`): that is
 the simulator's per-direction ``bandwidth`` and per-step ``latency`` of `memo_sim.cost.collectives`.
 Each collective gets its own fit too (``fits``: a line over its times at the large sizes against
-the formula's size, turned into that formula's parameters by `memo_sim.cost.collectives.fit_params`),
+the formula's size, turned into that formula's parameters by `memo_sim.api.collective_fit_params`),
 which the profile keeps as the link's ``collectives``: a library's all-gather or reduce-scatter
 is not a chain of ping-pongs (gloo's reduce-scatter takes several times its all-gather).
 """
@@ -35,7 +35,6 @@ from pathlib import Path
 from memo_exec.calibrate.fit import fit_copy_model, fit_latency_bandwidth
 from memo_exec.calibrate.microbench import Progress
 from memo_exec.distributed.collectives import all_gather_single, reduce_scatter_single
-from memo_sim.cost.collectives import fit_params
 
 # each collective's time column and the formula's size (`memo_sim.cost.collectives`) for a buffer of n
 # bytes per rank over ``world`` ranks: what an all-gather ends with, a reduce-scatter starts with
@@ -189,7 +188,9 @@ def collective_fits(rows: list[dict], world: int) -> dict[str, dict[str, float]]
     ``t = intercept + size / bandwidth`` through its times at the sizes from `FIT_FROM` per rank on
     (`fit.fit_latency_bandwidth`; slope and intercept both from them: a library's small-message path
     differs from its large one, and the large ones are what a layer's collectives move), then
-    `fit_params`."""
+    `memo_sim.api.collective_fit_params`."""
+    from memo_sim.api import collective_fit_params  # noqa: PLC0415  (the ranks' processes need none of the simulator)
+
     out = {}
     for kind, (col, size) in COLUMNS.items():
         pts = sorted((r["bytes"], size(r["bytes"], world), r[col]) for r in rows if r.get(col))
@@ -199,7 +200,7 @@ def collective_fits(rows: list[dict], world: int) -> dict[str, dict[str, float]]
         if len(large) < 2:
             large = pts[-2:]
         bw_line, intercept = fit_latency_bandwidth([p[1] for p in large], [p[2] for p in large])
-        bw, lat = fit_params(kind, world, intercept, 1.0 / bw_line)
+        bw, lat = collective_fit_params(kind, world, intercept, 1.0 / bw_line)
         out[kind] = {"bandwidth": bw, "latency": lat}
     return out
 

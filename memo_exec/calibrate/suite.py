@@ -403,6 +403,9 @@ def _measure_attention(out: dict, bench: Bench, grid: Grid, dtype, backend_name:
     progress.note(f"  attention per score element beyond its FLOPs: forward {a['fwd_score_time'] * 1e9:.3f} ns, "
                   f"backward {a['bwd_score_time'] * 1e9:.3f} ns "
                   f"({len(a['score_fit']['fwd'])} (seq, heads) cases at two head sizes)")
+    # ring CP's block kernel where it is not this backend's (`attention.measure_ring_blocks`)
+    a["ring_blocks"] = attn_bench.measure_ring_blocks(bench, grid.attn_seqs, grid.attn_heads_dims, dtype, backend,
+                                                      out["peak"]["value"], progress)
 
 
 def _fit_attention(rows: list[dict], peak_value: float) -> dict:
@@ -456,8 +459,10 @@ def remeasure(opts: CalibrateOptions, raw: dict, parts: tuple[str, ...], progres
     if "attention" in parts:
         _measure_attention(out, bench, grid, dtype, opts.attention_backend, progress)
     elif "gemm" in parts and not spec.is_cuda:  # the same attention measurements, relative to the new peak
-        out["attention"] = dict(_fit_attention(out["attention"]["rows"], out["peak"]["value"]),
-                                backend=out["attention"]["backend"])
+        a = out["attention"]
+        out["attention"] = dict(_fit_attention(a["rows"], out["peak"]["value"]), backend=a["backend"])
+        if "ring_blocks" in a:
+            out["attention"]["ring_blocks"] = attn_bench.fit_ring_blocks(a["ring_blocks"], out["peak"]["value"])
     if "copies" in parts:
         _measure_copies(out, bench, grid, dtype, progress)
     out["remeasured"] = sorted(set(raw.get("remeasured", [])) | set(parts))

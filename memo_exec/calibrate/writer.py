@@ -184,6 +184,7 @@ def efficiency_section(b: Build) -> dict:
             f"measured: backward of {attn_what}; FLOPs 2.5x the forward's; efficiency = achieved / {peak_words}; "
             f"{fit_words}{clip_a}"))),
         **_score_times(b, a, attn_what),
+        **_ring_blocks(b, a.get("ring_blocks"), peak_words, fit_words),
         **_call_latency(b, e),
         "elementwise": b.measured("efficiency.elementwise", q(e["fraction"], "ratio", (
             f"measured: one layer's layer-norm, residual-add and GELU forward and backward as memo_exec runs them "
@@ -207,6 +208,38 @@ def _score_times(b: Build, a: dict, attn_what: str) -> dict:
                f"not separable: every (s, heads) was measured at one head size ({attn_what}); taken as 0")
         key = f"efficiency.attention_{ph}_score_time"
         out[f"attention_{ph}_score_time"] = b.measured(key, q_time(a[f"{ph}_score_time"], how))
+    return out
+
+
+def _ring_blocks(b: Build, rb: dict | None, peak_words: str, fit_words: str) -> dict:
+    """``efficiency.attention_block_*``: ring CP's block kernel where the run measured it apart
+    (`memo_exec.calibrate.attention.measure_ring_blocks`); nothing where the ring runs the
+    whole-sequence kernel or the raw results predate it."""
+    if not rb or not rb.get("measured"):
+        return {}
+    rows, grid = rb["rows"], b.r["grid"]
+    hd = ", ".join(f"{h}x{d}" for h, d in grid["attn_heads_dims"])
+    what = (f"ring CP's c x c attention blocks as memo_exec's ring runs them ({rb['reason']}): "
+            f"memo_exec.block_attention.block_forward on strided chunk views + merge_ into the running output, "
+            f"backward block_backward + the adds into dQ, dK, dV; kernel {rb['kernel']}, {b.r['dtype']}, batch 1, "
+            f"c in {_fmt_list(sorted({r['c'] for r in rows}))}, heads x head_dim in {{{hd}}}, {b.at}")
+    clip = f"; {rb['clipped']} point(s) above the peak clipped to 1" if rb["clipped"] else ""
+    out = {}
+    for ph, word, factor in (("fwd", "forward", ""), ("bwd", "backward", " x 2.5")):
+        for causal, key in ((False, f"attention_block_{ph}"), (True, f"attention_block_causal_{ph}")):
+            n = sum(1 for r in rows if r["causal"] == causal)
+            out[key] = b.measured(f"efficiency.{key}", curve(rb[f"{'causal_' if causal else ''}{ph}_curve"], (
+                f"measured: {word} of {n} {'causal diagonal' if causal else 'full'} blocks of {what}; FLOPs "
+                f"{2 if causal else 4}*b*c^2*h{factor}; efficiency = FLOPs / (time - score elements x "
+                f"attention_block_{ph}_score_time) / {peak_words}; {fit_words}{clip}")))
+        g = len(rb["score_fit"][ph])
+        how = (f"measured: {word} of the full blocks of {what}: t = FLOPs at the curve + score elements (b*c^2*heads) "
+               f"x this, solved per (c, heads) from the smallest and largest head size, median of {g} case(s), at "
+               f"least 0, at most {SCORE_TIME_HEADROOM:g} of any block's time per element and at most what leaves "
+               f"every block's FLOPs at or below the peak" if g else
+               f"not separable: every (c, heads) was measured at one head size ({what}); taken as 0")
+        out[f"attention_block_{ph}_score_time"] = b.measured(f"efficiency.attention_block_{ph}_score_time",
+                                                            q_time(rb[f"{ph}_score_time"], how))
     return out
 
 
@@ -390,6 +423,7 @@ def measurements(r: dict) -> dict:
     summary = {
         "peak_measured_gemm_tflops": sig(r["peak"]["best_measured"] / 1e12),
         "attention_backend": r["attention"]["backend"],
+        "ring_block_kernel": (r["attention"].get("ring_blocks") or {}).get("kernel", "not recorded"),
         "copy_fit": {d: {"bandwidth_gb_s": sig(f["bandwidth"] / 1e9), "latency_us": sig(f["latency"] * 1e6)}
                      for d, f in fits.items()},
         "duplex_gb_s": {k: sig(dup[k] / 1e9) for k in ("d2h", "h2d", "total")},

@@ -13,7 +13,9 @@
 - Attention (FlashAttention-2, or cuDNN's fused attention where the profile has its curves:
   ``kernel``): FLOPs at the attention efficiency curves, plus the profile's time
   per causal score element (``efficiency.attention_*_score_time``) times the kernel's score
-  elements when the head size is known (`memo_sim.model.flops.attention_score_elements`).
+  elements when the head size is known (`memo_sim.model.flops.attention_score_elements`); ring
+  CP's blocks (``block``) at the block kernel's own curves and time per element where the profile
+  has them (`memo_sim.cost.ring_attention`).
 - Memory-bound kernels (norms, activations, residual adds, softmax and dropout passes, Adam):
   bytes / (HBM bandwidth · elementwise fraction); one op of a layer (`memory_bound_op_time`)
   adds the profile's per-call ``efficiency.kernel_latency``.
@@ -37,26 +39,28 @@ def gemm_time(flops: float, profile: HardwareProfile, dtype: str = "bf16", nbyte
 
 
 def attention_fwd_time(flops: float, profile: HardwareProfile, dtype: str = "bf16",
-                       head_dim: int | None = None, kernel: str = "flash") -> float:
-    """Forward attention of ``flops`` in ``kernel`` (`Efficiency.attention_curves`); with ``head_dim``,
-    its score elements at the profile's time per element too."""
+                       head_dim: int | None = None, kernel: str = "flash", block: str = "") -> float:
+    """Forward attention of ``flops`` in ``kernel`` (`Efficiency.attention_curves`; ``block``: one of
+    ring CP's c x c blocks, `memo_sim.cost.ring_attention`); with ``head_dim``, its score elements
+    at the profile's time per element too."""
     if flops <= 0:
         return 0.0
-    t = flops / (profile.peak(dtype) * profile.efficiency.attention_curves(kernel)[0](flops))
+    eff = profile.efficiency
+    t = flops / (profile.peak(dtype) * eff.attention_curves(kernel, block)[0](flops))
     if head_dim:
-        t += attention_score_elements(flops, head_dim) * float(profile.efficiency.attention_fwd_score_time)
+        t += attention_score_elements(flops, head_dim) * float(eff.attention_score_times(block)[0])
     return t
 
 
 def attention_bwd_time(flops: float, profile: HardwareProfile, dtype: str = "bf16",
-                       head_dim: int | None = None, kernel: str = "flash") -> float:
+                       head_dim: int | None = None, kernel: str = "flash", block: str = "") -> float:
     """``flops`` are the backward kernel's own FLOPs (2.5x the forward's for FlashAttention)."""
     if flops <= 0:
         return 0.0
-    t = flops / (profile.peak(dtype) * profile.efficiency.attention_curves(kernel)[1](flops))
+    eff = profile.efficiency
+    t = flops / (profile.peak(dtype) * eff.attention_curves(kernel, block)[1](flops))
     if head_dim:
-        t += (attention_score_elements(flops / ATTN_BWD_FACTOR, head_dim)
-              * float(profile.efficiency.attention_bwd_score_time))
+        t += attention_score_elements(flops / ATTN_BWD_FACTOR, head_dim) * float(eff.attention_score_times(block)[1])
     return t
 
 

@@ -17,6 +17,7 @@ from functools import lru_cache
 from memo_sim.cost import collectives as coll
 from memo_sim.cost import metp
 from memo_sim.cost import moe
+from memo_sim.cost import ring_attention
 from memo_sim.cost.activations import tensor_bytes, tokens_per_gpu
 from memo_sim.model.flops import ATTN_BWD_FACTOR, op_flops
 from memo_sim.cost.memo import memoised
@@ -100,10 +101,8 @@ def _compute_cost(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, se
         f = op_flops(op, model, batch, seq) * model.attention_flop_fraction(seq) / shards
         if phase == "bwd":
             f *= ATTN_BWD_FACTOR
-            return OpCost(op.name, "attention", phase, "compute",
-                          attention_bwd_time(f, profile, model.dtype, model.qk_head_dim, layout.attention), flops=f)
-        return OpCost(op.name, "attention", phase, "compute",
-                      attention_fwd_time(f, profile, model.dtype, model.qk_head_dim, layout.attention), flops=f)
+        return OpCost(op.name, "attention", phase, "compute", _attention_time(f, model, layout, seq, profile, phase),
+                      flops=f)
     nbytes = _elementwise_bytes(op, model, layout, batch, seq) * fraction
     # a compiled block fuses the op into the memory-bound op before it: what that one wrote is not read again,
     # and the op pays no launch of its own (`memo_sim.model.kernel_fusion`)
@@ -115,6 +114,18 @@ def _compute_cost(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, se
         nbytes *= ELEMENTWISE_BWD_FACTOR
     seconds = memory_bound_time(nbytes, profile) if fused else memory_bound_op_time(nbytes, profile)
     return OpCost(op.name, op.kind, phase, "compute", seconds, nbytes=nbytes)
+
+
+def _attention_time(flops: float, model: ModelConfig, layout: Layout, seq: int, profile: HardwareProfile,
+                    phase: str) -> float:
+    """One rank's attention kernel(s) of ``flops`` (the backward's own for "bwd"): ring CP's blocks as
+    the executor runs them (`memo_sim.cost.ring_attention`), else one kernel over the rank's share."""
+    if ring_attention.applies(model, layout, seq):
+        return ring_attention.ring_attention_time(flops, profile, model.dtype, model.qk_head_dim, layout.attention,
+                                                  layout.cp, phase)
+    if phase == "bwd":
+        return attention_bwd_time(flops, profile, model.dtype, model.qk_head_dim, layout.attention)
+    return attention_fwd_time(flops, profile, model.dtype, model.qk_head_dim, layout.attention)
 
 
 def _tp_collective(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, seq: int,

@@ -132,6 +132,14 @@ class _GPUIn(_In):
         return self
 
 
+_BLOCK_EXTRAS = ("attention_block_causal_fwd", "attention_block_causal_bwd", "attention_block_fwd_score_time",
+                 "attention_block_bwd_score_time")
+_EFFICIENCY_TIMES = ("attention_fwd_score_time", "attention_bwd_score_time", "kernel_latency",
+                     "attention_block_fwd_score_time", "attention_block_bwd_score_time")
+_EFFICIENCY_CURVES = ("attention_cudnn_fwd", "attention_cudnn_bwd", "attention_block_fwd", "attention_block_bwd",
+                      "attention_block_causal_fwd", "attention_block_causal_bwd")
+
+
 class _EfficiencyIn(_In):
     gemm: _CurveIn
     attention_fwd: _CurveIn
@@ -142,11 +150,25 @@ class _EfficiencyIn(_In):
     kernel_latency: Time | None = None
     attention_cudnn_fwd: _CurveIn | None = None  # optional: cuDNN's fused attention (default: the curves above)
     attention_cudnn_bwd: _CurveIn | None = None
+    # optional: ring CP's block kernel where it is not the whole-sequence one (`Efficiency`'s docs)
+    attention_block_fwd: _CurveIn | None = None
+    attention_block_bwd: _CurveIn | None = None
+    attention_block_causal_fwd: _CurveIn | None = None
+    attention_block_causal_bwd: _CurveIn | None = None
+    attention_block_fwd_score_time: Time | None = None
+    attention_block_bwd_score_time: Time | None = None
 
     @model_validator(mode="after")
-    def _cudnn_pair(self):
-        if (self.attention_cudnn_fwd is None) != (self.attention_cudnn_bwd is None):
-            raise ValueError("efficiency.attention_cudnn_fwd and attention_cudnn_bwd go together; give both or neither")
+    def _pairs(self):
+        for a, b in (("attention_cudnn_fwd", "attention_cudnn_bwd"), ("attention_block_fwd", "attention_block_bwd"),
+                     ("attention_block_causal_fwd", "attention_block_causal_bwd")):
+            if (getattr(self, a) is None) != (getattr(self, b) is None):
+                raise ValueError(f"efficiency.{a} and {b} go together; give both or neither")
+        if self.attention_block_fwd is None:
+            extra = [k for k in _BLOCK_EXTRAS if getattr(self, k) is not None]
+            if extra:
+                raise ValueError(f"efficiency.{extra[0]} describes the ring's block kernel beside "
+                                 "attention_block_fwd and attention_block_bwd; give those too or leave it out")
         return self
 
 
@@ -234,10 +256,8 @@ def parse_profile(raw: Any, source: str) -> HardwareProfile:
                     AllocatorCosts(al.sync, al.cuda_malloc_latency, al.cuda_malloc_throughput, al.cuda_free_latency,
                                    al.cuda_free_throughput) if al is not None else DEFAULT_ALLOCATOR_COSTS),
         efficiency=Efficiency(e.gemm.typed(), e.attention_fwd.typed(), e.attention_bwd.typed(), e.elementwise,
-                              **{k: q for k in ("attention_fwd_score_time", "attention_bwd_score_time",
-                                                "kernel_latency") if (q := getattr(e, k)) is not None},
-                              **{k: c.typed() for k in ("attention_cudnn_fwd", "attention_cudnn_bwd")
-                                 if (c := getattr(e, k)) is not None}),
+                              **{k: q for k in _EFFICIENCY_TIMES if (q := getattr(e, k)) is not None},
+                              **{k: c.typed() for k in _EFFICIENCY_CURVES if (c := getattr(e, k)) is not None}),
         gpus_per_node=d.node.gpus_per_node,
         nvlink=d.nvlink.typed(),
         internode=d.internode.typed(),

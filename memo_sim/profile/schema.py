@@ -108,6 +108,9 @@ _NOT_MEASURED = ("not measured: this profile has none (written before memo measu
 NO_TIME = Quantity(0.0, _NOT_MEASURED)
 
 
+BLOCK_SHAPES = ("full", "causal")  # ring CP's c x c blocks (`Efficiency.attention_curves`)
+
+
 @dataclass(frozen=True)
 class Efficiency:
     """How fast a layer's kernels run, as fractions of the peak and per-call costs.
@@ -120,7 +123,17 @@ class Efficiency:
     activation, residual add) costs beyond its bytes over the bandwidth, per call: what a small
     op pays for its dispatch and for operands that start out in memory, not in cache.
     `memo-exec calibrate` measures the three (attention at two head sizes, the ops at two sizes);
-    a profile without them prices both as 0."""
+    a profile without them prices both as 0.
+
+    ``attention_block_*``: the kernel ring context parallelism runs per block (memo's executor:
+    `memo_exec.block_attention.kernel_for`), where it is not the whole-sequence kernel the
+    ``attention_*`` curves describe (on a CPU: aten's flash kernel, against the query-chunked math
+    backend). ``attention_block_fwd``/``bwd`` are its curves on full c x c blocks,
+    ``attention_block_causal_fwd``/``bwd`` on the causal diagonal c x c blocks (a kernel that works
+    in key tiles computes more than the triangle of a small causal block, so its efficiency at the
+    triangle's FLOPs is not the full block's), ``attention_block_*_score_time`` its own seconds per
+    score element (the curves were fitted beside them; absent: 0). Measured by `memo-exec
+    calibrate`; absent where the ring runs the whole-sequence kernel (`attention_curves`)."""
 
     gemm: Curve
     attention_fwd: Curve
@@ -133,13 +146,42 @@ class Efficiency:
     # attention_* curves (FlashAttention-2) price it too (`attention_curves`)
     attention_cudnn_fwd: Curve | None = None
     attention_cudnn_bwd: Curve | None = None
+    # ring CP's block kernel (class docs): full blocks, causal diagonal blocks, its score times
+    attention_block_fwd: Curve | None = None
+    attention_block_bwd: Curve | None = None
+    attention_block_causal_fwd: Curve | None = None
+    attention_block_causal_bwd: Curve | None = None
+    attention_block_fwd_score_time: Quantity = NO_TIME
+    attention_block_bwd_score_time: Quantity = NO_TIME
 
-    def attention_curves(self, kernel: str = "flash") -> tuple[Curve, Curve]:
+    @property
+    def has_block_kernel(self) -> bool:
+        """Whether the profile describes ring CP's block kernel apart (class docs)."""
+        return self.attention_block_fwd is not None and self.attention_block_bwd is not None
+
+    def attention_curves(self, kernel: str = "flash", block: str = "") -> tuple[Curve, Curve]:
         """(forward, backward) efficiency curves of an attention kernel (`layer_graph.ATTENTION_KERNELS`):
-        ``cudnn``'s own where the profile has them, else the FlashAttention-2 ones every profile has."""
+        ``cudnn``'s own where the profile has them, else the FlashAttention-2 ones every profile has.
+        ``block`` (one of `BLOCK_SHAPES`) asks for ring CP's block kernel on a c x c block of that
+        shape: the block curves where the profile has them (a causal block: its causal ones, else the
+        full blocks'), else those of ``kernel``."""
+        if block and block not in BLOCK_SHAPES:
+            raise ValueError(f"attention block shape must be one of {', '.join(BLOCK_SHAPES)}, got {block!r}")
+        if block and self.has_block_kernel:
+            if (block == "causal" and self.attention_block_causal_fwd is not None
+                    and self.attention_block_causal_bwd is not None):
+                return self.attention_block_causal_fwd, self.attention_block_causal_bwd
+            return self.attention_block_fwd, self.attention_block_bwd
         if kernel == "cudnn" and self.attention_cudnn_fwd is not None and self.attention_cudnn_bwd is not None:
             return self.attention_cudnn_fwd, self.attention_cudnn_bwd
         return self.attention_fwd, self.attention_bwd
+
+    def attention_score_times(self, block: str = "") -> tuple[Quantity, Quantity]:
+        """(forward, backward) seconds per score element beside `attention_curves`'s curves: the
+        block kernel's own where ``block`` asks for it and the profile has its curves."""
+        if block and self.has_block_kernel:
+            return self.attention_block_fwd_score_time, self.attention_block_bwd_score_time
+        return self.attention_fwd_score_time, self.attention_bwd_score_time
 
 
 # The collectives a link may carry a measured fit for (`CollectiveFit`); a send/recv is the link's own

@@ -1,0 +1,79 @@
+"""Ring context parallelism's attention on one rank, priced block by block as memo's executor runs it.
+
+The decomposition is memo's executor's (`memo_exec.distributed.attention`), the zigzag layout of
+ring-flash-attention (zhuzilin/ring-flash-attention, ``zigzag_ring_flash_attn``): the sequence
+is cut into 2·cp chunks of c = s / (2·cp) tokens and rank r holds chunks r and 2·cp-1-r, so
+every rank gets the same share of the causal triangle. Over the cp steps of the ring each rank
+runs one attention kernel per pair (its query chunk, a key chunk it holds now) that is not fully
+masked (`zigzag_blocks`): 2 causal diagonal c x c blocks (its own chunks) and 2·cp-1 full c x c
+blocks, 2·cp+1 kernel calls per layer forward, exactly causal/cp score elements
+(`block_counts`); the backward runs the same blocks. Each block is priced by
+`memo_sim.cost.kernel_time` at the profile's curves for ring blocks of its shape
+(`Efficiency.attention_curves` with ``block``): the block kernel's own where the profile
+measured it, else the named kernel's. A small kernel reaches less of the peak than one over the
+rank's whole share, and a kernel that tiles the keys computes more than the triangle of a small
+causal block, so the sum of the blocks is not one causal kernel of the rank's FLOPs.
+
+Other implementations cut the same work differently: TransformerEngine's CP (``cp_comm_type``
+p2p) issues one kernel per ring step over both local chunks (2·c² score elements, a causal
+kernel over 2c tokens at step 0), its all-gather CP (``all_gather``) one kernel per local chunk
+over the keys before it. What is priced here is the executor's decomposition; the rank's FLOPs
+(MFU) are the same either way.
+
+Sliding-window layers skip the key chunks outside the window, which this zigzag count does not
+know (memo's executor does not run them under ring CP): their attention keeps the one-kernel
+pricing of `memo_sim.cost.layer_time` (`applies`).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from memo_sim.cost.kernel_time import attention_bwd_time, attention_fwd_time
+from memo_sim.layout.parallel import Layout
+from memo_sim.model.config import ModelConfig
+from memo_sim.profile.schema import HardwareProfile
+
+
+def zigzag_chunks(cp: int, rank: int) -> tuple[int, int]:
+    """The two chunks (of 2·cp) rank ``rank`` holds: its own and its mirror."""
+    return rank, 2 * cp - 1 - rank
+
+
+def zigzag_blocks(cp: int, rank: int) -> list[tuple[int, int, bool]]:
+    """(query chunk, key chunk, causal) of every block rank ``rank`` runs over the cp ring steps:
+    at step j it holds the K/V chunks of rank (rank - j) mod cp; a key chunk after the query chunk
+    is fully masked and skipped, the equal one is the causal diagonal block."""
+    out = []
+    for j in range(cp):
+        src = (rank - j) % cp
+        for qi in zigzag_chunks(cp, rank):
+            for ki in zigzag_chunks(cp, src):
+                if ki <= qi:
+                    out.append((qi, ki, ki == qi))
+    return out
+
+
+@lru_cache(maxsize=64)
+def block_counts(cp: int) -> tuple[int, int]:
+    """(full, causal) c x c blocks one rank runs per layer pass: (2·cp-1, 2) on every rank."""
+    blocks = zigzag_blocks(cp, 0)
+    causal = sum(1 for _q, _k, c in blocks if c)
+    return len(blocks) - causal, causal
+
+
+def applies(model: ModelConfig, layout: Layout, seq: int) -> bool:
+    """Whether a layer's attention runs as ring CP's blocks priced here (module docs)."""
+    return layout.cp > 1 and layout.attention != "materialised" and model.attention_flop_fraction(seq) == 1.0
+
+
+def ring_attention_time(flops: float, profile: HardwareProfile, dtype: str, head_dim: int | None, kernel: str,
+                        cp: int, phase: str) -> float:
+    """Seconds of one rank's attention pass of ``flops`` (the rank's causal/cp share: forward FLOPs,
+    or the backward kernel's own for ``phase`` "bwd") as its zigzag blocks: each full block holds
+    c² of the rank's 2·cp·c² score elements' worth of FLOPs, a causal one half of that."""
+    full, causal = block_counts(cp)
+    f_full = flops / (full + causal / 2)
+    price = attention_bwd_time if phase == "bwd" else attention_fwd_time
+    return (full * price(f_full, profile, dtype, head_dim, kernel, "full")
+            + causal * price(f_full / 2, profile, dtype, head_dim, kernel, "causal"))
