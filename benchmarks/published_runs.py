@@ -779,6 +779,13 @@ MOE_OUTLIERS: dict[str, str] = {
         "sends overlapped with them) is priced by memo's ring model, which has no measurement at these lengths either. "
         "The dropless row of the same length looks closer only because its router imbalance, which memo lacks, "
         "offsets this") for k in ("64k", "128k")},
+    "moe-zoo-qwen3-235b-long-128k-dropless": (
+        "memo too slow: the attention kernels, as in the forced row of the same length (+20.7%), less the router "
+        "imbalance memo lacks (the 16K and 32K dropless rows), which offsets part of it. At CP 8 memo prices the "
+        "ring as memo's executor runs it (`memo_sim/cost/ring_attention.py`: 2·CP+1 kernels of c = s/16 tokens per "
+        "layer pass, each at the profile's assumed FlashAttention-2 curve), while TransformerEngine's p2p CP issues "
+        "one kernel per ring step over 2c² score elements (fewer, larger kernels); that decomposition is not a "
+        "mechanism of its own yet (the row moved from under 10% to +10.9% when ring CP's blocks were priced)"),
     **{f"moe-zoo-qwen3-235b-long-{k}-dropless": (
         "the router's real expert loads. memo's dropless takes a uniform router's loads (the busiest of 8 EP ranks "
         "under multinomial routing: +0.4% over forced balance in memo); the cluster measured dropless 1.24x (16K), "

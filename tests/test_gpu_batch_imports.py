@@ -119,9 +119,11 @@ def test_the_blocker_catches_a_dependency_that_is_not_carried(tmp_path):
 def test_dry_run_writes_the_gpu_files_under_the_image_restriction(tmp_path):
     out = tmp_path / "out"
     env = _blocked_env(tmp_path)
+    # a CPU's quick calibration writes twice the last-level cache before every timed repeat: on a VM that
+    # reports a 480 MB L3 that alone takes 2-3 minutes, so the dry run gives it more than a GPU's 150 s
     r = subprocess.run([sys.executable, str(GPU_DIR / "run_batch.py"), "--dry-run", "--device", "cpu", "--out",
-                        str(out), "--site", str(tmp_path / "site")], env=env, cwd=tmp_path, capture_output=True,
-                       text=True, timeout=900)
+                        str(out), "--site", str(tmp_path / "site"), "--calibrate-timeout", "420", "--budget", "840"],
+                       env=env, cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     spec = importlib.util.spec_from_file_location("run_batch", GPU_DIR / "run_batch.py")
     rb = importlib.util.module_from_spec(spec)
