@@ -35,8 +35,7 @@ def _with_fits(profile, **fits):
 def test_fit_params_reproduce_the_measured_line(kind, g):
     intercept, slope = 3e-4, 1 / 2e9
     bw, lat = coll.fit_params(kind, g, intercept, slope)
-    price = {"all_gather": coll.ring_allgather_time, "reduce_scatter": coll.ring_reduce_scatter_time,
-             "all_to_all": coll.alltoall_time, "all_reduce": coll.ring_allreduce_time}[kind]
+    price = coll.RING_FORMULAS[kind]
     for size in (1e5, 1e6, 1e8):
         assert math.isclose(price(size, g, bw, lat), intercept + slope * size, rel_tol=1e-12)
 

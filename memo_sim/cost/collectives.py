@@ -70,10 +70,11 @@ def reduce_time(size: float, g: int, bw: float, lat: float) -> float:
     return tree_steps(g) * (lat + size / bw)
 
 
-# t = steps·(g-1)·lat + steps·(g-1)/g·size/bw: the ring formulas above, per collective (all-reduce: the
-# ring's two passes; NCCL's tree is the same measured time when g = 2)
-_RING_PASSES = {"all_gather": 1, "reduce_scatter": 1, "all_to_all": 1, "all_reduce": 2}
-assert set(_RING_PASSES) == set(COLLECTIVES)
+# each collective's formula above (all-reduce: the ring's two passes; NCCL's tree takes the same time at
+# g = 2, where calibrate measures), linear in size: t = A·lat + B·size/bw
+RING_FORMULAS = {"all_gather": ring_allgather_time, "reduce_scatter": ring_reduce_scatter_time,
+                 "all_to_all": alltoall_time, "all_reduce": ring_allreduce_time}
+assert set(RING_FORMULAS) == set(COLLECTIVES)
 
 
 def link_params(link: Link, collective: str | None = None) -> tuple[float, float]:
@@ -90,8 +91,10 @@ def fit_params(collective: str, g: int, intercept: float, slope: float) -> tuple
     ``t = intercept + slope·size`` (seconds, seconds per byte of the formula's ``size``)."""
     if g < 2 or slope <= 0:
         raise ValueError(f"a collective fit needs g >= 2 ranks and a positive slope (g={g}, slope={slope})")
-    k = _RING_PASSES[collective] * (g - 1)
-    return k / (g * slope), max(0.0, intercept) / k
+    formula = RING_FORMULAS[collective]
+    a = formula(0.0, g, 1.0, 1.0)  # the formula's latency coefficient A
+    b = formula(1.0, g, 1.0, 0.0)  # and its bytes coefficient B
+    return b / slope, max(0.0, intercept) / a
 
 
 def group_link(profile: HardwareProfile, size: int, stride: int) -> Link:

@@ -204,7 +204,7 @@ class CollectiveFit:
 class Link:
     bandwidth: Quantity  # bytes/s per direction (a send/recv's, and every collective's without a fit of its own)
     latency: Quantity  # seconds
-    # measured per collective (`memo_sim.cost.collectives.COLLECTIVES`); a collective not named here is
+    # measured per collective (`COLLECTIVES`); a collective not named here is
     # priced from the link's bandwidth and latency above
     collectives: dict[str, CollectiveFit] = field(default_factory=dict)
 
