@@ -41,7 +41,7 @@ def caching_allocator_layer_report(model: ModelConfig, layout: Layout, batch: in
     return _report(model, per_gpu_shard(layout), batch, seq, frac, capacity_bytes)
 
 
-@lru_cache(maxsize=1024)
+@lru_cache(maxsize=1 << 14)  # a cluster-scale query with pipelines replays a few thousand shards
 def _report(model: ModelConfig, layout: Layout, batch: int, seq: int, frac: float,
             capacity_bytes: int | None) -> AllocatorReport:
     trace = _fwd_bwd_trace(model, layout, batch, seq, frac)

@@ -23,8 +23,9 @@ bytes per node summed over the stages whose GPUs sit in the node.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
-from functools import cached_property, lru_cache
+from dataclasses import dataclass, fields, replace
+from functools import cached_property, lru_cache, partial
+from typing import Callable
 
 from memo_sim.policy.base import uses_memory_plan
 from memo_sim.cost.activations import skeletal_bytes
@@ -49,7 +50,10 @@ class MemoryBreakdown:
     lse_bytes: float
     transient_peak_bytes: float  # the one used: planned arena (memo) or caching-allocator reserved (others)
     transient_planned_bytes: float  # static plan: max-live of one layer's requests (the planner reaches it)
-    transient_caching_allocator_bytes: float  # caching-allocator model: reserved peak on the same requests
+    # caching-allocator model: reserved peak on the same requests (`transient_caching_allocator_bytes`), or how
+    # to replay them where the candidate does not run on it (a memory-planned policy: read only by explain and
+    # the JSON, so a cluster-scale query's thousands of MEMO alphas replay nothing until asked)
+    transient_caching_allocator: float | Callable[[], float]
     layer_boundary_bytes: float  # the activation handed between layers, live beside a layer's transients
     classifier_peak_bytes: float
     peak_gpu_bytes: float
@@ -66,6 +70,11 @@ class MemoryBreakdown:
     def oohm_by(self) -> float:
         return max(0.0, self.host_bytes_per_node - self.host_capacity_bytes)
 
+    @cached_property
+    def transient_caching_allocator_bytes(self) -> float:
+        v = self.transient_caching_allocator
+        return float(v() if callable(v) else v)
+
     @cached_property  # read for every sort and filter of a query's candidates; the fields are frozen
     def status(self) -> str:
         if self.oom_by > 0:
@@ -75,7 +84,8 @@ class MemoryBreakdown:
         return "OK"
 
     def to_dict(self) -> dict:
-        d = asdict(self)
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "transient_caching_allocator"}
+        d["transient_caching_allocator_bytes"] = self.transient_caching_allocator_bytes
         d["status"] = self.status
         return d
 
@@ -91,7 +101,7 @@ def transient_peak_bytes(model: ModelConfig, layout: Layout, batch: int, seq: in
     return _transient_peak(model, per_gpu_shard(layout), batch, seq, frac)
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=1 << 14)
 def _transient_peak(model: ModelConfig, shard: Layout, batch: int, seq: int, frac: float) -> float:
     fwd = static_plan_peak_bytes(layer_forward_trace(model, shard, batch, seq), "fwd")
     bwd = static_plan_peak_bytes(_layer_backward_trace(model, shard, batch, seq, frac), "bwd")
@@ -121,7 +131,7 @@ def memory_breakdown(model: ModelConfig, layout: Layout, batch: int, seq: int, p
     return MemoryBreakdown(
         model_states_bytes=states, skeletal_resident_bytes=resident, rounding_buffer_bytes=buffers,
         lse_bytes=lse_all, transient_peak_bytes=transient, transient_planned_bytes=planned,
-        transient_caching_allocator_bytes=cached, layer_boundary_bytes=boundary, classifier_peak_bytes=classifier,
+        transient_caching_allocator=cached, layer_boundary_bytes=boundary, classifier_peak_bytes=classifier,
         peak_gpu_bytes=peak, gpu_capacity_bytes=profile.usable_gpu_memory, host_bytes_per_gpu=host_gpu,
         host_bytes_per_node=host_node, host_capacity_bytes=profile.usable_host_memory)
 
@@ -135,12 +145,18 @@ def _shard_terms(model: ModelConfig, shard: Layout, batch: int, seq: int, policy
     offloaded layer. Shared between callers: read, never modify."""
     sk = skeletal_bytes(model, shard, batch, seq)
     n = model.layers
+    cached = partial(_caching_reserved, model, shard, batch, seq, policy)
     return (sk, policy.resident_bytes(sk, n), policy.buffer_bytes(sk),
             transient_peak_bytes(model, shard, batch, seq, policy),
-            float(caching_allocator_layer_report(model, shard, batch, seq, policy).peak_reserved_bytes),
+            cached if uses_memory_plan(policy, shard) else cached(),
             classifier_peak_bytes(model, shard, batch, seq, classifier_chunk_tokens),
             policy.offload_bytes(model, shard, batch, seq),
             policy.host_bytes_per_layer(model, shard, batch, seq, profile))
+
+
+def _caching_reserved(model: ModelConfig, shard: Layout, batch: int, seq: int, policy: Policy) -> float:
+    """The caching allocator's reserved peak on one layer's requests (`memo_sim.memplan.baseline`)."""
+    return float(caching_allocator_layer_report(model, shard, batch, seq, policy).peak_reserved_bytes)
 
 
 # ---------------------------------------------------------------------------------------------- SPPO
@@ -313,7 +329,7 @@ def sppo_memory(model: ModelConfig, layout: Layout, batch: int, seq: int, policy
         bd = MemoryBreakdown(
             model_states_bytes=states, skeletal_resident_bytes=sk_p + dkv_p + dgrad_p,
             rounding_buffer_bytes=0.0, lse_bytes=lse_p, transient_peak_bytes=transient if work_p else 0.0,
-            transient_planned_bytes=transient, transient_caching_allocator_bytes=transient,
+            transient_planned_bytes=transient, transient_caching_allocator=transient,
             layer_boundary_bytes=boundary if work_p else 0.0, classifier_peak_bytes=cls_p,
             peak_gpu_bytes=peak, gpu_capacity_bytes=profile.usable_gpu_memory,
             host_bytes_per_gpu=sum(off_u[:n_off]), host_bytes_per_node=0.0,

@@ -200,7 +200,7 @@ def layer_backward_trace(model: ModelConfig, layout: Layout, batch: int, seq: in
     return _layer_backward_trace(model, per_gpu_shard(layout), batch, seq, frac)
 
 
-@lru_cache(maxsize=1024)
+@lru_cache(maxsize=1 << 14)
 def _layer_forward_trace(model: ModelConfig, layout: Layout, batch: int, seq: int) -> RequestTrace:
     tens = layer_tensors(model, layout.tp_mode)
     tb = {n: tensor_bytes(t, layout, batch, seq) for n, t in tens.items()}
@@ -251,7 +251,7 @@ def _layer_forward_trace(model: ModelConfig, layout: Layout, batch: int, seq: in
     return RequestTrace(b.finish(), name=f"{model.name}-{layout.label()}-{seq}-layer-fwd")
 
 
-@lru_cache(maxsize=1024)
+@lru_cache(maxsize=1 << 14)
 def _layer_backward_trace(model: ModelConfig, layout: Layout, batch: int, seq: int, frac: float) -> RequestTrace:
     tens = layer_tensors(model, layout.tp_mode)
     tb = {n: tensor_bytes(t, layout, batch, seq) for n, t in tens.items()}

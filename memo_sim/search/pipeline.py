@@ -43,6 +43,7 @@ from memo_sim.policy.rounding_buffers import KEPT_LAYERS
 from memo_sim.profile.schema import HardwareProfile
 from memo_sim.search.candidate import Candidate
 from memo_sim.search.estimate import estimate_pipeline, memo_alpha, pipeline_bubble, stage_shard
+from memo_sim.units import fmt_bytes
 
 MAX_VPP = 4  # interleaving: up to this many chunks per rank (Megatron-LM's runs use 2-4; more adds P2P per micro-batch)
 MAX_MICRO_BATCH_SIZES = 4  # the smallest divisors of the batch tried as micro-batch sizes
@@ -55,6 +56,20 @@ def _stage_states(model: ModelConfig, layout: Layout) -> tuple[float, ...]:
     """Each stage's model-state bytes on one GPU (memoised by what `stage_model_state_bytes`
     reads: every policy, micro-batch size and virtual-stage count of a layout asks)."""
     return tuple(stage_model_state_bytes(model, layout, s) for s in range(layout.pp))
+
+
+def states_why_not(model: ModelConfig, layout: Layout, profile: HardwareProfile) -> str:
+    """Why no candidate of a pipeline layout can fit ('' where one may): a stage's model states alone
+    exceed the GPU's usable memory. Every candidate's peak on that stage is its model states plus
+    bytes that are never negative (`pipeline_memory`: kept activations, buffers, the working block),
+    whatever the policy, the micro-batch size or the schedule, so the family is decided without
+    building it (a cluster-scale query's pipelines are mostly such families)."""
+    states = _stage_states(model, layout)
+    worst = max(range(layout.pp), key=states.__getitem__)
+    if states[worst] <= profile.usable_gpu_memory:
+        return ""
+    return (f"stage {worst}'s model states alone ({fmt_bytes(states[worst])}) exceed the GPU's usable "
+            f"{fmt_bytes(profile.usable_gpu_memory)}: no policy, micro-batch or schedule fits")
 
 
 def micro_batch_sizes(batch: int, fixed: int | None = None) -> list[int]:
@@ -164,7 +179,7 @@ def pipeline_memory(model: ModelConfig, layout: Layout, batch: int, micro_batch:
         model_states_bytes=w["model_states_bytes"], skeletal_resident_bytes=u * (kept - lse),
         rounding_buffer_bytes=buffers, lse_bytes=u * lse, transient_peak_bytes=one.transient_peak_bytes,
         transient_planned_bytes=one.transient_planned_bytes,
-        transient_caching_allocator_bytes=one.transient_caching_allocator_bytes,
+        transient_caching_allocator=one.transient_caching_allocator,
         layer_boundary_bytes=one.layer_boundary_bytes, classifier_peak_bytes=one.classifier_peak_bytes,
         peak_gpu_bytes=w["peak_gpu_bytes"], gpu_capacity_bytes=profile.usable_gpu_memory,
         host_bytes_per_gpu=max(offloaded) * offload, host_bytes_per_node=host_node,
@@ -252,6 +267,7 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
         model.layers % d == 0 or first is not None or last is not None or uneven_split(model.layers, d))]
     out: list[Candidate] = []
     rejected: list[tuple[Layout, str]] = []
+    too_big: set[int] = set()  # ids of the chunked layouts rejected by `states_why_not` (once each)
     searched = {"schedules": list(names), "pp": [], "vpp": set(), "micro_batch": set()}
     for p in pps:
         valid, rej = enumerate_layouts(model, gpus, profile.node_gpus, seq, tp=tp, cp=cp, ulysses=ulysses, dp=dp,
@@ -268,6 +284,7 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
         if valid:
             searched["pp"].append(p)
         for lay in valid:
+            chunked: dict[int, Layout | None] = {}  # vpp -> the layout with that many chunks (every mb and schedule's)
             b = batch
             if global_batch is not None:
                 if global_batch % lay.dp:
@@ -283,10 +300,18 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
                 for name in names:
                     vpps = [vpp] if vpp is not None else [1] + [v for v in range(2, MAX_VPP + 1)]
                     for v in vpps:
-                        cand = _chunked(model, lay, v, fixed_ends=first is not None or last is not None,
-                                        allows=allows)
+                        if v not in chunked:
+                            chunked[v] = _chunked(model, lay, v, fixed_ends=first is not None or last is not None,
+                                                  allows=allows)
+                        cand = chunked[v]
                         if cand is None or check_schedule(name, pp=p, vpp=v, layers=model.layers, batch=b,
                                                           micro_batch=mb, policy_name="store_all", uneven=cand.uneven):
+                            continue
+                        why = states_why_not(model, cand, profile)
+                        if why:  # no policy, micro-batch or schedule of this layout fits: not built
+                            if id(cand) not in too_big:
+                                too_big.add(id(cand))
+                                rejected.append((cand, why))
                             continue
                         searched["vpp"].add(v)
                         searched["micro_batch"].add(mb)
