@@ -29,5 +29,5 @@ def test_tp8_is_answered_as_megatron_tp8():
 def test_no_pipeline_to_search_is_said_so():
     text = CliRunner().invoke(cli, ASKED).output
     searched = next(ln for ln in text.splitlines() if ln.startswith("searched:"))
-    assert "pipelines (nothing fits without a pipeline): none valid with the degrees given" in searched
+    assert "pipelines (searched by default): none valid with the degrees given" in searched
     assert "pp micro-batches per replica" not in text  # the batch is not split for a pipeline that is not there

@@ -24,6 +24,7 @@ from memo_sim.plan.schema import read_plan
 from memo_sim.policy import get_policy
 from memo_sim.profile.loader import load_profile
 from memo_sim.search.estimate import estimate_iteration, estimate_pipeline, pipeline_bubble
+from memo_sim.report.whatif_answer import searched_words
 from memo_sim.search.pipeline import pipeline_memory
 from memo_sim.search.whatif import candidates_for
 
@@ -193,9 +194,17 @@ def test_search_ranks_pipelines_beside_single_stage_on_throughput():
     assert res.searched["pipeline"]["why"] == "asked for"
 
 
-def test_default_search_leaves_pipelines_out_when_a_single_stage_fits():
+def test_default_search_ranks_pipelines_beside_the_single_stage():
+    """Every schedule the framework runs is searched by default (issue #48 item 4), a single stage that fits
+    or not; --schedule single_stage leaves the pipelines out and the searched line says how."""
     res = candidates_for(GPT7, 32768, 8, A800, policies=("memo",))
-    assert {c.schedule for c in res.candidates} == {"single_stage"} and "pipeline" not in res.searched
+    assert {c.schedule for c in res.candidates} == {"single_stage", "1f1b", "interleaved_1f1b"}
+    assert res.searched["pipeline"]["why"] == "searched by default" and res.searched["pipeline"]["pp"] == [2, 4, 8]
+    assert any(c.status == "OK" for c in res.candidates if c.schedule == "single_stage")
+    only = candidates_for(GPT7, 32768, 8, A800, policies=("memo",), schedules=("single_stage",))
+    assert {c.schedule for c in only.candidates} == {"single_stage"} and "pipeline" not in only.searched
+    assert "no micro-batch pipelines (left out by --schedule, --pp 1 or the framework)" in searched_words(
+        only.searched)
 
 
 def test_megatron_pipelines_a_model_that_does_not_fit_without_one():
@@ -205,7 +214,7 @@ def test_megatron_pipelines_a_model_that_does_not_fit_without_one():
     assert single and all(c.status != "OK" for c in single)
     assert res.best is not None and res.best.layout.pp > 1 and res.best.schedule in ("1f1b", "interleaved_1f1b")
     assert res.best.layout.zero <= 1 and res.best.layout.ulysses == 1
-    assert res.searched["pipeline"]["why"] == "nothing fits without a pipeline"
+    assert res.searched["pipeline"]["why"] == "searched by default"
 
 
 @pytest.mark.parametrize("policy", ["memo", "full_recompute", "store_all"])
@@ -360,3 +369,30 @@ def test_pipelines_price_a_serial_gradient_reduction_per_stage():
         assert max(secs) < stage_grad_sync(GPT7, serial, A800).all_grads
         assert (estimate_pipeline(GPT7, serial, 4, 1, 8192, pol, A800).iteration_s
                 > estimate_pipeline(GPT7, over, 4, 1, 8192, pol, A800).iteration_s)
+
+
+def test_families_whose_model_states_alone_overflow_are_rejected_unbuilt(monkeypatch):
+    """A pipeline layout whose fullest stage's model states exceed the GPU is rejected before its
+    candidates are built (`memo_sim.search.pipeline.states_why_not`): building them anyway gives only
+    out-of-memory candidates, and every other candidate is the same to the byte."""
+    import memo_sim.search.pipeline as pipeline
+
+    m = get_model("gpt-175b")
+    pruned = candidates_for(m, 32768, 64, A800, framework="megatron", schedules=("1f1b", "interleaved_1f1b"))
+    words = [why for _lay, why in pruned.rejected_layouts if "model states alone" in why]
+    assert words and all("no policy, micro-batch or schedule fits" in w for w in words)
+    monkeypatch.setattr(pipeline, "states_why_not", lambda *_a: "")
+    built = candidates_for(m, 32768, 64, A800, framework="megatron", schedules=("1f1b", "interleaved_1f1b"))
+
+    def key(c):
+        return (c.layout, c.policy.label(), c.schedule, c.micro_batch)
+
+    kept = {key(c): c for c in pruned.candidates}
+    extra = [c for c in built.candidates if key(c) not in kept]
+    assert len(extra) > len(words) and all(c.status == "OOM" for c in extra)
+    assert all(max(s["model_states_bytes"] for s in c.pipeline["stages"]) > A800.usable_gpu_memory for c in extra)
+    same = [c for c in built.candidates if key(c) in kept]
+    assert len(same) == len(pruned.candidates)
+    for c in same:
+        k = kept[key(c)]
+        assert (k.memory, k.pipeline, k.estimate) == (c.memory, c.pipeline, c.estimate)

@@ -156,3 +156,30 @@ def test_shipped_gpu_profiles_price_ring_blocks_on_their_flash_or_cudnn_curves()
         assert e.attention_curves("flash", "causal") == (e.attention_fwd, e.attention_bwd)
     with pytest.raises(ValueError, match="block shape"):
         A100.efficiency.attention_curves("flash", "diagonal")
+
+
+def test_the_last_dkv_shift_of_the_backward_is_on_the_critical_path():
+    """The ring's backward shifts K/V cp-1 times and the dK/dV accumulators cp times; the last dK/dV
+    shift is posted after the last step's blocks and waited for before the backward returns
+    (ring-flash-attention's and memo's executor's ``wait`` after the loop), so it is a chain op after
+    the attention kernel, one K/V chunk's bytes; the forward has none and the side op keeps the other
+    shifts beside the kernel."""
+    from memo_sim.cost import collectives as coll
+    from memo_sim.cost.opcost import critical_time
+
+    lay = Layout(tp=2, cp=4)
+    fwd, bwd = forward_costs(MODEL, lay, 1, SEQ, A100), backward_costs(MODEL, lay, 1, SEQ, A100)
+    assert not [c for c in fwd if c.name == "cp_ring_dkv_home"]
+    names = [c.name for c in bwd]
+    home = bwd[names.index("cp_ring_dkv_home")]
+    assert bwd[names.index("cp_ring_dkv_home") - 1].kind == "attention"
+    assert (home.stream, home.phase, home.overlaps, home.kind) == ("cp_comm", "bwd", 0, "collective")
+    kv = ra.ring_shift_bytes(MODEL, lay, 1, SEQ)
+    assert kv == SEQ / 4 * (MODEL.kv_dim + MODEL.v_dim) / 2 * 2  # bf16 K and V of the rank's tokens, over TP
+    link = coll.group_link(A100, 4, 2)
+    assert home.nbytes == kv and home.seconds == coll.sendrecv_time(kv, float(link.bandwidth), float(link.latency))
+    side = bwd[names.index("cp_ring_kv")]
+    assert side.overlaps == 1 and side.nbytes == 3 * 2 * kv  # cp-1 shifts of K/V and of dK/dV beside the kernel
+    without = [c for c in bwd if c.name != "cp_ring_dkv_home"]
+    assert critical_time(bwd) == pytest.approx(critical_time(without) + home.seconds, rel=1e-12)
+    assert "cp_ring_dkv_home" not in [c.name for c in backward_costs(MODEL, Layout(tp=2), 1, SEQ, A100)]

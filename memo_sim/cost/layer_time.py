@@ -177,16 +177,24 @@ def _ulysses_alltoall(model: ModelConfig, layout: Layout, batch: int, seq: int, 
 
 def _cp_ring(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile,
              phase: str) -> OpCost:
-    """K and V chunks travel c-1 steps round the ring (backward: also dK, dV)."""
-    # under Ulysses the ring carries the head-sharded K/V, each head repeated r times (`layout.kv_heads`)
-    kv = tokens_per_gpu(layout, batch, seq) * (model.kv_dim + model.v_dim) * DTYPE_BYTES[model.dtype] / layout.tp
-    kv *= layout.kv_repeat(model.n_kv_heads)
-    if phase == "bwd":
+    """The ring's shifts beside the attention kernel (`memo_sim.cost.ring_attention`): the K/V chunk
+    cp-1 times; in backward also the dK/dV accumulators cp-1 times (their last shift is `_cp_dkv_home`)."""
+    kv = ring_attention.ring_shift_bytes(model, layout, batch, seq)
+    if phase == "bwd":  # K/V and the dK/dV accumulators of the same elements
         kv *= 2
     link = coll.group_link(profile, layout.cp, layout.tp * layout.ulysses)
     steps = layout.cp - 1
     t = steps * coll.sendrecv_time(kv, float(link.bandwidth), float(link.latency))
     return OpCost("cp_ring_kv", "collective", phase, "cp_comm", t, nbytes=kv * steps, overlaps=1)
+
+
+def _cp_dkv_home(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile) -> OpCost:
+    """The backward's last dK/dV shift, posted after the last step's blocks and waited for before the
+    attention's backward returns: on the critical path (`memo_sim.cost.ring_attention`)."""
+    dkv = ring_attention.ring_shift_bytes(model, layout, batch, seq)
+    link = coll.group_link(profile, layout.cp, layout.tp * layout.ulysses)
+    t = coll.sendrecv_time(dkv, float(link.bandwidth), float(link.latency))
+    return OpCost("cp_ring_dkv_home", "collective", "bwd", "cp_comm", t, nbytes=dkv)
 
 
 @lru_cache(maxsize=256)
@@ -250,6 +258,8 @@ def _ops_with_comm(ops: list[OpSpec], model: ModelConfig, layout: Layout, batch:
         if phase == "bwd" and op.name not in free:
             out += _sp_regather(op, model, layout, batch, seq, profile)
         out.append(_compute_cost(op, model, layout, batch, seq, profile, phase, fraction))
+        if op.kind == "attention" and layout.cp > 1 and phase == "bwd":
+            out.append(_cp_dkv_home(model, layout, batch, seq, profile))
         if op.kind == "attention" and layout.ulysses > 1:
             out.append(_ulysses_alltoall(model, layout, batch, seq, profile, phase, model.attn_dim, "alltoall_attn"))
         c = None if op.name in free else _tp_collective(op, model, layout, batch, seq, profile, phase, fraction)

@@ -20,6 +20,17 @@ kernel over 2c tokens at step 0), its all-gather CP (``all_gather``) one kernel 
 over the keys before it. What is priced here is the executor's decomposition; the rank's FLOPs
 (MFU) are the same either way.
 
+**Transfers** (`ring_shift_bytes`, priced in `memo_sim.cost.layer_time`): the forward shifts the
+K/V block cp-1 times, each shift beside the blocks of one step. The backward shifts K/V cp-1 times
+and the dK/dV accumulators cp times: every accumulator arrives home after cp shifts, and the last
+one is posted after the last step's blocks and waited for before the backward returns, so nothing
+hides it (ring-flash-attention's zigzag backward at 0fc25b46: ``d_kv_comm.wait()`` after the loop;
+memo's executor: the ``_wait`` after its loop; TransformerEngine's p2p CP also waits for each step's
+incoming dK/dV before adding its own, where after its loop the last one goes was not checked). The accumulators are priced in the model's dtype, as TransformerEngine allocates them
+(``dkv_ = torch.empty_like(kv_)``); ring-flash-attention (``dk_buffer.to(torch.float32)``) and memo's
+executor (`memo_exec.device.acc_dtype`) accumulate and send them in fp32, twice the bytes of a bf16
+model's, which is not priced (on a CPU, where the executor's models are fp32, the two agree).
+
 Sliding-window layers skip the key chunks outside the window, which this zigzag count does not
 know (memo's executor does not run them under ring CP): their attention keeps the one-kernel
 pricing of `memo_sim.cost.layer_time` (`applies`).
@@ -29,9 +40,11 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from memo_sim.cost.activations import tokens_per_gpu
 from memo_sim.cost.kernel_time import attention_bwd_time, attention_fwd_time
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
+from memo_sim.model.layer_graph import DTYPE_BYTES
 from memo_sim.profile.schema import HardwareProfile
 
 
@@ -77,3 +90,11 @@ def ring_attention_time(flops: float, profile: HardwareProfile, dtype: str, head
     price = attention_bwd_time if phase == "bwd" else attention_fwd_time
     return (full * price(f_full, profile, dtype, head_dim, kernel, "full")
             + causal * price(f_full / 2, profile, dtype, head_dim, kernel, "causal"))
+
+
+
+def ring_shift_bytes(model: ModelConfig, layout: Layout, batch: int, seq: int) -> float:
+    """Bytes of one K/V (or dK/dV) shift of a rank: its K and V chunk in the model's dtype (under
+    Ulysses the head-sharded K/V, each head repeated r times, `layout.kv_heads`)."""
+    elems = tokens_per_gpu(layout, batch, seq) * (model.kv_dim + model.v_dim) / layout.tp
+    return elems * layout.kv_repeat(model.n_kv_heads) * DTYPE_BYTES[model.dtype]

@@ -42,7 +42,7 @@ from memo_sim.policy.base import Policy
 from memo_sim.profile.schema import HardwareProfile
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class MemoryBreakdown:
     model_states_bytes: float
     skeletal_resident_bytes: float  # kept on the GPU across layers (all layers, or layer inputs)
@@ -74,6 +74,19 @@ class MemoryBreakdown:
     def transient_caching_allocator_bytes(self) -> float:
         v = self.transient_caching_allocator
         return float(v() if callable(v) else v)
+
+    def _values(self) -> tuple:
+        """Every field's value, the caching-allocator figure replayed where it was deferred."""
+        return tuple(self.transient_caching_allocator_bytes if f.name == "transient_caching_allocator"
+                     else getattr(self, f.name) for f in fields(self))
+
+    def __eq__(self, other) -> bool:  # by value: a deferred figure equals the same figure computed
+        if not isinstance(other, MemoryBreakdown):
+            return NotImplemented
+        return self._values() == other._values()
+
+    def __hash__(self) -> int:
+        return hash(self._values())
 
     @cached_property  # read for every sort and filter of a query's candidates; the fields are frozen
     def status(self) -> str:

@@ -168,7 +168,7 @@ def searched_words(searched: dict) -> str:
                   f"vpp {', '.join(map(str, pipe['vpp'])) or '-'}, micro-batch "
                   f"{', '.join(map(str, pipe['micro_batch'])) or '-'}")
     elif "single_stage" in searched.get("schedules", ()):
-        words += "; no micro-batch pipelines (--pp, --vpp or --schedule 1f1b ask for them)"
+        words += "; no micro-batch pipelines (left out by --schedule, --pp 1 or the framework)"
     if searched.get("optimizer_offload"):
         words += f"; the optimizer on the host ({searched['optimizer_offload']})"
     return words

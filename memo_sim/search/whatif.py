@@ -124,8 +124,8 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     ``tp_mode``: the tensor-parallel flavours to include (``all``, or one of `TP_MODES`).
     ``pp``, ``vpp`` fix the pipeline (pp 1: none); ``subseqs``, ``partition``, ``multiplex`` fix
     parts of the SPPO search. ``schedules``: only these schedules (default: the framework's).
-    Micro-batch pipelines are searched when a pipeline flag or schedule asks for them, or when
-    no candidate without one fits (`WhatIfResult.searched` says what was searched). ``on_sppo``
+    Every schedule the framework runs is searched, micro-batch pipelines included, unless
+    ``schedules`` or ``pp`` 1 leaves them out (`WhatIfResult.searched` says what was searched). ``on_sppo``
     is called with SPPO's candidates as soon as its search is done, before anything else is priced.
     ``optimizer_offload``: True searches only single-stage layouts with the optimizer on the host
     (`memo_sim.cost.optimizer_offload`), False none; None (default) adds them where nothing else fits
@@ -231,8 +231,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
         searched["schedules"].append("sppo")
         if sppo_why and not out:
             why_none = sppo_why
-    nothing_fits = not any(c.memory.status == "OK" for c in out)
-    if plain and pipes and (pp is None or pp > 1) and (pipe_flags or nothing_fits) and not optimizer_offload:
+    if plain and pipes and (pp is None or pp > 1) and not optimizer_offload:  # every schedule the framework runs
         pc, pr, what = pipeline_candidates(
             model, seq, gpus, profile, policies=plain, batch=batch, global_batch=global_batch,
             micro_batch=micro_batch, allows=fw.allows, adapt=pipe_adapt, tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero, sp=sp,
@@ -242,7 +241,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
         rejected += pr
         searched["schedules"] += [n for n in what["schedules"] if any(c.schedule == n for c in pc)]
         searched["pipeline"] = {"pp": what["pp"], "vpp": what["vpp"], "micro_batch": what["micro_batch"],
-                                "why": "asked for" if pipe_flags else "nothing fits without a pipeline"}
+                                "why": "asked for" if pipe_flags else "searched by default"}
         if pr and not out:
             why_none = pr[0][1]
     if (optimizer_offload is None and stage_valid and fw.optimizer_offload
