@@ -80,3 +80,40 @@ def test_a_simulated_failure_ranks_after_every_fit_without_a_throughput():
     ranked = sorted(res.candidates, key=lambda c: c.sort_key())
     ok = [c for c in ranked if c.status == "OK"]
     assert ranked[:len(ok)] == ok and first in ranked[len(ok):]
+
+
+def test_maxseq_of_a_caching_allocator_baseline_is_decided_by_reserved_memory():
+    """[allocator] Full recompute as the MEMO paper's baselines ran it (memo-paper: PyTorch's caching
+    allocator, no expandable segments): the longest sequence on the caching allocator is shorter than on a
+    static memory plan, and what stops it is reserved memory: at the first failing length a candidate
+    fits with its transients counted as allocated (live at once) and not as the allocator reserves them."""
+    step = 32 * K
+    cache = max_seq(M7, 8, A800, "full_recompute", step=step, framework="memo-paper", simulate=False)
+    plan = max_seq(M7, 8, A800, "full_recompute", step=step, framework="memo-paper", simulate=False,
+                   allocator="plan")
+    assert (cache.allocator, plan.allocator) == ("caching", "plan")
+    assert cache.max_seq < plan.max_seq
+    assert cache.binding.startswith("reserved memory (caching allocator)") and "and fit" in cache.binding
+    assert plan.binding.startswith("GPU memory")
+    fail = [c for c in _ranked(M7, cache.next_seq, 8, A800, "full_recompute", "memo-paper") if c.status == "OOM"]
+    m = min(fail, key=lambda c: c.memory.peak_gpu_bytes - c.memory.transient_peak_bytes
+            + c.memory.transient_planned_bytes).memory
+    assert m.transient_caching_allocator_bytes > m.transient_planned_bytes
+    assert m.peak_gpu_bytes > m.gpu_capacity_bytes >= (m.peak_gpu_bytes - m.transient_peak_bytes
+                                                       + m.transient_planned_bytes)
+    with pytest.raises(MemoError, match="--allocator"):
+        max_seq(M7, 8, A800, "full_recompute", step=step, allocator="both")
+
+
+def test_maxseq_allocator_both_answers_side_by_side():
+    r = CliRunner().invoke(cli, ["maxseq", "--model", "gpt-7b", "--gpus", "8", "--policy", "full_recompute",
+                                 "--policy", "memo", "--framework", "memo-paper", "--step", "64K",
+                                 "--allocator", "both", "--json"])
+    assert r.exit_code == 0, r.output
+    got = [(a["policy"], a["allocator"]) for a in json.loads(r.output)["answers"]]
+    assert got == [("full_recompute", "caching"), ("full_recompute", "plan"), ("memo", "caching")]
+    text = CliRunner().invoke(cli, ["maxseq", "--model", "gpt-7b", "--gpus", "8", "--policy", "full_recompute",
+                                    "--framework", "memo-paper", "--step", "64K", "--allocator", "both"]).output
+    assert "full_recompute (caching allocator)" in text and "full_recompute (memory plan)" in text
+    bad = CliRunner().invoke(cli, ["maxseq", "--allocator", "arena"])
+    assert bad.exit_code == 2 and "--allocator" in bad.output

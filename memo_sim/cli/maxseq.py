@@ -10,7 +10,7 @@ import click
 from memo_sim.cli.common import GPU_COUNT, build_model, count_option, model_options, profile_option, progress_bar
 from memo_sim.cost.gemm_format import check_gemm_format
 from memo_sim.layout.schedule import schedule_runs_policy
-from memo_sim.policy import policy_names
+from memo_sim.policy import policy_class, policy_names
 from memo_sim.profile.loader import load_profile
 from memo_sim.report.formats import Answer, emit, format_options, resolve_format
 from memo_sim.search.frameworks import FRAMEWORKS, get_framework
@@ -28,9 +28,12 @@ from memo_sim.units import fmt_count
               help="Only layouts and policies this framework offers.")
 @click.option("--step", default="128K", callback=count_option, show_default=True,
               help="Granularity of the answer, in tokens.")
+@click.option("--allocator", default="caching", show_default=True, type=click.Choice(["caching", "plan", "both"]),
+              help="Who places the transients of the policies without MEMO's plan: PyTorch's caching allocator "
+                   "(as the frameworks run; reserved memory decides), a static memory plan, or both side by side.")
 @format_options
 def maxseq(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, gpus, profile_name, policies, framework,
-           step, out_format, as_json):
+           step, allocator, out_format, as_json):
     """The longest sequence (a multiple of --step) each policy trains, its MFU there, and the
     constraint that binds at the next step."""
     from memo_sim.search.maxseq import max_seq
@@ -43,10 +46,12 @@ def maxseq(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, gpus
     check_gemm_format(model, profile)
     pols = tuple(policies) or tuple(p for p in get_framework(framework).policies
                                     if not schedule_runs_policy("sppo", p))
+    runs = [(p, al) for p in pols for al in (("caching", "plan") if allocator == "both" else (allocator,))
+            if al == "caching" or allocator != "both" or not policy_class(p).takes_alpha]  # MEMO: its own plan
     answers = []
-    with progress_bar("searching", len(pols), quiet=fmt != "table") as tick:
-        for p in pols:
-            answers.append(max_seq(model, gpus, profile, p, step=step, framework=framework))
+    with progress_bar("searching", len(runs), quiet=fmt != "table") as tick:
+        for p, al in runs:
+            answers.append(max_seq(model, gpus, profile, p, step=step, framework=framework, allocator=al))
             tick()
     obj = {"model": model.to_dict(), "gpus": gpus, "profile": profile.name, "framework": framework,
            "answers": [a.to_json() for a in answers], "elapsed_s": time.perf_counter() - t0}
@@ -72,16 +77,23 @@ def maxseq_answer(model, gpus, profile, framework, step, answers, elapsed_s) -> 
     for ans in answers:
         b = ans.best
         mfu = (b.simulated or {}).get("mfu") if b else None
-        rows.append([ans.policy, fmt_count(ans.max_seq) if ans.max_seq else "none",
+        rows.append([_row_name(ans, answers), fmt_count(ans.max_seq) if ans.max_seq else "none",
                      f"{b.layout.label()} {b.policy.label()}" if b else "-",
                      f"{100 * mfu:.1f}%" if mfu is not None else "-", fmt_count(ans.next_seq)])
     a.table(["policy", "longest", "best plan there", "MFU (sim)", "fails at"], rows)
     a.line("what binds at the first failing length (analytic tier):")
     for ans in answers:
-        a.line(textwrap.fill(f"{ans.policy} at {fmt_count(ans.next_seq)}: {ans.binding}", WIDTH,
+        a.line(textwrap.fill(f"{_row_name(ans, answers)} at {fmt_count(ans.next_seq)}: {ans.binding}", WIDTH,
                              initial_indent="  ", subsequent_indent="    "))
     a.line(f"{elapsed_s:.1f} s")
     return a
+
+
+def _row_name(ans, answers) -> str:
+    """The policy, and where answers on both allocators stand side by side, which one."""
+    if len({a.allocator for a in answers}) == 1 or policy_class(ans.policy).takes_alpha:  # MEMO: its own plan
+        return ans.policy
+    return f"{ans.policy} ({'memory plan' if ans.allocator == 'plan' else 'caching allocator'})"
 
 
 COMMANDS = (maxseq,)

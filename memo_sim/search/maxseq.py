@@ -6,12 +6,17 @@ failure: O(log(max / step)) what-if rankings per policy instead of one per step.
 longest length the best plan is simulated for its MFU; at the next step the least-over
 candidate says what binds: GPU memory (and its largest terms) or pinned host memory.
 
-Reserved memory decides for the plans on PyTorch's caching allocator: a single-stage candidate
-without a static memory plan fits only when the allocator's replay of its iterations
-(`memo_sim.memplan.iteration_replay`) never runs out of device memory, with the cache's
+Reserved memory decides for the plans on PyTorch's caching allocator: the analytic tier counts a
+layer's transients as the allocator reserves them (`memo_sim.memplan.baseline`), and a
+single-stage candidate without a static memory plan fits only when the allocator's replay of its
+iterations (`memo_sim.memplan.iteration_replay`) never runs out of device memory, with the cache's
 fragmentation and retries; a length where every analytically fitting candidate fails the replay
-binds on "reserved memory". Candidates are replayed in increasing analytic peak, stopping at the
-first that fits (a replay costs 10-50 ms).
+binds on "reserved memory", and so does one whose least-over candidate would fit with its
+transients counted as allocated (live at once), as a static memory plan places them. Candidates
+are replayed in increasing analytic peak, stopping at the first that fits (a replay costs 10-50 ms).
+``allocator`` is the what-if's (`memo_sim.search.whatif.candidates_for`): ``caching`` (what the
+framework runs), ``plan`` (every policy on a static memory plan), so that the two answers side by
+side say how much longer a sequence the memory plan trains.
 """
 
 from __future__ import annotations
@@ -37,17 +42,20 @@ class MaxSeqAnswer:
     best: Candidate | None  # the best plan at max_seq (simulated)
     next_seq: int  # the first length that does not fit
     binding: str  # what fails at next_seq, in words
+    allocator: str = "caching"  # the what-if's --allocator this answer searched with
 
     def to_json(self) -> dict:
         b = self.best
-        return {"policy": self.policy, "step_tokens": self.step, "max_seq_tokens": self.max_seq,
+        return {"policy": self.policy, "allocator": self.allocator, "step_tokens": self.step,
+                "max_seq_tokens": self.max_seq,
                 "best": b.to_json() if b else None, "mfu": (b.simulated or {}).get("mfu") if b else None,
                 "next_seq_tokens": self.next_seq, "binding": self.binding}
 
 
-def _ranked(model, seq, gpus, profile, policy, framework) -> list[Candidate] | str:
+def _ranked(model, seq, gpus, profile, policy, framework, allocator="caching") -> list[Candidate] | str:
     try:
-        return candidates_for(model, seq, gpus, profile, policies=(policy,), framework=framework).candidates
+        return candidates_for(model, seq, gpus, profile, policies=(policy,), framework=framework,
+                              allocator=allocator).candidates
     except MemoError as e:
         return str(e)
 
@@ -70,6 +78,13 @@ def _fits(cands) -> bool:
     return any(_replay_oom(c) is None for c in ok)
 
 
+def _allocated_peak(c: Candidate) -> float:
+    """The candidate's analytic peak with a layer's transients counted as live at once (as a static
+    memory plan places them) instead of as the caching allocator reserves them."""
+    m = c.memory
+    return m.peak_gpu_bytes - m.transient_peak_bytes + m.transient_planned_bytes
+
+
 def binding_constraint(cands: list[Candidate] | str) -> str:
     """What stops the least-over candidate, in words."""
     if isinstance(cands, str):
@@ -83,6 +98,16 @@ def binding_constraint(cands: list[Candidate] | str) -> str:
                     f"{fmt_bytes(e.reserved_bytes)} reserved, {fmt_bytes(e.allocated_bytes)} allocated and "
                     f"{fmt_bytes(e.available_bytes)} left after freeing the cache "
                     f"({c.layout.label()} {c.policy.label()}; fits on paper at {fmt_bytes(c.memory.peak_gpu_bytes)})")
+    on_reserved = [c for c in cands if c.status == "OOM" and not uses_memory_plan(c.policy, c.layout)
+                   and _allocated_peak(c) <= c.memory.gpu_capacity_bytes]
+    if on_reserved:  # fits as allocated bytes, not as the caching allocator reserves them
+        c = min(on_reserved, key=_allocated_peak)
+        m, allocated = c.memory, _allocated_peak(c)
+        return (f"reserved memory (caching allocator): {fmt_bytes(m.peak_gpu_bytes)} of "
+                f"{fmt_bytes(m.gpu_capacity_bytes)} with a layer's transients as the allocator reserves them "
+                f"({fmt_bytes(m.transient_caching_allocator_bytes)}); {fmt_bytes(m.transient_planned_bytes)} of "
+                f"them are live at once, and allocated so the step would take {fmt_bytes(allocated)} and fit, "
+                f"as on a static memory plan ({c.layout.label()} {c.policy.label()})")
     c = min(cands, key=lambda c: c.over_bytes)
     m = c.memory
     if c.status == "OOHM":
@@ -98,31 +123,34 @@ def binding_constraint(cands: list[Candidate] | str) -> str:
 
 
 def max_seq(model: ModelConfig, gpus: int, profile: HardwareProfile, policy: str, *, step: int = 128 * 1024,
-            framework: str = "any", simulate: bool = True) -> MaxSeqAnswer:
+            framework: str = "any", simulate: bool = True, allocator: str = "caching") -> MaxSeqAnswer:
     if step < 1:
         raise MemoError("--step must be at least 1 token")
+    if allocator not in ("caching", "plan"):
+        raise MemoError(f"--allocator must be caching or plan for one answer, got {allocator!r}")
     hi = 1
-    cands = _ranked(model, step, gpus, profile, policy, framework)
+    cands = _ranked(model, step, gpus, profile, policy, framework, allocator)
     if not _fits(cands):
-        return MaxSeqAnswer(policy, step, None, None, step, binding_constraint(cands))
+        return MaxSeqAnswer(policy, step, None, None, step, binding_constraint(cands), allocator)
     lo = 1
     while True:  # double until a length does not fit
         hi = lo * 2
         if hi > MAX_STEPS:
             raise MemoError(f"{policy} still fits at {MAX_STEPS} steps of {step} tokens; use a larger --step")
-        cands = _ranked(model, hi * step, gpus, profile, policy, framework)
+        cands = _ranked(model, hi * step, gpus, profile, policy, framework, allocator)
         if not _fits(cands):
             break
         lo = hi
     fail = cands
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        c = _ranked(model, mid * step, gpus, profile, policy, framework)
+        c = _ranked(model, mid * step, gpus, profile, policy, framework, allocator)
         if _fits(c):
             lo = mid
         else:
             hi, fail = mid, c
     best = None
     if simulate:
-        best = rank(model, lo * step, gpus, profile, simulate_top=1, policies=(policy,), framework=framework).best
-    return MaxSeqAnswer(policy, step, lo * step, best, hi * step, binding_constraint(fail))
+        best = rank(model, lo * step, gpus, profile, simulate_top=1, policies=(policy,), framework=framework,
+                    allocator=allocator).best
+    return MaxSeqAnswer(policy, step, lo * step, best, hi * step, binding_constraint(fail), allocator)
