@@ -780,7 +780,7 @@ MOE_OUTLIERS: dict[str, str] = {
         "The dropless row of the same length looks closer only because its router imbalance, which memo lacks, "
         "offsets this") for k in ("64k", "128k")},
     "moe-zoo-qwen3-235b-long-128k-dropless": (
-        "memo too slow: the attention kernels, as in the forced row of the same length (+20.7%), less the router "
+        "memo too slow: the attention kernels, as in the forced row of the same length (+20.9%), less the router "
         "imbalance memo lacks (the 16K and 32K dropless rows), which offsets part of it. At CP 8 memo prices the "
         "ring as memo's executor runs it (`memo_sim/cost/ring_attention.py`: 2·CP+1 kernels of c = s/16 tokens per "
         "layer pass, each at the profile's assumed FlashAttention-2 curve), while TransformerEngine's p2p CP issues "

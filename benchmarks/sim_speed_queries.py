@@ -192,9 +192,8 @@ def report_lines(res: dict) -> list[str]:
                      f"{r['load_after']} |")
     lines += ["",
               "- Pruned and exhaustive return the same best plan (same layout, policy, schedule and simulated "
-              "iteration time): GPT-13B " + _same_best(res, QUERIES[2][0], QUERIES[0][0]) + "; GPT-175B default "
-              "schedules " + _same_best(res, QUERIES[3][0], QUERIES[4][0]) + "; GPT-175B with pipelines "
-              + _same_best(res, QUERIES[5][0], QUERIES[6][0]) + ".",
+              "iteration time): GPT-13B " + _same_best(res, QUERIES[2][0], QUERIES[0][0]) + "; GPT-175B (the default, "
+              "with pipelines) " + _same_best(res, QUERIES[4][0], QUERIES[5][0]) + ".",
               f"- One SPPO candidate at 1M tokens / 64 GPUs ({sp['label']}, {sp['ops']:,} ops), simulated in this "
               f"process after a warm-up run: {', '.join(f'{w * 1e3:.0f}' for w in sp['walls'])} ms wall "
               f"({', '.join(f'{c * 1e3:.0f}' for c in sp['cpus'])} ms CPU) at load {sp['load']}; target "

@@ -1,8 +1,8 @@
 """memo-sim whatif: rank layouts x policies x alpha x schedules, simulate the best, write plan.json.
 
 Schedules (`memo_sim.layout.schedule`): the single stage (micro-batches one after the other),
-the micro-batch pipelines 1F1B and interleaved 1F1B (``--pp``, ``--vpp``; searched when asked
-for, or when nothing fits without a pipeline) and SPPO. ``--batch`` (sequences per replica per
+the micro-batch pipelines 1F1B and interleaved 1F1B (``--pp``, ``--vpp``; searched by default, left
+out by ``--schedule`` or ``--pp 1``) and SPPO. ``--batch`` (sequences per replica per
 iteration) or ``--global-batch`` (over every replica), ``--micro-batch`` (sequences per
 micro-batch) set the batch split; the output says what was searched.
 
