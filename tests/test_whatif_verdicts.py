@@ -87,10 +87,11 @@ def test_runner_up_says_what_it_gives_up():
 
 @pytest.mark.parametrize("simulate_top", ["bound", 1])
 def test_every_verdict_compares_two_simulated_plans(simulate_top):
-    """[#48 item 5] The README's what-if (GPT-7B, 8 A800s, 1M tokens): the proved-bound search stops
-    before the best Megatron TP plan, and a top-1 tier 2 simulates neither METP nor Megatron TP;
-    the what-if then simulates the verdict's sides, so the METP line names two simulated plans,
-    each the best simulated of its side, and says nothing of different tiers."""
+    """[#48 item 5] The README's what-if (GPT-7B, 8 A800s, 1M tokens): a top-1 tier 2 simulates neither
+    METP nor Megatron TP, and the what-if then simulates the verdict's sides; the proved-bound search
+    may reach them itself (since ring CP's last dK/dV shift is priced, 2026-11-25, it does: 20 of 60
+    simulated, none more for the verdicts). Either way the METP line names two simulated plans, each
+    the best simulated of its side, and says nothing of different tiers."""
     from memo_sim.model import get_model
     from memo_sim.profile import load_profile
     from memo_sim.search.verdicts import VERDICTS, sides
@@ -110,5 +111,7 @@ def test_every_verdict_compares_two_simulated_plans(simulate_top):
             assert side.tgs == best_sim.tgs
         assert "different tiers" not in metp_verdict(r.candidates) + sppo_verdict(r.candidates)
     assert compared >= 1
-    assert r.tier2.for_verdicts >= 1 and r.tier2.simulated == sum(c.simulated is not None for c in r.candidates)
-    assert "so that each verdict line compares two simulated plans" in r.tier2.line()
+    assert r.tier2.simulated == sum(c.simulated is not None for c in r.candidates)
+    if simulate_top == 1:  # one simulated plan cannot be both sides: the verdict's sides were added
+        assert r.tier2.for_verdicts >= 1
+        assert "so that each verdict line compares two simulated plans" in r.tier2.line()
