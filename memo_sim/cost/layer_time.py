@@ -175,6 +175,12 @@ def _ulysses_alltoall(model: ModelConfig, layout: Layout, batch: int, seq: int, 
     return OpCost(name, "collective", phase, "comm", t, nbytes=size)
 
 
+def _cp_shift_seconds(nbytes: float, layout: Layout, profile: HardwareProfile) -> float:
+    """One ring-CP shift of ``nbytes`` to the next rank of the CP group, on the link that group spans."""
+    link = coll.group_link(profile, layout.cp, layout.tp * layout.ulysses)
+    return coll.sendrecv_time(nbytes, float(link.bandwidth), float(link.latency))
+
+
 def _cp_ring(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile,
              phase: str) -> OpCost:
     """The ring's shifts beside the attention kernel (`memo_sim.cost.ring_attention`): the K/V chunk
@@ -182,19 +188,17 @@ def _cp_ring(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: 
     kv = ring_attention.ring_shift_bytes(model, layout, batch, seq)
     if phase == "bwd":  # K/V and the dK/dV accumulators of the same elements
         kv *= 2
-    link = coll.group_link(profile, layout.cp, layout.tp * layout.ulysses)
     steps = layout.cp - 1
-    t = steps * coll.sendrecv_time(kv, float(link.bandwidth), float(link.latency))
-    return OpCost("cp_ring_kv", "collective", phase, "cp_comm", t, nbytes=kv * steps, overlaps=1)
+    return OpCost("cp_ring_kv", "collective", phase, "cp_comm", steps * _cp_shift_seconds(kv, layout, profile),
+                  nbytes=kv * steps, overlaps=1)
 
 
 def _cp_dkv_home(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile) -> OpCost:
     """The backward's last dK/dV shift, posted after the last step's blocks and waited for before the
     attention's backward returns: on the critical path (`memo_sim.cost.ring_attention`)."""
     dkv = ring_attention.ring_shift_bytes(model, layout, batch, seq)
-    link = coll.group_link(profile, layout.cp, layout.tp * layout.ulysses)
-    t = coll.sendrecv_time(dkv, float(link.bandwidth), float(link.latency))
-    return OpCost("cp_ring_dkv_home", "collective", "bwd", "cp_comm", t, nbytes=dkv)
+    return OpCost("cp_ring_dkv_home", "collective", "bwd", "cp_comm", _cp_shift_seconds(dkv, layout, profile),
+                  nbytes=dkv)
 
 
 @lru_cache(maxsize=256)

@@ -27,7 +27,8 @@ one is posted after the last step's blocks and waited for before the backward re
 hides it (ring-flash-attention's zigzag backward at 0fc25b46: ``d_kv_comm.wait()`` after the loop;
 memo's executor: the ``_wait`` after its loop; TransformerEngine's p2p CP also waits for each step's
 incoming dK/dV before adding its own, where after its loop the last one goes was not checked). The accumulators are priced in the model's dtype, as TransformerEngine allocates them
-(``dkv_ = torch.empty_like(kv_)``); ring-flash-attention (``dk_buffer.to(torch.float32)``) and memo's
+(``dkv_ = torch.empty_like(kv_)`` in the versions of its context_parallel.py a code search showed, no
+commit pinned); ring-flash-attention (``dk_buffer.to(torch.float32)``) and memo's
 executor (`memo_exec.device.acc_dtype`) accumulate and send them in fp32, twice the bytes of a bf16
 model's, which is not priced (on a CPU, where the executor's models are fp32, the two agree).
 
