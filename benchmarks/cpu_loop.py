@@ -2,7 +2,8 @@
 
 Runs the README's two commands as a user would, each as its own process:
 
-1. ``memo-exec calibrate --device cpu --quick --name cpu-loop --out-dir WORK``
+1. ``memo-exec calibrate --device cpu --quick --name cpu-loop --out-dir WORK --attention-shapes 8x32,4x32``
+   (attention also timed at the shapes validate's model runs per rank: `ATTENTION_SHAPES`)
 2. ``memo-exec validate --profile WORK/cpu-loop.yaml --device cpu --out WORK/validation`` (the
    default plan set: a 2-layer toy at 1K and 2K tokens, store all, full recompute, full offload and
    MEMO at three alphas; ``--validate-args`` replaces it)
@@ -181,6 +182,12 @@ def render(work: Path, out: str) -> int:
     return 0
 
 
+# the (query heads, head size) validate's default model runs per rank (memo_exec.cli: a toy of h=256 and 8
+# heads): 8x32 on one rank, under CP, DP and PP, 4x32 under TP 2; the calibration times attention at them too
+# (`memo_sim.cost.attention_measured`)
+ATTENTION_SHAPES = "8x32,4x32"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(REPO / "reports" / "cpu-loop.md"))
@@ -198,7 +205,8 @@ def main() -> int:
     code = git_state(REPO)  # at the start: the code the run measures
     work = Path(a.work or tempfile.mkdtemp(prefix="cpu-loop-"))
     log: list[dict] = []
-    r = step(["calibrate", "--device", "cpu", "--quick", "--name", "cpu-loop", "--out-dir", str(work), "--force"], log)
+    r = step(["calibrate", "--device", "cpu", "--quick", "--name", "cpu-loop", "--out-dir", str(work), "--force",
+              "--attention-shapes", ATTENTION_SHAPES], log)
     layouts = [x.strip() for x in a.layouts.split(",") if x.strip()]
     unknown = [x for x in layouts if x not in LAYOUTS]
     if unknown:

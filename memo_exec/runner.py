@@ -20,6 +20,7 @@ from memo_exec.attention import AttnDims, meta_stand_in, select_backend
 from memo_exec.data import TokenSource
 from memo_exec.device import compute_dtype, device_free_bytes, element_size, host_available_bytes, resolve_device
 from memo_exec.errors import ExecError
+from memo_exec.host_malloc import keep_freed_memory
 from memo_exec.layer import LayerCompute, LayerStorage, LayerWeights, carve_storage, norm_stats_dtype, \
     storage_bytes
 from memo_exec.allocator_counters import run_block
@@ -222,6 +223,8 @@ class ExecutorBase:
         self.plan, self.opts = plan, opts
         self.model = run_model(plan, opts)
         self.device_spec, self.device = device_spec, device_spec.torch_device
+        if not device_spec.is_cuda:  # the CPU's caching allocator, as `memo-exec calibrate` measured with
+            keep_freed_memory()
         self.dtype = compute_dtype(plan.model.dtype, device_spec, opts.dtype)
         self.batch, self.seq = plan.batch, plan.seq_tokens
         self.tokens = self.batch * self.seq  # one replica's tokens per iteration

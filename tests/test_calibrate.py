@@ -190,6 +190,14 @@ def test_cpu_quick_writes_a_profile_the_simulator_loads(cpu_run):
     for q in (e.attention_block_fwd_score_time, e.attention_block_bwd_score_time):
         assert float(q) >= 0 and q.source.startswith("measured:"), q
     assert e.attention_curves("flash", "causal") == (e.attention_block_causal_fwd, e.attention_block_causal_bwd)
+    # every case timed is kept as measured, the whole-sequence kernel's and the ring blocks' (`attention_measured`)
+    grid = {(h, d) for h, d in _raw["grid"]["attn_heads_dims"]}
+    t = e.attention_times
+    assert t is not None and t.source.startswith("measured:")
+    assert {(k, h, d) for k, h, d, *_ in t.rows} == {(k, h, d) for k in ("whole", "block_full", "block_causal")
+                                                    for h, d in grid}
+    assert all(f > 0 and b > 0 for *_, f, b in t.rows)
+    assert pv["host_malloc"].startswith("host malloc")
     sp = pv["speed_probe"]
     assert len(sp["samples"]) == 4 and sp["min_gflops"] <= sp["median_gflops"] <= sp["max_gflops"]
     # the simulator's kernel-time model runs on it for an fp32 model
@@ -274,6 +282,7 @@ BAD = [
     (["--name", "x", "--device", "cpu", "--gpu-memory", "100TiB"], "--gpu-memory"),
     (["--name", "x", "--device", "cpu", "--attention-backend", "magic"], "--attention-backend"),
     (["--name", "x", "--device", "cpu", "--threads", "0"], "--threads"),
+    (["--name", "x", "--device", "cpu", "--attention-shapes", "8y32"], "--attention-shapes"),
     (["--name", "x", "--device", "cpu", "--no-collectives"], "--base"),
     (["--name", "x", "--device", "cpu", "--node-from-base"], "--node-from-base"),
     (["--name", "x", "--device", "cpu", "--base", "no-such-profile"], "no-such-profile"),

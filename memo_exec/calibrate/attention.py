@@ -182,20 +182,26 @@ def _time_block(bench: Bench, c: BlockCase, dtype: torch.dtype, repeats: int) ->
 
 
 def measure_ring_blocks(bench: Bench, sizes: list[int], heads_dims: list[tuple[int, int]], dtype: torch.dtype,
-                        whole_backend: str, peak_value: float, progress: Progress) -> dict:
+                        whole_backend: str, peak_value: float, progress: Progress,
+                        extra_heads_dims: list[tuple[int, int]] = ()) -> dict:
     """Ring CP's blocks timed and fitted (`fit_ring_blocks`) where their kernel is not the whole-sequence
-    backend's; else ``{"measured": False, ...}`` (the simulator prices them on the attention curves)."""
-    kernel, why = ring_block_kernel(whole_backend, bench.device, dtype, sorted({d for _h, d in heads_dims}))
+    backend's; else ``{"measured": False, ...}`` (the simulator prices them on the attention curves).
+    ``extra_heads_dims`` (``--attention-shapes``) are timed too and kept apart (``extra_rows``): they go to
+    the profile's measured times, not into the fits, which stay those of the grid."""
+    kernel, why = ring_block_kernel(whole_backend, bench.device, dtype,
+                                    sorted({d for _h, d in list(heads_dims) + list(extra_heads_dims)}))
     if not why:
         return {"measured": False, "kernel": kernel,
                 "reason": f"the ring's blocks run {kernel}, the kernel of the whole-sequence backend {whole_backend}"}
     cases = block_cases(sizes, heads_dims)
-    progress.stage(f"ring CP attention blocks ({kernel}) forward + backward", len(cases))
-    rows = []
-    for c in cases:
+    extra = block_cases(sizes, [hd for hd in extra_heads_dims if hd not in heads_dims])
+    progress.stage(f"ring CP attention blocks ({kernel}) forward + backward", len(cases) + len(extra))
+    rows, extra_rows = [], []
+    for c in cases + extra:
         tf, tb = _time_block(bench, c, dtype, bench.min_repeats)
-        rows.append({"c": c.c, "heads": c.heads, "head_dim": c.head_dim, "batch": c.batch, "causal": c.causal,
-                     "fwd_flops": c.fwd_flops, "fwd_s": tf.seconds, "bwd_flops": c.bwd_flops, "bwd_s": tb.seconds})
+        (rows if c in cases else extra_rows).append(
+            {"c": c.c, "heads": c.heads, "head_dim": c.head_dim, "batch": c.batch, "causal": c.causal,
+             "fwd_flops": c.fwd_flops, "fwd_s": tf.seconds, "bwd_flops": c.bwd_flops, "bwd_s": tb.seconds})
         progress.step(f"{'causal' if c.causal else 'full'} c={c.c} heads={c.heads} d={c.head_dim}: fwd "
                       f"{tf.seconds * 1e3:.2f} ms, bwd {tb.seconds * 1e3:.2f} ms")
     fell = sorted({k[0] for k in block_attention.FALLBACKS if k[1] == bench.device.type and k[2] == dtype})
@@ -204,7 +210,7 @@ def measure_ring_blocks(bench: Bench, sizes: list[int], heads_dims: list[tuple[i
     if bench.cuda:
         torch.cuda.empty_cache()
     out = fit_ring_blocks({"measured": True, "kernel": kernel, "whole_backend": whole_backend, "reason": why,
-                           "rows": rows}, peak_value)
+                           "rows": rows, "extra_rows": extra_rows}, peak_value)
     progress.note(f"  ring blocks per score element beyond their FLOPs: forward {out['fwd_score_time'] * 1e9:.3f} ns, "
                   f"backward {out['bwd_score_time'] * 1e9:.3f} ns")
     return out

@@ -35,7 +35,7 @@ def calibrate(name: str, device: str = "auto", quick: bool = False, out_dir: str
               base: str | None = None, peak_tflops: float | None = None, attention_backend: str = "auto",
               gpu_memory: str | None = None, threads: int | None = None, node_from_base: bool = False,
               collectives: bool = True, raw_out: str | Path | None = None, force: bool = False,
-              command: str = "", progress=None) -> tuple[Path, dict]:
+              command: str = "", progress=None, attention_shapes: str | None = None) -> tuple[Path, dict]:
     """Run the calibration and write the profile; return ``(path, profile dict)``.
 
     Raises `MemoError` (one line) for a bad option before anything runs.
@@ -43,7 +43,7 @@ def calibrate(name: str, device: str = "auto", quick: bool = False, out_dir: str
     from memo_exec.calibrate.datasheet import default_base  # noqa: PLC0415
     from memo_exec.calibrate.microbench import Progress  # noqa: PLC0415
     from memo_exec.calibrate.suite import (  # noqa: PLC0415
-        CalibrateOptions, check_options, parse_bytes, remeasure, run_suite,
+        CalibrateOptions, check_options, parse_attention_shapes, parse_bytes, remeasure, run_suite,
     )
     from memo_exec.calibrate.writer import build_profile, load_base, write_profile  # noqa: PLC0415
     from memo_exec.host_share import CpuShareMeter  # noqa: PLC0415
@@ -58,7 +58,8 @@ def calibrate(name: str, device: str = "auto", quick: bool = False, out_dir: str
     opts = CalibrateOptions(name=name, device=device, quick=quick, peak_tflops=peak_tflops,
                             attention_backend=attention_backend,
                             cpu_budget_bytes=parse_bytes(gpu_memory, "--gpu-memory") if gpu_memory else None,
-                            threads=threads, collectives=collectives, command=command)
+                            threads=threads, collectives=collectives, command=command,
+                            attention_shapes=parse_attention_shapes(attention_shapes))
     spec, _peak = check_options(opts)
     if node_from_base and not spec.is_cuda:
         raise MemoError("--node-from-base is for CUDA; a CPU profile describes this host")
@@ -168,6 +169,10 @@ def _command_line(ctx: click.Context) -> str:
               help="dense bf16 peak TFLOP/s of the GPU (default: datasheet value of a known GPU)")
 @click.option("--attention-backend", default="auto", show_default=True,
               help="attention kernel to measure: auto, flash_attn, sdpa_flash, sdpa_efficient, sdpa_cudnn, math")
+@click.option("--attention-shapes", default=None, metavar="HxD[,HxD...]",
+              help="also time attention (and ring CP's blocks, where they run another kernel) at these query heads "
+                   "per rank x head size, e.g. 8x32: the simulator prices a layer at a measured shape from those "
+                   "times instead of the fitted curves (memo-exec validate's model on 1 and 2 ranks: 8x32,4x32)")
 @click.option("--gpu-memory", default=None,
               help="CPU only: the device-memory budget to write, e.g. 8GiB (default min(8 GiB, half the RAM))")
 @click.option("--threads", default=None, type=int,
@@ -181,12 +186,12 @@ def _command_line(ctx: click.Context) -> str:
 @click.option("--force", is_flag=True, help="overwrite OUT_DIR/NAME.yaml if it exists")
 @click.pass_context
 @user_errors("during calibration")
-def calibrate_cmd(ctx, name, device, quick, out_dir, base, peak_tflops, attention_backend, gpu_memory, threads,
-                  node_from_base, collectives, raw_out, force) -> None:
+def calibrate_cmd(ctx, name, device, quick, out_dir, base, peak_tflops, attention_backend, attention_shapes,
+                  gpu_memory, threads, node_from_base, collectives, raw_out, force) -> None:
     path, prof = calibrate(name, device=device, quick=quick, out_dir=out_dir, base=base, peak_tflops=peak_tflops,
                            attention_backend=attention_backend, gpu_memory=gpu_memory, threads=threads,
                            node_from_base=node_from_base, collectives=collectives, raw_out=raw_out, force=force,
-                           command=_command_line(ctx))
+                           command=_command_line(ctx), attention_shapes=attention_shapes)
     g, hl = prof["gpu"], prof["host_link"]
     peak = next(iter(g["peak_flops"].items()))
     click.echo(f"{prof['name']}: {g['model']}, peak {peak[0]} {peak[1]['value']} {peak[1]['unit']}, "

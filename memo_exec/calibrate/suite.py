@@ -32,6 +32,7 @@ from memo_exec.calibrate.datasheet import known_peak
 from memo_exec.calibrate.fit import fit_call_latency, fit_copy_model, fit_efficiency_curve, fit_score_time
 from memo_exec.calibrate.microbench import Bench, Progress
 from memo_exec.device import DeviceSpec, resolve_device
+from memo_exec.host_malloc import keep_freed_memory
 from memo_exec.speed_probe import SPEED_DRIFT_LIMIT, SpeedProbe
 from memo_exec.errors import ExecError
 from memo_sim.model.flops import attention_score_elements
@@ -116,6 +117,7 @@ class CalibrateOptions:
     quick: bool = False
     peak_tflops: float | None = None
     attention_backend: str = "auto"
+    attention_shapes: tuple[tuple[int, int], ...] = ()  # (heads, head_dim) timed beside the grid's (--attention-shapes)
     cpu_budget_bytes: int | None = None
     threads: int | None = None
     collectives: bool = True
@@ -278,6 +280,7 @@ def run_suite(opts: CalibrateOptions, progress: Progress) -> dict:
     threads, why = cpu_threads(opts.threads, spec.is_cuda)
     if threads is not None:
         torch.set_num_threads(threads)
+    malloc = None if spec.is_cuda else keep_freed_memory()  # as every CPU run of the executor (`host_malloc`)
     torch.manual_seed(0)
     dev = spec.torch_device
     kind = spec.kind
@@ -286,6 +289,8 @@ def run_suite(opts: CalibrateOptions, progress: Progress) -> dict:
     dtype_name = "bf16" if spec.is_cuda else "fp32"
     env = environment(spec)
     env["torch_threads_reason"] = why
+    if malloc is not None:
+        env["host_malloc"] = malloc
     load = env.get("load_average_1min")
     if not spec.is_cuda and load is not None and load > 0.5 * (os.cpu_count() or 1):
         progress.note(f"warning: this host is busy (1-minute load {load:.2f} on {os.cpu_count()} cores): CPU timings "
@@ -333,7 +338,7 @@ def run_suite(opts: CalibrateOptions, progress: Progress) -> dict:
         speed_sample("before the GEMMs (again)")
         _measure_gemms(out, bench, grid, dtype, dtype_name, spec, peak, progress)
         speed_sample("after the GEMMs (again)")
-    _measure_attention(out, bench, grid, dtype, opts.attention_backend, progress)
+    _measure_attention(out, bench, grid, dtype, opts.attention_backend, progress, opts.attention_shapes)
     speed_sample("after attention")
 
     # memory bandwidth, elementwise ------------------------------------------------------------
@@ -398,17 +403,25 @@ def _measure_gemms(out: dict, bench: Bench, grid: Grid, dtype, dtype_name: str, 
                    "curve": fit_efficiency_curve([(r["flops"], r["flops_per_s"] / peak_value) for r in gemm_rows])}
 
 
-def _measure_attention(out: dict, bench: Bench, grid: Grid, dtype, backend_name: str, progress: Progress) -> None:
+def _measure_attention(out: dict, bench: Bench, grid: Grid, dtype, backend_name: str, progress: Progress,
+                       extra_shapes: tuple[tuple[int, int], ...] = ()) -> None:
+    """The grid's attention cases, fitted; ``extra_shapes`` (``--attention-shapes``: (heads, head_dim)
+    pairs a model needs) timed at the grid's lengths too and kept apart (``extra_rows``): the profile's
+    measured times hold them (`memo_sim.cost.attention_measured`), the curves stay the grid's."""
+    extra_shapes = [hd for hd in extra_shapes if hd not in grid.attn_heads_dims]
     cases = attn_bench.attention_cases(grid.attn_seqs, grid.attn_heads_dims)
-    backend, attn_rows = attn_bench.run_attention(bench, cases, dtype, backend_name, progress)
-    out["attention"] = dict(_fit_attention(attn_rows, out["peak"]["value"]), backend=backend)
+    extra = attn_bench.attention_cases(grid.attn_seqs, extra_shapes)
+    backend, attn_rows = attn_bench.run_attention(bench, cases + extra, dtype, backend_name, progress)
+    fitted = [r for r, c in zip(attn_rows, cases + extra) if c in cases]
+    out["attention"] = dict(_fit_attention(fitted, out["peak"]["value"]), backend=backend,
+                            extra_rows=[r for r in attn_rows if r not in fitted])
     a = out["attention"]
     progress.note(f"  attention per score element beyond its FLOPs: forward {a['fwd_score_time'] * 1e9:.3f} ns, "
                   f"backward {a['bwd_score_time'] * 1e9:.3f} ns "
                   f"({len(a['score_fit']['fwd'])} (seq, heads) cases at two head sizes)")
     # ring CP's block kernel where it is not this backend's (`attention.measure_ring_blocks`)
     a["ring_blocks"] = attn_bench.measure_ring_blocks(bench, grid.attn_seqs, grid.attn_heads_dims, dtype, backend,
-                                                      out["peak"]["value"], progress)
+                                                      out["peak"]["value"], progress, extra_shapes)
 
 
 def _fit_attention(rows: list[dict], peak_value: float) -> dict:
@@ -460,10 +473,11 @@ def remeasure(opts: CalibrateOptions, raw: dict, parts: tuple[str, ...], progres
     if "gemm" in parts:
         _measure_gemms(out, bench, grid, dtype, raw["dtype"], spec, peak, progress)
     if "attention" in parts:
-        _measure_attention(out, bench, grid, dtype, opts.attention_backend, progress)
+        _measure_attention(out, bench, grid, dtype, opts.attention_backend, progress, opts.attention_shapes)
     elif "gemm" in parts and not spec.is_cuda:  # the same attention measurements, relative to the new peak
         a = out["attention"]
-        out["attention"] = dict(_fit_attention(a["rows"], out["peak"]["value"]), backend=a["backend"])
+        out["attention"] = dict(_fit_attention(a["rows"], out["peak"]["value"]), backend=a["backend"],
+                                extra_rows=a.get("extra_rows", []))
         if "ring_blocks" in a:
             out["attention"]["ring_blocks"] = attn_bench.fit_ring_blocks(a["ring_blocks"], out["peak"]["value"])
     if "copies" in parts:
@@ -486,3 +500,24 @@ def parse_bytes(text: str, option: str) -> int:
     if value < 1:
         raise ExecError(f"{option}: must be positive, got {text!r}")
     return int(value)
+
+
+_SHAPE = re.compile(r"^\s*(\d+)\s*x\s*(\d+)\s*$")
+MAX_SHAPE = 4096  # heads or head size past this is a typo
+
+
+def parse_attention_shapes(text: str | None, option: str = "--attention-shapes") -> tuple[tuple[int, int], ...]:
+    """``8x32,4x64`` -> ((8, 32), (4, 64)): (query heads per rank, head size) pairs; `ExecError` naming
+    the option otherwise."""
+    if not text:
+        return ()
+    out = []
+    for part in str(text).split(","):
+        m = _SHAPE.match(part)
+        if not m or not all(1 <= int(x) <= MAX_SHAPE for x in m.groups()):
+            raise ExecError(f"{option}: expected HEADSxHEAD_DIM pairs separated by commas, each in 1..{MAX_SHAPE} "
+                            f"(e.g. 8x32,4x64: the query heads one rank runs and their size), got {part.strip()!r}")
+        shape = (int(m.group(1)), int(m.group(2)))
+        if shape not in out:
+            out.append(shape)
+    return tuple(out)

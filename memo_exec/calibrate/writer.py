@@ -24,7 +24,8 @@ from memo_exec.calibrate.allocator import profile_fields as allocator_fields
 from memo_exec.calibrate.collectives import FIT_FROM
 from memo_exec.calibrate.allocator import summary as allocator_summary
 from memo_exec.calibrate.microbench import TIMING_STATISTIC
-from memo_exec.calibrate.quantities import GiB, MiB, FlowMap, curve, dump_yaml, plain, q, q_bw, q_bytes, q_time, sig
+from memo_exec.calibrate.quantities import (GiB, MiB, FlowMap, curve, dump_yaml, plain, q, q_bw, q_bytes, q_time,
+                                            sig)
 from memo_exec.calibrate.fit import SCORE_TIME_HEADROOM
 from memo_sim.errors import MemoError
 from memo_sim.fileio import atomic_write_text
@@ -185,6 +186,7 @@ def efficiency_section(b: Build) -> dict:
             f"{fit_words}{clip_a}"))),
         **_score_times(b, a, attn_what),
         **_ring_blocks(b, a.get("ring_blocks"), peak_words, fit_words),
+        **_attention_times(b, a),
         **_call_latency(b, e),
         "elementwise": b.measured("efficiency.elementwise", q(e["fraction"], "ratio", (
             f"measured: one layer's layer-norm, residual-add and GELU forward and backward as memo_exec runs them "
@@ -241,6 +243,26 @@ def _ring_blocks(b: Build, rb: dict | None, peak_words: str, fit_words: str) -> 
         out[f"attention_block_{ph}_score_time"] = b.measured(f"efficiency.attention_block_{ph}_score_time",
                                                             q_time(rb[f"{ph}_score_time"], how))
     return out
+
+
+def _attention_times(b: Build, a: dict) -> dict:
+    """``efficiency.attention_times``: every attention case the run timed, the whole-sequence kernel's and
+    (where measured apart) ring CP's blocks', as measured (`memo_sim.profile.schema.AttentionTimes`)."""
+    rows = [FlowMap(kernel="whole", heads=r["heads"], head_dim=r["head_dim"], seq=r["seq"], fwd_s=sig(r["fwd_s"]),
+                    bwd_s=sig(r["bwd_s"])) for r in a["rows"] + a.get("extra_rows", []) if r.get("batch", 1) == 1]
+    rb = a.get("ring_blocks") or {}
+    if rb.get("measured"):
+        rows += [FlowMap(kernel="block_causal" if r["causal"] else "block_full", heads=r["heads"],
+                         head_dim=r["head_dim"], seq=r["c"], fwd_s=sig(r["fwd_s"]), bwd_s=sig(r["bwd_s"]))
+                 for r in rb["rows"] + rb.get("extra_rows", []) if r.get("batch", 1) == 1]
+    if not rows:
+        return {}
+    shapes = ", ".join(f"{h}x{d}" for h, d in sorted({(r["heads"], r["head_dim"]) for r in rows}))
+    block = f"; ring CP's blocks on {rb['kernel']} (seq = c)" if rb.get("measured") else ""
+    src = (f"measured: each case's median seconds (batch 1, {b.r['dtype']}), the executor's attention backend "
+           f"{a['backend']}{block}, heads x head_dim in {{{shapes}}}, {b.at}; memo_sim.cost.attention_measured prices a "
+           f"layer at a measured shape from these rows, interpolated log-log in seq")
+    return {"attention_times": b.measured("efficiency.attention_times", {"rows": rows, "source": src})}
 
 
 def _call_latency(b: Build, e: dict) -> dict:
@@ -465,6 +487,8 @@ def provenance(b: Build) -> dict:
                  "measurements": measurements(r)})
     if env.get("torch_threads_reason"):
         prov["torch_threads_reason"] = env["torch_threads_reason"]
+    if env.get("host_malloc"):  # CPU: the allocator policy the kernels were timed with (`memo_exec.host_malloc`)
+        prov["host_malloc"] = env["host_malloc"]
     return prov
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import lru_cache
 
+from memo_sim.cost import attention_measured
 from memo_sim.cost import collectives as coll
 from memo_sim.cost import metp
 from memo_sim.cost import moe
@@ -101,8 +102,8 @@ def _compute_cost(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, se
         f = op_flops(op, model, batch, seq) * model.attention_flop_fraction(seq) / shards
         if phase == "bwd":
             f *= ATTN_BWD_FACTOR
-        return OpCost(op.name, "attention", phase, "compute", _attention_time(f, model, layout, seq, profile, phase),
-                      flops=f)
+        return OpCost(op.name, "attention", phase, "compute",
+                      _attention_time(f, model, layout, batch, seq, profile, phase), flops=f)
     nbytes = _elementwise_bytes(op, model, layout, batch, seq) * fraction
     # a compiled block fuses the op into the memory-bound op before it: what that one wrote is not read again,
     # and the op pays no launch of its own (`memo_sim.model.kernel_fusion`)
@@ -116,11 +117,17 @@ def _compute_cost(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, se
     return OpCost(op.name, op.kind, phase, "compute", seconds, nbytes=nbytes)
 
 
-def _attention_time(flops: float, model: ModelConfig, layout: Layout, seq: int, profile: HardwareProfile,
-                    phase: str) -> float:
-    """One rank's attention kernel(s) of ``flops`` (the backward's own for "bwd"): ring CP's blocks as
-    the executor runs them (`memo_sim.cost.ring_attention`), else one kernel over the rank's share."""
-    if ring_attention.applies(model, layout, seq):
+def _attention_time(flops: float, model: ModelConfig, layout: Layout, batch: int, seq: int,
+                    profile: HardwareProfile, phase: str) -> float:
+    """One rank's attention kernel(s) of ``flops`` (the backward's own for "bwd"): from the executor's
+    kernels timed at the rank's shape where the profile has them (`memo_sim.cost.attention_measured`),
+    else ring CP's blocks as the executor runs them (`memo_sim.cost.ring_attention`), else one kernel
+    over the rank's share, at the efficiency curves."""
+    ring = ring_attention.applies(model, layout, seq)
+    measured = attention_measured.layer_attention_seconds(model, layout, batch, seq, profile, phase, ring)
+    if measured is not None:
+        return measured
+    if ring:
         return ring_attention.ring_attention_time(flops, profile, model.dtype, model.qk_head_dim, layout.attention,
                                                   layout.cp, phase)
     if phase == "bwd":

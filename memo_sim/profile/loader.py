@@ -30,8 +30,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 from memo_sim.errors import MemoError, ProfileError, validated
 from memo_sim.fileio import read_utf8
 from memo_sim.profile.schema import (
-    COLLECTIVES, DEFAULT_ALLOCATOR_COSTS, AllocatorCosts, CollectiveFit, Curve, Efficiency, GPUSpec, HardwareProfile,
-    HostLink, HostSpec, Link, Quantity,
+    ATTENTION_TIME_KERNELS, COLLECTIVES, DEFAULT_ALLOCATOR_COSTS, AllocatorCosts, AttentionTimes, CollectiveFit, Curve,
+    Efficiency, GPUSpec, HardwareProfile, HostLink, HostSpec, Link, Quantity,
 )
 from memo_sim.units import convert
 
@@ -107,6 +107,31 @@ class _CurveIn(_In):
         return Curve(tuple((float(a), float(b)) for a, b in self.points), self.source)
 
 
+_Seconds = Annotated[float, Field(strict=False, allow_inf_nan=False, gt=0, le=3600)]
+_Positive = Annotated[int, Field(strict=True, ge=1, le=1 << 30)]
+
+
+class _AttentionTimeIn(_In):
+    kernel: Literal[ATTENTION_TIME_KERNELS]
+    heads: _Positive
+    head_dim: _Positive
+    seq: _Positive
+    fwd_s: _Seconds
+    bwd_s: _Seconds
+
+
+class _AttentionTimesIn(_In):
+    """``{rows: [{kernel: whole, heads: 8, head_dim: 32, seq: 1024, fwd_s: 0.031, bwd_s: 0.052}, ...],
+    source: ...}`` (`memo_sim.profile.schema.AttentionTimes`)."""
+
+    rows: list[_AttentionTimeIn] = Field(min_length=1)
+    source: _NonEmpty
+
+    def typed(self) -> AttentionTimes:
+        return AttentionTimes(tuple((r.kernel, r.heads, r.head_dim, r.seq, float(r.fwd_s), float(r.bwd_s))
+                                    for r in self.rows), self.source)
+
+
 class _AllocatorIn(_In):
     sync: Time
     cuda_malloc_latency: Time
@@ -157,6 +182,7 @@ class _EfficiencyIn(_In):
     attention_block_causal_bwd: _CurveIn | None = None
     attention_block_fwd_score_time: Time | None = None
     attention_block_bwd_score_time: Time | None = None
+    attention_times: _AttentionTimesIn | None = None  # optional: the kernels timed at given shapes
 
     @model_validator(mode="after")
     def _pairs(self):
@@ -257,7 +283,8 @@ def parse_profile(raw: Any, source: str) -> HardwareProfile:
                                    al.cuda_free_throughput) if al is not None else DEFAULT_ALLOCATOR_COSTS),
         efficiency=Efficiency(e.gemm.typed(), e.attention_fwd.typed(), e.attention_bwd.typed(), e.elementwise,
                               **{k: q for k in _EFFICIENCY_TIMES if (q := getattr(e, k)) is not None},
-                              **{k: c.typed() for k in _EFFICIENCY_CURVES if (c := getattr(e, k)) is not None}),
+                              **{k: c.typed() for k in _EFFICIENCY_CURVES if (c := getattr(e, k)) is not None},
+                              attention_times=e.attention_times.typed() if e.attention_times is not None else None),
         gpus_per_node=d.node.gpus_per_node,
         nvlink=d.nvlink.typed(),
         internode=d.internode.typed(),

@@ -109,6 +109,37 @@ NO_TIME = Quantity(0.0, _NOT_MEASURED)
 
 
 BLOCK_SHAPES = ("full", "causal")  # ring CP's c x c blocks (`Efficiency.attention_curves`)
+# the kernels `AttentionTimes` holds measured times of: the whole-sequence causal kernel over ``seq`` tokens,
+# and ring CP's full and causal diagonal c x c blocks (``seq`` = c)
+ATTENTION_TIME_KERNELS = ("whole", "block_full", "block_causal")
+
+
+@dataclass(frozen=True)
+class AttentionTimes:
+    """Seconds the executor's attention kernels took at the shapes `memo-exec calibrate` timed them,
+    batch 1: one row ``(kernel, heads, head_dim, seq, fwd_s, bwd_s)`` per case (``kernel`` one of
+    `ATTENTION_TIME_KERNELS`; heads are query heads, as many K/V heads). Where a layer's attention has
+    a measured (kernel, heads, head_dim) and its length lies within the measured ones,
+    `memo_sim.cost.attention_measured` prices it from these rows instead of the efficiency curves: a
+    curve over FLOPs plus a time per score element is one fit over every shape, and on a CPU, where
+    the score matrix's passes and cache footprint set the time, it misses a shape it was not fitted
+    at by 20-40% (reports/cpu-loop.md)."""
+
+    rows: tuple[tuple[str, int, int, int, float, float], ...]
+    source: str
+
+    def points(self, kernel: str, heads: int, head_dim: int) -> tuple[tuple[int, float, float], ...]:
+        """(seq, fwd_s, bwd_s) of one kernel and head shape, by increasing seq (the median of repeats)."""
+        by_seq: dict[int, list[tuple[float, float]]] = {}
+        for k, h, d, s, f, b in self.rows:
+            if (k, h, d) == (kernel, heads, head_dim):
+                by_seq.setdefault(s, []).append((f, b))
+        out = []
+        for s in sorted(by_seq):
+            fs, bs = sorted(x[0] for x in by_seq[s]), sorted(x[1] for x in by_seq[s])
+            out.append((s, fs[len(fs) // 2], bs[len(bs) // 2]))
+        return tuple(out)
+
 
 
 @dataclass(frozen=True)
@@ -153,6 +184,9 @@ class Efficiency:
     attention_block_causal_bwd: Curve | None = None
     attention_block_fwd_score_time: Quantity = NO_TIME
     attention_block_bwd_score_time: Quantity = NO_TIME
+    # the executor's attention kernels timed at given shapes (`AttentionTimes`): they price a layer's
+    # attention at a measured shape ahead of the curves above
+    attention_times: AttentionTimes | None = None
 
     @property
     def has_block_kernel(self) -> bool:
