@@ -198,6 +198,13 @@ def test_cpu_quick_writes_a_profile_the_simulator_loads(cpu_run):
                                                     for h, d in grid}
     assert all(f > 0 and b > 0 for *_, f, b in t.rows)
     assert pv["host_malloc"].startswith("host malloc")
+    # gloo's collectives are timed between stretches of compute (as a CPU run issues them), back to back beside
+    rows = _raw["collectives"]["rows"]
+    assert all(r[k + "_back_to_back"] > 0 and r[k] > 0 for r in rows
+               for k in ("allgather_s", "reducescatter_s", "allreduce_s", "alltoall_s"))
+    assert "sendrecv_s_back_to_back" not in rows[0]  # the link's ping-pong stays back to back
+    fit = prof.internode.collectives["all_gather"]
+    assert "between stretches of compute" in fit.bandwidth.source
     sp = pv["speed_probe"]
     assert len(sp["samples"]) == 4 and sp["min_gflops"] <= sp["median_gflops"] <= sp["max_gflops"]
     # the simulator's kernel-time model runs on it for an fp32 model

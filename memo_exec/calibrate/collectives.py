@@ -16,6 +16,18 @@ Each collective gets its own fit too (``fits``: a line over its times at the lar
 the formula's size, turned into that formula's parameters by `memo_sim.api.collective_fit_params`),
 which the profile keeps as the link's ``collectives``: a library's all-gather or reduce-scatter
 is not a chain of ping-pongs (gloo's reduce-scatter takes several times its all-gather).
+
+**gloo: collectives as a CPU run issues them.** Back to back, a gloo collective finds its transport
+threads hot and its ranks in step; in a CPU run it comes between two kernels, each rank arriving when
+its own kernels end. The all-gather, reduce-scatter, all-reduce and all-to-all times the fits use are
+therefore `_between_kernels`: one call at a time after a stretch of GEMMs on every rank, no barrier
+before it, the mean of `BETWEEN_KERNELS_CALLS` calls (the back-to-back blocks stay in the raw rows as
+``*_back_to_back``). On the 2-core AMD EPYC VM (2026-11-26, 512 KiB per rank, two ranks, 200 calls) an
+all-gather took a median 0.6 ms back to back, 2.7-3.0 ms after a stretch of GEMMs (p90 6-7 ms) and 0.9-1.7
+ms when a barrier lined the ranks up first; a tp 2 run's 40 TP collectives of that size took 114 ms a
+step (2.9 ms each on average). The send/recv ping-pong (the link's bandwidth and latency, P2P
+transfers that overlap compute in rings and pipelines) stays back to back; NCCL keeps every
+collective back to back (its kernels queue on the GPU, no host core is shared).
 """
 
 from __future__ import annotations
@@ -113,6 +125,9 @@ def _worker(rank: int, world: int, backend: str, folder: str, sizes: list[int], 
                     fn(iters)
                     blocks.append((time.perf_counter() - t0) / (iters * per))
                 row[name] = statistics.median(blocks)
+                if backend == "gloo" and name != "sendrecv_s":  # as a CPU run issues it (module docs)
+                    row[name + "_back_to_back"] = row[name]
+                    row[name] = _between_kernels(fn, sync)
             rows.append(row)
         if rank == 0:
             out = {"backend": backend, "world": world, "rows": rows}
@@ -180,6 +195,27 @@ def run_collectives(backend: str, world: int, sizes: list[int], progress: Progre
 
 
 BLOCKS = 5  # timed blocks per size and collective (rank 0's median)
+BETWEEN_KERNELS_CALLS = 40  # gloo: collectives timed one at a time between stretches of compute (rank 0's mean)
+STRETCH_GEMMS = 8  # a stretch: fp32 GEMMs of 256 x 256 x 1024 (about 1.5 ms on one core of the 2-core VM)
+
+
+def _between_kernels(fn, sync) -> float:
+    """Mean seconds of one call of ``fn`` issued as a CPU run issues a collective: after a stretch of
+    compute on every rank, no barrier before it (a rank that finishes its stretch first waits for the
+    other inside the call, as in a run), `BETWEEN_KERNELS_CALLS` calls. The mean, not the median: a step
+    pays the sum of its collectives, and their times have a long tail on a shared CPU."""
+    import torch  # noqa: PLC0415
+
+    a, b = torch.randn(256, 256), torch.randn(256, 1024)
+    total = 0.0
+    for _ in range(BETWEEN_KERNELS_CALLS):
+        for _ in range(STRETCH_GEMMS):
+            a @ b
+        sync()
+        t0 = time.perf_counter()
+        fn(1)
+        total += time.perf_counter() - t0
+    return total / BETWEEN_KERNELS_CALLS
 FIT_FROM = 256 * 2**10  # bytes per rank: the sizes a collective's line is fitted over (the two largest if fewer)
 
 

@@ -291,7 +291,9 @@ def _collective_fits(b: Build, coll: dict) -> dict:
     fits = coll.get("fits") or {}
     if not fits:
         return {}
-    src = (f"measured: {coll['backend']} {{}} over {coll['world']} processes, sizes {coll['rows'][0]['bytes']}.."
+    how = (" (each call between stretches of compute on every rank, the mean of the calls: as a CPU run issues "
+           "it)" if coll["backend"] == "gloo" else "")
+    src = (f"measured: {coll['backend']} {{}} over {coll['world']} processes{how}, sizes {coll['rows'][0]['bytes']}.."
            f"{coll['rows'][-1]['bytes']} bytes per rank; a line through the sizes from {FIT_FROM // 1024} KiB per rank on, "
            f"as the formula's bandwidth and per-step latency (memo_sim.cost.collectives.fit_params), {b.at}")
     return {"collectives": {k: {"bandwidth": q_bw(f["bandwidth"], src.format(k.replace("_", "-"))),
@@ -458,7 +460,10 @@ def measurements(r: dict) -> dict:
         summary["collectives"] = [{"bytes": row["bytes"], "sendrecv_us": sig(row["sendrecv_s"] * 1e6),
                                    "allreduce_busbw_gb_s": sig(row["allreduce_busbw_bytes_per_s"] / 1e9),
                                    **{k.replace("_s", "_us"): sig(row[k] * 1e6)
-                                      for k in ("allgather_s", "reducescatter_s", "alltoall_s") if k in row}}
+                                      for k in ("allgather_s", "reducescatter_s", "alltoall_s") if k in row},
+                                   # gloo: the collectives above timed between kernels; back to back beside them
+                                   **{k.replace("_s_", "_us_"): sig(row[k] * 1e6)
+                                      for k in sorted(row) if k.endswith("_back_to_back")}}
                                   for row in coll["rows"]]
     else:
         summary["collectives"] = f"not measured: {coll['reason']}"
