@@ -19,6 +19,7 @@ two head sizes) and curves for each shape.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 
 import torch
@@ -84,23 +85,43 @@ def _time_case(bench: Bench, be, c: AttnCase, dtype: torch.dtype) -> tuple:
     return bench.time(fwd), bench.time(bwd)
 
 
+ROUNDS_CPU = 3  # CPU: each case timed once per round over all the cases (`rounds`)
+
+
+def rounds(bench: Bench) -> int:
+    """How many rounds over the cases the attention benchmarks make: on a CPU `ROUNDS_CPU`, each case's
+    time the median of its rounds' medians. A shared machine runs slower for a second now and then
+    (the other tenants of its cores); one pass times all the repeats of a case within one such phase
+    and all of that case's repeats come out slow, so the calibration's attention rows moved 20-25%
+    from one quick calibration to the next (s = 1024-2048, 8x32, 2-core AMD EPYC VM, 2026-11-26).
+    Rounds spread a case's repeats over the whole stage. CUDA: one round (the GPU is not shared)."""
+    return 1 if bench.cuda else ROUNDS_CPU
+
+
 def run_attention(bench: Bench, cases: list[AttnCase], dtype: torch.dtype, backend_name: str,
                   progress: Progress) -> tuple[str, list[dict]]:
-    """Time forward and backward of each case; return the backend's name and one record per case."""
+    """Time forward and backward of each case (`rounds`); return the backend's name and one record per case."""
     device = bench.device
     backends = {}
+    n = rounds(bench)
+    times: list[tuple[list[float], list[float]]] = [([], []) for _ in cases]
+    progress.stage("causal attention forward + backward" + (f" ({n} rounds)" if n > 1 else ""), len(cases) * n)
+    for _round in range(n):
+        for c, (fs, bs) in zip(cases, times):
+            if c.head_dim not in backends:
+                backends[c.head_dim] = pick_backend(backend_name, device, dtype, c.head_dim)
+            tf, tb = _time_case(bench, backends[c.head_dim], c, dtype)
+            fs.append(tf.seconds)
+            bs.append(tb.seconds)
+            progress.step(f"s={c.seq} heads={c.heads} d={c.head_dim}: fwd {tf.rate(c.fwd_flops) / 1e12:.3f} "
+                          f"TFLOP/s ({tf.seconds * 1e3:.2f} ms), bwd {tb.rate(c.bwd_flops) / 1e12:.3f} TFLOP/s "
+                          f"({tb.seconds * 1e3:.2f} ms)")
     rows = []
-    progress.stage("causal attention forward + backward", len(cases))
-    for c in cases:
-        if c.head_dim not in backends:
-            backends[c.head_dim] = pick_backend(backend_name, device, dtype, c.head_dim)
-        tf, tb = _time_case(bench, backends[c.head_dim], c, dtype)
+    for c, (fs, bs) in zip(cases, times):
+        f, b = statistics.median(fs), statistics.median(bs)
         rows.append({"seq": c.seq, "heads": c.heads, "head_dim": c.head_dim, "batch": c.batch,
-                     "fwd_flops": c.fwd_flops, "fwd_s": tf.seconds, "fwd_flops_per_s": tf.rate(c.fwd_flops),
-                     "bwd_flops": c.bwd_flops, "bwd_s": tb.seconds, "bwd_flops_per_s": tb.rate(c.bwd_flops)})
-        progress.step(f"s={c.seq} heads={c.heads} d={c.head_dim}: fwd {tf.rate(c.fwd_flops) / 1e12:.3f} "
-                      f"TFLOP/s ({tf.seconds * 1e3:.2f} ms), bwd {tb.rate(c.bwd_flops) / 1e12:.3f} TFLOP/s "
-                      f"({tb.seconds * 1e3:.2f} ms)")
+                     "fwd_flops": c.fwd_flops, "fwd_s": f, "fwd_flops_per_s": c.fwd_flops / f,
+                     "bwd_flops": c.bwd_flops, "bwd_s": b, "bwd_flops_per_s": c.bwd_flops / b})
     if bench.cuda:
         torch.cuda.empty_cache()
     name = next(iter(backends.values())).name if backends else backend_name
@@ -195,15 +216,24 @@ def measure_ring_blocks(bench: Bench, sizes: list[int], heads_dims: list[tuple[i
                 "reason": f"the ring's blocks run {kernel}, the kernel of the whole-sequence backend {whole_backend}"}
     cases = block_cases(sizes, heads_dims)
     extra = block_cases(sizes, [hd for hd in extra_heads_dims if hd not in heads_dims])
-    progress.stage(f"ring CP attention blocks ({kernel}) forward + backward", len(cases) + len(extra))
+    n = rounds(bench)
+    progress.stage(f"ring CP attention blocks ({kernel}) forward + backward" + (f" ({n} rounds)" if n > 1 else ""),
+                   (len(cases) + len(extra)) * n)
+    times: dict[BlockCase, tuple[list[float], list[float]]] = {c: ([], []) for c in cases + extra}
+    for _round in range(n):
+        for c in cases + extra:
+            tf, tb = _time_block(bench, c, dtype, bench.min_repeats)
+            times[c][0].append(tf.seconds)
+            times[c][1].append(tb.seconds)
+            progress.step(f"{'causal' if c.causal else 'full'} c={c.c} heads={c.heads} d={c.head_dim}: fwd "
+                          f"{tf.seconds * 1e3:.2f} ms, bwd {tb.seconds * 1e3:.2f} ms")
     rows, extra_rows = [], []
     for c in cases + extra:
-        tf, tb = _time_block(bench, c, dtype, bench.min_repeats)
+        fs, bs = times[c]
         (rows if c in cases else extra_rows).append(
             {"c": c.c, "heads": c.heads, "head_dim": c.head_dim, "batch": c.batch, "causal": c.causal,
-             "fwd_flops": c.fwd_flops, "fwd_s": tf.seconds, "bwd_flops": c.bwd_flops, "bwd_s": tb.seconds})
-        progress.step(f"{'causal' if c.causal else 'full'} c={c.c} heads={c.heads} d={c.head_dim}: fwd "
-                      f"{tf.seconds * 1e3:.2f} ms, bwd {tb.seconds * 1e3:.2f} ms")
+             "fwd_flops": c.fwd_flops, "fwd_s": statistics.median(fs), "bwd_flops": c.bwd_flops,
+             "bwd_s": statistics.median(bs)})
     fell = sorted({k[0] for k in block_attention.FALLBACKS if k[1] == bench.device.type and k[2] == dtype})
     if fell:  # a refused block ran on the math kernel: that is what was measured
         kernel = f"{kernel} (math where {'/'.join(fell)} refused)"
