@@ -342,6 +342,8 @@ def validate_cmd(profile_name, model_name, layers, hidden, heads, ffn, vocab, dt
                                  speed_retries=speed_retries, layout=layout, micro_batches=micro_batches,
                                  progress=(lambda done, total: bar.update(done - bar.pos)) if progress else None)
     click.echo(f"wrote {path}: {summary_line(summary)}; {summary['recorded']}")
+    if "fitted curves" in summary.get("attention_pricing", ""):  # the report's line, where a timed shape would do better
+        click.echo(f"note: attention priced {summary['attention_pricing']}", err=True)
 
 
 def _register_calibrate() -> None:

@@ -578,6 +578,7 @@ def render_report(rows: list[ValidationRow], summary: dict, model: ModelConfig, 
              + (f", {model.experts} experts (top {model.top_k})" if model.moe else ""),
              *([f"- layout: {layout.label()} on {layout.gpus} processes (rank 0's measurements)"]
                if layout is not None and layout.gpus > 1 else []),
+             *([f"- attention priced: {summary['attention_pricing']}"] if summary.get("attention_pricing") else []),
              "- each plan ran in its own process; its files are under runs/plan-NN/ (plans/plan-NN.json the plan)",
              "", "| plan | status | " + " | ".join(f"{w} predicted | measured | error" for _, _, w in shown) + " |",
              "|---|---|" + "---:|---:|---:|" * len(shown)]
@@ -687,6 +688,9 @@ def validate(model: ModelConfig, profile: HardwareProfile, plans: list[PlanSpec]
     summary["load_average_1min"] = [load0, _load_1min()]
     summary["cpu_share"] = share.result.to_dict() if share.result is not None else None
     summary["cpu_threads"] = cpu_threads(profile) if device == "cpu" else None
+    from memo_sim.api import attention_pricing_words  # noqa: PLC0415
+
+    summary["attention_pricing"] = attention_pricing_words(model, layout or Layout(), [p.seq for p in plans], profile)
     if device == "cpu":
         summary["speed"] = run_speeds([(r.label, r.speed_probe, r.discarded_drifts_pct) for r in rows
                                        if r.status == "ran"], (profile.provenance or {}).get("speed_probe"))

@@ -118,3 +118,14 @@ def test_the_host_malloc_policy_is_set_once_and_said():
     first = keep_freed_memory()
     assert first == keep_freed_memory()
     assert first.startswith("host malloc")
+
+
+def test_validate_says_how_the_attention_of_its_plans_is_priced():
+    from memo_sim.cost.attention_measured import pricing_words
+
+    assert "timed cases" in pricing_words(MODEL, Layout(), [1024, 2048], TABLE)
+    words = pricing_words(MODEL, Layout(), [1024, 4096], TABLE)
+    assert "fitted curves at 4096" in words and "--attention-shapes 8x32" in words
+    assert "4x32" in pricing_words(MODEL, Layout(tp=2), [512], TABLE)  # TP 2: the rank's 4 heads, not timed
+    assert "ring CP's blocks" in pricing_words(MODEL, Layout(cp=2), [1024], TABLE)
+    assert "keeps no timed attention cases" in pricing_words(MODEL, Layout(), [1024], BASE)

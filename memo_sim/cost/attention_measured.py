@@ -85,3 +85,23 @@ def layer_attention_seconds(model: ModelConfig, layout: Layout, batch: int, seq:
         return None
     t = measured_seconds(profile, "whole", heads, d, seq, phase)
     return None if t is None else batch * t
+
+
+def pricing_words(model: ModelConfig, layout: Layout, seqs: list[int], profile: HardwareProfile) -> str:
+    """How a layer's attention at each of ``seqs`` is priced with ``profile``: from the measured rows or
+    the curves, and where a measurement is missing, the calibrate option that adds it (for reports)."""
+    if profile.efficiency.attention_times is None:
+        return "from the profile's efficiency curves (the profile keeps no timed attention cases)"
+    heads = _heads_per_rank(model, layout)
+    ring = layout.cp > 1
+    shape = f"{heads}x{model.qk_head_dim}" if heads is not None else f"{model.heads}x{model.qk_head_dim}"
+    timed, fitted = [], []
+    for s in sorted(set(seqs)):
+        got = layer_attention_seconds(model, layout, 1, s, profile, "fwd", ring)
+        (timed if got is not None else fitted).append(s)
+    what = "ring CP's blocks" if ring else "the attention kernel"
+    if not fitted:
+        return f"{what} at {shape} heads per rank from the profile's timed cases (efficiency.attention_times)"
+    where = (f"from the timed cases at {', '.join(map(str, timed))} tokens, " if timed else "")
+    return (f"{what} at {shape} heads per rank {where}from the fitted curves at {', '.join(map(str, fitted))} tokens "
+            f"(not timed there: memo-exec calibrate --attention-shapes {shape} times the shape, at its grid's lengths)")
