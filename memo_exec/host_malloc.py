@@ -7,14 +7,15 @@ is free. Every step of a layer allocates and frees the same large temporaries (t
 score chunks, a GEMM's output, the backward's gradients), so each of them may come back as fresh
 pages that the kernel zeroes on first touch: page faults inside the kernels. How many depends on
 the process's history (the dynamic threshold moves with what was freed before), so the same
-kernel at the same shape took 37-40 ms in a fresh process and 28-31 ms later in it (math
-attention at s=1024, 8x32 heads, one thread, 2-core AMD EPYC VM, 2026-11-26, four fresh processes
-each), and a calibration and a run disagreed by as much.
+kernel at the same shape took 28.3 ms in one fresh process and 37.3 ms in the next (math attention
+at s=1024, 8x32 heads, one thread, four calls in each of four fresh processes: 28.3-37.3 ms; 2-core
+AMD EPYC VM, 2026-11-26, `python benchmarks/cpu_loop_probes.py malloc --repeats 4`), and a
+calibration and a run disagreed by as much.
 
 `keep_freed_memory` fixes the policy the way CUDA's caching allocator does on a GPU: freed blocks
 stay with the process for reuse. It sets ``M_MMAP_THRESHOLD`` to glibc's largest (32 MiB, which also
 stops the dynamic adjustment), ``M_TRIM_THRESHOLD`` to 1 GiB and ``M_TOP_PAD`` to 64 MiB with
-``mallopt``: with it the same kernel took 27.5-31.8 ms in every process and at every point of it.
+``mallopt``: with it the same kernel took 27.3-29.7 ms in every call of every process (same probe).
 `memo-exec calibrate` on a CPU and every CPU run of the executor call it, so both measure the same
 allocator. A request above 32 MiB is still mapped fresh each time (glibc caps the threshold).
 Where the C library is not glibc, nothing is changed and the reason is returned.

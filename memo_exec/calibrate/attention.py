@@ -53,6 +53,9 @@ class AttnCase:
     def bwd_flops(self) -> float:
         return ATTN_BWD_FACTOR * self.fwd_flops
 
+    def __str__(self) -> str:
+        return f"s={self.seq} heads={self.heads} d={self.head_dim}"
+
 
 def attention_cases(seqs: list[int], heads_dims: list[tuple[int, int]]) -> list[AttnCase]:
     cases = [AttnCase(s, h, d) for s in seqs for h, d in heads_dims]
@@ -98,27 +101,35 @@ def rounds(bench: Bench) -> int:
     return 1 if bench.cuda else ROUNDS_CPU
 
 
+def timed_in_rounds(bench: Bench, cases: list, time_one, progress: Progress, what: str) -> list[tuple[float, float]]:
+    """(forward, backward) seconds of each case: ``time_one(case)`` -> (forward `Timing`, backward `Timing`),
+    called once per case per round (`rounds`), each case's time the median of its rounds."""
+    n = rounds(bench)
+    times: list[tuple[list[float], list[float]]] = [([], []) for _ in cases]
+    progress.stage(what + (f" ({n} rounds)" if n > 1 else ""), len(cases) * n)
+    for _round in range(n):
+        for c, (fs, bs) in zip(cases, times):
+            tf, tb = time_one(c)
+            fs.append(tf.seconds)
+            bs.append(tb.seconds)
+            progress.step(f"{c}: fwd {tf.seconds * 1e3:.2f} ms, bwd {tb.seconds * 1e3:.2f} ms")
+    return [(statistics.median(fs), statistics.median(bs)) for fs, bs in times]
+
+
 def run_attention(bench: Bench, cases: list[AttnCase], dtype: torch.dtype, backend_name: str,
                   progress: Progress) -> tuple[str, list[dict]]:
     """Time forward and backward of each case (`rounds`); return the backend's name and one record per case."""
     device = bench.device
     backends = {}
-    n = rounds(bench)
-    times: list[tuple[list[float], list[float]]] = [([], []) for _ in cases]
-    progress.stage("causal attention forward + backward" + (f" ({n} rounds)" if n > 1 else ""), len(cases) * n)
-    for _round in range(n):
-        for c, (fs, bs) in zip(cases, times):
-            if c.head_dim not in backends:
-                backends[c.head_dim] = pick_backend(backend_name, device, dtype, c.head_dim)
-            tf, tb = _time_case(bench, backends[c.head_dim], c, dtype)
-            fs.append(tf.seconds)
-            bs.append(tb.seconds)
-            progress.step(f"s={c.seq} heads={c.heads} d={c.head_dim}: fwd {tf.rate(c.fwd_flops) / 1e12:.3f} "
-                          f"TFLOP/s ({tf.seconds * 1e3:.2f} ms), bwd {tb.rate(c.bwd_flops) / 1e12:.3f} TFLOP/s "
-                          f"({tb.seconds * 1e3:.2f} ms)")
+
+    def time_one(c: AttnCase):
+        if c.head_dim not in backends:
+            backends[c.head_dim] = pick_backend(backend_name, device, dtype, c.head_dim)
+        return _time_case(bench, backends[c.head_dim], c, dtype)
+
+    times = timed_in_rounds(bench, cases, time_one, progress, "causal attention forward + backward")
     rows = []
-    for c, (fs, bs) in zip(cases, times):
-        f, b = statistics.median(fs), statistics.median(bs)
+    for c, (f, b) in zip(cases, times):
         rows.append({"seq": c.seq, "heads": c.heads, "head_dim": c.head_dim, "batch": c.batch,
                      "fwd_flops": c.fwd_flops, "fwd_s": f, "fwd_flops_per_s": c.fwd_flops / f,
                      "bwd_flops": c.bwd_flops, "bwd_s": b, "bwd_flops_per_s": c.bwd_flops / b})
@@ -146,6 +157,9 @@ class BlockCase:
     @property
     def bwd_flops(self) -> float:
         return ATTN_BWD_FACTOR * self.fwd_flops
+
+    def __str__(self) -> str:
+        return f"{'causal' if self.causal else 'full'} c={self.c} heads={self.heads} d={self.head_dim}"
 
 
 def block_cases(sizes: list[int], heads_dims: list[tuple[int, int]]) -> list[BlockCase]:
@@ -216,24 +230,13 @@ def measure_ring_blocks(bench: Bench, sizes: list[int], heads_dims: list[tuple[i
                 "reason": f"the ring's blocks run {kernel}, the kernel of the whole-sequence backend {whole_backend}"}
     cases = block_cases(sizes, heads_dims)
     extra = block_cases(sizes, [hd for hd in extra_heads_dims if hd not in heads_dims])
-    n = rounds(bench)
-    progress.stage(f"ring CP attention blocks ({kernel}) forward + backward" + (f" ({n} rounds)" if n > 1 else ""),
-                   (len(cases) + len(extra)) * n)
-    times: dict[BlockCase, tuple[list[float], list[float]]] = {c: ([], []) for c in cases + extra}
-    for _round in range(n):
-        for c in cases + extra:
-            tf, tb = _time_block(bench, c, dtype, bench.min_repeats)
-            times[c][0].append(tf.seconds)
-            times[c][1].append(tb.seconds)
-            progress.step(f"{'causal' if c.causal else 'full'} c={c.c} heads={c.heads} d={c.head_dim}: fwd "
-                          f"{tf.seconds * 1e3:.2f} ms, bwd {tb.seconds * 1e3:.2f} ms")
+    times = timed_in_rounds(bench, cases + extra, lambda c: _time_block(bench, c, dtype, bench.min_repeats), progress,
+                            f"ring CP attention blocks ({kernel}) forward + backward")
     rows, extra_rows = [], []
-    for c in cases + extra:
-        fs, bs = times[c]
+    for c, (f, b) in zip(cases + extra, times):
         (rows if c in cases else extra_rows).append(
             {"c": c.c, "heads": c.heads, "head_dim": c.head_dim, "batch": c.batch, "causal": c.causal,
-             "fwd_flops": c.fwd_flops, "fwd_s": statistics.median(fs), "bwd_flops": c.bwd_flops,
-             "bwd_s": statistics.median(bs)})
+             "fwd_flops": c.fwd_flops, "fwd_s": f, "bwd_flops": c.bwd_flops, "bwd_s": b})
     fell = sorted({k[0] for k in block_attention.FALLBACKS if k[1] == bench.device.type and k[2] == dtype})
     if fell:  # a refused block ran on the math kernel: that is what was measured
         kernel = f"{kernel} (math where {'/'.join(fell)} refused)"

@@ -22,9 +22,9 @@ threads hot and its ranks in step; in a CPU run it comes between two kernels, ea
 its own kernels end. The all-gather, reduce-scatter, all-reduce and all-to-all times the fits use are
 therefore `_between_kernels`: one call at a time after a stretch of GEMMs on every rank, no barrier
 before it, the mean of `BETWEEN_KERNELS_CALLS` calls (the back-to-back blocks stay in the raw rows as
-``*_back_to_back``). On the 2-core AMD EPYC VM (2026-11-26, 512 KiB per rank, two ranks, 200 calls) an
-all-gather took a median 0.6 ms back to back, 2.7-3.0 ms after a stretch of GEMMs (p90 6-7 ms) and 0.9-1.7
-ms when a barrier lined the ranks up first; a tp 2 run's 40 TP collectives of that size took 114 ms a
+``*_back_to_back``). On the 2-core AMD EPYC VM (2026-11-26, 512 KiB per rank, two ranks, 200 calls,
+`python benchmarks/cpu_loop_probes.py gloo`) an all-gather took a median 0.58 ms back to back, 3.41 ms
+after a stretch of GEMMs (p90 6.78 ms) and 0.94 ms when a barrier lined the ranks up first; a tp 2 run's 40 TP collectives of that size took 114 ms a
 step (2.9 ms each on average). The send/recv ping-pong (the link's bandwidth and latency, P2P
 transfers that overlap compute in rings and pipelines) stays back to back; NCCL keeps every
 collective back to back (its kernels queue on the GPU, no host core is shared).

@@ -10,7 +10,9 @@ grows as a power of the length, exact at every measured length) and multiplied b
 executor's kernels loop over the sequences of a batch). Anywhere else -- another shape, a length
 outside the measured ones, sliding-window layers, latent attention's unequal head sizes, cuDNN's
 fused attention where the profile has its own curves -- the efficiency curves price it
-(`memo_sim.cost.kernel_time`), as for a profile without the rows.
+(`memo_sim.cost.kernel_time`), as for a profile without the rows. So do the kernels whose shape is not one
+the rows describe: SPPO's pieces (queries of one piece against its whole prefix, `memo_sim.cost.sppo`) and
+METP's ring blocks (`memo_sim.cost.metp`), in the simulation and in their bounds alike.
 
 The shapes per rank are the executor's: tensor parallelism and Ulysses split the query heads
 (heads / (tp·ulysses), each over the whole sequence under Ulysses); ring CP runs 2·cp+1 blocks of
