@@ -2,6 +2,10 @@
 some work items in a child made with ``os.fork`` (it shares this process's memory as it was at the
 fork, so nothing is pickled on the way in) and sends the results back on a pipe, pickled; no
 thread. `beside` runs two lists of calls at the same time: one here, the other in one child.
+`ForkedStream` runs a generator in a child and hands its values over one at a time, as each is
+made; objects this process already holds (``shared``: a model, a hardware profile) go over the
+pipe as references and come back as this process's own objects, not copies (so that the caches
+keyed by their identity serve both).
 
 Where the platform cannot fork (``os.fork`` missing), callers run the work here instead
 (`FORKS` says which); a child that dies without an answer gives None for each of its items, and
@@ -81,6 +85,90 @@ class ForkedChild:
             self.reap()
 
 
+class _SharedPickler(pickle.Pickler):
+    """Pickles the objects of ``shared`` as their index in it (`_SharedUnpickler` maps it back)."""
+
+    def __init__(self, f, shared: Sequence):
+        super().__init__(f, protocol=pickle.HIGHEST_PROTOCOL)
+        self._ids = {id(o): i for i, o in enumerate(shared)}
+
+    def persistent_id(self, obj):
+        return self._ids.get(id(obj))
+
+
+class _SharedUnpickler(pickle.Unpickler):
+    def __init__(self, f, shared: Sequence):
+        super().__init__(f)
+        self._shared = shared
+
+    def persistent_load(self, pid):
+        return self._shared[pid]
+
+
+class ForkedStream:
+    """A generator ``make()`` run in a forked child: each value it yields is pickled and sent as
+    soon as it is made, and `next` here returns them in order (waiting for the child where the
+    next one is not made yet). The objects of ``shared`` (held by this process at the fork, so by
+    the child too) travel as references: a value's reference to one of them comes back as this
+    process's object itself. An exception in the child is raised here by the `next` that would
+    have returned the value it stopped; a child that dies makes `next` return None (the caller
+    does the work itself), as does asking past the last value."""
+
+    def __init__(self, make: Callable[[], Any], shared: Sequence = ()):
+        self._shared = list(shared)
+        self._file = None
+        self.pid = None
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child
+            os.close(r)
+            code = 0
+            try:
+                gc.freeze()
+                with os.fdopen(w, "wb") as f:
+                    try:
+                        for value in make():
+                            _SharedPickler(f, self._shared).dump(("ok", value))
+                            f.flush()
+                    except BaseException as e:  # noqa: BLE001  (handed to the parent, which raises it)
+                        _SharedPickler(f, self._shared).dump(("error", e))
+            except BaseException:  # noqa: BLE001
+                code = 1
+            os._exit(code)
+        os.close(w)
+        self.pid = pid
+        self._file = os.fdopen(r, "rb")
+
+    def next(self):
+        """The child's next value (module docs)."""
+        if self._file is None:
+            return None
+        try:
+            status, value = _SharedUnpickler(self._file, self._shared).load()
+        except (EOFError, pickle.UnpicklingError):
+            self.close()
+            return None
+        if status != "ok":
+            self.close()
+            raise value
+        return value
+
+    def close(self) -> None:
+        """End the child (whatever it had left to send) and reap it."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self.pid is not None:
+            import signal
+
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            os.waitpid(self.pid, 0)
+            self.pid = None
+
+
 def _call(call: tuple[Callable, tuple]):
     fn, args = call
     return fn(*args)
@@ -103,4 +191,4 @@ def beside(mine: Sequence[tuple[Callable, tuple]], theirs: Sequence[tuple[Callab
     return here + [r if r is not None else _call(c) for r, c in zip(there, theirs)]
 
 
-__all__ = ["FORKS", "ForkedChild", "beside"]
+__all__ = ["FORKS", "ForkedChild", "ForkedStream", "beside"]

@@ -88,6 +88,12 @@ class Buffer:
     def overlaps(self, other: "Buffer") -> bool:
         return self.lower < other.upper and other.lower < self.upper
 
+    def shifted(self, steps: int) -> "Buffer":
+        """The same request ``steps`` later (`dataclasses.replace` costs five times as much, and
+        the what-if shifts a few hundred thousand)."""
+        return Buffer(self.id, self.size, self.lower + steps, self.upper + steps, self.phase, self.layer, self.kind,
+                      self.name)
+
 
 @dataclass
 class RequestTrace:

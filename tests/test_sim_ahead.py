@@ -1,7 +1,8 @@
 """SPPO's candidates simulated ahead (`memo_sim.search.sim_ahead`) while the analytic tier goes on:
 the summaries are the ones simulated in this process, tier 2 takes them instead of simulating
 again; one pool of workers for every batch of a query's tier 2 (`Tier2Pool`) returns the serial
-summaries; and a what-if with ``jobs`` > 1 answers what it answers with one job."""
+summaries; and a what-if with ``jobs`` > 1 (SPPO's search beside the rest, `memo_sim.search.sppo_beside`)
+answers what it answers with one job."""
 
 from __future__ import annotations
 
@@ -140,12 +141,16 @@ def test_whatif_with_two_jobs_answers_what_one_job_does():
 import json
 from memo_sim.model.config import get_model
 from memo_sim.profile import load_profile
-from memo_sim.search import sim_ahead, whatif as w
+from memo_sim.search import sppo_beside, whatif as w
 started = []
-orig = sim_ahead.SimulatedAhead.__init__
-def spy(self, cands, work, fn, **kw):
-    started.append(len(cands)); orig(self, cands, work, fn, **kw)
-w.SimulatedAhead.__init__ = spy
+orig = sppo_beside.SppoBeside.result
+def spy(self):
+    first = self._result is None
+    out = orig(self)
+    if first:
+        started.append(len(self._ids))
+    return out
+w.SppoBeside.result = spy
 out = {}
 for jobs in (1, 2):
     r = w.rank(get_model("gpt-7b"), 131072, 8, load_profile("a800-80gb"), jobs=jobs,
@@ -163,7 +168,7 @@ print(json.dumps({"same": out[1] == out[2], "started": started, "sppo_simulated"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
     assert p.returncode == 0, p.stderr[-2000:]
     got = json.loads(p.stdout.strip().splitlines()[-1])
-    assert got["started"] and got["started"][0] >= 1  # jobs=2 simulated SPPO candidates ahead
+    assert got["started"] and got["started"][0] >= 1  # jobs=2 searched SPPO beside and simulated ahead
     assert got["sppo_simulated"] >= got["started"][0]  # the rows compared hold their simulated summaries
     assert got["same"]
 

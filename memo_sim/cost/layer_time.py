@@ -332,4 +332,10 @@ def _recompute_costs(model: ModelConfig, layout: Layout, batch: int, seq: int, p
 def full_recompute_costs(model: ModelConfig, layout: Layout, batch: int, seq: int,
                          profile: HardwareProfile) -> list[OpCost]:
     """Full activation checkpointing re-runs the whole layer forward before its backward."""
-    return [replace(c, phase="recompute") for c in forward_costs(model, layout, batch, seq, profile)]
+    return list(_full_recompute_costs(model, layout, batch, seq, profile))
+
+
+@memoised()
+def _full_recompute_costs(model: ModelConfig, layout: Layout, batch: int, seq: int,
+                          profile: HardwareProfile) -> tuple[OpCost, ...]:
+    return tuple(replace(c, phase="recompute") for c in _forward_costs(model, layout, batch, seq, profile))

@@ -7,7 +7,6 @@ replay is the steady-state transient footprint of a run without a static memory 
 
 from __future__ import annotations
 
-from dataclasses import replace
 from functools import lru_cache
 
 from memo_sim.layout.parallel import Layout
@@ -29,8 +28,7 @@ def _fwd_bwd_trace(model: ModelConfig, layout: Layout, batch: int, seq: int, fra
     fwd = layer_forward_trace(model, layout, batch, seq)
     bwd = _layer_backward_trace(model, per_gpu_shard(layout), batch, seq, frac)
     shift = max(b.upper for b in fwd.buffers) + 1
-    return RequestTrace(list(fwd.buffers) + [replace(b, lower=b.lower + shift, upper=b.upper + shift)
-                                             for b in bwd.buffers], name="layer fwd+bwd")
+    return RequestTrace(list(fwd.buffers) + [b.shifted(shift) for b in bwd.buffers], name="layer fwd+bwd")
 
 
 def caching_allocator_layer_report(model: ModelConfig, layout: Layout, batch: int, seq: int,

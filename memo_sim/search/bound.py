@@ -26,7 +26,6 @@ registered by schedule name (`register_bound`).
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Callable
 
 from memo_sim.cost.boundary import boundary_times
@@ -35,7 +34,7 @@ from memo_sim.cost.layer_time import critical_time
 from memo_sim.cost.sppo import stage_layer_counts, stage_optimizer_time
 from memo_sim.errors import MemoError
 from memo_sim.memplan.trace_gen import per_gpu_shard
-from memo_sim.search.estimate import _forward_backward_times
+from memo_sim.search.estimate import _forward_backward_times, stage_shard
 from memo_sim.search.sppo.estimate import recurrence
 
 BoundRule = Callable[[object], float]  # Candidate -> seconds
@@ -86,7 +85,7 @@ def pipeline_bound(c) -> float:
     p, v = lay.pp, lay.vpp
     mb = c.micro_batch
     m = c.batch // mb
-    shard = replace(lay, pp=1, vpp=1, dp=1, zero=0)
+    shard = stage_shard(lay)
     f, b, r = _phase_times(model, shard, mb, c.seq, policy, profile)
     bt = boundary_times(model, shard, mb, c.seq, profile)
     opt0 = stage_optimizer_time(model, lay, 0, profile)

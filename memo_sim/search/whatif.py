@@ -44,7 +44,9 @@ from memo_sim.search.candidate import Candidate, binding_words, host_memory_word
 from memo_sim.search.estimate import estimate_iteration, memo_alpha
 from memo_sim.search.frameworks import get_framework
 from memo_sim.search.pipeline import micro_batch_sizes, pipeline_candidate, pipeline_candidates
+from memo_sim.forked import FORKS
 from memo_sim.search.sim_ahead import SimulatedAhead
+from memo_sim.search.sppo_beside import SppoBeside
 from memo_sim.search.prune import SIMULATE_ALL, SIMULATE_BOUND, PruneReport, parse_simulate_top, simulate_by_bound
 from memo_sim.search.sppo import point_candidate, resolve_for_layout, sppo_candidates, summarize
 from memo_sim.search.verdicts import SPPO_VS_MEMO, VERDICT_ROUNDS, best_fit, verdict_sides_to_simulate
@@ -113,7 +115,8 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
                    first_stage_layers: int | None = None, last_stage_layers: int | None = None,
                    ep: int | None = None, etp: int | None = None, moe_dispatcher: str = "alltoall",
                    moe_balance: str = "dropless", dp_mode: str | None = None, alloc_conf: str | None = None,
-                   allocator: str = "caching", on_sppo: Callable[[list[Candidate]], None] | None = None) -> WhatIfResult:
+                   allocator: str = "caching", on_sppo: Callable[[list[Candidate]], None] | None = None,
+                   sppo_beside: Callable[..., SppoBeside] | None = None) -> WhatIfResult:
     """Every valid layout x policy x schedule x micro-batch size (MEMO at its solved alpha) for
     ``framework``, estimated and ranked (the strategies of `SEARCH_STRATEGIES`).
 
@@ -126,7 +129,9 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     parts of the SPPO search. ``schedules``: only these schedules (default: the framework's).
     Every schedule the framework runs is searched, micro-batch pipelines included, unless
     ``schedules`` or ``pp`` 1 leaves them out (`WhatIfResult.searched` says what was searched). ``on_sppo``
-    is called with SPPO's candidates as soon as its search is done, before anything else is priced.
+    is called with SPPO's candidates as soon as its search is done, before anything else is priced;
+    ``sppo_beside(search, shared)`` instead runs that search beside the rest
+    (`memo_sim.search.sppo_beside.SppoBeside`; the same candidates in the same places).
     ``optimizer_offload``: True searches only single-stage layouts with the optimizer on the host
     (`memo_sim.cost.optimizer_offload`), False none; None (default) adds them where nothing else fits
     and the framework offers it. ``first_stage_layers`` / ``last_stage_layers``: the first and last
@@ -202,12 +207,19 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
                                 and not optimizer_offload and not uneven_flags and not model.moe)
     if sppo_pols and model.moe:
         searched["sppo"] = "not searched for mixture-of-experts models (SPPO's planner is built for dense layers)"
+    beside = None
     if sppo_tried:
-        search, sppo_cands, sppo_rejected, sppo_why = sppo_candidates(
-            model, seq, gpus, profile, batch=batch or 1, tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero, sp=sp,
-            tp_mode=tp_mode, pp=pp, subseqs=subseqs, partition=partition, multiplex=multiplex)
-        if on_sppo is not None and search is not None:
-            on_sppo(sppo_cands)
+        def run_sppo() -> tuple:
+            return sppo_candidates(model, seq, gpus, profile, batch=batch or 1, tp=tp, cp=cp, ulysses=ulysses, dp=dp,
+                                   zero=zero, sp=sp, tp_mode=tp_mode, pp=pp, subseqs=subseqs, partition=partition,
+                                   multiplex=multiplex)
+
+        if sppo_beside is not None:  # in a forked child while the rest is priced here
+            beside = sppo_beside(run_sppo, (model, profile))
+        else:
+            search, sppo_cands, sppo_rejected, sppo_why = run_sppo()
+            if on_sppo is not None and search is not None:
+                on_sppo(sppo_cands)
     if plain and "single_stage" in allowed and (pp is None or pp == 1) and (vpp is None or vpp == 1):
         valid, rej = enumerate_layouts(model, gpus, profile.node_gpus, seq, tp=tp, cp=cp, ulysses=ulysses,
                                        dp=dp, zero=zero, sp=sp, tp_modes=modes,
@@ -225,12 +237,15 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
         for lay in _allocator_variants(valid, allocator):
             out += _single_stage(model, lay, plain, batch, global_batch, micro_batch, seq, profile, alpha, rejected,
                                  allocator)
+    at_sppo = (len(out), len(rejected))  # where SPPO's candidates and rejections go
+    pipes_said = False  # the pipelines' first rejection is why nothing fits (it comes after SPPO's)
     if sppo_tried:
-        out += sppo_cands
-        rejected += sppo_rejected
         searched["schedules"].append("sppo")
-        if sppo_why and not out:
-            why_none = sppo_why
+        if beside is None:
+            out += sppo_cands
+            rejected += sppo_rejected
+            if sppo_why and not out:
+                why_none = sppo_why
     if plain and pipes and (pp is None or pp > 1) and not optimizer_offload:  # every schedule the framework runs
         pc, pr, what = pipeline_candidates(
             model, seq, gpus, profile, policies=plain, batch=batch, global_batch=global_batch,
@@ -243,7 +258,13 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
         searched["pipeline"] = {"pp": what["pp"], "vpp": what["vpp"], "micro_batch": what["micro_batch"],
                                 "why": "asked for" if pipe_flags else "searched by default"}
         if pr and not out:
-            why_none = pr[0][1]
+            why_none, pipes_said = pr[0][1], True
+    if beside is not None:  # SPPO's rows where the search run here puts them (above)
+        search, sppo_cands, sppo_rejected, sppo_why = beside.result()
+        out[at_sppo[0]:at_sppo[0]] = sppo_cands
+        rejected[at_sppo[1]:at_sppo[1]] = sppo_rejected
+        if not out and sppo_why and not pipes_said:  # nothing at all: the last reason given, as above
+            why_none = sppo_why
     if (optimizer_offload is None and stage_valid and fw.optimizer_offload
             and not any(c.memory.status == "OK" for c in out)):  # nothing fits: the optimizer on the host
         off, _why = _offloaded(stage_valid, fw, rejected)
@@ -694,26 +715,37 @@ def rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, *,
     (`WhatIfResult.sppo_summary`). ``jobs``: processes for tier 2 (`simulate_candidates`).
     ``fixed``: `candidates_for`'s keyword arguments."""
     mode = parse_simulate_top(simulate_top)
-    ahead: list[SimulatedAhead] = []
+    ahead: list = []  # `SimulatedAhead` or `SppoBeside`: summaries tier 2 takes instead of simulating
+
+    def first_simulated(sppo_cands: list[Candidate]) -> list[Candidate]:
+        """SPPO's candidates that tier 2 will simulate whatever else it does: the verdict's SPPO
+        side; with ``all`` or a count, the extras below."""
+        ranked = sorted(sppo_cands, key=Candidate.sort_key)
+        if mode == SIMULATE_BOUND:  # the SPPO side of the SPPO vs MEMO verdict, where MEMO is searched too
+            searched = fixed.get("policies") or get_framework(fixed.get("framework", "any")).policies
+            memo_side = any(policy_class(p).takes_alpha for p in searched if p in policy_names())
+            return [c for c in (best_fit(ranked, SPPO_VS_MEMO.a),) if c is not None] if memo_side else []
+        return sppo_always(ranked, sppo_simulate) if sppo_simulate else []
 
     def start_ahead(sppo_cands: list[Candidate]) -> None:
-        """SPPO's candidates that tier 2 will simulate whatever else it does (the verdict's SPPO
-        side; with ``all`` or a count, the extras below), simulated from now on in up to ``jobs``
-        forked processes, the longest apart, while the rest is priced (with one job nothing runs
-        beside this process: tier 2 simulates them)."""
+        """`first_simulated` simulated from now on in up to ``jobs`` forked processes, the longest
+        apart, while the rest is priced (with one job nothing runs beside this process: tier 2
+        simulates them)."""
         if mode and jobs > 1:
-            ranked = sorted(sppo_cands, key=Candidate.sort_key)
-            if mode == SIMULATE_BOUND:  # the SPPO side of the SPPO vs MEMO verdict, where MEMO is searched too
-                searched = fixed.get("policies") or get_framework(fixed.get("framework", "any")).policies
-                memo_side = any(policy_class(p).takes_alpha for p in searched if p in policy_names())
-                first = [c for c in (best_fit(ranked, SPPO_VS_MEMO.a),) if c is not None] if memo_side else []
-            else:
-                first = sppo_always(ranked, sppo_simulate) if sppo_simulate else []
-            if not first:
-                return
-            ahead.append(SimulatedAhead(first, [_summary_args(c, True, allocator_lag) for c in first],
-                                        _simulate_summary, children=jobs, weights=[sppo_units(c) for c in first]))
+            first = first_simulated(sppo_cands)
+            if first:
+                ahead.append(SimulatedAhead(first, [_summary_args(c, True, allocator_lag) for c in first],
+                                            _simulate_summary, children=jobs, weights=[sppo_units(c) for c in first]))
 
+    def beside(search, shared) -> SppoBeside:
+        """SPPO's search in a forked child beside the rest of tier 1, then `first_simulated` there."""
+        b = SppoBeside(search, first_simulated if mode else (lambda cands: []),
+                       lambda c: _simulate_summary(_summary_args(c, True, allocator_lag)), shared)
+        ahead.append(b)
+        return b
+
+    if jobs > 1 and FORKS:
+        fixed = dict(fixed, sppo_beside=beside)
     try:
         return _rank(model, seq, gpus, profile, mode, progress, allocator_lag, sppo_simulate, jobs, start_ahead,
                      ahead, fixed)
