@@ -164,24 +164,25 @@ def pipeline_memory(model: ModelConfig, layout: Layout, batch: int, micro_batch:
     flights, (_worst, units, offloaded, node_units), all_states, shard = (
         shape or _shape(model, layout, batch, micro_batch, profile, schedule))
     one, kept, lse, buffers, host_block, offload = _stage_unit_terms(model, shard, micro_batch, seq, policy, profile)
-    rows = []
     work = one.transient_peak_bytes + one.layer_boundary_bytes
     last = layout.pp - 1
-    for s in range(layout.pp):
-        states = all_states[s]
-        top = max(work, one.classifier_peak_bytes) if s == last else work
-        rows.append({"stage": s, "in_flight": flights[s], "layers_in_flight": units[s], "model_states_bytes": states,
-                     "peak_gpu_bytes": states + units[s] * kept + buffers + top})
+    # each stage's peak: its states, its layers in flight, the buffers and the working block (the classifier's
+    # on the last stage, where larger); the fullest is the first of the largest
+    peaks = [states + u * kept + buffers + work for states, u in zip(all_states, units)]
+    peaks[last] = all_states[last] + units[last] * kept + buffers + max(work, one.classifier_peak_bytes)
+    rows = [{"stage": s, "in_flight": k, "layers_in_flight": u, "model_states_bytes": states, "peak_gpu_bytes": peak}
+            for s, (k, u, states, peak) in enumerate(zip(flights, units, all_states, peaks))]
     host_node = node_units * host_block
-    w = max(rows, key=lambda r: r["peak_gpu_bytes"])
-    u = units[w["stage"]]
+    top = max(peaks)
+    ws = peaks.index(top)
+    u = units[ws]
     mem = MemoryBreakdown(
-        model_states_bytes=w["model_states_bytes"], skeletal_resident_bytes=u * (kept - lse),
+        model_states_bytes=all_states[ws], skeletal_resident_bytes=u * (kept - lse),
         rounding_buffer_bytes=buffers, lse_bytes=u * lse, transient_peak_bytes=one.transient_peak_bytes,
         transient_planned_bytes=one.transient_planned_bytes,
         transient_caching_allocator=one.transient_caching_allocator,
         layer_boundary_bytes=one.layer_boundary_bytes, classifier_peak_bytes=one.classifier_peak_bytes,
-        peak_gpu_bytes=w["peak_gpu_bytes"], gpu_capacity_bytes=profile.usable_gpu_memory,
+        peak_gpu_bytes=top, gpu_capacity_bytes=profile.usable_gpu_memory,
         host_bytes_per_gpu=max(offloaded) * offload, host_bytes_per_node=host_node,
         host_capacity_bytes=profile.usable_host_memory)
     return mem, rows
