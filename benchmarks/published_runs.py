@@ -1190,7 +1190,7 @@ def moe_report(results: list[Result]) -> list[str]:
     return lines
 
 
-def report(results: list[Result], wall_s: float) -> str:
+def report(results: list[Result], wall_s: float, maxlen: list | None = None) -> str:
     moe = [r for r in results if r.run.group == "moe"]
     fp8 = [r for r in results if r.run.gemm_format != "bf16"]
     results = [r for r in results if r.run.group != "moe"]
@@ -1238,6 +1238,10 @@ def report(results: list[Result], wall_s: float) -> str:
         lines += [f"- {what}: {choice}." for what, choice in LONG_CHOICES]
         lines += ["", "Left out of the long-context dense rows altogether:", ""]
         lines += [f"- {what}: {why}." for what, why in LONG_LEFT_OUT]
+    if maxlen:
+        from published_maxlen import report_lines as maxlen_lines
+
+        lines += maxlen_lines(maxlen)
     lines += ["", "How the table moved, mechanism by mechanism (every row re-run each time):", ""]
     lines += [f"- {commit}: {what}" for commit, what in STEPS]
     lines += ["", "Earlier runs (the A100 rows before the kernel and framework mechanisms):", ""]
@@ -1268,6 +1272,9 @@ def main() -> None:
     args = ap.parse_args()
     t0 = time.perf_counter()
     results = [predict(r) for r in RUNS]
+    from published_maxlen import RUNS as MAXLEN_RUNS, predict as predict_maxlen
+
+    maxlen = [predict_maxlen(r) for r in MAXLEN_RUNS]
     wall = time.perf_counter() - t0
     if args.json:
         print(json.dumps({"summary": summary(results), "groups": group_summaries(results), "rows": [
@@ -1275,7 +1282,7 @@ def main() -> None:
              "error": r.error, "status": r.status, "why_not": r.run.why_not, "expected": r.run.expected,
              "long_context": r.run.long_context, "seq": r.run.seq, "sim_s": r.sim_s,
              "variants": dict(r.variants)} for r in results]}, indent=1))
-    Path(args.out).write_text(report(results, wall))
+    Path(args.out).write_text(report(results, wall, maxlen))
     for r in results:
         print(f"{r.run.id:40s} {r.run.published_s:9.3f} s  "
               + (f"{r.predicted_s:9.3f} s  {100 * r.error:+6.1f}%" if r.error is not None else r.status)

@@ -71,6 +71,38 @@ def test_maxseq_command(tmp_path):
     assert r.exit_code == 2
 
 
+def test_maxseq_with_the_layout_fixed_answers_for_that_layout_and_a_linear_scan():
+    """--tp/--ulysses/--zero fix the layout (a published run's): every length probed is priced for
+    that layout only, the answer is a linear scan's, and fixing a degree only ever shortens it."""
+    step = 64 * K
+    fixed = dict(tp=8, sp=True, tp_mode="megatron", optimizer_offload=False)
+    ans = max_seq(M7, 8, A800, "full_recompute", step=step, simulate=False, fixed=fixed)
+    k = 1
+    while _fits(_ranked(M7, k * step, 8, A800, "full_recompute", "any", fixed=fixed)):
+        k += 1
+    assert ans.max_seq == (k - 1) * step and "tp8+sp" in ans.binding
+    free = max_seq(M7, 8, A800, "full_recompute", step=step, simulate=False)
+    assert free.max_seq >= ans.max_seq
+    for c in _ranked(M7, ans.max_seq, 8, A800, "full_recompute", "any", fixed=fixed):
+        assert (c.layout.tp, c.layout.sp, c.layout.optimizer_offload) == (8, True, False)
+    with pytest.raises(MemoError, match="argument of its own"):
+        max_seq(M7, 8, A800, "full_recompute", step=step, fixed={"framework": "megatron"})
+
+
+def test_maxseq_command_with_fixed_degrees():
+    args = ["maxseq", "--model", "gpt-7b", "--gpus", "8", "--policy", "full_recompute", "--step", "64K"]
+    r = CliRunner().invoke(cli, args + ["--tp", "8", "--no-optimizer-offload", "--json"])
+    assert r.exit_code == 0, r.output
+    obj = json.loads(r.output)
+    assert obj["fixed"] == {"tp": 8, "optimizer_offload": False, "tp_mode": "megatron"}
+    (a,) = obj["answers"]
+    assert a["best"]["layout"].startswith("tp8") and a["max_seq_tokens"]
+    r = CliRunner().invoke(cli, args + ["--tp", "8"])
+    assert r.exit_code == 0 and "fixed: tp 8, tp-mode megatron" in r.output
+    r = CliRunner().invoke(cli, args + ["--zero", "5"])
+    assert r.exit_code == 2 and "--zero" in r.output
+
+
 def test_a_simulated_failure_ranks_after_every_fit_without_a_throughput():
     """The event simulator can fail a candidate the analytic tier passed (e.g. the caching
     allocator's fragmentation): it has no throughput and must sort after the fits, not crash."""

@@ -177,3 +177,23 @@ def test_qwen3_rows_follow_the_model_zoo_launch_files():
     assert len(long) == 8 and all(r.long_context and r.why_not is None and r.policy == "recompute_moe" for r in long)
     assert {r.moe_balance for r in long} == {"forced", "dropless"} and {r.seq for r in long} == {16384, 32768, 65536,
                                                                                                  131072}
+
+
+def _maxlen():
+    import published_maxlen  # benchmarks/ is on the path once published_runs is loaded from there
+
+    return published_maxlen
+
+
+def test_maximum_length_rows_are_complete_and_a_quick_one_is_predicted():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    ml = _maxlen()
+    assert len({r.id for r in ml.RUNS}) == len(ml.RUNS) and len({r.source for r in ml.RUNS}) >= 2
+    for r in ml.RUNS:
+        assert (r.max_tokens is None) != (r.fails_tokens is None) and r.source and r.config
+    res = ml.predict(next(r for r in ml.RUNS if r.id == "fpdt-t1-tp"))
+    assert res.longest and res.peak_gib and res.error is not None and res.on_grid in (16 * 1024, 32 * 1024, 64 * 1024)
+    oom = ml.predict(next(r for r in ml.RUNS if r.fails_tokens))
+    assert oom.agrees is not None
+    lines = "\n".join(ml.report_lines([res, oom]))
+    assert "fpdt-t1-tp" in lines and "Maximum-length rows" in lines

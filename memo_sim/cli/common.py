@@ -192,3 +192,25 @@ MAX_GPUS = MAX_DEGREE  # a cluster of more GPUs than this is a typo, not a plan
 GPU_COUNT = click.IntRange(1, MAX_GPUS)
 DEGREE = click.IntRange(1, MAX_GPUS)
 BATCH = click.IntRange(1, MAX_BATCH)  # sequences per replica (the plan's own cap)
+
+
+def layout_degree_options(f):
+    """--tp, --cp, --ulysses, --dp, --zero, --sp/--no-sp and --tp-mode: fix what the search would
+    otherwise enumerate (the what-if's and maxseq's; `memo_sim.search.request.tp_flavours_asked`
+    says which TP flavours an unset --tp-mode searches)."""
+    from memo_sim.tp import TP_MODES
+
+    for deco in reversed((
+        click.option("--tp", type=DEGREE, help="Fix the tensor-parallel degree."),
+        click.option("--cp", type=DEGREE, help="Fix the (ring) context-parallel degree."),
+        click.option("--ulysses", type=DEGREE, help="Fix the Ulysses sequence-parallel degree."),
+        click.option("--dp", type=DEGREE, help="Fix the data-parallel degree."),
+        click.option("--zero", type=click.IntRange(0, 3), help="Fix the ZeRO stage."),
+        click.option("--sp/--no-sp", default=None, help="Fix Megatron sequence parallelism on or off."),
+        click.option("--tp-mode", default=None, type=click.Choice(list(TP_MODES) + ["all"]),
+                     help="Tensor-parallel flavour: Megatron TP, METP for the FFN (metp_ffn), METP for the FFN and "
+                          "the two-level MHA (metp), or all of them ranked together (default: all; megatron when "
+                          "--tp is given, so --tp 8 asks about Megatron TP8)."),
+    )):
+        f = deco(f)
+    return f

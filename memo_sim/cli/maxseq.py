@@ -7,7 +7,8 @@ import time
 
 import click
 
-from memo_sim.cli.common import GPU_COUNT, build_model, count_option, model_options, profile_option, progress_bar
+from memo_sim.cli.common import (GPU_COUNT, build_model, count_option, layout_degree_options, model_options,
+                               profile_option, progress_bar)
 from memo_sim.cost.gemm_format import check_gemm_format
 from memo_sim.layout.schedule import schedule_runs_policy
 from memo_sim.policy import policy_class, policy_names
@@ -31,12 +32,24 @@ from memo_sim.units import fmt_count
 @click.option("--allocator", default="caching", show_default=True, type=click.Choice(["caching", "plan", "both"]),
               help="Who places the transients of the policies without MEMO's plan: PyTorch's caching allocator "
                    "(as the frameworks run; reserved memory decides), a static memory plan, or both side by side.")
+@layout_degree_options
+@click.option("--pp", type=click.IntRange(1, 4096),
+              help="Fix the pipeline degree (1: single stage; default: searched, micro-batch pipelines included).")
+@click.option("--optimizer-offload/--no-optimizer-offload", default=None,
+              help="Keep the optimizer on the host (single stage, ZeRO >= 1), or never (default: searched where "
+                   "nothing fits with it on the GPU).")
 @format_options
 def maxseq(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, gpus, profile_name, policies, framework,
-           step, allocator, out_format, as_json):
+           step, allocator, tp, cp, ulysses, dp, zero, sp, tp_mode, pp, optimizer_offload, out_format, as_json):
     """The longest sequence (a multiple of --step) each policy trains, its MFU there, and the
-    constraint that binds at the next step."""
+    constraint that binds at the next step. --tp, --cp, --ulysses, --dp, --zero, --sp, --pp fix the
+    layout (the longest sequence of one layout, as a published run fixes it); unset, they are searched."""
     from memo_sim.search.maxseq import max_seq
+    from memo_sim.search.request import tp_flavours_asked
+
+    fixed = {k: v for k, v in dict(tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero, sp=sp, pp=pp,
+                                   optimizer_offload=optimizer_offload).items() if v is not None}
+    fixed["tp_mode"] = tp_flavours_asked(tp_mode, tp)
 
     fmt = resolve_format(out_format, as_json)
     t0 = time.perf_counter()
@@ -51,17 +64,18 @@ def maxseq(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, gpus
     answers = []
     with progress_bar("searching", len(runs), quiet=fmt != "table") as tick:
         for p, al in runs:
-            answers.append(max_seq(model, gpus, profile, p, step=step, framework=framework, allocator=al))
+            answers.append(max_seq(model, gpus, profile, p, step=step, framework=framework, allocator=al,
+                                   fixed=fixed))
             tick()
-    obj = {"model": model.to_dict(), "gpus": gpus, "profile": profile.name, "framework": framework,
+    obj = {"model": model.to_dict(), "gpus": gpus, "profile": profile.name, "framework": framework, "fixed": fixed,
            "answers": [a.to_json() for a in answers], "elapsed_s": time.perf_counter() - t0}
-    emit(maxseq_answer(model, gpus, profile, framework, step, answers, time.perf_counter() - t0), fmt, obj)
+    emit(maxseq_answer(model, gpus, profile, framework, step, answers, time.perf_counter() - t0, fixed), fmt, obj)
 
 
 WIDTH = 100  # the text answer fits a terminal this wide
 
 
-def maxseq_answer(model, gpus, profile, framework, step, answers, elapsed_s) -> Answer:
+def maxseq_answer(model, gpus, profile, framework, step, answers, elapsed_s, fixed: dict | None = None) -> Answer:
     """A verdict, one narrow table (policy, longest, plan, MFU, the first failing length), and the
     binding constraint at that length per policy as wrapped notes below it."""
     best = max((a for a in answers if a.max_seq), key=lambda a: a.max_seq, default=None)
@@ -73,6 +87,9 @@ def maxseq_answer(model, gpus, profile, framework, step, answers, elapsed_s) -> 
     a = Answer(verdict)
     a.line(f"{model.name}, {gpus} x {profile.gpu.model} ({profile.name}), framework {framework}, "
            f"step {fmt_count(step)}")
+    held = {k: v for k, v in (fixed or {}).items() if not (k == "tp_mode" and v == "all")}
+    if held:
+        a.line("fixed: " + ", ".join(f"{k.replace('_', '-')} {v}" for k, v in held.items()))
     rows = []
     for ans in answers:
         b = ans.best

@@ -30,6 +30,7 @@ from memo_sim.cli.common import (
     GPU_COUNT,
     build_model,
     count_option,
+    layout_degree_options,
     model_options,
     profile_option,
     progress_bar,
@@ -47,7 +48,7 @@ from memo_sim.report.sensitivity import sensitivity_line
 from memo_sim.report.whatif_answer import WhatIfView, runner_up
 from memo_sim.search.frameworks import FRAMEWORKS
 from memo_sim.search.request import WhatifRequest, answer_whatif, sweep_candidates
-from memo_sim.search.whatif import TP_MODE_CHOICES, default_jobs, fold_duplicates
+from memo_sim.search.whatif import default_jobs, fold_duplicates
 from memo_sim.units import fmt_count, parse_token_budget
 
 
@@ -77,12 +78,7 @@ def _simulate_top_value(ctx, param, value):
 @click.option("--micro-batch", type=BATCH,
               help="Sequences per micro-batch (divides the batch; gradients accumulate over the micro-batches). "
                    "Default: the search tries the batch's smallest divisors.")
-@click.option("--tp", type=DEGREE, help="Fix the tensor-parallel degree.")
-@click.option("--cp", type=DEGREE, help="Fix the (ring) context-parallel degree.")
-@click.option("--ulysses", type=DEGREE, help="Fix the Ulysses sequence-parallel degree.")
-@click.option("--dp", type=DEGREE, help="Fix the data-parallel degree.")
-@click.option("--zero", type=click.IntRange(0, 3), help="Fix the ZeRO stage.")
-@click.option("--sp/--no-sp", default=None, help="Fix Megatron sequence parallelism on or off.")
+@layout_degree_options
 @click.option("--optimizer-offload/--no-optimizer-offload", default=None,
               help="Keep the optimizer's master weights, moments and step on the host (Megatron-Core "
                    "--optimizer-cpu-offload, DeepSpeed ZeRO-Offload; single stage, ZeRO >= 1), or never. Default: "
@@ -106,10 +102,6 @@ def _simulate_top_value(ctx, param, value):
 @click.option("--dp-mode", default=None, type=click.Choice(["zero", "fsdp", "all"]),
               help="Data-parallel flavours to search: ZeRO stages, FSDP (with HSDP and resharding on/off), or all the "
                    "framework runs (default: the framework's first: zero for any, fsdp for torchtitan).")
-@click.option("--tp-mode", default=None, type=click.Choice(list(TP_MODE_CHOICES)),
-              help="Tensor-parallel flavour: Megatron TP, METP for the FFN (metp_ffn), METP for the FFN and the "
-                   "two-level MHA (metp), or all of them ranked together (default: all; megatron when --tp is "
-                   "given, so --tp 8 asks about Megatron TP8).")
 @click.option("--train-tokens", "train_tokens", default=None,
               help="Also say how long the best plan takes to train this many tokens, and the GPU-hours "
                    "(decimal multipliers: 300B, 15T, 2e12).")

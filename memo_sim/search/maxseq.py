@@ -52,10 +52,10 @@ class MaxSeqAnswer:
                 "next_seq_tokens": self.next_seq, "binding": self.binding}
 
 
-def _ranked(model, seq, gpus, profile, policy, framework, allocator="caching") -> list[Candidate] | str:
+def _ranked(model, seq, gpus, profile, policy, framework, allocator="caching", fixed=None) -> list[Candidate] | str:
     try:
         return candidates_for(model, seq, gpus, profile, policies=(policy,), framework=framework,
-                              allocator=allocator).candidates
+                              allocator=allocator, **(fixed or {})).candidates
     except MemoError as e:
         return str(e)
 
@@ -123,13 +123,22 @@ def binding_constraint(cands: list[Candidate] | str) -> str:
 
 
 def max_seq(model: ModelConfig, gpus: int, profile: HardwareProfile, policy: str, *, step: int = 128 * 1024,
-            framework: str = "any", simulate: bool = True, allocator: str = "caching") -> MaxSeqAnswer:
+            framework: str = "any", simulate: bool = True, allocator: str = "caching",
+            fixed: dict | None = None) -> MaxSeqAnswer:
+    """The longest multiple of ``step`` tokens ``policy`` trains on ``gpus`` GPUs (module docs).
+    ``fixed``: what the search may not choose, as `memo_sim.search.whatif.candidates_for`'s keyword
+    arguments (``tp``, ``cp``, ``ulysses``, ``dp``, ``zero``, ``sp``, ``tp_mode``, ``pp``,
+    ``optimizer_offload``, ...): the longest sequence of one layout, as a published run fixes it."""
+    fixed = dict(fixed or {})
+    for k in ("policies", "framework", "allocator"):
+        if k in fixed:
+            raise MemoError(f"max_seq: {k} is an argument of its own, not a fixed degree")
     if step < 1:
         raise MemoError("--step must be at least 1 token")
     if allocator not in ("caching", "plan"):
         raise MemoError(f"--allocator must be caching or plan for one answer, got {allocator!r}")
     hi = 1
-    cands = _ranked(model, step, gpus, profile, policy, framework, allocator)
+    cands = _ranked(model, step, gpus, profile, policy, framework, allocator, fixed)
     if not _fits(cands):
         return MaxSeqAnswer(policy, step, None, None, step, binding_constraint(cands), allocator)
     lo = 1
@@ -137,14 +146,14 @@ def max_seq(model: ModelConfig, gpus: int, profile: HardwareProfile, policy: str
         hi = lo * 2
         if hi > MAX_STEPS:
             raise MemoError(f"{policy} still fits at {MAX_STEPS} steps of {step} tokens; use a larger --step")
-        cands = _ranked(model, hi * step, gpus, profile, policy, framework, allocator)
+        cands = _ranked(model, hi * step, gpus, profile, policy, framework, allocator, fixed)
         if not _fits(cands):
             break
         lo = hi
     fail = cands
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        c = _ranked(model, mid * step, gpus, profile, policy, framework, allocator)
+        c = _ranked(model, mid * step, gpus, profile, policy, framework, allocator, fixed)
         if _fits(c):
             lo = mid
         else:
@@ -152,5 +161,5 @@ def max_seq(model: ModelConfig, gpus: int, profile: HardwareProfile, policy: str
     best = None
     if simulate:
         best = rank(model, lo * step, gpus, profile, simulate_top=1, policies=(policy,), framework=framework,
-                    allocator=allocator).best
+                    allocator=allocator, **fixed).best
     return MaxSeqAnswer(policy, step, lo * step, best, hi * step, binding_constraint(fail), allocator)

@@ -34,6 +34,14 @@ FIXING = ("batch", "global_batch", "micro_batch", "tp", "cp", "ulysses", "dp", "
 SPPO_FLAGS = ("subseqs", "partition", "multiplex")  # SPPO's own options: with none of --policy, they plan SPPO
 
 
+def tp_flavours_asked(tp_mode: str | None, tp: int | None) -> str:
+    """The tensor-parallel flavours a command searches: as asked (``--tp-mode``), else Megatron TP
+    where ``--tp`` fixes the degree (``--tp 8`` asks about Megatron TP8), else every flavour (``all``)."""
+    if tp_mode is not None:
+        return tp_mode
+    return "megatron" if tp is not None else "all"
+
+
 @dataclass(frozen=True)
 class WhatifRequest:
     """One what-if question. ``None`` (or an empty tuple) leaves an option to the search."""
@@ -93,10 +101,8 @@ class WhatifRequest:
 
     @property
     def flavour(self) -> str:
-        """The tensor-parallel flavours searched: as asked, else megatron for a fixed --tp, else all."""
-        if self.tp_mode is not None:
-            return self.tp_mode
-        return "megatron" if self.tp is not None else "all"
+        """The tensor-parallel flavours searched (`tp_flavours_asked`)."""
+        return tp_flavours_asked(self.tp_mode, self.tp)
 
     @property
     def searched_policies(self) -> tuple[str, ...] | None:
