@@ -45,7 +45,10 @@ XTUNER_SP = ("InternLM/xtuner docs/zh_cn/acceleration/train_extreme_long_sequenc
 _FPDT_CHOICES = ("GPU not stated in the table: A100-SXM4-80GB (the DeepSpeed tutorial's 'A100-SXM4'; HBM values up to "
                  "78.7G rule out the 40 GB part); Llama 3 8B as memo's llama-3.1-8b preset (the same architecture); "
                  "bf16, micro-batch 1, data parallelism 1 (TP or Ulysses over all 8 GPUs); 'HBM.' read as GiB "
-                 "(DeepSpeed's see_memory_usage divides by 1024^3 and prints 'GB') and compared with memo's peak")
+                 "(DeepSpeed's see_memory_usage divides by 1024^3 and prints 'GB') and compared with memo's peak; the "
+                 "Ulysses rows on the deepspeed framework data (its vocabulary-parallel loss over every token, ZeRO as "
+                 "DeepSpeed holds it, 'OC' as the checkpoint_offload policy), the TP rows on memo's own (framework any: "
+                 "the deepspeed data has no TP), whose loss runs in 8K-token chunks")
 
 
 @dataclass(frozen=True)
@@ -71,23 +74,27 @@ def _fpdt(rid, what, max_k, hbm, policy=None, fixed=(), why_not=None, framework=
                      max_k * 1024, None, hbm, why_not)
 
 
-_OC = ("activation checkpoints offloaded to the host (DeepSpeed's cpu_checkpointing) is not a memo policy (the "
-       "deepspeed framework data lists it as not modelled)")
+_OC_TP = ("TP 8 with checkpoints on the host: memo prices cpu_checkpointing as the deepspeed framework's "
+          "checkpoint_offload policy, and that framework data has no tensor parallelism (Megatron-DeepSpeed's TP is "
+          "not a framework of its own in memo)")
 RUNS = (
     _fpdt("fpdt-t1-tp", "Megatron TP (TP 8, no checkpointing; sequence parallelism not stated: off, Megatron-DeepSpeed's "
           "default)", 32, 64.3, fixed=(("tp", 8), ("sp", False)), framework="any"),
     _fpdt("fpdt-t2-tp-ac", "Megatron TP 8 with activation checkpointing", 128, 61.2, policy="full_recompute",
           fixed=(("tp", 8), ("sp", False)), framework="any"),
-    _fpdt("fpdt-t3-tp-ac-oc", "TP 8, checkpointing with CPU offload", 512, 78.7, why_not=_OC),
+    _fpdt("fpdt-t3-tp-ac-oc", "TP 8, checkpointing with CPU offload", 512, 78.7, why_not=_OC_TP),
     _fpdt("fpdt-t4-ul-z1", "DeepSpeed-Ulysses 8, ZeRO-1, no checkpointing", 64, 58.9,
           fixed=(("ulysses", 8), ("zero", 1))),
     _fpdt("fpdt-t5-ul-z2", "DeepSpeed-Ulysses 8, ZeRO-2, no checkpointing", 64, 54.5,
           fixed=(("ulysses", 8), ("zero", 2))),
     _fpdt("fpdt-t6-ul-z3", "DeepSpeed-Ulysses 8, ZeRO-3, no checkpointing", 64, 52.3,
           fixed=(("ulysses", 8), ("zero", 3))),
-    _fpdt("fpdt-t7-ul-z1-ac-oc", "Ulysses 8, ZeRO-1, checkpointing with CPU offload", 512, 65.5, why_not=_OC),
-    _fpdt("fpdt-t8-ul-z2-ac-oc", "Ulysses 8, ZeRO-2, checkpointing with CPU offload", 512, 65.5, why_not=_OC),
-    _fpdt("fpdt-t9-ul-z3-ac-oc", "Ulysses 8, ZeRO-3, checkpointing with CPU offload", 512, 60.1, why_not=_OC),
+    _fpdt("fpdt-t7-ul-z1-ac-oc", "DeepSpeed-Ulysses 8, ZeRO-1, checkpointing with CPU offload", 512, 65.5,
+          policy="checkpoint_offload", fixed=(("ulysses", 8), ("zero", 1))),
+    _fpdt("fpdt-t8-ul-z2-ac-oc", "DeepSpeed-Ulysses 8, ZeRO-2, checkpointing with CPU offload", 512, 65.5,
+          policy="checkpoint_offload", fixed=(("ulysses", 8), ("zero", 2))),
+    _fpdt("fpdt-t9-ul-z3-ac-oc", "DeepSpeed-Ulysses 8, ZeRO-3, checkpointing with CPU offload", 512, 60.1,
+          policy="checkpoint_offload", fixed=(("ulysses", 8), ("zero", 3))),
     _fpdt("fpdt-t10-fpdt", "FPDT (chunked attention with host offload), ZeRO-3, checkpointing with CPU offload",
           4096, 68.0, why_not="FPDT's sequence chunks offloaded to the host inside attention are not modelled"),
     *(MaxLenRun(f"xtuner-yi-34b-128k-sp1-{g}gpu-oom", XTUNER_SP,
@@ -225,15 +232,18 @@ def report_lines(results: list[MaxLenResult]) -> list[str]:
     return lines
 
 
+_ZERO_FLAT = ("the table's memory barely moves with the ZeRO stage (58.9, 54.5 and 52.3G at ZeRO-1, 2 and 3 without "
+              "checkpointing at 64K; 65.5, 65.5 and 60.1G with offloaded checkpoints at 512K), while in memo sharding the "
+              "gradients (ZeRO-2) and then the weights (ZeRO-3) over the 8 ranks frees 13 and 17 GiB of the 41 GiB of "
+              "model states ZeRO-1 keeps (bf16 weights and gradients whole, the fp32 Adam states over 8 ranks, as "
+              "DeepSpeed's stage-1 optimizer holds them); memo's peak at the stated length exceeds the table's by "
+              "{mem} here, less at ZeRO-3 (fpdt-t6 +7%, fpdt-t9 +21%, where memo reaches the stated length). Not pinned "
+              "down: the table states neither how it measured 'HBM.' (allocated or reserved, at which moment) nor the "
+              "run's micro-batch, precision or gradient settings")
 MAXLEN_OUTLIERS = (
-    ("fpdt-t4-ul-z1", "memo's peak at the stated 64K (store-all, ZeRO-1) is far above the table's 58.9G: memo holds "
-     "41 GiB of model states (bf16 weights and gradients whole at ZeRO-1, the Adam states over 8 ranks) and 34 GiB of "
-     "activations kept, so the table's total leaves the run under 18 GiB for activations, about half of what a "
-     "store-all layer keeps in memo (the FlashAttention layer's saved tensors, 2 K/V heads per rank after the "
-     "all-to-all). Not pinned down: the table's blank 'AC' may not mean no checkpointing in Megatron-DeepSpeed's "
-     "Ulysses example, and its 'HBM.' may be allocated rather than reserved memory"),
-    ("fpdt-t5-ul-z2", "as fpdt-t4-ul-z1 (ZeRO-2: the gradients sharded too, 33 GiB of model states in memo; the table's "
-     "54.5G leaves under 22 GiB for activations)"),
+    ("fpdt-t4-ul-z1", _ZERO_FLAT.format(mem="38% (81 GiB: out of memory at 64K)")),
+    ("fpdt-t7-ul-z1-ac-oc", _ZERO_FLAT.format(mem="50% (98 GiB: out of memory at 512K)")),
+    ("fpdt-t8-ul-z2-ac-oc", _ZERO_FLAT.format(mem="30% (85 GiB: out of memory at 512K)")),
 )
 
 

@@ -76,13 +76,19 @@ class ForkedChild:
             os.close(self.read)
             self.read = None
         if self.pid is not None:
-            import signal
+            _end(self.pid)
+            self.pid = None
 
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.reap()
+
+def _end(pid: int) -> None:
+    """Kill a child whatever it was doing (it may have exited already) and reap it: no zombie."""
+    import signal
+
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    os.waitpid(pid, 0)
 
 
 class _SharedPickler(pickle.Pickler):
@@ -159,13 +165,7 @@ class ForkedStream:
             self._file.close()
             self._file = None
         if self.pid is not None:
-            import signal
-
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            os.waitpid(self.pid, 0)
+            _end(self.pid)
             self.pid = None
 
 

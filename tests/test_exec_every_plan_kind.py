@@ -44,6 +44,7 @@ KINDS = {
     "store_all": (1, ["--layers", "4", "--policy", "store_all"]),
     "full_recompute": (1, ["--layers", "4", "--policy", "full_recompute"]),
     "full_offload": (1, ["--layers", "4", "--policy", "full_offload"]),
+    "checkpoint-offload": (1, ["--layers", "4", "--policy", "checkpoint_offload", "--framework", "deepspeed"]),
     "memo": (1, ["--layers", "4", *MEMO]),
     "sppo-pp1": (1, ["--layers", "4", "--policy", "sppo", "--subseqs", "2"]),
     "selective-megatron": (1, ["--layers", "4", "--policy", "selective_recompute", "--framework", "megatron"]),
@@ -57,6 +58,8 @@ KINDS = {
     "metp": (2, ["--layers", "4", "--tp", "2", "--tp-mode", "metp", "--policy", "full_recompute"]),
     "cp2-memo": (2, ["--layers", "4", "--cp", "2", *MEMO]),
     "ulysses2": (2, ["--layers", "4", "--ulysses", "2", "--policy", "full_recompute"]),
+    "ulysses2-checkpoint-offload": (2, ["--layers", "4", "--ulysses", "2", "--zero", "3", "--policy",
+                                        "checkpoint_offload", "--framework", "deepspeed"]),
     "dp2-z0": (2, ["--layers", "4", "--dp", "2", "--zero", "0", "--policy", "store_all"]),
     "dp2-z3-memo": (2, ["--layers", "4", "--dp", "2", "--zero", "3", *MEMO]),
     "fsdp": (2, ["--layers", "4", "--dp", "2", "--dp-mode", "fsdp", "--policy", "store_all"]),
@@ -127,7 +130,7 @@ def test_the_kinds_cover_every_schedule_policy_and_sequence_layout(plans):
         seen_lay |= {"optimizer_offload"} if lay.get("optimizer_offload") else set()
     assert seen_sched == {"single_stage", "1f1b", "interleaved_1f1b", "sppo"}
     assert {"store_all", "full_recompute", "full_offload", "memo", "sppo", "selective_recompute",
-            "recompute_moe"} <= seen_pol
+            "recompute_moe", "checkpoint_offload"} <= seen_pol
     assert {"tp", "cp", "ulysses", "dp", "pp", "ep", "metp", "metp_ffn", "megatron", "fsdp",
             "optimizer_offload"} <= seen_lay
 

@@ -31,6 +31,7 @@ POLICIES = {
     "memo0": get_policy("memo", 0.0),
     "memo0.3": get_policy("memo", 0.3),
     "memo1": get_policy("memo", 1.0),
+    "checkpoint_offload": get_policy("checkpoint_offload"),
 }
 
 

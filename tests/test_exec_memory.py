@@ -153,12 +153,13 @@ def test_estimate_terms_for_each_policy():
     T, e = 128, 4
     skel = T * (64 * 8 + 256 * 2) * e  # x ln1 q k v attn h1 ln2 (h wide) + fc1 act (ffn wide), fp32
     want = {"store_all": (6 * skel, 0), "full_recompute": (6 * T * 64 * e, skel - T * 64 * e),
-            "full_offload": (0, 2 * skel), "memo": (0, 2 * skel)}
+            "full_offload": (0, 2 * skel), "memo": (0, 2 * skel),
+            "checkpoint_offload": (0, 2 * T * 64 * e + skel - T * 64 * e)}
     for name, (resident, buffers) in want.items():
         ex = Executor(make_plan(m, T, policy(name, 0.5 if name == "memo" else None)), RunOptions(device="cpu"))
         t = ex.estimate.terms
         assert (t["skeletal_resident"], t["buffers"]) == (resident, buffers), name
-        assert t["lse"] == (6 if name != "full_recompute" else 1) * 4 * T * 4
+        assert t["lse"] == (1 if name in ("full_recompute", "checkpoint_offload") else 6) * 4 * T * 4
         static = sum(t[k] for k in ("model_states", "skeletal_resident", "buffers", "lse", "norm_stats"))
         assert t["peak_total"] == static + max(t["transient_peak"] + t["layer_boundary"], t["classifier_peak"],
                                                t["optimizer_step_peak"])

@@ -25,7 +25,8 @@ torch.set_num_threads(1)
 
 MODEL = ModelConfig("mutant", 6, 64, 4, 256, vocab=128)
 SEQ = 256
-POLICIES = {"memo": policy("memo", 0.3), "full_offload": policy("full_offload")}
+POLICIES = {"memo": policy("memo", 0.3), "full_offload": policy("full_offload"),
+            "checkpoint_offload": policy("checkpoint_offload")}
 WAITS = ("_offload_waits_for_forward", "_output_write_waits_for_offload", "_prefetch_waits_for_backward",
          "_backward_waits_for_prefetch")
 

@@ -10,11 +10,13 @@ One module per policy, registered under the simulator's policy name (`registry`)
 - `selective_recompute`: store all's tensors; the attention core re-run before each backward.
 - `recompute_moe` (Megatron's ``--recompute-modules layernorm moe``): the norms' outputs rebuilt
   and the MoE block re-run before each backward.
+- `checkpoint_offload` (DeepSpeed's ``cpu_checkpointing``): full recompute with each layer's input
+  on the host, through two input buffers and the rounding-buffer copy rule.
 """
 
 # isort: off
 from memo_exec.activations import store_all, full_recompute, full_offload, memo  # noqa: F401  (registration)
-from memo_exec.activations import selective_recompute, recompute_moe  # noqa: F401
+from memo_exec.activations import selective_recompute, recompute_moe, checkpoint_offload  # noqa: F401
 # isort: on
 from memo_exec.activations.base import ActivationPolicy
 from memo_exec.activations.registry import make_policy, register, registered, sim_policy_name

@@ -56,7 +56,8 @@ class TokenOffload(ActivationPolicy):
         self.fraction = float(self.choice.offload_fraction_other)
         self.n_off = offload_token_count(self.fraction, self.tokens)  # the simulator's rule: floor(alpha * T)
         roles = skeletal_roles(self.model)
-        self.whole = [n for n in SKELETAL if roles[n] in ("input", "attn")]
+        # what goes to host whole (the simulator policy's ``offloaded_roles``: MEMO's x and attn) and what by rows
+        self.whole = [n for n in SKELETAL if roles[n] in self.choice.offloaded_roles]
         self.split = [n for n in SKELETAL if roles[n] == "other"]
         self.widths = {n: w for n, (_, w) in self.shapes.items()}
         self.row_mult = {n: m for n, (m, _) in self.shapes.items()}
@@ -89,11 +90,15 @@ class TokenOffload(ActivationPolicy):
         return self.n_offloaded * HostPool.layout_bytes(self._host_shapes())
 
     # -- allocation --------------------------------------------------------------------------------
-    def allocate(self) -> None:
+    def _device_storages(self) -> list[LayerStorage]:
+        """Each layer's storage: its rounding buffer's tensors (``self.blocks``: the device blocks)."""
         nb = storage_bytes(self.model, self.tokens, self.dtype, shapes=self.shapes)
         self.blocks = [torch.empty(nb, dtype=torch.uint8, device=self.device) for _ in range(N_BUFFERS)]
         bufs = [carve_storage(b, self.model, self.tokens, self.dtype, shapes=self.shapes) for b in self.blocks]
-        self.storages = [LayerStorage(bufs[rounding_buffer(i)], self._stats()) for i in range(self.layers)]
+        return [LayerStorage(bufs[rounding_buffer(i)], self._stats()) for i in range(self.layers)]
+
+    def allocate(self) -> None:
+        self.storages = self._device_storages()
         self.pool = HostPool(self.host_bytes(), self.device)
         self.host: list[dict[str, torch.Tensor]] = [
             {n: self.pool.take(((hi - lo) * self.row_mult[n], self.widths[n]), self.dtype)
@@ -128,11 +133,15 @@ class TokenOffload(ActivationPolicy):
         """Token rows [lo, hi) of tensor ``n`` (its rows [lo*m, hi*m))."""
         return t[lo * self.row_mult[n]:hi * self.row_mult[n]]
 
+    def _slot(self, i: int, n: str) -> str:
+        """The device buffer layer i's tensor ``n`` lies in, in the race detector's words."""
+        return f"rounding buffer {rounding_buffer(i)} {n}"
+
     def _buf(self, i: int, names, rows: tuple[int, int] | None = None) -> list[Region]:
         lo, hi = rows or (0, self.tokens)
         dev = self.storages[i].tensors
-        return [Region.of(self._rows(dev[n], n, lo, hi), f"rounding buffer {rounding_buffer(i)} {n}[{lo}:{hi}]",
-                          self._content(i, n)) for n in names]
+        return [Region.of(self._rows(dev[n], n, lo, hi), f"{self._slot(i, n)}[{lo}:{hi}]", self._content(i, n))
+                for n in names]
 
     def _copy(self, i: int, to_host: bool):
         """(dst, src) pairs of layer i's offload (to_host) or prefetch, with the regions each reads and writes."""
@@ -141,7 +150,7 @@ class TokenOffload(ActivationPolicy):
         for n, (lo, hi) in self._moved():
             d = self._rows(dev[n], n, lo, hi)
             pairs.append((host[n], d) if to_host else (d, host[n]))
-            on_dev.append(Region.of(d, f"rounding buffer {rounding_buffer(i)} {n}[{lo}:{hi}]", self._content(i, n)))
+            on_dev.append(Region.of(d, f"{self._slot(i, n)}[{lo}:{hi}]", self._content(i, n)))
             on_host.append(Region.of(host[n], f"host slot of layer {i} {n}[{lo}:{hi}]", self._content(i, n)))
         return (pairs, on_dev, on_host) if to_host else (pairs, on_host, on_dev)
 

@@ -7,8 +7,10 @@ prefetch. TP divides everything, the embedding/classifier too (vocab-parallel).
 
 A quantised GEMM format (FP8) adds its copies of the linear weights (`memo_sim.cost.gemm_format`).
 
-The classifier runs in chunks of ``CLASSIFIER_CHUNK_TOKENS`` tokens (the one default; plans
-carry their own value): one chunk's logits in bf16 plus fp32 softmax and gradient.
+The loss holds the logits of as many tokens as its kernel (`Layout.cross_entropy`, a framework
+mechanism) materialises at once: memo's chunked kernel one chunk of ``CLASSIFIER_CHUNK_TOKENS``
+tokens (the one default; plans carry their own value), the frameworks' kernels every token of the
+micro-batch; at the bytes per logit each keeps live (`loss_bytes_per_logit`).
 
 The whole-GPU peak by policy (these terms plus skeletal activations and transients) is
 `memo_sim.memplan.footprint.memory_breakdown`.
@@ -24,7 +26,34 @@ from memo_sim.model.config import ModelConfig
 from memo_sim.model.layer_graph import DTYPE_BYTES
 
 CLASSIFIER_CHUNK_TOKENS = 8192
-CLASSIFIER_BYTES_PER_LOGIT_FP32 = 4 + 4  # fp32 softmax + fp32 gradient beside the model-dtype logits
+FP32 = 4
+
+
+def loss_bytes_per_logit(kernel: str, dtype_bytes: int) -> float:
+    """Bytes per logit the loss keeps live at its peak, logits of ``dtype_bytes`` (d), softmax in fp32,
+    counted from each implementation's tensors (the kernels of
+    `memo_sim.cost.boundary.cross_entropy_bytes_per_logit`):
+
+    - ``chunked`` (memo_exec/model.py `ChunkedHead`, per chunk): the chunk's logits, their fp32
+      softmax and its fp32 gradient: d + 8.
+    - ``vocab_parallel`` (Megatron-LM's `_VocabParallelCrossEntropy`): the output layer's logits and
+      their ``.float()`` copy, on which max, exp and the division run in place and which the backward
+      turns into the gradient in place, cast back beside it: d + 4.
+    - ``torch_fused`` (``F.cross_entropy(logits.float())``, torchtitan): the logits, their fp32 copy
+      and log_softmax's saved output in the forward (d + 8); in the backward that output, the nll
+      gradient and log_softmax's input gradient (12): the larger. Without a cast (fp32 logits) the
+      copy is the logits themselves.
+    """
+    cast = dtype_bytes if dtype_bytes != FP32 else 0
+    return {"chunked": dtype_bytes + 2 * FP32, "vocab_parallel": cast + FP32,
+            "torch_fused": max(cast + 2 * FP32, 3 * FP32)}[kernel]
+
+
+def loss_tokens(layout: Layout, batch: int, seq: int, chunk_tokens: int = CLASSIFIER_CHUNK_TOKENS) -> int:
+    """Tokens whose logits the loss holds at once on one GPU: one chunk under memo's chunked kernel,
+    the micro-batch's every token (``batch`` sequences) under the frameworks' kernels."""
+    tokens = tokens_per_gpu(layout, batch, seq)
+    return min(chunk_tokens, tokens) if layout.cross_entropy == "chunked" else tokens
 
 
 def model_state_parts(model: ModelConfig, layout: Layout) -> dict[str, float]:
@@ -52,8 +81,8 @@ def model_state_bytes(model: ModelConfig, layout: Layout) -> float:
 
 def classifier_peak_bytes(model: ModelConfig, layout: Layout, batch: int, seq: int,
                           chunk_tokens: int = CLASSIFIER_CHUNK_TOKENS) -> float:
-    tokens = min(chunk_tokens, tokens_per_gpu(layout, batch, seq))
+    tokens = loss_tokens(layout, batch, seq, chunk_tokens)
     vocab_share = model.vocab / layout.tp
-    logits = tokens * vocab_share * (DTYPE_BYTES[model.dtype] + CLASSIFIER_BYTES_PER_LOGIT_FP32)
+    logits = tokens * vocab_share * loss_bytes_per_logit(layout.cross_entropy, DTYPE_BYTES[model.dtype])
     final_hidden = tokens_per_gpu(layout, batch, seq) * model.hidden * DTYPE_BYTES[model.dtype]
     return logits + 2 * final_hidden  # final norm output + its gradient stay live over all chunks

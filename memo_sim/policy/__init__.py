@@ -8,6 +8,7 @@ from memo_sim.policy import store_all, full_recompute, full_offload, memo  # noq
 from memo_sim.policy import selective_recompute  # noqa: F401  (Megatron-LM's attention-core recompute)
 from memo_sim.policy import recompute_modules  # noqa: F401  (Megatron-LM's --recompute-modules for MoE layers)
 from memo_sim.policy import op_sac  # noqa: F401  (torchtitan's per-op selective activation checkpointing)
+from memo_sim.policy import checkpoint_offload  # noqa: F401  (DeepSpeed's cpu_checkpointing)
 from memo_sim.policy import sppo  # noqa: F401  (SPPO: subsequence pipeline offloading, registered last)
 # isort: on
 from memo_sim.policy.base import Policy

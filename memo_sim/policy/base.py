@@ -52,6 +52,8 @@ class Policy:
     recomputes_attention: ClassVar[bool] = False  # the whole layer forward re-runs before backward
     static_memory_plan: ClassVar[bool] = False  # transients placed by MEMO's bi-level plan
     needs_experts: ClassVar[bool] = False  # only for mixture-of-experts models (it rebuilds MoE tensors)
+    # the skeletal roles an offloading policy copies to host whole (the "other" ones by ``offload_fraction_other``)
+    offloaded_roles: ClassVar[tuple[str, ...]] = ("input", "attn")
     summary: ClassVar[str] = ""
 
     @staticmethod
@@ -102,14 +104,15 @@ class Policy:
 
     def offloaded_tensors(self, model: ModelConfig, layout: Layout, batch: int,
                           seq: int) -> list[OffloadedTensor]:
-        """Per offloaded layer and GPU: each skeletal tensor's rows copied to host. The layer
-        input and attention output go whole; the other skeletal tensors their first
-        ``offload_token_count(offload_fraction_other, rows)`` rows; lse stays on the GPU."""
+        """Per offloaded layer and GPU: each skeletal tensor's rows copied to host. The roles of
+        ``offloaded_roles`` (MEMO: the layer input and the attention output) go whole; the other
+        skeletal tensors their first ``offload_token_count(offload_fraction_other, rows)`` rows;
+        lse stays on the GPU."""
         if not self.offloads:
             return []
         rows = layer_rows(layout, batch, seq)
         split = offload_token_count(self.offload_fraction_other, rows)
-        return [OffloadedTensor(t.name, rows if t.role in ("input", "attn") else split, row_bytes(t, layout))
+        return [OffloadedTensor(t.name, rows if t.role in self.offloaded_roles else split, row_bytes(t, layout))
                 for t in saved_tensors(model, layout) if t.role in ("input", "attn", "other")]
 
     def offload_bytes(self, model: ModelConfig, layout: Layout, batch: int, seq: int) -> float:
