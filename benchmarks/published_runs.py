@@ -1032,6 +1032,15 @@ STEPS = (
      "compiled bf16 rows run with it (-21.0%, -19.6%); the eager and the Float8 rows with it stay not expressible "
      "(eager composite kernels; what the save list keeps under Float8); every other row unchanged: dense 32 "
      "predicted at 12.7% / 36.7%, long-context 16 at 17.1% / 36.7%, the FP8 rows 5 at 22.9% / 36.7%"),
+    ("c556bc0", "the loss's memory follows its kernel (`memo_sim.cost.memory.loss_tokens`, `loss_bytes_per_logit`: "
+     "memo's chunked loss one 8K-token chunk at 10 bytes per bf16 logit as before, Megatron-LM's vocab-parallel loss "
+     "every token of the micro-batch at 6, torchtitan's F.cross_entropy on fp32 logits every token at 12), and the "
+     "checkpoint_offload policy (DeepSpeed's cpu_checkpointing); a memory mechanism, so the step-time rows move only "
+     "where the caching allocator's replay moves: korthikanti-22B-selective -3.7% to -3.5%, xtuner-llama2-70b-256k-sp16 "
+     "unchanged (its fp32-gradient variant now fits: 2892.2 s, -29.6%), every other row unchanged (dense 32 predicted "
+     "at 12.4% / 35.2%, long-context 16 at 16.9% / 35.2%); the maximum-length rows (issue #45 item 3, first run the "
+     "same day without it): fpdt-t5-ul-z2 from 32K (-50%) to 64K (0%), the three offloaded-checkpoint Ulysses rows "
+     "predicted (256K, 256K, 512K against 512K each)"),
 )
 
 

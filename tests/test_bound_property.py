@@ -38,6 +38,13 @@ def _plain_policies() -> tuple[str, ...]:
                  and schedule_runs_policy("single_stage", p) and not schedule_runs_policy("sppo", p))
 
 
+def _framework_offering(policy: str) -> str:
+    """``any`` where memo's own framework offers the policy, else the first framework data that does."""
+    from memo_sim.search.frameworks import FRAMEWORKS, get_framework
+
+    return next(f for f in ("any", *FRAMEWORKS) if policy in get_framework(f).policies)
+
+
 def _restrictions(rng: random.Random, schedule: str) -> tuple[int, int, dict]:
     """(seq, gpus, candidates_for keywords) for one random what-if of ``schedule``: one policy and
     most degrees drawn here, so that each what-if prices a handful of candidates."""
@@ -49,8 +56,11 @@ def _restrictions(rng: random.Random, schedule: str) -> tuple[int, int, dict]:
         if rng.random() < 0.5:
             kw["multiplex"] = rng.random() < 0.5
         return seq, gpus, kw
-    kw = dict(schedules=(schedule,), policies=(rng.choice(_plain_policies()),), tp=rng.choice([1, 2, 4]),
-              zero=rng.choice([0, 1]))
+    pol = rng.choice(_plain_policies())
+    kw = dict(schedules=(schedule,), policies=(pol,), tp=rng.choice([1, 2, 4]), zero=rng.choice([0, 1]))
+    fw = _framework_offering(pol)
+    if fw != "any":  # a framework's own policy (DeepSpeed's checkpoint offload): that framework, without TP
+        kw.update(framework=fw, tp=1)
     if schedule == "single_stage":
         seq = rng.choice([4, 16, 64, 256, 1024]) * K
         kw["zero"] = rng.choice([0, 1, 2, 3])

@@ -75,3 +75,18 @@ def test_the_frameworks_losses_hold_every_tokens_logits_memos_one_chunk():
     hidden = 2 * (seq // 8) * M.hidden * 2  # the final norm output and its gradient, bf16
     assert classifier_peak_bytes(M, megatron, 1, seq) - hidden == pytest.approx((seq // 8) * M.vocab * 6)
     assert classifier_peak_bytes(M, chunked, 1, seq) - hidden == pytest.approx(CLASSIFIER_CHUNK_TOKENS * M.vocab * 10)
+
+
+@pytest.mark.parametrize("seq,zero", [(64 * K, 1), (256 * K, 3)])
+def test_its_proved_bound_never_exceeds_the_simulation(seq, zero):
+    from memo_sim.search.bound import lower_bound
+    from memo_sim.search.whatif import simulate_candidates
+
+    res = candidates_for(M, seq, 8, A100, framework="deepspeed", ulysses=8, zero=zero,
+                         policies=("checkpoint_offload",))
+    ok = [c for c in res.candidates if c.memory.status == "OK"][:2]
+    assert ok
+    simulate_candidates(ok, jobs=1)
+    for c in ok:
+        assert c.simulated["status"] == "OK"
+        assert 0 < lower_bound(c) <= c.simulated["iteration_s"] * (1 + 1e-9)
