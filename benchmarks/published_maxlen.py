@@ -99,7 +99,7 @@ RUNS = (
           4096, 68.0, why_not="FPDT's sequence chunks offloaded to the host inside attention are not modelled"),
     *(MaxLenRun(f"xtuner-yi-34b-128k-sp1-{g}gpu-oom", XTUNER_SP,
                 f"Yi-34B, {g} GPUs, 128K, SP 1 (DP {g}), ZeRO-3, activation checkpointing (XTuner's default): 'OOM'",
-                "yi-34b-200k", g, "a100-sxm4-80gb", "deepspeed", "full_recompute",
+                "yi-34b-200k", g, "a100-sxm4-80gb", "xtuner", "full_recompute",
                 (("ulysses", 1), ("zero", 3), ("optimizer_offload", False)), None, 128 * 1024)
       for g in (16, 32, 64)),
 )

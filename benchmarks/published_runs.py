@@ -342,7 +342,7 @@ def _xtuner(rid, m, name, gpus, seq, sp, gas, tgs, tflops, cfg_file, gas_src=Non
            + f"; memo runs {_XT_CHOICES}")
     note = (what or f"TGS {tgs} (stated) = s/SP tokens per GPU per iteration (throughput_hook.py), one iteration one "
             f"micro-batch: iteration {it:.2f} s, step = GAS {gas} x {it:.2f} s") + check
-    return Run(f"xtuner-{rid}", source, cfg, gas * it, note, framework="deepspeed", profile="a100-sxm4-80gb",
+    return Run(f"xtuner-{rid}", source, cfg, gas * it, note, framework="xtuner", profile="a100-sxm4-80gb",
                arch=m, seq=seq, ulysses=sp, dp=dp, zero=3, global_batch=dp * gas, micro_batch=1,
                schedule_source=f"micro-batch 1 (batch_size = 1 # per_device), GAS {gas}: {cfg_file}",
                policy="full_recompute", dtype="bf16", variants=_xtuner_variants(m, gpus))
@@ -433,15 +433,16 @@ LONG_CHOICES = (
      "bf16. With --deepspeed, xtuner/tools/train.py at 7575f2c91 replaces the config's AmpOptimWrapper(dtype="
      "'float16') by DeepSpeedOptimWrapper and resolves the DeepSpeed json's 'fp16': auto and 'bf16': auto (both "
      "so in deepspeed_zero2.json and deepspeed_zero3.json) with auto_dtype_of_deepspeed_config "
-     "(xtuner/tools/utils.py): both true on an A100, so fp16 off and bf16 on. memo's deepspeed framework data runs "
-     "bf16 with the zero recipe (16-bit gradients, reduced in bf16: DeepSpeed's engine accumulates gradients in the "
+     "(xtuner/tools/utils.py): both true on an A100, so fp16 off and bf16 on. memo's xtuner framework data runs "
+     "bf16 with DeepSpeed's zero recipe (16-bit gradients, reduced in bf16: DeepSpeed's engine accumulates gradients in the "
      "model dtype unless data_types.grad_accum_dtype is set, and communicates in it); fp32 gradients are the "
      "'megatron recipe' variant beside each row"),
     ("XTuner: recompute, kernel, loss",
      "full recompute: SupervisedFinetune(use_activation_checkpointing=True) by default (xtuner/model/sft.py, line "
      "77; the configs do not override it) checkpoints every HF decoder layer, and the hook counts it (3 + 1); "
-     "FlashAttention-2 (the SP page: flash-attn is required); HF's loss (fp32 logits, torch cross-entropy) is priced "
-     "as the deepspeed framework's vocab_parallel kernel"),
+     "FlashAttention-2 (the SP page: flash-attn is required); HF's loss (fp32 logits, torch cross-entropy over every "
+     "token of the rank's shard) as the xtuner framework data prices it (`memo_sim/frameworks/data/xtuner.yaml`: the "
+     "torch_fused kernel; before it, 2026-11-26, the deepspeed framework's vocab_parallel one)"),
     ("XTuner: interconnect",
      "not stated (8 GPUs per node implied by the 8-GPU rows): profile a100-sxm4-80gb (4 x 200 Gb/s HDR per node, "
      "12.5 GB/s per GPU); the multi-node rows also run on dgx-a100-selene (8 HDR per node, 25 GB/s per GPU) beside"),
@@ -836,7 +837,8 @@ OUTLIERS = {"megatron2024-1.7B": _H100, "megatron2024-7.1B": _H100, "megatron202
 # from the simulation at this commit, a100-sxm4-80gb)
 _XT_MEMORY = (
     "what changes from the rows memo predicts within 10% is memory. memo puts this run's peak at {peak} of the 78 "
-    "usable GiB without the HF path's extra tensors ({extra}); near the 80 GB the caching allocator frees cached "
+    "usable GiB, HF's fp32 logits and their loss included (the xtuner framework data's torch_fused loss over every "
+    "token of the rank), without {extra}; near the 80 GB the caching allocator frees cached "
     "blocks and retries cudaMalloc, which memo's replay of the iteration does not see here (0 reorganisations). The "
     "table's own TFLOP/s fall from 128K to 256K where memory is tight (Yi-34B 191.8 to 145.3; Llama-2-70B 189.7 at "
     "128K SP 8 to 127.6 at 256K SP 16) and hold where it is not (Llama-2-7B, 29 GiB in memo: 180.3 to 176.9), the "
@@ -860,23 +862,22 @@ OUTLIERS.update({
         "makes memo faster still, -15.2%). The Llama-2-7B rows up to 256K (attention 87% of the layer) are within 6%, "
         "so the gap opens with the attention calls' size: 5.6e14 FLOPs per forward call here (256K: 7e13), beyond the "
         "last point of the a100 profile's FlashAttention-2 curves (assumed, flat at 76% forward / 60% backward of the "
-        "peak from 1e14 FLOPs; never calibrated at these lengths). memo's peak is 34 GiB, so memory pressure is "
-        "unlikely. What the run does that memo does not model: HF's fp32 logits and torch cross-entropy on 65,536 "
-        "tokens per GPU (8.4 GB of logits), XTuner's all-to-all of non-contiguous head slices"),
+        "peak from 1e14 FLOPs; never calibrated at these lengths). memo's peak is 45 GiB (HF's fp32 logits of 65,536 "
+        "tokens per GPU included), so memory pressure is "
+        "unlikely. What the run does that memo does not model: XTuner's all-to-all of non-contiguous head slices"),
     "xtuner-yi-34b-256k-sp8": _XT_MEMORY.format(
-        peak="56 GiB (70.4 GB reserved)", attn="82% here against 69% at 128K, where memo is within 8%",
-        extra="fp32 logits of 32,768 tokens x 64,000 = 8.4 GB and their gradient, the K/V heads repeated 7-fold "
-              "before the all-to-all"),
+        peak="69 GiB (81.8 GB reserved)", attn="82% here against 69% at 128K, where memo is within 8%",
+        extra="the K/V heads repeated 7-fold before the all-to-all"),
     "xtuner-llama2-70b-128k-sp8": _XT_MEMORY.format(
-        peak="63 GiB (74.5 GB reserved)", attn="63%",
-        extra="fp32 logits of 16,384 tokens x 32,000 = 2.1 GB and their gradient, the K/V heads repeated 8-fold "
-              "before the all-to-all (also 2.4x the all-to-all bytes memo prices for GQA; on NVLink a few ms a layer)"),
+        peak="63 GiB (73.5 GB reserved)", attn="63%",
+        extra="the K/V heads repeated 8-fold before the all-to-all (also 2.4x the all-to-all bytes memo prices for "
+              "GQA; on NVLink a few ms a layer)"),
     "xtuner-llama2-70b-256k-sp16": (
         "memo too fast; not pinned down, memory pressure the likeliest. memo runs SP 16 over the 8 K/V heads with each "
         "head repeated twice before the all-to-all (one K and one V head per rank after it, `memo_sim.layout.kv_heads`) "
-        "and puts the peak at 63 GiB (80.2 GB reserved) of the 78 usable GiB, above the 128K SP 8 row's 74.5 GB "
-        "(-10.6%, see it), without the HF path's extra tensors: fp32 logits of 16,384 tokens x 32,000 = 2.1 GB and "
-        "their gradient, and XTuner's 8-fold repeat (7575f2c91's repeat_kv to all 64 query heads: 4 K/V heads per rank "
+        "and puts the peak at 63 GiB (78.9 GB reserved, HF's fp32 logits included) of the 78 usable GiB, above the "
+        "128K SP 8 row's 73.5 GB (-10.6%, see it), without XTuner's 8-fold repeat (7575f2c91's repeat_kv to all 64 "
+        "query heads: 4 K/V heads per rank "
         "after the all-to-all where memo has 1, 0.4 GB more, and 0.5 GB of repeated K/V before it). With them the run "
         "sits at the GPU's 80 GB, where the caching allocator frees cached blocks and retries cudaMalloc, which memo's "
         "replay does not see (0 reorganisations); the table's own TFLOP/s fall from 189.7 at 128K SP 8 to 127.6 here. "
@@ -888,20 +889,19 @@ OUTLIERS.update({
     "xtuner-llama2-70b-1m-sp64": (
         "memo too fast; not pinned down. Here memo's repeat is XTuner's (SP 64 over 8 K/V heads: each repeated 8 times, "
         "one K and one V head per rank, the bytes of 7575f2c91's repeat to the 64 query heads), and memory is not "
-        "tight (peak 47 GiB, 53.0 GB reserved). Attention is 85% of memo's forward and 92% of its backward: one head "
+        "tight (peak 47 GiB, 52.0 GB reserved). Attention is 85% of memo's forward and 92% of its backward: one head "
         "per GPU over the whole 1M-token sequence, FlashAttention calls of 2.8e14 FLOPs, beyond the last point of the "
         "a100 profile's FlashAttention-2 curves (assumed, flat at 76% forward / 60% backward of the peak from 1e14 "
         "FLOPs; never calibrated at these lengths), as in xtuner-llama2-7b-1m-sp16 (-13.4%, 5.6e14 FLOPs a call). The "
         "all-to-alls across the 8 nodes of SP 64 are 6% and 2% of memo's layer (Selene's 8 HDR per node: -27.4%). The "
         "GAS is memo's reading of the absent config (accumulative_counts = SP). What the run does that memo does not "
-        "model: HF's fp32 logits and torch cross-entropy on 16,384 tokens per GPU (2.1 GB), XTuner's all-to-all of "
-        "non-contiguous head slices"),
+        "model: XTuner's all-to-all of non-contiguous head slices"),
     "xtuner-yi-34b-128k-sp8-16gpu": (
         "memo too fast; not pinned down. The table states no GPU (memo runs the speed page's A100-SXM4-80GB), and the "
         "same model, length, SP and config on 32 GPUs (xtuner-yi-34b-128k-sp8) ran at 251.1 TGS, this 16-GPU run at "
         "227 (10% slower), while memo predicts both at 60.5 s an iteration: the ZeRO-3 collectives are hidden under "
-        "the compute in both, and halving the ZeRO-3 group only raises memo's peak (37 to 53 GiB). Candidates: "
-        "memory pressure (the HF path's 8.4 GB of fp32 logits on top; see xtuner-yi-34b-256k-sp8), DeepSpeed "
+        "the compute in both, and halving the ZeRO-3 group only raises memo's peak (44 to 60 GiB, HF's fp32 logits "
+        "included). Candidates: memory pressure (see xtuner-yi-34b-256k-sp8), DeepSpeed "
         "ZeRO-3's per-module gathers with half the ranks (twice the shard each rank gathers from, per layer hidden in "
         "memo), and different hardware or software than the speed page's"),
 })
@@ -1041,6 +1041,13 @@ STEPS = (
      "at 12.4% / 35.2%, long-context 16 at 16.9% / 35.2%); the maximum-length rows (issue #45 item 3, first run the "
      "same day without it): fpdt-t5-ul-z2 from 32K (-50%) to 64K (0%), the three offloaded-checkpoint Ulysses rows "
      "predicted (256K, 256K, 512K against 512K each)"),
+    ("xtuner framework", "the XTuner rows run on their own framework data (`memo_sim/frameworks/data/xtuner.yaml`: "
+     "HF transformers' loss, logits cast to fp32 and torch's cross-entropy over every token of the rank, the "
+     "torch_fused kernel, where the deepspeed data's vocab_parallel one stood in for it): their peaks rise by the "
+     "logits (xtuner-yi-34b-256k-sp8 57 to 69 GiB, 81.8 GB reserved) but no replay reaches the device's capacity "
+     "(0 reorganisations), so the step times move by the loss kernel's HBM bytes only: xtuner-llama2-7b-32k-sp1 "
+     "-4.5% to -4.6%, xtuner-yi-34b-128k-sp8 -7.3% to -7.4%, xtuner-yi-34b-128k-sp8-16gpu -16.2% to -16.3%, the "
+     "others unchanged; XTuner's three OOM statements checked on it too"),
 )
 
 

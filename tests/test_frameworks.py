@@ -19,7 +19,7 @@ from memo_sim.search.frameworks import get_framework
 from memo_sim.search.whatif import candidates_for
 
 NAMES = ("any", "megatron@2021", "megatron@2022", "megatron@2023", "megatron", "deepspeed", "torchtitan",
-         "memo-paper", "sppo-paper")
+         "memo-paper", "sppo-paper", "xtuner")
 
 
 def test_every_named_framework_is_a_file_with_sources():
