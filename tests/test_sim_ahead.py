@@ -1,8 +1,8 @@
-"""SPPO's candidates simulated ahead (`memo_sim.search.sim_ahead`) while the analytic tier goes on:
-the summaries are the ones simulated in this process, tier 2 takes them instead of simulating
-again; one pool of workers for every batch of a query's tier 2 (`Tier2Pool`) returns the serial
-summaries; and a what-if with ``jobs`` > 1 (SPPO's search beside the rest, `memo_sim.search.sppo_beside`)
-answers what it answers with one job."""
+"""Tier 2's summaries taken from where they were simulated early (SPPO's search beside the rest,
+`memo_sim.search.sppo_beside`: tier 2 takes its child's summaries instead of simulating again, and
+they are the ones simulated in this process); one pool of workers for every batch of a query's tier 2
+(`Tier2Pool`) returns the serial summaries; and a what-if with ``jobs`` > 1 answers what it answers
+with one job."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 from memo_sim.model.config import get_model
 from memo_sim.profile import load_profile
 from memo_sim.search import whatif as w
-from memo_sim.search.sim_ahead import SimulatedAhead
+from memo_sim.search.sppo_beside import SppoBeside
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,87 +34,26 @@ def cands():
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="simulating ahead forks")
-def test_ahead_summaries_are_the_plain_ones_and_tier2_takes_them(cands, monkeypatch):
+def test_summaries_from_the_child_are_the_plain_ones_and_tier2_takes_them(cands, monkeypatch):
+    """Two candidates simulated in `SppoBeside`'s child: tier 2 takes their summaries (the ones simulated
+    here) and simulates only the third itself."""
     cands = cands[:3]
-    ahead = SimulatedAhead(cands[:2], [w._summary_args(c, True, 0) for c in cands[:2]], w._simulate_summary)
+    model, profile = cands[0].model, cands[0].profile
+    beside = SppoBeside(lambda: (None, cands, [], ""), lambda cs: cs[:2],
+                        lambda c: w._simulate_summary(w._summary_args(c, True, 0)), shared=(model, profile))
     try:
-        plain = [w._simulate_summary(w._summary_args(c, True, 0)) for c in cands]
+        _s, got_cands, _r, _w = beside.result()
+        assert got_cands[0].model is model and got_cands[0].profile is profile  # shared, not copies
+        plain = [w._simulate_summary(w._summary_args(c, True, 0)) for c in got_cands]
         simulated_here = []
         real = w._simulate_summary
         monkeypatch.setattr(w, "_simulate_summary", lambda args: simulated_here.append(args) or real(args))
-        got = w.simulate_candidates(cands, jobs=1, ahead=ahead)
+        got = w.simulate_candidates(got_cands, jobs=1, ahead=beside)
     finally:
-        ahead.close()
+        beside.close()
     assert [_strip(g) for g in got] == [_strip(p) for p in plain]
-    assert [c.simulated for c in cands] == got
-    assert len(simulated_here) == 1 and simulated_here[0][1] is cands[2].layout  # only the one not ahead
-
-
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="simulating ahead forks")
-def test_close_ends_every_child_never_read(cands):
-    ahead = SimulatedAhead(cands[:2], [w._summary_args(c, True, 0) for c in cands[:2]], w._simulate_summary,
-                           children=2)
-    pids = [c.pid for c in ahead._children]
-    assert len(pids) == 2
-    ahead.close()
-    for pid in pids:
-        with pytest.raises(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)  # reaped: no zombie left
-
-
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="simulating ahead forks")
-def test_children_share_the_work_and_each_summary_is_the_plain_one(cands):
-    """Three candidates in two children, the heaviest alone: each summary is the one simulated
-    here, whichever child ran it and in whatever order they are taken."""
-    cands = cands[:3]
-    weights = [1, 5, 2]
-    ahead = SimulatedAhead(cands, [w._summary_args(c, True, 0) for c in cands], w._simulate_summary, children=2,
-                           weights=weights)
-    try:
-        assert sorted(c.items for c in ahead._children) == [[0, 2], [1]]
-        got = [ahead.take(c) for c in reversed(cands)][::-1]
-    finally:
-        ahead.close()
-    plain = [w._simulate_summary(w._summary_args(c, True, 0)) for c in cands]
-    assert [_strip(g) for g in got] == [_strip(p) for p in plain]
-
-
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="simulating ahead forks")
-def test_a_child_that_dies_leaves_its_candidates_to_the_caller():
-    """A child killed before it answers: `take` says None for its candidates (tier 2 then simulates
-    them itself), and the other child's summaries still come back."""
-    import signal
-    import time
-
-    def fn(x):
-        if x == "slow":
-            time.sleep(60)
-        return {"x": x}
-
-    cands = [object(), object()]
-    ahead = SimulatedAhead(cands, ["slow", "fast"], fn, children=2)
-    try:
-        os.kill(ahead._of[0].pid, signal.SIGKILL)
-        assert ahead.take(cands[0]) is None
-        assert ahead.take(cands[1]) == {"x": "fast"}
-    finally:
-        ahead.close()
-
-
-def test_share_out_gives_the_longest_to_the_least_loaded():
-    from memo_sim.search.sim_ahead import share_out
-
-    assert share_out([3, 1, 2], 2) == [[0], [1, 2]]
-    assert share_out([1, 1, 1], 1) == [[0, 1, 2]]
-    assert share_out([5], 4) == [[0]]  # never more children than candidates
-    assert share_out([2, 2, 1, 1], 2) == [[0, 2], [1, 3]]
-    assert share_out([], 3) == []
-
-
-def test_one_weight_per_candidate(cands):
-    with pytest.raises(ValueError, match="one weight per candidate"):
-        SimulatedAhead(cands[:2], [w._summary_args(c, True, 0) for c in cands[:2]], w._simulate_summary,
-                       weights=[1.0])
+    assert [c.simulated for c in got_cands] == got
+    assert len(simulated_here) == 1 and simulated_here[0][1] == got_cands[2].layout  # only the one not ahead
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="the pool forks")

@@ -26,7 +26,7 @@ from memo_sim.forked import FORKS, ForkedStream
 class SppoBeside:
     """``search()`` (returning ``(search, candidates, rejected layouts, why none)``) in a forked
     child, then ``simulate(c)`` of each candidate ``choose(candidates)`` picks; `result` and
-    `has` / `take` (the `memo_sim.search.sim_ahead.SimulatedAhead` protocol tier 2 reads) here.
+    `has` / `take` (what `memo_sim.search.whatif.simulate_candidates` reads as ``ahead``) here.
     ``shared``: the objects the candidates refer to that this process holds (model, profile)."""
 
     def __init__(self, search: Callable[[], tuple], choose: Callable[[list], list],

@@ -45,7 +45,6 @@ from memo_sim.search.estimate import estimate_iteration, memo_alpha
 from memo_sim.search.frameworks import get_framework
 from memo_sim.search.pipeline import micro_batch_sizes, pipeline_candidate, pipeline_candidates
 from memo_sim.forked import FORKS
-from memo_sim.search.sim_ahead import SimulatedAhead
 from memo_sim.search.sppo_beside import SppoBeside
 from memo_sim.search.prune import SIMULATE_ALL, SIMULATE_BOUND, PruneReport, parse_simulate_top, simulate_by_bound
 from memo_sim.search.sppo import point_candidate, resolve_for_layout, sppo_candidates, summarize
@@ -115,8 +114,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
                    first_stage_layers: int | None = None, last_stage_layers: int | None = None,
                    ep: int | None = None, etp: int | None = None, moe_dispatcher: str = "alltoall",
                    moe_balance: str = "dropless", dp_mode: str | None = None, alloc_conf: str | None = None,
-                   allocator: str = "caching", on_sppo: Callable[[list[Candidate]], None] | None = None,
-                   sppo_beside: Callable[..., SppoBeside] | None = None) -> WhatIfResult:
+                   allocator: str = "caching", sppo_beside: Callable[..., SppoBeside] | None = None) -> WhatIfResult:
     """Every valid layout x policy x schedule x micro-batch size (MEMO at its solved alpha) for
     ``framework``, estimated and ranked (the strategies of `SEARCH_STRATEGIES`).
 
@@ -128,10 +126,9 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     ``pp``, ``vpp`` fix the pipeline (pp 1: none); ``subseqs``, ``partition``, ``multiplex`` fix
     parts of the SPPO search. ``schedules``: only these schedules (default: the framework's).
     Every schedule the framework runs is searched, micro-batch pipelines included, unless
-    ``schedules`` or ``pp`` 1 leaves them out (`WhatIfResult.searched` says what was searched). ``on_sppo``
-    is called with SPPO's candidates as soon as its search is done, before anything else is priced;
-    ``sppo_beside(search, shared)`` instead runs that search beside the rest
-    (`memo_sim.search.sppo_beside.SppoBeside`; the same candidates in the same places).
+    ``schedules`` or ``pp`` 1 leaves them out (`WhatIfResult.searched` says what was searched).
+    ``sppo_beside(search, shared)`` runs SPPO's search beside the rest (`memo_sim.search.sppo_beside.SppoBeside`;
+    the same candidates in the same places); without it the search runs here first.
     ``optimizer_offload``: True searches only single-stage layouts with the optimizer on the host
     (`memo_sim.cost.optimizer_offload`), False none; None (default) adds them where nothing else fits
     and the framework offers it. ``first_stage_layers`` / ``last_stage_layers``: the first and last
@@ -201,8 +198,8 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     rejected: list[tuple[Layout, str]] = []
     searched: dict = {"schedules": []}
     why_none = "no factorisation of the GPU count matches the fixed degrees"
-    # SPPO's search first, so that its candidates are known (``on_sppo``: simulated ahead) while
-    # the single stage is priced; they are listed after the single stage's all the same
+    # SPPO's search first (or beside the rest, ``sppo_beside``); its candidates are listed after the single
+    # stage's all the same
     search, sppo_tried = None, (sppo_pols and "sppo" in allowed and (vpp is None or vpp == 1) and micro_batch is None
                                 and not optimizer_offload and not uneven_flags and not model.moe)
     if sppo_pols and model.moe:
@@ -218,8 +215,6 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
             beside = sppo_beside(run_sppo, (model, profile))
         else:
             search, sppo_cands, sppo_rejected, sppo_why = run_sppo()
-            if on_sppo is not None and search is not None:
-                on_sppo(sppo_cands)
     if plain and "single_stage" in allowed and (pp is None or pp == 1) and (vpp is None or vpp == 1):
         valid, rej = enumerate_layouts(model, gpus, profile.node_gpus, seq, tp=tp, cp=cp, ulysses=ulysses,
                                        dp=dp, zero=zero, sp=sp, tp_modes=modes,
@@ -535,7 +530,7 @@ class Tier2Pool:
 
 def simulate_candidates(candidates: list[Candidate], progress: Progress | None = None, *,
                         contention: bool = True, allocator_lag: int = 0, jobs: int = 1,
-                        ahead: SimulatedAhead | None = None, pool: Tier2Pool | None = None) -> list[dict]:
+                        ahead: SppoBeside | None = None, pool: Tier2Pool | None = None) -> list[dict]:
     """Tier 2 of the what-if: simulate each candidate and store the summary in
     ``candidate.simulated`` (the keys `Candidate.to_plan` reads). Returns the summaries, in the
     candidates' order.
@@ -544,7 +539,7 @@ def simulate_candidates(candidates: list[Candidate], progress: Progress | None =
     the platform can; ``pool``, a `Tier2Pool` that holds these candidates, instead of a new one);
     a simulation is deterministic, so the summaries are the serial run's (all
     but ``sim_wall_s``, the host seconds each took), in the same order. ``progress(done, total)``
-    is called as they come in. ``ahead``: summaries started early (`memo_sim.search.sim_ahead`,
+    is called as they come in. ``ahead``: summaries started early (`memo_sim.search.sppo_beside`,
     simulated with the same settings), taken from there for the candidates it has."""
     global _FORKED_WORK
     if jobs < 1:
@@ -695,12 +690,6 @@ def sppo_always(ranked: list[Candidate], n: int) -> list[Candidate]:
     return [c for i, c in enumerate(picked) if not any(c is x for x in picked[:i])]
 
 
-def sppo_units(c: Candidate) -> int:
-    """What simulating an SPPO candidate is expected to cost, for sharing them out among processes:
-    its (subsequence, layer) units over all stages (the few extra pieces of a multiplexed split left out)."""
-    return max(1, c.policy.subseqs) * c.model.layers
-
-
 def rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, *,
          simulate_top: int | str = SIMULATE_BOUND, progress: Progress | None = None, allocator_lag: int = 0,
          sppo_simulate: int = SPPO_SIMULATED, jobs: int = 1, **fixed) -> WhatIfResult:
@@ -715,7 +704,7 @@ def rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, *,
     (`WhatIfResult.sppo_summary`). ``jobs``: processes for tier 2 (`simulate_candidates`).
     ``fixed``: `candidates_for`'s keyword arguments."""
     mode = parse_simulate_top(simulate_top)
-    ahead: list = []  # `SimulatedAhead` or `SppoBeside`: summaries tier 2 takes instead of simulating
+    ahead: list[SppoBeside] = []  # summaries tier 2 takes instead of simulating
 
     def first_simulated(sppo_cands: list[Candidate]) -> list[Candidate]:
         """SPPO's candidates that tier 2 will simulate whatever else it does: the verdict's SPPO
@@ -727,18 +716,9 @@ def rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, *,
             return [c for c in (best_fit(ranked, SPPO_VS_MEMO.a),) if c is not None] if memo_side else []
         return sppo_always(ranked, sppo_simulate) if sppo_simulate else []
 
-    def start_ahead(sppo_cands: list[Candidate]) -> None:
-        """`first_simulated` simulated from now on in up to ``jobs`` forked processes, the longest
-        apart, while the rest is priced (with one job nothing runs beside this process: tier 2
-        simulates them)."""
-        if mode and jobs > 1:
-            first = first_simulated(sppo_cands)
-            if first:
-                ahead.append(SimulatedAhead(first, [_summary_args(c, True, allocator_lag) for c in first],
-                                            _simulate_summary, children=jobs, weights=[sppo_units(c) for c in first]))
-
     def beside(search, shared) -> SppoBeside:
-        """SPPO's search in a forked child beside the rest of tier 1, then `first_simulated` there."""
+        """SPPO's search in a forked child beside the rest of tier 1, then `first_simulated` there (with one
+        job, or where the platform cannot fork, the search runs here and tier 2 simulates them)."""
         b = SppoBeside(search, first_simulated if mode else (lambda cands: []),
                        lambda c: _simulate_summary(_summary_args(c, True, allocator_lag)), shared)
         ahead.append(b)
@@ -747,8 +727,7 @@ def rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, *,
     if jobs > 1 and FORKS:
         fixed = dict(fixed, sppo_beside=beside)
     try:
-        return _rank(model, seq, gpus, profile, mode, progress, allocator_lag, sppo_simulate, jobs, start_ahead,
-                     ahead, fixed)
+        return _rank(model, seq, gpus, profile, mode, progress, allocator_lag, sppo_simulate, jobs, ahead, fixed)
     finally:
         for a in ahead:
             a.close()
@@ -772,10 +751,10 @@ def _simulate_verdict_sides(candidates: list[Candidate], head: list[Candidate], 
 
 
 def _rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, mode, progress, allocator_lag: int,
-          sppo_simulate: int, jobs: int, start_ahead, ahead: list, fixed: dict) -> WhatIfResult:
-    """`rank` once the SPPO candidates it simulates ahead are planned (``start_ahead``)."""
+          sppo_simulate: int, jobs: int, ahead: list, fixed: dict) -> WhatIfResult:
+    """`rank` with SPPO's search beside the rest where ``fixed`` says so (``ahead``: what it simulates)."""
     with gc_paused():  # tens of thousands of long-lived candidates and memos, no garbage cycles
-        result = candidates_for(model, seq, gpus, profile, on_sppo=start_ahead, **fixed)
+        result = candidates_for(model, seq, gpus, profile, **fixed)
     if mode:
         fitting = [c for c in result.candidates if c.memory.status == "OK"]
         extra = []  # the bound search skips SPPO's candidates by their proved bound like any other
