@@ -25,9 +25,9 @@ CONFIG_FILE = "ds_config.json"
 LAUNCH_FILE = "deepspeed.sh"
 
 _RUNS = {"store_all": "no activation checkpointing",
-         "full_recompute": "activation_checkpointing (each layer's input kept, the layer recomputed)"}
-_CPU_NOTE = ("the nearest DeepSpeed mechanism, cpu_checkpointing, keeps only each layer's input on the host and "
-             "recomputes the rest")
+         "full_recompute": "activation_checkpointing (each layer's input kept, the layer recomputed)",
+         "checkpoint_offload": "activation_checkpointing with cpu_checkpointing (each layer's input on the host, "
+                               "the layer recomputed)"}
 
 
 def gaps(plan: Plan) -> list[Gap]:
@@ -37,7 +37,8 @@ def gaps(plan: Plan) -> list[Gap]:
                        f"DeepSpeed-Ulysses over {plan.layout.cp} GPUs (--ds-sequence-parallel-size)",
                        PlanChange(layout={"cp": 1, "ulysses": plan.layout.ulysses * plan.layout.cp})))
     out += metp_gap(plan) + interleave_gap(plan)
-    out += policy_gaps(plan, _RUNS, notes={"memo": _CPU_NOTE, "full_offload": _CPU_NOTE})
+    # an offloading policy's nearest is cpu_checkpointing (only the layer inputs on the host), any other's full recompute
+    out += policy_gaps(plan, _RUNS, fallback="checkpoint_offload" if plan.policy.offloads else "full_recompute")
     out += gemm_format_gap(plan, "deepspeed") + optimizer_offload_gap(plan, "deepspeed")
     out += uneven_stages_gap(plan, "Megatron-DeepSpeed")
     m = plan.model
@@ -62,10 +63,10 @@ def config(plan: Plan, applied: list[Gap]) -> dict:
     }
     if m.dtype in ("bf16", "fp16"):
         cfg[m.dtype] = {"enabled": True}
-    if pol.name == "full_recompute":
+    if pol.recomputes_attention:  # full recompute, its inputs on the GPU or (checkpoint_offload) on the host
         cfg["activation_checkpointing"] = {
             "partition_activations": lay.tp > 1,
-            "cpu_checkpointing": plan.policy.name in ("memo", "full_offload"),
+            "cpu_checkpointing": pol.offloads,
             "contiguous_memory_optimization": False,
             "number_checkpoints": m.layers,
         }
@@ -87,11 +88,11 @@ def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | None]]:
         args.append(("--ds-sequence-parallel-size", str(lay.ulysses)))
     if m.dtype in ("bf16", "fp16"):
         args.append((f"--{m.dtype}", None))
-    if pol.name == "full_recompute":
+    if pol.recomputes_attention:
         args.append(("--deepspeed-activation-checkpointing", None))
         if lay.tp > 1:
             args.append(("--partition-activations", None))
-        if plan.policy.name in ("memo", "full_offload"):
+        if pol.offloads:
             args.append(("--checkpoint-in-cpu", None))
     args += [("--deepspeed", None), ("--deepspeed_config", CONFIG_FILE)]
     return args
