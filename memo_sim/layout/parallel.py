@@ -89,7 +89,7 @@ executor before it (False, left out of `Layout.to_dict`).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, fields, replace
 from itertools import product
 from typing import Annotated, Any, Literal
 
@@ -283,7 +283,7 @@ class Layout:
         return "-".join(parts)
 
     def to_dict(self) -> dict:
-        d = asdict(self)
+        d = {f.name: getattr(self, f.name) for f in fields(self)}  # every field is a scalar (no deep copy needed)
         if self.pp == 1:  # plans without a pipeline keep their pre-SPPO shape
             del d["pp"]
         if self.vpp == 1:  # and those without virtual stages their pre-interleaving one
