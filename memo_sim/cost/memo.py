@@ -58,7 +58,6 @@ def memoised(maxsize: int = 4096) -> Callable[[F], F]:
             return value
 
         wrapper.cache_clear = cache.clear  # type: ignore[attr-defined]
-        wrapper.cache_dict = cache  # type: ignore[attr-defined]
         return wrapper  # type: ignore[return-value]
     return deco
 
@@ -87,7 +86,6 @@ def memoised_by(key: Callable[..., Hashable], maxsize: int = 4096) -> Callable[[
             return value
 
         wrapper.cache_clear = cache.clear  # type: ignore[attr-defined]
-        wrapper.cache_dict = cache  # type: ignore[attr-defined]
         return wrapper  # type: ignore[return-value]
     return deco
 
