@@ -1,15 +1,14 @@
-"""Work done in a forked child while this process goes on: `ForkedChild` runs a function over
-some work items in a child made with ``os.fork`` (it shares this process's memory as it was at the
-fork, so nothing is pickled on the way in) and sends the results back on a pipe, pickled; no
-thread. `beside` runs two lists of calls at the same time: one here, the other in one child.
-`ForkedStream` runs a generator in a child and hands its values over one at a time, as each is
-made; objects this process already holds (``shared``: a model, a hardware profile) go over the
+"""Work done in a forked child while this process goes on: `ForkedStream` runs a generator in a
+child made with ``os.fork`` (it shares this process's memory as it was at the fork, so nothing is
+pickled on the way in) and hands its values back on a pipe, pickled, one at a time as each is made;
+no thread. Objects this process already holds (``shared``: a model, a hardware profile) go over the
 pipe as references and come back as this process's own objects, not copies (so that the caches
-keyed by their identity serve both).
+keyed by their identity serve both). `beside` runs two lists of calls at the same time: one here,
+the other in one child.
 
 Where the platform cannot fork (``os.fork`` missing), callers run the work here instead
-(`FORKS` says which); a child that dies without an answer gives None for each of its items, and
-an exception raised in the child is raised again here when its result is asked for.
+(`FORKS` says which); a child that dies without an answer gives None, and an exception raised in
+the child is raised again here when its result is asked for.
 """
 
 from __future__ import annotations
@@ -20,64 +19,6 @@ import pickle
 from typing import Any, Callable, Sequence
 
 FORKS = hasattr(os, "fork")
-
-
-class ForkedChild:
-    """One forked child computing ``fn(work[i])`` for each ``i`` of ``items``, and the pipe the
-    results come back on."""
-
-    def __init__(self, items: list[int], work: Sequence, fn: Callable[[Any], Any]):
-        self.items = items
-        self.results: list | None = None
-        self.pid = None
-        self.read = None
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: compute, write the results, leave without the parent's exit handlers
-            os.close(r)
-            code = 0
-            try:
-                gc.freeze()
-                try:
-                    out = ("ok", [fn(work[i]) for i in items])
-                except BaseException as e:  # noqa: BLE001  (handed to the parent, which raises it)
-                    out = ("error", e)
-                with os.fdopen(w, "wb") as f:
-                    pickle.dump(out, f, protocol=pickle.HIGHEST_PROTOCOL)
-            except BaseException:  # noqa: BLE001
-                code = 1
-            os._exit(code)
-        os.close(w)
-        self.pid, self.read = pid, r
-
-    def result(self, i: int):
-        """The result of work item ``i`` (one of ``items``), waiting for the child where it is not
-        done; None where the child died without one."""
-        if self.results is None:
-            try:
-                with os.fdopen(self.read, "rb") as f:
-                    self.read = None
-                    status, value = pickle.load(f)
-            except (EOFError, pickle.UnpicklingError):
-                status, value = "ok", [None] * len(self.items)
-            self.reap()
-            if status != "ok":
-                raise value
-            self.results = value
-        return self.results[self.items.index(i)]
-
-    def reap(self) -> None:
-        if self.pid is not None:
-            os.waitpid(self.pid, 0)
-            self.pid = None
-
-    def close(self) -> None:
-        if self.read is not None:
-            os.close(self.read)
-            self.read = None
-        if self.pid is not None:
-            _end(self.pid)
-            self.pid = None
 
 
 def _end(pid: int) -> None:
@@ -182,13 +123,13 @@ def beside(mine: Sequence[tuple[Callable, tuple]], theirs: Sequence[tuple[Callab
     mine, theirs = list(mine), list(theirs)
     if not FORKS or not mine or not theirs:
         return [_call(c) for c in mine + theirs]
-    child = ForkedChild(list(range(len(theirs))), theirs, _call)
+    child = ForkedStream(lambda: iter([[_call(c) for c in theirs]]))
     try:
         here = [_call(c) for c in mine]
-        there = [child.result(i) for i in range(len(theirs))]
+        there = child.next()
     finally:
         child.close()
-    return here + [r if r is not None else _call(c) for r, c in zip(there, theirs)]
+    return here + (there if there is not None else [_call(c) for c in theirs])
 
 
-__all__ = ["FORKS", "ForkedChild", "ForkedStream", "beside"]
+__all__ = ["FORKS", "ForkedStream", "beside"]

@@ -90,3 +90,10 @@ def test_its_proved_bound_never_exceeds_the_simulation(seq, zero):
     for c in ok:
         assert c.simulated["status"] == "OK"
         assert 0 < lower_bound(c) <= c.simulated["iteration_s"] * (1 + 1e-9)
+
+
+def test_the_loss_kernels_are_the_layouts_names():
+    from memo_sim.cost.loss_kernels import KERNELS
+    from memo_sim.model.layer_graph import CROSS_ENTROPY_KERNELS
+
+    assert tuple(KERNELS) == CROSS_ENTROPY_KERNELS  # one kernel table for time and memory, the layout's names

@@ -45,6 +45,8 @@ KINDS = {
     "full_recompute": (1, ["--layers", "4", "--policy", "full_recompute"]),
     "full_offload": (1, ["--layers", "4", "--policy", "full_offload"]),
     "checkpoint-offload": (1, ["--layers", "4", "--policy", "checkpoint_offload", "--framework", "deepspeed"]),
+    # XTuner's framework data: its plans carry HF's loss kernel (torch_fused), which the executor runs as its own
+    "xtuner": (1, ["--layers", "4", "--policy", "full_recompute", "--framework", "xtuner"]),
     "memo": (1, ["--layers", "4", *MEMO]),
     "sppo-pp1": (1, ["--layers", "4", "--policy", "sppo", "--subseqs", "2"]),
     "selective-megatron": (1, ["--layers", "4", "--policy", "selective_recompute", "--framework", "megatron"]),

@@ -101,6 +101,10 @@ def test_maxseq_command_with_fixed_degrees():
     assert r.exit_code == 0 and "fixed: tp 8, tp-mode megatron" in r.output
     r = CliRunner().invoke(cli, args + ["--zero", "5"])
     assert r.exit_code == 2 and "--zero" in r.output
+    for bad, words in ((["--tp", "3"], "no factorisation"), (["--framework", "deepspeed", "--tp", "2"], "tensor"),
+                       (["--framework", "deepspeed", "--policy", "memo"], "deepspeed does not offer")):
+        r = CliRunner().invoke(cli, args + bad)  # no layout at all: refused in one line, not answered "none"
+        assert r.exit_code == 2 and r.output.count("\n") == 1 and words in r.output, r.output
 
 
 def test_a_simulated_failure_ranks_after_every_fit_without_a_throughput():

@@ -24,6 +24,7 @@ from memo_sim.cost.param_split import GpuParams, model_gpu_params
 from memo_sim.cost.memo import memoised
 from memo_sim.model.flops import classifier_flops
 from memo_sim.cost.kernel_time import gemm_bytes, gemm_time, memory_bound_time
+from memo_sim.cost.loss_kernels import loss_kernel
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
 from memo_sim.model.layer_graph import DTYPE_BYTES
@@ -64,27 +65,9 @@ def boundary_times(model: ModelConfig, layout: Layout, batch: int, seq: int,
     return BoundaryTimes(emb, cls, optim)
 
 
-FP32 = 4
-
-
 def cross_entropy_bytes_per_logit(kernel: str, dtype_bytes: int) -> float:
-    """HBM bytes the loss moves per logit (forward and backward), counted from each
-    implementation's kernels; logits of ``dtype_bytes`` (d), softmax in fp32. A cast to fp32 and
-    back (d + 4 each way) only when d != 4.
-
-    - ``chunked`` (memo_exec/model.py `ChunkedHead`): cast; logsumexp (two reads, 8); in-place
-      subtract and exp (16); in-place scale of the gradient (8); cast back: 2(d + 4) + 32.
-    - ``vocab_parallel`` (Megatron-LM's `_VocabParallelCrossEntropy`, megatron/core/tensor_parallel/
-      cross_entropy.py at f2e5db402c, and mpu/cross_entropy.py of 2021): ``.float()``; max (4);
-      in-place subtract (8); exp (8); sum (4); in-place divide (8); backward in-place multiply
-      (8); cast back: 2(d + 4) + 40.
-    - ``torch_fused`` (``F.cross_entropy(logits.float())``, torchtitan): cast; log_softmax forward
-      (max pass, sum pass, write pass: 16); nll backward writes a zeroed gradient (4);
-      log_softmax backward (sum pass, write pass: 16); cast back: 2(d + 4) + 36 (counted from
-      ATen's kernel structure, not measured).
-    """
-    cast = 2 * (dtype_bytes + FP32) if dtype_bytes != FP32 else 0
-    return cast + {"chunked": 32, "vocab_parallel": 40, "torch_fused": 36}[kernel]
+    """HBM bytes the loss moves per logit, forward and backward (`memo_sim.cost.loss_kernels`)."""
+    return loss_kernel(kernel).hbm_bytes_per_logit(dtype_bytes)
 
 
 def optimizer_seconds(model: ModelConfig, layout: Layout, params: GpuParams, layers: float,

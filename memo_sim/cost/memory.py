@@ -20,40 +20,23 @@ from __future__ import annotations
 
 from memo_sim.cost.activations import tokens_per_gpu
 from memo_sim.cost.gemm_format import weight_cache_bytes
+from memo_sim.cost.loss_kernels import loss_kernel
 from memo_sim.cost.param_split import layer_gpu_params, model_gpu_params
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
 from memo_sim.model.layer_graph import DTYPE_BYTES
 
 CLASSIFIER_CHUNK_TOKENS = 8192
-FP32 = 4
-
-
 def loss_bytes_per_logit(kernel: str, dtype_bytes: int) -> float:
-    """Bytes per logit the loss keeps live at its peak, logits of ``dtype_bytes`` (d), softmax in fp32,
-    counted from each implementation's tensors (the kernels of
-    `memo_sim.cost.boundary.cross_entropy_bytes_per_logit`):
-
-    - ``chunked`` (memo_exec/model.py `ChunkedHead`, per chunk): the chunk's logits, their fp32
-      softmax and its fp32 gradient: d + 8.
-    - ``vocab_parallel`` (Megatron-LM's `_VocabParallelCrossEntropy`): the output layer's logits and
-      their ``.float()`` copy, on which max, exp and the division run in place and which the backward
-      turns into the gradient in place, cast back beside it: d + 4.
-    - ``torch_fused`` (``F.cross_entropy(logits.float())``, torchtitan): the logits, their fp32 copy
-      and log_softmax's saved output in the forward (d + 8); in the backward that output, the nll
-      gradient and log_softmax's input gradient (12): the larger. Without a cast (fp32 logits) the
-      copy is the logits themselves.
-    """
-    cast = dtype_bytes if dtype_bytes != FP32 else 0
-    return {"chunked": dtype_bytes + 2 * FP32, "vocab_parallel": cast + FP32,
-            "torch_fused": max(cast + 2 * FP32, 3 * FP32)}[kernel]
+    """Bytes per logit the loss keeps live at its peak (`memo_sim.cost.loss_kernels`)."""
+    return loss_kernel(kernel).live_bytes_per_logit(dtype_bytes)
 
 
 def loss_tokens(layout: Layout, batch: int, seq: int, chunk_tokens: int = CLASSIFIER_CHUNK_TOKENS) -> int:
     """Tokens whose logits the loss holds at once on one GPU: one chunk under memo's chunked kernel,
     the micro-batch's every token (``batch`` sequences) under the frameworks' kernels."""
     tokens = tokens_per_gpu(layout, batch, seq)
-    return min(chunk_tokens, tokens) if layout.cross_entropy == "chunked" else tokens
+    return min(chunk_tokens, tokens) if loss_kernel(layout.cross_entropy).chunked else tokens
 
 
 def model_state_parts(model: ModelConfig, layout: Layout) -> dict[str, float]:

@@ -91,7 +91,7 @@ ROLES = ("input", "attn", "other", "lse", "transient")
 # GEMMs over the whole s x s score matrix, a fused softmax, dropout)
 ATTENTION_KERNELS = ("flash", "cudnn", "materialised")
 # cross-entropy implementations (`memo_sim.layout.parallel.Layout.cross_entropy`; HBM passes per
-# logit in `memo_sim.cost.boundary.cross_entropy_bytes_per_logit`)
+# logit and the bytes it keeps live in `memo_sim.cost.loss_kernels`)
 CROSS_ENTROPY_KERNELS = ("chunked", "vocab_parallel", "torch_fused")
 
 def block_tensors(tp_mode: str) -> frozenset[str]:

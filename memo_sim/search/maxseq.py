@@ -139,6 +139,8 @@ def max_seq(model: ModelConfig, gpus: int, profile: HardwareProfile, policy: str
         raise MemoError(f"--allocator must be caching or plan for one answer, got {allocator!r}")
     hi = 1
     cands = _ranked(model, step, gpus, profile, policy, framework, allocator, fixed)
+    if isinstance(cands, str):  # no candidate at all, not one out of memory: the request itself (a policy the
+        raise MemoError(cands)  # framework lacks, degrees that no layout of the GPUs matches) is refused
     if not _fits(cands):
         return MaxSeqAnswer(policy, step, None, None, step, binding_constraint(cands), allocator)
     lo = 1
