@@ -749,51 +749,42 @@ _VPP7 = ("the interleaved schedule with one-layer chunks (VPP 7). memo gives it 
 MOE_OUTLIERS: dict[str, str] = {
     # the Model Zoo's Qwen3-235B-A22B rows (memo's per-layer split from `memo_sim.report.moe_split` at this commit)
     "moe-zoo-qwen3-235b-a1-ep32": (
-        "memo too fast; not pinned down to one mechanism. The h100-sxm5-80gb profile's GEMM curve is an assumption "
-        "never calibrated on an H100 (the dense megatron2024 H100 rows are too fast the same way, most where the GEMMs "
-        "are small); memo prices the cross-node DeepEP dispatch and combine (EP 32 over 4 nodes, 50 GB/s per GPU) at 36% "
-        "of a layer, the experts' grouped GEMMs (4096 tokens per expert per micro-batch) at 34%, attention at 26%. "
+        "memo too fast; not pinned down to one mechanism. memo prices the cross-node DeepEP dispatch and combine (EP "
+        "32 over 4 nodes, 50 GB/s per GPU) at 58% of a layer, the experts' grouped GEMMs (4096 tokens per expert per "
+        "micro-batch, at the H100's measured 0.72 of the peak) at 22%, attention (cuDNN 9.19 as measured on an H200) "
+        "at 17%; the measured curves moved the row from -12.0%. "
         "What the row ran that memo does not model: the fp32 router with its aux-loss and the router/permute fusions, "
         "--manual-gc, and --tp-comm-overlap and --overlap-param-gather (those two would make memo faster still). The "
         "a2 row (the same layout with the all-to-all hidden behind the other micro-batch) ran 11% faster on the "
         "cluster; memo, which leaves the all-to-all exposed, lands on a2's time, so on this layout memo's compute is "
         "too fast or its all-to-all too slow, and the two rows cannot tell which"),
     "moe-zoo-qwen3-235b-a5-tp4": (
-        "memo too fast by far; not pinned down. memo predicts this layout 3% faster than a1 (its EP 8 stays inside "
-        "the node: dispatch and combine 15% of memo's layer instead of a1's 36%), the cluster measured it 47% slower "
-        "(167 against 245 TFLOP/s). Neither the balance (memo's dropless is within 1%) nor the recompute reading "
-        "(the table's blank column read as none; `recompute_norm_act` is beside the row) moves memo much. What "
-        "changes from a1 and what memo may misprice there: GEMMs a quarter and half the size (TP 4 splits the "
-        "attention projections of h=4096 four ways; at forced balance each expert gets 512 tokens per micro-batch, "
-        "against 4096 in a1, priced on the profile's assumed small-GEMM curve), the TP-4 sequence-parallel "
-        "all-gathers and reduce-scatters (6% of memo's layer) with --tp-comm-overlap's userbuffer kernels taking SMs "
-        "from the GEMMs, and a store-all run with 39 micro-batches in flight on the first rank (memo: 54 of 78 GiB "
-        "at peak; expandable segments, which the yaml sets, are not modelled). A calibrated H100 profile (`memo-exec "
-        "calibrate`) would separate the GEMM part from the rest"),
-    **{f"moe-zoo-qwen3-235b-long-{k}-forced": (
-        "memo too slow, by more as the sequence grows (16K +1%, 32K +9%, 64K +16%, 128K +21%) while attention's share "
-        "of memo's layer grows (52%, 66%, 79%, 88%): the attention kernels. The profile's attention curves are "
-        "assumptions (FlashAttention-2 on Hopper: at most 48% of the bf16 peak forward, 40% backward), never "
-        "calibrated; the run uses TransformerEngine's attention (the yaml's --transformer-impl transformer_engine; "
-        "which backend, cuDNN fused attention or FlashAttention, is not stated), whose Hopper kernels can run well "
-        "above FlashAttention-2's share of the peak. The ring CP at CP >= 2 (its per-step kernels on s / CP chunks and the KV "
-        "sends overlapped with them) is priced by memo's ring model, which has no measurement at these lengths either. "
-        "The dropless row of the same length looks closer only because its router imbalance, which memo lacks, "
-        "offsets this") for k in ("64k", "128k")},
-    "moe-zoo-qwen3-235b-long-128k-dropless": (
-        "memo too slow: the attention kernels, as in the forced row of the same length (+20.9%), less the router "
-        "imbalance memo lacks (the 16K and 32K dropless rows), which offsets part of it. At CP 8 memo prices the "
-        "ring as memo's executor runs it (`memo_sim/cost/ring_attention.py`: 2·CP+1 kernels of c = s/16 tokens per "
-        "layer pass, each at the profile's assumed FlashAttention-2 curve), while TransformerEngine's p2p CP issues "
-        "one kernel per ring step over 2c² score elements (fewer, larger kernels); that decomposition is not a "
-        "mechanism of its own yet (the row moved from under 10% to +10.9% when ring CP's blocks were priced)"),
+        "memo too fast by far; not pinned down. memo predicts this layout faster than a1 (its EP 8 stays inside the "
+        "node: dispatch and combine 16% of memo's layer against a1's 58%), the cluster measured it 47% slower (167 "
+        "against 245 TFLOP/s). Neither the balance (memo's dropless is within 1%) nor the recompute reading (the "
+        "table's blank column read as none; `recompute_norm_act` is beside the row) moves memo much, and the kernels "
+        "are measured now (experts 41% of memo's layer: 512 tokens per expert per micro-batch at forced balance, "
+        "priced at 0.5-0.6 of the peak where the H200 ran these grouped GEMMs at 0.46-0.62; cuDNN attention 32%); "
+        "they moved the row from -42.4% to -45.7%. What changes from a1 that memo does not price: more and shorter "
+        "kernels per layer (TP 4 splits the attention projections of h=4096 four ways; each expert a quarter of a1's "
+        "tokens) with the host's launch time between them (memo prices each kernel alone on the GPU, with no CPU "
+        "launch interval), the TP-4 sequence-parallel collectives with --tp-comm-overlap's userbuffer kernels taking "
+        "SMs from the GEMMs, and a store-all run with 39 micro-batches in flight on the first rank (memo: 54 of 78 "
+        "GiB at peak; expandable segments, which the yaml sets, are not modelled)"),
+    "moe-zoo-qwen3-235b-long-16k-forced": (
+        "memo too fast at 16K (-10.9%) and within 7% at 32K-128K: the gap shrinks as attention's share of memo's "
+        "layer grows (46% at 16K, 86% at 128K), and attention is priced on cuDNN 9.19's kernel as measured on an H200 "
+        "(56-65% of the peak forward; before that measurement these rows were +1% to +21% on an assumed 45-48%), so "
+        "what is left lies in the rest of the layer: this is a5's layout (TP 4, EP 8), whose 4K row is 46% too fast "
+        "(see it)"),
     **{f"moe-zoo-qwen3-235b-long-{k}-dropless": (
-        "the router's real expert loads. memo's dropless takes a uniform router's loads (the busiest of 8 EP ranks "
-        "under multinomial routing: +0.4% over forced balance in memo); the cluster measured dropless 1.24x (16K), "
-        "1.21x (32K), 1.15x (64K) and 1.09x (128K) slower than forced balance, the slowdown shrinking as attention "
-        "takes over the layer, as an imbalance of the MoE part alone would. The aux-loss router (coefficient 1e-3) "
-        "leaves the busiest EP rank well above the mean; modelling it needs the measured expert-load distribution as "
-        "an input (a `--moe-balance` from a load histogram), not a constant set from these rows") for k in ("16k", "32k")},
+        "the router's real expert loads, on top of the forced row's gap at the same length. memo's dropless takes a "
+        "uniform router's loads (the busiest of 8 EP ranks under multinomial routing: +0.4% over forced balance in "
+        "memo); the cluster measured dropless 1.24x (16K), 1.21x (32K), 1.15x (64K) and 1.09x (128K) slower than "
+        "forced balance, the slowdown shrinking as attention takes over the layer, as an imbalance of the MoE part "
+        "alone would. The aux-loss router (coefficient 1e-3) leaves the busiest EP rank well above the mean; "
+        "modelling it needs the measured expert-load distribution as an input (a `--moe-balance` from a load "
+        "histogram), not a constant set from these rows") for k in ("16k", "32k", "64k", "128k")},
     "moe-zoo-mixtral-8x22b-dropless": _VPP7 + (". The dropless load (memo: the busiest of 8 EP ranks under a "
                                                "uniform router) costs 2.0% over forced balance in memo, 4.5% in the "
                                                "script's values"),
@@ -806,14 +797,15 @@ MOE_OUTLIERS: dict[str, str] = {
         "scales inside the kernel and run well below 2x bf16, and every GEMM input needs a quantise/transpose "
         "cast (TransformerEngine's blockwise casts). This row also has the VPP-7 gap of the BF16 rows"),
     "moe-flagperf-mixtral-8x7b": (
-        "not pinned down. memo puts the run at 35% MFU; FlagPerf measured 20.7%. What the run uses that memo does not "
+        "not pinned down. memo puts the run at 36% MFU; FlagPerf measured 20.7%. What the run uses that memo does not "
         "model: core_v0.6.0's MoE layer at TP 8 without EP (its allgather dispatcher gathers all tokens of the TP "
         "group and permutes them with the index/scatter kernels of 2024, before permute fusion; memo prices the "
         "all-gather and one elementwise permute), gradients reduced after the backward (no --overlap-grad-reduce; "
         "the megatron framework data overlaps them), and 75 of 80 GiB in use (allocator pressure). The source is "
         "weak as well: FlagPerf marks the number 'for performance reference only', its MFU (20.7%) disagrees with "
         "its own formula (21.9%), and its launcher's EP 8 contradicts the README's EP 1. Switching memo to the "
-        "alltoall dispatcher (34.3 s) or to full recompute (42.5 s) does not close the gap"),
+        "alltoall dispatcher (34.3 s) or to full recompute (42.5 s) did not close the gap (on the profile's assumed "
+        "curves, before the Hopper kernels were measured)"),
     **{f"moe-flagperf-qwen1.5-moe-{pr}": (
         "the a800-80gb profile's kernel curves were fitted to the MEMO paper's statements (its provenance), not "
         "measured with FlashAttention-2 at s=8192 or with these small GEMMs. Not modelled from the run: "
@@ -827,11 +819,16 @@ RUNS = RUNS + MOE_RUNS
 
 # Rows whose |error| exceeds 10%, with the mechanism memo is missing or the input it lacks (analysis
 # of the row, not a correction: nothing here changes a prediction).
-_H100 = ("the h100-sxm5-80gb profile's efficiency curves are assumptions, never calibrated: they put these "
-         "GEMMs at 700-735 TFLOP/s (71-74% of the dense peak) and TransformerEngine's cuDNN fused attention "
-         "(`attention: cudnn`) at 42% (forward) and 34% (backward) of it; `memo-exec calibrate` on an H100 replaces them. The error shrinks as the GEMMs "
-         "grow (1.7B to 32B), as a too-optimistic small-GEMM efficiency would. --tp-comm-overlap is not "
-         "modelled (it would make memo faster still).")
+_H100 = ("memo too fast, by more as the model shrinks (1.7B -17.8%, 7.1B -16.8%, 16B -10.5%, 32B -5.3%). The "
+         "h100-sxm5-80gb profile's curves are measured now (bf16 GEMMs by memo-exec calibrate on an H100, 0.72 of "
+         "the peak at the top; cuDNN 9.19's fused attention on an H200 and an H100, 56-65% of the peak forward, "
+         "50-57% backward: reports/gpu-h200-2026-11-26.md), and they moved these rows by under 2 points (1.7B from "
+         "-15.9%, 16B from -11.6%), so the kernels as measured today are not the gap. Candidates, none pinned down: the "
+         "2024 software (TransformerEngine on the cuDNN of mid-2024, not the 9.19 kernel measured; attention is a "
+         "third of memo's 1.7B layer), the host's launch interval, which a step of short kernels at 4K tokens can "
+         "feel (memo prices each kernel alone on the GPU, with no CPU launch time; the 1.7B layer's forward is 0.9 "
+         "ms), and the GEMM curve's FLOP-only form (the H200's shape sweep runs the same FLOPs at 0.47-0.76 of the "
+         "peak by shape). --tp-comm-overlap is not modelled (it would make memo faster still).")
 OUTLIERS = {"megatron2024-1.7B": _H100, "megatron2024-7.1B": _H100, "megatron2024-16B": _H100}
 # the long-context XTuner rows (issue #45 item 1; memo's per-layer split from `memo_sim.cost.layer_time` and the peak
 # from the simulation at this commit, a100-sxm4-80gb)
@@ -910,41 +907,37 @@ OUTLIERS.update({
 # torchtitan's 2024-12 H100 rows (torchtitan@2024-12 on h100-sxm5-96gb-500w; memo's per-layer split over the 32 / 80
 # layers from `memo_sim.cost.layer_time`'s forward, backward and full-recompute costs at this commit)
 _TITAN_CP = (
-    "memo too fast, most where attention takes the step: memo's step is {memo} ({attn} of it attention, priced as "
-    "FlashAttention-2 at the FlashAttention-3 paper's published 35% top on the H100; FP8 GEMMs {gemm}); the measured "
-    "step leaves {left} for attention if the rest is as memo prices it, so the attention ran at {ratio} of the speed "
-    "memo prices. Candidates, none pinned down: (1) the 500 W part's peak, which the source itself does not know (memo "
-    "takes the midpoint of the SXM and NVL datasheets); (2) the FlashAttention-2 curve below its top and its backward "
-    "(the top is published, the rest of the curve and the backward's ratio are assumptions){cp}")
-_TITAN_CP_RING = ("; (3) PyTorch's experimental context parallelism of 2024-12, which the cp 4 and cp 8 rows feel "
-                  "most: each layer's attention as one SDPA call per ring step on half blocks, every step's output "
-                  "and log-sum-exp merged in fp32 and the gradients accumulated in fp32 (convert_to_f32), K/V "
-                  "all-gathered and dK/dV passed around the ring, none of which memo prices beyond the K/V bytes")
+    "memo too fast, most where attention takes the step: memo's step is {memo} ({attn} of it attention, "
+    "FlashAttention-2 on the curve measured on an H200 and an H100 at 700 W against the part's assumed 912 TF peak; FP8 GEMMs "
+    "{gemm}); the measured step leaves {left} for attention if the rest is as memo prices it, so the attention ran "
+    "at {ratio} of the speed memo prices. The kernel runs as memo prices it at 700 W (reports/gpu-h200-2026-11-26.md: "
+    "a 32K-token causal block at 339 TFLOP/s forward and 308 backward, the points memo's curve holds), so the gap is "
+    "not FlashAttention-2's efficiency. Candidates, none pinned down: (1) the 500 W part's sustained clock under "
+    "attention, the longest kernels of any row here (0.03-0.9 s each), which neither the source nor memo knows (a "
+    "lease may not change a GPU's power limit, so it was not measured){cp}")
+_TITAN_CP_RING = ("; (2) PyTorch's experimental context parallelism of 2024-12: each ring step's output and "
+                  "log-sum-exp merged in fp32 and its dq, dk, dv accumulated in fp32 (convert_to_f32), measured on "
+                  "the H200 at 1.84 ms and 1.48 ms a step for 32K tokens x 32 heads (about 1.2 s of a CP 8 step at "
+                  "4.8 TB/s, twice that at the part's 2.4 TB/s: a few percent, not priced), its non-causal half "
+                  "blocks measured as fast as the causal one, and K/V all-gathered and dK/dV passed around the "
+                  "ring, which memo prices as the K/V bytes only")
 OUTLIERS.update({
-    "torchtitan-t2-cp1": _TITAN_CP.format(memo="6.89 s", attn="4.51 s", gemm="1.68 s", left="about 6.0 s",
-                                          ratio="0.75x", cp=" (no CP in this row)"),
-    "torchtitan-t2-cp2": _TITAN_CP.format(memo="11.34 s", attn="8.96 s", gemm="1.68 s", left="about 10.5 s",
-                                          ratio="0.85x", cp=_TITAN_CP_RING),
-    "torchtitan-t2-cp4": _TITAN_CP.format(memo="20.18 s", attn="17.8 s", gemm="1.68 s", left="about 28 s",
-                                          ratio="0.63x", cp=_TITAN_CP_RING),
-    "torchtitan-t2-cp8": _TITAN_CP.format(memo="37.84 s", attn="35.5 s", gemm="1.68 s", left="about 57 s",
+    "torchtitan-t2-cp1": _TITAN_CP.format(memo="6.80 s", attn="4.21 s", gemm="1.88 s", left="about 5.8 s",
+                                          ratio="0.72x", cp=" (no CP in this row)"),
+    "torchtitan-t2-cp2": _TITAN_CP.format(memo="11.25 s", attn="8.66 s", gemm="1.88 s", left="about 10.3 s",
+                                          ratio="0.84x", cp=_TITAN_CP_RING),
+    "torchtitan-t2-cp4": _TITAN_CP.format(memo="19.86 s", attn="17.26 s", gemm="1.88 s", left="about 28.0 s",
                                           ratio="0.62x", cp=_TITAN_CP_RING),
+    "torchtitan-t2-cp8": _TITAN_CP.format(memo="37.08 s", attn="34.48 s", gemm="1.88 s", left="about 57.2 s",
+                                          ratio="0.60x", cp=_TITAN_CP_RING),
     **dict.fromkeys(("torchtitan-t1-fsdp-compile", "torchtitan-t3-fsdp128-compile"), (
         "memo too fast by a fifth on a GEMM-bound 8K step (Llama 3.1 8B, FSDP, per-op selective checkpointing, "
-        "compiled): memo's step is 1.94 s on 8 GPUs, 2.02 s on 128, about 1.0 s of it the layers' forward and "
-        "backward GEMMs at the profile's assumed 75% of the assumed 912 TF peak, 0.45 s attention, 0.12 s the "
-        "checkpointing's re-run GEMMs. Candidates, none pinned down: the 500 W part's sustained clock under GEMM load "
-        "(the source puts the peak between the SXM's and the NVL's without knowing it; the SXM5 variant beside shows "
-        "how far the peak alone moves the row), the GEMM curve (assumed, never calibrated on an H100; the megatron2024 H100 "
-        "rows are too fast the same way), and FSDP's per-layer all-gathers and reduce-scatters, which memo hides "
-        "under the compute")),
-    "torchtitan-t4-2d": (
-        "memo too fast: FSDP 32 x TP 8 over 256 GPUs, the TP collectives exposed (no async TP in this row). memo's "
-        "step is 17.09 s: FP8 GEMMs 8.9 s, TP all-gathers and reduce-scatters 4.1 s, attention 2.9 s. Candidates, "
-        "none pinned down: FP8 GEMMs at the bf16 curve's fraction of the FP8 peak (an assumption of the profile, "
-        "never measured; torchao's tensorwise Float8Linear at TP 8 runs GEMMs of 8192 x 16 tokens by 1,024-3,584 "
-        "columns), the 500 W part's unknown peak, and the ZeRO-3 (FSDP) gathers of 32 ranks across 32 nodes that "
-        "memo hides under the compute"),
+        "compiled): memo's step is 1.99 s on 8 GPUs, 2.07 s on 128, about 1.0 s of it the layers' forward and "
+        "backward GEMMs at 0.72 of the assumed 912 TF peak (the fraction measured on a 700 W H100 by memo-exec "
+        "calibrate), 0.47 s attention (FlashAttention-2 as measured on an H200). Candidates, none pinned down: the "
+        "500 W part's sustained clock under GEMM load (the source puts the peak between the SXM's and the NVL's "
+        "without knowing it; the SXM5 variant beside shows how far the peak alone moves the row), and FSDP's "
+        "per-layer all-gathers and reduce-scatters, which memo hides under the compute")),
 })
 
 
@@ -969,6 +962,20 @@ HISTORY = (
      "earlier 45-48% assumption)",
      {"torchtitan-t2-cp1": -0.327, "torchtitan-t2-cp2": -0.309, "torchtitan-t2-cp4": -0.499,
       "torchtitan-t2-cp8": -0.529, "torchtitan-t4-2d": -0.174}),
+    ("423c115", "2026-11-26", "before the Hopper profiles' kernel curves were measured (FlashAttention-2 at the "
+     "published 35% top and an assumed backward, cuDNN's fused attention at an assumed 45-48% / 40%, bf16 GEMMs at an "
+     "assumed 75-78% top, FP8 GEMMs at the bf16 curve's fractions of the FP8 peak)",
+     {"megatron2024-1.7B": -0.159, "megatron2024-7.1B": -0.170, "megatron2024-16B": -0.116, "megatron2024-32B": -0.063,
+      "torchtitan-t1-fsdp-compile": -0.210, "torchtitan-t3-fsdp128-compile": -0.196, "torchtitan-t2-cp1": -0.182,
+      "torchtitan-t2-cp2": -0.110, "torchtitan-t2-cp4": -0.328, "torchtitan-t2-cp8": -0.352, "torchtitan-t4-2d": -0.101,
+      "moe-folding-mixtral-8x22b": 0.030, "moe-folding-qwen2-57b": -0.040, "moe-flagperf-mixtral-8x7b": -0.411,
+      "moe-zoo-qwen3-235b-a1-ep32": -0.120, "moe-zoo-qwen3-235b-a2-ep32-a2a-overlap": -0.015,
+      "moe-zoo-qwen3-235b-a5-tp4": -0.424, "moe-zoo-qwen3-235b-long-16k-forced": 0.012,
+      "moe-zoo-qwen3-235b-long-16k-dropless": -0.184, "moe-zoo-qwen3-235b-long-32k-forced": 0.086,
+      "moe-zoo-qwen3-235b-long-32k-dropless": -0.099, "moe-zoo-qwen3-235b-long-64k-forced": 0.164,
+      "moe-zoo-qwen3-235b-long-64k-dropless": 0.014, "moe-zoo-qwen3-235b-long-128k-forced": 0.209,
+      "moe-zoo-qwen3-235b-long-128k-dropless": 0.111, "moe-zoo-mixtral-8x22b-dropless": -0.172,
+      "moe-zoo-mixtral-8x22b-forced": -0.152, "moe-zoo-mixtral-8x22b-capacity1": -0.143}),
 )
 
 
@@ -1048,6 +1055,16 @@ STEPS = (
      "(0 reorganisations), so the step times move by the loss kernel's HBM bytes only: xtuner-llama2-7b-32k-sp1 "
      "-4.5% to -4.6%, xtuner-yi-34b-128k-sp8 -7.3% to -7.4%, xtuner-yi-34b-128k-sp8-16gpu -16.2% to -16.3%, the "
      "others unchanged; XTuner's three OOM statements checked on it too"),
+    ("Hopper kernels", "the Hopper profiles' kernel curves measured (reports/gpu-h200-2026-11-26.md; "
+     "benchmarks/gpu/hopper_curves.py --write): FlashAttention-2 and cuDNN 9.19's fused attention timed on an H200 "
+     "(31-35% / 56-65% of the peak forward; an H100 within 6%), the bf16 GEMMs by memo-exec calibrate on an H100 "
+     "and an H200 (short kernels by CUDA-graph replay), and FP8 tensor-wise GEMMs on the H200 as a format's own "
+     "curve (`efficiency.gemm_formats`): every H100/H200 row moves, none on the A100s; cuDNN's measured speed takes "
+     "the Model Zoo's long-context forced rows from +1%..+21% to -11%..-4%, the small expert GEMMs' graph-timed "
+     "speed takes qwen3-235b-a5-tp4 from -42.4% to -45.7%, the FP8 curve takes torchtitan-t4-2d from -10.1% to "
+     "-5.7%, FlashAttention-2's measured backward torchtitan-t2-cp8 from -35.2% to -38.0%: dense 32 predicted at "
+     "12.4% / 38.0%, long-context 16 at 17.4% / 38.0%, the FP8 rows 5 at 22.2% / 38.0%, the MoE group 16 at "
+     "16.3% / 45.7% (its long-context subgroup 8 at 13.1% / 28.1%)"),
 )
 
 

@@ -378,3 +378,28 @@ def test_cpu_threads_are_the_free_cores(monkeypatch):
     assert suite.cpu_threads(3, cuda=False)[0] == 3
     assert suite.cpu_threads(None, cuda=True)[0] is None
 
+
+
+def test_time_kernel_on_a_cpu_is_plain_timing():
+    from memo_exec.calibrate.microbench import Bench  # noqa: PLC0415
+
+    x = torch.randn(64, 64)
+    tm = Bench(torch.device("cpu"), target_s=0.001, min_repeats=3, max_repeats=5).time_kernel(lambda: x @ x)
+    assert tm.method == "events" and tm.calls == 1 and tm.seconds > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_short_cuda_kernel_is_timed_by_graph_replay_below_the_launch_interval():
+    # an event pair around one launch from Python times the host's launch interval (an H200, 2026-11-26:
+    # every bf16 GEMM of 5e8-2e9 FLOPs took 22 us); graph replays time the kernel
+    from memo_exec.calibrate.microbench import Bench  # noqa: PLC0415
+
+    a = torch.randn(2048, 128, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(128, 1024, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(2048, 1024, device="cuda", dtype=torch.bfloat16)
+    bench = Bench(torch.device("cuda"), target_s=0.01, min_repeats=3, max_repeats=30)
+    events = bench.time(lambda: torch.mm(a, b, out=out))
+    graph = bench.time_kernel(lambda: torch.mm(a, b, out=out))
+    assert graph.method == "cuda_graph" and graph.calls > 1
+    assert graph.seconds < events.seconds

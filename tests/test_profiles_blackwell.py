@@ -15,6 +15,8 @@ from memo_sim.profile.loader import REPO_PROFILES, list_profiles, load_profile
 BLACKWELL = {"b200-180gb": 8, "gb200-nvl72": 72}  # profile -> GPUs per node (NVLink domain)
 HOPPER = ("h100-sxm5-80gb", "h200-141gb")
 SUMMARY = "datasheet numbers and assumed kernel efficiency curves"
+# the Hopper profiles' curves were measured on single GPUs (benchmarks/gpu/hopper_curves.py)
+HOPPER_SUMMARY = "datasheet numbers; GEMM, attention and FP8 GEMM efficiency curves measured on a single Hopper GPU"
 
 
 def _run(args):
@@ -35,8 +37,9 @@ def test_profiles_lists_the_blackwell_and_h200_profiles():
     # and every answer on a profile prints its provenance line
     for name in (*BLACKWELL, "h200-141gb"):
         p = load_profile(name)
-        assert p.provenance == {"method": "datasheet", "summary": SUMMARY}
-        assert p.provenance_line() == f"not calibrated (datasheet): {SUMMARY}"
+        summary = HOPPER_SUMMARY if name == "h200-141gb" else SUMMARY
+        assert p.provenance == {"method": "datasheet", "summary": summary}
+        assert p.provenance_line() == f"not calibrated (datasheet): {summary}"
 
 
 @pytest.mark.parametrize("name,gpn", sorted(BLACKWELL.items()))

@@ -66,7 +66,7 @@ def test_every_answer_says_how_its_profile_was_obtained(tmp_path):
         assert not p.calibrated and p.provenance_line().startswith("not calibrated (")
     d = _json(["--seq", "64K", "--simulate-top", "1", "--profile", "h100-sxm5-80gb"])
     assert d["profile_provenance"]["calibrated"] is False
-    assert "assumed kernel efficiency curves" in d["profile_provenance"]["line"]
+    assert "curves measured on a single Hopper GPU" in d["profile_provenance"]["line"]
     r = CliRunner().invoke(cli, ["whatif", "--seq", "64K", "--no-plan", "--simulate-top", "1", "--jobs", "1"])
     assert r.output.splitlines()[0].startswith("answer: ")  # the verdict first, then the header
     assert r.output.splitlines()[2].startswith("profile a800-80gb: not calibrated (fitted)")

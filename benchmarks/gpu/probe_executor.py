@@ -19,23 +19,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
+from probe_kernels import Timer  # noqa: E402  (beside this script)
 
 
 def timed(fn, reps: int = 5, warm: int = 2) -> float:
-    for _ in range(warm):
-        fn()
-    out = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b) / 1e3)
-    return statistics.median(out)
+    """Median seconds of ``reps`` calls after ``warm`` warm-ups, CUDA events around each
+    (`probe_kernels.Timer`)."""
+    return Timer("cuda", reps, warm)(fn)
 
 
 def classifier() -> None:

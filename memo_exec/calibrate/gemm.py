@@ -82,10 +82,10 @@ def run_gemms(bench: Bench, shapes: list[GemmShape], dtype: torch.dtype, progres
     rows = []
     for s in shapes:
         fn = _runner(s, bench.device, dtype)
-        tm = bench.time(fn)
+        tm = bench.time_kernel(fn)
         rows.append({"tokens": s.tokens, "in": s.in_width, "out": s.out_width, "form": s.form, "label": s.label,
                      "flops": s.flops, "seconds": tm.seconds, "flops_per_s": tm.rate(s.flops),
-                     "repeats": tm.repeats})
+                     "repeats": tm.repeats, "timing": tm.method, "calls_per_sample": tm.calls})
         progress.step(f"{s.form:5s} T={s.tokens} {s.in_width}x{s.out_width}: "
                       f"{tm.rate(s.flops) / 1e12:.3f} TFLOP/s ({tm.seconds * 1e3:.3f} ms)")
     if bench.cuda:

@@ -59,6 +59,12 @@ def load_base(name_or_path: str) -> BaseProfile:
     return BaseProfile(prof.name, Path(path), raw, prof)
 
 
+def _graph_words(rows: list[dict]) -> str:
+    """How many GEMMs were timed by CUDA-graph replay (`Bench.time_kernel`), for the curve's source."""
+    n = sum(1 for row in rows if row.get("timing") == "cuda_graph")
+    return f" ({n} short ones timed by CUDA-graph replay, per call)" if n else ""
+
+
 def _fmt_list(xs) -> str:
     return "{" + ", ".join(str(x) for x in xs) + "}"
 
@@ -167,7 +173,8 @@ def efficiency_section(b: Build) -> dict:
     fit_words = "binned per half decade of FLOPs, median per bin, isotonic (non-decreasing) fit"
     gemm_src = (f"measured: {len(g['rows'])} {r['dtype']} GEMMs ({'/'.join(forms)} forms of the GPT layer's QKV, "
                 f"out-proj, FC1, FC2 for h in {_fmt_list(grid['gemm_hiddens'])}, TP in {_fmt_list(grid['gemm_tps'])}, "
-                f"T in {_fmt_list(grid['gemm_tokens'])}) {at}; efficiency = achieved / {peak_words}; {fit_words}"
+                f"T in {_fmt_list(grid['gemm_tokens'])}) {at}{_graph_words(g['rows'])}; efficiency = achieved / "
+                f"{peak_words}; {fit_words}"
                 + (f"; {g['clipped']} point(s) above the peak clipped to 1" if g["clipped"] else ""))
     a = r["attention"]
     hd = ", ".join(f"{h}x{d}" for h, d in grid["attn_heads_dims"])

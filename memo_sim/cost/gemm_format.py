@@ -2,16 +2,18 @@
 the casts' HBM bytes and time, the quantised weight copies kept in memory and their re-cast after
 each optimizer step, and the check that the profile's GPU has the tensor cores for it.
 
-The GEMMs themselves run at the profile's peak for the format (``peak_flops.fp8``, ``.mxfp8``)
-times the profile's GEMM efficiency curve, the same fractions of peak as the model dtype's GEMMs
-of the same FLOPs: an assumption (no FP8 GEMM has been measured here) that the profile's
-sensitivity line covers and `memo-exec calibrate` would replace. Layer GEMMs only: the attention
+The GEMMs themselves (`layer_gemm_time`) run at the profile's peak for the format
+(``peak_flops.fp8``, ``.mxfp8``) times the format's own efficiency curve where the profile measured
+one (``efficiency.gemm_formats``: the Hopper profiles' fp8_tensorwise curve, torch._scaled_mm timed
+on an H200, `benchmarks/gpu/hopper_curves.py`), else the model dtype's GEMM curve, the same
+fractions of peak as the dtype's GEMMs of the same FLOPs: an assumption the profile's sensitivity
+line covers. Layer GEMMs only: the attention
 core, the classifier and the embedding stay in the model dtype.
 """
 
 from __future__ import annotations
 
-from memo_sim.cost.kernel_time import gemm_bytes, memory_bound_op_time
+from memo_sim.cost.kernel_time import gemm_bytes, gemm_time, memory_bound_op_time
 from memo_sim.errors import MemoError
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
@@ -31,6 +33,14 @@ def check_gemm_format(model: ModelConfig, profile: HardwareProfile) -> None:
 def gemm_peak_key(model: ModelConfig) -> str:
     """The profile peak the layer GEMMs run at: the format's, else the model dtype's."""
     return model.gemm.peak or model.dtype
+
+
+def layer_gemm_time(model: ModelConfig, profile: HardwareProfile, m: float, k: float, n: float) -> float:
+    """One layer GEMM out[m, n] = x[m, k] W[k, n] in the model's GEMM format: at the format's peak and
+    its own efficiency curve where the profile has one (module docs), its HBM bytes as the floor."""
+    fmt = model.gemm
+    return gemm_time(2.0 * m * k * n, profile, gemm_peak_key(model), layer_gemm_bytes(model, m, k, n),
+                     fmt.name if fmt.quantised else None)
 
 
 def layer_gemm_bytes(model: ModelConfig, m: float, k: float, n: float) -> float:

@@ -32,10 +32,15 @@ def gemm_bytes(m: float, n: float, k: float, dtype_bytes: int, batch: float = 1)
     return batch * dtype_bytes * (m * k + k * n + m * n)
 
 
-def gemm_time(flops: float, profile: HardwareProfile, dtype: str = "bf16", nbytes: float = 0.0) -> float:
+def gemm_time(flops: float, profile: HardwareProfile, dtype: str = "bf16", nbytes: float = 0.0,
+              fmt: str | None = None) -> float:
+    """A GEMM of ``flops`` at the ``dtype`` peak times the efficiency curve of ``fmt`` (a quantised
+    GEMM format's name: its own curve where the profile has one, `Efficiency.gemm_curve`), or its
+    ``nbytes`` at the HBM bandwidth, whichever is longer."""
     if flops <= 0:
         return 0.0
-    return max(flops / (profile.peak(dtype) * profile.efficiency.gemm(flops)), memory_bound_time(nbytes, profile))
+    return max(flops / (profile.peak(dtype) * profile.efficiency.gemm_curve(fmt)(flops)),
+               memory_bound_time(nbytes, profile))
 
 
 def attention_fwd_time(flops: float, profile: HardwareProfile, dtype: str = "bf16",

@@ -23,7 +23,7 @@ from memo_sim.cost.activations import tensor_bytes, tokens_per_gpu
 from memo_sim.model.flops import ATTN_BWD_FACTOR, op_flops
 from memo_sim.cost.memo import memoised
 from memo_sim.cost.attention_kernel import materialised_attention
-from memo_sim.cost.gemm_format import cast_seconds, gemm_peak_key, layer_gemm_bytes
+from memo_sim.cost.gemm_format import cast_seconds, layer_gemm_time
 from memo_sim.cost.kernel_time import (attention_bwd_time, attention_fwd_time, gemm_time, memory_bound_op_time,
                                        memory_bound_time)
 from memo_sim.cost.opcost import OpCost, chain_dependencies, chain_tail, critical_time  # noqa: F401  (re-exported)
@@ -82,7 +82,7 @@ def _compute_cost(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, se
         m, k, n = (moe.scoped_gemm_shape(op, layout, batch, seq, fraction) if op.scope == "replicated"
                    else gemm_shape(op, layout, batch, seq, fraction))
         f = 2.0 * m * k * n
-        t = gemm_time(f, profile, gemm_peak_key(model), layer_gemm_bytes(model, m, k, n))
+        t = layer_gemm_time(model, profile, m, k, n)
         if phase == "bwd":
             f *= GEMM_BWD_FACTOR
             t *= GEMM_BWD_FACTOR

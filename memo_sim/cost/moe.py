@@ -36,8 +36,8 @@ from __future__ import annotations
 
 from memo_sim.cost import collectives as coll
 from memo_sim.cost.activations import routed_load, shard_tokens, tokens_per_gpu
-from memo_sim.cost.gemm_format import gemm_peak_key, layer_gemm_bytes
-from memo_sim.cost.kernel_time import gemm_time, memory_bound_op_time
+from memo_sim.cost.gemm_format import layer_gemm_time
+from memo_sim.cost.kernel_time import memory_bound_op_time
 from memo_sim.cost.opcost import OpCost
 from memo_sim.layout.moe_dispatchers import Step
 from memo_sim.layout.moe_dispatchers.base import GROUPS
@@ -70,7 +70,7 @@ def expert_gemm_cost(op: OpSpec, model: ModelConfig, layout: Layout, batch: int,
                      phase: str, fraction: float = 1.0) -> OpCost:
     """The grouped GEMM of the rank's local experts (module docs)."""
     local, m, k, n = expert_gemm_shape(op, model, layout, batch, seq, fraction)
-    one = gemm_time(2.0 * m * k * n, profile, gemm_peak_key(model), layer_gemm_bytes(model, m, k, n))
+    one = layer_gemm_time(model, profile, m, k, n)
     f, t = local * 2.0 * m * k * n, local * one
     if phase == "bwd":
         f, t = f * GEMM_BWD_FACTOR, t * GEMM_BWD_FACTOR

@@ -183,6 +183,9 @@ class _EfficiencyIn(_In):
     attention_block_fwd_score_time: Time | None = None
     attention_block_bwd_score_time: Time | None = None
     attention_times: _AttentionTimesIn | None = None  # optional: the kernels timed at given shapes
+    # optional: a quantised GEMM format's own curve (`memo_sim.model.gemm_formats` names: fp8_tensorwise, ...),
+    # efficiency against that format's peak; a format without one runs at the gemm curve's fractions
+    gemm_formats: dict[str, _CurveIn] | None = None
 
     @model_validator(mode="after")
     def _pairs(self):
@@ -284,7 +287,8 @@ def parse_profile(raw: Any, source: str) -> HardwareProfile:
         efficiency=Efficiency(e.gemm.typed(), e.attention_fwd.typed(), e.attention_bwd.typed(), e.elementwise,
                               **{k: q for k in _EFFICIENCY_TIMES if (q := getattr(e, k)) is not None},
                               **{k: c.typed() for k in _EFFICIENCY_CURVES if (c := getattr(e, k)) is not None},
-                              attention_times=e.attention_times.typed() if e.attention_times is not None else None),
+                              attention_times=e.attention_times.typed() if e.attention_times is not None else None,
+                              gemm_formats=tuple((k, c.typed()) for k, c in sorted((e.gemm_formats or {}).items()))),
         gpus_per_node=d.node.gpus_per_node,
         nvlink=d.nvlink.typed(),
         internode=d.internode.typed(),

@@ -187,6 +187,17 @@ class Efficiency:
     # the executor's attention kernels timed at given shapes (`AttentionTimes`): they price a layer's
     # attention at a measured shape ahead of the curves above
     attention_times: AttentionTimes | None = None
+    # a quantised GEMM format's own efficiency curve against its peak, (format name, curve) pairs
+    # (`memo_sim.model.gemm_formats`); a format without one runs at the ``gemm`` curve's fractions
+    gemm_formats: tuple[tuple[str, Curve], ...] = ()
+
+    def gemm_curve(self, fmt: str | None = None) -> Curve:
+        """The GEMM efficiency curve of ``fmt`` (a quantised format's name): its own where the profile
+        measured one, else ``gemm``."""
+        for name, curve in self.gemm_formats:
+            if name == fmt:
+                return curve
+        return self.gemm
 
     @property
     def has_block_kernel(self) -> bool:
