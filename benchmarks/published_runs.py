@@ -915,21 +915,21 @@ _TITAN_CP = (
     "not FlashAttention-2's efficiency. Candidates, none pinned down: (1) the 500 W part's sustained clock under "
     "attention, the longest kernels of any row here (0.03-0.9 s each), which neither the source nor memo knows (a "
     "lease may not change a GPU's power limit, so it was not measured){cp}")
-_TITAN_CP_RING = ("; (2) PyTorch's experimental context parallelism of 2024-12: each ring step's output and "
-                  "log-sum-exp merged in fp32 and its dq, dk, dv accumulated in fp32 (convert_to_f32), measured on "
-                  "the H200 at 1.84 ms and 1.48 ms a step for 32K tokens x 32 heads (about 1.2 s of a CP 8 step at "
-                  "4.8 TB/s, twice that at the part's 2.4 TB/s: a few percent, not priced), its non-causal half "
-                  "blocks measured as fast as the causal one, and K/V all-gathered and dK/dV passed around the "
-                  "ring, which memo prices as the K/V bytes only")
+_TITAN_CP_RING = ("; (2) PyTorch's experimental context parallelism of 2024-12 beyond what memo prices of it: "
+                  "its fp32 merges, accumulations and packing are priced (ring_merge torch_cp, counted from its "
+                  "code: {merge} of this step; one merge step measured at 1.84 ms on an H200 and 2.33 ms on an H100 "
+                  "for 32K tokens x 32 heads), but it runs one SDPA call per ring step where memo prices its zigzag "
+                  "blocks (its non-causal half blocks measured as fast as the causal one) and all-gathers K/V "
+                  "(rotate method allgather) where memo prices ring shifts, each hidden under a block")
 OUTLIERS.update({
     "torchtitan-t2-cp1": _TITAN_CP.format(memo="6.80 s", attn="4.21 s", gemm="1.88 s", left="about 5.8 s",
                                           ratio="0.72x", cp=" (no CP in this row)"),
-    "torchtitan-t2-cp2": _TITAN_CP.format(memo="11.25 s", attn="8.66 s", gemm="1.88 s", left="about 10.3 s",
-                                          ratio="0.84x", cp=_TITAN_CP_RING),
-    "torchtitan-t2-cp4": _TITAN_CP.format(memo="19.86 s", attn="17.26 s", gemm="1.88 s", left="about 28.0 s",
-                                          ratio="0.62x", cp=_TITAN_CP_RING),
-    "torchtitan-t2-cp8": _TITAN_CP.format(memo="37.08 s", attn="34.48 s", gemm="1.88 s", left="about 57.2 s",
-                                          ratio="0.60x", cp=_TITAN_CP_RING),
+    "torchtitan-t2-cp2": _TITAN_CP.format(memo="11.97 s", attn="8.66 s", gemm="1.88 s", left="about 9.6 s",
+                                          ratio="0.90x", cp=_TITAN_CP_RING.format(merge="0.64 s")),
+    "torchtitan-t2-cp4": _TITAN_CP.format(memo="21.35 s", attn="17.26 s", gemm="1.88 s", left="about 26.5 s",
+                                          ratio="0.65x", cp=_TITAN_CP_RING.format(merge="1.42 s")),
+    "torchtitan-t2-cp8": _TITAN_CP.format(memo="40.12 s", attn="34.48 s", gemm="1.88 s", left="about 54.2 s",
+                                          ratio="0.64x", cp=_TITAN_CP_RING.format(merge="2.98 s")),
     **dict.fromkeys(("torchtitan-t1-fsdp-compile", "torchtitan-t3-fsdp128-compile"), (
         "memo too fast by a fifth on a GEMM-bound 8K step (Llama 3.1 8B, FSDP, per-op selective checkpointing, "
         "compiled): memo's step is 1.99 s on 8 GPUs, 2.07 s on 128, about 1.0 s of it the layers' forward and "
@@ -976,6 +976,9 @@ HISTORY = (
       "moe-zoo-qwen3-235b-long-64k-dropless": 0.014, "moe-zoo-qwen3-235b-long-128k-forced": 0.209,
       "moe-zoo-qwen3-235b-long-128k-dropless": 0.111, "moe-zoo-mixtral-8x22b-dropless": -0.172,
       "moe-zoo-mixtral-8x22b-forced": -0.152, "moe-zoo-mixtral-8x22b-capacity1": -0.143}),
+    ("643c729", "2026-11-26", "before PyTorch's context parallelism's fp32 merges, accumulations and packing were "
+     "priced (`Layout.ring_merge`, torchtitan@2024-12: torch_cp)",
+     {"torchtitan-t2-cp2": -0.128, "torchtitan-t2-cp4": -0.351, "torchtitan-t2-cp8": -0.380}),
 )
 
 
@@ -1065,6 +1068,14 @@ STEPS = (
      "-5.7%, FlashAttention-2's measured backward torchtitan-t2-cp8 from -35.2% to -38.0%: dense 32 predicted at "
      "12.4% / 38.0%, long-context 16 at 17.4% / 38.0%, the FP8 rows 5 at 22.2% / 38.0%, the MoE group 16 at "
      "16.3% / 45.7% (its long-context subgroup 8 at 13.1% / 28.1%)"),
+    ("ring_merge", "PyTorch's experimental context parallelism's passes beside its kernels as a framework mechanism "
+     "(`Layout.ring_merge`, `memo_sim.layout.ring_merge`; torchtitan@2024-12: torch_cp): each ring step's output "
+     "cast to fp32 and merged by log-sum-exp, the gradients accumulated in fp32, K/V and dK/dV packed for the sends, "
+     "bytes counted from torch/distributed/tensor/experimental/_attention.py (12 + 38 per later step per output "
+     "element forward, on K/V repeated to the query heads as torchtitan's repeat_kv hands them to SDPA), and its "
+     "dK/dV sent in fp32: torchtitan-t2-cp2 -12.8% to -7.3%, cp4 -35.1% to -30.2%, cp8 -38.0% to -32.9%, every other "
+     "row unchanged: dense 32 predicted at 11.9% / 32.9%, long-context 16 at 16.4% / 32.9%, the FP8 rows 5 at "
+     "19.1% / 32.9%"),
 )
 
 

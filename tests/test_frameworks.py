@@ -55,7 +55,9 @@ EXPECTED = {"attention": ("materialised", "flash", "time"), "grad_overlap": (Fal
             # a compiled block reads the residual add's output once (it fuses the add into the next norm)
             "kernel_fusion": ("fused", "compiled", "time"),
             # SP's backward re-gather beside the data-gradient GEMM instead of before it (a TP + SP layout)
-            "sp_regather_overlap": (False, True, "time")}
+            "sp_regather_overlap": (False, True, "time"),
+            # PyTorch's CP merges and accumulates each ring step in separate fp32 passes (a CP layout)
+            "ring_merge": ("torch_cp", "none", "time")}
 
 
 @pytest.mark.parametrize("mechanism", sorted(MECHANISMS))
@@ -65,7 +67,8 @@ def test_each_mechanism_moves_the_prediction_the_expected_way(mechanism):
     assert set(EXPECTED) == set(MECHANISMS)  # a new switch needs its expected direction here
     worse_v, better_v, what = EXPECTED[mechanism]
     model, prof = get_model("gpt-7b"), load_profile("a100-sxm4-80gb")
-    base = Layout(tp=2, sp=mechanism == "sp_regather_overlap", dp=4)
+    base = Layout(tp=4, cp=2) if mechanism == "ring_merge" else Layout(tp=2, sp=mechanism == "sp_regather_overlap",
+                                                                        dp=4)
     worse, better = (replace(base, **{MECHANISMS[mechanism]: v}) for v in (worse_v, better_v))
     if what == "time":
         pol = get_policy("full_recompute")

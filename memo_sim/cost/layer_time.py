@@ -194,7 +194,7 @@ def _cp_ring(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: 
     cp-1 times; in backward also the dK/dV accumulators cp-1 times (their last shift is `_cp_dkv_home`)."""
     kv = ring_attention.ring_shift_bytes(model, layout, batch, seq)
     if phase == "bwd":  # K/V and the dK/dV accumulators of the same elements
-        kv *= 2
+        kv += ring_attention.ring_shift_bytes(model, layout, batch, seq, grads=True)
     steps = layout.cp - 1
     return OpCost("cp_ring_kv", "collective", phase, "cp_comm", steps * _cp_shift_seconds(kv, layout, profile),
                   nbytes=kv * steps, overlaps=1)
@@ -203,7 +203,7 @@ def _cp_ring(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: 
 def _cp_dkv_home(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile) -> OpCost:
     """The backward's last dK/dV shift, posted after the last step's blocks and waited for before the
     attention's backward returns: on the critical path (`memo_sim.cost.ring_attention`)."""
-    dkv = ring_attention.ring_shift_bytes(model, layout, batch, seq)
+    dkv = ring_attention.ring_shift_bytes(model, layout, batch, seq, grads=True)
     return OpCost("cp_ring_dkv_home", "collective", "bwd", "cp_comm", _cp_shift_seconds(dkv, layout, profile),
                   nbytes=dkv)
 
@@ -269,6 +269,10 @@ def _ops_with_comm(ops: list[OpSpec], model: ModelConfig, layout: Layout, batch:
         if phase == "bwd" and op.name not in free:
             out += _sp_regather(op, model, layout, batch, seq, profile)
         out.append(_compute_cost(op, model, layout, batch, seq, profile, phase, fraction))
+        if op.kind == "attention" and layout.cp > 1 and ring_attention.applies(model, layout, seq):
+            merge = ring_attention.ring_merge_cost(model, layout, batch, seq, profile, phase, fraction)
+            if merge is not None:  # the ring's merge / accumulation passes (`memo_sim.layout.ring_merge`)
+                out.append(merge)
         if op.kind == "attention" and layout.cp > 1 and phase == "bwd":
             out.append(_cp_dkv_home(model, layout, batch, seq, profile))
         if op.kind == "attention" and layout.ulysses > 1:

@@ -32,6 +32,12 @@ commit pinned); ring-flash-attention (``dk_buffer.to(torch.float32)``) and memo'
 executor (`memo_exec.device.acc_dtype`) accumulate and send them in fp32, twice the bytes of a bf16
 model's, which is not priced (on a CPU, where the executor's models are fp32, the two agree).
 
+**Passes beside the kernels** (`ring_merge_cost`): an implementation that merges each step's partial
+output and accumulates each step's gradients in separate passes over HBM (``Layout.ring_merge``,
+`memo_sim.layout.ring_merge`: PyTorch's experimental CP) pays those bytes on the compute stream, one op
+per layer pass; its K/V and dK/dV shifts carry the heads and the element size its ring sends
+(`ring_shift_bytes`).
+
 Sliding-window layers skip the key chunks outside the window, which this zigzag count does not
 know (memo's executor does not run them under ring CP): their attention keeps the one-kernel
 pricing of `memo_sim.cost.layer_time` (`applies`).
@@ -42,8 +48,10 @@ from __future__ import annotations
 from functools import lru_cache
 
 from memo_sim.cost.activations import tokens_per_gpu
-from memo_sim.cost.kernel_time import attention_bwd_time, attention_fwd_time
+from memo_sim.cost.kernel_time import attention_bwd_time, attention_fwd_time, memory_bound_op_time
+from memo_sim.cost.opcost import OpCost
 from memo_sim.layout.parallel import Layout
+from memo_sim.layout.ring_merge import ring_merge
 from memo_sim.model.config import ModelConfig
 from memo_sim.model.layer_graph import DTYPE_BYTES
 from memo_sim.profile.schema import HardwareProfile
@@ -94,8 +102,35 @@ def ring_attention_time(flops: float, profile: HardwareProfile, dtype: str, head
 
 
 
-def ring_shift_bytes(model: ModelConfig, layout: Layout, batch: int, seq: int) -> float:
-    """Bytes of one K/V (or dK/dV) shift of a rank: its K and V chunk in the model's dtype (under
-    Ulysses the head-sharded K/V, each head repeated r times, `layout.kv_heads`)."""
-    elems = tokens_per_gpu(layout, batch, seq) * (model.kv_dim + model.v_dim) / layout.tp
-    return elems * layout.kv_repeat(model.n_kv_heads) * DTYPE_BYTES[model.dtype]
+def ring_kv_elements(model: ModelConfig, layout: Layout, batch: int, seq: int) -> float:
+    """Elements of a rank's K and V chunk as its ring holds them: under Ulysses the head-sharded K/V,
+    each head repeated r times (`layout.kv_heads`); K/V repeated to the query heads where the ring
+    implementation sees them so (`memo_sim.layout.ring_merge`: torchtitan's repeat_kv before SDPA)."""
+    tokens = tokens_per_gpu(layout, batch, seq)
+    if ring_merge(layout.ring_merge).kv_at_query_heads:
+        return tokens * (model.q_dim + model.attn_dim) / layout.tp
+    return tokens * (model.kv_dim + model.v_dim) / layout.tp * layout.kv_repeat(model.n_kv_heads)
+
+
+def ring_shift_bytes(model: ModelConfig, layout: Layout, batch: int, seq: int, grads: bool = False) -> float:
+    """Bytes of one K/V shift of a rank (``grads``: of its dK/dV accumulators): `ring_kv_elements` in the
+    model's dtype, the accumulators in the element size the ring sends them in where it says one
+    (`memo_sim.layout.ring_merge`: fp32 for PyTorch's CP)."""
+    size = DTYPE_BYTES[model.dtype]
+    if grads:
+        size = ring_merge(layout.ring_merge).dkv_bytes or size
+    return ring_kv_elements(model, layout, batch, seq) * size
+
+
+def ring_merge_cost(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile,
+                    phase: str, fraction: float = 1.0) -> OpCost | None:
+    """The ring implementation's merge, accumulation and packing passes of one layer pass (module docs),
+    or None where it prices none (``ring_merge`` none, or no CP)."""
+    merge = ring_merge(layout.ring_merge)
+    if layout.cp <= 1 or merge.name == "none":
+        return None
+    tokens = tokens_per_gpu(layout, batch, seq) * fraction
+    q = tokens * (model.q_dim if phase == "bwd" else model.attn_dim) / layout.tp
+    nbytes = merge.bytes(layout.cp, q, ring_kv_elements(model, layout, batch, seq) * fraction, phase)
+    return OpCost("cp_ring_merge", "elementwise", phase, "compute", memory_bound_op_time(nbytes, profile),
+                  nbytes=nbytes)

@@ -29,7 +29,10 @@ policies, and how it runs what the simulator models as a switch
   reductions fused; `memo_sim.model.kernel_fusion`);
 - ``sp_regather_overlap`` (optional, default false): under sequence parallelism the backward all-gathers
   a column-parallel GEMM's input again for its weight gradient; true where the framework issues that
-  all-gather asynchronously beside the data-gradient GEMM (`memo_sim.layout.parallel`).
+  all-gather asynchronously beside the data-gradient GEMM (`memo_sim.layout.parallel`);
+- ``ring_merge`` (optional, default ``none``): the passes over HBM the framework's ring CP runs beside
+  its attention kernels, ``torch_cp`` for PyTorch's experimental context parallelism's fp32 merges
+  and accumulations (`memo_sim.layout.ring_merge`).
 
 A file's ``layouts.dp_modes`` lists its data-parallel flavours (`memo_sim.dp`: ``zero``, the ZeRO
 stages; ``fsdp``, FSDP2 with HSDP and resharding after the forward or not; default ``[zero]``).
@@ -67,6 +70,7 @@ from memo_sim.dp import DP_MODES
 from memo_sim.layout.alloc_conf import merged_alloc_conf
 from memo_sim.layout.moe_dispatchers import DISPATCHER_NAMES
 from memo_sim.layout.parallel import HOST_POOLS, Layout
+from memo_sim.layout.ring_merge import RING_MERGE_NAMES
 from memo_sim.layout.schedule import SCHEDULE_NAMES
 from memo_sim.model.config import DTYPES, ModelConfig
 from memo_sim.model.gemm_formats import GEMM_FORMATS
@@ -81,7 +85,7 @@ DATA = Path(__file__).parent / "data"
 MECHANISMS = {"attention": "attention", "grad_overlap": "grad_overlap", "cross_entropy": "cross_entropy",
               "host_pool": "host_pool", "expandable_segments": "expandable_segments", "alloc_conf": "alloc_conf",
               "nccl_record_stream": "nccl_record_stream", "kernel_fusion": "kernel_fusion",
-              "sp_regather_overlap": "sp_regather_overlap"}
+              "sp_regather_overlap": "sp_regather_overlap", "ring_merge": "ring_merge"}
 
 
 class _ExpertsIn(BaseModel):
@@ -119,6 +123,7 @@ class _MechanismsIn(BaseModel):
     nccl_record_stream: bool = Field(False, strict=True)  # recordStream on collective tensors (`layout.parallel`)
     kernel_fusion: Literal[KERNEL_FUSIONS] = "fused"  # fused | compiled (`memo_sim.model.kernel_fusion`)
     sp_regather_overlap: bool = Field(False, strict=True)  # SP's backward re-gather beside the dgrad GEMM
+    ring_merge: Literal[RING_MERGE_NAMES] = "none"  # ring CP's passes beside its kernels (`layout.ring_merge`)
 
     @model_validator(mode="after")
     def _conf(self):

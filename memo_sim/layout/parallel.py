@@ -83,7 +83,9 @@ the GPU, at the next device synchronisation (`memo_sim.memplan.iteration_replay`
 `Layout.to_dict` when off. ``sp_regather_overlap``: under sequence parallelism the backward of a
 column-parallel GEMM all-gathers its input again for the weight gradient (`cost.layer_time`);
 Megatron-LM issues that all-gather asynchronously beside the data-gradient GEMM (True), memo's
-executor before it (False, left out of `Layout.to_dict`).
+executor before it (False, left out of `Layout.to_dict`). ``ring_merge``: the passes over HBM a ring-CP
+implementation runs beside its kernels (`memo_sim.layout.ring_merge`: ``torch_cp``, PyTorch's
+experimental context parallelism's fp32 merges, or ``none``, left out of `Layout.to_dict`).
 """
 
 from __future__ import annotations
@@ -102,6 +104,7 @@ from memo_sim.layout.alloc_conf import merged_alloc_conf
 from memo_sim.layout.kv_heads import kv_heads_why_not, kv_repeat_factor
 from memo_sim.layout.moe_balance import balance_why_not, parse_balance, Balance
 from memo_sim.layout.moe_dispatchers import DISPATCHER_NAMES, Dispatcher, dispatcher
+from memo_sim.layout.ring_merge import RING_MERGE_NAMES
 from memo_sim.model.kernel_fusion import KERNEL_FUSIONS
 from memo_sim.model.layer_graph import ATTENTION_KERNELS, CROSS_ENTROPY_KERNELS
 from memo_sim.tp import FLAVOURS, TP_MODES, TPFlavour, tp_flavour
@@ -134,6 +137,7 @@ class Layout:
     nccl_record_stream: bool = False  # collective buffers held by recordStream until a synchronisation
     kernel_fusion: str = "fused"  # memory-bound kernels: fused | compiled (torch.compile; `model.kernel_fusion`)
     sp_regather_overlap: bool = False  # SP's backward re-gather beside the data-gradient GEMM (module docs)
+    ring_merge: str = "none"  # ring CP's passes beside its kernels: none | torch_cp (`memo_sim.layout.ring_merge`)
     memory_plan: bool = False  # a static memory plan places the transients whatever the policy (`policy.base.uses_memory_plan`)
     optimizer_offload: bool = False  # master weights, Adam and its step on the host (`cost.optimizer_offload`)
     # uneven pipeline stages (Megatron-LM's --decoder-first/last-pipeline-num-layers; 0: not set): the first
@@ -267,6 +271,8 @@ class Layout:
             parts.append(self.kernel_fusion)
         if self.sp_regather_overlap and self.sp and self.tp > 1:
             parts.append("ag-overlap")
+        if self.ring_merge != "none" and self.cp > 1:
+            parts.append(f"merge-{self.ring_merge}")
         if self.memory_plan:
             parts.append("memplan")
         if self.optimizer_offload:
@@ -306,6 +312,8 @@ class Layout:
             del d["kernel_fusion"]
         if not self.sp_regather_overlap:  # and plans whose SP re-gathers run before the GEMM theirs
             del d["sp_regather_overlap"]
+        if self.ring_merge == "none":  # and plans whose ring prices no merge passes theirs
+            del d["ring_merge"]
         if not self.memory_plan:  # and plans on the allocator their policy runs with theirs
             del d["memory_plan"]
         if not self.optimizer_offload:  # and plans with the optimizer on the GPU theirs
@@ -350,6 +358,7 @@ class _LayoutIn(BaseModel):
     nccl_record_stream: bool = Field(False, strict=True)
     kernel_fusion: Literal[KERNEL_FUSIONS] = "fused"
     sp_regather_overlap: bool = Field(False, strict=True)
+    ring_merge: Literal[RING_MERGE_NAMES] = "none"
     memory_plan: bool = Field(False, strict=True)
     optimizer_offload: bool = Field(False, strict=True)
     first_stage_layers: Annotated[int, Field(strict=True, ge=0, le=1 << 12)] = 0
@@ -532,6 +541,8 @@ def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: i
         return f"cross_entropy must be one of {', '.join(CROSS_ENTROPY_KERNELS)}, got {layout.cross_entropy!r}"
     if layout.kernel_fusion not in KERNEL_FUSIONS:
         return f"kernel_fusion must be one of {', '.join(KERNEL_FUSIONS)}, got {layout.kernel_fusion!r}"
+    if layout.ring_merge not in RING_MERGE_NAMES:
+        return f"ring_merge must be one of {', '.join(RING_MERGE_NAMES)}, got {layout.ring_merge!r}"
     if layout.host_pool not in HOST_POOLS:
         return f"host_pool must be one of {', '.join(HOST_POOLS)}, got {layout.host_pool!r}"
     if layout.alloc_conf:

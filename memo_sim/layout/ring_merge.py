@@ -1,0 +1,81 @@
+"""Ring-CP implementations' passes over HBM beside their attention kernels (``Layout.ring_merge``,
+framework data): merging each ring step's partial output into the running one, accumulating each
+step's gradients, and packing what the ring sends. Priced in `memo_sim.cost.ring_attention`.
+
+- ``none``: nothing priced beside the kernels and the shifts: memo's executor and the frameworks
+  whose ring corrections were not counted from their sources (TransformerEngine's, ring-flash-attention's).
+- ``torch_cp``: PyTorch's experimental context parallelism as torchtitan called it in 2024-12
+  (pytorch/pytorch torch/distributed/tensor/experimental/_attention.py: ``_templated_ring_attention``,
+  ``_templated_ring_attention_backward``, ``_SDPAMerger``, ``_partial_update``; ``convert_to_f32`` and
+  the round-robin load balance on, its defaults), its passes eager ops (the ring is dispatched through
+  DTensor's SDPA handler; that torch.compile of that time left them unfused is assumed, not checked).
+  Bytes counted from that code, per element of the rank's attention output (Q: tokens x query heads
+  x head size) and of its K and V together as SDPA sees them (KV; torchtitan's Llama repeats K/V to
+  the query heads before SDPA, ``repeat_kv``, so KV = 2 Q there):
+
+  forward: step 0's output cast to fp32 (2 read + 4 written) and the merged result cast back at the
+  end (4 + 2): 12 B/Q; each of the cp - 1 later steps: the block output cast to fp32 (6), ``out -
+  block_out`` (12), ``sigmoid(block_lse - lse) * (...)`` (8), ``out - (...)`` (12): 38 B/Q on the
+  rank that merges whole outputs every step (the last rank: the others merge half their queries at
+  some steps, and each step waits for the ring); and before each of the cp - 1 sends the K and V
+  flattened and concatenated (2 read + 2 written: 4 B/KV).
+  backward: fp32 accumulators zeroed (4 B/Q, 4 B/KV) and cast back at the end (6 B/Q, 6 B/KV); each
+  of the cp steps dq += the step's bf16 gradient (4 + 2 read, 4 written: 10 B/Q); dK, dV += at step 0
+  (10 B/KV) and at each later step ``_partial_update`` of their first half (10 B on half) and the
+  torch.cat of the halves (8): 13 B/KV; every step the fp32 dK, dV concatenated for the send
+  (8 B/KV); the K/V packed for each of the cp - 1 sends (4 B/KV). dK/dV travel in fp32.
+
+The measured scale (reports/gpu-h200-2026-11-26.md): one step's merge as those ops (46 B/Q with the
+accumulator's copy-back) over 32K tokens x 32 heads x 128 took 1.84 ms on an H200 and 2.33 ms on an
+H100, 0.72-0.77 of their HBM copy bandwidth.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RingMerge:
+    """Bytes per element (module docs) of a ring implementation's passes; ``*_first`` once per layer
+    pass, ``*_step`` per ring step after the first, ``*_send`` per send; ``kv_at_query_heads``: the
+    ring's K/V (and their gradients) are repeated to the query heads; ``dkv_bytes``: the element size
+    dK/dV travel in (0: the model dtype's)."""
+
+    name: str
+    fwd_q_first: float = 0.0
+    fwd_q_step: float = 0.0
+    fwd_kv_send: float = 0.0
+    bwd_q_first: float = 0.0
+    bwd_q_step: float = 0.0
+    bwd_kv_first: float = 0.0
+    bwd_kv_step: float = 0.0
+    bwd_kv_send: float = 0.0
+    kv_at_query_heads: bool = False
+    dkv_bytes: int = 0
+
+    def bytes(self, cp: int, q_elems: float, kv_elems: float, phase: str) -> float:
+        """HBM bytes of one layer pass (``phase`` "fwd" or "bwd"; a recompute is a forward) on a CP
+        group of ``cp`` ranks: ``q_elems`` the rank's output elements, ``kv_elems`` its K and V ones."""
+        if cp <= 1:
+            return 0.0
+        later = cp - 1
+        if phase == "bwd":
+            return (q_elems * (self.bwd_q_first + self.bwd_q_step * cp)
+                    + kv_elems * (self.bwd_kv_first + (self.bwd_kv_step + self.bwd_kv_send) * later))
+        return q_elems * (self.fwd_q_first + self.fwd_q_step * later) + kv_elems * self.fwd_kv_send * later
+
+
+RING_MERGES: dict[str, RingMerge] = {
+    "none": RingMerge("none"),
+    # forward 12 + 38 per later step (Q), 4 per send (KV); backward Q: 4 zeroed + 6 cast back + 10 per step;
+    # KV: 4 zeroed + 10 at step 0 + 8 its send packing + 6 cast back = 28 once, 13 + 8 per later step, 4 per K/V send
+    "torch_cp": RingMerge("torch_cp", fwd_q_first=12, fwd_q_step=38, fwd_kv_send=4,
+                          bwd_q_first=10, bwd_q_step=10, bwd_kv_first=28, bwd_kv_step=21, bwd_kv_send=4,
+                          kv_at_query_heads=True, dkv_bytes=4),
+}
+RING_MERGE_NAMES: tuple[str, ...] = tuple(RING_MERGES)
+
+
+def ring_merge(name: str) -> RingMerge:
+    return RING_MERGES[name]

@@ -1,0 +1,102 @@
+"""Ring CP's passes beside its kernels (`Layout.ring_merge`, `memo_sim.layout.ring_merge`): PyTorch's
+experimental context parallelism merges each ring step's output and log-sum-exp and accumulates each
+step's gradients in fp32 eager ops; torchtitan@2024-12 runs it, the other frameworks price none."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+from click.testing import CliRunner
+
+from memo_exec.cli import cli as exec_cli
+from memo_sim.cli import cli as sim_cli
+from memo_sim.cost import ring_attention
+from memo_sim.cost.activations import tokens_per_gpu
+from memo_sim.cost.layer_time import backward_costs, forward_costs, full_recompute_costs
+from memo_sim.layout.parallel import Layout, check_layout
+from memo_sim.layout.ring_merge import RING_MERGE_NAMES, ring_merge
+from memo_sim.model.config import PRESETS
+from memo_sim.profile.loader import load_profile
+from memo_sim.search.frameworks import get_framework
+
+LLAMA = PRESETS["llama-3.1-8b"]
+H100 = load_profile("h100-sxm5-80gb")
+
+
+def test_the_torch_cp_bytes_are_those_counted_from_its_code():
+    # per output element Q, with K and V repeated to the query heads (KV = 2 Q, torchtitan's repeat_kv):
+    # forward 12 + 38 (cp - 1) (Q) + 4 (cp - 1) (KV); backward 10 + 10 cp (Q) + 28 + 25 (cp - 1) (KV)
+    m = ring_merge("torch_cp")
+    q = 1000.0
+    for cp, fwd, bwd in ((2, 58, 136), (4, 150, 256), (8, 334, 496)):
+        assert m.bytes(cp, q, 2 * q, "fwd") == pytest.approx(fwd * q)
+        assert m.bytes(cp, q, 2 * q, "bwd") == pytest.approx(bwd * q)
+    assert m.bytes(1, q, 2 * q, "fwd") == 0.0
+    assert ring_merge("none").bytes(8, q, 2 * q, "bwd") == 0.0
+    assert RING_MERGE_NAMES == ("none", "torch_cp")
+
+
+def _named(costs, name):
+    return [c for c in costs if c.name == name]
+
+
+def test_a_torch_cp_layer_pays_its_merge_passes_and_sends_repeated_kv_and_fp32_gradients():
+    seq = 65536
+    plain = Layout(cp=2)
+    torch_cp = replace(plain, ring_merge="torch_cp")
+    for phase_costs in (forward_costs, backward_costs):
+        assert not _named(phase_costs(LLAMA, plain, 1, seq, H100), "cp_ring_merge")
+    (fwd,) = _named(forward_costs(LLAMA, torch_cp, 1, seq, H100), "cp_ring_merge")
+    (bwd,) = _named(backward_costs(LLAMA, torch_cp, 1, seq, H100), "cp_ring_merge")
+    tokens = tokens_per_gpu(torch_cp, 1, seq)
+    q = tokens * LLAMA.attn_dim
+    kv = tokens * (LLAMA.q_dim + LLAMA.attn_dim)  # K and V repeated to the 32 query heads
+    assert fwd.nbytes == pytest.approx(12 * q + 38 * q + 4 * kv)
+    assert bwd.nbytes == pytest.approx(10 * q + 10 * 2 * q + 28 * kv + 25 * kv)
+    assert fwd.stream == "compute" and fwd.seconds > 0
+    # a full recompute re-runs the forward's merges
+    assert _named(full_recompute_costs(LLAMA, torch_cp, 1, seq, H100), "cp_ring_merge")[0].nbytes == fwd.nbytes
+    # the ring's K/V at the query heads (4x Llama 3.1 8B's 8 K/V heads), its dK/dV in fp32
+    assert ring_attention.ring_shift_bytes(LLAMA, torch_cp, 1, seq) == pytest.approx(
+        4 * ring_attention.ring_shift_bytes(LLAMA, plain, 1, seq))
+    assert ring_attention.ring_shift_bytes(LLAMA, torch_cp, 1, seq, grads=True) == pytest.approx(
+        2 * ring_attention.ring_shift_bytes(LLAMA, torch_cp, 1, seq))
+    assert ring_attention.ring_shift_bytes(LLAMA, plain, 1, seq, grads=True) == \
+        ring_attention.ring_shift_bytes(LLAMA, plain, 1, seq)
+    # without CP nothing is priced
+    assert not _named(forward_costs(LLAMA, replace(torch_cp, cp=1), 1, seq, H100), "cp_ring_merge")
+
+
+def test_the_layout_field_round_trips_and_a_bad_name_is_one_line():
+    lay = Layout(cp=2, ring_merge="torch_cp")
+    assert "merge-torch_cp" in lay.label() and "merge" not in Layout(cp=2).label()
+    assert Layout.from_dict(lay.to_dict()).ring_merge == "torch_cp"
+    assert "ring_merge" not in Layout(cp=2).to_dict()
+    why = check_layout(replace(lay, ring_merge="fused"), LLAMA, 2, 8, 4096)
+    assert why and "ring_merge must be one of none, torch_cp" in why
+
+
+def test_torchtitan_2024_12_runs_torch_cp_and_the_others_none():
+    assert get_framework("torchtitan@2024-12").adapt(Layout(cp=2)).ring_merge == "torch_cp"
+    for name in ("torchtitan", "megatron", "deepspeed", "any"):
+        assert get_framework(name).adapt(Layout(cp=2)).ring_merge == "none", name
+
+
+def test_the_executor_refuses_a_torch_cp_plan_in_one_line(tmp_path):
+    # no framework writes a torch_cp plan the executor's other checks let through (torchtitan@2024-12's
+    # are compiled), so the plan is one memo writes with its ring_merge set as torchtitan@2024-12 sets it
+    d = tmp_path / "plan"
+    r = CliRunner().invoke(sim_cli, ["whatif", "--model", "gpt-7b", "--layers", "4", "--gpus", "2", "--cp", "2",
+                                     "--seq", "4K", "--profile", "a800-80gb", "--policy", "full_recompute",
+                                     "--simulate-top", "1", "--out", str(d)])
+    assert r.exit_code == 0, r.output[-800:]
+    plan = json.loads((d / "plan.json").read_text())
+    plan["layout"]["ring_merge"] = "torch_cp"
+    (d / "plan.json").write_text(json.dumps(plan))
+    r = CliRunner().invoke(exec_cli, ["run", str(d / "plan.json"), "--device", "cpu", "--steps", "1", "--out",
+                                      str(tmp_path / "run")])
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error:"), r.output
+    assert "ring_merge torch_cp" in lines[0]
