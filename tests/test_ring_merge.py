@@ -100,3 +100,19 @@ def test_the_executor_refuses_a_torch_cp_plan_in_one_line(tmp_path):
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error:"), r.output
     assert "ring_merge torch_cp" in lines[0]
+
+
+def test_the_gpu_probe_times_the_passes_this_module_counts():
+    # benchmarks/gpu/probe_ring_merge.py times torch's own merge passes against these counts (an H200: never
+    # above the HBM's bandwidth); its per-case bytes are the module's
+    import importlib.util  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks/gpu/probe_ring_merge.py"
+    spec = importlib.util.spec_from_file_location("probe_ring_merge", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    m, c = ring_merge("torch_cp"), mod.COUNTED
+    assert c["merge_full"] == m.fwd_q_step and c["grad_add"] == m.bwd_q_step
+    assert c["merge_partial"] == m.fwd_q_step / 2 + 8  # half the merge and the torch.cat of the whole in fp32
+    assert c["grad_partial_add"] + c["dkv_cat"] == m.bwd_kv_step
