@@ -21,12 +21,13 @@ import argparse
 import importlib
 import json
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from probe_kernels import Timer  # noqa: E402  (beside this script)
 
 COUNTED = {"merge_full": 38, "merge_partial": 27, "grad_add": 10, "grad_partial_add": 13, "dkv_cat": 8}
 
@@ -41,24 +42,6 @@ def torch_cp():
         if hasattr(mod, "_SDPAMerger") and hasattr(mod, "_partial_update"):
             return name, mod
     raise SystemExit("error: this torch has no _SDPAMerger / _partial_update (torch.distributed.tensor.experimental)")
-
-
-def timed(fn, dev: str, reps: int = 5) -> float:
-    fn()
-    out = []
-    for _ in range(reps):
-        if dev == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            out.append(a.elapsed_time(b) / 1e3)
-        else:
-            t = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - t)
-    return statistics.median(out)
 
 
 def main() -> int:
@@ -93,7 +76,7 @@ def main() -> int:
     }
     elems = H * S * d
     for name, fn in cases.items():
-        t = timed(fn, dev)
+        t = Timer(dev, 5)(fn)
         n = 2 * elems if name == "dkv_cat" else elems
         rows.append({"case": name, "s": t, "elements": n, "counted_bytes_per_element": COUNTED[name],
                      "counted_gb_per_s": COUNTED[name] * n / t / 1e9})
