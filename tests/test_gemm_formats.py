@@ -222,3 +222,18 @@ def test_a_formats_own_gemm_curve_in_a_profile_names_a_registered_format():
             assert 0 < curve(1e12) <= 1
             seen += 1
     assert seen >= 3  # the three Hopper profiles carry the measured fp8-tensorwise curve
+
+
+def test_a_profile_naming_no_gemm_format_is_one_line(tmp_path):
+    import yaml  # noqa: PLC0415
+
+    raw = yaml.safe_load(open(H100.path))
+    curves = raw["efficiency"]["gemm_formats"]
+    curves["fp8_tensorwise"] = curves.pop("fp8-tensorwise")  # the underscore a user would type
+    p = tmp_path / "typo.yaml"
+    p.write_text(yaml.safe_dump({**raw, "name": "typo"}))
+    r = CliRunner().invoke(cli, ["whatif", "--model", "llama-3.1-8b", "--gpus", "8", "--seq", "8K", "--profile", str(p),
+                                 "--no-plan"])
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert r.exit_code == 2 and len(lines) == 1, r.output
+    assert "efficiency.gemm_formats.fp8_tensorwise" in lines[0] and "fp8-tensorwise" in lines[0]

@@ -84,7 +84,9 @@ def main() -> int:
         print(json.dumps(r), flush=True)
     if a.out:
         Path(a.out).mkdir(parents=True, exist_ok=True)
-        (Path(a.out) / "ring_merge.json").write_text(json.dumps(rows, indent=1))
+        tmp = Path(a.out) / "ring_merge.json.tmp"
+        tmp.write_text(json.dumps(rows, indent=1))
+        tmp.replace(Path(a.out) / "ring_merge.json")
     return 0
 
 

@@ -43,8 +43,11 @@ def _load_plan_and_profile(plan_file: str, profile_override: str | None):
     from memo_sim.plan.schema import read_plan
     from memo_sim.profile.loader import load_profile
 
+    from memo_sim.cost.gemm_format import check_gemm_format
+
     plan = read_plan(plan_file)
     profile = load_profile(profile_override or plan.profile)
+    check_gemm_format(plan.model, profile)
     return plan, profile
 
 

@@ -17,12 +17,25 @@ from memo_sim.cost.kernel_time import gemm_bytes, gemm_time, memory_bound_op_tim
 from memo_sim.errors import MemoError
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
+from memo_sim.model.gemm_formats import GEMM_FORMATS
 from memo_sim.model.layer_graph import DTYPE_BYTES
 from memo_sim.profile.schema import HardwareProfile
 
 
+def check_profile_gemm_formats(profile: HardwareProfile) -> None:
+    """A one-line `MemoError` when a profile's ``efficiency.gemm_formats`` names no quantised GEMM format
+    (the profile loader cannot know the formats: they are registered downstream of it)."""
+    known = [f for f in GEMM_FORMATS if f != "bf16"]
+    for name, _curve in profile.efficiency.gemm_formats:
+        if name not in known:
+            raise MemoError(f"profile {profile.name}: efficiency.gemm_formats.{name}: no such GEMM format; fix: name "
+                            f"one of {', '.join(known)}")
+
+
 def check_gemm_format(model: ModelConfig, profile: HardwareProfile) -> None:
-    """A one-line `MemoError` when the profile's GPU has no peak for the model's GEMM format."""
+    """A one-line `MemoError` when the profile's GPU has no peak for the model's GEMM format, or when its
+    profile names a GEMM format that does not exist (`check_profile_gemm_formats`)."""
+    check_profile_gemm_formats(profile)
     fmt = model.gemm
     if fmt.quantised and fmt.peak not in profile.gpu.peak_flops:
         raise MemoError(f"--precision {fmt.name}: profile {profile.name} ({profile.gpu.model}) has no {fmt.peak} peak "

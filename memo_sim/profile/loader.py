@@ -183,7 +183,7 @@ class _EfficiencyIn(_In):
     attention_block_fwd_score_time: Time | None = None
     attention_block_bwd_score_time: Time | None = None
     attention_times: _AttentionTimesIn | None = None  # optional: the kernels timed at given shapes
-    # optional: a quantised GEMM format's own curve (`memo_sim.model.gemm_formats` names: fp8_tensorwise, ...),
+    # optional: a quantised GEMM format's own curve (`memo_sim.model.gemm_formats` names: fp8-tensorwise, ...),
     # efficiency against that format's peak; a format without one runs at the gemm curve's fractions
     gemm_formats: dict[str, _CurveIn] | None = None
 
