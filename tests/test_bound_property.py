@@ -13,7 +13,7 @@ import pytest
 from memo_sim.errors import MemoError
 from memo_sim.model.config import ModelConfig
 from memo_sim.profile.loader import load_profile
-from memo_sim.search.bound import lower_bound
+from memo_sim.search.bound import lower_bound, pipeline_family_tgs_bound
 from memo_sim.search.prune import tgs_upper_bound
 from memo_sim.search.whatif import candidates_for, simulate_candidates
 
@@ -110,6 +110,9 @@ def _check(schedule: str, n: int, seed: int) -> int:
         assert 0 < lb <= sim * (1 + 1e-9), (schedule, c.model.layers, c.model.hidden, c.seq, c.profile.name,
                                             c.layout.label(), c.policy.label(), c.micro_batch, lb, sim)
         assert tgs_upper_bound(c) >= s["tgs_tokens_per_gpu_s"] * (1 - 1e-9)
+        if c.schedule in ("1f1b", "interleaved_1f1b"):  # the family's bound (every policy at once) is looser still
+            fam = pipeline_family_tgs_bound(c.model, c.layout, c.batch, c.micro_batch, c.seq, c.profile)
+            assert fam >= tgs_upper_bound(c) * (1 - 1e-12)
     return ran
 
 

@@ -86,8 +86,17 @@ def test_pruned_search_returns_the_exhaustive_best(seq, gpus, kw):
     assert _label(pruned.best) == _label(full.best)
     assert pruned.best.simulated["iteration_s"] == full.best.simulated["iteration_s"]
     t = pruned.tier2
-    assert t.mode == "bound" and t.fitting == full.tier2.fitting
-    assert t.simulated + t.skipped_by_bound >= t.fitting
+    assert t.mode == "bound" and t.simulated + t.skipped_by_bound >= t.fitting
+    # the pipeline families the bound left unbuilt: every candidate the exhaustive search has and this
+    # one lacks is a micro-batch pipeline's, counted as not built, and truly slower than the best
+    built = {_label(c) for c in pruned.candidates}
+    missing = [c for c in full.candidates if _label(c) not in built]
+    assert all(c.schedule in ("1f1b", "interleaved_1f1b") for c in missing)
+    assert len(missing) <= t.not_built and (t.not_built == 0) == (t.not_built_families == 0)
+    assert t.fitting == full.tier2.fitting - sum(c.memory.status == "OK" for c in missing)
+    for c in missing:
+        s = c.simulated  # the exhaustive search simulated every fitting one
+        assert c.memory.status != "OK" and s is None or s["status"] != "OK" or s["tgs_tokens_per_gpu_s"] < t.best_tgs
     if t.skipped_by_bound:
         assert t.margin is not None and t.margin >= 0
         # every skipped candidate: its bound below the best simulated throughput, and (exhaustive) truly slower
@@ -161,3 +170,20 @@ def test_equal_throughput_ranks_by_lower_peak():
             ties += 1
             assert a["peak"]["bytes"] <= b["peak"]["bytes"], (a["layout"], b["layout"])
     assert ties >= 1 and rows[0]["layout"] == "tp1-uly4-dp2-z3"
+
+
+def test_pipeline_families_below_the_best_simulated_are_not_built():
+    """The bound search prices the single stage, simulates by bound there, and builds no micro-batch
+    pipeline family whose bound (every policy at once) is below that best: same best as the
+    exhaustive search (test above), fewer candidates built, the count said on the tier-2 line."""
+    pruned = rank(TOY, 64 * K, 8, A800, simulate_top="bound", policies=("memo", "full_recompute"))
+    full = rank(TOY, 64 * K, 8, A800, simulate_top="all", policies=("memo", "full_recompute"))
+    t = pruned.tier2
+    assert t.not_built > 0 and t.not_built_families > 0
+    assert "not built" in t.line() and f"{t.not_built} micro-batch pipeline candidates" in t.line()
+    assert full.tier2.not_built == 0
+    assert len(pruned.candidates) < len(full.candidates)
+    assert pruned.searched["pipeline"]["not_built"]["families"] == t.not_built_families
+    # the schedules whose families were all left out still count as searched
+    assert set(pruned.searched["schedules"]) == set(full.searched["schedules"])
+    assert t.margin is not None and t.margin >= 0

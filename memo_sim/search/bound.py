@@ -34,6 +34,7 @@ from memo_sim.cost.layer_time import critical_time
 from memo_sim.cost.sppo import stage_layer_counts, stage_optimizer_time
 from memo_sim.errors import MemoError
 from memo_sim.memplan.trace_gen import per_gpu_shard
+from memo_sim.model.flops import tgs
 from memo_sim.search.estimate import _forward_backward_times, stage_shard
 from memo_sim.search.sppo.estimate import recurrence
 
@@ -81,13 +82,23 @@ def single_stage_bound(c) -> float:
 
 @register_bound("1f1b", "interleaved_1f1b")
 def pipeline_bound(c) -> float:
-    model, lay, policy, profile = c.model, c.layout, c.policy, c.profile
+    return pipeline_iteration_bound(c.model, c.layout, c.policy, c.batch, c.micro_batch, c.seq, c.profile)
+
+
+def pipeline_iteration_bound(model, lay, policy, batch: int, micro_batch: int, seq: int, profile) -> float:
+    """`pipeline_bound` of a micro-batch pipeline candidate; ``policy`` None: its recompute left
+    out, a bound for every policy of the layout, batch split and schedule at once (a policy
+    adds recompute chains, never removes an op: `pipeline_family_tgs_bound`)."""
     p, v = lay.pp, lay.vpp
-    mb = c.micro_batch
-    m = c.batch // mb
+    mb = micro_batch
+    m = batch // mb
     shard = stage_shard(lay)
-    f, b, r = _phase_times(model, shard, mb, c.seq, policy, profile)
-    bt = boundary_times(model, shard, mb, c.seq, profile)
+    if policy is None:
+        f, b = _forward_backward_times(model, shard, mb, seq, profile)
+        r = 0.0
+    else:
+        f, b, r = _phase_times(model, shard, mb, seq, policy, profile)
+    bt = boundary_times(model, shard, mb, seq, profile)
     opt0 = stage_optimizer_time(model, lay, 0, profile)
     # rank s cannot start before micro-batch 0 has run forward through virtual stages 0 .. s-1 (chunk 0 of
     # ranks 0 .. s-1), then runs its own units, then micro-batch 0's backward returns through them
@@ -105,6 +116,17 @@ def pipeline_bound(c) -> float:
         tail = before * b + bt.embedding_bwd if s else 0.0
         best = max(best, lead + own + tail + opt0)
     return best
+
+
+def pipeline_family_tgs_bound(model, lay, batch: int, micro_batch: int, seq: int, profile) -> float:
+    """The most tokens per GPU per second any candidate of one micro-batch pipeline family (a
+    layout with its chunks, batch and micro-batch size, in 1F1B or interleaved 1F1B: every policy,
+    MEMO at any alpha) can reach in the simulator: the tokens over `pipeline_iteration_bound`
+    without recompute. Each policy's own bound adds its recompute chains to the same chains, so
+    its bound is at least this one's iteration time. Read before the family is built
+    (`memo_sim.search.pipeline.pipeline_candidates`' ``floor``)."""
+    lb = pipeline_iteration_bound(model, lay, None, batch, micro_batch, seq, profile)
+    return tgs(batch * lay.dp, seq, lb, lay.gpus) if lb > 0 else float("inf")
 
 
 @register_bound("sppo")
@@ -139,5 +161,5 @@ def sppo_bound(c) -> float:
     return max(recurrence(c.model, c.layout, c.batch, c.policy, c.profile, copies=False).stage_end)
 
 
-__all__ = ["lower_bound", "pipeline_bound", "register_bound", "single_stage_bound",
-           "sppo_bound"]
+__all__ = ["lower_bound", "pipeline_bound", "pipeline_family_tgs_bound", "pipeline_iteration_bound",
+           "register_bound", "single_stage_bound", "sppo_bound"]

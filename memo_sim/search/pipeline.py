@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from functools import lru_cache, partial
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from memo_sim.cost.memo import memoised, memoised_by
 from memo_sim.cost.sppo import stage_model_state_bytes
@@ -41,6 +41,7 @@ from memo_sim.policy import get_policy, policy_class
 from memo_sim.policy.base import Policy
 from memo_sim.policy.rounding_buffers import KEPT_LAYERS
 from memo_sim.profile.schema import HardwareProfile
+from memo_sim.search.bound import pipeline_family_tgs_bound
 from memo_sim.search.candidate import Candidate
 from memo_sim.search.estimate import estimate_pipeline, memo_alpha, pipeline_bubble, stage_shard
 from memo_sim.units import fmt_bytes
@@ -258,10 +259,18 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
                         schedules: tuple[str, ...] | None = None, adapt=None, first: int | None = None,
                         last: int | None = None, experts: ExpertChoice = ExpertChoice(),
                         tp_modes: tuple[str, ...] = ("megatron",), metp_across_nodes: bool = False,
+                        floor: Callable[[], float | None] | None = None,
                         ) -> tuple[list[Candidate], list[tuple[Layout, str]], dict]:
     """Every pipeline candidate of the space (module docs) for ``policies``: (candidates,
     rejected layouts, what was searched). ``allows``: the framework's layout filter; ``adapt``:
-    the layout as the framework runs it (its mechanisms; `memo_sim.frameworks.Framework.adapt`)."""
+    the layout as the framework runs it (its mechanisms; `memo_sim.frameworks.Framework.adapt`).
+
+    ``floor``: called once, before the first family (a layout with its chunks, batch split and
+    schedule) is built, it returns the best throughput simulated so far (None: none). A family
+    whose proved throughput bound (`memo_sim.search.bound.pipeline_family_tgs_bound`, every policy
+    of it at once) is below it is not built: none of its candidates could be the best plan, so the
+    bound search would skip each of them. What was searched says how many (``not_built``: the
+    families, the candidates they hold and the highest bound among them)."""
     names = tuple(n for n in (schedules or micro_batch_pipelines()) if n in micro_batch_pipelines())
     # pp splitting the layers evenly, or unevenly where `uneven_split` finds a split (first / last fixed: any)
     pps = [pp] if pp is not None else [d for d in _divisors(gpus) if d > 1 and (
@@ -270,6 +279,8 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
     rejected: list[tuple[Layout, str]] = []
     too_big: set[int] = set()  # ids of the chunked layouts rejected by `states_why_not` (once each)
     searched = {"schedules": list(names), "pp": [], "vpp": set(), "micro_batch": set()}
+    not_built = {"families": 0, "candidates": 0, "best_bound_tgs": None, "schedules": []}
+    reference: list[float | None] = []  # floor(), once it is read
     for p in pps:
         valid, rej = enumerate_layouts(model, gpus, profile.node_gpus, seq, tp=tp, cp=cp, ulysses=ulysses, dp=dp,
                                        zero=zero, sp=sp, pp=p, first=first, last=last, experts=experts,
@@ -316,9 +327,23 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
                             continue
                         searched["vpp"].add(v)
                         searched["micro_batch"].add(mb)
+                        if floor is not None:
+                            if not reference:
+                                reference.append(floor())
+                            ub = pipeline_family_tgs_bound(model, cand, b, mb, seq, profile)
+                            if reference[0] is not None and ub < reference[0]:
+                                not_built["families"] += 1
+                                if name not in not_built["schedules"]:
+                                    not_built["schedules"].append(name)
+                                not_built["candidates"] += len(policies)
+                                top = not_built["best_bound_tgs"]
+                                not_built["best_bound_tgs"] = ub if top is None else max(top, ub)
+                                continue
                         shape = _shape(model, cand, b, mb, profile, name)  # every policy's
                         for pol in policies:
                             out.append(pipeline_candidate(model, cand, pol, b, mb, seq, profile, name, alpha, shape))
     searched["vpp"] = sorted(searched["vpp"])
     searched["micro_batch"] = sorted(searched["micro_batch"])
+    if not_built["families"]:
+        searched["not_built"] = not_built
     return out, rejected, searched

@@ -56,6 +56,10 @@ class PruneReport:
     margin: float | None = None  # 1 - (best skipped bound / best simulated throughput); None: none skipped
     best_tgs: float | None = None  # the best simulated throughput
     for_verdicts: int = 0  # of ``simulated``: the verdict lines' sides, simulated after the search stopped
+    # micro-batch pipeline candidates never built: their family's proved bound was below the best throughput
+    # simulated before the pipelines were priced (`memo_sim.search.pipeline.pipeline_candidates`' ``floor``)
+    not_built: int = 0
+    not_built_families: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -68,9 +72,25 @@ class PruneReport:
         if self.mode == SIMULATE_BOUND:
             self.skipped_by_bound -= n
 
+    def add_not_built(self, not_built: dict | None) -> None:
+        """Count the pipeline families the bound left unbuilt (``searched["pipeline"]["not_built"]``)
+        among what the proof skipped: the margin is the closest bound of either kind."""
+        if not not_built:
+            return
+        self.not_built += not_built["candidates"]
+        self.not_built_families += not_built["families"]
+        top = not_built.get("best_bound_tgs")
+        if top is not None and self.best_tgs:
+            m = 1.0 - top / self.best_tgs
+            self.margin = m if self.margin is None else min(self.margin, m)
+
     def line(self) -> str:
         extra = (f"; {self.for_verdicts} more simulated so that each verdict line compares two simulated plans"
                  if self.for_verdicts else "")
+        if self.not_built:
+            extra += (f"; {self.not_built} micro-batch pipeline candidates ({self.not_built_families} layout, batch "
+                      f"split and schedule families) not built: each family's proved bound is below the best "
+                      f"throughput simulated before the pipelines were priced (--simulate-top all builds them)")
         if self.mode != SIMULATE_BOUND:
             return (f"tier 2: {self.simulated} of {self.fitting} fitting candidates simulated "
                     f"({'every one' if self.mode == SIMULATE_ALL else 'the analytic best'}){extra}")
@@ -88,30 +108,42 @@ def tgs_upper_bound(c) -> float:
     return c.estimate.tgs * c.estimate.iteration_s / lb if lb > 0 else float("inf")
 
 
+def _better(best: float | None, s: dict | None) -> float | None:
+    """The best simulated throughput with summary ``s`` counted (a fitting one)."""
+    if s and s["status"] == "OK" and s.get("tgs_tokens_per_gpu_s") is not None:
+        return s["tgs_tokens_per_gpu_s"] if best is None else max(best, s["tgs_tokens_per_gpu_s"])
+    return best
+
+
 def simulate_by_bound(fitting: list, simulate: Callable[[list], object], *, batch: int = 4,
                       always: list | None = None) -> PruneReport:
     """Simulate ``fitting`` candidates (``simulate(list)`` fills each one's ``simulated``) in order
     of `tgs_upper_bound`, ``batch`` at a time, until the next bound is below the best simulated
-    throughput; ``always`` (e.g. SPPO's heuristic choice) are simulated in the first batch too."""
+    throughput; ``always`` (e.g. SPPO's heuristic choice) are simulated in the first batch too.
+    Candidates already simulated (an earlier search over part of ``fitting``) count as simulated
+    and their throughput as the best so far."""
     ub = {id(c): tgs_upper_bound(c) for c in fitting}
     order = sorted(fitting, key=lambda c: -ub[id(c)])
     extra = [c for c in (always or []) if c.simulated is None]
     best = None
-    i = 0
     done = 0
+    for c in fitting:  # simulated before this search (an earlier search over some of them): kept, counted
+        if c.simulated is not None:
+            done += 1
+            best = _better(best, c.simulated)
+    i = 0
     while i < len(order):
         if best is not None and ub[id(order[i])] < best:
             break
         chunk = [c for c in order[i:i + batch] if c.simulated is None]
         chunk += [c for c in extra if not any(c is x for x in chunk)]
         extra = []
-        simulate(chunk)
+        if chunk:
+            simulate(chunk)
         done += len(chunk)
         i += batch
         for c in chunk:
-            s = c.simulated
-            if s and s["status"] == "OK" and s.get("tgs_tokens_per_gpu_s") is not None:
-                best = s["tgs_tokens_per_gpu_s"] if best is None else max(best, s["tgs_tokens_per_gpu_s"])
+            best = _better(best, c.simulated)
     if extra:
         simulate(extra)
         done += len(extra)

@@ -114,7 +114,8 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
                    first_stage_layers: int | None = None, last_stage_layers: int | None = None,
                    ep: int | None = None, etp: int | None = None, moe_dispatcher: str = "alltoall",
                    moe_balance: str = "dropless", dp_mode: str | None = None, alloc_conf: str | None = None,
-                   allocator: str = "caching", sppo_beside: Callable[..., SppoBeside] | None = None) -> WhatIfResult:
+                   allocator: str = "caching", sppo_beside: Callable[..., SppoBeside] | None = None,
+                   pipeline_floor: Callable[[list[Candidate]], float | None] | None = None) -> WhatIfResult:
     """Every valid layout x policy x schedule x micro-batch size (MEMO at its solved alpha) for
     ``framework``, estimated and ranked (the strategies of `SEARCH_STRATEGIES`).
 
@@ -127,6 +128,10 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     parts of the SPPO search. ``schedules``: only these schedules (default: the framework's).
     Every schedule the framework runs is searched, micro-batch pipelines included, unless
     ``schedules`` or ``pp`` 1 leaves them out (`WhatIfResult.searched` says what was searched).
+    ``pipeline_floor(candidates)``: the best throughput simulated among the candidates listed before the
+    micro-batch pipelines are built (tier 2's bound search run early, `rank`); a pipeline family whose proved
+    bound is below it is not built (`memo_sim.search.pipeline.pipeline_candidates`' ``floor``; how many:
+    ``searched["pipeline"]["not_built"]``).
     ``sppo_beside(search, shared)`` runs SPPO's search beside the rest (`memo_sim.search.sppo_beside.SppoBeside`;
     the same candidates in the same places); without it the search runs here first.
     ``optimizer_offload``: True searches only single-stage layouts with the optimizer on the host
@@ -246,12 +251,16 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
             model, seq, gpus, profile, policies=plain, batch=batch, global_batch=global_batch,
             micro_batch=micro_batch, allows=fw.allows, adapt=pipe_adapt, tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero, sp=sp,
             pp=pp, vpp=vpp, alpha=alpha, schedules=pipes, first=first_stage_layers, last=last_stage_layers,
-            experts=experts, tp_modes=modes, metp_across_nodes=metp_across_nodes)
+            experts=experts, tp_modes=modes, metp_across_nodes=metp_across_nodes,
+            floor=(lambda: pipeline_floor(out)) if pipeline_floor is not None else None)
         out += pc
         rejected += pr
-        searched["schedules"] += [n for n in what["schedules"] if any(c.schedule == n for c in pc)]
+        unbuilt = (what.get("not_built") or {}).get("schedules", ())  # searched, every family left out by the bound
+        searched["schedules"] += [n for n in what["schedules"] if n in unbuilt or any(c.schedule == n for c in pc)]
         searched["pipeline"] = {"pp": what["pp"], "vpp": what["vpp"], "micro_batch": what["micro_batch"],
                                 "why": "asked for" if pipe_flags else "searched by default"}
+        if "not_built" in what:
+            searched["pipeline"]["not_built"] = what["not_built"]
         if pr and not out:
             why_none, pipes_said = pr[0][1], True
     if beside is not None:  # SPPO's rows where the search run here puts them (above)
@@ -752,7 +761,17 @@ def _simulate_verdict_sides(candidates: list[Candidate], head: list[Candidate], 
 
 def _rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, mode, progress, allocator_lag: int,
           sppo_simulate: int, jobs: int, ahead: list, fixed: dict) -> WhatIfResult:
-    """`rank` with SPPO's search beside the rest where ``fixed`` says so (``ahead``: what it simulates)."""
+    """`rank` with SPPO's search beside the rest where ``fixed`` says so (``ahead``: what it simulates).
+    The bound search starts before the micro-batch pipelines are priced: on the candidates listed by
+    then, in this process (SPPO's search may hold the other core), so that a pipeline family whose
+    proved bound is below its best is never built (`candidates_for`'s ``pipeline_floor``)."""
+    if mode == SIMULATE_BOUND:
+        def floor(listed: list[Candidate]) -> float | None:
+            fit = [c for c in listed if c.memory.status == "OK"]
+            return simulate_by_bound(fit, lambda cands: simulate_candidates(
+                cands, allocator_lag=allocator_lag, jobs=1, ahead=ahead[0] if ahead else None)).best_tgs
+
+        fixed = dict(fixed, pipeline_floor=floor)
     with gc_paused():  # tens of thousands of long-lived candidates and memos, no garbage cycles
         result = candidates_for(model, seq, gpus, profile, **fixed)
     if mode:
@@ -770,6 +789,7 @@ def _rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, mod
         if mode == SIMULATE_BOUND:
             try:
                 result.tier2 = simulate_by_bound(fitting, run, batch=max(PARALLEL_MIN, 2 * jobs), always=extra)
+                result.tier2.add_not_built((result.searched.get("pipeline") or {}).get("not_built"))
                 head = [c for c in result.candidates if c.simulated is not None]
                 result.tier2.add_verdict_sides(_simulate_verdict_sides(result.candidates, head, run))
             finally:
