@@ -26,6 +26,7 @@ import platform
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 from memo_sim.engine.simulate import simulate
 from memo_sim.frameworks import MECHANISMS
@@ -209,7 +210,7 @@ def _titan(config, tps, why=None, gpus=8, seq=8192, batch=2, model="llama-3.1-8b
                layers=arch.layers, hidden=arch.hidden, heads=arch.heads, vocab=arch.vocab, dtype="bf16",
                gemm_format="fp8-tensorwise" if fp8 else "bf16", tp=tp, sp=tp > 1, cp=cp, pp=pp, dp=dp, zero=3,
                dp_mode="fsdp", global_batch=dp * batch, policy=policy,
-               variants=(("h100-sxm5-80gb (the 700 W SXM5 part: datasheet peaks, HBM3)",
+               variants=(("h100-sxm5-80gb (the 700 W SXM5 part: its clocks at 700 W, HBM3)",
                           (("profile", "h100-sxm5-80gb"),)),))
 
 
@@ -903,41 +904,67 @@ OUTLIERS.update({
         "memo), and different hardware or software than the speed page's"),
 })
 
-# Earlier runs of the same expressible rows, for the record (same profile, precision and layouts):
-# torchtitan's 2024-12 H100 rows (torchtitan@2024-12 on h100-sxm5-96gb-500w; memo's per-layer split over the 32 / 80
-# layers from `memo_sim.cost.layer_time`'s forward, backward and full-recompute costs at this commit)
+# torchtitan's 2024-12 H100 rows (torchtitan@2024-12 on h100-sxm5-96gb-500w): their texts take memo's step and its
+# attention and GEMM seconds from this run (`_titan_split`: the layer's attention and GEMM ops, forward, backward and
+# recompute, over the layers and micro-batches), so they follow every mechanism change
+_POWER = ("the 500 W limit priced as the clock it leaves under each kernel class (0.80-0.90 of the 700 W part's "
+          "clock, from the board power's line in the SM clock sampled on a 700 W H100, where every one of these "
+          "kernels already runs at the 700 W cap: benchmarks/gpu/power_clock.py, reports/gpu-h200-2026-11-26.md "
+          "'Power')")
+_POWER_LEFT = ("(1) the 500 W limit beyond what memo prices of it: the clock ratio follows each kernel's measured "
+               "power line up to 200 W below the range it was measured over (a secant of a convex curve: the clock it "
+               "gives is an upper bound), prices each kernel class as if it ran alone (the board averages its power "
+               "over milliseconds), and leaves out the HBM2e's own power and the cooler part's lower leakage")
 _TITAN_CP = (
     "memo too fast, most where attention takes the step: memo's step is {memo} ({attn} of it attention, "
-    "FlashAttention-2 on the curve measured on an H200 and an H100 at 700 W against the part's assumed 912 TF peak; FP8 GEMMs "
-    "{gemm}); the measured step leaves {left} for attention if the rest is as memo prices it, so the attention ran "
-    "at {ratio} of the speed memo prices. The kernel runs as memo prices it at 700 W (reports/gpu-h200-2026-11-26.md: "
-    "a 32K-token causal block at 339 TFLOP/s forward and 308 backward, the points memo's curve holds), so the gap is "
-    "not FlashAttention-2's efficiency. Candidates, none pinned down: (1) the 500 W part's sustained clock under "
-    "attention, the longest kernels of any row here (0.03-0.9 s each), which neither the source nor memo knows (a "
-    "lease may not change a GPU's power limit, so it was not measured){cp}")
+    "FlashAttention-2 on the curve measured on an H200 and an H100 at 700 W, with " + _POWER + "; FP8 GEMMs {gemm}); "
+    "the measured step leaves {left} for attention if the rest is as memo prices it, so the attention ran at {ratio} "
+    "of the speed memo prices. Candidates, none pinned down: " + _POWER_LEFT + "{cp}")
 _TITAN_CP_RING = ("; (2) PyTorch's experimental context parallelism of 2024-12 beyond what memo prices of it: "
                   "its fp32 merges, accumulations and packing are priced (ring_merge torch_cp, counted from its "
-                  "code: {merge} of this step; one merge step measured at 1.84 ms on an H200 and 2.33 ms on an H100 "
+                  "code; one merge step measured at 1.84 ms on an H200 and 2.33 ms on an H100 "
                   "for 32K tokens x 32 heads), but it runs one SDPA call per ring step where memo prices its zigzag "
                   "blocks (its non-causal half blocks measured as fast as the causal one) and all-gathers K/V "
                   "(rotate method allgather) where memo prices ring shifts, each hidden under a block")
+_TITAN_FSDP = (
+    "memo too fast on a GEMM-bound 8K step (Llama 3.1 8B, FSDP, per-op selective checkpointing, compiled): memo's step "
+    "is {memo}, {gemm} of it the layers' GEMMs (forward, backward and the re-run ones: the curve memo-exec calibrate "
+    "measured on a 700 W H100, with " + _POWER + ") and {attn} attention (FlashAttention-2 as measured on an H200). "
+    "Candidates, none pinned down: " + _POWER_LEFT + "; and FSDP's per-layer all-gathers and reduce-scatters, which "
+    "memo hides under the compute")
+_GEMM_OPS = ("qkv", "out_proj", "fc1", "fc2")
+
+
+def _titan_split(run: Run) -> tuple[float, float]:
+    """(attention seconds, GEMM seconds) of memo's step for ``run``: the layer's attention and GEMM ops of the
+    forward, the backward and the policy's recompute, over the layers and the micro-batches."""
+    from memo_sim.cost.layer_time import backward_costs, forward_costs
+    from memo_sim.memplan.trace_gen import per_gpu_shard
+
+    model, prof, pol = run.model(), load_profile(run.profile), get_policy(run.policy)
+    b = run.global_batch // run.dp
+    mb = run.micro_batch or b
+    shard = per_gpu_shard(run.layout())
+    costs = (forward_costs(model, shard, mb, run.seq, prof) + backward_costs(model, shard, mb, run.seq, prof)
+             + list(pol.recompute_costs(model, shard, mb, run.seq, prof) or ()))
+    n = model.layers * (b // mb)
+    return (n * sum(c.seconds for c in costs if c.name == "attention"),
+            n * sum(c.seconds for c in costs if c.name in _GEMM_OPS))
+
+
+def _titan_text(template: str, cp: str = "") -> Callable[[Result], str]:
+    def text(r: Result) -> str:
+        attn, gemm = _titan_split(r.run)
+        left = r.run.published_s - (r.predicted_s - attn)
+        return template.format(memo=f"{r.predicted_s:.2f} s", attn=f"{attn:.2f} s", gemm=f"{gemm:.2f} s",
+                               left=f"about {left:.1f} s", ratio=f"{attn / left:.2f}x", cp=cp)
+    return text
+
+
 OUTLIERS.update({
-    "torchtitan-t2-cp1": _TITAN_CP.format(memo="6.80 s", attn="4.21 s", gemm="1.88 s", left="about 5.8 s",
-                                          ratio="0.72x", cp=" (no CP in this row)"),
-    "torchtitan-t2-cp2": _TITAN_CP.format(memo="11.97 s", attn="8.66 s", gemm="1.88 s", left="about 9.6 s",
-                                          ratio="0.90x", cp=_TITAN_CP_RING.format(merge="0.64 s")),
-    "torchtitan-t2-cp4": _TITAN_CP.format(memo="21.35 s", attn="17.26 s", gemm="1.88 s", left="about 26.5 s",
-                                          ratio="0.65x", cp=_TITAN_CP_RING.format(merge="1.42 s")),
-    "torchtitan-t2-cp8": _TITAN_CP.format(memo="40.12 s", attn="34.48 s", gemm="1.88 s", left="about 54.2 s",
-                                          ratio="0.64x", cp=_TITAN_CP_RING.format(merge="2.98 s")),
-    **dict.fromkeys(("torchtitan-t1-fsdp-compile", "torchtitan-t3-fsdp128-compile"), (
-        "memo too fast by a fifth on a GEMM-bound 8K step (Llama 3.1 8B, FSDP, per-op selective checkpointing, "
-        "compiled): memo's step is 1.99 s on 8 GPUs, 2.07 s on 128, about 1.0 s of it the layers' forward and "
-        "backward GEMMs at 0.72 of the assumed 912 TF peak (the fraction measured on a 700 W H100 by memo-exec "
-        "calibrate), 0.47 s attention (FlashAttention-2 as measured on an H200). Candidates, none pinned down: the "
-        "500 W part's sustained clock under GEMM load (the source puts the peak between the SXM's and the NVL's "
-        "without knowing it; the SXM5 variant beside shows how far the peak alone moves the row), and FSDP's "
-        "per-layer all-gathers and reduce-scatters, which memo hides under the compute")),
+    "torchtitan-t2-cp1": _titan_text(_TITAN_CP, " (no CP in this row)"),
+    **{f"torchtitan-t2-cp{k}": _titan_text(_TITAN_CP, _TITAN_CP_RING) for k in (2, 4, 8)},
+    **dict.fromkeys(("torchtitan-t1-fsdp-compile", "torchtitan-t3-fsdp128-compile"), _titan_text(_TITAN_FSDP)),
 })
 
 
@@ -979,6 +1006,11 @@ HISTORY = (
     ("643c729", "2026-11-26", "before PyTorch's context parallelism's fp32 merges, accumulations and packing were "
      "priced (`Layout.ring_merge`, torchtitan@2024-12: torch_cp)",
      {"torchtitan-t2-cp2": -0.128, "torchtitan-t2-cp4": -0.351, "torchtitan-t2-cp8": -0.380}),
+    ("7b1d4a9", "2026-11-26", "before the 500 W part's power limit was priced (h100-sxm5-96gb-500w at an assumed 912 "
+     "TF midpoint peak with the 700 W part's curve fractions)",
+     {"torchtitan-t1-fsdp-compile": -0.190, "torchtitan-t3-fsdp128-compile": -0.177, "torchtitan-t2-cp1": -0.193,
+      "torchtitan-t2-cp2": -0.073, "torchtitan-t2-cp4": -0.302, "torchtitan-t2-cp8": -0.329,
+      "torchtitan-t4-2d": -0.057}),
 )
 
 
@@ -1076,6 +1108,15 @@ STEPS = (
      "dK/dV sent in fp32: torchtitan-t2-cp2 -12.8% to -7.3%, cp4 -35.1% to -30.2%, cp8 -38.0% to -32.9%, every other "
      "row unchanged: dense 32 predicted at 11.9% / 32.9%, long-context 16 at 16.4% / 32.9%, the FP8 rows 5 at "
      "19.1% / 32.9%"),
+    ("power limit", "the 500 W part's power limit priced (reports/gpu-h200-2026-11-26.md section 5): on a 700 W H100 "
+     "every compute-bound kernel runs at the 700 W cap, and the board power's measured line in the SM clock, followed "
+     "down to 500 W, leaves 0.84-0.86 of the clock under bf16 GEMMs, 0.80 under FP8, 0.85-0.90 under "
+     "FlashAttention-2 and 0.81-0.83 under cuDNN's attention (benchmarks/gpu/power_clock.py); h100-sxm5-96gb-500w "
+     "takes the H100 SXM's datasheet peaks (989 / 1,979 TF, where it assumed the 912 / 1,825 midpoint) and the 700 W "
+     "curves times those ratios. Only the torchtitan rows move (t1 -19.0% to -13.2%, t3 -17.7% to -12.0%, t2-cp1 "
+     "-19.3% to -12.7%, cp2 -7.3% to -1.2%, cp4 -30.2% to -25.8%, cp8 -32.9% to -28.8%, t4-2d -5.7% to +0.7%): "
+     "dense 32 predicted at 10.8% / 30.3%, long-context 16 at 15.1% / 30.3%, the FP8 rows 5 at 13.8% / 28.8%, the "
+     "MoE group unchanged (16.3% / 45.7%)"),
 )
 
 
@@ -1234,6 +1275,12 @@ def moe_report(results: list[Result]) -> list[str]:
     return lines
 
 
+def _outlier(r: Result) -> str:
+    """The row's mechanism text (`OUTLIERS`: a string, or a function of the row's result)."""
+    text = OUTLIERS.get(r.run.id, "not analysed yet")
+    return text(r) if callable(text) else text
+
+
 def report(results: list[Result], wall_s: float, maxlen: list | None = None) -> str:
     moe = [r for r in results if r.run.group == "moe"]
     fp8 = [r for r in results if r.run.gemm_format != "bf16"]
@@ -1274,7 +1321,7 @@ def report(results: list[Result], wall_s: float, maxlen: list | None = None) -> 
     far = [r for r in results if r.error is not None and abs(r.error) > 0.10]
     if far:
         lines += ["", "Rows off by more than 10%, and the mechanism named:", ""]
-        lines += [f"- {r.run.id} ({100 * r.error:+.1f}%): {OUTLIERS.get(r.run.id, 'not analysed yet')}" for r in far]
+        lines += [f"- {r.run.id} ({100 * r.error:+.1f}%): {_outlier(r)}" for r in far]
     if any(r.run in LONG_RUNS for r in results):
         lines += ["", "Long-context dense rows (issue #45 item 1): what their sources do not state, and the one choice "
                   "memo runs each with (from the source's own scripts, configs and defaults, never from the error):",

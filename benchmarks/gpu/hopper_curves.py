@@ -128,12 +128,15 @@ EARLIER["gemm_fp8"] = EARLIER["gemm"]  # FP8 GEMMs ran at the bf16 curve's fract
 CALIBRATED = {"h100": "benchmarks/gpu/plans/h100-calibrated-graph-2026-11-26.yaml",  # short GEMMs by graph replay
               "h200": "benchmarks/gpu/plans/h200-calibrated-graph-2026-11-26.yaml"}
 H100_CHECK = "reports/data/gpu-h100-2026-11-26-kernels.json"
-# profile: (the calibration whose GEMM curve it takes, a note on the part)
-PROFILES = {"hardware_profiles/h100-sxm5-80gb.yaml": ("h100", ""),
+# profile: (the calibration whose GEMM curve it takes, a note on the part, its board power limit where it is
+# below the 700 W at which every curve here was measured: None, or watts)
+PROFILES = {"hardware_profiles/h100-sxm5-80gb.yaml": ("h100", "", None),
             "hardware_profiles/h100-sxm5-96gb-500w.yaml": (
-                "h100", "; measured at 700 W on the SXM parts: the fractions are taken against this profile's own "
-                        "(assumed) peaks"),
-            "hardware_profiles/h200-141gb.yaml": ("h200", "")}
+                "h100", "; measured at 700 W on the SXM parts, then each point times the SM clock a 500 W limit "
+                        "leaves under that kernel class on the same silicon, from the board power and clock sampled "
+                        "on a 700 W H100 (benchmarks/gpu/power_clock.py over reports/data/gpu-h100-2026-11-26-power*: "
+                        "{ratios})", 500.0),
+            "hardware_profiles/h200-141gb.yaml": ("h200", "", None)}
 _H200 = ("measured on one NVIDIA H200 (GH100: the H100 SXM's 132 SMs and clocks at 700 W, so a compute-bound kernel's "
          "fraction of the 989 TFLOP/s dense bf16 peak carries over), torch 2.11.0+cu130, cuDNN 9.19.0, 2026-11-26: ")
 _RULES = ("cases under 100 us (the event-wrapped launch interval's range) or slower than a larger case left out "
@@ -208,8 +211,33 @@ def _flow(pts) -> str:
     return "[" + ", ".join(f"[{_num(x)}, {y}]" for x, y in pts) + "]"
 
 
+def _power_clock():
+    import importlib.util  # beside this script
+
+    spec = importlib.util.spec_from_file_location("power_clock", Path(__file__).resolve().parent / "power_clock.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def profile_points(path: str, name: str, measured: list) -> tuple[list, str]:
+    """A Hopper profile's curve ``name`` (``gemm``, an attention curve or ``gemm_fp8``) from the measured
+    points, and the note its source ends with: the measured points (the GEMM's as calibrated, the others
+    above the earlier assumed ones, `with_earlier`), on a part limited below 700 W each point times the
+    clock ratio `power_clock.ratio_at` gives at its x (module docs of power_clock.py)."""
+    kind, note, limit = PROFILES[path]
+    pts = measured if name == "gemm" else with_earlier(name, measured)
+    if limit is None:
+        return pts, note
+    pc = _power_clock()
+    ratios = pc.curve_ratios(limit)[name]
+    scaled = [(x, round(y * pc.ratio_at(ratios, x), 4)) for x, y in pts]
+    words = ", ".join(f"{r:.3f} at {x:.3g} FLOPs" for x, r in ratios)
+    return scaled, note.replace("{ratios}", f"{limit:g} W leaves {words}, flat beyond the ends")
+
+
 def write(curves: dict) -> None:
-    for path, (kind, note) in PROFILES.items():
+    for path, (kind, _note, _limit) in PROFILES.items():
         f = REPO / path
         text = f.read_text()
         fields = dict(curves)
@@ -217,7 +245,7 @@ def write(curves: dict) -> None:
         for name, measured in fields.items():
             if name not in EARLIER:
                 continue
-            pts = measured if name == "gemm" else with_earlier(name, measured)
+            pts, note = profile_points(path, name, measured)
             src = (GEMM_SOURCE[kind] if name == "gemm" else SOURCES[name]).replace(
                 "{first:.3g}", f"{measured[0][0]:.3g}") + note
             src_yaml = json.dumps(src)  # a double-quoted YAML scalar
