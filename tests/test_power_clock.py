@@ -35,6 +35,15 @@ def test_every_compute_kernel_ran_at_the_700w_cap_and_500w_leaves_less_clock(ste
     assert copy["power_w"] < 500 and copy["ratio"] == 1.0 and copy["clock_mhz"] == 1980
 
 
+def test_a_whole_layer_runs_at_the_cap_between_its_gemms_and_its_attentions_clock():
+    # the per-class approximation's check: the mix also sits at the cap, its clock between the classes' alone
+    fits = _load("power_clock").fits(_load("power_clock").LAYER, 500.0)
+    layer, gemm, attn = (fits[c] for c in ("llama8b_layer_8k_fwd_bwd", "gemm_bf16_8192", "attn_flash_fwd_bwd_8k"))
+    assert 660 <= layer["power_w"] <= 720
+    assert gemm["clock_mhz"] < layer["clock_mhz"] < attn["clock_mhz"]
+    assert layer["ratio"] < 0.9
+
+
 def test_curve_ratios_cover_every_hopper_curve_and_interpolate_in_log_flops():
     pc = _load("power_clock")
     ratios = pc.curve_ratios(500.0)

@@ -18,9 +18,13 @@ GEMMs and cuDNN's forward the swings themselves reach 500-530 W, so 500 W is at 
 measured range, not far beyond it). A compute-bound kernel's time scales with the inverse of its
 clock, so its efficiency at ``L`` is its efficiency at 700 W times ``f_L / f`` (`ratio`).
 What this leaves out: the board's power averages over milliseconds, so in a training step the
-clock follows the mix of kernels, and a memory-bound op between two GEMMs lets it rise (per-class
-ratios price every kernel of a class as if it ran alone, a small overstatement where a step
-mixes many short memory-bound ops); leakage is lower on a cooler 500 W part (its clock a little
+clock follows the mix of kernels (per-class ratios price every kernel of a class as if it ran
+alone). A check (reports/data/gpu-h100-2026-11-26-power-layer*): one Llama 3.1 8B layer's eager
+forward and backward over 8K tokens also holds the board at the 700 W cap, at 1,710 MHz (the 8192^3
+GEMM alone 1,365, FlashAttention-2 at 8K alone 1,965); the layer's own line (looser, r 0.49: the
+power also follows which kernel runs) leaves it 0.80 of its clock at 500 W, where the per-class
+ratios give its kernels 0.84-0.90, so if anything the per-class ratios leave a mixed step a little
+too much clock; leakage is lower on a cooler 500 W part (its clock a little
 higher); the line is a secant of a convex curve, so below the measured range it puts the clock a
 little high (the ratio is an upper bound on speed there).
 
@@ -45,6 +49,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 DATA = "reports/data/gpu-h100-2026-11-26-power"  # .jsonl (the cases) and -samples.csv (nvidia-smi every 50 ms)
 REPEAT = "reports/data/gpu-h100-2026-11-26-power-run1"  # the first run: 8 s cases, fewer sizes, no windows kept
+LAYER = "reports/data/gpu-h100-2026-11-26-power-layer"  # a Llama 3.1 8B layer beside a GEMM and an attention case
 # the first run's cases under the second's names (its GEMMs at 8192^3, its attention at 32K tokens)
 REPEAT_NAMES = {"gemm_bf16": "gemm_bf16_8192", "attn_flash_fwd": "attn_flash_fwd_32k",
                 "attn_flash_fwd_bwd": "attn_flash_fwd_bwd_32k", "attn_cudnn_fwd": "attn_cudnn_fwd_32k",
@@ -160,7 +165,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--limit", type=float, default=500.0, help="the board power limit, watts (default 500)")
     a = ap.parse_args()
-    for stem in (DATA, REPEAT):
+    for stem in (DATA, REPEAT, LAYER):
         print(f"# {stem} (700 W H100 SXM; limit {a.limit:g} W)")
         for case, r in fits(stem, a.limit).items():
             line = f"{case:24s} clock {r['clock_mhz']:6.0f} MHz at {r['power_w']:5.0f} W"

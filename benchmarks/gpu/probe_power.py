@@ -14,8 +14,9 @@ settings and never changes them (no power limit, no clock lock).
 Cases (bf16 unless named): idle; 2048^3, 4096^3 and 8192^3 GEMMs; the 8192^3 GEMM in FP8 (``torch._scaled_mm``,
 tensor-wise scales) where the GPU has it; causal attention over 8K and 32K tokens x 32 heads x 128
 (Llama 3.1 8B's heads; a 32K block is one block of a context-parallel ring), forward alone and
-forward + backward, with PyTorch's FlashAttention-2 and cuDNN backends; and a 4 GiB device-to-device copy
-(memory-bound). Each case runs its kernel back to back for ``--seconds`` after a second of warm-up,
+forward + backward, with PyTorch's FlashAttention-2 and cuDNN backends; a 4 GiB device-to-device copy
+(memory-bound); and one Llama 3.1 8B layer's forward and backward over 8K tokens in eager PyTorch
+(`llama_layer`: the mix a step runs). ``--only a,b`` runs those cases alone. Each case runs its kernel back to back for ``--seconds`` after a second of warm-up,
 the host synchronising about every quarter second (the GPU's queue never drains in between);
 nvidia-smi samples every 50 ms in a child process the whole time.
 """
@@ -156,7 +157,54 @@ def cases(dev: str, dry: bool) -> dict:
     m = (1 << 12) if dry else (1 << 31)  # 4 GiB of bf16
     src, dst = torch.empty(m, device=dev, dtype=bf), torch.empty(m, device=dev, dtype=bf)
     out["copy_d2d"] = (lambda: dst.copy_(src), None, 4 * m)  # read + write
+    out["llama8b_layer_8k_fwd_bwd"] = llama_layer(dev, dry)
     return out
+
+
+def llama_layer(dev: str, dry: bool):
+    """One Llama 3.1 8B decoder layer, forward and backward, over 8K tokens in eager PyTorch (RMSNorm, the
+    QKV, output and SwiGLU projections, K/V repeated to the query heads, FlashAttention-2 through SDPA,
+    residual adds): the mix of GEMMs, attention and memory-bound ops a training step runs, under which the
+    board's power and clock are compared with each kernel class's alone. (function, FLOPs of a unit)"""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    bf = torch.bfloat16
+    t, h, nh, nkv, ffn = (128, 64, 4, 2, 128) if dry else (8192, 4096, 32, 8, 14336)
+    hd = h // nh
+    backend = SDPBackend.MATH if dry else SDPBackend.FLASH_ATTENTION
+
+    def w(i, o):
+        return (torch.randn(i, o, device=dev, dtype=bf) * i ** -0.5).requires_grad_()
+
+    wq, wk, wv, wo = w(h, h), w(h, nkv * hd), w(h, nkv * hd), w(h, h)
+    w1, w3, w2 = w(h, ffn), w(h, ffn), w(ffn, h)
+    n1, n2 = torch.ones(h, device=dev, dtype=bf, requires_grad=True), torch.ones(h, device=dev, dtype=bf,
+                                                                                 requires_grad=True)
+    x = torch.randn(t, h, device=dev, dtype=bf, requires_grad=True)
+    g = torch.randn(t, h, device=dev, dtype=bf)
+    params = [wq, wk, wv, wo, w1, w3, w2, n1, n2, x]
+
+    def rms(z, weight):
+        zf = z.float()
+        return (zf * torch.rsqrt(zf.pow(2).mean(-1, keepdim=True) + 1e-5)).to(bf) * weight
+
+    def step():
+        a = rms(x, n1)
+        q = (a @ wq).view(1, t, nh, hd).transpose(1, 2)
+        k = (a @ wk).view(1, t, nkv, hd).transpose(1, 2).repeat_interleave(nh // nkv, dim=1)
+        v = (a @ wv).view(1, t, nkv, hd).transpose(1, 2).repeat_interleave(nh // nkv, dim=1)
+        with sdpa_kernel(backend):
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = x + o.transpose(1, 2).reshape(t, h) @ wo
+        b = rms(y, n2)
+        z = y + (F.silu(b @ w1) * (b @ w3)) @ w2
+        z.backward(g)
+        for p_ in params:
+            p_.grad = None
+
+    gemm = 2 * t * h * (2 * h + 2 * nkv * hd) + 3 * 2 * t * h * ffn  # forward GEMM FLOPs
+    attn = 2 * nh * t * t * hd  # causal forward
+    return step, 3 * gemm + 3.5 * attn
 
 
 def run_case(fn, seconds: float, dev: str, warmup: float = 1.0) -> dict:
@@ -199,6 +247,7 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT"))
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--only", default="", help="comma-separated case names to run (default: every case)")
     a = ap.parse_args()
     dev = "cpu" if a.dry_run else "cuda"
     out_dir = Path(a.out or ".")
@@ -221,7 +270,11 @@ def main() -> int:
     time.sleep(0.05 if a.dry_run else 3.0)
     te = time.time()
     marks.append(("idle", ti, te, None, None, {"t0": ti, "t1": te}))
-    for name, (fn, flops, nbytes) in cases(dev, a.dry_run).items():
+    only = {c for c in a.only.split(",") if c}
+    for name, spec in cases(dev, a.dry_run).items():
+        if only and name not in only:
+            continue
+        fn, flops, nbytes = spec if len(spec) == 3 else (*spec, None)
         r = run_case(fn, 0.05 if a.dry_run else a.seconds, dev, warmup=0.05 if a.dry_run else 1.0)
         marks.append((name, r["t0"], r["t1"], flops, nbytes, r))
         torch.cuda.empty_cache() if dev == "cuda" else None
