@@ -187,3 +187,8 @@ def test_pipeline_families_below_the_best_simulated_are_not_built():
     # the schedules whose families were all left out still count as searched
     assert set(pruned.searched["schedules"]) == set(full.searched["schedules"])
     assert t.margin is not None and t.margin >= 0
+    # pipelines asked for (a pipeline schedule named) are all built: the user wants to see them ranked
+    asked = rank(TOY, 64 * K, 8, A800, simulate_top="bound", policies=("memo", "full_recompute"),
+                 schedules=("single_stage", "1f1b", "interleaved_1f1b"))
+    assert asked.tier2.not_built == 0 and "not_built" not in asked.searched["pipeline"]
+    assert any(c.schedule == "1f1b" for c in asked.candidates)

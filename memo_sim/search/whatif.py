@@ -131,7 +131,8 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     ``pipeline_floor(candidates)``: the best throughput simulated among the candidates listed before the
     micro-batch pipelines are built (tier 2's bound search run early, `rank`); a pipeline family whose proved
     bound is below it is not built (`memo_sim.search.pipeline.pipeline_candidates`' ``floor``; how many:
-    ``searched["pipeline"]["not_built"]``).
+    ``searched["pipeline"]["not_built"]``). Only where the pipelines are searched by default: a pipeline asked
+    for (``pp``, ``vpp``, a pipeline schedule or the first / last stage's layers) has every family built.
     ``sppo_beside(search, shared)`` runs SPPO's search beside the rest (`memo_sim.search.sppo_beside.SppoBeside`;
     the same candidates in the same places); without it the search runs here first.
     ``optimizer_offload``: True searches only single-stage layouts with the optimizer on the host
@@ -252,7 +253,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
             micro_batch=micro_batch, allows=fw.allows, adapt=pipe_adapt, tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero, sp=sp,
             pp=pp, vpp=vpp, alpha=alpha, schedules=pipes, first=first_stage_layers, last=last_stage_layers,
             experts=experts, tp_modes=modes, metp_across_nodes=metp_across_nodes,
-            floor=(lambda: pipeline_floor(out)) if pipeline_floor is not None else None)
+            floor=(lambda: pipeline_floor(out)) if pipeline_floor is not None and not pipe_flags else None)
         out += pc
         rejected += pr
         unbuilt = (what.get("not_built") or {}).get("schedules", ())  # searched, every family left out by the bound
