@@ -932,8 +932,6 @@ _TITAN_FSDP = (
     "measured on a 700 W H100, with " + _POWER + ") and {attn} attention (FlashAttention-2 as measured on an H200). "
     "Candidates, none pinned down: " + _POWER_LEFT + "; and FSDP's per-layer all-gathers and reduce-scatters, which "
     "memo hides under the compute")
-_GEMM_OPS = ("qkv", "out_proj", "fc1", "fc2")
-
 
 def _titan_split(run: Run) -> tuple[float, float]:
     """(attention seconds, GEMM seconds) of memo's step for ``run``: the layer's attention and GEMM ops of the
@@ -948,8 +946,8 @@ def _titan_split(run: Run) -> tuple[float, float]:
     costs = (forward_costs(model, shard, mb, run.seq, prof) + backward_costs(model, shard, mb, run.seq, prof)
              + list(pol.recompute_costs(model, shard, mb, run.seq, prof) or ()))
     n = model.layers * (b // mb)
-    return (n * sum(c.seconds for c in costs if c.name == "attention"),
-            n * sum(c.seconds for c in costs if c.name in _GEMM_OPS))
+    return (n * sum(c.seconds for c in costs if c.kind == "attention"),
+            n * sum(c.seconds for c in costs if c.kind == "gemm"))
 
 
 def _titan_text(template: str, cp: str = "") -> Callable[[Result], str]:

@@ -69,3 +69,22 @@ def test_probe_power_dry_run_writes_one_row_per_case(tmp_path, monkeypatch):
     assert any(c.startswith("gemm_bf16_") for c in cases) and any(c.startswith("attn_") for c in cases)
     for r in rows[2:]:
         assert r["t0"] < r["t1"] and r["units"] > 0 and (r.get("tflops") or r.get("gbytes_per_s")) > 0
+
+
+def test_probe_power_refuses_an_unknown_case_in_one_line_before_writing(tmp_path, monkeypatch, capsys):
+    probe = _load("probe_power")
+    out = tmp_path / "out"
+    monkeypatch.setattr(sys, "argv", ["probe_power.py", "--dry-run", "--out", str(out), "--only", "nosuch"])
+    with pytest.raises(SystemExit) as e:
+        probe.main()
+    assert e.value.code == 2 and not out.exists()
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --only nosuch: no such case") and "\n" not in err
+
+
+def test_power_clock_refuses_a_limit_outside_the_measured_range(monkeypatch, capsys):
+    pc = _load("power_clock")
+    monkeypatch.setattr(sys, "argv", ["power_clock.py", "--limit", "900"])
+    with pytest.raises(SystemExit) as e:
+        pc.main()
+    assert e.value.code == 2 and "--limit 900" in capsys.readouterr().err

@@ -56,22 +56,24 @@ REPEAT_NAMES = {"gemm_bf16": "gemm_bf16_8192", "attn_flash_fwd": "attn_flash_fwd
                 "attn_cudnn_fwd_bwd": "attn_cudnn_fwd_bwd_32k"}
 REFERENCE_W = 700.0  # the measured part's power limit (the probe's env row: enforced.power.limit)
 WARMUP_S = 1.0  # probe_power runs each kernel this long before its window
-# a curve of the profile -> (probe case, the curve's x of one unit of the case)
-H, S8, S32, D = 32, 8192, 32768, 128
-
-
-def _fwd(s: int) -> float:
-    return 2.0 * H * s * s * D  # causal forward FLOPs: 4*h*s^2*d / 2
-
-
+# a curve of the profile -> (probe case, the share of the case's FLOPs that is the curve's x): the GEMMs' and
+# the forward's x are their FLOPs; a forward + backward case's FLOPs are 3.5x the forward's (probe_power), the
+# backward curve's x 2.5x the forward's (the simulator's convention, `memo_sim.cost.kernel_time`)
+BWD = 2.5 / 3.5
 CASES = {
-    "gemm": [("gemm_bf16_2048", 2.0 * 2048 ** 3), ("gemm_bf16_4096", 2.0 * 4096 ** 3), ("gemm_bf16_8192", 2.0 * 8192 ** 3)],
-    "gemm_fp8": [("gemm_fp8_tensorwise", 2.0 * 8192 ** 3)],
-    "attention_fwd": [("attn_flash_fwd_8k", _fwd(S8)), ("attn_flash_fwd_32k", _fwd(S32))],
-    "attention_bwd": [("attn_flash_fwd_bwd_8k", 2.5 * _fwd(S8)), ("attn_flash_fwd_bwd_32k", 2.5 * _fwd(S32))],
-    "attention_cudnn_fwd": [("attn_cudnn_fwd_8k", _fwd(S8)), ("attn_cudnn_fwd_32k", _fwd(S32))],
-    "attention_cudnn_bwd": [("attn_cudnn_fwd_bwd_8k", 2.5 * _fwd(S8)), ("attn_cudnn_fwd_bwd_32k", 2.5 * _fwd(S32))],
+    "gemm": [("gemm_bf16_2048", 1.0), ("gemm_bf16_4096", 1.0), ("gemm_bf16_8192", 1.0)],
+    "gemm_fp8": [("gemm_fp8_tensorwise", 1.0)],
+    "attention_fwd": [("attn_flash_fwd_8k", 1.0), ("attn_flash_fwd_32k", 1.0)],
+    "attention_bwd": [("attn_flash_fwd_bwd_8k", BWD), ("attn_flash_fwd_bwd_32k", BWD)],
+    "attention_cudnn_fwd": [("attn_cudnn_fwd_8k", 1.0), ("attn_cudnn_fwd_32k", 1.0)],
+    "attention_cudnn_bwd": [("attn_cudnn_fwd_bwd_8k", BWD), ("attn_cudnn_fwd_bwd_32k", BWD)],
 }
+
+
+def unit_flops(stem: str = DATA) -> dict[str, float]:
+    """FLOPs of one unit of each case, as the probe counted them (its rate over its units per second)."""
+    rows, _samples = load(stem)
+    return {r["case"]: r["tflops"] * 1e12 / r["units_per_s"] for r in rows if r.get("tflops")}
 
 
 def load(stem: str = DATA) -> tuple[list[dict], list[tuple[float, float, float]]]:
@@ -144,8 +146,9 @@ def curve_ratios(limit: float = 500.0) -> dict[str, list[tuple[float, float]]]:
         per.setdefault(case, []).append(r["ratio"])
     for case, r in fits(REPEAT, limit).items():
         per.setdefault(REPEAT_NAMES.get(case, case), []).append(r["ratio"])
-    return {curve: sorted((x, round(statistics.fmean(per[case]), 3)) for case, x in cases)
-            for curve, cases in CASES.items()}
+    flops = unit_flops(DATA)
+    return {curve: sorted((float(f"{flops[case] * share:.4g}"), round(statistics.fmean(per[case]), 3))
+                          for case, share in cases) for curve, cases in CASES.items()}
 
 
 def ratio_at(points: list[tuple[float, float]], x: float) -> float:
@@ -165,6 +168,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--limit", type=float, default=500.0, help="the board power limit, watts (default 500)")
     a = ap.parse_args()
+    if not 0 < a.limit <= REFERENCE_W:
+        ap.exit(2, f"error: --limit {a.limit:g}: give the board power limit in watts, above 0 and at most the "
+                   f"measured part's {REFERENCE_W:g}\n")
     for stem in (DATA, REPEAT, LAYER):
         print(f"# {stem} (700 W H100 SXM; limit {a.limit:g} W)")
         for case, r in fits(stem, a.limit).items():

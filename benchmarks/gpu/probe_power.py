@@ -250,6 +250,11 @@ def main() -> int:
     ap.add_argument("--only", default="", help="comma-separated case names to run (default: every case)")
     a = ap.parse_args()
     dev = "cpu" if a.dry_run else "cuda"
+    only = {c for c in a.only.split(",") if c}
+    known = cases(dev, a.dry_run)
+    if only - set(known):  # refused before anything is sampled or written
+        ap.exit(2, f"error: --only {','.join(sorted(only - set(known)))}: no such case; the cases are "
+                   f"{', '.join(known)}\n")
     out_dir = Path(a.out or ".")
     out_dir.mkdir(parents=True, exist_ok=True)
     sampling = not a.dry_run and shutil.which("nvidia-smi") is not None
@@ -270,8 +275,7 @@ def main() -> int:
     time.sleep(0.05 if a.dry_run else 3.0)
     te = time.time()
     marks.append(("idle", ti, te, None, None, {"t0": ti, "t1": te}))
-    only = {c for c in a.only.split(",") if c}
-    for name, spec in cases(dev, a.dry_run).items():
+    for name, spec in known.items():
         if only and name not in only:
             continue
         fn, flops, nbytes = spec if len(spec) == 3 else (*spec, None)
