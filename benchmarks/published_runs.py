@@ -102,6 +102,10 @@ class Run:
     moe_balance: str = "dropless"
     gemm_format: str = "bf16"
     dp_mode: str = "zero"  # the data-parallel flavour (`memo_sim.dp`: torchtitan's rows run FSDP)
+    reshard_after_forward: bool = True  # FSDP (torchtitan keeps the gathered weights beside pipeline stages)
+    tp_mode: str = "megatron"  # the TP flavour (`memo_sim.tp`: torchtitan's AsyncTP rows run async_tp)
+    first_stage_layers: int = 0  # uneven pipeline stages: the first and last ranks' layers (0: even)
+    last_stage_layers: int = 0
     not_modelled: str = ""
     # the embedding and the loss each take a layer's slot in the pipeline split (Megatron-LM's
     # --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split)
@@ -135,7 +139,9 @@ class Run:
             tp=self.tp, sp=self.sp, cp=self.cp, ulysses=self.ulysses, dp=self.dp, pp=self.pp, vpp=self.vpp,
             zero=self.zero, ep=self.ep,
             etp=self.etp, moe_dispatcher=self.moe_dispatcher, moe_balance=self.moe_balance,
-            account_embedding_loss=self.account_embedding_loss, dp_mode=self.dp_mode))
+            account_embedding_loss=self.account_embedding_loss, dp_mode=self.dp_mode,
+            reshard_after_forward=self.reshard_after_forward, tp_mode=self.tp_mode,
+            first_stage_layers=self.first_stage_layers, last_stage_layers=self.last_stage_layers))
 
     def schedule(self) -> str | None:
         """The pipeline schedule (None: a single stage): 1F1B, interleaved when ``vpp`` > 1."""
@@ -192,34 +198,59 @@ def _megatron2024(size, heads, hidden, layers, tp, pp, dp, gpus, batch, tflops):
                dtype="bf16", zero=1, why_not=why)
 
 
+def _titan_stage_ends(layers: int, pp: int) -> tuple[int, int]:
+    """The first and last ranks' layers of torchtitan@9dec370's generated split, one stage per rank
+    (pipelining_utils.generate_split_points: the first stage layers // pp, each middle one a layer
+    more while the remainder lasts, the last the rest)."""
+    base, extra = divmod(layers, pp)
+    middle = [base + 1 if i < extra else base for i in range(pp - 2)]
+    return base, layers - base - sum(middle)
+
+
 def _titan(config, tps, why=None, gpus=8, seq=8192, batch=2, model="llama-3.1-8b", cp=1, tp=1, pp=1,
-           policy="full_recompute"):
+           policy="full_recompute", async_tp=False):
     # TPS/GPU -> step time: torchtitan@9dec370 train.py counts the local batch's tokens (labels.numel(), before
     # context parallelism shards them) and divides by the step time x cp x tp x pp (non_data_parallel_size), so a
     # step takes local batch x sequence / (TPS x cp x tp x pp). Every row here uses torch.compile but the first of
     # Tables 1 and 3 and Float8 (torchao, tensorwise dynamic scaling) from Table 2 on, as the page's table titles say;
     # "selective activation checkpointing" is per-op (op_sac): train_configs/llama3_8b.toml at 9dec370 sets
     # mode = 'selective', selective_ac_option = 'op'
+    # Pipelined rows (Tables 5 and 6): 9dec370's defaults, as the page states neither: micro-batches = the
+    # pipeline degree (pipeline_parallel_microbatches unset), the generated split (`_titan_stage_ends`), FSDP
+    # without resharding after the forward (apply_fsdp with pipelining on)
     arch = PRESETS[model]
     dp = gpus // (cp * tp * pp)
     fp8 = "Float8" in config
+    first, last = _titan_stage_ends(arch.layers, pp) if pp > 1 else (0, 0)
+    even = arch.layers % pp == 0
     return Run(f"torchtitan-{config.split(':')[0]}", TORCHTITAN, config, batch * seq / (tps * cp * tp * pp),
                f"{tps} tokens/GPU/s at local batch {batch} x {seq} tokens on {gpus} GPUs"
                + (f" (TPS divides by cp x tp x pp = {cp * tp * pp})" if cp * tp * pp > 1 else ""),
                framework="torchtitan@2024-12", profile="h100-sxm5-96gb-500w", seq=seq, why_not=why, arch=arch,
                layers=arch.layers, hidden=arch.hidden, heads=arch.heads, vocab=arch.vocab, dtype="bf16",
                gemm_format="fp8-tensorwise" if fp8 else "bf16", tp=tp, sp=tp > 1, cp=cp, pp=pp, dp=dp, zero=3,
-               dp_mode="fsdp", global_batch=dp * batch, policy=policy,
+               dp_mode="fsdp", global_batch=dp * batch, policy=policy, tp_mode="async_tp" if async_tp else "megatron",
+               reshard_after_forward=pp == 1, micro_batch=batch // pp if pp > 1 else None,
+               first_stage_layers=0 if even else first, last_stage_layers=0 if even else last,
+               schedule_source=(f"micro-batch {batch // pp} ({pp} micro-batches: torchtitan@9dec370's default, the "
+                                f"pipeline degree), 1F1B, stages of {first}, "
+                                f"{arch.layers // pp if even else first + 1} ... {last} layers (generate_split_points)"
+                                if pp > 1 else ""),
                variants=(("h100-sxm5-80gb (the 700 W SXM5 part: its clocks at 700 W, HBM3)",
-                          (("profile", "h100-sxm5-80gb"),)),))
+                          (("profile", "h100-sxm5-80gb"),)),)
+               + (((SYNC_TP, (("tp_mode", "megatron"),)),) if async_tp else ()))
+
+
+SYNC_TP = "TP collectives on the critical path (tp_mode megatron)"
 
 
 _EAGER = ("without torch.compile torchtitan runs eager composite kernels (nn.RMSNorm over an fp32 upcast, SwiGLU's and "
           "the rotary embedding's separate ops), which memo does not price (its norms are one kernel)")
 _SAC_FP8 = ("per-op selective checkpointing under Float8 is not priced: Float8Linear calls _scaled_mm, not aten.mm, "
             "so the save list keeps no linear output but its abs passes' outputs")
-_ASYNC_TP = "async TP (TP collectives decomposed and overlapped with the GEMMs) is not modelled"
-_FSDP_PP = "FSDP beside pipeline stages is not priced (memo's pipelines keep ZeRO at most 1)"
+_INTERLEAVED_SPLIT = ("the interleaved run's default split (torchtitan@9dec370 generate_split_points: 2 stages per "
+                      "rank, virtual stages of 7, 8 x 14 and 7 layers) gives the first and last ranks chunks of 7 and 8 "
+                      "layers, which memo's uneven stages (a rank's layers divided evenly over its chunks) do not express")
 RUNS: tuple[Run, ...] = (
     _narayanan("1.7B", 2304, 24, 24, 1, 32, 512, 137),
     _narayanan("3.6B", 3072, 30, 32, 2, 64, 512, 138),
@@ -266,14 +297,16 @@ RUNS: tuple[Run, ...] = (
            cp=8),
     _titan("t4-2d: Llama 3.1 70B, FSDP 32 x TP 8, local batch 16, full AC, compile + Float8 (Table 4)", 829,
            gpus=256, batch=16, model="llama-3.1-70b", tp=8),
-    _titan("t4-2d-asynctp: the same with AsyncTP (Table 4)", 876, _ASYNC_TP, gpus=256, batch=16,
-           model="llama-3.1-70b", tp=8),
+    _titan("t4-2d-asynctp: the same (compile + Float8) with AsyncTP (Table 4)", 876, gpus=256, batch=16,
+           model="llama-3.1-70b", tp=8, async_tp=True),
     *(_titan(f"t5-{name}: Llama 3.1 405B, FSDP 8 x TP 8 x PP 8, local batch 32, full AC, compile + Float8 + AsyncTP, "
-             f"{label} (Table 5)", tps, f"{_FSDP_PP}; {_ASYNC_TP}", gpus=512, batch=32, model="llama-3.1-405b",
-             tp=8, pp=8) for name, label, tps in (("1f1b", "1F1B", 100), ("interleaved", "interleaved 1F1B", 128))),
+             f"{label} (Table 5)", tps, why, gpus=512, batch=32, model="llama-3.1-405b",
+             tp=8, pp=8, async_tp=True)
+      for name, label, tps, why in (("1f1b", "1F1B", 100, None),
+                                    ("interleaved", "interleaved 1F1B", 128, _INTERLEAVED_SPLIT))),
     *(_titan(f"t6-cp{cp}: Llama 3.1 405B, FSDP {8 // cp} x CP {cp} x TP 8 x PP 8, {seq // 1024}K, local batch 8, full AC, "
-             f"compile + Float8 + AsyncTP, 1F1B (Table 6)", tps, f"{_FSDP_PP}; {_ASYNC_TP}", gpus=512, batch=8,
-             seq=seq, model="llama-3.1-405b", tp=8, pp=8, cp=cp)
+             f"compile + Float8 + AsyncTP, 1F1B (Table 6)", tps, None, gpus=512, batch=8,
+             seq=seq, model="llama-3.1-405b", tp=8, pp=8, cp=cp, async_tp=True)
       for cp, seq, tps in ((1, 32768, 76), (2, 65536, 47), (4, 131072, 31), (8, 262144, 16))),
 )
 
@@ -933,6 +966,45 @@ _TITAN_FSDP = (
     "Candidates, none pinned down: " + _POWER_LEFT + "; and FSDP's per-layer all-gathers and reduce-scatters, which "
     "memo hides under the compute")
 
+_TITAN_PP = (
+    "memo too fast on Llama 3.1 405B in torchtitan's {d}D layout (FSDP beside 8 pipeline stages of 15-16 layers, "
+    "TP 8 with async TP, 8 micro-batches in 1F1B{cp}): memo's step is {memo}, {sync} with the TP collectives on the "
+    "critical path instead (the variant beside the row), so async TP as memo prices it takes {hidden} off the step. "
+    "Candidates, none pinned down: {candidates}")
+_TITAN_PP_ASYNC = (
+    "async TP beyond what memo prices of it: memo hides, but for the last GEMM chunk, the pairs PyTorch's "
+    "micro-pipeline pass fuses (the forward's and the recompute's all-gathers and reduce-scatters, the backward's "
+    "output-gradient all-gathers) and its chunks' copies share no HBM with the GEMMs in memo; on the 70B rows of "
+    "Table 4 AsyncTP shortened the measured step by {t4_measured}, memo's by {t4_memo}, so memo's async TP is the "
+    "more optimistic")
+_TITAN_PP_RING = ("PyTorch's experimental context parallelism of 2024-12 beyond what memo prices of it, the gap that "
+                  "grows with CP in the 8B rows of Table 2 too (torchtitan-t2-cp{k})")
+
+
+def _async_tp_effect() -> tuple[float, float]:
+    """(measured, memo's) fraction AsyncTP takes off Table 4's 70B step (torchtitan-t4-2d vs -asynctp; memo's from
+    the AsyncTP row and its SYNC_TP variant)."""
+    rows = {r.id: r for r in RUNS}
+    sync, asyn = rows["torchtitan-t4-2d"], rows["torchtitan-t4-2d-asynctp"]
+    res = predict(asyn, ablate=False)
+    return 1 - asyn.published_s / sync.published_s, 1 - res.predicted_s / dict(res.variants)[SYNC_TP]
+
+
+def _titan_pp_text(r: Result) -> str:
+    sync = dict(r.variants).get(SYNC_TP)
+    k = r.run.cp
+    t4_measured, t4_memo = _async_tp_effect()
+    parts = [_TITAN_PP_ASYNC.format(t4_measured=f"{100 * t4_measured:.1f}%", t4_memo=f"{100 * t4_memo:.1f}%"),
+             _POWER_LEFT[4:]]
+    if k > 1:  # the CP rows: the ring's gap first
+        parts.insert(0, _TITAN_PP_RING.format(k=k))
+    return _TITAN_PP.format(
+        d=4 if k > 1 else 3, cp=f", CP {k} at {r.run.seq // 1024}K" if k > 1 else "",
+        memo=f"{r.predicted_s:.2f} s", sync=f"{sync:.2f} s" if sync else "no fit",
+        hidden=f"{100 * (1 - r.predicted_s / sync):.0f}%" if sync else "-",
+        candidates="; ".join(f"({i + 1}) {p}" for i, p in enumerate(parts)))
+
+
 def _titan_split(run: Run) -> tuple[float, float]:
     """(attention seconds, GEMM seconds) of memo's step for ``run``: the layer's attention and GEMM ops of the
     forward, the backward and the policy's recompute, over the layers and the micro-batches."""
@@ -963,6 +1035,7 @@ OUTLIERS.update({
     "torchtitan-t2-cp1": _titan_text(_TITAN_CP, " (no CP in this row)"),
     **{f"torchtitan-t2-cp{k}": _titan_text(_TITAN_CP, _TITAN_CP_RING) for k in (2, 4, 8)},
     **dict.fromkeys(("torchtitan-t1-fsdp-compile", "torchtitan-t3-fsdp128-compile"), _titan_text(_TITAN_FSDP)),
+    **dict.fromkeys(("torchtitan-t5-1f1b", *(f"torchtitan-t6-cp{k}" for k in (1, 2, 4, 8))), _titan_pp_text),
 })
 
 
@@ -1115,6 +1188,19 @@ STEPS = (
      "-19.3% to -12.7%, cp2 -7.3% to -1.2%, cp4 -30.2% to -25.8%, cp8 -32.9% to -28.8%, t4-2d -5.7% to +0.7%): "
      "dense 32 predicted at 10.8% / 30.3%, long-context 16 at 15.1% / 30.3%, the FP8 rows 5 at 13.8% / 28.8%, the "
      "MoE group unchanged (16.3% / 45.7%)"),
+    ("FSDP beside stages, async TP", "three of torchtitan@9dec370's mechanisms, each from its source: FSDP beside "
+     "pipeline stages as it runs them (`memo_sim.dp.fsdp`: no resharding after the forward, every weight gathered "
+     "once, a stage's whole gradients kept in the fp32 reduce dtype and reduce-scattered after each chunk's last "
+     "micro-batch backward, as torch.distributed.pipelining calls FSDP's post-backward), async TP as a TP flavour "
+     "(`memo_sim.tp.async_tp`: the pairs PyTorch's micro-pipeline pass fuses, the forward's and recompute's "
+     "all-gathers and reduce-scatters and the backward's output-gradient all-gathers, run beside their GEMMs split "
+     "into tp chunks), and torchao's Float8 TP styles all-gathering the float8 copy of a column-parallel GEMM's "
+     "input (`precision.fp8_sp_gathers`); with the version's generated uneven split (15, 16 x 6, 15 layers) and "
+     "micro-batches (the pipeline degree): torchtitan's Table 5 1F1B row and Table 6's four CP rows predicted "
+     "(t5-1f1b -10.6%, t6-cp1 -8.8%, cp2 -17.6%, cp4 -17.4%, cp8 -28.2%), Table 4's AsyncTP row (-8.7%; its config "
+     "now says Float8, which it ran), t4-2d +0.7% to -2.6% (the float8 gathers), every other row unchanged: dense "
+     "38 predicted at 11.5% / 30.3%, long-context 20 at 15.7% / 30.3%, the FP8 rows 11 at 14.8% / 28.8%, the MoE "
+     "group unchanged (16.3% / 45.7%)"),
 )
 
 

@@ -27,7 +27,7 @@ TOY = ModelConfig("toy", layers=8, hidden=2048, heads=16, ffn=8192, vocab=32000)
     (Layout(dp=16, zero=1, dp_mode="fsdp"), "zero 3"),
     (Layout(dp=16, zero=3, dp_mode="fsdp", fsdp_shard=3), "must divide"),
     (Layout(dp=16, zero=3, fsdp_shard=4), "belong to dp_mode fsdp"),
-    (Layout(dp=8, pp=2, zero=3, dp_mode="fsdp"), "single-stage"),
+    (Layout(dp=8, pp=2, zero=3, dp_mode="fsdp"), "reshard_after_forward off"),  # beside stages: tests/test_fsdp_pipeline.py
 ])
 def test_fsdp_layouts_are_refused_in_one_line(layout, needle):
     why = check_layout(layout, M, 16, 8, 8192)

@@ -199,6 +199,26 @@ def test_transformer_engine_keeps_the_quantised_inputs_for_backward():
     assert b_ao - b_te == pytest.approx(memory_bound_op_time(m8.gemm.cast_bytes(seq * LLAMA.ffn, 2), H100))
 
 
+def test_torchaos_float8_tp_gathers_the_quantised_inputs_and_megatrons_does_not():
+    """torchtitan@2024-12 (torchao's Float8ColwiseParallel / PrepareFloat8ModuleInput) all-gathers a
+    column-parallel GEMM's input as its float8 copy in the forward; the backward's collectives and
+    Megatron's (TransformerEngine's FP8 gathers are not modelled) stay in the model dtype."""
+    from memo_sim.search.frameworks import get_framework
+
+    m8 = fmt(LLAMA, "fp8-tensorwise")
+    ao, te = get_framework("torchtitan@2024-12").for_model(m8), get_framework("megatron").for_model(m8)
+    assert ao.fp8_sp_gathers and not te.fp8_sp_gathers
+    assert not get_framework("torchtitan@2024-12").for_model(LLAMA).fp8_sp_gathers  # bf16 models untouched
+    lay, seq = Layout(tp=8, sp=True), 8192
+    for phase in (forward_costs, backward_costs):
+        a = {c.name: c.nbytes for c in phase(ao, lay, 1, seq, H100) if c.stream == "comm"}
+        t = {c.name: c.nbytes for c in phase(te, lay, 1, seq, H100) if c.stream == "comm"}
+        assert a.keys() == t.keys()
+        for name in a:
+            fp8 = phase is forward_costs and name.startswith("allgather")
+            assert a[name] == pytest.approx(t[name] / 2 if fp8 else t[name], rel=1e-6), name
+
+
 def test_framework_files_carry_their_precision_and_layout_settings():
     from memo_sim.search.frameworks import FRAMEWORKS
 

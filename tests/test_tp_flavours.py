@@ -57,8 +57,8 @@ def test_policies_and_flavours_use_the_registry():
     assert policy_class("memo") is POLICIES.get("memo")
     with pytest.raises(MemoError, match="policy 'nope' unknown; choose one of"):
         policy_class("nope")
-    assert TP_MODES == ("megatron", "metp_ffn", "metp") == FLAVOURS.names()
-    with pytest.raises(MemoError, match=r"tp_mode must be one of megatron, metp_ffn, metp, got 'x'"):
+    assert TP_MODES == ("megatron", "metp_ffn", "metp", "async_tp") == FLAVOURS.names()
+    with pytest.raises(MemoError, match=r"tp_mode must be one of megatron, metp_ffn, metp, async_tp, got .x."):
         tp_flavour("x")
     assert "metp_ffn_w" in comm_buffer_prefixes() and "metp_wproj" in comm_buffer_prefixes()
 
@@ -106,6 +106,10 @@ def test_the_executor_runs_the_simulators_flavours_by_name():
     from memo_exec.distributed import tp
     from memo_exec.errors import ExecError
 
-    assert set(tp.registered()) == set(TP_MODES)
+    runs = {m for m in TP_MODES if tp_flavour(m).executor}
+    assert set(tp.registered()) == runs and runs >= {"megatron", "metp_ffn", "metp"}
+    for m in set(TP_MODES) - runs:  # simulator only (async TP): refused in one line, naming the field
+        with pytest.raises(ExecError, match=rf"^layout.tp_mode '{m}': the executor runs megatron, metp, metp_ffn"):
+            tp.flavour_for(m)
     with pytest.raises(ExecError, match=r"^layout.tp_mode 'ring': the executor runs megatron, metp, metp_ffn"):
         tp.flavour_for("ring")

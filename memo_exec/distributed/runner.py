@@ -86,6 +86,9 @@ def fsdp_why_not(plan: Plan, model) -> str | None:
     why = dp_why_not(lay, model)
     if why or lay.dp_mode != "fsdp":
         return why and f"dp_mode {lay.dp_mode}: {why}"
+    if lay.pp > 1:
+        return (f"dp_mode fsdp beside pipeline stages (pp {lay.pp}, as torchtitan runs it) is priced by the simulator "
+                f"but not run by the executor; plan the pipeline with ZeRO 0 or 1")
     if plan.micro_batches > 1 and lay.dp * lay.cp * lay.ulysses > 1:
         return (f"dp_mode fsdp: micro_batch {plan.micro_batch}: FSDP reduce-scatters each layer's gradient right "
                 f"after its backward, which the executor does not accumulate over {plan.micro_batches} "

@@ -145,6 +145,10 @@ def _tp_collective(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, s
         # forward: all-gather before a column-parallel gemm, reduce-scatter after a row-parallel one;
         # backward swaps them.
         gather = (op.tp_comm_after == "gather") == (phase != "bwd")
+        if gather and phase != "bwd" and model.fp8_sp_gathers and model.gemm.quantised:
+            # the GEMM input's quantised copy gathered (torchao's Float8ColwiseParallel and
+            # PrepareFloat8ModuleInput cast before they redistribute), not the model-dtype tensor
+            size = model.gemm.quantised_bytes(size / DTYPE_BYTES[model.dtype]) / max(1, model.gemm.copies)
         name = ("allgather" if gather else "reducescatter") + f"_{op.name}"
         t = coll.ring_allgather_time(size, layout.tp, *coll.link_params(link, "all_gather" if gather else "reduce_scatter"))
     else:
@@ -242,12 +246,35 @@ RING_COSTS = {"ffn": _ffn_ring_costs, "mha": _mha_ring_costs}
 RING_PROLOGUES = {"mha": metp.mha_prologue}
 
 
+def _async_pair(c: OpCost, op: OpSpec, model: ModelConfig, layout: Layout, batch: int, seq: int,
+                profile: HardwareProfile, phase: str, fraction: float) -> list[OpCost]:
+    """Async TP (`memo_sim.tp.async_tp`): TP collective ``c`` beside the GEMM ``op`` it feeds or
+    drains, the GEMM as ``tp`` chunks of 1/tp of its tokens, each priced at its own size: the
+    collective runs beside the first tp - 1 chunks and the last chunk waits for it, so the pair
+    takes max(G (tp-1)/tp, C) + G/tp."""
+    chunk = _compute_cost(op, model, layout, batch, seq, profile, phase, fraction / layout.tp)
+    rest = replace(chunk, seconds=chunk.seconds * (layout.tp - 1), flops=chunk.flops * (layout.tp - 1))
+    return [replace(c, overlaps=1), rest, replace(chunk, name=f"{op.name}_last_chunk")]
+
+
 def _ops_with_comm(ops: list[OpSpec], model: ModelConfig, layout: Layout, batch: int, seq: int,
                    profile: HardwareProfile, phase: str, fraction: float = 1.0) -> list[OpCost]:
     out: list[OpCost] = []
     flavour = layout.flavour
     free = _metp_free_comm(model, flavour)
     emitted: set[str] = set()
+    # async TP (``flavour.async_collectives``): a TP collective beside the GEMM it feeds or drains
+    # (`_async_pair`) where PyTorch's micro-pipeline pass fuses the pair (torch/_inductor/fx_passes/
+    # micro_pipeline_tp.py: an all-gather along the tokens into the left operand of its matmuls,
+    # ``fused_all_gather_matmul``; a reduce-scatter of one matmul's output, ``fused_matmul_reduce_scatter``):
+    # forward and recompute, the all-gather after a norm feeding the next GEMM and a row-parallel GEMM's
+    # reduce-scatter; backward, the all-gather of a row-parallel GEMM's output gradient into its data-
+    # gradient matmul. The backward's reduce-scatter after a norm stays on the critical path (it scatters
+    # the sum of the data gradients of every GEMM that read the norm's output, not one matmul's), and so
+    # does SP's re-gather of a GEMM's input (it feeds the weight-gradient matmul on its contracted dimension)
+    asyn = flavour.async_collectives and layout.tp > 1
+    feeds: OpCost | None = None  # a collective waiting for the next GEMM (async TP)
+    gemm_at: tuple[int, OpSpec] | None = None  # where the last GEMM's ops start in ``out`` (async TP)
     for k, op in enumerate(ops):
         group = flavour.group_of(op.name)
         if group is not None:
@@ -268,7 +295,18 @@ def _ops_with_comm(ops: list[OpSpec], model: ModelConfig, layout: Layout, batch:
             out.append(_cp_ring(model, layout, batch, seq, profile, phase))
         if phase == "bwd" and op.name not in free:
             out += _sp_regather(op, model, layout, batch, seq, profile)
-        out.append(_compute_cost(op, model, layout, batch, seq, profile, phase, fraction))
+        if asyn and op.kind == "gemm" and op.scope == "tp":
+            gemm_at = (len(out), op)
+            if feeds is not None:
+                out += _async_pair(feeds, op, model, layout, batch, seq, profile, phase, fraction)
+                feeds = None
+            else:
+                out.append(_compute_cost(op, model, layout, batch, seq, profile, phase, fraction))
+        else:
+            if feeds is not None:  # no GEMM right after it: the collective on the critical path
+                out.append(feeds)
+                feeds = None
+            out.append(_compute_cost(op, model, layout, batch, seq, profile, phase, fraction))
         if op.kind == "attention" and layout.cp > 1 and ring_attention.applies(model, layout, seq):
             merge = ring_attention.ring_merge_cost(model, layout, batch, seq, profile, phase, fraction)
             if merge is not None:  # the ring's merge / accumulation passes (`memo_sim.layout.ring_merge`)
@@ -278,8 +316,23 @@ def _ops_with_comm(ops: list[OpSpec], model: ModelConfig, layout: Layout, batch:
         if op.kind == "attention" and layout.ulysses > 1:
             out.append(_ulysses_alltoall(model, layout, batch, seq, profile, phase, model.attn_dim, "alltoall_attn"))
         c = None if op.name in free else _tp_collective(op, model, layout, batch, seq, profile, phase, fraction)
-        if c is not None:
+        if c is None:
+            continue
+        if not asyn:
             out.append(c)
+        elif gemm_at is not None and op.kind == "gemm" and gemm_at[1] is op and out[gemm_at[0]].overlaps == 0:
+            # the GEMM's own collective (forward: the row-parallel GEMM's reduce-scatter; backward: the
+            # all-gather of its output gradient)
+            i, g = gemm_at
+            del out[i]
+            out[i:i] = _async_pair(c, g, model, layout, batch, seq, profile, phase, fraction)
+            gemm_at = None
+        elif phase != "bwd" and op.kind != "gemm":
+            feeds = c
+        else:
+            out.append(c)
+    if feeds is not None:
+        out.append(feeds)
     return out
 
 

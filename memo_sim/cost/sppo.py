@@ -327,12 +327,15 @@ def stage_gpu_params(model: ModelConfig, layout: Layout, stage: int) -> GpuParam
 
 def stage_model_state_bytes(model: ModelConfig, layout: Layout, stage: int) -> float:
     """Model-state bytes on one GPU of a stage (weights, grads, master + optimizer; ZeRO-1 shards
-    the last over the data-parallel group)."""
+    the last over the data-parallel group, and so does FSDP beside stages, whose gathered weights
+    and gradients accumulated in its reduce dtype a stage keeps whole through its micro-batches:
+    `memo_sim.dp.fsdp`)."""
     r = model.recipe
     g = stage_gpu_params(model, layout, stage)
     optim = 0.0 if layout.optimizer_offload else (r.master_bytes + r.optimizer_bytes) * (
         g.sharded if layout.zero >= 1 else g.local)
-    return (r.weight_bytes + r.grad_bytes) * g.local + optim + weight_cache_bytes(
+    grads = layout.dp_flavour.pipeline_grad_bytes(r) if layout.pp > 1 else r.grad_bytes
+    return (r.weight_bytes + grads) * g.local + optim + weight_cache_bytes(
         model, stage_layer_count(model, layout, stage), layout)
 
 

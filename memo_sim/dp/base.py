@@ -6,7 +6,11 @@ rules the memory formulas and the gradient collectives ask for (`memo_sim.cost.m
 A flavour says over how many of those ranks the states are sharded (``shard_group``; the rest of
 the group holds replicas of each shard, HSDP), whether a layer's gathered weights are dropped after
 its forward and gathered again for its backward (``gathers_in_backward``), and how many layers'
-gathered weights a GPU holds at its peak (``gathered_layers``). The arguments ``layout`` and
+gathered weights a GPU holds at its peak (``gathered_layers``). Beside pipeline stages it says
+whether it runs there at all (``pipeline_why_not``), whether a stage reduces its gradients chunk by
+chunk after that chunk's last micro-batch backward instead of layer by layer during it
+(``reduces_after_chunk``) and the element width of the whole gradients a stage accumulates over
+its micro-batches (``pipeline_grad_bytes``). The arguments ``layout`` and
 ``model`` are read by attribute: this package sits below both.
 """
 
@@ -38,3 +42,19 @@ class DPFlavour:
     def check(self, layout, model) -> str | None:
         """None, or why the layout cannot run this flavour."""
         return None
+
+    # beside pipeline stages (pp > 1)
+    reduces_after_chunk = False  # True: a chunk's gradients reduced after its last micro-batch's backward
+
+    def pipeline_why_not(self, layout) -> str | None:
+        """None, or why this flavour cannot shard the states of pipeline stages (``layout.pp`` > 1):
+        ZeRO's stages 2 and 3 shard what a stage keeps whole over its micro-batches (its gradients
+        and the weights every micro-batch reads), which memo does not price."""
+        if layout.zero > 1:
+            return ("pipeline stages keep their own layers' weights and gradients: ZeRO at most 1 with pp "
+                    "(or FSDP, dp_mode fsdp, as torchtitan runs it beside pipeline stages)")
+        return None
+
+    def pipeline_grad_bytes(self, recipe) -> int:
+        """Bytes per element of the whole gradients a pipeline stage accumulates over its micro-batches."""
+        return recipe.grad_bytes

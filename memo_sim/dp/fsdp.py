@@ -8,8 +8,19 @@ after the forward and gathered again before the backward, without it (torchtitan
 FSDP2 ``reshard_after_forward=False``, ZeRO-2-like) every layer keeps them from its forward to
 its backward. Gradients are reduce-scattered over the shard group after each layer's backward
 (then all-reduced over the replicas under HSDP). Represented with ZeRO stage 3 (what is sharded)
-and ``dp_mode: fsdp``; single-stage layouts of dense models (pipelines keep ZeRO at most 1, MoE
-experts their own expert-data-parallel sharding)."""
+and ``dp_mode: fsdp``; dense models (MoE experts shard over their own expert-data-parallel ranks).
+
+Beside pipeline stages FSDP runs as torchtitan runs it (its ``apply_fsdp`` at 9dec370 and since:
+``reshard_after_forward=False`` for every block when pipelining is on, "to avoid per-microbatch
+all-gathers"), with ``torch.distributed.pipelining`` driving the backward: each stage's backward
+runs with gradient sync off and, after its last micro-batch, the stage calls FSDP's post-backward
+for every parameter group at once (``backward_maybe_with_nosync`` in torch 2.6, the
+``REDUCE_GRAD`` action since). So a stage gathers each layer's weights once, at its first
+micro-batch's forward, keeps them and its whole gradients (accumulated in the reduce dtype:
+FSDP2 casts an unsharded gradient to ``reduce_dtype`` to accumulate it while sync is off,
+``FSDPParam.to_accumulated_grad_if_needed``) until its last backward, and reduce-scatters a
+chunk's gradients after that chunk's last backward, not beside it; only the optimizer states and
+the fp32 master weights stay sharded. HSDP and resharding after the forward are refused there."""
 
 from __future__ import annotations
 
@@ -34,8 +45,6 @@ class Fsdp(DPFlavour):
     def check(self, layout, model) -> str | None:
         if layout.zero != 3:
             return "FSDP shards weights, gradients and optimizer states: it runs as ZeRO stage 3 (zero 3)"
-        if layout.pp > 1:
-            return "FSDP is priced for single-stage layouts (pipeline stages keep ZeRO at most 1)"
         if getattr(model, "moe", False):
             return "FSDP is priced for dense models (MoE experts shard over their own expert-data-parallel ranks)"
         s = layout.fsdp_shard
@@ -43,6 +52,19 @@ class Fsdp(DPFlavour):
             return (f"the FSDP shard group ({s}) must divide the {layout.state_shards} ranks that hold the same "
                     f"weights (dp x cp x ulysses) and be at least 2")
         return None
+
+    reduces_after_chunk = True
+
+    def pipeline_why_not(self, layout) -> str | None:
+        if layout.reshard_after_forward:
+            return ("FSDP beside pipeline stages runs as torchtitan runs it, without resharding after the forward "
+                    "(reshard_after_forward off): per-micro-batch all-gathers are not priced")
+        if layout.fsdp_shard and layout.fsdp_shard != layout.state_shards:
+            return "HSDP (an FSDP shard group smaller than the data group) is not priced beside pipeline stages"
+        return None
+
+    def pipeline_grad_bytes(self, recipe) -> int:
+        return recipe.grad_reduce_bytes
 
 
 DP_FLAVOURS.add("fsdp", Fsdp())

@@ -183,6 +183,15 @@ def metp_gap(plan: Plan) -> list[Gap]:
                 PlanChange(layout={"tp_mode": "megatron", "sp": True}))]
 
 
+def async_tp_gap(plan: Plan, nearest: str) -> list[Gap]:
+    """A plan whose TP collectives run decomposed beside their GEMMs (`memo_sim.tp.async_tp`), for
+    a framework without PyTorch's async TP: ``nearest`` names what the framework runs instead."""
+    if not plan.layout.flavour.async_collectives:
+        return []
+    return [Gap(f"async TP ({plan.layout.tp_mode}: TP collectives decomposed and overlapped with their GEMMs)",
+                nearest, PlanChange(layout={"tp_mode": "megatron"}))]
+
+
 def policy_gaps(plan: Plan, runs: dict[str, str], fallback: str = "full_recompute",
                 notes: dict[str, str] | None = None) -> list[Gap]:
     """Gaps of the activation policy: ``runs`` maps the policies the framework expresses to the

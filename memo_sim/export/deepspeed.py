@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import shlex
 
-from memo_sim.export.base import (Export, Gap, PlanChange, gemm_format_gap, interleave_gap, metp_gap, nearest_plan,
+from memo_sim.export.base import (Export, Gap, PlanChange, async_tp_gap, gemm_format_gap, interleave_gap, metp_gap, nearest_plan,
                                   optimizer_offload_gap, policy_gaps, uneven_stages_gap, price_nearest, shape_arguments, torchrun_line)
 from memo_sim.plan.schema import Plan
 
@@ -36,7 +36,8 @@ def gaps(plan: Plan) -> list[Gap]:
         out.append(Gap(f"ring context parallelism over {plan.layout.cp} GPUs",
                        f"DeepSpeed-Ulysses over {plan.layout.cp} GPUs (--ds-sequence-parallel-size)",
                        PlanChange(layout={"cp": 1, "ulysses": plan.layout.ulysses * plan.layout.cp})))
-    out += metp_gap(plan) + interleave_gap(plan)
+    out += metp_gap(plan) + async_tp_gap(plan, "Megatron-DeepSpeed's TP, its collectives on the critical path") \
+        + interleave_gap(plan)
     # an offloading policy's nearest is cpu_checkpointing (only the layer inputs on the host), any other's full recompute
     out += policy_gaps(plan, _RUNS, fallback="checkpoint_offload" if plan.policy.offloads else "full_recompute")
     out += gemm_format_gap(plan, "deepspeed") + optimizer_offload_gap(plan, "deepspeed")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import shlex
 
-from memo_sim.export.base import (Export, Gap, gemm_format_gap, metp_gap, nearest_plan, optimizer_offload_gap,
+from memo_sim.export.base import (Export, Gap, async_tp_gap, gemm_format_gap, metp_gap, nearest_plan, optimizer_offload_gap,
                                   policy_gaps, price_nearest, shape_arguments, torchrun_line, ulysses_gap, zero_gap)
 from memo_sim.plan.schema import Plan
 
@@ -34,7 +34,10 @@ def gaps(plan: Plan) -> list[Gap]:
     """Megatron-LM interleaves pipelines itself, so only Ulysses, METP, ZeRO 2/3 and the
     policies other than store-all and full recompute are gaps (and GPT-OSS's attention, which
     the script leaves to the user)."""
-    return (ulysses_gap(plan) + metp_gap(plan) + zero_gap(plan, (0, 1), "--use-distributed-optimizer")
+    return (ulysses_gap(plan) + metp_gap(plan)
+            + async_tp_gap(plan, "Megatron TP with sequence parallelism, its collectives on the critical path "
+                                 "(--tp-comm-overlap, TransformerEngine's userbuffer overlap, is not priced by memo)")
+            + zero_gap(plan, (0, 1), "--use-distributed-optimizer")
             + policy_gaps(plan, _RUNS, notes={"memo": _OFFLOAD_NOTE, "full_offload": _OFFLOAD_NOTE})
             + gemm_format_gap(plan, "megatron") + optimizer_offload_gap(plan, "megatron") + _attention_gaps(plan))
 

@@ -9,7 +9,7 @@ sets ``config.parallelism.*`` (``ParallelismConfig``), ``config.training.*`` (``
 and ``config.activation_checkpoint`` (``FullAC.Config()``, ``SelectiveAC.Config()`` for per-op selective
 checkpointing, or ``None``), and ``config.compile.enable`` for a plan whose blocks are compiled
 (``Layout.kernel_fusion``). torchtitan expresses TP
-with SP, CP, PP with ``1F1B`` / ``Interleaved1F1B``, DP by replication (ZeRO 0) or FSDP2
+with SP (async TP: ``enable_async_tensor_parallel``), CP, PP with ``1F1B`` / ``Interleaved1F1B``, DP by replication (ZeRO 0) or FSDP2
 sharding (``data_parallel_shard_degree``; ZeRO 3, or ZeRO 2 with
 ``fsdp_reshard_after_forward = "never"``) and full or per-op selective activation checkpointing.
 """
@@ -100,6 +100,8 @@ def render(plan: Plan, applied: list[Gap]) -> str:
     ]
     if plan.model.moe:
         sets.append(("parallelism.expert_parallel_degree", lay.ep))
+    if lay.flavour.async_collectives:  # async TP (`memo_sim.tp.async_tp`): torchtitan runs it compiled only
+        sets.append(("parallelism.enable_async_tensor_parallel", True))
     if lay.zero == 2 or (lay.dp_mode == "fsdp" and not lay.reshard_after_forward):
         sets.append(("parallelism.fsdp_reshard_after_forward", "never"))
     if lay.pp > 1:
@@ -113,7 +115,7 @@ def render(plan: Plan, applied: list[Gap]) -> str:
     body = [f"    config.{k} = {v!r}" for k, v in sets]
     ac = _AC.get(pol.name)
     body.append("    config.activation_checkpoint = " + (f"{ac}.Config()" if ac else "None"))
-    if lay.kernel_fusion == "compiled":  # each block compiled (torch.compile), as the plan was priced
+    if lay.kernel_fusion == "compiled" or lay.flavour.async_collectives:  # each block compiled, as priced (async TP needs it)
         body.append("    config.compile.enable = True")
     fp8 = nearest_model(plan, applied).gemm_format == "fp8-tensorwise" and base in FLAVOURS
     if fp8:  # torchao's Float8Linear, tensorwise scaling (the converter's default recipe), as the model's converter

@@ -46,7 +46,13 @@ A file's ``precision`` section says how the framework keeps model states and whi
 offers: ``recipes`` maps a model dtype to the model-state recipe the framework runs it with
 (`memo_sim.model.precision`; a dtype not named takes memo's default, and a recipe the user names
 with ``--precision`` wins), ``gemm_formats`` lists the formats (`memo_sim.model.gemm_formats`) the
-version can run (default: ``bf16`` only). `Framework.for_model` applies both to a model.
+version can run (default: ``bf16`` only), and under a quantised format ``fp8_saved_inputs`` (the
+GEMM inputs kept for backward as quantised copies) and ``fp8_sp_gathers`` (sequence parallelism
+all-gathers the GEMM inputs' quantised copies). `Framework.for_model` applies them to a model.
+
+A file's ``layouts.uneven_stages`` lets the first and last pipeline stages have their own layer
+counts, and ``layouts.embedding_loss_slots`` (default: as ``uneven_stages``) lets the embedding and
+the loss each take a layer's slot in the split (Megatron-LM's --account-for-*-in-pipeline-split).
 
 Only mechanisms the simulator prices can be switched; what the framework ran that memo does not
 model yet is listed under ``not_modelled`` (shown with the framework, never silently dropped).
@@ -108,6 +114,9 @@ class _LayoutsIn(BaseModel):
     schedules: tuple[Literal[SCHEDULE_NAMES], ...] = ("single_stage",)  # `memo_sim.layout.schedule`
     optimizer_offload: bool = Field(False, strict=True)  # the optimizer's states and step on the host
     uneven_stages: bool = Field(False, strict=True)  # first / last pipeline stages of their own layer counts
+    # the embedding and the loss each taking a layer's slot in the split (Megatron-LM's
+    # --account-for-embedding/loss-in-pipeline-split); default: where it has uneven stages
+    embedding_loss_slots: bool | None = Field(None, strict=True)
     experts: _ExpertsIn | None = None  # mixture-of-experts training (None: not offered)
     dp_modes: tuple[Literal[DP_MODES], ...] = ("zero",)  # data-parallel flavours (`memo_sim.dp`)
 
@@ -139,6 +148,7 @@ class _PrecisionIn(BaseModel):
     recipes: dict[Literal[DTYPES], Literal[tuple(RECIPES)]] = {}  # model dtype -> the recipe it ran with
     gemm_formats: tuple[Literal[GEMM_FORMATS], ...] = Field(("bf16",), min_length=1)
     fp8_saved_inputs: bool = Field(False, strict=True)  # FP8 GEMM inputs kept for backward as FP8 copies
+    fp8_sp_gathers: bool = Field(False, strict=True)  # FP8 GEMM inputs all-gathered (SP) as FP8 copies
 
 
 class _FrameworkIn(BaseModel):
@@ -181,8 +191,10 @@ class Framework:
     recipes: tuple[tuple[str, str], ...] = ()  # (model dtype, model-state recipe it runs it with)
     gemm_formats: tuple[str, ...] = ("bf16",)  # the GEMM formats it offers
     fp8_saved_inputs: bool = False  # under FP8 it keeps the GEMM inputs for backward as FP8 copies
+    fp8_sp_gathers: bool = False  # under FP8 its sequence-parallel all-gathers carry the GEMM inputs' FP8 copies
     optimizer_offload: bool = False  # it can keep the optimizer's states and step on the host
     uneven_stages: bool = False  # it can give the first / last pipeline stages their own layer counts
+    embedding_loss_slots: bool = False  # the embedding and the loss each take a layer's slot in its split
     # mixture of experts: (expert parallel, expert tensor parallel, dispatchers, EP within TP x CP x the FSDP shard
     # group); None: MoE models not offered
     experts: tuple[bool, bool, tuple[str, ...], bool] | None = None
@@ -198,8 +210,9 @@ class Framework:
         if model.gemm_format not in self.gemm_formats:
             raise MemoError(f"--precision {model.gemm_format}: {self.name} does not offer {model.gemm_format} GEMMs "
                             f"(it offers {', '.join(self.gemm_formats)}); fix: drop it or choose another --framework")
-        if model.gemm.quantised and model.fp8_saved_inputs != self.fp8_saved_inputs:
-            model = replace(model, fp8_saved_inputs=self.fp8_saved_inputs)
+        if model.gemm.quantised and (model.fp8_saved_inputs, model.fp8_sp_gathers) != (self.fp8_saved_inputs,
+                                                                                     self.fp8_sp_gathers):
+            model = replace(model, fp8_saved_inputs=self.fp8_saved_inputs, fp8_sp_gathers=self.fp8_sp_gathers)
         recipe = dict(self.recipes).get(model.dtype)
         if model.precision is not None or recipe is None:
             return model
@@ -232,6 +245,8 @@ class Framework:
             what = "optimizer offload"
         elif lay.uneven and not self.uneven_stages:
             what = "uneven pipeline stages"
+        elif lay.account_embedding_loss and not self.embedding_loss_slots:
+            what = "the embedding and the loss in the pipeline split"
         elif (lay.ep > 1 or lay.etp > 1) and self.experts is None:
             what = "expert parallelism"
         elif self.experts is not None and lay.ep > 1 and not self.experts[0]:
@@ -264,7 +279,9 @@ def _read(path: Path) -> Framework:
                      tuple((k, getattr(f.mechanisms, k)) for k in MECHANISMS), f.not_modelled, str(path),
                      lay.schedules, recipes=tuple(f.precision.recipes.items()), gemm_formats=f.precision.gemm_formats,
                      optimizer_offload=lay.optimizer_offload, uneven_stages=lay.uneven_stages,
-                     fp8_saved_inputs=f.precision.fp8_saved_inputs,
+                     embedding_loss_slots=lay.uneven_stages if lay.embedding_loss_slots is None
+                     else lay.embedding_loss_slots,
+                     fp8_saved_inputs=f.precision.fp8_saved_inputs, fp8_sp_gathers=f.precision.fp8_sp_gathers,
                      dp_modes=lay.dp_modes,
                      experts=None if lay.experts is None else (lay.experts.expert_parallel,
                                                                 lay.experts.expert_tensor_parallel,

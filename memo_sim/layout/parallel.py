@@ -13,7 +13,7 @@ ulysses x cp), and the P2P activation transfer between stages rides NVLink unles
 hop crosses a node boundary (`stage_hop_crosses_nodes`, `stages_cross_nodes`). Validity with
 pp > 1 (`check_layout`): layers divisible by pp (and by pp x vpp), no METP, ZeRO at most 1
 (stages keep their own layers' weights and gradients, as Megatron-LM and DeepSpeed's pipeline
-engine do); what a schedule adds it checks itself (SPPO: Megatron TP+SP only, `Sppo.check`).
+engine do) or FSDP as torchtitan runs it beside stages (`memo_sim.dp.fsdp`); what a schedule adds it checks itself (SPPO: Megatron TP+SP only, `Sppo.check`).
 ``pp`` is left out of `Layout.to_dict` when it is 1, so plans without pipelines read
 and write exactly as before.
 
@@ -524,8 +524,9 @@ def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: i
         if why:
             return why
         # what a schedule adds (SPPO: TP+SP only) it checks itself (`memo_sim.layout.schedule`)
-        if layout.zero > 1:
-            return "pipeline stages keep their own layers' weights and gradients: ZeRO at most 1 with pp"
+        why = layout.dp_flavour.pipeline_why_not(layout)
+        if why:
+            return why
     if layout.vpp > 1:
         if layout.pp < 2:
             return f"virtual stages (vpp = {layout.vpp}) interleave pipeline stages: they need pp >= 2"
@@ -665,8 +666,10 @@ def enumerate_layouts(model: ModelConfig, gpus: int, gpus_per_node: int, seq: in
 
 def _dp_variants(lay: Layout, dp_modes: tuple[str, ...], gpus_per_node: int) -> list[Layout]:
     """``lay`` under each data-parallel flavour asked for (`enumerate_layouts`)."""
-    if lay.zero != 3 or lay.pp > 1:
+    if lay.zero != 3:
         return [lay] if "zero" in dp_modes or lay.zero == 0 else []
+    if lay.pp > 1:  # ZeRO-3 does not run beside stages; FSDP does as torchtitan runs it (`memo_sim.dp.fsdp`)
+        return [replace(lay, dp_mode="fsdp", reshard_after_forward=False)] if "fsdp" in dp_modes else [lay]
     out = [lay] if "zero" in dp_modes else []
     if "fsdp" in dp_modes:
         n = lay.state_shards

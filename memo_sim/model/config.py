@@ -97,6 +97,7 @@ class _ModelIn(BaseModel):
     tied_embeddings: bool = Field(True, strict=True)
     gemm_format: Literal[GEMM_FORMATS] = "bf16"
     fp8_saved_inputs: bool = Field(False, strict=True)
+    fp8_sp_gathers: bool = Field(False, strict=True)
     head_dim: Annotated[int, Field(strict=True, ge=0, le=MAX_HIDDEN)] = 0
     qk_norm: bool = Field(False, strict=True)
     attention_sinks: bool = Field(False, strict=True)
@@ -179,6 +180,9 @@ class ModelConfig:
     # with a quantised format: the GEMM inputs kept for backward are the quantised copies (TransformerEngine),
     # not the high-precision tensors (torchao's Float8Linear); set by the framework (`Framework.for_model`)
     fp8_saved_inputs: bool = False
+    # with a quantised format: sequence parallelism's all-gathers of the column-parallel GEMMs' inputs carry
+    # the quantised copies (torchao's Float8 TP styles cast before the all-gather); set by the framework
+    fp8_sp_gathers: bool = False
     # attention beyond hidden / heads (module docs; 0 / False: as hidden / heads gives)
     head_dim: int = 0  # query/key head size (no-rope part under latent attention); 0: hidden // heads
     qk_norm: bool = False

@@ -198,7 +198,8 @@ def estimate_pipeline(model: ModelConfig, layout: Layout, batch: int, micro_batc
 
     which for equal stages is (m + (p - 1)/v)·W: the bubble (p - 1)/(v·m) of the work (1F1B:
     v = 1, (p - 1)/m), plus the fill and drain's P2P sends (one per hop each way; the steady
-    state's sends overlap compute). Then the last gradient bucket of a stage (with ``grad_overlap``
+    state's sends overlap compute). Then the last gradient bucket of a stage (FSDP beside stages:
+    its last chunk's buckets, sent after that chunk's backward; with ``grad_overlap``
     off: the slowest stage's reduction of all its gradients at once), ZeRO-1's exposed
     weight gathers (each layer's first forward) and the slowest stage's optimizer step."""
     from memo_sim.cost.sppo import stage_grad_sync, stage_layer_counts
@@ -219,8 +220,10 @@ def estimate_pipeline(model: ModelConfig, layout: Layout, batch: int, micro_batc
     top = max(work)
     pipe = (m - 1) * top + sum(work) / v + (1 - 1 / v) * top + hops
     sync = stage_grad_sync(model, layout, profile)
-    # overlapped: the last bucket; serial (``grad_overlap`` off): the slowest stage's whole reduction
-    sync_exposed = sync.layer_grad if sync.overlapped else serial
+    # overlapped: the last bucket (FSDP beside stages: the last chunk's, after its backward); serial
+    # (``grad_overlap`` off): the slowest stage's whole reduction
+    last = -(-per // v) if layout.dp_flavour.reduces_after_chunk else 1
+    sync_exposed = last * sync.layer_grad if sync.overlapped else serial
     gathers = per * max(0.0, sync.layer_gather - lt.forward)
     exposed = m * per * (max(0.0, lt.offload - lt.forward) + max(0.0, lt.prefetch - lt.backward - r)) \
         if policy.offloads else 0.0

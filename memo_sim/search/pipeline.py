@@ -52,7 +52,7 @@ MAX_MICRO_BATCH_SIZES = 4  # the smallest divisors of the batch tried as micro-b
 
 @memoised_by(lambda model, layout: (model, layout.pp, layout.tp, layout.state_shards, layout.zero >= 1,
                                     layout.first_stage_layers, layout.last_stage_layers, layout.optimizer_offload,
-                                    layout.ep, layout.etp))
+                                    layout.ep, layout.etp, layout.dp_mode))
 def _stage_states(model: ModelConfig, layout: Layout) -> tuple[float, ...]:
     """Each stage's model-state bytes on one GPU (memoised by what `stage_model_state_bytes`
     reads: every policy, micro-batch size and virtual-stage count of a layout asks)."""
@@ -259,10 +259,12 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
                         schedules: tuple[str, ...] | None = None, adapt=None, first: int | None = None,
                         last: int | None = None, experts: ExpertChoice = ExpertChoice(),
                         tp_modes: tuple[str, ...] = ("megatron",), metp_across_nodes: bool = False,
-                        floor: Callable[[], float | None] | None = None,
+                        dp_modes: tuple[str, ...] = ("zero",), floor: Callable[[], float | None] | None = None,
                         ) -> tuple[list[Candidate], list[tuple[Layout, str]], dict]:
     """Every pipeline candidate of the space (module docs) for ``policies``: (candidates,
-    rejected layouts, what was searched). ``allows``: the framework's layout filter; ``adapt``:
+    rejected layouts, what was searched). ``dp_modes``: the data-parallel flavours tried
+    (`memo_sim.layout.parallel.enumerate_layouts`: ZeRO 3 runs beside stages only as FSDP without
+    resharding, `memo_sim.dp.fsdp`). ``allows``: the framework's layout filter; ``adapt``:
     the layout as the framework runs it (its mechanisms; `memo_sim.frameworks.Framework.adapt`).
 
     ``floor``: called once, before the first family (a layout with its chunks, batch split and
@@ -284,7 +286,7 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
     for p in pps:
         valid, rej = enumerate_layouts(model, gpus, profile.node_gpus, seq, tp=tp, cp=cp, ulysses=ulysses, dp=dp,
                                        zero=zero, sp=sp, pp=p, first=first, last=last, experts=experts,
-                                       tp_modes=tp_modes, metp_across_nodes=metp_across_nodes)
+                                       tp_modes=tp_modes, metp_across_nodes=metp_across_nodes, dp_modes=dp_modes)
         rejected += rej
         rejected += [(lay, f"the framework does not offer {lay.label()}") for lay in valid if not allows(lay)]
         valid = [lay for lay in valid if allows(lay)]

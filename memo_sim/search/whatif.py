@@ -252,7 +252,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
             model, seq, gpus, profile, policies=plain, batch=batch, global_batch=global_batch,
             micro_batch=micro_batch, allows=fw.allows, adapt=pipe_adapt, tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero, sp=sp,
             pp=pp, vpp=vpp, alpha=alpha, schedules=pipes, first=first_stage_layers, last=last_stage_layers,
-            experts=experts, tp_modes=modes, metp_across_nodes=metp_across_nodes,
+            experts=experts, tp_modes=modes, metp_across_nodes=metp_across_nodes, dp_modes=dp_modes,
             floor=(lambda: pipeline_floor(out)) if pipeline_floor is not None and not pipe_flags else None)
         out += pc
         rejected += pr

@@ -13,7 +13,9 @@ The flavours, named as the executor's (`memo_exec.distributed.tp`):
 
 - ``megatron`` (`megatron`): Megatron-LM TP, with or without sequence parallelism (``sp``);
 - ``metp_ffn`` (`metp_ffn`): METP's ring FFN beside Megatron TP+SP attention;
-- ``metp`` (`metp`): METP's ring FFN and two-level MHA.
+- ``metp`` (`metp`): METP's ring FFN and two-level MHA;
+- ``async_tp`` (`async_tp`): Megatron TP+SP with its collectives decomposed and overlapped with
+  their GEMMs (PyTorch's micro-pipeline TP, torchtitan's async TP); no executor flavour (refused).
 
 A new flavour built from the existing ring groups is its module here (imported below) plus its
 executor module; a new kind of ring also adds its group's costs and trace blocks.
@@ -24,6 +26,7 @@ from __future__ import annotations
 from memo_sim.tp import megatron  # noqa: F401  (each module registers its flavour, in this order)
 from memo_sim.tp import metp_ffn  # noqa: F401
 from memo_sim.tp import metp  # noqa: F401
+from memo_sim.tp import async_tp  # noqa: F401
 from memo_sim.tp.base import RING_GROUPS, TPFlavour  # noqa: F401  (re-exported)
 from memo_sim.tp.registry import FLAVOURS
 

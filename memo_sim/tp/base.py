@@ -35,6 +35,10 @@ class TPFlavour:
     requires_sp: bool = False  # shards every activation over the TP ranks (sp must be on)
     min_tp: int = 1  # the smallest TP degree the flavour runs with
     seq_chunk_factor: int = 1  # extra equal chunks its rings split the local sequence into
+    # Megatron's TP collectives decomposed and run beside the GEMM each feeds or drains (async TP,
+    # `memo_sim.tp.async_tp`; priced in `memo_sim.cost.layer_time`)
+    async_collectives: bool = False
+    executor: bool = True  # the executor runs it (`memo_exec.distributed.tp`); False: it refuses the plan in one line
 
     @property
     def runs_rings(self) -> bool:

@@ -42,7 +42,10 @@ micro-batch through one model chunk; `memo_sim.engine.schedules.one_f_one_b`,
 - **Gradients.** Accumulated over the micro-batches; each layer's gradient bucket (all-reduce, or
   reduce-scatter with ZeRO-1) goes out on ``dp_comm`` after the layer's backward of the last
   micro-batch (overlapping the rest of that backward), the embedding's after the rank's last
-  step on the first and last ranks; each rank's optimizer step waits for its last bucket. With
+  step on the first and last ranks; each rank's optimizer step waits for its last bucket. FSDP
+  beside stages (`memo_sim.dp.fsdp`, as torchtitan and ``torch.distributed.pipelining`` run it)
+  sends a chunk's buckets only after the chunk's last micro-batch backward has ended, one per
+  layer, and gathers each layer's weights once, before the first micro-batch's forward. With
   ``layout.grad_overlap`` off (Megatron-LM 2021's local DDP) there are no buckets: after the rank's
   last step one collective reduces every gradient the stage holds (its layers', and the embedding's
   or classifier's on the first or last stage: `memo_sim.cost.sppo.stage_serial_grad_reduce`),
@@ -311,6 +314,7 @@ class _MicrobatchBuilder:
         self.n_f_of = [m * sum(len(ranges[c * p + s]) for c in range(v)) for s in range(p)]
         self.sync = costs.sync
         self.grad_op = "reducescatter_grads" if layout.zero >= 1 else "allreduce_grads"
+        self.after_chunk = layout.dp_flavour.reduces_after_chunk
         for s, dev in enumerate(devices):
             g.add_static(dev.index, MemAction("gpu", "model_states", costs.model_states[s]))
         self.ranks = [_Rank() for _ in range(p)]
@@ -487,10 +491,15 @@ class _MicrobatchBuilder:
                                    mem_end=(working(st.mb, layer, "bwd", -1.0),) + freed)
             sched.phases[(s, st.mb, layer, "bwd")] = ops
             r.bwd_end[u] = tail
-            if st.mb == self.m - 1 and sync.active and sync.overlapped:
+            if st.mb == self.m - 1 and sync.active and sync.overlapped and not self.after_chunk:
                 r.last_dp = g.add(self.grad_op, device=d, stream="dp_comm", kind="comm", phase="grad_sync",
                                   layer=layer, work=sync.layer_grad, deps=tail, link=sync.link)
             deps = tail
+        if st.mb == self.m - 1 and sync.active and sync.overlapped and self.after_chunk:
+            # FSDP beside stages (`memo_sim.dp.fsdp`): the chunk's buckets after its last backward, not beside it
+            for layer in reversed(rg):
+                r.last_dp = g.add(self.grad_op, device=d, stream="dp_comm", kind="comm", phase="grad_sync",
+                                  layer=layer, work=sync.layer_grad, deps=tail, link=sync.link)
         if vs > 0:
             self.send("bwd", s, (vs - 1) % p, st.mb, vs, rg[0], tail)
         else:

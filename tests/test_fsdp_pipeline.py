@@ -1,0 +1,98 @@
+"""FSDP beside pipeline stages, as torchtitan runs it (`memo_sim.dp.fsdp`): no resharding after the
+forward, every weight gathered once per step, a stage's whole gradients kept (in the reduce dtype)
+and reduce-scattered chunk by chunk after the chunk's last micro-batch backward; what the layout
+rules, the memory, the event schedule, the search, the exports and the executor say of it."""
+
+from __future__ import annotations
+
+import pytest
+
+from memo_sim.cost.sppo import stage_gpu_params, stage_model_state_bytes
+from memo_sim.engine.simulate import simulate
+from memo_sim.layout.parallel import Layout, check_layout, enumerate_layouts
+from memo_sim.model.config import ModelConfig
+from memo_sim.policy.registry import get_policy
+from memo_sim.profile.loader import load_profile
+from memo_sim.search.whatif import candidates_for
+
+from bound_check import bounds_hold, sample
+
+H100 = load_profile("h100-sxm5-80gb")
+TOY = ModelConfig("toy", layers=8, hidden=2048, heads=16, ffn=8192, vocab=32000, dtype="bf16")
+KEEP = dict(zero=3, dp_mode="fsdp", reshard_after_forward=False)
+
+
+@pytest.mark.parametrize("layout,needle", [
+    (Layout(dp=8, pp=2, zero=3, dp_mode="fsdp"), "reshard_after_forward off"),
+    (Layout(dp=8, pp=2, zero=3, dp_mode="fsdp", reshard_after_forward=False, fsdp_shard=4), "HSDP"),
+    (Layout(dp=8, pp=2, zero=3), "ZeRO at most 1 with pp"),
+    (Layout(dp=8, pp=2, zero=2), "ZeRO at most 1 with pp"),
+])
+def test_what_does_not_run_beside_stages_is_refused_in_one_line(layout, needle):
+    why = check_layout(layout, TOY, 16, 8, 8192)
+    assert why and needle in why and "\n" not in why, why
+
+
+def test_fsdp_without_resharding_runs_beside_stages_and_the_search_offers_it():
+    assert check_layout(Layout(dp=8, pp=2, **KEEP), TOY, 16, 8, 8192) is None
+    valid, _ = enumerate_layouts(TOY, 16, 8, 8192, pp=2, zero=3, dp_modes=("fsdp",))
+    assert valid and all(lay.dp_mode == "fsdp" and not lay.reshard_after_forward for lay in valid)
+    valid, rejected = enumerate_layouts(TOY, 16, 8, 8192, pp=2, zero=3, dp_modes=("zero",))
+    assert not valid and rejected
+
+
+def test_a_stage_keeps_its_gathered_weights_and_its_gradients_in_the_reduce_dtype():
+    fsdp, z1 = Layout(dp=8, pp=2, **KEEP), Layout(dp=8, pp=2, zero=1)
+    r = TOY.recipe
+    for s in range(2):
+        local = stage_gpu_params(TOY, fsdp, s).local
+        assert stage_model_state_bytes(TOY, fsdp, s) - stage_model_state_bytes(TOY, z1, s) == pytest.approx(
+            (r.grad_reduce_bytes - r.grad_bytes) * local)
+
+
+def _grad_ops(layout):
+    res = simulate(TOY, layout, 4, 4096, get_policy("full_recompute"), H100, schedule="1f1b", micro_batch=1,
+                   record=True, keep_timeline=False)
+    assert res.status == "OK"
+    return res, res.ops
+
+
+def test_a_chunks_gradients_are_reduced_after_its_last_backward_not_beside_it():
+    res, ops = _grad_ops(Layout(dp=8, pp=2, **KEEP))
+    for dev in {op.device for op in ops}:
+        bwd_end = max(op.end for op in ops if op.device == dev and op.phase == "bwd" and op.layer is not None
+                      and op.stream == "compute")
+        grads = [op for op in ops if op.device == dev and op.phase == "grad_sync" and op.layer is not None]
+        assert len(grads) == 4 and all(op.start >= bwd_end - 1e-12 for op in grads)
+        gathers = [op for op in ops if op.device == dev and op.phase == "weight_gather"]
+        assert len(gathers) == 4  # each layer's weights once, not once per micro-batch
+        assert not [op for op in ops if op.device == dev and op.phase == "weight_gather_bwd"]
+    # ZeRO-1 (Megatron's buckets) sends a layer's bucket beside the rest of the last backward
+    _res, z1 = _grad_ops(Layout(dp=8, pp=2, zero=1))
+    dev = z1[0].device
+    bwd_end = max(op.end for op in z1 if op.device == dev and op.phase == "bwd" and op.stream == "compute")
+    assert any(op.start < bwd_end for op in z1 if op.device == dev and op.phase == "grad_sync")
+
+
+def test_the_search_prices_fsdp_pipelines_for_torchtitan_and_the_bound_holds():
+    r = candidates_for(TOY, 8192, 16, H100, framework="torchtitan@2024-12", pp=2, micro_batch=1, global_batch=32,
+                       policies=("full_recompute",))
+    fsdp = [c for c in r.candidates if c.layout.pp == 2 and c.layout.dp_mode == "fsdp"]
+    assert fsdp and all(not c.layout.reshard_after_forward for c in fsdp)
+    ok = sample([c for c in fsdp if c.memory.status == "OK"], 3)
+    assert ok and len(bounds_hold(ok)) == len(ok)
+
+
+def test_the_torchtitan_export_keeps_the_weights_and_the_executor_refuses_in_one_line():
+    from memo_sim.export import export_plan
+    from memo_sim.plan.schema import Plan
+    from memo_exec.distributed.runner import fsdp_why_not
+
+    lay = Layout(dp=8, pp=2, **KEEP)
+    plan = Plan(model=TOY, batch=4, seq_tokens=4096, gpus=16, layout=lay, policy=get_policy("full_recompute"),
+                profile="h100-sxm5-80gb", predicted={"status": "OK", "iteration_s": 1.0, "mfu": 0.5},
+                layer_timings_s={"forward": 0.1, "backward": 0.2}, micro_batch=1, schedule="1f1b")
+    src = export_plan(plan, "torchtitan", price=False, nearest=True).files["memo_torchtitan.py"]
+    assert "fsdp_reshard_after_forward = 'never'" in src and "pipeline_parallel_degree = 2" in src
+    why = fsdp_why_not(plan, TOY)
+    assert why and "pipeline" in why and "ZeRO 0 or 1" in why and "\n" not in why
