@@ -817,8 +817,9 @@ MOE_OUTLIERS: dict[str, str] = {
         "memo); the cluster measured dropless 1.24x (16K), 1.21x (32K), 1.15x (64K) and 1.09x (128K) slower than "
         "forced balance, the slowdown shrinking as attention takes over the layer, as an imbalance of the MoE part "
         "alone would. The aux-loss router (coefficient 1e-3) leaves the busiest EP rank well above the mean; "
-        "modelling it needs the measured expert-load distribution as an input (a `--moe-balance` from a load "
-        "histogram), not a constant set from these rows") for k in ("16k", "32k", "64k", "128k")},
+        "pricing it needs the run's measured expert loads, which memo takes as an input (`--moe-balance "
+        "loads:FILE`, per-expert token counts per layer) but the Model Zoo does not publish; no constant is set "
+        "from these rows") for k in ("16k", "32k", "64k", "128k")},
     "moe-zoo-mixtral-8x22b-dropless": _VPP7 + (". The dropless load (memo: the busiest of 8 EP ranks under a "
                                                "uniform router) costs 2.0% over forced balance in memo, 4.5% in the "
                                                "script's values"),

@@ -100,6 +100,13 @@ REFUSED = {
     "compiled": (1, ["--layers", "4", "--policy", "store_all", "--framework", "torchtitan@2024-12"],
                  "kernel_fusion compiled"),
     "op_sac": (1, ["--layers", "4", "--policy", "op_sac", "--framework", "torchtitan"], "policy 'op_sac'"),
+    # multi-device plans refused before any process starts (`memo-exec run --nproc N`)
+    "fsdp-beside-stages": (4, ["--layers", "4", "--pp", "2", "--dp", "2", "--batch", "2", "--schedule", "1f1b",
+                               "--zero", "3", "--policy", "full_recompute", "--framework", "torchtitan"],
+                           "dp_mode fsdp beside pipeline stages", ["--nproc", "4"]),
+    "async-tp": (4, ["--layers", "4", "--tp", "2", "--dp", "2", "--zero", "3", "--tp-mode", "async_tp",
+                     "--policy", "full_recompute", "--framework", "torchtitan@2024-12"], "tp_mode 'async_tp'",
+                 ["--nproc", "4"]),
 }
 
 
@@ -184,7 +191,7 @@ def test_multi_device_kinds_run_on_gloo_ranks(plans, world):
 @pytest.mark.parametrize("name", list(REFUSED))
 def test_kinds_the_executor_does_not_run_are_refused_in_one_line(plans, name, tmp_path):
     r = CliRunner().invoke(exec_cli, ["run", str(plans[name][1]), "--device", "cpu", "--steps", "1", "--out",
-                                      str(tmp_path / "run")])
+                                      str(tmp_path / "run"), *(REFUSED[name][3:] or [[]])[0]])
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error:"), (name, r.output)
     assert REFUSED[name][2] in lines[0], lines[0]

@@ -96,3 +96,17 @@ def test_the_torchtitan_export_keeps_the_weights_and_the_executor_refuses_in_one
     assert "fsdp_reshard_after_forward = 'never'" in src and "pipeline_parallel_degree = 2" in src
     why = fsdp_why_not(plan, TOY)
     assert why and "pipeline" in why and "ZeRO 0 or 1" in why and "\n" not in why
+
+
+def test_a_whatif_fixing_zero3_beside_stages_answers_and_compares_memos_best():
+    """ZeRO 3 with --pp under torchtitan is FSDP beside stages; memo's own best beside the framework's
+    is searched over both data-parallel flavours then (ZeRO-3 itself does not run beside stages)."""
+    from click.testing import CliRunner
+    from memo_sim.cli import cli
+
+    r = CliRunner().invoke(cli, ["whatif", "--hidden", "64", "--heads", "4", "--ffn", "256", "--vocab", "128",
+                                 "--layers", "4", "--pp", "2", "--dp", "2", "--batch", "2", "--schedule", "1f1b",
+                                 "--zero", "3", "--framework", "torchtitan@2024-12", "--dtype", "fp32", "--seq", "512",
+                                 "--jobs", "1", "--gpus", "4", "--no-plan", "--policy", "full_recompute"])
+    assert r.exit_code == 0, r.output
+    assert "fsdp-keep" in r.output and "memo's best:" in r.output

@@ -27,9 +27,27 @@ def count_option(ctx, param, value):
 
 
 def moe_balance_option(ctx, param, value):
-    """``--moe-balance``: forced, dropless or capacity:F (`memo_sim.layout.moe_balance`)."""
-    from memo_sim.layout.moe_balance import balance_why_not  # noqa: PLC0415 - the CLI imports lazily
+    """``--moe-balance``: forced, dropless, capacity:F or loads:FILE (`memo_sim.layout.moe_balance`):
+    a loads file (JSON: per-expert token counts, a list, or a list of lists one per MoE layer, or
+    {"loads": ...}) becomes the plan's ``measured:`` setting, its numbers, not its path."""
+    from memo_sim.layout.moe_balance import balance_why_not, measured_balance  # noqa: PLC0415 - lazy
 
+    if isinstance(value, str) and value.startswith("loads:"):
+        import json  # noqa: PLC0415
+
+        path = value.split(":", 1)[1]
+        try:
+            with open(path, encoding="utf-8") as f:
+                raw = json.load(f)
+        except (OSError, ValueError) as e:
+            raise click.BadParameter(f"loads file {path!r} cannot be read as JSON ({type(e).__name__}: "
+                                     f"{str(e).splitlines()[0] if str(e) else ''}); give per-expert token counts") from None
+        raw = raw.get("loads") if isinstance(raw, dict) else raw
+        rows = raw if isinstance(raw, list) and raw and all(isinstance(r, list) for r in raw) else [raw]
+        try:
+            return measured_balance(rows if all(isinstance(r, list) for r in rows) else [])
+        except (ValueError, TypeError) as e:
+            raise click.BadParameter(f"loads file {path!r}: {e}") from None
     why = balance_why_not(value)
     if why:
         raise click.BadParameter(why)

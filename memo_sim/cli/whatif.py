@@ -90,7 +90,9 @@ def _simulate_top_value(ctx, param, value):
                    "(--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep).")
 @click.option("--moe-balance", default="dropless", show_default=True, callback=moe_balance_option,
               help="How routed tokens fall on the expert ranks: forced (even, as benchmark runs force), dropless "
-                   "(a uniform router's loads) or capacity:F (each expert padded/dropped to F x its share).")
+                   "(a uniform router's loads), capacity:F (each expert padded/dropped to F x its share) or "
+                   "loads:FILE (dropless with a router's measured per-expert token counts, JSON, one list per "
+                   "MoE layer).")
 @click.option("--allocator", default="caching", show_default=True, type=click.Choice(["caching", "plan", "both"]),
               help="Who places the transient tensors of the policies without MEMO's own plan: PyTorch's caching "
                    "allocator (with its fragmentation and retries, as the frameworks run), a static memory plan, or "

@@ -55,7 +55,7 @@ def _attention_gaps(plan: Plan) -> list[Gap]:
 
 
 # how memo's router and balance names read as Megatron-Core options
-_BALANCE = {"forced": [("--moe-router-force-load-balancing", None)], "dropless": []}
+_BALANCE = {"forced": [("--moe-router-force-load-balancing", None)], "dropless": [], "measured": []}
 
 
 def moe_arguments(plan: Plan, lay) -> list[tuple[str, str | None]]:

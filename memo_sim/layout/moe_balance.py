@@ -13,6 +13,13 @@ waits for it) and no simulator can know a router's loads in advance.
 - ``capacity:F``: each expert processes exactly F times its even share (GShard's capacity factor,
   Megatron-Core's ``--moe-expert-capacity-factor F --moe-pad-expert-input-to-capacity``): tokens
   over capacity are dropped, experts under it padded, so the load factor is F on every rank.
+- ``measured:eE:1=f1,2=f2,...``: dropless with a router's measured loads (`measured_balance` from a
+  file of per-expert token counts, one row per MoE layer, as a router log records them): for each EP
+  degree dividing the E experts, the mean over the layers of the busiest rank's load over the mean,
+  the ranks holding contiguous experts (Megatron-Core's local experts of EP rank r are r x E/ep ..
+  (r + 1) x E/ep - 1). Every layer's experts wait for their own busiest rank, so the mean of the
+  layers' factors is the factor of their summed time. Kept in the plan as numbers (no file needed to
+  read it back), for E experts only.
 """
 
 from __future__ import annotations
@@ -25,12 +32,16 @@ MAX_CAPACITY = 64.0
 
 @dataclass(frozen=True)
 class Balance:
-    kind: str  # forced | dropless | capacity
+    kind: str  # forced | dropless | capacity | measured
     capacity: float = 1.0
+    experts: int = 0  # measured: the expert count the loads were measured for
+    factors: tuple[tuple[int, float], ...] = ()  # measured: (EP degree, load factor)
 
     def load_factor(self, copies: float, ep: int) -> float:
         """The busiest EP rank's routed tokens over the mean, for ``copies`` token copies routed in
         the EP group."""
+        if self.kind == "measured":
+            return dict(self.factors).get(ep, 1.0)  # ep divides the experts (`measured_why_not`)
         if self.kind == "forced" or ep <= 1:
             return 1.0 if self.kind != "capacity" else self.capacity
         if self.kind == "capacity":
@@ -50,10 +61,54 @@ def balance_why_not(text: str) -> str | None:
     return None
 
 
+def measured_why_not(balance: Balance, experts: int) -> str | None:
+    """Why measured loads cannot price a model of ``experts`` routed experts, or None."""
+    if balance.kind == "measured" and balance.experts != experts:
+        return (f"moe balance measured: the loads are of {balance.experts} experts, the model has {experts}; "
+                f"measure the model's own router")
+    return None
+
+
+def measured_balance(loads: list[list[float]]) -> str:
+    """The ``measured:`` setting of per-expert token counts (one row per MoE layer, every row the
+    same length E): for each EP degree dividing E, the mean over the rows of the busiest contiguous
+    block of E/ep experts' share over the mean (module docs). ValueError naming what is wrong."""
+    rows = [list(r) for r in loads]
+    if not rows or not all(rows):
+        raise ValueError("measured loads: no layer's expert counts given")
+    e = len(rows[0])
+    if any(len(r) != e for r in rows):
+        raise ValueError(f"measured loads: every layer needs {e} expert counts (the first layer's), got "
+                         f"{sorted({len(r) for r in rows})}")
+    if e < 2 or any(not isinstance(x, (int, float)) or x != x or x < 0 for r in rows for x in r):
+        raise ValueError("measured loads: at least 2 experts, each count a number >= 0")
+    if any(sum(r) <= 0 for r in rows):
+        raise ValueError("measured loads: a layer routed no tokens (its counts sum to 0)")
+    out = []
+    for ep in (d for d in range(1, e + 1) if e % d == 0):
+        k = e // ep
+        f = sum(max(sum(r[i * k:(i + 1) * k]) for i in range(ep)) * ep / sum(r) for r in rows) / len(rows)
+        out.append(f"{ep}={f:.4f}")
+    return f"measured:e{e}:" + ",".join(out)
+
+
 def parse_balance(text: str) -> Balance:
-    """``forced``, ``dropless`` or ``capacity:F`` (F a number in (0, 64]); ValueError naming the forms."""
+    """``forced``, ``dropless``, ``capacity:F`` (F a number in (0, 64]) or ``measured:eE:ep=f,...``;
+    ValueError naming the forms."""
     if text in ("forced", "dropless"):
         return Balance(text)
+    if isinstance(text, str) and text.startswith("measured:"):
+        try:
+            _m, e, table = text.split(":", 2)
+            experts = int(e.removeprefix("e"))
+            factors = tuple((int(a), float(b)) for a, b in (kv.split("=") for kv in table.split(",")))
+        except ValueError:
+            raise ValueError(f"moe balance measured must read measured:eE:1=f,2=f,... (from a loads file), got "
+                             f"{text!r}") from None
+        if experts < 2 or any(experts % d or not 1.0 <= f <= d for d, f in factors) or 1 not in dict(factors):
+            raise ValueError(f"moe balance {text!r}: each EP degree must divide the {experts} experts with a load "
+                             f"factor between 1 and the degree")
+        return Balance("measured", experts=experts, factors=factors)
     if isinstance(text, str) and text.startswith("capacity:"):
         try:
             f = float(text.split(":", 1)[1])
@@ -61,5 +116,5 @@ def parse_balance(text: str) -> Balance:
             f = float("nan")
         if 0 < f <= MAX_CAPACITY:
             return Balance("capacity", f)
-    raise ValueError(f"moe balance must be forced, dropless or capacity:F (F a capacity factor in (0, {MAX_CAPACITY:g}]), "
-                     f"got {text!r}")
+    raise ValueError(f"moe balance must be forced, dropless, capacity:F (F a capacity factor in (0, {MAX_CAPACITY:g}]) "
+                     f"or loads:FILE (measured expert loads), got {text!r}")

@@ -102,7 +102,7 @@ from memo_sim.model.config import ModelConfig
 from memo_sim.dp import DP_MODES, DPFlavour, dp_flavour
 from memo_sim.layout.alloc_conf import merged_alloc_conf
 from memo_sim.layout.kv_heads import kv_heads_why_not, kv_repeat_factor
-from memo_sim.layout.moe_balance import balance_why_not, parse_balance, Balance
+from memo_sim.layout.moe_balance import balance_why_not, measured_why_not, parse_balance, Balance
 from memo_sim.layout.moe_dispatchers import DISPATCHER_NAMES, Dispatcher, dispatcher
 from memo_sim.layout.ring_merge import RING_MERGE_NAMES
 from memo_sim.model.kernel_fusion import KERNEL_FUSIONS
@@ -151,7 +151,7 @@ class Layout:
     ep: int = 1
     etp: int = 1
     moe_dispatcher: str = "alltoall"  # a dispatcher of `memo_sim.layout.moe_dispatchers`
-    moe_balance: str = "dropless"  # forced | dropless | capacity:F (`memo_sim.layout.moe_balance`)
+    moe_balance: str = "dropless"  # forced | dropless | capacity:F | measured:... (`memo_sim.layout.moe_balance`)
     # the data-parallel flavour (`memo_sim.dp`): zero (ZeRO stages) or fsdp (FSDP2: HSDP shard group, resharding)
     dp_mode: str = "zero"
     fsdp_shard: int = 0  # FSDP's shard group (0: the whole data group; smaller: HSDP, replicated across the rest)
@@ -285,7 +285,7 @@ class Layout:
         if self.moe_dispatcher != "alltoall":
             parts.append(f"moe-{self.moe_dispatcher}")
         if self.moe_balance != "dropless":
-            parts.append(self.moe_balance.replace(":", ""))
+            parts.append("measured" if self.moe_balance.startswith("measured:") else self.moe_balance.replace(":", ""))
         return "-".join(parts)
 
     def to_dict(self) -> dict:
@@ -456,6 +456,9 @@ def expert_why_not(layout: Layout, model: ModelConfig) -> str | None:
         return None
     if model.experts % layout.ep:
         return f"the {model.experts} experts do not split evenly over ep {layout.ep}; pick an ep that divides them"
+    why = measured_why_not(layout.balance, model.experts)
+    if why:
+        return why
     if model.expert_width % layout.etp:
         return f"expert FFN width {model.expert_width} is not divisible by etp {layout.etp}"
     if model.shared_width % layout.tp:

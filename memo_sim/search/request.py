@@ -22,6 +22,7 @@ from memo_sim.profile.schema import HardwareProfile
 from memo_sim.search.prune import SIMULATE_BOUND
 from memo_sim.search.candidate import Candidate
 from memo_sim.cost.gemm_format import check_gemm_format
+from memo_sim.errors import MemoError
 from memo_sim.search.frameworks import get_framework
 from memo_sim.search.plan_build import build_plan
 from memo_sim.search.whatif import WhatIfResult, candidates_for, not_searched, rank
@@ -164,8 +165,16 @@ def answer_whatif(req: WhatifRequest, progress=None) -> WhatifAnswer:
     memo_best = None
     if req.framework != "any":  # memo's own best for the same model: the framework's model-state recipe kept
         same = replace(req.model, precision=get_framework(req.framework).for_model(req.model).precision)
-        memo_best = rank(same, req.seq, req.gpus, req.profile, simulate_top=1, allocator_lag=req.allocator_lag,
-                         jobs=1, **req.fixed()).best
+        fixed, anyf = req.fixed(), get_framework("any")
+        if fixed.get("dp_mode") is None and fixed.get("zero") == 3 and (fixed.get("pp") or 1) > 1:
+            fixed["dp_mode"] = "all"  # ZeRO 3 beside stages runs only as FSDP (`memo_sim.dp.fsdp`)
+        if fixed.get("tp_mode") not in (None, "all") and fixed["tp_mode"] not in anyf.tp_modes:
+            fixed["tp_mode"] = "all"  # a flavour only the framework runs (async TP): memo's own flavours
+        try:
+            memo_best = rank(same, req.seq, req.gpus, req.profile, simulate_top=1, allocator_lag=req.allocator_lag,
+                             jobs=1, **fixed).best
+        except MemoError:  # memo's own search has no layout for the fixed degrees: no comparison line
+            memo_best = None
     advice = [] if result.best is not None else not_searched(req.gpus, req.searched_policies, req.framework,
                                                              req.fixed())
     return WhatifAnswer(req, result, memo_best, advice)
