@@ -975,9 +975,9 @@ _TITAN_PP = (
 _TITAN_PP_ASYNC = (
     "async TP beyond what memo prices of it: memo hides, but for the last GEMM chunk, the pairs PyTorch's "
     "micro-pipeline pass fuses (the forward's and the recompute's all-gathers and reduce-scatters, the backward's "
-    "output-gradient all-gathers) and its chunks' copies share no HBM with the GEMMs in memo; on the 70B rows of "
-    "Table 4 AsyncTP shortened the measured step by {t4_measured}, memo's by {t4_memo}, so memo's async TP is the "
-    "more optimistic")
+    "output-gradient all-gathers into the data-gradient matmul) and its chunks' copies share no HBM with the GEMMs "
+    "in memo; on the 70B rows of Table 4 AsyncTP shortened the measured step by {t4_measured}, memo's by "
+    "{t4_memo}, so memo's async TP is the more optimistic")
 _TITAN_PP_RING = ("PyTorch's experimental context parallelism of 2024-12 beyond what memo prices of it, the gap that "
                   "grows with CP in the 8B rows of Table 2 too (torchtitan-t2-cp{k})")
 
@@ -1194,13 +1194,13 @@ STEPS = (
      "once, a stage's whole gradients kept in the fp32 reduce dtype and reduce-scattered after each chunk's last "
      "micro-batch backward, as torch.distributed.pipelining calls FSDP's post-backward), async TP as a TP flavour "
      "(`memo_sim.tp.async_tp`: the pairs PyTorch's micro-pipeline pass fuses, the forward's and recompute's "
-     "all-gathers and reduce-scatters and the backward's output-gradient all-gathers, run beside their GEMMs split "
-     "into tp chunks), and torchao's Float8 TP styles all-gathering the float8 copy of a column-parallel GEMM's "
+     "all-gathers and reduce-scatters and the backward's output-gradient all-gathers into the data-gradient "
+     "matmul, run beside their GEMMs split into tp chunks), and torchao's Float8 TP styles all-gathering the float8 copy of a column-parallel GEMM's "
      "input (`precision.fp8_sp_gathers`); with the version's generated uneven split (15, 16 x 6, 15 layers) and "
      "micro-batches (the pipeline degree): torchtitan's Table 5 1F1B row and Table 6's four CP rows predicted "
-     "(t5-1f1b -10.6%, t6-cp1 -8.8%, cp2 -17.6%, cp4 -17.4%, cp8 -28.2%), Table 4's AsyncTP row (-8.7%; its config "
+     "(t5-1f1b -11.0%, t6-cp1 -9.1%, cp2 -17.8%, cp4 -17.5%, cp8 -28.3%), Table 4's AsyncTP row (-8.6%; its config "
      "now says Float8, which it ran), t4-2d +0.7% to -2.6% (the float8 gathers), every other row unchanged: dense "
-     "38 predicted at 11.5% / 30.3%, long-context 20 at 15.7% / 30.3%, the FP8 rows 11 at 14.8% / 28.8%, the MoE "
+     "38 predicted at 11.5% / 30.3%, long-context 20 at 15.7% / 30.3%, the FP8 rows 11 at 14.9% / 28.8%, the MoE "
      "group unchanged (16.3% / 45.7%)"),
 )
 

@@ -44,6 +44,25 @@ def test_the_pairs_the_micro_pipeline_pass_fuses_run_beside_their_gemms_whose_ch
                 assert nxt.kind == "gemm", (c.name, nxt.name)
 
 
+def test_the_backward_chunks_only_the_data_gradient_and_policies_read_through_the_parts():
+    """In backward the fused pair is the output gradient's all-gather and the data-gradient matmul; the
+    weight gradient (half of memo's backward GEMM) runs whole after it. Policies that pick ops by name
+    (per-op selective checkpointing) take a GEMM's parts as the GEMM."""
+    from memo_sim.policy.registry import get_policy
+
+    _f, b = _lists("async_tp")
+    _fs, bs = _lists("megatron")
+    parts = [c for c in b if c.name.startswith("out_proj")]
+    whole = next(c for c in bs if c.name == "out_proj")
+    assert [c.name for c in parts] == ["out_proj", "out_proj_last_chunk", "out_proj_wgrad"]
+    assert parts[2].flops == pytest.approx(whole.flops / 2) and sum(c.flops for c in parts) == pytest.approx(whole.flops)
+    lay, sync = Layout(tp=8, sp=True, tp_mode="async_tp"), Layout(tp=8, sp=True)
+    sac = get_policy("op_sac")
+    got = sum(c.flops for c in sac.recompute_costs(M, lay, 2, 8192, H100) if c.kind == "gemm")
+    want = sum(c.flops for c in sac.recompute_costs(M, sync, 2, 8192, H100) if c.kind == "gemm")
+    assert got == pytest.approx(want)
+
+
 def test_hidden_collectives_shorten_the_layer_and_the_last_chunk_still_waits():
     for sync, asyn in zip(_lists("megatron"), _lists("async_tp")):
         chain = sum(c.seconds for c in asyn if c.overlaps == 0)

@@ -41,13 +41,21 @@ def test_fsdp_without_resharding_runs_beside_stages_and_the_search_offers_it():
     assert not valid and rejected
 
 
-def test_a_stage_keeps_its_gathered_weights_and_its_gradients_in_the_reduce_dtype():
+def test_a_stage_keeps_its_gathered_weights_and_its_gradients_in_the_reduce_dtype(monkeypatch):
+    """A recipe keeping bf16 gradients but reducing in fp32 (every built-in one reduces in its gradient
+    width): beside stages FSDP holds the whole gradients at the reduce width, ZeRO-1 at the gradient's."""
+    from memo_sim.model import precision
+
+    # the ZeRO paper's 16-bit gradients, reduced in fp32 here (the registry's entry swapped for the test)
+    recipe = precision.PrecisionRecipe("zero", 2, 2, 4, 8, 4, "test: 16-bit gradients reduced in fp32")
+    monkeypatch.setitem(precision.RECIPES, "zero", recipe)
+    model = ModelConfig("toy", layers=8, hidden=2048, heads=16, ffn=8192, vocab=32000, dtype="bf16", precision="zero")
+    assert model.recipe is recipe
     fsdp, z1 = Layout(dp=8, pp=2, **KEEP), Layout(dp=8, pp=2, zero=1)
-    r = TOY.recipe
     for s in range(2):
-        local = stage_gpu_params(TOY, fsdp, s).local
-        assert stage_model_state_bytes(TOY, fsdp, s) - stage_model_state_bytes(TOY, z1, s) == pytest.approx(
-            (r.grad_reduce_bytes - r.grad_bytes) * local)
+        local = stage_gpu_params(model, fsdp, s).local
+        assert stage_model_state_bytes(model, fsdp, s) - stage_model_state_bytes(model, z1, s) == pytest.approx(
+            2 * local)
 
 
 def _grad_ops(layout):

@@ -34,7 +34,7 @@ def test_the_busiest_contiguous_block_of_experts_per_ep_degree_averaged_over_lay
 
 
 @pytest.mark.parametrize("rows,needle", [
-    ([], "no layer"), ([[1, 2], [1, 2, 3]], "every layer needs 2"), ([[1, -1]], ">= 0"), ([[0, 0]], "sum to 0"),
+    ([], "no layer"), ([[1, 2], [1, 2, 3]], "every layer needs 2"), ([[1, -1]], ">= 0"), ([[0, 0]], "above 0"),
 ])
 def test_bad_loads_name_what_is_wrong(rows, needle):
     with pytest.raises(ValueError, match=needle):
@@ -71,11 +71,25 @@ def test_whatif_reads_a_loads_file_and_the_plan_keeps_the_numbers(tmp_path):
     assert m["simulated_iteration_s"] > p["simulated_iteration_s"]
 
 
-@pytest.mark.parametrize("content,needle", [("not json", "cannot be read"), ("[1, 2, 3]", "4 experts")])
+@pytest.mark.parametrize("content,needle", [("not json", "cannot be read"),
+                                            ("[1, 2, 3]", "loads are of 3 experts, the model has 128"),
+                                            ("[[1e308, 1e308]]", "finite"), ("[[1, -2]]", ">= 0")])
 def test_a_bad_loads_file_is_one_line(tmp_path, content, needle):
     path = tmp_path / "loads.json"
     path.write_text(content)
     r = CliRunner().invoke(cli, ["whatif", "--no-plan", "--gpus", "4", "--seq", "8K", "--model", "qwen3-30b-a3b",
                                  "--moe-balance", f"loads:{path}"])
     assert r.exit_code == 2 and "Traceback" not in r.output, r.output
-    assert len([ln for ln in r.output.splitlines() if ln.strip()]) == 1 and ("loads" in r.output), r.output
+    assert len([ln for ln in r.output.splitlines() if ln.strip()]) == 1 and needle in r.output, r.output
+
+
+@pytest.mark.parametrize("text", ["measured:e4:0=1,1=1", "measured:e8:1=1", "measured:e4:1=1,2=1.5,4=5",
+                                  "measured:e4:1=1,2=1,3=1,4=1", "measured:e0:1=1", "measured:x"])
+def test_a_measured_setting_that_does_not_cover_the_ep_degrees_is_one_line(text):
+    """A plan's measured balance must give one factor per EP degree dividing the experts, each in [1, ep]:
+    a degree missing would silently read as perfectly balanced."""
+    why = check_layout(Layout(dp=4, ep=2, moe_balance="forced"), TOY, 4, 8, 8192)
+    assert why is None
+    from memo_sim.layout.moe_balance import balance_why_not
+    msg = balance_why_not(text)
+    assert msg and "\n" not in msg and "measured" in msg, msg

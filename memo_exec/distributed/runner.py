@@ -78,8 +78,9 @@ def check_plan_for_world(plan: Plan, world: int, opts: RunOptions) -> None:
 def fsdp_why_not(plan: Plan, model) -> str | None:
     """Why the executor cannot run this plan's FSDP (``dp_mode: fsdp``) layout, naming the field;
     None for other layouts. The simulator's rules first (`memo_sim.layout.parallel.dp_why_not`:
-    ZeRO 3, one stage, a dense model, a shard group dividing the data group), for plans built
-    without reading a file."""
+    ZeRO 3, a dense model, a shard group dividing the data group), for plans built without reading
+    a file; then the executor's own: one stage (FSDP beside pipeline stages is the simulator's only)
+    and one micro-batch."""
     from memo_sim.layout.parallel import dp_why_not  # noqa: PLC0415
 
     lay = plan.layout

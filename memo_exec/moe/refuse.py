@@ -42,7 +42,7 @@ def moe_why_not(model: ModelConfig, layout: Layout) -> str | None:
     if layout.moe_dispatcher not in EXEC_DISPATCHERS:
         return (f"plan layout {lab}: moe_dispatcher = {layout.moe_dispatcher!r}: the executor runs "
                 f"{', '.join(EXEC_DISPATCHERS)} only; plan with moe_dispatcher alltoall")
-    if layout.balance.kind not in ("dropless", "measured"):  # measured loads are a dropless router's
+    if not layout.balance.drops_none:  # measured loads are a dropless router's
         return (f"plan layout {lab}: moe_balance = {layout.moe_balance!r}: the executor routes dropless only (no forced "
                 f"balancing, no capacity dropping); plan with moe_balance dropless")
     if layout.tp_mode != "megatron" and layout.tp > 1:

@@ -45,9 +45,13 @@ def moe_balance_option(ctx, param, value):
         raw = raw.get("loads") if isinstance(raw, dict) else raw
         rows = raw if isinstance(raw, list) and raw and all(isinstance(r, list) for r in raw) else [raw]
         try:
-            return measured_balance(rows if all(isinstance(r, list) for r in rows) else [])
+            text = measured_balance(rows if all(isinstance(r, list) for r in rows) else [])
         except (ValueError, TypeError) as e:
             raise click.BadParameter(f"loads file {path!r}: {e}") from None
+        why = balance_why_not(text)
+        if why:
+            raise click.BadParameter(f"loads file {path!r}: {why}")
+        return text
     why = balance_why_not(value)
     if why:
         raise click.BadParameter(why)

@@ -251,10 +251,19 @@ def _async_pair(c: OpCost, op: OpSpec, model: ModelConfig, layout: Layout, batch
     """Async TP (`memo_sim.tp.async_tp`): TP collective ``c`` beside the GEMM ``op`` it feeds or
     drains, the GEMM as ``tp`` chunks of 1/tp of its tokens, each priced at its own size: the
     collective runs beside the first tp - 1 chunks and the last chunk waits for it, so the pair
-    takes max(G (tp-1)/tp, C) + G/tp."""
+    takes max(G (tp-1)/tp, C) + G/tp. In backward only the data-gradient matmul (half of memo's
+    backward GEMM: two kernels of the forward's FLOPs) is chunked; the weight gradient, which reads
+    the gathered tensor on its contracted dimension, runs whole after it."""
     chunk = _compute_cost(op, model, layout, batch, seq, profile, phase, fraction / layout.tp)
-    rest = replace(chunk, seconds=chunk.seconds * (layout.tp - 1), flops=chunk.flops * (layout.tp - 1))
-    return [replace(c, overlaps=1), rest, replace(chunk, name=f"{op.name}_last_chunk")]
+    part = 1.0
+    tail: list[OpCost] = []
+    if phase == "bwd":
+        part = 1.0 / GEMM_BWD_FACTOR
+        whole = _compute_cost(op, model, layout, batch, seq, profile, phase, fraction)
+        tail = [replace(whole, name=f"{op.name}_wgrad", seconds=whole.seconds * (1 - part), flops=whole.flops * (1 - part))]
+    rest = replace(chunk, seconds=chunk.seconds * part * (layout.tp - 1), flops=chunk.flops * part * (layout.tp - 1))
+    last = replace(chunk, name=f"{op.name}_last_chunk", seconds=chunk.seconds * part, flops=chunk.flops * part)
+    return [replace(c, overlaps=1), rest, last, *tail]
 
 
 def _ops_with_comm(ops: list[OpSpec], model: ModelConfig, layout: Layout, batch: int, seq: int,

@@ -15,6 +15,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+# An op priced in parts keeps its name with one of these suffixes on the parts after the first (async TP's
+# last GEMM chunk and its backward's weight gradient, `memo_sim.cost.layer_time`): `base_op_name` reads
+# through them, for whatever picks ops by name (policies' recompute lists, the figures' parts).
+PART_SUFFIXES = ("_last_chunk", "_wgrad")
+
+
+def base_op_name(name: str) -> str:
+    """The layer-graph op an `OpCost` of ``name`` prices (or part of it)."""
+    for suffix in PART_SUFFIXES:
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
 @dataclass(frozen=True)
 class OpCost:
     name: str

@@ -37,11 +37,17 @@ class Balance:
     experts: int = 0  # measured: the expert count the loads were measured for
     factors: tuple[tuple[int, float], ...] = ()  # measured: (EP degree, load factor)
 
+    @property
+    def drops_none(self) -> bool:
+        """Whether every routed token is computed by a router left to its own loads (dropless, or
+        dropless with measured loads): what a run that routes for real reproduces."""
+        return self.kind in ("dropless", "measured")
+
     def load_factor(self, copies: float, ep: int) -> float:
         """The busiest EP rank's routed tokens over the mean, for ``copies`` token copies routed in
         the EP group."""
-        if self.kind == "measured":
-            return dict(self.factors).get(ep, 1.0)  # ep divides the experts (`measured_why_not`)
+        if self.kind == "measured":  # every EP degree dividing the experts has its factor (`parse_balance`)
+            return dict(self.factors)[ep]
         if self.kind == "forced" or ep <= 1:
             return 1.0 if self.kind != "capacity" else self.capacity
         if self.kind == "capacity":
@@ -80,10 +86,11 @@ def measured_balance(loads: list[list[float]]) -> str:
     if any(len(r) != e for r in rows):
         raise ValueError(f"measured loads: every layer needs {e} expert counts (the first layer's), got "
                          f"{sorted({len(r) for r in rows})}")
-    if e < 2 or any(not isinstance(x, (int, float)) or x != x or x < 0 for r in rows for x in r):
-        raise ValueError("measured loads: at least 2 experts, each count a number >= 0")
-    if any(sum(r) <= 0 for r in rows):
-        raise ValueError("measured loads: a layer routed no tokens (its counts sum to 0)")
+    if e < 2 or any(isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0
+                    for r in rows for x in r):
+        raise ValueError("measured loads: at least 2 experts, each count a finite number >= 0")
+    if any(not 0 < sum(r) < math.inf for r in rows):
+        raise ValueError("measured loads: a layer's counts must sum to a finite number above 0")
     out = []
     for ep in (d for d in range(1, e + 1) if e % d == 0):
         k = e // ep
@@ -105,9 +112,10 @@ def parse_balance(text: str) -> Balance:
         except ValueError:
             raise ValueError(f"moe balance measured must read measured:eE:1=f,2=f,... (from a loads file), got "
                              f"{text!r}") from None
-        if experts < 2 or any(experts % d or not 1.0 <= f <= d for d, f in factors) or 1 not in dict(factors):
-            raise ValueError(f"moe balance {text!r}: each EP degree must divide the {experts} experts with a load "
-                             f"factor between 1 and the degree")
+        divisors = [d for d in range(1, experts + 1) if experts % d == 0] if 2 <= experts <= 1 << 20 else []
+        if not divisors or sorted(d for d, _f in factors) != divisors or any(not 1.0 <= f <= d for d, f in factors):
+            raise ValueError(f"moe balance {text!r}: one load factor for each EP degree dividing the experts (1 .. "
+                             f"{experts}), each between 1 and its degree")
         return Balance("measured", experts=experts, factors=factors)
     if isinstance(text, str) and text.startswith("capacity:"):
         try:
@@ -117,4 +125,4 @@ def parse_balance(text: str) -> Balance:
         if 0 < f <= MAX_CAPACITY:
             return Balance("capacity", f)
     raise ValueError(f"moe balance must be forced, dropless, capacity:F (F a capacity factor in (0, {MAX_CAPACITY:g}]) "
-                     f"or loads:FILE (measured expert loads), got {text!r}")
+                     f"or measured:eE:1=f,... (written from a loads file: --moe-balance loads:FILE), got {text!r}")

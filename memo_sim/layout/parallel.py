@@ -285,7 +285,7 @@ class Layout:
         if self.moe_dispatcher != "alltoall":
             parts.append(f"moe-{self.moe_dispatcher}")
         if self.moe_balance != "dropless":
-            parts.append("measured" if self.moe_balance.startswith("measured:") else self.moe_balance.replace(":", ""))
+            parts.append(self.balance.kind if self.balance.kind == "measured" else self.moe_balance.replace(":", ""))
         return "-".join(parts)
 
     def to_dict(self) -> dict:

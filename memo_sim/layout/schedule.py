@@ -75,7 +75,8 @@ def executor_stage_limit(layout) -> str | None:
     interleaved), or None: every sequence layout (TP with or without SP, ring CP, Ulysses, METP's
     rings) and data parallelism run in its stages, each rank talking to the rank with its own
     coordinates in the next stage; ZeRO 2 and 3 do not (a stage keeps its own layers' weights and
-    gradients), which the simulator refuses with pipelines too (`memo_sim.layout.parallel`)."""
+    gradients), which the simulator refuses with pipelines too, but for FSDP as torchtitan runs it
+    beside stages (`memo_sim.dp.fsdp`), which it prices and the executor refuses."""
     if layout.zero >= 2:
         return "pipeline stages keep their own layers' weights and gradients: plan with ZeRO 0 or 1"
     return None

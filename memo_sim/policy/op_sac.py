@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from memo_sim.cost.layer_time import forward_costs
+from memo_sim.cost.opcost import base_op_name
 from memo_sim.model.config import ModelConfig
 from memo_sim.policy.recompute_modules import RecomputeModules
 from memo_sim.policy.registry import register
@@ -68,10 +69,11 @@ class OpSac(RecomputeModules):
         share = {"qkv": model.kv_dim / (model.q_dim + model.kv_dim + model.v_dim), "fc1": 0.5 if gated else 0.0}
         out = []
         for c in forward_costs(model, layout, batch, seq, profile):
-            base = c.name.split("_", 1)[1] if c.kind == "collective" and "_" in c.name else c.name
-            if c.name in _WHOLE or (c.kind == "collective" and base in ("ln1", "ln2", "out_proj")):
+            name = base_op_name(c.name)  # async TP prices a GEMM in parts (`memo_sim.cost.opcost`)
+            base = c.name.split("_", 1)[1] if c.kind == "collective" and "_" in c.name else name
+            if name in _WHOLE or (c.kind == "collective" and base in ("ln1", "ln2", "out_proj")):
                 out.append(replace(c, phase="recompute"))
-            elif share.get(c.name):
-                f = share[c.name]
+            elif share.get(name):
+                f = share[name]
                 out.append(replace(c, phase="recompute", seconds=c.seconds * f, flops=c.flops * f))
         return out

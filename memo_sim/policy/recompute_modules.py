@@ -23,6 +23,7 @@ from dataclasses import replace
 from typing import ClassVar
 
 from memo_sim.cost.layer_time import forward_costs
+from memo_sim.cost.opcost import base_op_name
 from memo_sim.policy.registry import register
 from memo_sim.policy.store_all import StoreAll
 
@@ -46,7 +47,7 @@ class RecomputeModules(StoreAll):
 
     def recompute_costs(self, model, layout, batch, seq, profile):
         return [replace(c, phase="recompute") for c in forward_costs(model, layout, batch, seq, profile)
-                if c.name in self.ops or c.name.startswith(self.comm_prefixes or ("\0",))]
+                if base_op_name(c.name) in self.ops or c.name.startswith(self.comm_prefixes or ("\0",))]
 
     def resident_bytes(self, sk, n_layers):
         return n_layers * (sk["total"] - self.dropped(sk) + self.kept_scores(sk))

@@ -111,8 +111,8 @@ class Sppo(Policy):
 
     def check(self, model: ModelConfig, layout: Layout, batch: int, seq: int) -> str | None:
         """Why this plan cannot run with ``layout`` at ``seq`` tokens, or None."""
-        if layout.cp > 1 or layout.ulysses > 1 or layout.metp:
-            return "sppo splits a stage's tokens by Megatron TP+SP only (no ring CP, Ulysses or METP)"
+        if layout.cp > 1 or layout.ulysses > 1 or layout.metp or layout.flavour.async_collectives:
+            return "sppo splits a stage's tokens by Megatron TP+SP only (no ring CP, Ulysses, METP or async TP)"
         if model.moe or model.mla or model.attention_width != model.hidden or model.sliding_layers:
             return ("sppo's pieces are priced for dense layers with standard attention (no experts, latent attention, "
                     "head_dim other than hidden / heads or sliding window)")

@@ -14,6 +14,7 @@ from pathlib import Path
 from memo_sim.cost.activations import tensor_bytes
 from memo_sim.cost.layer_time import backward_costs, forward_costs
 from memo_sim.cost.memory import model_state_parts
+from memo_sim.cost.opcost import base_op_name
 from memo_sim.cost.param_split import model_gpu_params
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
@@ -28,6 +29,7 @@ _EXPERTS = {"permute", "expert_fc1", "expert_act", "expert_fc2", "unpermute"}
 
 def part_of(name: str) -> str:
     """The part of the split an op (an `OpCost` name) belongs to."""
+    name = base_op_name(name)  # async TP's GEMM parts (`memo_sim.cost.opcost`)
     if name.startswith("moe_dispatch"):
         return "dispatch"
     if name.startswith("moe_combine"):

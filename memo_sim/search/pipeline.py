@@ -4,7 +4,7 @@ layouts, virtual stages and micro-batch sizes the what-if tries, and their analy
 **Space.** pp among the divisors of the GPU count (> 1) that split the layers evenly, each with
 the single stage's degrees inside a stage (TP with or without SP, METP's flavours the what-if
 asks for, ring CP, Ulysses; DP beside;
-ZeRO 0 or 1, `memo_sim.layout.parallel.check_layout`); ``1f1b`` with one chunk per rank,
+ZeRO 0 or 1, or FSDP as torchtitan runs it beside stages, `memo_sim.layout.parallel.check_layout`); ``1f1b`` with one chunk per rank,
 ``interleaved_1f1b`` with v = 2 .. `MAX_VPP` chunks where the layers split into pp·v chunks and
 the micro-batch count is a multiple of pp; micro-batch sizes among the divisors of the batch
 (`micro_batch_sizes`). ``--pp``, ``--vpp`` and ``--micro-batch`` fix them.

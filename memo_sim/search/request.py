@@ -25,7 +25,7 @@ from memo_sim.cost.gemm_format import check_gemm_format
 from memo_sim.errors import MemoError
 from memo_sim.search.frameworks import get_framework
 from memo_sim.search.plan_build import build_plan
-from memo_sim.search.whatif import WhatIfResult, candidates_for, not_searched, rank
+from memo_sim.search.whatif import NO_VALID_LAYOUT, WhatIfResult, candidates_for, not_searched, rank
 
 # the fields that fix part of the searched space (`candidates_for`'s keywords, `not_searched`'s advice)
 FIXING = ("batch", "global_batch", "micro_batch", "tp", "cp", "ulysses", "dp", "zero", "sp", "alpha", "tp_mode",
@@ -173,7 +173,9 @@ def answer_whatif(req: WhatifRequest, progress=None) -> WhatifAnswer:
         try:
             memo_best = rank(same, req.seq, req.gpus, req.profile, simulate_top=1, allocator_lag=req.allocator_lag,
                              jobs=1, **fixed).best
-        except MemoError:  # memo's own search has no layout for the fixed degrees: no comparison line
+        except MemoError as e:  # memo's own search has no layout for the fixed degrees: no comparison line
+            if not str(e).startswith(NO_VALID_LAYOUT):
+                raise
             memo_best = None
     advice = [] if result.best is not None else not_searched(req.gpus, req.searched_policies, req.framework,
                                                              req.fixed())

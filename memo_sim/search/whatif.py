@@ -67,6 +67,8 @@ class WhatIfResult:
         return ok[0] if ok else None
 
 
+NO_VALID_LAYOUT = "no valid layout"  # how `candidates_for` says no layout matches the fixed degrees
+
 TP_MODE_CHOICES = TP_MODES + ("all",)
 
 
@@ -278,7 +280,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
                                  allocator)
         searched["optimizer_offload"] = "nothing fits with the optimizer on the GPU"
     if not out:
-        raise MemoError(f"no valid layout for {gpus} GPUs with the degrees given: {why_none}")
+        raise MemoError(f"{NO_VALID_LAYOUT} for {gpus} GPUs with the degrees given: {why_none}")
     out.sort(key=Candidate.sort_key)
     return WhatIfResult(out, rejected, sppo=search, searched=searched)
 
