@@ -579,6 +579,7 @@ def render_report(rows: list[ValidationRow], summary: dict, model: ModelConfig, 
              *([f"- layout: {layout.label()} on {layout.gpus} processes (rank 0's measurements)"]
                if layout is not None and layout.gpus > 1 else []),
              *([f"- attention priced: {summary['attention_pricing']}"] if summary.get("attention_pricing") else []),
+             *[f"- MoE block under {n}" for n in summary.get("moe_block_notes") or []],
              "- each plan ran in its own process; its files are under runs/plan-NN/ (plans/plan-NN.json the plan)",
              "", "| plan | status | " + " | ".join(f"{w} predicted | measured | error" for _, _, w in shown) + " |",
              "|---|---|" + "---:|---:|---:|" * len(shown)]
@@ -606,6 +607,15 @@ def render_report(rows: list[ValidationRow], summary: dict, model: ModelConfig, 
     if figure:
         lines += ["", f"Worst step-time case, predicted vs measured streams: ![]({figure})"]
     return "\n".join(lines) + "\n"
+
+
+def moe_block_notes(model: ModelConfig, plans: list[PlanSpec]) -> list[str]:
+    """One note per policy of the plans whose MoE block the executor runs otherwise than the simulator
+    prices it (`memo_exec.activations.registry.moe_block_note`)."""
+    from memo_exec.activations.registry import moe_block_note  # noqa: PLC0415
+
+    names = dict.fromkeys(p.policy.name for p in plans if p.policy is not None)
+    return [n for n in (moe_block_note(model, p) for p in names) if n]
 
 
 def _speed_lines(speed: dict | None) -> list[str]:
@@ -691,6 +701,7 @@ def validate(model: ModelConfig, profile: HardwareProfile, plans: list[PlanSpec]
     from memo_sim.api import attention_pricing_words  # noqa: PLC0415
 
     summary["attention_pricing"] = attention_pricing_words(model, layout or Layout(), [p.seq for p in plans], profile)
+    summary["moe_block_notes"] = moe_block_notes(model, plans)
     if device == "cpu":
         summary["speed"] = run_speeds([(r.label, r.speed_probe, r.discarded_drifts_pct) for r in rows
                                        if r.status == "ran"], (profile.provenance or {}).get("speed_probe"))

@@ -32,6 +32,9 @@ class ActivationPolicy(ABC):
     slot = 0
     tag = ""
     layer_base = 0
+    # where this executor runs a MoE block otherwise than the simulator's policy prices it: one
+    # sentence for reports (`moe_block_note`), None where the two agree
+    moe_block_differs: str | None = None
 
     def __init__(self, choice, model: ModelConfig, batch: int, seq: int, layers: int, dtype: torch.dtype,
                  device: torch.device, engine, timer, compute: LayerCompute | None,

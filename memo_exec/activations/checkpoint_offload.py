@@ -24,6 +24,8 @@ from memo_sim.policy.rounding_buffers import N_BUFFERS, rounding_buffer
 
 @register("checkpoint_offload")
 class CheckpointOffload(TokenOffload):
+    moe_block_differs = None  # the whole layer is re-run, its MoE block with it, as the simulator prices it
+
     def __init__(self, *args) -> None:
         super().__init__(*args)
         self.split = []  # nothing goes to host by rows: everything but x is rebuilt

@@ -38,3 +38,12 @@ def make_policy(choice, model: ModelConfig, batch: int, seq: int, layers: int, d
     ``shapes``: this rank's `memo_exec.layer.storage_shapes` (default: one device, the whole layer)."""
     cls = POLICIES.get(sim_policy_name(choice))
     return cls(choice, model, batch, seq, layers, dtype, device, engine, timer, compute, shapes)
+
+
+def moe_block_note(model: ModelConfig, policy_name: str) -> str | None:
+    """For a MoE model: how the executor's ``policy_name`` runs the MoE block otherwise than the
+    simulator prices it (the policy class's ``moe_block_differs``), else None."""
+    if not model.moe or policy_name not in POLICIES.names():
+        return None
+    differs = POLICIES.get(policy_name).moe_block_differs
+    return f"{policy_name}: memo-exec {differs}" if differs else None

@@ -51,6 +51,12 @@ from memo_sim.policy.rounding_buffers import (
 
 
 class TokenOffload(ActivationPolicy):
+    moe_block_differs = ("keeps a MoE layer's routing only and re-runs the whole MoE block (router, dispatch, every "
+                         "token's expert GEMMs, combine, shared experts) before the layer's backward, where the "
+                         "simulator's policy offloads the block's saved tensors' first alpha of rows and re-runs "
+                         "only the ops that rebuild the rest (an H200 measured the difference at +9 to +17 points "
+                         "of step-time error: reports/gpu-h200-2026-11-26-moe.md)")
+
     def __init__(self, *args) -> None:
         super().__init__(*args)
         self.fraction = float(self.choice.offload_fraction_other)

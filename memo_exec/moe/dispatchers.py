@@ -16,6 +16,12 @@ outputs to their copy rows on the rank the tokens came from. Everything is diffe
   The counts are exchanged before any row moves, so every rank knows how many rows it receives
   from each peer (zero included: a rank no token is routed to still takes part in both exchanges).
 
+Row moves. Every reordering is a gather by a known permutation (`gather_rows`), whose backward
+gathers the output gradient by the inverse permutation (and sums a token's k copies): no
+scatter-add. Indexing (``x[order // k]``) would give the same numbers, but autograd's backward of an
+index is a sort-based scatter with accumulation, which the simulator's permute (one memory pass)
+does not price.
+
 Timing (``alltoall``): with a recorder in ``timer`` (the distributed runner sets it) the rows'
 all-to-alls are spans on stream ``ep_comm`` named as the simulator names the dispatcher's steps
 (`memo_sim.cost.moe.step_cost`: ``moe_{dispatch|combine}_{collective}_{group}``, so
@@ -52,6 +58,38 @@ def _sort_copies(idx: torch.Tensor):
     return flat, order
 
 
+def inverse(perm: torch.Tensor) -> torch.Tensor:
+    """The inverse of a permutation of range(n): ``inverse(p)[p[i]] == i``."""
+    inv = torch.empty_like(perm)
+    inv[perm] = torch.arange(perm.numel(), device=perm.device, dtype=perm.dtype)
+    return inv
+
+
+class _GatherRows(torch.autograd.Function):
+    """``out[i] = x[perm[i] // k]`` for a permutation ``perm`` of range(len(x) * k); backward:
+    ``dx[t] = sum_j dout[inv[t*k + j]]`` (a gather and, for k > 1, a sum over each row's copies)."""
+
+    @staticmethod
+    def forward(ctx, x, perm, inv, k):
+        ctx.save_for_backward(inv)
+        ctx.k, ctx.n = k, x.shape[0]
+        return x.index_select(0, perm // k if k > 1 else perm)
+
+    @staticmethod
+    def backward(ctx, g):
+        (inv,) = ctx.saved_tensors
+        gx = g.index_select(0, inv)
+        if ctx.k > 1:
+            gx = gx.view(ctx.n, ctx.k, *g.shape[1:]).sum(1)
+        return gx, None, None, None
+
+
+def gather_rows(x: torch.Tensor, perm: torch.Tensor, k: int = 1, inv: torch.Tensor | None = None) -> torch.Tensor:
+    """Rows ``x[perm // k]`` (``perm`` a permutation of range(len(x) * k): each row of ``x`` taken k
+    times), differentiable with a gather for its backward (module docs)."""
+    return _GatherRows.apply(x, perm, inverse(perm) if inv is None else inv, k)
+
+
 class Dispatcher:
     name = "base"
 
@@ -77,10 +115,12 @@ class LocalDispatcher(Dispatcher):
         k = idx.shape[1]
         flat, order = _sort_copies(idx)
         counts = torch.bincount(flat, minlength=self.experts).tolist()
-        return x[order // k], counts, order
+        inv = inverse(order)
+        return gather_rows(x, order, k, inv), counts, (order, inv)
 
-    def combine(self, ye, order):
-        return ye[torch.argsort(order)]
+    def combine(self, ye, state):
+        order, inv = state
+        return gather_rows(ye, inv, 1, order)
 
 
 @DISPATCHERS.register("alltoall")
@@ -92,16 +132,20 @@ class AllToAllDispatcher(Dispatcher):
         recv = exchange_counts(counts, self.group, self.tag(COUNTS_A2A, layer, phase))  # [source rank, local expert]
         in_splits = counts.sum(1).tolist()
         out_splits = recv.sum(1).tolist()
-        got = all_to_all(x[order // k], out_splits, in_splits, self.group, self.tag(DISPATCH_A2A, layer, phase))
+        inv = inverse(order)
+        got = all_to_all(gather_rows(x, order, k, inv), out_splits, in_splits, self.group,
+                         self.tag(DISPATCH_A2A, layer, phase))
         expert_of = torch.repeat_interleave(torch.arange(El, device=x.device).repeat(ep), recv.reshape(-1).to(x.device))
         regroup = torch.sort(expert_of, stable=True).indices
-        return got[regroup], recv.sum(0).tolist(), (order, regroup, in_splits, out_splits, layer, phase)
+        un_regroup = inverse(regroup)
+        return (gather_rows(got, regroup, 1, un_regroup), recv.sum(0).tolist(),
+                (order, inv, regroup, un_regroup, in_splits, out_splits, layer, phase))
 
     def combine(self, ye, state):
-        order, regroup, in_splits, out_splits, layer, phase = state
-        back = all_to_all(ye[torch.argsort(regroup)], in_splits, out_splits, self.group,
+        order, inv, regroup, un_regroup, in_splits, out_splits, layer, phase = state
+        back = all_to_all(gather_rows(ye, un_regroup, 1, regroup), in_splits, out_splits, self.group,
                           self.tag(COMBINE_A2A, layer, phase))
-        return back[torch.argsort(order)]
+        return gather_rows(back, inv, 1, order)
 
 
 def dispatcher_for(name: str, experts: int, ep: int, ep_rank: int, group) -> Dispatcher:

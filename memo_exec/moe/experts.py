@@ -1,32 +1,71 @@
-"""The routed experts of one rank: a loop of per-expert GEMMs over the contiguous rows routed to
-each local expert (SwiGLU or GELU as the model's ``ffn_type``; biases with ``moe_bias``), with
-autograd. An expert that received no rows computes nothing (its gradient stays as it was)."""
+"""The routed experts of one rank over the contiguous rows routed to each local expert (SwiGLU or
+GELU as the model's ``ffn_type``; biases with ``moe_bias``), with autograd, in one of two ways:
+
+- ``grouped``: one grouped GEMM per projection over every local expert (``F.grouped_mm``, or
+  ``torch._grouped_mm`` in a torch without the public name; offsets are the cumulative counts), the
+  activation once over all rows: the kernels the simulator prices (`memo_sim.cost.moe`: the local
+  experts as one grouped GEMM, each expert's share at its own size). Chosen on CUDA in bf16 where
+  the widths meet the kernel's 16-byte stride rule and the experts have no biases.
+- ``loop``: a loop of per-expert GEMMs (everywhere else: the CPU, fp32, biases). Each expert's
+  weights come from one ``unbind`` of the stacked parameter, whose backward writes every expert's
+  gradient into one stacked tensor (an expert that received no rows gets zeros); indexing the
+  parameter per expert would make autograd build and sum a full-size gradient per expert.
+
+Measured on an H200 (reports/gpu-h200-2026-11-26-moe.md; benchmarks/gpu/probe_moe_host.py): 60
+experts of Qwen2-MoE at 8K tokens, forward + backward, 76.7 ms as the loop with per-expert indexing
+(1,473 kernels) against 4.4 ms grouped (26 kernels), results identical.
+"""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+IMPLS = ("grouped", "loop")
+_GROUPED_MM = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+
 
 def ffn(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, b1, b2, swiglu: bool) -> torch.Tensor:
-    a = F.linear(x, w1, b1)
+    return F.linear(act(F.linear(x, w1, b1), swiglu), w2, b2)
+
+
+def act(a: torch.Tensor, swiglu: bool) -> torch.Tensor:
     if swiglu:
         f = a.shape[1] // 2
-        a = F.silu(a[:, :f]) * a[:, f:]
-    else:
-        a = F.gelu(a)
-    return F.linear(a, w2, b2)
+        return F.silu(a[:, :f]) * a[:, f:]
+    return F.gelu(a)
 
 
-def run_experts(xe: torch.Tensor, counts: list[int], weights, swiglu: bool) -> torch.Tensor:
-    """``xe`` [sum(counts), h] grouped by local expert (``counts[j]`` rows of expert j, in order)."""
+def impl_for(xe: torch.Tensor, weights) -> str:
+    """``grouped`` where the grouped GEMM kernel runs these experts (module docs), else ``loop``."""
+    w1, w2 = weights.expert_w1, weights.expert_w2
+    aligned = all(d % 8 == 0 for d in (*w1.shape[1:], *w2.shape[1:]))
+    if (_GROUPED_MM is not None and xe.is_cuda and xe.dtype == torch.bfloat16 and w1.dtype == torch.bfloat16
+            and aligned and weights.expert_b1 is None and weights.expert_b2 is None):
+        return "grouped"
+    return "loop"
+
+
+def run_experts(xe: torch.Tensor, counts: list[int], weights, swiglu: bool, impl: str | None = None) -> torch.Tensor:
+    """``xe`` [sum(counts), h] grouped by local expert (``counts[j]`` rows of expert j, in order);
+    ``impl`` one of `IMPLS` (default: `impl_for`)."""
+    impl = impl or impl_for(xe, weights)
+    if impl == "grouped":
+        if _GROUPED_MM is None:
+            raise RuntimeError("grouped experts need torch's grouped_mm (torch >= 2.8)")
+        offs = torch.tensor(counts, dtype=torch.int64).cumsum(0).to(device=xe.device, dtype=torch.int32)
+        a = _GROUPED_MM(xe, weights.expert_w1.transpose(-2, -1), offs=offs)
+        return _GROUPED_MM(act(a, swiglu), weights.expert_w2.transpose(-2, -1), offs=offs)
+    if impl != "loop":
+        raise ValueError(f"experts impl {impl!r}: one of {', '.join(IMPLS)}")
+    w1s, w2s = weights.expert_w1.unbind(0), weights.expert_w2.unbind(0)
+    b1s = weights.expert_b1.unbind(0) if weights.expert_b1 is not None else None
+    b2s = weights.expert_b2.unbind(0) if weights.expert_b2 is not None else None
     outs, off = [], 0
     for j, n in enumerate(counts):
         if n == 0:
             continue
-        b1 = weights.expert_b1[j] if weights.expert_b1 is not None else None
-        b2 = weights.expert_b2[j] if weights.expert_b2 is not None else None
-        outs.append(ffn(xe[off:off + n], weights.expert_w1[j], weights.expert_w2[j], b1, b2, swiglu))
+        outs.append(ffn(xe[off:off + n], w1s[j], w2s[j], b1s[j] if b1s else None, b2s[j] if b2s else None, swiglu))
         off += n
     if not outs:
         return xe.new_zeros(0, xe.shape[1]) + 0 * xe.sum()  # keeps xe in the graph (its gradient: zeros)

@@ -1,0 +1,119 @@
+"""memo-exec's routed experts run as one grouped GEMM (``grouped``, what the simulator prices) or as
+a loop of per-expert GEMMs (``loop``): both give the same output and gradients, an empty expert
+included, and the loop's backward builds one stacked weight gradient, not one full-size gradient
+per expert (the H200 measured that at 17x the grouped GEMM's time: reports/gpu-h200-2026-11-26-moe.md)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from memo_exec.moe import experts as X  # noqa: E402
+
+
+class _W:
+    def __init__(self, E, h, w, swiglu, dtype=torch.float32, device="cpu", bias=False):
+        g = torch.Generator().manual_seed(3)
+        fc1 = 2 * w if swiglu else w
+        self.expert_w1 = (torch.randn(E, fc1, h, generator=g) * 0.1).to(device, dtype).requires_grad_()
+        self.expert_w2 = (torch.randn(E, h, w, generator=g) * 0.1).to(device, dtype).requires_grad_()
+        self.expert_b1 = (torch.randn(E, fc1, generator=g) * 0.1).to(device, dtype).requires_grad_() if bias else None
+        self.expert_b2 = None
+
+    def params(self):
+        return [p for p in (self.expert_w1, self.expert_w2, self.expert_b1) if p is not None]
+
+
+def _run(impl, counts, swiglu, h=16, w=24, **kw):
+    wts = _W(len(counts), h, w, swiglu, **kw)
+    x = torch.randn(sum(counts), h, generator=torch.Generator().manual_seed(5)).to(wts.expert_w1).requires_grad_()
+    y = X.run_experts(x, counts, wts, swiglu, impl)
+    gy = torch.randn(y.shape, generator=torch.Generator().manual_seed(7)).to(y)
+    y.backward(gy)
+    return [y.detach(), x.grad] + [p.grad for p in wts.params()], y
+
+
+def _grouped_runs_here() -> bool:
+    if X._GROUPED_MM is None:
+        return False
+    try:
+        _run("grouped", [8, 0, 8], True)
+        return True
+    except RuntimeError:
+        return False
+
+
+@pytest.mark.parametrize("swiglu", [True, False])
+@pytest.mark.parametrize("counts", [[8, 0, 16, 8], [0, 0, 24, 0], [5, 11, 0, 2]])
+def test_grouped_equals_loop(swiglu, counts):
+    if not _grouped_runs_here():
+        pytest.skip("this torch has no grouped_mm on the CPU")
+    want, _ = _run("loop", counts, swiglu)
+    got, _ = _run("grouped", counts, swiglu)
+    for a, b in zip(got, want, strict=True):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), float((a - b).abs().max())
+
+
+def test_loop_builds_one_stacked_gradient_per_weight():
+    """No autograd node selects one expert from the stacked parameter (a full-size gradient each)."""
+    _, y = _run("loop", [4, 0, 4, 4, 4], True)
+    seen, stack, names = set(), [y.grad_fn], []
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        names.append(type(fn).__name__)
+        stack.extend(f for f, _ in fn.next_functions)
+    assert names.count("UnbindBackward0") == 2, names
+    assert not any(n.startswith("SelectBackward") for n in names), names
+
+
+def test_loop_gives_an_empty_expert_zero_gradient():
+    grads, _ = _run("loop", [4, 0, 4], True)
+    w1g = grads[2]
+    assert torch.count_nonzero(w1g[1]) == 0 and torch.count_nonzero(w1g[0]) > 0
+
+
+def test_impl_choice_on_the_cpu_and_bad_name():
+    wts = _W(2, 16, 24, True)
+    assert X.impl_for(torch.zeros(4, 16), wts) == "loop"
+    with pytest.raises(ValueError, match="one of grouped, loop"):
+        X.run_experts(torch.zeros(4, 16), [2, 2], wts, True, "fused")
+
+
+def test_loop_with_biases():
+    want, _ = _run("loop", [4, 4], False, bias=True)
+    assert want[-1] is not None and want[-1].abs().sum() > 0
+
+
+@pytest.mark.gpu
+def test_grouped_on_cuda_bf16_is_chosen_and_matches_the_loop():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    wts = _W(4, 64, 96, True, dtype=torch.bfloat16, device="cuda")
+    assert X.impl_for(torch.zeros(4, 64, device="cuda", dtype=torch.bfloat16), wts) == "grouped"
+    counts = [40, 0, 72, 16]
+    want, _ = _run("loop", counts, True, h=64, w=96, dtype=torch.bfloat16, device="cuda")
+    got, _ = _run("grouped", counts, True, h=64, w=96, dtype=torch.bfloat16, device="cuda")
+    for a, b in zip(got, want, strict=True):
+        assert float((a.float() - b.float()).abs().max()) <= 2e-2 * float(b.float().abs().max())
+
+
+def test_moe_block_note_names_the_policies_that_run_the_block_otherwise():
+    """memo and full_offload re-run the MoE block whole in memo-exec (the simulator prices their
+    token-wise rule): the validation report says so for a MoE model, and only there."""
+    from memo_exec import validate as V
+    from memo_exec.activations.registry import moe_block_note
+    from memo_sim.model.config import PRESETS
+
+    moe, dense = PRESETS["mixtral-8x7b"], PRESETS["gpt-7b"]
+    assert moe_block_note(moe, "memo") and moe_block_note(moe, "full_offload")
+    for name in ("store_all", "full_recompute", "selective_recompute", "recompute_moe", "checkpoint_offload"):
+        assert moe_block_note(moe, name) is None, name
+    assert moe_block_note(dense, "memo") is None
+    plans = V.plan_set([1024], ["store_all", "memo"], [0.5])
+    notes = V.moe_block_notes(moe, plans)
+    assert len(notes) == 1 and notes[0].startswith("memo: memo-exec keeps a MoE layer's routing only")
+    assert V.moe_block_notes(dense, plans) == []
