@@ -131,7 +131,7 @@ def test_dry_run_writes_the_gpu_files_under_the_image_restriction(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == sorted(rb.OUT_FILES) and len(rb.OUT_FILES) <= 8
     env_doc = json.loads((out / "env.json").read_text())
     assert [s["step"] for s in env_doc["steps"]] == ["install", "imports", "environment", "calibrate", "gpu-tests",
-                                                     "validate"]
+                                                     "validate", "validate-moe"]
     assert all(s["status"] in ("ok", "skipped: dry run") for s in env_doc["steps"]), env_doc["steps"]
     # host capacity from this machine, not the built-in profile's 2 TB
     from memo_sim.profile.loader import load_profile

@@ -24,11 +24,14 @@ fails is recorded and the batch goes on where it can):
 5. validate: ``memo-exec validate --profile profile.yaml`` over the batch's plans (GPU: 8 layers of
    GPT-7B, h=4096, bf16, at 32K/64K/128K tokens, store all, full recompute and MEMO at the
    simulator's alpha; dry run: a 3-layer h=64 fp32 model at 128/256 tokens, MEMO at alpha 0.5),
-   each plan in its own process, under what is left of the budget.
+   each plan in its own process, under what is left of the budget but ``--moe-seconds``.
+6. validate-moe: the same for a mixture of experts on one GPU (GPU: 4 layers of Qwen2-MoE-A2.7B, 60
+   experts top 4, at 8K and 16K (32K's store all took 86 GiB on an H200: more than an H100 has), store all, full recompute, MEMO; dry run: 2 layers at h=64, 128
+   tokens, store all), in the ``--moe-seconds`` kept for it (0: not run).
 
-Files written to ``--out`` (7, within the device tool's 8): summary.md (each step's exit, time
-and key numbers), env.json, profile.yaml, pytest-gpu.log, validation.md, validation.json and
-batch.tar.gz (every step's log, the calibration's raw measurements, the plans and each run's
+Files written to ``--out`` (8, the device tool's limit): summary.md (each step's exit, time
+and key numbers), env.json, profile.yaml, pytest-gpu.log, validation.md, validation.json,
+validation-moe.md and batch.tar.gz (every step's log, the calibration's raw measurements, the plans and each run's
 report.md, measured.json, trace.json and figures). The exit code is 0 when every step that ran
 succeeded, else 1.
 """
@@ -51,7 +54,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 OUT_FILES = ("summary.md", "env.json", "profile.yaml", "pytest-gpu.log", "validation.md", "validation.json",
-             "batch.tar.gz")
+             "validation-moe.md", "batch.tar.gz")
 ARCHIVE_FILE_LIMIT = 4 * 2**20  # a file larger than this stays out of batch.tar.gz (listed in summary.md)
 ENTRY_MODULES = ("memo_sim.api", "memo_sim.cli", "memo_exec.cli", "memo_exec.validate", "memo_exec.calibrate.command",
                  "memo_exec.runner", "memo_sim.memplan.planner", "mip", "highspy")
@@ -60,6 +63,10 @@ GPU = {"model": ["--model", "gpt-7b", "--layers", "8"], "seqs": "32K,64K,128K",
 DRY = {"model": ["--layers", "3", "--hidden", "64", "--heads", "4", "--ffn", "256", "--vocab", "128",
                  "--dtype", "fp32"], "seqs": "128,256", "policies": "store_all,full_recompute,memo", "alphas": "0.5",
        "steps": 2}
+GPU_MOE = {"model": ["--model", "qwen2-moe-a2.7b", "--layers", "4"], "seqs": "8K,16K",  # 32K store all: 86 GiB
+           "policies": "store_all,full_recompute,memo", "alphas": "sim", "steps": 3}
+DRY_MOE = {"model": ["--model", "qwen2-moe-a2.7b", "--layers", "2", "--hidden", "64", "--heads", "4", "--vocab", "128",
+                     "--dtype", "fp32"], "seqs": "128", "policies": "store_all", "alphas": "0.5", "steps": 2}
 ENV_PROBE = r"""
 import json, os, platform, sys
 out = {"python": sys.version.split()[0], "executable": sys.executable, "platform": platform.platform(),
@@ -207,19 +214,29 @@ class Batch:
         files = sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").glob("test_*.py")
                        if "mark.gpu" in p.read_text(errors="replace"))
         return self.run("gpu-tests", [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
-                                      "-rs", *files], min(self.args.tests_timeout, self.left() - self.args.min_validate),
+                                      "-rs", *files],
+                        min(self.args.tests_timeout, self.left() - self.args.min_validate - self.args.moe_seconds),
                         log=self.work / "pytest-gpu.log")
 
     def validate(self, profile: Path) -> dict:
         spec = DRY if self.args.dry_run else GPU
-        vdir = self.work / "validate"
-        budget = self.left() - 20.0  # kept back for the report and the archive
+        budget = self.left() - 20.0 - self.args.moe_seconds  # kept back: the report, the archive, the MoE plans
+        return self._validate("validate", profile, spec, self.work / "validate", budget, overrides=True)  # recorded
+
+    def validate_moe(self, profile: Path) -> dict:
+        spec = DRY_MOE if self.args.dry_run else GPU_MOE
+        return self._validate("validate-moe", profile, spec, self.work / "validate-moe", self.left() - 20.0)
+
+    def _validate(self, step: str, profile: Path, spec: dict, vdir: Path, budget: float, overrides: bool = False):
+        """One ``memo-exec validate``; ``overrides``: the command line's --seqs/--policies/--alphas/--steps
+        apply, and the errors are recorded in the profile (the MoE plans' are not)."""
+        a = self.args if overrides else argparse.Namespace(seqs=None, policies=None, alphas=None, steps=None)
         argv = [sys.executable, "-m", "memo_exec", "validate", "--profile", str(profile), *spec["model"],
-                "--seqs", self.args.seqs or spec["seqs"], "--policies", self.args.policies or spec["policies"],
-                "--alphas", self.args.alphas or spec["alphas"], "--device", self.args.device,
-                "--steps", str(self.args.steps or spec["steps"]), "--out", str(vdir), "--no-progress",
-                "--budget", f"{max(budget - 15.0, 1.0):.0f}"]
-        return self.run("validate", argv, budget)
+                "--seqs", a.seqs or spec["seqs"], "--policies", a.policies or spec["policies"],
+                "--alphas", a.alphas or spec["alphas"], "--device", self.args.device,
+                "--steps", str(a.steps or spec["steps"]), "--out", str(vdir), "--no-progress",
+                *([] if overrides else ["--no-record"]), "--budget", f"{max(budget - 15.0, 1.0):.0f}"]
+        return self.run(step, argv, budget)
 
     # ------------------------------------------------------------------ outputs
     def finish(self, env: dict, profile: Path | None) -> int:
@@ -228,10 +245,13 @@ class Batch:
 
         vdir = self.work / "validate"
         copies = {"profile.yaml": profile, "pytest-gpu.log": self.work / "pytest-gpu.log",
-                  "validation.md": vdir / "validation.md", "validation.json": vdir / "validation.json"}
+                  "validation.md": vdir / "validation.md", "validation.json": vdir / "validation.json",
+                  "validation-moe.md": self.work / "validate-moe" / "validation.md"}
         for dst, src in copies.items():
             if src is not None and Path(src).exists():
                 shutil.copyfile(src, self.out / dst)
+            elif dst == "validation-moe.md" and self.args.moe_seconds <= 0:
+                atomic_write_text(self.out / dst, "not run: --moe-seconds 0\n")
             else:
                 atomic_write_text(self.out / dst, f"not written: the step that writes it did not finish "
                                                   f"(see summary.md)\n")
@@ -285,21 +305,23 @@ class Batch:
                           f"h2d {float(p.host_link.h2d_bandwidth) / 1e9:.1f} GB/s"]
             except Exception as e:  # noqa: BLE001 - the summary reports it
                 L += ["", f"Calibrated profile {profile.name} does not load: {type(e).__name__}: {e}"]
-        vj = self.work / "validate" / "validation.json"
-        if vj.exists():
-            s = json.loads(vj.read_text())["summary"]
-            e = s["errors"]["step_s"]
-            L += ["", f"Validation: {s['ran']} of {s['plans']} plans ran ({s['oom']} out of memory, {s['failed']} "
-                      f"failed); step-time |error| mean {_pct(e['mean_abs_error_pct'])}, max "
-                      f"{_pct(e['max_abs_error_pct'])}; peak-memory |error| mean "
-                      f"{_pct(s['errors']['peak_memory_bytes']['mean_abs_error_pct'])}; Kendall tau "
-                      f"{s['kendall_tau_step_time']}. Rows: validation.md."]
+        for what, sub, rows in (("Validation", "validate", "validation.md"),
+                                ("MoE validation", "validate-moe", "validation-moe.md")):
+            vj = self.work / sub / "validation.json"
+            if vj.exists():
+                s = json.loads(vj.read_text())["summary"]
+                e = s["errors"]["step_s"]
+                L += ["", f"{what}: {s['ran']} of {s['plans']} plans ran ({s['oom']} out of memory, {s['failed']} "
+                          f"failed); step-time |error| mean {_pct(e['mean_abs_error_pct'])}, max "
+                          f"{_pct(e['max_abs_error_pct'])}; peak-memory |error| mean "
+                          f"{_pct(s['errors']['peak_memory_bytes']['mean_abs_error_pct'])}; Kendall tau "
+                          f"{s['kendall_tau_step_time']}. Rows: {rows}."]
         if self.notes:
             L += [""] + [f"- note: {n}" for n in self.notes]
         if left_out:
             L += ["", "Left out of batch.tar.gz (over 4 MiB): " + ", ".join(left_out)]
         L += ["", "Files: " + ", ".join(OUT_FILES) + " (batch.tar.gz: logs/, profile/, validate/plans, "
-              "validate/runs/plan-NN/)"]
+              "validate/runs/plan-NN/, the same under validate-moe/)"]
         return "\n".join(L) + "\n"
 
 
@@ -335,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-gpu-tests", action="store_true", help="skip the GPU-marked tests (a second call)")
     ap.add_argument("--calibrate-timeout", type=float, default=150.0)
     ap.add_argument("--tests-timeout", type=float, default=150.0)
+    ap.add_argument("--moe-seconds", type=float, default=130.0,
+                    help="seconds kept for the MoE plans after the dense ones (0: no MoE plans)")
     ap.add_argument("--min-validate", type=float, default=200.0,
                     help="seconds kept for validate when the GPU tests' timeout is set")
     args = ap.parse_args(argv)
@@ -351,6 +375,8 @@ def main(argv: list[str] | None = None) -> int:
             b.gpu_tests()
         if profile is not None:
             b.validate(profile)
+            if args.moe_seconds > 0:
+                b.validate_moe(profile)
         return b.finish(b.env_doc, profile)
     finally:
         shutil.rmtree(b.work, ignore_errors=True)

@@ -21,7 +21,9 @@ schedule follows the same functions), one method per edge:
 
 Every compute op and copy declares the rows it reads and writes to the engine's happens-before
 race detector (`memo_exec.happens_before`), so a missing or misplaced wait is an error at issue
-time. The last ``KEPT_LAYERS`` layers are neither offloaded nor recomputed.
+time. The last ``KEPT_LAYERS`` layers are neither offloaded nor recomputed (a MoE layer among them keeps
+its block's autograd graph, as under store all; an offloaded MoE layer keeps its routing only and
+re-runs the block before its backward, `memo_exec.moe.block`).
 
 On a rank of a tensor-parallel layout the tensors have the rank's shapes (``shapes``,
 `memo_exec.layer.storage_shapes`): with sequence parallelism the TP-split tensors (q, k, v, attn,
@@ -51,11 +53,13 @@ from memo_sim.policy.rounding_buffers import (
 
 
 class TokenOffload(ActivationPolicy):
-    moe_block_differs = ("keeps a MoE layer's routing only and re-runs the whole MoE block (router, dispatch, every "
-                         "token's expert GEMMs, combine, shared experts) before the layer's backward, where the "
+    moe_block_differs = ("keeps an offloaded MoE layer's routing only and re-runs the whole MoE block (router, "
+                         "dispatch, every token's expert GEMMs, combine, shared experts) before the layer's backward "
+                         "(the last layers, kept, keep the block's graph as the simulator's keep every tensor), where the "
                          "simulator's policy offloads the block's saved tensors' first alpha of rows and re-runs "
-                         "only the ops that rebuild the rest (an H200 measured the difference at +9 to +17 points "
-                         "of step-time error: reports/gpu-h200-2026-11-26-moe.md)")
+                         "only the ops that rebuild the rest (on an H200 MEMO's plans carried 6 to 17 points more "
+                         "step-time error than store all's, the re-run the likely cause: "
+                         "reports/gpu-h200-2026-11-26-moe.md)")
 
     def __init__(self, *args) -> None:
         super().__init__(*args)
@@ -101,7 +105,10 @@ class TokenOffload(ActivationPolicy):
         nb = storage_bytes(self.model, self.tokens, self.dtype, shapes=self.shapes)
         self.blocks = [torch.empty(nb, dtype=torch.uint8, device=self.device) for _ in range(N_BUFFERS)]
         bufs = [carve_storage(b, self.model, self.tokens, self.dtype, shapes=self.shapes) for b in self.blocks]
-        return [LayerStorage(bufs[rounding_buffer(i)], self._stats()) for i in range(self.layers)]
+        storages = [LayerStorage(bufs[rounding_buffer(i)], self._stats()) for i in range(self.layers)]
+        for i, st in enumerate(storages):  # a kept layer keeps its MoE block's graph: nothing of it is re-run, as
+            st.keep_moe_internals = not self.offloaded(i)  # the simulator's kept layers keep every tensor
+        return storages
 
     def allocate(self) -> None:
         self.storages = self._device_storages()

@@ -4,16 +4,20 @@ GELU as the model's ``ffn_type``; biases with ``moe_bias``), with autograd, in o
 - ``grouped``: one grouped GEMM per projection over every local expert (``F.grouped_mm``, or
   ``torch._grouped_mm`` in a torch without the public name; offsets are the cumulative counts), the
   activation once over all rows: the kernels the simulator prices (`memo_sim.cost.moe`: the local
-  experts as one grouped GEMM, each expert's share at its own size). Chosen on CUDA in bf16 where
-  the widths meet the kernel's 16-byte stride rule and the experts have no biases.
-- ``loop``: a loop of per-expert GEMMs (everywhere else: the CPU, fp32, biases). Each expert's
-  weights come from one ``unbind`` of the stacked parameter, whose backward writes every expert's
-  gradient into one stacked tensor (an expert that received no rows gets zeros); indexing the
-  parameter per expert would make autograd build and sum a full-size gradient per expert.
+  experts as one grouped GEMM, each expert's share at its own size). Chosen on CUDA where the
+  input and both weights are bf16, every width is a multiple of 8 and every operand's storage
+  starts on 16 bytes (the kernel's alignment rule: a weight that is a view into a flat buffer, as
+  under ZeRO, may not), the experts have no biases and at least one row is routed here.
+- ``loop``: a loop of per-expert GEMMs (everywhere else: the CPU, fp32, biases, no rows). Each
+  expert's weights come from one ``unbind`` of the stacked parameter, whose backward writes every
+  expert's gradient into one stacked tensor (an expert that received no rows gets zeros there;
+  when no expert received any, the weights stay out of the graph and their gradients untouched);
+  indexing the parameter per expert would make autograd build and sum a full-size gradient per
+  expert.
 
 Measured on an H200 (reports/gpu-h200-2026-11-26-moe.md; benchmarks/gpu/probe_moe_host.py): 60
-experts of Qwen2-MoE at 8K tokens, forward + backward, 76.7 ms as the loop with per-expert indexing
-(1,473 kernels) against 4.4 ms grouped (26 kernels), results identical.
+experts of Qwen2-MoE at 8K tokens, forward + backward, 76.6 ms as the loop with per-expert indexing
+(1,473 kernels) against 4.13 ms grouped (23 kernels), results identical.
 """
 
 from __future__ import annotations
@@ -39,8 +43,10 @@ def act(a: torch.Tensor, swiglu: bool) -> torch.Tensor:
 def impl_for(xe: torch.Tensor, weights) -> str:
     """``grouped`` where the grouped GEMM kernel runs these experts (module docs), else ``loop``."""
     w1, w2 = weights.expert_w1, weights.expert_w2
-    aligned = all(d % 8 == 0 for d in (*w1.shape[1:], *w2.shape[1:]))
-    if (_GROUPED_MM is not None and xe.is_cuda and xe.dtype == torch.bfloat16 and w1.dtype == torch.bfloat16
+    ops = (xe, w1, w2)
+    aligned = (all(d % 8 == 0 for d in (xe.shape[1], *w1.shape[1:], *w2.shape[1:]))
+               and all(t.data_ptr() % 16 == 0 and t.stride(-1) == 1 for t in ops))
+    if (_GROUPED_MM is not None and xe.is_cuda and xe.shape[0] > 0 and all(t.dtype == torch.bfloat16 for t in ops)
             and aligned and weights.expert_b1 is None and weights.expert_b2 is None):
         return "grouped"
     return "loop"
