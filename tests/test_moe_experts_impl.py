@@ -115,5 +115,19 @@ def test_moe_block_note_names_the_policies_that_run_the_block_otherwise():
     assert moe_block_note(dense, "memo") is None
     plans = V.plan_set([1024], ["store_all", "memo"], [0.5])
     notes = V.moe_block_notes(moe, plans)
-    assert len(notes) == 1 and notes[0].startswith("memo: memo-exec keeps a MoE layer's routing only")
+    assert len(notes) == 1 and notes[0].startswith("memo: memo-exec keeps an offloaded MoE layer's routing only")
     assert V.moe_block_notes(dense, plans) == []
+
+
+def test_swiglu_gradient_and_what_it_keeps():
+    """The SwiGLU of the experts keeps only its input for the backward (not silu(gate) beside it) and
+    its gradient is the composition's."""
+    g = torch.Generator().manual_seed(11)
+    a = torch.randn(6, 10, dtype=torch.float64, generator=g, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: X.act(t, True), (a,))
+    want = torch.nn.functional.silu(a[:, :5]) * a[:, 5:]
+    assert torch.allclose(X.act(a, True), want)
+    kept = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):
+        X.act(a, True)
+    assert len(kept) == 1 and kept[0].shape == a.shape

@@ -34,10 +34,36 @@ def ffn(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, b1, b2, swiglu: boo
 
 
 def act(a: torch.Tensor, swiglu: bool) -> torch.Tensor:
+    """SwiGLU (`_SwiGLU`: ``silu(gate) * up`` over the two halves of ``a``) or GELU."""
     if swiglu:
+        return _SwiGLU.apply(a)
+    return F.gelu(a)
+
+
+class _SwiGLU(torch.autograd.Function):
+    """``silu(g) * u`` for ``a = [g | u]`` that keeps only ``a`` for its backward and writes both halves
+    of the gradient into one tensor, as Megatron-Core's fused SwiGLU does: autograd's own composition
+    would also keep ``silu(g)`` (a third of the block's expert activations more than the simulator
+    counts: its ``efc1`` and ``eact``, the second kept by the GEMM after) and build the gradient from
+    two zero-filled halves and their sum (four kernels here, with aten's own rounding: silu recomputed,
+    two products, silu's backward)."""
+
+    @staticmethod
+    def forward(ctx, a):
+        ctx.save_for_backward(a)
         f = a.shape[1] // 2
         return F.silu(a[:, :f]) * a[:, f:]
-    return F.gelu(a)
+
+    @staticmethod
+    def backward(ctx, dy):
+        (a,) = ctx.saved_tensors
+        f = a.shape[1] // 2
+        g, u = a[:, :f], a[:, f:]
+        da = torch.empty_like(a)
+        torch.mul(dy, F.silu(g), out=da[:, f:])  # d/du = dy * silu(g)
+        # d/dg = (dy * u) * silu'(g): aten's silu backward (its rounding as autograd's), into the first half
+        torch.ops.aten.silu_backward.grad_input(dy * u, g, grad_input=da[:, :f])
+        return da
 
 
 def impl_for(xe: torch.Tensor, weights) -> str:
