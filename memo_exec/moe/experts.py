@@ -5,8 +5,8 @@ GELU as the model's ``ffn_type``; biases with ``moe_bias``), with autograd, in o
   ``torch._grouped_mm`` in a torch without the public name; offsets are the cumulative counts), the
   activation once over all rows: the kernels the simulator prices (`memo_sim.cost.moe`: the local
   experts as one grouped GEMM, each expert's share at its own size). Chosen on CUDA where the
-  input and both weights are bf16, every width is a multiple of 8 and every operand's storage
-  starts on 16 bytes (the kernel's alignment rule: a weight that is a view into a flat buffer, as
+  input and both weights are bf16 and contiguous, every width is a multiple of 8 and every
+  operand's storage starts on 16 bytes (the kernel's alignment rule: a weight that is a view into a flat buffer, as
   under ZeRO, may not), the experts have no biases and at least one row is routed here.
 - ``loop``: a loop of per-expert GEMMs (everywhere else: the CPU, fp32, biases, no rows). Each
   expert's weights come from one ``unbind`` of the stacked parameter, whose backward writes every
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 IMPLS = ("grouped", "loop")
 _GROUPED_MM = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
@@ -55,6 +56,7 @@ class _SwiGLU(torch.autograd.Function):
         return F.silu(a[:, :f]) * a[:, f:]
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dy):
         (a,) = ctx.saved_tensors
         f = a.shape[1] // 2
@@ -71,7 +73,7 @@ def impl_for(xe: torch.Tensor, weights) -> str:
     w1, w2 = weights.expert_w1, weights.expert_w2
     ops = (xe, w1, w2)
     aligned = (all(d % 8 == 0 for d in (xe.shape[1], *w1.shape[1:], *w2.shape[1:]))
-               and all(t.data_ptr() % 16 == 0 and t.stride(-1) == 1 for t in ops))
+               and all(t.data_ptr() % 16 == 0 and t.is_contiguous() for t in ops))
     if (_GROUPED_MM is not None and xe.is_cuda and xe.shape[0] > 0 and all(t.dtype == torch.bfloat16 for t in ops)
             and aligned and weights.expert_b1 is None and weights.expert_b2 is None):
         return "grouped"
