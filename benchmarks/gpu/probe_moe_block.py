@@ -32,12 +32,16 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--dry-run", action="store_true")
     a = ap.parse_args()
+    moe = sorted(n for n, m in PRESETS.items() if m.moe)
+    if a.model not in moe:
+        print(f"error: --model {a.model!r}: not a mixture-of-experts preset; one of {', '.join(moe)}", file=sys.stderr)
+        return 2
     model = PRESETS[a.model]
     dev = torch.device("cpu" if a.dry_run or not torch.cuda.is_available() else "cuda")
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     if a.dry_run:
         model = dataclasses.replace(model, hidden=64, heads=4, experts=8, top_k=2, expert_ffn=32,
-                                    shared_ffn=64 if model.shared_ffn else 0)
+                                    shared_ffn=64 if model.shared_ffn else 0, **({"kv_heads": 2} if model.kv_heads else {}))
         a.tokens = 64
     w = MoEWeights(model, dev, dtype)
     with torch.no_grad():

@@ -204,6 +204,9 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=120.0, help="seconds; shapes past it are skipped")
     ap.add_argument("--reps", type=int, default=5)
     a = ap.parse_args()
+    if a.reps < 1 or a.budget <= 0:
+        print(f"error: --reps ({a.reps}) must be at least 1 and --budget ({a.budget}) positive", file=sys.stderr)
+        return 2
     dev = torch.device("cpu" if a.dry_run or not torch.cuda.is_available() else "cuda")
     emit(case="env", torch=torch.__version__, device=torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu",
          cpus=os.cpu_count(), date_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
