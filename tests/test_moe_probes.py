@@ -42,6 +42,8 @@ def test_probe_moe_block_dry_run_and_its_bad_model(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     doc = json.loads((tmp_path / "moe_block-mixtral-8x7b.json").read_text())
     assert doc["wall_ms_per_fwd_bwd"] > 0 and doc["rows"]
+    # memo-exec's block keeps at least what the simulator counts (today more: reports/gpu-h200-2026-11-26-moe.md)
+    assert doc["saved_rows_per_token"] >= doc["sim_saved_rows_per_token"] > 0
     bad = _run("probe_moe_block.py", "--model", "gpt-7b", out=tmp_path / "bad")
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "--model 'gpt-7b'" in bad.stderr
     assert not (tmp_path / "bad").exists()

@@ -1,7 +1,13 @@
 #!/usr/bin/env python
 """Where memo-exec's MoE block spends the GPU's time: one layer's block (router, dispatcher,
 experts, combine, shared experts) forward + backward in bf16, under torch.profiler; prints the
-kernels by device time and writes ``--out``/moe_block.json (kernel name, calls, device ms).
+kernels by device time and writes ``--out``/moe_block-MODEL.json (kernel name, calls, device ms).
+
+It also counts what the block keeps for its backward (``saved_rows_per_token``: the distinct
+storages autograd saves in one forward, parameters and the block's input left out, in h-wide rows
+of the run's dtype per token) beside the simulator's count of the block's saved tensors
+(``sim_saved_rows_per_token``: `memo_sim.cost.activations.RECOMPUTE_GROUPS` ``moe_block``, its
+bytes per token over h x the model dtype's bytes).
 
     python3 benchmarks/gpu/probe_moe_block.py --out "$OUT" [--model qwen2-moe-a2.7b] [--tokens 8192]
     python3 benchmarks/gpu/probe_moe_block.py --dry-run --out DIR     # a tiny block on the CPU
@@ -23,6 +29,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from memo_exec.moe.block import MoEBlock  # noqa: E402
 from memo_exec.moe.weights import MoEWeights  # noqa: E402
 from memo_sim.model.config import PRESETS  # noqa: E402
+
+
+def saved_rows_per_token(block, w, x, model) -> tuple[float, float]:
+    """(what memo-exec's block keeps, what the simulator counts), h-wide rows per token (module docs)."""
+    from memo_sim.cost.activations import RECOMPUTE_GROUPS
+    from memo_sim.model.layer_graph import DTYPE_BYTES, layer_tensors
+
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        s = t.untyped_storage()
+        seen.setdefault(s.data_ptr(), s.nbytes())
+        return t
+
+    leaf = x.detach().requires_grad_(True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        block.math(w, leaf, None, 1, "fwd")
+    skip = {p.untyped_storage().data_ptr() for p in w.parameters()} | {leaf.untyped_storage().data_ptr()}
+    kept = sum(n for ptr, n in seen.items() if ptr not in skip)
+    row = x.shape[1] * x.element_size()
+    tensors = layer_tensors(model, "megatron")
+    sim = sum(tensors[n].bytes_per_token() for n in RECOMPUTE_GROUPS["moe_block"] if n in tensors and tensors[n].saved)
+    return kept / x.shape[0] / row, sim / (model.hidden * DTYPE_BYTES[model.dtype])
 
 
 def main() -> int:
@@ -74,6 +103,7 @@ def main() -> int:
         step()
         if dev.type == "cuda":
             torch.cuda.synchronize()
+    saved_rows, sim_rows = saved_rows_per_token(block, w, x, model)
     rows = []
     for e in prof.key_averages():
         dt = getattr(e, "self_device_time_total", 0.0) if dev.type == "cuda" else e.self_cpu_time_total
@@ -81,7 +111,8 @@ def main() -> int:
             rows.append({"name": e.key[:160], "calls": e.count, "ms": dt / 1e3})
     rows.sort(key=lambda r: -r["ms"])
     doc = {"model": a.model, "tokens": a.tokens, "device": str(dev), "torch": torch.__version__,
-           "wall_ms_per_fwd_bwd": wall * 1e3, "kernel_ms_total": sum(r["ms"] for r in rows), "rows": rows[:60],
+           "wall_ms_per_fwd_bwd": wall * 1e3, "kernel_ms_total": sum(r["ms"] for r in rows),
+           "saved_rows_per_token": saved_rows, "sim_saved_rows_per_token": sim_rows, "rows": rows[:60],
            "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     print(json.dumps({k: v for k, v in doc.items() if k != "rows"}))
     for r in rows[:30]:

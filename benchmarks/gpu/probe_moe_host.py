@@ -159,7 +159,6 @@ def experts(dev, dtype, shapes, reps: int, budget: float) -> None:
                 y.backward(gy)
                 out[label] = [y.detach().float(), x.grad.float(), wts.expert_w1.grad.float(), wts.expert_w2.grad.float()]
             rec = dict(case="experts", shape=name, experts=E, rows=sum(counts), hidden=h, width=w,
-                       flops=6.0 * sum(counts) * h * 3 * w,
                        grouped_impl=getattr(_GROUPED_MM, "__name__", None))
             for label in out:
                 if label != "loop":

@@ -365,6 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.out:
         print("error: no --out and no $OUT", file=sys.stderr)
         return 2
+    if args.moe_seconds < 0:
+        print(f"error: --moe-seconds ({args.moe_seconds}) must be 0 (no MoE plans) or more", file=sys.stderr)
+        return 2
     args.device = args.device or ("cpu" if args.dry_run else "cuda")
     b = Batch(args)
     try:
