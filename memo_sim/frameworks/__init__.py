@@ -71,7 +71,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from memo_sim.errors import MemoError, validated
-from memo_sim.fileio import read_utf8
+from memo_sim.fileio import load_yaml, read_utf8
 from memo_sim.dp import DP_MODES
 from memo_sim.layout.alloc_conf import merged_alloc_conf
 from memo_sim.layout.moe_dispatchers import DISPATCHER_NAMES
@@ -267,7 +267,7 @@ class Framework:
 
 def _read(path: Path) -> Framework:
     try:
-        raw = yaml.safe_load(read_utf8(path, MemoError))
+        raw = load_yaml(read_utf8(path, MemoError))
     except yaml.YAMLError as e:
         raise MemoError(f"{path}: cannot parse framework file ({str(e).splitlines()[0]})") from None
     f = validated(_FrameworkIn, raw, str(path))

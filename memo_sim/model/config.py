@@ -48,7 +48,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from memo_sim.errors import MemoError, validated
-from memo_sim.fileio import read_utf8
+from memo_sim.fileio import load_yaml, read_utf8
 from memo_sim.model.hf_config import config_path, hf_model_fields, is_hf_config, model_name, with_defaults
 from memo_sim.model.gemm_formats import GEMM_FORMATS, GemmFormat, gemm_format
 from memo_sim.model.moe_routers import ROUTER_NAMES, Router, router
@@ -549,7 +549,7 @@ def model_from_file(path: str | Path) -> ModelConfig:
         raise MemoError(f"{path}: no such model file")
     try:
         text = read_utf8(path, MemoError)
-        raw = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        raw = json.loads(text) if path.suffix == ".json" else load_yaml(text)
     except (json.JSONDecodeError, yaml.YAMLError) as e:
         raise MemoError(f"{path}: cannot parse model file ({str(e).splitlines()[0]})") from None
     except RecursionError:

@@ -28,7 +28,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from memo_sim.errors import MemoError, ProfileError, validated
-from memo_sim.fileio import read_utf8
+from memo_sim.fileio import load_yaml, read_utf8
 from memo_sim.profile.schema import (
     ATTENTION_TIME_KERNELS, COLLECTIVES, DEFAULT_ALLOCATOR_COSTS, AllocatorCosts, AttentionTimes, CollectiveFit, Curve,
     Efficiency, GPUSpec, HardwareProfile, HostLink, HostSpec, Link, Quantity,
@@ -320,7 +320,7 @@ def _read_file(path: Path) -> Any:
     except OSError as e:
         raise ProfileError(f"{path}: cannot read ({e.strerror})") from None
     try:
-        return json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        return json.loads(text) if path.suffix == ".json" else load_yaml(text)
     except (yaml.YAMLError, json.JSONDecodeError) as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ProfileError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'} ({first})") from None

@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from memo_sim.errors import ProfileError
-from memo_sim.fileio import atomic_write_text, read_utf8
+from memo_sim.fileio import atomic_write_text, load_yaml, read_utf8
 from memo_sim.profile.schema import HardwareProfile
 
 _TOP_KEY = re.compile(r"^[^\s#-][^:]*:")  # a top-level mapping key of a block-style YAML file
@@ -73,6 +73,6 @@ def record_validation(profile: HardwareProfile, block: dict) -> Path:
     path = Path(profile.path)
     json_file = path.suffix == ".json"
     text = with_validation(read_utf8(path, ProfileError), block, json_file)
-    raw = json.loads(text) if json_file else yaml.safe_load(text)
+    raw = json.loads(text) if json_file else load_yaml(text)
     parse_profile(raw, str(path))  # refuse to write a profile the loader would not read
     return atomic_write_text(path, text)

@@ -7,6 +7,7 @@ from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, replace
 
 from memo_sim.cost.boundary import boundary_times
+from memo_sim.cost.memo import memoised_by, profile_key
 from memo_sim.cost.sppo import (
     p2p_bytes,
     p2p_link,
@@ -85,8 +86,12 @@ def recurrence(model: ModelConfig, layout: Layout, batch: int, policy: Sppo, pro
     sync = stage_grad_sync(model, layout, profile)
     pp = layout.pp
     starts_of = [[p.start for p in ps] for ps in pieces]
-    tf, tb, exposed, mid = _piece_times(model, layout, batch, policy, profile, quantum, shard, pieces,
-                                        len(layers[0]), sync, starts_of, copies)
+    n_l = len(layers[0])
+    tf, tb, exposed, mid, first_f = _piece_times(model, replace(layout, zero=0), batch, policy, profile, quantum,
+                                                 copies)
+    if copies and sync.layer_gather > 0:
+        # ZeRO's weight gathers before each layer's first forward (piece 0's), beyond its compute
+        tf = [[row[0] + n_l * max(0.0, sync.layer_gather - first_f[s])] + row[1:] for s, row in enumerate(tf)]
     hops = _hops(model, layout, batch, profile)
     same = [s > 0 and starts_of[s] == starts_of[s - 1] for s in range(pp)]  # no multiplexed split between
     fend = _forward_ends(pieces, tf, same, starts_of, hops)
@@ -106,14 +111,24 @@ def recurrence(model: ModelConfig, layout: Layout, batch: int, policy: Sppo, pro
     return Recurrence(tf, tb, fend, bend, done, stage_end, exposed, mid, sync)
 
 
+@memoised_by(lambda model, layout, batch, policy, profile, quantum, copies: (
+    model, layout, batch, policy, profile_key(profile), quantum, copies), maxsize=1024)
 def _piece_times(model: ModelConfig, layout: Layout, batch: int, policy: Sppo, profile: HardwareProfile,
-                 quantum: float, shard: Layout, pieces: list, n_l: int, sync, starts_of: list[list[int]],
-                 copies: bool = True):
+                 quantum: float, copies: bool = True) -> tuple:
     """Each (stage, piece)'s forward and backward seconds through the stage's layers (with the
-    embedding / classifier on the end stages and exposed weight gathers), the exposed copy
-    seconds over all units, and the middle unit's `LayerTimes` of stage 0. Middle stages with the
-    same pieces share their rows. ``copies`` False: each unit at its compute chain's seconds
-    (no copy, no exposed weight gather; `recurrence`)."""
+    embedding / classifier on the end stages), the exposed copy seconds over all units, the middle
+    unit's `LayerTimes` of stage 0 and each stage's first piece's forward seconds of one layer (what
+    `recurrence` adds ZeRO's weight gathers beyond). Middle stages with the same pieces share their
+    rows. ``copies`` False: each unit at its compute chain's seconds (no copy; `recurrence`).
+
+    Nothing here reads the layout's ZeRO stage, so `recurrence` asks with ZeRO 0 and the memo
+    serves a pipeline layout's ZeRO-0 and ZeRO-1 points of the search alike; the rows are shared
+    between callers: read them, never change them."""
+    shard = replace(layout, pp=1, dp=1, zero=0)
+    pieces = policy.stage_pieces(model, layout, batch)
+    n_l = len(stage_layers(model.layers, layout.pp)[0])
+    starts_of = [[p.start for p in ps] for ps in pieces]
+    first_f: list[float] = []
     pp = layout.pp
     active = _active(layout, profile)
     tf: list[list[float]] = []
@@ -131,13 +146,14 @@ def _piece_times(model: ModelConfig, layout: Layout, batch: int, policy: Sppo, p
         ps = pieces[s]
         n_k = len(ps)
         n_off_units = offloaded_layer_count(n_l * n_k)
-        if 0 < s < pp - 1 and (sync.layer_gather == 0 or not copies):
+        if 0 < s < pp - 1:
             sig = (ps[0].start, ps[-1].start, n_k, id(ps) if n_k < 3 else ps[1].start)
             hit = base_rows.get(sig)
             if hit is not None and starts_of[s] == starts_of[hit[3]]:
                 tf.append(list(hit[0]))
                 tb.append(list(hit[1]))
                 exposed += hit[2]
+                first_f.append(hit[4])
                 continue
         exposed_before = exposed
         rowf, rowb = [], []
@@ -164,18 +180,18 @@ def _piece_times(model: ModelConfig, layout: Layout, batch: int, policy: Sppo, p
                     t_b += bt.embedding_bwd
                 if s == pp - 1:
                     t_f += bt.classifier
-            if copies and sync.layer_gather > 0 and k == 0:
-                t_f += n_l * max(0.0, sync.layer_gather - f)
+            if k == 0:
+                first_f.append(f)
             rowf.append(t_f)
             rowb.append(t_b)
             if s == 0 and k == n_k // 2:
                 mid = LayerTimes(f, b, 0.0, o if n_off else 0.0, p if n_off else 0.0)
         tf.append(rowf)
         tb.append(rowb)
-        if 0 < s < pp - 1 and (sync.layer_gather == 0 or not copies):
+        if 0 < s < pp - 1:
             base_rows[(ps[0].start, ps[-1].start, n_k, id(ps) if n_k < 3 else ps[1].start)] = (
-                rowf, rowb, exposed - exposed_before, s)
-    return tf, tb, exposed, mid
+                rowf, rowb, exposed - exposed_before, s, first_f[-1])
+    return tf, tb, exposed, mid, first_f
 
 
 def _hops(model: ModelConfig, layout: Layout, batch: int, profile: HardwareProfile):
