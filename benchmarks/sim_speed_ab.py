@@ -3,8 +3,10 @@ alternating A and B run by run on the same machine, so that both see the same lo
 
     python benchmarks/sim_speed_ab.py --base /path/to/checkout-A [--runs 3] [--out FILE]
 
-B is this checkout. Each run is ``python -m memo_sim.cli whatif FLAGS --json --no-plan`` (or
-``memo-sim simulate`` of the 7B/1M plan, made beforehand by each side's own what-if and not timed)
+B is this checkout. Each run is ``python -m memo_sim.cli whatif FLAGS --json --no-plan``, the
+13B query also as issue #48 writes it (the table printed, plan.json and plan-sppo.json written to a
+scratch folder; the same best plan read from its ``best:`` line), or ``memo-sim simulate`` of the
+7B/1M plan (made beforehand by each side's own what-if and not timed)
 with PYTHONPATH set to the side's checkout; bytecode is compiled for both first. Printed (and
 written to ``--out`` as Markdown): wall seconds of every run, the median, the child's user + sys CPU
 seconds, the load average around the runs, and whether both sides answered the same best plan
@@ -30,6 +32,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from sim_speed_queries import Q13, Q175  # noqa: E402
 
 QUERIES = [
+    ("GPT-13B, 64 A800s, 1M, default (bound pruning), as the issue writes it: table, plans written", Q13, 2.5),
     ("GPT-13B, 64 A800s, 1M, default (bound pruning)", Q13, 2.5),
     ("GPT-13B, 64 A800s, 1M, --simulate-top all", Q13 + ["--simulate-top", "all"], 4.0),
     ("GPT-175B, 1,024 A100s, 256K, default (bound pruning)", Q175, 4.0),
@@ -52,6 +55,8 @@ def _run(cmd: list[str], root: Path) -> tuple[float, float, str]:
 
 
 def _best(stdout: str) -> str:
+    if not stdout.lstrip().startswith("{"):  # the table: its "best: <layout> <policy> -> plan.json" line
+        return next(line for line in stdout.splitlines() if line.startswith("best:"))
     d = json.loads(stdout)
     c = d["candidates"][0]
     return f"{c['layout']} {c['policy']} ({c['schedule']}) {c.get('simulated_iteration_s')}"
@@ -81,8 +86,11 @@ def main() -> None:
         out = tmp / side
         _run(["-m", "memo_sim.cli", "whatif", *PLAN_7B, "--out", str(out)], root)
         plans[side] = out / "plan.json"
-    jobs = [(label, ["-m", "memo_sim.cli", "whatif", *flags, "--json", "--no-plan"], target, True)
-            for label, flags, target in QUERIES]
+    def whatif(label: str, flags: list[str]) -> list[str]:
+        tail = ["--out", str(tmp / "written")] if "issue writes" in label else ["--json", "--no-plan"]
+        return ["-m", "memo_sim.cli", "whatif", *flags, *tail]
+
+    jobs = [(label, whatif(label, flags), target, True) for label, flags, target in QUERIES]
     jobs.append((SIMULATE[0], None, SIMULATE[1], False))
     for label, cmd, target, is_query in jobs:
         got = {"A": [], "B": []}

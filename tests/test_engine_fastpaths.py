@@ -1,5 +1,6 @@
 """[sim-speed] The engine's fast paths -- kernels as plain timeouts where no host copy can slow
-them, a kernel re-timed by an interrupt when a copy of its device starts or ends, collectives
+them, a kernel re-timed when a copy of its device starts or ends (by an interrupt where it speeds
+up, when its timeout comes where it slowed down), collectives
 whose links no other stream uses as plain timeouts, rates recomputed per connected component of
 the link network -- give the timeline of the reference engine (every kernel and collective a
 flow of the fluid network) within 1e-9, on every policy, METP and SPPO included."""
@@ -97,3 +98,38 @@ def test_fast_paths_equal_reference_when_memory_runs_out():
     fast, _ = _run(g1, gcap, hcap, A800, True)
     ref, _ = _run(g2, gcap, hcap, A800, False)
     assert fast.failure is not None and dataclasses.asdict(fast.failure) == dataclasses.asdict(ref.failure)
+
+
+def _copy_over_kernels():
+    """Kernels a copy slows part of the way (the copy starts inside one and ends inside another),
+    one started while the copy runs, and two copies back to back over a long kernel (slowed,
+    sped up, slowed again): the re-timings the fast path does lazily or by an interrupt."""
+    from memo_sim.engine.graph import Device, OpGraph
+
+    g = OpGraph([Device(0)])
+    bw = float(A800.host_link.d2h_bandwidth)
+    wait = g.add("wait", device=0, stream="side", kind="comm", phase="fwd", layer=0, work=0.002)
+    g.add("k0", device=0, stream="compute", kind="compute", phase="fwd", layer=0, work=0.005)
+    c1 = g.add("c1", device=0, stream="d2h", kind="copy", phase="fwd", layer=0, work=bw * 0.004, deps=[wait],
+               direction="d2h")
+    g.add("k1", device=0, stream="compute", kind="compute", phase="fwd", layer=0, work=0.0015)
+    g.add("k2", device=0, stream="compute", kind="compute", phase="fwd", layer=0, work=0.02)
+    g.add("c2", device=0, stream="d2h", kind="copy", phase="fwd", layer=0, work=bw * 0.003, deps=[c1],
+          direction="d2h")
+    late = g.add("late", device=0, stream="side", kind="comm", phase="fwd", layer=0, work=0.012, deps=[wait])
+    g.add("c3", device=0, stream="h2d", kind="copy", phase="fwd", layer=0, work=bw * 0.002, deps=[late],
+          direction="h2d")
+    return g, 1e12, 1e12
+
+
+def test_fast_paths_equal_reference_where_copies_slow_kernels_part_way():
+    run = _same(_copy_over_kernels, A800)
+    assert run.failure is None
+    g, _, _ = _copy_over_kernels()
+    Engine(g, A800).run()
+    ops = {op.name: op for op in g.ops}
+    slow = float(A800.gpu.copy_compute_slowdown)
+    assert slow > 0  # else nothing here is slowed
+    # k0 runs alone for 2 ms, then beside c1 at the slow rate: it takes longer than its 5 ms alone
+    assert ops["k0"].end - ops["k0"].start > 0.005
+    assert ops["k2"].end - ops["k2"].start > 0.02  # slowed by the copies over it, sped up between them

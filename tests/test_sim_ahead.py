@@ -39,7 +39,7 @@ def test_summaries_from_the_child_are_the_plain_ones_and_tier2_takes_them(cands,
     here) and simulates only the third itself."""
     cands = cands[:3]
     model, profile = cands[0].model, cands[0].profile
-    beside = SppoBeside(lambda: (None, cands, [], ""), lambda cs: cs[:2],
+    beside = SppoBeside(lambda bounds=None: (None, cands, [], ""), lambda cs: cs[:2],
                         lambda c: w._simulate_summary(w._summary_args(c, True, 0)), shared=(model, profile))
     try:
         _s, got_cands, _r, _w = beside.result()

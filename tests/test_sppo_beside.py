@@ -68,7 +68,7 @@ def test_stream_error_raised_here_and_dead_child_gives_none():
     assert s.pid is None
 
 
-def _search():
+def _search(bounds=None):
     return ("search", [{"n": i} for i in range(3)], [], "")
 
 
@@ -90,7 +90,7 @@ def test_beside_result_and_summaries_of_the_chosen():
 def test_beside_child_that_dies_leaves_the_search_and_simulations_here():
     parent = os.getpid()
 
-    def search():
+    def search(bounds=None):
         if os.getpid() != parent:
             os._exit(3)
         return _search()

@@ -47,6 +47,7 @@ from memo_sim.report.candidate_rows import candidates_json
 from memo_sim.report.sensitivity import sensitivity_line
 from memo_sim.report.whatif_answer import WhatIfView, runner_up
 from memo_sim.search.frameworks import FRAMEWORKS
+from memo_sim.search.plan_build import prebuild_plan
 from memo_sim.search.request import WhatifRequest, answer_whatif, sweep_candidates
 from memo_sim.search.whatif import default_jobs, fold_duplicates
 from memo_sim.units import fmt_count, parse_token_budget
@@ -175,7 +176,8 @@ def whatif(**options):
     if show.sweep_alpha:  # MEMO's alpha on one layout (no SPPO search)
         return _sweep_alpha(req, sweep_candidates(req), show, t0)
     with delayed_progress("simulating", show.quiet, force=show.progress) as on_progress:
-        ans = answer_whatif(req, progress=on_progress)
+        # the best plan's memory plan built while this process waits for SPPO's simulation, if it does
+        ans = answer_whatif(req, progress=on_progress, while_waiting=None if show.no_plan else prebuild_plan)
     paths = {}
     plans = {} if show.no_plan else {name: with_profile_reference(plan, options["profile_name"])
                                      for name, plan in ans.plans().items()}

@@ -26,7 +26,8 @@ never slowed by copies. Then the iteration time is the critical path of the op g
 Fast paths (``fast_paths=True``, the default; tests/test_engine_fastpaths.py holds them to the
 reference engine, where every kernel and collective is a flow, within 1e-9): a kernel on a device
 that has no host copy in the graph is a plain timeout; a kernel on a device with copies is a
-timeout at its current rate that a copy starting or ending on the device interrupts and re-times;
+timeout at its current rate, which a copy ending on the device (the kernel speeds up) interrupts
+and re-times, and past which a kernel a copy slowed meanwhile waits for the work it has left;
 a collective whose links no other stream of the graph uses is a plain timeout of its stand-alone
 time (its bytes still count as carried); dependency events exist only where an op really waits.
 
@@ -105,6 +106,22 @@ def gc_paused():
             gc.freeze()
             gc.unfreeze()
         gc.enable()
+
+
+class _Kernel:
+    """A kernel running on a device whose copies slow it (`Engine._stream`): its work ``left`` as of
+    time ``t`` at ``rate``, the rate its timeout was set at (``planned``), whether the rate changed
+    since (``changed``), and whether an interrupt is on its way to it (``pending``)."""
+
+    __slots__ = ("left", "t", "rate", "planned", "changed", "pending")
+
+    def __init__(self, work: float, t: float, rate: float):
+        self.left = work
+        self.t = t
+        self.rate = rate
+        self.planned = rate
+        self.changed = False
+        self.pending = False
 
 
 class _Abort(Exception):
@@ -260,23 +277,30 @@ class Engine:
                         if fast_paths:
                             # a kernel on a device whose host copies slow it: a timeout at the
                             # current rate (1, or the slow rate while a copy of the device is in
-                            # flight); a copy starting or ending on the device interrupts it
-                            # (`_copies_changed`) and the rest of its work is re-timed at the new rate
-                            remaining = op.work
+                            # flight). A copy starting or ending on the device brings the kernel's
+                            # work up to date (`_copies_changed`); where that speeds it up past
+                            # the rate its timeout was set at, it interrupts it and the rest is
+                            # re-timed; where it slows it down, the kernel wakes at its timeout,
+                            # finds work left and waits for the rest at the rate it has then
+                            k = _Kernel(op.work, env.now, slow_rate if copies.get(op.device) else 1.0)
                             running = kernels.get(op.device)
                             if running is None:
                                 running = kernels[op.device] = {}
-                            proc = env.active_process
+                            running[k] = env.active_process
                             while True:
-                                rate = slow_rate if copies.get(op.device) else 1.0
-                                t0 = env.now
-                                running[proc] = None
+                                now = env.now
+                                k.left -= k.rate * (now - k.t)
+                                k.t = now
+                                k.planned = k.rate
+                                k.changed = False
                                 try:
-                                    yield timeout(max(remaining / rate, 0.0))
-                                    del running[proc]
-                                    break
+                                    yield timeout(max(k.left / k.rate, 0.0))
                                 except interrupt:
-                                    remaining -= rate * (env.now - t0)
+                                    k.pending = False
+                                    continue
+                                if not k.changed:
+                                    break
+                            del running[k]
                         else:
                             yield start_flow(Flow(op.name, op.work, (), op.device, is_compute=True))
                     else:  # no host copy on this device can slow it: a plain timeout
@@ -313,9 +337,22 @@ class Engine:
                 ev.succeed()
 
     def _copies_changed(self, device: int, active: bool) -> None:
-        for proc in list(self._kernels.get(device, ())):
-            del self._kernels[device][proc]
-            proc.interrupt()
+        """A copy started on ``device`` where none ran (``active``) or its last one ended: every
+        kernel running there is brought up to now at its old rate and takes the new one; those
+        now faster than their timeout assumed are interrupted (see `_stream`)."""
+        running = self._kernels.get(device)
+        if not running:
+            return
+        rate = self.net.slow_rate if active else 1.0
+        now = self.env.now
+        for k, proc in running.items():
+            k.left -= k.rate * (now - k.t)
+            k.t = now
+            k.rate = rate
+            k.changed = True
+            if rate > k.planned and not k.pending:
+                k.pending = True
+                proc.interrupt()
 
     def run(self) -> EngineRun:
         g = self.graph
@@ -324,7 +361,7 @@ class Engine:
         self._slowed_devices = (({op.device for op in g.ops if op.kind == "copy"} if self.fast_paths
                                  else set(g.devices)) if slowing else set())
         self._alone_routes = self._exclusive_routes()
-        self._kernels: dict[int, dict] = {}  # device -> kernel processes running now (see _stream)
+        self._kernels: dict[int, dict] = {}  # device -> {its running `_Kernel`: process} (see _stream)
         self.net.on_copies_changed = self._copies_changed
         self._waiters: dict[int, simpy.Event] = {}
         start_gpu: dict[int, float] = {}

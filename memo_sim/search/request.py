@@ -155,13 +155,13 @@ class WhatifAnswer:
         return out
 
 
-def answer_whatif(req: WhatifRequest, progress=None) -> WhatifAnswer:
-    """Both tiers of ``req`` (`rank`); with a named framework also memo's best with the same
-    cluster and fixed options; when nothing fits, what was not searched."""
+def answer_whatif(req: WhatifRequest, progress=None, while_waiting=None) -> WhatifAnswer:
+    """Both tiers of ``req`` (`rank`; ``while_waiting`` its); with a named framework also memo's
+    best with the same cluster and fixed options; when nothing fits, what was not searched."""
     req.profile.peak(req.model.dtype)  # a clear error if the profile has no peak for the model's dtype
     check_gemm_format(req.model, req.profile)  # ... or for its GEMM format
     result = rank(req.model, req.seq, req.gpus, req.profile, simulate_top=req.simulate_top, progress=progress,
-                  allocator_lag=req.allocator_lag, jobs=req.jobs, **req.search_kwargs())
+                  allocator_lag=req.allocator_lag, jobs=req.jobs, while_waiting=while_waiting, **req.search_kwargs())
     memo_best = None
     if req.framework != "any":  # memo's own best for the same model: the framework's model-state recipe kept
         same = replace(req.model, precision=get_framework(req.framework).for_model(req.model).precision)

@@ -214,10 +214,10 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
         searched["sppo"] = "not searched for mixture-of-experts models (SPPO's planner is built for dense layers)"
     beside = None
     if sppo_tried:
-        def run_sppo() -> tuple:
+        def run_sppo(bounds=None) -> tuple:
             return sppo_candidates(model, seq, gpus, profile, batch=batch or 1, tp=tp, cp=cp, ulysses=ulysses, dp=dp,
                                    zero=zero, sp=sp, tp_mode=tp_mode, pp=pp, subseqs=subseqs, partition=partition,
-                                   multiplex=multiplex)
+                                   multiplex=multiplex, bounds=bounds)
 
         if sppo_beside is not None:  # in a forked child while the rest is priced here
             beside = sppo_beside(run_sppo, (model, profile))
@@ -704,7 +704,8 @@ def sppo_always(ranked: list[Candidate], n: int) -> list[Candidate]:
 
 def rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, *,
          simulate_top: int | str = SIMULATE_BOUND, progress: Progress | None = None, allocator_lag: int = 0,
-         sppo_simulate: int = SPPO_SIMULATED, jobs: int = 1, **fixed) -> WhatIfResult:
+         sppo_simulate: int = SPPO_SIMULATED, jobs: int = 1,
+         while_waiting: Callable[[Candidate], object] | None = None, **fixed) -> WhatIfResult:
     """Both tiers: every candidate estimated; of those that fit, tier 2 simulates (``simulate_top``)
     in order of a proved throughput bound until none left can beat the best simulated
     (``bound``, `memo_sim.search.prune`), every one (``all``), or the analytic best N; the
@@ -714,7 +715,10 @@ def rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, *,
     simulated all the same, `memo_sim.search.verdicts`); with ``all`` or a count, tier 2 also
     simulates SPPO's heuristic choice and the best ``sppo_simulate`` SPPO points
     (`WhatIfResult.sppo_summary`). ``jobs``: processes for tier 2 (`simulate_candidates`).
-    ``fixed``: `candidates_for`'s keyword arguments."""
+    ``while_waiting(best)``: called once, on the best candidate simulated so far, where this process
+    would otherwise wait for SPPO's simulation in the child (the what-if builds that plan's memory
+    plan then, `memo_sim.search.plan_build.prebuild_plan`). ``fixed``: `candidates_for`'s keyword
+    arguments."""
     mode = parse_simulate_top(simulate_top)
     ahead: list[SppoBeside] = []  # summaries tier 2 takes instead of simulating
 
@@ -739,10 +743,18 @@ def rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, *,
     if jobs > 1 and FORKS:
         fixed = dict(fixed, sppo_beside=beside)
     try:
-        return _rank(model, seq, gpus, profile, mode, progress, allocator_lag, sppo_simulate, jobs, ahead, fixed)
+        return _rank(model, seq, gpus, profile, mode, progress, allocator_lag, sppo_simulate, jobs, ahead, fixed,
+                     while_waiting)
     finally:
         for a in ahead:
             a.close()
+
+
+def _idle_on_best(head: list[Candidate], work: Callable[[Candidate], object]) -> None:
+    """``work(best)`` on the best fitting candidate of ``head`` (the simulated ones), if any."""
+    ok = [c for c in sorted(head, key=Candidate.sort_key) if c.status == "OK"]
+    if ok:
+        work(ok[0])
 
 
 def _simulate_verdict_sides(candidates: list[Candidate], head: list[Candidate], run) -> int:
@@ -763,7 +775,7 @@ def _simulate_verdict_sides(candidates: list[Candidate], head: list[Candidate], 
 
 
 def _rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, mode, progress, allocator_lag: int,
-          sppo_simulate: int, jobs: int, ahead: list, fixed: dict) -> WhatIfResult:
+          sppo_simulate: int, jobs: int, ahead: list, fixed: dict, while_waiting=None) -> WhatIfResult:
     """`rank` with SPPO's search beside the rest where ``fixed`` says so (``ahead``: what it simulates).
     The bound search starts before the micro-batch pipelines are priced: on the candidates listed by
     then, in this process (SPPO's search may hold the other core), so that a pipeline family whose
@@ -794,6 +806,8 @@ def _rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, mod
                 result.tier2 = simulate_by_bound(fitting, run, batch=max(PARALLEL_MIN, 2 * jobs), always=extra)
                 result.tier2.add_not_built((result.searched.get("pipeline") or {}).get("not_built"))
                 head = [c for c in result.candidates if c.simulated is not None]
+                if while_waiting is not None and ahead:
+                    ahead[0].idle = partial(_idle_on_best, head, while_waiting)
                 result.tier2.add_verdict_sides(_simulate_verdict_sides(result.candidates, head, run))
             finally:
                 pool.close()

@@ -42,8 +42,10 @@ their proved bound, like every other candidate).
 Modules, one job each: `points` (a solved point, the ranking, the search's constants), `estimate`
 (the (stage, piece) recurrence), `alphas` (the offload ratios), `solve` (one point, its bound for
 the branch and bound, the memory floor, one fixed layout's best), `grid` (the N tried),
-`heuristic`, `exhaustive` (the branch and bound and `search_sppo`), `candidates` (the what-if's
-SPPO rows and the heuristic-vs-best summary). This package re-exports their public names.
+`heuristic`, `exhaustive` (the branch and bound and `search_sppo`), `shared_bounds` (the bounding
+pass shared with the parent process where the what-if runs the search in a forked child),
+`candidates` (the what-if's SPPO rows and the heuristic-vs-best summary). This package re-exports
+their public names.
 """
 
 from memo_sim.search.sppo.alphas import overlap_threshold, solve_alphas

@@ -27,9 +27,11 @@ def point_candidate(model: ModelConfig, pt: SppoPoint, batch: int, seq: int, pro
 def sppo_candidates(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, *, batch: int = 1,
                     tp: int | None = None, cp: int | None = None, ulysses: int | None = None, dp: int | None = None,
                     zero: int | None = None, sp: bool | None = None, tp_mode: str = "all", pp: int | None = None,
-                    subseqs: int | None = None, partition: str | None = None, multiplex: bool | None = None):
+                    subseqs: int | None = None, partition: str | None = None, multiplex: bool | None = None,
+                    bounds=None):
     """(search, candidates, rejected layouts, why none) for the what-if: each pipeline layout's
-    best point, the heuristic's choice and the exhaustive best, tagged with their roles."""
+    best point, the heuristic's choice and the exhaustive best, tagged with their roles
+    (``bounds``: `memo_sim.search.sppo.exhaustive.exhaustive_search`'s)."""
     if (cp or 1) > 1 or (ulysses or 1) > 1:
         return None, [], [], "sppo stages split the sequence by TP+SP only (no --cp / --ulysses)"
     if sp is False:
@@ -42,7 +44,7 @@ def sppo_candidates(model: ModelConfig, seq: int, gpus: int, profile: HardwarePr
         raise MemoError(f"--subseqs must be at least 1, got {subseqs}")
     search = search_sppo(model, seq, gpus, profile, batch=batch, tp=tp, pp=pp, dp=dp, zero=zero, subseqs=subseqs,
                          partitions=(partition,) if partition else PARTITIONS,
-                         multiplex=(multiplex,) if multiplex is not None else (False, True))
+                         multiplex=(multiplex,) if multiplex is not None else (False, True), bounds=bounds)
     groups: dict[tuple, SppoPoint] = {}
     for p in search.points:
         k = (p.layout.tp, p.layout.pp, p.layout.dp, p.layout.zero)

@@ -4,6 +4,7 @@ heuristic (`memo_sim.search.sppo`'s "Exhaustive search")."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from memo_sim.cost.sppo import PARTITIONS
 from memo_sim.layout.parallel import Layout, enumerate_pipeline_layouts
@@ -13,7 +14,7 @@ from memo_sim.profile.schema import HardwareProfile
 from memo_sim.search.sppo.grid import subseq_grid
 from memo_sim.search.sppo.heuristic import heuristic_choice
 from memo_sim.search.sppo.points import MULTIPLEX_MAX_PP, SppoPoint, _rank_key
-from memo_sim.search.sppo.solve import _lower_bound, solve_point
+from memo_sim.search.sppo.solve import _lower_bound, bound_plan, point_alive, solve_point
 
 
 @dataclass
@@ -35,17 +36,47 @@ class SppoSearch:
                 "space_size": self.space_size, "solved_points": self.solved,
                 "points": [p.to_dict() for p in self.points]}
 
+@dataclass(frozen=True)
+class Pricing:
+    """The bounding pass's points (``(layout, N, partition, multiplex)`` in the search's order) and
+    how to price one: `price` its lower bound (`_lower_bound`, the expensive part: the overlap
+    threshold's piece timings and the bounding estimate), `alive` whether `price` gives one at all
+    (cheap: the partition and the memory floor), `rebuild` it from the seconds and the overlap
+    threshold another process priced (cheap, and the same values: `bound_plan`)."""
+
+    model: ModelConfig
+    batch: int
+    seq: int
+    profile: HardwareProfile
+    points: list
+
+    def price(self, i: int) -> tuple[float, Sppo] | None:
+        lay, n, part, mux = self.points[i]
+        return _lower_bound(self.model, lay, self.batch, self.seq, self.profile, n, part, mux)
+
+    def alive(self, i: int) -> bool:
+        lay, n, part, _mux = self.points[i]
+        return point_alive(self.model, lay, self.batch, self.seq, self.profile, n, part)
+
+    def rebuild(self, i: int, seconds: float, threshold: float) -> tuple[float, Sppo] | None:
+        lay, n, part, mux = self.points[i]
+        pol = bound_plan(self.model, lay, self.batch, self.seq, self.profile, n, part, mux, threshold)
+        return None if pol is None else (seconds, pol)
+
+
 def exhaustive_search(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, *, batch: int = 1,
                       tp: int | None = None, pp: int | None = None, dp: int | None = None, zero: int | None = None,
                       subseqs: int | None = None, partitions: tuple[str, ...] = PARTITIONS,
                       multiplex: tuple[bool, ...] = (False, True), keep: int = 4, max_solves: int = 400,
+                      bounds: Callable[[Pricing], list] | None = None,
                       ) -> tuple[list[SppoPoint], int, int, list[tuple[Layout, str]]]:
     """Branch and bound over the space (module docs): (solved points best first, space size,
-    points solved, rejected layouts)."""
+    points solved, rejected layouts). ``bounds(pricing)``: each point's lower bound, in the
+    points' order, priced some other way than one after the other here (SPPO's search beside the
+    rest shares the bounding pass with the parent process: `memo_sim.search.sppo.shared_bounds`)."""
     layouts, rejected = enumerate_pipeline_layouts(model, gpus, profile.node_gpus, seq, tp=tp, pp=pp, dp=dp,
                                                    zero=zero)
-    space: list[tuple[float, Layout, Sppo]] = []
-    size = 0
+    points: list[tuple[Layout, int, str, bool]] = []
     for lay in layouts:
         ns = [subseqs] if subseqs else subseq_grid(seq, lay.tp)
         for n in ns:
@@ -53,10 +84,12 @@ def exhaustive_search(model: ModelConfig, seq: int, gpus: int, profile: Hardware
                 for mux in multiplex:
                     if mux and not 1 < lay.pp <= MULTIPLEX_MAX_PP:
                         continue
-                    size += 1
-                    lb = _lower_bound(model, lay, batch, seq, profile, n, part, mux)
-                    if lb is not None:
-                        space.append((lb[0], lay, lb[1]))
+                    points.append((lay, n, part, mux))
+    size = len(points)
+    pricing = Pricing(model, batch, seq, profile, points)
+    values = bounds(pricing) if bounds is not None else [pricing.price(i) for i in range(size)]
+    space: list[tuple[float, Layout, Sppo]] = [(lb[0], pt[0], lb[1]) for pt, lb in zip(points, values)
+                                               if lb is not None]
     # rank by the throughput bound: tokens per GPU per second at the lower-bound time
     space.sort(key=lambda t: t[0] / t[1].dp)
     solved: list[SppoPoint] = []
@@ -66,7 +99,8 @@ def exhaustive_search(model: ModelConfig, seq: int, gpus: int, profile: Hardware
             break
         if len(fits) >= keep and fits[0].estimate.iteration_s / fits[0].layout.dp <= lb / lay.dp:
             break
-        pt = solve_point(model, lay, batch, seq, profile, pol.subseqs, pol.partition, pol.multiplex, pol.bounds, lb)
+        pt = solve_point(model, lay, batch, seq, profile, pol.subseqs, pol.partition, pol.multiplex, pol.bounds, lb,
+                         pol.threshold_bytes)
         solved.append(pt)
         if pt.status == "OK":
             fits.append(pt)
@@ -77,11 +111,13 @@ def exhaustive_search(model: ModelConfig, seq: int, gpus: int, profile: Hardware
 def search_sppo(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, *, batch: int = 1,
                 tp: int | None = None, pp: int | None = None, dp: int | None = None, zero: int | None = None,
                 subseqs: int | None = None, partitions: tuple[str, ...] = PARTITIONS,
-                multiplex: tuple[bool, ...] = (False, True), keep: int = 4) -> SppoSearch:
-    """The heuristic's choice and the exhaustive search (with any degree fixed by the caller)."""
+                multiplex: tuple[bool, ...] = (False, True), keep: int = 4,
+                bounds: Callable[[Pricing], list] | None = None) -> SppoSearch:
+    """The heuristic's choice and the exhaustive search (with any degree fixed by the caller;
+    ``bounds``: `exhaustive_search`'s)."""
     points, size, solved, rejected = exhaustive_search(
         model, seq, gpus, profile, batch=batch, tp=tp, pp=pp, dp=dp, zero=zero, subseqs=subseqs,
-        partitions=partitions, multiplex=multiplex, keep=keep)
+        partitions=partitions, multiplex=multiplex, keep=keep, bounds=bounds)
     fixed = any(v is not None for v in (tp, pp, dp, zero, subseqs))
     if fixed:
         heur, note = None, "degrees fixed by flags: no heuristic choice"

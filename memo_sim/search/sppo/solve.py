@@ -4,6 +4,7 @@ bound, the memory floor that prunes a point outright, and the best point of one 
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import lru_cache
 
 from memo_sim.cost.memo import memoised
 from memo_sim.cost.sppo import (
@@ -31,13 +32,15 @@ from memo_sim.search.sppo.points import (
 # ------------------------------------------------------------------------------------------ points
 def solve_point(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile, subseqs: int,
                 partition: str = "flops", multiplex: bool = False, bounds: tuple[int, ...] | None = None,
-                lower_bound: float | None = None) -> SppoPoint:
+                lower_bound: float | None = None, threshold: float | None = None) -> SppoPoint:
     """Solve one point: partition, alphas, memory, estimate. Raises `MemoError` where the point
-    cannot exist (the sequence does not split into N SP-divisible subsequences)."""
+    cannot exist (the sequence does not split into N SP-divisible subsequences). ``threshold``:
+    the point's overlap threshold where the caller has it already (the bounding pass's,
+    `_lower_bound`: the same bytes `overlap_threshold` gives for these bounds and this layout)."""
     pol = Sppo(None, subseqs=subseqs, bounds=tuple(bounds) if bounds else (), partition=partition,
                multiplex=multiplex and layout.pp > 1)
     pol = pol.with_bounds(model, layout, batch, seq)
-    pol, ac, mem = solve_alphas(model, layout, batch, seq, pol, profile)
+    pol, ac, mem = solve_alphas(model, layout, batch, seq, pol, profile, threshold=threshold)
     est, grid = estimate_sppo(model, layout, batch, seq, pol, profile)
     return SppoPoint(layout, pol, est, mem, ac, est.iteration_s if lower_bound is None else lower_bound, grid)
 
@@ -45,17 +48,36 @@ def solve_point(model: ModelConfig, layout: Layout, batch: int, seq: int, profil
 def _lower_bound(model, layout, batch, seq, profile, subseqs, partition, multiplex) -> tuple[float, Sppo] | None:
     """(the estimate with the overlap-threshold alphas, that plan), or None where the point cannot
     exist or certainly overflows the GPU (`memory_floor`)."""
-    shard = replace(layout, pp=1, dp=1, zero=0)
+    pol = bound_plan(model, layout, batch, seq, profile, subseqs, partition, multiplex)
+    if pol is None:
+        return None
+    est = estimate_sppo(model, layout, batch, seq, pol, profile, quantum=BOUND_QUANTUM)[0].iteration_s
+    return est * (1 - BOUND_SLACK), pol
+
+
+def point_alive(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile, subseqs: int,
+                partition: str) -> bool:
+    """Whether `bound_plan` gives a plan: the sequence splits so and the memory floor fits the GPU."""
+    pol = _partition(model, _shard(layout), batch, seq, subseqs, partition)
+    return pol is not None and memory_floor(model, layout, batch, pol) <= profile.usable_gpu_memory
+
+
+def bound_plan(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile, subseqs: int,
+               partition: str, multiplex: bool, threshold: float | None = None) -> Sppo | None:
+    """The plan `_lower_bound` prices (the partition with the overlap-threshold alphas), or None
+    where the point cannot exist or certainly overflows the GPU. ``threshold``: its overlap
+    threshold where it is known (a plan's ``threshold_bytes``, from another process that priced the
+    point: `memo_sim.search.sppo.shared_bounds`); the plan is then rebuilt without timing a piece."""
+    shard = _shard(layout)
     pol = _partition(model, shard, batch, seq, subseqs, partition)
     if pol is None:
         return None
     if memory_floor(model, layout, batch, pol) > profile.usable_gpu_memory:
         return None
-    pol = _overlap_alphas(model, shard, _active(layout, profile), batch, profile, pol)
+    pol = _overlap_alphas(model, shard, _active(layout, profile), batch, profile, pol, threshold)
     if multiplex and layout.pp > 1:
         pol = replace(pol, multiplex=True)
-    est = estimate_sppo(model, layout, batch, seq, pol, profile, quantum=BOUND_QUANTUM)[0].iteration_s
-    return est * (1 - BOUND_SLACK), pol
+    return pol
 
 
 @memoised()
@@ -70,10 +92,11 @@ def _partition(model: ModelConfig, shard: Layout, batch: int, seq: int, subseqs:
 
 @memoised()
 def _overlap_alphas(model: ModelConfig, shard: Layout, active: int, batch: int, profile: HardwareProfile,
-                    pol: Sppo) -> Sppo:
-    """``pol`` with its overlap-threshold alphas (`overlap_threshold`), memoised like `_partition`:
-    the threshold depends on the shard, the bounds and how many GPUs of a node copy at once."""
-    m = overlap_threshold(model, shard, batch, pol, profile, active)
+                    pol: Sppo, threshold: float | None = None) -> Sppo:
+    """``pol`` with its overlap-threshold alphas (`overlap_threshold`, or ``threshold`` where the
+    caller knows it), memoised like `_partition`: the threshold depends on the shard, the bounds
+    and how many GPUs of a node copy at once."""
+    m = overlap_threshold(model, shard, batch, pol, profile, active) if threshold is None else threshold
     a_i = [pol.offloadable_bytes(model, shard, batch, t) for t in _subseq_tokens(pol)]
     return replace(pol, alphas=sequence_aware_alphas(a_i, m), threshold_bytes=m)
 
@@ -82,10 +105,22 @@ def memory_floor(model: ModelConfig, layout: Layout, batch: int, policy: Sppo) -
     """Bytes the fullest stage certainly holds at the end of its last piece's backward, whatever
     the alphas: its model states, the K/V cache of every earlier subsequence in each of its layers
     and as many bytes of dK/dV accumulators (a lower bound used to prune)."""
-    shard = replace(layout, pp=1, dp=1, zero=0)
     n_l = model.layers // layout.pp
-    kv = kv_cache_bytes(model, shard, batch, policy.bounds[-2]) if policy.subseqs > 1 else 0.0
-    return max(stage_model_state_bytes(model, layout, s) for s in range(layout.pp)) + 2 * n_l * kv
+    kv = kv_cache_bytes(model, _shard(layout), batch, policy.bounds[-2]) if policy.subseqs > 1 else 0.0
+    return _fullest_stage_states(model, layout) + 2 * n_l * kv
+
+
+@memoised()
+def _fullest_stage_states(model: ModelConfig, layout: Layout) -> float:
+    """The largest model-state bytes of one GPU of any stage (every N, partition and multiplexing of
+    a layout asks again)."""
+    return max(stage_model_state_bytes(model, layout, s) for s in range(layout.pp))
+
+
+@lru_cache(maxsize=1024)
+def _shard(layout: Layout) -> Layout:
+    """One GPU's shard of a stage: ``layout`` without its pipeline and data-parallel degrees."""
+    return replace(layout, pp=1, dp=1, zero=0)
 
 def resolve_for_layout(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile,
                        subseqs: int | None = None, multiplex: bool | None = None) -> SppoPoint:
