@@ -14,15 +14,18 @@ the child is raised again here when its result is asked for.
 from __future__ import annotations
 
 import gc
+import io
 import os
 import pickle
+import select
 from typing import Any, Callable, Sequence
 
 FORKS = hasattr(os, "fork")
-# A pipe's buffer, asked for where the platform lets a program size it (Linux: F_SETPIPE_SZ, up to
-# /proc/sys/fs/pipe-max-size, 1 MiB by default): a child's value up to this size is written at once
-# while this process is still busy, instead of the child waiting, unable to start its next piece of work
-# (SPPO's search result for GPT-13B on 64 GPUs at 1M tokens is 65 KB, past Linux's default 64 KiB).
+# A `ForkedStream`'s pipe buffer, asked for where the platform lets a program size it (Linux:
+# F_SETPIPE_SZ, up to /proc/sys/fs/pipe-max-size, 1 MiB by default): a child's value up to this size is
+# written at once while this process is still busy, instead of the child waiting, unable to start its
+# next piece of work (SPPO's search result for GPT-13B on 64 GPUs at 1M tokens is 65 KB, past Linux's
+# default 64 KiB).
 PIPE_BYTES = 1 << 20
 
 
@@ -76,11 +79,14 @@ class ForkedStream:
     the child too) travel as references: a value's reference to one of them comes back as this
     process's object itself. An exception in the child is raised here by the `next` that would
     have returned the value it stopped; a child that dies makes `next` return None (the caller
-    does the work itself), as does asking past the last value."""
+    does the work itself), as does asking past the last value.
+
+    Each value goes as its length (8 bytes) and its pickle, and this side reads exactly that
+    much, never ahead: so `would_wait` knows from the pipe alone whether the next value is there."""
 
     def __init__(self, make: Callable[[], Any], shared: Sequence = ()):
         self._shared = list(shared)
-        self._file = None
+        self._fd: int | None = None
         self.pid = None
         r, w = _pipe()
         pid = os.fork()
@@ -92,32 +98,53 @@ class ForkedStream:
                 with os.fdopen(w, "wb") as f:
                     try:
                         for value in make():
-                            _SharedPickler(f, self._shared).dump(("ok", value))
-                            f.flush()
+                            self._send(f, ("ok", value))
                     except BaseException as e:  # noqa: BLE001  (handed to the parent, which raises it)
-                        _SharedPickler(f, self._shared).dump(("error", e))
+                        self._send(f, ("error", e))
             except BaseException:  # noqa: BLE001
                 code = 1
             os._exit(code)
         os.close(w)
         self.pid = pid
-        self._file = os.fdopen(r, "rb")
+        self._fd = r
+
+    def _send(self, f, item) -> None:
+        buf = io.BytesIO()
+        _SharedPickler(buf, self._shared).dump(item)
+        data = buf.getvalue()
+        f.write(len(data).to_bytes(8, "little"))
+        f.write(data)
+        f.flush()
+
+    def _read(self, n: int) -> bytes | None:
+        """Exactly ``n`` bytes from the pipe, waiting for them; None where it ends first."""
+        parts, left = [], n
+        while left:
+            chunk = os.read(self._fd, min(left, 1 << 20))
+            if not chunk:
+                return None
+            parts.append(chunk)
+            left -= len(chunk)
+        return b"".join(parts)
 
     def would_wait(self) -> bool:
-        """Whether `next` would wait for the child now: nothing to read on the pipe (best effort:
-        bytes already read into this side's buffer are not seen, so it may say so wrongly)."""
-        if self._file is None:
+        """Whether `next` would wait for the child now: nothing on the pipe yet (False once the
+        stream is closed: `next` then answers at once)."""
+        if self._fd is None:
             return False
-        import select
-
-        return not select.select([self._file], [], [], 0)[0]
+        return not select.select([self._fd], [], [], 0)[0]
 
     def next(self):
         """The child's next value (module docs)."""
-        if self._file is None:
+        if self._fd is None:
+            return None
+        head = self._read(8)
+        data = self._read(int.from_bytes(head, "little")) if head is not None else None
+        if data is None:
+            self.close()
             return None
         try:
-            status, value = _SharedUnpickler(self._file, self._shared).load()
+            status, value = _SharedUnpickler(io.BytesIO(data), self._shared).load()
         except (EOFError, pickle.UnpicklingError):
             self.close()
             return None
@@ -128,9 +155,9 @@ class ForkedStream:
 
     def close(self) -> None:
         """End the child (whatever it had left to send) and reap it."""
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
         if self.pid is not None:
             _end(self.pid)
             self.pid = None
@@ -141,11 +168,11 @@ class Handoff:
     from `ForkedStream`): make it, fork, then `child_side` in the child and `parent_side` here;
     `send` here once (pickled), `receive` in the child waits for it. The child gets None where
     this process closed its end without sending (it died, or gave up: the child then does the
-    work itself). A value larger than the pipe's buffer (`PIPE_BYTES`) makes `send` wait until the
-    child reads it."""
+    work itself). A value larger than the pipe's buffer (64 KiB on Linux) makes `send` wait until
+    the child reads it."""
 
     def __init__(self):
-        self._r, self._w = _pipe()
+        self._r, self._w = os.pipe()
 
     def child_side(self) -> None:
         """In the child, first: close its copy of the sending end (else it never sees the end)."""

@@ -158,6 +158,31 @@ def test_the_bound_holds_for_the_new_dimensions():
     assert {m for m, _ in metp} == {"metp_ffn", "metp"} and {s for _, s in metp} == {"1f1b", "interleaved_1f1b"}, metp
 
 
+def test_the_bound_holds_for_experts_and_fsdp():
+    """[search-speed] item 3: mixture-of-experts layers (expert parallelism, dropless and forced balance,
+    every schedule) and FSDP as torchtitan runs it (alone and beside pipeline stages) are priced by the
+    cost functions the bound reads, so their candidates join the pruning with the proof intact."""
+    from dataclasses import replace
+
+    from memo_sim.model.config import get_model
+
+    h100 = load_profile("h100-sxm5-80gb")
+    mix, qwen = (replace(get_model(n), layers=4) for n in ("mixtral-8x7b", "qwen2-moe-a2.7b"))
+    seen = set()
+    for model, prof, seq, gpus, kw in [(mix, h100, 32 * K, 8, {}), (mix, h100, 16 * K, 16, dict(pp=2, vpp=2, batch=4)),
+                                       (qwen, h100, 16 * K, 8, dict(ep=4, moe_balance="forced")),
+                                       (TOY, A800, 32 * K, 16, dict(dp_mode="fsdp", framework="torchtitan", pp=2,
+                                                                    batch=4)),
+                                       (TOY, A800, 32 * K, 8, dict(dp_mode="fsdp", framework="torchtitan"))]:
+        r = candidates_for(model, seq, gpus, prof, **kw)
+        ok = [c for c in r.candidates if c.memory.status == "OK"]
+        for c in bounds_hold(sample(ok, 6)):
+            seen.add((model.moe, c.layout.ep > 1, c.layout.dp_mode, c.schedule))
+    assert {s for _m, _e, _d, s in seen} == {"single_stage", "1f1b", "interleaved_1f1b"}, seen
+    assert (True, True) in {(m, e) for m, e, _d, _s in seen}, seen  # experts spread over EP ranks
+    assert {d for m, _e, d, _s in seen if not m} >= {"fsdp"}, seen
+
+
 def test_equal_throughput_ranks_by_lower_peak():
     """[search-speed] item 5: the README's default what-if ranks the plan with less memory first where two
     simulate to the same throughput (ZeRO 3 beside ZeRO 2, MEMO's static plan beside the caching allocator)."""

@@ -107,6 +107,7 @@ def test_would_wait_until_the_child_has_sent():
         os.close(w)
         os.read(r, 1)  # until the parent says go
         yield "done"
+        yield "and more"
 
     s = ForkedStream(child)
     os.close(r)
@@ -114,16 +115,18 @@ def test_would_wait_until_the_child_has_sent():
         assert s.would_wait()
         os.write(w, b"x")
         assert s.next() == "done"
-        assert not s.would_wait()  # at its end: the next `next` gives None at once
+        assert s.next() == "and more"  # read exactly: the second value was not taken with the first
+        assert s.next() is None
+        assert not s.would_wait()  # closed: `next` answers at once
     finally:
         os.close(w)
         s.close()
 
 
 def _untimed(x):
-    """A plan's dict without the solvers' wall times (two builds differ only there)."""
+    """A plan's dict without the times it was made and solved in (two builds differ only there)."""
     if isinstance(x, dict):
-        return {k: _untimed(v) for k, v in x.items() if k != "solve_time_s"}
+        return {k: _untimed(v) for k, v in x.items() if k not in ("solve_time_s", "created")}
     if isinstance(x, list):
         return [_untimed(v) for v in x]
     return x
@@ -140,9 +143,13 @@ def test_prebuilt_plan_is_the_plan_built_after():
     assert fresh.memory_plan is not None  # MEMO: the part worth building ahead
     prebuild_plan(best)
     made = plan_build._PREBUILT[id(best)][2]
-    assert build_plan(best) is made  # the prebuilt one ...
-    assert _untimed(made.to_dict()) == _untimed(fresh.to_dict())  # ... is what a build gives
-    assert build_plan(best) is not made  # taken once; built afresh after
+    taken = build_plan(best)
+    assert taken.memory_plan is made.memory_plan  # the prebuilt one, not solved again ...
+    assert _untimed(taken.to_dict()) == _untimed(fresh.to_dict())  # ... is what a build gives
+    assert id(best) not in plan_build._PREBUILT  # taken once; built afresh after
     prebuild_plan(best)
+    second = plan_build._PREBUILT[id(best)][2]
     best.simulated = dict(best.simulated, iteration_s=best.simulated["iteration_s"] * 2)
-    assert build_plan(best).predicted.iteration_s == 2 * fresh.predicted.iteration_s  # changed: rebuilt
+    again = build_plan(best)  # the candidate changed: built afresh
+    assert again.memory_plan is not second.memory_plan
+    assert again.predicted.iteration_s == 2 * fresh.predicted.iteration_s

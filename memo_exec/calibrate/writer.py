@@ -18,8 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from memo_exec.calibrate.allocator import profile_fields as allocator_fields
 from memo_exec.calibrate.collectives import FIT_FROM
 from memo_exec.calibrate.allocator import summary as allocator_summary
@@ -28,7 +26,7 @@ from memo_exec.calibrate.quantities import (GiB, MiB, FlowMap, curve, dump_yaml,
                                             sig)
 from memo_exec.calibrate.fit import SCORE_TIME_HEADROOM
 from memo_sim.errors import MemoError
-from memo_sim.fileio import atomic_write_text
+from memo_sim.fileio import atomic_write_text, load_yaml
 from memo_sim.profile.loader import SCHEMA, list_profiles, load_profile, parse_profile
 from memo_sim.profile.schema import HardwareProfile
 
@@ -55,7 +53,7 @@ def load_base(name_or_path: str) -> BaseProfile:
     prof = load_profile(name_or_path)  # raises ProfileError with the file and field
     p = Path(name_or_path)
     path = p if (p.suffix in (".yaml", ".yml", ".json") or p.exists()) else list_profiles()[str(name_or_path)]
-    raw = yaml.safe_load(Path(path).read_text())
+    raw = load_yaml(Path(path).read_text())
     return BaseProfile(prof.name, Path(path), raw, prof)
 
 
@@ -521,6 +519,6 @@ def write_profile(d: dict, path: str | Path) -> HardwareProfile:
     """Validate ``d`` with the simulator's own loader, then write it atomically as YAML."""
     path = Path(path)
     text = dump_yaml(d)
-    prof = parse_profile(plain(yaml.safe_load(text)), str(path))  # what a later load will read
+    prof = parse_profile(plain(load_yaml(text)), str(path))  # what a later load will read
     atomic_write_text(path, text)
     return prof

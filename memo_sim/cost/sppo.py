@@ -135,6 +135,13 @@ def partition_bounds(model: ModelConfig, batch: int, seq: int, n: int, kind: str
 
 
 # ---------------------------------------------------------------------------------------- kernels
+@lru_cache(maxsize=1024)
+def stage_gpu_shard(layout: Layout) -> Layout:
+    """What one GPU of a pipeline stage holds of ``layout``: its TP+SP shard, without the pipeline and
+    data-parallel degrees (what a stage's per-GPU costs and bytes are priced on)."""
+    return replace(layout, pp=1, dp=1, zero=0)
+
+
 _COSTS: dict[tuple, tuple[HardwareProfile, tuple[list[OpCost], list[OpCost]]]] = {}
 _COSTS_MAX = 20000
 
@@ -158,7 +165,7 @@ def piece_costs(model: ModelConfig, layout: Layout, batch: int, start: int, leng
     """(forward, backward) op lists of one layer over the tokens [start, start + length) on one GPU
     of a stage: the layer's ops at the piece's own token count, attention at its prefix FLOPs.
     Memoised unless ``memo`` is false (the schedule asks for the same pieces in every stage)."""
-    shard = replace(layout, pp=1, dp=1, zero=0)
+    shard = stage_gpu_shard(layout)
     key = (id(profile), model, shard, batch, start, length)
     hit = _COSTS.get(key)
     if hit is not None and hit[0] is profile:
@@ -189,7 +196,7 @@ def piece_timer(model: ModelConfig, layout: Layout, batch: int, profile: Hardwar
     ``quantum`` > 0 (the planner's bounding pass): the non-attention ops are priced at the length
     rounded to a geometric grid of ratio 1 + quantum and scaled linearly to the true length (the
     kernel-efficiency curves move by far less than the length does over one step)."""
-    shard = layout if (layout.pp, layout.dp, layout.zero) == (1, 1, 0) else replace(layout, pp=1, dp=1, zero=0)
+    shard = stage_gpu_shard(layout)
     key = (id(profile), model, shard, batch)
     entry = _TIMES.get(key) if memoising() else None
     if entry is None or entry[0] is not profile:

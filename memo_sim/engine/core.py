@@ -110,15 +110,17 @@ def gc_paused():
 
 class _Kernel:
     """A kernel running on a device whose copies slow it (`Engine._stream`): its work ``left`` as of
-    time ``t`` at ``rate``, the rate its timeout was set at (``planned``), whether the rate changed
-    since (``changed``), and whether an interrupt is on its way to it (``pending``)."""
+    time ``t`` at ``rate``, when it ends at that rate (``end``, set at each change: the time a timeout
+    scheduled then would fire at), the rate its timeout was set at (``planned``), whether the rate
+    changed since (``changed``), and whether an interrupt is on its way to it (``pending``)."""
 
-    __slots__ = ("left", "t", "rate", "planned", "changed", "pending")
+    __slots__ = ("left", "t", "rate", "end", "planned", "changed", "pending")
 
     def __init__(self, work: float, t: float, rate: float):
         self.left = work
         self.t = t
         self.rate = rate
+        self.end = t
         self.planned = rate
         self.changed = False
         self.pending = False
@@ -287,19 +289,21 @@ class Engine:
                             if running is None:
                                 running = kernels[op.device] = {}
                             running[k] = env.active_process
+                            delay = k.left / k.rate
                             while True:
-                                now = env.now
-                                k.left -= k.rate * (now - k.t)
-                                k.t = now
                                 k.planned = k.rate
                                 k.changed = False
                                 try:
-                                    yield timeout(max(k.left / k.rate, 0.0))
-                                except interrupt:
+                                    yield timeout(max(delay, 0.0))
+                                except interrupt:  # sped up: the rest at the new rate, from now
                                     k.pending = False
+                                    delay = k.left / k.rate
                                     continue
                                 if not k.changed:
                                     break
+                                # slowed meanwhile: on to the end the last change set (the very time
+                                # an interrupt at that change would have scheduled)
+                                delay = k.end - env.now
                             del running[k]
                         else:
                             yield start_flow(Flow(op.name, op.work, (), op.device, is_compute=True))
@@ -349,6 +353,7 @@ class Engine:
             k.left -= k.rate * (now - k.t)
             k.t = now
             k.rate = rate
+            k.end = now + k.left / rate
             k.changed = True
             if rate > k.planned and not k.pending:
                 k.pending = True

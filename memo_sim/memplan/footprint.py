@@ -235,7 +235,9 @@ def sppo_unit_working_bytes(model: ModelConfig, layout: Layout, batch: int, toke
     at that length (SPPO's transients run on PyTorch's allocator; one arena sized for the
     stage's longest piece serves every unit), the layer input handed between layers, and the
     chunked classifier."""
-    shard = replace(layout, pp=1, dp=1, zero=0)
+    from memo_sim.cost.sppo import stage_gpu_shard
+
+    shard = stage_gpu_shard(layout)
     cached = float(caching_allocator_layer_report(model, shard, batch, tokens, None).peak_reserved_bytes)
     boundary = skeletal_bytes(model, shard, batch, tokens)["input"]
     return cached, boundary, classifier_peak_bytes(model, shard, batch, tokens)
@@ -255,11 +257,11 @@ def sppo_memory(model: ModelConfig, layout: Layout, batch: int, seq: int, policy
     that piece's backward. One working block (transients + the activation handed between layers)
     per running unit; the last stage also runs the classifier per piece and keeps the final hidden
     state's gradient until the piece's backward."""
-    from memo_sim.cost.sppo import kv_cache_bytes, stage_layers, stage_model_state_bytes
+    from memo_sim.cost.sppo import kv_cache_bytes, stage_gpu_shard, stage_layers, stage_model_state_bytes
     from memo_sim.layout.parallel import node_stage_gpus
     from memo_sim.policy.rounding_buffers import offloaded_layer_count
 
-    shard = replace(layout, pp=1, dp=1, zero=0)
+    shard = stage_gpu_shard(layout)
     stage_pieces = policy.stage_pieces(model, layout, batch)
     layers = stage_layers(model.layers, layout.pp)
     out: list[StageMemory] = []
@@ -358,11 +360,11 @@ def sppo_host_bytes_per_node(model: ModelConfig, layout: Layout, batch: int, pol
                              profile: HardwareProfile) -> float:
     """The fullest node's pinned host bytes of an SPPO plan (what `sppo_memory` reports, without the
     GPU walk: the planner's host-memory bisection asks for it many times)."""
-    from memo_sim.cost.sppo import stage_layers
+    from memo_sim.cost.sppo import stage_gpu_shard, stage_layers
     from memo_sim.layout.parallel import node_stage_gpus
     from memo_sim.policy.rounding_buffers import offloaded_layer_count
 
-    shard = replace(layout, pp=1, dp=1, zero=0)
+    shard = stage_gpu_shard(layout)
     scheme, rounding = layout.host_pool, profile.host.pinned_rounding
     n_l = len(stage_layers(model.layers, layout.pp)[0])
     per_stage = []

@@ -38,7 +38,7 @@ from functools import lru_cache
 from typing import ClassVar
 
 from memo_sim.cost.activations import layer_rows, row_bytes, saved_tensors, skeletal_bytes
-from memo_sim.cost.sppo import PARTITIONS, Piece, kv_cache_bytes, partition_bounds, stage_pieces
+from memo_sim.cost.sppo import PARTITIONS, Piece, kv_cache_bytes, partition_bounds, stage_gpu_shard, stage_pieces
 from memo_sim.errors import MemoError
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
@@ -143,7 +143,7 @@ class Sppo(Policy):
                                cached_kv: bool) -> list[OffloadedTensor]:
         """The rows of one unit's tensors that go to host: alpha_i of the rows of every skeletal
         tensor but lse (and but K and V where they stay cached)."""
-        shard = _shard(layout)
+        shard = stage_gpu_shard(layout)
         rows = layer_rows(shard, batch, piece.tokens)
         off = offload_token_count(self.alphas[piece.sub], rows)
         return [OffloadedTensor(t.name, off, row_bytes(t, shard)) for t in saved_tensors(model, shard)
@@ -152,7 +152,7 @@ class Sppo(Policy):
     def unit_bytes(self, model: ModelConfig, layout: Layout, batch: int, piece: Piece, cached_kv: bool,
                    profile: HardwareProfile, offloaded: bool = True) -> UnitBytes:
         """One unit's bytes (memoised: the planner asks for the same pieces many times)."""
-        return _unit_bytes(model, _shard(layout), batch, piece.tokens, float(self.alphas[piece.sub]) if offloaded
+        return _unit_bytes(model, stage_gpu_shard(layout), batch, piece.tokens, float(self.alphas[piece.sub]) if offloaded
                            else 0.0, cached_kv, offloaded, layout.host_pool, profile.host.pinned_rounding)
 
     def shard_unit_bytes(self, model: ModelConfig, shard: Layout, batch: int, piece: Piece, cached_kv: bool,
@@ -170,7 +170,7 @@ class Sppo(Policy):
     def offloadable_bytes(self, model: ModelConfig, layout: Layout, batch: int, tokens: int,
                           cached_kv: bool = True) -> float:
         """A_i: the bytes of a ``tokens``-long subsequence per layer and GPU that alpha splits."""
-        shard = _shard(layout)
+        shard = stage_gpu_shard(layout)
         sk = skeletal_bytes(model, shard, batch, tokens)
         return sk["total"] - (kv_cache_bytes(model, shard, batch, tokens) if cached_kv else 0.0)
 
@@ -232,8 +232,6 @@ def granule(layout: Layout) -> int:
     return layout.tp if layout.sp else 1
 
 
-def _shard(layout: Layout) -> Layout:
-    return replace(layout, pp=1, dp=1, zero=0)
 
 
 def unit_is_offloaded(unit: int, n_units: int) -> bool:

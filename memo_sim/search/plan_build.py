@@ -10,6 +10,8 @@ policy with a static memory plan (MEMO) also gets its bi-level plan
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS
 from memo_sim.plan.schema import Plan
 
@@ -19,27 +21,36 @@ def build_plan(candidate, time_limit_s: float | None = None) -> Plan:
     included (solved within ``time_limit_s``, default `memo_sim.memplan.planner.MEMORY_PLAN_TIME_LIMIT_S`).
     The planner (and numpy with it) is imported here: a what-if that writes no plan never needs it.
     A plan `prebuild_plan` made of the same candidate, with the same fields and limit, is taken
-    instead of building it again (once: a second call builds afresh)."""
+    instead of building it again (once: a second call builds afresh), stamped with this call's time."""
     bare = bare_plan(candidate)
     hit = _PREBUILT.pop(id(candidate), None)
-    if hit is not None and hit[0] is candidate and hit[1] == (bare, time_limit_s):
-        return hit[2]
+    if hit is not None and hit[0] is candidate and hit[1] == (_unstamped(bare), time_limit_s):
+        return replace(hit[2], created=bare.created)
     return attach_memory_plan(bare, time_limit_s=time_limit_s)
 
 
-# id(candidate) -> (candidate, (its bare plan, time limit), its plan): what `prebuild_plan` made
+# id(candidate) -> (candidate, (its bare plan unstamped, time limit), its plan): what `prebuild_plan` made
 _PREBUILT: dict[int, tuple[object, tuple, Plan]] = {}
+
+
+def _unstamped(plan: Plan) -> Plan:
+    """``plan`` without the time it was made (what two builds of one candidate differ in)."""
+    return replace(plan, created="")
 
 
 def prebuild_plan(candidate, time_limit_s: float | None = None) -> None:
     """Build ``candidate``'s plan now, for the `build_plan` of the same candidate later: the what-if
     calls it while it waits for SPPO's simulation in the forked child, on the best plan simulated so
-    far (`memo_sim.search.sppo_beside.SppoBeside.take`), so that writing plan.json costs nothing once
-    the child is done. Where the candidate's fields change meanwhile, `build_plan` builds afresh."""
-    plan = attach_memory_plan(bare_plan(candidate), time_limit_s=time_limit_s)  # fills in the plan it is given
+    far (`memo_sim.search.sppo_beside.SppoBeside.take`), so that writing plan.json takes no memory
+    plan solve (nor the planner's imports) once the child is done. Where the candidate's fields
+    change meanwhile, `build_plan` builds afresh; where another plan turns out best (SPPO's), this
+    one was built for nothing, in time this process would otherwise have waited."""
+    bare = bare_plan(candidate)
+    key = (_unstamped(bare), time_limit_s)
+    plan = attach_memory_plan(bare, time_limit_s=time_limit_s)  # fills in the plan it is given
     if len(_PREBUILT) >= 4:
         _PREBUILT.clear()
-    _PREBUILT[id(candidate)] = (candidate, (bare_plan(candidate), time_limit_s), plan)
+    _PREBUILT[id(candidate)] = (candidate, key, plan)
 
 
 def attach_memory_plan(plan: Plan, time_limit_s: float | None = None) -> Plan:

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field, replace
 from memo_sim.cost.boundary import boundary_times
 from memo_sim.cost.opcost import OpCost
 from memo_sim.cost.sppo import (
+    stage_gpu_shard,
     Piece, p2p_bytes, p2p_link, p2p_link_time, piece_costs, stage_grad_sync, stage_layers, stage_model_state_bytes,
     stage_optimizer_time,
 )
@@ -176,7 +177,7 @@ class _PipelineBuilder:
         mem = sppo_memory(model, layout, batch, seq, policy, profile)
         self.g = OpGraph(devices)
         self.sched = PipelineSchedule(self.g, devices, mem, pieces, layers, detail=detail)
-        self.shard = replace(layout, pp=1, dp=1, zero=0)
+        self.shard = stage_gpu_shard(layout)
         self.sync = stage_grad_sync(model, layout, profile)
         self.dt = DTYPE_BYTES[model.dtype]
         self.pp = layout.pp

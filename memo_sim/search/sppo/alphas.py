@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from memo_sim.cost.sppo import (
+    stage_gpu_shard,
     piece_timer,
     sequence_aware_alphas,
 )
@@ -33,7 +34,7 @@ def overlap_threshold(model: ModelConfig, layout: Layout, batch: int, policy: Sp
     """M_threshold = B·(T_min − latency): the bytes one unit may copy while the shortest
     subsequence's layer forward runs (``active``: the GPUs of a node copying at once, default
     the layout's, `memo_sim.search.sppo.estimate._active`)."""
-    shard = replace(layout, pp=1, dp=1, zero=0)
+    shard = stage_gpu_shard(layout)
     b = policy.bounds
     timer = piece_timer(model, shard, batch, profile)
     t_min = min(timer(b[i], b[i + 1] - b[i])[0] for i in range(policy.subseqs))

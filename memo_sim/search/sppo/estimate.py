@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from memo_sim.cost.boundary import boundary_times
 from memo_sim.cost.memo import memoised_by, profile_key
 from memo_sim.cost.sppo import (
+    stage_gpu_shard,
     p2p_bytes,
     p2p_link,
     piece_timer,
@@ -37,7 +38,7 @@ def estimate_sppo(model: ModelConfig, layout: Layout, batch: int, seq: int, poli
     and the grid's details (per-stage forward / backward end, busy time). ``quantum``: price
     the pieces' non-attention ops on a geometric length grid (`memo_sim.cost.sppo.piece_timer`;
     the search's bounding pass)."""
-    shard = replace(layout, pp=1, dp=1, zero=0)
+    shard = stage_gpu_shard(layout)
     r = recurrence(model, layout, batch, policy, profile, quantum=quantum)
     pp = layout.pp
     total = max(r.stage_end)
@@ -80,18 +81,21 @@ def recurrence(model: ModelConfig, layout: Layout, batch: int, policy: Sppo, pro
     host copies and the ZeRO weight gathers can add (a unit takes its compute chain's time, not
     the longer of it and its offload or prefetch): the proved lower bound of
     `memo_sim.search.bound.sppo_bound` (with ``quantum`` 0)."""
-    shard = replace(layout, pp=1, dp=1, zero=0)
+    shard = stage_gpu_shard(layout)
     pieces = policy.stage_pieces(model, layout, batch)
     layers = stage_layers(model.layers, layout.pp)
     sync = stage_grad_sync(model, layout, profile)
     pp = layout.pp
     starts_of = [[p.start for p in ps] for ps in pieces]
     n_l = len(layers[0])
-    tf, tb, exposed, mid, first_f = _piece_times(model, replace(layout, zero=0), batch, policy, profile, quantum,
-                                                 copies)
+    tf, tb, exposed, exposed_each, mid, first_f = _piece_times(model, replace(layout, zero=0), batch, policy,
+                                                               profile, quantum, copies)
     if copies and sync.layer_gather > 0:
-        # ZeRO's weight gathers before each layer's first forward (piece 0's), beyond its compute
-        tf = [[row[0] + n_l * max(0.0, sync.layer_gather - first_f[s])] + row[1:] for s, row in enumerate(tf)]
+        # ZeRO's weight gathers before each layer's first forward (piece 0's), beyond its compute; the
+        # exposed copy seconds summed piece by piece over every stage, as they were where the gathers
+        # kept the middle stages from sharing their rows
+        tf = [(row[0] + n_l * max(0.0, sync.layer_gather - first_f[s]),) + row[1:] for s, row in enumerate(tf)]
+        exposed = exposed_each
     hops = _hops(model, layout, batch, profile)
     same = [s > 0 and starts_of[s] == starts_of[s - 1] for s in range(pp)]  # no multiplexed split between
     fend = _forward_ends(pieces, tf, same, starts_of, hops)
@@ -116,15 +120,16 @@ def recurrence(model: ModelConfig, layout: Layout, batch: int, policy: Sppo, pro
 def _piece_times(model: ModelConfig, layout: Layout, batch: int, policy: Sppo, profile: HardwareProfile,
                  quantum: float, copies: bool = True) -> tuple:
     """Each (stage, piece)'s forward and backward seconds through the stage's layers (with the
-    embedding / classifier on the end stages), the exposed copy seconds over all units, the middle
-    unit's `LayerTimes` of stage 0 and each stage's first piece's forward seconds of one layer (what
-    `recurrence` adds ZeRO's weight gathers beyond). Middle stages with the same pieces share their
-    rows. ``copies`` False: each unit at its compute chain's seconds (no copy; `recurrence`).
+    embedding / classifier on the end stages), the exposed copy seconds over all units (middle
+    stages with the same pieces share their rows and add theirs as one sum; also summed piece by
+    piece over every stage), the middle unit's `LayerTimes` of stage 0 and each stage's first
+    piece's forward seconds of one layer (what `recurrence` adds ZeRO's weight gathers beyond).
+    ``copies`` False: each unit at its compute chain's seconds (no copy; `recurrence`).
 
     Nothing here reads the layout's ZeRO stage, so `recurrence` asks with ZeRO 0 and the memo
-    serves a pipeline layout's ZeRO-0 and ZeRO-1 points of the search alike; the rows are shared
-    between callers: read them, never change them."""
-    shard = replace(layout, pp=1, dp=1, zero=0)
+    serves a pipeline layout's ZeRO-0 and ZeRO-1 points of the search alike (the rows are tuples:
+    callers share them)."""
+    shard = stage_gpu_shard(layout)
     pieces = policy.stage_pieces(model, layout, batch)
     n_l = len(stage_layers(model.layers, layout.pp)[0])
     starts_of = [[p.start for p in ps] for ps in pieces]
@@ -133,7 +138,7 @@ def _piece_times(model: ModelConfig, layout: Layout, batch: int, policy: Sppo, p
     active = _active(layout, profile)
     tf: list[list[float]] = []
     tb: list[list[float]] = []
-    exposed = 0.0
+    exposed = exposed_each = 0.0
     mid = None
     bts: dict[int, object] = {}
     per_piece: dict[tuple, tuple] = {}
@@ -150,13 +155,15 @@ def _piece_times(model: ModelConfig, layout: Layout, batch: int, policy: Sppo, p
             sig = (ps[0].start, ps[-1].start, n_k, id(ps) if n_k < 3 else ps[1].start)
             hit = base_rows.get(sig)
             if hit is not None and starts_of[s] == starts_of[hit[3]]:
-                tf.append(list(hit[0]))
-                tb.append(list(hit[1]))
+                tf.append(hit[0])
+                tb.append(hit[1])
                 exposed += hit[2]
+                for x in hit[5]:
+                    exposed_each += x
                 first_f.append(hit[4])
                 continue
         exposed_before = exposed
-        rowf, rowb = [], []
+        rowf, rowb, exps = [], [], []
         for k, pc in enumerate(ps):
             n_off = max(0, min(n_l, n_off_units - k * n_l))
             key = (pc.sub, pc.start, pc.end, k < n_k - 1, n_off)
@@ -171,6 +178,8 @@ def _piece_times(model: ModelConfig, layout: Layout, batch: int, policy: Sppo, p
                     n_off * (max(0.0, o - f) + max(0.0, p - b)), f, b, o, p)
             t_f, t_b, exp, f, b, o, p = hit
             exposed += exp
+            exposed_each += exp
+            exps.append(exp)
             if s == 0 or s == pp - 1:
                 bt = bts.get(pc.tokens)
                 if bt is None:
@@ -186,12 +195,13 @@ def _piece_times(model: ModelConfig, layout: Layout, batch: int, policy: Sppo, p
             rowb.append(t_b)
             if s == 0 and k == n_k // 2:
                 mid = LayerTimes(f, b, 0.0, o if n_off else 0.0, p if n_off else 0.0)
+        rowf, rowb = tuple(rowf), tuple(rowb)
         tf.append(rowf)
         tb.append(rowb)
         if 0 < s < pp - 1:
             base_rows[(ps[0].start, ps[-1].start, n_k, id(ps) if n_k < 3 else ps[1].start)] = (
-                rowf, rowb, exposed - exposed_before, s, first_f[-1])
-    return tf, tb, exposed, mid, first_f
+                rowf, rowb, exposed - exposed_before, s, first_f[-1], exps)
+    return tuple(tf), tuple(tb), exposed, exposed_each, mid, tuple(first_f)
 
 
 def _hops(model: ModelConfig, layout: Layout, batch: int, profile: HardwareProfile):

@@ -96,9 +96,7 @@ def help_child(search, handoff: Handoff) -> None:
     the same way in the child, which reports it)."""
     try:
         search(ParentShare(handoff))
-    except HandedOver:
-        pass
-    except Exception:  # noqa: BLE001  (the child raises it again where it matters)
+    except Exception:  # noqa: BLE001  (HandedOver: done; anything else the child raises again where it matters)
         pass
     finally:
         handoff.send(None)  # nothing if the share went already; else the child stops waiting

@@ -4,10 +4,10 @@ bound, the memory floor that prunes a point outright, and the best point of one 
 from __future__ import annotations
 
 from dataclasses import replace
-from functools import lru_cache
 
 from memo_sim.cost.memo import memoised
 from memo_sim.cost.sppo import (
+    stage_gpu_shard,
     kv_cache_bytes,
     sequence_aware_alphas,
     stage_model_state_bytes,
@@ -58,7 +58,7 @@ def _lower_bound(model, layout, batch, seq, profile, subseqs, partition, multipl
 def point_alive(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile, subseqs: int,
                 partition: str) -> bool:
     """Whether `bound_plan` gives a plan: the sequence splits so and the memory floor fits the GPU."""
-    pol = _partition(model, _shard(layout), batch, seq, subseqs, partition)
+    pol = _partition(model, stage_gpu_shard(layout), batch, seq, subseqs, partition)
     return pol is not None and memory_floor(model, layout, batch, pol) <= profile.usable_gpu_memory
 
 
@@ -68,7 +68,7 @@ def bound_plan(model: ModelConfig, layout: Layout, batch: int, seq: int, profile
     where the point cannot exist or certainly overflows the GPU. ``threshold``: its overlap
     threshold where it is known (a plan's ``threshold_bytes``, from another process that priced the
     point: `memo_sim.search.sppo.shared_bounds`); the plan is then rebuilt without timing a piece."""
-    shard = _shard(layout)
+    shard = stage_gpu_shard(layout)
     pol = _partition(model, shard, batch, seq, subseqs, partition)
     if pol is None:
         return None
@@ -106,7 +106,7 @@ def memory_floor(model: ModelConfig, layout: Layout, batch: int, policy: Sppo) -
     the alphas: its model states, the K/V cache of every earlier subsequence in each of its layers
     and as many bytes of dK/dV accumulators (a lower bound used to prune)."""
     n_l = model.layers // layout.pp
-    kv = kv_cache_bytes(model, _shard(layout), batch, policy.bounds[-2]) if policy.subseqs > 1 else 0.0
+    kv = kv_cache_bytes(model, stage_gpu_shard(layout), batch, policy.bounds[-2]) if policy.subseqs > 1 else 0.0
     return _fullest_stage_states(model, layout) + 2 * n_l * kv
 
 
@@ -115,12 +115,6 @@ def _fullest_stage_states(model: ModelConfig, layout: Layout) -> float:
     """The largest model-state bytes of one GPU of any stage (every N, partition and multiplexing of
     a layout asks again)."""
     return max(stage_model_state_bytes(model, layout, s) for s in range(layout.pp))
-
-
-@lru_cache(maxsize=1024)
-def _shard(layout: Layout) -> Layout:
-    """One GPU's shard of a stage: ``layout`` without its pipeline and data-parallel degrees."""
-    return replace(layout, pp=1, dp=1, zero=0)
 
 def resolve_for_layout(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile,
                        subseqs: int | None = None, multiplex: bool | None = None) -> SppoPoint:
