@@ -21,7 +21,7 @@ import select
 from typing import Any, Callable, Sequence
 
 FORKS = hasattr(os, "fork")
-# A `ForkedStream`'s pipe buffer, asked for where the platform lets a program size it (Linux:
+# A `ForkedStream`'s and a `Handoff`'s pipe buffer, asked for where the platform lets a program size it (Linux:
 # F_SETPIPE_SZ, up to /proc/sys/fs/pipe-max-size, 1 MiB by default): a child's value up to this size is
 # written at once while this process is still busy, instead of the child waiting, unable to start its
 # next piece of work (SPPO's search result for GPT-13B on 64 GPUs at 1M tokens is 65 KB, past Linux's
@@ -82,7 +82,8 @@ class ForkedStream:
     does the work itself), as does asking past the last value.
 
     Each value goes as its length (8 bytes) and its pickle, and this side reads exactly that
-    much, never ahead: so `would_wait` knows from the pipe alone whether the next value is there."""
+    much, never ahead: so `would_wait` knows from the pipe alone whether the next value has begun
+    to arrive (one larger than the pipe's buffer may still take a moment to come in whole)."""
 
     def __init__(self, make: Callable[[], Any], shared: Sequence = ()):
         self._shared = list(shared)
@@ -128,8 +129,8 @@ class ForkedStream:
         return b"".join(parts)
 
     def would_wait(self) -> bool:
-        """Whether `next` would wait for the child now: nothing on the pipe yet (False once the
-        stream is closed: `next` then answers at once)."""
+        """Whether `next` would wait for the child now: nothing of the next value on the pipe yet
+        (False once the stream is closed: `next` then answers at once)."""
         if self._fd is None:
             return False
         return not select.select([self._fd], [], [], 0)[0]
@@ -145,7 +146,9 @@ class ForkedStream:
             return None
         try:
             status, value = _SharedUnpickler(io.BytesIO(data), self._shared).load()
-        except (EOFError, pickle.UnpicklingError):
+        except Exception:  # noqa: BLE001
+            # a value this side cannot rebuild (an exception whose constructor wants other arguments):
+            # the caller does the work itself, and meets the error there
             self.close()
             return None
         if status != "ok":
@@ -168,11 +171,11 @@ class Handoff:
     from `ForkedStream`): make it, fork, then `child_side` in the child and `parent_side` here;
     `send` here once (pickled), `receive` in the child waits for it. The child gets None where
     this process closed its end without sending (it died, or gave up: the child then does the
-    work itself). A value larger than the pipe's buffer (64 KiB on Linux) makes `send` wait until
-    the child reads it."""
+    work itself). A value larger than the pipe's buffer (`PIPE_BYTES` where the platform lets it be
+    sized) makes `send` wait until the child reads it."""
 
     def __init__(self):
-        self._r, self._w = os.pipe()
+        self._r, self._w = _pipe()
 
     def child_side(self) -> None:
         """In the child, first: close its copy of the sending end (else it never sees the end)."""

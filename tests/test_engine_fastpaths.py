@@ -133,3 +133,26 @@ def test_fast_paths_equal_reference_where_copies_slow_kernels_part_way():
     # k0 runs alone for 2 ms, then beside c1 at the slow rate: it takes longer than its 5 ms alone
     assert ops["k0"].end - ops["k0"].start > 0.005
     assert ops["k2"].end - ops["k2"].start > 0.02  # slowed by the copies over it, sped up between them
+
+
+def _copy_over_last_kernel():
+    """The iteration's last op a kernel that a copy slows part of the way (the copy starts and ends
+    inside it): timeouts a re-timing left behind must not run the iteration's end on past it."""
+    from memo_sim.engine.graph import Device, OpGraph
+
+    g = OpGraph([Device(0)])
+    bw = float(A800.host_link.d2h_bandwidth)
+    g.add("k", device=0, stream="compute", kind="compute", phase="fwd", layer=0, work=0.02)
+    wait = g.add("wait", device=0, stream="side", kind="comm", phase="fwd", layer=0, work=0.014)
+    g.add("c", device=0, stream="d2h", kind="copy", phase="fwd", layer=0, work=bw * 0.002, deps=[wait],
+          direction="d2h")
+    return g, 1e12, 1e12
+
+
+@pytest.mark.parametrize("build", [_copy_over_last_kernel, _copy_over_kernels])
+def test_the_iteration_ends_when_its_last_op_does(build):
+    _same(build, A800)
+    for fast in (True, False):
+        g, gcap, hcap = build()
+        run = Engine(g, A800, gpu_capacity=gcap, host_capacity=hcap, fast_paths=fast).run()
+        assert run.end_time == max(op.end for op in g.ops)

@@ -143,7 +143,9 @@ def test_prebuilt_plan_is_the_plan_built_after():
     assert fresh.memory_plan is not None  # MEMO: the part worth building ahead
     prebuild_plan(best)
     made = plan_build._PREBUILT[id(best)][2]
+    made.created = "made while the what-if waited"
     taken = build_plan(best)
+    assert taken.created != made.created  # stamped when taken
     assert taken.memory_plan is made.memory_plan  # the prebuilt one, not solved again ...
     assert _untimed(taken.to_dict()) == _untimed(fresh.to_dict())  # ... is what a build gives
     assert id(best) not in plan_build._PREBUILT  # taken once; built afresh after

@@ -137,8 +137,10 @@ def partition_bounds(model: ModelConfig, batch: int, seq: int, n: int, kind: str
 # ---------------------------------------------------------------------------------------- kernels
 @lru_cache(maxsize=1024)
 def stage_gpu_shard(layout: Layout) -> Layout:
-    """What one GPU of a pipeline stage holds of ``layout``: its TP+SP shard, without the pipeline and
-    data-parallel degrees (what a stage's per-GPU costs and bytes are priced on)."""
+    """What one GPU of an SPPO pipeline stage holds of ``layout``: its TP+SP shard, without the pipeline
+    and data-parallel degrees and ZeRO (what a stage's per-GPU costs and bytes are priced on). The
+    micro-batch pipelines' per-GPU layout also drops the virtual stages
+    (`memo_sim.search.estimate.stage_shard`)."""
     return replace(layout, pp=1, dp=1, zero=0)
 
 

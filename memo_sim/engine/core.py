@@ -339,6 +339,7 @@ class Engine:
             ev = waiters.pop(op.uid, None)
             if ev is not None:
                 ev.succeed()
+        self._last_end = env.now  # this stream's last op just ended (time only moves forward)
 
     def _copies_changed(self, device: int, active: bool) -> None:
         """A copy started on ``device`` where none ran (``active``) or its last one ended: every
@@ -369,6 +370,7 @@ class Engine:
         self._kernels: dict[int, dict] = {}  # device -> {its running `_Kernel`: process} (see _stream)
         self.net.on_copies_changed = self._copies_changed
         self._waiters: dict[int, simpy.Event] = {}
+        self._last_end = 0.0  # when the last stream ran its last op
         start_gpu: dict[int, float] = {}
         gens = []
         try:
@@ -401,7 +403,10 @@ class Engine:
         return EngineRun(
             ops=g.ops, memory=self.samples, peak_gpu_bytes=dict(self.peak_gpu), peak_host_bytes=dict(self.peak_host),
             start_gpu_bytes=start_gpu, end_gpu_bytes=dict(self.gpu_mem), end_host_bytes=dict(self.host_mem),
-            failure=self.failure, end_time=self.env.now, link_log=self.net.load_log,
+            # the iteration ends when its last op does (or where it failed): timeouts a re-timing left
+            # behind (a kernel's or a flow's, ignored when they fire) may run the clock on past that
+            failure=self.failure, end_time=self.env.now if self.failure else self._last_end,
+            link_log=self.net.load_log,
             link_capacity={k: v.capacity for k, v in self.net.links.items()},
             link_carried={k: v.carried for k, v in self.net.links.items()},
             events=self.events, sample_src=self.sample_src)

@@ -232,8 +232,6 @@ def granule(layout: Layout) -> int:
     return layout.tp if layout.sp else 1
 
 
-
-
 def unit_is_offloaded(unit: int, n_units: int) -> bool:
     """A stage's units but its last two go to host (`memo_sim.policy.rounding_buffers`)."""
     return is_offloaded(unit, n_units)

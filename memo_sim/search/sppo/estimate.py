@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, replace
+from typing import Sequence
 
 from memo_sim.cost.boundary import boundary_times
 from memo_sim.cost.memo import memoised_by, profile_key
@@ -64,8 +65,8 @@ class Recurrence:
     (``tf``, ``tb``), when each ends (``fend``, ``bend``), when each stage's backward ends
     (``done``) and its step ends (``stage_end``: gradient sync and optimizer step after it)."""
 
-    tf: list[list[float]]
-    tb: list[list[float]]
+    tf: Sequence[Sequence[float]]
+    tb: Sequence[Sequence[float]]
     fend: list[list[float]]
     bend: list[list[float]]
     done: list[float]

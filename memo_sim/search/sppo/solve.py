@@ -116,6 +116,7 @@ def _fullest_stage_states(model: ModelConfig, layout: Layout) -> float:
     a layout asks again)."""
     return max(stage_model_state_bytes(model, layout, s) for s in range(layout.pp))
 
+
 def resolve_for_layout(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile,
                        subseqs: int | None = None, multiplex: bool | None = None) -> SppoPoint:
     """The best SPPO point for one fixed layout (N from the grid unless given): for commands that
