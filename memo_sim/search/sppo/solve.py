@@ -58,8 +58,14 @@ def _lower_bound(model, layout, batch, seq, profile, subseqs, partition, multipl
 def point_alive(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile, subseqs: int,
                 partition: str) -> bool:
     """Whether `bound_plan` gives a plan: the sequence splits so and the memory floor fits the GPU."""
+    return _fitting_partition(model, layout, batch, seq, profile, subseqs, partition) is not None
+
+
+def _fitting_partition(model, layout, batch, seq, profile, subseqs, partition) -> Sppo | None:
+    """The unmultiplexed plan with its subsequence bounds, or None where the sequence does not split
+    so or the memory floor (`memory_floor`) overflows the GPU."""
     pol = _partition(model, stage_gpu_shard(layout), batch, seq, subseqs, partition)
-    return pol is not None and memory_floor(model, layout, batch, pol) <= profile.usable_gpu_memory
+    return pol if pol is not None and memory_floor(model, layout, batch, pol) <= profile.usable_gpu_memory else None
 
 
 def bound_plan(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile, subseqs: int,
@@ -68,13 +74,10 @@ def bound_plan(model: ModelConfig, layout: Layout, batch: int, seq: int, profile
     where the point cannot exist or certainly overflows the GPU. ``threshold``: its overlap
     threshold where it is known (a plan's ``threshold_bytes``, from another process that priced the
     point: `memo_sim.search.sppo.shared_bounds`); the plan is then rebuilt without timing a piece."""
-    shard = stage_gpu_shard(layout)
-    pol = _partition(model, shard, batch, seq, subseqs, partition)
+    pol = _fitting_partition(model, layout, batch, seq, profile, subseqs, partition)
     if pol is None:
         return None
-    if memory_floor(model, layout, batch, pol) > profile.usable_gpu_memory:
-        return None
-    pol = _overlap_alphas(model, shard, _active(layout, profile), batch, profile, pol, threshold)
+    pol = _overlap_alphas(model, stage_gpu_shard(layout), _active(layout, profile), batch, profile, pol, threshold)
     if multiplex and layout.pp > 1:
         pol = replace(pol, multiplex=True)
     return pol
