@@ -131,3 +131,47 @@ def test_swiglu_gradient_and_what_it_keeps():
     with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):
         X.act(a, True)
     assert len(kept) == 1 and kept[0].shape == a.shape
+
+
+@pytest.mark.parametrize("swiglu", [True, False])
+def test_weighted_activation_matches_autograd_and_keeps_only_its_inputs(swiglu):
+    """The experts apply each row's router weight inside the activation (Megatron-Core's weighted SwiGLU):
+    the same output and gradients as autograd's ``act(a) * p``, and only ``a`` and ``p`` are kept, where
+    autograd's product would also keep ``act(a)`` (the rows the simulator does not count)."""
+    g = torch.Generator().manual_seed(11)
+    a = torch.randn(7, 12, dtype=torch.float64, generator=g).requires_grad_()
+    p = torch.rand(7, dtype=torch.float64, generator=g).requires_grad_()
+    dy = torch.randn(7, 6 if swiglu else 12, dtype=torch.float64, generator=g)
+    kept = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):
+        y = X.act(a, swiglu, p)
+    assert len(kept) == 2 and kept[0] is a and kept[1] is p
+    ga, gp = torch.autograd.grad(y, (a, p), dy)
+    plain = X._plain_act(a, swiglu) * p.unsqueeze(1)
+    wa, wp = torch.autograd.grad(plain, (a, p), dy)
+    assert torch.allclose(y, plain, rtol=1e-13) and torch.allclose(ga, wa, rtol=1e-12) and torch.allclose(gp, wp)
+    assert torch.autograd.gradcheck(lambda a_, p_: X.act(a_, swiglu, p_), (a, p))
+
+
+def test_weighted_experts_with_biases_weight_the_second_bias_too():
+    """``p * ffn(x)`` = ``ffn(x, probs=p)``: the second bias is weighted with the activation."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(5, 8, dtype=torch.float64, generator=g)
+    w1, w2 = torch.randn(12, 8, dtype=torch.float64, generator=g), torch.randn(8, 6, dtype=torch.float64, generator=g)
+    b1, b2 = torch.randn(12, dtype=torch.float64, generator=g), torch.randn(8, dtype=torch.float64, generator=g)
+    p = torch.rand(5, dtype=torch.float64, generator=g)
+    want = p.unsqueeze(1) * X.ffn(x, w1, w2, b1, b2, True)
+    assert torch.allclose(X.ffn(x, w1, w2, b1, b2, True, p), want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("counts", [[8, 0, 16, 8], [0, 0, 0, 0]])
+def test_weighted_loop_gives_the_rows_weights_a_gradient(counts):
+    wts = _W(len(counts), 16, 24, True, dtype=torch.float64)
+    x = torch.randn(sum(counts), 16, dtype=torch.float64).requires_grad_()
+    p = torch.rand(sum(counts), dtype=torch.float64).requires_grad_()
+    y = X.run_experts(x, counts, wts, True, "loop", probs=p)
+    y.backward(torch.ones_like(y))
+    assert p.grad is not None and p.grad.shape == p.shape
+    if sum(counts):
+        want = (X.run_experts(x.detach(), counts, wts, True, "loop") * p.detach().unsqueeze(1)).sum(1)
+        assert torch.allclose(p.grad, want.detach() / p.detach(), rtol=1e-10)

@@ -269,6 +269,27 @@ def test_megatron_recompute_modules_drop_and_rebuild_their_tensors():
     assert len(bounds_hold(ok)) == len(ok)
 
 
+def test_a_shared_gate_keeps_the_shared_output_and_memo_rebuilds_it():
+    """Qwen2-MoE's shared gate (sfc2 * sigmoid(ln2 @ w)) keeps sfc2 for the gate's gradient; DeepSeek's
+    ungated shared experts do not; the experts' outputs (efc2) are never kept (the router weights are
+    applied inside the activation, as Megatron-Core and memo-exec do). MEMO re-runs shared_fc2 for its
+    dropped rows only where sfc2 is kept; recompute_moe drops it with the block."""
+    from memo_sim.cost.activations import skeletal_bytes
+    from memo_sim.model.layer_graph import recompute_ops
+
+    gated, ungated = PRESETS["qwen2-moe-a2.7b"], PRESETS["deepseek-v2-lite"]
+    assert gated.shared_gate and ungated.shared_experts and not ungated.shared_gate
+    tg, tu = layer_tensors(gated), layer_tensors(ungated)
+    assert tg["sfc2"].saved and tg["sfc2"].role == "other" and not tu["sfc2"].saved
+    assert not tg["efc2"].saved and not tu["efc2"].saved
+    assert "shared_fc2" in {op.name for op in recompute_ops(gated)}
+    assert "shared_fc2" not in {op.name for op in recompute_ops(ungated)}
+    lay = Layout(tp=2, sp=True, dp=4)
+    sk = skeletal_bytes(gated, lay, 1, 8 * K)
+    assert sk["moe_block"] >= tensor_bytes(tg["sfc2"], lay, 1, 8 * K) > 0
+    assert tensor_bytes(tg["sfc2"], lay, 1, 8 * K) == pytest.approx(8 * K / 2 * gated.hidden * 2)  # SP rows, h, bf16
+
+
 def test_review_fixes_expert_states_links_and_refusals():
     """FP8 copies of the experts split by EP; expert gradients reduced where the dense group has no
     replicas; the serial pipeline reduce splits experts too; the EP group's link follows where its

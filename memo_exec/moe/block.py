@@ -4,8 +4,9 @@ in place of fc1 / act / fc2 on a MoE layer: it reads the layer's ln2 and returns
 Math (plain PyTorch, autograd inside the block): gate GEMM ``ln2 @ router_w^T (+ router_b)``, the
 model's router (`memo_exec.moe.routers`: scores, deterministic top-k, normalised weights), the
 dispatcher (`memo_exec.moe.dispatchers`: ``local`` or ``alltoall`` over the expert-parallel group),
-the local experts' per-expert GEMMs (`memo_exec.moe.experts`), combine (back to the token's rank,
-sum of the k outputs times their weights), plus the shared experts (a dense FFN of the shared
+the local experts' GEMMs (`memo_exec.moe.experts`) with each copy's router weight applied inside
+their activation (the weights travel with the copies: `Dispatcher.route_probs`), combine (back to the
+token's rank, the sum of its k outputs), plus the shared experts (a dense FFN of the shared
 width, Megatron TP-split with SP: all-gather in, reduce-scatter out; times ``sigmoid(ln2 @
 shared_gate^T)`` with ``shared_gate``). Each rank routes its own local rows (its sequence shard).
 
@@ -63,8 +64,8 @@ class MoEBlock:
         logits = F.linear(ln2, w.router_w, w.router_b)
         idx, weights = self.router(logits, self.k, idx)
         xe, counts, state = self.dispatcher.dispatch(ln2, idx, layer, phase)
-        ye = run_experts(xe, counts, w, self.swiglu)
-        y = (self.dispatcher.combine(ye, state).view(T, self.k, self.h) * weights.unsqueeze(-1)).sum(1)
+        ye = run_experts(xe, counts, w, self.swiglu, probs=self.dispatcher.route_probs(weights, state))
+        y = self.dispatcher.combine(ye, state).view(T, self.k, self.h).sum(1)
         if w.shared_w1 is not None:
             g = sp_gather(ln2, self.tp_size, self.tp_group)
             s = sp_reduce_scatter(ffn(g, w.shared_w1, w.shared_w2, None, None, self.swiglu), self.tp_size, self.tp_group)

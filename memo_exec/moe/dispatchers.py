@@ -16,6 +16,11 @@ outputs to their copy rows on the rank the tokens came from. Everything is diffe
   The counts are exchanged before any row moves, so every rank knows how many rows it receives
   from each peer (zero included: a rank no token is routed to still takes part in both exchanges).
 
+Router weights (``route_probs``): each copy's weight travels with it (one more all-to-all of 4 bytes a
+row, span ``moe_dispatch_probs_alltoall_ep``, not priced by the simulator), as Megatron-Core's
+dispatchers send the permuted probabilities, so the experts apply it inside their activation and the
+combine is a plain sum of each token's k copies (nothing h-wide kept for the weights' gradient).
+
 Row moves. Every reordering is a gather by a known permutation (`gather_rows`), whose backward
 gathers the output gradient by the inverse permutation (and sums a token's k copies): no
 scatter-add. Indexing (``x[order // k]``) would give the same numbers, but autograd's backward of an
@@ -49,6 +54,7 @@ def sim_op_name(which: str, collective: str = "alltoall", group: str = "ep") -> 
 
 DISPATCH_A2A, COMBINE_A2A = sim_op_name("dispatch"), sim_op_name("combine")
 COUNTS_A2A = "moe_dispatch_counts_alltoall_ep"  # not priced by the simulator
+PROBS_A2A = "moe_dispatch_probs_alltoall_ep"  # the copies' router weights (4 bytes a row): not priced either
 A2A_OPS = (DISPATCH_A2A, COMBINE_A2A)  # the rows' all-to-alls `memo_exec.compare.alltoall_rows` compares
 
 
@@ -108,6 +114,11 @@ class Dispatcher:
     def combine(self, ye: torch.Tensor, state) -> torch.Tensor:
         raise NotImplementedError
 
+    def route_probs(self, probs: torch.Tensor, state) -> torch.Tensor:
+        """The copies' router weights ``probs`` [T, k] sent where `dispatch` sent the copies (its ``state``),
+        in ``xe``'s row order: [rows of xe], differentiable (the experts apply them, `memo_exec.moe.experts`)."""
+        raise NotImplementedError
+
 
 @DISPATCHERS.register("local")
 class LocalDispatcher(Dispatcher):
@@ -121,6 +132,10 @@ class LocalDispatcher(Dispatcher):
     def combine(self, ye, state):
         order, inv = state
         return gather_rows(ye, inv, 1, order)
+
+    def route_probs(self, probs, state):
+        order, inv = state
+        return gather_rows(probs.reshape(-1, 1), order, 1, inv).view(-1)
 
 
 @DISPATCHERS.register("alltoall")
@@ -146,6 +161,12 @@ class AllToAllDispatcher(Dispatcher):
         back = all_to_all(gather_rows(ye, un_regroup, 1, regroup), in_splits, out_splits, self.group,
                           self.tag(COMBINE_A2A, layer, phase))
         return gather_rows(back, inv, 1, order)
+
+    def route_probs(self, probs, state):
+        order, inv, regroup, un_regroup, in_splits, out_splits, layer, phase = state
+        got = all_to_all(gather_rows(probs.reshape(-1, 1), order, 1, inv), out_splits, in_splits, self.group,
+                         self.tag(PROBS_A2A, layer, phase))
+        return gather_rows(got, regroup, 1, un_regroup).view(-1)
 
 
 def dispatcher_for(name: str, experts: int, ep: int, ep_rank: int, group) -> Dispatcher:

@@ -30,12 +30,22 @@ IMPLS = ("grouped", "loop")
 _GROUPED_MM = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
 
 
-def ffn(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, b1, b2, swiglu: bool) -> torch.Tensor:
-    return F.linear(act(F.linear(x, w1, b1), swiglu), w2, b2)
+def ffn(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, b1, b2, swiglu: bool,
+        probs: torch.Tensor | None = None) -> torch.Tensor:
+    """``act(x W1^T + b1) W2^T + b2``; with ``probs`` [rows] each row's output times its router weight,
+    applied to the activation (`act`) and to the second bias, so nothing h-wide is kept for the weight's
+    gradient (module docs)."""
+    out = F.linear(act(F.linear(x, w1, b1), swiglu, probs), w2)
+    if b2 is None:
+        return out
+    return out + (b2 if probs is None else probs.unsqueeze(1).to(out.dtype) * b2)
 
 
-def act(a: torch.Tensor, swiglu: bool) -> torch.Tensor:
-    """SwiGLU (`_SwiGLU`: ``silu(gate) * up`` over the two halves of ``a``) or GELU."""
+def act(a: torch.Tensor, swiglu: bool, probs: torch.Tensor | None = None) -> torch.Tensor:
+    """SwiGLU (`_SwiGLU`: ``silu(gate) * up`` over the two halves of ``a``) or GELU; with ``probs``
+    (fp32 [rows]) each row times its router weight, keeping only ``a`` and ``probs`` (`_WeightedAct`)."""
+    if probs is not None:
+        return _WeightedAct.apply(a, probs, swiglu)
     if swiglu:
         return _SwiGLU.apply(a)
     return F.gelu(a)
@@ -59,6 +69,11 @@ class _SwiGLU(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dy):
         (a,) = ctx.saved_tensors
+        return _SwiGLU.grad(a, dy)
+
+    @staticmethod
+    def grad(a: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+        """d a for ``silu(g) * u``'s output gradient ``dy``, both halves in one tensor."""
         f = a.shape[1] // 2
         g, u = a[:, :f], a[:, f:]
         da = torch.empty_like(a)
@@ -66,6 +81,46 @@ class _SwiGLU(torch.autograd.Function):
         # d/dg = (dy * u) * silu'(g): aten's silu backward (its rounding as autograd's), into the first half
         torch.ops.aten.silu_backward.grad_input(dy * u, g, grad_input=da[:, :f])
         return da
+
+
+class _WeightedAct(torch.autograd.Function):
+    """``act(a) * p`` per row (``p`` fp32 [rows], the copy's router weight), as Megatron-Core's experts
+    apply the routing probabilities inside their fused activation (``weighted_bias_swiglu_impl``): the
+    product is taken in fp32 and cast to ``a``'s dtype, and only ``a`` and ``p`` are kept. Weighting
+    the experts' outputs after the second GEMM instead (the combine's multiply) would keep those
+    outputs, k rows of h per token, for ``p``'s gradient: memory the simulator does not count
+    (`memo_sim.model.layer_graph`: efc2 is transient)."""
+
+    @staticmethod
+    def forward(ctx, a, p, swiglu):
+        ctx.save_for_backward(a, p)
+        ctx.swiglu = swiglu
+        ct = _compute_dtype(a)
+        return (_plain_act(a, swiglu).to(ct) * p.to(ct).unsqueeze(1)).to(a.dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        a, p = ctx.saved_tensors
+        ct = _compute_dtype(a)
+        y = _plain_act(a, ctx.swiglu)  # recomputed from a, as the fused kernel does
+        dp = (dy.to(ct) * y.to(ct)).sum(1).to(p.dtype)
+        dyw = (dy.to(ct) * p.to(ct).unsqueeze(1)).to(a.dtype)
+        if ctx.swiglu:
+            return _SwiGLU.grad(a, dyw), dp, None
+        return torch.ops.aten.gelu_backward(dyw, a), dp, None
+
+
+def _compute_dtype(a: torch.Tensor) -> torch.dtype:
+    """fp32, or ``a``'s dtype where wider (fp64 on the CPU)."""
+    return torch.promote_types(a.dtype, torch.float32)
+
+
+def _plain_act(a: torch.Tensor, swiglu: bool) -> torch.Tensor:
+    if swiglu:
+        f = a.shape[1] // 2
+        return F.silu(a[:, :f]) * a[:, f:]
+    return F.gelu(a)
 
 
 def impl_for(xe: torch.Tensor, weights) -> str:
@@ -80,16 +135,18 @@ def impl_for(xe: torch.Tensor, weights) -> str:
     return "loop"
 
 
-def run_experts(xe: torch.Tensor, counts: list[int], weights, swiglu: bool, impl: str | None = None) -> torch.Tensor:
+def run_experts(xe: torch.Tensor, counts: list[int], weights, swiglu: bool, impl: str | None = None,
+                probs: torch.Tensor | None = None) -> torch.Tensor:
     """``xe`` [sum(counts), h] grouped by local expert (``counts[j]`` rows of expert j, in order);
-    ``impl`` one of `IMPLS` (default: `impl_for`)."""
+    ``impl`` one of `IMPLS` (default: `impl_for`); ``probs`` (fp32 [sum(counts)]): each row's router
+    weight, applied inside the activation (`_WeightedAct`)."""
     impl = impl or impl_for(xe, weights)
     if impl == "grouped":
         if _GROUPED_MM is None:
             raise RuntimeError("grouped experts need torch's grouped_mm (torch >= 2.8)")
         offs = torch.tensor(counts, dtype=torch.int64).cumsum(0).to(device=xe.device, dtype=torch.int32)
         a = _GROUPED_MM(xe, weights.expert_w1.transpose(-2, -1), offs=offs)
-        return _GROUPED_MM(act(a, swiglu), weights.expert_w2.transpose(-2, -1), offs=offs)
+        return _GROUPED_MM(act(a, swiglu, probs), weights.expert_w2.transpose(-2, -1), offs=offs)
     if impl != "loop":
         raise ValueError(f"experts impl {impl!r}: one of {', '.join(IMPLS)}")
     w1s, w2s = weights.expert_w1.unbind(0), weights.expert_w2.unbind(0)
@@ -99,8 +156,10 @@ def run_experts(xe: torch.Tensor, counts: list[int], weights, swiglu: bool, impl
     for j, n in enumerate(counts):
         if n == 0:
             continue
-        outs.append(ffn(xe[off:off + n], w1s[j], w2s[j], b1s[j] if b1s else None, b2s[j] if b2s else None, swiglu))
+        outs.append(ffn(xe[off:off + n], w1s[j], w2s[j], b1s[j] if b1s else None, b2s[j] if b2s else None, swiglu,
+                        None if probs is None else probs[off:off + n]))
         off += n
     if not outs:
-        return xe.new_zeros(0, xe.shape[1]) + 0 * xe.sum()  # keeps xe in the graph (its gradient: zeros)
+        keep = 0 * xe.sum() + (0 * probs.sum() if probs is not None else 0)  # keeps xe (and probs) in the graph
+        return xe.new_zeros(0, xe.shape[1]) + keep  # (their gradients: zeros)
     return torch.cat(outs, 0)

@@ -72,9 +72,9 @@ def row_bytes(t: TensorSpec, layout: Layout) -> float:
 # saved tensors Megatron-LM's --recompute-modules rebuild, by module group (their bytes are keys of
 # `skeletal_bytes`; `memo_sim.policy.recompute_modules`): the norms' outputs, the MoE activation's output,
 # the MoE block's saved tensors (router probabilities, the dispatched tokens, the experts' and shared
-# experts' intermediates)
+# experts' intermediates, the shared output a shared gate keeps; a name the model does not keep counts nothing)
 RECOMPUTE_GROUPS = {"norms": ("ln1", "ln2"), "moe_act": ("eact",),
-                    "moe_block": ("probs", "moe_in", "efc1", "eact", "sfc1", "sact")}
+                    "moe_block": ("probs", "moe_in", "efc1", "eact", "sfc1", "sact", "sfc2")}
 
 
 # torchtitan's per-op selective activation checkpointing (`memo_sim.policy.op_sac`): of a dense block's linear GEMMs

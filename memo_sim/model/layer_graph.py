@@ -32,12 +32,20 @@ MoE block (`_moe_ops`)::
     [combine: the dispatcher's collectives back]
     moe_out = unpermute(efc2, probs)    (weighted sum of each token's top-k outputs)
     [shared experts: sfc1 = ln2 @ Ws1, sact, sfc2 = sact @ Ws2, TP-split as a dense FFN]
-    y = h1 + moe_out (+ sfc2)
+    y = h1 + moe_out (+ sfc2, times sigmoid(ln2 @ w) under a shared gate)
 
 The routed tensors (moe_in, efc1, eact, efc2) hold top-k rows per token (``routed``: the busiest
 expert-parallel rank holds more, `memo_sim.cost.activations.tensor_bytes`); moe_in and efc2 are
 whole over the expert tensor-parallel ranks (``etp_whole``: each ETP rank holds the ETP group's
 tokens at full width). Qwen3's QK norms (two RMSNorms over q and k) are not priced as ops.
+
+What the MoE block keeps for its backward follows Megatron-Core's experts, which apply each copy's
+router weight inside their fused activation (``weighted_bias_swiglu_impl``; memo-exec's
+`memo_exec.moe.experts` does the same): probs, moe_in, efc1 and eact are kept, the experts' outputs
+efc2 are not (a combine that multiplies them by the weights would keep them: k rows of h per token
+more). A shared-expert gate (``shared_gate``, Qwen2-MoE) multiplies the shared output by
+sigmoid(ln2 @ w), so sfc2 is kept (role "other"; MEMO re-runs shared_fc2 for its dropped rows); the
+gate's GEMM (h -> 1) and its [T, 1] scores are not priced.
 
 Skeletal (saved for backward) tensors of a dense layer: x, ln1, q, k, v, attn, lse, h1, ln2, fc1, act. For a GPT
 layer (f = 4h) they are 16 elements per token of width h, i.e. 32·b·s·h bytes in 16-bit, of
@@ -176,8 +184,10 @@ def _tensor_rows(model: ModelConfig) -> tuple:
              ("efc2", "k_h", True, "transient", False),
              ("moe_out", "h", False, "transient", False)]
     if model.shared_experts:
+        # a shared-expert gate (Qwen2-MoE: sfc2 * sigmoid(ln2 @ w)) keeps the shared output for the gate's gradient
+        gated = bool(model.shared_gate)
         rows += [("sfc1", "sf1", True, "other", True), ("sact", "sf", True, "other", True),
-                 ("sfc2", "h", False, "transient", False)]
+                 ("sfc2", "h", False, "other" if gated else "transient", gated)]
     return tuple(rows + [("y", "h", False, "transient", False)])
 
 
@@ -305,7 +315,10 @@ def recompute_ops(model: ModelConfig, tp_mode: str = "megatron") -> list[OpSpec]
     remain; out_proj runs as a ring of W_proj blocks, `memo_sim.cost.metp`).
     """
     blocks = block_tensors(tp_mode)
-    return [op for op in forward_ops(model) if op.name in RECOMPUTED and not set(op.outputs) <= blocks]
+    tensors = layer_tensors(model, tp_mode)
+    return [op for op in forward_ops(model)
+            if (op.name in RECOMPUTED or (op.name in RECOMPUTED_IF_KEPT and all(tensors[o].saved for o in op.outputs)))
+            and not set(op.outputs) <= blocks]
 
 
 # the ops MEMO's token-wise recompute re-runs (`recompute_ops`): every op rebuilding an "other" skeletal
@@ -315,6 +328,8 @@ RECOMPUTED = frozenset({"ln1", "qkv", "out_proj", "add1", "ln2", "fc1", "act",
                         "q_down", "q_lnorm", "q_up", "q_proj", "kv_down", "kv_lnorm", "kv_up",
                         "router", "route", "permute", "dispatch", "expert_fc1", "expert_act",
                         "shared_fc1", "shared_act"})
+# ops re-run only where the model keeps their output: the shared experts' second GEMM under a shared gate
+RECOMPUTED_IF_KEPT = frozenset({"shared_fc2"})
 
 
 # Transient tensors of a layer's level-1 traces that the runtime does not place in the static
