@@ -31,6 +31,7 @@ from typing import Callable
 from memo_sim.engine.simulate import simulate
 from memo_sim.frameworks import MECHANISMS
 from memo_sim.layout.parallel import Layout, check_layout
+from memo_sim.layout.pipeline_layout import torchtitan_split
 from memo_sim.model.config import PRESETS, ModelConfig
 from memo_sim.policy import get_policy
 from memo_sim.profile.loader import load_profile
@@ -106,6 +107,7 @@ class Run:
     tp_mode: str = "megatron"  # the TP flavour (`memo_sim.tp`: torchtitan's AsyncTP rows run async_tp)
     first_stage_layers: int = 0  # uneven pipeline stages: the first and last ranks' layers (0: even)
     last_stage_layers: int = 0
+    chunk_layers: tuple[int, ...] = ()  # each model chunk's layers (`Layout.chunk_layers`; (): from the fields above)
     not_modelled: str = ""
     # the embedding and the loss each take a layer's slot in the pipeline split (Megatron-LM's
     # --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split)
@@ -141,7 +143,8 @@ class Run:
             etp=self.etp, moe_dispatcher=self.moe_dispatcher, moe_balance=self.moe_balance,
             account_embedding_loss=self.account_embedding_loss, dp_mode=self.dp_mode,
             reshard_after_forward=self.reshard_after_forward, tp_mode=self.tp_mode,
-            first_stage_layers=self.first_stage_layers, last_stage_layers=self.last_stage_layers))
+            first_stage_layers=self.first_stage_layers, last_stage_layers=self.last_stage_layers,
+            chunk_layers=self.chunk_layers))
 
     def schedule(self) -> str | None:
         """The pipeline schedule (None: a single stage): 1F1B, interleaved when ``vpp`` > 1."""
@@ -198,17 +201,8 @@ def _megatron2024(size, heads, hidden, layers, tp, pp, dp, gpus, batch, tflops):
                dtype="bf16", zero=1, why_not=why)
 
 
-def _titan_stage_ends(layers: int, pp: int) -> tuple[int, int]:
-    """The first and last ranks' layers of torchtitan@9dec370's generated split, one stage per rank
-    (pipelining_utils.generate_split_points: the first stage layers // pp, each middle one a layer
-    more while the remainder lasts, the last the rest)."""
-    base, extra = divmod(layers, pp)
-    middle = [base + 1 if i < extra else base for i in range(pp - 2)]
-    return base, layers - base - sum(middle)
-
-
 def _titan(config, tps, why=None, gpus=8, seq=8192, batch=2, model="llama-3.1-8b", cp=1, tp=1, pp=1,
-           policy="full_recompute", async_tp=False):
+           policy="full_recompute", async_tp=False, vpp=1):
     # TPS/GPU -> step time: torchtitan@9dec370 train.py counts the local batch's tokens (labels.numel(), before
     # context parallelism shards them) and divides by the step time x cp x tp x pp (non_data_parallel_size), so a
     # step takes local batch x sequence / (TPS x cp x tp x pp). Every row here uses torch.compile but the first of
@@ -216,13 +210,16 @@ def _titan(config, tps, why=None, gpus=8, seq=8192, batch=2, model="llama-3.1-8b
     # "selective activation checkpointing" is per-op (op_sac): train_configs/llama3_8b.toml at 9dec370 sets
     # mode = 'selective', selective_ac_option = 'op'
     # Pipelined rows (Tables 5 and 6): 9dec370's defaults, as the page states neither: micro-batches = the
-    # pipeline degree (pipeline_parallel_microbatches unset), the generated split (`_titan_stage_ends`), FSDP
-    # without resharding after the forward (apply_fsdp with pipelining on)
+    # pipeline degree (pipeline_parallel_microbatches unset), the generated split (`torchtitan_split`), FSDP
+    # without resharding after the forward (apply_fsdp with pipelining on); interleaved: 2 stages per rank
+    # (pipeline_parallel_stages_per_rank's default), the generated split over the virtual stages
     arch = PRESETS[model]
     dp = gpus // (cp * tp * pp)
     fp8 = "Float8" in config
-    first, last = _titan_stage_ends(arch.layers, pp) if pp > 1 else (0, 0)
-    even = arch.layers % pp == 0
+    split = torchtitan_split(arch.layers, pp * vpp) if pp > 1 else (arch.layers,)
+    first, last = split[0], split[-1]
+    even = len(set(split)) == 1
+    chunks = () if even or vpp == 1 else split
     return Run(f"torchtitan-{config.split(':')[0]}", TORCHTITAN, config, batch * seq / (tps * cp * tp * pp),
                f"{tps} tokens/GPU/s at local batch {batch} x {seq} tokens on {gpus} GPUs"
                + (f" (TPS divides by cp x tp x pp = {cp * tp * pp})" if cp * tp * pp > 1 else ""),
@@ -231,10 +228,12 @@ def _titan(config, tps, why=None, gpus=8, seq=8192, batch=2, model="llama-3.1-8b
                gemm_format="fp8-tensorwise" if fp8 else "bf16", tp=tp, sp=tp > 1, cp=cp, pp=pp, dp=dp, zero=3,
                dp_mode="fsdp", global_batch=dp * batch, policy=policy, tp_mode="async_tp" if async_tp else "megatron",
                reshard_after_forward=pp == 1, micro_batch=batch // pp if pp > 1 else None,
-               first_stage_layers=0 if even else first, last_stage_layers=0 if even else last,
+               first_stage_layers=0 if even or chunks else first, last_stage_layers=0 if even or chunks else last,
+               chunk_layers=chunks, vpp=vpp,
                schedule_source=(f"micro-batch {batch // pp} ({pp} micro-batches: torchtitan@9dec370's default, the "
-                                f"pipeline degree), 1F1B, stages of {first}, "
-                                f"{arch.layers // pp if even else first + 1} ... {last} layers (generate_split_points)"
+                                f"pipeline degree), " + ("1F1B, stages" if vpp == 1 else
+                                                         f"interleaved 1F1B, {vpp} stages per rank, virtual stages")
+                                + f" of {first}, {split[1]} ... {last} layers (generate_split_points)"
                                 if pp > 1 else ""),
                variants=(("h100-sxm5-80gb (the 700 W SXM5 part: its clocks at 700 W, HBM3)",
                           (("profile", "h100-sxm5-80gb"),)),)
@@ -248,9 +247,6 @@ _EAGER = ("without torch.compile torchtitan runs eager composite kernels (nn.RMS
           "the rotary embedding's separate ops), which memo does not price (its norms are one kernel)")
 _SAC_FP8 = ("per-op selective checkpointing under Float8 is not priced: Float8Linear calls _scaled_mm, not aten.mm, "
             "so the save list keeps no linear output but its abs passes' outputs")
-_INTERLEAVED_SPLIT = ("the interleaved run's default split (torchtitan@9dec370 generate_split_points: 2 stages per "
-                      "rank, virtual stages of 7, 8 x 14 and 7 layers) gives the first and last ranks chunks of 7 and 8 "
-                      "layers, which memo's uneven stages (a rank's layers divided evenly over its chunks) do not express")
 RUNS: tuple[Run, ...] = (
     _narayanan("1.7B", 2304, 24, 24, 1, 32, 512, 137),
     _narayanan("3.6B", 3072, 30, 32, 2, 64, 512, 138),
@@ -301,9 +297,9 @@ RUNS: tuple[Run, ...] = (
            model="llama-3.1-70b", tp=8, async_tp=True),
     *(_titan(f"t5-{name}: Llama 3.1 405B, FSDP 8 x TP 8 x PP 8, local batch 32, full AC, compile + Float8 + AsyncTP, "
              f"{label} (Table 5)", tps, why, gpus=512, batch=32, model="llama-3.1-405b",
-             tp=8, pp=8, async_tp=True)
-      for name, label, tps, why in (("1f1b", "1F1B", 100, None),
-                                    ("interleaved", "interleaved 1F1B", 128, _INTERLEAVED_SPLIT))),
+             tp=8, pp=8, async_tp=True, vpp=vpp)
+      for name, label, tps, why, vpp in (("1f1b", "1F1B", 100, None, 1),
+                                         ("interleaved", "interleaved 1F1B", 128, None, 2))),
     *(_titan(f"t6-cp{cp}: Llama 3.1 405B, FSDP {8 // cp} x CP {cp} x TP 8 x PP 8, {seq // 1024}K, local batch 8, full AC, "
              f"compile + Float8 + AsyncTP, 1F1B (Table 6)", tps, None, gpus=512, batch=8,
              seq=seq, model="llama-3.1-405b", tp=8, pp=8, cp=cp, async_tp=True)
@@ -968,8 +964,8 @@ _TITAN_FSDP = (
     "memo hides under the compute")
 
 _TITAN_PP = (
-    "memo too fast on Llama 3.1 405B in torchtitan's {d}D layout (FSDP beside 8 pipeline stages of 15-16 layers, "
-    "TP 8 with async TP, 8 micro-batches in 1F1B{cp}): memo's step is {memo}, {sync} with the TP collectives on the "
+    "memo too fast on Llama 3.1 405B in torchtitan's {d}D layout (FSDP beside {stages}, "
+    "TP 8 with async TP, 8 micro-batches in {sched}{cp}): memo's step is {memo}, {sync} with the TP collectives on the "
     "critical path instead (the variant beside the row), so async TP as memo prices it takes {hidden} off the step. "
     "Candidates, none pinned down: {candidates}")
 _TITAN_PP_ASYNC = (
@@ -999,8 +995,13 @@ def _titan_pp_text(r: Result) -> str:
              _POWER_LEFT[4:]]
     if k > 1:  # the CP rows: the ring's gap first
         parts.insert(0, _TITAN_PP_RING.format(k=k))
+    split = r.run.layout().virtual_stage_ranges(r.run.arch.layers)
+    sizes = f"{min(map(len, split))}-{max(map(len, split))} layers"
+    stages = (f"{len(split)} virtual stages of {sizes}, {r.run.vpp} per pipeline rank" if r.run.vpp > 1
+              else f"{len(split)} pipeline stages of {sizes}")
     return _TITAN_PP.format(
-        d=4 if k > 1 else 3, cp=f", CP {k} at {r.run.seq // 1024}K" if k > 1 else "",
+        d=4 if k > 1 else 3, cp=f", CP {k} at {r.run.seq // 1024}K" if k > 1 else "", stages=stages,
+        sched="interleaved 1F1B" if r.run.vpp > 1 else "1F1B",
         memo=f"{r.predicted_s:.2f} s", sync=f"{sync:.2f} s" if sync else "no fit",
         hidden=f"{100 * (1 - r.predicted_s / sync):.0f}%" if sync else "-",
         candidates="; ".join(f"({i + 1}) {p}" for i, p in enumerate(parts)))
@@ -1036,7 +1037,8 @@ OUTLIERS.update({
     "torchtitan-t2-cp1": _titan_text(_TITAN_CP, " (no CP in this row)"),
     **{f"torchtitan-t2-cp{k}": _titan_text(_TITAN_CP, _TITAN_CP_RING) for k in (2, 4, 8)},
     **dict.fromkeys(("torchtitan-t1-fsdp-compile", "torchtitan-t3-fsdp128-compile"), _titan_text(_TITAN_FSDP)),
-    **dict.fromkeys(("torchtitan-t5-1f1b", *(f"torchtitan-t6-cp{k}" for k in (1, 2, 4, 8))), _titan_pp_text),
+    **dict.fromkeys(("torchtitan-t5-1f1b", "torchtitan-t5-interleaved", *(f"torchtitan-t6-cp{k}" for k in (1, 2, 4, 8))),
+                    _titan_pp_text),
 })
 
 
@@ -1202,6 +1204,18 @@ STEPS = (
      "now says Float8, which it ran), t4-2d +0.7% to -2.6% (the float8 gathers), every other row unchanged: dense "
      "38 predicted at 11.5% / 30.3%, long-context 20 at 15.7% / 30.3%, the FP8 rows 11 at 14.9% / 28.8%, the MoE "
      "group unchanged (16.3% / 45.7%)"),
+    ("MoE saved tensors", "what a MoE block keeps for its backward, checked against Megatron-Core's experts (the "
+     "router weights applied inside the fused activation, weighted_bias_swiglu_impl, so the experts' outputs are not "
+     "kept) and a shared gate's product (Qwen2-MoE: sigmoid(ln2 @ w) times the shared output keeps that output, "
+     "`memo_sim.model.layer_graph`: sfc2 saved, MEMO re-runs shared_fc2 for its dropped rows); memo-exec's block "
+     "now applies the weights the same way (`memo_exec.moe.experts`). A memory mechanism: no row's step moved (no "
+     "replay reaches a device's capacity on it), every row re-run"),
+    ("pipeline layout", "each model chunk's own layer count (`Layout.chunk_layers`, `memo_sim.layout.pipeline_layout`: "
+     "Megatron-LM's --pipeline-model-parallel-layout, or a framework's own rule): torchtitan@9dec370's generated split "
+     "over the interleaved run's 16 virtual stages (7, 8 x 14, 7 layers: the first and last ranks hold chunks of 7 "
+     "and 8) is expressible, and torchtitan's Table 5 interleaved row is predicted (t5-interleaved -11.4%: memo "
+     "gives interleaving 1.29x over the 1F1B row, the table 1.28x); no mechanism changed, every other row unchanged: "
+     "dense 39 predicted at 11.5% / 30.3%, the FP8 rows 12 at 14.6% / 28.8%"),
 )
 
 

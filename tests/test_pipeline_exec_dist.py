@@ -369,6 +369,18 @@ def test_refusals_before_allocation(tmp_path):
         Executor(pipe_plan(4, {}, "single_stage", "memo"), RunOptions(device="cpu"))
 
 
+def test_chunks_of_their_own_sizes_match_one_process():
+    """Every model chunk its own layer count (Megatron-LM's --pipeline-model-parallel-layout 'Et|t*3|t*2|t*2L':
+    `Layout.chunk_layers`), 8 layers over pp 2 x vpp 2, interleaved 1F1B, store all and full recompute: loss and
+    every gradient as one process; rank 0 runs chunks 0 and 2, rank 1 chunks 1 and 3."""
+    cases = [(8, {"pp": 2, "vpp": 2, "chunk_layers": (1, 3, 2, 2)}, "interleaved_1f1b", pol)
+             for pol in ("store_all", "full_recompute")]
+    results = spawn(rank_cases, 2, cases, timeout=300)
+    for i, c in enumerate(cases):
+        check(results[0][i], c[0], 0, c)
+        assert results[0][i]["layers"] == [0, 4, 5] and results[1][i]["layers"] == [1, 2, 3, 6, 7]
+
+
 def test_uneven_interleaved_chunks_match_one_process():
     """Uneven model chunks under interleaved 1F1B: 14 layers over pp 2 x vpp 2 with the embedding and the
     loss each taking a layer's slot (Megatron's --account-for-embedding/loss-in-pipeline-split: chunks of

@@ -83,7 +83,7 @@ from memo_exec.distributed.schedule import Schedule, register_schedule
 from memo_exec.model import ChunkedHead, LayerFn, LayerHooks, LayerRuntime
 from memo_exec.pipeline.order import Action, messages_from, slots, stage_order, virtual_stage
 from memo_sim.layout.schedule import executor_stage_limit
-from memo_sim.layout.parallel import stage_layers, virtual_split_why_not
+from memo_sim.layout.parallel import stage_layers
 
 
 class _OffsetHooks(LayerHooks):
@@ -169,8 +169,7 @@ class PipelineSchedule(Schedule):
     def check(self) -> str | None:
         lay, n = self.ex.layout, self.ex.model.layers
         if lay.uneven:  # stages or chunks of their own layer counts (the simulator's `Layout.virtual_stage_ranges`)
-            why = virtual_split_why_not(n, self.pp, self.vpp, lay.first_stage_layers, lay.last_stage_layers,
-                                        lay.account_embedding_loss)
+            why = lay.split_why_not(n)
             if why:
                 return why
         elif n % (self.pp * self.vpp):

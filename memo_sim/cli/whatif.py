@@ -38,6 +38,7 @@ from memo_sim.cli.common import (
 )
 from memo_sim.errors import MemoError
 from memo_sim.fileio import OutputFolder, output_folder
+from memo_sim.layout.pipeline_layout import OPTION as LAYOUT_OPTION, parse_layout
 from memo_sim.layout.schedule import SCHEDULE_NAMES
 from memo_sim.plan.schema import with_profile_reference, write_plan
 from memo_sim.policy import policy_names
@@ -121,6 +122,10 @@ def _simulate_top_value(ctx, param, value):
                    "ceil(layers/pp) each and the first and last the rest.")
 @click.option("--decoder-last-pipeline-num-layers", "last_stage_layers", type=click.IntRange(1, 4096),
               help="Layers of the last pipeline stage (Megatron-LM's option).")
+@click.option("--pipeline-model-parallel-layout", "pipeline_layout", default=None, metavar="TEXT",
+              help="Every model chunk's layers as Megatron-LM writes them, stages split by '|' (E embedding, t a "
+                   "layer, L the loss, X*n and (...)*n repeat): e.g. 'Et*7|(t*8|)*14,t*7L' over --pp 8 is 2 chunks "
+                   "per rank. Needs --pp; the chunks per rank are the stages / pp.")
 @click.option("--vpp", type=click.IntRange(1, 4096),
               help="Fix the virtual stages (model chunks) per pipeline rank (interleaved 1F1B; 1: plain 1F1B).")
 @click.option("--schedule", "schedules", multiple=True, type=click.Choice(list(SCHEDULE_NAMES)),
@@ -198,7 +203,14 @@ def request_of(options: dict) -> WhatifRequest:
     model = build_model(options["model_name"], options["layers"], options["hidden"], options["heads"],
                         options["ffn"], options["vocab"], options["dtype"], options["precision"])
     jobs = options.get("jobs") or default_jobs()
-    return WhatifRequest.from_options(model, load_profile(options["profile_name"]), dict(options, jobs=jobs))
+    text = options.get("pipeline_layout")
+    chunks = None
+    if text is not None:
+        if not options.get("pp"):
+            raise MemoError(f"{LAYOUT_OPTION} splits a pipeline over --pp ranks: give --pp")
+        chunks = parse_layout(text, model.layers, options["pp"])
+    return WhatifRequest.from_options(model, load_profile(options["profile_name"]),
+                                      dict(options, jobs=jobs, chunk_layers=chunks))
 
 
 @dataclass(frozen=True)

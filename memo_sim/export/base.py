@@ -241,6 +241,9 @@ def uneven_stages_gap(plan: Plan, framework: str) -> list[Gap]:
     lay = plan.layout
     if lay.pp < 2 or not lay.uneven:
         return []
+    if lay.chunk_layers:  # every model chunk its own count (virtual stage c x pp + s)
+        return [Gap(f"uneven model chunks ({', '.join(map(str, lay.chunk_layers))} layers, virtual stages in order)",
+                    f"not written: set {framework}'s split to these counts")]
     counts = lay.stage_layer_counts(plan.model.layers)
     return [Gap(f"uneven pipeline stages ({', '.join(map(str, counts))} layers)",
                 f"not written: set {framework}'s stage split to these counts")]

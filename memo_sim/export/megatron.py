@@ -15,6 +15,7 @@ import shlex
 
 from memo_sim.export.base import (Export, Gap, async_tp_gap, gemm_format_gap, metp_gap, nearest_plan, optimizer_offload_gap,
                                   policy_gaps, price_nearest, shape_arguments, torchrun_line, ulysses_gap, zero_gap)
+from memo_sim.layout.pipeline_layout import format_layout
 from memo_sim.plan.schema import Plan
 
 FRAMEWORK = "megatron"  # its version in memo_sim/frameworks/data (the plans exported instead)
@@ -131,7 +132,9 @@ def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | None]]:
         args.append(("--context-parallel-size", str(lay.cp)))
     if lay.pp > 1:
         args.append(("--pipeline-model-parallel-size", str(lay.pp)))
-        if lay.vpp > 1:
+        if lay.chunk_layers:  # every chunk's layers; Megatron takes the chunks per rank from it (and refuses both)
+            args.append(("--pipeline-model-parallel-layout", format_layout(lay.chunk_layers)))
+        elif lay.vpp > 1:
             args.append(("--num-virtual-stages-per-pipeline-rank", str(lay.vpp)))
         if lay.first_stage_layers:
             args.append(("--decoder-first-pipeline-num-layers", str(lay.first_stage_layers)))

@@ -104,6 +104,7 @@ from memo_sim.layout.alloc_conf import merged_alloc_conf
 from memo_sim.layout.kv_heads import kv_heads_why_not, kv_repeat_factor
 from memo_sim.layout.moe_balance import balance_why_not, measured_why_not, parse_balance, Balance
 from memo_sim.layout.moe_dispatchers import DISPATCHER_NAMES, Dispatcher, dispatcher
+from memo_sim.layout.pipeline_layout import OPTION as LAYOUT_OPTION, counts_label
 from memo_sim.layout.ring_merge import RING_MERGE_NAMES
 from memo_sim.model.kernel_fusion import KERNEL_FUSIONS
 from memo_sim.model.layer_graph import ATTENTION_KERNELS, CROSS_ENTROPY_KERNELS
@@ -147,6 +148,9 @@ class Layout:
     # the embedding and the loss each take a layer's slot in the split over pp x vpp model chunks (Megatron-LM's
     # --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split; `virtual_stage_layers`)
     account_embedding_loss: bool = False
+    # the layers of each model chunk (virtual stage c x pp + s), as Megatron-LM's --pipeline-model-parallel-layout
+    # or a framework's own split rule gives them (`memo_sim.layout.pipeline_layout`); (): derived from the fields above
+    chunk_layers: tuple[int, ...] = ()
     # expert parallelism (module docs): experts over ep ranks, each expert's FFN over etp
     ep: int = 1
     etp: int = 1
@@ -158,16 +162,27 @@ class Layout:
     reshard_after_forward: bool = True  # FSDP: gathered weights freed after the forward, gathered again for backward
 
     def __post_init__(self) -> None:
-        if self.pp == 1 and (self.first_stage_layers or self.last_stage_layers or self.account_embedding_loss):
+        if self.pp == 1 and (self.first_stage_layers or self.last_stage_layers or self.account_embedding_loss
+                             or self.chunk_layers):
             object.__setattr__(self, "first_stage_layers", 0)
             object.__setattr__(self, "last_stage_layers", 0)
             object.__setattr__(self, "account_embedding_loss", False)
+            object.__setattr__(self, "chunk_layers", ())
+        elif not isinstance(self.chunk_layers, tuple):
+            object.__setattr__(self, "chunk_layers", tuple(self.chunk_layers))
 
     @property
     def uneven(self) -> bool:
         """Whether the pipeline's stages or model chunks hold different layer counts (first / last stage
-        counts, or the embedding and the loss taking a layer's slot)."""
-        return bool(self.first_stage_layers or self.last_stage_layers or self.account_embedding_loss)
+        counts, the embedding and the loss taking a layer's slot, or each chunk's own count)."""
+        return bool(self.first_stage_layers or self.last_stage_layers or self.account_embedding_loss
+                    or self.chunk_layers)
+
+    def split_why_not(self, n_layers: int) -> str | None:
+        """Why this layout's split of ``n_layers`` over pp x vpp model chunks cannot be made, or None (the
+        one check the simulator, the search and the executor make)."""
+        return virtual_split_why_not(n_layers, self.pp, self.vpp, self.first_stage_layers, self.last_stage_layers,
+                                     self.account_embedding_loss, self.chunk_layers)
 
     def stage_ranges(self, n_layers: int) -> list[range]:
         """The layers of each pipeline stage, one model chunk per rank (vpp 1; `virtual_stage_layers`)."""
@@ -178,7 +193,7 @@ class Layout:
     def virtual_stage_ranges(self, n_layers: int) -> list[range]:
         """The layers of each virtual stage (model chunk c of rank s is virtual stage c x pp + s), in order."""
         return virtual_stage_layers(n_layers, self.pp, self.vpp, self.first_stage_layers, self.last_stage_layers,
-                                    self.account_embedding_loss)
+                                    self.account_embedding_loss, self.chunk_layers)
 
     def stage_layer_counts(self, n_layers: int) -> list[int]:
         """Layers each pipeline rank holds over its model chunks."""
@@ -248,7 +263,8 @@ class Layout:
             parts.append(f"pp{self.pp}" + (f"v{self.vpp}" if self.vpp > 1 else "")
                          + (f"f{self.first_stage_layers}" if self.first_stage_layers else "")
                          + (f"l{self.last_stage_layers}" if self.last_stage_layers else "")
-                         + ("el" if self.account_embedding_loss else ""))
+                         + ("el" if self.account_embedding_loss else "")
+                         + (f"c{counts_label(self.chunk_layers)}" if self.chunk_layers else ""))
         if self.dp > 1:
             parts.append(f"dp{self.dp}")
         if self.zero:
@@ -318,8 +334,8 @@ class Layout:
             del d["memory_plan"]
         if not self.optimizer_offload:  # and plans with the optimizer on the GPU theirs
             del d["optimizer_offload"]
-        for k in ("first_stage_layers", "last_stage_layers", "account_embedding_loss"):  # and even stages theirs
-            if not d[k]:
+        for k in ("first_stage_layers", "last_stage_layers", "account_embedding_loss", "chunk_layers"):  # and even
+            if not d[k]:  # stages theirs
                 del d[k]
         for k, v in (("ep", 1), ("etp", 1), ("moe_dispatcher", "alltoall"), ("moe_balance", "dropless"),
                      ("dp_mode", "zero"), ("fsdp_shard", 0), ("reshard_after_forward", True)):
@@ -364,6 +380,7 @@ class _LayoutIn(BaseModel):
     first_stage_layers: Annotated[int, Field(strict=True, ge=0, le=1 << 12)] = 0
     last_stage_layers: Annotated[int, Field(strict=True, ge=0, le=1 << 12)] = 0
     account_embedding_loss: bool = Field(False, strict=True)
+    chunk_layers: tuple[Annotated[int, Field(strict=True, ge=1, le=1 << 12)], ...] = Field((), max_length=1 << 12)
     ep: _Degree = 1
     etp: _Degree = 1
     moe_dispatcher: Literal[DISPATCHER_NAMES] = "alltoall"
@@ -443,8 +460,7 @@ def structure_why_not(layout: Layout, model: ModelConfig) -> str | None:
     if why:
         return why
     if layout.uneven:
-        return virtual_split_why_not(model.layers, layout.pp, layout.vpp, layout.first_stage_layers,
-                                     layout.last_stage_layers, layout.account_embedding_loss)
+        return layout.split_why_not(model.layers)
     return None
 
 
@@ -522,8 +538,7 @@ def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: i
     if layout.uneven and layout.pp < 2:
         return "first / last stage layer counts need pipeline stages (pp >= 2)"
     if layout.pp > 1:
-        why = virtual_split_why_not(model.layers, layout.pp, layout.vpp, layout.first_stage_layers,
-                                    layout.last_stage_layers, layout.account_embedding_loss)
+        why = layout.split_why_not(model.layers)
         if why:
             return why
         # what a schedule adds (SPPO: TP+SP only) it checks itself (`memo_sim.layout.schedule`)
@@ -613,7 +628,7 @@ def enumerate_layouts(model: ModelConfig, gpus: int, gpus_per_node: int, seq: in
                       tp_modes: tuple[str, ...] = ("megatron",), metp_across_nodes: bool = False,
                       pp: int = 1, first: int | None = None, last: int | None = None,
                       experts: ExpertChoice = ExpertChoice(), dp_modes: tuple[str, ...] = ("zero",),
-                      ) -> tuple[list[Layout], list[tuple[Layout, str]]]:
+                      chunks: tuple[int, ...] = ()) -> tuple[list[Layout], list[tuple[Layout, str]]]:
     """All layouts for ``gpus`` GPUs matching the fixed degrees; (valid, [(rejected, reason)]).
 
     ``tp_modes``: the tensor-parallel flavours to enumerate (default Megatron only). A METP mode
@@ -624,11 +639,14 @@ def enumerate_layouts(model: ModelConfig, gpus: int, gpus_per_node: int, seq: in
     degrees, dispatcher and balance (`ExpertChoice`; a dense model runs ep 1, etp 1). ``dp_modes``: the
     data-parallel flavours to try (`memo_sim.dp`); ZeRO stage 3 is tried as each (FSDP over the whole
     group and, where that group spans nodes, HSDP sharded inside a node; resharding after the forward
-    on and off), the other stages as ZeRO."""
+    on and off), the other stages as ZeRO. ``chunks``: each model chunk's layers (`Layout.chunk_layers`;
+    the layouts then have len(chunks) / pp chunks per rank)."""
     moe_kw = {"moe_dispatcher": experts.dispatcher, "moe_balance": experts.balance}
-    if pp > 1 and first is None and last is None:
+    if pp > 1 and first is None and last is None and not chunks:
         first, last = uneven_split(model.layers, pp) or (0, 0)
     ends = {"first_stage_layers": first or 0, "last_stage_layers": last or 0} if pp > 1 else {}
+    if chunks:
+        ends = {"chunk_layers": tuple(chunks), "vpp": max(1, len(chunks) // pp)}
     valid: list[Layout] = []
     rejected: list[tuple[Layout, str]] = []
     choices = lambda fixed: [fixed] if fixed is not None else _divisors(gpus)  # noqa: E731
@@ -777,12 +795,25 @@ def stage_layers(n_layers: int, pp: int, first: int = 0, last: int = 0) -> list[
 
 
 def virtual_split_why_not(n_layers: int, pp: int, vpp: int = 1, first: int = 0, last: int = 0,
-                          account: bool = False) -> str | None:
+                          account: bool = False, chunks: tuple[int, ...] = ()) -> str | None:
     """Why ``n_layers`` cannot be split into ``pp`` ranks x ``vpp`` model chunks as asked, or None:
     evenly; with the first / last ranks' counts (`stage_split_why_not`; with vpp > 1 every rank's
-    count divides over its chunks, as Megatron-LM requires); or with the embedding and the loss each
-    taking a layer's slot (``account``: layers + 2 divide into pp x vpp chunks of at least 2 slots)."""
+    count divides over its chunks, as Megatron-LM requires); with the embedding and the loss each
+    taking a layer's slot (``account``: layers + 2 divide into pp x vpp chunks of at least 2 slots); or
+    each chunk its own count (``chunks``, one per virtual stage, `memo_sim.layout.pipeline_layout`)."""
     n_vs = pp * vpp
+    if chunks:
+        if first or last or account:
+            return (f"{LAYOUT_OPTION} gives every model chunk its layers: it is not set together with first / last "
+                    "stage counts or the embedding and loss slots")
+        if len(chunks) != n_vs:
+            return (f"{LAYOUT_OPTION} gives {len(chunks)} model chunks, the pipeline has pp x vpp = {n_vs}; "
+                    f"set --vpp {len(chunks) // pp if len(chunks) % pp == 0 else '?'} or a layout of {n_vs} stages")
+        if min(chunks) < 1:
+            return f"{LAYOUT_OPTION}: every model chunk runs at least one layer in memo"
+        if sum(chunks) != n_layers:
+            return f"{LAYOUT_OPTION} places {sum(chunks)} layers, the model has {n_layers}"
+        return None
     if account:
         if first or last:
             return ("the embedding and loss slots (--account-for-embedding/loss-in-pipeline-split) and first / last "
@@ -812,17 +843,19 @@ def virtual_split_why_not(n_layers: int, pp: int, vpp: int = 1, first: int = 0, 
 
 
 def virtual_stage_layers(n_layers: int, pp: int, vpp: int = 1, first: int = 0, last: int = 0,
-                         account: bool = False) -> list[range]:
+                         account: bool = False, chunks: tuple[int, ...] = ()) -> list[range]:
     """The layers of each virtual stage (chunk c of rank s is virtual stage c x pp + s; the simulator and
     the executor both read it): an even split; the first / last ranks' counts, each rank's divided evenly
     over its chunks (Megatron-LM's --decoder-first/last-pipeline-num-layers); or, with ``account``, each
     chunk ``(n_layers + 2) / (pp x vpp)`` slots, the embedding taking one of the first chunk's and the loss
-    one of the last chunk's (--account-for-embedding/loss-in-pipeline-split)."""
-    why = virtual_split_why_not(n_layers, pp, vpp, first, last, account)
+    one of the last chunk's (--account-for-embedding/loss-in-pipeline-split); or ``chunks`` as given."""
+    why = virtual_split_why_not(n_layers, pp, vpp, first, last, account, chunks)
     if why:
         raise MemoError(why)
     n_vs = pp * vpp
-    if account:
+    if chunks:
+        counts = list(chunks)
+    elif account:
         slots = (n_layers + 2) // n_vs
         counts = [slots] * n_vs
         counts[0] -= 1

@@ -244,8 +244,8 @@ def stage_shard(layout: Layout) -> Layout:
 
 @memoised_by(lambda model, layout, micro_batch, seq, profile: (
     model, layout.tp, layout.sp, layout.cp, layout.ulysses, layout.dp, layout.zero, layout.pp, micro_batch, seq,
-    layout.first_stage_layers, layout.last_stage_layers, layout.optimizer_offload, layout.ep, layout.etp,
-    profile_key(profile)))
+    layout.first_stage_layers, layout.last_stage_layers, layout.account_embedding_loss, layout.chunk_layers,
+    layout.vpp if layout.uneven else 1, layout.optimizer_offload, layout.ep, layout.etp, profile_key(profile)))
 def _stage_terms(model: ModelConfig, layout: Layout, micro_batch: int, seq: int,
                  profile: HardwareProfile) -> tuple[float, float, float]:
     """A pipeline's per-stage terms, policy-independent (memoised by the degrees they read: every
@@ -263,7 +263,9 @@ def _stage_terms(model: ModelConfig, layout: Layout, micro_batch: int, seq: int,
         if link not in per_link:
             per_link[link] = p2p_link_time(model, layout, micro_batch, seq, profile, link)
     hops = 2 * sum(per_link[p2p_link(layout, profile, s)] for s in range(p - 1))
-    kinds = sorted({0, p - 1} | ({1} if p > 2 else set()))  # stages 1 .. p-2 hold the same parameters (uneven too)
+    # stages 1 .. p-2 hold the same parameters (first / last counts, the embedding and loss slots); chunks of their
+    # own counts may give every stage its own
+    kinds = range(p) if layout.chunk_layers else sorted({0, p - 1} | ({1} if p > 2 else set()))
     serial = max(stage_serial_grad_reduce(model, layout, profile, s) for s in kinds)
     return hops, serial, max(stage_optimizer_time(model, layout, s, profile) for s in kinds)
 

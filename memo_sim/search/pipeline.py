@@ -29,6 +29,7 @@ from typing import Callable, NamedTuple
 
 from memo_sim.cost.memo import memoised, memoised_by
 from memo_sim.cost.sppo import stage_model_state_bytes
+from memo_sim.errors import MemoError
 from memo_sim.engine.schedules.microbatch import micro_batch_pipelines, stage_in_flight
 from memo_sim.layout.parallel import (
     ExpertChoice, Layout, _divisors, check_layout, enumerate_layouts, node_stage_gpus, uneven_split,
@@ -51,7 +52,8 @@ MAX_MICRO_BATCH_SIZES = 4  # the smallest divisors of the batch tried as micro-b
 
 
 @memoised_by(lambda model, layout: (model, layout.pp, layout.tp, layout.state_shards, layout.zero >= 1,
-                                    layout.first_stage_layers, layout.last_stage_layers, layout.optimizer_offload,
+                                    layout.first_stage_layers, layout.last_stage_layers, layout.account_embedding_loss,
+                                    layout.chunk_layers, layout.vpp if layout.uneven else 1, layout.optimizer_offload,
                                     layout.ep, layout.etp, layout.dp_mode))
 def _stage_states(model: ModelConfig, layout: Layout) -> tuple[float, ...]:
     """Each stage's model-state bytes on one GPU (memoised by what `stage_model_state_bytes`
@@ -241,8 +243,7 @@ def _chunked(model: ModelConfig, lay: Layout, vpp: int, fixed_ends: bool, allows
     each taking a layer's slot (Megatron-LM's --account-for-embedding/loss-in-pipeline-split) where that
     divides and the framework offers uneven stages, unless the user fixed the end stages' counts."""
     cand = replace(lay, vpp=vpp)
-    if vpp == 1 or not virtual_split_why_not(model.layers, lay.pp, vpp, lay.first_stage_layers,
-                                             lay.last_stage_layers, lay.account_embedding_loss):
+    if (vpp == 1 and not lay.chunk_layers) or not cand.split_why_not(model.layers):
         return cand
     if fixed_ends:
         return None
@@ -260,12 +261,14 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
                         last: int | None = None, experts: ExpertChoice = ExpertChoice(),
                         tp_modes: tuple[str, ...] = ("megatron",), metp_across_nodes: bool = False,
                         dp_modes: tuple[str, ...] = ("zero",), floor: Callable[[], float | None] | None = None,
+                        chunks: tuple[int, ...] = (),
                         ) -> tuple[list[Candidate], list[tuple[Layout, str]], dict]:
     """Every pipeline candidate of the space (module docs) for ``policies``: (candidates,
     rejected layouts, what was searched). ``dp_modes``: the data-parallel flavours tried
     (`memo_sim.layout.parallel.enumerate_layouts`: ZeRO 3 runs beside stages only as FSDP without
     resharding, `memo_sim.dp.fsdp`). ``allows``: the framework's layout filter; ``adapt``:
     the layout as the framework runs it (its mechanisms; `memo_sim.frameworks.Framework.adapt`).
+    ``chunks``: each model chunk's layers (`Layout.chunk_layers`: ``pp`` fixed, len(chunks) / pp chunks per rank).
 
     ``floor``: called once, before the first family (a layout with its chunks, batch split and
     schedule) is built, it returns the best throughput simulated so far (None: none). A family
@@ -275,6 +278,9 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
     families, the candidates they hold and the highest bound among them)."""
     names = tuple(n for n in (schedules or micro_batch_pipelines()) if n in micro_batch_pipelines())
     # pp splitting the layers evenly, or unevenly where `uneven_split` finds a split (first / last fixed: any)
+    if chunks and (pp is None or len(chunks) % pp):
+        raise MemoError(f"{len(chunks)} model chunks need a pipeline degree that divides them, got pp {pp}")
+    fixed_ends = first is not None or last is not None or bool(chunks)
     pps = [pp] if pp is not None else [d for d in _divisors(gpus) if d > 1 and (
         model.layers % d == 0 or first is not None or last is not None or uneven_split(model.layers, d))]
     out: list[Candidate] = []
@@ -286,7 +292,8 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
     for p in pps:
         valid, rej = enumerate_layouts(model, gpus, profile.node_gpus, seq, tp=tp, cp=cp, ulysses=ulysses, dp=dp,
                                        zero=zero, sp=sp, pp=p, first=first, last=last, experts=experts,
-                                       tp_modes=tp_modes, metp_across_nodes=metp_across_nodes, dp_modes=dp_modes)
+                                       tp_modes=tp_modes, metp_across_nodes=metp_across_nodes, dp_modes=dp_modes,
+                                       chunks=chunks)
         rejected += rej
         rejected += [(lay, f"the framework does not offer {lay.label()}") for lay in valid if not allows(lay)]
         valid = [lay for lay in valid if allows(lay)]
@@ -312,11 +319,11 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
                     rejected.append((lay, f"micro-batch {mb} does not divide the batch {b}"))
                     continue
                 for name in names:
-                    vpps = [vpp] if vpp is not None else [1] + [v for v in range(2, MAX_VPP + 1)]
+                    vpps = ([lay.vpp] if chunks else [vpp] if vpp is not None
+                            else [1] + [v for v in range(2, MAX_VPP + 1)])
                     for v in vpps:
                         if v not in chunked:
-                            chunked[v] = _chunked(model, lay, v, fixed_ends=first is not None or last is not None,
-                                                  allows=allows)
+                            chunked[v] = _chunked(model, lay, v, fixed_ends=fixed_ends, allows=allows)
                         cand = chunked[v]
                         if cand is None or check_schedule(name, pp=p, vpp=v, layers=model.layers, batch=b,
                                                           micro_batch=mb, policy_name="store_all", uneven=cand.uneven):

@@ -30,7 +30,7 @@ from memo_sim.search.whatif import NO_VALID_LAYOUT, WhatIfResult, candidates_for
 # the fields that fix part of the searched space (`candidates_for`'s keywords, `not_searched`'s advice)
 FIXING = ("batch", "global_batch", "micro_batch", "tp", "cp", "ulysses", "dp", "zero", "sp", "alpha", "tp_mode",
           "metp_across_nodes", "pp", "vpp", "schedules", "subseqs", "partition", "multiplex", "optimizer_offload",
-          "first_stage_layers", "last_stage_layers", "ep", "etp", "moe_dispatcher", "moe_balance", "dp_mode",
+          "first_stage_layers", "last_stage_layers", "chunk_layers", "ep", "etp", "moe_dispatcher", "moe_balance", "dp_mode",
           "alloc_conf", "allocator")
 SPPO_FLAGS = ("subseqs", "partition", "multiplex")  # SPPO's own options: with none of --policy, they plan SPPO
 
@@ -80,6 +80,7 @@ class WhatifRequest:
     vpp: int | None = None
     first_stage_layers: int | None = None  # uneven pipeline stages (Megatron's --decoder-first-pipeline-num-layers)
     last_stage_layers: int | None = None  # (--decoder-last-pipeline-num-layers)
+    chunk_layers: tuple[int, ...] | None = None  # each model chunk's layers (--pipeline-model-parallel-layout)
     schedules: tuple[str, ...] = ()
     subseqs: int | None = None
     partition: str | None = None

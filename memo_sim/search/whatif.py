@@ -105,6 +105,25 @@ def _adapter(adapt: Callable[[Layout], Layout], alloc_conf: str | None) -> Calla
     return adapted
 
 
+def _chunk_layout_vpp(chunks: tuple[int, ...], pp: int | None, vpp: int | None, uneven_flags: bool,
+                      pipes: tuple[str, ...], allowed: tuple[str, ...]) -> int:
+    """The virtual stages per rank a --pipeline-model-parallel-layout gives (its stages / pp), or a one-line
+    refusal where the other pipeline options contradict it."""
+    opt = "--pipeline-model-parallel-layout"
+    if pp is None or pp < 2:
+        raise MemoError(f"{opt} splits a pipeline: give --pp (the pipeline ranks its stages spread over)")
+    if uneven_flags:
+        raise MemoError(f"{opt} gives every stage its layers: drop --decoder-first/last-pipeline-num-layers")
+    if not pipes:
+        raise MemoError(f"{opt} splits a micro-batch pipeline: search 1f1b or interleaved_1f1b")
+    v = len(chunks) // pp
+    if vpp is not None and vpp != v:
+        raise MemoError(f"{opt} has {len(chunks)} stages over --pp {pp}: {v} per rank, not --vpp {vpp}; drop --vpp")
+    if v > 1 and "interleaved_1f1b" not in allowed:
+        raise MemoError(f"{opt}: {v} stages per rank run the interleaved_1f1b schedule, which is left out")
+    return v
+
+
 def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, *, batch: int | None = None,
                    tp: int | None = None, cp: int | None = None, ulysses: int | None = None, dp: int | None = None,
                    zero: int | None = None, sp: bool | None = None, policies: tuple[str, ...] | None = None,
@@ -114,7 +133,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
                    micro_batch: int | None = None, global_batch: int | None = None,
                    schedules: tuple[str, ...] | None = None, optimizer_offload: bool | None = None,
                    first_stage_layers: int | None = None, last_stage_layers: int | None = None,
-                   ep: int | None = None, etp: int | None = None, moe_dispatcher: str = "alltoall",
+                   chunk_layers: tuple[int, ...] | None = None, ep: int | None = None, etp: int | None = None, moe_dispatcher: str = "alltoall",
                    moe_balance: str = "dropless", dp_mode: str | None = None, alloc_conf: str | None = None,
                    allocator: str = "caching", sppo_beside: Callable[..., SppoBeside] | None = None,
                    pipeline_floor: Callable[[list[Candidate]], float | None] | None = None) -> WhatIfResult:
@@ -142,6 +161,8 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     and the framework offers it. ``first_stage_layers`` / ``last_stage_layers``: the first and last
     pipeline stages' layer counts (Megatron-LM's --decoder-first/last-pipeline-num-layers; default:
     an even split, or `memo_sim.layout.parallel.uneven_split` where the layers do not divide).
+    ``chunk_layers``: each model chunk's layers (`memo_sim.layout.pipeline_layout`, Megatron-LM's
+    --pipeline-model-parallel-layout): ``pp`` fixed, len / pp chunks per rank.
     ``ep``, ``etp``: the expert degrees of a MoE model (None: searched), ``moe_dispatcher`` and
     ``moe_balance`` what every MoE candidate runs with (`memo_sim.layout.parallel.ExpertChoice`).
     ``dp_mode``: the data-parallel flavours to search (`memo_sim.dp`): one of the framework's, or ``all``
@@ -195,6 +216,10 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     if uneven_flags and (not pipes or pp == 1):
         raise MemoError("--decoder-first/last-pipeline-num-layers split a micro-batch pipeline: drop them, or search "
                         "1f1b or interleaved_1f1b with pp >= 2")
+    chunk_layers = tuple(chunk_layers or ())
+    if chunk_layers:
+        vpp = _chunk_layout_vpp(chunk_layers, pp, vpp, uneven_flags, pipes, allowed)
+        uneven_flags = True
     if optimizer_offload and not fw.optimizer_offload:
         raise MemoError(f"--optimizer-offload: {fw.name} does not offer it; drop it or choose another --framework")
     if optimizer_offload and ((pp is not None and pp > 1) or (vpp is not None and vpp > 1)):
@@ -254,7 +279,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
             model, seq, gpus, profile, policies=plain, batch=batch, global_batch=global_batch,
             micro_batch=micro_batch, allows=fw.allows, adapt=pipe_adapt, tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero, sp=sp,
             pp=pp, vpp=vpp, alpha=alpha, schedules=pipes, first=first_stage_layers, last=last_stage_layers,
-            experts=experts, tp_modes=modes, metp_across_nodes=metp_across_nodes, dp_modes=dp_modes,
+            chunks=chunk_layers, experts=experts, tp_modes=modes, metp_across_nodes=metp_across_nodes, dp_modes=dp_modes,
             floor=(lambda: pipeline_floor(out)) if pipeline_floor is not None and not pipe_flags else None)
         out += pc
         rejected += pr
