@@ -371,10 +371,10 @@ def test_refusals_before_allocation(tmp_path):
 
 def test_chunks_of_their_own_sizes_match_one_process():
     """Every model chunk its own layer count (Megatron-LM's --pipeline-model-parallel-layout 'Et|t*3|t*2|t*2L':
-    `Layout.chunk_layers`), 8 layers over pp 2 x vpp 2, interleaved 1F1B, store all and full recompute: loss and
-    every gradient as one process; rank 0 runs chunks 0 and 2, rank 1 chunks 1 and 3."""
+    `Layout.chunk_layers`), 8 layers over pp 2 x vpp 2, interleaved 1F1B, store all, full recompute and MEMO:
+    loss and every gradient as one process; rank 0 runs chunks 0 and 2, rank 1 chunks 1 and 3."""
     cases = [(8, {"pp": 2, "vpp": 2, "chunk_layers": (1, 3, 2, 2)}, "interleaved_1f1b", pol)
-             for pol in ("store_all", "full_recompute")]
+             for pol in ("store_all", "full_recompute", "memo")]
     results = spawn(rank_cases, 2, cases, timeout=300)
     for i, c in enumerate(cases):
         check(results[0][i], c[0], 0, c)
