@@ -41,6 +41,7 @@ def test_megatrons_examples_read_as_its_docs_say():
     ("Et*|t*4L", "a '*' takes a count"),
     ("Et*4|*2t*4L", "repeats a separator"),
     ("(t|)*99999999", "expands to more than"),
+    ("Et*100000000000|tL", "expands to more than"),  # refused before the string is built
     ("Et*4|t*4|t*4|t*4L", "16 transformer layers"),
     ("Et*2|t*2|t*2L", "3 stages do not divide over --pp 2"),
     ("", "empty"),

@@ -59,6 +59,7 @@ def _whatif_request(run):
         tp=run.tp, cp=run.cp, ulysses=run.ulysses, dp=run.dp, zero=run.zero, sp=run.sp if run.tp > 1 else None,
         tp_mode=run.tp_mode,
         first_stage_layers=run.first_stage_layers or None, last_stage_layers=run.last_stage_layers or None,
+        chunk_layers=run.chunk_layers or None,
         ep=run.ep, etp=run.etp, moe_dispatcher=run.moe_dispatcher, moe_balance=run.moe_balance,
         pp=run.pp, vpp=run.vpp if run.pp > 1 else None, micro_batch=run.micro_batch or run.global_batch // run.dp,
         global_batch=run.global_batch,

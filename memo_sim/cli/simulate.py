@@ -29,7 +29,7 @@ from memo_sim.cli.common import progress_bar
 from memo_sim.errors import MemoError
 from memo_sim.fileio import OutputFolder, atomic_write_json, output_folder
 from memo_sim.forked import beside
-from memo_sim.policy import policy_names
+from memo_sim.policy import policy_names, prices_model
 from memo_sim.report.formats import format_options, resolve_format
 from memo_sim.report.peaks import allocator_of, result_peak
 from memo_sim.report.sweep_text import runs_answer
@@ -297,8 +297,9 @@ def sweep_seq_cmd(plan_file, out_dir, seqs, profile_override, tp_modes, policies
     if plan.schedule == "sppo" and plan.layout.pp > 1:
         pols = tuple(policies) or (plan.policy.name,)  # an SPPO pipeline: only SPPO schedules it
     else:  # the policies the plan's schedule runs (SPPO's search too where the plan is SPPO's)
-        pols = tuple(policies) or tuple(p for p in policy_names() if schedule_runs_policy(plan.schedule, p)
-                                        or plan.schedule == "sppo")
+        pols = tuple(policies) or tuple(p for p in policy_names() if (schedule_runs_policy(plan.schedule, p)
+                                                                      or plan.schedule == "sppo")
+                                        and prices_model(p, plan.model))
     layouts = _tp_mode_layouts(plan.layout, tp_modes) if tp_modes else {plan.layout.label(): plan.layout}
     for s in lens:
         for lay in layouts.values():

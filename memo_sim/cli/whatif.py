@@ -206,8 +206,8 @@ def request_of(options: dict) -> WhatifRequest:
     text = options.get("pipeline_layout")
     chunks = None
     if text is not None:
-        if not options.get("pp"):
-            raise MemoError(f"{LAYOUT_OPTION} splits a pipeline over --pp ranks: give --pp")
+        if not options.get("pp") or options["pp"] < 2:
+            raise MemoError(f"{LAYOUT_OPTION} splits a pipeline over --pp ranks: give --pp 2 or more")
         chunks = parse_layout(text, model.layers, options["pp"])
     return WhatifRequest.from_options(model, load_profile(options["profile_name"]),
                                       dict(options, jobs=jobs, chunk_layers=chunks))

@@ -105,6 +105,8 @@ from memo_sim.layout.kv_heads import kv_heads_why_not, kv_repeat_factor
 from memo_sim.layout.moe_balance import balance_why_not, measured_why_not, parse_balance, Balance
 from memo_sim.layout.moe_dispatchers import DISPATCHER_NAMES, Dispatcher, dispatcher
 from memo_sim.layout.pipeline_layout import OPTION as LAYOUT_OPTION, counts_label
+
+_CHUNKS = f"chunk_layers ({LAYOUT_OPTION})"  # the field, and the option that sets it
 from memo_sim.layout.ring_merge import RING_MERGE_NAMES
 from memo_sim.model.kernel_fusion import KERNEL_FUSIONS
 from memo_sim.model.layer_graph import ATTENTION_KERNELS, CROSS_ENTROPY_KERNELS
@@ -804,15 +806,15 @@ def virtual_split_why_not(n_layers: int, pp: int, vpp: int = 1, first: int = 0, 
     n_vs = pp * vpp
     if chunks:
         if first or last or account:
-            return (f"{LAYOUT_OPTION} gives every model chunk its layers: it is not set together with first / last "
+            return (f"{_CHUNKS} gives every model chunk its layers: it is not set together with first / last "
                     "stage counts or the embedding and loss slots")
         if len(chunks) != n_vs:
-            return (f"{LAYOUT_OPTION} gives {len(chunks)} model chunks, the pipeline has pp x vpp = {n_vs}; "
+            return (f"{_CHUNKS} gives {len(chunks)} model chunks, the pipeline has pp x vpp = {n_vs}; "
                     f"set --vpp {len(chunks) // pp if len(chunks) % pp == 0 else '?'} or a layout of {n_vs} stages")
         if min(chunks) < 1:
-            return f"{LAYOUT_OPTION}: every model chunk runs at least one layer in memo"
+            return f"{_CHUNKS}: every model chunk runs at least one layer in memo"
         if sum(chunks) != n_layers:
-            return f"{LAYOUT_OPTION} places {sum(chunks)} layers, the model has {n_layers}"
+            return f"{_CHUNKS} places {sum(chunks)} layers, the model has {n_layers}"
         return None
     if account:
         if first or last:

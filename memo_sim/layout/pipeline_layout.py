@@ -65,6 +65,8 @@ def _expand(text: str) -> str:
                 if item == "|":
                     raise _bad(text, "'|*n' repeats a separator: write (...|)*n")
                 pos += len(m.group(0))
+                if len(item) * int(m.group(1)) > _MAX_EXPANDED:  # checked before it is built
+                    raise _bad(text, f"expands to more than {_MAX_EXPANDED} symbols")
                 item = item * int(m.group(1))
             out.append(item)
             if sum(map(len, out)) > _MAX_EXPANDED:

@@ -12,6 +12,6 @@ from memo_sim.policy import checkpoint_offload  # noqa: F401  (DeepSpeed's cpu_c
 from memo_sim.policy import sppo  # noqa: F401  (SPPO: subsequence pipeline offloading, registered last)
 # isort: on
 from memo_sim.policy.base import Policy
-from memo_sim.policy.registry import get_policy, policy_class, policy_names, register
+from memo_sim.policy.registry import get_policy, policy_class, policy_names, prices_model, register
 
-__all__ = ["Policy", "get_policy", "policy_class", "policy_names", "register"]
+__all__ = ["Policy", "get_policy", "policy_class", "policy_names", "prices_model", "register"]

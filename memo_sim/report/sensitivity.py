@@ -95,7 +95,8 @@ def sensitivity_line(shown, profile: HardwareProfile, alpha: float | None = None
     for what, runs in s["groups"].items():
         moved = {k: v for k, v in runs.items() if v != s["base"]}
         if moved:
-            changes.append(f"{what} {'/'.join(moved)} -> " + ", ".join(sorted(set(moved.values()))))
+            # None: none of the re-estimated plans fits under that perturbation
+            changes.append(f"{what} " + ", ".join(f"{k} -> {v or 'none of them fits'}" for k, v in moved.items()))
         else:
             stays.append(f"{what} ±{next(iter(runs))[1:]}")
     head = (f"sensitivity (uncalibrated profile; analytic tier, the best {s['checked']} fitting plans re-estimated): "

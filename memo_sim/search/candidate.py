@@ -173,11 +173,16 @@ def host_memory_words(c: Candidate) -> str:
     n_off = c.policy.offloaded_layers(c.model.layers)
     if n_off == 0 or m.host_bytes_per_node <= 0:
         return "nothing is offloaded to host memory"
+    from memo_sim.cost.optimizer_offload import host_state_bytes
+    from memo_sim.cost.param_split import model_gpu_params
+
     gpus = min(c.layout.gpus, c.profile.node_gpus)
-    raw = m.host_bytes_per_gpu / n_off
-    pinned = m.host_bytes_per_node / (gpus * n_off)
-    words = (f"{n_off} offloaded layers x {gpus} GPUs x {fmt_bytes(pinned)} pinned per layer = "
-             f"{fmt_bytes(m.host_bytes_per_node)} of {fmt_bytes(m.host_capacity_bytes)} usable per node")
+    optim = host_state_bytes(c.model, c.layout, model_gpu_params(c.model, c.layout))  # under optimizer offload
+    raw = (m.host_bytes_per_gpu - optim) / n_off
+    pinned = (m.host_bytes_per_node - gpus * optim) / (gpus * n_off)
+    words = (f"{n_off} offloaded layers x {gpus} GPUs x {fmt_bytes(pinned)} pinned per layer"
+             + (f" + {gpus} GPUs' optimizer states of {fmt_bytes(optim)}" if optim > 0 else "")
+             + f" = {fmt_bytes(m.host_bytes_per_node)} of {fmt_bytes(m.host_capacity_bytes)} usable per node")
     if raw > 0 and pinned > raw * 1.01:
         words += (f"; {c.layout.host_pool} with {c.profile.host.pinned_rounding} rounding turns "
                   f"{fmt_bytes(raw)} of activations per layer into {fmt_bytes(pinned)} pinned "

@@ -26,6 +26,8 @@ from memo_sim.cost.boundary import boundary_times
 from memo_sim.model.flops import mfu, model_flops_per_iteration, tgs
 from memo_sim.cost.grad_sync import grad_sync
 from memo_sim.cost.memo import memoised, memoised_by, profile_key
+from memo_sim.cost.optimizer_offload import host_state_bytes
+from memo_sim.cost.param_split import model_gpu_params
 from memo_sim.cost.layer_time import backward_costs, critical_time, forward_costs
 from memo_sim.cost.transfer import host_bandwidth_per_gpu, host_copy_time
 from memo_sim.layout.parallel import Layout
@@ -118,7 +120,9 @@ def memo_alpha(model: ModelConfig, layout: Layout, batch: int, seq: int, profile
     bw = host_bandwidth_per_gpu(profile, "d2h", active)
     # the copy latency is paid once per layer: take it off the time budget
     budget = max(0.0, f - float(profile.host_link.latency))
-    m_cpu = profile.usable_host_memory / active
+    # the host memory one GPU's share leaves for MEMO's blocks: less the optimizer states it holds there
+    m_cpu = max(0.0, profile.usable_host_memory / active
+                - host_state_bytes(model, layout, model_gpu_params(model, layout)))
     res = solver(AlphaProblem(sk["input"], sk["attn"], sk["other"], bw, budget, model.layers, m_cpu, units))
     if not res.feasible:
         return res

@@ -30,7 +30,7 @@ from typing import Callable, NamedTuple
 from memo_sim.cost.memo import memoised, memoised_by
 from memo_sim.cost.sppo import stage_model_state_bytes
 from memo_sim.errors import MemoError
-from memo_sim.engine.schedules.microbatch import micro_batch_pipelines, stage_in_flight
+from memo_sim.engine.schedules.microbatch import micro_batch_pipelines, stage_in_flight, stage_in_flight_layers
 from memo_sim.layout.parallel import (
     ExpertChoice, Layout, _divisors, check_layout, enumerate_layouts, node_stage_gpus, uneven_split,
     virtual_split_why_not,
@@ -85,13 +85,15 @@ def micro_batch_sizes(batch: int, fixed: int | None = None) -> list[int]:
 
 
 def _host_units(model: ModelConfig, layout: Layout, in_flight: list[int], micro_batches: int,
-                gpus_per_node: int) -> tuple[int, tuple[int, ...], tuple[int, ...], int]:
+                gpus_per_node: int, layers: tuple[int, ...] | None = None,
+                ) -> tuple[int, tuple[int, ...], tuple[int, ...], int]:
     """(host layer blocks per GPU on the fullest node; per stage the layers it holds in flight, and
     of those the offloaded ones; the most offloaded layer blocks one node holds, its GPUs together).
     A rank's last `KEPT_LAYERS` forward layers stay on the GPU (`memo_sim.policy.rounding_buffers`):
     they count where the rank holds every forward at once (its peak then includes them).
+    ``layers``: per stage the layers in flight where the chunks differ (`stage_in_flight_layers`).
     Memoised: every policy and micro-batch size of a layout asks."""
-    return _host_units_of(model.layers, layout, tuple(in_flight), micro_batches, gpus_per_node)
+    return _host_units_of(model.layers, layout, tuple(in_flight), micro_batches, gpus_per_node, layers)
 
 
 @memoised_by(lambda layout, gpus_per_node: (layout.stage_stride, layout.pp, layout.gpus, gpus_per_node))
@@ -105,8 +107,11 @@ def _node_patterns(layout: Layout, gpus_per_node: int) -> tuple[tuple[tuple[int,
 
 @lru_cache(maxsize=1 << 16)  # a cluster-scale query has some 10k pipeline layouts
 def _host_units_of(layers: int, layout: Layout, in_flight: tuple[int, ...], micro_batches: int,
-                   gpus_per_node: int) -> tuple[int, tuple[int, ...], tuple[int, ...], int]:
-    if layout.uneven:  # each rank's own chunk sizes: in-flight chunk steps x its largest chunk's layers
+                   gpus_per_node: int, layers_in_flight: tuple[int, ...] | None = None,
+                   ) -> tuple[int, tuple[int, ...], tuple[int, ...], int]:
+    if layers_in_flight is not None:  # each rank's own chunk sizes, through the schedule's order
+        units = layers_in_flight
+    elif layout.uneven:  # without the order: in-flight chunk steps x the rank's largest chunk (an upper bound)
         vr, p = layout.virtual_stage_ranges(layers), layout.pp
         units = tuple(k * max(len(vr[c * p + s]) for c in range(layout.vpp)) for s, k in enumerate(in_flight))
     else:
@@ -155,8 +160,13 @@ def _shape(model: ModelConfig, layout: Layout, batch: int, micro_batch: int, pro
            schedule: str) -> _Shape:
     m = batch // micro_batch
     flights = stage_in_flight(schedule, layout.pp, m, layout.vpp)
-    return _Shape(flights, _host_units(model, layout, flights, m, profile.node_gpus), _stage_states(model, layout),
-                  stage_shard(layout))
+    layers = None
+    if layout.uneven:  # each rank's own chunk sizes, followed through the schedule's order
+        vr, p = layout.virtual_stage_ranges(model.layers), layout.pp
+        sizes = tuple(tuple(len(vr[c * p + s]) for c in range(layout.vpp)) for s in range(p))
+        layers = tuple(stage_in_flight_layers(schedule, p, m, layout.vpp, sizes))
+    return _Shape(flights, _host_units(model, layout, flights, m, profile.node_gpus, layers),
+                  _stage_states(model, layout), stage_shard(layout))
 
 
 def pipeline_memory(model: ModelConfig, layout: Layout, batch: int, micro_batch: int, seq: int, policy: Policy,

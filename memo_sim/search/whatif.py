@@ -38,7 +38,7 @@ from memo_sim.layout.schedule import SCHEDULE_NAMES, check_schedule, default_sch
 from memo_sim.tp import TP_MODES
 from memo_sim.memplan.footprint import memory_breakdown
 from memo_sim.model.config import ModelConfig
-from memo_sim.policy import get_policy, policy_class, policy_names
+from memo_sim.policy import get_policy, policy_class, policy_names, prices_model
 from memo_sim.profile.schema import HardwareProfile
 from memo_sim.search.candidate import Candidate, binding_words, host_memory_words  # noqa: F401  (re-exported)
 from memo_sim.search.estimate import estimate_iteration, memo_alpha
@@ -111,7 +111,7 @@ def _chunk_layout_vpp(chunks: tuple[int, ...], pp: int | None, vpp: int | None, 
     refusal where the other pipeline options contradict it."""
     opt = "--pipeline-model-parallel-layout"
     if pp is None or pp < 2:
-        raise MemoError(f"{opt} splits a pipeline: give --pp (the pipeline ranks its stages spread over)")
+        raise MemoError(f"{opt} splits a pipeline: give --pp 2 or more (the pipeline ranks its stages spread over)")
     if uneven_flags:
         raise MemoError(f"{opt} gives every stage its layers: drop --decoder-first/last-pipeline-num-layers")
     if not pipes:
@@ -196,8 +196,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
             if p in policy_names() and (why := policy_class(p).model_why_not(model)):
                 raise MemoError(f"--policy {p}: {why}; fix: choose another --policy")
     policies = fw.policies if policies is None else policies
-    policies = tuple(p for p in policies if (model.moe or not policy_class(p).needs_experts)
-                     and policy_class(p).model_why_not(model) is None)
+    policies = tuple(p for p in policies if prices_model(p, model))
     _check_options(fw, policies, alpha, batch, micro_batch, global_batch, schedules)
     allowed = tuple(n for n in (schedules or fw.schedules) if n in fw.schedules)
     pipes = tuple(n for n in allowed if n in micro_batch_pipelines())
@@ -217,6 +216,9 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
         raise MemoError("--decoder-first/last-pipeline-num-layers split a micro-batch pipeline: drop them, or search "
                         "1f1b or interleaved_1f1b with pp >= 2")
     chunk_layers = tuple(chunk_layers or ())
+    if chunk_layers and not plain:
+        raise MemoError("--pipeline-model-parallel-layout splits a micro-batch pipeline; SPPO splits its own stages: "
+                        "drop it, or ask for another --policy")
     if chunk_layers:
         vpp = _chunk_layout_vpp(chunk_layers, pp, vpp, uneven_flags, pipes, allowed)
         uneven_flags = True

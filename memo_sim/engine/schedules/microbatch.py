@@ -143,6 +143,26 @@ def _stage_in_flight(order, pp: int, micro_batches: int, vpp: int) -> tuple[int,
     return tuple(in_flight(order(pp, micro_batches, vpp, s)) for s in range(pp))
 
 
+def stage_in_flight_layers(name: str, pp: int, micro_batches: int, vpp: int,
+                           chunk_sizes: tuple[tuple[int, ...], ...]) -> list[int]:
+    """Per rank, the most layers of chunk forwards held at once under schedule ``name``, rank s's chunk c
+    holding ``chunk_sizes[s][c]`` layers (uneven chunks: the count of `stage_in_flight` times the largest
+    chunk overstates it where a rank's chunks differ)."""
+    return list(_stage_in_flight_layers(pipeline_order(name), pp, micro_batches, vpp, chunk_sizes))
+
+
+@lru_cache(maxsize=4096)
+def _stage_in_flight_layers(order, pp: int, micro_batches: int, vpp: int, chunk_sizes) -> tuple[int, ...]:
+    out = []
+    for s in range(pp):
+        live = peak = 0
+        for st in order(pp, micro_batches, vpp, s):
+            live += chunk_sizes[s][st.chunk] if st.kind == "F" else -chunk_sizes[s][st.chunk]
+            peak = max(peak, live)
+        out.append(peak)
+    return tuple(out)
+
+
 def in_flight(order: list[Step]) -> int:
     """The most chunk forwards a rank holds whose backward has not run (its activations' count)."""
     live = peak = 0

@@ -1,0 +1,26 @@
+"""`memo-sim sweep-seq` of a mixture-of-experts plan sweeps the policies that price the model (op_sac, priced for
+dense blocks only, used to abort the whole sweep with exit 2); a policy asked for by name is still refused."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from memo_sim.cli import cli
+
+
+def test_sweep_seq_of_a_moe_plan_skips_the_policies_that_do_not_price_it(tmp_path):
+    r = CliRunner().invoke(cli, ["whatif", "--model", "qwen3-30b-a3b", "--gpus", "16", "--seq", "32K", "--profile",
+                                 "h100-sxm5-80gb", "--tp", "1", "--ep", "8", "--dp", "16", "--policy", "memo",
+                                 "--out", str(tmp_path / "p")])
+    assert r.exit_code == 0, r.output
+    s = CliRunner().invoke(cli, ["sweep-seq", str(tmp_path / "p" / "plan.json"), "--out", str(tmp_path / "s"),
+                                 "--seqs", "32K", "--json"])
+    assert s.exit_code == 0, s.output
+    doc = json.loads((tmp_path / "s" / "mfu_vs_seq.json").read_text())
+    names = json.dumps(doc)
+    assert "op_sac" not in names and "recompute_moe" in names and "memo" in names
+    bad = CliRunner().invoke(cli, ["sweep-seq", str(tmp_path / "p" / "plan.json"), "--out", str(tmp_path / "b"),
+                                   "--seqs", "32K", "--policy", "op_sac"])
+    assert bad.exit_code == 2 and "op_sac" in bad.output and not (tmp_path / "b").exists()
