@@ -67,6 +67,7 @@ def resimulate(plan, layers: int):
     model = dataclasses.replace(plan.model, layers=layers)
     try:
         res = simulate(model, plan.layout, plan.batch, plan.seq_tokens, plan.policy, load_profile(plan.profile),
+                       schedule=plan.schedule, micro_batch=plan.micro_batch,  # the plan's pipeline, as it ran
                        classifier_chunk_tokens=plan.classifier_chunk_tokens, keep_timeline=True)
     except MemoError as e:
         return None, f"the simulator refused the plan ({str(e).splitlines()[0]})"

@@ -74,6 +74,7 @@ def test_bad_moe_configs_are_refused_naming_the_field(folder, over, field):
 
 @pytest.mark.parametrize("over,needle", [
     (dict(experts=8, top_k=9), "top_k"),
+    (dict(experts=8), "top_k is missing"),
     (dict(experts=8, top_k=2, dense_layers=32), "dense_layers"),
     (dict(top_k=2), "give experts"),
     (dict(sliding_window=128), "sliding_window and sliding_layers"),

@@ -15,8 +15,10 @@
   order of `memo_exec.distributed.context.local_token_index` (gathered row t*p + j is rank j's local
   row t), each the other's backward; the shared experts run between them under TP.
 
-Every rank of a group calls these in the same order (forward: dispatch then combine; autograd's
-backward: combine then dispatch), so the collectives pair up.
+Every rank of a group calls these in the same order (forward: the rows' dispatch, the router weights'
+all-to-all, then combine; autograd's backward: combine, the weights', then the rows': it runs the ready
+node created last first, and `memo_exec.moe.block` creates the weights' all-to-all after the rows'
+dispatch and before the expert GEMMs on every rank), so the collectives pair up.
 """
 
 from __future__ import annotations

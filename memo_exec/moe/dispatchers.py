@@ -16,8 +16,8 @@ outputs to their copy rows on the rank the tokens came from. Everything is diffe
   The counts are exchanged before any row moves, so every rank knows how many rows it receives
   from each peer (zero included: a rank no token is routed to still takes part in both exchanges).
 
-Router weights (``route_probs``): each copy's weight travels with it (one more all-to-all of 4 bytes a
-row, span ``moe_dispatch_probs_alltoall_ep``, not priced by the simulator), as Megatron-Core's
+Router weights (``route_probs``): each copy's weight travels with it (one more all-to-all of one element a
+row, in the router's dtype, span ``moe_dispatch_probs_alltoall_ep``, not priced by the simulator), as Megatron-Core's
 dispatchers send the permuted probabilities, so the experts apply it inside their activation and the
 combine is a plain sum of each token's k copies (nothing h-wide kept for the weights' gradient).
 
@@ -54,7 +54,7 @@ def sim_op_name(which: str, collective: str = "alltoall", group: str = "ep") -> 
 
 DISPATCH_A2A, COMBINE_A2A = sim_op_name("dispatch"), sim_op_name("combine")
 COUNTS_A2A = "moe_dispatch_counts_alltoall_ep"  # not priced by the simulator
-PROBS_A2A = "moe_dispatch_probs_alltoall_ep"  # the copies' router weights (4 bytes a row): not priced either
+PROBS_A2A = "moe_dispatch_probs_alltoall_ep"  # the copies' router weights (one element a row): not priced either
 A2A_OPS = (DISPATCH_A2A, COMBINE_A2A)  # the rows' all-to-alls `memo_exec.compare.alltoall_rows` compares
 
 

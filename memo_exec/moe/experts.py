@@ -43,7 +43,7 @@ def ffn(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, b1, b2, swiglu: boo
 
 def act(a: torch.Tensor, swiglu: bool, probs: torch.Tensor | None = None) -> torch.Tensor:
     """SwiGLU (`_SwiGLU`: ``silu(gate) * up`` over the two halves of ``a``) or GELU; with ``probs``
-    (fp32 [rows]) each row times its router weight, keeping only ``a`` and ``probs`` (`_WeightedAct`)."""
+    ([rows], the router's dtype) each row times its router weight, keeping only ``a`` and ``probs`` (`_WeightedAct`)."""
     if probs is not None:
         return _WeightedAct.apply(a, probs, swiglu)
     if swiglu:
@@ -84,7 +84,7 @@ class _SwiGLU(torch.autograd.Function):
 
 
 class _WeightedAct(torch.autograd.Function):
-    """``act(a) * p`` per row (``p`` fp32 [rows], the copy's router weight), as Megatron-Core's experts
+    """``act(a) * p`` per row (``p`` [rows], the copy's router weight, in the router's dtype), as Megatron-Core's experts
     apply the routing probabilities inside their fused activation (``weighted_bias_swiglu_impl``): the
     product is taken in fp32 and cast to ``a``'s dtype, and only ``a`` and ``p`` are kept. Weighting
     the experts' outputs after the second GEMM instead (the combine's multiply) would keep those
@@ -138,7 +138,7 @@ def impl_for(xe: torch.Tensor, weights) -> str:
 def run_experts(xe: torch.Tensor, counts: list[int], weights, swiglu: bool, impl: str | None = None,
                 probs: torch.Tensor | None = None) -> torch.Tensor:
     """``xe`` [sum(counts), h] grouped by local expert (``counts[j]`` rows of expert j, in order);
-    ``impl`` one of `IMPLS` (default: `impl_for`); ``probs`` (fp32 [sum(counts)]): each row's router
+    ``impl`` one of `IMPLS` (default: `impl_for`); ``probs`` ([sum(counts)]): each row's router
     weight, applied inside the activation (`_WeightedAct`)."""
     impl = impl or impl_for(xe, weights)
     if impl == "grouped":

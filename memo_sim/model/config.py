@@ -127,6 +127,9 @@ class _ModelIn(BaseModel):
         if self.heads % kv:
             raise ValueError(f"heads ({self.heads}) must be divisible by kv_heads ({kv}); change one of them")
         if self.experts:
+            if not self.top_k:
+                raise ValueError(f"top_k is missing: give the experts each token is routed to (1 to the "
+                                 f"{self.experts} experts)")
             if not 1 <= self.top_k <= self.experts:
                 raise ValueError(f"top_k ({self.top_k}) must be between 1 and the {self.experts} experts; change top_k")
             if self.dense_layers >= self.layers:

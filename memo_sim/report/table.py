@@ -15,4 +15,10 @@ def render_table(headers: list[str], rows: list[list[str]]) -> str:
 
 
 def status_text(status: str, over_bytes: float) -> str:
-    return status if status == "OK" else f"{status} +{fmt_bytes(over_bytes)}"
+    """``OK``, or the status and the bytes over capacity; an OOM with none over (the caching allocator's replay
+    found no block for a request although the peak fits: fragmentation) says so."""
+    if status == "OK":
+        return status
+    if over_bytes <= 0 and status == "OOM":
+        return "OOM frag"
+    return f"{status} +{fmt_bytes(over_bytes)}"
