@@ -381,8 +381,8 @@ def _xtuner(rid, m, name, gpus, seq, sp, gas, tgs, tflops, cfg_file, gas_src=Non
 _XT_CFG = "xtuner/configs/llama_speed_benchmark/{}/{}.py"
 _XT_KV = ("; XTuner repeats the 8 K/V heads to the 64 query heads before the all-to-all (repeat_kv, then "
           "flash_attn_wo_mask/flash_attn_w_mask's sequence_parallel_wrapper: xtuner/model/modules/dispatch/llama.py "
-          "and xtuner/parallel/sequence/attention.py at 7575f2c91); memo repeats each K/V head SP / 8 times, one "
-          "head per rank, as XTuner's later mha.py and DeepSpeed's Ulysses do (`memo_sim.layout.kv_heads`)")
+          "and xtuner/parallel/sequence/attention.py at 7575f2c91), as memo's xtuner framework data does "
+          "(ulysses_kv: query_heads, `memo_sim.layout.kv_heads`)")
 
 
 def _mds_4sci(k: int, tflops: float) -> Run:
@@ -429,8 +429,8 @@ LONG_RUNS: tuple[Run, ...] = (
             _XT_CFG.format("llama2_70b", "llama2_70b_full_alpaca_enzh_32k_sp4")),
     _xtuner("llama2-70b-128k-sp8", LLAMA2_70B, "Llama-2-70B", 32, 131072, 8, 8, 144.7, 189.7,
             _XT_CFG.format("llama2_70b", "llama2_70b_full_alpaca_enzh_128k_sp8")),
-    # SP 16 and SP 64 over 8 K/V heads: each K/V head repeated before the all-to-all (2 and 8 copies in memo,
-    # `memo_sim.layout.kv_heads`; 8 in XTuner at 7575f2c91, see _XT_KV)
+    # SP 16 and SP 64 over 8 K/V heads: each K/V head repeated 8 times before the all-to-all (XTuner at 7575f2c91
+    # and memo's xtuner data, see _XT_KV; the GQA rows at SP 2-8 are repeated so as well)
     _xtuner("llama2-70b-256k-sp16", LLAMA2_70B, "Llama-2-70B", 32, 262144, 16, 16, 63.8, 127.6,
             _XT_CFG.format("llama2_70b", "llama2_70b_full_alpaca_enzh_256k_sp16"), extra=_XT_KV),
     _xtuner("llama2-70b-1m-sp64", LLAMA2_70B, "Llama-2-70B", 64, 1048576, 64, 64, 21.8, 133.5,
@@ -866,13 +866,14 @@ OUTLIERS = {"megatron2024-1.7B": _H100, "megatron2024-7.1B": _H100, "megatron202
 _XT_MEMORY = (
     "what changes from the rows memo predicts within 10% is memory. memo puts this run's peak at {peak} of the 78 "
     "usable GiB, HF's fp32 logits and their loss included (the xtuner framework data's torch_fused loss over every "
-    "token of the rank), without {extra}; near the 80 GB the caching allocator frees cached "
-    "blocks and retries cudaMalloc, which memo's replay of the iteration does not see here (0 reorganisations). The "
-    "table's own TFLOP/s fall from 128K to 256K where memory is tight (Yi-34B 191.8 to 145.3; Llama-2-70B 189.7 at "
-    "128K SP 8 to 127.6 at 256K SP 16) and hold where it is not (Llama-2-7B, 29 GiB in memo: 180.3 to 176.9), the "
-    "pattern of memory pressure rather than of the attention kernel, whose share of memo's layer is {attn}. Not "
-    "pinned down: the run's memory is not stated, and the interconnect (the 'dgx-a100-selene' variant) and fp32 "
-    "gradients (the 'megatron recipe' variant) each move memo by less than 1%")
+    "token of the rank) and the K/V heads {extra}; memo's replay of the iteration through the caching allocator "
+    "reaches its capacity once ({where}: one reorganisation, its synchronisation and cudaMallocs priced, well under "
+    "1% of the step). The table's own TFLOP/s fall from 128K to 256K where memory is tight (Yi-34B 191.8 to 145.3; "
+    "Llama-2-70B 189.7 at 128K SP 8 to 127.6 at 256K SP 16) and hold where it is not (Llama-2-7B, 29 GiB in memo: "
+    "180.3 to 176.9), the pattern of memory pressure rather than of the attention kernel, whose share of memo's "
+    "layer is {attn}. Not pinned down: the run's memory is not stated, how often the cluster's allocator flushed its "
+    "cache is not either, and the interconnect (the 'dgx-a100-selene' variant) and fp32 gradients (the 'megatron "
+    "recipe' variant) each move memo by less than 1%")
 OUTLIERS.update({
     "xtuner-llama2-70b-32k-sp4": (
         "memo too slow: the ZeRO-3 collectives it leaves exposed. memo's compute of a micro-batch (forward 6.5 s, "
@@ -894,26 +895,26 @@ OUTLIERS.update({
         "tokens per GPU included), so memory pressure is "
         "unlikely. What the run does that memo does not model: XTuner's all-to-all of non-contiguous head slices"),
     "xtuner-yi-34b-256k-sp8": _XT_MEMORY.format(
-        peak="69 GiB (81.8 GB reserved)", attn="82% here against 69% at 128K, where memo is within 8%",
-        extra="the K/V heads repeated 7-fold before the all-to-all"),
+        peak="69 GiB (83.4 GB reserved at the replay's peak)", attn="82% here against 69% at 128K, where memo is "
+        "within 7%", extra="repeated 7-fold before the all-to-all as XTuner does", where="layer 12's q, k, v "
+        "all-to-all buffer"),
     "xtuner-llama2-70b-128k-sp8": _XT_MEMORY.format(
-        peak="63 GiB (73.5 GB reserved)", attn="63%",
-        extra="the K/V heads repeated 8-fold before the all-to-all (also 2.4x the all-to-all bytes memo prices for "
-              "GQA; on NVLink a few ms a layer)"),
+        peak="63 GiB (80.9 GB reserved at the replay's peak)", attn="63%",
+        extra="repeated 8-fold before the all-to-all as XTuner does (2.4x the all-to-all bytes of one head per "
+              "rank; on NVLink a few ms a layer)", where="layer 15's q, k, v all-to-all buffer"),
     "xtuner-llama2-70b-256k-sp16": (
-        "memo too fast; not pinned down, memory pressure the likeliest. memo runs SP 16 over the 8 K/V heads with each "
-        "head repeated twice before the all-to-all (one K and one V head per rank after it, `memo_sim.layout.kv_heads`) "
-        "and puts the peak at 63 GiB (78.9 GB reserved, HF's fp32 logits included) of the 78 usable GiB, above the "
-        "128K SP 8 row's 73.5 GB (-10.6%, see it), without XTuner's 8-fold repeat (7575f2c91's repeat_kv to all 64 "
-        "query heads: 4 K/V heads per rank "
-        "after the all-to-all where memo has 1, 0.4 GB more, and 0.5 GB of repeated K/V before it). With them the run "
-        "sits at the GPU's 80 GB, where the caching allocator frees cached blocks and retries cudaMalloc, which memo's "
-        "replay does not see (0 reorganisations); the table's own TFLOP/s fall from 189.7 at 128K SP 8 to 127.6 here. "
-        "The 8-fold repeat also doubles the q, k, v all-to-all memo prices (402 to 805 MB a layer across the 2 nodes of "
-        "SP 16 at the profile's 12.5 GB/s per GPU): about 7 s more of memo's 179 s micro-batch (+4%) if it were priced. "
-        "Attention is 63% of memo's forward and 76% of its backward, in calls of 7e13 FLOPs, the size of the "
-        "Llama-2-7B 256K row's (within 6%); the all-to-alls are 11% and 4%. The interconnect is not stated: Selene's "
-        "8 HDR per node makes memo faster still (-33.7%); the fp32-gradient variant does not fit"),
+        "memo too fast; not pinned down, memory pressure the likeliest. memo runs SP 16 over the 8 K/V heads as "
+        "XTuner's 7575f2c91 does, each repeated to the 64 query heads before the all-to-all (4 K/V heads per rank "
+        "after it; before memo's xtuner data did so, one repeated head per rank: -30.3%), and puts the peak at 63 GiB "
+        "(HF's fp32 logits included; 72.4 GB reserved at the replay's peak, one reorganisation at layer 3's q, k, v "
+        "all-to-all buffer, priced well under 1% of the step) of the 78 usable GiB. The table's own TFLOP/s fall "
+        "from 189.7 at 128K SP 8 to 127.6 here, the pattern of memory pressure (see xtuner-llama2-70b-128k-sp8), "
+        "which memo's replay prices only as its one reorganisation. The repeat doubles the q, k, v all-to-all (402 "
+        "to 805 MB a layer across the 2 nodes of SP 16 at the profile's 12.5 GB/s per GPU): 191 s a micro-batch "
+        "where one repeated head per rank gave 179 s. Attention is 60% of memo's forward and 74% of its backward, in "
+        "calls of 7e13 FLOPs, the size of the Llama-2-7B 256K row's (within 6%); the all-to-alls are 16% and 6%. "
+        "The interconnect is not stated: Selene's 8 HDR per node makes memo faster still (-31.3%); fp32 gradients "
+        "-24.9%"),
     "xtuner-llama2-70b-1m-sp64": (
         "memo too fast; not pinned down. Here memo's repeat is XTuner's (SP 64 over 8 K/V heads: each repeated 8 times, "
         "one K and one V head per rank, the bytes of 7575f2c91's repeat to the 64 query heads), and memory is not "
@@ -1085,6 +1086,11 @@ HISTORY = (
      {"torchtitan-t1-fsdp-compile": -0.190, "torchtitan-t3-fsdp128-compile": -0.177, "torchtitan-t2-cp1": -0.193,
       "torchtitan-t2-cp2": -0.073, "torchtitan-t2-cp4": -0.302, "torchtitan-t2-cp8": -0.329,
       "torchtitan-t4-2d": -0.057}),
+    ("442b64e", "2026-11-26", "before XTuner's K/V repeat was its framework data's (`Layout.ulysses_kv`: one repeated "
+     "K/V head per rank where the Ulysses ranks outnumbered the K/V heads, none where they did not)",
+     {"xtuner-yi-34b-32k-sp2": -0.097, "xtuner-yi-34b-128k-sp8": -0.074, "xtuner-yi-34b-256k-sp8": -0.268,
+      "xtuner-llama2-70b-32k-sp4": 0.185, "xtuner-llama2-70b-128k-sp8": -0.106, "xtuner-llama2-70b-256k-sp16": -0.303,
+      "xtuner-yi-34b-128k-sp8-16gpu": -0.163}),
 )
 
 
@@ -1216,6 +1222,14 @@ STEPS = (
      "and 8) is expressible, and torchtitan's Table 5 interleaved row is predicted (t5-interleaved -11.4%: memo "
      "gives interleaving 1.29x over the 1F1B row, the table 1.28x); no mechanism changed, every other row unchanged: "
      "dense 39 predicted at 11.5% / 30.3%, the FP8 rows 12 at 14.6% / 28.8%"),
+    ("XTuner's K/V repeat", "how a framework's Ulysses repeats a GQA model's K/V heads before its all-to-all, as "
+     "framework data (`Layout.ulysses_kv`, `memo_sim.layout.kv_heads`): XTuner at 7575f2c91 repeats every K/V head to "
+     "the query heads (repeat_kv before its sequence-parallel wrapper's all-to-all: ulysses_kv query_heads), so its "
+     "GQA rows send and hold K and V at the query heads' width; memo-exec repeats the same way under that rule. The "
+     "Yi-34B and Llama-2-70B rows move (70B 256K SP 16 -30.3% to -25.6%, its all-to-all across 2 nodes doubled; the "
+     "others by 0.3-0.4 points; the 1M SP 64 row already repeated 8-fold), Llama-2-7B (no GQA) and every other row "
+     "unchanged: dense 39 predicted at 11.4% / 28.8%, long-context 20 at 15.4% / 28.8%, the FP8 rows 12 at 14.6% / "
+     "28.8%, the MoE group unchanged (16.3% / 45.7%)"),
 )
 
 

@@ -67,7 +67,8 @@ class _SeqParallelStandIn:
 
     def __init__(self, inner, plan: Plan) -> None:
         self.inner, self.lay = inner, plan.layout
-        self.r = plan.layout.kv_repeat(plan.model.n_kv_heads)  # K/V heads repeated (`memo_sim.layout.kv_heads`)
+        m = plan.model
+        self.r = plan.layout.kv_repeat(m.n_kv_heads, m.heads)  # K/V heads repeated (`memo_sim.layout.kv_heads`)
         self.name = inner.name
 
     def _dims(self, dims: AttnDims) -> AttnDims:
@@ -185,7 +186,7 @@ def _dims(plan: Plan) -> AttnDims:
     m, lay = plan.model, plan.layout
     split = lay.tp * lay.ulysses
     return AttnDims(plan.batch, plan.seq_tokens // lay.cp, m.heads // split,
-                    m.n_kv_heads * lay.kv_repeat(m.n_kv_heads) // split, m.qk_head_dim)
+                    m.n_kv_heads * lay.kv_repeat(m.n_kv_heads, m.heads) // split, m.qk_head_dim)
 
 
 def record_cuda_history(plan: Plan, device: str | None = None, dtype: str | None = None,

@@ -29,8 +29,11 @@ MQA = ModelConfig("mqa-kv1", **SHAPE, kv_heads=1, bias="qkv")
 MODELS = {"gqa": GQA, "mqa": MQA}
 # (model, layout, policy): r = 2 (ulysses 4 over 2 K/V heads; TP 2 leaving one K/V head per TP rank under
 # ulysses 2), r = 4 (MQA, ulysses 4) and r = 2 with ring CP carrying the repeated heads (MQA, ulysses 2 x cp 2)
+# and XTuner 2024's rule (``ulysses_kv: query_heads``): MQA at ulysses 2 x cp 2, the K/V head repeated to the
+# 4 query heads (r = 4, where the minimal rule repeats it twice), the ring carrying the repeats
 CASES = [("gqa", {"ulysses": 4}, "store_all"), ("gqa", {"tp": 2, "ulysses": 2}, "full_recompute"),
-         ("mqa", {"ulysses": 4}, "memo"), ("mqa", {"ulysses": 2, "cp": 2}, "store_all")]
+         ("mqa", {"ulysses": 4}, "memo"), ("mqa", {"ulysses": 2, "cp": 2}, "store_all"),
+         ("mqa", {"ulysses": 2, "cp": 2, "ulysses_kv": "query_heads"}, "full_recompute")]
 
 
 @pytest.fixture(autouse=True)
@@ -80,7 +83,8 @@ def test_four_ranks_ulysses_over_repeated_kv_heads_match_single_process():
     results = spawn(rank_kv_repeat_cases, 4, CASES, timeout=600)
     for i, (arch, lay_kw, pol) in enumerate(CASES):
         lay = Layout(**lay_kw)
-        assert results[0][i][2] == lay.tp * lay.ulysses // MODELS[arch].n_kv_heads > 1  # K/V heads really repeated
+        m = MODELS[arch]
+        assert results[0][i][2] == lay.kv_repeat(m.n_kv_heads, m.heads) > 1  # K/V heads really repeated
         ref_loss, ref_grads, _ = reference(SEQ, pol, 1, model=MODELS[arch])
         what = (arch, lay_kw, pol)
         assert all(abs(r[i][0] - ref_loss) <= TOL * abs(ref_loss) for r in results), (what, ref_loss)

@@ -118,3 +118,30 @@ def test_a_whatif_fixing_zero3_beside_stages_answers_and_compares_memos_best():
                                  "--jobs", "1", "--gpus", "4", "--no-plan", "--policy", "full_recompute"])
     assert r.exit_code == 0, r.output
     assert "fsdp-keep" in r.output and "memo's best:" in r.output
+
+
+def test_the_analytic_tier_exposes_each_ranks_first_chunks_gradients_as_the_engine_does():
+    """Interleaved, each chunk reduced after its last backward: the reduction left after a rank's
+    backward is its chunk 0's (virtual stage s), so with chunks of 1, 1, 3, 3 layers (chunk 0 of both
+    ranks one layer) the analytic tier exposes one layer's gradients where the even split (2 each)
+    exposes two; in the engine chunk 0's reduction runs after the rank's last backward (the other chunk's
+    start earlier, each after that chunk's last backward, though some may wait for the link)."""
+    from memo_sim.cost.sppo import stage_grad_sync
+    from memo_sim.search.estimate import estimate_pipeline
+
+    pol = get_policy("full_recompute")
+    even, uneven = Layout(dp=8, pp=2, vpp=2, **KEEP), Layout(dp=8, pp=2, vpp=2, chunk_layers=(1, 1, 3, 3), **KEEP)
+    est = {lay: estimate_pipeline(TOY, lay, 4, 1, 4096, pol, H100) for lay in (even, uneven)}
+    grad = stage_grad_sync(TOY, even, H100).layer_grad
+    assert grad > 0
+    assert est[even].grad_sync_exposed_s - est[uneven].grad_sync_exposed_s == pytest.approx(grad, rel=1e-9)
+    res = simulate(TOY, uneven, 4, 4096, pol, H100, schedule="interleaved_1f1b", micro_batch=1, record=True,
+                   keep_timeline=False)
+    assert res.status == "OK"
+    for dev in {op.device for op in res.ops}:
+        bwd_end = max(op.end for op in res.ops if op.device == dev and op.phase == "bwd" and op.stream == "compute")
+        grads = {op.layer: op for op in res.ops if op.device == dev and op.phase == "grad_sync" and op.layer is not None}
+        first = {0: 0, 1: 1}  # chunk 0's layer on each rank (virtual stages 0 and 1)
+        chunk0 = [lay for lay in grads if lay in first.values()]
+        assert len(chunk0) == 1 and grads[chunk0[0]].start >= bwd_end - 1e-12
+        assert any(op.start < bwd_end for lay, op in grads.items() if lay not in first.values())

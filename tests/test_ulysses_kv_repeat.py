@@ -34,7 +34,28 @@ def _op(costs, name: str):
 @pytest.mark.parametrize("tp,u,r", [(1, 1, 1), (1, 8, 1), (1, 16, 2), (1, 64, 8), (2, 4, 1), (2, 8, 2), (8, 2, 2)])
 def test_repeat_factor(tp, u, r):
     """r = tp·u / 8 where tp·u exceeds the 8 K/V heads under Ulysses, else 1."""
-    assert Layout(tp=tp, ulysses=u).kv_repeat(8) == kv_repeat_factor(tp, u, 8) == r
+    assert Layout(tp=tp, ulysses=u).kv_repeat(8, 64) == kv_repeat_factor(tp, u, 8) == r
+
+
+@pytest.mark.parametrize("tp,u,r", [(1, 1, 1), (1, 2, 8), (1, 8, 8), (1, 16, 8), (1, 64, 8)])
+def test_query_heads_rule_repeats_to_the_query_heads(tp, u, r):
+    """XTuner 2024's rule (``ulysses_kv: query_heads``): under Ulysses every K/V head is repeated
+    heads / n_kv = 8 times, whatever the degree; without Ulysses nothing is sent, nothing priced."""
+    lay = Layout(tp=tp, ulysses=u, ulysses_kv="query_heads")
+    assert lay.kv_repeat(8, 64) == kv_repeat_factor(tp, u, 8, 64, "query_heads") == r
+    with pytest.raises(ValueError, match="query heads"):
+        kv_repeat_factor(tp, u, 8, rule="query_heads")
+
+
+def test_query_heads_rule_accepts_degrees_the_minimal_one_refuses():
+    """8 K/V heads, 24 query heads over ulysses 12: no whole or one-repeated head per rank (refused under
+    the minimal rule), but repeated to the 24 query heads each rank gets 2 K/V heads."""
+    m = ModelConfig("kv8-h24", 2, 24 * 128, 24, 8192, kv_heads=8)
+    assert check_layout(Layout(ulysses=12), m, 12, 8, 12 * K) is not None
+    assert check_layout(Layout(ulysses=12, ulysses_kv="query_heads"), m, 12, 8, 12 * K) is None
+    assert "ulysses_kv must be one of" in check_layout(Layout(ulysses=12, ulysses_kv="all"), m, 12, 8, 12 * K)
+    assert Layout(ulysses=12, ulysses_kv="query_heads").label().endswith("kv-query-heads")
+    assert "ulysses_kv" not in Layout(ulysses=12).to_dict()
 
 
 def test_layout_accepts_70b_over_16_and_64_ulysses_ranks():
@@ -64,6 +85,19 @@ def test_alltoall_bytes_carry_the_repeated_kv_heads(u):
     for costs in (forward_costs(M70, lay, 1, s, A100), backward_costs(M70, lay, 1, s, A100)):
         assert _op(costs, "alltoall_qkv").nbytes == pytest.approx(want)
     assert want > s / u * (M70.q_dim + M70.kv_dim + M70.v_dim) * BF16  # the un-repeated bytes are less
+
+
+def test_query_heads_rule_sends_and_holds_kv_at_the_query_heads():
+    """Llama-2-70B at ulysses 8 under XTuner 2024's rule: K and V each go out at the 64 query heads
+    (r = 8; 1 under the minimal rule), so the all-to-all moves s/8 x 3·8192 x 2 bytes, and each rank
+    holds 8 K and 8 V heads for the whole sequence after it."""
+    s, u = 128 * K, 8
+    lay, minimal = Layout(ulysses=u, ulysses_kv="query_heads"), Layout(ulysses=u)
+    want = s / u * 3 * M70.q_dim * BF16
+    assert _op(forward_costs(M70, lay, 1, s, A100), "alltoall_qkv").nbytes == pytest.approx(want)
+    assert _op(forward_costs(M70, minimal, 1, s, A100), "alltoall_qkv").nbytes < want
+    assert _sizes(layer_forward_trace(M70, lay, 1, s), "ulysses_qkv_alltoall") == \
+        [_aligned(s * 3 * M70.q_dim / u * BF16)]
 
 
 def test_head_sharded_kv_buffers_hold_one_repeated_head():

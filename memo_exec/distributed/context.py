@@ -215,7 +215,7 @@ def check_divisible(layout: Layout, model, batch: int, seq: int) -> str | None:
         return f"{model.heads} heads are not divisible by tp x ulysses = {heads_split}"
     # K/V heads: whole on each rank, or (tp x ulysses a multiple of them) each repeated before Ulysses'
     # all-to-all (`memo_sim.layout.kv_heads`, `memo_exec.distributed.attention.UlyssesAttention`)
-    why = kv_heads_why_not(layout.tp, layout.ulysses, model.n_kv_heads)
+    why = kv_heads_why_not(layout.tp, layout.ulysses, model.n_kv_heads, layout.ulysses_kv)
     if why:
         return why
     if model.ffn % layout.tp:

@@ -140,7 +140,7 @@ class DistExecutor(ExecutorBase):
         self.local_T = self.flavour.local_tokens(self.micro * self.shard_seq)  # one micro-batch's rows here
         m = self.model
         p = self.flavour.size
-        r = lay.kv_repeat(m.n_kv_heads)  # K/V heads repeated before Ulysses' all-to-all (`memo_sim.layout.kv_heads`)
+        r = lay.kv_repeat(m.n_kv_heads, m.heads)  # K/V heads repeated before Ulysses' all-to-all (`layout.kv_heads`)
         inner_dims = AttnDims(self.micro, self.seq // lay.cp, m.heads // (p * lay.ulysses),
                               m.n_kv_heads * r // (p * lay.ulysses), m.qk_head_dim)
         if lay.cp > 1:

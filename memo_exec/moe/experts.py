@@ -62,8 +62,7 @@ class _SwiGLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a):
         ctx.save_for_backward(a)
-        f = a.shape[1] // 2
-        return F.silu(a[:, :f]) * a[:, f:]
+        return _plain_act(a, True)
 
     @staticmethod
     @once_differentiable
@@ -117,6 +116,7 @@ def _compute_dtype(a: torch.Tensor) -> torch.dtype:
 
 
 def _plain_act(a: torch.Tensor, swiglu: bool) -> torch.Tensor:
+    """The activation alone, no autograd bookkeeping of its own: ``silu(g) * u`` over ``a = [g | u]`` or GELU."""
     if swiglu:
         f = a.shape[1] // 2
         return F.silu(a[:, :f]) * a[:, f:]

@@ -298,7 +298,7 @@ def _ops_with_comm(ops: list[OpSpec], model: ModelConfig, layout: Layout, batch:
             out += moe.dispatcher_costs(op, model, layout, batch, seq, profile, phase, fraction)
             continue
         if op.kind == "attention" and layout.ulysses > 1:  # K and V sent with each head repeated r times
-            kv = layout.kv_repeat(model.n_kv_heads) * (model.kv_dim + model.v_dim)
+            kv = layout.kv_repeat(model.n_kv_heads, model.heads) * (model.kv_dim + model.v_dim)
             out.append(_ulysses_alltoall(model, layout, batch, seq, profile, phase, model.q_dim + kv, "alltoall_qkv"))
         if op.kind == "attention" and layout.cp > 1:
             out.append(_cp_ring(model, layout, batch, seq, profile, phase))

@@ -109,7 +109,7 @@ def ring_kv_elements(model: ModelConfig, layout: Layout, batch: int, seq: int) -
     tokens = tokens_per_gpu(layout, batch, seq)
     if ring_merge(layout.ring_merge).kv_at_query_heads:
         return tokens * (model.q_dim + model.attn_dim) / layout.tp
-    return tokens * (model.kv_dim + model.v_dim) / layout.tp * layout.kv_repeat(model.n_kv_heads)
+    return tokens * (model.kv_dim + model.v_dim) / layout.tp * layout.kv_repeat(model.n_kv_heads, model.heads)
 
 
 def ring_shift_bytes(model: ModelConfig, layout: Layout, batch: int, seq: int, grads: bool = False) -> float:

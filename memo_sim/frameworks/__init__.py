@@ -32,7 +32,10 @@ policies, and how it runs what the simulator models as a switch
   all-gather asynchronously beside the data-gradient GEMM (`memo_sim.layout.parallel`);
 - ``ring_merge`` (optional, default ``none``): the passes over HBM the framework's ring CP runs beside
   its attention kernels, ``torch_cp`` for PyTorch's experimental context parallelism's fp32 merges
-  and accumulations (`memo_sim.layout.ring_merge`).
+  and accumulations (`memo_sim.layout.ring_merge`);
+- ``ulysses_kv`` (optional, default ``minimal``): how the framework's Ulysses repeats a GQA model's K/V
+  heads before its all-to-all, ``minimal`` (one head per rank where the ranks outnumber the heads) or
+  ``query_heads`` (every K/V head repeated to the query heads; `memo_sim.layout.kv_heads`).
 
 A file's ``layouts.dp_modes`` lists its data-parallel flavours (`memo_sim.dp`: ``zero``, the ZeRO
 stages; ``fsdp``, FSDP2 with HSDP and resharding after the forward or not; default ``[zero]``).
@@ -76,6 +79,7 @@ from memo_sim.dp import DP_MODES
 from memo_sim.layout.alloc_conf import merged_alloc_conf
 from memo_sim.layout.moe_dispatchers import DISPATCHER_NAMES
 from memo_sim.layout.parallel import HOST_POOLS, Layout
+from memo_sim.layout.kv_heads import ULYSSES_KV_RULES
 from memo_sim.layout.ring_merge import RING_MERGE_NAMES
 from memo_sim.layout.schedule import SCHEDULE_NAMES
 from memo_sim.model.config import DTYPES, ModelConfig
@@ -91,7 +95,8 @@ DATA = Path(__file__).parent / "data"
 MECHANISMS = {"attention": "attention", "grad_overlap": "grad_overlap", "cross_entropy": "cross_entropy",
               "host_pool": "host_pool", "expandable_segments": "expandable_segments", "alloc_conf": "alloc_conf",
               "nccl_record_stream": "nccl_record_stream", "kernel_fusion": "kernel_fusion",
-              "sp_regather_overlap": "sp_regather_overlap", "ring_merge": "ring_merge"}
+              "sp_regather_overlap": "sp_regather_overlap", "ring_merge": "ring_merge",
+              "ulysses_kv": "ulysses_kv"}
 
 
 class _ExpertsIn(BaseModel):
@@ -133,6 +138,7 @@ class _MechanismsIn(BaseModel):
     kernel_fusion: Literal[KERNEL_FUSIONS] = "fused"  # fused | compiled (`memo_sim.model.kernel_fusion`)
     sp_regather_overlap: bool = Field(False, strict=True)  # SP's backward re-gather beside the dgrad GEMM
     ring_merge: Literal[RING_MERGE_NAMES] = "none"  # ring CP's passes beside its kernels (`layout.ring_merge`)
+    ulysses_kv: Literal[ULYSSES_KV_RULES] = "minimal"  # K/V heads before Ulysses' all-to-all (`layout.kv_heads`)
 
     @model_validator(mode="after")
     def _conf(self):

@@ -25,20 +25,30 @@ backward are the un-repeated, sequence-sharded ones (memo's executor repeats the
 backward), and the attention kernel is priced by its FLOPs, which the repeat leaves as they are
 (every query head reads one K/V head either way). Where the gradient returns, the repeats are
 summed (autograd's repeat_interleave backward; memo's executor sums them explicitly).
-(XTuner's older dispatch, xtuner/model/modules/dispatch/llama.py at 7575f2c91, repeats every K/V
-head to the query heads whatever the degree, heads / n_kv times: not this rule, see
-benchmarks/published_runs.py.)
+That is the ``minimal`` rule (``Layout.ulysses_kv``, framework data). The other, ``query_heads``:
+XTuner's older dispatch, xtuner/model/modules/dispatch/llama.py at 7575f2c91 (2024-07), calls HF's
+``repeat_kv`` on the key and value states before ``flash_attn_wo_mask`` / ``flash_attn_w_mask`` and
+their ``sequence_parallel_wrapper`` (xtuner/parallel/sequence/attention.py) run the all-to-all, so
+every K/V head goes out repeated to the query heads, r = heads / n_kv, whatever the Ulysses degree
+(also with ulysses 1, where no all-to-all runs and r costs nothing memo prices). Under it each rank
+receives as many K/V heads as query heads; only TP's whole-head rule applies.
 """
 
 from __future__ import annotations
 
+# how K/V heads are repeated before Ulysses' all-to-all (``Layout.ulysses_kv``; module docs)
+ULYSSES_KV_RULES = ("minimal", "query_heads")
 
-def kv_heads_why_not(tp: int, ulysses: int, n_kv_heads: int) -> str | None:
-    """Why ``n_kv_heads`` K/V heads cannot be spread over ``tp`` x ``ulysses`` ranks (None when they can)."""
+
+def kv_heads_why_not(tp: int, ulysses: int, n_kv_heads: int, rule: str = "minimal") -> str | None:
+    """Why ``n_kv_heads`` K/V heads cannot be spread over ``tp`` x ``ulysses`` ranks under ``rule``
+    (None when they can)."""
     split = tp * ulysses
     if n_kv_heads % tp:
         return (f"kv heads ({n_kv_heads}) not divisible by tp ({tp}): each TP rank holds whole K/V heads; "
                 f"use a tp that divides {n_kv_heads}")
+    if rule == "query_heads":  # repeated to the query heads, which tp x ulysses divides (`check_layout`)
+        return None
     if n_kv_heads % split and split % n_kv_heads:
         return (f"kv heads ({n_kv_heads}) and tp x ulysses ({split}): neither divides the other, so the ranks "
                 f"can get neither whole nor repeated K/V heads; use tp x ulysses dividing {n_kv_heads} or a "
@@ -46,9 +56,14 @@ def kv_heads_why_not(tp: int, ulysses: int, n_kv_heads: int) -> str | None:
     return None
 
 
-def kv_repeat_factor(tp: int, ulysses: int, n_kv_heads: int) -> int:
-    """r: how many times each K/V head is repeated before Ulysses' all-to-all (1: none); a layout's is
-    ``Layout.kv_repeat(n_kv_heads)``."""
+def kv_repeat_factor(tp: int, ulysses: int, n_kv_heads: int, heads: int | None = None,
+                     rule: str = "minimal") -> int:
+    """r: how many times each K/V head is repeated before Ulysses' all-to-all (1: none) under ``rule``
+    (``query_heads`` needs ``heads``, the query heads); a layout's is ``Layout.kv_repeat``."""
+    if rule == "query_heads":
+        if heads is None:
+            raise ValueError("kv_repeat_factor: the query_heads rule needs the query heads")
+        return heads // n_kv_heads if ulysses > 1 else 1
     split = tp * ulysses
     return split // n_kv_heads if ulysses > 1 and split > n_kv_heads else 1
 

@@ -86,6 +86,9 @@ Megatron-LM issues that all-gather asynchronously beside the data-gradient GEMM 
 executor before it (False, left out of `Layout.to_dict`). ``ring_merge``: the passes over HBM a ring-CP
 implementation runs beside its kernels (`memo_sim.layout.ring_merge`: ``torch_cp``, PyTorch's
 experimental context parallelism's fp32 merges, or ``none``, left out of `Layout.to_dict`).
+``ulysses_kv``: how K/V heads are repeated before Ulysses' all-to-all (`memo_sim.layout.kv_heads`:
+``minimal``, as few repeats as give every rank one head, left out of `Layout.to_dict`; ``query_heads``,
+XTuner 2024's repeat to the query heads).
 """
 
 from __future__ import annotations
@@ -101,7 +104,7 @@ from memo_sim.errors import MemoError, validated
 from memo_sim.model.config import ModelConfig
 from memo_sim.dp import DP_MODES, DPFlavour, dp_flavour
 from memo_sim.layout.alloc_conf import merged_alloc_conf
-from memo_sim.layout.kv_heads import kv_heads_why_not, kv_repeat_factor
+from memo_sim.layout.kv_heads import ULYSSES_KV_RULES, kv_heads_why_not, kv_repeat_factor
 from memo_sim.layout.moe_balance import balance_why_not, measured_why_not, parse_balance, Balance
 from memo_sim.layout.moe_dispatchers import DISPATCHER_NAMES, Dispatcher, dispatcher
 from memo_sim.layout.pipeline_layout import OPTION as LAYOUT_OPTION, counts_label
@@ -141,6 +144,7 @@ class Layout:
     kernel_fusion: str = "fused"  # memory-bound kernels: fused | compiled (torch.compile; `model.kernel_fusion`)
     sp_regather_overlap: bool = False  # SP's backward re-gather beside the data-gradient GEMM (module docs)
     ring_merge: str = "none"  # ring CP's passes beside its kernels: none | torch_cp (`memo_sim.layout.ring_merge`)
+    ulysses_kv: str = "minimal"  # K/V heads before Ulysses' all-to-all: minimal | query_heads (`layout.kv_heads`)
     memory_plan: bool = False  # a static memory plan places the transients whatever the policy (`policy.base.uses_memory_plan`)
     optimizer_offload: bool = False  # master weights, Adam and its step on the host (`cost.optimizer_offload`)
     # uneven pipeline stages (Megatron-LM's --decoder-first/last-pipeline-num-layers; 0: not set): the first
@@ -235,10 +239,11 @@ class Layout:
         """How many ways one sequence's tokens are split outside TP."""
         return self.cp * self.ulysses
 
-    def kv_repeat(self, n_kv_heads: int) -> int:
+    def kv_repeat(self, n_kv_heads: int, heads: int) -> int:
         """How many times each of ``n_kv_heads`` K/V heads is repeated before the Ulysses all-to-all
-        (`memo_sim.layout.kv_heads`: tp x ulysses / n_kv where that exceeds 1, else 1)."""
-        return kv_repeat_factor(self.tp, self.ulysses, n_kv_heads)
+        (`memo_sim.layout.kv_heads`, rule ``ulysses_kv``: minimal, tp x ulysses / n_kv where that
+        exceeds 1, else 1; query_heads, heads / n_kv under Ulysses)."""
+        return kv_repeat_factor(self.tp, self.ulysses, n_kv_heads, heads, self.ulysses_kv)
 
     @property
     def state_shards(self) -> int:
@@ -291,6 +296,8 @@ class Layout:
             parts.append("ag-overlap")
         if self.ring_merge != "none" and self.cp > 1:
             parts.append(f"merge-{self.ring_merge}")
+        if self.ulysses_kv != "minimal" and self.ulysses > 1:
+            parts.append(f"kv-{self.ulysses_kv.replace('_', '-')}")
         if self.memory_plan:
             parts.append("memplan")
         if self.optimizer_offload:
@@ -332,6 +339,8 @@ class Layout:
             del d["sp_regather_overlap"]
         if self.ring_merge == "none":  # and plans whose ring prices no merge passes theirs
             del d["ring_merge"]
+        if self.ulysses_kv == "minimal":  # and plans with the fewest K/V repeats theirs
+            del d["ulysses_kv"]
         if not self.memory_plan:  # and plans on the allocator their policy runs with theirs
             del d["memory_plan"]
         if not self.optimizer_offload:  # and plans with the optimizer on the GPU theirs
@@ -377,6 +386,7 @@ class _LayoutIn(BaseModel):
     kernel_fusion: Literal[KERNEL_FUSIONS] = "fused"
     sp_regather_overlap: bool = Field(False, strict=True)
     ring_merge: Literal[RING_MERGE_NAMES] = "none"
+    ulysses_kv: Literal[ULYSSES_KV_RULES] = "minimal"
     memory_plan: bool = Field(False, strict=True)
     optimizer_offload: bool = Field(False, strict=True)
     first_stage_layers: Annotated[int, Field(strict=True, ge=0, le=1 << 12)] = 0
@@ -564,6 +574,8 @@ def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: i
         return f"kernel_fusion must be one of {', '.join(KERNEL_FUSIONS)}, got {layout.kernel_fusion!r}"
     if layout.ring_merge not in RING_MERGE_NAMES:
         return f"ring_merge must be one of {', '.join(RING_MERGE_NAMES)}, got {layout.ring_merge!r}"
+    if layout.ulysses_kv not in ULYSSES_KV_RULES:
+        return f"ulysses_kv must be one of {', '.join(ULYSSES_KV_RULES)}, got {layout.ulysses_kv!r}"
     if layout.host_pool not in HOST_POOLS:
         return f"host_pool must be one of {', '.join(HOST_POOLS)}, got {layout.host_pool!r}"
     if layout.alloc_conf:
@@ -579,7 +591,7 @@ def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: i
         return f"tp={layout.tp} must divide the {gpus_per_node} GPUs of a node (TP stays inside a node)"
     if model.heads % (layout.tp * layout.ulysses):
         return f"heads ({model.heads}) not divisible by tp x ulysses ({layout.tp * layout.ulysses})"
-    why = kv_heads_why_not(layout.tp, layout.ulysses, model.n_kv_heads)  # whole or repeated (`layout.kv_heads`)
+    why = kv_heads_why_not(layout.tp, layout.ulysses, model.n_kv_heads, layout.ulysses_kv)  # `layout.kv_heads`
     if why:
         return why
     if model.ffn % layout.tp:
@@ -809,8 +821,10 @@ def virtual_split_why_not(n_layers: int, pp: int, vpp: int = 1, first: int = 0, 
             return (f"{_CHUNKS} gives every model chunk its layers: it is not set together with first / last "
                     "stage counts or the embedding and loss slots")
         if len(chunks) != n_vs:
+            fix = (f"set --vpp {len(chunks) // pp}" if len(chunks) % pp == 0
+                   else f"give a layout whose chunk count is a multiple of pp ({pp})")
             return (f"{_CHUNKS} gives {len(chunks)} model chunks, the pipeline has pp x vpp = {n_vs}; "
-                    f"set --vpp {len(chunks) // pp if len(chunks) % pp == 0 else '?'} or a layout of {n_vs} stages")
+                    f"{fix} or a layout of {n_vs} stages")
         if min(chunks) < 1:
             return f"{_CHUNKS}: every model chunk runs at least one layer in memo"
         if sum(chunks) != n_layers:

@@ -120,7 +120,7 @@ def attention_buffers(model: ModelConfig, layout: Layout, tb: dict[str, float], 
     mat = score_matrices(model, layout, batch) * seq * seq if layout.attention == "materialised" else 0.0
     # K and V as the kernel (and ring CP) sees them: under Ulysses after the all-to-all, each head repeated r
     # times where tp x ulysses exceeds the K/V heads (`memo_sim.layout.kv_heads`); r = 1 otherwise
-    kv = layout.kv_repeat(model.n_kv_heads) * (tb["k"] + tb["v"])
+    kv = layout.kv_repeat(model.n_kv_heads, model.heads) * (tb["k"] + tb["v"])
     qkv = tb["q"] + kv
     if phase == "fwd":
         out = [("materialised_scores", mat * (2 * d + 1))] if mat else [("attention_workspace", tb["lse"])]

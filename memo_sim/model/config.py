@@ -460,7 +460,10 @@ class ModelConfig:
 
     @_counted
     def active_params(self) -> int:
-        """Parameters one token uses: every one but the routed experts it is not sent to."""
+        """Parameters one token uses: every one but the routed experts it is not sent to, the token
+        embedding included (as Mixtral-8x7B's published 12.9B active counts it: memo 12.88B). Model
+        cards differ here: gpt-oss's leaves the input embedding out (gpt-oss-20b 3.61B active; memo
+        4.19B, 3.61B less its 0.58B embedding). MFU's FLOPs (`memo_sim.model.flops`) use this count."""
         if not self.moe:
             return self.params()
         return self.params() - self.moe_layers * (self.experts - self.top_k) * self.expert_params()

@@ -15,7 +15,8 @@ sliding-window attention, attention sinks, biased router and experts); their par
 match transformers' models built on the meta device (tests/data/hf/moe_param_counts.json).
 DeepSeek-V3's multi-token-prediction module (``num_nextn_predict_layers``) is not modelled: it is
 named in the model's ``not_modelled`` (and so in every what-if), and its parameters are not
-counted, as transformers does not build it either.
+counted, as transformers does not build it either. A ``quantization_config`` (DeepSeek-V3's fp8
+checkpoint) is named there too: memo plans in ``torch_dtype``, FP8 GEMMs being a layout choice.
 
 What memo cannot model is refused with one line naming the field: mixture-of-experts fields in a
 dense family, sliding-window attention in a dense family (``sliding_window``,
@@ -96,7 +97,7 @@ def hf_model_fields(raw: dict, source: str = "config.json", name: str = "hf-mode
 
     mt = raw.get("model_type")
     if mt in MOE_FAMILIES:
-        return moe_fields(raw, source, name)
+        return _with_quantization_note(moe_fields(raw, source, name), raw)
     for f in _MOE_FIELDS:
         if raw.get(f):
             raise refuse(f, f"{raw[f]} experts in a {mt!r} configuration: mixture-of-experts layers are read for "
@@ -160,6 +161,20 @@ def hf_model_fields(raw: dict, source: str = "config.json", name: str = "hf-mode
     d = dict(name=name, layers=layers, hidden=hidden, heads=heads, ffn=ffn, vocab=vocab,
              kv_heads=None if kv == heads else kv, ffn_type="swiglu" if gated else "gelu", dtype=dtype,
              norm="rmsnorm" if gated else "layernorm", bias=bias, tied_embeddings=tied)
+    return _with_quantization_note(d, raw)
+
+
+def _with_quantization_note(d: dict, c: dict) -> dict:
+    """``d`` with the file's ``quantization_config`` named in its ``not_modelled``: it says how the
+    checkpoint's weights are stored (DeepSeek-V3's fp8 e4m3 in 128 x 128 blocks), not how a run trains,
+    so memo plans in the file's torch_dtype and leaves FP8 GEMMs to the layout (``--precision``)."""
+    q = c.get("quantization_config")
+    if not isinstance(q, dict):
+        return d
+    what = ", ".join(f"{k} {q[k]}" for k in ("quant_method", "fmt", "weight_block_size") if k in q) or "given"
+    note = (f"quantization_config ({what}) describes the checkpoint's stored weights, not the training: memo plans "
+            f"{d['dtype']} from torch_dtype, FP8 GEMMs being a layout choice (--precision, e.g. fp8-blockwise)")
+    d["not_modelled"] = "; ".join(x for x in (d.get("not_modelled", ""), note) if x)[:500]
     return d
 
 

@@ -226,7 +226,11 @@ def estimate_pipeline(model: ModelConfig, layout: Layout, batch: int, micro_batc
     sync = stage_grad_sync(model, layout, profile)
     # overlapped: the last bucket (FSDP beside stages: the last chunk's, after its backward); serial
     # (``grad_overlap`` off): the slowest stage's whole reduction
-    last = -(-per // v) if layout.dp_flavour.reduces_after_chunk else 1
+    if layout.dp_flavour.reduces_after_chunk:  # each rank's last backward is its chunk 0's (virtual stage s)
+        vr = layout.virtual_stage_ranges(model.layers) if layout.uneven else None
+        last = max(len(vr[s]) for s in range(p)) if vr else -(-per // v)
+    else:
+        last = 1
     sync_exposed = last * sync.layer_grad if sync.overlapped else serial
     gathers = per * max(0.0, sync.layer_gather - lt.forward)
     exposed = m * per * (max(0.0, lt.offload - lt.forward) + max(0.0, lt.prefetch - lt.backward - r)) \

@@ -179,6 +179,10 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     experts = ExpertChoice(ep, etp, moe_dispatcher, moe_balance)
     if not model.moe and ((ep or 1) > 1 or (etp or 1) > 1):
         raise MemoError(f"--ep / --etp spread experts: model {model.name} has none (dense)")
+    for flag, degree in (("--tp", tp), ("--cp", cp), ("--ulysses", ulysses), ("--dp", dp), ("--pp", pp),
+                         ("--ep x --etp", (ep or 1) * (etp or 1))):
+        if degree is not None and degree > gpus:  # before any layout is built: the fix is the flag itself
+            raise MemoError(f"{flag} {degree} exceeds the {gpus} GPUs of --gpus; lower it or raise --gpus")
     if model.moe and (ep or 1) > 1 and model.experts % ep:
         raise MemoError(f"--ep {ep}: the {model.experts} experts do not split evenly; pick a divisor of {model.experts}")
     modes = tp_modes_of(tp_mode)
