@@ -62,6 +62,34 @@ def test_bad_input_is_one_line_exit_2(tmp_path):
         assert "Traceback" not in r.output
 
 
+import pytest  # noqa: E402
+
+QWEN3 = "tests/data/hf/qwen3-30b-a3b/config.json"
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--model", "llama-3.1-8b", "--pp", "4", "--vpp", "3"], "32 layers do not split evenly into pp x vpp = 12"),
+    (["--model", "llama-3.1-8b", "--pp", "4", "--micro-batch", "3", "--batch", "8"],
+     "micro-batch 3 does not divide the batch 8"),
+    (["--model", "llama-3.1-8b", "--pp", "1", "--vpp", "2"], "--vpp 2 interleaves model chunks"),
+    (["--model", "llama-3.1-8b", "--pp", "64", "--gpus", "64"], "--pp 64 exceeds the model's 32 layers"),
+    (["--model", "llama-3.1-8b", "--tp", "3"], "--tp 3 does not divide the 16 GPUs"),
+    (["--model", "gpt-7b", "--moe-dispatcher", "deepep"], "model gpt-7b has none (dense)"),
+    (["--model", "gpt-7b", "--moe-balance", "capacity:1.5"], "model gpt-7b has none (dense)"),
+    (["--model", QWEN3, "--framework", "torchtitan", "--etp", "2"], "--etp 2: torchtitan runs no expert tensor"),
+    (["--model", QWEN3, "--framework", "deepspeed", "--moe-dispatcher", "allgather"],
+     "--moe-dispatcher allgather: deepspeed runs alltoall"),
+    (["--model", QWEN3, "--etp", "3"], "--etp 3 does not divide the 16 GPUs"),
+    (["--model", QWEN3, "--ep", "256"], "--ep 256 exceeds the 16 GPUs"),
+])
+def test_a_fixed_degree_that_cannot_run_is_named_in_one_line(args, needle):
+    """The reason names the flag the user set (review of 2026-11-26: the first layout the search refused
+    was named instead, e.g. ZeRO beside stages for a --vpp the layers cannot split into)."""
+    r = CliRunner().invoke(cli, ["whatif", "--gpus", "16", "--seq", "32K", "--no-plan", "--jobs", "1", *args])
+    assert r.exit_code == 2 and needle in r.output and "Traceback" not in r.output, r.output
+    assert len([ln for ln in r.output.splitlines() if ln.strip()]) == 1, r.output
+
+
 def test_check_plan_bad_file(tmp_path):
     f = tmp_path / "plan.json"
     f.write_text('{"schema": "memo-plan/0"}')

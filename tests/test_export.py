@@ -61,6 +61,15 @@ def _check_args(script: str, allowed: dict[str, str]) -> dict[str, str | None]:
             seen[opt] = None
             i += 1
             continue
+        if kind.startswith("+"):  # a list option (argparse nargs '+'): its words up to the next option
+            j = i + 1
+            while j < len(words) and not words[j].startswith("--"):
+                assert words[j] in kind[1:].split("|"), (opt, words[j])
+                j += 1
+            assert j > i + 1, f"{opt} without a value"
+            seen[opt] = " ".join(words[i + 1:j])
+            i = j
+            continue
         val = words[i + 1]
         if kind == "int":
             assert int(val) >= 1, (opt, val)
@@ -106,6 +115,19 @@ def test_deepspeed_config_and_launcher():
     cfg = json.loads(ex.files["ds_config.json"])
     assert cfg["zero_optimization"]["stage"] == 3 and cfg["activation_checkpointing"]["cpu_checkpointing"] is True
     assert "--ds-sequence-parallel-size 4" in ex.files["deepspeed.sh"]
+    # the recompute is on (Megatron-DeepSpeed checkpoints a layer only under --checkpoint-activations or
+    # --recompute-granularity full; --deepspeed-activation-checkpointing picks DeepSpeed's implementation)
+    args = _check_args(ex.files["deepspeed.sh"], _names("deepspeed_launcher_options.txt"))
+    assert "--checkpoint-activations" in args and "--deepspeed-activation-checkpointing" in args
+    # Qwen2.5's architecture as Megatron-DeepSpeed spells it; its q/k/v-only biases are a gap (no such flag)
+    assert args["--normalization"] == "rmsnorm" and "--swiglu" in args and "--use-rotary-position-embeddings" in args
+    assert "--no-position-embedding" in args and "--untie-embeddings-and-output-weights" in args
+    assert "--disable-bias-linear" not in args and any("q, k and v" in g.what for g in ex.gaps)
+    store = export_plan(_plan("llama-3.1-8b", Layout(dp=8, zero=3), ("store_all",), seq=8192), "deepspeed",
+                        price=False, nearest=True)
+    args = _check_args(store.files["deepspeed.sh"], _names("deepspeed_launcher_options.txt"))
+    assert "--checkpoint-activations" not in args and "--disable-bias-linear" in args
+    assert not any("architecture" in g.what for g in store.gaps)
 
 
 def test_deepspeed_parses_its_config_where_installed(tmp_path):
@@ -270,6 +292,18 @@ def test_megatron_script_carries_moe_with_megatron_options(plan):
         assert "--moe-shared-expert-gate" in args and int(args["--moe-shared-expert-intermediate-size"]) == 5632
     if m.qk_norm:
         assert "--qk-layernorm" in args and int(args["--kv-channels"]) == 128
+
+
+@pytest.mark.parametrize("policy,modules", [("recompute_moe", "layernorm moe"), ("recompute_norm_act", "layernorm moe_act")])
+def test_megatrons_recompute_modules_export_as_themselves(policy, modules):
+    """memo's policies for Megatron-LM's --recompute-modules are written as those modules, not as a gap
+    (the MoE activation's recompute needs grouped GEMM, which the script sets)."""
+    plan = _plan("qwen3-30b-a3b", Layout(tp=2, dp=8, zero=1, ep=8), (policy,), seq=32768)
+    ex = export_plan(plan, "megatron", price=False)
+    assert not any("policy" in g.what for g in ex.gaps), [g.what for g in ex.gaps]
+    args = _check_args(ex.files["megatron.sh"], _names("megatron_options.txt"))
+    assert args["--recompute-granularity"] == "selective" and args["--recompute-modules"] == modules
+    assert "--recompute-method" not in args and "--moe-grouped-gemm" in args
 
 
 def test_gpt_oss_attention_is_a_gap():

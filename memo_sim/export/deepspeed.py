@@ -42,12 +42,27 @@ def gaps(plan: Plan) -> list[Gap]:
     out += policy_gaps(plan, _RUNS, fallback="checkpoint_offload" if plan.policy.offloads else "full_recompute")
     out += gemm_format_gap(plan, "deepspeed") + optimizer_offload_gap(plan, "deepspeed")
     out += uneven_stages_gap(plan, "Megatron-DeepSpeed")
-    m = plan.model
-    if (m.ffn_type, m.norm, m.bias, m.tied_embeddings) != ("gelu", "layernorm", "all", True):
-        out.append(Gap(f"{m.name}'s architecture ({m.ffn_type}, {m.norm}, bias {m.bias}, "
-                       f"{'tied' if m.tied_embeddings else 'untied'} embeddings)",
-                       "not written: add the architecture flags as your Megatron-DeepSpeed version spells them"))
+    if plan.model.bias == "qkv":  # Megatron-DeepSpeed's --disable-bias-linear drops every bias, it has no qkv-only one
+        out.append(Gap(f"{plan.model.name}'s biases on the q, k and v projections only",
+                       "biases on every linear layer (no flag): edit the model or drop them by hand"))
     return out
+
+
+def _architecture(plan: Plan) -> list[tuple[str, str | None]]:
+    """The model's FFN, norm, position embedding, biases and embeddings as Megatron-DeepSpeed's
+    megatron/arguments.py spells them (--swiglu, --normalization rmsnorm, --use-rotary-position-embeddings
+    with --no-position-embedding, --disable-bias-linear, --untie-embeddings-and-output-weights)."""
+    m, args = plan.model, []
+    if m.ffn_type == "swiglu":
+        args.append(("--swiglu", None))
+    if m.norm == "rmsnorm":  # memo's RMSNorm models are the rotary ones (Llama, Mistral, Qwen)
+        args += [("--normalization", "rmsnorm"), ("--use-rotary-position-embeddings", None),
+                 ("--no-position-embedding", None)]
+    if m.bias == "none":
+        args.append(("--disable-bias-linear", None))
+    if not m.tied_embeddings:
+        args.append(("--untie-embeddings-and-output-weights", None))
+    return args
 
 
 def config(plan: Plan, applied: list[Gap]) -> dict:
@@ -83,14 +98,17 @@ def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | None]]:
     ]
     if m.n_kv_heads != m.heads:
         args.append(("--num-key-value-heads", str(m.n_kv_heads)))
+    args += _architecture(plan)
     if lay.pp == 1:
         args.append(("--no-pipeline-parallel", None))
     if lay.ulysses > 1:
         args.append(("--ds-sequence-parallel-size", str(lay.ulysses)))
     if m.dtype in ("bf16", "fp16"):
         args.append((f"--{m.dtype}", None))
-    if pol.recomputes_attention:
-        args.append(("--deepspeed-activation-checkpointing", None))
+    if pol.recomputes_attention:  # --checkpoint-activations turns the recompute on (megatron/model/transformer.py
+        # checkpoints a layer where it or --recompute-granularity full is set); the other flag picks DeepSpeed's
+        # implementation, which --partition-activations and --checkpoint-in-cpu configure
+        args += [("--checkpoint-activations", None), ("--deepspeed-activation-checkpointing", None)]
         if lay.tp > 1:
             args.append(("--partition-activations", None))
         if pol.offloads:

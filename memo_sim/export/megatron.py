@@ -17,14 +17,24 @@ from memo_sim.export.base import (Export, Gap, async_tp_gap, gemm_format_gap, me
                                   policy_gaps, price_nearest, shape_arguments, torchrun_line, ulysses_gap, zero_gap)
 from memo_sim.layout.pipeline_layout import format_layout
 from memo_sim.plan.schema import Plan
+from memo_sim.policy.registry import policy_class
 
 FRAMEWORK = "megatron"  # its version in memo_sim/frameworks/data (the plans exported instead)
 SOURCE = "NVIDIA/Megatron-LM@d98e8a64 (2026-08-22)"
 FILE = "megatron.sh"
 
-_RUNS = {"store_all": "no recompute (every activation kept)",
-         "full_recompute": "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1",
-         "selective_recompute": "--recompute-granularity selective"}
+# each policy Megatron-LM runs, as its recompute arguments (`_recompute_args`; words for the export's notes)
+_RECOMPUTE = {"store_all": [],
+              "full_recompute": [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
+                                 ("--recompute-num-layers", "1")],
+              # the attention core re-run before its backward (Korthikanti et al.; core_attn, the modules' default)
+              "selective_recompute": [("--recompute-granularity", "selective")],
+              # named modules (`memo_sim.policy.recompute_modules`: each policy's megatron_modules)
+              **{name: [("--recompute-granularity", "selective"),
+                        ("--recompute-modules", policy_class(name).megatron_modules)]
+                 for name in ("recompute_norm_act", "recompute_moe")}}
+_RUNS = {name: " ".join(f"{o} {v if isinstance(v, str) else ' '.join(v)}" for o, v in args) or
+         "no recompute (every activation kept)" for name, args in _RECOMPUTE.items()}
 
 
 _OFFLOAD_NOTE = ("Megatron's --cpu-offloading --cpu-offloading-num-layers N, with Transformer Engine, moves "
@@ -104,8 +114,16 @@ def moe_arguments(plan: Plan, lay) -> list[tuple[str, str | None]]:
 FP8_RECIPES = {"fp8-tensorwise": "tensorwise", "fp8-blockwise": "blockwise", "mxfp8": "mxfp8"}
 
 
-def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | None]]:
-    """(option, value or None for a flag) in the order a reader looks for them."""
+def _words(val: str | tuple[str, ...] | None) -> str:
+    """An option's value as the script writes it: none (a flag), one word, or a list (nargs '+')."""
+    if val is None:
+        return ""
+    return " " + " ".join(shlex.quote(v) for v in ((val,) if isinstance(val, str) else val))
+
+
+def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | tuple[str, ...] | None]]:
+    """(option, value: one word, a tuple of words for a list option, or None for a flag) in the order a
+    reader looks for them."""
     m, (lay, pol, _schedule) = plan.model, nearest_plan(plan, applied)
     args = shape_arguments(plan) + [("--vocab-size", str(m.vocab))]
     if m.n_kv_heads != m.heads and not m.mla:
@@ -151,11 +169,7 @@ def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | None]]:
         args.append(("--overlap-grad-reduce", None))
         if lay.zero >= 1:
             args.append(("--overlap-param-gather", None))
-    if pol.name == "full_recompute":
-        args += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"), ("--recompute-num-layers", "1")]
-    elif pol.name == "selective_recompute":  # the attention core re-run before its backward (Korthikanti et al.)
-        args.append(("--recompute-granularity", "selective"))
-    return args
+    return args + _RECOMPUTE[pol.name]  # a policy Megatron-LM does not run is a gap: full recompute instead
 
 
 def export(plan: Plan, price: bool = True, instead: dict | None = None) -> Export:
@@ -171,7 +185,7 @@ def export(plan: Plan, price: bool = True, instead: dict | None = None) -> Expor
              "set -euo pipefail",
              "export CUDA_DEVICE_MAX_CONNECTIONS=1",
              torchrun_line(plan, "pretrain_gpt.py") + " \\"]
-    body = [f"    {opt}" + (f" {shlex.quote(val)}" if val is not None else "") for opt, val in args]
+    body = [f"    {opt}" + _words(val) for opt, val in args]
     lines += [b + " \\" for b in body[:-1]] + [body[-1], ""]
     ex.files[FILE] = "\n".join(lines)
     ex.launch = f"bash {FILE}  # from a Megatron-LM checkout, on each node (torchrun's rendezvous flags added)"

@@ -38,6 +38,7 @@ class RecomputeModules(StoreAll):
     ops: ClassVar[tuple[str, ...]] = ()
     comm_prefixes: ClassVar[tuple[str, ...]] = ()  # collectives re-run with the ops (the MoE block's all-to-alls)
     needs_experts: ClassVar[bool] = True
+    megatron_modules: ClassVar[tuple[str, ...]] = ()  # its --recompute-modules words (`memo_sim.export.megatron`)
 
     def dropped(self, sk) -> float:
         return sum(sk.get(g, 0.0) for g in self.groups)
@@ -76,6 +77,7 @@ class RecomputeNormAct(RecomputeModules):
     summary = "keep the skeletal activations but the norms' and the MoE activation's outputs; re-run those"
     groups = ("norms", "moe_act")
     ops = ("ln1", "ln2", "expert_act")
+    megatron_modules = ("layernorm", "moe_act")
 
 
 @register
@@ -85,6 +87,7 @@ class RecomputeMoe(RecomputeModules):
     groups = ("norms", "moe_block")
     ops = ("ln1", "ln2") + _MOE_BLOCK_OPS
     comm_prefixes = ("moe_dispatch", "moe_combine")
+    megatron_modules = ("layernorm", "moe")
 
     def dropped(self, sk) -> float:
         return sk.get("norms", 0.0) + sk.get("moe_block", 0.0)

@@ -320,6 +320,7 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
             if global_batch is not None:
                 if global_batch % lay.dp:
                     rejected.append((lay, f"--global-batch {global_batch} does not split over dp {lay.dp}"))
+                    searched["why_none"] = rejected[-1][1]
                     continue
                 b = global_batch // lay.dp
             if b is None:
@@ -327,6 +328,7 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
             for mb in micro_batch_sizes(b, micro_batch):
                 if b % mb:
                     rejected.append((lay, f"micro-batch {mb} does not divide the batch {b}"))
+                    searched["why_none"] = rejected[-1][1]
                     continue
                 for name in names:
                     vpps = ([lay.vpp] if chunks else [vpp] if vpp is not None
@@ -335,8 +337,13 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
                         if v not in chunked:
                             chunked[v] = _chunked(model, lay, v, fixed_ends=fixed_ends, allows=allows)
                         cand = chunked[v]
-                        if cand is None or check_schedule(name, pp=p, vpp=v, layers=model.layers, batch=b,
-                                                          micro_batch=mb, policy_name="store_all", uneven=cand.uneven):
+                        if cand is None:  # the layers do not split into these chunks (the reason: the even split's)
+                            searched["why_none"] = replace(lay, vpp=v).split_why_not(model.layers)
+                            continue
+                        why = check_schedule(name, pp=p, vpp=v, layers=model.layers, batch=b, micro_batch=mb,
+                                             policy_name="store_all", uneven=cand.uneven)
+                        if why:
+                            searched["why_none"] = f"{name}: {why}"
                             continue
                         why = states_why_not(model, cand, profile)
                         if why:  # no policy, micro-batch or schedule of this layout fits: not built
@@ -361,6 +368,8 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
                         shape = _shape(model, cand, b, mb, profile, name)  # every policy's
                         for pol in policies:
                             out.append(pipeline_candidate(model, cand, pol, b, mb, seq, profile, name, alpha, shape))
+    # "why_none": the last reason a layout that the degrees allow was not built (its chunks or its schedule), what
+    # a search that builds nothing says rather than the first layout refused (`memo_sim.search.whatif`)
     searched["vpp"] = sorted(searched["vpp"])
     searched["micro_batch"] = sorted(searched["micro_batch"])
     if not_built["families"]:

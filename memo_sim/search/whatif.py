@@ -33,6 +33,7 @@ from memo_sim.engine.simulate import Progress, simulate
 from memo_sim.errors import MemoError
 from memo_sim.engine.schedules.microbatch import micro_batch_pipelines
 from memo_sim.layout.alloc_conf import parse_alloc_conf
+from memo_sim.layout.moe_balance import measured_why_not, parse_balance
 from memo_sim.layout.parallel import ExpertChoice, Layout, enumerate_layouts, offload_why_not
 from memo_sim.layout.schedule import SCHEDULE_NAMES, check_schedule, default_schedule, schedule_runs_policy
 from memo_sim.tp import TP_MODES
@@ -82,6 +83,26 @@ def tp_modes_of(tp_mode: str) -> tuple[str, ...]:
 
 
 ALLOCATORS = ("caching", "plan", "both")  # `candidates_for`'s allocator choice
+
+
+def _fixed_degrees_why_not(model: ModelConfig, gpus: int, *, tp, cp, ulysses, dp, pp, vpp, ep, etp) -> None:
+    """A one-line refusal where a degree the user fixed cannot run whatever the rest of the search picks
+    (the fix is that flag), before any layout is built."""
+    if ep is not None and etp is not None:
+        ep_flag, ep_degree = "--ep x --etp", ep * etp
+    else:
+        ep_flag, ep_degree = ("--ep", ep) if ep is not None else ("--etp", etp)
+    for flag, degree in (("--tp", tp), ("--cp", cp), ("--ulysses", ulysses), ("--dp", dp), ("--pp", pp),
+                         (ep_flag, ep_degree)):
+        if degree is not None and degree > gpus:
+            raise MemoError(f"{flag} {degree} exceeds the {gpus} GPUs of --gpus; lower it or raise --gpus")
+        if degree is not None and gpus % degree:  # every group tiles the GPUs (a stage's are a divisor of them)
+            raise MemoError(f"{flag} {degree} does not divide the {gpus} GPUs of --gpus; pick a divisor of {gpus}")
+    if pp is not None and pp > model.layers:
+        raise MemoError(f"--pp {pp} exceeds the model's {model.layers} layers (every stage runs at least one); "
+                        f"lower it")
+    if vpp is not None and vpp > 1 and pp == 1:
+        raise MemoError(f"--vpp {vpp} interleaves model chunks over pipeline ranks: set --pp above 1 or drop --vpp")
 
 
 def _allocator_variants(layouts: list[Layout], allocator: str) -> list[Layout]:
@@ -179,14 +200,29 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     experts = ExpertChoice(ep, etp, moe_dispatcher, moe_balance)
     if not model.moe and ((ep or 1) > 1 or (etp or 1) > 1):
         raise MemoError(f"--ep / --etp spread experts: model {model.name} has none (dense)")
-    for flag, degree in (("--tp", tp), ("--cp", cp), ("--ulysses", ulysses), ("--dp", dp), ("--pp", pp),
-                         ("--ep x --etp", (ep or 1) * (etp or 1))):
-        if degree is not None and degree > gpus:  # before any layout is built: the fix is the flag itself
-            raise MemoError(f"{flag} {degree} exceeds the {gpus} GPUs of --gpus; lower it or raise --gpus")
+    _fixed_degrees_why_not(model, gpus, tp=tp, cp=cp, ulysses=ulysses, dp=dp, pp=pp, vpp=vpp, ep=ep, etp=etp)
+    if not model.moe and (moe_dispatcher != "alltoall" or moe_balance != "dropless"):
+        raise MemoError(f"--moe-dispatcher / --moe-balance route tokens to experts: model {model.name} has none "
+                        f"(dense); drop them")
     if model.moe and (ep or 1) > 1 and model.experts % ep:
         raise MemoError(f"--ep {ep}: the {model.experts} experts do not split evenly; pick a divisor of {model.experts}")
     modes = tp_modes_of(tp_mode)
     fw = get_framework(framework)
+    if model.moe and fw.experts is not None:  # what the framework's MoE training cannot run, named before the search
+        ep_ok, etp_ok, dispatchers, _borrow = fw.experts
+        if (ep or 1) > 1 and not ep_ok:
+            raise MemoError(f"--ep {ep}: {fw.name} runs no expert parallelism in memo's framework data; drop it or "
+                            f"choose another --framework")
+        if (etp or 1) > 1 and not etp_ok:
+            raise MemoError(f"--etp {etp}: {fw.name} runs no expert tensor parallelism in memo's framework data; drop "
+                            f"it or choose another --framework")
+        if moe_dispatcher not in dispatchers:
+            raise MemoError(f"--moe-dispatcher {moe_dispatcher}: {fw.name} runs {', '.join(dispatchers)}; choose one "
+                            f"of them or another --framework")
+    if model.moe:
+        why = measured_why_not(parse_balance(moe_balance), model.experts)
+        if why:
+            raise MemoError(f"--moe-balance: {why}")
     adapt = _adapter(fw.adapt, alloc_conf)
     pipe_adapt = adapt if allocator != "plan" else (lambda lay: replace(adapt(lay), memory_plan=True))
     if dp_mode is not None and dp_mode != "all" and dp_mode not in fw.dp_modes:
@@ -295,8 +331,8 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
                                 "why": "asked for" if pipe_flags else "searched by default"}
         if "not_built" in what:
             searched["pipeline"]["not_built"] = what["not_built"]
-        if pr and not out:
-            why_none, pipes_said = pr[0][1], True
+        if (pr or what.get("why_none")) and not out:
+            why_none, pipes_said = what.get("why_none") or pr[0][1], True
     if beside is not None:  # SPPO's rows where the search run here puts them (above)
         search, sppo_cands, sppo_rejected, sppo_why = beside.result()
         out[at_sppo[0]:at_sppo[0]] = sppo_cands
