@@ -101,7 +101,7 @@ def test_maxseq_command_with_fixed_degrees():
     assert r.exit_code == 0 and "fixed: tp 8, tp-mode megatron" in r.output
     r = CliRunner().invoke(cli, args + ["--zero", "5"])
     assert r.exit_code == 2 and "--zero" in r.output
-    for bad, words in ((["--tp", "3"], "no factorisation"), (["--framework", "deepspeed", "--tp", "2"], "tensor"),
+    for bad, words in ((["--tp", "3"], "--tp 3 does not divide the 8 GPUs"), (["--framework", "deepspeed", "--tp", "2"], "tensor"),
                        (["--framework", "deepspeed", "--policy", "memo"], "deepspeed does not offer")):
         r = CliRunner().invoke(cli, args + bad)  # no layout at all: refused in one line, not answered "none"
         assert r.exit_code == 2 and r.output.count("\n") == 1 and words in r.output, r.output
@@ -152,3 +152,16 @@ def test_maxseq_allocator_both_answers_side_by_side():
     assert "full_recompute (caching allocator)" in text and "full_recompute (memory plan)" in text
     bad = CliRunner().invoke(cli, ["maxseq", "--allocator", "arena"])
     assert bad.exit_code == 2 and "--allocator" in bad.output
+
+
+def test_maxseq_tries_the_optimizer_on_the_host_where_the_allocator_replay_refuses_every_plan():
+    """Llama-2-70B, DeepSpeed Ulysses 16 on 32 GPUs (review of 2026-11-26): at 320K every plan fits on paper
+    but runs out of reserved memory in the allocator's replay; with the optimizer on the host it fits, so the
+    answer goes past what the GPU-resident optimizer reaches, and its best plan is that offloaded one."""
+    step, fixed = 64 * K, {"ulysses": 16}
+    m70 = get_model("llama-2-70b")
+    on_gpu = max_seq(m70, 32, A800, "full_recompute", step=step, framework="deepspeed", simulate=False,
+                     fixed={**fixed, "optimizer_offload": False})
+    ans = max_seq(m70, 32, A800, "full_recompute", step=step, framework="deepspeed", fixed=fixed)
+    assert ans.max_seq > on_gpu.max_seq, (ans.max_seq, on_gpu.max_seq)
+    assert ans.best is not None and ans.best.layout.optimizer_offload and ans.best.layout.ulysses == 16

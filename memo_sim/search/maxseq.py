@@ -53,11 +53,23 @@ class MaxSeqAnswer:
 
 
 def _ranked(model, seq, gpus, profile, policy, framework, allocator="caching", fixed=None) -> list[Candidate] | str:
+    """The length's candidates; where every one that fits on paper runs out of reserved memory in the
+    caching allocator's replay, the optimizer-on-the-host ones as well (the what-if adds them only
+    where nothing fits on paper), unless ``fixed`` decides the optimizer's place."""
+    fixed = fixed or {}
     try:
-        return candidates_for(model, seq, gpus, profile, policies=(policy,), framework=framework,
-                              allocator=allocator, **(fixed or {})).candidates
+        cands = candidates_for(model, seq, gpus, profile, policies=(policy,), framework=framework,
+                               allocator=allocator, **fixed).candidates
     except MemoError as e:
         return str(e)
+    if "optimizer_offload" in fixed or _fits(cands) or not any(c.status == "OK" for c in cands) \
+            or any(c.layout.optimizer_offload for c in cands):
+        return cands
+    try:
+        return cands + candidates_for(model, seq, gpus, profile, policies=(policy,), framework=framework,
+                                      allocator=allocator, optimizer_offload=True, **fixed).candidates
+    except MemoError:  # the framework keeps the optimizer on the GPU, or no such layout
+        return cands
 
 
 def _replay_oom(c: Candidate):
@@ -161,7 +173,10 @@ def max_seq(model: ModelConfig, gpus: int, profile: HardwareProfile, policy: str
         else:
             hi, fail = mid, c
     best = None
-    if simulate:
+    if simulate:  # the optimizer on the host where only such a plan fits there (`_ranked`)
+        at = _ranked(model, lo * step, gpus, profile, policy, framework, allocator, fixed)
+        offload = {} if "optimizer_offload" in fixed or _fits([c for c in at if not c.layout.optimizer_offload]) \
+            else {"optimizer_offload": True}
         best = rank(model, lo * step, gpus, profile, simulate_top=1, policies=(policy,), framework=framework,
-                    allocator=allocator, **fixed).best
+                    allocator=allocator, **fixed, **offload).best
     return MaxSeqAnswer(policy, step, lo * step, best, hi * step, binding_constraint(fail), allocator)
