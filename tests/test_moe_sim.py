@@ -333,3 +333,23 @@ def test_torchtitan_ep_borrows_only_tp_cp_and_fsdp_ranks():
     fw = get_framework("torchtitan")
     assert "borrows" in fw.why_not(Layout(dp=8, ep=8))  # DDP replicas lend no EP ranks in torchtitan
     assert fw.why_not(Layout(tp=8, dp=2, ep=8)) is None
+
+
+def test_a_pipeline_stage_holds_its_dense_layers_as_dense():
+    """DeepSeek-V3's first 3 layers have a dense FFN and no experts: however the 61 layers are split over the
+    ranks (first / last stage counts, even, each chunk its own) the stages' parameters add up to the model's,
+    and a rank holds routed experts for its MoE layers only."""
+    from memo_sim.cost.sppo import stage_dense_layer_count, stage_gpu_params, stage_params
+
+    m = PRESETS["deepseek-v3"]
+    for lay in (Layout(pp=8, dp=32, first_stage_layers=7, last_stage_layers=6, ep=32),
+                Layout(pp=2, dp=4, ep=8, first_stage_layers=30, last_stage_layers=31),
+                Layout(pp=4, vpp=2, dp=2, ep=8, chunk_layers=(1, 2, 9, 9, 10, 10, 10, 10))):
+        assert sum(stage_dense_layer_count(m, lay, s) for s in range(lay.pp)) == 3
+        assert sum(stage_params(m, lay, s) for s in range(lay.pp)) == m.params(), lay.label()
+    lay = Layout(pp=8, dp=32, first_stage_layers=7, last_stage_layers=6, ep=32)
+    first, second = stage_gpu_params(m, lay, 0), stage_gpu_params(m, lay, 1)
+    assert first.expert_local == pytest.approx(4 * m.expert_layer_params() / 32)  # 7 layers, 3 of them dense
+    assert second.expert_local == pytest.approx(8 * m.expert_layer_params() / 32)
+    dense_model = PRESETS["llama-3.1-8b"]
+    assert stage_dense_layer_count(dense_model, Layout(pp=4, dp=2), 0) == 0

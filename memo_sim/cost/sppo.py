@@ -311,12 +311,23 @@ def stage_layer_count(model: ModelConfig, layout: Layout, stage: int) -> int:
     return stage_layer_counts(model, layout)[stage]
 
 
+def stage_dense_layer_count(model: ModelConfig, layout: Layout, stage: int) -> int:
+    """A MoE model's dense-FFN layers among one pipeline rank's (the model's first ``dense_layers``, the
+    pattern Megatron-Core's --moe-layer-freq takes in memo's export); 0 for a dense model."""
+    d = model.layers - model.moe_layers if model.moe else 0
+    if not d:
+        return 0
+    vr = layout.virtual_stage_ranges(model.layers)
+    return sum(max(0, min(r.stop, d) - r.start) for r in (vr[c * layout.pp + stage] for c in range(layout.vpp)))
+
+
 def stage_params(model: ModelConfig, layout: Layout, stage: int) -> float:
-    """Parameters one stage holds: its layers, the embedding on the first stage and the classifier
-    (its own matrix, or the tied embedding's copy) with the final norm on the last (with pp = 1 a
-    tied embedding is one copy)."""
+    """Parameters one stage holds: its layers (a MoE model's dense layers with their own FFN), the
+    embedding on the first stage and the classifier (its own matrix, or the tied embedding's copy)
+    with the final norm on the last (with pp = 1 a tied embedding is one copy)."""
     pp = layout.pp
-    p = stage_layer_count(model, layout, stage) * model.layer_params()
+    dense = stage_dense_layer_count(model, layout, stage)
+    p = (stage_layer_count(model, layout, stage) - dense) * model.layer_params() + dense * model.dense_layer_params()
     if pp == 1:
         return p + model.embedding_params()
     if stage == 0:
@@ -328,10 +339,13 @@ def stage_params(model: ModelConfig, layout: Layout, stage: int) -> float:
 
 def stage_gpu_params(model: ModelConfig, layout: Layout, stage: int) -> GpuParams:
     """A stage's parameters on one of its GPUs, dense and routed-expert parts apart
-    (`memo_sim.cost.param_split`; every layer of a MoE model counted as a MoE layer)."""
+    (`memo_sim.cost.param_split`; a MoE model's dense layers hold no experts and no router)."""
     n = stage_layer_count(model, layout, stage)
-    experts = n * model.expert_layer_params() if model.moe else 0
-    return gpu_params(model, layout, stage_params(model, layout, stage), experts, n * model.replicated_layer_params())
+    moe = n - stage_dense_layer_count(model, layout, stage)
+    experts = moe * model.expert_layer_params() if model.moe else 0
+    router = model.moe_router.params(model.hidden, model.experts, model.moe_bias) if model.moe else 0
+    replicated = n * (model.replicated_layer_params() - router) + moe * router
+    return gpu_params(model, layout, stage_params(model, layout, stage), experts, replicated)
 
 
 def stage_model_state_bytes(model: ModelConfig, layout: Layout, stage: int) -> float:

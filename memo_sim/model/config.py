@@ -33,8 +33,9 @@ always-on experts of width ``shared_ffn`` (with a sigmoid gate on their output w
 ``shared_gate``: Qwen2-MoE) and a gate GEMM (``router``; with ``moe_bias`` the router and the
 experts carry biases: GPT-OSS). The ``dense_layers`` (DeepSeek's ``first_k_dense_replace``, Qwen's
 ``mlp_only_layers`` and ``decoder_sparse_step``) keep an FFN of width ``ffn``: their parameters are
-counted exactly; the simulator prices every layer as a MoE layer (one repeated layer; each what-if
-names it).
+counted exactly, the first ``dense_layers`` layers of the model as a pipeline stage holds them
+(Megatron-Core's pattern, `memo_sim.cost.sppo.stage_dense_layer_count`); the simulator prices every
+layer's time and activations as a MoE layer's (one repeated layer; each what-if names it).
 """
 
 from __future__ import annotations
@@ -236,8 +237,8 @@ class ModelConfig:
         out = [self.not_modelled] if self.not_modelled else []
         if self.moe and self.dense_layers:
             out.append(f"{self.dense_layers} of {self.layers} layers have a dense FFN (width {self.ffn}): the model's "
-                       f"parameter count is exact, but the simulator prices them as MoE layers (time, activations, "
-                       f"and each pipeline stage's model states)")
+                       f"parameter count and each pipeline stage's model states are exact (the dense layers first), "
+                       f"but the simulator prices their time and activations as a MoE layer's")
         return out
 
     @property
@@ -448,10 +449,15 @@ class ModelConfig:
         return (1 if self.tied_embeddings else 2) * self.vocab * self.hidden + self.norm_params
 
     @_counted
+    def dense_layer_params(self) -> int:
+        """One layer with an FFN of width ``ffn``: a MoE model's dense layers (a dense model's every layer)."""
+        return self.attention_params() + self.dense_ffn_params() + 2 * self.norm_params
+
+    @_counted
     def params(self) -> int:
         """Every parameter: the layers (dense layers of a MoE model with their own FFN) and the rest."""
-        dense = self.attention_params() + self.dense_ffn_params() + 2 * self.norm_params
-        return self.moe_layers * self.layer_params() + (self.layers - self.moe_layers) * dense + self.embedding_params()
+        return (self.moe_layers * self.layer_params() + (self.layers - self.moe_layers) * self.dense_layer_params()
+                + self.embedding_params())
 
     @_counted
     def routed_params(self) -> int:
