@@ -128,6 +128,13 @@ def test_deepspeed_config_and_launcher():
     args = _check_args(store.files["deepspeed.sh"], _names("deepspeed_launcher_options.txt"))
     assert "--checkpoint-activations" not in args and "--disable-bias-linear" in args
     assert not any("architecture" in g.what for g in store.gaps)
+    # a MoE model: its experts and QK norms are listed as not written, its head size written
+    moe = export_plan(_plan("qwen3-30b-a3b", Layout(dp=8, zero=1, ep=8), ("full_recompute",), seq=8192), "deepspeed",
+                      price=False, nearest=True)
+    what = " ".join(g.what for g in moe.gaps)
+    assert "128 routed experts" in what and "QK norms" in what, what
+    assert "Every part of the plan is expressed" not in moe.files["deepspeed.sh"]
+    assert _check_args(moe.files["deepspeed.sh"], _names("deepspeed_launcher_options.txt"))["--kv-channels"] == "128"
 
 
 def test_deepspeed_parses_its_config_where_installed(tmp_path):

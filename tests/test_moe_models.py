@@ -68,6 +68,16 @@ def test_a_checkpoints_quantization_config_is_named_not_trained_in():
     assert len(ModelConfig(**{**dense, "name": "q"}).not_modelled) <= 500
 
 
+def test_dense_layers_not_first_are_named():
+    """Qwen3-MoE with decoder_sparse_step 2: every other layer dense (0, 2, 4, ...), not the first half, as a
+    pipeline stage's states place them: named; DeepSeek-V3's first 3 are not."""
+    d = hf_model_fields(_raw("qwen3-30b-a3b", decoder_sparse_step=2))
+    assert d["dense_layers"] == 24 and "layers 0, 2, 4, 6, 8, 10, ..., not the first 24" in d["not_modelled"]
+    assert "dense-FFN layers" not in hf_model_fields(_raw("deepseek-v3")).get("not_modelled", "")
+    assert "dense-FFN layers" not in hf_model_fields(_raw("qwen3-30b-a3b", mlp_only_layers=[0, 1])).get(
+        "not_modelled", "")
+
+
 def _raw(folder, **over):
     raw = json.loads((HF / folder / "config.json").read_text())
     raw.update(over)

@@ -311,6 +311,16 @@ def stage_layer_count(model: ModelConfig, layout: Layout, stage: int) -> int:
     return stage_layer_counts(model, layout)[stage]
 
 
+def stage_split_key(model: ModelConfig, layout: Layout) -> tuple:
+    """What of a layout decides which layers (and so which parameters) each pipeline rank holds: the
+    memo key of the per-stage terms (`memo_sim.search.estimate`, `memo_sim.search.pipeline`). The
+    virtual-stage count matters where the split is uneven, or where a MoE model's dense layers fall
+    into chunks (`stage_dense_layer_count`)."""
+    dense = model.moe and model.moe_layers < model.layers
+    return (layout.pp, layout.first_stage_layers, layout.last_stage_layers, layout.account_embedding_loss,
+            layout.chunk_layers, layout.vpp if layout.uneven or dense else 1)
+
+
 def stage_dense_layer_count(model: ModelConfig, layout: Layout, stage: int) -> int:
     """A MoE model's dense-FFN layers among one pipeline rank's (the model's first ``dense_layers``, the
     pattern Megatron-Core's --moe-layer-freq takes in memo's export); 0 for a dense model."""

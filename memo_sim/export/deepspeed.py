@@ -45,6 +45,24 @@ def gaps(plan: Plan) -> list[Gap]:
     if plan.model.bias == "qkv":  # Megatron-DeepSpeed's --disable-bias-linear drops every bias, it has no qkv-only one
         out.append(Gap(f"{plan.model.name}'s biases on the q, k and v projections only",
                        "biases on every linear layer (no flag): edit the model or drop them by hand"))
+    return out + _model_gaps(plan)
+
+
+def _model_gaps(plan: Plan) -> list[Gap]:
+    """What of the model the launch line does not write (a script that ran without them would train
+    another model): the routed experts, latent attention, QK norms, sliding windows and sinks."""
+    m, out = plan.model, []
+    if m.moe:
+        out.append(Gap(f"{m.moe_layers} MoE layers of {m.experts} routed experts (top-{m.top_k}, width {m.expert_width}"
+                       + (f", {m.shared_experts} shared" if m.shared_experts else "") + f") over EP {plan.layout.ep}",
+                       "not written: Megatron-DeepSpeed's --num-experts / --moe-expert-parallel-size run DeepSpeed-MoE, "
+                       "whose router, expert width and shared experts differ; the script as written trains the dense "
+                       "model"))
+    for on, what in ((m.mla, "multi-head latent attention (low-rank q / kv projections)"), (m.qk_norm, "QK norms"),
+                     (m.sliding_layers, f"a {m.sliding_window}-token sliding window on {m.sliding_layers} layers"),
+                     (m.attention_sinks, "attention sinks")):
+        if on:
+            out.append(Gap(what, "not written (Megatron-DeepSpeed has no flag for it): add it to the model by hand"))
     return out
 
 
@@ -58,6 +76,8 @@ def _architecture(plan: Plan) -> list[tuple[str, str | None]]:
     if m.norm == "rmsnorm":  # memo's RMSNorm models are the rotary ones (Llama, Mistral, Qwen)
         args += [("--normalization", "rmsnorm"), ("--use-rotary-position-embeddings", None),
                  ("--no-position-embedding", None)]
+    if m.head_dim and not m.mla:  # heads of their own size (Qwen3's 128 at hidden / heads = 64)
+        args.append(("--kv-channels", str(m.head_dim)))
     if m.bias == "none":
         args.append(("--disable-bias-linear", None))
     if not m.tied_embeddings:

@@ -642,7 +642,8 @@ def enumerate_layouts(model: ModelConfig, gpus: int, gpus_per_node: int, seq: in
                       tp_modes: tuple[str, ...] = ("megatron",), metp_across_nodes: bool = False,
                       pp: int = 1, first: int | None = None, last: int | None = None,
                       experts: ExpertChoice = ExpertChoice(), dp_modes: tuple[str, ...] = ("zero",),
-                      chunks: tuple[int, ...] = ()) -> tuple[list[Layout], list[tuple[Layout, str]]]:
+                      chunks: tuple[int, ...] = (), ulysses_kv: str = "minimal",
+                      ) -> tuple[list[Layout], list[tuple[Layout, str]]]:
     """All layouts for ``gpus`` GPUs matching the fixed degrees; (valid, [(rejected, reason)]).
 
     ``tp_modes``: the tensor-parallel flavours to enumerate (default Megatron only). A METP mode
@@ -655,7 +656,9 @@ def enumerate_layouts(model: ModelConfig, gpus: int, gpus_per_node: int, seq: in
     group and, where that group spans nodes, HSDP sharded inside a node; resharding after the forward
     on and off), the other stages as ZeRO. ``chunks``: each model chunk's layers (`Layout.chunk_layers`;
     the layouts then have len(chunks) / pp chunks per rank)."""
-    moe_kw = {"moe_dispatcher": experts.dispatcher, "moe_balance": experts.balance}
+    # the expert choice's, and the K/V repeat rule of the framework the layouts are for (which K/V head counts
+    # a Ulysses degree can spread: `memo_sim.layout.kv_heads`)
+    moe_kw = {"moe_dispatcher": experts.dispatcher, "moe_balance": experts.balance, "ulysses_kv": ulysses_kv}
     if pp > 1 and first is None and last is None and not chunks:
         first, last = uneven_split(model.layers, pp) or (0, 0)
     ends = {"first_stage_layers": first or 0, "last_stage_layers": last or 0} if pp > 1 else {}

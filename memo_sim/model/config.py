@@ -33,9 +33,11 @@ always-on experts of width ``shared_ffn`` (with a sigmoid gate on their output w
 ``shared_gate``: Qwen2-MoE) and a gate GEMM (``router``; with ``moe_bias`` the router and the
 experts carry biases: GPT-OSS). The ``dense_layers`` (DeepSeek's ``first_k_dense_replace``, Qwen's
 ``mlp_only_layers`` and ``decoder_sparse_step``) keep an FFN of width ``ffn``: their parameters are
-counted exactly, the first ``dense_layers`` layers of the model as a pipeline stage holds them
-(Megatron-Core's pattern, `memo_sim.cost.sppo.stage_dense_layer_count`); the simulator prices every
-layer's time and activations as a MoE layer's (one repeated layer; each what-if names it).
+counted exactly, and a pipeline stage holds them as the first ``dense_layers`` layers of the model
+(DeepSeek's pattern, Megatron-Core's --moe-layer-freq as exported, `memo_sim.cost.sppo.stage_dense_layer_count`;
+a Hugging Face config whose dense layers lie elsewhere has that named in ``not_modelled``); the
+simulator prices every layer's time and activations as a MoE layer's (one repeated layer; each
+what-if names it).
 """
 
 from __future__ import annotations

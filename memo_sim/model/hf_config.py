@@ -173,7 +173,13 @@ def _with_quantization_note(d: dict, c: dict) -> dict:
         return d
     what = ", ".join(f"{k} {q[k]}" for k in ("quant_method", "fmt", "weight_block_size") if k in q) or "given"
     note = (f"quantization_config ({what}) describes the checkpoint's stored weights, not the training: memo plans "
-            f"{d['dtype']} from torch_dtype, FP8 GEMMs being a layout choice (--precision, e.g. fp8-blockwise)")
+            f"{d['dtype']} from torch_dtype, low-precision GEMMs being a layout choice (--precision, e.g. "
+            f"fp8-blockwise)")
+    return _note(d, note)
+
+
+def _note(d: dict, note: str) -> dict:
+    """``d`` with ``note`` added to its ``not_modelled`` (one sentence of the model's notes each)."""
     d["not_modelled"] = "; ".join(x for x in (d.get("not_modelled", ""), note) if x)[:500]
     return d
 
@@ -223,7 +229,7 @@ def moe_fields(raw: dict, source: str = "config.json", name: str = "hf-model") -
         shared = c.get("n_shared_experts") or 0
         freq = need("moe_layer_freq")
         first = need("first_k_dense_replace", 0)
-        moe_layers = sum(1 for i in range(layers) if i >= first and i % freq == 0)
+        moe_at = [i for i in range(layers) if i >= first and i % freq == 0]
         scoring = c.get("scoring_func")
         if scoring not in ("softmax", "sigmoid"):
             raise refuse("scoring_func", f"{scoring!r}: memo's routers are softmax and sigmoid")
@@ -242,14 +248,14 @@ def moe_fields(raw: dict, source: str = "config.json", name: str = "hf-model") -
             experts = need("num_local_experts")
             top_k = need("num_experts_per_tok") if "num_experts_per_tok" in c else need("experts_per_token")
             expert_ffn = ffn
-            moe_layers = layers
+            moe_at = list(range(layers))
         else:  # qwen2_moe, qwen3_moe
             experts, top_k, expert_ffn = need("num_experts"), need("num_experts_per_tok"), need("moe_intermediate_size")
             step = need("decoder_sparse_step")
             only = c.get("mlp_only_layers") or []
             if not isinstance(only, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in only):
                 raise refuse("mlp_only_layers", f"must be a list of layer indices, got {only!r}")
-            moe_layers = sum(1 for i in range(layers) if i not in only and (i + 1) % step == 0)
+            moe_at = [i for i in range(layers) if i not in only and (i + 1) % step == 0]
         if mt == "qwen2_moe":
             if c.get("qkv_bias", True):
                 d["bias"] = "qkv"
@@ -276,6 +282,12 @@ def moe_fields(raw: dict, source: str = "config.json", name: str = "hf-model") -
         head_dim = c.get("head_dim")
         if head_dim is not None and head_dim * heads != hidden:
             d["head_dim"] = need("head_dim")
+    moe_layers = len(moe_at)
+    dense_at = sorted(set(range(layers)) - set(moe_at))
+    if dense_at and dense_at != list(range(len(dense_at))):  # memo places a MoE model's dense layers first
+        where = ", ".join(map(str, dense_at[:6])) + (", ..." if len(dense_at) > 6 else "")
+        _note(d, f"the dense-FFN layers are layers {where}, not the first {len(dense_at)}: memo counts them exactly "
+                 f"in the model but places them first in pipeline stages' states (and Megatron's --moe-layer-freq)")
     if not 1 <= top_k <= experts:
         raise refuse("num_experts_per_tok", f"{top_k} is not between 1 and the {experts} experts")
     if moe_layers == 0:

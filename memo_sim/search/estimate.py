@@ -30,6 +30,7 @@ from memo_sim.cost.optimizer_offload import host_state_bytes
 from memo_sim.cost.param_split import model_gpu_params
 from memo_sim.cost.layer_time import backward_costs, critical_time, forward_costs
 from memo_sim.cost.transfer import host_bandwidth_per_gpu, host_copy_time
+from memo_sim.cost.sppo import stage_split_key
 from memo_sim.layout.parallel import Layout
 from memo_sim.memplan.trace_gen import per_gpu_shard
 from memo_sim.model.config import ModelConfig
@@ -251,9 +252,9 @@ def stage_shard(layout: Layout) -> Layout:
 
 
 @memoised_by(lambda model, layout, micro_batch, seq, profile: (
-    model, layout.tp, layout.sp, layout.cp, layout.ulysses, layout.dp, layout.zero, layout.pp, micro_batch, seq,
-    layout.first_stage_layers, layout.last_stage_layers, layout.account_embedding_loss, layout.chunk_layers,
-    layout.vpp if layout.uneven else 1, layout.optimizer_offload, layout.ep, layout.etp, profile_key(profile)))
+    model, layout.tp, layout.sp, layout.cp, layout.ulysses, layout.dp, layout.zero, micro_batch, seq,
+    stage_split_key(model, layout), layout.optimizer_offload, layout.ep, layout.etp, layout.dp_mode,
+    layout.fsdp_shard, layout.reshard_after_forward, profile_key(profile)))
 def _stage_terms(model: ModelConfig, layout: Layout, micro_batch: int, seq: int,
                  profile: HardwareProfile) -> tuple[float, float, float]:
     """A pipeline's per-stage terms, policy-independent (memoised by the degrees they read: every
@@ -272,8 +273,9 @@ def _stage_terms(model: ModelConfig, layout: Layout, micro_batch: int, seq: int,
             per_link[link] = p2p_link_time(model, layout, micro_batch, seq, profile, link)
     hops = 2 * sum(per_link[p2p_link(layout, profile, s)] for s in range(p - 1))
     # stages 1 .. p-2 hold the same parameters (first / last counts, the embedding and loss slots); chunks of their
-    # own counts may give every stage its own
-    kinds = range(p) if layout.chunk_layers else sorted({0, p - 1} | ({1} if p > 2 else set()))
+    # own counts, or a MoE model's dense layers falling into some, may give every stage its own
+    dense = model.moe and model.moe_layers < model.layers
+    kinds = range(p) if layout.chunk_layers or dense else sorted({0, p - 1} | ({1} if p > 2 else set()))
     serial = max(stage_serial_grad_reduce(model, layout, profile, s) for s in kinds)
     return hops, serial, max(stage_optimizer_time(model, layout, s, profile) for s in kinds)
 

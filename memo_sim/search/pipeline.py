@@ -28,7 +28,7 @@ from functools import lru_cache, partial
 from typing import Callable, NamedTuple
 
 from memo_sim.cost.memo import memoised, memoised_by
-from memo_sim.cost.sppo import stage_model_state_bytes
+from memo_sim.cost.sppo import stage_model_state_bytes, stage_split_key
 from memo_sim.errors import MemoError
 from memo_sim.engine.schedules.microbatch import micro_batch_pipelines, stage_in_flight, stage_in_flight_layers
 from memo_sim.layout.parallel import (
@@ -51,10 +51,9 @@ MAX_VPP = 4  # interleaving: up to this many chunks per rank (Megatron-LM's runs
 MAX_MICRO_BATCH_SIZES = 4  # the smallest divisors of the batch tried as micro-batch sizes
 
 
-@memoised_by(lambda model, layout: (model, layout.pp, layout.tp, layout.state_shards, layout.zero >= 1,
-                                    layout.first_stage_layers, layout.last_stage_layers, layout.account_embedding_loss,
-                                    layout.chunk_layers, layout.vpp if layout.uneven else 1, layout.optimizer_offload,
-                                    layout.ep, layout.etp, layout.dp_mode))
+@memoised_by(lambda model, layout: (model, layout.tp, layout.state_shards, layout.zero >= 1,
+                                    stage_split_key(model, layout), layout.optimizer_offload, layout.ep, layout.etp,
+                                    layout.dp_mode, layout.fsdp_shard, layout.reshard_after_forward))
 def _stage_states(model: ModelConfig, layout: Layout) -> tuple[float, ...]:
     """Each stage's model-state bytes on one GPU (memoised by what `stage_model_state_bytes`
     reads: every policy, micro-batch size and virtual-stage count of a layout asks)."""
@@ -299,11 +298,12 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
     searched = {"schedules": list(names), "pp": [], "vpp": set(), "micro_batch": set()}
     not_built = {"families": 0, "candidates": 0, "best_bound_tgs": None, "schedules": []}
     reference: list[float | None] = []  # floor(), once it is read
+    kv_rule = adapt(Layout()).ulysses_kv if adapt is not None else "minimal"  # the framework's K/V repeat
     for p in pps:
         valid, rej = enumerate_layouts(model, gpus, profile.node_gpus, seq, tp=tp, cp=cp, ulysses=ulysses, dp=dp,
                                        zero=zero, sp=sp, pp=p, first=first, last=last, experts=experts,
                                        tp_modes=tp_modes, metp_across_nodes=metp_across_nodes, dp_modes=dp_modes,
-                                       chunks=chunks)
+                                       chunks=chunks, ulysses_kv=kv_rule)
         rejected += rej
         rejected += [(lay, f"the framework does not offer {lay.label()}") for lay in valid if not allows(lay)]
         valid = [lay for lay in valid if allows(lay)]
@@ -343,13 +343,14 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
                         why = check_schedule(name, pp=p, vpp=v, layers=model.layers, batch=b, micro_batch=mb,
                                              policy_name="store_all", uneven=cand.uneven)
                         if why:
-                            searched["why_none"] = f"{name}: {why}"
+                            searched["why_none"] = why if why.startswith(name) else f"{name}: {why}"
                             continue
                         why = states_why_not(model, cand, profile)
                         if why:  # no policy, micro-batch or schedule of this layout fits: not built
                             if id(cand) not in too_big:
                                 too_big.add(id(cand))
                                 rejected.append((cand, why))
+                                searched.setdefault("state_why", why)  # what a search that builds nothing says first
                             continue
                         searched["vpp"].add(v)
                         searched["micro_batch"].add(mb)
@@ -368,8 +369,9 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
                         shape = _shape(model, cand, b, mb, profile, name)  # every policy's
                         for pol in policies:
                             out.append(pipeline_candidate(model, cand, pol, b, mb, seq, profile, name, alpha, shape))
-    # "why_none": the last reason a layout that the degrees allow was not built (its chunks or its schedule), what
-    # a search that builds nothing says rather than the first layout refused (`memo_sim.search.whatif`)
+    # "state_why": the first layout whose model states alone do not fit; "why_none": the last reason a layout the
+    # degrees allow was not built (its chunks, batch split or schedule): what a search that builds nothing says, in
+    # that order, rather than the first layout refused (`memo_sim.search.whatif`)
     searched["vpp"] = sorted(searched["vpp"])
     searched["micro_batch"] = sorted(searched["micro_batch"])
     if not_built["families"]:

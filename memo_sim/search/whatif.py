@@ -293,7 +293,8 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     if plain and "single_stage" in allowed and (pp is None or pp == 1) and (vpp is None or vpp == 1):
         valid, rej = enumerate_layouts(model, gpus, profile.node_gpus, seq, tp=tp, cp=cp, ulysses=ulysses,
                                        dp=dp, zero=zero, sp=sp, tp_modes=modes,
-                                       metp_across_nodes=metp_across_nodes, experts=experts, dp_modes=dp_modes)
+                                       metp_across_nodes=metp_across_nodes, experts=experts, dp_modes=dp_modes,
+                                       ulysses_kv=fw.mechanism("ulysses_kv"))
         rejected += rej + [(lay, fw.why_not(lay)) for lay in valid if not fw.allows(lay)]
         valid = [adapt(lay) for lay in valid if fw.allows(lay)]  # as the framework runs it
         if rejected:
@@ -331,8 +332,9 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
                                 "why": "asked for" if pipe_flags else "searched by default"}
         if "not_built" in what:
             searched["pipeline"]["not_built"] = what["not_built"]
-        if (pr or what.get("why_none")) and not out:
-            why_none, pipes_said = what.get("why_none") or pr[0][1], True
+        said = what.get("state_why") or what.get("why_none")
+        if (pr or said) and not out:
+            why_none, pipes_said = said or pr[0][1], True
     if beside is not None:  # SPPO's rows where the search run here puts them (above)
         search, sppo_cands, sppo_rejected, sppo_why = beside.result()
         out[at_sppo[0]:at_sppo[0]] = sppo_cands
