@@ -68,6 +68,7 @@ class MemoryEstimate:
     terms: dict[str, int]  # the SIM_TERMS keys, peak_total last
     host: int  # pinned host bytes (the offload pool)
     detail: dict[str, int]  # how transient_peak is made up
+    not_estimated: tuple[str, ...] = ()  # terms left at 0 because this estimate cannot make them (compared as none)
 
     @property
     def total(self) -> int:
@@ -88,7 +89,9 @@ class MemoryEstimate:
                     s = sim.get(field)
                 else:
                     s = 0.0
-            rel = (v - s) / s if s else None
+            if k in self.not_estimated:  # neither 0 bytes nor a -100% error: not known
+                v = None
+            rel = (v - s) / s if s and v is not None else None
             rows.append({"term": k, "executor_bytes": v, "simulator_bytes": s, "rel_error": rel,
                          "simulator_field": field})
         return rows

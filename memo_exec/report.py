@@ -58,18 +58,24 @@ class Comparison:
     simulation: str  # how the per-stream / per-op prediction was made (or why it is missing)
     predicted_timeline: Timeline | None = None
     alltoall: list[dict] = dataclasses.field(default_factory=list)  # MoE: per layer, the EP all-to-alls
+    # whether the predicted times are predictions of this run's device (not a GPU profile's beside a CPU run):
+    # where not, the times' rel_error compares different machines (report.md reads them "not comparable")
+    times_comparable: bool = True
 
     def to_dict(self) -> dict:
         return {"totals": self.totals, "streams": self.streams, "ops": self.ops, "memory": self.memory,
                 "moe_alltoall": self.alltoall, "totals_predicted_from": self.source,
-                "streams_ops_predicted_from": self.simulation}
+                "streams_ops_predicted_from": self.simulation, "times_comparable": self.times_comparable}
 
 
 def compare_run(res: RunResult) -> Comparison:
     plan, n = res.plan, res.meta["layers"]
     sim, sim_note = resimulate(plan, n)
-    if n == plan.model.layers:
+    other_profile = getattr(res.options, "profile", None) is not None  # `--profile`: predicted again with it
+    if n == plan.model.layers and not other_profile:
         pred, source = plan.predicted.to_dict(), "plan.predicted"
+    elif sim is not None and n == plan.model.layers:
+        pred, source = sim.to_dict(), f"{sim_note} (--profile {plan.profile}, not the plan's own prediction)"
     elif sim is not None:
         pred, source = sim.to_dict(), f"{sim_note} (the plan is for {plan.model.layers} layers)"
     else:
@@ -82,7 +88,8 @@ def compare_run(res: RunResult) -> Comparison:
     if plan.layout.metp:
         totals += ring_rows(measured, sim, sim_note)
     return Comparison(totals, stream_rows(measured, ptl), op_rows(measured, ptl),
-                      res.estimate.compare(breakdown), source, sim_note, ptl, alltoall_rows(measured, ptl))
+                      res.estimate.compare(breakdown), source, sim_note, ptl, alltoall_rows(measured, ptl),
+                      times_comparable=times_comparable(res.meta, plan.profile))
 
 
 def ring_rows(measured: list, sim, sim_note: str) -> list[dict]:
@@ -115,7 +122,8 @@ def totals_rows(res: RunResult, pred: dict, source: str) -> list[dict]:
     rows = [
         ("iteration time", "s", pred.get("iteration_s"), it, source),
         ("MFU", "", pred.get("mfu"), meas_mfu, source),
-        ("tokens per GPU per second", "tok/s", pred.get("tgs_tokens_per_gpu_s"), tokens / it if it else None, source),
+        ("tokens per GPU per second", "tok/s", pred.get("tgs_tokens_per_gpu_s"),
+         tokens / it / _replica_gpus(res) if it else None, source),
         ("layer forward", "s", lt.get("forward"), st.get("layer_forward_s"), "plan.layer_timings_s"),
         ("layer backward", "s", lt.get("backward"), st.get("layer_backward_s"), "plan.layer_timings_s"),
         ("layer recompute", "s", lt.get("recompute"), st.get("layer_recompute_s"), "plan.layer_timings_s"),
@@ -133,6 +141,37 @@ def totals_rows(res: RunResult, pred: dict, source: str) -> list[dict]:
                      st.get("peak_allocated_bytes"), "not predicted"))
     return [{"quantity": q, "unit": u, "predicted": p, "measured": m, "rel_error": rel_error(m, p),
              "predicted_from": s} for q, u, p, m, s in rows]
+
+
+def pipeline_offload_note(plan) -> str | None:
+    """Where a pipelined offloading plan's executor offloads other layers than the simulator prices: memo-exec
+    runs one activation policy per model chunk and micro-batch in flight, each keeping the chunk's last 2
+    layers on the device (`memo_sim.policy.rounding_buffers.KEPT_LAYERS`), while the simulator runs the
+    rounding-buffer rule over all of a rank's forward units of the iteration and keeps only its last 2
+    (`memo_sim.engine.schedules.microbatch`); None where the two offload as many layer passes."""
+    from memo_sim.policy.rounding_buffers import offloaded_layer_count  # noqa: PLC0415
+
+    lay = plan.layout
+    if lay.pp == 1 or not plan.policy.offloads or plan.schedule not in ("1f1b", "interleaved_1f1b"):
+        return None
+    vr = lay.virtual_stage_ranges(plan.model.layers)
+    rank = [[len(vr[c * lay.pp + s]) for c in range(lay.vpp)] for s in range(lay.pp)]
+    m = plan.micro_batches
+    ours = [m * sum(offloaded_layer_count(n) for n in chunks) for chunks in rank]
+    sims = [offloaded_layer_count(m * sum(chunks)) for chunks in rank]
+    if ours == sims:
+        return None
+    return (f"layer passes offloaded per iteration, rank by rank: memo-exec {ours}, the simulator {sims} (memo-exec "
+            f"keeps each model chunk's last 2 layers of every micro-batch on the device, the simulator the rank's "
+            f"last 2 forward units of the iteration), so host memory, copies and the activations kept differ from "
+            f"the prediction")
+
+
+def _replica_gpus(res: RunResult) -> int:
+    """The GPUs (ranks) one replica's tokens (``meta["tokens"]``: batch x seq) are spread over: TP x CP x
+    Ulysses x PP of a multi-rank run; 1 where one process ran the whole replica."""
+    world = int(res.meta.get("world") or 1)
+    return max(1, world // max(1, res.plan.layout.dp)) if world > 1 else 1
 
 
 def alltoall_markdown(rows: list[dict], simulation: str, world: int = 1, tpct=None) -> str:
@@ -163,9 +202,13 @@ def _pinned_row(res: RunResult, pred: dict, source: str) -> tuple:
     node, at most the world size): the same quantity on both sides."""
     node = pred.get("peak_host_bytes_per_node")
     mine = res.meta.get("pinned_host_bytes")
+    what = "pinned host memory"
+    if res.plan.layout.optimizer_offload and mine is not None:  # the prediction holds the optimizer's states too
+        mine += int(res.meta.get("host_optimizer_bytes") or 0)
+        what = "host memory (pinned pool + the optimizer's states on the host)"
     world = int(res.meta.get("world") or 1)
     if world <= 1:
-        return ("pinned host memory", "bytes", node, mine, source)
+        return (what, "bytes", node, mine, source)
     from memo_sim.errors import MemoError  # noqa: PLC0415
     from memo_sim.profile.loader import load_profile  # noqa: PLC0415
 
@@ -174,7 +217,7 @@ def _pinned_row(res: RunResult, pred: dict, source: str) -> tuple:
     except MemoError:
         per_node = world
     share = None if node is None else node / per_node
-    return (f"pinned host memory (this rank; predicted: the node's over its {per_node} ranks)", "bytes", share, mine,
+    return (f"{what} (this rank; predicted: the node's over its {per_node} ranks)", "bytes", share, mine,
             source)
 
 
@@ -292,6 +335,9 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
                  f"per-layer numbers compare with the plan's; whole-iteration numbers use {source}.")
     else:
         L.append(f"- all {m['layers']} layers run")
+    note = pipeline_offload_note(p)
+    if note:
+        L.append(f"- **{note}**")
     L.append(f"- steps: {len(res.summaries)}; steady state: the median of each quantity over steps "
              f"{st['steps_averaged']} "
              f"(step 0 includes warm-up when more than one step ran)")
@@ -360,8 +406,8 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
         L.append(f"The simulator counts the plan's {p.model.dtype} ({plan_width} bytes per element); this run computes "
                  f"in {m['dtype']} ({run_width} bytes), so activation and model-state terms differ by that ratio.")
     recipe = getattr(p.model, "recipe", None)  # the plan's model-state precision recipe
-    ours = m["memory_estimate_bytes"]["model_states"] / max(1, m["params"])
-    if recipe is not None and abs(recipe.bytes_per_param - ours) > 1e-9:
+    ours = m["memory_estimate_bytes"]["model_states"] / max(1, m["params"])  # one process: its params are the model's
+    if recipe is not None and m.get("world", 1) == 1 and abs(recipe.bytes_per_param - ours) > 1e-9:
         L.append("")
         L.append(f"The plan counts model states with the {recipe.name} recipe ({recipe.bytes_per_param} bytes per "
                  f"parameter); this executor's AdamW keeps {ours:g} bytes per parameter (gradients in the compute "
@@ -371,7 +417,8 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
         L.append(f"Distributed run: the executor's estimate is rank {m.get('rank', 0)}'s static memory (model states "
                  "after ZeRO, the policy's activation storage, lse and norm statistics); its transient, boundary, "
                  "classifier and optimizer-step terms are not estimated (they come from a dry run of the layer on "
-                 "the meta device, which cannot run the collectives), so they read 0.")
+                 "the meta device, which cannot run the collectives), so they and the total read — (the "
+                 "total above, `executor's memory estimate`, is the static terms' sum).")
     det = m.get("memory_estimate_detail_bytes") or {}
     if det:
         L.append("")

@@ -192,6 +192,14 @@ def size_plan(plan: Plan, model: ModelConfig, dtype: torch.dtype, backend, use_m
     return PlanSizes(policy, requests, arena_plan, unplanned, est)
 
 
+def host_optimizer_bytes(ex) -> int:
+    """Bytes the run's optimizers hold on the host (`HostAdamW.host_state_bytes`, summed over the
+    dense optimizer and the experts' where they run on the host; 0 with the optimizer on the device)."""
+    found = [getattr(ex, "optimizer", None)] + [getattr(getattr(ex, a, None), "optimizer", None)
+                                                for a in ("sync", "expert_sync")]
+    return int(sum(o.host_state_bytes() for o in found if hasattr(o, "host_state_bytes")))
+
+
 @dataclass
 class RunResult:
     plan: Plan
@@ -463,6 +471,7 @@ def run_steps(ex, layers: int, caching_allocator_tensors, progress=None) -> RunR
     if probe is not None:
         res.meta["speed_probe"] = probe.summary()
     res.meta["pinned_host_bytes"] = int(getattr(ex.policy, "pinned_bytes", 0))
+    res.meta["host_optimizer_bytes"] = host_optimizer_bytes(ex)
     pool = getattr(ex.policy, "pool", None)
     if hasattr(pool, "describe"):  # the offload pool: how it was page-locked, and any fallback's warning
         res.meta["host_pool"] = pool.describe()

@@ -9,8 +9,10 @@ pytest.importorskip("torch")
 from memo_exec.report import _pinned_row  # noqa: E402
 
 
-def _res(world, pool):
-    return SimpleNamespace(meta={"world": world, "pinned_host_bytes": pool}, plan=SimpleNamespace(profile="a800-80gb"))
+def _res(world, pool, optimizer_offload=False, host_optimizer=0, dp=1):
+    lay = SimpleNamespace(optimizer_offload=optimizer_offload, dp=dp)
+    return SimpleNamespace(meta={"world": world, "pinned_host_bytes": pool, "host_optimizer_bytes": host_optimizer},
+                           plan=SimpleNamespace(profile="a800-80gb", layout=lay))
 
 
 def test_single_rank_compares_the_node():
@@ -24,3 +26,41 @@ def test_a_rank_of_four_compares_its_share():
     assert pred == 25.0 and meas == 25 and "4 ranks" in q
     q, _u, pred, _m, _s = _pinned_row(_res(16, 25), {"peak_host_bytes_per_node": 800.0}, "sim")
     assert pred == 100.0 and "8 ranks" in q  # 16 ranks: 8 per a800 node
+
+
+def test_an_offloaded_optimizer_is_measured_beside_the_pool():
+    """The simulator's host bytes hold the optimizer's states on the host too (review of 2026-11-26: the
+    pool alone read -100%): the measured side adds what the host optimizer allocated."""
+    q, _u, pred, meas, _s = _pinned_row(_res(1, 10, True, 90), {"peak_host_bytes_per_node": 100.0}, "sim")
+    assert meas == 100 and pred == 100.0 and "optimizer" in q
+    q, _u, _p, meas, _s = _pinned_row(_res(1, 10, False, 90), {"peak_host_bytes_per_node": 100.0}, "sim")
+    assert meas == 10 and q == "pinned host memory"
+
+
+def test_tokens_per_gpu_divide_a_replica_over_its_ranks():
+    from memo_exec.report import _replica_gpus
+
+    assert _replica_gpus(_res(2, 0, dp=1)) == 2  # TP 2: one sequence over two GPUs
+    assert _replica_gpus(_res(2, 0, dp=2)) == 1  # DP 2: each rank its own replica
+    assert _replica_gpus(_res(8, 0, dp=2)) == 4
+    assert _replica_gpus(_res(1, 0, dp=1)) == 1
+
+
+def test_a_pipelines_per_chunk_kept_layers_are_named_where_they_differ_from_the_simulators():
+    """memo-exec keeps each chunk's last 2 layers of every micro-batch; the simulator the rank's last 2 forward
+    units of the iteration: 8 layers over pp 2, 4 micro-batches: 8 against 14 offloaded passes per rank."""
+    from memo_exec.report import pipeline_offload_note
+    from memo_sim.layout.parallel import Layout
+    from memo_sim.model.config import ModelConfig
+    from memo_sim.policy.registry import get_policy
+
+    m = ModelConfig("t", 8, 256, 4, 512, vocab=96)
+
+    def plan(policy, **lay):
+        return SimpleNamespace(layout=Layout(**lay), policy=get_policy(*policy), schedule="1f1b", model=m,
+                               micro_batches=4)
+
+    note = pipeline_offload_note(plan(("memo", 0.3), pp=2))
+    assert "memo-exec [8, 8], the simulator [14, 14]" in note
+    assert pipeline_offload_note(plan(("full_recompute",), pp=2)) is None  # nothing offloaded on either side
+    assert pipeline_offload_note(plan(("memo", 0.3))) is None  # one stage: the same rule on both sides

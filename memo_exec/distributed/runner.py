@@ -55,7 +55,8 @@ def check_plan_for_world(plan: Plan, world: int, opts: RunOptions) -> None:
     """The refusals that need no communication (every rank and the launcher run them alike)."""
     lay = plan.layout
     if lay.gpus != world:
-        raise ExecError(f"plan layout {lay.label()} needs {lay.gpus} processes (tp x cp x ulysses x pp x dp), "
+        procs = "process" if lay.gpus == 1 else "processes"
+        raise ExecError(f"plan layout {lay.label()} needs {lay.gpus} {procs} (tp x cp x ulysses x pp x dp), "
                         f"but the world size is {world}; launch with --nproc {lay.gpus} "
                         f"(torchrun --nproc-per-node {lay.gpus})")
     flavour_for(lay.tp_mode)
@@ -230,13 +231,16 @@ class DistExecutor(ExecutorBase):
         terms = {"model_states": states, "skeletal_resident": n * dev.get("skeletal_resident", 0),
                  "buffers": n * dev.get("buffers", 0), "lse": n * dev.get("lse", 0),
                  "norm_stats": n * dev.get("norm_stats", 0)}
-        for k in ("transient_peak", "layer_boundary", "classifier_peak", "optimizer_step_peak"):
+        unknown = ["transient_peak", "layer_boundary", "classifier_peak", "optimizer_step_peak"]
+        for k in unknown:
             terms[k] = 0
         if self.arena_plan is not None:  # the layer's planned scratch: the arena this rank allocates
             terms["transient_peak"] = self.arena_plan.arena_bytes
+            unknown.remove("transient_peak")
         terms["peak_total"] = sum(terms.values())
         host = n * self.policy.host_bytes() + (HostAdamW.host_bytes_for(shard, self.dtype) if lay.optimizer_offload else 0)
-        return MemoryEstimate(terms, host, {})
+        # peak_total holds the static terms only: compared as none too, as the terms it lacks
+        return MemoryEstimate(terms, host, {}, not_estimated=(*unknown, "peak_total"))
 
     # ------------------------------------------------------------------ allocate
     def allocate(self) -> None:
