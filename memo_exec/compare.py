@@ -79,14 +79,19 @@ def resimulate(plan, layers: int):
 
 def sim_memory_breakdown(plan, layers: int) -> dict | None:
     """The simulator's memory breakdown for the plan with ``layers`` layers (``to_dict()``), or None
-    when it cannot be computed."""
+    when it cannot be computed; a micro-batch pipeline's is its fullest stage's, in the plan's schedule
+    and micro-batch (`memo_sim.search.pipeline.pipeline_memory`, what the plan's peak is)."""
     try:
-        from memo_sim.api import load_profile, memory_breakdown  # noqa: PLC0415
+        from memo_sim.api import load_profile, memory_breakdown, pipeline_memory  # noqa: PLC0415
         from memo_sim.errors import MemoError  # noqa: PLC0415
     except ImportError:
         return None
     model = dataclasses.replace(plan.model, layers=layers)
     try:
+        if plan.layout.pp > 1 and plan.schedule in ("1f1b", "interleaved_1f1b"):
+            mem, _rows = pipeline_memory(model, plan.layout, plan.batch, plan.micro_batch, plan.seq_tokens, plan.policy,
+                                         load_profile(plan.profile), plan.schedule)
+            return mem.to_dict()
         mem = memory_breakdown(model, plan.layout, plan.batch, plan.seq_tokens, plan.policy,
                                load_profile(plan.profile), plan.classifier_chunk_tokens)
     except MemoError:  # e.g. an unknown profile: the report shows the simulator column empty
