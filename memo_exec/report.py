@@ -168,10 +168,11 @@ def pipeline_offload_note(plan) -> str | None:
 
 
 def _replica_gpus(res: RunResult) -> int:
-    """The GPUs (ranks) one replica's tokens (``meta["tokens"]``: batch x seq) are spread over: TP x CP x
-    Ulysses x PP of a multi-rank run; 1 where one process ran the whole replica."""
+    """What ``meta["tokens"]`` is spread over: a multi-rank run's tokens are the whole job's (batch x seq x
+    dp, `memo_exec.distributed.runner.DistExecutor.describe`), so every rank; one process runs its replica's
+    batch x seq alone."""
     world = int(res.meta.get("world") or 1)
-    return max(1, world // max(1, res.plan.layout.dp)) if world > 1 else 1
+    return world if world > 1 else 1
 
 
 def alltoall_markdown(rows: list[dict], simulation: str, world: int = 1, tpct=None) -> str:

@@ -37,12 +37,13 @@ def test_an_offloaded_optimizer_is_measured_beside_the_pool():
     assert meas == 10 and q == "pinned host memory"
 
 
-def test_tokens_per_gpu_divide_a_replica_over_its_ranks():
+def test_tokens_per_gpu_divide_the_jobs_tokens_over_its_ranks():
     from memo_exec.report import _replica_gpus
 
+    # a multi-rank run's meta["tokens"] is the job's (batch x seq x dp): per GPU it is over every rank
     assert _replica_gpus(_res(2, 0, dp=1)) == 2  # TP 2: one sequence over two GPUs
-    assert _replica_gpus(_res(2, 0, dp=2)) == 1  # DP 2: each rank its own replica
-    assert _replica_gpus(_res(8, 0, dp=2)) == 4
+    assert _replica_gpus(_res(2, 0, dp=2)) == 2  # DP 2: two sequences over two GPUs
+    assert _replica_gpus(_res(8, 0, dp=2)) == 8
     assert _replica_gpus(_res(1, 0, dp=1)) == 1
 
 
