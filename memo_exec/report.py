@@ -62,6 +62,11 @@ class Comparison:
     # where not, the times' rel_error compares different machines (report.md reads them "not comparable")
     times_comparable: bool = True
 
+    def predicted_iteration(self) -> float | None:
+        """The iteration time the totals compare with (the plan's, or the re-simulation's where
+        ``--profile`` or a shorter run asked for one)."""
+        return next((r["predicted"] for r in self.totals if r["quantity"] == "iteration time"), None)
+
     def to_dict(self) -> dict:
         return {"totals": self.totals, "streams": self.streams, "ops": self.ops, "memory": self.memory,
                 "moe_alltoall": self.alltoall, "totals_predicted_from": self.source,
@@ -76,6 +81,8 @@ def compare_run(res: RunResult) -> Comparison:
         pred, source = plan.predicted.to_dict(), "plan.predicted"
     elif sim is not None and n == plan.model.layers:
         pred, source = sim.to_dict(), f"{sim_note} (--profile {plan.profile}, not the plan's own prediction)"
+    elif n == plan.model.layers:  # --profile asked for a prediction the simulator did not make
+        pred, source = {}, f"not predicted with --profile {plan.profile}: {sim_note}"
     elif sim is not None:
         pred, source = sim.to_dict(), f"{sim_note} (the plan is for {plan.model.layers} layers)"
     else:
@@ -118,7 +125,8 @@ def totals_rows(res: RunResult, pred: dict, source: str) -> list[dict]:
         peak, _ = _peak_flops(res.plan.profile, res.plan.model.dtype)
         if peak:
             m = dataclasses.replace(res.plan.model, layers=res.meta["layers"])
-            meas_mfu = mfu(m, res.plan.batch, res.plan.seq_tokens, it, 1, peak)
+            # the run's sequences (a multi-rank run's are the job's, batch x dp) over the GPUs that ran them
+            meas_mfu = mfu(m, tokens / res.plan.seq_tokens, res.plan.seq_tokens, it, _replica_gpus(res), peak)
     rows = [
         ("iteration time", "s", pred.get("iteration_s"), it, source),
         ("MFU", "", pred.get("mfu"), meas_mfu, source),
@@ -132,8 +140,7 @@ def totals_rows(res: RunResult, pred: dict, source: str) -> list[dict]:
         ("exposed copy time", "s", pred.get("exposed_copy_s"), st.get("exposed_copy_s"), source),
         ("peak device memory (allocated)", "bytes", pred.get("peak_gpu_bytes"),
          st.get("peak_allocated_bytes") if cuda else None, source),
-        ("executor's memory estimate", "bytes", pred.get("peak_gpu_bytes"), res.meta["memory_estimate_total_bytes"],
-         source),
+        ("executor's memory estimate", "bytes", pred.get("peak_gpu_bytes"), _estimate_total(res), source),
         _pinned_row(res, pred, source),
     ]
     if not cuda:
@@ -165,6 +172,15 @@ def pipeline_offload_note(plan) -> str | None:
             f"keeps each model chunk's last 2 layers of every micro-batch on the device, the simulator the rank's "
             f"last 2 forward units of the iteration), so host memory, copies and the activations kept differ from "
             f"the prediction")
+
+
+def _estimate_total(res: RunResult):
+    """The executor's whole-peak estimate, or None where it holds the static terms only (a distributed
+    rank's estimate does not make the transient terms, `memo_exec.memory_estimate.MemoryEstimate.not_estimated`):
+    a partial sum against the predicted peak would read as an error."""
+    if "peak_total" in getattr(res.estimate, "not_estimated", ()):
+        return None
+    return res.meta["memory_estimate_total_bytes"]
 
 
 def _replica_gpus(res: RunResult) -> int:
@@ -601,7 +617,7 @@ def write_rank_outputs(payloads: list[dict], res0, out_dir: str | Path, plan_fil
                        paths: dict, comparison) -> list[dict]:
     """Rank 0: merged trace and measured timeline, per-rank rows appended to report.md."""
     out = Path(out_dir)
-    pred = res0.plan.predicted.to_dict().get("iteration_s")
+    pred = comparison.predicted_iteration()  # the totals' prediction (--profile re-predicts it)
     rows = rank_rows(payloads, pred)
     meta = dict(res0.meta)
     meta.update({"plan_file": str(plan_file), "per_rank": rows, "iteration_spread": spread([r["iteration_s"]

@@ -65,3 +65,42 @@ def test_a_pipelines_per_chunk_kept_layers_are_named_where_they_differ_from_the_
     assert "memo-exec [8, 8], the simulator [14, 14]" in note
     assert pipeline_offload_note(plan(("full_recompute",), pp=2)) is None  # nothing offloaded on either side
     assert pipeline_offload_note(plan(("memo", 0.3))) is None  # one stage: the same rule on both sides
+
+
+def _totals_res(world, dp, *, not_estimated=()):
+    from memo_sim.model.config import get_model
+
+    model = get_model("gpt-7b")
+    lay = SimpleNamespace(optimizer_offload=False, dp=dp)
+    plan = SimpleNamespace(profile="h100-sxm5-80gb", layout=lay, model=model, batch=1, seq_tokens=4096,
+                           layer_timings_s={})
+    meta = {"world": world, "pinned_host_bytes": 0, "host_optimizer_bytes": 0, "tokens": 4096 * dp,
+            "device_kind": "cuda", "layers": model.layers, "memory_estimate_total_bytes": 7}
+    return SimpleNamespace(steady={"iteration_s": 2.0}, plan=plan, meta=meta,
+                           estimate=SimpleNamespace(not_estimated=not_estimated))
+
+
+def test_measured_mfu_counts_every_rank_of_a_multi_rank_run():
+    """Review of 2026-11-26: the MFU row of a multi-rank run divided the plan's per-replica batch over one GPU
+    (too high by the ranks per replica). The job's sequences over every rank: one replica over one GPU and
+    two replicas over two GPUs give the same MFU; TP 2 halves it."""
+    from memo_exec.report import totals_rows
+
+    def measured_mfu(world, dp):
+        rows = totals_rows(_totals_res(world, dp), {"mfu": 0.5}, "sim")
+        return next(r["measured"] for r in rows if r["quantity"] == "MFU")
+
+    one, dp2, tp2 = measured_mfu(1, 1), measured_mfu(2, 2), measured_mfu(2, 1)
+    assert one > 0 and dp2 == pytest.approx(one) and tp2 == pytest.approx(one / 2)
+
+
+def test_a_static_terms_estimate_is_not_compared_with_the_peak():
+    from memo_exec.report import totals_rows
+
+    def est_row(res):
+        return next(r for r in totals_rows(res, {"peak_gpu_bytes": 10.0}, "sim")
+                    if r["quantity"] == "executor's memory estimate")
+
+    assert est_row(_totals_res(1, 1))["measured"] == 7 and est_row(_totals_res(1, 1))["rel_error"] is not None
+    r = est_row(_totals_res(2, 2, not_estimated=("transient_peak", "peak_total")))
+    assert r["measured"] is None and r["rel_error"] is None

@@ -19,11 +19,9 @@ Per stage:
 - **ideal bubble**: (p - 1) / (v m + p - 1), the share of the iteration a stage idles when every
   chunk's forward and backward take the same time and transfers are free (Megatron-LM's bubble
   (p - 1) / (v m) of the ideal time, as a share of the whole);
-- **simulated**: busy, bubble and peak of the stage from ``plan.predicted``'s ``pipeline`` entry
-  when the plan carries one (``{"stages": [{"compute_busy_s", "idle_s", "peak_gpu_bytes"}],
-  "bubble_fraction"}``, the shape of ``memo-sim simulate``'s pipeline summary), else from one
-  simulation of the plan made for the report (its schedule, micro-batches and profile); "n/a"
-  when the run used fewer layers than the plan.
+- **simulated**: busy, bubble and peak of the stage from one simulation of the plan made for the
+  report (its schedule, micro-batches and profile, or the run's ``--profile``; a plan's prediction
+  carries no per-stage entry); "n/a" when the run used fewer layers than the plan.
 
 The Gantt chart (``pipeline_gantt.png``): one band per stage with its actions (colour = micro-batch,
 forward solid, backward hatched, recompute inside a backward outlined in black), its receive
@@ -99,27 +97,22 @@ def stage_rows(tl: Timeline, pp: int) -> list[dict]:
 
 def simulated_stages(plan, layers_run: int):
     """The simulator's per-stage prediction for the plan: (stages or None, where they come from or
-    why there are none, the simulated result or None). The plan's own ``predicted.pipeline`` entry
-    when it carries one, else one simulation of the plan (schedule, micro-batches, profile) now."""
+    why there are none, the simulated result or None): one simulation of the plan (schedule,
+    micro-batches, ``plan.profile``) now; a plan's `memo_sim.plan.contract.Prediction` has no stages."""
     if layers_run != plan.model.layers:
         return None, f"the plan is for {plan.model.layers} layers, {layers_run} ran", None
-    pipe = plan.predicted.to_dict().get("pipeline")
-    res = None
-    source = "plan.predicted"
-    if not pipe or not pipe.get("stages"):
-        from memo_sim.api import load_profile, simulate  # noqa: PLC0415 - the simulator, to close the loop
+    from memo_sim.api import load_profile, simulate  # noqa: PLC0415 - the simulator, to close the loop
 
-        try:
-            res = simulate(plan.model, plan.layout, plan.batch, plan.seq_tokens, plan.policy,
-                           load_profile(plan.profile), schedule=plan.schedule, micro_batch=plan.micro_batch,
-                           classifier_chunk_tokens=plan.classifier_chunk_tokens)
-        except MemoError as e:
-            return None, f"the plan could not be simulated ({e})", None
-        pipe = res.pipeline
-        source = f"memo-sim simulate of the plan on {plan.profile}"
-    it = plan.predicted.iteration_s if res is None else res.iteration_s
+    try:
+        res = simulate(plan.model, plan.layout, plan.batch, plan.seq_tokens, plan.policy,
+                       load_profile(plan.profile), schedule=plan.schedule, micro_batch=plan.micro_batch,
+                       classifier_chunk_tokens=plan.classifier_chunk_tokens)
+    except MemoError as e:
+        return None, f"the plan could not be simulated ({e})", None
+    source = f"memo-sim simulate of the plan on {plan.profile}"
+    it = res.iteration_s
     out = []
-    for st in pipe["stages"]:
+    for st in res.pipeline["stages"]:
         idle = st.get("idle_s")
         out.append({"busy_s": st.get("compute_busy_s"), "peak_bytes": st.get("peak_gpu_bytes"),
                     "bubble_fraction": idle / it if it and idle is not None else None})
@@ -127,7 +120,7 @@ def simulated_stages(plan, layers_run: int):
 
 
 def compare(measured: Timeline, plan) -> tuple[dict, object]:
-    """The per-stage comparison, and the simulated result it used (None when it read the plan's)."""
+    """The per-stage comparison, and the simulated result it used (None where it could not simulate)."""
     lay = plan.layout
     m = plan.micro_batches
     tl = stage_timeline(measured, plan)
@@ -145,8 +138,7 @@ def compare(measured: Timeline, plan) -> tuple[dict, object]:
             "measured_bubble_fraction": 1 - busy / (len(rows) * it) if rows and it > 0 else None,
             "ideal_bubble_fraction": ideal_bubble(lay.pp, lay.vpp, m),
             "simulated_from": source,
-            "simulated_bubble_fraction": ((res.pipeline if res is not None else plan.predicted.to_dict().get("pipeline"))
-                                          or {}).get("bubble_fraction") if sim else None}, res
+            "simulated_bubble_fraction": (res.pipeline or {}).get("bubble_fraction") if sim else None}, res
 
 
 def _f(v, fmt="{:.4f}") -> str:
@@ -247,14 +239,17 @@ def gantt_figure(tl: Timeline, pp: int, micro_batches: int, path: Path, title: s
     return save_png(fig, path, dpi=100)
 
 
-def write_pipeline_outputs(run_dir: str | Path, plan_file: str | Path) -> list[Path]:
+def write_pipeline_outputs(run_dir: str | Path, plan_file: str | Path, profile: str | None = None) -> list[Path]:
     """Read ``run_dir/measured.json`` and the plan; write ``pipeline.json``, ``pipeline.md``,
     ``pipeline_gantt.png`` (measured) and ``pipeline_gantt_simulated.png`` (the simulator's, when it
-    simulated the plan for the comparison)."""
+    simulated the plan for the comparison). ``profile`` (the run's ``--profile``): the stages are
+    predicted with it rather than with the plan's profile."""
     from memo_sim.plan.schema import read_plan  # noqa: PLC0415
 
     out = Path(run_dir)
     plan = read_plan(plan_file)
+    if profile is not None:
+        plan.profile = profile
     if plan.schedule not in ("1f1b", "interleaved_1f1b"):
         raise MemoError(f"{plan_file}: schedule {plan.schedule}, not a micro-batch pipeline (1f1b, interleaved_1f1b)")
     measured = Timeline.read_json(out / "measured.json")

@@ -352,7 +352,9 @@ class PipelineSchedule(Schedule):
 
         if self.ex.ctx.rank != 0:
             return []
-        return write_pipeline_outputs(out_dir, plan_file)
+        # `--profile` (the plan then names that profile, `memo_exec.runner.use_profile`): predicted again with it
+        profile = self.ex.plan.profile if getattr(self.ex.opts, "profile", None) is not None else None
+        return write_pipeline_outputs(out_dir, plan_file, profile)
 
 
 @register_schedule("1f1b")
