@@ -316,9 +316,8 @@ def stage_split_key(model: ModelConfig, layout: Layout) -> tuple:
     memo key of the per-stage terms (`memo_sim.search.estimate`, `memo_sim.search.pipeline`). The
     virtual-stage count matters where the split is uneven, or where a MoE model's dense layers fall
     into chunks (`stage_dense_layer_count`)."""
-    dense = model.moe and model.moe_layers < model.layers
     return (layout.pp, layout.first_stage_layers, layout.last_stage_layers, layout.account_embedding_loss,
-            layout.chunk_layers, layout.vpp if layout.uneven or dense else 1)
+            layout.chunk_layers, layout.vpp if layout.uneven or model.mixes_dense_layers else 1)
 
 
 def stage_dense_layer_count(model: ModelConfig, layout: Layout, stage: int) -> int:

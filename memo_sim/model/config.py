@@ -317,6 +317,12 @@ class ModelConfig:
         return self.layers - self.dense_layers if self.moe else 0
 
     @property
+    def mixes_dense_layers(self) -> bool:
+        """A mixture of experts whose first ``dense_layers`` keep a dense FFN: pipeline stages then hold
+        different parameters wherever those layers fall (`memo_sim.cost.sppo.stage_dense_layer_count`)."""
+        return self.moe and self.moe_layers < self.layers
+
+    @property
     def expert_width(self) -> int:
         """One routed expert's FFN width."""
         return self.expert_ffn or self.ffn

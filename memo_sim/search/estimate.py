@@ -274,8 +274,7 @@ def _stage_terms(model: ModelConfig, layout: Layout, micro_batch: int, seq: int,
     hops = 2 * sum(per_link[p2p_link(layout, profile, s)] for s in range(p - 1))
     # stages 1 .. p-2 hold the same parameters (first / last counts, the embedding and loss slots); chunks of their
     # own counts, or a MoE model's dense layers falling into some, may give every stage its own
-    dense = model.moe and model.moe_layers < model.layers
-    kinds = range(p) if layout.chunk_layers or dense else sorted({0, p - 1} | ({1} if p > 2 else set()))
+    kinds = range(p) if layout.chunk_layers or model.mixes_dense_layers else sorted({0, p - 1} | ({1} if p > 2 else set()))
     serial = max(stage_serial_grad_reduce(model, layout, profile, s) for s in kinds)
     return hops, serial, max(stage_optimizer_time(model, layout, s, profile) for s in kinds)
 
