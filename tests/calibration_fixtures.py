@@ -1,6 +1,7 @@
 """Shared test data for the calibration tests."""
 
 import copy
+from pathlib import Path
 
 
 def as_cuda_run(raw: dict) -> dict:
@@ -20,3 +21,9 @@ def as_cuda_run(raw: dict) -> dict:
     for k in ("cpu_budget", "framework_rss"):
         r.pop(k, None)
     return r
+
+
+# `memo-exec calibrate --device cpu --quick --threads 1 --name cpu-quick-vm` on this project's 2-core VM
+# (2026-11-27, 108 s, no sanity warning): a calibrated CPU profile for the slow tests that need one but do not
+# test the calibration itself (the default selection calibrates afresh for those: conftest's cpu_calibration)
+COMMITTED_CPU_PROFILE = Path(__file__).resolve().parent / "data" / "profiles" / "cpu-quick-vm.yaml"

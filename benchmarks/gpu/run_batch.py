@@ -4,7 +4,7 @@ install the carried wheels, record the environment, calibrate (quick), run the G
 then predict a batch of plans with the calibrated profile and run `memo-exec validate` over them.
 
     python3 benchmarks/gpu/run_batch.py --out "$OUT"                     # on the GPU machine
-    python3 benchmarks/gpu/run_batch.py --out "$OUT" --no-gpu-tests --seqs 128K   # a second call
+    python3 benchmarks/gpu/run_batch.py --out "$OUT" --no-gpu-tests --seqs 128K --profile profile.yaml  # a second call
     python3 benchmarks/gpu/run_batch.py --dry-run --device cpu --out DIR  # the whole batch on CPU, tiny model
 
 Steps (each a subprocess with a timeout from one budget, ``--budget``, default 540 s; a step that
@@ -19,7 +19,8 @@ fails is recorded and the batch goes on where it can):
 2. environment: nvidia-smi, Python, torch and its CUDA/cuDNN/NCCL versions, the device, host RAM
    (/proc/meminfo), CPU count, the installed wheels, the git commit.
 3. calibrate: ``memo-exec calibrate --quick`` writes ``profile.yaml``; its host memory is this
-   machine's (MemTotal), not the built-in profile's.
+   machine's (MemTotal), not the built-in profile's. ``--profile FILE`` (a first call's profile.yaml)
+   skips it: a second call on the same machine keeps those minutes for the plans.
 4. GPU tests: ``pytest -m gpu`` over the test files that have GPU-marked tests.
 5. validate: ``memo-exec validate --profile profile.yaml`` over the batch's plans (GPU: 8 layers of
    GPT-7B, h=4096, bf16, at 32K/64K/128K tokens, store all, full recompute and MEMO at the
@@ -197,6 +198,13 @@ class Batch:
     def calibrate(self) -> Path | None:
         name = self.profile_name()
         pdir = self.work / "profile"
+        if self.args.profile:  # calibrated earlier: a copy (validate records its errors in the file it predicts with)
+            pdir.mkdir(parents=True, exist_ok=True)
+            path = pdir / Path(self.args.profile).name
+            shutil.copyfile(self.args.profile, path)
+            self.steps.append({"step": "calibrate", "status": f"skipped: --profile {self.args.profile}", "rc": None,
+                               "wall_s": 0.0, "command": ""})
+            return path
         rec = self.run("calibrate", [sys.executable, "-m", "memo_exec.calibrate", "--name", name, "--device",
                                      self.args.device, "--quick", "--out-dir", str(pdir), "--raw-out",
                                      str(self.logs / "calibrate-raw.json"), "--force"],
@@ -356,6 +364,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--no-gpu-tests", action="store_true", help="skip the GPU-marked tests (a second call)")
     ap.add_argument("--calibrate-timeout", type=float, default=150.0)
+    ap.add_argument("--profile", default=None,
+                    help="a profile calibrated earlier on this machine (a first call's profile.yaml): no calibrate "
+                         "step, validate predicts with a copy of it (a second call keeps its budget for the plans)")
     ap.add_argument("--tests-timeout", type=float, default=150.0)
     ap.add_argument("--moe-seconds", type=float, default=130.0,
                     help="seconds kept for the MoE plans after the dense ones (0: no MoE plans)")
@@ -367,6 +378,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.moe_seconds < 0:
         print(f"error: --moe-seconds ({args.moe_seconds}) must be 0 (no MoE plans) or more", file=sys.stderr)
+        return 2
+    if args.profile and not Path(args.profile).is_file():
+        print(f"error: --profile {args.profile}: no such file; give a profile.yaml a calibration wrote", file=sys.stderr)
         return 2
     args.device = args.device or ("cpu" if args.dry_run else "cuda")
     b = Batch(args)
