@@ -79,8 +79,9 @@ def resimulate(plan, layers: int):
 
 def sim_memory_breakdown(plan, layers: int) -> dict | None:
     """The simulator's memory breakdown for the plan with ``layers`` layers (``to_dict()``), or None
-    when it cannot be computed; a micro-batch pipeline's is its fullest stage's, in the plan's schedule
-    and micro-batch (`memo_sim.search.pipeline.pipeline_memory`, what the plan's peak is)."""
+    when it cannot be computed; a micro-batch pipeline's is stage 0's, in the plan's schedule and
+    micro-batch (`memo_sim.search.pipeline.pipeline_memory`): rank 0 holds stage 0, and its estimate is
+    what the terms are compared with (the plan's peak, the fullest stage's, is the totals' row)."""
     try:
         from memo_sim.api import load_profile, memory_breakdown, pipeline_memory  # noqa: PLC0415
         from memo_sim.errors import MemoError  # noqa: PLC0415
@@ -90,7 +91,7 @@ def sim_memory_breakdown(plan, layers: int) -> dict | None:
     try:
         if plan.layout.pp > 1 and plan.schedule in ("1f1b", "interleaved_1f1b"):
             mem, _rows = pipeline_memory(model, plan.layout, plan.batch, plan.micro_batch, plan.seq_tokens, plan.policy,
-                                         load_profile(plan.profile), plan.schedule)
+                                         load_profile(plan.profile), plan.schedule, stage=0)
             return mem.to_dict()
         mem = memory_breakdown(model, plan.layout, plan.batch, plan.seq_tokens, plan.policy,
                                load_profile(plan.profile), plan.classifier_chunk_tokens)

@@ -396,3 +396,18 @@ def test_families_whose_model_states_alone_overflow_are_rejected_unbuilt(monkeyp
     for c in same:
         k = kept[key(c)]
         assert (k.memory, k.pipeline, k.estimate) == (c.memory, c.pipeline, c.estimate)
+
+
+def test_pipeline_memory_of_one_stage():
+    """`pipeline_memory(..., stage=s)`: stage s's terms (the executor report compares rank 0's estimate with
+    stage 0's); by default the fullest stage's, whose peak is the largest of the per-stage rows."""
+    pol = get_policy("full_recompute")
+    lay = Layout(tp=2, pp=4)
+    full, rows = pipeline_memory(GPT7, lay, 8, 1, 16384, pol, A800, "1f1b")
+    assert full.peak_gpu_bytes == max(r["peak_gpu_bytes"] for r in rows)
+    for s, row in enumerate(rows):
+        one, _ = pipeline_memory(GPT7, lay, 8, 1, 16384, pol, A800, "1f1b", stage=s)
+        assert one.peak_gpu_bytes == row["peak_gpu_bytes"] and one.model_states_bytes == row["model_states_bytes"]
+    assert rows[0]["peak_gpu_bytes"] != rows[-1]["peak_gpu_bytes"]  # 1F1B: stage 0 holds p micro-batches, the last 1
+    with pytest.raises(ValueError, match="stage 4 of a 4-stage"):
+        pipeline_memory(GPT7, lay, 8, 1, 16384, pol, A800, "1f1b", stage=4)

@@ -170,9 +170,9 @@ def _shape(model: ModelConfig, layout: Layout, batch: int, micro_batch: int, pro
 
 def pipeline_memory(model: ModelConfig, layout: Layout, batch: int, micro_batch: int, seq: int, policy: Policy,
                     profile: HardwareProfile, schedule: str,
-                    shape: _Shape | None = None) -> tuple[MemoryBreakdown, list[dict]]:
-    """The fullest stage's memory (see the module docs) and a row per stage (``shape``: `_shape`
-    of the arguments, where the caller has it)."""
+                    shape: _Shape | None = None, stage: int | None = None) -> tuple[MemoryBreakdown, list[dict]]:
+    """The fullest stage's memory (see the module docs; ``stage``: that stage's instead) and a row per
+    stage (``shape``: `_shape` of the arguments, where the caller has it)."""
     flights, (_worst, units, offloaded, node_units), all_states, shard = (
         shape or _shape(model, layout, batch, micro_batch, profile, schedule))
     one, kept, lse, buffers, host_block, offload = _stage_unit_terms(model, shard, micro_batch, seq, policy, profile)
@@ -185,8 +185,10 @@ def pipeline_memory(model: ModelConfig, layout: Layout, batch: int, micro_batch:
     rows = [{"stage": s, "in_flight": k, "layers_in_flight": u, "model_states_bytes": states, "peak_gpu_bytes": peak}
             for s, (k, u, states, peak) in enumerate(zip(flights, units, all_states, peaks))]
     host_node = node_units * host_block
-    top = max(peaks)
-    ws = peaks.index(top)
+    if stage is not None and not 0 <= stage < layout.pp:
+        raise ValueError(f"stage {stage} of a {layout.pp}-stage pipeline")
+    ws = peaks.index(max(peaks)) if stage is None else stage
+    top = peaks[ws]
     u = units[ws]
     mem = MemoryBreakdown(
         model_states_bytes=all_states[ws], skeletal_resident_bytes=u * (kept - lse),
