@@ -232,3 +232,14 @@ def test_progress_only_after_a_second_and_never_when_quiet(monkeypatch):
         for k in range(5):
             p(k + 1, 5)
     assert len(opened) == 1 and opened[0][:2] == ("simulating", 5) and len(opened[0][2]) == 5
+
+
+def test_a_memo_alpha_that_offloads_no_layer_says_so():
+    """A MEMO plan of 2 layers keeps both on the GPU (the rounding buffers' last 2): its alpha line says that
+    nothing is offloaded rather than which limit fixed an alpha that moves no byte."""
+    shape = ["--hidden", "4096", "--heads", "32", "--ffn", "16384", "--vocab", "32000", "--seq", "64K", "--gpus", "1",
+             "--policy", "memo", "--no-plan"]
+    two = run(["whatif", "--layers", "2", *shape])
+    assert two.exit_code == 0 and "offloads nothing here: of 2 layers the last 2 stay on the GPU" in two.output
+    three = run(["whatif", "--layers", "3", *shape])
+    assert three.exit_code == 0 and "offloads nothing" not in three.output and "alpha 0." in three.output

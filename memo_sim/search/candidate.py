@@ -14,6 +14,7 @@ from memo_sim.memplan.footprint import MemoryBreakdown
 from memo_sim.model.config import ModelConfig
 from memo_sim.plan.schema import Plan
 from memo_sim.policy import Policy
+from memo_sim.policy.rounding_buffers import KEPT_LAYERS, offloaded_layer_count
 from memo_sim.profile.schema import HardwareProfile
 from memo_sim.search.estimate import IterationEstimate
 from memo_sim.search.plan_build import build_plan
@@ -207,6 +208,10 @@ def binding_words(c: Candidate) -> str:
                 f"transients {fmt_bytes(m.transient_peak_bytes)})")
     if c.status == "OOHM":
         return "pinned host memory: " + host_memory_words(c)
+    if c.policy.takes_alpha and c.layout.pp == 1 and offloaded_layer_count(c.model.layers) == 0:
+        return (f"alpha {c.policy.alpha:.3f} offloads nothing here: of {c.model.layers} layers the last "
+                f"{KEPT_LAYERS} stay on the GPU (the rounding buffers' rule), so no layer is offloaded; "
+                + gpu_memory_words(c))
     if c.policy.takes_alpha and c.alpha_note:
         if "host memory" in c.alpha_note:
             return f"alpha {c.policy.alpha:.3f}: host memory full -- {host_memory_words(c)}"
