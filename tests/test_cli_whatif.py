@@ -243,3 +243,13 @@ def test_a_memo_alpha_that_offloads_no_layer_says_so():
     assert two.exit_code == 0 and "offloads nothing here: of 2 layers the last 2 stay on the GPU" in two.output
     three = run(["whatif", "--layers", "3", *shape])
     assert three.exit_code == 0 and "offloads nothing" not in three.output and "alpha 0." in three.output
+
+
+def test_hidden_override_scales_the_ffn_unless_ffn_is_given():
+    from memo_sim.cli.common import build_model
+
+    m = build_model("gpt-7b", None, 2048, None, None, None)
+    assert m.hidden == 2048 and m.ffn == 4 * 2048  # GPT's 4h, not the preset's 16384
+    assert build_model("gpt-7b", None, 2048, None, 1000, None).ffn == 1000
+    moe = build_model("mixtral-8x7b", None, 2048, None, None, None)
+    assert moe.expert_width == 14336 // 2

@@ -87,7 +87,8 @@ def model_options(f):
     f = click.option("--vocab", type=int, help="Override the vocabulary size.")(f)
     f = click.option("--ffn", type=int, help="Override the FFN width.")(f)
     f = click.option("--heads", type=int, help="Override the attention heads.")(f)
-    f = click.option("--hidden", type=int, help="Override the hidden size.")(f)
+    f = click.option("--hidden", type=int, help="Override the hidden size (the FFN widths keep their ratio to "
+                                                "it unless --ffn is given).")(f)
     f = click.option("--layers", type=int, help="Override the number of layers (e.g. a 4-layer toy model).")(f)
     f = click.option("--model", "model_name", default="gpt-7b", show_default=True,
                      help="Preset name (memo-sim models) or a model .yaml/.json file.")(f)
@@ -112,6 +113,10 @@ def build_model(model_name: str, layers, hidden, heads, ffn, vocab, dtype=None, 
     if not over:
         return base
     d = base.to_dict()
+    if hidden is not None and ffn is None:  # the FFN widths keep their ratio to the width (GPT: 4h)
+        for k in ("ffn", "expert_ffn", "shared_ffn"):
+            if d.get(k):
+                d[k] = max(1, round(d[k] * hidden / base.hidden))
     d.update(over)
     if set(over) - {"gemm_format"}:  # another model; the same one with its GEMMs in another format keeps its name
         d["name"] = f"{base.name}-custom"
