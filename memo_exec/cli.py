@@ -281,23 +281,21 @@ def trace_cmd(plan_file, device, out_file, dtype, attention_backend, target, cud
 def validate_cmd(profile_name, model_name, layers, hidden, heads, ffn, vocab, dtype, dp, ep, tp, cp, pp, micro_batches,
                  seqs, policies, alphas, budget_s, device, steps, out_dir, report_path, progress, record,
                  speed_retries):
-    import dataclasses
     import shlex
 
     import torch
 
     from memo_exec.validate import plan_set, summary_line, validate
     from memo_sim.layout.parallel import Layout
-    from memo_sim.model.config import ModelConfig, get_model
+    from memo_sim.model.config import ModelConfig, get_model, with_overrides
     from memo_sim.profile.loader import load_profile
     from memo_sim.units import parse_count
 
     profile = load_profile(profile_name)
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
     base = get_model(model_name) if model_name else ModelConfig("toy", 2, 256, 8, 1024, vocab=1000)
-    over = {k: v for k, v in dict(layers=layers, hidden=hidden, heads=heads, ffn=ffn, vocab=vocab).items() if v}
-    over["dtype"] = dtype or ("bf16" if dev.startswith("cuda") else "fp32")
-    model = ModelConfig.from_dict({**dataclasses.asdict(base), **over}, source="model flags")
+    model = with_overrides(base, rename=False, layers=layers or None, hidden=hidden or None, heads=heads or None,
+                           ffn=ffn or None, vocab=vocab or None, dtype=dtype or ("bf16" if dev.startswith("cuda") else "fp32"))
     seq_list = [parse_count(s.strip(), "--seqs") for s in seqs.split(",") if s.strip()]
     try:
         alpha_list = [a.strip() if a.strip() == "sim" else float(a) for a in alphas.split(",") if a.strip()]

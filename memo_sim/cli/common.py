@@ -11,7 +11,7 @@ import click
 from memo_sim.errors import MemoError, guarded, usage_line
 from memo_sim.layout.parallel import MAX_DEGREE
 from memo_sim.plan.schema import MAX_BATCH
-from memo_sim.model.config import ModelConfig, get_model
+from memo_sim.model.config import ModelConfig, get_model, with_overrides
 from memo_sim.model.gemm_formats import GEMM_FORMATS
 from memo_sim.model.precision import RECIPES
 from memo_sim.units import parse_count
@@ -106,21 +106,9 @@ def profile_option(help: str = "Hardware profile."):
 def build_model(model_name: str, layers, hidden, heads, ffn, vocab, dtype=None, precision=None) -> ModelConfig:
     """The preset or file ``model_name`` with the flags' overrides; ``precision``: a recipe name, or
     `precision_option`'s {"precision": ..., "gemm_format": ...}."""
-    base = get_model(model_name)
     prec = precision if isinstance(precision, dict) else {"precision": precision}
-    over = {k: v for k, v in dict(layers=layers, hidden=hidden, heads=heads, ffn=ffn, vocab=vocab,
-                                  dtype=dtype, **prec).items() if v is not None}
-    if not over:
-        return base
-    d = base.to_dict()
-    if hidden is not None and ffn is None:  # the FFN widths keep their ratio to the width (GPT: 4h)
-        for k in ("ffn", "expert_ffn", "shared_ffn"):
-            if d.get(k):
-                d[k] = max(1, round(d[k] * hidden / base.hidden))
-    d.update(over)
-    if set(over) - {"gemm_format"}:  # another model; the same one with its GEMMs in another format keeps its name
-        d["name"] = f"{base.name}-custom"
-    return ModelConfig.from_dict(d, source="model flags")
+    return with_overrides(get_model(model_name), layers=layers, hidden=hidden, heads=heads, ffn=ffn, vocab=vocab,
+                          dtype=dtype, **prec)
 
 
 def progress_bar(label: str, total: int, quiet: bool = False, force: bool | None = None):

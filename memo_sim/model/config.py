@@ -551,6 +551,25 @@ PRESETS: dict[str, ModelConfig] = {
 }
 
 
+def with_overrides(base: ModelConfig, source: str = "model flags", rename: bool = True, **over) -> ModelConfig:
+    """``base`` with the given fields replaced (None: left as it is), the one rule both CLIs use: ``hidden``
+    without ``ffn`` keeps the FFN widths' ratio to the width (GPT: 4h; the experts' and shared experts'
+    widths too). ``rename``: another model is named ``NAME-custom`` (the same one with its GEMMs in another
+    format alone keeps its name)."""
+    over = {k: v for k, v in over.items() if v is not None}
+    if not over:
+        return base
+    d = base.to_dict()
+    if over.get("hidden") is not None and over.get("ffn") is None:
+        for k in ("ffn", "expert_ffn", "shared_ffn"):
+            if d.get(k):
+                d[k] = max(1, round(d[k] * over["hidden"] / base.hidden))
+    d.update(over)
+    if rename and set(over) - {"gemm_format"}:
+        d["name"] = f"{base.name}-custom"
+    return ModelConfig.from_dict(d, source=source)
+
+
 def get_model(name: str) -> ModelConfig:
     if name in PRESETS:
         return PRESETS[name]
