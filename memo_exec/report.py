@@ -2,7 +2,8 @@
 report.md with PNG figures, setting the measurement beside the prediction.
 
 Predictions: the whole-iteration numbers are the plan's own (``plan.predicted``) when every
-layer ran; with ``--layers N`` they come from re-simulating the plan for N layers. Per stream
+layer ran; with ``--layers N`` they come from re-simulating the plan for N layers, and with
+``--profile`` from re-simulating it on that profile (the per-rank table too). Per stream
 (busy, exposed, overlapped time of compute, d2h, h2d) and per layer and op class (forward,
 recompute, backward, offload, prefetch) the prediction is always that re-simulation
 (`memo_exec.compare`), drawn over the measurement in ``gantt_overlay.png``. The executor's memory
@@ -73,20 +74,26 @@ class Comparison:
                 "streams_ops_predicted_from": self.simulation, "times_comparable": self.times_comparable}
 
 
+def whole_prediction(plan, n: int, sim, sim_note: str, other_profile: bool) -> tuple[dict, str]:
+    """(the whole-iteration prediction, where it comes from) for a run of ``n`` layers: the plan's own
+    when every layer ran on the plan's profile, else the re-simulation ``sim`` (None: it failed,
+    ``sim_note`` says why); ``other_profile``: `--profile` asked for a prediction on another profile."""
+    if n == plan.model.layers and not other_profile:
+        return plan.predicted.to_dict(), "plan.predicted"
+    if sim is not None and n == plan.model.layers:
+        return sim.to_dict(), f"{sim_note} (--profile {plan.profile}, not the plan's own prediction)"
+    if n == plan.model.layers:  # --profile asked for a prediction the simulator did not make
+        return {}, f"not predicted with --profile {plan.profile}: {sim_note}"
+    if sim is not None:
+        return sim.to_dict(), f"{sim_note} (the plan is for {plan.model.layers} layers)"
+    return {}, f"not comparable: the plan is for {plan.model.layers} layers, {n} ran, and {sim_note}"
+
+
 def compare_run(res: RunResult) -> Comparison:
     plan, n = res.plan, res.meta["layers"]
     sim, sim_note = resimulate(plan, n)
     other_profile = getattr(res.options, "profile", None) is not None  # `--profile`: predicted again with it
-    if n == plan.model.layers and not other_profile:
-        pred, source = plan.predicted.to_dict(), "plan.predicted"
-    elif sim is not None and n == plan.model.layers:
-        pred, source = sim.to_dict(), f"{sim_note} (--profile {plan.profile}, not the plan's own prediction)"
-    elif n == plan.model.layers:  # --profile asked for a prediction the simulator did not make
-        pred, source = {}, f"not predicted with --profile {plan.profile}: {sim_note}"
-    elif sim is not None:
-        pred, source = sim.to_dict(), f"{sim_note} (the plan is for {plan.model.layers} layers)"
-    else:
-        pred, source = {}, f"not comparable: the plan is for {plan.model.layers} layers, {n} ran, and {sim_note}"
+    pred, source = whole_prediction(plan, n, sim, sim_note, other_profile)
     steady = steady_steps(res.steps)
     measured = [timeline_from_step(r, {}) for r in steady]
     ptl = sim.timeline if sim is not None else None

@@ -240,7 +240,7 @@ def test_a_memo_alpha_that_offloads_no_layer_says_so():
     shape = ["--hidden", "4096", "--heads", "32", "--ffn", "16384", "--vocab", "32000", "--seq", "64K", "--gpus", "1",
              "--policy", "memo", "--no-plan"]
     two = run(["whatif", "--layers", "2", *shape])
-    assert two.exit_code == 0 and "offloads nothing here: of 2 layers the last 2 stay on the GPU" in two.output
+    assert two.exit_code == 0 and "offloads nothing here: all 2 layers stay on the GPU" in two.output
     three = run(["whatif", "--layers", "3", *shape])
     assert three.exit_code == 0 and "offloads nothing" not in three.output and "alpha 0." in three.output
 
@@ -253,3 +253,5 @@ def test_hidden_override_scales_the_ffn_unless_ffn_is_given():
     assert build_model("gpt-7b", None, 2048, None, 1000, None).ffn == 1000
     moe = build_model("mixtral-8x7b", None, 2048, None, None, None)
     assert moe.expert_width == 14336 // 2
+    qwen = build_model("qwen2-moe-a2.7b", None, 64, None, 256, None)  # --ffn sets the dense FFN only
+    assert qwen.ffn == 256 and qwen.expert_ffn == round(1408 * 64 / 2048) and qwen.shared_ffn == round(5632 * 64 / 2048)

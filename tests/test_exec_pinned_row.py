@@ -104,3 +104,19 @@ def test_a_static_terms_estimate_is_not_compared_with_the_peak():
     assert est_row(_totals_res(1, 1))["measured"] == 7 and est_row(_totals_res(1, 1))["rel_error"] is not None
     r = est_row(_totals_res(2, 2, not_estimated=("transient_peak", "peak_total")))
     assert r["measured"] is None and r["rel_error"] is None
+
+
+def test_whole_prediction_names_where_it_comes_from():
+    from memo_exec.report import whole_prediction
+
+    plan = SimpleNamespace(model=SimpleNamespace(layers=4), profile="a100-sxm4-80gb",
+                           predicted=SimpleNamespace(to_dict=lambda: {"iteration_s": 1.0}))
+    sim = SimpleNamespace(to_dict=lambda: {"iteration_s": 2.0})
+    assert whole_prediction(plan, 4, sim, "re-simulated", False) == ({"iteration_s": 1.0}, "plan.predicted")
+    pred, src = whole_prediction(plan, 4, sim, "re-simulated", True)
+    assert pred == {"iteration_s": 2.0} and "--profile a100-sxm4-80gb" in src
+    # --profile with every layer, and the simulator refused: said as such, not as a layer-count mismatch
+    pred, src = whole_prediction(plan, 4, None, "the simulator refused the plan (x)", True)
+    assert pred == {} and src.startswith("not predicted with --profile a100-sxm4-80gb") and "4 ran" not in src
+    pred, src = whole_prediction(plan, 2, None, "no simpy", False)
+    assert pred == {} and "the plan is for 4 layers, 2 ran" in src

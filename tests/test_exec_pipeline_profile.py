@@ -32,3 +32,20 @@ def test_stages_are_simulated_on_the_profile_the_run_names():
     assert "a100-sxm4-80gb" in source and a100[0]["busy_s"] > 1.1 * h100[0]["busy_s"]
     none, why, _ = simulated_stages(plan, 2)
     assert none is None and "4 layers, 2 ran" in why
+
+
+def test_the_schedule_passes_the_runs_profile_to_the_pipeline_report(monkeypatch, tmp_path):
+    """`memo-exec run --profile X` of a pipeline: pipeline.md's stages are predicted on X (the plan then names X,
+    `memo_exec.runner.use_profile`); without --profile, on the plan file's own profile."""
+    from types import SimpleNamespace
+
+    import memo_exec.pipeline.report as pr
+    from memo_exec.pipeline.schedules import OneFOneB
+
+    seen = []
+    monkeypatch.setattr(pr, "write_pipeline_outputs", lambda out, plan_file, profile=None: seen.append(profile) or [])
+    for given in ("/p/calibrated.yaml", None):
+        ex = SimpleNamespace(ctx=SimpleNamespace(rank=0), plan=SimpleNamespace(profile=given or "h100-sxm5-80gb"),
+                             opts=SimpleNamespace(profile=given))
+        assert OneFOneB.write_outputs(SimpleNamespace(ex=ex), tmp_path, tmp_path / "plan.json") == []
+    assert seen == ["/p/calibrated.yaml", None]

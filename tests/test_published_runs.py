@@ -101,13 +101,17 @@ _FREE_TEXT = {"id", "source", "config", "published_s", "published_note", "schedu
 def whatif_path(run) -> tuple:
     """What of a row decides how the what-if builds and prices it: every switch of the row (framework, profile,
     precision, policy, schedule, data-parallel / TP / MoE flavours, uneven stages, ...) and, for each degree,
-    whether it is above 1 (the sizes and free text left out)."""
+    whether it is above 1 (the sizes and free text left out; the ZeRO stage as it is, uneven stages as set or not)."""
     out = [("schedule", run.schedule() or "single_stage"), ("moe", run.arch is not None)]
     for f in dataclasses.fields(run):
         v = getattr(run, f.name)
         if f.name in _FREE_TEXT:
             continue
-        if isinstance(v, int) and not isinstance(v, bool):
+        if f.name in ("first_stage_layers", "last_stage_layers"):
+            v = v != 0  # 0: an even split (1 is an uneven one)
+        elif f.name == "zero":
+            pass  # a stage, not a degree: 0 and 1 differ
+        elif isinstance(v, int) and not isinstance(v, bool):
             v = v > 1
         elif isinstance(v, tuple):
             v = bool(v)

@@ -553,15 +553,16 @@ PRESETS: dict[str, ModelConfig] = {
 
 def with_overrides(base: ModelConfig, source: str = "model flags", rename: bool = True, **over) -> ModelConfig:
     """``base`` with the given fields replaced (None: left as it is), the one rule both CLIs use: ``hidden``
-    without ``ffn`` keeps the FFN widths' ratio to the width (GPT: 4h; the experts' and shared experts'
-    widths too). ``rename``: another model is named ``NAME-custom`` (the same one with its GEMMs in another
+    keeps the FFN widths' ratio to the width (GPT: 4h), the dense FFN's unless ``ffn`` is given, the
+    routed and shared experts' always (they have no flag). The head dimension and MLA's ranks are the
+    preset's (heads x head_dim need not be the width). ``rename``: another model is named ``NAME-custom`` (the same one with its GEMMs in another
     format alone keeps its name)."""
     over = {k: v for k, v in over.items() if v is not None}
     if not over:
         return base
     d = base.to_dict()
-    if over.get("hidden") is not None and over.get("ffn") is None:
-        for k in ("ffn", "expert_ffn", "shared_ffn"):
+    if over.get("hidden") is not None:  # the experts' widths have no flag of their own: they always follow
+        for k in ("expert_ffn", "shared_ffn") + (() if "ffn" in over else ("ffn",)):
             if d.get(k):
                 d[k] = max(1, round(d[k] * over["hidden"] / base.hidden))
     d.update(over)

@@ -209,9 +209,10 @@ def binding_words(c: Candidate) -> str:
     if c.status == "OOHM":
         return "pinned host memory: " + host_memory_words(c)
     if c.policy.takes_alpha and c.layout.pp == 1 and offloaded_layer_count(c.model.layers) == 0:
-        return (f"alpha {c.policy.alpha:.3f} offloads nothing here: of {c.model.layers} layers the last "
-                f"{KEPT_LAYERS} stay on the GPU (the rounding buffers' rule), so no layer is offloaded; "
-                + gpu_memory_words(c))
+        kept = (f"of {c.model.layers} layers the last {KEPT_LAYERS}" if c.model.layers > KEPT_LAYERS
+                else f"all {c.model.layers} layer{'s' if c.model.layers > 1 else ''}")
+        return (f"alpha {c.policy.alpha:.3f} offloads nothing here: {kept} stay on the GPU (the rounding buffers' "
+                f"last {KEPT_LAYERS}), so no layer is offloaded; " + gpu_memory_words(c))
     if c.policy.takes_alpha and c.alpha_note:
         if "host memory" in c.alpha_note:
             return f"alpha {c.policy.alpha:.3f}: host memory full -- {host_memory_words(c)}"
