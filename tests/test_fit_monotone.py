@@ -5,7 +5,8 @@ Scanning a sequence length upward in steps of 128K per 8 GPUs, the best MEMO pla
 (analytic tier) may stop fitting, and from then on never fits again: more tokens never need fewer
 bytes. (A rounding of alpha *up* past the host-memory cap once made plans fit, fail and fit again.)
 The step grows with the GPUs as the longest fitting sequence does, so every scan takes about as many
-steps as the 8-GPU one (gpt-7b on 64 GPUs in 128K steps took 376 s of a CI run, 2026-11-27).
+steps as the 8-GPU one (gpt-7b on 64 GPUs in 128K steps took 376 s: `pytest -m slow --durations=60`
+beside the default selection on the 2-core VM, 2026-11-27).
 """
 
 import itertools

@@ -126,9 +126,10 @@ def test_the_blocker_catches_a_dependency_that_is_not_carried(tmp_path):
 def test_dry_run_writes_the_gpu_files_under_the_image_restriction(tmp_path):
     out = tmp_path / "out"
     env = _blocked_env(tmp_path)
-    # from a calibrated profile (--profile, a second call's way): a CPU's quick calibration took 2-6 minutes of a
-    # CI run here (2026-11-27: the whole dry run 359 s); the calibration is tested by test_calibrate.py, and its
-    # modules import under this restriction (the test above)
+    # from a calibrated profile (--profile, a second call's way): a CPU quick calibration took 108-199 s on this
+    # 2-core VM (2026-11-27: 108 and 144 s alone, 199 s beside the slow selection) and the whole dry run 359 s
+    # (`pytest -m slow --durations=60`); the calibration is tested by test_calibrate.py, and its modules import
+    # under this restriction (the test above)
     profile = tmp_path / "given" / "cpu-dry-run.yaml"
     profile.parent.mkdir()
     shutil.copyfile(COMMITTED_CPU_PROFILE, profile)

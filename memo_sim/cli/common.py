@@ -87,8 +87,8 @@ def model_options(f):
     f = click.option("--vocab", type=int, help="Override the vocabulary size.")(f)
     f = click.option("--ffn", type=int, help="Override the FFN width.")(f)
     f = click.option("--heads", type=int, help="Override the attention heads.")(f)
-    f = click.option("--hidden", type=int, help="Override the hidden size (the FFN widths keep their ratio to "
-                                                "it unless --ffn is given).")(f)
+    f = click.option("--hidden", type=int, help="Override the hidden size (the dense FFN keeps its ratio to it "
+                                                "unless --ffn is given; the experts' widths always do).")(f)
     f = click.option("--layers", type=int, help="Override the number of layers (e.g. a 4-layer toy model).")(f)
     f = click.option("--model", "model_name", default="gpt-7b", show_default=True,
                      help="Preset name (memo-sim models) or a model .yaml/.json file.")(f)

@@ -555,8 +555,8 @@ def with_overrides(base: ModelConfig, source: str = "model flags", rename: bool 
     """``base`` with the given fields replaced (None: left as it is), the one rule both CLIs use: ``hidden``
     keeps the FFN widths' ratio to the width (GPT: 4h), the dense FFN's unless ``ffn`` is given, the
     routed and shared experts' always (they have no flag). The head dimension and MLA's ranks are the
-    preset's (heads x head_dim need not be the width). ``rename``: another model is named ``NAME-custom`` (the same one with its GEMMs in another
-    format alone keeps its name)."""
+    preset's (heads x head_dim need not be the width). ``rename``: another model is named ``NAME-custom``
+    (the same one with its GEMMs in another format alone keeps its name)."""
     over = {k: v for k, v in over.items() if v is not None}
     if not over:
         return base
