@@ -4,10 +4,14 @@ keeps fp32 main gradients, 2 weight + 4 main gradient + 4 master + 4 m + 4 v = 1
 parameter (`memo_exec.model.MainGrads`); the ZeRO paper's keeps 16-bit gradients (16 bytes); fp32
 models keep fp32 everything with no master copy.
 
-The update is torch.optim.AdamW's with ``fused=True`` (decoupled weight decay, bias-corrected
-moments; one kernel reads and writes the master weight, gradient and moments, as the fused Adam
-kernels frameworks train with, and as `memo_sim.cost.boundary.optimizer_step_bytes` prices it),
-over the fp32 master weights with this class's moment tensors as its state. A gradient of
+The update is torch.optim's fused Adam kernel with decoupled weight decay (AdamW), called through
+its functional form (`torch.optim.adam.adam` with ``fused=True``, ``decoupled_weight_decay=True``:
+the update `torch.optim.AdamW(fused=True)` makes, bias-corrected moments, one kernel reading and
+writing the master weight, gradient and moments, as the fused Adam kernels frameworks train with,
+and as `memo_sim.cost.boundary.optimizer_step_bytes` prices it), over the fp32 master weights with
+this class's moment tensors and per-parameter step counts as its state. The functional form, not
+the class: constructing a `torch.optim.Optimizer` imports TorchDynamo (its ``add_param_group`` is
+wrapped to disable it), 2 s of every executor process's start on a CPU. A gradient of
 another dtype than its master (16-bit gradients of 16-bit parameters) is cast to fp32 and applied
 one parameter at a time, so that copy exists for one tensor only. For fp32/fp64 parameters the
 parameter is its own master copy. Measured on an H100 (2026-11-25, 1.82e9 parameters of 8 layers
@@ -20,6 +24,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.optim.adam import adam
 
 
 def main_grad_dtype(recipe, dtype: torch.dtype) -> torch.dtype:
@@ -55,7 +60,7 @@ class AdamW:
         self.main_grads = main_grads
         self.check_finite = check_finite
         self.params = [p for p in params if p.requires_grad]
-        self.lr, self.betas, self.eps, self.wd = lr, betas, eps, weight_decay
+        self.lr, self.betas, self.eps, self.wd = lr, betas, eps, weight_decay  # a schedule may set lr
         self.step_count = 0
         self.master: list[torch.Tensor] = []
         self.m: list[torch.Tensor] = []
@@ -65,29 +70,18 @@ class AdamW:
             self.master.append(p.detach() if p.dtype == state_dtype else p.detach().to(state_dtype))
             self.m.append(torch.zeros_like(p, dtype=state_dtype))
             self.v.append(torch.zeros_like(p, dtype=state_dtype))
-        self._fused = self._fused_optimizer()
+        # per-parameter step counts, as torch.optim keeps them (a parameter without a gradient is not stepped)
+        self.steps = [torch.zeros((), dtype=torch.float32, device=mp.device) for mp in self.master]
 
-    @property
-    def lr(self) -> float:
-        return self._lr
-
-    @lr.setter
-    def lr(self, value: float) -> None:  # a schedule's new rate reaches the fused optimizer's group
-        self._lr = value
-        for group in getattr(getattr(self, "_fused", None), "param_groups", ()):
-            group["lr"] = value
-
-    def _fused_optimizer(self) -> torch.optim.AdamW | None:
-        """torch.optim.AdamW(fused=True) over the master weights, its state this class's moments
-        (None with no parameters)."""
-        if not self.master:
-            return None
-        opt = torch.optim.AdamW(self.master, lr=self.lr, betas=self.betas, eps=self.eps, weight_decay=self.wd,
-                                fused=True)
-        for mp, m, v in zip(self.master, self.m, self.v):
-            opt.state[mp] = {"step": torch.zeros((), dtype=torch.float32, device=mp.device), "exp_avg": m,
-                             "exp_avg_sq": v}
-        return opt
+    def _fused_update(self, idx: list[int], grads: list[torch.Tensor]) -> None:
+        """The fused AdamW update of the master weights ``idx`` with ``grads`` (their master's dtype); the
+        kernel adds one to each of their step counts."""
+        if not idx:
+            return
+        b1, b2 = self.betas
+        adam([self.master[i] for i in idx], grads, [self.m[i] for i in idx], [self.v[i] for i in idx], [],
+             [self.steps[i] for i in idx], fused=True, decoupled_weight_decay=True, amsgrad=False, beta1=b1,
+             beta2=b2, lr=self.lr, weight_decay=self.wd, eps=self.eps, maximize=False)
 
     def state_bytes(self) -> int:
         tot = 0
@@ -125,20 +119,19 @@ class AdamW:
             if not math.isfinite(norm):
                 raise NonFiniteGradient(norm)
         self.step_count += 1
-        cast = []  # gradients of another dtype than their master: one parameter at a time
-        for p, mp in zip(self.params, self.master):
+        same, same_grads, cast = [], [], []  # cast: gradients of another dtype than their master, one at a time
+        for i, (p, mp) in enumerate(zip(self.params, self.master)):
             grad = self.main_grads[p] if self.main_grads is not None else p.grad
-            mp.grad = grad if grad is None or grad.dtype == mp.dtype else None
-            if grad is not None and grad.dtype != mp.dtype:
-                cast.append((mp, grad))
-        if any(mp.grad is not None for mp in self.master):
-            self._fused.step()
-        for mp in self.master:
-            mp.grad = None
-        for mp, grad in cast:
-            mp.grad = grad.to(mp.dtype)
-            self._fused.step()
-            mp.grad = None
+            if grad is None:
+                continue
+            if grad.dtype == mp.dtype:
+                same.append(i)
+                same_grads.append(grad)
+            else:
+                cast.append((i, grad))
+        self._fused_update(same, same_grads)
+        for i, grad in cast:
+            self._fused_update([i], [grad.to(self.master[i].dtype)])
         for p, mp in zip(self.params, self.master):
             if mp.data_ptr() != p.data_ptr():
                 p.copy_(mp)

@@ -1,6 +1,7 @@
 """memo-sim whatif / profiles / models through the CLI."""
 
 import json
+import re
 
 from click.testing import CliRunner
 
@@ -115,7 +116,7 @@ def test_simulated_and_analytic_rows_apart(tmp_path):
                           "full_recompute", "--json", "--no-plan", "--jobs", "1"]).output)
     extra = obj["tier2"]["for_verdicts"]  # the verdict lines' sides the top 2 left analytic (METP, Megatron TP)
     assert obj["tier2"]["simulated"] == 2 + extra
-    assert sum(line[:1].isdigit() for line in sim_part.splitlines()) == 2 + extra
+    assert sum(bool(re.match(r"\s*\d+\s", line)) for line in sim_part.splitlines()) == 2 + extra  # rows, numbered
     assert "iter (sim)" not in r.output[ana_at:].splitlines()[1]
     tiers = [c["tier"] for c in obj["candidates"]]
     assert tiers[:2 + extra] == ["simulated"] * (2 + extra) and set(tiers[2 + extra:]) == {"analytic"}
@@ -255,3 +256,22 @@ def test_hidden_override_scales_the_ffn_unless_ffn_is_given():
     assert moe.expert_width == 14336 // 2
     qwen = build_model("qwen2-moe-a2.7b", None, 64, None, 256, None)  # --ffn sets the dense FFN only
     assert qwen.ffn == 256 and qwen.expert_ffn == round(1408 * 64 / 2048) and qwen.shared_ffn == round(5632 * 64 / 2048)
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--tp", "4", "--cp", "4"], "--tp 4 x --cp 4 = 16 GPUs, which does not divide the 8 GPUs of --gpus"),
+    (["--tp", "2", "--ulysses", "8"], "--tp 2 x --ulysses 8 = 16 GPUs"),
+    (["--cp", "8", "--seq", "1000"], "sequence length 1000 not divisible into 16 equal chunks"),  # not SPPO's rule
+    (["--dp-mode", "fsdp", "--zero", "1"], "--zero 1: --dp-mode fsdp shards weights, gradients and optimizer states"),
+    (["--framework", "torchtitan", "--zero", "1"], "--zero 1: torchtitan (its data-parallel flavours: fsdp)"),
+    (["--top", "0"], "--top"),
+])
+def test_impossible_fixed_degrees_name_their_flags(flags, says, tmp_path):
+    """Degrees that cannot run together are refused in one line naming them (exit 2), not as SPPO's 'TP+SP only'
+    rule or a silent plan of another data-parallel flavour; nothing is written."""
+    # a flag given twice takes its last value (--seq 1000 over 32K)
+    r = CliRunner().invoke(cli, ["whatif", "--model", "llama-3.1-8b", "--gpus", "8", "--seq", "32K", *flags,
+                                 "--out", str(tmp_path)])
+    assert r.exit_code == 2, r.output
+    assert says in r.output and "sppo stages split" not in r.output
+    assert len(r.output.strip().splitlines()) == 1 and not list(tmp_path.iterdir())

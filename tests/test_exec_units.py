@@ -4,6 +4,8 @@ update against torch.optim.AdamW, token files, sizes before allocation, host mem
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 
@@ -158,6 +160,36 @@ def test_adamw_matches_torch():
         ours.step()
         theirs.step()
     assert torch.allclose(p1, p2, rtol=1e-13, atol=1e-15)
+
+
+def test_adamw_steps_each_parameter_as_torch_does_with_a_changed_rate():
+    """A parameter without a gradient is not stepped (its own bias correction stays behind, as torch.optim's
+    per-parameter step counts), and a rate set between steps (a schedule's) is the one the next step uses."""
+    g = torch.Generator().manual_seed(1)
+    ps = [torch.nn.Parameter(torch.randn(6, 5, generator=g, dtype=torch.float64)) for _ in range(2)]
+    qs = [torch.nn.Parameter(p.detach().clone()) for p in ps]
+    ours = AdamW(ps, lr=1e-2, weight_decay=0.1)
+    theirs = torch.optim.AdamW(qs, lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    for k in range(4):
+        for p, q, with_grad in zip(ps, qs, (True, k % 2 == 0)):
+            gr = torch.randn(6, 5, generator=g, dtype=torch.float64) if with_grad else None
+            p.grad, q.grad = gr, None if gr is None else gr.clone()
+        ours.lr = 1e-2 / (k + 1)
+        for group in theirs.param_groups:
+            group["lr"] = 1e-2 / (k + 1)
+        ours.step()
+        theirs.step()
+    for p, q in zip(ps, qs):
+        assert torch.allclose(p, q, rtol=1e-13, atol=1e-15)
+
+
+def test_adamw_does_not_import_torchdynamo():
+    """The executor's optimizer starts without TorchDynamo (a torch.optim.Optimizer's constructor imports it:
+    2 s of every rank's start on a CPU)."""
+    code = ("import sys, torch; from memo_exec.optim import AdamW; p = torch.nn.Parameter(torch.ones(4)); "
+            "o = AdamW([p]); p.grad = torch.ones(4); o.step(); print('torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "False", out.stdout + out.stderr
 
 
 def test_adamw_bf16_keeps_fp32_master():

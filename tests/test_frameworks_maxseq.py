@@ -165,3 +165,29 @@ def test_maxseq_tries_the_optimizer_on_the_host_where_the_allocator_replay_refus
     ans = max_seq(m70, 32, A800, "full_recompute", step=step, framework="deepspeed", fixed=fixed)
     assert ans.max_seq > on_gpu.max_seq, (ans.max_seq, on_gpu.max_seq)
     assert ans.best is not None and ans.best.layout.optimizer_offload and ans.best.layout.ulysses == 16
+
+
+def test_maxseq_quotes_a_length_whose_best_plan_the_simulator_runs():
+    """The allocator's replay fits a plan the event simulator runs out of memory with (Qwen3-30B-A3B on 8 H100s,
+    full recompute, 32K steps: its analytic best at 1.15625M, tp1-ep8-cp8 with the optimizer on the host, is OOM
+    in the simulator): maxseq's longest length comes with a simulated best plan and its MFU, never a plan the
+    what-if at that length would answer 'nothing fits' for."""
+    h100 = load_profile("h100-sxm5-80gb")
+    ans = max_seq(get_model("qwen3-30b-a3b"), 8, h100, "full_recompute", step=32 * K)
+    assert ans.max_seq is not None and ans.best is not None
+    assert ans.best.simulated and ans.best.simulated["status"] == "OK" and ans.best.simulated["mfu"] > 0
+    assert ans.next_seq == ans.max_seq + 32 * K
+
+
+def test_memo_side_beside_a_framework_names_the_framework_recipe():
+    """memo's best beside --framework deepspeed keeps DeepSpeed's 16-bit gradients (not memo's fp32 main ones),
+    so its number is not the plain what-if's: the line says so; beside megatron (the same recipe) it says nothing."""
+    r = CliRunner().invoke(cli, ["whatif", "--model", "llama-3.1-8b", "--gpus", "8", "--seq", "32K", "--framework",
+                                 "deepspeed", "--simulate-top", "1", "--no-plan"])
+    assert r.exit_code == 0, r.output
+    line = next(x for x in r.output.splitlines() if x.startswith("deepspeed's best:"))
+    assert "memo's best (with deepspeed's model states, ZeRO paper" in line and "memo prices megatron's" in line
+    r = CliRunner().invoke(cli, ["whatif", "--model", "llama-3.1-8b", "--gpus", "8", "--seq", "32K", "--framework",
+                                 "megatron", "--simulate-top", "1", "--no-plan"])
+    line = next(x for x in r.output.splitlines() if x.startswith("megatron's best:"))
+    assert "memo's best: " in line and "model states" not in line

@@ -134,8 +134,11 @@ def test_dry_run_writes_the_gpu_files_under_the_image_restriction(tmp_path):
     profile.parent.mkdir()
     shutil.copyfile(COMMITTED_CPU_PROFILE, profile)
     before = profile.read_bytes()
+    # one length (--seqs, the batch's override): the dry run's 3 policies, not 2 lengths x 3 (each CPU plan a
+    # process of about 9 s: its validate step took 87 s for 6 plans, 2026-11-27)
     r = subprocess.run([sys.executable, str(GPU_DIR / "run_batch.py"), "--dry-run", "--device", "cpu", "--out",
-                        str(out), "--site", str(tmp_path / "site"), "--profile", str(profile), "--budget", "600"],
+                        str(out), "--site", str(tmp_path / "site"), "--profile", str(profile), "--budget", "600",
+                        "--seqs", "128"],
                        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=700)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     spec = importlib.util.spec_from_file_location("run_batch", GPU_DIR / "run_batch.py")
@@ -152,10 +155,11 @@ def test_dry_run_writes_the_gpu_files_under_the_image_restriction(tmp_path):
 
     assert load_profile(out / "profile.yaml").name == "cpu-quick-vm"
     val = json.loads((out / "validation.json").read_text())
-    assert val["summary"]["ran"] == val["summary"]["plans"] == 6, [x["status"] for x in val["rows"]]
+    assert val["summary"]["ran"] == val["summary"]["plans"] == 3, [x["status"] for x in val["rows"]]
+    assert "--seqs 128 " in val["command"]
     assert val["profile_path"].endswith("cpu-dry-run.yaml")
     summary = (out / "summary.md").read_text()
-    assert "| validate | ok |" in summary and "Validation: 6 of 6 plans ran" in summary
+    assert "| validate | ok |" in summary and "Validation: 3 of 3 plans ran" in summary
     import tarfile
 
     with tarfile.open(out / "batch.tar.gz") as tar:

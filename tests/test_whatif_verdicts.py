@@ -115,3 +115,22 @@ def test_every_verdict_compares_two_simulated_plans(simulate_top):
     if simulate_top == 1:  # one simulated plan cannot be both sides: the verdict's sides were added
         assert r.tier2.for_verdicts >= 1
         assert "so that each verdict line compares two simulated plans" in r.tier2.line()
+
+
+def test_a_verdict_side_is_the_best_plan_of_its_side():
+    """The overall search stops at a bound below the best plan of all; a Megatron TP plan under that bound can still
+    be the best Megatron TP plan. GPT-7B at 32K on 8 A800s (the default what-if): the METP verdict's Megatron side
+    is simulated, and no unsimulated Megatron TP plan's proved bound reaches its throughput (before the sides were
+    bounded, it compared METP with a full-offload plan 43% slower than the best simulated Megatron TP plan)."""
+    from memo_sim.api import get_model, load_profile
+    from memo_sim.search.prune import tgs_upper_bound
+    from memo_sim.search.verdicts import METP_VS_MEGATRON, sides
+    from memo_sim.search.whatif import rank
+
+    res = rank(get_model("gpt-7b"), 32 * 1024, 8, load_profile("a800-80gb"), jobs=1)
+    metp, megatron = sides(res.candidates, METP_VS_MEGATRON)
+    assert metp.simulated and megatron.simulated
+    rest = [c for c in res.candidates if c.status == "OK" and METP_VS_MEGATRON.b(c) and c.simulated is None]
+    assert rest and all(tgs_upper_bound(c) <= megatron.tgs for c in rest)
+    assert megatron.tgs >= max(c.tgs for c in res.candidates if c.simulated and c.status == "OK"
+                               and METP_VS_MEGATRON.b(c))

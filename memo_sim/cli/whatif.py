@@ -49,7 +49,7 @@ from memo_sim.report.sensitivity import sensitivity_line
 from memo_sim.report.whatif_answer import WhatIfView, runner_up
 from memo_sim.search.frameworks import FRAMEWORKS
 from memo_sim.search.plan_build import prebuild_plan
-from memo_sim.search.request import WhatifRequest, answer_whatif, sweep_candidates
+from memo_sim.search.request import WhatifRequest, answer_whatif, plain_recipe, sweep_candidates
 from memo_sim.search.whatif import default_jobs, fold_duplicates
 from memo_sim.units import fmt_count, parse_token_budget
 
@@ -135,7 +135,7 @@ def _simulate_top_value(ctx, param, value):
               help="SPPO: fix how the sequence is partitioned (equal forward FLOPs or equal lengths).")
 @click.option("--multiplex/--no-multiplex", default=None,
               help="SPPO: fix multiplexed sequence partitioning on or off (default: the search tries both).")
-@click.option("--top", default=15, show_default=True, type=int, help="Rows to print.")
+@click.option("--top", default=15, show_default=True, type=click.IntRange(min=1), help="Rows to print.")
 @click.option("--json", "as_json", is_flag=True, help="Print the ranked candidates as JSON.")
 @click.option("--all-candidates", is_flag=True,
               help="JSON: list every candidate in full (default: beyond 2,000 rows every fitting one and the closest "
@@ -296,7 +296,8 @@ def _print_answer(ans, paths: dict, elapsed: float, show: Show) -> None:
         plan_path=paths.get("plan.json"), sppo_plan_path=paths.get("plan-sppo.json"), no_plan=show.no_plan,
         metp_rows=_metp_vs_megatron(result.candidates, req.alpha), advice=ans.advice, fixes=_fixes(ans, shown),
         sensitivity=sensitivity_line(shown, req.profile, req.alpha), framework=req.framework,
-        memo_best=ans.memo_best, train_lines=_train_lines(best, show.train_budget))
+        memo_best=ans.memo_best, plain_recipe=plain_recipe(req.model),
+        train_lines=_train_lines(best, show.train_budget))
     emit(whatif_answer(view), show.out_format)
 
 

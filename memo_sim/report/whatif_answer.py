@@ -40,6 +40,7 @@ class WhatIfView:
     sensitivity: str = ""
     framework: str = "any"
     memo_best: object = None
+    plain_recipe: str = ""  # the model-state recipe a what-if without --framework prices (its name)
     train_lines: list = field(default_factory=list)
 
 
@@ -89,7 +90,8 @@ def whatif_answer(v: WhatIfView) -> Answer:
         _tier_tables(a, rows, budget)
     else:
         a.table(*ranked_table(rows[:budget]),
-                title=f"{plural(len(rows), 'candidate')} ranked (fitting first, then throughput)"
+                title=f"{plural(len(rows), 'candidate')} ranked (fitting first; the simulated before the analytic; "
+                      "then throughput)"
                       + (f", first {budget}" if budget < len(rows) else "")
                       + "; tier: sim = the event simulator (contention, copy stalls), analytic = perfect overlap "
                         "(an upper estimate); peak GPU by the tier and allocator named; frag/retries: the caching "
@@ -137,16 +139,21 @@ def whatif_answer(v: WhatIfView) -> Answer:
         c = next(c for c in v.result.candidates if c.sppo is not None and c.status == "OK")
         a.line(f"best SPPO plan: {c.layout.label()} {c.policy.label()} -> {v.sppo_plan_path}")
     if v.framework != "any":
-        a.line(framework_line(v.framework, v.best, v.memo_best))
+        a.line(framework_line(v.framework, v.best, v.memo_best, v.plain_recipe))
     return a
 
 
-def framework_line(framework: str, best, memo_best) -> str:
+def framework_line(framework: str, best, memo_best, plain_recipe: str = "") -> str:
     mine = f"{best.layout.label()} {best.policy.label()}, {best.tgs:.0f} tokens/GPU/s" if best else "nothing fits"
     theirs = (f"{memo_best.layout.label()} {memo_best.policy.label()}, {memo_best.tgs:.0f} tokens/GPU/s"
               if memo_best else "nothing fits")
     ratio = f" ({memo_best.tgs / best.tgs:.2f}x)" if best and memo_best else ""
-    return f"{framework}'s best: {mine}; memo's best: {theirs}{ratio}"
+    # memo's side keeps the framework's model-state recipe (`answer_whatif`): said where the what-if without
+    # --framework prices another (``plain_recipe``, its recipe's name), so the two numbers are not read as one plan's
+    recipe = memo_best.model.recipe if memo_best else None
+    kept = (f" (with {framework}'s model states, {recipe.summary}; without --framework memo prices {plain_recipe}'s)"
+            if recipe is not None and plain_recipe and recipe.name != plain_recipe else "")
+    return f"{framework}'s best: {mine}; memo's best{kept}: {theirs}{ratio}"
 
 
 def fold_notes(cands) -> list[tuple[str, str, list[str]]]:

@@ -28,6 +28,7 @@ from memo_sim.errors import MemoError
 from memo_sim.memplan.iteration_replay import replay_iteration
 from memo_sim.model.config import ModelConfig
 from memo_sim.profile.schema import HardwareProfile
+from memo_sim.search.candidate import binding_words
 from memo_sim.search.whatif import Candidate, candidates_for, rank
 from memo_sim.units import fmt_bytes
 
@@ -172,11 +173,30 @@ def max_seq(model: ModelConfig, gpus: int, profile: HardwareProfile, policy: str
             lo = mid
         else:
             hi, fail = mid, c
-    best = None
-    if simulate:  # the optimizer on the host where only such a plan fits there (`_ranked`)
-        at = _ranked(model, lo * step, gpus, profile, policy, framework, allocator, fixed)
-        offload = {} if "optimizer_offload" in fixed or _fits([c for c in at if not c.layout.optimizer_offload]) \
-            else {"optimizer_offload": True}
-        best = rank(model, lo * step, gpus, profile, simulate_top=1, policies=(policy,), framework=framework,
-                    allocator=allocator, **fixed, **offload).best
-    return MaxSeqAnswer(policy, step, lo * step, best, hi * step, binding_constraint(fail), allocator)
+    best, binding = None, None
+    while simulate and lo >= 1:  # the longest length whose best plan the event simulator also runs
+        best, failed = _simulated_best(model, lo * step, gpus, profile, policy, framework, allocator, fixed)
+        if best is not None:
+            break
+        # every plan that fits on paper and in the allocator's replay ran out of memory in the event simulator
+        # (its own allocator and schedule): one step shorter, and that failure is what binds
+        hi, binding, lo = lo, f"{binding_words(failed)} ({failed.layout.label()} {failed.policy.label()})", lo - 1
+    if lo < 1:
+        return MaxSeqAnswer(policy, step, None, None, step, binding, allocator)
+    return MaxSeqAnswer(policy, step, lo * step, best, hi * step, binding or binding_constraint(fail), allocator)
+
+
+def _simulated_best(model, seq, gpus, profile, policy, framework, allocator, fixed) -> tuple:
+    """(the best plan at ``seq`` that the event simulator runs, None) or (None, the first plan it simulated out
+    of memory); the optimizer on the host where only such a plan fits (`_ranked`). The what-if's proved-bound
+    tier decides which plans to simulate, so a simulated failure of the analytic best passes to the next."""
+    at = _ranked(model, seq, gpus, profile, policy, framework, allocator, fixed)
+    offload = {} if "optimizer_offload" in fixed or _fits([c for c in at if not c.layout.optimizer_offload]) \
+        else {"optimizer_offload": True}
+    res = rank(model, seq, gpus, profile, simulate_top="bound", policies=(policy,), framework=framework,
+               allocator=allocator, **fixed, **offload)
+    best = res.best
+    if best is not None and best.simulated:
+        return best, None
+    failed = [c for c in res.candidates if c.simulated and c.status != "OK"]
+    return None, (failed[0] if failed else best or res.candidates[0])

@@ -92,12 +92,12 @@ class PruneReport:
                       f"split and schedule families) not built: each family's proved bound is below the best "
                       f"throughput simulated before the pipelines were priced (--simulate-top all builds them)")
         if self.mode != SIMULATE_BOUND:
-            return (f"tier 2: {self.simulated} of {self.fitting} fitting candidates simulated "
+            return (f"tier 2: {self.simulated} of the {self.fitting} candidates the analytic tier fits simulated "
                     f"({'every one' if self.mode == SIMULATE_ALL else 'the analytic best'}){extra}")
         proof = ("" if self.margin is None else
                  f"; the closest skipped bound is {100 * self.margin:.1f}% below the best simulated throughput "
                  f"(proof margin; allowed gap {100 * self.allowed_gap:g}%)")
-        return (f"tier 2: {self.simulated} of {self.fitting} fitting candidates simulated, "
+        return (f"tier 2: {self.simulated} of the {self.fitting} candidates the analytic tier fits simulated, "
                 f"{self.skipped_by_bound} skipped by a proved bound{proof}{extra}")
 
 

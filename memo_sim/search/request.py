@@ -156,6 +156,12 @@ class WhatifAnswer:
         return out
 
 
+def plain_recipe(model) -> str:
+    """The name of the model-state recipe a what-if without --framework prices ``model`` with (``any``'s; memo's
+    best beside a named framework keeps that framework's, `answer_whatif`)."""
+    return get_framework("any").for_model(model).recipe.name
+
+
 def answer_whatif(req: WhatifRequest, progress=None, while_waiting=None) -> WhatifAnswer:
     """Both tiers of ``req`` (`rank`; ``while_waiting`` its); with a named framework also memo's
     best with the same cluster and fixed options; when nothing fits, what was not searched."""

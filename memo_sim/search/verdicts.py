@@ -16,7 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-VERDICT_ROUNDS = 4  # simulate-and-rank rounds: a side whose simulated plan does not fit gives way to the next
+from memo_sim.search.prune import tgs_upper_bound
+
+VERDICT_ROUNDS = 4  # simulate-and-rank rounds: a side whose simulated plan does not fit gives way to the next,
+# and a side's unsimulated plans whose bounds beat its simulated best are simulated, SIDE_BATCH a round at most
+SIDE_BATCH = 4
 
 
 @dataclass(frozen=True)
@@ -48,15 +52,32 @@ def sides(cands, v: Verdict) -> tuple[object, object] | None:
     return None if a is None or b is None else (a, b)
 
 
-def verdict_sides_to_simulate(cands) -> list:
-    """The plans of the verdicts' sides in the ranking ``cands`` that tier 2 has not simulated
-    (each once), for the verdicts that have both sides."""
+def verdict_sides_to_simulate(cands, bounded: bool = True) -> list:
+    """The plans of the verdicts' sides in the ranking ``cands`` that tier 2 has not simulated (each once),
+    for the verdicts that have both sides: a side's first fitting plan where it is not simulated, and where it
+    is, the side's unsimulated plan whose proved throughput bound (`memo_sim.search.prune.tgs_upper_bound`)
+    most exceeds that plan's simulated throughput. The overall search stops at a bound below the best plan of
+    all, which a side's own best may lie under: a Megatron TP plan skipped because a METP plan is faster can
+    still be the best Megatron TP plan, and the verdict compares each side's best. ``bounded`` False: the
+    sides' first fitting plans only (``--simulate-top N`` or ``all``, where the user set what tier 2 simulates)."""
     out: list = []
+
+    def add(c) -> None:
+        if not any(c is x for x in out):
+            out.append(c)
+
     for v in VERDICTS:
         pair = sides(cands, v)
-        for c in pair or ():
-            if c.simulated is None and not any(c is x for x in out):
-                out.append(c)
+        for keep, c in zip((v.a, v.b), pair or ()):
+            if c.simulated is None:
+                add(c)
+                continue
+            if not bounded:
+                continue
+            above = [(tgs_upper_bound(u), i, u) for i, u in enumerate(cands)
+                     if u.simulated is None and u.status == "OK" and keep(u)]
+            for _bound, _i, u in sorted(t for t in above if t[0] > c.tgs)[::-1][:SIDE_BATCH]:
+                add(u)
     return out
 
 

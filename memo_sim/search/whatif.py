@@ -23,6 +23,7 @@ can say how far the heuristic is from the best found.
 from __future__ import annotations
 
 import gc
+import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -98,6 +99,11 @@ def _fixed_degrees_why_not(model: ModelConfig, gpus: int, *, tp, cp, ulysses, dp
             raise MemoError(f"{flag} {degree} exceeds the {gpus} GPUs of --gpus; lower it or raise --gpus")
         if degree is not None and gpus % degree:  # every group tiles the GPUs (a stage's are a divisor of them)
             raise MemoError(f"{flag} {degree} does not divide the {gpus} GPUs of --gpus; pick a divisor of {gpus}")
+    fixed = [(flag, d) for flag, d in (("--tp", tp), ("--cp", cp), ("--ulysses", ulysses), ("--dp", dp), ("--pp", pp))
+             if d is not None and d > 1]
+    if len(fixed) > 1 and gpus % math.prod(d for _, d in fixed):  # the groups nest: their product tiles the GPUs
+        raise MemoError(f"{' x '.join(f'{flag} {d}' for flag, d in fixed)} = {math.prod(d for _, d in fixed)} GPUs, "
+                        f"which does not divide the {gpus} GPUs of --gpus; lower one of them or raise --gpus")
     if pp is not None and pp > model.layers:
         raise MemoError(f"--pp {pp} exceeds the model's {model.layers} layers (every stage runs at least one); "
                         f"lower it")
@@ -228,6 +234,11 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     if dp_mode is not None and dp_mode != "all" and dp_mode not in fw.dp_modes:
         raise MemoError(f"--dp-mode {dp_mode}: {fw.name} runs {', '.join(fw.dp_modes)}; choose one of them or all")
     dp_modes = fw.dp_modes if dp_mode == "all" else (dp_mode,) if dp_mode else fw.dp_modes[:1]
+    if zero in (1, 2) and "zero" not in dp_modes:  # every other flavour shards all the states (ZeRO stage 3's)
+        who = f"--dp-mode {dp_mode}" if dp_mode else f"{fw.name} (its data-parallel flavours: {', '.join(fw.dp_modes)})"
+        raise MemoError(f"--zero {zero}: {who} shards weights, gradients and optimizer states together (ZeRO stage 3); "
+                        f"use --zero 3 or 0" + (", or --dp-mode zero" if "zero" in fw.dp_modes else
+                                                 ", or another --framework"))
     model = fw.for_model(model)  # the framework's model-state recipe; a GEMM format it lacks is refused
     if policies is not None:
         for p in policies:
@@ -309,13 +320,16 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
             out += _single_stage(model, lay, plain, batch, global_batch, micro_batch, seq, profile, alpha, rejected,
                                  allocator)
     at_sppo = (len(out), len(rejected))  # where SPPO's candidates and rejections go
+    # a layout the other policies' search refused says why nothing fits better than SPPO's own rules (a --cp
+    # given for a ring-CP layout is not the mistake 'sppo splits by TP+SP only' would call it)
+    said_before_sppo = bool(rejected)
     pipes_said = False  # the pipelines' first rejection is why nothing fits (it comes after SPPO's)
     if sppo_tried:
         searched["schedules"].append("sppo")
         if beside is None:
             out += sppo_cands
             rejected += sppo_rejected
-            if sppo_why and not out:
+            if sppo_why and not out and not said_before_sppo:
                 why_none = sppo_why
     if plain and pipes and (pp is None or pp > 1) and not optimizer_offload:  # every schedule the framework runs
         pc, pr, what = pipeline_candidates(
@@ -339,7 +353,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
         search, sppo_cands, sppo_rejected, sppo_why = beside.result()
         out[at_sppo[0]:at_sppo[0]] = sppo_cands
         rejected[at_sppo[1]:at_sppo[1]] = sppo_rejected
-        if not out and sppo_why and not pipes_said:  # nothing at all: the last reason given, as above
+        if not out and sppo_why and not pipes_said and not said_before_sppo:  # nothing at all: as above
             why_none = sppo_why
     if (optimizer_offload is None and stage_valid and fw.optimizer_offload
             and not any(c.memory.status == "OK" for c in out)):  # nothing fits: the optimizer on the host
@@ -826,15 +840,17 @@ def _idle_on_best(head: list[Candidate], work: Callable[[Candidate], object]) ->
         work(ok[0])
 
 
-def _simulate_verdict_sides(candidates: list[Candidate], head: list[Candidate], run) -> int:
+def _simulate_verdict_sides(candidates: list[Candidate], head: list[Candidate], run, bounded: bool = False) -> int:
     """Simulate (``run``) the verdict lines' sides that tier 2 left analytic
     (`memo_sim.search.verdicts`), adding them to ``head`` (the simulated candidates), until every
-    verdict with two sides compares two simulated plans; how many were simulated."""
+    verdict with two sides compares two simulated plans; how many were simulated. ``bounded`` (the
+    proved-bound search): also each side's plans whose bound beats its simulated best (with
+    ``--simulate-top N`` or ``all`` the user set what tier 2 simulates: the sides' first plans only)."""
     n = 0
     for _ in range(VERDICT_ROUNDS):
         ids = {id(h) for h in head}
         order = sorted(head, key=Candidate.sort_key) + [c for c in candidates if id(c) not in ids]
-        need = verdict_sides_to_simulate(order)
+        need = verdict_sides_to_simulate(order, bounded=bounded)
         if not need:
             break
         run(need)
@@ -877,7 +893,7 @@ def _rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, mod
                 head = [c for c in result.candidates if c.simulated is not None]
                 if while_waiting is not None and ahead:
                     ahead[0].idle = partial(_idle_on_best, head, while_waiting)
-                result.tier2.add_verdict_sides(_simulate_verdict_sides(result.candidates, head, run))
+                result.tier2.add_verdict_sides(_simulate_verdict_sides(result.candidates, head, run, bounded=True))
             finally:
                 pool.close()
         else:
