@@ -5,8 +5,8 @@ parameter (`memo_exec.model.MainGrads`); the ZeRO paper's keeps 16-bit gradients
 models keep fp32 everything with no master copy.
 
 The update is torch.optim's fused Adam kernel with decoupled weight decay (AdamW), called through
-its functional form (`torch.optim.adam.adam` with ``fused=True``, ``decoupled_weight_decay=True``:
-the update `torch.optim.AdamW(fused=True)` makes, bias-corrected moments, one kernel reading and
+its functional form (`torch.optim.adamw.adamw` with ``fused=True``, public since torch 2.0: the
+update `torch.optim.AdamW(fused=True)` makes, bias-corrected moments, one kernel reading and
 writing the master weight, gradient and moments, as the fused Adam kernels frameworks train with,
 and as `memo_sim.cost.boundary.optimizer_step_bytes` prices it), over the fp32 master weights with
 this class's moment tensors and per-parameter step counts as its state. The functional form, not
@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.optim.adam import adam
+from torch.optim.adamw import adamw
 
 
 def main_grad_dtype(recipe, dtype: torch.dtype) -> torch.dtype:
@@ -79,9 +79,9 @@ class AdamW:
         if not idx:
             return
         b1, b2 = self.betas
-        adam([self.master[i] for i in idx], grads, [self.m[i] for i in idx], [self.v[i] for i in idx], [],
-             [self.steps[i] for i in idx], fused=True, decoupled_weight_decay=True, amsgrad=False, beta1=b1,
-             beta2=b2, lr=self.lr, weight_decay=self.wd, eps=self.eps, maximize=False)
+        adamw([self.master[i] for i in idx], grads, [self.m[i] for i in idx], [self.v[i] for i in idx], [],
+              [self.steps[i] for i in idx], fused=True, amsgrad=False, beta1=b1, beta2=b2, lr=self.lr,
+              weight_decay=self.wd, eps=self.eps, maximize=False)
 
     def state_bytes(self) -> int:
         tot = 0

@@ -191,3 +191,34 @@ def test_memo_side_beside_a_framework_names_the_framework_recipe():
                                  "megatron", "--simulate-top", "1", "--no-plan"])
     line = next(x for x in r.output.splitlines() if x.startswith("megatron's best:"))
     assert "memo's best: " in line and "model states" not in line
+
+
+@pytest.mark.parametrize("runs_up_to, refused_odd", [(6, False), (6, True), (1, False), (0, False), (10, False)])
+def test_maxseq_steps_down_to_the_longest_length_the_simulator_runs(monkeypatch, runs_up_to, refused_odd):
+    """The replay fits up to 10 steps; the event simulator runs up to ``runs_up_to`` (odd lengths refused by the
+    what-if with ``refused_odd``, as a fixed --cp refuses a length its 2cp chunks do not divide): maxseq answers
+    the longest length it runs, with the first failing one above it and its failure as what binds (the refusal's
+    line where that length is refused), in O(log) rankings; none: no length."""
+    import memo_sim.search.maxseq as ms
+
+    monkeypatch.setattr(ms, "_ranked", lambda model, seq, *a, **k: [seq])
+    monkeypatch.setattr(ms, "_fits", lambda cands: cands[0] <= 10 * K)
+    monkeypatch.setattr(ms, "binding_constraint", lambda cands: "replay")
+    asked = []
+
+    def simulated(model, seq, *a):
+        asked.append(seq // K)
+        if refused_odd and (seq // K) % 2:
+            return None, f"refused at {seq // K}"
+        return (f"plan {seq // K}", None) if seq <= runs_up_to * K else (None, f"simulated OOM at {seq // K}")
+
+    monkeypatch.setattr(ms, "_simulated_best", simulated)
+    ans = max_seq(M7, 8, A800, "full_recompute", step=K)
+    if runs_up_to == 0:
+        assert ans.max_seq is None and ans.best is None and ans.binding == "simulated OOM at 1"
+    elif runs_up_to >= 10:
+        assert (ans.max_seq, ans.best, ans.next_seq, ans.binding) == (10 * K, "plan 10", 11 * K, "replay")
+    else:
+        assert (ans.max_seq, ans.best, ans.next_seq) == (runs_up_to * K, f"plan {runs_up_to}", (runs_up_to + 1) * K)
+        assert ans.binding == (f"refused at {runs_up_to + 1}" if refused_odd else f"simulated OOM at {runs_up_to + 1}")
+    assert len(asked) <= 8 and len(set(asked)) == len(asked)

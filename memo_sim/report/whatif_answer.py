@@ -90,8 +90,8 @@ def whatif_answer(v: WhatIfView) -> Answer:
         _tier_tables(a, rows, budget)
     else:
         a.table(*ranked_table(rows[:budget]),
-                title=f"{plural(len(rows), 'candidate')} ranked (fitting first; the simulated before the analytic; "
-                      "then throughput)"
+                title=f"{plural(len(rows), 'candidate')} ranked (the simulated, then the analytic; "
+                      "each fitting first, by throughput)"
                       + (f", first {budget}" if budget < len(rows) else "")
                       + "; tier: sim = the event simulator (contention, copy stalls), analytic = perfect overlap "
                         "(an upper estimate); peak GPU by the tier and allocator named; frag/retries: the caching "

@@ -3,8 +3,11 @@
 Fit is monotone in the sequence length (`tests/test_fit_monotone.py`), so the answer is found by
 doubling the length until nothing fits and bisecting between the last fit and the first
 failure: O(log(max / step)) what-if rankings per policy instead of one per step. At the
-longest length the best plan is simulated for its MFU; at the next step the least-over
-candidate says what binds: GPU memory (and its largest terms) or pinned host memory.
+longest length the best plan is simulated for its MFU (the what-if's proved-bound tier); where the
+event simulator runs no plan there (its own allocator and schedule can run out of memory where the
+replay below fits), the answer steps down 1, 2, 4, ... lengths to one it runs and bisects back up,
+and that simulated failure binds. Otherwise, at the next step the least-over candidate says what
+binds: GPU memory (and its largest terms) or pinned host memory.
 
 Reserved memory decides for the plans on PyTorch's caching allocator: the analytic tier counts a
 layer's transients as the allocator reserves them (`memo_sim.memplan.baseline`), and a
@@ -173,30 +176,62 @@ def max_seq(model: ModelConfig, gpus: int, profile: HardwareProfile, policy: str
             lo = mid
         else:
             hi, fail = mid, c
-    best, binding = None, None
-    while simulate and lo >= 1:  # the longest length whose best plan the event simulator also runs
-        best, failed = _simulated_best(model, lo * step, gpus, profile, policy, framework, allocator, fixed)
-        if best is not None:
-            break
-        # every plan that fits on paper and in the allocator's replay ran out of memory in the event simulator
-        # (its own allocator and schedule): one step shorter, and that failure is what binds
-        hi, binding, lo = lo, f"{binding_words(failed)} ({failed.layout.label()} {failed.policy.label()})", lo - 1
-    if lo < 1:
-        return MaxSeqAnswer(policy, step, None, None, step, binding, allocator)
-    return MaxSeqAnswer(policy, step, lo * step, best, hi * step, binding or binding_constraint(fail), allocator)
+    if not simulate:
+        return MaxSeqAnswer(policy, step, lo * step, None, hi * step, binding_constraint(fail), allocator)
+    # the longest length whose best plan the event simulator also runs (its own allocator and schedule can run
+    # out of memory where the replay fits): checked at lo; where it fails there, steps down 1, 2, 4, ... lengths
+    # to one it runs and bisects back up, O(log) rankings as above
+    check = lambda k: _simulated_best(model, k * step, gpus, profile, policy, framework, allocator, fixed)  # noqa: E731
+    best, failed = check(lo)
+    if best is not None:
+        return MaxSeqAnswer(policy, step, lo * step, best, hi * step, binding_constraint(fail), allocator)
+    top, top_failed, d, good = lo, failed, 1, None  # top: the shortest length known to fail in the simulator
+    while good is None and top > 1:
+        k = max(1, lo - d)
+        b, f = check(k)
+        if b is not None:
+            good = (k, b)
+        else:
+            top, top_failed = k, f
+        d *= 2
+    if good is None:
+        return MaxSeqAnswer(policy, step, None, None, step, _simulated_words(top_failed), allocator)
+    while top - good[0] > 1:
+        mid = (top + good[0]) // 2
+        b, f = check(mid)
+        if b is not None:
+            good = (mid, b)
+        else:
+            top, top_failed = mid, f
+    return MaxSeqAnswer(policy, step, good[0] * step, good[1], top * step, _simulated_words(top_failed), allocator)
+
+
+def _simulated_words(failed) -> str:
+    """What stopped a length in the event simulator (or the what-if's refusal of it), in words."""
+    if isinstance(failed, str):
+        return failed
+    return f"{binding_words(failed)} ({failed.layout.label()} {failed.policy.label()})"
 
 
 def _simulated_best(model, seq, gpus, profile, policy, framework, allocator, fixed) -> tuple:
-    """(the best plan at ``seq`` that the event simulator runs, None) or (None, the first plan it simulated out
-    of memory); the optimizer on the host where only such a plan fits (`_ranked`). The what-if's proved-bound
-    tier decides which plans to simulate, so a simulated failure of the analytic best passes to the next."""
-    at = _ranked(model, seq, gpus, profile, policy, framework, allocator, fixed)
-    offload = {} if "optimizer_offload" in fixed or _fits([c for c in at if not c.layout.optimizer_offload]) \
-        else {"optimizer_offload": True}
-    res = rank(model, seq, gpus, profile, simulate_top="bound", policies=(policy,), framework=framework,
-               allocator=allocator, **fixed, **offload)
-    best = res.best
-    if best is not None and best.simulated:
-        return best, None
-    failed = [c for c in res.candidates if c.simulated and c.status != "OK"]
-    return None, (failed[0] if failed else best or res.candidates[0])
+    """(the best plan at ``seq`` that the event simulator runs, None), or (None, what stopped it: the first
+    plan it simulated out of memory, or the what-if's one-line refusal of the length). The what-if's
+    proved-bound tier decides which plans to simulate, so a simulated failure of the analytic best passes
+    to the next; with the optimizer on the GPU first and, where none of those runs and ``fixed`` leaves its
+    place open, on the host (`_ranked` adds those where nothing fits on paper)."""
+    places = [{}] if "optimizer_offload" in fixed else [{"optimizer_offload": False}, {"optimizer_offload": True}]
+    failed = None
+    for offload in places:
+        try:
+            res = rank(model, seq, gpus, profile, simulate_top="bound", policies=(policy,), framework=framework,
+                       allocator=allocator, **fixed, **offload)
+        except MemoError as e:  # no such layout at this length (a split the sequence does not take), or none
+            failed = failed or str(e)  # with the optimizer on the host in this framework
+            continue
+        best = res.best
+        if best is not None and best.simulated:
+            return best, None
+        sim_failed = [c for c in res.candidates if c.simulated and c.status != "OK"]
+        if sim_failed and (failed is None or isinstance(failed, str)):
+            failed = sim_failed[0]
+    return None, failed or f"no plan at {seq} tokens runs in the event simulator"

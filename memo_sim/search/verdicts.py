@@ -52,7 +52,7 @@ def sides(cands, v: Verdict) -> tuple[object, object] | None:
     return None if a is None or b is None else (a, b)
 
 
-def verdict_sides_to_simulate(cands, bounded: bool = True) -> list:
+def verdict_sides_to_simulate(cands, bounded: bool = False) -> list:
     """The plans of the verdicts' sides in the ranking ``cands`` that tier 2 has not simulated (each once),
     for the verdicts that have both sides: a side's first fitting plan where it is not simulated, and where it
     is, the side's unsimulated plan whose proved throughput bound (`memo_sim.search.prune.tgs_upper_bound`)

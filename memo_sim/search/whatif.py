@@ -283,7 +283,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     out: list[Candidate] = []
     rejected: list[tuple[Layout, str]] = []
     searched: dict = {"schedules": []}
-    why_none = "no factorisation of the GPU count matches the fixed degrees"
+    why_none = no_factorisation = "no factorisation of the GPU count matches the fixed degrees"
     # SPPO's search first (or beside the rest, ``sppo_beside``); its candidates are listed after the single
     # stage's all the same
     search, sppo_tried = None, (sppo_pols and "sppo" in allowed and (vpp is None or vpp == 1) and micro_batch is None
@@ -322,7 +322,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     at_sppo = (len(out), len(rejected))  # where SPPO's candidates and rejections go
     # a layout the other policies' search refused says why nothing fits better than SPPO's own rules (a --cp
     # given for a ring-CP layout is not the mistake 'sppo splits by TP+SP only' would call it)
-    said_before_sppo = bool(rejected)
+    said_before_sppo = why_none != no_factorisation
     pipes_said = False  # the pipelines' first rejection is why nothing fits (it comes after SPPO's)
     if sppo_tried:
         searched["schedules"].append("sppo")
@@ -795,7 +795,8 @@ def rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, *,
     simulated rank first by their simulated throughput (`WhatIfResult.tier2` says how many were
     simulated and skipped). The bound search skips SPPO's candidates by their proved bound
     (`memo_sim.search.bound.sppo_bound`) like the others (the SPPO vs MEMO verdict's SPPO side is
-    simulated all the same, `memo_sim.search.verdicts`); with ``all`` or a count, tier 2 also
+    simulated all the same, and in the bound search each verdict side's plans whose bound beats that
+    side's best simulated plan, `memo_sim.search.verdicts`); with ``all`` or a count, tier 2 also
     simulates SPPO's heuristic choice and the best ``sppo_simulate`` SPPO points
     (`WhatIfResult.sppo_summary`). ``jobs``: processes for tier 2 (`simulate_candidates`).
     ``while_waiting(best)``: called once, on the best candidate simulated so far, where this process
