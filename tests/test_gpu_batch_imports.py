@@ -98,6 +98,7 @@ def test_runtime_dependencies_are_in_the_image_or_carried():
         assert name in pins and name not in image
 
 
+@pytest.mark.slow  # 44 s of subprocess imports: beside the dry run, in CI's slow process (the default one was the longer)
 def test_entry_points_import_with_the_image_and_the_carried_wheels_only(tmp_path):
     env = _blocked_env(tmp_path)
     code = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\nprint('ok')"

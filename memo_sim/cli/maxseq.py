@@ -101,7 +101,7 @@ def maxseq_answer(model, gpus, profile, framework, step, answers, elapsed_s, fix
                      f"{b.layout.label()} {b.policy.label()}" if b else "-",
                      f"{100 * mfu:.1f}%" if mfu is not None else "-", fmt_count(ans.next_seq)])
     a.table(["policy", "longest", "best plan there", "MFU (sim)", "fails at"], rows)
-    a.line("what binds at the first failing length (the analytic tier; the event simulator where it says simulated):")
+    a.line("what binds at the first failing length (analytic; 'simulated': the event simulator):")
     for ans in answers:
         a.line(textwrap.fill(f"{_row_name(ans, answers)} at {fmt_count(ans.next_seq)}: {ans.binding}", WIDTH,
                              initial_indent="  ", subsequent_indent="    "))
