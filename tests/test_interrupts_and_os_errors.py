@@ -15,6 +15,13 @@ from click.testing import CliRunner
 from memo_exec.cli import cli as exec_cli
 from memo_sim.cli import cli as sim_cli
 
+def _sigint_as_a_terminal_sends_it() -> None:
+    """Child set-up: SIGINT's default action, whatever the test process inherited (a shell starts a
+    background job with SIGINT ignored, and Python installs its KeyboardInterrupt handler only
+    where SIGINT is not ignored; `timeout`, which .ci/run starts pytest under, resets it)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 TOY = ["whatif", "--layers", "2", "--hidden", "128", "--heads", "4", "--ffn", "512", "--vocab", "512", "--seq", "1K",
        "--gpus", "1", "--policy", "store_all", "--jobs", "1"]
 
@@ -24,7 +31,8 @@ def test_sigint_exits_130_with_one_line(tmp_path):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     p = subprocess.Popen([sys.executable, "-m", "memo_sim.cli", "whatif", "--model", "gpt-175b", "--gpus", "1024",
                           "--seq", "256K", "--simulate-top", "10000", "--jobs", "1", "--no-plan", "--progress"],
-                         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, bufsize=0)
+                         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, bufsize=0,
+                         preexec_fn=_sigint_as_a_terminal_sends_it)
     try:
         first = p.stderr.readline()  # the progress label: the search is under way (unbuffered: nothing held back)
         p.send_signal(signal.SIGINT)
@@ -250,7 +258,8 @@ def test_real_sigint_mid_run_exits_130_and_leaves_no_output(tmp_path):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     p = subprocess.Popen([sys.executable, "-m", "memo_exec", "run", str(tmp_path / "plan.json"), "--device", "cpu",
                           "--steps", "100000", "--progress", "--out", str(tmp_path / "run")],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, bufsize=0)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, bufsize=0,
+                         preexec_fn=_sigint_as_a_terminal_sends_it)
     try:
         first = p.stderr.readline()
         while first and b"[memo-exec] step" not in first:

@@ -106,3 +106,45 @@ def test_readme_tour_runs_as_written(tmp_path, monkeypatch):
                 written[f] = line
         ran.append(line)
     assert len(ran) >= 10, (ran, skipped)
+    claims = _same_loss_claims(ran)
+    assert claims, "README's '# same losses' line (a plan under --nproc and under torchrun) is gone"
+    for first, second in claims:
+        _assert_same_losses(tmp_path / first, tmp_path / second)
+
+
+def _run_out(line: str) -> tuple[str, str] | None:
+    """(plan file, --out folder) of a ``memo-exec run`` / ``torchrun ... memo_exec run`` line."""
+    words = shlex.split(line, comments=True)
+    if "run" not in words or "--out" not in words[:-1]:
+        return None
+    return words[words.index("run") + 1], words[words.index("--out") + 1]
+
+
+def _same_loss_claims(ran: list[str]) -> list[tuple[str, str]]:
+    """(--out of the earlier run, --out of this one) for each line whose comment says '# same losses':
+    the same plan run earlier in the tour, launched another way."""
+    out = []
+    for k, line in enumerate(ran):
+        if "# same losses" not in line or not _run_out(line):
+            continue
+        plan, here = _run_out(line)
+        before = [_run_out(b) for b in ran[:k] if _run_out(b) and _run_out(b)[0] == plan]
+        assert before, f"{line!r}: no earlier run of {plan} to compare losses with"
+        out.append((before[-1][1], here))
+    return out
+
+
+def _step_losses(out: Path) -> list[str]:
+    report = (out / "report.md").read_text().split("## Steps", 1)[1].split("\n## ", 1)[0]
+    return [row.split("|")[2].strip() for row in report.splitlines() if row.startswith("| ") and row[2].isdigit()]
+
+
+def _assert_same_losses(a: Path, b: Path) -> None:
+    """Every step's loss (report.md) and every rank's last loss (measured.json, full precision) equal."""
+    import json
+
+    la, lb = _step_losses(a), _step_losses(b)
+    assert la and la == lb, (a, la, b, lb)
+    ranks = [[r["last_loss"] for r in json.loads((d / "measured.json").read_text())["meta"]["per_rank"]]
+             for d in (a, b)]
+    assert ranks[0] and ranks[0] == ranks[1], ranks

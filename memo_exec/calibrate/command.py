@@ -25,7 +25,7 @@ DEFAULT_OUT = "hardware_profiles"
 
 
 # What the suites took where they were timed (announced before a run starts)
-DURATION_QUICK = ("about 50 s on an idle 2-core CPU (49 s measured on 2026-11-26; 73 s with --attention-shapes 8x32), "
+DURATION_QUICK = ("about 90 s on an idle 2-core CPU (90 s measured on 2026-11-27; 149 s at a load of 1), "
                   "longer on a loaded one; not yet timed on a GPU")
 DURATION_FULL = ("several minutes: over 400 s measured on the 2-core CPU; use --quick for a first profile; "
                  "not yet timed on a GPU")
@@ -159,7 +159,7 @@ def _command_line(ctx: click.Context) -> str:
 @click.option("--name", required=True, help="profile name (the file is OUT_DIR/NAME.yaml)")
 @click.option("--device", default="auto", show_default=True, help="auto, cuda, cuda:N or cpu")
 @click.option("--quick", is_flag=True,
-              help="fewer sizes (under 1 minute on an H100; ~50 s on an idle 2-core CPU, longer on a busy one, "
+              help="fewer sizes (under 1 minute on an H100; ~90 s on an idle 2-core CPU, longer on a busy one, "
                    "plus the re-measured part when a fit is implausible)")
 @click.option("--out-dir", default=DEFAULT_OUT, show_default=True, help="folder for NAME.yaml")
 @click.option("--base", default=None,
