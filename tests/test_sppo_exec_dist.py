@@ -90,35 +90,6 @@ def test_distributed_executor_runs_sppo_plans(cases):
         assert any(op.startswith("offload@s") for op in first["ops"])
 
 
-@pytest.mark.slow
-def test_memo_exec_run_writes_the_pipeline_gantt(tmp_path):
-    """`memo-exec run --nproc 2` of a what-if's SPPO plan writes the Gantt charts beside the
-    simulator's and the per-stage comparison into its report."""
-    plan_dir, out = tmp_path / "plan", tmp_path / "run"
-    subprocess.run([sys.executable, "-m", "memo_sim.cli", "whatif", "--model", "gpt-7b", "--layers", "4", "--hidden",
-                    "64", "--heads", "4", "--ffn", "256", "--vocab", "256", "--seq", "512", "--gpus", "2", "--policy",
-                    "sppo", "--pp", "2", "--tp", "1", "--subseqs", "4", "--multiplex", "--profile", "a100-sxm4-80gb",
-                    "--out", str(plan_dir)], check=True, capture_output=True, timeout=300)
-    r = subprocess.run([sys.executable, "-m", "memo_exec.cli", "run", str(plan_dir / "plan.json"), "--nproc", "2",
-                        "--device", "cpu", "--steps", "2", "--out", str(out)], capture_output=True, text=True,
-                       timeout=400)
-    log = (out / "launcher.log").read_text()[-3000:] if (out / "launcher.log").exists() else ""
-    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:], log)
-    # the run itself wrote the Gantt charts (the schedule's write_outputs hook) and the comparison
-    for f in ("measured_pipeline/pipeline_gantt.png", "simulated_pipeline/pipeline_gantt.png", "sppo_pipeline.md"):
-        assert (out / f).stat().st_size > 0
-    report = (out / "report.md").read_text()
-    assert "SPPO pipeline: measured against simulated" in report and "| stage |" in report
-    assert "sppo schedule" in r.stdout
-    cmp = json.loads((out / "sppo_pipeline.json").read_text())
-    assert [r["stage"] for r in cmp["stages"]] == [0, 1]
-    for r in cmp["stages"]:
-        assert 0 < r["bubble_fraction"] < 1 and 0 <= r["simulated"]["bubble_fraction"] < 1
-    measured = json.loads((out / "measured.json").read_text())
-    tags = {(e["device"], e["op"]) for e in measured["events"] if e["op"].startswith("stage_")}
-    assert (0, "stage_fwd@s0.0") in tags and (1, "stage_bwd@s3.1") in tags  # multiplexed pieces on both stages
-
-
 def test_report_refuses_a_plan_without_a_pipeline(tmp_path):
     plan = make_plan(MODEL, SEQ, policy("store_all"))
     from memo_sim.plan.schema import write_plan
@@ -131,8 +102,9 @@ def test_report_refuses_a_plan_without_a_pipeline(tmp_path):
 
 def test_memo_exec_run_nproc2_reports_the_pipeline(tmp_path):
     """`memo-exec run --nproc 2` of an SPPO plan (PP = 2, N = 4 multiplexed, alpha_i > 0) writes,
-    from the run itself, both Gantt charts and the per-stage and per-subsequence comparison in its
-    report."""
+    from the run itself (the schedule's write_outputs hook), both Gantt charts and the per-stage and
+    per-subsequence comparison in its report; the multiplexed pieces run on both stages. (A what-if's
+    SPPO plan through the same command: README's tour, tests/test_readme_tour.py.)"""
     from memo_sim.plan.schema import write_plan
 
     plan = sppo_plan(2, 4, True)
@@ -144,11 +116,19 @@ def test_memo_exec_run_nproc2_reports_the_pipeline(tmp_path):
                        timeout=300)
     log = (out / "launcher.log").read_text()[-3000:] if (out / "launcher.log").exists() else ""
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:], log)
-    for f in ("measured_pipeline/pipeline_gantt.png", "simulated_pipeline/pipeline_gantt.png"):
+    for f in ("measured_pipeline/pipeline_gantt.png", "simulated_pipeline/pipeline_gantt.png", "sppo_pipeline.md"):
         assert (out / f).stat().st_size > 0
+    assert "sppo schedule" in r.stdout
     report = (out / "report.md").read_text()
     assert "## Offload per subsequence" in report and "## Per rank" in report
+    assert "SPPO pipeline: measured against simulated" in report and "| stage |" in report
     cmp = json.loads((out / "sppo_pipeline.json").read_text())
+    assert [st["stage"] for st in cmp["stages"]] == [0, 1]
+    for st in cmp["stages"]:
+        assert 0 < st["bubble_fraction"] < 1 and 0 <= st["simulated"]["bubble_fraction"] < 1
+    measured = json.loads((out / "measured.json").read_text())
+    tags = {(e["device"], e["op"]) for e in measured["events"] if e["op"].startswith("stage_")}
+    assert (0, "stage_fwd@s0.0") in tags and (1, "stage_bwd@s3.1") in tags  # multiplexed pieces on both stages
     subs = {(r["stage"], r["subsequence"]): r for r in cmp["subsequences"]}
     assert set(subs) == {(s, k) for s in (0, 1) for k in range(4)}
     for s in (0, 1):  # alpha_i decreasing: subsequence 0 offloads the most, measured and simulated
