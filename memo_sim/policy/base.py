@@ -93,14 +93,22 @@ class Policy:
         memoised per policy and count (the bounds ask for it once per candidate)."""
         return _recomputed_count(self, n_layers)
 
+    def rebuilt(self) -> tuple:
+        """Which of a recomputing layer's tensors the policy drops and which ops it re-runs, where
+        that is a fixed set rather than a token share or the whole forward (selective recompute's
+        attention core, Megatron's --recompute-modules groups, per-op checkpointing's save list);
+        () where `recompute_fraction` and `recomputes_attention` say it all."""
+        return ()
+
     def behaviour(self, n_layers: int) -> tuple:
         """What the policy does with a layer's skeletal tensors, whatever it is called: offloads
         or not, the offloaded share of the "other" tensors, the recomputed share and which layers
-        recompute, whether the whole forward re-runs. Equal tuples move and rebuild the same
-        bytes (``memo`` at alpha = 1 and ``full_offload``); the what-if folds such rows."""
+        recompute, whether the whole forward re-runs, what a recomputing layer drops and re-runs
+        (`rebuilt`). Equal tuples move and rebuild the same bytes (``memo`` at alpha = 1 and
+        ``full_offload``); the what-if folds such rows."""
         return (self.offloads, self.offload_fraction_other if self.offloads else 0.0, self.recompute_fraction,
                 self.recomputes_attention,
-                tuple(i for i in range(n_layers) if self.recomputes_layer(i, n_layers)))
+                tuple(i for i in range(n_layers) if self.recomputes_layer(i, n_layers)), self.rebuilt())
 
     def offloaded_tensors(self, model: ModelConfig, layout: Layout, batch: int,
                           seq: int) -> list[OffloadedTensor]:

@@ -52,6 +52,9 @@ class OpSac(RecomputeModules):
                     f"save list keeps no linear output but its abs passes' outputs")
         return None
 
+    def rebuilt(self) -> tuple:
+        return ("op_sac_dropped",), _WHOLE  # its save list's complement, re-run (with the GEMMs' shares)
+
     def dropped(self, sk) -> float:
         return sk.get("op_sac_dropped", 0.0) - sk.get("op_sac_extra", 0.0)  # net of w2's output, which it keeps
 

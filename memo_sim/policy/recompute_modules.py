@@ -46,6 +46,9 @@ class RecomputeModules(StoreAll):
     def recomputes_layer(self, layer, n_layers):
         return True
 
+    def rebuilt(self) -> tuple:
+        return self.groups, self.ops, self.comm_prefixes
+
     def recompute_costs(self, model, layout, batch, seq, profile):
         return [replace(c, phase="recompute") for c in forward_costs(model, layout, batch, seq, profile)
                 if base_op_name(c.name) in self.ops or c.name.startswith(self.comm_prefixes or ("\0",))]

@@ -29,6 +29,9 @@ class SelectiveRecompute(StoreAll):
     def recomputes_layer(self, layer, n_layers):
         return True
 
+    def rebuilt(self) -> tuple:
+        return ("scores",), ("attention",)  # the score-sized tensors dropped, the attention core re-run
+
     def recompute_costs(self, model, layout, batch, seq, profile):
         return [replace(c, phase="recompute") for c in forward_costs(model, layout, batch, seq, profile)
                 if c.kind == "attention" or c.stream == "cp_comm"]
