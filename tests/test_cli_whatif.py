@@ -275,3 +275,29 @@ def test_impossible_fixed_degrees_name_their_flags(flags, says, tmp_path):
     assert r.exit_code == 2, r.output
     assert says in r.output and "sppo stages split" not in r.output
     assert len(r.output.strip().splitlines()) == 1 and not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("command", ["whatif", "maxseq"])
+def test_sppo_asked_for_a_moe_model_says_why_in_one_line(command, tmp_path):
+    """--policy sppo alone on a mixture of experts: SPPO is not searched for one, and that is the answer (it
+    read 'no factorisation of the GPU count matches the fixed degrees' with no degree fixed; a user's review,
+    2026-11-27); one line, exit 2, nothing written."""
+    extra = ["--seq", "32K", "--out", str(tmp_path)] if command == "whatif" else []
+    r = CliRunner().invoke(cli, [command, "--model", "qwen3-30b-a3b", "--gpus", "16", "--policy", "sppo", *extra])
+    assert r.exit_code == 2, r.output
+    assert "not searched for mixture-of-experts models" in r.output and "factorisation" not in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1 and not list(tmp_path.iterdir())
+
+
+def test_fit_fixes_name_only_policies_the_framework_offers():
+    """Nothing fits: the 'it would fit with' variants never name a --policy the framework refuses (the default
+    framework suggested recompute_norm_act, Megatron's, which the next what-if refused; a user's review,
+    2026-11-27)."""
+    from memo_sim.search.frameworks import get_framework
+
+    r = CliRunner().invoke(cli, ["whatif", "--model", "qwen3-30b-a3b", "--gpus", "16", "--profile", "h100-sxm5-80gb",
+                                 "--seq", "256K", "--policy", "store_all", "--no-plan", "--json"])
+    assert r.exit_code == 3, r.output  # nothing fits
+    fixes = json.loads(r.output)["not_fitting_fixes"]
+    named = {m for f in fixes for m in re.findall(r"--policy (\S+)", f)}
+    assert named and named <= set(get_framework("any").policies), (named, fixes)

@@ -245,7 +245,10 @@ class Show:
 def _fixes(ans, shown: list) -> list[str]:
     """What would make the asked (closest) configuration fit, when nothing does (``shown``: the
     ranking with duplicates folded, `fold_duplicates`)."""
-    return fit_fixes(shown[0], ans.request.gpus, ans.request.alpha) if ans.best is None and shown else []
+    from memo_sim.search.frameworks import get_framework  # noqa: PLC0415
+
+    offered = get_framework(ans.request.framework).policies  # a --policy the framework refuses fixes nothing
+    return fit_fixes(shown[0], ans.request.gpus, ans.request.alpha, offered) if ans.best is None and shown else []
 
 
 def _answer_json(ans, paths: dict, elapsed: float, show: Show) -> dict:

@@ -46,8 +46,9 @@ def _layout_variants(c, gpus: int):
     return out
 
 
-def fit_fixes(c, gpus: int, alpha: float | None = None) -> list[str]:
-    """Up to `MAX_FIXES` one-change variants of candidate ``c`` that fit (analytic tier), in words."""
+def fit_fixes(c, gpus: int, alpha: float | None = None, policies: tuple[str, ...] | None = None) -> list[str]:
+    """Up to `MAX_FIXES` one-change variants of candidate ``c`` that fit (analytic tier), in words;
+    ``policies``: the ones a --policy variant may name (the framework's; None: every one)."""
     from memo_sim.layout.schedule import schedule_runs_policy
     from memo_sim.policy import policy_names
 
@@ -55,7 +56,7 @@ def fit_fixes(c, gpus: int, alpha: float | None = None) -> list[str]:
         return []
     fixes = []
     for p in policy_names():
-        if p == c.policy.name or schedule_runs_policy("sppo", p):
+        if p == c.policy.name or schedule_runs_policy("sppo", p) or (policies is not None and p not in policies):
             continue
         e = _estimate(c, c.layout, p, alpha)
         if e is not None and e.status == "OK":

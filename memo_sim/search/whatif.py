@@ -288,8 +288,11 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     # stage's all the same
     search, sppo_tried = None, (sppo_pols and "sppo" in allowed and (vpp is None or vpp == 1) and micro_batch is None
                                 and not optimizer_offload and not uneven_flags and not model.moe)
+    sppo_not_searched = None  # why SPPO, asked for, was not searched: what to say if nothing else was either
     if sppo_pols and model.moe:
         searched["sppo"] = "not searched for mixture-of-experts models (SPPO's planner is built for dense layers)"
+        sppo_not_searched = ("--policy sppo: SPPO is not searched for mixture-of-experts models (its planner is "
+                             "built for dense layers); choose another --policy")
     beside = None
     if sppo_tried:
         def run_sppo(bounds=None) -> tuple:
@@ -362,6 +365,8 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
             out += _single_stage(model, lay, plain, batch, global_batch, micro_batch, seq, profile, alpha, rejected,
                                  allocator)
         searched["optimizer_offload"] = "nothing fits with the optimizer on the GPU"
+    if not out and not plain and sppo_not_searched and why_none == no_factorisation:
+        why_none = sppo_not_searched  # nothing else was asked for: SPPO's refusal is the answer
     if not out:
         raise MemoError(f"{NO_VALID_LAYOUT} for {gpus} GPUs with the degrees given: {why_none}")
     out.sort(key=Candidate.sort_key)
