@@ -222,3 +222,19 @@ def test_maxseq_steps_down_to_the_longest_length_the_simulator_runs(monkeypatch,
         assert (ans.max_seq, ans.best, ans.next_seq) == (runs_up_to * K, f"plan {runs_up_to}", (runs_up_to + 1) * K)
         assert ans.binding == (f"refused at {runs_up_to + 1}" if refused_odd else f"simulated OOM at {runs_up_to + 1}")
     assert len(asked) <= 8 and len(set(asked)) == len(asked)
+
+
+def test_nothing_at_the_first_step_points_to_a_smaller_step():
+    """maxseq's lengths are multiples of --step: where the first one fits nowhere, the answer says that no
+    shorter length was tried and which --step looks there (a user's review, 2026-11-27: DeepSpeed's
+    Qwen3-30B-A3B on 16 H100s answered 'no policy trains 128K tokens'; with --step 8K, 64K)."""
+    from click.testing import CliRunner
+
+    from memo_sim.cli import cli
+
+    r = CliRunner().invoke(cli, ["maxseq", "--model", "qwen3-30b-a3b", "--gpus", "16", "--profile", "h100-sxm5-80gb",
+                                 "--framework", "deepspeed"])
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert lines[0].startswith("answer: no policy trains 128K tokens"), r.output
+    assert lines[1] == "no length under 128K was tried: a smaller --step (e.g. 8K) looks there", r.output

@@ -87,6 +87,9 @@ def maxseq_answer(model, gpus, profile, framework, step, answers, elapsed_s, fix
         verdict = (f"answer: {best.policy} trains the longest sequence, {fmt_count(best.max_seq)} tokens"
                    + (f" ({best.best.layout.label()} {best.best.policy.label()})" if best.best else ""))
     a = Answer(verdict)
+    if best is None and step >= 2048:  # the lengths are multiples of the step: none shorter was tried
+        a.line(f"no length under {fmt_count(step)} was tried: a smaller --step "
+               f"(e.g. {fmt_count(step // 16)}) looks there")
     a.line(f"{model.name}, {gpus} x {profile.gpu.model} ({profile.name}), framework {framework}, "
            f"step {fmt_count(step)}")
     a.line(textwrap.fill(f"profile {profile.name}: {profile.provenance_line()}", WIDTH, subsequent_indent="  "))

@@ -72,6 +72,8 @@ def instead_lines(i: dict, framework: str) -> list[str]:
     out = [f"memo's plan ({i['plan_label']}) is not expressible in {framework}; written instead: the best plan "
            f"memo predicts {framework} ({i['framework']}) runs, {i['label']}: {i['iteration_s']:.3f} s/iteration, "
            f"peak {i['peak_gpu_bytes'] / 2**30:.2f} GiB ({i['source']})."]
+    if i.get("gemm_format_dropped"):
+        out.append(f"Its layer GEMMs run in bf16: {framework} does not offer memo's plan's {i['gemm_format_dropped']}.")
     if i.get("plan_iteration_s"):
         given_up = 1 - i["plan_iteration_s"] / i["iteration_s"]
         out.append((f"It gives up {100 * given_up:.1f}% of the throughput of" if given_up >= 0 else
@@ -83,8 +85,10 @@ def instead_lines(i: dict, framework: str) -> list[str]:
 
 def best_runnable(plan: Plan, framework: str) -> tuple[Plan | None, dict | None]:
     """The best plan memo predicts the framework version runs for the plan's model, sequence, GPUs,
-    profile and global batch (the what-if constrained to it), and its summary; (None, None) when
-    nothing the framework offers fits. A GEMM format the framework lacks is searched as bf16."""
+    profile, global batch and, for a mixture of experts, the routed tokens' balance (a property of the
+    job's router, not of the framework: `memo_sim.layout.moe_balance`), the what-if constrained to the
+    framework, and its summary; (None, None) when nothing the framework offers fits. A GEMM format the
+    framework lacks is searched as bf16 (the summary's ``gemm_format_dropped`` says so)."""
     from memo_sim.profile.loader import load_profile  # noqa: PLC0415
     from memo_sim.search.frameworks import get_framework  # noqa: PLC0415
     from memo_sim.search.request import WhatifRequest, answer_whatif  # noqa: PLC0415
@@ -92,9 +96,10 @@ def best_runnable(plan: Plan, framework: str) -> tuple[Plan | None, dict | None]
     model = plan.model
     if model.gemm_format not in get_framework(framework).gemm_formats:
         model = dataclasses.replace(model, gemm_format="bf16")
+    balance = {"moe_balance": plan.layout.moe_balance} if model.moe else {}
     ans = answer_whatif(WhatifRequest(model=model, seq=plan.seq_tokens, gpus=plan.gpus,
                                       profile=load_profile(plan.profile), global_batch=plan.batch * plan.layout.dp,
-                                      framework=framework, jobs=1))
+                                      framework=framework, jobs=1, **balance))
     best = ans.best
     if best is None:
         return None, None
@@ -104,7 +109,8 @@ def best_runnable(plan: Plan, framework: str) -> tuple[Plan | None, dict | None]
     return alt, {"framework": framework, "label": label, "iteration_s": pred.iteration_s,
                  "peak_gpu_bytes": pred.peak_gpu_bytes, "source": pred.source,
                  "plan_label": f"{plan.layout.label()} {plan.policy.label()}",
-                 "plan_iteration_s": plan.predicted.iteration_s}
+                 "plan_iteration_s": plan.predicted.iteration_s,
+                 "gemm_format_dropped": plan.model.gemm_format if model.gemm_format != plan.model.gemm_format else None}
 
 
 def price_line(n: dict) -> str:
