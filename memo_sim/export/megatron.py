@@ -179,7 +179,8 @@ def export(plan: Plan, price: bool = True, instead: dict | None = None) -> Expor
     ex.nearest = price_nearest(plan, g) if price else None
     args = arguments(plan, g)
     lines = ["#!/usr/bin/env bash", ex.comment_block(), "#",
-             f"# the plan: {plan.model.name}, {plan.seq_tokens} tokens x {plan.batch} sequences per replica, "
+             f"# the plan: {plan.model.name}, {plan.seq_tokens} tokens x {plan.batch} "
+             f"sequence{'s' if plan.batch != 1 else ''} per replica, "
              f"{plan.layout.label()}, {plan.policy.label()}, schedule {plan.schedule}",
              "# Add your data, tokenizer, optimizer and checkpoint arguments (--data-path, --tokenizer-type, --lr ...).",
              "set -euo pipefail",

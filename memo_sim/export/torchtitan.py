@@ -130,7 +130,8 @@ def render(plan: Plan, applied: list[Gap]) -> str:
         "",
         "",
         f"def {FUNCTION}() -> Trainer.Config:",
-        f'    """memo\'s plan: {plan.model.name}, {plan.seq_tokens} tokens x {plan.batch} sequences per replica, '
+        f'    """memo\'s plan: {plan.model.name}, {plan.seq_tokens} tokens x {plan.batch} '
+        f'sequence{"s" if plan.batch != 1 else ""} per replica, '
         f'{plan.layout.label()}, {plan.policy.label()}."""',
         f"    config = {base}()",
         *body,
