@@ -191,8 +191,10 @@ def test_not_expressible_block_lists_each_gap_and_its_price():
     ex = export_plan(MEMO, "megatron", nearest=True)
     text = ex.files["megatron.sh"]
     assert "MEMO's token-wise offload (alpha = 0.5)" in text and "bi-level static memory plan" in text
-    assert ex.nearest["label"] == "tp8+sp full_recompute" and ex.nearest["status"] in ("OK", "OOM", "OOHM")
-    assert "memo predicts the nearest plan (tp8+sp full_recompute)" in text
+    # priced as Megatron-LM runs it: its cuDNN attention, vocabulary-parallel loss, overlapped all-gathers
+    near = "tp8+sp-cudnn-ce-vocab_parallel-ag-overlap full_recompute"
+    assert ex.nearest["label"] == near and ex.nearest["status"] in ("OK", "OOM", "OOHM")
+    assert f"memo predicts the nearest plan ({near})" in text
     assert not export_plan(_plan(policy=("full_recompute",)), "megatron").gaps  # Megatron runs it as it is
     uly = export_plan(ULY, "megatron", price=False, nearest=True)
     assert any("DeepSpeed-Ulysses over 4 GPUs" in g.what for g in uly.gaps)
@@ -348,3 +350,12 @@ def test_the_framework_best_keeps_the_plans_router_balance_and_says_its_gemm_for
     written = next(ln for ln in r.output.splitlines() if "written instead" in ln)
     assert "capacity1.25" in written.split("runs, ", 1)[1], written  # the framework's best, at the plan's balance
     assert "Its layer GEMMs run in bf16: torchtitan does not offer memo's plan's fp8-blockwise." in r.output
+    # --nearest: memo's plan with torchtitan's settings, priced with torchtitan's mechanisms (its attention
+    # kernel and loss), not Megatron's cuDNN attention and vocabulary-parallel loss
+    r = CliRunner().invoke(cli, ["export", str(tmp_path / "p" / "plan.json"), "--to", "torchtitan", "--nearest",
+                                 "--out", str(tmp_path / "n")])
+    assert r.exit_code == 0, r.output
+    priced = next(ln for ln in r.output.splitlines() if "memo predicts the nearest plan" in ln)
+    label = priced.split("(", 1)[1].split(")", 1)[0]
+    assert "torch_fused" in label and "cudnn" not in label and "vocab_parallel" not in label, priced
+    assert "capacity1.25" in label, priced  # the router's balance stays the job's

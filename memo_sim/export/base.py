@@ -148,15 +148,18 @@ def nearest_model(plan: Plan, gaps: list[Gap]):
     return plan.model if fmt is None else dataclasses.replace(plan.model, gemm_format=fmt)
 
 
-def price_nearest(plan: Plan, gaps: list[Gap]) -> dict | None:
-    """memo's prediction for the nearest plan on the plan's profile (None when no gap changes
-    the plan; ``error`` when it cannot be simulated)."""
+def price_nearest(plan: Plan, gaps: list[Gap], framework: str) -> dict | None:
+    """memo's prediction for the nearest plan on the plan's profile, run with ``framework``'s
+    mechanisms (its attention kernel, loss, allocator settings: `Framework.adapt`), as that framework
+    would run it (None when no gap changes the plan; ``error`` when it cannot be simulated)."""
     if not any(g.change != PlanChange() for g in gaps):
         return None
     from memo_sim.engine.simulate import simulate  # noqa: PLC0415 - the simulator only when pricing
     from memo_sim.profile.loader import load_profile  # noqa: PLC0415
+    from memo_sim.search.frameworks import get_framework  # noqa: PLC0415
 
     layout, policy, schedule = nearest_plan(plan, gaps)
+    layout = get_framework(framework).adapt(layout)
     model = nearest_model(plan, gaps)
     label = (f"{layout.label()} {policy.label()}" + (f" {schedule}" if layout.pp > 1 else "")
              + (f" {model.gemm_format} GEMMs" if model.gemm_format != plan.model.gemm_format else ""))

@@ -141,7 +141,7 @@ def export(plan: Plan, price: bool = True, instead: dict | None = None) -> Expor
     g = gaps(plan)
     ex = Export("DeepSpeed", f"{SOURCE}; launcher {LAUNCHER_SOURCE}", {}, g, "")
     ex.instead = instead
-    ex.nearest = price_nearest(plan, g) if price else None
+    ex.nearest = price_nearest(plan, g, FRAMEWORK) if price else None
     ex.files[CONFIG_FILE] = json.dumps(config(plan, g), indent=2) + "\n"
     body = [f"    {opt}" + (f" {shlex.quote(val)}" if val is not None else "") for opt, val in arguments(plan, g)]
     lines = ["#!/usr/bin/env bash", ex.comment_block(), "#",

@@ -176,7 +176,7 @@ def export(plan: Plan, price: bool = True, instead: dict | None = None) -> Expor
     g = gaps(plan)
     ex = Export("Megatron-LM", SOURCE, {}, g, "")
     ex.instead = instead
-    ex.nearest = price_nearest(plan, g) if price else None
+    ex.nearest = price_nearest(plan, g, FRAMEWORK) if price else None
     args = arguments(plan, g)
     lines = ["#!/usr/bin/env bash", ex.comment_block(), "#",
              f"# the plan: {plan.model.name}, {plan.seq_tokens} tokens x {plan.batch} "

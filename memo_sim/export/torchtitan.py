@@ -144,7 +144,7 @@ def export(plan: Plan, price: bool = True, instead: dict | None = None) -> Expor
     g = gaps(plan)
     ex = Export("torchtitan", SOURCE, {}, g, "")
     ex.instead = instead
-    ex.nearest = price_nearest(plan, g) if price else None
+    ex.nearest = price_nearest(plan, g, FRAMEWORK) if price else None
     launch = ("PYTHONPATH=$PWD:$PYTHONPATH " + torchrun_line(plan, "-m torchtitan.train")
               + f" --module memo_torchtitan --config {FUNCTION}")
     ex.files[FILE] = "\n".join([ex.comment_block(), "#", f"# Run from a torchtitan checkout: {launch}", "",
