@@ -15,6 +15,11 @@ GELU as the model's ``ffn_type``; biases with ``moe_bias``), with autograd, in o
   indexing the parameter per expert would make autograd build and sum a full-size gradient per
   expert.
 
+The SwiGLU between the two GEMMs (weighted by the router probability where the experts apply it) runs
+as one Triton kernel each way on CUDA in bf16/fp16 (`memo_exec.moe.fused_swiglu`; its eager composition
+below everywhere else): on an H200 it took Mixtral-8x7B's block at 8K tokens from 37.4 to 30.1 ms
+(reports/gpu-h200-2026-11-27.md).
+
 Measured on an H200 (reports/gpu-h200-2026-11-26-moe.md; benchmarks/gpu/probe_moe_host.py): 60
 experts of Qwen2-MoE at 8K tokens, forward + backward, 76.6 ms as the loop with per-expert indexing
 (1,473 kernels) against 4.13 ms grouped (23 kernels), results identical.
@@ -25,6 +30,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
+
+from memo_exec.moe import fused_swiglu
 
 IMPLS = ("grouped", "loop")
 _GROUPED_MM = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
@@ -62,12 +69,16 @@ class _SwiGLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a):
         ctx.save_for_backward(a)
+        if fused_swiglu.usable(a):
+            return fused_swiglu.forward(a, None)
         return _plain_act(a, True)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy):
         (a,) = ctx.saved_tensors
+        if fused_swiglu.usable(a):
+            return fused_swiglu.backward(a, None, dy)[0]
         return _SwiGLU.grad(a, dy)
 
     @staticmethod
@@ -94,6 +105,8 @@ class _WeightedAct(torch.autograd.Function):
     def forward(ctx, a, p, swiglu):
         ctx.save_for_backward(a, p)
         ctx.swiglu = swiglu
+        if swiglu and fused_swiglu.usable(a):
+            return fused_swiglu.forward(a, p)
         ct = _compute_dtype(a)
         return (_plain_act(a, swiglu).to(ct) * p.to(ct).unsqueeze(1)).to(a.dtype)
 
@@ -101,6 +114,9 @@ class _WeightedAct(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dy):
         a, p = ctx.saved_tensors
+        if ctx.swiglu and fused_swiglu.usable(a):
+            da, dp = fused_swiglu.backward(a, p, dy)
+            return da, dp, None
         ct = _compute_dtype(a)
         y = _plain_act(a, ctx.swiglu)  # recomputed from a, as the fused kernel does
         dp = (dy.to(ct) * y.to(ct)).sum(1).to(p.dtype)
