@@ -67,6 +67,15 @@ def test_field_refusals(over, field):
     assert f"x/config.json: {field}: " in str(e.value)
 
 
+def test_a_mistyped_family_gets_the_near_one_named():
+    with pytest.raises(MemoError) as e:
+        hf_model_fields(_llama(model_type="qwen3_mo"), source="x/config.json")
+    assert "'qwen3_mo' is not a family memo reads; did you mean 'qwen3_moe'?" in str(e.value)
+    with pytest.raises(MemoError) as e:
+        hf_model_fields(_llama(model_type="t5"), source="x/config.json")
+    assert "did you mean" not in str(e.value)
+
+
 def test_families_map_to_the_architecture_fields():
     q = ModelConfig.from_dict(hf_model_fields(_llama(model_type="qwen2"), name="q"))
     assert (q.norm, q.bias, q.tied_embeddings, q.ffn_type) == ("rmsnorm", "qkv", False, "swiglu")

@@ -77,3 +77,27 @@ def test_bad_plan_clear_error(tmp_path, mutate, needle):
     with pytest.raises(PlanError) as e:
         read_plan(f)
     assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_file_of_another_kind_is_named_for_what_it_is(tmp_path):
+    """A plan given as a profile, a profile or an unrelated JSON given as a plan: one line saying
+    what the file is not and where the right one comes from (it said 'schema: missing field; add it')."""
+    plan = write_plan(_plan(), tmp_path / "plan.json")
+    with pytest.raises(ProfileError) as e:
+        load_profile(plan)
+    assert "not a memo hardware profile (a memo plan)" in str(e.value) and "memo-sim profiles" in str(e.value)
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"foo": 1}))
+    with pytest.raises(ProfileError) as e:
+        load_profile(other)
+    assert "not a memo hardware profile (no 'schema' line)" in str(e.value)
+    with pytest.raises(PlanError) as e:
+        read_plan(other)
+    assert "not a memo plan (no 'schema' field)" in str(e.value) and "memo-sim whatif" in str(e.value)
+    prof = tmp_path / "prof.json"
+    prof.write_text(json.dumps(yaml.safe_load((REPO_PROFILES / "a800-80gb.yaml").read_text())))
+    with pytest.raises(PlanError) as e:
+        read_plan(prof)
+    assert "not a memo plan (schema 'memo-hardware-profile/1')" in str(e.value)
+    for err in (e.value,):
+        assert "\n" not in str(err)

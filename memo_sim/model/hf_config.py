@@ -27,6 +27,7 @@ activation it does not know.
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Any
 
@@ -106,7 +107,9 @@ def hf_model_fields(raw: dict, source: str = "config.json", name: str = "hf-mode
         fld = "is_encoder_decoder" if raw.get("is_encoder_decoder") else "add_cross_attention"
         raise refuse(fld, "cross-attention / encoder-decoder models are not modelled (decoder-only)")
     if mt not in FAMILIES:
-        raise refuse("model_type", f"{mt!r} is not a family memo reads; it reads {', '.join(FAMILIES)} "
+        near = difflib.get_close_matches(str(mt), FAMILIES, n=1, cutoff=0.75)
+        hint = f"did you mean {near[0]!r}? " if near else ""
+        raise refuse("model_type", f"{mt!r} is not a family memo reads; {hint}it reads {', '.join(FAMILIES)} "
                                    f"(or write a memo model file: layers, hidden, heads, ffn, vocab)")
     c = {**_DEFAULTS[mt], **raw}
 

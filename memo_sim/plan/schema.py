@@ -127,6 +127,10 @@ class Plan:
             return PlanError(f"{source}: {fieldname}: {msg}")
 
         if isinstance(d, dict) and d.get("schema") != PLAN_SCHEMA:
+            if not str(d.get("schema", "")).startswith("memo-plan/"):
+                what = (f"schema {d['schema']!r}" if "schema" in d else "no 'schema' field")
+                raise PlanError(f"{source}: not a memo plan ({what}); a plan is the plan.json `memo-sim whatif` "
+                                f"writes, with 'schema': {PLAN_SCHEMA!r}")
             raise fail("schema", f"is {d.get('schema')!r}; this memo reads {PLAN_SCHEMA!r} "
                                  f"(re-create the plan with this version's memo-sim)")
         raw = validated(_PlanIn, d, source, PlanError)

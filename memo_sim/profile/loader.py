@@ -275,6 +275,12 @@ class _ProfileIn(_In):
 def parse_profile(raw: Any, source: str) -> HardwareProfile:
     """Validate a profile's raw mapping (pydantic, once) into a `HardwareProfile`; the first
     problem is a `ProfileError` of one line naming the file, the field and the fix."""
+    if isinstance(raw, dict) and raw.get("schema") != SCHEMA and ("schema" not in raw or "gpu" not in raw):
+        what = ("a memo plan" if str(raw.get("schema", "")).startswith("memo-plan/")
+                else f"schema {raw['schema']!r}" if "schema" in raw else "no 'schema' line")
+        raise ProfileError(f"{source}: not a memo hardware profile ({what}); --profile takes a name `memo-sim "
+                           f"profiles` lists or a YAML with 'schema: {SCHEMA}' (copy one of hardware_profiles/, "
+                           f"or measure one with memo-exec calibrate)")
     d = validated(_ProfileIn, raw, source, ProfileError)
     g, e, hl, h = d.gpu, d.efficiency, d.host_link, d.host
     al = g.allocator
