@@ -301,3 +301,23 @@ def test_fit_fixes_name_only_policies_the_framework_offers():
     fixes = json.loads(r.output)["not_fitting_fixes"]
     named = {m for f in fixes for m in re.findall(r"--policy (\S+)", f)}
     assert named and named <= set(get_framework("any").policies), (named, fixes)
+
+
+def test_gpus_that_do_not_fill_whole_nodes_are_said_so():
+    """12 GPUs on 8-GPU nodes: the answer (and maxseq's) says how memo places them, the JSON too;
+    whole nodes and a single partial node say nothing (it was accepted without a word)."""
+    args = ["--model", "gpt-7b", "--layers", "2", "--seq", "4K", "--profile", "h100-sxm5-80gb"]
+    r = run(["whatif", *args, "--gpus", "12", "--no-plan", "--simulate-top", "1", "--jobs", "1"])
+    assert r.exit_code == 0, r.output
+    words = "12 GPUs on nodes of 8: 2 nodes, the last with 4 GPUs"
+    assert f"nodes: {words}" in r.output
+    obj = json.loads(run(["whatif", *args, "--gpus", "12", "--no-plan", "--simulate-top", "1", "--jobs", "1",
+                          "--json"]).output)
+    assert obj["partial_node"].startswith(words)
+    for gpus in ("16", "4"):
+        obj = json.loads(run(["whatif", *args, "--gpus", gpus, "--no-plan", "--simulate-top", "1", "--jobs", "1",
+                              "--json"]).output)
+        assert obj["partial_node"] is None
+    r = run(["maxseq", "--model", "gpt-7b", "--layers", "2", "--gpus", "12", "--profile", "h100-sxm5-80gb",
+             "--policy", "full_recompute", "--step", "64K"])
+    assert f"nodes: {words}" in r.output, r.output

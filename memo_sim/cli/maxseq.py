@@ -67,7 +67,8 @@ def maxseq(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, gpus
             answers.append(max_seq(model, gpus, profile, p, step=step, framework=framework, allocator=al,
                                    fixed=fixed))
             tick()
-    obj = {"model": model.to_dict(), "gpus": gpus, "profile": profile.name,
+    obj = {"model": model.to_dict(), "gpus": gpus, "partial_node": profile.partial_node_words(gpus),
+           "profile": profile.name,
            "profile_provenance": {"calibrated": profile.calibrated, "line": profile.provenance_line()},
            "framework": framework, "fixed": fixed,
            "answers": [a.to_json() for a in answers], "elapsed_s": time.perf_counter() - t0}
@@ -92,6 +93,8 @@ def maxseq_answer(model, gpus, profile, framework, step, answers, elapsed_s, fix
                f"(e.g. {fmt_count(step // 16)}) looks there")
     a.line(f"{model.name}, {gpus} x {profile.gpu.model} ({profile.name}), framework {framework}, "
            f"step {fmt_count(step)}")
+    if (nodes := profile.partial_node_words(gpus)) is not None:
+        a.line(f"nodes: {nodes}")
     a.line(textwrap.fill(f"profile {profile.name}: {profile.provenance_line()}", WIDTH, subsequent_indent="  "))
     held = {k: v for k, v in (fixed or {}).items() if not (k == "tp_mode" and v == "all")}
     if held:

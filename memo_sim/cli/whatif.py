@@ -258,7 +258,7 @@ def _answer_json(ans, paths: dict, elapsed: float, show: Show) -> dict:
     plan_path, sppo_plan_path = paths.get("plan.json"), paths.get("plan-sppo.json")
     return {"model": dict(req.model.to_dict(), params=req.model.params(), active_params=req.model.active_params(),
                           notes=req.model.model_notes()),
-            "seq_tokens": req.seq, "gpus": req.gpus,
+            "seq_tokens": req.seq, "gpus": req.gpus, "partial_node": req.profile.partial_node_words(req.gpus),
             "batch": req.batch if req.batch or req.global_batch else 1, "global_batch": req.global_batch,
             "micro_batch": req.micro_batch, "profile": req.profile.name,
             "profile_provenance": {"calibrated": req.profile.calibrated, "line": req.profile.provenance_line(),

@@ -301,6 +301,15 @@ class HardwareProfile:
     def node_gpus(self) -> int:
         return int(self.gpus_per_node.value)
 
+    def partial_node_words(self, gpus: int) -> str | None:
+        """Where ``gpus`` do not fill whole nodes (more than one node, not a multiple of `node_gpus`):
+        how memo places them (ranks fill the nodes in order, the last node partly), else None."""
+        n = self.node_gpus
+        if gpus <= n or gpus % n == 0:
+            return None
+        return (f"{gpus} GPUs on nodes of {n}: {gpus // n + 1} nodes, the last with {gpus % n} GPUs (ranks fill "
+                f"the nodes in order; a group with ranks on two nodes crosses the inter-node link)")
+
     def provenance_line(self) -> str:
         """How this profile's numbers were obtained, in one line: measured on a device (and the
         validation error measured for it, if any), or datasheet numbers with fitted or assumed

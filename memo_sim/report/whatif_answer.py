@@ -80,6 +80,8 @@ def whatif_answer(v: WhatIfView) -> Answer:
            f"{v.batch_words}, {v.gpus} x {prof.gpu.model} ({prof.name})")
     for note in m.model_notes():
         a.line(f"model: {note}")
+    if (nodes := prof.partial_node_words(v.gpus)) is not None:
+        a.line(f"nodes: {nodes}")
     a.line(f"profile {prof.name}: {prof.provenance_line()}")
     if v.sensitivity:
         a.line(v.sensitivity)
