@@ -67,6 +67,8 @@ def test_explain_a_pipeline_plan_per_stage(tmp_path):
     assert len(d["time_breakdown_s"]) == 2 and len(d["stages"]) == 2
     for t in d["time_breakdown_s"]:
         assert sum(t["busy"].values()) + sum(t["waits"].values()) == pytest.approx(t["iteration_s"], rel=1e-9)
+        # every stage's table ends at the plan's iteration (a stage done early was shown a shorter 'iteration')
+        assert t["iteration_s"] == pytest.approx(d["iteration_s"], rel=1e-9)
 
 
 @pytest.mark.parametrize("extra", [

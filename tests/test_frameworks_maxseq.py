@@ -107,6 +107,24 @@ def test_maxseq_command_with_fixed_degrees():
         assert r.exit_code == 2 and r.output.count("\n") == 1 and words in r.output, r.output
 
 
+def test_maxseq_fixes_a_mixture_of_experts_layout_and_its_balance():
+    """--ep, --etp, --moe-dispatcher and --moe-balance as in the what-if: the answer is for that expert
+    layout and router (maxseq had none of them); a dense model with --ep is refused in one line."""
+    args = ["maxseq", "--model", "qwen3-30b-a3b", "--layers", "2", "--gpus", "16", "--profile", "h100-sxm5-80gb",
+            "--policy", "full_recompute", "--step", "256K"]
+    r = CliRunner().invoke(cli, args + ["--ep", "8", "--moe-balance", "capacity:1.25", "--json"])
+    assert r.exit_code == 0, r.output
+    obj = json.loads(r.output)
+    assert obj["fixed"] == {"ep": 8, "moe_balance": "capacity:1.25", "tp_mode": "all"}
+    (a,) = obj["answers"]
+    assert "-ep8-" in a["best"]["layout"] and a["best"]["layout"].endswith("capacity1.25") and a["max_seq_tokens"]
+    r = CliRunner().invoke(cli, args + ["--ep", "8", "--moe-dispatcher", "deepep"])
+    assert r.exit_code == 0 and "fixed: ep 8, moe-dispatcher deepep" in r.output, r.output
+    r = CliRunner().invoke(cli, ["maxseq", "--model", "gpt-7b", "--gpus", "8", "--policy", "full_recompute",
+                                 "--ep", "2"])
+    assert r.exit_code == 2 and r.output.count("\n") == 1 and "has none (dense)" in r.output, r.output
+
+
 def test_a_simulated_failure_ranks_after_every_fit_without_a_throughput():
     """The event simulator can fail a candidate the analytic tier passed (e.g. the caching
     allocator's fragmentation): it has no throughput and must sort after the fits, not crash."""

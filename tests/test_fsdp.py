@@ -4,6 +4,8 @@ the torchtitan export."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from memo_sim.cost.grad_sync import grad_sync
@@ -104,3 +106,30 @@ def test_the_default_search_keeps_the_frameworks_first_flavour_and_dp_mode_widen
     bad = CliRunner().invoke(cli, ["whatif", "--model", "llama-3.1-8b", "--gpus", "16", "--seq", "8K", "--no-plan",
                                    "--framework", "megatron", "--dp-mode", "fsdp"])
     assert bad.exit_code == 2 and "--dp-mode fsdp" in bad.output and "Traceback" not in bad.output
+
+
+def test_a_mixture_of_experts_shards_under_fsdp_as_under_zero3_and_torchtitan_searches_it():
+    """FSDP with MoE experts (torchtitan's default for its MoE models) is priced as ZeRO 3 shards it:
+    the dense weights over the data group, the routed experts over their expert-data-parallel ranks;
+    it was refused ('FSDP is priced for dense models'), so torchtitan's MoE search had no FSDP layout
+    while `export --to torchtitan --nearest` wrote one. HSDP with experts is refused in one line, and
+    memo-exec refuses FSDP with experts in one line."""
+    from memo_exec.distributed.runner import fsdp_why_not
+    from memo_sim.plan import Plan
+    from memo_sim.policy import get_policy
+
+    moe = dataclasses.replace(PRESETS["qwen3-30b-a3b"], layers=4)
+    z3, f = Layout(dp=16, zero=3, ep=8), Layout(dp=16, zero=3, dp_mode="fsdp", ep=8)
+    assert check_layout(f, moe, 16, 8, 8192) is None
+    assert model_state_parts(moe, z3) == model_state_parts(moe, f)
+    assert grad_sync(moe, z3, H100) == grad_sync(moe, f, H100)
+    why = check_layout(Layout(dp=16, zero=3, dp_mode="fsdp", fsdp_shard=8, ep=8), moe, 16, 8, 8192)
+    assert why and "HSDP" in why and "\n" not in why
+    r = candidates_for(moe, 8192, 16, H100, framework="torchtitan", policies=("full_recompute",), zero=3)
+    assert r.candidates and all(c.layout.dp_mode == "fsdp" for c in r.candidates)
+    assert any(c.layout.ep > 1 and c.layout.dp > 1 for c in r.candidates)
+    plan = Plan(model=moe, batch=1, seq_tokens=8192, gpus=16, layout=f, policy=get_policy("full_recompute"),
+                profile="h100-sxm5-80gb", predicted={"status": "OK", "iteration_s": 1.0, "mfu": 0.1},
+                layer_timings_s={"forward": 0.1, "backward": 0.2})
+    why = fsdp_why_not(plan, moe)
+    assert why and why.startswith("dp_mode fsdp with mixture-of-experts layers") and "\n" not in why

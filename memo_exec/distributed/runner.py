@@ -79,8 +79,8 @@ def check_plan_for_world(plan: Plan, world: int, opts: RunOptions) -> None:
 def fsdp_why_not(plan: Plan, model) -> str | None:
     """Why the executor cannot run this plan's FSDP (``dp_mode: fsdp``) layout, naming the field;
     None for other layouts. The simulator's rules first (`memo_sim.layout.parallel.dp_why_not`:
-    ZeRO 3, a dense model, a shard group dividing the data group), for plans built without reading
-    a file; then the executor's own: one stage (FSDP beside pipeline stages is the simulator's only)
+    ZeRO 3, a shard group dividing the data group), for plans built without reading a file; then the
+    executor's own: a dense model, one stage (FSDP beside pipeline stages is the simulator's only)
     and one micro-batch."""
     from memo_sim.layout.parallel import dp_why_not  # noqa: PLC0415
 
@@ -88,6 +88,9 @@ def fsdp_why_not(plan: Plan, model) -> str | None:
     why = dp_why_not(lay, model)
     if why or lay.dp_mode != "fsdp":
         return why and f"dp_mode {lay.dp_mode}: {why}"
+    if getattr(model, "moe", False):
+        return ("dp_mode fsdp with mixture-of-experts layers is priced by the simulator (the experts sharded over "
+                "their expert-data-parallel ranks) but not run by the executor; plan with dp_mode zero")
     if lay.pp > 1:
         return (f"dp_mode fsdp beside pipeline stages (pp {lay.pp}, as torchtitan runs it) is priced by the simulator "
                 f"but not run by the executor; plan the pipeline with ZeRO 0 or 1")

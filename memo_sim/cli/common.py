@@ -229,3 +229,25 @@ def layout_degree_options(f):
     )):
         f = deco(f)
     return f
+
+
+def moe_layout_options(f):
+    """--ep, --etp, --moe-dispatcher and --moe-balance (the what-if's and maxseq's): a mixture of experts'
+    degrees to fix and how its tokens are sent and fall on the expert ranks."""
+    from memo_sim.layout.moe_dispatchers import DISPATCHER_NAMES
+
+    for deco in reversed((
+        click.option("--ep", type=DEGREE, help="Fix the expert-parallel degree (MoE models; default: searched)."),
+        click.option("--etp", type=DEGREE,
+                     help="Fix the expert tensor-parallel degree (MoE models; default: 1 or the TP degree)."),
+        click.option("--moe-dispatcher", default="alltoall", show_default=True, type=click.Choice(list(DISPATCHER_NAMES)),
+                     help="MoE token dispatcher: alltoall, allgather (Megatron-Core's --moe-token-dispatcher-type) or "
+                          "deepep (--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep)."),
+        click.option("--moe-balance", default="dropless", show_default=True, callback=moe_balance_option,
+                     help="How routed tokens fall on the expert ranks: forced (even, as benchmark runs force), "
+                          "dropless (a uniform router's loads), capacity:F (each expert padded/dropped to F x its "
+                          "share) or loads:FILE (dropless with a router's measured per-expert token counts, JSON, "
+                          "one list per MoE layer)."),
+    )):
+        f = deco(f)
+    return f

@@ -8,7 +8,7 @@ import time
 import click
 
 from memo_sim.cli.common import (GPU_COUNT, build_model, count_option, layout_degree_options, model_options,
-                               profile_option, progress_bar)
+                               moe_layout_options, profile_option, progress_bar)
 from memo_sim.cost.gemm_format import check_gemm_format
 from memo_sim.layout.schedule import schedule_runs_policy
 from memo_sim.policy import policy_class, policy_names
@@ -38,17 +38,24 @@ from memo_sim.units import fmt_count
 @click.option("--optimizer-offload/--no-optimizer-offload", default=None,
               help="Keep the optimizer on the host (single stage, ZeRO >= 1), or never (default: searched where "
                    "nothing fits with it on the GPU).")
+@moe_layout_options
 @format_options
 def maxseq(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, gpus, profile_name, policies, framework,
-           step, allocator, tp, cp, ulysses, dp, zero, sp, tp_mode, pp, optimizer_offload, out_format, as_json):
+           step, allocator, tp, cp, ulysses, dp, zero, sp, tp_mode, pp, optimizer_offload, ep, etp, moe_dispatcher,
+           moe_balance, out_format, as_json):
     """The longest sequence (a multiple of --step) each policy trains, its MFU there, and the
-    constraint that binds at the next step. --tp, --cp, --ulysses, --dp, --zero, --sp, --pp fix the
-    layout (the longest sequence of one layout, as a published run fixes it); unset, they are searched."""
+    constraint that binds at the next step. --tp, --cp, --ulysses, --dp, --zero, --sp, --pp (and a mixture of
+    experts' --ep, --etp) fix the layout (the longest sequence of one layout, as a published run fixes it);
+    unset, they are searched. --moe-dispatcher and --moe-balance are the MoE layers' as in the what-if."""
     from memo_sim.search.maxseq import max_seq
     from memo_sim.search.request import tp_flavours_asked
 
     fixed = {k: v for k, v in dict(tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero, sp=sp, pp=pp,
-                                   optimizer_offload=optimizer_offload).items() if v is not None}
+                                   optimizer_offload=optimizer_offload, ep=ep, etp=etp).items() if v is not None}
+    if moe_dispatcher != "alltoall":
+        fixed["moe_dispatcher"] = moe_dispatcher
+    if moe_balance != "dropless":
+        fixed["moe_balance"] = moe_balance
     fixed["tp_mode"] = tp_flavours_asked(tp_mode, tp)
 
     fmt = resolve_format(out_format, as_json)
@@ -98,7 +105,8 @@ def maxseq_answer(model, gpus, profile, framework, step, answers, elapsed_s, fix
     a.line(textwrap.fill(f"profile {profile.name}: {profile.provenance_line()}", WIDTH, subsequent_indent="  "))
     held = {k: v for k, v in (fixed or {}).items() if not (k == "tp_mode" and v == "all")}
     if held:
-        a.line("fixed: " + ", ".join(f"{k.replace('_', '-')} {v}" for k, v in held.items()))
+        a.line("fixed: " + ", ".join(f"{k.replace('_', '-')} {v if len(str(v)) <= 40 else str(v)[:37] + '...'}"
+                                     for k, v in held.items()))
     rows = []
     for ans in answers:
         b = ans.best

@@ -22,11 +22,9 @@ from dataclasses import dataclass, fields
 
 import click
 
-from memo_sim.layout.moe_dispatchers import DISPATCHER_NAMES
 from memo_sim.cli.common import (
-    moe_balance_option,
+    moe_layout_options,
     BATCH,
-    DEGREE,
     GPU_COUNT,
     build_model,
     count_option,
@@ -85,16 +83,7 @@ def _simulate_top_value(ctx, param, value):
               help="Keep the optimizer's master weights, moments and step on the host (Megatron-Core "
                    "--optimizer-cpu-offload, DeepSpeed ZeRO-Offload; single stage, ZeRO >= 1), or never. Default: "
                    "searched where nothing fits with the optimizer on the GPU.")
-@click.option("--ep", type=DEGREE, help="Fix the expert-parallel degree (MoE models; default: searched).")
-@click.option("--etp", type=DEGREE, help="Fix the expert tensor-parallel degree (MoE models; default: 1 or the TP degree).")
-@click.option("--moe-dispatcher", default="alltoall", show_default=True, type=click.Choice(list(DISPATCHER_NAMES)),
-              help="MoE token dispatcher: alltoall, allgather (Megatron-Core's --moe-token-dispatcher-type) or deepep "
-                   "(--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep).")
-@click.option("--moe-balance", default="dropless", show_default=True, callback=moe_balance_option,
-              help="How routed tokens fall on the expert ranks: forced (even, as benchmark runs force), dropless "
-                   "(a uniform router's loads), capacity:F (each expert padded/dropped to F x its share) or "
-                   "loads:FILE (dropless with a router's measured per-expert token counts, JSON, one list per "
-                   "MoE layer).")
+@moe_layout_options
 @click.option("--allocator", default="caching", show_default=True, type=click.Choice(["caching", "plan", "both"]),
               help="Who places the transient tensors of the policies without MEMO's own plan: PyTorch's caching "
                    "allocator (with its fragmentation and retries, as the frameworks run), a static memory plan, or "

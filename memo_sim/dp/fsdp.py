@@ -8,7 +8,11 @@ after the forward and gathered again before the backward, without it (torchtitan
 FSDP2 ``reshard_after_forward=False``, ZeRO-2-like) every layer keeps them from its forward to
 its backward. Gradients are reduce-scattered over the shard group after each layer's backward
 (then all-reduced over the replicas under HSDP). Represented with ZeRO stage 3 (what is sharded)
-and ``dp_mode: fsdp``; dense models (MoE experts shard over their own expert-data-parallel ranks).
+and ``dp_mode: fsdp``. A mixture of experts shards as torchtitan's does: the dense weights over the
+data group (dp x cp x ulysses), the routed experts over their expert-data-parallel ranks
+(``layout.expert_dp``, torchtitan's ``efsdp``), each gathered and reduce-scattered over its own
+group (`memo_sim.cost.grad_sync`, `memo_sim.cost.param_split`, as ZeRO 3 prices them); HSDP with
+experts is refused (their shard and replicate groups are not modelled).
 
 Beside pipeline stages FSDP runs as torchtitan runs it (its ``apply_fsdp`` at 9dec370 and since:
 ``reshard_after_forward=False`` for every block when pipelining is on, "to avoid per-microbatch
@@ -45,9 +49,11 @@ class Fsdp(DPFlavour):
     def check(self, layout, model) -> str | None:
         if layout.zero != 3:
             return "FSDP shards weights, gradients and optimizer states: it runs as ZeRO stage 3 (zero 3)"
-        if getattr(model, "moe", False):
-            return "FSDP is priced for dense models (MoE experts shard over their own expert-data-parallel ranks)"
         s = layout.fsdp_shard
+        if getattr(model, "moe", False) and s and s != layout.state_shards:
+            return ("HSDP (an FSDP shard group smaller than the data group) is priced for dense models: a mixture of "
+                    "experts' routed experts shard over their own expert-data-parallel ranks; shard over the whole "
+                    "data group (fsdp_shard 0)")
         if s and (s < 2 or layout.state_shards % s):
             return (f"the FSDP shard group ({s}) must divide the {layout.state_shards} ranks that hold the same "
                     f"weights (dp x cp x ulysses) and be at least 2")

@@ -5,8 +5,9 @@ is cut into what its compute stream did and what it waited for. The compute stre
 is summed by phase (forward, backward, recompute, classifier, optimizer, allocator stalls);
 every gap before one of its ops is charged to the stream of the dependency that ended last (the
 one it waited for: host copies, a collective, METP's ring, a pipeline transfer), a gap with no
-later dependency to issue order, and the time after its last op to the stream that finished last.
-The parts add up to the iteration time exactly.
+later dependency to issue order, the time after its last op to the stream that finished last, and
+a pipeline stage's time after its own work until the step's slowest stage ends to that idle.
+The parts add up to the plan's iteration time exactly, on every stage.
 
 Memory: the per-GPU terms of `memo_sim.memplan.footprint.memory_breakdown` (model states, kept
 activations, buffers, lse, transients, the boundary activation, the classifier), the simulated
@@ -26,6 +27,7 @@ STREAM_WORDS = {"d2h": "host copies (offload)", "h2d": "host copies (prefetch)",
                 "ep_comm": "MoE token dispatch (expert parallelism)", "uly_comm": "Ulysses all-to-all", "dp_comm": "data-parallel "
                 "gradients and weights", "tp_p2p": "METP ring (send/recv)", "tp_bcast": "METP ring (broadcast)",
                 "pp_p2p": "pipeline transfers", "p2p": "pipeline transfers"}
+IDLE_WORDS = "idle until the step's slowest stage ends"
 PHASE_WORDS = {"fwd": "forward", "bwd": "backward", "recompute": "recompute", "classifier": "classifier",
                "optimizer": "optimizer step", "allocator": "allocator stalls (cache reorganisations)"}
 
@@ -68,6 +70,10 @@ def time_breakdown(res: SimResult, device: int) -> TimeBreakdown:
         last = max((o for o in ops if o.stream != "compute"), key=lambda o: o.end)
         why = f"after the last compute op: {STREAM_WORDS.get(last.stream, last.stream)}"
         tb.waits_s[why] = tb.waits_s.get(why, 0.0) + tail
+    idle = (res.iteration_s or 0.0) - end_s
+    if idle > 1e-9 * max(end_s, 1e-9):  # a pipeline stage done before the step's last one: the step is the slowest rank's
+        tb.waits_s[IDLE_WORDS] = idle
+        tb.iteration_s = res.iteration_s
     return tb
 
 
