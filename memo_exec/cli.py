@@ -79,7 +79,7 @@ def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens
             no_memory_plan, profile, as_json, nproc, pg_timeout, progress) -> None:
     from memo_exec.distributed.launch import in_torchrun  # noqa: PLC0415
     from memo_exec.plan_check import check_plan_contract  # noqa: PLC0415
-    from memo_exec.runner import RunOptions, distributed_only, use_profile  # noqa: PLC0415
+    from memo_exec.runner import RunOptions, distributed_only, run_model, use_profile  # noqa: PLC0415
     from memo_sim.plan.schema import read_plan  # noqa: PLC0415
 
     if progress is None:
@@ -133,6 +133,7 @@ def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens
         return
     if plan.layout.gpus > 1:
         n = plan.layout.gpus
+        run_model(plan, opts)  # what no process count runs (FP8 GEMMs, a compiled plan, ...): said, not --nproc
         raise ExecError(f"plan layout {plan.layout.label()} uses {n} devices: run it with --nproc {n} on this machine "
                         f"or torchrun --nproc-per-node {n} -m memo_exec run {plan_file}")
     _run_single(plan, plan_file, opts, out_dir, as_json, progress)

@@ -321,3 +321,42 @@ def test_gpus_that_do_not_fill_whole_nodes_are_said_so():
     r = run(["maxseq", "--model", "gpt-7b", "--layers", "2", "--gpus", "12", "--profile", "h100-sxm5-80gb",
              "--policy", "full_recompute", "--step", "64K"])
     assert f"nodes: {words}" in r.output, r.output
+
+
+def test_sppo_runs_the_global_batch_or_says_why_not():
+    """--global-batch 8 over dp 2: SPPO's rows run 4 sequences a replica as every other row does (they ran
+    1, and the 'SPPO vs MEMO' line compared the two); without --dp its search (one batch per replica over
+    its layouts) is not run and the answer says so; --global-batch 7 over --dp 2 is refused for SPPO too."""
+    from memo_sim.model.config import PRESETS
+    from memo_sim.profile.loader import load_profile
+    from memo_sim.search.whatif import candidates_for
+    import dataclasses
+
+    m = dataclasses.replace(PRESETS["gpt-7b"], layers=4)
+    h100 = load_profile("h100-sxm5-80gb")
+    r = candidates_for(m, 65536, 8, h100, global_batch=8, dp=2, policies=("sppo", "memo"))
+    sppo = [c for c in r.candidates if c.policy.name == "sppo"]
+    assert sppo and all(c.batch == 4 for c in r.candidates)
+    args = ["whatif", "--model", "gpt-7b", "--layers", "4", "--seq", "64K", "--gpus", "8", "--profile", "h100-sxm5-80gb",
+            "--global-batch", "8", "--no-plan", "--jobs", "1", "--simulate-top", "1"]
+    out = run(args).output
+    assert "sppo not searched with --global-batch unless --dp is fixed" in out, out
+    r = CliRunner().invoke(cli, args + ["--policy", "sppo"])
+    assert r.exit_code == 2 and "also fix --dp" in r.output
+    bad = [a if a != "8" or i != args.index("--global-batch") + 1 else "7" for i, a in enumerate(args)]
+    r = CliRunner().invoke(cli, bad + ["--dp", "2", "--policy", "sppo"])
+    assert r.exit_code == 2 and "--global-batch 7 does not split over dp 2" in r.output, r.output
+
+
+def test_fp8_mfu_names_its_peak_and_sweep_seq_refuses_a_repeated_length(tmp_path):
+    """An FP8 plan's MFU counts against the model dtype's peak: the answer says so (only the README did);
+    sweep-seq --seqs 32K,64K,32K simulated 32K twice; now one line, exit 2, nothing written."""
+    r = run(["whatif", "--model", "llama-3.1-70b", "--layers", "2", "--gpus", "8", "--seq", "8K", "--profile",
+             "h100-sxm5-80gb", "--precision", "fp8-tensorwise", "--no-plan", "--jobs", "1", "--simulate-top", "1"])
+    assert r.exit_code == 0 and "% (of the bf16 peak), " in r.output.splitlines()[0], r.output
+    r = run(["whatif", "--model", "llama-3.1-70b", "--layers", "2", "--gpus", "8", "--seq", "8K", "--profile",
+             "h100-sxm5-80gb", "--out", str(tmp_path), "--jobs", "1", "--simulate-top", "1"])
+    assert r.exit_code == 0 and "peak)" not in r.output.splitlines()[0]
+    out = tmp_path / "sweep"
+    r = CliRunner().invoke(cli, ["sweep-seq", str(tmp_path / "plan.json"), "--seqs", "8K,16K,8K", "--out", str(out)])
+    assert r.exit_code == 2 and "--seqs: 8K is given twice" in r.output and not out.exists(), r.output

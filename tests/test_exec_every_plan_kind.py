@@ -104,6 +104,11 @@ REFUSED = {
     "fsdp-beside-stages": (4, ["--layers", "4", "--pp", "2", "--dp", "2", "--batch", "2", "--schedule", "1f1b",
                                "--zero", "3", "--policy", "full_recompute", "--framework", "torchtitan"],
                            "dp_mode fsdp beside pipeline stages", ["--nproc", "4"]),
+    # FP8 on two GPUs: the FP8 refusal, not 'run it with --nproc 2' (which would then refuse it)
+    "fp8-two-gpus": (2, ["--layers", "4", "--dp", "2", "--policy", "store_all", "--profile", "h100-sxm5-80gb",
+                         "--precision", "fp8-tensorwise"], "no FP8 kernels yet"),
+    "moe-fsdp": (4, ["--model", "MOE", "--dp", "4", "--zero", "3", "--policy", "store_all", "--framework", "torchtitan"],
+                 "dp_mode fsdp with mixture-of-experts layers", ["--nproc", "4"]),
     "async-tp": (4, ["--layers", "4", "--tp", "2", "--dp", "2", "--zero", "3", "--tp-mode", "async_tp",
                      "--policy", "full_recompute", "--framework", "torchtitan@2024-12"], "tp_mode 'async_tp'",
                  ["--nproc", "4"]),

@@ -148,11 +148,14 @@ def test_deepspeed_parses_its_config_where_installed(tmp_path):
 TITAN_FP8 = replace(_plan("llama-3.1-8b", Layout(cp=2, dp=4, zero=3, dp_mode="fsdp", kernel_fusion="compiled"),
                           ("full_recompute",), seq=65536),
                     model=replace(get_model("llama-3.1-8b"), gemm_format="fp8-tensorwise"))
+TITAN_MX = replace(_plan("qwen3-30b-a3b", Layout(dp=16, zero=3, dp_mode="fsdp", ep=8, kernel_fusion="compiled"),
+                         ("full_recompute",), seq=32768),
+                   model=replace(get_model("qwen3-30b-a3b"), gemm_format="mxfp8"), profile="b200-180gb")
 TITAN_SAC = _plan("llama-3.1-8b", Layout(dp=8, zero=3, dp_mode="fsdp"), ("op_sac",), seq=8192, batch=2)
 
 
-@pytest.mark.parametrize("plan", [MEMO, PIPE, PIPE_V, TITAN_FP8, TITAN_SAC],
-                         ids=["memo", "tp-cp-pp", "interleaved-memo", "fp8-compiled", "op-sac"])
+@pytest.mark.parametrize("plan", [MEMO, PIPE, PIPE_V, TITAN_FP8, TITAN_SAC, TITAN_MX],
+                         ids=["memo", "tp-cp-pp", "interleaved-memo", "fp8-compiled", "op-sac", "mxfp8-moe"])
 def test_torchtitan_module_sets_only_torchtitan_fields(plan):
     names = _names("torchtitan_names.txt")
     imports = {n.removeprefix("import ") for n in names if n == "import"} | {
@@ -170,8 +173,8 @@ def test_torchtitan_module_sets_only_torchtitan_fields(plan):
             target = ast.unparse(node.targets[0]).removeprefix("config.")
             assert target in sets, target
             value, kind = node.value, sets[target]
-            if kind == "int":
-                assert isinstance(value, ast.Constant) and isinstance(value.value, int) and value.value >= 1
+            if kind in ("int", "int0"):
+                assert isinstance(value, ast.Constant) and isinstance(value.value, int) and value.value >= (kind == "int")
             elif kind == "bool":
                 assert isinstance(value, ast.Constant) and isinstance(value.value, bool)
             elif kind == "call":  # the model's registry with the Float8 converter
@@ -180,11 +183,57 @@ def test_torchtitan_module_sets_only_torchtitan_fields(plan):
                 assert ast.unparse(value).strip("'\"") in kind.split("|"), (target, ast.unparse(value))
     fns = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
     assert [f.name for f in fns] == ["memo_plan"]
-    if plan is TITAN_FP8:  # Float8 as the model's converter, told the blocks are compiled; compile on
-        assert "model_registry('8B', converters=[Float8LinearConverter.Config(model_compile_enabled=True)])" in src
-        assert "config.compile.enable = True" in src
+    if plan is TITAN_FP8:  # torchtitan at b5bcd76c has no tensorwise Float8 recipe: bf16 written, priced so
+        assert "Float8" not in src and "model_spec" not in src and "config.compile.enable = True" in src
+        gap = next(g for g in export_plan(plan, "torchtitan", price=False, nearest=True).gaps
+                   if g.what.startswith("fp8-tensorwise"))
+        assert gap.change.gemm_format == "bf16"
+    if plan is TITAN_MX:  # MXFP8 as the shipped model's converters (linear and grouped experts), compiled blocks
+        assert ("config.model_spec = model_registry('30B-A3B', converters=[MXFP8LinearConverter.Config("
+                "model_compile_enabled=True), MXFP8GroupedExpertsConverter.Config(model_compile_enabled=True)])") in src
+        assert not any("mxfp8" in g.what for g in export_plan(plan, "torchtitan", price=False, nearest=True).gaps)
     if plan is TITAN_SAC:
         assert "config.activation_checkpoint = SelectiveAC.Config()" in src
+
+
+def _titan_stage_counts(src: str, n_layers: int, pp: int) -> list[int]:
+    """The layers per virtual stage torchtitan at b5bcd76c makes of the exported split (its
+    _get_pipeline_metadata and _generate_llm_fqn_per_model_part, re-stated): the stage count from
+    ceil((layers + first_less + last_less) / layers_per_stage), which must divide by pp."""
+    vals = {k: int(v) for k, v in (ln.strip().removeprefix("config.parallelism.").split(" = ")
+                                   for ln in src.splitlines() if "_less_layers" in ln or "layers_per_stage" in ln)}
+    lps = vals["pipeline_parallel_layers_per_stage"]
+    fw, lw = vals.get("pipeline_parallel_first_stage_less_layers", 1), vals.get("pipeline_parallel_last_stage_less_layers", 1)
+    stages = -(-(n_layers + fw + lw) // lps)
+    assert stages % pp == 0, f"torchtitan: {stages} virtual stages do not divide by pp {pp}"
+    each, extra = divmod(n_layers + fw + lw, stages)
+    per = [each + (i < extra) - (fw if i == 0 else 0) - (lw if i == stages - 1 else 0) for i in range(stages)]
+    assert sum(per) == n_layers
+    return per
+
+
+@pytest.mark.parametrize("model,layout,sched", [
+    ("qwen3-30b-a3b", Layout(tp=4, pp=4, vpp=4, dp=2, ep=8), "interleaved_1f1b"),  # 48 layers, even: 3 per chunk
+    ("llama-3.1-70b", Layout(tp=4, cp=2, pp=4, dp=2), "1f1b"),  # 80 / 4
+    ("deepseek-v3", Layout(tp=2, pp=8, dp=16, ep=16, first_stage_layers=6, last_stage_layers=7), "1f1b"),
+    ("llama-3.1-405b", Layout(tp=8, pp=8, vpp=2, dp=8, chunk_layers=(7,) + (8,) * 14 + (7,)), "interleaved_1f1b"),
+], ids=["even-interleaved", "even", "first-last", "chunks-7-8-7"])
+def test_torchtitan_pipeline_split_is_the_plans(model, layout, sched):
+    """torchtitan counts ceil((layers + first_less + last_less) / layers_per_stage) virtual stages, one
+    layer less at each end by default: with layers / stages per stage it asked for one stage more than
+    the plan has and refused to start ('Number of virtual stages (17) must be divisible by pipeline
+    parallel size (4)'). The export writes the three numbers that make torchtitan's split the plan's."""
+    plan = _plan(model, layout, ("full_recompute",), seq=8192, batch=32, micro=1, sched=sched)
+    ex = export_plan(plan, "torchtitan", price=False)
+    src = ex.files["memo_torchtitan.py"]
+    want = [len(r) for r in layout.virtual_stage_ranges(plan.model.layers)]
+    assert _titan_stage_counts(src, plan.model.layers, layout.pp) == want
+    assert not any("pipeline stages" in g.what or "model chunks" in g.what for g in ex.gaps)
+    odd = _plan("llama-3.1-70b", Layout(tp=4, pp=2, vpp=2, dp=2, chunk_layers=(30, 10, 10, 30)), ("full_recompute",),
+                seq=8192, batch=32, micro=1, sched="interleaved_1f1b")
+    ex = export_plan(odd, "torchtitan", price=False)  # bigger ends: torchtitan's numbers cannot say it
+    assert any("uneven model chunks" in g.what for g in ex.gaps)
+    assert "layers_per_stage" not in ex.files["memo_torchtitan.py"]
 
 
 def test_not_expressible_block_lists_each_gap_and_its_price():
@@ -359,3 +408,18 @@ def test_the_framework_best_keeps_the_plans_router_balance_and_says_its_gemm_for
     label = priced.split("(", 1)[1].split(")", 1)[0]
     assert "torch_fused" in label and "cudnn" not in label and "vocab_parallel" not in label, priced
     assert "capacity1.25" in label, priced  # the router's balance stays the job's
+
+
+def test_torchrun_counts_hosts_not_a_gb200_racks_nvlink_domain():
+    """A GB200 NVL72 rack is one 72-GPU NVLink domain (the profile's node) of 18 hosts of 4 GPUs: 256
+    ranks are torchrun --nnodes 64 --nproc-per-node 4 (it printed --nnodes 4 --nproc-per-node 72: 288
+    processes); an 8-GPU DGX stays 8 per node."""
+    from memo_sim.profile.loader import load_profile
+
+    assert load_profile("gb200-nvl72").host_gpus == 4 and load_profile("gb200-nvl72").node_gpus == 72
+    plan = replace(_plan("llama-3.1-70b", Layout(tp=4, dp=64, zero=3, dp_mode="fsdp"), ("full_recompute",), seq=8192),
+                   profile="gb200-nvl72")
+    src = export_plan(plan, "torchtitan", price=False).launch
+    assert "torchrun --nnodes 64 --nproc-per-node 4 " in src, src
+    h100 = replace(plan, profile="h100-sxm5-80gb")
+    assert "torchrun --nnodes 32 --nproc-per-node 8 " in export_plan(h100, "torchtitan", price=False).launch

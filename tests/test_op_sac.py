@@ -66,7 +66,8 @@ def test_refused_where_it_is_not_priced():
 def test_torchtitan_searches_it_and_leaves_it_out_under_fp8():
     from memo_sim import api
 
-    req = dict(model=LLAMA, seq=8192, gpus=8, profile=PROF, framework="torchtitan", simulate_top=0, jobs=1)
+    # torchtitan@2024-12: its Float8 ran the tensorwise recipe (the current torchtitan's are rowwise only)
+    req = dict(model=LLAMA, seq=8192, gpus=8, profile=PROF, framework="torchtitan@2024-12", simulate_top=0, jobs=1)
     ans = api.whatif(api.WhatifRequest(**req))
     assert "op_sac" in {c.policy.name for c in ans.result.candidates}
     ans = api.whatif(api.WhatifRequest(**{**req, "model": replace(LLAMA, gemm_format="fp8-tensorwise")}))

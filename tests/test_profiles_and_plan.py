@@ -101,3 +101,14 @@ def test_a_file_of_another_kind_is_named_for_what_it_is(tmp_path):
     assert "not a memo plan (schema 'memo-hardware-profile/1')" in str(e.value)
     for err in (e.value,):
         assert "\n" not in str(err)
+    lst = tmp_path / "list.json"
+    lst.write_text("[1, 2]")
+    with pytest.raises(PlanError) as e:
+        read_plan(lst)
+    assert "not a memo plan (a JSON list, not a mapping)" in str(e.value)  # it named pydantic's _PlanIn
+    from memo_sim.errors import MemoError
+    from memo_sim.model.config import model_from_file
+    for f, what in ((plan, "a memo plan, not a model"), (REPO_PROFILES / "a800-80gb.yaml", "a hardware profile, not a model")):
+        with pytest.raises(MemoError) as e:  # they said 'layers: missing field; add it'
+            model_from_file(f)
+        assert what in str(e.value) and "--model takes a preset" in str(e.value)

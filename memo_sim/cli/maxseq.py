@@ -46,7 +46,10 @@ def maxseq(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, gpus
     """The longest sequence (a multiple of --step) each policy trains, its MFU there, and the
     constraint that binds at the next step. --tp, --cp, --ulysses, --dp, --zero, --sp, --pp (and a mixture of
     experts' --ep, --etp) fix the layout (the longest sequence of one layout, as a published run fixes it);
-    unset, they are searched. --moe-dispatcher and --moe-balance are the MoE layers' as in the what-if."""
+    unset, they are searched. --moe-dispatcher and --moe-balance are the MoE layers' as in the what-if.
+
+    Exit status: 0 when a policy trains --step tokens or more, 3 when none does (as the what-if's nothing
+    fits), 2 on bad input."""
     from memo_sim.search.maxseq import max_seq
     from memo_sim.search.request import tp_flavours_asked
 
@@ -80,6 +83,10 @@ def maxseq(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, gpus
            "framework": framework, "fixed": fixed,
            "answers": [a.to_json() for a in answers], "elapsed_s": time.perf_counter() - t0}
     emit(maxseq_answer(model, gpus, profile, framework, step, answers, time.perf_counter() - t0, fixed), fmt, obj)
+    if not any(a.max_seq for a in answers):  # no policy trains even --step tokens: as the what-if's nothing fits
+        from memo_sim.cli.whatif import NOTHING_FITS  # noqa: PLC0415
+
+        click.get_current_context().exit(NOTHING_FITS)
 
 
 WIDTH = 100  # the text answer fits a terminal this wide

@@ -294,6 +294,9 @@ def sweep_seq_cmd(plan_file, out_dir, seqs, profile_override, tp_modes, policies
     lens = [parse_count(s.strip(), "--seqs") for s in seqs.split(",") if s.strip()]
     if not lens:
         raise MemoError("--seqs: give at least one sequence length")
+    dup = next((n for i, n in enumerate(lens) if n in lens[:i]), None)
+    if dup is not None:
+        raise MemoError(f"--seqs: {fmt_count(dup)} is given twice; give each length once")
     if plan.schedule == "sppo" and plan.layout.pp > 1:
         pols = tuple(policies) or (plan.policy.name,)  # an SPPO pipeline: only SPPO schedules it
     else:  # the policies the plan's schedule runs (SPPO's search too where the plan is SPPO's)

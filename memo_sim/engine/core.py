@@ -76,7 +76,7 @@ class Failure:
         where = "GPU memory" if self.status == "OOM" else "pinned host memory"
         return (f"{self.status} at {fmt_time(self.time_s)}: {self.tensor} needs {fmt_bytes(self.requested_bytes)} "
                 f"with {fmt_bytes(self.in_use_bytes)} of {fmt_bytes(self.capacity_bytes)} {where} in use"
-                f"{f' (op {self.op}, layer {self.layer})' if self.op else ''}")
+                + (f" (op {self.op}" + (f", layer {self.layer})" if self.layer is not None else ")") if self.op else ""))
 
     def to_dict(self) -> dict:
         return {"status": self.status, "time_s": self.time_s, "tensor": self.tensor,

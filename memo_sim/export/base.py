@@ -69,8 +69,9 @@ class Export:
 
 def instead_lines(i: dict, framework: str) -> list[str]:
     """Why another plan than the one asked for was exported, and what it gives up."""
+    version = "" if i["framework"] == framework else f" ({i['framework']})"
     out = [f"memo's plan ({i['plan_label']}) is not expressible in {framework}; written instead: the best plan "
-           f"memo predicts {framework} ({i['framework']}) runs, {i['label']}: {i['iteration_s']:.3f} s/iteration, "
+           f"memo predicts {framework}{version} runs, {i['label']}: {i['iteration_s']:.3f} s/iteration, "
            f"peak {i['peak_gpu_bytes'] / 2**30:.2f} GiB ({i['source']})."]
     if i.get("gemm_format_dropped"):
         out.append(f"Its layer GEMMs run in bf16: {framework} does not offer memo's plan's {i['gemm_format_dropped']}.")
@@ -210,7 +211,7 @@ def policy_gaps(plan: Plan, runs: dict[str, str], fallback: str = "full_recomput
     pol = plan.policy
     gaps = []
     if pol.name not in runs:
-        what = {"memo": f"MEMO's token-wise offload (alpha = {pol.alpha}) and recompute",
+        what = {"memo": f"MEMO's token-wise offload (alpha = {pol.alpha or 0:.3g}) and recompute",
                 "full_offload": "full offload of the skeletal activations to pinned host memory",
                 "sppo": f"SPPO's subsequence pipeline ({getattr(pol, 'subseqs', '?')} subsequences, "
                         f"per-subsequence offload)"}.get(pol.name, f"the {pol.name} policy")
@@ -281,14 +282,15 @@ def shape_arguments(plan: Plan) -> list[tuple[str, str | None]]:
             ("--max-position-embeddings", str(plan.seq_tokens))]
 
 
-def gpus_per_node(plan: Plan) -> int:
+def gpus_per_host(plan: Plan) -> int:
     from memo_sim.profile.loader import load_profile  # noqa: PLC0415
 
-    return load_profile(plan.profile).node_gpus
+    return load_profile(plan.profile).host_gpus
 
 
 def torchrun_line(plan: Plan, script: str) -> str:
-    """torchrun's process counts for the plan's GPUs on nodes of the profile's size."""
-    per = min(plan.gpus, gpus_per_node(plan))
+    """torchrun's process counts for the plan's GPUs on hosts of the profile's size (a GB200 NVL72's
+    compute trays of 4 GPUs, not its 72-GPU NVLink domain)."""
+    per = min(plan.gpus, gpus_per_host(plan))
     nodes = -(-plan.gpus // per)
     return f"torchrun --nnodes {nodes} --nproc-per-node {per} {script}"

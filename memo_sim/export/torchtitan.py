@@ -25,8 +25,11 @@ SOURCE = "pytorch/torchtitan@b5bcd76c (2026-08-21)"
 FILE = "memo_torchtitan.py"
 FUNCTION = "memo_plan"
 BASES = {"llama-3.1-8b": "llama3_8b", "llama-3.1-70b": "llama3_70b", "llama-3.1-405b": "llama3_405b"}
-# the llama3 model_registry flavour of each shipped Llama configuration (torchtitan/models/llama3/__init__.py at SOURCE)
-FLAVOURS = {"llama3_8b": "8B", "llama3_70b": "70B", "llama3_405b": "405B"}
+# the model_registry (module, flavour) of each shipped configuration (torchtitan/models/<module>/__init__.py at SOURCE):
+# where the exported function sets config.model_spec with the plan's GEMM format's converters
+REGISTRY = {"llama3_8b": ("llama3", "8B"), "llama3_70b": ("llama3", "70B"), "llama3_405b": ("llama3", "405B"),
+            "qwen3_30b_a3b": ("qwen3", "30B-A3B"), "deepseek_v3_671b": ("deepseek_v3", "671B"),
+            "gpt_oss_20b": ("gpt_oss", "20b")}
 # mixtures of experts: the shipped MoE configurations (torchtitan/models/<module>/config_registry.py at SOURCE)
 MOE_BASES = {"deepseek-v3": ("deepseek_v3", "deepseek_v3_671b"), "qwen3-30b-a3b": ("qwen3", "qwen3_30b_a3b"),
              "gpt-oss-20b": ("gpt_oss", "gpt_oss_20b")}
@@ -57,6 +60,39 @@ def _base(plan: Plan) -> tuple[str, str | None]:
                   f"(set config.model_spec to a model of the plan's shapes to train this one)")
 
 
+def _titan_counts(n_layers: int, stages: int, first_less: int, last_less: int) -> list[int]:
+    """Layers per virtual stage as torchtitan's ``_generate_llm_fqn_per_model_part`` at `SOURCE` splits
+    them (torchtitan/distributed/pipeline_parallel.py): ``n_layers + first_less + last_less`` effective
+    layers spread evenly (the first stages one more where they do not divide), the first stage's share
+    less ``first_less`` (the embedding's weight), the last stage's less ``last_less`` (the norm and head)."""
+    eff = n_layers + first_less + last_less
+    each, extra = divmod(eff, stages)
+    out, left = [], n_layers
+    for i in range(stages):
+        want = each + (1 if i < extra else 0) - (first_less if i == 0 else 0) - (last_less if i == stages - 1 else 0)
+        take = max(0, min(want, left))
+        out.append(take)
+        left -= take
+    return out
+
+
+def pipeline_split(plan: Plan) -> tuple[int, int, int] | None:
+    """(``pipeline_parallel_layers_per_stage``, ``..._first_stage_less_layers``, ``..._last_stage_less_layers``)
+    that make torchtitan split the plan's layers into its pp x vpp model chunks exactly as the plan does
+    (chunk c of rank s is virtual stage c x pp + s in both), or None where torchtitan's three numbers
+    cannot: its stages are equal but the first and the last, which may hold fewer. torchtitan counts
+    ``ceil((layers + first_less + last_less) / layers_per_stage)`` virtual stages; with its defaults of one
+    layer less at each end and layers / stages per stage it asks for one stage more than an even plan has."""
+    lay, n = plan.layout, plan.model.layers
+    counts = [len(r) for r in lay.virtual_stage_ranges(n)]
+    k = len(counts)
+    m = max(counts[1:-1]) if k > 2 else max(counts)
+    first_less, last_less = m - counts[0], m - counts[-1]
+    if m < 1 or first_less < 0 or last_less < 0 or -(-(n + first_less + last_less) // m) != k:
+        return None
+    return (m, first_less, last_less) if _titan_counts(n, k, first_less, last_less) == counts else None
+
+
 def gaps(plan: Plan) -> list[Gap]:
     out = ulysses_gap(plan) + metp_gap(plan)
     if plan.layout.zero == 1:
@@ -66,16 +102,17 @@ def gaps(plan: Plan) -> list[Gap]:
     out += policy_gaps(plan, _RUNS, notes={"memo": "torchtitan offloads no activations",
                                            "full_offload": "torchtitan offloads no activations"})
     out += gemm_format_gap(plan, "torchtitan") + optimizer_offload_gap(plan, "torchtitan")
-    out += uneven_stages_gap(plan, "torchtitan (module lists per stage)")
+    if plan.layout.pp > 1 and pipeline_split(plan) is None:
+        out += uneven_stages_gap(plan, "torchtitan (module_fqns_per_model_part)")
     if plan.layout.etp > 1:
         out.append(Gap(f"expert tensor parallelism over {plan.layout.etp} ranks", "experts whole on each EP rank "
                        "(torchtitan at this version has no expert tensor parallelism)", PlanChange(layout={"etp": 1})))
-    if plan.model.gemm_format == "fp8-tensorwise" and _base(plan)[0] not in FLAVOURS:
-        out.append(Gap("fp8-tensorwise GEMMs", "not written: pass Float8LinearConverter.Config() in the converters of "
-                       "the model's model_registry (torchtitan/models/<model>/__init__.py) for config.model_spec"))
-    if plan.model.gemm_format == "mxfp8":
-        out.append(Gap("mxfp8 GEMMs", "not written: add torchtitan's MX converter (torchao MX linear, recipe "
-                       "mxfp8) to config.model_converters as your torchtitan version spells it"))
+    # MXFP8 on a model that is not a shipped one: its GEMMs run in bf16 in what is written, priced so
+    if plan.model.gemm_format == "mxfp8" and _base(plan)[1] is not None:
+        out.append(Gap("mxfp8 GEMMs", "bf16 GEMMs (MXFP8 not written: pass MXFP8LinearConverter.Config()"
+                       + (" and MXFP8GroupedExpertsConverter.Config()" if plan.model.moe else "")
+                       + " (torchtitan/components/quantization/mx.py) in the converters of the model's "
+                         "model_registry for config.model_spec)", PlanChange(gemm_format="bf16")))
     base, note = _base(plan)
     if note:
         out.append(Gap(f"model {plan.model.name}", note))
@@ -106,9 +143,12 @@ def render(plan: Plan, applied: list[Gap]) -> str:
         sets.append(("parallelism.fsdp_reshard_after_forward", "never"))
     if lay.pp > 1:
         sets += [("parallelism.pipeline_parallel_schedule", SCHEDULES[schedule]),
-                 ("parallelism.num_pp_microbatches", plan.micro_batches),
-                 *([] if lay.uneven else
-                   [("parallelism.pipeline_parallel_layers_per_stage", plan.model.layers // (lay.pp * lay.vpp))])]
+                 ("parallelism.num_pp_microbatches", plan.micro_batches)]
+        split = pipeline_split(plan)
+        if split is not None:  # else the gap above says so
+            sets += [("parallelism.pipeline_parallel_layers_per_stage", split[0]),
+                     ("parallelism.pipeline_parallel_first_stage_less_layers", split[1]),
+                     ("parallelism.pipeline_parallel_last_stage_less_layers", split[2])]
     sets += [("training.max_context_length", plan.seq_tokens),
              ("training.num_tokens_per_microbatch_per_dp_rank", plan.micro_batch * plan.seq_tokens),
              ("training.num_tokens_per_train_step", plan.batch * lay.dp * plan.seq_tokens)]
@@ -117,15 +157,17 @@ def render(plan: Plan, applied: list[Gap]) -> str:
     body.append("    config.activation_checkpoint = " + (f"{ac}.Config()" if ac else "None"))
     if lay.kernel_fusion == "compiled" or lay.flavour.async_collectives:  # each block compiled, as priced (async TP needs it)
         body.append("    config.compile.enable = True")
-    fp8 = nearest_model(plan, applied).gemm_format == "fp8-tensorwise" and base in FLAVOURS
-    if fp8:  # torchao's Float8Linear, tensorwise scaling (the converter's default recipe), as the model's converter
-        body.append(f"    config.model_spec = model_registry({FLAVOURS[base]!r}, converters=[Float8LinearConverter.Config("
-                    f"model_compile_enabled={lay.kernel_fusion == 'compiled'})])")
+    mx = nearest_model(plan, applied).gemm_format == "mxfp8" and _base(plan)[1] is None
+    convs = ["MXFP8LinearConverter"] + (["MXFP8GroupedExpertsConverter"] if plan.model.moe else [])
+    if mx:  # torchao's MXFP8 linear (and grouped experts) as the model's converters, told whether blocks compile
+        compiled = lay.kernel_fusion == "compiled"
+        body.append(f"    config.model_spec = model_registry({REGISTRY[base][1]!r}, converters=["
+                    + ", ".join(f"{c}.Config(model_compile_enabled={compiled})" for c in convs) + "])")
     return "\n".join([
-        *(["from torchtitan.components.quantization import Float8LinearConverter"] if fp8 else []),
+        *([f"from torchtitan.components.quantization.mx import {', '.join(convs)}"] if mx else []),
         *([f"from torchtitan.distributed.activation_checkpoint import {ac}"] if ac else []),
         f"from torchtitan.models.{_module(plan)}.config_registry import {base}",
-        *(["from torchtitan.models.llama3 import model_registry"] if fp8 else []),
+        *([f"from torchtitan.models.{REGISTRY[base][0]} import model_registry"] if mx else []),
         "from torchtitan.trainer import Trainer",
         "",
         "",

@@ -780,8 +780,9 @@ def stage_split_why_not(n_layers: int, pp: int, first: int = 0, last: int = 0) -
     rest_stages = pp - len(fixed)
     rest = n_layers - sum(fixed)
     if rest_stages and rest < rest_stages:
-        return (f"the first / last stages' {first or '-'} / {last or '-'} layers leave {max(rest, 0)} of the model's "
-                f"{n_layers} for the other {rest_stages} pipeline stages; give the end stages fewer")
+        ends = " and ".join(f"the {w} stage's {k}" for w, k in (("first", first), ("last", last)) if k)
+        return (f"{ends} layers leave {max(rest, 0)} of the model's {n_layers} for the other {rest_stages} pipeline "
+                f"stages; give the end stages fewer")
     if rest_stages == 0:
         return None if rest == 0 else f"the first and last stages' {first} + {last} layers are not the model's {n_layers}"
     if rest < rest_stages or rest % rest_stages:

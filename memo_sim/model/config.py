@@ -599,6 +599,11 @@ def model_from_file(path: str | Path) -> ModelConfig:
     if is_hf_config(raw):
         fields = hf_model_fields(with_defaults(path, raw), source=str(path), name=model_name(path))
         return ModelConfig.from_dict(fields, source=str(path))
+    kind = str(raw.get("schema", ""))
+    if kind.startswith(("memo-plan/", "memo-hardware-profile/")):
+        what = "a memo plan" if kind.startswith("memo-plan/") else "a hardware profile"
+        raise MemoError(f"{path}: {what}, not a model; --model takes a preset (memo-sim models), a Hugging Face "
+                        f"config.json or a memo model file (layers, hidden, heads, ffn, vocab)")
     raw.setdefault("name", path.stem)
     if not isinstance(raw["name"], str):
         raw["name"] = str(raw["name"])

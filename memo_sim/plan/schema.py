@@ -126,7 +126,10 @@ class Plan:
         def fail(fieldname: str, msg: str) -> PlanError:
             return PlanError(f"{source}: {fieldname}: {msg}")
 
-        if isinstance(d, dict) and d.get("schema") != PLAN_SCHEMA:
+        if not isinstance(d, dict):
+            raise PlanError(f"{source}: not a memo plan (a JSON {type(d).__name__}, not a mapping); a plan is the "
+                            f"plan.json `memo-sim whatif` writes")
+        if d.get("schema") != PLAN_SCHEMA:
             if not str(d.get("schema", "")).startswith("memo-plan/"):
                 what = (f"schema {d['schema']!r}" if "schema" in d else "no 'schema' field")
                 raise PlanError(f"{source}: not a memo plan ({what}); a plan is the plan.json `memo-sim whatif` "

@@ -203,6 +203,7 @@ class _EfficiencyIn(_In):
 
 class _NodeIn(_In):
     gpus_per_node: Count
+    gpus_per_host: Count | None = None  # GPUs one OS instance (torchrun's node) drives, where fewer than the node's
 
 
 class _CollectiveFitIn(_In):
@@ -296,6 +297,7 @@ def parse_profile(raw: Any, source: str) -> HardwareProfile:
                               attention_times=e.attention_times.typed() if e.attention_times is not None else None,
                               gemm_formats=tuple((k, c.typed()) for k, c in sorted((e.gemm_formats or {}).items()))),
         gpus_per_node=d.node.gpus_per_node,
+        gpus_per_host=d.node.gpus_per_host,
         nvlink=d.nvlink.typed(),
         internode=d.internode.typed(),
         host_link=HostLink(hl.d2h_bandwidth, hl.h2d_bandwidth, hl.latency, hl.gpus_per_pcie_switch,

@@ -287,6 +287,7 @@ class HardwareProfile:
     path: str = ""
     provenance: dict = field(default_factory=dict)
     validation: dict = field(default_factory=dict)  # the error measured for it (loader's _ValidationIn), if any
+    gpus_per_host: Quantity | None = None  # GPUs per OS instance where a node (NVLink domain) spans hosts (GB200 NVL72)
 
     # -- convenience in base units -------------------------------------------------------
     @property
@@ -300,6 +301,12 @@ class HardwareProfile:
     @property
     def node_gpus(self) -> int:
         return int(self.gpus_per_node.value)
+
+    @property
+    def host_gpus(self) -> int:
+        """GPUs one host (one OS instance: torchrun's node) drives: the node's unless the profile says fewer
+        (a GB200 NVL72 rack is one 72-GPU NVLink domain of 18 hosts of 4)."""
+        return int(self.gpus_per_host.value) if self.gpus_per_host is not None else self.node_gpus
 
     def partial_node_words(self, gpus: int) -> str | None:
         """Where ``gpus`` do not fill whole nodes (more than one node, not a multiple of `node_gpus`):

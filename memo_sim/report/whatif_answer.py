@@ -64,7 +64,9 @@ def verdict(v: WhatIfView) -> str:
     it = b.simulated["iteration_s"] if b.simulated else b.estimate.iteration_s
     mfu = b.simulated["mfu"] if b.simulated else b.estimate.mfu
     it_words = f"{fmt_time(it)}/iteration ({tier}), " if it else ""
-    mfu_words = f"MFU {100 * mfu:.1f}%, " if mfu is not None else ""
+    low = v.model.gemm_format != "bf16"  # an FP8 plan's MFU counts its FLOPs against the model dtype's peak
+    mfu_words = (f"MFU {100 * mfu:.1f}%" + (f" (of the {v.model.dtype} peak)" if low else "") + ", "
+                 if mfu is not None else "")
     return (f"answer: {b.layout.label()} {b.policy.label()} fits: {it_words}{mfu_words}"
             f"{b.tgs:,.0f} tokens/GPU/s, peak GPU {p.text()} of "
             f"{fmt_bytes(b.memory.gpu_capacity_bytes)}" + (f" -> {v.plan_path}" if v.plan_path else ""))
@@ -180,6 +182,8 @@ def searched_words(searched: dict) -> str:
         words += "; no micro-batch pipelines (left out by --schedule, --pp 1 or the framework)"
     if searched.get("optimizer_offload"):
         words += f"; the optimizer on the host ({searched['optimizer_offload']})"
+    if isinstance(searched.get("sppo"), str):
+        words += f"; sppo {searched['sppo']}"
     return words
 
 

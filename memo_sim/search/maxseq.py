@@ -33,7 +33,7 @@ from memo_sim.model.config import ModelConfig
 from memo_sim.profile.schema import HardwareProfile
 from memo_sim.search.candidate import binding_words
 from memo_sim.search.whatif import Candidate, candidates_for, rank
-from memo_sim.units import fmt_bytes
+from memo_sim.units import fmt_bytes, fmt_count
 
 MAX_STEPS = 1 << 12  # 4096 steps: 512M tokens at 128K
 
@@ -163,7 +163,8 @@ def max_seq(model: ModelConfig, gpus: int, profile: HardwareProfile, policy: str
     while True:  # double until a length does not fit
         hi = lo * 2
         if hi > MAX_STEPS:
-            raise MemoError(f"{policy} still fits at {MAX_STEPS} steps of {step} tokens; use a larger --step")
+            raise MemoError(f"{policy} still fits at {MAX_STEPS} steps of {fmt_count(step)} tokens "
+                            f"({fmt_count(MAX_STEPS * step)}); use a larger --step")
         cands = _ranked(model, hi * step, gpus, profile, policy, framework, allocator, fixed)
         if not _fits(cands):
             break

@@ -272,12 +272,12 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
                         last: int | None = None, experts: ExpertChoice = ExpertChoice(),
                         tp_modes: tuple[str, ...] = ("megatron",), metp_across_nodes: bool = False,
                         dp_modes: tuple[str, ...] = ("zero",), floor: Callable[[], float | None] | None = None,
-                        chunks: tuple[int, ...] = (),
+                        chunks: tuple[int, ...] = (), why_not: Callable[[Layout], str | None] | None = None,
                         ) -> tuple[list[Candidate], list[tuple[Layout, str]], dict]:
     """Every pipeline candidate of the space (module docs) for ``policies``: (candidates,
     rejected layouts, what was searched). ``dp_modes``: the data-parallel flavours tried
     (`memo_sim.layout.parallel.enumerate_layouts`: ZeRO 3 runs beside stages only as FSDP without
-    resharding, `memo_sim.dp.fsdp`). ``allows``: the framework's layout filter; ``adapt``:
+    resharding, `memo_sim.dp.fsdp`). ``allows``: the framework's layout filter (``why_not``: its reason); ``adapt``:
     the layout as the framework runs it (its mechanisms; `memo_sim.frameworks.Framework.adapt`).
     ``chunks``: each model chunk's layers (`Layout.chunk_layers`: ``pp`` fixed, len(chunks) / pp chunks per rank).
 
@@ -307,7 +307,8 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
                                        tp_modes=tp_modes, metp_across_nodes=metp_across_nodes, dp_modes=dp_modes,
                                        chunks=chunks, ulysses_kv=kv_rule)
         rejected += rej
-        rejected += [(lay, f"the framework does not offer {lay.label()}") for lay in valid if not allows(lay)]
+        rejected += [(lay, why_not(lay) if why_not is not None else f"the framework does not offer {lay.label()}")
+                     for lay in valid if not allows(lay)]
         valid = [lay for lay in valid if allows(lay)]
         if adapt is not None:  # the framework's mechanisms, which a pipeline may not price yet
             adapted = [(adapt(lay), lay) for lay in valid]

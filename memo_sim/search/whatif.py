@@ -289,14 +289,28 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     search, sppo_tried = None, (sppo_pols and "sppo" in allowed and (vpp is None or vpp == 1) and micro_batch is None
                                 and not optimizer_offload and not uneven_flags and not model.moe)
     sppo_not_searched = None  # why SPPO, asked for, was not searched: what to say if nothing else was either
+    sppo_batch = batch or 1  # SPPO's search holds one batch per replica over its layouts
     if sppo_pols and model.moe:
         searched["sppo"] = "not searched for mixture-of-experts models (SPPO's planner is built for dense layers)"
         sppo_not_searched = ("--policy sppo: SPPO is not searched for mixture-of-experts models (its planner is "
                              "built for dense layers); choose another --policy")
+    elif sppo_tried and global_batch is not None:
+        if dp is None:  # one batch per replica for every layout: the global batch fixes it only with dp fixed
+            sppo_tried = False
+            searched["sppo"] = ("not searched with --global-batch unless --dp is fixed (SPPO's search holds one "
+                                "batch per replica over its layouts)")
+            sppo_not_searched = f"--policy sppo with --global-batch {global_batch}: also fix --dp (its search holds " \
+                                f"one batch per replica)"
+        elif global_batch % dp:
+            sppo_tried = False
+            searched["sppo"] = f"not searched: --global-batch {global_batch} does not split over dp {dp}"
+            sppo_not_searched = f"--global-batch {global_batch} does not split over dp {dp}"
+        else:
+            sppo_batch = global_batch // dp
     beside = None
     if sppo_tried:
         def run_sppo(bounds=None) -> tuple:
-            return sppo_candidates(model, seq, gpus, profile, batch=batch or 1, tp=tp, cp=cp, ulysses=ulysses, dp=dp,
+            return sppo_candidates(model, seq, gpus, profile, batch=sppo_batch, tp=tp, cp=cp, ulysses=ulysses, dp=dp,
                                    zero=zero, sp=sp, tp_mode=tp_mode, pp=pp, subseqs=subseqs, partition=partition,
                                    multiplex=multiplex, bounds=bounds)
 
@@ -312,7 +326,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
         rejected += rej + [(lay, fw.why_not(lay)) for lay in valid if not fw.allows(lay)]
         valid = [adapt(lay) for lay in valid if fw.allows(lay)]  # as the framework runs it
         if rejected:
-            why_none = rejected[0][1]
+            why_none = framework_why_none(rejected, fw)
         searched["schedules"].append("single_stage")
         stage_valid = valid
         if optimizer_offload:  # asked for: only the layouts with the optimizer on the host
@@ -337,7 +351,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     if plain and pipes and (pp is None or pp > 1) and not optimizer_offload:  # every schedule the framework runs
         pc, pr, what = pipeline_candidates(
             model, seq, gpus, profile, policies=plain, batch=batch, global_batch=global_batch,
-            micro_batch=micro_batch, allows=fw.allows, adapt=pipe_adapt, tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero, sp=sp,
+            micro_batch=micro_batch, allows=fw.allows, why_not=fw.why_not, adapt=pipe_adapt, tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero, sp=sp,
             pp=pp, vpp=vpp, alpha=alpha, schedules=pipes, first=first_stage_layers, last=last_stage_layers,
             chunks=chunk_layers, experts=experts, tp_modes=modes, metp_across_nodes=metp_across_nodes, dp_modes=dp_modes,
             floor=(lambda: pipeline_floor(out)) if pipeline_floor is not None and not pipe_flags else None)
@@ -351,7 +365,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
             searched["pipeline"]["not_built"] = what["not_built"]
         said = what.get("state_why") or what.get("why_none")
         if (pr or said) and not out:
-            why_none, pipes_said = said or pr[0][1], True
+            why_none, pipes_said = said or framework_why_none(pr, fw), True
     if beside is not None:  # SPPO's rows where the search run here puts them (above)
         search, sppo_cands, sppo_rejected, sppo_why = beside.result()
         out[at_sppo[0]:at_sppo[0]] = sppo_cands
@@ -371,6 +385,25 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
         raise MemoError(f"{NO_VALID_LAYOUT} for {gpus} GPUs with the degrees given: {why_none}")
     out.sort(key=Candidate.sort_key)
     return WhatIfResult(out, rejected, sppo=search, searched=searched)
+
+
+def framework_why_none(rejected: list[tuple[Layout, str]], fw) -> str:
+    """Why nothing fits, from the rejected layouts: the framework's refusal of a layout memo builds
+    (every layout memo could build is one the framework does not run), else the first of memo's
+    reasons about a layout the framework runs, else the framework's reason for the first layout, else
+    the first reason. The first reason alone named, under torchtitan with --ulysses 2, the METP flavour
+    torchtitan does not offer."""
+    own = f"{fw.name} does not offer"
+    for _lay, why in rejected:
+        if why.startswith(own):
+            return why
+    for lay, why in rejected:
+        if fw.allows(lay):
+            return why
+    for lay, _why in rejected:
+        if (fw_why := fw.why_not(lay)) is not None:
+            return fw_why
+    return rejected[0][1]
 
 
 def _single_stage(model, lay: Layout, plain, batch, global_batch, micro_batch, seq, profile, alpha,
