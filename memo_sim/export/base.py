@@ -124,7 +124,7 @@ def price_line(n: dict) -> str:
     text = f"memo predicts the nearest plan ({n['label']}): {n['iteration_s']:.3f} s/iteration"
     if planned:
         text += f" against {planned:.3f} s for the plan ({100 * (n['iteration_s'] / planned - 1):+.1f}%)"
-    return text + f", peak {n['peak_gpu_bytes'] / 2**30:.2f} GiB"
+    return text + f", peak {n['peak_gpu_bytes'] / 2**30:.2f} GiB (simulated, profile {n.get('profile', '?')})"
 
 
 def nearest_plan(plan: Plan, gaps: list[Gap]) -> tuple[Layout, Policy, str]:
@@ -172,6 +172,7 @@ def price_nearest(plan: Plan, gaps: list[Gap], framework: str) -> dict | None:
         return {"label": label, "error": str(e), "status": None}
     return {"label": label, "status": res.status, "iteration_s": res.iteration_s, "mfu": res.mfu,
             "peak_gpu_bytes": res.peak_gpu_bytes, "planned_iteration_s": plan.predicted.iteration_s,
+            "profile": load_profile(plan.profile).name,
             "failure": res.failure.message() if res.failure is not None else None}
 
 
