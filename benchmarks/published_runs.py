@@ -776,6 +776,18 @@ _VPP7 = ("the interleaved schedule with one-layer chunks (VPP 7). memo gives it 
          "7x the stage-to-stage sends (the last stage's send back to the first crosses nodes), each a synchronised "
          "batch_isend_irecv between chunks, with one layer of compute per chunk to hide them. --tp-comm-overlap and "
          "--overlap-param-gather are not modelled; modelling them would make memo faster still")
+# Megatron-Core's MoE layer measured on an H200 (reports/gpu-h200-2026-11-27-megatron-moe-host.md): the mechanism
+# the host-bound rows point to, not priced (its size for the stacks the rows ran is not measured)
+_HOST_BOUND = (
+    "Measured since (reports/gpu-h200-2026-11-27-megatron-moe-host.md; Megatron-Core at 1e057005 on one H200, its "
+    "spec without TransformerEngine): the layer at a rank's share of a5 (16 heads, 16 experts of 512 tokens) "
+    "took 59-60 ms a forward + backward for 15 ms of kernels, the host needing 42-47 ms to issue them and the "
+    "dispatcher's synchronisation each forward draining the GPU's queue; a1's share 31-39 ms for 26 ms, FlagPerf "
+    "Mixtral's (TP 8, micro-batch 3) 37-42 ms for 21 ms, a5's at 16K 193-195 ms for 147 ms: the ratios' order is "
+    "the order of memo's errors on these rows. memo prices each kernel alone on the GPU, with no host issuing "
+    "interval; the runs' own stacks (TransformerEngine's grouped GEMM and fused kernels, the router and permute "
+    "fusions, DeepEP) issue far less than this spec (its 16 experts' Python loop alone is 10 ms of a5's forward) "
+    "and are not in the device image, so their host time is not measured and memo sets none from these rows")
 MOE_OUTLIERS: dict[str, str] = {
     # the Model Zoo's Qwen3-235B-A22B rows (memo's per-layer split from `memo_sim.report.moe_split` at this commit)
     "moe-zoo-qwen3-235b-a1-ep32": (
@@ -787,7 +799,7 @@ MOE_OUTLIERS: dict[str, str] = {
         "--manual-gc, and --tp-comm-overlap and --overlap-param-gather (those two would make memo faster still). The "
         "a2 row (the same layout with the all-to-all hidden behind the other micro-batch) ran 11% faster on the "
         "cluster; memo, which leaves the all-to-all exposed, lands on a2's time, so on this layout memo's compute is "
-        "too fast or its all-to-all too slow, and the two rows cannot tell which"),
+        "too fast or its all-to-all too slow, and the two rows cannot tell which. " + _HOST_BOUND),
     "moe-zoo-qwen3-235b-a5-tp4": (
         "memo too fast by far; not pinned down. memo predicts this layout faster than a1 (its EP 8 stays inside the "
         "node: dispatch and combine 16% of memo's layer against a1's 58%), the cluster measured it 47% slower (167 "
@@ -800,13 +812,13 @@ MOE_OUTLIERS: dict[str, str] = {
         "tokens) with the host's launch time between them (memo prices each kernel alone on the GPU, with no CPU "
         "launch interval), the TP-4 sequence-parallel collectives with --tp-comm-overlap's userbuffer kernels taking "
         "SMs from the GEMMs, and a store-all run with 39 micro-batches in flight on the first rank (memo: 54 of 78 "
-        "GiB at peak; expandable segments, which the yaml sets, are not modelled)"),
+        "GiB at peak; expandable segments, which the yaml sets, are not modelled). " + _HOST_BOUND),
     "moe-zoo-qwen3-235b-long-16k-forced": (
         "memo too fast at 16K (-10.9%) and within 7% at 32K-128K: the gap shrinks as attention's share of memo's "
         "layer grows (46% at 16K, 86% at 128K), and attention is priced on cuDNN 9.19's kernel as measured on an H200 "
         "(56-65% of the peak forward; before that measurement these rows were +1% to +21% on an assumed 45-48%), so "
         "what is left lies in the rest of the layer: this is a5's layout (TP 4, EP 8), whose 4K row is 46% too fast "
-        "(see it)"),
+        "(see it). " + _HOST_BOUND),
     **{f"moe-zoo-qwen3-235b-long-{k}-dropless": (
         "the router's real expert loads, on top of the forced row's gap at the same length. memo's dropless takes a "
         "uniform router's loads (the busiest of 8 EP ranks under multinomial routing: +0.4% over forced balance in "
@@ -836,14 +848,16 @@ MOE_OUTLIERS: dict[str, str] = {
         "weak as well: FlagPerf marks the number 'for performance reference only', its MFU (20.7%) disagrees with "
         "its own formula (21.9%), and its launcher's EP 8 contradicts the README's EP 1. Switching memo to the "
         "alltoall dispatcher (34.3 s) or to full recompute (42.5 s) did not close the gap (on the profile's assumed "
-        "curves, before the Hopper kernels were measured)"),
+        "curves, before the Hopper kernels were measured). " + _HOST_BOUND),
     **{f"moe-flagperf-qwen1.5-moe-{pr}": (
         "the a800-80gb profile's kernel curves were fitted to the MEMO paper's statements (its provenance), not "
         "measured with FlashAttention-2 at s=8192 or with these small GEMMs. Not modelled from the run: "
         "Megatron-LM-240405's MoE path through Pai-Megatron-Patch (SequentialMLP: each of the 8 experts as its own "
         "GEMMs, with per-expert index_select permutation; fp32 router with aux loss) and gradients reduced after "
         "the backward (no --overlap-grad-reduce). The BF16 and FP16 rows move together (-18.8% / -17.9%), so the "
-        "precision recipe is not the cause") for pr in ("bf16", "fp16")},
+        "precision recipe is not the cause. These rows ran SequentialMLP, the experts' loop that the measurement "
+        "that follows found host-bound (on a later Megatron, an H200's host, not this A800 cluster's). " + _HOST_BOUND)
+        for pr in ("bf16", "fp16")},
 }
 RUNS = RUNS + MOE_RUNS
 
@@ -863,6 +877,16 @@ _H100 = ("memo too fast, by more as the model shrinks (1.7B -17.8%, 7.1B -16.8%,
 OUTLIERS = {"megatron2024-1.7B": _H100, "megatron2024-7.1B": _H100, "megatron2024-16B": _H100}
 # the long-context XTuner rows (issue #45 item 1; memo's per-layer split from `memo_sim.cost.layer_time` and the peak
 # from the simulation at this commit, a100-sxm4-80gb)
+# a repeating allocation pattern under a capped caching allocator, measured (benchmarks/gpu/probe_allocator_pressure.py)
+_PRESSURE_MEASURED = (
+    ". Measured since (reports/gpu-h200-2026-11-27-allocator-pressure.md): on one H200 a store-all plan whose "
+    "allocations repeat every step (GPT-7B, 8 layers, 32K) ran at the same speed (1.397-1.399 s a step against "
+    "1.401 s uncapped) with the caching allocator capped at 1.2 down to 1.005 times its own peak reserved bytes, "
+    "and ran out of memory capped at 1.0003-1.002 times its peak allocated bytes (below its peak reserved, 1.0026 "
+    "times): no cap tried gave a slower step, and memo's replay agreed where the run fitted (no reorganisation; "
+    "its reserved peak 0.02% above its allocated one where the run's was 0.26%, so at the three tightest caps memo "
+    "predicted a fit where the run failed). A gradual fall like the table's would need an allocation pattern that "
+    "changes from step to step (DeepSpeed ZeRO-3's parameter gathers and frees), which this did not measure")
 _XT_MEMORY = (
     "what changes from the rows memo predicts within 10% is memory. memo puts this run's peak at {peak} of the 78 "
     "usable GiB, HF's fp32 logits and their loss included (the xtuner framework data's torch_fused loss over every "
@@ -873,7 +897,7 @@ _XT_MEMORY = (
     "180.3 to 176.9), the pattern of memory pressure rather than of the attention kernel, whose share of memo's "
     "layer is {attn}. Not pinned down: the run's memory is not stated, how often the cluster's allocator flushed its "
     "cache is not either, and the interconnect (the 'dgx-a100-selene' variant) and fp32 gradients (the 'megatron "
-    "recipe' variant) each move memo by less than 1%")
+    "recipe' variant) each move memo by less than 1%" + _PRESSURE_MEASURED)
 OUTLIERS.update({
     "xtuner-llama2-70b-32k-sp4": (
         "memo too slow: the ZeRO-3 collectives it leaves exposed. memo's compute of a micro-batch (forward 6.5 s, "
@@ -914,7 +938,7 @@ OUTLIERS.update({
         "where one repeated head per rank gave 179 s. Attention is 60% of memo's forward and 74% of its backward, in "
         "calls of 7e13 FLOPs, the size of the Llama-2-7B 256K row's (within 6%); the all-to-alls are 16% and 6%. "
         "The interconnect is not stated: Selene's 8 HDR per node makes memo faster still (-31.3%); fp32 gradients "
-        "-24.9%"),
+        "-24.9%" + _PRESSURE_MEASURED),
     "xtuner-llama2-70b-1m-sp64": (
         "memo too fast; not pinned down. Here memo's repeat is XTuner's (SP 64 over 8 K/V heads: each repeated 8 times, "
         "one K and one V head per rank, the bytes of 7575f2c91's repeat to the 64 query heads), and memory is not "
@@ -932,7 +956,7 @@ OUTLIERS.update({
         "the compute in both, and halving the ZeRO-3 group only raises memo's peak (44 to 60 GiB, HF's fp32 logits "
         "included). Candidates: memory pressure (see xtuner-yi-34b-256k-sp8), DeepSpeed "
         "ZeRO-3's per-module gathers with half the ranks (twice the shard each rank gathers from, per layer hidden in "
-        "memo), and different hardware or software than the speed page's"),
+        "memo), and different hardware or software than the speed page's" + _PRESSURE_MEASURED),
 })
 
 # torchtitan's 2024-12 H100 rows (torchtitan@2024-12 on h100-sxm5-96gb-500w): their texts take memo's step and its

@@ -24,12 +24,17 @@ import click
 from memo_exec.attention import BACKENDS
 from memo_exec.errors import ExecError, user_errors
 from memo_exec.speed_probe import SPEED_DRIFT_LIMIT
-from memo_sim.errors import guarded, usage_line
+from memo_sim.errors import guarded, parsed_or_one_line, usage_line
 
 
 class _ExecGroup(click.Group):
     """A bad flag is one line on stderr and exit code 2, as in memo-sim; an operating-system error
     one line and exit code 1; Ctrl-C exit code 130."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        return parsed_or_one_line(
+            lambda: super(_ExecGroup, self).make_context(info_name, args, parent=parent, **extra),
+            lambda line: click.echo(line, err=True))
 
     def invoke(self, ctx):
         try:

@@ -24,6 +24,21 @@ def usage_line(e) -> str:
     return f"error: {msg}; see `{cmd} -h`"
 
 
+def parsed_or_one_line(make, say):
+    """``make()`` (a click group's ``make_context``), a usage error of the group's own options
+    (``memo-sim --bogus``) written as its commands' are: one line (``say(line)``), exit code 2 (click
+    printed its usage, a hint and "Error: ..." on four lines). No arguments at all: click's help."""
+    import click
+
+    try:
+        return make()
+    except click.UsageError as e:
+        if isinstance(e, getattr(click.exceptions, "NoArgsIsHelpError", ())):
+            raise
+        say(usage_line(e))
+        raise SystemExit(2) from None
+
+
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a command stopped by Ctrl-C
 
 

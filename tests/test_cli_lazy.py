@@ -47,6 +47,19 @@ def test_unknown_command_is_one_line_exit_2():
     assert "No such command" in r.output
 
 
+@pytest.mark.parametrize("tool", ["memo-sim", "memo-exec"])
+def test_a_bad_option_of_the_tool_itself_is_one_line_exit_2(tool):
+    """``memo-sim --bogus``: click printed its usage, a hint and "Error: ..." on four lines, where
+    every command's bad option is one "error:" line; no arguments at all still shows the help."""
+    from memo_exec.cli import cli as exec_cli
+    group = cli if tool == "memo-sim" else exec_cli
+    r = CliRunner().invoke(group, ["--bogus"], prog_name=tool)
+    text = r.output.strip()
+    assert r.exit_code == 2 and text.startswith("error: No such option '--bogus'") and "\n" not in text, r.output
+    assert f"`{tool} -h`" in text
+    assert "Usage:" in CliRunner().invoke(group, [], prog_name=tool).output
+
+
 def test_whatif_imports_only_its_own_command_module():
     code = ("import sys; from memo_sim.cli import cli; cli.get_command(None, 'whatif'); "
             "print(' '.join(sorted(m for m in sys.modules if m.startswith('memo_sim.cli.'))))")

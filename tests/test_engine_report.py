@@ -95,6 +95,9 @@ def test_layer_range_parsing():
     assert parse_layer_range(None) is None
     from memo_sim.errors import MemoError
 
+    assert parse_layer_range("0:31", 32) == (0, 31)
+    with pytest.raises(MemoError, match=r"layers 0\.\.31.*e\.g\. --layers 0:31"):  # B past the last layer
+        parse_layer_range("0:999", 32)
     for bad in ("5", "a:b", "6:2", "40:41"):
         with pytest.raises(MemoError):
             parse_layer_range(bad, 32)

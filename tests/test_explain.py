@@ -89,3 +89,13 @@ def test_explain_every_schedule_and_the_other_policies(tmp_path, extra):
         assert st["analytic_peak_gpu_bytes"] > 0 and st["peak_gpu_bytes"] > 0
     text = CliRunner().invoke(cli, ["explain", plan])
     assert text.exit_code == 0 and "binding:" in text.output, text.output
+
+
+def test_explain_names_ulysses_waits_as_such_on_a_tp1_layout(tmp_path):
+    """The "comm" stream carries both TP collectives and Ulysses' all-to-alls: a tp1 Ulysses plan's
+    waits are the all-to-all's (explain called them "tensor-parallel collectives")."""
+    plan = _plan(tmp_path, "--gpus", "2", "--ulysses", "2", "--tp", "1", "--policy", "store_all")
+    d = json.loads(CliRunner().invoke(cli, ["explain", plan, "--json"]).output)
+    waits = {k for t in d["time_breakdown_s"] for k in t["waits"]}
+    assert any("Ulysses all-to-all" in w for w in waits), waits
+    assert not any("tensor-parallel" in w for w in waits), waits

@@ -8,7 +8,7 @@ import time
 
 import click
 
-from memo_sim.errors import MemoError, guarded, usage_line
+from memo_sim.errors import MemoError, guarded, parsed_or_one_line, usage_line
 from memo_sim.layout.parallel import MAX_DEGREE
 from memo_sim.plan.schema import MAX_BATCH
 from memo_sim.model.config import ModelConfig, get_model, with_overrides
@@ -165,6 +165,11 @@ class MemoGroup(click.Group):
     """Turns MemoError and click's usage errors into a one-line message and exit code 2, an
     operating-system error (a read-only or full disk ...) into one line and exit code 1, and
     Ctrl-C into exit code 130 (files are written atomically, so nothing half-written is left)."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        return parsed_or_one_line(
+            lambda: super(MemoGroup, self).make_context(info_name, args, parent=parent, **extra),
+            lambda line: click.echo(line, err=True))
 
     def invoke(self, ctx):
         try:

@@ -27,6 +27,14 @@ STREAM_WORDS = {"d2h": "host copies (offload)", "h2d": "host copies (prefetch)",
                 "ep_comm": "MoE token dispatch (expert parallelism)", "uly_comm": "Ulysses all-to-all", "dp_comm": "data-parallel "
                 "gradients and weights", "tp_p2p": "METP ring (send/recv)", "tp_bcast": "METP ring (broadcast)",
                 "pp_p2p": "pipeline transfers", "p2p": "pipeline transfers"}
+def stream_words(op) -> str:
+    """What an op the compute stream waited on is, in words: its stream's, except on the "comm" stream,
+    which carries the tensor-parallel collectives and Ulysses' all-to-alls (`memo_sim.cost.layer_time`)."""
+    if op.stream == "comm" and "alltoall" in op.name:
+        return STREAM_WORDS["uly_comm"]
+    return STREAM_WORDS.get(op.stream, op.stream)
+
+
 IDLE_WORDS = "idle until the step's slowest stage ends"
 PHASE_WORDS = {"fwd": "forward", "bwd": "backward", "recompute": "recompute", "classifier": "classifier",
                "optimizer": "optimizer step", "allocator": "allocator stalls (cache reorganisations)"}
@@ -60,7 +68,7 @@ def time_breakdown(res: SimResult, device: int) -> TimeBreakdown:
             waited = [d for d in o.deps if d.end is not None and d.end > prev_end and d.stream != "compute"]
             if waited:
                 last = max(waited, key=lambda d: d.end)
-                why = f"waiting on {STREAM_WORDS.get(last.stream, last.stream)}"
+                why = f"waiting on {stream_words(last)}"
             else:
                 why = "waiting on issue order (no later dependency)"
             tb.waits_s[why] = tb.waits_s.get(why, 0.0) + gap
@@ -68,7 +76,7 @@ def time_breakdown(res: SimResult, device: int) -> TimeBreakdown:
     tail = end_s - prev_end
     if tail > 0:
         last = max((o for o in ops if o.stream != "compute"), key=lambda o: o.end)
-        why = f"after the last compute op: {STREAM_WORDS.get(last.stream, last.stream)}"
+        why = f"after the last compute op: {stream_words(last)}"
         tb.waits_s[why] = tb.waits_s.get(why, 0.0) + tail
     idle = (res.iteration_s or 0.0) - end_s
     if idle > 1e-9 * max(end_s, 1e-9):  # a pipeline stage done before the step's last one: the step is the slowest rank's

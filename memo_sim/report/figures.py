@@ -97,8 +97,9 @@ def parse_layer_range(text: str | None, n_layers: int | None = None) -> tuple[in
         raise MemoError(f"--layers: A and B must be layer numbers, got {text!r}") from None
     if a < 0 or b < a:
         raise MemoError(f"--layers: need 0 <= A <= B, got {text!r}")
-    if n_layers is not None and a >= n_layers:
-        raise MemoError(f"--layers: the model has layers 0..{n_layers - 1}, got {text!r}")
+    if n_layers is not None and b >= n_layers:
+        raise MemoError(f"--layers: the model has layers 0..{n_layers - 1}, got {text!r} "
+                        f"(e.g. --layers {min(a, n_layers - 1)}:{n_layers - 1})")
     return a, b
 
 

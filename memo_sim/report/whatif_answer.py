@@ -98,8 +98,10 @@ def whatif_answer(v: WhatIfView) -> Answer:
                       "each fitting first, by throughput)"
                       + (f", first {budget}" if budget < len(rows) else "")
                       + "; tier: sim = the event simulator (contention, copy stalls), analytic = perfect overlap "
-                        "(an upper estimate); peak GPU by the tier and allocator named; frag/retries: the caching "
-                        "allocator's reserved-but-unallocated share at the peak and its retries per iteration")
+                        "(an upper estimate of throughput, not the proved bound tier 2 skips a plan by: an "
+                        "analytic row can show more than the best simulated); peak GPU by the tier and allocator "
+                        "named; frag/retries: the caching allocator's reserved-but-unallocated share at the peak and "
+                        "its retries per iteration")
     for label, kept, where in fold_notes(v.shown[:v.top]):
         a.line(f"  {label} moves and rebuilds the same bytes as {kept}: folded into {', '.join(where)}")
     line = metp_verdict(v.shown)
