@@ -34,14 +34,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-RESULTS: list[dict] = []
-T0 = time.monotonic()
-
-
-def emit(**rec) -> None:
-    rec["t_s"] = round(time.monotonic() - T0, 1)
-    RESULTS.append(rec)
-    print(json.dumps(rec), flush=True)
+from probe_log import emit, write_results  # noqa: E402 (this folder: the probes' record)
 
 
 def child(plan: str, fraction: float, out: str, steps: int, device: str, profile: str) -> None:
@@ -160,10 +153,7 @@ def main() -> int:
         pred_cap = f * pred_ref if pred_ref else cap
         emit(case="run", cap=f, of=args.of, cap_bytes=cap, predicted_cap_bytes=pred_cap, fraction=fraction,
              measured=meas, predicted=predicted(plan, capped_profile(profile, pred_cap)))
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "allocator_pressure.json.tmp"
-    tmp.write_text(json.dumps(RESULTS, indent=1))
-    tmp.replace(out / "allocator_pressure.json")
+    write_results(out, "allocator_pressure.json")
     return 0
 
 

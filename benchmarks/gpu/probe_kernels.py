@@ -34,26 +34,17 @@ profile by itself; reports/ says what each number was used for.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 PEAK_BF16 = 989e12  # Hopper SXM dense bf16 datasheet, for the efficiency column only
 PEAK_FP8 = 1979e12
-RESULTS: list[dict] = []
-T0 = time.monotonic()
-
-
-def emit(**rec) -> None:
-    rec["t_s"] = round(time.monotonic() - T0, 1)
-    RESULTS.append(rec)
-    print(json.dumps(rec), flush=True)
+from probe_log import RESULTS, T0, emit, write_results  # noqa: E402 (this folder: the probes' record)
 
 
 class Timer:
@@ -350,10 +341,7 @@ def main() -> int:
             continue
         SECTIONS[name](a, dev, dt, timer)
     if a.out:
-        Path(a.out).mkdir(parents=True, exist_ok=True)
-        tmp = Path(a.out) / (a.name + ".tmp")
-        tmp.write_text(json.dumps(RESULTS, indent=1))
-        tmp.replace(Path(a.out) / a.name)
+        write_results(a.out, a.name)
     return 0 if all("error" not in r or r["error"].startswith("skipped") for r in RESULTS) else 1
 
 

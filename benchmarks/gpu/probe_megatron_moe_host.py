@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import statistics
 import sys
@@ -41,8 +40,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-RESULTS: list[dict] = []
-T0 = time.monotonic()
+from probe_log import emit, write_results  # noqa: E402 (this folder: the probes' record)
 # name, hidden, heads on the rank, query groups on the rank, local experts, top-k, expert width,
 # sequence, micro-batch, dispatcher; top-k chosen so that tokens per local expert match the
 # published layout's (tokens x top-k / experts of the model / EP ... as a rank sees them)
@@ -60,12 +58,6 @@ CASES = [
 ]
 # the script's own test on the CPU (the alltoall dispatcher needs a CUDA stream)
 CPU_CASES = [("tiny-cpu", 64, 4, 1, 4, 2, 32, 64, 1, "allgather"), ("tiny-cpu-dense", 64, 4, 1, 0, 0, 96, 64, 1, "-")]
-
-
-def emit(**rec) -> None:
-    rec["t_s"] = round(time.monotonic() - T0, 1)
-    RESULTS.append(rec)
-    print(json.dumps(rec), flush=True)
 
 
 def build(case, dev, mcore_ps, TransformerConfig, TransformerLayer, spec, RotaryEmbedding):
@@ -229,11 +221,7 @@ def main() -> int:
         except Exception as exc:  # one case's failure is reported, the others still run
             gc.enable()
             emit(case="layer", name=name, error=f"{type(exc).__name__}: {exc}"[:400])
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "megatron_moe_host.json.tmp"
-    tmp.write_text(json.dumps(RESULTS, indent=1))
-    tmp.replace(out / "megatron_moe_host.json")
+    write_results(args.out, "megatron_moe_host.json")
     torch.distributed.destroy_process_group()
     return 0
 

@@ -29,7 +29,6 @@ Nothing here feeds a profile by itself; reports/ says what each number was used 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -41,8 +40,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from memo_exec.moe.experts import ffn  # noqa: E402
-RESULTS: list[dict] = []
-T0 = time.monotonic()
+from probe_log import T0, emit, write_results  # noqa: E402 (this folder: the probes' record)
 # (name, experts on the rank, mean rows per expert, hidden, expert width)
 SHAPES = [
     ("qwen2-moe-a2.7b-8k", 60, 546, 2048, 1408),
@@ -52,12 +50,6 @@ SHAPES = [
     ("mixtral-8x7b-8k", 8, 2048, 4096, 14336),
 ]
 DRY_SHAPES = [("tiny", 4, 24, 64, 32)]
-
-
-def emit(**rec) -> None:
-    rec["t_s"] = round(time.monotonic() - T0, 1)
-    RESULTS.append(rec)
-    print(json.dumps(rec), flush=True)
 
 
 def sync(dev) -> None:
@@ -216,11 +208,7 @@ def main() -> int:
             emit(case=fn.__name__, error=f"{type(e).__name__}: {e}"[:500])
     experts(dev, torch.float32 if dev.type == "cpu" else torch.bfloat16, DRY_SHAPES if a.dry_run else SHAPES,
             a.reps, a.budget)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "moe_host.json.tmp"
-    tmp.write_text(json.dumps(RESULTS, indent=1))
-    os.replace(tmp, out / "moe_host.json")
+    write_results(a.out, "moe_host.json")
     return 0
 
 
