@@ -360,3 +360,32 @@ def test_fp8_mfu_names_its_peak_and_sweep_seq_refuses_a_repeated_length(tmp_path
     out = tmp_path / "sweep"
     r = CliRunner().invoke(cli, ["sweep-seq", str(tmp_path / "plan.json"), "--seqs", "8K,16K,8K", "--out", str(out)])
     assert r.exit_code == 2 and "--seqs: 8K is given twice" in r.output and not out.exists(), r.output
+
+
+def test_a_plan_records_its_framework_and_sweep_seq_sweeps_what_it_offers(tmp_path):
+    """plan.json did not say which framework the what-if searched for, so sweep-seq swept every policy
+    memo has (MEMO, offloading) beside a torchtitan plan; the plan now records it (`Plan.framework`,
+    "any" in older plans), sweep-seq sweeps the framework's policies, an unknown one is one line."""
+    import json
+
+    from memo_sim.plan import read_plan
+
+    r = run(["whatif", "--layers", "2", "--hidden", "256", "--heads", "8", "--ffn", "1024", "--vocab", "1024",
+             "--seq", "2K", "--gpus", "1", "--framework", "torchtitan", "--out", str(tmp_path), "--jobs", "1"])
+    assert r.exit_code == 0, r.output
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["framework"] == "torchtitan" and read_plan(tmp_path / "plan.json").framework == "torchtitan"
+    assert "searched for the framework torchtitan" in CliRunner().invoke(cli, ["check-plan",
+                                                                         str(tmp_path / "plan.json")]).output
+    r = CliRunner().invoke(cli, ["sweep-seq", str(tmp_path / "plan.json"), "--seqs", "2K", "--out",
+                                 str(tmp_path / "sw"), "--json"])
+    assert r.exit_code == 0, r.output
+    swept = {row["policy"]["policy"] for row in json.loads(r.output)}
+    assert swept == {"store_all", "full_recompute", "op_sac"}, swept  # torchtitan's (memo has 10 policies)
+    older = {k: v for k, v in plan.items() if k != "framework"}  # a plan written before the field: any
+    (tmp_path / "old.json").write_text(json.dumps(older))
+    assert read_plan(tmp_path / "old.json").framework == "any"
+    (tmp_path / "bad.json").write_text(json.dumps({**plan, "framework": "no-such"}))
+    r = CliRunner().invoke(cli, ["sweep-seq", str(tmp_path / "bad.json"), "--seqs", "2K", "--out",
+                                 str(tmp_path / "sw2")])
+    assert r.exit_code == 2 and "plan.framework: 'no-such'" in r.output and "\n" not in r.output.strip(), r.output

@@ -141,6 +141,8 @@ def _summary_lines(plan) -> list[str]:
            f"{plural(plan.micro_batch, 'sequence')}"
            + (f", {plan.layout.pp} stages x {plan.layout.vpp} chunks" if plan.schedule != "sppo" and
               plan.layout.pp > 1 else "")]
+    if plan.framework != "any":
+        out.append(f"  searched for the framework {plan.framework} (`memo-sim frameworks --framework {plan.framework}`)")
     peak = planned_peak(plan)
     if peak is not None:
         out.append(f"  predicted peak GPU {peak.text()}")

@@ -8,8 +8,8 @@
   timeline (simulated or measured).
 - ``memo-sim sweep-alpha plan.json --out DIR``: the plan's model and layout under MEMO at each
   alpha; alpha_sweep.png and alpha_sweep.json.
-- ``memo-sim sweep-seq plan.json --out DIR --seqs 64K,256K,1M``: every policy at each sequence
-  length (MEMO at its solved alpha); mfu_vs_seq.png and mfu_vs_seq.json. ``--tp-mode
+- ``memo-sim sweep-seq plan.json --out DIR --seqs 64K,256K,1M``: every policy the plan's framework offers at
+  each sequence length (MEMO at its solved alpha); mfu_vs_seq.png and mfu_vs_seq.json. ``--tp-mode
   megatron,metp`` adds a tensor-parallel-flavour axis (the plan's degrees in each mode):
   also seq_by_tp_mode.png / .json (peak GPU memory and step time against the length per mode and
   policy, ``--best-policy``: per mode the best of the policies) and where each METP mode's step
@@ -269,6 +269,17 @@ def sweep_alpha_cmd(plan_file, out_dir, alphas, profile_override, out_format, as
                      resolve_format(out_format, as_json))
 
 
+def _framework_policies(plan) -> tuple[str, ...]:
+    """The policies the framework the plan was searched for offers (`Plan.framework`; every policy for
+    memo's own search, ``any``); a framework this memo does not know is one line naming the field."""
+    from memo_sim.search.frameworks import FRAMEWORKS, get_framework
+
+    if plan.framework not in FRAMEWORKS:
+        raise MemoError(f"plan.framework: {plan.framework!r} is not a framework this memo knows "
+                        f"({', '.join(FRAMEWORKS)}); re-create the plan with memo-sim whatif --framework NAME")
+    return tuple(get_framework(plan.framework).policies)
+
+
 @click.command("sweep-seq")
 @click.argument("plan_file", type=click.Path(dir_okay=False))
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output folder.")
@@ -278,7 +289,8 @@ def sweep_alpha_cmd(plan_file, out_dir, alphas, profile_override, out_format, as
               help="Comma-separated tensor-parallel flavours (megatron, metp_ffn, metp) to sweep with the plan's "
                    "degrees; adds seq_by_tp_mode.png (peak memory and step time per mode).")
 @click.option("--policy", "policies", multiple=True, type=click.Choice(policy_names()),
-              help="Only these policies (repeatable; default: every policy).")
+              help="Only these policies (repeatable; default: every policy the plan's schedule runs and its "
+                   "framework offers).")
 @click.option("--best-policy", is_flag=True, help="With --tp-mode: one line per mode, its best policy at each length.")
 @format_options
 def sweep_seq_cmd(plan_file, out_dir, seqs, profile_override, tp_modes, policies, best_policy, out_format, as_json):
@@ -297,12 +309,13 @@ def sweep_seq_cmd(plan_file, out_dir, seqs, profile_override, tp_modes, policies
     dup = next((n for i, n in enumerate(lens) if n in lens[:i]), None)
     if dup is not None:
         raise MemoError(f"--seqs: {fmt_count(dup)} is given twice; give each length once")
+    offered = _framework_policies(plan)
     if plan.schedule == "sppo" and plan.layout.pp > 1:
         pols = tuple(policies) or (plan.policy.name,)  # an SPPO pipeline: only SPPO schedules it
-    else:  # the policies the plan's schedule runs (SPPO's search too where the plan is SPPO's)
+    else:  # the policies the plan's schedule runs (SPPO's search too where the plan is SPPO's), its framework's
         pols = tuple(policies) or tuple(p for p in policy_names() if (schedule_runs_policy(plan.schedule, p)
                                                                       or plan.schedule == "sppo")
-                                        and prices_model(p, plan.model))
+                                        and prices_model(p, plan.model) and p in offered)
     layouts = _tp_mode_layouts(plan.layout, tp_modes) if tp_modes else {plan.layout.label(): plan.layout}
     for s in lens:
         for lay in layouts.values():

@@ -25,6 +25,8 @@ Top-level fields (units in the key names)::
     layer_timings_s   {"forward", "backward", "recompute", "offload", "prefetch"} for one layer
     memory_plan       null, or {"arena_bytes", "phases": {phase: {"peak_bytes", "offsets": {tensor: bytes}}}, ...}
     timeline          null, or {"file": path of a saved Timeline, ...}
+    framework         the framework (and version) the plan was searched for (`memo-sim frameworks`):
+                      any (memo's own search) unless the what-if named one; absent in older plans: any
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ class Plan:
     memo_version: str = __version__
     schedule: str = ""  # "" = `default_schedule` for the layout and policy
     micro_batch: int = 0  # 0 = the whole batch in one micro-batch
+    framework: str = "any"  # what the what-if searched for (`memo_sim.frameworks`): what sweep-seq re-runs
 
     def __post_init__(self) -> None:
         if not self.schedule:
@@ -117,6 +120,7 @@ class Plan:
             "layer_timings_s": self.layer_timings_s,
             "memory_plan": self.memory_plan.to_dict() if self.memory_plan is not None else None,
             "timeline": self.timeline,
+            "framework": self.framework,
         }
 
     @classmethod
@@ -171,7 +175,7 @@ class Plan:
                    policy=policy, profile=raw.profile, predicted=pred, layer_timings_s=dict(raw.layer_timings_s),
                    attention_backend=raw.attention_backend, classifier_chunk_tokens=raw.classifier_chunk_tokens,
                    memory_plan=mp, timeline=raw.timeline, created=raw.created, memo_version=raw.memo_version,
-                   schedule=raw.schedule or "", micro_batch=raw.micro_batch or 0)
+                   schedule=raw.schedule or "", micro_batch=raw.micro_batch or 0, framework=raw.framework)
         why = plan.check_schedule()
         if why:
             field_ = "micro_batch" if why.startswith("micro_batch") else "schedule"
@@ -211,6 +215,7 @@ class _PlanIn(BaseModel):
     layer_timings_s: dict[Literal[LAYER_TIMING_KEYS], _Seconds]
     memory_plan: dict[str, Any] | None = None
     timeline: dict[str, Any] | None = None
+    framework: str = Field("any", strict=True, min_length=1, max_length=100)
 
     @field_validator("policy")
     @classmethod

@@ -150,9 +150,9 @@ class WhatifAnswer:
         """The plans to write, by file name: plan.json (the best), plan-sppo.json (`sppo_best`)."""
         out = {}
         if self.best is not None:
-            out["plan.json"] = build_plan(self.best)
+            out["plan.json"] = replace(build_plan(self.best), framework=self.request.framework)
         if self.sppo_best is not None:
-            out["plan-sppo.json"] = build_plan(self.sppo_best)
+            out["plan-sppo.json"] = replace(build_plan(self.sppo_best), framework=self.request.framework)
         return out
 
 
