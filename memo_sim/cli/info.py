@@ -142,7 +142,7 @@ def _summary_lines(plan) -> list[str]:
            + (f", {plan.layout.pp} stages x {plan.layout.vpp} chunks" if plan.schedule != "sppo" and
               plan.layout.pp > 1 else "")]
     if plan.framework != "any":
-        out.append(f"  searched for the framework {plan.framework} (`memo-sim frameworks --framework {plan.framework}`)")
+        out.append(f"  searched for the framework {plan.framework} (what it offers: `memo-sim frameworks`)")
     peak = planned_peak(plan)
     if peak is not None:
         out.append(f"  predicted peak GPU {peak.text()}")

@@ -27,6 +27,8 @@ STREAM_WORDS = {"d2h": "host copies (offload)", "h2d": "host copies (prefetch)",
                 "ep_comm": "MoE token dispatch (expert parallelism)", "uly_comm": "Ulysses all-to-all", "dp_comm": "data-parallel "
                 "gradients and weights", "tp_p2p": "METP ring (send/recv)", "tp_bcast": "METP ring (broadcast)",
                 "pp_p2p": "pipeline transfers", "p2p": "pipeline transfers"}
+
+
 def stream_words(op) -> str:
     """What an op the compute stream waited on is, in words: its stream's, except on the "comm" stream,
     which carries the tensor-parallel collectives and Ulysses' all-to-alls (`memo_sim.cost.layer_time`)."""
