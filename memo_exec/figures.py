@@ -116,7 +116,7 @@ def overlay_gantt(pred: Timeline, meas: Timeline, path: Path, title: str, ranks:
     handles = [Line2D([], [], color=c, lw=6, label=n) for c, n in (("#9ecae1", "predicted"), ("#08519c", "measured"))]
     fig.legend(handles=handles, loc="upper right", ncol=2, fontsize=8, frameon=False)
     fig.tight_layout()
-    return save_png(fig, path, dpi=100)
+    return save_png(fig, path, dpi=100, tight=False)  # laid out above: no second, cropping layout pass
 
 
 def layer_figure(predicted: dict, measured: list[tuple[str, dict]], per_layer: list[tuple[str, dict]],
@@ -177,4 +177,4 @@ def layer_figure(predicted: dict, measured: list[tuple[str, dict]], per_layer: l
     if note:
         fig.suptitle(note, fontsize=9)
     fig.tight_layout()
-    return save_png(fig, path, dpi=100)
+    return save_png(fig, path, dpi=100, tight=False)  # laid out above: no second, cropping layout pass
