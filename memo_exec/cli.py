@@ -21,10 +21,10 @@ import sys
 
 import click
 
-from memo_exec.attention import BACKENDS
 from memo_exec.errors import ExecError, user_errors
 from memo_exec.speed_probe import SPEED_DRIFT_LIMIT
 from memo_sim.errors import guarded, parsed_or_one_line, usage_line
+from memo_sim.plan.schema import ATTENTION_BACKENDS as BACKENDS  # the names only: memo_exec.attention imports torch
 
 
 class _ExecGroup(click.Group):

@@ -107,3 +107,11 @@ def test_main_as_the_program_freezes_the_heap_before_exit():
     assert p.returncode == 0, p.stderr
     assert "version" in p.stdout
     assert "frozen True" in p.stderr
+
+
+def test_memo_exec_cli_imports_no_torch_until_a_command_runs():
+    """``memo-exec -h`` or a bad flag imported torch (2.7 s on this VM) for the attention backends'
+    names; they come from the plan contract now, and torch is imported by the commands that run."""
+    code = "import sys, memo_exec.cli; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True).stdout
+    assert out.strip() == "False"
