@@ -1,5 +1,7 @@
 """`memo-sim sweep-seq` of a mixture-of-experts plan sweeps the policies that price the model (op_sac, priced for
-dense blocks only, used to abort the whole sweep with exit 2); a policy asked for by name is still refused."""
+dense blocks only, used to abort the whole sweep with exit 2) among those the plan's framework offers
+(`Plan.framework`: memo's own search, or torchtitan's, which offers op_sac); a policy asked for by name is still
+refused."""
 
 from __future__ import annotations
 
@@ -19,8 +21,21 @@ def test_sweep_seq_of_a_moe_plan_skips_the_policies_that_do_not_price_it(tmp_pat
                                  "--seqs", "32K", "--json"])
     assert s.exit_code == 0, s.output
     doc = json.loads((tmp_path / "s" / "mfu_vs_seq.json").read_text())
-    names = json.dumps(doc)
-    assert "op_sac" not in names and "recompute_moe" in names and "memo" in names
+    swept = {r["policy"]["policy"] for r in doc}
+    assert swept == {"store_all", "full_recompute", "full_offload", "memo"}, swept  # memo's own search's policies
     bad = CliRunner().invoke(cli, ["sweep-seq", str(tmp_path / "p" / "plan.json"), "--out", str(tmp_path / "b"),
                                    "--seqs", "32K", "--policy", "op_sac"])
     assert bad.exit_code == 2 and "op_sac" in bad.output and not (tmp_path / "b").exists()
+
+
+def test_sweep_seq_of_a_torchtitan_moe_plan_skips_op_sac(tmp_path):
+    """torchtitan offers op_sac, which does not price a mixture of experts: its sweep leaves it out."""
+    r = CliRunner().invoke(cli, ["whatif", "--model", "qwen3-30b-a3b", "--layers", "4", "--gpus", "16", "--seq", "32K",
+                                 "--profile", "h100-sxm5-80gb", "--tp", "1", "--ep", "8", "--dp", "16", "--framework",
+                                 "torchtitan", "--out", str(tmp_path / "p")])
+    assert r.exit_code == 0, r.output
+    s = CliRunner().invoke(cli, ["sweep-seq", str(tmp_path / "p" / "plan.json"), "--out", str(tmp_path / "s"),
+                                 "--seqs", "32K", "--json"])
+    assert s.exit_code == 0, s.output
+    doc = json.loads((tmp_path / "s" / "mfu_vs_seq.json").read_text())
+    assert {r["policy"]["policy"] for r in doc} == {"store_all", "full_recompute"}
