@@ -305,6 +305,13 @@ def test_bad_options_are_one_line_errors(args, needle, tmp_path):
     assert not list(tmp_path.iterdir())  # nothing written
 
 
+def test_an_unknown_option_points_at_the_help_as_every_command_does(tmp_path):
+    # as `memo-sim whatif --bogus` and `memo-exec run --bogus` (`memo_sim.errors.usage_line`)
+    r = CliRunner().invoke(calibrate_cmd, ["--name", "x", "--progress", "--out-dir", str(tmp_path)],
+                           prog_name="memo-exec calibrate")
+    assert _one_error_line(r) == "error: No such option '--progress'; see `memo-exec calibrate -h`"
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="asks for CUDA where there is none")
 def test_cuda_without_a_gpu_is_a_one_line_error(tmp_path):
     r = CliRunner().invoke(calibrate_cmd, ["--name", "x", "--device", "cuda", "--out-dir", str(tmp_path)])

@@ -18,7 +18,7 @@ from pathlib import Path
 import click
 
 from memo_exec.errors import user_errors
-from memo_sim.errors import MemoError
+from memo_sim.errors import MemoError, usage_line
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 DEFAULT_OUT = "hardware_profiles"
@@ -130,7 +130,7 @@ class _OneLineErrors(click.Command):
         try:
             return super().parse_args(ctx, args)
         except click.UsageError as e:
-            click.echo(f"error: {e.format_message().splitlines()[0]}", err=True)
+            click.echo(usage_line(e), err=True)
             raise click.exceptions.Exit(2) from None
 
 
