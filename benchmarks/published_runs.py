@@ -103,6 +103,7 @@ class Run:
     moe_balance: str = "dropless"
     gemm_format: str = "bf16"
     dp_mode: str = "zero"  # the data-parallel flavour (`memo_sim.dp`: torchtitan's rows run FSDP)
+    precision: str | None = None  # a model-state recipe the run sets (None: its framework's for the dtype)
     reshard_after_forward: bool = True  # FSDP (torchtitan keeps the gathered weights beside pipeline stages)
     tp_mode: str = "megatron"  # the TP flavour (`memo_sim.tp`: torchtitan's AsyncTP rows run async_tp)
     first_stage_layers: int = 0  # uneven pipeline stages: the first and last ranks' layers (0: even)
@@ -126,9 +127,10 @@ class Run:
     def base_model(self) -> ModelConfig:
         """The run's model before its framework's recipe (what a user hands `memo-sim whatif`)."""
         if self.arch is not None:
-            return replace(self.arch, name=self.id, dtype=self.dtype, gemm_format=self.gemm_format)
+            return replace(self.arch, name=self.id, dtype=self.dtype, gemm_format=self.gemm_format,
+                           precision=self.precision)
         return ModelConfig(self.id, self.layers, self.hidden, self.heads, 4 * self.hidden, vocab=self.vocab,
-                           dtype=self.dtype)
+                           dtype=self.dtype, precision=self.precision)
 
     def model(self) -> ModelConfig:
         """The run's model as its framework version trains it: the model-state recipe is the
@@ -622,10 +624,15 @@ _FORCED_ASSUMED = ("balance not stated by the table: memo runs forced balance, a
                    "of run_235b.sh / run_h100_235b.sh passes --moe-router-force-load-balancing (memo's dropless, "
                    "a uniform router's loads, is given beside the row)")
 _DROPLESS = (("dropless", (("moe_balance", "dropless"),)),)
+_A3_UNSTATED = ("Megatron-FSDP's settings beside 'FSDP On' are not stated (no script or yaml of the row): memo runs "
+                "optim_grads_params (ZeRO 3: the 235B model's expert weights, 57 GB a GPU at EP 8 in bf16, fit "
+                "only sharded) with the gradients reduce-scattered in fp32, Megatron's default under bf16 "
+                "(accumulate_allreduce_grads_in_fp32; --grad-reduce-in-bf16 halves them, given beside the row)")
 
 
 def _zoo_qwen3(rid, cfg, tflops, why=None, gbs=2048, seq=4096, stated_step=None, tp=2, cp=1, pp=8, vpp=4, ep=32,
-               dispatcher="deepep", balance="forced", policy="recompute_norm_act", not_modelled="", variants=()):
+               dispatcher="deepep", balance="forced", policy="recompute_norm_act", not_modelled="", variants=(),
+               zero=1, micro_batch=1, schedule_source=None):
     f = megatron_moe_flops(QWEN3_235B, gbs, seq, "1e057005")
     pub = stated_step if stated_step else f / (tflops * 1e12 * 256)
     note = (f"stated step time {stated_step} s ({tflops} TFLOP/s per GPU, consistent with training.py at 1e057005 "
@@ -634,10 +641,10 @@ def _zoo_qwen3(rid, cfg, tflops, why=None, gbs=2048, seq=4096, stated_step=None,
     split = _QWEN3_SPLIT.format(c=pp * vpp, k=96 // (pp * vpp))
     return Run(f"moe-zoo-qwen3-235b-{rid}", MOE_ZOO, cfg, pub, note, framework="megatron", profile="h100-sxm5-80gb",
                group="moe", arch=QWEN3_235B, seq=seq, global_batch=gbs, dtype="bf16", why_not=why, tp=tp, sp=True,
-               cp=cp, pp=pp, vpp=vpp, dp=256 // (tp * cp * pp), zero=1, ep=ep, etp=1, micro_batch=1,
-               account_embedding_loss=True, moe_dispatcher=dispatcher, moe_balance=balance, policy=policy,
-               schedule_source="" if why else (f"micro-batch 1 (runtime.conf), interleaved 1F1B with {vpp} chunks "
-                                               f"per GPU; {split}"),
+               cp=cp, pp=pp, vpp=vpp, dp=256 // (tp * cp * pp), zero=zero, ep=ep, etp=1, micro_batch=micro_batch,
+               account_embedding_loss=pp > 1, moe_dispatcher=dispatcher, moe_balance=balance, policy=policy,
+               schedule_source="" if why else schedule_source if schedule_source is not None else (
+                   f"micro-batch 1 (runtime.conf), interleaved 1F1B with {vpp} chunks per GPU; {split}"),
                not_modelled="; ".join(x for x in (not_modelled, _QWEN3_OVERLAPS, _QWEN3_NET) if x), variants=variants)
 
 
@@ -702,9 +709,10 @@ MOE_RUNS: tuple[Run, ...] = (
                "the mechanism predicted; " + _FORCED_ASSUMED),
     _zoo_qwen3("a3-fsdp", "Qwen3-235B-A22B, 256 H100, TP 2 x DP 128 (Megatron FSDP), EP 8, EDP 32, MBS 4, GBS 2048, "
                "s=4096, BF16, DeepEP, full recompute; code 1e057005", 276,
-               "Megatron-FSDP (parameters, gradients and optimizer states sharded over DP 128, ZeRO-3-like): memo's "
-               "megatron framework data offers ZeRO 0 and 1 only (the distributed optimizer)",
-               stated_step=17.6, tp=2, pp=1, vpp=1, ep=8, policy="full_recompute"),
+               stated_step=17.6, tp=2, pp=1, vpp=1, ep=8, policy="full_recompute", zero=3, micro_batch=4,
+               schedule_source="micro-batch 4, GA 4 (the table's MBS and GA columns), one stage",
+               not_modelled=_A3_UNSTATED + "; " + _FORCED_ASSUMED,
+               variants=_DROPLESS + (("gradients reduced in bf16 (--grad-reduce-in-bf16)", (("precision", "zero"),)),)),
     _zoo_qwen3("a4-pp32-alltoall", "Qwen3-235B-A22B, 256 H100, TP 2 x PP 32 (VPP 3) x DP 4, EP 8, ETP 1, MBS 1, "
                "GBS 2048 (GA 512), s=4096, BF16, alltoall (DISPATCHER=A2A), --recompute-modules layernorm moe_act; "
                "code 1e057005", 200,
@@ -800,6 +808,18 @@ MOE_OUTLIERS: dict[str, str] = {
         "a2 row (the same layout with the all-to-all hidden behind the other micro-batch) ran 11% faster on the "
         "cluster; memo, which leaves the all-to-all exposed, lands on a2's time, so on this layout memo's compute is "
         "too fast or its all-to-all too slow, and the two rows cannot tell which. " + _HOST_BOUND),
+    "moe-zoo-qwen3-235b-a3-fsdp": (
+        "memo too slow: the data-parallel collectives it prices exposed. Megatron-FSDP (memo's ZeRO 3, as "
+        "custom_fsdp at 1e05700595 runs it) all-gathers each layer's weights before its forward and again before "
+        "its recompute and backward and reduce-scatters its gradients after every micro-batch's backward (4 "
+        "micro-batches of 4 sequences); the expert weights (16 experts a GPU at EP 8, 0.3B parameters a layer) "
+        "shard over their 32 expert-data-parallel ranks, one per node, so every gather and reduce-scatter crosses "
+        "InfiniBand at 50 GB/s a GPU. memo's data-parallel stream is busy 22.1 s of its 22.43 s step (the fp32 "
+        "reduce-scatters 10.8 s, the gathers 11.3 s) against 11.7 s of compute and 2.5 s of DeepEP dispatch and "
+        "combine, so the step is the collectives' time. The row states 'FSDP On' and nothing else: with the "
+        "gradients reduce-scattered in bf16 (--grad-reduce-in-bf16, Megatron-FSDP's other setting) memo predicts "
+        "17.39 s (-1.2%), given beside the row and not counted. Not modelled either: the table's 'disable log para "
+        "norm' and --manual-gc."),
     "moe-zoo-qwen3-235b-a5-tp4": (
         "memo too fast by far; not pinned down. memo predicts this layout faster than a1 (its EP 8 stays inside the "
         "node: dispatch and combine 16% of memo's layer against a1's 58%), the cluster measured it 47% slower (167 "

@@ -18,6 +18,7 @@ from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import get_model
 from memo_sim.plan.schema import Plan, read_plan, write_plan
 from memo_sim.policy import get_policy
+from memo_sim.search.frameworks import get_framework
 
 DATA = Path(__file__).parent / "data" / "export"
 
@@ -296,7 +297,7 @@ def test_a_plan_the_framework_cannot_express_exports_its_best_runnable_plan(tmp_
     assert not [g for g in ex.gaps if g.change != PlanChange()]  # the exported plan is Megatron's own
     # --nearest keeps the old answer: memo's plan with its nearest settings, the gaps listed
     near = export_plan(plan, "megatron", price=False, nearest=True)
-    assert near.instead is None and any("ZeRO stage 3" in g.what for g in near.gaps)
+    assert near.instead is None and any("MEMO" in g.what for g in near.gaps)  # ZeRO 3: Megatron-FSDP's own
 
 
 @pytest.mark.slow
@@ -426,3 +427,28 @@ def test_torchrun_counts_hosts_not_a_gb200_racks_nvlink_domain():
     assert "torchrun --nnodes 64 --nproc-per-node 4 " in src, src
     h100 = replace(plan, profile="h100-sxm5-80gb")
     assert "torchrun --nnodes 32 --nproc-per-node 8 " in export_plan(h100, "torchtitan", price=False).launch
+
+
+def test_a_zero3_plan_exports_as_megatron_fsdp():
+    """Megatron-FSDP (memo_sim/frameworks/data/megatron.yaml: ZeRO 3) is written as itself, with the options
+    d98e8a64 asks for beside it, not as a ZeRO gap; the optimizer on the host is not offered beside it."""
+    plan = _plan("qwen3-30b-a3b", Layout(tp=2, dp=8, zero=3, ep=8), ("full_recompute",), seq=4096, batch=4)
+    ex = export_plan(plan, "megatron", price=False)
+    assert not any("ZeRO" in g.what for g in ex.gaps), [g.what for g in ex.gaps]
+    args = _check_args(ex.files["megatron.sh"], _names("megatron_options.txt"))
+    assert "--use-megatron-fsdp" in args and args["--data-parallel-sharding-strategy"] == "optim_grads_params"
+    assert args["--ckpt-format"] == "fsdp_dtensor" and "--use-distributed-optimizer" in args
+    for zero in (0, 1):  # the distributed optimizer's own: no Megatron-FSDP options
+        one = export_plan(_plan("qwen3-30b-a3b", Layout(tp=2, dp=8, zero=zero, ep=8), ("full_recompute",), seq=4096),
+                          "megatron", price=False)
+        assert "--use-megatron-fsdp" not in one.files["megatron.sh"]
+    two = export_plan(_plan("gpt-7b", Layout(tp=2, dp=4, zero=2), ("full_recompute",), seq=4096), "megatron",
+                      price=False, nearest=True)
+    assert [g.nearest for g in two.gaps if "ZeRO" in g.what] == ["--use-distributed-optimizer, or Megatron-FSDP for "
+                                                              "ZeRO 3 (ZeRO 1)"]
+    off = _plan("gpt-7b", Layout(tp=2, dp=4, zero=3, optimizer_offload=True), ("full_recompute",), seq=4096)
+    assert any("optimizer offload" in g.what for g in export_plan(off, "megatron", price=False, nearest=True).gaps)
+    fw = get_framework("megatron")
+    assert "optimizer offload at ZeRO stage 3" in fw.why_not(off.layout)
+    assert fw.why_not(Layout(tp=2, dp=4, zero=1, optimizer_offload=True)) is None
+    assert "ZeRO stage 3" in get_framework("megatron@2023").why_not(plan.layout)  # not before Megatron-FSDP

@@ -17,14 +17,17 @@ A800 = load_profile("a800-80gb")
 M7 = get_model("gpt-7b")
 
 
-def test_megatron_offers_tp_sp_cp_dp_with_distributed_optimizer_and_no_offload():
+def test_megatron_offers_tp_sp_cp_dp_with_distributed_optimizer_or_megatron_fsdp_and_no_offload():
     res = candidates_for(M7, 256 * K, 16, A800, framework="megatron")
     assert res.candidates
     for c in res.candidates:
         lay = c.layout
-        assert lay.ulysses == 1 and lay.zero <= 1 and (lay.sp or lay.tp == 1)
+        assert lay.ulysses == 1 and lay.zero in (0, 1, 3) and lay.dp_mode == "zero" and (lay.sp or lay.tp == 1)
         assert c.policy.name in ("store_all", "full_recompute", "selective_recompute")
+    assert {c.layout.zero for c in res.candidates} >= {1, 3}  # the distributed optimizer and Megatron-FSDP
     assert any("megatron does not offer" in why for _, why in res.rejected_layouts)
+    old = candidates_for(M7, 256 * K, 16, A800, framework="megatron@2023")  # before Megatron-FSDP
+    assert old.candidates and all(c.layout.zero <= 1 for c in old.candidates)
 
 
 def test_deepspeed_offers_ulysses_with_zero_and_no_tp():

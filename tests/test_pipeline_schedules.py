@@ -209,12 +209,17 @@ def test_default_search_ranks_pipelines_beside_the_single_stage():
 
 def test_megatron_pipelines_a_model_that_does_not_fit_without_one():
     m = get_model("gpt-175b")
-    res = candidates_for(m, 32768, 64, A800, framework="megatron")
+    res = candidates_for(m, 32768, 64, A800, framework="megatron@2023")  # the distributed optimizer, no FSDP
     single = [c for c in res.candidates if c.schedule == "single_stage"]
     assert single and all(c.status != "OK" for c in single)
     assert res.best is not None and res.best.layout.pp > 1 and res.best.schedule in ("1f1b", "interleaved_1f1b")
     assert res.best.layout.zero <= 1 and res.best.layout.ulysses == 1
     assert res.searched["pipeline"]["why"] == "searched by default"
+    # today's Megatron-LM also shards the weights on one stage (Megatron-FSDP, ZeRO 3): those fit, no other does
+    now = candidates_for(m, 32768, 64, A800, framework="megatron")
+    fits = [c for c in now.candidates if c.schedule == "single_stage" and c.status == "OK"]
+    assert fits and all(c.layout.zero == 3 for c in fits)
+    assert any(c.layout.pp > 1 and c.status == "OK" for c in now.candidates)
 
 
 @pytest.mark.parametrize("policy", ["memo", "full_recompute", "store_all"])

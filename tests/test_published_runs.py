@@ -251,7 +251,14 @@ def test_qwen3_rows_follow_the_model_zoo_launch_files():
         assert not r.long_context
     assert q["a1-ep32"].policy == "recompute_norm_act" and q["a5-tp4"].policy == "store_all"
     assert "--overlap-moe-expert-parallel-comm" in q["a2-ep32-a2a-overlap"].not_modelled
-    assert q["a3-fsdp"].why_not and "FSDP" in q["a3-fsdp"].why_not
+    a3 = q["a3-fsdp"]  # Megatron-FSDP: ZeRO 3 on one stage, 4 micro-batches of 4 (the table's MBS and GA)
+    assert a3.why_not is None and (a3.zero, a3.pp, a3.micro_batch, a3.dp, a3.ep) == (3, 1, 4, 128, 8)
+    assert not a3.account_embedding_loss and a3.layout().expert_dp == 32
+    from memo_sim.search.frameworks import get_framework
+
+    assert get_framework("megatron").why_not(a3.layout()) is None
+    assert [v[0] for v in a3.variants] == ["dropless", "gradients reduced in bf16 (--grad-reduce-in-bf16)"]
+    assert a3.model().precision is None and dataclasses.replace(a3, precision="zero").model().precision == "zero"
     a4 = q["a4-pp32-alltoall"]
     assert a4.why_not and a4.moe_dispatcher == "alltoall"
     from memo_sim.layout.parallel import virtual_split_why_not

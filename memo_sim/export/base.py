@@ -240,7 +240,7 @@ def optimizer_offload_gap(plan: Plan, framework: str) -> list[Gap]:
     """The optimizer on the host where the framework version does not offer it: on the GPU instead."""
     from memo_sim.search.frameworks import get_framework  # noqa: PLC0415
 
-    if not plan.layout.optimizer_offload or get_framework(framework).optimizer_offload:
+    if not plan.layout.optimizer_offload or get_framework(framework).offloads_optimizer(plan.layout.zero):
         return []
     return [Gap("the optimizer's states and step on the host (optimizer offload)", "the optimizer on the GPU",
                 PlanChange(layout={"optimizer_offload": False}))]

@@ -5,8 +5,8 @@ Option names and values as NVIDIA/Megatron-LM defines them (`SOURCE`): the liter
 ``megatron/training/arguments.py`` and those its ``ArgumentGroupFactory`` derives from
 ``TransformerConfig`` / ``ModelParallelConfig`` fields (``--tensor-model-parallel-size``,
 ``--recompute-granularity`` ...). Megatron-LM expresses TP with SP, ring CP, PP with interleaving
-(``--num-virtual-stages-per-pipeline-rank``), DP with the distributed optimizer (ZeRO 1) and full
-recompute; the rest of a plan is a `Gap`.
+(``--num-virtual-stages-per-pipeline-rank``), DP with the distributed optimizer (ZeRO 1) or Megatron-FSDP
+(ZeRO 3: ``--use-megatron-fsdp``), and full recompute; the rest of a plan is a `Gap`.
 """
 
 from __future__ import annotations
@@ -42,13 +42,13 @@ _OFFLOAD_NOTE = ("Megatron's --cpu-offloading --cpu-offloading-num-layers N, wit
 
 
 def gaps(plan: Plan) -> list[Gap]:
-    """Megatron-LM interleaves pipelines itself, so only Ulysses, METP, ZeRO 2/3 and the
+    """Megatron-LM interleaves pipelines itself, so only Ulysses, METP, ZeRO 2 and the
     policies other than store-all and full recompute are gaps (and GPT-OSS's attention, which
     the script leaves to the user)."""
     return (ulysses_gap(plan) + metp_gap(plan)
             + async_tp_gap(plan, "Megatron TP with sequence parallelism, its collectives on the critical path "
                                  "(--tp-comm-overlap, TransformerEngine's userbuffer overlap, is not priced by memo)")
-            + zero_gap(plan, (0, 1), "--use-distributed-optimizer")
+            + zero_gap(plan, (0, 1, 3), "--use-distributed-optimizer, or Megatron-FSDP for ZeRO 3")
             + policy_gaps(plan, _RUNS, notes={"memo": _OFFLOAD_NOTE, "full_offload": _OFFLOAD_NOTE})
             + gemm_format_gap(plan, "megatron") + optimizer_offload_gap(plan, "megatron") + _attention_gaps(plan))
 
@@ -162,7 +162,10 @@ def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | tuple[str
             args += [("--account-for-embedding-in-pipeline-split", None), ("--account-for-loss-in-pipeline-split", None)]
     args += [("--micro-batch-size", str(plan.micro_batch)), ("--global-batch-size", str(plan.batch * lay.dp))]
     if lay.zero >= 1 or lay.optimizer_offload:  # the CPU offload runs inside the distributed optimizer
-        args.append(("--use-distributed-optimizer", None))
+        args.append(("--use-distributed-optimizer", None))  # Megatron-FSDP (v1) runs inside it too
+    if lay.zero == 3:  # Megatron-FSDP: weights, gradients and optimizer states sharded (the framework data's sources)
+        args += [("--use-megatron-fsdp", None), ("--data-parallel-sharding-strategy", "optim_grads_params"),
+                 ("--ckpt-format", "fsdp_dtensor")]
     if lay.optimizer_offload:  # Megatron-Core's HybridDeviceOptimizer, the whole shard on the host
         args += [("--optimizer-cpu-offload", None), ("--use-precision-aware-optimizer", None)]
     if lay.dp > 1 or lay.cp > 1:

@@ -118,6 +118,8 @@ class _LayoutsIn(BaseModel):
     tp_modes: tuple[Literal[TP_MODES], ...] = ("megatron",)
     schedules: tuple[Literal[SCHEDULE_NAMES], ...] = ("single_stage",)  # `memo_sim.layout.schedule`
     optimizer_offload: bool = Field(False, strict=True)  # the optimizer's states and step on the host
+    # the ZeRO stages it keeps the optimizer on the host beside (None: every stage it offers)
+    optimizer_offload_zero: tuple[Literal[0, 1, 2, 3], ...] | None = None
     uneven_stages: bool = Field(False, strict=True)  # first / last pipeline stages of their own layer counts
     # the embedding and the loss each taking a layer's slot in the split (Megatron-LM's
     # --account-for-embedding/loss-in-pipeline-split); default: where it has uneven stages
@@ -199,6 +201,7 @@ class Framework:
     fp8_saved_inputs: bool = False  # under FP8 it keeps the GEMM inputs for backward as FP8 copies
     fp8_sp_gathers: bool = False  # under FP8 its sequence-parallel all-gathers carry the GEMM inputs' FP8 copies
     optimizer_offload: bool = False  # it can keep the optimizer's states and step on the host
+    optimizer_offload_zero: tuple[int, ...] | None = None  # ... beside these ZeRO stages only (None: all it offers)
     uneven_stages: bool = False  # it can give the first / last pipeline stages their own layer counts
     embedding_loss_slots: bool = False  # the embedding and the loss each take a layer's slot in its split
     # mixture of experts: (expert parallel, expert tensor parallel, dispatchers, EP within TP x CP x the FSDP shard
@@ -247,8 +250,8 @@ class Framework:
             what = f"data-parallel flavour {lay.dp_mode}" + (f" at stage {lay.zero}" if lay.dp_mode == "zero" else "")
         elif lay.tp_mode not in self.tp_modes:
             what = f"tp_mode {lay.tp_mode}"
-        elif lay.optimizer_offload and not self.optimizer_offload:
-            what = "optimizer offload"
+        elif lay.optimizer_offload and not self.offloads_optimizer(lay.zero):
+            what = "optimizer offload" + (f" at ZeRO stage {lay.zero}" if self.optimizer_offload else "")
         elif lay.uneven and not self.uneven_stages:
             what = "uneven pipeline stages"
         elif lay.account_embedding_loss and not self.embedding_loss_slots:
@@ -265,6 +268,10 @@ class Framework:
                 lay.tp * (lay.dp_flavour.shard_group(lay) if lay.dp_mode == "fsdp" else lay.cp)) % (lay.ep * lay.etp):
             what = "expert parallelism beyond the ranks it borrows from (TP x CP x the FSDP shard group)"
         return None if what is None else f"{self.name} does not offer {lay.label()} ({what})"
+
+    def offloads_optimizer(self, zero: int) -> bool:
+        """Whether it keeps the optimizer's states and step on the host beside ZeRO stage ``zero``."""
+        return self.optimizer_offload and (self.optimizer_offload_zero is None or zero in self.optimizer_offload_zero)
 
     def adapt(self, lay: Layout) -> Layout:
         """The layout as this framework runs it: its mechanisms applied."""
@@ -284,7 +291,8 @@ def _read(path: Path) -> Framework:
                      lay.context_parallel, lay.ulysses, lay.zero, lay.tp_modes,
                      tuple((k, getattr(f.mechanisms, k)) for k in MECHANISMS), f.not_modelled, str(path),
                      lay.schedules, recipes=tuple(f.precision.recipes.items()), gemm_formats=f.precision.gemm_formats,
-                     optimizer_offload=lay.optimizer_offload, uneven_stages=lay.uneven_stages,
+                     optimizer_offload=lay.optimizer_offload, optimizer_offload_zero=lay.optimizer_offload_zero,
+                     uneven_stages=lay.uneven_stages,
                      embedding_loss_slots=lay.uneven_stages if lay.embedding_loss_slots is None
                      else lay.embedding_loss_slots,
                      fp8_saved_inputs=f.precision.fp8_saved_inputs, fp8_sp_gathers=f.precision.fp8_sp_gathers,
