@@ -280,6 +280,8 @@ REFUSED = [
     ("attention_sinks = True", dict(), dataclasses.replace(MOE, attention_sinks=True)),
     ("sliding_window = 16", dict(), dataclasses.replace(MOE, sliding_window=16, sliding_layers=2)),
     ("qk_norm = True", dict(), dataclasses.replace(MOE, qk_norm=True)),
+    ("router_groups = 2", dict(), dataclasses.replace(MOE, router_groups=2, router_group_topk=1)),
+    ("router_scaling = 2.5", dict(), dataclasses.replace(MOE, router_scaling=2.5)),
 ]
 
 

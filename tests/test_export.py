@@ -74,6 +74,8 @@ def _check_args(script: str, allowed: dict[str, str]) -> dict[str, str | None]:
         val = words[i + 1]
         if kind == "int":
             assert int(val) >= 1, (opt, val)
+        elif kind == "float":
+            assert float(val) > 0, (opt, val)
         elif kind != "path":
             assert val in kind.split("|"), (opt, val)
         seen[opt] = val
@@ -344,6 +346,9 @@ def test_megatron_script_carries_moe_with_megatron_options(plan):
     assert args["--moe-token-dispatcher-type"] == lay.moe_dispatcher and "--moe-grouped-gemm" in args
     if m.mla:
         assert "--multi-latent-attention" in args and int(args["--kv-lora-rank"]) == m.kv_lora_rank
+        # DeepSeek-V3's node-limited routing and routed scaling, not dropped (a user's review, 2026-11-27)
+        assert (args["--moe-router-num-groups"], args["--moe-router-group-topk"]) == ("8", "4")
+        assert float(args["--moe-router-topk-scaling-factor"]) == 2.5
         assert args["--moe-layer-freq"] == "([0]*3+[1]*58)" and args["--moe-router-score-function"] == "sigmoid"
         assert "--group-query-attention" not in args
     if lay.moe_balance.startswith("capacity"):

@@ -108,6 +108,11 @@ def test_bad_moe_configs_are_refused_naming_the_field(folder, over, field):
     (dict(top_k=2), "give experts"),
     (dict(sliding_window=128), "sliding_window and sliding_layers"),
     (dict(kv_lora_rank=512), "latent attention"),
+    (dict(experts=8, top_k=2, router_groups=4), "give both or neither"),
+    (dict(experts=8, top_k=2, router_groups=3, router_group_topk=1), "must divide"),
+    (dict(experts=8, top_k=4, router_groups=4, router_group_topk=1), "exceeds the experts"),
+    (dict(router_groups=2, router_group_topk=1), "give experts"),
+    (dict(experts=8, top_k=2, router_scaling=0.0), "router_scaling"),
 ])
 def test_bad_moe_model_fields_are_refused(over, needle):
     with pytest.raises(MemoError) as e:
@@ -121,3 +126,18 @@ def test_sliding_window_shrinks_attention_flops_only_past_the_window():
     f = m.attention_flop_fraction(32768)
     # 12 of 24 layers attend to 128 keys: about half the layers' score elements remain
     assert 0.5 < f < 0.51
+
+
+def test_group_limited_routing_is_read_where_the_router_uses_it():
+    """n_group / topk_group under DeepSeek-V3's noaux_tc and V2's group_limited_greedy (its 236B config), not under
+    greedy (V2-Lite), and routed_scaling_factor beside them (a user's review, 2026-11-27: all three were dropped)."""
+    v3 = hf_model_fields(_raw("deepseek-v3"))
+    assert (v3["router_groups"], v3["router_group_topk"], v3["router_scaling"]) == (8, 4, 2.5)
+    lite = hf_model_fields(_raw("deepseek-v2-lite"))
+    assert "router_groups" not in lite and lite.get("router_scaling", 1.0) == 1.0
+    v2 = hf_model_fields({**_raw("deepseek-v2-lite"), "topk_method": "group_limited_greedy", "n_group": 8,
+                          "topk_group": 3, "n_routed_experts": 160, "num_experts_per_tok": 6,
+                          "routed_scaling_factor": 16.0})
+    assert (v2["router_groups"], v2["router_group_topk"], v2["router_scaling"]) == (8, 3, 16.0)
+    assert ModelConfig.from_dict(PRESETS["deepseek-v3"].to_dict()).router_groups == 8
+    assert "router_groups" not in PRESETS["mixtral-8x7b"].to_dict()  # dense and ungrouped plans keep their shape

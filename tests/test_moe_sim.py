@@ -353,3 +353,36 @@ def test_a_pipeline_stage_holds_its_dense_layers_as_dense():
     assert second.expert_local == pytest.approx(8 * m.expert_layer_params() / 32)
     dense_model = PRESETS["llama-3.1-8b"]
     assert stage_dense_layer_count(dense_model, Layout(pp=4, dp=2), 0) == 0
+
+
+def test_group_limited_routing_sends_a_token_to_fewer_nodes_under_deepep_only():
+    """DeepSeek-V3's node-limited routing (8 groups, each token's experts from its best 4): with EP 64 over 8
+    nodes each node holds one group, so a token reaches at most 4 nodes and DeepEP sends it across fewer of
+    them; the plain all-to-all moves every routed copy either way, and groups that do not fall on whole nodes
+    change nothing (a user's review, 2026-11-27: the groups were read nowhere)."""
+    from dataclasses import replace
+    from math import comb
+
+    from memo_sim.cost.moe import nodes_hit
+
+    assert nodes_hit(8, 8) == pytest.approx(1 - (7 / 8) ** 8)  # no groups: uniform over the nodes
+    assert nodes_hit(8, 8, 8, 8) == pytest.approx(nodes_hit(8, 8))  # every group picked: no limit
+    # one group a node, 4 of 8 picked: a node is picked with chance 1/2 and then hit 1 - (3/4)^8
+    assert nodes_hit(8, 8, 8, 4) == pytest.approx(0.5 * (1 - (3 / 4) ** 8))
+    assert 8 * nodes_hit(8, 8, 8, 4) <= 4  # at most 4 nodes a token
+    # two groups a node (16 groups over 8 nodes), 4 picked: the hypergeometric sum
+    want = 1 - sum(comb(2, j) * comb(14, 4 - j) / comb(16, 4) * (1 - j / 4) ** 8 for j in range(3))
+    assert nodes_hit(8, 8, 16, 4) == pytest.approx(want)
+    assert nodes_hit(3, 8, 8, 4) == pytest.approx(nodes_hit(3, 8))  # 8 groups on 3 nodes: not whole groups
+
+    v3 = PRESETS["deepseek-v3"]
+    free = replace(v3, router_groups=0, router_group_topk=0)
+    assert (v3.router_groups, v3.router_group_topk, v3.router_scaling) == (8, 4, 2.5)
+
+    def a2a(m, d, ep=64):
+        lay = Layout(dp=64, ep=ep, moe_dispatcher=d, moe_balance="forced")
+        return next(c for c in forward_costs(m, lay, 1, 4 * K, H100) if c.name.startswith("moe_dispatch")).seconds
+
+    assert a2a(v3, "deepep") < a2a(free, "deepep")  # 64 ranks on 8 nodes: one group a node
+    assert a2a(v3, "alltoall") == pytest.approx(a2a(free, "alltoall"))
+    assert a2a(v3, "deepep", ep=8) == pytest.approx(a2a(free, "deepep", ep=8))  # one node: NVLink only

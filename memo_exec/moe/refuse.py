@@ -3,7 +3,8 @@ one line naming the field (`memo_exec.runner.run_model` raises it as an `ExecErr
 before anything is allocated). The simulator prices all of these; the executor builds:
 
 - routed experts with expert parallelism ``ep`` over the ``alltoall`` dispatcher, ``etp`` = 1
-  (each expert's FFN whole on one rank), dropless routing (every routed token computed);
+  (each expert's FFN whole on one rank), dropless routing over every expert (no router groups, no
+  output scaling);
 - standard multi-head / grouped-query attention with head size hidden / heads.
 """
 
@@ -36,6 +37,13 @@ def moe_why_not(model: ModelConfig, layout: Layout) -> str | None:
     if why or not model.moe:
         return why
     lab = layout.label()
+    if model.router_groups:
+        return (f"plan model {model.name}: router_groups = {model.router_groups}: the executor routes over every "
+                f"expert (group-limited routing not built; the simulator prices it); plan a model without router "
+                f"groups to run")
+    if model.router_scaling != 1.0:
+        return (f"plan model {model.name}: router_scaling = {model.router_scaling}: the executor does not scale the "
+                f"routed experts' output; plan a model with router_scaling 1 to run")
     if layout.etp > 1:
         return (f"plan layout {lab}: etp = {layout.etp}: the executor keeps each expert's FFN whole on one rank "
                 f"(expert tensor parallelism not built); plan with etp 1")

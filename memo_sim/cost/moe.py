@@ -26,13 +26,17 @@ all-to-all sends each token over the inter-node link once per destination node
 critical path (each waits for the op before it and the next op waits for it). Backward runs each
 collective's transpose over the same bytes. Expert ranks order ETP innermost, then EP
 (Megatron-Core's folding, `memo_sim.layout.parallel`), so an EP group's ranks are etp apart.
-Not modelled: DeepEP's node-limited routing (DeepSeek-V3 sends a token to at most 4 nodes) and its
-fewer SMs, overlap of the all-to-all with compute (Megatron-Core's ``--overlap-moe-expert-
+Group-limited routing (``router_groups`` / ``router_group_topk``: DeepSeek-V3 takes a token's 8 experts from
+its best 4 of 8 groups) bounds the nodes a token reaches where the groups fall on whole nodes (each node
+holding whole groups): the deduplicated all-to-all sends it to fewer of them (`nodes_hit`); a plain
+all-to-all moves every routed copy either way. Not modelled: DeepEP's fewer SMs, overlap of the all-to-all with compute (Megatron-Core's ``--overlap-moe-expert-
 parallel-comm``, DeepEP), FP8 dispatch, token dropping's savings below capacity, the routing map and
 probabilities the all-gather dispatcher gathers beside the tokens (k fp32 values per token).
 """
 
 from __future__ import annotations
+
+from math import comb
 
 from memo_sim.cost import collectives as coll
 from memo_sim.cost.activations import routed_load, shard_tokens, tokens_per_gpu
@@ -120,13 +124,29 @@ def ep_alltoall_time(size: float, layout: Layout, profile: HardwareProfile) -> f
     return max(t_nv, t_ib)
 
 
+def nodes_hit(nodes: int, top_k: int, groups: int = 0, group_topk: int = 0) -> float:
+    """The chance that one given node of ``nodes`` holds at least one of a token's ``top_k`` experts, its
+    experts spread uniformly: 1 - (1 - 1/n)^k; under group-limited routing whose ``groups`` fall on whole
+    nodes (groups a multiple of nodes), the token picks ``group_topk`` of the groups uniformly and its experts
+    among theirs, so a node holding ``h`` groups is missed when the j of them picked (hypergeometric) take
+    none of the k experts: the sum of P(j) (1 - j / group_topk)^k (equal to the first form when every group
+    is picked)."""
+    if not (groups and group_topk and groups % nodes == 0 and group_topk < groups):
+        return 1.0 - (1.0 - 1.0 / nodes) ** top_k
+    h = groups // nodes
+    total = comb(groups, group_topk)
+    missed = sum(comb(h, j) * comb(groups - h, group_topk - j) / total * (1.0 - j / group_topk) ** top_k
+                 for j in range(min(h, group_topk) + 1))
+    return 1.0 - missed
+
+
 def ep_alltoall_dedup_time(tokens: float, top_k: int, token_bytes: float, layout: Layout,
-                           profile: HardwareProfile) -> float:
+                           profile: HardwareProfile, groups: int = 0, group_topk: int = 0) -> float:
     """DeepEP's all-to-all of a rank's ``tokens`` (the busiest rank's, each ``top_k`` routed copies of
     ``token_bytes``) over the EP group: a token crosses to each other node of the group holding one of
-    its experts once (its top-k experts fall on the group's n nodes uniformly, so each other node is
-    hit with probability 1 - (1 - 1/n)^k), and the copies for the ranks of a node cross NVLink there;
-    the two at once (module docs)."""
+    its experts once (each other node hit with the chance `nodes_hit` gives: 1 - (1 - 1/n)^k for experts
+    spread uniformly over the group's n nodes, less under group-limited routing), and the copies for the
+    ranks of a node cross NVLink there; the two at once (module docs)."""
     g = layout.ep
     if g <= 1:
         return 0.0
@@ -137,7 +157,7 @@ def ep_alltoall_dedup_time(tokens: float, top_k: int, token_bytes: float, layout
     t_nv = (per_node - 1) * float(nv.latency) + copies * token_bytes * (per_node - 1) / per_node / float(nv.bandwidth)
     if nodes <= 1:
         return t_nv
-    hit = 1.0 - (1.0 - 1.0 / nodes) ** top_k
+    hit = nodes_hit(nodes, top_k, groups, group_topk)
     t_ib = (nodes - 1) * float(ib.latency) + tokens * token_bytes * (nodes - 1) * hit / float(ib.bandwidth)
     return max(t_nv, t_ib)
 
@@ -165,7 +185,8 @@ def step_cost(op: OpSpec, step: Step, model: ModelConfig, layout: Layout, batch:
         t = ep_alltoall_time(size, layout, profile)
     elif step.collective == "alltoall_dedup":
         tokens = shard_tokens(layout, batch, seq) * routed_load(layout, batch, seq, model.top_k) * fraction
-        t = ep_alltoall_dedup_time(tokens, model.top_k, DTYPE_BYTES[model.dtype] * model.hidden, layout, profile)
+        t = ep_alltoall_dedup_time(tokens, model.top_k, DTYPE_BYTES[model.dtype] * model.hidden, layout, profile,
+                                   model.router_groups, model.router_group_topk)
     else:
         link = step_link(step.group, layout, profile)
         kind = "all_gather" if step.collective == "allgather" else "reduce_scatter"

@@ -73,7 +73,8 @@ MAX_EXPERTS = 1 << 14
 _QUIET_DEFAULTS = {"head_dim": 0, "qk_norm": False, "attention_sinks": False, "sliding_window": 0, "sliding_layers": 0,
                    "q_lora_rank": 0, "kv_lora_rank": 0, "qk_rope_dim": 0, "v_head_dim": 0, "experts": 0, "top_k": 0,
                    "expert_ffn": 0, "shared_experts": 0, "shared_ffn": 0, "shared_gate": False, "dense_layers": 0,
-                   "router": "softmax", "moe_bias": False, "not_modelled": ""}
+                   "router": "softmax", "moe_bias": False, "router_groups": 0, "router_group_topk": 0,
+                   "router_scaling": 1.0, "not_modelled": ""}
 
 
 def _dim(hi: int):
@@ -119,6 +120,9 @@ class _ModelIn(BaseModel):
     dense_layers: Annotated[int, Field(strict=True, ge=0, le=MAX_LAYERS)] = 0
     router: Literal[ROUTER_NAMES] = "softmax"
     moe_bias: bool = Field(False, strict=True)
+    router_groups: Annotated[int, Field(strict=True, ge=0, le=MAX_EXPERTS)] = 0
+    router_group_topk: Annotated[int, Field(strict=True, ge=0, le=MAX_EXPERTS)] = 0
+    router_scaling: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)] = 1.0
     not_modelled: str = Field("", strict=True, max_length=500)
 
     @model_validator(mode="after")
@@ -138,8 +142,21 @@ class _ModelIn(BaseModel):
             if self.dense_layers >= self.layers:
                 raise ValueError(f"dense_layers ({self.dense_layers}) leaves no MoE layer of the {self.layers}; "
                                  f"give fewer dense layers or no experts")
-        elif self.top_k or self.shared_experts or self.dense_layers or self.expert_ffn:
-            raise ValueError("top_k, expert_ffn, shared_experts and dense_layers describe experts: give experts too")
+            if self.router_groups or self.router_group_topk:
+                g, m = self.router_groups, self.router_group_topk
+                if not (g and m):
+                    raise ValueError("router_groups and router_group_topk go together (group-limited routing: "
+                                     "n_group and topk_group): give both or neither")
+                if self.experts % g or not 1 <= m <= g:
+                    raise ValueError(f"router_groups ({g}) must divide the {self.experts} experts and "
+                                     f"router_group_topk ({m}) lie between 1 and it; change one of them")
+                if self.top_k > m * (self.experts // g):
+                    raise ValueError(f"top_k ({self.top_k}) exceeds the experts of router_group_topk ({m}) groups "
+                                     f"of {self.experts // g}; change one of them")
+        elif (self.top_k or self.shared_experts or self.dense_layers or self.expert_ffn or self.router_groups
+              or self.router_group_topk):
+            raise ValueError("top_k, expert_ffn, shared_experts, dense_layers and router groups describe experts: "
+                             "give experts too")
         if self.sliding_layers > self.layers:
             raise ValueError(f"sliding_layers ({self.sliding_layers}) exceeds the {self.layers} layers")
         if bool(self.sliding_layers) != bool(self.sliding_window):
@@ -209,6 +226,12 @@ class ModelConfig:
     dense_layers: int = 0
     router: str = "softmax"
     moe_bias: bool = False
+    # group-limited routing (DeepSeek-V2/V3's n_group / topk_group, Megatron-LM's --moe-router-num-groups /
+    # --moe-router-group-topk): the experts in router_groups equal groups, each token's top_k taken from its
+    # best router_group_topk groups (0: not limited; `memo_sim.cost.moe` prices what it saves the dispatch)
+    router_groups: int = 0
+    router_group_topk: int = 0
+    router_scaling: float = 1.0  # the routed experts' output scale (routed_scaling_factor): no cost
     # what the source describes that memo neither counts nor prices (a sentence every what-if shows)
     not_modelled: str = ""
 
@@ -542,7 +565,8 @@ PRESETS: dict[str, ModelConfig] = {
     "deepseek-v3": ModelConfig("deepseek-v3", 61, 7168, 128, 18432, vocab=129280, ffn_type="swiglu", norm="rmsnorm",
                                bias="none", tied_embeddings=False, head_dim=128, q_lora_rank=1536, kv_lora_rank=512,
                                qk_rope_dim=64, v_head_dim=128, experts=256, top_k=8, expert_ffn=2048, shared_experts=1,
-                               shared_ffn=2048, dense_layers=3, router="sigmoid",
+                               shared_ffn=2048, dense_layers=3, router="sigmoid", router_groups=8,
+                               router_group_topk=4, router_scaling=2.5,
                                not_modelled="multi-token prediction (1 module, num_nextn_predict_layers): not counted, "
                                             "not priced"),
     "gpt-oss-20b": ModelConfig("gpt-oss-20b", 24, 2880, 64, 2880, vocab=201088, kv_heads=8, ffn_type="swiglu",

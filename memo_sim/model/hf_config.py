@@ -63,11 +63,13 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     "deepseek_v2": {"tie_word_embeddings": False, "hidden_act": "silu", "attention_bias": False,
                     "first_k_dense_replace": 0, "moe_layer_freq": 1, "n_shared_experts": None, "scoring_func": "softmax",
                     "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
-                    "v_head_dim": 128, "num_nextn_predict_layers": 0},
+                    "v_head_dim": 128, "num_nextn_predict_layers": 0, "topk_method": "greedy", "n_group": None,
+                    "topk_group": None, "routed_scaling_factor": 1.0},
     "deepseek_v3": {"tie_word_embeddings": False, "hidden_act": "silu", "attention_bias": False,
                     "first_k_dense_replace": 3, "moe_layer_freq": 1, "n_shared_experts": 1, "scoring_func": "sigmoid",
                     "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
-                    "v_head_dim": 128, "num_nextn_predict_layers": 0},
+                    "v_head_dim": 128, "num_nextn_predict_layers": 0, "topk_method": "noaux_tc", "n_group": 8,
+                    "topk_group": 4, "routed_scaling_factor": 2.5},
     "gpt_oss": {"tie_word_embeddings": False, "hidden_act": "silu", "attention_bias": True, "num_local_experts": 128,
                 "num_experts_per_tok": 4, "sliding_window": 128, "head_dim": 64},
 }
@@ -237,6 +239,14 @@ def moe_fields(raw: dict, source: str = "config.json", name: str = "hf-model") -
         if scoring not in ("softmax", "sigmoid"):
             raise refuse("scoring_func", f"{scoring!r}: memo's routers are softmax and sigmoid")
         d.update(router=scoring)
+        # group-limited routing: DeepSeek-V2's group_limited_greedy and V3's noaux_tc pick each token's experts
+        # from its best topk_group of n_group groups; greedy (V2's default, V2-Lite) ignores the groups
+        groups, group_topk = c.get("n_group") or 0, c.get("topk_group") or 0
+        if c.get("topk_method") in ("group_limited_greedy", "noaux_tc") and groups > 1 and group_topk:
+            d.update(router_groups=groups, router_group_topk=group_topk)
+        scaling = c.get("routed_scaling_factor")
+        if scaling is not None:
+            d.update(router_scaling=float(scaling))
         if shared:
             d.update(shared_experts=shared, shared_ffn=expert_ffn)
         mtp = c.get("num_nextn_predict_layers") or 0
