@@ -154,3 +154,20 @@ def test_frameworks_command_lists_every_file():
 
     j = json.loads(CliRunner().invoke(cli, ["frameworks", "--json"]).output)
     assert j["megatron@2021"]["mechanisms"]["attention"] == "materialised" and j["megatron@2021"]["sources"]
+
+
+def test_frameworks_name_shows_one_in_full():
+    """`memo-sim frameworks NAME` (a user's review, 2026-11-27: the help named `--framework NAME`, which the
+    command refused): one version with its layouts and sources; an unknown name is one line, exit 2."""
+    r = CliRunner().invoke(cli, ["frameworks", "megatron"])
+    assert r.exit_code == 0, r.output
+    out = r.output
+    assert out.startswith("megatron: ") and "megatron@2021" not in out
+    assert "ZeRO 0, 1, 3 (zero)" in out and "optimizer offload beside ZeRO 0, 1" in out and "  sources:" in out
+    assert "custom_fsdp" in out and "file: " in out
+    import json
+
+    j = json.loads(CliRunner().invoke(cli, ["frameworks", "torchtitan", "--json"]).output)
+    assert list(j) == ["torchtitan"]
+    bad = CliRunner().invoke(cli, ["frameworks", "megatron@2099"])
+    assert bad.exit_code == 2 and len(bad.output.strip().splitlines()) == 1 and "megatron@2023" in bad.output

@@ -46,4 +46,5 @@ def export(plan_file, framework, out_dir, price, nearest):
         if ex.nearest is not None:
             click.echo("  " + price_line(ex.nearest))
     else:
-        click.echo(f"  every part of the plan is expressed in {ex.framework}")
+        click.echo(f"  every part of the {'plan written' if ex.instead is not None else 'plan'} is expressed in "
+                   f"{ex.framework}")

@@ -61,25 +61,55 @@ def models():
 
 
 @click.command()
+@click.argument("name", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Every field of every framework file, with its sources.")
-def frameworks(as_json):
-    """List the framework versions (--framework NAME): policies, mechanisms, what memo does not model."""
+def frameworks(name, as_json):
+    """List the framework versions `whatif --framework NAME` takes: policies, mechanisms, what memo does not
+    model; `memo-sim frameworks NAME` shows one in full, with the layouts it offers and its sources."""
     import json
 
+    from memo_sim.errors import MemoError
     from memo_sim.frameworks import load_frameworks
 
     fws = load_frameworks()
+    if name is not None:
+        if name not in fws:
+            raise MemoError(f"framework {name!r} unknown; choose one of {', '.join(fws)}")
+        fws = {name: fws[name]}
     if as_json:
         click.echo(json.dumps({n: {"summary": f.summary, "policies": list(f.policies), "mechanisms": dict(f.mechanisms),
                                    "precision": {"recipes": dict(f.recipes), "gemm_formats": list(f.gemm_formats)},
                                    "not_modelled": list(f.not_modelled), "sources": list(f.sources), "file": f.path}
                                for n, f in fws.items()}, indent=1))
         return
+    if name is not None:
+        click.echo("\n".join(framework_lines(fws[name])))
+        return
     rows = [[n, ", ".join(f.policies), ", ".join(f"{k}={v}" for k, v in f.mechanisms),
              ", ".join(f"{d}: {r}" for d, r in f.recipes) + ("; " if f.recipes else "") + ", ".join(f.gemm_formats),
              "; ".join(f.not_modelled) or "-"] for n, f in fws.items()]
     click.echo(render_table(["name", "policies", "mechanisms", "precision (recipes; GEMM formats)", "not modelled"],
                             rows))
+
+
+def framework_lines(f) -> list[str]:
+    """One framework version in full: what `memo-sim frameworks NAME` prints."""
+    yes = lambda on: "yes" if on else "no"  # noqa: E731
+    experts = ("not offered" if f.experts is None else
+               f"EP {yes(f.experts[0])}, ETP {yes(f.experts[1])}, dispatchers {', '.join(f.experts[2])}")
+    offload = ("no" if not f.optimizer_offload else "yes" if f.optimizer_offload_zero is None
+               else f"beside ZeRO {', '.join(map(str, f.optimizer_offload_zero))}")
+    out = [f"{f.name}: {f.summary}", f"  policies: {', '.join(f.policies)}",
+           f"  layouts: TP {yes(f.tensor_parallel)} (SP {', '.join('on' if x else 'off' for x in f.sequence_parallel)}; "
+           f"{', '.join(f.tp_modes)}), ring CP {yes(f.context_parallel)}, Ulysses {yes(f.ulysses)}, "
+           f"ZeRO {', '.join(map(str, f.zero))} ({', '.join(f.dp_modes)}), schedules {', '.join(f.schedules)}, "
+           f"uneven stages {yes(f.uneven_stages)}, optimizer offload {offload}; experts: {experts}",
+           "  mechanisms: " + ", ".join(f"{k}={v}" for k, v in f.mechanisms),
+           "  precision: " + ", ".join(f"{d}: {r}" for d, r in f.recipes) + ("; " if f.recipes else "")
+           + "GEMM formats " + ", ".join(f.gemm_formats)]
+    out += ["  not modelled:"] + [f"  - {x}" for x in f.not_modelled or ("-",)]
+    out += ["  sources:"] + [f"  - {x}" for x in f.sources] + [f"  file: {f.path}"]
+    return out
 
 
 @click.command("check-plan")

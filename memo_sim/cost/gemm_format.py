@@ -7,7 +7,8 @@ The GEMMs themselves (`layer_gemm_time`) run at the profile's peak for the forma
 one (``efficiency.gemm_formats``: the Hopper profiles' fp8_tensorwise curve, torch._scaled_mm timed
 on an H200, `benchmarks/gpu/hopper_curves.py`), else the model dtype's GEMM curve, the same
 fractions of peak as the dtype's GEMMs of the same FLOPs: an assumption the profile's sensitivity
-line covers. Layer GEMMs only: the attention
+line covers; a format that runs another's tensor-core work and more (``no_faster_than``: blockwise FP8
+after tensorwise) no faster than that one's measured curve. Layer GEMMs only: the attention
 core, the classifier and the embedding stay in the model dtype.
 """
 
@@ -52,8 +53,12 @@ def layer_gemm_time(model: ModelConfig, profile: HardwareProfile, m: float, k: f
     """One layer GEMM out[m, n] = x[m, k] W[k, n] in the model's GEMM format: at the format's peak and
     its own efficiency curve where the profile has one (module docs), its HBM bytes as the floor."""
     fmt = model.gemm
-    return gemm_time(2.0 * m * k * n, profile, gemm_peak_key(model), layer_gemm_bytes(model, m, k, n),
-                     fmt.name if fmt.quantised else None)
+    flops, peak, nbytes = 2.0 * m * k * n, gemm_peak_key(model), layer_gemm_bytes(model, m, k, n)
+    t = gemm_time(flops, profile, peak, nbytes, fmt.name if fmt.quantised else None)
+    measured = dict(profile.efficiency.gemm_formats)
+    if fmt.no_faster_than and fmt.name not in measured and fmt.no_faster_than in measured:
+        t = max(t, gemm_time(flops, profile, peak, nbytes, fmt.no_faster_than))
+    return t
 
 
 def layer_gemm_bytes(model: ModelConfig, m: float, k: float, n: float) -> float:

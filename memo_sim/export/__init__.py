@@ -39,6 +39,7 @@ def export_plan(plan: Plan, to: str, price: bool = True, nearest: bool = False) 
         ex.gaps.append(Gap(f"a plan {module.FRAMEWORK} runs that fits", "none found by the what-if constrained to "
                            f"--framework {module.FRAMEWORK}: the nearest settings of memo's plan are written"))
         return ex
+    summary["why"] = [g.what for g in ex.gaps if g.change != PlanChange()]  # what memo's plan has that it lacks
     return module.export(alt, price=price, instead=summary)
 
 

@@ -58,7 +58,8 @@ class Export:
         if self.instead is not None:
             lines += instead_lines(self.instead, self.framework)
         if not self.gaps:
-            lines.append("Every part of the plan is expressed below.")
+            lines.append(f"Every part of the {'plan written' if self.instead is not None else 'plan'} is expressed "
+                         "below.")
         else:
             lines.append("Not expressible in this framework (the nearest setting is written instead):")
             lines += [f"  - {g.what}: {g.nearest}" for g in self.gaps]
@@ -70,7 +71,8 @@ class Export:
 def instead_lines(i: dict, framework: str) -> list[str]:
     """Why another plan than the one asked for was exported, and what it gives up."""
     version = "" if i["framework"] == framework else f" ({i['framework']})"
-    out = [f"memo's plan ({i['plan_label']}) is not expressible in {framework}; written instead: the best plan "
+    why = f" ({'; '.join(i['why'])})" if i.get("why") else ""
+    out = [f"memo's plan ({i['plan_label']}) is not expressible in {framework}{why}; written instead: the best plan "
            f"memo predicts {framework}{version} runs, {i['label']}: {i['iteration_s']:.3f} s/iteration, "
            f"peak {i['peak_gpu_bytes'] / 2**30:.2f} GiB ({i['source']})."]
     if i.get("gemm_format_dropped"):

@@ -40,17 +40,37 @@ _RUNS = {"store_all": "config.activation_checkpoint = None", "full_recompute": "
 _AC = {"full_recompute": "FullAC", "op_sac": "SelectiveAC"}
 
 
+# what a model is, beside its shapes: its name and notes, and how it is trained (dtype, recipe, GEMM format)
+_NOT_SHAPE = ("name", "not_modelled", "dtype", "precision", "gemm_format", "fp8_saved_inputs", "fp8_sp_gathers")
+
+
+def _preset(model) -> str:
+    """The preset a model is, by name or else by shape (a Hugging Face config.json of DeepSeek-V3 under its own
+    file name is DeepSeek-V3); its own name where it is none of torchtitan's."""
+    from memo_sim.model.config import PRESETS  # noqa: PLC0415
+
+    if model.name in BASES or model.name in MOE_BASES:
+        return model.name
+    shape = {f: getattr(model, f) for f in model.__dataclass_fields__ if f not in _NOT_SHAPE}
+    for name in (*BASES, *MOE_BASES):
+        p = PRESETS[name]
+        if shape == {f: getattr(p, f) for f in p.__dataclass_fields__ if f not in _NOT_SHAPE}:
+            return name
+    return model.name
+
+
 def _module(plan: Plan) -> str:
     """The torchtitan model package whose config_registry the exported function imports from."""
-    return MOE_BASES.get(plan.model.name, ("deepseek_v3" if plan.model.moe else "llama3",))[0]
+    return MOE_BASES.get(_preset(plan.model), ("deepseek_v3" if plan.model.moe else "llama3",))[0]
 
 
 def _base(plan: Plan) -> tuple[str, str | None]:
     """The shipped configuration to start from, and a note when its model is not the plan's."""
-    if plan.model.name in BASES:
-        return BASES[plan.model.name], None
-    if plan.model.name in MOE_BASES:
-        return MOE_BASES[plan.model.name][1], None
+    name = _preset(plan.model)
+    if name in BASES:
+        return BASES[name], None
+    if name in MOE_BASES:
+        return MOE_BASES[name][1], None
     if plan.model.moe:  # the nearest shipped MoE configuration
         return "deepseek_v3_671b", (f"{plan.model.name} is not a torchtitan model: the run starts from "
                                     f"deepseek_v3_671b (set config.model_spec to a MoE of the plan's shapes)")

@@ -51,6 +51,9 @@ class GemmFormat:
     weight_scale_block: int = 0  # weight elements per scale (0: per tensor)
     scale_bytes: int = 4  # bytes per scale (fp32; MXFP8's E8M0: 1)
     needs: str = ""  # which GPUs have the tensor cores, for the refusal
+    # a format whose kernels run another's tensor-core work and more (fp8-blockwise: tensorwise FP8's MMAs plus
+    # a scale per block): where the profile measured no curve of its own, it runs no faster than that one's
+    no_faster_than: str | None = None
 
     @property
     def quantised(self) -> bool:

@@ -1,6 +1,10 @@
 """``fp8-blockwise``: FP8 GEMMs with fine-grained scales as DeepSeek-V3 trained: one fp32 scale per
 1 x 128 tile of activations and gradients and per 128 x 128 block of weights, computed inside
-the cast kernel (no separate amax pass); two quantised copies (row-wise and transposed)."""
+the cast kernel (no separate amax pass); two quantised copies (row-wise and transposed). Its GEMMs run
+tensorwise FP8's MMAs and apply a scale per 128-element block of the reduction (in the main loop on
+Hopper): on a profile with no blockwise curve of its own they run no faster than the measured
+tensorwise one (`GemmFormat.no_faster_than`; a user's review, 2026-11-27: priced on the bf16 curve's
+fractions they came out faster than tensorwise on every Hopper profile)."""
 
 from memo_sim.model.gemm_formats.base import GemmFormat
 from memo_sim.model.gemm_formats.registry import FORMATS
@@ -12,4 +16,4 @@ FP8_BLOCKWISE = FORMATS.add("fp8-blockwise", GemmFormat(
      "NVIDIA/Megatron-LM megatron/training/arguments.py: --fp8-recipe blockwise (TransformerEngine "
      "Float8BlockScaling)"),
     peak="fp8", element_bytes=1, copies=2, amax_pass=False, scale_block=128, weight_scale_block=128 * 128,
-    scale_bytes=4, needs="FP8 tensor cores (Hopper H100/H200 and newer)"))
+    scale_bytes=4, needs="FP8 tensor cores (Hopper H100/H200 and newer)", no_faster_than="fp8-tensorwise"))
