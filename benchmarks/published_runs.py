@@ -581,7 +581,10 @@ def _zoo_mixtral(rid, what, tflops, balance, gemm="bf16", extra=""):
                         "(Mixtral-8x22B: TP 2, PP 8, EP 8, VPP 7, MBS 1, GBS 256, 16 nodes)",
         policy="store_all", dtype="bf16", moe_balance=balance, gemm_format=gemm, expected=True,
         not_modelled=(_ZOO_OVERLAPS if gemm == "bf16" else "--fp8-param-gather, bf16 Adam moments "
-                      "(--use-precision-aware-optimizer), --overlap-param-gather") + extra)
+                      "(--use-precision-aware-optimizer), --overlap-param-gather") + extra,
+        variants=((("VPP 1 (1F1B)", (("vpp", 1),)),) + ((("forced", (("moe_balance", "forced"),)),)
+                                                       if balance == "dropless" else ())
+                  if gemm == "bf16" else (("bf16 GEMMs", (("gemm_format", "bf16"),)),)))
 
 
 def _folding(rid, model_, name, gpus, tp, ep, pp, etp, mfu, why=None, seq=4096, gbs=256, cp=1, zoo=None, stated=None):
@@ -777,13 +780,21 @@ MOE_LEFT_OUT = (
 
 # Rows of the MoE group off by more than 10%, the mechanism memo is missing (analysis of the row after it was
 # run, not a correction: nothing here changes a prediction).
-_VPP7 = ("the interleaved schedule with one-layer chunks (VPP 7). memo gives it the whole bubble reduction of 7 chunks "
-         "per GPU: the capacity-1 row at VPP 1 (plain 1F1B) predicts 4.337 s instead of 3.617 s, and the Folding "
-         "paper's row of this layout at VPP 1 is published at 4.210 s, within 1% of the capacity-1 row's 4.221 s, so "
-         "on the cluster VPP 7 bought little. The mechanism to model is what each chunk boundary costs in Megatron: "
-         "7x the stage-to-stage sends (the last stage's send back to the first crosses nodes), each a synchronised "
-         "batch_isend_irecv between chunks, with one layer of compute per chunk to hide them. --tp-comm-overlap and "
-         "--overlap-param-gather are not modelled; modelling them would make memo faster still")
+def _beside(r: Result, label: str, text: Callable[[float], str]) -> str:
+    """``text`` of the row's variant ``label`` (memo's step beside the row), or '' where it was not run."""
+    v = dict(r.variants).get(label)
+    return text(v) if v else ""
+
+
+_VPP7 = lambda r: (  # noqa: E731
+    "the interleaved schedule with one-layer chunks (VPP 7). memo gives it the whole bubble reduction of 7 chunks "
+    "per GPU" + _beside(r, "VPP 1 (1F1B)", lambda v: f": this row at VPP 1 (plain 1F1B, beside the row) predicts "
+                                                    f"{v:.3f} s instead of {r.predicted_s:.3f} s")
+    + ", and the Folding paper's row of this layout at VPP 1 is published at 4.210 s, "
+    "within 1% of the capacity-1 row's expected 4.221 s, so on the cluster VPP 7 bought little. The mechanism to "
+    "model is what each chunk boundary costs in Megatron: 7x the stage-to-stage sends (the last stage's send back "
+    "to the first crosses nodes), each a synchronised batch_isend_irecv between chunks, with one layer of compute "
+    "per chunk to hide them. --tp-comm-overlap and --overlap-param-gather are not modelled; modelling them would make memo faster still")
 # Megatron-Core's MoE layer measured on an H200 (reports/gpu-h200-2026-11-27-megatron-moe-host.md): the mechanism
 # the host-bound rows point to, not priced (its size for the stacks the rows ran is not measured)
 _HOST_BOUND = (
@@ -796,7 +807,7 @@ _HOST_BOUND = (
     "interval; the runs' own stacks (TransformerEngine's grouped GEMM and fused kernels, the router and permute "
     "fusions, DeepEP) issue far less than this spec (its 16 experts' Python loop alone is 10 ms of a5's forward) "
     "and are not in the device image, so their host time is not measured and memo sets none from these rows")
-MOE_OUTLIERS: dict[str, str] = {
+MOE_OUTLIERS: dict[str, str | Callable[[Result], str]] = {
     # the Model Zoo's Qwen3-235B-A22B rows (memo's per-layer split from `memo_sim.report.moe_split` at this commit)
     "moe-zoo-qwen3-235b-a1-ep32": (
         "memo too fast; not pinned down to one mechanism. memo prices the cross-node DeepEP dispatch and combine (EP "
@@ -848,17 +859,21 @@ MOE_OUTLIERS: dict[str, str] = {
         "pricing it needs the run's measured expert loads, which memo takes as an input (`--moe-balance "
         "loads:FILE`, per-expert token counts per layer) but the Model Zoo does not publish; no constant is set "
         "from these rows") for k in ("16k", "32k", "64k", "128k")},
-    "moe-zoo-mixtral-8x22b-dropless": _VPP7 + (". The dropless load (memo: the busiest of 8 EP ranks under a "
-                                               "uniform router) costs 2.0% over forced balance in memo, 4.5% in the "
-                                               "script's values"),
+    "moe-zoo-mixtral-8x22b-dropless": lambda r: _VPP7(r) + (
+        ". The dropless load (memo: the busiest of 8 EP ranks under a uniform router) costs "
+        + _beside(r, "forced", lambda v: f"{100 * (r.predicted_s / v - 1):.1f}% over forced balance in memo, ")
+        + "4.5% over it in the script's values"),
     "moe-zoo-mixtral-8x22b-forced": _VPP7,
     "moe-zoo-mixtral-8x22b-capacity1": _VPP7,
-    "moe-zoo-mixtral-8x22b-fp8-forced": (
-        "FP8 block-wise GEMMs. memo prices them on the bf16 efficiency curve against the FP8 peak (2x), which "
-        "makes this run 1.56x faster than the same run in BF16 (3.617 s to 2.314 s). The script's expected values "
-        "give 1.20x (465 to 560 TFLOP/s). Not modelled: Hopper's block-scaled FP8 GEMMs apply the per-128-block "
-        "scales inside the kernel and run well below 2x bf16, and every GEMM input needs a quantise/transpose "
-        "cast (TransformerEngine's blockwise casts). This row also has the VPP-7 gap of the BF16 rows"),
+    "moe-zoo-mixtral-8x22b-fp8-forced": lambda r: (
+        "FP8 block-wise GEMMs. memo prices them on the FP8 peak (2x bf16's) no faster than the tensorwise curve "
+        "torch._scaled_mm measured on an H200 (0.38-0.67 of that peak; the profile has no blockwise curve), with "
+        "TransformerEngine's quantise/transpose casts of every GEMM input"
+        + _beside(r, "bf16 GEMMs", lambda v: f"; that makes this run {v / r.predicted_s:.2f}x faster than the same run "
+                                             f"with bf16 GEMMs ({v:.3f} s to {r.predicted_s:.3f} s, beside the row)")
+        + ". The script's expected values give 1.20x (465 to 560 TFLOP/s). Not modelled: the blockwise kernels' own efficiency (their "
+        "per-block scaling in the main loop, which would slow them below tensorwise; not measured), "
+        "--fp8-param-gather. This row also has the VPP-7 gap of the BF16 rows"),
     "moe-flagperf-mixtral-8x7b": (
         "not pinned down. memo puts the run at 36% MFU; FlagPerf measured 20.7%. What the run uses that memo does not "
         "model: core_v0.6.0's MoE layer at TP 8 without EP (its allgather dispatcher gathers all tokens of the TP "
@@ -1414,8 +1429,7 @@ def moe_report(results: list[Result]) -> list[str]:
     far = [r for r in measured if r.error is not None and abs(r.error) > 0.10]
     if far:
         lines += ["", "Measured MoE rows off by more than 10%, and the mechanism named:", ""]
-        lines += [f"- {r.run.id} ({100 * r.error:+.1f}%): {MOE_OUTLIERS.get(r.run.id, 'not analysed yet')}"
-                  for r in far]
+        lines += [f"- {r.run.id} ({100 * r.error:+.1f}%): {_outlier(r, MOE_OUTLIERS)}" for r in far]
     if expected:
         lines += ["", "### Expected values (not measurements)", "",
                   "Numbers a launch script states as what a run should reach ('performance should be around X "
@@ -1425,16 +1439,16 @@ def moe_report(results: list[Result]) -> list[str]:
                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         lines += [_moe_row(r) for r in expected]
         lines += ["", "Where memo and the expected values part by more than 10%:", ""]
-        lines += [f"- {r.run.id} ({100 * r.error:+.1f}%): {MOE_OUTLIERS.get(r.run.id, 'not analysed yet')}"
+        lines += [f"- {r.run.id} ({100 * r.error:+.1f}%): {_outlier(r, MOE_OUTLIERS)}"
                   for r in expected if r.error is not None and abs(r.error) > 0.10]
     lines += ["", "Left out of the MoE group altogether:", ""]
     lines += [f"- {what}: {why}." for what, why in MOE_LEFT_OUT]
     return lines
 
 
-def _outlier(r: Result) -> str:
-    """The row's mechanism text (`OUTLIERS`: a string, or a function of the row's result)."""
-    text = OUTLIERS.get(r.run.id, "not analysed yet")
+def _outlier(r: Result, notes: dict | None = None) -> str:
+    """The row's mechanism text (``notes``, `OUTLIERS` by default: a string, or a function of the row's result)."""
+    text = (OUTLIERS if notes is None else notes).get(r.run.id, "not analysed yet")
     return text(r) if callable(text) else text
 
 
