@@ -259,10 +259,10 @@ def test_qwen3_rows_follow_the_model_zoo_launch_files():
     assert get_framework("megatron").why_not(a3.layout()) is None
     assert [v[0] for v in a3.variants] == ["dropless", "gradients reduced in bf16 (--grad-reduce-in-bf16)"]
     assert a3.model().precision is None and dataclasses.replace(a3, precision="zero").model().precision == "zero"
-    a4 = q["a4-pp32-alltoall"]
-    assert a4.why_not and a4.moe_dispatcher == "alltoall"
-    from memo_sim.layout.parallel import virtual_split_why_not
-    assert virtual_split_why_not(94, 32, 3, account=True)  # memo refuses it, as the row says
+    a4 = q["a4-pp32-alltoall"]  # one slot a chunk: the embedding and the loss each a chunk of their own
+    assert a4.why_not is None and a4.moe_dispatcher == "alltoall" and a4.account_embedding_loss
+    lens = [len(c) for c in a4.layout().virtual_stage_ranges(94)]
+    assert lens == [0] + [1] * 94 + [0] and [v[0] for v in a4.variants] == ["dropless", "VPP 1 (1F1B)"]
     long = [r for k, r in q.items() if k.startswith("long-")]
     assert len(long) == 8 and all(r.long_context and r.why_not is None and r.policy == "recompute_moe" for r in long)
     assert {r.moe_balance for r in long} == {"forced", "dropless"} and {r.seq for r in long} == {16384, 32768, 65536,

@@ -151,9 +151,21 @@ def test_interleaved_pipelines_split_uneven_chunks():
 
     assert [len(r) for r in virtual_stage_layers(94, 8, 4, account=True)] == [2] + [3] * 30 + [2]
     assert [len(r) for r in virtual_stage_layers(14, 2, 2, first=4, last=10)] == [2, 5, 2, 5]
-    assert "no layer" in check_layout(Layout(pp=4, vpp=4, dp=2, account_embedding_loss=True), ModelConfig(
-        "toy14", 14, 1024, 8, 4096, vocab=32000), 8, 8, 4096)
     fourteen = ModelConfig("toy14", 14, 1024, 8, 4096, vocab=32000)  # 16 slots: pp2 x vpp4 chunks of 2 slots
+    # one slot a chunk (the Model Zoo's Qwen3-235B at PP 32 x VPP 3): the first chunk runs the embedding alone,
+    # the last the loss alone; simulated, its layer timings from the first chunk with a layer, under its bound
+    one = Layout(pp=4, vpp=4, dp=2, account_embedding_loss=True)
+    assert check_layout(one, fourteen, 8, 8, 4096) is None
+    assert [len(r) for r in one.virtual_stage_ranges(14)] == [0] + [1] * 14 + [0]
+    r1 = sim(fourteen, one, 4, 4096, get_policy("full_recompute", None), H100, schedule="interleaved_1f1b",
+             micro_batch=1)
+    assert r1.ok and r1.layer_timings["forward"] > 0 and r1.layer_timings["backward"] > 0
+    res1 = candidates_for(fourteen, 4096, 8, H100, pp=4, vpp=4, batch=4, policies=("full_recompute",))
+    ones = [c for c in res1.candidates if c.layout.account_embedding_loss and c.memory.status == "OK"]
+    assert ones
+    simulate_candidates(ones[:2], jobs=1)
+    for c in ones[:2]:
+        assert 0 < lower_bound(c) <= c.simulated["iteration_s"] * (1 + 1e-9)
     lay = Layout(pp=2, vpp=4, dp=4, account_embedding_loss=True)
     assert check_layout(lay, fourteen, 8, 8, 4096) is None and lay.stage_layer_counts(14) == [7, 7]
     r = sim(fourteen, lay, 4, 4096, get_policy("store_all", None), H100, schedule="interleaved_1f1b", micro_batch=1)
@@ -165,3 +177,24 @@ def test_interleaved_pipelines_split_uneven_chunks():
     simulate_candidates(split[:3], jobs=1)
     for c in split[:3]:
         assert 0 < lower_bound(c) <= c.simulated["iteration_s"] * (1 + 1e-9)
+
+
+def test_one_slot_chunks_are_planned_and_the_executor_refuses_them_in_one_line(tmp_path):
+    """Chunks of one slot (6 layers + the embedding's and the loss's slots over pp 4 x vpp 2): the what-if writes
+    the plan; memo-exec, whose pipeline runs every chunk with a layer, refuses it in one line, exit 2, before
+    launching a rank (it crashed in every rank before)."""
+    pytest.importorskip("torch")
+    from memo_exec.cli import cli as exec_cli
+
+    r = CliRunner().invoke(cli, ["whatif", "--model", "gpt-7b", "--layers", "6", "--hidden", "64", "--heads", "4",
+                                 "--ffn", "128", "--vocab", "128", "--seq", "256", "--gpus", "4", "--pp", "4", "--vpp",
+                                 "2", "--dtype", "fp32", "--profile", "h100-sxm5-80gb", "--global-batch", "8",
+                                 "--micro-batch", "1", "--policy", "store_all", "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["layout"]["account_embedding_loss"] and (plan["layout"]["pp"], plan["layout"]["vpp"]) == (4, 2)
+    run = CliRunner().invoke(exec_cli, ["run", str(tmp_path / "plan.json"), "--device", "cpu", "--nproc", "4",
+                                        "--out", str(tmp_path / "run")])
+    lines = [ln for ln in run.output.splitlines() if ln.strip()]
+    assert run.exit_code == 2 and len(lines) == 1 and "at least one layer" in lines[0], run.output
+    assert not (tmp_path / "run").exists()

@@ -843,9 +843,7 @@ def virtual_split_why_not(n_layers: int, pp: int, vpp: int = 1, first: int = 0, 
         if (n_layers + 2) % n_vs:
             return (f"{n_layers} layers and the embedding and loss slots ({n_layers + 2}) do not split evenly into "
                     f"pp x vpp = {n_vs} model chunks")
-        if (n_layers + 2) // n_vs < 2:
-            return f"{n_vs} model chunks of {(n_layers + 2) // n_vs} slot leave the first and last chunks no layer"
-        return None
+        return None  # one slot a chunk: the first chunk holds the embedding alone, the last the loss (Megatron-LM)
     if not (first or last):
         if n_layers % n_vs:
             if vpp > 1:

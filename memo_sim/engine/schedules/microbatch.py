@@ -458,7 +458,7 @@ class _MicrobatchBuilder:
                 r.offload[u] = op
                 sched.copies[(s, st.mb, layer, "offload")] = op
             deps = tail
-        last = rg[-1]
+        last = rg[-1] if len(rg) else None  # the first chunk may hold the embedding alone
         if vs < self.n_vs - 1:
             self.send("fwd", s, (vs + 1) % p, st.mb, vs, last, tail)
         else:
@@ -521,7 +521,7 @@ class _MicrobatchBuilder:
                 r.last_dp = g.add(self.grad_op, device=d, stream="dp_comm", kind="comm", phase="grad_sync",
                                   layer=layer, work=sync.layer_grad, deps=tail, link=sync.link)
         if vs > 0:
-            self.send("bwd", s, (vs - 1) % p, st.mb, vs, rg[0], tail)
+            self.send("bwd", s, (vs - 1) % p, st.mb, vs, rg[0] if len(rg) else None, tail)
         else:
             tail = [g.add(mb_name("embedding", st.mb), device=d, stream="compute", kind="compute", phase="bwd", layer=None,
                           work=costs.embedding_bwd, deps=tail)]
@@ -536,7 +536,7 @@ def stage_rows(sched: MicrobatchSchedule, orders: list[list[Step]], end_time: fl
     for s, dev in enumerate(sched.devices):
         b = busy[dev.index]
         rows.append({"stage": s, "node": dev.node, "gpus_on_node": dev.group,
-                     "chunks": [[c.start, c.stop - 1] for c in
+                     "chunks": [[c.start, c.stop - 1] if len(c) else [] for c in
                                 (sched.chunk_layers(s, k) for k in range(1 + max(st.chunk for st in orders[s])))],
                      "in_flight": in_flight(orders[s]),
                      "peak_gpu_bytes": peak_gpu[dev.index], "model_states_bytes": sched.costs.model_states[s],
@@ -629,7 +629,8 @@ def _run_folded(costs, layout, profile, policy, n_layers, m, order, *, detail, c
     parts = exposed_wait_parts_of(run.ops, (COPY_STREAMS, (P2P_STREAM,)))
     copy_parts = {uid: x for _s, uid, x in parts[0]}
     p2p_parts = {uid: x for _s, uid, x in parts[1]}
-    dev0, layer = sched.devices[0].index, sched.chunk_layers(0, 0)[lc_mid(sched)]
+    stage, layer = timed_layer(sched)
+    dev0 = sched.devices[stage].index
     spans = u.phase_spans(0, tuple(ph for _k, ph in _PHASES), _COPIES,
                           keep=lambda op: op.device == dev0 and op.layer == layer)
     timings = {k: spans[ph] for k, ph in _PHASES}
@@ -697,7 +698,7 @@ def simulate_microbatch(name: str, order: Order, model: ModelConfig, layout: Lay
         "status": status, "iteration_s": it, "mfu": mfu, "contention": contention,
         "gpu_capacity_bytes": profile.usable_gpu_memory, "host_capacity_bytes": profile.usable_host_memory,
         "representative": {"device": worst.index, "gpus_on_node": worst.group, "gpus_on_pcie_switch": worst.switch_group},
-        "middle_layer": sched.chunk_layers(0, 0)[lc_mid(sched)],
+        "middle_layer": timed_layer(sched)[1],
         "failure": failure.to_dict() if failure else None,
         "allocator": {"static_memory_plan": uses_memory_plan(policy, layout), "reorganizations": 0, "stall_s": 0.0,
                       "replayed": False},
@@ -724,8 +725,16 @@ def simulate_microbatch(name: str, order: Order, model: ModelConfig, layout: Lay
         micro_batch=micro_batch, folded=out.folded)
 
 
-def lc_mid(sched: MicrobatchSchedule) -> int:
-    return len(sched.chunk_layers(0, 0)) // 2
+def timed_layer(sched: MicrobatchSchedule) -> tuple[int, int]:
+    """(stage, layer) whose phases the plan's layer timings report: the middle layer of stage 0's first
+    model chunk, or of the first chunk that holds a layer where the embedding takes a chunk of its own
+    (Megatron-LM's one-slot chunks with --account-for-embedding-in-pipeline-split)."""
+    p = len(sched.devices)
+    for vs in range(len(sched.ranges) or p):
+        rg = sched.chunk_layers(vs % p, vs // p)
+        if len(rg):
+            return vs % p, rg[len(rg) // 2]
+    raise ValueError("no model chunk holds a layer")
 
 
 _PHASES = (("forward", "fwd"), ("backward", "bwd"), ("recompute", "recompute"))  # layer_timings key, phase
@@ -734,10 +743,10 @@ _COPIES = ("offload", "prefetch")
 
 def _layer_timings(sched: MicrobatchSchedule) -> dict[str, float]:
     """Simulated seconds of the middle layer of stage 0's first chunk, first micro-batch."""
-    layer = sched.chunk_layers(0, 0)[lc_mid(sched)]
+    stage, layer = timed_layer(sched)
 
-    out = {k: _span(sched.phases.get((0, 0, layer, ph))) for k, ph in _PHASES}
+    out = {k: _span(sched.phases.get((stage, 0, layer, ph))) for k, ph in _PHASES}
     for kind in _COPIES:
-        op = sched.copies.get((0, 0, layer, kind))
+        op = sched.copies.get((stage, 0, layer, kind))
         out[kind] = (op.end - op.start) if op is not None and op.end is not None else 0.0
     return out
