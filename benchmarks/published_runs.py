@@ -795,7 +795,8 @@ _VPP7 = lambda r: (  # noqa: E731
     "within 1% of the capacity-1 row's expected 4.221 s, so on the cluster VPP 7 bought little. The mechanism to "
     "model is what each chunk boundary costs in Megatron: 7x the stage-to-stage sends (the last stage's send back "
     "to the first crosses nodes), each a synchronised batch_isend_irecv between chunks, with one layer of compute "
-    "per chunk to hide them. --tp-comm-overlap and --overlap-param-gather are not modelled; modelling them would make memo faster still")
+    "per chunk to hide them. --tp-comm-overlap and --overlap-param-gather are not modelled; modelling them would make "
+    "memo faster still")
 # Megatron-Core's MoE layer measured on an H200 (reports/gpu-h200-2026-11-27-megatron-moe-host.md): the mechanism
 # the host-bound rows point to, not priced (its size for the stacks the rows ran is not measured)
 _HOST_BOUND = (
@@ -881,7 +882,8 @@ MOE_OUTLIERS: dict[str, str | Callable[[Result], str]] = {
         "TransformerEngine's quantise/transpose casts of every GEMM input"
         + _beside(r, "bf16 GEMMs", lambda v: f"; that makes this run {v / r.predicted_s:.2f}x faster than the same run "
                                              f"with bf16 GEMMs ({v:.3f} s to {r.predicted_s:.3f} s, beside the row)")
-        + ". The script's expected values give 1.20x (465 to 560 TFLOP/s). Not modelled: the blockwise kernels' own efficiency (their "
+        + ". The script's expected values give 1.20x (465 to 560 TFLOP/s). Not modelled: the blockwise kernels' own "
+        "efficiency (their "
         "per-block scaling in the main loop, which would slow them below tensorwise; not measured), "
         "--fp8-param-gather. This row also has the VPP-7 gap of the BF16 rows"),
     "moe-flagperf-mixtral-8x7b": (

@@ -100,7 +100,8 @@ def framework_lines(f) -> list[str]:
     offload = ("no" if not f.optimizer_offload else "yes" if f.optimizer_offload_zero is None
                else f"beside ZeRO {', '.join(map(str, f.optimizer_offload_zero))}")
     out = [f"{f.name}: {f.summary}", f"  policies: {', '.join(f.policies)}",
-           f"  layouts: TP {yes(f.tensor_parallel)} (SP {', '.join('on' if x else 'off' for x in f.sequence_parallel)}; "
+           f"  layouts: TP {yes(f.tensor_parallel)} "
+           f"(SP {', '.join('on' if x else 'off' for x in f.sequence_parallel)}; "
            f"{', '.join(f.tp_modes)}), ring CP {yes(f.context_parallel)}, Ulysses {yes(f.ulysses)}, "
            f"ZeRO {', '.join(map(str, f.zero))} ({', '.join(f.dp_modes)}), schedules {', '.join(f.schedules)}, "
            f"uneven stages {yes(f.uneven_stages)}, optimizer offload {offload}; experts: {experts}",

@@ -98,7 +98,8 @@ def moe_arguments(plan: Plan, lay) -> list[tuple[str, str | None]]:
     else:
         args.append(("--moe-router-load-balancing-type", "aux_loss"))
     if m.router_groups:  # group-limited routing (TransformerConfig's moe_router_num_groups / moe_router_group_topk)
-        args += [("--moe-router-num-groups", str(m.router_groups)), ("--moe-router-group-topk", str(m.router_group_topk))]
+        args += [("--moe-router-num-groups", str(m.router_groups)),
+                 ("--moe-router-group-topk", str(m.router_group_topk))]
     if m.router_scaling != 1.0:
         args.append(("--moe-router-topk-scaling-factor", repr(m.router_scaling)))
     args += [("--expert-model-parallel-size", str(lay.ep)), ("--expert-tensor-parallel-size", str(lay.etp)),
