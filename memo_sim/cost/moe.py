@@ -31,7 +31,8 @@ its best 4 of 8 groups) bounds the nodes a token reaches where the groups fall o
 holding whole groups): the deduplicated all-to-all sends it to fewer of them (`nodes_hit`); a plain
 all-to-all moves every routed copy either way. Not modelled: DeepEP's fewer SMs, overlap of the
 all-to-all with compute (Megatron-Core's ``--overlap-moe-expert-parallel-comm``, DeepEP), FP8 dispatch,
-token dropping's savings below capacity, the routing map and probabilities the all-gather dispatcher gathers beside the tokens (k fp32 values per token).
+token dropping's savings below capacity, the routing map and probabilities the all-gather dispatcher
+gathers beside the tokens (k fp32 values per token).
 """
 
 from __future__ import annotations
