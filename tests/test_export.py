@@ -446,6 +446,10 @@ def test_a_zero3_plan_exports_as_megatron_fsdp():
     args = _check_args(ex.files["megatron.sh"], _names("megatron_options.txt"))
     assert "--use-megatron-fsdp" in args and args["--data-parallel-sharding-strategy"] == "optim_grads_params"
     assert args["--ckpt-format"] == "fsdp_dtensor" and "--use-distributed-optimizer" in args
+    # validate_args at d98e8a64 asserts CUDA_DEVICE_MAX_CONNECTIONS unset or above 1 under Megatron-FSDP (a reviewer's
+    # finding, 2026-11-27: the script exported it as 1 and stopped at startup)
+    sh = ex.files["megatron.sh"]
+    assert "unset CUDA_DEVICE_MAX_CONNECTIONS" in sh and "CUDA_DEVICE_MAX_CONNECTIONS=1" not in sh
     for zero in (0, 1):  # the distributed optimizer's own: no Megatron-FSDP options
         one = export_plan(_plan("qwen3-30b-a3b", Layout(tp=2, dp=8, zero=zero, ep=8), ("full_recompute",), seq=4096),
                           "megatron", price=False)
@@ -476,3 +480,26 @@ def test_torchtitan_knows_a_config_of_its_model_under_another_name():
     assert "deepseek_v3_671b" in ex.files["memo_torchtitan.py"]
     other = export_plan(replace(plan, model=replace(mine, layers=60)), "torchtitan", price=False, nearest=True)
     assert any("is not a torchtitan model" in g.nearest for g in other.gaps)
+
+
+@pytest.mark.parametrize("lay", [Layout(dp=8, zero=3, dp_mode="fsdp", reshard_after_forward=False),
+                                 Layout(dp=8, zero=3, dp_mode="fsdp", fsdp_shard=4),
+                                 Layout(pp=2, dp=4, zero=3, dp_mode="fsdp", reshard_after_forward=False)],
+                         ids=["no-reshard", "hsdp", "beside-stages"])
+def test_torchtitans_fsdp_is_a_gap_in_megatron_and_deepspeed(lay):
+    """FSDP2 as torchtitan runs it (kept weights, HSDP, beside pipeline stages) is not Megatron-FSDP (a reviewer's
+    finding, 2026-11-27: such plans exported with --use-megatron-fsdp and no gap): its nearest is the framework's own
+    ZeRO over the whole data group, ZeRO 1 beside stages."""
+    plan = _plan("gpt-7b", lay, ("full_recompute",), seq=4096, batch=4, micro=1 if lay.pp > 1 else 0,
+                 sched="1f1b" if lay.pp > 1 else "")
+    for fw in ("megatron", "deepspeed"):
+        ex = export_plan(plan, fw, price=False, nearest=True)
+        gap = [g for g in ex.gaps if g.what.startswith("data-parallel flavour fsdp")]
+        assert len(gap) == 1, [g.what for g in ex.gaps]
+        want = {"dp_mode": "zero", "fsdp_shard": 0, "reshard_after_forward": True} | ({"zero": 1} if lay.pp > 1
+                                                                                     else {})
+        assert gap[0].change.layout == want
+    sh = export_plan(plan, "megatron", price=False, nearest=True).files["megatron.sh"]
+    assert ("--use-megatron-fsdp" in sh) == (lay.pp == 1)
+    assert not export_plan(_plan("gpt-7b", Layout(dp=8, zero=3), ("full_recompute",), seq=4096), "megatron",
+                           price=False).gaps  # memo's own ZeRO 3 is Megatron-FSDP

@@ -168,6 +168,6 @@ def test_frameworks_name_shows_one_in_full():
     import json
 
     j = json.loads(CliRunner().invoke(cli, ["frameworks", "torchtitan", "--json"]).output)
-    assert list(j) == ["torchtitan"]
+    assert list(j) == ["torchtitan"] and j["torchtitan"]["layouts"]["dp_modes"] == ["fsdp"]  # every field, layouts too
     bad = CliRunner().invoke(cli, ["frameworks", "megatron@2099"])
     assert bad.exit_code == 2 and len(bad.output.strip().splitlines()) == 1 and "megatron@2023" in bad.output

@@ -91,6 +91,11 @@ def _raw(folder, **over):
     ("qwen3-30b-a3b", dict(use_sliding_window=True), "use_sliding_window"),
     ("deepseek-v3", dict(scoring_func="softmax2"), "scoring_func"),
     ("deepseek-v3", dict(first_k_dense_replace=61), "num_hidden_layers"),
+    ("deepseek-v3", dict(n_group="8"), "n_group"),  # a reviewer's finding, 2026-11-27: a traceback
+    ("deepseek-v3", dict(n_group=7), "n_group"),
+    ("deepseek-v3", dict(topk_group=True), "topk_group"),
+    ("deepseek-v3", dict(routed_scaling_factor="abc"), "routed_scaling_factor"),
+    ("deepseek-v3", dict(routed_scaling_factor=True), "routed_scaling_factor"),
     ("gpt-oss-20b", dict(layer_types=["full_attention"]), "layer_types"),
     ("llama-3.1-8b", dict(num_experts=64), "num_experts"),
 ])
@@ -113,6 +118,7 @@ def test_bad_moe_configs_are_refused_naming_the_field(folder, over, field):
     (dict(experts=8, top_k=4, router_groups=4, router_group_topk=1), "exceeds the experts"),
     (dict(router_groups=2, router_group_topk=1), "give experts"),
     (dict(experts=8, top_k=2, router_scaling=0.0), "router_scaling"),
+    (dict(router_scaling=2.5), "give experts"),
 ])
 def test_bad_moe_model_fields_are_refused(over, needle):
     with pytest.raises(MemoError) as e:

@@ -198,3 +198,10 @@ def test_one_slot_chunks_are_planned_and_the_executor_refuses_them_in_one_line(t
     lines = [ln for ln in run.output.splitlines() if ln.strip()]
     assert run.exit_code == 2 and len(lines) == 1 and "at least one layer" in lines[0], run.output
     assert not (tmp_path / "run").exists()
+    # the simulator's own commands read the plan (memo-sim simulate printed its stages' chunks as first-last pairs
+    # and crashed on the empty ones: a reviewer's finding, 2026-11-27)
+    sim = CliRunner().invoke(cli, ["simulate", str(tmp_path / "plan.json"), "--out", str(tmp_path / "sim")])
+    assert sim.exit_code == 0, sim.output
+    assert "layers none (the embedding or the loss alone), 3-3" in sim.output
+    for cmd in (["explain", str(tmp_path / "plan.json")], ["check-plan", str(tmp_path / "plan.json")]):
+        assert CliRunner().invoke(cli, cmd).exit_code == 0

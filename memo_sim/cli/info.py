@@ -78,6 +78,7 @@ def frameworks(name, as_json):
         fws = {name: fws[name]}
     if as_json:
         click.echo(json.dumps({n: {"summary": f.summary, "policies": list(f.policies), "mechanisms": dict(f.mechanisms),
+                                   "layouts": framework_layouts(f),
                                    "precision": {"recipes": dict(f.recipes), "gemm_formats": list(f.gemm_formats)},
                                    "not_modelled": list(f.not_modelled), "sources": list(f.sources), "file": f.path}
                                for n, f in fws.items()}, indent=1))
@@ -90,6 +91,19 @@ def frameworks(name, as_json):
              "; ".join(f.not_modelled) or "-"] for n, f in fws.items()]
     click.echo(render_table(["name", "policies", "mechanisms", "precision (recipes; GEMM formats)", "not modelled"],
                             rows))
+
+
+def framework_layouts(f) -> dict:
+    """The layouts a framework version offers, as its file's ``layouts`` section names them."""
+    experts = None if f.experts is None else dict(zip(("expert_parallel", "expert_tensor_parallel", "dispatchers",
+                                                        "ep_within_shards"), f.experts))
+    return {"tensor_parallel": f.tensor_parallel, "sequence_parallel": list(f.sequence_parallel),
+            "context_parallel": f.context_parallel, "ulysses": f.ulysses, "zero": list(f.zero),
+            "tp_modes": list(f.tp_modes), "schedules": list(f.schedules), "optimizer_offload": f.optimizer_offload,
+            "optimizer_offload_zero": None if f.optimizer_offload_zero is None else list(f.optimizer_offload_zero),
+            "uneven_stages": f.uneven_stages, "embedding_loss_slots": f.embedding_loss_slots,
+            "experts": experts if experts is None else {**experts, "dispatchers": list(experts["dispatchers"])},
+            "dp_modes": list(f.dp_modes)}
 
 
 def framework_lines(f) -> list[str]:

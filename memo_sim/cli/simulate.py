@@ -78,6 +78,11 @@ def _write_outputs(timeline, out: Path, layers_text: str | None, device: int = 0
     return beside(mine, theirs + list(also))  # what ``also`` wrote comes last
 
 
+def _chunk_words(chunk: list[int]) -> str:
+    """A model chunk's layers as first-last, or what a one-slot chunk without a layer runs."""
+    return f"{chunk[0]}-{chunk[1]}" if chunk else "none (the embedding or the loss alone)"
+
+
 def _summary_line(r) -> str:
     if r.ok:
         a = r.allocator
@@ -165,7 +170,7 @@ def simulate_cmd(plan_file, out_dir, layers_text, profile_override, no_contentio
     if r.pipeline.get("micro_batches") is not None:  # a micro-batch pipeline: its stages
         for st in r.pipeline["stages"]:
             bub = st["bubble_ratio"]
-            click.echo(f"  stage {st['stage']}: layers {', '.join(f'{a}-{b}' for a, b in st['chunks'])}, "
+            click.echo(f"  stage {st['stage']}: layers {', '.join(_chunk_words(c) for c in st['chunks'])}, "
                        f"{st['in_flight']} chunk forwards in flight, peak GPU {fmt_bytes(st['peak_gpu_bytes'])} "
                        f"(simulated, {allocator_of(plan.policy, plan.layout)}), "
                        f"busy {fmt_time(st['compute_busy_s'])}"

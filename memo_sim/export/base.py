@@ -248,6 +248,27 @@ def optimizer_offload_gap(plan: Plan, framework: str) -> list[Gap]:
                 PlanChange(layout={"optimizer_offload": False}))]
 
 
+def dp_flavour_gap(plan: Plan, framework: str) -> list[Gap]:
+    """A data-parallel flavour the framework version does not run (FSDP2 as torchtitan runs it: HSDP, weights
+    kept from the forward to the backward, FSDP beside pipeline stages): its own ZeRO instead, over the whole data
+    group, ZeRO 1 at most beside pipeline stages."""
+    from memo_sim.search.frameworks import get_framework  # noqa: PLC0415
+
+    lay, fw = plan.layout, get_framework(framework)
+    if lay.dp_mode in fw.dp_modes:
+        return []
+    change: dict = {"dp_mode": "zero", "fsdp_shard": 0, "reshard_after_forward": True}
+    nearest = f"ZeRO {lay.zero} over the whole data group, the weights gathered again for the backward"
+    if lay.pp > 1 and lay.zero > 1:
+        change["zero"] = max(z for z in fw.zero if z <= 1)
+        nearest = f"ZeRO {change['zero']} beside the pipeline stages"
+    what = (f"data-parallel flavour {lay.dp_mode}" + (f", HSDP over shard groups of {lay.fsdp_shard}" if lay.fsdp_shard
+                                                      else "")
+            + ("" if lay.reshard_after_forward else ", the gathered weights kept from the forward to the backward")
+            + (f" beside {lay.pp} pipeline stages" if lay.pp > 1 else ""))
+    return [Gap(what, nearest, PlanChange(layout=change))]
+
+
 def uneven_stages_gap(plan: Plan, framework: str) -> list[Gap]:
     """Uneven pipeline stages where the exporter does not write them (the plan is kept: the user sets
     the split as the framework spells it)."""

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import shlex
 
-from memo_sim.export.base import (Export, Gap, async_tp_gap, gemm_format_gap, metp_gap, nearest_plan, optimizer_offload_gap,
+from memo_sim.export.base import (Export, Gap, async_tp_gap, dp_flavour_gap, gemm_format_gap, metp_gap, nearest_plan,
+                                  optimizer_offload_gap,
                                   policy_gaps, price_nearest, shape_arguments, torchrun_line, ulysses_gap, zero_gap)
 from memo_sim.layout.pipeline_layout import format_layout
 from memo_sim.plan.schema import Plan
@@ -49,6 +50,7 @@ def gaps(plan: Plan) -> list[Gap]:
             + async_tp_gap(plan, "Megatron TP with sequence parallelism, its collectives on the critical path "
                                  "(--tp-comm-overlap, TransformerEngine's userbuffer overlap, is not priced by memo)")
             + zero_gap(plan, (0, 1, 3), "--use-distributed-optimizer, or Megatron-FSDP for ZeRO 3")
+            + dp_flavour_gap(plan, FRAMEWORK)
             + policy_gaps(plan, _RUNS, notes={"memo": _OFFLOAD_NOTE, "full_offload": _OFFLOAD_NOTE})
             + gemm_format_gap(plan, "megatron") + optimizer_offload_gap(plan, "megatron") + _attention_gaps(plan))
 
@@ -192,7 +194,8 @@ def export(plan: Plan, price: bool = True, instead: dict | None = None) -> Expor
              f"{plan.layout.label()}, {plan.policy.label()}, schedule {plan.schedule}",
              "# Add your data, tokenizer, optimizer and checkpoint arguments (--data-path, --tokenizer-type, --lr ...).",
              "set -euo pipefail",
-             "export CUDA_DEVICE_MAX_CONNECTIONS=1",
+             # Megatron-FSDP asserts the variable is unset or above 1 (validate_args at SOURCE); TP's overlap wants 1
+             "unset CUDA_DEVICE_MAX_CONNECTIONS" if plan.layout.zero == 3 else "export CUDA_DEVICE_MAX_CONNECTIONS=1",
              torchrun_line(plan, "pretrain_gpt.py") + " \\"]
     body = [f"    {opt}" + _words(val) for opt, val in args]
     lines += [b + " \\" for b in body[:-1]] + [body[-1], ""]

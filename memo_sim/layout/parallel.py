@@ -817,7 +817,8 @@ def virtual_split_why_not(n_layers: int, pp: int, vpp: int = 1, first: int = 0, 
     """Why ``n_layers`` cannot be split into ``pp`` ranks x ``vpp`` model chunks as asked, or None:
     evenly; with the first / last ranks' counts (`stage_split_why_not`; with vpp > 1 every rank's
     count divides over its chunks, as Megatron-LM requires); with the embedding and the loss each
-    taking a layer's slot (``account``: layers + 2 divide into pp x vpp chunks of at least 2 slots); or
+    taking a layer's slot (``account``: layers + 2 divide into pp x vpp chunks, of one slot at least: a first chunk of
+    one slot runs the embedding alone, a last one the loss alone); or
     each chunk its own count (``chunks``, one per virtual stage, `memo_sim.layout.pipeline_layout`)."""
     n_vs = pp * vpp
     if chunks:

@@ -154,9 +154,9 @@ class _ModelIn(BaseModel):
                     raise ValueError(f"top_k ({self.top_k}) exceeds the experts of router_group_topk ({m}) groups "
                                      f"of {self.experts // g}; change one of them")
         elif (self.top_k or self.shared_experts or self.dense_layers or self.expert_ffn or self.router_groups
-              or self.router_group_topk):
-            raise ValueError("top_k, expert_ffn, shared_experts, dense_layers and router groups describe experts: "
-                             "give experts too")
+              or self.router_group_topk or self.router_scaling != 1.0):
+            raise ValueError("top_k, expert_ffn, shared_experts, dense_layers, router groups and router_scaling "
+                             "describe experts: give experts too")
         if self.sliding_layers > self.layers:
             raise ValueError(f"sliding_layers ({self.sliding_layers}) exceeds the {self.layers} layers")
         if bool(self.sliding_layers) != bool(self.sliding_window):

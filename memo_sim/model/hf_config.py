@@ -241,11 +241,18 @@ def moe_fields(raw: dict, source: str = "config.json", name: str = "hf-model") -
         d.update(router=scoring)
         # group-limited routing: DeepSeek-V2's group_limited_greedy and V3's noaux_tc pick each token's experts
         # from its best topk_group of n_group groups; greedy (V2's default, V2-Lite) ignores the groups
-        groups, group_topk = c.get("n_group") or 0, c.get("topk_group") or 0
-        if c.get("topk_method") in ("group_limited_greedy", "noaux_tc") and groups > 1 and group_topk:
-            d.update(router_groups=groups, router_group_topk=group_topk)
+        if c.get("topk_method") in ("group_limited_greedy", "noaux_tc"):
+            groups = 0 if c.get("n_group") is None else _whole(c, "n_group", refuse)
+            group_topk = 0 if c.get("topk_group") is None else _whole(c, "topk_group", refuse)
+            if groups > 1 and group_topk:
+                if experts % groups or group_topk > groups or top_k > group_topk * (experts // groups):
+                    raise refuse("n_group", f"{groups} groups with topk_group {group_topk} do not hold the "
+                                 f"{top_k} of {experts} experts a token takes (n_group must divide n_routed_experts)")
+                d.update(router_groups=groups, router_group_topk=group_topk)
         scaling = c.get("routed_scaling_factor")
         if scaling is not None:
+            if isinstance(scaling, bool) or not isinstance(scaling, (int, float)) or not 0 < scaling <= 1e6:
+                raise refuse("routed_scaling_factor", f"must be a number above 0, got {scaling!r}")
             d.update(router_scaling=float(scaling))
         if shared:
             d.update(shared_experts=shared, shared_ffn=expert_ffn)
