@@ -392,3 +392,15 @@ def test_uneven_interleaved_chunks_match_one_process():
     for i, c in enumerate(cases):
         check(results[0][i], c[0], 0, c)
         assert results[0][i]["layers"] == [0, 1, 2, 7, 8, 9, 10] and results[1][i]["layers"] == [3, 4, 5, 6, 11, 12, 13]
+
+
+def test_one_slot_chunks_match_one_process():
+    """Chunks of one slot (2 layers + the embedding's and the loss's slots over pp 2 x vpp 2: rank 0 runs the
+    embedding alone and layer 1, rank 1 layer 0 and the loss alone): loss and every gradient as one process,
+    store all and MEMO (the executor refused such plans, and crashed in every rank before it did)."""
+    cases = [(2, {"pp": 2, "vpp": 2, "account_embedding_loss": True}, "interleaved_1f1b", pol)
+             for pol in ("store_all", "memo")]
+    results = spawn(rank_cases, 2, cases, timeout=300)
+    for i, c in enumerate(cases):
+        check(results[0][i], c[0], 0, c)
+        assert results[0][i]["layers"] == [1] and results[1][i]["layers"] == [0], c

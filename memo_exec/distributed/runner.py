@@ -64,11 +64,6 @@ def check_plan_for_world(plan: Plan, world: int, opts: RunOptions) -> None:
     if model.layers != plan.model.layers:  # --layers N: the schedule's split must hold for N layers
         plan = dataclasses.replace(plan, model=model)
     schedule_for(plan)
-    if lay.pp > 1 and not all(lay.virtual_stage_ranges(model.layers)):
-        raise ExecError(f"plan layout {lay.label()}: model chunks of one slot leave the first with the embedding alone "
-                        f"and the last with the loss alone (--account-for-embedding/loss-in-pipeline-split); the "
-                        f"executor runs every chunk with at least one layer (the simulator prices it); plan with fewer "
-                        f"virtual stages (vpp) or stages (pp)")
     why = fsdp_why_not(plan, model)
     if why:
         raise ExecError(f"plan layout {lay.label()}: {why}")

@@ -200,13 +200,13 @@ class PipelineSchedule(Schedule):
         sizes = [len(self.chunk_layers(c)) for c in range(self.vpp)]  # equal unless the split is uneven
         pols: dict[tuple[int, int], object] = {}
         for k in range(self.n_slots):
-            for n in sorted(set(sizes), reverse=True):
+            for n in sorted(set(sizes) - {0}, reverse=True):  # a chunk of one slot may hold no layer
                 pol = ex.make_activation_policy(n)
                 pol.slot = k
                 pol.allocate()
                 pols[(k, n)] = pol
         ex.policy = PolicySet(list(pols.values()))
-        self.timers = [_ChunkTimer(ex.recorder, self.chunk_layers(c)[0]) for c in range(self.vpp)]
+        self.timers = [_ChunkTimer(ex.recorder, (self.chunk_layers(c) or [0])[0]) for c in range(self.vpp)]
         starts = [sum(sizes[:c]) for c in range(self.vpp)]  # each chunk's first local layer
         self.runtimes = {(k, c): [LayerRuntime(j, ex.gpt.layers[starts[c] + j], pols[(k, sizes[c])], ex.compute,
                                                self.timers[c], _OffsetHooks(ex.layer_hooks, starts[c]))
@@ -262,8 +262,10 @@ class PipelineSchedule(Schedule):
         """Point the action's slot policy and the layer compute at chunk ``a.chunk`` and micro-batch
         ``a.mb`` (names and model-layer numbers in the trace); return the slot."""
         slot = self.slot_of[(a.chunk, a.mb)]
-        pol, timer = self.runtimes[(slot, a.chunk)][0].policy, self.timers[a.chunk]
-        pol.tag, pol.layer_base, pol.timer = f"@{a.tag()}", timer.base, timer
+        rts, timer = self.runtimes[(slot, a.chunk)], self.timers[a.chunk]
+        if rts:  # a chunk of the embedding or the loss alone runs no layer and no policy
+            pol = rts[0].policy
+            pol.tag, pol.layer_base, pol.timer = f"@{a.tag()}", timer.base, timer
         self.ex.compute.timer = timer
         return slot
 
