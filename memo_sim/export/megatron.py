@@ -195,7 +195,8 @@ def export(plan: Plan, price: bool = True, instead: dict | None = None) -> Expor
              "# Add your data, tokenizer, optimizer and checkpoint arguments (--data-path, --tokenizer-type, --lr ...).",
              "set -euo pipefail",
              # Megatron-FSDP asserts the variable is unset or above 1 (validate_args at SOURCE); TP's overlap wants 1
-             "unset CUDA_DEVICE_MAX_CONNECTIONS" if plan.layout.zero == 3 else "export CUDA_DEVICE_MAX_CONNECTIONS=1",
+             "unset CUDA_DEVICE_MAX_CONNECTIONS" if ("--use-megatron-fsdp", None) in args
+             else "export CUDA_DEVICE_MAX_CONNECTIONS=1",
              torchrun_line(plan, "pretrain_gpt.py") + " \\"]
     body = [f"    {opt}" + _words(val) for opt, val in args]
     lines += [b + " \\" for b in body[:-1]] + [body[-1], ""]

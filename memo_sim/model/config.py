@@ -56,6 +56,7 @@ from memo_sim.model.hf_config import config_path, hf_model_fields, is_hf_config,
 from memo_sim.model.gemm_formats import GEMM_FORMATS, GemmFormat, gemm_format
 from memo_sim.model.moe_routers import ROUTER_NAMES, Router, router
 from memo_sim.model.precision import RECIPES, PrecisionRecipe, default_recipe
+from memo_sim.model.router_groups import router_groups_why_not
 
 FFN_TYPES = ("gelu", "swiglu")
 DTYPES = ("bf16", "fp16", "fp32")
@@ -142,17 +143,9 @@ class _ModelIn(BaseModel):
             if self.dense_layers >= self.layers:
                 raise ValueError(f"dense_layers ({self.dense_layers}) leaves no MoE layer of the {self.layers}; "
                                  f"give fewer dense layers or no experts")
-            if self.router_groups or self.router_group_topk:
-                g, m = self.router_groups, self.router_group_topk
-                if not (g and m):
-                    raise ValueError("router_groups and router_group_topk go together (group-limited routing: "
-                                     "n_group and topk_group): give both or neither")
-                if self.experts % g or not 1 <= m <= g:
-                    raise ValueError(f"router_groups ({g}) must divide the {self.experts} experts and "
-                                     f"router_group_topk ({m}) lie between 1 and it; change one of them")
-                if self.top_k > m * (self.experts // g):
-                    raise ValueError(f"top_k ({self.top_k}) exceeds the experts of router_group_topk ({m}) groups "
-                                     f"of {self.experts // g}; change one of them")
+            why = router_groups_why_not(self.experts, self.top_k, self.router_groups, self.router_group_topk)
+            if why:
+                raise ValueError(why)
         elif (self.top_k or self.shared_experts or self.dense_layers or self.expert_ffn or self.router_groups
               or self.router_group_topk or self.router_scaling != 1.0):
             raise ValueError("top_k, expert_ffn, shared_experts, dense_layers, router groups and router_scaling "

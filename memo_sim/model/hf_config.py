@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from memo_sim.errors import MemoError
+from memo_sim.model.router_groups import router_groups_why_not
 
 DENSE_FAMILIES = ("llama", "mistral", "qwen2", "gpt2", "gpt_neox")
 MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss")
@@ -245,9 +246,10 @@ def moe_fields(raw: dict, source: str = "config.json", name: str = "hf-model") -
             groups = 0 if c.get("n_group") is None else _whole(c, "n_group", refuse)
             group_topk = 0 if c.get("topk_group") is None else _whole(c, "topk_group", refuse)
             if groups > 1 and group_topk:
-                if experts % groups or group_topk > groups or top_k > group_topk * (experts // groups):
-                    raise refuse("n_group", f"{groups} groups with topk_group {group_topk} do not hold the "
-                                 f"{top_k} of {experts} experts a token takes (n_group must divide n_routed_experts)")
+                why = router_groups_why_not(experts, top_k, groups, group_topk)
+                if why:  # the model's rule, said under the config's keys
+                    raise refuse("n_group", why.replace("router_groups", "n_group").replace("router_group_topk",
+                                                                                             "topk_group"))
                 d.update(router_groups=groups, router_group_topk=group_topk)
         scaling = c.get("routed_scaling_factor")
         if scaling is not None:
