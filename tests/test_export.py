@@ -500,6 +500,6 @@ def test_torchtitans_fsdp_is_a_gap_in_megatron_and_deepspeed(lay):
                                                                                      else {})
         assert gap[0].change.layout == want
     sh = export_plan(plan, "megatron", price=False, nearest=True).files["megatron.sh"]
-    assert ("--use-megatron-fsdp" in sh) == (lay.pp == 1)
+    assert ("--use-megatron-fsdp" in sh) == (lay.pp == 1) == ("unset CUDA_DEVICE_MAX_CONNECTIONS" in sh)
     assert not export_plan(_plan("gpt-7b", Layout(dp=8, zero=3), ("full_recompute",), seq=4096), "megatron",
                            price=False).gaps  # memo's own ZeRO 3 is Megatron-FSDP
