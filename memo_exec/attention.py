@@ -34,6 +34,9 @@ from memo_sim.plan.schema import ATTENTION_BACKENDS
 
 BACKENDS = ATTENTION_BACKENDS  # the names plan.json may carry (memo_sim.plan.schema)
 AUTO_ORDER_CUDA = ("flash_attn", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "math")
+# the backends that run a priced kernel (`memo_sim.plan.Plan.priced_attention_kernel`) where ``auto``'s
+# order would pick another: a plan priced on cuDNN's fused attention runs torch SDPA's cuDNN kernel first
+PRICED_KERNEL_BACKENDS = {"cudnn": ("sdpa_cudnn",)}
 MATH_SCORE_BUDGET_BYTES = 256 * 2**20
 MATH_MAX_CHUNK = 256  # query rows per block: causal blocks skip the keys after the block
 
@@ -402,15 +405,35 @@ def probe(backend: AttentionBackend, device: torch.device, dtype: torch.dtype, d
         raise BackendError(f"attention backend {backend.name} returned non-finite values on {device}")
 
 
-def auto_backend_for(device_type: str, dtype: torch.dtype, dims: AttnDims) -> str:
+def preferred_backends(priced_kernel: str) -> tuple[str, ...]:
+    """The backends ``auto`` tries first on CUDA for a plan priced on ``priced_kernel``
+    (`PRICED_KERNEL_BACKENDS`; none: ``auto``'s own order, `AUTO_ORDER_CUDA`)."""
+    return PRICED_KERNEL_BACKENDS.get(priced_kernel, ())
+
+
+def priced_kernel_note(priced_kernel: str | None, ran: str | None, device_kind: str | None) -> str | None:
+    """A one-line note where a CUDA run's attention ran another kernel than the plan was priced on
+    (its step and attention times then compare two kernels), else None."""
+    want = PRICED_KERNEL_BACKENDS.get(priced_kernel or "", ())
+    if device_kind != "cuda" or not want or ran in want:
+        return None
+    return (f"note: the plan's attention was priced on {priced_kernel}'s kernel ({' or '.join(want)}); this run ran "
+            f"{ran}, so its attention and step times are not the kernel memo predicted "
+            f"(--attention-backend {want[0]} asks for it)")
+
+
+def auto_backend_for(device_type: str, dtype: torch.dtype, dims: AttnDims, prefer: tuple[str, ...] = ()) -> str:
     """What ``auto`` resolves to on a device of this type, decided without running a kernel (for
-    a trace recorded on the meta device): math on a CPU; on CUDA flash-attn when it imports, else
+    a trace recorded on the meta device): math on a CPU; on CUDA the first of ``prefer`` (the plan's
+    priced kernel, `preferred_backends`) for 16-bit dtypes, else flash-attn when it imports, else
     torch's flash kernel for 16-bit dtypes and head dims up to 256, else its memory-efficient one.
     On a real device `select_backend` probes instead; only math takes scratch tensors, so every
     CUDA choice records the same scratch requests."""
     if device_type != "cuda":
         return "math"
     half = dtype in (torch.float16, torch.bfloat16)
+    if half and prefer:
+        return prefer[0]
     if half:
         try:
             import flash_attn  # noqa: F401, PLC0415 - optional dependency
@@ -430,15 +453,16 @@ def meta_stand_in(name: str) -> AttentionBackend:
 
 
 def select_backend(name: str, device: torch.device, dtype: torch.dtype, dims: AttnDims,
-                   run_probe: bool = True) -> AttentionBackend:
-    """The backend ``name`` (or, for ``auto``, the first that works here), probed on a tiny problem."""
+                   run_probe: bool = True, prefer: tuple[str, ...] = ()) -> AttentionBackend:
+    """The backend ``name`` (or, for ``auto``, the first that works here: on CUDA ``prefer`` first,
+    the backends of the kernel the plan was priced on, `preferred_backends`), probed on a tiny problem."""
     if name not in BACKENDS:
         raise BackendError(f"attention backend must be one of {', '.join(BACKENDS)}, got {name!r}")
     if name == "auto":
         if device.type != "cuda":
             return select_backend("math", device, dtype, dims, run_probe)
         errors = []
-        for cand in AUTO_ORDER_CUDA:
+        for cand in tuple(prefer) + tuple(b for b in AUTO_ORDER_CUDA if b not in prefer):
             try:
                 return select_backend(cand, device, dtype, dims, run_probe)
             except BackendError as e:

@@ -197,6 +197,12 @@ def _run_single(plan, plan_file, opts, out_dir, as_json, progress) -> None:
                f"{st['iteration_s']:.4f} s/iteration, {res.meta['tokens'] / st['iteration_s']:,.0f} tokens/s, "
                f"loss {res.summaries[-1]['loss']:.4f}")
     click.echo(f"wrote {paths['report']}, {paths['measured']}, {paths['trace']}")
+    from memo_exec.attention import priced_kernel_note  # noqa: PLC0415 - imports torch
+
+    note = priced_kernel_note(res.meta.get("attention_kernel_priced"), res.meta.get("attention_backend"),
+                              res.meta.get("device_kind"))
+    if note:
+        click.echo(note, err=True)
 
 
 @cli.command("trace", help="Record one layer's malloc/free sequence (memo-trace JSON).")

@@ -16,7 +16,7 @@ import torch
 from memo_exec.activations import ActivationPolicy, make_policy
 from memo_exec.arena import AllocRecorder, ArenaPlan, ArenaScratch, CachingScratch, parse_memory_plan, \
     validate_memory_plan
-from memo_exec.attention import AttnDims, meta_stand_in, select_backend
+from memo_exec.attention import AttnDims, meta_stand_in, preferred_backends, select_backend
 from memo_exec.data import TokenSource
 from memo_exec.device import compute_dtype, device_free_bytes, element_size, host_available_bytes, resolve_device
 from memo_exec.errors import ExecError
@@ -238,6 +238,8 @@ class ExecutorBase:
         self.tokens = self.batch * self.seq  # one replica's tokens per iteration
         self.data = TokenSource(self.model.vocab, data_rows, self.seq, opts.seed, opts.tokens_file)
         self.backend_name = opts.attention_backend or plan.attention_backend
+        self.priced_kernel = plan.priced_attention_kernel()  # what auto runs first on CUDA
+        self.attention_prefer = preferred_backends(self.priced_kernel)
         self.engine = None
         self.allocated = False
         self.current_step = -1
@@ -277,6 +279,7 @@ class ExecutorBase:
             "layout": self.plan.layout.label(), "device": self.device_spec.describe(),
             "device_kind": self.device_spec.kind, "dtype": str(self.dtype).replace("torch.", ""),
             "attention_backend": self.backend.name, "attention_backend_requested": self.backend_name,
+            "attention_kernel_priced": self.priced_kernel,
             "classifier_chunk_tokens": self.plan.classifier_chunk_tokens, "data": self.data.describe(),
             "memory_plan": None, "memory_estimate_bytes": self.estimate.terms,
             "memory_estimate_detail_bytes": self.estimate.detail,
@@ -318,7 +321,7 @@ class Executor(ExecutorBase):
         self.dims = AttnDims(self.batch, self.seq, m.heads, m.n_kv_heads, m.qk_head_dim)
         # resolved on this device (auto probes the candidates) before the layer's requests are recorded
         self.backend = select_backend(self.backend_name, self.device, self.dtype, self.dims,
-                                      run_probe=opts.probe_backend)
+                                      run_probe=opts.probe_backend, prefer=self.attention_prefer)
         sz = size_plan(plan, m, self.dtype, self.backend, opts.use_memory_plan)
         self.policy = sz.policy  # computes sizes only until allocate() replaces it
         self.layer_requests, self.arena_plan, self.unplanned = sz.requests, sz.arena_plan, sz.unplanned

@@ -21,7 +21,7 @@ import torch
 
 from memo_exec.arena import AllocRecorder, CachingScratch
 from memo_exec.activations import make_policy, sim_policy_name
-from memo_exec.attention import AttnDims, auto_backend_for, meta_stand_in, select_backend
+from memo_exec.attention import AttnDims, auto_backend_for, meta_stand_in, preferred_backends, select_backend
 from memo_exec.device import DTYPES, compute_dtype, resolve_device
 from memo_exec.errors import ExecError
 from memo_exec.layer import LayerCompute, LayerStorage, LayerWeights, carve_storage, norm_stats_dtype, \
@@ -155,7 +155,7 @@ def record_layer_trace(plan: Plan, device: str | None = None, dtype: str | None 
         dt = DTYPES[name]
         bname = attention_backend or plan.attention_backend
         if bname == "auto":
-            bname = auto_backend_for(target, dt, _dims(plan))
+            bname = auto_backend_for(target, dt, _dims(plan), preferred_backends(plan.priced_attention_kernel()))
         backend, backend_name = meta_stand_in(bname), bname
     else:
         if plan.layout.gpus > 1:
@@ -164,7 +164,8 @@ def record_layer_trace(plan: Plan, device: str | None = None, dtype: str | None 
         spec = resolve_device(device)
         dev = spec.torch_device
         dt = compute_dtype(plan.model.dtype, spec, dtype)
-        backend = select_backend(attention_backend or plan.attention_backend, dev, dt, _dims(plan))
+        backend = select_backend(attention_backend or plan.attention_backend, dev, dt, _dims(plan),
+                             prefer=preferred_backends(plan.priced_attention_kernel()))
         backend_name = backend.name
     rec = AllocRecorder()
     comp, w, st, _ = _setup(plan, dev, dt, backend, rec)
@@ -199,7 +200,8 @@ def record_cuda_history(plan: Plan, device: str | None = None, dtype: str | None
         raise ExecError(f"plan layout {plan.layout.label()}: --cuda-history records single-device plans only")
     dev = spec.torch_device
     dt = compute_dtype(plan.model.dtype, spec, dtype)
-    backend = select_backend(attention_backend or plan.attention_backend, dev, dt, _dims(plan))
+    backend = select_backend(attention_backend or plan.attention_backend, dev, dt, _dims(plan),
+                             prefer=preferred_backends(plan.priced_attention_kernel()))
     comp, w, st, _ = _setup(plan, dev, dt, backend, None)
     snaps = []
     mem = torch.cuda.memory

@@ -59,6 +59,24 @@ def test_bf16_backends_close_to_reference(backend):
     assert not bad, bad
 
 
+def test_a_plan_priced_on_cudnn_runs_cudnn_under_auto():
+    """A plan whose attention was priced on cuDNN's fused attention (a Hopper profile's curves) runs
+    SDPA's cuDNN kernel under ``auto``, with gradients as close to the reference as every backend's."""
+    from dataclasses import replace
+
+    plan = make_plan(MODEL, SEQ, get_policy("memo", 0.3), backend="auto", chunk=4096)
+    plan.layout = replace(plan.layout, attention="cudnn")
+    assert plan.priced_attention_kernel() == "cudnn"
+    with skip_backend_failure("sdpa_cudnn"):
+        loss, grads, ex = executor_grads(plan, device="cuda", dtype="bf16")
+    if ex.backend.name != "sdpa_cudnn":
+        pytest.skip(f"sdpa_cudnn refused by the probe here; auto ran {ex.backend.name}")
+    assert ex.describe()["attention_kernel_priced"] == "cudnn"
+    ref_loss, _ = reference_grads(ex, dtype=torch.float32)
+    assert abs(loss - ref_loss) <= 1e-2 * abs(ref_loss)
+    assert not bf16_within_autograd_noise(ex, grads)
+
+
 def test_full_offload_bitwise_equals_store_all_in_bf16():
     """Offload/prefetch round-trips are exact copies (math backend: no atomics in its backward)."""
     a = executor_grads(make_plan(MODEL, SEQ, get_policy("store_all"), backend="math"), device="cuda",

@@ -335,6 +335,70 @@ def test_auto_resolves_per_device_before_tracing():
     assert not meta_stand_in(cuda16).uses_scratch and meta_stand_in("math").uses_scratch
 
 
+def test_auto_runs_the_kernel_the_plan_was_priced_on_first(monkeypatch):
+    """A plan priced on cuDNN's fused attention (a Megatron-LM plan on a Hopper profile) ran
+    FlashAttention-2 under ``auto``, 1.8x slower than predicted at long sequence: ``auto`` now
+    tries the priced kernel's backend first on CUDA, then its own order."""
+    import memo_exec.attention as A
+    from memo_exec.attention import preferred_backends, priced_kernel_note
+
+    dims = AttnDims(1, 64, 4, 4, 16)
+    tried = []
+
+    class Fake:
+        def __init__(self, name):
+            self.name = name
+
+    def fake_probe(backend, device, dtype, d):
+        tried.append(backend.name)
+        if backend.name in failing:
+            raise BackendError(f"{backend.name} does not run here")
+
+    monkeypatch.setattr(A, "_instantiate", Fake)
+    monkeypatch.setattr(A, "probe", fake_probe)
+    cuda = torch.device("cuda")  # the device object only: nothing runs on it
+    failing: set[str] = set()
+    assert select_backend("auto", cuda, torch.bfloat16, dims, prefer=preferred_backends("cudnn")).name == "sdpa_cudnn"
+    assert tried == ["sdpa_cudnn"]
+    tried.clear()
+    failing = {"sdpa_cudnn", "flash_attn"}  # refused here: auto's own order follows, cuDNN not tried twice
+    assert select_backend("auto", cuda, torch.bfloat16, dims, prefer=preferred_backends("cudnn")).name == "sdpa_flash"
+    assert tried == ["sdpa_cudnn", "flash_attn", "sdpa_flash"]
+    tried.clear()
+    failing = set()
+    assert select_backend("auto", cuda, torch.bfloat16, dims, prefer=preferred_backends("flash")).name == "flash_attn"
+    assert preferred_backends("flash") == () and preferred_backends("materialised") == ()
+    assert auto_backend_for("cuda", torch.bfloat16, dims, preferred_backends("cudnn")) == "sdpa_cudnn"
+    assert auto_backend_for("cuda", torch.float32, dims, preferred_backends("cudnn")) == "sdpa_efficient"
+    assert auto_backend_for("cpu", torch.bfloat16, dims, preferred_backends("cudnn")) == "math"
+    note = priced_kernel_note("cudnn", "sdpa_flash", "cuda")
+    assert note and "sdpa_flash" in note and "--attention-backend sdpa_cudnn" in note
+    assert priced_kernel_note("cudnn", "sdpa_cudnn", "cuda") is None
+    assert priced_kernel_note("cudnn", "math", "cpu") is None
+    assert priced_kernel_note("flash", "sdpa_flash", "cuda") is None
+
+
+def test_a_plan_names_the_kernel_its_attention_was_priced_on():
+    """cuDNN is priced on its own curves only where the profile has them (Hopper); elsewhere on
+    FlashAttention-2's, and the executor then runs FlashAttention-2."""
+    from dataclasses import replace
+
+    from memo_sim.profile import load_profile
+
+    plan = make_plan(ModelConfig(name="t", layers=2, hidden=64, heads=4, ffn=128, vocab=128), 64, policy("store_all"))
+    assert plan.priced_attention_kernel() == "flash"
+    plan.layout = replace(plan.layout, attention="cudnn")
+    hopper, ampere = load_profile("h100-sxm5-80gb"), load_profile("a100-sxm4-80gb")
+    assert hopper.efficiency.priced_attention_kernel("cudnn") == "cudnn"
+    assert ampere.efficiency.priced_attention_kernel("cudnn") == "flash"
+    plan.profile = "h100-sxm5-80gb"
+    assert plan.priced_attention_kernel() == "cudnn"
+    plan.profile = "a100-sxm4-80gb"
+    assert plan.priced_attention_kernel() == "flash"
+    plan.profile = "/nowhere/written-on-another-machine.yaml"
+    assert plan.priced_attention_kernel() == "cudnn"  # the layout's kernel
+
+
 def test_meta_trace_for_cuda_has_no_math_scratch_and_a_math_plan_is_refused_with_a_hint():
     from memo_exec.errors import MemoryPlanError
     from memo_exec.runner import size_plan

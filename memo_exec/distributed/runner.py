@@ -151,7 +151,7 @@ class DistExecutor(ExecutorBase):
             inner = RingAttention(ctx.group("cp"), lay.cp, ctx.coord("cp"))
         else:
             inner = select_backend(self.backend_name, self.device, self.dtype, inner_dims,
-                                   run_probe=opts.probe_backend)
+                                   run_probe=opts.probe_backend, prefer=self.attention_prefer)
         self.backend = UlyssesAttention(inner, ctx.group("ulysses"), lay.ulysses, r) if lay.ulysses > 1 else inner
         self.held = self.schedule.layer_indices()
         self.shapes = self.flavour.storage_shapes()

@@ -86,6 +86,19 @@ class Plan:
         """Micro-batches per iteration (gradient accumulation steps)."""
         return self.batch // self.micro_batch
 
+    def priced_attention_kernel(self) -> str:
+        """The attention kernel whose curves priced this plan (`memo_sim.model.layer_graph.ATTENTION_KERNELS`):
+        the layout's, with ``cudnn`` priced as ``flash`` where the plan's profile has no cuDNN curves
+        (`memo_sim.profile.schema.Efficiency.priced_attention_kernel`). The executor's ``auto`` backend runs
+        this kernel first where the device has it. A profile that does not load here (a file written on
+        another machine) leaves the layout's kernel."""
+        from memo_sim.profile.loader import load_profile  # noqa: PLC0415 - only plans that ask read a profile
+
+        try:
+            return load_profile(self.profile).efficiency.priced_attention_kernel(self.layout.attention)
+        except MemoError:
+            return self.layout.attention
+
     def check_schedule(self) -> str | None:
         """None if the plan's schedule can run its layout and batch split, else the reason."""
         return check_schedule(self.schedule, pp=self.layout.pp, vpp=self.layout.vpp, layers=self.model.layers,

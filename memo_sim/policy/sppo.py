@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import ClassVar
 
@@ -71,7 +71,9 @@ class Sppo(Policy):
     alphas: tuple[float, ...] = ()  # alpha_i per subsequence; empty until solved
     partition: str = "flops"  # how the bounds were chosen: flops | length | explicit
     multiplex: bool = False  # multiplexed sequence partitioning (Left-SP / Steady / Right-SP)
-    threshold_bytes: float | None = None  # M_threshold the alphas were solved for (informative)
+    # M_threshold the alphas were solved for: informative (two plans of the same bounds and alphas are the
+    # same plan), written to plan.json as whole bytes
+    threshold_bytes: float | None = field(default=None, compare=False)
 
     name: ClassVar[str] = "sppo"
     offloads: ClassVar[bool] = True
@@ -181,7 +183,7 @@ class Sppo(Policy):
     def to_dict(self) -> dict:
         return {"policy": self.name, "alpha": None, "subseqs": self.subseqs, "bounds": list(self.bounds),
                 "alphas": [float(a) for a in self.alphas], "partition": self.partition, "multiplex": self.multiplex,
-                "threshold_bytes": self.threshold_bytes}
+                "threshold_bytes": None if self.threshold_bytes is None else round(self.threshold_bytes)}
 
     PLAN_FIELDS: ClassVar[tuple[str, ...]] = ("policy", "alpha", "subseqs", "bounds", "alphas", "partition",
                                                "multiplex", "threshold_bytes")

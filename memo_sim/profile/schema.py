@@ -217,9 +217,18 @@ class Efficiency:
                     and self.attention_block_causal_bwd is not None):
                 return self.attention_block_causal_fwd, self.attention_block_causal_bwd
             return self.attention_block_fwd, self.attention_block_bwd
-        if kernel == "cudnn" and self.attention_cudnn_fwd is not None and self.attention_cudnn_bwd is not None:
+        if self.priced_attention_kernel(kernel) == "cudnn":
             return self.attention_cudnn_fwd, self.attention_cudnn_bwd
         return self.attention_fwd, self.attention_bwd
+
+    def priced_attention_kernel(self, kernel: str) -> str:
+        """The kernel whose curves price a layout's attention ``kernel`` here: ``cudnn`` only where the
+        profile has cuDNN's own curves (else FlashAttention-2's, ``flash``); any other kernel itself.
+        What the executor runs for a plan's ``auto`` backend follows it
+        (`memo_sim.plan.Plan.priced_attention_kernel`)."""
+        if kernel == "cudnn" and (self.attention_cudnn_fwd is None or self.attention_cudnn_bwd is None):
+            return "flash"
+        return kernel
 
     def attention_score_times(self, block: str = "") -> tuple[Quantity, Quantity]:
         """(forward, backward) seconds per score element beside `attention_curves`'s curves: the

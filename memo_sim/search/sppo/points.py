@@ -67,7 +67,7 @@ class SppoPoint:
                 "analytic_mfu": self.estimate.mfu, "peak_gpu_bytes": self.memory.breakdown.peak_gpu_bytes,
                 "worst_stage": self.memory.worst.stage, "peak_at": self.memory.worst.peak_at,
                 "host_bytes_per_node": self.memory.host_bytes_per_node, "alpha_binding": self.alpha.binding,
-                "threshold_bytes": self.alpha.threshold_bytes, "alphas": list(self.alpha.alphas),
+                "threshold_bytes": round(self.alpha.threshold_bytes), "alphas": list(self.alpha.alphas),
                 "bounds": list(self.policy.bounds), "bubble_ratio": bubble_ratio(self.layout.pp, self.policy.subseqs)}
 
 def _rank_key(p: SppoPoint) -> tuple:
