@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
@@ -131,6 +132,9 @@ def test_plan_file_round_trip_and_bad_sppo_fields(tmp_path):
 
     pol = Sppo(None, subseqs=2, bounds=(0, 100, 256), alphas=(0.5, 1.0), multiplex=True)
     assert Sppo.from_dict(pol.to_dict()) == pol
+    solved = replace(pol, threshold_bytes=354122874.624656)  # the overlap threshold as solved: a real number
+    assert solved.to_dict()["threshold_bytes"] == 354122875  # whole bytes in plan.json
+    assert Sppo.from_dict(solved.to_dict()) == solved  # informative: not part of the plan's identity
     with pytest.raises(MemoError):
         Sppo.from_dict({**pol.to_dict(), "alphas": [0.5]})
     with pytest.raises(MemoError):
