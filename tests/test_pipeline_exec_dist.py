@@ -397,9 +397,11 @@ def test_uneven_interleaved_chunks_match_one_process():
 def test_one_slot_chunks_match_one_process():
     """Chunks of one slot (2 layers + the embedding's and the loss's slots over pp 2 x vpp 2: rank 0 runs the
     embedding alone and layer 1, rank 1 layer 0 and the loss alone): loss and every gradient as one process,
-    store all and MEMO (the executor refused such plans, and crashed in every rank before it did)."""
+    store all and MEMO (the executor refused such plans, and crashed in every rank before it did); the same
+    chunks written as a layout string ('E|t|t|L': `Layout.chunk_layers` (0, 1, 1, 0)) run the same way."""
     cases = [(2, {"pp": 2, "vpp": 2, "account_embedding_loss": True}, "interleaved_1f1b", pol)
              for pol in ("store_all", "memo")]
+    cases.append((2, {"pp": 2, "vpp": 2, "chunk_layers": (0, 1, 1, 0)}, "interleaved_1f1b", "store_all"))
     results = spawn(rank_cases, 2, cases, timeout=300)
     for i, c in enumerate(cases):
         check(results[0][i], c[0], 0, c)

@@ -34,6 +34,7 @@ def test_megatrons_examples_read_as_its_docs_say():
     ("Et*2|t*2L|t*2|t*2", "stage 1 holds the loss"),
     ("t*4|Et*4L", "holds the embedding"),
     ("Et*4||t*2|t*2L", "stage 1 has no transformer layer"),
+    ("E|t*8|L|L", "stage 2 holds the loss"),
     ("Et*4|t*3L", "7 transformer layers (t), the model has 8"),
     ("Et*4|t*4x", "'x' is not a layout symbol"),
     ("E(t*4|t*4L", "never closed"),
@@ -51,6 +52,33 @@ def test_bad_layouts_are_refused_in_one_line_naming_the_option(text, needle):
         parse_layout(text, 8, 2)
     msg = str(e.value)
     assert msg.startswith("--pipeline-model-parallel-layout") and "\n" not in msg and needle in msg, msg
+
+
+def test_the_end_stages_may_hold_the_embedding_or_the_loss_alone():
+    """Megatron's docs end DeepSeek-V3's layout with a stage of the loss alone ('...,m|L'); memo runs such
+    one-slot chunks (as --account-for-embedding/loss-in-pipeline-split makes them), so the layout string
+    may write them: the same split as the slots, and the same simulated step."""
+    from dataclasses import replace
+
+    from memo_sim.api import simulate
+    from memo_sim.policy import get_policy
+    from memo_sim.profile import load_profile
+
+    assert parse_layout("E|t|t|L", 2, 2) == (0, 1, 1, 0)
+    assert parse_layout("E|(t*2|)*3,t*2L", 8, 5) == (0, 2, 2, 2, 2)
+    assert format_layout((0, 1, 1, 0)) == "E|(t|)*2,L" and parse_layout("E|(t|)*2,L", 2, 2) == (0, 1, 1, 0)
+    with pytest.raises(MemoError, match="stage 1 has no transformer layer"):
+        parse_layout("E||t*2|t*2L", 4, 2)
+    m = replace(TOY, layers=2)
+    slots = Layout(pp=2, vpp=2, account_embedding_loss=True)
+    chunks = Layout(pp=2, vpp=2, chunk_layers=(0, 1, 1, 0))
+    assert chunks.virtual_stage_ranges(2) == slots.virtual_stage_ranges(2) and check_layout(chunks, m, 2, 8, 512) is None
+    assert "every model chunk runs at least one layer" in check_layout(Layout(pp=2, vpp=2, chunk_layers=(1, 0, 1, 0)),
+                                                                        m, 2, 8, 512)
+    prof = load_profile("h100-sxm5-80gb")
+    a, b = (simulate(m, lay, 4, 512, get_policy("store_all"), prof, schedule="interleaved_1f1b", micro_batch=1)
+            for lay in (slots, chunks))
+    assert a.status == b.status == "OK" and b.iteration_s == pytest.approx(a.iteration_s, rel=1e-12)
 
 
 def test_written_layouts_read_back_and_name_runs():
@@ -110,6 +138,22 @@ def test_whatif_plans_a_layout_and_export_writes_it(tmp_path):
     script = (tmp_path / "m" / "megatron.sh").read_text()
     assert "--pipeline-model-parallel-layout 'Et|t*3|t*2|t*2L'" in script
     assert "--num-virtual-stages-per-pipeline-rank" not in script  # Megatron refuses both set
+
+
+def test_whatif_plans_more_stages_than_layers_where_the_ends_hold_the_embedding_and_the_loss(tmp_path):
+    r = CliRunner().invoke(cli, ["whatif", "--layers", "2", "--hidden", "256", "--heads", "8", "--vocab", "512",
+                                 "--dtype", "fp32", "--seq", "512", "--gpus", "4", "--batch", "4", "--micro-batch", "1",
+                                 "--policy", "store_all", "--out", str(tmp_path / "o"), "--pp", "4",
+                                 "--pipeline-model-parallel-layout", "E|t|t|L"])
+    assert r.exit_code == 0, r.output
+    plan = json.loads((tmp_path / "o" / "plan.json").read_text())
+    assert plan["layout"]["chunk_layers"] == [0, 1, 1, 0] and plan["layout"]["pp"] == 4
+    ex = CliRunner().invoke(cli, ["export", str(tmp_path / "o" / "plan.json"), "--to", "megatron",
+                                  "--out", str(tmp_path / "m")])
+    assert ex.exit_code == 0, ex.output
+    assert "--pipeline-model-parallel-layout 'E|(t|)*2,L'" in (tmp_path / "m" / "megatron.sh").read_text()
+    r = CliRunner().invoke(cli, ["whatif", "--layers", "2", "--gpus", "4", "--pp", "4", "--no-plan"])
+    assert r.exit_code == 2 and "--pipeline-model-parallel-layout" in r.output, r.output  # the fix is named
 
 
 @pytest.mark.parametrize("extra, needle", [

@@ -392,7 +392,7 @@ class _LayoutIn(BaseModel):
     first_stage_layers: Annotated[int, Field(strict=True, ge=0, le=1 << 12)] = 0
     last_stage_layers: Annotated[int, Field(strict=True, ge=0, le=1 << 12)] = 0
     account_embedding_loss: bool = Field(False, strict=True)
-    chunk_layers: tuple[Annotated[int, Field(strict=True, ge=1, le=1 << 12)], ...] = Field((), max_length=1 << 12)
+    chunk_layers: tuple[Annotated[int, Field(strict=True, ge=0, le=1 << 12)], ...] = Field((), max_length=1 << 12)
     ep: _Degree = 1
     etp: _Degree = 1
     moe_dispatcher: Literal[DISPATCHER_NAMES] = "alltoall"
@@ -830,8 +830,9 @@ def virtual_split_why_not(n_layers: int, pp: int, vpp: int = 1, first: int = 0, 
                    else f"give a layout whose chunk count is a multiple of pp ({pp})")
             return (f"{_CHUNKS} gives {len(chunks)} model chunks, the pipeline has pp x vpp = {n_vs}; "
                     f"{fix} or a layout of {n_vs} stages")
-        if min(chunks) < 1:
-            return f"{_CHUNKS}: every model chunk runs at least one layer in memo"
+        if min(chunks) < 0 or (n_vs > 2 and min(chunks[1:-1]) < 1):
+            return (f"{_CHUNKS}: every model chunk runs at least one layer in memo, but for the first (the embedding "
+                    "alone) and the last (the loss alone)")
         if sum(chunks) != n_layers:
             return f"{_CHUNKS} places {sum(chunks)} layers, the model has {n_layers}"
         return None

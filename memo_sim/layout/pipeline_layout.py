@@ -8,10 +8,14 @@ multi-token-prediction layer, ``L`` the loss; ``X*n`` repeats a symbol and ``(..
 may hold ``|``); commas are cosmetic. ``"Et*3|(tt|)*29,m|L"`` is DeepSeek-V3 on PP 16 x VPP 2. The
 number of stages over ``pp`` is the virtual stages per rank.
 
-What memo takes from it: the transformer layers of each stage. It refuses, naming the option, what
-it does not model: MTP layers (``m``), an embedding anywhere but the first stage or a loss anywhere
-but the last (memo prices them there), and a stage without a transformer layer (Megatron allows an
-empty stage; memo's chunks each run at least one layer).
+What memo takes from it: the transformer layers of each stage. The first stage may hold the
+embedding alone (``E|...``) and the last the loss alone (``...|L``): model chunks of one slot, as
+Megatron's docs write DeepSeek-V3's last stage (``m|L``) and as its
+--account-for-embedding/loss-in-pipeline-split make where the slots split one a chunk. It refuses,
+naming the option, what it does not model: MTP layers (``m``), an embedding anywhere but the first
+stage or a loss anywhere but the last (memo prices them there), and any other stage without a
+transformer layer (Megatron allows an empty stage; memo's chunks between the ends each run at least
+one layer).
 
 The same counts come from other frameworks' own rules (torchtitan's generated split over virtual
 stages, `torchtitan_split`), so a plan states its split once, as counts, whatever wrote it.
@@ -96,8 +100,9 @@ def parse_layout(text: str, n_layers: int, pp: int) -> tuple[int, ...]:
             raise _bad(text, f"stage {i} holds the loss: memo prices it on the last stage only")
         if st.count("E") > 1 or st.count("L") > 1:
             raise _bad(text, f"stage {i} holds the embedding or the loss twice")
-        if "t" not in st:
-            raise _bad(text, f"stage {i} has no transformer layer: every model chunk runs at least one in memo")
+        if "t" not in st and st not in ("E", "L"):
+            raise _bad(text, f"stage {i} has no transformer layer: a model chunk runs at least one in memo, but for a "
+                             "first stage of the embedding alone (E|...) and a last of the loss alone (...|L)")
     if "E" not in stages[0] or "L" not in stages[-1]:
         raise _bad(text, "the first stage must hold the embedding (E) and the last the loss (L)")
     counts = tuple(st.count("t") for st in stages)
@@ -112,8 +117,8 @@ def format_layout(counts: tuple[int, ...]) -> str:
     if not counts:
         raise MemoError("format_layout: no stages")
 
-    def t(k: int) -> str:
-        return "t" if k == 1 else f"t*{k}"
+    def t(k: int) -> str:  # a chunk of no layer holds the embedding or the loss alone
+        return "" if k == 0 else "t" if k == 1 else f"t*{k}"
 
     if len(counts) == 1:
         return f"E{t(counts[0])}L"

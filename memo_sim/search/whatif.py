@@ -36,6 +36,7 @@ from memo_sim.engine.schedules.microbatch import micro_batch_pipelines
 from memo_sim.layout.alloc_conf import parse_alloc_conf
 from memo_sim.layout.moe_balance import measured_why_not, parse_balance
 from memo_sim.layout.parallel import ExpertChoice, Layout, enumerate_layouts, offload_why_not
+from memo_sim.layout.pipeline_layout import OPTION as LAYOUT_OPTION
 from memo_sim.layout.schedule import SCHEDULE_NAMES, check_schedule, default_schedule, schedule_runs_policy
 from memo_sim.tp import TP_MODES
 from memo_sim.memplan.footprint import memory_breakdown
@@ -86,9 +87,12 @@ def tp_modes_of(tp_mode: str) -> tuple[str, ...]:
 ALLOCATORS = ("caching", "plan", "both")  # `candidates_for`'s allocator choice
 
 
-def _fixed_degrees_why_not(model: ModelConfig, gpus: int, *, tp, cp, ulysses, dp, pp, vpp, ep, etp) -> None:
+def _fixed_degrees_why_not(model: ModelConfig, gpus: int, *, tp, cp, ulysses, dp, pp, vpp, ep, etp,
+                           chunks: tuple[int, ...] | None = None) -> None:
     """A one-line refusal where a degree the user fixed cannot run whatever the rest of the search picks
-    (the fix is that flag), before any layout is built."""
+    (the fix is that flag), before any layout is built. ``chunks``: each model chunk's layers as the user
+    wrote them (the first may hold the embedding alone and the last the loss alone, so up to layers + 2
+    stages)."""
     if ep is not None and etp is not None:
         ep_flag, ep_degree = "--ep x --etp", ep * etp
     else:
@@ -104,9 +108,10 @@ def _fixed_degrees_why_not(model: ModelConfig, gpus: int, *, tp, cp, ulysses, dp
     if len(fixed) > 1 and gpus % math.prod(d for _, d in fixed):  # the groups nest: their product tiles the GPUs
         raise MemoError(f"{' x '.join(f'{flag} {d}' for flag, d in fixed)} = {math.prod(d for _, d in fixed)} GPUs, "
                         f"which does not divide the {gpus} GPUs of --gpus; lower one of them or raise --gpus")
-    if pp is not None and pp > model.layers:
+    if pp is not None and not chunks and pp > model.layers:
         raise MemoError(f"--pp {pp} exceeds the model's {model.layers} layers (every stage runs at least one); "
-                        f"lower it")
+                        f"lower it, or write the stages with {LAYOUT_OPTION} (the first may hold the embedding "
+                        f"alone and the last the loss alone)")
     if vpp is not None and vpp > 1 and pp == 1:
         raise MemoError(f"--vpp {vpp} interleaves model chunks over pipeline ranks: set --pp above 1 or drop --vpp")
 
@@ -206,7 +211,8 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     experts = ExpertChoice(ep, etp, moe_dispatcher, moe_balance)
     if not model.moe and ((ep or 1) > 1 or (etp or 1) > 1):
         raise MemoError(f"--ep / --etp spread experts: model {model.name} has none (dense)")
-    _fixed_degrees_why_not(model, gpus, tp=tp, cp=cp, ulysses=ulysses, dp=dp, pp=pp, vpp=vpp, ep=ep, etp=etp)
+    _fixed_degrees_why_not(model, gpus, tp=tp, cp=cp, ulysses=ulysses, dp=dp, pp=pp, vpp=vpp, ep=ep, etp=etp,
+                           chunks=chunk_layers)
     if not model.moe and (moe_dispatcher != "alltoall" or moe_balance != "dropless"):
         raise MemoError(f"--moe-dispatcher / --moe-balance route tokens to experts: model {model.name} has none "
                         f"(dense); drop them")
