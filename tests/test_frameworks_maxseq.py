@@ -74,6 +74,16 @@ def test_maxseq_command(tmp_path):
     assert r.exit_code == 2
 
 
+def test_maxseq_with_a_framework_on_a_dense_model_tries_the_policies_that_price_it():
+    """Megatron's policies include MoE-only ones (recompute_norm_act, recompute_moe): maxseq on a dense
+    model tried them and stopped with 'rebuilds MoE tensors' though no --policy was given (a user's review)."""
+    r = CliRunner().invoke(cli, ["maxseq", "--model", "gpt-7b", "--gpus", "8", "--framework", "megatron",
+                                 "--step", "64K", "--json"])
+    assert r.exit_code == 0, r.output
+    pols = {a["policy"] for a in json.loads(r.output)["answers"]}
+    assert pols and not pols & {"recompute_norm_act", "recompute_moe"}, pols
+
+
 def test_maxseq_with_the_layout_fixed_answers_for_that_layout_and_a_linear_scan():
     """--tp/--ulysses/--zero fix the layout (a published run's): every length probed is priced for
     that layout only, the answer is a linear scan's, and fixing a degree only ever shortens it."""

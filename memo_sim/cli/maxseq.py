@@ -11,7 +11,7 @@ from memo_sim.cli.common import (GPU_COUNT, build_model, count_option, layout_de
                                moe_layout_options, profile_option, progress_bar)
 from memo_sim.cost.gemm_format import check_gemm_format
 from memo_sim.layout.schedule import schedule_runs_policy
-from memo_sim.policy import policy_class, policy_names
+from memo_sim.policy import policy_class, policy_names, prices_model
 from memo_sim.profile.loader import load_profile
 from memo_sim.report.formats import Answer, emit, format_options, resolve_format
 from memo_sim.search.frameworks import FRAMEWORKS, get_framework
@@ -67,8 +67,8 @@ def maxseq(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, gpus
     profile = load_profile(profile_name)
     profile.peak(model.dtype)
     check_gemm_format(model, profile)
-    pols = tuple(policies) or tuple(p for p in get_framework(framework).policies
-                                    if not schedule_runs_policy("sppo", p))
+    pols = tuple(policies) or tuple(p for p in get_framework(framework).policies  # the framework's that price it
+                                    if not schedule_runs_policy("sppo", p) and prices_model(p, model))
     runs = [(p, al) for p in pols for al in (("caching", "plan") if allocator == "both" else (allocator,))
             if al == "caching" or allocator != "both" or not policy_class(p).takes_alpha]  # MEMO: its own plan
     answers = []
