@@ -172,6 +172,31 @@ def test_binding_words_name_the_pinned_rounding():
     assert c.status == "OOHM" and binding_words(c).startswith("pinned host memory: 30 offloaded layers x 8 GPUs")
 
 
+def test_an_out_of_memory_candidate_names_terms_that_add_up_to_its_peak():
+    """At 1M tokens the classifier and loss bind; the words listed the model states, activations, buffers and
+    a layer's transients, half the peak they named (a user's review): now the term that binds, whichever."""
+    import re
+
+    from memo_sim.layout.parallel import Layout
+    from memo_sim.memplan.footprint import memory_breakdown
+    from memo_sim.model.config import get_model
+    from memo_sim.policy import get_policy
+    from memo_sim.profile import load_profile
+    from memo_sim.search.estimate import estimate_iteration
+    from memo_sim.search.whatif import Candidate, binding_words
+
+    model, prof = get_model("llama-3.1-8b"), load_profile("h100-sxm5-80gb")
+    for seq, lay, classifier in ((1 << 20, Layout(tp=4, sp=True, cp=2, cross_entropy="vocab_parallel"), True),
+                                 (1 << 20, Layout(tp=8, sp=True, cross_entropy="chunked"), False)):
+        pol = get_policy("store_all")
+        m = memory_breakdown(model, lay, 1, seq, pol, prof)
+        c = Candidate(model, lay, pol, 1, seq, prof, estimate_iteration(model, lay, 1, seq, pol, prof), m)
+        words = binding_words(c)
+        assert c.status == "OOM" and ("classifier and loss" in words) == classifier, words
+        sizes = [float(x) for x in re.findall(r"([0-9.]+) GiB", words.split("usable (", 1)[1].split(" (above")[0])]
+        assert sum(sizes) == pytest.approx(m.peak_gpu_bytes / 2**30, abs=0.02 * len(sizes)), words
+
+
 def test_memo_alpha_binding_in_words(tmp_path):
     r = run(["whatif", "--seq", "1M", "--tp", "8", "--tp-mode", "megatron", "--policy", "memo", "--no-plan",
              "--jobs", "1"])
