@@ -192,3 +192,35 @@ def reset_process_peak_rss() -> bool:
 
 def gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
+
+
+def calibrated_threads(provenance: dict | None) -> int | None:
+    """The torch CPU threads a profile was calibrated with (its ``provenance.torch_threads``), or None.
+
+    A CPU profile's rates hold for that many threads: a run with more threads than the calibration
+    had (torch's default is every core) makes its OpenMP threads wait for each other whenever one
+    loses its core to another process or to the executor's copy threads, and then runs many
+    times slower than the profile predicts. CPU runs therefore use the calibration's count."""
+    n = (provenance or {}).get("torch_threads")
+    return int(n) if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+
+
+def use_calibrated_threads(profile_name: str) -> dict:
+    """Set torch's CPU threads to the count ``profile_name``'s calibration ran with (`calibrated_threads`),
+    unless ``OMP_NUM_THREADS`` chooses them: what a CPU run used and why (the run's report says it)."""
+    from memo_sim.errors import MemoError  # noqa: PLC0415
+    from memo_sim.profile.loader import load_profile  # noqa: PLC0415
+
+    try:
+        n = calibrated_threads(load_profile(profile_name).provenance)
+    except MemoError:
+        n = None
+    if os.environ.get("OMP_NUM_THREADS"):
+        why = "OMP_NUM_THREADS"
+    elif n is not None:
+        torch.set_num_threads(n)
+        why = "the profile's calibration"
+    else:
+        why = "torch's default (the profile records no calibration's threads)"
+    return {"threads": torch.get_num_threads(), "calibrated": n, "set_by": why}
+

@@ -342,6 +342,41 @@ def times_comparable(meta: dict, profile: str) -> bool:
     return kind is None or kind == ("cuda" if meta["device_kind"] == "cuda" else "cpu")
 
 
+def cpu_speed_lines(m: dict) -> list[str]:
+    """A CPU run's torch threads against its profile's calibration, and the machine's speed during the run
+    (the reference GEMM of `memo_exec.speed_probe`) against the calibration's: the two causes of CPU times far
+    from the prediction that a report should name."""
+    out = []
+    th = m.get("cpu_threads") or {}
+    if th:
+        cal = th.get("calibrated")
+        off = cal is not None and th["threads"] != cal
+        out.append(f"- {'**' if off else ''}CPU threads: {th['threads']} (set by {th['set_by']}"
+                   + (f"; the profile was calibrated with {cal}" if cal is not None else "") + ")"
+                   + (": the profile's rates hold for its count; unset OMP_NUM_THREADS to use it**" if off else ""))
+    probe = m.get("speed_probe") or {}
+    from memo_exec.speed_probe import SPEED_DRIFT_LIMIT, drift  # noqa: PLC0415
+
+    from memo_sim.errors import MemoError  # noqa: PLC0415
+    from memo_sim.profile.loader import load_profile  # noqa: PLC0415
+
+    try:
+        calibration = (load_profile(m["profile"]).provenance or {}).get("speed_probe") if m.get("profile") else None
+    except MemoError:  # a profile written on another machine: the line says what is known
+        calibration = None
+    d = drift(probe, calibration) if probe and calibration else None
+    if probe.get("median_gflops") is not None:
+        line = f"the reference GEMM ran at {probe['median_gflops']} GFLOP/s during the run"
+        if d is not None:
+            far = abs(d) > SPEED_DRIFT_LIMIT
+            line += (f", {100 * d:+.0f}% from the calibration's {calibration.get('median_gflops')} GFLOP/s"
+                     + (": the machine ran at another speed than the profile measured, so times are off by as "
+                        "much" if far else ""))
+            line = f"**{line}**" if far else line
+        out.append(f"- machine speed: {line}")
+    return out
+
+
 def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | None = None) -> str:
     m, p = (meta or res.meta), res.plan
     st = res.steady
@@ -368,6 +403,7 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
     if m["device_kind"] != "cuda":
         L.append("- **CPU run**: times are host times of CPU kernels and thread copies, memory is the process RSS; "
                  "they test the executor, not the GPU predictions. MFU is not computed on a CPU.")
+        L += cpu_speed_lines(m)
     if not same:
         L.append(f"- **the plan's profile ({p.profile}) describes a {profile_device_kind(p.profile)} device, this "
                  f"ran on {m['device_kind']}**: its predicted times are not predictions of this run, so their "

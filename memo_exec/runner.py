@@ -18,7 +18,8 @@ from memo_exec.arena import AllocRecorder, ArenaPlan, ArenaScratch, CachingScrat
     validate_memory_plan
 from memo_exec.attention import AttnDims, meta_stand_in, preferred_backends, select_backend
 from memo_exec.data import TokenSource
-from memo_exec.device import compute_dtype, device_free_bytes, element_size, host_available_bytes, resolve_device
+from memo_exec.device import (compute_dtype, device_free_bytes, element_size, host_available_bytes, resolve_device,
+                              use_calibrated_threads)
 from memo_exec.errors import ExecError
 from memo_exec.host_malloc import keep_freed_memory
 from memo_exec.layer import LayerCompute, LayerStorage, LayerWeights, carve_storage, norm_stats_dtype, \
@@ -231,8 +232,10 @@ class ExecutorBase:
         self.plan, self.opts = plan, opts
         self.model = run_model(plan, opts)
         self.device_spec, self.device = device_spec, device_spec.torch_device
+        self.cpu_threads, self._threads_before = None, torch.get_num_threads()
         if not device_spec.is_cuda:  # the CPU's caching allocator, as `memo-exec calibrate` measured with
             keep_freed_memory()
+            self.cpu_threads = use_calibrated_threads(plan.profile)  # the profile's rates hold at its count
         self.dtype = compute_dtype(plan.model.dtype, device_spec, opts.dtype)
         self.batch, self.seq = plan.batch, plan.seq_tokens
         self.tokens = self.batch * self.seq  # one replica's tokens per iteration
@@ -267,6 +270,8 @@ class ExecutorBase:
         if self.allocated:
             self.policy.close()
             self.engine.close()
+        if getattr(self, "cpu_threads", None):  # the process's own thread count again (a run inside a longer one)
+            torch.set_num_threads(self._threads_before)
 
     def describe(self) -> dict:
         m = self.model
@@ -284,7 +289,7 @@ class ExecutorBase:
             "memory_plan": None, "memory_estimate_bytes": self.estimate.terms,
             "memory_estimate_detail_bytes": self.estimate.detail,
             "memory_estimate_total_bytes": self.estimate.total, "host_estimate_bytes": self.estimate.host,
-            "profile": self.plan.profile,
+            "profile": self.plan.profile, "cpu_threads": self.cpu_threads,
         }
 
 

@@ -314,14 +314,10 @@ def failure_status(rc: int, stderr: str, timeout: float | None = None) -> str:
 
 
 def cpu_threads(profile: HardwareProfile) -> int | None:
-    """The torch CPU threads the profile was calibrated with (``provenance.torch_threads``), or None.
+    """The torch CPU threads the profile was calibrated with (`memo_exec.device.calibrated_threads`)."""
+    from memo_exec.device import calibrated_threads  # noqa: PLC0415
 
-    A CPU profile's rates hold for that many threads: a run with more threads than the calibration
-    had (torch's default is every core) makes its OpenMP threads wait for each other whenever one
-    loses its core to another process or to the executor's copy threads, and then runs many
-    times slower than the profile predicts. CPU runs therefore use the calibration's count."""
-    n = (profile.provenance or {}).get("torch_threads")
-    return int(n) if isinstance(n, int) and n > 0 else None
+    return calibrated_threads(profile.provenance)
 
 
 def run_env(device: str, threads: int | None) -> dict[str, str]:

@@ -4,6 +4,8 @@ others go on), the per-plan rows and the summary, and profiles found by path."""
 import json
 import sys
 
+from pathlib import Path
+
 import pytest
 from click.testing import CliRunner
 
@@ -151,6 +153,42 @@ def test_run_profile_by_path(tmp_path):
     r = CliRunner().invoke(exec_cli, ["run", str(plan_file), "--device", "cpu", "--profile",
                                       str(tmp_path / "missing.yaml")])
     assert r.exit_code == 2 and r.output.startswith("error:") and "Traceback" not in r.output
+
+
+def test_memo_exec_run_uses_the_calibration_thread_count_and_its_report_says_so(tmp_path, monkeypatch):
+    """`memo-exec run` on a CPU ran at torch's default threads where its profile was calibrated at 1, 5.9x slower
+    than predicted, and its report did not say why (a user's review): it now takes the calibration's count
+    (unless OMP_NUM_THREADS is set), gives the process its own back at the end, and says both in report.md."""
+    import torch
+
+    from memo_exec.report import cpu_speed_lines
+    from memo_exec.runner import Executor, RunOptions
+    from memo_sim.plan.schema import write_plan
+    from memo_sim.policy import get_policy
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    prof_file = Path(__file__).parent / "data" / "profiles" / "cpu-quick-vm.yaml"
+    pol = get_policy("store_all")
+    plan = V.plan_for(_model(), 256, pol, _profile(), V.predict(_model(), 256, pol, _profile()))
+    plan.profile = str(prof_file)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        ex = Executor(plan, RunOptions(device="cpu", steps=1))
+        assert torch.get_num_threads() == 1
+        meta = ex.describe()
+        ex.close()
+        assert torch.get_num_threads() == 2  # the process's own count again
+        assert meta["cpu_threads"] == {"threads": 1, "calibrated": 1, "set_by": "the profile's calibration"}
+        lines = cpu_speed_lines({**meta, "speed_probe": {"median_gflops": 10.0}})
+        assert any("CPU threads: 1 (set by the profile's calibration; the profile was calibrated with 1)" in ln
+                   for ln in lines), lines
+        assert any("machine speed" in ln and "from the calibration's" in ln for ln in lines), lines
+        off = cpu_speed_lines({**meta, "cpu_threads": {"threads": 2, "calibrated": 1, "set_by": "OMP_NUM_THREADS"}})
+        assert off and off[0].startswith("- **CPU threads: 2") and "unset OMP_NUM_THREADS" in off[0], off
+    finally:
+        torch.set_num_threads(before)
+    write_plan(plan, tmp_path / "plan.json")  # the plan stays a valid plan file with the calibrated profile
 
 
 def test_cpu_runs_use_the_calibration_thread_count():
