@@ -2,7 +2,8 @@
 
 A command builds its answer as a verdict line, notes and `Table`s and hands them to `emit`,
 which writes them in the asked format: the terminal's aligned text (`render_table`), CSV (one
-block per table, a ``# title`` line before each) or Markdown (a heading and a pipe table per
+block per table, a ``# title`` line before each; the cells as the table prints them, units included:
+JSON carries the numbers) or Markdown (a heading and a pipe table per
 table). JSON is the command's own object (``--json`` stays an alias of ``--format json``).
 """
 
@@ -63,7 +64,7 @@ def render(answer: Answer, fmt: str) -> str:
             if isinstance(p, Table):
                 buf = io.StringIO()
                 w = csv.writer(buf, lineterminator="\n")
-                w.writerow(p.headers)
+                w.writerow([_csv_header(h) for h in p.headers])
                 w.writerows(p.rows)
                 title = p.title.strip()
                 out.append((f"# {title}\n" if title else "") + buf.getvalue().rstrip("\n"))
@@ -89,6 +90,12 @@ def render(answer: Answer, fmt: str) -> str:
         else:
             out.append(p)
     return "\n".join(out)
+
+
+def _csv_header(h: str) -> str:
+    """A CSV column name: the rank column's ``#`` reads ``rank`` (a header starting with ``#`` is what a CSV
+    reader that skips the ``# title`` comment lines drops with them)."""
+    return "rank" if h.strip() == "#" else h
 
 
 def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
