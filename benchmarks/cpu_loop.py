@@ -182,7 +182,7 @@ def render(work: Path, out: str) -> int:
     return 0
 
 
-# the (query heads, head size) validate's default model runs per rank (memo_exec.cli: a toy of h=256 and 8
+# the (query heads, head size) validate's default model runs per rank (memo_exec.validate.TOY_MODEL: h=256 and 8
 # heads): 8x32 on one rank, under CP, DP and PP, 4x32 under TP 2; the calibration times attention at them too
 # (`memo_sim.cost.attention_measured`)
 ATTENTION_SHAPES = "8x32,4x32"

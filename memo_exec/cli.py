@@ -248,7 +248,9 @@ def trace_cmd(plan_file, device, out_file, dtype, attention_backend, target, cud
              "and tabulate predicted vs measured (validation.md, validation.json).")
 @click.option("--profile", "profile_name", required=True, help="hardware profile to predict with: a name or a "
               ".yaml/.json file (e.g. one memo-exec calibrate wrote)")
-@click.option("--model", "model_name", default=None, help="preset or model .yaml/.json; default a 2-layer toy")
+@click.option("--model", "model_name", default=None,
+              help="preset or model .yaml/.json; default a 4-layer toy (the last 2 layers of every policy stay on the "
+                   "device, so the first 2 are offloaded or recomputed)")
 @click.option("--layers", type=click.IntRange(min=1), default=None)
 @click.option("--hidden", type=int, default=None)
 @click.option("--heads", type=int, default=None)
@@ -299,13 +301,15 @@ def validate_cmd(profile_name, model_name, layers, hidden, heads, ffn, vocab, dt
 
     from memo_exec.validate import plan_set, summary_line, validate
     from memo_sim.layout.parallel import Layout
-    from memo_sim.model.config import ModelConfig, get_model, with_overrides
+    from memo_sim.model.config import get_model, with_overrides
     from memo_sim.profile.loader import load_profile
     from memo_sim.units import parse_count
 
     profile = load_profile(profile_name)
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    base = get_model(model_name) if model_name else ModelConfig("toy", 2, 256, 8, 1024, vocab=1000)
+    from memo_exec.validate import TOY_MODEL  # noqa: PLC0415
+
+    base = get_model(model_name) if model_name else TOY_MODEL
     model = with_overrides(base, rename=False, layers=layers or None, hidden=hidden or None, heads=heads or None,
                            ffn=ffn or None, vocab=vocab or None, dtype=dtype or ("bf16" if dev.startswith("cuda") else "fp32"))
     seq_list = [parse_count(s.strip(), "--seqs") for s in seqs.split(",") if s.strip()]

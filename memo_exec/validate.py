@@ -313,6 +313,12 @@ def failure_status(rc: int, stderr: str, timeout: float | None = None) -> str:
     return f"failed (exit {rc}): {err[:300] or 'no error output'}"
 
 
+# the default model of `memo-exec validate`: 4 layers, since every policy keeps its last 2 on the device
+# (`memo_sim.policy.rounding_buffers.KEPT_LAYERS`) and a 2-layer toy made every policy one plan (MEMO offloaded
+# nothing, full recompute recomputed nothing: four plans predicted alike, a Kendall tau of nothing)
+TOY_MODEL = ModelConfig("toy", 4, 256, 8, 1024, vocab=1000)
+
+
 def cpu_threads(profile: HardwareProfile) -> int | None:
     """The torch CPU threads the profile was calibrated with (`memo_exec.device.calibrated_threads`)."""
     from memo_exec.device import calibrated_threads  # noqa: PLC0415

@@ -191,6 +191,16 @@ def test_memo_exec_run_uses_the_calibration_thread_count_and_its_report_says_so(
     write_plan(plan, tmp_path / "plan.json")  # the plan stays a valid plan file with the calibrated profile
 
 
+def test_the_default_validation_model_offloads_and_recomputes_some_layers():
+    """A 2-layer default toy kept both layers on the device under every policy: MEMO offloaded nothing and
+    the four default policies predicted one plan (a user's review)."""
+    from memo_sim.policy.rounding_buffers import offloaded_layer_count
+
+    assert offloaded_layer_count(V.TOY_MODEL.layers) >= 2
+    r = CliRunner().invoke(exec_cli, ["validate", "--help"])
+    assert "4-layer toy" in " ".join(r.output.split())
+
+
 def test_cpu_runs_use_the_calibration_thread_count():
     import dataclasses
 
