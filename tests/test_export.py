@@ -254,6 +254,13 @@ def test_not_expressible_block_lists_each_gap_and_its_price():
     uly = export_plan(ULY, "megatron", price=False, nearest=True)
     assert any("DeepSpeed-Ulysses over 4 GPUs" in g.what for g in uly.gaps)
     assert "--context-parallel-size 4" in uly.files["megatron.sh"]  # the nearest setting is what is written
+    # Ulysses beside ring CP: the gap names the ring's whole degree, the one the script writes (it said the
+    # Ulysses degree alone, 8 of the 16 written; a user's review)
+    both = export_plan(_plan("qwen2.5-7b", Layout(ulysses=4, cp=2, zero=3), ("full_offload",), seq=65536),
+                       "megatron", price=False, nearest=True)
+    g = next(g for g in both.gaps if "DeepSpeed-Ulysses" in g.what)
+    assert g.what == "DeepSpeed-Ulysses over 4 GPUs beside ring context parallelism over 2"
+    assert g.nearest == "ring context parallelism over 8 GPUs" and "--context-parallel-size 8" in both.files["megatron.sh"]
 
 
 def test_pipeline_plan_nearest_cost_is_simulated():

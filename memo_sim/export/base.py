@@ -184,8 +184,10 @@ def ulysses_gap(plan: Plan, instead: str = "cp") -> list[Gap]:
     u = plan.layout.ulysses
     if u == 1:
         return []
-    return [Gap(f"DeepSpeed-Ulysses over {u} GPUs", f"ring context parallelism over {u} GPUs",
-                PlanChange(layout={"ulysses": 1, instead: plan.layout.cp * u}))]
+    cp = plan.layout.cp
+    beside = f" beside ring context parallelism over {cp}" if cp > 1 else ""
+    return [Gap(f"DeepSpeed-Ulysses over {u} GPUs{beside}", f"ring context parallelism over {cp * u} GPUs",
+                PlanChange(layout={"ulysses": 1, instead: cp * u}))]
 
 
 def metp_gap(plan: Plan) -> list[Gap]:
