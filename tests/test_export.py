@@ -260,7 +260,8 @@ def test_not_expressible_block_lists_each_gap_and_its_price():
                        "megatron", price=False, nearest=True)
     g = next(g for g in both.gaps if "DeepSpeed-Ulysses" in g.what)
     assert g.what == "DeepSpeed-Ulysses over 4 GPUs beside ring context parallelism over 2"
-    assert g.nearest == "ring context parallelism over 8 GPUs" and "--context-parallel-size 8" in both.files["megatron.sh"]
+    assert g.nearest == "ring context parallelism over 8 GPUs"
+    assert "--context-parallel-size 8" in both.files["megatron.sh"]
 
 
 def test_pipeline_plan_nearest_cost_is_simulated():
