@@ -120,13 +120,15 @@ def price_line(n: dict) -> str:
     if n.get("error"):
         return f"memo could not price the nearest plan: {n['error']}"
     planned = n.get("planned_iteration_s")
+    own = (f"; with the framework's own mechanisms in place of the plan's ({', '.join(n['mechanisms'])})"
+           if n.get("mechanisms") else "")
     if n["status"] != "OK":
         return (f"memo predicts the nearest plan ({n['label']}) does not fit: "
-                + (n["failure"] if n.get("failure") else n["status"]))
+                + (n["failure"] if n.get("failure") else n["status"]) + own)
     text = f"memo predicts the nearest plan ({n['label']}): {n['iteration_s']:.3f} s/iteration"
     if planned:
         text += f" against {planned:.3f} s for the plan ({100 * (n['iteration_s'] / planned - 1):+.1f}%)"
-    return text + f", peak {n['peak_gpu_bytes'] / 2**30:.2f} GiB (simulated, profile {n.get('profile', '?')})"
+    return text + f", peak {n['peak_gpu_bytes'] / 2**30:.2f} GiB (simulated, profile {n.get('profile', '?')})" + own
 
 
 def nearest_plan(plan: Plan, gaps: list[Gap]) -> tuple[Layout, Policy, str]:
@@ -161,8 +163,13 @@ def price_nearest(plan: Plan, gaps: list[Gap], framework: str) -> dict | None:
     from memo_sim.profile.loader import load_profile  # noqa: PLC0415
     from memo_sim.search.frameworks import get_framework  # noqa: PLC0415
 
+    from memo_sim.frameworks import MECHANISMS  # noqa: PLC0415
+
     layout, policy, schedule = nearest_plan(plan, gaps)
-    layout = get_framework(framework).adapt(layout)
+    mine, layout = layout, get_framework(framework).adapt(layout)
+    # what the framework runs its own way (priced so): the plan's mechanisms it replaces, e.g. memo's chunked loss
+    mechanisms = [f"{k} {getattr(mine, f)} -> {getattr(layout, f)}" for k, f in MECHANISMS.items()
+                  if getattr(mine, f) != getattr(layout, f)]
     model = nearest_model(plan, gaps)
     label = (f"{layout.label()} {policy.label()}" + (f" {schedule}" if layout.pp > 1 else "")
              + (f" {model.gemm_format} GEMMs" if model.gemm_format != plan.model.gemm_format else ""))
@@ -171,8 +178,9 @@ def price_nearest(plan: Plan, gaps: list[Gap], framework: str) -> dict | None:
                        keep_timeline=False, schedule=schedule, micro_batch=plan.micro_batch,
                        classifier_chunk_tokens=plan.classifier_chunk_tokens)
     except MemoError as e:
-        return {"label": label, "error": str(e), "status": None}
+        return {"label": label, "error": str(e), "status": None, "mechanisms": mechanisms}
     return {"label": label, "status": res.status, "iteration_s": res.iteration_s, "mfu": res.mfu,
+            "mechanisms": mechanisms,
             "peak_gpu_bytes": res.peak_gpu_bytes, "planned_iteration_s": plan.predicted.iteration_s,
             "profile": load_profile(plan.profile).name,
             "failure": res.failure.message() if res.failure is not None else None}
