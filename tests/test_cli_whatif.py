@@ -289,6 +289,10 @@ def test_hidden_override_scales_the_ffn_unless_ffn_is_given():
     (["--cp", "8", "--seq", "1000"], "sequence length 1000 not divisible into 16 equal chunks"),  # not SPPO's rule
     (["--dp-mode", "fsdp", "--zero", "1"], "--zero 1: --dp-mode fsdp shards weights, gradients and optimizer states"),
     (["--framework", "torchtitan", "--zero", "1"], "--zero 1: torchtitan (its data-parallel flavours: fsdp)"),
+    # a TP flavour another version of the framework runs: that version named (a user's review)
+    (["--framework", "torchtitan", "--tp-mode", "async_tp"],
+     "--tp-mode async_tp: torchtitan runs TP as megatron; torchtitan@2024-12 runs async_tp"),
+    (["--framework", "megatron", "--tp-mode", "metp"], "--tp-mode metp: megatron runs TP as megatron; choose one"),
     (["--top", "0"], "--top"),
 ])
 def test_impossible_fixed_degrees_name_their_flags(flags, says, tmp_path):

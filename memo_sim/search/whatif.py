@@ -45,7 +45,7 @@ from memo_sim.policy import get_policy, policy_class, policy_names, prices_model
 from memo_sim.profile.schema import HardwareProfile
 from memo_sim.search.candidate import Candidate, binding_words, host_memory_words  # noqa: F401  (re-exported)
 from memo_sim.search.estimate import estimate_iteration, memo_alpha
-from memo_sim.search.frameworks import get_framework
+from memo_sim.search.frameworks import FRAMEWORKS, get_framework
 from memo_sim.search.pipeline import micro_batch_sizes, pipeline_candidate, pipeline_candidates
 from memo_sim.forked import FORKS
 from memo_sim.search.sppo_beside import SppoBeside
@@ -220,6 +220,12 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
         raise MemoError(f"--ep {ep}: the {model.experts} experts do not split evenly; pick a divisor of {model.experts}")
     modes = tp_modes_of(tp_mode)
     fw = get_framework(framework)
+    if tp_mode != "all" and tp_mode not in fw.tp_modes:  # one line naming the versions that run it
+        family = fw.name.split("@")[0]
+        others = [n for n, f in FRAMEWORKS.items() if n.split("@")[0] == family and tp_mode in f.tp_modes]
+        raise MemoError(f"--tp-mode {tp_mode}: {fw.name} runs TP as {', '.join(fw.tp_modes)}"
+                        + (f"; {' and '.join(others)} runs {tp_mode} (--framework {others[0]})" if others else
+                           "; choose one of them or another --framework"))
     if model.moe and fw.experts is not None:  # what the framework's MoE training cannot run, named before the search
         ep_ok, etp_ok, dispatchers, _borrow = fw.experts
         if (ep or 1) > 1 and not ep_ok:
