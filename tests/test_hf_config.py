@@ -67,6 +67,20 @@ def test_field_refusals(over, field):
     assert f"x/config.json: {field}: " in str(e.value)
 
 
+def test_a_config_json_that_breaks_a_model_rule_names_its_own_keys(tmp_path):
+    """memo's rule names its fields (hidden, heads); a config.json's author knows hidden_size and
+    num_attention_heads: both are named (a user's review)."""
+    from memo_sim.model.config import model_from_file
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(_llama(num_attention_heads=30, num_key_value_heads=30)))
+    with pytest.raises(MemoError) as e:
+        model_from_file(path)
+    msg = str(e.value)
+    assert "must be divisible by heads (30)" in msg and "\n" not in msg
+    assert msg.endswith("(in the config.json: hidden is hidden_size, heads is num_attention_heads)"), msg
+
+
 def test_a_mistyped_family_gets_the_near_one_named():
     with pytest.raises(MemoError) as e:
         hf_model_fields(_llama(model_type="qwen3_mo"), source="x/config.json")

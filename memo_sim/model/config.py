@@ -598,6 +598,27 @@ def get_model(name: str) -> ModelConfig:
                     f"Hugging Face config.json or its folder, or --layers/--hidden/...)")
 
 
+# memo's model fields and the Hugging Face keys they are read from (the common ones; `memo_sim.model.hf_config`)
+HF_KEYS = {"hidden": ("hidden_size", "n_embd"), "heads": ("num_attention_heads", "n_head"),
+           "layers": ("num_hidden_layers", "n_layer"), "ffn": ("intermediate_size", "n_inner"),
+           "vocab": ("vocab_size",), "kv_heads": ("num_key_value_heads",), "head_dim": ("head_dim",),
+           "experts": ("num_local_experts", "num_experts", "n_routed_experts"), "top_k": ("num_experts_per_tok",),
+           "expert_ffn": ("moe_intermediate_size",)}
+
+
+def hf_names_hint(message: str, raw: dict) -> str:
+    """``" (in the config.json: hidden is hidden_size, ...)"`` for the memo fields ``message`` names that the
+    configuration holds under their Hugging Face keys ("" where it names none)."""
+    import re  # noqa: PLC0415
+
+    named = []
+    for memo_name, keys in HF_KEYS.items():
+        key = next((k for k in keys if k in raw), None)
+        if key and key != memo_name and re.search(rf"\b{memo_name}\b", message):
+            named.append(f"{memo_name} is {key}")
+    return f" (in the config.json: {', '.join(named)})" if named else ""
+
+
 def model_from_file(path: str | Path) -> ModelConfig:
     """A model from a memo model file (.yaml/.json with ModelConfig's fields) or a Hugging Face
     config.json (or the folder holding one; `memo_sim.model.hf_config`)."""
@@ -615,7 +636,10 @@ def model_from_file(path: str | Path) -> ModelConfig:
         raise MemoError(f"{path}: a model file is a mapping of fields (layers, hidden, heads, ffn, vocab)")
     if is_hf_config(raw):
         fields = hf_model_fields(with_defaults(path, raw), source=str(path), name=model_name(path))
-        return ModelConfig.from_dict(fields, source=str(path))
+        try:
+            return ModelConfig.from_dict(fields, source=str(path))
+        except MemoError as e:  # memo's field names, with the config.json keys they were read from
+            raise MemoError(str(e) + hf_names_hint(str(e), raw)) from None
     kind = str(raw.get("schema", ""))
     if kind.startswith(("memo-plan/", "memo-hardware-profile/")):
         what = "a memo plan" if kind.startswith("memo-plan/") else "a hardware profile"
