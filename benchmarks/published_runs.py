@@ -1350,6 +1350,8 @@ def _predict(run: Run, ablate: bool, with_variants: bool = True) -> Result:
     if ablate:
         default = get_framework("any").adapt(lay)
         for k, field in MECHANISMS.items():
+            if field == "ulysses_kv" and lay.ulysses == 1:  # no all-to-all: how it would repeat K/V heads is moot
+                continue
             if getattr(lay, field) != getattr(default, field):
                 alt = _simulate(run, replace(lay, **{field: getattr(default, field)}))
                 ablation.append((k, alt.iteration_s / run.published_s - 1 if alt.status == "OK" else None))

@@ -65,7 +65,7 @@ def _check_args(script: str, allowed: dict[str, str]) -> dict[str, str | None]:
         if kind.startswith("+"):  # a list option (argparse nargs '+'): its words up to the next option
             j = i + 1
             while j < len(words) and not words[j].startswith("--"):
-                assert words[j] in kind[1:].split("|"), (opt, words[j])
+                assert (int(words[j]) >= 1 if kind == "+int" else words[j] in kind[1:].split("|")), (opt, words[j])
                 j += 1
             assert j > i + 1, f"{opt} without a value"
             seen[opt] = " ".join(words[i + 1:j])
@@ -255,17 +255,25 @@ def test_not_expressible_block_lists_each_gap_and_its_price():
     ok = dict(ex.nearest, status="OK", iteration_s=1.0, peak_gpu_bytes=2**30)  # every price names its source
     assert ex.nearest["profile"] == "a800-80gb" and "GiB (simulated, profile a800-80gb)" in price_line(ok)
     assert not export_plan(_plan(policy=("full_recompute",)), "megatron").gaps  # Megatron runs it as it is
+    # Ulysses over 4 ranks of Qwen2.5-7B's 4 K/V heads is TransformerEngine's all-to-all CP (whole heads)
     uly = export_plan(ULY, "megatron", price=False, nearest=True)
-    assert any("DeepSpeed-Ulysses over 4 GPUs" in g.what for g in uly.gaps)
-    assert "--context-parallel-size 4" in uly.files["megatron.sh"]  # the nearest setting is what is written
-    # Ulysses beside ring CP: the gap names the ring's whole degree, the one the script writes (it said the
-    # Ulysses degree alone, 8 of the 16 written; a user's review)
+    assert not any("DeepSpeed-Ulysses" in g.what for g in uly.gaps)
+    args = _check_args(uly.files["megatron.sh"], _names("megatron_options.txt"))
+    assert args["--context-parallel-size"] == "4" and args["--cp-comm-type"] == "a2a"
     both = export_plan(_plan("qwen2.5-7b", Layout(ulysses=4, cp=2, zero=3), ("full_offload",), seq=65536),
                        "megatron", price=False, nearest=True)
-    g = next(g for g in both.gaps if "DeepSpeed-Ulysses" in g.what)
-    assert g.what == "DeepSpeed-Ulysses over 4 GPUs beside ring context parallelism over 2"
-    assert g.nearest == "ring context parallelism over 8 GPUs"
-    assert "--context-parallel-size 8" in both.files["megatron.sh"]
+    args = _check_args(both.files["megatron.sh"], _names("megatron_options.txt"))
+    assert args["--context-parallel-size"] == "8" and args["--cp-comm-type"] == "a2a+p2p"
+    assert args["--hierarchical-context-parallel-sizes"] == "4 2"  # the all-to-all's ranks the inner level
+    # Ulysses over 8 ranks repeats the 4 K/V heads, which TransformerEngine does not: a gap, ring CP instead, and
+    # beside ring CP the gap names the ring's whole degree, the one the script writes (it said the Ulysses degree
+    # alone, 8 of the 16 written; a user's review)
+    rep = export_plan(_plan("qwen2.5-7b", Layout(ulysses=8, cp=2, zero=3), ("full_offload",), seq=65536),
+                      "megatron", price=False, nearest=True)
+    g = next(g for g in rep.gaps if "DeepSpeed-Ulysses" in g.what)
+    assert g.what == "DeepSpeed-Ulysses over 8 GPUs beside ring context parallelism over 2"
+    assert g.nearest == "ring context parallelism over 16 GPUs"
+    assert "--context-parallel-size 16" in rep.files["megatron.sh"] and "--cp-comm-type" not in rep.files["megatron.sh"]
 
 
 def test_pipeline_plan_nearest_cost_is_simulated():

@@ -22,12 +22,18 @@ def test_megatron_offers_tp_sp_cp_dp_with_distributed_optimizer_or_megatron_fsdp
     assert res.candidates
     for c in res.candidates:
         lay = c.layout
-        assert lay.ulysses == 1 and lay.zero in (0, 1, 3) and lay.dp_mode == "zero" and (lay.sp or lay.tp == 1)
+        assert lay.zero in (0, 1, 3) and lay.dp_mode == "zero" and (lay.sp or lay.tp == 1)
         assert c.policy.name in ("store_all", "full_recompute", "selective_recompute")
+        assert lay.ulysses == 1 or lay.ulysses_kv == "whole"  # TransformerEngine's all-to-all CP: whole K/V heads
     assert {c.layout.zero for c in res.candidates} >= {1, 3}  # the distributed optimizer and Megatron-FSDP
+    assert any(c.layout.ulysses > 1 for c in res.candidates)  # --cp-comm-type a2a / a2a+p2p
     assert any("megatron does not offer" in why for _, why in res.rejected_layouts)
-    old = candidates_for(M7, 256 * K, 16, A800, framework="megatron@2023")  # before Megatron-FSDP
-    assert old.candidates and all(c.layout.zero <= 1 for c in old.candidates)
+    old = candidates_for(M7, 256 * K, 16, A800, framework="megatron@2023")  # before Megatron-FSDP and all-to-all CP
+    assert old.candidates and all(c.layout.zero <= 1 and c.layout.ulysses == 1 for c in old.candidates)
+    # a GQA model's K/V heads split whole over TP x Ulysses, never repeated (TransformerEngine asserts it)
+    gqa = candidates_for(get_model("llama-3.1-8b"), 256 * K, 16, A800, framework="megatron")
+    assert all(8 % (c.layout.tp * c.layout.ulysses) == 0 for c in gqa.candidates if c.layout.ulysses > 1)
+    assert any(c.layout.ulysses > 1 for c in gqa.candidates)
 
 
 def test_deepspeed_offers_ulysses_with_zero_and_no_tp():

@@ -58,6 +58,17 @@ def test_query_heads_rule_accepts_degrees_the_minimal_one_refuses():
     assert "ulysses_kv" not in Layout(ulysses=12).to_dict()
 
 
+def test_whole_rule_never_repeats_and_refuses_what_does_not_split():
+    """TransformerEngine's all-to-all CP (Megatron's --cp-comm-type a2a): K/V heads split whole over tp x ulysses,
+    never repeated; 70B's 8 K/V heads over ulysses 16 (the minimal rule's one repeated head a rank) refused."""
+    assert kv_repeat_factor(1, 8, 8, rule="whole") == 1 and kv_heads_why_not(2, 4, 8, "whole") is None
+    why = kv_heads_why_not(1, 16, 8, "whole")
+    assert why and "--cp-comm-type a2a" in why and "never repeated" in why
+    assert check_layout(Layout(ulysses=16, dp=2, zero=3, ulysses_kv="whole"), M70, 32, 8, 256 * K) is not None
+    assert check_layout(Layout(ulysses=8, dp=4, zero=3, ulysses_kv="whole"), M70, 32, 8, 256 * K) is None
+    assert Layout(ulysses=8, ulysses_kv="whole").label().endswith("kv-whole")
+
+
 def test_layout_accepts_70b_over_16_and_64_ulysses_ranks():
     assert check_layout(Layout(ulysses=16, dp=2, zero=3), M70, 32, 8, 256 * K) is None
     assert check_layout(Layout(ulysses=64, zero=3), M70, 64, 8, 1024 * K) is None

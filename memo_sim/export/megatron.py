@@ -4,7 +4,8 @@ recompute settings as Megatron-LM's command-line arguments.
 Option names and values as NVIDIA/Megatron-LM defines them (`SOURCE`): the literal arguments of
 ``megatron/training/arguments.py`` and those its ``ArgumentGroupFactory`` derives from
 ``TransformerConfig`` / ``ModelParallelConfig`` fields (``--tensor-model-parallel-size``,
-``--recompute-granularity`` ...). Megatron-LM expresses TP with SP, ring CP, PP with interleaving
+``--recompute-granularity`` ...). Megatron-LM expresses TP with SP, ring CP, Ulysses as
+TransformerEngine's all-to-all CP (``--cp-comm-type a2a``, ``a2a+p2p`` beside a ring), PP with interleaving
 (``--num-virtual-stages-per-pipeline-rank``), DP with the distributed optimizer (ZeRO 1) or Megatron-FSDP
 (ZeRO 3: ``--use-megatron-fsdp``), and full recompute; the rest of a plan is a `Gap`.
 """
@@ -16,6 +17,7 @@ import shlex
 from memo_sim.export.base import (Export, Gap, async_tp_gap, dp_flavour_gap, gemm_format_gap, metp_gap, nearest_plan,
                                   optimizer_offload_gap,
                                   policy_gaps, price_nearest, shape_arguments, torchrun_line, ulysses_gap, zero_gap)
+from memo_sim.layout.kv_heads import kv_heads_why_not
 from memo_sim.layout.pipeline_layout import format_layout
 from memo_sim.plan.schema import Plan
 from memo_sim.policy.registry import policy_class
@@ -46,13 +48,23 @@ def gaps(plan: Plan) -> list[Gap]:
     """Megatron-LM interleaves pipelines itself, so only Ulysses, METP, ZeRO 2 and the
     policies other than store-all and full recompute are gaps (and GPT-OSS's attention, which
     the script leaves to the user)."""
-    return (ulysses_gap(plan) + metp_gap(plan)
+    return (_ulysses_gaps(plan) + metp_gap(plan)
             + async_tp_gap(plan, "Megatron TP with sequence parallelism, its collectives on the critical path "
                                  "(--tp-comm-overlap, TransformerEngine's userbuffer overlap, is not priced by memo)")
             + zero_gap(plan, (0, 1, 3), "--use-distributed-optimizer, or Megatron-FSDP for ZeRO 3")
             + dp_flavour_gap(plan, FRAMEWORK)
             + policy_gaps(plan, _RUNS, notes={"memo": _OFFLOAD_NOTE, "full_offload": _OFFLOAD_NOTE})
             + gemm_format_gap(plan, "megatron") + optimizer_offload_gap(plan, "megatron") + _attention_gaps(plan))
+
+
+def _ulysses_gaps(plan: Plan) -> list[Gap]:
+    """Ulysses is TransformerEngine's all-to-all context parallelism (--cp-comm-type a2a, or a2a+p2p beside a
+    ring): expressed where each TP rank's K/V heads split whole over it (the framework data's ulysses_kv
+    whole); a plan that repeats K/V heads first (memo's own Ulysses) is the usual gap, ring CP instead."""
+    lay, m = plan.layout, plan.model
+    if lay.ulysses == 1 or kv_heads_why_not(lay.tp, lay.ulysses, m.n_kv_heads, "whole") is None:
+        return []
+    return ulysses_gap(plan)
 
 
 def _attention_gaps(plan: Plan) -> list[Gap]:
@@ -153,8 +165,12 @@ def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | tuple[str
     args.append(("--tensor-model-parallel-size", str(lay.tp)))
     if lay.tp > 1 and lay.sp:
         args.append(("--sequence-parallel", None))
-    if lay.cp > 1:
-        args.append(("--context-parallel-size", str(lay.cp)))
+    if lay.cp * lay.ulysses > 1:  # Megatron's CP group holds the Ulysses ranks (inner) and the ring's
+        args.append(("--context-parallel-size", str(lay.cp * lay.ulysses)))
+    if lay.ulysses > 1:  # TransformerEngine's all-to-all over the Ulysses ranks, adjacent, a P2P ring across them
+        args += ([("--cp-comm-type", "a2a+p2p"), ("--hierarchical-context-parallel-sizes", (str(lay.ulysses),
+                                                                                         str(lay.cp)))]
+                 if lay.cp > 1 else [("--cp-comm-type", "a2a")])
     if lay.pp > 1:
         args.append(("--pipeline-model-parallel-size", str(lay.pp)))
         if lay.chunk_layers:  # every chunk's layers; Megatron takes the chunks per rank from it (and refuses both)
@@ -175,7 +191,7 @@ def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | tuple[str
                  ("--ckpt-format", "fsdp_dtensor")]
     if lay.optimizer_offload:  # Megatron-Core's HybridDeviceOptimizer, the whole shard on the host
         args += [("--optimizer-cpu-offload", None), ("--use-precision-aware-optimizer", None)]
-    if lay.dp > 1 or lay.cp > 1:
+    if lay.dp > 1 or lay.cp * lay.ulysses > 1:
         args.append(("--overlap-grad-reduce", None))
         if lay.zero >= 1:
             args.append(("--overlap-param-gather", None))

@@ -34,8 +34,9 @@ policies, and how it runs what the simulator models as a switch
   its attention kernels, ``torch_cp`` for PyTorch's experimental context parallelism's fp32 merges
   and accumulations (`memo_sim.layout.ring_merge`);
 - ``ulysses_kv`` (optional, default ``minimal``): how the framework's Ulysses repeats a GQA model's K/V
-  heads before its all-to-all, ``minimal`` (one head per rank where the ranks outnumber the heads) or
-  ``query_heads`` (every K/V head repeated to the query heads; `memo_sim.layout.kv_heads`).
+  heads before its all-to-all, ``minimal`` (one head per rank where the ranks outnumber the heads),
+  ``query_heads`` (every K/V head repeated to the query heads) or ``whole`` (never repeated:
+  TransformerEngine's all-to-all CP; `memo_sim.layout.kv_heads`).
 
 A file's ``layouts.dp_modes`` lists its data-parallel flavours (`memo_sim.dp`: ``zero``, the ZeRO
 stages; ``fsdp``, FSDP2 with HSDP and resharding after the forward or not; default ``[zero]``).

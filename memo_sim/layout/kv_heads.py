@@ -31,13 +31,18 @@ XTuner's older dispatch, xtuner/model/modules/dispatch/llama.py at 7575f2c91 (20
 their ``sequence_parallel_wrapper`` (xtuner/parallel/sequence/attention.py) run the all-to-all, so
 every K/V head goes out repeated to the query heads, r = heads / n_kv, whatever the Ulysses degree
 (also with ulysses 1, where no all-to-all runs and r costs nothing memo prices). Under it each rank
-receives as many K/V heads as query heads; only TP's whole-head rule applies.
+receives as many K/V heads as query heads; only TP's whole-head rule applies. The third, ``whole``:
+TransformerEngine's all-to-all context parallelism (Megatron-LM's ``--cp-comm-type a2a``, and the a2a
+level of ``a2a+p2p``) never repeats them: ``attn_forward_func_with_cp``'s all-to-all path asserts
+``q.shape[-2] % cp_size == 0 and k.shape[-2] % cp_size == 0`` ("The number of attention heads needs to
+be divisible by CP size!", transformer_engine/pytorch/attention context parallelism), so a TP rank's
+K/V heads must split whole over the all-to-all's ranks; everything else is refused.
 """
 
 from __future__ import annotations
 
 # how K/V heads are repeated before Ulysses' all-to-all (``Layout.ulysses_kv``; module docs)
-ULYSSES_KV_RULES = ("minimal", "query_heads")
+ULYSSES_KV_RULES = ("minimal", "query_heads", "whole")
 
 
 def kv_heads_why_not(tp: int, ulysses: int, n_kv_heads: int, rule: str = "minimal") -> str | None:
@@ -49,6 +54,10 @@ def kv_heads_why_not(tp: int, ulysses: int, n_kv_heads: int, rule: str = "minima
                 f"use a tp that divides {n_kv_heads}")
     if rule == "query_heads":  # repeated to the query heads, which tp x ulysses divides (`check_layout`)
         return None
+    if rule == "whole" and n_kv_heads % split:
+        return (f"kv heads ({n_kv_heads}) not divisible by tp x ulysses ({split}): TransformerEngine's all-to-all "
+                f"context parallelism (--cp-comm-type a2a) splits each TP rank's K/V heads whole, never repeated; "
+                f"use tp x ulysses dividing {n_kv_heads}")
     if n_kv_heads % split and split % n_kv_heads:
         return (f"kv heads ({n_kv_heads}) and tp x ulysses ({split}): neither divides the other, so the ranks "
                 f"can get neither whole nor repeated K/V heads; use tp x ulysses dividing {n_kv_heads} or a "
@@ -65,5 +74,7 @@ def kv_repeat_factor(tp: int, ulysses: int, n_kv_heads: int, heads: int | None =
             raise ValueError("kv_repeat_factor: the query_heads rule needs the query heads")
         return heads // n_kv_heads if ulysses > 1 else 1
     split = tp * ulysses
+    if rule == "whole":  # never repeated (`kv_heads_why_not` refuses what does not split whole)
+        return 1
     return split // n_kv_heads if ulysses > 1 and split > n_kv_heads else 1
 
