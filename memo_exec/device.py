@@ -207,7 +207,8 @@ def calibrated_threads(provenance: dict | None) -> int | None:
 
 def use_calibrated_threads(profile_name: str) -> dict:
     """Set torch's CPU threads to the count ``profile_name``'s calibration ran with (`calibrated_threads`),
-    unless ``OMP_NUM_THREADS`` chooses them: what a CPU run used and why (the run's report says it)."""
+    unless the user's ``OMP_NUM_THREADS`` chooses them (the launcher's own default of one a rank does not):
+    what a CPU run used and why (the run's report says it)."""
     from memo_sim.errors import MemoError  # noqa: PLC0415
     from memo_sim.profile.loader import load_profile  # noqa: PLC0415
 
@@ -215,11 +216,16 @@ def use_calibrated_threads(profile_name: str) -> dict:
         n = calibrated_threads(load_profile(profile_name).provenance)
     except MemoError:
         n = None
-    if os.environ.get("OMP_NUM_THREADS"):
+    from memo_exec.distributed.launch import LAUNCHER_THREADS_ENV  # noqa: PLC0415
+
+    launcher = bool(os.environ.get(LAUNCHER_THREADS_ENV))
+    if os.environ.get("OMP_NUM_THREADS") and not launcher:
         why = "OMP_NUM_THREADS"
     elif n is not None:
         torch.set_num_threads(n)
         why = "the profile's calibration"
+    elif launcher:
+        why = "the launcher's default, one a rank (the profile records no calibration's threads)"
     else:
         why = "torch's default (the profile records no calibration's threads)"
     return {"threads": torch.get_num_threads(), "calibrated": n, "set_by": why}

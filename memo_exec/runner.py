@@ -235,7 +235,6 @@ class ExecutorBase:
         self.cpu_threads, self._threads_before = None, torch.get_num_threads()
         if not device_spec.is_cuda:  # the CPU's caching allocator, as `memo-exec calibrate` measured with
             keep_freed_memory()
-            self.cpu_threads = use_calibrated_threads(plan.profile)  # the profile's rates hold at its count
         self.dtype = compute_dtype(plan.model.dtype, device_spec, opts.dtype)
         self.batch, self.seq = plan.batch, plan.seq_tokens
         self.tokens = self.batch * self.seq  # one replica's tokens per iteration
@@ -246,6 +245,13 @@ class ExecutorBase:
         self.engine = None
         self.allocated = False
         self.current_step = -1
+
+    def use_cpu_threads(self) -> None:
+        """On a CPU, torch's threads as the plan's profile was calibrated with (`use_calibrated_threads`): the
+        last step of a constructor, so that a set-up that fails leaves the process's count alone; `close`
+        gives it back."""
+        if not self.device_spec.is_cuda:
+            self.cpu_threads = use_calibrated_threads(self.plan.profile)
 
     def start_recording(self, flops_fn, host_bytes: int, **rank) -> None:
         """The step recorder (spans, FLOPs by ``flops_fn``) and the copy engine that reports to it."""
@@ -332,6 +338,7 @@ class Executor(ExecutorBase):
         self.layer_requests, self.arena_plan, self.unplanned = sz.requests, sz.arena_plan, sz.unplanned
         self.estimate = sz.estimate
         self._check_fit()
+        self.use_cpu_threads()
 
     # ------------------------------------------------------------------ sizes
     def _check_fit(self) -> None:

@@ -402,7 +402,11 @@ def test_one_slot_chunks_match_one_process():
     cases = [(2, {"pp": 2, "vpp": 2, "account_embedding_loss": True}, "interleaved_1f1b", pol)
              for pol in ("store_all", "memo")]
     cases.append((2, {"pp": 2, "vpp": 2, "chunk_layers": (0, 1, 1, 0)}, "interleaved_1f1b", "store_all"))
+    # one chunk a rank (vpp 1): rank 0 runs the embedding alone, no layer at all (its policy set was empty and
+    # every rank crashed describing it)
+    cases.append((2, {"pp": 2, "chunk_layers": (0, 2)}, "1f1b", "store_all"))
     results = spawn(rank_cases, 2, cases, timeout=300)
     for i, c in enumerate(cases):
         check(results[0][i], c[0], 0, c)
-        assert results[0][i]["layers"] == [1] and results[1][i]["layers"] == [0], c
+        want = ([], [0, 1]) if c[1].get("chunk_layers") == (0, 2) else ([1], [0])
+        assert (results[0][i]["layers"], results[1][i]["layers"]) == want, c

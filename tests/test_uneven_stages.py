@@ -203,3 +203,22 @@ def test_one_slot_chunks_are_planned_simulated_and_run(tmp_path):
                                         "--steps", "1", "--out", str(tmp_path / "run")])
     assert run.exit_code == 0, run.output
     assert (tmp_path / "run" / "report.md").exists()
+
+
+def test_a_rank_without_a_layer_runs_under_nproc(tmp_path):
+    """'E|t*2L' over pp 2: rank 0 runs the embedding alone, no layer and no activation policy; describing its empty
+    policy set crashed every rank (a reviewer's finding, 2026-11-27)."""
+    pytest.importorskip("torch")
+    from memo_exec.cli import cli as exec_cli
+
+    r = CliRunner().invoke(cli, ["whatif", "--model", "gpt-7b", "--layers", "2", "--hidden", "64", "--heads", "4",
+                                 "--ffn", "128", "--vocab", "128", "--seq", "256", "--gpus", "2", "--pp", "2",
+                                 "--pipeline-model-parallel-layout", "E|t*2L", "--dtype", "fp32", "--profile",
+                                 "h100-sxm5-80gb", "--global-batch", "2", "--micro-batch", "1", "--policy", "store_all",
+                                 "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "plan.json").read_text())["layout"]["chunk_layers"] == [0, 2]
+    run = CliRunner().invoke(exec_cli, ["run", str(tmp_path / "plan.json"), "--device", "cpu", "--nproc", "2",
+                                        "--steps", "1", "--out", str(tmp_path / "run")])
+    assert run.exit_code == 0, run.output
+    assert (tmp_path / "run" / "report.md").exists()

@@ -186,6 +186,23 @@ def test_memo_exec_run_uses_the_calibration_thread_count_and_its_report_says_so(
         assert any("machine speed" in ln and "from the calibration's" in ln for ln in lines), lines
         off = cpu_speed_lines({**meta, "cpu_threads": {"threads": 2, "calibrated": 1, "set_by": "OMP_NUM_THREADS"}})
         assert off and off[0].startswith("- **CPU threads: 2") and "unset OMP_NUM_THREADS" in off[0], off
+        # a set-up that fails leaves the process's count alone (a missing token file: refused after set-up)
+        with pytest.raises(Exception, match="tokens"):
+            Executor(plan, RunOptions(device="cpu", steps=1, tokens_file=str(tmp_path / "missing.bin")))
+        assert torch.get_num_threads() == 2
+        # under `memo-exec run --nproc` the launcher's own OMP_NUM_THREADS=1 is a default, not the user's choice:
+        # the calibration's count applies (every rank reported 'set by OMP_NUM_THREADS' and blamed the user)
+        from memo_exec.distributed.launch import LAUNCHER_THREADS_ENV
+
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")
+        monkeypatch.setenv(LAUNCHER_THREADS_ENV, "1")
+        ex = Executor(plan, RunOptions(device="cpu", steps=1))
+        assert ex.describe()["cpu_threads"]["set_by"] == "the profile's calibration"
+        ex.close()
+        monkeypatch.delenv(LAUNCHER_THREADS_ENV)
+        ex = Executor(plan, RunOptions(device="cpu", steps=1))
+        assert ex.describe()["cpu_threads"]["set_by"] == "OMP_NUM_THREADS"  # the user's
+        ex.close()
     finally:
         torch.set_num_threads(before)
     write_plan(plan, tmp_path / "plan.json")  # the plan stays a valid plan file with the calibrated profile

@@ -170,6 +170,7 @@ class DistExecutor(ExecutorBase):
         self.micro_index = local_token_index(ctx, self.micro, self.seq)
         self.estimate = self._estimate()
         self.kill_at_step: int | None = None  # test hook (memo_exec.distributed.launch.KILL_ENV)
+        self.use_cpu_threads()
 
     def _arena_why_not(self, plan: Plan, opts: RunOptions) -> str | None:
         """Why this rank places its layer scratch with the caching allocator rather than at the memory

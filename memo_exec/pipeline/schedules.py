@@ -143,8 +143,9 @@ class PolicySet:
         return sum(int(getattr(p, "pinned_bytes", 0)) for p in self.policies)
 
     def describe(self) -> dict:
-        return {**self.policies[0].describe(), "instances": len(self.policies),
-                "instances_are": "one per micro-batch in flight on this rank"}
+        # a rank whose chunks hold no layer (the embedding or the loss alone, vpp 1) keeps no activations
+        first = self.policies[0].describe() if self.policies else {"policy": "none (no layer on this rank)"}
+        return {**first, "instances": len(self.policies), "instances_are": "one per micro-batch in flight on this rank"}
 
 
 class PipelineSchedule(Schedule):
