@@ -250,6 +250,9 @@ def test_not_expressible_block_lists_each_gap_and_its_price():
     # the mechanisms the framework runs its own way are named beside the price (memo's chunked loss replaced
     # by Megatron's vocabulary-parallel one made such a plan run out of memory, unsaid; a user's review)
     assert "cross_entropy chunked -> vocab_parallel" in ex.nearest["mechanisms"]
+    # only where the change reaches the plan: no Ulysses (no K/V repeat rule), no ring (no merges), an A800 profile
+    # (cuDNN priced on FlashAttention-2's curves)
+    assert not any(m.startswith(("ulysses_kv", "ring_merge", "attention")) for m in ex.nearest["mechanisms"])
     assert "with the framework's own mechanisms in place of the plan's (" in text
     from memo_sim.export.base import price_line
     ok = dict(ex.nearest, status="OK", iteration_s=1.0, peak_gpu_bytes=2**30)  # every price names its source

@@ -167,9 +167,16 @@ def price_nearest(plan: Plan, gaps: list[Gap], framework: str) -> dict | None:
 
     layout, policy, schedule = nearest_plan(plan, gaps)
     mine, layout = layout, get_framework(framework).adapt(layout)
-    # what the framework runs its own way (priced so): the plan's mechanisms it replaces, e.g. memo's chunked loss
+    prof = load_profile(plan.profile)
+    # what the framework runs its own way (priced so): the plan's mechanisms it replaces, e.g. memo's chunked loss,
+    # where the change reaches the plan (a K/V repeat rule needs Ulysses, a ring's merges ring CP, SP's re-gather
+    # TP with SP, an attention kernel its own curves on this profile)
+    moot = {"ulysses_kv": layout.ulysses == 1, "ring_merge": layout.cp == 1,
+            "sp_regather_overlap": not (layout.tp > 1 and layout.sp),
+            "attention": prof.efficiency.priced_attention_kernel(mine.attention)
+            == prof.efficiency.priced_attention_kernel(layout.attention)}
     mechanisms = [f"{k} {getattr(mine, f)} -> {getattr(layout, f)}" for k, f in MECHANISMS.items()
-                  if getattr(mine, f) != getattr(layout, f)]
+                  if getattr(mine, f) != getattr(layout, f) and not moot.get(k, False)]
     model = nearest_model(plan, gaps)
     label = (f"{layout.label()} {policy.label()}" + (f" {schedule}" if layout.pp > 1 else "")
              + (f" {model.gemm_format} GEMMs" if model.gemm_format != plan.model.gemm_format else ""))
