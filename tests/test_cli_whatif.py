@@ -292,7 +292,9 @@ def test_hidden_override_scales_the_ffn_unless_ffn_is_given():
     # a TP flavour another version of the framework runs: that version named (a user's review)
     (["--framework", "torchtitan", "--tp-mode", "async_tp"],
      "--tp-mode async_tp: torchtitan runs TP as megatron; torchtitan@2024-12 runs async_tp"),
-    (["--framework", "megatron", "--tp-mode", "metp"], "--tp-mode metp: megatron runs TP as megatron; choose one"),
+    (["--framework", "megatron", "--tp-mode", "metp"],
+     "--tp-mode metp: megatron runs TP as megatron; any runs metp (--framework any)"),
+    (["--tp-mode", "async_tp"], "any runs TP as megatron, metp_ffn, metp; torchtitan@2024-12 runs async_tp"),
     (["--top", "0"], "--top"),
 ])
 def test_impossible_fixed_degrees_name_their_flags(flags, says, tmp_path):

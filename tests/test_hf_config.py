@@ -79,6 +79,12 @@ def test_a_config_json_that_breaks_a_model_rule_names_its_own_keys(tmp_path):
     msg = str(e.value)
     assert "must be divisible by heads (30)" in msg and "\n" not in msg
     assert msg.endswith("(in the config.json: hidden is hidden_size, heads is num_attention_heads)"), msg
+    odd = tmp_path / "vocab-experts-layers"  # memo's field names in the path are not the rule's
+    odd.mkdir()
+    (odd / "config.json").write_text(path.read_text())
+    with pytest.raises(MemoError) as e:
+        model_from_file(odd / "config.json")
+    assert str(e.value).endswith("(in the config.json: hidden is hidden_size, heads is num_attention_heads)")
 
 
 def test_a_mistyped_family_gets_the_near_one_named():

@@ -639,7 +639,7 @@ def model_from_file(path: str | Path) -> ModelConfig:
         try:
             return ModelConfig.from_dict(fields, source=str(path))
         except MemoError as e:  # memo's field names, with the config.json keys they were read from
-            raise MemoError(str(e) + hf_names_hint(str(e), raw)) from None
+            raise MemoError(str(e) + hf_names_hint(str(e).removeprefix(f"{path}:"), raw)) from None  # not the path
     kind = str(raw.get("schema", ""))
     if kind.startswith(("memo-plan/", "memo-hardware-profile/")):
         what = "a memo plan" if kind.startswith("memo-plan/") else "a hardware profile"

@@ -110,8 +110,8 @@ def _fixed_degrees_why_not(model: ModelConfig, gpus: int, *, tp, cp, ulysses, dp
                         f"which does not divide the {gpus} GPUs of --gpus; lower one of them or raise --gpus")
     if pp is not None and not chunks and pp > model.layers:
         raise MemoError(f"--pp {pp} exceeds the model's {model.layers} layers (every stage runs at least one); "
-                        f"lower it, or write the stages with {LAYOUT_OPTION} (the first may hold the embedding "
-                        f"alone and the last the loss alone)")
+                        f"lower it (the what-if's {LAYOUT_OPTION} can write more stages: a first of the "
+                        f"embedding alone and a last of the loss alone)")
     if vpp is not None and vpp > 1 and pp == 1:
         raise MemoError(f"--vpp {vpp} interleaves model chunks over pipeline ranks: set --pp above 1 or drop --vpp")
 
@@ -221,8 +221,9 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     modes = tp_modes_of(tp_mode)
     fw = get_framework(framework)
     if tp_mode != "all" and tp_mode not in fw.tp_modes:  # one line naming the versions that run it
-        family = fw.name.split("@")[0]
-        others = [n for n, f in FRAMEWORKS.items() if n.split("@")[0] == family and tp_mode in f.tp_modes]
+        runs = [n for n, f in FRAMEWORKS.items() if tp_mode in f.tp_modes]
+        family = [n for n in runs if n.split("@")[0] == fw.name.split("@")[0]]
+        others = family or runs  # the framework's own versions first, else any framework that runs it
         raise MemoError(f"--tp-mode {tp_mode}: {fw.name} runs TP as {', '.join(fw.tp_modes)}"
                         + (f"; {' and '.join(others)} runs {tp_mode} (--framework {others[0]})" if others else
                            "; choose one of them or another --framework"))
