@@ -99,6 +99,16 @@ def test_megatron_script_uses_megatron_options(plan):
         assert args["--normalization"] == "RMSNorm" and "--untie-embeddings-and-output-weights" in args
 
 
+def test_an_interleaved_plan_of_its_own_chunk_sizes_is_priced_as_1f1b_where_the_framework_runs_that():
+    """DeepSpeed runs 1F1B: the nearest plan kept the plan's 4 chunk counts over pp x 1 chunks and could not be
+    priced; each rank now holds its chunks' layers (a reviewer's finding, 2026-11-27)."""
+    plan = _plan(layout=Layout(pp=2, vpp=2, chunk_layers=(7, 9, 8, 8)), policy=("store_all",), seq=4096, batch=4,
+                 micro=1, sched="interleaved_1f1b")
+    ex = export_plan(plan, "deepspeed", nearest=True)
+    assert ex.nearest["status"] in ("OK", "OOM") and not ex.nearest.get("error"), ex.nearest
+    assert "c15-17" in ex.nearest["label"] and "1f1b" in ex.nearest["label"]  # rank 0: 7 + 8, rank 1: 9 + 8
+
+
 def test_deepspeed_config_and_launcher():
     allowed = _names("deepspeed_config_keys.txt")
     for plan in (MEMO, PIPE, ULY):

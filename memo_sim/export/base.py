@@ -309,10 +309,16 @@ def zero_gap(plan: Plan, stages: tuple[int, ...], words: str) -> list[Gap]:
 
 
 def interleave_gap(plan: Plan) -> list[Gap]:
+    """Interleaved 1F1B where the framework runs 1F1B: one chunk a rank holding the layers of its chunks (an
+    uneven split kept as each rank's total; the plan's chunk counts no longer fit pp x 1 chunks)."""
     if plan.schedule != "interleaved_1f1b":
         return []
-    return [Gap(f"interleaved 1F1B with {plan.layout.vpp} virtual stages", "1F1B",
-                PlanChange(layout={"vpp": 1}, schedule="1f1b"))]
+    lay = plan.layout
+    change: dict = {"vpp": 1}
+    if lay.chunk_layers or lay.account_embedding_loss:
+        change.update(chunk_layers=tuple(lay.stage_layer_counts(plan.model.layers)), account_embedding_loss=False,
+                      first_stage_layers=0, last_stage_layers=0)
+    return [Gap(f"interleaved 1F1B with {lay.vpp} virtual stages", "1F1B", PlanChange(layout=change, schedule="1f1b"))]
 
 
 def shape_arguments(plan: Plan) -> list[tuple[str, str | None]]:
