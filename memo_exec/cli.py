@@ -183,13 +183,17 @@ def _run_single(plan, plan_file, opts, out_dir, as_json, progress) -> None:
         staged, comparison = write_outputs(res, outf.stage, plan_file)
     paths = {k: outf.path(p) for k, p in staged.items()}
     st = res.steady
+    from memo_exec.attention import priced_kernel_note  # noqa: PLC0415 - imports torch
+
+    note = priced_kernel_note(res.meta.get("attention_kernel_priced"), res.meta.get("attention_backend"),
+                              res.meta.get("device_kind"))
     if as_json:
         import json  # noqa: PLC0415
 
         doc = {"model": res.meta["model"], "policy": res.meta["policy"], "device": res.meta["device"],
                "layers": res.meta["layers"], "tokens": res.meta["tokens"], "steady_state": st,
                "losses": [s["loss"] for s in res.summaries], "speed_probe": res.meta.get("speed_probe"),
-               **comparison.to_dict(),
+               **comparison.to_dict(), "notes": [note] if note else [],
                "files": {k: str(v) for k, v in paths.items()}}
         click.echo(json.dumps(doc, indent=1, default=float))
         return
@@ -197,10 +201,6 @@ def _run_single(plan, plan_file, opts, out_dir, as_json, progress) -> None:
                f"{st['iteration_s']:.4f} s/iteration, {res.meta['tokens'] / st['iteration_s']:,.0f} tokens/s, "
                f"loss {res.summaries[-1]['loss']:.4f}")
     click.echo(f"wrote {paths['report']}, {paths['measured']}, {paths['trace']}")
-    from memo_exec.attention import priced_kernel_note  # noqa: PLC0415 - imports torch
-
-    note = priced_kernel_note(res.meta.get("attention_kernel_priced"), res.meta.get("attention_backend"),
-                              res.meta.get("device_kind"))
     if note:
         click.echo(note, err=True)
 

@@ -387,6 +387,11 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
     L.append(f"# memo-exec run: {m['model']} — {m['policy']} — {m['seq_tokens']:,} tokens\n")
     L.append(f"- device: {m['device']}, dtype {m['dtype']}, attention backend {m['attention_backend']} "
              f"(asked: {m['attention_backend_requested']})")
+    from memo_exec.attention import priced_kernel_note  # noqa: PLC0415
+
+    note = priced_kernel_note(m.get("attention_kernel_priced"), m.get("attention_backend"), m.get("device_kind"))
+    if note:  # another kernel than the plan was priced on: its times compare two kernels
+        L.append(f"- **{note.removeprefix('note: ')}**")
     L.append(f"- plan: {m.get('plan_file') or '(in memory)'}; profile {p.profile}; layout {m['layout']}; "
              f"batch {p.batch}; classifier chunk {m['classifier_chunk_tokens']} tokens; data {m['data']}")
     if m["layers"] != m["plan_layers"]:
