@@ -114,7 +114,8 @@ def _simulate_top_value(ctx, param, value):
 @click.option("--pipeline-model-parallel-layout", "pipeline_layout", default=None, metavar="TEXT",
               help="Every model chunk's layers as Megatron-LM writes them, stages split by '|' (E embedding, t a "
                    "layer, L the loss, X*n and (...)*n repeat): e.g. 'Et*7|(t*8|)*14,t*7L' over --pp 8 is 2 chunks "
-                   "per rank. Needs --pp; the chunks per rank are the stages / pp.")
+                   "per rank; the first stage may hold the embedding alone and the last the loss alone ('E|...|L'). "
+                   "Needs --pp; the chunks per rank are the stages / pp.")
 @click.option("--vpp", type=click.IntRange(1, 4096),
               help="Fix the virtual stages (model chunks) per pipeline rank (interleaved 1F1B; 1: plain 1F1B).")
 @click.option("--schedule", "schedules", multiple=True, type=click.Choice(list(SCHEDULE_NAMES)),
