@@ -205,6 +205,12 @@ def calibrated_threads(provenance: dict | None) -> int | None:
     return int(n) if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
 
 
+# set (to "1") where `memo-exec run --nproc` chose OMP_NUM_THREADS itself, not the user
+# (`memo_exec.distributed.launch.launch_nproc`): its one thread a rank is a default the plan's profile's
+# calibration replaces (`use_calibrated_threads`)
+LAUNCHER_THREADS_ENV = "MEMO_EXEC_LAUNCHER_THREADS"
+
+
 def use_calibrated_threads(profile_name: str) -> dict:
     """Set torch's CPU threads to the count ``profile_name``'s calibration ran with (`calibrated_threads`),
     unless the user's ``OMP_NUM_THREADS`` chooses them (the launcher's own default of one a rank does not):
@@ -216,8 +222,6 @@ def use_calibrated_threads(profile_name: str) -> dict:
         n = calibrated_threads(load_profile(profile_name).provenance)
     except MemoError:
         n = None
-    from memo_exec.distributed.launch import LAUNCHER_THREADS_ENV  # noqa: PLC0415
-
     launcher = bool(os.environ.get(LAUNCHER_THREADS_ENV))
     if os.environ.get("OMP_NUM_THREADS") and not launcher:
         why = "OMP_NUM_THREADS"

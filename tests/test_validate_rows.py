@@ -192,7 +192,7 @@ def test_memo_exec_run_uses_the_calibration_thread_count_and_its_report_says_so(
         assert torch.get_num_threads() == 2
         # under `memo-exec run --nproc` the launcher's own OMP_NUM_THREADS=1 is a default, not the user's choice:
         # the calibration's count applies (every rank reported 'set by OMP_NUM_THREADS' and blamed the user)
-        from memo_exec.distributed.launch import LAUNCHER_THREADS_ENV
+        from memo_exec.device import LAUNCHER_THREADS_ENV
 
         monkeypatch.setenv("OMP_NUM_THREADS", "1")
         monkeypatch.setenv(LAUNCHER_THREADS_ENV, "1")

@@ -142,11 +142,6 @@ def killed_rank(torchrun_log: str) -> tuple[int, int] | None:
 OUT_ENV = "MEMO_EXEC_OUT"  # the --out the user named, when the ranks write into a staging folder beside it
 
 
-# set (to "1") where `launch_nproc` chose OMP_NUM_THREADS itself, not the user: its one thread a rank is a
-# default the plan's profile's calibration replaces (`memo_exec.device.use_calibrated_threads`)
-LAUNCHER_THREADS_ENV = "MEMO_EXEC_LAUNCHER_THREADS"
-
-
 def shown_path(p, final: str | None = None) -> Path:
     """Where a file the ranks wrote will be once the launcher moves the staged outputs into
     ``final`` (default: the folder `OUT_ENV` names)."""
@@ -162,6 +157,8 @@ def launch_nproc(nproc: int, argv: list[str], out_dir: str, progress: bool, show
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     log_path = Path(out_dir) / "launcher.log"
     env = dict(os.environ)
+    from memo_exec.device import LAUNCHER_THREADS_ENV  # noqa: PLC0415
+
     if not env.get("OMP_NUM_THREADS"):  # one thread a rank unless the plan's profile was calibrated with more
         env["OMP_NUM_THREADS"] = "1"
         env[LAUNCHER_THREADS_ENV] = "1"
