@@ -227,15 +227,20 @@ def binding_words(c: Candidate) -> str:
     return gpu_memory_words(c)
 
 
+def memory_term_words(m) -> dict[str, float]:
+    """A `MemoryBreakdown`'s terms by the names the what-if's and maxseq's words give them."""
+    return {"model states": m.model_states_bytes, "kept activations": m.skeletal_resident_bytes + m.lse_bytes,
+            "buffers": m.rounding_buffer_bytes, "transients": m.transient_peak_bytes,
+            "classifier": m.classifier_peak_bytes}
+
+
 def gpu_memory_words(c) -> str:
     """How full a fitting candidate's GPU memory is, and its largest term, in words."""
     from memo_sim.units import fmt_bytes
 
     m = c.memory
     peak = c.simulated["peak_gpu_bytes"] if c.simulated else m.peak_gpu_bytes
-    terms = {"model states": m.model_states_bytes, "kept activations": m.skeletal_resident_bytes + m.lse_bytes,
-             "buffers": m.rounding_buffer_bytes, "transients": m.transient_peak_bytes,
-             "classifier": m.classifier_peak_bytes}
+    terms = memory_term_words(m)
     big = max(terms, key=terms.get)
     words = (f"GPU memory {100 * peak / m.gpu_capacity_bytes:.0f}% full ({fmt_bytes(peak)} of "
              f"{fmt_bytes(m.gpu_capacity_bytes)}; largest term {big} {fmt_bytes(terms[big])})")

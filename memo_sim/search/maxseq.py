@@ -31,7 +31,7 @@ from memo_sim.errors import MemoError
 from memo_sim.memplan.iteration_replay import replay_iteration
 from memo_sim.model.config import ModelConfig
 from memo_sim.profile.schema import HardwareProfile
-from memo_sim.search.candidate import binding_words
+from memo_sim.search.candidate import binding_words, memory_term_words
 from memo_sim.search.whatif import Candidate, candidates_for, rank
 from memo_sim.units import fmt_bytes, fmt_count
 
@@ -129,9 +129,7 @@ def binding_constraint(cands: list[Candidate] | str) -> str:
     if c.status == "OOHM":
         return (f"pinned host memory: {fmt_bytes(m.host_bytes_per_node)} per node of {fmt_bytes(m.host_capacity_bytes)} "
                 f"({c.layout.label()} {c.policy.label()})")
-    terms = {"model states": m.model_states_bytes, "skeletal activations kept": m.skeletal_resident_bytes,
-             "rounding/recompute buffers": m.rounding_buffer_bytes, "lse": m.lse_bytes,
-             "layer transients": m.transient_peak_bytes, "classifier": m.classifier_peak_bytes}
+    terms = memory_term_words(m)  # named as the what-if names them
     big = sorted(terms.items(), key=lambda kv: -kv[1])[:2]
     return (f"GPU memory: {fmt_bytes(m.peak_gpu_bytes)} of {fmt_bytes(m.gpu_capacity_bytes)} "
             f"({c.layout.label()} {c.policy.label()}; largest: "
