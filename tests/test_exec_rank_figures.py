@@ -64,6 +64,20 @@ def test_gantt_and_memory_draw_every_rank_labelled(captured):
     assert {f"CPU {r} (rank {r}: {c})" for r, c in F.rank_coords(_rank_rows()).items()} <= set(labels)
 
 
+def test_a_rank_holding_none_of_the_drawn_layers_gets_no_row_and_is_named(captured):
+    """A pipeline rank of the embedding alone ('E|t*2L'): the whole figure failed ('no events for layers') and the
+    report drew rank 0 only; the other ranks' rows are drawn and the note says why that rank has none."""
+    tl = _measured([1])
+    tl.events.append(TimelineEvent("embedding", None, "fwd", "compute", 0, 0.0, 0.1))
+    SF.gantt_figure(tl, "unused.png", (0, 2), devices=[0, 1], note="all 2 ranks")
+    fig = captured[-1]
+    titles = [ax.get_title() for ax in fig.axes if ax.get_visible()]
+    assert any("forward, layers 0..2" in t for t in titles) and not any(t.startswith("CPU 0") for t in titles)
+    assert "no row for device 0: none of layers 0..2 runs there" in fig._suptitle.get_text()
+    with pytest.raises(Exception, match="no events for layers"):
+        SF.gantt_figure(tl, "unused.png", (0, 2), device=0)  # one device asked for: still refused
+
+
 def test_overlay_has_one_panel_per_rank(captured):
     pred = _measured([0], slow=0.001)
     pred.meta["source"] = "simulated"

@@ -154,7 +154,19 @@ def gantt_figure(timeline: Timeline, path: str | Path, layers: tuple[int, int] |
     the title (e.g. which ranks were drawn)."""
     layers = layers or default_layer_range(timeline)
     devs = list(devices) if devices else [device]
-    rows = [(d, *_device_panels(timeline, d, layers)) for d in devs]
+    rows, skipped = [], []
+    for d in devs:  # a pipeline rank holding none of the layers drawn (the embedding or the loss alone) has no row
+        try:
+            rows.append((d, *_device_panels(timeline, d, layers)))
+        except MemoError:
+            if len(devs) == 1:
+                raise
+            skipped.append(d)
+    if not rows:
+        raise MemoError(f"no device of {devs} has events for layers {layers[0]}..{layers[1]}")
+    if skipped:
+        note = (note + "; " if note else "") + f"no row for device{'s' if len(skipped) > 1 else ''} " \
+            f"{', '.join(map(str, skipped))}: none of layers {layers[0]}..{layers[1]} runs there"
     columns = [c for c in ("forward", "backward") if any(p[0] == c for _d, panels, _s in rows for p in panels)]
     heights = [0.55 * len(streams) + 0.6 for _d, _p, streams in rows]
     gap = 0.9  # inches between rows of panels: a row's x label and the next one's title
