@@ -72,6 +72,19 @@ def verdict(v: WhatIfView) -> str:
             f"{fmt_bytes(b.memory.gpu_capacity_bytes)}" + (f" -> {v.plan_path}" if v.plan_path else ""))
 
 
+def kernel_line(v: WhatIfView) -> str:
+    """Where memo's own plan runs FlashAttention-2 (memo-exec's SDPA default) on a profile whose cuDNN fused
+    attention is priced on its own, faster curves: the framework that plans with that kernel, in words."""
+    b = v.best
+    if v.framework != "any" or b is None or b.layout.attention != "flash":
+        return ""
+    if v.profile.efficiency.priced_attention_kernel("cudnn") != "cudnn":
+        return ""
+    return ("attention priced on FlashAttention-2, memo-exec's default kernel; this profile prices cuDNN's fused "
+            "attention (TransformerEngine's on Hopper) on its own faster curves: --framework megatron ranks the "
+            "plans Megatron-LM runs with it")
+
+
 def whatif_answer(v: WhatIfView) -> Answer:
     from memo_sim.search.whatif import binding_words
 
@@ -141,6 +154,9 @@ def whatif_answer(v: WhatIfView) -> Answer:
             a.line(f"  {up}")
         for t in v.train_lines:
             a.line(f"  {t}")
+        k = kernel_line(v)
+        if k:
+            a.line(f"  {k}")
     if v.sppo_plan_path:
         c = next(c for c in v.result.candidates if c.sppo is not None and c.status == "OK")
         a.line(f"best SPPO plan: {c.layout.label()} {c.policy.label()} -> {v.sppo_plan_path}")
