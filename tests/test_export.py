@@ -109,6 +109,22 @@ def test_an_interleaved_plan_of_its_own_chunk_sizes_is_priced_as_1f1b_where_the_
     assert "c15-17" in ex.nearest["label"] and "1f1b" in ex.nearest["label"]  # rank 0: 7 + 8, rank 1: 9 + 8
 
 
+def test_a_multi_node_launch_line_carries_torchruns_rendezvous():
+    """A 16-GPU plan on 8-GPU hosts: torchrun --nnodes 2 without a node rank or the first host's address hangs
+    or starts two jobs, while the export said the rendezvous flags were added (a user's review)."""
+    import subprocess
+
+    plan = _plan(layout=Layout(tp=8, dp=2), policy=("full_recompute",))
+    for fw, name in (("megatron", "megatron.sh"), ("deepspeed", "run_deepspeed.sh")):
+        ex = export_plan(plan, fw, price=False, nearest=True)
+        text = ex.files.get(name) or next(v for k, v in ex.files.items() if k.endswith(".sh"))
+        assert '--nnodes 2 --nproc-per-node 8 --node-rank "${NODE_RANK:?' in text, text
+        assert '--master-addr "${MASTER_ADDR:?' in text and "--master-port" in text
+        assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0  # the script parses
+    one = export_plan(_plan(layout=Layout(tp=8), policy=("full_recompute",)), "megatron", price=False)
+    assert "--node-rank" not in one.files["megatron.sh"]
+
+
 def test_deepspeed_config_and_launcher():
     allowed = _names("deepspeed_config_keys.txt")
     for plan in (MEMO, PIPE, ULY):

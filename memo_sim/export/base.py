@@ -340,4 +340,10 @@ def torchrun_line(plan: Plan, script: str) -> str:
     compute trays of 4 GPUs, not its 72-GPU NVLink domain)."""
     per = min(plan.gpus, gpus_per_host(plan))
     nodes = -(-plan.gpus // per)
-    return f"torchrun --nnodes {nodes} --nproc-per-node {per} {script}"
+    if nodes == 1:
+        return f"torchrun --nnodes 1 --nproc-per-node {per} {script}"
+    # several hosts: torchrun's static rendezvous, each host its rank and the first host's address from the
+    # environment the job scheduler sets (the script refuses to start without them)
+    return (f"torchrun --nnodes {nodes} --nproc-per-node {per} --node-rank \"${{NODE_RANK:?set NODE_RANK, "
+            f"0..{nodes - 1}}}\" --master-addr \"${{MASTER_ADDR:?set MASTER_ADDR, the first host}}\" "
+            f"--master-port \"${{MASTER_PORT:-29500}}\" {script}")

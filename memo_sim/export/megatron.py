@@ -204,6 +204,7 @@ def export(plan: Plan, price: bool = True, instead: dict | None = None) -> Expor
     ex.instead = instead
     ex.nearest = price_nearest(plan, g, FRAMEWORK) if price else None
     args = arguments(plan, g)
+    tr = torchrun_line(plan, "pretrain_gpt.py")
     lines = ["#!/usr/bin/env bash", ex.comment_block(), "#",
              f"# the plan: {plan.model.name}, {plan.seq_tokens} tokens x {plan.batch} "
              f"sequence{'s' if plan.batch != 1 else ''} per replica, "
@@ -213,9 +214,11 @@ def export(plan: Plan, price: bool = True, instead: dict | None = None) -> Expor
              # Megatron-FSDP asserts the variable is unset or above 1 (validate_args at SOURCE); TP's overlap wants 1
              "unset CUDA_DEVICE_MAX_CONNECTIONS" if ("--use-megatron-fsdp", None) in args
              else "export CUDA_DEVICE_MAX_CONNECTIONS=1",
-             torchrun_line(plan, "pretrain_gpt.py") + " \\"]
+             tr + " \\"]
     body = [f"    {opt}" + _words(val) for opt, val in args]
     lines += [b + " \\" for b in body[:-1]] + [body[-1], ""]
     ex.files[FILE] = "\n".join(lines)
-    ex.launch = f"bash {FILE}  # from a Megatron-LM checkout, on each node (torchrun's rendezvous flags added)"
+    ex.launch = (f"bash {FILE}  # from a Megatron-LM checkout" + (
+        ", on each node with NODE_RANK and MASTER_ADDR set (torchrun's static rendezvous)"
+        if "--node-rank" in tr else ""))
     return ex

@@ -94,7 +94,7 @@ def _fixed_degrees_why_not(model: ModelConfig, gpus: int, *, tp, cp, ulysses, dp
     wrote them (the first may hold the embedding alone and the last the loss alone, so up to layers + 2
     stages)."""
     if ep is not None and etp is not None:
-        ep_flag, ep_degree = "--ep x --etp", ep * etp
+        ep_flag, ep_degree = f"--ep {ep} x --etp {etp} =", ep * etp
     else:
         ep_flag, ep_degree = ("--ep", ep) if ep is not None else ("--etp", etp)
     for flag, degree in (("--tp", tp), ("--cp", cp), ("--ulysses", ulysses), ("--dp", dp), ("--pp", pp),
