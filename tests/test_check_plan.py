@@ -79,4 +79,17 @@ def test_null_predictions_print_as_na(toy, tmp_path):
     def null(d):
         d["predicted"].update(iteration_s=None, mfu=None)
     r = _variant(toy, tmp_path, null)
-    assert r.exit_code == 0 and "n/a/iter" in r.output and "MFU n/a" in r.output
+    # the verdict gives the re-simulation's step (the stored one may be null, or stale: an edited plan)
+    assert r.exit_code == 0 and "simulated " in r.output.splitlines()[0] and "None" not in r.output, r.output
+
+
+def test_a_plan_that_no_longer_fits_is_said_to_and_exits_3(tmp_path):
+    """An edited plan (a longer sequence) read 'valid ... predicted OK' from its stored prediction, exit 0, while
+    its own re-simulation ran out of memory (a user's review)."""
+    out = tmp_path / "sa"
+    w = CliRunner().invoke(cli, TOY[:-6] + ["--policy", "store_all", "--jobs", "1", "--out", str(out)])
+    assert w.exit_code == 0, w.output
+    r = _variant(out / "plan.json", tmp_path, lambda d: d.update(seq_tokens=d["seq_tokens"] * 2048))
+    first = r.output.splitlines()[0]
+    assert r.exit_code == 3 and "but does not fit: simulated OOM" in first, r.output
+    assert "stored prediction OK, re-simulated now OOM" in r.output

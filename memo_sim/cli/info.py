@@ -153,31 +153,54 @@ def check_plan(plan_file, out_format, as_json):
     mem = plan_breakdown(plan, profile)
     binding = binding_words(plan, profile, res)
     fmt = resolve_format(out_format, as_json)
+    stale = _stale_prediction(plan, res)
     if fmt == "json":
         peaks = peak_moments(res)
-        emit(Answer(), fmt, {"plan": str(plan_file), "valid": True, "schedule": plan.schedule,
-                             "micro_batches": plan.micro_batches, "predicted": plan.predicted.to_dict(),
-                             "simulated_status": res.status, "binding": binding,
-                             **memory_json(plan, res, mem, peaks)})
-        return
-    a = Answer(_summary_verdict(plan_file, plan))
-    for line in _summary_lines(plan):
-        a.line(line)
-    a.line(f"  binding: {binding}")
-    add_memory_part(a, plan, res, mem)
-    a.line("(memo-sim explain PLAN: the time breakdown as well)")
-    emit(a, fmt)
+        emit(Answer(), fmt, {"plan": str(plan_file), "valid": True, "fits": res.status == "OK",
+                             "schedule": plan.schedule, "micro_batches": plan.micro_batches,
+                             "predicted": plan.predicted.to_dict(), "simulated_status": res.status,
+                             "simulated_iteration_s": res.iteration_s if res.status == "OK" else None,
+                             "stale_prediction": stale, "binding": binding, **memory_json(plan, res, mem, peaks)})
+    else:
+        a = Answer(_summary_verdict(plan_file, plan, res))
+        for line in _summary_lines(plan):
+            a.line(line)
+        if stale:
+            a.line(f"  {stale}")
+        a.line(f"  binding: {binding}")
+        add_memory_part(a, plan, res, mem)
+        a.line("(memo-sim explain PLAN: the time breakdown as well)")
+        emit(a, fmt)
+    if res.status != "OK":  # as the what-if's nothing fits: the plan does not run as it stands
+        from memo_sim.cli.whatif import NOTHING_FITS  # noqa: PLC0415
+
+        click.get_current_context().exit(NOTHING_FITS)
 
 
-def _summary_verdict(plan_file, plan) -> str:
+STALE_TOLERANCE = 0.01  # the stored step time and the re-simulation's: further apart, the prediction is stale
+
+
+def _stale_prediction(plan, res) -> str | None:
+    """Why the plan's stored prediction is not what it predicts now (an edited plan, another profile or memo
+    version), or None."""
     p = plan.predicted
+    if p.status != res.status:
+        return (f"stored prediction {p.status}, re-simulated now {res.status}: the plan was edited, or predicted with "
+                f"another profile or memo version; the lines below are the re-simulation's")
+    if res.status == "OK" and p.iteration_s and abs(res.iteration_s / p.iteration_s - 1) > STALE_TOLERANCE:
+        return (f"stored prediction {fmt_time(p.iteration_s)}/iter, re-simulated now {fmt_time(res.iteration_s)}/iter: "
+                f"the plan was edited, or predicted with another profile or memo version")
+    return None
 
-    def num(v, fmt) -> str:
-        return "n/a" if v is None else fmt(v)
 
-    return (f"{plan_file}: valid {plan.model.name}, {fmt_count(plan.seq_tokens)} tokens, {plural(plan.gpus, 'GPU')}, "
-            f"{plan.layout.label()}, {plan.policy.label()}, predicted {p.status} "
-            f"{num(p.iteration_s, fmt_time)}/iter, MFU {num(p.mfu, lambda m: f'{100 * m:.1f}%')}")
+def _summary_verdict(plan_file, plan, res) -> str:
+    """The plan in one line, with what it does when simulated now (a valid plan file need not fit)."""
+    head = (f"{plan_file}: valid {plan.model.name}, {fmt_count(plan.seq_tokens)} tokens, {plural(plan.gpus, 'GPU')}, "
+            f"{plan.layout.label()}, {plan.policy.label()}")
+    if res.status != "OK":
+        return f"{head}, but does not fit: simulated {res.status} (exit status 3)"
+    mfu = f", MFU {100 * res.mfu:.1f}%" if res.mfu is not None else ""
+    return f"{head}, simulated {fmt_time(res.iteration_s)}/iter{mfu}"
 
 
 def _summary_lines(plan) -> list[str]:
