@@ -162,17 +162,19 @@ def _mean(xs: list[float]) -> float | None:
     return statistics.fmean(xs) if xs else None
 
 
-def summarize_step(rec: StepRecord, layers: int) -> dict:
-    """Per-layer means of forward / backward / recompute compute time, copy durations, stalls."""
+def summarize_step(rec: StepRecord, layers: int, micro_batches: int = 1) -> dict:
+    """Per-layer means of forward / backward / recompute compute time, copy durations, stalls. A layer's
+    times are one micro-batch's, as the plan's ``layer_timings_s`` are: a step of ``micro_batches``
+    micro-batches (gradient accumulation, a pipeline) runs each layer that many times, summed, then divided."""
     ev = rec.events
     per: dict[str, dict[int, float]] = {k: {} for k in ("fwd", "bwd", "recompute", "offload", "prefetch")}
     for e in ev:
         if e.layer is None:
             continue
         if e.stream == "compute" and e.phase in ("fwd", "bwd", "recompute") and e.op != "input_copy":
-            per[e.phase][e.layer] = per[e.phase].get(e.layer, 0.0) + e.duration
+            per[e.phase][e.layer] = per[e.phase].get(e.layer, 0.0) + e.duration / micro_batches
         elif e.stream in ("d2h", "h2d"):
-            per[e.phase][e.layer] = per[e.phase].get(e.layer, 0.0) + e.duration
+            per[e.phase][e.layer] = per[e.phase].get(e.layer, 0.0) + e.duration / micro_batches
     stalls = [e for e in ev if e.op in STALL_OPS]
     by_stream = {}
     for e in ev:

@@ -378,6 +378,22 @@ def test_auto_runs_the_kernel_the_plan_was_priced_on_first(monkeypatch):
     assert priced_kernel_note("flash", "sdpa_flash", "cuda") is None
 
 
+def test_a_step_of_several_micro_batches_gives_one_micro_batchs_layer_times():
+    """A pipeline or gradient-accumulation step runs each layer once per micro-batch; the report compared their
+    sum with the plan's one-micro-batch layer time (+154% on a 4-micro-batch 1F1B run whose step was -36%; a user's
+    review): the layer times are now one micro-batch's."""
+    from memo_exec.measure import StepRecord, summarize_step
+    from memo_sim.timeline import TimelineEvent
+
+    ev = [TimelineEvent(f"L{layer}.{ph}", layer, ph, "compute", 0, 0.0, dt)
+          for layer in range(2) for _mb in range(4) for ph, dt in (("fwd", 0.01), ("bwd", 0.02))]
+    rec = StepRecord(0, 1.0, ev, [], 0, 0)
+    one, four = summarize_step(rec, 2), summarize_step(rec, 2, micro_batches=4)
+    assert one["layer_forward_s"] == pytest.approx(0.04) and four["layer_forward_s"] == pytest.approx(0.01)
+    assert four["layer_backward_s"] == pytest.approx(0.02) and four["per_layer"]["fwd"]["1"] == pytest.approx(0.01)
+    assert four["iteration_s"] == 1.0  # the step itself is the step's
+
+
 def test_a_plan_names_the_kernel_its_attention_was_priced_on():
     """cuDNN is priced on its own curves only where the profile has them (Hopper); elsewhere on
     FlashAttention-2's, and the executor then runs FlashAttention-2."""
