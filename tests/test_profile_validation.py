@@ -61,3 +61,23 @@ def test_sensitivity_line_for_an_uncalibrated_profile_only():
     assert float(slower.host_link.d2h_bandwidth) == pytest.approx(0.5 * float(prof.host_link.d2h_bandwidth))
     calibrated = dataclasses.replace(prof, provenance={"method": "calibrated", "device": "x", "date": "y"})
     assert sensitivity_line(shown, calibrated) == ""
+
+
+def test_a_bare_number_for_a_quantity_and_an_exponent_without_a_point_read_as_users_write_them(tmp_path):
+    """'memory: 94' named an internal class ('_QuantityIn') and no fix; 'value: 3e9' (a string to YAML 1.1,
+    which wants a decimal point) was refused as 'not a valid number' (a user's review)."""
+    raw = yaml.safe_load((REPO_PROFILES / "a800-80gb.yaml").read_text())
+    raw["gpu"]["memory"] = 94
+    bare = tmp_path / "bare.yaml"
+    bare.write_text(yaml.safe_dump({**raw, "name": "bare"}))
+    with pytest.raises(ProfileError) as e:
+        load_profile(str(bare))
+    msg = str(e.value)
+    assert "gpu.memory: a quantity is a mapping, got 94; write {value: 94, unit: ..., source: ...}" in msg, msg
+    assert "_QuantityIn" not in msg and "\n" not in msg
+    raw = yaml.safe_load((REPO_PROFILES / "a800-80gb.yaml").read_text())
+    text = yaml.safe_dump({**raw, "name": "exp"}).replace("value: 80\n", "value: 8e1\n", 1)
+    assert "value: 8e1" in text
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(text)
+    assert load_profile(str(exp)).gpu_memory == load_profile("a800-80gb").gpu_memory

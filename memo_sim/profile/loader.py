@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -57,10 +58,25 @@ class _In(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)")  # YAML 1.1 reads 3e9 (no dot) as a string
+
+
 class _QuantityIn(_In):
     value: float = Field(strict=True, allow_inf_nan=False)
     unit: str = Field("", strict=True)
     source: _NonEmpty
+
+    @model_validator(mode="before")
+    @classmethod
+    def _a_mapping(cls, d: Any) -> Any:
+        """A quantity is {value, unit, source}: a bare number says so with the fix; an exponent without a decimal
+        point (3e9, a string to YAML 1.1) is the number it reads as."""
+        if not isinstance(d, dict):
+            raise ValueError(f"a quantity is a mapping, got {d!r}; write {{value: {d!r}, unit: ..., source: ...}}")
+        v = d.get("value")
+        if isinstance(v, str) and _NUMBER.fullmatch(v.strip()):
+            return {**d, "value": float(v)}
+        return d
 
 
 def _dim(dimension: str, positive: bool = False):
