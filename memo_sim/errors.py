@@ -109,7 +109,19 @@ def validation_message(err, source: str, drop: int = 0) -> str:
     """The first error of a pydantic ``ValidationError`` as one line: ``source: field: problem,
     got X; fix``. Messages of our own validators already carry their fix after a ``;``. ``drop``:
     leading parts of the error's location to leave out (a row index the source already names)."""
-    e = err.errors(include_url=False)[0]
+    errors = err.errors(include_url=False)
+    e = errors[0]
+    if e.get("type") == "missing":  # a misspelt field reads as a missing one beside an unknown one: name the typo
+        import difflib  # noqa: PLC0415
+
+        loc = tuple(e.get("loc", ()))
+        for x in errors:
+            xl = tuple(x.get("loc", ()))
+            if (x.get("type") == "extra_forbidden" and xl[:-1] == loc[:-1] and loc
+                    and difflib.get_close_matches(str(xl[-1]), [str(loc[-1])], n=1, cutoff=0.75)):
+                where = _loc_text(xl[drop:])
+                return f"{source}: {where}: unknown field; did you mean {loc[-1]!r}?" if source else \
+                    f"{where}: unknown field; did you mean {loc[-1]!r}?"
     msg = {"missing": "missing field", "extra_forbidden": "unknown field"}.get(
         e.get("type", ""), str(e.get("msg", "invalid")).replace("\n", " "))
     for prefix in ("Value error, ", "Assertion failed, "):

@@ -81,3 +81,14 @@ def test_a_bare_number_for_a_quantity_and_an_exponent_without_a_point_read_as_us
     exp = tmp_path / "exp.yaml"
     exp.write_text(text)
     assert load_profile(str(exp)).gpu_memory == load_profile("a800-80gb").gpu_memory
+
+
+def test_a_misspelt_field_is_named_with_the_field_meant(tmp_path):
+    """'hbm_bandwith:' read as 'gpu.hbm_bandwidth: missing field', the typo unnamed (a user's review); the same
+    rule serves every file memo validates (`memo_sim.errors.validation_message`)."""
+    text = (REPO_PROFILES / "a800-80gb.yaml").read_text().replace("hbm_bandwidth:", "hbm_bandwith:", 1)
+    path = tmp_path / "typo.yaml"
+    path.write_text(text)
+    with pytest.raises(ProfileError) as e:
+        load_profile(str(path))
+    assert str(e.value).endswith("gpu.hbm_bandwith: unknown field; did you mean 'hbm_bandwidth'?"), str(e.value)
