@@ -92,3 +92,16 @@ def test_a_misspelt_field_is_named_with_the_field_meant(tmp_path):
     with pytest.raises(ProfileError) as e:
         load_profile(str(path))
     assert str(e.value).endswith("gpu.hbm_bandwith: unknown field; did you mean 'hbm_bandwidth'?"), str(e.value)
+
+
+def test_a_profile_without_the_dtypes_peak_names_its_file_and_the_key_to_add(tmp_path):
+    raw = yaml.safe_load((REPO_PROFILES / "a800-80gb.yaml").read_text())
+    raw["gpu"]["peak_flops"].pop("bf16")
+    path = tmp_path / "nobf16.yaml"
+    path.write_text(yaml.safe_dump({**raw, "name": "nobf16"}))
+    from memo_sim.errors import MemoError
+
+    with pytest.raises(MemoError) as e:
+        load_profile(str(path)).peak("bf16")
+    msg = str(e.value)
+    assert str(path) in msg and "gpu.peak_flops has no 'bf16'" in msg and "add bf16: {value: ..." in msg, msg

@@ -369,8 +369,11 @@ class HardwareProfile:
         if dtype not in self.gpu.peak_flops:
             from memo_sim.errors import MemoError
 
+            where = f" ({self.path})" if self.path else ""
             raise MemoError(
-                f"profile {self.name}: no peak FLOP/s for dtype {dtype!r}; it has {', '.join(self.gpu.peak_flops)}"
+                f"profile {self.name}{where}: gpu.peak_flops has no {dtype!r} (it has "
+                f"{', '.join(self.gpu.peak_flops) or 'none'}); add {dtype}: {{value: ..., unit: TFLOP/s, source: ...}} "
+                f"under gpu.peak_flops, or plan another dtype (--dtype, --precision)"
             )
         return float(self.gpu.peak_flops[dtype])
 
