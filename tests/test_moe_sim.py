@@ -198,7 +198,7 @@ def test_whatif_deepseek_v3_on_256_gpus_with_a_pipeline():
     (["--model", "qwen3-30b-a3b", "--moe-balance", "capacity:0"], "--moe-balance"),
     (["--model", "qwen3-30b-a3b", "--framework", "megatron@2021"], "mixture of experts"),
     (["--model", "qwen3-30b-a3b", "--ep", "32"], "--ep 32 exceeds the 16 GPUs"),
-    (["--model", "qwen3-30b-a3b", "--ep", "8", "--etp", "4"], "--ep x --etp 32 exceeds"),
+    (["--model", "qwen3-30b-a3b", "--ep", "8", "--etp", "4"], "--ep 8 x --etp 4 = 32 exceeds"),
     (["--model", "qwen3-30b-a3b", "--tp", "32"], "--tp 32 exceeds the 16 GPUs"),
 ])
 def test_bad_moe_options_are_one_line(args, needle):

@@ -70,13 +70,14 @@ def moe_split(model: ModelConfig, layout: Layout, batch: int, seq: int, profile:
     tb = {n: tensor_bytes(t, layout, batch, seq) for n, t in tens.items()}
     routed = sum(tb[n] for n, t in tens.items() if t.routed and t.saved)
     other = sum(tb[n] for n, t in tens.items() if t.saved and not t.routed and t.role != "lse")
-    memory = {"dense states": states * (1 - expert_share), "expert states": states * expert_share,
+    memory = {"dense states": round(states * (1 - expert_share)), "expert states": round(states * expert_share),
               # the dispatcher's receive buffers of one layer (dispatch and combine; `memo_sim.memplan.trace_gen`)
               "dispatch buffers": tb.get("moe_in", 0.0) + tb.get("efc2", 0.0),
               # what one layer saves for its backward (its policy keeps, offloads or rebuilds them)
               "expert activations (one layer)": routed,
               "other activations (one layer)": other}
-    prof = f"{profile.name}, {'calibrated' if profile.calibrated else 'not calibrated: assumed kernel efficiency'}"
+    method = (profile.provenance or {}).get("method") or "source unstated"
+    prof = f"{profile.name}, " + ("calibrated" if profile.calibrated else f"not calibrated ({method})")
     return MoeSplit(f"{model.name} {layout.label()}, {seq} tokens x {batch} ({prof})", time_s, memory)
 
 
