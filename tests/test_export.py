@@ -125,6 +125,19 @@ def test_a_multi_node_launch_line_carries_torchruns_rendezvous():
     assert "--node-rank" not in one.files["megatron.sh"]
 
 
+def test_a_model_torchtitan_does_not_ship_stops_the_exported_config_with_its_shapes():
+    """Mixtral's torchtitan export started from deepseek_v3_671b and set only the parallelism: run as written, it
+    trained a 671B model (a user's review). The function now stops first, naming the shapes to set."""
+    plan = _plan("mixtral-8x7b", Layout(tp=2, ep=4, dp=4, zero=3, dp_mode="fsdp"), ("full_recompute",), seq=8192)
+    text = export_plan(plan, "torchtitan", price=False, nearest=True).files["memo_torchtitan.py"]
+    line = next(ln for ln in text.splitlines() if "raise NotImplementedError" in ln)
+    assert "mixtral-8x7b is not a torchtitan model" in line and "8 routed experts of width 14336 top-2" in line
+    assert text.index("raise NotImplementedError") < text.index("config.parallelism")  # before anything runs
+    shipped = export_plan(_plan("llama-3.1-8b", Layout(tp=2, dp=4, zero=3, dp_mode="fsdp"), ("full_recompute",)),
+                          "torchtitan", price=False, nearest=True).files["memo_torchtitan.py"]
+    assert "NotImplementedError" not in shipped
+
+
 def test_deepspeed_config_and_launcher():
     allowed = _names("deepspeed_config_keys.txt")
     for plan in (MEMO, PIPE, ULY):

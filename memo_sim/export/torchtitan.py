@@ -139,9 +139,17 @@ def gaps(plan: Plan) -> list[Gap]:
     return out
 
 
+def _shapes(m) -> str:
+    """The plan's model shapes, as a user sets them on torchtitan's model arguments."""
+    moe = (f", {m.experts} routed experts of width {m.expert_width} top-{m.top_k}"
+           + (f", shared width {m.shared_width}" if m.shared_width else "")) if m.moe else ""
+    return (f"{m.layers} layers, hidden {m.hidden}, {m.heads} heads ({m.n_kv_heads} K/V), FFN {m.ffn}{moe}, "
+            f"vocabulary {m.vocab}")
+
+
 def render(plan: Plan, applied: list[Gap]) -> str:
     lay, pol, schedule = nearest_plan(plan, applied)
-    base, _ = _base(plan)
+    base, other_model = _base(plan)
     if lay.dp_mode == "fsdp":  # FSDP2 over its shard group (with CP inside it, as torchtitan's mesh puts it)
         dp_shard = max(1, lay.dp_flavour.shard_group(lay) // (lay.cp * lay.ulysses))
     else:
@@ -173,6 +181,10 @@ def render(plan: Plan, applied: list[Gap]) -> str:
              ("training.num_tokens_per_microbatch_per_dp_rank", plan.micro_batch * plan.seq_tokens),
              ("training.num_tokens_per_train_step", plan.batch * lay.dp * plan.seq_tokens)]
     body = [f"    config.{k} = {v!r}" for k, v in sets]
+    if other_model:  # the shipped configuration trains another model: stop, rather than train that one unnoticed
+        why = (f"memo: {plan.model.name} is not a torchtitan model and this config starts from {base}: set "
+               f"config.model_spec to a model of the plan's shapes ({_shapes(plan.model)}), then delete this line")
+        body.insert(0, f"    raise NotImplementedError({why!r})")
     ac = _AC.get(pol.name)
     body.append("    config.activation_checkpoint = " + (f"{ac}.Config()" if ac else "None"))
     if lay.kernel_fusion == "compiled" or lay.flavour.async_collectives:  # each block compiled, as priced (async TP needs it)
