@@ -284,6 +284,17 @@ def test_a_memo_alpha_that_offloads_no_layer_says_so():
     assert three.exit_code == 0 and "offloads nothing" not in three.output and "alpha 0." in three.output
 
 
+def test_heads_over_a_gqa_preset_name_the_kv_heads_that_have_no_flag():
+    """'--heads 4' on Llama-3.1-8B (8 K/V heads) read '(top): heads (4) must be divisible by kv_heads (8)', an
+    internal label and a field no flag sets (a user's review)."""
+    r = run(["whatif", "--model", "llama-3.1-8b", "--heads", "4", "--layers", "2", "--hidden", "256", "--no-plan"])
+    assert r.exit_code == 2 and r.output.count("\n") == 1 and "(top)" not in r.output, r.output
+    assert "--heads 4: llama-3.1-8b has 8 K/V heads" in r.output and "a multiple of 8" in r.output
+    ok = run(["whatif", "--model", "llama-3.1-8b", "--heads", "16", "--layers", "2", "--hidden", "256", "--no-plan",
+              "--gpus", "1", "--seq", "2K", "--jobs", "1"])
+    assert ok.exit_code == 0, ok.output
+
+
 def test_hidden_override_scales_the_ffn_unless_ffn_is_given():
     from memo_sim.cli.common import build_model
 
