@@ -241,8 +241,8 @@ def _pinned_row(res: RunResult, pred: dict, source: str) -> tuple:
     except MemoError:
         per_node = world
     share = None if node is None else node / per_node
-    return (f"{what} (this rank; predicted: the node's over its {per_node} ranks)", "bytes", share, mine,
-            source)
+    per = f"the node's over its {per_node} ranks" if per_node > 1 else "the node's, one rank a node in the profile"
+    return (f"{what} (this rank; predicted: {per})", "bytes", share, mine, source)
 
 
 def _fmt(v, unit: str) -> str:
