@@ -37,6 +37,8 @@ from memo_sim.timeline import TP_RING_STREAMS, Timeline
 STREAMS = ("compute", "d2h", "h2d")  # always reported; TP_RING_STREAMS and EP_STREAMS where a timeline has them
 COPY_STREAMS = ("d2h", "h2d")
 EP_STREAMS = ("ep_comm",)  # the MoE dispatcher's collectives (`memo_sim.timeline.STREAMS`)
+# the TP, ring-CP and data-parallel collectives' streams: in the stream rows where a timeline has them
+COMM_STREAMS = ("comm", "cp_comm", "dp_comm")
 ALLTOALL_OPS = ("moe_dispatch_alltoall_ep", "moe_combine_alltoall_ep")  # `memo_exec.moe.dispatchers.A2A_OPS`
 OP_CLASSES = (("forward", "compute", "fwd"), ("recompute", "compute", "recompute"), ("backward", "compute", "bwd"),
               ("offload", "d2h", "offload"), ("prefetch", "h2d", "prefetch"))
@@ -144,9 +146,9 @@ def ring_streams(timelines: list[Timeline | None]) -> tuple[str, ...]:
 
 def side_streams(timelines: list[Timeline | None]) -> tuple[str, ...]:
     """The streams beside compute and the copies that any of the timelines uses and the stream rows
-    report: METP's ring streams and the MoE dispatcher's ``ep_comm``."""
+    report: METP's ring streams, the MoE dispatcher's ``ep_comm`` and the collectives' (`COMM_STREAMS`)."""
     used = {e.stream for t in timelines if t is not None for e in t.events}
-    return ring_streams(timelines) + tuple(s for s in EP_STREAMS if s in used)
+    return ring_streams(timelines) + tuple(s for s in EP_STREAMS + COMM_STREAMS if s in used)
 
 
 def ring_stall_seconds(tl: Timeline) -> dict[str, float]:

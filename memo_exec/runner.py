@@ -477,7 +477,8 @@ def run_steps(ex, layers: int, caching_allocator_tensors, progress=None) -> RunR
         last_finite = (k, rec.loss)
         res.steps.append(rec)
         # a layer's times per micro-batch, as the plan prices them (SPPO's pieces add up to one sequence's layer)
-        s = summarize_step(rec, layers, ex.plan.micro_batches if ex.plan.schedule != "sppo" else 1)
+        plan = getattr(ex, "plan", None)
+        s = summarize_step(rec, layers, plan.micro_batches if plan is not None and plan.schedule != "sppo" else 1)
         s["step"] = k
         res.summaries.append(s)
         if probe is not None:  # outside the step's timing

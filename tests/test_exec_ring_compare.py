@@ -37,3 +37,13 @@ def test_ring_streams_and_stalls():
 def test_no_ring_rows_without_metp():
     tl = Timeline([_ev("fwd", "compute", 0.0, 1.0), _ev("offload", "d2h", 0.2, 0.4)], [], {})
     assert {r["stream"] for r in stream_rows([tl], tl)} == {"compute", "d2h", "h2d"}
+
+
+def test_the_collectives_streams_get_rows_where_a_timeline_has_them():
+    """A TP run's collectives ('comm') were in the last step's stream table but not in 'measured vs predicted'
+    (a user's review): each collective stream a timeline uses gets its rows."""
+    tl = Timeline([_ev("fwd", "compute", 0.0, 1.0), _ev("fwd", "comm", 0.5, 1.2)], [], {})
+    rows = _rows(stream_rows([tl], tl))
+    assert rows[("comm", "busy")]["measured_s"] == pytest.approx(0.7)
+    assert rows[("comm", "exposed")]["predicted_s"] == pytest.approx(0.2)  # 1.0-1.2 beside no compute
+    assert "dp_comm" not in {s for s, _q in rows}
