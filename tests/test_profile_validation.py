@@ -105,3 +105,19 @@ def test_a_profile_without_the_dtypes_peak_names_its_file_and_the_key_to_add(tmp
         load_profile(str(path)).peak("bf16")
     msg = str(e.value)
     assert str(path) in msg and "gpu.peak_flops has no 'bf16'" in msg and "add bf16: {value: ..." in msg, msg
+
+
+def test_a_misspelt_peak_key_is_named_where_a_format_asks_for_its_peak(tmp_path):
+    """'fp8e4m3:' under gpu.peak_flops loads (the keys are open) and is read by nothing; --precision fp8-* then said
+    only 'has no fp8 peak' (a user's review): the refusal names the key to rename. A100 (no FP8 at all): no hint."""
+    from memo_sim.cli import cli as sim_cli
+
+    text = (REPO_PROFILES / "h100-sxm5-80gb.yaml").read_text()
+    i = text.index("    fp8:")
+    path = tmp_path / "typo-fp8.yaml"
+    path.write_text(text[:i] + "    fp8e4m3:" + text[i + len("    fp8:"):])
+    base = ["whatif", "--layers", "2", "--precision", "fp8-tensorwise", "--no-plan", "--gpus", "1", "--seq", "4K"]
+    r = CliRunner().invoke(sim_cli, base + ["--profile", str(path)])
+    assert r.exit_code == 2 and "its gpu.peak_flops.fp8e4m3 is read as no format's: rename it fp8" in r.output
+    a100 = CliRunner().invoke(sim_cli, base + ["--profile", "a100-sxm4-80gb"])
+    assert a100.exit_code == 2 and "rename it" not in a100.output and "has no fp8 peak" in a100.output

@@ -39,8 +39,16 @@ def check_gemm_format(model: ModelConfig, profile: HardwareProfile) -> None:
     check_profile_gemm_formats(profile)
     fmt = model.gemm
     if fmt.quantised and fmt.peak not in profile.gpu.peak_flops:
+        import difflib  # noqa: PLC0415
+
+        from memo_sim.model.gemm_formats import gemm_format  # noqa: PLC0415
+
+        known = set(DTYPE_BYTES) | {gemm_format(n).peak for n in GEMM_FORMATS} | {"fp4"}  # keys something reads
+        near = difflib.get_close_matches(fmt.peak, [k for k in profile.gpu.peak_flops if k not in known], n=1,
+                                         cutoff=0.5)
+        typo = f"; its gpu.peak_flops.{near[0]} is read as no format's: rename it {fmt.peak}" if near else ""
         raise MemoError(f"--precision {fmt.name}: profile {profile.name} ({profile.gpu.model}) has no {fmt.peak} peak "
-                        f"(needs {fmt.needs}); fix: drop --precision {fmt.name} or use a profile that lists "
+                        f"(needs {fmt.needs}){typo}; fix: drop --precision {fmt.name} or use a profile that lists "
                         f"gpu.peak_flops.{fmt.peak}")
 
 
