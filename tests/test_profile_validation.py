@@ -121,3 +121,14 @@ def test_a_misspelt_peak_key_is_named_where_a_format_asks_for_its_peak(tmp_path)
     assert r.exit_code == 2 and "its gpu.peak_flops.fp8e4m3 is read as no format's: rename it fp8" in r.output
     a100 = CliRunner().invoke(sim_cli, base + ["--profile", "a100-sxm4-80gb"])
     assert a100.exit_code == 2 and "rename it" not in a100.output and "has no fp8 peak" in a100.output
+
+
+def test_a_profile_is_found_by_the_name_it_declares(tmp_path, monkeypatch):
+    """Every answer prints a profile's name: field, but --profile looked for the file name only (a user's
+    review): a file cluster-a.yaml declaring name: my-h100-4gpu is found by either."""
+    text = (REPO_PROFILES / "h100-sxm5-80gb.yaml").read_text().replace("name: h100-sxm5-80gb", "name: my-h100-4gpu", 1)
+    (tmp_path / "cluster-a.yaml").write_text(text)
+    monkeypatch.setenv("MEMO_PROFILES", str(tmp_path))
+    assert load_profile("my-h100-4gpu").name == "my-h100-4gpu" == load_profile("cluster-a").name
+    with pytest.raises(ProfileError, match="not found"):
+        load_profile("my-h100-8gpu")

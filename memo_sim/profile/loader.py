@@ -362,6 +362,16 @@ def list_profiles() -> dict[str, Path]:
     return found
 
 
+def _declared_name(path: Path) -> str | None:
+    """The ``name:`` a profile file declares (its top-level key; JSON's "name"), or None."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    m = re.search(r'^\s*"?name"?\s*:\s*"?([^"\s,]+)"?', text, re.MULTILINE)
+    return m.group(1) if m else None
+
+
 def load_profile(name_or_path: str | os.PathLike) -> HardwareProfile:
     """Load a profile by name (see `list_profiles`) or by file path."""
     p = Path(name_or_path)
@@ -370,7 +380,10 @@ def load_profile(name_or_path: str | os.PathLike) -> HardwareProfile:
             raise ProfileError(f"{p}: no such profile file")
         return parse_profile(_read_file(p), str(p))
     known = list_profiles()
-    if str(name_or_path) not in known:
+    if str(name_or_path) not in known:  # a profile is also found by its own name: field (answers print that one)
+        named = [f for f in known.values() if _declared_name(f) == str(name_or_path)]
+        if len(named) == 1:
+            return parse_profile(_read_file(named[0]), str(named[0]))
         raise ProfileError(
             f"profile {str(name_or_path)!r} not found; known: {', '.join(sorted(known)) or 'none'} "
             f"(or pass a file path, or add a folder to $MEMO_PROFILES)"
