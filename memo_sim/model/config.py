@@ -52,7 +52,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from memo_sim.errors import MemoError, validated
 from memo_sim.fileio import load_yaml, read_utf8
-from memo_sim.model.hf_config import config_path, hf_model_fields, is_hf_config, model_name, with_defaults
+from memo_sim.model.hf_config import (config_path, hf_model_fields, hf_names_hint, is_hf_config, model_name,
+                                      with_defaults)
 from memo_sim.model.gemm_formats import GEMM_FORMATS, GemmFormat, gemm_format
 from memo_sim.model.moe_routers import ROUTER_NAMES, Router, router
 from memo_sim.model.precision import RECIPES, PrecisionRecipe, default_recipe
@@ -600,27 +601,6 @@ def get_model(name: str) -> ModelConfig:
         return model_from_file(p)
     raise MemoError(f"model {name!r} unknown; presets: {', '.join(PRESETS)} (or a .yaml/.json model file, a "
                     f"Hugging Face config.json or its folder, or --layers/--hidden/...)")
-
-
-# memo's model fields and the Hugging Face keys they are read from (the common ones; `memo_sim.model.hf_config`)
-HF_KEYS = {"hidden": ("hidden_size", "n_embd"), "heads": ("num_attention_heads", "n_head"),
-           "layers": ("num_hidden_layers", "n_layer"), "ffn": ("intermediate_size", "n_inner"),
-           "vocab": ("vocab_size",), "kv_heads": ("num_key_value_heads",), "head_dim": ("head_dim",),
-           "experts": ("num_local_experts", "num_experts", "n_routed_experts"), "top_k": ("num_experts_per_tok",),
-           "expert_ffn": ("moe_intermediate_size",)}
-
-
-def hf_names_hint(message: str, raw: dict) -> str:
-    """``" (in the config.json: hidden is hidden_size, ...)"`` for the memo fields ``message`` names that the
-    configuration holds under their Hugging Face keys ("" where it names none)."""
-    import re  # noqa: PLC0415
-
-    named = []
-    for memo_name, keys in HF_KEYS.items():
-        key = next((k for k in keys if k in raw), None)
-        if key and key != memo_name and re.search(rf"\b{memo_name}\b", message):
-            named.append(f"{memo_name} is {key}")
-    return f" (in the config.json: {', '.join(named)})" if named else ""
 
 
 def model_from_file(path: str | Path) -> ModelConfig:

@@ -336,3 +336,24 @@ def with_defaults(f: Path, raw: dict) -> dict:
             return raw
         return {**full, **raw}
     return raw
+
+
+# memo's model fields and the Hugging Face keys they are read from above (the common ones), for error hints
+HF_KEYS = {"hidden": ("hidden_size", "n_embd"), "heads": ("num_attention_heads", "n_head"),
+           "layers": ("num_hidden_layers", "n_layer"), "ffn": ("intermediate_size", "n_inner"),
+           "vocab": ("vocab_size",), "kv_heads": ("num_key_value_heads",), "head_dim": ("head_dim",),
+           "experts": ("num_local_experts", "num_experts", "n_routed_experts"), "top_k": ("num_experts_per_tok",),
+           "expert_ffn": ("moe_intermediate_size",)}
+
+
+def hf_names_hint(message: str, raw: dict) -> str:
+    """``" (in the config.json: hidden is hidden_size, ...)"`` for the memo fields ``message`` names that the
+    configuration holds under their Hugging Face keys ("" where it names none)."""
+    import re  # noqa: PLC0415
+
+    named = []
+    for memo_name, keys in HF_KEYS.items():
+        key = next((k for k in keys if k in raw), None)
+        if key and key != memo_name and re.search(rf"\b{memo_name}\b", message):
+            named.append(f"{memo_name} is {key}")
+    return f" (in the config.json: {', '.join(named)})" if named else ""
