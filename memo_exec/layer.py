@@ -50,6 +50,9 @@ from memo_exec.device import acc_dtype
 from memo_sim.model.config import ModelConfig
 from memo_sim.model.layer_graph import SKELETAL_NAMES, layer_tensors
 
+# weights every TP rank holds whole whose gradient each rank sums over its own heads only: the QK norms'
+# (summed over the TP group with or without sequence parallelism, `memo_exec.distributed.zero.GradSync`)
+HEAD_SHARED = ("lnq_w", "lnk_w")
 SKELETAL = SKELETAL_NAMES  # the layer graph's saved tensors; lse lives in the backend's aux
 ALIGN = 256
 LN_EPS = 1e-5
@@ -191,7 +194,7 @@ class LayerWeights(nn.Module):
         instead of w1/w2/b1/b2, holding routed experts ``[first, first + n)`` = ``experts`` (default all)."""
         super().__init__()
         h, kv, f = model.hidden, model.kv_dim // tp, model.ffn // tp
-        hq = h // tp
+        hq = model.q_dim // tp  # the queries' width: heads x head size (hidden, but where head_dim says otherwise)
         mk = lambda *s: nn.Parameter(torch.empty(*s, device=device, dtype=dtype))  # noqa: E731
         biases = layer_biases(model)
         opt = lambda name, *s: mk(*s) if name in biases else None  # noqa: E731
@@ -199,6 +202,8 @@ class LayerWeights(nn.Module):
         self.ln1_w, self.ln1_b = mk(h), mk(h) if shift else None
         self.wqkv, self.bqkv = mk(hq + 2 * kv, h), opt("bqkv", hq + 2 * kv)
         self.wo, self.bo = mk(h, hq), opt("bo", h)
+        # QK norms (Qwen3): one RMSNorm weight over the head size for every query head, one for every key head
+        self.lnq_w, self.lnk_w = (mk(model.qk_head_dim), mk(model.qk_head_dim)) if model.qk_norm else (None, None)
         self.ln2_w, self.ln2_b = mk(h), mk(h) if shift else None
         self.swiglu = model.ffn_type == "swiglu"
         self.index = layer
@@ -309,7 +314,8 @@ class LayerCompute:
         self.Tg = self.batch * self.seq  # rows of the TP-split tensors (q, k, v, attn, fc1, act)
         self.T = self.Tg // self.m  # rows of x, ln1, h1, ln2 and the layer output
         self.h = m.hidden
-        self.hq, self.kv, self.f = m.hidden // p, m.kv_dim // p, m.ffn // p
+        self.hq, self.kv, self.f = m.q_dim // p, m.kv_dim // p, m.ffn // p
+        self.qk_norm, self.head = m.qk_norm, m.qk_head_dim
         self.fc1w = m.fc1_width // p
         self.swiglu = m.ffn_type == "swiglu"
         self.rms = m.norm == "rmsnorm"
@@ -331,6 +337,25 @@ class LayerCompute:
         if self.rms:
             return rms_norm_backward(dout, x, rstd, w, w.grad)
         return _layer_norm_backward(dout, x, mean, rstd, w, b)
+
+    def _attention_qk(self, p: LayerWeights, S: LayerStorage) -> tuple[torch.Tensor, torch.Tensor]:
+        """The queries and keys the attention core reads: the kept projections q and k or, with QK norms
+        (Qwen3), their RMSNorm over each head in scratch (``q_normed``, ``k_normed``, freed by
+        `_release_qk`). The layer keeps the projections, which its token-wise recompute rebuilds row by
+        row, and normalises them again wherever the core runs: forward, recompute and backward."""
+        if not self.qk_norm:
+            return S.q, S.k
+        X = self.scratch
+        qn = X.get("q_normed", tuple(S.q.shape), self.dtype)
+        kn = X.get("k_normed", tuple(S.k.shape), self.dtype)
+        head_rms_norm(S.q, p.lnq_w, self.head, self.eps, qn)
+        head_rms_norm(S.k, p.lnk_w, self.head, self.eps, kn)
+        return qn, kn
+
+    def _release_qk(self) -> None:
+        if self.qk_norm:
+            self.scratch.free("q_normed")
+            self.scratch.free("k_normed")
 
     def _qkv_slices(self, t: torch.Tensor):
         hq, kv = self.hq, self.kv
@@ -370,7 +395,10 @@ class LayerCompute:
             del ln1
         if attention:
             with sp("attention", layer, phase):
-                S.aux = self.backend.forward(S.q, S.k, S.v, S.attn, self.dims, X)
+                q, k = self._attention_qk(p, S)
+                S.aux = self.backend.forward(q, k, S.v, S.attn, self.dims, X)
+                self._release_qk()
+                del q, k
         with sp("out_proj", layer, phase):
             proj = X.get("proj", (n, h), self.dtype)
             self._row_parallel(S.attn[rg], p.wo, p.bo, proj, X, "proj")
@@ -461,9 +489,11 @@ class LayerCompute:
         try:
             with self.timer.span("attention", layer, "recompute"):
                 out = X.get("attn_out", tuple(S.attn.shape), self.dtype)
-                S.aux = self.backend.forward(S.q, S.k, S.v, out, self.dims, X)
+                q, k = self._attention_qk(p, S)
+                S.aux = self.backend.forward(q, k, S.v, out, self.dims, X)
+                self._release_qk()
                 X.free("attn_out")
-                del out
+                del out, q, k
         finally:
             X.prefix = ""
 
@@ -549,9 +579,14 @@ class LayerCompute:
             d_q = X.get("d_q", (Tg, self.hq), dt)
             d_k = X.get("d_k", (Tg, self.kv), dt)
             d_v = X.get("d_v", (Tg, self.kv), dt)
-            self.backend.backward(d_attn, S.q, S.k, S.v, S.attn, S.aux, d_q, d_k, d_v, self.dims, X)
+            q, k = self._attention_qk(p, S)
+            self.backend.backward(d_attn, q, k, S.v, S.attn, S.aux, d_q, d_k, d_v, self.dims, X)
+            self._release_qk()
             X.free("d_attn")
-            del d_attn
+            del d_attn, q, k
+            if self.qk_norm:  # the gradients of the normalised heads become the projections' (in place)
+                head_rms_norm_backward(d_q, S.q, p.lnq_w, self.head, self.eps)
+                head_rms_norm_backward(d_k, S.k, p.lnk_w, self.head, self.eps)
         with sp("qkv", layer, ph):
             ln1 = tp.gather(S.ln1, X, "ln1_gathered")
             ws, gws = self._qkv_slices(p.wqkv), self._qkv_slices(p.wqkv.grad)
@@ -601,6 +636,32 @@ def rms_norm(x, w, eps, out, rstd_out) -> None:
     out.mul_(w)
 
 
+def head_rms_norm(x: torch.Tensor, w: torch.Tensor, head: int, eps: float, out: torch.Tensor) -> None:
+    """RMSNorm over each ``head``-wide head of ``x`` ``[rows, heads x head]`` into ``out``, one weight
+    ``w`` ``[head]`` for every head (Qwen3's q_norm / k_norm); its rstd is a temporary of one value per
+    row and head in the accumulation dtype."""
+    xv = x.view(-1, head)
+    rstd = torch.empty(xv.shape[0], dtype=acc_dtype(x.dtype), device=x.device)
+    rms_norm(xv, w, eps, out.view(-1, head), rstd)
+
+
+def head_rms_norm_backward(dout: torch.Tensor, x: torch.Tensor, w: torch.Tensor, head: int, eps: float) -> None:
+    """Backward of `head_rms_norm`, in place: ``dout`` (the gradient of the normalised heads) becomes the
+    gradient of ``x``; accumulates ``w.grad``. With r = rstd of a row's head and g its gradient:
+    dx = r g w - x r^3 mean(g w x), dw = sum over rows and heads of g x r. The rstd is recomputed from
+    x; one temporary g x ``[rows, heads x head]`` in the accumulation dtype."""
+    xv, gv = x.view(-1, head), dout.view(-1, head)
+    acc = acc_dtype(x.dtype)
+    r = torch.linalg.vector_norm(xv, 2, -1, dtype=acc)
+    r.square_().mul_(1.0 / head).add_(eps).rsqrt_()
+    gx = torch.mul(gv, xv, out=torch.empty(gv.shape, dtype=acc, device=gv.device))
+    w.grad.add_(torch.mv(gx.t(), r).to(w.grad.dtype))
+    coef = torch.mv(gx, w.to(acc)).mul_(r.pow(3)).mul_(1.0 / head)  # r^3 mean(g w x), per row
+    del gx
+    gv.mul_(w).mul_(r.unsqueeze(1))
+    gv.addcmul_(xv, coef.unsqueeze(1), value=-1.0)
+
+
 def rms_norm_backward(dout, x, rstd, weight, weight_grad):
     """RMSNorm backward (``rstd`` [T, 1] as `rms_norm` saved it): accumulates the weight gradient
     sum_t dout * xhat into ``weight_grad`` and returns dx = rstd * (dout*w - xhat * mean(dout*w*xhat)), xhat = x * rstd.
@@ -613,6 +674,14 @@ def rms_norm_backward(dout, x, rstd, weight, weight_grad):
     dn = torch.mul(dout, weight)
     dn.sub_(xhat.mul_(c)).mul_(rstd)
     return dn
+
+
+def qk_norm_temp_bytes(model: ModelConfig, tokens: int, dtype: torch.dtype) -> int:
+    """Bytes the QK norms' backward (`head_rms_norm_backward`) holds beside the attention's gradients:
+    the queries' g x, ``[tokens, q width]`` in the accumulation dtype (none without QK norms)."""
+    if not model.qk_norm:
+        return 0
+    return tokens * model.q_dim * torch.empty((), dtype=acc_dtype(dtype), device="meta").element_size()
 
 
 def norm_backward_temp_bytes(model: ModelConfig, tokens: int, dtype: torch.dtype) -> int:

@@ -39,8 +39,11 @@ class RefLayer(nn.Module):
         self.m = m
         kw = {"device": device, "dtype": dtype}
         self.ln1 = make_norm(m, device, dtype)
-        self.qkv = nn.Linear(h, h + 2 * kv, bias=m.bias in ("all", "qkv"), **kw)
-        self.out = nn.Linear(h, h, bias=m.bias == "all", **kw)
+        self.qkv = nn.Linear(h, m.q_dim + 2 * kv, bias=m.bias in ("all", "qkv"), **kw)
+        self.out = nn.Linear(m.q_dim, h, bias=m.bias == "all", **kw)
+        # QK norms (Qwen3): an RMSNorm over each query / key head, as transformers' Qwen3Attention applies them
+        self.q_norm = RMSNorm(m.qk_head_dim, LN_EPS, device, dtype) if m.qk_norm else None
+        self.k_norm = RMSNorm(m.qk_head_dim, LN_EPS, device, dtype) if m.qk_norm else None
         self.ln2 = make_norm(m, device, dtype)
         ffn_bias = m.ffn_type != "swiglu" and m.bias == "all"
         self.fc1 = nn.Linear(h, m.fc1_width, bias=ffn_bias, **kw)
@@ -50,12 +53,15 @@ class RefLayer(nn.Module):
         m = self.m
         b, s, h = x.shape
         d, H, Hk = m.qk_head_dim, m.heads, m.n_kv_heads
-        q, k, v = self.qkv(self.ln1(x)).split([h, m.kv_dim, m.kv_dim], dim=-1)
-        q = q.view(b, s, H, d).transpose(1, 2)
-        k = k.view(b, s, Hk, d).transpose(1, 2)
+        q, k, v = self.qkv(self.ln1(x)).split([m.q_dim, m.kv_dim, m.kv_dim], dim=-1)
+        q, k = q.view(b, s, H, d), k.view(b, s, Hk, d)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.transpose(1, 2)
+        k = k.transpose(1, 2)
         v = v.view(b, s, Hk, d).transpose(1, 2)
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=Hk != H)
-        h1 = x + self.out(a.transpose(1, 2).reshape(b, s, h))
+        h1 = x + self.out(a.transpose(1, 2).reshape(b, s, m.q_dim))
         f1 = self.fc1(self.ln2(h1))
         if m.ffn_type == "swiglu":
             gate, up = f1.split([m.ffn, m.ffn], dim=-1)
@@ -100,14 +106,16 @@ class RefGPT(nn.Module):
         pairs = [(ref.ln1.weight, lw.ln1_w), (ref.ln1.bias, lw.ln1_b), (ref.qkv.weight, lw.wqkv),
                  (ref.qkv.bias, lw.bqkv), (ref.out.weight, lw.wo), (ref.out.bias, lw.bo),
                  (ref.ln2.weight, lw.ln2_w), (ref.ln2.bias, lw.ln2_b), (ref.fc1.weight, lw.w1),
-                 (ref.fc2.weight, lw.w2), (ref.fc1.bias, lw.b1), (ref.fc2.bias, lw.b2)]
+                 (ref.fc2.weight, lw.w2), (ref.fc1.bias, lw.b1), (ref.fc2.bias, lw.b2),
+                 (_weight(ref.q_norm), lw.lnq_w), (_weight(ref.k_norm), lw.lnk_w)]
         for dst, src in pairs:  # the two models have the same parameters
             assert (dst is None) == (src is None), (dst, src)
         return [(d, s) for d, s in pairs if d is not None]
 
     def grads_by_exec_name(self) -> dict[str, torch.Tensor]:
         """Reference gradients keyed like ``GPT.named_parameters()``."""
-        names = ["ln1_w", "ln1_b", "wqkv", "bqkv", "wo", "bo", "ln2_w", "ln2_b", "w1", "w2", "b1", "b2"]
+        names = ["ln1_w", "ln1_b", "wqkv", "bqkv", "wo", "bo", "ln2_w", "ln2_b", "w1", "w2", "b1", "b2", "lnq_w",
+                 "lnk_w"]
         out = {"wte": _padded_rows(self.wte.grad), "lnf_w": self.lnf.weight.grad}
         if self.lm_head is not None:
             out["lm_head"] = _padded_rows(self.lm_head.grad)
@@ -115,11 +123,16 @@ class RefGPT(nn.Module):
             out["lnf_b"] = self.lnf.bias.grad
         for i, ref in enumerate(self.layers):
             tens = [ref.ln1.weight, ref.ln1.bias, ref.qkv.weight, ref.qkv.bias, ref.out.weight, ref.out.bias,
-                    ref.ln2.weight, ref.ln2.bias, ref.fc1.weight, ref.fc2.weight, ref.fc1.bias, ref.fc2.bias]
+                    ref.ln2.weight, ref.ln2.bias, ref.fc1.weight, ref.fc2.weight, ref.fc1.bias, ref.fc2.bias,
+                    _weight(ref.q_norm), _weight(ref.k_norm)]
             for n, t in zip(names, tens):
                 if t is not None:
                     out[f"layers.{i}.{n}"] = t.grad
         return out
+
+
+def _weight(norm: nn.Module | None) -> torch.Tensor | None:
+    return None if norm is None else norm.weight
 
 
 def _padded_rows(g: torch.Tensor) -> torch.Tensor:

@@ -27,6 +27,9 @@ MODEL = ModelConfig("sppo-exec", 4, 32, 4, 64, vocab=61)
 GQA = ModelConfig("sppo-gqa", 4, 32, 4, 48, vocab=61, kv_heads=2, ffn_type="swiglu")
 QWEN = ModelConfig("sppo-qwen2", 4, 32, 4, 48, vocab=61, kv_heads=2, ffn_type="swiglu", norm="rmsnorm", bias="qkv",
                    tied_embeddings=False)  # Qwen2's architecture: RMSNorm, a QKV bias only, an untied classifier
+# Qwen3's attention: heads of 16 where hidden / heads is 8, an RMSNorm over each query and key head
+QWEN3 = ModelConfig("sppo-qwen3", 4, 32, 4, 48, vocab=61, kv_heads=2, ffn_type="swiglu", norm="rmsnorm", bias="none",
+                    tied_embeddings=False, head_dim=16, qk_norm=True)
 SEQ = 64
 DT = {"fp64": torch.float64, "fp32": torch.float32}
 TOL = 1e-5
@@ -183,7 +186,7 @@ def _forward_pieces(st, inp, tgt, n_pieces: int) -> list:
     return losses
 
 
-@pytest.mark.parametrize("model,batch", [(MODEL, 1), (GQA, 2), (QWEN, 2)])
+@pytest.mark.parametrize("model,batch", [(MODEL, 1), (GQA, 2), (QWEN, 2), (QWEN3, 2)])
 def test_pieces_in_one_stage_match_reference(model, batch):
     """PP = 1: pieces through the K/V cache, backward in reverse order = the whole-sequence model."""
     _, want = reference(model, batch, "fp64", 5)

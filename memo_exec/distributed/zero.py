@@ -50,6 +50,7 @@ import torch.distributed as dist
 from memo_exec.distributed.collectives import all_gather_single, reduce_scatter_single
 from torch import nn
 
+from memo_exec.layer import HEAD_SHARED
 from memo_exec.model import LayerHooks
 from memo_exec.optim_offload import make_adamw
 
@@ -102,7 +103,10 @@ class GradSync(LayerHooks):
         d = (ctx.coord("shard") if hsdp else ctx.coord("data")) if zero >= 1 else 0
         self.units = [_Unit(i, named, self.D, d, device, dtype) for i, named in enumerate(units)]
         self.replicated = replicated
-        self.tp_sync = ctx.sp_tokens and ctx.size("tp") > 1
+        # with SP every replicated weight's gradient is a partial sum over the rank's tokens; without it only the
+        # QK norms' (each rank's own heads: `memo_exec.layer.HEAD_SHARED`) are
+        self.tp_sync = ctx.size("tp") > 1
+        self.tp_sync_all = ctx.sp_tokens
         if zero >= 2:  # layers accumulate into one shared workspace; unit 0 keeps its own
             ws_n = max(u.padded for u in self.units[1:]) if len(self.units) > 1 else 0
             self.workspace = torch.zeros(ws_n, device=device, dtype=dtype)
@@ -186,8 +190,8 @@ class GradSync(LayerHooks):
         if not self.tp_sync:
             return
         by_dtype: dict = {}
-        for (_name, p), rep in zip(u.named, self.replicated[u.index]):
-            if rep:
+        for (name, p), rep in zip(u.named, self.replicated[u.index]):
+            if rep and (self.tp_sync_all or name.rsplit(".", 1)[-1] in HEAD_SHARED):
                 by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
         for grads in by_dtype.values():
             flat = torch.cat([g.reshape(-1) for g in grads])

@@ -63,7 +63,7 @@ class METPLayerCompute:
         self.Tg = batch * seq
         self.T = self.Tg // p
         self.h = model.hidden
-        self.hq, self.kv = model.hidden // p, model.kv_dim // p
+        self.hq, self.kv = model.q_dim // p, model.kv_dim // p
         self.dims = AttnDims(batch, seq, model.heads // p, model.n_kv_heads // p, model.qk_head_dim)
         self.hg = HeadGroups(model.heads, model.n_kv_heads, model.qk_head_dim, p)
         self.swiglu = model.ffn_type == "swiglu"

@@ -5,7 +5,9 @@ before anything is allocated). The simulator prices all of these; the executor b
 - routed experts with expert parallelism ``ep`` over the ``alltoall`` dispatcher, ``etp`` = 1
   (each expert's FFN whole on one rank), dropless routing over every expert (no router groups, no
   output scaling);
-- standard multi-head / grouped-query attention with head size hidden / heads.
+- multi-head / grouped-query attention, with any head size (``head_dim``) and QK norms (Qwen3's RMSNorm
+  over each query and key head, `memo_exec.layer.head_rms_norm`), but under METP (whose rings run
+  heads of hidden / heads without norms).
 """
 
 from __future__ import annotations
@@ -16,24 +18,24 @@ from memo_sim.model.config import ModelConfig
 EXEC_DISPATCHERS = ("alltoall",)
 
 
-def attention_why_not(model: ModelConfig) -> str | None:
+def attention_why_not(model: ModelConfig, layout: Layout | None = None) -> str | None:
     m = model
     for field_, on, what in (("kv_lora_rank", m.kv_lora_rank, "multi-head latent attention"),
                              ("attention_sinks", m.attention_sinks, "attention sinks"),
-                             ("sliding_window", m.sliding_window, "sliding-window attention"),
-                             ("qk_norm", m.qk_norm, "QK norms")):
+                             ("sliding_window", m.sliding_window, "sliding-window attention")):
         if on:
             return (f"plan model {m.name}: {field_} = {on!r}: the executor does not build {what} yet (the simulator "
                     f"prices it); plan a model without it to run")
-    if m.head_dim and m.head_dim * m.heads != m.hidden:
-        return (f"plan model {m.name}: head_dim = {m.head_dim}: the executor builds heads of hidden / heads = "
-                f"{m.hidden // m.heads} only; plan a model with head_dim 0 to run")
+    if layout is not None and layout.metp and (m.qk_norm or (m.head_dim and m.head_dim * m.heads != m.hidden)):
+        field_, on = ("qk_norm", True) if m.qk_norm else ("head_dim", m.head_dim)
+        return (f"plan model {m.name}: {field_} = {on!r}: the executor's METP rings (tp_mode {layout.tp_mode}) run "
+                f"heads of hidden / heads without QK norms; plan with tp_mode megatron to run it")
     return None
 
 
 def moe_why_not(model: ModelConfig, layout: Layout) -> str | None:
     """Why the executor cannot run this MoE model under ``layout`` (None: it can, or it is dense)."""
-    why = attention_why_not(model)
+    why = attention_why_not(model, layout)
     if why or not model.moe:
         return why
     lab = layout.label()

@@ -36,9 +36,12 @@ def stage_layer_ids(n_layers: int, pp: int, stage: int) -> list[int]:
 def layer_forward(m: ModelConfig, p: LayerWeights, x: torch.Tensor, cache: KVCache, layer: int,
                   piece: int) -> torch.Tensor:
     """One layer over one piece ``x`` ``[b, n, h]``; ``layer`` indexes the stage's cache."""
-    h, kv, f = m.hidden, m.kv_dim, m.ffn
+    kv, f, d = m.kv_dim, m.ffn, m.qk_head_dim
     ln1 = norm(x, p.ln1_w, p.ln1_b)
-    q, k, v = F.linear(ln1, p.wqkv, p.bqkv).split([h, kv, kv], dim=-1)
+    q, k, v = F.linear(ln1, p.wqkv, p.bqkv).split([m.q_dim, kv, kv], dim=-1)
+    if m.qk_norm:  # Qwen3: an RMSNorm over each query and key head (the layer's `memo_exec.layer.head_rms_norm`)
+        q = norm(q.reshape(*q.shape[:-1], -1, d), p.lnq_w, None).flatten(-2)
+        k = norm(k.reshape(*k.shape[:-1], -1, d), p.lnk_w, None).flatten(-2)
     attn = PrefixAttention.apply(q.contiguous(), k, v, cache, layer, piece)
     h1 = x + F.linear(attn, p.wo, p.bo)
     fc1 = F.linear(norm(h1, p.ln2_w, p.ln2_b), p.w1, p.b1)

@@ -104,6 +104,8 @@ def attention_buffers(model: ModelConfig, layout: Layout, tb: dict[str, float], 
       repeat factor of `memo_sim.layout.kv_heads`: each rank one repeated K/V head where tp·u
       exceeds the K/V heads; ring CP's K/V buffers are r·(k + v) then too) and the attention
       output before its all-to-all back (attn).
+    - QK norms (``model.qk_norm``), both phases: the normalised queries and keys the kernel reads (q + k),
+      beside the projections the layer keeps.
     - backward: the kernel's scratch (2·lse) plus FlashAttention's fp32 dQ accumulator, q·4/d
       (one buffer, ``attention_bwd_workspace``); ring CP: the K/V double buffer 2·(k + v) and the
       fp32 dK/dV travelling the ring, in use and in flight, 2·(k + v)·4/d; Ulysses: the
@@ -122,15 +124,18 @@ def attention_buffers(model: ModelConfig, layout: Layout, tb: dict[str, float], 
     # times where tp x ulysses exceeds the K/V heads (`memo_sim.layout.kv_heads`); r = 1 otherwise
     kv = layout.kv_repeat(model.n_kv_heads, model.heads) * (tb["k"] + tb["v"])
     qkv = tb["q"] + kv
+    # QK norms (Qwen3): the normalised queries and keys the kernel reads, beside the kept projections (the executor
+    # normalises in scratch where the kernel runs, `memo_exec.layer.LayerCompute._attention_qk`)
+    qk = [("q_normed", tb["q"]), ("k_normed", tb["k"])] if model.qk_norm else []
     if phase == "fwd":
-        out = [("materialised_scores", mat * (2 * d + 1))] if mat else [("attention_workspace", tb["lse"])]
+        out = qk + ([("materialised_scores", mat * (2 * d + 1))] if mat else [("attention_workspace", tb["lse"])])
         if layout.cp > 1:
             out += [("cp_kv_double_buffer", 2 * kv), ("cp_out_accumulator_fp32", tb["attn"] * FP32 / d)]
         if layout.ulysses > 1:
             out += [("ulysses_qkv_alltoall", qkv), ("ulysses_attn_alltoall", tb["attn"])]
         return out
-    out = ([("materialised_scores_bwd", mat * (4 * d + 1))] if mat
-           else [("attention_bwd_workspace", attention_bwd_workspace_bytes(tb["lse"], tb["q"], d))])
+    out = qk + ([("materialised_scores_bwd", mat * (4 * d + 1))] if mat
+                else [("attention_bwd_workspace", attention_bwd_workspace_bytes(tb["lse"], tb["q"], d))])
     if layout.cp > 1:
         out += [("cp_kv_double_buffer", 2 * kv), ("cp_dkv_fp32_in_flight", 2 * kv * FP32 / d)]
     if layout.ulysses > 1:

@@ -121,7 +121,7 @@ class MegatronTP(TPFlavour):
         """(start, length) blocks along dim 0 of a whole row-split parameter that are this rank's."""
         m, p, r = self.model, self.size, self.rank
         if name in ("wqkv", "bqkv"):
-            h, kv = m.hidden, m.kv_dim
+            h, kv = m.q_dim, m.kv_dim
             return [(r * h // p, h // p), (h + r * kv // p, kv // p), (h + kv + r * kv // p, kv // p)]
         name = name.split(".")[-1]
         f = m.shared_width if name == "shared_w1" else m.ffn
