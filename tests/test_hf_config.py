@@ -30,6 +30,23 @@ def test_gpt_presets_unchanged_by_the_architecture_fields():
     assert m.params() == 32 * layer + V * h + 2 * h
 
 
+# Qwen3 (dense): sum(p.numel() for p in model.parameters()) of transformers 5.24.0's Qwen3ForCausalLM built on the
+# meta device from tests/data/hf/qwen3-*/config.json (AutoConfig.from_pretrained(folder), then
+# AutoModelForCausalLM.from_config under torch.device("meta"); torch 2.13.0; run 2026-11-28 in a scratch venv, as
+# tests/data/hf/count_params.py does for the MoE fixtures). The files carry the fields of Qwen/Qwen3-8B, -14B and
+# -32B's config.json (the sizes cross-checked against several published copies; the model cards say 8.2B, 14.8B
+# and 32.8B)
+QWEN3_TRANSFORMERS = {"qwen3-8b": 8_190_735_360, "qwen3-14b": 14_768_307_200, "qwen3-32b": 32_762_123_264}
+
+
+@pytest.mark.parametrize("name", sorted(QWEN3_TRANSFORMERS))
+def test_qwen3_presets_and_configs_count_what_transformers_builds(name):
+    m = get_model(str(HF / name))
+    assert m == PRESETS[name]
+    assert m.params() == QWEN3_TRANSFORMERS[name]
+    assert m.qk_norm and m.qk_head_dim == 128 and m.q_dim == m.heads * 128  # 32B: 8192-wide queries, hidden 5120
+
+
 @pytest.mark.parametrize("folder,preset", [("llama-3.1-8b", "llama-3.1-8b"), ("qwen2.5-7b", "qwen2.5-7b")])
 def test_config_json_equals_the_preset(folder, preset):
     assert get_model(str(HF / folder / "config.json")) == PRESETS[preset]
@@ -104,6 +121,12 @@ def test_families_map_to_the_architecture_fields():
     g = ModelConfig.from_dict(hf_model_fields(gpt2, name="gpt2"))
     assert (g.norm, g.bias, g.tied_embeddings, g.ffn, g.ffn_type) == ("layernorm", "all", True, 3072, "gelu")
     assert g.params() == pytest.approx(124.4e6, rel=0.01)  # GPT-2 small without its 1024 x 768 position table
+    q3 = ModelConfig.from_dict(hf_model_fields(_llama(model_type="qwen3", head_dim=256), name="q3"))
+    assert (q3.qk_norm, q3.head_dim, q3.bias, q3.q_dim) == (True, 256, "none", 32 * 256)
+    q3b = ModelConfig.from_dict(hf_model_fields(_llama(model_type="qwen3", attention_bias=True), name="q3b"))
+    assert (q3b.bias, q3b.head_dim) == ("all", 0)  # head_dim 128 x 32 heads = hidden: left implicit
+    with pytest.raises(MemoError, match="x/config.json: use_sliding_window: "):
+        hf_model_fields(_llama(model_type="qwen3", use_sliding_window=True), source="x/config.json")
     neox = {"model_type": "gpt_neox", "hidden_size": 512, "num_hidden_layers": 6, "num_attention_heads": 8,
             "intermediate_size": 2048, "vocab_size": 50304}
     with pytest.raises(MemoError, match="use_parallel_residual"):

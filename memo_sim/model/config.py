@@ -541,6 +541,13 @@ PRESETS: dict[str, ModelConfig] = {
            ("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, "qkv"),
            ("qwen2.5-72b", 80, 8192, 64, 8, 29568, 152064, "qkv"),
            ("mistral-7b", 32, 4096, 32, 8, 14336, 32768, "none"))},
+    # Qwen3 (dense): heads of 128 whatever hidden / heads is, an RMSNorm over each query and key head; the
+    # config.json of Qwen/Qwen3-8B, -14B, -32B (tests/data/hf holds them, and the counts transformers gives them)
+    **{name: ModelConfig(name, layers, hidden, heads, ffn, vocab=151936, kv_heads=8, ffn_type="swiglu",
+                         norm="rmsnorm", bias="none", tied_embeddings=False, head_dim=0 if heads * 128 == hidden else 128,
+                         qk_norm=True)
+       for name, layers, hidden, heads, ffn in (("qwen3-8b", 36, 4096, 32, 12288), ("qwen3-14b", 40, 5120, 40, 17408),
+                                                ("qwen3-32b", 64, 5120, 64, 25600))},
     # mixtures of experts, from the Hugging Face config.json of each (tests/data/hf holds them, and the
     # parameter counts transformers gives them): mistralai/Mixtral-8x7B-v0.1, Qwen/Qwen3-30B-A3B,
     # Qwen/Qwen1.5-MoE-A2.7B, deepseek-ai/DeepSeek-V2-Lite, deepseek-ai/DeepSeek-V3, openai/gpt-oss-20b

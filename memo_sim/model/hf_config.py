@@ -1,7 +1,7 @@
 """Models from a Hugging Face ``config.json`` (local files only; no network).
 
-Reads the decoder families memo can model: ``llama``, ``mistral``, ``qwen2``, ``gpt2``,
-``gpt_neox``, by their own field names (``hidden_size``, ``num_hidden_layers``,
+Reads the decoder families memo can model: ``llama``, ``mistral``, ``qwen2``, ``qwen3`` (its ``head_dim``
+and the RMSNorm over each query and key head), ``gpt2``, ``gpt_neox``, by their own field names (``hidden_size``, ``num_hidden_layers``,
 ``num_attention_heads``, ``num_key_value_heads``, ``intermediate_size``, ``vocab_size``,
 ``tie_word_embeddings``, ``hidden_act``, ``torch_dtype`` / ``dtype``; GPT-2's ``n_embd``,
 ``n_layer``, ``n_head``, ``n_inner``, ``activation_function``), with each family's defaults for
@@ -21,7 +21,7 @@ checkpoint) is named there too: memo plans in ``torch_dtype``, FP8 GEMMs being a
 What memo cannot model is refused with one line naming the field: mixture-of-experts fields in a
 dense family, sliding-window attention in a dense family (``sliding_window``,
 ``use_sliding_window``), cross-attention or encoder-decoder models, GPT-NeoX's parallel residual,
-a head dimension other than hidden / heads in a dense family, biases on the MLP of a gated FFN, an
+a head dimension other than hidden / heads in a dense family but qwen3, biases on the MLP of a gated FFN, an
 activation it does not know.
 """
 
@@ -34,10 +34,10 @@ from typing import Any
 from memo_sim.errors import MemoError
 from memo_sim.model.router_groups import router_groups_why_not
 
-DENSE_FAMILIES = ("llama", "mistral", "qwen2", "gpt2", "gpt_neox")
+DENSE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "gpt_neox")
 MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss")
 FAMILIES = DENSE_FAMILIES + MOE_FAMILIES
-_GATED = ("llama", "mistral", "qwen2")  # gate/up/down MLP: SwiGLU with a SiLU activation
+_GATED = ("llama", "mistral", "qwen2", "qwen3")  # gate/up/down MLP: SwiGLU with a SiLU activation
 _SILU = ("silu", "swish")
 _GELU = ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "gelu_python", "quick_gelu")
 _DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "bf16": "bf16", "fp16": "fp16",
@@ -49,6 +49,8 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     "llama": {"tie_word_embeddings": False, "hidden_act": "silu", "attention_bias": False, "mlp_bias": False},
     "mistral": {"tie_word_embeddings": False, "hidden_act": "silu", "sliding_window": 4096},
     "qwen2": {"tie_word_embeddings": False, "hidden_act": "silu", "use_sliding_window": False},
+    "qwen3": {"tie_word_embeddings": False, "hidden_act": "silu", "use_sliding_window": False, "attention_bias": False,
+              "head_dim": 128},
     "gpt2": {"activation_function": "gelu_new", "n_inner": None, "add_cross_attention": False,
              "tie_word_embeddings": True},
     "gpt_neox": {"tie_word_embeddings": False, "hidden_act": "gelu", "use_parallel_residual": True,
@@ -142,13 +144,16 @@ def hf_model_fields(raw: dict, source: str = "config.json", name: str = "hf-mode
     if not gated and act not in _GELU:
         raise refuse(act_field, f"{act!r} is not modelled for {mt} (GELU variants: {', '.join(_GELU)})")
     head_dim = c.get("head_dim")
-    if head_dim is not None and head_dim * heads != hidden:
+    if mt == "qwen3":  # heads of head_dim whatever hidden / heads is, an RMSNorm over each query and key head
+        head_dim = need("head_dim")
+    elif head_dim is not None and head_dim * heads != hidden:
         raise refuse("head_dim", f"{head_dim} x {heads} heads != hidden_size {hidden}: memo's attention "
-                                 f"has head_dim = hidden / heads")
+                                 f"has head_dim = hidden / heads in a {mt} configuration (qwen3 and the MoE families "
+                                 f"read head_dim)")
     if mt == "mistral" and c.get("sliding_window") is not None:
         raise refuse("sliding_window", f"{c['sliding_window']}: sliding-window attention is not modelled "
                                        f"(full causal attention only; Mistral-7B-v0.3 has none)")
-    if mt == "qwen2" and c.get("use_sliding_window"):
+    if mt in ("qwen2", "qwen3") and c.get("use_sliding_window"):
         raise refuse("use_sliding_window", "true: sliding-window attention is not modelled")
     if mt == "gpt_neox" and c.get("use_parallel_residual"):
         raise refuse("use_parallel_residual", "true: attention and MLP side by side (parallel residual) "
@@ -157,8 +162,8 @@ def hf_model_fields(raw: dict, source: str = "config.json", name: str = "hf-mode
         raise refuse("mlp_bias", "true: biases on a gated MLP are not modelled")
     if mt == "qwen2":
         bias = "qkv"  # Qwen2 always has q/k/v biases, no others
-    elif mt in ("llama", "mistral"):
-        bias = "all" if c.get("attention_bias") else "none"
+    elif mt in ("llama", "mistral", "qwen3"):
+        bias = "all" if c.get("attention_bias") else "none"  # on q, k, v and o (a SwiGLU FFN has none)
     else:  # GPT-2 and GPT-NeoX: biases on every linear layer
         if mt == "gpt_neox" and not c.get("attention_bias", True):
             raise refuse("attention_bias", "false with MLP biases is not modelled")
@@ -167,6 +172,8 @@ def hf_model_fields(raw: dict, source: str = "config.json", name: str = "hf-mode
     d = dict(name=name, layers=layers, hidden=hidden, heads=heads, ffn=ffn, vocab=vocab,
              kv_heads=None if kv == heads else kv, ffn_type="swiglu" if gated else "gelu", dtype=dtype,
              norm="rmsnorm" if gated else "layernorm", bias=bias, tied_embeddings=tied)
+    if mt == "qwen3":
+        d.update(qk_norm=True, **({"head_dim": head_dim} if head_dim * heads != hidden else {}))
     return _with_quantization_note(d, raw)
 
 
