@@ -285,8 +285,39 @@ class TPComm:
 IDENTITY_TP = TPComm()
 
 
+class HeadNorms:
+    """QK norms (Qwen3) for a layer's compute: `LayerCompute` and METP's (`memo_exec.metp.flavour`), which set
+    ``qk_norm``, ``head`` (the head size), ``scratch``, ``dtype`` and ``eps``."""
+
+    def _attention_qk(self, p: LayerWeights, S: LayerStorage) -> tuple[torch.Tensor, torch.Tensor]:
+        """The queries and keys the attention core reads: the kept projections q and k or, with QK norms
+        (Qwen3), their RMSNorm over each head in scratch (``q_normed``, ``k_normed``, freed by
+        `_release_qk`). The layer keeps the projections, which its token-wise recompute rebuilds row by
+        row, and normalises them again wherever the core runs: forward, recompute and backward."""
+        if not self.qk_norm:
+            return S.q, S.k
+        X = self.scratch
+        qn = X.get("q_normed", tuple(S.q.shape), self.dtype)
+        kn = X.get("k_normed", tuple(S.k.shape), self.dtype)
+        head_rms_norm(S.q, p.lnq_w, self.head, self.eps, qn)
+        head_rms_norm(S.k, p.lnk_w, self.head, self.eps, kn)
+        return qn, kn
+
+    def _release_qk(self) -> None:
+        if self.qk_norm:
+            self.scratch.free("q_normed")
+            self.scratch.free("k_normed")
+
+    def _qk_norm_backward(self, p: LayerWeights, S: LayerStorage, d_q: torch.Tensor, d_k: torch.Tensor) -> None:
+        """The gradients of the normalised heads become the projections' (in place); the norms' weight gradients
+        accumulate."""
+        if self.qk_norm:
+            head_rms_norm_backward(d_q, S.q, p.lnq_w, self.head, self.eps)
+            head_rms_norm_backward(d_k, S.k, p.lnk_w, self.head, self.eps)
+
+
 @dataclass
-class LayerCompute:
+class LayerCompute(HeadNorms):
     """The math of one layer (one TP rank's shard of it) for a given token count; shared by all
     layers (weights differ). ``seq`` is the sequence length the attention sees on this rank (its
     CP/Ulysses shard, TP-gathered); the layer input has ``batch*seq / tp.row_mult`` rows."""
@@ -337,25 +368,6 @@ class LayerCompute:
         if self.rms:
             return rms_norm_backward(dout, x, rstd, w, w.grad)
         return _layer_norm_backward(dout, x, mean, rstd, w, b)
-
-    def _attention_qk(self, p: LayerWeights, S: LayerStorage) -> tuple[torch.Tensor, torch.Tensor]:
-        """The queries and keys the attention core reads: the kept projections q and k or, with QK norms
-        (Qwen3), their RMSNorm over each head in scratch (``q_normed``, ``k_normed``, freed by
-        `_release_qk`). The layer keeps the projections, which its token-wise recompute rebuilds row by
-        row, and normalises them again wherever the core runs: forward, recompute and backward."""
-        if not self.qk_norm:
-            return S.q, S.k
-        X = self.scratch
-        qn = X.get("q_normed", tuple(S.q.shape), self.dtype)
-        kn = X.get("k_normed", tuple(S.k.shape), self.dtype)
-        head_rms_norm(S.q, p.lnq_w, self.head, self.eps, qn)
-        head_rms_norm(S.k, p.lnk_w, self.head, self.eps, kn)
-        return qn, kn
-
-    def _release_qk(self) -> None:
-        if self.qk_norm:
-            self.scratch.free("q_normed")
-            self.scratch.free("k_normed")
 
     def _qkv_slices(self, t: torch.Tensor):
         hq, kv = self.hq, self.kv
@@ -584,9 +596,7 @@ class LayerCompute:
             self._release_qk()
             X.free("d_attn")
             del d_attn, q, k
-            if self.qk_norm:  # the gradients of the normalised heads become the projections' (in place)
-                head_rms_norm_backward(d_q, S.q, p.lnq_w, self.head, self.eps)
-                head_rms_norm_backward(d_k, S.k, p.lnk_w, self.head, self.eps)
+            self._qk_norm_backward(p, S, d_q, d_k)
         with sp("qkv", layer, ph):
             ln1 = tp.gather(S.ln1, X, "ln1_gathered")
             ws, gws = self._qkv_slices(p.wqkv), self._qkv_slices(p.wqkv.grad)

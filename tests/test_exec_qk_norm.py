@@ -4,7 +4,8 @@
 Every activation policy's loss and gradients against the plain-autograd reference (its norms as
 transformers' Qwen3Attention applies them) with norm weights drawn away from one; a plan placed on
 the simulator's traces (which now name the normalised queries and keys) places them; on gloo, TP (with and without sequence parallelism: each rank's QK-norm gradient sums
-its own heads only), ring CP, Ulysses and SPPO match the single-process run; METP is refused in one line.
+its own heads only), ring CP, Ulysses, METP's FFN ring (metp_ffn) and SPPO (tests/test_sppo_exec.py) match the single-process
+run; full METP, whose head-group rings run heads of hidden / heads without norms, refuses them in one line.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 
 from memo_exec.errors import ExecError
 from memo_exec.layer import LayerWeights
-from memo_exec.runner import RunOptions, run_model
+from memo_exec.runner import RunOptions
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
 from memo_sim.policy import get_policy
@@ -93,48 +94,53 @@ def test_simulator_plan_places_the_normalised_queries_and_keys(reference):
     assert err <= TOL, f"{worst}: {err:.2e}"
 
 
-def test_metp_is_refused_in_one_line():
-    plan = make_plan(QWEN, SEQ, get_policy("store_all"))
-    plan.layout = Layout(tp=2, sp=True, tp_mode="metp")
-    plan.gpus = 2
-    with pytest.raises(ExecError, match="qk_norm = True") as e:
-        run_model(plan, RunOptions(device="cpu"))
-    assert "\n" not in str(e.value) and "tp_mode megatron" in str(e.value)
-    plan.model = dataclasses.replace(QWEN, qk_norm=False)
-    with pytest.raises(ExecError, match="head_dim = 32"):
-        run_model(plan, RunOptions(device="cpu"))
-
-
 # ------------------------------------------------------------------------------- gloo
-def _rank_cases(rank: int, world: int, cases) -> list:
+def _rank_cases(rank: int, world: int, cases, refused) -> list:
     from memo_exec.device import DeviceSpec
     from memo_exec.distributed.context import build_context
     from memo_exec.distributed.runner import DistExecutor
 
+    def make(lay_kw, pol, model=QWEN):
+        lay = Layout(**lay_kw)
+        plan = make_plan(model, SEQ, get_policy(*pol), chunk=256)
+        plan.layout, plan.gpus = lay, lay.gpus
+        return DistExecutor(plan, RunOptions(device="cpu", dtype="fp64", steps=1), build_context(lay, torch.device("cpu")),
+                            DeviceSpec("cpu"))
+
     out = []
     for lay_kw, pol in cases:
-        lay = Layout(**lay_kw)
-        plan = make_plan(QWEN, SEQ, get_policy(*pol), chunk=256)
-        plan.layout, plan.gpus = lay, lay.gpus
-        ctx = build_context(lay, torch.device("cpu"))
-        ex = DistExecutor(plan, RunOptions(device="cpu", dtype="fp64", steps=1), ctx, DeviceSpec("cpu"))
+        ex = make(lay_kw, pol)
         ex.allocate()
         rec = ex.step(0, optimizer=False)
         grads = ex.full_gradients()
         ex.close()
         out.append((rec.loss, grads if rank == 0 else None))
+    for lay_kw, pol, model in refused:
+        try:
+            make(lay_kw, pol, model).close()
+            out.append(None)
+        except ExecError as e:
+            out.append(str(e))
     return out
 
 
 TWO = [(dict(tp=2, sp=True), ("memo", 0.5)), (dict(tp=2, sp=False), ("store_all",)), (dict(cp=2), ("memo", 0.5)),
-       (dict(ulysses=2), ("full_recompute",))]
+       (dict(ulysses=2), ("full_recompute",)), (dict(tp=2, sp=True, tp_mode="metp_ffn"), ("memo", 0.5))]
+# full METP's head-group rings run heads of hidden / heads without norms (`FULL_METP_ARCHITECTURE`); a QKV bias, which
+# full METP needs, so that only the attention is refused
+FULL_METP = [(dict(tp=2, sp=True, tp_mode="metp"), ("store_all",), dataclasses.replace(QWEN, bias="qkv")),
+             (dict(tp=2, sp=True, tp_mode="metp"), ("store_all",), dataclasses.replace(QWEN, bias="qkv", qk_norm=False))]
 
 
-def test_two_ranks_tp_cp_ulysses_match_single_process():
+def test_two_ranks_tp_cp_ulysses_metp_ffn_match_single_process_and_full_metp_refuses():
     from tests.dist_harness import spawn
     from tests.exec_helpers import one_process_run
 
-    results = spawn(_rank_cases, 2, TWO, timeout=400)
+    results = spawn(_rank_cases, 2, TWO, FULL_METP, timeout=400)
+    for r in results:
+        got = r[len(TWO):]
+        assert got[0] is not None and "qk_norm = True" in got[0] and "\n" not in got[0], got
+        assert got[1] is not None and "head_dim = 32" in got[1] and "metp_ffn or megatron" in got[1], got
     for i, (lay, pol) in enumerate(TWO):
         ref_loss, ref_grads, _ = one_process_run(make_plan(QWEN, SEQ, get_policy(*pol), chunk=256), 0)
         losses = [r[i][0] for r in results]

@@ -152,3 +152,21 @@ def test_whatif_on_a_config_equals_the_preset(tmp_path):
     assert answer(a.output) == answer(b.output)
     bad = runner.invoke(main, ["whatif", "--model", str(HF / "mistral-7b-v0.1" / "config.json"), "--gpus", "8"])
     assert bad.exit_code == 2 and "sliding_window" in bad.output
+
+
+def test_whatif_answers_for_qwen3_32b_and_refuses_sppo_for_it_in_one_line():
+    """Qwen3-32B's queries (64 heads of 128) are wider than its 5120-wide model, which SPPO's pieces do not price:
+    the default what-if leaves SPPO out (it stopped with SPPO's error before), and --policy sppo is one line."""
+    from click.testing import CliRunner
+
+    from memo_sim.cli import cli as main
+
+    runner = CliRunner()
+    args = ["whatif", "--model", "qwen3-32b", "--gpus", "8", "--seq", "16K", "--no-plan", "--simulate-top", "1",
+            "--jobs", "1", "--pp", "2"]
+    r = runner.invoke(main, args + ["--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert out["candidates"] and out["model"]["params"] == QWEN3_TRANSFORMERS["qwen3-32b"]
+    r = runner.invoke(main, args + ["--policy", "sppo"])
+    assert r.exit_code == 2 and r.output.strip().count("\n") == 0 and "head_dim" in r.output, r.output

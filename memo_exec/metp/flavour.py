@@ -34,8 +34,8 @@ from memo_exec.attention import AttnDims
 from memo_exec.device import acc_dtype
 from memo_exec.distributed.tp.registry import register_tp
 from memo_exec.distributed.tp.megatron import MegatronComm, MegatronTP
-from memo_exec.layer import LN_EPS, SKELETAL, _layer_norm_backward, _linear_backward, rms_norm, rms_norm_backward, \
-    skeletal_widths
+from memo_exec.layer import LN_EPS, SKELETAL, HeadNorms, _layer_norm_backward, _linear_backward, rms_norm, \
+    rms_norm_backward, skeletal_widths
 from memo_exec.metp.blocks import HeadGroups
 from memo_exec.metp.ffn import ffn_backward, ffn_forward
 from memo_exec.metp.lane import RingOptions
@@ -45,12 +45,14 @@ from memo_exec.model import check_architecture
 from memo_sim.tp.metp import METP_QKV_BIASES
 
 # the two-level MHA's travelling weight block carries the QKV bias (`memo_exec.metp.blocks.mha_pack`)
-FULL_METP_ARCHITECTURE = {"bias": METP_QKV_BIASES}  # the layout rule's own set (memo_sim.tp.metp)
+# the layout rule's own biases (memo_sim.tp.metp); its head-group rings run heads of hidden / heads without QK norms
+# (metp_ffn's attention is Megatron's: it runs both, `memo_exec.layer.HeadNorms`)
+FULL_METP_ARCHITECTURE = {"bias": METP_QKV_BIASES, "qk_norm": (False,), "head_dim": (0,)}
 
 ORDER = "interleaved"  # the executor's token order over the TP group (memo_exec.distributed.context)
 
 
-class METPLayerCompute:
+class METPLayerCompute(HeadNorms):
     """One METP rank's layer (the `memo_exec.layer.LayerCompute` contract)."""
 
     def __init__(self, model, batch, seq, dtype, device, backend, scratch, timer, comm: MegatronComm, group,
@@ -71,6 +73,7 @@ class METPLayerCompute:
         self.ones = torch.ones(self.Tg, dtype=dtype, device=device)
         self.ledger = None  # tests: one `Ledger` to count every ring in; else a fresh one per ring call
         self.eps = LN_EPS
+        self.qk_norm, self.head = model.qk_norm, model.qk_head_dim  # QK norms: metp_ffn only (FULL_METP_ARCHITECTURE)
 
     def _ledger(self) -> Ledger:
         """The ledger a ring call counts in; its ring-internal tensors come from the layer's scratch."""
@@ -140,7 +143,10 @@ class METPLayerCompute:
                 del ln1
             if attention:
                 with sp("attention", layer, phase):
-                    S.aux = self.backend.forward(S.q, S.k, S.v, S.attn, self.dims, X)
+                    q, k = self._attention_qk(p, S)
+                    S.aux = self.backend.forward(q, k, S.v, S.attn, self.dims, X)
+                    self._release_qk()
+                    del q, k
             with sp("out_proj", layer, phase):
                 part = X.get("proj_partial", (n * self.p, h), self.dtype)
                 torch.mm(S.attn[rg], p.wo.t(), out=part)
@@ -235,9 +241,12 @@ class METPLayerCompute:
                 d_q = X.get("d_q", (Tg, hq), dt)
                 d_k = X.get("d_k", (Tg, kv), dt)
                 d_v = X.get("d_v", (Tg, kv), dt)
-                self.backend.backward(d_attn, S.q, S.k, S.v, S.attn, S.aux, d_q, d_k, d_v, self.dims, X)
+                q, k = self._attention_qk(p, S)
+                self.backend.backward(d_attn, q, k, S.v, S.attn, S.aux, d_q, d_k, d_v, self.dims, X)
+                self._release_qk()
                 X.free("d_attn")
-                del d_attn
+                del d_attn, q, k
+                self._qk_norm_backward(p, S, d_q, d_k)
             with sp("qkv", layer, "bwd"):
                 ln1 = self.comm.gather(S.ln1, X, "ln1_gathered")
                 ws = (p.wqkv[:hq], p.wqkv[hq:hq + kv], p.wqkv[hq + kv:])

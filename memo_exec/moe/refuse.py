@@ -6,8 +6,8 @@ before anything is allocated). The simulator prices all of these; the executor b
   (each expert's FFN whole on one rank), dropless routing over every expert (no router groups, no
   output scaling);
 - multi-head / grouped-query attention, with any head size (``head_dim``) and QK norms (Qwen3's RMSNorm
-  over each query and key head, `memo_exec.layer.head_rms_norm`), but under METP (whose rings run
-  heads of hidden / heads without norms).
+  over each query and key head, `memo_exec.layer.HeadNorms`; full METP's head-group rings refuse both,
+  `memo_exec.metp.flavour.FULL_METP_ARCHITECTURE`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from memo_sim.model.config import ModelConfig
 EXEC_DISPATCHERS = ("alltoall",)
 
 
-def attention_why_not(model: ModelConfig, layout: Layout | None = None) -> str | None:
+def attention_why_not(model: ModelConfig) -> str | None:
     m = model
     for field_, on, what in (("kv_lora_rank", m.kv_lora_rank, "multi-head latent attention"),
                              ("attention_sinks", m.attention_sinks, "attention sinks"),
@@ -26,16 +26,12 @@ def attention_why_not(model: ModelConfig, layout: Layout | None = None) -> str |
         if on:
             return (f"plan model {m.name}: {field_} = {on!r}: the executor does not build {what} yet (the simulator "
                     f"prices it); plan a model without it to run")
-    if layout is not None and layout.metp and (m.qk_norm or (m.head_dim and m.head_dim * m.heads != m.hidden)):
-        field_, on = ("qk_norm", True) if m.qk_norm else ("head_dim", m.head_dim)
-        return (f"plan model {m.name}: {field_} = {on!r}: the executor's METP rings (tp_mode {layout.tp_mode}) run "
-                f"heads of hidden / heads without QK norms; plan with tp_mode megatron to run it")
     return None
 
 
 def moe_why_not(model: ModelConfig, layout: Layout) -> str | None:
     """Why the executor cannot run this MoE model under ``layout`` (None: it can, or it is dense)."""
-    why = attention_why_not(model, layout)
+    why = attention_why_not(model)
     if why or not model.moe:
         return why
     lab = layout.label()

@@ -111,13 +111,22 @@ class Sppo(Policy):
         kind = "flops" if self.partition == "explicit" else self.partition
         return replace(self, bounds=partition_bounds(model, batch, seq, self.subseqs, kind, granule(layout)))
 
+    @staticmethod
+    def model_why_not(model: ModelConfig) -> str | None:
+        """Why no SPPO plan can run ``model`` whatever the layout (its pieces are priced for dense layers with
+        standard attention), or None."""
+        if model.moe or model.mla or model.attention_width != model.hidden or model.sliding_layers:
+            return ("sppo's pieces are priced for dense layers with standard attention (no experts, latent attention, "
+                    "head_dim other than hidden / heads or sliding window)")
+        return None
+
     def check(self, model: ModelConfig, layout: Layout, batch: int, seq: int) -> str | None:
         """Why this plan cannot run with ``layout`` at ``seq`` tokens, or None."""
         if layout.cp > 1 or layout.ulysses > 1 or layout.metp or layout.flavour.async_collectives:
             return "sppo splits a stage's tokens by Megatron TP+SP only (no ring CP, Ulysses, METP or async TP)"
-        if model.moe or model.mla or model.attention_width != model.hidden or model.sliding_layers:
-            return ("sppo's pieces are priced for dense layers with standard attention (no experts, latent attention, "
-                    "head_dim other than hidden / heads or sliding window)")
+        why = self.model_why_not(model)
+        if why:
+            return why
         if layout.tp > 1 and not layout.sp:
             return "sppo needs Megatron sequence parallelism inside a stage (sp on)"
         if model.layers % layout.pp or layout.uneven:
