@@ -444,3 +444,19 @@ def test_a_plan_records_its_framework_and_sweep_seq_sweeps_what_it_offers(tmp_pa
     r = CliRunner().invoke(cli, ["sweep-seq", str(tmp_path / "bad.json"), "--seqs", "2K", "--out",
                                  str(tmp_path / "sw2")])
     assert r.exit_code == 2 and "plan.framework: 'no-such'" in r.output and "\n" not in r.output.strip(), r.output
+
+
+def test_an_fp8_answer_says_what_the_same_search_gives_without_fp8():
+    """An FP8 what-if answered with FP8's plan alone, so what FP8 buys was a second command away: the answer (and
+    --json's bf16_best) gives the same search's best with the GEMMs in the model's dtype, and the ratio."""
+    args = ["whatif", "--model", "llama-3.1-70b", "--layers", "2", "--gpus", "8", "--seq", "8K", "--profile",
+            "h100-sxm5-80gb", "--no-plan", "--jobs", "1", "--simulate-top", "1"]
+    fp8 = run(args + ["--precision", "fp8-tensorwise"])
+    line = [ln for ln in fp8.output.splitlines() if ln.startswith("without fp8-tensorwise GEMMs (all in bf16)")]
+    assert fp8.exit_code == 0 and len(line) == 1, fp8.output
+    bf16 = json.loads(run(args + ["--json"]).output)
+    got = json.loads(run(args + ["--precision", "fp8-tensorwise", "--json"]).output)
+    assert got["bf16_searched"] and not bf16["bf16_searched"] and bf16["bf16_best"] is None
+    assert got["bf16_best"]["layout"] == bf16["candidates"][0]["layout"]  # the bf16 what-if's own best
+    ratio = got["candidates"][0]["simulated_tgs_tokens_per_gpu_s"] / got["bf16_best"]["simulated_tgs_tokens_per_gpu_s"]
+    assert f"fp8-tensorwise gives {ratio:.2f}x its throughput" in line[0]

@@ -262,6 +262,9 @@ def _answer_json(ans, paths: dict, elapsed: float, show: Show) -> dict:
             "sppo": result.sppo_summary,
             "metp_vs_megatron": _metp_vs_megatron(result.candidates, req.alpha),
             "memo_best": memo_best.to_json() if memo_best is not None else None,
+            # an FP8 what-if: the same search without FP8 GEMMs (null: nothing fits it, or no FP8 asked: bf16_searched)
+            "bf16_best": ans.bf16_best.to_json() if ans.bf16_best is not None else None,
+            "bf16_searched": ans.bf16_searched,
             "runner_up": runner_up(shown, best),
             "train_tokens": show.train_budget,
             **_training_json(best, show.train_budget),
@@ -290,7 +293,7 @@ def _print_answer(ans, paths: dict, elapsed: float, show: Show) -> None:
         metp_rows=_metp_vs_megatron(result.candidates, req.alpha), advice=ans.advice, fixes=_fixes(ans, shown),
         sensitivity=sensitivity_line(shown, req.profile, req.alpha), framework=req.framework,
         memo_best=ans.memo_best, plain_recipe=plain_recipe(req.model),
-        train_lines=_train_lines(best, show.train_budget))
+        train_lines=_train_lines(best, show.train_budget), bf16_best=ans.bf16_best, bf16_searched=ans.bf16_searched)
     emit(whatif_answer(view), show.out_format)
 
 

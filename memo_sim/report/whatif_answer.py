@@ -42,6 +42,8 @@ class WhatIfView:
     memo_best: object = None
     plain_recipe: str = ""  # the model-state recipe a what-if without --framework prices (its name)
     train_lines: list = field(default_factory=list)
+    bf16_best: object = None  # an FP8 what-if: the same search's best without FP8 GEMMs (`WhatifAnswer.bf16_best`)
+    bf16_searched: bool = False
 
 
 def verdict(v: WhatIfView) -> str:
@@ -83,6 +85,23 @@ def kernel_line(v: WhatIfView) -> str:
     return ("attention priced on FlashAttention-2, memo-exec's default kernel; this profile prices cuDNN's fused "
             "attention (TransformerEngine's on Hopper) on its own faster curves: --framework megatron ranks the "
             "plans Megatron-LM runs with it")
+
+
+def precision_line(v: WhatIfView) -> str:
+    """An FP8 (quantised GEMM format) what-if: what the same search gives with the layer GEMMs in the model's
+    dtype, so the answer says what FP8 buys (throughput, or the fit itself)."""
+    if not v.bf16_searched:
+        return ""
+    fmt, dt, b, o = v.model.gemm_format, v.model.dtype, v.best, v.bf16_best
+    if o is None:
+        return (f"without {fmt} GEMMs (all in {dt}) nothing fits the same search"
+                + (f": {fmt} is what makes {b.layout.label()} {b.policy.label()} fit" if b is not None else ""))
+    it = (o.simulated or {}).get("iteration_s") or o.estimate.iteration_s
+    words = (f"without {fmt} GEMMs (all in {dt}) the same search's best is {o.layout.label()} {o.policy.label()}: "
+             f"{fmt_time(it)}/iteration, {o.tgs:,.0f} tokens/GPU/s, peak GPU {candidate_peak(o).text()}")
+    if b is None:
+        return words + f"; with {fmt} nothing fits"
+    return words + f"; {fmt} gives {b.tgs / o.tgs:.2f}x its throughput"
 
 
 def whatif_answer(v: WhatIfView) -> Answer:
@@ -157,6 +176,9 @@ def whatif_answer(v: WhatIfView) -> Answer:
         k = kernel_line(v)
         if k:
             a.line(f"  {k}")
+    line = precision_line(v)
+    if line:
+        a.line(line)
     if v.sppo_plan_path:
         c = next(c for c in v.result.candidates if c.sppo is not None and c.status == "OK")
         a.line(f"best SPPO plan: {c.layout.label()} {c.policy.label()} -> {v.sppo_plan_path}")

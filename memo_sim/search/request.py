@@ -135,6 +135,10 @@ class WhatifAnswer:
     result: WhatIfResult
     memo_best: Candidate | None = None  # with --framework other than any: what memo would do
     advice: list[str] = field(default_factory=list)  # what was not searched, when nothing fits
+    # with a quantised GEMM format (FP8): the same search's best with the model's GEMMs in its own dtype, what
+    # FP8 buys (`answer_whatif`); ``bf16_searched`` says whether that search ran (nothing fitting is an answer too)
+    bf16_best: Candidate | None = None
+    bf16_searched: bool = False
 
     @property
     def best(self) -> Candidate | None:
@@ -186,7 +190,17 @@ def answer_whatif(req: WhatifRequest, progress=None, while_waiting=None) -> What
             memo_best = None
     advice = [] if result.best is not None else not_searched(req.gpus, req.searched_policies, req.framework,
                                                              req.fixed())
-    return WhatifAnswer(req, result, memo_best, advice)
+    bf16_best, bf16_searched = None, False
+    if req.model.gemm.quantised:  # what FP8 buys: the same search with the layer GEMMs in the model's dtype
+        plain = replace(req.model, gemm_format="bf16")
+        try:
+            bf16_best = rank(plain, req.seq, req.gpus, req.profile, simulate_top=1, allocator_lag=req.allocator_lag,
+                             jobs=req.jobs, **req.search_kwargs()).best
+            bf16_searched = True
+        except MemoError as e:  # no layout for the fixed degrees without FP8 either: no comparison line
+            if not str(e).startswith(NO_VALID_LAYOUT):
+                raise
+    return WhatifAnswer(req, result, memo_best, advice, bf16_best, bf16_searched)
 
 
 def sweep_candidates(req: WhatifRequest) -> WhatIfResult:
