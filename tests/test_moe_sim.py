@@ -224,6 +224,28 @@ def test_moe_split_covers_the_layer_and_draws(tmp_path):
     assert png.stat().st_size > 10_000
 
 
+@pytest.mark.parametrize("zero", [1, 3])
+def test_moe_split_counts_expert_states_from_their_own_shards(zero):
+    """The expert states were the model states times the experts' share of the unsharded parameters, though
+    the optimizer states (and, under ZeRO 3, the weights) shard the dense and the expert parameters alike:
+    with ep 8 over dp 8 the experts' 1/8 each made the dense part look 2x what it is. Counted from the
+    parameters instead: the dense states are the dense parameters' own bytes."""
+    from memo_sim.report.moe_split import moe_split
+
+    m = PRESETS["mixtral-8x7b"]
+    lay = Layout(dp=8, ep=8, zero=zero)
+    s = moe_split(m, lay, 1, 4 * K, H100)
+    r, dense = m.recipe, m.params() - m.routed_params()  # every GPU holds the dense parameters whole (tp 1)
+    shard = dense / 8
+    want = (r.weight_bytes * (shard if zero >= 3 else dense) + r.grad_bytes * (shard if zero >= 2 else dense)
+            + (r.master_bytes + r.optimizer_bytes) * shard)
+    if zero >= 3:  # the two gathered layers' dense part
+        want += 2 * r.weight_bytes * (m.layer_params() - m.expert_layer_params())
+    assert s.memory_bytes["dense states"] == pytest.approx(want, rel=1e-6)
+    assert s.memory_bytes["dense states"] + s.memory_bytes["expert states"] == pytest.approx(
+        sum(model_state_parts(m, lay).values()))
+
+
 def test_deepep_sends_each_token_across_nodes_once_per_node():
     """DeepEP (`memo_sim.layout.moe_dispatchers.deepep`): inside a node it is the all-to-all; across
     nodes each token crosses the inter-node link once per destination node, not once per expert."""

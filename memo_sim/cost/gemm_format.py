@@ -91,12 +91,13 @@ def cast_seconds(model: ModelConfig, profile: HardwareProfile, elements: float, 
     return memory_bound_op_time(nbytes, profile)
 
 
-def linear_params_on_gpu(model: ModelConfig, layout: Layout, layers: float, owned: bool = False) -> float:
+def linear_params_on_gpu(model: ModelConfig, layout: Layout, layers: float, owned: bool = False,
+                         experts_only: bool = False) -> float:
     """Linear weights of ``layers`` layers one GPU holds: the dense ones split by TP, a MoE layer's routed
     experts by EP x ETP; ``owned``: its ZeRO-3 shard only (the dense part over the data group, the experts
-    over the expert data-parallel ranks)."""
+    over the expert data-parallel ranks); ``experts_only``: the routed experts' alone."""
     expert = model.expert_linear_params()
-    dense = (model.linear_params() - expert) / layout.tp
+    dense = 0.0 if experts_only else (model.linear_params() - expert) / layout.tp
     routed = expert / (layout.ep * layout.etp)
     if owned:
         dense /= layout.dp_flavour.shard_group(layout)
@@ -104,12 +105,12 @@ def linear_params_on_gpu(model: ModelConfig, layout: Layout, layers: float, owne
     return layers * (dense + routed)
 
 
-def weight_cache_bytes(model: ModelConfig, layers: float, layout: Layout) -> float:
+def weight_cache_bytes(model: ModelConfig, layers: float, layout: Layout, experts_only: bool = False) -> float:
     """The quantised copies of ``layers`` layers' linear weights on one GPU (`linear_params_on_gpu`)."""
     fmt = model.gemm
     if not fmt.quantised:
         return 0.0
-    return fmt.quantised_bytes(linear_params_on_gpu(model, layout, layers), weight=True)
+    return fmt.quantised_bytes(linear_params_on_gpu(model, layout, layers, experts_only=experts_only), weight=True)
 
 
 def weight_recast_bytes(model: ModelConfig, layers: float, layout: Layout, owned: bool = False) -> float:

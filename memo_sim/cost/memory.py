@@ -39,12 +39,16 @@ def loss_tokens(layout: Layout, batch: int, seq: int, chunk_tokens: int = CLASSI
     return min(chunk_tokens, tokens) if loss_kernel(layout.cross_entropy).chunked else tokens
 
 
-def model_state_parts(model: ModelConfig, layout: Layout) -> dict[str, float]:
+def model_state_parts(model: ModelConfig, layout: Layout, experts_only: bool = False) -> dict[str, float]:
     """Model-state bytes on one GPU by part: weights, grads, master weights + optimizer, and
-    ZeRO-3's two gathered layers."""
+    ZeRO-3's two gathered layers; ``experts_only``: the routed experts' share of each part (they are
+    split and sharded over other groups than the dense parameters, so each part has its own share)."""
     r = model.recipe
     g = model_gpu_params(model, layout)  # dense and routed-expert parts (`memo_sim.cost.param_split`)
-    p, sh, z = g.local, g.sharded, layout.zero
+    lay = layer_gpu_params(model, layout)
+    p, sh, layer = (g.expert_local, g.expert_sharded, lay.expert_local) if experts_only else (g.local, g.sharded,
+                                                                                             lay.local)
+    z = layout.zero
     gathered = layout.dp_flavour.gathered_layers(layout, model.layers)
     return {"weights": r.weight_bytes * (sh if z >= 3 else p),
             "grads": r.grad_bytes * (sh if z >= 2 else p),
@@ -53,9 +57,9 @@ def model_state_parts(model: ModelConfig, layout: Layout) -> dict[str, float]:
             else (r.master_bytes + r.optimizer_bytes) * (sh if z >= 1 else p),
             # ZeRO-3 / FSDP: the layers whose whole weights a GPU holds at its peak (`memo_sim.dp`: two, or every
             # layer when FSDP keeps them from forward to backward)
-            "gathered_layers": gathered * r.weight_bytes * layer_gpu_params(model, layout).local if z >= 3 else 0.0,
+            "gathered_layers": gathered * r.weight_bytes * layer if z >= 3 else 0.0,
             # a quantised GEMM format's weight copies: every layer's, or only the gathered ones under ZeRO-3
-            "quantised_weights": weight_cache_bytes(model, gathered if z >= 3 else model.layers, layout)}
+            "quantised_weights": weight_cache_bytes(model, gathered if z >= 3 else model.layers, layout, experts_only)}
 
 
 def model_state_bytes(model: ModelConfig, layout: Layout) -> float:

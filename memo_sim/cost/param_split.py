@@ -24,6 +24,7 @@ class GpuParams:
     local: float  # held by one GPU before ZeRO (dense / tp + expert / (ep x etp))
     sharded: float  # one GPU's ZeRO shard of them
     expert_local: float = 0.0  # the routed-expert part of ``local``
+    expert_sharded: float = 0.0  # the routed-expert part of ``sharded``
 
     @property
     def shards(self) -> float:
@@ -40,7 +41,7 @@ def gpu_params(model: ModelConfig, layout: Layout, total: float, expert: float, 
     local = dense / layout.tp + replicated + expert_local
     # ZeRO shards over the whole group; FSDP over its shard group (HSDP: replicated across the rest; `memo_sim.dp`)
     n = layout.dp_flavour.shard_group(layout)
-    return GpuParams(local, (dense + expert) / (layout.tp * n) + replicated / n, expert_local)
+    return GpuParams(local, (dense + expert) / (layout.tp * n) + replicated / n, expert_local, expert / (layout.tp * n))
 
 
 def model_gpu_params(model: ModelConfig, layout: Layout) -> GpuParams:

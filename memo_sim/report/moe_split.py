@@ -15,7 +15,6 @@ from memo_sim.cost.activations import tensor_bytes
 from memo_sim.cost.layer_time import backward_costs, forward_costs
 from memo_sim.cost.memory import model_state_parts
 from memo_sim.cost.opcost import base_op_name
-from memo_sim.cost.param_split import model_gpu_params
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
 from memo_sim.model.layer_graph import layer_tensors
@@ -64,13 +63,12 @@ def moe_split(model: ModelConfig, layout: Layout, batch: int, seq: int, profile:
             parts[part_of(c.name)] += c.seconds
         time_s[phase] = parts
     states = sum(model_state_parts(model, layout).values())
-    g = model_gpu_params(model, layout)
-    expert_share = g.expert_local / g.local if g.local else 0.0
+    expert_states = sum(model_state_parts(model, layout, experts_only=True).values())  # each part its own share
     tens = layer_tensors(model, layout.tp_mode)
     tb = {n: tensor_bytes(t, layout, batch, seq) for n, t in tens.items()}
     routed = sum(tb[n] for n, t in tens.items() if t.routed and t.saved)
     other = sum(tb[n] for n, t in tens.items() if t.saved and not t.routed and t.role != "lse")
-    memory = {"dense states": round(states * (1 - expert_share)), "expert states": round(states * expert_share),
+    memory = {"dense states": round(states - expert_states), "expert states": round(expert_states),
               # the dispatcher's receive buffers of one layer (dispatch and combine; `memo_sim.memplan.trace_gen`)
               "dispatch buffers": tb.get("moe_in", 0.0) + tb.get("efc2", 0.0),
               # what one layer saves for its backward (its policy keeps, offloads or rebuilds them)
