@@ -96,13 +96,16 @@ def compare_run(res: RunResult) -> Comparison:
     pred, source = whole_prediction(plan, n, sim, sim_note, other_profile)
     steady = steady_steps(res.steps)
     measured = [timeline_from_step(r, {}) for r in steady]
+    # rank 0's measurements beside the simulator's first GPU (a pipeline's stage 0; the union of every stage's
+    # compute would be the whole iteration)
     ptl = sim.timeline if sim is not None else None
+    rank0 = ptl.of_device(0) if ptl is not None else None
     breakdown = sim_memory_breakdown(plan, n)
     totals = totals_rows(res, pred, source)
     if plan.layout.metp:
         totals += ring_rows(measured, sim, sim_note)
-    return Comparison(totals, stream_rows(measured, ptl), op_rows(measured, ptl),
-                      res.estimate.compare(breakdown), source, sim_note, ptl, alltoall_rows(measured, ptl),
+    return Comparison(totals, stream_rows(measured, rank0), op_rows(measured, rank0),
+                      res.estimate.compare(breakdown), source, sim_note, ptl, alltoall_rows(measured, rank0),
                       times_comparable=times_comparable(res.meta, plan.profile))
 
 

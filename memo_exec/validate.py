@@ -211,10 +211,11 @@ def predicted_quantities(sim) -> dict[str, float | None]:
     if sim.timeline is not None:
         from memo_exec.compare import alltoall_times
 
-        for s, st in stream_stats(sim.timeline).items():
+        tl = sim.timeline.of_device(0)  # rank 0's side (a pipeline: stage 0, not the union of the stages)
+        for s, st in stream_stats(tl).items():
             if f"{s}_busy_s" in q:
                 q[f"{s}_busy_s"], q[f"{s}_exposed_s"] = st["busy_s"], st["exposed_s"]
-        per = [t for t, _ in alltoall_times(sim.timeline).values()]
+        per = [t for t, _ in alltoall_times(tl).values()]
         q["alltoall_layer_s"] = sum(per) / len(per) if per else None
     return q
 

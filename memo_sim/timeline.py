@@ -114,6 +114,12 @@ class Timeline:
     def streams(self) -> list[str]:
         return sorted({e.stream for e in self.events})
 
+    def of_device(self, device: int) -> "Timeline":
+        """The events and memory of one device (a pipeline stage's first GPU: the simulator times one GPU per
+        stage, a measured run records each rank's), host samples kept: what one rank's measurements compare with."""
+        return Timeline([e for e in self.events if e.device == device],
+                        [m for m in self.memory if m.device in (device, -1)], {**self.meta, "device_index": device})
+
     def busy_time(self, stream: str, device: int | None = None) -> float:
         return sum(e.duration for e in self.events if e.stream == stream and (device is None or e.device == device))
 

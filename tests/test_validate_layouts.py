@@ -48,3 +48,20 @@ def test_bad_layouts_are_one_line(tmp_path, args, needle):
     r = CliRunner().invoke(cli, ["validate", "--profile", "h100-sxm5-80gb", "--device", "cpu", "--out",
                                  str(tmp_path), "--seqs", "128", "--policies", "store_all", *args])
     assert r.exit_code == 2 and needle in r.output and "Traceback" not in r.output, r.output
+
+
+def test_a_pipelines_predicted_stream_rows_are_rank_0s_stage_not_every_stages_union():
+    """The predicted compute-busy row of a pp 2 plan read the whole iteration (both stages' compute spans merged,
+    the bubble hidden), beside rank 0's measured busy time: it is now stage 0's, the simulator's first GPU."""
+    import dataclasses
+
+    from memo_sim.policy import get_policy
+
+    prof = load_profile("tests/data/profiles/cpu-quick-vm.yaml")
+    m = dataclasses.replace(V.TOY_MODEL, dtype="fp32")
+    one = V.predict(m, 1024, get_policy("store_all"), prof, Layout(), 1)
+    assert V.predicted_quantities(one)["compute_busy_s"] == pytest.approx(one.iteration_s)  # one GPU: no bubble
+    sim = V.predict(m, 1024, get_policy("store_all"), prof, Layout(pp=2), 4)
+    q = V.predicted_quantities(sim)
+    assert q["compute_busy_s"] == pytest.approx(sim.timeline.busy_time("compute", 0))
+    assert q["compute_busy_s"] < 0.9 * sim.iteration_s  # stage 0 waits in the 1F1B bubble
