@@ -218,19 +218,22 @@ def use_calibrated_threads(profile_name: str) -> dict:
     from memo_sim.errors import MemoError  # noqa: PLC0415
     from memo_sim.profile.loader import load_profile  # noqa: PLC0415
 
+    missing = ""
     try:
         n = calibrated_threads(load_profile(profile_name).provenance)
-    except MemoError:
-        n = None
+    except MemoError as e:  # the plan's profile is not readable here: said, not read as one without threads
+        n, missing = None, str(e).splitlines()[0]
     launcher = bool(os.environ.get(LAUNCHER_THREADS_ENV))
+    unknown = f"the plan's profile is not readable here: {missing}" if missing \
+        else "the profile records no calibration's threads"
     if os.environ.get("OMP_NUM_THREADS") and not launcher:
         why = "OMP_NUM_THREADS"
     elif n is not None:
         torch.set_num_threads(n)
         why = "the profile's calibration"
     elif launcher:
-        why = "the launcher's default, one a rank (the profile records no calibration's threads)"
+        why = f"the launcher's default, one a rank ({unknown})"
     else:
-        why = "torch's default (the profile records no calibration's threads)"
+        why = f"torch's default ({unknown})"
     return {"threads": torch.get_num_threads(), "calibrated": n, "set_by": why}
 

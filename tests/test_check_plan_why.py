@@ -58,3 +58,27 @@ def test_check_plan_json_is_explains_memory_and_binding(tmp_path):
         assert check[key] == explain[key], key
     md = CliRunner().invoke(cli, ["check-plan", plan, "--format", "md"])
     assert md.exit_code == 0 and md.output.startswith(f"**{plan}: valid") and "| model states |" in md.output
+
+
+def test_a_plan_folder_moved_with_its_profile_file_finds_the_profile_beside_it(tmp_path):
+    """A plan records a profile file by its absolute path; copied with the file to another folder (another
+    machine) every command said 'no such profile file'. The copy beside the plan is used now; without it the
+    line says where to put the file."""
+    import shutil
+
+    prof = tmp_path / "orig" / "my-h100.yaml"
+    prof.parent.mkdir()
+    shutil.copy("hardware_profiles/h100-sxm5-80gb.yaml", prof)
+    out = tmp_path / "p"
+    r = CliRunner().invoke(cli, TOY + ["--gpus", "1", "--profile", str(prof), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    shutil.copy(out / "plan.json", moved / "plan.json")
+    shutil.copy(prof, moved / "my-h100.yaml")
+    shutil.rmtree(prof.parent)
+    r = CliRunner().invoke(cli, ["check-plan", str(moved / "plan.json")])
+    assert r.exit_code == 0 and "valid" in r.output, r.output
+    (moved / "my-h100.yaml").unlink()
+    r = CliRunner().invoke(cli, ["check-plan", str(moved / "plan.json")])
+    assert r.exit_code == 2 and "no such profile file" in r.output and "beside the plan" in r.output, r.output

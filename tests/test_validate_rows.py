@@ -228,3 +228,21 @@ def test_cpu_runs_use_the_calibration_thread_count():
     assert V.run_env("cpu", 1)["OMP_NUM_THREADS"] == "1"
     assert V.run_env("cuda", 1).get("OMP_NUM_THREADS") == __import__("os").environ.get("OMP_NUM_THREADS")
 
+
+
+def test_a_plans_profile_missing_here_is_named_as_the_reason_for_torchs_thread_count(tmp_path, monkeypatch):
+    """A plan whose profile file is absent on this machine ran at torch's default threads, and report.md said
+    'the profile records no calibration's threads', as if the profile had been read: it says the file is missing."""
+    import torch
+
+    from memo_exec.device import use_calibrated_threads
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    before = torch.get_num_threads()
+    try:
+        got = use_calibrated_threads(str(tmp_path / "gone.yaml"))
+        assert got["calibrated"] is None and "not readable here" in got["set_by"] and "gone.yaml" in got["set_by"]
+        got = use_calibrated_threads("h100-sxm5-80gb")  # read, and records none
+        assert got["set_by"] == "torch's default (the profile records no calibration's threads)"
+    finally:
+        torch.set_num_threads(before)

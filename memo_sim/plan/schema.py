@@ -259,4 +259,17 @@ def write_plan(plan: Plan, path: str | Path) -> Path:
 
 def read_plan(path: str | Path) -> Plan:
     raw = read_json(path, PlanError, "plan file")
-    return Plan.from_dict(raw, source=str(path))
+    return beside_the_plan(Plan.from_dict(raw, source=str(path)), Path(path))
+
+
+def beside_the_plan(plan: Plan, path: Path) -> Plan:
+    """``plan`` whose profile file (recorded by its absolute path, `with_profile_reference`) is not where the
+    plan was written but lies beside the plan file, as a folder copied to another machine carries it: that copy.
+    A profile named by its name, or a file still where it was, is kept as recorded."""
+    import dataclasses
+
+    rec = Path(plan.profile)
+    if rec.suffix not in (".yaml", ".yml", ".json") or rec.exists():
+        return plan
+    near = path.parent / rec.name
+    return dataclasses.replace(plan, profile=str(near.resolve())) if near.is_file() else plan

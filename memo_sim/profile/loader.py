@@ -377,7 +377,8 @@ def load_profile(name_or_path: str | os.PathLike) -> HardwareProfile:
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml", ".json") or p.exists():
         if not p.exists():
-            raise ProfileError(f"{p}: no such profile file")
+            raise ProfileError(f"{p}: no such profile file (a plan records its profile file's path: put the file "
+                               f"there or beside the plan, or pass --profile FILE)")
         return parse_profile(_read_file(p), str(p))
     known = list_profiles()
     if str(name_or_path) not in known:  # a profile is also found by its own name: field (answers print that one)
