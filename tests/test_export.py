@@ -99,6 +99,29 @@ def test_megatron_script_uses_megatron_options(plan):
         assert args["--normalization"] == "RMSNorm" and "--untie-embeddings-and-output-weights" in args
 
 
+def test_megatron_script_carries_the_models_numerics_and_names_what_it_cannot():
+    """The Megatron script of a Qwen3 plan set no rotary base (Megatron's 10000 for Qwen3's 1e6) and no norm epsilon,
+    a Qwen3-MoE script no aux-loss coefficient (Megatron's 0), while it said every part was expressed (a user's
+    review): the config.json's values are written; the rotary scaling, an unstated base and an attention-only bias
+    on a SwiGLU model are gaps."""
+    def script(name, **over):
+        plan = replace(_plan(name, Layout(tp=8, sp=True), ("full_recompute",), seq=8192), **over)
+        ex = export_plan(plan, "megatron", price=False, nearest=True)
+        return _check_args(ex.files["megatron.sh"], _names("megatron_options.txt")), [g.what for g in ex.gaps]
+
+    args, gaps = script("qwen3-32b")
+    assert (args["--rotary-base"], args["--norm-epsilon"]) == ("1000000", "1e-06") and not gaps, gaps
+    args, _ = script("qwen3-30b-a3b")
+    assert args["--moe-aux-loss-coeff"] == "0.001"
+    args, gaps = script("llama-3.1-8b")
+    assert args["--rotary-base"] == "500000" and any("rotary embedding's scaling (llama3 factor 8)" in g for g in gaps)
+    _, gaps = script("mistral-7b")  # its preset leaves the base unstated: named, not guessed
+    assert any("rotary base (the model does not state it)" in g for g in gaps), gaps
+    args, gaps = script("qwen3-8b", model=replace(get_model("qwen3-8b"), bias="all"))  # attention_bias: true
+    assert "--disable-bias-linear" in args and "--add-qkv-bias" in args
+    assert any("output projection's bias" in g for g in gaps), gaps
+
+
 def test_an_interleaved_plan_of_its_own_chunk_sizes_is_priced_as_1f1b_where_the_framework_runs_that():
     """DeepSpeed runs 1F1B: the nearest plan kept the plan's 4 chunk counts over pp x 1 chunks and could not be
     priced; each rank now holds its chunks' layers (a reviewer's finding, 2026-11-27)."""
@@ -194,10 +217,14 @@ TITAN_MX = replace(_plan("qwen3-30b-a3b", Layout(dp=16, zero=3, dp_mode="fsdp", 
                          ("full_recompute",), seq=32768),
                    model=replace(get_model("qwen3-30b-a3b"), gemm_format="mxfp8"), profile="b200-180gb")
 TITAN_SAC = _plan("llama-3.1-8b", Layout(dp=8, zero=3, dp_mode="fsdp"), ("op_sac",), seq=8192, batch=2)
+# dense Qwen3: torchtitan ships qwen3_14b and qwen3_32b, and the 8B flavour without a configuration of its own
+TITAN_Q8 = _plan("qwen3-8b", Layout(tp=2, sp=True, dp=4, zero=3, dp_mode="fsdp"), ("full_recompute",), seq=32768)
+TITAN_Q32 = _plan("qwen3-32b", Layout(tp=8, sp=True, dp=2, zero=3, dp_mode="fsdp"), ("full_recompute",), seq=32768)
 
 
-@pytest.mark.parametrize("plan", [MEMO, PIPE, PIPE_V, TITAN_FP8, TITAN_SAC, TITAN_MX],
-                         ids=["memo", "tp-cp-pp", "interleaved-memo", "fp8-compiled", "op-sac", "mxfp8-moe"])
+@pytest.mark.parametrize("plan", [MEMO, PIPE, PIPE_V, TITAN_FP8, TITAN_SAC, TITAN_MX, TITAN_Q8, TITAN_Q32],
+                         ids=["memo", "tp-cp-pp", "interleaved-memo", "fp8-compiled", "op-sac", "mxfp8-moe", "qwen3-8b",
+                              "qwen3-32b"])
 def test_torchtitan_module_sets_only_torchtitan_fields(plan):
     names = _names("torchtitan_names.txt")
     imports = {n.removeprefix("import ") for n in names if n == "import"} | {
@@ -236,6 +263,9 @@ def test_torchtitan_module_sets_only_torchtitan_fields(plan):
         assert not any("mxfp8" in g.what for g in export_plan(plan, "torchtitan", price=False, nearest=True).gaps)
     if plan is TITAN_SAC:
         assert "config.activation_checkpoint = SelectiveAC.Config()" in src
+    if plan in (TITAN_Q8, TITAN_Q32):  # torchtitan's own Qwen3 (its rotary base 1e6 and QK norms), no stop line
+        assert "NotImplementedError" not in src and "config = qwen3_" in src, src
+        assert ("config.model_spec = model_registry('8B')" in src) == (plan is TITAN_Q8)
 
 
 def _titan_stage_counts(src: str, n_layers: int, pp: int) -> list[int]:

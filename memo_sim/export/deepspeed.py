@@ -65,6 +65,13 @@ def _model_gaps(plan: Plan) -> list[Gap]:
                      (m.attention_sinks, "attention sinks")):
         if on:
             out.append(Gap(what, "not written (Megatron-DeepSpeed has no flag for it): add it to the model by hand"))
+    # the model's numerics (`memo_sim.model.config`): not written, their option names unchecked at this version
+    numerics = [w for on, w in ((m.norm == "rmsnorm" and m.rope_theta, f"rotary base {m.rope_theta:g}"),
+                                (m.norm == "rmsnorm" and m.rope_scaling, f"rotary scaling {m.rope_scaling}"),
+                                (m.norm_eps, f"norm epsilon {m.norm_eps:g}")) if on]
+    if numerics:
+        out.append(Gap(f"the model's {', '.join(numerics)}", "Megatron-DeepSpeed's defaults (not written: its "
+                                                             "option names are not checked here): set them by hand"))
     return out
 
 

@@ -69,8 +69,19 @@ def _ulysses_gaps(plan: Plan) -> list[Gap]:
 
 def _attention_gaps(plan: Plan) -> list[Gap]:
     """Attention the script does not write: sinks and a sliding window on some layers (GPT-OSS); Megatron-Core
-    has --softmax-type learnable and --window-size, the per-layer pattern is the user's to set."""
+    has --softmax-type learnable and --window-size, the per-layer pattern is the user's to set. The numerics:
+    an output-projection bias without MLP biases, the rotary scaling, an unstated rotary base."""
     m, out = plan.model, []
+    if m.bias == "all" and m.ffn_type == "swiglu":
+        out.append(Gap("the attention output projection's bias (q, k, v and o biases without MLP biases)",
+                       "q, k, v biases alone (--disable-bias-linear --add-qkv-bias): Megatron's linear biases "
+                       "would put biases on the MLP too"))
+    if m.norm == "rmsnorm" and m.rope_scaling:
+        out.append(Gap(f"the rotary embedding's scaling ({m.rope_scaling})",
+                       "unscaled rotary embeddings: set Megatron's rope scaling options by hand"))
+    if m.norm == "rmsnorm" and not m.rope_theta:
+        out.append(Gap("the rotary base (the model does not state it)",
+                       "Megatron's default --rotary-base 10000: set the model's own"))
     if m.attention_sinks:
         out.append(Gap("attention sinks (one learned logit per head)", "vanilla softmax: add --softmax-type learnable"))
     if m.sliding_layers:
@@ -111,6 +122,8 @@ def moe_arguments(plan: Plan, lay) -> list[tuple[str, str | None]]:
                  ("--moe-router-load-balancing-type", "none")]
     else:
         args.append(("--moe-router-load-balancing-type", "aux_loss"))
+        if m.aux_loss_coef:  # Megatron's default coefficient is 0: the aux loss would weigh nothing
+            args.append(("--moe-aux-loss-coeff", f"{m.aux_loss_coef:g}"))
     if m.router_groups:  # group-limited routing (TransformerConfig's moe_router_num_groups / moe_router_group_topk)
         args += [("--moe-router-num-groups", str(m.router_groups)),
                  ("--moe-router-group-topk", str(m.router_group_topk))]
@@ -151,9 +164,16 @@ def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | tuple[str
         args.append(("--swiglu", None))
     if m.norm == "rmsnorm":
         args += [("--normalization", "RMSNorm"), ("--position-embedding-type", "rope")]
-    if m.bias != "all":
+        if m.rope_theta:  # the config's rotary base (Megatron's default is 10000; Llama-3.1 500000, Qwen3 1e6)
+            args.append(("--rotary-base", f"{m.rope_theta:.0f}"))
+    if m.norm_eps:
+        args.append(("--norm-epsilon", f"{m.norm_eps:g}"))
+    # Megatron's linear biases are all or none (with --add-qkv-bias for q, k, v alone): a SwiGLU model's "all" (its
+    # q, k, v and output projections: Qwen3's and Llama's attention_bias) is written as q, k, v biases, a gap
+    attention_bias = m.bias == "all" and m.ffn_type == "swiglu"
+    if m.bias != "all" or attention_bias:
         args.append(("--disable-bias-linear", None))
-    if m.bias == "qkv":
+    if m.bias == "qkv" or attention_bias:
         args.append(("--add-qkv-bias", None))
     if not m.tied_embeddings:
         args.append(("--untie-embeddings-and-output-weights", None))

@@ -29,10 +29,14 @@ BASES = {"llama-3.1-8b": "llama3_8b", "llama-3.1-70b": "llama3_70b", "llama-3.1-
 # where the exported function sets config.model_spec with the plan's GEMM format's converters
 REGISTRY = {"llama3_8b": ("llama3", "8B"), "llama3_70b": ("llama3", "70B"), "llama3_405b": ("llama3", "405B"),
             "qwen3_30b_a3b": ("qwen3", "30B-A3B"), "deepseek_v3_671b": ("deepseek_v3", "671B"),
-            "gpt_oss_20b": ("gpt_oss", "20b")}
-# mixtures of experts: the shipped MoE configurations (torchtitan/models/<module>/config_registry.py at SOURCE)
-MOE_BASES = {"deepseek-v3": ("deepseek_v3", "deepseek_v3_671b"), "qwen3-30b-a3b": ("qwen3", "qwen3_30b_a3b"),
-             "gpt-oss-20b": ("gpt_oss", "gpt_oss_20b")}
+            "gpt_oss_20b": ("gpt_oss", "20b"), "qwen3_14b": ("qwen3", "14B"), "qwen3_32b": ("qwen3", "32B")}
+# the other shipped configurations (torchtitan/models/<module>/config_registry.py at SOURCE): (module, function, the
+# model_registry flavour the function's model_spec is set to where the model has no function of its own: Qwen3-8B,
+# whose flavour "8B" ships without a pretraining configuration, from qwen3_14b's) -- the MoE ones and Qwen3's
+SHIPPED = {"deepseek-v3": ("deepseek_v3", "deepseek_v3_671b", None), "qwen3-30b-a3b": ("qwen3", "qwen3_30b_a3b", None),
+           "gpt-oss-20b": ("gpt_oss", "gpt_oss_20b", None), "qwen3-14b": ("qwen3", "qwen3_14b", None),
+           "qwen3-32b": ("qwen3", "qwen3_32b", None), "qwen3-8b": ("qwen3", "qwen3_14b", "8B")}
+HF_ASSETS = {"8B": "./assets/hf/Qwen3-8B"}  # as torchtitan's qwen3 configurations name their hf_assets_path
 SCHEDULES = {"1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}
 _RUNS = {"store_all": "config.activation_checkpoint = None", "full_recompute": "config.activation_checkpoint = "
          "FullAC.Config()", "op_sac": "config.activation_checkpoint = SelectiveAC.Config()"}
@@ -49,10 +53,10 @@ def _preset(model) -> str:
     file name is DeepSeek-V3); its own name where it is none of torchtitan's."""
     from memo_sim.model.config import PRESETS  # noqa: PLC0415
 
-    if model.name in BASES or model.name in MOE_BASES:
+    if model.name in BASES or model.name in SHIPPED:
         return model.name
     shape = {f: getattr(model, f) for f in model.__dataclass_fields__ if f not in _NOT_SHAPE}
-    for name in (*BASES, *MOE_BASES):
+    for name in (*BASES, *SHIPPED):
         p = PRESETS[name]
         if shape == {f: getattr(p, f) for f in p.__dataclass_fields__ if f not in _NOT_SHAPE}:
             return name
@@ -61,7 +65,13 @@ def _preset(model) -> str:
 
 def _module(plan: Plan) -> str:
     """The torchtitan model package whose config_registry the exported function imports from."""
-    return MOE_BASES.get(_preset(plan.model), ("deepseek_v3" if plan.model.moe else "llama3",))[0]
+    return SHIPPED.get(_preset(plan.model), ("deepseek_v3" if plan.model.moe else "llama3",))[0]
+
+
+def _flavour(plan: Plan) -> str | None:
+    """The model_registry flavour the exported function sets config.model_spec to (a shipped model without a
+    configuration of its own: Qwen3-8B), else None (the configuration's own model)."""
+    return SHIPPED.get(_preset(plan.model), (None, None, None))[2]
 
 
 def _base(plan: Plan) -> tuple[str, str | None]:
@@ -69,8 +79,8 @@ def _base(plan: Plan) -> tuple[str, str | None]:
     name = _preset(plan.model)
     if name in BASES:
         return BASES[name], None
-    if name in MOE_BASES:
-        return MOE_BASES[name][1], None
+    if name in SHIPPED:
+        return SHIPPED[name][1], None
     if plan.model.moe:  # the nearest shipped MoE configuration
         return "deepseek_v3_671b", (f"{plan.model.name} is not a torchtitan model: the run starts from "
                                     f"deepseek_v3_671b (set config.model_spec to a MoE of the plan's shapes)")
@@ -191,15 +201,21 @@ def render(plan: Plan, applied: list[Gap]) -> str:
         body.append("    config.compile.enable = True")
     mx = nearest_model(plan, applied).gemm_format == "mxfp8" and _base(plan)[1] is None
     convs = ["MXFP8LinearConverter"] + (["MXFP8GroupedExpertsConverter"] if plan.model.moe else [])
+    flavour = _flavour(plan) or REGISTRY[base][1] if base in REGISTRY else None
     if mx:  # torchao's MXFP8 linear (and grouped experts) as the model's converters, told whether blocks compile
         compiled = lay.kernel_fusion == "compiled"
-        body.append(f"    config.model_spec = model_registry({REGISTRY[base][1]!r}, converters=["
+        body.append(f"    config.model_spec = model_registry({flavour!r}, converters=["
                     + ", ".join(f"{c}.Config(model_compile_enabled={compiled})" for c in convs) + "])")
+    elif _flavour(plan):  # the shipped flavour of a model without a configuration of its own (Qwen3-8B)
+        body.append(f"    config.model_spec = model_registry({flavour!r})")
+    if _flavour(plan):  # its own tokenizer and weights' folder, as the shipped configurations name theirs
+        body.append(f"    config.hf_assets_path = {HF_ASSETS[_flavour(plan)]!r}")
+    registry = mx or _flavour(plan) is not None
     return "\n".join([
         *([f"from torchtitan.components.quantization.mx import {', '.join(convs)}"] if mx else []),
         *([f"from torchtitan.distributed.activation_checkpoint import {ac}"] if ac else []),
         f"from torchtitan.models.{_module(plan)}.config_registry import {base}",
-        *([f"from torchtitan.models.{REGISTRY[base][0]} import model_registry"] if mx else []),
+        *([f"from torchtitan.models.{REGISTRY[base][0]} import model_registry"] if registry else []),
         "from torchtitan.trainer import Trainer",
         "",
         "",

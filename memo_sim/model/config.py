@@ -26,6 +26,16 @@ Attention beyond hidden / heads (each 0 / false by default, so a dense model rea
   shared ``qk_rope_dim`` rotary key; query/key heads are ``head_dim`` (the no-rope part) +
   ``qk_rope_dim`` wide, value heads ``v_head_dim``.
 
+Numerics a training script must carry but the simulator does not price (each 0: not stated, the
+framework's default; a Hugging Face config gives them, and the exports write them):
+
+- ``rope_theta``: the rotary embedding's base (``rope_theta``: Llama-3.1 500000, Qwen3 1000000);
+- ``norm_eps``: the norms' epsilon (``rms_norm_eps``, ``layer_norm_eps``, ``layer_norm_epsilon``);
+- ``aux_loss_coef``: a MoE router's load-balancing loss coefficient (``router_aux_loss_coef``,
+  DeepSeek's ``aux_loss_alpha``);
+- ``rope_scaling``: the rotary embedding's scaling, in words (``rope_scaling``: Llama-3.1's ``llama3``
+  factor 8, DeepSeek's ``yarn`` factor 40); the exports name it as not written.
+
 Mixture of experts (``experts`` > 0; `memo_sim.model.moe_routers` for the router): every layer but
 ``dense_layers`` of them replaces its FFN with ``experts`` routed experts of width ``expert_ffn``
 (SwiGLU or GELU as ``ffn_type``), of which each token uses ``top_k``, beside ``shared_experts``
@@ -76,7 +86,8 @@ _QUIET_DEFAULTS = {"head_dim": 0, "qk_norm": False, "attention_sinks": False, "s
                    "q_lora_rank": 0, "kv_lora_rank": 0, "qk_rope_dim": 0, "v_head_dim": 0, "experts": 0, "top_k": 0,
                    "expert_ffn": 0, "shared_experts": 0, "shared_ffn": 0, "shared_gate": False, "dense_layers": 0,
                    "router": "softmax", "moe_bias": False, "router_groups": 0, "router_group_topk": 0,
-                   "router_scaling": 1.0, "not_modelled": ""}
+                   "router_scaling": 1.0, "rope_theta": 0.0, "norm_eps": 0.0, "aux_loss_coef": 0.0,
+                   "rope_scaling": "", "not_modelled": ""}
 
 
 def _dim(hi: int):
@@ -125,6 +136,10 @@ class _ModelIn(BaseModel):
     router_groups: Annotated[int, Field(strict=True, ge=0, le=MAX_EXPERTS)] = 0
     router_group_topk: Annotated[int, Field(strict=True, ge=0, le=MAX_EXPERTS)] = 0
     router_scaling: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)] = 1.0
+    rope_theta: Annotated[float, Field(ge=0, le=1e12, allow_inf_nan=False)] = 0.0
+    norm_eps: Annotated[float, Field(ge=0, le=1.0, allow_inf_nan=False)] = 0.0
+    aux_loss_coef: Annotated[float, Field(ge=0, le=1e3, allow_inf_nan=False)] = 0.0
+    rope_scaling: str = Field("", strict=True, max_length=200)
     not_modelled: str = Field("", strict=True, max_length=500)
 
     @model_validator(mode="after")
@@ -226,6 +241,11 @@ class ModelConfig:
     router_groups: int = 0
     router_group_topk: int = 0
     router_scaling: float = 1.0  # the routed experts' output scale (routed_scaling_factor): no cost
+    # numerics the exports write and the simulator does not price (module docs; 0: not stated)
+    rope_theta: float = 0.0
+    norm_eps: float = 0.0
+    aux_loss_coef: float = 0.0
+    rope_scaling: str = ""
     # what the source describes that memo neither counts nor prices (a sentence every what-if shows)
     not_modelled: str = ""
 
@@ -530,49 +550,58 @@ PRESETS: dict[str, ModelConfig] = {
     # Hugging Face config.json of each model (`memo_sim.model.hf_config` reads the same files):
     # meta-llama/Llama-2-7b-hf, -70b-hf; meta-llama/Llama-3.1-8B, -70B, -405B; Qwen/Qwen2.5-7B, -72B;
     # mistralai/Mistral-7B-v0.3
+    # (the rotary base, the norms' epsilon and rotary scaling of each config.json; Qwen2.5-72B's and Mistral-7B's left
+    # unstated: the framework's defaults, which an export names)
     **{name: ModelConfig(name, layers, hidden, heads, ffn, vocab=vocab, kv_heads=kv, ffn_type="swiglu",
-                         norm="rmsnorm", bias=bias, tied_embeddings=False)
-       for name, layers, hidden, heads, kv, ffn, vocab, bias in (
-           ("llama-2-7b", 32, 4096, 32, 32, 11008, 32000, "none"),
-           ("llama-2-70b", 80, 8192, 64, 8, 28672, 32000, "none"),
-           ("llama-3.1-8b", 32, 4096, 32, 8, 14336, 128256, "none"),
-           ("llama-3.1-70b", 80, 8192, 64, 8, 28672, 128256, "none"),
-           ("llama-3.1-405b", 126, 16384, 128, 8, 53248, 128256, "none"),
-           ("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, "qkv"),
-           ("qwen2.5-72b", 80, 8192, 64, 8, 29568, 152064, "qkv"),
-           ("mistral-7b", 32, 4096, 32, 8, 14336, 32768, "none"))},
+                         norm="rmsnorm", bias=bias, tied_embeddings=False, rope_theta=theta, norm_eps=eps,
+                         rope_scaling=scaling)
+       for name, layers, hidden, heads, kv, ffn, vocab, bias, theta, eps, scaling in (
+           ("llama-2-7b", 32, 4096, 32, 32, 11008, 32000, "none", 10000.0, 1e-5, ""),
+           ("llama-2-70b", 80, 8192, 64, 8, 28672, 32000, "none", 10000.0, 1e-5, ""),
+           ("llama-3.1-8b", 32, 4096, 32, 8, 14336, 128256, "none", 500000.0, 1e-5, "llama3 factor 8"),
+           ("llama-3.1-70b", 80, 8192, 64, 8, 28672, 128256, "none", 500000.0, 1e-5, "llama3 factor 8"),
+           ("llama-3.1-405b", 126, 16384, 128, 8, 53248, 128256, "none", 500000.0, 1e-5, "llama3 factor 8"),
+           ("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, "qkv", 1e6, 1e-6, ""),
+           ("qwen2.5-72b", 80, 8192, 64, 8, 29568, 152064, "qkv", 0.0, 0.0, ""),
+           ("mistral-7b", 32, 4096, 32, 8, 14336, 32768, "none", 0.0, 0.0, ""))},
     # Qwen3 (dense): heads of 128 whatever hidden / heads is, an RMSNorm over each query and key head; the
     # config.json of Qwen/Qwen3-8B, -14B, -32B (tests/data/hf holds them, and the counts transformers gives them)
     **{name: ModelConfig(name, layers, hidden, heads, ffn, vocab=151936, kv_heads=8, ffn_type="swiglu",
                          norm="rmsnorm", bias="none", tied_embeddings=False, head_dim=0 if heads * 128 == hidden else 128,
-                         qk_norm=True)
+                         qk_norm=True, rope_theta=1e6, norm_eps=1e-6)
        for name, layers, hidden, heads, ffn in (("qwen3-8b", 36, 4096, 32, 12288), ("qwen3-14b", 40, 5120, 40, 17408),
                                                 ("qwen3-32b", 64, 5120, 64, 25600))},
     # mixtures of experts, from the Hugging Face config.json of each (tests/data/hf holds them, and the
     # parameter counts transformers gives them): mistralai/Mixtral-8x7B-v0.1, Qwen/Qwen3-30B-A3B,
     # Qwen/Qwen1.5-MoE-A2.7B, deepseek-ai/DeepSeek-V2-Lite, deepseek-ai/DeepSeek-V3, openai/gpt-oss-20b
     "mixtral-8x7b": ModelConfig("mixtral-8x7b", 32, 4096, 32, 14336, vocab=32000, kv_heads=8, ffn_type="swiglu",
-                                norm="rmsnorm", bias="none", tied_embeddings=False, experts=8, top_k=2),
+                                norm="rmsnorm", bias="none", tied_embeddings=False, experts=8, top_k=2,
+                                rope_theta=1e6, norm_eps=1e-5, aux_loss_coef=0.02),
     "qwen3-30b-a3b": ModelConfig("qwen3-30b-a3b", 48, 2048, 32, 6144, vocab=151936, kv_heads=4, ffn_type="swiglu",
                                  norm="rmsnorm", bias="none", tied_embeddings=False, head_dim=128, qk_norm=True,
-                                 experts=128, top_k=8, expert_ffn=768),
+                                 experts=128, top_k=8, expert_ffn=768, rope_theta=1e6, norm_eps=1e-6,
+                                 aux_loss_coef=0.001),
     "qwen2-moe-a2.7b": ModelConfig("qwen2-moe-a2.7b", 24, 2048, 16, 5632, vocab=151936, ffn_type="swiglu",
                                    norm="rmsnorm", bias="qkv", tied_embeddings=False, experts=60, top_k=4,
-                                   expert_ffn=1408, shared_experts=1, shared_ffn=5632, shared_gate=True),
+                                   expert_ffn=1408, shared_experts=1, shared_ffn=5632, shared_gate=True,
+                                   rope_theta=1e6, norm_eps=1e-6, aux_loss_coef=0.001),
     "deepseek-v2-lite": ModelConfig("deepseek-v2-lite", 27, 2048, 16, 10944, vocab=102400, ffn_type="swiglu",
                                     norm="rmsnorm", bias="none", tied_embeddings=False, head_dim=128, kv_lora_rank=512,
                                     qk_rope_dim=64, v_head_dim=128, experts=64, top_k=6, expert_ffn=1408,
-                                    shared_experts=2, shared_ffn=1408, dense_layers=1),
+                                    shared_experts=2, shared_ffn=1408, dense_layers=1, rope_theta=10000.0,
+                                    norm_eps=1e-6, aux_loss_coef=0.001, rope_scaling="yarn factor 40"),
     "deepseek-v3": ModelConfig("deepseek-v3", 61, 7168, 128, 18432, vocab=129280, ffn_type="swiglu", norm="rmsnorm",
                                bias="none", tied_embeddings=False, head_dim=128, q_lora_rank=1536, kv_lora_rank=512,
                                qk_rope_dim=64, v_head_dim=128, experts=256, top_k=8, expert_ffn=2048, shared_experts=1,
                                shared_ffn=2048, dense_layers=3, router="sigmoid", router_groups=8,
-                               router_group_topk=4, router_scaling=2.5,
+                               router_group_topk=4, router_scaling=2.5, rope_theta=10000.0, norm_eps=1e-6,
+                               aux_loss_coef=0.001, rope_scaling="yarn factor 40",
                                not_modelled="multi-token prediction (1 module, num_nextn_predict_layers): not counted, "
                                             "not priced"),
     "gpt-oss-20b": ModelConfig("gpt-oss-20b", 24, 2880, 64, 2880, vocab=201088, kv_heads=8, ffn_type="swiglu",
                                norm="rmsnorm", bias="all", tied_embeddings=False, head_dim=64, attention_sinks=True,
-                               sliding_window=128, sliding_layers=12, experts=32, top_k=4, moe_bias=True),
+                               sliding_window=128, sliding_layers=12, experts=32, top_k=4, moe_bias=True,
+                               rope_theta=150000.0, norm_eps=1e-5, aux_loss_coef=0.9, rope_scaling="yarn factor 32"),
 }
 
 

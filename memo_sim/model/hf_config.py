@@ -174,7 +174,35 @@ def hf_model_fields(raw: dict, source: str = "config.json", name: str = "hf-mode
              norm="rmsnorm" if gated else "layernorm", bias=bias, tied_embeddings=tied)
     if mt == "qwen3":
         d.update(qk_norm=True, **({"head_dim": head_dim} if head_dim * heads != hidden else {}))
+    d.update(_numerics(c, refuse, moe=False))
     return _with_quantization_note(d, raw)
+
+
+def _numerics(c: dict, refuse, moe: bool) -> dict:
+    """The numerics the exports write (`memo_sim.model.config` module docs): the rotary base, the norms' epsilon,
+    a MoE router's aux-loss coefficient (read from a MoE family only) and the rotary scaling in words; a field
+    the file leaves out stays unstated (0 / ''), the framework's default."""
+    rp = c.get("rope_parameters") if isinstance(c.get("rope_parameters"), dict) else {}
+    keys = {"rope_theta": ("rope_theta", "rotary_emb_base"), "norm_eps": ("rms_norm_eps", "layer_norm_eps",
+                                                                          "layer_norm_epsilon"),
+            "aux_loss_coef": ("router_aux_loss_coef", "aux_loss_alpha") if moe else ()}
+    out: dict = {}
+    for field_, names in keys.items():
+        for k in names:
+            v = c.get(k, rp.get(k))
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+                raise refuse(k, f"must be a number >= 0, got {v!r}")
+            out[field_] = float(v)
+            break
+    sc = c.get("rope_scaling") or ({k: v for k, v in rp.items() if k != "rope_theta"}
+                                   if rp.get("rope_type") not in (None, "default") else None)
+    if isinstance(sc, dict) and (sc.get("rope_type") or sc.get("type")) not in (None, "default"):
+        kind = sc.get("rope_type") or sc.get("type")
+        out["rope_scaling"] = f"{kind}" + (f" factor {sc['factor']:g}" if isinstance(sc.get("factor"), (int, float))
+                                           and not isinstance(sc.get("factor"), bool) else "")
+    return out
 
 
 def _with_quantization_note(d: dict, c: dict) -> dict:
@@ -324,7 +352,7 @@ def moe_fields(raw: dict, source: str = "config.json", name: str = "hf-model") -
     d.update(experts=experts, top_k=top_k, expert_ffn=0 if expert_ffn == ffn else expert_ffn,
              dense_layers=layers - moe_layers)
     dtype, tied = _dtype_and_tied(c, refuse)
-    d.update(dtype=dtype, tied_embeddings=tied)
+    d.update(dtype=dtype, tied_embeddings=tied, **_numerics(c, refuse, moe=True))
     return d
 
 

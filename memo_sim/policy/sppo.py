@@ -115,8 +115,10 @@ class Sppo(Policy):
     def model_why_not(model: ModelConfig) -> str | None:
         """Why no SPPO plan can run ``model`` whatever the layout (its pieces are priced for dense layers with
         standard attention), or None."""
-        if model.moe or model.mla or model.attention_width != model.hidden or model.sliding_layers:
-            return ("sppo's pieces are priced for dense layers with standard attention (no experts, latent attention, "
+        if model.moe:
+            return "SPPO is not searched for mixture-of-experts models (its planner is built for dense layers)"
+        if model.mla or model.attention_width != model.hidden or model.sliding_layers:
+            return ("sppo's pieces are priced for dense layers with standard attention (no latent attention, "
                     "head_dim other than hidden / heads or sliding window)")
         return None
 
