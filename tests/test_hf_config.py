@@ -125,8 +125,14 @@ def test_families_map_to_the_architecture_fields():
     assert (q3.qk_norm, q3.head_dim, q3.bias, q3.q_dim) == (True, 256, "none", 32 * 256)
     q3b = ModelConfig.from_dict(hf_model_fields(_llama(model_type="qwen3", attention_bias=True), name="q3b"))
     assert (q3b.bias, q3b.head_dim) == ("all", 0)  # head_dim 128 x 32 heads = hidden: left implicit
-    with pytest.raises(MemoError, match="x/config.json: use_sliding_window: "):
+    with pytest.raises(MemoError, match="x/config.json: max_window_layers: "):  # which layers slide: unsaid
         hf_model_fields(_llama(model_type="qwen3", use_sliding_window=True), source="x/config.json")
+    # Qwen's window covers the layers from max_window_layers on: none of the 32 at 32, the last 4 at 28
+    slid = {k: _llama(model_type="qwen3", use_sliding_window=True, sliding_window=4096, max_window_layers=k)
+            for k in (32, 28)}
+    assert ModelConfig.from_dict(hf_model_fields(slid[32], name="a")).sliding_layers == 0
+    m = ModelConfig.from_dict(hf_model_fields(slid[28], name="b"))
+    assert (m.sliding_window, m.sliding_layers) == (4096, 4)
     neox = {"model_type": "gpt_neox", "hidden_size": 512, "num_hidden_layers": 6, "num_attention_heads": 8,
             "intermediate_size": 2048, "vocab_size": 50304}
     with pytest.raises(MemoError, match="use_parallel_residual"):
@@ -170,3 +176,21 @@ def test_whatif_answers_for_qwen3_32b_and_refuses_sppo_for_it_in_one_line():
     assert out["candidates"] and out["model"]["params"] == QWEN3_TRANSFORMERS["qwen3-32b"]
     r = runner.invoke(main, args + ["--policy", "sppo"])
     assert r.exit_code == 2 and r.output.strip().count("\n") == 0 and "head_dim" in r.output, r.output
+
+
+def test_presets_answer_to_hugging_face_spellings_and_an_fp32_config_says_its_dtype(tmp_path):
+    """`--model Qwen3-32B` (or the repo id Qwen/Qwen3-32B) was 'unknown' with no hint, and a config.json saved in
+    float32 planned fp32 training without saying so (a user's review)."""
+    from click.testing import CliRunner
+
+    from memo_sim.cli import cli as main
+
+    assert get_model("Qwen3-32B") is PRESETS["qwen3-32b"] and get_model("Qwen/Qwen3-32B") is PRESETS["qwen3-32b"]
+    with pytest.raises(MemoError, match="did you mean 'qwen3-32b'"):
+        get_model("qwen3-23b")
+    raw = json.loads((HF / "qwen3-8b" / "config.json").read_text())
+    (tmp_path / "q").mkdir()
+    (tmp_path / "q" / "config.json").write_text(json.dumps({**raw, "torch_dtype": "float32"}))
+    r = CliRunner().invoke(main, ["whatif", "--model", str(tmp_path / "q"), "--gpus", "8", "--seq", "4K", "--no-plan",
+                                  "--jobs", "1", "--simulate-top", "1"])
+    assert r.exit_code == 0 and "fp32 training (--dtype bf16 plans bf16)" in r.output.splitlines()[1], r.output

@@ -88,7 +88,7 @@ def _raw(folder, **over):
     ("mixtral-8x7b", dict(num_experts_per_tok=9), "num_experts_per_tok"),
     ("qwen3-30b-a3b", dict(num_experts=0), "num_experts"),
     ("qwen3-30b-a3b", dict(hidden_act="gelu"), "hidden_act"),
-    ("qwen3-30b-a3b", dict(use_sliding_window=True), "use_sliding_window"),
+    ("qwen3-30b-a3b", dict(use_sliding_window=True, max_window_layers="all"), "max_window_layers"),
     ("deepseek-v3", dict(scoring_func="softmax2"), "scoring_func"),
     ("deepseek-v3", dict(first_k_dense_replace=61), "num_hidden_layers"),
     ("deepseek-v3", dict(n_group="8"), "n_group"),  # a reviewer's finding, 2026-11-27: a traceback

@@ -52,6 +52,7 @@ what-if names it).
 
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -630,12 +631,17 @@ def with_overrides(base: ModelConfig, source: str = "model flags", rename: bool 
 
 
 def get_model(name: str) -> ModelConfig:
-    if name in PRESETS:
-        return PRESETS[name]
+    """A preset by name (as Hugging Face spells it too: ``Qwen3-32B``, ``Qwen/Qwen3-32B``), or a model file."""
     p = Path(name)
     if p.suffix in (".json", ".yaml", ".yml") or p.is_dir():
         return model_from_file(p)
-    raise MemoError(f"model {name!r} unknown; presets: {', '.join(PRESETS)} (or a .yaml/.json model file, a "
+    key = name.lower()
+    key = key.split("/", 1)[1] if key.count("/") == 1 and key.split("/", 1)[1] in PRESETS else key  # an HF repo id
+    if key in PRESETS:
+        return PRESETS[key]
+    near = difflib.get_close_matches(key, PRESETS, n=1, cutoff=0.8)
+    hint = f"did you mean {near[0]!r}? " if near else ""
+    raise MemoError(f"model {name!r} unknown; {hint}presets: {', '.join(PRESETS)} (or a .yaml/.json model file, a "
                     f"Hugging Face config.json or its folder, or --layers/--hidden/...)")
 
 

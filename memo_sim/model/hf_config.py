@@ -19,9 +19,9 @@ counted, as transformers does not build it either. A ``quantization_config`` (De
 checkpoint) is named there too: memo plans in ``torch_dtype``, FP8 GEMMs being a layout choice.
 
 What memo cannot model is refused with one line naming the field: mixture-of-experts fields in a
-dense family, sliding-window attention in a dense family (``sliding_window``,
-``use_sliding_window``), cross-attention or encoder-decoder models, GPT-NeoX's parallel residual,
-a head dimension other than hidden / heads in a dense family but qwen3, biases on the MLP of a gated FFN, an
+dense family, sliding-window attention in a dense family but Qwen's (``sliding_window``; Qwen's
+``use_sliding_window`` windows the layers from ``max_window_layers`` on), cross-attention or
+encoder-decoder models, GPT-NeoX's parallel residual, a head dimension other than hidden / heads in a dense family but qwen3, biases on the MLP of a gated FFN, an
 activation it does not know.
 """
 
@@ -153,8 +153,7 @@ def hf_model_fields(raw: dict, source: str = "config.json", name: str = "hf-mode
     if mt == "mistral" and c.get("sliding_window") is not None:
         raise refuse("sliding_window", f"{c['sliding_window']}: sliding-window attention is not modelled "
                                        f"(full causal attention only; Mistral-7B-v0.3 has none)")
-    if mt in ("qwen2", "qwen3") and c.get("use_sliding_window"):
-        raise refuse("use_sliding_window", "true: sliding-window attention is not modelled")
+    qwen_sliding = _qwen_sliding(c, layers, refuse) if mt in ("qwen2", "qwen3") else {}
     if mt == "gpt_neox" and c.get("use_parallel_residual"):
         raise refuse("use_parallel_residual", "true: attention and MLP side by side (parallel residual) "
                                               "is not modelled; memo's layer is sequential pre-norm")
@@ -171,11 +170,29 @@ def hf_model_fields(raw: dict, source: str = "config.json", name: str = "hf-mode
     dtype, tied = _dtype_and_tied(c, refuse)
     d = dict(name=name, layers=layers, hidden=hidden, heads=heads, ffn=ffn, vocab=vocab,
              kv_heads=None if kv == heads else kv, ffn_type="swiglu" if gated else "gelu", dtype=dtype,
-             norm="rmsnorm" if gated else "layernorm", bias=bias, tied_embeddings=tied)
+             norm="rmsnorm" if gated else "layernorm", bias=bias, tied_embeddings=tied, **qwen_sliding)
     if mt == "qwen3":
         d.update(qk_norm=True, **({"head_dim": head_dim} if head_dim * heads != hidden else {}))
     d.update(_numerics(c, refuse, moe=False))
     return _with_quantization_note(d, raw)
+
+
+def _qwen_sliding(c: dict, layers: int, refuse) -> dict:
+    """Qwen's sliding window: with ``use_sliding_window`` the layers from ``max_window_layers`` on attend to the last
+    ``sliding_window`` tokens (transformers' Qwen2/Qwen3 layer types), as memo's ``sliding_layers`` count them; none
+    where ``max_window_layers`` reaches the layer count (or the window is off)."""
+    if not c.get("use_sliding_window"):
+        return {}
+    mwl = c.get("max_window_layers")
+    if isinstance(mwl, bool) or not isinstance(mwl, int) or mwl < 0:
+        raise refuse("max_window_layers", f"must be a whole number >= 0 with use_sliding_window, got {mwl!r}")
+    n = max(0, layers - mwl)
+    if not n:
+        return {}
+    w = c.get("sliding_window")
+    if isinstance(w, bool) or not isinstance(w, int) or w < 1:
+        raise refuse("sliding_window", f"must be a positive whole number with use_sliding_window, got {w!r}")
+    return {"sliding_window": w, "sliding_layers": n}
 
 
 def _numerics(c: dict, refuse, moe: bool) -> dict:
@@ -334,8 +351,8 @@ def moe_fields(raw: dict, source: str = "config.json", name: str = "hf-model") -
                 d.update(sliding_window=need("sliding_window"), sliding_layers=sliding)
         elif mt in ("mixtral",) and c.get("sliding_window") is not None:
             d.update(sliding_window=need("sliding_window"), sliding_layers=layers)
-        elif mt in ("qwen2_moe", "qwen3_moe") and c.get("use_sliding_window"):
-            raise refuse("use_sliding_window", "true: Qwen's per-layer sliding window (max_window_layers) is not modelled")
+        elif mt in ("qwen2_moe", "qwen3_moe"):
+            d.update(_qwen_sliding(c, layers, refuse))
         head_dim = c.get("head_dim")
         if head_dim is not None and head_dim * heads != hidden:
             d["head_dim"] = need("head_dim")

@@ -110,7 +110,9 @@ def whatif_answer(v: WhatIfView) -> Answer:
     a = Answer(verdict(v))
     m, prof = v.model, v.profile
     moe = f", {fmt_params(m.active_params())} active, {m.experts} experts top-{m.top_k}" if m.moe else ""
-    a.line(f"{m.name} ({fmt_params(m.params())} params{moe}{m.gemm_words}), {fmt_count(v.seq)} tokens x "
+    # a model in another dtype than bf16 (a config.json saved in float32) says so: its answer is another training's
+    dt = f", {m.dtype} training (--dtype bf16 plans bf16)" if m.dtype != "bf16" else ""
+    a.line(f"{m.name} ({fmt_params(m.params())} params{moe}{m.gemm_words}{dt}), {fmt_count(v.seq)} tokens x "
            f"{v.batch_words}, {v.gpus} x {prof.gpu.model} ({prof.name})")
     for note in m.model_notes():
         a.line(f"model: {note}")
