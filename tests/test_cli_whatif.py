@@ -208,6 +208,13 @@ def test_memos_own_plan_on_hopper_names_the_faster_attention_kernel_and_who_runs
     for extra in (["--profile", "a100-sxm4-80gb"], ["--profile", "h100-sxm5-80gb", "--framework", "megatron"]):
         r = CliRunner().invoke(cli, base + extra)
         assert r.exit_code == 0 and "cuDNN's fused attention (TransformerEngine" not in r.output, r.output
+    # what the kernel alone is worth: the best plan simulated on cuDNN's attention (a user's review asked for it)
+    d = json.loads(CliRunner().invoke(cli, base + ["--profile", "h100-sxm5-80gb", "--json"]).output)
+    same, best = d["cudnn_same_plan"], d["candidates"][0]
+    assert same["layout"]["attention"] == "cudnn" and same["status"] == "OK"
+    assert same["iteration_s"] < best["simulated_iteration_s"]
+    ratio = best["simulated_iteration_s"] / same["iteration_s"]
+    assert f"(the same plan on it: " in hopper.output and f"{ratio:.2f}x this plan's throughput)" in hopper.output
 
 
 def test_memo_alpha_binding_in_words(tmp_path):

@@ -265,6 +265,8 @@ def _answer_json(ans, paths: dict, elapsed: float, show: Show) -> dict:
             # an FP8 what-if: the same search without FP8 GEMMs (null: nothing fits it, or no FP8 asked: bf16_searched)
             "bf16_best": ans.bf16_best.to_json() if ans.bf16_best is not None else None,
             "bf16_searched": ans.bf16_searched,
+            # the best plan simulated on cuDNN's fused attention where the profile prices it apart (null: not asked)
+            "cudnn_same_plan": ans.cudnn_same,
             "runner_up": runner_up(shown, best),
             "train_tokens": show.train_budget,
             **_training_json(best, show.train_budget),
@@ -293,7 +295,8 @@ def _print_answer(ans, paths: dict, elapsed: float, show: Show) -> None:
         metp_rows=_metp_vs_megatron(result.candidates, req.alpha), advice=ans.advice, fixes=_fixes(ans, shown),
         sensitivity=sensitivity_line(shown, req.profile, req.alpha), framework=req.framework,
         memo_best=ans.memo_best, plain_recipe=plain_recipe(req.model),
-        train_lines=_train_lines(best, show.train_budget), bf16_best=ans.bf16_best, bf16_searched=ans.bf16_searched)
+        train_lines=_train_lines(best, show.train_budget), bf16_best=ans.bf16_best, bf16_searched=ans.bf16_searched,
+        cudnn_same=ans.cudnn_same)
     emit(whatif_answer(view), show.out_format)
 
 

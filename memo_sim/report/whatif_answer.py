@@ -44,6 +44,7 @@ class WhatIfView:
     train_lines: list = field(default_factory=list)
     bf16_best: object = None  # an FP8 what-if: the same search's best without FP8 GEMMs (`WhatifAnswer.bf16_best`)
     bf16_searched: bool = False
+    cudnn_same: dict | None = None  # the best plan simulated on cuDNN's attention (`WhatifAnswer.cudnn_same`)
 
 
 def verdict(v: WhatIfView) -> str:
@@ -82,9 +83,17 @@ def kernel_line(v: WhatIfView) -> str:
         return ""
     if v.profile.efficiency.priced_attention_kernel("cudnn") != "cudnn":
         return ""
+    same = ""
+    o = v.cudnn_same
+    if o and o.get("status") == "OK" and o.get("iteration_s"):
+        it = (b.simulated or {}).get("iteration_s") or b.estimate.iteration_s
+        same = (f" (the same plan on it: {fmt_time(o['iteration_s'])}/iteration, {it / o['iteration_s']:.2f}x this "
+                f"plan's throughput)")
+    elif o:
+        same = f" (the same plan on it does not fit: {o.get('status')})"
     return ("attention priced on FlashAttention-2, memo-exec's default kernel; this profile prices cuDNN's fused "
-            "attention (TransformerEngine's on Hopper) on its own faster curves: --framework megatron ranks the "
-            "plans Megatron-LM runs with it")
+            f"attention (TransformerEngine's on Hopper) on its own faster curves{same}: --framework megatron ranks "
+            "the plans Megatron-LM runs with it")
 
 
 def precision_line(v: WhatIfView) -> str:

@@ -565,6 +565,13 @@ def _simulate_summary(args: tuple) -> dict:
     return r.to_dict()
 
 
+def simulate_variant(c: Candidate, allocator_lag: int = 0, **layout_changes) -> dict:
+    """The tier-2 summary of candidate ``c`` with its layout changed (e.g. ``attention="cudnn"``): the same
+    model, batch, policy, schedule and profile, simulated as the ranking simulates (contention on)."""
+    return _simulate_summary(_summary_args(replace(c, layout=replace(c.layout, **layout_changes)), True,
+                                           allocator_lag))
+
+
 _FORKED_WORK: list[tuple] = []  # the arguments of `_simulate_summary`, inherited by forked workers
 
 
