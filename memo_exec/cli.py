@@ -228,9 +228,11 @@ def trace_cmd(plan_file, device, out_file, dtype, attention_backend, target, cud
     if plan.layout.kernel_fusion != "fused":  # the executor's layer runs uncompiled
         raise ExecError(f"plan layout {plan.layout.label()}: kernel_fusion {plan.layout.kernel_fusion}: the executor's "
                         "layer runs uncompiled, so its trace would not be the plan's; plan with fused kernels to trace it")
-    if plan.model.gemm.quantised:  # the executor's layer runs its GEMMs in the run's dtype
-        raise ExecError(f"plan model {plan.model.name}: gemm_format {plan.model.gemm_format}: the executor's layer runs "
-                        "no FP8 GEMMs, so its trace would not be the plan's; plan with --precision bf16 to trace it")
+    from memo_exec.gemm_formats import gemm_why_not  # noqa: PLC0415
+
+    why = gemm_why_not(plan.model, plan.layout, plan.schedule)
+    if why:  # a format the layer does not run as priced: its trace would not be the plan's
+        raise ExecError(why)
     tr = record_layer_trace(plan, device, dtype, attention_backend, target)
     tr.write_json(out_file)
     click.echo(f"wrote {out_file}: {len(tr)} buffers, max live {tr.max_live_bytes() / 2**20:.1f} MiB")

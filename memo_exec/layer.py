@@ -47,6 +47,7 @@ from torch import nn
 
 from memo_exec.attention import AttentionBackend, AttnDims
 from memo_exec.device import acc_dtype
+from memo_exec.gemm_formats import layer_gemm
 from memo_sim.model.config import ModelConfig
 from memo_sim.model.layer_graph import SKELETAL_NAMES, layer_tensors
 
@@ -136,6 +137,9 @@ class LayerStorage:
         self.tensors = tensors
         self.stats = stats  # [4, T]: mean1, rstd1, mean2, rstd2 (RMSNorm: the mean rows are unused)
         self.aux: Any = None  # attention backend state for the backward (lse, RNG state)
+        # FP8 GEMMs: the scale each GEMM's input was cast with in the forward, by op, which a recompute of some rows
+        # casts them with again (their own amax would give other values than the forward's; `LayerCompute._cast`)
+        self.fp8_scales: dict[str, Any] = {}
         self.moe: Any = None  # a MoE layer's routing (and, under store all, its block's graph): `memo_exec.moe.block`
         self.keep_moe_internals = False  # set by a policy that keeps every activation (store all)
 
@@ -149,7 +153,7 @@ class LayerStorage:
         t = dict(self.tensors)
         t["x"] = x
         s = LayerStorage(t, self.stats)
-        s.aux, s.moe, s.keep_moe_internals = self.aux, self.moe, self.keep_moe_internals
+        s.aux, s.moe, s.keep_moe_internals, s.fp8_scales = self.aux, self.moe, self.keep_moe_internals, self.fp8_scales
         return s
 
 
@@ -347,6 +351,7 @@ class LayerCompute(HeadNorms):
         self.h = m.hidden
         self.hq, self.kv, self.f = m.q_dim // p, m.kv_dim // p, m.ffn // p
         self.qk_norm, self.head = m.qk_norm, m.qk_head_dim
+        self.gemm = layer_gemm(m.gemm_format)  # the linear GEMMs in the plan's format (`memo_exec.gemm_formats`)
         self.fc1w = m.fc1_width // p
         self.swiglu = m.ffn_type == "swiglu"
         self.rms = m.norm == "rmsnorm"
@@ -369,20 +374,35 @@ class LayerCompute(HeadNorms):
             return rms_norm_backward(dout, x, rstd, w, w.grad)
         return _layer_norm_backward(dout, x, mean, rstd, w, b)
 
+    def _cast(self, x: torch.Tensor, S: LayerStorage, op: str, phase: str):
+        """The GEMM input ``x`` of ``op`` cast as its format casts it (None: nothing to cast), with the scale the
+        forward cast it with when a recompute rebuilds rows of it (MEMO's token-wise recompute casts the dropped
+        rows alone, whose own amax would give other values than the forward's; a full recompute gets the same)."""
+        if self.gemm.name == "bf16":
+            return None
+        cast = self.gemm.cast_input(x, S.fp8_scales.get(op) if phase == "recompute" else None)
+        if cast is not None and phase == "fwd":
+            S.fp8_scales[op] = cast[1]
+        return cast
+
+    def _linear_backward(self, dout, inp, weight, bias, ones, d_in):
+        """`_linear_backward` in the layer's GEMM format: weight (and bias) gradients accumulated, d_in = dout W."""
+        self.gemm.wgrad(dout, inp, weight.grad)
+        if bias is not None:
+            bias.grad.addmv_(dout.t(), ones)
+        return self.gemm.dgrad(dout, weight, d_in)
+
     def _qkv_slices(self, t: torch.Tensor):
         hq, kv = self.hq, self.kv
         return t[:hq], t[hq:hq + kv], t[hq + kv:]
 
-    def _row_parallel(self, inp, w, b, out, X, name: str) -> None:
-        """out[n, h] = reduce(inp[n*m, :] @ w^T) + b (the TP group's partial sums reduced)."""
+    def _row_parallel(self, inp, w, b, out, X, name: str, cast=None) -> None:
+        """out[n, h] = reduce(inp[n*m, :] @ w^T) + b (the TP group's partial sums reduced); ``cast``: `_cast`'s."""
         if self.tp.size == 1:
-            if b is None:
-                torch.mm(inp, w.t(), out=out)
-            else:
-                torch.addmm(b, inp, w.t(), out=out)
+            self.gemm.forward(inp, w, out, b, cast)
             return
         part = X.get(name + "_partial", (inp.shape[0], self.h), self.dtype)
-        torch.mm(inp, w.t(), out=part)
+        self.gemm.forward(inp, w, part, None, cast)
         self.tp.reduce(part, out)
         X.free(name + "_partial")
         if b is not None:
@@ -398,13 +418,11 @@ class LayerCompute(HeadNorms):
         with sp("qkv", layer, phase):
             ln1 = tp.gather(S.ln1[r], X, "ln1_gathered")
             bs = self._qkv_slices(p.bqkv) if p.bqkv is not None else (None, None, None)
+            cast = self._cast(ln1, S, "qkv", phase)  # the fused projection's input, cast once (FP8)
             for w, b, out in zip(self._qkv_slices(p.wqkv), bs, (S.q, S.k, S.v)):
-                if b is None:
-                    torch.mm(ln1, w.t(), out=out[rg])
-                else:
-                    torch.addmm(b, ln1, w.t(), out=out[rg])
+                self.gemm.forward(ln1, w, out[rg], b, cast)
             tp.release(X, "ln1_gathered")
-            del ln1
+            del ln1, cast
         if attention:
             with sp("attention", layer, phase):
                 q, k = self._attention_qk(p, S)
@@ -413,7 +431,7 @@ class LayerCompute(HeadNorms):
                 del q, k
         with sp("out_proj", layer, phase):
             proj = X.get("proj", (n, h), self.dtype)
-            self._row_parallel(S.attn[rg], p.wo, p.bo, proj, X, "proj")
+            self._row_parallel(S.attn[rg], p.wo, p.bo, proj, X, "proj", self._cast(S.attn[rg], S, "out_proj", phase))
         with sp("add1", layer, phase):
             torch.add(S.x[r], proj, out=S.h1[r])
             X.free("proj")
@@ -434,10 +452,7 @@ class LayerCompute(HeadNorms):
             return
         with sp("fc1", layer, phase):
             ln2 = tp.gather(S.ln2[r], X, "ln2_gathered")
-            if p.b1 is None:
-                torch.mm(ln2, p.w1.t(), out=S.fc1[rg])
-            else:
-                torch.addmm(p.b1, ln2, p.w1.t(), out=S.fc1[rg])
+            self.gemm.forward(ln2, p.w1, S.fc1[rg], p.b1, self._cast(ln2, S, "fc1", phase))
             tp.release(X, "ln2_gathered")
             del ln2
         with sp("act", layer, phase):
@@ -453,7 +468,7 @@ class LayerCompute(HeadNorms):
             return
         with sp("fc2", layer, phase):
             fc2 = X.get("fc2", (n, h), self.dtype)
-            self._row_parallel(S.act, p.w2, p.b2, fc2, X, "fc2")
+            self._row_parallel(S.act, p.w2, p.b2, fc2, X, "fc2", self._cast(S.act, S, "fc2", phase))
         if before_output is not None:
             before_output()  # y_out may be memory a copy still reads: the policy waits here, not earlier
         with sp("add2", layer, phase):
@@ -534,7 +549,7 @@ class LayerCompute(HeadNorms):
             if p.b2 is not None:
                 p.b2.grad.addmv_(dy.t(), one)
             dyg = tp.gather(dy, X, "dy_gathered")
-            d_act = _linear_backward(dyg, S.act, p.w2, None, oneg, X.get("d_act", (Tg, f), dt))
+            d_act = self._linear_backward(dyg, S.act, p.w2, None, oneg, X.get("d_act", (Tg, f), dt))
             tp.release(X, "dy_gathered")
             del dyg
         with sp("act", layer, ph):
@@ -556,9 +571,9 @@ class LayerCompute(HeadNorms):
             ln2 = tp.gather(S.ln2, X, "ln2_gathered")
             d_ln2 = X.get("d_ln2", (T, h), dt)
             if tp.size == 1:
-                _linear_backward(d_fc1, ln2, p.w1, p.b1, oneg, d_ln2)
+                self._linear_backward(d_fc1, ln2, p.w1, p.b1, oneg, d_ln2)
             else:
-                d_ln2p = _linear_backward(d_fc1, ln2, p.w1, p.b1, oneg, X.get("d_ln2_partial", (Tg, h), dt))
+                d_ln2p = self._linear_backward(d_fc1, ln2, p.w1, p.b1, oneg, X.get("d_ln2_partial", (Tg, h), dt))
                 tp.reduce(d_ln2p, d_ln2)
                 X.free("d_ln2_partial")
                 del d_ln2p
@@ -584,7 +599,7 @@ class LayerCompute(HeadNorms):
             if p.bo is not None:
                 p.bo.grad.addmv_(d_h1.t(), one)
             d_h1g = tp.gather(d_h1, X, "d_h1_gathered")
-            d_attn = _linear_backward(d_h1g, S.attn, p.wo, None, oneg, X.get("d_attn", (Tg, self.hq), dt))
+            d_attn = self._linear_backward(d_h1g, S.attn, p.wo, None, oneg, X.get("d_attn", (Tg, self.hq), dt))
             tp.release(X, "d_h1_gathered")
             del d_h1g
         with sp("attention", layer, ph):
@@ -601,17 +616,18 @@ class LayerCompute(HeadNorms):
             ln1 = tp.gather(S.ln1, X, "ln1_gathered")
             ws, gws = self._qkv_slices(p.wqkv), self._qkv_slices(p.wqkv.grad)
             gbs = self._qkv_slices(p.bqkv.grad) if p.bqkv is not None else (None, None, None)
+            cast = self.gemm.cast_wgrad_input(ln1)  # the fused projection's input, cast once (FP8)
             for d, gw, gb in zip((d_q, d_k, d_v), gws, gbs):
-                gw.addmm_(d.t(), ln1)
+                self.gemm.wgrad(d, ln1, gw, cast)
                 if gb is not None:
                     gb.addmv_(d.t(), oneg)
             tp.release(X, "ln1_gathered")
-            del ln1
+            del ln1, cast
             d_ln1 = X.get("d_ln1", (T, h), dt)
             d_ln1p = d_ln1 if tp.size == 1 else X.get("d_ln1_partial", (Tg, h), dt)
-            torch.mm(d_q, ws[0], out=d_ln1p)
-            d_ln1p.addmm_(d_k, ws[1])
-            d_ln1p.addmm_(d_v, ws[2])
+            self.gemm.dgrad(d_q, ws[0], d_ln1p)
+            self.gemm.dgrad(d_k, ws[1], d_ln1p, accumulate=True)
+            self.gemm.dgrad(d_v, ws[2], d_ln1p, accumulate=True)
             if tp.size > 1:
                 tp.reduce(d_ln1p, d_ln1)
                 X.free("d_ln1_partial")

@@ -3,7 +3,9 @@ simulator's terms (`memo_sim.memplan.footprint.MemoryBreakdown`), and the fit ch
 
 Terms (bytes on the device):
 
-- ``model_states``: weights, gradients, AdamW states (fp32 master weights for 16-bit parameters).
+- ``model_states``: weights, gradients, AdamW states (fp32 master weights for 16-bit parameters), and
+  under FP8 GEMMs every linear weight's two FP8 copies (`memo_exec.gemm_formats`; the simulator's
+  `memo_sim.cost.gemm_format.weight_cache_bytes`).
 - ``skeletal_resident``: skeletal tensors kept across layers (store all: every layer's; full
   recompute: every layer's input).
 - ``buffers``: the two rounding buffers (offloading policies) or the one recompute buffer.
@@ -43,6 +45,8 @@ from dataclasses import dataclass
 from memo_exec.device import acc_dtype, element_size, gib
 from memo_exec.errors import FitError
 from memo_exec.layer import norm_backward_temp_bytes, qk_norm_temp_bytes
+from memo_sim.cost.gemm_format import weight_cache_bytes
+from memo_sim.layout.parallel import Layout
 from memo_exec.model import ChunkPlace, padded_vocab, vocab_padding_params
 from memo_exec.optim import AdamW, model_state_bytes
 from memo_exec.optim_offload import HostAdamW
@@ -128,7 +132,7 @@ def estimate_memory(model, batch: int, seq: int, dtype, policy, backend, dims, r
     e, acc_e = element_size(dtype), element_size(acc_dtype(dtype))
     P = model.params() + vocab_padding_params(model)
     dev = policy.device_bytes()
-    states = model_state_bytes(P, dtype, grad_dtype)
+    states = model_state_bytes(P, dtype, grad_dtype) + weight_cache_bytes(model, model.layers, Layout())
     if optimizer_on_host:
         states -= AdamW.state_bytes_for(P, dtype)
     terms = {"model_states": states,

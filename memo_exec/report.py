@@ -390,6 +390,9 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
     L.append(f"# memo-exec run: {m['model']} — {m['policy']} — {m['seq_tokens']:,} tokens\n")
     L.append(f"- device: {m['device']}, dtype {m['dtype']}, attention backend {m['attention_backend']} "
              f"(asked: {m['attention_backend_requested']})")
+    if m.get("gemm_format", "bf16") != "bf16":  # the layer's linear GEMMs in another format (`memo_exec.gemm_formats`)
+        L.append(f"- layer GEMMs: {m['gemm_format']} (torch._scaled_mm: E4M3 activations and weights, E5M2 output "
+                 f"gradients, one scale per tensor; the weights' FP8 copies kept between optimizer steps)")
     from memo_exec.attention import priced_kernel_note  # noqa: PLC0415
 
     note = priced_kernel_note(m.get("attention_kernel_priced"), m.get("attention_backend"), m.get("device_kind"))

@@ -83,8 +83,8 @@ def use_profile(plan, profile: str | None) -> None:
 
 def run_model(plan: Plan, opts: RunOptions) -> ModelConfig:
     """The model a run trains: the plan's, with ``--layers`` of its layers when given (never more).
-    A plan whose layer GEMMs run in a quantised format (FP8) is refused: the executor's GEMMs run in
-    the run's dtype, so it would measure another plan than the one predicted."""
+    A plan whose layer GEMMs run in a format the executor does not run as priced is refused
+    (`memo_exec.gemm_formats.gemm_why_not`): it would measure another plan than the one predicted."""
     if plan.layout.memory_plan and not plan.policy.static_memory_plan:
         raise ExecError(f"plan layout {plan.layout.label()}: memory_plan: a static memory plan for the "
                         f"{plan.policy.name} policy is priced by the simulator only; the executor places MEMO's "
@@ -93,9 +93,11 @@ def run_model(plan: Plan, opts: RunOptions) -> ModelConfig:
         raise ExecError(f"plan layout {plan.layout.label()}: kernel_fusion {plan.layout.kernel_fusion}: the executor runs "
                         f"its layer's kernels uncompiled (no torch.compile), so it would measure another plan than the "
                         f"one predicted; plan with a framework whose kernels are fused (e.g. --framework torchtitan)")
-    if plan.model.gemm.quantised:
-        raise ExecError(f"plan model {plan.model.name}: gemm_format {plan.model.gemm_format}: the executor runs the "
-                        f"layer GEMMs in the run's dtype only (no FP8 kernels yet); plan with --precision bf16 to run it")
+    from memo_exec.gemm_formats import gemm_why_not  # noqa: PLC0415
+
+    why = gemm_why_not(plan.model, plan.layout, plan.schedule)
+    if why:
+        raise ExecError(why)
     from memo_exec.moe.refuse import moe_why_not  # noqa: PLC0415
 
     why = moe_why_not(plan.model, plan.layout)
@@ -290,7 +292,7 @@ class ExecutorBase:
             "layout": self.plan.layout.label(), "device": self.device_spec.describe(),
             "device_kind": self.device_spec.kind, "dtype": str(self.dtype).replace("torch.", ""),
             "attention_backend": self.backend.name, "attention_backend_requested": self.backend_name,
-            "attention_kernel_priced": self.priced_kernel,
+            "attention_kernel_priced": self.priced_kernel, "gemm_format": m.gemm_format,
             "classifier_chunk_tokens": self.plan.classifier_chunk_tokens, "data": self.data.describe(),
             "memory_plan": None, "memory_estimate_bytes": self.estimate.terms,
             "memory_estimate_detail_bytes": self.estimate.detail,

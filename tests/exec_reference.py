@@ -32,6 +32,46 @@ def make_norm(m: ModelConfig, device, dtype) -> nn.Module:
     return nn.LayerNorm(m.hidden, eps=LN_EPS, device=device, dtype=dtype)
 
 
+class Fp8Linear(torch.autograd.Function):
+    """y = x W^T as torchao's Float8Linear (tensorwise) computes it, in autograd and the reference's dtype: x and W
+    cast to E4M3, the output gradient to E5M2, each with one scale from its own amax (`memo_exec.gemm_formats.
+    quantize`), the products of the cast values in the reference's dtype. The executor's GEMMs must give this."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        from memo_exec.gemm_formats import E4M3, quantize
+
+        ctx.save_for_backward(x, w)
+        xq, xs = quantize(x.reshape(-1, x.shape[-1]), E4M3)
+        wq, ws = quantize(w, E4M3)
+        y = (xq.to(x.dtype) * xs.to(x.dtype)) @ (wq.to(x.dtype) * ws.to(x.dtype)).t()
+        return y.reshape(*x.shape[:-1], w.shape[0])
+
+    @staticmethod
+    def backward(ctx, dy):
+        from memo_exec.gemm_formats import E4M3, E5M2, quantize
+
+        x, w = ctx.saved_tensors
+        x2, d2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
+        dq, ds = quantize(d2, E5M2)
+        d = dq.to(x.dtype) * ds.to(x.dtype)
+        wq, ws = quantize(w, E4M3)
+        xq, xs = quantize(x2, E4M3)
+        dx = d @ (wq.to(x.dtype) * ws.to(x.dtype))
+        dw = d.t() @ (xq.to(x.dtype) * xs.to(x.dtype))
+        return dx.reshape(x.shape), dw
+
+
+def linear(m: ModelConfig, x: torch.Tensor, lin: nn.Linear, rows: slice | None = None) -> torch.Tensor:
+    """``lin`` (its rows ``rows``) applied to ``x`` in the model's GEMM format (FP8: `Fp8Linear`, the bias added)."""
+    w = lin.weight if rows is None else lin.weight[rows]
+    b = lin.bias if rows is None or lin.bias is None else lin.bias[rows]
+    if m.gemm_format == "bf16":
+        return F.linear(x, w, b)
+    y = Fp8Linear.apply(x, w)
+    return y if b is None else y + b
+
+
 class RefLayer(nn.Module):
     def __init__(self, m: ModelConfig, device, dtype) -> None:
         super().__init__()
@@ -53,7 +93,9 @@ class RefLayer(nn.Module):
         m = self.m
         b, s, h = x.shape
         d, H, Hk = m.qk_head_dim, m.heads, m.n_kv_heads
-        q, k, v = self.qkv(self.ln1(x)).split([m.q_dim, m.kv_dim, m.kv_dim], dim=-1)
+        ln1 = self.ln1(x)  # the fused projection: each of q, k and v its own scale (as the executor's slices)
+        q, k, v = (linear(m, ln1, self.qkv, slice(a, a + n)) for a, n in ((0, m.q_dim), (m.q_dim, m.kv_dim),
+                                                                         (m.q_dim + m.kv_dim, m.kv_dim)))
         q, k = q.view(b, s, H, d), k.view(b, s, Hk, d)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
@@ -61,14 +103,14 @@ class RefLayer(nn.Module):
         k = k.transpose(1, 2)
         v = v.view(b, s, Hk, d).transpose(1, 2)
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=Hk != H)
-        h1 = x + self.out(a.transpose(1, 2).reshape(b, s, m.q_dim))
-        f1 = self.fc1(self.ln2(h1))
+        h1 = x + linear(m, a.transpose(1, 2).reshape(b, s, m.q_dim), self.out)
+        f1 = linear(m, self.ln2(h1), self.fc1)
         if m.ffn_type == "swiglu":
             gate, up = f1.split([m.ffn, m.ffn], dim=-1)
             act = F.silu(gate) * up
         else:
             act = F.gelu(f1)
-        return h1 + self.fc2(act)
+        return h1 + linear(m, act, self.fc2)
 
 
 class RefGPT(nn.Module):

@@ -88,11 +88,16 @@ KINDS = {
                               *MEMO]),
     "hsdp": (4, ["--layers", "4", "--dp", "4", "--dp-mode", "fsdp", "--policy", "store_all",
                  "--framework", "torchtitan"]),
+    # FP8 GEMMs as torchao's Float8Linear runs them (`memo_exec.gemm_formats`)
+    "fp8-tensorwise": (1, ["--layers", "4", *MEMO, "--profile", "h100-sxm5-80gb", "--precision", "fp8-tensorwise"]),
+    "fp8-two-gpus": (2, ["--layers", "4", "--dp", "2", "--policy", "store_all", "--profile", "h100-sxm5-80gb",
+                         "--precision", "fp8-tensorwise"]),
 }
 # what the executor does not run: (GPUs, what-if flags, the words of its one-line refusal)
 REFUSED = {
-    "fp8-tensorwise": (1, ["--layers", "4", "--policy", "store_all", "--profile", "h100-sxm5-80gb",
-                           "--precision", "fp8-tensorwise"], "no FP8 kernels yet"),
+    # TransformerEngine's FP8 keeps the quantised GEMM inputs; the executor keeps the high-precision ones
+    "fp8-megatron": (1, ["--layers", "4", "--policy", "store_all", "--profile", "h100-sxm5-80gb",
+                         "--precision", "fp8-tensorwise", "--framework", "megatron"], "fp8_saved_inputs"),
     "moe-recompute_norm_act": (1, ["--model", "MOE", "--policy", "recompute_norm_act", "--framework", "megatron"],
                                "policy 'recompute_norm_act'"),
     "memplan-full_recompute": (1, ["--layers", "4", "--policy", "full_recompute", "--allocator", "plan"],
@@ -104,9 +109,9 @@ REFUSED = {
     "fsdp-beside-stages": (4, ["--layers", "4", "--pp", "2", "--dp", "2", "--batch", "2", "--schedule", "1f1b",
                                "--zero", "3", "--policy", "full_recompute", "--framework", "torchtitan"],
                            "dp_mode fsdp beside pipeline stages", ["--nproc", "4"]),
-    # FP8 on two GPUs: the FP8 refusal, not 'run it with --nproc 2' (which would then refuse it)
-    "fp8-two-gpus": (2, ["--layers", "4", "--dp", "2", "--policy", "store_all", "--profile", "h100-sxm5-80gb",
-                         "--precision", "fp8-tensorwise"], "no FP8 kernels yet"),
+    # FP8 on two GPUs in a part that runs no FP8: the FP8 refusal, not 'run it with --nproc 2' (which would refuse it)
+    "fp8-moe-two-gpus": (2, ["--model", "MOE", "--ep", "2", "--policy", "store_all", "--profile", "h100-sxm5-80gb",
+                             "--precision", "fp8-tensorwise"], "not in MoE experts"),
     "moe-fsdp": (4, ["--model", "MOE", "--dp", "4", "--zero", "3", "--policy", "store_all", "--framework", "torchtitan"],
                  "dp_mode fsdp with mixture-of-experts layers", ["--nproc", "4"]),
     "async-tp": (4, ["--layers", "4", "--tp", "2", "--dp", "2", "--zero", "3", "--tp-mode", "async_tp",

@@ -177,8 +177,10 @@ def test_fp8_plan_round_trip_export_and_executor_refusal(tmp_path):
     from memo_exec.errors import ExecError
     from memo_exec.runner import RunOptions, run_model
 
-    with pytest.raises(ExecError, match="gemm_format fp8-tensorwise: the executor runs the layer GEMMs"):
-        run_model(plan, RunOptions(device="cpu"))
+    assert run_model(plan, RunOptions(device="cpu")).gemm_format == "fp8-tensorwise"  # the executor runs it
+    with pytest.raises(ExecError, match="gemm_format fp8-blockwise: the executor runs bf16, fp8-tensorwise"):
+        run_model(dataclasses.replace(plan, model=dataclasses.replace(plan.model, gemm_format="fp8-blockwise")),
+                  RunOptions(device="cpu"))
 
 
 def test_transformer_engine_keeps_the_quantised_inputs_for_backward():

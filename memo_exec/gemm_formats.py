@@ -1,0 +1,175 @@
+"""The layer's linear GEMMs in the plan's GEMM format (`memo_sim.model.gemm_formats`), one class per format
+registered by name.
+
+A layer (`memo_exec.layer.LayerCompute`) asks its format for the three GEMMs of a linear ``y = x W^T``:
+``forward`` (y = x W^T, into ``out``), ``dgrad`` (dx = dy W, into ``out``, or added to it) and ``wgrad``
+(W.grad += dy^T x). ``bf16`` (the model dtype, the default) is ``torch.mm`` / ``addmm_`` as the layer always
+ran them. ``fp8-tensorwise`` is what torchao's Float8Linear runs under its ``tensorwise`` recipe
+(torchtitan's Float8, memo's ``fp8_saved_inputs`` off): every GEMM's operands are cast to FP8 with one scale
+per tensor from the tensor's own amax ("current scaling") -- E4M3 for the activations and weights, E5M2 for
+the output gradient in backward (the "hybrid" format) -- and multiplied by ``torch._scaled_mm``, which
+accumulates in fp32 and writes the layer's dtype; the layer keeps its high-precision inputs for the backward
+and casts them again there. Each weight's FP8 copies (row-major for the forward, transposed for the data
+gradient: the layouts Hopper's FP8 tensor cores take, the operand pairs ``torch._scaled_mm`` accepts on CUDA)
+are cast once after the weight changes (an optimizer step, a ZeRO-3 gather) and kept: the two quantised
+copies the simulator counts in the model states (`memo_sim.cost.gemm_format.weight_cache_bytes`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+E4M3 = torch.float8_e4m3fn
+E5M2 = torch.float8_e5m2
+AMAX_FLOOR = 1e-12  # an all-zero tensor casts with this amax (a scale that keeps it zero)
+
+
+def quantize(t: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor | None = None) -> tuple[torch.Tensor,
+                                                                                           torch.Tensor]:
+    """``t`` in FP8 ``dtype`` with one scale from its amax: (the FP8 tensor, the fp32 factor that takes it back,
+    amax / the format's largest value); ``scale``: that factor given (a recompute casting rows of a tensor the
+    forward cast whole: the forward's, so the rows come out as the forward's did)."""
+    top = torch.finfo(dtype).max
+    if scale is None:
+        scale = (t.detach().abs().amax().float().clamp_min(AMAX_FLOOR) / top).reshape(())
+    return (t.float() / scale).clamp_(-top, top).to(dtype), scale
+
+
+class ModelDtypeGemm:
+    """The GEMMs in the layer's own dtype (the ``bf16`` format: the model dtype). ``cast_input`` /
+    ``cast_wgrad_input`` give what ``forward`` / ``wgrad`` take as ``cast``: an input cast once (for several GEMMs,
+    or with the forward's scale in a recompute); here nothing."""
+
+    name = "bf16"
+
+    @staticmethod
+    def cast_input(x: torch.Tensor, scale=None) -> None:
+        return None
+
+    @staticmethod
+    def cast_wgrad_input(x: torch.Tensor) -> None:
+        return None
+
+    @staticmethod
+    def forward(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None = None,
+                cast=None) -> None:
+        if bias is None:
+            torch.mm(x, w.t(), out=out)
+        else:
+            torch.addmm(bias, x, w.t(), out=out)
+
+    @staticmethod
+    def dgrad(dy: torch.Tensor, w: torch.Tensor, out: torch.Tensor, accumulate: bool = False) -> torch.Tensor:
+        if accumulate:
+            return out.addmm_(dy, w)
+        return torch.mm(dy, w, out=out)
+
+    @staticmethod
+    def wgrad(dy: torch.Tensor, x: torch.Tensor, grad: torch.Tensor, cast=None) -> None:
+        grad.addmm_(dy.t(), x)
+
+    def forget(self) -> None:
+        return None
+
+
+class Fp8TensorwiseGemm:
+    """FP8 GEMMs with one scale per tensor (module docs); a layer compute holds one, with its weights' FP8
+    copies. A weight is a parameter or a row block of one (``wqkv``'s q, k and v rows: one scale each, as
+    separate linears have)."""
+
+    name = "fp8-tensorwise"
+
+    def __init__(self) -> None:
+        # (id of the parameter or the buffer it views, storage offset, shape) -> ((version, data pointer), (row-major
+        # E4M3, transposed E4M3, the scale back))
+        self._cache: dict[tuple, tuple] = {}
+
+    def forget(self) -> None:
+        """Drop every weight's FP8 copies (the layer compute's end)."""
+        self._cache.clear()
+
+    def _weight(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        base = w._base if w._base is not None else w
+        key = (id(base), w.storage_offset(), tuple(w.shape))
+        stamp = (w._version, w.data_ptr())  # a view shares its base's version counter: any write recasts
+        hit = self._cache.get(key)
+        if hit is not None and hit[0] == stamp:
+            return hit[1]
+        q, s = quantize(w, E4M3)
+        copies = (q, q.t().contiguous(), s)
+        self._cache[key] = (stamp, copies)
+        return copies
+
+    @staticmethod
+    def cast_input(x: torch.Tensor, scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """A forward input cast once (E4M3, row-major): for several GEMMs (the fused QKV projection's three), or
+        with a given ``scale`` (`quantize`)."""
+        return None if x.is_meta else quantize(x, E4M3, scale)
+
+    @staticmethod
+    def cast_wgrad_input(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """A weight gradient's input cast once for several GEMMs (E4M3, its transpose row-major)."""
+        return None if x.is_meta else quantize(x.t().contiguous(), E4M3)
+
+    def forward(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None = None,
+                cast=None) -> None:
+        """out = x W^T (+ bias): x cast to E4M3 (row-major; ``cast``: `cast_input`'s), W's row-major copy read as its
+        transpose (column-major)."""
+        if x.is_meta:  # a dry run records the layer's scratch requests on the meta device: shapes only
+            return ModelDtypeGemm.forward(x, w, out, bias)
+        xq, xs = cast if cast is not None else quantize(x, E4M3)
+        wq, _, ws = self._weight(w)
+        torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws, out_dtype=out.dtype, out=out)
+        if bias is not None:
+            out.add_(bias)
+
+    def dgrad(self, dy: torch.Tensor, w: torch.Tensor, out: torch.Tensor, accumulate: bool = False) -> torch.Tensor:
+        """out (+)= dy W: dy cast to E5M2 (row-major), W's transposed copy read as its transpose."""
+        if dy.is_meta:
+            return ModelDtypeGemm.dgrad(dy, w, out, accumulate)
+        dq, ds = quantize(dy, E5M2)
+        _, wt, ws = self._weight(w)
+        r = torch._scaled_mm(dq, wt.t(), scale_a=ds, scale_b=ws, out_dtype=out.dtype)
+        if accumulate:
+            return out.add_(r)
+        return out.copy_(r)
+
+    def wgrad(self, dy: torch.Tensor, x: torch.Tensor, grad: torch.Tensor, cast=None) -> None:
+        """W.grad += dy^T x: dy^T cast to E5M2 (its transposed copy, row-major), x cast again to E4M3 (the layer
+        keeps the high-precision input; ``cast``: `cast_wgrad_input`'s) and read column-major; accumulated in the
+        gradient's dtype."""
+        if dy.is_meta:
+            return ModelDtypeGemm.wgrad(dy, x, grad)
+        dq, ds = quantize(dy.t().contiguous(), E5M2)
+        xq, xs = cast if cast is not None else quantize(x.t().contiguous(), E4M3)
+        grad.add_(torch._scaled_mm(dq, xq.t(), scale_a=ds, scale_b=xs, out_dtype=grad.dtype))
+
+
+GEMMS = {ModelDtypeGemm.name: ModelDtypeGemm, Fp8TensorwiseGemm.name: Fp8TensorwiseGemm}
+
+
+def gemm_why_not(model, layout, schedule: str) -> str | None:
+    """Why the executor cannot run the plan's GEMM format as the simulator priced it (one line), or None: formats
+    it has no GEMMs for, TransformerEngine's FP8 saved inputs (the executor keeps the high-precision ones, as
+    torchao does), and FP8 on the parts with GEMMs of their own (MoE experts, METP's rings, SPPO's pieces)."""
+    fmt = model.gemm_format
+    if fmt == ModelDtypeGemm.name:
+        return None
+    what = f"plan model {model.name}: gemm_format {fmt}"
+    if fmt not in GEMMS:
+        return (f"{what}: the executor runs {', '.join(GEMMS)} GEMMs only; plan with --precision "
+                f"{' or '.join(GEMMS)} to run it")
+    if model.fp8_saved_inputs:
+        return (f"{what}: fp8_saved_inputs (TransformerEngine keeps the FP8 copies of the GEMM inputs): the executor "
+                f"keeps the high-precision inputs as torchao's Float8Linear does; plan with --framework torchtitan "
+                f"or any to run it")
+    part = ("MoE experts" if model.moe else f"tp_mode {layout.tp_mode}" if layout.metp
+            else "SPPO's pieces" if schedule == "sppo" else None)
+    if part:
+        return f"{what}: the executor runs FP8 GEMMs in the dense layer only, not in {part}; plan with --precision bf16"
+    return None
+
+
+def layer_gemm(fmt: str):
+    """The GEMMs of format ``fmt`` (`memo_exec.runner.run_model` refuses the formats not here first)."""
+    return GEMMS[fmt]()

@@ -1,0 +1,166 @@
+"""FP8 GEMMs in the executor (`memo_exec.gemm_formats`): the ``fp8-tensorwise`` format as torchao's Float8Linear
+runs it (E4M3 activations and weights, E5M2 output gradients, one scale per tensor from its amax,
+``torch._scaled_mm``), which the simulator prices for torchtitan's and memo's own FP8 plans.
+
+- each of a linear's three GEMMs equals the cast-then-multiply math (`tests.exec_reference.Fp8Linear`), with the
+  casts each GEMM must make (E4M3 forward operands, E5M2 gradients);
+- a weight's FP8 copies are cast once and again only after the weight changes;
+- every activation policy gives store-all's gradients exactly: MEMO's token-wise recompute casts the rebuilt rows
+  with the forward's scales (their own amax would give other values: 8.5% off store-all before it did);
+- the whole model is within FP8's own noise of the autograd reference with the same casts (FP8 amplifies the
+  executor's fp32 accumulation inside ``_scaled_mm`` -- 1e-7 -- into flipped E5M2 elements, 25% each, so the
+  two agree on the loss but only to FP8's noise on gradients);
+- on gloo, Megatron TP with SP runs it (each rank casts its own weight shard with its own scale);
+- what it does not run is refused in one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import memo_exec.gemm_formats as G
+from memo_exec.errors import ExecError
+from memo_exec.runner import RunOptions, run_model
+from memo_sim.layout.parallel import Layout
+from memo_sim.model.config import ModelConfig
+from memo_sim.policy import get_policy
+from tests.exec_helpers import executor_grads, make_plan, max_rel_error, reference_grads, time_limit
+from tests.exec_reference import Fp8Linear
+
+torch.set_num_threads(1)
+
+PLAIN = ModelConfig("fp8-small", 4, 256, 8, 512, vocab=512, kv_heads=4, norm="rmsnorm", ffn_type="swiglu",
+                    bias="none", tied_embeddings=False, dtype="fp32")
+FP8 = dataclasses.replace(PLAIN, gemm_format="fp8-tensorwise")
+SEQ = 512
+
+
+@pytest.fixture(autouse=True)
+def _time_limit():
+    with time_limit(240):
+        yield
+
+
+def test_each_gemm_is_the_cast_math_with_the_casts_of_its_operands(monkeypatch):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 32, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(48, 32, generator=g, dtype=torch.float64, requires_grad=True)
+    dy = torch.randn(64, 48, generator=g, dtype=torch.float64)
+    Fp8Linear.apply(x, w).backward(dy)
+    casts = []
+    real = G.quantize
+    monkeypatch.setattr(G, "quantize", lambda t, dt, scale=None: casts.append((tuple(t.shape), dt)) or real(t, dt, scale))
+    gemm = G.Fp8TensorwiseGemm()
+    wd = w.detach()  # one tensor, as a layer passes its parameter to each GEMM
+    y = torch.empty(64, 48, dtype=torch.float64)
+    gemm.forward(x.detach(), wd, y)
+    assert casts == [((64, 32), G.E4M3), ((48, 32), G.E4M3)]  # the input, then the weight (kept)
+    dx = torch.empty(64, 32, dtype=torch.float64)
+    gemm.dgrad(dy, wd, dx)
+    gw = torch.zeros(48, 32, dtype=torch.float64)
+    gemm.wgrad(dy, x.detach(), gw)
+    assert casts[2:] == [((64, 48), G.E5M2), ((48, 64), G.E5M2), ((32, 64), G.E4M3)]  # no weight cast again
+    want = (Fp8Linear.apply(x.detach(), w.detach()), x.grad, w.grad)
+    for got, ref in zip((y, dx, gw), want):
+        assert float((got - ref).norm() / ref.norm()) < 1e-6  # _scaled_mm accumulates in fp32
+
+
+def test_a_weights_copies_are_cast_again_only_after_it_changes(monkeypatch):
+    casts = []
+    real = G.quantize
+    monkeypatch.setattr(G, "quantize", lambda t, dt, scale=None: casts.append(tuple(t.shape)) or real(t, dt, scale))
+    gemm = G.Fp8TensorwiseGemm()
+    w = torch.nn.Parameter(torch.randn(48, 32))
+    x, out = torch.randn(8, 32), torch.empty(8, 48)
+    for _ in range(3):
+        gemm.forward(x, w, out)
+    assert casts.count((48, 32)) == 1
+    with torch.no_grad():
+        w.add_(1.0)  # an optimizer step
+    gemm.forward(x, w, out)
+    assert casts.count((48, 32)) == 2
+    gemm.forward(x, w[:16], torch.empty(8, 16))  # a row block (the fused QKV's q rows) has its own copies
+    assert casts.count((16, 32)) == 1
+
+
+POLICIES = [("store_all", None), ("full_recompute", None), ("selective_recompute", None), ("full_offload", None),
+            ("checkpoint_offload", None), ("memo", 0.3), ("memo", 0.0)]
+
+
+@pytest.fixture(scope="module")
+def store_all():
+    return executor_grads(make_plan(FP8, SEQ, get_policy("store_all")))
+
+
+@pytest.mark.parametrize("name,alpha", POLICIES[1:], ids=[f"{n}{'' if a is None else a}" for n, a in POLICIES[1:]])
+def test_every_policy_gives_store_alls_gradients_exactly(name, alpha, store_all):
+    loss0, grads0, _ = store_all
+    loss, grads, _ = executor_grads(make_plan(FP8, SEQ, get_policy(name, alpha)))
+    assert loss == loss0
+    err, worst = max_rel_error(grads, grads0)
+    assert err == 0.0, f"{name}: {worst} off by {err:.2e}"
+
+
+def test_the_model_is_within_fp8_noise_of_the_reference_with_the_same_casts(store_all):
+    loss, grads, ex = store_all
+    ref_loss, ref_grads = reference_grads(ex)  # RefGPT: every linear an Fp8Linear (the plan's format)
+    plain_loss, _, _ = executor_grads(make_plan(PLAIN, SEQ, get_policy("store_all")))
+    assert abs(loss - ref_loss) <= 1e-4 * abs(ref_loss)
+    assert abs(loss - plain_loss) > 10 * abs(loss - ref_loss)  # the casts are there: FP8 moves the loss
+    err, worst = max_rel_error(grads, ref_grads)
+    assert err < 0.25, f"{worst}: {err:.3f}"
+
+
+REFUSED = [
+    ("fp8-blockwise", dict(model=dataclasses.replace(PLAIN, gemm_format="fp8-blockwise"))),
+    ("fp8_saved_inputs", dict(model=dataclasses.replace(FP8, fp8_saved_inputs=True))),
+    ("MoE experts", dict(model=dataclasses.replace(FP8, experts=4, top_k=2))),
+    ("tp_mode metp_ffn", dict(layout=Layout(tp=2, sp=True, tp_mode="metp_ffn"), gpus=2)),
+    ("SPPO's pieces", dict(layout=Layout(pp=2), gpus=2, schedule="sppo")),
+]
+
+
+@pytest.mark.parametrize("needle,change", REFUSED, ids=[r[0] for r in REFUSED])
+def test_what_the_executor_does_not_run_in_fp8_is_refused_in_one_line(needle, change):
+    plan = dataclasses.replace(make_plan(FP8, SEQ, get_policy("store_all")), **change)
+    with pytest.raises(ExecError, match=needle) as e:
+        run_model(plan, RunOptions(device="cpu"))
+    assert "\n" not in str(e.value)
+
+
+def _tp_rank(rank: int, world: int) -> float:
+    from memo_exec.device import DeviceSpec
+    from memo_exec.distributed.context import build_context
+    from memo_exec.distributed.runner import DistExecutor
+
+    lay = Layout(tp=2, sp=True)
+    plan = make_plan(FP8, SEQ, get_policy("memo", 0.5), chunk=256)
+    plan.layout, plan.gpus = lay, lay.gpus
+    ex = DistExecutor(plan, RunOptions(device="cpu", dtype="fp64", steps=2), build_context(lay, torch.device("cpu")),
+                      DeviceSpec("cpu"))
+    ex.allocate()
+    losses = [ex.step(k).loss for k in range(2)]
+    ex.close()
+    return losses
+
+
+def test_megatron_tp_runs_fp8_near_one_process():
+    """Each TP rank casts its own weight shard (its own amax), so the run is FP8's, not one process's bit for bit:
+    two optimizer steps' losses within FP8's noise of one process's."""
+    from tests.dist_harness import spawn
+
+    results = spawn(_tp_rank, 2, timeout=300)
+    plan = make_plan(FP8, SEQ, get_policy("memo", 0.5), chunk=256)
+    from memo_exec.runner import Executor
+
+    ex = Executor(plan, RunOptions(device="cpu", dtype="fp64", steps=2))
+    try:
+        want = [s["loss"] for s in ex.run().summaries]
+    finally:
+        ex.close()
+    assert results[0] == results[1]
+    for got, ref in zip(results[0], want):
+        assert abs(got - ref) <= 1e-3 * abs(ref), (results[0], want)
