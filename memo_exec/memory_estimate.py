@@ -45,8 +45,6 @@ from dataclasses import dataclass
 from memo_exec.device import acc_dtype, element_size, gib
 from memo_exec.errors import FitError
 from memo_exec.layer import norm_backward_temp_bytes, qk_norm_temp_bytes
-from memo_sim.cost.gemm_format import weight_cache_bytes
-from memo_sim.layout.parallel import Layout
 from memo_exec.model import ChunkPlace, padded_vocab, vocab_padding_params
 from memo_exec.optim import AdamW, model_state_bytes
 from memo_exec.optim_offload import HostAdamW
@@ -132,7 +130,9 @@ def estimate_memory(model, batch: int, seq: int, dtype, policy, backend, dims, r
     e, acc_e = element_size(dtype), element_size(acc_dtype(dtype))
     P = model.params() + vocab_padding_params(model)
     dev = policy.device_bytes()
-    states = model_state_bytes(P, dtype, grad_dtype) + weight_cache_bytes(model, model.layers, Layout())
+    states = model_state_bytes(P, dtype, grad_dtype)
+    if model.gemm.quantised:  # every linear weight's FP8 copies (one device: the simulator's weight_cache_bytes)
+        states += model.gemm.quantised_bytes(model.layers * model.linear_params(), weight=True)
     if optimizer_on_host:
         states -= AdamW.state_bytes_for(P, dtype)
     terms = {"model_states": states,

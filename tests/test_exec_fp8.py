@@ -164,3 +164,15 @@ def test_megatron_tp_runs_fp8_near_one_process():
     assert results[0] == results[1]
     for got, ref in zip(results[0], want):
         assert abs(got - ref) <= 1e-3 * abs(ref), (results[0], want)
+
+
+def test_the_memory_estimate_counts_the_weights_fp8_copies_as_the_simulator_does():
+    from memo_exec.runner import Executor
+    from memo_sim.cost.gemm_format import weight_cache_bytes
+
+    states = {}
+    for m in (PLAIN, FP8):
+        ex = Executor(make_plan(m, SEQ, get_policy("store_all")), RunOptions(device="cpu", steps=1))
+        states[m.gemm_format] = ex.estimate.terms["model_states"]
+        ex.close()
+    assert states["fp8-tensorwise"] - states["bf16"] == weight_cache_bytes(FP8, FP8.layers, Layout())
