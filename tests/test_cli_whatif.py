@@ -300,6 +300,14 @@ def test_heads_over_a_gqa_preset_name_the_kv_heads_that_have_no_flag():
     ok = run(["whatif", "--model", "llama-3.1-8b", "--heads", "16", "--layers", "2", "--hidden", "256", "--no-plan",
               "--gpus", "1", "--seq", "2K", "--jobs", "1"])
     assert ok.exit_code == 0, ok.output
+    assert "or --kv-heads" in r.output  # the K/V heads have a flag now, and so has the head size (a user's review)
+    from memo_sim.cli.common import build_model
+
+    m = build_model("qwen3-32b", 2, 256, 8, None, 1024, kv_heads=2, head_dim=32)
+    assert (m.heads, m.n_kv_heads, m.qk_head_dim, m.q_dim) == (8, 2, 32, 256)
+    ok = run(["whatif", "--model", "llama-3.1-8b", "--heads", "4", "--kv-heads", "2", "--layers", "2", "--hidden",
+              "256", "--no-plan", "--gpus", "1", "--seq", "2K", "--jobs", "1"])
+    assert ok.exit_code == 0, ok.output
 
 
 def test_hidden_override_scales_the_ffn_unless_ffn_is_given():

@@ -86,6 +86,10 @@ def model_options(f):
                      help="Override the model dtype (fp32 for plans run on a CPU profile).")(f)
     f = click.option("--vocab", type=int, help="Override the vocabulary size.")(f)
     f = click.option("--ffn", type=int, help="Override the FFN width.")(f)
+    f = click.option("--head-dim", type=int, help="Override the query/key head size (0: hidden / heads; a preset's "
+                                                  "own, e.g. Qwen3's 128, is kept otherwise).")(f)
+    f = click.option("--kv-heads", type=int, help="Override the K/V heads (grouped-query attention; they divide the "
+                                                  "query heads).")(f)
     f = click.option("--heads", type=int, help="Override the attention heads.")(f)
     f = click.option("--hidden", type=int, help="Override the hidden size (the dense FFN keeps its ratio to it "
                                                 "unless --ffn is given; the experts' widths always do).")(f)
@@ -103,12 +107,13 @@ def profile_option(help: str = "Hardware profile."):
     return click.option("--profile", "profile_name", default=DEFAULT_PROFILE, show_default=True, help=help)
 
 
-def build_model(model_name: str, layers, hidden, heads, ffn, vocab, dtype=None, precision=None) -> ModelConfig:
+def build_model(model_name: str, layers, hidden, heads, ffn, vocab, dtype=None, precision=None, kv_heads=None,
+                head_dim=None) -> ModelConfig:
     """The preset or file ``model_name`` with the flags' overrides; ``precision``: a recipe name, or
     `precision_option`'s {"precision": ..., "gemm_format": ...}."""
     prec = precision if isinstance(precision, dict) else {"precision": precision}
     return with_overrides(get_model(model_name), layers=layers, hidden=hidden, heads=heads, ffn=ffn, vocab=vocab,
-                          dtype=dtype, **prec)
+                          dtype=dtype, kv_heads=kv_heads, head_dim=head_dim, **prec)
 
 
 def progress_bar(label: str, total: int, quiet: bool = False, force: bool | None = None):

@@ -40,7 +40,7 @@ from memo_sim.units import fmt_count
                    "nothing fits with it on the GPU).")
 @moe_layout_options
 @format_options
-def maxseq(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, gpus, profile_name, policies, framework,
+def maxseq(model_name, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, dtype, precision, gpus, profile_name, policies, framework,
            step, allocator, tp, cp, ulysses, dp, zero, sp, tp_mode, pp, optimizer_offload, ep, etp, moe_dispatcher,
            moe_balance, out_format, as_json):
     """The longest sequence (a multiple of --step) each policy trains, its MFU there, and the
@@ -63,7 +63,7 @@ def maxseq(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, gpus
 
     fmt = resolve_format(out_format, as_json)
     t0 = time.perf_counter()
-    model = build_model(model_name, layers, hidden, heads, ffn, vocab, dtype, precision)
+    model = build_model(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, kv_heads, head_dim)
     profile = load_profile(profile_name)
     profile.peak(model.dtype)
     check_gemm_format(model, profile)

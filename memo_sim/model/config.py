@@ -624,9 +624,9 @@ def with_overrides(base: ModelConfig, source: str = "model flags", rename: bool 
     if rename and set(over) - {"gemm_format"}:
         d["name"] = f"{base.name}-custom"
     kv = base.n_kv_heads
-    if "heads" in over and base.kv_heads is not None and over["heads"] % kv:  # a GQA preset's K/V heads have no flag
+    if "heads" in over and "kv_heads" not in over and base.kv_heads is not None and over["heads"] % kv:
         raise MemoError(f"--heads {over['heads']}: {base.name} has {kv} K/V heads, which must divide the query heads; "
-                        f"give --heads a multiple of {kv}, or a model file with its own kv_heads")
+                        f"give --heads a multiple of {kv}, or --kv-heads")
     return ModelConfig.from_dict(d, source=source)
 
 
