@@ -22,6 +22,16 @@ import torch
 E4M3 = torch.float8_e4m3fn
 E5M2 = torch.float8_e5m2
 AMAX_FLOOR = 1e-12  # an all-zero tensor casts with this amax (a scale that keeps it zero)
+CUDA_MULTIPLE = 16  # torch._scaled_mm on CUDA: the reduction dimension and the second operand's both a multiple of this
+# bumped by every optimizer step (`weights_changed`): a weight's FP8 copies are cast again at their next use. A
+# parameter's version counter does not tell: the fused AdamW writes an fp32 weight through a detached alias, and the
+# distributed executor's parameters are views set on flat buffers that the optimizer and the all-gathers write
+_EPOCH = [0]
+
+
+def weights_changed() -> None:
+    """The weights were updated (an optimizer step): every FP8 weight copy is stale."""
+    _EPOCH[0] += 1
 
 
 def quantize(t: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor | None = None) -> tuple[torch.Tensor,
@@ -30,9 +40,18 @@ def quantize(t: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor | None = N
     amax / the format's largest value); ``scale``: that factor given (a recompute casting rows of a tensor the
     forward cast whole: the forward's, so the rows come out as the forward's did)."""
     top = torch.finfo(dtype).max
-    if scale is None:
-        scale = (t.detach().abs().amax().float().clamp_min(AMAX_FLOOR) / top).reshape(())
-    return (t.float() / scale).clamp_(-top, top).to(dtype), scale
+    if scale is None:  # the amax without an |t| temporary
+        acc = torch.float64 if t.dtype == torch.float64 else torch.float32
+        amax = torch.linalg.vector_norm(t.detach(), float("inf"), dtype=acc).float()
+        scale = (amax.clamp_min(AMAX_FLOOR) / top).reshape(())
+    # one fp32 temporary (`cast_temp_bytes`) beside the FP8 result
+    return t.detach().to(torch.float32, copy=True).div_(scale).clamp_(-top, top).to(dtype), scale
+
+
+def cast_temp_bytes(elements: int, element_bytes: int) -> int:
+    """Bytes a cast of ``elements`` holds at its peak beside its input: the fp32 temporary and the FP8 result, and
+    for a weight gradient's operands the transposed copy of the input (``element_bytes`` each) it casts."""
+    return elements * (4 + 1 + element_bytes)
 
 
 class ModelDtypeGemm:
@@ -91,7 +110,7 @@ class Fp8TensorwiseGemm:
     def _weight(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         base = w._base if w._base is not None else w
         key = (id(base), w.storage_offset(), tuple(w.shape))
-        stamp = (w._version, w.data_ptr())  # a view shares its base's version counter: any write recasts
+        stamp = (w._version, w.data_ptr(), _EPOCH[0])  # a write through the tensor, a new buffer, an optimizer step
         hit = self._cache.get(key)
         if hit is not None and hit[0] == stamp:
             return hit[1]
@@ -148,10 +167,13 @@ class Fp8TensorwiseGemm:
 GEMMS = {ModelDtypeGemm.name: ModelDtypeGemm, Fp8TensorwiseGemm.name: Fp8TensorwiseGemm}
 
 
-def gemm_why_not(model, layout, schedule: str) -> str | None:
+def gemm_why_not(model, layout, schedule: str, tokens: int | None = None) -> str | None:
     """Why the executor cannot run the plan's GEMM format as the simulator priced it (one line), or None: formats
     it has no GEMMs for, TransformerEngine's FP8 saved inputs (the executor keeps the high-precision ones, as
-    torchao does), and FP8 on the parts with GEMMs of their own (MoE experts, METP's rings, SPPO's pieces)."""
+    torchao does), FP8 on the parts with GEMMs of their own (MoE experts, METP's rings, SPPO's pieces), under
+    ZeRO 3 / FSDP (the executor keeps every layer's FP8 weight copies through a step, the simulator the gathered
+    layers' only), and GEMM sizes CUDA's ``_scaled_mm`` refuses (``tokens``: the TP-gathered token rows a rank's
+    weight gradients reduce over)."""
     fmt = model.gemm_format
     if fmt == ModelDtypeGemm.name:
         return None
@@ -167,9 +189,25 @@ def gemm_why_not(model, layout, schedule: str) -> str | None:
             else "SPPO's pieces" if schedule == "sppo" else None)
     if part:
         return f"{what}: the executor runs FP8 GEMMs in the dense layer only, not in {part}; plan with --precision bf16"
+    if layout.zero >= 3:
+        return (f"{what}: ZeRO 3 / FSDP: the executor keeps every layer's FP8 weight copies through a step, where the "
+                f"simulator prices the gathered layers' only; plan with --zero 2 or below")
+    p = layout.tp
+    sizes = {"hidden": model.hidden, "the queries' width / tp": model.q_dim // p, "the K/V width / tp": model.kv_dim // p,
+             "ffn / tp": model.ffn // p, "a rank's token rows": tokens}
+    odd = [f"{k} {v}" for k, v in sizes.items() if v is not None and v % CUDA_MULTIPLE]
+    if odd:
+        return (f"{what}: {', '.join(odd)} not a multiple of {CUDA_MULTIPLE}, which CUDA's FP8 GEMMs (torch._scaled_mm) "
+                f"need; change the shape or the sequence")
     return None
 
 
 def layer_gemm(fmt: str):
     """The GEMMs of format ``fmt`` (`memo_exec.runner.run_model` refuses the formats not here first)."""
     return GEMMS[fmt]()
+
+
+def rank_token_rows(plan) -> int:
+    """The token rows a rank's linear GEMMs run over (TP-gathered: a micro-batch of the CP / Ulysses shard)."""
+    lay = plan.layout
+    return (plan.micro_batch or plan.batch) * plan.seq_tokens // (lay.cp * lay.ulysses)

@@ -18,7 +18,8 @@ Terms (bytes on the device):
   (FlashAttention's fp32 dQ accumulator and two fp32 lse-sized vectors, the simulator's
   ``attention_bwd_workspace``: `memo_exec.attention.kernel_bwd_workspace`), LayerNorm outputs
   (aten allocates them), an RMSNorm backward's temporaries (`memo_exec.layer.norm_backward_temp_bytes`; the QK
-  norms' `memo_exec.layer.qk_norm_temp_bytes`).
+  norms' `memo_exec.layer.qk_norm_temp_bytes`; FP8 GEMMs' cast of their widest input,
+  `memo_exec.gemm_formats.cast_temp_bytes`).
 - ``layer_boundary``: the activation handed between layers, live beside a layer's work (the
   embedding output in layer 0's forward, the incoming gradient in backward).
 - ``classifier_peak``: the chunked head: the last layer output, the final norm output and its
@@ -44,6 +45,7 @@ from dataclasses import dataclass
 
 from memo_exec.device import acc_dtype, element_size, gib
 from memo_exec.errors import FitError
+from memo_exec.gemm_formats import cast_temp_bytes
 from memo_exec.layer import norm_backward_temp_bytes, qk_norm_temp_bytes
 from memo_exec.model import ChunkPlace, padded_vocab, vocab_padding_params
 from memo_exec.optim import AdamW, model_state_bytes
@@ -146,11 +148,14 @@ def estimate_memory(model, batch: int, seq: int, dtype, policy, backend, dims, r
     hidden = T * h * e  # one [T, h] activation: LayerNorm output, layer input/output, incoming gradient
     kernel = {ph: backend.outside_bytes(dims, e, ph) for ph in ("fwd", "bwd")}
     recomputes_attention = bool(getattr(policy.choice, "recomputes_attention", False))
+    # FP8 GEMMs: the cast of the widest GEMM input (`memo_exec.gemm_formats.cast_temp_bytes`)
+    fp8_cast_bytes = cast_temp_bytes(T * max(h, model.q_dim, model.fc1_width), e) if model.gemm.quantised else 0
     outside = {
-        "fwd": scratch_peak(requests.events, "fwd", placed) + max(hidden, kernel["fwd"]),
+        "fwd": scratch_peak(requests.events, "fwd", placed) + max(hidden, kernel["fwd"], fp8_cast_bytes),
         # backward: LayerNorm backward outputs, the kernel's gradients, or (full recompute) its forward outputs
         "bwd": scratch_peak(requests.events, "bwd", placed) + layer_grad_bytes + max(
             hidden + norm_backward_temp_bytes(model, T, dtype), kernel["bwd"], qk_norm_temp_bytes(model, T, dtype),
+            fp8_cast_bytes,
             kernel["fwd"] if recomputes_attention else 0),
     }
     terms["transient_peak"] = arena + max(outside.values())

@@ -26,6 +26,8 @@ import math
 import torch
 from torch.optim.adamw import adamw
 
+from memo_exec.gemm_formats import weights_changed
+
 
 def main_grad_dtype(recipe, dtype: torch.dtype) -> torch.dtype:
     """The dtype of the gradients the optimizer step reads: fp32 main gradients where the plan's
@@ -118,6 +120,7 @@ class AdamW:
             norm = float(torch.nn.utils.get_total_norm(grads))
             if not math.isfinite(norm):
                 raise NonFiniteGradient(norm)
+        weights_changed()  # FP8 weight copies are cast again at their next use (`memo_exec.gemm_formats`)
         self.step_count += 1
         same, same_grads, cast = [], [], []  # cast: gradients of another dtype than their master, one at a time
         for i, (p, mp) in enumerate(zip(self.params, self.master)):

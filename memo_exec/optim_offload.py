@@ -20,6 +20,8 @@ The three phases run one after the other while the device waits, as the simulato
 from __future__ import annotations
 
 import torch
+
+from memo_exec.gemm_formats import weights_changed
 from torch import nn
 
 from memo_exec.optim import AdamW
@@ -63,6 +65,7 @@ class HostAdamW:
     @torch.no_grad()
     def step(self) -> None:
         """Gradients to the host, AdamW there, the updated weights back (module docs)."""
+        weights_changed()  # FP8 weight copies are cast again at their next use (`memo_exec.gemm_formats`)
         for p, m, buf in zip(self.params, self.masters, self._grad_bufs):
             g = self.main_grads[p] if self.main_grads is not None else p.grad
             if g is None:

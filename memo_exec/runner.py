@@ -93,9 +93,9 @@ def run_model(plan: Plan, opts: RunOptions) -> ModelConfig:
         raise ExecError(f"plan layout {plan.layout.label()}: kernel_fusion {plan.layout.kernel_fusion}: the executor runs "
                         f"its layer's kernels uncompiled (no torch.compile), so it would measure another plan than the "
                         f"one predicted; plan with a framework whose kernels are fused (e.g. --framework torchtitan)")
-    from memo_exec.gemm_formats import gemm_why_not  # noqa: PLC0415
+    from memo_exec.gemm_formats import gemm_why_not, rank_token_rows  # noqa: PLC0415
 
-    why = gemm_why_not(plan.model, plan.layout, plan.schedule)
+    why = gemm_why_not(plan.model, plan.layout, plan.schedule, rank_token_rows(plan))
     if why:
         raise ExecError(why)
     from memo_exec.moe.refuse import moe_why_not  # noqa: PLC0415
