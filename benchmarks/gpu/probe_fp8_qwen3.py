@@ -110,7 +110,23 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--profile", default="h200-141gb")
     ap.add_argument("--seconds", type=float, default=150.0, help="time for the FP8 step-time loop")
+    ap.add_argument("--compile-casts", action="store_true",
+                    help="also time the FP8 run with its casts compiled (torch.compile of the cast: one fused kernel, "
+                         "as TransformerEngine's and compiled torchao's casts are), the FP8 part only")
     args = ap.parse_args()
+    if args.compile_casts:
+        import torch
+
+        import memo_exec.gemm_formats as G
+
+        res0 = {"eager": fp8_speed(args.profile, args.seconds / 2)}
+        G.quantize = torch.compile(G.quantize, dynamic=True)
+        res0["compiled_casts"] = fp8_speed(args.profile, args.seconds / 2)
+        for k, v in res0.items():
+            print(k, {q: v[q] for q in ("measured_s", "predicted_s", "measured_speedup", "predicted_speedup")}, flush=True)
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "probe_fp8_casts.json").write_text(json.dumps(res0, indent=1, default=str))
+        return 0
     res: dict = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     try:
         import torch
