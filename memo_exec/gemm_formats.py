@@ -39,19 +39,45 @@ def quantize(t: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor | None = N
     """``t`` in FP8 ``dtype`` with one scale from its amax: (the FP8 tensor, the fp32 factor that takes it back,
     amax / the format's largest value); ``scale``: that factor given (a recompute casting rows of a tensor the
     forward cast whole: the forward's, so the rows come out as the forward's did)."""
+    if t.is_cuda and _COMPILED[0] is not False:
+        return _compiled_quantize(t, dtype, scale)
+    return _quantize(t, dtype, scale)
+
+
+def _quantize(t: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     top = torch.finfo(dtype).max
     if scale is None:  # the amax without an |t| temporary
         acc = torch.float64 if t.dtype == torch.float64 else torch.float32
         amax = torch.linalg.vector_norm(t.detach(), float("inf"), dtype=acc).float()
         scale = (amax.clamp_min(AMAX_FLOOR) / top).reshape(())
-    # one fp32 temporary (`cast_temp_bytes`) beside the FP8 result
-    return t.detach().to(torch.float32, copy=True).div_(scale).clamp_(-top, top).to(dtype), scale
+    # one fp32 temporary (`cast_temp_bytes`), row-major whatever ``t``'s strides (a transposed view is cast and laid
+    # out in the one pass), beside the FP8 result
+    q = t.detach().to(torch.float32, memory_format=torch.contiguous_format, copy=True)
+    return q.div_(scale).clamp_(-top, top).to(dtype), scale
+
+
+# On CUDA the cast runs as one compiled kernel (the amax, the scaling and the FP8 write, a transposed input read in
+# place), as TransformerEngine's and compiled torchao's casts run: measured on an H200 (reports/gpu-h200-2026-11-28-
+# fp8-qwen3.md) the eager cast's passes made FP8 slower than bf16. None: not tried yet; False: compiling failed here
+# (no Triton), the eager cast then.
+_COMPILED: list = [None]
+
+
+def _compiled_quantize(t, dtype, scale):
+    if _COMPILED[0] is None:
+        try:
+            _COMPILED[0] = torch.compile(_quantize, dynamic=True)
+            return _COMPILED[0](t, dtype, scale)
+        except Exception:  # noqa: BLE001 - no Triton or another compile failure: the eager cast, same numbers
+            _COMPILED[0] = False
+            return _quantize(t, dtype, scale)
+    return _COMPILED[0](t, dtype, scale)
 
 
 def cast_temp_bytes(elements: int, element_bytes: int) -> int:
-    """Bytes a cast of ``elements`` holds at its peak beside its input: the fp32 temporary and the FP8 result, and
-    for a weight gradient's operands the transposed copy of the input (``element_bytes`` each) it casts."""
-    return elements * (4 + 1 + element_bytes)
+    """Bytes a cast of ``elements`` holds at its peak beside its input: the fp32 temporary and the FP8 result (the
+    input's dtype, ``element_bytes``, not counted: a transposed input is read in place)."""
+    return elements * (4 + 1)
 
 
 class ModelDtypeGemm:
@@ -128,7 +154,7 @@ class Fp8TensorwiseGemm:
     @staticmethod
     def cast_wgrad_input(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """A weight gradient's input cast once for several GEMMs (E4M3, its transpose row-major)."""
-        return None if x.is_meta else quantize(x.t().contiguous(), E4M3)
+        return None if x.is_meta else quantize(x.t(), E4M3)
 
     def forward(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None = None,
                 cast=None) -> None:
@@ -148,10 +174,9 @@ class Fp8TensorwiseGemm:
             return ModelDtypeGemm.dgrad(dy, w, out, accumulate)
         dq, ds = quantize(dy, E5M2)
         _, wt, ws = self._weight(w)
-        r = torch._scaled_mm(dq, wt.t(), scale_a=ds, scale_b=ws, out_dtype=out.dtype)
-        if accumulate:
-            return out.add_(r)
-        return out.copy_(r)
+        if not accumulate:
+            return torch._scaled_mm(dq, wt.t(), scale_a=ds, scale_b=ws, out_dtype=out.dtype, out=out)
+        return out.add_(torch._scaled_mm(dq, wt.t(), scale_a=ds, scale_b=ws, out_dtype=out.dtype))
 
     def wgrad(self, dy: torch.Tensor, x: torch.Tensor, grad: torch.Tensor, cast=None) -> None:
         """W.grad += dy^T x: dy^T cast to E5M2 (its transposed copy, row-major), x cast again to E4M3 (the layer
@@ -159,8 +184,8 @@ class Fp8TensorwiseGemm:
         gradient's dtype."""
         if dy.is_meta:
             return ModelDtypeGemm.wgrad(dy, x, grad)
-        dq, ds = quantize(dy.t().contiguous(), E5M2)
-        xq, xs = cast if cast is not None else quantize(x.t().contiguous(), E4M3)
+        dq, ds = quantize(dy.t(), E5M2)  # cast row-major from the transposed view in one pass
+        xq, xs = cast if cast is not None else quantize(x.t(), E4M3)
         grad.add_(torch._scaled_mm(dq, xq.t(), scale_a=ds, scale_b=xs, out_dtype=grad.dtype))
 
 
