@@ -218,12 +218,12 @@ def gemm_why_not(model, layout, schedule: str, tokens: int | None = None) -> str
         return (f"{what}: ZeRO 3 / FSDP: the executor keeps every layer's FP8 weight copies through a step, where the "
                 f"simulator prices the gathered layers' only; plan with --zero 2 or below")
     p = layout.tp
-    sizes = {"hidden": model.hidden, "the queries' width / tp": model.q_dim // p, "the K/V width / tp": model.kv_dim // p,
-             "ffn / tp": model.ffn // p, "a rank's token rows": tokens}
+    sizes = {"hidden": model.hidden, "the queries' width / tp": model.q_dim // p,
+             "the K/V width / tp": model.kv_dim // p, "ffn / tp": model.ffn // p, "a rank's token rows": tokens}
     odd = [f"{k} {v}" for k, v in sizes.items() if v is not None and v % CUDA_MULTIPLE]
     if odd:
-        return (f"{what}: {', '.join(odd)} not a multiple of {CUDA_MULTIPLE}, which CUDA's FP8 GEMMs (torch._scaled_mm) "
-                f"need; change the shape or the sequence")
+        return (f"{what}: {', '.join(odd)} not a multiple of {CUDA_MULTIPLE}, which CUDA's FP8 GEMMs "
+                f"(torch._scaled_mm) need; change the shape or the sequence")
     return None
 
 

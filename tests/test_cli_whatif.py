@@ -214,7 +214,7 @@ def test_memos_own_plan_on_hopper_names_the_faster_attention_kernel_and_who_runs
     assert same["layout"]["attention"] == "cudnn" and same["status"] == "OK"
     assert same["iteration_s"] < best["simulated_iteration_s"]
     ratio = best["simulated_iteration_s"] / same["iteration_s"]
-    assert f"(the same plan on it: " in hopper.output and f"{ratio:.2f}x this plan's throughput)" in hopper.output
+    assert "(the same plan on it: " in hopper.output and f"{ratio:.2f}x this plan's throughput)" in hopper.output
 
 
 def test_memo_alpha_binding_in_words(tmp_path):

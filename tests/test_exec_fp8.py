@@ -54,7 +54,8 @@ def test_each_gemm_is_the_cast_math_with_the_casts_of_its_operands(monkeypatch):
     Fp8Linear.apply(x, w).backward(dy)
     casts = []
     real = G.quantize
-    monkeypatch.setattr(G, "quantize", lambda t, dt, scale=None: casts.append((tuple(t.shape), dt)) or real(t, dt, scale))
+    monkeypatch.setattr(G, "quantize",
+                        lambda t, dt, scale=None: casts.append((tuple(t.shape), dt)) or real(t, dt, scale))
     gemm = G.Fp8TensorwiseGemm()
     wd = w.detach()  # one tensor, as a layer passes its parameter to each GEMM
     y = torch.empty(64, 48, dtype=torch.float64)

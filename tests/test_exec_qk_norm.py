@@ -3,9 +3,11 @@
 
 Every activation policy's loss and gradients against the plain-autograd reference (its norms as
 transformers' Qwen3Attention applies them) with norm weights drawn away from one; a plan placed on
-the simulator's traces (which now name the normalised queries and keys) places them; on gloo, TP (with and without sequence parallelism: each rank's QK-norm gradient sums
-its own heads only), ring CP, Ulysses, METP's FFN ring (metp_ffn) and SPPO (tests/test_sppo_exec.py) match the single-process
-run; full METP, whose head-group rings run heads of hidden / heads without norms, refuses them in one line.
+the simulator's traces (which now name the normalised queries and keys) places them; on gloo, TP (with
+and without sequence parallelism: each rank's QK-norm gradient sums its own heads only), ring CP,
+Ulysses and METP's FFN ring (metp_ffn) match the single-process run (SPPO's pieces in one process:
+tests/test_sppo_exec.py); full METP, whose head-group rings run heads of hidden / heads without norms,
+refuses them in one line.
 """
 
 from __future__ import annotations
@@ -108,8 +110,8 @@ def _rank_cases(rank: int, world: int, cases, refused) -> list:
         lay = Layout(**lay_kw)
         plan = make_plan(model, SEQ, get_policy(*pol), chunk=256)
         plan.layout, plan.gpus = lay, lay.gpus
-        return DistExecutor(plan, RunOptions(device="cpu", dtype="fp64", steps=1), build_context(lay, torch.device("cpu")),
-                            DeviceSpec("cpu"))
+        return DistExecutor(plan, RunOptions(device="cpu", dtype="fp64", steps=1),
+                            build_context(lay, torch.device("cpu")), DeviceSpec("cpu"))
 
     out = []
     for lay_kw, pol in cases:
@@ -134,7 +136,8 @@ TWO = [(dict(tp=2, sp=True), ("memo", 0.5)), (dict(tp=2, sp=False), ("store_all"
 # full METP's head-group rings run heads of hidden / heads without norms (`FULL_METP_ARCHITECTURE`); a QKV bias, which
 # full METP needs, so that only the attention is refused
 FULL_METP = [(dict(tp=2, sp=True, tp_mode="metp"), ("store_all",), dataclasses.replace(QWEN, bias="qkv")),
-             (dict(tp=2, sp=True, tp_mode="metp"), ("store_all",), dataclasses.replace(QWEN, bias="qkv", qk_norm=False))]
+             (dict(tp=2, sp=True, tp_mode="metp"), ("store_all",),
+              dataclasses.replace(QWEN, bias="qkv", qk_norm=False))]
 
 
 def test_two_ranks_tp_cp_ulysses_metp_ffn_match_single_process_and_full_metp_refuses():

@@ -123,7 +123,8 @@ def main() -> int:
         G.quantize = torch.compile(G.quantize, dynamic=True)
         res0["compiled_casts"] = fp8_speed(args.profile, args.seconds / 2)
         for k, v in res0.items():
-            print(k, {q: v[q] for q in ("measured_s", "predicted_s", "measured_speedup", "predicted_speedup")}, flush=True)
+            keys = ("measured_s", "predicted_s", "measured_speedup", "predicted_speedup")
+            print(k, {q: v[q] for q in keys}, flush=True)
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "probe_fp8_casts.json").write_text(json.dumps(res0, indent=1, default=str))
         return 0

@@ -40,7 +40,8 @@ from memo_sim.units import fmt_count
                    "nothing fits with it on the GPU).")
 @moe_layout_options
 @format_options
-def maxseq(model_name, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, dtype, precision, gpus, profile_name, policies, framework,
+def maxseq(model_name, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, dtype, precision,
+           gpus, profile_name, policies, framework,
            step, allocator, tp, cp, ulysses, dp, zero, sp, tp_mode, pp, optimizer_offload, ep, etp, moe_dispatcher,
            moe_balance, out_format, as_json):
     """The longest sequence (a multiple of --step) each policy trains, its MFU there, and the

@@ -191,8 +191,8 @@ def whatif(**options):
 def request_of(options: dict) -> WhatifRequest:
     """The what-if request of the command's options (the model and profile built from their flags)."""
     model = build_model(options["model_name"], options["layers"], options["hidden"], options["heads"],
-                        options["ffn"], options["vocab"], options["dtype"], options["precision"], options.get("kv_heads"),
-                        options.get("head_dim"))
+                        options["ffn"], options["vocab"], options["dtype"], options["precision"],
+                        options.get("kv_heads"), options.get("head_dim"))
     jobs = options.get("jobs") or default_jobs()
     text = options.get("pipeline_layout")
     chunks = None

@@ -568,8 +568,8 @@ PRESETS: dict[str, ModelConfig] = {
     # Qwen3 (dense): heads of 128 whatever hidden / heads is, an RMSNorm over each query and key head; the
     # config.json of Qwen/Qwen3-8B, -14B, -32B (tests/data/hf holds them, and the counts transformers gives them)
     **{name: ModelConfig(name, layers, hidden, heads, ffn, vocab=151936, kv_heads=8, ffn_type="swiglu",
-                         norm="rmsnorm", bias="none", tied_embeddings=False, head_dim=0 if heads * 128 == hidden else 128,
-                         qk_norm=True, rope_theta=1e6, norm_eps=1e-6)
+                         norm="rmsnorm", bias="none", tied_embeddings=False,
+                         head_dim=0 if heads * 128 == hidden else 128, qk_norm=True, rope_theta=1e6, norm_eps=1e-6)
        for name, layers, hidden, heads, ffn in (("qwen3-8b", 36, 4096, 32, 12288), ("qwen3-14b", 40, 5120, 40, 17408),
                                                 ("qwen3-32b", 64, 5120, 64, 25600))},
     # mixtures of experts, from the Hugging Face config.json of each (tests/data/hf holds them, and the

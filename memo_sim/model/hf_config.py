@@ -1,8 +1,9 @@
 """Models from a Hugging Face ``config.json`` (local files only; no network).
 
-Reads the decoder families memo can model: ``llama``, ``mistral``, ``qwen2``, ``qwen3`` (its ``head_dim``
-and the RMSNorm over each query and key head), ``gpt2``, ``gpt_neox``, by their own field names (``hidden_size``, ``num_hidden_layers``,
-``num_attention_heads``, ``num_key_value_heads``, ``intermediate_size``, ``vocab_size``,
+Reads the decoder families memo can model: ``llama``, ``mistral``, ``qwen2``, ``qwen3`` (its
+``head_dim`` and the RMSNorm over each query and key head), ``gpt2``, ``gpt_neox``, by their own field
+names (``hidden_size``, ``num_hidden_layers``, ``num_attention_heads``, ``num_key_value_heads``,
+``intermediate_size``, ``vocab_size``,
 ``tie_word_embeddings``, ``hidden_act``, ``torch_dtype`` / ``dtype``; GPT-2's ``n_embd``,
 ``n_layer``, ``n_head``, ``n_inner``, ``activation_function``), with each family's defaults for
 fields a file leaves out (those of its ``transformers`` configuration class). When
@@ -21,7 +22,8 @@ checkpoint) is named there too: memo plans in ``torch_dtype``, FP8 GEMMs being a
 What memo cannot model is refused with one line naming the field: mixture-of-experts fields in a
 dense family, sliding-window attention in a dense family but Qwen's (``sliding_window``; Qwen's
 ``use_sliding_window`` windows the layers from ``max_window_layers`` on), cross-attention or
-encoder-decoder models, GPT-NeoX's parallel residual, a head dimension other than hidden / heads in a dense family but qwen3, biases on the MLP of a gated FFN, an
+encoder-decoder models, GPT-NeoX's parallel residual, a head dimension other than hidden / heads
+in a dense family but qwen3, biases on the MLP of a gated FFN, an
 activation it does not know.
 """
 
