@@ -88,6 +88,10 @@ KINDS = {
                               *MEMO]),
     "hsdp": (4, ["--layers", "4", "--dp", "4", "--dp-mode", "fsdp", "--policy", "store_all",
                  "--framework", "torchtitan"]),
+    # Qwen3's attention: heads of 32 over a 64-wide model (the --head-dim override), QK norms
+    "qwen3-memo": (1, ["--model", "qwen3-8b", *DENSE, "--layers", "4", "--kv-heads", "2", "--head-dim", "32", *MEMO]),
+    "qwen3-tp2": (2, ["--model", "qwen3-8b", *DENSE, "--layers", "4", "--kv-heads", "2", "--head-dim", "32", "--tp", "2",
+                      "--policy", "full_recompute"]),
     # FP8 GEMMs as torchao's Float8Linear runs them (`memo_exec.gemm_formats`)
     "fp8-tensorwise": (1, ["--layers", "4", *MEMO, "--profile", "h100-sxm5-80gb", "--precision", "fp8-tensorwise"]),
     "fp8-two-gpus": (2, ["--layers", "4", "--dp", "2", "--policy", "store_all", "--profile", "h100-sxm5-80gb",
