@@ -672,20 +672,13 @@ def head_rms_norm(x: torch.Tensor, w: torch.Tensor, head: int, eps: float, out: 
 
 
 def head_rms_norm_backward(dout: torch.Tensor, x: torch.Tensor, w: torch.Tensor, head: int, eps: float) -> None:
-    """Backward of `head_rms_norm`, in place: ``dout`` (the gradient of the normalised heads) becomes the
-    gradient of ``x``; accumulates ``w.grad``. With r = rstd of a row's head and g its gradient:
-    dx = r g w - x r^3 mean(g w x), dw = sum over rows and heads of g x r. The rstd is recomputed from
-    x; one temporary g x ``[rows, heads x head]`` in the accumulation dtype."""
+    """Backward of `head_rms_norm`, in place: ``dout`` (the gradient of the normalised heads) becomes the gradient of
+    ``x``; accumulates ``w.grad``. `rms_norm_backward` over the heads as rows, its rstd recomputed from x (one value
+    per row and head); its temporaries: `qk_norm_temp_bytes`."""
     xv, gv = x.view(-1, head), dout.view(-1, head)
-    acc = acc_dtype(x.dtype)
-    r = torch.linalg.vector_norm(xv, 2, -1, dtype=acc)
+    r = torch.linalg.vector_norm(xv, 2, -1, dtype=acc_dtype(x.dtype))
     r.square_().mul_(1.0 / head).add_(eps).rsqrt_()
-    gx = torch.mul(gv, xv, out=torch.empty(gv.shape, dtype=acc, device=gv.device))
-    w.grad.add_(torch.mv(gx.t(), r).to(w.grad.dtype))
-    coef = torch.mv(gx, w.to(acc)).mul_(r.pow(3)).mul_(1.0 / head)  # r^3 mean(g w x), per row
-    del gx
-    gv.mul_(w).mul_(r.unsqueeze(1))
-    gv.addcmul_(xv, coef.unsqueeze(1), value=-1.0)
+    gv.copy_(rms_norm_backward(gv, xv, r.unsqueeze(1), w, w.grad))
 
 
 def rms_norm_backward(dout, x, rstd, weight, weight_grad):
@@ -703,11 +696,13 @@ def rms_norm_backward(dout, x, rstd, weight, weight_grad):
 
 
 def qk_norm_temp_bytes(model: ModelConfig, tokens: int, dtype: torch.dtype) -> int:
-    """Bytes the QK norms' backward (`head_rms_norm_backward`) holds beside the attention's gradients:
-    the queries' g x, ``[tokens, q width]`` in the accumulation dtype (none without QK norms)."""
+    """Bytes the QK norms' backward (`head_rms_norm_backward`) holds beside the attention's gradients: the
+    queries' `rms_norm_backward` temporaries, two ``[tokens, q width]`` in the accumulation dtype and its result
+    in the layer's (none without QK norms)."""
     if not model.qk_norm:
         return 0
-    return tokens * model.q_dim * torch.empty((), dtype=acc_dtype(dtype), device="meta").element_size()
+    size = lambda d: torch.empty((), dtype=d, device="meta").element_size()  # noqa: E731
+    return tokens * model.q_dim * (2 * size(acc_dtype(dtype)) + size(dtype))
 
 
 def norm_backward_temp_bytes(model: ModelConfig, tokens: int, dtype: torch.dtype) -> int:

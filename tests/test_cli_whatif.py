@@ -300,6 +300,10 @@ def test_heads_over_a_gqa_preset_name_the_kv_heads_that_have_no_flag():
     ok = run(["whatif", "--model", "llama-3.1-8b", "--heads", "16", "--layers", "2", "--hidden", "256", "--no-plan",
               "--gpus", "1", "--seq", "2K", "--jobs", "1"])
     assert ok.exit_code == 0, ok.output
+    bad = run(["whatif", "--model", "qwen3-8b", "--heads", "8", "--kv-heads", "3", "--layers", "2", "--hidden", "256",
+               "--no-plan"])
+    assert bad.exit_code == 2 and bad.output.count("\n") == 1
+    assert "--kv-heads 3: the K/V heads must divide" in bad.output
     assert "or --kv-heads" in r.output  # the K/V heads have a flag now, and so has the head size (a user's review)
     from memo_sim.cli.common import build_model
 

@@ -624,6 +624,10 @@ def with_overrides(base: ModelConfig, source: str = "model flags", rename: bool 
     if rename and set(over) - {"gemm_format"}:
         d["name"] = f"{base.name}-custom"
     kv = base.n_kv_heads
+    heads = over.get("heads", base.heads)
+    if over.get("kv_heads") and heads % over["kv_heads"]:  # the flag's name, not the validator's internal label
+        raise MemoError(f"--kv-heads {over['kv_heads']}: the K/V heads must divide the {heads} query heads; give "
+                        f"--kv-heads a divisor of {heads}")
     if "heads" in over and "kv_heads" not in over and base.kv_heads is not None and over["heads"] % kv:
         raise MemoError(f"--heads {over['heads']}: {base.name} has {kv} K/V heads, which must divide the query heads; "
                         f"give --heads a multiple of {kv}, or --kv-heads")

@@ -87,8 +87,8 @@ def kernel_line(v: WhatIfView) -> str:
     o = v.cudnn_same
     if o and o.get("status") == "OK" and o.get("iteration_s"):
         it = (b.simulated or {}).get("iteration_s") or b.estimate.iteration_s
-        same = (f" (the same plan on it: {fmt_time(o['iteration_s'])}/iteration, {it / o['iteration_s']:.2f}x this "
-                f"plan's throughput)")
+        same = (f" (the same plan on it: {fmt_time(o['iteration_s'])}/iteration (simulated), "
+                f"{it / o['iteration_s']:.2f}x this plan's throughput)")
     elif o:
         same = f" (the same plan on it does not fit: {o.get('status')})"
     return ("attention priced on FlashAttention-2, memo-exec's default kernel; this profile prices cuDNN's fused "
@@ -106,8 +106,9 @@ def precision_line(v: WhatIfView) -> str:
         return (f"without {fmt} GEMMs (all in {dt}) nothing fits the same search"
                 + (f": {fmt} is what makes {b.layout.label()} {b.policy.label()} fit" if b is not None else ""))
     it = (o.simulated or {}).get("iteration_s") or o.estimate.iteration_s
+    tier = "simulated" if o.simulated else "analytic"
     words = (f"without {fmt} GEMMs (all in {dt}) the same search's best is {o.layout.label()} {o.policy.label()}: "
-             f"{fmt_time(it)}/iteration, {o.tgs:,.0f} tokens/GPU/s, peak GPU {candidate_peak(o).text()}")
+             f"{fmt_time(it)}/iteration ({tier}), {o.tgs:,.0f} tokens/GPU/s, peak GPU {candidate_peak(o).text()}")
     if b is None:
         return words + f"; with {fmt} nothing fits"
     return words + f"; {fmt} gives {b.tgs / o.tgs:.2f}x its throughput"
