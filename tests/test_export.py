@@ -122,6 +122,27 @@ def test_megatron_script_carries_the_models_numerics_and_names_what_it_cannot():
     assert any("output projection's bias" in g for g in gaps), gaps
 
 
+def test_deepspeed_script_carries_the_models_rotary_base_and_norm_epsilon():
+    """Megatron-DeepSpeed's script left the rotary base (its default 10000 for Qwen3's 1e6) and the norm epsilon
+    (its default 1e-5) to its defaults and named them as unchecked gaps: they are written with the options its
+    megatron/arguments.py has (an integer base); the rotary scaling and an unstated base stay gaps."""
+    def script(name):
+        ex = export_plan(_plan(name, Layout(dp=8, zero=3), ("full_recompute",), seq=8192), "deepspeed",
+                         price=False, nearest=True)
+        return _check_args(ex.files["deepspeed.sh"], _names("deepspeed_launcher_options.txt")), \
+            [g.what for g in ex.gaps]
+
+    args, gaps = script("qwen3-8b")
+    assert (args["--rotary-position-embeddings-theta"], args["--layernorm-epsilon"]) == ("1000000", "1e-06")
+    assert not any("rotary" in g or "epsilon" in g for g in gaps), gaps
+    args, gaps = script("llama-3.1-8b")
+    assert args["--rotary-position-embeddings-theta"] == "500000" and args["--layernorm-epsilon"] == "1e-05"
+    assert any("rotary embedding's scaling (llama3 factor 8)" in g for g in gaps), gaps
+    args, gaps = script("mistral-7b")  # its preset leaves the base unstated: named, not guessed
+    assert "--rotary-position-embeddings-theta" not in args
+    assert any("rotary base (the model does not state it)" in g for g in gaps), gaps
+
+
 def test_an_interleaved_plan_of_its_own_chunk_sizes_is_priced_as_1f1b_where_the_framework_runs_that():
     """DeepSpeed runs 1F1B: the nearest plan kept the plan's 4 chunk counts over pp x 1 chunks and could not be
     priced; each rank now holds its chunks' layers (a reviewer's finding, 2026-11-27)."""

@@ -278,3 +278,30 @@ def test_nothing_at_the_first_step_points_to_a_smaller_step():
     lines = r.output.splitlines()
     assert lines[0].startswith("answer: no policy trains 128K tokens"), r.output
     assert lines[1] == "no length under 128K was tried: a smaller --step (e.g. 8K) looks there", r.output
+
+
+def _without_walls(obj):
+    """An answer's JSON without the wall times, which differ run to run."""
+    if isinstance(obj, dict):
+        return {k: _without_walls(v) for k, v in obj.items() if not k.endswith("wall_s") and k != "elapsed_s"}
+    if isinstance(obj, list):
+        return [_without_walls(v) for v in obj]
+    return obj
+
+
+def test_maxseq_jobs_answers_the_policies_in_processes_as_the_serial_run_does():
+    from memo_sim.search.maxseq import max_seq_runs
+
+    runs = [("full_recompute", "caching"), ("store_all", "caching"), ("full_recompute", "plan")]
+    ticks = []
+    serial = max_seq_runs(M7, 8, A800, runs, step=64 * K, jobs=1)
+    pooled = max_seq_runs(M7, 8, A800, runs, step=64 * K, jobs=3, done=lambda: ticks.append(1))
+    assert len(ticks) == len(runs)
+    assert [a.policy for a in pooled] == [p for p, _ in runs]  # in the runs' order, not as they finished
+    assert [_without_walls(a.to_json()) for a in pooled] == [_without_walls(a.to_json()) for a in serial]
+    assert all(a.max_seq for a in serial)
+    with pytest.raises(MemoError, match="megatron does not offer"):  # a worker's refusal, raised here
+        max_seq_runs(M7, 8, A800, [("memo", "caching"), ("full_recompute", "caching")], step=64 * K,
+                     framework="megatron", jobs=2)
+    r = CliRunner().invoke(cli, ["maxseq", "--model", "gpt-7b", "--gpus", "8", "--jobs", "0"])
+    assert r.exit_code == 2 and "--jobs" in r.output

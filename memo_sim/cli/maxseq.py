@@ -39,11 +39,14 @@ from memo_sim.units import fmt_count
               help="Keep the optimizer on the host (single stage, ZeRO >= 1), or never (default: searched where "
                    "nothing fits with it on the GPU).")
 @moe_layout_options
+@click.option("--jobs", type=click.IntRange(1, 1024),
+              help="Answer the policies in this many processes (default: every core, one policy each); the "
+                   "answers are the serial run's.")
 @format_options
 def maxseq(model_name, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, dtype, precision,
            gpus, profile_name, policies, framework,
            step, allocator, tp, cp, ulysses, dp, zero, sp, tp_mode, pp, optimizer_offload, ep, etp, moe_dispatcher,
-           moe_balance, out_format, as_json):
+           moe_balance, jobs, out_format, as_json):
     """The longest sequence (a multiple of --step) each policy trains, its MFU there, and the
     constraint that binds at the next step. --tp, --cp, --ulysses, --dp, --zero, --sp, --pp (and a mixture of
     experts' --ep, --etp) fix the layout (the longest sequence of one layout, as a published run fixes it);
@@ -51,7 +54,8 @@ def maxseq(model_name, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, dt
 
     Exit status: 0 when a policy trains --step tokens or more, 3 when none does (as the what-if's nothing
     fits), 2 on bad input."""
-    from memo_sim.search.maxseq import max_seq
+    from memo_sim.search.maxseq import max_seq_runs
+    from memo_sim.search.whatif import default_jobs
     from memo_sim.search.request import tp_flavours_asked
 
     fixed = {k: v for k, v in dict(tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero, sp=sp, pp=pp,
@@ -72,12 +76,9 @@ def maxseq(model_name, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, dt
                                     if not schedule_runs_policy("sppo", p) and prices_model(p, model))
     runs = [(p, al) for p in pols for al in (("caching", "plan") if allocator == "both" else (allocator,))
             if al == "caching" or allocator != "both" or not policy_class(p).takes_alpha]  # MEMO: its own plan
-    answers = []
     with progress_bar("searching", len(runs), quiet=fmt != "table") as tick:
-        for p, al in runs:
-            answers.append(max_seq(model, gpus, profile, p, step=step, framework=framework, allocator=al,
-                                   fixed=fixed))
-            tick()
+        answers = max_seq_runs(model, gpus, profile, runs, step=step, framework=framework, fixed=fixed,
+                               jobs=jobs or default_jobs(), done=tick)
     obj = {"model": model.to_dict(), "gpus": gpus, "partial_node": profile.partial_node_words(gpus),
            "profile": profile.name,
            "profile_provenance": {"calibrated": profile.calibrated, "line": profile.provenance_line()},

@@ -65,26 +65,35 @@ def _model_gaps(plan: Plan) -> list[Gap]:
                      (m.attention_sinks, "attention sinks")):
         if on:
             out.append(Gap(what, "not written (Megatron-DeepSpeed has no flag for it): add it to the model by hand"))
-    # the model's numerics (`memo_sim.model.config`): not written, their option names unchecked at this version
-    numerics = [w for on, w in ((m.norm == "rmsnorm" and m.rope_theta, f"rotary base {m.rope_theta:g}"),
-                                (m.norm == "rmsnorm" and m.rope_scaling, f"rotary scaling {m.rope_scaling}"),
-                                (m.norm_eps, f"norm epsilon {m.norm_eps:g}")) if on]
-    if numerics:
-        out.append(Gap(f"the model's {', '.join(numerics)}", "Megatron-DeepSpeed's defaults (not written: its "
-                                                             "option names are not checked here): set them by hand"))
+    # the model's numerics (`memo_sim.model.config`): the rotary base and the norm epsilon are written
+    # (`_architecture`); the rotary scaling and a base the model does not state are not
+    if m.norm == "rmsnorm" and m.rope_scaling:
+        out.append(Gap(f"the rotary embedding's scaling ({m.rope_scaling})",
+                       "unscaled rotary embeddings (Megatron-DeepSpeed has no flag for it): add it by hand"))
+    if m.norm == "rmsnorm" and not m.rope_theta:
+        out.append(Gap("the rotary base (the model does not state it)",
+                       "Megatron-DeepSpeed's default --rotary-position-embeddings-theta 10000: set the model's own"))
+    elif m.norm == "rmsnorm" and m.rope_theta != int(m.rope_theta):
+        out.append(Gap(f"the rotary base {m.rope_theta:g}", "its integer part: Megatron-DeepSpeed's "
+                       "--rotary-position-embeddings-theta takes an integer"))
     return out
 
 
 def _architecture(plan: Plan) -> list[tuple[str, str | None]]:
     """The model's FFN, norm, position embedding, biases and embeddings as Megatron-DeepSpeed's
     megatron/arguments.py spells them (--swiglu, --normalization rmsnorm, --use-rotary-position-embeddings
-    with --no-position-embedding, --disable-bias-linear, --untie-embeddings-and-output-weights)."""
+    with --no-position-embedding and --rotary-position-embeddings-theta, an integer there, --layernorm-epsilon,
+    which its RMSNorm layers take too, --disable-bias-linear, --untie-embeddings-and-output-weights)."""
     m, args = plan.model, []
     if m.ffn_type == "swiglu":
         args.append(("--swiglu", None))
     if m.norm == "rmsnorm":  # memo's RMSNorm models are the rotary ones (Llama, Mistral, Qwen)
         args += [("--normalization", "rmsnorm"), ("--use-rotary-position-embeddings", None),
                  ("--no-position-embedding", None)]
+        if m.rope_theta:  # the config's rotary base (the default is 10000; Llama-3.1 500000, Qwen3 1e6)
+            args.append(("--rotary-position-embeddings-theta", str(int(m.rope_theta))))
+    if m.norm_eps:
+        args.append(("--layernorm-epsilon", f"{m.norm_eps:g}"))
     if m.head_dim and not m.mla:  # heads of their own size (Qwen3's 128 at hidden / heads = 64)
         args.append(("--kv-channels", str(m.head_dim)))
     if m.bias == "none":

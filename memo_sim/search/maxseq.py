@@ -234,3 +234,33 @@ def _simulated_best(model, seq, gpus, profile, policy, framework, allocator, fix
         if sim_failed and (failed is None or isinstance(failed, str)):
             failed = sim_failed[0]
     return None, failed or f"no plan at {seq} tokens runs in the event simulator"
+
+
+def max_seq_runs(model: ModelConfig, gpus: int, profile: HardwareProfile, runs: list[tuple[str, str]], *,
+                 step: int, framework: str = "any", fixed: dict | None = None, jobs: int = 1,
+                 done=lambda: None) -> list[MaxSeqAnswer]:
+    """`max_seq` for every (policy, allocator) of ``runs``, in that order. ``jobs`` > 1 answers them in a
+    pool of that many forked processes (one run each: the runs share nothing), where the platform forks;
+    the answers are the serial ones. ``done()`` is called as each run finishes (a progress bar's tick)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    from memo_sim.forked import FORKS
+
+    if jobs < 1:
+        raise MemoError(f"--jobs must be at least 1, got {jobs}")
+    jobs = min(jobs, len(runs))
+    if jobs <= 1 or not FORKS:
+        out = []
+        for p, al in runs:
+            out.append(max_seq(model, gpus, profile, p, step=step, framework=framework, allocator=al, fixed=fixed))
+            done()
+        return out
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+        futures = {pool.submit(max_seq, model, gpus, profile, p, step=step, framework=framework, allocator=al,
+                               fixed=fixed): i for i, (p, al) in enumerate(runs)}
+        answers: list[MaxSeqAnswer | None] = [None] * len(runs)
+        for f in as_completed(futures):
+            answers[futures[f]] = f.result()  # a worker's MemoError is raised here, as the serial run raises it
+            done()
+    return answers
