@@ -113,8 +113,16 @@ def test_megatron_script_carries_the_models_numerics_and_names_what_it_cannot():
     assert (args["--rotary-base"], args["--norm-epsilon"]) == ("1000000", "1e-06") and not gaps, gaps
     args, _ = script("qwen3-30b-a3b")
     assert args["--moe-aux-loss-coeff"] == "0.001"
+    # Llama 3.1's scaling with Meta's parameters is Megatron's --use-rope-scaling (a user's review: it was a gap)
     args, gaps = script("llama-3.1-8b")
-    assert args["--rotary-base"] == "500000" and any("rotary embedding's scaling (llama3 factor 8)" in g for g in gaps)
+    assert (args["--rotary-base"], args["--rope-scaling-factor"]) == ("500000", "8") and "--use-rope-scaling" in args
+    assert not any("scaling" in g for g in gaps), gaps
+    other = replace(get_model("llama-3.1-8b"), rope_scaling="llama3 factor 8, original_max_position_embeddings 131072")
+    args, gaps = script("llama-3.1-8b", model=other)  # parameters Megatron fixes otherwise: named, not written
+    assert "--use-rope-scaling" not in args and any("original_max_position_embeddings 131072" in g for g in gaps)
+    args, gaps = script("deepseek-v3")  # YaRN: named with Megatron's options for it; multi-token prediction named
+    assert "--use-rope-scaling" not in args and any("scaling (yarn factor 40)" in g for g in gaps), gaps
+    assert any("multi-token prediction" in g for g in gaps), gaps
     _, gaps = script("mistral-7b")  # its preset leaves the base unstated: named, not guessed
     assert any("rotary base (the model does not state it)" in g for g in gaps), gaps
     args, gaps = script("qwen3-8b", model=replace(get_model("qwen3-8b"), bias="all"))  # attention_bias: true
@@ -141,6 +149,37 @@ def test_deepspeed_script_carries_the_models_rotary_base_and_norm_epsilon():
     args, gaps = script("mistral-7b")  # its preset leaves the base unstated: named, not guessed
     assert "--rotary-position-embeddings-theta" not in args
     assert any("rotary base (the model does not state it)" in g for g in gaps), gaps
+
+
+def test_megatron_script_of_gpt_oss_keeps_its_biases_and_sinks():
+    """GPT-OSS's attention and experts carry biases (its router too): Megatron's default linear biases, where the
+    script wrote --disable-bias-linear --add-qkv-bias and dropped the expert and output biases; its attention sinks
+    are Megatron's --softmax-type learnable (a user's review); the sliding window stays a gap with its options."""
+    plan = _plan("gpt-oss-20b", Layout(tp=2, sp=True, dp=4, zero=1, ep=4), ("full_recompute",), seq=8192)
+    ex = export_plan(plan, "megatron", price=False, nearest=True)
+    args = _check_args(ex.files["megatron.sh"], _names("megatron_options.txt"))
+    gaps = [g.what + " -> " + g.nearest for g in ex.gaps]
+    assert "--disable-bias-linear" not in args and "--add-qkv-bias" not in args
+    assert args["--softmax-type"] == "learnable"
+    assert not any("bias" in g or "sinks" in g for g in gaps), gaps
+    assert any("sliding window" in g and "--window-size 127,0" in g for g in gaps), gaps
+
+
+def test_torchtitan_starts_gpt_oss_120b_from_its_own_configuration(tmp_path):
+    """A GPT-OSS-120B plan (preset, or its config.json in a folder of another name) started from deepseek_v3_671b,
+    a model of latent attention and a sigmoid router (a user's review): torchtitan ships gpt_oss_120b."""
+    import shutil
+
+    folder = tmp_path / "my-oss"
+    shutil.copytree(Path(__file__).parent / "data" / "hf" / "gpt-oss-120b", folder)
+    for model in (get_model("gpt-oss-120b"), get_model(str(folder / "config.json"))):
+        plan = replace(_plan("gpt-oss-120b", Layout(dp=16, zero=3, dp_mode="fsdp", ep=8), ("full_recompute",),
+                             seq=8192), model=model)
+        test_torchtitan_module_sets_only_torchtitan_fields(plan)
+        ex = export_plan(plan, "torchtitan", price=False, nearest=True)
+        src = ex.files["memo_torchtitan.py"]
+        assert "import gpt_oss_120b" in src and "deepseek" not in src, src
+        assert not any("not a torchtitan model" in g.nearest for g in ex.gaps), [g.nearest for g in ex.gaps]
 
 
 def test_an_interleaved_plan_of_its_own_chunk_sizes_is_priced_as_1f1b_where_the_framework_runs_that():
@@ -487,13 +526,6 @@ def test_megatrons_recompute_modules_export_as_themselves(policy, modules):
     args = _check_args(ex.files["megatron.sh"], _names("megatron_options.txt"))
     assert args["--recompute-granularity"] == "selective" and args["--recompute-modules"] == modules
     assert "--recompute-method" not in args and "--moe-grouped-gemm" in args
-
-
-def test_gpt_oss_attention_is_a_gap():
-    plan = _plan("gpt-oss-20b", Layout(dp=8, ep=8), ("store_all",), seq=8192)
-    ex = export_plan(plan, "megatron", price=False, nearest=True)
-    what = " ".join(g.what for g in ex.gaps)
-    assert "attention sinks" in what and "sliding window" in what
 
 
 @pytest.mark.parametrize("plan", MOE_PLANS, ids=["deepseek-v3-pp", "qwen3-etp-capacity", "qwen2-allgather-forced"])

@@ -17,7 +17,8 @@ from memo_sim.model.hf_config import hf_model_fields
 HF = Path(__file__).parent / "data" / "hf"
 COUNTS = json.loads((HF / "moe_param_counts.json").read_text())
 FAMILIES = {"mixtral-8x7b": "mixtral", "qwen2-moe-a2.7b": "qwen2_moe", "qwen3-30b-a3b": "qwen3_moe",
-            "deepseek-v2-lite": "deepseek_v2", "deepseek-v3": "deepseek_v3", "gpt-oss-20b": "gpt_oss"}
+            "deepseek-v2-lite": "deepseek_v2", "deepseek-v3": "deepseek_v3", "gpt-oss-20b": "gpt_oss",
+            "gpt-oss-120b": "gpt_oss"}
 
 
 def test_the_counts_file_is_transformers_run():

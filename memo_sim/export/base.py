@@ -255,6 +255,16 @@ def gemm_format_gap(plan: Plan, framework: str) -> list[Gap]:
                 f"{', '.join(fw.gemm_formats)})", PlanChange(gemm_format="bf16"))]
 
 
+def not_modelled_gap(plan: Plan) -> list[Gap]:
+    """What the model describes that memo neither counts nor prices (`ModelConfig.not_modelled`: DeepSeek-V3's
+    multi-token prediction): the script, written from what memo models, trains without it."""
+    m = plan.model
+    if not m.not_modelled:
+        return []
+    return [Gap(m.not_modelled, "not written (memo does not model it, and the times beside are without it): add it "
+                "by hand to train the model as released")]
+
+
 def optimizer_offload_gap(plan: Plan, framework: str) -> list[Gap]:
     """The optimizer on the host where the framework version does not offer it: on the GPU instead."""
     from memo_sim.search.frameworks import get_framework  # noqa: PLC0415

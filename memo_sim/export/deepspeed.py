@@ -16,7 +16,8 @@ import shlex
 
 from memo_sim.export.base import (Export, Gap, PlanChange, async_tp_gap, dp_flavour_gap, gemm_format_gap,
                                   interleave_gap, metp_gap, nearest_plan,
-                                  optimizer_offload_gap, policy_gaps, uneven_stages_gap, price_nearest, shape_arguments, torchrun_line)
+                                  not_modelled_gap, optimizer_offload_gap, policy_gaps, uneven_stages_gap, price_nearest,
+                                  shape_arguments, torchrun_line)
 from memo_sim.plan.schema import Plan
 
 FRAMEWORK = "deepspeed"  # its version in memo_sim/frameworks/data (the plans exported instead)
@@ -47,7 +48,7 @@ def gaps(plan: Plan) -> list[Gap]:
     if plan.model.bias == "qkv":  # Megatron-DeepSpeed's --disable-bias-linear drops every bias, it has no qkv-only one
         out.append(Gap(f"{plan.model.name}'s biases on the q, k and v projections only",
                        "biases on every linear layer (no flag): edit the model or drop them by hand"))
-    return out + _model_gaps(plan)
+    return out + _model_gaps(plan) + not_modelled_gap(plan)
 
 
 def _model_gaps(plan: Plan) -> list[Gap]:

@@ -15,9 +15,10 @@ from __future__ import annotations
 import shlex
 
 from memo_sim.export.base import (Export, Gap, async_tp_gap, dp_flavour_gap, gemm_format_gap, metp_gap, nearest_plan,
-                                  optimizer_offload_gap,
+                                  not_modelled_gap, optimizer_offload_gap,
                                   policy_gaps, price_nearest, shape_arguments, torchrun_line, ulysses_gap, zero_gap)
 from memo_sim.layout.kv_heads import kv_heads_why_not
+from memo_sim.model.rope import llama3_rope_factor
 from memo_sim.layout.pipeline_layout import format_layout
 from memo_sim.plan.schema import Plan
 from memo_sim.policy.registry import policy_class
@@ -54,7 +55,8 @@ def gaps(plan: Plan) -> list[Gap]:
             + zero_gap(plan, (0, 1, 3), "--use-distributed-optimizer, or Megatron-FSDP for ZeRO 3")
             + dp_flavour_gap(plan, FRAMEWORK)
             + policy_gaps(plan, _RUNS, notes={"memo": _OFFLOAD_NOTE, "full_offload": _OFFLOAD_NOTE})
-            + gemm_format_gap(plan, "megatron") + optimizer_offload_gap(plan, "megatron") + _attention_gaps(plan))
+            + gemm_format_gap(plan, "megatron") + optimizer_offload_gap(plan, "megatron") + _attention_gaps(plan)
+            + not_modelled_gap(plan))
 
 
 def _ulysses_gaps(plan: Plan) -> list[Gap]:
@@ -67,26 +69,37 @@ def _ulysses_gaps(plan: Plan) -> list[Gap]:
     return ulysses_gap(plan)
 
 
+def _attention_only_bias(m) -> bool:
+    """Biases on the attention's projections alone (a SwiGLU model's attention_bias: Qwen3's, Llama's), which
+    Megatron's all-or-none linear biases cannot write; a MoE model whose experts (and router) carry biases too
+    (GPT-OSS: ``moe_bias``) has them on every linear layer, as Megatron's --add-bias-linear default puts them
+    (its router's gate included: megatron/core/transformer/moe/router.py)."""
+    return m.bias == "all" and m.ffn_type == "swiglu" and not (m.moe and m.moe_bias)
+
+
 def _attention_gaps(plan: Plan) -> list[Gap]:
-    """Attention the script does not write: sinks and a sliding window on some layers (GPT-OSS); Megatron-Core
-    has --softmax-type learnable and --window-size, the per-layer pattern is the user's to set. The numerics:
+    """Attention the script does not write: a sliding window on some layers (GPT-OSS); Megatron-Core has
+    --window-size and --window-attn-skip-freq, the per-layer pattern is the user's to set. The numerics:
     an output-projection bias without MLP biases, the rotary scaling, an unstated rotary base."""
     m, out = plan.model, []
-    if m.bias == "all" and m.ffn_type == "swiglu":
+    if _attention_only_bias(m):
         out.append(Gap("the attention output projection's bias (q, k, v and o biases without MLP biases)",
                        "q, k, v biases alone (--disable-bias-linear --add-qkv-bias): Megatron's linear biases "
                        "would put biases on the MLP too"))
-    if m.norm == "rmsnorm" and m.rope_scaling:
+    if m.norm == "rmsnorm" and m.rope_scaling and llama3_rope_factor(m.rope_scaling) is None:
+        yarn = m.rope_scaling.startswith("yarn")
         out.append(Gap(f"the rotary embedding's scaling ({m.rope_scaling})",
-                       "unscaled rotary embeddings: set Megatron's rope scaling options by hand"))
+                       "unscaled rotary embeddings: set Megatron's " + (
+                           "YaRN options (--rope-type yarn with --rotary-scaling-factor, --mscale and --mscale-all-dim "
+                           "under MLA; else --position-embedding-type yarn with its --yarn-* options)" if yarn else
+                           "rope scaling options") + " from the model's config by hand"))
     if m.norm == "rmsnorm" and not m.rope_theta:
         out.append(Gap("the rotary base (the model does not state it)",
                        "Megatron's default --rotary-base 10000: set the model's own"))
-    if m.attention_sinks:
-        out.append(Gap("attention sinks (one learned logit per head)", "vanilla softmax: add --softmax-type learnable"))
-    if m.sliding_layers:
+    if m.sliding_layers:  # memo holds how many layers slide, not which: the pattern is the user's
         out.append(Gap(f"a {m.sliding_window}-token sliding window on {m.sliding_layers} of {m.layers} layers",
-                       "full causal attention on every layer: add --window-size and its layer pattern by hand"))
+                       f"full causal attention on every layer: add --window-size {m.sliding_window - 1},0 and the "
+                       "model's layer pattern as --window-attn-skip-freq by hand"))
     return out
 
 
@@ -166,15 +179,19 @@ def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | tuple[str
         args += [("--normalization", "RMSNorm"), ("--position-embedding-type", "rope")]
         if m.rope_theta:  # the config's rotary base (Megatron's default is 10000; Llama-3.1 500000, Qwen3 1e6)
             args.append(("--rotary-base", f"{m.rope_theta:.0f}"))
+        if (factor := llama3_rope_factor(m.rope_scaling)) is not None:  # Llama 3.x's, with Meta's parameters
+            args += [("--use-rope-scaling", None), ("--rope-scaling-factor", f"{factor:g}")]
     if m.norm_eps:
         args.append(("--norm-epsilon", f"{m.norm_eps:g}"))
     # Megatron's linear biases are all or none (with --add-qkv-bias for q, k, v alone): a SwiGLU model's "all" (its
     # q, k, v and output projections: Qwen3's and Llama's attention_bias) is written as q, k, v biases, a gap
-    attention_bias = m.bias == "all" and m.ffn_type == "swiglu"
+    attention_bias = _attention_only_bias(m)
     if m.bias != "all" or attention_bias:
         args.append(("--disable-bias-linear", None))
     if m.bias == "qkv" or attention_bias:
         args.append(("--add-qkv-bias", None))
+    if m.attention_sinks:  # one learned logit per head in each softmax (GPT-OSS)
+        args.append(("--softmax-type", "learnable"))
     if not m.tied_embeddings:
         args.append(("--untie-embeddings-and-output-weights", None))
     if m.dtype in ("bf16", "fp16"):

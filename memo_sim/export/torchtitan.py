@@ -17,7 +17,8 @@ sharding (``data_parallel_shard_degree``; ZeRO 3, or ZeRO 2 with
 from __future__ import annotations
 
 from memo_sim.export.base import (Export, Gap, PlanChange, gemm_format_gap, metp_gap, nearest_model, nearest_plan,
-                                  optimizer_offload_gap, policy_gaps, uneven_stages_gap, price_nearest, torchrun_line, ulysses_gap)
+                                  not_modelled_gap, optimizer_offload_gap, policy_gaps, uneven_stages_gap,
+                                  price_nearest, torchrun_line, ulysses_gap)
 from memo_sim.plan.schema import Plan
 
 FRAMEWORK = "torchtitan"  # its version in memo_sim/frameworks/data (the plans exported instead)
@@ -29,12 +30,13 @@ BASES = {"llama-3.1-8b": "llama3_8b", "llama-3.1-70b": "llama3_70b", "llama-3.1-
 # where the exported function sets config.model_spec with the plan's GEMM format's converters
 REGISTRY = {"llama3_8b": ("llama3", "8B"), "llama3_70b": ("llama3", "70B"), "llama3_405b": ("llama3", "405B"),
             "qwen3_30b_a3b": ("qwen3", "30B-A3B"), "deepseek_v3_671b": ("deepseek_v3", "671B"),
-            "gpt_oss_20b": ("gpt_oss", "20b"), "qwen3_14b": ("qwen3", "14B"), "qwen3_32b": ("qwen3", "32B")}
+            "gpt_oss_20b": ("gpt_oss", "20b"), "gpt_oss_120b": ("gpt_oss", "120b"), "qwen3_14b": ("qwen3", "14B"), "qwen3_32b": ("qwen3", "32B")}
 # the other shipped configurations (torchtitan/models/<module>/config_registry.py at SOURCE): (module, function, the
 # model_registry flavour the function's model_spec is set to where the model has no function of its own: Qwen3-8B,
 # whose flavour "8B" ships without a pretraining configuration, from qwen3_14b's) -- the MoE ones and Qwen3's
 SHIPPED = {"deepseek-v3": ("deepseek_v3", "deepseek_v3_671b", None), "qwen3-30b-a3b": ("qwen3", "qwen3_30b_a3b", None),
-           "gpt-oss-20b": ("gpt_oss", "gpt_oss_20b", None), "qwen3-14b": ("qwen3", "qwen3_14b", None),
+           "gpt-oss-20b": ("gpt_oss", "gpt_oss_20b", None), "gpt-oss-120b": ("gpt_oss", "gpt_oss_120b", None),
+           "qwen3-14b": ("qwen3", "qwen3_14b", None),
            "qwen3-32b": ("qwen3", "qwen3_32b", None), "qwen3-8b": ("qwen3", "qwen3_14b", "8B")}
 HF_ASSETS = {"8B": "./assets/hf/Qwen3-8B"}  # as torchtitan's qwen3 configurations name their hf_assets_path
 SCHEDULES = {"1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}
@@ -131,7 +133,7 @@ def gaps(plan: Plan) -> list[Gap]:
                        PlanChange(layout={"zero": 2})))
     out += policy_gaps(plan, _RUNS, notes={"memo": "torchtitan offloads no activations",
                                            "full_offload": "torchtitan offloads no activations"})
-    out += gemm_format_gap(plan, "torchtitan") + optimizer_offload_gap(plan, "torchtitan")
+    out += gemm_format_gap(plan, "torchtitan") + optimizer_offload_gap(plan, "torchtitan") + not_modelled_gap(plan)
     if plan.layout.pp > 1 and pipeline_split(plan) is None:
         out += uneven_stages_gap(plan, "torchtitan (module_fqns_per_model_part)")
     if plan.layout.etp > 1:

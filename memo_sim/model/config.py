@@ -603,6 +603,10 @@ PRESETS: dict[str, ModelConfig] = {
                                norm="rmsnorm", bias="all", tied_embeddings=False, head_dim=64, attention_sinks=True,
                                sliding_window=128, sliding_layers=12, experts=32, top_k=4, moe_bias=True,
                                rope_theta=150000.0, norm_eps=1e-5, aux_loss_coef=0.9, rope_scaling="yarn factor 32"),
+    "gpt-oss-120b": ModelConfig("gpt-oss-120b", 36, 2880, 64, 2880, vocab=201088, kv_heads=8, ffn_type="swiglu",
+                                norm="rmsnorm", bias="all", tied_embeddings=False, head_dim=64, attention_sinks=True,
+                                sliding_window=128, sliding_layers=18, experts=128, top_k=4, moe_bias=True,
+                                rope_theta=150000.0, norm_eps=1e-5, aux_loss_coef=0.9, rope_scaling="yarn factor 32"),
 }
 
 

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from memo_sim.errors import MemoError
+from memo_sim.model.rope import rope_scaling_words
 from memo_sim.model.router_groups import router_groups_why_not
 
 DENSE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "gpt_neox")
@@ -218,9 +219,7 @@ def _numerics(c: dict, refuse, moe: bool) -> dict:
     sc = c.get("rope_scaling") or ({k: v for k, v in rp.items() if k != "rope_theta"}
                                    if rp.get("rope_type") not in (None, "default") else None)
     if isinstance(sc, dict) and (sc.get("rope_type") or sc.get("type")) not in (None, "default"):
-        kind = sc.get("rope_type") or sc.get("type")
-        out["rope_scaling"] = f"{kind}" + (f" factor {sc['factor']:g}" if isinstance(sc.get("factor"), (int, float))
-                                           and not isinstance(sc.get("factor"), bool) else "")
+        out["rope_scaling"] = rope_scaling_words(str(sc.get("rope_type") or sc.get("type")), sc)
     return out
 
 

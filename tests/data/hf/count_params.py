@@ -43,6 +43,7 @@ MODELS = [
     "deepseek-v2-lite",
     "deepseek-v3",
     "gpt-oss-20b",
+    "gpt-oss-120b",
 ]
 
 SOURCES = {
@@ -79,6 +80,12 @@ SOURCES = {
         "with quantization_config.quant_method set back to \"mxfp4\" (the mirror had it edited to "
         "\"gptq\"; its own docs/gpt-oss-20b-architecture.md records mxfp4). GptOssConfig's docstring names "
         "openai/gpt-oss-20b but its defaults are the 120b shape (36 layers, 128 experts)."
+    ),
+    "gpt-oss-120b": (
+        "openai/gpt-oss-120b: the gpt-oss-20b file with num_hidden_layers 36, num_local_experts 128 and 36 alternating "
+        "layer_types (added 2026-11-28), the shape of transformers' GptOssConfig defaults and of torchtitan's _120b "
+        "(pytorch/torchtitan@b5bcd76c torchtitan/models/gpt_oss/__init__.py: dim 2880, 36 layers, 128 experts top-4, "
+        "vocab 201088, rope theta 150000, yarn factor 32 from 4096), the other fields the 20b's."
     ),
 }
 
@@ -118,6 +125,9 @@ NOTES = {
         "they scale with (E-k)/E in 'active'). quantization_config (mxfp4) is ignored by from_config: expert weights are "
         "counted at logical bf16 shape, not as mxfp4 blocks/scales. 20,914,757,184 matches OpenAI's 20.91B; OpenAI's 3.61B "
         "active excludes the input embedding (4,187,440,704 - 579,133,440 = 3,608,307,264)."
+    ),
+    "gpt-oss-120b": (
+        "36 layers, all MoE (128 experts top-4), otherwise the 20b's layer (sinks, attention, router and expert biases)."
     ),
 }
 
