@@ -228,9 +228,10 @@ def trace_cmd(plan_file, device, out_file, dtype, attention_backend, target, cud
     if plan.layout.kernel_fusion != "fused":  # the executor's layer runs uncompiled
         raise ExecError(f"plan layout {plan.layout.label()}: kernel_fusion {plan.layout.kernel_fusion}: the executor's "
                         "layer runs uncompiled, so its trace would not be the plan's; plan with fused kernels to trace it")
-    from memo_exec.gemm_formats import gemm_why_not, rank_token_rows  # noqa: PLC0415
+    from memo_sim.plan.executor_scope import gemm_why_not, rank_token_rows  # noqa: PLC0415
 
-    why = gemm_why_not(plan.model, plan.layout, plan.schedule, rank_token_rows(plan))
+    why = gemm_why_not(plan.model, plan.layout, plan.schedule,
+                       rank_token_rows(plan.micro_batch or plan.batch, plan.seq_tokens, plan.layout))
     if why:  # a format the layer does not run as priced: its trace would not be the plan's
         raise ExecError(why)
     tr = record_layer_trace(plan, device, dtype, attention_backend, target)

@@ -22,7 +22,8 @@ import torch
 E4M3 = torch.float8_e4m3fn
 E5M2 = torch.float8_e5m2
 AMAX_FLOOR = 1e-12  # an all-zero tensor casts with this amax (a scale that keeps it zero)
-CUDA_MULTIPLE = 16  # torch._scaled_mm on CUDA: the reduction dimension and the second operand's both a multiple of this
+# which formats the executor runs, and the shapes CUDA's torch._scaled_mm takes: memo_sim.plan.executor_scope (the
+# contract), whose gemm_why_not refuses the rest before a run
 # bumped by every optimizer step (`weights_changed`): a weight's FP8 copies are cast again at their next use. A
 # parameter's version counter does not tell: the fused AdamW writes an fp32 weight through a detached alias, and the
 # distributed executor's parameters are views set on flat buffers that the optimizer and the all-gathers write
@@ -192,47 +193,8 @@ class Fp8TensorwiseGemm:
 GEMMS = {ModelDtypeGemm.name: ModelDtypeGemm, Fp8TensorwiseGemm.name: Fp8TensorwiseGemm}
 
 
-def gemm_why_not(model, layout, schedule: str, tokens: int | None = None) -> str | None:
-    """Why the executor cannot run the plan's GEMM format as the simulator priced it (one line), or None: formats
-    it has no GEMMs for, TransformerEngine's FP8 saved inputs (the executor keeps the high-precision ones, as
-    torchao does), FP8 on the parts with GEMMs of their own (MoE experts, METP's rings, SPPO's pieces), under
-    ZeRO 3 / FSDP (the executor keeps every layer's FP8 weight copies through a step, the simulator the gathered
-    layers' only), and GEMM sizes CUDA's ``_scaled_mm`` refuses (``tokens``: the TP-gathered token rows a rank's
-    weight gradients reduce over)."""
-    fmt = model.gemm_format
-    if fmt == ModelDtypeGemm.name:
-        return None
-    what = f"plan model {model.name}: gemm_format {fmt}"
-    if fmt not in GEMMS:
-        return (f"{what}: the executor runs {', '.join(GEMMS)} GEMMs only; plan with --precision "
-                f"{' or '.join(GEMMS)} to run it")
-    if model.fp8_saved_inputs:
-        return (f"{what}: fp8_saved_inputs (TransformerEngine keeps the FP8 copies of the GEMM inputs): the executor "
-                f"keeps the high-precision inputs as torchao's Float8Linear does; plan with --framework torchtitan "
-                f"or any to run it")
-    part = ("MoE experts" if model.moe else f"tp_mode {layout.tp_mode}" if layout.metp
-            else "SPPO's pieces" if schedule == "sppo" else None)
-    if part:
-        return f"{what}: the executor runs FP8 GEMMs in the dense layer only, not in {part}; plan with --precision bf16"
-    if layout.zero >= 3:
-        return (f"{what}: ZeRO 3 / FSDP: the executor keeps every layer's FP8 weight copies through a step, where the "
-                f"simulator prices the gathered layers' only; plan with --zero 2 or below")
-    p = layout.tp
-    sizes = {"hidden": model.hidden, "the queries' width / tp": model.q_dim // p,
-             "the K/V width / tp": model.kv_dim // p, "ffn / tp": model.ffn // p, "a rank's token rows": tokens}
-    odd = [f"{k} {v}" for k, v in sizes.items() if v is not None and v % CUDA_MULTIPLE]
-    if odd:
-        return (f"{what}: {', '.join(odd)} not a multiple of {CUDA_MULTIPLE}, which CUDA's FP8 GEMMs "
-                f"(torch._scaled_mm) need; change the shape or the sequence")
-    return None
-
-
 def layer_gemm(fmt: str):
     """The GEMMs of format ``fmt`` (`memo_exec.runner.run_model` refuses the formats not here first)."""
     return GEMMS[fmt]()
 
 
-def rank_token_rows(plan) -> int:
-    """The token rows a rank's linear GEMMs run over (TP-gathered: a micro-batch of the CP / Ulysses shard)."""
-    lay = plan.layout
-    return (plan.micro_batch or plan.batch) * plan.seq_tokens // (lay.cp * lay.ulysses)

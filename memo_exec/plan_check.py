@@ -30,10 +30,11 @@ def check_plan_contract(plan: Plan, plan_file, use_memory_plan: bool = True, dev
     at the width the plan was recorded at."""
     from memo_sim.api import runnable_problems, traced_by_executor  # noqa: PLC0415
 
-    if plan.layout.ring_merge != "none" and plan.layout.cp > 1:  # before the device count: one line on any run
-        raise ExecError(f"plan layout {plan.layout.label()}: ring_merge {plan.layout.ring_merge}: the executor runs its "
-                        f"own ring (zigzag blocks, no separate fp32 merge passes), so it would measure another plan "
-                        f"than the one predicted; plan with a framework whose ring it runs (e.g. --framework torchtitan)")
+    from memo_sim.plan.executor_scope import ring_merge_why_not  # noqa: PLC0415
+
+    why = ring_merge_why_not(plan.layout)  # before the device count: one line on any run
+    if why:
+        raise ExecError(why)
     traces = None
     if use_memory_plan and traced_by_executor(plan):  # placed from this executor's own layer: check against it
         traces = executor_layer_traces(plan, device, attention_backend)

@@ -83,27 +83,13 @@ def use_profile(plan, profile: str | None) -> None:
 
 def run_model(plan: Plan, opts: RunOptions) -> ModelConfig:
     """The model a run trains: the plan's, with ``--layers`` of its layers when given (never more).
-    A plan whose layer GEMMs run in a format the executor does not run as priced is refused
-    (`memo_exec.gemm_formats.gemm_why_not`): it would measure another plan than the one predicted."""
-    if plan.layout.memory_plan and not plan.policy.static_memory_plan:
-        raise ExecError(f"plan layout {plan.layout.label()}: memory_plan: a static memory plan for the "
-                        f"{plan.policy.name} policy is priced by the simulator only; the executor places MEMO's "
-                        f"plan alone; re-create the plan without --allocator plan to run it on the caching allocator")
-    if plan.layout.kernel_fusion != "fused":
-        raise ExecError(f"plan layout {plan.layout.label()}: kernel_fusion {plan.layout.kernel_fusion}: the executor runs "
-                        f"its layer's kernels uncompiled (no torch.compile), so it would measure another plan than the "
-                        f"one predicted; plan with a framework whose kernels are fused (e.g. --framework torchtitan)")
-    from memo_exec.gemm_formats import gemm_why_not, rank_token_rows  # noqa: PLC0415
+    A plan the executor does not run as priced (its GEMM format, attention, MoE layers, compiled kernels, ...)
+    is refused in one line (`memo_sim.plan.executor_scope.plan_why_not`): it would measure another plan than the
+    one predicted."""
+    from memo_sim.plan.executor_scope import plan_why_not  # noqa: PLC0415
 
-    why = gemm_why_not(plan.model, plan.layout, plan.schedule, rank_token_rows(plan))
-    if why:
-        raise ExecError(why)
-    from memo_exec.moe.refuse import moe_why_not  # noqa: PLC0415
-
-    why = moe_why_not(plan.model, plan.layout)
-    if why is None and plan.model.moe and plan.schedule == "sppo":
-        why = (f"plan model {plan.model.name}: experts = {plan.model.experts}: SPPO's pieces run dense layers only; "
-               f"plan MoE models with a micro-batch schedule")
+    why = plan_why_not(plan.model, plan.layout, plan.policy, plan.schedule, plan.batch,
+                       plan.micro_batch or plan.batch, plan.seq_tokens)
     if why:
         raise ExecError(why)
     if opts.layers is not None and opts.layers > plan.model.layers:

@@ -42,11 +42,11 @@ def _rank_shape(plan: Plan) -> tuple[int, int, int, object, dict | None]:
     if lay.metp or lay.pp > 1:
         raise ExecError(f"plan layout {lay.label()}: memo-exec trace records Megatron TP / CP / Ulysses / DP layers; "
                         f"tp_mode {lay.tp_mode} and pp > 1 are not traced")
-    from memo_exec.distributed.context import check_divisible  # noqa: PLC0415
+    from memo_sim.plan.executor_scope import split_why_not  # noqa: PLC0415
     from memo_exec.distributed.tp.megatron import SizesOnlyComm  # noqa: PLC0415
     from memo_exec.layer import storage_shapes  # noqa: PLC0415
 
-    why = check_divisible(lay, plan.model, plan.batch, plan.seq_tokens)
+    why = split_why_not(lay, plan.model, plan.batch, plan.seq_tokens)
     if why:
         raise ExecError(f"plan layout {lay.label()}: {why}")
     sp = bool(lay.sp) and lay.tp > 1

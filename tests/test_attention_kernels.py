@@ -90,7 +90,9 @@ def test_the_layer_prices_its_layouts_kernel():
 
 def test_frameworks_name_their_kernel():
     assert get_framework("megatron").adapt(Layout()).attention == "cudnn"  # TE prefers cuDNN on Hopper
-    for name in ("torchtitan", "torchtitan@2024-12", "deepspeed", "any"):  # torch SDPA / flash-attn 2
+    # memo-exec runs the kernel its plan is priced on (cuDNN's through torch SDPA where the profile prices it)
+    assert get_framework("any").adapt(Layout()).attention == "cudnn"
+    for name in ("torchtitan", "torchtitan@2024-12", "deepspeed"):  # torch SDPA / flash-attn 2
         assert get_framework(name).adapt(Layout()).attention == "flash", name
 
 
@@ -108,3 +110,29 @@ def test_the_h200_attention_rows_carry_over_to_an_h100():
     assert len(checked) >= 20
     close = [c for c, f, b in checked if 0.94 < f < 1.06 and 0.94 < b < 1.06]
     assert len(close) >= len(checked) - 1
+
+
+def test_memos_own_blocks_are_priced_on_the_kernel_memo_exec_runs_them_on():
+    """Framework any prices a layer's whole attention on cuDNN's where the profile prices it (memo-exec runs torch
+    SDPA's cuDNN op first for such a plan), but memo-exec runs ring CP's blocks (and full METP's, SPPO's pieces) on
+    aten's FlashAttention-2 kernel (`memo_exec.block_attention.kernel_for`): those are priced on FlashAttention-2
+    (``block_attention: flash``), and the plan names that kernel, so memo-exec notes no mismatch. Megatron's
+    (TransformerEngine's) CP steps run cuDNN's kernel: its blocks stay on it."""
+    from dataclasses import replace as _replace
+
+    h100, m = load_profile("h100-sxm5-80gb"), PRESETS["llama-3.1-8b"]
+    ring = get_framework("any").adapt(Layout(tp=2, cp=2))
+    whole = get_framework("any").adapt(Layout(tp=2, ulysses=2))
+    assert (ring.attention, ring.block_kernel, ring.attention_kernel()) == ("cudnn", "flash", "flash")
+    assert whole.attention_kernel() == "cudnn" and whole.attention_kernel(sppo=True) == "flash"
+    assert "cudnn-blocks-flash" in ring.label() and "blocks" not in whole.label()
+
+    def attn(lay):
+        return sum(c.seconds for c in forward_costs(m, lay, 1, 65536, h100) if c.name == "attention")
+
+    assert attn(ring) == pytest.approx(attn(_replace(ring, attention="flash", block_attention="")))
+    assert attn(ring) > attn(_replace(ring, block_attention=""))  # cuDNN's blocks would be faster: not memo-exec's
+    megatron = get_framework("megatron").adapt(Layout(tp=2, cp=2))
+    assert megatron.block_kernel == "cudnn" and attn(megatron) < attn(ring)
+    assert attn(whole) < attn(_replace(whole, attention="flash"))
+    assert Layout.from_dict(ring.to_dict()) == ring and "block_attention" not in Layout().to_dict()

@@ -231,3 +231,16 @@ def test_the_memory_estimate_counts_the_weights_fp8_copies_as_the_simulator_does
         states[m.gemm_format] = ex.estimate.terms["model_states"]
         ex.close()
     assert states["fp8-tensorwise"] - states["bf16"] == weight_cache_bytes(FP8, FP8.layers, Layout())
+
+
+def test_the_contract_names_the_formats_the_executor_runs():
+    """memo-sim's what-if says when memo-exec refuses its answer from `memo_sim.plan.executor_scope` (no torch there):
+    the formats it names are the executor's GEMM classes, and a refused plan's line is the one run_model raises."""
+    from memo_sim.plan.executor_scope import EXEC_GEMM_FORMATS, plan_why_not
+
+    assert tuple(G.GEMMS) == EXEC_GEMM_FORMATS
+    plan = dataclasses.replace(make_plan(FP8, SEQ, get_policy("store_all")), seq_tokens=520)
+    why = plan_why_not(plan.model, plan.layout, plan.policy, plan.schedule, plan.batch, plan.batch, plan.seq_tokens)
+    with pytest.raises(ExecError) as e:
+        run_model(plan, RunOptions(device="cpu"))
+    assert why and str(e.value) == why

@@ -11,7 +11,8 @@ torch = pytest.importorskip("torch")
 
 from memo_exec.device import DeviceSpec  # noqa: E402
 from memo_exec.distributed.attention import repeat_kv_heads, sum_kv_repeats  # noqa: E402
-from memo_exec.distributed.context import build_context, check_divisible  # noqa: E402
+from memo_exec.distributed.context import build_context  # noqa: E402
+from memo_sim.plan.executor_scope import split_why_not  # noqa: E402
 from memo_exec.distributed.runner import DistExecutor  # noqa: E402
 from memo_exec.runner import RunOptions  # noqa: E402
 from memo_sim.layout.parallel import Layout  # noqa: E402
@@ -75,7 +76,7 @@ def test_repeat_order_and_its_gradient():
 
 def test_executor_refuses_kv_heads_neither_dividing_nor_multiple():
     m = ModelConfig("kv2-h6", 2, 96, 6, 128, vocab=96, kv_heads=2, dtype="fp32")
-    why = check_divisible(Layout(ulysses=3), m, 1, 96)
+    why = split_why_not(Layout(ulysses=3), m, 1, 96)
     assert why is not None and "\n" not in why and "kv heads (2)" in why and "(3)" in why
 
 

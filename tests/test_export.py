@@ -123,6 +123,14 @@ def test_megatron_script_carries_the_models_numerics_and_names_what_it_cannot():
     args, gaps = script("deepseek-v3")  # YaRN: named with Megatron's options for it; multi-token prediction named
     assert "--use-rope-scaling" not in args and any("scaling (yarn factor 40)" in g for g in gaps), gaps
     assert any("multi-token prediction" in g for g in gaps), gaps
+    # DeepSeek-V3's router: a bias per expert and, beside it, its per-sequence balance loss (seq_aux, aux_loss_alpha)
+    # where the script wrote no loss at all ('none'); DeepSeek-V2-Lite's softmax router, the same loss per sequence
+    assert (args["--moe-router-load-balancing-type"], args["--moe-aux-loss-coeff"]) == ("seq_aux_loss", "0.001")
+    assert "--moe-router-enable-expert-bias" in args
+    args, _ = script("deepseek-v2-lite")
+    assert args["--moe-router-load-balancing-type"] == "seq_aux_loss" and "--moe-router-enable-expert-bias" not in args
+    args, _ = script("qwen3-30b-a3b")
+    assert (args["--moe-router-load-balancing-type"], args["--moe-aux-loss-coeff"]) == ("aux_loss", "0.001")
     _, gaps = script("mistral-7b")  # its preset leaves the base unstated: named, not guessed
     assert any("rotary base (the model does not state it)" in g for g in gaps), gaps
     args, gaps = script("qwen3-8b", model=replace(get_model("qwen3-8b"), bias="all"))  # attention_bias: true
@@ -372,8 +380,9 @@ def test_not_expressible_block_lists_each_gap_and_its_price():
     ex = export_plan(MEMO, "megatron", nearest=True)
     text = ex.files["megatron.sh"]
     assert "MEMO's token-wise offload (alpha = 0.5)" in text and "bi-level static memory plan" in text
-    # priced as Megatron-LM runs it: its cuDNN attention, vocabulary-parallel loss, overlapped all-gathers
-    near = "tp8+sp-cudnn-ce-vocab_parallel-ag-overlap full_recompute"
+    # priced as Megatron-LM runs it: its attention as this A800 profile prices it (no cuDNN curves: FlashAttention-2's,
+    # so the label names no cuDNN), vocabulary-parallel loss, overlapped all-gathers
+    near = "tp8+sp-ce-vocab_parallel-ag-overlap full_recompute"
     assert ex.nearest["label"] == near and ex.nearest["status"] in ("OK", "OOM", "OOHM")
     assert f"memo predicts the nearest plan ({near})" in text
     # the mechanisms the framework runs its own way are named beside the price (memo's chunked loss replaced

@@ -59,7 +59,9 @@ EXPECTED = {"attention": ("materialised", "flash", "time"), "grad_overlap": (Fal
             # PyTorch's CP merges and accumulates each ring step in separate fp32 passes (a CP layout)
             "ring_merge": ("torch_cp", "none", "time"),
             # XTuner 2024's Ulysses sends every K/V head repeated to the query heads (a GQA model under Ulysses)
-            "ulysses_kv": ("query_heads", "minimal", "time")}
+            "ulysses_kv": ("query_heads", "minimal", "time"),
+            # ring CP's blocks on FlashAttention-2 (memo-exec's) beside a layer kernel of cuDNN's (a Hopper profile)
+            "block_attention": ("flash", "", "time")}
 
 
 @pytest.mark.parametrize("mechanism", sorted(MECHANISMS))
@@ -68,8 +70,10 @@ def test_each_mechanism_moves_the_prediction_the_expected_way(mechanism):
 
     assert set(EXPECTED) == set(MECHANISMS)  # a new switch needs its expected direction here
     worse_v, better_v, what = EXPECTED[mechanism]
-    model, prof = get_model("llama-3.1-8b" if mechanism == "ulysses_kv" else "gpt-7b"), load_profile("a100-sxm4-80gb")
-    base = {"ring_merge": Layout(tp=4, cp=2), "ulysses_kv": Layout(ulysses=4, dp=2, zero=3)}.get(
+    model = get_model("llama-3.1-8b" if mechanism == "ulysses_kv" else "gpt-7b")
+    prof = load_profile("h100-sxm5-80gb" if mechanism == "block_attention" else "a100-sxm4-80gb")
+    base = {"ring_merge": Layout(tp=4, cp=2), "ulysses_kv": Layout(ulysses=4, dp=2, zero=3),
+            "block_attention": Layout(tp=4, cp=2, attention="cudnn")}.get(
         mechanism, Layout(tp=2, sp=mechanism == "sp_regather_overlap", dp=4))
     worse, better = (replace(base, **{MECHANISMS[mechanism]: v}) for v in (worse_v, better_v))
     if what == "time":

@@ -303,5 +303,10 @@ def test_maxseq_jobs_answers_the_policies_in_processes_as_the_serial_run_does():
     with pytest.raises(MemoError, match="megatron does not offer"):  # a worker's refusal, raised here
         max_seq_runs(M7, 8, A800, [("memo", "caching"), ("full_recompute", "caching")], step=64 * K,
                      framework="megatron", jobs=2)
+    # two refused runs: the first in order is raised, as serially, whichever worker refused first
+    two = [("full_recompute", "caching"), ("full_offload", "caching"), ("memo", "caching")]
+    for jobs in (1, 3):
+        with pytest.raises(MemoError, match="--policy full_offload"):
+            max_seq_runs(M7, 8, A800, two, step=64 * K, framework="megatron", jobs=jobs)
     r = CliRunner().invoke(cli, ["maxseq", "--model", "gpt-7b", "--gpus", "8", "--jobs", "0"])
     assert r.exit_code == 2 and "--jobs" in r.output

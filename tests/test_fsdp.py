@@ -114,7 +114,7 @@ def test_a_mixture_of_experts_shards_under_fsdp_as_under_zero3_and_torchtitan_se
     it was refused ('FSDP is priced for dense models'), so torchtitan's MoE search had no FSDP layout
     while `export --to torchtitan --nearest` wrote one. HSDP with experts is refused in one line, and
     memo-exec refuses FSDP with experts in one line."""
-    from memo_exec.distributed.runner import fsdp_why_not
+    from memo_sim.plan.executor_scope import data_parallel_why_not
     from memo_sim.plan import Plan
     from memo_sim.policy import get_policy
 
@@ -131,5 +131,6 @@ def test_a_mixture_of_experts_shards_under_fsdp_as_under_zero3_and_torchtitan_se
     plan = Plan(model=moe, batch=1, seq_tokens=8192, gpus=16, layout=f, policy=get_policy("full_recompute"),
                 profile="h100-sxm5-80gb", predicted={"status": "OK", "iteration_s": 1.0, "mfu": 0.1},
                 layer_timings_s={"forward": 0.1, "backward": 0.2})
-    why = fsdp_why_not(plan, moe)
-    assert why and why.startswith("dp_mode fsdp with mixture-of-experts layers") and "\n" not in why
+    why = data_parallel_why_not(plan.layout, moe, plan.batch, plan.micro_batch)
+    assert why and why.startswith(f"plan layout {f.label()}: dp_mode fsdp with mixture-of-experts layers")
+    assert "\n" not in why

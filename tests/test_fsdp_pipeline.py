@@ -94,7 +94,7 @@ def test_the_search_prices_fsdp_pipelines_for_torchtitan_and_the_bound_holds():
 def test_the_torchtitan_export_keeps_the_weights_and_the_executor_refuses_in_one_line():
     from memo_sim.export import export_plan
     from memo_sim.plan.schema import Plan
-    from memo_exec.distributed.runner import fsdp_why_not
+    from memo_sim.plan.executor_scope import data_parallel_why_not
 
     lay = Layout(dp=8, pp=2, **KEEP)
     plan = Plan(model=TOY, batch=4, seq_tokens=4096, gpus=16, layout=lay, policy=get_policy("full_recompute"),
@@ -102,7 +102,7 @@ def test_the_torchtitan_export_keeps_the_weights_and_the_executor_refuses_in_one
                 layer_timings_s={"forward": 0.1, "backward": 0.2}, micro_batch=1, schedule="1f1b")
     src = export_plan(plan, "torchtitan", price=False, nearest=True).files["memo_torchtitan.py"]
     assert "fsdp_reshard_after_forward = 'never'" in src and "pipeline_parallel_degree = 2" in src
-    why = fsdp_why_not(plan, TOY)
+    why = data_parallel_why_not(plan.layout, TOY, plan.batch, plan.micro_batch)
     assert why and "pipeline" in why and "ZeRO 0 or 1" in why and "\n" not in why
 
 

@@ -99,12 +99,22 @@ def _raw(folder, **over):
     ("deepseek-v3", dict(routed_scaling_factor=True), "routed_scaling_factor"),
     ("gpt-oss-20b", dict(layer_types=["full_attention"]), "layer_types"),
     ("llama-3.1-8b", dict(num_experts=64), "num_experts"),
+    ("deepseek-v3", dict(seq_aux="yes"), "seq_aux"),
+    ("gpt-oss-20b", dict(model_type="gpt-oss"), "model_type"),  # a user's review: named num_local_experts before
+    ("gpt-oss-20b", dict(model_type=None), "model_type"),
+    ("mixtral-8x7b", dict(model_type="mixtal"), "model_type"),
 ])
 def test_bad_moe_configs_are_refused_naming_the_field(folder, over, field):
     with pytest.raises(MemoError) as e:
         hf_model_fields(_raw(folder, **over), source="config.json")
     msg = str(e.value)
     assert f": {field}: " in msg and "\n" not in msg
+    if over.get("model_type") == "mixtal":  # a MoE family is named, and listed among those read
+        assert "did you mean 'mixtral'?" in msg and "gpt_oss" in msg
+    elif over.get("model_type"):
+        assert "did you mean 'gpt_oss'?" in msg
+    elif "model_type" in over:
+        assert "missing" in msg and "gpt_oss" in msg
 
 
 @pytest.mark.parametrize("over,needle", [

@@ -132,3 +132,11 @@ def test_a_profile_is_found_by_the_name_it_declares(tmp_path, monkeypatch):
     assert load_profile("my-h100-4gpu").name == "my-h100-4gpu" == load_profile("cluster-a").name
     with pytest.raises(ProfileError, match="not found"):
         load_profile("my-h100-8gpu")
+
+
+def test_a_profile_named_in_part_gets_the_ones_it_may_mean():
+    """`--profile h100` listed every profile and named none (a user's review): the ones it begins, or the nearest."""
+    with pytest.raises(ProfileError, match="did you mean h100-sxm5-80gb or h100-sxm5-96gb-500w\\?"):
+        load_profile("h100")
+    with pytest.raises(ProfileError, match="did you mean h200-141gb\\?"):
+        load_profile("h200-141")

@@ -113,3 +113,34 @@ def test_calibrate_finds_the_datasheet_peaks_of_blackwell_devices():
     assert known_peak("NVIDIA B200").bf16_tflops == 2250.0
     assert known_peak("NVIDIA GB200").bf16_tflops == 2500.0
     assert known_peak("NVIDIA B300") is None  # no shipped B300 profile
+
+
+def test_a_plan_on_part_of_a_gb200_rack_pins_only_its_own_trays_memory():
+    """The rack's 36 Graces' memory was one pool for any plan on it: an 8-GPU plan (2 of the 18 trays) could pin the
+    other 16 trays' memory, MEMO's alpha solved against 14 TiB where the plan's hosts hold 1.6. Each plan now gets
+    the memory of the hosts its GPUs take (`HardwareProfile.host_capacity`); a whole rack's is unchanged, and a node
+    of one host (every other profile) keeps the node's whole memory."""
+    from memo_sim.api import get_model
+    from memo_sim.layout.parallel import Layout
+    from memo_sim.memplan.footprint import memory_breakdown
+    from memo_sim.policy import get_policy
+    from memo_sim.search.whatif import rank
+
+    gb = load_profile("gb200-nvl72")
+    assert gb.host_capacity(8) == pytest.approx(gb.usable_host_memory * 2 / 18)
+    assert gb.host_capacity(72) == gb.host_capacity(1000) == gb.usable_host_memory
+    assert gb.host_capacity(5) == gb.host_capacity(8)  # a started tray's memory is the plan's
+    assert gb.host_memory_bandwidth(8) == pytest.approx(4 * 512e9)  # and its 4 Graces' bandwidth, not 36's
+    from memo_sim.cost.transfer import host_bandwidth_per_gpu
+
+    assert host_bandwidth_per_gpu(gb, "d2h", 8) == pytest.approx(min(360e9 / 2, 4 * 512e9 / 8))
+    h100 = load_profile("h100-sxm5-80gb")
+    assert h100.host_capacity(1) == h100.usable_host_memory
+    m = get_model("llama-3.1-8b")
+    part = memory_breakdown(m, Layout(tp=8), 1, 1 << 20, get_policy("memo", 1.0), gb)
+    assert part.host_capacity_bytes == pytest.approx(gb.host_capacity(8))
+    best = rank(m, 2 << 20, 8, gb, policies=("memo",), simulate_top=1).best  # alpha against the 2 trays' memory
+    assert best is not None and best.memory.host_bytes_per_node <= gb.host_capacity(8)
+    words = _run(["whatif", "--model", "llama-3.1-8b", "--gpus", "8", "--seq", "2M", "--profile", "gb200-nvl72",
+                  "--policy", "memo", "--no-plan", "--jobs", "1", "--simulate-top", "1"])
+    assert "(the 2 of the node's 18 hosts of 4 GPUs that its 8 GPUs take)" in words, words

@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from memo_sim.layout.kv_heads import kv_heads_why_not
 from memo_sim.layout.parallel import Layout
 
 MESH_DIMS = ("dp", "pp", "cp", "ulysses", "tp")  # outermost first (the plan's rank order)
@@ -201,23 +200,3 @@ def local_token_index(ctx: DistContext, batch: int, seq: int) -> torch.Tensor:
     return flat
 
 
-def check_divisible(layout: Layout, model, batch: int, seq: int) -> str | None:
-    """Why this layout cannot split this model and sequence evenly (None when it can)."""
-    if layout.cp > 1 and seq % (2 * layout.cp):
-        return f"seq_tokens {seq} is not divisible by 2 x cp = {2 * layout.cp} (zig-zag ring CP)"
-    shard = seq // layout.cp
-    if shard % layout.ulysses:
-        return f"the CP shard of {shard} tokens is not divisible by ulysses = {layout.ulysses}"
-    if layout.tp > 1 and (batch * shard // layout.ulysses) % layout.tp:
-        return f"{batch * shard // layout.ulysses} tokens per shard are not divisible by tp = {layout.tp}"
-    heads_split = layout.tp * layout.ulysses
-    if model.heads % heads_split:
-        return f"{model.heads} heads are not divisible by tp x ulysses = {heads_split}"
-    # K/V heads: whole on each rank, or (tp x ulysses a multiple of them) each repeated before Ulysses'
-    # all-to-all (`memo_sim.layout.kv_heads`, `memo_exec.distributed.attention.UlyssesAttention`)
-    why = kv_heads_why_not(layout.tp, layout.ulysses, model.n_kv_heads, layout.ulysses_kv)
-    if why:
-        return why
-    if model.ffn % layout.tp:
-        return f"ffn {model.ffn} is not divisible by tp = {layout.tp}"
-    return None

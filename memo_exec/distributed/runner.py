@@ -36,7 +36,7 @@ from memo_exec.arena import ArenaScratch, CachingScratch
 from memo_exec.attention import AttnDims, select_backend
 from memo_exec.device import DeviceSpec, element_size
 from memo_exec.distributed.attention import RingAttention, UlyssesAttention
-from memo_exec.distributed.context import DistContext, check_divisible, local_token_index
+from memo_exec.distributed.context import DistContext, local_token_index
 from memo_exec.distributed.schedule import schedule_for
 from memo_exec.distributed.tp import flavour_for
 from memo_exec.distributed.zero import GradSync
@@ -63,42 +63,7 @@ def check_plan_for_world(plan: Plan, world: int, opts: RunOptions) -> None:
     model = run_model(plan, opts)
     if model.layers != plan.model.layers:  # --layers N: the schedule's split must hold for N layers
         plan = dataclasses.replace(plan, model=model)
-    schedule_for(plan)
-    why = fsdp_why_not(plan, model)
-    if why:
-        raise ExecError(f"plan layout {lay.label()}: {why}")
-    if plan.micro_batches > 1 and lay.zero >= 2 and lay.dp * lay.cp * lay.ulysses > 1:
-        raise ExecError(f"plan layout {lay.label()}: ZeRO {lay.zero} reduces each layer's gradient right after its "
-                        f"backward, which the executor does not accumulate over {plan.micro_batches} micro-batches; "
-                        f"plan with ZeRO 0 or 1, or micro_batch = batch ({plan.batch})")
-    why = check_divisible(lay, model, plan.micro_batch, plan.seq_tokens)
-    if why:
-        raise ExecError(f"plan layout {lay.label()}: {why}")
-
-
-def fsdp_why_not(plan: Plan, model) -> str | None:
-    """Why the executor cannot run this plan's FSDP (``dp_mode: fsdp``) layout, naming the field;
-    None for other layouts. The simulator's rules first (`memo_sim.layout.parallel.dp_why_not`:
-    ZeRO 3, a shard group dividing the data group), for plans built without reading a file; then the
-    executor's own: a dense model, one stage (FSDP beside pipeline stages is the simulator's only)
-    and one micro-batch."""
-    from memo_sim.layout.parallel import dp_why_not  # noqa: PLC0415
-
-    lay = plan.layout
-    why = dp_why_not(lay, model)
-    if why or lay.dp_mode != "fsdp":
-        return why and f"dp_mode {lay.dp_mode}: {why}"
-    if getattr(model, "moe", False):
-        return ("dp_mode fsdp with mixture-of-experts layers is priced by the simulator (the experts sharded over "
-                "their expert-data-parallel ranks) but not run by the executor; plan with dp_mode zero")
-    if lay.pp > 1:
-        return (f"dp_mode fsdp beside pipeline stages (pp {lay.pp}, as torchtitan runs it) is priced by the simulator "
-                f"but not run by the executor; plan the pipeline with ZeRO 0 or 1")
-    if plan.micro_batches > 1 and lay.dp * lay.cp * lay.ulysses > 1:
-        return (f"dp_mode fsdp: micro_batch {plan.micro_batch}: FSDP reduce-scatters each layer's gradient right "
-                f"after its backward, which the executor does not accumulate over {plan.micro_batches} "
-                f"micro-batches; plan with micro_batch = batch ({plan.batch})")
-    return None
+    schedule_for(plan)  # the data parallelism and the split over the ranks: run_model's (memo_sim.plan.executor_scope)
 
 
 class _KillHook(LayerHooks):

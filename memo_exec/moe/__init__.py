@@ -9,5 +9,5 @@
   what it keeps for the backward under each activation policy;
 - `groups`: the expert-parallel and expert-data-parallel groups (Megatron-Core's folding);
 - `sync`: the routed experts' gradient reduction and optimizer under ep > 1;
-- `refuse`: what the executor cannot run yet, in one line.
+- what the executor cannot run yet is `memo_sim.plan.executor_scope` (the contract): one line each.
 """

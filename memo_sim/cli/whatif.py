@@ -44,7 +44,7 @@ from memo_sim.profile.loader import load_profile
 from memo_sim.report.fit_advice import fit_fixes
 from memo_sim.report.candidate_rows import candidates_json
 from memo_sim.report.sensitivity import sensitivity_line
-from memo_sim.report.whatif_answer import WhatIfView, runner_up
+from memo_sim.report.whatif_answer import WhatIfView, executor_refuses, runner_up
 from memo_sim.search.frameworks import FRAMEWORKS
 from memo_sim.search.plan_build import prebuild_plan
 from memo_sim.search.request import WhatifRequest, answer_whatif, plain_recipe, sweep_candidates
@@ -263,11 +263,11 @@ def _answer_json(ans, paths: dict, elapsed: float, show: Show) -> dict:
             "sppo": result.sppo_summary,
             "metp_vs_megatron": _metp_vs_megatron(result.candidates, req.alpha),
             "memo_best": memo_best.to_json() if memo_best is not None else None,
+            # why memo-exec refuses the best plan before it runs (null: it does not refuse it on the plan alone)
+            "executor_refuses": executor_refuses(best) if best is not None else None,
             # an FP8 what-if: the same search without FP8 GEMMs (null: nothing fits it, or no FP8 asked: bf16_searched)
             "bf16_best": ans.bf16_best.to_json() if ans.bf16_best is not None else None,
             "bf16_searched": ans.bf16_searched,
-            # the best plan simulated on cuDNN's fused attention where the profile prices it apart (null: not asked)
-            "cudnn_same_plan": ans.cudnn_same,
             "runner_up": runner_up(shown, best),
             "train_tokens": show.train_budget,
             **_training_json(best, show.train_budget),
@@ -296,8 +296,7 @@ def _print_answer(ans, paths: dict, elapsed: float, show: Show) -> None:
         metp_rows=_metp_vs_megatron(result.candidates, req.alpha), advice=ans.advice, fixes=_fixes(ans, shown),
         sensitivity=sensitivity_line(shown, req.profile, req.alpha), framework=req.framework,
         memo_best=ans.memo_best, plain_recipe=plain_recipe(req.model),
-        train_lines=_train_lines(best, show.train_budget), bf16_best=ans.bf16_best, bf16_searched=ans.bf16_searched,
-        cudnn_same=ans.cudnn_same)
+        train_lines=_train_lines(best, show.train_budget), bf16_best=ans.bf16_best, bf16_searched=ans.bf16_searched)
     emit(whatif_answer(view), show.out_format)
 
 

@@ -69,7 +69,7 @@ def layer_attention_seconds(model: ModelConfig, layout: Layout, batch: int, seq:
     (module docs). ``ring``: ring CP's blocks (`memo_sim.cost.ring_attention.applies`)."""
     if profile.efficiency.attention_times is None or model.attention_flop_fraction(seq) < 1.0:
         return None
-    if profile.efficiency.priced_attention_kernel(layout.attention) == "cudnn":
+    if profile.efficiency.priced_attention_kernel(layout.block_kernel if ring else layout.attention) == "cudnn":
         return None  # the profile describes cuDNN's kernel apart; the rows timed the executor's own
     heads = _heads_per_rank(model, layout)
     if heads is None:

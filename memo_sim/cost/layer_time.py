@@ -128,11 +128,12 @@ def _attention_time(flops: float, model: ModelConfig, layout: Layout, batch: int
     if measured is not None:
         return measured
     if ring:
-        return ring_attention.ring_attention_time(flops, profile, model.dtype, model.qk_head_dim, layout.attention,
+        return ring_attention.ring_attention_time(flops, profile, model.dtype, model.qk_head_dim, layout.block_kernel,
                                                   layout.cp, phase)
+    kernel = layout.attention_kernel()  # a ring's sliding-window layers run on its blocks' kernel too
     if phase == "bwd":
-        return attention_bwd_time(flops, profile, model.dtype, model.qk_head_dim, layout.attention)
-    return attention_fwd_time(flops, profile, model.dtype, model.qk_head_dim, layout.attention)
+        return attention_bwd_time(flops, profile, model.dtype, model.qk_head_dim, kernel)
+    return attention_fwd_time(flops, profile, model.dtype, model.qk_head_dim, kernel)
 
 
 def _tp_collective(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, seq: int,

@@ -343,7 +343,7 @@ def mha_costs(model: ModelConfig, layout: Layout, batch: int, seq: int, profile:
             out.append(OpCost(f"bcast_w{j + 1}", "collective", phase, BCAST_STREAM, bcast, nbytes=wb * tree,
                               overlaps=4))
         if phase != "bwd":
-            t_in = attention_fwd_time(inner, profile, model.dtype, model.qk_head_dim, layout.attention)
+            t_in = attention_fwd_time(inner, profile, model.dtype, model.qk_head_dim, layout.block_kernel)
             kvx = bs["kv_block"]
             out += [OpCost(f"mha_qkv{j}", "gemm", phase, "compute", gemm_time(qkv, profile, model.dtype), flops=qkv),
                     OpCost(f"mha_attn{j}.0", "attention", phase, "compute", t_in, flops=inner),
@@ -354,7 +354,7 @@ def mha_costs(model: ModelConfig, layout: Layout, batch: int, seq: int, profile:
                            flops=proj)]
             continue
         fb = ATTN_BWD_FACTOR * inner
-        t_in = attention_bwd_time(fb, profile, model.dtype, model.qk_head_dim, layout.attention)
+        t_in = attention_bwd_time(fb, profile, model.dtype, model.qk_head_dim, layout.block_kernel)
         kvx = 2 * bs["kv_block"]  # K, V and dK, dV
         first = gemm_time(proj, profile, model.dtype) * 2 + gemm_time(qkv, profile, model.dtype)
         out += [OpCost(f"mha_bwd_proj{j}", "gemm", phase, "compute", first, flops=2 * proj + qkv),

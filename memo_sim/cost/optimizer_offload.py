@@ -56,6 +56,6 @@ def offloaded_step_seconds(model: ModelConfig, layout: Layout, params: GpuParams
     r = model.recipe
     gpus = min(layout.gpus, profile.node_gpus)  # the node's GPUs stepping at once
     down = host_copy_time(r.grad_bytes * n, profile, "d2h", gpus)
-    host = CPU_ADAM_BYTES_PER_PARAM * n / (float(profile.host.memory_bandwidth) / gpus)
+    host = CPU_ADAM_BYTES_PER_PARAM * n / (profile.host_memory_bandwidth(gpus) / gpus)
     up = host_copy_time(r.weight_bytes * n, profile, "h2d", gpus)
     return down + host + up

@@ -140,8 +140,9 @@ def stage_gpu_shard(layout: Layout) -> Layout:
     """What one GPU of an SPPO pipeline stage holds of ``layout``: its TP+SP shard, without the pipeline
     and data-parallel degrees and ZeRO (what a stage's per-GPU costs and bytes are priced on). The
     micro-batch pipelines' per-GPU layout also drops the virtual stages
-    (`memo_sim.search.estimate.stage_shard`)."""
-    return replace(layout, pp=1, dp=1, zero=0)
+    (`memo_sim.search.estimate.stage_shard`). Every piece's attention runs as a block over its prefix, so the shard's
+    attention kernel is the layout's block kernel (`Layout.block_kernel`: memo-exec's pieces run FlashAttention-2)."""
+    return replace(layout, pp=1, dp=1, zero=0, attention=layout.block_kernel, block_attention="")
 
 
 _COSTS: dict[tuple, tuple[HardwareProfile, tuple[list[OpCost], list[OpCost]]]] = {}
@@ -176,8 +177,8 @@ def piece_costs(model: ModelConfig, layout: Layout, batch: int, start: int, leng
     bwd = backward_costs(model, shard, batch, length, profile)
     if start > 0:
         f = prefix_attention_flops(batch, start, length, model.hidden) / (shard.tp * shard.seq_split)
-        fwd = _reprice_attention(fwd, f, profile, model.dtype, model.qk_head_dim, layout.attention)
-        bwd = _reprice_attention(bwd, f, profile, model.dtype, model.qk_head_dim, layout.attention)
+        fwd = _reprice_attention(fwd, f, profile, model.dtype, model.qk_head_dim, shard.attention)
+        bwd = _reprice_attention(bwd, f, profile, model.dtype, model.qk_head_dim, shard.attention)
     if memo:
         if len(_COSTS) > _COSTS_MAX:
             _COSTS.clear()

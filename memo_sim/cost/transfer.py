@@ -24,7 +24,7 @@ def host_bandwidth_per_gpu(profile: HardwareProfile, direction: str, active_gpus
     active = max(1, min(active_gpus, profile.node_gpus))
     per_switch = min(active, int(hl.gpus_per_pcie_switch.value))
     switch_share = float(hl.pcie_switch_bandwidth) / per_switch
-    host_share = float(profile.host.memory_bandwidth) / active
+    host_share = profile.host_memory_bandwidth(active) / active
     return min(link, switch_share, host_share)
 
 

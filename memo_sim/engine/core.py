@@ -51,7 +51,7 @@ import simpy
 from memo_sim.cost.transfer import host_bandwidth_per_gpu
 from memo_sim.engine.events import MEMORY_SAMPLE, OP_END, OP_START, EventKind
 from memo_sim.engine.fluid import Flow, FluidNetwork, Link
-from memo_sim.engine.graph import MemAction, Op, OpGraph
+from memo_sim.engine.graph import MemAction, Op, OpGraph, gpus_on_nodes
 from memo_sim.profile.schema import HardwareProfile
 from memo_sim.timeline import MemorySample
 
@@ -185,6 +185,7 @@ class Engine:
         self._solo_rate = {}
         self._routes = {}
         self.routes = self._routes  # (device, d2h | h2d | nvlink | internode) -> ((link, weight), ...)
+        on_node = gpus_on_nodes(graph.devices.values())  # a node's hosts serve every stage's GPUs there
         for dev in graph.devices.values():
             for direction in ("d2h", "h2d"):
                 self._solo_rate[(dev.index, direction)] = host_bandwidth_per_gpu(profile, direction, dev.group)
@@ -193,7 +194,7 @@ class Engine:
                     (self.net.link(f"pcie.{direction}.d{dev.index}", own), 1.0),
                     (self.net.link(f"switch.{direction}.n{dev.node}s{dev.switch}", float(hl.pcie_switch_bandwidth)),
                      float(max(1, dev.switch_group))),
-                    (self.net.link(f"hostmem.n{dev.node}", float(profile.host.memory_bandwidth)),
+                    (self.net.link(f"hostmem.n{dev.node}", profile.host_memory_bandwidth(on_node[dev.node])),
                      float(max(1, dev.group))),
                 )
             for name, lk in (("nvlink", profile.nvlink), ("internode", profile.internode)):

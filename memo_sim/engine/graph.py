@@ -39,6 +39,15 @@ class Device:
     label: str = ""
 
 
+def gpus_on_nodes(devices) -> dict[int, int]:
+    """{node: the GPUs the devices stand for there}: every pipeline stage's GPUs on a node together (they share its
+    hosts' memory and memory bandwidth)."""
+    out: dict[int, int] = {}
+    for dev in devices:
+        out[dev.node] = out.get(dev.node, 0) + max(1, dev.group)
+    return out
+
+
 @dataclass(frozen=True)
 class MemAction:
     space: str  # "gpu" | "host"

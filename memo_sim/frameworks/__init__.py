@@ -79,7 +79,7 @@ from memo_sim.fileio import load_yaml, read_utf8
 from memo_sim.dp import DP_MODES
 from memo_sim.layout.alloc_conf import merged_alloc_conf
 from memo_sim.layout.moe_dispatchers import DISPATCHER_NAMES
-from memo_sim.layout.parallel import HOST_POOLS, Layout
+from memo_sim.layout.parallel import BLOCK_KERNELS, HOST_POOLS, Layout
 from memo_sim.layout.kv_heads import ULYSSES_KV_RULES
 from memo_sim.layout.ring_merge import RING_MERGE_NAMES
 from memo_sim.layout.schedule import SCHEDULE_NAMES
@@ -93,7 +93,8 @@ from memo_sim.policy import policy_names
 
 DATA = Path(__file__).parent / "data"
 # the switchable mechanisms: name -> the Layout field it sets
-MECHANISMS = {"attention": "attention", "grad_overlap": "grad_overlap", "cross_entropy": "cross_entropy",
+MECHANISMS = {"attention": "attention", "block_attention": "block_attention", "grad_overlap": "grad_overlap",
+              "cross_entropy": "cross_entropy",
               "host_pool": "host_pool", "expandable_segments": "expandable_segments", "alloc_conf": "alloc_conf",
               "nccl_record_stream": "nccl_record_stream", "kernel_fusion": "kernel_fusion",
               "sp_regather_overlap": "sp_regather_overlap", "ring_merge": "ring_merge",
@@ -132,6 +133,7 @@ class _LayoutsIn(BaseModel):
 class _MechanismsIn(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     attention: Literal[ATTENTION_KERNELS]
+    block_attention: Literal[BLOCK_KERNELS] = ""  # the blocks' kernel where not attention's (`Layout.block_kernel`)
     grad_overlap: bool = Field(strict=True)
     cross_entropy: Literal[CROSS_ENTROPY_KERNELS]
     host_pool: Literal[HOST_POOLS]
@@ -274,9 +276,18 @@ class Framework:
         """Whether it keeps the optimizer's states and step on the host beside ZeRO stage ``zero``."""
         return self.optimizer_offload and (self.optimizer_offload_zero is None or zero in self.optimizer_offload_zero)
 
-    def adapt(self, lay: Layout) -> Layout:
-        """The layout as this framework runs it: its mechanisms applied."""
-        return replace(lay, **{MECHANISMS[k]: v for k, v in self.mechanisms})
+    def adapt(self, lay: Layout, profile=None) -> Layout:
+        """The layout as this framework runs it: its mechanisms applied; on ``profile`` (a `HardwareProfile`),
+        its attention kernels as the profile prices them (cuDNN's where the profile has its own curves, else
+        FlashAttention-2, which TransformerEngine too runs there), so that a layout's label names the kernel
+        priced."""
+        out = replace(lay, **{MECHANISMS[k]: v for k, v in self.mechanisms})
+        if profile is None:
+            return out
+        priced = profile.efficiency.priced_attention_kernel
+        attention = priced(out.attention)
+        blocks = priced(out.block_attention) if out.block_attention else ""
+        return replace(out, attention=attention, block_attention="" if blocks == attention else blocks)
 
 
 def _read(path: Path) -> Framework:

@@ -36,6 +36,10 @@ Attention kernel (``attention``, `memo_sim.cost.attention_kernel`): ``flash`` (d
 ``materialised`` (Megatron-LM before FlashAttention: the whole s x s score matrix per head on one
 GPU), which frameworks of that time ran (`memo_sim.frameworks`); not combined with ring CP or
 METP's ring attention (pipeline stages price it per layer, as a single stage does). Left out of `Layout.to_dict` when ``flash``.
+``block_attention``: the kernel of the attention that runs as blocks merged by log-sum-exp (ring CP's zigzag
+blocks, full METP's head-group rings, SPPO's prefix pieces) where it is not ``attention`` ("": the same kernel;
+`Layout.block_kernel`): memo's executor runs its blocks on FlashAttention-2 (`memo_exec.block_attention`) whatever
+kernel it runs a layer's whole attention on, TransformerEngine's CP steps on the layer's own kernel.
 
 Gradient reduction (``grad_overlap``, `memo_sim.cost.grad_sync`): True (default) reduces each
 layer's gradient bucket as soon as its backward is done, beside the next layer's backward; False
@@ -113,6 +117,8 @@ _CHUNKS = f"chunk_layers ({LAYOUT_OPTION})"  # the field, and the option that se
 from memo_sim.layout.ring_merge import RING_MERGE_NAMES
 from memo_sim.model.kernel_fusion import KERNEL_FUSIONS
 from memo_sim.model.layer_graph import ATTENTION_KERNELS, CROSS_ENTROPY_KERNELS
+
+BLOCK_KERNELS = ("", "flash", "cudnn")  # `Layout.block_attention`: blocks merged by log-sum-exp run a fused kernel
 from memo_sim.tp import FLAVOURS, TP_MODES, TPFlavour, tp_flavour
 
 # how offloaded activations sit in pinned host memory (`memo_sim.policy.host_layout`): memo's executor's
@@ -135,6 +141,7 @@ class Layout:
     pp: int = 1  # pipeline stages; layers split evenly, embedding first, classifier last
     vpp: int = 1  # virtual stages (model chunks) per pipeline rank (interleaved 1F1B; `layout.schedule`)
     attention: str = "flash"  # attention kernel: flash | materialised (`memo_sim.cost.attention_kernel`)
+    block_attention: str = ""  # the kernel of attention run as blocks ("": ``attention``'s; module docs)
     grad_overlap: bool = True  # data-parallel gradient reduction overlapped with the backward (`cost.grad_sync`)
     cross_entropy: str = "chunked"  # loss kernel: chunked | vocab_parallel | torch_fused (`cost.boundary`)
     host_pool: str = "registered_pool"  # pinned host memory for offloads: one of `HOST_POOLS`
@@ -251,6 +258,22 @@ class Layout:
         return self.dp * self.cp * self.ulysses
 
     @property
+    def block_kernel(self) -> str:
+        """The kernel of the attention this layout runs as blocks (ring CP, full METP, SPPO): ``block_attention``,
+        else ``attention``."""
+        return self.block_attention or self.attention
+
+    def runs_blocks(self, sppo: bool = False) -> bool:
+        """Whether this layout's attention runs as blocks merged by log-sum-exp: ring CP, full METP, or (``sppo``)
+        SPPO's subsequence pieces."""
+        return self.cp > 1 or self.flavour.group_of("attention") is not None or sppo
+
+    def attention_kernel(self, sppo: bool = False) -> str:
+        """The kernel the attention runs on: `block_kernel` where it runs as blocks (`runs_blocks`), else
+        ``attention``."""
+        return self.block_kernel if self.runs_blocks(sppo) else self.attention
+
+    @property
     def flavour(self) -> TPFlavour:
         """The tensor-parallel flavour of ``tp_mode`` (`memo_sim.tp`)."""
         return tp_flavour(self.tp_mode)
@@ -278,6 +301,8 @@ class Layout:
             parts.append(f"z{self.zero}")
         if self.attention != "flash":
             parts.append(self.attention)
+        if self.block_kernel != self.attention and self.runs_blocks():
+            parts.append(f"blocks-{self.block_kernel}")
         if not self.grad_overlap:
             parts.append("serial-grads")
         if self.cross_entropy != "chunked":
@@ -321,6 +346,8 @@ class Layout:
             del d["vpp"]
         if self.attention == "flash":  # and FlashAttention plans their shape before kernels were named
             del d["attention"]
+        if not self.block_attention:  # and plans whose blocks run the layer's own kernel theirs
+            del d["block_attention"]
         if self.grad_overlap:  # and overlapped-gradient plans theirs
             del d["grad_overlap"]
         if self.cross_entropy == "chunked":  # and plans with memo's chunked head theirs
@@ -377,6 +404,7 @@ class _LayoutIn(BaseModel):
     pp: _Degree = 1
     vpp: _Degree = 1
     attention: Literal[ATTENTION_KERNELS] = "flash"
+    block_attention: Literal[BLOCK_KERNELS] = ""
     grad_overlap: bool = Field(True, strict=True)
     cross_entropy: Literal[CROSS_ENTROPY_KERNELS] = "chunked"
     host_pool: Literal[HOST_POOLS] = "registered_pool"

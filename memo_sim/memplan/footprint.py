@@ -146,7 +146,7 @@ def memory_breakdown(model: ModelConfig, layout: Layout, batch: int, seq: int, p
         lse_bytes=lse_all, transient_peak_bytes=transient, transient_planned_bytes=planned,
         transient_caching_allocator=cached, layer_boundary_bytes=boundary, classifier_peak_bytes=classifier,
         peak_gpu_bytes=peak, gpu_capacity_bytes=profile.usable_gpu_memory, host_bytes_per_gpu=host_gpu,
-        host_bytes_per_node=host_node, host_capacity_bytes=profile.usable_host_memory)
+        host_bytes_per_node=host_node, host_capacity_bytes=profile.host_capacity(gpus_node))
 
 
 @memoised(maxsize=1 << 14)
@@ -348,7 +348,7 @@ def sppo_memory(model: ModelConfig, layout: Layout, batch: int, seq: int, policy
             layer_boundary_bytes=boundary if work_p else 0.0, classifier_peak_bytes=cls_p,
             peak_gpu_bytes=peak, gpu_capacity_bytes=profile.usable_gpu_memory,
             host_bytes_per_gpu=sum(off_u[:n_off]), host_bytes_per_node=0.0,
-            host_capacity_bytes=profile.usable_host_memory)
+            host_capacity_bytes=profile.host_capacity(min(layout.gpus, profile.node_gpus)))
         out.append(StageMemory(s, bd, kv_all, dkv_peak, max(0.0, kept), at, host_gpu))
     per_node = node_stage_gpus(layout, profile.node_gpus)
     host_node = max(sum(n * out[st].host_bytes_per_gpu for st, n in stages.items()) for stages in per_node.values())

@@ -32,7 +32,8 @@ framework's default; a Hugging Face config gives them, and the exports write the
 - ``rope_theta``: the rotary embedding's base (``rope_theta``: Llama-3.1 500000, Qwen3 1000000);
 - ``norm_eps``: the norms' epsilon (``rms_norm_eps``, ``layer_norm_eps``, ``layer_norm_epsilon``);
 - ``aux_loss_coef``: a MoE router's load-balancing loss coefficient (``router_aux_loss_coef``,
-  DeepSeek's ``aux_loss_alpha``);
+  DeepSeek's ``aux_loss_alpha``), and ``seq_aux``: whether that loss is taken per sequence (DeepSeek's
+  ``seq_aux``; else per micro-batch, GShard's);
 - ``rope_scaling``: the rotary embedding's scaling, in words (``rope_scaling``: Llama-3.1's ``llama3``
   factor 8, DeepSeek's ``yarn`` factor 40); the exports name it as not written.
 
@@ -88,7 +89,7 @@ _QUIET_DEFAULTS = {"head_dim": 0, "qk_norm": False, "attention_sinks": False, "s
                    "expert_ffn": 0, "shared_experts": 0, "shared_ffn": 0, "shared_gate": False, "dense_layers": 0,
                    "router": "softmax", "moe_bias": False, "router_groups": 0, "router_group_topk": 0,
                    "router_scaling": 1.0, "rope_theta": 0.0, "norm_eps": 0.0, "aux_loss_coef": 0.0,
-                   "rope_scaling": "", "not_modelled": ""}
+                   "seq_aux": False, "rope_scaling": "", "not_modelled": ""}
 
 
 def _dim(hi: int):
@@ -140,6 +141,7 @@ class _ModelIn(BaseModel):
     rope_theta: Annotated[float, Field(ge=0, le=1e12, allow_inf_nan=False)] = 0.0
     norm_eps: Annotated[float, Field(ge=0, le=1.0, allow_inf_nan=False)] = 0.0
     aux_loss_coef: Annotated[float, Field(ge=0, le=1e3, allow_inf_nan=False)] = 0.0
+    seq_aux: bool = Field(False, strict=True)
     rope_scaling: str = Field("", strict=True, max_length=200)
     not_modelled: str = Field("", strict=True, max_length=500)
 
@@ -246,6 +248,7 @@ class ModelConfig:
     rope_theta: float = 0.0
     norm_eps: float = 0.0
     aux_loss_coef: float = 0.0
+    seq_aux: bool = False
     rope_scaling: str = ""
     # what the source describes that memo neither counts nor prices (a sentence every what-if shows)
     not_modelled: str = ""
@@ -590,13 +593,13 @@ PRESETS: dict[str, ModelConfig] = {
                                     norm="rmsnorm", bias="none", tied_embeddings=False, head_dim=128, kv_lora_rank=512,
                                     qk_rope_dim=64, v_head_dim=128, experts=64, top_k=6, expert_ffn=1408,
                                     shared_experts=2, shared_ffn=1408, dense_layers=1, rope_theta=10000.0,
-                                    norm_eps=1e-6, aux_loss_coef=0.001, rope_scaling="yarn factor 40"),
+                                    norm_eps=1e-6, aux_loss_coef=0.001, seq_aux=True, rope_scaling="yarn factor 40"),
     "deepseek-v3": ModelConfig("deepseek-v3", 61, 7168, 128, 18432, vocab=129280, ffn_type="swiglu", norm="rmsnorm",
                                bias="none", tied_embeddings=False, head_dim=128, q_lora_rank=1536, kv_lora_rank=512,
                                qk_rope_dim=64, v_head_dim=128, experts=256, top_k=8, expert_ffn=2048, shared_experts=1,
                                shared_ffn=2048, dense_layers=3, router="sigmoid", router_groups=8,
                                router_group_topk=4, router_scaling=2.5, rope_theta=10000.0, norm_eps=1e-6,
-                               aux_loss_coef=0.001, rope_scaling="yarn factor 40",
+                               aux_loss_coef=0.001, seq_aux=True, rope_scaling="yarn factor 40",
                                not_modelled="multi-token prediction (1 module, num_nextn_predict_layers): not counted, "
                                             "not priced"),
     "gpt-oss-20b": ModelConfig("gpt-oss-20b", 24, 2880, 64, 2880, vocab=201088, kv_heads=8, ffn_type="swiglu",
@@ -613,7 +616,9 @@ PRESETS: dict[str, ModelConfig] = {
 def with_overrides(base: ModelConfig, source: str = "model flags", rename: bool = True, **over) -> ModelConfig:
     """``base`` with the given fields replaced (None: left as it is), the one rule both CLIs use: ``hidden``
     keeps the FFN widths' ratio to the width (GPT: 4h), the dense FFN's unless ``ffn`` is given, the
-    routed and shared experts' always (they have no flag). The head dimension and MLA's ranks are the
+    routed and shared experts' always (they have no flag). ``layers`` keeps the share of the layers that slide
+    (``sliding_layers``) and of a MoE model's dense layers (``dense_layers``, at least one MoE layer left), rounded:
+    GPT-OSS-20B's 12 sliding layers of 24 are 1 of ``--layers 2``. The head dimension and MLA's ranks are the
     preset's (heads x head_dim need not be the width). ``rename``: another model is named ``NAME-custom``
     (the same one with its GEMMs in another format alone keeps its name)."""
     over = {k: v for k, v in over.items() if v is not None}
@@ -624,6 +629,11 @@ def with_overrides(base: ModelConfig, source: str = "model flags", rename: bool 
         for k in ("expert_ffn", "shared_ffn") + (() if "ffn" in over else ("ffn",)):
             if d.get(k):
                 d[k] = max(1, round(d[k] * over["hidden"] / base.hidden))
+    if over.get("layers") is not None and "sliding_layers" not in over and "dense_layers" not in over:
+        n = over["layers"]
+        for k, most in (("sliding_layers", n), ("dense_layers", n - 1)):  # a MoE model keeps a MoE layer
+            if d.get(k):
+                d[k] = max(0, min(most, round(d[k] * n / base.layers)))
     d.update(over)
     if rename and set(over) - {"gemm_format"}:
         d["name"] = f"{base.name}-custom"

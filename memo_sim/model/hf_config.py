@@ -107,6 +107,17 @@ def hf_model_fields(raw: dict, source: str = "config.json", name: str = "hf-mode
     mt = raw.get("model_type")
     if mt in MOE_FAMILIES:
         return _with_quantization_note(moe_fields(raw, source, name), raw)
+    if mt is None:  # a family is how the fields are read: none guessed
+        raise refuse("model_type", f"missing: a Hugging Face config.json names its family; memo reads "
+                                   f"{', '.join(FAMILIES)}")
+    spelled = str(mt).replace("-", "_").lower()  # 'gpt-oss', 'Qwen3_MoE': the family spelled another way
+    if spelled != mt and spelled in FAMILIES:
+        raise refuse("model_type", f"{mt!r} is not a family memo reads; did you mean {spelled!r}?")
+    if mt not in FAMILIES:
+        near = difflib.get_close_matches(str(mt), FAMILIES, n=1, cutoff=0.75)
+        hint = f"did you mean {near[0]!r}? " if near else ""
+        raise refuse("model_type", f"{mt!r} is not a family memo reads; {hint}it reads {', '.join(FAMILIES)} "
+                                   f"(or write a memo model file: layers, hidden, heads, ffn, vocab)")
     for f in _MOE_FIELDS:
         if raw.get(f):
             raise refuse(f, f"{raw[f]} experts in a {mt!r} configuration: mixture-of-experts layers are read for "
@@ -114,11 +125,6 @@ def hf_model_fields(raw: dict, source: str = "config.json", name: str = "hf-mode
     if raw.get("is_encoder_decoder") or raw.get("add_cross_attention"):
         fld = "is_encoder_decoder" if raw.get("is_encoder_decoder") else "add_cross_attention"
         raise refuse(fld, "cross-attention / encoder-decoder models are not modelled (decoder-only)")
-    if mt not in FAMILIES:
-        near = difflib.get_close_matches(str(mt), FAMILIES, n=1, cutoff=0.75)
-        hint = f"did you mean {near[0]!r}? " if near else ""
-        raise refuse("model_type", f"{mt!r} is not a family memo reads; {hint}it reads {', '.join(FAMILIES)} "
-                                   f"(or write a memo model file: layers, hidden, heads, ffn, vocab)")
     c = {**_DEFAULTS[mt], **raw}
 
     def need(*keys: str) -> int:
@@ -216,6 +222,10 @@ def _numerics(c: dict, refuse, moe: bool) -> dict:
                 raise refuse(k, f"must be a number >= 0, got {v!r}")
             out[field_] = float(v)
             break
+    if moe and c.get("seq_aux") is not None:  # DeepSeek's per-sequence balance loss
+        if not isinstance(c["seq_aux"], bool):
+            raise refuse("seq_aux", f"must be true or false, got {c['seq_aux']!r}")
+        out["seq_aux"] = c["seq_aux"]
     sc = c.get("rope_scaling") or ({k: v for k, v in rp.items() if k != "rope_theta"}
                                    if rp.get("rope_type") not in (None, "default") else None)
     if isinstance(sc, dict) and (sc.get("rope_type") or sc.get("type")) not in (None, "default"):

@@ -88,16 +88,22 @@ class Plan:
 
     def priced_attention_kernel(self) -> str:
         """The attention kernel whose curves priced this plan (`memo_sim.model.layer_graph.ATTENTION_KERNELS`):
-        the layout's, with ``cudnn`` priced as ``flash`` where the plan's profile has no cuDNN curves
-        (`memo_sim.profile.schema.Efficiency.priced_attention_kernel`). The executor's ``auto`` backend runs
+        the layout's (`attention_kernel`), with ``cudnn`` priced as ``flash`` where the plan's profile has no cuDNN
+        curves (`memo_sim.profile.schema.Efficiency.priced_attention_kernel`). The executor's ``auto`` backend runs
         this kernel first where the device has it. A profile that does not load here (a file written on
         another machine) leaves the layout's kernel."""
         from memo_sim.profile.loader import load_profile  # noqa: PLC0415 - only plans that ask read a profile
 
         try:
-            return load_profile(self.profile).efficiency.priced_attention_kernel(self.layout.attention)
+            return load_profile(self.profile).efficiency.priced_attention_kernel(self.attention_kernel)
         except MemoError:
-            return self.layout.attention
+            return self.attention_kernel
+
+    @property
+    def attention_kernel(self) -> str:
+        """The attention kernel the plan's layout runs (`Layout.attention_kernel`: its blocks' where its attention
+        runs as blocks, ring CP, full METP or SPPO's pieces)."""
+        return self.layout.attention_kernel(self.policy.name == "sppo")
 
     def check_schedule(self) -> str | None:
         """None if the plan's schedule can run its layout and batch split, else the reason."""

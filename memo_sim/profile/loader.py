@@ -19,6 +19,7 @@ separated), ``./hardware_profiles`` and the repository's ``hardware_profiles/``.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
@@ -385,8 +386,12 @@ def load_profile(name_or_path: str | os.PathLike) -> HardwareProfile:
         named = [f for f in known.values() if _declared_name(f) == str(name_or_path)]
         if len(named) == 1:
             return parse_profile(_read_file(named[0]), str(named[0]))
+        asked = str(name_or_path).lower()
+        near = sorted(k for k in known if k.startswith(asked)) or difflib.get_close_matches(asked, known, n=2,
+                                                                                             cutoff=0.6)
+        hint = f"did you mean {' or '.join(near)}? " if near else ""
         raise ProfileError(
-            f"profile {str(name_or_path)!r} not found; known: {', '.join(sorted(known)) or 'none'} "
+            f"profile {str(name_or_path)!r} not found; {hint}known: {', '.join(sorted(known)) or 'none'} "
             f"(or pass a file path, or add a folder to $MEMO_PROFILES)"
         )
     return parse_profile(_read_file(known[str(name_or_path)]), str(known[str(name_or_path)]))

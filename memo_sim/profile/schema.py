@@ -379,4 +379,26 @@ class HardwareProfile:
 
     @property
     def usable_host_memory(self) -> float:
+        """Usable pinned host memory of one node (`host_capacity` of a node's GPUs)."""
         return float(self.host.memory_bytes) * float(self.host.usable_fraction)
+
+    def host_capacity(self, gpus_in_node: int) -> float:
+        """Usable pinned host memory of the hosts ``gpus_in_node`` GPUs of one node occupy: the node's, where one
+        host drives the whole node; of a GB200 NVL72 rack (one 72-GPU node of 18 hosts of 4), only the hosts the
+        plan's GPUs take, ceil(g / 4) of the 18 (an 8-GPU plan does not pin the other 16 trays' memory)."""
+        return self.usable_host_memory * self._host_share(gpus_in_node)
+
+    def host_memory_bandwidth(self, gpus_in_node: int) -> float:
+        """Bytes/s of host memory the hosts ``gpus_in_node`` GPUs of one node occupy serve their copies with (the
+        node's, or the share of its hosts they take, as `host_capacity`)."""
+        return float(self.host.memory_bandwidth) * self._host_share(gpus_in_node)
+
+    def hosts_taken(self, gpus_in_node: int) -> tuple[int, int]:
+        """(the hosts ``gpus_in_node`` GPUs of one node take, the node's hosts): (1, 1) for a node of one host."""
+        hosts = -(-self.node_gpus // self.host_gpus)
+        return -(-max(1, min(gpus_in_node, self.node_gpus)) // self.host_gpus), hosts
+
+    def _host_share(self, gpus_in_node: int) -> float:
+        """The share of one node's hosts that ``gpus_in_node`` of its GPUs take (1: a node of one host)."""
+        used, hosts = self.hosts_taken(gpus_in_node)
+        return used / hosts

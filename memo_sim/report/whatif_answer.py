@@ -44,7 +44,6 @@ class WhatIfView:
     train_lines: list = field(default_factory=list)
     bf16_best: object = None  # an FP8 what-if: the same search's best without FP8 GEMMs (`WhatifAnswer.bf16_best`)
     bf16_searched: bool = False
-    cudnn_same: dict | None = None  # the best plan simulated on cuDNN's attention (`WhatifAnswer.cudnn_same`)
 
 
 def verdict(v: WhatIfView) -> str:
@@ -76,24 +75,41 @@ def verdict(v: WhatIfView) -> str:
 
 
 def kernel_line(v: WhatIfView) -> str:
-    """Where memo's own plan runs FlashAttention-2 (memo-exec's SDPA default) on a profile whose cuDNN fused
-    attention is priced on its own, faster curves: the framework that plans with that kernel, in words."""
+    """The attention kernel memo's own plan was priced on, the one memo-exec runs such attention on: cuDNN's fused
+    attention where the profile prices it on its own curves (Hopper), FlashAttention-2 elsewhere, and FlashAttention-2
+    for the attention it runs as blocks (ring CP, full METP; framework ``any``'s data)."""
     b = v.best
-    if v.framework != "any" or b is None or b.layout.attention != "flash":
+    if v.framework != "any" or b is None or b.sppo is not None:
         return ""
-    if v.profile.efficiency.priced_attention_kernel("cudnn") != "cudnn":
+    blocks = b.layout.runs_blocks()
+    kernel = v.profile.efficiency.priced_attention_kernel(b.layout.attention_kernel())
+    words = {"cudnn": "cuDNN's fused attention", "flash": "FlashAttention-2"}.get(kernel)
+    if words is None:
         return ""
-    same = ""
-    o = v.cudnn_same
-    if o and o.get("status") == "OK" and o.get("iteration_s"):
-        it = (b.simulated or {}).get("iteration_s") or b.estimate.iteration_s
-        same = (f" (the same plan on it: {fmt_time(o['iteration_s'])}/iteration (simulated), "
-                f"{it / o['iteration_s']:.2f}x this plan's throughput)")
-    elif o:
-        same = f" (the same plan on it does not fit: {o.get('status')})"
-    return ("attention priced on FlashAttention-2, memo-exec's default kernel; this profile prices cuDNN's fused "
-            f"attention (TransformerEngine's on Hopper) on its own faster curves{same}: --framework megatron ranks "
-            "the plans Megatron-LM runs with it")
+    runs = ("aten's flash kernel per block" if blocks else "torch SDPA's cuDNN op" if kernel == "cudnn"
+            else "flash-attn, or torch SDPA's flash kernel")
+    return (f"attention priced on {words} ({v.profile.name}'s curves{', as ring blocks' if blocks else ''}), the "
+            f"kernel memo-exec runs such attention on ({runs})")
+
+
+def executor_refuses(c) -> str | None:
+    """Why memo-exec refuses candidate ``c`` before it runs (`memo_sim.plan.executor_scope.plan_why_not`), or None."""
+    from memo_sim.plan.executor_scope import plan_why_not  # noqa: PLC0415
+
+    return plan_why_not(c.model, c.layout, c.policy, c.schedule, c.batch, c.micro_batch or c.batch, c.seq)
+
+
+def executor_line(v: WhatIfView) -> str:
+    """Where memo's own answer is a plan its executor refuses (a model part it does not build, a GEMM format it
+    does not run): the refusal, so the answer is not taken for a runnable plan, and where to go instead."""
+    b = v.best
+    if v.framework != "any" or b is None:
+        return ""
+    why = executor_refuses(b)
+    if not why:
+        return ""
+    return (f"memo-exec refuses this plan ({why}); `memo-sim export` of its plan file (--to megatron or torchtitan) "
+            f"writes the nearest plan a framework runs, priced beside it")
 
 
 def precision_line(v: WhatIfView) -> str:
@@ -185,9 +201,9 @@ def whatif_answer(v: WhatIfView) -> Answer:
             a.line(f"  {up}")
         for t in v.train_lines:
             a.line(f"  {t}")
-        k = kernel_line(v)
-        if k:
-            a.line(f"  {k}")
+        for k in (kernel_line(v), executor_line(v)):
+            if k:
+                a.line(f"  {k}")
     line = precision_line(v)
     if line:
         a.line(line)
@@ -247,9 +263,16 @@ def _split(rows) -> bool:
     return any(c.schedule not in ("single_stage", "sppo") or c.micro_batches > 1 for _i, c in rows)
 
 
+def _gbs_varies(rows) -> bool:
+    """Whether the rows train different global batches (a batch per replica, the what-if's default, gives a
+    layout with more replicas more sequences per step): then a column says each row's."""
+    return len({c.global_batch for _i, c in rows}) > 1
+
+
 def ranked_table(rows) -> tuple[list[str], list[list[str]]]:
-    """One table of both tiers: each row's numbers from its own tier, named in the tier column."""
-    split = _split(rows)
+    """One table of both tiers: each row's numbers from its own tier, named in the tier column; where the rows
+    train different global batches, a GBS column (sequences per iteration) after the iteration time."""
+    split, gbs = _split(rows), _gbs_varies(rows)
     out = []
     for i, c in rows:
         e, sm = c.estimate, c.simulated
@@ -262,12 +285,14 @@ def ranked_table(rows) -> tuple[list[str], list[list[str]]]:
              p.short_source, fmt_time(it) if it else "-", f"{100 * mfu:.1f}%" if mfu is not None else "-",
              f"{tgs:.0f}" if tgs else "-", fmt_bytes(p.bytes), allocator_cell(sm), fmt_bytes(c.memory.host_bytes_per_node),
              fmt_time(sm["exposed_copy_s"] if sm else e.exposed_copy_s)]
+        if gbs:
+            r.insert(7, str(c.global_batch))
         if split:
             r.insert(2, f"{c.schedule} {c.micro_batches}x{c.micro_batch}")
         out.append(r)
     head = ["#", "layout"] + (["schedule"] if split else []) + ["policy", "alpha", "status", "tier/allocator",
-                                                                "iter", "MFU", "TGS", "peak GPU", "frag/retries",
-                                                                "host/node", "copy stall"]
+                                                                "iter"] + (["GBS"] if gbs else []) \
+        + ["MFU", "TGS", "peak GPU", "frag/retries", "host/node", "copy stall"]
     return head, out
 
 

@@ -98,6 +98,11 @@ class Candidate:
             return s["peak_gpu_bytes"]
         return self.memory.peak_gpu_bytes
 
+    @property
+    def global_batch(self) -> int:
+        """Sequences per iteration over the whole cluster: the replica's batch times the data-parallel replicas."""
+        return self.batch * self.layout.dp
+
     def to_json(self) -> dict:
         e, m = self.estimate, self.memory
         d = {
@@ -136,6 +141,7 @@ class Candidate:
             "vpp": self.layout.vpp,
             "schedule": self.schedule,
             "batch": self.batch,
+            "global_batch": self.global_batch,
             "micro_batch": self.micro_batch,
             "micro_batches": self.micro_batches,
             "binding": binding_words(self),
@@ -184,6 +190,9 @@ def host_memory_words(c: Candidate) -> str:
     words = (f"{n_off} offloaded layers x {gpus} GPUs x {fmt_bytes(pinned)} pinned per layer"
              + (f" + {gpus} GPUs' optimizer states of {fmt_bytes(optim)}" if optim > 0 else "")
              + f" = {fmt_bytes(m.host_bytes_per_node)} of {fmt_bytes(m.host_capacity_bytes)} usable per node")
+    used, hosts = c.profile.hosts_taken(gpus)
+    if used < hosts:  # a node of several hosts (GB200 NVL72): the memory of the hosts the plan's GPUs take
+        words += f" (the {used} of the node's {hosts} hosts of {c.profile.host_gpus} GPUs that its {gpus} GPUs take)"
     if raw > 0 and pinned > raw * 1.01:
         words += (f"; {c.layout.host_pool} with {c.profile.host.pinned_rounding} rounding turns "
                   f"{fmt_bytes(raw)} of activations per layer into {fmt_bytes(pinned)} pinned "

@@ -122,7 +122,7 @@ def memo_alpha(model: ModelConfig, layout: Layout, batch: int, seq: int, profile
     # the copy latency is paid once per layer: take it off the time budget
     budget = max(0.0, f - float(profile.host_link.latency))
     # the host memory one GPU's share leaves for MEMO's blocks: less the optimizer states it holds there
-    m_cpu = max(0.0, profile.usable_host_memory / active
+    m_cpu = max(0.0, profile.host_capacity(active) / active
                 - host_state_bytes(model, layout, model_gpu_params(model, layout)))
     res = solver(AlphaProblem(sk["input"], sk["attn"], sk["other"], bw, budget, model.layers, m_cpu, units))
     if not res.feasible:

@@ -257,10 +257,19 @@ def max_seq_runs(model: ModelConfig, gpus: int, profile: HardwareProfile, runs: 
             done()
         return out
     with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")) as pool:
-        futures = {pool.submit(max_seq, model, gpus, profile, p, step=step, framework=framework, allocator=al,
-                               fixed=fixed): i for i, (p, al) in enumerate(runs)}
-        answers: list[MaxSeqAnswer | None] = [None] * len(runs)
+        futures = [pool.submit(max_seq, model, gpus, profile, p, step=step, framework=framework, allocator=al,
+                               fixed=fixed) for p, al in runs]
+        first_refused = len(futures)
         for f in as_completed(futures):
-            answers[futures[f]] = f.result()  # a worker's MemoError is raised here, as the serial run raises it
+            if f.cancelled():
+                continue
+            i = futures.index(f)
+            if f.exception() is not None:  # the serial run stops at its first refusal: the runs after it are moot
+                if i < first_refused:
+                    first_refused = i
+                    for later in futures[i + 1:]:
+                        later.cancel()
+                continue
             done()
-    return answers
+        # in the runs' order: the first refused run's error is raised (the runs before it finished), as serially
+        return [f.result() for f in futures]

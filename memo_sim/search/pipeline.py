@@ -198,7 +198,7 @@ def pipeline_memory(model: ModelConfig, layout: Layout, batch: int, micro_batch:
         layer_boundary_bytes=one.layer_boundary_bytes, classifier_peak_bytes=one.classifier_peak_bytes,
         peak_gpu_bytes=top, gpu_capacity_bytes=profile.usable_gpu_memory,
         host_bytes_per_gpu=(max(offloaded) if stage is None else offloaded[ws]) * offload, host_bytes_per_node=host_node,
-        host_capacity_bytes=profile.usable_host_memory)
+        host_capacity_bytes=profile.host_capacity(min(layout.gpus, profile.node_gpus)))
     return mem, rows
 
 

@@ -25,8 +25,7 @@ from memo_sim.cost.gemm_format import check_gemm_format
 from memo_sim.errors import MemoError
 from memo_sim.search.frameworks import get_framework
 from memo_sim.search.plan_build import build_plan
-from memo_sim.search.whatif import (NO_VALID_LAYOUT, WhatIfResult, candidates_for, not_searched, rank,
-                                    simulate_variant)
+from memo_sim.search.whatif import NO_VALID_LAYOUT, WhatIfResult, candidates_for, not_searched, rank
 
 # the fields that fix part of the searched space (`candidates_for`'s keywords, `not_searched`'s advice)
 FIXING = ("batch", "global_batch", "micro_batch", "tp", "cp", "ulysses", "dp", "zero", "sp", "alpha", "tp_mode",
@@ -140,9 +139,6 @@ class WhatifAnswer:
     # FP8 buys (`answer_whatif`); ``bf16_searched`` says whether that search ran (nothing fitting is an answer too)
     bf16_best: Candidate | None = None
     bf16_searched: bool = False
-    # the framework `any` on a profile that prices cuDNN's fused attention on its own curves: the best plan simulated
-    # on that kernel (memo's own plans run FlashAttention-2, memo-exec's kernel), what the kernel alone is worth
-    cudnn_same: dict | None = None
 
     @property
     def best(self) -> Candidate | None:
@@ -204,15 +200,7 @@ def answer_whatif(req: WhatifRequest, progress=None, while_waiting=None) -> What
         except MemoError as e:  # no layout for the fixed degrees without FP8 either: no comparison line
             if not str(e).startswith(NO_VALID_LAYOUT):
                 raise
-    cudnn_same = None
-    b = result.best
-    if (req.framework == "any" and b is not None and b.layout.attention == "flash" and b.sppo is None
-            and req.profile.efficiency.priced_attention_kernel("cudnn") == "cudnn"):
-        try:
-            cudnn_same = simulate_variant(b, req.allocator_lag, attention="cudnn")
-        except MemoError:  # the variant is not a plan the simulator builds: no comparison line
-            cudnn_same = None
-    return WhatifAnswer(req, result, memo_best, advice, bf16_best, bf16_searched, cudnn_same)
+    return WhatifAnswer(req, result, memo_best, advice, bf16_best, bf16_searched)
 
 
 def sweep_candidates(req: WhatifRequest) -> WhatIfResult:

@@ -242,7 +242,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
         why = measured_why_not(parse_balance(moe_balance), model.experts)
         if why:
             raise MemoError(f"--moe-balance: {why}")
-    adapt = _adapter(fw.adapt, alloc_conf)
+    adapt = _adapter(lambda lay: fw.adapt(lay, profile), alloc_conf)
     pipe_adapt = adapt if allocator != "plan" else (lambda lay: replace(adapt(lay), memory_plan=True))
     if dp_mode is not None and dp_mode != "all" and dp_mode not in fw.dp_modes:
         raise MemoError(f"--dp-mode {dp_mode}: {fw.name} runs {', '.join(fw.dp_modes)}; choose one of them or all")
@@ -563,13 +563,6 @@ def _simulate_summary(args: tuple) -> dict:
     r = simulate(model, layout, batch, seq, policy, profile, schedule=schedule, micro_batch=micro_batch,
                  contention=contention, keep_timeline=False, allocator_lag=allocator_lag)
     return r.to_dict()
-
-
-def simulate_variant(c: Candidate, allocator_lag: int = 0, **layout_changes) -> dict:
-    """The tier-2 summary of candidate ``c`` with its layout changed (e.g. ``attention="cudnn"``): the same
-    model, batch, policy, schedule and profile, simulated as the ranking simulates (contention on)."""
-    return _simulate_summary(_summary_args(replace(c, layout=replace(c.layout, **layout_changes)), True,
-                                           allocator_lag))
 
 
 _FORKED_WORK: list[tuple] = []  # the arguments of `_simulate_summary`, inherited by forked workers

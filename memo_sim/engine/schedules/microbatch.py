@@ -78,7 +78,7 @@ from memo_sim.cost.sppo import (
 )
 from memo_sim.engine.core import Engine, Failure, gc_paused
 from memo_sim.engine.periodic import unfold_window
-from memo_sim.engine.graph import Device, MemAction, Op, OpGraph
+from memo_sim.engine.graph import Device, MemAction, Op, OpGraph, gpus_on_nodes
 from memo_sim.engine.result import (
     SimResult, _span, check_deadlock, exposed_wait_parts_of, exposed_wait_totals, rates,
     timeline_events,
@@ -551,11 +551,17 @@ def _compute_busy(sched: MicrobatchSchedule) -> dict[int, float]:
                            if o.end is not None) for dev in sched.devices}
 
 
+def host_capacity(sched: MicrobatchSchedule, profile: HardwareProfile) -> float:
+    """A node's usable pinned host memory for the pipeline's GPUs on it, every stage's (`HardwareProfile.host_capacity`
+    of the fullest node)."""
+    return profile.host_capacity(max(gpus_on_nodes(sched.devices).values()))
+
+
 def run_microbatch_pipeline(sched: MicrobatchSchedule, profile: HardwareProfile, *, contention: bool = True,
                             record: bool = False, keep_memory: bool = True):
     """Run the graph in the engine; (engine, run, per-stage rows)."""
     engine = Engine(sched.graph, profile, contention=contention, gpu_capacity=profile.usable_gpu_memory,
-                    host_capacity=profile.usable_host_memory, record_links=record, keep_memory=keep_memory)
+                    host_capacity=host_capacity(sched, profile), record_links=record, keep_memory=keep_memory)
     run = engine.run()
     check_deadlock(engine, run, "pipeline schedule")
     rows = stage_rows(sched, sched.orders, run.end_time, run.failure, run.peak_gpu_bytes, _compute_busy(sched))
@@ -622,7 +628,7 @@ def _run_folded(costs, layout, profile, policy, n_layers, m, order, *, detail, c
     if any(a is None for a in anchors):
         return None
     u = unfold_window(run, anchors, plan.copies, plan.step, MICRO_BATCHES, gpu_capacity=profile.usable_gpu_memory,
-                      host_capacity=profile.usable_host_memory, devices=sched.graph.devices,
+                      host_capacity=host_capacity(sched, profile), devices=sched.graph.devices,
                       routes=engine.routes if contention else None)
     if u is None or (u.failure is not None and (keep_timeline or u.tie)):
         return None
@@ -696,7 +702,7 @@ def simulate_microbatch(name: str, order: Order, model: ModelConfig, layout: Lay
         "policy": policy.label(), "profile": profile.name, "seq_tokens": seq, "batch": batch, "gpus": layout.gpus,
         "schedule": name, "micro_batch": micro_batch,
         "status": status, "iteration_s": it, "mfu": mfu, "contention": contention,
-        "gpu_capacity_bytes": profile.usable_gpu_memory, "host_capacity_bytes": profile.usable_host_memory,
+        "gpu_capacity_bytes": profile.usable_gpu_memory, "host_capacity_bytes": host_capacity(sched, profile),
         "representative": {"device": worst.index, "gpus_on_node": worst.group, "gpus_on_pcie_switch": worst.switch_group},
         "middle_layer": timed_layer(sched)[1],
         "failure": failure.to_dict() if failure else None,
@@ -714,7 +720,7 @@ def simulate_microbatch(name: str, order: Order, model: ModelConfig, layout: Lay
         model=model, layout=layout, batch=batch, seq=seq, policy=policy, profile=profile.name, status=status,
         iteration_s=it, mfu=mfu, tgs=tgs, peak_gpu_bytes=max(out.peak_gpu.values()),
         peak_host_bytes_per_node=max(out.peak_host.values()),
-        gpu_capacity_bytes=profile.usable_gpu_memory, host_capacity_bytes=profile.usable_host_memory,
+        gpu_capacity_bytes=profile.usable_gpu_memory, host_capacity_bytes=host_capacity(sched, profile),
         exposed_copy_s=out.exposed_copy_s, layer_timings=out.layer_timings,
         timeline=tl, failure=failure, contention=contention, sim_wall_s=time.perf_counter() - t0,
         n_ops=out.n_ops, start_gpu_bytes=out.start_gpu.get(worst.index, 0.0),

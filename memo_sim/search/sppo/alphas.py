@@ -74,7 +74,7 @@ def solve_alphas(model: ModelConfig, layout: Layout, batch: int, seq: int, polic
             m = hi
         binding = "gpu_memory"
     elif mem.breakdown.oohm_by > 0:  # lower it until the node's pinned memory holds the offload
-        cap = profile.usable_host_memory
+        cap = profile.host_capacity(min(layout.gpus, profile.node_gpus))
 
         def host(mm: float) -> float:
             trial = replace(policy, alphas=sequence_aware_alphas(a_i, mm))

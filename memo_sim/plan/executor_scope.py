@@ -1,0 +1,214 @@
+"""What memo's executor builds of a plan, as the plan alone tells (the contract's side of memo-exec's refusals).
+
+`memo-exec run` refuses a plan it cannot run as the simulator priced it with one line naming the field, before
+anything is allocated (exit 2); the rules that need only the plan (no device, no torch) are here, so that the
+what-if can say of its own answer that memo-exec refuses it, and why (`plan_why_not`). memo-exec asks the same
+functions (`memo_exec.runner.run_model`); the rules that need a device or the built layer (an attention backend
+that does not run here, full METP's architecture check, the static memory plan's placement) stay there.
+
+The executor builds:
+
+- the layer's linear GEMMs in the model's dtype or ``fp8-tensorwise`` (`EXEC_GEMM_FORMATS`,
+  `memo_exec.gemm_formats.GEMMS`), FP8 in the dense layer only, below ZeRO 3, at CUDA's 16-multiple shapes;
+- routed experts with expert parallelism ``ep`` over the ``alltoall`` dispatcher, ``etp`` = 1 (each expert's FFN
+  whole on one rank), dropless routing over every expert (no router groups, no output scaling);
+- multi-head / grouped-query attention, with any head size (``head_dim``) and QK norms (no latent attention, no
+  sinks, no sliding windows);
+- uncompiled kernels (``kernel_fusion`` fused), its own ring (no ``ring_merge`` passes), a static memory plan for
+  MEMO only;
+- FSDP on dense models, on one stage and in one micro-batch, ZeRO 2 / 3 in one micro-batch; a layout that splits the
+  sequence, heads, K/V heads and FFN evenly over its ranks.
+"""
+
+from __future__ import annotations
+
+from memo_sim.layout.parallel import Layout
+from memo_sim.model.config import ModelConfig
+
+EXEC_GEMM_FORMATS = ("bf16", "fp8-tensorwise")  # `memo_exec.gemm_formats.GEMMS` (a test holds them equal)
+CUDA_MULTIPLE = 16  # torch._scaled_mm on CUDA: the reduction dimension and the second operand's a multiple of this
+EXEC_DISPATCHERS = ("alltoall",)
+
+
+def rank_token_rows(micro_batch: int, seq: int, layout: Layout) -> int:
+    """The token rows a rank's linear GEMMs run over (TP-gathered: a micro-batch of the CP / Ulysses shard)."""
+    return micro_batch * seq // (layout.cp * layout.ulysses)
+
+
+def gemm_why_not(model: ModelConfig, layout: Layout, schedule: str, tokens: int | None = None) -> str | None:
+    """Why the executor cannot run the plan's GEMM format as the simulator priced it (one line), or None: formats
+    it has no GEMMs for, TransformerEngine's FP8 saved inputs (the executor keeps the high-precision ones, as
+    torchao does), FP8 on the parts with GEMMs of their own (MoE experts, METP's rings, SPPO's pieces), under
+    ZeRO 3 / FSDP (the executor keeps every layer's FP8 weight copies through a step, the simulator the gathered
+    layers' only), and GEMM sizes CUDA's ``_scaled_mm`` refuses (``tokens``: the TP-gathered token rows a rank's
+    weight gradients reduce over)."""
+    fmt = model.gemm_format
+    if fmt == EXEC_GEMM_FORMATS[0]:
+        return None
+    what = f"plan model {model.name}: gemm_format {fmt}"
+    if fmt not in EXEC_GEMM_FORMATS:
+        return (f"{what}: the executor runs {', '.join(EXEC_GEMM_FORMATS)} GEMMs only; plan with --precision "
+                f"{' or '.join(EXEC_GEMM_FORMATS)} to run it")
+    if model.fp8_saved_inputs:
+        return (f"{what}: fp8_saved_inputs (TransformerEngine keeps the FP8 copies of the GEMM inputs): the executor "
+                f"keeps the high-precision inputs as torchao's Float8Linear does; plan with --framework torchtitan "
+                f"or any to run it")
+    part = ("MoE experts" if model.moe else f"tp_mode {layout.tp_mode}" if layout.metp
+            else "SPPO's pieces" if schedule == "sppo" else None)
+    if part:
+        return f"{what}: the executor runs FP8 GEMMs in the dense layer only, not in {part}; plan with --precision bf16"
+    if layout.zero >= 3:
+        return (f"{what}: ZeRO 3 / FSDP: the executor keeps every layer's FP8 weight copies through a step, where the "
+                f"simulator prices the gathered layers' only; plan with --zero 2 or below")
+    p = layout.tp
+    sizes = {"hidden": model.hidden, "the queries' width / tp": model.q_dim // p,
+             "the K/V width / tp": model.kv_dim // p, "ffn / tp": model.ffn // p, "a rank's token rows": tokens}
+    odd = [f"{k} {v}" for k, v in sizes.items() if v is not None and v % CUDA_MULTIPLE]
+    if odd:
+        return (f"{what}: {', '.join(odd)} not a multiple of {CUDA_MULTIPLE}, which CUDA's FP8 GEMMs "
+                f"(torch._scaled_mm) need; change the shape or the sequence")
+    return None
+
+
+def attention_why_not(model: ModelConfig) -> str | None:
+    """Why the executor cannot build the model's attention (latent attention, sinks, sliding windows), or None."""
+    m = model
+    for field_, on, what in (("kv_lora_rank", m.kv_lora_rank, "multi-head latent attention"),
+                             ("attention_sinks", m.attention_sinks, "attention sinks"),
+                             ("sliding_window", m.sliding_window, "sliding-window attention")):
+        if on:
+            return (f"plan model {m.name}: {field_} = {on!r}: the executor does not build {what} yet (the simulator "
+                    f"prices it); plan a model without it to run")
+    return None
+
+
+def moe_why_not(model: ModelConfig, layout: Layout) -> str | None:
+    """Why the executor cannot run this model's attention, or its MoE layers under ``layout`` (None: it can)."""
+    why = attention_why_not(model)
+    if why or not model.moe:
+        return why
+    lab = layout.label()
+    if model.router_groups:
+        return (f"plan model {model.name}: router_groups = {model.router_groups}: the executor routes over every "
+                f"expert (group-limited routing not built; the simulator prices it); plan a model without router "
+                f"groups to run")
+    if model.router_scaling != 1.0:
+        return (f"plan model {model.name}: router_scaling = {model.router_scaling}: the executor does not scale the "
+                f"routed experts' output; plan a model with router_scaling 1 to run")
+    if layout.etp > 1:
+        return (f"plan layout {lab}: etp = {layout.etp}: the executor keeps each expert's FFN whole on one rank "
+                f"(expert tensor parallelism not built); plan with etp 1")
+    if layout.moe_dispatcher not in EXEC_DISPATCHERS:
+        return (f"plan layout {lab}: moe_dispatcher = {layout.moe_dispatcher!r}: the executor runs "
+                f"{', '.join(EXEC_DISPATCHERS)} only; plan with moe_dispatcher alltoall")
+    if not layout.balance.drops_none:  # measured loads are a dropless router's
+        return (f"plan layout {lab}: moe_balance = {layout.moe_balance!r}: the executor routes dropless only (no forced "
+                f"balancing, no capacity dropping); plan with moe_balance dropless")
+    if layout.tp_mode != "megatron" and layout.tp > 1:
+        return f"plan layout {lab}: tp_mode = {layout.tp_mode!r}: MoE layers run Megatron TP only; plan with tp_mode megatron"
+    if layout.tp > 1 and not layout.sp:
+        return (f"plan layout {lab}: sp = False: a MoE layer with tp > 1 routes each rank's sequence shard; "
+                f"plan with sequence parallelism")
+    if layout.ulysses > 1:
+        return f"plan layout {lab}: ulysses = {layout.ulysses}: MoE layers with Ulysses are not built; plan with ring CP"
+    if model.experts % layout.ep:
+        return f"plan layout {lab}: ep = {layout.ep} does not divide the {model.experts} experts"
+    stage = layout.tp * layout.cp * layout.ulysses * layout.dp
+    if stage % (layout.ep * layout.etp):
+        return f"plan layout {lab}: ep x etp = {layout.ep * layout.etp} does not divide the {stage} GPUs of a stage"
+    if model.shared_width % layout.tp:
+        return f"plan layout {lab}: tp = {layout.tp} does not divide the shared-expert width {model.shared_width}"
+    return None
+
+
+def ring_merge_why_not(layout: Layout) -> str | None:
+    """A ring priced with a framework's separate merge passes (PyTorch's CP), which the executor does not run."""
+    if layout.ring_merge != "none" and layout.cp > 1:
+        return (f"plan layout {layout.label()}: ring_merge {layout.ring_merge}: the executor runs its own ring "
+                f"(zigzag blocks, no separate fp32 merge passes), so it would measure another plan than the one "
+                f"predicted; plan with a framework whose ring it runs (e.g. --framework torchtitan)")
+    return None
+
+
+def split_why_not(layout: Layout, model: ModelConfig, batch: int, seq: int) -> str | None:
+    """Why this layout cannot split this model and a micro-batch of ``batch`` sequences evenly over its ranks as
+    the executor splits them (None when it can)."""
+    from memo_sim.layout.kv_heads import kv_heads_why_not  # noqa: PLC0415
+
+    if layout.cp > 1 and seq % (2 * layout.cp):
+        return f"seq_tokens {seq} is not divisible by 2 x cp = {2 * layout.cp} (zig-zag ring CP)"
+    shard = seq // layout.cp
+    if shard % layout.ulysses:
+        return f"the CP shard of {shard} tokens is not divisible by ulysses = {layout.ulysses}"
+    if layout.tp > 1 and (batch * shard // layout.ulysses) % layout.tp:
+        return f"{batch * shard // layout.ulysses} tokens per shard are not divisible by tp = {layout.tp}"
+    heads_split = layout.tp * layout.ulysses
+    if model.heads % heads_split:
+        return f"{model.heads} heads are not divisible by tp x ulysses = {heads_split}"
+    # K/V heads: whole on each rank, or (tp x ulysses a multiple of them) each repeated before Ulysses'
+    # all-to-all (`memo_sim.layout.kv_heads`, `memo_exec.distributed.attention.UlyssesAttention`)
+    why = kv_heads_why_not(layout.tp, layout.ulysses, model.n_kv_heads, layout.ulysses_kv)
+    if why:
+        return why
+    if model.ffn % layout.tp:
+        return f"ffn {model.ffn} is not divisible by tp = {layout.tp}"
+    return None
+
+
+def data_parallel_why_not(layout: Layout, model: ModelConfig, batch: int, micro_batch: int) -> str | None:
+    """Why the executor cannot run the layout's data parallelism (naming the field), or None: the simulator's rules
+    first (`memo_sim.layout.parallel.dp_why_not`: ZeRO 3, a shard group dividing the data group), then the
+    executor's own: FSDP on a dense model, on one stage, in one micro-batch; ZeRO 2 and 3 in one micro-batch."""
+    from memo_sim.layout.parallel import dp_why_not  # noqa: PLC0415
+
+    lab, micro_batches = layout.label(), batch // micro_batch
+    why = dp_why_not(layout, model)
+    if why:
+        return f"plan layout {lab}: dp_mode {layout.dp_mode}: {why}"
+    replicas = layout.dp * layout.cp * layout.ulysses > 1
+    if layout.dp_mode == "fsdp":
+        if model.moe:
+            return (f"plan layout {lab}: dp_mode fsdp with mixture-of-experts layers is priced by the simulator (the "
+                    f"experts sharded over their expert-data-parallel ranks) but not run by the executor; plan with "
+                    f"dp_mode zero")
+        if layout.pp > 1:
+            return (f"plan layout {lab}: dp_mode fsdp beside pipeline stages (pp {layout.pp}, as torchtitan runs it) "
+                    f"is priced by the simulator but not run by the executor; plan the pipeline with ZeRO 0 or 1")
+        if micro_batches > 1 and replicas:
+            return (f"plan layout {lab}: dp_mode fsdp: micro_batch {micro_batch}: FSDP reduce-scatters each layer's "
+                    f"gradient right after its backward, which the executor does not accumulate over {micro_batches} "
+                    f"micro-batches; plan with micro_batch = batch ({batch})")
+    if micro_batches > 1 and layout.zero >= 2 and replicas:
+        return (f"plan layout {lab}: ZeRO {layout.zero} reduces each layer's gradient right after its backward, which "
+                f"the executor does not accumulate over {micro_batches} micro-batches; plan with ZeRO 0 or 1, or "
+                f"micro_batch = batch ({batch})")
+    return None
+
+
+def plan_why_not(model: ModelConfig, layout: Layout, policy, schedule: str, batch: int, micro_batch: int,
+                 seq: int) -> str | None:
+    """The first refusal of `memo-exec run` the plan alone decides (module docs), or None: a static memory plan
+    for a policy without one of its own (``policy``: the plan's `memo_sim.policy` object), compiled kernels, a
+    ring with merge passes, the GEMM format, the attention and the MoE layers (`gemm_why_not`, `moe_why_not`), a
+    MoE model under SPPO, the data parallelism (`data_parallel_why_not`) and the split over the ranks
+    (`split_why_not`). Not here (the executor's own, from its built parts): full METP's architecture, a schedule's
+    split of the layers, an attention backend the device lacks."""
+    lab = layout.label()
+    if layout.memory_plan and not policy.static_memory_plan:
+        return (f"plan layout {lab}: memory_plan: a static memory plan for the {policy.name} policy is priced by the "
+                f"simulator only; the executor places MEMO's plan alone; re-create the plan without --allocator plan "
+                f"to run it on the caching allocator")
+    if layout.kernel_fusion != "fused":
+        return (f"plan layout {lab}: kernel_fusion {layout.kernel_fusion}: the executor runs its layer's kernels "
+                f"uncompiled (no torch.compile), so it would measure another plan than the one predicted; plan with "
+                f"a framework whose kernels are fused (e.g. --framework torchtitan)")
+    why = (ring_merge_why_not(layout) or gemm_why_not(model, layout, schedule, rank_token_rows(micro_batch, seq, layout))
+           or moe_why_not(model, layout))
+    if why is None and model.moe and schedule == "sppo":
+        why = (f"plan model {model.name}: experts = {model.experts}: SPPO's pieces run dense layers only; plan MoE "
+               f"models with a micro-batch schedule")
+    if why is None:
+        why = data_parallel_why_not(layout, model, batch, micro_batch)
+    if why is None and (split := split_why_not(layout, model, micro_batch, seq)):
+        why = f"plan layout {lab}: {split}"
+    return why
