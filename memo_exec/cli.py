@@ -131,9 +131,13 @@ def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens
             if v is not None:
                 argv += [flag, str(v)]
         argv += ["--no-memory-plan"] * bool(no_memory_plan) + ["--json"] * bool(as_json)
-        rc = launch_nproc(nproc, argv, str(outf.stage), progress, shown_out=out_dir)
+        from memo_exec.host_share import CpuShareMeter, append_run_share  # noqa: PLC0415
+
+        with CpuShareMeter() as meter:  # the ranks are this launcher's children: their CPU is its own
+            rc = launch_nproc(nproc, argv, str(outf.stage), progress, shown_out=out_dir)
         if rc:
             sys.exit(rc)
+        append_run_share(os.path.join(str(outf.stage), "report.md"), meter.result, rank_device(device, 0).kind)
         outf.commit()
         return
     if plan.layout.gpus > 1:
@@ -175,12 +179,16 @@ def _run_single(plan, plan_file, opts, out_dir, as_json, progress) -> None:
     # the outputs are staged beside --out from the start (an unwritable --out fails before any
     # step) and moved in together at the end; a failure or interrupt leaves --out as it was
     with output_folder(out_dir, "memo-exec run", RUN_OUTPUT_FLOOR_BYTES) as outf:
+        from memo_exec.host_share import CpuShareMeter, append_run_share  # noqa: PLC0415
+
         ex = Executor(plan, opts)
         try:
-            res = ex.run(progress=report)
+            with CpuShareMeter() as meter:
+                res = ex.run(progress=report)
         finally:
             ex.close()
         staged, comparison = write_outputs(res, outf.stage, plan_file)
+        append_run_share(str(staged["report"]), meter.result, res.meta.get("device_kind"))
     paths = {k: outf.path(p) for k, p in staged.items()}
     st = res.steady
     from memo_exec.attention import priced_kernel_note  # noqa: PLC0415 - imports torch

@@ -87,6 +87,32 @@ class CpuShareMeter:
 
 # ------------------------------------------------------------------------------------ idle or not
 IDLE_OTHER_CORES = 0.25  # cores other processes may take on average while a CPU loop measures
+
+
+def run_share_section(share: CpuShare | None, device_kind: str | None) -> str:
+    """report.md's section on the machine during a run (`memo-exec run`): what other processes took of its cores,
+    and, on a CPU run where they took more than `IDLE_OTHER_CORES`, that the measured times are the shared
+    machine's (slower than the prediction for reasons no part of the plan explains); '' off Linux."""
+    if share is None:
+        return ""
+    text = f"\n## The machine during the run\n\n- {share.line()} (`memo_exec.host_share`)"
+    if device_kind == "cpu" and share.other_cores > IDLE_OTHER_CORES:
+        text += (f"\n- **the measured times are the shared machine's**: other processes took "
+                 f"{share.other_cores:.2f} cores on average (more than {IDLE_OTHER_CORES}), so a CPU run's steps "
+                 f"are slower than its prediction by more than the plan explains; run it on an idle machine to "
+                 f"compare")
+    return text + "\n"
+
+
+def append_run_share(report: str, share: CpuShare | None, device_kind: str | None) -> None:
+    """Append `run_share_section` to a run's report.md (written atomically)."""
+    from pathlib import Path  # noqa: PLC0415
+
+    from memo_sim.fileio import atomic_write_text  # noqa: PLC0415
+
+    section = run_share_section(share, device_kind)
+    if section and Path(report).exists():
+        atomic_write_text(Path(report), Path(report).read_text() + section)
 IDLE_LOAD_PER_CORE = 0.5  # the fallback where the share is not measured: 1-minute load per core
 
 

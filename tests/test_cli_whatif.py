@@ -544,3 +544,42 @@ def test_fewer_layers_keep_the_share_of_sliding_and_dense_layers():
 
     v3 = with_overrides(get_model("deepseek-v3"), layers=30)  # 3 of 61 dense: 1 of 30, the rest MoE
     assert (v3.dense_layers, v3.moe_layers) == (1, 29)
+
+
+def test_a_toy_whose_vocabulary_dominates_writes_its_plan_and_says_why_mfu_passes_100(tmp_path):
+    """A 2-layer Qwen3-30B-A3B toy (h=256, its 151,936-word vocabulary most of the parameters) on a profile calibrated
+    on this VM with one thread (tests/data/profiles/cpu-quick-vm-1thread.yaml: `memo-exec calibrate --device cpu
+    --quick --threads 1`, 2026-11-28) stopped with 'predicted: mfu: Input should be less than or equal to 1' (a
+    user's review): MISSION's model FLOPs count 6·s over every parameter, the input embedding's lookup too. The plan
+    is written, and the answer says why MFU reads above 100%."""
+    r = CliRunner().invoke(cli, ["whatif", "--profile", "tests/data/profiles/cpu-quick-vm-1thread.yaml", "--model",
+                                 "qwen3-30b-a3b", "--layers", "2", "--hidden", "256", "--seq", "1K", "--gpus", "2",
+                                 "--dtype", "fp32", "--jobs", "1", "--simulate-top", "1", "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    assert "MFU above 100%: the model FLOPs" in r.output and "input embedding" in r.output
+    assert (tmp_path / "plan.json").exists()
+
+
+def test_the_answer_line_names_host_memory_and_the_step_and_a_thin_margin():
+    """The answer line gave the GPU peak alone, while the plan pinned its node's whole host memory and trained twice
+    the runner-up's sequences a step; a best plan 98% full was not called thin (a user's review). The line now gives
+    the pinned host bytes and the sequences a step, and a margin line names a GPU peak within 5% of the memory."""
+    from dataclasses import replace
+
+    from memo_sim.model.config import get_model
+    from memo_sim.profile import load_profile
+    from memo_sim.report.whatif_answer import WhatIfView, margin_line, verdict
+    from memo_sim.search.whatif import candidates_for
+
+    prof = load_profile("a800-80gb")
+    c = next(c for c in candidates_for(get_model("gpt-7b"), 1 << 20, 8, prof, policies=("memo",)).candidates
+             if c.status == "OK" and c.memory.host_bytes_per_node > 0)
+    view = WhatIfView(model=c.model, seq=c.seq, gpus=8, profile=prof, result=None, shown=[c], best=c, batch_words="",
+                      elapsed_s=0.0)
+    line = verdict(view)
+    assert ", pinned host " in line and " per node, " in line and f"{c.global_batch} sequence" in line
+    edge = replace(c, memory=replace(c.memory, peak_gpu_bytes=0.99 * c.memory.gpu_capacity_bytes), simulated=None)
+    words = margin_line(replace(view, best=edge))
+    assert words.startswith("on the edge: the predicted GPU peak is 99.0% of the usable memory; a peak 1.0% higher")
+    roomy = replace(c, memory=replace(c.memory, peak_gpu_bytes=0.9 * c.memory.gpu_capacity_bytes), simulated=None)
+    assert margin_line(replace(view, best=roomy)) == ""

@@ -4,6 +4,7 @@ errors exit with code 2 and one ``error:`` line, before anything is allocated.""
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -70,6 +71,8 @@ def test_run_writes_valid_outputs(tmp_path):
     assert len(xs) == len(tl.events) and all(e["dur"] >= 0 for e in xs)
     md = (out / "report.md").read_text()
     assert "## Measured vs predicted" in md and "| iteration time |" in md and "layers.png" in md
+    if os.path.exists("/proc/stat"):  # what other processes took of the cores during the run (memo_exec.host_share)
+        assert "## The machine during the run" in md and "other processes used" in md
     assert "## Streams: measured vs predicted" in md and "| d2h | exposed |" in md
     assert "## Per layer and op class" in md and "| 0 | offload |" in md
     assert "## Memory: the executor's estimate vs the simulator's breakdown" in md and "| transient_peak |" in md

@@ -31,3 +31,19 @@ def test_share_arithmetic():
     assert CpuShare(wall_s=1.0, cores=2, busy_core_s=0.5, own_core_s=0.7, steal_core_s=0).other_cores == 0.0
     d = s.to_dict()
     assert d["other_cores"] == 1.0 and d["cores"] == 2
+
+
+def test_a_runs_report_says_what_other_processes_took_and_flags_a_shared_cpu():
+    """MoE runs on 2 CPU ranks came out 1.5-2.8x slower than predicted while a CI job ran beside them, and report.md
+    of `memo-exec run` said nothing of it (a user's review; only `validate` measured the machine): a run's report
+    now gives what other processes took of its cores, and on a CPU run above the idle bound flags the times."""
+    from memo_exec.host_share import IDLE_OTHER_CORES, run_share_section
+
+    busy = CpuShare(wall_s=10.0, cores=2, busy_core_s=19.0, own_core_s=10.0, steal_core_s=0.0)  # 0.9 cores others'
+    idle = CpuShare(wall_s=10.0, cores=2, busy_core_s=10.5, own_core_s=10.0, steal_core_s=0.0)
+    assert busy.other_cores > IDLE_OTHER_CORES > idle.other_cores
+    text = run_share_section(busy, "cpu")
+    assert "other processes used 0.90 of 2 cores" in text and "the measured times are the shared machine's" in text
+    assert "shared machine" not in run_share_section(idle, "cpu")
+    assert "shared machine" not in run_share_section(busy, "cuda")  # a GPU run's kernels do not share the cores
+    assert run_share_section(None, "cpu") == ""

@@ -8,7 +8,7 @@ import time
 import click
 
 from memo_sim.cli.common import (GPU_COUNT, build_model, count_option, layout_degree_options, model_options,
-                               moe_layout_options, profile_option, progress_bar)
+                               moe_layout_options, profile_option, progress_bar, progress_option)
 from memo_sim.cost.gemm_format import check_gemm_format
 from memo_sim.layout.schedule import schedule_runs_policy
 from memo_sim.policy import policy_class, policy_names, prices_model
@@ -42,11 +42,12 @@ from memo_sim.units import fmt_count
 @click.option("--jobs", type=click.IntRange(1, 1024),
               help="Answer the policies in this many processes (default: every core, one policy each); the "
                    "answers are the serial run's.")
+@progress_option
 @format_options
 def maxseq(model_name, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, dtype, precision,
            gpus, profile_name, policies, framework,
            step, allocator, tp, cp, ulysses, dp, zero, sp, tp_mode, pp, optimizer_offload, ep, etp, moe_dispatcher,
-           moe_balance, jobs, out_format, as_json):
+           moe_balance, jobs, progress, out_format, as_json):
     """The longest sequence (a multiple of --step) each policy trains, its MFU there, and the
     constraint that binds at the next step. --tp, --cp, --ulysses, --dp, --zero, --sp, --pp (and a mixture of
     experts' --ep, --etp) fix the layout (the longest sequence of one layout, as a published run fixes it);
@@ -76,7 +77,7 @@ def maxseq(model_name, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, dt
                                     if not schedule_runs_policy("sppo", p) and prices_model(p, model))
     runs = [(p, al) for p in pols for al in (("caching", "plan") if allocator == "both" else (allocator,))
             if al == "caching" or allocator != "both" or not policy_class(p).takes_alpha]  # MEMO: its own plan
-    with progress_bar("searching", len(runs), quiet=fmt != "table") as tick:
+    with progress_bar("searching", len(runs), quiet=fmt != "table", force=progress) as tick:
         answers = max_seq_runs(model, gpus, profile, runs, step=step, framework=framework, fixed=fixed,
                                jobs=jobs or default_jobs(), done=tick)
     obj = {"model": model.to_dict(), "gpus": gpus, "partial_node": profile.partial_node_words(gpus),

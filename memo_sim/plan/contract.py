@@ -33,7 +33,9 @@ class _PredictionIn(_In):
     status: Literal[STATUSES]
     source: str = Field("analytic", strict=True, max_length=200)
     iteration_s: _Seconds | None = None
-    mfu: Annotated[float, Field(strict=True, allow_inf_nan=False, ge=0, le=1)] | None = None
+    # MISSION's model FLOPs count 6·s·P over every parameter, the input embedding's lookup too: a model whose
+    # vocabulary dominates its parameters (a toy of a large-vocabulary model) reads above 1; above 10 is no plan
+    mfu: Annotated[float, Field(strict=True, allow_inf_nan=False, ge=0, le=10)] | None = None
     tgs_tokens_per_gpu_s: Annotated[float, Field(strict=True, allow_inf_nan=False, ge=0, le=1e12)] | None = None
     peak_gpu_bytes: _ByteAmount | None = None
     peak_host_bytes_per_node: _ByteAmount | None = None

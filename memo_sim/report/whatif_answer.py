@@ -69,9 +69,43 @@ def verdict(v: WhatIfView) -> str:
     low = v.model.gemm_format != "bf16"  # an FP8 plan's MFU counts its FLOPs against the model dtype's peak
     mfu_words = (f"MFU {100 * mfu:.1f}%" + (f" (of the {v.model.dtype} peak)" if low else "") + ", "
                  if mfu is not None else "")
+    m = b.memory
+    host = (f", pinned host {fmt_bytes(m.host_bytes_per_node)} of {fmt_bytes(m.host_capacity_bytes)} per node"
+            if m.host_bytes_per_node > 0 else "")
     return (f"answer: {b.layout.label()} {b.policy.label()} fits: {it_words}{mfu_words}"
-            f"{b.tgs:,.0f} tokens/GPU/s, peak GPU {p.text()} of "
-            f"{fmt_bytes(b.memory.gpu_capacity_bytes)}" + (f" -> {v.plan_path}" if v.plan_path else ""))
+            f"{b.tgs:,.0f} tokens/GPU/s, peak GPU {p.text()} of {fmt_bytes(m.gpu_capacity_bytes)}{host}, "
+            f"{plural(b.global_batch, 'sequence')} a step" + (f" -> {v.plan_path}" if v.plan_path else ""))
+
+
+HEADROOM = 0.05  # a best plan whose GPU peak is within this share of the usable memory is named as on its edge
+
+
+def margin_line(v: WhatIfView) -> str:
+    """Where the answer's predicted GPU peak is within `HEADROOM` of the usable memory: how small an error of the
+    prediction turns the fit over, so a thin margin is not taken for a safe one (pinned host memory is not named:
+    MEMO's alpha fills it by design, and a smaller host gives a smaller alpha, not a failure)."""
+    b = v.best
+    if b is None:
+        return ""
+    p, cap = candidate_peak(b), b.memory.gpu_capacity_bytes
+    if cap <= 0 or p.bytes / cap <= 1 - HEADROOM:
+        return ""
+    short = 100 * (1 - p.bytes / cap)
+    return (f"on the edge: the predicted GPU peak is {100 * p.bytes / cap:.1f}% of the usable memory; a peak "
+            f"{short:.1f}% higher than predicted would not fit (`memo-exec run` of the plan measures it)")
+
+
+def mfu_line(v: WhatIfView) -> str:
+    """An MFU above 100%: MISSION's model FLOPs count 6·s·P over every parameter, the input embedding's lookup too,
+    which a model whose vocabulary dominates its parameters turns into more FLOPs than its kernels run."""
+    b = v.best
+    mfu = None if b is None else (b.simulated["mfu"] if b.simulated else b.estimate.mfu)
+    if mfu is None or mfu <= 1:
+        return ""
+    share = v.model.vocab * v.model.hidden / v.model.active_params()
+    return (f"MFU above 100%: the model FLOPs (6·s·P + 6·n·h·s², the MISSION's formula) count every parameter's 6·s, "
+            f"the input embedding's too ({100 * share:.0f}% of the parameters a token uses here), whose lookup runs no "
+            f"GEMM; compare plans by tokens/GPU/s")
 
 
 def kernel_line(v: WhatIfView) -> str:
@@ -79,8 +113,8 @@ def kernel_line(v: WhatIfView) -> str:
     attention where the profile prices it on its own curves (Hopper), FlashAttention-2 elsewhere, and FlashAttention-2
     for the attention it runs as blocks (ring CP, full METP; framework ``any``'s data)."""
     b = v.best
-    if v.framework != "any" or b is None or b.sppo is not None:
-        return ""
+    if v.framework != "any" or b is None or b.sppo is not None or v.model.dtype not in ("bf16", "fp16"):
+        return ""  # fp32 attention runs on other kernels (memory-efficient on CUDA, math on a CPU)
     blocks = b.layout.runs_blocks()
     kernel = v.profile.efficiency.priced_attention_kernel(b.layout.attention_kernel())
     words = {"cudnn": "cuDNN's fused attention", "flash": "FlashAttention-2"}.get(kernel)
@@ -201,7 +235,7 @@ def whatif_answer(v: WhatIfView) -> Answer:
             a.line(f"  {up}")
         for t in v.train_lines:
             a.line(f"  {t}")
-        for k in (kernel_line(v), executor_line(v)):
+        for k in (kernel_line(v), executor_line(v), margin_line(v), mfu_line(v)):
             if k:
                 a.line(f"  {k}")
     line = precision_line(v)
