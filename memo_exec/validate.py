@@ -629,7 +629,8 @@ def _speed_lines(speed: dict | None) -> list[str]:
                      + "".join(f"; run again after {x:+.1f}%" for x in r["discarded_drifts_pct"]) + ")"
                      for r in speed["runs"] if r["drift_pct"] is not None)
     unsteady = (f"; beyond ±{speed['limit_pct']:.0f}%: {', '.join(speed['unsteady'])} (those runs measured another "
-                "machine than the one calibrated)" if speed["unsteady"] else f"; every run within ±{speed['limit_pct']:.0f}%")
+                "machine than the one calibrated)" if speed["unsteady"]
+                else f"; every run within ±{speed['limit_pct']:.0f}%" if runs else "")  # nothing measured: no claim
     return [f"- machine speed ({speed['reference']}, GFLOP/s): {speed['calibration_median_gflops']} while calibrating "
             f"(spread {speed['calibration_spread_pct']}%), after each run's steps: {runs or 'not measured'}{unsteady}"]
 

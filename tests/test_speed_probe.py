@@ -85,3 +85,17 @@ def test_a_drifted_run_is_run_again(tmp_path):
                             speed_retries=0)
     assert len(calls) == 1 and rows[0].discarded_drifts_pct == []
     assert abs(drift(rows[0].speed_probe, prof.provenance["speed_probe"])) > SPEED_DRIFT_LIMIT
+
+
+def test_validation_claims_no_run_speed_it_did_not_measure():
+    """validation.md read 'after each run's steps: not measured; every run within ±15%' (a user's review): where no
+    run's speed was probed, no run is said to be within the limit."""
+    from memo_exec.validate import _speed_lines
+
+    base = {"reference": "fp32 GEMM", "calibration_median_gflops": 93.5, "calibration_spread_pct": 5.8,
+            "limit_pct": 15.0, "unsteady": []}
+    none = _speed_lines({**base, "runs": []})[0]
+    assert "not measured" in none and "within" not in none
+    one = _speed_lines({**base, "runs": [{"plan": "a", "median_gflops": 90.0, "drift_pct": -3.7,
+                                          "discarded_drifts_pct": []}]})[0]
+    assert "a 90.0 (-3.7%)" in one and "every run within ±15%" in one
