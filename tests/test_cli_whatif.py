@@ -583,3 +583,22 @@ def test_the_answer_line_names_host_memory_and_the_step_and_a_thin_margin():
     assert words.startswith("on the edge: the predicted GPU peak is 99.0% of the usable memory; a peak 1.0% higher")
     roomy = replace(c, memory=replace(c.memory, peak_gpu_bytes=0.9 * c.memory.gpu_capacity_bytes), simulated=None)
     assert margin_line(replace(view, best=roomy)) == ""
+
+
+def test_a_frameworks_gap_to_memos_best_is_split_into_mechanisms_and_layout_and_policy():
+    """`--framework torchtitan` said memo's best ran 1.70x faster and nothing of why (a user's review): memo's best is
+    simulated with the framework's mechanisms too, and the line splits the ratio into what memo's layout and policy
+    give (that plan against the framework's best) and what its own mechanisms give (against itself); the two
+    multiply to the ratio shown. Where those mechanisms do not hold memo's plan, the line says where it fails."""
+    base = ["whatif", "--model", "gpt-7b", "--layers", "4", "--gpus", "8", "--seq", "32K", "--no-plan", "--jobs", "1",
+            "--simulate-top", "1", "--profile", "h100-sxm5-80gb", "--framework", "megatron"]
+    r = CliRunner().invoke(cli, base)
+    assert r.exit_code == 0, r.output
+    line = next(ln for ln in r.output.splitlines() if "the gap split: memo's best with megatron's mechanisms" in ln)
+    ratio = float(re.search(r"\(([0-9.]+)x\)$", next(ln for ln in r.output.splitlines()
+                                                     if ln.startswith("megatron's best:"))).group(1))
+    a, b = (float(x) for x in re.findall(r"([0-9.]+)x ", line + " ")[:2])
+    assert a * b == pytest.approx(ratio, abs=0.02)
+    d = json.loads(CliRunner().invoke(cli, base + ["--json"]).output)
+    on = d["memo_best_on_framework"]
+    assert on["status"] == "OK" and "vocab_parallel" in on["layout_label"]

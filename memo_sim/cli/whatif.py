@@ -263,6 +263,8 @@ def _answer_json(ans, paths: dict, elapsed: float, show: Show) -> dict:
             "sppo": result.sppo_summary,
             "metp_vs_megatron": _metp_vs_megatron(result.candidates, req.alpha),
             "memo_best": memo_best.to_json() if memo_best is not None else None,
+            # memo's best simulated with the framework's mechanisms (null: no --framework, or the same mechanisms)
+            "memo_best_on_framework": ans.memo_on_framework,
             # why memo-exec refuses the best plan before it runs (null: it does not refuse it on the plan alone)
             "executor_refuses": executor_refuses(best) if best is not None else None,
             # an FP8 what-if: the same search without FP8 GEMMs (null: nothing fits it, or no FP8 asked: bf16_searched)
@@ -296,7 +298,8 @@ def _print_answer(ans, paths: dict, elapsed: float, show: Show) -> None:
         metp_rows=_metp_vs_megatron(result.candidates, req.alpha), advice=ans.advice, fixes=_fixes(ans, shown),
         sensitivity=sensitivity_line(shown, req.profile, req.alpha), framework=req.framework,
         memo_best=ans.memo_best, plain_recipe=plain_recipe(req.model),
-        train_lines=_train_lines(best, show.train_budget), bf16_best=ans.bf16_best, bf16_searched=ans.bf16_searched)
+        train_lines=_train_lines(best, show.train_budget), bf16_best=ans.bf16_best, bf16_searched=ans.bf16_searched,
+        memo_on_framework=ans.memo_on_framework)
     emit(whatif_answer(view), show.out_format)
 
 

@@ -44,6 +44,7 @@ class WhatIfView:
     train_lines: list = field(default_factory=list)
     bf16_best: object = None  # an FP8 what-if: the same search's best without FP8 GEMMs (`WhatifAnswer.bf16_best`)
     bf16_searched: bool = False
+    memo_on_framework: dict | None = None  # `WhatifAnswer.memo_on_framework`
 
 
 def verdict(v: WhatIfView) -> str:
@@ -246,7 +247,29 @@ def whatif_answer(v: WhatIfView) -> Answer:
         a.line(f"best SPPO plan: {c.layout.label()} {c.policy.label()} -> {v.sppo_plan_path}")
     if v.framework != "any":
         a.line(framework_line(v.framework, v.best, v.memo_best, v.plain_recipe))
+        split = gap_line(v.framework, v.best, v.memo_best, v.memo_on_framework)
+        if split:
+            a.line(f"  {split}")
     return a
+
+
+def gap_line(framework: str, best, memo_best, on_framework: dict | None) -> str:
+    """The gap between the framework's best and memo's split in two: memo's plan run with the framework's mechanisms
+    (its attention kernel, loss, collectives, allocator settings) against the framework's best is what memo's layout
+    and policy give; memo's plan against itself on those mechanisms, what memo's own mechanisms give."""
+    if best is None or memo_best is None or not on_framework:
+        return ""
+    if on_framework.get("status") != "OK":  # the framework's mechanisms do not hold memo's plan
+        f = on_framework.get("failure") or {}
+        where = f" at {f['op']}" + (f" ({f['tensor']})" if f.get("tensor") else "") if f.get("op") else ""
+        return (f"the gap split: memo's best with {framework}'s mechanisms ({on_framework['layout_label']}) does not "
+                f"fit ({on_framework.get('status')}{where}): memo's mechanisms are what makes its plan fit")
+    tgs = on_framework.get("tgs_tokens_per_gpu_s")
+    if not tgs or not best.tgs or not memo_best.tgs:
+        return ""
+    return (f"the gap split: memo's best with {framework}'s mechanisms ({on_framework['layout_label']}) runs "
+            f"{tgs:,.0f} tokens/GPU/s: {tgs / best.tgs:.2f}x {framework}'s best from memo's layout and policy, "
+            f"{memo_best.tgs / tgs:.2f}x from memo's own mechanisms")
 
 
 def framework_line(framework: str, best, memo_best, plain_recipe: str = "") -> str:

@@ -25,7 +25,8 @@ from memo_sim.cost.gemm_format import check_gemm_format
 from memo_sim.errors import MemoError
 from memo_sim.search.frameworks import get_framework
 from memo_sim.search.plan_build import build_plan
-from memo_sim.search.whatif import NO_VALID_LAYOUT, WhatIfResult, candidates_for, not_searched, rank
+from memo_sim.search.whatif import (NO_VALID_LAYOUT, WhatIfResult, candidates_for, not_searched, rank,
+                                    simulate_variant)
 
 # the fields that fix part of the searched space (`candidates_for`'s keywords, `not_searched`'s advice)
 FIXING = ("batch", "global_batch", "micro_batch", "tp", "cp", "ulysses", "dp", "zero", "sp", "alpha", "tp_mode",
@@ -139,6 +140,9 @@ class WhatifAnswer:
     # FP8 buys (`answer_whatif`); ``bf16_searched`` says whether that search ran (nothing fitting is an answer too)
     bf16_best: Candidate | None = None
     bf16_searched: bool = False
+    # with --framework: memo's best simulated with the framework's mechanisms (its tier-2 summary, "layout_label"),
+    # which splits the gap between the two bests into mechanisms and memo's own layout and policy
+    memo_on_framework: dict | None = None
 
     @property
     def best(self) -> Candidate | None:
@@ -188,6 +192,14 @@ def answer_whatif(req: WhatifRequest, progress=None, while_waiting=None) -> What
             if not str(e).startswith(NO_VALID_LAYOUT):
                 raise
             memo_best = None
+    memo_on_framework = None  # memo's best with the framework's mechanisms: what of the gap its layout and policy give
+    if memo_best is not None and memo_best.sppo is None:
+        lay = get_framework(req.framework).adapt(memo_best.layout, req.profile)
+        if lay != memo_best.layout:
+            try:
+                memo_on_framework = {**simulate_variant(memo_best, lay, req.allocator_lag), "layout_label": lay.label()}
+            except MemoError:  # the plan is not one the simulator builds with those mechanisms: no split
+                memo_on_framework = None
     advice = [] if result.best is not None else not_searched(req.gpus, req.searched_policies, req.framework,
                                                              req.fixed())
     bf16_best, bf16_searched = None, False
@@ -200,7 +212,7 @@ def answer_whatif(req: WhatifRequest, progress=None, while_waiting=None) -> What
         except MemoError as e:  # no layout for the fixed degrees without FP8 either: no comparison line
             if not str(e).startswith(NO_VALID_LAYOUT):
                 raise
-    return WhatifAnswer(req, result, memo_best, advice, bf16_best, bf16_searched)
+    return WhatifAnswer(req, result, memo_best, advice, bf16_best, bf16_searched, memo_on_framework)
 
 
 def sweep_candidates(req: WhatifRequest) -> WhatIfResult:
