@@ -162,15 +162,21 @@ def test_deepspeed_script_carries_the_models_rotary_base_and_norm_epsilon():
 def test_megatron_script_of_gpt_oss_keeps_its_biases_and_sinks():
     """GPT-OSS's attention and experts carry biases (its router too): Megatron's default linear biases, where the
     script wrote --disable-bias-linear --add-qkv-bias and dropped the expert and output biases; its attention sinks
-    are Megatron's --softmax-type learnable (a user's review); the sliding window stays a gap with its options."""
+    are Megatron's --softmax-type learnable, its alternating window --window-size / --window-attn-skip-freq (a user's
+    review); a window on layers the model does not place stays a gap with its options."""
     plan = _plan("gpt-oss-20b", Layout(tp=2, sp=True, dp=4, zero=1, ep=4), ("full_recompute",), seq=8192)
     ex = export_plan(plan, "megatron", price=False, nearest=True)
     args = _check_args(ex.files["megatron.sh"], _names("megatron_options.txt"))
     gaps = [g.what + " -> " + g.nearest for g in ex.gaps]
     assert "--disable-bias-linear" not in args and "--add-qkv-bias" not in args
     assert args["--softmax-type"] == "learnable"
-    assert not any("bias" in g or "sinks" in g for g in gaps), gaps
-    assert any("sliding window" in g and "--window-size 127,0" in g for g in gaps), gaps
+    assert not any("bias" in g or "sinks" in g or "sliding" in g for g in gaps), gaps
+    # its alternating 128-token window (config.json layer_types: sliding_period 2), as Megatron's own GPT-OSS example
+    assert (args["--window-size"], args["--window-attn-skip-freq"]) == ("127,0", "2")
+    unplaced = replace(plan, model=replace(plan.model, sliding_period=0))  # how many slide, not which: a gap
+    ex = export_plan(unplaced, "megatron", price=False, nearest=True)
+    assert "--window-size" not in _check_args(ex.files["megatron.sh"], _names("megatron_options.txt"))
+    assert any("sliding window" in g.what and "--window-size 127,0" in g.nearest for g in ex.gaps)
 
 
 def test_torchtitan_starts_gpt_oss_120b_from_its_own_configuration(tmp_path):

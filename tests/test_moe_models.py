@@ -123,6 +123,8 @@ def test_bad_moe_configs_are_refused_naming_the_field(folder, over, field):
     (dict(experts=8, top_k=2, dense_layers=32), "dense_layers"),
     (dict(top_k=2), "give experts"),
     (dict(sliding_window=128), "sliding_window and sliding_layers"),
+    (dict(sliding_window=128, sliding_layers=12, sliding_period=2), "gives 16 sliding layers of 32"),
+    (dict(sliding_window=128, sliding_layers=32, sliding_period=1), "give N >= 2"),
     (dict(kv_lora_rank=512), "latent attention"),
     (dict(experts=8, top_k=2, router_groups=4), "give both or neither"),
     (dict(experts=8, top_k=2, router_groups=3, router_group_topk=1), "must divide"),

@@ -69,6 +69,19 @@ def _ulysses_gaps(plan: Plan) -> list[Gap]:
     return ulysses_gap(plan)
 
 
+def _window_pattern(m) -> list[tuple[str, str]]:
+    """A sliding window as Megatron-Core runs it (TransformerConfig.window_size, (left, right) with the query's own
+    token counted: W - 1 to its left), on every layer, or on the layers of the model's pattern (``sliding_period`` N:
+    --window-attn-skip-freq N, N - 1 sliding layers then a full one, as examples/gptoss/02_train.sh writes GPT-OSS's);
+    [] where the model does not place its sliding layers."""
+    if not m.sliding_layers or (m.sliding_layers < m.layers and not m.sliding_period):
+        return []
+    out = [("--window-size", f"{m.sliding_window - 1},0")]
+    if m.sliding_layers < m.layers:
+        out.append(("--window-attn-skip-freq", str(m.sliding_period)))
+    return out
+
+
 def _attention_only_bias(m) -> bool:
     """Biases on the attention's projections alone (a SwiGLU model's attention_bias: Qwen3's, Llama's), which
     Megatron's all-or-none linear biases cannot write; a MoE model whose experts (and router) carry biases too
@@ -96,7 +109,7 @@ def _attention_gaps(plan: Plan) -> list[Gap]:
     if m.norm == "rmsnorm" and not m.rope_theta:
         out.append(Gap("the rotary base (the model does not state it)",
                        "Megatron's default --rotary-base 10000: set the model's own"))
-    if m.sliding_layers:  # memo holds how many layers slide, not which: the pattern is the user's
+    if m.sliding_layers and not _window_pattern(m):  # how many layers slide, not which: the pattern is the user's
         out.append(Gap(f"a {m.sliding_window}-token sliding window on {m.sliding_layers} of {m.layers} layers",
                        f"full causal attention on every layer: add --window-size {m.sliding_window - 1},0 and the "
                        "model's layer pattern as --window-attn-skip-freq by hand"))
@@ -193,6 +206,7 @@ def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | tuple[str
         args.append(("--add-qkv-bias", None))
     if m.attention_sinks:  # one learned logit per head in each softmax (GPT-OSS)
         args.append(("--softmax-type", "learnable"))
+    args += _window_pattern(m)
     if not m.tied_embeddings:
         args.append(("--untie-embeddings-and-output-weights", None))
     if m.dtype in ("bf16", "fp16"):

@@ -20,7 +20,8 @@ Attention beyond hidden / heads (each 0 / false by default, so a dense model rea
 - ``attention_sinks``: one learned logit per head added to the softmax's denominator (GPT-OSS);
 - ``sliding_window`` / ``sliding_layers``: that many layers attend only to the last ``sliding_window``
   tokens (GPT-OSS alternates them with full attention); their attention FLOPs shrink, averaged over
-  the layers (`attention_flop_fraction`);
+  the layers (`attention_flop_fraction`); ``sliding_period`` N (0: not stated) places them: every N-th layer
+  full, the N - 1 before it sliding (GPT-OSS's 2; Megatron-LM's ``--window-attn-skip-freq N``), for the exports;
 - multi-head latent attention (DeepSeek-V2/V3, ``kv_lora_rank`` > 0): queries through a low-rank
   ``q_lora_rank`` projection (0: a direct one), keys and values from a ``kv_lora_rank`` latent plus a
   shared ``qk_rope_dim`` rotary key; query/key heads are ``head_dim`` (the no-rope part) +
@@ -85,6 +86,7 @@ MAX_VOCAB = 1 << 24
 MAX_EXPERTS = 1 << 14
 # fields left out of `ModelConfig.to_dict` at these values, so dense models' plans keep their shape
 _QUIET_DEFAULTS = {"head_dim": 0, "qk_norm": False, "attention_sinks": False, "sliding_window": 0, "sliding_layers": 0,
+                   "sliding_period": 0,
                    "q_lora_rank": 0, "kv_lora_rank": 0, "qk_rope_dim": 0, "v_head_dim": 0, "experts": 0, "top_k": 0,
                    "expert_ffn": 0, "shared_experts": 0, "shared_ffn": 0, "shared_gate": False, "dense_layers": 0,
                    "router": "softmax", "moe_bias": False, "router_groups": 0, "router_group_topk": 0,
@@ -122,6 +124,7 @@ class _ModelIn(BaseModel):
     attention_sinks: bool = Field(False, strict=True)
     sliding_window: Annotated[int, Field(strict=True, ge=0, le=1 << 30)] = 0
     sliding_layers: Annotated[int, Field(strict=True, ge=0, le=MAX_LAYERS)] = 0
+    sliding_period: Annotated[int, Field(strict=True, ge=0, le=MAX_LAYERS)] = 0
     q_lora_rank: Annotated[int, Field(strict=True, ge=0, le=MAX_HIDDEN)] = 0
     kv_lora_rank: Annotated[int, Field(strict=True, ge=0, le=MAX_HIDDEN)] = 0
     qk_rope_dim: Annotated[int, Field(strict=True, ge=0, le=MAX_HIDDEN)] = 0
@@ -173,6 +176,12 @@ class _ModelIn(BaseModel):
             raise ValueError(f"sliding_layers ({self.sliding_layers}) exceeds the {self.layers} layers")
         if bool(self.sliding_layers) != bool(self.sliding_window):
             raise ValueError("sliding_window and sliding_layers go together: give both or neither")
+        if self.sliding_period and (self.sliding_period < 2 or self.sliding_layers
+                                    != self.layers - self.layers // self.sliding_period):
+            placed = self.layers - self.layers // max(self.sliding_period, 1)
+            raise ValueError(f"sliding_period ({self.sliding_period}): every N-th layer full, the N - 1 before it "
+                             f"sliding, gives {placed} sliding layers of {self.layers}, not sliding_layers "
+                             f"({self.sliding_layers}); give N >= 2 that matches, or 0")
         if self.kv_lora_rank:
             if not (self.head_dim and self.qk_rope_dim and self.v_head_dim):
                 raise ValueError("multi-head latent attention (kv_lora_rank) needs head_dim (the no-rope query/key "
@@ -224,6 +233,7 @@ class ModelConfig:
     attention_sinks: bool = False
     sliding_window: int = 0
     sliding_layers: int = 0
+    sliding_period: int = 0  # every N-th layer full, the N - 1 before it sliding (0: not stated; module docs)
     q_lora_rank: int = 0
     kv_lora_rank: int = 0  # > 0: multi-head latent attention
     qk_rope_dim: int = 0
@@ -604,11 +614,13 @@ PRESETS: dict[str, ModelConfig] = {
                                             "not priced"),
     "gpt-oss-20b": ModelConfig("gpt-oss-20b", 24, 2880, 64, 2880, vocab=201088, kv_heads=8, ffn_type="swiglu",
                                norm="rmsnorm", bias="all", tied_embeddings=False, head_dim=64, attention_sinks=True,
-                               sliding_window=128, sliding_layers=12, experts=32, top_k=4, moe_bias=True,
+                               sliding_window=128, sliding_layers=12, sliding_period=2, experts=32, top_k=4,
+                               moe_bias=True,
                                rope_theta=150000.0, norm_eps=1e-5, aux_loss_coef=0.9, rope_scaling="yarn factor 32"),
     "gpt-oss-120b": ModelConfig("gpt-oss-120b", 36, 2880, 64, 2880, vocab=201088, kv_heads=8, ffn_type="swiglu",
                                 norm="rmsnorm", bias="all", tied_embeddings=False, head_dim=64, attention_sinks=True,
-                                sliding_window=128, sliding_layers=18, experts=128, top_k=4, moe_bias=True,
+                                sliding_window=128, sliding_layers=18, sliding_period=2, experts=128, top_k=4,
+                                moe_bias=True,
                                 rope_theta=150000.0, norm_eps=1e-5, aux_loss_coef=0.9, rope_scaling="yarn factor 32"),
 }
 
@@ -634,6 +646,8 @@ def with_overrides(base: ModelConfig, source: str = "model flags", rename: bool 
         for k, most in (("sliding_layers", n), ("dense_layers", n - 1)):  # a MoE model keeps a MoE layer
             if d.get(k):
                 d[k] = max(0, min(most, round(d[k] * n / base.layers)))
+        if d.get("sliding_period"):  # the pattern places them: every N-th of the n layers full
+            d["sliding_layers"] = n - n // d["sliding_period"]
     d.update(over)
     if rename and set(over) - {"gemm_format"}:
         d["name"] = f"{base.name}-custom"

@@ -273,6 +273,15 @@ def _whole(c: dict, key: str, refuse, minimum: int = 1) -> int:
     return v
 
 
+def _sliding_period(types: list) -> int:
+    """N where every N-th layer of ``types`` is full attention and the N - 1 before it slide (GPT-OSS's 2), else 0
+    (`memo_sim.model.config`'s ``sliding_period``)."""
+    for n in range(2, len(types) + 1):
+        if all(t == ("full_attention" if (i + 1) % n == 0 else "sliding_attention") for i, t in enumerate(types)):
+            return n
+    return 0
+
+
 def moe_fields(raw: dict, source: str = "config.json", name: str = "hf-model") -> dict:
     """memo's model fields for a mixture-of-experts family (module docs), or a one-line refusal."""
     def refuse(field: str, why: str) -> MemoError:
@@ -359,7 +368,8 @@ def moe_fields(raw: dict, source: str = "config.json", name: str = "hf-model") -
                 raise refuse("layer_types", f"must list the {layers} layers' attention types")
             sliding = sum(1 for t in types if t == "sliding_attention")
             if sliding:
-                d.update(sliding_window=need("sliding_window"), sliding_layers=sliding)
+                d.update(sliding_window=need("sliding_window"), sliding_layers=sliding,
+                         sliding_period=_sliding_period(types))
         elif mt in ("mixtral",) and c.get("sliding_window") is not None:
             d.update(sliding_window=need("sliding_window"), sliding_layers=layers)
         elif mt in ("qwen2_moe", "qwen3_moe"):
