@@ -70,9 +70,10 @@ def verdict(v: WhatIfView) -> str:
     low = v.model.gemm_format != "bf16"  # an FP8 plan's MFU counts its FLOPs against the model dtype's peak
     mfu_words = (f"MFU {100 * mfu:.1f}%" + (f" (of the {v.model.dtype} peak)" if low else "") + ", "
                  if mfu is not None else "")
-    m = b.memory
-    host = (f", pinned host {fmt_bytes(m.host_bytes_per_node)} of {fmt_bytes(m.host_capacity_bytes)} per node"
-            if m.host_bytes_per_node > 0 else "")
+    m, sm = b.memory, b.simulated or {}
+    pinned = sm.get("peak_host_bytes_per_node", m.host_bytes_per_node) if sm else m.host_bytes_per_node
+    host = (f", pinned host {fmt_bytes(pinned)} ({tier}) of {fmt_bytes(m.host_capacity_bytes)} per node"
+            if pinned > 0 else "")
     return (f"answer: {b.layout.label()} {b.policy.label()} fits: {it_words}{mfu_words}"
             f"{b.tgs:,.0f} tokens/GPU/s, peak GPU {p.text()} of {fmt_bytes(m.gpu_capacity_bytes)}{host}, "
             f"{plural(b.global_batch, 'sequence')} a step" + (f" -> {v.plan_path}" if v.plan_path else ""))
@@ -247,7 +248,7 @@ def whatif_answer(v: WhatIfView) -> Answer:
         a.line(f"best SPPO plan: {c.layout.label()} {c.policy.label()} -> {v.sppo_plan_path}")
     if v.framework != "any":
         a.line(framework_line(v.framework, v.best, v.memo_best, v.plain_recipe))
-        split = gap_line(v.framework, v.best, v.memo_best, v.memo_on_framework)
+        split = gap_line(v.framework, v.best, v.memo_best, v.memo_on_framework)  # tier 2 throughout
         if split:
             a.line(f"  {split}")
     return a
@@ -268,7 +269,7 @@ def gap_line(framework: str, best, memo_best, on_framework: dict | None) -> str:
     if not tgs or not best.tgs or not memo_best.tgs:
         return ""
     return (f"the gap split: memo's best with {framework}'s mechanisms ({on_framework['layout_label']}) runs "
-            f"{tgs:,.0f} tokens/GPU/s: {tgs / best.tgs:.2f}x {framework}'s best from memo's layout and policy, "
+            f"{tgs:,.0f} tokens/GPU/s (simulated): {tgs / best.tgs:.2f}x {framework}'s best from memo's layout and policy, "
             f"{memo_best.tgs / tgs:.2f}x from memo's own mechanisms")
 
 
