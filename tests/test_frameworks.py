@@ -144,6 +144,18 @@ def test_selective_recompute_policy_sits_between_store_all_and_full_recompute():
     assert "selective_recompute" not in get_framework("any").policies
 
 
+def test_any_searches_every_policy_memo_exec_runs_but_selective_recompute():
+    """memo's own search (framework any) offers the policies its executor runs: Megatron's recompute_moe and
+    DeepSpeed's checkpoint_offload too (a framework's answer must not win with a policy memo-exec runs and memo's
+    search never priced); selective_recompute alone is left out (dominated by store all with FlashAttention)."""
+    pytest.importorskip("torch")
+    from memo_exec.activations import registered  # noqa: PLC0415
+
+    offered = set(get_framework("any").policies) - {"sppo"}  # SPPO runs as the executor's schedule (memo_exec/sppo)
+    assert offered <= set(registered())
+    assert set(registered()) - offered == {"selective_recompute"}
+
+
 def test_adapted_layouts_round_trip_through_the_plan_format():
     for fw in load_frameworks().values():
         lay = fw.adapt(Layout(tp=2, sp=False, dp=4))
