@@ -20,6 +20,7 @@ from memo_exec.calibrate.datasheet import default_base, known_peak
 from memo_exec.calibrate.fit import curve_is_monotone, fit_copy_model, fit_efficiency_curve, fit_latency_bandwidth
 from memo_exec.calibrate.memory import _classify
 from memo_exec.calibrate.writer import build_profile, load_base, write_profile
+from memo_sim.cli import cli as sim_cli
 from memo_sim.cost.kernel_time import attention_bwd_time, gemm_time, memory_bound_time
 from memo_sim.errors import MemoError
 from memo_sim.profile import load_profile
@@ -169,8 +170,17 @@ def test_cpu_quick_writes_a_profile_the_simulator_loads(cpu_run):
         assert curve_is_monotone(pts), pts
         assert c.source.startswith("measured:")
     assert 0.2 < max(p[1] for p in prof.efficiency.gemm.points) <= 1  # relative to the best GEMM
-    assert prof.node_gpus == 1 and prof.gpu_memory > prof.usable_gpu_memory > 0
+    # the machine runs as many executor ranks as the gloo processes its collectives were measured between, each with
+    # its device budget in the same RAM: a TP group of 2 stays on it (gpus_per_node 1 refused every TP plan)
+    assert prof.node_gpus == 2 and prof.gpu_memory > prof.usable_gpu_memory > 0
+    hm, budget = _raw["host_memory"], _raw["cpu_budget"]["bytes"]
+    assert _raw["cpu_budget"]["ranks"] == 2
+    assert float(prof.host.usable_fraction) == pytest.approx((hm["available"] - 2 * budget) / hm["total"], rel=1e-3)
     assert prof.usable_host_memory > 0
+    tiny = ["--model", "llama-3.1-8b", "--layers", "2", "--hidden", "256", "--heads", "8", "--ffn", "512", "--vocab",
+            "1024", "--gpus", "2", "--seq", "512", "--dtype", "fp32", "--jobs", "1", "--no-plan"]
+    w = CliRunner().invoke(sim_cli, ["whatif", "--profile", str(path), "--tp", "2", *tiny])
+    assert w.exit_code == 0 and "tp2" in w.output, w.output
     assert prof.host.pinned_rounding in ("none", "page", "power_of_two")
     for q in (prof.gpu.hbm_bandwidth, prof.host_link.d2h_bandwidth, prof.host_link.h2d_bandwidth,
               prof.host.memory_bandwidth, prof.internode.bandwidth):

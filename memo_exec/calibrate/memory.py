@@ -116,8 +116,10 @@ def framework_rss() -> int:
     return int(process_rss_bytes()[0])
 
 
-def default_cpu_budget(host_total: int) -> int:
-    return int(min(8 * 2**30, host_total // 2))
+def default_cpu_budget(host_total: int, ranks: int = 1) -> int:
+    """A CPU rank's device budget: at most 8 GiB, and the ``ranks`` executor ranks of the machine together at most
+    half of its RAM."""
+    return int(min(8 * 2**30, host_total // (2 * ranks)))
 
 
 def hostname() -> str:

@@ -209,10 +209,12 @@ def check_options(opts: CalibrateOptions) -> tuple[DeviceSpec, dict]:
         if opts.cpu_budget_bytes is not None and opts.cpu_budget_bytes <= 0:
             raise ExecError("--gpu-memory must be positive")
         total, avail = mem.host_memory()
-        budget = opts.cpu_budget_bytes if opts.cpu_budget_bytes is not None else mem.default_cpu_budget(total)
-        if budget >= avail:
-            raise ExecError(f"--gpu-memory {budget / GiB:.2f} GiB is not below the host's available memory "
-                            f"({avail / GiB:.2f} GiB)")
+        ranks = cpu_ranks(opts)
+        budget = opts.cpu_budget_bytes if opts.cpu_budget_bytes is not None else mem.default_cpu_budget(total, ranks)
+        if ranks * budget >= avail:
+            each = f"{ranks} ranks x " if ranks > 1 else ""
+            raise ExecError(f"--gpu-memory: {each}{budget / GiB:.2f} GiB is not below the host's available memory "
+                            f"({avail / GiB:.2f} GiB); give a smaller --gpu-memory")
     if opts.attention_backend not in attn_bench_backends():
         raise ExecError(f"--attention-backend must be one of {', '.join(attn_bench_backends())}, "
                         f"got {opts.attention_backend!r}")
@@ -226,6 +228,15 @@ def attn_bench_backends() -> tuple[str, ...]:
 
 
 COPY_STREAM_CORES = 1  # cores a CPU calibration leaves to the executor's copy threads
+# gloo processes a CPU calibration measures the collectives between: the executor ranks the profile's machine runs
+# (its gpus_per_node), each with its own device budget in the machine's RAM
+CPU_RANKS = 2
+
+
+def cpu_ranks(opts: CalibrateOptions) -> int:
+    """The executor ranks a CPU profile's machine runs: `CPU_RANKS` where the collectives are measured between that
+    many processes, else 1 (the links then come from --base)."""
+    return CPU_RANKS if opts.collectives else 1
 
 
 def cpu_threads(asked: int | None, cuda: bool) -> tuple[int | None, str]:
@@ -264,7 +275,7 @@ def _measure_collectives(opts: CalibrateOptions, spec: DeviceSpec, grid, progres
         res = (coll_bench.run_collectives("nccl", n, grid.coll_sizes, progress, timeout_s=120 if opts.quick else 240)
                if n > 1 else {"measured": False, "reason": "one GPU visible: no NVLink to measure"})
     else:
-        res = coll_bench.run_collectives("gloo", 2, grid.coll_sizes, progress,
+        res = coll_bench.run_collectives("gloo", CPU_RANKS, grid.coll_sizes, progress,
                                          timeout_s=120 if opts.quick else 240, target_s=0.02)
     if not res["measured"]:
         progress.note(f"collectives not measured: {res['reason']}")
@@ -368,9 +379,10 @@ def run_suite(opts: CalibrateOptions, progress: Progress) -> dict:
     if spec.is_cuda:
         out["memory_end"] = mem.gpu_memory(dev)
     else:
+        ranks = cpu_ranks(opts)
         out["cpu_budget"] = {"bytes": opts.cpu_budget_bytes if opts.cpu_budget_bytes is not None
-                             else mem.default_cpu_budget(host_total),
-                             "default": opts.cpu_budget_bytes is None}
+                             else mem.default_cpu_budget(host_total, ranks),
+                             "default": opts.cpu_budget_bytes is None, "ranks": ranks}
 
     speed_sample("at the end")
     if probe is not None:

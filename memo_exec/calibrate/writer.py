@@ -116,10 +116,11 @@ def _gpu_memory(b: Build) -> tuple[FlowMap, FlowMap, dict]:
                               f"{pk['source']}; efficiency curves were measured in bf16 and do not apply to fp32")
         return gpu_mem, reserved, peaks
     budget = r["cpu_budget"]
+    ranks = cpu_ranks(r)
+    half = (f"half of the host's {r['host_memory']['total'] / GiB:.1f} GiB" if ranks == 1 else
+            f"half of the host's {r['host_memory']['total'] / GiB:.1f} GiB over its {ranks} ranks")
     gpu_mem = q_bytes(budget["bytes"], "CPU run: the executor's device memory is host RAM; this is the budget "
-                      "it may use" + (f", default min(8 GiB, half of the host's "
-                                      f"{r['host_memory']['total'] / GiB:.1f} GiB)" if budget["default"]
-                                      else " (--gpu-memory)"))
+                      "a rank may use" + (f", default min(8 GiB, {half})" if budget["default"] else " (--gpu-memory)"))
     b.base_fields.append("gpu.memory (CPU budget)")
     reserved = b.measured("gpu.reserved", q_bytes(
         r["framework_rss"], f"measured: resident set of the calibrating process after importing torch, before "
@@ -281,6 +282,12 @@ def _call_latency(b: Build, e: dict) -> dict:
         f"at least 0, {b.at}")))}
 
 
+def cpu_ranks(r: dict) -> int:
+    """The executor ranks a CPU profile's machine runs (`memo_exec.calibrate.suite.cpu_ranks`; 1 in raw results
+    written before 2026-11-28)."""
+    return int(r["cpu_budget"].get("ranks", 1))
+
+
 def _gpus_per_node(b: Build) -> FlowMap:
     if b.cuda and not b.node_from_base:
         return b.measured("node.gpus_per_node", q(b.r["env"]["visible_gpus"], "count",
@@ -288,7 +295,12 @@ def _gpus_per_node(b: Build) -> FlowMap:
     if b.cuda:
         return b.need_base("node.gpus_per_node").quantity("node.gpus_per_node", "--node-from-base")
     b.base_fields.append("node.gpus_per_node (CPU convention)")
-    return q(1, "count", "CPU run: one executor device per process (memo convention, not measured)")
+    ranks = cpu_ranks(b.r)
+    if ranks == 1:
+        return q(1, "count", "CPU run: one executor device per process (memo convention, not measured)")
+    return q(ranks, "count", f"CPU run: the {ranks} executor ranks (one process each) this machine runs, as many as the "
+                             f"gloo processes its collectives were measured between (memo convention, not measured): "
+                             f"a layout's TP group of up to {ranks} stays on this machine")
 
 
 def _collective_fits(b: Build, coll: dict) -> dict:
@@ -316,7 +328,7 @@ def link_sections(b: Build) -> tuple[dict, dict, dict]:
                   f"processes, sizes {coll['rows'][0]['bytes']}..{coll['rows'][-1]['bytes']} bytes; bandwidth from "
                   f"the large messages, latency from the small ones, {b.at}")
         if not b.cuda:
-            lk_src += "; CPU: with gpus_per_node 1 the simulator routes every group over internode"
+            lk_src += "; CPU: one machine, so the internode link is this same measurement"
         nvlink = b.measured("nvlink", {"bandwidth": q_bw(coll["bandwidth"], lk_src),
                                        "latency": q_time(coll["latency"], lk_src), **_collective_fits(b, coll)})
     else:
@@ -389,10 +401,11 @@ def _host_memory(b: Build) -> tuple[FlowMap, FlowMap]:
         usable_src = (f"measured: MemAvailable / MemTotal of /proc/meminfo at calibration "
                       f"({hm['available']} / {hm['total']} bytes) {at}")
     else:
-        budget = b.r["cpu_budget"]["bytes"]
-        frac = (hm["available"] - budget) / hm["total"]
-        usable_src = (f"measured: (MemAvailable - the device budget) / MemTotal at calibration "
-                      f"(({hm['available']} - {budget}) / {hm['total']} bytes): the CPU executor's device "
+        budget, ranks = b.r["cpu_budget"]["bytes"], cpu_ranks(b.r)
+        frac = (hm["available"] - ranks * budget) / hm["total"]
+        less = f"{ranks} x {budget}" if ranks > 1 else f"{budget}"
+        usable_src = (f"measured: (MemAvailable - the ranks' device budgets) / MemTotal at calibration "
+                      f"(({hm['available']} - {less}) / {hm['total']} bytes): the CPU executor's device "
                       f"tensors live in the same RAM, {at}")
     if not 0 < frac <= 1:
         raise MemoError(f"usable host memory fraction {frac:.3f} is not in (0, 1]: lower --gpu-memory")
