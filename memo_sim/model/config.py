@@ -65,8 +65,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from memo_sim.errors import MemoError, validated
 from memo_sim.fileio import load_yaml, read_utf8
-from memo_sim.model.hf_config import (config_path, hf_model_fields, hf_names_hint, is_hf_config, model_name,
-                                      with_defaults)
+from memo_sim.model.hf_config import (config_path, hf_model_fields, hf_names_hint, is_hf_config, language_model,
+                                      model_name, with_defaults)
 from memo_sim.model.gemm_formats import GEMM_FORMATS, GemmFormat, gemm_format
 from memo_sim.model.moe_routers import ROUTER_NAMES, Router, router
 from memo_sim.model.precision import RECIPES, PrecisionRecipe, default_recipe
@@ -693,7 +693,10 @@ def model_from_file(path: str | Path) -> ModelConfig:
     if not isinstance(raw, dict):
         raise MemoError(f"{path}: a model file is a mapping of fields (layers, hidden, heads, ffn, vocab)")
     if is_hf_config(raw):
-        fields = hf_model_fields(with_defaults(path, raw), source=str(path), name=model_name(path))
+        lm, how = language_model(raw, source=str(path))  # a multimodal wrapper's text_config, or by architectures
+        fields = hf_model_fields(with_defaults(path, lm), source=str(path), name=model_name(path))
+        if how:
+            fields["not_modelled"] = "; ".join(x for x in (fields.get("not_modelled", ""), how) if x)[:500]
         try:
             return ModelConfig.from_dict(fields, source=str(path))
         except MemoError as e:  # memo's field names, with the config.json keys they were read from

@@ -19,12 +19,16 @@ named in the model's ``not_modelled`` (and so in every what-if), and its paramet
 counted, as transformers does not build it either. A ``quantization_config`` (DeepSeek-V3's fp8
 checkpoint) is named there too: memo plans in ``torch_dtype``, FP8 GEMMs being a layout choice.
 
+Sliding windows: Mistral's ``sliding_window`` on every layer, Qwen's ``use_sliding_window`` on the layers from
+``max_window_layers`` on. A head dimension other than hidden / heads is read for qwen3, llama and mistral
+(Mistral-Small-3.x). A multimodal wrapper (Mistral-3, Llama-4, Gemma-3) is read by its ``text_config``, and a
+model_type of its own whose ``architectures`` is a family's class (Kimi-K2) as that family (`language_model`), each
+named in the model's notes.
+
 What memo cannot model is refused with one line naming the field: mixture-of-experts fields in a
-dense family, sliding-window attention in a dense family but Qwen's (``sliding_window``; Qwen's
-``use_sliding_window`` windows the layers from ``max_window_layers`` on), cross-attention or
+dense family, sliding-window attention in a dense family but Mistral's and Qwen's, cross-attention or
 encoder-decoder models, GPT-NeoX's parallel residual, a head dimension other than hidden / heads
-in a dense family but qwen3, biases on the MLP of a gated FFN, an
-activation it does not know.
+in gpt2, gpt_neox or qwen2, biases on the MLP of a gated FFN, an activation it does not know.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from memo_sim.model.rope import rope_scaling_words
 from memo_sim.model.router_groups import router_groups_why_not
 
 DENSE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "gpt_neox")
+_HEAD_DIM = ("llama", "mistral")  # dense families whose configuration class has head_dim (LlamaConfig, MistralConfig)
 MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss")
 FAMILIES = DENSE_FAMILIES + MOE_FAMILIES
 _GATED = ("llama", "mistral", "qwen2", "qwen3")  # gate/up/down MLP: SwiGLU with a SiLU activation
@@ -97,6 +102,60 @@ def model_name(f: Path) -> str:
     return (f.parent.name if f.name == "config.json" and f.parent.name else f.stem).lower() or "hf-model"
 
 
+# the model classes of the families memo reads, for a config.json whose model_type names a family of its own but
+# whose ``architectures`` is one of these (Kimi-K2: model_type kimi_k2, DeepseekV3ForCausalLM)
+ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
+                 "Qwen3ForCausalLM": "qwen3", "GPT2LMHeadModel": "gpt2", "GPTNeoXForCausalLM": "gpt_neox",
+                 "MixtralForCausalLM": "mixtral", "Qwen2MoeForCausalLM": "qwen2_moe",
+                 "Qwen3MoeForCausalLM": "qwen3_moe", "DeepseekV2ForCausalLM": "deepseek_v2",
+                 "DeepseekV3ForCausalLM": "deepseek_v3", "GptOssForCausalLM": "gpt_oss"}
+MODEL_FILE_HINT = ("or write a memo model file: README 'Model files and profiles' lists its fields, the attention "
+                   "and mixture-of-experts ones too")
+
+
+def language_model(raw: dict, source: str = "config.json") -> tuple[dict, str]:
+    """The decoder configuration to read from ``raw`` and what reading it so leaves out ("" for ``raw`` itself):
+
+    - a multimodal wrapper (Mistral-3, Llama-4, Gemma-3: its own model_type, the language model under
+      ``text_config``) gives its ``text_config``, the vision tower and projector named as not modelled;
+    - a model_type memo does not read whose ``architectures`` is a family's model class (Kimi-K2's
+      DeepseekV3ForCausalLM) is read as that family, and said so.
+
+    Otherwise ``raw`` as it is (`hf_model_fields` refuses a family it does not read)."""
+    mt = raw.get("model_type")
+    if mt in FAMILIES:
+        return raw, ""
+    text = raw.get("text_config")
+    if isinstance(text, dict):
+        inner = text.get("model_type")
+        if inner not in FAMILIES:
+            near = _family_hint(inner)
+            raise MemoError(f"{source}: text_config.model_type: {inner!r}: the {mt!r} model's language model is not a "
+                            f"family memo reads; {near}it reads {', '.join(FAMILIES)} ({MODEL_FILE_HINT})")
+        merged = {**{k: raw[k] for k in ("torch_dtype", "dtype", "tie_word_embeddings") if k in raw}, **text}
+        return merged, (f"the {mt!r} wrapper's language model (text_config, {inner}) planned alone: its vision tower "
+                        f"and projector (vision_config) are not modelled")
+    archs = raw.get("architectures")
+    fams = {ARCHITECTURES[a] for a in archs if a in ARCHITECTURES} if isinstance(archs, list) else set()
+    if mt is not None and len(fams) == 1:
+        fam = fams.pop()
+        return {**raw, "model_type": fam}, (f"model_type {mt!r} read as {fam} by its architectures "
+                                            f"({', '.join(archs)})")
+    return raw, ""
+
+
+def _family_hint(mt) -> str:
+    """``"did you mean 'x'? "`` where ``mt`` is a family spelled another way or mistyped, not a newer or other family
+    named after one (``llama4`` is not ``llama``, ``mistral3`` not ``mistral``)."""
+    key = lambda s: "".join(ch for ch in str(s).lower() if ch.isalnum())  # noqa: E731
+    same = [f for f in FAMILIES if key(f) == key(mt)]
+    if same:
+        return f"did you mean {same[0]!r}? "
+    near = [f for f in difflib.get_close_matches(str(mt), FAMILIES, n=1, cutoff=0.75)
+            if not key(mt).startswith(key(f))]
+    return f"did you mean {near[0]!r}? " if near else ""
+
+
 def hf_model_fields(raw: dict, source: str = "config.json", name: str = "hf-model") -> dict:
     """memo's model fields (`memo_sim.model.config.ModelConfig`; this module builds no
     ModelConfig itself, so `memo_sim.model.config` can import it) for a parsed Hugging Face
@@ -114,10 +173,8 @@ def hf_model_fields(raw: dict, source: str = "config.json", name: str = "hf-mode
     if spelled != mt and spelled in FAMILIES:
         raise refuse("model_type", f"{mt!r} is not a family memo reads; did you mean {spelled!r}?")
     if mt not in FAMILIES:
-        near = difflib.get_close_matches(str(mt), FAMILIES, n=1, cutoff=0.75)
-        hint = f"did you mean {near[0]!r}? " if near else ""
-        raise refuse("model_type", f"{mt!r} is not a family memo reads; {hint}it reads {', '.join(FAMILIES)} "
-                                   f"(or write a memo model file: layers, hidden, heads, ffn, vocab)")
+        raise refuse("model_type", f"{mt!r} is not a family memo reads; {_family_hint(mt)}it reads "
+                                   f"{', '.join(FAMILIES)} ({MODEL_FILE_HINT})")
     for f in _MOE_FIELDS:
         if raw.get(f):
             raise refuse(f, f"{raw[f]} experts in a {mt!r} configuration: mixture-of-experts layers are read for "
@@ -155,14 +212,14 @@ def hf_model_fields(raw: dict, source: str = "config.json", name: str = "hf-mode
     head_dim = c.get("head_dim")
     if mt == "qwen3":  # heads of head_dim whatever hidden / heads is, an RMSNorm over each query and key head
         head_dim = need("head_dim")
+    elif mt in _HEAD_DIM and head_dim is not None:  # Mistral-Small-3.x, Mistral-Nemo: 32 heads of 128 in 5120
+        head_dim = need("head_dim")
     elif head_dim is not None and head_dim * heads != hidden:
         raise refuse("head_dim", f"{head_dim} x {heads} heads != hidden_size {hidden}: memo's attention "
-                                 f"has head_dim = hidden / heads in a {mt} configuration (qwen3 and the MoE families "
-                                 f"read head_dim)")
-    if mt == "mistral" and c.get("sliding_window") is not None:
-        raise refuse("sliding_window", f"{c['sliding_window']}: sliding-window attention is not modelled "
-                                       f"(full causal attention only; Mistral-7B-v0.3 has none)")
-    qwen_sliding = _qwen_sliding(c, layers, refuse) if mt in ("qwen2", "qwen3") else {}
+                                 f"has head_dim = hidden / heads in a {mt} configuration (the families "
+                                 f"{', '.join(('qwen3', *_HEAD_DIM))} and the MoE ones read head_dim)")
+    sliding = (_qwen_sliding(c, layers, refuse) if mt in ("qwen2", "qwen3")
+               else _mistral_sliding(c, layers, refuse) if mt == "mistral" else {})
     if mt == "gpt_neox" and c.get("use_parallel_residual"):
         raise refuse("use_parallel_residual", "true: attention and MLP side by side (parallel residual) "
                                               "is not modelled; memo's layer is sequential pre-norm")
@@ -179,11 +236,24 @@ def hf_model_fields(raw: dict, source: str = "config.json", name: str = "hf-mode
     dtype, tied = _dtype_and_tied(c, refuse)
     d = dict(name=name, layers=layers, hidden=hidden, heads=heads, ffn=ffn, vocab=vocab,
              kv_heads=None if kv == heads else kv, ffn_type="swiglu" if gated else "gelu", dtype=dtype,
-             norm="rmsnorm" if gated else "layernorm", bias=bias, tied_embeddings=tied, **qwen_sliding)
+             norm="rmsnorm" if gated else "layernorm", bias=bias, tied_embeddings=tied, **sliding)
     if mt == "qwen3":
-        d.update(qk_norm=True, **({"head_dim": head_dim} if head_dim * heads != hidden else {}))
+        d.update(qk_norm=True)
+    if head_dim is not None and head_dim * heads != hidden:
+        d.update(head_dim=head_dim)
     d.update(_numerics(c, refuse, moe=False))
     return _with_quantization_note(d, raw)
+
+
+def _mistral_sliding(c: dict, layers: int, refuse) -> dict:
+    """Mistral's ``sliding_window``: every layer attends to the last ``sliding_window`` tokens (transformers'
+    Mistral masks each layer so; Mistral-7B-v0.1's 4096, Ministral-8B's 32768), none where it is null (v0.3)."""
+    w = c.get("sliding_window")
+    if w is None:
+        return {}
+    if isinstance(w, bool) or not isinstance(w, int) or w < 1:
+        raise refuse("sliding_window", f"must be a positive whole number or null, got {w!r}")
+    return {"sliding_window": w, "sliding_layers": layers}
 
 
 def _qwen_sliding(c: dict, layers: int, refuse) -> dict:
