@@ -76,3 +76,16 @@ def test_every_answer_says_how_its_profile_was_obtained(tmp_path):
         "method": "calibrated", "device": "NVIDIA H100 80GB HBM3", "date": "2026-11-23", "quick": True})
     assert p.calibrated and p.provenance_line() == ("calibrated on NVIDIA H100 80GB HBM3 (2026-11-23) with --quick; "
                                                     "not validated yet")
+
+
+def test_a_host_bound_memo_answer_says_why_the_free_gpu_memory_does_not_raise_alpha():
+    """Qwen3-30B-A3B at 128K on 16 H200s: MEMO's alpha is bound by the full host while the GPU keeps over 50 GiB
+    free, which two users read as a plan leaving memory unused or at risk (reviews, 2026-11-28)."""
+    from pathlib import Path
+
+    cfg = Path(__file__).parent / "data" / "hf" / "qwen3-30b-a3b" / "config.json"
+    d = _json(["--model", str(cfg), "--gpus", "16", "--seq", "128K", "--profile", "h200-141gb", "--policy", "memo",
+               "--tp", "1"])
+    best = d["candidates"][0]
+    assert best["layout"].startswith("tp1-dp16") and "host memory full" in best["binding"], best["binding"]
+    assert "free, which does not raise alpha" in best["binding"] and "a full host is by design" in best["binding"]

@@ -4,7 +4,9 @@ derives the plan's run from the nearest shipped model configuration.
 torchtitan describes a run by a function returning ``Trainer.Config`` (its command line is
 frozen; ``torchtitan/config/README.md`` at `SOURCE`). The exported function starts from a
 shipped configuration (``torchtitan.models.llama3.config_registry.llama3_8b`` / ``_70b`` /
-``_405b``: the Llama-3.1 shapes; other models start from the one nearest in size and say so) and
+``_405b``: the Llama-3.1 shapes; a Qwen3 MoE (softmax top-k router, no shared expert, QK norms, no latent
+attention) from ``torchtitan.models.qwen3``'s, its flavour where the shapes are one's; other models start from the one
+nearest in size and say so) and
 sets ``config.parallelism.*`` (``ParallelismConfig``), ``config.training.*`` (``TrainingConfig``)
 and ``config.activation_checkpoint`` (``FullAC.Config()``, ``SelectiveAC.Config()`` for per-op selective
 checkpointing, or ``None``), and ``config.compile.enable`` for a plan whose blocks are compiled
@@ -38,7 +40,23 @@ SHIPPED = {"deepseek-v3": ("deepseek_v3", "deepseek_v3_671b", None), "qwen3-30b-
            "gpt-oss-20b": ("gpt_oss", "gpt_oss_20b", None), "gpt-oss-120b": ("gpt_oss", "gpt_oss_120b", None),
            "qwen3-14b": ("qwen3", "qwen3_14b", None),
            "qwen3-32b": ("qwen3", "qwen3_32b", None), "qwen3-8b": ("qwen3", "qwen3_14b", "8B")}
-HF_ASSETS = {"8B": "./assets/hf/Qwen3-8B"}  # as torchtitan's qwen3 configurations name their hf_assets_path
+HF_ASSETS = {"8B": "./assets/hf/Qwen3-8B", "235B-A22B": "./assets/hf/Qwen3-235B-A22B"}  # as torchtitan's qwen3
+# configurations name their hf_assets_path
+# torchtitan's Qwen3 MoE flavours (torchtitan/models/qwen3/__init__.py at SOURCE: _30b_a3b and _235b_a22b pass
+# n_layers, dim, n_heads, n_kv_heads, head_dim, moe_hidden_dim, num_experts and top_k to _build_qwen3_moe_layers and
+# vocab_size to Qwen3Model.Config; every layer a GQA attention with an RMSNorm over each query and key head, a
+# make_router_config of score_func "softmax" and route_norm, no shared experts, no biases, untied embeddings), as
+# memo's fields (_QWEN3_MOE_FIELDS); 235B-A22B is a model_registry flavour without a configuration of its own (the
+# export starts from qwen3_30b_a3b and sets model_spec, as for Qwen3-8B)
+_QWEN3_MOE_FIELDS = ("layers", "hidden", "heads", "n_kv_heads", "qk_head_dim", "value_head_dim", "expert_width",
+                     "experts", "top_k", "vocab")
+QWEN3_MOE = {"30B-A3B": (48, 2048, 32, 4, 128, 128, 768, 128, 8, 151936),
+             "235B-A22B": (94, 4096, 64, 4, 128, 128, 1536, 128, 8, 151936)}
+# each flavour's rotary base (CosSinRoPE.Config theta: 235B-A22B's is Qwen3-235B-A22B-2507's 5e6, the first release's
+# config.json says 1e6) and the norms' epsilon (_EPS, every RMSNorm of torchtitan's Qwen3)
+QWEN3_MOE_THETA = {"30B-A3B": 1000000.0, "235B-A22B": 5000000.0}
+QWEN3_EPS = 1e-6
+QWEN3_MOE_BASE = "qwen3_30b_a3b"  # the one Qwen3 MoE pretraining configuration (config_registry.py at SOURCE)
 SCHEDULES = {"1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}
 _RUNS = {"store_all": "config.activation_checkpoint = None", "full_recompute": "config.activation_checkpoint = "
          "FullAC.Config()", "op_sac": "config.activation_checkpoint = SelectiveAC.Config()"}
@@ -65,15 +83,72 @@ def _preset(model) -> str:
     return model.name
 
 
+def _qwen3_moe(m) -> bool:
+    """A MoE of Qwen3-MoE's kind (a ``qwen3_moe`` config.json): a softmax top-k router, no shared expert, QK norms,
+    no latent attention. torchtitan's Qwen3 MoE is its nearest model (DeepSeek-V3's latent attention, sigmoid
+    grouped router and shared expert are not)."""
+    return m.moe and m.router == "softmax" and not m.shared_experts and not m.mla and not m.q_lora_rank and m.qk_norm
+
+
+def _qwen3_moe_misfits(m) -> list[str]:
+    """What a Qwen3-MoE-like model has beside its shapes that torchtitan's Qwen3 MoE layers take no argument for
+    (``_build_qwen3_moe_layers`` at `SOURCE`: every layer a MoE of SwiGLU experts, RMSNorms, no biases, no sinks or
+    windows, an ungrouped router of scale 1)."""
+    out = [f"{m.dense_layers} dense-FFN layers first"] if m.dense_layers else []
+    out += [f"linear biases ({m.bias})"] if m.bias != "none" else []
+    out += ["expert and router biases"] if m.moe_bias else []
+    out += ["attention sinks"] if m.attention_sinks else []
+    out += [f"sliding-window attention ({m.sliding_window} tokens)"] if m.sliding_window or m.sliding_layers else []
+    out += [f"{m.norm} norms"] if m.norm != "rmsnorm" else []
+    out += [f"{m.ffn_type} experts"] if m.ffn_type != "swiglu" else []
+    out += [f"grouped routing ({m.router_groups} groups)"] if m.router_groups else []
+    out += [f"routing weights scaled by {m.router_scaling:g}"] if m.router_scaling != 1.0 else []
+    return out
+
+
+def _qwen3_moe_flavour(m) -> str | None:
+    """The Qwen3 MoE flavour of torchtitan whose model is the plan's (its shapes, untied embeddings, nothing
+    `_qwen3_moe_misfits` names; the rotary base is set on it where it differs), else None."""
+    if not _qwen3_moe(m) or m.tied_embeddings or _qwen3_moe_misfits(m):
+        return None
+    shape = tuple(getattr(m, f) for f in _QWEN3_MOE_FIELDS)
+    return next((f for f, s in QWEN3_MOE.items() if s == shape), None)
+
+
+def _qwen3_theta(plan: Plan) -> float | None:
+    """The plan's rotary base where it is not its Qwen3 MoE flavour's (Qwen3-235B-A22B's 1e6 against the flavour's
+    5e6): the exported function sets it on each layer's ``attention.rope.theta``; else None."""
+    name = _preset(plan.model)
+    flavour = (SHIPPED[name][2] or REGISTRY[SHIPPED[name][1]][1]) if name in SHIPPED else _qwen3_moe_flavour(
+        plan.model)
+    theta = plan.model.rope_theta
+    return theta if flavour in QWEN3_MOE_THETA and theta and theta != QWEN3_MOE_THETA[flavour] else None
+
+
 def _module(plan: Plan) -> str:
     """The torchtitan model package whose config_registry the exported function imports from."""
+    if _preset(plan.model) not in SHIPPED and _qwen3_moe(plan.model):
+        return "qwen3"
     return SHIPPED.get(_preset(plan.model), ("deepseek_v3" if plan.model.moe else "llama3",))[0]
 
 
 def _flavour(plan: Plan) -> str | None:
     """The model_registry flavour the exported function sets config.model_spec to (a shipped model without a
-    configuration of its own: Qwen3-8B), else None (the configuration's own model)."""
-    return SHIPPED.get(_preset(plan.model), (None, None, None))[2]
+    configuration of its own: Qwen3-8B, Qwen3-235B-A22B), else None (the configuration's own model)."""
+    name = _preset(plan.model)
+    if name in SHIPPED or name in BASES:
+        return SHIPPED.get(name, (None, None, None))[2]
+    flavour = _qwen3_moe_flavour(plan.model)
+    return flavour if flavour != REGISTRY[QWEN3_MOE_BASE][1] else None
+
+
+def _qwen3_moe_args(m) -> str:
+    """The plan's model as torchtitan's Qwen3 MoE arguments (torchtitan/models/qwen3/__init__.py at `SOURCE`)."""
+    theta = f", rope=CosSinRoPE.Config(theta={m.rope_theta!r})" if m.rope_theta else ""
+    return (f"_build_qwen3_moe_layers(n_layers={m.layers}, dim={m.hidden}, n_heads={m.heads}, "
+            f"n_kv_heads={m.n_kv_heads}, head_dim={m.qk_head_dim}, moe_hidden_dim={m.expert_width}, "
+            f"num_experts={m.experts}, top_k={m.top_k}{theta}) as the layers of Qwen3Model.Config(dim={m.hidden}, "
+            f"vocab_size={m.vocab}" + (", enable_weight_tying=True" if m.tied_embeddings else "") + ")")
 
 
 def _base(plan: Plan) -> tuple[str, str | None]:
@@ -83,6 +158,15 @@ def _base(plan: Plan) -> tuple[str, str | None]:
         return BASES[name], None
     if name in SHIPPED:
         return SHIPPED[name][1], None
+    if _qwen3_moe_flavour(plan.model):  # a Qwen3 MoE flavour under another name (a config.json of its own)
+        return QWEN3_MOE_BASE, None
+    if _qwen3_moe(plan.model):  # torchtitan's Qwen3 MoE, of other shapes
+        misfits = _qwen3_moe_misfits(plan.model)
+        return QWEN3_MOE_BASE, (f"{plan.model.name} is not a torchtitan model: the run starts from {QWEN3_MOE_BASE} "
+                                f"(torchtitan's Qwen3 MoE: set config.model_spec to a Qwen3 MoE of the plan's shapes, "
+                                f"{_qwen3_moe_args(plan.model)}"
+                                + (f"; torchtitan's Qwen3 MoE layers take no argument for its {', '.join(misfits)}"
+                                   if misfits else "") + ")")
     if plan.model.moe:  # the nearest shipped MoE configuration
         return "deepseek_v3_671b", (f"{plan.model.name} is not a torchtitan model: the run starts from "
                                     f"deepseek_v3_671b (set config.model_spec to a MoE of the plan's shapes)")
@@ -145,9 +229,31 @@ def gaps(plan: Plan) -> list[Gap]:
                        + (" and MXFP8GroupedExpertsConverter.Config()" if plan.model.moe else "")
                        + " (torchtitan/components/quantization/mx.py) in the converters of the model's "
                          "model_registry for config.model_spec)", PlanChange(gemm_format="bf16")))
+    if _module(plan) == "qwen3" and plan.model.moe:
+        out += _qwen3_moe_gaps(plan.model)
     base, note = _base(plan)
     if note:
         out.append(Gap(f"model {plan.model.name}", note))
+    return out
+
+
+def _qwen3_moe_gaps(m) -> list[Gap]:
+    """What a model exported as torchtitan's Qwen3 MoE trains otherwise (torchtitan at `SOURCE`): every RMSNorm's
+    epsilon is torchtitan/models/qwen3/__init__.py's _EPS, its rotary embedding is unscaled (CosSinRoPE.Config,
+    scaling "none"), and its MoE has no auxiliary loss (torchtitan/models/common/moe.py: load balancing by a
+    per-expert routing bias, MoE.Config.load_balance_coeff 1e-3, updated before each optimizer step)."""
+    out = []
+    if m.norm_eps and m.norm_eps != QWEN3_EPS:
+        out.append(Gap(f"norm epsilon {m.norm_eps:g}", f"{QWEN3_EPS:g} (torchtitan's Qwen3 sets every RMSNorm's "
+                                                        "epsilon to its module's _EPS)"))
+    if m.rope_scaling:
+        out.append(Gap(f"rotary scaling ({m.rope_scaling})", "none (torchtitan's Qwen3 builds CosSinRoPE.Config "
+                                                             "without scaling)"))
+    if m.aux_loss_coef:
+        out.append(Gap(f"the router's auxiliary load-balancing loss (coefficient {m.aux_loss_coef:g}"
+                       + (", per sequence" if m.seq_aux else "") + ")",
+                       "torchtitan's auxiliary-loss-free balancing (a routing bias per expert, updated before each "
+                       "optimizer step: MoE.Config.load_balance_coeff 1e-3; torchtitan's MoE has no auxiliary loss)"))
     return out
 
 
@@ -194,8 +300,10 @@ def render(plan: Plan, applied: list[Gap]) -> str:
              ("training.num_tokens_per_train_step", plan.batch * lay.dp * plan.seq_tokens)]
     body = [f"    config.{k} = {v!r}" for k, v in sets]
     if other_model:  # the shipped configuration trains another model: stop, rather than train that one unnoticed
+        shapes = (f"a Qwen3 MoE of the plan's shapes: {_qwen3_moe_args(plan.model)}" if _module(plan) == "qwen3"
+                  else f"a model of the plan's shapes ({_shapes(plan.model)})")
         why = (f"memo: {plan.model.name} is not a torchtitan model and this config starts from {base}: set "
-               f"config.model_spec to a model of the plan's shapes ({_shapes(plan.model)}), then delete this line")
+               f"config.model_spec to {shapes}, then delete this line")
         body.insert(0, f"    raise NotImplementedError({why!r})")
     ac = _AC.get(pol.name)
     body.append("    config.activation_checkpoint = " + (f"{ac}.Config()" if ac else "None"))
@@ -210,6 +318,10 @@ def render(plan: Plan, applied: list[Gap]) -> str:
                     + ", ".join(f"{c}.Config(model_compile_enabled={compiled})" for c in convs) + "])")
     elif _flavour(plan):  # the shipped flavour of a model without a configuration of its own (Qwen3-8B)
         body.append(f"    config.model_spec = model_registry({flavour!r})")
+    theta = _qwen3_theta(plan)
+    if theta:  # the plan's rotary base on the flavour's model (each layer's attention holds its own RoPE config)
+        body += ["    for layer in config.model_spec.model.layers:",
+                 f"        layer.attention.rope.theta = {theta!r}"]
     if _flavour(plan):  # its own tokenizer and weights' folder, as the shipped configurations name theirs
         body.append(f"    config.hf_assets_path = {HF_ASSETS[_flavour(plan)]!r}")
     registry = mx or _flavour(plan) is not None

@@ -228,7 +228,7 @@ def binding_words(c: Candidate) -> str:
                 f"last {KEPT_LAYERS}), so no layer is offloaded; " + gpu_memory_words(c))
     if c.policy.takes_alpha and c.alpha_note:
         if "host memory" in c.alpha_note:
-            return f"alpha {c.policy.alpha:.3f}: host memory full -- {host_memory_words(c)}"
+            return f"alpha {c.policy.alpha:.3f}: host memory full -- {host_memory_words(c)}" + gpu_headroom_words(c)
         if "offload time" in c.alpha_note:
             return (f"alpha {c.policy.alpha:.3f}: the offload of one layer ({fmt_time(e.layer.offload)}) "
                     f"hides under its forward ({fmt_time(e.layer.forward)}); more would stall compute")
@@ -241,6 +241,22 @@ def memory_term_words(m) -> dict[str, float]:
     return {"model states": m.model_states_bytes, "kept activations": m.skeletal_resident_bytes + m.lse_bytes,
             "buffers": m.rounding_buffer_bytes, "transients": m.transient_peak_bytes,
             "classifier": m.classifier_peak_bytes}
+
+
+def gpu_headroom_words(c) -> str:
+    """For a MEMO plan whose alpha the host memory binds: why the GPU memory left free does not raise it, and what a
+    full host means (by design, not a risk of failing), where a tenth or more of the GPU is free."""
+    from memo_sim.units import fmt_bytes
+
+    m = c.memory
+    peak = c.simulated["peak_gpu_bytes"] if c.simulated else m.peak_gpu_bytes
+    free = m.gpu_capacity_bytes - peak
+    if free < 0.1 * m.gpu_capacity_bytes:
+        return ""
+    return (f"; the GPU keeps {fmt_bytes(free)} free, which does not raise alpha: MEMO offloads every layer but the "
+            f"last {KEPT_LAYERS} (the paper's scheme; keeping more layers whole on the GPU is not modelled) and "
+            f"recomputes the tokens the host cannot hold; a full host is by design (less host memory lowers alpha, "
+            f"the plan still fits)")
 
 
 def gpu_memory_words(c) -> str:
