@@ -54,7 +54,7 @@ def test_sensitivity_line_for_an_uncalibrated_profile_only():
     res = rank(get_model("gpt-7b"), 256 * 1024, 8, prof, simulate_top=0, tp=8, tp_mode="all", jobs=1)
     shown = fold_duplicates(res.candidates)
     line = sensitivity_line(shown, prof)
-    assert line.startswith("sensitivity (uncalibrated profile; analytic tier")
+    assert line.startswith("sensitivity (uncalibrated profile; the best")
     for what in ("kernel efficiency", "host-link bandwidth", "network bandwidth"):
         assert what in line
     slower = perturbed(prof, "host-link bandwidth", 0.5)

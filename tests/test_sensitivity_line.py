@@ -18,3 +18,24 @@ def test_a_perturbation_under_which_nothing_fits_is_named(monkeypatch):
     line = S.sensitivity_line([], prof)
     assert "kernel efficiency -20% -> none of them fits, +20% -> B memo" in line
     assert "stays with host-link bandwidth ±25%" in line and "\n" not in line
+
+
+def test_the_line_is_about_the_answer_not_the_analytic_tiers_best(monkeypatch):
+    """A plan the simulator ranks first (A: 110 tokens/GPU/s simulated) but the analytic tier second (100 vs B's 105)
+    is the base, and a perturbation that moves both alike keeps it; the line spoke of the analytic best before (a
+    user's review: 'the analytic best tp8+sp-cp8-dp8-z3 stays best' beside a pipeline answer)."""
+    from types import SimpleNamespace as NS
+
+    def cand(name, tgs):
+        return NS(status="OK", sppo=None, tgs=tgs, layout=NS(label=lambda: name), policy=NS(label=lambda: "memo"))
+
+    a, b = cand("A", 110.0), cand("B", 105.0)
+    analytic = {"A": 100.0, "B": 105.0}
+    monkeypatch.setattr(S, "_scores", lambda cands, profile, alpha: [
+        analytic[c.layout.label()] * (1.0 if profile is None else 0.9) for c in cands])
+    monkeypatch.setattr(S, "perturbed", lambda profile, what, f: None)
+    s = S.sensitivity([a, b], profile="base")
+    assert s["base"] == "A memo" and all(v == "A memo" for g in s["groups"].values() for v in g.values())
+    prof = load_profile("h100-sxm5-80gb")
+    monkeypatch.setattr(S, "sensitivity", lambda shown, profile, alpha=None: s)
+    assert "the answer A memo stays best" in S.sensitivity_line([], prof)

@@ -52,8 +52,8 @@ _QWEN3_MOE_FIELDS = ("layers", "hidden", "heads", "n_kv_heads", "qk_head_dim", "
                      "experts", "top_k", "vocab")
 QWEN3_MOE = {"30B-A3B": (48, 2048, 32, 4, 128, 128, 768, 128, 8, 151936),
              "235B-A22B": (94, 4096, 64, 4, 128, 128, 1536, 128, 8, 151936)}
-# each flavour's rotary base (CosSinRoPE.Config theta: 235B-A22B's is Qwen3-235B-A22B-2507's 5e6, the first release's
-# config.json says 1e6) and the norms' epsilon (_EPS, every RMSNorm of torchtitan's Qwen3)
+# each flavour's rotary base (CosSinRoPE.Config theta: 235B-A22B's 5e6 is not Qwen/Qwen3-235B-A22B config.json's
+# rope_theta 1e6, which the export sets) and the norms' epsilon (_EPS, every RMSNorm of torchtitan's Qwen3)
 QWEN3_MOE_THETA = {"30B-A3B": 1000000.0, "235B-A22B": 5000000.0}
 QWEN3_EPS = 1e-6
 QWEN3_MOE_BASE = "qwen3_30b_a3b"  # the one Qwen3 MoE pretraining configuration (config_registry.py at SOURCE)
@@ -144,7 +144,7 @@ def _flavour(plan: Plan) -> str | None:
 
 def _qwen3_moe_args(m) -> str:
     """The plan's model as torchtitan's Qwen3 MoE arguments (torchtitan/models/qwen3/__init__.py at `SOURCE`)."""
-    theta = f", rope=CosSinRoPE.Config(theta={m.rope_theta!r})" if m.rope_theta else ""
+    theta = f"; its rope a CosSinRoPE.Config of theta={m.rope_theta!r}" if m.rope_theta else ""
     return (f"_build_qwen3_moe_layers(n_layers={m.layers}, dim={m.hidden}, n_heads={m.heads}, "
             f"n_kv_heads={m.n_kv_heads}, head_dim={m.qk_head_dim}, moe_hidden_dim={m.expert_width}, "
             f"num_experts={m.experts}, top_k={m.top_k}{theta}) as the layers of Qwen3Model.Config(dim={m.hidden}, "

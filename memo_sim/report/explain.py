@@ -18,6 +18,7 @@ of its two constraints fixed alpha.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from memo_sim.engine.simulate import SimResult
@@ -98,15 +99,103 @@ def peak_moments(res: SimResult) -> dict[int, dict | None]:
 
 
 def peak_moment(res: SimResult, device: int) -> dict | None:
-    """When ``device``'s simulated GPU memory peaks, and the compute op running then."""
+    """When ``device``'s simulated GPU memory peaks, the op that made it peak and, where the run kept
+    its op graph (``record``, one stage), the tensors live then (`live_at_peak`).
+
+    The engine allocates an op's memory when it starts and frees it when it ends, so at the instant
+    one compute op ends and the next starts the peak belongs to the one starting: it is the op whose
+    allocation reached the peak where the live tensors are known, else the compute op running
+    then, one that ended at that instant last. ``starts``: the op started at that instant."""
     if res.timeline is None:
         return None
     samples = [s for s in res.timeline.memory if s.device == device and s.kind == "gpu"]
     if not samples:
         return None
-    top = max(samples, key=lambda s: s.nbytes)
-    running = [e for e in res.timeline.events if e.device == device and e.stream == "compute"
-               and e.start <= top.time <= e.end]
-    op = running[0] if running else None
-    return {"time_s": top.time, "bytes": top.nbytes,
-            "op": op.op if op else None, "layer": op.layer if op else None, "phase": op.phase if op else None}
+    k = max(range(len(samples)), key=lambda i: samples[i].nbytes)
+    top = samples[k]
+    live, cause = live_at_peak(res, device, samples, k)
+    if cause is None:
+        running = [e for e in res.timeline.events if e.device == device and e.stream == "compute"
+                   and e.start <= top.time <= e.end]
+        # one that ended at this instant freed its memory before the next one started
+        running.sort(key=lambda e: (e.end <= top.time and e.start < top.time, -e.start))
+        cause = running[0] if running else None
+    name = None if cause is None else getattr(cause, "op", None) or getattr(cause, "name", None)
+    return {"time_s": top.time, "bytes": top.nbytes, "op": name,
+            "layer": cause.layer if cause else None, "phase": cause.phase if cause else None,
+            "starts": bool(cause is not None and cause.start == top.time),
+            "live_bytes": live_words(live) if live is not None else None}
+
+
+def live_at_peak(res: SimResult, device: int, samples: list, k: int) -> tuple[dict[str, float] | None, object]:
+    """The GPU tensors live at memory sample ``k`` of ``device`` (``samples``: its GPU samples in
+    the engine's order) and the op whose allocation made that sample, from the recorded op graph:
+    the static allocations and every op's start and end actions before the sample's instant, and of
+    those at that instant the ones whose bytes match the samples up to ``k`` (the engine applies
+    them one sample each). (None, None) where the run kept no op graph or they do not add up."""
+    if not res.ops or not res.static_memory:
+        return None, None
+    t = samples[k].time
+    live: dict[str, float] = {}
+    now: list[tuple[float, str, object]] = []  # actions at t: bytes, tensor, op
+    for d, tensor, nbytes in res.static_memory:
+        if d == device:
+            (now.append((nbytes, tensor, None)) if t == 0.0 else _add(live, tensor, nbytes))
+    for op in res.ops:
+        if op.device != device:
+            continue
+        for when, acts in ((op.start, op.mem_start), (op.end, op.mem_end)):
+            for a in acts if when is not None and when <= t else ():
+                if a.space == "gpu":
+                    (now.append((a.nbytes, a.tensor, op)) if when == t else _add(live, a.tensor, a.nbytes))
+    first = k
+    while first > 0 and samples[first - 1].time == t:
+        first -= 1
+    tol = 1e-9 * max(abs(samples[k].nbytes), 1.0) + 1.0
+    level = sum(live.values())
+    if first > 0 and abs(level - samples[first - 1].nbytes) > tol:
+        return None, None
+    cause = None
+    for s in samples[first:k + 1]:
+        delta = s.nbytes - level
+        j = next((j for j, (nb, _t, _o) in enumerate(now) if abs(nb - delta) <= tol), None)
+        if j is None:
+            return None, None
+        nbytes, tensor, cause = now.pop(j)
+        _add(live, tensor, nbytes)
+        level = s.nbytes
+    if abs(sum(live.values()) - samples[k].nbytes) > tol:
+        return None, None
+    return {n: b for n, b in live.items() if abs(b) > tol}, cause
+
+
+def _add(live: dict[str, float], tensor: str, nbytes: float) -> None:
+    live[tensor] = live.get(tensor, 0.0) + nbytes
+
+
+_WORKING = re.compile(r"^L(\d+)\.(fwd|bwd|recompute)\.working$")
+_KEPT = re.compile(r"^L(\d+)\.(.+)$")
+
+
+def live_words(live: dict[str, float]) -> dict[str, float]:
+    """Live tensors (`live_at_peak`) in words, largest first: a phase's working set (its transients
+    and the boundary activation), the classifier's, the tensors layers keep by role and how many
+    layers keep them, and the static allocations (model states, the policy's buffers)."""
+    out: dict[str, float] = {}
+    layers: dict[str, set[int]] = {}
+    for tensor, nbytes in live.items():
+        w, kept = _WORKING.match(tensor), _KEPT.match(tensor)
+        if w:
+            key = f"layer {w[1]}'s {PHASE_WORDS.get(w[2], w[2])} transients + boundary activation"
+        elif tensor == "classifier.working":
+            key = "classifier"
+        elif kept:
+            key = kept[2]
+            layers.setdefault(key, set()).add(int(kept[1]))
+        else:
+            key = tensor.replace("_", " ")
+        out[key] = out.get(key, 0.0) + nbytes
+    for role, which in layers.items():
+        words = (f"layer {min(which)}'s {role}" if len(which) == 1 else f"{role} of {len(which)} layers")
+        out[words] = out.pop(role)
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
