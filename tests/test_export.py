@@ -320,6 +320,8 @@ def test_torchtitan_module_sets_only_torchtitan_fields(plan):
                 assert isinstance(value, ast.Constant) and isinstance(value.value, int) and value.value >= (kind == "int")
             elif kind == "bool":
                 assert isinstance(value, ast.Constant) and isinstance(value.value, bool)
+            elif kind == "float":
+                assert isinstance(value, ast.Constant) and isinstance(value.value, float) and value.value > 0
             elif kind == "call":  # the model's registry with the Float8 converter
                 assert isinstance(value, ast.Call) and ast.unparse(value.func) == "model_registry", ast.unparse(value)
             else:
@@ -624,6 +626,72 @@ def test_a_zero3_plan_exports_as_megatron_fsdp():
     assert "optimizer offload at ZeRO stage 3" in fw.why_not(off.layout)
     assert fw.why_not(Layout(tp=2, dp=4, zero=1, optimizer_offload=True)) is None
     assert "ZeRO stage 3" in get_framework("megatron@2023").why_not(plan.layout)  # not before Megatron-FSDP
+
+
+def _qwen3_moe_config(tmp_path: Path, name: str, **fields) -> Path:
+    """The qwen3-30b-a3b fixture's config.json (tests/data/hf) with ``fields`` changed, saved as ``name``.json."""
+    raw = json.loads((Path(__file__).parent / "data" / "hf" / "qwen3-30b-a3b" / "config.json").read_text())
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps({**raw, **fields}))
+    return path
+
+
+# Qwen/Qwen3-235B-A22B's config.json: the 30B-A3B fixture's fields but these (its rope_theta stays 1e6)
+Q235 = {"hidden_size": 4096, "intermediate_size": 12288, "moe_intermediate_size": 1536, "num_attention_heads": 64,
+        "num_hidden_layers": 94, "max_window_layers": 94}
+
+
+def test_torchtitan_starts_a_qwen3_moe_from_torchtitans_qwen3_moe(tmp_path):
+    """A Qwen3-235B-A22B plan (a qwen3_moe config.json saved as q235.json) started from deepseek_v3_671b, a model of
+    latent attention, a sigmoid grouped router and a shared expert, and stopped asking for config.model_spec (a
+    user's report). torchtitan at b5bcd76c ships Qwen3 MoE (tests/data/export/torchtitan_names.txt: the
+    flavours "30B-A3B" and "235B-A22B" of torchtitan/models/qwen3/__init__.py, the configuration qwen3_30b_a3b of
+    torchtitan/models/qwen3/config_registry.py): a qwen3_moe model starts from it, its flavour where its shapes are
+    one's (the rotary base set where the flavour's differs), else with the stop naming torchtitan's Qwen3 MoE
+    arguments; DeepSeek-V3's kind stays on deepseek_v3."""
+    lay = Layout(dp=32, zero=3, dp_mode="fsdp", ep=8)
+
+    def exported(path: Path, model=None):
+        plan = replace(_plan("qwen3-30b-a3b", lay, ("full_recompute",), seq=4096),
+                       model=model or get_model(str(path)))
+        test_torchtitan_module_sets_only_torchtitan_fields(plan)
+        ex = export_plan(plan, "torchtitan", price=False, nearest=True)
+        return ex, ex.files["memo_torchtitan.py"], [g.what + ": " + g.nearest for g in ex.gaps]
+
+    # Qwen3-235B-A22B: the "235B-A22B" flavour from qwen3_30b_a3b, with its config.json's rotary base 1e6
+    ex, src, gaps = exported(_qwen3_moe_config(tmp_path, "q235", **Q235))
+    assert "from torchtitan.models.qwen3.config_registry import qwen3_30b_a3b" in src and "deepseek" not in src, src
+    assert "config.model_spec = model_registry('235B-A22B')" in src and "NotImplementedError" not in src, src
+    assert "from torchtitan.models.qwen3 import model_registry" in src
+    assert "config.hf_assets_path = './assets/hf/Qwen3-235B-A22B'" in src
+    assert ("    for layer in config.model_spec.model.layers:\n        layer.attention.rope.theta = 1000000.0\n"
+            in src), src
+    assert src.index("model_registry('235B-A22B')") < src.index("rope.theta")  # set on the flavour's layers
+    assert not any("not a torchtitan model" in g for g in gaps), gaps
+    # torchtitan's MoE balances by a routing bias, without Qwen3's auxiliary loss (torchtitan/models/common/moe.py)
+    assert any("auxiliary load-balancing loss (coefficient 0.001)" in g and "load_balance_coeff" in g for g in gaps)
+    # the 30B-A3B fixture under another name, its rotary base and epsilon changed: qwen3_30b_a3b's own model
+    ex, src, gaps = exported(_qwen3_moe_config(tmp_path, "q30", rope_theta=5e6, rms_norm_eps=1e-5))
+    assert "config = qwen3_30b_a3b()" in src and "deepseek" not in src and "model_registry" not in src, src
+    assert "layer.attention.rope.theta = 5000000.0" in src and "NotImplementedError" not in src
+    assert any(g.startswith("norm epsilon 1e-05: 1e-06") for g in gaps), gaps
+    # as it is, under its folder's name: torchtitan's 30B-A3B, nothing set on it
+    ex, src, gaps = exported(Path(__file__).parent / "data" / "hf" / "qwen3-30b-a3b" / "config.json")
+    assert "config = qwen3_30b_a3b()" in src and "rope.theta" not in src and "model_spec" not in src, src
+    # other shapes: torchtitan's Qwen3 MoE, stopped, naming the arguments of its layers (not DeepSeek-V3's)
+    ex, src, gaps = exported(_qwen3_moe_config(tmp_path, "q24", num_hidden_layers=24, num_experts=64))
+    line = next(ln for ln in src.splitlines() if "raise NotImplementedError" in ln)
+    assert "config = qwen3_30b_a3b()" in src and "deepseek" not in src, src
+    assert ("_build_qwen3_moe_layers(n_layers=24, dim=2048, n_heads=32, n_kv_heads=4, head_dim=128, "
+            "moe_hidden_dim=768, num_experts=64, top_k=8") in line and "vocab_size=151936" in line, line
+    assert any(g.startswith("model q24: q24 is not a torchtitan model: the run starts from qwen3_30b_a3b")
+               for g in gaps), gaps
+    assert "rope.theta" not in src
+    # DeepSeek-V3's kind (latent attention, a sigmoid router, a shared expert) stays on deepseek_v3 however shaped
+    dsv3 = get_model(str(Path(__file__).parent / "data" / "hf" / "deepseek-v3" / "config.json"))
+    for model in (dsv3, replace(dsv3, name="dsv3-60", layers=60)):
+        ex, src, gaps = exported(None, model)
+        assert "import deepseek_v3_671b" in src and "qwen3" not in src, src
 
 
 def test_torchtitan_knows_a_config_of_its_model_under_another_name():

@@ -89,3 +89,15 @@ def test_a_host_bound_memo_answer_says_why_the_free_gpu_memory_does_not_raise_al
     best = d["candidates"][0]
     assert best["layout"].startswith("tp1-dp16") and "host memory full" in best["binding"], best["binding"]
     assert "free, which does not raise alpha" in best["binding"] and "a full host is by design" in best["binding"]
+
+
+def test_an_answer_over_different_global_batches_says_so_and_how_to_fix_it():
+    """By default each layout trains a batch per data-parallel replica, so the rows compare different global batches
+    and a pipeline gets only as many micro-batches as stages (a user's review: Llama-3.1-405B on 512 B200s answered
+    FSDP, and pipelines won at --global-batch 64); the answer says so, and not once the global batch is fixed."""
+    args = ["whatif", "--model", "llama-3.1-8b", "--gpus", "8", "--seq", "128K", "--no-plan", "--jobs", "1"]
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 0 and "global batch not fixed: the rows train 2 to 8 sequences a step" in r.output, r.output
+    assert "give --global-batch N" in r.output
+    r = CliRunner().invoke(cli, [*args, "--global-batch", "8"])
+    assert r.exit_code == 0 and "global batch not fixed" not in r.output

@@ -11,7 +11,7 @@ from memo_sim.engine.simulate import simulate
 from memo_sim.memplan.footprint import memory_breakdown
 from memo_sim.plan.schema import read_plan
 from memo_sim.profile.loader import load_profile
-from memo_sim.report.explain import gpu_devices, peak_moments, time_breakdown
+from memo_sim.report.explain import PHASE_WORDS, gpu_devices, peak_moments, time_breakdown
 from memo_sim.report.formats import Answer, emit, format_options, resolve_format
 from memo_sim.report.peaks import analytic_peak, result_peak
 from memo_sim.search.estimate import memo_alpha
@@ -131,18 +131,74 @@ def add_memory_part(a: Answer, plan, res, mem, peaks: dict | None = None) -> Non
                  ["usable GPU memory", fmt_bytes(res.gpu_capacity_bytes)]]
         a.table(["", "bytes"], rows, title="\nGPU memory per GPU:")
     for d, p in peaks.items():
-        if p is not None:
-            at = f"{p['op']} (layer {p['layer']}, {p['phase']})" if p["op"] else "between compute ops"
-            a.line(f"  GPU {d} peaks at {fmt_time(p['time_s'])} during {at}")
+        for line in peak_lines(d, p, None if stages else mem):
+            a.line(line)
     ms = (res.allocator or {}).get("memory_stats")
     if ms:  # the caching allocator replayed over the iteration, in torch.cuda.memory_stats()'s words
         a.line("  caching allocator, simulated replay of one iteration (torch.cuda.memory_stats() keys): "
                + ", ".join(f"{k} {fmt_bytes(v) if k.endswith('.peak') else v}" for k, v in ms.items()))
+        a.line("  " + torch_words(res, ms))
     words = fragmentation_words(plan, res, mem)
     if words:
         a.line("  " + words)
     a.line(f"\npinned host memory per node: {fmt_bytes(res.peak_host_bytes_per_node)} of "
            f"{fmt_bytes(res.host_capacity_bytes)}")
+
+
+def peak_lines(device: int, p: dict | None, mem) -> list[str]:
+    """When ``device`` peaks (`memo_sim.report.explain.peak_moment`), in words: the op running, the
+    tensors live then where known, and, given the analytic terms ``mem`` (None for a pipeline's
+    stage), which side of their max(layer transients + boundary, classifier) that instant is on."""
+    if p is None:
+        return []
+    phase = PHASE_WORDS.get(p["phase"], p["phase"])
+    if p["op"] is None:
+        at = "a gap between compute ops"
+    elif p["layer"] is not None:
+        at = f"layer {p['layer']}'s {phase} (op {p['op']}{', as it starts' if p['starts'] else ''})"
+    else:
+        at = f"the {p['op']}" + (f" ({phase})" if phase not in (p["op"], None) else "")
+    lines = [f"  GPU {device} peaks at {fmt_time(p['time_s'])} during {at}"]
+    live = p.get("live_bytes")
+    if live:
+        lines.append("    live then: " + " + ".join(f"{k} {fmt_bytes(v)}" for k, v in live.items())
+                     + f" = {fmt_bytes(sum(live.values()))}")
+    if mem is None:
+        return lines
+    if live:
+        side = ("classifier" if "classifier" in live else
+                "layer" if any(k.endswith("transients + boundary activation") for k in live) else None)
+    else:
+        side = ("classifier" if p["phase"] == "classifier" else
+                "layer" if p["layer"] is not None and p["phase"] in ("fwd", "bwd", "recompute") else None)
+    layer_side = mem.transient_peak_bytes + mem.layer_boundary_bytes
+    terms = "layer" if layer_side >= mem.classifier_peak_bytes else "classifier"
+    sizes = {"layer": f"layer transients + boundary {fmt_bytes(layer_side)}",
+             "classifier": f"classifier {fmt_bytes(mem.classifier_peak_bytes)}"}
+    other = "classifier" if terms == "layer" else "layer"
+    if side == terms:
+        lines.append(f"    the {side} side of the terms' max above ({sizes[terms]} >= {sizes[other]}), as they say")
+    elif side is not None:
+        lines.append(f"    the {side} side, though the terms above put the {terms} side higher ({sizes[terms]} >= "
+                     f"{sizes[other]}): the simulated peak adds what is live at one instant (listed), the terms "
+                     "add each at its largest")
+    return lines
+
+
+def torch_words(res, ms: dict) -> str:
+    """Which of the peaks printed PyTorch would report, and why they differ (``ms``: the caching
+    allocator replay's `memo_sim.memplan.replay_result.IterationReplay.memory_stats`)."""
+    reserved, allocated = ms["reserved_bytes.all.peak"], ms["allocated_bytes.all.peak"]
+    diff = res.peak_gpu_bytes - reserved
+    return ("in PyTorch, after torch.cuda.reset_peak_memory_stats() at the iteration's start: "
+            f"torch.cuda.max_memory_reserved() ~ {fmt_bytes(reserved)} and torch.cuda.max_memory_allocated() ~ "
+            f"{fmt_bytes(allocated)} (the replay's reserved_bytes.all.peak and allocated_bytes.all.peak). "
+            f"The peak above ({result_peak(res).text()}) is neither: the event simulator holds each term as one "
+            "block while its phase runs, the layer transients at the caching allocator's footprint of one layer "
+            "replayed alone, and checks that against the usable memory; the replay sends each tensor of the "
+            "iteration through the allocator, whose cached segments serve the later phases' tensors "
+            f"({fmt_bytes(abs(diff))} {'below' if diff >= 0 else 'above'} the peak above). Allocated counts live "
+            f"tensors only: the {fmt_bytes(max(0, reserved - allocated))} more reserved are cached but free")
 
 
 def fragmentation_words(plan, res, mem) -> str | None:

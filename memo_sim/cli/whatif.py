@@ -297,6 +297,7 @@ def _print_answer(ans, paths: dict, elapsed: float, show: Show) -> None:
         plan_path=paths.get("plan.json"), sppo_plan_path=paths.get("plan-sppo.json"), no_plan=show.no_plan,
         metp_rows=_metp_vs_megatron(result.candidates, req.alpha), advice=ans.advice, fixes=_fixes(ans, shown),
         sensitivity=sensitivity_line(shown, req.profile, req.alpha), framework=req.framework,
+        global_batch_fixed=bool(req.global_batch),
         memo_best=ans.memo_best, plain_recipe=plain_recipe(req.model),
         train_lines=_train_lines(best, show.train_budget), bf16_best=ans.bf16_best, bf16_searched=ans.bf16_searched,
         memo_on_framework=ans.memo_on_framework)

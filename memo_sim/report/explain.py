@@ -138,16 +138,16 @@ def live_at_peak(res: SimResult, device: int, samples: list, k: int) -> tuple[di
     t = samples[k].time
     live: dict[str, float] = {}
     now: list[tuple[float, str, object]] = []  # actions at t: bytes, tensor, op
-    for d, tensor, nbytes in res.static_memory:
-        if d == device:
-            (now.append((nbytes, tensor, None)) if t == 0.0 else _add(live, tensor, nbytes))
-    for op in res.ops:
-        if op.device != device:
-            continue
+    actions = [(0.0, tensor, nbytes, None) for d, tensor, nbytes in res.static_memory if d == device]
+    for op in (o for o in res.ops if o.device == device):
         for when, acts in ((op.start, op.mem_start), (op.end, op.mem_end)):
-            for a in acts if when is not None and when <= t else ():
-                if a.space == "gpu":
-                    (now.append((a.nbytes, a.tensor, op)) if when == t else _add(live, a.tensor, a.nbytes))
+            if when is not None and when <= t:
+                actions += [(when, a.tensor, a.nbytes, op) for a in acts if a.space == "gpu"]
+    for when, tensor, nbytes, op in actions:
+        if when < t:
+            live[tensor] = live.get(tensor, 0.0) + nbytes
+        else:
+            now.append((nbytes, tensor, op))
     first = k
     while first > 0 and samples[first - 1].time == t:
         first -= 1
@@ -162,19 +162,17 @@ def live_at_peak(res: SimResult, device: int, samples: list, k: int) -> tuple[di
         if j is None:
             return None, None
         nbytes, tensor, cause = now.pop(j)
-        _add(live, tensor, nbytes)
+        live[tensor] = live.get(tensor, 0.0) + nbytes
         level = s.nbytes
     if abs(sum(live.values()) - samples[k].nbytes) > tol:
         return None, None
     return {n: b for n, b in live.items() if abs(b) > tol}, cause
 
 
-def _add(live: dict[str, float], tensor: str, nbytes: float) -> None:
-    live[tensor] = live.get(tensor, 0.0) + nbytes
-
-
 _WORKING = re.compile(r"^L(\d+)\.(fwd|bwd|recompute)\.working$")
 _KEPT = re.compile(r"^L(\d+)\.(.+)$")
+ROLE_WORDS = {"input": "kept input", "skeletal": "kept activations", "lse": "attention lse",
+              "recomputed": "recomputed tensors", "scores": "kept attention scores"}
 
 
 def live_words(live: dict[str, float]) -> dict[str, float]:
@@ -182,20 +180,19 @@ def live_words(live: dict[str, float]) -> dict[str, float]:
     and the boundary activation), the classifier's, the tensors layers keep by role and how many
     layers keep them, and the static allocations (model states, the policy's buffers)."""
     out: dict[str, float] = {}
-    layers: dict[str, set[int]] = {}
+    kept: dict[str, tuple[set[int], float]] = {}  # role -> the layers keeping it, their bytes
     for tensor, nbytes in live.items():
-        w, kept = _WORKING.match(tensor), _KEPT.match(tensor)
+        w, k = _WORKING.match(tensor), _KEPT.match(tensor)
+        if k and not w:
+            role = ROLE_WORDS.get(k[2], k[2].replace("_", " "))
+            which, total = kept.get(role, (set(), 0.0))
+            kept[role] = (which | {int(k[1])}, total + nbytes)
+            continue
         if w:
             key = f"layer {w[1]}'s {PHASE_WORDS.get(w[2], w[2])} transients + boundary activation"
-        elif tensor == "classifier.working":
-            key = "classifier"
-        elif kept:
-            key = kept[2]
-            layers.setdefault(key, set()).add(int(kept[1]))
         else:
-            key = tensor.replace("_", " ")
+            key = "classifier" if tensor == "classifier.working" else tensor.replace("_", " ")
         out[key] = out.get(key, 0.0) + nbytes
-    for role, which in layers.items():
-        words = (f"layer {min(which)}'s {role}" if len(which) == 1 else f"{role} of {len(which)} layers")
-        out[words] = out.pop(role)
+    for role, (which, nbytes) in kept.items():
+        out[f"layer {min(which)}'s {role}" if len(which) == 1 else f"{role} of {len(which)} layers"] = nbytes
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))

@@ -45,6 +45,7 @@ class WhatIfView:
     bf16_best: object = None  # an FP8 what-if: the same search's best without FP8 GEMMs (`WhatifAnswer.bf16_best`)
     bf16_searched: bool = False
     memo_on_framework: dict | None = None  # `WhatifAnswer.memo_on_framework`
+    global_batch_fixed: bool = False  # --global-batch given: every row trains the same sequences a step
 
 
 def verdict(v: WhatIfView) -> str:
@@ -80,6 +81,20 @@ def verdict(v: WhatIfView) -> str:
 
 
 HEADROOM = 0.05  # a best plan whose GPU peak is within this share of the usable memory is named as on its edge
+
+
+def global_batch_line(v: WhatIfView) -> str:
+    """Where the ranked rows train different global batches (no --global-batch: a batch per data-parallel replica),
+    that the ranking compares them so and may change at the user's global batch: a pipeline's bubble shrinks with
+    the micro-batches a step, which a fixed global batch gives it."""
+    b = v.best
+    if b is None or v.global_batch_fixed or not _gbs_varies(list(enumerate(v.shown[:v.top]))):
+        return ""
+    sizes = sorted({c.global_batch for c in v.shown[:v.top]})
+    return (f"global batch not fixed: the rows train {sizes[0]} to {sizes[-1]} sequences a step (GBS column; a batch "
+            f"per data-parallel replica, a pipeline's as many micro-batches as stages), the answer {b.global_batch}; "
+            f"give --global-batch N (the sequences your run trains a step) to rank every layout at it: pipelines "
+            f"amortise their bubble over more micro-batches and can win there")
 
 
 def margin_line(v: WhatIfView) -> str:
@@ -237,7 +252,7 @@ def whatif_answer(v: WhatIfView) -> Answer:
             a.line(f"  {up}")
         for t in v.train_lines:
             a.line(f"  {t}")
-        for k in (kernel_line(v), executor_line(v), margin_line(v), mfu_line(v)):
+        for k in (kernel_line(v), executor_line(v), margin_line(v), mfu_line(v), global_batch_line(v)):
             if k:
                 a.line(f"  {k}")
     line = precision_line(v)
