@@ -310,3 +310,15 @@ def test_maxseq_jobs_answers_the_policies_in_processes_as_the_serial_run_does():
             max_seq_runs(M7, 8, A800, two, step=64 * K, framework="megatron", jobs=jobs)
     r = CliRunner().invoke(cli, ["maxseq", "--model", "gpt-7b", "--gpus", "8", "--jobs", "0"])
     assert r.exit_code == 2 and "--jobs" in r.output
+
+
+def test_the_binding_line_names_the_host_where_pinned_memory_is_over_too():
+    """Llama-3.1-8B on 8 H100s, full offload at the next 32K step: the least-over candidate is out of GPU memory and
+    far over the host's pinned memory, and a layout over the host was said to 'fit, as on a static memory plan' on
+    allocated bytes (a user's review); every line at the next step names the host where it is over."""
+    r = CliRunner().invoke(cli, ["maxseq", "--model", "llama-3.1-8b", "--gpus", "8", "--profile", "h100-sxm5-80gb",
+                                 "--allocator", "both", "--step", "32K", "--jobs", "1", "--policy", "full_offload"])
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert "as on a static memory plan" not in text, text
+    assert "pinned host memory" in text.split("(caching allocator) at")[1].split("(memory plan) at")[0], text

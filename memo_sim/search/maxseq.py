@@ -115,7 +115,7 @@ def binding_constraint(cands: list[Candidate] | str) -> str:
                     f"{fmt_bytes(e.available_bytes)} left after freeing the cache "
                     f"({c.layout.label()} {c.policy.label()}; fits on paper at {fmt_bytes(c.memory.peak_gpu_bytes)})")
     on_reserved = [c for c in cands if c.status == "OOM" and not uses_memory_plan(c.policy, c.layout)
-                   and _allocated_peak(c) <= c.memory.gpu_capacity_bytes]
+                   and _allocated_peak(c) <= c.memory.gpu_capacity_bytes and not _host_over(c)]
     if on_reserved:  # fits as allocated bytes, not as the caching allocator reserves them
         c = min(on_reserved, key=_allocated_peak)
         m, allocated = c.memory, _allocated_peak(c)
@@ -124,16 +124,32 @@ def binding_constraint(cands: list[Candidate] | str) -> str:
                 f"({fmt_bytes(m.transient_caching_allocator_bytes)}); {fmt_bytes(m.transient_planned_bytes)} of "
                 f"them are live at once, and allocated so the step would take {fmt_bytes(allocated)} and fit, "
                 f"as on a static memory plan ({c.layout.label()} {c.policy.label()})")
-    c = min(cands, key=lambda c: c.over_bytes)
+    c = min(cands, key=_over_share)
     m = c.memory
     if c.status == "OOHM":
         return (f"pinned host memory: {fmt_bytes(m.host_bytes_per_node)} per node of {fmt_bytes(m.host_capacity_bytes)} "
                 f"({c.layout.label()} {c.policy.label()})")
     terms = memory_term_words(m)  # named as the what-if names them
     big = sorted(terms.items(), key=lambda kv: -kv[1])[:2]
+    host = (f"; pinned host memory too: {fmt_bytes(m.host_bytes_per_node)} per node of "
+            f"{fmt_bytes(m.host_capacity_bytes)}" if _host_over(c) else "")
     return (f"GPU memory: {fmt_bytes(m.peak_gpu_bytes)} of {fmt_bytes(m.gpu_capacity_bytes)} "
             f"({c.layout.label()} {c.policy.label()}; largest: "
-            + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in big) + ")")
+            + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in big) + ")" + host)
+
+
+def _over_share(c: Candidate) -> float:
+    """How far over its memory a candidate is, as a share of that memory (GPU or pinned host: bytes over a GPU's
+    80 GiB and over a node's 1.6 TiB are not comparable as bytes)."""
+    m = c.memory
+    cap = m.host_capacity_bytes if c.status == "OOHM" else m.gpu_capacity_bytes
+    return c.over_bytes / cap if cap > 0 else float("inf")
+
+
+def _host_over(c: Candidate) -> bool:
+    """Whether the candidate's pinned host memory exceeds its nodes' (a GPU-OOM candidate's status hides it)."""
+    m = c.memory
+    return m.host_bytes_per_node > m.host_capacity_bytes
 
 
 def max_seq(model: ModelConfig, gpus: int, profile: HardwareProfile, policy: str, *, step: int = 128 * 1024,
