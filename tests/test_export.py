@@ -686,7 +686,10 @@ def test_torchtitan_starts_a_qwen3_moe_from_torchtitans_qwen3_moe(tmp_path):
             "moe_hidden_dim=768, num_experts=64, top_k=8") in line and "vocab_size=151936" in line, line
     assert any(g.startswith("model q24: q24 is not a torchtitan model: the run starts from qwen3_30b_a3b")
                for g in gaps), gaps
-    assert "rope.theta" not in src
+    assert "rope.theta" not in src and "global_vocab_size" not in line
+    # another vocabulary: the configuration's loss (ChunkedLossWrapper's CrossEntropyLoss) is told it too
+    ex, src, gaps = exported(_qwen3_moe_config(tmp_path, "q-vocab", vocab_size=152064))
+    assert "config.loss.loss_fn.global_vocab_size = 152064" in next(ln for ln in src.splitlines() if "raise" in ln)
     # DeepSeek-V3's kind (latent attention, a sigmoid router, a shared expert) stays on deepseek_v3 however shaped
     dsv3 = get_model(str(Path(__file__).parent / "data" / "hf" / "deepseek-v3" / "config.json"))
     for model in (dsv3, replace(dsv3, name="dsv3-60", layers=60)):

@@ -148,7 +148,11 @@ def _qwen3_moe_args(m) -> str:
     return (f"_build_qwen3_moe_layers(n_layers={m.layers}, dim={m.hidden}, n_heads={m.heads}, "
             f"n_kv_heads={m.n_kv_heads}, head_dim={m.qk_head_dim}, moe_hidden_dim={m.expert_width}, "
             f"num_experts={m.experts}, top_k={m.top_k}{theta}) as the layers of Qwen3Model.Config(dim={m.hidden}, "
-            f"vocab_size={m.vocab}" + (", enable_weight_tying=True" if m.tied_embeddings else "") + ")")
+            f"vocab_size={m.vocab}" + (", enable_weight_tying=True" if m.tied_embeddings else "") + ")"
+            # the configuration's loss is of its own model's vocabulary (ChunkedLossWrapper.Config.loss_fn, a
+            # CrossEntropyLoss.Config of global_vocab_size: torchtitan/components/loss.py at SOURCE)
+            + (f", and config.loss.loss_fn.global_vocab_size = {m.vocab} ({QWEN3_MOE_BASE}'s is "
+               f"{QWEN3_MOE['30B-A3B'][-1]})" if m.vocab != QWEN3_MOE["30B-A3B"][-1] else ""))
 
 
 def _base(plan: Plan) -> tuple[str, str | None]:
