@@ -322,3 +322,18 @@ def test_the_binding_line_names_the_host_where_pinned_memory_is_over_too():
     text = " ".join(r.output.split())
     assert "as on a static memory plan" not in text, text
     assert "pinned host memory" in text.split("(caching allocator) at")[1].split("(memory plan) at")[0], text
+
+
+def test_maxseq_takes_the_caching_allocators_settings():
+    """`--alloc-conf expandable_segments:True` reaches maxseq's search as the what-if's does (maxseq had no such
+    option: 'the longest length with expandable segments' had no answer but --framework torchtitan's)."""
+    args = ["maxseq", "--model", "llama-3.1-8b", "--gpus", "8", "--profile", "h100-sxm5-80gb", "--step", "32K",
+            "--jobs", "1", "--policy", "full_recompute", "--json"]
+    plain = json.loads(CliRunner().invoke(cli, args).output)
+    r = CliRunner().invoke(cli, [*args, "--alloc-conf", "expandable_segments:True"])
+    exp = json.loads(r.output)
+    assert exp["fixed"]["alloc_conf"] == "expandable_segments:True"
+    assert "expandable" in exp["answers"][0]["best"]["layout"] and exp["answers"][0]["max_seq_tokens"] > \
+        plain["answers"][0]["max_seq_tokens"]
+    bad = CliRunner().invoke(cli, [*args[:-1], "--alloc-conf", "bogus:1"])
+    assert bad.exit_code == 2 and "alloc_conf: unknown key 'bogus'" in bad.output

@@ -161,6 +161,14 @@ def status_line(label: str, quiet: bool = False, force: bool | None = None):
     return cm()
 
 
+def alloc_conf_option(f):
+    return click.option(
+        "--alloc-conf", default=None, metavar="TEXT",
+        help="PyTorch caching allocator settings as PYTORCH_CUDA_ALLOC_CONF writes them (expandable_segments, "
+             "max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold with "
+             "per_process_memory_fraction), over the framework's; priced for the plans without a memory plan.")(f)
+
+
 def progress_option(f):
     return click.option("--progress/--no-progress", "progress", default=None,
                         help="Show progress on stderr (default: on a terminal, unless --json).")(f)

@@ -7,8 +7,8 @@ import time
 
 import click
 
-from memo_sim.cli.common import (GPU_COUNT, build_model, count_option, layout_degree_options, model_options,
-                               moe_layout_options, profile_option, progress_bar, progress_option)
+from memo_sim.cli.common import (GPU_COUNT, alloc_conf_option, build_model, count_option, layout_degree_options,
+                               model_options, moe_layout_options, profile_option, progress_bar, progress_option)
 from memo_sim.cost.gemm_format import check_gemm_format
 from memo_sim.layout.schedule import schedule_runs_policy
 from memo_sim.policy import policy_class, policy_names, prices_model
@@ -32,6 +32,7 @@ from memo_sim.units import fmt_count
 @click.option("--allocator", default="caching", show_default=True, type=click.Choice(["caching", "plan", "both"]),
               help="Who places the transients of the policies without MEMO's plan: PyTorch's caching allocator "
                    "(as the frameworks run; reserved memory decides), a static memory plan, or both side by side.")
+@alloc_conf_option
 @layout_degree_options
 @click.option("--pp", type=click.IntRange(1, 4096),
               help="Fix the pipeline degree (1: single stage; default: searched, micro-batch pipelines included).")
@@ -46,7 +47,8 @@ from memo_sim.units import fmt_count
 @format_options
 def maxseq(model_name, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, dtype, precision,
            gpus, profile_name, policies, framework,
-           step, allocator, tp, cp, ulysses, dp, zero, sp, tp_mode, pp, optimizer_offload, ep, etp, moe_dispatcher,
+           step, allocator, alloc_conf, tp, cp, ulysses, dp, zero, sp, tp_mode, pp, optimizer_offload, ep, etp,
+           moe_dispatcher,
            moe_balance, jobs, progress, out_format, as_json):
     """The longest sequence (a multiple of --step) each policy trains, its MFU there, and the
     constraint that binds at the next step. --tp, --cp, --ulysses, --dp, --zero, --sp, --pp (and a mixture of
@@ -66,6 +68,8 @@ def maxseq(model_name, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, dt
     if moe_balance != "dropless":
         fixed["moe_balance"] = moe_balance
     fixed["tp_mode"] = tp_flavours_asked(tp_mode, tp)
+    if alloc_conf is not None:
+        fixed["alloc_conf"] = alloc_conf
 
     fmt = resolve_format(out_format, as_json)
     t0 = time.perf_counter()

@@ -23,6 +23,7 @@ from dataclasses import dataclass, fields
 import click
 
 from memo_sim.cli.common import (
+    alloc_conf_option,
     moe_layout_options,
     BATCH,
     GPU_COUNT,
@@ -88,10 +89,7 @@ def _simulate_top_value(ctx, param, value):
               help="Who places the transient tensors of the policies without MEMO's own plan: PyTorch's caching "
                    "allocator (with its fragmentation and retries, as the frameworks run), a static memory plan, or "
                    "both side by side.")
-@click.option("--alloc-conf", default=None, metavar="TEXT",
-              help="PyTorch caching allocator settings as PYTORCH_CUDA_ALLOC_CONF writes them (expandable_segments, "
-                   "max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold with "
-                   "per_process_memory_fraction), over the framework's; priced for the plans without a memory plan.")
+@alloc_conf_option
 @click.option("--dp-mode", default=None, type=click.Choice(["zero", "fsdp", "all"]),
               help="Data-parallel flavours to search: ZeRO stages, FSDP (with HSDP and resharding on/off), or all the "
                    "framework runs (default: the framework's first: zero for any, fsdp for torchtitan).")
