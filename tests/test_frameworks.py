@@ -187,3 +187,15 @@ def test_frameworks_name_shows_one_in_full():
     assert list(j) == ["torchtitan"] and j["torchtitan"]["layouts"]["dp_modes"] == ["fsdp"]  # every field, layouts too
     bad = CliRunner().invoke(cli, ["frameworks", "megatron@2099"])
     assert bad.exit_code == 2 and len(bad.output.strip().splitlines()) == 1 and "megatron@2023" in bad.output
+
+
+def test_the_policy_help_says_which_policies_need_a_framework():
+    """`--policy selective_recompute` on the default framework is refused (any does not offer it) while --help listed
+    it as a plain choice (a user's review): the help names the framework for each policy any leaves out."""
+    from memo_sim.search.frameworks import policy_frameworks_words
+
+    words = policy_frameworks_words()
+    assert "selective_recompute (--framework megatron" in words and "op_sac (--framework torchtitan)" in words
+    assert "memo (" not in words and "@" not in words
+    r = CliRunner().invoke(cli, ["whatif", "--help"])
+    assert "the default framework (any) offers all but" in " ".join(r.output.split())

@@ -14,7 +14,7 @@ from memo_sim.layout.schedule import schedule_runs_policy
 from memo_sim.policy import policy_class, policy_names, prices_model
 from memo_sim.profile.loader import load_profile
 from memo_sim.report.formats import Answer, emit, format_options, resolve_format
-from memo_sim.search.frameworks import FRAMEWORKS, get_framework
+from memo_sim.search.frameworks import FRAMEWORKS, get_framework, policy_frameworks_words
 from memo_sim.units import fmt_count
 
 
@@ -24,7 +24,8 @@ from memo_sim.units import fmt_count
 @profile_option()
 @click.option("--policy", "policies", multiple=True, type=click.Choice(policy_names()),
               help="Only these activation policies (repeatable; default: all the framework offers but sppo, "
-                   "whose pipeline search runs at every probed length: ask for it with --policy sppo).")
+                   "whose pipeline search runs at every probed length: ask for it with --policy sppo); the default "
+                   "framework (any) offers all but " + policy_frameworks_words() + ".")
 @click.option("--framework", default="any", show_default=True, type=click.Choice(list(FRAMEWORKS)),
               help="Only layouts and policies this framework offers.")
 @click.option("--step", default="128K", callback=count_option, show_default=True,

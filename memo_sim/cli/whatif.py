@@ -46,7 +46,7 @@ from memo_sim.report.fit_advice import fit_fixes
 from memo_sim.report.candidate_rows import candidates_json
 from memo_sim.report.sensitivity import sensitivity_line
 from memo_sim.report.whatif_answer import WhatIfView, executor_refuses, runner_up
-from memo_sim.search.frameworks import FRAMEWORKS
+from memo_sim.search.frameworks import FRAMEWORKS, policy_frameworks_words
 from memo_sim.search.plan_build import prebuild_plan
 from memo_sim.search.request import WhatifRequest, answer_whatif, plain_recipe, sweep_candidates
 from memo_sim.search.whatif import default_jobs, fold_duplicates
@@ -99,7 +99,8 @@ def _simulate_top_value(ctx, param, value):
 @click.option("--metp-across-nodes", is_flag=True,
               help="Let a METP ring span whole nodes (its send/recv then rides the inter-node link).")
 @click.option("--policy", "policies", multiple=True, type=click.Choice(policy_names()),
-              help="Only these activation policies (repeatable).")
+              help="Only these activation policies (repeatable); the default framework (any) offers all but "
+                   + policy_frameworks_words() + ".")
 @click.option("--alpha", type=click.FloatRange(0, 1), help="Fix MEMO's offload fraction alpha.")
 @click.option("--pp", type=click.IntRange(1, 4096),
               help="Fix the pipeline degree (stages): 1F1B and interleaved 1F1B for every policy, SPPO for sppo.")

@@ -21,4 +21,15 @@ def get_framework(name: str) -> Framework:
         raise MemoError(f"--framework {name!r} unknown; choose one of {', '.join(FRAMEWORKS)}") from None
 
 
-__all__ = ["FRAMEWORKS", "Framework", "get_framework"]
+def policy_frameworks_words() -> str:
+    """The policies memo's own search (``any``) leaves out and the frameworks that offer them, for the ``--policy``
+    help: "selective_recompute (--framework megatron, ...), ..." ("" when ``any`` offers every one)."""
+    from memo_sim.policy import policy_names  # noqa: PLC0415
+
+    own = set(FRAMEWORKS["any"].policies)
+    words = [f"{p} (--framework {', '.join(n for n, f in FRAMEWORKS.items() if p in f.policies and '@' not in n)})"
+             for p in policy_names() if p not in own and any(p in f.policies for f in FRAMEWORKS.values())]
+    return "; ".join(words)
+
+
+__all__ = ["FRAMEWORKS", "Framework", "get_framework", "policy_frameworks_words"]
