@@ -78,3 +78,12 @@ def test_deeply_nested_files_are_one_line_errors(tmp_path):
         r = CliRunner().invoke(sim_cli, args)
         assert r.exit_code == 2 and "nested too deeply" in r.output and r.output.count("\n") == 1, (args, r.output)
     assert not (tmp_path / "figs").exists()
+
+
+def test_a_global_batch_that_does_not_split_over_a_fixed_dp_is_named():
+    """`--global-batch 12 --dp 8` said 'no factorisation of the GPU count matches the fixed degrees' (a user's
+    review): the line names both numbers and the fix."""
+    r = CliRunner().invoke(sim_cli, ["whatif", "--model", "llama-3.1-8b", "--gpus", "8", "--seq", "4K",
+                                     "--global-batch", "12", "--dp", "8", "--no-plan", "--jobs", "1"])
+    assert r.exit_code == 2 and r.output.count("\n") == 1, r.output
+    assert "--global-batch 12 does not split over --dp 8" in r.output and "a multiple of 8" in r.output

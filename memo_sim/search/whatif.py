@@ -290,6 +290,9 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
         raise MemoError(f"--optimizer-offload: {fw.name} does not offer it; drop it or choose another --framework")
     if optimizer_offload and ((pp is not None and pp > 1) or (vpp is not None and vpp > 1)):
         raise MemoError("--optimizer-offload is priced for single-stage layouts only: drop --pp/--vpp or it")
+    if global_batch is not None and dp is not None and global_batch % dp:
+        raise MemoError(f"--global-batch {global_batch} does not split over --dp {dp}: every data-parallel replica "
+                        f"trains as many sequences a step; give a multiple of {dp}, or leave --dp to the search")
     stage_valid: list[Layout] = []
     pipe_flags = ((pp is not None and pp > 1) or (vpp is not None and vpp > 1) or bool(set(pipes) & set(schedules or ()))
                   or uneven_flags)
