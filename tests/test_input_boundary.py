@@ -87,3 +87,11 @@ def test_a_global_batch_that_does_not_split_over_a_fixed_dp_is_named():
                                      "--global-batch", "12", "--dp", "8", "--no-plan", "--jobs", "1"])
     assert r.exit_code == 2 and r.output.count("\n") == 1, r.output
     assert "--global-batch 12 does not split over --dp 8" in r.output and "a multiple of 8" in r.output
+
+
+def test_an_odd_sequence_length_is_written_as_itself():
+    """--seq 100001 read '97.6572K tokens' in the what-if's header (a user's review)."""
+    from memo_sim.units import fmt_count
+
+    assert [fmt_count(n) for n in (100001, 131072, 49664, 1146880, 4096)] == ["100001", "128K", "48.5K", "1.09375M",
+                                                                              "4K"]
