@@ -101,3 +101,17 @@ def test_an_answer_over_different_global_batches_says_so_and_how_to_fix_it():
     assert "give --global-batch N" in r.output
     r = CliRunner().invoke(cli, [*args, "--global-batch", "8"])
     assert r.exit_code == 0 and "global batch not fixed" not in r.output
+
+
+def test_the_table_says_what_a_pipeline_labels_letters_mean():
+    """`pp2v4el` carried its 'el' (the embedding and the loss counted in the split) unexplained (a user's review)."""
+    from types import SimpleNamespace as NS
+
+    from memo_sim.layout.parallel import Layout
+    from memo_sim.report.whatif_answer import pipeline_label_words
+
+    lay = Layout(tp=1, pp=2, vpp=4, dp=4, account_embedding_loss=True)
+    assert "el" in lay.label()
+    words = pipeline_label_words([NS(layout=lay), NS(layout=Layout(tp=8))])
+    assert "el: the embedding and the loss each counted as a layer in the split" in words and "vM:" in words
+    assert pipeline_label_words([NS(layout=Layout(tp=8))]) == ""

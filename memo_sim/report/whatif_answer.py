@@ -80,6 +80,23 @@ def verdict(v: WhatIfView) -> str:
             f"{plural(b.global_batch, 'sequence')} a step" + (f" -> {v.plan_path}" if v.plan_path else ""))
 
 
+def pipeline_label_words(cands) -> str:
+    """The pipeline part of the layout labels shown, in words ("" where no row is pipelined)."""
+    lays = [c.layout for c in cands if c.layout.pp > 1]
+    if not lays:
+        return ""
+    words = ["ppN: N stages"]
+    for on, w in ((any(x.vpp > 1 for x in lays), "vM: M model chunks per GPU (interleaved 1F1B)"),
+                  (any(x.first_stage_layers or x.last_stage_layers for x in lays),
+                   "fA / lB: A layers in the first stage, B in the last"),
+                  (any(x.account_embedding_loss for x in lays),
+                   "el: the embedding and the loss each counted as a layer in the split"),
+                  (any(x.chunk_layers for x in lays), "c...: each chunk's layer count")):
+        if on:
+            words.append(w)
+    return "; pipeline labels: " + ", ".join(words)
+
+
 HEADROOM = 0.05  # a best plan whose GPU peak is within this share of the usable memory is named as on its edge
 
 
@@ -212,7 +229,7 @@ def whatif_answer(v: WhatIfView) -> Answer:
                         "(an upper estimate of throughput, not the proved bound tier 2 skips a plan by: an "
                         "analytic row can show more than the best simulated); peak GPU by the tier and allocator "
                         "named; frag/retries: the caching allocator's reserved-but-unallocated share at the peak and "
-                        "its retries per iteration")
+                        "its retries per iteration" + pipeline_label_words(c for _i, c in rows[:budget]))
     for label, kept, where in fold_notes(v.shown[:v.top]):
         a.line(f"  {label} moves and rebuilds the same bytes as {kept}: folded into {', '.join(where)}")
     line = metp_verdict(v.shown)
