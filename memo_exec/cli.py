@@ -45,6 +45,25 @@ class _ExecGroup(click.Group):
             ctx.exit(2)
 
 
+def multi_device_words(plan, plan_file: str) -> str:
+    """How to run a plan of several devices: one process each on this machine (--nproc) where they fit on one node of
+    the plan's profile, else torchrun on the plan's nodes (or a smaller plan to try here)."""
+    n, lab = plan.layout.gpus, plan.layout.label()
+    try:
+        from memo_sim.profile.loader import load_profile  # noqa: PLC0415
+
+        per_node = load_profile(plan.profile).node_gpus
+    except Exception:  # noqa: BLE001 - a profile not found here: the node size is only advice
+        per_node = None
+    if per_node is None or n <= per_node:
+        return (f"plan layout {lab} uses {n} devices: run it with --nproc {n} on this machine or torchrun "
+                f"--nproc-per-node {n} -m memo_exec run {plan_file}")
+    nodes = -(-n // per_node)
+    return (f"plan layout {lab} uses {n} devices on {nodes} nodes of {per_node}: run it on those nodes with torchrun "
+            f"--nnodes {nodes} --nproc-per-node {per_node} --node-rank R --master-addr HOST -m memo_exec run "
+            f"{plan_file}, or try a plan for one node here (memo-sim whatif --gpus {per_node} ...)")
+
+
 @click.group(cls=_ExecGroup, help="Run a memo plan on real hardware and compare with the simulator's prediction.",
              context_settings={"help_option_names": ["-h", "--help"]})
 def cli() -> None:
@@ -141,10 +160,8 @@ def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens
         outf.commit()
         return
     if plan.layout.gpus > 1:
-        n = plan.layout.gpus
         run_model(plan, opts)  # what no process count runs (FP8 GEMMs, a compiled plan, ...): said, not --nproc
-        raise ExecError(f"plan layout {plan.layout.label()} uses {n} devices: run it with --nproc {n} on this machine "
-                        f"or torchrun --nproc-per-node {n} -m memo_exec run {plan_file}")
+        raise ExecError(multi_device_words(plan, plan_file))
     _run_single(plan, plan_file, opts, out_dir, as_json, progress)
 
 

@@ -211,3 +211,17 @@ def test_bad_flag_is_one_line_and_exit_2(tmp_path):
         r = CliRunner().invoke(cli, args)
         text = r.output.strip()
         assert r.exit_code == 2 and text.startswith("error:") and "\n" not in text, (args, r.output)
+
+
+def test_a_plan_of_several_nodes_is_told_how_to_launch_on_them(tmp_path):
+    """A 16-GPU plan on 8-GPU nodes was told `--nproc 16 on this machine or torchrun --nproc-per-node 16` (a user's
+    review, of a 512-GPU plan): it is told torchrun over its nodes, or a one-node plan to try here."""
+    import dataclasses
+
+    p = make_plan(SMALL, 256, get_policy("store_all"), predicted=PRED, layer_timings=LT)
+    path = write_plan(dataclasses.replace(p, layout=Layout(dp=16), gpus=16, batch=16), tmp_path / "p16.json")
+    line = _one_error_line(CliRunner().invoke(cli, ["run", str(path), "--device", "cpu", "--out", str(tmp_path / "o")]))
+    assert "uses 16 devices on 2 nodes of 8" in line and "torchrun --nnodes 2 --nproc-per-node 8" in line, line
+    path = write_plan(dataclasses.replace(p, layout=Layout(dp=2), gpus=2, batch=2), tmp_path / "p2.json")
+    line = _one_error_line(CliRunner().invoke(cli, ["run", str(path), "--device", "cpu", "--out", str(tmp_path / "o")]))
+    assert "uses 2 devices: run it with --nproc 2 on this machine" in line, line
