@@ -113,8 +113,10 @@ def memory_json(plan, res, mem, peaks: dict) -> dict:
 
 
 def add_memory_part(a: Answer, plan, res, mem, peaks: dict | None = None) -> None:
-    """The memory breakdown at the peak (per stage for a pipeline), when each GPU peaks, and pinned
-    host memory per node: explain and check-plan print it."""
+    """The memory breakdown at the peak (per stage for a pipeline), when each GPU peaks and what is
+    live then (`peak_lines`), the caching allocator replay's counters and which of them PyTorch
+    reports (`torch_words`, `fragmentation_words`), and pinned host memory per node: explain and
+    check-plan print it."""
     if peaks is None:
         peaks = peak_moments(res)
     stages = (res.pipeline or {}).get("stages")
@@ -127,7 +129,7 @@ def add_memory_part(a: Answer, plan, res, mem, peaks: dict | None = None) -> Non
     else:
         rows = [[k, fmt_bytes(v)] for k, v in memory_terms(plan, mem).items()]
         rows += [["peak (the terms above)", analytic_peak(mem, plan.policy, plan.layout).text()],
-                 ["peak", result_peak(res).text()],
+                 ["peak (the simulated iteration)", result_peak(res).text()],
                  ["usable GPU memory", fmt_bytes(res.gpu_capacity_bytes)]]
         a.table(["", "bytes"], rows, title="\nGPU memory per GPU:")
     for d, p in peaks.items():
@@ -155,7 +157,8 @@ def peak_lines(device: int, p: dict | None, mem) -> list[str]:
     if p["op"] is None:
         at = "a gap between compute ops"
     elif p["layer"] is not None:
-        at = f"layer {p['layer']}'s {phase} (op {p['op']}{', as it starts' if p['starts'] else ''})"
+        on = f" on the {p['stream']} stream" if p.get("stream") not in ("compute", None) else ""
+        at = f"layer {p['layer']}'s {phase} (op {p['op']}{on}{', as it starts' if p['starts'] else ''})"
     else:
         at = f"the {p['op']}" + (f" ({phase})" if phase not in (p["op"], None) else "")
     lines = [f"  GPU {device} peaks at {fmt_time(p['time_s'])} during {at}"]
@@ -177,11 +180,17 @@ def peak_lines(device: int, p: dict | None, mem) -> list[str]:
              "classifier": f"classifier {fmt_bytes(mem.classifier_peak_bytes)}"}
     other = "classifier" if terms == "layer" else "layer"
     if side == terms:
-        lines.append(f"    the {side} side of the terms' max above ({sizes[terms]} >= {sizes[other]}), as they say")
+        words = f"the {side} side of the terms' max above ({sizes[terms]} >= {sizes[other]}), as the terms have it"
     elif side is not None:
-        lines.append(f"    the {side} side, though the terms above put the {terms} side higher ({sizes[terms]} >= "
-                     f"{sizes[other]}): the simulated peak adds what is live at one instant (listed), the terms "
-                     "add each at its largest")
+        words = (f"the {side} side, though the terms above put the {terms} side higher ({sizes[terms]} >= "
+                 f"{sizes[other]}): the simulated peak adds what is live at one instant, the terms each at its largest")
+    else:
+        words = "neither side of the terms' max above: no layer's transients and no classifier are live then"
+    gap = mem.peak_gpu_bytes - p["bytes"]
+    if live and abs(gap) > 1e-9 * mem.peak_gpu_bytes:
+        words += (f"; the terms add {fmt_bytes(abs(gap))} {'more' if gap > 0 else 'less'} than is live then "
+                  "(each term at its largest, some not live at this instant)")
+    lines.append("    " + words)
     return lines
 
 
@@ -196,32 +205,43 @@ def torch_words(res, ms: dict) -> str:
             f"The peak above ({result_peak(res).text()}) is neither: the event simulator holds each term as one "
             "block while its phase runs, the layer transients at the caching allocator's footprint of one layer "
             "replayed alone, and checks that against the usable memory; the replay sends each tensor of the "
-            "iteration through the allocator, whose cached segments serve the later phases' tensors "
-            f"({fmt_bytes(abs(diff))} {'below' if diff >= 0 else 'above'} the peak above). Allocated counts live "
-            f"tensors only: the {fmt_bytes(max(0, reserved - allocated))} more reserved are cached but free")
+            "iteration through the allocator, its cached segments reused and split "
+            f"(its reserved peak {fmt_bytes(abs(diff))} {'below' if diff >= 0 else 'above'} the simulator's). "
+            f"Allocated counts live tensors only: the {fmt_bytes(max(0, reserved - allocated))} more reserved are "
+            "cached but free")
 
 
 def fragmentation_words(plan, res, mem) -> str | None:
-    """For a plan on the caching allocator: how much of its peak reserved memory is not allocated,
-    its retries and what they cost, and what a static memory plan of the same transients would
-    save (the analytic tier's planned against caching-allocator transients), in words."""
+    """For a plan on the caching allocator: how much of its reserved memory is not allocated when
+    the allocation peaks (the replay's), its retries and what they cost, and how much lower the
+    analytic peak would be under a static memory plan of the same transients (the terms' max
+    with the planned transients in place of the caching allocator's), in words."""
     al = res.allocator or {}
     if al.get("static_memory_plan", True) or al.get("fragmentation_at_peak") is None:
         return None
     frag = al["fragmentation_at_peak"]
     reserved = al.get("reserved_at_peak_allocated_bytes") or al.get("peak_reserved_bytes") or 0
-    save = mem.transient_caching_allocator_bytes - mem.transient_planned_bytes
+    cached, planned = mem.transient_caching_allocator_bytes, mem.transient_planned_bytes
+    resident = mem.peak_gpu_bytes - max(cached + mem.layer_boundary_bytes, mem.classifier_peak_bytes)
+    save = mem.peak_gpu_bytes - (resident + max(planned + mem.layer_boundary_bytes, mem.classifier_peak_bytes))
     retries = al.get("reorganizations", 0)
     head = (f"fragmentation: {100 * frag:.1f}% of the {fmt_bytes(reserved)} reserved when the allocation peaks is "
-            f"not allocated (peak reserved {fmt_bytes(al.get('peak_reserved_bytes') or 0)}); "
-            f"{retries} allocation retries per iteration"
+            f"not allocated ({fmt_bytes(frag * reserved)} cached but free; peak reserved "
+            f"{fmt_bytes(al.get('peak_reserved_bytes') or 0)}); {retries} allocation retries per iteration"
             + (f" costing {fmt_time(al.get('stall_s', 0.0))} (device synchronisation, cudaFree, cudaMalloc)"
                if retries else ""))
+    plan_words = "a static memory plan of the same transients (memo-sim whatif --allocator plan)"
     if save > 0:
-        tail = (f"; a static memory plan of the same transients (memo-sim whatif --allocator plan) would hold "
-                f"{fmt_bytes(save)} less at the peak" + (" and none of the retries" if retries else ""))
+        tail = (f"; {plan_words} would hold {fmt_bytes(save)} less at the peak above"
+                + (" and none of the retries" if retries else "")
+                + f" (its layer transients {fmt_bytes(planned)} against {fmt_bytes(cached)} on the caching "
+                "allocator), not the bytes free in the cache: the plan's arena stays allocated the whole iteration "
+                "at its largest layer's transients")
     else:
-        tail = "; a static memory plan of the same transients would not lower the peak"
+        why = (f"the classifier's {fmt_bytes(mem.classifier_peak_bytes)} sets it" if mem.classifier_peak_bytes
+               >= cached + mem.layer_boundary_bytes else "its planned transients are no smaller")
+        tail = (f"; {plan_words} would not lower the peak above ({why})"
+                + (", only drop the retries" if retries else ""))
     return head + tail
 
 

@@ -11,7 +11,8 @@ The parts add up to the plan's iteration time exactly, on every stage.
 
 Memory: the per-GPU terms of `memo_sim.memplan.footprint.memory_breakdown` (model states, kept
 activations, buffers, lse, transients, the boundary activation, the classifier), the simulated
-peak with the instant and the op running then, and pinned host memory per node against the node's.
+peak with its instant, the op whose allocation made it and the tensors live then, and pinned host
+memory per node against the node's.
 The limit that binds is said in words: which memory is nearest its capacity, and for MEMO which
 of its two constraints fixed alpha.
 """
@@ -100,7 +101,7 @@ def peak_moments(res: SimResult) -> dict[int, dict | None]:
 
 def peak_moment(res: SimResult, device: int) -> dict | None:
     """When ``device``'s simulated GPU memory peaks, the op that made it peak and, where the run kept
-    its op graph (``record``, one stage), the tensors live then (`live_at_peak`).
+    its op graph (``record``), the tensors live then in words (`live_at_peak`, `live_words`).
 
     The engine allocates an op's memory when it starts and frees it when it ends, so at the instant
     one compute op ends and the next starts the peak belongs to the one starting: it is the op whose
@@ -120,8 +121,8 @@ def peak_moment(res: SimResult, device: int) -> dict | None:
         # one that ended at this instant freed its memory before the next one started
         running.sort(key=lambda e: (e.end <= top.time and e.start < top.time, -e.start))
         cause = running[0] if running else None
-    name = None if cause is None else getattr(cause, "op", None) or getattr(cause, "name", None)
-    return {"time_s": top.time, "bytes": top.nbytes, "op": name,
+    name = None if cause is None else getattr(cause, "op", None) or cause.name  # a timeline event's, an op's
+    return {"time_s": top.time, "bytes": top.nbytes, "op": name, "stream": cause.stream if cause else None,
             "layer": cause.layer if cause else None, "phase": cause.phase if cause else None,
             "starts": bool(cause is not None and cause.start == top.time),
             "live_bytes": live_words(live) if live is not None else None}
@@ -169,30 +170,42 @@ def live_at_peak(res: SimResult, device: int, samples: list, k: int) -> tuple[di
     return {n: b for n, b in live.items() if abs(b) > tol}, cause
 
 
-_WORKING = re.compile(r"^L(\d+)\.(fwd|bwd|recompute)\.working$")
-_KEPT = re.compile(r"^L(\d+)\.(.+)$")
+_LAYER_TENSOR = re.compile(r"^(?:mb(?P<mb>\d+)\.)?L(?P<layer>\d+)(?:@(?P<tag>[^.]+))?\.(?P<rest>.+)$")
+_WORKING = ("fwd.working", "bwd.working", "recompute.working")
 ROLE_WORDS = {"input": "kept input", "skeletal": "kept activations", "lse": "attention lse",
-              "recomputed": "recomputed tensors", "scores": "kept attention scores"}
+              "recomputed": "recomputed tensors", "scores": "kept attention scores",
+              "slot": "rounding-buffer slot", "dkv_accumulators": "dK/dV accumulators"}
+OTHER_WORDS = {"classifier.working": "classifier", "classifier.dgrad": "classifier's input gradients"}
 
 
 def live_words(live: dict[str, float]) -> dict[str, float]:
     """Live tensors (`live_at_peak`) in words, largest first: a phase's working set (its transients
     and the boundary activation), the classifier's, the tensors layers keep by role and how many
-    layers keep them, and the static allocations (model states, the policy's buffers)."""
+    layers keep them (in how many micro-batches, `memo_sim.engine.schedules.microbatch_fold.mb_tensor`,
+    or SPPO subsequences), and the static allocations (model states, the policy's buffers)."""
     out: dict[str, float] = {}
-    kept: dict[str, tuple[set[int], float]] = {}  # role -> the layers keeping it, their bytes
+    kept: dict[str, tuple[set, set, float]] = {}  # role -> the layers, the copies keeping it, their bytes
     for tensor, nbytes in live.items():
-        w, k = _WORKING.match(tensor), _KEPT.match(tensor)
-        if k and not w:
-            role = ROLE_WORDS.get(k[2], k[2].replace("_", " "))
-            which, total = kept.get(role, (set(), 0.0))
-            kept[role] = (which | {int(k[1])}, total + nbytes)
+        m = _LAYER_TENSOR.match(tensor)
+        if m is None:
+            base = tensor.split("@")[0]
+            key = OTHER_WORDS.get(base, base.replace("_", " ").replace(".", " "))
+        elif m["rest"] in _WORKING:
+            phase = m["rest"].split(".")[0]
+            copy = (f" (micro-batch {m['mb']})" if m["mb"] is not None else
+                    f" (subsequence {m['tag'].lstrip('s')})" if m["tag"] is not None else "")
+            key = f"layer {m['layer']}'s {PHASE_WORDS.get(phase, phase)} transients + boundary activation{copy}"
+        else:  # a kept tensor, with what an offload or prefetch moved of it (``skeletal.offloaded``)
+            head = m["rest"].split(".")[0]
+            role = ROLE_WORDS.get(head, head.replace("_", " "))
+            layers, copies, total = kept.get(role, (set(), set(), 0.0))
+            kept[role] = (layers | {int(m["layer"])}, copies | {(m["mb"], m["tag"])}, total + nbytes)
             continue
-        if w:
-            key = f"layer {w[1]}'s {PHASE_WORDS.get(w[2], w[2])} transients + boundary activation"
-        else:
-            key = "classifier" if tensor == "classifier.working" else tensor.replace("_", " ")
         out[key] = out.get(key, 0.0) + nbytes
-    for role, (which, nbytes) in kept.items():
-        out[f"layer {min(which)}'s {role}" if len(which) == 1 else f"{role} of {len(which)} layers"] = nbytes
+    for role, (layers, copies, nbytes) in kept.items():
+        words = f"layer {min(layers)}'s {role}" if len(layers) == 1 else f"{role} of {len(layers)} layers"
+        mbs, tags = {c[0] for c in copies if c[0] is not None}, {c[1] for c in copies if c[1] is not None}
+        words += (f" in {len(mbs)} micro-batches" if len(mbs) > 1 else "") + (
+            f" of {len(tags)} subsequences" if len(tags) > 1 else "")
+        out[words] = nbytes
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
