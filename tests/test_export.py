@@ -734,3 +734,20 @@ def test_torchtitans_fsdp_is_a_gap_in_megatron_and_deepspeed(lay):
     assert ("--use-megatron-fsdp" in sh) == (lay.pp == 1) == ("unset CUDA_DEVICE_MAX_CONNECTIONS" in sh)
     assert not export_plan(_plan("gpt-7b", Layout(dp=8, zero=3), ("full_recompute",), seq=4096), "megatron",
                            price=False).gaps  # memo's own ZeRO 3 is Megatron-FSDP
+
+
+def test_export_says_when_it_searches_the_frameworks_best_plan(tmp_path):
+    """A trillion-parameter plan's export to Megatron-LM ran 1 min 52 s printing nothing (a user's review): the
+    search of the framework's best plan is announced on stderr (not with --no-progress), and runs in --jobs
+    processes."""
+    from memo_sim.cli import cli as sim_cli
+
+    r = CliRunner().invoke(sim_cli, ["whatif", "--model", "llama-3.1-8b", "--gpus", "8", "--seq", "128K", "--policy",
+                                     "memo", "--jobs", "1", "--out", str(tmp_path / "w")])
+    assert r.exit_code == 0, r.output
+    args = ["export", str(tmp_path / "w" / "plan.json"), "--to", "megatron", "--jobs", "1"]
+    r = CliRunner().invoke(sim_cli, [*args, "--out", str(tmp_path / "a")])
+    assert r.exit_code == 0 and "searching the best plan it runs" in r.stderr, r.output
+    assert "written instead: the best plan memo predicts" in r.stdout, r.stdout
+    q = CliRunner().invoke(sim_cli, [*args, "--out", str(tmp_path / "b"), "--no-progress"])
+    assert q.exit_code == 0 and "searching" not in q.stderr

@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import click
 
+from memo_sim.cli.common import progress_option
 from memo_sim.errors import MemoError
 from memo_sim.export import EXPORTERS, export_plan
 from memo_sim.export.base import instead_lines, price_line
 from memo_sim.fileio import atomic_write_text, output_folder
 from memo_sim.plan.schema import read_plan
+
+
+def _announce(framework: str) -> None:
+    click.echo(f"the plan is not expressible in {framework}: searching the best plan it runs (the what-if "
+               f"constrained to --framework {framework}; minutes for a large model's pipelines; --nearest skips it)",
+               err=True)
 
 
 @click.command("export")
@@ -22,12 +29,21 @@ from memo_sim.plan.schema import read_plan
 @click.option("--nearest", is_flag=True,
               help="Where the framework cannot express the plan, write the plan with its nearest settings "
                    "(default: the best plan memo predicts the framework runs, beside what it gives up).")
-def export(plan_file, framework, out_dir, price, nearest):
+@click.option("--jobs", type=click.IntRange(1, 1024),
+              help="Processes for the search of the framework's best plan, where one is written instead (default: "
+                   "every core).")
+@progress_option
+def export(plan_file, framework, out_dir, price, nearest, jobs, progress):
     """Write PLAN_FILE for Megatron-LM, torchtitan or DeepSpeed; list what it cannot express. Where it
     cannot express the plan, the best plan the framework runs is written instead (--nearest: the plan's
     nearest settings)."""
+    from memo_sim.cli.whatif import delayed_progress  # noqa: PLC0415
+    from memo_sim.search.whatif import default_jobs  # noqa: PLC0415
+
     plan = read_plan(plan_file)
-    ex = export_plan(plan, framework, price=price, nearest=nearest)
+    with delayed_progress(f"searching {framework}'s plans", quiet=progress is False, force=progress) as on_progress:
+        ex = export_plan(plan, framework, price=price, nearest=nearest, jobs=jobs or default_jobs(),
+                         progress=on_progress, on_search=None if progress is False else _announce)
     try:  # the framework's files as one set: all of them, or --out as it was
         with output_folder(out_dir, f"memo-sim export --to {framework}") as outf:
             staged = [atomic_write_text(outf.stage / name, text) for name, text in ex.files.items()]

@@ -17,11 +17,14 @@ from memo_sim.plan.schema import Plan
 EXPORTERS: dict[str, ModuleType] = {"megatron": megatron, "torchtitan": torchtitan, "deepspeed": deepspeed}
 
 
-def export_plan(plan: Plan, to: str, price: bool = True, nearest: bool = False) -> Export:
+def export_plan(plan: Plan, to: str, price: bool = True, nearest: bool = False, jobs: int = 1,
+                progress=None, on_search=None) -> Export:
     """The plan as ``to``'s files. Where the framework cannot express the plan (a gap that changes
     it), the best plan memo predicts the framework's version runs is exported instead (`best_runnable`:
     the what-if constrained to it), with what it gives up against memo's plan; ``nearest`` writes
-    memo's plan with its nearest settings instead (the gaps listed and priced)."""
+    memo's plan with its nearest settings instead (the gaps listed and priced). ``jobs`` and ``progress`` are the
+    constrained what-if's (`memo_sim.search.request.answer_whatif`); ``on_search(framework)`` is called as that search
+    starts (it takes minutes for a trillion-parameter model's pipelines)."""
     try:
         module = EXPORTERS[to]
     except KeyError:
@@ -29,8 +32,10 @@ def export_plan(plan: Plan, to: str, price: bool = True, nearest: bool = False) 
     ex = module.export(plan, price=price)
     if nearest or not any(g.change != PlanChange() for g in ex.gaps):
         return ex
+    if on_search is not None:
+        on_search(module.FRAMEWORK)
     try:
-        alt, summary = best_runnable(plan, module.FRAMEWORK)
+        alt, summary = best_runnable(plan, module.FRAMEWORK, jobs=jobs, progress=progress)
     except MemoError as e:  # the framework's search itself refused: the nearest settings, as with --nearest
         ex.gaps.append(Gap(f"a plan {module.FRAMEWORK} runs", f"the what-if constrained to --framework "
                            f"{module.FRAMEWORK} refused ({str(e).splitlines()[0]}): the nearest settings are written"))

@@ -86,7 +86,7 @@ def instead_lines(i: dict, framework: str) -> list[str]:
     return out
 
 
-def best_runnable(plan: Plan, framework: str) -> tuple[Plan | None, dict | None]:
+def best_runnable(plan: Plan, framework: str, jobs: int = 1, progress=None) -> tuple[Plan | None, dict | None]:
     """The best plan memo predicts the framework version runs for the plan's model, sequence, GPUs,
     profile, global batch and, for a mixture of experts, the routed tokens' balance (a property of the
     job's router, not of the framework: `memo_sim.layout.moe_balance`), the what-if constrained to the
@@ -102,7 +102,7 @@ def best_runnable(plan: Plan, framework: str) -> tuple[Plan | None, dict | None]
     balance = {"moe_balance": plan.layout.moe_balance} if model.moe else {}
     ans = answer_whatif(WhatifRequest(model=model, seq=plan.seq_tokens, gpus=plan.gpus,
                                       profile=load_profile(plan.profile), global_batch=plan.batch * plan.layout.dp,
-                                      framework=framework, jobs=1, **balance))
+                                      framework=framework, jobs=jobs, **balance), progress=progress)
     best = ans.best
     if best is None:
         return None, None
