@@ -18,7 +18,7 @@ HF = Path(__file__).parent / "data" / "hf"
 COUNTS = json.loads((HF / "moe_param_counts.json").read_text())
 FAMILIES = {"mixtral-8x7b": "mixtral", "qwen2-moe-a2.7b": "qwen2_moe", "qwen3-30b-a3b": "qwen3_moe",
             "deepseek-v2-lite": "deepseek_v2", "deepseek-v3": "deepseek_v3", "gpt-oss-20b": "gpt_oss",
-            "gpt-oss-120b": "gpt_oss"}
+            "gpt-oss-120b": "gpt_oss", "glm-4.5-air": "glm4_moe"}
 
 
 def test_the_counts_file_is_transformers_run():
@@ -160,3 +160,18 @@ def test_group_limited_routing_is_read_where_the_router_uses_it():
     assert (v2["router_groups"], v2["router_group_topk"], v2["router_scaling"]) == (8, 3, 16.0)
     assert ModelConfig.from_dict(PRESETS["deepseek-v3"].to_dict()).router_groups == 8
     assert "router_groups" not in PRESETS["mixtral-8x7b"].to_dict()  # dense and ungrouped plans keep their shape
+
+
+def test_glm_4_5_reads_as_its_own_family():
+    """GLM-4.5 (model_type glm4_moe: DeepSeek-V3's sigmoid routing beside grouped-query attention with q/k/v biases,
+    QK norms in the 355B) was refused as a family memo does not read (a user's review). The 355B's shape from the Air
+    fixture: transformers 5.24.0 builds 352,797,814,784 parameters on the meta device (2026-11-28; the MTP layer is
+    not built)."""
+    raw = json.loads((HF / "glm-4.5-air" / "config.json").read_text())
+    air = get_model(str(HF / "glm-4.5-air" / "config.json"))
+    assert (air.router, air.bias, air.qk_norm, air.dense_layers, air.head_dim) == ("sigmoid", "qkv", False, 1, 128)
+    assert "multi-token prediction" in air.not_modelled and "partial_rotary_factor 0.5" in air.not_modelled
+    big = dict(raw, hidden_size=5120, num_hidden_layers=92, intermediate_size=12288, moe_intermediate_size=1536,
+               n_routed_experts=160, first_k_dense_replace=3, use_qk_norm=True, routed_scaling_factor=2.5)
+    m = ModelConfig.from_dict(hf_model_fields(big, name="glm-4.5"))
+    assert (m.params(), m.qk_norm, m.router_scaling) == (352_797_814_784, True, 2.5)

@@ -622,6 +622,13 @@ PRESETS: dict[str, ModelConfig] = {
                                 sliding_window=128, sliding_layers=18, sliding_period=2, experts=128, top_k=4,
                                 moe_bias=True,
                                 rope_theta=150000.0, norm_eps=1e-5, aux_loss_coef=0.9, rope_scaling="yarn factor 32"),
+    "glm-4.5-air": ModelConfig("glm-4.5-air", 46, 4096, 96, 10944, vocab=151552, kv_heads=8, ffn_type="swiglu",
+                               norm="rmsnorm", bias="qkv", tied_embeddings=False, head_dim=128, experts=128, top_k=8,
+                               expert_ffn=1408, shared_experts=1, shared_ffn=1408, dense_layers=1, router="sigmoid",
+                               rope_theta=1000000.0, norm_eps=1e-5,
+                               not_modelled="multi-token prediction (1 module, num_nextn_predict_layers): not counted, "
+                                            "not priced; partial_rotary_factor 0.5: the rotary embedding turns that "
+                                            "share of each head (not priced, not written by the exports)"),
 }
 
 

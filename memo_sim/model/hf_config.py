@@ -11,8 +11,9 @@ fields a file leaves out (those of its ``transformers`` configuration class). Wh
 is downloaded: the file's fields are all it reads).
 
 Mixture-of-experts families (`moe_fields`): ``mixtral``, ``qwen2_moe``, ``qwen3_moe``,
-``deepseek_v2``, ``deepseek_v3`` (multi-head latent attention) and ``gpt_oss`` (alternating
-sliding-window attention, attention sinks, biased router and experts); their parameter counts
+``deepseek_v2``, ``deepseek_v3`` (multi-head latent attention), ``gpt_oss`` (alternating
+sliding-window attention, attention sinks, biased router and experts) and ``glm4_moe`` (GLM-4.5: DeepSeek-V3's
+routing beside grouped-query attention, q/k/v biases, optional QK norms); their parameter counts
 match transformers' models built on the meta device (tests/data/hf/moe_param_counts.json).
 DeepSeek-V3's multi-token-prediction module (``num_nextn_predict_layers``) is not modelled: it is
 named in the model's ``not_modelled`` (and so in every what-if), and its parameters are not
@@ -43,7 +44,7 @@ from memo_sim.model.router_groups import router_groups_why_not
 
 DENSE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "gpt_neox")
 _HEAD_DIM = ("llama", "mistral")  # dense families whose configuration class has head_dim (LlamaConfig, MistralConfig)
-MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss")
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "glm4_moe")
 FAMILIES = DENSE_FAMILIES + MOE_FAMILIES
 _GATED = ("llama", "mistral", "qwen2", "qwen3")  # gate/up/down MLP: SwiGLU with a SiLU activation
 _SILU = ("silu", "swish")
@@ -83,6 +84,12 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
                     "topk_group": 4, "routed_scaling_factor": 2.5},
     "gpt_oss": {"tie_word_embeddings": False, "hidden_act": "silu", "attention_bias": True, "num_local_experts": 128,
                 "num_experts_per_tok": 4, "sliding_window": 128, "head_dim": 64},
+    # transformers 5.24.0's Glm4MoeConfig (head_dim: hidden / heads where absent, as its attention reads it)
+    "glm4_moe": {"tie_word_embeddings": False, "hidden_act": "silu", "attention_bias": False,
+                 "moe_intermediate_size": 1408, "num_experts_per_tok": 8, "n_shared_experts": 1,
+                 "n_routed_experts": 128, "routed_scaling_factor": 1.0, "n_group": 1, "topk_group": 1,
+                 "first_k_dense_replace": 1, "use_qk_norm": False, "num_nextn_predict_layers": 1,
+                 "partial_rotary_factor": 0.5},
 }
 
 
@@ -108,7 +115,7 @@ ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "
                  "Qwen3ForCausalLM": "qwen3", "GPT2LMHeadModel": "gpt2", "GPTNeoXForCausalLM": "gpt_neox",
                  "MixtralForCausalLM": "mixtral", "Qwen2MoeForCausalLM": "qwen2_moe",
                  "Qwen3MoeForCausalLM": "qwen3_moe", "DeepseekV2ForCausalLM": "deepseek_v2",
-                 "DeepseekV3ForCausalLM": "deepseek_v3", "GptOssForCausalLM": "gpt_oss"}
+                 "DeepseekV3ForCausalLM": "deepseek_v3", "GptOssForCausalLM": "gpt_oss", "Glm4MoeForCausalLM": "glm4_moe"}
 MODEL_FILE_HINT = ("or write a memo model file: README 'Model files and profiles' lists its fields, the attention "
                    "and mixture-of-experts ones too")
 
@@ -343,6 +350,41 @@ def _whole(c: dict, key: str, refuse, minimum: int = 1) -> int:
     return v
 
 
+def _deepseek_routing(c: dict, d: dict, layers: int, need, refuse, scoring: str, freq: int,
+                      groups_on: bool) -> tuple[int, int, int, list[int]]:
+    """DeepSeek's routed experts, as DeepSeek-V2/V3 and GLM-4.5 configure them, into ``d`` (router, groups, scaling,
+    shared experts, MTP named): (experts, top_k, expert width, the MoE layers' indices). ``groups_on``: the top-k
+    method picks from groups (V2's group_limited_greedy, V3's and GLM's noaux_tc; V2's greedy ignores them)."""
+    experts, top_k = need("n_routed_experts"), need("num_experts_per_tok")
+    expert_ffn = need("moe_intermediate_size")
+    shared = c.get("n_shared_experts") or 0
+    first = need("first_k_dense_replace", 0)
+    moe_at = [i for i in range(layers) if i >= first and i % freq == 0]
+    d.update(router=scoring)
+    # group-limited routing: each token's experts from its best topk_group of n_group groups
+    if groups_on:
+        groups = 0 if c.get("n_group") is None else _whole(c, "n_group", refuse)
+        group_topk = 0 if c.get("topk_group") is None else _whole(c, "topk_group", refuse)
+        if groups > 1 and group_topk:
+            why = router_groups_why_not(experts, top_k, groups, group_topk)
+            if why:  # the model's rule, said under the config's keys
+                raise refuse("n_group", why.replace("router_groups", "n_group").replace("router_group_topk",
+                                                                                         "topk_group"))
+            d.update(router_groups=groups, router_group_topk=group_topk)
+    scaling = c.get("routed_scaling_factor")
+    if scaling is not None:
+        if isinstance(scaling, bool) or not isinstance(scaling, (int, float)) or not 0 < scaling <= 1e6:
+            raise refuse("routed_scaling_factor", f"must be a number above 0, got {scaling!r}")
+        d.update(router_scaling=float(scaling))
+    if shared:
+        d.update(shared_experts=shared, shared_ffn=expert_ffn)
+    mtp = c.get("num_nextn_predict_layers") or 0
+    if mtp:
+        _note(d, f"multi-token prediction ({mtp} module{'s' if mtp > 1 else ''}, num_nextn_predict_layers): not "
+                 f"counted, not priced")
+    return experts, top_k, expert_ffn, moe_at
+
+
 def _sliding_period(types: list) -> int:
     """N where every N-th layer of ``types`` is full attention and the N - 1 before it slide (GPT-OSS's 2), else 0
     (`memo_sim.model.config`'s ``sliding_period``)."""
@@ -372,40 +414,26 @@ def moe_fields(raw: dict, source: str = "config.json", name: str = "hf-model") -
     if mt in ("deepseek_v2", "deepseek_v3"):
         d.update(kv_heads=None, kv_lora_rank=need("kv_lora_rank"), q_lora_rank=c.get("q_lora_rank") or 0,
                  qk_rope_dim=need("qk_rope_head_dim"), head_dim=need("qk_nope_head_dim"), v_head_dim=need("v_head_dim"))
-        experts, top_k = need("n_routed_experts"), need("num_experts_per_tok")
-        expert_ffn = need("moe_intermediate_size")
-        shared = c.get("n_shared_experts") or 0
-        freq = need("moe_layer_freq")
-        first = need("first_k_dense_replace", 0)
-        moe_at = [i for i in range(layers) if i >= first and i % freq == 0]
         scoring = c.get("scoring_func")
         if scoring not in ("softmax", "sigmoid"):
             raise refuse("scoring_func", f"{scoring!r}: memo's routers are softmax and sigmoid")
-        d.update(router=scoring)
-        # group-limited routing: DeepSeek-V2's group_limited_greedy and V3's noaux_tc pick each token's experts
-        # from its best topk_group of n_group groups; greedy (V2's default, V2-Lite) ignores the groups
-        if c.get("topk_method") in ("group_limited_greedy", "noaux_tc"):
-            groups = 0 if c.get("n_group") is None else _whole(c, "n_group", refuse)
-            group_topk = 0 if c.get("topk_group") is None else _whole(c, "topk_group", refuse)
-            if groups > 1 and group_topk:
-                why = router_groups_why_not(experts, top_k, groups, group_topk)
-                if why:  # the model's rule, said under the config's keys
-                    raise refuse("n_group", why.replace("router_groups", "n_group").replace("router_group_topk",
-                                                                                             "topk_group"))
-                d.update(router_groups=groups, router_group_topk=group_topk)
-        scaling = c.get("routed_scaling_factor")
-        if scaling is not None:
-            if isinstance(scaling, bool) or not isinstance(scaling, (int, float)) or not 0 < scaling <= 1e6:
-                raise refuse("routed_scaling_factor", f"must be a number above 0, got {scaling!r}")
-            d.update(router_scaling=float(scaling))
-        if shared:
-            d.update(shared_experts=shared, shared_ffn=expert_ffn)
-        mtp = c.get("num_nextn_predict_layers") or 0
-        if mtp:
-            d["not_modelled"] = (f"multi-token prediction ({mtp} module{'s' if mtp > 1 else ''}, "
-                                 f"num_nextn_predict_layers): not counted, not priced")
+        experts, top_k, expert_ffn, moe_at = _deepseek_routing(c, d, layers, need, refuse, scoring,
+                                                               need("moe_layer_freq"),
+                                                               c.get("topk_method") in ("group_limited_greedy",
+                                                                                        "noaux_tc"))
         if c.get("attention_bias"):
             raise refuse("attention_bias", "true: biases on latent attention are not modelled")
+    elif mt == "glm4_moe":  # DeepSeek-V3's routing (sigmoid with a correction bias) beside grouped-query attention
+        experts, top_k, expert_ffn, moe_at = _deepseek_routing(c, d, layers, need, refuse, "sigmoid", 1, True)
+        d.update(kv_heads=None if kv == heads else kv, qk_norm=bool(c.get("use_qk_norm")),
+                 bias="qkv" if c.get("attention_bias") else "none")  # q, k and v biased; o never (Glm4MoeAttention)
+        head_dim = c.get("head_dim")
+        if head_dim is not None and head_dim * heads != hidden:
+            d["head_dim"] = need("head_dim")
+        prf = c.get("partial_rotary_factor", 1.0)
+        if prf != 1.0:
+            _note(d, f"partial_rotary_factor {prf}: the rotary embedding turns that share of each head (not priced, "
+                     f"not written by the exports)")
     else:
         d.update(kv_heads=None if kv == heads else kv)
         if mt in ("mixtral", "gpt_oss"):

@@ -44,6 +44,7 @@ MODELS = [
     "deepseek-v3",
     "gpt-oss-20b",
     "gpt-oss-120b",
+    "glm-4.5-air",
 ]
 
 SOURCES = {
@@ -87,6 +88,13 @@ SOURCES = {
         "(pytorch/torchtitan@b5bcd76c torchtitan/models/gpt_oss/__init__.py: dim 2880, 36 layers, 128 experts top-4, "
         "vocab 201088, rope theta 150000, yarn factor 32 from 4096), the other fields the 20b's."
     ),
+    "glm-4.5-air": (
+        "zai-org/GLM-4.5-Air config.json (Glm4MoeForCausalLM; added 2026-11-28, written from the hub file's fields): "
+        "its shape fields are those of the CONFIG in transformers' GLM-4-MoE conversion script (46 layers, hidden "
+        "4096, 96 heads of head_dim 128, 8 K/V heads, q/k/v biases, 128 experts top-8 of width 1408, 1 shared "
+        "expert, first_k_dense_replace 1, vocab 151552, untied); num_nextn_predict_layers 1 (the MTP layer, which "
+        "transformers does not build)."
+    ),
 }
 
 
@@ -128,6 +136,13 @@ NOTES = {
     ),
     "gpt-oss-120b": (
         "36 layers, all MoE (128 experts top-4), otherwise the 20b's layer (sinks, attention, router and expert biases)."
+    ),
+    "glm-4.5-air": (
+        "46 layers: layer 0 a dense SwiGLU FFN (10944), layers 1-45 MoE (128 experts top-8 of 1408, one shared expert "
+        "of 1408, a sigmoid router whose e_score_correction_bias is a buffer, not a parameter). Attention: 96 query "
+        "heads of 128 (12288 wide) over hidden 4096, 8 K/V heads, biases on q/k/v only (o_proj has none), no QK norm. "
+        "The MTP layer (num_nextn_predict_layers 1) is not built. Matches Z.ai's 106B total / 12B active (the 12B "
+        "without the embedding and classifier)."
     ),
 }
 
