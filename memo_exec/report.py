@@ -323,6 +323,7 @@ def _pct(v) -> str:
 
 
 NOT_COMPARABLE = "not comparable"
+MEMO_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}  # torch's dtype names -> memo's
 TIME_UNITS = ("s", "tok/s", "")  # quantities of speed: a prediction for the profile's device only
 
 
@@ -467,15 +468,20 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
              "A simulator value of 0 marks a term the simulator does not count.\n")
     L.append("| term | simulator | executor | rel. error |")
     L.append("|---|---:|---:|---:|")
-    for r in cmp_.memory:
-        L.append(f"| {r['term']} | {_fmt(r['simulator_bytes'], 'bytes')} | {_fmt(r['executor_bytes'], 'bytes')} | "
-                 f"{_pct(r['rel_error'])} |")
     plan_width = DTYPE_BYTES.get(p.model.dtype)
     run_width = element_size(getattr(torch, m["dtype"]))
-    if plan_width and plan_width != run_width:
+    widths_differ = bool(plan_width) and plan_width != run_width
+    # another element width: every term's error would be the widths' ratio, not the estimate's
+    mpct = (lambda v: "—" if v is None else NOT_COMPARABLE) if widths_differ else _pct
+    for r in cmp_.memory:
+        L.append(f"| {r['term']} | {_fmt(r['simulator_bytes'], 'bytes')} | {_fmt(r['executor_bytes'], 'bytes')} | "
+                 f"{mpct(r['rel_error'])} |")
+    if widths_differ:
         L.append("")
         L.append(f"The simulator counts the plan's {p.model.dtype} ({plan_width} bytes per element); this run computes "
-                 f"in {m['dtype']} ({run_width} bytes), so activation and model-state terms differ by that ratio.")
+                 f"in {m['dtype']} ({run_width} bytes), so activation and model-state terms differ by that ratio and "
+                 f"their relative errors read \"{NOT_COMPARABLE}\" (to compare them, plan in this run's dtype: the "
+                 f"what-if's `--dtype {MEMO_DTYPE.get(m['dtype'], m['dtype'])}`).")
     recipe = getattr(p.model, "recipe", None)  # the plan's model-state precision recipe
     ours = m["memory_estimate_bytes"]["model_states"] / max(1, m["params"])  # one process: its params are the model's
     if recipe is not None and m.get("world", 1) == 1 and abs(recipe.bytes_per_param - ours) > 1e-9:

@@ -225,3 +225,24 @@ def test_a_plan_of_several_nodes_is_told_how_to_launch_on_them(tmp_path):
     path = write_plan(dataclasses.replace(p, layout=Layout(dp=2), gpus=2, batch=2), tmp_path / "p2.json")
     line = _one_error_line(CliRunner().invoke(cli, ["run", str(path), "--device", "cpu", "--out", str(tmp_path / "o")]))
     assert "uses 2 devices: run it with --nproc 2 on this machine" in line, line
+
+
+def test_a_plan_of_another_element_width_reads_its_memory_errors_as_not_comparable(tmp_path):
+    """A bf16 plan run in fp32 on a CPU printed memory errors like transient_peak +430% (a user's review), which are
+    the widths' ratio, not the estimate's error; an fp32 plan keeps its percentages."""
+    import dataclasses
+
+    def memory_rows(model, name):
+        out = tmp_path / name
+        r = CliRunner().invoke(cli, ["run", str(_plan(tmp_path, model=model, name=f"{name}.json")), "--device", "cpu",
+                                     "--steps", "1", "--out", str(out)])
+        assert r.exit_code == 0, r.output
+        md = (out / "report.md").read_text()
+        table = md.split("## Memory: the executor's estimate vs the simulator's breakdown")[1].split("\n\n")[2]
+        return md, [ln for ln in table.splitlines() if ln.startswith("| ") and "term" not in ln]
+
+    md, rows = memory_rows(dataclasses.replace(SMALL, dtype="bf16"), "bf16")
+    if "this run computes in float32" in md:  # a CPU without bf16 kernels runs bf16 plans in fp32
+        assert all(r.rstrip(" |").endswith(("not comparable", "—")) for r in rows), rows
+    md, rows = memory_rows(dataclasses.replace(SMALL, dtype="fp32"), "fp32")
+    assert any("%" in r for r in rows) and "not comparable" not in "".join(rows), rows
