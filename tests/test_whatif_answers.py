@@ -115,3 +115,12 @@ def test_the_table_says_what_a_pipeline_labels_letters_mean():
     words = pipeline_label_words([NS(layout=lay), NS(layout=Layout(tp=8))])
     assert "el: the embedding and the loss each counted as a layer in the split" in words and "vM:" in words
     assert pipeline_label_words([NS(layout=Layout(tp=8))]) == ""
+
+
+def test_a_gb200_racks_pinned_memory_is_said_per_host():
+    """On GB200 NVL72 a node is a rack of 18 hosts: '14.14 TiB of 14.14 TiB per node' read as one pool (a user's
+    review); the answer names the hosts and the binding line each host's share."""
+    r = CliRunner().invoke(cli, ["whatif", "--model", "llama-3.1-70b", "--gpus", "72", "--seq", "256K", "--profile",
+                                 "gb200-nvl72", "--no-plan", "--jobs", "1", "--policy", "memo", "--ulysses", "8"])
+    assert r.exit_code == 0, r.output
+    assert "per node (18 hosts)" in r.output and "the node's 18 hosts of 4 GPUs" in r.output, r.output

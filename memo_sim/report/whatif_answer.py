@@ -73,7 +73,9 @@ def verdict(v: WhatIfView) -> str:
                  if mfu is not None else "")
     m, sm = b.memory, b.simulated or {}
     pinned = sm.get("peak_host_bytes_per_node", m.host_bytes_per_node) if sm else m.host_bytes_per_node
-    host = (f", pinned host {fmt_bytes(pinned)} ({tier}) of {fmt_bytes(m.host_capacity_bytes)} per node"
+    used, hosts = v.profile.hosts_taken(min(b.layout.gpus, v.profile.node_gpus))
+    per = f"per node ({used} hosts)" if used > 1 else "per node"  # GB200 NVL72: a node of 18 hosts of 4 GPUs
+    host = (f", pinned host {fmt_bytes(pinned)} ({tier}) of {fmt_bytes(m.host_capacity_bytes)} {per}"
             if pinned > 0 else "")
     return (f"answer: {b.layout.label()} {b.policy.label()} fits: {it_words}{mfu_words}"
             f"{b.tgs:,.0f} tokens/GPU/s, peak GPU {p.text()} of {fmt_bytes(m.gpu_capacity_bytes)}{host}, "

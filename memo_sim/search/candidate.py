@@ -192,7 +192,11 @@ def host_memory_words(c: Candidate) -> str:
              + f" = {fmt_bytes(m.host_bytes_per_node)} of {fmt_bytes(m.host_capacity_bytes)} usable per node")
     used, hosts = c.profile.hosts_taken(gpus)
     if used < hosts:  # a node of several hosts (GB200 NVL72): the memory of the hosts the plan's GPUs take
-        words += f" (the {used} of the node's {hosts} hosts of {c.profile.host_gpus} GPUs that its {gpus} GPUs take)"
+        words += (f" (the {used} of the node's {hosts} hosts of {c.profile.host_gpus} GPUs that its {gpus} GPUs take, "
+                  f"{fmt_bytes(m.host_capacity_bytes / used)} usable each)")
+    elif hosts > 1:  # every host of the node: the pinned bytes are each host's GPUs' own, spread evenly
+        words += (f" (the node's {hosts} hosts of {c.profile.host_gpus} GPUs, {fmt_bytes(m.host_bytes_per_node / hosts)}"
+                  f" of {fmt_bytes(m.host_capacity_bytes / hosts)} usable on each)")
     if raw > 0 and pinned > raw * 1.01:
         words += (f"; {c.layout.host_pool} with {c.profile.host.pinned_rounding} rounding turns "
                   f"{fmt_bytes(raw)} of activations per layer into {fmt_bytes(pinned)} pinned "
