@@ -45,10 +45,15 @@ class _ExecGroup(click.Group):
             ctx.exit(2)
 
 
-def multi_device_words(plan, plan_file: str) -> str:
-    """How to run a plan of several devices: one process each on this machine (--nproc) where they fit on one node of
-    the plan's profile, else torchrun on the plan's nodes (or a smaller plan to try here)."""
+def multi_device_words(plan, plan_file: str, device_kind: str = "cuda") -> str:
+    """How to run a plan of several devices: one process each on this machine (--nproc) on a CPU (its ranks are
+    processes, any count) or where they fit on one node of the plan's profile, else torchrun on the plan's nodes,
+    which the simulator fills in order (the last one partly), or a smaller plan to try here."""
     n, lab = plan.layout.gpus, plan.layout.label()
+    here = (f"plan layout {lab} uses {n} devices: run it with --nproc {n} on this machine or torchrun "
+            f"--nproc-per-node {n} -m memo_exec run {plan_file}")
+    if device_kind == "cpu":
+        return here
     try:
         from memo_sim.profile.loader import load_profile  # noqa: PLC0415
 
@@ -56,12 +61,14 @@ def multi_device_words(plan, plan_file: str) -> str:
     except Exception:  # noqa: BLE001 - a profile not found here: the node size is only advice
         per_node = None
     if per_node is None or n <= per_node:
-        return (f"plan layout {lab} uses {n} devices: run it with --nproc {n} on this machine or torchrun "
-                f"--nproc-per-node {n} -m memo_exec run {plan_file}")
-    nodes = -(-n // per_node)
+        return here
+    nodes, last = -(-n // per_node), n % per_node
+    counts = (f"--nproc-per-node {per_node}" if not last else
+              f"--nproc-per-node {per_node} on the first {'node' if nodes == 2 else f'{nodes - 1} nodes'} and {last} "
+              f"on the last, as the plan places them")
     return (f"plan layout {lab} uses {n} devices on {nodes} nodes of {per_node}: run it on those nodes with torchrun "
-            f"--nnodes {nodes} --nproc-per-node {per_node} --node-rank R --master-addr HOST -m memo_exec run "
-            f"{plan_file}, or try a plan for one node here (memo-sim whatif --gpus {per_node} ...)")
+            f"--nnodes {nodes} {counts} (--node-rank R --master-addr HOST -m memo_exec run {plan_file}), or try a "
+            f"plan for one node here (memo-sim whatif --gpus {per_node} ...)")
 
 
 @click.group(cls=_ExecGroup, help="Run a memo plan on real hardware and compare with the simulator's prediction.",
@@ -161,7 +168,9 @@ def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens
         return
     if plan.layout.gpus > 1:
         run_model(plan, opts)  # what no process count runs (FP8 GEMMs, a compiled plan, ...): said, not --nproc
-        raise ExecError(multi_device_words(plan, plan_file))
+        from memo_exec.distributed.launch import rank_device  # noqa: PLC0415
+
+        raise ExecError(multi_device_words(plan, plan_file, rank_device(device, 0).kind))
     _run_single(plan, plan_file, opts, out_dir, as_json, progress)
 
 

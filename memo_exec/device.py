@@ -17,6 +17,11 @@ from memo_exec.errors import ExecError
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}
 
 
+def memo_dtype_name(torch_name: str) -> str:
+    """memo's name of a torch dtype named as torch prints it ("float32" -> "fp32"; the name itself if unknown)."""
+    return next((k for k, v in DTYPES.items() if str(v).removeprefix("torch.") == torch_name), torch_name)
+
+
 @dataclass(frozen=True)
 class DeviceSpec:
     kind: str  # "cuda" | "cpu"

@@ -25,7 +25,7 @@ import torch
 
 from memo_exec.compare import (alltoall_rows, op_rows, rel_error, resimulate, ring_stall_seconds, sim_memory_breakdown,
                                 stream_rows)
-from memo_exec.device import element_size
+from memo_exec.device import element_size, memo_dtype_name
 from memo_exec.figures import layer_figure, overlay_gantt, rank_coords, rank_host_samples, ranks_to_draw
 from memo_exec.measure import steady_steps, steady_value, timeline_from_step
 from memo_exec.runner import RunResult
@@ -323,7 +323,11 @@ def _pct(v) -> str:
 
 
 NOT_COMPARABLE = "not comparable"
-MEMO_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}  # torch's dtype names -> memo's
+
+
+def _not_comparable(v) -> str:
+    """A relative error that compares two different things (two machines, two element widths)."""
+    return "—" if v is None else NOT_COMPARABLE
 TIME_UNITS = ("s", "tok/s", "")  # quantities of speed: a prediction for the profile's device only
 
 
@@ -386,7 +390,7 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
     st = res.steady
     rows, source = cmp_.totals, cmp_.source
     same = times_comparable(m, p.profile)
-    tpct = _pct if same else (lambda v: "—" if v is None else NOT_COMPARABLE)  # a speed's relative error
+    tpct = _pct if same else _not_comparable  # a speed's relative error
     L = []
     L.append(f"# memo-exec run: {m['model']} — {m['policy']} — {m['seq_tokens']:,} tokens\n")
     L.append(f"- device: {m['device']}, dtype {m['dtype']}, attention backend {m['attention_backend']} "
@@ -472,7 +476,7 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
     run_width = element_size(getattr(torch, m["dtype"]))
     widths_differ = bool(plan_width) and plan_width != run_width
     # another element width: every term's error would be the widths' ratio, not the estimate's
-    mpct = (lambda v: "—" if v is None else NOT_COMPARABLE) if widths_differ else _pct
+    mpct = _not_comparable if widths_differ else _pct
     for r in cmp_.memory:
         L.append(f"| {r['term']} | {_fmt(r['simulator_bytes'], 'bytes')} | {_fmt(r['executor_bytes'], 'bytes')} | "
                  f"{mpct(r['rel_error'])} |")
@@ -481,7 +485,7 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
         L.append(f"The simulator counts the plan's {p.model.dtype} ({plan_width} bytes per element); this run computes "
                  f"in {m['dtype']} ({run_width} bytes), so activation and model-state terms differ by that ratio and "
                  f"their relative errors read \"{NOT_COMPARABLE}\" (to compare them, plan in this run's dtype: the "
-                 f"what-if's `--dtype {MEMO_DTYPE.get(m['dtype'], m['dtype'])}`).")
+                 f"what-if's `--dtype {memo_dtype_name(m['dtype'])}`).")
     recipe = getattr(p.model, "recipe", None)  # the plan's model-state precision recipe
     ours = m["memory_estimate_bytes"]["model_states"] / max(1, m["params"])  # one process: its params are the model's
     if recipe is not None and m.get("world", 1) == 1 and abs(recipe.bytes_per_param - ours) > 1e-9:

@@ -73,9 +73,8 @@ def fmt_count(n: int) -> str:
     """Tokens as they are asked for: 128K, 1.25M, 48.5K; a count no K-multiple spells in a few digits as itself
     (100001, not 97.6572K)."""
     for unit, size in (("M", 1024**2), ("K", 1024)):
-        if n >= size and n % (size // 1024 if unit == "M" else 64) == 0:
-            v = n / size
-            return f"{v:g}{unit}"
+        if n >= size and n % 64 == 0 and float(f"{n / size:g}") * size == n:  # the text reads back as n
+            return f"{n / size:g}{unit}"
     return str(n)
 
 

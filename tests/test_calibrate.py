@@ -420,3 +420,17 @@ def test_a_short_cuda_kernel_is_timed_by_graph_replay_below_the_launch_interval(
     graph = bench.time_kernel(lambda: torch.mm(a, b, out=out))
     assert graph.method == "cuda_graph" and graph.calls > 1
     assert graph.seconds < events.seconds
+
+
+def test_a_cpu_profile_whose_collectives_failed_runs_one_rank(cpu_calibration, tmp_path):
+    """Where the gloo collectives were not measured (the links from --base), the profile's machine is one rank, not
+    the two it would have measured between (a review of this session's diff)."""
+    from memo_exec.calibrate.suite import measured_ranks
+
+    _out, _r, raw = cpu_calibration
+    assert measured_ranks(raw["collectives"]) == raw["cpu_budget"]["ranks"] == 2
+    failed = copy.deepcopy(raw)
+    failed["collectives"] = {"measured": False, "reason": "gloo run failed"}
+    failed["cpu_budget"]["ranks"] = measured_ranks(failed["collectives"])
+    prof = write_profile(build_profile("cpu-one", failed, load_base("h100-sxm5-80gb")), tmp_path / "cpu-one.yaml")
+    assert prof.node_gpus == 1 and "one executor device per process" in prof.gpus_per_node.source

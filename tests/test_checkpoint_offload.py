@@ -50,12 +50,16 @@ def test_simulated_it_holds_less_than_full_recompute_and_takes_no_less_time():
     assert ck.peak_host_bytes_per_node > 0
 
 
-def test_the_deepspeed_framework_offers_it_and_memos_own_does_not():
+def test_the_deepspeed_framework_offers_it_and_memos_own_too():
+    """DeepSpeed's cpu_checkpointing; memo's own search (any) offers it too since 2026-11-28, as memo-exec runs it;
+    a framework without it refuses it in one line."""
     res = candidates_for(M, 128 * K, 8, A100, framework="deepspeed", ulysses=8, zero=3,
                          policies=("checkpoint_offload",))
     assert res.candidates and all(c.policy.name == "checkpoint_offload" for c in res.candidates)
+    res = candidates_for(M, 128 * K, 8, A100, framework="any", ulysses=8, zero=3, policies=("checkpoint_offload",))
+    assert res.candidates and all(c.policy.name == "checkpoint_offload" for c in res.candidates)
     with pytest.raises(MemoError, match="checkpoint_offload"):
-        candidates_for(M, 128 * K, 8, A100, framework="any", policies=("checkpoint_offload",))
+        candidates_for(M, 128 * K, 8, A100, framework="megatron", policies=("checkpoint_offload",))
 
 
 @pytest.mark.parametrize("kernel,d,want", [

@@ -436,7 +436,7 @@ def test_sppo_runs_the_global_batch_or_says_why_not():
     assert r.exit_code == 2 and "also fix --dp" in r.output
     bad = [a if a != "8" or i != args.index("--global-batch") + 1 else "7" for i, a in enumerate(args)]
     r = CliRunner().invoke(cli, bad + ["--dp", "2", "--policy", "sppo"])
-    assert r.exit_code == 2 and "--global-batch 7 does not split over dp 2" in r.output, r.output
+    assert r.exit_code == 2 and "--global-batch 7 does not split over --dp 2" in r.output, r.output
 
 
 def test_fp8_mfu_names_its_peak_and_sweep_seq_refuses_a_repeated_length(tmp_path):

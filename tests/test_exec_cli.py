@@ -215,16 +215,24 @@ def test_bad_flag_is_one_line_and_exit_2(tmp_path):
 
 def test_a_plan_of_several_nodes_is_told_how_to_launch_on_them(tmp_path):
     """A 16-GPU plan on 8-GPU nodes was told `--nproc 16 on this machine or torchrun --nproc-per-node 16` (a user's
-    review, of a 512-GPU plan): it is told torchrun over its nodes, or a one-node plan to try here."""
+    review, of a 512-GPU plan): on CUDA it is told torchrun over its nodes (a 12-GPU plan: 8 on the first, 4 on the
+    last, as the simulator places them), or a one-node plan to try; on a CPU, whose ranks are processes, --nproc."""
     import dataclasses
 
+    from memo_exec.cli import multi_device_words
+
     p = make_plan(SMALL, 256, get_policy("store_all"), predicted=PRED, layer_timings=LT)
-    path = write_plan(dataclasses.replace(p, layout=Layout(dp=16), gpus=16, batch=16), tmp_path / "p16.json")
+    p16, p12, p2 = (dataclasses.replace(p, layout=Layout(dp=n), gpus=n, batch=n) for n in (16, 12, 2))
+    line = multi_device_words(p16, "p.json", "cuda")
+    assert "uses 16 devices on 2 nodes of 8" in line and "torchrun --nnodes 2 --nproc-per-node 8 (" in line, line
+    line = multi_device_words(p12, "p.json", "cuda")
+    assert "--nnodes 2 --nproc-per-node 8 on the first node and 4 on the last" in line, line
+    for plan, kind in ((p2, "cuda"), (p16, "cpu")):
+        assert f"uses {plan.gpus} devices: run it with --nproc {plan.gpus} on this machine" in \
+            multi_device_words(plan, "p.json", kind)
+    path = write_plan(p16, tmp_path / "p16.json")  # the command says it in one line
     line = _one_error_line(CliRunner().invoke(cli, ["run", str(path), "--device", "cpu", "--out", str(tmp_path / "o")]))
-    assert "uses 16 devices on 2 nodes of 8" in line and "torchrun --nnodes 2 --nproc-per-node 8" in line, line
-    path = write_plan(dataclasses.replace(p, layout=Layout(dp=2), gpus=2, batch=2), tmp_path / "p2.json")
-    line = _one_error_line(CliRunner().invoke(cli, ["run", str(path), "--device", "cpu", "--out", str(tmp_path / "o")]))
-    assert "uses 2 devices: run it with --nproc 2 on this machine" in line, line
+    assert "--nproc 16 on this machine" in line, line
 
 
 def test_a_plan_of_another_element_width_reads_its_memory_errors_as_not_comparable(tmp_path):

@@ -736,11 +736,15 @@ def test_torchtitans_fsdp_is_a_gap_in_megatron_and_deepspeed(lay):
                            price=False).gaps  # memo's own ZeRO 3 is Megatron-FSDP
 
 
-def test_export_says_when_it_searches_the_frameworks_best_plan(tmp_path):
+def test_export_says_when_it_searches_the_frameworks_best_plan(tmp_path, monkeypatch):
     """A trillion-parameter plan's export to Megatron-LM ran 1 min 52 s printing nothing (a user's review): the
-    search of the framework's best plan is announced on stderr (not with --no-progress), and runs in --jobs
-    processes."""
+    search of the framework's best plan is announced on stderr (not with --no-progress), and --jobs reaches it."""
+    import memo_sim.search.request as request
     from memo_sim.cli import cli as sim_cli
+
+    asked = []
+    real = request.answer_whatif
+    monkeypatch.setattr(request, "answer_whatif", lambda req, **kw: asked.append(req.jobs) or real(req, **kw))
 
     r = CliRunner().invoke(sim_cli, ["whatif", "--model", "llama-3.1-8b", "--gpus", "8", "--seq", "128K", "--policy",
                                      "memo", "--jobs", "1", "--out", str(tmp_path / "w")])
@@ -749,5 +753,6 @@ def test_export_says_when_it_searches_the_frameworks_best_plan(tmp_path):
     r = CliRunner().invoke(sim_cli, [*args, "--out", str(tmp_path / "a")])
     assert r.exit_code == 0 and "searching the best plan it runs" in r.stderr, r.output
     assert "written instead: the best plan memo predicts" in r.stdout, r.stdout
-    q = CliRunner().invoke(sim_cli, [*args, "--out", str(tmp_path / "b"), "--no-progress"])
+    q = CliRunner().invoke(sim_cli, [*args[:-1], "3", "--out", str(tmp_path / "b"), "--no-progress"])
     assert q.exit_code == 0 and "searching" not in q.stderr
+    assert asked[-2:] == [1, 3], asked  # the what-if that wrote the plan asked first

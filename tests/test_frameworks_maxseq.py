@@ -321,7 +321,9 @@ def test_the_binding_line_names_the_host_where_pinned_memory_is_over_too():
     assert r.exit_code == 0, r.output
     text = " ".join(r.output.split())
     assert "as on a static memory plan" not in text, text
-    assert "pinned host memory" in text.split("(caching allocator) at")[1].split("(memory plan) at")[0], text
+    caching = text.split("(caching allocator) at")[1].split("(memory plan) at")[0]
+    # the least over is the layout 2% over the host (its GPU fits), not one 1% over the GPU and 235% over the host
+    assert caching.split(": ", 1)[1].startswith("pinned host memory: 1.67 TiB per node of 1.64 TiB"), caching
 
 
 def test_maxseq_takes_the_caching_allocators_settings():

@@ -76,7 +76,8 @@ def test_mistral_slides_every_layer_and_reads_its_head_dim(tmp_path):
                "vision_config": {"model_type": "pixtral", "hidden_size": 1024, "num_hidden_layers": 24}}
     (tmp_path / "config.json").write_text(json.dumps(wrapper))
     w = get_model(str(tmp_path / "config.json"))
-    assert w.params() == 23_572_403_200 and "vision tower" in w.not_modelled and "'mistral3'" in w.not_modelled
+    assert w.params() == 23_572_403_200 and "'mistral3'" in w.not_modelled
+    assert "its vision_config and the projector not modelled" in w.not_modelled, w.not_modelled
 
 
 def test_a_family_read_by_its_architectures_or_refused_by_its_text_config(tmp_path):
@@ -96,7 +97,9 @@ def test_a_family_read_by_its_architectures_or_refused_by_its_text_config(tmp_pa
     msg = str(e.value)
     assert ": text_config.model_type: 'llama4_text': the 'llama4' model's language model" in msg, msg
     assert "did you mean" not in msg and "Model files and profiles" in msg and "\n" not in msg
-    for mt, hint in (("llama4", None), ("mistral3", None), ("deepseekv3", "deepseek_v3"), ("Qwen3-MoE", "qwen3_moe")):
+    for mt, hint in (("llama4", None), ("mistral3", None), ("deepseekv3", "deepseek_v3"), ("Qwen3-MoE", "qwen3_moe"),
+                     ("deepseek_v4", None), ("qwen3_omni_moe", None), ("glm4v_moe", None), ("qwen4", None),
+                     ("lama", "llama"), ("qwen3_mo", "qwen3_moe"), ("mixtrel", "mixtral")):
         with pytest.raises(MemoError) as e:
             hf_model_fields(_llama(model_type=mt), source="x/config.json")
         assert (f"did you mean {hint!r}" in str(e.value)) if hint else "did you mean" not in str(e.value), str(e.value)
@@ -236,3 +239,22 @@ def test_presets_answer_to_hugging_face_spellings_and_an_fp32_config_says_its_dt
     r = CliRunner().invoke(main, ["whatif", "--model", str(tmp_path / "q"), "--gpus", "8", "--seq", "4K", "--no-plan",
                                   "--jobs", "1", "--simulate-top", "1"])
     assert r.exit_code == 0 and "fp32 training (--dtype bf16 plans bf16)" in r.output.splitlines()[1], r.output
+
+
+def test_a_wrappers_quantization_and_key_hints_are_its_text_models(tmp_path):
+    """A multimodal wrapper's quantization_config is named as a dense file's is, and a rule broken under text_config
+    names text_config's keys (a review of this session's diff)."""
+    text = {k: v for k, v in _llama().items() if k != "architectures"}
+    wrapper = {"model_type": "mistral3", "architectures": ["Mistral3ForConditionalGeneration"],
+               "quantization_config": {"quant_method": "fp8"}, "text_config": {**text, "model_type": "mistral",
+                                                                              "sliding_window": None},
+               "vision_config": {"model_type": "pixtral"}, "audio_config": {"model_type": "x"}}
+    (tmp_path / "config.json").write_text(json.dumps(wrapper))
+    m = get_model(str(tmp_path / "config.json"))
+    assert "quantization_config (quant_method fp8)" in m.not_modelled
+    assert "its audio_config, vision_config and the projector not modelled" in m.not_modelled
+    bad = dict(wrapper, text_config={**wrapper["text_config"], "num_attention_heads": 30, "num_key_value_heads": 30})
+    (tmp_path / "config.json").write_text(json.dumps(bad))
+    with pytest.raises(MemoError) as e:
+        get_model(str(tmp_path / "config.json"))
+    assert str(e.value).endswith("(in the config.json: hidden is hidden_size, heads is num_attention_heads)"), e.value

@@ -93,5 +93,5 @@ def test_an_odd_sequence_length_is_written_as_itself():
     """--seq 100001 read '97.6572K tokens' in the what-if's header (a user's review)."""
     from memo_sim.units import fmt_count
 
-    assert [fmt_count(n) for n in (100001, 131072, 49664, 1146880, 4096)] == ["100001", "128K", "48.5K", "1.09375M",
-                                                                              "4K"]
+    assert [fmt_count(n) for n in (100001, 131072, 49664, 1146880, 4096, 102464, 1049600)] == [
+        "100001", "128K", "48.5K", "1.09375M", "4K", "102464", "1025K"]  # the text reads back as the count

@@ -22,20 +22,38 @@ def test_a_perturbation_under_which_nothing_fits_is_named(monkeypatch):
 
 def test_the_line_is_about_the_answer_not_the_analytic_tiers_best(monkeypatch):
     """A plan the simulator ranks first (A: 110 tokens/GPU/s simulated) but the analytic tier second (100 vs B's 105)
-    is the base, and a perturbation that moves both alike keeps it; the line spoke of the analytic best before (a
-    user's review: 'the analytic best tp8+sp-cp8-dp8-z3 stays best' beside a pipeline answer)."""
+    is the base, and a perturbation that moves both alike keeps it; an analytic row (C, an upper estimate above both)
+    is left out; the line spoke of the analytic best before (a user's review: 'the analytic best tp8+sp-cp8-dp8-z3
+    stays best' beside a pipeline answer)."""
     from types import SimpleNamespace as NS
 
-    def cand(name, tgs):
-        return NS(status="OK", sppo=None, tgs=tgs, layout=NS(label=lambda: name), policy=NS(label=lambda: "memo"))
+    def cand(name, tgs, simulated=True):
+        return NS(status="OK", sppo=None, tgs=tgs, simulated={} if simulated else None, layout=NS(label=lambda: name),
+                  policy=NS(label=lambda: "memo"))
 
-    a, b = cand("A", 110.0), cand("B", 105.0)
-    analytic = {"A": 100.0, "B": 105.0}
+    a, b, c = cand("A", 110.0), cand("B", 105.0), cand("C", 200.0, simulated=False)
+    analytic = {"A": 100.0, "B": 105.0, "C": 200.0}
     monkeypatch.setattr(S, "_scores", lambda cands, profile, alpha: [
-        analytic[c.layout.label()] * (1.0 if profile is None else 0.9) for c in cands])
+        analytic[x.layout.label()] * (1.0 if profile is None else 0.9) for x in cands])
     monkeypatch.setattr(S, "perturbed", lambda profile, what, f: None)
-    s = S.sensitivity([a, b], profile="base")
-    assert s["base"] == "A memo" and all(v == "A memo" for g in s["groups"].values() for v in g.values())
+    s = S.sensitivity([a, b, c], profile="base")
+    assert s["base"] == "A memo" and s["answer"] and s["checked"] == 2
+    assert all(v == "A memo" for g in s["groups"].values() for v in g.values())
     prof = load_profile("h100-sxm5-80gb")
     monkeypatch.setattr(S, "sensitivity", lambda shown, profile, alpha=None: s)
     assert "the answer A memo stays best" in S.sensitivity_line([], prof)
+
+
+def test_the_line_names_the_answer_the_ranking_gives():
+    """Llama-3.1-8B at 128K on 8 H100s with one plan simulated: the line named an analytic row (an upper estimate
+    above the simulated answer) as 'the answer' (a review of this session's diff)."""
+    from click.testing import CliRunner
+
+    from memo_sim.cli import cli
+
+    r = CliRunner().invoke(cli, ["whatif", "--model", "llama-3.1-8b", "--gpus", "8", "--seq", "128K", "--profile",
+                                 "h100-sxm5-80gb", "--jobs", "1", "--no-plan", "--simulate-top", "1"])
+    assert r.exit_code == 0, r.output
+    answer = r.output.split("answer: ", 1)[1].split(" fits:")[0]
+    line = next(ln for ln in r.output.splitlines() if ln.startswith("sensitivity"))
+    assert f"the answer {answer} " in line, (answer, line)

@@ -234,9 +234,16 @@ CPU_RANKS = 2
 
 
 def cpu_ranks(opts: CalibrateOptions) -> int:
-    """The executor ranks a CPU profile's machine runs: `CPU_RANKS` where the collectives are measured between that
-    many processes, else 1 (the links then come from --base)."""
+    """The executor ranks a CPU profile's machine is checked for before anything runs: `CPU_RANKS` where the
+    collectives are to be measured between that many processes, else 1 (the links then come from --base); the
+    profile records the ranks they were measured between (1 where the gloo run failed)."""
     return CPU_RANKS if opts.collectives else 1
+
+
+def measured_ranks(collectives: dict) -> int:
+    """The ranks a CPU profile's machine runs, as recorded: the processes its gloo collectives were measured between,
+    1 where they were not (a failed or skipped run, whose links come from --base)."""
+    return int(collectives.get("world", CPU_RANKS)) if collectives.get("measured") else 1
 
 
 def cpu_threads(asked: int | None, cuda: bool) -> tuple[int | None, str]:
@@ -379,7 +386,7 @@ def run_suite(opts: CalibrateOptions, progress: Progress) -> dict:
     if spec.is_cuda:
         out["memory_end"] = mem.gpu_memory(dev)
     else:
-        ranks = cpu_ranks(opts)
+        ranks = measured_ranks(out["collectives"])
         out["cpu_budget"] = {"bytes": opts.cpu_budget_bytes if opts.cpu_budget_bytes is not None
                              else mem.default_cpu_budget(host_total, ranks),
                              "default": opts.cpu_budget_bytes is None, "ranks": ranks}

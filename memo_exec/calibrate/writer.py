@@ -298,9 +298,9 @@ def _gpus_per_node(b: Build) -> FlowMap:
     ranks = cpu_ranks(b.r)
     if ranks == 1:
         return q(1, "count", "CPU run: one executor device per process (memo convention, not measured)")
-    return q(ranks, "count", f"CPU run: the {ranks} executor ranks (one process each) this machine runs, as many as the "
-                             f"gloo processes its collectives were measured between (memo convention, not measured): "
-                             f"a layout's TP group of up to {ranks} stays on this machine")
+    return q(ranks, "count", f"CPU run: the {ranks} executor ranks (one process each) this machine runs, as many as "
+                             f"the gloo processes its collectives were measured between (memo convention, not "
+                             f"measured): a layout's TP group of up to {ranks} stays on this machine")
 
 
 def _collective_fits(b: Build, coll: dict) -> dict:

@@ -65,8 +65,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from memo_sim.errors import MemoError, validated
 from memo_sim.fileio import load_yaml, read_utf8
-from memo_sim.model.hf_config import (config_path, hf_model_fields, hf_names_hint, is_hf_config, language_model,
-                                      model_name, with_defaults)
+from memo_sim.model.hf_config import (add_note, config_path, hf_model_fields, hf_names_hint, is_hf_config,
+                                      language_model, model_name, with_defaults)
 from memo_sim.model.gemm_formats import GEMM_FORMATS, GemmFormat, gemm_format
 from memo_sim.model.moe_routers import ROUTER_NAMES, Router, router
 from memo_sim.model.precision import RECIPES, PrecisionRecipe, default_recipe
@@ -703,11 +703,11 @@ def model_from_file(path: str | Path) -> ModelConfig:
         lm, how = language_model(raw, source=str(path))  # a multimodal wrapper's text_config, or by architectures
         fields = hf_model_fields(with_defaults(path, lm), source=str(path), name=model_name(path))
         if how:
-            fields["not_modelled"] = "; ".join(x for x in (fields.get("not_modelled", ""), how) if x)[:500]
+            add_note(fields, how)
         try:
             return ModelConfig.from_dict(fields, source=str(path))
         except MemoError as e:  # memo's field names, with the config.json keys they were read from
-            raise MemoError(str(e) + hf_names_hint(str(e).removeprefix(f"{path}:"), raw)) from None  # not the path
+            raise MemoError(str(e) + hf_names_hint(str(e).removeprefix(f"{path}:"), lm)) from None  # not the path
     kind = str(raw.get("schema", ""))
     if kind.startswith(("memo-plan/", "memo-hardware-profile/")):
         what = "a memo plan" if kind.startswith("memo-plan/") else "a hardware profile"

@@ -115,7 +115,8 @@ ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "
                  "Qwen3ForCausalLM": "qwen3", "GPT2LMHeadModel": "gpt2", "GPTNeoXForCausalLM": "gpt_neox",
                  "MixtralForCausalLM": "mixtral", "Qwen2MoeForCausalLM": "qwen2_moe",
                  "Qwen3MoeForCausalLM": "qwen3_moe", "DeepseekV2ForCausalLM": "deepseek_v2",
-                 "DeepseekV3ForCausalLM": "deepseek_v3", "GptOssForCausalLM": "gpt_oss", "Glm4MoeForCausalLM": "glm4_moe"}
+                 "DeepseekV3ForCausalLM": "deepseek_v3", "GptOssForCausalLM": "gpt_oss",
+                 "Glm4MoeForCausalLM": "glm4_moe"}
 MODEL_FILE_HINT = ("or write a memo model file: README 'Model files and profiles' lists its fields, the attention "
                    "and mixture-of-experts ones too")
 
@@ -139,9 +140,14 @@ def language_model(raw: dict, source: str = "config.json") -> tuple[dict, str]:
             near = _family_hint(inner)
             raise MemoError(f"{source}: text_config.model_type: {inner!r}: the {mt!r} model's language model is not a "
                             f"family memo reads; {near}it reads {', '.join(FAMILIES)} ({MODEL_FILE_HINT})")
-        merged = {**{k: raw[k] for k in ("torch_dtype", "dtype", "tie_word_embeddings") if k in raw}, **text}
-        return merged, (f"the {mt!r} wrapper's language model (text_config, {inner}) planned alone: its vision tower "
-                        f"and projector (vision_config) are not modelled")
+        kept = ("torch_dtype", "dtype", "tie_word_embeddings", "quantization_config")  # the wrapper's, for its text
+        merged = {**{k: raw[k] for k in kept if k in raw}, **text}
+        others = sorted(k for k, v in raw.items() if k.endswith("_config") and k not in ("text_config",
+                                                                                         "quantization_config")
+                        and isinstance(v, dict))
+        rest = f"its {', '.join(others)} and the projector" if others else "the rest of it"
+        return merged, (f"the {mt!r} wrapper's language model (text_config, {inner}) planned alone: {rest} "
+                        f"not modelled")
     archs = raw.get("architectures")
     fams = {ARCHITECTURES[a] for a in archs if a in ARCHITECTURES} if isinstance(archs, list) else set()
     if mt is not None and len(fams) == 1:
@@ -152,15 +158,26 @@ def language_model(raw: dict, source: str = "config.json") -> tuple[dict, str]:
 
 
 def _family_hint(mt) -> str:
-    """``"did you mean 'x'? "`` where ``mt`` is a family spelled another way or mistyped, not a newer or other family
-    named after one (``llama4`` is not ``llama``, ``mistral3`` not ``mistral``)."""
-    key = lambda s: "".join(ch for ch in str(s).lower() if ch.isalnum())  # noqa: E731
-    same = [f for f in FAMILIES if key(f) == key(mt)]
-    if same:
-        return f"did you mean {same[0]!r}? "
-    near = [f for f in difflib.get_close_matches(str(mt), FAMILIES, n=1, cutoff=0.75)
-            if not key(mt).startswith(key(f))]
-    return f"did you mean {near[0]!r}? " if near else ""
+    """``"did you mean 'x'? "`` where ``mt`` is a family spelled another way (separators, case) or mistyped by a letter
+    or two dropped or changed, never a digit or an added part: ``llama4``, ``deepseek_v4``, ``glm4v_moe`` or
+    ``qwen3_omni_moe`` are other families, not typos of ``llama``, ``deepseek_v3``, ``glm4_moe``, ``qwen3_moe``."""
+    key = lambda x: "".join(ch for ch in str(x).lower() if ch.isalnum())  # noqa: E731
+    k = key(mt)
+    for f in FAMILIES:
+        fk = key(f)
+        if k == fk:
+            return f"did you mean {f!r}? "
+        letters_dropped = len(fk) - 2 <= len(k) < len(fk) and _subsequence(k, fk)
+        one_letter = (len(k) == len(fk) and sum(a != b for a, b in zip(k, fk)) == 1
+                      and all(a == b or (a.isalpha() and b.isalpha()) for a, b in zip(k, fk)))
+        if letters_dropped or one_letter:
+            return f"did you mean {f!r}? "
+    return ""
+
+
+def _subsequence(short: str, long: str) -> bool:
+    it = iter(long)
+    return all(ch in it for ch in short)
 
 
 def hf_model_fields(raw: dict, source: str = "config.json", name: str = "hf-model") -> dict:
@@ -321,10 +338,10 @@ def _with_quantization_note(d: dict, c: dict) -> dict:
     note = (f"quantization_config ({what}) describes the checkpoint's stored weights, not the training: memo plans "
             f"{d['dtype']} from torch_dtype, low-precision GEMMs being a layout choice (--precision, e.g. "
             f"fp8-blockwise)")
-    return _note(d, note)
+    return add_note(d, note)
 
 
-def _note(d: dict, note: str) -> dict:
+def add_note(d: dict, note: str) -> dict:
     """``d`` with ``note`` added to its ``not_modelled`` (one sentence of the model's notes each)."""
     d["not_modelled"] = "; ".join(x for x in (d.get("not_modelled", ""), note) if x)[:500]
     return d
@@ -380,7 +397,7 @@ def _deepseek_routing(c: dict, d: dict, layers: int, need, refuse, scoring: str,
         d.update(shared_experts=shared, shared_ffn=expert_ffn)
     mtp = c.get("num_nextn_predict_layers") or 0
     if mtp:
-        _note(d, f"multi-token prediction ({mtp} module{'s' if mtp > 1 else ''}, num_nextn_predict_layers): not "
+        add_note(d, f"multi-token prediction ({mtp} module{'s' if mtp > 1 else ''}, num_nextn_predict_layers): not "
                  f"counted, not priced")
     return experts, top_k, expert_ffn, moe_at
 
@@ -432,7 +449,7 @@ def moe_fields(raw: dict, source: str = "config.json", name: str = "hf-model") -
             d["head_dim"] = need("head_dim")
         prf = c.get("partial_rotary_factor", 1.0)
         if prf != 1.0:
-            _note(d, f"partial_rotary_factor {prf}: the rotary embedding turns that share of each head (not priced, "
+            add_note(d, f"partial_rotary_factor {prf}: the rotary embedding turns that share of each head (not priced, "
                      f"not written by the exports)")
     else:
         d.update(kv_heads=None if kv == heads else kv)
@@ -479,7 +496,7 @@ def moe_fields(raw: dict, source: str = "config.json", name: str = "hf-model") -
     dense_at = sorted(set(range(layers)) - set(moe_at))
     if dense_at and dense_at != list(range(len(dense_at))):  # memo places a MoE model's dense layers first
         where = ", ".join(map(str, dense_at[:6])) + (", ..." if len(dense_at) > 6 else "")
-        _note(d, f"the dense-FFN layers are layers {where}, not the first {len(dense_at)}: memo counts them exactly "
+        add_note(d, f"the dense-FFN layers are layers {where}, not the first {len(dense_at)}: memo counts them exactly "
                  f"in the model but places them first in pipeline stages' states (and Megatron's --moe-layer-freq)")
     if not 1 <= top_k <= experts:
         raise refuse("num_experts_per_tok", f"{top_k} is not between 1 and the {experts} experts")

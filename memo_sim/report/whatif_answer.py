@@ -83,7 +83,7 @@ def verdict(v: WhatIfView) -> str:
 
 
 def pipeline_label_words(cands) -> str:
-    """The pipeline part of the layout labels shown, in words ("" where no row is pipelined)."""
+    """The pipeline part of the layout labels shown, in words ("" where no row has pipeline stages)."""
     lays = [c.layout for c in cands if c.layout.pp > 1]
     if not lays:
         return ""

@@ -195,8 +195,9 @@ def host_memory_words(c: Candidate) -> str:
         words += (f" (the {used} of the node's {hosts} hosts of {c.profile.host_gpus} GPUs that its {gpus} GPUs take, "
                   f"{fmt_bytes(m.host_capacity_bytes / used)} usable each)")
     elif hosts > 1:  # every host of the node: the pinned bytes are each host's GPUs' own, spread evenly
-        words += (f" (the node's {hosts} hosts of {c.profile.host_gpus} GPUs, {fmt_bytes(m.host_bytes_per_node / hosts)}"
-                  f" of {fmt_bytes(m.host_capacity_bytes / hosts)} usable on each)")
+        words += (f" (the node's {hosts} hosts of {c.profile.host_gpus} GPUs, "
+                  f"{fmt_bytes(m.host_bytes_per_node / hosts)} of {fmt_bytes(m.host_capacity_bytes / hosts)} usable "
+                  f"on each)")
     if raw > 0 and pinned > raw * 1.01:
         words += (f"; {c.layout.host_pool} with {c.profile.host.pinned_rounding} rounding turns "
                   f"{fmt_bytes(raw)} of activations per layer into {fmt_bytes(pinned)} pinned "
@@ -253,8 +254,7 @@ def gpu_headroom_words(c) -> str:
     from memo_sim.units import fmt_bytes
 
     m = c.memory
-    peak = c.simulated["peak_gpu_bytes"] if c.simulated else m.peak_gpu_bytes
-    free = m.gpu_capacity_bytes - peak
+    free = m.gpu_capacity_bytes - c.peak_gpu_bytes
     if free < 0.1 * m.gpu_capacity_bytes:
         return ""
     return (f"; the GPU keeps {fmt_bytes(free)} free, which does not raise alpha: MEMO offloads every layer but the "

@@ -139,11 +139,15 @@ def binding_constraint(cands: list[Candidate] | str) -> str:
 
 
 def _over_share(c: Candidate) -> float:
-    """How far over its memory a candidate is, as a share of that memory (GPU or pinned host: bytes over a GPU's
-    80 GiB and over a node's 1.6 TiB are not comparable as bytes)."""
+    """How far over its memory a candidate is, as a share of that memory, the larger of the GPU's and the pinned
+    host's (bytes over a GPU's 80 GiB and over a node's 1.6 TiB are not comparable as bytes; a GPU-OOM candidate
+    may be far over the host too)."""
     m = c.memory
-    cap = m.host_capacity_bytes if c.status == "OOHM" else m.gpu_capacity_bytes
-    return c.over_bytes / cap if cap > 0 else float("inf")
+    gpu = (c.over_bytes / m.gpu_capacity_bytes if m.gpu_capacity_bytes > 0 else float("inf")) \
+        if c.status == "OOM" else 0.0
+    host = (max(0.0, m.host_bytes_per_node - m.host_capacity_bytes) / m.host_capacity_bytes
+            if m.host_capacity_bytes > 0 else float("inf") if m.host_bytes_per_node > 0 else 0.0)
+    return max(gpu, host)
 
 
 def _host_over(c: Candidate) -> bool:

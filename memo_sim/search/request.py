@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 
 from memo_sim.layout.schedule import schedule_runs_policy
+from memo_sim.policy import prices_model
 from memo_sim.model.config import ModelConfig
 from memo_sim.plan.schema import Plan
 from memo_sim.profile.schema import HardwareProfile
@@ -219,6 +220,6 @@ def sweep_candidates(req: WhatifRequest) -> WhatIfResult:
     """The analytic candidates an alpha sweep picks its layout from: MEMO's policies (no SPPO)."""
     req.profile.peak(req.model.dtype)
     check_gemm_format(req.model, req.profile)
-    pols = req.searched_policies or tuple(p for p in get_framework(req.framework).policies
-                                          if not schedule_runs_policy("sppo", p))
+    pols = req.searched_policies or tuple(p for p in get_framework(req.framework).policies  # those pricing the model
+                                          if not schedule_runs_policy("sppo", p) and prices_model(p, req.model))
     return candidates_for(req.model, req.seq, req.gpus, req.profile, **dict(req.search_kwargs(), policies=pols))

@@ -317,11 +317,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
                                 "batch per replica over its layouts)")
             sppo_not_searched = f"--policy sppo with --global-batch {global_batch}: also fix --dp (its search holds " \
                                 f"one batch per replica)"
-        elif global_batch % dp:
-            sppo_tried = False
-            searched["sppo"] = f"not searched: --global-batch {global_batch} does not split over dp {dp}"
-            sppo_not_searched = f"--global-batch {global_batch} does not split over dp {dp}"
-        else:
+        else:  # a --global-batch that does not split over --dp is refused above
             sppo_batch = global_batch // dp
     beside = None
     if sppo_tried:
