@@ -82,20 +82,21 @@ def test_mistral_slides_every_layer_and_reads_its_head_dim(tmp_path):
 
 def test_a_family_read_by_its_architectures_or_refused_by_its_text_config(tmp_path):
     """Kimi-K2 names its own model_type (kimi_k2) but DeepSeek-V3's class: read as deepseek_v3 and said so (it was
-    refused); a wrapper whose language model memo does not read (Llama-4's llama4_text) is refused naming
-    text_config.model_type, with no 'did you mean llama' (Llama-4 is not Llama: a user followed that hint)."""
+    refused); a wrapper whose language model memo does not read (Gemma-3's gemma3_text) is refused naming
+    text_config.model_type, and no 'did you mean llama' for llama4 (Llama-4 is not Llama: a user followed that
+    hint)."""
     v3 = json.loads((HF / "deepseek-v3" / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**v3, "model_type": "kimi_k2"}))
     k = get_model(str(tmp_path / "config.json"))
     assert k.params() == get_model(str(HF / "deepseek-v3" / "config.json")).params()
     assert "model_type 'kimi_k2' read as deepseek_v3 by its architectures (DeepseekV3ForCausalLM)" in k.not_modelled
-    scout = {"architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4",
-             "text_config": {"model_type": "llama4_text", "hidden_size": 5120, "num_local_experts": 16}}
-    (tmp_path / "config.json").write_text(json.dumps(scout))
+    gemma = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+             "text_config": {"model_type": "gemma3_text", "hidden_size": 5376, "num_hidden_layers": 62}}
+    (tmp_path / "config.json").write_text(json.dumps(gemma))
     with pytest.raises(MemoError) as e:
         get_model(str(tmp_path / "config.json"))
     msg = str(e.value)
-    assert ": text_config.model_type: 'llama4_text': the 'llama4' model's language model" in msg, msg
+    assert ": text_config.model_type: 'gemma3_text': the 'gemma3' model's language model" in msg, msg
     assert "did you mean" not in msg and "Model files and profiles" in msg and "\n" not in msg
     for mt, hint in (("llama4", None), ("mistral3", None), ("deepseekv3", "deepseek_v3"), ("Qwen3-MoE", "qwen3_moe"),
                      ("deepseek_v4", None), ("qwen3_omni_moe", None), ("glm4v_moe", None), ("qwen4", None),

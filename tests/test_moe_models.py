@@ -175,3 +175,47 @@ def test_glm_4_5_reads_as_its_own_family():
                n_routed_experts=160, first_k_dense_replace=3, use_qk_norm=True, routed_scaling_factor=2.5)
     m = ModelConfig.from_dict(hf_model_fields(big, name="glm-4.5"))
     assert (m.params(), m.qk_norm, m.router_scaling) == (352_797_814_784, True, 2.5)
+
+
+def test_llama_4_reads_with_its_chunked_attention():
+    """Llama 4 (the llama4 wrapper's llama4_text) was refused (a user's review). Scout: 16 experts top-1 with a
+    shared expert on every layer, chunked attention (8192-token chunks) on 36 of 48 layers, every fourth full; the
+    counts are transformers 5.24.0's Llama4ForCausalLM of the text_config on the meta device (2026-11-28; its
+    attn_temperature_tuning set true, as 5.24's config takes a bool: no parameter depends on it), and Maverick's
+    shape (128 experts on every other layer, dense layers of 16384 between) 400,711,848,960."""
+    from dataclasses import replace
+
+    scout = get_model(str(HF / "llama-4-scout" / "config.json"))
+    assert (scout.params(), scout.active_params()) == (107_769_861_120, 17_172_894_720)
+    assert (scout.attention_chunk, scout.chunked_layers, scout.chunked_period, scout.qk_norm) == (8192, 36, 4, False)
+    assert "vision_config" in scout.not_modelled and "L2 norm" in scout.not_modelled
+    assert PRESETS["llama-4-scout"] == replace(scout, name="llama-4-scout", not_modelled=PRESETS[
+        "llama-4-scout"].not_modelled)
+    text = json.loads((HF / "llama-4-scout" / "config.json").read_text())["text_config"]
+    mav = ModelConfig.from_dict(hf_model_fields(dict(text, interleave_moe_layer_step=2, num_local_experts=128),
+                                                name="maverick"))
+    assert (mav.params(), mav.dense_layers, mav.ffn, mav.expert_width) == (400_711_848_960, 24, 16384, 8192)
+    assert "not the first 24" in mav.not_modelled  # its dense layers alternate: named
+
+
+def test_chunked_attention_counts_each_chunks_causal_square():
+    """A chunked layer's query attends causally inside its own chunk: (n·c² + r²) / s² of full causal attention's
+    score elements; every fourth layer full."""
+    from dataclasses import replace
+
+    m = PRESETS["llama-4-scout"]
+    assert m.attention_flop_fraction(8192) == 1.0
+    assert m.attention_flop_fraction(16384) == pytest.approx((36 * 0.5 + 12) / 48)
+    assert m.attention_flop_fraction(20480) == pytest.approx((36 * (2 * 8192**2 + 4096**2) / 20480**2 + 12) / 48)
+    with pytest.raises(MemoError, match="attention_chunk and chunked_layers go together"):
+        ModelConfig.from_dict({**m.to_dict(), "attention_chunk": 0})
+    from memo_sim.layout.parallel import Layout
+    from memo_sim.plan.executor_scope import plan_why_not
+    from memo_sim.policy import get_policy
+
+    why = plan_why_not(m, Layout(ep=2, dp=2), get_policy("store_all"), "single_stage", 2, 2, 16384)
+    assert "attention_chunk = 8192: the executor does not build chunked attention" in why
+    from memo_sim.policy import policy_class
+
+    dense = replace(m, experts=0, top_k=0, shared_experts=0, shared_ffn=0, router="softmax", name="dense-chunked")
+    assert "chunked attention" in policy_class("sppo").model_why_not(dense)

@@ -63,6 +63,7 @@ def _model_gaps(plan: Plan) -> list[Gap]:
                        "model"))
     for on, what in ((m.mla, "multi-head latent attention (low-rank q / kv projections)"), (m.qk_norm, "QK norms"),
                      (m.sliding_layers, f"a {m.sliding_window}-token sliding window on {m.sliding_layers} layers"),
+                     (m.chunked_layers, f"{m.attention_chunk}-token chunked attention on {m.chunked_layers} layers"),
                      (m.attention_sinks, "attention sinks")):
         if on:
             out.append(Gap(what, "not written (Megatron-DeepSpeed has no flag for it): add it to the model by hand"))

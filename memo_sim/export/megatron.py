@@ -109,6 +109,10 @@ def _attention_gaps(plan: Plan) -> list[Gap]:
     if m.norm == "rmsnorm" and not m.rope_theta:
         out.append(Gap("the rotary base (the model does not state it)",
                        "Megatron's default --rotary-base 10000: set the model's own"))
+    if m.chunked_layers:  # arguments.py at d98e8a64 has --no-rope-freq, no chunked attention
+        out.append(Gap(f"chunked attention ({m.attention_chunk}-token chunks on {m.chunked_layers} of {m.layers} "
+                       f"layers)", "full causal attention on every layer: Megatron-LM has no chunked attention "
+                       "(its --no-rope-freq sets which layers skip the rotary embedding)"))
     if m.sliding_layers and not _window_pattern(m):  # how many layers slide, not which: the pattern is the user's
         out.append(Gap(f"a {m.sliding_window}-token sliding window on {m.sliding_layers} of {m.layers} layers",
                        f"full causal attention on every layer: add --window-size {m.sliding_window - 1},0 and the "

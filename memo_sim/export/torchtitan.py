@@ -99,6 +99,7 @@ def _qwen3_moe_misfits(m) -> list[str]:
     out += ["expert and router biases"] if m.moe_bias else []
     out += ["attention sinks"] if m.attention_sinks else []
     out += [f"sliding-window attention ({m.sliding_window} tokens)"] if m.sliding_window or m.sliding_layers else []
+    out += [f"chunked attention ({m.attention_chunk} tokens)"] if m.chunked_layers else []
     out += [f"{m.norm} norms"] if m.norm != "rmsnorm" else []
     out += [f"{m.ffn_type} experts"] if m.ffn_type != "swiglu" else []
     out += [f"grouped routing ({m.router_groups} groups)"] if m.router_groups else []

@@ -22,6 +22,9 @@ Attention beyond hidden / heads (each 0 / false by default, so a dense model rea
   tokens (GPT-OSS alternates them with full attention); their attention FLOPs shrink, averaged over
   the layers (`attention_flop_fraction`); ``sliding_period`` N (0: not stated) places them: every N-th layer
   full, the N - 1 before it sliding (GPT-OSS's 2; Megatron-LM's ``--window-attn-skip-freq N``), for the exports;
+- ``attention_chunk`` / ``chunked_layers`` / ``chunked_period``: chunked attention (Llama 4's 8192-token chunks on
+  three of every four layers, the fourth full and without rotary embedding): a query attends causally to the keys
+  of its own chunk only; their attention FLOPs shrink as `attention_flop_fraction` counts them;
 - multi-head latent attention (DeepSeek-V2/V3, ``kv_lora_rank`` > 0): queries through a low-rank
   ``q_lora_rank`` projection (0: a direct one), keys and values from a ``kv_lora_rank`` latent plus a
   shared ``qk_rope_dim`` rotary key; query/key heads are ``head_dim`` (the no-rope part) +
@@ -86,7 +89,7 @@ MAX_VOCAB = 1 << 24
 MAX_EXPERTS = 1 << 14
 # fields left out of `ModelConfig.to_dict` at these values, so dense models' plans keep their shape
 _QUIET_DEFAULTS = {"head_dim": 0, "qk_norm": False, "attention_sinks": False, "sliding_window": 0, "sliding_layers": 0,
-                   "sliding_period": 0,
+                   "sliding_period": 0, "attention_chunk": 0, "chunked_layers": 0, "chunked_period": 0,
                    "q_lora_rank": 0, "kv_lora_rank": 0, "qk_rope_dim": 0, "v_head_dim": 0, "experts": 0, "top_k": 0,
                    "expert_ffn": 0, "shared_experts": 0, "shared_ffn": 0, "shared_gate": False, "dense_layers": 0,
                    "router": "softmax", "moe_bias": False, "router_groups": 0, "router_group_topk": 0,
@@ -125,6 +128,9 @@ class _ModelIn(BaseModel):
     sliding_window: Annotated[int, Field(strict=True, ge=0, le=1 << 30)] = 0
     sliding_layers: Annotated[int, Field(strict=True, ge=0, le=MAX_LAYERS)] = 0
     sliding_period: Annotated[int, Field(strict=True, ge=0, le=MAX_LAYERS)] = 0
+    attention_chunk: Annotated[int, Field(strict=True, ge=0, le=1 << 30)] = 0
+    chunked_layers: Annotated[int, Field(strict=True, ge=0, le=MAX_LAYERS)] = 0
+    chunked_period: Annotated[int, Field(strict=True, ge=0, le=MAX_LAYERS)] = 0
     q_lora_rank: Annotated[int, Field(strict=True, ge=0, le=MAX_HIDDEN)] = 0
     kv_lora_rank: Annotated[int, Field(strict=True, ge=0, le=MAX_HIDDEN)] = 0
     qk_rope_dim: Annotated[int, Field(strict=True, ge=0, le=MAX_HIDDEN)] = 0
@@ -182,6 +188,17 @@ class _ModelIn(BaseModel):
             raise ValueError(f"sliding_period ({self.sliding_period}): every N-th layer full, the N - 1 before it "
                              f"sliding, gives {placed} sliding layers of {self.layers}, not sliding_layers "
                              f"({self.sliding_layers}); give N >= 2 that matches, or 0")
+        if bool(self.chunked_layers) != bool(self.attention_chunk):
+            raise ValueError("attention_chunk and chunked_layers go together: give both or neither")
+        if self.chunked_layers + self.sliding_layers > self.layers:
+            raise ValueError(f"chunked_layers ({self.chunked_layers}) and sliding_layers ({self.sliding_layers}) "
+                             f"exceed the {self.layers} layers")
+        if self.chunked_period and (self.chunked_period < 2 or self.chunked_layers
+                                    != self.layers - self.layers // self.chunked_period):
+            placed = self.layers - self.layers // max(self.chunked_period, 1)
+            raise ValueError(f"chunked_period ({self.chunked_period}): every N-th layer full, the N - 1 before it "
+                             f"chunked, gives {placed} chunked layers of {self.layers}, not chunked_layers "
+                             f"({self.chunked_layers}); give N >= 2 that matches, or 0")
         if self.kv_lora_rank:
             if not (self.head_dim and self.qk_rope_dim and self.v_head_dim):
                 raise ValueError("multi-head latent attention (kv_lora_rank) needs head_dim (the no-rope query/key "
@@ -234,6 +251,9 @@ class ModelConfig:
     sliding_window: int = 0
     sliding_layers: int = 0
     sliding_period: int = 0  # every N-th layer full, the N - 1 before it sliding (0: not stated; module docs)
+    attention_chunk: int = 0  # chunked attention (Llama 4): a query attends to the keys of its own chunk only
+    chunked_layers: int = 0
+    chunked_period: int = 0  # every N-th layer full, the N - 1 before it chunked (0: not stated)
     q_lora_rank: int = 0
     kv_lora_rank: int = 0  # > 0: multi-head latent attention
     qk_rope_dim: int = 0
@@ -342,12 +362,19 @@ class ModelConfig:
     def attention_flop_fraction(self, seq: int) -> float:
         """The layers' mean attention FLOPs over those of full causal attention at ``seq`` tokens:
         a sliding-window layer's query attends to at most ``sliding_window`` keys, so it computes
-        w·(s - w/2) of the s²/2 score elements (all of them when s <= w)."""
-        if not self.sliding_layers or seq <= self.sliding_window:
-            return 1.0
-        w = self.sliding_window
-        sliding = w * (seq - w / 2) / (seq * seq / 2)
-        return (self.sliding_layers * sliding + (self.layers - self.sliding_layers)) / self.layers
+        w·(s - w/2) of the s²/2 score elements (all of them when s <= w); a chunked layer's query attends
+        causally inside its own ``attention_chunk`` of c tokens, (n·c² + r²)/2 of them for n whole chunks and a
+        last one of r (all of them when s <= c)."""
+        sliding = chunked = 1.0
+        if self.sliding_layers and seq > self.sliding_window:
+            w = self.sliding_window
+            sliding = w * (seq - w / 2) / (seq * seq / 2)
+        if self.chunked_layers and seq > self.attention_chunk:
+            c = self.attention_chunk
+            n, r = divmod(seq, c)
+            chunked = (n * c * c + r * r) / (seq * seq)
+        full = self.layers - self.sliding_layers - self.chunked_layers
+        return (self.sliding_layers * sliding + self.chunked_layers * chunked + full) / self.layers
 
     @property
     def fc1_width(self) -> int:
@@ -629,6 +656,13 @@ PRESETS: dict[str, ModelConfig] = {
                                not_modelled="multi-token prediction (1 module, num_nextn_predict_layers): not counted, "
                                             "not priced; partial_rotary_factor 0.5: the rotary embedding turns that "
                                             "share of each head (not priced, not written by the exports)"),
+    "llama-4-scout": ModelConfig("llama-4-scout", 48, 5120, 40, 8192, vocab=202048, kv_heads=8, ffn_type="swiglu",
+                                 norm="rmsnorm", bias="none", tied_embeddings=False, attention_chunk=8192,
+                                 chunked_layers=36, chunked_period=4, experts=16, top_k=1, shared_experts=1,
+                                 shared_ffn=8192, router="sigmoid", rope_theta=500000.0, norm_eps=1e-5,
+                                 aux_loss_coef=0.001, rope_scaling="llama3 factor 16, high_freq_factor 1",
+                                 not_modelled="QK norm: an L2 norm of the rotary layers' queries and keys, without "
+                                              "weights (not priced)"),
 }
 
 
@@ -650,11 +684,12 @@ def with_overrides(base: ModelConfig, source: str = "model flags", rename: bool 
                 d[k] = max(1, round(d[k] * over["hidden"] / base.hidden))
     if over.get("layers") is not None and "sliding_layers" not in over and "dense_layers" not in over:
         n = over["layers"]
-        for k, most in (("sliding_layers", n), ("dense_layers", n - 1)):  # a MoE model keeps a MoE layer
+        for k, most in (("sliding_layers", n), ("chunked_layers", n), ("dense_layers", n - 1)):  # a MoE keeps one
             if d.get(k):
                 d[k] = max(0, min(most, round(d[k] * n / base.layers)))
-        if d.get("sliding_period"):  # the pattern places them: every N-th of the n layers full
-            d["sliding_layers"] = n - n // d["sliding_period"]
+        for k, period in (("sliding_layers", "sliding_period"), ("chunked_layers", "chunked_period")):
+            if d.get(period):  # the pattern places them: every N-th of the n layers full
+                d[k] = n - n // d[period]
     d.update(over)
     if rename and set(over) - {"gemm_format"}:
         d["name"] = f"{base.name}-custom"

@@ -12,8 +12,9 @@ is downloaded: the file's fields are all it reads).
 
 Mixture-of-experts families (`moe_fields`): ``mixtral``, ``qwen2_moe``, ``qwen3_moe``,
 ``deepseek_v2``, ``deepseek_v3`` (multi-head latent attention), ``gpt_oss`` (alternating
-sliding-window attention, attention sinks, biased router and experts) and ``glm4_moe`` (GLM-4.5: DeepSeek-V3's
-routing beside grouped-query attention, q/k/v biases, optional QK norms); their parameter counts
+sliding-window attention, attention sinks, biased router and experts), ``glm4_moe`` (GLM-4.5: DeepSeek-V3's
+routing beside grouped-query attention, q/k/v biases, optional QK norms) and ``llama4_text`` (Llama 4: a shared expert
+beside the routed ones, interleaved dense layers, chunked attention); their parameter counts
 match transformers' models built on the meta device (tests/data/hf/moe_param_counts.json).
 DeepSeek-V3's multi-token-prediction module (``num_nextn_predict_layers``) is not modelled: it is
 named in the model's ``not_modelled`` (and so in every what-if), and its parameters are not
@@ -34,7 +35,6 @@ in gpt2, gpt_neox or qwen2, biases on the MLP of a gated FFN, an activation it d
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,8 @@ from memo_sim.model.router_groups import router_groups_why_not
 
 DENSE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "gpt_neox")
 _HEAD_DIM = ("llama", "mistral")  # dense families whose configuration class has head_dim (LlamaConfig, MistralConfig)
-MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "glm4_moe")
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "glm4_moe",
+                "llama4_text")
 FAMILIES = DENSE_FAMILIES + MOE_FAMILIES
 _GATED = ("llama", "mistral", "qwen2", "qwen3")  # gate/up/down MLP: SwiGLU with a SiLU activation
 _SILU = ("silu", "swish")
@@ -90,6 +91,11 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
                  "n_routed_experts": 128, "routed_scaling_factor": 1.0, "n_group": 1, "topk_group": 1,
                  "first_k_dense_replace": 1, "use_qk_norm": False, "num_nextn_predict_layers": 1,
                  "partial_rotary_factor": 0.5},
+    # transformers 5.24.0's Llama4TextConfig
+    "llama4_text": {"tie_word_embeddings": False, "hidden_act": "silu", "attention_bias": False, "head_dim": 128,
+                    "intermediate_size": 8192, "intermediate_size_mlp": 16384, "num_local_experts": 16,
+                    "num_experts_per_tok": 1, "interleave_moe_layer_step": 1, "use_qk_norm": True,
+                    "attention_chunk_size": 8192},
 }
 
 
@@ -116,7 +122,7 @@ ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "
                  "MixtralForCausalLM": "mixtral", "Qwen2MoeForCausalLM": "qwen2_moe",
                  "Qwen3MoeForCausalLM": "qwen3_moe", "DeepseekV2ForCausalLM": "deepseek_v2",
                  "DeepseekV3ForCausalLM": "deepseek_v3", "GptOssForCausalLM": "gpt_oss",
-                 "Glm4MoeForCausalLM": "glm4_moe"}
+                 "Glm4MoeForCausalLM": "glm4_moe", "Llama4ForCausalLM": "llama4_text"}
 MODEL_FILE_HINT = ("or write a memo model file: README 'Model files and profiles' lists its fields, the attention "
                    "and mixture-of-experts ones too")
 
@@ -402,6 +408,40 @@ def _deepseek_routing(c: dict, d: dict, layers: int, need, refuse, scoring: str,
     return experts, top_k, expert_ffn, moe_at
 
 
+def _llama4(c: dict, d: dict, layers: int, heads: int, hidden: int, kv: int, need, refuse
+            ) -> tuple[int, int, int, list[int]]:
+    """Llama 4's text model (transformers' Llama4TextConfig) into ``d``: routed experts of ``intermediate_size`` on
+    the ``moe_layers`` (every ``interleave_moe_layer_step``-th), each with a shared expert as wide, a sigmoid over the
+    chosen top-k logits; the other layers a dense FFN of ``intermediate_size_mlp``; chunked attention on the rotary
+    layers (``no_rope_layers`` 1, every fourth full and without rotary embedding); its QK norm an L2 norm without
+    weights (no parameters, not priced). (experts, top_k, expert width, the MoE layers' indices)."""
+    experts, top_k, expert_ffn = need("num_local_experts"), need("num_experts_per_tok"), need("intermediate_size")
+    moe_at = c.get("moe_layers")
+    if moe_at is None:
+        step = need("interleave_moe_layer_step")
+        moe_at = list(range(step - 1, layers, step))
+    if not isinstance(moe_at, list) or not all(isinstance(i, int) and 0 <= i < layers for i in moe_at):
+        raise refuse("moe_layers", f"must be a list of layer indices below {layers}, got {moe_at!r}")
+    d.update(kv_heads=None if kv == heads else kv, router="sigmoid", shared_experts=1, shared_ffn=expert_ffn,
+             ffn=need("intermediate_size_mlp") if len(moe_at) < layers else expert_ffn)
+    head_dim = need("head_dim")
+    if head_dim * heads != hidden:
+        d["head_dim"] = head_dim
+    rope = c.get("no_rope_layers") or [int((i + 1) % 4 != 0) for i in range(layers)]  # transformers' default
+    if not isinstance(rope, list) or len(rope) != layers:
+        raise refuse("no_rope_layers", f"must list the {layers} layers (1: rotary and chunked, 0: full), got {rope!r}")
+    chunk = c.get("attention_chunk_size")
+    chunked = sum(1 for x in rope if x)
+    if chunk and chunked:
+        period = next((n for n in range(2, layers + 1) if all(bool(x) == ((i + 1) % n != 0)
+                                                              for i, x in enumerate(rope))), 0)
+        d.update(attention_chunk=_whole(c, "attention_chunk_size", refuse), chunked_layers=chunked,
+                 chunked_period=period)
+    if c.get("use_qk_norm"):
+        add_note(d, "QK norm: an L2 norm of the rotary layers' queries and keys, without weights (not priced)")
+    return experts, top_k, expert_ffn, moe_at
+
+
 def _sliding_period(types: list) -> int:
     """N where every N-th layer of ``types`` is full attention and the N - 1 before it slide (GPT-OSS's 2), else 0
     (`memo_sim.model.config`'s ``sliding_period``)."""
@@ -440,6 +480,8 @@ def moe_fields(raw: dict, source: str = "config.json", name: str = "hf-model") -
                                                                                         "noaux_tc"))
         if c.get("attention_bias"):
             raise refuse("attention_bias", "true: biases on latent attention are not modelled")
+    elif mt == "llama4_text":
+        experts, top_k, expert_ffn, moe_at = _llama4(c, d, layers, heads, hidden, kv, need, refuse)
     elif mt == "glm4_moe":  # DeepSeek-V3's routing (sigmoid with a correction bias) beside grouped-query attention
         experts, top_k, expert_ffn, moe_at = _deepseek_routing(c, d, layers, need, refuse, "sigmoid", 1, True)
         d.update(kv_heads=None if kv == heads else kv, qk_norm=bool(c.get("use_qk_norm")),
@@ -502,7 +544,7 @@ def moe_fields(raw: dict, source: str = "config.json", name: str = "hf-model") -
         raise refuse("num_experts_per_tok", f"{top_k} is not between 1 and the {experts} experts")
     if moe_layers == 0:
         raise refuse("num_hidden_layers", "no layer is a MoE layer under this configuration's layer pattern")
-    d.update(experts=experts, top_k=top_k, expert_ffn=0 if expert_ffn == ffn else expert_ffn,
+    d.update(experts=experts, top_k=top_k, expert_ffn=0 if expert_ffn == d["ffn"] else expert_ffn,
              dense_layers=layers - moe_layers)
     dtype, tied = _dtype_and_tied(c, refuse)
     d.update(dtype=dtype, tied_embeddings=tied, **_numerics(c, refuse, moe=True))

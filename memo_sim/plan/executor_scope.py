@@ -13,7 +13,7 @@ The executor builds:
 - routed experts with expert parallelism ``ep`` over the ``alltoall`` dispatcher, ``etp`` = 1 (each expert's FFN
   whole on one rank), dropless routing over every expert (no router groups, no output scaling);
 - multi-head / grouped-query attention, with any head size (``head_dim``) and QK norms (no latent attention, no
-  sinks, no sliding windows);
+  sinks, no sliding windows, no chunked attention);
 - uncompiled kernels (``kernel_fusion`` fused), its own ring (no ``ring_merge`` passes), a static memory plan for
   MEMO only;
 - FSDP on dense models, on one stage and in one micro-batch, ZeRO 2 / 3 in one micro-batch; a layout that splits the
@@ -71,11 +71,13 @@ def gemm_why_not(model: ModelConfig, layout: Layout, schedule: str, tokens: int 
 
 
 def attention_why_not(model: ModelConfig) -> str | None:
-    """Why the executor cannot build the model's attention (latent attention, sinks, sliding windows), or None."""
+    """Why the executor cannot build the model's attention (latent attention, sinks, sliding windows, chunked
+    attention), or None."""
     m = model
     for field_, on, what in (("kv_lora_rank", m.kv_lora_rank, "multi-head latent attention"),
                              ("attention_sinks", m.attention_sinks, "attention sinks"),
-                             ("sliding_window", m.sliding_window, "sliding-window attention")):
+                             ("sliding_window", m.sliding_window, "sliding-window attention"),
+                             ("attention_chunk", m.attention_chunk, "chunked attention")):
         if on:
             return (f"plan model {m.name}: {field_} = {on!r}: the executor does not build {what} yet (the simulator "
                     f"prices it); plan a model without it to run")

@@ -117,9 +117,9 @@ class Sppo(Policy):
         standard attention), or None."""
         if model.moe:
             return "SPPO is not searched for mixture-of-experts models (its planner is built for dense layers)"
-        if model.mla or model.attention_width != model.hidden or model.sliding_layers:
+        if model.mla or model.attention_width != model.hidden or model.sliding_layers or model.chunked_layers:
             return ("sppo's pieces are priced for dense layers with standard attention (no latent attention, "
-                    "head_dim other than hidden / heads or sliding window)")
+                    "head_dim other than hidden / heads, sliding window or chunked attention)")
         return None
 
     def check(self, model: ModelConfig, layout: Layout, batch: int, seq: int) -> str | None:
