@@ -143,4 +143,4 @@ def test_a_plan_on_part_of_a_gb200_rack_pins_only_its_own_trays_memory():
     assert best is not None and best.memory.host_bytes_per_node <= gb.host_capacity(8)
     words = _run(["whatif", "--model", "llama-3.1-8b", "--gpus", "8", "--seq", "2M", "--profile", "gb200-nvl72",
                   "--policy", "memo", "--no-plan", "--jobs", "1", "--simulate-top", "1"])
-    assert "(the 2 of the node's 18 hosts of 4 GPUs that its 8 GPUs take)" in words, words
+    assert "(the 2 of the node's 18 hosts of 4 GPUs that its 8 GPUs take, " in words, words
