@@ -722,8 +722,10 @@ def validate(model: ModelConfig, profile: HardwareProfile, plans: list[PlanSpec]
             dev = mt.meta.get("device") or device
             figure = str(overlay_gantt(worst.predicted_timeline, mt, out / "worst-gantt.png",
                                        f"{worst.label}: predicted vs measured"))
-    text = render_report(rows, summary, model, profile, str(dev), command, figure, layout)
     target = Path(report_path) if report_path else out / "validation.md"
+    if figure is not None:  # a link relative to the report, which may lie elsewhere (--report)
+        figure = os.path.relpath(os.path.abspath(figure), os.path.dirname(os.path.abspath(target)))
+    text = render_report(rows, summary, model, profile, str(dev), command, figure, layout)
     atomic_write_text(target, text)
     json_path = atomic_write_json(out / "validation.json", {
         "model": model.to_dict(), "layout": (layout or Layout()).label(), "profile": profile.name,

@@ -91,7 +91,7 @@ def _raw(folder, **over):
     ("qwen3-30b-a3b", dict(hidden_act="gelu"), "hidden_act"),
     ("qwen3-30b-a3b", dict(use_sliding_window=True, max_window_layers="all"), "max_window_layers"),
     ("deepseek-v3", dict(scoring_func="softmax2"), "scoring_func"),
-    ("deepseek-v3", dict(first_k_dense_replace=61), "num_hidden_layers"),
+    ("deepseek-v3", dict(first_k_dense_replace=61), "first_k_dense_replace"),  # named num_hidden_layers before
     ("deepseek-v3", dict(n_group="8"), "n_group"),  # a reviewer's finding, 2026-11-27: a traceback
     ("deepseek-v3", dict(n_group=7), "n_group"),
     ("deepseek-v3", dict(topk_group=True), "topk_group"),
@@ -103,6 +103,7 @@ def _raw(folder, **over):
     ("gpt-oss-20b", dict(model_type="gpt-oss"), "model_type"),  # a user's review: named num_local_experts before
     ("gpt-oss-20b", dict(model_type=None), "model_type"),
     ("mixtral-8x7b", dict(model_type="mixtal"), "model_type"),
+    ("glm-4.5-air", dict(partial_rotary_factor=1.5), "partial_rotary_factor"),  # accepted and echoed before
 ])
 def test_bad_moe_configs_are_refused_naming_the_field(folder, over, field):
     with pytest.raises(MemoError) as e:
@@ -189,6 +190,7 @@ def test_llama_4_reads_with_its_chunked_attention():
     assert (scout.params(), scout.active_params()) == (107_769_861_120, 17_172_894_720)
     assert (scout.attention_chunk, scout.chunked_layers, scout.chunked_period, scout.qk_norm) == (8192, 36, 4, False)
     assert "vision_config" in scout.not_modelled and "L2 norm" in scout.not_modelled
+    assert "no rotary embedding on 12 of 48 layers (NoPE" in scout.not_modelled
     assert PRESETS["llama-4-scout"] == replace(scout, name="llama-4-scout", not_modelled=PRESETS[
         "llama-4-scout"].not_modelled)
     text = json.loads((HF / "llama-4-scout" / "config.json").read_text())["text_config"]
@@ -207,7 +209,7 @@ def test_chunked_attention_counts_each_chunks_causal_square():
     assert m.attention_flop_fraction(8192) == 1.0
     assert m.attention_flop_fraction(16384) == pytest.approx((36 * 0.5 + 12) / 48)
     assert m.attention_flop_fraction(20480) == pytest.approx((36 * (2 * 8192**2 + 4096**2) / 20480**2 + 12) / 48)
-    with pytest.raises(MemoError, match="attention_chunk and chunked_layers go together"):
+    with pytest.raises(MemoError, match=r"attention_chunk \(0\) and chunked_layers \(36\) go together"):
         ModelConfig.from_dict({**m.to_dict(), "attention_chunk": 0})
     from memo_sim.layout.parallel import Layout
     from memo_sim.plan.executor_scope import plan_why_not
@@ -219,3 +221,54 @@ def test_chunked_attention_counts_each_chunks_causal_square():
 
     dense = replace(m, experts=0, top_k=0, shared_experts=0, shared_ffn=0, router="softmax", name="dense-chunked")
     assert "chunked attention" in policy_class("sppo").model_why_not(dense)
+
+
+def test_llama_4s_router_is_its_own_and_megatron_writes_no_expert_bias():
+    """Llama 4 routes by the sigmoid of the chosen logits with no correction bias: the Megatron script turned on
+    --moe-router-enable-expert-bias (DeepSeek-V3's aux-loss-free bias; a user's review); DeepSeek-V3 keeps it. The
+    executor's routers are the contract's list (a plan with another router is refused in one line)."""
+    pytest.importorskip("torch")
+    from memo_exec.moe.routers import ROUTERS as EXEC
+    from memo_sim.export.megatron import arguments
+    from memo_sim.layout.parallel import Layout
+    from memo_sim.plan.executor_scope import EXEC_ROUTERS, moe_why_not
+    from tests.exec_helpers import make_plan
+    from memo_sim.policy import get_policy
+
+    assert set(EXEC.names()) == set(EXEC_ROUTERS)
+    for name, bias in (("llama-4-scout", False), ("deepseek-v3", True)):
+        m = PRESETS[name]
+        args = dict(arguments(make_plan(m, 4096, get_policy("store_all")), []))
+        assert args["--moe-router-score-function"] == "sigmoid"
+        assert ("--moe-router-enable-expert-bias" in args) == bias, (name, args)
+    assert PRESETS["llama-4-scout"].router == "sigmoid_topk"
+    assert "router = 'sigmoid_topk': the executor runs" in moe_why_not(
+        ModelConfig.from_dict({**PRESETS["llama-4-scout"].to_dict(), "attention_chunk": 0, "chunked_layers": 0,
+                               "chunked_period": 0}), Layout(ep=2, dp=2))
+
+
+def test_llama_4_exports_name_its_chunked_attention_and_price_a_frameworks_plan_without_it():
+    """torchtitan's export of a Scout plan listed neither its chunked attention nor its rotary scaling; the Megatron
+    export's fallback plan was priced with chunked attention its script does not run (a user's review): a
+    framework without it trains the model with full causal attention, and its search prices it so."""
+    from memo_sim.export import export_plan
+    from memo_sim.layout.parallel import Layout
+    from memo_sim.policy import get_policy
+    from memo_sim.search.frameworks import get_framework
+    from tests.exec_helpers import make_plan
+
+    m = PRESETS["llama-4-scout"]
+    plan = make_plan(m, 32768, get_policy("store_all"))
+    plan = replace_layout(plan, Layout(ep=2, dp=2))
+    words = [g.what for g in export_plan(plan, "torchtitan", price=False, nearest=True).gaps]
+    assert any(w.startswith("chunked attention (8192-token chunks on 36 of 48 layers)") for w in words), words
+    assert any(w.startswith("rotary scaling (llama3 factor 16") for w in words), words
+    meg = get_framework("megatron").for_model(m)
+    assert (meg.chunked_layers, meg.attention_chunk) == (0, 0) and "megatron has none" in meg.not_modelled
+    assert get_framework("any").for_model(m).chunked_layers == 36
+
+
+def replace_layout(plan, layout):
+    from dataclasses import replace
+
+    return replace(plan, layout=layout, gpus=layout.gpus, batch=layout.dp)

@@ -81,6 +81,7 @@ def test_cpu_calibrate_plan_run_compare(tmp_path, cpu_validation):
         assert plan["profile"] == str(prof.resolve())  # the calibrated file, not a name
         assert (plan.get("memory_plan") is not None) == row["plan"].endswith("memo(a=0.500)")
     assert (out / "worst-gantt.png").stat().st_size > 1000
+    assert "![](worst-gantt.png)" in report  # relative to the report beside it (it read ![](OUT/worst-gantt.png))
 
 
 def test_busy_reason():

@@ -265,10 +265,8 @@ def not_modelled_gap(plan: Plan) -> list[Gap]:
     """What the model describes that memo neither counts nor prices (`ModelConfig.not_modelled`: DeepSeek-V3's
     multi-token prediction): the script, written from what memo models, trains without it."""
     m = plan.model
-    if not m.not_modelled:
-        return []
-    return [Gap(m.not_modelled, "not written (memo does not model it, and the times beside are without it): add it "
-                "by hand to train the model as released")]
+    return [Gap(what, "not written (memo does not model it, and the times beside are without it): add it by hand to "
+                "train the model as released") for what in m.not_modelled.split("; ") if what]  # one gap each
 
 
 def optimizer_offload_gap(plan: Plan, framework: str) -> list[Gap]:

@@ -147,11 +147,14 @@ def moe_arguments(plan: Plan, lay) -> list[tuple[str, str | None]]:
         args.append(("--moe-shared-expert-intermediate-size", str(m.shared_width)))
         if m.shared_gate:
             args.append(("--moe-shared-expert-gate", None))
-    if m.router == "sigmoid":  # DeepSeek-V3's: a bias per expert balances the loads (auxiliary-loss-free)
-        args += [("--moe-router-score-function", "sigmoid"), ("--moe-router-enable-expert-bias", None)]
-    # the balance loss beside it: per sequence (DeepSeek's seq_aux) or per micro-batch (GShard's); a sigmoid router
-    # without a coefficient has none
-    balance = "seq_aux_loss" if m.seq_aux else "aux_loss" if m.router != "sigmoid" or m.aux_loss_coef else "none"
+    r = m.moe_router
+    if r.score_function != "softmax":  # DeepSeek-V3's and GLM's with a bias per expert (auxiliary-loss-free), Llama 4's
+        args.append(("--moe-router-score-function", r.score_function))
+        if r.expert_bias:
+            args.append(("--moe-router-enable-expert-bias", None))
+    # the balance loss beside it: per sequence (DeepSeek's seq_aux) or per micro-batch (GShard's); a router balanced
+    # by its expert bias without a coefficient has none
+    balance = "seq_aux_loss" if m.seq_aux else "aux_loss" if not r.expert_bias or m.aux_loss_coef else "none"
     args.append(("--moe-router-load-balancing-type", balance))
     if balance != "none" and m.aux_loss_coef:  # Megatron's default coefficient is 0: the loss would weigh nothing
         args.append(("--moe-aux-loss-coeff", f"{m.aux_loss_coef:g}"))

@@ -236,9 +236,17 @@ def gaps(plan: Plan) -> list[Gap]:
                          "model_registry for config.model_spec)", PlanChange(gemm_format="bf16")))
     if _module(plan) == "qwen3" and plan.model.moe:
         out += _qwen3_moe_gaps(plan.model)
+    m = plan.model
+    if m.chunked_layers:  # no Llama 4 in torchtitan at SOURCE
+        out.append(Gap(f"chunked attention ({m.attention_chunk}-token chunks on {m.chunked_layers} of {m.layers} "
+                       f"layers)", "full causal attention on every layer (torchtitan at this version ships no model "
+                       "with chunked attention)"))
     base, note = _base(plan)
+    if note and m.rope_scaling and not (_module(plan) == "qwen3" and m.moe):  # a stand-in's rotary embedding
+        out.append(Gap(f"rotary scaling ({m.rope_scaling})", f"{base}'s own rotary embedding: set the model's "
+                                                             f"scaling by hand"))
     if note:
-        out.append(Gap(f"model {plan.model.name}", note))
+        out.append(Gap(f"model {m.name}", note))
     return out
 
 

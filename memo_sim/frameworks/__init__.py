@@ -172,6 +172,7 @@ class _FrameworkIn(BaseModel):
     mechanisms: _MechanismsIn
     precision: _PrecisionIn = _PrecisionIn()
     not_modelled: tuple[str, ...] = ()
+    chunked_attention: bool = Field(False, strict=True)  # it runs Llama 4's chunked attention (else full causal)
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -211,11 +212,12 @@ class Framework:
     # group); None: MoE models not offered
     experts: tuple[bool, bool, tuple[str, ...], bool] | None = None
     dp_modes: tuple[str, ...] = ("zero",)  # its data-parallel flavours (`memo_sim.dp`; zero: ZeRO stages)
+    chunked_attention: bool = False  # it runs chunked attention (Llama 4); else a model's chunked layers run full
 
     def for_model(self, model: ModelConfig) -> ModelConfig:
         """``model`` as this framework trains it: its recipe for the model's dtype where the model
-        names none; a GEMM format it does not offer, or a mixture of experts where it trains none, is
-        refused (one line)."""
+        names none, full causal attention where it runs no chunked attention; a GEMM format it does not offer, or a
+        mixture of experts where it trains none, is refused (one line)."""
         if model.moe and self.experts is None:
             raise MemoError(f"model {model.name} is a mixture of experts: {self.name} does not train them in memo's "
                             f"framework data; choose another --framework (megatron, torchtitan, deepspeed, any)")
@@ -225,6 +227,11 @@ class Framework:
         if model.gemm.quantised and (model.fp8_saved_inputs, model.fp8_sp_gathers) != (self.fp8_saved_inputs,
                                                                                      self.fp8_sp_gathers):
             model = replace(model, fp8_saved_inputs=self.fp8_saved_inputs, fp8_sp_gathers=self.fp8_sp_gathers)
+        if model.chunked_layers and not self.chunked_attention:  # as its script would run the model
+            note = (f"chunked attention ({model.attention_chunk}-token chunks on {model.chunked_layers} layers): "
+                    f"{self.name} has none, priced as full causal attention")
+            model = replace(model, attention_chunk=0, chunked_layers=0, chunked_period=0,
+                            not_modelled="; ".join(x for x in (model.not_modelled, note) if x)[:500])
         recipe = dict(self.recipes).get(model.dtype)
         if model.precision is not None or recipe is None:
             return model
@@ -308,7 +315,7 @@ def _read(path: Path) -> Framework:
                      embedding_loss_slots=lay.uneven_stages if lay.embedding_loss_slots is None
                      else lay.embedding_loss_slots,
                      fp8_saved_inputs=f.precision.fp8_saved_inputs, fp8_sp_gathers=f.precision.fp8_sp_gathers,
-                     dp_modes=lay.dp_modes,
+                     dp_modes=lay.dp_modes, chunked_attention=f.chunked_attention,
                      experts=None if lay.experts is None else (lay.experts.expert_parallel,
                                                                 lay.experts.expert_tensor_parallel,
                                                                 lay.experts.dispatchers,

@@ -189,7 +189,8 @@ class _ModelIn(BaseModel):
                              f"sliding, gives {placed} sliding layers of {self.layers}, not sliding_layers "
                              f"({self.sliding_layers}); give N >= 2 that matches, or 0")
         if bool(self.chunked_layers) != bool(self.attention_chunk):
-            raise ValueError("attention_chunk and chunked_layers go together: give both or neither")
+            raise ValueError(f"attention_chunk ({self.attention_chunk}) and chunked_layers ({self.chunked_layers}) go "
+                             f"together: give both above 0, or neither")
         if self.chunked_layers + self.sliding_layers > self.layers:
             raise ValueError(f"chunked_layers ({self.chunked_layers}) and sliding_layers ({self.sliding_layers}) "
                              f"exceed the {self.layers} layers")
@@ -659,10 +660,12 @@ PRESETS: dict[str, ModelConfig] = {
     "llama-4-scout": ModelConfig("llama-4-scout", 48, 5120, 40, 8192, vocab=202048, kv_heads=8, ffn_type="swiglu",
                                  norm="rmsnorm", bias="none", tied_embeddings=False, attention_chunk=8192,
                                  chunked_layers=36, chunked_period=4, experts=16, top_k=1, shared_experts=1,
-                                 shared_ffn=8192, router="sigmoid", rope_theta=500000.0, norm_eps=1e-5,
+                                 shared_ffn=8192, router="sigmoid_topk", rope_theta=500000.0, norm_eps=1e-5,
                                  aux_loss_coef=0.001, rope_scaling="llama3 factor 16, high_freq_factor 1",
                                  not_modelled="QK norm: an L2 norm of the rotary layers' queries and keys, without "
-                                              "weights (not priced)"),
+                                              "weights (not priced); no rotary embedding on 12 of 48 layers (NoPE; "
+                                              "not priced, not written); the vision tower is not modelled (the text "
+                                              "model alone)"),
 }
 
 

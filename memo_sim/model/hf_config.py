@@ -382,6 +382,8 @@ def _deepseek_routing(c: dict, d: dict, layers: int, need, refuse, scoring: str,
     expert_ffn = need("moe_intermediate_size")
     shared = c.get("n_shared_experts") or 0
     first = need("first_k_dense_replace", 0)
+    if first >= layers:
+        raise refuse("first_k_dense_replace", f"{first} leaves no MoE layer of the {layers}; give fewer dense layers")
     moe_at = [i for i in range(layers) if i >= first and i % freq == 0]
     d.update(router=scoring)
     # group-limited routing: each token's experts from its best topk_group of n_group groups
@@ -422,7 +424,7 @@ def _llama4(c: dict, d: dict, layers: int, heads: int, hidden: int, kv: int, nee
         moe_at = list(range(step - 1, layers, step))
     if not isinstance(moe_at, list) or not all(isinstance(i, int) and 0 <= i < layers for i in moe_at):
         raise refuse("moe_layers", f"must be a list of layer indices below {layers}, got {moe_at!r}")
-    d.update(kv_heads=None if kv == heads else kv, router="sigmoid", shared_experts=1, shared_ffn=expert_ffn,
+    d.update(kv_heads=None if kv == heads else kv, router="sigmoid_topk", shared_experts=1, shared_ffn=expert_ffn,
              ffn=need("intermediate_size_mlp") if len(moe_at) < layers else expert_ffn)
     head_dim = need("head_dim")
     if head_dim * heads != hidden:
@@ -439,6 +441,8 @@ def _llama4(c: dict, d: dict, layers: int, heads: int, hidden: int, kv: int, nee
                  chunked_period=period)
     if c.get("use_qk_norm"):
         add_note(d, "QK norm: an L2 norm of the rotary layers' queries and keys, without weights (not priced)")
+    if layers - chunked:
+        add_note(d, f"no rotary embedding on {layers - chunked} of {layers} layers (NoPE; not priced, not written)")
     return experts, top_k, expert_ffn, moe_at
 
 
@@ -490,6 +494,8 @@ def moe_fields(raw: dict, source: str = "config.json", name: str = "hf-model") -
         if head_dim is not None and head_dim * heads != hidden:
             d["head_dim"] = need("head_dim")
         prf = c.get("partial_rotary_factor", 1.0)
+        if isinstance(prf, bool) or not isinstance(prf, (int, float)) or not 0 < prf <= 1:
+            raise refuse("partial_rotary_factor", f"must be a share of each head in (0, 1], got {prf!r}")
         if prf != 1.0:
             add_note(d, f"partial_rotary_factor {prf}: the rotary embedding turns that share of each head (not priced, "
                      f"not written by the exports)")

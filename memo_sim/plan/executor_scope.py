@@ -28,6 +28,7 @@ from memo_sim.model.config import ModelConfig
 EXEC_GEMM_FORMATS = ("bf16", "fp8-tensorwise")  # `memo_exec.gemm_formats.GEMMS` (a test holds them equal)
 CUDA_MULTIPLE = 16  # torch._scaled_mm on CUDA: the reduction dimension and the second operand's a multiple of this
 EXEC_DISPATCHERS = ("alltoall",)
+EXEC_ROUTERS = ("softmax", "sigmoid")  # `memo_exec.moe.routers` (a test holds them equal)
 
 
 def rank_token_rows(micro_batch: int, seq: int, layout: Layout) -> int:
@@ -94,6 +95,9 @@ def moe_why_not(model: ModelConfig, layout: Layout) -> str | None:
         return (f"plan model {model.name}: router_groups = {model.router_groups}: the executor routes over every "
                 f"expert (group-limited routing not built; the simulator prices it); plan a model without router "
                 f"groups to run")
+    if model.router not in EXEC_ROUTERS:
+        return (f"plan model {model.name}: router = {model.router!r}: the executor runs the {', '.join(EXEC_ROUTERS)} "
+                f"routers (the simulator prices it); plan a model with one of them to run")
     if model.router_scaling != 1.0:
         return (f"plan model {model.name}: router_scaling = {model.router_scaling}: the executor does not scale the "
                 f"routed experts' output; plan a model with router_scaling 1 to run")

@@ -210,7 +210,7 @@ def whatif_answer(v: WhatIfView) -> Answer:
     dt = f", {m.dtype} training (--dtype bf16 plans bf16)" if m.dtype != "bf16" else ""
     a.line(f"{m.name} ({fmt_params(m.params())} params{moe}{m.gemm_words}{dt}), {fmt_count(v.seq)} tokens x "
            f"{v.batch_words}, {v.gpus} x {prof.gpu.model} ({prof.name})")
-    for note in m.model_notes():
+    for note in (v.best.model if v.best is not None else m).model_notes():  # as the framework trains it
         a.line(f"model: {note}")
     if (nodes := prof.partial_node_words(v.gpus)) is not None:
         a.line(f"nodes: {nodes}")

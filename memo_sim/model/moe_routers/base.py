@@ -24,6 +24,8 @@ class Router:
     score_passes: int  # fp32 (tokens x experts) reads + writes of the score pass (softmax/sigmoid, top-k, aux loss)
     balancing: str  # how the loads are kept even, in words (what the search reports)
     buffers: str = ""  # learned state kept as a buffer, not a parameter (not counted in the parameters)
+    score_function: str = "softmax"  # over the gate's logits (Megatron-Core's --moe-router-score-function)
+    expert_bias: bool = False  # a per-expert correction bias balances the loads (--moe-router-enable-expert-bias)
 
     def params(self, hidden: int, experts: int, bias: bool) -> int:
         """The gate's parameters in one MoE layer."""

@@ -11,4 +11,5 @@ from memo_sim.model.moe_routers.registry import ROUTERS
 
 ROUTERS.add("sigmoid", Router("sigmoid", "sigmoid top-k with a per-expert correction bias (aux-loss-free)",
                               score_passes=2, balancing="per-expert bias updated from the loads",
-                              buffers="e_score_correction_bias (experts per MoE layer)"))
+                              buffers="e_score_correction_bias (experts per MoE layer)", score_function="sigmoid",
+                              expert_bias=True))
