@@ -130,6 +130,9 @@ def totals_rows(res: RunResult, pred: dict, source: str) -> list[dict]:
     tokens = res.meta["tokens"]
     it = st.get("iteration_s")
     cuda = res.meta["device_kind"] == "cuda"
+    # a TP layer's analytic times hold its collectives; the per-op table's predictions are the compute stream's ops
+    lt_src = "plan.layer_timings_s" + (" (with the layer's TP collectives, which the per-op table leaves out)"
+                                       if res.plan.layout.tp > 1 else "")
     meas_mfu = None
     if cuda and it:
         peak, _ = _peak_flops(res.plan.profile, res.plan.model.dtype)
@@ -142,9 +145,9 @@ def totals_rows(res: RunResult, pred: dict, source: str) -> list[dict]:
         ("MFU", "", pred.get("mfu"), meas_mfu, source),
         ("tokens per GPU per second", "tok/s", pred.get("tgs_tokens_per_gpu_s"),
          tokens / it / _replica_gpus(res) if it else None, source),
-        ("layer forward", "s", lt.get("forward"), st.get("layer_forward_s"), "plan.layer_timings_s"),
-        ("layer backward", "s", lt.get("backward"), st.get("layer_backward_s"), "plan.layer_timings_s"),
-        ("layer recompute", "s", lt.get("recompute"), st.get("layer_recompute_s"), "plan.layer_timings_s"),
+        ("layer forward", "s", lt.get("forward"), st.get("layer_forward_s"), lt_src),
+        ("layer backward", "s", lt.get("backward"), st.get("layer_backward_s"), lt_src),
+        ("layer recompute", "s", lt.get("recompute"), st.get("layer_recompute_s"), lt_src),
         ("layer offload (d2h)", "s", lt.get("offload"), st.get("layer_offload_s"), "plan.layer_timings_s"),
         ("layer prefetch (h2d)", "s", lt.get("prefetch"), st.get("layer_prefetch_s"), "plan.layer_timings_s"),
         ("exposed copy time", "s", pred.get("exposed_copy_s"), st.get("exposed_copy_s"), source),

@@ -254,3 +254,19 @@ def test_a_plan_of_another_element_width_reads_its_memory_errors_as_not_comparab
         assert all(r.rstrip(" |").endswith(("not comparable", "—")) for r in rows), rows
     md, rows = memory_rows(dataclasses.replace(SMALL, dtype="fp32"), "fp32")
     assert any("%" in r for r in rows) and "not comparable" not in "".join(rows), rows
+
+
+def test_a_tp_layers_predicted_times_say_they_hold_its_collectives():
+    """A TP 2 run's report gave 'layer forward 36.4 ms' predicted above a per-op table summing 23.0 ms, the difference
+    the layer's TP collectives, unsaid (a user's review): the layer rows name what their prediction holds."""
+    import dataclasses
+    from types import SimpleNamespace as NS
+
+    from memo_exec.report import totals_rows
+
+    p = make_plan(SMALL, 256, get_policy("store_all"), predicted=PRED, layer_timings=LT)
+    meta = {"tokens": 256, "device_kind": "cpu", "world": 1, "memory_estimate_total_bytes": 1}
+    for tp, said in ((1, False), (2, True)):
+        plan = dataclasses.replace(p, layout=Layout(tp=tp, sp=tp > 1), gpus=tp)
+        rows = {r["quantity"]: r for r in totals_rows(NS(plan=plan, steady={}, meta=meta, estimate=NS()), PRED, "s")}
+        assert ("TP collectives" in rows["layer forward"]["predicted_from"]) == said
