@@ -48,6 +48,22 @@ def test_blocking_alltoall_is_not_compute_time():
     assert rows[0]["measured_s"] == pytest.approx(0.4) and rows[0]["ratio"] == pytest.approx(0.4 / 0.3)
 
 
+def test_blocking_tp_collectives_are_not_compute_time():
+    """A TP all-gather the executor records on ``comm`` (layer None) inside the ``qkv`` op that issued it is waiting,
+    not compute (a TP 2 CPU validation read compute busy +182% and its collectives 'overlapped' 355 ms); one on
+    another rank's timeline or outside any op is left alone."""
+    ev = [TimelineEvent("qkv", 0, "fwd", "compute", 0, 0.0, 1.0),
+          TimelineEvent("tp_all_gather", None, "comm", "comm", 0, 0.1, 0.4),
+          TimelineEvent("fc1", 0, "fwd", "compute", 0, 1.0, 2.0),
+          TimelineEvent("tp_reduce_scatter", None, "comm", "comm", 0, 1.5, 1.7),
+          TimelineEvent("tp_all_gather", None, "comm", "comm", 1, 0.1, 0.4),  # rank 1's: not in rank 0's ops
+          TimelineEvent("tp_grad_all_reduce", None, "comm", "comm", 0, 2.5, 2.6)]  # after the layer: no op holds it
+    tl = Timeline(events=ev)
+    st = stream_stats(tl, ("comm",))
+    assert st["compute"]["busy_s"] == pytest.approx(1.5) and st["comm"]["overlapped_s"] == pytest.approx(0.0)
+    assert op_times(tl)[(0, "forward")] == pytest.approx(1.5)
+
+
 def test_validate_reports_the_alltoall_per_layer(tmp_path):
     with time_limit(90):
         path, summary = V.validate(MOE, load_profile("h100-sxm5-80gb"), V.plan_set([64], ["store_all"], [0.5]),
