@@ -182,24 +182,14 @@ class _ModelIn(BaseModel):
             raise ValueError(f"sliding_layers ({self.sliding_layers}) exceeds the {self.layers} layers")
         if bool(self.sliding_layers) != bool(self.sliding_window):
             raise ValueError("sliding_window and sliding_layers go together: give both or neither")
-        if self.sliding_period and (self.sliding_period < 2 or self.sliding_layers
-                                    != self.layers - self.layers // self.sliding_period):
-            placed = self.layers - self.layers // max(self.sliding_period, 1)
-            raise ValueError(f"sliding_period ({self.sliding_period}): every N-th layer full, the N - 1 before it "
-                             f"sliding, gives {placed} sliding layers of {self.layers}, not sliding_layers "
-                             f"({self.sliding_layers}); give N >= 2 that matches, or 0")
+        _check_period(self.layers, "sliding", self.sliding_period, self.sliding_layers)
         if bool(self.chunked_layers) != bool(self.attention_chunk):
             raise ValueError(f"attention_chunk ({self.attention_chunk}) and chunked_layers ({self.chunked_layers}) go "
                              f"together: give both above 0, or neither")
         if self.chunked_layers + self.sliding_layers > self.layers:
             raise ValueError(f"chunked_layers ({self.chunked_layers}) and sliding_layers ({self.sliding_layers}) "
                              f"exceed the {self.layers} layers")
-        if self.chunked_period and (self.chunked_period < 2 or self.chunked_layers
-                                    != self.layers - self.layers // self.chunked_period):
-            placed = self.layers - self.layers // max(self.chunked_period, 1)
-            raise ValueError(f"chunked_period ({self.chunked_period}): every N-th layer full, the N - 1 before it "
-                             f"chunked, gives {placed} chunked layers of {self.layers}, not chunked_layers "
-                             f"({self.chunked_layers}); give N >= 2 that matches, or 0")
+        _check_period(self.layers, "chunked", self.chunked_period, self.chunked_layers)
         if self.kv_lora_rank:
             if not (self.head_dim and self.qk_rope_dim and self.v_head_dim):
                 raise ValueError("multi-head latent attention (kv_lora_rank) needs head_dim (the no-rope query/key "
@@ -207,6 +197,16 @@ class _ModelIn(BaseModel):
         elif self.q_lora_rank or self.qk_rope_dim or self.v_head_dim:
             raise ValueError("q_lora_rank, qk_rope_dim and v_head_dim describe latent attention: give kv_lora_rank too")
         return self
+
+
+def _check_period(layers: int, kind: str, period: int, count: int) -> None:
+    """A layer pattern (``sliding_period`` / ``chunked_period`` N: every N-th layer full, the N - 1 before it of
+    ``kind``) that places the ``count`` layers stated, or a one-line ValueError."""
+    if period and (period < 2 or count != layers - layers // period):
+        placed = layers - layers // max(period, 1)
+        raise ValueError(f"{kind}_period ({period}): every N-th layer full, the N - 1 before it {kind}, gives "
+                         f"{placed} {kind} layers of {layers}, not {kind}_layers ({count}); give N >= 2 that "
+                         f"matches, or 0")
 
 
 def _counted(method):
