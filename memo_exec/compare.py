@@ -181,11 +181,35 @@ def spans_minus(a, b) -> list[tuple[float, float]]:
 
 def compute_spans(tl: Timeline) -> list[tuple[float, float]]:
     """The compute stream's busy spans, less the time it sat blocked in a collective it issued: a MoE dispatcher
-    all-to-all (``ep_comm``) or a tensor-parallel all-gather / reduce-scatter / all-reduce (``comm``): each is
-    blocking, so the compute span that issues it -- the executor's ``moe`` op, a TP layer's ``qkv`` or ``fc1`` --
-    holds the wait (a TP 2 run on CPU read compute +182% and its collectives 'overlapped'); the simulator's compute
-    ops never contain one, so its timeline is unchanged."""
-    return spans_minus(busy_spans(tl, ("compute",)), busy_spans(tl, NESTED_COMM_STREAMS))
+    all-to-all (``ep_comm``) or a tensor-parallel all-gather / reduce-scatter / all-reduce (``comm``) that lies
+    inside a compute op (`nested_comm`): each is blocking, so the op that issues it -- the executor's ``moe`` op, a
+    TP layer's ``qkv`` or ``fc1`` -- holds the wait (a TP 2 run on CPU read compute +182% and its collectives
+    'overlapped'). A collective beside the compute ops, only partly under one, runs on its own stream and
+    overlaps; the simulator's compute ops never contain one, so its timeline is unchanged."""
+    return spans_minus(busy_spans(tl, ("compute",)), union_spans([(e.start, e.end) for e, _c in nested_comm(tl)]))
+
+
+def nested_comm(tl: Timeline) -> list[tuple]:
+    """(collective, the compute op of a layer that holds it) for each ``NESTED_COMM_STREAMS`` event lying inside a
+    compute op of its device (and of its layer and phase, where it names them)."""
+    nested = [e for e in tl.events if e.stream in NESTED_COMM_STREAMS and e.phase != "stall"]
+    if not nested:
+        return []
+    ops: dict[object, list] = {}  # each device's compute ops of a layer, by start
+    for c in tl.events:
+        if c.stream == "compute" and c.layer is not None and c.phase != "stall":
+            ops.setdefault(c.device, []).append(c)
+    for cs in ops.values():
+        cs.sort(key=lambda c: c.start)
+    starts = {d: [c.start for c in cs] for d, cs in ops.items()}
+    out = []
+    for e in nested:  # the compute op that issued it: the last to start at or before it, if it holds it
+        i = bisect.bisect_right(starts.get(e.device, []), e.start) - 1
+        if i >= 0:
+            c = ops[e.device][i]
+            if e.end <= c.end and (e.layer is None or (e.layer, e.phase) == (c.layer, c.phase)):
+                out.append((e, c))
+    return out
 
 
 def stream_stats(tl: Timeline, extra: tuple[str, ...] = ()) -> dict[str, dict[str, float]]:
@@ -214,23 +238,10 @@ def op_times(tl: Timeline) -> dict[tuple[int, str], float]:
             if e.stream == stream and e.phase == phase:
                 out[(e.layer, cls)] = out.get((e.layer, cls), 0.0) + e.duration
     cls_of = {phase: cls for cls, stream, phase in OP_CLASSES if stream == "compute"}
-    nested = [e for e in tl.events if e.stream in NESTED_COMM_STREAMS]
-    if not nested:
-        return out
-    ops: dict[object, list] = {}  # each device's compute ops of a layer, by start
-    for c in tl.events:
-        if c.stream == "compute" and c.layer is not None and c.phase in cls_of:
-            ops.setdefault(c.device, []).append(c)
-    for cs in ops.values():
-        cs.sort(key=lambda c: c.start)
-    starts = {d: [c.start for c in cs] for d, cs in ops.items()}
-    for e in nested:  # the compute op that issued it: the last to start at or before it, if it holds it
-        i = bisect.bisect_right(starts.get(e.device, []), e.start) - 1
-        if i >= 0:
-            c = ops[e.device][i]
-            if e.end <= c.end and (e.layer is None or (e.layer, e.phase) == (c.layer, c.phase)):
-                key = (c.layer, cls_of[c.phase])
-                out[key] = out.get(key, 0.0) - e.duration
+    for e, c in nested_comm(tl):
+        if c.phase in cls_of:
+            key = (c.layer, cls_of[c.phase])
+            out[key] = out.get(key, 0.0) - e.duration
     return out
 
 

@@ -71,7 +71,7 @@ def _totals_res(world, dp, *, not_estimated=()):
     from memo_sim.model.config import get_model
 
     model = get_model("gpt-7b")
-    lay = SimpleNamespace(optimizer_offload=False, dp=dp)
+    lay = SimpleNamespace(optimizer_offload=False, dp=dp, tp=1)
     plan = SimpleNamespace(profile="h100-sxm5-80gb", layout=lay, model=model, batch=1, seq_tokens=4096,
                            layer_timings_s={})
     meta = {"world": world, "pinned_host_bytes": 0, "host_optimizer_bytes": 0, "tokens": 4096 * dp,
