@@ -254,6 +254,9 @@ def test_a_wrappers_quantization_and_key_hints_are_its_text_models(tmp_path):
     m = get_model(str(tmp_path / "config.json"))
     assert "quantization_config (quant_method fp8)" in m.not_modelled
     assert "its audio_config, vision_config and the projector not modelled" in m.not_modelled
+    (tmp_path / "config.json").write_text(json.dumps(dict(wrapper, text_config={"model_type": "mistral"})))
+    with pytest.raises(MemoError, match=r"config.json text_config: hidden_size: missing"):  # where the field lies
+        get_model(str(tmp_path / "config.json"))
     bad = dict(wrapper, text_config={**wrapper["text_config"], "num_attention_heads": 30, "num_key_value_heads": 30})
     (tmp_path / "config.json").write_text(json.dumps(bad))
     with pytest.raises(MemoError) as e:

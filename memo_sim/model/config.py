@@ -739,7 +739,8 @@ def model_from_file(path: str | Path) -> ModelConfig:
         raise MemoError(f"{path}: a model file is a mapping of fields (layers, hidden, heads, ffn, vocab)")
     if is_hf_config(raw):
         lm, how = language_model(raw, source=str(path))  # a multimodal wrapper's text_config, or by architectures
-        fields = hf_model_fields(with_defaults(path, lm), source=str(path), name=model_name(path))
+        src = f"{path} text_config" if lm is not raw and isinstance(raw.get("text_config"), dict) else str(path)
+        fields = hf_model_fields(with_defaults(path, lm), source=src, name=model_name(path))  # where a field lies
         if how:
             add_note(fields, how)
         try:
