@@ -66,7 +66,7 @@ def dense_view(model: ModelConfig) -> ModelConfig:
     if not model.moe:
         return model
     return dataclasses.replace(model, experts=0, top_k=0, expert_ffn=0, shared_experts=0, shared_ffn=0,
-                               shared_gate=False, dense_layers=0, moe_bias=False)
+                               shared_gate=False, dense_layers=0, dense_period=0, moe_bias=False)
 
 
 def _tensor_specs(model: ModelConfig):
@@ -194,8 +194,9 @@ class LayerWeights(nn.Module):
     def __init__(self, model: ModelConfig, layers: int, device, dtype, tp: int = 1, layer: int | None = None,
                  experts: tuple[int, int] | None = None) -> None:
         """``layer``: the model layer these weights are (None: a dense layer, for sizes and traces); a MoE
-        model's layer at or past ``dense_layers`` has the MoE block ``moe`` (`memo_exec.moe.weights`)
-        instead of w1/w2/b1/b2, holding routed experts ``[first, first + n)`` = ``experts`` (default all)."""
+        model's layer that is not a dense one (`ModelConfig.dense_layer_at`) has the MoE block ``moe``
+        (`memo_exec.moe.weights`) instead of w1/w2/b1/b2, holding routed experts ``[first, first + n)`` =
+        ``experts`` (default all)."""
         super().__init__()
         h, kv, f = model.hidden, model.kv_dim // tp, model.ffn // tp
         hq = model.q_dim // tp  # the queries' width: heads x head size (hidden, but where head_dim says otherwise)
@@ -211,7 +212,7 @@ class LayerWeights(nn.Module):
         self.ln2_w, self.ln2_b = mk(h), mk(h) if shift else None
         self.swiglu = model.ffn_type == "swiglu"
         self.index = layer
-        if model.moe and layer is not None and layer >= model.dense_layers:
+        if model.moe and layer is not None and not model.dense_layer_at(layer):
             from memo_exec.moe.weights import MoEWeights  # noqa: PLC0415
 
             first, n = experts if experts is not None else (0, model.experts)

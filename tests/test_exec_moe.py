@@ -135,8 +135,8 @@ def check(case: dict, results: list, world: int) -> None:
     if lay.get("zero", 0) < 3 and case["pol"] in ("memo", "full_offload"):
         # an offloaded MoE layer rebuilds its block from ln2 before its backward; a kept one keeps its graph
         for r in results:
-            dense = VARIANTS[case.get("variant", 0)].dense_layers
-            assert r["moe_recomputed"] == [i for i in r["offloaded"] if i >= dense], (what, r)
+            model = VARIANTS[case.get("variant", 0)]
+            assert r["moe_recomputed"] == [i for i in r["offloaded"] if not model.dense_layer_at(i)], (what, r)
         assert any(r["moe_recomputed"] for r in results) or lay.get("pp", 1) > 1, what
     elif case["pol"] != "store_all" or lay.get("zero", 0) >= 3:  # MoE blocks rebuilt from ln2 before their backward
         assert all(r["moe_recomputed"] for r in results), what
@@ -177,7 +177,9 @@ VARIANTS = [MOE, dataclasses.replace(MOE, name="moe-sigmoid-gelu", router="sigmo
                                      dense_layers=0, top_k=3),
             # Qwen3-MoE's attention: heads of 32 where hidden / heads is 16, QK norms; no shared experts
             dataclasses.replace(MOE, name="moe-qwen3", head_dim=32, qk_norm=True, shared_experts=0, shared_ffn=0,
-                                shared_gate=False, moe_bias=False, dense_layers=0)]
+                                shared_gate=False, moe_bias=False, dense_layers=0),
+            # Llama 4 Maverick's pattern: dense layers 0 and 2 between MoE layers 1 and 3 (dense_period 2)
+            dataclasses.replace(MOE, name="moe-alternating", dense_layers=2, dense_period=2)]
 
 
 @pytest.mark.parametrize("model", VARIANTS, ids=lambda m: m.name)
@@ -190,7 +192,8 @@ def test_block_math_and_params_match_the_formula(model):
         gpt = GPT(model, model.layers, torch.device("cpu"), torch.float64)
         assert gpt.param_count() - vocab_padding_params(model) == model.params()
         gpt.init_(0)
-        lw: LayerWeights = gpt.layers[model.dense_layers]
+        assert [lw.moe is None for lw in gpt.layers] == [model.dense_layer_at(i) for i in range(model.layers)]
+        lw: LayerWeights = gpt.layers[next(i for i in range(model.layers) if not model.dense_layer_at(i))]
         x = torch.randn(24, model.hidden, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
         with torch.no_grad():
             y, idx = MoEBlock(model).math(lw.moe, x)
@@ -236,7 +239,8 @@ TWO = [dict(lay=dict(dp=2, ep=2), pol="store_all", steps=10),
        dict(lay=dict(dp=2, ep=2), pol="memo", variant=1),  # sigmoid router, GELU, LayerNorm, no shared experts
        dict(lay=dict(dp=2, ep=2), pol="recompute_moe", steps=10),  # the block re-run, its all-to-alls too
        dict(lay=dict(tp=2, sp=True, ep=2), pol="recompute_moe"),
-       dict(lay=dict(tp=2, sp=True, ep=2), pol="memo", variant=2)]  # Qwen3-MoE: QK norms summed over the TP pair
+       dict(lay=dict(tp=2, sp=True, ep=2), pol="memo", variant=2),  # Qwen3-MoE: QK norms summed over the TP pair
+       dict(lay=dict(dp=2, ep=2), pol="memo", variant=3)]  # dense and MoE layers alternating
 
 
 def test_two_ranks_dp2_ep2_match_single_process():

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from memo_sim.errors import MemoError
-from memo_sim.model.config import PRESETS, ModelConfig, get_model
+from memo_sim.model.config import PRESETS, ModelConfig, get_model, with_overrides
 from memo_sim.model.hf_config import hf_model_fields
 
 HF = Path(__file__).parent / "data" / "hf"
@@ -69,11 +69,13 @@ def test_a_checkpoints_quantization_config_is_named_not_trained_in():
     assert len(ModelConfig(**{**dense, "name": "q"}).not_modelled) <= 500
 
 
-def test_dense_layers_not_first_are_named():
-    """Qwen3-MoE with decoder_sparse_step 2: every other layer dense (0, 2, 4, ...), not the first half, as a
-    pipeline stage's states place them: named; DeepSeek-V3's first 3 are not."""
+def test_dense_layers_not_first_are_placed_or_named():
+    """Qwen3-MoE with decoder_sparse_step 2: every other layer dense (0, 2, 4, ...): placed by dense_period; dense
+    layers of no period (mlp_only_layers 5 and 9) are named; DeepSeek-V3's first 3 are neither."""
     d = hf_model_fields(_raw("qwen3-30b-a3b", decoder_sparse_step=2))
-    assert d["dense_layers"] == 24 and "layers 0, 2, 4, 6, 8, 10, ..., not the first 24" in d["not_modelled"]
+    assert d["dense_layers"] == 24 and d["dense_period"] == 2 and "dense-FFN" not in d.get("not_modelled", "")
+    d = hf_model_fields(_raw("qwen3-30b-a3b", mlp_only_layers=[5, 9]))
+    assert d["dense_layers"] == 2 and "layers 5, 9, neither the first 2" in d["not_modelled"]
     assert "dense-FFN layers" not in hf_model_fields(_raw("deepseek-v3")).get("not_modelled", "")
     assert "dense-FFN layers" not in hf_model_fields(_raw("qwen3-30b-a3b", mlp_only_layers=[0, 1])).get(
         "not_modelled", "")
@@ -171,7 +173,7 @@ def test_glm_4_5_reads_as_its_own_family():
     raw = json.loads((HF / "glm-4.5-air" / "config.json").read_text())
     air = get_model(str(HF / "glm-4.5-air" / "config.json"))
     assert (air.router, air.bias, air.qk_norm, air.dense_layers, air.head_dim) == ("sigmoid", "qkv", False, 1, 128)
-    assert "multi-token prediction" in air.not_modelled and "partial_rotary_factor 0.5" in air.not_modelled
+    assert "multi-token prediction" in air.not_modelled and air.rotary_fraction == 0.5
     big = dict(raw, hidden_size=5120, num_hidden_layers=92, intermediate_size=12288, moe_intermediate_size=1536,
                n_routed_experts=160, first_k_dense_replace=3, use_qk_norm=True, routed_scaling_factor=2.5)
     m = ModelConfig.from_dict(hf_model_fields(big, name="glm-4.5"))
@@ -190,14 +192,52 @@ def test_llama_4_reads_with_its_chunked_attention():
     assert (scout.params(), scout.active_params()) == (107_769_861_120, 17_172_894_720)
     assert (scout.attention_chunk, scout.chunked_layers, scout.chunked_period, scout.qk_norm) == (8192, 36, 4, False)
     assert "vision_config" in scout.not_modelled and "L2 norm" in scout.not_modelled
-    assert "no rotary embedding on 12 of 48 layers (NoPE" in scout.not_modelled
+    assert scout.nope_period == 4 and "NoPE" not in scout.not_modelled
     assert PRESETS["llama-4-scout"] == replace(scout, name="llama-4-scout", not_modelled=PRESETS[
         "llama-4-scout"].not_modelled)
     text = json.loads((HF / "llama-4-scout" / "config.json").read_text())["text_config"]
     mav = ModelConfig.from_dict(hf_model_fields(dict(text, interleave_moe_layer_step=2, num_local_experts=128),
                                                 name="maverick"))
     assert (mav.params(), mav.dense_layers, mav.ffn, mav.expert_width) == (400_711_848_960, 24, 16384, 8192)
-    assert "not the first 24" in mav.not_modelled  # its dense layers alternate: named
+    assert mav.dense_period == 2 and "dense-FFN layers are" not in mav.not_modelled  # alternating: placed
+
+
+def test_dense_layers_placed_where_the_config_puts_them():
+    """Maverick's dense layers alternate with its MoE layers (layers 0, 2, ..., 46 dense; transformers'
+    interleave_moe_layer_step 2), and memo placed a MoE model's dense layers first: a pipeline stage's states, the
+    executor's layers and Megatron's --moe-layer-freq put all 24 dense layers on the first half of the model
+    (`([0]*24+[1]*24)`, a review). ``dense_period`` places them; a pattern of no period stays first and named."""
+    from memo_sim.cost.sppo import stage_dense_layer_count, stage_params
+    from memo_sim.export.megatron import moe_layer_pattern
+    from memo_sim.layout.parallel import Layout
+
+    text = json.loads((HF / "llama-4-scout" / "config.json").read_text())["text_config"]
+    mav = ModelConfig.from_dict(hf_model_fields(dict(text, interleave_moe_layer_step=2, num_local_experts=128),
+                                                name="maverick"))
+    assert [mav.dense_layer_at(i) for i in range(4)] == [True, False, True, False]
+    lay = Layout(tp=8, pp=4)
+    assert [stage_dense_layer_count(mav, lay, s) for s in range(4)] == [6, 6, 6, 6]
+    assert stage_params(mav, lay, 1) == stage_params(mav, lay, 2)  # middle stages alike
+    pattern = moe_layer_pattern(mav)
+    assert pattern == "([0]*1+[1]*1)*24"
+    assert eval(pattern) == [0 if mav.dense_layer_at(i) else 1 for i in range(48)]  # noqa: S307 - digits only
+    ds = PRESETS["deepseek-v3"]
+    assert not ds.dense_period and moe_layer_pattern(ds) == "([0]*3+[1]*58)"
+    assert [stage_dense_layer_count(ds, Layout(pp=4, first_stage_layers=13), s) for s in range(4)] == [3, 0, 0, 0]
+    # Qwen's decoder_sparse_step 3 over 10 layers: MoE at 2, 5, 8; the rest dense, the last one too
+    qwen = json.loads((HF / "qwen2-moe-a2.7b" / "config.json").read_text())
+    q = ModelConfig.from_dict(hf_model_fields(dict(qwen, num_hidden_layers=10, decoder_sparse_step=3), name="q"))
+    assert (q.dense_layers, q.dense_period) == (7, 3)
+    assert eval(moe_layer_pattern(q)) == [0, 0, 1, 0, 0, 1, 0, 0, 1, 0]  # noqa: S307
+    odd = ModelConfig.from_dict(hf_model_fields(dict(qwen, num_hidden_layers=10, mlp_only_layers=[3, 7]), name="o"))
+    assert (odd.dense_layers, odd.dense_period) == (2, 0) and "layers 3, 7, neither the first 2" in odd.not_modelled
+    with pytest.raises(MemoError, match=r"dense_period \(2\): every N-th layer MoE, the N - 1 before it dense, gives "
+                       r"24 dense layers of 48, not dense_layers \(20\)"):
+        ModelConfig.from_dict({**mav.to_dict(), "dense_layers": 20})
+    with pytest.raises(MemoError, match="dense_period"):
+        ModelConfig.from_dict({**PRESETS["llama-3.1-8b"].to_dict(), "dense_period": 2})
+    short = with_overrides(mav, layers=8)
+    assert (short.dense_layers, short.dense_period) == (4, 2)
 
 
 def test_chunked_attention_counts_each_chunks_causal_square():
@@ -272,3 +312,29 @@ def replace_layout(plan, layout):
     from dataclasses import replace
 
     return replace(plan, layout=layout, gpus=layout.gpus, batch=layout.dp)
+
+
+def test_partial_rotary_and_nope_layers_are_written_for_megatron():
+    """GLM-4.5's partial rotary (0.5 of each head) and Llama 4's NoPE layers (every fourth) were named and not
+    written: Megatron-LM's script trained them with rotary embeddings over every head dimension on every layer
+    (arguments.py at d98e8a64 has --rotary-percent and --no-rope-freq). Megatron-DeepSpeed has --rotary-percent
+    and no NoPE; torchtitan's models neither: gaps."""
+    from dataclasses import replace
+
+    from memo_sim.export import deepspeed, megatron, torchtitan
+    from memo_sim.policy.registry import policy_class
+    from tests.exec_helpers import make_plan
+
+    def args(m, mod):
+        plan = make_plan(m, 4096, policy_class("store_all")())
+        return dict(a if len(a) == 2 else (a[0], None) for a in mod.arguments(plan, [])), plan
+
+    glm, _ = args(PRESETS["glm-4.5-air"], megatron)
+    assert glm["--rotary-percent"] == "0.5" and "--no-rope-freq" not in glm
+    scout, plan = args(PRESETS["llama-4-scout"], megatron)
+    assert scout["--no-rope-freq"] == "4" and "--rotary-percent" not in scout
+    odd, _ = args(replace(PRESETS["llama-4-scout"], layers=10, chunked_layers=8, nope_period=4), megatron)
+    assert eval(odd["--no-rope-freq"]) == [0, 0, 0, 1, 0, 0, 0, 1, 0, 0]  # noqa: S307 - digits only
+    assert any("NoPE" in g.what for g in deepspeed.gaps(plan)) and any("NoPE" in g.what for g in torchtitan.gaps(plan))
+    with pytest.raises(MemoError, match="nope_period"):
+        ModelConfig.from_dict({**PRESETS["llama-3.1-8b"].to_dict(), "nope_period": 1})

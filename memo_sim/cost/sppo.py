@@ -322,13 +322,12 @@ def stage_split_key(model: ModelConfig, layout: Layout) -> tuple:
 
 
 def stage_dense_layer_count(model: ModelConfig, layout: Layout, stage: int) -> int:
-    """A MoE model's dense-FFN layers among one pipeline rank's (the model's first ``dense_layers``, the
-    pattern Megatron-Core's --moe-layer-freq takes in memo's export); 0 for a dense model."""
-    d = model.layers - model.moe_layers if model.moe else 0
-    if not d:
+    """A MoE model's dense-FFN layers among one pipeline rank's (where `ModelConfig.dense_layer_at` places
+    them, the pattern memo's Megatron export writes as --moe-layer-freq); 0 for a dense model."""
+    if not model.mixes_dense_layers:
         return 0
     vr = layout.virtual_stage_ranges(model.layers)
-    return sum(max(0, min(r.stop, d) - r.start) for r in (vr[c * layout.pp + stage] for c in range(layout.vpp)))
+    return sum(model.dense_layer_at(i) for c in range(layout.vpp) for i in vr[c * layout.pp + stage])
 
 
 def stage_params(model: ModelConfig, layout: Layout, stage: int) -> float:

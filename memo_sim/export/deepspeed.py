@@ -72,6 +72,9 @@ def _model_gaps(plan: Plan) -> list[Gap]:
     if m.norm == "rmsnorm" and m.rope_scaling:
         out.append(Gap(f"the rotary embedding's scaling ({m.rope_scaling})",
                        "unscaled rotary embeddings (Megatron-DeepSpeed has no flag for it): add it by hand"))
+    if m.norm == "rmsnorm" and m.nope_period:
+        out.append(Gap(f"no rotary embedding on one layer in every {m.nope_period} (NoPE)",
+                       "rotary embeddings on every layer (Megatron-DeepSpeed has no flag for it): add it by hand"))
     if m.norm == "rmsnorm" and not m.rope_theta:
         out.append(Gap("the rotary base (the model does not state it)",
                        "Megatron-DeepSpeed's default --rotary-position-embeddings-theta 10000: set the model's own"))
@@ -94,6 +97,8 @@ def _architecture(plan: Plan) -> list[tuple[str, str | None]]:
                  ("--no-position-embedding", None)]
         if m.rope_theta:  # the config's rotary base (the default is 10000; Llama-3.1 500000, Qwen3 1e6)
             args.append(("--rotary-position-embeddings-theta", str(int(m.rope_theta))))
+        if m.rotary_fraction:  # GLM-4.5's partial rotary
+            args.append(("--rotary-percent", f"{m.rotary_fraction:g}"))
     if m.norm_eps:
         args.append(("--layernorm-epsilon", f"{m.norm_eps:g}"))
     if m.head_dim and not m.mla:  # heads of their own size (Qwen3's 128 at hidden / heads = 64)

@@ -111,8 +111,7 @@ def _attention_gaps(plan: Plan) -> list[Gap]:
                        "Megatron's default --rotary-base 10000: set the model's own"))
     if m.chunked_layers:  # arguments.py at d98e8a64 has --no-rope-freq, no chunked attention
         out.append(Gap(f"chunked attention ({m.attention_chunk}-token chunks on {m.chunked_layers} of {m.layers} "
-                       f"layers)", "full causal attention on every layer: Megatron-LM has no chunked attention "
-                       "(its --no-rope-freq sets which layers skip the rotary embedding)"))
+                       f"layers)", "full causal attention on every layer: Megatron-LM has no chunked attention"))
     if m.sliding_layers and not _window_pattern(m):  # how many layers slide, not which: the pattern is the user's
         out.append(Gap(f"a {m.sliding_window}-token sliding window on {m.sliding_layers} of {m.layers} layers",
                        f"full causal attention on every layer: add --window-size {m.sliding_window - 1},0 and the "
@@ -122,6 +121,22 @@ def _attention_gaps(plan: Plan) -> list[Gap]:
 
 # how memo's router and balance names read as Megatron-Core options
 _BALANCE = {"forced": [("--moe-router-force-load-balancing", None)], "dropless": [], "measured": []}
+
+
+def every_nth(layers: int, n: int) -> str:
+    """1 on every ``n``-th of ``layers`` layers, 0 on the others, as the Python list expression Megatron-LM's
+    layer patterns evaluate (arguments.py's _eval_pattern: digits, brackets, parentheses, + and * only)."""
+    whole, rest = divmod(layers, n)
+    return f"([0]*{n - 1}+[1]*1)*{whole}" + (f"+[0]*{rest}" if rest else "")
+
+
+def moe_layer_pattern(m) -> str:
+    """Where a MoE model's dense layers lie (`ModelConfig.dense_layer_at`), as --moe-layer-freq's list
+    expression: 0 a dense layer, 1 a MoE layer, e.g. DeepSeek-V3's ``([0]*3+[1]*58)``, Llama 4 Maverick's
+    ``([0]*1+[1]*1)*24``."""
+    if m.dense_period:
+        return every_nth(m.layers, m.dense_period)
+    return f"([0]*{m.dense_layers}+[1]*{m.moe_layers})"
 
 
 def moe_arguments(plan: Plan, lay) -> list[tuple[str, str | None]]:
@@ -141,8 +156,8 @@ def moe_arguments(plan: Plan, lay) -> list[tuple[str, str | None]]:
         return args
     args += [("--num-experts", str(m.experts)), ("--moe-router-topk", str(m.top_k)),
              ("--moe-ffn-hidden-size", str(m.expert_width))]
-    if m.dense_layers:  # Megatron-Core's layer pattern: the dense layers first (DeepSeek's first_k_dense_replace)
-        args.append(("--moe-layer-freq", f"([0]*{m.dense_layers}+[1]*{m.moe_layers})"))
+    if m.dense_layers:  # Megatron-Core's layer pattern, 0 dense and 1 MoE (arguments.py's moe_freq_type)
+        args.append(("--moe-layer-freq", moe_layer_pattern(m)))
     if m.shared_experts:
         args.append(("--moe-shared-expert-intermediate-size", str(m.shared_width)))
         if m.shared_gate:
@@ -202,6 +217,11 @@ def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | tuple[str
             args.append(("--rotary-base", f"{m.rope_theta:.0f}"))
         if (factor := llama3_rope_factor(m.rope_scaling)) is not None:  # Llama 3.x's, with Meta's parameters
             args += [("--use-rope-scaling", None), ("--rope-scaling-factor", f"{factor:g}")]
+        if m.rotary_fraction:  # GLM-4.5's partial rotary
+            args.append(("--rotary-percent", f"{m.rotary_fraction:g}"))
+        if m.nope_period:  # Llama 4's NoPE layers; an integer N needs layers divisible by N (transformer_config.py)
+            n = m.nope_period
+            args.append(("--no-rope-freq", str(n) if m.layers % n == 0 else every_nth(m.layers, n)))
     if m.norm_eps:
         args.append(("--norm-epsilon", f"{m.norm_eps:g}"))
     # Megatron's linear biases are all or none (with --add-qkv-bias for q, k, v alone): a SwiGLU model's "all" (its

@@ -94,7 +94,7 @@ def _qwen3_moe_misfits(m) -> list[str]:
     """What a Qwen3-MoE-like model has beside its shapes that torchtitan's Qwen3 MoE layers take no argument for
     (``_build_qwen3_moe_layers`` at `SOURCE`: every layer a MoE of SwiGLU experts, RMSNorms, no biases, no sinks or
     windows, an ungrouped router of scale 1)."""
-    out = [f"{m.dense_layers} dense-FFN layers first"] if m.dense_layers else []
+    out = [f"{m.dense_layers} dense-FFN layers ({m.dense_where})"] if m.dense_layers else []
     out += [f"linear biases ({m.bias})"] if m.bias != "none" else []
     out += ["expert and router biases"] if m.moe_bias else []
     out += ["attention sinks"] if m.attention_sinks else []
@@ -241,6 +241,11 @@ def gaps(plan: Plan) -> list[Gap]:
         out.append(Gap(f"chunked attention ({m.attention_chunk}-token chunks on {m.chunked_layers} of {m.layers} "
                        f"layers)", "full causal attention on every layer (torchtitan at this version ships no model "
                        "with chunked attention)"))
+    for on, what in ((m.rotary_fraction, f"a rotary embedding over {m.rotary_fraction:g} of each head"),
+                     (m.nope_period, f"no rotary embedding on one layer in every {m.nope_period} (NoPE)")):
+        if on:  # none of the models memo writes for torchtitan takes either
+            out.append(Gap(what, "rotary embeddings over every head dimension on every layer: set it in the "
+                                 "model by hand"))
     base, note = _base(plan)
     if note and m.rope_scaling and not (_module(plan) == "qwen3" and m.moe):  # a stand-in's rotary embedding
         out.append(Gap(f"rotary scaling ({m.rope_scaling})", f"{base}'s own rotary embedding: set the model's "

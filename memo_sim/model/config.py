@@ -39,7 +39,11 @@ framework's default; a Hugging Face config gives them, and the exports write the
   DeepSeek's ``aux_loss_alpha``), and ``seq_aux``: whether that loss is taken per sequence (DeepSeek's
   ``seq_aux``; else per micro-batch, GShard's);
 - ``rope_scaling``: the rotary embedding's scaling, in words (``rope_scaling``: Llama-3.1's ``llama3``
-  factor 8, DeepSeek's ``yarn`` factor 40); the exports name it as not written.
+  factor 8, DeepSeek's ``yarn`` factor 40); the exports name it as not written;
+- ``rotary_fraction``: the share of each query/key head the rotary embedding turns (GLM-4.5's
+  ``partial_rotary_factor`` 0.5; Megatron-LM's ``--rotary-percent``; 0: all of it);
+- ``nope_period`` N: every N-th layer has no rotary embedding (Llama 4's NoPE layers, every fourth;
+  Megatron-LM's ``--no-rope-freq N``; 0: rotary on every layer).
 
 Mixture of experts (``experts`` > 0; `memo_sim.model.moe_routers` for the router): every layer but
 ``dense_layers`` of them replaces its FFN with ``experts`` routed experts of width ``expert_ffn``
@@ -48,9 +52,13 @@ always-on experts of width ``shared_ffn`` (with a sigmoid gate on their output w
 ``shared_gate``: Qwen2-MoE) and a gate GEMM (``router``; with ``moe_bias`` the router and the
 experts carry biases: GPT-OSS). The ``dense_layers`` (DeepSeek's ``first_k_dense_replace``, Qwen's
 ``mlp_only_layers`` and ``decoder_sparse_step``) keep an FFN of width ``ffn``: their parameters are
-counted exactly, and a pipeline stage holds them as the first ``dense_layers`` layers of the model
-(DeepSeek's pattern, Megatron-Core's --moe-layer-freq as exported, `memo_sim.cost.sppo.stage_dense_layer_count`;
-a Hugging Face config whose dense layers lie elsewhere has that named in ``not_modelled``); the
+counted exactly, and ``dense_period`` places them (`ModelConfig.dense_layer_at`): 0, the first
+``dense_layers`` layers of the model (DeepSeek's ``first_k_dense_replace``); N >= 2, every N-th layer a
+MoE layer and the N - 1 before it dense (Llama 4 Maverick's ``interleave_moe_layer_step`` 2, Qwen's
+``decoder_sparse_step``). Pipeline stages hold them where they lie
+(`memo_sim.cost.sppo.stage_dense_layer_count`), Megatron-Core's --moe-layer-freq is written from them, and
+memo-exec builds them there; a Hugging Face config whose dense layers follow neither pattern has that named in
+``not_modelled``. The
 simulator prices every layer's time and activations as a MoE layer's (one repeated layer; each
 what-if names it).
 """
@@ -92,9 +100,10 @@ _QUIET_DEFAULTS = {"head_dim": 0, "qk_norm": False, "attention_sinks": False, "s
                    "sliding_period": 0, "attention_chunk": 0, "chunked_layers": 0, "chunked_period": 0,
                    "q_lora_rank": 0, "kv_lora_rank": 0, "qk_rope_dim": 0, "v_head_dim": 0, "experts": 0, "top_k": 0,
                    "expert_ffn": 0, "shared_experts": 0, "shared_ffn": 0, "shared_gate": False, "dense_layers": 0,
-                   "router": "softmax", "moe_bias": False, "router_groups": 0, "router_group_topk": 0,
+                   "dense_period": 0, "router": "softmax", "moe_bias": False, "router_groups": 0, "router_group_topk": 0,
                    "router_scaling": 1.0, "rope_theta": 0.0, "norm_eps": 0.0, "aux_loss_coef": 0.0,
-                   "seq_aux": False, "rope_scaling": "", "not_modelled": ""}
+                   "seq_aux": False, "rope_scaling": "", "rotary_fraction": 0.0, "nope_period": 0,
+                   "not_modelled": ""}
 
 
 def _dim(hi: int):
@@ -142,6 +151,7 @@ class _ModelIn(BaseModel):
     shared_ffn: Annotated[int, Field(strict=True, ge=0, le=MAX_FFN)] = 0
     shared_gate: bool = Field(False, strict=True)
     dense_layers: Annotated[int, Field(strict=True, ge=0, le=MAX_LAYERS)] = 0
+    dense_period: Annotated[int, Field(strict=True, ge=0, le=MAX_LAYERS)] = 0
     router: Literal[ROUTER_NAMES] = "softmax"
     moe_bias: bool = Field(False, strict=True)
     router_groups: Annotated[int, Field(strict=True, ge=0, le=MAX_EXPERTS)] = 0
@@ -152,6 +162,8 @@ class _ModelIn(BaseModel):
     aux_loss_coef: Annotated[float, Field(ge=0, le=1e3, allow_inf_nan=False)] = 0.0
     seq_aux: bool = Field(False, strict=True)
     rope_scaling: str = Field("", strict=True, max_length=200)
+    rotary_fraction: Annotated[float, Field(ge=0, le=1.0, allow_inf_nan=False)] = 0.0
+    nope_period: Annotated[int, Field(strict=True, ge=0, le=MAX_LAYERS)] = 0
     not_modelled: str = Field("", strict=True, max_length=500)
 
     @model_validator(mode="after")
@@ -174,9 +186,11 @@ class _ModelIn(BaseModel):
             why = router_groups_why_not(self.experts, self.top_k, self.router_groups, self.router_group_topk)
             if why:
                 raise ValueError(why)
-        elif (self.top_k or self.shared_experts or self.dense_layers or self.expert_ffn or self.router_groups
-              or self.router_group_topk or self.router_scaling != 1.0):
-            raise ValueError("top_k, expert_ffn, shared_experts, dense_layers, router groups and router_scaling "
+            _check_period(self.layers, "dense", self.dense_period, self.dense_layers, full="MoE")
+        elif (self.top_k or self.shared_experts or self.dense_layers or self.dense_period or self.expert_ffn
+              or self.router_groups or self.router_group_topk or self.router_scaling != 1.0):
+            raise ValueError("top_k, expert_ffn, shared_experts, dense_layers, dense_period, router groups and "
+                             "router_scaling "
                              "describe experts: give experts too")
         if self.sliding_layers > self.layers:
             raise ValueError(f"sliding_layers ({self.sliding_layers}) exceeds the {self.layers} layers")
@@ -190,6 +204,9 @@ class _ModelIn(BaseModel):
             raise ValueError(f"chunked_layers ({self.chunked_layers}) and sliding_layers ({self.sliding_layers}) "
                              f"exceed the {self.layers} layers")
         _check_period(self.layers, "chunked", self.chunked_period, self.chunked_layers)
+        if self.nope_period == 1 or self.nope_period > self.layers:
+            raise ValueError(f"nope_period ({self.nope_period}): every N-th layer without rotary embedding needs N "
+                             f"from 2 to the {self.layers} layers; give 0 for rotary on every layer")
         if self.kv_lora_rank:
             if not (self.head_dim and self.qk_rope_dim and self.v_head_dim):
                 raise ValueError("multi-head latent attention (kv_lora_rank) needs head_dim (the no-rope query/key "
@@ -199,12 +216,12 @@ class _ModelIn(BaseModel):
         return self
 
 
-def _check_period(layers: int, kind: str, period: int, count: int) -> None:
-    """A layer pattern (``sliding_period`` / ``chunked_period`` N: every N-th layer full, the N - 1 before it of
-    ``kind``) that places the ``count`` layers stated, or a one-line ValueError."""
+def _check_period(layers: int, kind: str, period: int, count: int, full: str = "full") -> None:
+    """A layer pattern (``sliding_period`` / ``chunked_period`` / ``dense_period`` N: every N-th layer ``full``,
+    the N - 1 before it of ``kind``) that places the ``count`` layers stated, or a one-line ValueError."""
     if period and (period < 2 or count != layers - layers // period):
         placed = layers - layers // max(period, 1)
-        raise ValueError(f"{kind}_period ({period}): every N-th layer full, the N - 1 before it {kind}, gives "
+        raise ValueError(f"{kind}_period ({period}): every N-th layer {full}, the N - 1 before it {kind}, gives "
                          f"{placed} {kind} layers of {layers}, not {kind}_layers ({count}); give N >= 2 that "
                          f"matches, or 0")
 
@@ -267,6 +284,7 @@ class ModelConfig:
     shared_ffn: int = 0  # one shared expert's FFN width; 0: expert_ffn
     shared_gate: bool = False
     dense_layers: int = 0
+    dense_period: int = 0  # every N-th layer MoE, the N - 1 before it dense (0: the dense layers first)
     router: str = "softmax"
     moe_bias: bool = False
     # group-limited routing (DeepSeek-V2/V3's n_group / topk_group, Megatron-LM's --moe-router-num-groups /
@@ -281,6 +299,8 @@ class ModelConfig:
     aux_loss_coef: float = 0.0
     seq_aux: bool = False
     rope_scaling: str = ""
+    rotary_fraction: float = 0.0  # the share of each head the rotary embedding turns (0: all)
+    nope_period: int = 0  # every N-th layer without rotary embedding (0: none)
     # what the source describes that memo neither counts nor prices (a sentence every what-if shows)
     not_modelled: str = ""
 
@@ -311,7 +331,7 @@ class ModelConfig:
         out = [self.not_modelled] if self.not_modelled else []
         if self.moe and self.dense_layers:
             out.append(f"{self.dense_layers} of {self.layers} layers have a dense FFN (width {self.ffn}): the model's "
-                       f"parameter count and each pipeline stage's model states are exact (the dense layers first), "
+                       f"parameter count and each pipeline stage's model states are exact ({self.dense_where}), "
                        f"but the simulator prices their time and activations as a MoE layer's")
         return out
 
@@ -397,9 +417,30 @@ class ModelConfig:
 
     @property
     def mixes_dense_layers(self) -> bool:
-        """A mixture of experts whose first ``dense_layers`` keep a dense FFN: pipeline stages then hold
+        """A mixture of experts whose ``dense_layers`` keep a dense FFN: pipeline stages then hold
         different parameters wherever those layers fall (`memo_sim.cost.sppo.stage_dense_layer_count`)."""
         return self.moe and self.moe_layers < self.layers
+
+    @property
+    def dense_where(self) -> str:
+        """Where a MoE model's dense-FFN layers lie, in words ('' for none)."""
+        if not self.mixes_dense_layers:
+            return ""
+        if self.dense_period:
+            n = self.dense_period
+            return ("alternating, a dense layer before each MoE layer" if n == 2
+                    else f"{n - 1} dense layers before each MoE layer")
+        return f"the first {self.dense_layers}"
+
+    def dense_layer_at(self, i: int) -> bool:
+        """Whether layer ``i`` (0-based) of a mixture of experts keeps a dense FFN: one of the first
+        ``dense_layers``, or with ``dense_period`` N every layer but each N-th (module docs); False for a
+        dense model, whose every layer is dense and has no MoE block."""
+        if not self.mixes_dense_layers:
+            return False
+        if self.dense_period:
+            return (i + 1) % self.dense_period != 0
+        return i < self.dense_layers
 
     @property
     def expert_width(self) -> int:
@@ -653,18 +694,16 @@ PRESETS: dict[str, ModelConfig] = {
     "glm-4.5-air": ModelConfig("glm-4.5-air", 46, 4096, 96, 10944, vocab=151552, kv_heads=8, ffn_type="swiglu",
                                norm="rmsnorm", bias="qkv", tied_embeddings=False, head_dim=128, experts=128, top_k=8,
                                expert_ffn=1408, shared_experts=1, shared_ffn=1408, dense_layers=1, router="sigmoid",
-                               rope_theta=1000000.0, norm_eps=1e-5,
+                               rope_theta=1000000.0, norm_eps=1e-5, rotary_fraction=0.5,
                                not_modelled="multi-token prediction (1 module, num_nextn_predict_layers): not counted, "
-                                            "not priced; partial_rotary_factor 0.5: the rotary embedding turns that "
-                                            "share of each head (not priced, not written by the exports)"),
+                                            "not priced"),
     "llama-4-scout": ModelConfig("llama-4-scout", 48, 5120, 40, 8192, vocab=202048, kv_heads=8, ffn_type="swiglu",
                                  norm="rmsnorm", bias="none", tied_embeddings=False, attention_chunk=8192,
                                  chunked_layers=36, chunked_period=4, experts=16, top_k=1, shared_experts=1,
                                  shared_ffn=8192, router="sigmoid_topk", rope_theta=500000.0, norm_eps=1e-5,
-                                 aux_loss_coef=0.001, rope_scaling="llama3 factor 16, high_freq_factor 1",
+                                 aux_loss_coef=0.001, rope_scaling="llama3 factor 16, high_freq_factor 1", nope_period=4,
                                  not_modelled="QK norm: an L2 norm of the rotary layers' queries and keys, without "
-                                              "weights (not priced); no rotary embedding on 12 of 48 layers (NoPE; "
-                                              "not priced, not written); the vision tower is not modelled (the text "
+                                              "weights (not priced); the vision tower is not modelled (the text "
                                               "model alone)"),
 }
 
@@ -690,8 +729,11 @@ def with_overrides(base: ModelConfig, source: str = "model flags", rename: bool 
         for k, most in (("sliding_layers", n), ("chunked_layers", n), ("dense_layers", n - 1)):  # a MoE keeps one
             if d.get(k):
                 d[k] = max(0, min(most, round(d[k] * n / base.layers)))
-        for k, period in (("sliding_layers", "sliding_period"), ("chunked_layers", "chunked_period")):
-            if d.get(period):  # the pattern places them: every N-th of the n layers full
+        for k, period in (("sliding_layers", "sliding_period"), ("chunked_layers", "chunked_period"),
+                          ("dense_layers", "dense_period")):
+            if d.get(period) and k == "dense_layers" and n < d[period]:  # no MoE layer in the pattern: first k
+                d[period] = 0
+            elif d.get(period):  # the pattern places them: every N-th of the n layers full (MoE)
                 d[k] = n - n // d[period]
     d.update(over)
     if rename and set(over) - {"gemm_format"}:

@@ -434,16 +434,29 @@ def _llama4(c: dict, d: dict, layers: int, heads: int, hidden: int, kv: int, nee
         raise refuse("no_rope_layers", f"must list the {layers} layers (1: rotary and chunked, 0: full), got {rope!r}")
     chunk = c.get("attention_chunk_size")
     chunked = sum(1 for x in rope if x)
+    # every N-th layer full attention without rotary embedding, the N - 1 before it rotary (and chunked)
+    period = next((n for n in range(2, layers + 1) if all(bool(x) == ((i + 1) % n != 0) for i, x in enumerate(rope))),
+                  0)
     if chunk and chunked:
-        period = next((n for n in range(2, layers + 1) if all(bool(x) == ((i + 1) % n != 0)
-                                                              for i, x in enumerate(rope))), 0)
         d.update(attention_chunk=_whole(c, "attention_chunk_size", refuse), chunked_layers=chunked,
                  chunked_period=period)
     if c.get("use_qk_norm"):
         add_note(d, "QK norm: an L2 norm of the rotary layers' queries and keys, without weights (not priced)")
-    if layers - chunked:
-        add_note(d, f"no rotary embedding on {layers - chunked} of {layers} layers (NoPE; not priced, not written)")
+    if period:
+        d["nope_period"] = period
+    elif layers - chunked:
+        add_note(d, f"no rotary embedding on {layers - chunked} of {layers} layers (NoPE) in no period memo "
+                 f"places: not written by the exports")
     return experts, top_k, expert_ffn, moe_at
+
+
+def _dense_period(dense_at: list[int], layers: int) -> int:
+    """N >= 2 where the dense-FFN layers ``dense_at`` are every layer but each N-th (Llama 4 Maverick's
+    ``interleave_moe_layer_step`` 2, Qwen's ``decoder_sparse_step``; `memo_sim.model.config`'s ``dense_period``),
+    else 0 (the first layers, or a pattern of no period)."""
+    if not dense_at or dense_at == list(range(len(dense_at))):
+        return 0
+    return next((n for n in range(2, layers + 1) if dense_at == [i for i in range(layers) if (i + 1) % n]), 0)
 
 
 def _sliding_period(types: list) -> int:
@@ -497,8 +510,7 @@ def moe_fields(raw: dict, source: str = "config.json", name: str = "hf-model") -
         if isinstance(prf, bool) or not isinstance(prf, (int, float)) or not 0 < prf <= 1:
             raise refuse("partial_rotary_factor", f"must be a share of each head in (0, 1], got {prf!r}")
         if prf != 1.0:
-            add_note(d, f"partial_rotary_factor {prf}: the rotary embedding turns that share of each head (not priced, "
-                     f"not written by the exports)")
+            d["rotary_fraction"] = float(prf)
     else:
         d.update(kv_heads=None if kv == heads else kv)
         if mt in ("mixtral", "gpt_oss"):
@@ -542,10 +554,14 @@ def moe_fields(raw: dict, source: str = "config.json", name: str = "hf-model") -
             d["head_dim"] = need("head_dim")
     moe_layers = len(moe_at)
     dense_at = sorted(set(range(layers)) - set(moe_at))
-    if dense_at and dense_at != list(range(len(dense_at))):  # memo places a MoE model's dense layers first
+    period = _dense_period(dense_at, layers)
+    if period:
+        d["dense_period"] = period
+    elif dense_at and dense_at != list(range(len(dense_at))):  # neither pattern memo's dense_period places
         where = ", ".join(map(str, dense_at[:6])) + (", ..." if len(dense_at) > 6 else "")
-        add_note(d, f"the dense-FFN layers are layers {where}, not the first {len(dense_at)}: memo counts them exactly "
-                 f"in the model but places them first in pipeline stages' states (and Megatron's --moe-layer-freq)")
+        add_note(d, f"the dense-FFN layers are layers {where}, neither the first {len(dense_at)} nor one MoE layer in "
+                 f"every N: memo counts them exactly in the model but places them first in pipeline stages' states "
+                 f"(and Megatron's --moe-layer-freq)")
     if not 1 <= top_k <= experts:
         raise refuse("num_experts_per_tok", f"{top_k} is not between 1 and the {experts} experts")
     if moe_layers == 0:
