@@ -5,6 +5,13 @@ class MemoError(Exception):
     """Bad input or an impossible request; the message names the field and the fix."""
 
 
+class NothingFits(MemoError):
+    """A valid request no candidate fits: every layout the degrees allow holds more than the GPU (the
+    what-if's exit status 3, as when its candidates are all over memory; 2 stays bad input)."""
+
+    exit_code = 3
+
+
 class ProfileError(MemoError):
     """A hardware profile file is malformed."""
 

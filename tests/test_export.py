@@ -136,6 +136,11 @@ def test_megatron_script_carries_the_models_numerics_and_names_what_it_cannot():
     args, gaps = script("qwen3-8b", model=replace(get_model("qwen3-8b"), bias="all"))  # attention_bias: true
     assert "--disable-bias-linear" in args and "--add-qkv-bias" in args
     assert any("output projection's bias" in g for g in gaps), gaps
+    # GLM-4.5's partial rotary and Llama 4's NoPE layers, written in the options the parser has (a review)
+    args, gaps = script("glm-4.5-air")
+    assert args["--rotary-percent"] == "0.5" and not any("rotary" in g for g in gaps), gaps
+    args, gaps = script("llama-4-scout")
+    assert args["--no-rope-freq"] == "4" and not any("NoPE" in g for g in gaps), gaps
 
 
 def test_deepspeed_script_carries_the_models_rotary_base_and_norm_epsilon():
@@ -157,6 +162,8 @@ def test_deepspeed_script_carries_the_models_rotary_base_and_norm_epsilon():
     args, gaps = script("mistral-7b")  # its preset leaves the base unstated: named, not guessed
     assert "--rotary-position-embeddings-theta" not in args
     assert any("rotary base (the model does not state it)" in g for g in gaps), gaps
+    args, gaps = script("glm-4.5-air")  # partial rotary: Megatron-DeepSpeed's --rotary-percent
+    assert args["--rotary-percent"] == "0.5"
 
 
 def test_megatron_script_of_gpt_oss_keeps_its_biases_and_sinks():

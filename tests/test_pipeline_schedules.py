@@ -416,3 +416,33 @@ def test_pipeline_memory_of_one_stage():
     assert rows[0]["peak_gpu_bytes"] != rows[-1]["peak_gpu_bytes"]  # 1F1B: stage 0 holds p micro-batches, the last 1
     with pytest.raises(ValueError, match="stage 4 of a 4-stage"):
         pipeline_memory(GPT7, lay, 8, 1, 16384, pol, A800, "1f1b", stage=4)
+
+
+def test_no_fit_names_the_layout_nearest_to_fitting(tmp_path, monkeypatch):
+    """Where no pipeline layout's model states fit, the answer spoke of the first layout refused: Llama 4
+    Maverick's shape (400.7B) on 64 H100s at PP 4 was told 'stage 3's model states alone (1.65 TiB)', the layout
+    without TP, EP or ZeRO, while the least of the searched layouts holds 106.96 GiB (a review). The answer
+    names the layout nearest to fitting, and its bytes are the least of the layouts refused."""
+    import memo_sim.search.pipeline as pipeline
+    from memo_sim.model.config import ModelConfig
+    from memo_sim.model.hf_config import hf_model_fields
+    from memo_sim.units import fmt_bytes
+
+    text = json.loads((Path(__file__).parent / "data/hf/llama-4-scout/config.json").read_text())["text_config"]
+    mav = ModelConfig.from_dict(hf_model_fields(dict(text, interleave_moe_layer_step=2, num_local_experts=128),
+                                                name="maverick"))
+    (tmp_path / "m.yaml").write_text(json.dumps(mav.to_dict()))
+    refused, states_why_not = [], pipeline.states_why_not
+
+    def recording(model, layout, profile):
+        why = states_why_not(model, layout, profile)
+        if why:
+            refused.append(max(pipeline._stage_states(model, layout)))
+        return why
+    monkeypatch.setattr(pipeline, "states_why_not", recording)
+    r = CliRunner().invoke(cli, ["whatif", "--model", str(tmp_path / "m.yaml"), "--gpus", "64", "--seq", "8K",
+                                 "--profile", "h100-sxm5-80gb", "--global-batch", "64", "--framework", "megatron",
+                                 "--pp", "4", "--jobs", "1", "--out", str(tmp_path)])
+    assert r.exit_code == 3, r.output  # a valid request nothing fits, not bad input (2)
+    assert "the least of the layouts searched: tp" in r.output and len(set(refused)) > 1
+    assert f"model states alone ({fmt_bytes(min(refused))})" in r.output

@@ -190,7 +190,7 @@ class MemoGroup(click.Group):
                            ctx.exit)
         except MemoError as e:
             click.echo(f"error: {e}", err=True)
-            ctx.exit(2)
+            ctx.exit(getattr(e, "exit_code", 2))  # NothingFits: 3
         except click.UsageError as e:
             click.echo(usage_line(e), err=True)
             ctx.exit(2)

@@ -353,7 +353,10 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
                             if id(cand) not in too_big:
                                 too_big.add(id(cand))
                                 rejected.append((cand, why))
-                                searched.setdefault("state_why", why)  # what a search that builds nothing says first
+                                least = max(_stage_states(model, cand))  # the layout nearest to fitting speaks
+                                if least < searched.get("state_least", float("inf")):
+                                    searched["state_least"] = least
+                                    searched["state_why"] = f"{why} (the least of the layouts searched: {cand.label()})"
                             continue
                         searched["vpp"].add(v)
                         searched["micro_batch"].add(mb)
@@ -372,9 +375,10 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
                         shape = _shape(model, cand, b, mb, profile, name)  # every policy's
                         for pol in policies:
                             out.append(pipeline_candidate(model, cand, pol, b, mb, seq, profile, name, alpha, shape))
-    # "state_why": the first layout whose model states alone do not fit; "why_none": the last reason a layout the
+    # "state_why": the layout nearest to fitting whose model states alone do not; "why_none": the last reason a layout the
     # degrees allow was not built (its chunks, batch split or schedule): what a search that builds nothing says, in
     # that order, rather than the first layout refused (`memo_sim.search.whatif`)
+    searched.pop("state_least", None)
     searched["vpp"] = sorted(searched["vpp"])
     searched["micro_batch"] = sorted(searched["micro_batch"])
     if not_built["families"]:

@@ -31,7 +31,7 @@ from typing import Callable
 
 from memo_sim.engine.core import gc_paused
 from memo_sim.engine.simulate import Progress, simulate
-from memo_sim.errors import MemoError
+from memo_sim.errors import MemoError, NothingFits
 from memo_sim.engine.schedules.microbatch import micro_batch_pipelines
 from memo_sim.layout.alloc_conf import parse_alloc_conf
 from memo_sim.layout.moe_balance import measured_why_not, parse_balance
@@ -353,6 +353,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     # given for a ring-CP layout is not the mistake 'sppo splits by TP+SP only' would call it)
     said_before_sppo = why_none != no_factorisation
     pipes_said = False  # the pipelines' first rejection is why nothing fits (it comes after SPPO's)
+    state_why = None
     if sppo_tried:
         searched["schedules"].append("sppo")
         if beside is None:
@@ -375,7 +376,8 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
                                 "why": "asked for" if pipe_flags else "searched by default"}
         if "not_built" in what:
             searched["pipeline"]["not_built"] = what["not_built"]
-        said = what.get("state_why") or what.get("why_none")
+        state_why = what.get("state_why")  # every layout's model states alone overflow (`states_why_not`)
+        said = state_why or what.get("why_none")
         if (pr or said) and not out:
             why_none, pipes_said = said or framework_why_none(pr, fw), True
     if beside is not None:  # SPPO's rows where the search run here puts them (above)
@@ -393,8 +395,9 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
         searched["optimizer_offload"] = "nothing fits with the optimizer on the GPU"
     if not out and not plain and sppo_not_searched and why_none == no_factorisation:
         why_none = sppo_not_searched  # nothing else was asked for: SPPO's refusal is the answer
-    if not out:
-        raise MemoError(f"{NO_VALID_LAYOUT} for {gpus} GPUs with the degrees given: {why_none}")
+    if not out:  # a valid request whose every layout's model states alone overflow: nothing fits (exit 3)
+        error = NothingFits if state_why and why_none == state_why else MemoError
+        raise error(f"{NO_VALID_LAYOUT} for {gpus} GPUs with the degrees given: {why_none}")
     out.sort(key=Candidate.sort_key)
     return WhatIfResult(out, rejected, sppo=search, searched=searched)
 
