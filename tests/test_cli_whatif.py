@@ -602,3 +602,26 @@ def test_a_frameworks_gap_to_memos_best_is_split_into_mechanisms_and_layout_and_
     d = json.loads(CliRunner().invoke(cli, base + ["--json"]).output)
     on = d["memo_best_on_framework"]
     assert on["status"] == "OK" and "vocab_parallel" in on["layout_label"]
+
+
+def test_rows_memory_numbers_come_from_their_own_tier():
+    """A simulated row's host/node cell showed the analytic pinned host memory (295.48 GiB) beside the answer's
+    simulated 281.63 GiB, and the JSON rows' unprefixed peak_gpu_bytes / host_bytes_per_node were analytic while
+    the row's "peak" and the Python Candidate's peak_gpu_bytes were simulated (a review): each row's numbers are
+    its own tier's, the analytic ones under analytic_* keys."""
+    args = ["whatif", "--model", "gpt-7b", "--gpus", "8", "--seq", "32K", "--pp", "4", "--batch", "8", "--policy",
+            "memo", "--no-plan", "--jobs", "1"]
+    rows = json.loads(run(args + ["--json"]).output)["candidates"]
+    sim = [r for r in rows if r["tier"] == "simulated"]
+    assert sim and any(r["analytic_host_bytes_per_node"] != r["simulated_peak_host_bytes_per_node"] for r in sim)
+    for r in rows:
+        assert r["peak_gpu_bytes"] == r["peak"]["bytes"]
+        want = r["simulated_peak_host_bytes_per_node"] if r["tier"] == "simulated" else r[
+            "analytic_host_bytes_per_node"]
+        assert r["host_bytes_per_node"] == want
+    from memo_sim.units import fmt_bytes
+
+    text = run(args).output
+    first = next(ln for ln in text.splitlines() if ln.startswith(" 1  "))
+    assert fmt_bytes(sim[0]["simulated_peak_host_bytes_per_node"]) in first
+    assert fmt_bytes(sim[0]["analytic_host_bytes_per_node"]) not in first

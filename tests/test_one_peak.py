@@ -30,7 +30,7 @@ def test_one_configuration_one_peak_per_source(tmp_path):
     obj = json.loads(_run(["whatif", *ASK, "--json", "--no-plan"]))
     best = obj["candidates"][0]
     assert best["tier"] == "simulated" and best["peak"]["tier"] == "simulated"
-    sim, ana = best["simulated_peak_gpu_bytes"], best["peak_gpu_bytes"]
+    sim, ana = best["simulated_peak_gpu_bytes"], best["analytic_peak_gpu_bytes"]
     assert best["peak"]["bytes"] == sim and best["peak"]["allocator"] == "caching allocator"
     sim_text, ana_text = f"{fmt_bytes(sim)} {SIM}", f"{fmt_bytes(ana)} {ANA}"
 

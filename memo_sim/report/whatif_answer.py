@@ -71,8 +71,8 @@ def verdict(v: WhatIfView) -> str:
     low = v.model.gemm_format != "bf16"  # an FP8 plan's MFU counts its FLOPs against the model dtype's peak
     mfu_words = (f"MFU {100 * mfu:.1f}%" + (f" (of the {v.model.dtype} peak)" if low else "") + ", "
                  if mfu is not None else "")
-    m, sm = b.memory, b.simulated or {}
-    pinned = sm.get("peak_host_bytes_per_node", m.host_bytes_per_node) if sm else m.host_bytes_per_node
+    m = b.memory
+    pinned = b.host_bytes_per_node
     used, hosts = v.profile.hosts_taken(min(b.layout.gpus, v.profile.node_gpus))
     per = f"per node ({used} hosts)" if used > 1 else "per node"  # GB200 NVL72: a node of 18 hosts of 4 GPUs
     host = (f", pinned host {fmt_bytes(pinned)} ({tier}) of {fmt_bytes(m.host_capacity_bytes)} {per}"
@@ -375,7 +375,7 @@ def ranked_table(rows) -> tuple[list[str], list[list[str]]]:
         r = [str(i + 1), c.layout.label(), _policy_cell(c),
              "-" if c.policy.alpha is None else f"{c.policy.alpha:.3f}", status_text(c.status, c.over_bytes),
              p.short_source, fmt_time(it) if it else "-", f"{100 * mfu:.1f}%" if mfu is not None else "-",
-             f"{tgs:.0f}" if tgs else "-", fmt_bytes(p.bytes), allocator_cell(sm), fmt_bytes(c.memory.host_bytes_per_node),
+             f"{tgs:.0f}" if tgs else "-", fmt_bytes(p.bytes), allocator_cell(sm), fmt_bytes(c.host_bytes_per_node),
              fmt_time(sm["exposed_copy_s"] if sm else e.exposed_copy_s)]
         if gbs:
             r.insert(7, str(c.global_batch))
@@ -402,7 +402,7 @@ def tier_table(rows, simulated: bool) -> tuple[list[str], list[list[str]]]:
             r.append(fmt_time(sm["iteration_s"]) if sm["iteration_s"] else "-")
         r += [f"{100 * (sm['mfu'] if sm else e.mfu):.1f}%" if (sm is None or sm["mfu"] is not None) else "-",
               f"{(sm['tgs_tokens_per_gpu_s'] if sm else e.tgs):.0f}" if (sm is None or sm["tgs_tokens_per_gpu_s"])
-              else "-", fmt_bytes(p.bytes), p.allocator, allocator_cell(sm), fmt_bytes(c.memory.host_bytes_per_node),
+              else "-", fmt_bytes(p.bytes), p.allocator, allocator_cell(sm), fmt_bytes(c.host_bytes_per_node),
               fmt_time(sm["exposed_copy_s"] if sm else e.exposed_copy_s)]
         if split:
             r.insert(2, f"{c.schedule} {c.micro_batches}x{c.micro_batch}")

@@ -99,6 +99,14 @@ class Candidate:
         return self.memory.peak_gpu_bytes
 
     @property
+    def host_bytes_per_node(self) -> float:
+        """Pinned host memory per node: simulated where tier 2 ran, else analytic (`peak_gpu_bytes`'s rule)."""
+        s = self.simulated
+        if s and s.get("peak_host_bytes_per_node") is not None:
+            return s["peak_host_bytes_per_node"]
+        return self.memory.host_bytes_per_node
+
+    @property
     def global_batch(self) -> int:
         """Sequences per iteration over the whole cluster: the replica's batch times the data-parallel replicas."""
         return self.batch * self.layout.dp
@@ -120,9 +128,11 @@ class Candidate:
             "analytic_mfu": e.mfu,
             "analytic_tgs_tokens_per_gpu_s": e.tgs,
             "analytic_exposed_copy_s": e.exposed_copy_s,
-            "peak_gpu_bytes": m.peak_gpu_bytes,
+            "peak_gpu_bytes": self.peak_gpu_bytes,  # the row's own tier (its "tier"), as "peak" says
+            "analytic_peak_gpu_bytes": m.peak_gpu_bytes,
             "gpu_capacity_bytes": m.gpu_capacity_bytes,
-            "host_bytes_per_node": m.host_bytes_per_node,
+            "host_bytes_per_node": self.host_bytes_per_node,
+            "analytic_host_bytes_per_node": m.host_bytes_per_node,
             "host_capacity_bytes": m.host_capacity_bytes,
             "model_states_bytes": m.model_states_bytes,
             "skeletal_resident_bytes": m.skeletal_resident_bytes,
@@ -268,11 +278,11 @@ def gpu_memory_words(c) -> str:
     from memo_sim.units import fmt_bytes
 
     m = c.memory
-    peak = c.simulated["peak_gpu_bytes"] if c.simulated else m.peak_gpu_bytes
+    peak, host = c.peak_gpu_bytes, c.host_bytes_per_node  # the candidate's own tier
     terms = memory_term_words(m)
     big = max(terms, key=terms.get)
     words = (f"GPU memory {100 * peak / m.gpu_capacity_bytes:.0f}% full ({fmt_bytes(peak)} of "
              f"{fmt_bytes(m.gpu_capacity_bytes)}; largest term {big} {fmt_bytes(terms[big])})")
-    if m.host_bytes_per_node > 0:
-        words += f"; pinned host memory {100 * m.host_bytes_per_node / m.host_capacity_bytes:.0f}% full"
+    if host > 0:
+        words += f"; pinned host memory {100 * host / m.host_capacity_bytes:.0f}% full"
     return words
