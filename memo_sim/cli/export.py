@@ -56,7 +56,8 @@ def export(plan_file, framework, out_dir, price, nearest, jobs, progress):
         for line in instead_lines(ex.instead, ex.framework):
             click.echo(f"  {line}")
     if ex.gaps:
-        click.echo(f"  not expressible in {ex.framework} ({len(ex.gaps)}):")
+        click.echo(f"  written otherwise than the plan or model has it ({len(ex.gaps)}; each says why: what "
+                   f"{ex.framework} lacks, or what memo does not model or write):")
         for g in ex.gaps:
             click.echo(f"    - {g.what} -> {g.nearest}")
         if ex.nearest is not None:

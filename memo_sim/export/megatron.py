@@ -18,7 +18,7 @@ from memo_sim.export.base import (Export, Gap, async_tp_gap, dp_flavour_gap, gem
                                   not_modelled_gap, optimizer_offload_gap,
                                   policy_gaps, price_nearest, shape_arguments, torchrun_line, ulysses_gap, zero_gap)
 from memo_sim.layout.kv_heads import kv_heads_why_not
-from memo_sim.model.rope import llama3_rope_factor
+from memo_sim.model.rope import llama3_rope_factor, yarn_params
 from memo_sim.layout.pipeline_layout import format_layout
 from memo_sim.plan.schema import Plan
 from memo_sim.policy.registry import policy_class
@@ -99,7 +99,8 @@ def _attention_gaps(plan: Plan) -> list[Gap]:
         out.append(Gap("the attention output projection's bias (q, k, v and o biases without MLP biases)",
                        "q, k, v biases alone (--disable-bias-linear --add-qkv-bias): Megatron's linear biases "
                        "would put biases on the MLP too"))
-    if m.norm == "rmsnorm" and m.rope_scaling and llama3_rope_factor(m.rope_scaling) is None:
+    if (m.norm == "rmsnorm" and m.rope_scaling and llama3_rope_factor(m.rope_scaling) is None
+            and not mla_yarn_arguments(m)):
         yarn = m.rope_scaling.startswith("yarn")
         out.append(Gap(f"the rotary embedding's scaling ({m.rope_scaling})",
                        "unscaled rotary embeddings: set Megatron's " + (
@@ -121,6 +122,23 @@ def _attention_gaps(plan: Plan) -> list[Gap]:
 
 # how memo's router and balance names read as Megatron-Core options
 _BALANCE = {"forced": [("--moe-router-force-load-balancing", None)], "dropless": [], "measured": []}
+
+
+# MLATransformerConfig's YaRN parameters that Megatron-LM's command line does not set (transformer_config.py at
+# d98e8a64: original_max_position_embeddings 4096, beta_fast 32, beta_slow 1); --rotary-scaling-factor, --mscale
+# and --mscale-all-dim set the others (arguments.py, their defaults 1.0, 1.0 and 0.0)
+MLA_YARN_FIXED = {"original_max_position_embeddings": 4096.0, "beta_fast": 32.0, "beta_slow": 1.0}
+
+
+def mla_yarn_arguments(m) -> list[tuple[str, str]]:
+    """A latent-attention model's YaRN scaling as Megatron-LM's MLA options (DeepSeek-V3's: factor 40, mscale and
+    mscale_all_dim 1; examples/ of Megatron-LM pass the same), or [] where the model's scaling is not YaRN or sets a
+    parameter the command line cannot (a gap then, `_attention_gaps`)."""
+    y = yarn_params(m.rope_scaling) if m.mla else None
+    if y is None or any(y.get(k, v) != v for k, v in MLA_YARN_FIXED.items()):
+        return []
+    return [("--rope-type", "yarn"), ("--rotary-scaling-factor", f"{y['factor']:g}"),
+            ("--mscale", f"{y.get('mscale', 1.0):g}"), ("--mscale-all-dim", f"{y.get('mscale_all_dim', 0.0):g}")]
 
 
 def every_nth(layers: int, n: int) -> str:
@@ -150,8 +168,8 @@ def moe_arguments(plan: Plan, lay) -> list[tuple[str, str | None]]:
             args.append(("--q-lora-rank", str(m.q_lora_rank)))
     elif m.head_dim:
         args.append(("--kv-channels", str(m.head_dim)))
-    if m.qk_norm:
-        args.append(("--qk-layernorm", None))
+    if m.qk_norm or m.mla:  # under MLA the option is the latent RMSNorms (DeepSeek's q_a / kv_a_layernorm):
+        args.append(("--qk-layernorm", None))  # gpt_layer_specs.py fuses them into the up-projections only with it
     if not m.moe:
         return args
     args += [("--num-experts", str(m.experts)), ("--moe-router-topk", str(m.top_k)),
@@ -217,6 +235,7 @@ def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | tuple[str
             args.append(("--rotary-base", f"{m.rope_theta:.0f}"))
         if (factor := llama3_rope_factor(m.rope_scaling)) is not None:  # Llama 3.x's, with Meta's parameters
             args += [("--use-rope-scaling", None), ("--rope-scaling-factor", f"{factor:g}")]
+        args += mla_yarn_arguments(m)  # DeepSeek's YaRN under latent attention
         if m.rotary_fraction:  # GLM-4.5's partial rotary
             args.append(("--rotary-percent", f"{m.rotary_fraction:g}"))
         if m.nope_period:  # Llama 4's NoPE layers; an integer N needs layers divisible by N (transformer_config.py)

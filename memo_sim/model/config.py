@@ -617,6 +617,9 @@ class ModelConfig:
         return cls(**m.model_dump())
 
 
+# GPT-OSS's rotary scaling as its config.json states it (`memo_sim.model.rope.rope_scaling_words`)
+GPT_OSS_YARN = "yarn factor 32, original_max_position_embeddings 4096, beta_fast 32, beta_slow 1"
+
 PRESETS: dict[str, ModelConfig] = {
     # MEMO paper, table 2 (GPT, vocab 50257)
     "gpt-7b": ModelConfig("gpt-7b", 32, 4096, 32, 16384),
@@ -672,25 +675,29 @@ PRESETS: dict[str, ModelConfig] = {
                                     norm="rmsnorm", bias="none", tied_embeddings=False, head_dim=128, kv_lora_rank=512,
                                     qk_rope_dim=64, v_head_dim=128, experts=64, top_k=6, expert_ffn=1408,
                                     shared_experts=2, shared_ffn=1408, dense_layers=1, rope_theta=10000.0,
-                                    norm_eps=1e-6, aux_loss_coef=0.001, seq_aux=True, rope_scaling="yarn factor 40"),
+                                    norm_eps=1e-6, aux_loss_coef=0.001, seq_aux=True,
+                                    rope_scaling="yarn factor 40, mscale 0.707, mscale_all_dim 0.707, "
+                                                 "original_max_position_embeddings 4096, beta_fast 32, beta_slow 1"),
     "deepseek-v3": ModelConfig("deepseek-v3", 61, 7168, 128, 18432, vocab=129280, ffn_type="swiglu", norm="rmsnorm",
                                bias="none", tied_embeddings=False, head_dim=128, q_lora_rank=1536, kv_lora_rank=512,
                                qk_rope_dim=64, v_head_dim=128, experts=256, top_k=8, expert_ffn=2048, shared_experts=1,
                                shared_ffn=2048, dense_layers=3, router="sigmoid", router_groups=8,
                                router_group_topk=4, router_scaling=2.5, rope_theta=10000.0, norm_eps=1e-6,
-                               aux_loss_coef=0.001, seq_aux=True, rope_scaling="yarn factor 40",
+                               aux_loss_coef=0.001, seq_aux=True,
+                               rope_scaling="yarn factor 40, mscale 1, mscale_all_dim 1, "
+                                            "original_max_position_embeddings 4096, beta_fast 32, beta_slow 1",
                                not_modelled="multi-token prediction (1 module, num_nextn_predict_layers): not counted, "
                                             "not priced"),
     "gpt-oss-20b": ModelConfig("gpt-oss-20b", 24, 2880, 64, 2880, vocab=201088, kv_heads=8, ffn_type="swiglu",
                                norm="rmsnorm", bias="all", tied_embeddings=False, head_dim=64, attention_sinks=True,
                                sliding_window=128, sliding_layers=12, sliding_period=2, experts=32, top_k=4,
-                               moe_bias=True,
-                               rope_theta=150000.0, norm_eps=1e-5, aux_loss_coef=0.9, rope_scaling="yarn factor 32"),
+                               moe_bias=True, rope_theta=150000.0, norm_eps=1e-5, aux_loss_coef=0.9,
+                               rope_scaling=GPT_OSS_YARN),
     "gpt-oss-120b": ModelConfig("gpt-oss-120b", 36, 2880, 64, 2880, vocab=201088, kv_heads=8, ffn_type="swiglu",
                                 norm="rmsnorm", bias="all", tied_embeddings=False, head_dim=64, attention_sinks=True,
                                 sliding_window=128, sliding_layers=18, sliding_period=2, experts=128, top_k=4,
-                                moe_bias=True,
-                                rope_theta=150000.0, norm_eps=1e-5, aux_loss_coef=0.9, rope_scaling="yarn factor 32"),
+                                moe_bias=True, rope_theta=150000.0, norm_eps=1e-5, aux_loss_coef=0.9,
+                                rope_scaling=GPT_OSS_YARN),
     "glm-4.5-air": ModelConfig("glm-4.5-air", 46, 4096, 96, 10944, vocab=151552, kv_heads=8, ffn_type="swiglu",
                                norm="rmsnorm", bias="qkv", tied_embeddings=False, head_dim=128, experts=128, top_k=8,
                                expert_ffn=1408, shared_experts=1, shared_ffn=1408, dense_layers=1, router="sigmoid",

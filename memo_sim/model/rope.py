@@ -17,7 +17,29 @@ def rope_scaling_words(kind: str, params: dict) -> str:
     if kind == "llama3":
         words += "".join(f", {k} {params[k]:g}" for k, std in LLAMA3_ROPE.items()
                          if num(params.get(k)) and float(params[k]) != std)
+    if kind == "yarn":  # every parameter stated: DeepSeek-V2-Lite's mscale 0.707 is not V3's 1
+        words += "".join(f", {k} {params[k]:g}" for k in YARN_PARAMS if num(params.get(k)))
     return words
+
+
+# YaRN's parameters beside its factor as a config.json's rope_scaling names them
+YARN_PARAMS = ("mscale", "mscale_all_dim", "original_max_position_embeddings", "beta_fast", "beta_slow")
+
+
+def yarn_params(words: str) -> dict[str, float] | None:
+    """A YaRN scaling's factor and stated parameters from its words (``"yarn factor 40, mscale 1, ..."``), else
+    None."""
+    head, _, rest = words.partition("yarn factor ")
+    if head or not rest:
+        return None
+    out = {}
+    try:
+        for i, part in enumerate(rest.split(", ")):
+            key, value = ("factor", part) if i == 0 else part.split(" ", 1)
+            out[key] = float(value)
+    except ValueError:
+        return None
+    return out
 
 
 def llama3_rope_factor(words: str) -> float | None:
