@@ -187,8 +187,9 @@ def answer_whatif(req: WhatifRequest, progress=None, while_waiting=None) -> What
         if fixed.get("tp_mode") not in (None, "all") and fixed["tp_mode"] not in anyf.tp_modes:
             fixed["tp_mode"] = "all"  # a flavour only the framework runs (async TP): memo's own flavours
         try:
-            memo_best = rank(same, req.seq, req.gpus, req.profile, simulate_top=1, allocator_lag=req.allocator_lag,
-                             jobs=1, **fixed).best
+            # searched as the what-if searches (a single simulated plan named a plan the plain what-if ranks third)
+            memo_best = rank(same, req.seq, req.gpus, req.profile, simulate_top=req.simulate_top,
+                             allocator_lag=req.allocator_lag, jobs=req.jobs, **fixed).best
         except MemoError as e:  # memo's own search has no layout for the fixed degrees: no comparison line
             if not str(e).startswith(NO_VALID_LAYOUT):
                 raise
@@ -207,8 +208,8 @@ def answer_whatif(req: WhatifRequest, progress=None, while_waiting=None) -> What
     if req.model.gemm.quantised:  # what FP8 buys: the same search with the layer GEMMs in the model's dtype
         plain = replace(req.model, gemm_format="bf16")
         try:
-            bf16_best = rank(plain, req.seq, req.gpus, req.profile, simulate_top=1, allocator_lag=req.allocator_lag,
-                             jobs=req.jobs, **req.search_kwargs()).best
+            bf16_best = rank(plain, req.seq, req.gpus, req.profile, simulate_top=req.simulate_top,
+                             allocator_lag=req.allocator_lag, jobs=req.jobs, **req.search_kwargs()).best
             bf16_searched = True
         except MemoError as e:  # no layout for the fixed degrees without FP8 either: no comparison line
             if not str(e).startswith(NO_VALID_LAYOUT):
