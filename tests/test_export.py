@@ -597,7 +597,7 @@ def test_the_framework_best_keeps_the_plans_router_balance_and_says_its_gemm_for
     assert r.exit_code == 0, r.output
     priced = next(ln for ln in r.output.splitlines() if "memo predicts the nearest plan" in ln)
     label = priced.split("(", 1)[1].split(")", 1)[0]
-    assert "torch_fused" in label and "cudnn" not in label and "vocab_parallel" not in label, priced
+    assert "chunked_wrapper" in label and "cudnn" not in label and "vocab_parallel" not in label, priced
     assert "capacity1.25" in label, priced  # the router's balance stays the job's
 
 

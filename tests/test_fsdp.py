@@ -134,3 +134,22 @@ def test_a_mixture_of_experts_shards_under_fsdp_as_under_zero3_and_torchtitan_se
     why = data_parallel_why_not(plan.layout, moe, plan.batch, plan.micro_batch)
     assert why and why.startswith(f"plan layout {f.label()}: dp_mode fsdp with mixture-of-experts layers")
     assert "\n" not in why
+
+
+def test_torchtitan_shards_weights_over_its_context_parallel_ranks():
+    """torchtitan applies FSDP over dp_replicate x (dp_shard x cp) whenever CP is on (parallelize.py at b5bcd76c,
+    parallelize_llama.py at 9dec370): a plan of replicated weights beside CP 4 (ZeRO 0) was ranked first for
+    torchtitan and exported as data_parallel_replicate_degree 4 while torchtitan shards the weights over the four
+    CP ranks (a review). Such layouts, and shard groups that split the CP ranks, are not torchtitan's."""
+    from memo_sim.layout.parallel import Layout
+    from memo_sim.search.frameworks import get_framework
+
+    for name in ("torchtitan", "torchtitan@2024-12"):
+        fw = get_framework(name)
+        assert "replicated over the 4 context-parallel ranks" in fw.why_not(Layout(tp=2, sp=True, cp=4, dp=4))
+        assert fw.allows(Layout(tp=2, sp=True, cp=4, dp=4, zero=3, dp_mode="fsdp"))
+        assert fw.allows(Layout(tp=2, sp=True, cp=4, dp=4, zero=3, dp_mode="fsdp", fsdp_shard=4))
+        assert "not a multiple" in fw.why_not(Layout(tp=2, sp=True, cp=4, dp=4, zero=3, dp_mode="fsdp",
+                                                     fsdp_shard=2))
+        assert fw.allows(Layout(tp=2, sp=True, dp=4))  # no CP: replicated weights are its DDP / HSDP of 1
+    assert get_framework("megatron").allows(Layout(tp=2, sp=True, cp=4, dp=4))

@@ -125,3 +125,21 @@ def test_cross_entropy_bytes_per_logit_closed_forms():
         want = 3 * gemm_time(f, A100, "bf16", gemm_bytes(toks, v, m.hidden, 2)) + \
             toks * v * cross_entropy_bytes_per_logit(ce, 2) / HBM
         assert boundary_times(m, lay, 1, 4096, A100).classifier == pytest.approx(want)
+
+
+def test_torchtitan_loss_is_its_chunked_wrapper():
+    """torchtitan at b5bcd76c trains every model it ships with ChunkedLossWrapper (8 chunks of the local tokens,
+    F.cross_entropy on each chunk's fp32 logits, the hidden states' gradient gathered in an fp32 buffer), while
+    memo priced torch_fused over every token's logits at once (a review: about 6 GB too much on a Qwen3-235B
+    plan's last stage, which decided its 'on the edge' verdict)."""
+    from memo_sim.cost.loss_kernels import loss_kernel
+    from memo_sim.cost.memory import classifier_peak_bytes
+    from memo_sim.search.frameworks import get_framework
+
+    assert get_framework("torchtitan").adapt(Layout()).cross_entropy == "chunked_wrapper"
+    assert get_framework("torchtitan@2024-12").adapt(Layout()).cross_entropy == "torch_fused"
+    m, tokens = get_model("llama-3.1-8b"), 32768
+    fused = classifier_peak_bytes(m, Layout(cross_entropy="torch_fused"), 1, tokens)
+    wrapped = classifier_peak_bytes(m, Layout(cross_entropy="chunked_wrapper"), 1, tokens)
+    per_logit = loss_kernel("torch_fused").live_bytes_per_logit(2)
+    assert fused - wrapped == pytest.approx(tokens * 7 / 8 * m.vocab * per_logit - tokens * m.hidden * 2)

@@ -20,6 +20,11 @@ live: the classifier's time (`memo_sim.cost.boundary`) and memory (`memo_sim.cos
   kernel structure, not measured). Live: the logits, their fp32 copy and log_softmax's saved output in
   the forward (d + 8), that output, the nll gradient and log_softmax's input gradient in the backward
   (12): the larger.
+- ``chunked_wrapper`` (torchtitan's ``ChunkedLossWrapper``, torchtitan/components/loss.py at b5bcd76c: the
+  micro-batch's local tokens in ``num_chunks`` = 8 equal chunks, each through the output layer and
+  ``torch_fused``'s cross-entropy, forward and backward, before the next): per logit as ``torch_fused``, one
+  chunk's logits at a time; the hidden states' gradient gathered chunk by chunk into an fp32 buffer of every
+  token (``GradAccumulator``), live beside the final norm's output over all chunks.
 """
 
 from __future__ import annotations
@@ -38,6 +43,19 @@ class LossKernel:
     passes: int  # HBM bytes per logit of its fp32 passes (forward and backward), casts aside
     live_fp32: int  # fp32 bytes per logit live at its peak beside the d-byte logits (module docs)
     live_floor: int = 0  # fp32 bytes per logit live at a later moment without the logits (torch_fused's backward)
+    chunks: int = 0  # > 0: the micro-batch's tokens in that many equal chunks, one chunk's logits at a time
+    grad_fp32: bool = False  # the hidden states' gradient held in fp32 (else in the model dtype)
+
+    def chunk_tokens(self, tokens: int, fixed: int) -> int:
+        """Tokens whose logits the loss holds at once, of the micro-batch's ``tokens`` on one GPU: one chunk of
+        ``fixed`` tokens (memo's chunked head), of ``chunks`` equal parts, or every token."""
+        if self.chunks:
+            return -(-tokens // self.chunks)
+        return min(fixed, tokens) if self.chunked else tokens
+
+    def hidden_grad_bytes(self, dtype_bytes: int) -> int:
+        """Bytes per element of the final hidden states' gradient, live over the loss."""
+        return FP32 if self.grad_fp32 else dtype_bytes
 
     def hbm_bytes_per_logit(self, dtype_bytes: int) -> float:
         """HBM bytes the loss moves per logit, forward and backward."""
@@ -54,6 +72,7 @@ KERNELS: dict[str, LossKernel] = {k.name: k for k in (
     LossKernel("chunked", True, 32, 2 * FP32),
     LossKernel("vocab_parallel", False, 40, FP32),
     LossKernel("torch_fused", False, 36, 2 * FP32, 3 * FP32),
+    LossKernel("chunked_wrapper", False, 36, 2 * FP32, 3 * FP32, chunks=8, grad_fp32=True),
 )}
 
 

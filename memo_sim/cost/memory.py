@@ -33,10 +33,9 @@ def loss_bytes_per_logit(kernel: str, dtype_bytes: int) -> float:
 
 
 def loss_tokens(layout: Layout, batch: int, seq: int, chunk_tokens: int = CLASSIFIER_CHUNK_TOKENS) -> int:
-    """Tokens whose logits the loss holds at once on one GPU: one chunk under memo's chunked kernel,
-    the micro-batch's every token (``batch`` sequences) under the frameworks' kernels."""
-    tokens = tokens_per_gpu(layout, batch, seq)
-    return min(chunk_tokens, tokens) if loss_kernel(layout.cross_entropy).chunked else tokens
+    """Tokens whose logits the loss holds at once on one GPU: one chunk under memo's chunked kernel or
+    torchtitan's chunked wrapper, the micro-batch's every token (``batch`` sequences) under the others."""
+    return loss_kernel(layout.cross_entropy).chunk_tokens(tokens_per_gpu(layout, batch, seq), chunk_tokens)
 
 
 def model_state_parts(model: ModelConfig, layout: Layout, experts_only: bool = False) -> dict[str, float]:
@@ -71,5 +70,7 @@ def classifier_peak_bytes(model: ModelConfig, layout: Layout, batch: int, seq: i
     tokens = loss_tokens(layout, batch, seq, chunk_tokens)
     vocab_share = model.vocab / layout.tp
     logits = tokens * vocab_share * loss_bytes_per_logit(layout.cross_entropy, DTYPE_BYTES[model.dtype])
-    final_hidden = tokens_per_gpu(layout, batch, seq) * model.hidden * DTYPE_BYTES[model.dtype]
-    return logits + 2 * final_hidden  # final norm output + its gradient stay live over all chunks
+    d = DTYPE_BYTES[model.dtype]
+    final_hidden = tokens_per_gpu(layout, batch, seq) * model.hidden
+    # final norm output + its gradient stay live over all chunks
+    return logits + final_hidden * (d + loss_kernel(layout.cross_entropy).hidden_grad_bytes(d))

@@ -11,7 +11,7 @@ policies, and how it runs what the simulator models as a switch
   choice on Hopper and newer) or ``materialised`` (`memo_sim.cost.attention_kernel`);
 - ``grad_overlap``: whether the data-parallel gradient reduction overlaps the backward
   (`memo_sim.cost.grad_sync`);
-- ``cross_entropy``: the loss kernel, ``chunked``, ``vocab_parallel`` or ``torch_fused``
+- ``cross_entropy``: the loss kernel, ``chunked``, ``vocab_parallel``, ``torch_fused`` or ``chunked_wrapper``
   (`memo_sim.cost.boundary.cross_entropy_bytes_per_logit`);
 - ``host_pool``: where offloaded activations sit in pinned host memory, memo's registered pool
   or PyTorch's caching host allocator (`memo_sim.policy.host_layout`; matters only to
@@ -128,6 +128,9 @@ class _LayoutsIn(BaseModel):
     embedding_loss_slots: bool | None = Field(None, strict=True)
     experts: _ExpertsIn | None = None  # mixture-of-experts training (None: not offered)
     dp_modes: tuple[Literal[DP_MODES], ...] = ("zero",)  # data-parallel flavours (`memo_sim.dp`)
+    # its FSDP mesh holds the context-parallel ranks (torchtitan's dp_shard x cp): with cp > 1 the weights are
+    # sharded over a group of a multiple of cp ranks, never replicated (ZeRO 0) or sharded over fewer
+    shards_over_cp: bool = Field(False, strict=True)
 
 
 class _MechanismsIn(BaseModel):
@@ -213,6 +216,7 @@ class Framework:
     experts: tuple[bool, bool, tuple[str, ...], bool] | None = None
     dp_modes: tuple[str, ...] = ("zero",)  # its data-parallel flavours (`memo_sim.dp`; zero: ZeRO stages)
     chunked_attention: bool = False  # it runs chunked attention (Llama 4); else a model's chunked layers run full
+    shards_over_cp: bool = False  # its FSDP shards over the CP ranks too (`_LayoutsIn.shards_over_cp`)
 
     def for_model(self, model: ModelConfig) -> ModelConfig:
         """``model`` as this framework trains it: its recipe for the model's dtype where the model
@@ -258,6 +262,10 @@ class Framework:
             what = f"ZeRO stage {lay.zero}"
         elif lay.dp_mode not in self.dp_modes and (lay.dp_mode != "zero" or lay.zero > 0):
             what = f"data-parallel flavour {lay.dp_mode}" + (f" at stage {lay.zero}" if lay.dp_mode == "zero" else "")
+        elif self.shards_over_cp and lay.cp > 1 and lay.zero < 3:
+            what = f"weights replicated over the {lay.cp} context-parallel ranks: its FSDP shards over them"
+        elif self.shards_over_cp and lay.cp > 1 and lay.fsdp_shard % lay.cp:
+            what = f"an FSDP shard group of {lay.fsdp_shard}, not a multiple of the {lay.cp} context-parallel ranks"
         elif lay.tp_mode not in self.tp_modes:
             what = f"tp_mode {lay.tp_mode}"
         elif lay.optimizer_offload and not self.offloads_optimizer(lay.zero):
@@ -315,7 +323,7 @@ def _read(path: Path) -> Framework:
                      embedding_loss_slots=lay.uneven_stages if lay.embedding_loss_slots is None
                      else lay.embedding_loss_slots,
                      fp8_saved_inputs=f.precision.fp8_saved_inputs, fp8_sp_gathers=f.precision.fp8_sp_gathers,
-                     dp_modes=lay.dp_modes, chunked_attention=f.chunked_attention,
+                     dp_modes=lay.dp_modes, chunked_attention=f.chunked_attention, shards_over_cp=lay.shards_over_cp,
                      experts=None if lay.experts is None else (lay.experts.expert_parallel,
                                                                 lay.experts.expert_tensor_parallel,
                                                                 lay.experts.dispatchers,

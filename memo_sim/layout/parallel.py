@@ -48,8 +48,9 @@ local`` of 2021; with pp > 1 each stage reduces its own gradients so, after its 
 `memo_sim.cost.sppo.stage_serial_grad_reduce`). Left out of `Layout.to_dict` when True.
 
 Loss kernel (``cross_entropy``, `memo_sim.cost.boundary`): ``chunked`` (memo's executor),
-``vocab_parallel`` (Megatron-LM's) or ``torch_fused`` (``F.cross_entropy`` on fp32 logits); they
-move different bytes per logit. Left out of `Layout.to_dict` when ``chunked``.
+``vocab_parallel`` (Megatron-LM's), ``torch_fused`` (``F.cross_entropy`` on fp32 logits) or
+``chunked_wrapper`` (torchtitan's ``ChunkedLossWrapper``: ``torch_fused`` over 8 chunks of the tokens); they
+move and keep different bytes per logit (`memo_sim.cost.loss_kernels`). Left out of `Layout.to_dict` when ``chunked``.
 
 Pinned host pool (``host_pool``, `memo_sim.policy.host_layout`): ``registered_pool`` (memo's
 executor: exact bytes) or ``caching_host_allocator`` (PyTorch's ``pin_memory``: each tensor
@@ -143,7 +144,7 @@ class Layout:
     attention: str = "flash"  # attention kernel: flash | materialised (`memo_sim.cost.attention_kernel`)
     block_attention: str = ""  # the kernel of attention run as blocks ("": ``attention``'s; module docs)
     grad_overlap: bool = True  # data-parallel gradient reduction overlapped with the backward (`cost.grad_sync`)
-    cross_entropy: str = "chunked"  # loss kernel: chunked | vocab_parallel | torch_fused (`cost.boundary`)
+    cross_entropy: str = "chunked"  # loss kernel: chunked | vocab_parallel | torch_fused | chunked_wrapper
     host_pool: str = "registered_pool"  # pinned host memory for offloads: one of `HOST_POOLS`
     expandable_segments: bool = False  # PyTorch caching allocator's expandable_segments (`memplan.caching_allocator`)
     alloc_conf: str = ""  # the rest of PYTORCH_CUDA_ALLOC_CONF, canonical (`layout.alloc_conf`); "": defaults

@@ -100,7 +100,7 @@ ROLES = ("input", "attn", "other", "lse", "transient")
 ATTENTION_KERNELS = ("flash", "cudnn", "materialised")
 # cross-entropy implementations (`memo_sim.layout.parallel.Layout.cross_entropy`; HBM passes per
 # logit and the bytes it keeps live in `memo_sim.cost.loss_kernels`)
-CROSS_ENTROPY_KERNELS = ("chunked", "vocab_parallel", "torch_fused")
+CROSS_ENTROPY_KERNELS = ("chunked", "vocab_parallel", "torch_fused", "chunked_wrapper")
 
 def block_tensors(tp_mode: str) -> frozenset[str]:
     """Tensors that under ``tp_mode`` exist only as per-step blocks inside METP's ring loops (never
