@@ -40,6 +40,10 @@ def stream_words(op) -> str:
 
 
 IDLE_WORDS = "idle until the step's slowest stage ends"
+# a stage's wait for an activation or gradient that another stage had not yet computed (the pipeline's fill and
+# drain, stages of unequal work): the part of a wait on a pipeline transfer before that transfer started
+PEER_WORDS = "waiting on another pipeline stage's compute (fill, drain, unequal stages)"
+PIPELINE_STREAMS = ("pp_p2p", "p2p")
 PHASE_WORDS = {"fwd": "forward", "bwd": "backward", "recompute": "recompute", "classifier": "classifier",
                "optimizer": "optimizer step", "allocator": "allocator stalls (cache reorganisations)"}
 
@@ -73,9 +77,15 @@ def time_breakdown(res: SimResult, device: int) -> TimeBreakdown:
             if waited:
                 last = max(waited, key=lambda d: d.end)
                 why = f"waiting on {stream_words(last)}"
+                if last.stream in PIPELINE_STREAMS:  # the transfer itself, and before it the other stage's work
+                    moving = min(gap, max(0.0, last.end - max(last.start, prev_end)))
+                    if gap - moving > 0:
+                        tb.waits_s[PEER_WORDS] = tb.waits_s.get(PEER_WORDS, 0.0) + gap - moving
+                    gap = moving
             else:
                 why = "waiting on issue order (no later dependency)"
-            tb.waits_s[why] = tb.waits_s.get(why, 0.0) + gap
+            if gap > 0:
+                tb.waits_s[why] = tb.waits_s.get(why, 0.0) + gap
         prev_end = max(prev_end, o.end)
     tail = end_s - prev_end
     if tail > 0:
