@@ -28,7 +28,27 @@ def usage_line(e) -> str:
     """A click usage error (bad flag value, unknown option) as one line naming the flag and the fix."""
     msg = " ".join(e.format_message().split()).rstrip(".")
     cmd = e.ctx.command_path if e.ctx is not None else "the command"
-    return f"error: {msg}; see `{cmd} -h`"
+    return f"error: {msg}{_value_hint(e, msg)}; see `{cmd} -h`"
+
+
+def _value_hint(e, msg: str) -> str:
+    """'' or the fix of a bad flag value: the nearest choice to a mistyped one (``--framework megatorn``), and
+    that a batch counts sequences where a token count was given (``--global-batch 4M``)."""
+    import difflib
+    import re
+
+    import click
+
+    param = getattr(e, "param", None)
+    kind = getattr(param, "type", None)
+    if isinstance(kind, click.Choice):
+        typed = re.search(r"'([^']*)' is not one of", msg)
+        near = difflib.get_close_matches(typed.group(1), [str(c) for c in kind.choices], n=1, cutoff=0.6) if typed \
+            else []
+        return f"; did you mean {near[0]!r}" if near else ""
+    if isinstance(kind, click.IntRange) and "batch" in (param.name or "") and re.search(r"'[\d.]+\s*[kKmMgG]'", msg):
+        return f"; --{param.name.replace('_', '-')} counts sequences, not tokens (e.g. 256)"
+    return ""
 
 
 def parsed_or_one_line(make, say):

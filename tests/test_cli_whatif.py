@@ -638,3 +638,14 @@ def test_memo_best_beside_a_framework_is_the_plain_what_ifs_best():
     beside = json.loads(run(base + ["--framework", "megatron"]).output)["memo_best"]
     assert (beside["layout"], beside["policy"]) == (plain["layout"], plain["policy"])
     assert beside["simulated_tgs_tokens_per_gpu_s"] == plain["simulated_tgs_tokens_per_gpu_s"]
+
+
+def test_bad_flag_values_name_the_fix():
+    """`--framework megatorn` was listed the eleven choices without the near one (`--profile b200` gets one), and
+    `--global-batch 4M` was told only 'not a valid integer range' (a review)."""
+    r = CliRunner().invoke(cli, ["whatif", "--framework", "megatorn", "--no-plan"])
+    assert r.exit_code == 2 and "did you mean 'megatron'" in r.output and r.output.count("\n") == 1, r.output
+    r = CliRunner().invoke(cli, ["whatif", "--global-batch", "4M", "--no-plan"])
+    assert r.exit_code == 2 and "--global-batch counts sequences, not tokens" in r.output, r.output
+    r = CliRunner().invoke(cli, ["whatif", "--framework", "xyz", "--no-plan"])
+    assert r.exit_code == 2 and "did you mean" not in r.output
