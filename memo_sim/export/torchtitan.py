@@ -9,11 +9,20 @@ attention) from ``torchtitan.models.qwen3``'s, its flavour where the shapes are 
 nearest in size and say so) and
 sets ``config.parallelism.*`` (``ParallelismConfig``), ``config.training.*`` (``TrainingConfig``)
 and ``config.activation_checkpoint`` (``FullAC.Config()``, ``SelectiveAC.Config()`` for per-op selective
-checkpointing, or ``None``), and ``config.compile.enable`` for a plan whose blocks are compiled
-(``Layout.kernel_fusion``). torchtitan expresses TP
-with SP (async TP: ``enable_async_tensor_parallel``), CP, PP with ``1F1B`` / ``Interleaved1F1B``, DP by replication (ZeRO 0) or FSDP2
-sharding (``data_parallel_shard_degree``; ZeRO 3, or ZeRO 2 with
+checkpointing, or ``None``), and ``config.compile`` (``CompileConfig``) as priced: the model's blocks compiled
+(``enable`` with ``"model"`` in ``components``) for a plan whose blocks are compiled (``Layout.kernel_fusion``),
+for async TP and for MXFP8, else not (`_compile_lines`). torchtitan expresses TP
+with SP (async TP: ``CompileConfig.enable_async_tensor_parallel``), CP, PP with ``1F1B`` / ``Interleaved1F1B``, DP by
+replication (ZeRO 0) or FSDP2 sharding (``data_parallel_shard_degree``; ZeRO 3, or ZeRO 2 with
 ``fsdp_reshard_after_forward = "never"``) and full or per-op selective activation checkpointing.
+
+What else the written configuration sets so that torchtitan at `SOURCE` starts it as priced: each layer's
+``attention.rope.max_context_length`` where the shipped flavour's rotary table is shorter than the plan's
+sequence (`ROPE_MAX`: ``Decoder.Config.update_from_config`` refuses a longer ``training.max_context_length``);
+``training.disable_cuda_graphs`` (memo prices eager launches, and torchtitan refuses CUDA graphs beside pipeline
+parallelism and the all-to-all EP dispatcher); the MXFP8 converters on the GEMMs memo prices in MXFP8 only
+(`MXFP8_FQNS`: not the output head, not the routers); and ``config.model_spec`` anew where the shipped
+configuration's model is not the one priced (llama3_405b's Float8 converter, gpt_oss's varlen attention under CP).
 """
 
 from __future__ import annotations
@@ -32,7 +41,8 @@ BASES = {"llama-3.1-8b": "llama3_8b", "llama-3.1-70b": "llama3_70b", "llama-3.1-
 # where the exported function sets config.model_spec with the plan's GEMM format's converters
 REGISTRY = {"llama3_8b": ("llama3", "8B"), "llama3_70b": ("llama3", "70B"), "llama3_405b": ("llama3", "405B"),
             "qwen3_30b_a3b": ("qwen3", "30B-A3B"), "deepseek_v3_671b": ("deepseek_v3", "671B"),
-            "gpt_oss_20b": ("gpt_oss", "20b"), "gpt_oss_120b": ("gpt_oss", "120b"), "qwen3_14b": ("qwen3", "14B"), "qwen3_32b": ("qwen3", "32B")}
+            "gpt_oss_20b": ("gpt_oss", "20b"), "gpt_oss_120b": ("gpt_oss", "120b"), "qwen3_14b": ("qwen3", "14B"),
+            "qwen3_32b": ("qwen3", "32B")}
 # the other shipped configurations (torchtitan/models/<module>/config_registry.py at SOURCE): (module, function, the
 # model_registry flavour the function's model_spec is set to where the model has no function of its own: Qwen3-8B,
 # whose flavour "8B" ships without a pretraining configuration, from qwen3_14b's) -- the MoE ones and Qwen3's
@@ -57,6 +67,32 @@ QWEN3_MOE = {"30B-A3B": (48, 2048, 32, 4, 128, 128, 768, 128, 8, 151936),
 QWEN3_MOE_THETA = {"30B-A3B": 1000000.0, "235B-A22B": 5000000.0}
 QWEN3_EPS = 1e-6
 QWEN3_MOE_BASE = "qwen3_30b_a3b"  # the one Qwen3 MoE pretraining configuration (config_registry.py at SOURCE)
+# the rotary table each flavour is built with (RoPE.Config.max_context_length at SOURCE: llama3/__init__.py _8b, _70b,
+# _405b 131072; qwen3/__init__.py _8b, _14b, _32b, _30b_a3b, _235b_a22b 40960; deepseek_v3/__init__.py _671b 4096 * 4;
+# gpt_oss/__init__.py _20b, _120b 131072). Decoder.Config.update_from_config (models/common/decoder.py) raises
+# "Training sequence length ... exceeds attention RoPE maximum supported sequence length" where
+# training.max_context_length is longer than the first attention layer's, then sets every layer's to it: the export
+# sets each layer's attention.rope.max_context_length to the plan's sequence where it is longer (the table's length
+# only, not its frequencies: models/common/rope.py _precompute_cache)
+ROPE_MAX = {**{("llama3", f): 131072 for f in ("8B", "70B", "405B")},
+            **{("qwen3", f): 40960 for f in ("8B", "14B", "32B", "30B-A3B", "235B-A22B")},
+            ("deepseek_v3", "671B"): 16384, **{("gpt_oss", f): 131072 for f in ("20b", "120b")}}
+# the compile settings (enable, components, enable_async_tensor_parallel) of the shipped configurations that are not
+# CompileConfig()'s (False, ["model", "loss"], False): config_registry.py at SOURCE
+SHIPPED_COMPILE = {"llama3_405b": (True, ("model", "loss"), True), "deepseek_v3_671b": (True, ("loss",), False)}
+# the shipped configurations whose model_spec carries converters (llama3_405b: Float8LinearConverter, rowwise, lm_head
+# filtered): a plan priced in bf16 sets model_spec without them
+SHIPPED_CONVERTERS = ("llama3_405b",)
+# the TransformerBlock.Config fields (models/common/decoder.py) and the MoE.Config field (models/common/moe.py) whose
+# Linear.Configs memo prices in the plan's GEMM format (`memo_sim.cost.gemm_format`: the layer GEMMs): the MXFP8
+# linear converter's include-list (mx.py: substring match on the FQN; empty converts every Linear.Config), so that the
+# output head (lm_head) and the routers (moe.router.gate), priced in the model dtype, stay so
+MXFP8_FQNS = ("attention", "feed_forward")
+MXFP8_MOE_FQNS = ("shared_experts",)
+# the grouped experts' per-expert token padding (MXFP8GroupedExpertsConverter.Config.pad_multiple, default 32): mx.py
+# at SOURCE says the CuTeDSL quantization kernel on sm_100 needs multiples of 128, and torchtitan's own MXFP8 MoE
+# configuration (deepseek_v3_debugmodel_mxfp8) sets 128; MXFP8 runs on SM100 and later only
+MXFP8_PAD = 128
 SCHEDULES = {"1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}
 _RUNS = {"store_all": "config.activation_checkpoint = None", "full_recompute": "config.activation_checkpoint = "
          "FullAC.Config()", "op_sac": "config.activation_checkpoint = SelectiveAC.Config()"}
@@ -220,6 +256,7 @@ def gaps(plan: Plan) -> list[Gap]:
         out.append(Gap("ZeRO stage 1 (optimizer states sharded, weights and gradients whole)",
                        'FSDP2 with fsdp_reshard_after_forward = "never" (ZeRO 2: gradients sharded too)',
                        PlanChange(layout={"zero": 2})))
+    out += _ep_borrow_gap(plan)
     out += policy_gaps(plan, _RUNS, notes={"memo": "torchtitan offloads no activations",
                                            "full_offload": "torchtitan offloads no activations"})
     out += gemm_format_gap(plan, "torchtitan") + optimizer_offload_gap(plan, "torchtitan") + not_modelled_gap(plan)
@@ -234,6 +271,13 @@ def gaps(plan: Plan) -> list[Gap]:
                        + (" and MXFP8GroupedExpertsConverter.Config()" if plan.model.moe else "")
                        + " (torchtitan/components/quantization/mx.py) in the converters of the model's "
                          "model_registry for config.model_spec)", PlanChange(gemm_format="bf16")))
+    if _writes_mxfp8(plan, plan.model) and plan.layout.kernel_fusion != "compiled":
+        out.append(Gap("MXFP8 GEMMs in blocks priced uncompiled (memo's hand-fused kernels, kernel_fusion fused)",
+                       "the blocks compiled (config.compile.enable with 'model' in config.compile.components, the "
+                       "converters' model_compile_enabled=True): torchtitan runs MXFP8's dynamic quantisation at speed "
+                       "compiled only (torchtitan/components/quantization/mx.py warns 'torch.compile enablement is "
+                       "required for highest performance'); compiled blocks fuse more than the hand-fused kernels "
+                       "priced, so the run should be no slower than priced"))
     if _module(plan) == "qwen3" and plan.model.moe:
         out += _qwen3_moe_gaps(plan.model)
     m = plan.model
@@ -252,6 +296,53 @@ def gaps(plan: Plan) -> list[Gap]:
                                                              f"scaling by hand"))
     if note:
         out.append(Gap(f"model {m.name}", note))
+    return out
+
+
+def _ep_borrow_gap(plan: Plan) -> list[Gap]:
+    """Expert parallelism beside replicated data parallelism (ZeRO 0) where TP x CP is too few ranks for it: torchtitan
+    at `SOURCE` borrows the EP ranks from data_parallel_shard_degree x context_parallel_degree x tensor_parallel_degree
+    (torchtitan/distributed/parallel_dims.py ParallelDims._validate raises "expert_parallel_degree (N) must divide
+    dp_shard * cp * tp"), and ZeRO 0 is written with data_parallel_shard_degree 1 (ZeRO 1 becomes ZeRO 2 already).
+    The nearest: FSDP2 over the whole data group kept gathered after the forward (memo's fsdp flavour, which also
+    runs beside pipeline stages, as torchtitan's does), written as the ZeRO-2 gap's is."""
+    lay = plan.layout
+    if not (plan.model.moe and lay.ep > 1 and lay.zero == 0 and (lay.tp * lay.cp * lay.ulysses) % lay.ep):
+        return []
+    return [Gap(f"expert parallelism over {lay.ep} ranks beside replicated data parallelism (ZeRO 0, TP x CP "
+                f"{lay.tp * lay.cp * lay.ulysses} ranks)",
+                'FSDP2 over the data group, fsdp_reshard_after_forward = "never" (weights kept gathered from the '
+                "forward to the backward): torchtitan's EP borrows its ranks from data_parallel_shard_degree x "
+                "context_parallel_degree x tensor_parallel_degree (torchtitan/distributed/parallel_dims.py)",
+                PlanChange(layout={"zero": 3, "dp_mode": "fsdp", "reshard_after_forward": False}))]
+
+
+def _writes_mxfp8(plan: Plan, model) -> bool:
+    """Whether the exported configuration sets torchtitan's MXFP8 converters: ``model`` (the plan's model as written)
+    in MXFP8 and the model one torchtitan ships (a stand-in's GEMMs are bf16, a gap says so)."""
+    return model.gemm_format == "mxfp8" and _base(plan)[1] is None
+
+
+def _mxfp8_fqns(model) -> list[str]:
+    """The MXFP8 linear converter's include-list for ``model`` (`MXFP8_FQNS`; a MoE's shared experts too)."""
+    return list(MXFP8_FQNS + (MXFP8_MOE_FQNS if model.moe else ()))
+
+
+def _compile_lines(base: str, compiled: bool, async_tp: bool) -> list[str]:
+    """The ``config.compile`` lines that make the shipped configuration ``base`` compile the model's blocks
+    (``compiled``: enable and "model" in components; at `SOURCE` torchtitan/models/llama3/parallelize.py compiles each
+    TransformerBlock where ``compile.enable and "model" in compile.components``) or not, and run async TP or not
+    (``CompileConfig.enable_async_tensor_parallel``, torchtitan/config/configs.py; not a ParallelismConfig field)."""
+    enable, components, shipped_async = SHIPPED_COMPILE.get(base, (False, ("model", "loss"), False))
+    out = []
+    if compiled:
+        out.append("    config.compile.enable = True")
+        if "model" not in components:  # deepseek_v3_671b compiles its loss only
+            out.append(f"    config.compile.components = {['model', *components]!r}")
+    elif enable and "model" in components:  # the shipped one compiles the blocks memo priced uncompiled
+        out.append(f"    config.compile.components = {[c for c in components if c != 'model']!r}")
+    if async_tp or shipped_async:
+        out.append(f"    config.compile.enable_async_tensor_parallel = {async_tp}")
     return out
 
 
@@ -301,8 +392,6 @@ def render(plan: Plan, applied: list[Gap]) -> str:
     ]
     if plan.model.moe:
         sets.append(("parallelism.expert_parallel_degree", lay.ep))
-    if lay.flavour.async_collectives:  # async TP (`memo_sim.tp.async_tp`): torchtitan runs it compiled only
-        sets.append(("parallelism.enable_async_tensor_parallel", True))
     if lay.zero == 2 or (lay.dp_mode == "fsdp" and not lay.reshard_after_forward):
         sets.append(("parallelism.fsdp_reshard_after_forward", "never"))
     if lay.pp > 1:
@@ -315,7 +404,10 @@ def render(plan: Plan, applied: list[Gap]) -> str:
                      ("parallelism.pipeline_parallel_last_stage_less_layers", split[2])]
     sets += [("training.max_context_length", plan.seq_tokens),
              ("training.num_tokens_per_microbatch_per_dp_rank", plan.micro_batch * plan.seq_tokens),
-             ("training.num_tokens_per_train_step", plan.batch * lay.dp * plan.seq_tokens)]
+             ("training.num_tokens_per_train_step", plan.batch * lay.dp * plan.seq_tokens),
+             # eager launches, as priced; CUDA graphs are on by default at SOURCE and the trainer refuses them beside
+             # pipeline parallelism and the all-to-all EP dispatcher (torchtitan/trainer.py _validate_cuda_graphs)
+             ("training.disable_cuda_graphs", True)]
     body = [f"    config.{k} = {v!r}" for k, v in sets]
     if other_model:  # the shipped configuration trains another model: stop, rather than train that one unnoticed
         shapes = (f"a Qwen3 MoE of the plan's shapes: {_qwen3_moe_args(plan.model)}" if _module(plan) == "qwen3"
@@ -325,29 +417,37 @@ def render(plan: Plan, applied: list[Gap]) -> str:
         body.insert(0, f"    raise NotImplementedError({why!r})")
     ac = _AC.get(pol.name)
     body.append("    config.activation_checkpoint = " + (f"{ac}.Config()" if ac else "None"))
-    if lay.kernel_fusion == "compiled" or lay.flavour.async_collectives:  # each block compiled, as priced (async TP needs it)
-        body.append("    config.compile.enable = True")
-    mx = nearest_model(plan, applied).gemm_format == "mxfp8" and _base(plan)[1] is None
+    mx = _writes_mxfp8(plan, nearest_model(plan, applied))
+    # each block compiled: as priced (kernel_fusion), for async TP (Inductor's pass) and for MXFP8 (see `gaps`)
+    body += _compile_lines(base, lay.kernel_fusion == "compiled" or lay.flavour.async_collectives or mx,
+                           lay.flavour.async_collectives)
     convs = ["MXFP8LinearConverter"] + (["MXFP8GroupedExpertsConverter"] if plan.model.moe else [])
-    flavour = _flavour(plan) or REGISTRY[base][1] if base in REGISTRY else None
-    if mx:  # torchao's MXFP8 linear (and grouped experts) as the model's converters, told whether blocks compile
-        compiled = lay.kernel_fusion == "compiled"
-        body.append(f"    config.model_spec = model_registry({flavour!r}, converters=["
-                    + ", ".join(f"{c}.Config(model_compile_enabled={compiled})" for c in convs) + "])")
-    elif _flavour(plan):  # the shipped flavour of a model without a configuration of its own (Qwen3-8B)
-        body.append(f"    config.model_spec = model_registry({flavour!r})")
+    module, flavour = REGISTRY[base][0], _flavour(plan) or REGISTRY[base][1]
+    args = [repr(flavour)]
+    if module == "gpt_oss" and lay.cp > 1:  # its model_registry's default varlen attention refuses CP (decoder.py)
+        args.append("attn_backend='flex'")
+    if mx:  # torchao's MXFP8 on the GEMMs memo prices in it (not the head, not the routers), the blocks compiled
+        args.append("converters=[" + ", ".join(
+            [f"MXFP8LinearConverter.Config(fqns={_mxfp8_fqns(plan.model)!r}, model_compile_enabled=True)"]
+            + ([f"MXFP8GroupedExpertsConverter.Config(model_compile_enabled=True, pad_multiple={MXFP8_PAD})"]
+               if plan.model.moe else [])) + "]")
+    # model_spec anew: MXFP8, another flavour (Qwen3-8B, -235B-A22B), flex attention, or the shipped Float8 dropped
+    registry = len(args) > 1 or _flavour(plan) is not None or base in SHIPPED_CONVERTERS
+    if registry:
+        body.append(f"    config.model_spec = model_registry({', '.join(args)})")
     theta = _qwen3_theta(plan)
-    if theta:  # the plan's rotary base on the flavour's model (each layer's attention holds its own RoPE config)
-        body += ["    for layer in config.model_spec.model.layers:",
-                 f"        layer.attention.rope.theta = {theta!r}"]
+    longer = plan.seq_tokens if plan.seq_tokens > ROPE_MAX.get((module, flavour), plan.seq_tokens) else None
+    if theta or longer:  # on the flavour's model (each layer's attention holds its own RoPE config)
+        body.append("    for layer in config.model_spec.model.layers:")
+        body += [f"        layer.attention.rope.theta = {theta!r}"] if theta else []
+        body += [f"        layer.attention.rope.max_context_length = {longer!r}"] if longer else []
     if _flavour(plan):  # its own tokenizer and weights' folder, as the shipped configurations name theirs
         body.append(f"    config.hf_assets_path = {HF_ASSETS[_flavour(plan)]!r}")
-    registry = mx or _flavour(plan) is not None
     return "\n".join([
         *([f"from torchtitan.components.quantization.mx import {', '.join(convs)}"] if mx else []),
         *([f"from torchtitan.distributed.activation_checkpoint import {ac}"] if ac else []),
         f"from torchtitan.models.{_module(plan)}.config_registry import {base}",
-        *([f"from torchtitan.models.{REGISTRY[base][0]} import model_registry"] if registry else []),
+        *([f"from torchtitan.models.{module} import model_registry"] if registry else []),
         "from torchtitan.trainer import Trainer",
         "",
         "",
