@@ -649,3 +649,22 @@ def test_bad_flag_values_name_the_fix():
     assert r.exit_code == 2 and "--global-batch counts sequences, not tokens" in r.output, r.output
     r = CliRunner().invoke(cli, ["whatif", "--framework", "xyz", "--no-plan"])
     assert r.exit_code == 2 and "did you mean" not in r.output
+
+
+def test_a_programs_bad_request_is_one_memo_error_naming_the_field():
+    """memo_sim.api's WhatifRequest(seq=0) raised 'math domain error' from the SPPO grid, seq="128K" a TypeError
+    and a profile's name an AttributeError (a review): each is a MemoError naming the field and the fix; a profile
+    name and a sequence as the command writes it are read as the command reads them."""
+    import pytest
+
+    from memo_sim.api import WhatifRequest, get_model
+    from memo_sim.errors import MemoError
+
+    m = get_model("gpt-7b")
+    for over, field in ((dict(seq=0), "seq"), (dict(seq=-4096), "seq"), (dict(gpus=0), "gpus"), (dict(tp=0), "tp"),
+                        (dict(zero=4), "zero"), (dict(alpha=1.5), "alpha"), (dict(profile=3), "profile"),
+                        (dict(model="gpt-7b"), "model")):
+        with pytest.raises(MemoError, match=rf"^WhatifRequest\.{field} = "):
+            WhatifRequest(**{**dict(model=m, seq=4096, gpus=8, profile="a800-80gb"), **over})
+    req = WhatifRequest(model=m, seq="128K", gpus=8, profile="a800-80gb")
+    assert req.seq == 131072 and req.profile.name == "a800-80gb"

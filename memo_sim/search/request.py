@@ -96,6 +96,40 @@ class WhatifRequest:
     def __post_init__(self):
         for name in ("policies", "schedules"):  # a list from a program or click's tuple: one hashable value
             object.__setattr__(self, name, tuple(getattr(self, name) or ()))
+        self._check()
+
+    def _check(self) -> None:
+        """A request built by a program is checked as the command's options are: a `MemoError` naming the field
+        and the fix (``seq=0`` raised 'math domain error' deep in the search, ``seq="128K"`` a TypeError, a profile
+        name an AttributeError). A profile may be given by name, a sequence as the command writes it ("128K")."""
+        from memo_sim.units import parse_count  # noqa: PLC0415
+
+        def bad(name: str, fix: str) -> MemoError:
+            return MemoError(f"WhatifRequest.{name} = {getattr(self, name)!r}: {fix}")
+
+        if not isinstance(self.model, ModelConfig):
+            raise bad("model", "give a ModelConfig (memo_sim.api.get_model('llama-3.1-8b') or a model file's path)")
+        if isinstance(self.profile, str):
+            from memo_sim.profile.loader import load_profile  # noqa: PLC0415
+
+            object.__setattr__(self, "profile", load_profile(self.profile))
+        elif not isinstance(self.profile, HardwareProfile):
+            raise bad("profile", "give a HardwareProfile (memo_sim.api.load_profile) or a profile's name")
+        if isinstance(self.seq, str):
+            object.__setattr__(self, "seq", parse_count(self.seq, "WhatifRequest.seq"))
+        for name in ("seq", "gpus", "jobs", "batch", "global_batch", "micro_batch", "tp", "cp", "ulysses", "dp",
+                     "pp", "vpp", "ep", "etp", "subseqs", "first_stage_layers", "last_stage_layers"):
+            v = getattr(self, name)
+            if v is None and name not in ("seq", "gpus", "jobs"):
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise bad(name, "give a whole number of at least 1" + ("" if name in ("seq", "gpus", "jobs")
+                                                                       else ", or None to search it"))
+        if self.zero is not None and (isinstance(self.zero, bool) or self.zero not in (0, 1, 2, 3)):
+            raise bad("zero", "give a ZeRO stage 0 to 3, or None to search it")
+        if self.alpha is not None and (isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float))
+                                       or not 0.0 <= self.alpha <= 1.0):
+            raise bad("alpha", "give MEMO's offloaded share from 0 to 1, or None to search it")
 
     @classmethod
     def from_options(cls, model: ModelConfig, profile: HardwareProfile, options: dict) -> WhatifRequest:
