@@ -160,11 +160,13 @@ def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens
         from memo_exec.host_share import CpuShareMeter, append_run_share  # noqa: PLC0415
 
         with CpuShareMeter() as meter:  # the ranks are this launcher's children: their CPU is its own
-            rc = launch_nproc(nproc, argv, str(outf.stage), progress, shown_out=out_dir)
+            rc, said = launch_nproc(nproc, argv, str(outf.stage), progress, shown_out=out_dir)
         if rc:
+            _say(said)
             sys.exit(rc)
         append_run_share(os.path.join(str(outf.stage), "report.md"), meter.result, rank_device(device, 0).kind)
         outf.commit()
+        _say(said)  # rank 0's summary (or --json document), once every output is in place
         return
     if plan.layout.gpus > 1:
         run_model(plan, opts)  # what no process count runs (FP8 GEMMs, a compiled plan, ...): said, not --nproc
@@ -172,6 +174,32 @@ def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens
 
         raise ExecError(multi_device_words(plan, plan_file, rank_device(device, 0).kind))
     _run_single(plan, plan_file, opts, out_dir, as_json, progress)
+
+
+def _say(text: str) -> None:
+    """Print ``text`` on stdout (as is: it holds its own line ends), quietly stopping if the reader went away
+    (``| head -1``): called once the run's outputs are complete."""
+    if not text:
+        return
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        from memo_exec.distributed.launch import stdout_gone  # noqa: PLC0415
+
+        stdout_gone()
+
+
+def _echo_after(lines: list[str]):
+    """An ``echo`` for a run that writes its outputs into a staging folder: stdout lines kept in ``lines`` for
+    `_say` once the folder is in place, stderr lines (progress, warnings) written at once."""
+    def echo(message=None, err: bool = False, **kw):
+        if err:
+            click.echo(message, err=True, **kw)
+        else:
+            lines.append(f"{'' if message is None else message}\n")
+
+    return echo
 
 
 RUN_OUTPUT_FLOOR_BYTES = 160 * 1024
@@ -187,9 +215,11 @@ def _run_one_process(plan_file, opts, out_dir, as_json, pg_timeout, progress) ->
     from memo_exec.distributed.launch import run_rank  # noqa: PLC0415
     from memo_sim.fileio import output_folder  # noqa: PLC0415
 
+    lines: list[str] = []
     with output_folder(out_dir, "memo-exec run", RUN_OUTPUT_FLOOR_BYTES) as outf:
-        run_rank(plan_file, opts, str(outf.stage), as_json, pg_timeout, progress, click.echo, in_process=True,
+        run_rank(plan_file, opts, str(outf.stage), as_json, pg_timeout, progress, _echo_after(lines), in_process=True,
                  shown_out=out_dir)
+    _say("".join(lines))  # once the outputs are in place
 
 
 def _run_single(plan, plan_file, opts, out_dir, as_json, progress) -> None:
@@ -221,6 +251,10 @@ def _run_single(plan, plan_file, opts, out_dir, as_json, progress) -> None:
 
     note = priced_kernel_note(res.meta.get("attention_kernel_priced"), res.meta.get("attention_backend"),
                               res.meta.get("device_kind"))
+    if comparison.stale:
+        from memo_exec.report import stale_line  # noqa: PLC0415
+
+        click.echo(stale_line(comparison.stale), err=True)
     if as_json:
         import json  # noqa: PLC0415
 
@@ -229,12 +263,12 @@ def _run_single(plan, plan_file, opts, out_dir, as_json, progress) -> None:
                "losses": [s["loss"] for s in res.summaries], "speed_probe": res.meta.get("speed_probe"),
                **comparison.to_dict(), "notes": [note] if note else [],
                "files": {k: str(v) for k, v in paths.items()}}
-        click.echo(json.dumps(doc, indent=1, default=float))
+        _say(json.dumps(doc, indent=1, default=float) + "\n")
         return
-    click.echo(f"{res.meta['model']} {res.meta['policy']} on {res.meta['device']}: "
-               f"{st['iteration_s']:.4f} s/iteration, {res.meta['tokens'] / st['iteration_s']:,.0f} tokens/s, "
-               f"loss {res.summaries[-1]['loss']:.4f}")
-    click.echo(f"wrote {paths['report']}, {paths['measured']}, {paths['trace']}")
+    _say(f"{res.meta['model']} {res.meta['policy']} on {res.meta['device']}: "
+         f"{st['iteration_s']:.4f} s/iteration, {res.meta['tokens'] / st['iteration_s']:,.0f} tokens/s, "
+         f"loss {res.summaries[-1]['loss']:.4f}\n"
+         f"wrote {paths['report']}, {paths['measured']}, {paths['trace']}\n")
     if note:
         click.echo(note, err=True)
 
@@ -360,7 +394,7 @@ def validate_cmd(profile_name, model_name, layers, hidden, heads, ffn, vocab, dt
 
     why = expert_why_not(layout, model)
     if why:  # a layout that does not fit the model: one line before anything runs
-        raise click.BadParameter(why, param_hint="--ep")
+        raise click.BadParameter(why + _expert_ranks_fix(layout), param_hint="--ep")
     from memo_exec.validate import batch_split  # noqa: PLC0415
     from memo_sim.layout.parallel import check_layout  # noqa: PLC0415
     from memo_sim.layout.schedule import check_schedule  # noqa: PLC0415
@@ -395,6 +429,19 @@ def validate_cmd(profile_name, model_name, layers, hidden, heads, ffn, vocab, dt
     click.echo(f"wrote {path}: {summary_line(summary)}; {summary['recorded']}")
     if "fitted curves" in summary.get("attention_pricing", ""):  # the report's line, where a timed shape would do better
         click.echo(f"note: attention priced {summary['attention_pricing']}", err=True)
+
+
+def _expert_ranks_fix(layout) -> str:
+    """What to give validate when its expert ranks do not fold into a stage's ranks (etp x ep must divide
+    tp x cp x dp): the smallest --dp that holds them, or '' where that is not what failed."""
+    import math  # noqa: PLC0415
+
+    need, stage = layout.ep * layout.etp, layout.stage_stride
+    if (stage * layout.dp) % need == 0:
+        return ""
+    step = need // math.gcd(need, stage)  # stage x dp is a multiple of etp x ep for the multiples of this dp
+    dp = step * -(-layout.dp // step)  # the first at or above the --dp given
+    return f"; give --dp {dp} (the expert-parallel ranks are folded into a stage's tp x cp x dp ranks)"
 
 
 def _register_calibrate() -> None:

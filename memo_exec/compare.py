@@ -22,9 +22,12 @@ Mixture of experts: the token dispatcher's collectives run on stream ``ep_comm``
 (reported as a stream where either timeline has it; overlapped = the part under compute). Per MoE
 layer, `alltoall_rows` sets the executor's measured all-to-all time -- the ``ep_comm`` spans named
 ``moe_dispatch_alltoall_ep`` and ``moe_combine_alltoall_ep`` of that layer, forward, recompute and
-backward summed (`memo_exec.moe.dispatchers`) -- beside the simulator's ops of the same names, with
-the counts on each side (so a layer one side prices and the other does not shows) and the ratio
-measured / predicted.
+backward summed (`memo_exec.moe.dispatchers`) -- beside the simulator's ops of the same names (a
+pipeline's tagged by micro-batch, ``...@m1``), with the counts on each side (so a layer one side
+prices and the other does not shows) and the ratio measured / predicted. The executor's two other
+``ep_comm`` collectives, the per-expert counts' exchange and the router weights' all-to-all
+(`UNPRICED_EP_OPS`), are priced by no simulator op: both the ep_comm stream rows and the per-layer
+rows leave them out, and `unpriced_ep_seconds` gives their time for the report to show apart.
 """
 
 from __future__ import annotations
@@ -43,6 +46,10 @@ NESTED_COMM_STREAMS = EP_STREAMS + ("comm",)
 # the TP, ring-CP and data-parallel collectives' streams: in the stream rows where a timeline has them
 COMM_STREAMS = ("comm", "cp_comm", "dp_comm")
 ALLTOALL_OPS = ("moe_dispatch_alltoall_ep", "moe_combine_alltoall_ep")  # `memo_exec.moe.dispatchers.A2A_OPS`
+# the executor's other ep_comm collectives, which the simulator does not price (`memo_exec.moe.dispatchers`: the
+# per-expert counts' exchange and the copies' router weights): left out of ep_comm's stream rows and the per-layer
+# all-to-all rows alike, and reported beside them (`unpriced_ep_seconds`)
+UNPRICED_EP_OPS = ("moe_dispatch_counts_alltoall_ep", "moe_dispatch_probs_alltoall_ep")
 OP_CLASSES = (("forward", "compute", "fwd"), ("recompute", "compute", "recompute"), ("backward", "compute", "bwd"),
               ("offload", "d2h", "offload"), ("prefetch", "h2d", "prefetch"))
 
@@ -80,6 +87,29 @@ def resimulate(plan, layers: int):
     if res.status != "OK":
         note += f" (simulated status {res.status}: the timeline stops at the failure)"
     return res, note
+
+
+STALE_TOLERANCE = 0.01  # as `memo-sim check-plan`'s (memo_sim/cli/info.py): a stored step time further off is stale
+
+
+def stale_prediction(plan, sim) -> str | None:
+    """Why the plan's stored prediction is not what the simulator predicts for it now -- a hand-edited plan, or one
+    predicted with another profile or memo version -- or None; ``sim`` is the plan re-simulated as it stands
+    (`resimulate` with every layer). The test is `memo-sim check-plan`'s: another status, or step times more than
+    `STALE_TOLERANCE` apart."""
+    if sim is None:
+        return None
+    from memo_sim.units import fmt_time  # noqa: PLC0415
+
+    p = plan.predicted
+    why = ("the plan was edited, or predicted with another profile or memo version" if p.source == "simulated" else
+           f"the stored one is the {p.source} estimate, or the plan was edited")
+    if p.status != sim.status:
+        return f"the plan's stored prediction is {p.status}, re-simulated now {sim.status} ({why})"
+    if sim.status == "OK" and p.iteration_s and abs(sim.iteration_s / p.iteration_s - 1) > STALE_TOLERANCE:
+        return (f"the plan's stored prediction is {fmt_time(p.iteration_s)}/iter, re-simulated now "
+                f"{fmt_time(sim.iteration_s)}/iter ({why})")
+    return None
 
 
 def sim_memory_breakdown(plan, layers: int) -> dict | None:
@@ -212,13 +242,34 @@ def nested_comm(tl: Timeline) -> list[tuple]:
     return out
 
 
+def base_op(op: str) -> str:
+    """An op's name without the simulator's micro-batch tag (``moe_dispatch_alltoall_ep@m1`` in a pipeline's
+    timeline, `memo_sim.engine.schedules.microbatch`) or the executor's action tag (``...@c0.mb1``)."""
+    return op.split("@", 1)[0]
+
+
+def is_unpriced_ep(e) -> bool:
+    """An ``ep_comm`` span of a collective the simulator does not price (`UNPRICED_EP_OPS`)."""
+    return e.stream in EP_STREAMS and base_op(e.op) in UNPRICED_EP_OPS
+
+
+def unpriced_ep_seconds(tl: Timeline) -> float:
+    """Seconds of the ``ep_comm`` spans the simulator does not price (`UNPRICED_EP_OPS`)."""
+    return sum(e.duration for e in tl.events if is_unpriced_ep(e) and e.phase != "stall")
+
+
 def stream_stats(tl: Timeline, extra: tuple[str, ...] = ()) -> dict[str, dict[str, float]]:
     """busy / overlapped / exposed seconds of each of compute, d2h, h2d and the ``extra``
-    (ring, ep_comm) streams."""
+    (ring, ep_comm) streams; ep_comm's without the collectives the simulator does not price
+    (`UNPRICED_EP_OPS`: `unpriced_ep_seconds` has them), as the per-layer all-to-all rows."""
     compute, copies = compute_spans(tl), busy_spans(tl, COPY_STREAMS)
     out = {}
     for s in STREAMS + extra:
-        mine = compute if s == "compute" else busy_spans(tl, (s,))
+        if s in EP_STREAMS:
+            mine = union_spans([(e.start, e.end) for e in tl.events
+                                if e.stream == s and e.phase != "stall" and not is_unpriced_ep(e)])
+        else:
+            mine = compute if s == "compute" else busy_spans(tl, (s,))
         other = copies if s == "compute" else compute
         busy, over = spans_length(mine), spans_intersection(mine, other)
         out[s] = {"busy_s": busy, "overlapped_s": over, "exposed_s": busy - over}
@@ -283,10 +334,10 @@ def op_rows(measured: list[Timeline], predicted: Timeline | None) -> list[dict]:
 
 def alltoall_times(tl: Timeline) -> dict[int, tuple[float, int]]:
     """layer -> (seconds, count) of the MoE dispatch and combine all-to-alls on ``ep_comm``
-    (`ALLTOALL_OPS`, every phase)."""
+    (`ALLTOALL_OPS`, every phase and micro-batch: a pipeline's simulated ops carry an ``@m<k>`` tag)."""
     out: dict[int, tuple[float, int]] = {}
     for e in tl.events:
-        if e.stream in EP_STREAMS and e.op in ALLTOALL_OPS and e.layer is not None and e.phase != "stall":
+        if e.stream in EP_STREAMS and base_op(e.op) in ALLTOALL_OPS and e.layer is not None and e.phase != "stall":
             t, n = out.get(e.layer, (0.0, 0))
             out[e.layer] = (t + e.duration, n + 1)
     return out

@@ -3,7 +3,9 @@ report.md with PNG figures, setting the measurement beside the prediction.
 
 Predictions: the whole-iteration numbers are the plan's own (``plan.predicted``) when every
 layer ran; with ``--layers N`` they come from re-simulating the plan for N layers, and with
-``--profile`` from re-simulating it on that profile (the per-rank table too). Per stream
+``--profile`` from re-simulating it on that profile (the per-rank table too); where the stored
+prediction is no longer what the plan simulates to (a hand-edited plan,
+`memo_exec.compare.stale_prediction`), from the re-simulation, said in one ``warning:`` line. Per stream
 (busy, exposed, overlapped time of compute, d2h, h2d) and per layer and op class (forward,
 recompute, backward, offload, prefetch) the prediction is always that re-simulation
 (`memo_exec.compare`), drawn over the measurement in ``gantt_overlay.png``. The executor's memory
@@ -24,7 +26,7 @@ from pathlib import Path
 import torch
 
 from memo_exec.compare import (alltoall_rows, op_rows, rel_error, resimulate, ring_stall_seconds, sim_memory_breakdown,
-                                stream_rows)
+                                is_unpriced_ep, stale_prediction, stream_rows, unpriced_ep_seconds)
 from memo_exec.device import element_size, memo_dtype_name
 from memo_exec.figures import layer_figure, overlay_gantt, rank_coords, rank_host_samples, ranks_to_draw
 from memo_exec.measure import steady_steps, steady_value, timeline_from_step
@@ -62,6 +64,12 @@ class Comparison:
     # whether the predicted times are predictions of this run's device (not a GPU profile's beside a CPU run):
     # where not, the times' rel_error compares different machines (report.md reads them "not comparable")
     times_comparable: bool = True
+    # the plan's stored prediction differs from the re-simulation (`memo_exec.compare.stale_prediction`): why, and
+    # the totals then compare with the re-simulation
+    stale: str | None = None
+    # MoE: the ep_comm collectives the simulator does not price (`memo_exec.compare.UNPRICED_EP_OPS`), measured
+    # seconds a step (median over the steady steps), left out of the ep_comm rows; None where none ran
+    ep_unpriced_s: float | None = None
 
     def predicted_iteration(self) -> float | None:
         """The iteration time the totals compare with (the plan's, or the re-simulation's where
@@ -71,13 +79,23 @@ class Comparison:
     def to_dict(self) -> dict:
         return {"totals": self.totals, "streams": self.streams, "ops": self.ops, "memory": self.memory,
                 "moe_alltoall": self.alltoall, "totals_predicted_from": self.source,
-                "streams_ops_predicted_from": self.simulation, "times_comparable": self.times_comparable}
+                "streams_ops_predicted_from": self.simulation, "times_comparable": self.times_comparable,
+                "stale_prediction": self.stale, "ep_comm_unpriced_s": self.ep_unpriced_s}
 
 
-def whole_prediction(plan, n: int, sim, sim_note: str, other_profile: bool) -> tuple[dict, str]:
+def stale_line(stale: str) -> str:
+    """The one line a run prints (stderr, report.md) for a stale stored prediction."""
+    return f"warning: {stale}; the totals compare with the re-simulation, not with the stored prediction"
+
+
+def whole_prediction(plan, n: int, sim, sim_note: str, other_profile: bool, stale: str | None = None
+                     ) -> tuple[dict, str]:
     """(the whole-iteration prediction, where it comes from) for a run of ``n`` layers: the plan's own
-    when every layer ran on the plan's profile, else the re-simulation ``sim`` (None: it failed,
-    ``sim_note`` says why); ``other_profile``: `--profile` asked for a prediction on another profile."""
+    when every layer ran on the plan's profile and it is not ``stale`` (`memo_exec.compare.stale_prediction`),
+    else the re-simulation ``sim`` (None: it failed, ``sim_note`` says why); ``other_profile``: `--profile`
+    asked for a prediction on another profile."""
+    if n == plan.model.layers and not other_profile and stale and sim is not None:
+        return sim.to_dict(), f"{sim_note} (the plan's stored prediction is stale)"
     if n == plan.model.layers and not other_profile:
         return plan.predicted.to_dict(), "plan.predicted"
     if sim is not None and n == plan.model.layers:
@@ -93,7 +111,9 @@ def compare_run(res: RunResult) -> Comparison:
     plan, n = res.plan, res.meta["layers"]
     sim, sim_note = resimulate(plan, n)
     other_profile = getattr(res.options, "profile", None) is not None  # `--profile`: predicted again with it
-    pred, source = whole_prediction(plan, n, sim, sim_note, other_profile)
+    # the one re-simulation also tells whether the stored prediction is still the plan's (a hand-edited plan)
+    stale = stale_prediction(plan, sim) if n == plan.model.layers and not other_profile else None
+    pred, source = whole_prediction(plan, n, sim, sim_note, other_profile, stale)
     steady = steady_steps(res.steps)
     measured = [timeline_from_step(r, {}) for r in steady]
     # rank 0's measurements beside the simulator's first GPU (a pipeline's stage 0; the union of every stage's
@@ -101,12 +121,14 @@ def compare_run(res: RunResult) -> Comparison:
     ptl = sim.timeline if sim is not None else None
     rank0 = ptl.of_device(0) if ptl is not None else None
     breakdown = sim_memory_breakdown(plan, n)
-    totals = totals_rows(res, pred, source)
+    totals = totals_rows(res, pred, source, pred.get("layer_timings_s") if stale else None)
     if plan.layout.metp:
         totals += ring_rows(measured, sim, sim_note)
+    unpriced = [unpriced_ep_seconds(t) for t in measured]
     return Comparison(totals, stream_rows(measured, rank0), op_rows(measured, rank0),
                       res.estimate.compare(breakdown), source, sim_note, ptl, alltoall_rows(measured, rank0),
-                      times_comparable=times_comparable(res.meta, plan.profile))
+                      times_comparable=times_comparable(res.meta, plan.profile), stale=stale,
+                      ep_unpriced_s=steady_value(unpriced) if any(unpriced) else None)
 
 
 def ring_rows(measured: list, sim, sim_note: str) -> list[dict]:
@@ -124,15 +146,18 @@ def ring_rows(measured: list, sim, sim_note: str) -> list[dict]:
              "predicted_from": src if p is not None else "the simulator reports the sum only"} for q, p, m in rows]
 
 
-def totals_rows(res: RunResult, pred: dict, source: str) -> list[dict]:
+def totals_rows(res: RunResult, pred: dict, source: str, layer_timings: dict | None = None) -> list[dict]:
+    """The whole-iteration and per-layer rows; ``layer_timings``: the re-simulation's, in place of the plan's
+    stored ``layer_timings_s`` (a stale plan, `memo_exec.compare.stale_prediction`)."""
     st = res.steady
-    lt = res.plan.layer_timings_s or {}
+    lt = layer_timings if layer_timings is not None else (res.plan.layer_timings_s or {})
+    lt_name = "the re-simulation's layer timings" if layer_timings is not None else "plan.layer_timings_s"
     tokens = res.meta["tokens"]
     it = st.get("iteration_s")
     cuda = res.meta["device_kind"] == "cuda"
     # a TP layer's analytic times hold its collectives; the per-op table's predictions are the compute stream's ops
-    lt_src = "plan.layer_timings_s" + (" (with the layer's TP collectives, which the per-op table leaves out)"
-                                       if res.plan.layout.tp > 1 else "")
+    lt_src = lt_name + (" (with the layer's TP collectives, which the per-op table leaves out)"
+                        if res.plan.layout.tp > 1 else "")
     meas_mfu = None
     if cuda and it:
         peak, _ = _peak_flops(res.plan.profile, res.plan.model.dtype)
@@ -148,8 +173,8 @@ def totals_rows(res: RunResult, pred: dict, source: str) -> list[dict]:
         ("layer forward", "s", lt.get("forward"), st.get("layer_forward_s"), lt_src),
         ("layer backward", "s", lt.get("backward"), st.get("layer_backward_s"), lt_src),
         ("layer recompute", "s", lt.get("recompute"), st.get("layer_recompute_s"), lt_src),
-        ("layer offload (d2h)", "s", lt.get("offload"), st.get("layer_offload_s"), "plan.layer_timings_s"),
-        ("layer prefetch (h2d)", "s", lt.get("prefetch"), st.get("layer_prefetch_s"), "plan.layer_timings_s"),
+        ("layer offload (d2h)", "s", lt.get("offload"), st.get("layer_offload_s"), lt_name),
+        ("layer prefetch (h2d)", "s", lt.get("prefetch"), st.get("layer_prefetch_s"), lt_name),
         ("exposed copy time", "s", pred.get("exposed_copy_s"), st.get("exposed_copy_s"), source),
         ("peak device memory (allocated)", "bytes", pred.get("peak_gpu_bytes"),
          st.get("peak_allocated_bytes") if cuda else None, source),
@@ -202,6 +227,16 @@ def _replica_gpus(res: RunResult) -> int:
     batch x seq alone."""
     world = int(res.meta.get("world") or 1)
     return world if world > 1 else 1
+
+
+def ep_unpriced_note(seconds: float) -> str:
+    """The line under a MoE run's stream rows: what its ep_comm rows leave out."""
+    from memo_exec.compare import UNPRICED_EP_OPS  # noqa: PLC0415
+
+    return (f"ep_comm's rows hold the dispatch and combine all-to-alls the simulator prices, as the per-layer "
+            f"all-to-all table does; the executor's {' and '.join(f'`{o}`' for o in UNPRICED_EP_OPS)} (the per-expert "
+            f"counts and the copies' router weights), which no simulator op prices, took {_fmt(seconds, 's')} more "
+            f"a step (measured, not in these rows).")
 
 
 def alltoall_markdown(rows: list[dict], simulation: str, world: int = 1, tpct=None) -> str:
@@ -377,7 +412,10 @@ def cpu_speed_lines(m: dict) -> list[str]:
         calibration = None
     d = drift(probe, calibration) if probe and calibration else None
     if probe.get("median_gflops") is not None:
-        line = f"the reference GEMM ran at {probe['median_gflops']} GFLOP/s during the run"
+        ranks = probe.get("ranks_median_gflops") or {}
+        who = (f" (rank {probe['rank']}'s, the slowest of {len(ranks)} ranks: "
+               + ", ".join(f"{r}: {v}" for r, v in ranks.items()) + ")") if len(ranks) > 1 else ""
+        line = f"the reference GEMM ran at {probe['median_gflops']} GFLOP/s during the run{who}"
         if d is not None:
             far = abs(d) > SPEED_DRIFT_LIMIT
             line += (f", {100 * d:+.0f}% from the calibration's {calibration.get('median_gflops')} GFLOP/s"
@@ -413,9 +451,18 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
                  f"per-layer numbers compare with the plan's; whole-iteration numbers use {source}.")
     else:
         L.append(f"- all {m['layers']} layers run")
+    if cmp_.stale:
+        L.append(f"- **{stale_line(cmp_.stale)}**")
     note = pipeline_offload_note(p)
     if note:
         L.append(f"- **{note}**")
+    from memo_exec.activations.registry import moe_block_note  # noqa: PLC0415
+
+    note = moe_block_note(p.model, p.policy.name)
+    if note:  # where the executor runs the MoE block otherwise than the simulator prices it (as validate says)
+        L.append(f"- **MoE block under {note}**")
+    if m.get("oversubscribed"):  # a multi-rank CPU run whose ranks and other processes wanted more cores than there are
+        L.append(f"- **{m['oversubscribed']}**")
     L.append(f"- steps: {len(res.summaries)}; steady state: the median of each quantity over steps "
              f"{st['steps_averaged']} "
              f"(step 0 includes warm-up when more than one step ran)")
@@ -459,6 +506,9 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
     for r in cmp_.streams:
         L.append(f"| {r['stream']} | {r['quantity']} | {_fmt(r['predicted_s'], 's')} | {_fmt(r['measured_s'], 's')} | "
                  f"{tpct(r['rel_error'])} |")
+    if cmp_.ep_unpriced_s is not None:
+        L.append("")
+        L.append(ep_unpriced_note(cmp_.ep_unpriced_s))
     L.append("")
     L.append("## Per layer and op class: measured vs predicted\n")
     L.append("| layer | op | predicted | measured | rel. error |")
@@ -469,6 +519,10 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
     if cmp_.alltoall:
         L.append("")
         L.append(alltoall_markdown(cmp_.alltoall, cmp_.simulation, m.get("world", 1), tpct))
+    elif p.model.moe and p.layout.ep > 1:  # an expert-parallel plan: say why there is no table, not nothing
+        L.append("")
+        L.append("## MoE all-to-all per layer: not compared (neither the run nor the prediction "
+                 f"({cmp_.simulation}) has a dispatch or combine all-to-all)")
     L.append("")
     L.append("## Memory: the executor's estimate vs the simulator's breakdown\n")
     L.append("Term by term (bytes on the device; `memo_exec.memory_estimate` documents each term). "
@@ -521,7 +575,12 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
     L.append("## Streams (last step)\n")
     L.append("| stream | busy |")
     L.append("|---|---:|")
-    for k, v in sorted(last["stream_busy_s"].items()):
+    busy = dict(last["stream_busy_s"])
+    unpriced = unpriced_ep_seconds(Timeline(events=list(res.steps[-1].events))) if res.steps else 0.0
+    if unpriced and "ep_comm" in busy:  # as the stream rows above: the priced all-to-alls, the others apart
+        busy["ep_comm"] = max(0.0, busy["ep_comm"] - unpriced)
+        busy["ep_comm, not priced (counts + router weights)"] = unpriced
+    for k, v in sorted(busy.items()):
         L.append(f"| {k} | {_fmt(v, 's')} |")
     if last["non_layer_s"]:
         L.append("")
@@ -584,11 +643,26 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
 RANK_STREAMS = ("compute", "comm", "cp_comm", "ep_comm", "tp_p2p", "tp_bcast", "dp_comm", "d2h", "h2d")
 
 
-def rank_payload(ex, res) -> dict:
+def rank_coordinates(ex) -> dict[str, int]:
+    """The rank's coordinates in the layout's groups: dp, pp, cp, ulysses, tp, and ep where experts are split."""
+    out = {d: ex.ctx.coord(d) for d in ("dp", "pp", "cp", "ulysses", "tp")}
+    g = getattr(ex, "expert_groups", None)
+    if g is not None and getattr(g, "ep", 1) > 1:
+        out["ep"] = g.ep_rank
+    return out
+
+
+def rank_payload(ex, res, cpu: dict | None = None) -> dict:
+    """What a rank sends rank 0: its steady state and summaries, its last step's events and memory, its machine-speed
+    probe (`memo_exec.speed_probe`, CPU runs) and ``cpu`` (`memo_exec.host_share.CpuShare.to_dict` of its run)."""
     last = res.steps[-1]
-    return {"rank": ex.ctx.rank, "coords": {d: ex.ctx.coord(d) for d in ("dp", "pp", "cp", "ulysses", "tp")},
+    steady = steady_steps(res.steps)
+    unpriced = [sum(e.duration for e in r.events if is_unpriced_ep(e) and e.phase != "stall") for r in steady]
+    return {"rank": ex.ctx.rank, "coords": rank_coordinates(ex),
             "steady": res.steady, "summaries": res.summaries, "events": last.events, "memory": last.memory,
-            "losses": [s["loss"] for s in res.summaries], "local_tokens": ex.local_T}
+            "losses": [s["loss"] for s in res.summaries], "local_tokens": ex.local_T,
+            "speed_probe": res.meta.get("speed_probe"), "cpu": cpu,
+            "ep_unpriced_s": steady_value(unpriced) if any(unpriced) else None}
 
 
 def gather_payloads(payload: dict) -> list[dict] | None:
@@ -613,11 +687,15 @@ def rank_rows(payloads: list[dict], predicted_iteration: float | None) -> list[d
     for p in payloads:
         st = p["steady"]
         it = st.get("iteration_s")
+        busy = _busy(p["summaries"])
+        unpriced = p.get("ep_unpriced_s")
+        if unpriced is not None and "ep_comm" in busy:  # as the stream rows: the priced all-to-alls only
+            busy["ep_comm"] = max(0.0, busy["ep_comm"] - unpriced)
         rows.append({"rank": p["rank"], **p["coords"], "local_tokens": p["local_tokens"], "iteration_s": it,
                      "iteration_rel_error": rel_error(it, predicted_iteration),
                      "layer_forward_s": st.get("layer_forward_s"), "layer_backward_s": st.get("layer_backward_s"),
                      "layer_recompute_s": st.get("layer_recompute_s"),
-                     "busy_s": _busy(p["summaries"]), "peak_memory_bytes": st.get("peak_allocated_bytes"),
+                     "busy_s": busy, "ep_unpriced_s": unpriced, "peak_memory_bytes": st.get("peak_allocated_bytes"),
                      "ring_stall_s": _ring_stall(p["events"]), "last_loss": p["losses"][-1]})
     return rows
 
@@ -655,24 +733,33 @@ def per_rank_markdown(rows: list[dict], predicted_iteration: float | None, memor
                       comparable: bool = True) -> str:
     streams = [s for s in RANK_STREAMS if any(s in r["busy_s"] for r in rows)]
     ring = any(r.get("ring_stall_s") is not None for r in rows)
+    unpriced = any(r.get("ep_unpriced_s") is not None for r in rows)
+    # every rank's coordinates: dp, pp (a pipeline's stages are ranks of one replica), cp, ulysses, tp, and ep
+    # where experts are split
+    coords = ["dp", "pp", "cp", "ulysses", "tp"] + (["ep"] if any("ep" in r for r in rows) else [])
     L = ["", "## Per rank", "",
          f"The simulator predicts one representative GPU (iteration {_f(predicted_iteration)} s); every rank "
          "measured its own steps (steady state: the median over the steps after the warm-up). Busy time per "
          "stream is the sum of that stream's spans (on CPU the collectives block the calling thread, so their "
          "spans also lie inside the compute spans that issue them).", "",
-         "| rank | dp | cp | uly | tp | tokens | iteration s | vs predicted | layer fwd s | layer bwd s | "
-         + " | ".join(f"{s} busy s" for s in streams) + " | ring wait s" * ring
+         "| rank | " + " | ".join("uly" if c == "ulysses" else c for c in coords)
+         + " | tokens | iteration s | vs predicted | layer fwd s | layer bwd s | "
+         + " | ".join(f"{s} busy s" for s in streams) + " | ep unpriced s" * unpriced + " | ring wait s" * ring
          + f" | {memory_label} peak GiB | last loss |",
-         "|" + "---|" * (12 + len(streams) + ring)]
+         "|" + "---|" * (8 + len(coords) + len(streams) + unpriced + ring)]
     for r in rows:
         mem = None if r["peak_memory_bytes"] is None else r["peak_memory_bytes"] / 2**30
-        L.append(f"| {r['rank']} | {r['dp']} | {r['cp']} | {r['ulysses']} | {r['tp']} | {r['local_tokens']} | "
+        L.append(f"| {r['rank']} | " + " | ".join(str(r.get(c, 0)) for c in coords) + f" | {r['local_tokens']} | "
                  f"{_f(r['iteration_s'])} | {_f(r['iteration_rel_error'], '{:+.1%}') if comparable else NOT_COMPARABLE} | "
                  f"{_f(r['layer_forward_s'])} | {_f(r['layer_backward_s'])} | "
                  + " | ".join(_f(r["busy_s"].get(s)) for s in streams)
+                 + (f" | {_f(r.get('ep_unpriced_s'))}" if unpriced else "")
                  + (f" | {_f(r.get('ring_stall_s'))}" if ring else "")
                  + f" | {_f(mem, '{:.2f}')} | {_f(r['last_loss'], '{:.6f}')} |")
     sp = spread([r["iteration_s"] for r in rows])
+    if unpriced:
+        L += ["", "ep_comm busy s: the dispatch and combine all-to-alls the simulator prices (as the stream rows); "
+              "ep unpriced s: the per-expert counts' and router weights' all-to-alls, which it does not price."]
     if ring:
         L += ["", "ring wait s: the last step's time the compute stream waited on METP's ring (the "
               "`wait_tp_p2p` / `wait_tp_bcast` stalls), the measured exposed P2P time of that rank."]

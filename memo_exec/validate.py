@@ -19,7 +19,12 @@ sides time of the dispatch + combine all-to-alls, forward, recompute and backwar
 0, `memo_exec.compare.alltoall_rows`), and its per-layer rows (predicted, measured, measured /
 predicted) in a table of their own; the summary holds the mean and max
 |error| of each quantity over the plans that ran and the Kendall tau between the predicted and the
-measured ordering of the step times. Both go to ``validation.md`` and ``validation.json``.
+measured ordering of the step times. Both go to ``validation.md`` and ``validation.json``. An
+expert-parallel validation whose runs give no all-to-all to compare says why in one line of the
+summary (``alltoall_not_compared``). The report also names, per policy, where the executor runs
+the MoE block (`moe_block_notes`) or a pipeline's offload (`pipeline_offload_notes`) otherwise
+than the simulator prices it, and the multi-rank runs whose ranks and other processes
+oversubscribed the machine's cores (each run's ``oversubscribed`` line).
 
 On a CPU, peak memory is the process RSS, which the simulator's GPU memory model does not
 predict; the memory columns then read "—" and the report says so.
@@ -110,12 +115,15 @@ class ValidationRow:
     discarded_drifts_pct: list[float] = field(default_factory=list)  # runs done again: the machine's speed moved
     alltoall: list[dict] = field(default_factory=list)  # MoE: per layer, `memo_exec.compare.alltoall_rows`
     allocator: dict | None = None  # `allocator_comparison`: the replay beside torch.cuda.memory_stats()
+    # a multi-rank CPU run whose ranks and other processes wanted more cores than the machine has (the run's line,
+    # `memo_exec.distributed.launch.oversubscription`)
+    oversubscribed: str | None = None
 
     def to_dict(self) -> dict:
         return {"plan": self.label, "status": self.status, "plan_file": self.plan_file, "run_dir": self.run_dir,
                 "quantities": self.quantities, "speed_probe": self.speed_probe,
                 "discarded_drifts_pct": self.discarded_drifts_pct, "moe_alltoall": self.alltoall,
-                "allocator": self.allocator}
+                "allocator": self.allocator, "oversubscribed": self.oversubscribed}
 
 
 def kendall_tau(xs: list[float], ys: list[float]) -> float | None:
@@ -435,6 +443,7 @@ def run_validation(model: ModelConfig, profile: HardwareProfile, plans: list[Pla
             row.quantities = quantities_from_run(doc, pq)
             row.speed_probe = doc.get("speed_probe")
             row.alltoall = doc.get("moe_alltoall") or []
+            row.oversubscribed = doc.get("oversubscribed")
         if progress:
             progress(done + n + 1, len(plans))
     return rows
@@ -492,7 +501,9 @@ def summary_line(summary: dict) -> str:
     tau = summary["kendall_tau_step_time"]
     a = summary["errors"].get("alltoall_layer_s") or {}
     a2a = (f"; MoE all-to-all per layer |error| median {_abs_pct(a['median_abs_error_pct'])} over {a['plans']} "
-           f"plans" if a.get("plans") else "")
+           f"plans" if a.get("plans") else
+           f"; MoE all-to-all per layer not compared ({summary['alltoall_not_compared']})"
+           if summary.get("alltoall_not_compared") else "")
     return (f"{summary['ran']} of {summary['plans']} plans ran ({summary['oom']} out of memory, {summary['failed']} "
             f"failed); step-time |error| median {_abs_pct(e['median_abs_error_pct'])}, mean "
             f"{_abs_pct(e['mean_abs_error_pct'])}, max {_abs_pct(e['max_abs_error_pct'])}; Kendall tau "
@@ -583,6 +594,10 @@ def render_report(rows: list[ValidationRow], summary: dict, model: ModelConfig, 
                if layout is not None and layout.gpus > 1 else []),
              *([f"- attention priced: {summary['attention_pricing']}"] if summary.get("attention_pricing") else []),
              *[f"- MoE block under {n}" for n in summary.get("moe_block_notes") or []],
+             *[f"- pipeline under {n}" for n in summary.get("pipeline_offload_notes") or []],
+             *([f"- **cores oversubscribed** in the runs of {', '.join(summary['oversubscribed'])}: their ranks "
+                "and other processes wanted more cores than the machine has (each run's report.md says how many), "
+                "so their step-time errors mean little"] if summary.get("oversubscribed") else []),
              "- each plan ran in its own process; its files are under runs/plan-NN/ (plans/plan-NN.json the plan)",
              "", "| plan | status | " + " | ".join(f"{w} predicted | measured | error" for _, _, w in shown) + " |",
              "|---|---|" + "---:|---:|---:|" * len(shown)]
@@ -598,10 +613,15 @@ def render_report(rows: list[ValidationRow], summary: dict, model: ModelConfig, 
               f"{'—' if summary['kendall_tau_step_time'] is None else round(summary['kendall_tau_step_time'], 3)}",
               "", "| quantity | plans compared | median abs error | mean abs error | max abs error |",
               "|---|---:|---:|---:|---:|"]
+    not_compared = summary.get("alltoall_not_compared")  # an expert-parallel validation says why, never drops it
     for key, _, what in shown:
         e = summary["errors"][key]
+        if key == "alltoall_layer_s" and not_compared:
+            continue
         cells = " | ".join(_abs_pct(e[k]) for k in ("median_abs_error_pct", "mean_abs_error_pct", "max_abs_error_pct"))
         lines.append(f"| {what} | {e['plans']} | {cells} |")
+    if not_compared:
+        lines.append(f"| MoE all-to-all per layer | 0 | not compared: {not_compared} | | |")
     if not summary["errors"]["peak_memory_bytes"]["plans"]:
         lines.append("\nPeak memory not compared: the device reports no allocator peak (a CPU run measures process "
                      "RSS, which the simulator's GPU memory model does not predict), or no plan ran.")
@@ -610,6 +630,38 @@ def render_report(rows: list[ValidationRow], summary: dict, model: ModelConfig, 
     if figure:
         lines += ["", f"Worst step-time case, predicted vs measured streams: ![]({figure})"]
     return "\n".join(lines) + "\n"
+
+
+def pipeline_offload_notes(rows: list[ValidationRow]) -> list[str]:
+    """One note per policy of the plans whose pipeline offloads other layers than the simulator prices
+    (`memo_exec.report.pipeline_offload_note`, which each such run's report.md says too)."""
+    from memo_exec.report import pipeline_offload_note  # noqa: PLC0415
+    from memo_sim.plan.schema import read_plan  # noqa: PLC0415
+
+    out: dict[str, str] = {}
+    for r in rows:
+        if r.plan_file is None:
+            continue
+        plan = read_plan(r.plan_file)
+        note = pipeline_offload_note(plan)
+        if note:
+            out.setdefault(plan.policy.name, f"{plan.policy.name}: {note}")
+    return list(out.values())
+
+
+def alltoall_not_compared_why(rows: list[ValidationRow]) -> str:
+    """Why an expert-parallel validation compares no MoE all-to-all time per layer (one line)."""
+    ran = [r for r in rows if r.status == "ran"]
+    if not ran:
+        return "no plan ran"
+    a2a = [a for r in ran for a in r.alltoall]
+    if not a2a:
+        return "no run reported an all-to-all (no ep_comm spans named as the simulator's dispatch / combine)"
+    if not any(a.get("predicted_count") for a in a2a):
+        return "the simulator priced no dispatch / combine all-to-all on the layers the runs timed"
+    if not any(a.get("measured_count") for a in a2a):
+        return "the runs timed no dispatch / combine all-to-all on the layers the simulator priced"
+    return "no layer was timed by both the runs and the simulator"
 
 
 def moe_block_notes(model: ModelConfig, plans: list[PlanSpec]) -> list[str]:
@@ -706,6 +758,10 @@ def validate(model: ModelConfig, profile: HardwareProfile, plans: list[PlanSpec]
 
     summary["attention_pricing"] = attention_pricing_words(model, layout or Layout(), [p.seq for p in plans], profile)
     summary["moe_block_notes"] = moe_block_notes(model, plans)
+    summary["pipeline_offload_notes"] = pipeline_offload_notes(rows)
+    summary["oversubscribed"] = [r.label for r in rows if r.oversubscribed]
+    if model.moe and (layout or Layout()).ep > 1 and not summary["errors"]["alltoall_layer_s"]["plans"]:
+        summary["alltoall_not_compared"] = alltoall_not_compared_why(rows)
     if device == "cpu":
         summary["speed"] = run_speeds([(r.label, r.speed_probe, r.discarded_drifts_pct) for r in rows
                                        if r.status == "ran"], (profile.provenance or {}).get("speed_probe"))

@@ -11,8 +11,13 @@ and exits 1, so no rank is left hanging.
 
 ``--nproc N`` runs the cheap checks in the launching process, then ``python -m
 torch.distributed.run --standalone --nproc-per-node N -m memo_exec run ...`` (the same entry
-point), passing the ranks' stdout through and reducing their stderr to the distinct ``error:``
+point), keeping the ranks' stdout (rank 0's summary or --json document) until the outputs are in
+place, then printing it, and reducing their stderr to the distinct ``error:`` and ``warning:``
 lines and progress (torchrun's own log goes to ``OUT/launcher.log``).
+
+Rank 0 reports what the ranks measured of the machine (`merge_rank_meta`): on a CPU, the slowest
+rank's machine-speed probe (`slowest_probe`) and whether the ranks and other processes
+oversubscribed the cores (`oversubscription`).
 
 Test hook: ``MEMO_EXEC_TEST_KILL=RANK:STEP`` makes that rank SIGKILL itself in the middle of
 that step (after its first layer's forward).
@@ -140,6 +145,86 @@ def killed_rank(torchrun_log: str) -> tuple[int, int] | None:
 
 
 OUT_ENV = "MEMO_EXEC_OUT"  # the --out the user named, when the ranks write into a staging folder beside it
+LOAD_ENV = "MEMO_EXEC_LOAD_1MIN"  # the machine's 1-minute load average when the launcher started the ranks
+OVERSUBSCRIBED_SLACK_CORES = 0.5  # ranks' threads + other processes' cores beyond the cores by more: oversubscribed
+
+
+def load_average() -> float | None:
+    """The machine's 1-minute load average (None where the platform has none)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def oversubscription(ranks: int, threads: int, cpu: list[dict | None], cores: int | None = None,
+                     load: float | None = None) -> dict:
+    """Whether a CPU run's ranks and the machine's other processes wanted more cores than it has: ``ranks`` x
+    ``threads`` torch threads plus what other processes took -- measured over the run where every rank's ``cpu``
+    (`memo_exec.host_share.CpuShare.to_dict`) is known: rank 0's whole-machine busy time less every rank's own,
+    else the 1-minute ``load`` average before the ranks started -- against ``cores`` (`os.cpu_count`), with
+    `OVERSUBSCRIBED_SLACK_CORES` of slack (2 ranks on 2 cores: others above 0.5 cores). ``line``: the report's one
+    line, None where the cores sufficed."""
+    cores = cores or os.cpu_count() or 1
+    others, how = None, "not measured"
+    if cpu and all(c and c.get("wall_s") for c in cpu):
+        others = max(0.0, cpu[0]["busy_core_s"] - sum(c["own_core_s"] for c in cpu)) / cpu[0]["wall_s"]
+        how = "other processes took on average during the run"
+    elif load is not None:
+        others, how = load, "the 1-minute load average before the ranks started"
+    demand = ranks * threads + (others or 0.0)
+    over = demand > cores + OVERSUBSCRIBED_SLACK_CORES
+    line = None
+    if over:
+        line = (f"cores oversubscribed: {ranks} ranks x {threads} torch thread{'s' if threads > 1 else ''}"
+                + (f" + {others:.2f} cores ({how})" if others is not None else "")
+                + f" = {demand:.1f} on {cores} cores: the ranks waited for cores, so their step times and the errors "
+                  f"against the prediction mean little; run fewer ranks or on an idle machine")
+    return {"ranks": ranks, "threads": threads, "other_cores": None if others is None else round(others, 3),
+            "other_cores_from": how, "cores": cores, "demand_cores": round(demand, 2), "oversubscribed": over,
+            "line": line}
+
+
+def slowest_probe(probes: list[dict | None]) -> dict | None:
+    """The machine-speed probe (`memo_exec.speed_probe.SpeedProbe.summary`) of the rank whose reference GEMM ran
+    slowest (the lowest median), with ``rank`` and every rank's median (``ranks_median_gflops``); None where no rank
+    probed (a GPU run)."""
+    have = [(r, p) for r, p in enumerate(probes) if p and p.get("median_gflops") is not None]
+    if not have:
+        return None
+    rank, probe = min(have, key=lambda rp: rp[1]["median_gflops"])
+    return {**probe, "rank": rank, "ranks_median_gflops": {str(r): p["median_gflops"] for r, p in have}}
+
+
+def stdout_gone() -> None:
+    """The reader of stdout went away (``| head -1``): point stdout at /dev/null, so that nothing written later, nor
+    the interpreter's flush at exit, raises again; the run's outputs are complete by then."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, sys.stdout.fileno())
+        finally:
+            os.close(devnull)
+    except (OSError, ValueError):  # no file descriptor behind sys.stdout: nothing to redirect
+        pass
+
+
+def quiet_echo(echo):
+    """``echo`` that stops writing to stdout, quietly, once its reader has gone (`stdout_gone`)."""
+    gone = [False]
+
+    def out(message=None, err: bool = False, **kw):
+        if gone[0] and not err:
+            return
+        try:
+            echo(message, err=err, **kw)
+        except BrokenPipeError:
+            if err:
+                raise
+            gone[0] = True
+            stdout_gone()
+
+    return out
 
 
 def shown_path(p, final: str | None = None) -> Path:
@@ -149,9 +234,13 @@ def shown_path(p, final: str | None = None) -> Path:
     return Path(final) / Path(p).name if final else Path(p)
 
 
-def launch_nproc(nproc: int, argv: list[str], out_dir: str, progress: bool, shown_out: str | None = None) -> int:
+def launch_nproc(nproc: int, argv: list[str], out_dir: str, progress: bool, shown_out: str | None = None
+                 ) -> tuple[int, str]:
     """Run ``memo-exec run`` with ``argv`` (no --nproc) under torchrun with ``nproc`` processes;
-    ``shown_out``: the folder the outputs written to ``out_dir`` will be moved to (for messages)."""
+    ``shown_out``: the folder the outputs written to ``out_dir`` will be moved to (for messages). Returns the exit
+    status and what the ranks wrote to stdout (rank 0's summary or --json document), which the caller prints once
+    the outputs are in place: a reader that goes away early (``| head -1``) then loses nothing of the folder.
+    The ranks' ``warning:`` lines pass through to stderr (each once), as their ``error:`` lines and progress do."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            "-m", "memo_exec", "run", *argv] + (["--progress"] if progress else [])
     Path(out_dir).mkdir(parents=True, exist_ok=True)
@@ -168,10 +257,16 @@ def launch_nproc(nproc: int, argv: list[str], out_dir: str, progress: bool, show
     env["PYTHONUNBUFFERED"] = "1"
     if shown_out is not None:
         env[OUT_ENV] = str(shown_out)
+    load = load_average()
+    if load is not None:  # what else ran before the ranks started (`oversubscription`'s fallback)
+        env[LOAD_ENV] = f"{load:.2f}"
     seen: set[str] = set()
+    warned: set[str] = set()
     first_error = None
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=None, stderr=subprocess.PIPE, text=True, env=env,
+    import tempfile  # noqa: PLC0415
+
+    with open(log_path, "w") as log, tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.PIPE, text=True, env=env,
                                 start_new_session=True)
         try:
             for line in proc.stderr:
@@ -184,11 +279,21 @@ def launch_nproc(nproc: int, argv: list[str], out_dir: str, progress: bool, show
                             first_error = s
                 elif s.startswith("[memo-exec]"):
                     print(s, file=sys.stderr, flush=True)
+                elif s.startswith("warning:") and s not in warned:
+                    warned.add(s)
+                    print(s, file=sys.stderr, flush=True)
             rc = proc.wait()
         except KeyboardInterrupt:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait()
             raise
+        out.seek(0)
+        said = out.read()
+    return _launch_status(rc, nproc, log_path, first_error, seen), said
+
+
+def _launch_status(rc: int, nproc: int, log_path: Path, first_error: str | None, seen: set[str]) -> int:
+    """The launcher's exit status for torchrun's ``rc``, with the one error line of a failed run on stderr."""
     if rc == 0:
         return 0
     died = killed_rank(log_path.read_text(errors="replace"))
@@ -229,16 +334,38 @@ def schedule_outputs(schedule, out_dir: str, plan_file: str, report) -> dict:
     return {f"{schedule.name}:{p.name}": p for p in written}
 
 
+def merge_rank_meta(res, payloads: list[dict], world: int, device) -> None:
+    """Rank 0, before it writes the outputs: the ranks' machine-speed probes as the slowest rank's
+    (`slowest_probe`: what `memo-exec validate`'s speed guard compares with the calibration's, and the report
+    names), and on a CPU run of several ranks whether they and other processes oversubscribed the cores
+    (`oversubscription`: ``meta["cores"]``, and its line as ``meta["oversubscribed"]``)."""
+    probe = slowest_probe([p.get("speed_probe") for p in payloads])
+    if probe is not None:
+        res.meta["speed_probe"] = probe
+    if world > 1 and not device.is_cuda:
+        threads = int((res.meta.get("cpu_threads") or {}).get("threads") or 1)
+        try:
+            load = float(os.environ[LOAD_ENV])
+        except (KeyError, ValueError):
+            load = None
+        cores = oversubscription(world, threads, [p.get("cpu") for p in payloads], load=load)
+        res.meta["cores"] = cores
+        if cores["line"]:
+            res.meta["oversubscribed"] = cores["line"]
+
+
 def run_rank(plan_file: str, opts, out_dir: str, as_json: bool, timeout_s: float, progress: bool,
              echo, in_process: bool = False, shown_out: str | None = None) -> None:
     """One torchrun rank: checks, process group, mesh, the run; rank 0 writes the outputs.
 
     ``in_process``: a one-process plan whose schedule lives in the distributed executor (SPPO
     with pp = 1, gradient accumulation) runs here as a group of one, no torchrun; ``shown_out``:
-    the folder the outputs written to ``out_dir`` will be moved to (for messages)."""
+    the folder the outputs written to ``out_dir`` will be moved to (for messages). Rank 0 writes every output
+    before it prints, and stops printing quietly if stdout's reader goes away (`quiet_echo`)."""
     import torch.distributed as dist  # noqa: PLC0415
 
     from memo_exec.distributed.context import build_context  # noqa: PLC0415
+    from memo_exec.host_share import CpuShareMeter  # noqa: PLC0415
     from memo_exec.report import gather_payloads, rank_payload, write_rank_outputs  # noqa: PLC0415
     from memo_exec.distributed.runner import DistExecutor, check_plan_for_world  # noqa: PLC0415
     from memo_exec.report import write_outputs  # noqa: PLC0415
@@ -246,6 +373,7 @@ def run_rank(plan_file: str, opts, out_dir: str, as_json: bool, timeout_s: float
     from memo_sim.plan.schema import read_plan  # noqa: PLC0415
 
     rank, world, local_rank = (0, 1, 0) if in_process else env_rank()
+    echo = quiet_echo(echo)
     plan = read_plan(plan_file)
     use_profile(plan, opts.profile)
     check_plan_for_world(plan, world, opts)  # before joining: every rank refuses alike
@@ -267,10 +395,12 @@ def run_rank(plan_file: str, opts, out_dir: str, as_json: bool, timeout_s: float
                     echo(f"[memo-exec] step {done}/{total}: {rec.iteration_s:.3f} s, loss {rec.loss:.4f}", err=True)
 
             try:
-                res = ex.run(progress=report)
+                with CpuShareMeter() as meter:  # the machine's busy time and this rank's own over its run
+                    res = ex.run(progress=report)
             finally:
                 ex.close()
-            payloads = gather_payloads(rank_payload(ex, res))
+            cpu = meter.result.to_dict() if meter.result is not None else None
+            payloads = gather_payloads(rank_payload(ex, res, cpu))
         except ExecError:
             raise
         except (RuntimeError, dist.DistError) as e:  # a peer died or timed out
@@ -278,17 +408,26 @@ def run_rank(plan_file: str, opts, out_dir: str, as_json: bool, timeout_s: float
                 raise
             raise CommFailure(comm_failure_line(rank, e, timeout_s)) from None
         if rank == 0:
+            merge_rank_meta(res, payloads, world, device)
             paths, comparison = write_outputs(res, out_dir, plan_file)
             rows = write_rank_outputs(payloads, res, out_dir, plan_file, paths, comparison)
             paths.update(schedule_outputs(ex.schedule, out_dir, plan_file, paths["report"]))
             st = res.steady
+            if comparison.stale:
+                from memo_exec.report import stale_line  # noqa: PLC0415
+
+                echo(stale_line(comparison.stale), err=True)
+            if res.meta.get("oversubscribed"):
+                echo(f"warning: {res.meta['oversubscribed']}", err=True)
             if as_json:
                 import json  # noqa: PLC0415
 
                 doc = {"model": res.meta["model"], "policy": res.meta["policy"], "layout": res.meta["layout"],
                        "device": res.meta["device"], "world": world, "layers": res.meta["layers"],
                        "tokens": res.meta["tokens"], "steady_state": st,
-                       "losses": [s["loss"] for s in res.summaries], "per_rank": rows, **comparison.to_dict(),
+                       "losses": [s["loss"] for s in res.summaries], "per_rank": rows,
+                       "speed_probe": res.meta.get("speed_probe"), "cores": res.meta.get("cores"),
+                       "oversubscribed": res.meta.get("oversubscribed"), **comparison.to_dict(),
                        "files": {k: str(shown_path(v, shown_out)) for k, v in paths.items()}}
                 echo(json.dumps(doc, indent=1, default=float))
             else:

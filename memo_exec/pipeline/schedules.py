@@ -268,7 +268,17 @@ class PipelineSchedule(Schedule):
             pol = rts[0].policy
             pol.tag, pol.layer_base, pol.timer = f"@{a.tag()}", timer.base, timer
         self.ex.compute.timer = timer
+        self._time_dispatcher(timer)
         return slot
+
+    def _time_dispatcher(self, timer) -> None:
+        """A MoE layer's dispatcher names its all-to-alls by the layer number the compute passes it, the chunk's
+        own (from 0): time them through the chunk's timer too, so they carry the model layer (``moe L2`` and its
+        ``moe_dispatch_alltoall_ep L2``), as the simulator's ops do. Its backward's transposes keep the timer
+        their forward was tagged with."""
+        disp = getattr(getattr(self.ex.compute, "moe", None), "dispatcher", None)
+        if disp is not None and getattr(disp, "timer", None) is not None:
+            disp.timer = timer
 
     def _forward(self, a: Action, step: int) -> None:
         ex, c, mb = self.ex, a.chunk, a.mb
@@ -340,6 +350,7 @@ class PipelineSchedule(Schedule):
             else:
                 self._backward(a)
         self.ex.compute.timer = self.ex.recorder
+        self._time_dispatcher(self.ex.recorder)
         assert not self.posted and not any(self.expected.values()), "unconsumed pipeline messages"
         for _, tr in self.sends:
             self._wait(tr)
