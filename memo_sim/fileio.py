@@ -66,7 +66,7 @@ def read_json(path: str | os.PathLike, error: type[MemoError] = MemoError, what:
     except FileNotFoundError:
         raise error(f"{path}: no such {what}") from None
     except json.JSONDecodeError as e:
-        raise error(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        raise error(f"{path}: not valid JSON ({e.msg}: line {e.lineno}, column {e.colno})") from None
     except RecursionError:
         raise error(f"{path}: nested too deeply to be a {what}; check the file") from None
 

@@ -668,3 +668,17 @@ def test_a_programs_bad_request_is_one_memo_error_naming_the_field():
             WhatifRequest(**{**dict(model=m, seq=4096, gpus=8, profile="a800-80gb"), **over})
     req = WhatifRequest(model=m, seq="128K", gpus=8, profile="a800-80gb")
     assert req.seq == 131072 and req.profile.name == "a800-80gb"
+
+
+def test_a_truncated_json_file_is_read_in_one_clear_line(tmp_path):
+    """'not valid JSON (Unterminated string starting at at line 23)' (a review): the decoder's words, then where."""
+    from memo_sim.errors import MemoError
+    from memo_sim.fileio import read_json
+
+    f = tmp_path / "plan.json"
+    f.write_text('{"model": {"name": "x')
+    import pytest
+
+    with pytest.raises(MemoError) as e:
+        read_json(f)
+    assert str(e.value).endswith("not valid JSON (Unterminated string starting at: line 1, column 20)"), str(e.value)
