@@ -137,6 +137,7 @@ class OutputFolder:
 
         self.out.mkdir(parents=True, exist_ok=True)
         entries = sorted(self.stage.iterdir())
+        previous = _manifest(self.out / MANIFEST)
         # from here until the new manifest, --out is a mix of old and new files: say so in it
         atomic_write_json(self.out / MANIFEST, {"command": self.command, "complete": False, "files": []})
         moved = []
@@ -147,16 +148,69 @@ class OutputFolder:
             os.replace(f, dest)
             moved.append(dest)
         files = [p for d in moved for p in ([d] if d.is_file() else sorted(d.rglob("*"))) if p.is_file()]
+        names = {str(p.relative_to(self.out)) for p in files}
+        kept, removed = self._earlier(previous, names)
         atomic_write_json(self.out / MANIFEST, {
-            "command": self.command, "complete": True,
-            "files": [{"name": str(p.relative_to(self.out)), "bytes": p.stat().st_size} for p in files]})
+            "command": self.command, "options": _invoked_options(), "written_utc": _utc_now(), "complete": True,
+            "files": [{"name": str(p.relative_to(self.out)), "bytes": p.stat().st_size, "command": self.command}
+                      for p in files] + kept, **({"removed_stale": removed} if removed else {})})
         self.discard()
         return moved
+
+    def _earlier(self, previous: dict | None, written: set[str]) -> tuple[list[dict], list[str]]:
+        """What the folder's previous manifest listed and this set did not rewrite: an earlier output of this
+        same command (a figure another option set made) is stale and removed, so that one command's re-run leaves
+        its own outputs only; another command's files that are still there stay listed, with their command."""
+        if not previous:
+            return [], []
+        kept, removed = [], []
+        for e in previous.get("files") or []:
+            name = e.get("name") if isinstance(e, dict) else None
+            if not isinstance(name, str) or name in written or ".." in Path(name).parts or Path(name).is_absolute():
+                continue
+            f = self.out / name
+            if not f.is_file():
+                continue
+            by = e.get("command") or previous.get("command")
+            if by == self.command:
+                f.unlink()
+                removed.append(name)
+            else:
+                kept.append({"name": name, "bytes": f.stat().st_size, "command": by})
+        return kept, removed
 
     def discard(self) -> None:
         import shutil
 
         shutil.rmtree(self.stage, ignore_errors=True)
+
+
+def _manifest(path: Path) -> dict | None:
+    """A folder's manifest as written (None: none, or not one of ours)."""
+    try:
+        m = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return m if isinstance(m, dict) and m.get("complete") is True else None
+
+
+def _invoked_options() -> dict | None:
+    """The options of the command running (click's parsed values, those JSON holds), for the manifest."""
+    try:
+        import click  # noqa: PLC0415
+    except ImportError:
+        return None
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return None
+    return {k: v for k, v in ctx.params.items() if isinstance(v, (str, int, float, bool, type(None)))
+            or (isinstance(v, (list, tuple)) and all(isinstance(x, (str, int, float, bool)) for x in v))}
+
+
+def _utc_now() -> str:
+    from datetime import datetime, timezone  # noqa: PLC0415
+
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def disk_free_bytes(path: str | os.PathLike) -> int | None:

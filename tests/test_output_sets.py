@@ -135,3 +135,30 @@ def test_simulate_summary_is_the_same_for_identical_runs(inputs, tmp_path):
         _ok(["simulate", inputs["plan"], "--out", str(tmp_path / name)])
     for f in ("summary.json", "timeline.json"):
         assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes(), f
+
+
+def test_a_rerun_leaves_its_own_outputs_and_the_manifest_lists_every_set(tmp_path):
+    """Re-running a command into the same --out kept the outputs of its earlier option set that this run does not
+    write (sweep-seq's seq_by_tp_mode.png, simulate's gantt.png of a single-stage plan), and a folder shared by
+    several commands (the tour's '.') had a manifest listing only the last command's files, with no options or
+    time (a review): an earlier output of the same command is removed, another command's stays listed with its
+    command, a file no manifest listed is never touched."""
+    import json
+
+    from memo_sim.fileio import output_folder
+
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "mine.txt").write_text("the user's own")
+    with output_folder(out, "memo-sim sweep-seq") as f:
+        (f.stage / "seq.png").write_text("1")
+        (f.stage / "seq_by_tp_mode.png").write_text("1")
+    with output_folder(out, "memo-sim whatif") as f:
+        (f.stage / "plan.json").write_text("{}")
+    with output_folder(out, "memo-sim sweep-seq") as f:
+        (f.stage / "seq.png").write_text("2")
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "mine.txt", "plan.json", "seq.png"]
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["complete"] and m["written_utc"].endswith("Z") and m["removed_stale"] == ["seq_by_tp_mode.png"]
+    assert {f["name"]: f["command"] for f in m["files"]} == {"seq.png": "memo-sim sweep-seq",
+                                                             "plan.json": "memo-sim whatif"}
