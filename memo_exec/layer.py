@@ -73,6 +73,15 @@ def _tensor_specs(model: ModelConfig):
     return layer_tensors(dense_view(model))
 
 
+def written_skeletal(model: ModelConfig) -> tuple[str, ...]:
+    """The skeletal tensors some layer of ``model`` writes: `SKELETAL`, less fc1 and act where every layer is a
+    MoE layer (its block replaces fc1, act and fc2 and keeps its own tensors, `memo_exec.moe.block`; the
+    simulator's MoE layer has neither)."""
+    if model.moe and not model.mixes_dense_layers:
+        return tuple(n for n in SKELETAL if n not in ("fc1", "act"))
+    return SKELETAL
+
+
 def skeletal_widths(model: ModelConfig) -> dict[str, int]:
     specs = _tensor_specs(model)
     return {n: specs[n].width for n in SKELETAL}

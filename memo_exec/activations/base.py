@@ -6,7 +6,9 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from memo_exec.layer import LayerCompute, LayerStorage, LayerWeights, norm_stats_dtype, stats_bytes, storage_shapes
+from memo_exec.layer import LayerCompute, LayerStorage, LayerWeights, norm_stats_dtype, skeletal_widths, \
+    stats_bytes, storage_shapes
+from memo_exec.moe.memory import layer_kept_bytes
 from memo_sim.model.config import ModelConfig
 
 
@@ -63,6 +65,26 @@ class ActivationPolicy(ABC):
     def lse_bytes_per_layer(self) -> int:
         rows, width = self.shapes["q"]  # lse: one fp32 per (query row, head) of this rank
         return (width // self.model.qk_head_dim) * rows * self.tokens * 4
+
+    def moe_kept_bytes(self, keeps_graph=lambda i: False) -> int:
+        """What this instance's MoE layers keep beside the policy's storage (`memo_exec.moe.memory`): every MoE
+        layer its routing, a layer ``i`` with ``keeps_graph(i)`` also its block's autograd graph. Layer i is model
+        layer ``layer_base + i``; a pipeline chunk is bound to its layers after the estimate, so where the model
+        mixes dense and MoE layers and this instance holds part of them the count is the most MoE layers (and
+        graphs) any run of this many layers holds."""
+        m = self.model
+        if not m.moe:
+            return 0
+        esize = torch.empty((), dtype=self.dtype, device="meta").element_size()
+        tp = skeletal_widths(m)["fc1"] // self.shapes["fc1"][1]  # the TP-split width's divisor
+        per = {g: layer_kept_bytes(m, self.tokens, esize, tp, g) for g in (False, True)}
+
+        def total(base: int) -> int:
+            return sum(per[bool(keeps_graph(i))] for i in range(self.layers) if not m.dense_layer_at(base + i))
+
+        if not m.mixes_dense_layers or self.layers >= m.layers:
+            return total(self.layer_base)
+        return max(total(b) for b in range(m.layers - self.layers + 1))
 
     def _stats(self) -> torch.Tensor:
         return torch.empty(4, self.tokens, dtype=norm_stats_dtype(self.dtype, self.device), device=self.device)

@@ -15,8 +15,8 @@ class FullRecompute(ActivationPolicy):
     _work_names = tuple(n for n in SKELETAL if n != "x")
 
     def device_bytes(self) -> dict[str, int]:
-        return {"skeletal_resident": self.layers * storage_bytes(self.model, self.tokens, self.dtype, ("x",),
-                                                                 shapes=self.shapes),
+        x = storage_bytes(self.model, self.tokens, self.dtype, ("x",), shapes=self.shapes)
+        return {"skeletal_resident": self.layers * x + self.moe_kept_bytes(),  # a MoE layer's routing
                 "buffers": storage_bytes(self.model, self.tokens, self.dtype, self._work_names, shapes=self.shapes),
                 "norm_stats": self._stats_bytes(), "lse": self.lse_bytes_per_layer()}
 

@@ -15,21 +15,24 @@ import torch
 from memo_exec.activations.base import ActivationPolicy
 from memo_exec.activations.registry import register
 from memo_exec.errors import ExecError
-from memo_exec.layer import SKELETAL, LayerStorage, carve_storage, storage_bytes
+from memo_exec.layer import LayerStorage, carve_storage, storage_bytes, written_skeletal
 
 NORMS = ("ln1", "ln2")
 
 
 @register("recompute_moe")
 class RecomputeMoe(ActivationPolicy):
-    _kept = tuple(n for n in SKELETAL if n not in NORMS)
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self._kept = tuple(n for n in written_skeletal(self.model) if n not in NORMS)
 
     def _bytes(self, names) -> int:
         return storage_bytes(self.model, self.tokens, self.dtype, names, shapes=self.shapes)
 
     def device_bytes(self) -> dict[str, int]:
         n = self.layers
-        return {"skeletal_resident": n * self._bytes(self._kept), "buffers": self._bytes(NORMS),
+        return {"skeletal_resident": n * self._bytes(self._kept) + self.moe_kept_bytes(),  # MoE: the routing only
+                "buffers": self._bytes(NORMS),
                 "norm_stats": n * self._stats_bytes(), "lse": n * self.lse_bytes_per_layer()}
 
     def allocate(self) -> None:

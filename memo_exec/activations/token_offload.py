@@ -93,7 +93,9 @@ class TokenOffload(ActivationPolicy):
         return sum(math.prod(s) for s, _ in self._host_shapes()) * esize
 
     def device_bytes(self) -> dict[str, int]:
-        return {"buffers": N_BUFFERS * storage_bytes(self.model, self.tokens, self.dtype, shapes=self.shapes),
+        # a MoE layer's routing; a kept one's block graph too (`_device_storages`)
+        return {"skeletal_resident": self.moe_kept_bytes(lambda i: not self.offloaded(i)),
+                "buffers": N_BUFFERS * storage_bytes(self.model, self.tokens, self.dtype, shapes=self.shapes),
                 "norm_stats": self.layers * self._stats_bytes(), "lse": self.layers * self.lse_bytes_per_layer()}
 
     def host_bytes(self) -> int:

@@ -254,8 +254,7 @@ class DistExecutor(ExecutorBase):
             g = self.expert_groups
             disp = dispatcher_for(lay.moe_dispatcher, m.experts, g.ep, g.ep_rank, g.ep_group)
             disp.timer = self.recorder  # its all-to-alls become ep_comm spans of this rank's Timeline
-            self.compute.moe = MoEBlock(m, disp, tp_size=self.flavour.size, tp_group=ctx.group("tp"),
-                                        keep_graph_ok=self.sync.zero < 3)
+            self.compute.moe = MoEBlock(m, disp, tp_size=self.flavour.size, tp_group=ctx.group("tp"))
         self.layer_hooks = self.sync if self.kill_at_step is None else _KillHook(self.sync, self)
         self.schedule.build_runtimes()
         self.allocated = True

@@ -15,11 +15,19 @@ storage, `LayerStorage.keep_moe_internals`):
 
 - always the routing, ``idx`` [T, top_k] int64 per layer (kept on the device like the attention
   lse), so the backward sends every token where the forward did, whatever the input's last bits;
-- store all: also the block's autograd graph (its internal activations) from the forward;
-- full recompute and MEMO (and ZeRO 3, whose weights are freed between forward and backward): no
-  internals: the backward re-runs the block's forward (all-to-alls included) from ln2 -- which the
-  policy has restored by then, kept, reloaded or recomputed -- with the kept routing, then its
-  backward (span ``moe_recompute``, phase ``recompute``).
+- store all: also the block's autograd graph (its internal activations, `memo_exec.moe.memory` counts
+  them; not the block's output, whose storage is freed once the layer has it) from the forward, under
+  every ZeRO stage. Under ZeRO 3 the graph's saved weights are views of the layer's flat buffer,
+  whose storage `memo_exec.distributed.zero.GradSync` frees after the forward
+  (``untyped_storage().resize_(0)``) and re-gathers in place before the backward (resized back, then
+  all-gathered into the same storage), as FSDP's unshard does: the saved graph reads the re-gathered
+  weights and nothing is re-run (the simulator prices no recompute there). The weights' version
+  counters are their own (``.data`` set once to the views), so the in-place gather trips no
+  saved-tensor check; `backward` refuses a kept graph whose weights are still freed;
+- full recompute, recompute_moe and MEMO's offloaded layers: no internals: the backward re-runs the
+  block's forward (all-to-alls included) from ln2 -- which the policy has restored by then, kept,
+  reloaded or recomputed -- with the kept routing, then its backward (span ``moe_recompute``, phase
+  ``recompute``).
 
 The backward accumulates every block parameter's gradient into its ``.grad`` in place (autograd's
 accumulation into an existing gradient) and returns d ln2.
@@ -32,9 +40,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from memo_exec.moe.comm import sp_gather, sp_reduce_scatter
+from memo_exec.moe.comm import sp_gather_linear, sp_reduce_scatter
 from memo_exec.moe.dispatchers import Dispatcher, LocalDispatcher
-from memo_exec.moe.experts import ffn, run_experts
+from memo_exec.moe.experts import act, run_experts
 from memo_exec.moe.routers import router_for
 from memo_sim.model.config import ModelConfig
 
@@ -42,19 +50,18 @@ from memo_sim.model.config import ModelConfig
 @dataclass
 class MoESaved:
     idx: torch.Tensor  # [T, top_k] routing of the forward
-    graph: tuple | None = None  # (ln2 leaf, block output) under store all
+    graph: tuple | None = None  # (ln2 leaf, block output: its graph, storage freed) under store all
 
 
 class MoEBlock:
-    def __init__(self, model: ModelConfig, dispatcher: Dispatcher | None = None, tp_size: int = 1, tp_group=None,
-                 keep_graph_ok: bool = True) -> None:
+    def __init__(self, model: ModelConfig, dispatcher: Dispatcher | None = None, tp_size: int = 1,
+                 tp_group=None) -> None:
         self.model = model
         self.k, self.h = model.top_k, model.hidden
         self.swiglu = model.ffn_type == "swiglu"
         self.router = router_for(model.router)
         self.dispatcher = dispatcher or LocalDispatcher(model.experts)
         self.tp_size, self.tp_group = tp_size, tp_group
-        self.keep_graph_ok = keep_graph_ok
 
     def math(self, w, ln2: torch.Tensor, idx: torch.Tensor | None = None, layer: int | None = None,
              phase: str = "fwd"):
@@ -66,9 +73,9 @@ class MoEBlock:
         xe, counts, state = self.dispatcher.dispatch(ln2, idx, layer, phase)
         ye = run_experts(xe, counts, w, self.swiglu, probs=self.dispatcher.route_probs(weights, state))
         y = self.dispatcher.combine(ye, state).view(T, self.k, self.h).sum(1)
-        if w.shared_w1 is not None:
-            g = sp_gather(ln2, self.tp_size, self.tp_group)
-            s = sp_reduce_scatter(ffn(g, w.shared_w1, w.shared_w2, None, None, self.swiglu), self.tp_size, self.tp_group)
+        if w.shared_w1 is not None:  # a dense FFN on the TP group's rows: ln2 gathered in, reduce-scattered out
+            a = sp_gather_linear(ln2, w.shared_w1, self.tp_size, self.tp_group)
+            s = sp_reduce_scatter(F.linear(act(a, self.swiglu), w.shared_w2), self.tp_size, self.tp_group)
             if w.shared_gate is not None:
                 s = s * torch.sigmoid(F.linear(ln2, w.shared_gate))
             y = y + s
@@ -76,12 +83,15 @@ class MoEBlock:
 
     def forward(self, w, S, out: torch.Tensor, layer: int | None = None, phase: str = "fwd") -> None:
         """Write the block's output for every local row into ``out`` [T, h]; keep what the storage says."""
-        if getattr(S, "keep_moe_internals", False) and self.keep_graph_ok:
+        if getattr(S, "keep_moe_internals", False):
             with torch.enable_grad():
                 leaf = S.ln2.detach().requires_grad_(True)
                 y, idx = self.math(w, leaf, None, layer, phase)
             S.moe = MoESaved(idx, (leaf, y))
             out.copy_(y.detach())
+            # the backward needs y's graph and shape, not its values: the sum and add that made it keep no
+            # output, so its storage goes back now (`memo_exec.moe.memory`: [T, h] a layer the simulator never keeps)
+            y.untyped_storage().resize_(0)
             return
         with torch.no_grad():
             y, idx = self.math(w, S.ln2, None, layer, phase)
@@ -98,6 +108,10 @@ class MoEBlock:
                 leaf = S.ln2.detach().requires_grad_(True)
                 y, _ = self.math(w, leaf, saved.idx, layer, "recompute")
         else:
+            freed = [n for n, p in w.named_parameters() if p.untyped_storage().nbytes() == 0]
+            if freed:
+                raise RuntimeError(f"layer {layer}: the MoE block's kept graph reads weights whose storage is freed "
+                                   f"({', '.join(freed)}); gather them back in place before the backward")
             leaf, y = saved.graph
         S.moe = None
         torch.autograd.backward(y, dy)  # accumulates into the parameters' existing .grad in place

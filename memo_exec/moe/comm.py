@@ -13,7 +13,9 @@
 - `sp_gather` / `sp_reduce_scatter`: Megatron sequence parallelism's all-gather (entering a
   column-parallel region) and reduce-scatter (leaving a row-parallel one) in the interleaved token
   order of `memo_exec.distributed.context.local_token_index` (gathered row t*p + j is rank j's local
-  row t), each the other's backward; the shared experts run between them under TP.
+  row t), each the other's backward; the shared experts run between them under TP, their first GEMM
+  as `sp_gather_linear` (the all-gather and the GEMM in one node that keeps the local rows and gathers
+  them again in its backward, as Megatron-LM and the simulator do).
 
 Every rank of a group calls these in the same order (forward: the rows' dispatch, the router weights'
 all-to-all, then combine; autograd's backward: combine, the weights', then the rows': it runs the ready
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from memo_exec.distributed.collectives import all_gather_single, reduce_scatter_single
 
@@ -126,8 +129,35 @@ class _SPReduceScatter(torch.autograd.Function):
         return _gather(g.contiguous(), ctx.p, ctx.group), None, None
 
 
+class _GatherLinear(torch.autograd.Function):
+    """``F.linear(gather(t), w)`` keeping only the rank's shard ``t``: the backward all-gathers it again
+    for the weight's gradient, then reduce-scatters the input's (Megatron-LM's column-parallel linear under
+    sequence parallelism; the simulator's ``allgather_shared_fc1_input``,
+    `memo_sim.model.layer_graph.sp_regathered`)."""
+
+    @staticmethod
+    def forward(ctx, t, w, p, group):
+        ctx.save_for_backward(t, w)
+        ctx.p, ctx.group = p, group
+        return F.linear(_gather(t, p, group), w)
+
+    @staticmethod
+    def backward(ctx, g):
+        t, w = ctx.saved_tensors
+        gathered = _gather(t, ctx.p, ctx.group)
+        g = g.contiguous()
+        dw = g.t() @ gathered if ctx.needs_input_grad[1] else None
+        return _reduce_scatter(g @ w, ctx.p, ctx.group), dw, None, None
+
+
 def sp_gather(t: torch.Tensor, p: int, group) -> torch.Tensor:
     return t if p == 1 else _SPGather.apply(t, p, group)
+
+
+def sp_gather_linear(t: torch.Tensor, w: torch.Tensor, p: int, group) -> torch.Tensor:
+    """``F.linear(sp_gather(t), w)`` (no bias) that keeps ``t``, not its gathered rows, for the backward
+    (`_GatherLinear`)."""
+    return F.linear(t, w) if p == 1 else _GatherLinear.apply(t, w, p, group)
 
 
 def sp_reduce_scatter(t: torch.Tensor, p: int, group) -> torch.Tensor:

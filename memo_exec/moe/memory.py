@@ -1,0 +1,64 @@
+"""What one MoE block (`memo_exec.moe.block`) keeps on its rank's device from its forward to its backward,
+in bytes, known before anything runs: the activation policies add it to their ``skeletal_resident``
+(`memo_exec.activations.base.ActivationPolicy.moe_kept_bytes`), which the memory estimate
+(`memo_exec.memory_estimate`, the distributed runner's) and the fit check read.
+
+Every policy keeps each MoE layer's routing (`routing_bytes`: ``idx`` [T, k] int64). A layer whose block keeps
+its autograd graph (store all, selective recompute, MEMO's kept layers: ``LayerStorage.keep_moe_internals``)
+also keeps what the graph saved (`graph_bytes`), with T the rank's own rows (its sequence shard), k the top-k, e
+the model dtype's bytes, R the copies its local experts received (T*k on average over the EP group: each rank
+sends T*k and receives its share of the group's; the estimate takes the average, where the simulator prices the
+busiest rank, `memo_sim.cost.activations.routed_load`) and p the TP size (the shared experts run on the TP
+group's T*p gathered rows at 1/p of their width):
+
+- ``probs``: the router's scores [T, E] (softmax or sigmoid output, model dtype; the simulator: fp32);
+- ``route_weights``: the chosen scores [T, k] and their sum [T, 1] (the normalisation's operands);
+- ``copy_probs``: each received copy's router weight [R] (the experts' weighted activation keeps it);
+- ``moe_in``: the received copies [R, h]; ``efc1``: [R, expert fc1]; ``eact``: [R, expert width];
+- ``copy_order``: the row permutations the gathers' backwards read, int64: the sort of the copies and its
+  inverse [T*k] each, and the all-to-all dispatcher's regrouping by local expert and its inverse [R] each
+  (one process's local dispatcher has no regrouping: 16 bytes per copy fewer than counted);
+- ``sfc1`` [T*p, shared fc1 / p], ``sact`` [T*p, shared / p]; with a shared-expert gate also ``sfc2`` (the
+  shared output [T, h]) and the gate's sigmoid [T, 1].
+
+Not kept: the block's output (the layer copies it out and the block frees its storage; the ops that made it, a
+sum and an add, save no output), ln2 (the policy's own tensor; with p > 1 the shared experts' first GEMM keeps
+it and not its all-gathered rows, which its backward gathers again, `memo_exec.moe.comm.sp_gather_linear`), the
+weights (model states), a grouped GEMM's offsets (El int32) and the all-to-alls' split sizes (host lists).
+"""
+
+from __future__ import annotations
+
+from memo_sim.model.config import ModelConfig
+
+INDEX_BYTES = 8  # int64 routing and permutations
+
+
+def routing_bytes(model: ModelConfig, tokens: int) -> int:
+    """The routing every policy keeps for one MoE layer (``idx`` [T, k] int64)."""
+    return tokens * model.top_k * INDEX_BYTES
+
+
+def graph_bytes(model: ModelConfig, tokens: int, esize: int, tp: int = 1, routed: int | None = None) -> dict[str, int]:
+    """The tensors one MoE layer's kept autograd graph holds on one rank, by name (module docs), besides the
+    routing: ``tokens`` the rank's own rows, ``esize`` the model dtype's bytes, ``tp`` the TP size, ``routed``
+    the copies the rank's experts received (default: the EP group's average, tokens x top_k)."""
+    T, k, h = tokens, model.top_k, model.hidden
+    R = T * k if routed is None else routed
+    out = {"probs": T * model.experts * esize, "route_weights": (T * k + T) * esize, "copy_probs": R * esize,
+           "moe_in": R * h * esize, "efc1": R * model.expert_fc1_width * esize,
+           "eact": R * model.expert_width * esize, "copy_order": (2 * T * k + 2 * R) * INDEX_BYTES}
+    sw = model.shared_width
+    if sw:
+        rows = T * tp
+        out["sfc1"] = rows * (model.fc1_of(sw) // tp) * esize
+        out["sact"] = rows * (sw // tp) * esize
+        if model.shared_gate:
+            out["sfc2"] = T * h * esize
+            out["shared_gate"] = T * esize
+    return out
+
+
+def layer_kept_bytes(model: ModelConfig, tokens: int, esize: int, tp: int, keeps_graph: bool) -> int:
+    """One MoE layer's kept bytes on one rank: the routing, plus the graph's tensors where ``keeps_graph``."""
+    return routing_bytes(model, tokens) + (sum(graph_bytes(model, tokens, esize, tp).values()) if keeps_graph else 0)

@@ -1,0 +1,260 @@
+"""What the executor's MoE block keeps between forward and backward, against the memory estimate, and
+its graph kept under ZeRO 3 (CPU, gloo for the multi-rank cases).
+
+- the estimate's ``skeletal_resident`` (`memo_exec.memory_estimate`, the distributed runner's) is the
+  policy's allocated storage plus what the MoE blocks keep (`memo_exec.moe.memory`), measured here by
+  every tensor the block's autograd graph saves (``saved_tensors_hooks``, distinct storages, weights and
+  the policy's ln2 left out) and what its saved state holds: exact per layer for the copies the rank's
+  experts received, and on average over the EP group equal to the estimate, under store all, full
+  recompute, MEMO and recompute_moe, one process and dp2 x ep2 / tp2 (SP) x ep2 on 2 ranks;
+- where every layer is a MoE layer, store all allocates no fc1 / act (no layer writes them);
+- ZeRO 3 with store all keeps the block's graph (its weights gathered back in place before the
+  backward, as FSDP does): no ``moe_recompute``, 4 dispatch / combine all-to-alls per layer as the
+  simulator prices (the re-run made it 6), gradients equal to ZeRO 0's; a kept graph whose weights are
+  still freed is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from memo_exec.moe.memory import INDEX_BYTES, graph_bytes, routing_bytes
+from tests.dist_harness import spawn
+from tests.exec_helpers import time_limit
+from tests.test_exec_moe import MOE, SEQ, VARIANTS, plan_for
+
+ALL_MOE = VARIANTS[1]  # sigmoid router, GELU, no shared experts, every layer a MoE layer
+assert not ALL_MOE.mixes_dense_layers
+SEQ_TOKENS = SEQ  # a one-process plan's rows (batch 1)
+
+
+def measure_kept(records: list) -> None:
+    """Patch the MoE block (in this process) so each forward appends (layer, kept bytes, routed copies):
+    the distinct storages its graph saved and its saved state holds, less the weights' and ln2's."""
+    from memo_exec.moe import block
+
+    orig, run = block.MoEBlock.forward, block.run_experts
+    routed: list[int] = []
+
+    def counting_experts(xe, counts, *a, **k):
+        routed.append(int(xe.shape[0]))
+        return run(xe, counts, *a, **k)
+
+    def forward(self, w, S, out, layer=None, phase="fwd"):
+        skip = {p.untyped_storage().data_ptr() for p in w.parameters()} | {S.ln2.untyped_storage().data_ptr()}
+        seen: dict[int, int] = {}
+
+        def pack(t):
+            st = t.untyped_storage()
+            if st.nbytes() and st.data_ptr() not in skip:
+                seen[st.data_ptr()] = st.nbytes()
+            return t
+
+        routed.clear()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            orig(self, w, S, out, layer, phase)
+        for t in (S.moe.idx, *(S.moe.graph or ())):  # the routing; the graph's ln2 leaf and (freed) output
+            pack(t)
+        records.append((layer, sum(seen.values()), routed[0]))
+
+    block.MoEBlock.forward = forward
+    block.run_experts = counting_experts
+
+
+def allocated_resident(policy) -> int:
+    """The bytes the policy itself allocated for its ``skeletal_resident`` term."""
+    if policy.name == "full_recompute":
+        return policy.x_block.numel()
+    if policy.name in ("store_all", "recompute_moe"):
+        return sum(b.numel() for b in policy.blocks)
+    return 0  # MEMO: everything in its rounding buffers
+
+
+# ------------------------------------------------------------------------------- one process
+@pytest.mark.parametrize("pol", ["store_all", "full_recompute", "memo", "recompute_moe"])
+@pytest.mark.parametrize("model", [MOE, ALL_MOE], ids=["moe", "all-moe"])
+def test_estimate_counts_what_the_moe_block_keeps_one_process(pol, model, monkeypatch):
+    from memo_exec.moe import block
+    from memo_exec.runner import Executor, RunOptions
+
+    # set to themselves: monkeypatch puts the originals back after the test, over measure_kept's patch
+    monkeypatch.setattr(block.MoEBlock, "forward", block.MoEBlock.forward)
+    monkeypatch.setattr(block, "run_experts", block.run_experts)
+    records: list = []
+    measure_kept(records)
+    with time_limit(60):
+        ex = Executor(plan_for({}, pol, model=model), RunOptions(device="cpu", dtype="fp32", steps=1))
+        est = ex.estimate.terms["skeletal_resident"]
+        ex.allocate()
+        try:
+            ex.forward_backward(0)
+            resident = allocated_resident(ex.policy)
+            graphs = [ex.policy.storages[i].keep_moe_internals for i in range(model.layers)]
+        finally:
+            ex.close()
+    T, k = SEQ_TOKENS, model.top_k
+    fwd = {layer: (kept, r) for layer, kept, r in records}  # a re-run's records come after the forward's
+    moe_layers = [i for i in range(model.layers) if not model.dense_layer_at(i)]
+    assert sorted(fwd) == moe_layers
+    for i in moe_layers:
+        kept, r = fwd[i]
+        assert r == T * k  # one process: every copy to its experts
+        want = routing_bytes(model, T)
+        if graphs[i]:  # the local dispatcher has no regrouping: its two [R] permutations are not kept
+            want += sum(graph_bytes(model, T, 4, routed=r).values()) - 2 * r * INDEX_BYTES
+        assert kept == want, (pol, i, kept, want)
+    local_dispatcher = sum(graphs[i] for i in moe_layers) * 2 * T * k * INDEX_BYTES
+    assert est == resident + sum(kept for kept, _ in fwd.values()) + local_dispatcher, (pol, est, resident)
+    if pol == "store_all" and not model.mixes_dense_layers:  # no layer writes fc1 / act: none allocated
+        assert "fc1" not in ex.policy.storages[0].tensors and "act" not in ex.policy.storages[0].tensors
+
+
+
+def test_kept_graph_reads_weights_gathered_back_in_place():
+    """ZeRO 3's free and in-place gather (`memo_exec.distributed.zero`) between the block's forward and
+    backward: the kept graph reads the gathered weights (gradients equal to an untouched run's); while the
+    weights are freed its backward refuses."""
+    from types import SimpleNamespace
+
+    from memo_exec.model import GPT
+    from memo_exec.moe.block import MoEBlock
+
+    gpt = GPT(MOE, MOE.layers, torch.device("cpu"), torch.float64)
+    gpt.init_(0)
+    w = gpt.layers[1].moe
+    named = list(w.named_parameters())
+    flat = torch.cat([p.detach().reshape(-1) for _, p in named])
+    off = 0
+    for _, p in named:  # the parameters as views of one flat buffer, as a ZeRO unit holds them
+        p.data = flat[off:off + p.numel()].view(p.shape)
+        off += p.numel()
+    ln2 = torch.randn(SEQ_TOKENS, MOE.hidden, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    dy = torch.randn_like(ln2)
+    blk = MoEBlock(MOE)
+
+    def run(free: bool):
+        for _, p in named:
+            p.grad = None
+        S = SimpleNamespace(ln2=ln2.clone(), keep_moe_internals=True, moe=None)
+        out = torch.empty_like(ln2)
+        blk.forward(w, S, out, 1)
+        if free:
+            saved = flat.clone()
+            nbytes = flat.untyped_storage().nbytes()
+            flat.untyped_storage().resize_(0)
+            with pytest.raises(RuntimeError, match="storage is freed"):
+                blk.backward(w, S, dy, 1, None)
+            flat.untyped_storage().resize_(nbytes)
+            flat.copy_(saved)  # gathered back into the same storage
+        d = blk.backward(w, S, dy, 1, None)  # no timer: a re-run would need one
+        return out, d, {n: p.grad.clone() for n, p in named}
+
+    want = run(False)
+    got = run(True)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    for n in want[2]:
+        assert torch.equal(got[2][n], want[2][n]), n
+
+
+# ------------------------------------------------------------------------------- two ranks
+def rank_kept(rank: int, world: int, cases) -> list:
+    from memo_exec.device import DeviceSpec
+    from memo_exec.distributed.context import build_context
+    from memo_exec.distributed.runner import DistExecutor
+    from memo_exec.moe.dispatchers import A2A_OPS
+    from memo_exec.runner import RunOptions
+
+    out, records = [], []
+    measure_kept(records)  # a forked rank: the patch dies with the process
+    for lay, pol, variant in cases:
+        records.clear()
+        plan = plan_for(lay, pol, model=VARIANTS[variant])
+        ex = DistExecutor(plan, RunOptions(device="cpu", dtype="fp32", steps=1), build_context(plan.layout,
+                          torch.device("cpu")), DeviceSpec("cpu"))
+        ex.allocate()
+        rec = ex.step(0, optimizer=False)
+        grads = ex.full_gradients()  # a collective: every rank
+        a2a: dict = {}
+        for e in rec.events:
+            if e.op in A2A_OPS:
+                a2a[e.layer] = a2a.get(e.layer, 0) + 1
+        out.append({"records": list(records), "estimate": ex.estimate.terms["skeletal_resident"],
+                    "resident": allocated_resident(ex.policy), "T": ex.local_T,
+                    "graphs": [st.keep_moe_internals for st in ex.policy.storages],
+                    "moe_recompute": sorted({e.layer for e in rec.events if e.op == "moe_recompute"}),
+                    "a2a": a2a, "grads": grads if rank == 0 else None})
+        ex.close()
+    return out
+
+
+CASES = [(dict(dp=2, ep=2), "store_all", 0), (dict(tp=2, sp=True, ep=2), "store_all", 0),
+         (dict(dp=2, ep=2), "store_all", 1), (dict(dp=2, ep=2), "memo", 0),
+         (dict(dp=2, ep=2, zero=3), "store_all", 0), (dict(dp=2, ep=2, zero=3), "store_all", 1)]
+
+
+@pytest.fixture(scope="module")
+def two_ranks():
+    return spawn(rank_kept, 2, CASES, timeout=240)
+
+
+@pytest.mark.parametrize("case", range(len(CASES)), ids=lambda i: f"{CASES[i][0]}-{CASES[i][1]}-v{CASES[i][2]}")
+def test_estimate_counts_what_the_moe_block_keeps_two_ranks(two_ranks, case):
+    """All-to-all dispatcher: per rank and layer the graph keeps exactly what `graph_bytes` counts for
+    the copies that rank received; over the EP pair (the copies average tokens x top_k) the kept bytes
+    average the estimate's."""
+    lay, pol, variant = CASES[case]
+    model = VARIANTS[variant]
+    tp = lay.get("tp", 1)
+    per_rank = [r[case] for r in two_ranks]
+    for r in per_rank:
+        T = r["T"]
+        for layer, kept, routed in r["records"]:
+            want = routing_bytes(model, T)
+            if r["graphs"][layer]:
+                want += sum(graph_bytes(model, T, 4, tp, routed).values())
+            assert kept == want, (case, layer, kept, want)
+    T = per_rank[0]["T"]
+    moe_layers = [i for i in range(model.layers) if not model.dense_layer_at(i)]
+    for i in moe_layers:  # the pair's copies: every token's k, each rank routing its own T rows
+        assert sum(routed for r in per_rank for layer, _, routed in r["records"] if layer == i) == 2 * T * model.top_k
+    mean_kept = sum(kept for r in per_rank for _, kept, _ in r["records"]) / 2
+    for r in per_rank:
+        assert r["estimate"] == r["resident"] + mean_kept, (case, r["estimate"], r["resident"], mean_kept)
+
+
+def test_zero3_store_all_keeps_the_moe_graph_no_rerun(two_ranks):
+    """The graph kept under ZeRO 3: no re-run, the simulator's 4 all-to-alls per MoE layer (dispatch and
+    combine, forward and backward; the router weights' and the counts' are their own ops), gradients
+    equal to ZeRO 0's for the same plan."""
+    for variant in (0, 1):
+        z3 = CASES.index((dict(dp=2, ep=2, zero=3), "store_all", variant))
+        z0 = CASES.index((dict(dp=2, ep=2), "store_all", variant))
+        model = VARIANTS[variant]
+        moe_layers = [i for i in range(model.layers) if not model.dense_layer_at(i)]
+        for r in two_ranks:
+            assert r[z3]["moe_recompute"] == [], r[z3]["moe_recompute"]
+            assert r[z3]["a2a"] == {i: 4 for i in moe_layers} == r[z0]["a2a"], (r[z3]["a2a"], r[z0]["a2a"])
+        got, want = two_ranks[0][z3]["grads"], two_ranks[0][z0]["grads"]
+        assert set(got) == set(want)
+        for n in want:
+            err = float((got[n] - want[n]).norm() / want[n].norm().clamp_min(1e-30))
+            assert err <= 1e-5 or float(want[n].norm()) == 0.0, (variant, n, err)
+
+
+def test_moe_memory_names_match_the_simulators_where_they_agree():
+    """The executor's kept routed tensors are the simulator's (`memo_sim.model.layer_graph`: moe_in, efc1,
+    eact at tokens x top_k rows, sfc1 and sact) at the EP group's average load."""
+    from memo_sim.cost.activations import tensor_bytes
+    from memo_sim.layout.parallel import Layout
+    from memo_sim.model.layer_graph import layer_tensors
+
+    model = dataclasses.replace(MOE, dtype="fp32")
+    lay = Layout()  # one GPU: the routed load is the mean
+    specs = layer_tensors(model)
+    g = graph_bytes(model, SEQ_TOKENS, 4)
+    for n in ("moe_in", "efc1", "eact", "sfc1", "sact", "sfc2"):
+        assert g[n] == tensor_bytes(specs[n], lay, 1, SEQ_TOKENS), n
+    assert g["probs"] == tensor_bytes(specs["probs"], lay, 1, SEQ_TOKENS)  # fp32: the simulator's fp32 scores
