@@ -682,3 +682,26 @@ def test_a_truncated_json_file_is_read_in_one_clear_line(tmp_path):
     with pytest.raises(MemoError) as e:
         read_json(f)
     assert str(e.value).endswith("not valid JSON (Unterminated string starting at: line 1, column 20)"), str(e.value)
+
+
+def test_small_answers_a_review_found_misleading(tmp_path):
+    """`--format csv --json` quietly printed JSON; `--seqs 64K,,1M` swept two lengths; maxseq of a model whose
+    states alone overflow every layout said a smaller --step looks below 4K; a nothing-fits answer's advice told
+    to 'add --policy' policies the framework does not offer (a review)."""
+    from memo_sim.search.whatif import not_searched
+
+    r = CliRunner().invoke(cli, ["whatif", "--format", "csv", "--json", "--no-plan"])
+    assert r.exit_code == 2 and "--json and --format csv ask for two formats" in r.output, r.output
+    toy = ["--layers", "2", "--hidden", "256", "--heads", "4", "--ffn", "512", "--vocab", "512"]
+    r = CliRunner().invoke(cli, ["whatif", *toy, "--seq", "2K", "--gpus", "1", "--policy", "store_all", "--jobs", "1",
+                                 "--out", str(tmp_path / "p")])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(cli, ["sweep-seq", str(tmp_path / "p" / "plan.json"), "--seqs", "64K,,1M", "--out",
+                                 str(tmp_path / "s")])
+    assert r.exit_code == 2 and "an empty length between commas" in r.output, r.output
+    r = CliRunner().invoke(cli, ["maxseq", "--model", "gpt-175b", "--gpus", "1", "--step", "4K"])
+    assert r.exit_code == 3 and "model states alone exceed the GPU memory" in r.output, r.output
+    assert "smaller --step" not in r.output and "1 GPUs" not in r.output
+    advice = not_searched(8, ("memo",), "any", {})
+    assert not any("selective_recompute" in a and "add --policy" in a for a in advice), advice
+    assert any("selective_recompute" in a and "any does not offer" in a for a in advice), advice

@@ -13,7 +13,7 @@ from memo_sim.cost.gemm_format import check_gemm_format
 from memo_sim.layout.schedule import schedule_runs_policy
 from memo_sim.policy import policy_class, policy_names, prices_model
 from memo_sim.profile.loader import load_profile
-from memo_sim.report.formats import Answer, emit, format_options, resolve_format
+from memo_sim.report.formats import Answer, emit, format_options, plural, resolve_format
 from memo_sim.search.frameworks import FRAMEWORKS, get_framework, policy_frameworks_words
 from memo_sim.units import fmt_count
 
@@ -110,7 +110,10 @@ def maxseq_answer(model, gpus, profile, framework, step, answers, elapsed_s, fix
         verdict = (f"answer: {best.policy} trains the longest sequence, {fmt_count(best.max_seq)} tokens"
                    + (f" ({best.best.layout.label()} {best.best.policy.label()})" if best.best else ""))
     a = Answer(verdict)
-    if best is None and step >= 2048:  # the lengths are multiples of the step: none shorter was tried
+    if best is None and answers and all(x.states_alone for x in answers):  # no length at all: say so
+        a.line(f"the model states alone exceed the GPU memory on every layout searched over {plural(gpus, 'GPU')}: "
+               f"no length fits; give more GPUs")
+    elif best is None and step >= 2048:  # the lengths are multiples of the step: none shorter was tried
         a.line(f"no length under {fmt_count(step)} was tried: a smaller --step "
                f"(e.g. {fmt_count(step // 16)}) looks there")
     a.line(f"{model.name}, {gpus} x {profile.gpu.model} ({profile.name}), framework {framework}, "

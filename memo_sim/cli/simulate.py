@@ -308,7 +308,9 @@ def sweep_seq_cmd(plan_file, out_dir, seqs, profile_override, tp_modes, policies
     from memo_sim.search.estimate import memo_alpha
 
     plan, profile = _load_plan_and_profile(plan_file, profile_override)
-    lens = [parse_count(s.strip(), "--seqs") for s in seqs.split(",") if s.strip()]
+    if any(not s.strip() for s in seqs.split(",")):
+        raise MemoError(f"--seqs {seqs!r}: an empty length between commas; give lengths like 64K,128K,1M")
+    lens = [parse_count(s.strip(), "--seqs") for s in seqs.split(",")]
     if not lens:
         raise MemoError("--seqs: give at least one sequence length")
     dup = next((n for i, n in enumerate(lens) if n in lens[:i]), None)

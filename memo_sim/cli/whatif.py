@@ -42,6 +42,7 @@ from memo_sim.layout.schedule import SCHEDULE_NAMES
 from memo_sim.plan.schema import with_profile_reference, write_plan
 from memo_sim.policy import policy_names
 from memo_sim.profile.loader import load_profile
+from memo_sim.report.formats import resolve_format
 from memo_sim.report.fit_advice import fit_fixes
 from memo_sim.report.candidate_rows import candidates_json
 from memo_sim.report.sensitivity import sensitivity_line
@@ -67,7 +68,7 @@ def _simulate_top_value(ctx, param, value):
 
 @click.command()
 @model_options
-@click.option("--seq", default="256K", callback=count_option, show_default=True, help="Sequence length (4K, 256K, 1M).")
+@click.option("--seq", default="256K", callback=count_option, show_default=True, help="Sequence length in tokens (4K = 4096, 256K, 1M = 1,048,576: K and M are 1024 and 1024²).")
 @click.option("--gpus", default=8, show_default=True, type=GPU_COUNT, help="Number of GPUs.")
 @profile_option()
 @click.option("--batch", type=BATCH,
@@ -223,7 +224,7 @@ class Show:
         tokens = options.get("train_tokens")
         names = {f.name for f in fields(cls)}
         kept = {k: v for k, v in options.items() if k in names}
-        kept["as_json"] = bool(kept.get("as_json")) or kept.get("out_format") == "json"
+        kept["as_json"] = resolve_format(kept.get("out_format") or "table", bool(kept.get("as_json"))) == "json"
         return cls(train_budget=parse_token_budget(tokens) if tokens is not None else None, **kept)
 
     @property
@@ -374,7 +375,7 @@ def _sweep_alpha(req, result, show: Show, t0: float) -> None:
         click.echo(json.dumps({"model": model.to_dict(), "seq_tokens": seq, "profile": profile.name,
                                "layout": layout.label(), "layout_degrees": layout.to_dict(),
                                "layout_note": "fixed by flags" if len(layouts) == 1 else
-                               f"best of {len(layouts)} valid layouts (fix --tp/--cp/--dp/--zero to choose)",
+                               f"best of {len(layouts)} valid layouts of the degrees not fixed (fix them too to choose one)",
                                "solver_alpha": solved, "figure": str(png),
                                "sweep": [r.to_dict() for r in res], "elapsed_s": time.perf_counter() - t0},
                               indent=1))

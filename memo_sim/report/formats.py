@@ -51,6 +51,11 @@ def format_options(f):
 
 
 def resolve_format(out_format: str, as_json: bool) -> str:
+    """The output format asked: ``--json`` is ``--format json``; with another ``--format`` beside it, one line."""
+    if as_json and out_format not in ("table", "json"):
+        from memo_sim.errors import MemoError  # noqa: PLC0415
+
+        raise MemoError(f"--json and --format {out_format} ask for two formats; give one of them")
     return "json" if as_json else out_format
 
 

@@ -47,6 +47,7 @@ class MaxSeqAnswer:
     next_seq: int  # the first length that does not fit
     binding: str  # what fails at next_seq, in words
     allocator: str = "caching"  # the what-if's --allocator this answer searched with
+    states_alone: bool = False  # not one step fits, and every candidate's model states alone exceed its GPU
 
     def to_json(self) -> dict:
         b = self.best
@@ -176,7 +177,8 @@ def max_seq(model: ModelConfig, gpus: int, profile: HardwareProfile, policy: str
     if isinstance(cands, str):  # no candidate at all, not one out of memory: the request itself (a policy the
         raise MemoError(cands)  # framework lacks, degrees that no layout of the GPUs matches) is refused
     if not _fits(cands):
-        return MaxSeqAnswer(policy, step, None, None, step, binding_constraint(cands), allocator)
+        alone = all(c.memory.model_states_bytes > c.memory.gpu_capacity_bytes for c in cands)
+        return MaxSeqAnswer(policy, step, None, None, step, binding_constraint(cands), allocator, alone)
     lo = 1
     while True:  # double until a length does not fit
         hi = lo * 2

@@ -807,11 +807,12 @@ def not_searched(gpus: int, policies: tuple[str, ...] | None, framework: str, fi
     searched = tuple(policies) if policies else fw.policies
     out = []
     missing = [p for p in policy_names() if p not in searched]
-    if missing:
-        offered = [p for p in missing if p in fw.policies]
-        out.append(f"policies {', '.join(missing)} ("
-                   + (f"drop --policy, or add --policy {offered[0]}" if offered else f"{fw.name} does not offer them")
-                   + ")")
+    offered = [p for p in missing if p in fw.policies]
+    if offered:  # what this framework runs but the request left out
+        out.append(f"policies {', '.join(offered)} (drop --policy, or add --policy {offered[0]})")
+    others = [p for p in missing if p not in fw.policies]
+    if others:  # what only other frameworks run: a policy --policy cannot add here
+        out.append(f"policies {', '.join(others)}, which {fw.name} does not offer (another --framework)")
     if framework != "any":
         out.append(f"layouts and policies outside what {framework} offers (--framework any)")
     flags = {"tp": "--tp", "cp": "--cp", "ulysses": "--ulysses", "dp": "--dp", "zero": "--zero", "pp": "--pp",
@@ -829,7 +830,8 @@ def not_searched(gpus: int, policies: tuple[str, ...] | None, framework: str, fi
         out.append(f"tensor-parallel flavours other than {fixed['tp_mode']} (--tp-mode all)")
     if not fixed.get("metp_across_nodes"):
         out.append("METP rings across nodes (--metp-across-nodes)")
-    out.append(f"more than {gpus} GPUs (--gpus) or a shorter sequence (memo-sim maxseq finds the longest that fits)")
+    out.append(f"more than {gpus} GPU{'s' if gpus != 1 else ''} (--gpus) or a shorter sequence (memo-sim maxseq "
+               f"finds the longest that fits)")
     return out
 
 
