@@ -43,3 +43,16 @@ def test_known_cases():
     # host-bound: (n-2) * (2 + 14a) GiB <= 150 GiB -> a = (5 - 2) / 14
     r = solve_alpha_closed_form(AlphaProblem(GiB, GiB, 14 * GiB, 25e9, 10.0, 32, 150 * GiB))
     assert r.binding == "host_memory" and r.alpha == pytest.approx(3 / 14)
+
+
+def test_an_infeasible_alpha_says_what_alpha_0_still_does():
+    """'alpha 0.000: infeasible (...); alpha=0' on a chosen plan beside 552 GiB of pinned host memory read as a
+    broken plan (a review): alpha 0 still offloads each layer's input and attention output; the note says so and
+    what the binding limit costs."""
+    from memo_sim.policy.alpha import AlphaResult
+
+    over = AlphaResult(None, "overlap", False, "closed-form")
+    assert over.alpha_or_zero == 0.0 and "infeasible" not in over.note()
+    assert over.note().startswith("alpha 0: no token beyond each layer's input and attention output offloaded")
+    assert over.note().endswith("the stall is priced")
+    assert AlphaResult(0.4, "host_memory", True, "closed-form").note() == "host memory full"

@@ -625,6 +625,8 @@ def test_rows_memory_numbers_come_from_their_own_tier():
     first = next(ln for ln in text.splitlines() if ln.startswith(" 1  "))
     assert fmt_bytes(sim[0]["simulated_peak_host_bytes_per_node"]) in first
     assert fmt_bytes(sim[0]["analytic_host_bytes_per_node"]) not in first
+    # the schedule column's "interleaved_1f1b 8x1" is said in the legend (a review read "2x2" as unexplained)
+    assert "schedule: its name, then micro-batches x sequences per micro-batch" in text
 
 
 def test_memo_best_beside_a_framework_is_the_plain_what_ifs_best():

@@ -53,6 +53,20 @@ class AlphaResult:
         return {"overlap": "offload time = layer forward time", "host_memory": "host memory full",
                 "none": "all tokens offloaded within both limits"}[self.binding]
 
+    @property
+    def alpha_or_zero(self) -> float:
+        """The alpha a plan runs at: the solved one, or 0 where none is feasible (`note`)."""
+        return self.alpha if self.feasible else 0.0
+
+    def note(self) -> str:
+        """The candidate's alpha note: the binding limit, or where no alpha is feasible what alpha 0 still does
+        (each layer's input and attention output offloaded, the rest recomputed) and what that costs."""
+        if self.feasible:
+            return self.reason()
+        cost = {"overlap": "their copies are not hidden under the forward: the stall is priced",
+                "host_memory": "the plan does not fit the host"}[self.binding]
+        return f"alpha 0: no token beyond each layer's input and attention output offloaded, and {self.reason()}: {cost}"
+
 
 def solve_alpha_closed_form(p: AlphaProblem) -> AlphaResult:
     base = p.s_input + p.s_attn

@@ -231,7 +231,10 @@ def whatif_answer(v: WhatIfView) -> Answer:
                         "(an upper estimate of throughput, not the proved bound tier 2 skips a plan by: an "
                         "analytic row can show more than the best simulated); peak GPU by the tier and allocator "
                         "named; frag/retries: the caching allocator's reserved-but-unallocated share at the peak and "
-                        "its retries per iteration" + pipeline_label_words(c for _i, c in rows[:budget]))
+                        "its retries per iteration"
+                      + ("; schedule: its name, then micro-batches x sequences per micro-batch"
+                         if _split(rows[:budget]) else "")
+                      + pipeline_label_words(c for _i, c in rows[:budget]))
     for label, kept, where in fold_notes(v.shown[:v.top]):
         a.line(f"  {label} moves and rebuilds the same bytes as {kept}: folded into {', '.join(where)}")
     line = metp_verdict(v.shown)

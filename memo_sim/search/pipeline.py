@@ -217,8 +217,7 @@ def pipeline_candidate(model: ModelConfig, layout: Layout, policy_name: str, bat
         else:
             units = shape.host_units[0]
             res = _stage_alpha(model, _without_pipeline(layout), micro_batch, seq, profile, max(1, units))
-            a = res.alpha if res.feasible else 0.0
-            note = res.reason() if res.feasible else f"infeasible ({res.reason()}); alpha=0"
+            a, note = res.alpha_or_zero, res.note()
     choice = get_policy(policy_name, a)
     est = partial(estimate_pipeline, model, layout, batch, micro_batch, seq, choice, profile)  # priced on first read
     mem, rows = pipeline_memory(model, layout, batch, micro_batch, seq, choice, profile, schedule, shape)

@@ -506,8 +506,7 @@ def _single_stage_candidate(model: ModelConfig, lay: Layout, pol: str, batch: in
             a, note = alpha, "fixed by --alpha"
         else:
             res = memo_alpha(model, lay, micro_batch, seq, profile)
-            a = res.alpha if res.feasible else 0.0
-            note = res.reason() if res.feasible else f"infeasible ({res.reason()}); alpha=0"
+            a, note = res.alpha_or_zero, res.note()
     choice = get_policy(pol, a)
     est = partial(estimate_iteration, model, lay, batch, seq, choice, profile, micro_batch=micro_batch)  # on first read
     mem = memory_breakdown(model, lay, micro_batch, seq, choice, profile)
