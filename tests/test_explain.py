@@ -121,3 +121,23 @@ def test_a_stage_waiting_on_another_stage_is_not_waiting_on_the_transfer(tmp_pat
         assert tb.waits_s.get("waiting on pipeline transfers", 0.0) <= moving * (1 + 1e-9)
         assert tb.accounted_s == pytest.approx(tb.iteration_s, rel=1e-9)
     assert time_breakdown(res, 0).waits_s[PEER_WORDS] > 0  # the 1-layer stage waits on the 3-layer one
+
+
+def test_explain_json_has_stable_keys_beside_the_words(tmp_path):
+    """explain --json keyed its times and memory terms by display words ('waiting on context-parallel ring',
+    "layer transients (static plan)"), some of which change with the plan (a review): the same numbers come by
+    stable codes too."""
+    from memo_sim.cli.explain import MEMORY_TERM_WORDS
+
+    plan = _plan(tmp_path, "--gpus", "4", "--tp", "2", "--cp", "2", "--policy", "memo")
+    d = json.loads(CliRunner().invoke(cli, ["explain", plan, "--json"]).output)
+    assert set(d["memory_terms_by_kind_bytes"]) == set(MEMORY_TERM_WORDS)
+    assert sorted(d["memory_terms_by_kind_bytes"].values()) == sorted(d["memory_terms_bytes"].values())
+    for t in d["time_breakdown_s"]:
+        assert set(t["busy_by_phase"]) <= {"fwd", "bwd", "recompute", "classifier", "optimizer", "allocator"}
+        assert all(k.split(":")[0] in ("stream", "after_last") or k in ("peer_stage", "issue_order",
+                                                                         "idle_after_slowest_stage")
+                   for k in t["waits_by_cause"]), t["waits_by_cause"]
+        assert sum(t["busy_by_phase"].values()) == pytest.approx(sum(t["busy"].values()))
+        assert sum(t["waits_by_cause"].values()) == pytest.approx(sum(t["waits"].values()))
+    assert any("stream:cp_comm" in t["waits_by_cause"] for t in d["time_breakdown_s"])

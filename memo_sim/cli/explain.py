@@ -46,7 +46,8 @@ def explain(plan_file, out_format, as_json):
             "plan": str(plan_file), "status": res.status, "iteration_s": res.iteration_s, "mfu": res.mfu,
             **({"moe_split": {"layer_time_s": split.time_s, "memory_bytes": split.memory_bytes}} if split else {}),
             "time_breakdown_s": [{"device": t.device, "iteration_s": t.iteration_s, "busy": t.busy_s,
-                                  "waits": t.waits_s} for t in times],
+                                  "waits": t.waits_s, "busy_by_phase": t.busy_by_phase_s,
+                                  "waits_by_cause": t.waits_by_cause_s} for t in times],
             **memory_json(plan, res, mem, peaks), "binding": binding,
             "failure": res.failure.message() if res.failure is not None else None}, indent=1))
         return
@@ -90,19 +91,30 @@ def plan_breakdown(plan, profile):
 
 def memory_terms(plan, mem) -> dict:
     """The per-GPU memory terms at the peak, in words."""
-    return {"model states": mem.model_states_bytes, "kept activations": mem.skeletal_resident_bytes,
-            "rounding / recompute buffers": mem.rounding_buffer_bytes, "attention lse": mem.lse_bytes,
-            f"layer transients ({'static plan' if uses_memory_plan(plan.policy, plan.layout) else 'caching allocator'})":
-                mem.transient_peak_bytes,
-            "boundary activation": mem.layer_boundary_bytes, "classifier (beside transients, max of the two)":
-                mem.classifier_peak_bytes}
+    return {MEMORY_TERM_WORDS.get(k, k).format(placed="static plan" if uses_memory_plan(plan.policy, plan.layout)
+                                               else "caching allocator"): v for k, v in memory_terms_by_kind(mem).items()}
+
+
+# explain's memory terms: stable keys (--json's ``memory_terms_by_kind_bytes``) and their words
+MEMORY_TERM_WORDS = {"model_states": "model states", "kept_activations": "kept activations",
+                     "buffers": "rounding / recompute buffers", "lse": "attention lse",
+                     "layer_transients": "layer transients ({placed})", "boundary_activation": "boundary activation",
+                     "classifier": "classifier (beside transients, max of the two)"}
+
+
+def memory_terms_by_kind(mem) -> dict:
+    """The per-GPU memory terms at the peak by stable key (`MEMORY_TERM_WORDS`)."""
+    return {"model_states": mem.model_states_bytes, "kept_activations": mem.skeletal_resident_bytes,
+            "buffers": mem.rounding_buffer_bytes, "lse": mem.lse_bytes, "layer_transients": mem.transient_peak_bytes,
+            "boundary_activation": mem.layer_boundary_bytes, "classifier": mem.classifier_peak_bytes}
 
 
 def memory_json(plan, res, mem, peaks: dict) -> dict:
     """The memory part of explain's and check-plan's JSON: the per-GPU terms (per-stage peaks for a
     pipeline), both tiers' peaks, when each GPU peaks, and host memory per node."""
     stages = (res.pipeline or {}).get("stages")
-    return {"memory_terms_bytes": None if stages else memory_terms(plan, mem), "stages": stages,
+    return {"memory_terms_bytes": None if stages else memory_terms(plan, mem),
+            "memory_terms_by_kind_bytes": None if stages else memory_terms_by_kind(mem), "stages": stages,
             "analytic_peak_gpu_bytes": max((st["analytic_peak_gpu_bytes"] for st in stages or ()),
                                            default=mem.peak_gpu_bytes),
             "simulated_peak_gpu_bytes": res.peak_gpu_bytes, "gpu_capacity_bytes": res.gpu_capacity_bytes,

@@ -31,12 +31,17 @@ STREAM_WORDS = {"d2h": "host copies (offload)", "h2d": "host copies (prefetch)",
                 "pp_p2p": "pipeline transfers", "p2p": "pipeline transfers"}
 
 
+def stream_code(op) -> str:
+    """The stream an op the compute stream waited on is on, as a stable code: its stream's name, except on the
+    "comm" stream, which carries the tensor-parallel collectives and Ulysses' all-to-alls (`memo_sim.cost.layer_time`):
+    ``uly_comm`` for the latter."""
+    return "uly_comm" if op.stream == "comm" and "alltoall" in op.name else op.stream
+
+
 def stream_words(op) -> str:
-    """What an op the compute stream waited on is, in words: its stream's, except on the "comm" stream,
-    which carries the tensor-parallel collectives and Ulysses' all-to-alls (`memo_sim.cost.layer_time`)."""
-    if op.stream == "comm" and "alltoall" in op.name:
-        return STREAM_WORDS["uly_comm"]
-    return STREAM_WORDS.get(op.stream, op.stream)
+    """What an op the compute stream waited on is, in words (`stream_code`'s)."""
+    code = stream_code(op)
+    return STREAM_WORDS.get(code, code)
 
 
 IDLE_WORDS = "idle until the step's slowest stage ends"
@@ -54,6 +59,17 @@ class TimeBreakdown:
     iteration_s: float
     busy_s: dict[str, float] = field(default_factory=dict)  # compute-stream work by phase, in words
     waits_s: dict[str, float] = field(default_factory=dict)  # compute-stream idle by what it waited on
+    # the same by stable codes, for programs (--json): busy by the ops' phase; waits "stream:NAME" (a wait on
+    # that stream), "peer_stage", "issue_order", "after_last:NAME", "idle_after_slowest_stage"
+    busy_by_phase_s: dict[str, float] = field(default_factory=dict)
+    waits_by_cause_s: dict[str, float] = field(default_factory=dict)
+
+    def add(self, kind: str, words: str, code: str, s: float) -> None:
+        """``s`` seconds of ``kind`` ("busy" or "waits") under ``words`` and ``code``."""
+        by_words, by_code = (self.busy_s, self.busy_by_phase_s) if kind == "busy" else (self.waits_s,
+                                                                                         self.waits_by_cause_s)
+        by_words[words] = by_words.get(words, 0.0) + s
+        by_code[code] = by_code.get(code, 0.0) + s
 
     @property
     def accounted_s(self) -> float:
@@ -69,32 +85,30 @@ def time_breakdown(res: SimResult, device: int) -> TimeBreakdown:
     tb = TimeBreakdown(device, end_s)
     prev_end = 0.0
     for o in compute:
-        word = PHASE_WORDS.get(o.phase, o.phase)
-        tb.busy_s[word] = tb.busy_s.get(word, 0.0) + (o.end - o.start)
+        tb.add("busy", PHASE_WORDS.get(o.phase, o.phase), o.phase, o.end - o.start)
         gap = o.start - prev_end
         if gap > 0:
             waited = [d for d in o.deps if d.end is not None and d.end > prev_end and d.stream != "compute"]
             if waited:
                 last = max(waited, key=lambda d: d.end)
-                why = f"waiting on {stream_words(last)}"
+                why, code = f"waiting on {stream_words(last)}", f"stream:{stream_code(last)}"
                 if last.stream in PIPELINE_STREAMS:  # the transfer itself, and before it the other stage's work
                     moving = min(gap, max(0.0, last.end - max(last.start, prev_end)))
                     if gap - moving > 0:
-                        tb.waits_s[PEER_WORDS] = tb.waits_s.get(PEER_WORDS, 0.0) + gap - moving
+                        tb.add("waits", PEER_WORDS, "peer_stage", gap - moving)
                     gap = moving
             else:
-                why = "waiting on issue order (no later dependency)"
+                why, code = "waiting on issue order (no later dependency)", "issue_order"
             if gap > 0:
-                tb.waits_s[why] = tb.waits_s.get(why, 0.0) + gap
+                tb.add("waits", why, code, gap)
         prev_end = max(prev_end, o.end)
     tail = end_s - prev_end
     if tail > 0:
         last = max((o for o in ops if o.stream != "compute"), key=lambda o: o.end)
-        why = f"after the last compute op: {stream_words(last)}"
-        tb.waits_s[why] = tb.waits_s.get(why, 0.0) + tail
+        tb.add("waits", f"after the last compute op: {stream_words(last)}", f"after_last:{stream_code(last)}", tail)
     idle = (res.iteration_s or 0.0) - end_s
     if idle > 1e-9 * max(end_s, 1e-9):  # a pipeline stage done before the step's last one: the step is the slowest rank's
-        tb.waits_s[IDLE_WORDS] = idle
+        tb.add("waits", IDLE_WORDS, "idle_after_slowest_stage", idle)
         tb.iteration_s = res.iteration_s
     return tb
 
