@@ -90,21 +90,20 @@ class Candidate:
             return (True, self.over_bytes, 0.0, 0.0)
         return (False, 0.0, -self.tgs, self.peak_gpu_bytes)
 
+    def _own_tier(self, simulated_key: str, analytic: float) -> float:
+        """The simulated number under ``simulated_key`` where tier 2 ran and gave one, else ``analytic``."""
+        s = self.simulated
+        return s[simulated_key] if s and s.get(simulated_key) is not None else analytic
+
     @property
     def peak_gpu_bytes(self) -> float:
         """Peak GPU memory: simulated where tier 2 ran, else analytic."""
-        s = self.simulated
-        if s and s.get("peak_gpu_bytes") is not None:
-            return s["peak_gpu_bytes"]
-        return self.memory.peak_gpu_bytes
+        return self._own_tier("peak_gpu_bytes", self.memory.peak_gpu_bytes)
 
     @property
     def host_bytes_per_node(self) -> float:
-        """Pinned host memory per node: simulated where tier 2 ran, else analytic (`peak_gpu_bytes`'s rule)."""
-        s = self.simulated
-        if s and s.get("peak_host_bytes_per_node") is not None:
-            return s["peak_host_bytes_per_node"]
-        return self.memory.host_bytes_per_node
+        """Pinned host memory per node: simulated where tier 2 ran, else analytic."""
+        return self._own_tier("peak_host_bytes_per_node", self.memory.host_bytes_per_node)
 
     @property
     def global_batch(self) -> int:
