@@ -49,7 +49,7 @@ from memo_sim.report.sensitivity import sensitivity_line
 from memo_sim.report.whatif_answer import WhatIfView, executor_refuses, runner_up
 from memo_sim.search.frameworks import FRAMEWORKS, policy_frameworks_words
 from memo_sim.search.plan_build import prebuild_plan
-from memo_sim.search.request import WhatifRequest, answer_whatif, plain_recipe, sweep_candidates
+from memo_sim.search.request import WhatifRequest, answer_whatif, plain_recipe, split_words, sweep_candidates
 from memo_sim.search.whatif import default_jobs, fold_duplicates
 from memo_sim.units import fmt_count, parse_token_budget
 
@@ -270,6 +270,8 @@ def _answer_json(ans, paths: dict, elapsed: float, show: Show) -> dict:
             # an FP8 what-if: the same search without FP8 GEMMs (null: nothing fits it, or no FP8 asked: bf16_searched)
             "bf16_best": ans.bf16_best.to_json() if ans.bf16_best is not None else None,
             "bf16_searched": ans.bf16_searched,
+            # a fixed pipeline split: the same search's best with the split searched (null: none fixed)
+            "searched_split_best": ans.split_best.to_json() if ans.split_best is not None else None,
             "runner_up": runner_up(shown, best),
             "train_tokens": show.train_budget,
             **_training_json(best, show.train_budget),
@@ -300,7 +302,7 @@ def _print_answer(ans, paths: dict, elapsed: float, show: Show) -> None:
         global_batch_fixed=bool(req.global_batch),
         memo_best=ans.memo_best, plain_recipe=plain_recipe(req.model),
         train_lines=_train_lines(best, show.train_budget), bf16_best=ans.bf16_best, bf16_searched=ans.bf16_searched,
-        memo_on_framework=ans.memo_on_framework)
+        memo_on_framework=ans.memo_on_framework, split_line=split_words(best, ans.split_best))
     emit(whatif_answer(view), show.out_format)
 
 

@@ -46,6 +46,7 @@ class WhatIfView:
     bf16_searched: bool = False
     memo_on_framework: dict | None = None  # `WhatifAnswer.memo_on_framework`
     global_batch_fixed: bool = False  # --global-batch given: every row trains the same sequences a step
+    split_line: str = ""  # a fixed pipeline split against the search's own (`memo_sim.search.request.split_words`)
 
 
 def verdict(v: WhatIfView) -> str:
@@ -277,9 +278,9 @@ def whatif_answer(v: WhatIfView) -> Answer:
         for k in (kernel_line(v), executor_line(v), margin_line(v), mfu_line(v), global_batch_line(v)):
             if k:
                 a.line(f"  {k}")
-    line = precision_line(v)
-    if line:
-        a.line(line)
+    for line in (precision_line(v), v.split_line):
+        if line:
+            a.line(line)
     if v.sppo_plan_path:
         c = next(c for c in v.result.candidates if c.sppo is not None and c.status == "OK")
         a.line(f"best SPPO plan: {c.layout.label()} {c.policy.label()} -> {v.sppo_plan_path}")

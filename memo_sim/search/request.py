@@ -178,6 +178,9 @@ class WhatifAnswer:
     # with --framework: memo's best simulated with the framework's mechanisms (its tier-2 summary, "layout_label"),
     # which splits the gap between the two bests into mechanisms and memo's own layout and policy
     memo_on_framework: dict | None = None
+    # with a pipeline split fixed (--decoder-first/last-pipeline-num-layers, the layout string): the same search's
+    # best with the split left to the search, so the answer says what the fixed split costs (`split_words`)
+    split_best: Candidate | None = None
 
     @property
     def best(self) -> Candidate | None:
@@ -248,7 +251,39 @@ def answer_whatif(req: WhatifRequest, progress=None, while_waiting=None) -> What
         except MemoError as e:  # no layout for the fixed degrees without FP8 either: no comparison line
             if not str(e).startswith(NO_VALID_LAYOUT):
                 raise
-    return WhatifAnswer(req, result, memo_best, advice, bf16_best, bf16_searched, memo_on_framework)
+    return WhatifAnswer(req, result, memo_best, advice, bf16_best, bf16_searched, memo_on_framework,
+                        _searched_split_best(req, result))
+
+
+SPLIT_FLAGS = ("first_stage_layers", "last_stage_layers", "chunk_layers")  # the request's fixed pipeline split
+
+
+def _searched_split_best(req: WhatifRequest, result: WhatIfResult) -> Candidate | None:
+    """Where the request fixes the pipeline split and a plan fits: the same search's best with the split searched
+    (a user's split of 4 and 3 layers ran 9% slower than the what-if's own 6 and 7, and nothing said so)."""
+    if result.best is None or not any(getattr(req, k) for k in SPLIT_FLAGS):
+        return None
+    try:
+        return rank(req.model, req.seq, req.gpus, req.profile, simulate_top=req.simulate_top,
+                    allocator_lag=req.allocator_lag, jobs=req.jobs,
+                    **dict(req.search_kwargs(), **dict.fromkeys(SPLIT_FLAGS))).best
+    except MemoError as e:  # no layout without the fixed split: nothing to compare
+        if not str(e).startswith(NO_VALID_LAYOUT):
+            raise
+        return None
+
+
+def split_words(best: Candidate | None, searched: Candidate | None) -> str:
+    """The fixed split's best against the search's own split's, in words ('' where there is nothing to say)."""
+    if best is None or searched is None:
+        return ""
+    ratio = searched.tgs / best.tgs
+    if ratio <= 1.005:
+        return (f"the pipeline split fixed is as fast as the search's own ({searched.layout.label()} "
+                f"{searched.policy.label()}: {ratio:.3f}x)")
+    return (f"the pipeline split fixed costs {100 * (1 - 1 / ratio):.1f}% of the throughput: with the split left to "
+            f"the search, {searched.layout.label()} {searched.policy.label()} runs {searched.tgs:,.0f} tokens/GPU/s "
+            f"({ratio:.2f}x; drop --decoder-first/last-pipeline-num-layers or the layout string to take it)")
 
 
 def sweep_candidates(req: WhatifRequest) -> WhatIfResult:
