@@ -573,6 +573,10 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
     L.append("")
     last = res.summaries[-1]
     L.append("## Streams (last step)\n")
+    L.append("The spans as recorded: each stream's summed span time in the last step alone (the per-rank table's "
+             "too). The comparison above is the median of the steady steps and takes out of compute what it waited "
+             "(stalls, and on a CPU the blocking collectives that lie inside the compute spans issuing them), so "
+             "its compute busy time is smaller.\n")
     L.append("| stream | busy |")
     L.append("|---|---:|")
     busy = dict(last["stream_busy_s"])

@@ -78,6 +78,8 @@ def test_run_writes_valid_outputs(tmp_path):
     assert "## Per layer and op class" in md and "| 0 | offload |" in md
     assert "## Memory: the executor's estimate vs the simulator's breakdown" in md and "| transient_peak |" in md
     assert "the pool is part of the RSS" in md and "gantt_overlay.png" in md
+    # the last step's raw spans say how they differ from the comparison's busy times (a review read two values)
+    assert "The spans as recorded" in md.split("## Streams (last step)")[1]
     # a GPU profile's plan on a CPU: its times' relative errors are not printed (#30: "+374252.8%")
     it_row = next(ln for ln in md.splitlines() if ln.startswith("| iteration time |"))
     assert "not comparable" in it_row and "describes a cuda device, this ran on cpu" in md
