@@ -14,7 +14,7 @@ from memo_sim.profile.loader import REPO_PROFILES, list_profiles, load_profile
 
 BLACKWELL = {"b200-180gb": 8, "gb200-nvl72": 72}  # profile -> GPUs per node (NVLink domain)
 HOPPER = ("h100-sxm5-80gb", "h200-141gb")
-SUMMARY = "datasheet numbers and assumed kernel efficiency curves"
+SUMMARY = "datasheet numbers, assumed GEMM curves, attention curves from public B200 kernel benchmarks"
 # the Hopper profiles' curves were measured on single GPUs (benchmarks/gpu/hopper_curves.py)
 HOPPER_SUMMARY = "datasheet numbers; GEMM, attention and FP8 GEMM efficiency curves measured on a single Hopper GPU"
 
@@ -63,9 +63,17 @@ def test_blackwell_profile_loads_with_dense_peaks(name, gpn):
         if k != "fp32":  # a tensor-core peak: dense, halved where the datasheet gives only the sparse value
             assert "dense" in q.source, (k, q.source)
             assert "sparse value / 2" in q.source or "without" in q.source, (k, q.source)
-    # kernel efficiency curves are stated assumptions, not fitted to anything
-    for curve in (p.efficiency.gemm, p.efficiency.attention_fwd, p.efficiency.attention_bwd):
-        assert curve.source.startswith("assumed: same fractions of peak as the H100 profile's assumptions")
+    # the GEMM curve is a stated assumption; the attention curves are public B200 kernel measurements (no
+    # published training run): FlashAttention-2 at about 15% of the peak (Ampere's mma.sync on Blackwell), cuDNN's
+    # fused attention forward about half, its backward assumed from the H100's measured backward / forward ratio
+    assert p.efficiency.gemm.source.startswith("assumed: same fractions of peak as the H100 profile's assumptions")
+    eff = p.efficiency
+    assert eff.attention_fwd.source.startswith("public B200 measurements") and eff.attention_bwd.source.startswith(
+        "public B200 measurements")
+    assert max(y for _x, y in eff.attention_fwd.points) < 0.17 and max(y for _x, y in eff.attention_bwd.points) < 0.16
+    fwd, bwd = eff.attention_curves("cudnn")
+    assert 0.45 < fwd(1e12) < 0.55 and bwd(2.5e12) == pytest.approx(0.87 * fwd(1e12), rel=0.03)
+    assert eff.attention_cudnn_bwd.source.startswith("assumed")
     assert p.efficiency.elementwise.source.startswith("assumed")
     assert 150e9 < p.usable_gpu_memory < p.gpu_memory and p.usable_host_memory > 0
     assert float(p.nvlink.bandwidth) == pytest.approx(900e9)  # 1.8 TB/s both directions, one direction
