@@ -707,3 +707,18 @@ def test_small_answers_a_review_found_misleading(tmp_path):
     advice = not_searched(8, ("memo",), "any", {})
     assert not any("selective_recompute" in a and "add --policy" in a for a in advice), advice
     assert any("selective_recompute" in a and "any does not offer" in a for a in advice), advice
+
+
+def test_a_caching_allocator_answer_says_the_reserved_peak_pytorch_reports():
+    """A full-recompute plan at 512K read 'peak GPU 48.91 GiB ... 63% full' while the caching allocator's replay
+    of the same iteration reserves 57.70 GiB, what torch.cuda.max_memory_reserved() shows and what decides the
+    fit (a review): the answer names that reserved peak beside the simulator's own."""
+    from memo_sim.units import fmt_bytes
+
+    args = ["whatif", "--model", "llama-3.1-8b", "--profile", "h100-sxm5-80gb", "--gpus", "8", "--seq", "512K",
+            "--policy", "full_recompute", "--tp", "1", "--ulysses", "8", "--zero", "3", "--jobs", "1", "--no-plan"]
+    best = json.loads(run(args + ["--json"]).output)["candidates"][0]
+    reserved = best["simulated_allocator"]["peak_reserved_bytes"]
+    assert reserved > best["peak_gpu_bytes"]
+    answer = run(args).output.splitlines()[0]
+    assert f"(PyTorch's reserved peak {fmt_bytes(reserved)}," in answer, answer

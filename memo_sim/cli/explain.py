@@ -210,24 +210,27 @@ def torch_words(res, ms: dict) -> str:
     """Which of the peaks printed PyTorch would report, and why they differ (``ms``: the caching
     allocator replay's `memo_sim.memplan.replay_result.IterationReplay.memory_stats`)."""
     reserved, allocated = ms["reserved_bytes.all.peak"], ms["allocated_bytes.all.peak"]
-    diff = res.peak_gpu_bytes - reserved
+    diff = reserved - res.peak_gpu_bytes
+    cap = res.gpu_capacity_bytes
     return ("in PyTorch, after torch.cuda.reset_peak_memory_stats() at the iteration's start: "
-            f"torch.cuda.max_memory_reserved() ~ {fmt_bytes(reserved)} and torch.cuda.max_memory_allocated() ~ "
-            f"{fmt_bytes(allocated)} (the replay's reserved_bytes.all.peak and allocated_bytes.all.peak). "
-            f"The peak above ({result_peak(res).text()}) is neither: the event simulator holds each term as one "
-            "block while its phase runs, the layer transients at the caching allocator's footprint of one layer "
-            "replayed alone, and checks that against the usable memory; the replay sends each tensor of the "
-            "iteration through the allocator, its cached segments reused and split "
-            f"(its reserved peak {fmt_bytes(abs(diff))} {'below' if diff >= 0 else 'above'} the simulator's). "
-            f"Allocated counts live tensors only: the {fmt_bytes(max(0, reserved - allocated))} more reserved are "
-            "cached but free")
+            f"torch.cuda.max_memory_reserved() ~ {fmt_bytes(reserved)}"
+            + (f" ({100 * reserved / cap:.0f}% of the usable {fmt_bytes(cap)})" if cap else "")
+            + f" and torch.cuda.max_memory_allocated() ~ {fmt_bytes(allocated)} (the replay's reserved_bytes.all.peak "
+            "and allocated_bytes.all.peak: each tensor of the iteration sent through the allocator, its cached "
+            "segments reused and split; the plan fits where that reserved peak does). "
+            f"The peak above ({result_peak(res).text()}) is the event simulator's own high-water mark, each term "
+            "one block while its phase runs, the layer transients at the caching allocator's footprint of one "
+            f"layer replayed alone: the reserved peak is {fmt_bytes(abs(diff))} {'above' if diff >= 0 else 'below'} "
+            f"it, and is the number to hold against the GPU. Allocated counts live tensors only: the "
+            f"{fmt_bytes(max(0, reserved - allocated))} more reserved are cached but free")
 
 
 def fragmentation_words(plan, res, mem) -> str | None:
     """For a plan on the caching allocator: how much of its reserved memory is not allocated when
-    the allocation peaks (the replay's), its retries and what they cost, and how much lower the
-    analytic peak would be under a static memory plan of the same transients (the terms' max
-    with the planned transients in place of the caching allocator's), in words."""
+    the allocation peaks (the replay's), its retries and what they cost, what expandable segments would give
+    back, and how much lower the peak would be under a static memory plan of the same transients (the terms'
+    max with the planned transients in place of the caching allocator's, against the analytic peak and the
+    reported, reserved one), in words."""
     al = res.allocator or {}
     if al.get("static_memory_plan", True) or al.get("fragmentation_at_peak") is None:
         return None
@@ -243,12 +246,21 @@ def fragmentation_words(plan, res, mem) -> str | None:
             + (f" costing {fmt_time(al.get('stall_s', 0.0))} (device synchronisation, cudaFree, cudaMalloc)"
                if retries else ""))
     plan_words = "a static memory plan of the same transients (memo-sim whatif --allocator plan)"
-    if save > 0:
+    free = frag * reserved
+    if free > 0 and not plan.layout.expandable_segments:  # what PyTorch's own setting gives back
+        head += (f"; expandable segments (--alloc-conf expandable_segments:True, priced by the what-if) map the cache "
+                 f"in place and give most of the {fmt_bytes(free)} cached but free back")
+    static = resident + max(planned + mem.layer_boundary_bytes, mem.classifier_peak_bytes)
+    below_reserved = (al.get("peak_reserved_bytes") or 0) - static
+    if below_reserved > 0:  # against what PyTorch would report: the cache is what a static plan does not hold
+        tail = (f"; {plan_words} would hold about {fmt_bytes(static)} (no cache, its layer transients "
+                f"{fmt_bytes(planned)} against {fmt_bytes(cached)} on the caching allocator), "
+                f"{fmt_bytes(below_reserved)} below the reserved peak" + (" and none of the retries" if retries else ""))
+    elif save > 0:
         tail = (f"; {plan_words} would hold {fmt_bytes(save)} less at the peak above"
                 + (" and none of the retries" if retries else "")
-                + f" (its layer transients {fmt_bytes(planned)} against {fmt_bytes(cached)} on the caching "
-                "allocator), not the bytes free in the cache: the plan's arena stays allocated the whole iteration "
-                "at its largest layer's transients")
+                + f" (no cache: its layer transients {fmt_bytes(planned)} against {fmt_bytes(cached)} on the caching "
+                "allocator, its arena allocated the whole iteration at its largest layer's transients)")
     else:
         why = (f"the classifier's {fmt_bytes(mem.classifier_peak_bytes)} sets it" if mem.classifier_peak_bytes
                >= cached + mem.layer_boundary_bytes else "its planned transients are no smaller")

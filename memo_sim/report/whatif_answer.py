@@ -78,6 +78,10 @@ def verdict(v: WhatIfView) -> str:
     per = f"per node ({used} hosts)" if used > 1 else "per node"  # GB200 NVL72: a node of 18 hosts of 4 GPUs
     host = (f", pinned host {fmt_bytes(pinned)} ({tier}) of {fmt_bytes(m.host_capacity_bytes)} {per}"
             if pinned > 0 else "")
+    reserved = ((b.simulated or {}).get("allocator") or {}).get("peak_reserved_bytes") or 0
+    if reserved > p.bytes:  # the caching allocator's replay: what torch.cuda.max_memory_reserved() would show
+        host = (f" (PyTorch's reserved peak {fmt_bytes(reserved)}, {100 * reserved / m.gpu_capacity_bytes:.0f}% of "
+                f"it, cache included: memo-sim explain)" + host)
     return (f"answer: {b.layout.label()} {b.policy.label()} fits: {it_words}{mfu_words}"
             f"{b.tgs:,.0f} tokens/GPU/s, peak GPU {p.text()} of {fmt_bytes(m.gpu_capacity_bytes)}{host}, "
             f"{plural(b.global_batch, 'sequence')} a step" + (f" -> {v.plan_path}" if v.plan_path else ""))
