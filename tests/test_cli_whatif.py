@@ -215,6 +215,8 @@ def test_memos_own_plan_on_hopper_is_priced_on_the_faster_attention_kernel_memo_
     assert hopper.exit_code == 0, hopper.output
     assert ("attention priced on cuDNN's fused attention (h100-sxm5-80gb's curves), the kernel memo-exec runs such "
             "attention on" in hopper.output)
+    # ring CP rows among the ranked ones lose to their block kernel, not their layout: said (a review)
+    assert "ring CP's blocks are priced on FlashAttention-2, the kernel memo-exec runs them on" in hopper.output
     plan = load_plan(str(tmp_path / "h" / "plan.json"))
     assert plan.layout.attention == "cudnn" and plan.priced_attention_kernel() == "cudnn"
     ampere = CliRunner().invoke(cli, base + ["--profile", "a100-sxm4-80gb", "--out", str(tmp_path / "a")])

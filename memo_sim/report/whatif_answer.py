@@ -163,8 +163,16 @@ def kernel_line(v: WhatIfView) -> str:
         return ""
     runs = ("aten's flash kernel per block" if blocks else "torch SDPA's cuDNN op" if kernel == "cudnn"
             else "flash-attn, or torch SDPA's flash kernel")
+    ring = ""
+    if kernel == "cudnn" and any(c.layout.runs_blocks() and c.layout.cp > 1 for c in v.shown):
+        block = {"cudnn": "cuDNN's", "flash": "FlashAttention-2"}.get(
+            v.profile.efficiency.priced_attention_kernel(b.layout.block_kernel), "another kernel")
+        if block != "cuDNN's":  # ring rows lose to the kernel, not to the layout (a review)
+            ring = (f"; ring CP's blocks are priced on {block}, the kernel memo-exec runs them on, so ring layouts "
+                    "rank below what cuDNN's kernel would give them (--framework megatron prices TransformerEngine's "
+                    "ring on cuDNN)")
     return (f"attention priced on {words} ({v.profile.name}'s curves{', as ring blocks' if blocks else ''}), the "
-            f"kernel memo-exec runs such attention on ({runs})")
+            f"kernel memo-exec runs such attention on ({runs}){ring}")
 
 
 def executor_refuses(c) -> str | None:
