@@ -724,3 +724,14 @@ def test_a_caching_allocator_answer_says_the_reserved_peak_pytorch_reports():
     assert reserved > best["peak_gpu_bytes"]
     answer = run(args).output.splitlines()[0]
     assert f"(PyTorch's reserved peak {fmt_bytes(reserved)}," in answer, answer
+
+
+def test_nothing_fits_on_reserved_memory_names_expandable_segments():
+    """Full recompute at 1.375M on 8 H100s misses by 0.2 GiB of the caching allocator's reserved memory, and the
+    advice named other policies and more GPUs but not PyTorch's one-flag fix, which maxseq showed fits (a
+    review): a caching-allocator plan's fixes try expandable segments."""
+    r = CliRunner().invoke(cli, ["whatif", "--model", "llama-3.1-8b", "--profile", "h100-sxm5-80gb", "--gpus", "8",
+                                 "--seq", "1.375M", "--policy", "full_recompute", "--jobs", "1", "--no-plan"])
+    assert r.exit_code == 3, r.output
+    fixes = next(ln for ln in r.output.splitlines() if "would fit with:" in ln)
+    assert "--alloc-conf expandable_segments:True (" in fixes, fixes

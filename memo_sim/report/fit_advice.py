@@ -62,7 +62,12 @@ def fit_fixes(c, gpus: int, alpha: float | None = None, policies: tuple[str, ...
         if e is not None and e.status == "OK":
             fixes.append((-e.tgs, f"--policy {p} ({e.layout.label()} {e.policy.label()}, {e.tgs:,.0f} tokens/GPU/s "
                                   "analytic)"))
-    for flags, lay in _layout_variants(c, gpus):
+    variants = _layout_variants(c, gpus)
+    from memo_sim.policy.base import uses_memory_plan  # noqa: PLC0415
+
+    if not c.layout.expandable_segments and not uses_memory_plan(c.policy, c.layout):  # PyTorch's one-flag fix
+        variants.append(("--alloc-conf expandable_segments:True", replace(c.layout, expandable_segments=True)))
+    for flags, lay in variants:
         e = _estimate(c, lay, c.policy.name, alpha)
         if e is not None and e.status == "OK":
             fixes.append((-e.tgs, f"{flags} ({lay.label()} {e.policy.label()}, {e.tgs:,.0f} tokens/GPU/s analytic)"))

@@ -102,6 +102,12 @@ def _allocated_peak(c: Candidate) -> float:
     return m.peak_gpu_bytes - m.transient_peak_bytes + m.transient_planned_bytes
 
 
+def _expandable_words(c: Candidate) -> str:
+    """Where the caching allocator's reserved memory binds and its cache is not mapped in place: PyTorch's own fix."""
+    return ("" if c.layout.expandable_segments else "; --alloc-conf expandable_segments:True maps the cache in place "
+            "(the same command with it prices that)")
+
+
 def binding_constraint(cands: list[Candidate] | str) -> str:
     """What stops the least-over candidate, in words."""
     if isinstance(cands, str):
@@ -114,7 +120,8 @@ def binding_constraint(cands: list[Candidate] | str) -> str:
             return (f"reserved memory (caching allocator): a {fmt_bytes(e.requested_bytes)} request found "
                     f"{fmt_bytes(e.reserved_bytes)} reserved, {fmt_bytes(e.allocated_bytes)} allocated and "
                     f"{fmt_bytes(e.available_bytes)} left after freeing the cache "
-                    f"({c.layout.label()} {c.policy.label()}; fits on paper at {fmt_bytes(c.memory.peak_gpu_bytes)})")
+                    f"({c.layout.label()} {c.policy.label()}; fits on paper at {fmt_bytes(c.memory.peak_gpu_bytes)})"
+                    + _expandable_words(c))
     on_reserved = [c for c in cands if c.status == "OOM" and not uses_memory_plan(c.policy, c.layout)
                    and _allocated_peak(c) <= c.memory.gpu_capacity_bytes and not _host_over(c)]
     if on_reserved:  # fits as allocated bytes, not as the caching allocator reserves them
@@ -124,7 +131,7 @@ def binding_constraint(cands: list[Candidate] | str) -> str:
                 f"{fmt_bytes(m.gpu_capacity_bytes)} with a layer's transients as the allocator reserves them "
                 f"({fmt_bytes(m.transient_caching_allocator_bytes)}); {fmt_bytes(m.transient_planned_bytes)} of "
                 f"them are live at once, and allocated so the step would take {fmt_bytes(allocated)} and fit, "
-                f"as on a static memory plan ({c.layout.label()} {c.policy.label()})")
+                f"as on a static memory plan ({c.layout.label()} {c.policy.label()})" + _expandable_words(c))
     c = min(cands, key=_over_share)
     m = c.memory
     if c.status == "OOHM":
