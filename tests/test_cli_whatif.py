@@ -604,6 +604,9 @@ def test_a_frameworks_gap_to_memos_best_is_split_into_mechanisms_and_layout_and_
     d = json.loads(CliRunner().invoke(cli, base + ["--json"]).output)
     on = d["memo_best_on_framework"]
     assert on["status"] == "OK" and "vocab_parallel" in on["layout_label"]
+    # each mechanism the framework runs otherwise is named (a review: "1.57x from memo's own mechanisms" named none)
+    assert "cross_entropy chunked -> vocab_parallel" in on["mechanisms"]
+    assert "(memo's -> megatron's: " in line and "cross_entropy chunked -> vocab_parallel" in line
 
 
 def test_rows_memory_numbers_come_from_their_own_tier():

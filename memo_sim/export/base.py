@@ -163,26 +163,12 @@ def price_nearest(plan: Plan, gaps: list[Gap], framework: str) -> dict | None:
     from memo_sim.profile.loader import load_profile  # noqa: PLC0415
     from memo_sim.search.frameworks import get_framework  # noqa: PLC0415
 
-    from memo_sim.frameworks import MECHANISMS  # noqa: PLC0415
+    from memo_sim.frameworks import mechanism_changes  # noqa: PLC0415
 
     layout, policy, schedule = nearest_plan(plan, gaps)
     prof = load_profile(plan.profile)
     mine, layout = layout, get_framework(framework).adapt(layout, prof)
-    # what the framework runs its own way (priced so): the plan's mechanisms it replaces, e.g. memo's chunked loss,
-    # where the change reaches the plan (a K/V repeat rule needs Ulysses, a ring's merges ring CP, SP's re-gather
-    # TP with SP, an attention kernel its own curves on this profile)
-    moot = {"ulysses_kv": layout.ulysses == 1, "ring_merge": layout.cp == 1,
-            "sp_regather_overlap": not (layout.tp > 1 and layout.sp),
-            # a ring's attention runs as its blocks, a layer kernel's otherwise: each compared as priced here
-            "attention": layout.runs_blocks() or prof.efficiency.priced_attention_kernel(mine.attention)
-            == prof.efficiency.priced_attention_kernel(layout.attention),
-            "block_attention": not layout.runs_blocks() or prof.efficiency.priced_attention_kernel(mine.block_kernel)
-            == prof.efficiency.priced_attention_kernel(layout.block_kernel)}
-    def shown(k: str, f: str, lay: Layout) -> str:  # a blocks' kernel of "" reads as the layer kernel's
-        return lay.block_kernel if k == "block_attention" else getattr(lay, f)
-
-    mechanisms = [f"{k} {shown(k, f, mine)} -> {shown(k, f, layout)}" for k, f in MECHANISMS.items()
-                  if getattr(mine, f) != getattr(layout, f) and not moot.get(k, False)]
+    mechanisms = mechanism_changes(mine, layout, prof)
     model = nearest_model(plan, gaps)
     label = (f"{layout.label()} {policy.label()}" + (f" {schedule}" if layout.pp > 1 else "")
              + (f" {model.gemm_format} GEMMs" if model.gemm_format != plan.model.gemm_format else ""))

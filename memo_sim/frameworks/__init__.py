@@ -305,6 +305,26 @@ class Framework:
         return replace(out, attention=attention, block_attention="" if blocks == attention else blocks)
 
 
+def mechanism_changes(mine: Layout, theirs: Layout, profile) -> list[str]:
+    """What a framework runs its own way in ``theirs`` (``Framework.adapt`` of ``mine``), priced so: each of the
+    plan's mechanisms it replaces as "name mine -> theirs" (memo's chunked loss, ...), where the change reaches the
+    plan (a K/V repeat rule needs Ulysses, a ring's merges ring CP, SP's re-gather TP with SP, an attention kernel
+    other curves on ``profile``: a ring's attention runs as its blocks, a layer kernel's otherwise)."""
+    eff = profile.efficiency
+    moot = {"ulysses_kv": theirs.ulysses == 1, "ring_merge": theirs.cp == 1,
+            "sp_regather_overlap": not (theirs.tp > 1 and theirs.sp),
+            "attention": theirs.runs_blocks() or eff.priced_attention_kernel(mine.attention)
+            == eff.priced_attention_kernel(theirs.attention),
+            "block_attention": not theirs.runs_blocks() or eff.priced_attention_kernel(mine.block_kernel)
+            == eff.priced_attention_kernel(theirs.block_kernel)}
+
+    def shown(k: str, f: str, lay: Layout) -> str:  # a blocks' kernel of "" reads as the layer kernel's
+        return lay.block_kernel if k == "block_attention" else getattr(lay, f)
+
+    return [f"{k} {shown(k, f, mine)} -> {shown(k, f, theirs)}" for k, f in MECHANISMS.items()
+            if getattr(mine, f) != getattr(theirs, f) and not moot.get(k, False)]
+
+
 def _read(path: Path) -> Framework:
     try:
         raw = load_yaml(read_utf8(path, MemoError))

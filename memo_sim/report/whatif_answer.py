@@ -318,9 +318,11 @@ def gap_line(framework: str, best, memo_best, on_framework: dict | None) -> str:
     tgs = on_framework.get("tgs_tokens_per_gpu_s")
     if not tgs or not best.tgs or not memo_best.tgs:
         return ""
+    which = on_framework.get("mechanisms") or []
     return (f"the gap split: memo's best with {framework}'s mechanisms ({on_framework['layout_label']}) runs "
             f"{tgs:,.0f} tokens/GPU/s (simulated): {tgs / best.tgs:.2f}x {framework}'s best from memo's layout and policy, "
-            f"{memo_best.tgs / tgs:.2f}x from memo's own mechanisms")
+            f"{memo_best.tgs / tgs:.2f}x from memo's own mechanisms"
+            + (f" (memo's -> {framework}'s: {', '.join(which)})" if which else ""))
 
 
 def framework_line(framework: str, best, memo_best, plain_recipe: str = "") -> str:

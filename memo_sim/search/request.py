@@ -24,6 +24,7 @@ from memo_sim.search.prune import SIMULATE_BOUND
 from memo_sim.search.candidate import Candidate
 from memo_sim.cost.gemm_format import check_gemm_format
 from memo_sim.errors import MemoError
+from memo_sim.frameworks import mechanism_changes
 from memo_sim.search.frameworks import get_framework
 from memo_sim.search.plan_build import build_plan
 from memo_sim.search.whatif import (NO_VALID_LAYOUT, WhatIfResult, candidates_for, not_searched, rank,
@@ -236,7 +237,8 @@ def answer_whatif(req: WhatifRequest, progress=None, while_waiting=None) -> What
         lay = get_framework(req.framework).adapt(memo_best.layout, req.profile)
         if lay != memo_best.layout:
             try:
-                memo_on_framework = {**simulate_variant(memo_best, lay, req.allocator_lag), "layout_label": lay.label()}
+                memo_on_framework = {**simulate_variant(memo_best, lay, req.allocator_lag), "layout_label": lay.label(),
+                                     "mechanisms": mechanism_changes(memo_best.layout, lay, req.profile)}
             except MemoError:  # the plan is not one the simulator builds with those mechanisms: no split
                 memo_on_framework = None
     advice = [] if result.best is not None else not_searched(req.gpus, req.searched_policies, req.framework,
