@@ -348,7 +348,8 @@ def test_hidden_override_scales_the_ffn_unless_ffn_is_given():
 @pytest.mark.parametrize("flags, says", [
     (["--tp", "4", "--cp", "4"], "--tp 4 x --cp 4 = 16 GPUs, which does not divide the 8 GPUs of --gpus"),
     (["--tp", "2", "--ulysses", "8"], "--tp 2 x --ulysses 8 = 16 GPUs"),
-    (["--cp", "8", "--seq", "1000"], "sequence length 1000 not divisible into 16 equal chunks"),  # not SPPO's rule
+    (["--cp", "8", "--seq", "1000"], "sequence length 1000 not divisible into 16 equal chunks (2 x cp 8); --seq 1008 "
+                                     "(or 992) divides"),  # not SPPO's rule; the fix named (a review)
     (["--dp-mode", "fsdp", "--zero", "1"], "--zero 1: --dp-mode fsdp shards weights, gradients and optimizer states"),
     (["--framework", "torchtitan", "--zero", "1"], "--zero 1: torchtitan (its data-parallel flavours: fsdp)"),
     # a TP flavour another version of the framework runs: that version named (a user's review)

@@ -629,7 +629,12 @@ def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: i
     chunks = layout.ulysses * layout.cp * (2 if layout.cp > 1 else 1) * (layout.tp if layout.sp else 1)
     chunks *= flavour.seq_chunk_factor  # e.g. METP's inner K/V ring: zigzag, 2p chunks (`memo_sim.tp.metp`)
     if seq % chunks:
-        return f"sequence length {seq} not divisible into {chunks} equal chunks (ulysses x 2cp x tp)"
+        parts = [f"ulysses {layout.ulysses}"] * (layout.ulysses > 1) + [f"2 x cp {layout.cp}"] * (layout.cp > 1) \
+            + [f"tp {layout.tp} (sequence parallel)"] * (layout.sp and layout.tp > 1) \
+            + [f"{flavour.seq_chunk_factor} ring chunks of {layout.tp_mode}"] * (flavour.seq_chunk_factor > 1)
+        fit = -(-seq // chunks) * chunks
+        return (f"sequence length {seq} not divisible into {chunks} equal chunks ({' x '.join(parts) or 'one'}); "
+                f"--seq {fit}" + (f" (or {seq - seq % chunks})" if seq > chunks else "") + " divides")
     if layout.zero and layout.state_shards == 1:
         return "ZeRO needs a data/context-parallel group larger than 1"
     if batch < 1:
