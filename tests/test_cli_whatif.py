@@ -586,6 +586,12 @@ def test_the_answer_line_names_host_memory_and_the_step_and_a_thin_margin():
     assert words.startswith("on the edge: the predicted GPU peak is 99.0% of the usable memory; a peak 1.0% higher")
     roomy = replace(c, memory=replace(c.memory, peak_gpu_bytes=0.9 * c.memory.gpu_capacity_bytes), simulated=None)
     assert margin_line(replace(view, best=roomy)) == ""
+    # a caching-allocator plan's margin is set beside the error memo-exec measured on its reserved peaks (a review)
+    assert "1.3-17.7%" not in words  # MEMO's static plan: not that error
+    fr = next(x for x in candidates_for(get_model("gpt-7b"), 1 << 15, 8, prof, policies=("full_recompute",)).candidates
+              if x.status == "OK")
+    fr_edge = replace(fr, memory=replace(fr.memory, peak_gpu_bytes=0.99 * fr.memory.gpu_capacity_bytes), simulated=None)
+    assert "reserved peak 1.3-17.7% above the replay's" in margin_line(replace(view, best=fr_edge))
 
 
 def test_a_frameworks_gap_to_memos_best_is_split_into_mechanisms_and_layout_and_policy():
