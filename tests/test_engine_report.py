@@ -182,3 +182,19 @@ def test_a_multi_node_timeline_reads_back(tmp_path):
                       MemorySample(0.0, -2, "host", 3.0)], {"source": "simulated"})
     back = Timeline.read_json(t.write_json(tmp_path / "timeline.json"))
     assert [m.device for m in back.memory] == [0, -1, -2]
+
+
+def test_a_failed_run_reports_no_peak():
+    """sweep-seq's JSON gave an out-of-memory row peak_gpu_bytes 76 GiB, below the 78 GiB capacity: the memory in
+    use when the run stopped (a review). A failed run's summary has no peak; how full the GPU was is said apart."""
+    from memo_sim.engine.simulate import simulate
+    from memo_sim.layout.parallel import Layout
+    from memo_sim.model.config import get_model
+    from memo_sim.policy import get_policy
+    from memo_sim.profile.loader import load_profile
+
+    r = simulate(get_model("gpt-7b"), Layout(tp=8), 1, 1 << 20, get_policy("store_all"), load_profile("a800-80gb"),
+                 keep_timeline=False)
+    assert r.status == "OOM"
+    d = r.to_dict()
+    assert d["peak_gpu_bytes"] is None and 0 < d["in_use_at_failure_bytes"] <= d["gpu_capacity_bytes"]
