@@ -52,3 +52,16 @@ def test_maxseq_fits_100_columns_and_memplan_reads():
     r = CliRunner().invoke(cli, ["memplan", *TOY, "--seq", "4K", "--tp", "1", "--time-limit", "1"])
     assert r.exit_code == 0, r.output
     assert r.output.startswith("answer: ") and "{" not in r.output and "level 1 fwd" in r.output
+
+
+def test_csv_columns_are_plain_numbers_in_one_unit():
+    """`--format csv` cells carried units as text, mixed within a column ('53.98 ms' beside '2.63 s', '4.13 GiB'
+    beside '102.44 MiB', '45.3%', a review): a column of numbers with units is written in one unit, named in its
+    header; a '-' is empty; a column of words stays as it is."""
+    a = Answer("answer: x")
+    a.table(["#", "iter", "peak GPU", "MFU", "status"], [["1", "53.98 ms", "4.13 GiB", "45.3%", "OK"],
+                                                          ["2", "2.63 s", "102.44 MiB", "-", "OOM +1.00 GiB"]])
+    rows = list(csv.reader(io.StringIO("\n".join(ln for ln in render(a, "csv").splitlines() if not ln.startswith("#")))))
+    assert rows[0] == ["rank", "iter (s)", "peak GPU (bytes)", "MFU (%)", "status"]
+    assert rows[1] == ["1", "0.05398", str(round(4.13 * 2**30)), "45.3", "OK"]
+    assert rows[2] == ["2", "2.63", str(round(102.44 * 2**20)), "", "OOM +1.00 GiB"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from dataclasses import dataclass, field
 
 import click
@@ -69,8 +70,9 @@ def render(answer: Answer, fmt: str) -> str:
             if isinstance(p, Table):
                 buf = io.StringIO()
                 w = csv.writer(buf, lineterminator="\n")
-                w.writerow([_csv_header(h) for h in p.headers])
-                w.writerows(p.rows)
+                headers, rows = csv_numbers(p.headers, p.rows)
+                w.writerow([_csv_header(h) for h in headers])
+                w.writerows(rows)
                 title = p.title.strip()
                 out.append((f"# {title}\n" if title else "") + buf.getvalue().rstrip("\n"))
         return "\n".join(out)
@@ -95,6 +97,37 @@ def render(answer: Answer, fmt: str) -> str:
         else:
             out.append(p)
     return "\n".join(out)
+
+
+# a table cell's number with its unit, as `memo_sim.units` prints them: the CSV's column in one unit
+_CELL = re.compile(r"\s*(-?[0-9][0-9,]*(?:\.[0-9]+)?)\s*(us|ms|s|B|KiB|MiB|GiB|TiB|%)\s*")
+_BASE = {"us": ("s", 1e-6), "ms": ("s", 1e-3), "s": ("s", 1.0), "B": ("bytes", 1), "KiB": ("bytes", 1024),
+         "MiB": ("bytes", 1024**2), "GiB": ("bytes", 1024**3), "TiB": ("bytes", 1024**4), "%": ("%", 1.0)}
+
+
+def csv_numbers(headers: list[str], rows: list[list[str]]) -> tuple[list[str], list[list[str]]]:
+    """A table's columns whose every value is a number with a unit (``53.98 ms``, ``2.63 s``; ``4.13 GiB``;
+    ``45.3%``; ``-`` for none) as plain numbers in one unit, named in the header (``iter (s)``, ``peak GPU
+    (bytes)``, ``MFU (%)``), none left empty: a CSV reader gets numbers, not the aligned table's words. The
+    numbers are the table's, to its printed digits (``--json`` carries them exact)."""
+    out = [list(r) for r in rows]
+    heads = list(headers)
+    for j in range(len(headers)):
+        cells = [r[j] for r in rows if j < len(r)]
+        matched = [_CELL.fullmatch(str(c)) for c in cells if str(c).strip() not in ("", "-")]
+        units = {_BASE[m.group(2)][0] for m in matched if m}
+        if not matched or not all(matched) or len(units) != 1:
+            continue
+        unit = units.pop()
+        heads[j] = f"{headers[j]} ({unit})"
+        for r in out:
+            m = _CELL.fullmatch(str(r[j])) if j < len(r) else None
+            if m:
+                v = float(m.group(1).replace(",", "")) * _BASE[m.group(2)][1]
+                r[j] = f"{v:.6g}" if unit == "s" else (f"{v:.0f}" if unit == "bytes" else f"{v:g}")
+            elif j < len(r):
+                r[j] = ""
+    return heads, out
 
 
 def _csv_header(h: str) -> str:
