@@ -61,7 +61,8 @@ def test_csv_columns_are_plain_numbers_in_one_unit():
     a = Answer("answer: x")
     a.table(["#", "iter", "peak GPU", "MFU", "status"], [["1", "53.98 ms", "4.13 GiB", "45.3%", "OK"],
                                                           ["2", "2.63 s", "102.44 MiB", "-", "OOM +1.00 GiB"]])
-    rows = list(csv.reader(io.StringIO("\n".join(ln for ln in render(a, "csv").splitlines() if not ln.startswith("#")))))
+    text = "\n".join(ln for ln in render(a, "csv").splitlines() if not ln.startswith("#"))
+    rows = list(csv.reader(io.StringIO(text)))
     assert rows[0] == ["rank", "iter (s)", "peak GPU (bytes)", "MFU (%)", "status"]
     assert rows[1] == ["1", "0.05398", str(round(4.13 * 2**30)), "45.3", "OK"]
     assert rows[2] == ["2", "2.63", str(round(102.44 * 2**20)), "", "OOM +1.00 GiB"]

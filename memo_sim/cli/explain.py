@@ -91,8 +91,8 @@ def plan_breakdown(plan, profile):
 
 def memory_terms(plan, mem) -> dict:
     """The per-GPU memory terms at the peak, in words."""
-    return {MEMORY_TERM_WORDS.get(k, k).format(placed="static plan" if uses_memory_plan(plan.policy, plan.layout)
-                                               else "caching allocator"): v for k, v in memory_terms_by_kind(mem).items()}
+    placed = "static plan" if uses_memory_plan(plan.policy, plan.layout) else "caching allocator"
+    return {MEMORY_TERM_WORDS.get(k, k).format(placed=placed): v for k, v in memory_terms_by_kind(mem).items()}
 
 
 # explain's memory terms: stable keys (--json's ``memory_terms_by_kind_bytes``) and their words
@@ -255,7 +255,8 @@ def fragmentation_words(plan, res, mem) -> str | None:
     if below_reserved > 0:  # against what PyTorch would report: the cache is what a static plan does not hold
         tail = (f"; {plan_words} would hold about {fmt_bytes(static)} (no cache, its layer transients "
                 f"{fmt_bytes(planned)} against {fmt_bytes(cached)} on the caching allocator), "
-                f"{fmt_bytes(below_reserved)} below the reserved peak" + (" and none of the retries" if retries else ""))
+                f"{fmt_bytes(below_reserved)} below the reserved peak"
+                + (" and none of the retries" if retries else ""))
     elif save > 0:
         tail = (f"; {plan_words} would hold {fmt_bytes(save)} less at the peak above"
                 + (" and none of the retries" if retries else "")

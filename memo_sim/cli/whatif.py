@@ -68,7 +68,8 @@ def _simulate_top_value(ctx, param, value):
 
 @click.command()
 @model_options
-@click.option("--seq", default="256K", callback=count_option, show_default=True, help="Sequence length in tokens (4K = 4096, 256K, 1M = 1,048,576: K and M are 1024 and 1024²).")
+@click.option("--seq", default="256K", callback=count_option, show_default=True,
+              help="Sequence length in tokens (4K = 4096, 256K, 1M = 1,048,576: K and M are 1024 and 1024²).")
 @click.option("--gpus", default=8, show_default=True, type=GPU_COUNT, help="Number of GPUs.")
 @profile_option()
 @click.option("--batch", type=BATCH,
@@ -377,7 +378,8 @@ def _sweep_alpha(req, result, show: Show, t0: float) -> None:
         click.echo(json.dumps({"model": model.to_dict(), "seq_tokens": seq, "profile": profile.name,
                                "layout": layout.label(), "layout_degrees": layout.to_dict(),
                                "layout_note": "fixed by flags" if len(layouts) == 1 else
-                               f"best of {len(layouts)} valid layouts of the degrees not fixed (fix them too to choose one)",
+                               f"best of {len(layouts)} valid layouts of the degrees not fixed (fix them too to "
+                               f"choose one)",
                                "solver_alpha": solved, "figure": str(png),
                                "sweep": [r.to_dict() for r in res], "elapsed_s": time.perf_counter() - t0},
                               indent=1))

@@ -100,7 +100,8 @@ _QUIET_DEFAULTS = {"head_dim": 0, "qk_norm": False, "attention_sinks": False, "s
                    "sliding_period": 0, "attention_chunk": 0, "chunked_layers": 0, "chunked_period": 0,
                    "q_lora_rank": 0, "kv_lora_rank": 0, "qk_rope_dim": 0, "v_head_dim": 0, "experts": 0, "top_k": 0,
                    "expert_ffn": 0, "shared_experts": 0, "shared_ffn": 0, "shared_gate": False, "dense_layers": 0,
-                   "dense_period": 0, "router": "softmax", "moe_bias": False, "router_groups": 0, "router_group_topk": 0,
+                   "dense_period": 0, "router": "softmax", "moe_bias": False, "router_groups": 0,
+                   "router_group_topk": 0,
                    "router_scaling": 1.0, "rope_theta": 0.0, "norm_eps": 0.0, "aux_loss_coef": 0.0,
                    "seq_aux": False, "rope_scaling": "", "rotary_fraction": 0.0, "nope_period": 0,
                    "not_modelled": ""}
@@ -708,7 +709,8 @@ PRESETS: dict[str, ModelConfig] = {
                                  norm="rmsnorm", bias="none", tied_embeddings=False, attention_chunk=8192,
                                  chunked_layers=36, chunked_period=4, experts=16, top_k=1, shared_experts=1,
                                  shared_ffn=8192, router="sigmoid_topk", rope_theta=500000.0, norm_eps=1e-5,
-                                 aux_loss_coef=0.001, rope_scaling="llama3 factor 16, high_freq_factor 1", nope_period=4,
+                                 aux_loss_coef=0.001, rope_scaling="llama3 factor 16, high_freq_factor 1",
+                                 nope_period=4,
                                  not_modelled="QK norm: an L2 norm of the rotary layers' queries and keys, without "
                                               "weights (not priced); the vision tower is not modelled (the text "
                                               "model alone)"),

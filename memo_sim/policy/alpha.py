@@ -65,7 +65,8 @@ class AlphaResult:
             return self.reason()
         cost = {"overlap": "their copies are not hidden under the forward: the stall is priced",
                 "host_memory": "the plan does not fit the host"}[self.binding]
-        return f"alpha 0: no token beyond each layer's input and attention output offloaded, and {self.reason()}: {cost}"
+        return (f"alpha 0: no token beyond each layer's input and attention output offloaded, and {self.reason()}: "
+                f"{cost}")
 
 
 def solve_alpha_closed_form(p: AlphaProblem) -> AlphaResult:

@@ -374,9 +374,9 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
                         shape = _shape(model, cand, b, mb, profile, name)  # every policy's
                         for pol in policies:
                             out.append(pipeline_candidate(model, cand, pol, b, mb, seq, profile, name, alpha, shape))
-    # "state_why": the layout nearest to fitting whose model states alone do not; "why_none": the last reason a layout the
-    # degrees allow was not built (its chunks, batch split or schedule): what a search that builds nothing says, in
-    # that order, rather than the first layout refused (`memo_sim.search.whatif`)
+    # "state_why": the layout nearest to fitting whose model states alone do not; "why_none": the last reason a layout
+    # the degrees allow was not built (its chunks, batch split or schedule): what a search that builds nothing says,
+    # in that order, rather than the first layout refused (`memo_sim.search.whatif`)
     searched.pop("state_least", None)
     searched["vpp"] = sorted(searched["vpp"])
     searched["micro_batch"] = sorted(searched["micro_batch"])
