@@ -119,6 +119,8 @@ def test_maxseq_command_with_fixed_degrees():
     assert obj["fixed"] == {"tp": 8, "optimizer_offload": False, "tp_mode": "megatron"}
     (a,) = obj["answers"]
     assert a["best"]["layout"].startswith("tp8") and a["max_seq_tokens"]
+    # the best plan reads as a what-if row reads: its tier and its one peak (a review: maxseq's JSON had no peak)
+    assert a["best"]["tier"] == "simulated" and a["best"]["peak"]["bytes"] == a["best"]["peak_gpu_bytes"]
     r = CliRunner().invoke(cli, args + ["--tp", "8"])
     assert r.exit_code == 0 and "fixed: tp 8, tp-mode megatron" in r.output
     r = CliRunner().invoke(cli, args + ["--zero", "5"])

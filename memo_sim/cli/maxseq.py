@@ -89,12 +89,22 @@ def maxseq(model_name, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, dt
            "profile": profile.name,
            "profile_provenance": {"calibrated": profile.calibrated, "line": profile.provenance_line()},
            "framework": framework, "fixed": fixed,
-           "answers": [a.to_json() for a in answers], "elapsed_s": time.perf_counter() - t0}
+           "answers": [_answer_json(a) for a in answers], "elapsed_s": time.perf_counter() - t0}
     emit(maxseq_answer(model, gpus, profile, framework, step, answers, time.perf_counter() - t0, fixed), fmt, obj)
     if not any(a.max_seq for a in answers):  # no policy trains even --step tokens: as the what-if's nothing fits
         from memo_sim.cli.whatif import NOTHING_FITS  # noqa: PLC0415
 
         click.get_current_context().exit(NOTHING_FITS)
+
+
+def _answer_json(a) -> dict:
+    """One policy's maxseq answer as JSON: its best plan as a what-if row reads (with its ``tier`` and ``peak``)."""
+    from memo_sim.report.candidate_rows import candidate_row  # noqa: PLC0415
+
+    d = a.to_json()
+    if a.best is not None:
+        d["best"] = candidate_row(1, a.best)
+    return d
 
 
 WIDTH = 100  # the text answer fits a terminal this wide
