@@ -89,27 +89,20 @@ def resimulate(plan, layers: int):
     return res, note
 
 
-STALE_TOLERANCE = 0.01  # as `memo-sim check-plan`'s (memo_sim/cli/info.py): a stored step time further off is stale
-
-
 def stale_prediction(plan, sim) -> str | None:
     """Why the plan's stored prediction is not what the simulator predicts for it now -- a hand-edited plan, or one
     predicted with another profile or memo version -- or None; ``sim`` is the plan re-simulated as it stands
-    (`resimulate` with every layer). The test is `memo-sim check-plan`'s: another status, or step times more than
-    `STALE_TOLERANCE` apart."""
+    (`resimulate` with every layer). The rule is `memo-sim check-plan`'s (`memo_sim.plan.stale`)."""
     if sim is None:
         return None
-    from memo_sim.units import fmt_time  # noqa: PLC0415
+    from memo_sim.plan.stale import stale_prediction as stale_words  # noqa: PLC0415
 
-    p = plan.predicted
-    why = ("the plan was edited, or predicted with another profile or memo version" if p.source == "simulated" else
-           f"the stored one is the {p.source} estimate, or the plan was edited")
-    if p.status != sim.status:
-        return f"the plan's stored prediction is {p.status}, re-simulated now {sim.status} ({why})"
-    if sim.status == "OK" and p.iteration_s and abs(sim.iteration_s / p.iteration_s - 1) > STALE_TOLERANCE:
-        return (f"the plan's stored prediction is {fmt_time(p.iteration_s)}/iter, re-simulated now "
-                f"{fmt_time(sim.iteration_s)}/iter ({why})")
-    return None
+    words = stale_words(plan.predicted, sim.status, sim.iteration_s)
+    if words is None:
+        return None
+    why = ("the plan was edited, or predicted with another profile or memo version" if plan.predicted.source ==
+           "simulated" else f"the stored one is the {plan.predicted.source} estimate, or the plan was edited")
+    return f"the plan's {words} ({why})"
 
 
 def sim_memory_breakdown(plan, layers: int) -> dict | None:

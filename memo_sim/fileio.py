@@ -152,37 +152,48 @@ class OutputFolder:
         kept, removed = self._earlier(previous, names)
         atomic_write_json(self.out / MANIFEST, {
             "command": self.command, "options": _invoked_options(), "written_utc": _utc_now(), "complete": True,
-            "files": [{"name": str(p.relative_to(self.out)), "bytes": p.stat().st_size, "command": self.command}
-                      for p in files] + kept, **({"removed_stale": removed} if removed else {})})
+            "files": [_entry(self.out, p, self.command) for p in files] + kept,
+            **({"removed_stale": removed} if removed else {})})
         self.discard()
         return moved
 
     def _earlier(self, previous: dict | None, written: set[str]) -> tuple[list[dict], list[str]]:
         """What the folder's previous manifest listed and this set did not rewrite: an earlier output of this
-        same command (a figure another option set made) is stale and removed, so that one command's re-run leaves
-        its own outputs only; another command's files that are still there stay listed, with their command."""
+        same command (a figure another option set made), untouched since it was written (its size and
+        modification time as the manifest recorded them), is stale and removed, so that one command's re-run
+        leaves its own outputs only; a file changed since (a hand-edited plan), another command's, or one whose
+        path leaves the folder, is never removed: listed as it is, with its command."""
         if not previous:
             return [], []
         kept, removed = [], []
+        root = self.out.resolve()
         for e in previous.get("files") or []:
             name = e.get("name") if isinstance(e, dict) else None
-            if not isinstance(name, str) or name in written or ".." in Path(name).parts or Path(name).is_absolute():
+            if not isinstance(name, str) or name in written or Path(name).is_absolute():
                 continue
             f = self.out / name
-            if not f.is_file():
+            if not f.is_file() or root not in f.resolve().parents:
                 continue
             by = e.get("command") or previous.get("command")
-            if by == self.command:
+            st = f.stat()
+            if by == self.command and (e.get("bytes"), e.get("mtime_ns")) == (st.st_size, st.st_mtime_ns):
                 f.unlink()
                 removed.append(name)
             else:
-                kept.append({"name": name, "bytes": f.stat().st_size, "command": by})
+                kept.append({**_entry(self.out, f, by), **({"changed_since_written": True}
+                                                           if by == self.command else {})})
         return kept, removed
 
     def discard(self) -> None:
         import shutil
 
         shutil.rmtree(self.stage, ignore_errors=True)
+
+
+def _entry(out: Path, p: Path, command: str | None) -> dict:
+    """A manifest's line for file ``p`` of folder ``out``: its name, size, modification time and command."""
+    st = p.stat()
+    return {"name": str(p.relative_to(out)), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns, "command": command}
 
 
 def _manifest(path: Path) -> dict | None:

@@ -198,3 +198,4 @@ def test_a_failed_run_reports_no_peak():
     assert r.status == "OOM"
     d = r.to_dict()
     assert d["peak_gpu_bytes"] is None and 0 < d["in_use_at_failure_bytes"] <= d["gpu_capacity_bytes"]
+    assert d["peak_host_bytes_per_node"] is None and "in_use_at_failure_host_bytes_per_node" in d

@@ -64,7 +64,7 @@ def test_run_writes_valid_outputs(tmp_path):
     it = rows["iteration time"]
     # PRED is made up: the run says the stored prediction is stale and compares with the re-simulation
     assert it["predicted"] != PRED["iteration_s"]
-    assert "warning: the plan's stored prediction is 50.00 ms/iter" in r.output
+    assert "warning: the plan's stored prediction 50.00 ms/iter" in r.output
     assert it["rel_error"] == pytest.approx((it["measured"] - it["predicted"]) / it["predicted"])
     assert rows["layer offload (d2h)"]["measured"] > 0 and rows["layer recompute"]["measured"] > 0
     assert rows["pinned host memory"]["measured"] == tl.meta["pinned_host_bytes"] > 0

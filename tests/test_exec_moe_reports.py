@@ -251,11 +251,19 @@ def test_validate_ep_without_dp_names_the_fix():
 
 
 # ------------------------------------------------------------------------------- 5, 8: what the others say
-def test_stale_tolerance_is_check_plans():
-    from memo_exec.compare import STALE_TOLERANCE
-    from memo_sim.cli.info import STALE_TOLERANCE as CHECK_PLAN
+def test_memo_exec_and_check_plan_say_a_stale_prediction_alike():
+    """One rule (`memo_sim.plan.stale`), so memo-exec's warning and check-plan's line read the same comparison."""
+    from types import SimpleNamespace
 
-    assert STALE_TOLERANCE == CHECK_PLAN
+    from memo_exec.compare import stale_prediction
+    from memo_sim.plan.stale import stale_prediction as rule
+
+    pred = SimpleNamespace(status="OK", iteration_s=0.2121, source="simulated")
+    plan, sim = SimpleNamespace(predicted=pred), SimpleNamespace(status="OK", iteration_s=0.30495)
+    words = rule(pred, "OK", 0.30495)
+    assert words == "stored prediction 212.10 ms/iter, re-simulated now 304.95 ms/iter"
+    assert stale_prediction(plan, sim).startswith(f"the plan's {words} (")
+    assert stale_prediction(plan, SimpleNamespace(status="OK", iteration_s=0.2122)) is None
 
 
 def test_the_readme_says_the_whatif_writes_pipeline_plans(tmp_path):

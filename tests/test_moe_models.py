@@ -337,4 +337,7 @@ def test_partial_rotary_and_nope_layers_are_written_for_megatron():
     assert eval(odd["--no-rope-freq"]) == [0, 0, 0, 1, 0, 0, 0, 1, 0, 0]  # noqa: S307 - digits only
     assert any("NoPE" in g.what for g in deepspeed.gaps(plan)) and any("NoPE" in g.what for g in torchtitan.gaps(plan))
     with pytest.raises(MemoError, match="nope_period"):
-        ModelConfig.from_dict({**PRESETS["llama-3.1-8b"].to_dict(), "nope_period": 1})
+        ModelConfig.from_dict({**PRESETS["llama-4-scout"].to_dict(), "nope_period": 1})
+    # a toy Scout of fewer layers than the period (--layers 2) is a model without NoPE layers, not an error
+    assert with_overrides(PRESETS["llama-4-scout"], layers=2).nope_period == 0
+    assert with_overrides(PRESETS["llama-4-scout"], layers=8).nope_period == 4

@@ -162,3 +162,26 @@ def test_a_rerun_leaves_its_own_outputs_and_the_manifest_lists_every_set(tmp_pat
     assert m["complete"] and m["written_utc"].endswith("Z") and m["removed_stale"] == ["seq_by_tp_mode.png"]
     assert {f["name"]: f["command"] for f in m["files"]} == {"seq.png": "memo-sim sweep-seq",
                                                              "plan.json": "memo-sim whatif"}
+
+
+def test_a_rerun_never_removes_a_file_changed_since_it_was_written(tmp_path):
+    """A re-run removed its earlier output because the manifest listed it, though the user had edited it since (a
+    hand-edited plan-sppo.json, a review): only a file of the size and modification time the manifest recorded is
+    an untouched earlier output; an edited one stays, listed as changed."""
+    import json
+    import os
+
+    from memo_sim.fileio import output_folder
+
+    out = tmp_path / "o"
+    with output_folder(out, "memo-sim whatif") as f:
+        (f.stage / "plan.json").write_text("{}")
+        (f.stage / "plan-sppo.json").write_text("{}")
+    (out / "plan-sppo.json").write_text('{"edited": true}')
+    os.utime(out / "plan-sppo.json", ns=(1, 1))  # whatever the clock: not the time the manifest recorded
+    with output_folder(out, "memo-sim whatif") as f:
+        (f.stage / "plan.json").write_text("{}")
+    assert (out / "plan-sppo.json").read_text() == '{"edited": true}'
+    m = json.loads((out / "manifest.json").read_text())
+    assert "removed_stale" not in m
+    assert any(e["name"] == "plan-sppo.json" and e.get("changed_since_written") for e in m["files"])

@@ -446,3 +446,12 @@ def test_no_fit_names_the_layout_nearest_to_fitting(tmp_path, monkeypatch):
     assert r.exit_code == 3, r.output  # a valid request nothing fits, not bad input (2)
     assert "the least of the layouts searched: tp" in r.output and len(set(refused)) > 1
     assert f"model states alone ({fmt_bytes(min(refused))})" in r.output
+    # --json answers it as a document (it printed nothing), and maxseq exits 3 as the what-if does (it exited 2)
+    j = CliRunner().invoke(cli, ["whatif", "--model", str(tmp_path / "m.yaml"), "--gpus", "64", "--seq", "8K",
+                                 "--profile", "h100-sxm5-80gb", "--framework", "megatron", "--pp", "4", "--jobs", "1",
+                                 "--no-plan", "--json"])
+    assert j.exit_code == 3 and json.loads(j.stdout)["nothing_fits"] is True, j.output
+    m = CliRunner().invoke(cli, ["maxseq", "--model", str(tmp_path / "m.yaml"), "--gpus", "64", "--profile",
+                                 "h100-sxm5-80gb", "--framework", "megatron", "--pp", "4", "--policy", "full_recompute",
+                                 "--step", "8K"])
+    assert m.exit_code == 3 and "model states alone exceed the GPU memory on every layout" in m.output, m.output

@@ -117,7 +117,8 @@ def memory_json(plan, res, mem, peaks: dict) -> dict:
             "memory_terms_by_kind_bytes": None if stages else memory_terms_by_kind(mem), "stages": stages,
             "analytic_peak_gpu_bytes": max((st["analytic_peak_gpu_bytes"] for st in stages or ()),
                                            default=mem.peak_gpu_bytes),
-            "simulated_peak_gpu_bytes": res.peak_gpu_bytes, "gpu_capacity_bytes": res.gpu_capacity_bytes,
+            "simulated_peak_gpu_bytes": res.peak_gpu_bytes if res.ok else None,  # a failed run's is what was in use
+            "gpu_capacity_bytes": res.gpu_capacity_bytes,
             "peak": peaks, "host_bytes_per_node": res.peak_host_bytes_per_node,
             "host_capacity_bytes": res.host_capacity_bytes,
             "allocator_memory_stats": (res.allocator or {}).get("memory_stats"),

@@ -177,20 +177,16 @@ def check_plan(plan_file, out_format, as_json):
         click.get_current_context().exit(NOTHING_FITS)
 
 
-STALE_TOLERANCE = 0.01  # the stored step time and the re-simulation's: further apart, the prediction is stale
-
-
 def _stale_prediction(plan, res) -> str | None:
     """Why the plan's stored prediction is not what it predicts now (an edited plan, another profile or memo
-    version), or None."""
-    p = plan.predicted
-    if p.status != res.status:
-        return (f"stored prediction {p.status}, re-simulated now {res.status}: the plan was edited, or predicted with "
-                f"another profile or memo version; the lines below are the re-simulation's")
-    if res.status == "OK" and p.iteration_s and abs(res.iteration_s / p.iteration_s - 1) > STALE_TOLERANCE:
-        return (f"stored prediction {fmt_time(p.iteration_s)}/iter, re-simulated now {fmt_time(res.iteration_s)}/iter: "
-                f"the plan was edited, or predicted with another profile or memo version")
-    return None
+    version), or None (`memo_sim.plan.stale`, memo-exec's rule too)."""
+    from memo_sim.plan.stale import stale_prediction  # noqa: PLC0415
+
+    words = stale_prediction(plan.predicted, res.status, res.iteration_s)
+    if words is None:
+        return None
+    return (f"{words}: the plan was edited, or predicted with another profile or memo version"
+            + ("; the lines below are the re-simulation's" if plan.predicted.status != res.status else ""))
 
 
 def _summary_verdict(plan_file, plan, res) -> str:

@@ -35,7 +35,7 @@ from memo_sim.cli.common import (
     progress_bar,
     progress_option,
 )
-from memo_sim.errors import MemoError
+from memo_sim.errors import MemoError, NothingFits
 from memo_sim.fileio import OutputFolder, output_folder
 from memo_sim.layout.pipeline_layout import OPTION as LAYOUT_OPTION, parse_layout
 from memo_sim.layout.schedule import SCHEDULE_NAMES
@@ -171,9 +171,12 @@ def whatif(**options):
         OutputFolder(show.out_dir, "memo-sim whatif").discard()
     if show.sweep_alpha:  # MEMO's alpha on one layout (no SPPO search)
         return _sweep_alpha(req, sweep_candidates(req), show, t0)
-    with delayed_progress("simulating", show.quiet, force=show.progress) as on_progress:
-        # the best plan's memory plan built while this process waits for SPPO's simulation, if it does
-        ans = answer_whatif(req, progress=on_progress, while_waiting=None if show.no_plan else prebuild_plan)
+    try:
+        with delayed_progress("simulating", show.quiet, force=show.progress) as on_progress:
+            # the best plan's memory plan built while this process waits for SPPO's simulation, if it does
+            ans = answer_whatif(req, progress=on_progress, while_waiting=None if show.no_plan else prebuild_plan)
+    except NothingFits as e:  # no layout was built: every one's model states alone overflow (exit 3, answered)
+        return _nothing_built(req, show, str(e))
     paths = {}
     plans = {} if show.no_plan else {name: with_profile_reference(plan, options["profile_name"])
                                      for name, plan in ans.plans().items()}
@@ -187,6 +190,22 @@ def whatif(**options):
         _print_answer(ans, paths, elapsed, show)
     if ans.best is None:
         click.get_current_context().exit(NOTHING_FITS)
+
+
+def _nothing_built(req: WhatifRequest, show: Show, why: str) -> None:
+    """The answer where no layout's model states fit, so nothing was built to rank: the reason (with the layout
+    nearest to fitting) and what was not searched, as text or as --json's document; exit status 3."""
+    from memo_sim.search.whatif import not_searched  # noqa: PLC0415
+
+    advice = not_searched(req.gpus, req.searched_policies, req.framework, req.fixed())
+    if show.as_json:
+        click.echo(json.dumps({"model": req.model.to_dict(), "seq_tokens": req.seq, "gpus": req.gpus,
+                               "profile": req.profile.name, "framework": req.framework, "nothing_fits": True,
+                               "why": why, "not_searched": advice, "candidates": [], "plan_file": None}))
+    else:
+        click.echo(f"answer: nothing fits (exit status {NOTHING_FITS}, no plan.json): {why}")
+        click.echo("not searched: " + "; ".join(advice))
+    click.get_current_context().exit(NOTHING_FITS)
 
 
 def request_of(options: dict) -> WhatifRequest:

@@ -73,8 +73,9 @@ class SimResult:
             "tgs_tokens_per_gpu_s": self.tgs,
             # a failed run has no peak: the memory in use when it stopped is below the capacity it ran out of
             "peak_gpu_bytes": self.peak_gpu_bytes if self.ok else None,
-            **({} if self.ok else {"in_use_at_failure_bytes": self.peak_gpu_bytes}),
-            "peak_host_bytes_per_node": self.peak_host_bytes_per_node,
+            "peak_host_bytes_per_node": self.peak_host_bytes_per_node if self.ok else None,
+            **({} if self.ok else {"in_use_at_failure_bytes": self.peak_gpu_bytes,
+                                   "in_use_at_failure_host_bytes_per_node": self.peak_host_bytes_per_node}),
             "gpu_capacity_bytes": self.gpu_capacity_bytes,
             "host_capacity_bytes": self.host_capacity_bytes,
             "exposed_copy_s": self.exposed_copy_s,

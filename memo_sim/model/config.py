@@ -744,6 +744,8 @@ def with_overrides(base: ModelConfig, source: str = "model flags", rename: bool 
                 d[period] = 0
             elif d.get(period):  # the pattern places them: every N-th of the n layers full (MoE)
                 d[k] = n - n // d[period]
+        if d.get("nope_period", 0) > n:  # fewer layers than the period: no layer without rotary embedding
+            d["nope_period"] = 0
     d.update(over)
     if rename and set(over) - {"gemm_format"}:
         d["name"] = f"{base.name}-custom"

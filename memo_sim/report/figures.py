@@ -427,12 +427,14 @@ def alpha_sweep_figure(results: list["SimResult"], path: str | Path, solver_alph
     ax1.set_ylabel("MFU (%)")
     ax1.grid(alpha=0.3)
     ax1.legend(fontsize=8)
-    ax2.plot(alphas, [r.peak_gpu_bytes / GiB for r in rs], "s-", color="#DD8452", label="peak GPU (GiB)")
+    nan = float("nan")  # a failed run has no peak (what it had in use when it stopped is not one): a gap
+    ax2.plot(alphas, [r.peak_gpu_bytes / GiB if r.ok else nan for r in rs], "s-", color="#DD8452",
+             label="peak GPU (GiB)")
     ax2.axhline(rs[0].gpu_capacity_bytes / GiB, color="#DD8452", ls="--", lw=1, label="usable GPU memory")
     ax2.set_ylim(bottom=0)
     ax2.set_ylabel("peak GPU memory (GiB)")
     ax3 = ax2.twinx()
-    ax3.plot(alphas, [r.peak_host_bytes_per_node / TiB for r in rs], "^-", color="#55A868",
+    ax3.plot(alphas, [r.peak_host_bytes_per_node / TiB if r.ok else nan for r in rs], "^-", color="#55A868",
              label="peak host / node (TiB)")
     ax3.axhline(rs[0].host_capacity_bytes / TiB, color="#55A868", ls=(0, (2, 2)), lw=1, label="usable host / node")
     ax3.set_ylim(bottom=0)

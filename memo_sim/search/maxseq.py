@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memo_sim.policy.base import uses_memory_plan
-from memo_sim.errors import MemoError
+from memo_sim.errors import MemoError, NothingFits
 from memo_sim.memplan.iteration_replay import replay_iteration
 from memo_sim.model.config import ModelConfig
 from memo_sim.profile.schema import HardwareProfile
@@ -65,6 +65,8 @@ def _ranked(model, seq, gpus, profile, policy, framework, allocator="caching", f
     try:
         cands = candidates_for(model, seq, gpus, profile, policies=(policy,), framework=framework,
                                allocator=allocator, **fixed).candidates
+    except NothingFits:  # no layout's model states fit: an answer (`max_seq`), not a refusal
+        raise
     except MemoError as e:
         return str(e)
     if "optimizer_offload" in fixed or _fits(cands) or not any(c.status == "OK" for c in cands) \
@@ -180,7 +182,10 @@ def max_seq(model: ModelConfig, gpus: int, profile: HardwareProfile, policy: str
     if allocator not in ("caching", "plan"):
         raise MemoError(f"--allocator must be caching or plan for one answer, got {allocator!r}")
     hi = 1
-    cands = _ranked(model, step, gpus, profile, policy, framework, allocator, fixed)
+    try:
+        cands = _ranked(model, step, gpus, profile, policy, framework, allocator, fixed)
+    except NothingFits as e:  # every layout's model states alone overflow: no length fits (exit 3, as the what-if)
+        return MaxSeqAnswer(policy, step, None, None, step, str(e).split(": ", 1)[-1], allocator, True)
     if isinstance(cands, str):  # no candidate at all, not one out of memory: the request itself (a policy the
         raise MemoError(cands)  # framework lacks, degrees that no layout of the GPUs matches) is refused
     if not _fits(cands):
