@@ -280,3 +280,38 @@ def test_the_readme_says_the_whatif_writes_pipeline_plans(tmp_path):
     assert plan.schedule in ("1f1b", "interleaved_1f1b") and plan.layout.pp == 2
     readme = (REPO / "README.md").read_text()
     assert "does not write these plans yet" not in readme and "`memo-sim whatif --pp N` writes these plans" in readme
+
+
+def test_printing_stops_quietly_once_the_reader_is_gone(monkeypatch):
+    """The `| head -1` test's summary fits the pipe before its reader closes, so it never reaches the broken pipe (a
+    review): here stdout's writes raise BrokenPipeError, and the run's printers stop writing there, quietly, once,
+    while stderr's errors still raise."""
+    import io
+
+    import pytest
+
+    from memo_exec import cli as exec_cli
+    from memo_exec.distributed import launch
+
+    gone = []
+    monkeypatch.setattr(launch, "stdout_gone", lambda: gone.append(1))
+    written = []
+
+    def echo(message=None, err=False, **kw):
+        written.append((message, err))
+        raise BrokenPipeError
+
+    out = launch.quiet_echo(echo)
+    out("first")
+    out("second")  # after the reader left: not written at all
+    assert written == [("first", False)] and gone == [1]
+    with pytest.raises(BrokenPipeError):
+        out("an error", err=True)
+
+    class Closed(io.StringIO):
+        def write(self, s):
+            raise BrokenPipeError
+
+    monkeypatch.setattr(exec_cli.sys, "stdout", Closed())
+    exec_cli._say("summary\n")  # no exception: the folder is complete by then
+    assert gone == [1, 1]

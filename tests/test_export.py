@@ -133,6 +133,10 @@ def test_megatron_script_carries_the_models_numerics_and_names_what_it_cannot():
     other = replace(get_model("deepseek-v3"), rope_scaling="yarn factor 40, original_max_position_embeddings 8192")
     args, gaps = script("deepseek-v3", model=other)  # a parameter Megatron's options cannot set: named
     assert "--rope-type" not in args and any("original_max_position_embeddings 8192" in g for g in gaps), gaps
+    other = replace(get_model("deepseek-v3"), rope_scaling="yarn factor 40, mscale 1, mscale_all_dim 1, "
+                                                           "attention_factor 1.2")
+    args, gaps = script("deepseek-v3", model=other)  # a parameter no option carries: named, not dropped (a review)
+    assert "--rope-type" not in args and any("attention_factor 1.2" in g for g in gaps), gaps
     # DeepSeek-V3's router: a bias per expert and, beside it, its per-sequence balance loss (seq_aux, aux_loss_alpha)
     # where the script wrote no loss at all ('none'); DeepSeek-V2-Lite's softmax router, the same loss per sequence
     assert (args["--moe-router-load-balancing-type"], args["--moe-aux-loss-coeff"]) == ("seq_aux_loss", "0.001")

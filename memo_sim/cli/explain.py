@@ -6,6 +6,7 @@ import json
 
 import click
 
+from memo_sim.layout.alloc_conf import EXPANDABLE_FLAG
 from memo_sim.policy.base import uses_memory_plan
 from memo_sim.engine.simulate import simulate
 from memo_sim.memplan.footprint import memory_breakdown
@@ -249,7 +250,7 @@ def fragmentation_words(plan, res, mem) -> str | None:
     plan_words = "a static memory plan of the same transients (memo-sim whatif --allocator plan)"
     free = frag * reserved
     if free > 0 and not plan.layout.expandable_segments:  # what PyTorch's own setting gives back
-        head += (f"; expandable segments (--alloc-conf expandable_segments:True, priced by the what-if) map the cache "
+        head += (f"; expandable segments ({EXPANDABLE_FLAG}, priced by the what-if) map the cache "
                  f"in place and give most of the {fmt_bytes(free)} cached but free back")
     static = resident + max(planned + mem.layer_boundary_bytes, mem.classifier_peak_bytes)
     below_reserved = (al.get("peak_reserved_bytes") or 0) - static

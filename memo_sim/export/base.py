@@ -247,6 +247,17 @@ def gemm_format_gap(plan: Plan, framework: str) -> list[Gap]:
                 f"{', '.join(fw.gemm_formats)})", PlanChange(gemm_format="bf16"))]
 
 
+def rotary_gaps(m, why: str, partial: bool = True) -> list[Gap]:
+    """A model's rotary details a framework's options do not express (``why`` says so): layers without rotary
+    embedding (``nope_period``: Llama 4's NoPE layers) and, where ``partial``, a rotary embedding over part of each
+    head (``rotary_fraction``: GLM-4.5's); the framework's script turns every head dimension on every layer."""
+    parts = [(m.nope_period, f"no rotary embedding on one layer in every {m.nope_period} (NoPE)")]
+    if partial:
+        parts.insert(0, (m.rotary_fraction, f"a rotary embedding over {m.rotary_fraction:g} of each head"))
+    return [Gap(what, f"rotary embeddings over every head dimension on every layer ({why}): set it in the model by "
+                      f"hand") for on, what in parts if on]
+
+
 def not_modelled_gap(plan: Plan) -> list[Gap]:
     """What the model describes that memo neither counts nor prices (`ModelConfig.not_modelled`: DeepSeek-V3's
     multi-token prediction): the script, written from what memo models, trains without it."""

@@ -15,7 +15,7 @@ import json
 import shlex
 
 from memo_sim.export.base import (Export, Gap, PlanChange, async_tp_gap, dp_flavour_gap, gemm_format_gap,
-                                  interleave_gap, metp_gap, nearest_plan,
+                                  interleave_gap, metp_gap, nearest_plan, rotary_gaps,
                                   not_modelled_gap, optimizer_offload_gap, policy_gaps, uneven_stages_gap, price_nearest,
                                   shape_arguments, torchrun_line)
 from memo_sim.plan.schema import Plan
@@ -72,9 +72,8 @@ def _model_gaps(plan: Plan) -> list[Gap]:
     if m.norm == "rmsnorm" and m.rope_scaling:
         out.append(Gap(f"the rotary embedding's scaling ({m.rope_scaling})",
                        "unscaled rotary embeddings (Megatron-DeepSpeed has no flag for it): add it by hand"))
-    if m.norm == "rmsnorm" and m.nope_period:
-        out.append(Gap(f"no rotary embedding on one layer in every {m.nope_period} (NoPE)",
-                       "rotary embeddings on every layer (Megatron-DeepSpeed has no flag for it): add it by hand"))
+    if m.norm == "rmsnorm":  # --rotary-percent is written (`_architecture`); NoPE layers have no flag
+        out += rotary_gaps(m, "Megatron-DeepSpeed has no flag for it", partial=False)
     if m.norm == "rmsnorm" and not m.rope_theta:
         out.append(Gap("the rotary base (the model does not state it)",
                        "Megatron-DeepSpeed's default --rotary-position-embeddings-theta 10000: set the model's own"))

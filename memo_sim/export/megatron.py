@@ -18,7 +18,7 @@ from memo_sim.export.base import (Export, Gap, async_tp_gap, dp_flavour_gap, gem
                                   not_modelled_gap, optimizer_offload_gap,
                                   policy_gaps, price_nearest, shape_arguments, torchrun_line, ulysses_gap, zero_gap)
 from memo_sim.layout.kv_heads import kv_heads_why_not
-from memo_sim.model.rope import llama3_rope_factor, yarn_params
+from memo_sim.model.rope import YARN_PARAMS, llama3_rope_factor, yarn_params
 from memo_sim.layout.pipeline_layout import format_layout
 from memo_sim.plan.schema import Plan
 from memo_sim.policy.registry import policy_class
@@ -135,8 +135,9 @@ def mla_yarn_arguments(m) -> list[tuple[str, str]]:
     mscale_all_dim 1; examples/ of Megatron-LM pass the same), or [] where the model's scaling is not YaRN or sets a
     parameter the command line cannot (a gap then, `_attention_gaps`)."""
     y = yarn_params(m.rope_scaling) if m.mla else None
-    if y is None or any(y.get(k, v) != v for k, v in MLA_YARN_FIXED.items()):
-        return []
+    if y is None or any(y.get(k, v) != v for k, v in MLA_YARN_FIXED.items()) or not set(y) <= {"factor",
+                                                                                                  *YARN_PARAMS}:
+        return []  # a parameter of no option (YaRN's attention_factor, truncate, ...): the gap names it
     return [("--rope-type", "yarn"), ("--rotary-scaling-factor", f"{y['factor']:g}"),
             ("--mscale", f"{y.get('mscale', 1.0):g}"), ("--mscale-all-dim", f"{y.get('mscale_all_dim', 0.0):g}")]
 

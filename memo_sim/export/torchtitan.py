@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from memo_sim.export.base import (Export, Gap, PlanChange, gemm_format_gap, metp_gap, nearest_model, nearest_plan,
                                   not_modelled_gap, optimizer_offload_gap, policy_gaps, uneven_stages_gap,
-                                  price_nearest, torchrun_line, ulysses_gap)
+                                  price_nearest, rotary_gaps, torchrun_line, ulysses_gap)
 from memo_sim.plan.schema import Plan
 
 FRAMEWORK = "torchtitan"  # its version in memo_sim/frameworks/data (the plans exported instead)
@@ -285,11 +285,7 @@ def gaps(plan: Plan) -> list[Gap]:
         out.append(Gap(f"chunked attention ({m.attention_chunk}-token chunks on {m.chunked_layers} of {m.layers} "
                        f"layers)", "full causal attention on every layer (torchtitan at this version ships no model "
                        "with chunked attention)"))
-    for on, what in ((m.rotary_fraction, f"a rotary embedding over {m.rotary_fraction:g} of each head"),
-                     (m.nope_period, f"no rotary embedding on one layer in every {m.nope_period} (NoPE)")):
-        if on:  # none of the models memo writes for torchtitan takes either
-            out.append(Gap(what, "rotary embeddings over every head dimension on every layer: set it in the "
-                                 "model by hand"))
+    out += rotary_gaps(m, "none of the models memo writes for torchtitan takes it")
     base, note = _base(plan)
     if note and m.rope_scaling and not (_module(plan) == "qwen3" and m.moe):  # a stand-in's rotary embedding
         out.append(Gap(f"rotary scaling ({m.rope_scaling})", f"{base}'s own rotary embedding: set the model's "

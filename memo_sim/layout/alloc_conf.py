@@ -190,6 +190,11 @@ def parse_alloc_conf(text: str) -> AllocConf:
     return AllocConf(other=tuple(other), **fields)
 
 
+# PyTorch's one-setting fix where the caching allocator's cache binds: segments mapped in place and grown, so freed
+# blocks return to the one segment (every piece of advice that names it names it so)
+EXPANDABLE_FLAG = "--alloc-conf expandable_segments:True"
+
+
 def merged_alloc_conf(expandable_segments: bool, alloc_conf: str) -> AllocConf:
     """The settings of a layout: its ``alloc_conf`` string with its ``expandable_segments`` field."""
     conf = parse_alloc_conf(alloc_conf)

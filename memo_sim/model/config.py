@@ -619,7 +619,7 @@ class ModelConfig:
 
 
 # GPT-OSS's rotary scaling as its config.json states it (`memo_sim.model.rope.rope_scaling_words`)
-GPT_OSS_YARN = "yarn factor 32, original_max_position_embeddings 4096, beta_fast 32, beta_slow 1"
+GPT_OSS_YARN = "yarn factor 32, original_max_position_embeddings 4096, beta_fast 32, beta_slow 1, truncate False"
 
 PRESETS: dict[str, ModelConfig] = {
     # MEMO paper, table 2 (GPT, vocab 50257)

@@ -435,8 +435,7 @@ def _llama4(c: dict, d: dict, layers: int, heads: int, hidden: int, kv: int, nee
     chunk = c.get("attention_chunk_size")
     chunked = sum(1 for x in rope if x)
     # every N-th layer full attention without rotary embedding, the N - 1 before it rotary (and chunked)
-    period = next((n for n in range(2, layers + 1) if all(bool(x) == ((i + 1) % n != 0) for i, x in enumerate(rope))),
-                  0)
+    period = layer_period([not x for x in rope])
     if chunk and chunked:
         d.update(attention_chunk=_whole(c, "attention_chunk_size", refuse), chunked_layers=chunked,
                  chunked_period=period)
@@ -450,22 +449,28 @@ def _llama4(c: dict, d: dict, layers: int, heads: int, hidden: int, kv: int, nee
     return experts, top_k, expert_ffn, moe_at
 
 
+def layer_period(marked: list[bool]) -> int:
+    """N >= 2 where exactly every N-th layer is ``marked`` (the N - 1 before it not), else 0: the one pattern memo's
+    ``sliding_period``, ``chunked_period``, ``dense_period`` and ``nope_period`` place (`memo_sim.model.config`)."""
+    return next((n for n in range(2, len(marked) + 1)
+                 if all(m == ((i + 1) % n == 0) for i, m in enumerate(marked))), 0)
+
+
 def _dense_period(dense_at: list[int], layers: int) -> int:
     """N >= 2 where the dense-FFN layers ``dense_at`` are every layer but each N-th (Llama 4 Maverick's
-    ``interleave_moe_layer_step`` 2, Qwen's ``decoder_sparse_step``; `memo_sim.model.config`'s ``dense_period``),
-    else 0 (the first layers, or a pattern of no period)."""
+    ``interleave_moe_layer_step`` 2, Qwen's ``decoder_sparse_step``), else 0 (the first layers, or no period)."""
     if not dense_at or dense_at == list(range(len(dense_at))):
         return 0
-    return next((n for n in range(2, layers + 1) if dense_at == [i for i in range(layers) if (i + 1) % n]), 0)
+    dense = set(dense_at)
+    return layer_period([i not in dense for i in range(layers)])
 
 
 def _sliding_period(types: list) -> int:
-    """N where every N-th layer of ``types`` is full attention and the N - 1 before it slide (GPT-OSS's 2), else 0
-    (`memo_sim.model.config`'s ``sliding_period``)."""
-    for n in range(2, len(types) + 1):
-        if all(t == ("full_attention" if (i + 1) % n == 0 else "sliding_attention") for i, t in enumerate(types)):
-            return n
-    return 0
+    """N where every N-th layer of ``types`` is full attention and the N - 1 before it slide (GPT-OSS's 2), else 0;
+    a type of neither kind: 0."""
+    if any(t not in ("full_attention", "sliding_attention") for t in types):
+        return 0
+    return layer_period([t == "full_attention" for t in types])
 
 
 def moe_fields(raw: dict, source: str = "config.json", name: str = "hf-model") -> dict:

@@ -17,8 +17,11 @@ def rope_scaling_words(kind: str, params: dict) -> str:
     if kind == "llama3":
         words += "".join(f", {k} {params[k]:g}" for k, std in LLAMA3_ROPE.items()
                          if num(params.get(k)) and float(params[k]) != std)
-    if kind == "yarn":  # every parameter stated: DeepSeek-V2-Lite's mscale 0.707 is not V3's 1
+    if kind == "yarn":  # every parameter stated: DeepSeek-V2-Lite's mscale 0.707 is not V3's 1; others kept as words
         words += "".join(f", {k} {params[k]:g}" for k in YARN_PARAMS if num(params.get(k)))
+        words += "".join(f", {k} {params[k]:g}" if num(params[k]) else f", {k} {params[k]}"
+                         for k in sorted(params) if k not in (*YARN_PARAMS, "factor", "type", "rope_type")
+                         and (num(params[k]) or isinstance(params[k], bool)))
     return words
 
 

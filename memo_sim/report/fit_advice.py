@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from memo_sim.errors import MemoError
+from memo_sim.layout.alloc_conf import EXPANDABLE_FLAG
 
 MAX_FIXES = 3
 
@@ -66,7 +67,7 @@ def fit_fixes(c, gpus: int, alpha: float | None = None, policies: tuple[str, ...
     from memo_sim.policy.base import uses_memory_plan  # noqa: PLC0415
 
     if not c.layout.expandable_segments and not uses_memory_plan(c.policy, c.layout):  # PyTorch's one-flag fix
-        variants.append(("--alloc-conf expandable_segments:True", replace(c.layout, expandable_segments=True)))
+        variants.append((EXPANDABLE_FLAG, replace(c.layout, expandable_segments=True)))
     for flags, lay in variants:
         e = _estimate(c, lay, c.policy.name, alpha)
         if e is not None and e.status == "OK":

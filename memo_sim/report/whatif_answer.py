@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from memo_sim.report.formats import Answer, fmt_params, plural
-from memo_sim.report.peaks import CACHING_ALLOCATOR, candidate_peak
+from memo_sim.report.peaks import CACHING_ALLOCATOR, MEASURED_RESERVED_ERROR, candidate_peak
 from memo_sim.report.table import status_text
 from memo_sim.units import fmt_bytes, fmt_count, fmt_time
 
@@ -132,9 +132,9 @@ def margin_line(v: WhatIfView) -> str:
     if cap <= 0 or p.bytes / cap <= 1 - HEADROOM:
         return ""
     short = 100 * (1 - p.bytes / cap)
-    band = ("; memo-exec's H100 runs measured the caching allocator's reserved peak 1.3-17.7% above the replay's "
-            "(reports/gpu-h100-2026-11-25.md), a larger error than this margin" if p.allocator == CACHING_ALLOCATOR
-            else "")
+    err, where = MEASURED_RESERVED_ERROR
+    band = (f"; memo-exec's H100 runs measured the caching allocator's reserved peak {err} above the replay's "
+            f"({where}), a larger error than this margin" if p.allocator == CACHING_ALLOCATOR else "")
     return (f"on the edge: the predicted GPU peak is {100 * p.bytes / cap:.1f}% of the usable memory; a peak "
             f"{short:.1f}% higher than predicted would not fit (`memo-exec run` of the plan measures it){band}")
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from memo_sim.layout.alloc_conf import EXPANDABLE_FLAG
 from memo_sim.policy.base import uses_memory_plan
 from memo_sim.errors import MemoError, NothingFits
 from memo_sim.memplan.iteration_replay import replay_iteration
@@ -106,8 +107,8 @@ def _allocated_peak(c: Candidate) -> float:
 
 def _expandable_words(c: Candidate) -> str:
     """Where the caching allocator's reserved memory binds and its cache is not mapped in place: PyTorch's own fix."""
-    return ("" if c.layout.expandable_segments else "; --alloc-conf expandable_segments:True maps the cache in place "
-            "(the same command with it prices that)")
+    return ("" if c.layout.expandable_segments else f"; {EXPANDABLE_FLAG} maps the cache in place (the same "
+            "command with it prices that)")
 
 
 def binding_constraint(cands: list[Candidate] | str) -> str:
