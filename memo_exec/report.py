@@ -555,8 +555,9 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
         L.append(f"Distributed run: the executor's estimate is rank {m.get('rank', 0)}'s static memory (model states "
                  "after ZeRO, the policy's activation storage, lse and norm statistics); its transient, boundary, "
                  "classifier and optimizer-step terms are not estimated (they come from a dry run of the layer on "
-                 "the meta device, which cannot run the collectives), so they and the total read — (the "
-                 "total above, `executor's memory estimate`, is the static terms' sum).")
+                 "the meta device, which cannot run the collectives), so they, the total and the row `executor's "
+                 "memory estimate` above read — (a sum of the static terms against the predicted peak would read as "
+                 "an error).")
     det = m.get("memory_estimate_detail_bytes") or {}
     if det:
         L.append("")

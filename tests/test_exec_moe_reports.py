@@ -193,6 +193,9 @@ def test_multi_rank_json_has_the_speed_probe_and_an_edited_plan_is_compared_with
     assert {"ep", "pp"} <= set(out["per_rank"][0])
     report = (tmp_path / "run" / "report.md").read_text()
     assert "stored prediction" in report and "MoE block under memo: memo-exec" in report
+    # the estimate row reads — on a multi-rank run, and the note says so (it said the row was the static sum)
+    est = next(ln for ln in report.splitlines() if ln.startswith("| executor's memory estimate |"))
+    assert est.split("|")[3].strip() == "—" and "the row `executor's memory estimate` above read —" in report
     assert "re-simulated now" in stale_prediction(read_plan(plan_file), sim)
 
 
