@@ -233,6 +233,7 @@ def test_a_fixed_split_is_compared_with_the_searched_one():
             "h100-sxm5-80gb", "--no-plan", "--jobs", "1"]
     text = CliRunner().invoke(cli, args).output
     assert "the pipeline split fixed costs" in text and "with the split left to the search" in text, text
+    assert "tokens/GPU/s (simulated) against" in text  # each throughput with its tier
     d = json.loads(CliRunner().invoke(cli, args + ["--json"]).output)
     best, searched = d["candidates"][0], d["searched_split_best"]
     assert "f5l9" in best["layout"] and "f5l9" not in searched["layout"]

@@ -217,11 +217,16 @@ class _ModelIn(BaseModel):
         return self
 
 
+def period_layers(layers: int, period: int) -> int:
+    """The layers of ``kind`` a period N places among ``layers``: all but each N-th (0 where no period)."""
+    return layers - layers // period if period else 0
+
+
 def _check_period(layers: int, kind: str, period: int, count: int, full: str = "full") -> None:
     """A layer pattern (``sliding_period`` / ``chunked_period`` / ``dense_period`` N: every N-th layer ``full``,
     the N - 1 before it of ``kind``) that places the ``count`` layers stated, or a one-line ValueError."""
-    if period and (period < 2 or count != layers - layers // period):
-        placed = layers - layers // max(period, 1)
+    placed = period_layers(layers, period)
+    if period and (period < 2 or count != placed):
         raise ValueError(f"{kind}_period ({period}): every N-th layer {full}, the N - 1 before it {kind}, gives "
                          f"{placed} {kind} layers of {layers}, not {kind}_layers ({count}); give N >= 2 that "
                          f"matches, or 0")
@@ -743,7 +748,7 @@ def with_overrides(base: ModelConfig, source: str = "model flags", rename: bool 
             if d.get(period) and k == "dense_layers" and n < d[period]:  # no MoE layer in the pattern: first k
                 d[period] = 0
             elif d.get(period):  # the pattern places them: every N-th of the n layers full (MoE)
-                d[k] = n - n // d[period]
+                d[k] = period_layers(n, d[period])
         if d.get("nope_period", 0) > n:  # fewer layers than the period: no layer without rotary embedding
             d["nope_period"] = 0
     d.update(over)

@@ -80,8 +80,8 @@ def verdict(v: WhatIfView) -> str:
             if pinned > 0 else "")
     reserved = ((b.simulated or {}).get("allocator") or {}).get("peak_reserved_bytes") or 0
     if reserved > 1.005 * p.bytes:  # the caching allocator's replay: what torch.cuda.max_memory_reserved() shows
-        host = (f" (PyTorch's reserved peak {fmt_bytes(reserved)}, {100 * reserved / m.gpu_capacity_bytes:.0f}% of "
-                f"it, cache included: memo-sim explain)" + host)
+        host = (f" (PyTorch's reserved peak {fmt_bytes(reserved)} (simulated, caching allocator replay), "
+                f"{100 * reserved / m.gpu_capacity_bytes:.0f}% of it, cache included: memo-sim explain)" + host)
     return (f"answer: {b.layout.label()} {b.policy.label()} fits: {it_words}{mfu_words}"
             f"{b.tgs:,.0f} tokens/GPU/s, peak GPU {p.text()} of {fmt_bytes(m.gpu_capacity_bytes)}{host}, "
             f"{plural(b.global_batch, 'sequence')} a step" + (f" -> {v.plan_path}" if v.plan_path else ""))

@@ -283,7 +283,8 @@ def split_words(best: Candidate | None, searched: Candidate | None) -> str:
                 f"{searched.policy.label()}: {ratio:.3f}x)")
     return (f"the pipeline split fixed costs {100 * (1 - 1 / ratio):.1f}% of the throughput: with the split left to "
             f"the search, {searched.layout.label()} {searched.policy.label()} runs {searched.tgs:,.0f} tokens/GPU/s "
-            f"({ratio:.2f}x; drop --decoder-first/last-pipeline-num-layers or the layout string to take it)")
+            f"({searched.tier}) against {best.tgs:,.0f} ({best.tier}): {ratio:.2f}x; drop "
+            f"--decoder-first/last-pipeline-num-layers or the layout string to take it")
 
 
 def sweep_candidates(req: WhatifRequest) -> WhatIfResult:
