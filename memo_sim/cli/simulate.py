@@ -13,10 +13,12 @@
   megatron,metp`` adds a tensor-parallel-flavour axis (the plan's degrees in each mode):
   also seq_by_tp_mode.png / .json (peak GPU memory and step time against the length per mode and
   policy, ``--best-policy``: per mode the best of the policies) and where each METP mode's step
-  time catches up with Megatron's.
+  time catches up with Megatron's. ``--jobs N`` simulates the runs (and the modes' points) in N processes, with
+  the serial run's results in the same order. Each run's JSON row names its ``tier`` (``simulated``: the event
+  simulator; a mode's point ``analytic`` where it does not fit on paper), as the what-if's rows do.
 
 Bad input raises `MemoError`, which the ``memo-sim`` group prints as one line (exit code 2).
-Sweeps show a progress bar on stderr.
+Sweeps show a progress bar on stderr (sweep-seq: on a terminal unless --json; --progress/--no-progress).
 """
 
 from __future__ import annotations
@@ -25,14 +27,14 @@ from pathlib import Path
 
 import click
 
-from memo_sim.cli.common import progress_bar
+from memo_sim.cli.common import progress_bar, progress_option
 from memo_sim.errors import MemoError
 from memo_sim.fileio import OutputFolder, atomic_write_json, output_folder
 from memo_sim.forked import beside
 from memo_sim.policy import policy_names, prices_model
 from memo_sim.report.formats import format_options, resolve_format
 from memo_sim.report.peaks import allocator_of, result_peak
-from memo_sim.report.sweep_text import runs_answer
+from memo_sim.report.sweep_text import run_json, runs_answer
 from memo_sim.units import fmt_bytes, fmt_count, fmt_time, parse_count
 
 LAYERS_HELP = ("Layer range for the Gantt chart, both ends included (e.g. 14:16); default: the middle three "
@@ -224,7 +226,7 @@ def _write_sweep(outf, name: str, results, figure, answer, fmt: str | None = "ta
     and print the answer (a table per run)."""
     from memo_sim.report.formats import emit
 
-    objs = [r.to_dict() for r in results]
+    objs = [run_json(r) for r in results]
     atomic_write_json(outf.stage / f"{name}.json", objs)
     png = figure(results, outf.stage / f"{name}.png")
     if fmt is None:  # the caller prints one answer for this sweep and what follows it
@@ -297,16 +299,24 @@ def _framework_policies(plan) -> tuple[str, ...]:
               help="Only these policies (repeatable; default: every policy the plan's schedule runs and its "
                    "framework offers).")
 @click.option("--best-policy", is_flag=True, help="With --tp-mode: one line per mode, its best policy at each length.")
+@click.option("--jobs", type=click.IntRange(1, 1024),
+              help="Simulate the runs (and --tp-mode's points) in this many processes (default: every core); "
+                   "results are the serial run's, in the same order.")
+@progress_option
 @format_options
-def sweep_seq_cmd(plan_file, out_dir, seqs, profile_override, tp_modes, policies, best_policy, out_format, as_json):
+def sweep_seq_cmd(plan_file, out_dir, seqs, profile_override, tp_modes, policies, best_policy, jobs, progress,
+                  out_format, as_json):
     """Every policy at each sequence length for the plan's model and layout; plot MFU."""
-    from memo_sim.engine.simulate import simulate
+    from functools import partial
+
     from memo_sim.layout.parallel import check_layout
     from memo_sim.layout.schedule import schedule_runs_policy
-    from memo_sim.policy import get_policy, policy_class
     from memo_sim.report.figures import mfu_vs_seq_figure
-    from memo_sim.search.estimate import memo_alpha
+    from memo_sim.search.seq_sweep import in_order, policy_run
+    from memo_sim.search.whatif import default_jobs
 
+    fmt = resolve_format(out_format, as_json)
+    jobs = jobs or default_jobs()
     plan, profile = _load_plan_and_profile(plan_file, profile_override)
     if any(not s.strip() for s in seqs.split(",")):
         raise MemoError(f"--seqs {seqs!r}: an empty length between commas; give lengths like 64K,128K,1M")
@@ -331,25 +341,10 @@ def sweep_seq_cmd(plan_file, out_dir, seqs, profile_override, tp_modes, policies
                 raise MemoError(f"--seqs: {fmt_count(s)} does not fit layout {lay.label()}: {why}")
     runs = [(s, lay, p) for lay in layouts.values() for s in lens for p in pols]
     _check_out(out_dir, "memo-sim sweep-seq")
-    results = []
-    with progress_bar("sequence sweep", len(runs)) as step:
-        for s, lay, p in runs:
-            alpha = None
-            if schedule_runs_policy("sppo", p):  # SPPO: its best plan for this layout and length
-                from memo_sim.search.sppo import resolve_for_layout
-
-                pol = resolve_for_layout(plan.model, lay, plan.batch, s, profile).policy
-                results.append(simulate(plan.model, lay, plan.batch, s, pol, profile, keep_timeline=False))
-                step()
-                continue
-            if policy_class(p).takes_alpha:  # at its solved alpha
-                a = memo_alpha(plan.model, lay, plan.micro_batch, s, profile)
-                alpha = a.alpha if a.feasible else 0.0
-            results.append(simulate(plan.model, lay, plan.batch, s, get_policy(p, alpha), profile,
-                                    schedule=None if plan.schedule == "sppo" else plan.schedule,
-                                    micro_batch=plan.micro_batch, keep_timeline=False))
-            step()
-    fmt = resolve_format(out_format, as_json)
+    schedule = None if plan.schedule == "sppo" else plan.schedule
+    with progress_bar("sequence sweep", len(runs), quiet=fmt == "json", force=progress) as step:
+        results = in_order([partial(policy_run, plan.model, lay, plan.batch, s, p, profile, schedule, plan.micro_batch)
+                            for s, lay, p in runs], jobs, step)
     with output_folder(out_dir, "memo-sim sweep-seq") as outf:
         _write_sweep(outf, "mfu_vs_seq", results, mfu_vs_seq_figure,
                      lambda rs: runs_answer(f"{plan.model.name} on {profile.name}: {len(pols)} policies x "
@@ -359,7 +354,7 @@ def sweep_seq_cmd(plan_file, out_dir, seqs, profile_override, tp_modes, policies
                                              for r in rs]),
                      None if tp_modes and fmt == "json" else fmt)
         if tp_modes:
-            _sweep_tp_modes(plan, profile, layouts, lens, pols, best_policy, outf, results, fmt)
+            _sweep_tp_modes(plan, profile, layouts, lens, pols, best_policy, outf, results, fmt, jobs, progress)
 
 
 def _tp_mode_layouts(layout, text: str) -> dict:
@@ -378,6 +373,11 @@ def _tp_mode_layouts(layout, text: str) -> dict:
         lay = replace(layout, tp_mode=m, sp=layout.sp or tp_flavour(m).requires_sp)
         out[lay.label()] = lay
     return out
+
+
+def _tier_cell(tier: str | None) -> str:
+    """A point's tier in a table cell, as the what-if's ranked table writes it: ``sim`` or ``analytic``."""
+    return {"simulated": "sim", "analytic": "analytic"}.get(tier, "-")
 
 
 def _point_peak_text(pt, simulated: dict) -> str:
@@ -400,17 +400,18 @@ def _point_json(pt, simulated: dict) -> dict:
             "simulated_peak_gpu_bytes": r.peak_gpu_bytes if r is not None and r.ok else None}
 
 
-def _sweep_tp_modes(plan, profile, layouts, lens, pols, best_policy, outf, results=(), fmt="table") -> None:
+def _sweep_tp_modes(plan, profile, layouts, lens, pols, best_policy, outf, results=(), fmt="table", jobs=1,
+                    progress=None) -> None:
     from memo_sim.report.figures import seq_sweep_figure
-    from memo_sim.search.seq_sweep import crossover_seq, sweep_layouts
+    from memo_sim.search.seq_sweep import crossover_seq, sweep_series
 
-    points = []
     if best_policy:
-        points = sweep_layouts(plan.model, layouts, lens, profile, pols, batch=plan.batch)
+        series = [(label, lay, pols) for label, lay in layouts.items()]
     else:
-        for p in pols:
-            series = {f"{label} {p}": lay for label, lay in layouts.items()}
-            points += sweep_layouts(plan.model, series, lens, profile, (p,), batch=plan.batch)
+        series = [(f"{label} {p}", lay, (p,)) for p in pols for label, lay in layouts.items()]
+    with progress_bar("tensor-parallel modes", len(series) * len(lens), quiet=fmt == "json", force=progress) as step:
+        points = sweep_series(plan.model, series, lens, profile, batch=plan.batch, jobs=jobs,
+                              progress=lambda done, total: step())
     labels = list(dict.fromkeys(pt.label for pt in points))
     megatron = [lb for lb in labels if "metp" not in lb.split(" ")[0]]
     crossings = []
@@ -430,15 +431,17 @@ def _sweep_tp_modes(plan, profile, layouts, lens, pols, best_policy, outf, resul
     from memo_sim.report.formats import Answer, emit
 
     a = Answer()
-    a.table(["seq", "series", "policy", "status", "peak GPU", "step", "exposed P2P"],
-            [[fmt_count(pt.seq), pt.label, pt.policy, pt.status, _point_peak_text(pt, simulated),
+    a.table(["seq", "series", "policy", "status", "tier", "peak GPU", "step", "exposed P2P"],
+            [[fmt_count(pt.seq), pt.label, pt.policy, pt.status, _tier_cell(pt.tier), _point_peak_text(pt, simulated),
               fmt_time(pt.iteration_s) if pt.iteration_s is not None else "-", fmt_time(pt.exposed_p2p_s)]
-             for pt in points], title="by tensor-parallel mode (the best policy of each series where --best-policy):")
+             for pt in points], title="by tensor-parallel mode (the best policy of each series where --best-policy; "
+                                      "tier of the status and step: sim = the event simulator, analytic = "
+                                      "perfect overlap):")
     for c in crossings:
         at = f"{fmt_count(int(round(c.time_seq)))} tokens" if c.time_seq is not None else "none in range"
         a.line(f"crossover {c.a} vs {c.b}: {at} ({c.note})")
     a.line(f"wrote {outf.path('seq_by_tp_mode.json')}, {outf.path(png)}")
-    emit(a, fmt, {"runs": [r.to_dict() for r in results], "points": [_point_json(pt, simulated) for pt in points],
+    emit(a, fmt, {"runs": [run_json(r) for r in results], "points": [_point_json(pt, simulated) for pt in points],
                   "crossovers": [c.to_dict() for c in crossings]})
 
 

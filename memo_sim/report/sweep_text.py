@@ -1,14 +1,23 @@
 """The sweeps' answers (`memo-sim sweep-alpha`, `sweep-seq`, `sweep-subseqs`) as tables: one row
-per simulated run, its peak with the source, and why a run that does not fit fails as a note."""
+per simulated run, its tier (``sim``: the event simulator, as the what-if's ranked table names it), its peak
+with the source, and why a run that does not fit fails as a note; and a run's JSON row (`run_json`), which
+names its tier as a what-if row does."""
 
 from __future__ import annotations
 
 from memo_sim.report.formats import Answer
-from memo_sim.report.peaks import allocator_of, result_peak
+from memo_sim.report.peaks import SIMULATED, allocator_of, result_peak
 from memo_sim.units import fmt_bytes, fmt_time
 
-RUN_HEAD = ["status", "iter (sim)", "MFU", "TGS", "peak GPU (sim)", "allocator", "host/node", "copy stall",
+RUN_HEAD = ["status", "tier", "iter (sim)", "MFU", "TGS", "peak GPU (sim)", "allocator", "host/node", "copy stall",
             "allocator stalls"]
+RUN_TIER = "sim"  # every run's numbers are the event simulator's (the what-if's "sim" tier), a failed run's too
+
+
+def run_json(r) -> dict:
+    """One simulated run's JSON row: `SimResult.to_dict` and its ``tier`` ("simulated": the event simulator
+    produced every number of the row, as a what-if row's ``tier`` says)."""
+    return {**r.to_dict(), "tier": SIMULATED}
 
 
 def _stalls(r) -> str:
@@ -23,9 +32,9 @@ def _stalls(r) -> str:
 def run_cells(r) -> list[str]:
     """One simulated run's cells under `RUN_HEAD`."""
     if not r.ok:
-        return [r.status, "-", "-", "-", "-", allocator_of(r.policy, r.layout), "-", "-", "-"]
+        return [r.status, RUN_TIER, "-", "-", "-", "-", allocator_of(r.policy, r.layout), "-", "-", "-"]
     p = result_peak(r)
-    return [r.status, fmt_time(r.iteration_s), f"{100 * r.mfu:.1f}%", f"{r.tgs:.0f}", fmt_bytes(p.bytes),
+    return [r.status, RUN_TIER, fmt_time(r.iteration_s), f"{100 * r.mfu:.1f}%", f"{r.tgs:.0f}", fmt_bytes(p.bytes),
             p.allocator, fmt_bytes(r.peak_host_bytes_per_node), fmt_time(r.exposed_copy_s), _stalls(r)]
 
 

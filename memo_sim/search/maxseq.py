@@ -25,6 +25,7 @@ side say how much longer a sequence the memory plan trains.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 from memo_sim.layout.alloc_conf import EXPANDABLE_FLAG
 from memo_sim.policy.base import uses_memory_plan
@@ -33,6 +34,7 @@ from memo_sim.memplan.iteration_replay import replay_iteration
 from memo_sim.model.config import ModelConfig
 from memo_sim.profile.schema import HardwareProfile
 from memo_sim.search.candidate import binding_words, memory_term_words
+from memo_sim.search.seq_sweep import in_order
 from memo_sim.search.whatif import Candidate, candidates_for, rank
 from memo_sim.units import fmt_bytes, fmt_count
 
@@ -276,35 +278,7 @@ def max_seq_runs(model: ModelConfig, gpus: int, profile: HardwareProfile, runs: 
                  done=lambda: None) -> list[MaxSeqAnswer]:
     """`max_seq` for every (policy, allocator) of ``runs``, in that order. ``jobs`` > 1 answers them in a
     pool of that many forked processes (one run each: the runs share nothing), where the platform forks;
-    the answers are the serial ones. ``done()`` is called as each run finishes (a progress bar's tick)."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
-    from memo_sim.forked import FORKS
-
-    if jobs < 1:
-        raise MemoError(f"--jobs must be at least 1, got {jobs}")
-    jobs = min(jobs, len(runs))
-    if jobs <= 1 or not FORKS:
-        out = []
-        for p, al in runs:
-            out.append(max_seq(model, gpus, profile, p, step=step, framework=framework, allocator=al, fixed=fixed))
-            done()
-        return out
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")) as pool:
-        futures = [pool.submit(max_seq, model, gpus, profile, p, step=step, framework=framework, allocator=al,
-                               fixed=fixed) for p, al in runs]
-        first_refused = len(futures)
-        for f in as_completed(futures):
-            if f.cancelled():
-                continue
-            i = futures.index(f)
-            if f.exception() is not None:  # the serial run stops at its first refusal: the runs after it are moot
-                if i < first_refused:
-                    first_refused = i
-                    for later in futures[i + 1:]:
-                        later.cancel()
-                continue
-            done()
-        # in the runs' order: the first refused run's error is raised (the runs before it finished), as serially
-        return [f.result() for f in futures]
+    the answers are the serial ones, and the first refused run's error is raised, as serially
+    (`memo_sim.search.seq_sweep.in_order`). ``done()`` is called as each run finishes (a progress bar's tick)."""
+    return in_order([partial(max_seq, model, gpus, profile, p, step=step, framework=framework, allocator=al,
+                             fixed=fixed) for p, al in runs], jobs, done)

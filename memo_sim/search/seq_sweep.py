@@ -6,18 +6,91 @@ what-if's ranking restricted to that layout: plans that fit first, then throughp
 (tier 1) and, where it fits, simulated (tier 2). With one policy it is that policy's plan.
 `crossover_seq` finds the length from which one layout's step time is no longer above another's
 (interpolated in log2 of the length), and the first length only one of them fits.
+
+`policy_run` is one run of ``memo-sim sweep-seq`` (a policy at a length, simulated). `in_order` runs
+independent calls (these sweeps' points and runs, maxseq's policies) in a pool of forked processes
+with the serial run's results, in the same order.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from functools import partial
+from typing import Callable, TypeVar
 
+from memo_sim.engine.result import SimResult
 from memo_sim.engine.simulate import Progress, simulate
+from memo_sim.errors import MemoError
+from memo_sim.forked import FORKS
 from memo_sim.layout.parallel import Layout, check_layout
+from memo_sim.layout.schedule import schedule_runs_policy
 from memo_sim.model.config import ModelConfig
+from memo_sim.policy import get_policy, policy_class
 from memo_sim.profile.schema import HardwareProfile
+from memo_sim.search.estimate import memo_alpha
 from memo_sim.search.whatif import Candidate, make_candidate
+
+T = TypeVar("T")
+
+
+def in_order(calls: list[Callable[[], T]], jobs: int = 1, done: Callable[[], None] = lambda: None) -> list[T]:
+    """The results of ``calls`` (argument-free callables: `functools.partial` of module-level functions, which a
+    pool can send), in the calls' order. ``jobs`` > 1 runs them in a pool of that many forked processes, where the
+    platform forks (the calls share nothing, so the results are the serial ones); ``done()`` is called as each
+    call finishes (a progress bar's tick). A call that raises stops the serial run there; pooled, the calls after
+    the first one in order that raised are cancelled, and its error is raised once the calls before it finished."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    if jobs < 1:
+        raise MemoError(f"--jobs must be at least 1, got {jobs}")
+    jobs = min(jobs, len(calls))
+    if jobs <= 1 or not FORKS:
+        out = []
+        for call in calls:
+            out.append(call())
+            done()
+        return out
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+        futures = [pool.submit(call) for call in calls]
+        index = {f: i for i, f in enumerate(futures)}
+        first_refused = len(futures)
+        for f in as_completed(futures):
+            if f.cancelled():
+                continue
+            i = index[f]
+            if f.exception() is not None:  # the serial run stops at its first refusal: the calls after it are moot
+                if i < first_refused:
+                    first_refused = i
+                    for later in futures[i + 1:]:
+                        later.cancel()
+                continue
+            done()
+        # in the calls' order: the first refused call's error is raised (the calls before it finished), as serially
+        return [f.result() for f in futures]
+
+
+def policy_run(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: str, profile: HardwareProfile,
+               schedule: str | None = None, micro_batch: int | None = None) -> SimResult:
+    """``policy`` (a name) on ``layout`` at ``seq`` tokens, simulated (one run of ``memo-sim sweep-seq``): SPPO
+    as its best plan for this layout and length, a policy that takes an alpha (MEMO) at its solved alpha (0
+    where the solver finds none), the others under ``schedule`` (None: the policy's own) in micro-batches of
+    ``micro_batch`` sequences."""
+    from memo_sim.engine.simulate import simulate  # noqa: PLC0415 - looked up at the call, as the command did
+    # (tests/test_output_sets.py replaces the engine's simulate to see that no run starts before --out is checked)
+
+    if schedule_runs_policy("sppo", policy):
+        from memo_sim.search.sppo import resolve_for_layout  # noqa: PLC0415
+
+        pol = resolve_for_layout(model, layout, batch, seq, profile).policy
+        return simulate(model, layout, batch, seq, pol, profile, keep_timeline=False)
+    alpha = None
+    if policy_class(policy).takes_alpha:
+        a = memo_alpha(model, layout, micro_batch, seq, profile)
+        alpha = a.alpha if a.feasible else 0.0
+    return simulate(model, layout, batch, seq, get_policy(policy, alpha), profile, schedule=schedule,
+                    micro_batch=micro_batch, keep_timeline=False)
 
 
 @dataclass
@@ -35,6 +108,10 @@ class SeqPoint:
     exposed_p2p_s: float
     gpu_capacity_bytes: float
     note: str = ""
+    # the tier of status, iteration_s, mfu and tgs: "simulated" (the event simulator ran the plan) or "analytic"
+    # (the estimate; also where the plan does not fit on paper); None for an invalid layout (no tier priced it).
+    # The peak (peak_gpu_bytes) is the analytic one either way.
+    tier: str | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -46,33 +123,47 @@ def _best(cands: list[Candidate]) -> Candidate:
 
 def sweep_layouts(model: ModelConfig, layouts: dict[str, Layout], seqs: list[int], profile: HardwareProfile,
                   policies: tuple[str, ...], *, batch: int = 1, simulate_fit: bool = True,
-                  progress: Progress | None = None) -> list[SeqPoint]:
-    """One `SeqPoint` per (series, length): the best of ``policies`` on that layout."""
-    out: list[SeqPoint] = []
-    total, done = len(layouts) * len(seqs), 0
+                  progress: Progress | None = None, jobs: int = 1) -> list[SeqPoint]:
+    """One `SeqPoint` per (series, length): the best of ``policies`` on that layout (`sweep_series`)."""
+    return sweep_series(model, [(label, lay, policies) for label, lay in layouts.items()], seqs, profile,
+                        batch=batch, simulate_fit=simulate_fit, progress=progress, jobs=jobs)
+
+
+def sweep_series(model: ModelConfig, series: list[tuple[str, Layout, tuple[str, ...]]], seqs: list[int],
+                 profile: HardwareProfile, *, batch: int = 1, simulate_fit: bool = True,
+                 progress: Progress | None = None, jobs: int = 1) -> list[SeqPoint]:
+    """One `SeqPoint` per (label, layout, policies) of ``series`` and length, in that order: the best of its
+    policies on its layout. ``jobs`` > 1: the points in that many processes (`in_order`), the same points;
+    ``progress(done, total)`` as each comes in."""
+    calls = [partial(_point, model, label, lay, s, profile, pols, batch, simulate_fit)
+             for label, lay, pols in series for s in seqs]
+    count = [0]
+
+    def tick() -> None:
+        count[0] += 1
+        if progress is not None:
+            progress(count[0], len(calls))
+    return in_order(calls, jobs, tick)
+
+
+def _point(model: ModelConfig, label: str, lay: Layout, s: int, profile: HardwareProfile, policies: tuple[str, ...],
+           batch: int, simulate_fit: bool) -> SeqPoint:
+    """Series ``label``'s point at ``s`` tokens: the best of ``policies`` on ``lay``, simulated where it fits."""
     cap = profile.usable_gpu_memory
-    for label, lay in layouts.items():
-        for s in seqs:
-            why = check_layout(lay, model, lay.gpus, profile.node_gpus, s, batch)
-            if why:
-                out.append(SeqPoint(label, lay.label(), s, "-", "invalid", math.nan, None, None, None, None, 0.0,
-                                    cap, why))
-            else:
-                c = _best([make_candidate(model, lay, p, batch, s, profile, None) for p in policies])
-                pt = SeqPoint(label, lay.label(), s, c.policy.label(), c.memory.status, c.memory.peak_gpu_bytes, None,
-                              c.estimate.iteration_s, None, None, 0.0, cap)
-                if simulate_fit and c.memory.status == "OK":
-                    r = simulate(model, lay, batch, s, c.policy, profile, keep_timeline=False)
-                    pt.status = r.status
-                    if r.ok:
-                        pt.iteration_s, pt.mfu, pt.tgs, pt.exposed_p2p_s = r.iteration_s, r.mfu, r.tgs, r.exposed_p2p_s
-                elif c.memory.status == "OK":
-                    pt.iteration_s, pt.mfu, pt.tgs = c.estimate.iteration_s, c.estimate.mfu, c.estimate.tgs
-                out.append(pt)
-            done += 1
-            if progress is not None:
-                progress(done, total)
-    return out
+    why = check_layout(lay, model, lay.gpus, profile.node_gpus, s, batch)
+    if why:
+        return SeqPoint(label, lay.label(), s, "-", "invalid", math.nan, None, None, None, None, 0.0, cap, why)
+    c = _best([make_candidate(model, lay, p, batch, s, profile, None) for p in policies])
+    pt = SeqPoint(label, lay.label(), s, c.policy.label(), c.memory.status, c.memory.peak_gpu_bytes, None,
+                  c.estimate.iteration_s, None, None, 0.0, cap, tier="analytic")
+    if simulate_fit and c.memory.status == "OK":
+        r = simulate(model, lay, batch, s, c.policy, profile, keep_timeline=False)
+        pt.status, pt.tier = r.status, "simulated"
+        if r.ok:
+            pt.iteration_s, pt.mfu, pt.tgs, pt.exposed_p2p_s = r.iteration_s, r.mfu, r.tgs, r.exposed_p2p_s
+    elif c.memory.status == "OK":
+        pt.iteration_s, pt.mfu, pt.tgs = c.estimate.iteration_s, c.estimate.mfu, c.estimate.tgs
+    return pt
 
 
 @dataclass(frozen=True)
