@@ -772,7 +772,7 @@ MOE_LEFT_OUT = (
     ("Folding paper Table 2, Mixtral-8x22B FP8 (575.1 / 631.7 TFLOP/s)",
      "layouts not restated for FP8; FP8 delayed scaling (amax history) is not modelled"),
     ("Folding paper Table 4 (strong scaling, GBS 1024)", "read from a transcription with merged cells"),
-    ("Model Zoo Qwen3-Next-80B-A3B (2.2 s)", "gated DeltaNet linear attention and MTP are not modelled"),
+    ("Model Zoo Qwen3-Next-80B-A3B (2.2 s)", "gated DeltaNet linear attention is not modelled"),
     ("Model Zoo GB200/GB300 Qwen3-235B and the Megatron DeepSeek-V3 GB200 study",
      "HybridEP dispatcher, MXFP8 with activation offloading, CUDA graphs and the custom pipeline layout "
      "('Et|(tt|)*30L') are not modelled; no GB300 profile"),

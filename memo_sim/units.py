@@ -78,6 +78,14 @@ def fmt_count(n: int) -> str:
     return str(n)
 
 
+def fmt_params(n: float) -> str:
+    """A parameter count in the unit that reads: 8.03B, 110.5M, 12.3K (a toy model is not 0.00B)."""
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f}{unit}" if unit in ("T", "B") else f"{n / size:.1f}{unit}"
+    return f"{n:.0f}"
+
+
 def fmt_time(t: float) -> str:
     if t >= 1:
         return f"{t:.2f} s"

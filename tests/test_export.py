@@ -122,12 +122,13 @@ def test_megatron_script_carries_the_models_numerics_and_names_what_it_cannot():
     assert "--use-rope-scaling" not in args and any("original_max_position_embeddings 131072" in g for g in gaps)
     # DeepSeek-V3's YaRN under latent attention: Megatron's MLA options (it was a gap, a review: Megatron-LM's
     # DeepSeek-V3 examples pass --rotary-scaling-factor 40 --mscale 1.0 --mscale-all-dim 1.0); its latent RMSNorms
-    # are --qk-layernorm (without it gpt_layer_specs.py builds the MLA up-projections without norms); MTP named
+    # are --qk-layernorm (without it gpt_layer_specs.py builds the MLA up-projections without norms); its MTP module
+    # is --mtp-num-layers (it was a gap: memo did not price it)
     args, gaps = script("deepseek-v3")
     assert "--use-rope-scaling" not in args and not any("yarn" in g for g in gaps), gaps
     assert (args["--rope-type"], args["--rotary-scaling-factor"], args["--mscale"], args["--mscale-all-dim"]) == (
         "yarn", "40", "1", "1") and "--qk-layernorm" in args
-    assert any("multi-token prediction" in g for g in gaps), gaps
+    assert args["--mtp-num-layers"] == "1" and not any("multi-token prediction" in g for g in gaps), gaps
     lite, _ = script("deepseek-v2-lite")  # its own mscale
     assert (lite["--mscale"], lite["--mscale-all-dim"], "--qk-layernorm" in lite) == ("0.707", "0.707", True)
     other = replace(get_model("deepseek-v3"), rope_scaling="yarn factor 40, original_max_position_embeddings 8192")

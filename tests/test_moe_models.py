@@ -51,15 +51,28 @@ def test_dense_models_are_their_own_active_params_and_keep_their_dict_shape():
     assert ModelConfig.from_dict(PRESETS["deepseek-v3"].to_dict()) == PRESETS["deepseek-v3"]
 
 
-def test_deepseek_v3_names_multi_token_prediction():
-    assert "multi-token prediction" in PRESETS["deepseek-v3"].not_modelled
+def test_deepseek_v3_counts_its_multi_token_prediction_module_apart():
+    """DeepSeek-V3's MTP module (num_nextn_predict_layers 1) is read and counted apart from ``params`` (which stays
+    transformers' count, tests/data/hf): its MoE layer, the 2h -> h projection and three norms. With the embedding
+    and classifier copies its checkpoint stores for it, memo's counts give the model card's split: 'the total size of
+    DeepSeek-V3 models on Hugging Face is 685B, which includes 671B of the Main Model weights and 14B of the
+    Multi-Token Prediction (MTP) Module weights' (deepseek-ai/DeepSeek-V3 README)."""
+    m = PRESETS["deepseek-v3"]
+    assert m.mtp_layers == 1 and m.mtp_moe and not m.not_modelled
+    assert m.mtp_params() == m.layer_params() + 2 * m.hidden ** 2 + 3 * m.norm_params
+    copies = 2 * m.vocab * m.hidden  # embed_tokens and shared_head.head of layer 61
+    assert round(m.params() / 1e9) == 671 and round((m.mtp_params() + copies) / 1e9) == 13  # 13.46B: "14B" above
+    assert round((m.params() + m.mtp_params() + copies) / 1e9) == 684  # 684.49B: "685B" above
+    assert m.trained_params() == m.params() + m.mtp_params()
+    assert hf_model_fields(_raw("deepseek-v3"))["mtp_layers"] == 1
+    assert "mtp_layers" not in PRESETS["llama-3.1-8b"].to_dict()  # plans of models without keep their shape
 
 
 def test_a_checkpoints_quantization_config_is_named_not_trained_in():
     """DeepSeek-V3's fp8 and gpt-oss's mxfp4 checkpoints: the model trains in torch_dtype (bf16) and the
     quantization is named beside multi-token prediction; a file without one names nothing."""
     v3 = hf_model_fields(_raw("deepseek-v3"))
-    assert v3["dtype"] == "bf16" and "multi-token prediction" in v3["not_modelled"]
+    assert v3["dtype"] == "bf16" and "multi-token prediction" not in v3["not_modelled"] and v3["mtp_layers"] == 1
     assert "quantization_config (quant_method fp8, fmt e4m3, weight_block_size [128, 128])" in v3["not_modelled"]
     oss = hf_model_fields(_raw("gpt-oss-20b"))
     assert oss["dtype"] == "bf16" and "quant_method mxfp4" in oss["not_modelled"]
@@ -173,7 +186,7 @@ def test_glm_4_5_reads_as_its_own_family():
     raw = json.loads((HF / "glm-4.5-air" / "config.json").read_text())
     air = get_model(str(HF / "glm-4.5-air" / "config.json"))
     assert (air.router, air.bias, air.qk_norm, air.dense_layers, air.head_dim) == ("sigmoid", "qkv", False, 1, 128)
-    assert "multi-token prediction" in air.not_modelled and air.rotary_fraction == 0.5
+    assert air.mtp_layers == 1 and not air.not_modelled and air.rotary_fraction == 0.5
     big = dict(raw, hidden_size=5120, num_hidden_layers=92, intermediate_size=12288, moe_intermediate_size=1536,
                n_routed_experts=160, first_k_dense_replace=3, use_qk_norm=True, routed_scaling_factor=2.5)
     m = ModelConfig.from_dict(hf_model_fields(big, name="glm-4.5"))

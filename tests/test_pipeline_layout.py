@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import pytest
 from click.testing import CliRunner
@@ -30,7 +31,7 @@ def test_megatrons_examples_read_as_its_docs_say():
 
 
 @pytest.mark.parametrize("text, needle", [
-    ("Et*3|(tt|)*29,m|L", "MTP layer (m): multi-token prediction is not modelled"),
+    ("Et*3|(tt|)*29,m|L", "1 multi-token-prediction layers (m), the model has 0"),
     ("Et*2|t*2L|t*2|t*2", "stage 1 holds the loss"),
     ("t*4|Et*4L", "holds the embedding"),
     ("Et*4||t*2|t*2L", "stage 1 has no transformer layer"),
@@ -52,6 +53,23 @@ def test_bad_layouts_are_refused_in_one_line_naming_the_option(text, needle):
         parse_layout(text, 8, 2)
     msg = str(e.value)
     assert msg.startswith("--pipeline-model-parallel-layout") and "\n" not in msg and needle in msg, msg
+
+
+def test_multi_token_prediction_layers_are_written_beside_the_loss():
+    """A model with multi-token-prediction modules needs them in the layout (Megatron builds none a layout leaves
+    out), beside the loss on the last stage where memo prices them; the export writes them there."""
+    assert parse_layout("Et*4|t*4mL", 8, 2, mtp_layers=1) == (4, 4)
+    assert parse_layout("Et*4|t*4mmL", 8, 2, mtp_layers=2) == (4, 4)
+    assert parse_layout("Et*4|t*4|mL", 8, 3, mtp_layers=1) == (4, 4, 0)  # the loss's stage with the modules alone
+    assert format_layout((4, 4), 1) == "Et*4|t*4mL" and format_layout((3,), 2) == "Et*3mmL"
+    assert parse_layout(format_layout((0, 2, 2, 2, 2), 1), 8, 5, 1) == (0, 2, 2, 2, 2)
+    for text, layers, pp, needle in [
+            ("Et*4|t*4L", 8, 2, "0 multi-token-prediction layers (m), the model has 1: write them"),
+            ("Et*4m|t*4L", 8, 2, "stage 0 holds a multi-token-prediction layer"),
+            ("Et*3|(tt|)*2,m|L", 7, 5, "stage 3 holds a multi-token-prediction layer"),  # Megatron's docs' place
+            ("Et*4|t*4mmL", 8, 2, "2 multi-token-prediction layers (m), the model has 1")]:
+        with pytest.raises(MemoError, match=re.escape(needle)):
+            parse_layout(text, layers, pp, mtp_layers=1)
 
 
 def test_the_end_stages_may_hold_the_embedding_or_the_loss_alone():
@@ -161,7 +179,8 @@ def test_whatif_plans_more_stages_than_layers_where_the_ends_hold_the_embedding_
     (("--pp", "2", "--vpp", "3", "--pipeline-model-parallel-layout", "Et|t*3|t*2|t*2L"), "not --vpp 3"),
     (("--pp", "2", "--decoder-first-pipeline-num-layers", "3", "--pipeline-model-parallel-layout", "Et*4|t*4L"),
      "drop --decoder-first/last-pipeline-num-layers"),
-    (("--pp", "2", "--pipeline-model-parallel-layout", "Et*4|mt*4L"), "MTP layer"),
+    (("--pp", "2", "--pipeline-model-parallel-layout", "Et*4|mt*4L"), "1 multi-token-prediction layers (m), the model "
+                                                                      "has 0"),
     (("--pp", "2", "--schedule", "1f1b", "--pipeline-model-parallel-layout", "Et|t*3|t*2|t*2L"),
      "interleaved_1f1b schedule, which is left out"),
 ])

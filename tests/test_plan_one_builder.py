@@ -89,7 +89,7 @@ def test_every_whatif_option_lands_in_the_request_or_the_output():
     from memo_sim.search.request import WhatifRequest
 
     built = {"model_name", "layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab", "dtype",  # the model
-             "precision",
+             "mtp_layers", "precision",
              "profile_name", "train_tokens",  # the profile; Show.train_budget
              "pipeline_layout"}  # parsed against the model into WhatifRequest.chunk_layers
     taken = {f.name for f in fields(WhatifRequest)} | {f.name for f in fields(Show)} | built

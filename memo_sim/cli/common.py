@@ -11,7 +11,7 @@ import click
 from memo_sim.errors import MemoError, guarded, parsed_or_one_line, usage_line
 from memo_sim.layout.parallel import MAX_DEGREE
 from memo_sim.plan.schema import MAX_BATCH
-from memo_sim.model.config import ModelConfig, get_model, with_overrides
+from memo_sim.model.config import MAX_MTP_LAYERS, ModelConfig, get_model, with_overrides
 from memo_sim.model.gemm_formats import GEMM_FORMATS
 from memo_sim.model.precision import RECIPES
 from memo_sim.units import parse_count
@@ -82,6 +82,9 @@ def model_options(f):
                           "for 16-bit models, fp32 for fp32) and/or the layer GEMMs' format ("
                           + ", ".join(GEMM_FORMATS) + "; default bf16), comma-separated: e.g. fp8-tensorwise, "
                           "zero,fp8-blockwise.")(f)
+    f = click.option("--mtp-layers", type=click.IntRange(0, MAX_MTP_LAYERS), metavar="N",
+                     help="Multi-token-prediction modules after the last layer (default: the model's, e.g. "
+                          "DeepSeek-V3's 1; 0 plans the model without them).")(f)
     f = click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]),
                      help="Override the model dtype (fp32 for plans run on a CPU profile).")(f)
     f = click.option("--vocab", type=int, help="Override the vocabulary size.")(f)
@@ -108,12 +111,12 @@ def profile_option(help: str = "Hardware profile."):
 
 
 def build_model(model_name: str, layers, hidden, heads, ffn, vocab, dtype=None, precision=None, kv_heads=None,
-                head_dim=None) -> ModelConfig:
+                head_dim=None, mtp_layers=None) -> ModelConfig:
     """The preset or file ``model_name`` with the flags' overrides; ``precision``: a recipe name, or
     `precision_option`'s {"precision": ..., "gemm_format": ...}."""
     prec = precision if isinstance(precision, dict) else {"precision": precision}
     return with_overrides(get_model(model_name), layers=layers, hidden=hidden, heads=heads, ffn=ffn, vocab=vocab,
-                          dtype=dtype, kv_heads=kv_heads, head_dim=head_dim, **prec)
+                          dtype=dtype, kv_heads=kv_heads, head_dim=head_dim, mtp_layers=mtp_layers, **prec)
 
 
 def progress_bar(label: str, total: int, quiet: bool = False, force: bool | None = None):

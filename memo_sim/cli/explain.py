@@ -42,10 +42,12 @@ def explain(plan_file, out_format, as_json):
         from memo_sim.report.moe_split import moe_split, moe_split_rows
 
         split = moe_split(plan.model, plan.layout, plan.micro_batch or plan.batch, plan.seq_tokens, profile)
+    mtp = mtp_share(plan, profile)
     if as_json:
         click.echo(json.dumps({
             "plan": str(plan_file), "status": res.status, "iteration_s": res.iteration_s, "mfu": res.mfu,
             **({"moe_split": {"layer_time_s": split.time_s, "memory_bytes": split.memory_bytes}} if split else {}),
+            **({"mtp_s_per_micro_batch": mtp} if mtp else {}),
             "time_breakdown_s": [{"device": t.device, "iteration_s": t.iteration_s, "busy": t.busy_s,
                                   "waits": t.waits_s, "busy_by_phase": t.busy_by_phase_s,
                                   "waits_by_cause": t.waits_by_cause_s} for t in times],
@@ -65,6 +67,10 @@ def explain(plan_file, out_format, as_json):
         rows.append(["iteration", fmt_time(t.iteration_s), "100.0%"])
         where = f"GPU {t.device}" + (f" (stage {devices.index(t.device)})" if len(devices) > 1 else "")
         a.table(["", "seconds", "share"], rows, title=f"\ntime on {where}'s compute stream (simulated):")
+    if mtp:
+        n = plan.model.mtp_layers
+        a.line(f"classifier: the {n} multi-token-prediction module{'s' if n > 1 else ''} included, "
+               f"{fmt_time(mtp)} a micro-batch on the last stage (analytic, `memo_sim.cost.boundary.mtp_seconds`)")
     if split is not None:
         a.table(["", "forward", "backward", "share"], moe_split_rows(split),
                 title="\none MoE layer by part (analytic: each op alone on the GPU, the busiest expert rank):")
@@ -72,6 +78,19 @@ def explain(plan_file, out_format, as_json):
                 title="\nGPU memory by MoE part (analytic):")
     add_memory_part(a, plan, res, mem, peaks)
     emit(a, resolve_format(out_format, False))
+
+
+def mtp_share(plan, profile) -> float:
+    """The multi-token-prediction modules' seconds a micro-batch in the last stage's classifier phase (0 without),
+    on the layout the simulation prices the head on (a pipeline's per-GPU shard) and with the plan's recompute."""
+    if not plan.model.mtp_layers:
+        return 0.0
+    from memo_sim.cost.boundary import boundary_times  # noqa: PLC0415
+    from memo_sim.search.estimate import stage_shard  # noqa: PLC0415
+
+    lay = stage_shard(plan.layout) if plan.layout.pp > 1 else plan.layout
+    return boundary_times(plan.model, lay, plan.micro_batch or plan.batch, plan.seq_tokens, profile,
+                          recompute_mtp=plan.policy.recomputes_attention).mtp
 
 
 def simulate_plan(plan, profile):

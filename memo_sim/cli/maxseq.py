@@ -46,7 +46,7 @@ from memo_sim.units import fmt_count
                    "answers are the serial run's.")
 @progress_option
 @format_options
-def maxseq(model_name, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, dtype, precision,
+def maxseq(model_name, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, dtype, mtp_layers, precision,
            gpus, profile_name, policies, framework,
            step, allocator, alloc_conf, tp, cp, ulysses, dp, zero, sp, tp_mode, pp, optimizer_offload, ep, etp,
            moe_dispatcher,
@@ -74,7 +74,8 @@ def maxseq(model_name, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, dt
 
     fmt = resolve_format(out_format, as_json)
     t0 = time.perf_counter()
-    model = build_model(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, kv_heads, head_dim)
+    model = build_model(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, kv_heads, head_dim,
+                        mtp_layers)
     profile = load_profile(profile_name)
     profile.peak(model.dtype)
     check_gemm_format(model, profile)

@@ -36,8 +36,8 @@ from memo_sim.report.memplan_text import memplan_answer
               help="Also draw the layout (address over time) as PNG here.")
 @progress_option
 @format_options
-def memplan(model_name, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, dtype, precision, csv_file, trace_file,
-            seq, batch, tp, cp, ulysses, sp,
+def memplan(model_name, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, dtype, mtp_layers, precision, csv_file,
+            trace_file, seq, batch, tp, cp, ulysses, sp,
             tp_mode, policy, alpha, profile_name, time_limit, solver, out_dir, progress, out_format, as_json):
     """Static memory plan (MEMO's bi-level MIP) for a model/layout/policy, or for a trace/CSV file."""
     import contextlib
@@ -56,7 +56,8 @@ def memplan(model_name, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, d
         if csv_file or trace_file:
             result, drawings = _plan_file(csv_file, trace_file, profile, time_limit, solver, say)
         else:
-            model = build_model(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, kv_heads, head_dim)
+            model = build_model(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, kv_heads, head_dim,
+                                mtp_layers)
             result, drawings = _plan_model(model,
                                            profile, seq, batch, tp, cp, ulysses, sp, tp_mode, policy, alpha,
                                            time_limit, solver, say)

@@ -46,8 +46,8 @@ from memo_sim.report.formats import resolve_format
 from memo_sim.report.fit_advice import fit_fixes
 from memo_sim.report.candidate_rows import candidates_json
 from memo_sim.report.sensitivity import sensitivity_line
-from memo_sim.report.whatif_answer import WhatIfView, executor_refuses, runner_up
-from memo_sim.search.frameworks import FRAMEWORKS, policy_frameworks_words
+from memo_sim.report.whatif_answer import WhatIfView, executor_refuses, runner_up, trained_model
+from memo_sim.search.frameworks import FRAMEWORKS, get_framework, policy_frameworks_words
 from memo_sim.search.plan_build import prebuild_plan
 from memo_sim.search.request import WhatifRequest, answer_whatif, plain_recipe, split_words, sweep_candidates
 from memo_sim.search.whatif import default_jobs, fold_duplicates
@@ -212,14 +212,20 @@ def request_of(options: dict) -> WhatifRequest:
     """The what-if request of the command's options (the model and profile built from their flags)."""
     model = build_model(options["model_name"], options["layers"], options["hidden"], options["heads"],
                         options["ffn"], options["vocab"], options["dtype"], options["precision"],
-                        options.get("kv_heads"), options.get("head_dim"))
+                        options.get("kv_heads"), options.get("head_dim"), options.get("mtp_layers"))
     jobs = options.get("jobs") or default_jobs()
     text = options.get("pipeline_layout")
     chunks = None
     if text is not None:
         if not options.get("pp") or options["pp"] < 2:
             raise MemoError(f"{LAYOUT_OPTION} splits a pipeline over --pp ranks: give --pp 2 or more")
-        chunks = parse_layout(text, model.layers, options["pp"])
+        # the multi-token-prediction layers the framework trains (`Framework.for_model`) are the layout's to place
+        fw = get_framework(options.get("framework") or ASKED["framework"])
+        mtp = fw.for_model(model).mtp_layers
+        if mtp < model.mtp_layers and "m" in text:
+            raise MemoError(f"{LAYOUT_OPTION} {text!r}: {fw.name} trains no multi-token-prediction module in memo's "
+                            f"framework data (the model's {model.mtp_layers} left out); write the layout without m")
+        chunks = parse_layout(text, model.layers, options["pp"], mtp)
     return WhatifRequest.from_options(model, load_profile(options["profile_name"]),
                                       dict(options, jobs=jobs, chunk_layers=chunks))
 
@@ -267,8 +273,9 @@ def _answer_json(ans, paths: dict, elapsed: float, show: Show) -> dict:
     req, result, best, memo_best = ans.request, ans.result, ans.best, ans.memo_best
     shown = fold_duplicates(result.candidates)
     plan_path, sppo_plan_path = paths.get("plan.json"), paths.get("plan-sppo.json")
+    trained = best.model if best is not None else trained_model(req.model, req.framework)
     return {"model": dict(req.model.to_dict(), params=req.model.params(), active_params=req.model.active_params(),
-                          notes=req.model.model_notes()),
+                          mtp_layers=trained.mtp_layers, mtp_params=trained.mtp_params(), notes=trained.model_notes()),
             "seq_tokens": req.seq, "gpus": req.gpus, "partial_node": req.profile.partial_node_words(req.gpus),
             "batch": req.batch if req.batch or req.global_batch else 1, "global_batch": req.global_batch,
             "micro_batch": req.micro_batch, "profile": req.profile.name,
@@ -393,6 +400,8 @@ def _sweep_alpha(req, result, show: Show, t0: float) -> None:
                           schedule=memo[0].schedule, micro_batch=memo[0].micro_batch)
     with output_folder(show.out_dir, "memo-sim whatif --sweep-alpha") as outf:
         png = outf.path(alpha_sweep_figure(res, outf.stage / "alpha_sweep.png", solver_alpha=solved))
+    from memo_sim.report.sweep_text import run_json, runs_answer
+
     if show.as_json:
         click.echo(json.dumps({"model": model.to_dict(), "seq_tokens": seq, "profile": profile.name,
                                "layout": layout.label(), "layout_degrees": layout.to_dict(),
@@ -400,11 +409,10 @@ def _sweep_alpha(req, result, show: Show, t0: float) -> None:
                                f"best of {len(layouts)} valid layouts of the degrees not fixed (fix them too to "
                                f"choose one)",
                                "solver_alpha": solved, "figure": str(png),
-                               "sweep": [r.to_dict() for r in res], "elapsed_s": time.perf_counter() - t0},
+                               "sweep": [run_json(r) for r in res], "elapsed_s": time.perf_counter() - t0},
                               indent=1))
         return
     from memo_sim.report.formats import emit
-    from memo_sim.report.sweep_text import runs_answer
 
     a = runs_answer(f"{model.name}, {fmt_count(seq)} tokens, {layout.label()} on {profile.name}: MEMO alpha sweep "
                     f"(solver's alpha {solved:.3f})", ["alpha"], [([f"{r.policy.alpha:.3f}"], r) for r in res])

@@ -6,6 +6,12 @@
   FLOPs, split over TP and the sequence split: forward, data gradient, weight gradient, each
   priced with its operand bytes, `memo_sim.cost.kernel_time.gemm_time`) plus the cross-entropy's
   memory-bound passes over the logits (`cross_entropy_bytes_per_logit`, by ``layout.cross_entropy``);
+- multi-token prediction (`ModelConfig.mtp_layers`; `mtp_seconds`): each module's layer forward and backward as
+  the model's layer is priced (`memo_sim.cost.layer_time`, its collectives on the critical path), its projection's
+  three GEMMs, its norms and embedding lookup, and a second pass of the classifier and loss; it is part of the
+  ``classifier`` time (the last stage's head: `BoundaryTimes.mtp` is its share), its activations kept between
+  its forward and backward, which follow each other there, or under a policy that re-runs whole layers
+  (``recompute_mtp``: full recompute, as Megatron-LM checkpoints the module then) its layer's forward run again;
 - optimizer: Adam reads and writes master weights, moments, weights and gradients (the
   model's precision recipe) of the parameter shard this GPU updates (everything over TP, and
   over DP x CP x Ulysses from ZeRO-1), then, under a quantised GEMM format, re-casts the linear
@@ -22,9 +28,11 @@ from memo_sim.cost.gemm_format import weight_recast_bytes
 from memo_sim.cost.optimizer_offload import offloaded_step_seconds
 from memo_sim.cost.param_split import GpuParams, model_gpu_params
 from memo_sim.cost.memo import memoised
-from memo_sim.model.flops import classifier_flops
+from memo_sim.model.flops import classifier_flops, gemm_flops
 from memo_sim.cost.kernel_time import gemm_bytes, gemm_time, memory_bound_time
+from memo_sim.cost.layer_time import backward_costs, forward_costs
 from memo_sim.cost.loss_kernels import loss_kernel
+from memo_sim.cost.opcost import critical_time
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
 from memo_sim.model.layer_graph import DTYPE_BYTES
@@ -37,8 +45,9 @@ class BoundaryTimes:
     """Seconds on one GPU, each alone at full speed."""
 
     embedding: float  # forward + backward
-    classifier: float  # forward + backward, all chunks
+    classifier: float  # forward + backward, all chunks, and the multi-token-prediction modules' (`mtp`)
     optimizer: float
+    mtp: float = 0.0  # the multi-token-prediction modules' share of ``classifier``
 
     @property
     def embedding_fwd(self) -> float:
@@ -51,9 +60,9 @@ class BoundaryTimes:
 
 @memoised()
 def boundary_times(model: ModelConfig, layout: Layout, batch: int, seq: int,
-                   profile: HardwareProfile) -> BoundaryTimes:
+                   profile: HardwareProfile, recompute_mtp: bool = False) -> BoundaryTimes:
     """Embedding, classifier and optimizer seconds of one GPU (memoised: SPPO's search asks for
-    every piece length of every plan it prices)."""
+    every piece length of every plan it prices); ``recompute_mtp``: module docs."""
     toks = tokens_per_gpu(layout, batch, seq)
     dt = DTYPE_BYTES[model.dtype]
     emb = memory_bound_time(2 * toks * model.hidden * dt, profile)
@@ -61,8 +70,30 @@ def boundary_times(model: ModelConfig, layout: Layout, batch: int, seq: int,
     cls_bytes = gemm_bytes(toks, model.vocab / layout.tp, model.hidden, dt)
     cls = 3 * gemm_time(cls_flops, profile, model.dtype, cls_bytes) + memory_bound_time(
         toks * model.vocab / layout.tp * cross_entropy_bytes_per_logit(layout.cross_entropy, dt), profile)
-    optim = optimizer_seconds(model, layout, model_gpu_params(model, layout), model.layers, profile)
-    return BoundaryTimes(emb, cls, optim)
+    mtp = mtp_seconds(model, layout, batch, seq, profile, emb + cls, recompute_mtp)
+    optim = optimizer_seconds(model, layout, model_gpu_params(model, layout), model.layers + model.mtp_layers,
+                              profile)
+    return BoundaryTimes(emb, cls + mtp, optim, mtp)
+
+
+def mtp_seconds(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile,
+                head: float, recompute: bool = False) -> float:
+    """The multi-token-prediction modules' forward and backward on one GPU (module docs): per module its layer
+    (the critical path of the model's layer forward and backward, and its forward again under ``recompute``),
+    the projection of [norm(embedding); norm(hidden)] (2h -> h: forward, data- and weight-gradient GEMMs, split
+    over TP as the classifier is), three norms (read and write forward, read two and write one backward) and
+    ``head``: the embedding lookup and a pass of the classifier and loss, as the model's own."""
+    if not model.mtp_layers:
+        return 0.0
+    toks = tokens_per_gpu(layout, batch, seq)
+    dt = DTYPE_BYTES[model.dtype]
+    h = model.hidden
+    fwd = critical_time(forward_costs(model, layout, batch, seq, profile))
+    layer = (2 if recompute else 1) * fwd + critical_time(backward_costs(model, layout, batch, seq, profile))
+    proj = 3 * gemm_time(gemm_flops(toks, 2 * h, h) / layout.tp, profile, model.dtype,
+                         gemm_bytes(toks, h / layout.tp, 2 * h, dt))
+    norms = memory_bound_time(3 * 5 * toks * h * dt, profile)
+    return model.mtp_layers * (layer + proj + norms + head)
 
 
 def cross_entropy_bytes_per_logit(kernel: str, dtype_bytes: int) -> float:

@@ -25,6 +25,12 @@ live: the classifier's time (`memo_sim.cost.boundary`) and memory (`memo_sim.cos
   ``torch_fused``'s cross-entropy, forward and backward, before the next): per logit as ``torch_fused``, one
   chunk's logits at a time; the hidden states' gradient gathered chunk by chunk into an fp32 buffer of every
   token (``GradAccumulator``), live beside the final norm's output over all chunks.
+
+What a loss keeps from its forward to its backward where the two run apart (``kept_fp32``): a
+multi-token-prediction module's loss is computed in the model's forward, before the main head's (Megatron-LM
+gpt_model.py), and keeps it while the main head peaks (`memo_sim.cost.memory.mtp_activation_bytes`):
+``vocab_parallel`` its fp32 softmax (``save_for_backward(exp_logits)``, cross_entropy.py), ``torch_fused`` its fp32
+log_softmax output; ``chunked`` and ``chunked_wrapper`` run each chunk's backward in the same pass (nothing kept).
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ class LossKernel:
     live_floor: int = 0  # fp32 bytes per logit live at a later moment without the logits (torch_fused's backward)
     chunks: int = 0  # > 0: the micro-batch's tokens in that many equal chunks, one chunk's logits at a time
     grad_fp32: bool = False  # the hidden states' gradient held in fp32 (else in the model dtype)
+    kept_fp32: int = 0  # fp32 bytes per logit kept from its forward to its backward where they run apart (docs)
 
     def chunk_tokens(self, tokens: int, fixed: int) -> int:
         """Tokens whose logits the loss holds at once, of the micro-batch's ``tokens`` on one GPU: one chunk of
@@ -70,8 +77,8 @@ class LossKernel:
 
 KERNELS: dict[str, LossKernel] = {k.name: k for k in (
     LossKernel("chunked", True, 32, 2 * FP32),
-    LossKernel("vocab_parallel", False, 40, FP32),
-    LossKernel("torch_fused", False, 36, 2 * FP32, 3 * FP32),
+    LossKernel("vocab_parallel", False, 40, FP32, kept_fp32=FP32),
+    LossKernel("torch_fused", False, 36, 2 * FP32, 3 * FP32, kept_fp32=FP32),
     LossKernel("chunked_wrapper", False, 36, 2 * FP32, 3 * FP32, chunks=8, grad_fp32=True),
 )}
 

@@ -18,7 +18,7 @@ The whole-GPU peak by policy (these terms plus skeletal activations and transien
 
 from __future__ import annotations
 
-from memo_sim.cost.activations import tokens_per_gpu
+from memo_sim.cost.activations import skeletal_bytes, tokens_per_gpu
 from memo_sim.cost.gemm_format import weight_cache_bytes
 from memo_sim.cost.loss_kernels import loss_kernel
 from memo_sim.cost.param_split import layer_gpu_params, model_gpu_params
@@ -58,7 +58,8 @@ def model_state_parts(model: ModelConfig, layout: Layout, experts_only: bool = F
             # layer when FSDP keeps them from forward to backward)
             "gathered_layers": gathered * r.weight_bytes * layer if z >= 3 else 0.0,
             # a quantised GEMM format's weight copies: every layer's, or only the gathered ones under ZeRO-3
-            "quantised_weights": weight_cache_bytes(model, gathered if z >= 3 else model.layers, layout, experts_only)}
+            "quantised_weights": weight_cache_bytes(model, gathered if z >= 3 else model.layers + model.mtp_layers,
+                                                    layout, experts_only)}
 
 
 def model_state_bytes(model: ModelConfig, layout: Layout) -> float:
@@ -66,11 +67,37 @@ def model_state_bytes(model: ModelConfig, layout: Layout) -> float:
 
 
 def classifier_peak_bytes(model: ModelConfig, layout: Layout, batch: int, seq: int,
-                          chunk_tokens: int = CLASSIFIER_CHUNK_TOKENS) -> float:
+                          chunk_tokens: int = CLASSIFIER_CHUNK_TOKENS, recompute_mtp: bool = False) -> float:
+    """The head's peak on one GPU: the loss's live logits (`loss_bytes_per_logit`), the final norm's output and its
+    gradient, and what the multi-token-prediction modules keep meanwhile (`mtp_activation_bytes`; ``recompute_mtp``:
+    a policy that re-runs whole layers re-runs them too)."""
     tokens = loss_tokens(layout, batch, seq, chunk_tokens)
     vocab_share = model.vocab / layout.tp
     logits = tokens * vocab_share * loss_bytes_per_logit(layout.cross_entropy, DTYPE_BYTES[model.dtype])
     d = DTYPE_BYTES[model.dtype]
     final_hidden = tokens_per_gpu(layout, batch, seq) * model.hidden
     # final norm output + its gradient stay live over all chunks
-    return logits + final_hidden * (d + loss_kernel(layout.cross_entropy).hidden_grad_bytes(d))
+    return (logits + final_hidden * (d + loss_kernel(layout.cross_entropy).hidden_grad_bytes(d))
+            + mtp_activation_bytes(model, layout, batch, seq, recompute_mtp))
+
+
+def mtp_activation_bytes(model: ModelConfig, layout: Layout, batch: int, seq: int, recompute: bool = False) -> float:
+    """What the multi-token-prediction modules keep from their forward to their backward on one GPU (each module
+    after the one before: all of them at once while the main head peaks), per module: its layer's saved tensors as a
+    store-all layer keeps them (`memo_sim.cost.activations.skeletal_bytes`, the attention's log-sum-exp and score
+    matrices included), the projection's input (the two normed halves, 2h a token) and the normed embedding and
+    hidden state feeding it (2h); under ``recompute`` (Megatron-LM checkpoints the module under full uniform
+    recompute, multi_token_prediction.py `_checkpointed_forward`) its two inputs alone, the hidden state and the
+    embedding (2h a token); and its loss's state where the loss kernel keeps one between forward and backward
+    (`memo_sim.cost.loss_kernels`, ``kept_fp32``: Megatron's fp32 softmax of every token). 0 without modules."""
+    if not model.mtp_layers:
+        return 0.0
+    d = DTYPE_BYTES[model.dtype]
+    tokens = tokens_per_gpu(layout, batch, seq)
+    if recompute:
+        kept = tokens * 2 * model.hidden * d
+    else:
+        sk = skeletal_bytes(model, layout, batch, seq)
+        kept = sk["total"] + sk["lse"] + sk["scores"] + tokens * 4 * model.hidden * d
+    loss = tokens * model.vocab / layout.tp * loss_kernel(layout.cross_entropy).kept_fp32
+    return model.mtp_layers * (kept + loss)

@@ -45,8 +45,10 @@ def gpu_params(model: ModelConfig, layout: Layout, total: float, expert: float, 
 
 
 def model_gpu_params(model: ModelConfig, layout: Layout) -> GpuParams:
-    """The whole model's parameters on one GPU (pp = 1)."""
-    return gpu_params(model, layout, model.params(), model.routed_params(), model.replicated_params())
+    """The whole model's parameters on one GPU (pp = 1), its multi-token-prediction modules included
+    (`ModelConfig.trained_params`)."""
+    return gpu_params(model, layout, model.trained_params(), model.trained_routed_params(),
+                      model.trained_replicated_params())
 
 
 def layer_gpu_params(model: ModelConfig, layout: Layout) -> GpuParams:

@@ -333,16 +333,22 @@ def stage_dense_layer_count(model: ModelConfig, layout: Layout, stage: int) -> i
 def stage_params(model: ModelConfig, layout: Layout, stage: int) -> float:
     """Parameters one stage holds: its layers (a MoE model's dense layers with their own FFN), the
     embedding on the first stage and the classifier (its own matrix, or the tied embedding's copy)
-    with the final norm on the last (with pp = 1 a tied embedding is one copy)."""
+    with the final norm on the last (with pp = 1 a tied embedding is one copy); the multi-token-prediction
+    modules on the last, with a copy of an untied embedding for their input (Megatron-LM builds the embedding
+    on the stage that runs them)."""
     pp = layout.pp
     dense = stage_dense_layer_count(model, layout, stage)
     p = (stage_layer_count(model, layout, stage) - dense) * model.layer_params() + dense * model.dense_layer_params()
+    if stage == pp - 1:
+        p += model.mtp_params()
     if pp == 1:
         return p + model.embedding_params()
     if stage == 0:
         p += model.vocab * model.hidden
     if stage == pp - 1:
         p += model.vocab * model.hidden + model.norm_params
+        if model.mtp_layers and not model.tied_embeddings:
+            p += model.vocab * model.hidden
     return p
 
 
@@ -354,6 +360,9 @@ def stage_gpu_params(model: ModelConfig, layout: Layout, stage: int) -> GpuParam
     experts = moe * model.expert_layer_params() if model.moe else 0
     router = model.moe_router.params(model.hidden, model.experts, model.moe_bias) if model.moe else 0
     replicated = n * (model.replicated_layer_params() - router) + moe * router
+    if stage == layout.pp - 1:
+        experts += model.mtp_routed_params()
+        replicated += model.mtp_replicated_params()
     return gpu_params(model, layout, stage_params(model, layout, stage), experts, replicated)
 
 
@@ -367,8 +376,9 @@ def stage_model_state_bytes(model: ModelConfig, layout: Layout, stage: int) -> f
     optim = 0.0 if layout.optimizer_offload else (r.master_bytes + r.optimizer_bytes) * (
         g.sharded if layout.zero >= 1 else g.local)
     grads = layout.dp_flavour.pipeline_grad_bytes(r) if layout.pp > 1 else r.grad_bytes
+    mtp = model.mtp_layers if stage == layout.pp - 1 else 0
     return (r.weight_bytes + grads) * g.local + optim + weight_cache_bytes(
-        model, stage_layer_count(model, layout, stage), layout)
+        model, stage_layer_count(model, layout, stage) + mtp, layout)
 
 
 def stage_host_state_bytes(model: ModelConfig, layout: Layout, stage: int) -> float:
@@ -377,8 +387,9 @@ def stage_host_state_bytes(model: ModelConfig, layout: Layout, stage: int) -> fl
 
 
 def stage_optimizer_time(model: ModelConfig, layout: Layout, stage: int, profile: HardwareProfile) -> float:
+    mtp = model.mtp_layers if stage == layout.pp - 1 else 0
     return optimizer_seconds(model, layout, stage_gpu_params(model, layout, stage),
-                             stage_layer_count(model, layout, stage), profile)
+                             stage_layer_count(model, layout, stage) + mtp, profile)
 
 
 @memoised_by(lambda model, layout, profile: (model, layout.state_shards, layout.tp, layout.zero, layout.grad_overlap,

@@ -31,6 +31,7 @@ class PlanChange:
     layout: dict = field(default_factory=dict)
     schedule: str | None = None
     gemm_format: str | None = None  # the layer GEMMs' format the framework runs instead
+    mtp_layers: int | None = None  # the multi-token-prediction modules it trains instead (`mtp_gap`)
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,9 @@ def instead_lines(i: dict, framework: str) -> list[str]:
            f"peak {i['peak_gpu_bytes'] / 2**30:.2f} GiB ({i['source']})."]
     if i.get("gemm_format_dropped"):
         out.append(f"Its layer GEMMs run in bf16: {framework} does not offer memo's plan's {i['gemm_format_dropped']}.")
+    if i.get("mtp_dropped"):
+        out.append(f"It trains the model without its {mtp_words(i['mtp_dropped'])} ({framework} does not train them "
+                   f"in memo's framework data): its time leaves their work out, memo's plan's does not.")
     if i.get("plan_iteration_s"):
         given_up = 1 - i["plan_iteration_s"] / i["iteration_s"]
         out.append((f"It gives up {100 * given_up:.1f}% of the throughput of" if given_up >= 0 else
@@ -113,7 +117,8 @@ def best_runnable(plan: Plan, framework: str, jobs: int = 1, progress=None) -> t
                  "peak_gpu_bytes": pred.peak_gpu_bytes, "source": pred.source,
                  "plan_label": f"{plan.layout.label()} {plan.policy.label()}",
                  "plan_iteration_s": plan.predicted.iteration_s,
-                 "gemm_format_dropped": plan.model.gemm_format if model.gemm_format != plan.model.gemm_format else None}
+                 "gemm_format_dropped": plan.model.gemm_format if model.gemm_format != plan.model.gemm_format else None,
+                 "mtp_dropped": plan.model.mtp_layers - alt.model.mtp_layers or None}
 
 
 def price_line(n: dict) -> str:
@@ -148,9 +153,20 @@ def nearest_plan(plan: Plan, gaps: list[Gap]) -> tuple[Layout, Policy, str]:
 
 
 def nearest_model(plan: Plan, gaps: list[Gap]):
-    """The plan's model as the framework runs it: a GEMM format it lacks replaced (`gemm_format_gap`)."""
-    fmt = next((g.change.gemm_format for g in gaps if g.change.gemm_format is not None), None)
-    return plan.model if fmt is None else dataclasses.replace(plan.model, gemm_format=fmt)
+    """The plan's model as the framework runs it: a GEMM format it lacks replaced (`gemm_format_gap`), the
+    multi-token-prediction modules it does not train left out (`mtp_gap`)."""
+    over = {}
+    for g in gaps:
+        if g.change.gemm_format is not None:
+            over.setdefault("gemm_format", g.change.gemm_format)
+        if g.change.mtp_layers is not None:
+            over.setdefault("mtp_layers", g.change.mtp_layers)
+    return dataclasses.replace(plan.model, **over) if over else plan.model
+
+
+def mtp_words(n: int) -> str:
+    """``n`` multi-token-prediction modules, in words."""
+    return f"{n} multi-token-prediction module{'s' if n > 1 else ''}"
 
 
 def price_nearest(plan: Plan, gaps: list[Gap], framework: str) -> dict | None:
@@ -170,8 +186,10 @@ def price_nearest(plan: Plan, gaps: list[Gap], framework: str) -> dict | None:
     mine, layout = layout, get_framework(framework).adapt(layout, prof)
     mechanisms = mechanism_changes(mine, layout, prof)
     model = nearest_model(plan, gaps)
+    dropped = plan.model.mtp_layers - model.mtp_layers
     label = (f"{layout.label()} {policy.label()}" + (f" {schedule}" if layout.pp > 1 else "")
-             + (f" {model.gemm_format} GEMMs" if model.gemm_format != plan.model.gemm_format else ""))
+             + (f" {model.gemm_format} GEMMs" if model.gemm_format != plan.model.gemm_format else "")
+             + (f", without its {mtp_words(dropped)}" if dropped else ""))
     try:
         res = simulate(model, layout, plan.batch, plan.seq_tokens, policy, load_profile(plan.profile),
                        keep_timeline=False, schedule=schedule, micro_batch=plan.micro_batch,
@@ -259,11 +277,24 @@ def rotary_gaps(m, why: str, partial: bool = True) -> list[Gap]:
 
 
 def not_modelled_gap(plan: Plan) -> list[Gap]:
-    """What the model describes that memo neither counts nor prices (`ModelConfig.not_modelled`: DeepSeek-V3's
-    multi-token prediction): the script, written from what memo models, trains without it."""
+    """What the model describes that memo neither counts nor prices (`ModelConfig.not_modelled`: Llama 4's QK norm,
+    a checkpoint's quantization): the script, written from what memo models, trains without it."""
     m = plan.model
-    return [Gap(what, "not written (memo does not model it, and the times beside are without it): add it by hand to "
+    return [Gap(what, "not written (the times beside are without it): add it by hand to "
                 "train the model as released") for what in m.not_modelled.split("; ") if what]  # one gap each
+
+
+def mtp_gap(plan: Plan, framework: str, why: str) -> list[Gap]:
+    """The model's multi-token-prediction modules where the framework version does not train them (``why``: what
+    it lacks, in words): left out, and the nearest plan priced without them."""
+    from memo_sim.search.frameworks import get_framework  # noqa: PLC0415
+
+    n = plan.model.mtp_layers
+    if not n or get_framework(framework).multi_token_prediction:
+        return []
+    where = " on the last stage" if plan.layout.pp > 1 else ""
+    return [Gap(f"multi-token prediction ({n} module{'s' if n > 1 else ''}{where})",
+                f"not written ({why}): the script trains the model without it", PlanChange(mtp_layers=0))]
 
 
 def optimizer_offload_gap(plan: Plan, framework: str) -> list[Gap]:

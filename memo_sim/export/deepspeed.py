@@ -15,7 +15,7 @@ import json
 import shlex
 
 from memo_sim.export.base import (Export, Gap, PlanChange, async_tp_gap, dp_flavour_gap, gemm_format_gap,
-                                  interleave_gap, metp_gap, nearest_plan, rotary_gaps,
+                                  interleave_gap, metp_gap, mtp_gap, nearest_plan, rotary_gaps,
                                   not_modelled_gap, optimizer_offload_gap, policy_gaps, uneven_stages_gap, price_nearest,
                                   shape_arguments, torchrun_line)
 from memo_sim.plan.schema import Plan
@@ -43,7 +43,8 @@ def gaps(plan: Plan) -> list[Gap]:
     # an offloading policy's nearest is cpu_checkpointing (only the layer inputs on the host), any other's full recompute
     out += policy_gaps(plan, _RUNS, fallback="checkpoint_offload" if plan.policy.offloads else "full_recompute")
     out += gemm_format_gap(plan, "deepspeed") + optimizer_offload_gap(plan, "deepspeed")
-    out += dp_flavour_gap(plan, "deepspeed")
+    out += dp_flavour_gap(plan, "deepspeed") + mtp_gap(plan, "deepspeed", "Megatron-DeepSpeed has no multi-token "
+                                                                           "prediction")
     out += uneven_stages_gap(plan, "Megatron-DeepSpeed")
     if plan.model.bias == "qkv":  # Megatron-DeepSpeed's --disable-bias-linear drops every bias, it has no qkv-only one
         out.append(Gap(f"{plan.model.name}'s biases on the q, k and v projections only",

@@ -254,6 +254,8 @@ def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | tuple[str
     if m.attention_sinks:  # one learned logit per head in each softmax (GPT-OSS)
         args.append(("--softmax-type", "learnable"))
     args += _window_pattern(m)
+    if m.mtp_layers:  # on the last pipeline stage without a layout, as memo prices them (a layout writes them: 'm')
+        args.append(("--mtp-num-layers", str(m.mtp_layers)))
     if not m.tied_embeddings:
         args.append(("--untie-embeddings-and-output-weights", None))
     if m.dtype in ("bf16", "fp16"):
@@ -273,7 +275,7 @@ def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | tuple[str
     if lay.pp > 1:
         args.append(("--pipeline-model-parallel-size", str(lay.pp)))
         if lay.chunk_layers:  # every chunk's layers; Megatron takes the chunks per rank from it (and refuses both)
-            args.append(("--pipeline-model-parallel-layout", format_layout(lay.chunk_layers)))
+            args.append(("--pipeline-model-parallel-layout", format_layout(lay.chunk_layers, m.mtp_layers)))
         elif lay.vpp > 1:
             args.append(("--num-virtual-stages-per-pipeline-rank", str(lay.vpp)))
         if lay.first_stage_layers:

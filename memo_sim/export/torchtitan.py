@@ -27,8 +27,8 @@ configuration's model is not the one priced (llama3_405b's Float8 converter, gpt
 
 from __future__ import annotations
 
-from memo_sim.export.base import (Export, Gap, PlanChange, gemm_format_gap, metp_gap, nearest_model, nearest_plan,
-                                  not_modelled_gap, optimizer_offload_gap, policy_gaps, uneven_stages_gap,
+from memo_sim.export.base import (Export, Gap, PlanChange, gemm_format_gap, metp_gap, mtp_gap, nearest_model,
+                                  nearest_plan, not_modelled_gap, optimizer_offload_gap, policy_gaps, uneven_stages_gap,
                                   price_nearest, rotary_gaps, torchrun_line, ulysses_gap)
 from memo_sim.plan.schema import Plan
 
@@ -260,6 +260,8 @@ def gaps(plan: Plan) -> list[Gap]:
     out += policy_gaps(plan, _RUNS, notes={"memo": "torchtitan offloads no activations",
                                            "full_offload": "torchtitan offloads no activations"})
     out += gemm_format_gap(plan, "torchtitan") + optimizer_offload_gap(plan, "torchtitan") + not_modelled_gap(plan)
+    out += mtp_gap(plan, "torchtitan", "memo's torchtitan data and export do not offer it: torchtitan's DeepSeek-V3 "
+                                       "MTP, model_registry num_mtp_layers, runs without PP and CP only")
     if plan.layout.pp > 1 and pipeline_split(plan) is None:
         out += uneven_stages_gap(plan, "torchtitan (module_fqns_per_model_part)")
     if plan.layout.etp > 1:

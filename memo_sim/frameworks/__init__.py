@@ -131,6 +131,8 @@ class _LayoutsIn(BaseModel):
     # its FSDP mesh holds the context-parallel ranks (torchtitan's dp_shard x cp): with cp > 1 the weights are
     # sharded over a group of a multiple of cp ranks, never replicated (ZeRO 0) or sharded over fewer
     shards_over_cp: bool = Field(False, strict=True)
+    # it trains a model's multi-token-prediction modules (`ModelConfig.mtp_layers`); else its runs are priced without
+    multi_token_prediction: bool = Field(False, strict=True)
 
 
 class _MechanismsIn(BaseModel):
@@ -217,11 +219,13 @@ class Framework:
     dp_modes: tuple[str, ...] = ("zero",)  # its data-parallel flavours (`memo_sim.dp`; zero: ZeRO stages)
     chunked_attention: bool = False  # it runs chunked attention (Llama 4); else a model's chunked layers run full
     shards_over_cp: bool = False  # its FSDP shards over the CP ranks too (`_LayoutsIn.shards_over_cp`)
+    multi_token_prediction: bool = False  # it trains multi-token-prediction modules (`_LayoutsIn`)
 
     def for_model(self, model: ModelConfig) -> ModelConfig:
         """``model`` as this framework trains it: its recipe for the model's dtype where the model
         names none, full causal attention where it runs no chunked attention; a GEMM format it does not offer, or a
-        mixture of experts where it trains none, is refused (one line)."""
+        mixture of experts where it trains none, is refused (one line); multi-token-prediction modules it does not
+        train are left out and named."""
         if model.moe and self.experts is None:
             raise MemoError(f"model {model.name} is a mixture of experts: {self.name} does not train them in memo's "
                             f"framework data; choose another --framework (megatron, torchtitan, deepspeed, any)")
@@ -235,6 +239,11 @@ class Framework:
             note = (f"chunked attention ({model.attention_chunk}-token chunks on {model.chunked_layers} layers): "
                     f"{self.name} has none, priced as full causal attention")
             model = replace(model, attention_chunk=0, chunked_layers=0, chunked_period=0,
+                            not_modelled="; ".join(x for x in (model.not_modelled, note) if x)[:500])
+        if model.mtp_layers and not self.multi_token_prediction:
+            note = (f"multi-token prediction ({model.mtp_layers} module{'s' if model.mtp_layers > 1 else ''}): "
+                    f"{self.name} does not train it in memo's framework data, priced without")
+            model = replace(model, mtp_layers=0,
                             not_modelled="; ".join(x for x in (model.not_modelled, note) if x)[:500])
         recipe = dict(self.recipes).get(model.dtype)
         if model.precision is not None or recipe is None:
@@ -344,6 +353,7 @@ def _read(path: Path) -> Framework:
                      else lay.embedding_loss_slots,
                      fp8_saved_inputs=f.precision.fp8_saved_inputs, fp8_sp_gathers=f.precision.fp8_sp_gathers,
                      dp_modes=lay.dp_modes, chunked_attention=f.chunked_attention, shards_over_cp=lay.shards_over_cp,
+                     multi_token_prediction=lay.multi_token_prediction,
                      experts=None if lay.experts is None else (lay.experts.expert_parallel,
                                                                 lay.experts.expert_tensor_parallel,
                                                                 lay.experts.dispatchers,

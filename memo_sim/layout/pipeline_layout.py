@@ -12,8 +12,10 @@ What memo takes from it: the transformer layers of each stage. The first stage m
 embedding alone (``E|...``) and the last the loss alone (``...|L``): model chunks of one slot, as
 Megatron's docs write DeepSeek-V3's last stage (``m|L``) and as its
 --account-for-embedding/loss-in-pipeline-split make where the slots split one a chunk. It refuses,
-naming the option, what it does not model: MTP layers (``m``), an embedding anywhere but the first
-stage or a loss anywhere but the last (memo prices them there), and any other stage without a
+naming the option, what it does not model: multi-token-prediction layers (``m``) anywhere but beside the loss
+on the last stage, or other than the model's count (memo prices them with the loss: `memo_sim.cost.boundary`;
+a model with them needs them written, as Megatron builds none a layout leaves out), an embedding anywhere but the
+first stage or a loss anywhere but the last (memo prices them there), and any other stage without a
 transformer layer (Megatron allows an empty stage; memo's chunks between the ends each run at least
 one layer).
 
@@ -82,25 +84,33 @@ def _expand(text: str) -> str:
     return seq(0)
 
 
-def parse_layout(text: str, n_layers: int, pp: int) -> tuple[int, ...]:
+def parse_layout(text: str, n_layers: int, pp: int, mtp_layers: int = 0) -> tuple[int, ...]:
     """The transformer layers of each virtual stage of ``text`` (module docs), checked against the
-    model's ``n_layers`` and the pipeline's ``pp`` ranks; a `MemoError` naming the option otherwise."""
+    model's ``n_layers`` and ``mtp_layers`` and the pipeline's ``pp`` ranks; a `MemoError` naming the option
+    otherwise."""
     if not text or not text.strip():
         raise _bad(text, "empty; write the stages split by '|', e.g. Et*4|t*4|t*4|t*4L")
     stages = _expand(text).split("|")
     if len(stages) % pp:
         raise _bad(text, f"{len(stages)} stages do not divide over --pp {pp} pipeline ranks (each rank holds "
                          "stages / pp model chunks)")
+    written = sum(st.count("m") for st in stages)
+    if written != mtp_layers:
+        raise _bad(text, f"{written} multi-token-prediction layers (m), the model has {mtp_layers}: "
+                         + ("write them before the loss on the last stage (...mL)" if mtp_layers else
+                            "plan the model with them (--mtp-layers) or drop them"))
     for i, st in enumerate(stages):
-        if "m" in st:
-            raise _bad(text, f"stage {i} holds an MTP layer (m): multi-token prediction is not modelled")
+        if "m" in st and i != len(stages) - 1:
+            raise _bad(text, f"stage {i} holds a multi-token-prediction layer (m): memo prices them with the loss on "
+                             "the last stage (a stage of their own, Megatron's standalone placement, is not modelled); "
+                             "write them there (...mL)")
         if "E" in st and i:
             raise _bad(text, f"stage {i} holds the embedding: memo prices it on the first stage only")
         if "L" in st and i != len(stages) - 1:
             raise _bad(text, f"stage {i} holds the loss: memo prices it on the last stage only")
         if st.count("E") > 1 or st.count("L") > 1:
             raise _bad(text, f"stage {i} holds the embedding or the loss twice")
-        if "t" not in st and st not in ("E", "L"):
+        if "t" not in st and st.replace("m", "") not in ("E", "L"):
             raise _bad(text, f"stage {i} has no transformer layer: a model chunk runs at least one in memo, but for a "
                              "first stage of the embedding alone (E|...) and a last of the loss alone (...|L)")
     if "E" not in stages[0] or "L" not in stages[-1]:
@@ -111,17 +121,19 @@ def parse_layout(text: str, n_layers: int, pp: int) -> tuple[int, ...]:
     return counts
 
 
-def format_layout(counts: tuple[int, ...]) -> str:
+def format_layout(counts: tuple[int, ...], mtp_layers: int = 0) -> str:
     """Megatron-LM's layout string of ``counts`` (one per virtual stage, the embedding on the first, the
-    loss on the last), runs of equal middle stages written as a group: ``Et*7|(t*8|)*14,t*7L``."""
+    loss on the last, ``mtp_layers`` multi-token-prediction layers before it), runs of equal middle stages
+    written as a group: ``Et*7|(t*8|)*14,t*7L``."""
     if not counts:
         raise MemoError("format_layout: no stages")
 
     def t(k: int) -> str:  # a chunk of no layer holds the embedding or the loss alone
         return "" if k == 0 else "t" if k == 1 else f"t*{k}"
 
+    tail = "m" * mtp_layers + "L"
     if len(counts) == 1:
-        return f"E{t(counts[0])}L"
+        return f"E{t(counts[0])}{tail}"
     parts = [f"E{t(counts[0])}|"]
     mid = counts[1:-1]
     i = 0
@@ -132,7 +144,7 @@ def format_layout(counts: tuple[int, ...]) -> str:
         run = j - i
         parts.append(f"({t(mid[i])}|)*{run}," if run > 1 else f"{t(mid[i])}|")
         i = j
-    parts.append(f"{t(counts[-1])}L")
+    parts.append(f"{t(counts[-1])}{tail}")
     return "".join(parts)
 
 

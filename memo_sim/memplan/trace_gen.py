@@ -388,7 +388,9 @@ def model_trace(model: ModelConfig, layout: Layout, batch: int, seq: int, policy
     c = st.classifier
     add("final_hidden", x, c, c + 1, "transient")
     add("final_hidden_grad", x, c, c + 2, "transient")
-    add("classifier_chunk", classifier_peak_bytes(model, layout, batch, seq, classifier_chunk_tokens) - 2 * x,
+    head = classifier_peak_bytes(model, layout, batch, seq, classifier_chunk_tokens,
+                                 recompute_mtp=policy.recomputes_attention)
+    add("classifier_chunk", head - 2 * x,
         c, c + 1, "transient")
     add("embedding_grad", x, st.end_of_backward, st.end, "transient")
     return RequestTrace(bufs, name=f"{model.name}-{layout.label()}-{seq}-{policy.name}-model")

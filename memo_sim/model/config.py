@@ -61,6 +61,15 @@ memo-exec builds them there; a Hugging Face config whose dense layers follow nei
 ``not_modelled``. The
 simulator prices every layer's time and activations as a MoE layer's (one repeated layer; each
 what-if names it).
+
+Multi-token prediction (``mtp_layers`` D: DeepSeek-V3's and GLM-4.5's ``num_nextn_predict_layers``, Megatron-LM's
+--mtp-num-layers): D modules after the last layer, each predicting one token further. A module is a layer of
+the last layer's kind (a MoE layer for DeepSeek-V3, as Megatron-LM builds and its training.py counts it), the
+projection of the normed embedding and hidden state (2h -> h) and three norms; the token embedding and the
+classifier are the model's, shared (`mtp_params`). ``params()`` leaves them out, as transformers builds no
+module (its counts are the tests'); the model states, the optimizer, the gradient reduction and MFU's FLOPs count
+them. They run on the last pipeline stage, as Megatron-LM places them without a layout
+(`memo_sim.cost.boundary`, `memo_sim.cost.memory.classifier_peak_bytes`).
 """
 
 from __future__ import annotations
@@ -82,6 +91,7 @@ from memo_sim.model.gemm_formats import GEMM_FORMATS, GemmFormat, gemm_format
 from memo_sim.model.moe_routers import ROUTER_NAMES, Router, router
 from memo_sim.model.precision import RECIPES, PrecisionRecipe, default_recipe
 from memo_sim.model.router_groups import router_groups_why_not
+from memo_sim.units import fmt_params
 
 FFN_TYPES = ("gelu", "swiglu")
 DTYPES = ("bf16", "fp16", "fp32")
@@ -104,7 +114,8 @@ _QUIET_DEFAULTS = {"head_dim": 0, "qk_norm": False, "attention_sinks": False, "s
                    "router_group_topk": 0,
                    "router_scaling": 1.0, "rope_theta": 0.0, "norm_eps": 0.0, "aux_loss_coef": 0.0,
                    "seq_aux": False, "rope_scaling": "", "rotary_fraction": 0.0, "nope_period": 0,
-                   "not_modelled": ""}
+                   "mtp_layers": 0, "not_modelled": ""}
+MAX_MTP_LAYERS = 16
 
 
 def _dim(hi: int):
@@ -165,6 +176,7 @@ class _ModelIn(BaseModel):
     rope_scaling: str = Field("", strict=True, max_length=200)
     rotary_fraction: Annotated[float, Field(ge=0, le=1.0, allow_inf_nan=False)] = 0.0
     nope_period: Annotated[int, Field(strict=True, ge=0, le=MAX_LAYERS)] = 0
+    mtp_layers: Annotated[int, Field(strict=True, ge=0, le=MAX_MTP_LAYERS)] = 0
     not_modelled: str = Field("", strict=True, max_length=500)
 
     @model_validator(mode="after")
@@ -307,6 +319,8 @@ class ModelConfig:
     rope_scaling: str = ""
     rotary_fraction: float = 0.0  # the share of each head the rotary embedding turns (0: all)
     nope_period: int = 0  # every N-th layer without rotary embedding (0: none)
+    # multi-token prediction modules after the last layer (module docs; 0: none)
+    mtp_layers: int = 0
     # what the source describes that memo neither counts nor prices (a sentence every what-if shows)
     not_modelled: str = ""
 
@@ -339,6 +353,14 @@ class ModelConfig:
             out.append(f"{self.dense_layers} of {self.layers} layers have a dense FFN (width {self.ffn}): the model's "
                        f"parameter count and each pipeline stage's model states are exact ({self.dense_where}), "
                        f"but the simulator prices their time and activations as a MoE layer's")
+        if self.mtp_layers:
+            n = self.mtp_layers
+            out.append(f"multi-token prediction ({n} module{'s' if n > 1 else ''}, {fmt_params(self.mtp_params())} "
+                       f"parameters beside the count above, the embedding and classifier shared): priced on the last "
+                       f"pipeline stage as {'a MoE' if self.mtp_moe else 'a'} layer, a projection and a second pass of "
+                       f"the classifier and loss each, forward and backward, its activations kept between them (its "
+                       f"layer re-run under full recompute, as Megatron-LM checkpoints it); --mtp-layers 0 plans "
+                       f"without it")
         return out
 
     @property
@@ -608,6 +630,55 @@ class ModelConfig:
             return self.params()
         return self.params() - self.moe_layers * (self.experts - self.top_k) * self.expert_params()
 
+    # --- multi-token prediction ------------------------------------------------------------
+    @property
+    def mtp_moe(self) -> bool:
+        """Whether a multi-token-prediction module's layer is a MoE layer: the last layer's kind."""
+        return self.moe and not self.dense_layer_at(self.layers - 1)
+
+    @_counted
+    def mtp_module_params(self) -> int:
+        """One multi-token-prediction module without the embedding and classifier it shares with the model: a
+        layer of the last layer's kind, the projection of [norm(embedding); norm(hidden)] (2h -> h) and three
+        norms (DeepSeek-V3's enorm, hnorm and the head's norm)."""
+        layer = self.layer_params() if self.mtp_moe else self.dense_layer_params()
+        return layer + 2 * self.hidden * self.hidden + 3 * self.norm_params
+
+    @_counted
+    def mtp_params(self) -> int:
+        """Every multi-token-prediction module's parameters (not in `params`: module docs)."""
+        return self.mtp_layers * self.mtp_module_params()
+
+    @_counted
+    def mtp_routed_params(self) -> int:
+        """The routed experts of the modules' layers (what expert parallelism shards)."""
+        return self.mtp_layers * self.expert_layer_params() if self.mtp_moe else 0
+
+    @_counted
+    def mtp_replicated_params(self) -> int:
+        """What every TP rank holds whole of the modules (`replicated_layer_params`; no router on a dense layer)."""
+        router = self.moe_router.params(self.hidden, self.experts, self.moe_bias) if self.moe else 0
+        return self.mtp_layers * (self.replicated_layer_params() - (0 if self.mtp_moe else router))
+
+    @_counted
+    def mtp_active_params(self) -> int:
+        """The modules' parameters one token uses (the top-k of the routed experts), for MFU's FLOPs."""
+        unused = (self.experts - self.top_k) * self.expert_params() if self.mtp_moe else 0
+        return self.mtp_params() - self.mtp_layers * unused
+
+    @_counted
+    def trained_params(self) -> int:
+        """The parameters training holds and updates: `params` and the multi-token-prediction modules."""
+        return self.params() + self.mtp_params()
+
+    @_counted
+    def trained_routed_params(self) -> int:
+        return self.routed_params() + self.mtp_routed_params()
+
+    @_counted
+    def trained_replicated_params(self) -> int:
+        return self.replicated_params() + self.mtp_replicated_params()
+
     def to_dict(self) -> dict:
         d = asdict(self)
         for k, v in _QUIET_DEFAULTS.items():
@@ -692,8 +763,7 @@ PRESETS: dict[str, ModelConfig] = {
                                aux_loss_coef=0.001, seq_aux=True,
                                rope_scaling="yarn factor 40, mscale 1, mscale_all_dim 1, "
                                             "original_max_position_embeddings 4096, beta_fast 32, beta_slow 1",
-                               not_modelled="multi-token prediction (1 module, num_nextn_predict_layers): not counted, "
-                                            "not priced"),
+                               mtp_layers=1),
     "gpt-oss-20b": ModelConfig("gpt-oss-20b", 24, 2880, 64, 2880, vocab=201088, kv_heads=8, ffn_type="swiglu",
                                norm="rmsnorm", bias="all", tied_embeddings=False, head_dim=64, attention_sinks=True,
                                sliding_window=128, sliding_layers=12, sliding_period=2, experts=32, top_k=4,
@@ -707,9 +777,7 @@ PRESETS: dict[str, ModelConfig] = {
     "glm-4.5-air": ModelConfig("glm-4.5-air", 46, 4096, 96, 10944, vocab=151552, kv_heads=8, ffn_type="swiglu",
                                norm="rmsnorm", bias="qkv", tied_embeddings=False, head_dim=128, experts=128, top_k=8,
                                expert_ffn=1408, shared_experts=1, shared_ffn=1408, dense_layers=1, router="sigmoid",
-                               rope_theta=1000000.0, norm_eps=1e-5, rotary_fraction=0.5,
-                               not_modelled="multi-token prediction (1 module, num_nextn_predict_layers): not counted, "
-                                            "not priced"),
+                               rope_theta=1000000.0, norm_eps=1e-5, rotary_fraction=0.5, mtp_layers=1),
     "llama-4-scout": ModelConfig("llama-4-scout", 48, 5120, 40, 8192, vocab=202048, kv_heads=8, ffn_type="swiglu",
                                  norm="rmsnorm", bias="none", tied_embeddings=False, attention_chunk=8192,
                                  chunked_layers=36, chunked_period=4, experts=16, top_k=1, shared_experts=1,
@@ -729,8 +797,9 @@ def with_overrides(base: ModelConfig, source: str = "model flags", rename: bool 
     (``sliding_layers``) and of a MoE model's dense layers (``dense_layers``, at least one MoE layer left), rounded:
     GPT-OSS-20B's 12 sliding layers of 24 are 1 of ``--layers 2``. The head dimension and MLA's ranks are the
     preset's (heads x head_dim need not be the width). ``rename``: another model is named ``NAME-custom``
-    (the same one with its GEMMs in another format alone keeps its name)."""
-    over = {k: v for k, v in over.items() if v is not None}
+    (the same one with its GEMMs in another format alone keeps its name); a flag giving the model's own value changes
+    nothing (``--mtp-layers 1`` on DeepSeek-V3 keeps its name)."""
+    over = {k: v for k, v in over.items() if v is not None and getattr(base, k, None) != v}
     if not over:
         return base
     d = base.to_dict()

@@ -61,9 +61,18 @@ def model_flops_per_iteration(model: ModelConfig, batch: int, seq: int) -> float
     """MISSION's model FLOPs: (6·s·P + 6·n·h·s²) per sample; recompute is not counted. A mixture of
     experts counts the parameters a token uses (`ModelConfig.active_params`); attention counts the
     width its FLOPs scale with and a sliding window's fewer scores (`ModelConfig.attention_width`,
-    ``attention_flop_fraction``), which are hidden and 1 for a standard layer."""
+    ``attention_flop_fraction``), which are hidden and 1 for a standard layer. Multi-token-prediction
+    modules count as one more layer each and a classifier pass (`mtp_head_params`)."""
     attn = model.layers * model.attention_width * seq * seq * model.attention_flop_fraction(seq)
-    return batch * (6.0 * seq * model.active_params() + 6.0 * attn)
+    mtp = model.mtp_layers * (model.attention_width * seq * seq * model.attention_flop_fraction(seq))
+    return batch * (6.0 * seq * (model.active_params() + mtp_head_params(model)) + 6.0 * (attn + mtp))
+
+
+def mtp_head_params(model: ModelConfig) -> int:
+    """The parameters a token's multi-token-prediction modules use (`ModelConfig.mtp_active_params`) and the
+    classifier each runs again (Megatron-LM's training.py counts the logits (1 + mtp_num_layers) times); 0 without
+    modules."""
+    return model.mtp_active_params() + model.mtp_layers * model.vocab * model.hidden
 
 
 def mfu(model: ModelConfig, batch: int, seq: int, iteration_s: float, gpus: int, peak_flops: float) -> float:

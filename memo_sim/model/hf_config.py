@@ -16,9 +16,9 @@ sliding-window attention, attention sinks, biased router and experts), ``glm4_mo
 routing beside grouped-query attention, q/k/v biases, optional QK norms) and ``llama4_text`` (Llama 4: a shared expert
 beside the routed ones, interleaved dense layers, chunked attention); their parameter counts
 match transformers' models built on the meta device (tests/data/hf/moe_param_counts.json).
-DeepSeek-V3's multi-token-prediction module (``num_nextn_predict_layers``) is not modelled: it is
-named in the model's ``not_modelled`` (and so in every what-if), and its parameters are not
-counted, as transformers does not build it either. A ``quantization_config`` (DeepSeek-V3's fp8
+DeepSeek-V3's and GLM-4.5's multi-token-prediction modules (``num_nextn_predict_layers``) are read as
+``mtp_layers`` (`memo_sim.model.config`): priced, and left out of the parameter count, as transformers does not
+build them either. A ``quantization_config`` (DeepSeek-V3's fp8
 checkpoint) is named there too: memo plans in ``torch_dtype``, FP8 GEMMs being a layout choice.
 
 Sliding windows: Mistral's ``sliding_window`` on every layer, Qwen's ``use_sliding_window`` on the layers from
@@ -376,7 +376,7 @@ def _whole(c: dict, key: str, refuse, minimum: int = 1) -> int:
 def _deepseek_routing(c: dict, d: dict, layers: int, need, refuse, scoring: str, freq: int,
                       groups_on: bool) -> tuple[int, int, int, list[int]]:
     """DeepSeek's routed experts, as DeepSeek-V2/V3 and GLM-4.5 configure them, into ``d`` (router, groups, scaling,
-    shared experts, MTP named): (experts, top_k, expert width, the MoE layers' indices). ``groups_on``: the top-k
+    shared experts, MTP modules): (experts, top_k, expert width, the MoE layers' indices). ``groups_on``: the top-k
     method picks from groups (V2's group_limited_greedy, V3's and GLM's noaux_tc; V2's greedy ignores them)."""
     experts, top_k = need("n_routed_experts"), need("num_experts_per_tok")
     expert_ffn = need("moe_intermediate_size")
@@ -403,10 +403,9 @@ def _deepseek_routing(c: dict, d: dict, layers: int, need, refuse, scoring: str,
         d.update(router_scaling=float(scaling))
     if shared:
         d.update(shared_experts=shared, shared_ffn=expert_ffn)
-    mtp = c.get("num_nextn_predict_layers") or 0
+    mtp = 0 if c.get("num_nextn_predict_layers") is None else _whole(c, "num_nextn_predict_layers", refuse, 0)
     if mtp:
-        add_note(d, f"multi-token prediction ({mtp} module{'s' if mtp > 1 else ''}, num_nextn_predict_layers): not "
-                 f"counted, not priced")
+        d.update(mtp_layers=mtp)
     return experts, top_k, expert_ffn, moe_at
 
 

@@ -120,6 +120,8 @@ class Sppo(Policy):
         if model.mla or model.attention_width != model.hidden or model.sliding_layers or model.chunked_layers:
             return ("sppo's pieces are priced for dense layers with standard attention (no latent attention, "
                     "head_dim other than hidden / heads, sliding window or chunked attention)")
+        if model.mtp_layers:  # a piece's head would price the module's attention over the piece, not its prefix
+            return "sppo's pieces price no multi-token-prediction module (--mtp-layers 0 plans the model without)"
         return None
 
     def check(self, model: ModelConfig, layout: Layout, batch: int, seq: int) -> str | None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import click
 
 from memo_sim.report.table import render_table
+from memo_sim.units import fmt_params  # noqa: F401  (re-exported: the reports' one parameter-count format)
 
 FORMATS = ("table", "json", "csv", "md")
 
@@ -143,14 +144,6 @@ def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
              "|" + "|".join("---" for _ in headers) + "|"]
     lines += ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows]
     return "\n".join(lines)
-
-
-def fmt_params(n: float) -> str:
-    """A parameter count in the unit that reads: 8.03B, 110.5M, 12.3K (a toy model is not 0.00B)."""
-    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= size:
-            return f"{n / size:.2f}{unit}" if unit in ("T", "B") else f"{n / size:.1f}{unit}"
-    return f"{n:.0f}"
 
 
 def plural(n: int, word: str, words: str | None = None) -> str:

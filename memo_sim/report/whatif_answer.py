@@ -216,6 +216,13 @@ def precision_line(v: WhatIfView) -> str:
     return words + f"; {fmt} gives {b.tgs / o.tgs:.2f}x its throughput"
 
 
+def trained_model(model, framework: str):
+    """``model`` as ``framework`` trains it (`memo_sim.frameworks.Framework.for_model`: what it leaves out named)."""
+    from memo_sim.search.frameworks import get_framework  # noqa: PLC0415
+
+    return get_framework(framework).for_model(model)
+
+
 def whatif_answer(v: WhatIfView) -> Answer:
     from memo_sim.search.whatif import binding_words
 
@@ -224,9 +231,11 @@ def whatif_answer(v: WhatIfView) -> Answer:
     moe = f", {fmt_params(m.active_params())} active, {m.experts} experts top-{m.top_k}" if m.moe else ""
     # a model in another dtype than bf16 (a config.json saved in float32) says so: its answer is another training's
     dt = f", {m.dtype} training (--dtype bf16 plans bf16)" if m.dtype != "bf16" else ""
-    a.line(f"{m.name} ({fmt_params(m.params())} params{moe}{m.gemm_words}{dt}), {fmt_count(v.seq)} tokens x "
+    trained = v.best.model if v.best is not None else trained_model(m, v.framework)
+    mtp = f" + {fmt_params(trained.mtp_params())} of multi-token prediction" if trained.mtp_layers else ""
+    a.line(f"{m.name} ({fmt_params(m.params())} params{mtp}{moe}{m.gemm_words}{dt}), {fmt_count(v.seq)} tokens x "
            f"{v.batch_words}, {v.gpus} x {prof.gpu.model} ({prof.name})")
-    for note in (v.best.model if v.best is not None else m).model_notes():  # as the framework trains it
+    for note in trained.model_notes():
         a.line(f"model: {note}")
     if (nodes := prof.partial_node_words(v.gpus)) is not None:
         a.line(f"nodes: {nodes}")

@@ -168,7 +168,7 @@ def estimate_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int,
         bwd += max(lt.backward + r, lt.prefetch) if i < n_off else lt.backward + r
     exposed = n_off * (max(0.0, lt.offload - lt.forward)
                        + max(0.0, lt.prefetch - lt.backward - lt.recompute))
-    bt = boundary_times(model, layout, batch, seq, profile)
+    bt = boundary_times(model, layout, batch, seq, profile, recompute_mtp=policy.recomputes_attention)
     sync = grad_sync(model, layout, profile)
     sync_exposed = sync.all_grads / n if sync.overlapped else sync.all_grads
     # ZeRO: a layer's weight gather is exposed where it outlasts the layer it runs beside
@@ -218,7 +218,7 @@ def estimate_pipeline(model: ModelConfig, layout: Layout, batch: int, micro_batc
     r = lt.recompute if policy.recomputes_layer(0, model.layers) else 0.0
     f_unit = max(lt.forward, lt.offload) if policy.offloads else lt.forward
     b_unit = max(lt.backward + r, lt.prefetch) if policy.offloads else lt.backward + r
-    bt = boundary_times(model, shard, micro_batch, seq, profile)
+    bt = boundary_times(model, shard, micro_batch, seq, profile, recompute_mtp=policy.recomputes_attention)
     work = [per_stage[s] * (f_unit + b_unit) + (bt.embedding if s == 0 else 0.0)
             + (bt.classifier if s == p - 1 else 0.0) for s in range(p)]
     hops, serial, opt = _stage_terms(model, layout, micro_batch, seq, profile)

@@ -222,7 +222,7 @@ def pipeline_costs(model: ModelConfig, layout: Layout, micro_batch: int, seq: in
     shard = replace(layout, pp=1, vpp=1, dp=1, zero=0)
     mem = memory_breakdown(model, shard, micro_batch, seq, policy, profile)
     lp = layer_plan(model, shard, micro_batch, seq, policy, profile, mem)
-    bt = boundary_times(model, shard, micro_batch, seq, profile)
+    bt = boundary_times(model, shard, micro_batch, seq, profile, recompute_mtp=policy.recomputes_attention)
     secs = {link: p2p_link_time(model, layout, micro_batch, seq, profile, link) for link in ("nvlink", "internode")}
     return PipelineCosts(
         lp.forward, lp.backward, lp.recompute,

@@ -274,7 +274,7 @@ def build_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, po
                            active_gpus_per_node=dev.group)
     n = model.layers if layers is None else layers
     lp = layer_plan(model, layout, batch, seq, policy, profile, mem, n)
-    bt = boundary_times(model, layout, batch, seq, profile)
+    bt = boundary_times(model, layout, batch, seq, profile, recompute_mtp=policy.recomputes_attention)
     sync = grad_sync(model, layout, profile)
     d = dev.index
     g = OpGraph([dev])

@@ -1,0 +1,167 @@
+"""Multi-token prediction priced (`ModelConfig.mtp_layers`: DeepSeek-V3's and GLM-4.5's num_nextn_predict_layers,
+Megatron-LM's --mtp-num-layers): each module a layer of the last layer's kind, a 2h -> h projection, three norms and a
+second pass of the classifier and loss, on the last pipeline stage; its parameters trained beside the model's. It was
+named and neither counted nor priced (a user's review: DeepSeek-V3 and GLM-4.5 train with it)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from click.testing import CliRunner
+
+from memo_sim.cli import cli
+from memo_sim.cost.activations import skeletal_bytes, tokens_per_gpu
+from memo_sim.cost.boundary import boundary_times
+from memo_sim.cost.kernel_time import gemm_bytes, gemm_time, memory_bound_time
+from memo_sim.cost.layer_time import backward_costs, critical_time, forward_costs
+from memo_sim.cost.memory import classifier_peak_bytes, model_state_bytes, mtp_activation_bytes
+from memo_sim.cost.sppo import stage_model_state_bytes, stage_params
+from memo_sim.layout.parallel import Layout
+from memo_sim.model.config import PRESETS, get_model
+from memo_sim.model.flops import model_flops_per_iteration
+from memo_sim.model.layer_graph import DTYPE_BYTES
+from memo_sim.profile.loader import load_profile
+from memo_sim.search.frameworks import get_framework
+
+H100 = load_profile("h100-sxm5-80gb")
+DS = PRESETS["deepseek-v3"]
+NO_MTP = replace(DS, mtp_layers=0)
+LAY = Layout(tp=2, sp=True, ep=8, dp=8)
+
+
+def test_the_module_is_a_layer_a_projection_and_a_second_head_on_the_time_of_the_head():
+    with_, without = boundary_times(DS, LAY, 1, 4096, H100), boundary_times(NO_MTP, LAY, 1, 4096, H100)
+    assert without.mtp == 0 and with_.classifier == pytest.approx(without.classifier + with_.mtp)
+    layer = (critical_time(forward_costs(DS, LAY, 1, 4096, H100))
+             + critical_time(backward_costs(DS, LAY, 1, 4096, H100)))
+    toks, h = tokens_per_gpu(LAY, 1, 4096), DS.hidden
+    proj = 3 * gemm_time(2 * toks * 2 * h * h / LAY.tp, H100, "bf16", gemm_bytes(toks, h / LAY.tp, 2 * h, 2))
+    norms = memory_bound_time(15 * toks * h * 2, H100)
+    assert with_.mtp == pytest.approx(layer + proj + norms + without.classifier + without.embedding)
+    assert with_.mtp > layer + without.classifier  # DeepSeek-V3's 129K vocabulary: the head about as long as the layer
+    two = boundary_times(replace(DS, mtp_layers=2), LAY, 1, 4096, H100)
+    assert two.mtp == pytest.approx(2 * with_.mtp)
+    assert with_.optimizer > without.optimizer  # the module's states are stepped too
+
+
+def test_its_activations_live_with_the_head_and_its_states_on_the_last_stage():
+    sk = skeletal_bytes(DS, LAY, 1, 4096)
+    kept = sk["total"] + sk["lse"] + sk["scores"] + tokens_per_gpu(LAY, 1, 4096) * 4 * DS.hidden * DTYPE_BYTES["bf16"]
+    assert mtp_activation_bytes(DS, LAY, 1, 4096) == pytest.approx(kept) and mtp_activation_bytes(NO_MTP, LAY, 1, 4096) == 0
+    assert classifier_peak_bytes(DS, LAY, 1, 4096) == pytest.approx(classifier_peak_bytes(NO_MTP, LAY, 1, 4096) + kept)
+    pipe = Layout(tp=2, sp=True, ep=8, pp=4, dp=2, first_stage_layers=16)
+    assert stage_params(DS, pipe, 0) == stage_params(NO_MTP, pipe, 0)
+    # the module and a copy of the (untied) embedding it reads, where Megatron builds it (pre_process or mtp_process)
+    assert stage_params(DS, pipe, 3) == stage_params(NO_MTP, pipe, 3) + DS.mtp_params() + DS.vocab * DS.hidden
+    assert stage_model_state_bytes(DS, pipe, 3) > stage_model_state_bytes(NO_MTP, pipe, 3)
+    assert stage_model_state_bytes(DS, pipe, 1) == stage_model_state_bytes(NO_MTP, pipe, 1)
+    assert model_state_bytes(DS, LAY) > model_state_bytes(NO_MTP, LAY)  # one stage: the module beside the layers
+
+
+def test_mfu_counts_the_module_as_megatron_counts_it():
+    """training.py counts an MTP layer as one more layer of the last layer's kind, its projection and norms, and the
+    logits (1 + mtp_num_layers) times."""
+    extra = model_flops_per_iteration(DS, 1, 4096) - model_flops_per_iteration(NO_MTP, 1, 4096)
+    per_token = 6 * (DS.mtp_active_params() + DS.vocab * DS.hidden)
+    assert extra == pytest.approx(4096 * per_token + 6 * DS.attention_width * 4096 ** 2)
+    assert DS.mtp_active_params() < DS.mtp_params() / 10  # 8 of the layer's 256 routed experts
+
+
+def test_frameworks_that_do_not_train_it_price_their_runs_without_it_and_say_so():
+    assert get_framework("megatron").for_model(DS).mtp_layers == 1
+    for fw in ("torchtitan", "deepspeed"):
+        m = get_framework(fw).for_model(DS)
+        assert m.mtp_layers == 0 and f"multi-token prediction (1 module): {fw} does not train it" in m.not_modelled
+
+
+def _whatif(tmp_path, *extra):
+    return CliRunner().invoke(cli, ["whatif", "--model", "qwen3-30b-a3b", "--layers", "4", "--gpus", "8", "--seq", "4K",
+                                    "--profile", "h100-sxm5-80gb", "--ep", "4", "--pp", "2", "--schedule", "1f1b",
+                                    "--policy", "store_all", "--batch", "4", "--micro-batch", "1", "--json", "--out",
+                                    str(tmp_path / "o"), *extra])
+
+
+def test_the_last_stage_runs_it_in_every_micro_batch_and_the_flag_drops_it(tmp_path):
+    """Qwen3-30B-A3B with an MTP module given (--mtp-layers 1; the config has none) at PP 2, 4 micro-batches: the
+    simulated step grows by about the module's time in each micro-batch on the last stage, the JSON names its
+    parameters and --mtp-layers 0 is the model without."""
+    import json
+
+    runs = {}
+    for n in ("0", "1"):
+        r = _whatif(tmp_path / n, "--mtp-layers", n)
+        assert r.exit_code == 0, r.output
+        runs[n] = json.loads(r.output)
+    m = replace(get_model("qwen3-30b-a3b"), layers=4, mtp_layers=1)
+    assert runs["1"]["model"]["mtp_params"] == m.mtp_params() > 0 and runs["0"]["model"]["mtp_params"] == 0
+    assert any("multi-token prediction (1 module" in note for note in runs["1"]["model"]["notes"])
+    t0, t1 = (runs[n]["candidates"][0]["simulated_iteration_s"] for n in ("0", "1"))
+    lay = Layout(ep=4, pp=2, dp=4)
+    mtp = boundary_times(m, lay, 1, 4096, H100).mtp
+    assert 3 * mtp < t1 - t0 < 5 * mtp, (t0, t1, mtp)
+    from memo_sim.plan.schema import read_plan
+
+    from memo_sim.search.estimate import stage_shard
+
+    plan = read_plan(tmp_path / "1" / "o" / "plan.json")  # a stage's GPU as the pipeline prices it (a review)
+    own = boundary_times(plan.model, stage_shard(plan.layout), plan.micro_batch, plan.seq_tokens, H100).mtp
+    ex = CliRunner().invoke(cli, ["explain", str(tmp_path / "1" / "o" / "plan.json"), "--json"])
+    assert ex.exit_code == 0 and json.loads(ex.output)["mtp_s_per_micro_batch"] == pytest.approx(own), ex.output
+    ex = CliRunner().invoke(cli, ["explain", str(tmp_path / "1" / "o" / "plan.json")])
+    assert "classifier: the 1 multi-token-prediction module included" in ex.output, ex.output
+
+
+def test_an_mtp_plan_is_refused_by_the_executor_in_one_line_and_left_out_where_a_framework_lacks_it():
+    from memo_sim.export.base import mtp_gap, nearest_model
+    from memo_sim.plan.executor_scope import plan_why_not
+    from memo_sim.policy import get_policy
+
+    why = plan_why_not(DS, LAY, get_policy("store_all"), "single_stage", 1, 1, 4096)
+    assert why.startswith("plan model deepseek-v3: mtp_layers = 1") and "--mtp-layers 0" in why
+    assert plan_why_not(NO_MTP, LAY, get_policy("store_all"), "single_stage", 1, 1, 4096) != why
+
+    class _Plan:  # what the gap reads of a plan
+        model = DS
+
+    gaps = mtp_gap(_Plan, "torchtitan", "why")
+    assert len(gaps) == 1 and gaps[0].change.mtp_layers == 0 and nearest_model(_Plan, gaps).mtp_layers == 0
+    assert mtp_gap(_Plan, "megatron", "why") == []
+
+
+def test_full_recompute_reruns_the_module_and_a_split_loss_keeps_its_state_meanwhile():
+    """A review against Megatron-LM: under full uniform recompute it checkpoints the module (multi_token_prediction.py
+    `_checkpointed_forward`): one more layer forward, only its two inputs kept; and the module's loss runs in the
+    forward, before the main head's, its fp32 softmax kept for the backward (cross_entropy.py save_for_backward)
+    while the main head peaks: 4 bytes per logit with Megatron's vocab_parallel loss, none with memo's chunked one."""
+    from memo_sim.cost.memory import classifier_peak_bytes
+
+    lay = replace(LAY, cross_entropy="vocab_parallel")
+    toks = tokens_per_gpu(lay, 1, 4096)
+    loss = toks * DS.vocab / lay.tp * 4
+    sk = skeletal_bytes(DS, lay, 1, 4096)
+    stored = sk["total"] + sk["lse"] + sk["scores"] + toks * 4 * DS.hidden * 2
+    assert mtp_activation_bytes(DS, lay, 1, 4096) == pytest.approx(stored + loss)
+    assert mtp_activation_bytes(DS, lay, 1, 4096, recompute=True) == pytest.approx(toks * 2 * DS.hidden * 2 + loss)
+    assert mtp_activation_bytes(DS, LAY, 1, 4096) == pytest.approx(stored)  # memo's chunked loss keeps nothing
+    assert classifier_peak_bytes(DS, lay, 1, 4096, recompute_mtp=True) < classifier_peak_bytes(DS, lay, 1, 4096)
+    kept, rerun = boundary_times(DS, LAY, 1, 4096, H100), boundary_times(DS, LAY, 1, 4096, H100, recompute_mtp=True)
+    assert rerun.mtp - kept.mtp == pytest.approx(critical_time(forward_costs(DS, LAY, 1, 4096, H100)))
+
+
+def test_a_framework_that_leaves_the_module_out_says_so_in_the_header_json_and_layout_errors(tmp_path):
+    import json
+
+    base = ["whatif", "--model", "glm-4.5-air", "--layers", "4", "--gpus", "8", "--seq", "4K", "--profile",
+            "h100-sxm5-80gb", "--policy", "store_all", "--no-plan"]
+    r = CliRunner().invoke(cli, [*base, "--framework", "torchtitan", "--json"])
+    assert r.exit_code in (0, 3), r.output
+    model = json.loads(r.output)["model"]
+    assert model["mtp_layers"] == 0 and model["mtp_params"] == 0
+    assert any("torchtitan does not train it" in n for n in model["notes"]), model["notes"]
+    r = CliRunner().invoke(cli, [*base, "--framework", "torchtitan", "--pp", "2",
+                                 "--pipeline-model-parallel-layout", "Et*2|t*2mL"])
+    assert r.exit_code == 2 and "torchtitan trains no multi-token-prediction module" in r.output, r.output
+    r = CliRunner().invoke(cli, [*base, "--framework", "megatron", "--pp", "2",
+                                 "--pipeline-model-parallel-layout", "Et*2|t*2mL"])
+    assert r.exit_code in (0, 3) and "+ " in r.output.splitlines()[1], r.output  # the module in the header
