@@ -6,6 +6,7 @@ named and neither counted nor priced (a user's review: DeepSeek-V3 and GLM-4.5 t
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -112,17 +113,20 @@ def test_the_last_stage_runs_it_in_every_micro_batch_and_the_flag_drops_it(tmp_p
     assert "classifier: the 1 multi-token-prediction module included" in ex.output, ex.output
 
 
-def test_an_mtp_plan_is_refused_by_the_executor_in_one_line_and_left_out_where_a_framework_lacks_it():
+def test_the_executor_runs_single_stage_modules_and_refuses_a_pipelines_in_one_line():
     from memo_sim.export.base import mtp_gap, nearest_model
     from memo_sim.plan.executor_scope import plan_why_not
     from memo_sim.policy import get_policy
 
-    why = plan_why_not(DS, LAY, get_policy("store_all"), "single_stage", 1, 1, 4096)
-    assert why.startswith("plan model deepseek-v3: mtp_layers = 1") and "--mtp-layers 0" in why
-    assert plan_why_not(NO_MTP, LAY, get_policy("store_all"), "single_stage", 1, 1, 4096) != why
+    qwen = replace(get_model("qwen3-30b-a3b"), layers=4, mtp_layers=1)
+    store = get_policy("store_all")
+    assert plan_why_not(qwen, Layout(ep=4, dp=4), store, "single_stage", 4, 1, 4096) is None
+    why = plan_why_not(qwen, Layout(ep=4, pp=2, dp=2), store, "1f1b", 4, 1, 4096)
+    assert why.startswith("plan model qwen3-30b-a3b: mtp_layers = 1 with pp = 2") and "--mtp-layers 0" in why
 
     class _Plan:  # what the gap reads of a plan
         model = DS
+        layout = LAY
 
     gaps = mtp_gap(_Plan, "torchtitan", "why")
     assert len(gaps) == 1 and gaps[0].change.mtp_layers == 0 and nearest_model(_Plan, gaps).mtp_layers == 0
@@ -165,3 +169,16 @@ def test_a_framework_that_leaves_the_module_out_says_so_in_the_header_json_and_l
     r = CliRunner().invoke(cli, [*base, "--framework", "megatron", "--pp", "2",
                                  "--pipeline-model-parallel-layout", "Et*2|t*2mL"])
     assert r.exit_code in (0, 3) and "+ " in r.output.splitlines()[1], r.output  # the module in the header
+
+
+def test_a_config_asking_for_too_many_modules_is_refused_under_its_own_key(tmp_path):
+    import json
+
+    from memo_sim.errors import MemoError
+
+    cfg = json.loads((Path(__file__).parent / "data/hf/deepseek-v3/config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "num_nextn_predict_layers": 99}))
+    with pytest.raises(MemoError, match="num_nextn_predict_layers: 99 modules: memo models at most 16"):
+        get_model(str(tmp_path / "config.json"))
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "num_nextn_predict_layers": 2}))
+    assert get_model(str(tmp_path / "config.json")).mtp_layers == 2

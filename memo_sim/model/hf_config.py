@@ -404,6 +404,10 @@ def _deepseek_routing(c: dict, d: dict, layers: int, need, refuse, scoring: str,
     if shared:
         d.update(shared_experts=shared, shared_ffn=expert_ffn)
     mtp = 0 if c.get("num_nextn_predict_layers") is None else _whole(c, "num_nextn_predict_layers", refuse, 0)
+    from memo_sim.model.config import MAX_MTP_LAYERS  # noqa: PLC0415 - config reads this module first
+
+    if mtp > MAX_MTP_LAYERS:
+        raise refuse("num_nextn_predict_layers", f"{mtp} modules: memo models at most {MAX_MTP_LAYERS}")
     if mtp:
         d.update(mtp_layers=mtp)
     return experts, top_k, expert_ffn, moe_at
