@@ -201,11 +201,12 @@ class LayerWeights(nn.Module):
     TP_COLS = ("wo", "w2")
 
     def __init__(self, model: ModelConfig, layers: int, device, dtype, tp: int = 1, layer: int | None = None,
-                 experts: tuple[int, int] | None = None) -> None:
+                 experts: tuple[int, int] | None = None, moe: bool | None = None) -> None:
         """``layer``: the model layer these weights are (None: a dense layer, for sizes and traces); a MoE
-        model's layer that is not a dense one (`ModelConfig.dense_layer_at`) has the MoE block ``moe``
-        (`memo_exec.moe.weights`) instead of w1/w2/b1/b2, holding routed experts ``[first, first + n)`` =
-        ``experts`` (default all)."""
+        model's layer that is not a dense one (`ModelConfig.dense_layer_at`; ``moe`` given: where it is True,
+        as a multi-token-prediction module's layer ``layers + k`` is of the last layer's kind, `memo_exec.mtp`)
+        has the MoE block ``moe`` (`memo_exec.moe.weights`) instead of w1/w2/b1/b2, holding routed experts
+        ``[first, first + n)`` = ``experts`` (default all)."""
         super().__init__()
         h, kv, f = model.hidden, model.kv_dim // tp, model.ffn // tp
         hq = model.q_dim // tp  # the queries' width: heads x head size (hidden, but where head_dim says otherwise)
@@ -221,7 +222,7 @@ class LayerWeights(nn.Module):
         self.ln2_w, self.ln2_b = mk(h), mk(h) if shift else None
         self.swiglu = model.ffn_type == "swiglu"
         self.index = layer
-        if model.moe and layer is not None and not model.dense_layer_at(layer):
+        if model.moe and layer is not None and (not model.dense_layer_at(layer) if moe is None else moe):
             from memo_exec.moe.weights import MoEWeights  # noqa: PLC0415
 
             first, n = experts if experts is not None else (0, model.experts)

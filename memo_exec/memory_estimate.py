@@ -3,9 +3,10 @@ simulator's terms (`memo_sim.memplan.footprint.MemoryBreakdown`), and the fit ch
 
 Terms (bytes on the device):
 
-- ``model_states``: weights, gradients, AdamW states (fp32 master weights for 16-bit parameters), and
-  under FP8 GEMMs every linear weight's two FP8 copies (`memo_exec.gemm_formats`; the simulator's
-  `memo_sim.cost.gemm_format.weight_cache_bytes`).
+- ``model_states``: weights, gradients, AdamW states (fp32 master weights for 16-bit parameters) of every
+  parameter the run trains (`ModelConfig.trained_params`: the multi-token-prediction modules' too), and
+  under FP8 GEMMs every layer's linear weights' two FP8 copies, the modules' layers included (`memo_exec.gemm_formats`;
+  the simulator's `memo_sim.cost.gemm_format.weight_cache_bytes`).
 - ``skeletal_resident``: skeletal tensors kept across layers (store all: every layer's; full
   recompute: every layer's input).
 - ``buffers``: the two rounding buffers (offloading policies) or the one recompute buffer.
@@ -24,7 +25,11 @@ Terms (bytes on the device):
   embedding output in layer 0's forward, the incoming gradient in backward).
 - ``classifier_peak``: the chunked head: the last layer output, the final norm output and its
   gradient, the head's weight gradient and one chunk's logits (with the fp32 softmax and the
-  gradient cast back when the model dtype is 16-bit). Under a memory plan the layer arena stays
+  gradient cast back when the model dtype is 16-bit). With multi-token-prediction modules also what
+  they keep from their forward to their backward (`memo_exec.mtp.mtp_kept_bytes`: under a policy that re-runs
+  whole layers each module's two inputs alone, its layer re-run in the policy's recompute buffer; the simulator's
+  `memo_sim.cost.memory.mtp_activation_bytes` there too), and each module's final-normed rows and their
+  gradient join the head's. Under a memory plan the layer arena stays
   allocated through the classifier: the chunk's logits and their fp32 copy are placed in it
   (`memo_exec.model.ChunkPlace`, as the plan's level-2 arena puts ``classifier_chunk`` over the
   layer blocks), or come on top of it where they do not fit.
@@ -48,6 +53,7 @@ from memo_exec.errors import FitError
 from memo_exec.gemm_formats import cast_temp_bytes
 from memo_exec.layer import norm_backward_temp_bytes, qk_norm_temp_bytes
 from memo_exec.model import ChunkPlace, padded_vocab, vocab_padding_params
+from memo_exec.mtp import modules_recomputed, mtp_kept_bytes
 from memo_exec.optim import AdamW, model_state_bytes
 from memo_exec.optim_offload import HostAdamW
 
@@ -130,11 +136,11 @@ def estimate_memory(model, batch: int, seq: int, dtype, policy, backend, dims, r
     device keeps the weights and the gradients only."""
     T, h, V = batch * seq, model.hidden, padded_vocab(model.vocab)
     e, acc_e = element_size(dtype), element_size(acc_dtype(dtype))
-    P = model.params() + vocab_padding_params(model)
+    P = model.trained_params() + vocab_padding_params(model)
     dev = policy.device_bytes()
     states = model_state_bytes(P, dtype, grad_dtype)
     if model.gemm.quantised:  # every linear weight's FP8 copies (one device: the simulator's weight_cache_bytes)
-        states += model.gemm.quantised_bytes(model.layers * model.linear_params(), weight=True)
+        states += model.gemm.quantised_bytes((model.layers + model.mtp_layers) * model.linear_params(), weight=True)
     if optimizer_on_host:
         states -= AdamW.state_bytes_for(P, dtype)
     terms = {"model_states": states,
@@ -167,7 +173,9 @@ def estimate_memory(model, batch: int, seq: int, dtype, policy, backend, dims, r
         # (`memo_exec.model.ChunkPlace`), else they come on top of it
         placed = ChunkPlace.rows_for(arena, chunk, V, e, acc_e if acc_e != e else 0)
         chunk_tensors = arena if placed else arena + chunk_tensors
-    head = 3 * hidden + V * h * e + chunk_tensors
+    # the last layer's output, every final-normed row (the model's and each module's) and its gradient
+    mtp = mtp_kept_bytes(model, batch, seq, dtype, modules_recomputed(policy.choice))
+    head = (1 + 2 * (1 + model.mtp_layers)) * hidden + V * h * e + chunk_tensors + mtp
     terms["classifier_peak"] = max(head, hidden + V * h * e)  # or the embedding's dense gradient beside dy
     terms["optimizer_step_peak"] = arena + (0 if optimizer_on_host else AdamW.step_temporary_bytes(
         largest_param_numel, dtype, grad_dtype))

@@ -1,8 +1,11 @@
 """The decoder for the executor: embedding, n explicit layers, final norm, chunked classifier +
 cross-entropy, in the plan model's architecture (`memo_sim.model.config`: LayerNorm or RMSNorm,
-the biases its ``bias`` setting names, a classifier tied to the embedding or its own ``lm_head``).
+the biases its ``bias`` setting names, a classifier tied to the embedding or its own ``lm_head``),
+and the model's multi-token-prediction modules (``mtp``, `MTPWeights`; run by `memo_exec.mtp`).
 No positional embedding (causal attention orders tokens; the cost of rotary embeddings is not
-modelled), so the parameter count is exactly `ModelConfig.params()`, which the MFU formula uses.
+modelled), so the parameter count is exactly `ModelConfig.params()` + `ModelConfig.mtp_params()`
+(`ModelConfig.trained_params`, which the MFU formula and the model states use), plus the vocabulary's
+padding rows (`padded_vocab`).
 
 Each layer is one `torch.autograd.Function` whose backward is written by hand
 (`memo_exec.layer.LayerCompute`); what it keeps for the backward is decided by the activation
@@ -52,8 +55,53 @@ def vocab_padding_params(model: ModelConfig) -> int:
     return (padded_vocab(model.vocab) - model.vocab) * model.hidden * (1 if model.tied_embeddings else 2)
 
 
+class MTPWeights(nn.Module):
+    """One multi-token-prediction module's own weights (`ModelConfig.mtp_module_params` exactly; run by
+    `memo_exec.mtp`): the norms of the embedded tokens and of the incoming hidden state (``enorm_*``,
+    ``hnorm_*``: DeepSeek-V3's RMSNorms, the model's norm type), the projection ``eh_proj`` [h, 2h] of their
+    concatenation (no bias; Megatron-LM's column-parallel linear: this rank's h/tp output rows under TP), the
+    module's layer ``layer`` (model layer ``layers + k``, of the last layer's kind: `ModelConfig.mtp_moe`) and
+    its final norm ``norm_*``. The token embedding and the classifier are the model's (`GPT.wte`, `GPT.head`)."""
+
+    TP_ROWS = ("eh_proj",)  # split over the TP ranks by output rows; the norms are whole on every rank
+
+    def __init__(self, model: ModelConfig, layer: nn.Module, device, dtype, tp: tuple[int, int] = (1, 0)) -> None:
+        super().__init__()
+        h = model.hidden
+        mk = lambda *s: nn.Parameter(torch.empty(*s, device=device, dtype=dtype))  # noqa: E731
+        shift = model.norm == "layernorm"
+        self.enorm_w, self.enorm_b = mk(h), mk(h) if shift else None
+        self.hnorm_w, self.hnorm_b = mk(h), mk(h) if shift else None
+        self.tp_size, self.tp_rank = tp
+        self.eh_proj = mk(h // self.tp_size, 2 * h)
+        self.norm_w, self.norm_b = mk(h), mk(h) if shift else None
+        self.layer = layer
+
+    def outer_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """(name, parameter) of the module's norms and projection (its layer's are a unit of their own)."""
+        return list(self.named_parameters(recurse=False))
+
+    def init_(self, gen: torch.Generator, std: float = 0.02) -> None:
+        """The norms at one and zero, the projection drawn whole from ``gen`` (this rank keeps its rows), so
+        every TP split starts from the one-process weights."""
+        with torch.no_grad():
+            for name, p in self.outer_parameters():
+                if name == "eh_proj":
+                    n = p.shape[0]
+                    whole = torch.randn((n * self.tp_size, p.shape[1]), generator=gen, dtype=torch.float32,
+                                        device=p.device)
+                    p.copy_(whole[self.tp_rank * n:(self.tp_rank + 1) * n].mul_(std))
+                else:
+                    p.fill_(1.0 if name.endswith("_w") else 0.0)
+
+
 class GPT(nn.Module):
-    def __init__(self, model: ModelConfig, layers: int, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(self, model: ModelConfig, layers: int, device: torch.device, dtype: torch.dtype,
+                 mtp_layer=None, tp: tuple[int, int] = (1, 0)) -> None:
+        """``layers`` of the model's layers (the distributed executor adds its own); the model's
+        ``mtp_layers`` modules, each ``MTPWeights`` around ``mtp_layer(i)`` (model layer i = ``model.layers +
+        k``; default one device's whole layer of the last layer's kind) with ``tp`` = (size, rank) of its
+        projection's split."""
         super().__init__()
         self.cfg = model
         h = model.hidden
@@ -65,6 +113,11 @@ class GPT(nn.Module):
         self.lnf_w = nn.Parameter(torch.empty(h, device=device, dtype=dtype))
         self.lnf_b = nn.Parameter(torch.empty(h, device=device, dtype=dtype)) if model.norm == "layernorm" else None
         self.layers = nn.ModuleList(LayerWeights(model, layers, device, dtype, layer=i) for i in range(layers))
+        if mtp_layer is None:
+            mtp_layer = lambda i: LayerWeights(model, model.layers, device, dtype, layer=i,  # noqa: E731
+                                               moe=model.mtp_moe)
+        self.mtp = nn.ModuleList(MTPWeights(model, mtp_layer(model.layers + k), device, dtype, tp)
+                                 for k in range(model.mtp_layers))
 
     @property
     def head(self) -> nn.Parameter:
@@ -72,8 +125,15 @@ class GPT(nn.Module):
         return self.wte if self.lm_head is None else self.lm_head
 
     def outer_parameters(self) -> list[tuple[str, nn.Parameter]]:
-        """(name, parameter) of everything outside the layers (embedding, classifier, final norm)."""
-        return [(n, p) for n, p in self.named_parameters(recurse=False)]
+        """(name, parameter) of everything outside the layers (embedding, classifier, final norm, and the
+        multi-token-prediction modules' norms and projections)."""
+        return [(n, p) for n, p in self.named_parameters(recurse=False)] + [
+            (f"mtp.{k}.{n}", p) for k, mod in enumerate(self.mtp) for n, p in mod.outer_parameters()]
+
+    def unit_layers(self) -> list[nn.Module]:
+        """Every layer this model runs, in the order of their runtimes' indices: the layers, then the
+        multi-token-prediction modules' (`memo_exec.mtp`)."""
+        return [*self.layers, *(mod.layer for mod in self.mtp)]
 
     def final_norm(self, x: torch.Tensor) -> torch.Tensor:
         """The final norm (autograd), LayerNorm or RMSNorm as the layers'."""
@@ -85,7 +145,8 @@ class GPT(nn.Module):
         distributed executor) each of the model's ``layers`` layers is drawn whole, in the same
         generator order, and handed to ``layer_fn(i, whole_layer)`` to keep a shard of; a MoE layer's
         routed experts are left out of the whole layer: ``layer_fn`` draws its own by expert index
-        (`memo_exec.moe.weights.MoEWeights.init_experts_`)."""
+        (`memo_exec.moe.weights.MoEWeights.init_experts_`). The multi-token-prediction modules come
+        last, each its layer (model layer ``layers + k``, handed over alike) then its projection."""
         g = torch.Generator(device=self.wte.device).manual_seed(seed)
         with torch.no_grad():
             _init_rows_(self.wte, self.cfg.vocab, g)
@@ -97,12 +158,23 @@ class GPT(nn.Module):
         if layer_fn is None:
             for lw in self.layers:
                 lw.init_(g, seed=seed)
+            for mod in self.mtp:  # after the layers: each module's layer, then its projection
+                mod.layer.init_(g, seed=seed)
+                mod.init_(g)
             return
         for i in range(layers):  # a MoE layer drawn whole but for its routed experts (seeded per expert)
             whole = LayerWeights(self.cfg, layers, self.wte.device, self.wte.dtype, layer=i, experts=(0, 0))
             whole.init_(g)
             layer_fn(i, whole)
             del whole
+        L = self.cfg.layers
+        for k, mod in enumerate(self.mtp):
+            whole = LayerWeights(self.cfg, L, self.wte.device, self.wte.dtype, layer=L + k, experts=(0, 0),
+                                 moe=self.cfg.mtp_moe)
+            whole.init_(g)
+            layer_fn(L + k, whole)
+            del whole
+            mod.init_(g)
 
     @property
     def vocab(self) -> int:
@@ -154,18 +226,19 @@ class MainGrads(LayerHooks):
     def __init__(self, gpt: "GPT", dtype: torch.dtype) -> None:
         self.gpt = gpt
         self.main = {p: torch.zeros_like(p, dtype=dtype) for p in gpt.parameters()}
-        layer_ids = {id(p) for lw in gpt.layers for p in lw.parameters()}
+        self.layers = gpt.unit_layers()  # by runtime index: the layers, then the modules' (`memo_exec.mtp`)
+        layer_ids = {id(p) for lw in self.layers for p in lw.parameters()}
         self.rest = [p for p in gpt.parameters() if id(p) not in layer_ids]
         for p in gpt.parameters():
             p.grad = None
 
     def before_backward(self, i: int) -> None:
-        for p in self.gpt.layers[i].parameters():
+        for p in self.layers[i].parameters():
             p.grad = torch.zeros_like(p)
 
     def after_backward(self, i: int) -> None:
         with torch.no_grad():
-            for p in self.gpt.layers[i].parameters():
+            for p in self.layers[i].parameters():
                 self.main[p].add_(p.grad)
                 p.grad = None
 
@@ -252,12 +325,15 @@ def _init_rows_(w: torch.Tensor, vocab: int, g: torch.Generator) -> None:
 class ChunkedHead(torch.autograd.Function):
     """Cross-entropy of ``hf @ W^T`` over chunks, summed and divided by ``norm_tokens`` (default:
     the rows here, i.e. the mean; a rank of a distributed run passes the global token count so
-    that the ranks' parts sum to the mean); gradients are formed in the forward pass."""
+    that the ranks' parts sum to the mean); gradients are formed in the forward pass. With
+    ``row_weights`` (one per row, in the accumulation dtype) each row's loss and gradient are
+    weighted by it instead (the model's and its multi-token-prediction modules' rows in one pass,
+    `memo_exec.mtp`: 1 / tokens for the model's, 0 for a position a module has no label for)."""
 
     @staticmethod
     def forward(ctx, hf: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, chunk: int,
                 norm_tokens: int | None = None, vocab: int | None = None,
-                scratch: torch.Tensor | None = None) -> torch.Tensor:
+                scratch: torch.Tensor | None = None, row_weights: torch.Tensor | None = None) -> torch.Tensor:
         T = norm_tokens or hf.shape[0]
         acc = acc_dtype(hf.dtype)
         d_hf = torch.empty_like(hf)
@@ -274,23 +350,28 @@ class ChunkedHead(torch.autograd.Function):
             if vocab is not None and vocab < lf.shape[1]:
                 lf[:, vocab:] = float("-inf")  # padding rows (`padded_vocab`): no probability, no gradient
             lse = torch.logsumexp(lf, dim=-1)
-            total += (lse - lf.gather(1, tc.unsqueeze(1)).squeeze(1)).sum()
+            wc = row_weights[c0:c1] if row_weights is not None else None
+            nll = lse - lf.gather(1, tc.unsqueeze(1)).squeeze(1)
+            total += nll.sum() if wc is None else (nll * wc).sum()
             lf.sub_(lse.unsqueeze(1)).exp_()
             lf.scatter_add_(1, tc.unsqueeze(1), torch.full((c1 - c0, 1), -1.0, dtype=acc, device=hf.device))
-            lf.mul_(1.0 / T)
+            if wc is None:
+                lf.mul_(1.0 / T)
+            else:
+                lf.mul_(wc.unsqueeze(1))
             g = place.narrowed(lf, logits) if place.rows else (lf.to(hf.dtype) if lf.dtype != hf.dtype else lf)
             torch.mm(g, w, out=d_hf[c0:c1])
             d_w.addmm_(g.t(), hc)
-            del logits, lf, lse, g
+            del logits, lf, lse, g, nll
         ctx.save_for_backward(d_hf, d_w)
-        return (total / T).to(acc)
+        return (total / T).to(acc) if row_weights is None else total.to(acc)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, g: torch.Tensor):
         d_hf, d_w = ctx.saved_tensors
         scale = g.to(d_hf.dtype)
-        return d_hf.mul_(scale), d_w.mul_(scale), None, None, None, None, None
+        return d_hf.mul_(scale), d_w.mul_(scale), None, None, None, None, None, None
 
 
 class ChunkPlace:
@@ -343,10 +424,12 @@ class ChunkPlace:
 
 
 def forward_loss(gpt: GPT, runtimes: list[LayerRuntime], inputs: torch.Tensor, targets: torch.Tensor,
-                 chunk: int, timer, norm_tokens: int | None = None, arena=None) -> torch.Tensor:
+                 chunk: int, timer, norm_tokens: int | None = None, arena=None, mtp=None) -> torch.Tensor:
     """Embedding -> layers -> final norm -> chunked classifier; returns the mean loss (autograd),
     or this rank's part of it when ``norm_tokens`` is the global token count. ``arena``: the memory
-    plan's `memo_exec.arena.ArenaScratch`, whose arena holds the classifier's chunk tensors."""
+    plan's `memo_exec.arena.ArenaScratch`, whose arena holds the classifier's chunk tensors. ``mtp``:
+    the multi-token-prediction modules' rows of this batch (`memo_exec.mtp.MTPBatch`): they run on the
+    last layer's output and join the classifier's rows, the loss then the model's plus theirs, weighted."""
     h = gpt.cfg.hidden
     with timer.span("embedding", None, "fwd"):
         x = F.embedding(inputs.reshape(-1), gpt.wte)
@@ -354,9 +437,12 @@ def forward_loss(gpt: GPT, runtimes: list[LayerRuntime], inputs: torch.Tensor, t
         x = LayerFn.apply(x, rt)
     with timer.span("final_norm", None, "fwd"):
         hf = gpt.final_norm(x.reshape(-1, h))
+    targets, weights = targets.reshape(-1), None
+    if mtp is not None:
+        hf, targets, weights = mtp.forward(gpt, x.reshape(-1, h), hf, targets, norm_tokens or hf.shape[0])
     with timer.span("classifier", None, "fwd"):
         scratch = arena.between_layers() if arena is not None else None  # `memo_exec.arena.ArenaScratch`
-        loss = ChunkedHead.apply(hf, gpt.head, targets.reshape(-1), chunk, norm_tokens, gpt.vocab, scratch)
+        loss = ChunkedHead.apply(hf, gpt.head, targets, chunk, norm_tokens, gpt.vocab, scratch, weights)
     return loss
 
 

@@ -28,6 +28,7 @@ from memo_exec.allocator_counters import run_block
 from memo_exec.measure import Recorder, StepRecord, steady_state, summarize_step
 from memo_exec.memory_estimate import MemoryEstimate, check_fit, estimate_memory
 from memo_exec.model import GPT, NO_HOOKS, LayerRuntime, MainGrads, forward_loss
+from memo_exec.mtp import MTP_LOSS_SCALE, MTPRun
 from memo_exec.optim import NonFiniteGradient, main_grad_dtype
 from memo_exec.optim_offload import make_adamw
 from memo_exec.speed_probe import SpeedProbe
@@ -105,7 +106,7 @@ class NonFiniteLoss(ExecError):
 def make_flops_fn(model: ModelConfig, batch: int, seq: int, recompute_fraction: float):
     """FLOPs of a timed span, from memo_sim.model.flops (for the trace's annotations)."""
     fops = {op.name: (op.kind, op_flops(op, model, batch, seq)) for op in forward_ops(model)}
-    cls = classifier_flops(model, batch, seq)
+    cls = classifier_flops(model, batch, seq) * (1 + model.mtp_layers)  # its pass over the modules' rows too
 
     def fn(op: str, layer: int | None, phase: str) -> float:
         if layer is None:
@@ -231,6 +232,7 @@ class ExecutorBase:
         self.priced_kernel = plan.priced_attention_kernel()  # what auto runs first on CUDA
         self.attention_prefer = preferred_backends(self.priced_kernel)
         self.engine = None
+        self.mtp = None  # the multi-token-prediction modules' runtimes once allocated (`memo_exec.mtp.MTPRun`)
         self.allocated = False
         self.current_step = -1
 
@@ -284,6 +286,8 @@ class ExecutorBase:
             "memory_estimate_detail_bytes": self.estimate.detail,
             "memory_estimate_total_bytes": self.estimate.total, "host_estimate_bytes": self.estimate.host,
             "profile": self.plan.profile, "cpu_threads": self.cpu_threads,
+            **({"mtp_layers": m.mtp_layers, "mtp_params": m.mtp_params(), "mtp_loss_scale": MTP_LOSS_SCALE}
+               if m.mtp_layers else {}),
         }
 
 
@@ -361,6 +365,8 @@ class Executor(ExecutorBase):
         self.policy.allocate()
         self.runtimes = [LayerRuntime(i, w, self.policy, self.compute, self.recorder, self.main_grads or NO_HOOKS)
                          for i, w in enumerate(self.gpt.layers)]
+        self.mtp = (MTPRun(self.gpt, self.compute, self.recorder, self.main_grads or NO_HOOKS, self.batch, self.seq,
+                           dt, dev, self.policy) if m.mtp_layers else None)  # multi-token prediction (`memo_exec.mtp`)
         self.allocated = True
 
     # ------------------------------------------------------------------ run
@@ -368,8 +374,10 @@ class Executor(ExecutorBase):
         inputs, targets = self.data.batch_at(step)
         inputs, targets = inputs.to(self.device), targets.to(self.device)
         self.policy.begin_step()
+        mtp = self.mtp.batch(inputs, targets) if self.mtp is not None else None
         loss = forward_loss(self.gpt, self.runtimes, inputs, targets, self.plan.classifier_chunk_tokens,
-                            self.recorder, arena=self.scratch if isinstance(self.scratch, ArenaScratch) else None)
+                            self.recorder, arena=self.scratch if isinstance(self.scratch, ArenaScratch) else None,
+                            mtp=mtp)
         loss.backward()
         if self.main_grads is not None:
             self.main_grads.fold_rest()
@@ -400,6 +408,11 @@ class Executor(ExecutorBase):
             "the attention lse (and RNG state) each layer keeps",
             "optimizer temporaries (one parameter at a time)",
         ]
+        if self.model.mtp_layers:
+            out.append("the multi-token-prediction modules' embedded tokens, normed and concatenated inputs, "
+                       "projection outputs and final norms (their layers' store-all storage is preallocated; under "
+                       "full recompute they keep their embedded tokens and outputs, their layers re-run in the "
+                       "layers' recompute buffer)")
         if not self.backend.uses_scratch:
             out.insert(0, f"attention output and q/k/v gradients of {self.backend.name} (the aten kernels allocate "
                           "them; they are copied into the planned slots)")

@@ -37,6 +37,8 @@ class ActivationPolicy(ABC):
     # where this executor runs a MoE block otherwise than the simulator's policy prices it: one
     # sentence for reports (`moe_block_note`), None where the two agree
     moe_block_differs: str | None = None
+    # a policy that rebuilds whole layers: the shared buffer's tensors by name, every layer's but x (`recompute_buffer`)
+    recompute_work: dict[str, torch.Tensor] | None = None
 
     def __init__(self, choice, model: ModelConfig, batch: int, seq: int, layers: int, dtype: torch.dtype,
                  device: torch.device, engine, timer, compute: LayerCompute | None,
@@ -80,11 +82,15 @@ class ActivationPolicy(ABC):
         per = {g: layer_kept_bytes(m, self.tokens, esize, tp, g) for g in (False, True)}
 
         def total(base: int) -> int:
-            return sum(per[bool(keeps_graph(i))] for i in range(self.layers) if not m.dense_layer_at(base + i))
+            return sum(per[bool(keeps_graph(i))] for i in range(self.layers) if self.moe_layer(base + i))
 
         if not m.mixes_dense_layers or self.layers >= m.layers:
             return total(self.layer_base)
         return max(total(b) for b in range(m.layers - self.layers + 1))
+
+    def moe_layer(self, layer: int) -> bool:
+        """Whether model layer ``layer`` of a MoE model has a MoE block (`ModelConfig.dense_layer_at`)."""
+        return not self.model.dense_layer_at(layer)
 
     def _stats(self) -> torch.Tensor:
         return torch.empty(4, self.tokens, dtype=norm_stats_dtype(self.dtype, self.device), device=self.device)
@@ -136,6 +142,15 @@ class ActivationPolicy(ABC):
 
     def offloaded(self, i: int) -> bool:
         return False
+
+    def recompute_buffer(self) -> LayerStorage | None:
+        """A policy that rebuilds whole layers before their backward (``recompute_work`` set by its ``allocate``):
+        a storage over the buffer it rebuilds them in (every skeletal tensor but x, and the norm statistics), which
+        no layer needs from the last layer's forward to the first layer's recompute, so another layer may run in it
+        meanwhile (a checkpointed multi-token-prediction module, `memo_exec.mtp.ModuleRecompute`); else None."""
+        if self.recompute_work is None:
+            return None
+        return LayerStorage(dict(self.recompute_work), self.storages[0].stats)
 
     def describe(self) -> dict:
         return {"policy": self.name}

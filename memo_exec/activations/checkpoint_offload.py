@@ -45,6 +45,7 @@ class CheckpointOffload(TokenOffload):
         self.work_block = torch.empty(storage_bytes(self.model, self.tokens, self.dtype, self._work_names,
                                                     shapes=self.shapes), dtype=torch.uint8, device=self.device)
         work = carve_storage(self.work_block, self.model, self.tokens, self.dtype, self._work_names, shapes=self.shapes)
+        self.recompute_work = work
         stats = self._stats()  # rebuilt with everything else: one set for every layer
         return [LayerStorage({**work, **xs[rounding_buffer(i)]}, stats) for i in range(self.layers)]
 

@@ -28,6 +28,7 @@ class FullRecompute(ActivationPolicy):
         self.work_block = torch.empty(storage_bytes(self.model, self.tokens, self.dtype, self._work_names,
                                                     shapes=self.shapes), dtype=torch.uint8, device=self.device)
         work = carve_storage(self.work_block, self.model, self.tokens, self.dtype, self._work_names, shapes=self.shapes)
+        self.recompute_work = work
         stats = self._stats()
         self.storages = [LayerStorage({**work, "x": xs[i]}, stats) for i in range(self.layers)]
 

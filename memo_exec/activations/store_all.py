@@ -16,8 +16,12 @@ from memo_exec.layer import LayerStorage, carve_storage, storage_bytes, written_
 
 @register("store_all")
 class StoreAll(ActivationPolicy):
+    def _names(self) -> tuple[str, ...]:
+        """The skeletal tensors each layer's block holds: those some layer of the model writes."""
+        return written_skeletal(self.model)
+
     def _layer_bytes(self) -> int:
-        return storage_bytes(self.model, self.tokens, self.dtype, written_skeletal(self.model), shapes=self.shapes)
+        return storage_bytes(self.model, self.tokens, self.dtype, self._names(), shapes=self.shapes)
 
     def device_bytes(self) -> dict[str, int]:
         n = self.layers
@@ -25,7 +29,7 @@ class StoreAll(ActivationPolicy):
                 "norm_stats": n * self._stats_bytes(), "lse": n * self.lse_bytes_per_layer()}
 
     def allocate(self) -> None:
-        names = written_skeletal(self.model)
+        names = self._names()
         self.blocks = [torch.empty(self._layer_bytes(), dtype=torch.uint8, device=self.device)
                        for _ in range(self.layers)]
         self.storages = [LayerStorage(carve_storage(b, self.model, self.tokens, self.dtype, names, shapes=self.shapes),

@@ -12,7 +12,10 @@ measurement (`memo_exec.measure.Recorder`, events on device = this rank), plus
 - a registered step schedule (`memo_exec.distributed.schedule`; pipelines plug in there),
 - mixture-of-experts layers (`memo_exec.moe`): the expert-parallel and expert-DP groups folded into
   each stage's GPUs, this rank's routed experts (drawn by global expert index), the all-to-all
-  dispatcher, and with ep > 1 the experts' own gradient all-reduce (expert-DP group) and optimizer.
+  dispatcher, and with ep > 1 the experts' own gradient all-reduce (expert-DP group) and optimizer;
+- multi-token-prediction modules on a single-stage plan (`memo_exec.mtp`): each module's layer this
+  rank's shard of a layer (a unit after the held layers), its norms and projection (TP-split) in the
+  embedding's unit, its rows of every micro-batch from the same global batch.
 
 Weights start identical to the single-device executor's for one seed: every layer is drawn
 whole from the same generator sequence (`memo_exec.model.GPT.init_`) and each rank keeps its
@@ -43,7 +46,8 @@ from memo_exec.distributed.zero import GradSync
 from memo_exec.errors import ExecError
 from memo_exec.layer import LayerWeights
 from memo_exec.memory_estimate import MemoryEstimate
-from memo_exec.model import GPT, LayerHooks
+from memo_exec.model import GPT, LayerHooks, MTPWeights
+from memo_exec.mtp import MTPRun, TPSplit, whole_projections
 from memo_exec.optim import AdamW
 from memo_exec.optim_offload import HostAdamW
 from memo_exec.runner import ExecutorBase, RunOptions, RunResult, arena_description, make_flops_fn, plan_arena, \
@@ -164,16 +168,26 @@ class DistExecutor(ExecutorBase):
         return e * E // lay.ep, E // lay.ep
 
     def _make_layer(self, li: int, device, dtype):
-        """This rank's shard of model layer ``li`` (a MoE layer with this rank's routed experts)."""
-        if not self.model.moe:
-            return self.flavour.make_weights(self.model.layers, device, dtype)
-        return self.flavour.make_weights(self.model.layers, device, dtype, layer=li, experts=self._expert_range())
+        """This rank's shard of model layer ``li`` (a MoE layer with this rank's routed experts); ``li`` past the
+        model's layers: a multi-token-prediction module's (of the last layer's kind, `memo_exec.mtp`)."""
+        m = self.model
+        if not m.moe:
+            return self.flavour.make_weights(m.layers, device, dtype)
+        kind = {"moe": m.mtp_moe} if li >= m.layers else {}
+        return self.flavour.make_weights(m.layers, device, dtype, layer=li, experts=self._expert_range(), **kind)
+
+    @property
+    def tp_split(self) -> TPSplit:
+        """This rank's split of the modules' projections (`memo_exec.mtp`)."""
+        f = self.flavour
+        return TPSplit(f.size, f.rank, f.group, bool(getattr(f, "sp", False)))
 
     def _local_param_numel(self) -> tuple[int, int]:
         """(all parameters, the largest unit) numbers of elements on this rank."""
-        meta = torch.device("meta")
-        sizes = [sum(q.numel() for q in self._make_layer(li, meta, self.dtype).parameters()) for li in self.held]
-        rest = self.model.embedding_params()
+        meta, m = torch.device("meta"), self.model
+        mtp = [m.layers + k for k in range(m.mtp_layers)]  # the modules' layers, then their norms and projections
+        sizes = [sum(q.numel() for q in self._make_layer(li, meta, self.dtype).parameters()) for li in self.held + mtp]
+        rest = m.embedding_params() + m.mtp_layers * (3 * m.norm_params + 2 * m.hidden * m.hidden // self.flavour.size)
         return sum(sizes) + rest, max(sizes + [rest])
 
     def _estimate(self) -> MemoryEstimate:
@@ -220,23 +234,26 @@ class DistExecutor(ExecutorBase):
         self.start_recording(lambda op, layer, phase: whole(op, layer, phase) / split, self.estimate.host,
                              rank=ctx.rank)
         self.scratch = ArenaScratch(dev, self.arena_plan) if self.arena_plan is not None else CachingScratch(dev)
-        gpt = GPT(m, 0, dev, dt)  # embedding, final norm; the held layers are added below
+        # embedding, final norm, the multi-token-prediction modules (this rank's shards); the held layers below
+        gpt = GPT(m, 0, dev, dt, mtp_layer=lambda li: self._make_layer(li, dev, dt),
+                  tp=(self.flavour.size, self.flavour.rank))
         gpt.layers = torch.nn.ModuleList(self._make_layer(li, dev, dt) for li in self.held)
-        held = {li: k for k, li in enumerate(self.held)}
+        local = dict(zip(self.held, gpt.layers)) | {m.layers + k: mod.layer for k, mod in enumerate(gpt.mtp)}
 
         def shard(i: int, full: LayerWeights) -> None:
-            if i in held:
-                self.flavour.shard_(gpt.layers[held[i]], full)
-                gpt.layers[held[i]].init_experts_(self.opts.seed)  # routed experts by global index
+            if i in local:
+                self.flavour.shard_(local[i], full)
+                local[i].init_experts_(self.opts.seed)  # routed experts by global index
 
         gpt.init_(self.opts.seed, layer_fn=shard, layers=m.layers)
         self.gpt = gpt
         # routed experts under ep > 1: their own gradient group and optimizer (`memo_exec.moe.sync`)
         split_experts = m.moe and lay.ep > 1
         is_expert = (lambda n: split_experts and n.startswith("moe.expert_"))  # noqa: E731
-        units = [gpt.outer_parameters()]
-        units += [[(n, q) for n, q in lw.named_parameters() if not is_expert(n)] for lw in gpt.layers]
-        replicated = [[True] * len(units[0])] + [[self.flavour.replicated(n) for n, _ in u] for u in units[1:]]
+        units = [gpt.outer_parameters()]  # then a unit per held layer, and per module's layer
+        units += [[(n, q) for n, q in lw.named_parameters() if not is_expert(n)] for lw in gpt.unit_layers()]
+        replicated = [[n.rsplit(".", 1)[-1] not in MTPWeights.TP_ROWS for n, _ in units[0]]]
+        replicated += [[self.flavour.replicated(n) for n, _ in u] for u in units[1:]]
         self.sync = GradSync(ctx, units, replicated, lay.zero, dev, dt, self.opts.lr, self.opts.weight_decay,
                              self.recorder)
         self.expert_groups = self.expert_sync = None
@@ -257,6 +274,8 @@ class DistExecutor(ExecutorBase):
             self.compute.moe = MoEBlock(m, disp, tp_size=self.flavour.size, tp_group=ctx.group("tp"))
         self.layer_hooks = self.sync if self.kill_at_step is None else _KillHook(self.sync, self)
         self.schedule.build_runtimes()
+        self.mtp = (MTPRun(gpt, self.compute, self.recorder, self.layer_hooks, 1, self.local_T, dt, dev, self.policy,
+                           self.shapes, self.tp_split) if m.mtp_layers else None)  # multi-token prediction
         self.allocated = True
 
     def _set_up_experts(self, gpt, is_expert) -> None:
@@ -266,7 +285,8 @@ class DistExecutor(ExecutorBase):
         from memo_exec.moe.sync import ExpertGradSync  # noqa: PLC0415
 
         self.expert_groups = build_expert_groups(self.layout, self.ctx.rank, self.ctx.world)
-        named = [(f"{k}.{n}", q) for k, lw in enumerate(gpt.layers) for n, q in lw.named_parameters() if is_expert(n)]
+        named = [(f"{k}.{n}", q) for k, lw in enumerate(gpt.unit_layers()) for n, q in lw.named_parameters()
+                 if is_expert(n)]
         if named:
             self.expert_sync = ExpertGradSync(named, self.expert_groups.edp_group, self.opts.lr,
                                               self.opts.weight_decay, self.recorder, self.layout.optimizer_offload)
@@ -278,15 +298,26 @@ class DistExecutor(ExecutorBase):
                            self.engine, self.recorder, self.compute, shapes=self.shapes)
 
     # ------------------------------------------------------------------ run
-    def micro_batch_rows(self, step: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """This rank's input and target rows of micro-batch ``k`` of the replica's batch (sequences
-        ``k*micro_batch..`` of the replica's rows, `local_batch`)."""
+    def _micro_batch_tokens(self, step: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole [micro_batch, seq] input and target rows of micro-batch ``k`` of the replica's batch
+        (sequences ``k*micro_batch..`` of the replica's rows, `local_batch`)."""
         inputs, targets = self.data.batch_at(step)
-        b, mb = self.batch, self.micro
-        lo = self.ctx.coord("dp") * b + k * mb
+        lo = self.ctx.coord("dp") * self.batch + k * self.micro
+        return inputs[lo:lo + self.micro], targets[lo:lo + self.micro]
+
+    def micro_batch_rows(self, step: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's input and target rows of micro-batch ``k``."""
+        inputs, targets = self._micro_batch_tokens(step, k)
         idx = self.micro_index
-        return (inputs[lo:lo + mb].reshape(-1)[idx].to(self.device),
-                targets[lo:lo + mb].reshape(-1)[idx].to(self.device))
+        return inputs.reshape(-1)[idx].to(self.device), targets.reshape(-1)[idx].to(self.device)
+
+    def micro_batch_mtp(self, step: int, k: int):
+        """The multi-token-prediction modules' rows of micro-batch ``k`` on this rank (`memo_exec.mtp.MTPBatch`;
+        their losses averaged over the global batch), or None without modules."""
+        if self.mtp is None:
+            return None
+        inputs, targets = self._micro_batch_tokens(step, k)
+        return self.mtp.batch(inputs, targets, self.micro_index, self.batch * self.layout.dp)
 
     def local_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's input and target rows (DP replica d takes rows d*batch.. of the global batch)."""
@@ -339,27 +370,32 @@ class DistExecutor(ExecutorBase):
         """Every parameter's whole weights by `GPT` parameter name (a collective; dense single-stage
         layouts: what the FSDP tests compare after a step)."""
         units = self.sync.full_params()
-        out = dict(units[0])
-        for k, li in enumerate(self.held):
+        out = whole_projections(units[0], self.tp_split)
+        for k, prefix in enumerate(self._unit_prefixes()):
             for n, w in self.flavour.unshard_grads(units[k + 1]).items():  # the same gather as a gradient's
-                out[f"layers.{li}.{n}"] = w
+                out[f"{prefix}.{n}"] = w
         return out
+
+    def _unit_prefixes(self) -> list[str]:
+        """The `GPT` parameter-name prefix of each layer unit: the held layers', then the modules' layers'."""
+        return [f"layers.{li}" for li in self.held] + [f"mtp.{k}.layer" for k in range(self.model.mtp_layers)]
 
     def full_gradients(self) -> dict[str, torch.Tensor]:
         """Every parameter's whole, reduced gradient by `GPT` parameter name (a collective; call
         after ``step(k, optimizer=False)``)."""
         units = self.sync.full_grads()
-        out = dict(units[0])
-        for k, li in enumerate(self.held):
+        out = whole_projections(units[0], self.tp_split)
+        prefixes = self._unit_prefixes()
+        for k, prefix in enumerate(prefixes):
             for n, g in self.flavour.unshard_grads(units[k + 1]).items():
-                out[f"layers.{li}.{n}"] = g
+                out[f"{prefix}.{n}"] = g
         if self.expert_sync is not None:  # routed experts: each EP rank's [E/ep, ...] gathered into [E, ...]
             from memo_exec.moe.sync import gather_experts  # noqa: PLC0415
 
             g = self.expert_groups
             for name, q in self.expert_sync.named:
                 k, n = name.split(".", 1)
-                out[f"layers.{self.held[int(k)]}.{n}"] = gather_experts(q.grad, g.ep, g.ep_group)
+                out[f"{prefixes[int(k)]}.{n}"] = gather_experts(q.grad, g.ep, g.ep_group)
         pg = self.ctx.group("pp")
         if pg is None:
             return out

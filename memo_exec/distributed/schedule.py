@@ -101,9 +101,9 @@ class Schedule:
 
 @register_schedule("single_stage")
 class SingleStage(Schedule):
-    """Every layer on this rank: per micro-batch embedding -> layers -> final norm -> classifier,
-    then its backward (the gradients accumulate; one activation policy serves the micro-batches
-    one after the other)."""
+    """Every layer on this rank: per micro-batch embedding -> layers -> final norm -> classifier (with the
+    multi-token-prediction modules' rows, `memo_exec.mtp`), then its backward (the gradients accumulate; one
+    activation policy serves the micro-batches one after the other)."""
 
     def layer_indices(self) -> list[int]:
         return list(range(self.ex.model.layers))
@@ -118,7 +118,7 @@ class SingleStage(Schedule):
                 else contextlib.nullcontext()
             with span:
                 loss = forward_loss(ex.gpt, ex.runtimes, inputs, targets, ex.plan.classifier_chunk_tokens,
-                                    ex.recorder, norm_tokens=ex.global_tokens)
+                                    ex.recorder, norm_tokens=ex.global_tokens, mtp=ex.micro_batch_mtp(step, k))
                 loss.backward()
             total += loss.detach().to(torch.float64)
         return total

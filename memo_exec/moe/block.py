@@ -14,7 +14,8 @@ What it keeps between forward and backward (the layer's activation policy decide
 storage, `LayerStorage.keep_moe_internals`):
 
 - always the routing, ``idx`` [T, top_k] int64 per layer (kept on the device like the attention
-  lse), so the backward sends every token where the forward did, whatever the input's last bits;
+  lse), so the backward sends every token where the forward did, whatever the input's last bits (but a
+  multi-token-prediction module's layer re-run whole, which routes its bit-identical ln2 again: `memo_exec.mtp`);
 - store all: also the block's autograd graph (its internal activations, `memo_exec.moe.memory` counts
   them; not the block's output, whose storage is freed once the layer has it) from the forward, under
   every ZeRO stage. Under ZeRO 3 the graph's saved weights are views of the layer's flat buffer,
@@ -49,7 +50,9 @@ from memo_sim.model.config import ModelConfig
 
 @dataclass
 class MoESaved:
-    idx: torch.Tensor  # [T, top_k] routing of the forward
+    # [T, top_k] routing of the forward; None: routed again by the backward's re-run (a multi-token-prediction
+    # module re-run whole keeps no routing, `memo_exec.mtp.ModuleRecompute`)
+    idx: torch.Tensor | None
     graph: tuple | None = None  # (ln2 leaf, block output: its graph, storage freed) under store all
 
 

@@ -85,8 +85,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from memo_sim.errors import MemoError, validated
 from memo_sim.fileio import load_yaml, read_utf8
-from memo_sim.model.hf_config import (add_note, config_path, hf_model_fields, hf_names_hint, is_hf_config,
-                                      language_model, model_name, with_defaults)
+from memo_sim.model.hf_config import (MAX_MTP_LAYERS, add_note, config_path, hf_model_fields, hf_names_hint,
+                                      is_hf_config, language_model, model_name, with_defaults)
 from memo_sim.model.gemm_formats import GEMM_FORMATS, GemmFormat, gemm_format
 from memo_sim.model.moe_routers import ROUTER_NAMES, Router, router
 from memo_sim.model.precision import RECIPES, PrecisionRecipe, default_recipe
@@ -115,7 +115,6 @@ _QUIET_DEFAULTS = {"head_dim": 0, "qk_norm": False, "attention_sinks": False, "s
                    "router_scaling": 1.0, "rope_theta": 0.0, "norm_eps": 0.0, "aux_loss_coef": 0.0,
                    "seq_aux": False, "rope_scaling": "", "rotary_fraction": 0.0, "nope_period": 0,
                    "mtp_layers": 0, "not_modelled": ""}
-MAX_MTP_LAYERS = 16
 
 
 def _dim(hi: int):

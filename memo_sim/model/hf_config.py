@@ -42,6 +42,10 @@ from memo_sim.errors import MemoError
 from memo_sim.model.rope import rope_scaling_words
 from memo_sim.model.router_groups import router_groups_why_not
 
+# the most multi-token-prediction modules a model may have in memo (DeepSeek-V3 and GLM-4.5 have one; memo's
+# `ModelConfig.mtp_layers` takes this bound too)
+MAX_MTP_LAYERS = 16
+
 DENSE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "gpt_neox")
 _HEAD_DIM = ("llama", "mistral")  # dense families whose configuration class has head_dim (LlamaConfig, MistralConfig)
 MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "glm4_moe",
@@ -404,8 +408,6 @@ def _deepseek_routing(c: dict, d: dict, layers: int, need, refuse, scoring: str,
     if shared:
         d.update(shared_experts=shared, shared_ffn=expert_ffn)
     mtp = 0 if c.get("num_nextn_predict_layers") is None else _whole(c, "num_nextn_predict_layers", refuse, 0)
-    from memo_sim.model.config import MAX_MTP_LAYERS  # noqa: PLC0415 - config reads this module first
-
     if mtp > MAX_MTP_LAYERS:
         raise refuse("num_nextn_predict_layers", f"{mtp} modules: memo models at most {MAX_MTP_LAYERS}")
     if mtp:

@@ -195,10 +195,11 @@ def plan_why_not(model: ModelConfig, layout: Layout, policy, schedule: str, batc
                  seq: int) -> str | None:
     """The first refusal of `memo-exec run` the plan alone decides (module docs), or None: a static memory plan
     for a policy without one of its own (``policy``: the plan's `memo_sim.policy` object), compiled kernels, a
-    ring with merge passes, the GEMM format, the attention and the MoE layers (`gemm_why_not`, `moe_why_not`), a
-    MoE model under SPPO, the data parallelism (`data_parallel_why_not`) and the split over the ranks
-    (`split_why_not`). Not here (the executor's own, from its built parts): full METP's architecture, a schedule's
-    split of the layers, an attention backend the device lacks."""
+    ring with merge passes, multi-token-prediction modules beyond the executor's (one stage, Megatron TP), the GEMM
+    format, the attention and the MoE layers (`gemm_why_not`, `moe_why_not`), a MoE model under SPPO, the data
+    parallelism (`data_parallel_why_not`) and the split over the ranks (`split_why_not`). Not here (the executor's
+    own, from its built parts): full METP's architecture, a schedule's split of the layers, an attention backend the
+    device lacks."""
     lab = layout.label()
     if layout.memory_plan and not policy.static_memory_plan:
         return (f"plan layout {lab}: memory_plan: a static memory plan for the {policy.name} policy is priced by the "
@@ -208,6 +209,21 @@ def plan_why_not(model: ModelConfig, layout: Layout, policy, schedule: str, batc
         return (f"plan layout {lab}: kernel_fusion {layout.kernel_fusion}: the executor runs its layer's kernels "
                 f"uncompiled (no torch.compile), so it would measure another plan than the one predicted; plan with "
                 f"a framework whose kernels are fused (e.g. --framework torchtitan)")
+    if model.mtp_layers:  # the executor's modules (memo_exec.mtp): single-stage schedule, Megatron TP
+        head = f"plan model {model.name}: mtp_layers = {model.mtp_layers}"
+        if layout.pp > 1:
+            return (f"{head} with pp = {layout.pp}: the executor builds multi-token-prediction modules on single-stage "
+                    f"plans only (its pipeline's last stage runs none: that needs the modules' activations for every "
+                    f"micro-batch in flight and the embedding there, its gradient sent back to the first stage); plan "
+                    f"with --pp 1, or with --mtp-layers 0 to run the pipeline")
+        if schedule != "single_stage":
+            return (f"{head} under schedule {schedule}: the executor runs multi-token-prediction modules in the "
+                    f"single-stage schedule only; plan with --mtp-layers 0 to run it")
+        if layout.tp > 1 and (layout.tp_mode != "megatron" or model.hidden % layout.tp):
+            what = (f"tp_mode {layout.tp_mode}" if layout.tp_mode != "megatron"
+                    else f"hidden {model.hidden} not divisible by tp = {layout.tp}")
+            return (f"{head} with {what}: the executor splits a module's projection and runs its layer with Megatron "
+                    f"TP only (hidden divisible by tp); plan with --tp-mode megatron, or with --mtp-layers 0")
     why = (ring_merge_why_not(layout) or gemm_why_not(model, layout, schedule, rank_token_rows(micro_batch, seq, layout))
            or moe_why_not(model, layout))
     if why is None and model.moe and schedule == "sppo":
