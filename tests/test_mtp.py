@@ -21,7 +21,6 @@ from memo_sim.cost.sppo import stage_model_state_bytes, stage_params
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import PRESETS, get_model
 from memo_sim.model.flops import model_flops_per_iteration
-from memo_sim.model.layer_graph import DTYPE_BYTES
 from memo_sim.profile.loader import load_profile
 from memo_sim.search.frameworks import get_framework
 
@@ -48,7 +47,9 @@ def test_the_module_is_a_layer_a_projection_and_a_second_head_on_the_time_of_the
 
 def test_its_activations_live_with_the_head_and_its_states_on_the_last_stage():
     sk = skeletal_bytes(DS, LAY, 1, 4096)
-    kept = sk["total"] + sk["lse"] + sk["scores"] + tokens_per_gpu(LAY, 1, 4096) * 4 * DS.hidden * DTYPE_BYTES["bf16"]
+    toks = tokens_per_gpu(LAY, 1, 4096)
+    # its layer's tensors, the projection's inputs, its final-normed rows and their gradient (bf16 under memo's loss)
+    kept = sk["total"] + sk["lse"] + sk["scores"] + toks * 4 * DS.hidden * 2 + toks * DS.hidden * (2 + 2)
     assert mtp_activation_bytes(DS, LAY, 1, 4096) == pytest.approx(kept)
     assert mtp_activation_bytes(NO_MTP, LAY, 1, 4096) == 0
     assert classifier_peak_bytes(DS, LAY, 1, 4096) == pytest.approx(classifier_peak_bytes(NO_MTP, LAY, 1, 4096) + kept)
@@ -144,14 +145,19 @@ def test_full_recompute_reruns_the_module_and_a_split_loss_keeps_its_state_meanw
     lay = replace(LAY, cross_entropy="vocab_parallel")
     toks = tokens_per_gpu(lay, 1, 4096)
     loss = toks * DS.vocab / lay.tp * 4
+    rows = toks * DS.hidden * (2 + 2)  # the module's final-normed rows and their gradient, as the model's
     sk = skeletal_bytes(DS, lay, 1, 4096)
     stored = sk["total"] + sk["lse"] + sk["scores"] + toks * 4 * DS.hidden * 2
-    assert mtp_activation_bytes(DS, lay, 1, 4096) == pytest.approx(stored + loss)
-    assert mtp_activation_bytes(DS, lay, 1, 4096, recompute=True) == pytest.approx(toks * 2 * DS.hidden * 2 + loss)
-    assert mtp_activation_bytes(DS, LAY, 1, 4096) == pytest.approx(stored)  # memo's chunked loss keeps nothing
+    assert mtp_activation_bytes(DS, lay, 1, 4096) == pytest.approx(stored + loss + rows)
+    assert mtp_activation_bytes(DS, lay, 1, 4096, recompute=True) == pytest.approx(
+        toks * 2 * DS.hidden * 2 + loss + rows)
+    assert mtp_activation_bytes(DS, LAY, 1, 4096) == pytest.approx(stored + rows)  # memo's chunked loss keeps nothing
     assert classifier_peak_bytes(DS, lay, 1, 4096, recompute_mtp=True) < classifier_peak_bytes(DS, lay, 1, 4096)
     kept, rerun = boundary_times(DS, LAY, 1, 4096, H100), boundary_times(DS, LAY, 1, 4096, H100, recompute_mtp=True)
-    assert rerun.mtp - kept.mtp == pytest.approx(critical_time(forward_costs(DS, LAY, 1, 4096, H100)))
+    h = DS.hidden  # the layer's forward, the projection's forward GEMM and the norms' forward passes again
+    proj = gemm_time(2 * toks * 2 * h * h / LAY.tp, H100, "bf16", gemm_bytes(toks, h / LAY.tp, 2 * h, 2))
+    again = critical_time(forward_costs(DS, LAY, 1, 4096, H100)) + proj + memory_bound_time(6 * toks * h * 2, H100)
+    assert rerun.mtp - kept.mtp == pytest.approx(again)
 
 
 def test_a_framework_that_leaves_the_module_out_says_so_in_the_header_json_and_layout_errors(tmp_path):
@@ -183,3 +189,24 @@ def test_a_config_asking_for_too_many_modules_is_refused_under_its_own_key(tmp_p
         get_model(str(tmp_path / "config.json"))
     (tmp_path / "config.json").write_text(json.dumps({**cfg, "num_nextn_predict_layers": 2}))
     assert get_model(str(tmp_path / "config.json")).mtp_layers == 2
+
+
+def test_the_modules_gradients_are_reduced_with_the_last_bucket():
+    """The overlapped gradient reduction left the modules' gradients out (it reduced each layer's bucket and the
+    embedding's; only the serial, all-at-once reduction counted them): a review."""
+    from memo_sim.cost.grad_sync import grad_sync
+
+    with_, without = grad_sync(DS, LAY, H100), grad_sync(NO_MTP, LAY, H100)
+    assert without.mtp_grad == 0 and with_.mtp_grad > with_.layer_grad  # a MoE layer, a projection, its norms
+    assert with_.embedding_grad == without.embedding_grad and with_.layer_grad == without.layer_grad
+    from memo_sim.api import simulate
+    from memo_sim.policy import get_policy
+
+    lay, t, bt = Layout(dp=16, zero=1), {}, {}
+    for n in (0, 1):
+        m = replace(get_model("llama-3.1-8b"), layers=4, mtp_layers=n)
+        t[n] = simulate(m, lay, 1, 1024, get_policy("store_all"), H100).iteration_s
+        bt[n] = boundary_times(m, lay, 1, 1024, H100)
+    # the step grows by the module's compute, its optimizer step and its bucket, reduced after the backward
+    grown = t[1] - t[0] - bt[1].mtp - (bt[1].optimizer - bt[0].optimizer)
+    assert grown == pytest.approx(grad_sync(m, lay, H100).mtp_grad, rel=0.05), (grown, grad_sync(m, lay, H100))

@@ -190,3 +190,11 @@ def test_whatif_refuses_a_bad_layout_in_one_line_and_writes_nothing(tmp_path, ex
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and needle in lines[0], r.output
     assert not (tmp_path / "o").exists()
+
+
+def test_multi_token_prediction_layers_sit_right_before_the_loss():
+    """'...Lm', '...|mt*2L' and '...tmtL' were read as the same split and written back as '...mL' (a review)."""
+    for text in ("Et*2|t*2Lm", "Et*2|mt*2L", "Et*2|tmtL"):
+        with pytest.raises(MemoError, match="right before the loss; write ...mL"):
+            parse_layout(text, 4, 2, mtp_layers=1)
+    assert parse_layout("Et*2|t*2mL", 4, 2, mtp_layers=1) == (2, 2)

@@ -79,21 +79,25 @@ def boundary_times(model: ModelConfig, layout: Layout, batch: int, seq: int,
 def mtp_seconds(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile,
                 head: float, recompute: bool = False) -> float:
     """The multi-token-prediction modules' forward and backward on one GPU (module docs): per module its layer
-    (the critical path of the model's layer forward and backward, and its forward again under ``recompute``),
-    the projection of [norm(embedding); norm(hidden)] (2h -> h: forward, data- and weight-gradient GEMMs, split
-    over TP as the classifier is), three norms (read and write forward, read two and write one backward) and
-    ``head``: the embedding lookup and a pass of the classifier and loss, as the model's own."""
+    (the critical path of the model's layer forward and backward), the projection of [norm(embedding);
+    norm(hidden)] (2h -> h: forward, data- and weight-gradient GEMMs, split over TP as the classifier is), three
+    norms (read and write forward, read two and write one backward) and ``head``: the embedding lookup and a pass of
+    the classifier and loss, as the model's own; under ``recompute`` the norms', projection's and layer's forward
+    again."""
     if not model.mtp_layers:
         return 0.0
     toks = tokens_per_gpu(layout, batch, seq)
     dt = DTYPE_BYTES[model.dtype]
     h = model.hidden
     fwd = critical_time(forward_costs(model, layout, batch, seq, profile))
-    layer = (2 if recompute else 1) * fwd + critical_time(backward_costs(model, layout, batch, seq, profile))
-    proj = 3 * gemm_time(gemm_flops(toks, 2 * h, h) / layout.tp, profile, model.dtype,
-                         gemm_bytes(toks, h / layout.tp, 2 * h, dt))
-    norms = memory_bound_time(3 * 5 * toks * h * dt, profile)
-    return model.mtp_layers * (layer + proj + norms + head)
+    proj = gemm_time(gemm_flops(toks, 2 * h, h) / layout.tp, profile, model.dtype,
+                     gemm_bytes(toks, h / layout.tp, 2 * h, dt))
+    # the norms' passes: read and write forward, read two and write one backward (three norms)
+    norms, norms_fwd = (memory_bound_time(3 * k * toks * h * dt, profile) for k in (5, 2))
+    # under recompute the checkpointed module runs its norms, projection and layer forward again
+    rerun = fwd + proj + norms_fwd if recompute else 0.0
+    layer = fwd + critical_time(backward_costs(model, layout, batch, seq, profile))
+    return model.mtp_layers * (layer + 3 * proj + norms + head + rerun)
 
 
 def cross_entropy_bytes_per_logit(kernel: str, dtype_bytes: int) -> float:

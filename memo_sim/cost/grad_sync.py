@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memo_sim.cost import collectives as coll
-from memo_sim.cost.param_split import GpuParams, layer_gpu_params, model_gpu_params
+from memo_sim.cost.param_split import GpuParams, gpu_params, layer_gpu_params, model_gpu_params
 from memo_sim.layout.parallel import Layout, expert_group_ranks, ranks_per_node
 from memo_sim.model.config import ModelConfig
 from memo_sim.profile.schema import HardwareProfile
@@ -71,6 +71,7 @@ class GradSync:
     layer_gather: float  # ZeRO >= 1: one layer's working weights all-gathered
     gather_in_backward: bool = False  # ZeRO-3 gathers again before each layer's backward
     overlapped: bool = True  # buckets reduced beside the backward; False: all at once after it
+    mtp_grad: float = 0.0  # the multi-token-prediction modules' gradients (the last stage's, with its last bucket)
 
     @property
     def active(self) -> bool:
@@ -122,5 +123,12 @@ def grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile, stri
         all_r += _reduce(layout, gr * every.expert_local, ge, elink)
         if layout.zero >= 1:
             gather += _gather(w * layer.expert_local, ge, elink)
+    mtp_r = 0.0
+    if model.mtp_layers:  # the modules' dense and routed parts, each over its own replicas, as the layers'
+        mtp = gpu_params(model, layout, model.mtp_params(), model.mtp_routed_params(), model.mtp_replicated_params())
+        mtp_r = reduce(gr * (mtp.local - mtp.expert_local))
+        if ge > 1:
+            mtp_r += _reduce(layout, gr * mtp.expert_local, ge, elink)
     return GradSync(coll.link_kind(profile, link), layer_r, reduce(gr * emb_p),
-                    all_r, gather, layout.zero >= 3 and flavour.gathers_in_backward(layout), layout.grad_overlap)
+                    all_r, gather, layout.zero >= 3 and flavour.gathers_in_backward(layout), layout.grad_overlap,
+                    mtp_r)

@@ -88,8 +88,10 @@ def mtp_activation_bytes(model: ModelConfig, layout: Layout, batch: int, seq: in
     matrices included), the projection's input (the two normed halves, 2h a token) and the normed embedding and
     hidden state feeding it (2h); under ``recompute`` (Megatron-LM checkpoints the module under full uniform
     recompute, multi_token_prediction.py `_checkpointed_forward`) its two inputs alone, the hidden state and the
-    embedding (2h a token); and its loss's state where the loss kernel keeps one between forward and backward
-    (`memo_sim.cost.loss_kernels`, ``kept_fp32``: Megatron's fp32 softmax of every token). 0 without modules."""
+    embedding (2h a token); its final norm's output and that output's gradient, which the head holds as it holds
+    the model's (`mtp_head_row_bytes`); and its loss's state where the loss kernel keeps one between forward and
+    backward (`memo_sim.cost.loss_kernels`, ``kept_fp32``: Megatron's fp32 softmax of every token). 0 without
+    modules."""
     if not model.mtp_layers:
         return 0.0
     d = DTYPE_BYTES[model.dtype]
@@ -100,4 +102,12 @@ def mtp_activation_bytes(model: ModelConfig, layout: Layout, batch: int, seq: in
         sk = skeletal_bytes(model, layout, batch, seq)
         kept = sk["total"] + sk["lse"] + sk["scores"] + tokens * 4 * model.hidden * d
     loss = tokens * model.vocab / layout.tp * loss_kernel(layout.cross_entropy).kept_fp32
-    return model.mtp_layers * (kept + loss)
+    return model.mtp_layers * (kept + loss) + mtp_head_row_bytes(model, layout, batch, seq)
+
+
+def mtp_head_row_bytes(model: ModelConfig, layout: Layout, batch: int, seq: int) -> float:
+    """Every multi-token-prediction module's final-normed rows and their gradient on one GPU, held over the head as
+    the model's own final norm output and its gradient are (`classifier_peak_bytes`)."""
+    d = DTYPE_BYTES[model.dtype]
+    per_token = model.hidden * (d + loss_kernel(layout.cross_entropy).hidden_grad_bytes(d))
+    return model.mtp_layers * tokens_per_gpu(layout, batch, seq) * per_token

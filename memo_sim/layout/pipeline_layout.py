@@ -104,6 +104,9 @@ def parse_layout(text: str, n_layers: int, pp: int, mtp_layers: int = 0) -> tupl
             raise _bad(text, f"stage {i} holds a multi-token-prediction layer (m): memo prices them with the loss on "
                              "the last stage (a stage of their own, Megatron's standalone placement, is not modelled); "
                              "write them there (...mL)")
+        if "m" in st and not st.endswith("m" * written + "L"):
+            raise _bad(text, f"stage {i} places its multi-token-prediction layers (m) elsewhere than after its "
+                             "transformer layers and right before the loss; write ...mL")
         if "E" in st and i:
             raise _bad(text, f"stage {i} holds the embedding: memo prices it on the first stage only")
         if "L" in st and i != len(stages) - 1:

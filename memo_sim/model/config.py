@@ -356,10 +356,10 @@ class ModelConfig:
             n = self.mtp_layers
             out.append(f"multi-token prediction ({n} module{'s' if n > 1 else ''}, {fmt_params(self.mtp_params())} "
                        f"parameters beside the count above, the embedding and classifier shared): priced on the last "
-                       f"pipeline stage as {'a MoE' if self.mtp_moe else 'a'} layer, a projection and a second pass of "
-                       f"the classifier and loss each, forward and backward, its activations kept between them (its "
-                       f"layer re-run under full recompute, as Megatron-LM checkpoints it); --mtp-layers 0 plans "
-                       f"without it")
+                       f"pipeline stage as the model's {'MoE ' if self.moe else ''}layer, a projection and a second "
+                       f"pass of the classifier and loss each, forward and backward, its activations kept between "
+                       f"them (its layer re-run under full recompute, as Megatron-LM checkpoints it); --mtp-layers 0 "
+                       f"plans without it")
         return out
 
     @property

@@ -412,9 +412,10 @@ class _MicrobatchBuilder:
             if sync.active and not sync.overlapped:  # every gradient of the stage at once, after its whole backward
                 r.last_dp = g.add(grad_op, device=d, stream="dp_comm", kind="comm", phase="grad_sync", layer=None,
                                   work=costs.serial_grads[s], deps=r.tail, link=sync.link)
-            elif sync.embedding_grad > 0 and (s == 0 or s == p - 1):
+            elif sync.embedding_grad > 0 and (s == 0 or s == p - 1):  # the last stage's with its modules'
                 r.last_dp = g.add(grad_op, device=d, stream="dp_comm", kind="comm", phase="grad_sync", layer=None,
-                                  work=sync.embedding_grad, deps=r.tail, link=sync.link)
+                                  work=sync.embedding_grad + (sync.mtp_grad if s == p - 1 else 0.0), deps=r.tail,
+                                  link=sync.link)
             g.add("optimizer", device=d, stream="compute", kind="compute", phase="optimizer", layer=None,
                   work=costs.optimizer[s], deps=r.tail + ([r.last_dp] if r.last_dp else []))
 

@@ -406,9 +406,10 @@ def _micro_batch(g: OpGraph, sched: Schedule, d: int, n: int, mb: int, micro_bat
     emb_b = g.add("embedding", device=d, stream="compute", kind="compute", phase="bwd", layer=None,
                   work=bt.embedding_bwd, deps=reorganize("embedding.bwd", None, tail))
     tail = [emb_b]
-    if reduce_now:  # the embedding's bucket, or (not overlapped) every gradient at once after the backward
+    if reduce_now:  # the embedding's bucket (and the multi-token-prediction modules'), or (not overlapped) every
+        # gradient at once after the backward
         last_dp = dp_op("reducescatter_grads" if layout.zero >= 1 else "allreduce_grads", None,
-                        sync.embedding_grad if sync.overlapped else sync.all_grads, tail)
+                        sync.embedding_grad + sync.mtp_grad if sync.overlapped else sync.all_grads, tail)
     return tail, last_dp
 
 
