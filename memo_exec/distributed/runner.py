@@ -187,7 +187,7 @@ class DistExecutor(ExecutorBase):
         meta, m = torch.device("meta"), self.model
         mtp = [m.layers + k for k in range(m.mtp_layers)]  # the modules' layers, then their norms and projections
         sizes = [sum(q.numel() for q in self._make_layer(li, meta, self.dtype).parameters()) for li in self.held + mtp]
-        rest = m.embedding_params() + m.mtp_layers * (3 * m.norm_params + 2 * m.hidden * m.hidden // self.flavour.size)
+        rest = m.embedding_params() + m.mtp_layers * (m.mtp_norm_params + m.mtp_projection_params // self.flavour.size)
         return sum(sizes) + rest, max(sizes + [rest])
 
     def _estimate(self) -> MemoryEstimate:

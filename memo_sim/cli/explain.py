@@ -11,6 +11,7 @@ from memo_sim.policy.base import uses_memory_plan
 from memo_sim.engine.simulate import simulate
 from memo_sim.memplan.footprint import memory_breakdown
 from memo_sim.plan.schema import read_plan
+from memo_sim.model.config import modules_words
 from memo_sim.profile.loader import load_profile
 from memo_sim.report.explain import PHASE_WORDS, gpu_devices, peak_moments, time_breakdown
 from memo_sim.report.formats import Answer, emit, format_options, resolve_format
@@ -69,7 +70,7 @@ def explain(plan_file, out_format, as_json):
         a.table(["", "seconds", "share"], rows, title=f"\ntime on {where}'s compute stream (simulated):")
     if mtp:
         n = plan.model.mtp_layers
-        a.line(f"classifier: the {n} multi-token-prediction module{'s' if n > 1 else ''} included, "
+        a.line(f"classifier: the {modules_words(n, 'multi-token-prediction')} included, "
                f"{fmt_time(mtp)} a micro-batch on the last stage (analytic, `memo_sim.cost.boundary.mtp_seconds`)")
     if split is not None:
         a.table(["", "forward", "backward", "share"], moe_split_rows(split),

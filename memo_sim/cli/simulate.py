@@ -33,7 +33,7 @@ from memo_sim.fileio import OutputFolder, atomic_write_json, output_folder
 from memo_sim.forked import beside
 from memo_sim.policy import policy_names, prices_model
 from memo_sim.report.formats import format_options, resolve_format
-from memo_sim.report.peaks import allocator_of, result_peak
+from memo_sim.report.peaks import allocator_of, result_peak, tier_cell
 from memo_sim.report.sweep_text import run_json, runs_answer
 from memo_sim.units import fmt_bytes, fmt_count, fmt_time, parse_count
 
@@ -375,11 +375,6 @@ def _tp_mode_layouts(layout, text: str) -> dict:
     return out
 
 
-def _tier_cell(tier: str | None) -> str:
-    """A point's tier in a table cell, as the what-if's ranked table writes it: ``sim`` or ``analytic``."""
-    return {"simulated": "sim", "analytic": "analytic"}.get(tier, "-")
-
-
 def _point_peak_text(pt, simulated: dict) -> str:
     """A sweep point's peak: the simulated one of the same configuration where the sweep ran it
     (so one configuration reads one number in both tables), else the analytic one; with its source."""
@@ -432,7 +427,7 @@ def _sweep_tp_modes(plan, profile, layouts, lens, pols, best_policy, outf, resul
 
     a = Answer()
     a.table(["seq", "series", "policy", "status", "tier", "peak GPU", "step", "exposed P2P"],
-            [[fmt_count(pt.seq), pt.label, pt.policy, pt.status, _tier_cell(pt.tier), _point_peak_text(pt, simulated),
+            [[fmt_count(pt.seq), pt.label, pt.policy, pt.status, tier_cell(pt.tier), _point_peak_text(pt, simulated),
               fmt_time(pt.iteration_s) if pt.iteration_s is not None else "-", fmt_time(pt.exposed_p2p_s)]
              for pt in points], title="by tensor-parallel mode (the best policy of each series where --best-policy; "
                                       "tier of the status and step: sim = the event simulator, analytic = "

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from memo_sim.policy.base import uses_memory_plan
 from memo_sim.errors import MemoError
 from memo_sim.layout.parallel import Layout
+from memo_sim.model.config import modules_words
 from memo_sim.layout.schedule import default_schedule
 from memo_sim.plan.schema import Plan
 from memo_sim.policy import Policy, get_policy
@@ -79,7 +80,8 @@ def instead_lines(i: dict, framework: str) -> list[str]:
     if i.get("gemm_format_dropped"):
         out.append(f"Its layer GEMMs run in bf16: {framework} does not offer memo's plan's {i['gemm_format_dropped']}.")
     if i.get("mtp_dropped"):
-        out.append(f"It trains the model without its {mtp_words(i['mtp_dropped'])} ({framework} does not train them "
+        modules = modules_words(i["mtp_dropped"], "multi-token-prediction")
+        out.append(f"It trains the model without its {modules} ({framework} does not train them "
                    f"in memo's framework data): its time leaves their work out, memo's plan's does not.")
     if i.get("plan_iteration_s"):
         given_up = 1 - i["plan_iteration_s"] / i["iteration_s"]
@@ -164,11 +166,6 @@ def nearest_model(plan: Plan, gaps: list[Gap]):
     return dataclasses.replace(plan.model, **over) if over else plan.model
 
 
-def mtp_words(n: int) -> str:
-    """``n`` multi-token-prediction modules, in words."""
-    return f"{n} multi-token-prediction module{'s' if n > 1 else ''}"
-
-
 def price_nearest(plan: Plan, gaps: list[Gap], framework: str) -> dict | None:
     """memo's prediction for the nearest plan on the plan's profile, run with ``framework``'s
     mechanisms (its attention kernel, loss, allocator settings: `Framework.adapt`), as that framework
@@ -189,7 +186,7 @@ def price_nearest(plan: Plan, gaps: list[Gap], framework: str) -> dict | None:
     dropped = plan.model.mtp_layers - model.mtp_layers
     label = (f"{layout.label()} {policy.label()}" + (f" {schedule}" if layout.pp > 1 else "")
              + (f" {model.gemm_format} GEMMs" if model.gemm_format != plan.model.gemm_format else "")
-             + (f", without its {mtp_words(dropped)}" if dropped else ""))
+             + (f", without its {modules_words(dropped, 'multi-token-prediction')}" if dropped else ""))
     try:
         res = simulate(model, layout, plan.batch, plan.seq_tokens, policy, load_profile(plan.profile),
                        keep_timeline=False, schedule=schedule, micro_batch=plan.micro_batch,
@@ -293,7 +290,7 @@ def mtp_gap(plan: Plan, framework: str, why: str) -> list[Gap]:
     if not n or get_framework(framework).multi_token_prediction:
         return []
     where = " on the last stage" if plan.layout.pp > 1 else ""
-    return [Gap(f"multi-token prediction ({n} module{'s' if n > 1 else ''}{where})",
+    return [Gap(f"multi-token prediction ({modules_words(n)}{where})",
                 f"not written ({why}): the script trains the model without it", PlanChange(mtp_layers=0))]
 
 

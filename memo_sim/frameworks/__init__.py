@@ -83,7 +83,7 @@ from memo_sim.layout.parallel import BLOCK_KERNELS, HOST_POOLS, Layout
 from memo_sim.layout.kv_heads import ULYSSES_KV_RULES
 from memo_sim.layout.ring_merge import RING_MERGE_NAMES
 from memo_sim.layout.schedule import SCHEDULE_NAMES
-from memo_sim.model.config import DTYPES, ModelConfig
+from memo_sim.model.config import DTYPES, ModelConfig, modules_words
 from memo_sim.model.gemm_formats import GEMM_FORMATS
 from memo_sim.model.kernel_fusion import KERNEL_FUSIONS
 from memo_sim.model.layer_graph import ATTENTION_KERNELS, CROSS_ENTROPY_KERNELS
@@ -241,7 +241,7 @@ class Framework:
             model = replace(model, attention_chunk=0, chunked_layers=0, chunked_period=0,
                             not_modelled="; ".join(x for x in (model.not_modelled, note) if x)[:500])
         if model.mtp_layers and not self.multi_token_prediction:
-            note = (f"multi-token prediction ({model.mtp_layers} module{'s' if model.mtp_layers > 1 else ''}): "
+            note = (f"multi-token prediction ({modules_words(model.mtp_layers)}): "
                     f"{self.name} does not train it in memo's framework data, priced without")
             model = replace(model, mtp_layers=0,
                             not_modelled="; ".join(x for x in (model.not_modelled, note) if x)[:500])

@@ -228,6 +228,11 @@ class _ModelIn(BaseModel):
         return self
 
 
+def modules_words(n: int, kind: str = "") -> str:
+    """``n`` multi-token-prediction modules counted in words: '1 module', '2 modules' (``kind`` before 'module')."""
+    return f"{n} {kind + ' ' if kind else ''}module{'s' if n != 1 else ''}"
+
+
 def period_layers(layers: int, period: int) -> int:
     """The layers of ``kind`` a period N places among ``layers``: all but each N-th (0 where no period)."""
     return layers - layers // period if period else 0
@@ -354,7 +359,7 @@ class ModelConfig:
                        f"but the simulator prices their time and activations as a MoE layer's")
         if self.mtp_layers:
             n = self.mtp_layers
-            out.append(f"multi-token prediction ({n} module{'s' if n > 1 else ''}, {fmt_params(self.mtp_params())} "
+            out.append(f"multi-token prediction ({modules_words(n)}, {fmt_params(self.mtp_params())} "
                        f"parameters beside the count above, the embedding and classifier shared): priced on the last "
                        f"pipeline stage as the model's {'MoE ' if self.moe else ''}layer, a projection and a second "
                        f"pass of the classifier and loss each, forward and backward, its activations kept between "
@@ -641,7 +646,17 @@ class ModelConfig:
         layer of the last layer's kind, the projection of [norm(embedding); norm(hidden)] (2h -> h) and three
         norms (DeepSeek-V3's enorm, hnorm and the head's norm)."""
         layer = self.layer_params() if self.mtp_moe else self.dense_layer_params()
-        return layer + 2 * self.hidden * self.hidden + 3 * self.norm_params
+        return layer + self.mtp_projection_params + self.mtp_norm_params
+
+    @property
+    def mtp_projection_params(self) -> int:
+        """One module's projection of [norm(embedding); norm(hidden)]: 2h -> h, no bias (what TP splits)."""
+        return 2 * self.hidden * self.hidden
+
+    @property
+    def mtp_norm_params(self) -> int:
+        """One module's three norms (embedding, hidden state, its output): whole on every TP rank."""
+        return 3 * self.norm_params
 
     @_counted
     def mtp_params(self) -> int:

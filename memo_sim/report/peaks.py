@@ -16,6 +16,13 @@ from memo_sim.policy.base import uses_memory_plan
 from memo_sim.units import fmt_bytes
 
 SIMULATED, ANALYTIC = "simulated", "analytic"
+
+
+def tier_cell(tier: str | None) -> str:
+    """A tier in a table cell, as the what-if's ranked table writes it: ``sim``, ``analytic`` (``-``: none)."""
+    return {SIMULATED: "sim", ANALYTIC: "analytic"}.get(tier, "-")
+
+
 # how far the caching allocator's reserved peak measured above the replay's on a GPU: memo-exec on an H100, four
 # caching-allocator plans of 8 layers of GPT-7B at 32K-128K (the report names them); the answer's margin line cites it
 MEASURED_RESERVED_ERROR = ("1.3-17.7%", "reports/gpu-h100-2026-11-25.md")
@@ -36,8 +43,7 @@ class Peak:
     @property
     def short_source(self) -> str:
         """The source in a table cell: ``sim/allocator``, ``analytic/mem plan``."""
-        tier = "sim" if self.tier == SIMULATED else "analytic"
-        return f"{tier}/{'mem plan' if self.allocator == MEMORY_PLAN else 'allocator'}"
+        return f"{tier_cell(self.tier)}/{'mem plan' if self.allocator == MEMORY_PLAN else 'allocator'}"
 
     def text(self) -> str:
         """``24.81 GiB (simulated, caching allocator)``."""

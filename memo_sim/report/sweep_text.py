@@ -6,12 +6,12 @@ names its tier as a what-if row does."""
 from __future__ import annotations
 
 from memo_sim.report.formats import Answer
-from memo_sim.report.peaks import SIMULATED, allocator_of, result_peak
+from memo_sim.report.peaks import SIMULATED, allocator_of, result_peak, tier_cell
 from memo_sim.units import fmt_bytes, fmt_time
 
 RUN_HEAD = ["status", "tier", "iter (sim)", "MFU", "TGS", "peak GPU (sim)", "allocator", "host/node", "copy stall",
             "allocator stalls"]
-RUN_TIER = "sim"  # every run's numbers are the event simulator's (the what-if's "sim" tier), a failed run's too
+RUN_TIER = tier_cell(SIMULATED)  # every run's numbers are the event simulator's, a failed run's too
 
 
 def run_json(r) -> dict:
