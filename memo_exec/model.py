@@ -97,11 +97,12 @@ class MTPWeights(nn.Module):
 
 class GPT(nn.Module):
     def __init__(self, model: ModelConfig, layers: int, device: torch.device, dtype: torch.dtype,
-                 mtp_layer=None, tp: tuple[int, int] = (1, 0)) -> None:
+                 mtp_layer=None, tp: tuple[int, int] = (1, 0), mtp: bool = True) -> None:
         """``layers`` of the model's layers (the distributed executor adds its own); the model's
         ``mtp_layers`` modules, each ``MTPWeights`` around ``mtp_layer(i)`` (model layer i = ``model.layers +
         k``; default one device's whole layer of the last layer's kind) with ``tp`` = (size, rank) of its
-        projection's split."""
+        projection's split; none where ``mtp`` is False (a pipeline rank before the last: the modules live on the
+        last stage, `memo_exec.pipeline.schedules`)."""
         super().__init__()
         self.cfg = model
         h = model.hidden
@@ -117,7 +118,7 @@ class GPT(nn.Module):
             mtp_layer = lambda i: LayerWeights(model, model.layers, device, dtype, layer=i,  # noqa: E731
                                                moe=model.mtp_moe)
         self.mtp = nn.ModuleList(MTPWeights(model, mtp_layer(model.layers + k), device, dtype, tp)
-                                 for k in range(model.mtp_layers))
+                                 for k in range(model.mtp_layers if mtp else 0))
 
     @property
     def head(self) -> nn.Parameter:

@@ -1,7 +1,8 @@
 """Multi-token prediction (``ModelConfig.mtp_layers`` = D; DeepSeek-V3 sec. 2.2, Megatron-LM's
 megatron/core/transformer/multi_token_prediction.py): D modules after the last layer, module k predicting the
-token k + 1 places ahead, on single-stage plans (pp = 1: `memo_sim.plan.executor_scope.plan_why_not` refuses the
-others in one line).
+token k + 1 places ahead, on single-stage plans and on the last stage of a 1F1B / interleaved pipeline (one `MTPRun`
+per activation slot of its last chunk, the embedding's copy there: `memo_exec.pipeline.schedules`;
+`memo_sim.plan.executor_scope.plan_why_not` refuses the other schedules in one line).
 
 Math, on this rank's rows (the weights: `memo_exec.model.MTPWeights`): with h_0 the last layer's output before
 the final norm, for k = 1..D

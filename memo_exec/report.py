@@ -212,6 +212,22 @@ def pipeline_offload_note(plan) -> str | None:
             f"the prediction")
 
 
+def loss_kernel_note(plan) -> str | None:
+    """Where the plan is priced with another loss kernel than memo-exec runs: memo-exec computes the loss in its
+    chunked head (`memo_exec.model.ChunkedHead`, the simulator's ``chunked`` kernel) whatever the plan's
+    ``cross_entropy`` (`memo_sim.cost.loss_kernels`); None where the plan's is that one."""
+    ce = plan.layout.cross_entropy
+    if ce == "chunked":
+        return None
+    from memo_sim.api import loss_kernel  # noqa: PLC0415
+
+    mtp = (f", and the loss state of the {plan.model.mtp_layers} multi-token-prediction module(s) kept meanwhile"
+           if plan.model.mtp_layers and loss_kernel(ce).kept_fp32 else "")
+    return (f"loss kernel: the plan is priced with the {ce} loss (layout cross_entropy), memo-exec runs its chunked "
+            f"head (the chunked kernel), so the classifier's time and memory peak{mtp} compare two kernels; plan "
+            f"with the chunked kernel (memo-sim's default without --framework) to compare like with like")
+
+
 def _estimate_total(res: RunResult):
     """The executor's whole-peak estimate, or None where it holds the static terms only (a distributed
     rank's estimate does not make the transient terms, `memo_exec.memory_estimate.MemoryEstimate.not_estimated`):
@@ -453,9 +469,9 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
         L.append(f"- all {m['layers']} layers run")
     if cmp_.stale:
         L.append(f"- **{stale_line(cmp_.stale)}**")
-    note = pipeline_offload_note(p)
-    if note:
-        L.append(f"- **{note}**")
+    for note in (pipeline_offload_note(p), loss_kernel_note(p)):
+        if note:
+            L.append(f"- **{note}**")
     from memo_exec.activations.registry import moe_block_note  # noqa: PLC0415
 
     note = moe_block_note(p.model, p.policy.name)

@@ -31,6 +31,7 @@ from memo_sim.policy.sppo import Sppo
 from memo_sim.cost.sppo import multiplex_phases, partition_bounds
 from memo_sim.cost.collectives import fit_params as collective_fit_params
 from memo_sim.cost.attention_measured import pricing_words as attention_pricing_words
+from memo_sim.cost.loss_kernels import loss_kernel
 from memo_sim.timeline import Timeline, TimelineEvent
 
 __all__ = [
@@ -42,7 +43,7 @@ __all__ = [
     "default_jobs", "fold_duplicates", "build_plan", "plan_problems", "runnable_problems", "traced_by_executor",
     "WhatifAnswer", "WhatifRequest", "answer_whatif", "whatif",
     "SCHEDULE_NAMES", "check_schedule", "default_schedule", "estimate_pipeline", "pipeline_memory",
-    "registered_schedules", "collective_fit_params", "attention_pricing_words",
+    "registered_schedules", "collective_fit_params", "attention_pricing_words", "loss_kernel",
     "Sppo", "SppoPoint", "SppoSearch", "multiplex_phases", "partition_bounds", "search_sppo", "solve_point",
 ]
 

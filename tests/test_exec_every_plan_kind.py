@@ -96,9 +96,13 @@ KINDS = {
     "fp8-tensorwise": (1, ["--layers", "4", *MEMO, "--profile", "h100-sxm5-80gb", "--precision", "fp8-tensorwise"]),
     "fp8-two-gpus": (2, ["--layers", "4", "--dp", "2", "--policy", "store_all", "--profile", "h100-sxm5-80gb",
                          "--precision", "fp8-tensorwise"]),
-    # multi-token-prediction modules after the last layer (`memo_exec.mtp`): a MoE module, and two under TP with SP
+    # multi-token-prediction modules after the last layer (`memo_exec.mtp`): a MoE module, and two under TP with SP;
+    # on a pipeline's last stage (`memo_exec.pipeline.schedules`), 1F1B and interleaved
     "moe-mtp": (1, ["--model", "MOE", "--policy", "store_all", "--mtp-layers", "1"]),
     "tp2-mtp-memo": (2, ["--layers", "4", "--tp", "2", *MEMO, "--mtp-layers", "2"]),
+    "mtp-pp2": (2, ["--layers", "4", "--pp", "2", "--schedule", "1f1b", "--policy", "store_all", "--mtp-layers", "1"]),
+    "mtp-pp2-interleaved-memo": (2, ["--layers", "4", "--pp", "2", "--schedule", "interleaved_1f1b", *MEMO,
+                                     "--mtp-layers", "2"]),
 }
 # what the executor does not run: (GPUs, what-if flags, the words of its one-line refusal)
 REFUSED = {
@@ -112,9 +116,8 @@ REFUSED = {
     "compiled": (1, ["--layers", "4", "--policy", "store_all", "--framework", "torchtitan@2024-12"],
                  "kernel_fusion compiled"),
     "op_sac": (1, ["--layers", "4", "--policy", "op_sac", "--framework", "torchtitan"], "policy 'op_sac'"),
-    # multi-token-prediction modules: the executor builds them on single-stage plans with Megatron TP only
-    "mtp-pp2": (2, ["--layers", "4", "--pp", "2", "--schedule", "1f1b", "--policy", "store_all", "--mtp-layers", "1"],
-                "mtp_layers = 1 with pp = 2", ["--nproc", "2"]),
+    # multi-token-prediction modules: the executor builds them with Megatron TP only (SPPO with modules: the what-if
+    # itself refuses to plan it)
     "mtp-metp_ffn": (2, ["--layers", "4", "--tp", "2", "--tp-mode", "metp_ffn", *MEMO, "--mtp-layers", "1"],
                      "mtp_layers = 1 with tp_mode metp_ffn", ["--nproc", "2"]),
     # multi-device plans refused before any process starts (`memo-exec run --nproc N`)

@@ -13,7 +13,8 @@
   projection and layer before its backward, as Megatron-LM's checkpointed module: the loss and every gradient those of
   store all and of the reference, the modules' kept bytes the simulator's ``mtp_activation_bytes(recompute=True)``,
   and on two gloo ranks (tp2) those of the single process;
-- a plan `memo-sim whatif --mtp-layers 1` writes runs through `memo-exec run`; a pipeline's is refused in one line.
+- a plan `memo-sim whatif --mtp-layers 1` writes runs through `memo-exec run`; SPPO's is refused in one line
+  (pipelines: `tests.test_exec_mtp_pipeline`).
 """
 
 from __future__ import annotations
@@ -378,12 +379,16 @@ def test_memo_exec_runs_the_plan_memo_sim_writes_with_mtp_layers(tmp_path):
     assert '"mtp_layers": 1' in text, text[:2000]
 
 
-def test_a_pipeline_with_modules_is_refused_in_one_line_naming_pp():
+def test_a_pipeline_with_modules_runs_and_another_schedule_is_refused_in_one_line():
+    """A micro-batch pipeline runs the modules on its last stage (`tests.test_exec_mtp_pipeline`); a schedule the
+    executor does not run them in (SPPO) is refused in one line naming the field."""
     from memo_exec.errors import ExecError
     from memo_exec.runner import run_model
 
     plan = plan_for(DENSE, lay=dict(pp=2))
     plan.schedule = "1f1b"
-    with pytest.raises(ExecError, match=r"mtp_layers = 2 with pp = 2") as e:
+    assert run_model(plan, RunOptions(device="cpu")).mtp_layers == 2
+    plan.schedule = "sppo"
+    with pytest.raises(ExecError, match=r"mtp_layers = 2 under schedule sppo") as e:
         run_model(plan, RunOptions(device="cpu"))
     assert "\n" not in str(e.value)

@@ -1,5 +1,6 @@
 """The executor report compares a rank's pinned host pool with its share of the node's prediction."""
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -65,6 +66,25 @@ def test_a_pipelines_per_chunk_kept_layers_are_named_where_they_differ_from_the_
     assert "memo-exec [8, 8], the simulator [14, 14]" in note
     assert pipeline_offload_note(plan(("full_recompute",), pp=2)) is None  # nothing offloaded on either side
     assert pipeline_offload_note(plan(("memo", 0.3))) is None  # one stage: the same rule on both sides
+
+
+def test_a_plans_loss_kernel_other_than_the_executors_is_named():
+    """memo-exec computes the loss in its chunked head whatever the plan's cross_entropy: a plan priced with
+    Megatron's vocab_parallel loss (and with modules, their kept loss state) says so in report.md."""
+    from memo_exec.report import loss_kernel_note
+    from memo_sim.layout.parallel import Layout
+    from memo_sim.model.config import ModelConfig
+
+    m = ModelConfig("t", 8, 256, 4, 512, vocab=96)
+
+    def plan(ce, mtp=0):
+        return SimpleNamespace(layout=Layout(cross_entropy=ce), model=replace(m, mtp_layers=mtp))
+
+    assert loss_kernel_note(plan("chunked", 1)) is None
+    note = loss_kernel_note(plan("vocab_parallel"))
+    assert "priced with the vocab_parallel loss" in note and "multi-token" not in note
+    assert "loss state of the 1 multi-token-prediction module(s)" in loss_kernel_note(plan("vocab_parallel", 1))
+    assert "multi-token" not in loss_kernel_note(plan("chunked_wrapper", 1))  # keeps nothing between its passes
 
 
 def _totals_res(world, dp, *, not_estimated=()):

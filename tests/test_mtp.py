@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from memo_sim.cli import cli
+from memo_sim.cost import collectives as coll
 from memo_sim.cost.activations import skeletal_bytes, tokens_per_gpu
 from memo_sim.cost.boundary import boundary_times
 from memo_sim.cost.kernel_time import gemm_bytes, gemm_time, memory_bound_time
@@ -36,13 +37,47 @@ def test_the_module_is_a_layer_a_projection_and_a_second_head_on_the_time_of_the
     layer = (critical_time(forward_costs(DS, LAY, 1, 4096, H100))
              + critical_time(backward_costs(DS, LAY, 1, 4096, H100)))
     toks, h = tokens_per_gpu(LAY, 1, 4096), DS.hidden
-    proj = 3 * gemm_time(2 * toks * 2 * h * h / LAY.tp, H100, "bf16", gemm_bytes(toks, h / LAY.tp, 2 * h, 2))
+    flops = 2 * toks * 2 * h * h / LAY.tp  # forward, data gradient, weight gradient: each its operands' bytes
+    proj = sum(gemm_time(flops, H100, "bf16", gemm_bytes(m, n, k, 2))
+               for m, n, k in ((toks, h / LAY.tp, 2 * h), (toks, 2 * h, h / LAY.tp), (2 * h, h / LAY.tp, toks)))
     norms = memory_bound_time(15 * toks * h * 2, H100)
-    assert with_.mtp == pytest.approx(layer + proj + norms + without.classifier + without.embedding)
+    assert with_.mtp == pytest.approx(layer + proj + _projection_comm(LAY, toks) + norms + without.classifier
+                                      + without.embedding)
     assert with_.mtp > layer + without.classifier  # DeepSeek-V3's 129K vocabulary: the head about as long as the layer
     two = boundary_times(replace(DS, mtp_layers=2), LAY, 1, 4096, H100)
     assert two.mtp == pytest.approx(2 * with_.mtp)
     assert with_.optimizer > without.optimizer  # the module's states are stepped too
+
+
+def _projection_comm(lay, toks, forward_only=False):
+    """Megatron's module projection under TP with SP: forward the [T, 2h] input and the [T, h / tp] output
+    all-gathered; backward the output gradient all-gathered along the sequence, the input re-gathered, its
+    gradient reduce-scattered."""
+    row, link = toks * DS.hidden * 2, H100.nvlink
+    ag = lambda n: coll.ring_allgather_time(n, lay.tp, *coll.link_params(link, "all_gather"))  # noqa: E731
+    fwd = ag(2 * row) + ag(row)
+    if forward_only:
+        return fwd
+    return fwd + ag(row) + ag(2 * row) + coll.ring_reduce_scatter_time(
+        2 * row, lay.tp, *coll.link_params(link, "reduce_scatter"))
+
+
+def test_the_projection_runs_in_the_layers_gemm_format_and_gathers_over_tp():
+    """Megatron-LM runs ``eh_proj`` inside the FP8 context and splits it as a column-parallel linear whose output is
+    gathered: an FP8 recipe makes the module cheaper by the projection's GEMMs, and tensor parallelism adds its
+    collectives (all-reduce of the input gradient without sequence parallelism)."""
+    fp8 = replace(DS, gemm_format="fp8-tensorwise")
+    assert boundary_times(fp8, LAY, 1, 4096, H100).mtp < boundary_times(DS, LAY, 1, 4096, H100).mtp
+    from memo_sim.cost.boundary import mtp_projection_comm
+
+    toks = tokens_per_gpu(LAY, 1, 4096)
+    assert sum(mtp_projection_comm(DS, LAY, toks, H100)) == pytest.approx(_projection_comm(LAY, toks))
+    no_sp = replace(LAY, sp=False)
+    row = toks * DS.hidden * 2
+    want = (coll.ring_allgather_time(row, 2, *coll.link_params(H100.nvlink, "all_gather")),
+            coll.allreduce_time(2 * row, 2, *coll.link_params(H100.nvlink, "all_reduce")))
+    assert mtp_projection_comm(DS, no_sp, toks, H100) == pytest.approx(want)
+    assert mtp_projection_comm(DS, replace(LAY, tp=1, sp=False), toks, H100) == (0.0, 0.0)
 
 
 def test_its_activations_live_with_the_head_and_its_states_on_the_last_stage():
@@ -115,7 +150,7 @@ def test_the_last_stage_runs_it_in_every_micro_batch_and_the_flag_drops_it(tmp_p
     assert "classifier: the 1 multi-token-prediction module included" in ex.output, ex.output
 
 
-def test_the_executor_runs_single_stage_modules_and_refuses_a_pipelines_in_one_line():
+def test_the_executor_runs_modules_on_one_stage_and_on_pipelines_and_refuses_sppo_in_one_line():
     from memo_sim.export.base import mtp_gap, nearest_model
     from memo_sim.plan.executor_scope import plan_why_not
     from memo_sim.policy import get_policy
@@ -123,8 +158,13 @@ def test_the_executor_runs_single_stage_modules_and_refuses_a_pipelines_in_one_l
     qwen = replace(get_model("qwen3-30b-a3b"), layers=4, mtp_layers=1)
     store = get_policy("store_all")
     assert plan_why_not(qwen, Layout(ep=4, dp=4), store, "single_stage", 4, 1, 4096) is None
-    why = plan_why_not(qwen, Layout(ep=4, pp=2, dp=2), store, "1f1b", 4, 1, 4096)
-    assert why.startswith("plan model qwen3-30b-a3b: mtp_layers = 1 with pp = 2") and "--mtp-layers 0" in why
+    assert plan_why_not(qwen, Layout(ep=2, pp=2, dp=2), store, "1f1b", 4, 1, 4096) is None
+    from memo_sim.policy.sppo import Sppo
+
+    dense = replace(get_model("gpt-7b"), layers=4, mtp_layers=1)
+    why = plan_why_not(dense, Layout(pp=2), Sppo(None, subseqs=4, multiplex=False), "sppo", 1, 1, 4096)
+    assert why.startswith("plan model gpt-7b") and "mtp_layers = 1 under schedule sppo" in why
+    assert "--mtp-layers 0" in why
 
     class _Plan:  # what the gap reads of a plan
         model = DS
@@ -156,7 +196,8 @@ def test_full_recompute_reruns_the_module_and_a_split_loss_keeps_its_state_meanw
     kept, rerun = boundary_times(DS, LAY, 1, 4096, H100), boundary_times(DS, LAY, 1, 4096, H100, recompute_mtp=True)
     h = DS.hidden  # the layer's forward, the projection's forward GEMM and the norms' forward passes again
     proj = gemm_time(2 * toks * 2 * h * h / LAY.tp, H100, "bf16", gemm_bytes(toks, h / LAY.tp, 2 * h, 2))
-    again = critical_time(forward_costs(DS, LAY, 1, 4096, H100)) + proj + memory_bound_time(6 * toks * h * 2, H100)
+    again = (critical_time(forward_costs(DS, LAY, 1, 4096, H100)) + proj + _projection_comm(LAY, toks, True)
+             + memory_bound_time(6 * toks * h * 2, H100))
     assert rerun.mtp - kept.mtp == pytest.approx(again)
 
 
@@ -207,6 +248,37 @@ def test_the_modules_gradients_are_reduced_with_the_last_bucket():
         m = replace(get_model("llama-3.1-8b"), layers=4, mtp_layers=n)
         t[n] = simulate(m, lay, 1, 1024, get_policy("store_all"), H100).iteration_s
         bt[n] = boundary_times(m, lay, 1, 1024, H100)
-    # the step grows by the module's compute, its optimizer step and its bucket, reduced after the backward
+    # the step grows by the module's compute, its optimizer step and its bucket, reduced after the backward, and by
+    # as much of its weights' gather before the head as four short layers do not hide
     grown = t[1] - t[0] - bt[1].mtp - (bt[1].optimizer - bt[0].optimizer)
-    assert grown == pytest.approx(grad_sync(m, lay, H100).mtp_grad, rel=0.05), (grown, grad_sync(m, lay, H100))
+    sync = grad_sync(m, lay, H100)
+    assert 0.95 * sync.mtp_grad <= grown <= 1.05 * (sync.mtp_grad + sync.mtp_gather), (grown, sync)
+
+
+def test_zero_gathers_the_modules_weights_before_the_head():
+    """From ZeRO-1 on the modules' weights are all-gathered as a layer's are (`GradSync.mtp_gather`: the dense part
+    over the data group, the routed experts over their replicas), before the head op that runs the modules; twice
+    under ZeRO-3 (again before their backward, inside that op); on a pipeline's last stage once an iteration."""
+    from memo_sim.cost.grad_sync import grad_sync
+    from memo_sim.cost.sppo import stage_grad_sync
+    from memo_sim.engine.simulate import simulate
+    from memo_sim.policy import get_policy
+
+    qwen = replace(get_model("qwen3-30b-a3b"), layers=4, mtp_layers=1)
+    store = get_policy("store_all")
+    assert grad_sync(qwen, Layout(ep=4, dp=8), H100).mtp_gather == 0.0  # no ZeRO: nothing gathered
+    for zero in (1, 3):
+        lay = Layout(ep=4, dp=8, zero=zero)
+        sync = grad_sync(qwen, lay, H100)
+        assert sync.mtp_gather > 0
+        assert grad_sync(replace(qwen, mtp_layers=0), lay, H100).mtp_gather == 0.0
+        r = simulate(qwen, lay, 1, 4096, store, H100, record=True, keep_timeline=False)
+        heads = [o for o in r.ops if o.name == "allgather_weights" and o.layer is None]
+        assert len(heads) == 1
+        assert heads[0].end - heads[0].start >= (2 if zero == 3 else 1) * sync.mtp_gather * (1 - 1e-9)
+        cls = next(o for o in r.ops if o.name == "classifier")
+        assert cls.start >= heads[0].end - 1e-12
+    lay = Layout(ep=2, pp=2, dp=4, zero=1)
+    r = simulate(qwen, lay, 4, 4096, store, H100, schedule="1f1b", micro_batch=1, record=True, keep_timeline=False)
+    heads = [o for o in r.ops if o.name == "allgather_weights" and o.layer is None]
+    assert [o.device for o in heads] == [1] and stage_grad_sync(qwen, lay, H100).mtp_gather > 0

@@ -13,7 +13,8 @@ measurement (`memo_exec.measure.Recorder`, events on device = this rank), plus
 - mixture-of-experts layers (`memo_exec.moe`): the expert-parallel and expert-DP groups folded into
   each stage's GPUs, this rank's routed experts (drawn by global expert index), the all-to-all
   dispatcher, and with ep > 1 the experts' own gradient all-reduce (expert-DP group) and optimizer;
-- multi-token-prediction modules on a single-stage plan (`memo_exec.mtp`): each module's layer this
+- multi-token-prediction modules (`memo_exec.mtp`) on every rank of a single-stage plan, on the last rank of a
+  micro-batch pipeline (`memo_exec.pipeline.schedules`; the schedule's ``holds_mtp``): each module's layer this
   rank's shard of a layer (a unit after the held layers), its norms and projection (TP-split) in the
   embedding's unit, its rows of every micro-batch from the same global batch.
 
@@ -185,9 +186,10 @@ class DistExecutor(ExecutorBase):
     def _local_param_numel(self) -> tuple[int, int]:
         """(all parameters, the largest unit) numbers of elements on this rank."""
         meta, m = torch.device("meta"), self.model
-        mtp = [m.layers + k for k in range(m.mtp_layers)]  # the modules' layers, then their norms and projections
+        D = m.mtp_layers if self.schedule.holds_mtp() else 0  # a pipeline's last rank alone holds the modules
+        mtp = [m.layers + k for k in range(D)]  # the modules' layers, then their norms and projections
         sizes = [sum(q.numel() for q in self._make_layer(li, meta, self.dtype).parameters()) for li in self.held + mtp]
-        rest = m.embedding_params() + m.mtp_layers * (m.mtp_norm_params + m.mtp_projection_params // self.flavour.size)
+        rest = m.embedding_params() + D * (m.mtp_norm_params + m.mtp_projection_params // self.flavour.size)
         return sum(sizes) + rest, max(sizes + [rest])
 
     def _estimate(self) -> MemoryEstimate:
@@ -234,9 +236,10 @@ class DistExecutor(ExecutorBase):
         self.start_recording(lambda op, layer, phase: whole(op, layer, phase) / split, self.estimate.host,
                              rank=ctx.rank)
         self.scratch = ArenaScratch(dev, self.arena_plan) if self.arena_plan is not None else CachingScratch(dev)
-        # embedding, final norm, the multi-token-prediction modules (this rank's shards); the held layers below
+        # embedding, final norm, the multi-token-prediction modules where this rank holds them (its shards); the held
+        # layers below (every rank draws the same generator sequence: a pipeline's copies of the embedding are equal)
         gpt = GPT(m, 0, dev, dt, mtp_layer=lambda li: self._make_layer(li, dev, dt),
-                  tp=(self.flavour.size, self.flavour.rank))
+                  tp=(self.flavour.size, self.flavour.rank), mtp=self.schedule.holds_mtp())
         gpt.layers = torch.nn.ModuleList(self._make_layer(li, dev, dt) for li in self.held)
         local = dict(zip(self.held, gpt.layers)) | {m.layers + k: mod.layer for k, mod in enumerate(gpt.mtp)}
 
@@ -274,8 +277,7 @@ class DistExecutor(ExecutorBase):
             self.compute.moe = MoEBlock(m, disp, tp_size=self.flavour.size, tp_group=ctx.group("tp"))
         self.layer_hooks = self.sync if self.kill_at_step is None else _KillHook(self.sync, self)
         self.schedule.build_runtimes()
-        self.mtp = (MTPRun(gpt, self.compute, self.recorder, self.layer_hooks, 1, self.local_T, dt, dev, self.policy,
-                           self.shapes, self.tp_split) if m.mtp_layers else None)  # multi-token prediction
+        self.mtp = self.schedule.build_mtp()  # multi-token prediction (`memo_exec.mtp`), where this rank holds it
         self.allocated = True
 
     def _set_up_experts(self, gpt, is_expert) -> None:
@@ -290,6 +292,13 @@ class DistExecutor(ExecutorBase):
         if named:
             self.expert_sync = ExpertGradSync(named, self.expert_groups.edp_group, self.opts.lr,
                                               self.opts.weight_decay, self.recorder, self.layout.optimizer_offload)
+
+    def make_mtp_run(self, policy) -> MTPRun:
+        """The runtimes of the multi-token-prediction modules this rank holds, for one micro-batch's rows at a time
+        (`memo_exec.mtp.MTPRun`), beside the layers' activation policy ``policy`` (where the modules re-run, their
+        layers re-run in its recompute buffer)."""
+        return MTPRun(self.gpt, self.compute, self.recorder, self.layer_hooks, 1, self.local_T, self.dtype,
+                      self.device, policy, self.shapes, self.tp_split)
 
     def make_activation_policy(self, layers: int):
         """A new instance of the plan's activation policy over ``layers`` layers of this rank (not
@@ -311,13 +320,14 @@ class DistExecutor(ExecutorBase):
         idx = self.micro_index
         return inputs.reshape(-1)[idx].to(self.device), targets.reshape(-1)[idx].to(self.device)
 
-    def micro_batch_mtp(self, step: int, k: int):
+    def micro_batch_mtp(self, step: int, k: int, run: MTPRun | None = None):
         """The multi-token-prediction modules' rows of micro-batch ``k`` on this rank (`memo_exec.mtp.MTPBatch`;
-        their losses averaged over the global batch), or None without modules."""
-        if self.mtp is None:
+        their losses averaged over the global batch) for ``run`` (default ``self.mtp``), or None without modules."""
+        run = self.mtp if run is None else run
+        if run is None:
             return None
         inputs, targets = self._micro_batch_tokens(step, k)
-        return self.mtp.batch(inputs, targets, self.micro_index, self.batch * self.layout.dp)
+        return run.batch(inputs, targets, self.micro_index, self.batch * self.layout.dp)
 
     def local_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's input and target rows (DP replica d takes rows d*batch.. of the global batch)."""
@@ -378,7 +388,7 @@ class DistExecutor(ExecutorBase):
 
     def _unit_prefixes(self) -> list[str]:
         """The `GPT` parameter-name prefix of each layer unit: the held layers', then the modules' layers'."""
-        return [f"layers.{li}" for li in self.held] + [f"mtp.{k}.layer" for k in range(self.model.mtp_layers)]
+        return [f"layers.{li}" for li in self.held] + [f"mtp.{k}.layer" for k in range(len(self.gpt.mtp))]
 
     def full_gradients(self) -> dict[str, torch.Tensor]:
         """Every parameter's whole, reduced gradient by `GPT` parameter name (a collective; call
@@ -399,8 +409,10 @@ class DistExecutor(ExecutorBase):
         pg = self.ctx.group("pp")
         if pg is None:
             return out
-        # pipeline: every stage's layers; the embedding from stage 0, the final norm (and an untied
-        # classifier) from the last stage
+        # pipeline: every stage's layers; the embedding from stage 0 (its gradient summed with the last stage's copy
+        # where that one has a gradient: tied, or multi-token prediction), the final norm, an untied classifier and
+        # the multi-token-prediction modules (their norms, projections and layers, named as the one-process
+        # model's: ``mtp.<k>.*``) from the last stage
         parts = [None] * self.layout.pp
         dist.all_gather_object(parts, out, group=pg)
         last = self.layout.pp - 1

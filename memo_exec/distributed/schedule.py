@@ -19,6 +19,9 @@ it allocates: ``ex.ctx``, ``ex.model``, ``ex.plan``, ``ex.layout``) and provides
 - ``build_runtimes()``: allocate the activation policy (``ex.policy``, with ``begin_step`` /
   ``end_step`` / ``close``) and the layer runtimes; the default builds one policy over the held
   layers and ``ex.runtimes`` (one `memo_exec.model.LayerRuntime` per held layer);
+- ``holds_mtp() -> bool``: whether this rank holds the multi-token-prediction modules (`memo_exec.mtp`; every
+  rank of one stage by default, a pipeline's last rank alone), and ``build_mtp()``, after ``build_runtimes``: their
+  runtimes (``ex.mtp``; the default one `memo_exec.mtp.MTPRun` over ``ex.policy``, None without modules);
 - ``forward_backward(step) -> torch.Tensor``: run the step's forward and backward over the plan's
   ``plan.micro_batches`` micro-batches (``ex.micro_batch_rows(step, k)`` gives this rank's input
   and target token rows of micro-batch k, ``ex.gpt`` the embedding/final norm/classifier weights,
@@ -94,6 +97,13 @@ class Schedule:
         ex.policy.allocate()
         ex.runtimes = [LayerRuntime(k, w, ex.policy, ex.compute, ex.recorder, ex.layer_hooks)
                        for k, w in enumerate(ex.gpt.layers)]
+
+    def holds_mtp(self) -> bool:
+        return True
+
+    def build_mtp(self):
+        ex = self.ex
+        return ex.make_mtp_run(ex.policy) if ex.gpt.mtp else None
 
     def forward_backward(self, step: int) -> torch.Tensor:
         raise NotImplementedError

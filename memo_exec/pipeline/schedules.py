@@ -11,6 +11,20 @@ prices); virtual stage 0 also embeds, the last one applies the final norm and th
 (a tied embedding's two gradients, rank 0's and rank pp-1's, are summed after the last
 backward; an untied classifier's is rank pp-1's alone).
 
+Multi-token prediction (`memo_exec.mtp`), as Megatron-LM places it (and the simulator prices it,
+`memo_sim.cost.sppo.stage_params`): the modules live on the rank of the last virtual stage (rank
+pp-1; interleaved: with its last chunk) and run after the final norm of every micro-batch's
+forward there, on the last layer's output and the micro-batch's token ids (shifted embedding
+lookup, shifted targets), their rows joining the classifier's; their backward runs inside that
+micro-batch's backward. They embed the shifted tokens with that rank's copy of the embedding (every
+rank draws the same initial weights: the copy starts as rank 0's, untied classifier or not), so
+rank 0's and rank pp-1's embedding gradients are summed after the last backward whenever the
+embedding is tied or there are modules (Megatron-LM's finalize_model_grads,
+``_allreduce_word_embedding_grads``) and both copies take the same optimizer step. The modules keep
+their activations per activation slot of the last chunk (one `memo_exec.mtp.MTPRun` a slot, beside
+that slot's policy, in whose recompute buffer they re-run under full recompute), so every
+micro-batch in flight there has its own.
+
 The order of forwards and backwards is Megatron-LM's (`memo_exec.pipeline.order`): warm-up
 forwards, one forward / one backward in the steady phase, cool-down backwards. A forward of
 (chunk, micro-batch) receives its input from the previous virtual stage (or embeds), runs the
@@ -81,6 +95,7 @@ from memo_exec.happens_before import Region, transfer_guard
 from memo_exec.wait_switch import wait_primitive
 from memo_exec.distributed.schedule import Schedule, register_schedule
 from memo_exec.model import ChunkedHead, LayerFn, LayerHooks, LayerRuntime
+from memo_exec.mtp import modules_recomputed
 from memo_exec.pipeline.order import Action, messages_from, slots, stage_order, virtual_stage
 from memo_sim.layout.schedule import executor_stage_limit
 from memo_sim.layout.parallel import stage_layers
@@ -186,6 +201,10 @@ class PipelineSchedule(Schedule):
     def layer_indices(self) -> list[int]:
         return [li for c in range(self.vpp) for li in self.chunk_layers(c)]
 
+    def holds_mtp(self) -> bool:
+        """Whether this rank holds the multi-token-prediction modules: the last virtual stage's rank (module docs)."""
+        return self._rank(self.last_vs) == self.s
+
     def _chunk_size(self) -> int:
         """Layers of this rank's largest chunk (its chunks are equal unless the split is uneven)."""
         return max(len(self.chunk_layers(c)) for c in range(self.vpp))
@@ -214,6 +233,27 @@ class PipelineSchedule(Schedule):
                                   for j in range(sizes[c])]
                          for k in range(self.n_slots) for c in range(self.vpp)}
         ex.runtimes = [rt for k in range(self.n_slots) for c in range(self.vpp) for rt in self.runtimes[(k, c)]]
+
+    def build_mtp(self) -> None:
+        """The last rank's multi-token-prediction runtimes, one per activation slot its last chunk's micro-batches
+        take (``self.mtp_runs``; module docs), each beside that slot's policy over the chunk (a chunk without a
+        layer: a policy of its own, allocated where the modules re-run in its recompute buffer). ``ex.mtp`` stays
+        None: `_forward` picks the slot's."""
+        ex, c = self.ex, self.vpp - 1
+        self.mtp_runs: dict = {}
+        # the model layer numbers of the modules' layers (runtime index len(held) + k) for a MoE block's all-to-alls
+        self.mtp_timer = _ChunkTimer(ex.recorder, ex.model.layers - len(ex.held))
+        if not ex.gpt.mtp:
+            return None
+        for slot in sorted({k for (ch, _), k in self.slot_of.items() if ch == c}):
+            rts = self.runtimes[(slot, c)]
+            pol = rts[0].policy if rts else ex.make_activation_policy(1)
+            if not rts and modules_recomputed(pol.choice):
+                pol.slot = slot
+                pol.allocate()
+                ex.policy.policies.append(pol)
+            self.mtp_runs[slot] = ex.make_mtp_run(pol)
+        return None
 
     # ------------------------------------------------------------------ transfers
     def _rank(self, vs: int) -> int:
@@ -296,12 +336,17 @@ class PipelineSchedule(Schedule):
                 x = LayerFn.apply(x, rt)
             if vs == self.last_vs:
                 _, targets = ex.micro_batch_rows(step, mb)
-                g = ex.gpt
+                g, weights = ex.gpt, None
+                x = x.reshape(-1, ex.model.hidden)
                 with ex.recorder.span("final_norm", None, "fwd"):
                     hf = g.final_norm(x)
+                if slot in self.mtp_runs:  # the modules' rows join the classifier's (module docs)
+                    self._time_dispatcher(self.mtp_timer)
+                    mtp = ex.micro_batch_mtp(step, mb, self.mtp_runs[slot])
+                    hf, targets, weights = mtp.forward(g, x, hf, targets, ex.global_tokens)
                 with ex.recorder.span("classifier", None, "fwd"):
                     y = ChunkedHead.apply(hf, g.head, targets, ex.plan.classifier_chunk_tokens, ex.global_tokens,
-                                          g.vocab)
+                                          g.vocab, None, weights)
                 self.loss += y.detach().to(torch.float64)
             else:
                 y = x
@@ -321,16 +366,18 @@ class PipelineSchedule(Schedule):
             self._send(self._rank(vs - 1), self.inputs.pop((c, mb)).grad, f"bwd@{a.tag()}")
 
     def _tied_embedding(self) -> None:
-        """Rank 0 (embedding) and rank pp-1 (classifier) hold the tied embedding: sum its gradients
-        (an untied classifier's gradient is the last rank's alone)."""
-        if self.s not in (0, self.pp - 1) or self.ex.gpt.lm_head is not None:
+        """Rank 0 (embedding) and rank pp-1 (classifier, multi-token-prediction modules) hold the embedding: sum
+        their gradients where the last rank's has one, a tied classifier or modules (module docs; an untied
+        classifier's gradient is the last rank's alone)."""
+        if self.s not in (0, self.pp - 1) or (self.ex.gpt.lm_head is not None and not self.ex.model.mtp_layers):
             return
         w = self.ex.gpt.wte
         peer = self.pp - 1 if self.s == 0 else 0
         mine = w.grad.detach().clone()
         theirs = torch.empty_like(mine)
-        what = f"tied embedding gradient of pp rank {peer}"
-        with self.ex.recorder.span("tied_embedding_grad", None, "comm", stream="p2p"):
+        what = f"tied embedding gradient of pp rank {peer}"  # (the name kept: tied or multi-token prediction)
+        # the simulator's op of the same sum (`memo_sim.cost.grad_sync.shared_embedding_seconds`)
+        with self.ex.recorder.span("sum_shared_embedding_grad", None, "comm", stream="p2p"):
             self._wait(post([(peer, mine)], [(peer, theirs)], self.ex.ctx.group("pp"), guard=self.guard,
                             name=f"tied_embedding_grad from pp rank {peer}", received=[what]))
         if self.guard is not None:

@@ -91,7 +91,7 @@ def mtp_share(plan, profile) -> float:
 
     lay = stage_shard(plan.layout) if plan.layout.pp > 1 else plan.layout
     return boundary_times(plan.model, lay, plan.micro_batch or plan.batch, plan.seq_tokens, profile,
-                          recompute_mtp=plan.policy.recomputes_attention).mtp
+                          recompute_mtp=plan.policy.recomputes_mtp).mtp
 
 
 def simulate_plan(plan, profile):

@@ -8,7 +8,8 @@
   memory-bound passes over the logits (`cross_entropy_bytes_per_logit`, by ``layout.cross_entropy``);
 - multi-token prediction (`ModelConfig.mtp_layers`; `mtp_seconds`): each module's layer forward and backward as
   the model's layer is priced (`memo_sim.cost.layer_time`, its collectives on the critical path), its projection's
-  three GEMMs, its norms and embedding lookup, and a second pass of the classifier and loss; it is part of the
+  three GEMMs in the layers' GEMM format with their casts and its TP collectives (`mtp_projection_comm`), its norms
+  and embedding lookup, and a second pass of the classifier and loss; it is part of the
   ``classifier`` time (the last stage's head: `BoundaryTimes.mtp` is its share), its activations kept between
   its forward and backward, which follow each other there, or under a policy that re-runs whole layers
   (``recompute_mtp``: full recompute, as Megatron-LM checkpoints the module then) its layer's forward run again;
@@ -23,12 +24,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from memo_sim.cost import collectives as coll
 from memo_sim.cost.activations import tokens_per_gpu
-from memo_sim.cost.gemm_format import weight_recast_bytes
+from memo_sim.cost.gemm_format import cast_seconds, layer_gemm_time, weight_recast_bytes
 from memo_sim.cost.optimizer_offload import offloaded_step_seconds
 from memo_sim.cost.param_split import GpuParams, model_gpu_params
 from memo_sim.cost.memo import memoised
-from memo_sim.model.flops import classifier_flops, gemm_flops
+from memo_sim.model.flops import classifier_flops
 from memo_sim.cost.kernel_time import gemm_bytes, gemm_time, memory_bound_time
 from memo_sim.cost.layer_time import backward_costs, forward_costs
 from memo_sim.cost.loss_kernels import loss_kernel
@@ -80,7 +82,8 @@ def mtp_seconds(model: ModelConfig, layout: Layout, batch: int, seq: int, profil
                 head: float, recompute: bool = False) -> float:
     """The multi-token-prediction modules' forward and backward on one GPU (module docs): per module its layer
     (the critical path of the model's layer forward and backward), the projection of [norm(embedding);
-    norm(hidden)] (2h -> h: forward, data- and weight-gradient GEMMs, split over TP as the classifier is), three
+    norm(hidden)] (2h -> h: forward, data- and weight-gradient GEMMs, split over TP as the classifier is, in the
+    layers' GEMM format with its casts, and its TP collectives: `mtp_projection_comm`), three
     norms (read and write forward, read two and write one backward) and ``head``: the embedding lookup and a pass of
     the classifier and loss, as the model's own; under ``recompute`` the norms', projection's and layer's forward
     again."""
@@ -88,16 +91,44 @@ def mtp_seconds(model: ModelConfig, layout: Layout, batch: int, seq: int, profil
         return 0.0
     toks = tokens_per_gpu(layout, batch, seq)
     dt = DTYPE_BYTES[model.dtype]
-    h = model.hidden
+    h, tp = model.hidden, layout.tp
     fwd = critical_time(forward_costs(model, layout, batch, seq, profile))
-    proj = gemm_time(gemm_flops(toks, 2 * h, h) / layout.tp, profile, model.dtype,
-                     gemm_bytes(toks, h / layout.tp, 2 * h, dt))
+    # the projection in the layers' GEMM format (Megatron-LM runs it inside the FP8 context), its input cast
+    # forward and its output gradient's backward
+    proj_fwd = layer_gemm_time(model, profile, toks, 2 * h, h / tp) + cast_seconds(model, profile, toks * 2 * h)
+    proj_bwd = (layer_gemm_time(model, profile, toks, h / tp, 2 * h)
+                + layer_gemm_time(model, profile, 2 * h, toks, h / tp) + cast_seconds(model, profile, toks * h / tp))
+    comm_fwd, comm_bwd = mtp_projection_comm(model, layout, toks, profile)
     # the norms' passes: read and write forward, read two and write one backward (three norms)
     norms, norms_fwd = (memory_bound_time(3 * k * toks * h * dt, profile) for k in (5, 2))
     # under recompute the checkpointed module runs its norms, projection and layer forward again
-    rerun = fwd + proj + norms_fwd if recompute else 0.0
+    rerun = fwd + proj_fwd + comm_fwd + norms_fwd if recompute else 0.0
     layer = fwd + critical_time(backward_costs(model, layout, batch, seq, profile))
-    return model.mtp_layers * (layer + 3 * proj + norms + head + rerun)
+    return model.mtp_layers * (layer + proj_fwd + proj_bwd + comm_fwd + comm_bwd + norms + head + rerun)
+
+
+def mtp_projection_comm(model: ModelConfig, layout: Layout, toks: float,
+                        profile: HardwareProfile) -> tuple[float, float]:
+    """Forward and backward seconds of a module projection's TP collectives on the critical path, as Megatron-LM's
+    module runs them (multi_token_prediction.py: a column-parallel ``eh_proj`` without gathered output, then
+    ``gather_from_tensor_model_parallel_region`` and, under sequence parallelism,
+    ``scatter_to_sequence_parallel_region``): with SP, forward the [T, 2h] input all-gathered and the [T, h / tp]
+    output all-gathered along the hidden dimension, backward the output gradient all-gathered along the sequence,
+    the input re-gathered for the weight gradient and its gradient reduce-scattered; without SP, forward the output
+    all-gathered, backward the input gradient all-reduced. (0, 0) without TP."""
+    tp = layout.tp
+    if tp == 1:
+        return 0.0, 0.0
+    row = toks * model.hidden * DTYPE_BYTES[model.dtype]  # one [T, h] tensor of the micro-batch, all ranks' rows
+    link = coll.group_link(profile, tp, 1)
+
+    def gather(nbytes: float) -> float:
+        return coll.ring_allgather_time(nbytes, tp, *coll.link_params(link, "all_gather"))
+
+    if layout.sp:
+        scatter = coll.ring_reduce_scatter_time(2 * row, tp, *coll.link_params(link, "reduce_scatter"))
+        return gather(2 * row) + gather(row), gather(row) + gather(2 * row) + scatter
+    return gather(row), coll.allreduce_time(2 * row, tp, *coll.link_params(link, "all_reduce"))
 
 
 def cross_entropy_bytes_per_logit(kernel: str, dtype_bytes: int) -> float:

@@ -12,7 +12,16 @@
 - ZeRO-1/2: each layer's updated weights all-gathered once per iteration, overlapping the
   forward (Megatron's overlapped parameter gather): layer i's forward waits for its gather;
 - ZeRO-3: each layer's weights all-gathered before its forward and again before its backward.
-The embedding/classifier weights are small next to the layers and not gathered separately.
+The multi-token-prediction modules' weights are gathered as a layer's (``mtp_gather``, once; the schedules
+place it before the head, whose op holds the modules' forward and backward).
+The embedding/classifier weights are small next to the layers and not gathered separately; on a
+pipeline the first stage reduces the embedding's gradient and the last the classifier's (and the
+final norm's), each its own V x h / TP.
+A weight two pipeline stages hold (`shared_embedding_seconds`): the embedding tied to the classifier, or an
+embedding the multi-token-prediction modules read on the last stage, has its two gradients summed between
+the first and the last stage after the data-parallel reduction (Megatron-LM's finalize_model_grads,
+``_allreduce_word_embedding_grads`` over the embedding group, when the embedding is tied or
+``mtp_num_layers`` > 0; memo-exec's pipeline sums a tied embedding's the same way), before the optimizer step.
 FSDP (`memo_sim.dp.fsdp`) gathers over its shard group and, without resharding after the forward,
 not again before the backward; under HSDP a bucket is reduce-scattered over the shard group and its
 shard all-reduced across the replicas.
@@ -29,7 +38,7 @@ from dataclasses import dataclass
 
 from memo_sim.cost import collectives as coll
 from memo_sim.cost.param_split import GpuParams, gpu_params, layer_gpu_params, model_gpu_params
-from memo_sim.layout.parallel import Layout, expert_group_ranks, ranks_per_node
+from memo_sim.layout.parallel import Layout, expert_group_ranks, ranks_per_node, stages_cross_nodes
 from memo_sim.model.config import ModelConfig
 from memo_sim.profile.schema import HardwareProfile
 
@@ -71,11 +80,32 @@ class GradSync:
     layer_gather: float  # ZeRO >= 1: one layer's working weights all-gathered
     gather_in_backward: bool = False  # ZeRO-3 gathers again before each layer's backward
     overlapped: bool = True  # buckets reduced beside the backward; False: all at once after it
-    mtp_grad: float = 0.0  # the multi-token-prediction modules' gradients (the last stage's, with its last bucket)
+    # the multi-token-prediction modules' gradients (the last stage's, with its last bucket; on a pipeline with an
+    # untied embedding, the embedding copy the modules read there too)
+    mtp_grad: float = 0.0
+    shared_embedding: float = 0.0  # `shared_embedding_seconds`: the first and last stages' sum of its gradients
+    mtp_gather: float = 0.0  # ZeRO >= 1: the multi-token-prediction modules' working weights all-gathered, once
+    shared_embedding_link: str = "nvlink"
 
     @property
     def active(self) -> bool:
         return self.layer_grad > 0
+
+
+def shares_embedding(model: ModelConfig, layout: Layout) -> bool:
+    """Whether the first and last pipeline stages both hold the embedding (module docs)."""
+    return layout.pp > 1 and (model.tied_embeddings or model.mtp_layers > 0)
+
+
+def shared_embedding_seconds(model: ModelConfig, layout: Layout, profile: HardwareProfile) -> tuple[float, str]:
+    """Seconds and link of summing the embedding's gradient (its V x h / TP elements at the recipe's
+    gradient-reduction width) between a first-stage GPU and its last-stage peer, an all-reduce of two
+    ranks (module docs); (0, "nvlink") where the stages share no weight."""
+    if not shares_embedding(model, layout):
+        return 0.0, "nvlink"
+    link = profile.internode if stages_cross_nodes(layout, 0, layout.pp - 1, profile.node_gpus) else profile.nvlink
+    nbytes = model.recipe.grad_reduce_bytes * model.vocab * model.hidden / layout.tp
+    return coll.allreduce_time(nbytes, 2, *coll.link_params(link, "all_reduce")), coll.link_kind(profile, link)
 
 
 def grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile, stride: int | None = None) -> GradSync:
@@ -85,8 +115,10 @@ def grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile, stri
     link = coll.group_link(profile, g, layout.tp if stride is None else stride)
     gather_link = link  # where the weights are all-gathered
     ge = layout.expert_dp if model.moe else 1  # the routed experts' replicas (they have their own group)
+    shared, shared_link = shared_embedding_seconds(model, layout, profile)
     if g <= 1 and ge <= 1:
-        return GradSync(coll.link_kind(profile, link), 0.0, 0.0, 0.0, 0.0, overlapped=layout.grad_overlap)
+        return GradSync(coll.link_kind(profile, link), 0.0, 0.0, 0.0, 0.0, overlapped=layout.grad_overlap,
+                        shared_embedding=shared, shared_embedding_link=shared_link)
     flavour = layout.dp_flavour
     shard = flavour.shard_group(layout)
     if g <= 1:
@@ -109,7 +141,8 @@ def grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile, stri
     w, gr = model.recipe.weight_bytes, model.recipe.grad_reduce_bytes
     layer = layer_gpu_params(model, layout)
     layer_p = layer.local - layer.expert_local
-    emb_p = model.embedding_params() / layout.tp
+    # an end stage's own: the embedding (first) or the classifier and final norm (last); both on one stage
+    emb_p = (model.vocab * model.hidden + model.norm_params if layout.pp > 1 else model.embedding_params()) / layout.tp
     every = model_gpu_params(model, layout)
     all_p = every.local - every.expert_local
     gather = _gather(w * layer_p, g, gather_link) if layout.zero >= 1 and g > 1 else 0.0
@@ -123,12 +156,17 @@ def grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile, stri
         all_r += _reduce(layout, gr * every.expert_local, ge, elink)
         if layout.zero >= 1:
             gather += _gather(w * layer.expert_local, ge, elink)
-    mtp_r = 0.0
+    mtp_r = mtp_g = 0.0
     if model.mtp_layers:  # the modules' dense and routed parts, each over its own replicas, as the layers'
         mtp = gpu_params(model, layout, model.mtp_params(), model.mtp_routed_params(), model.mtp_replicated_params())
-        mtp_r = reduce(gr * (mtp.local - mtp.expert_local))
+        copy = model.vocab * model.hidden / layout.tp if layout.pp > 1 and not model.tied_embeddings else 0.0
+        mtp_r = reduce(gr * (mtp.local - mtp.expert_local + copy))
+        if layout.zero >= 1 and g > 1:  # their weights gathered as a layer's are (the embedding copy is not)
+            mtp_g = _gather(w * (mtp.local - mtp.expert_local), g, gather_link)
         if ge > 1:
             mtp_r += _reduce(layout, gr * mtp.expert_local, ge, elink)
+            if layout.zero >= 1:
+                mtp_g += _gather(w * mtp.expert_local, ge, elink)
     return GradSync(coll.link_kind(profile, link), layer_r, reduce(gr * emb_p),
                     all_r, gather, layout.zero >= 3 and flavour.gathers_in_backward(layout), layout.grad_overlap,
-                    mtp_r)
+                    mtp_r, shared_embedding=shared, shared_embedding_link=shared_link, mtp_gather=mtp_g)

@@ -163,7 +163,7 @@ def _shard_terms(model: ModelConfig, shard: Layout, batch: int, seq: int, policy
             transient_peak_bytes(model, shard, batch, seq, policy),
             cached if uses_memory_plan(policy, shard) else cached(),
             classifier_peak_bytes(model, shard, batch, seq, classifier_chunk_tokens,
-                                  recompute_mtp=policy.recomputes_attention),
+                                  recompute_mtp=policy.recomputes_mtp),
             policy.offload_bytes(model, shard, batch, seq),
             policy.host_bytes_per_layer(model, shard, batch, seq, profile))
 

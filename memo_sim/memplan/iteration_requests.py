@@ -310,7 +310,7 @@ def _stream_recipe(model: ModelConfig, layout: Layout, batch: int, seq: int, pol
     if templates.arena:  # the static memory plan's arena, allocated once (memo_exec/arena.py)
         static.append((MALLOC, ARENA_ID, templates.arena))
     head = classifier_peak_bytes(model, layout, batch, seq, classifier_chunk_tokens,
-                                 recompute_mtp=policy.recomputes_attention)
+                                 recompute_mtp=policy.recomputes_mtp)
     logits = _nbytes(max(1.0, head - 2 * sk["input"]))
     return _StreamRecipe(tuple(static), x, logits, templates,
                          tuple(bool(policy.recomputes_layer(i, n)) for i in range(n)))

@@ -132,7 +132,7 @@ def stage_model_trace(model: ModelConfig, layout: Layout, micro_batch: int, seq:
             add(f"{tag}.final_hidden", x, c_at, c_at + 1, "transient")
             add(f"{tag}.classifier_chunk",
                 classifier_peak_bytes(model, layout, micro_batch, seq, classifier_chunk_tokens,
-                                      recompute_mtp=policy.recomputes_attention) - 2 * x,
+                                      recompute_mtp=policy.recomputes_mtp) - 2 * x,
                 c_at, c_at + 1, "transient")
             add(f"{tag}.final_hidden_grad", x, c_at, (bs[-1] + 1) if layers else c_at + 1, "transient")
     return RequestTrace(bufs, name=f"{model.name}-{layout.label()}-{seq}-{policy.name}-stage{stage}")

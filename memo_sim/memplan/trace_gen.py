@@ -389,7 +389,7 @@ def model_trace(model: ModelConfig, layout: Layout, batch: int, seq: int, policy
     add("final_hidden", x, c, c + 1, "transient")
     add("final_hidden_grad", x, c, c + 2, "transient")
     head = classifier_peak_bytes(model, layout, batch, seq, classifier_chunk_tokens,
-                                 recompute_mtp=policy.recomputes_attention)
+                                 recompute_mtp=policy.recomputes_mtp)
     add("classifier_chunk", head - 2 * x,
         c, c + 1, "transient")
     add("embedding_grad", x, st.end_of_backward, st.end, "transient")

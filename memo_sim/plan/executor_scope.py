@@ -18,6 +18,8 @@ The executor builds:
   MEMO only;
 - FSDP on dense models, on one stage and in one micro-batch, ZeRO 2 / 3 in one micro-batch; a layout that splits the
   sequence, heads, K/V heads and FFN evenly over its ranks.
+- multi-token-prediction modules on one stage or on a micro-batch pipeline's last stage (``MTP_SCHEDULES``: 1F1B,
+  interleaved), their projection split by Megatron TP.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ EXEC_GEMM_FORMATS = ("bf16", "fp8-tensorwise")  # `memo_exec.gemm_formats.GEMMS`
 CUDA_MULTIPLE = 16  # torch._scaled_mm on CUDA: the reduction dimension and the second operand's a multiple of this
 EXEC_DISPATCHERS = ("alltoall",)
 EXEC_ROUTERS = ("softmax", "sigmoid")  # `memo_exec.moe.routers` (a test holds them equal)
+# where the executor runs multi-token-prediction modules (`memo_exec.mtp`): after the head of one stage, or of a
+# micro-batch pipeline's last stage (`memo_exec.pipeline.schedules`)
+MTP_SCHEDULES = ("single_stage", "1f1b", "interleaved_1f1b")
 
 
 def rank_token_rows(micro_batch: int, seq: int, layout: Layout) -> int:
@@ -195,8 +200,8 @@ def plan_why_not(model: ModelConfig, layout: Layout, policy, schedule: str, batc
                  seq: int) -> str | None:
     """The first refusal of `memo-exec run` the plan alone decides (module docs), or None: a static memory plan
     for a policy without one of its own (``policy``: the plan's `memo_sim.policy` object), compiled kernels, a
-    ring with merge passes, multi-token-prediction modules beyond the executor's (one stage, Megatron TP), the GEMM
-    format, the attention and the MoE layers (`gemm_why_not`, `moe_why_not`), a MoE model under SPPO, the data
+    ring with merge passes, multi-token-prediction modules beyond the executor's (`MTP_SCHEDULES`, Megatron TP), the
+    GEMM format, the attention and the MoE layers (`gemm_why_not`, `moe_why_not`), a MoE model under SPPO, the data
     parallelism (`data_parallel_why_not`) and the split over the ranks (`split_why_not`). Not here (the executor's
     own, from its built parts): full METP's architecture, a schedule's split of the layers, an attention backend the
     device lacks."""
@@ -209,16 +214,12 @@ def plan_why_not(model: ModelConfig, layout: Layout, policy, schedule: str, batc
         return (f"plan layout {lab}: kernel_fusion {layout.kernel_fusion}: the executor runs its layer's kernels "
                 f"uncompiled (no torch.compile), so it would measure another plan than the one predicted; plan with "
                 f"a framework whose kernels are fused (e.g. --framework torchtitan)")
-    if model.mtp_layers:  # the executor's modules (memo_exec.mtp): single-stage schedule, Megatron TP
+    if model.mtp_layers:  # the executor's modules (memo_exec.mtp): single stage or a micro-batch pipeline, Megatron TP
         head = f"plan model {model.name}: mtp_layers = {model.mtp_layers}"
-        if layout.pp > 1:
-            return (f"{head} with pp = {layout.pp}: the executor builds multi-token-prediction modules on single-stage "
-                    f"plans only (its pipeline's last stage runs none: that needs the modules' activations for every "
-                    f"micro-batch in flight and the embedding there, its gradient sent back to the first stage); plan "
-                    f"with --pp 1, or with --mtp-layers 0 to run the pipeline")
-        if schedule != "single_stage":
+        if schedule not in MTP_SCHEDULES:
             return (f"{head} under schedule {schedule}: the executor runs multi-token-prediction modules in the "
-                    f"single-stage schedule only; plan with --mtp-layers 0 to run it")
+                    f"{', '.join(MTP_SCHEDULES)} schedules only (a pipeline's on its last stage, as Megatron-LM); plan "
+                    f"with --schedule 1f1b or interleaved_1f1b, or with --mtp-layers 0 to run it")
         if layout.tp > 1 and (layout.tp_mode != "megatron" or model.hidden % layout.tp):
             what = (f"tp_mode {layout.tp_mode}" if layout.tp_mode != "megatron"
                     else f"hidden {model.hidden} not divisible by tp = {layout.tp}")

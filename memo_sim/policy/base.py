@@ -56,6 +56,13 @@ class Policy:
     offloaded_roles: ClassVar[tuple[str, ...]] = ("input", "attn")
     summary: ClassVar[str] = ""
 
+    @property
+    def recomputes_mtp(self) -> bool:
+        """Whether the multi-token-prediction modules are checkpointed whole, their forward run again before their
+        backward (`memo_sim.cost.boundary.mtp_seconds`): under a policy that re-runs whole layers, as Megatron-LM
+        checkpoints the module under full recompute."""
+        return self.recomputes_attention
+
     @staticmethod
     def model_why_not(model: ModelConfig) -> str | None:
         """Why the policy cannot price ``model`` (None: it can; the what-if leaves it out, or refuses it when

@@ -73,7 +73,7 @@ def single_stage_bound(c) -> float:
     f, b, r = _phase_times(model, per_gpu_shard(lay), mb, c.seq, policy, profile)
     n = model.layers
     recomputed = policy.recomputed_count(n) if r > 0 else 0
-    bt = boundary_times(model, lay, mb, c.seq, profile, recompute_mtp=policy.recomputes_attention)
+    bt = boundary_times(model, lay, mb, c.seq, profile, recompute_mtp=policy.recomputes_mtp)
     sync = grad_sync(model, lay, profile)
     bucket = (sync.embedding_grad if sync.overlapped else sync.all_grads) if sync.active else 0.0
     one = bt.embedding + n * (f + b) + recomputed * r + bt.classifier
@@ -100,7 +100,7 @@ def pipeline_iteration_bound(model, lay, policy, batch: int, micro_batch: int, s
         f, b, r = _phase_times(model, shard, mb, seq, policy, profile)
     # a policy that re-runs whole layers re-runs the multi-token-prediction modules too; None: left out as recompute is
     bt = boundary_times(model, shard, mb, seq, profile,
-                        recompute_mtp=policy is not None and policy.recomputes_attention)
+                        recompute_mtp=policy is not None and policy.recomputes_mtp)
     opt0 = stage_optimizer_time(model, lay, 0, profile)
     # rank s cannot start before micro-batch 0 has run forward through virtual stages 0 .. s-1 (chunk 0 of
     # ranks 0 .. s-1), then runs its own units, then micro-batch 0's backward returns through them

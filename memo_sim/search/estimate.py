@@ -168,7 +168,7 @@ def estimate_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int,
         bwd += max(lt.backward + r, lt.prefetch) if i < n_off else lt.backward + r
     exposed = n_off * (max(0.0, lt.offload - lt.forward)
                        + max(0.0, lt.prefetch - lt.backward - lt.recompute))
-    bt = boundary_times(model, layout, batch, seq, profile, recompute_mtp=policy.recomputes_attention)
+    bt = boundary_times(model, layout, batch, seq, profile, recompute_mtp=policy.recomputes_mtp)
     sync = grad_sync(model, layout, profile)
     sync_exposed = sync.all_grads / n if sync.overlapped else sync.all_grads
     # ZeRO: a layer's weight gather is exposed where it outlasts the layer it runs beside
@@ -206,7 +206,8 @@ def estimate_pipeline(model: ModelConfig, layout: Layout, batch: int, micro_batc
     state's sends overlap compute). Then the last gradient bucket of a stage (FSDP beside stages:
     its last chunk's buckets, sent after that chunk's backward; with ``grad_overlap``
     off: the slowest stage's reduction of all its gradients at once), ZeRO-1's exposed
-    weight gathers (each layer's first forward) and the slowest stage's optimizer step."""
+    weight gathers (each layer's first forward), the end stages' sum of a shared embedding's gradient
+    and the slowest stage's optimizer step."""
     from memo_sim.cost.sppo import stage_grad_sync, stage_layer_counts
 
     p, v = layout.pp, layout.vpp
@@ -218,7 +219,7 @@ def estimate_pipeline(model: ModelConfig, layout: Layout, batch: int, micro_batc
     r = lt.recompute if policy.recomputes_layer(0, model.layers) else 0.0
     f_unit = max(lt.forward, lt.offload) if policy.offloads else lt.forward
     b_unit = max(lt.backward + r, lt.prefetch) if policy.offloads else lt.backward + r
-    bt = boundary_times(model, shard, micro_batch, seq, profile, recompute_mtp=policy.recomputes_attention)
+    bt = boundary_times(model, shard, micro_batch, seq, profile, recompute_mtp=policy.recomputes_mtp)
     work = [per_stage[s] * (f_unit + b_unit) + (bt.embedding if s == 0 else 0.0)
             + (bt.classifier if s == p - 1 else 0.0) for s in range(p)]
     hops, serial, opt = _stage_terms(model, layout, micro_batch, seq, profile)
@@ -236,6 +237,8 @@ def estimate_pipeline(model: ModelConfig, layout: Layout, batch: int, micro_batc
     gathers = per * max(0.0, sync.layer_gather - lt.forward)
     exposed = m * per * (max(0.0, lt.offload - lt.forward) + max(0.0, lt.prefetch - lt.backward - r)) \
         if policy.offloads else 0.0
+    # the end stages' sum of the embedding they share, after the last bucket (`memo_sim.cost.grad_sync`)
+    sync_exposed += sync.shared_embedding
     total = pipe + sync_exposed + gathers + opt
     return IterationEstimate(
         iteration_s=total, mfu=mfu(model, batch * layout.dp, seq, total, layout.gpus, profile.peak(model.dtype)),

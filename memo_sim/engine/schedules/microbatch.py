@@ -85,7 +85,7 @@ from memo_sim.engine.result import (
 )
 from memo_sim.engine.schedules.microbatch_fold import MICRO_BATCHES, mb_name, mb_tensor, plan_window_fold
 from memo_sim.engine.schedules.single_stage import emit_chain, layer_plan
-from memo_sim.engine.schedules.stages import FINE_OPS_LIMIT, collapse_unit, stage_devices
+from memo_sim.engine.schedules.stages import FINE_OPS_LIMIT, collapse_unit, shared_embedding_sums, stage_devices
 from memo_sim.errors import MemoError
 from memo_sim.layout.parallel import Layout, stages_cross_nodes
 from memo_sim.memplan.footprint import memory_breakdown
@@ -222,7 +222,7 @@ def pipeline_costs(model: ModelConfig, layout: Layout, micro_batch: int, seq: in
     shard = replace(layout, pp=1, vpp=1, dp=1, zero=0)
     mem = memory_breakdown(model, shard, micro_batch, seq, policy, profile)
     lp = layer_plan(model, shard, micro_batch, seq, policy, profile, mem)
-    bt = boundary_times(model, shard, micro_batch, seq, profile, recompute_mtp=policy.recomputes_attention)
+    bt = boundary_times(model, shard, micro_batch, seq, profile, recompute_mtp=policy.recomputes_mtp)
     secs = {link: p2p_link_time(model, layout, micro_batch, seq, profile, link) for link in ("nvlink", "internode")}
     return PipelineCosts(
         lp.forward, lp.backward, lp.recompute,
@@ -416,8 +416,11 @@ class _MicrobatchBuilder:
                 r.last_dp = g.add(grad_op, device=d, stream="dp_comm", kind="comm", phase="grad_sync", layer=None,
                                   work=sync.embedding_grad + (sync.mtp_grad if s == p - 1 else 0.0), deps=r.tail,
                                   link=sync.link)
-            g.add("optimizer", device=d, stream="compute", kind="compute", phase="optimizer", layer=None,
-                  work=costs.optimizer[s], deps=r.tail + ([r.last_dp] if r.last_dp else []))
+        ends = [r.tail + ([r.last_dp] if r.last_dp else []) for r in self.ranks]
+        shared = shared_embedding_sums(g, sync, self.devices, ends)
+        for s, r in enumerate(self.ranks):
+            g.add("optimizer", device=self.devices[s].index, stream="compute", kind="compute", phase="optimizer",
+                  layer=None, work=costs.optimizer[s], deps=ends[s] + ([shared[s]] if s in shared else []))
 
     def forward_step(self, s: int, st: Step) -> None:
         g, sched, costs, sync, p, n_f = self.g, self.sched, self.costs, self.sync, self.p, self.n_f_of[s]
@@ -463,8 +466,13 @@ class _MicrobatchBuilder:
         if vs < self.n_vs - 1:
             self.send("fwd", s, (vs + 1) % p, st.mb, vs, last, tail)
         else:
+            head_deps = list(tail)
+            if sync.mtp_gather > 0 and st.mb == 0:  # the modules' weights, as a layer's (once an iteration)
+                head_deps.append(g.add("allgather_weights", device=d, stream="dp_comm", kind="comm",
+                                       phase="weight_gather", layer=None, work=sync.mtp_gather,
+                                       deps=r.fwd_tail.get(r.u - 2, []), link=sync.link))
             cls = g.add(mb_name("classifier", st.mb), device=d, stream="compute", kind="compute", phase="classifier",
-                        layer=None, work=costs.classifier, deps=tail,
+                        layer=None, work=costs.classifier, deps=head_deps,
                         mem_start=(MemAction("gpu", "classifier.working", costs.classifier_bytes),),
                         mem_end=(MemAction("gpu", "classifier.working", -costs.classifier_bytes),))
             tail = [cls]

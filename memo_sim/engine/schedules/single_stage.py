@@ -274,7 +274,7 @@ def build_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, po
                            active_gpus_per_node=dev.group)
     n = model.layers if layers is None else layers
     lp = layer_plan(model, layout, batch, seq, policy, profile, mem, n)
-    bt = boundary_times(model, layout, batch, seq, profile, recompute_mtp=policy.recomputes_attention)
+    bt = boundary_times(model, layout, batch, seq, profile, recompute_mtp=policy.recomputes_mtp)
     sync = grad_sync(model, layout, profile)
     d = dev.index
     g = OpGraph([dev])
@@ -366,8 +366,12 @@ def _micro_batch(g: OpGraph, sched: Schedule, d: int, n: int, mb: int, micro_bat
             offload[i] = op
             sched.copies.setdefault((i, "offload"), op)
 
+    head_deps = list(tail)
+    if gather_fwd and sync.mtp_gather > 0:  # the modules' weights, before the head that runs them (twice: ZeRO-3)
+        head_deps.append(dp_op("allgather_weights", None, sync.mtp_gather * (2 if sync.gather_in_backward else 1),
+                               fwd_tail.get(n - 2, []), "weight_gather"))
     cls = g.add("classifier", device=d, stream="compute", kind="compute", phase="classifier", layer=None,
-                work=bt.classifier, deps=reorganize("classifier", None, tail),
+                work=bt.classifier, deps=reorganize("classifier", None, head_deps),
                 mem_start=(MemAction("gpu", "classifier.working", mem.classifier_peak_bytes),),
                 mem_end=(MemAction("gpu", "classifier.working", -mem.classifier_peak_bytes),))
     tail = [cls]

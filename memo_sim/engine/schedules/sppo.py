@@ -63,7 +63,7 @@ from memo_sim.engine.result import (
 from memo_sim.engine.schedules.registry import register_schedule
 from memo_sim.engine.schedules.single_stage import emit_chain
 from memo_sim.engine.schedules.stages import (  # noqa: F401  (re-exported)
-    FINE_OPS_LIMIT, collapse_unit, stage_devices,
+    FINE_OPS_LIMIT, collapse_unit, shared_embedding_sums, stage_devices,
 )
 from memo_sim.layout.parallel import Layout
 from memo_sim.memplan.footprint import PipelineMemory, shard_tokens_bytes, sppo_memory, sppo_unit_working_bytes
@@ -208,8 +208,16 @@ class _PipelineBuilder:
         for s in range(self.pp):
             self.forward_stage(s)
         # ---- backward, last stage first -----------------------------------------------------------
+        ends = {}
         for s in range(self.pp - 1, -1, -1):
-            self.backward_stage(s)
+            ends[s] = self.backward_stage(s)
+        ends = [ends[s] for s in range(self.pp)]
+        shared = shared_embedding_sums(self.g, self.sync, self.devices, ends)
+        for s in range(self.pp):  # each stage's optimizer step, after the shared embedding's sum on the end stages
+            self.sched.last_ops[s] = self.g.add(
+                "optimizer", device=self.devices[s].index, stream="compute", kind="compute", phase="optimizer",
+                layer=None, work=stage_optimizer_time(self.model, self.layout, s, self.profile),
+                deps=ends[s] + ([shared[s]] if s in shared else []))
         return self.sched
 
     # ---- per-build caches ----------------------------------------------------------------------
@@ -361,10 +369,10 @@ class _PipelineBuilder:
                 sched.copies[(s, k, layer, "offload")] = op
         return tail
 
-    def backward_stage(self, s: int) -> None:
+    def backward_stage(self, s: int) -> list[Op]:
         """Stage s's backward: its pieces in reverse order, each back through its layers, then the
         send to stage s-1 or (first stage) the embedding's backward; then the stage's gradient
-        sync and optimizer step."""
+        sync; returns what the stage's optimizer step waits for (`build` adds the steps)."""
         g, sched, sync, layout, pp = self.g, self.sched, self.sync, self.layout, self.pp
         d = self.devices[s].index
         ps, inf = self.pieces[s], self.info[s]
@@ -393,9 +401,7 @@ class _PipelineBuilder:
         if sync.embedding_grad > 0 and (s == 0 or s == pp - 1):
             last_dp = self.dp_op(d, "reducescatter_grads" if layout.zero >= 1 else "allreduce_grads", None,
                                  sync.embedding_grad, tail)
-        sched.last_ops[s] = g.add("optimizer", device=d, stream="compute", kind="compute", phase="optimizer",
-                                  layer=None, work=stage_optimizer_time(self.model, layout, s, self.profile),
-                                  deps=tail + ([last_dp] if last_dp else []))
+        return tail + ([last_dp] if last_dp else [])
 
     def backward_piece(self, s: int, k: int, pc: Piece, deps: list[Op], tail: list[Op],
                        bwd_end: dict[int, list[Op]], last_dp: Op | None) -> tuple[list[Op], Op | None]:

@@ -10,8 +10,9 @@ host memory and host-memory bandwidth. With pp = 1 the device is exactly
 
 from __future__ import annotations
 
+from memo_sim.cost.grad_sync import GradSync
 from memo_sim.cost.opcost import OpCost
-from memo_sim.engine.graph import Device
+from memo_sim.engine.graph import Device, Op
 from memo_sim.engine.schedules.single_stage import representative_device
 from memo_sim.layout.parallel import Layout, node_stage_gpus, stage_first_rank
 from memo_sim.profile.schema import HardwareProfile
@@ -35,6 +36,20 @@ def stage_devices(layout: Layout, profile: HardwareProfile) -> list[Device]:
         out.append(Device(index=s, node=node, switch=switch, group=group, switch_group=max(1, len(mates)),
                           label=f"stage {s}: GPU {r} (x{group} on node {node})"))
     return out
+
+
+def shared_embedding_sums(g, sync: GradSync, devices: list[Device], ends: list[list[Op]]) -> dict[int, Op]:
+    """The first and last stages' sum of the gradient of the embedding they both hold
+    (`memo_sim.cost.grad_sync.shared_embedding_seconds`): one op on each, after both stages' backward and
+    data-parallel reduction (``ends``: per stage, the ops its optimizer step would wait for); {} where the
+    stages share no weight. Their optimizer steps wait for it."""
+    p = len(devices)
+    if p == 1 or sync.shared_embedding <= 0:
+        return {}
+    deps = ends[0] + ends[p - 1]
+    return {s: g.add("sum_shared_embedding_grad", device=devices[s].index, stream="dp_comm", kind="comm",
+                     phase="grad_sync", layer=None, work=sync.shared_embedding, deps=deps,
+                     link=sync.shared_embedding_link) for s in (0, p - 1)}
 
 
 FINE_OPS_LIMIT = 40_000  # "auto": the op-by-op graph up to this many ops, one compute + one comm op per unit beyond

@@ -49,7 +49,7 @@ def estimate_sppo(model: ModelConfig, layout: Layout, batch: int, seq: int, poli
         iteration_s=total, mfu=mfu(model, sequences, seq, total, layout.gpus, profile.peak(model.dtype)),
         tgs=tgs(sequences, seq, total, layout.gpus), layer=r.mid or LayerTimes(0, 0, 0, 0, 0),
         embedding_s=bt.embedding, classifier_s=bt.classifier,
-        grad_sync_exposed_s=r.sync.layer_grad + r.sync.embedding_grad,
+        grad_sync_exposed_s=r.sync.layer_grad + r.sync.embedding_grad + r.sync.shared_embedding,
         optimizer_s=max(stage_optimizer_time(model, layout, s, profile) for s in range(pp)),
         exposed_copy_s=r.exposed)
     busy = [sum(r.tf[s]) + sum(r.tb[s]) for s in range(pp)]
@@ -112,7 +112,10 @@ def recurrence(model: ModelConfig, layout: Layout, batch: int, policy: Sppo, pro
             dp_end = done[s] - (emb_bwd0 if s == 0 else 0.0) + sync.layer_grad
         if sync.embedding_grad > 0 and s in (0, pp - 1):
             dp_end = max(done[s], dp_end) + sync.embedding_grad
-        stage_end.append(max(done[s], dp_end) + stage_optimizer_time(model, layout, s, profile))
+        stage_end.append(max(done[s], dp_end))
+    if sync.shared_embedding > 0:  # the end stages' sum of the embedding they share (`memo_sim.cost.grad_sync`)
+        stage_end[0] = stage_end[pp - 1] = max(stage_end[0], stage_end[pp - 1]) + sync.shared_embedding
+    stage_end = [e + stage_optimizer_time(model, layout, s, profile) for s, e in enumerate(stage_end)]
     return Recurrence(tf, tb, fend, bend, done, stage_end, exposed, mid, sync)
 
 
