@@ -292,20 +292,29 @@ def test_full_recompute_modules_keep_their_two_inputs_as_the_simulator_prices_th
 
 
 # ------------------------------------------------------------------------------- gloo ranks
-def run_case(model: str, lay: dict, pol: str = "store_all", steps: int = 0, batch: int = 1, micro: int = 0) -> dict:
-    plan = plan_for(MODELS[model], pol, lay, batch=batch, micro=micro)
+def run_plan(plan, steps: int = 0, before=None, after=None) -> dict:
+    """One gloo rank's run of ``plan`` in fp64: step 0's loss and (rank 0) full gradients, then ``steps``
+    optimizer steps' losses; ``before(ex)`` / ``after(ex)`` add their dicts' entries, read after allocation and
+    after the steps (the pipeline tests' embedding copies and module counts)."""
     ctx = build_context(plan.layout, torch.device("cpu"))
     ex = DistExecutor(plan, RunOptions(device="cpu", dtype="fp64", steps=max(1, steps)), ctx, DeviceSpec("cpu"))
+    extra = before(ex) if before else {}
     ex.allocate()
+    extra.update(after(ex, "allocated") if after else {})
     rec = ex.step(0, optimizer=False)
     grads = ex.full_gradients()
     losses = []
     if steps:
         ex.zero_grads()
         losses = [ex.step(k).loss for k in range(steps)]
+    extra.update(after(ex, "stepped") if after else {})
     ex.close()
     return {"loss": rec.loss, "grads": grads if ctx.rank == 0 else None, "losses": losses,
-            "recomputes": module_recomputes(rec.events)}
+            "recomputes": module_recomputes(rec.events), **extra}
+
+
+def run_case(model: str, lay: dict, pol: str = "store_all", steps: int = 0, batch: int = 1, micro: int = 0) -> dict:
+    return run_plan(plan_for(MODELS[model], pol, lay, batch=batch, micro=micro), steps)
 
 
 def rank_cases(rank: int, world: int, cases) -> list:

@@ -25,14 +25,11 @@ import dataclasses
 import pytest
 import torch
 
-from memo_exec.device import DeviceSpec
-from memo_exec.distributed.context import build_context
-from memo_exec.distributed.runner import DistExecutor
 from memo_exec.runner import RunOptions
 from memo_sim.layout.parallel import Layout
 from tests.dist_harness import spawn
 from tests.exec_helpers import one_process_run, time_limit
-from tests.test_exec_mtp import DENSE, DENSE_RMS, MOE, max_rel_error, module_recomputes, plan_for, reference_grads
+from tests.test_exec_mtp import DENSE, DENSE_RMS, MOE, max_rel_error, plan_for, reference_grads, run_plan
 
 BATCH, MICRO = 4, 1  # 4 micro-batches of one sequence (interleaved: a multiple of pp, more than pp)
 TOL = 1e-12  # fp64
@@ -55,24 +52,14 @@ def pipe_plan(name: str, lay: dict, pol: str = "store_all", batch: int = BATCH):
 
 
 def run_case(name: str, lay: dict, pol: str = "store_all", steps: int = 0, batch: int = BATCH) -> dict:
-    plan = pipe_plan(name, lay, pol, batch)
-    ctx = build_context(plan.layout, torch.device("cpu"))
-    ex = DistExecutor(plan, RunOptions(device="cpu", dtype="fp64", steps=max(1, steps)), ctx, DeviceSpec("cpu"))
-    states = ex.estimate.terms["model_states"]
-    ex.allocate()
-    wte0 = ex.gpt.wte.detach().clone()
-    rec = ex.step(0, optimizer=False)
-    grads = ex.full_gradients()
-    losses = []
-    if steps:
-        ex.zero_grads()
-        losses = [ex.step(k).loss for k in range(steps)]
-    out = {"loss": rec.loss, "grads": grads if ctx.rank == 0 else None, "losses": losses,
-           "recomputes": module_recomputes(rec.events), "wte0": wte0, "wte": ex.gpt.wte.detach().clone(),
-           "modules": len(ex.gpt.mtp), "states": states,
-           "module_params": sum(p.numel() for p in ex.gpt.mtp.parameters())}
-    ex.close()
-    return out
+    def after(ex, when):
+        if when == "allocated":
+            return {"wte0": ex.gpt.wte.detach().clone()}
+        return {"wte": ex.gpt.wte.detach().clone(), "modules": len(ex.gpt.mtp),
+                "module_params": sum(p.numel() for p in ex.gpt.mtp.parameters())}
+
+    return run_plan(pipe_plan(name, lay, pol, batch), steps,
+                    before=lambda ex: {"states": ex.estimate.terms["model_states"]}, after=after)
 
 
 def rank_cases(rank: int, world: int, cases) -> list:
