@@ -24,7 +24,7 @@ classifier and loss per module (`memo_sim.cost.boundary.mtp_seconds`), the same 
 Activations, as `memo_sim.cost.memory.mtp_activation_bytes` prices them in the classifier's peak
 (`mtp_kept_bytes`), by the plan's policy (`modules_recomputed`):
 
-- a policy that re-runs whole layers (``recomputes_attention``: full recompute, checkpoint offload): Megatron-LM's
+- a policy that re-runs whole layers (``Policy.recomputes_mtp``: full recompute, checkpoint offload): Megatron-LM's
   checkpointed module (multi_token_prediction.py ``_checkpointed_forward``; the simulator's ``recompute_mtp``).
   Each module keeps its two inputs, the hidden state h_{k-1} and the embedded tokens [T, h] each, before their
   norms (`_Checkpointed`), and re-runs its norms, projection and layer forward before its backward: the layer in
@@ -251,8 +251,8 @@ class ModuleRecompute(ActivationPolicy):
 
 def modules_recomputed(choice) -> bool:
     """Whether the modules re-run under the simulator's policy ``choice`` (module docs): where it re-runs whole
-    layers (``recomputes_attention``), as the simulator's ``recompute_mtp``."""
-    return bool(getattr(choice, "recomputes_attention", False))
+    layers (`memo_sim.policy.base.Policy.recomputes_mtp`, the simulator's ``recompute_mtp``)."""
+    return bool(getattr(choice, "recomputes_mtp", False))
 
 
 def mtp_kept_bytes(model: ModelConfig, batch: int, seq: int, dtype: torch.dtype, recompute: bool = False) -> int:

@@ -78,6 +78,12 @@ def test_the_projection_runs_in_the_layers_gemm_format_and_gathers_over_tp():
             coll.allreduce_time(2 * row, 2, *coll.link_params(H100.nvlink, "all_reduce")))
     assert mtp_projection_comm(DS, no_sp, toks, H100) == pytest.approx(want)
     assert mtp_projection_comm(DS, replace(LAY, tp=1, sp=False), toks, H100) == (0.0, 0.0)
+    # the input's re-gather beside the backward GEMMs where the layout overlaps SP's re-gathers (Megatron's)
+    over = replace(LAY, sp_regather_overlap=True)
+    fwd, bwd = mtp_projection_comm(DS, LAY, toks, H100, beside=1e-4)
+    regather = coll.ring_allgather_time(2 * row, 2, *coll.link_params(H100.nvlink, "all_gather"))
+    assert mtp_projection_comm(DS, over, toks, H100, beside=1e-4) == pytest.approx((fwd, bwd - min(regather, 1e-4)))
+    assert boundary_times(DS, over, 1, 4096, H100).mtp < boundary_times(DS, LAY, 1, 4096, H100).mtp
 
 
 def test_its_activations_live_with_the_head_and_its_states_on_the_last_stage():
@@ -282,3 +288,31 @@ def test_zero_gathers_the_modules_weights_before_the_head():
     r = simulate(qwen, lay, 4, 4096, store, H100, schedule="1f1b", micro_batch=1, record=True, keep_timeline=False)
     heads = [o for o in r.ops if o.name == "allgather_weights" and o.layer is None]
     assert [o.device for o in heads] == [1] and stage_grad_sync(qwen, lay, H100).mtp_gather > 0
+
+
+def test_interleaved_last_chunk_keeps_each_micro_batchs_module_activations():
+    """The modules' activations live from the head to the micro-batch's backward step (they run backward first in
+    it, as Megatron-LM's and memo-exec's do): on the last stage one set per micro-batch in flight on the last chunk,
+    which interleaved 1F1B has pp of at m = pp (every forward of the warm-up before the first backward), one
+    otherwise. Simulated and analytic (`pipeline_memory`) peaks agree."""
+    from memo_sim.cost.memory import mtp_activation_bytes
+    from memo_sim.engine.simulate import simulate
+    from memo_sim.policy import get_policy
+    from memo_sim.search.estimate import stage_shard
+    from memo_sim.search.pipeline import pipeline_memory
+
+    store, lay = get_policy("store_all"), Layout(pp=4, vpp=2)
+    base = replace(get_model("llama-3.1-8b"), layers=8)
+    grown = {}
+    for m in (4, 12):
+        peak = {}
+        for mtp in (0, 1):
+            model = replace(base, mtp_layers=mtp)
+            r = simulate(model, lay, m, 4096, store, H100, schedule="interleaved_1f1b", micro_batch=1,
+                         keep_timeline=False)
+            rows = pipeline_memory(model, lay, m, 1, 4096, store, H100, "interleaved_1f1b")[1]
+            peak[mtp] = r.pipeline["stages"][3]["peak_gpu_bytes"]
+            assert peak[mtp] == pytest.approx(rows[3]["peak_gpu_bytes"])
+        grown[m] = peak[1] - peak[0]
+    kept = mtp_activation_bytes(replace(base, mtp_layers=1), stage_shard(lay), 1, 4096)
+    assert grown[4] - grown[12] == pytest.approx(3 * kept)

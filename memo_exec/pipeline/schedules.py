@@ -377,7 +377,7 @@ class PipelineSchedule(Schedule):
         theirs = torch.empty_like(mine)
         what = f"tied embedding gradient of pp rank {peer}"  # (the name kept: tied or multi-token prediction)
         # the simulator's op of the same sum (`memo_sim.cost.grad_sync.shared_embedding_seconds`)
-        with self.ex.recorder.span("sum_shared_embedding_grad", None, "comm", stream="p2p"):
+        with self.ex.recorder.span("sum_shared_embedding_grad", None, "comm", stream="dp_comm"):
             self._wait(post([(peer, mine)], [(peer, theirs)], self.ex.ctx.group("pp"), guard=self.guard,
                             name=f"tied_embedding_grad from pp rank {peer}", received=[what]))
         if self.guard is not None:

@@ -10,8 +10,10 @@
   the model's layer is priced (`memo_sim.cost.layer_time`, its collectives on the critical path), its projection's
   three GEMMs in the layers' GEMM format with their casts and its TP collectives (`mtp_projection_comm`), its norms
   and embedding lookup, and a second pass of the classifier and loss; it is part of the
-  ``classifier`` time (the last stage's head: `BoundaryTimes.mtp` is its share), its activations kept between
-  its forward and backward, which follow each other there, or under a policy that re-runs whole layers
+  ``classifier`` time (the last stage's head: `BoundaryTimes.mtp` is its share), its activations kept from the
+  head to the micro-batch's backward (on a pipeline one set per micro-batch in flight on the last chunk:
+  `memo_sim.engine.schedules.microbatch`, `memo_sim.search.pipeline.pipeline_memory`), or under a policy that
+  re-runs whole layers
   (``recompute_mtp``: full recompute, as Megatron-LM checkpoints the module then) its layer's forward run again;
 - optimizer: Adam reads and writes master weights, moments, weights and gradients (the
   model's precision recipe) of the parameter shard this GPU updates (everything over TP, and
@@ -98,7 +100,7 @@ def mtp_seconds(model: ModelConfig, layout: Layout, batch: int, seq: int, profil
     proj_fwd = layer_gemm_time(model, profile, toks, 2 * h, h / tp) + cast_seconds(model, profile, toks * 2 * h)
     proj_bwd = (layer_gemm_time(model, profile, toks, h / tp, 2 * h)
                 + layer_gemm_time(model, profile, 2 * h, toks, h / tp) + cast_seconds(model, profile, toks * h / tp))
-    comm_fwd, comm_bwd = mtp_projection_comm(model, layout, toks, profile)
+    comm_fwd, comm_bwd = mtp_projection_comm(model, layout, toks, profile, beside=proj_bwd)
     # the norms' passes: read and write forward, read two and write one backward (three norms)
     norms, norms_fwd = (memory_bound_time(3 * k * toks * h * dt, profile) for k in (5, 2))
     # under recompute the checkpointed module runs its norms, projection and layer forward again
@@ -107,15 +109,17 @@ def mtp_seconds(model: ModelConfig, layout: Layout, batch: int, seq: int, profil
     return model.mtp_layers * (layer + proj_fwd + proj_bwd + comm_fwd + comm_bwd + norms + head + rerun)
 
 
-def mtp_projection_comm(model: ModelConfig, layout: Layout, toks: float,
-                        profile: HardwareProfile) -> tuple[float, float]:
+def mtp_projection_comm(model: ModelConfig, layout: Layout, toks: float, profile: HardwareProfile,
+                        beside: float = 0.0) -> tuple[float, float]:
     """Forward and backward seconds of a module projection's TP collectives on the critical path, as Megatron-LM's
     module runs them (multi_token_prediction.py: a column-parallel ``eh_proj`` without gathered output, then
     ``gather_from_tensor_model_parallel_region`` and, under sequence parallelism,
     ``scatter_to_sequence_parallel_region``): with SP, forward the [T, 2h] input all-gathered and the [T, h / tp]
     output all-gathered along the hidden dimension, backward the output gradient all-gathered along the sequence,
     the input re-gathered for the weight gradient and its gradient reduce-scattered; without SP, forward the output
-    all-gathered, backward the input gradient all-reduced. (0, 0) without TP."""
+    all-gathered, backward the input gradient all-reduced. (0, 0) without TP. The input's re-gather hides under
+    ``beside`` (the projection's backward GEMMs) where the layout issues SP's re-gathers beside them
+    (``sp_regather_overlap``: Megatron-LM's asynchronous gather, as for the layers' GEMMs)."""
     tp = layout.tp
     if tp == 1:
         return 0.0, 0.0
@@ -127,7 +131,10 @@ def mtp_projection_comm(model: ModelConfig, layout: Layout, toks: float,
 
     if layout.sp:
         scatter = coll.ring_reduce_scatter_time(2 * row, tp, *coll.link_params(link, "reduce_scatter"))
-        return gather(2 * row) + gather(row), gather(row) + gather(2 * row) + scatter
+        regather = gather(2 * row)
+        if layout.sp_regather_overlap:
+            regather = max(0.0, regather - beside)
+        return gather(2 * row) + gather(row), gather(row) + regather + scatter
     return gather(row), coll.allreduce_time(2 * row, tp, *coll.link_params(link, "all_reduce"))
 
 

@@ -393,12 +393,12 @@ def stage_optimizer_time(model: ModelConfig, layout: Layout, stage: int, profile
 
 
 @memoised_by(lambda model, layout, profile: (model, layout.state_shards, layout.tp, layout.zero, layout.grad_overlap,
-                                            layout.stage_stride * layout.pp, layout.ep, layout.etp, layout.dp_mode,
+                                            layout.stage_stride, layout.pp, layout.ep, layout.etp, layout.dp_mode,
                                             layout.fsdp_shard, layout.reshard_after_forward, profile_key(profile)))
 def stage_grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile) -> GradSync:
     """Data-parallel collectives of one stage: over the stage's dp replicas, TP x PP ranks apart
-    (`memo_sim.cost.grad_sync`; memoised by what that reads: the group, TP, ZeRO, the overlap
-    and the stride)."""
+    (`memo_sim.cost.grad_sync`; memoised by what that reads: the group, TP, ZeRO, the overlap,
+    the stride and the stage count, whose end stages may share the embedding)."""
     return grad_sync(model, layout, profile, stride=layout.stage_stride * layout.pp)
 
 

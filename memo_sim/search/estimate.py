@@ -175,6 +175,8 @@ def estimate_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int,
     gathers = n * max(0.0, sync.layer_gather - lt.forward)
     if sync.gather_in_backward:
         gathers += n * max(0.0, sync.layer_gather - lt.backward)
+    # the multi-token-prediction modules' weights, gathered beside the last layer's forward (twice under ZeRO-3)
+    gathers += max(0.0, sync.mtp_gather * (2 if sync.gather_in_backward else 1) - lt.forward)
     if m == 1:
         total = bt.embedding + fwd + bt.classifier + bwd + sync_exposed + gathers + bt.optimizer
     else:
@@ -234,7 +236,7 @@ def estimate_pipeline(model: ModelConfig, layout: Layout, batch: int, micro_batc
     else:
         last = 1
     sync_exposed = last * sync.layer_grad if sync.overlapped else serial
-    gathers = per * max(0.0, sync.layer_gather - lt.forward)
+    gathers = per * max(0.0, sync.layer_gather - lt.forward) + max(0.0, sync.mtp_gather - lt.forward)
     exposed = m * per * (max(0.0, lt.offload - lt.forward) + max(0.0, lt.prefetch - lt.backward - r)) \
         if policy.offloads else 0.0
     # the end stages' sum of the embedding they share, after the last bucket (`memo_sim.cost.grad_sync`)

@@ -28,6 +28,7 @@ from functools import lru_cache, partial
 from typing import Callable, NamedTuple
 
 from memo_sim.cost.memo import memoised, memoised_by
+from memo_sim.cost.memory import mtp_activation_bytes
 from memo_sim.cost.sppo import stage_model_state_bytes, stage_split_key
 from memo_sim.errors import MemoError
 from memo_sim.engine.schedules.microbatch import micro_batch_pipelines, stage_in_flight, stage_in_flight_layers
@@ -182,6 +183,11 @@ def pipeline_memory(model: ModelConfig, layout: Layout, batch: int, micro_batch:
     # on the last stage, where larger); the fullest is the first of the largest
     peaks = [states + u * kept + buffers + work for states, u in zip(all_states, units)]
     peaks[last] = all_states[last] + units[last] * kept + buffers + max(work, one.classifier_peak_bytes)
+    if model.mtp_layers:  # the multi-token-prediction modules' activations of the other last-chunk micro-batches
+        m = batch // micro_batch  # in flight (interleaved), kept from their head to their backward step
+        sizes = tuple(tuple(int(s == last and c == layout.vpp - 1) for c in range(layout.vpp)) for s in range(last + 1))
+        held = stage_in_flight_layers(schedule, layout.pp, m, layout.vpp, sizes)[last]
+        peaks[last] += max(0, held - 1) * mtp_activation_bytes(model, shard, micro_batch, seq, policy.recomputes_mtp)
     rows = [{"stage": s, "in_flight": k, "layers_in_flight": u, "model_states_bytes": states, "peak_gpu_bytes": peak}
             for s, (k, u, states, peak) in enumerate(zip(flights, units, all_states, peaks))]
     host_node = node_units * host_block

@@ -72,6 +72,7 @@ from typing import Callable
 
 from memo_sim.cost.boundary import boundary_times
 from memo_sim.cost.grad_sync import GradSync
+from memo_sim.cost.memory import mtp_activation_bytes
 from memo_sim.cost.opcost import OpCost
 from memo_sim.cost.sppo import (
     p2p_bytes, p2p_link_time, stage_grad_sync, stage_model_state_bytes, stage_optimizer_time, stage_serial_grad_reduce,
@@ -213,6 +214,9 @@ class PipelineCosts:
     p2p_seconds: dict  # link kind -> seconds of one send alone on it
     sync: GradSync
     serial_grads: tuple[float, ...] = ()  # per stage: seconds of all its gradients in one collective (grad_overlap off)
+    # the multi-token-prediction modules' activations one micro-batch keeps on the last stage from its head to its
+    # backward step (`memo_sim.cost.memory.mtp_activation_bytes`; within the head they are in ``classifier_bytes``)
+    mtp_kept_bytes: float = 0.0
 
 
 def pipeline_costs(model: ModelConfig, layout: Layout, micro_batch: int, seq: int, policy: Policy,
@@ -231,7 +235,8 @@ def pipeline_costs(model: ModelConfig, layout: Layout, micro_batch: int, seq: in
         tuple(stage_model_state_bytes(model, layout, s) for s in range(layout.pp)),
         dict(lp.skeletal), lp.working_bytes, mem.classifier_peak_bytes, lp.offload_bytes, lp.host_block_bytes,
         p2p_bytes(model, layout, micro_batch, seq), secs, stage_grad_sync(model, layout, profile),
-        tuple(stage_serial_grad_reduce(model, layout, profile, s) for s in range(layout.pp)))
+        tuple(stage_serial_grad_reduce(model, layout, profile, s) for s in range(layout.pp)),
+        mtp_activation_bytes(model, shard, micro_batch, seq, policy.recomputes_mtp))
 
 
 @dataclass
@@ -471,10 +476,14 @@ class _MicrobatchBuilder:
                 head_deps.append(g.add("allgather_weights", device=d, stream="dp_comm", kind="comm",
                                        phase="weight_gather", layer=None, work=sync.mtp_gather,
                                        deps=r.fwd_tail.get(r.u - 2, []), link=sync.link))
+            # the modules' activations stay from the head to the micro-batch's backward step (they run backward
+            # first in it), one set per micro-batch in flight on the last chunk (interleaved: several)
+            kept = ((MemAction("gpu", mb_tensor(st.mb, "mtp.kept"), costs.mtp_kept_bytes),)
+                    if costs.mtp_kept_bytes > 0 else ())
             cls = g.add(mb_name("classifier", st.mb), device=d, stream="compute", kind="compute", phase="classifier",
                         layer=None, work=costs.classifier, deps=head_deps,
                         mem_start=(MemAction("gpu", "classifier.working", costs.classifier_bytes),),
-                        mem_end=(MemAction("gpu", "classifier.working", -costs.classifier_bytes),))
+                        mem_end=(MemAction("gpu", "classifier.working", -costs.classifier_bytes),) + kept)
             tail = [cls]
             self.fwd_done[(st.mb, vs)] = tail
         r.tail = tail
@@ -489,6 +498,7 @@ class _MicrobatchBuilder:
         deps = list(r.tail)
         deps += [self.send_b[(st.mb, vs + 1)]] if vs < self.n_vs - 1 else self.fwd_done[(st.mb, vs)]
         tail = deps
+        first = len(g.ops)
         for j in range(len(rg) - 1, -1, -1):
             layer = rg[j]
             u = r.unit_of[(st.mb, st.chunk, j)]
@@ -534,6 +544,10 @@ class _MicrobatchBuilder:
         else:
             tail = [g.add(mb_name("embedding", st.mb), device=d, stream="compute", kind="compute", phase="bwd", layer=None,
                           work=costs.embedding_bwd, deps=tail)]
+        if vs == self.n_vs - 1 and costs.mtp_kept_bytes > 0:  # the modules' activations, freed as the step starts
+            ops = g.ops[first:]
+            op = next((o for o in ops if o.stream == "compute"), ops[0])
+            op.mem_start = (MemAction("gpu", mb_tensor(st.mb, "mtp.kept"), -costs.mtp_kept_bytes),) + op.mem_start
         r.tail = tail
 
 
