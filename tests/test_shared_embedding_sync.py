@@ -115,3 +115,15 @@ def test_sppo_waits_for_the_sum():
     assert all(o.start >= max(x.end for x in ops) - 1e-12 for o in opt)
     est, _ = estimate_sppo(toy, lay, 1, seq, pol, a100)
     assert r.iteration_s == pytest.approx(est.iteration_s, rel=0.02)
+
+
+def test_a_stage_sync_is_cached_by_its_stage_count():
+    """`stage_grad_sync` is memoised: a single-stage layout with the same group, TP and stride product asked for
+    first must not hand a pipeline its (shared-embedding-free) answer (a review found the key without pp)."""
+    from memo_sim.cost.memo import clear_caches
+
+    clear_caches()
+    one, two = Layout(tp=2, cp=2), Layout(tp=2, pp=2, dp=2)
+    assert stage_grad_sync(GPT7, one, A800).shared_embedding == 0.0
+    assert stage_grad_sync(GPT7, two, A800).shared_embedding == pytest.approx(
+        shared_embedding_seconds(GPT7, two, A800)[0]) and shared_embedding_seconds(GPT7, two, A800)[0] > 0
