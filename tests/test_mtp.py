@@ -316,3 +316,31 @@ def test_interleaved_last_chunk_keeps_each_micro_batchs_module_activations():
         grown[m] = peak[1] - peak[0]
     kept = mtp_activation_bytes(replace(base, mtp_layers=1), stage_shard(lay), 1, 4096)
     assert grown[4] - grown[12] == pytest.approx(3 * kept)
+
+
+TOY_MTP = ("name: toy\nlayers: 4\nhidden: 256\nheads: 4\nkv_heads: 2\nffn: 512\nvocab: 1024\nffn_type: swiglu\n"
+           "norm: rmsnorm\nbias: none\ntied_embeddings: false\nmtp_layers: 1\n")
+
+
+def test_user_review_answers_name_the_modules_and_the_sum(tmp_path):
+    """A user review (2026-11-28): a framework that leaves the modules out is compared naming them (its ratio
+    includes them); --schedule sppo with modules gets SPPO's own refusal; --pp under a framework without
+    pipelines does not send the user to a schedule it refuses; explain names the end stages' embedding sum and
+    counts the wait for the other end stage as pipeline time, not data-parallel traffic."""
+    toy = tmp_path / "toy.yaml"
+    toy.write_text(TOY_MTP)
+    base = ["whatif", "--model", str(toy), "--gpus", "2", "--seq", "1K", "--profile", "h100-sxm5-80gb"]
+    r = CliRunner().invoke(cli, base + ["--framework", "deepspeed", "--no-plan"])
+    assert r.exit_code == 0, r.output
+    assert "the ratio includes the 1 module of multi-token prediction memo's side trains and deepspeed's leaves out" \
+        in r.output
+    r = CliRunner().invoke(cli, base + ["--schedule", "sppo", "--no-plan"])
+    assert r.exit_code == 2 and "--schedule sppo: sppo's pieces price no multi-token-prediction module" in r.output
+    r = CliRunner().invoke(cli, base + ["--framework", "deepspeed", "--pp", "2", "--no-plan"])
+    assert r.exit_code == 2 and "drop --pp" in r.output and "--schedule" not in r.output.split(";")[-1]
+    r = CliRunner().invoke(cli, base + ["--pp", "2", "--tp", "1", "--schedule", "1f1b", "--global-batch", "4",
+                                        "--out", str(tmp_path / "p")])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(cli, ["explain", str(tmp_path / "p" / "plan.json")])
+    assert r.exit_code == 0, r.output
+    assert "waiting on the first and last stages' sum of the shared embedding's gradient" in r.output

@@ -152,7 +152,8 @@ def test_p2p_rides_the_inter_node_link_across_nodes():
 
 
 def test_gradients_are_reduced_once_per_iteration():
-    """DP gradient buckets go out after the last micro-batch's backward of each layer only."""
+    """DP gradient buckets go out after the last micro-batch's backward of each layer only (the head's after the
+    last micro-batch's head)."""
     lay = Layout(tp=8, pp=2, dp=2)
     r = simulate(GPT7, lay, 4, 8192, get_policy("full_recompute"), A800, schedule="1f1b", micro_batch=1,
                  record=True, keep_timeline=False)
@@ -162,7 +163,9 @@ def test_gradients_are_reduced_once_per_iteration():
     last_bwd = {o.device: max(x.end for x in r.ops if x.device == o.device and x.phase == "bwd") for o in grads}
     first_bwd_of_last_mb = {d: min(x.start for x in r.ops if x.device == d and x.phase == "bwd"
                                    and x.name.endswith("@m3")) for d in last_bwd}
-    assert all(o.start >= first_bwd_of_last_mb[o.device] for o in grads)
+    head = [o for o in grads if o.device == 1 and o.layer is None]  # the head's bucket: after the last head
+    assert len(head) == 1 and head[0].start >= max(x.end for x in r.ops if x.name == "classifier@m3") - 1e-12
+    assert all(o.start >= first_bwd_of_last_mb[o.device] for o in grads if o not in head)
 
 
 def test_single_stage_accumulates_gradients_over_micro_batches():

@@ -48,17 +48,32 @@ def test_only_where_two_stages_hold_the_embedding():
     assert shared_embedding_seconds(mtp, Layout(tp=8, pp=2, dp=2), A800)[0] > 0.0
 
 
-def test_an_end_stage_reduces_its_own_vocabulary_matrix():
-    """Untied: the first stage holds the embedding, the last the classifier: each bucket V x h / TP (+ the final
-    norm on the last), half the single stage's (which holds both)."""
-    one = grad_sync(LLAMA, Layout(tp=8, dp=4), A800).embedding_grad
-    two = grad_sync(LLAMA, Layout(tp=8, pp=2, dp=4), A800).embedding_grad
-    assert two == pytest.approx(one / 2, rel=0.02)
+def test_the_head_bucket_goes_out_first_and_the_embeddings_last():
+    """Megatron-LM's buckets follow the parameters in reverse: the head's (classifier and final norm, on a pipeline's
+    last stage or a tied embedding's copy there) is complete once the last micro-batch's head has run its backward and
+    is reduced first; the embedding's, complete after the embedding's backward, last. Each V x h / TP; a tied
+    embedding on one stage is one matrix, complete only at the end (its head bucket the norm's alone)."""
+    one = grad_sync(LLAMA, Layout(tp=8, dp=4), A800)
+    two = grad_sync(LLAMA, Layout(tp=8, pp=2, dp=4), A800)
+    assert one.embedding_grad == pytest.approx(two.embedding_grad)
+    assert one.head_grad == pytest.approx(one.embedding_grad, rel=0.02) and two.head_grad == pytest.approx(
+        one.head_grad)
+    tied = grad_sync(GPT7, Layout(tp=8, dp=4), A800)
+    assert tied.head_grad < 0.01 * tied.embedding_grad
+    assert grad_sync(GPT7, Layout(tp=8, pp=2, dp=4), A800).head_grad == pytest.approx(tied.embedding_grad, rel=0.02)
     # the modules' bucket on the last stage carries the embedding copy they read there
     mtp = dataclasses.replace(LLAMA, mtp_layers=1)
     with_copy = grad_sync(mtp, Layout(tp=8, pp=2, dp=4), A800).mtp_grad
     alone = grad_sync(mtp, Layout(tp=8, dp=4), A800).mtp_grad
     assert with_copy > alone * 1.1
+    for lay, schedule, dev in ((Layout(tp=8, pp=2, dp=2), "1f1b", 1), (Layout(tp=8, dp=2), "single_stage", 0)):
+        r = simulate(LLAMA, lay, 4, 4096, get_policy("full_recompute"), A800, schedule=schedule, micro_batch=1,
+                     record=True, keep_timeline=False)
+        buckets = sorted((o for o in r.ops if o.device == dev and o.phase == "grad_sync"), key=lambda o: o.start)
+        last_head = max(o.end for o in r.ops if o.device == dev and o.name.startswith("classifier"))
+        assert buckets[0].layer is None and buckets[0].start == pytest.approx(last_head)  # the head's, first
+        assert all(o.layer is not None for o in buckets[1:-1])
+        assert (buckets[-1].layer is None) == (dev == 0)  # a first / single stage ends on the embedding's
 
 
 def _shared_ops(r):

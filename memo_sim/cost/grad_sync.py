@@ -2,8 +2,11 @@
 
 - gradient buckets: all-reduce without ZeRO; reduce-scatter from ZeRO-1 on (a sharded optimizer
   needs only its shard of the gradient: Megatron's distributed optimizer and DeepSpeed's ZeRO
-  both reduce-scatter); one bucket per layer and one for the embedding/classifier (the
-  schedule), or all gradients at once (``all_grads``; the analytic estimate's exposed tail is its
+  both reduce-scatter); one bucket per layer, one for the head (``head_grad``: the classifier and
+  final norm, with the multi-token-prediction modules' ``mtp_grad``), complete once the last
+  micro-batch's head has run its backward, and one for the embedding (``embedding_grad``), complete
+  only after the embedding's backward (the schedule: Megatron-LM's buckets follow the parameters in
+  reverse, so the head's goes out first and the embedding's last), or all gradients at once (``all_grads``; the analytic estimate's exposed tail is its
   1/n share); element width from the model's precision recipe. With ``layout.grad_overlap``
   off (``overlapped`` False) the buckets do not overlap the backward: all gradients are reduced
   in one collective after it (Megatron-LM 2021's local DDP flattens every gradient into one
@@ -15,8 +18,9 @@
 The multi-token-prediction modules' weights are gathered as a layer's (``mtp_gather``, once; the schedules
 place it before the head, whose op holds the modules' forward and backward).
 The embedding/classifier weights are small next to the layers and not gathered separately; on a
-pipeline the first stage reduces the embedding's gradient and the last the classifier's (and the
-final norm's), each its own V x h / TP.
+pipeline the first stage reduces the embedding's gradient and the last the head's (the classifier, or
+a tied embedding's copy there, and the final norm), each its own V x h / TP; on one stage a tied
+embedding's gradient is complete only after the embedding's backward (its head bucket is the norm's).
 A weight two pipeline stages hold (`shared_embedding_seconds`): the embedding tied to the classifier, or an
 embedding the multi-token-prediction modules read on the last stage, has its two gradients summed between
 the first and the last stage after the data-parallel reduction (Megatron-LM's finalize_model_grads,
@@ -75,17 +79,18 @@ def params_reduce_time(model: ModelConfig, layout: Layout, profile: HardwareProf
 class GradSync:
     link: str  # nvlink | internode
     layer_grad: float  # one layer's gradient bucket
-    embedding_grad: float
+    embedding_grad: float  # the embedding's bucket (the first or single stage), after the embedding's backward
     all_grads: float  # every gradient in one collective
     layer_gather: float  # ZeRO >= 1: one layer's working weights all-gathered
     gather_in_backward: bool = False  # ZeRO-3 gathers again before each layer's backward
     overlapped: bool = True  # buckets reduced beside the backward; False: all at once after it
-    # the multi-token-prediction modules' gradients (the last stage's, with its last bucket; on a pipeline with an
+    # the multi-token-prediction modules' gradients (the last stage's, with its head bucket; on a pipeline with an
     # untied embedding, the embedding copy the modules read there too)
     mtp_grad: float = 0.0
     shared_embedding: float = 0.0  # `shared_embedding_seconds`: the first and last stages' sum of its gradients
     mtp_gather: float = 0.0  # ZeRO >= 1: the multi-token-prediction modules' working weights all-gathered, once
     shared_embedding_link: str = "nvlink"
+    head_grad: float = 0.0  # the head's bucket (the last or single stage), after the last micro-batch's head
 
     @property
     def active(self) -> bool:
@@ -141,8 +146,11 @@ def grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile, stri
     w, gr = model.recipe.weight_bytes, model.recipe.grad_reduce_bytes
     layer = layer_gpu_params(model, layout)
     layer_p = layer.local - layer.expert_local
-    # an end stage's own: the embedding (first) or the classifier and final norm (last); both on one stage
-    emb_p = (model.vocab * model.hidden + model.norm_params if layout.pp > 1 else model.embedding_params()) / layout.tp
+    # the embedding's bucket (first or single stage) and the head's (last or single stage: the classifier, or on
+    # a pipeline the tied embedding's copy, and the final norm); module docs
+    emb_p = model.vocab * model.hidden / layout.tp
+    head_p = (model.norm_params + (model.vocab * model.hidden if layout.pp > 1 or not model.tied_embeddings
+                                   else 0)) / layout.tp
     every = model_gpu_params(model, layout)
     all_p = every.local - every.expert_local
     gather = _gather(w * layer_p, g, gather_link) if layout.zero >= 1 and g > 1 else 0.0
@@ -169,4 +177,5 @@ def grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile, stri
                 mtp_g += _gather(w * mtp.expert_local, ge, elink)
     return GradSync(coll.link_kind(profile, link), layer_r, reduce(gr * emb_p),
                     all_r, gather, layout.zero >= 3 and flavour.gathers_in_backward(layout), layout.grad_overlap,
-                    mtp_r, shared_embedding=shared, shared_embedding_link=shared_link, mtp_gather=mtp_g)
+                    mtp_r, shared_embedding=shared, shared_embedding_link=shared_link, mtp_gather=mtp_g,
+                    head_grad=reduce(gr * head_p))

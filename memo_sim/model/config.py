@@ -360,8 +360,9 @@ class ModelConfig:
         if self.mtp_layers:
             n = self.mtp_layers
             out.append(f"multi-token prediction ({modules_words(n)}, {fmt_params(self.mtp_params())} "
-                       f"parameters beside the count above, the embedding and classifier shared): priced on the last "
-                       f"pipeline stage as the model's {'MoE ' if self.moe else ''}layer, a projection and a second "
+                       f"parameters beside the count above, the embedding and classifier shared): priced with the "
+                       f"head (a pipeline's last stage) as the model's {'MoE ' if self.moe else ''}layer, a projection "
+                       f"and a second "
                        f"pass of the classifier and loss each, forward and backward, its activations kept between "
                        f"them (its layer re-run under full recompute, as Megatron-LM checkpoints it); --mtp-layers 0 "
                        f"plans without it")

@@ -49,6 +49,10 @@ IDLE_WORDS = "idle until the step's slowest stage ends"
 # drain, stages of unequal work): the part of a wait on a pipeline transfer before that transfer started
 PEER_WORDS = "waiting on another pipeline stage's compute (fill, drain, unequal stages)"
 PIPELINE_STREAMS = ("pp_p2p", "p2p")
+# the end stages' sum of a shared embedding's gradients (`memo_sim.cost.grad_sync.shared_embedding_seconds`): the sum
+# itself, and before it, where the other end stage was still busy, a wait on that stage
+SHARED_SUM_OP = "sum_shared_embedding_grad"
+SHARED_SUM_WORDS = "waiting on the first and last stages' sum of the shared embedding's gradient"
 PHASE_WORDS = {"fwd": "forward", "bwd": "backward", "recompute": "recompute", "classifier": "classifier",
                "optimizer": "optimizer step", "allocator": "allocator stalls (cache reorganisations)"}
 
@@ -97,6 +101,18 @@ def time_breakdown(res: SimResult, device: int) -> TimeBreakdown:
                     if gap - moving > 0:
                         tb.add("waits", PEER_WORDS, "peer_stage", gap - moving)
                     gap = moving
+                elif last.name == SHARED_SUM_OP:  # the sum, and before it what it waited for: the other end stage
+                    why, code = SHARED_SUM_WORDS, "shared_embedding_sum"  # or this stage's own buckets
+                    moving = min(gap, max(0.0, last.end - max(last.start, prev_end)))
+                    before = [d for d in last.deps if d.end is not None]
+                    blocker = max(before, key=lambda d: d.end) if before else None
+                    if gap - moving > 0 and blocker is not None:
+                        if blocker.device != device:
+                            tb.add("waits", PEER_WORDS, "peer_stage", gap - moving)
+                        else:
+                            tb.add("waits", f"waiting on {stream_words(blocker)}", f"stream:{stream_code(blocker)}",
+                                   gap - moving)
+                        gap = moving
             else:
                 why, code = "waiting on issue order (no later dependency)", "issue_order"
             if gap > 0:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from memo_sim.report.formats import Answer, fmt_params, plural
+from memo_sim.model.config import modules_words
 from memo_sim.report.peaks import CACHING_ALLOCATOR, MEASURED_RESERVED_ERROR, candidate_peak
 from memo_sim.report.table import status_text
 from memo_sim.units import fmt_bytes, fmt_count, fmt_time
@@ -331,10 +332,23 @@ def gap_line(framework: str, best, memo_best, on_framework: dict | None) -> str:
     if not tgs or not best.tgs or not memo_best.tgs:
         return ""
     which = on_framework.get("mechanisms") or []
+    extra = mtp_extra(framework, best, memo_best)
     return (f"the gap split: memo's best with {framework}'s mechanisms ({on_framework['layout_label']}) runs "
-            f"{tgs:,.0f} tokens/GPU/s (simulated): {tgs / best.tgs:.2f}x {framework}'s best from memo's layout and policy, "
-            f"{memo_best.tgs / tgs:.2f}x from memo's own mechanisms"
+            f"{tgs:,.0f} tokens/GPU/s (simulated): {tgs / best.tgs:.2f}x {framework}'s best from memo's layout and policy"
+            + (f" and the {extra}" if extra else "") + f", {memo_best.tgs / tgs:.2f}x from memo's own mechanisms"
             + (f" (memo's -> {framework}'s: {', '.join(which)})" if which else ""))
+
+
+def mtp_extra(framework: str, best, memo_best) -> str:
+    """Where memo's side trains multi-token-prediction modules the framework's leaves out (`Framework.for_model`):
+    what the two throughputs differ by beside the plans, in words; "" where both train the same."""
+    if best is None or memo_best is None:
+        return ""
+    n = memo_best.model.mtp_layers - best.model.mtp_layers
+    if n <= 0:
+        return ""
+    return (f"{modules_words(n)} of multi-token prediction memo's side trains and {framework}'s leaves out "
+            f"(--mtp-layers 0 compares the two without)")
 
 
 def framework_line(framework: str, best, memo_best, plain_recipe: str = "") -> str:
@@ -347,7 +361,9 @@ def framework_line(framework: str, best, memo_best, plain_recipe: str = "") -> s
     recipe = memo_best.model.recipe if memo_best else None
     kept = (f" (with {framework}'s model states, {recipe.summary}; without --framework memo prices {plain_recipe}'s)"
             if recipe is not None and plain_recipe and recipe.name != plain_recipe else "")
-    return f"{framework}'s best: {mine}; memo's best{kept}: {theirs}{ratio}"
+    extra = mtp_extra(framework, best, memo_best)
+    return f"{framework}'s best: {mine}; memo's best{kept}: {theirs}{ratio}" + (
+        f"; the ratio includes the {extra}" if extra else "")
 
 
 def fold_notes(cands) -> list[tuple[str, str, list[str]]]:

@@ -259,6 +259,9 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
                 raise MemoError(f"--policy {p} rebuilds MoE tensors: model {model.name} has no experts")
             if p in policy_names() and (why := policy_class(p).model_why_not(model)):
                 raise MemoError(f"--policy {p}: {why}; fix: choose another --policy")
+    if schedules and "sppo" in schedules and "sppo" in policy_names() and (why := policy_class("sppo").model_why_not(
+            model)):  # the schedule runs that policy alone
+        raise MemoError(f"--schedule sppo: {why}; fix: choose another --schedule")
     policies = fw.policies if policies is None else policies
     policies = tuple(p for p in policies if prices_model(p, model))
     _check_options(fw, policies, alpha, batch, micro_batch, global_batch, schedules)
@@ -273,8 +276,11 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
         raise MemoError(f"--vpp {vpp}: virtual stages run the interleaved_1f1b schedule, which "
                         f"{'--schedule' if schedules else fw.name} leaves out")
     if pp is not None and pp > 1 and not pipes and not ("sppo" in allowed and sppo_pols):
-        raise MemoError(f"--pp {pp}: no pipeline schedule is searched ({', '.join(allowed)}); "
-                        f"add --schedule 1f1b or interleaved_1f1b")
+        runs = [n for n in fw.schedules if n in micro_batch_pipelines()]
+        fix = (f"add --schedule {' or '.join(runs)}" if runs and schedules else
+               "add --policy sppo" if "sppo" in fw.schedules and "sppo" in fw.policies else
+               f"drop --pp ({fw.name} runs no pipeline in memo's framework data), or choose another --framework")
+        raise MemoError(f"--pp {pp}: no pipeline schedule is searched ({', '.join(allowed)}); {fix}")
     uneven_flags = first_stage_layers is not None or last_stage_layers is not None
     if uneven_flags and (not pipes or pp == 1):
         raise MemoError("--decoder-first/last-pipeline-num-layers split a micro-batch pipeline: drop them, or search "

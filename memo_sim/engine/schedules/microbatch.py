@@ -41,8 +41,11 @@ micro-batch through one model chunk; `memo_sim.engine.schedules.one_f_one_b`,
   `Policy.recompute_allocated`) runs before the backward.
 - **Gradients.** Accumulated over the micro-batches; each layer's gradient bucket (all-reduce, or
   reduce-scatter with ZeRO-1) goes out on ``dp_comm`` after the layer's backward of the last
-  micro-batch (overlapping the rest of that backward), the embedding's after the rank's last
-  step on the first and last ranks; each rank's optimizer step waits for its last bucket. FSDP
+  micro-batch (overlapping the rest of that backward), the head's (with the multi-token-prediction
+  modules') on the last rank after the last micro-batch's head, before the layers' (FSDP beside stages:
+  after the rank's last step), the embedding's after the first rank's last step; the end ranks then sum
+  a shared embedding's gradients (`memo_sim.cost.grad_sync`); each rank's optimizer step waits for its
+  last bucket. FSDP
   beside stages (`memo_sim.dp.fsdp`, as torchtitan and ``torch.distributed.pipelining`` run it)
   sends a chunk's buckets only after the chunk's last micro-batch backward has ended, one per
   layer, and gathers each layer's weights once, before the first micro-batch's forward. With
@@ -340,6 +343,10 @@ class _MicrobatchBuilder:
         self.sync = costs.sync
         self.grad_op = "reducescatter_grads" if layout.zero >= 1 else "allreduce_grads"
         self.after_chunk = layout.dp_flavour.reduces_after_chunk
+        # the head's bucket goes out after the last micro-batch's head (Megatron-LM's buckets follow the parameters
+        # in reverse: `memo_sim.cost.grad_sync`), except where a chunk's buckets follow its whole backward (FSDP)
+        head = self.sync.head_grad + self.sync.mtp_grad
+        self.head_bucket_early = self.sync.overlapped and not self.after_chunk and head > 0
         for s, dev in enumerate(devices):
             g.add_static(dev.index, MemAction("gpu", "model_states", costs.model_states[s]))
         self.ranks = [_Rank() for _ in range(p)]
@@ -417,10 +424,12 @@ class _MicrobatchBuilder:
             if sync.active and not sync.overlapped:  # every gradient of the stage at once, after its whole backward
                 r.last_dp = g.add(grad_op, device=d, stream="dp_comm", kind="comm", phase="grad_sync", layer=None,
                                   work=costs.serial_grads[s], deps=r.tail, link=sync.link)
-            elif sync.embedding_grad > 0 and (s == 0 or s == p - 1):  # the last stage's with its modules'
+            elif s == 0 and sync.embedding_grad > 0:  # the embedding's bucket, after its backward
                 r.last_dp = g.add(grad_op, device=d, stream="dp_comm", kind="comm", phase="grad_sync", layer=None,
-                                  work=sync.embedding_grad + (sync.mtp_grad if s == p - 1 else 0.0), deps=r.tail,
-                                  link=sync.link)
+                                  work=sync.embedding_grad, deps=r.tail, link=sync.link)
+            elif s == p - 1 and sync.head_grad + sync.mtp_grad > 0 and not self.head_bucket_early:  # FSDP: last
+                r.last_dp = g.add(grad_op, device=d, stream="dp_comm", kind="comm", phase="grad_sync", layer=None,
+                                  work=sync.head_grad + sync.mtp_grad, deps=r.tail, link=sync.link)
         ends = [r.tail + ([r.last_dp] if r.last_dp else []) for r in self.ranks]
         shared = shared_embedding_sums(g, sync, self.devices, ends)
         for s, r in enumerate(self.ranks):
@@ -486,6 +495,9 @@ class _MicrobatchBuilder:
                         mem_end=(MemAction("gpu", "classifier.working", -costs.classifier_bytes),) + kept)
             tail = [cls]
             self.fwd_done[(st.mb, vs)] = tail
+            if self.head_bucket_early and st.mb == self.m - 1:  # the head's bucket, complete after its last pass
+                r.last_dp = g.add(self.grad_op, device=d, stream="dp_comm", kind="comm", phase="grad_sync",
+                                  layer=None, work=sync.head_grad + sync.mtp_grad, deps=tail, link=sync.link)
         r.tail = tail
         sched.forwards[(s, st.mb, st.chunk)] = g.ops[first]
 

@@ -375,6 +375,9 @@ def _micro_batch(g: OpGraph, sched: Schedule, d: int, n: int, mb: int, micro_bat
                 mem_start=(MemAction("gpu", "classifier.working", mem.classifier_peak_bytes),),
                 mem_end=(MemAction("gpu", "classifier.working", -mem.classifier_peak_bytes),))
     tail = [cls]
+    if reduce_now and sync.overlapped and sync.head_grad + sync.mtp_grad > 0:  # the head's bucket, complete now
+        last_dp = dp_op("reducescatter_grads" if layout.zero >= 1 else "allreduce_grads", None,
+                        sync.head_grad + sync.mtp_grad, tail)
 
     # ---- backward -------------------------------------------------------------------------
     gather_b: dict[int, Op] = {}
@@ -410,10 +413,9 @@ def _micro_batch(g: OpGraph, sched: Schedule, d: int, n: int, mb: int, micro_bat
     emb_b = g.add("embedding", device=d, stream="compute", kind="compute", phase="bwd", layer=None,
                   work=bt.embedding_bwd, deps=reorganize("embedding.bwd", None, tail))
     tail = [emb_b]
-    if reduce_now:  # the embedding's bucket (and the multi-token-prediction modules'), or (not overlapped) every
-        # gradient at once after the backward
+    if reduce_now:  # the embedding's bucket, or (not overlapped) every gradient at once after the backward
         last_dp = dp_op("reducescatter_grads" if layout.zero >= 1 else "allreduce_grads", None,
-                        sync.embedding_grad + sync.mtp_grad if sync.overlapped else sync.all_grads, tail)
+                        sync.embedding_grad if sync.overlapped else sync.all_grads, tail)
     return tail, last_dp
 
 

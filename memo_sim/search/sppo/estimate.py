@@ -110,8 +110,9 @@ def recurrence(model: ModelConfig, layout: Layout, batch: int, policy: Sppo, pro
         dp_end = 0.0
         if sync.layer_grad > 0 and len(layers[s]):
             dp_end = done[s] - (emb_bwd0 if s == 0 else 0.0) + sync.layer_grad
-        if sync.embedding_grad > 0 and s in (0, pp - 1):
-            dp_end = max(done[s], dp_end) + sync.embedding_grad
+        end_bucket = sync.embedding_grad if s == 0 else sync.head_grad if s == pp - 1 else 0.0
+        if end_bucket > 0:
+            dp_end = max(done[s], dp_end) + end_bucket
         stage_end.append(max(done[s], dp_end))
     if sync.shared_embedding > 0:  # the end stages' sum of the embedding they share (`memo_sim.cost.grad_sync`)
         stage_end[0] = stage_end[pp - 1] = max(stage_end[0], stage_end[pp - 1]) + sync.shared_embedding
