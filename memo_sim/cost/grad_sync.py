@@ -6,9 +6,10 @@
   final norm, with the multi-token-prediction modules' ``mtp_grad``), complete once the last
   micro-batch's head has run its backward, and one for the embedding (``embedding_grad``), complete
   only after the embedding's backward (the schedule: Megatron-LM's buckets follow the parameters in
-  reverse, so the head's goes out first and the embedding's last), or all gradients at once (``all_grads``; the analytic estimate's exposed tail is its
-  1/n share); element width from the model's precision recipe. With ``layout.grad_overlap``
-  off (``overlapped`` False) the buckets do not overlap the backward: all gradients are reduced
+  reverse, so the head's goes out first and the embedding's last), or all gradients at once
+  (``all_grads``; the analytic estimate's exposed tail is its 1/n share); element width from the
+  model's precision recipe. With ``layout.grad_overlap`` off (``overlapped`` False) the buckets do
+  not overlap the backward: all gradients are reduced
   in one collective after it (Megatron-LM 2021's local DDP flattens every gradient into one
   buffer and all-reduces it after the backward: megatron/model/distributed.py,
   ``allreduce_gradients``), wholly exposed;

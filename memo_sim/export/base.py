@@ -19,6 +19,7 @@ from memo_sim.policy.base import uses_memory_plan
 from memo_sim.errors import MemoError
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import modules_words
+from memo_sim.units import fmt_time
 from memo_sim.layout.schedule import default_schedule
 from memo_sim.plan.schema import Plan
 from memo_sim.policy import Policy, get_policy
@@ -75,7 +76,7 @@ def instead_lines(i: dict, framework: str) -> list[str]:
     version = "" if i["framework"] == framework else f" ({i['framework']})"
     why = f" ({'; '.join(i['why'])})" if i.get("why") else ""
     out = [f"memo's plan ({i['plan_label']}) is not expressible in {framework}{why}; written instead: the best plan "
-           f"memo predicts {framework}{version} runs, {i['label']}: {i['iteration_s']:.3f} s/iteration, "
+           f"memo predicts {framework}{version} runs, {i['label']}: {fmt_time(i['iteration_s'])}/iteration, "
            f"peak {i['peak_gpu_bytes'] / 2**30:.2f} GiB ({i['source']})."]
     if i.get("gemm_format_dropped"):
         out.append(f"Its layer GEMMs run in bf16: {framework} does not offer memo's plan's {i['gemm_format_dropped']}.")
@@ -87,7 +88,7 @@ def instead_lines(i: dict, framework: str) -> list[str]:
         given_up = 1 - i["plan_iteration_s"] / i["iteration_s"]
         out.append((f"It gives up {100 * given_up:.1f}% of the throughput of" if given_up >= 0 else
                     f"It gives {100 * -given_up:.1f}% more throughput than")
-                   + f" memo's plan ({i['plan_iteration_s']:.3f} s/iteration); `--nearest` writes memo's plan's "
+                   + f" memo's plan ({fmt_time(i['plan_iteration_s'])}/iteration); `--nearest` writes memo's plan's "
                    "nearest settings instead.")
     return out
 
@@ -132,9 +133,9 @@ def price_line(n: dict) -> str:
     if n["status"] != "OK":
         return (f"memo predicts the nearest plan ({n['label']}) does not fit: "
                 + (n["failure"] if n.get("failure") else n["status"]) + own)
-    text = f"memo predicts the nearest plan ({n['label']}): {n['iteration_s']:.3f} s/iteration"
+    text = f"memo predicts the nearest plan ({n['label']}): {fmt_time(n['iteration_s'])}/iteration"
     if planned:
-        text += f" against {planned:.3f} s for the plan ({100 * (n['iteration_s'] / planned - 1):+.1f}%)"
+        text += f" against {fmt_time(planned)} for the plan ({100 * (n['iteration_s'] / planned - 1):+.1f}%)"
     return text + f", peak {n['peak_gpu_bytes'] / 2**30:.2f} GiB (simulated, profile {n.get('profile', '?')})" + own
 
 

@@ -334,7 +334,8 @@ def gap_line(framework: str, best, memo_best, on_framework: dict | None) -> str:
     which = on_framework.get("mechanisms") or []
     extra = mtp_extra(framework, best, memo_best)
     return (f"the gap split: memo's best with {framework}'s mechanisms ({on_framework['layout_label']}) runs "
-            f"{tgs:,.0f} tokens/GPU/s (simulated): {tgs / best.tgs:.2f}x {framework}'s best from memo's layout and policy"
+            f"{tgs:,.0f} tokens/GPU/s (simulated): {tgs / best.tgs:.2f}x {framework}'s best from memo's layout and "
+            f"policy"
             + (f" and the {extra}" if extra else "") + f", {memo_best.tgs / tgs:.2f}x from memo's own mechanisms"
             + (f" (memo's -> {framework}'s: {', '.join(which)})" if which else ""))
 
