@@ -375,16 +375,16 @@ def _micro_batch(g: OpGraph, sched: Schedule, d: int, n: int, mb: int, micro_bat
                 mem_start=(MemAction("gpu", "classifier.working", mem.classifier_peak_bytes),),
                 mem_end=(MemAction("gpu", "classifier.working", -mem.classifier_peak_bytes),))
     tail = [cls]
-    if reduce_now and sync.overlapped and sync.head_grad + sync.mtp_grad > 0:  # the head's bucket, complete now
-        last_dp = dp_op("reducescatter_grads" if layout.zero >= 1 else "allreduce_grads", None,
-                        sync.head_grad + sync.mtp_grad, tail)
 
     # ---- backward -------------------------------------------------------------------------
     gather_b: dict[int, Op] = {}
-    if sync.gather_in_backward:
+    if sync.gather_in_backward:  # issued at the forward's end, ahead of the head's bucket on the stream
         for i in (n - 1, n - 2):
             if i >= 0:
                 gather_b[i] = dp_op("allgather_weights", i, sync.layer_gather, fwd_tail[n - 1], "weight_gather_bwd")
+    if reduce_now and sync.overlapped and sync.head_grad + sync.mtp_grad > 0:  # the head's bucket, complete now
+        last_dp = dp_op("reducescatter_grads" if layout.zero >= 1 else "allreduce_grads", None,
+                        sync.head_grad + sync.mtp_grad, tail)
     bwd_end: dict[int, list[Op]] = {}
     for i in range(n - 1, -1, -1):
         deps = list(tail)
