@@ -73,14 +73,14 @@ def analytic_iteration_time(model: ModelConfig, layout: Layout, batch: int, seq:
             d2h = max(c, d2h) + o
             off_end[i] = d2h
     c += bt.classifier
-    if sync.active and sync.head_grad + sync.mtp_grad > 0:  # the head's bucket, complete after the head
-        dp = max(dp, c) + sync.head_grad + sync.mtp_grad
     gather_b: dict[int, float] = {}
     if sync.gather_in_backward:
         for i in (n - 1, n - 2):
             if i >= 0:
                 dp = max(dp, fwd_end[n - 1]) + ag
                 gather_b[i] = dp
+    if sync.active and sync.head_grad + sync.mtp_grad > 0:  # the head's bucket, complete after the head
+        dp = max(dp, c) + sync.head_grad + sync.mtp_grad
     h2d = 0.0
     bwd_end: dict[int, float] = {}
     for i in range(n - 1, -1, -1):
