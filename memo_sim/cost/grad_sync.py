@@ -97,6 +97,11 @@ class GradSync:
     def active(self) -> bool:
         return self.layer_grad > 0
 
+    def end_bucket(self, stage: int, pp: int) -> float:
+        """The bucket an end stage of ``pp`` reduces once its whole backward is done, where it does not go out
+        earlier: the embedding's on the first stage, the head's (with the modules') on the last; 0 in between."""
+        return self.embedding_grad if stage == 0 else self.head_grad + self.mtp_grad if stage == pp - 1 else 0.0
+
 
 def shares_embedding(model: ModelConfig, layout: Layout) -> bool:
     """Whether the first and last pipeline stages both hold the embedding (module docs)."""

@@ -424,12 +424,10 @@ class _MicrobatchBuilder:
             if sync.active and not sync.overlapped:  # every gradient of the stage at once, after its whole backward
                 r.last_dp = g.add(grad_op, device=d, stream="dp_comm", kind="comm", phase="grad_sync", layer=None,
                                   work=costs.serial_grads[s], deps=r.tail, link=sync.link)
-            elif s == 0 and sync.embedding_grad > 0:  # the embedding's bucket, after its backward
+            elif sync.end_bucket(s, p) > 0 and not (s == p - 1 and self.head_bucket_early):
+                # the embedding's bucket after its backward; the head's here only where it did not go out early
                 r.last_dp = g.add(grad_op, device=d, stream="dp_comm", kind="comm", phase="grad_sync", layer=None,
-                                  work=sync.embedding_grad, deps=r.tail, link=sync.link)
-            elif s == p - 1 and sync.head_grad + sync.mtp_grad > 0 and not self.head_bucket_early:  # FSDP: last
-                r.last_dp = g.add(grad_op, device=d, stream="dp_comm", kind="comm", phase="grad_sync", layer=None,
-                                  work=sync.head_grad + sync.mtp_grad, deps=r.tail, link=sync.link)
+                                  work=sync.end_bucket(s, p), deps=r.tail, link=sync.link)
         ends = [r.tail + ([r.last_dp] if r.last_dp else []) for r in self.ranks]
         shared = shared_embedding_sums(g, sync, self.devices, ends)
         for s, r in enumerate(self.ranks):

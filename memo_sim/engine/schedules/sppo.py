@@ -398,7 +398,7 @@ class _PipelineBuilder:
             else:
                 tail = [g.add(_name("embedding", pc, n_k), device=d, stream="compute", kind="compute", phase="bwd",
                               layer=None, work=self.bt_of(pc.tokens).embedding_bwd, deps=tail)]
-        end_bucket = sync.embedding_grad if s == 0 else sync.head_grad if s == pp - 1 else 0.0
+        end_bucket = sync.end_bucket(s, pp)
         if end_bucket > 0:  # the embedding's (first stage) or the head's (last stage), after the stage's backward
             last_dp = self.dp_op(d, "reducescatter_grads" if layout.zero >= 1 else "allreduce_grads", None,
                                  end_bucket, tail)

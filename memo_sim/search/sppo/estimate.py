@@ -110,7 +110,7 @@ def recurrence(model: ModelConfig, layout: Layout, batch: int, policy: Sppo, pro
         dp_end = 0.0
         if sync.layer_grad > 0 and len(layers[s]):
             dp_end = done[s] - (emb_bwd0 if s == 0 else 0.0) + sync.layer_grad
-        end_bucket = sync.embedding_grad if s == 0 else sync.head_grad if s == pp - 1 else 0.0
+        end_bucket = sync.end_bucket(s, pp)
         if end_bucket > 0:
             dp_end = max(done[s], dp_end) + end_bucket
         stage_end.append(max(done[s], dp_end))
