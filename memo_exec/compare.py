@@ -312,8 +312,26 @@ def stream_rows(measured: list[Timeline], predicted: Timeline | None) -> list[di
     return rows
 
 
-def op_rows(measured: list[Timeline], predicted: Timeline | None) -> list[dict]:
-    """One row per layer and op class present on either side."""
+# the head's spans outside the layers: the executor's classifier (its chunked logits, loss and their backward)
+# and its multi-token-prediction modules (`memo_exec.mtp.SPAN`), which the simulator prices as one ``classifier``
+# op (`memo_sim.cost.boundary.boundary_times`: the classifier's pass plus `mtp_seconds`)
+HEAD_SPANS = ("classifier", "mtp")
+HEAD_OP = "head: classifier and loss, forward and backward"
+HEAD_MTP_OP = HEAD_OP + ", with the multi-token-prediction modules"
+
+
+def head_seconds(tl: Timeline) -> float | None:
+    """Seconds the compute stream spent on the head in ``tl`` (every micro-batch), None where it ran none: the
+    simulator's ``classifier`` ops, the executor's ``classifier`` and ``mtp`` spans (`HEAD_SPANS`; their
+    union, so that a span inside another counts once)."""
+    spans = [(e.start, e.end) for e in tl.events if e.stream == "compute" and e.layer is None
+             and e.phase != "stall" and (e.phase == "classifier" or base_op(e.op) in HEAD_SPANS)]
+    return spans_length(union_spans(spans)) if spans else None
+
+
+def op_rows(measured: list[Timeline], predicted: Timeline | None, mtp: bool = False) -> list[dict]:
+    """One row per layer and op class present on either side, then the head's (layer None, `head_seconds`;
+    ``mtp``: the plan's model has multi-token-prediction modules, which its row names)."""
     meas = _steady_dicts([{f"{k[0]}:{k[1]}": v for k, v in op_times(t).items()} for t in measured])
     pred = op_times(predicted) if predicted is not None else {}
     keys = {(int(k.split(":")[0]), k.split(":")[1]) for k in meas} | set(pred)
@@ -322,6 +340,12 @@ def op_rows(measured: list[Timeline], predicted: Timeline | None) -> list[dict]:
     for layer, cls in sorted(keys, key=lambda k: (k[0], order[k[1]])):
         m, p = meas.get(f"{layer}:{cls}"), pred.get((layer, cls)) if predicted is not None else None
         rows.append({"layer": layer, "op": cls, "measured_s": m, "predicted_s": p, "rel_error": rel_error(m, p)})
+    heads = [h for h in map(head_seconds, measured) if h is not None]
+    m = steady_value(heads) if heads else None
+    p = head_seconds(predicted) if predicted is not None else None
+    if m is not None or p is not None:
+        rows.append({"layer": None, "op": HEAD_MTP_OP if mtp else HEAD_OP, "measured_s": m, "predicted_s": p,
+                     "rel_error": rel_error(m, p)})
     return rows
 
 

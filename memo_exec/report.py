@@ -125,7 +125,7 @@ def compare_run(res: RunResult) -> Comparison:
     if plan.layout.metp:
         totals += ring_rows(measured, sim, sim_note)
     unpriced = [unpriced_ep_seconds(t) for t in measured]
-    return Comparison(totals, stream_rows(measured, rank0), op_rows(measured, rank0),
+    return Comparison(totals, stream_rows(measured, rank0), op_rows(measured, rank0, bool(plan.model.mtp_layers)),
                       res.estimate.compare(breakdown), source, sim_note, ptl, alltoall_rows(measured, rank0),
                       times_comparable=times_comparable(res.meta, plan.profile), stale=stale,
                       ep_unpriced_s=steady_value(unpriced) if any(unpriced) else None)
@@ -530,7 +530,7 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
     L.append("| layer | op | predicted | measured | rel. error |")
     L.append("|---:|---|---:|---:|---:|")
     for r in cmp_.ops:
-        L.append(f"| {r['layer']} | {r['op']} | {_fmt(r['predicted_s'], 's')} | {_fmt(r['measured_s'], 's')} | "
+        L.append(f"| {'head' if r['layer'] is None else r['layer']} | {r['op']} | {_fmt(r['predicted_s'], 's')} | {_fmt(r['measured_s'], 's')} | "
                  f"{tpct(r['rel_error'])} |")
     if cmp_.alltoall:
         L.append("")

@@ -455,6 +455,27 @@ def test_stream_stats_busy_overlapped_exposed():
     ops = {(r["layer"], r["op"]): r for r in op_rows([tl, half], tl)}
     assert ops[(0, "forward")]["measured_s"] == pytest.approx(3.0) and ops[(0, "forward")]["predicted_s"] == 4
     assert ops[(0, "offload")]["rel_error"] == pytest.approx(-0.25)
+    assert all(r["layer"] is not None for r in ops.values())  # no head ran on either side: no head row
+
+
+def test_the_head_row_compares_the_executors_classifier_and_modules_with_the_simulators_classifier_op():
+    """The simulator prices the classifier and the multi-token-prediction modules as one ``classifier`` op; the
+    executor records ``classifier`` and ``mtp`` spans (a span inside another counted once)."""
+    from memo_exec.compare import HEAD_MTP_OP, HEAD_OP, op_rows
+    from memo_sim.timeline import Timeline, TimelineEvent
+
+    def ev(op, s, e, phase="fwd", layer=None, stream="compute"):
+        return TimelineEvent(op, layer, phase, stream, 0, s, e)
+
+    run = Timeline([ev("x", 0, 4, layer=0), ev("classifier", 4, 5), ev("mtp", 5, 7), ev("mtp", 5.5, 6.5),
+                    ev("mtp", 8, 9, "bwd"), ev("optimizer", 9, 10, "optimizer"), ev("classifier", 4, 9, "bwd",
+                                                                                        stream="dp_comm")])
+    sim = Timeline([ev("x", 0, 4, layer=0), ev("classifier@m0", 4, 6, "classifier"),
+                    ev("classifier@m1", 7, 9, "classifier"), ev("optimizer", 9, 10, "optimizer")])
+    rows = op_rows([run], sim, mtp=True)
+    assert rows[-1]["layer"] is None and rows[-1]["op"] == HEAD_MTP_OP
+    assert rows[-1]["measured_s"] == pytest.approx(4.0) and rows[-1]["predicted_s"] == pytest.approx(4.0)
+    assert op_rows([run], None)[-1]["op"] == HEAD_OP and op_rows([run], None)[-1]["predicted_s"] is None
 
 
 def test_time_limit_interrupts_a_hanging_wait():
