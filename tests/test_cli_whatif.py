@@ -102,6 +102,8 @@ def test_profiles_and_models_list():
     assert "a800-80gb" in run(["profiles"]).output
     out = run(["models"]).output
     assert "gpt-65b" in out and "llama-70b" in out
+    row = next(ln.split() for ln in out.splitlines() if ln.startswith("qwen3-235b-a22b "))
+    assert row[-3:] == ["128", "top-8", "235.09B", "22.19B"][-3:] and row[-4] == "128"  # experts, params, active
 
 
 # -- #19 item 6 and #16: tiers apart, duplicates folded, the binding constraint, exit 3, --jobs ---------
@@ -499,6 +501,20 @@ def test_an_fp8_answer_says_what_the_same_search_gives_without_fp8():
     assert got["bf16_best"]["layout"] == bf16["candidates"][0]["layout"]  # the bf16 what-if's own best
     ratio = got["candidates"][0]["simulated_tgs_tokens_per_gpu_s"] / got["bf16_best"]["simulated_tgs_tokens_per_gpu_s"]
     assert f"fp8-tensorwise gives {ratio:.2f}x its throughput" in line[0]
+
+
+def test_an_fp8_answer_slower_than_bf16_says_so():
+    """A MoE model's small expert GEMMs: FP8's casts outweigh its faster GEMMs and the answer headlined the slower
+    plan with 'gives 0.99x its throughput' (a review): it says the format is slower here and how to drop it."""
+    args = ["whatif", "--model", "qwen3-30b-a3b", "--layers", "2", "--gpus", "16", "--seq", "4K", "--profile",
+            "h100-sxm5-80gb", "--framework", "megatron", "--no-plan", "--jobs", "1", "--simulate-top", "1",
+            "--precision", "fp8-blockwise"]
+    got = json.loads(run(args + ["--json"]).output)
+    ratio = got["candidates"][0]["simulated_tgs_tokens_per_gpu_s"] / got["bf16_best"]["simulated_tgs_tokens_per_gpu_s"]
+    line = [ln for ln in run(args).output.splitlines() if ln.startswith("without fp8-blockwise GEMMs")]
+    assert len(line) == 1 and ratio < 1, (ratio, line)
+    assert f"fp8-blockwise is SLOWER here: {ratio:.2f}x that plan's throughput" in line[0]
+    assert "drop --precision" in line[0]
 
 
 def test_rows_of_different_global_batches_say_so():

@@ -25,7 +25,8 @@ def _plan(tmp_path, *extra) -> str:
     ("--gpus", "1", "--policy", "store_all"), ("--gpus", "1", "--policy", "full_recompute"),
     ("--gpus", "1", "--policy", "full_offload"), ("--gpus", "1", "--policy", "memo", "--alpha", "0.4"),
     ("--gpus", "4", "--tp", "2", "--cp", "2", "--policy", "memo"),
-], ids=["store_all", "full_recompute", "full_offload", "memo", "tp2-cp2-memo"])
+    ("--gpus", "1", "--policy", "store_all", "--global-batch", "4", "--micro-batch", "1"),
+], ids=["store_all", "full_recompute", "full_offload", "memo", "tp2-cp2-memo", "store_all-4-micro-batches"])
 def test_explain_adds_up(tmp_path, extra):
     plan = _plan(tmp_path, *extra)
     r = CliRunner().invoke(cli, ["explain", plan, "--json"])
@@ -44,6 +45,9 @@ def test_explain_adds_up(tmp_path, extra):
         pytest.approx(d["analytic_peak_gpu_bytes"], rel=1e-9)
     if "memo" in extra:
         assert "alpha" in d["binding"]
+    if "--micro-batch" in extra:  # the terms of one micro-batch in flight (a review found them x 4): the simulated
+        # iteration's peak, with the same activations, within the caching allocator's rounding of the analytic one
+        assert d["simulated_peak_gpu_bytes"] == pytest.approx(d["analytic_peak_gpu_bytes"], rel=0.1)
     ms = d["allocator_memory_stats"]  # [allocator] torch.cuda.memory_stats()'s keys where the cache was replayed
     if "memo" in extra:
         assert ms is None  # the static memory plan: no caching-allocator replay
@@ -69,6 +73,14 @@ def test_explain_a_pipeline_plan_per_stage(tmp_path):
         assert sum(t["busy"].values()) + sum(t["waits"].values()) == pytest.approx(t["iteration_s"], rel=1e-9)
         # every stage's table ends at the plan's iteration (a stage done early was shown a shorter 'iteration')
         assert t["iteration_s"] == pytest.approx(d["iteration_s"], rel=1e-9)
+    text = CliRunner().invoke(cli, ["explain", str(plan)]).output
+    assert "time on stage 1's GPU (a replica's rank 1)'s compute stream" in text, text  # tp1-pp2-dp4: stride 1
+    # tp 2 x pp 2: the simulated device's index was printed as 'GPU 1 (stage 1)' though stage 1 starts at rank 2
+    r = CliRunner().invoke(cli, [*TOY, "--gpus", "4", "--tp", "2", "--pp", "2", "--policy", "full_recompute",
+                                 "--schedule", "1f1b", "--out", str(tmp_path / "t")])
+    assert r.exit_code == 0, r.output
+    text = CliRunner().invoke(cli, ["explain", str(tmp_path / "t" / "plan.json")]).output
+    assert "time on stage 1's GPU (a replica's ranks 2-3)'s compute stream" in text, text
 
 
 @pytest.mark.parametrize("extra", [

@@ -181,6 +181,16 @@ def test_deepspeed_script_carries_the_models_rotary_base_and_norm_epsilon():
     assert args["--rotary-percent"] == "0.5"
 
 
+@pytest.mark.parametrize("kernel, backend", [("cudnn", "fused"), ("flash", "flash"), ("materialised", "unfused")])
+def test_megatron_script_pins_the_attention_kernel_the_plan_is_priced_on(kernel, backend):
+    """Megatron's --attention-backend defaults to auto (TransformerEngine's choice); the script left it there while
+    the plan was priced on cuDNN's fused attention (a review): it pins the priced kernel."""
+    plan = _plan("llama-3.1-8b", Layout(tp=2, sp=True, dp=2, zero=1, attention=kernel), ("full_recompute",), seq=8192)
+    ex = export_plan(plan, "megatron", price=False, nearest=True)
+    args = _check_args(ex.files["megatron.sh"], _names("megatron_options.txt"))
+    assert args["--attention-backend"] == backend
+
+
 def test_megatron_script_of_gpt_oss_keeps_its_biases_and_sinks():
     """GPT-OSS's attention and experts carry biases (its router too): Megatron's default linear biases, where the
     script wrote --disable-bias-linear --add-qkv-bias and dropped the expert and output biases; its attention sinks

@@ -2,7 +2,8 @@
 counts against transformers, presets equal to their config.json, refusals in one line.
 
 The counts are transformers 5.24.0's models built on the meta device from the config.json files
-in tests/data/hf (tests/data/hf/count_params.py, run once on 2026-11-25; its output is
+in tests/data/hf (tests/data/hf/count_params.py, run on 2026-11-25 and again on 2026-11-28 with Qwen3-235B-A22B
+added, every earlier count unchanged; its output is
 tests/data/hf/moe_param_counts.json, read here)."""
 
 import json
@@ -17,8 +18,8 @@ from memo_sim.model.hf_config import hf_model_fields
 HF = Path(__file__).parent / "data" / "hf"
 COUNTS = json.loads((HF / "moe_param_counts.json").read_text())
 FAMILIES = {"mixtral-8x7b": "mixtral", "qwen2-moe-a2.7b": "qwen2_moe", "qwen3-30b-a3b": "qwen3_moe",
-            "deepseek-v2-lite": "deepseek_v2", "deepseek-v3": "deepseek_v3", "gpt-oss-20b": "gpt_oss",
-            "gpt-oss-120b": "gpt_oss", "glm-4.5-air": "glm4_moe"}
+            "qwen3-235b-a22b": "qwen3_moe", "deepseek-v2-lite": "deepseek_v2", "deepseek-v3": "deepseek_v3",
+            "gpt-oss-20b": "gpt_oss", "gpt-oss-120b": "gpt_oss", "glm-4.5-air": "glm4_moe"}
 
 
 def test_the_counts_file_is_transformers_run():

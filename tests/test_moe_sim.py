@@ -246,6 +246,26 @@ def test_moe_split_counts_expert_states_from_their_own_shards(zero):
         sum(model_state_parts(m, lay).values()))
 
 
+def test_moe_split_of_a_pipeline_counts_its_fullest_stages_states():
+    """explain's 'GPU memory by MoE part' of a pipeline plan gave the whole model's experts over EP (389 GiB a GPU
+    for DeepSeek-V3 at pp 8, a review): a stage holds its own layers' states, the expert part of them apart."""
+    from memo_sim.cost.sppo import stage_model_state_bytes
+    from memo_sim.report.moe_split import moe_split
+
+    m = PRESETS["mixtral-8x7b"]
+    lay = Layout(tp=2, sp=True, pp=4, dp=2, ep=2, zero=1)
+    s = moe_split(m, lay, 1, 4 * K, H100)
+    stages = [stage_model_state_bytes(m, lay, k) for k in range(4)]
+    assert s.memory_bytes["dense states"] + s.memory_bytes["expert states"] == pytest.approx(max(stages))
+    assert s.memory_bytes["expert states"] < sum(model_state_parts(m, lay, experts_only=True).values()) / 3
+    # the routed experts of the stage's 8 layers over ep 2 (etp 1), their optimizer sharded over the expert-data-
+    # parallel group of tp x dp / ep = 2: weights, grads, master and moments
+    r, n = m.recipe, 8 * m.expert_layer_params() / 2
+    want = (r.weight_bytes + r.grad_bytes) * n + (r.master_bytes + r.optimizer_bytes) * n / 2
+    assert s.memory_bytes["expert states"] == pytest.approx(want, rel=1e-9)
+    assert f"stage {stages.index(max(stages))}, the fullest of 4" in s.label
+
+
 def test_deepep_sends_each_token_across_nodes_once_per_node():
     """DeepEP (`memo_sim.layout.moe_dispatchers.deepep`): inside a node it is the all-to-all; across
     nodes each token crosses the inter-node link once per destination node, not once per expert."""

@@ -183,21 +183,32 @@ class DistExecutor(ExecutorBase):
         f = self.flavour
         return TPSplit(f.size, f.rank, f.group, bool(getattr(f, "sp", False)))
 
-    def _local_param_numel(self) -> tuple[int, int]:
-        """(all parameters, the largest unit) numbers of elements on this rank."""
+    def _local_param_numel(self) -> tuple[int, int, int, int]:
+        """(all parameters, the largest layer unit without its routed experts, the first unit (the embedding's, the
+        final norm's, the modules' norms and projections), the routed experts) numbers of elements on this rank; the
+        routed experts are counted apart under ep > 1, where their own sync keeps them out of the units ZeRO shards
+        (`memo_exec.moe.sync`), else they are 0 and their layer's."""
         meta, m = torch.device("meta"), self.model
         D = m.mtp_layers if self.schedule.holds_mtp() else 0  # a pipeline's last rank alone holds the modules
         mtp = [m.layers + k for k in range(D)]  # the modules' layers, then their norms and projections
-        sizes = [sum(q.numel() for q in self._make_layer(li, meta, self.dtype).parameters()) for li in self.held + mtp]
+        split = m.moe and self.layout.ep > 1
+        sizes, experts = [], 0
+        for li in self.held + mtp:
+            named = list(self._make_layer(li, meta, self.dtype).named_parameters())
+            routed = sum(q.numel() for n, q in named if split and n.startswith("moe.expert_"))
+            sizes.append(sum(q.numel() for _n, q in named) - routed)
+            experts += routed
         rest = m.embedding_params() + D * (m.mtp_norm_params + m.mtp_projection_params // self.flavour.size)
-        return sum(sizes) + rest, max(sizes + [rest])
+        return sum(sizes) + rest + experts, max(sizes, default=0), rest, experts
 
     def _estimate(self) -> MemoryEstimate:
         """This rank's static device memory (model states after ZeRO, the policy's activation
         storage, and under a memory plan the layer's arena). The other transient terms are not
         estimated for distributed runs (the single-device estimate comes from a dry run of the layer on
         the meta device, which cannot run collectives)."""
-        P, largest = self._local_param_numel()
+        total, layer_unit, first_unit, experts = self._local_param_numel()
+        largest = max(layer_unit, first_unit)
+        P = total - experts  # what ZeRO shards; the routed experts under ep > 1 stay whole (`memo_exec.moe.sync`)
         e = element_size(self.dtype)
         lay = self.layout
         D = self.ctx.size("data") if lay.zero else 1
@@ -206,9 +217,10 @@ class DistExecutor(ExecutorBase):
         # gathered at the peak: the largest unit, or under FSDP without resharding every unit (each
         # held layer kept from its forward to its backward, beside the embedding's)
         gathered = largest if lay.dp_mode != "fsdp" or lay.reshard_after_forward else P
-        weights = P * e if z < 3 else P * e // D + gathered * e
-        grads = P * e if z < 2 else P * e // D + largest * e
-        shard = P // D if z >= 1 else P  # the parameters this rank's optimizer updates
+        weights = (P * e if z < 3 else P * e // D + gathered * e) + experts * e
+        # ZeRO 2 / 3: every unit's shard, the layers' shared workspace and the first unit whole (`GradSync`)
+        grads = (P * e if z < 2 else P * e // D + (layer_unit + first_unit) * e) + experts * e
+        shard = (P // D if z >= 1 else P) + experts  # the parameters this rank's optimizers update
         optimizer = 0 if lay.optimizer_offload else AdamW.state_bytes_for(shard, self.dtype)
         states = weights + grads + optimizer  # optimizer offload: AdamW's states on the host
         dev = self.policy.device_bytes()

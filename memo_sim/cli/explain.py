@@ -66,7 +66,11 @@ def explain(plan_file, out_format, as_json):
         rows += [[k, fmt_time(v), f"{100 * v / t.iteration_s:.1f}%"]
                  for k, v in sorted(t.waits_s.items(), key=lambda kv: -kv[1])]
         rows.append(["iteration", fmt_time(t.iteration_s), "100.0%"])
-        where = f"GPU {t.device}" + (f" (stage {devices.index(t.device)})" if len(devices) > 1 else "")
+        where = f"GPU {t.device}"
+        if len(devices) > 1:  # a stage's GPU: the simulated device is its index, its ranks are stage_stride apart
+            k, stride = devices.index(t.device), plan.layout.stage_stride
+            where = (f"stage {k}'s GPU (a replica's ranks {k * stride}-{(k + 1) * stride - 1}" if stride > 1
+                     else f"stage {k}'s GPU (a replica's rank {k}") + ")"
         a.table(["", "seconds", "share"], rows, title=f"\ntime on {where}'s compute stream (simulated):")
     if mtp:
         n = plan.model.mtp_layers
@@ -105,9 +109,11 @@ def simulate_plan(plan, profile):
 
 
 def plan_breakdown(plan, profile):
-    """The analytic tier's per-GPU memory terms of ``plan``."""
-    return memory_breakdown(plan.model, plan.layout, plan.batch, plan.seq_tokens, plan.policy, profile,
-                            classifier_chunk_tokens=plan.classifier_chunk_tokens)
+    """The analytic tier's per-GPU memory terms of ``plan``: of one micro-batch in flight, as the schedules lay
+    them out (gradient accumulation runs its micro-batches one after the other; a pipeline's stages hold theirs
+    apart, `memo_sim.search.pipeline`)."""
+    return memory_breakdown(plan.model, plan.layout, plan.micro_batch or plan.batch, plan.seq_tokens, plan.policy,
+                            profile, classifier_chunk_tokens=plan.classifier_chunk_tokens)
 
 
 def memory_terms(plan, mem) -> dict:

@@ -20,7 +20,7 @@ def _announce(framework: str) -> None:
 
 @click.command("export")
 @click.argument("plan_file", type=click.Path(dir_okay=False))
-@click.option("--to", "framework", required=True, type=click.Choice(list(EXPORTERS)),
+@click.option("--to", "--format", "framework", required=True, type=click.Choice(list(EXPORTERS)),
               help="The framework to write the plan for.")
 @click.option("--out", "out_dir", default="export", show_default=True, type=click.Path(file_okay=False),
               help="Folder the framework's files are written to.")

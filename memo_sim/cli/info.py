@@ -49,15 +49,19 @@ def _provenance_word(p) -> str:
 
 @click.command()
 def models():
-    """List the model presets (any Hugging Face config.json of a dense decoder works too: --model PATH)."""
+    """List the model presets (a Hugging Face config.json of a dense decoder or of a mixture of experts of the
+    families the README lists works too: --model PATH)."""
     rows = [[m.name, str(m.layers), str(m.hidden), str(m.heads), str(m.n_kv_heads), str(m.ffn), m.ffn_type,
-             m.norm, m.bias, "yes" if m.tied_embeddings else "no", str(m.vocab), fmt_params(m.params())]
+             m.norm, m.bias, "yes" if m.tied_embeddings else "no", str(m.vocab),
+             f"{m.experts} top-{m.top_k}" if m.moe else "-", fmt_params(m.params()),
+             fmt_params(m.active_params()) if m.moe else "-"]
             for m in PRESETS.values()]
     click.echo(render_table(["name", "layers", "hidden", "heads", "kv_heads", "ffn", "ffn_type", "norm", "bias",
-                             "tied", "vocab", "params"], rows))
-    click.echo("tied: the classifier reuses the token embedding (counted once). llama-7b and llama-70b are the "
-               "papers' shapes with GPT's norms, biases and tied embeddings; llama-2-7b and llama-2-70b are the "
-               "released models.")
+                             "tied", "vocab", "experts", "params", "active"], rows))
+    click.echo("tied: the classifier reuses the token embedding (counted once). experts: routed experts and how "
+               "many each token reaches; active: the parameters a token passes through (transformers' count: the "
+               "embedding included). llama-7b and llama-70b are the papers' shapes with GPT's norms, biases and tied "
+               "embeddings; llama-2-7b and llama-2-70b are the released models.")
 
 
 @click.command()

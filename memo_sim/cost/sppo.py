@@ -366,19 +366,20 @@ def stage_gpu_params(model: ModelConfig, layout: Layout, stage: int) -> GpuParam
     return gpu_params(model, layout, stage_params(model, layout, stage), experts, replicated)
 
 
-def stage_model_state_bytes(model: ModelConfig, layout: Layout, stage: int) -> float:
+def stage_model_state_bytes(model: ModelConfig, layout: Layout, stage: int, experts_only: bool = False) -> float:
     """Model-state bytes on one GPU of a stage (weights, grads, master + optimizer; ZeRO-1 shards
     the last over the data-parallel group, and so does FSDP beside stages, whose gathered weights
     and gradients accumulated in its reduce dtype a stage keeps whole through its micro-batches:
-    `memo_sim.dp.fsdp`)."""
+    `memo_sim.dp.fsdp`); ``experts_only``: the routed experts' share (`memo_sim.cost.memory.model_state_parts`)."""
     r = model.recipe
     g = stage_gpu_params(model, layout, stage)
+    local, sharded = (g.expert_local, g.expert_sharded) if experts_only else (g.local, g.sharded)
     optim = 0.0 if layout.optimizer_offload else (r.master_bytes + r.optimizer_bytes) * (
-        g.sharded if layout.zero >= 1 else g.local)
+        sharded if layout.zero >= 1 else local)
     grads = layout.dp_flavour.pipeline_grad_bytes(r) if layout.pp > 1 else r.grad_bytes
     mtp = model.mtp_layers if stage == layout.pp - 1 else 0
-    return (r.weight_bytes + grads) * g.local + optim + weight_cache_bytes(
-        model, stage_layer_count(model, layout, stage) + mtp, layout)
+    return (r.weight_bytes + grads) * local + optim + weight_cache_bytes(
+        model, stage_layer_count(model, layout, stage) + mtp, layout, experts_only)
 
 
 def stage_host_state_bytes(model: ModelConfig, layout: Layout, stage: int) -> float:

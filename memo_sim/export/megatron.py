@@ -221,6 +221,12 @@ def _words(val: str | tuple[str, ...] | None) -> str:
     return " " + " ".join(shlex.quote(v) for v in ((val,) if isinstance(val, str) else val))
 
 
+# the attention kernel a plan is priced on as TransformerConfig's attention_backend (AttnBackend, an option through
+# ArgumentGroupFactory: --attention-backend flash|fused|unfused|local|auto); Megatron's default auto lets
+# TransformerEngine choose, which need not be the kernel memo priced
+ATTENTION_BACKENDS = {"cudnn": "fused", "flash": "flash", "materialised": "unfused"}
+
+
 def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | tuple[str, ...] | None]]:
     """(option, value: one word, a tuple of words for a list option, or None for a flag) in the order a
     reader looks for them."""
@@ -254,6 +260,8 @@ def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | tuple[str
     if m.attention_sinks:  # one learned logit per head in each softmax (GPT-OSS)
         args.append(("--softmax-type", "learnable"))
     args += _window_pattern(m)
+    if lay.attention in ATTENTION_BACKENDS:
+        args.append(("--attention-backend", ATTENTION_BACKENDS[lay.attention]))
     if m.mtp_layers:  # on the last pipeline stage without a layout, as memo prices them (a layout writes them: 'm')
         args.append(("--mtp-num-layers", str(m.mtp_layers)))
     if not m.tied_embeddings:

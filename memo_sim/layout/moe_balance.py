@@ -125,4 +125,4 @@ def parse_balance(text: str) -> Balance:
         if 0 < f <= MAX_CAPACITY:
             return Balance("capacity", f)
     raise ValueError(f"moe balance must be forced, dropless, capacity:F (F a capacity factor in (0, {MAX_CAPACITY:g}]) "
-                     f"or measured:eE:1=f,... (written from a loads file: --moe-balance loads:FILE), got {text!r}")
+                     f"or loads:FILE (measured per-expert token counts), got {text!r}")

@@ -750,7 +750,7 @@ PRESETS: dict[str, ModelConfig] = {
        for name, layers, hidden, heads, ffn in (("qwen3-8b", 36, 4096, 32, 12288), ("qwen3-14b", 40, 5120, 40, 17408),
                                                 ("qwen3-32b", 64, 5120, 64, 25600))},
     # mixtures of experts, from the Hugging Face config.json of each (tests/data/hf holds them, and the
-    # parameter counts transformers gives them): mistralai/Mixtral-8x7B-v0.1, Qwen/Qwen3-30B-A3B,
+    # parameter counts transformers gives them): mistralai/Mixtral-8x7B-v0.1, Qwen/Qwen3-30B-A3B, Qwen/Qwen3-235B-A22B,
     # Qwen/Qwen1.5-MoE-A2.7B, deepseek-ai/DeepSeek-V2-Lite, deepseek-ai/DeepSeek-V3, openai/gpt-oss-20b
     "mixtral-8x7b": ModelConfig("mixtral-8x7b", 32, 4096, 32, 14336, vocab=32000, kv_heads=8, ffn_type="swiglu",
                                 norm="rmsnorm", bias="none", tied_embeddings=False, experts=8, top_k=2,
@@ -759,6 +759,10 @@ PRESETS: dict[str, ModelConfig] = {
                                  norm="rmsnorm", bias="none", tied_embeddings=False, head_dim=128, qk_norm=True,
                                  experts=128, top_k=8, expert_ffn=768, rope_theta=1e6, norm_eps=1e-6,
                                  aux_loss_coef=0.001),
+    "qwen3-235b-a22b": ModelConfig("qwen3-235b-a22b", 94, 4096, 64, 12288, vocab=151936, kv_heads=4,
+                                   ffn_type="swiglu", norm="rmsnorm", bias="none", tied_embeddings=False, head_dim=128,
+                                   qk_norm=True, experts=128, top_k=8, expert_ffn=1536, rope_theta=1e6, norm_eps=1e-6,
+                                   aux_loss_coef=0.001),
     "qwen2-moe-a2.7b": ModelConfig("qwen2-moe-a2.7b", 24, 2048, 16, 5632, vocab=151936, ffn_type="swiglu",
                                    norm="rmsnorm", bias="qkv", tied_embeddings=False, experts=60, top_k=4,
                                    expert_ffn=1408, shared_experts=1, shared_ffn=5632, shared_gate=True,

@@ -15,6 +15,7 @@ from memo_sim.cost.activations import tensor_bytes
 from memo_sim.cost.layer_time import backward_costs, forward_costs
 from memo_sim.cost.memory import model_state_parts
 from memo_sim.cost.opcost import base_op_name
+from memo_sim.cost.sppo import stage_model_state_bytes
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
 from memo_sim.model.layer_graph import layer_tensors
@@ -62,8 +63,15 @@ def moe_split(model: ModelConfig, layout: Layout, batch: int, seq: int, profile:
         for c in costs:
             parts[part_of(c.name)] += c.seconds
         time_s[phase] = parts
-    states = sum(model_state_parts(model, layout).values())
-    expert_states = sum(model_state_parts(model, layout, experts_only=True).values())  # each part its own share
+    where = ""
+    if layout.pp > 1:  # a pipeline: the states of its fullest stage's GPU (each stage holds its own layers)
+        stage = max(range(layout.pp), key=lambda s: stage_model_state_bytes(model, layout, s))
+        states = stage_model_state_bytes(model, layout, stage)
+        expert_states = stage_model_state_bytes(model, layout, stage, experts_only=True)
+        where = f"; states of stage {stage}, the fullest of {layout.pp}"
+    else:
+        states = sum(model_state_parts(model, layout).values())
+        expert_states = sum(model_state_parts(model, layout, experts_only=True).values())  # each part its own share
     tens = layer_tensors(model, layout.tp_mode)
     tb = {n: tensor_bytes(t, layout, batch, seq) for n, t in tens.items()}
     routed = sum(tb[n] for n, t in tens.items() if t.routed and t.saved)
@@ -76,7 +84,7 @@ def moe_split(model: ModelConfig, layout: Layout, batch: int, seq: int, profile:
               "other activations (one layer)": other}
     method = (profile.provenance or {}).get("method") or "source unstated"
     prof = f"{profile.name}, " + ("calibrated" if profile.calibrated else f"not calibrated ({method})")
-    return MoeSplit(f"{model.name} {layout.label()}, {seq} tokens x {batch} ({prof})", time_s, memory)
+    return MoeSplit(f"{model.name} {layout.label()}, {seq} tokens x {batch} ({prof}{where})", time_s, memory)
 
 
 def moe_split_rows(split: MoeSplit) -> list[list[str]]:

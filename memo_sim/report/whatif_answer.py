@@ -214,7 +214,11 @@ def precision_line(v: WhatIfView) -> str:
              f"{fmt_time(it)}/iteration ({tier}), {o.tgs:,.0f} tokens/GPU/s, peak GPU {candidate_peak(o).text()}")
     if b is None:
         return words + f"; with {fmt} nothing fits"
-    return words + f"; {fmt} gives {b.tgs / o.tgs:.2f}x its throughput"
+    ratio = b.tgs / o.tgs
+    if ratio < 1:  # the casts and the format's own kernels cost more than its faster GEMMs save here
+        return (words + f"; {fmt} is SLOWER here: {ratio:.2f}x that plan's throughput (its casts and its GEMMs' "
+                f"efficiency at these shapes outweigh the faster peak); drop --precision to train the {dt} plan")
+    return words + f"; {fmt} gives {ratio:.2f}x its throughput"
 
 
 def trained_model(model, framework: str):
@@ -238,6 +242,9 @@ def whatif_answer(v: WhatIfView) -> Answer:
            f"{v.batch_words}, {v.gpus} x {prof.gpu.model} ({prof.name})")
     for note in trained.model_notes():
         a.line(f"model: {note}")
+    if m.moe and v.best is not None and v.best.layout.moe_balance == "dropless":  # the default: say what it prices
+        a.line("expert loads: dropless at a uniform router's loads (the busiest EP rank of top-k multinomial routing); "
+               "a trained router's skew is not priced: --moe-balance loads:FILE takes measured per-expert counts")
     if (nodes := prof.partial_node_words(v.gpus)) is not None:
         a.line(f"nodes: {nodes}")
     a.line(f"profile {prof.name}: {prof.provenance_line()}")

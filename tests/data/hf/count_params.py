@@ -40,6 +40,7 @@ MODELS = [
     "mixtral-8x7b",
     "qwen2-moe-a2.7b",
     "qwen3-30b-a3b",
+    "qwen3-235b-a22b",
     "deepseek-v2-lite",
     "deepseek-v3",
     "gpt-oss-20b",
@@ -62,6 +63,11 @@ SOURCES = {
         "its quantization_config and float16 torch_dtype dropped) and in a planner fixture labelled "
         "'Qwen/Qwen3-30B-A3B (config.json)'. Qwen3MoeConfig's docstring names Qwen/Qwen3-30B-A3B-Base but "
         "its defaults are NOT that model (24 layers, 32 heads/4 kv, moe_intermediate 768 ...)."
+    ),
+    "qwen3-235b-a22b": (
+        "Qwen/Qwen3-235B-A22B config.json as quoted field for field (every field of the file, the same values) in "
+        "two public copies keyed 'Qwen/Qwen3-235B-A22B' (a LiteLLM HARD_CODED_CONFIGS entry and a model list's "
+        "model_config): max_position_embeddings 40960 and rope_theta 1e6, not the 2507 releases' 262144 and 5e6."
     ),
     "deepseek-v2-lite": (
         "deepseek-ai/DeepSeek-V2-Lite config.json as quoted verbatim in public C++ test fixtures "
@@ -109,6 +115,10 @@ NOTES = {
     "qwen3-30b-a3b": (
         "All 48 layers MoE, 128 experts top-8, no shared expert. head_dim 128 is explicit (32 heads x 128 = 4096 != hidden 2048); "
         "q_norm/k_norm are per-head RMSNorm weights of size head_dim. Matches Qwen's 30.5B total / 3.3B active."
+    ),
+    "qwen3-235b-a22b": (
+        "All 94 layers MoE, 128 experts top-8, no shared expert; head_dim 128 (64 heads x 128 = 8192 != hidden 4096), "
+        "per-head q_norm/k_norm. To compare with Qwen's 235B total / 22B activated."
     ),
     "deepseek-v2-lite": (
         "MLA without q_lora: q_proj 2048 -> 16 x (128+64); kv_a_proj_with_mqa 2048 -> 512+64; kv_b_proj 512 -> 16 x (128+128). "
