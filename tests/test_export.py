@@ -323,14 +323,18 @@ TITAN_MX = replace(_plan("qwen3-30b-a3b", Layout(dp=16, zero=3, dp_mode="fsdp", 
                          ("full_recompute",), seq=32768),
                    model=replace(get_model("qwen3-30b-a3b"), gemm_format="mxfp8"), profile="b200-180gb")
 TITAN_SAC = _plan("llama-3.1-8b", Layout(dp=8, zero=3, dp_mode="fsdp"), ("op_sac",), seq=8192, batch=2)
+# torchtitan's own Float8 (rowwise, its default; llama3_405b's converter): every Linear but the output head
+TITAN_F8 = replace(_plan("llama-3.1-70b", Layout(tp=8, sp=True, dp=8, zero=3, dp_mode="fsdp", kernel_fusion="compiled"),
+                         ("full_recompute",), seq=32768),
+                   model=replace(get_model("llama-3.1-70b"), gemm_format="fp8-rowwise"), profile="h100-sxm5-80gb")
 # dense Qwen3: torchtitan ships qwen3_14b and qwen3_32b, and the 8B flavour without a configuration of its own
 TITAN_Q8 = _plan("qwen3-8b", Layout(tp=2, sp=True, dp=4, zero=3, dp_mode="fsdp"), ("full_recompute",), seq=32768)
 TITAN_Q32 = _plan("qwen3-32b", Layout(tp=8, sp=True, dp=2, zero=3, dp_mode="fsdp"), ("full_recompute",), seq=32768)
 
 
-@pytest.mark.parametrize("plan", [MEMO, PIPE, PIPE_V, TITAN_FP8, TITAN_SAC, TITAN_MX, TITAN_Q8, TITAN_Q32],
+@pytest.mark.parametrize("plan", [MEMO, PIPE, PIPE_V, TITAN_FP8, TITAN_SAC, TITAN_MX, TITAN_Q8, TITAN_Q32, TITAN_F8],
                          ids=["memo", "tp-cp-pp", "interleaved-memo", "fp8-compiled", "op-sac", "mxfp8-moe", "qwen3-8b",
-                              "qwen3-32b"])
+                              "qwen3-32b", "fp8-rowwise"])
 def test_torchtitan_module_sets_only_torchtitan_fields(plan):
     names = _names("torchtitan_names.txt")
     imports = {n.removeprefix("import ") for n in names if n == "import"} | {
@@ -370,6 +374,11 @@ def test_torchtitan_module_sets_only_torchtitan_fields(plan):
                 "fqns=['attention', 'feed_forward', 'shared_experts'], model_compile_enabled=True), "
                 "MXFP8GroupedExpertsConverter.Config(model_compile_enabled=True, pad_multiple=128)])") in src
         assert not any("mxfp8" in g.what for g in export_plan(plan, "torchtitan", price=False, nearest=True).gaps)
+    if plan is TITAN_F8:  # Float8's rowwise recipe as llama3_405b's configuration writes it, compiled blocks
+        assert ("config.model_spec = model_registry('70B', converters=[Float8LinearConverter.Config("
+                "recipe_name='rowwise', filter_fqns=['lm_head'], model_compile_enabled=True)])") in src
+        assert "from torchtitan.components.quantization.float8 import Float8LinearConverter" in src
+        assert not any("fp8" in g.what for g in export_plan(plan, "torchtitan", price=False, nearest=True).gaps)
     if plan is TITAN_SAC:
         assert "config.activation_checkpoint = SelectiveAC.Config()" in src
     if plan in (TITAN_Q8, TITAN_Q32):  # torchtitan's own Qwen3 (its rotary base 1e6 and QK norms), no stop line

@@ -176,6 +176,7 @@ class Float8LinearConverter:  # components/quantization/float8.py (llama3_405b's
     @dataclass(kw_only=True, slots=True)
     class Config:
         model_compile_enabled: bool = False
+        recipe_name: str = "rowwise"
         filter_fqns: list = field(default_factory=list)
 
     @staticmethod
@@ -257,6 +258,7 @@ def titan(monkeypatch):
     mod("torchtitan.distributed.activation_checkpoint", FullAC=FullAC, SelectiveAC=SelectiveAC)
     mod("torchtitan.components.quantization.mx", MXFP8LinearConverter=MXFP8LinearConverter,
         MXFP8GroupedExpertsConverter=MXFP8GroupedExpertsConverter)
+    mod("torchtitan.components.quantization.float8", Float8LinearConverter=Float8LinearConverter)
     for module, functions in SHIPPED.items():
         mod(f"torchtitan.models.{module}", model_registry=_registry(module))
         mod(f"torchtitan.models.{module}.config_registry", **functions)
@@ -439,6 +441,22 @@ def test_mxfp8_converts_the_layer_gemms_only(titan, tmp_path, which):
     assert model.experts_quantised == plan.model.moe
     if plan.model.moe:
         assert model.pad_multiple == 128
+    _start(cfg, plan.gpus)
+
+
+@pytest.mark.parametrize("which", ["llama-3.1-405b", "llama-3.1-8b", "qwen3-32b"])
+def test_float8_rowwise_converts_every_linear_but_the_head_as_llama3_405b_does(titan, which):
+    """Float8's rowwise recipe (torchtitan's default at b5bcd76c, llama3_405b's converter): every Linear.Config but
+    lm_head, which memo prices in bf16 (float8.py filter_fqns), the blocks compiled; the shipped 405B configuration's
+    own converter is replaced by the same one, not stacked on it."""
+    lay = Layout(tp=8, sp=True, dp=8, zero=3, dp_mode="fsdp", kernel_fusion="compiled")
+    plan = _plan(replace(get_model(which), gemm_format="fp8-rowwise"), lay, profile="h100-sxm5-80gb")
+    ex, src = _exported(plan)
+    assert not any("fp8" in g.what for g in ex.gaps), [g.what for g in ex.gaps]
+    cfg = titan(src)
+    model = cfg.model_spec.model
+    assert model.quantised == set(model.linears()) - {"lm_head"} and model.quantised == _layer_gemms(model)
+    assert cfg.compile.enable and "model" in cfg.compile.components
     _start(cfg, plan.gpus)
 
 

@@ -34,7 +34,7 @@ def fmt(model, name):
 
 
 def test_registered_formats_and_refusal_of_an_unknown_one():
-    assert GEMM_FORMATS == ("bf16", "fp8-tensorwise", "fp8-blockwise", "mxfp8")
+    assert GEMM_FORMATS == ("bf16", "fp8-tensorwise", "fp8-rowwise", "fp8-blockwise", "mxfp8")
     with pytest.raises(MemoError, match="GEMM format must be one of bf16, fp8-tensorwise"):
         gemm_format("fp9")
     with pytest.raises(MemoError, match="gemm_format"):
@@ -51,6 +51,9 @@ def test_cast_and_copy_bytes_follow_each_formats_scales():
     assert bw.quantised_bytes(n, weight=True) == 2 * (n + n / (128 * 128) * 4)
     # MXFP8: one E8M0 byte per 32 elements
     assert mx.quantised_bytes(n) == 2 * (n + n / 32)
+    # rowwise: each of its two axis-wise casts reads the tensor once (the row's amax fused in), two 1-byte copies:
+    # tensorwise's bytes (the per-row scales priced as one per tensor)
+    assert gemm_format("fp8-rowwise").cast_bytes(n, 2) == tw.cast_bytes(n, 2)
     assert gemm_format("bf16").cast_bytes(n, 2) == 0
 
 
@@ -58,7 +61,7 @@ def _op(costs, name):
     return next(c for c in costs if c.name == name)
 
 
-@pytest.mark.parametrize("name", ["fp8-tensorwise", "fp8-blockwise"])
+@pytest.mark.parametrize("name", ["fp8-tensorwise", "fp8-rowwise", "fp8-blockwise"])
 def test_fp8_gemm_runs_at_the_fp8_peak_plus_its_cast(name):
     lay, seq = Layout(tp=1), 8192
     bf = _op(forward_costs(LLAMA, lay, 1, seq, H100), "fc1")
@@ -72,7 +75,7 @@ def test_fp8_gemm_runs_at_the_fp8_peak_plus_its_cast(name):
     # faster than tensorwise's measured one (its MMAs and a scale per block: `GemmFormat.no_faster_than`)
     eff = H100.efficiency
     own = eff.gemm_curve(name)(bf.flops)
-    if name == "fp8-blockwise":
+    if name in ("fp8-blockwise", "fp8-rowwise"):  # neither measured: no faster than tensorwise's curve
         assert eff.gemm_curve(name) is eff.gemm and m8.gemm.no_faster_than == "fp8-tensorwise"
         own = min(own, eff.gemm_curve("fp8-tensorwise")(bf.flops))
     ratio = 989 * eff.gemm(bf.flops) / (1979 * own)
@@ -136,6 +139,19 @@ def test_bad_precision_is_one_line_exit_2(args, words):
     assert r.exit_code == 2, r.output
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and words in lines[0], r.output
+
+
+def test_torchtitans_float8_rowwise_is_refused_for_a_mixture_of_experts_in_one_line():
+    """torchtitan's Float8LinearConverter swaps Linear.Configs only, a MoE's grouped experts staying bf16, which memo
+    (one format for every layer GEMM) does not price: refused in one line, dense models planned."""
+    base = ["whatif", "--gpus", "16", "--seq", "4K", "--no-plan", "--profile", "h100-sxm5-80gb", "--framework",
+            "torchtitan", "--precision", "fp8-rowwise", "--jobs", "1", "--simulate-top", "1"]
+    r = _invoke(base + ["--model", "qwen3-30b-a3b", "--layers", "2"])
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert r.exit_code == 2 and len(lines) == 1, r.output
+    assert "grouped experts stay in bf16" in lines[0] and "--precision bf16 or mxfp8" in lines[0], lines
+    r = _invoke(base + ["--model", "llama-3.1-8b", "--layers", "2"])
+    assert r.exit_code == 0 and "fp8-rowwise GEMMs" in r.output, r.output
 
 
 def test_whatif_ranks_fp8_plans_faster_than_bf16_on_h100():
@@ -230,10 +246,12 @@ def test_framework_files_carry_their_precision_and_layout_settings():
 
     got = {n: (f.gemm_formats, f.fp8_saved_inputs, f.optimizer_offload, f.uneven_stages, dict(f.recipes))
            for n, f in FRAMEWORKS.items()}
-    assert got["megatron"] == (GEMM_FORMATS, True, True, True, {"fp16": "zero"})
-    # at b5bcd76c torchtitan's Float8 recipes are rowwise only (not modelled), and its generated stage split
-    # takes lighter first / last stages (configs.py pipeline_parallel_first/last_stage_less_layers)
-    assert got["torchtitan"] == (("bf16", "mxfp8"), False, False, True, {})
+    # TransformerEngine has no rowwise recipe (its current scaling is tensorwise)
+    assert got["megatron"] == (tuple(f for f in GEMM_FORMATS if f != "fp8-rowwise"), True, True, True, {"fp16": "zero"})
+    # at b5bcd76c torchtitan's Float8 recipes are rowwise only (fp8-rowwise, its linear layers only), and its
+    # generated stage split takes lighter first / last stages (configs.py pipeline_parallel_first/last_stage_less_layers)
+    assert got["torchtitan"] == (("bf16", "fp8-rowwise", "mxfp8"), False, False, True, {})
+    assert FRAMEWORKS["torchtitan"].dense_only_formats == ("fp8-rowwise",)
     assert got["any"] == (GEMM_FORMATS, False, True, True, {})
     assert got["deepspeed"] == (("bf16",), False, True, False, {"fp16": "zero", "bf16": "zero"})
     assert got["megatron@2021"] == (("bf16",), False, False, False, {"fp16": "zero"})
@@ -268,15 +286,16 @@ def test_a_profile_naming_no_gemm_format_is_one_line(tmp_path):
 
 
 
+@pytest.mark.parametrize("name", ["fp8-blockwise", "fp8-rowwise"])
 @pytest.mark.parametrize("profile", ["h100-sxm5-80gb", "h200-141gb"])
-def test_blockwise_gemms_are_no_faster_than_tensorwise_on_hopper(profile):
+def test_blockwise_gemms_are_no_faster_than_tensorwise_on_hopper(profile, name):
     """A user's review (2026-11-27): blockwise FP8 priced on the bf16 curve's fractions of the FP8 peak ran its
     GEMMs faster than the measured tensorwise curve on every Hopper profile; its kernels do tensorwise's MMAs
     and more, so they run no faster (the casts differ: blockwise's scales need no amax pass)."""
     prof = load_profile(profile)
     for seq in (2048, 8192, 32768):
         tw = _op(forward_costs(fmt(LLAMA, "fp8-tensorwise"), Layout(tp=1), 1, seq, prof), "fc1")
-        bw = _op(forward_costs(fmt(LLAMA, "fp8-blockwise"), Layout(tp=1), 1, seq, prof), "fc1")
+        bw = _op(forward_costs(fmt(LLAMA, name), Layout(tp=1), 1, seq, prof), "fc1")
         cast = {n: memory_bound_op_time(fmt(LLAMA, n).gemm.cast_bytes(seq * LLAMA.hidden, 2), prof)
-                for n in ("fp8-tensorwise", "fp8-blockwise")}
-        assert bw.seconds - cast["fp8-blockwise"] >= (tw.seconds - cast["fp8-tensorwise"]) * (1 - 1e-9)
+                for n in ("fp8-tensorwise", name)}
+        assert bw.seconds - cast[name] >= (tw.seconds - cast["fp8-tensorwise"]) * (1 - 1e-9)

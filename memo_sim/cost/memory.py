@@ -48,8 +48,11 @@ def model_state_parts(model: ModelConfig, layout: Layout, experts_only: bool = F
     p, sh, layer = (g.expert_local, g.expert_sharded, lay.expert_local) if experts_only else (g.local, g.sharded,
                                                                                              lay.local)
     z = layout.zero
-    gathered = layout.dp_flavour.gathered_layers(layout, model.layers)
-    return {"weights": r.weight_bytes * (sh if z >= 3 else p),
+    flavour = layout.dp_flavour
+    gathered = flavour.gathered_layers(layout, model.layers)
+    # ZeRO 3 under a flavour whose fp32 master shard is the parameter (FSDP2): no sharded working copy beside it
+    working = z < 3 or r.master_bytes == 0 or flavour.shards_working_weights
+    return {"weights": r.weight_bytes * (sh if z >= 3 else p) if working else 0.0,
             "grads": r.grad_bytes * (sh if z >= 2 else p),
             # on the host under optimizer offload (`memo_sim.cost.optimizer_offload.host_state_bytes`)
             "master_and_optimizer": 0.0 if layout.optimizer_offload

@@ -6,7 +6,8 @@ rules the memory formulas and the gradient collectives ask for (`memo_sim.cost.m
 A flavour says over how many of those ranks the states are sharded (``shard_group``; the rest of
 the group holds replicas of each shard, HSDP), whether a layer's gathered weights are dropped after
 its forward and gathered again for its backward (``gathers_in_backward``), and how many layers'
-gathered weights a GPU holds at its peak (``gathered_layers``). Beside pipeline stages it says
+gathered weights a GPU holds at its peak (``gathered_layers``), and whether its shards keep the working weights
+beside the fp32 master (``shards_working_weights``). Beside pipeline stages it says
 whether it runs there at all (``pipeline_why_not``), whether a stage reduces its gradients chunk by
 chunk after that chunk's last micro-batch backward instead of layer by layer during it
 (``reduces_after_chunk``) and the element width of the whole gradients a stage accumulates over
@@ -42,6 +43,11 @@ class DPFlavour:
     def check(self, layout, model) -> str | None:
         """None, or why the layout cannot run this flavour."""
         return None
+
+    # ZeRO 3: whether each rank keeps a shard of the working (model-dtype) weights beside the fp32 master shard
+    # (DeepSpeed's ZeRO-3 and Megatron-FSDP do); False: the fp32 shard is the parameter and the working weights
+    # exist only gathered, cast at each all-gather (FSDP2's MixedPrecisionPolicy param_dtype)
+    shards_working_weights = True
 
     # beside pipeline stages (pp > 1)
     reduces_after_chunk = False  # True: a chunk's gradients reduced after its last micro-batch's backward

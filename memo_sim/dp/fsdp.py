@@ -35,6 +35,11 @@ from memo_sim.dp.registry import DP_FLAVOURS
 class Fsdp(DPFlavour):
     name = "fsdp"
     label_part = "fsdp"
+    # fully_shard keeps the sharded parameters in their own dtype (fp32: torchtitan builds the model in fp32) and
+    # casts them to MixedPrecisionPolicy.param_dtype (bf16) as it all-gathers them: the fp32 shard is the master and
+    # no bf16 shard is kept (torch/distributed/fsdp/_fully_shard/_fsdp_param.py; torchtitan's
+    # training.mixed_precision_param); Adam's moments and the fp32 gradients (reduce_dtype) are sharded beside it
+    shards_working_weights = False
 
     def shard_group(self, layout) -> int:
         return layout.fsdp_shard or layout.state_shards

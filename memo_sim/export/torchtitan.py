@@ -11,7 +11,7 @@ sets ``config.parallelism.*`` (``ParallelismConfig``), ``config.training.*`` (``
 and ``config.activation_checkpoint`` (``FullAC.Config()``, ``SelectiveAC.Config()`` for per-op selective
 checkpointing, or ``None``), and ``config.compile`` (``CompileConfig``) as priced: the model's blocks compiled
 (``enable`` with ``"model"`` in ``components``) for a plan whose blocks are compiled (``Layout.kernel_fusion``),
-for async TP and for MXFP8, else not (`_compile_lines`). torchtitan expresses TP
+for async TP and for torchao's quantised formats, else not (`_compile_lines`). torchtitan expresses TP
 with SP (async TP: ``CompileConfig.enable_async_tensor_parallel``), CP, PP with ``1F1B`` / ``Interleaved1F1B``, DP by
 replication (ZeRO 0) or FSDP2 sharding (``data_parallel_shard_degree``; ZeRO 3, or ZeRO 2 with
 ``fsdp_reshard_after_forward = "never"``) and full or per-op selective activation checkpointing.
@@ -20,9 +20,11 @@ What else the written configuration sets so that torchtitan at `SOURCE` starts i
 ``attention.rope.max_context_length`` where the shipped flavour's rotary table is shorter than the plan's
 sequence (`ROPE_MAX`: ``Decoder.Config.update_from_config`` refuses a longer ``training.max_context_length``);
 ``training.disable_cuda_graphs`` (memo prices eager launches, and torchtitan refuses CUDA graphs beside pipeline
-parallelism and the all-to-all EP dispatcher); the MXFP8 converters on the GEMMs memo prices in MXFP8 only
-(`MXFP8_FQNS`: not the output head, not the routers); and ``config.model_spec`` anew where the shipped
-configuration's model is not the one priced (llama3_405b's Float8 converter, gpt_oss's varlen attention under CP).
+parallelism and the all-to-all EP dispatcher); the converters of the plan's quantised GEMM format (`CONVERTERS`) on
+the GEMMs memo prices in it only (MXFP8's include-list `MXFP8_FQNS`: not the output head, not the routers; Float8
+rowwise with ``filter_fqns=['lm_head']``, as llama3_405b's); and ``config.model_spec`` anew where the shipped
+configuration's model is not the one priced (llama3_405b's Float8 converter under a bf16 plan, gpt_oss's varlen
+attention under CP).
 """
 
 from __future__ import annotations
@@ -93,6 +95,10 @@ MXFP8_MOE_FQNS = ("shared_experts",)
 # at SOURCE says the CuTeDSL quantization kernel on sm_100 needs multiples of 128, and torchtitan's own MXFP8 MoE
 # configuration (deepseek_v3_debugmodel_mxfp8) sets 128; MXFP8 runs on SM100 and later only
 MXFP8_PAD = 128
+# each quantised GEMM format torchtitan runs: (the torchtitan/components/quantization module, its linear converters,
+# the converters it adds for a MoE's grouped experts, its name in the export's words)
+CONVERTERS = {"mxfp8": ("mx", ("MXFP8LinearConverter",), ("MXFP8GroupedExpertsConverter",), "MXFP8"),
+              "fp8-rowwise": ("float8", ("Float8LinearConverter",), (), "Float8 rowwise")}
 SCHEDULES = {"1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}
 _RUNS = {"store_all": "config.activation_checkpoint = None", "full_recompute": "config.activation_checkpoint = "
          "FullAC.Config()", "op_sac": "config.activation_checkpoint = SelectiveAC.Config()"}
@@ -267,19 +273,23 @@ def gaps(plan: Plan) -> list[Gap]:
     if plan.layout.etp > 1:
         out.append(Gap(f"expert tensor parallelism over {plan.layout.etp} ranks", "experts whole on each EP rank "
                        "(torchtitan at this version has no expert tensor parallelism)", PlanChange(layout={"etp": 1})))
-    # MXFP8 on a model that is not a shipped one: its GEMMs run in bf16 in what is written, priced so
-    if plan.model.gemm_format == "mxfp8" and _base(plan)[1] is not None:
-        out.append(Gap("mxfp8 GEMMs", "bf16 GEMMs (MXFP8 not written: pass MXFP8LinearConverter.Config()"
-                       + (" and MXFP8GroupedExpertsConverter.Config()" if plan.model.moe else "")
-                       + " (torchtitan/components/quantization/mx.py) in the converters of the model's "
-                         "model_registry for config.model_spec)", PlanChange(gemm_format="bf16")))
-    if _writes_mxfp8(plan, plan.model) and plan.layout.kernel_fusion != "compiled":
-        out.append(Gap("MXFP8 GEMMs in blocks priced uncompiled (memo's hand-fused kernels, kernel_fusion fused)",
+    # a quantised format on a model that is not a shipped one: its GEMMs run in bf16 in what is written, priced so
+    fmt = plan.model.gemm_format
+    if fmt in CONVERTERS and _base(plan)[1] is not None:
+        names = CONVERTERS[fmt][1] + (CONVERTERS[fmt][2] if plan.model.moe else ())
+        out.append(Gap(f"{fmt} GEMMs", f"bf16 GEMMs ({fmt} not written: pass "
+                       + " and ".join(f"{c}.Config()" for c in names)
+                       + f" (torchtitan/components/quantization/{CONVERTERS[fmt][0]}.py) in the converters of the "
+                         "model's model_registry for config.model_spec)", PlanChange(gemm_format="bf16")))
+    if _writes_quantised(plan, plan.model) and plan.layout.kernel_fusion != "compiled":
+        out.append(Gap(f"{CONVERTERS[fmt][3]} GEMMs in blocks priced uncompiled (memo's hand-fused kernels, "
+                       "kernel_fusion fused)",
                        "the blocks compiled (config.compile.enable with 'model' in config.compile.components, the "
-                       "converters' model_compile_enabled=True): torchtitan runs MXFP8's dynamic quantisation at speed "
-                       "compiled only (torchtitan/components/quantization/mx.py warns 'torch.compile enablement is "
-                       "required for highest performance'); compiled blocks fuse more than the hand-fused kernels "
-                       "priced, so the run should be no slower than priced"))
+                       "converters' model_compile_enabled=True): torchtitan runs torchao's dynamic quantisation at "
+                       "speed compiled only (torchtitan/components/quantization/mx.py warns 'torch.compile enablement "
+                       "is required for highest performance'; llama3_405b's Float8 sets model_compile_enabled from "
+                       "its compile settings); compiled blocks fuse more than the hand-fused kernels priced, so the "
+                       "run should be no slower than priced"))
     if _module(plan) == "qwen3" and plan.model.moe:
         out += _qwen3_moe_gaps(plan.model)
     m = plan.model
@@ -315,15 +325,28 @@ def _ep_borrow_gap(plan: Plan) -> list[Gap]:
                 PlanChange(layout={"zero": 3, "dp_mode": "fsdp", "reshard_after_forward": False}))]
 
 
-def _writes_mxfp8(plan: Plan, model) -> bool:
-    """Whether the exported configuration sets torchtitan's MXFP8 converters: ``model`` (the plan's model as written)
-    in MXFP8 and the model one torchtitan ships (a stand-in's GEMMs are bf16, a gap says so)."""
-    return model.gemm_format == "mxfp8" and _base(plan)[1] is None
+def _writes_quantised(plan: Plan, model) -> bool:
+    """Whether the exported configuration sets torchtitan's converters of a quantised GEMM format (`CONVERTERS`):
+    ``model`` (the plan's model as written) in one and the model one torchtitan ships (a stand-in's GEMMs are bf16,
+    a gap says so)."""
+    return model.gemm_format in CONVERTERS and _base(plan)[1] is None
 
 
 def _mxfp8_fqns(model) -> list[str]:
     """The MXFP8 linear converter's include-list for ``model`` (`MXFP8_FQNS`; a MoE's shared experts too)."""
     return list(MXFP8_FQNS + (MXFP8_MOE_FQNS if model.moe else ()))
+
+
+def _converter_configs(model) -> list[str]:
+    """The converters' Configs of ``model``'s GEMM format, each with its blocks compiled: MXFP8 on the GEMMs memo
+    prices in it (not the head, not the routers: `MXFP8_FQNS`), Float8's rowwise recipe (its default) on every
+    Linear but the output head, as llama3_405b's configuration filters it (a MoE in it is refused: its experts would
+    stay bf16, `memo_sim.frameworks` dense_only_formats)."""
+    if model.gemm_format == "mxfp8":
+        return ([f"MXFP8LinearConverter.Config(fqns={_mxfp8_fqns(model)!r}, model_compile_enabled=True)"]
+                + ([f"MXFP8GroupedExpertsConverter.Config(model_compile_enabled=True, pad_multiple={MXFP8_PAD})"]
+                   if model.moe else []))
+    return ["Float8LinearConverter.Config(recipe_name='rowwise', filter_fqns=['lm_head'], model_compile_enabled=True)"]
 
 
 def _compile_lines(base: str, compiled: bool, async_tp: bool) -> list[str]:
@@ -415,21 +438,23 @@ def render(plan: Plan, applied: list[Gap]) -> str:
         body.insert(0, f"    raise NotImplementedError({why!r})")
     ac = _AC.get(pol.name)
     body.append("    config.activation_checkpoint = " + (f"{ac}.Config()" if ac else "None"))
-    mx = _writes_mxfp8(plan, nearest_model(plan, applied))
-    # each block compiled: as priced (kernel_fusion), for async TP (Inductor's pass) and for MXFP8 (see `gaps`)
-    body += _compile_lines(base, lay.kernel_fusion == "compiled" or lay.flavour.async_collectives or mx,
+    written = nearest_model(plan, applied)
+    quantised = _writes_quantised(plan, written)
+    # each block compiled: as priced (kernel_fusion), for async TP (Inductor's pass) and for torchao's quantised
+    # formats (see `gaps`)
+    body += _compile_lines(base, lay.kernel_fusion == "compiled" or lay.flavour.async_collectives or quantised,
                            lay.flavour.async_collectives)
-    convs = ["MXFP8LinearConverter"] + (["MXFP8GroupedExpertsConverter"] if plan.model.moe else [])
     module, flavour = REGISTRY[base][0], _flavour(plan) or REGISTRY[base][1]
     args = [repr(flavour)]
     if module == "gpt_oss" and lay.cp > 1:  # its model_registry's default varlen attention refuses CP (decoder.py)
         args.append("attn_backend='flex'")
-    if mx:  # torchao's MXFP8 on the GEMMs memo prices in it (not the head, not the routers), the blocks compiled
-        args.append("converters=[" + ", ".join(
-            [f"MXFP8LinearConverter.Config(fqns={_mxfp8_fqns(plan.model)!r}, model_compile_enabled=True)"]
-            + ([f"MXFP8GroupedExpertsConverter.Config(model_compile_enabled=True, pad_multiple={MXFP8_PAD})"]
-               if plan.model.moe else [])) + "]")
-    # model_spec anew: MXFP8, another flavour (Qwen3-8B, -235B-A22B), flex attention, or the shipped Float8 dropped
+    convs = []
+    if quantised:  # torchao's converters of the plan's GEMM format, the blocks compiled
+        fmt = CONVERTERS[written.gemm_format]
+        convs = [fmt[0], fmt[1] + (fmt[2] if written.moe else ())]
+        args.append("converters=[" + ", ".join(_converter_configs(written)) + "]")
+    # model_spec anew: a quantised format, another flavour (Qwen3-8B, -235B-A22B), flex attention, or the shipped
+    # Float8 dropped
     registry = len(args) > 1 or _flavour(plan) is not None or base in SHIPPED_CONVERTERS
     if registry:
         body.append(f"    config.model_spec = model_registry({', '.join(args)})")
@@ -442,7 +467,7 @@ def render(plan: Plan, applied: list[Gap]) -> str:
     if _flavour(plan):  # its own tokenizer and weights' folder, as the shipped configurations name theirs
         body.append(f"    config.hf_assets_path = {HF_ASSETS[_flavour(plan)]!r}")
     return "\n".join([
-        *([f"from torchtitan.components.quantization.mx import {', '.join(convs)}"] if mx else []),
+        *([f"from torchtitan.components.quantization.{convs[0]} import {', '.join(convs[1])}"] if convs else []),
         *([f"from torchtitan.distributed.activation_checkpoint import {ac}"] if ac else []),
         f"from torchtitan.models.{_module(plan)}.config_registry import {base}",
         *([f"from torchtitan.models.{module} import model_registry"] if registry else []),

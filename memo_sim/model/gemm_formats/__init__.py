@@ -4,6 +4,7 @@ format the layer's linear GEMMs run in (`base` says what a format is and prices;
 
 - ``bf16`` (`bf16`): the model dtype, no quantisation (the default);
 - ``fp8-tensorwise`` (`fp8_tensorwise`): FP8 with a per-tensor scale from the current amax;
+- ``fp8-rowwise`` (`fp8_rowwise`): FP8 with a scale per row of each operand (torchao's rowwise recipe);
 - ``fp8-blockwise`` (`fp8_blockwise`): FP8 with 1x128 / 128x128 block scales (DeepSeek-V3);
 - ``mxfp8`` (`mxfp8`): OCP MXFP8, 32-element blocks with E8M0 scales (Blackwell).
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from memo_sim.model.gemm_formats import bf16  # noqa: F401  (each module registers its format, in this order)
 from memo_sim.model.gemm_formats import fp8_tensorwise  # noqa: F401
+from memo_sim.model.gemm_formats import fp8_rowwise  # noqa: F401
 from memo_sim.model.gemm_formats import fp8_blockwise  # noqa: F401
 from memo_sim.model.gemm_formats import mxfp8  # noqa: F401
 from memo_sim.model.gemm_formats.base import GemmFormat  # noqa: F401  (re-exported)
