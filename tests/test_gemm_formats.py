@@ -249,7 +249,8 @@ def test_framework_files_carry_their_precision_and_layout_settings():
     # TransformerEngine has no rowwise recipe (its current scaling is tensorwise)
     assert got["megatron"] == (tuple(f for f in GEMM_FORMATS if f != "fp8-rowwise"), True, True, True, {"fp16": "zero"})
     # at b5bcd76c torchtitan's Float8 recipes are rowwise only (fp8-rowwise, its linear layers only), and its
-    # generated stage split takes lighter first / last stages (configs.py pipeline_parallel_first/last_stage_less_layers)
+    # generated stage split takes lighter first / last stages (configs.py
+    # pipeline_parallel_first/last_stage_less_layers)
     assert got["torchtitan"] == (("bf16", "fp8-rowwise", "mxfp8"), False, False, True, {})
     assert FRAMEWORKS["torchtitan"].dense_only_formats == ("fp8-rowwise",)
     assert got["any"] == (GEMM_FORMATS, False, True, True, {})
