@@ -530,7 +530,8 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
     L.append("| layer | op | predicted | measured | rel. error |")
     L.append("|---:|---|---:|---:|---:|")
     for r in cmp_.ops:
-        L.append(f"| {'head' if r['layer'] is None else r['layer']} | {r['op']} | {_fmt(r['predicted_s'], 's')} | {_fmt(r['measured_s'], 's')} | "
+        layer = "head" if r["layer"] is None else r["layer"]
+        L.append(f"| {layer} | {r['op']} | {_fmt(r['predicted_s'], 's')} | {_fmt(r['measured_s'], 's')} | "
                  f"{tpct(r['rel_error'])} |")
     if cmp_.alltoall:
         L.append("")

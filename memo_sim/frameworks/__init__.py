@@ -246,7 +246,8 @@ class Framework:
         if model.moe and model.gemm_format in self.dense_only_formats:
             others = [f for f in self.gemm_formats if f not in self.dense_only_formats]
             raise MemoError(f"--precision {model.gemm_format}: {self.name} converts linear layers only to it, a "
-                            f"mixture of experts' grouped experts stay in {model.dtype}, which memo does not price; fix: "
+                            f"mixture of experts' grouped experts stay in {model.dtype}, which memo does not price; "
+                            f"fix: "
                             f"--precision {' or '.join(others)}, or another --framework")
         if model.gemm.quantised and (model.fp8_saved_inputs, model.fp8_sp_gathers) != (self.fp8_saved_inputs,
                                                                                      self.fp8_sp_gathers):
