@@ -333,8 +333,9 @@ def _writes_quantised(plan: Plan, model) -> bool:
 
 
 def _mxfp8_fqns(model) -> list[str]:
-    """The MXFP8 linear converter's include-list for ``model`` (`MXFP8_FQNS`; a MoE's shared experts too)."""
-    return list(MXFP8_FQNS + (MXFP8_MOE_FQNS if model.moe else ()))
+    """The MXFP8 linear converter's include-list for ``model`` (`MXFP8_FQNS`; a MoE's shared experts too, where it
+    has them: GPT-OSS has none)."""
+    return list(MXFP8_FQNS + (MXFP8_MOE_FQNS if model.moe and model.shared_experts else ()))
 
 
 def _converter_configs(model) -> list[str]:
