@@ -632,6 +632,31 @@ def test_a_frameworks_gap_to_memos_best_is_split_into_mechanisms_and_layout_and_
     assert "(memo's -> megatron's: " in line and "cross_entropy chunked -> vocab_parallel" in line
 
 
+def test_the_gap_split_names_mechanisms_where_memos_plan_does_not_fit_and_a_gap_of_layout_alone():
+    """A review: where the framework's mechanisms do not hold memo's plan the line said 'memo's mechanisms are what
+    makes its plan fit' without naming them, and where memo's best already runs the framework's mechanisms (nothing
+    to re-simulate) no split line came at all though memo's side was 2.34x."""
+    from types import SimpleNamespace as NS
+
+    from memo_sim.layout.parallel import Layout
+    from memo_sim.policy import get_policy
+    from memo_sim.report.whatif_answer import gap_line
+
+    best = NS(tgs=100.0, model=NS(mtp_layers=0))
+    memo = NS(tgs=234.0, model=NS(mtp_layers=0), layout=Layout(dp=8, zero=3), policy=get_policy("full_recompute"))
+    failed = {"status": "OOM", "failure": {"op": "classifier"}, "layout_label": "tp1-dp8-z3-x",
+              "mechanisms": ["cross_entropy chunked -> torch_fused"]}
+    line = gap_line("torchtitan", best, memo, failed)
+    assert "does not fit (OOM at classifier)" in line and "(memo's -> torchtitan's: cross_entropy chunked -> " \
+        "torch_fused) are what makes its plan fit" in line, line
+    same = gap_line("torchtitan", best, memo, {"same_mechanisms": True, "layout_label": "tp1-dp8-z3"})
+    assert same.startswith("the gap split: memo's best runs torchtitan's mechanisms as it is, so the whole 2.34x is "
+                           "its layout and policy (tp1-dp8-z3 full_recompute"), same
+    assert gap_line("torchtitan", best, NS(**{**vars(memo), "tgs": 90.0}),
+                    {"same_mechanisms": True}) == ""  # memo's side no faster: nothing to split
+    assert gap_line("torchtitan", best, memo, None) == ""  # not simulated (an error): no line
+
+
 def test_rows_memory_numbers_come_from_their_own_tier():
     """A simulated row's host/node cell showed the analytic pinned host memory (295.48 GiB) beside the answer's
     simulated 281.63 GiB, and the JSON rows' unprefixed peak_gpu_bytes / host_bytes_per_node were analytic while

@@ -328,23 +328,33 @@ def gap_line(framework: str, best, memo_best, on_framework: dict | None) -> str:
     """The gap between the framework's best and memo's split in two: memo's plan run with the framework's mechanisms
     (its attention kernel, loss, collectives, allocator settings) against the framework's best is what memo's layout
     and policy give; memo's plan against itself on those mechanisms, what memo's own mechanisms give."""
-    if best is None or memo_best is None or not on_framework:
+    if best is None or memo_best is None or not best.tgs or not memo_best.tgs:
         return ""
+    if not on_framework:
+        return ""
+    if on_framework.get("same_mechanisms"):  # memo's best runs the framework's mechanisms: its layout and policy are
+        if memo_best.tgs <= best.tgs:  # the whole gap
+            return ""
+        return (f"the gap split: memo's best runs {framework}'s mechanisms as it is, so the whole "
+                f"{memo_best.tgs / best.tgs:.2f}x is its layout and policy ({memo_best.layout.label()} "
+                f"{memo_best.policy.label()}: a layout or policy {framework}'s search did not rank first or does not "
+                f"offer)")
+    which = on_framework.get("mechanisms") or []
+    named = f" (memo's -> {framework}'s: {', '.join(which)})" if which else ""
     if on_framework.get("status") != "OK":  # the framework's mechanisms do not hold memo's plan
         f = on_framework.get("failure") or {}
         where = f" at {f['op']}" + (f" ({f['tensor']})" if f.get("tensor") else "") if f.get("op") else ""
         return (f"the gap split: memo's best with {framework}'s mechanisms ({on_framework['layout_label']}) does not "
-                f"fit ({on_framework.get('status')}{where}): memo's mechanisms are what makes its plan fit")
+                f"fit ({on_framework.get('status')}{where}): memo's mechanisms{named} are what makes its plan fit")
     tgs = on_framework.get("tgs_tokens_per_gpu_s")
-    if not tgs or not best.tgs or not memo_best.tgs:
+    if not tgs:
         return ""
-    which = on_framework.get("mechanisms") or []
     extra = mtp_extra(framework, best, memo_best)
     return (f"the gap split: memo's best with {framework}'s mechanisms ({on_framework['layout_label']}) runs "
             f"{tgs:,.0f} tokens/GPU/s (simulated): {tgs / best.tgs:.2f}x {framework}'s best from memo's layout and "
             f"policy"
             + (f" and the {extra}" if extra else "") + f", {memo_best.tgs / tgs:.2f}x from memo's own mechanisms"
-            + (f" (memo's -> {framework}'s: {', '.join(which)})" if which else ""))
+            + named)
 
 
 def mtp_extra(framework: str, best, memo_best) -> str:

@@ -235,7 +235,9 @@ def answer_whatif(req: WhatifRequest, progress=None, while_waiting=None) -> What
     memo_on_framework = None  # memo's best with the framework's mechanisms: what of the gap its layout and policy give
     if memo_best is not None and memo_best.sppo is None:
         lay = get_framework(req.framework).adapt(memo_best.layout, req.profile)
-        if lay != memo_best.layout:
+        if lay == memo_best.layout:  # memo's best already runs the framework's mechanisms (`gap_line` says so)
+            memo_on_framework = {"same_mechanisms": True, "layout_label": lay.label()}
+        else:
             try:
                 memo_on_framework = {**simulate_variant(memo_best, lay, req.allocator_lag), "layout_label": lay.label(),
                                      "mechanisms": mechanism_changes(memo_best.layout, lay, req.profile)}
