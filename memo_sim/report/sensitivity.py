@@ -22,6 +22,7 @@ from memo_sim.profile.schema import Curve, HardwareProfile, Quantity
 
 PERTURBATIONS = {"kernel efficiency": 0.20, "host-link bandwidth": 0.25, "network bandwidth": 0.25}
 CHECKED = 8  # fitting candidates re-estimated per perturbation
+TIE = 1e-9  # relative throughput difference below which two plans tie (a float residue, not a faster plan)
 
 
 def _q(q: Quantity, f: float) -> Quantity:
@@ -76,7 +77,12 @@ def _best(cands, base_scores, scores) -> str | None:
     """The best of ``cands`` under a perturbation: each one's ranked throughput (simulated where tier 2 ran it) scaled
     by its analytic throughput's change, so the plan compared is the answer, not the analytic tier's own best."""
     scored = [(c.tgs * s / b, _label(c)) for c, b, s in zip(cands, base_scores, scores) if b and s is not None]
-    return max(scored)[1] if scored else None
+    if not scored:
+        return None
+    top = max(t for t, _ in scored)
+    # a tie (two plans of the same throughput, ZeRO 2 and 3 where nothing is gathered on the critical path) keeps the
+    # ranked order's first, the answer where it is one of them: a label's alphabetical order is no change of plan
+    return next(label for t, label in scored if t >= top * (1 - TIE))
 
 
 def sensitivity(shown, profile: HardwareProfile, alpha: float | None = None) -> dict | None:
