@@ -575,16 +575,18 @@ def test_megatron_script_carries_moe_with_megatron_options(plan):
         assert "--qk-layernorm" in args and int(args["--kv-channels"]) == 128
 
 
-@pytest.mark.parametrize("policy,modules", [("recompute_moe", "layernorm moe"), ("recompute_norm_act", "layernorm moe_act")])
+@pytest.mark.parametrize("policy,modules", [("recompute_moe", "layernorm moe"),
+                                            ("recompute_norm_act", "layernorm moe_act"), ("recompute_mlp", "mlp")])
 def test_megatrons_recompute_modules_export_as_themselves(policy, modules):
     """memo's policies for Megatron-LM's --recompute-modules are written as those modules, not as a gap
     (the MoE activation's recompute needs grouped GEMM, which the script sets)."""
-    plan = _plan("qwen3-30b-a3b", Layout(tp=2, dp=8, zero=1, ep=8), (policy,), seq=32768)
+    model = "llama-3.1-8b" if policy == "recompute_mlp" else "qwen3-30b-a3b"
+    plan = _plan(model, Layout(tp=2, dp=8, zero=1, ep=1 if policy == "recompute_mlp" else 8), (policy,), seq=32768)
     ex = export_plan(plan, "megatron", price=False)
     assert not any("policy" in g.what for g in ex.gaps), [g.what for g in ex.gaps]
     args = _check_args(ex.files["megatron.sh"], _names("megatron_options.txt"))
     assert args["--recompute-granularity"] == "selective" and args["--recompute-modules"] == modules
-    assert "--recompute-method" not in args and "--moe-grouped-gemm" in args
+    assert "--recompute-method" not in args and ("--moe-grouped-gemm" in args) == (policy != "recompute_mlp")
 
 
 @pytest.mark.parametrize("plan", MOE_PLANS, ids=["deepseek-v3-pp", "qwen3-etp-capacity", "qwen2-allgather-forced"])

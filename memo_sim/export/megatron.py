@@ -36,7 +36,7 @@ _RECOMPUTE = {"store_all": [],
               # named modules (`memo_sim.policy.recompute_modules`: each policy's megatron_modules)
               **{name: [("--recompute-granularity", "selective"),
                         ("--recompute-modules", policy_class(name).megatron_modules)]
-                 for name in ("recompute_norm_act", "recompute_moe")}}
+                 for name in ("recompute_norm_act", "recompute_moe", "recompute_mlp")}}
 _RUNS = {name: " ".join(f"{o} {v if isinstance(v, str) else ' '.join(v)}" for o, v in args) or
          "no recompute (every activation kept)" for name, args in _RECOMPUTE.items()}
 

@@ -10,11 +10,18 @@ modules' forward before each layer's backward. One policy per module set memo pr
   shared experts' intermediates) are dropped; the norms and the whole MoE block (router, dispatch,
   expert GEMMs, combine: its all-to-alls too) re-run before the backward.
 
+- ``recompute_mlp`` (``mlp``, for a dense model): the MLP checkpointed whole (Megatron's
+  ``CheckpointFunction`` over ``self.mlp``); under TransformerEngine its pre-MLP norm is fused into fc1
+  (``TELayerNormColumnParallelLinear``), so the norm's output, fc1's and the activation's are dropped
+  and the norm, fc1 with its sequence-parallel all-gather, the activation and fc2 with its
+  reduce-scatter re-run before the layer's backward.
+
 Memory: store all's minus the group's bytes (`memo_sim.cost.activations.RECOMPUTE_GROUPS`), which
-the recompute allocates again while the layer's backward runs. Both are for mixture-of-experts
-models (``needs_experts``); the what-if leaves them out for a dense model. memo's executor runs
-``recompute_moe`` (`memo_exec.activations.recompute_moe`); ``recompute_norm_act``, whose experts'
-activation alone is rebuilt inside the MoE block, it refuses in one line.
+the recompute allocates again while the layer's backward runs. The first two are for mixture-of-experts
+models (``needs_experts``), the third for dense ones (`RecomputeMlp.model_why_not`); the what-if leaves each
+out for the other kind. memo's executor runs ``recompute_moe`` (`memo_exec.activations.recompute_moe`);
+``recompute_norm_act``, whose experts' activation alone is rebuilt inside the MoE block, and ``recompute_mlp``
+it refuses in one line.
 """
 
 from __future__ import annotations
@@ -94,3 +101,21 @@ class RecomputeMoe(RecomputeModules):
 
     def dropped(self, sk) -> float:
         return sk.get("norms", 0.0) + sk.get("moe_block", 0.0)
+
+
+@register
+class RecomputeMlp(RecomputeModules):
+    name = "recompute_mlp"
+    summary = "keep the skeletal activations but the MLP's (its norm's, fc1's, the activation's); re-run the MLP"
+    groups = ("mlp",)
+    ops = ("ln2", "fc1", "act", "fc2")
+    comm_prefixes = ("allgather_ln2", "reducescatter_fc2")
+    needs_experts = False
+    megatron_modules = ("mlp",)
+
+    @staticmethod
+    def model_why_not(model) -> str | None:
+        if model.moe:
+            return (f"recompute_mlp is priced for dense models (every layer's MLP checkpointed): {model.name} is a "
+                    f"mixture of experts; use recompute_moe or recompute_norm_act")
+        return None
