@@ -121,7 +121,8 @@ def sim_memory_breakdown(plan, layers: int) -> dict | None:
             mem, _rows = pipeline_memory(model, plan.layout, plan.batch, plan.micro_batch, plan.seq_tokens, plan.policy,
                                          load_profile(plan.profile), plan.schedule, stage=0)
             return mem.to_dict()
-        mem = memory_breakdown(model, plan.layout, plan.batch, plan.seq_tokens, plan.policy,
+        # one micro-batch in flight (gradient accumulation runs them one after the other)
+        mem = memory_breakdown(model, plan.layout, plan.micro_batch or plan.batch, plan.seq_tokens, plan.policy,
                                load_profile(plan.profile), plan.classifier_chunk_tokens)
     except MemoError:  # e.g. an unknown profile: the report shows the simulator column empty
         return None

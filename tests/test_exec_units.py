@@ -614,3 +614,21 @@ def test_rel_error_is_none_where_the_prediction_is_a_float_residue_of_zero():
     assert rel_error(70e-6, 0.0) is None
     assert rel_error(None, 1.0) is None
     assert rel_error(1.1, 1.0) == pytest.approx(0.1)
+
+
+def test_the_simulators_memory_breakdown_beside_a_run_is_one_micro_batchs():
+    """memo-exec's memory table compared the executor's estimate (one micro-batch in flight) with the simulator's
+    terms of the whole batch (a review: rounding buffers 6.41 against 1.60 GiB at 4 micro-batches)."""
+    from memo_exec.compare import sim_memory_breakdown
+    from memo_sim.api import get_policy, load_profile
+    from memo_sim.memplan.footprint import memory_breakdown
+    from memo_sim.model.config import ModelConfig
+    from tests.exec_helpers import make_plan
+
+    m = ModelConfig("ga", 2, 64, 4, 256, vocab=128, dtype="fp32")
+    plan = make_plan(m, 256, get_policy("full_recompute"), batch=4)
+    plan.micro_batch = 1  # 4 micro-batches of one sequence
+    got = sim_memory_breakdown(plan, 2)
+    one = memory_breakdown(m, plan.layout, 1, 256, plan.policy, load_profile(plan.profile),
+                           plan.classifier_chunk_tokens)
+    assert got == one.to_dict()

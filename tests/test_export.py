@@ -181,11 +181,16 @@ def test_deepspeed_script_carries_the_models_rotary_base_and_norm_epsilon():
     assert args["--rotary-percent"] == "0.5"
 
 
-@pytest.mark.parametrize("kernel, backend", [("cudnn", "fused"), ("flash", "flash"), ("materialised", "unfused")])
-def test_megatron_script_pins_the_attention_kernel_the_plan_is_priced_on(kernel, backend):
+@pytest.mark.parametrize("kernel, profile, backend", [
+    ("cudnn", "h100-sxm5-80gb", "fused"), ("flash", "h100-sxm5-80gb", "flash"),
+    ("materialised", "h100-sxm5-80gb", "unfused"),
+    ("cudnn", "a800-80gb", "flash"),  # no cuDNN curves on the A800 profile: priced as FlashAttention, written so
+])
+def test_megatron_script_pins_the_attention_kernel_the_plan_is_priced_on(kernel, profile, backend):
     """Megatron's --attention-backend defaults to auto (TransformerEngine's choice); the script left it there while
-    the plan was priced on cuDNN's fused attention (a review): it pins the priced kernel."""
-    plan = _plan("llama-3.1-8b", Layout(tp=2, sp=True, dp=2, zero=1, attention=kernel), ("full_recompute",), seq=8192)
+    the plan was priced on cuDNN's fused attention (a review): it pins the kernel the plan is priced on."""
+    plan = replace(_plan("llama-3.1-8b", Layout(tp=2, sp=True, dp=2, zero=1, attention=kernel), ("full_recompute",),
+                         seq=8192), profile=profile)
     ex = export_plan(plan, "megatron", price=False, nearest=True)
     args = _check_args(ex.files["megatron.sh"], _names("megatron_options.txt"))
     assert args["--attention-backend"] == backend
@@ -800,3 +805,15 @@ def test_export_says_when_it_searches_the_frameworks_best_plan(tmp_path, monkeyp
     q = CliRunner().invoke(sim_cli, [*args[:-1], "3", "--out", str(tmp_path / "b"), "--no-progress"])
     assert q.exit_code == 0 and "searching" not in q.stderr
     assert asked[-2:] == [1, 3], asked  # the what-if that wrote the plan asked first
+
+
+def test_export_given_format_names_the_option_that_takes_the_framework(tmp_path):
+    """`memo-sim export plan.json --format megatron` (the what-if's --format is its output format) answered click's
+    'No such option: --format. Did you mean --out?' (a review): one line naming --to."""
+    from click.testing import CliRunner
+
+    from memo_sim.cli import cli
+
+    r = CliRunner().invoke(cli, ["export", str(tmp_path / "plan.json"), "--format", "megatron"])
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert r.exit_code == 2 and len(lines) == 1 and "export names its framework with --to" in lines[0], r.output

@@ -45,6 +45,10 @@ def test_fsdp_over_the_whole_group_is_zero3_but_for_the_working_weights_shard():
     assert {k: v for k, v in a.items() if k != "weights"} == {k: v for k, v in b.items() if k != "weights"}
     assert sum(b.values()) == pytest.approx((4 + 4 + 8) * M.params() / 32 + b["gathered_layers"], rel=1e-3)
     assert grad_sync(M, z3, H100) == grad_sync(M, f, H100)
+    # with the optimizer on the host the device keeps the working shard the host's step copies up (a review: FSDP with
+    # optimizer offload held its weights nowhere)
+    off = model_state_parts(M, Layout(dp=32, zero=3, dp_mode="fsdp", optimizer_offload=True))
+    assert off["weights"] == a["weights"] and off["master_and_optimizer"] == 0
 
 
 def test_hsdp_shards_inside_the_node_and_reduces_across():

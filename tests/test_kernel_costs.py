@@ -104,6 +104,9 @@ def test_optimizer_step_bytes_closed_form():
     # ZeRO-1 shards the update, not the gradient buffer; ZeRO-2 also the buffer
     assert optimizer_step_bytes(meg, 1000, 4, 1) == 250 * 38 + 1000 * 4
     assert optimizer_step_bytes(meg, 1000, 4, 2) == 250 * 38 + 250 * 4
+    # FSDP2's shards keep no working copy: the step casts none (no master re-read, no bf16 write; a review found the
+    # master's read still charged)
+    assert optimizer_step_bytes(meg, 1000, 4, 3, working_copy=False) == 250 * 32 + 250 * 4
     m, lay = get_model("gpt-7b"), Layout(tp=8)
     assert boundary_times(m, lay, 1, 4096, A100).optimizer == pytest.approx(
         optimizer_step_bytes(m.recipe, m.params() / 8, 1, 0) / HBM)

@@ -207,19 +207,21 @@ class DistExecutor(ExecutorBase):
         estimated for distributed runs (the single-device estimate comes from a dry run of the layer on
         the meta device, which cannot run collectives)."""
         total, layer_unit, first_unit, experts = self._local_param_numel()
-        largest = max(layer_unit, first_unit)
+        # ZeRO 3 gathers the first unit at the step's start and keeps it to the optimizer (`GradSync.begin_step`),
+        # beside the layer gathered at the time
+        largest = layer_unit + first_unit
         P = total - experts  # what ZeRO shards; the routed experts under ep > 1 stay whole (`memo_exec.moe.sync`)
         e = element_size(self.dtype)
         lay = self.layout
         D = self.ctx.size("data") if lay.zero else 1
         z = lay.zero if D > 1 else 0
         D = self.ctx.size("shard") if z >= 3 else D  # FSDP/HSDP: sharded over the shard group
-        # gathered at the peak: the largest unit, or under FSDP without resharding every unit (each
-        # held layer kept from its forward to its backward, beside the embedding's)
+        # gathered at the peak: the first unit and the largest layer's, or under FSDP without resharding every unit
+        # (each held layer kept from its forward to its backward, beside the embedding's)
         gathered = largest if lay.dp_mode != "fsdp" or lay.reshard_after_forward else P
         weights = (P * e if z < 3 else P * e // D + gathered * e) + experts * e
         # ZeRO 2 / 3: every unit's shard, the layers' shared workspace and the first unit whole (`GradSync`)
-        grads = (P * e if z < 2 else P * e // D + (layer_unit + first_unit) * e) + experts * e
+        grads = (P * e if z < 2 else P * e // D + largest * e) + experts * e
         shard = (P // D if z >= 1 else P) + experts  # the parameters this rank's optimizers update
         optimizer = 0 if lay.optimizer_offload else AdamW.state_bytes_for(shard, self.dtype)
         states = weights + grads + optimizer  # optimizer offload: AdamW's states on the host

@@ -20,7 +20,12 @@ Under ZeRO the shard group is the whole data group (S = D).
   each reduce-scattered gradient shard is then all-reduced over the replicate group (the D/S ranks
   that hold the same shard), every replica updating its copy of the shard alike; and with
   ``reshard_after_forward`` off, a layer's gathered flat buffer is kept from its forward to its
-  backward (one all-gather per layer per step instead of two) and freed after its backward.
+  backward (one all-gather per layer per step instead of two) and freed after its backward. Its
+  memory is ZeRO 3's: a shard of the weights in the run's dtype beside the optimizer's master, where
+  FSDP2 keeps the fp32 shard alone and casts it as it gathers (the simulator's
+  `memo_sim.dp.base.DPFlavour.shards_working_weights`): a 16-bit run's states are 2 bytes a parameter
+  over the shard group above what the simulator prices for FSDP (an fp32 run's, its master being the
+  weights, are the same).
 
 Before the data-group reduction, gradients of parameters that every TP rank holds whole
 (LayerNorms, row-parallel biases, embedding) are all-reduced over the TP group when the tokens

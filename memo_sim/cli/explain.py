@@ -321,7 +321,7 @@ def binding_words(plan, profile, res) -> str:
     words = (f"GPU memory {100 * gpu:.0f}% full ({result_peak(res).text()} of "
              f"{fmt_bytes(res.gpu_capacity_bytes)}); pinned host memory {100 * host:.0f}% full")
     if plan.policy.takes_alpha and plan.layout.pp == 1:
-        solved = memo_alpha(plan.model, plan.layout, plan.batch, plan.seq_tokens, profile)
+        solved = memo_alpha(plan.model, plan.layout, plan.micro_batch or plan.batch, plan.seq_tokens, profile)
         if solved.feasible:
             why = _ALPHA_WORDS.get(solved.binding, solved.binding)
             same = abs(solved.alpha - plan.policy.alpha) < 1e-9

@@ -18,10 +18,20 @@ def _announce(framework: str) -> None:
                err=True)
 
 
+def _no_format(value) -> None:
+    """``--format`` is the what-if's output format: given to export (a user's review typed ``--format megatron``) it
+    says which option names the framework."""
+    if value is not None:
+        raise MemoError(f"--format {value}: export names its framework with --to ({', '.join(EXPORTERS)}), e.g. "
+                        f"`memo-sim export plan.json --to megatron`")
+
+
 @click.command("export")
 @click.argument("plan_file", type=click.Path(dir_okay=False))
-@click.option("--to", "--format", "framework", required=True, type=click.Choice(list(EXPORTERS)),
+@click.option("--to", "framework", required=True, type=click.Choice(list(EXPORTERS)),
               help="The framework to write the plan for.")
+@click.option("--format", "format_given", hidden=True, is_eager=True, expose_value=False,
+              callback=lambda ctx, param, value: _no_format(value))
 @click.option("--out", "out_dir", default="export", show_default=True, type=click.Path(file_okay=False),
               help="Folder the framework's files are written to.")
 @click.option("--price/--no-price", default=True, show_default=True,

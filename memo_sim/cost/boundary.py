@@ -153,7 +153,7 @@ def optimizer_seconds(model: ModelConfig, layout: Layout, params: GpuParams, lay
     else:
         step = memory_bound_time(optimizer_step_bytes(model.recipe, params.local, params.shards, layout.zero,
                                                       layout.zero < 3 or layout.dp_flavour.shards_working_weights),
-                                 profile)
+                                 profile)  # (optimizer offload: the host's step, `offloaded_step_seconds`)
     # the re-cast of the weights this GPU updates: all of them, or its 1/N shard under ZeRO-3 (each layer's
     # gathered copies are then cast again per gather, not priced)
     return step + memory_bound_time(weight_recast_bytes(model, layers, layout, owned=layout.zero >= 3), profile)
@@ -165,10 +165,10 @@ def optimizer_step_bytes(recipe: PrecisionRecipe, params: float, shards: float, 
     sharded ``shards`` ways by ZeRO stage ``zero`` (the module's formula); ``working_copy`` False: the step writes
     no model-dtype copy of the master (FSDP2's shards: `memo_sim.dp.base.DPFlavour.shards_working_weights`)."""
     w, g, m, o = recipe.weight_bytes, recipe.grad_bytes, recipe.master_bytes, recipe.optimizer_bytes
-    w = w if working_copy or not m else 0
     p = m or w
     n = max(1, shards)
     shard = params / (n if zero >= 1 else 1)
-    per_param = 2 * p + 2 * g + 2 * o + ((m + w) if m else 0)
+    # the working copy cast from the updated master (its read and the copy's write), where one is kept
+    per_param = 2 * p + 2 * g + 2 * o + ((m + w) if m and working_copy else 0)
     grad_buffer = params / (n if zero >= 2 else 1)
     return shard * per_param + grad_buffer * g

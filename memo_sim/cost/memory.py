@@ -50,8 +50,9 @@ def model_state_parts(model: ModelConfig, layout: Layout, experts_only: bool = F
     z = layout.zero
     flavour = layout.dp_flavour
     gathered = flavour.gathered_layers(layout, model.layers)
-    # ZeRO 3 under a flavour whose fp32 master shard is the parameter (FSDP2): no sharded working copy beside it
-    working = z < 3 or r.master_bytes == 0 or flavour.shards_working_weights
+    # ZeRO 3 under a flavour whose fp32 master shard is the parameter (FSDP2): no sharded working copy beside it;
+    # with the optimizer on the host the master lives there and the device keeps the working shard it copies up
+    working = z < 3 or r.master_bytes == 0 or flavour.shards_working_weights or layout.optimizer_offload
     return {"weights": r.weight_bytes * (sh if z >= 3 else p) if working else 0.0,
             "grads": r.grad_bytes * (sh if z >= 2 else p),
             # on the host under optimizer offload (`memo_sim.cost.optimizer_offload.host_state_bytes`)

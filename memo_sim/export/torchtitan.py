@@ -276,9 +276,8 @@ def gaps(plan: Plan) -> list[Gap]:
     # a quantised format on a model that is not a shipped one: its GEMMs run in bf16 in what is written, priced so
     fmt = plan.model.gemm_format
     if fmt in CONVERTERS and _base(plan)[1] is not None:
-        names = CONVERTERS[fmt][1] + (CONVERTERS[fmt][2] if plan.model.moe else ())
         out.append(Gap(f"{fmt} GEMMs", f"bf16 GEMMs ({fmt} not written: pass "
-                       + " and ".join(f"{c}.Config()" for c in names)
+                       + " and ".join(_converter_configs(plan.model))
                        + f" (torchtitan/components/quantization/{CONVERTERS[fmt][0]}.py) in the converters of the "
                          "model's model_registry for config.model_spec)", PlanChange(gemm_format="bf16")))
     if _writes_quantised(plan, plan.model) and plan.layout.kernel_fusion != "compiled":

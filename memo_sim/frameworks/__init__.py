@@ -243,12 +243,12 @@ class Framework:
         if model.gemm_format not in self.gemm_formats:
             raise MemoError(f"--precision {model.gemm_format}: {self.name} does not offer {model.gemm_format} GEMMs "
                             f"(it offers {', '.join(self.gemm_formats)}); fix: drop it or choose another --framework")
-        if model.moe and model.gemm_format in self.dense_only_formats:
+        if not self.offers_gemm_format(model):
             others = [f for f in self.gemm_formats if f not in self.dense_only_formats]
             raise MemoError(f"--precision {model.gemm_format}: {self.name} converts linear layers only to it, a "
                             f"mixture of experts' grouped experts stay in {model.dtype}, which memo does not price; "
-                            f"fix: "
-                            f"--precision {' or '.join(others)}, or another --framework")
+                            f"fix: --precision {' or '.join(others)} (each where the profile has its tensor cores), "
+                            f"or another --framework")
         if model.gemm.quantised and (model.fp8_saved_inputs, model.fp8_sp_gathers) != (self.fp8_saved_inputs,
                                                                                      self.fp8_sp_gathers):
             model = replace(model, fp8_saved_inputs=self.fp8_saved_inputs, fp8_sp_gathers=self.fp8_sp_gathers)
@@ -266,6 +266,12 @@ class Framework:
         if model.precision is not None or recipe is None:
             return model
         return replace(model, precision=recipe)
+
+    def offers_gemm_format(self, model: ModelConfig) -> bool:
+        """Whether it trains ``model`` in its GEMM format: one it offers, and for a mixture of experts not one of its
+        ``dense_only_formats`` (its converters would leave the grouped experts in the model dtype)."""
+        return model.gemm_format in self.gemm_formats and not (model.moe and model.gemm_format in
+                                                                self.dense_only_formats)
 
     def mechanism(self, name: str):
         return dict(self.mechanisms)[name]

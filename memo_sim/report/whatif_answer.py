@@ -215,9 +215,9 @@ def precision_line(v: WhatIfView) -> str:
     if b is None:
         return words + f"; with {fmt} nothing fits"
     ratio = b.tgs / o.tgs
-    if ratio < 1:  # the casts and the format's own kernels cost more than its faster GEMMs save here
-        return (words + f"; {fmt} is SLOWER here: {ratio:.2f}x that plan's throughput (its casts and its GEMMs' "
-                f"efficiency at these shapes outweigh the faster peak); drop --precision to train the {dt} plan")
+    if round(ratio, 2) < 1.0:  # slower by at least the ratio's last printed digit: the bf16 plan is the one to train
+        return (words + f"; {fmt} is SLOWER here: {ratio:.2f}x that plan's throughput; drop {fmt} from --precision "
+                f"to train it")
     return words + f"; {fmt} gives {ratio:.2f}x its throughput"
 
 
@@ -335,10 +335,11 @@ def gap_line(framework: str, best, memo_best, on_framework: dict | None) -> str:
     if on_framework.get("same_mechanisms"):  # memo's best runs the framework's mechanisms: its layout and policy are
         if memo_best.tgs <= best.tgs:  # the whole gap
             return ""
+        extra = mtp_extra(framework, best, memo_best)
         return (f"the gap split: memo's best runs {framework}'s mechanisms as it is, so the whole "
                 f"{memo_best.tgs / best.tgs:.2f}x is its layout and policy ({memo_best.layout.label()} "
                 f"{memo_best.policy.label()}: a layout or policy {framework}'s search did not rank first or does not "
-                f"offer)")
+                f"offer)" + (f" and the {extra}" if extra else ""))
     which = on_framework.get("mechanisms") or []
     named = f" (memo's -> {framework}'s: {', '.join(which)})" if which else ""
     if on_framework.get("status") != "OK":  # the framework's mechanisms do not hold memo's plan

@@ -416,8 +416,8 @@ def framework_why_none(rejected: list[tuple[Layout, str]], fw) -> str:
     torchtitan does not offer."""
     own = f"{fw.name} does not offer"
     for _lay, why in rejected:
-        if why.startswith(own):  # every layout the degrees allow needs what the framework lacks
-            return (f"{why}: every layout with the degrees given needs it; fix: give degrees it offers (`memo-sim "
+        if why.startswith(own):  # no layout the degrees allow is one the framework runs: the first refusal named
+            return (f"{why}, nor any other layout with the degrees given; fix: give degrees it offers (`memo-sim "
                     f"frameworks {fw.name}` lists them) or choose another --framework")
     for lay, why in rejected:
         if fw.allows(lay):
