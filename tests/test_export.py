@@ -817,3 +817,15 @@ def test_export_given_format_names_the_option_that_takes_the_framework(tmp_path)
     r = CliRunner().invoke(cli, ["export", str(tmp_path / "plan.json"), "--format", "megatron"])
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert r.exit_code == 2 and len(lines) == 1 and "export names its framework with --to" in lines[0], r.output
+
+
+def test_a_mixture_of_experts_in_fp8_rowwise_is_exported_to_torchtitan_in_bf16_named():
+    """torchtitan's Float8 converts linear layers only: a MoE plan priced in fp8-rowwise (memo's own search offers it)
+    was written with Float8LinearConverter and its experts left bf16, silently (a review): the export writes bf16
+    GEMMs and names why."""
+    plan = replace(_plan("qwen3-30b-a3b", Layout(dp=16, zero=3, dp_mode="fsdp", ep=8), ("full_recompute",), seq=8192),
+                   model=replace(get_model("qwen3-30b-a3b"), gemm_format="fp8-rowwise"), profile="h100-sxm5-80gb")
+    ex = export_plan(plan, "torchtitan", price=False, nearest=True)
+    gap = next(g for g in ex.gaps if g.what.startswith("fp8-rowwise GEMMs"))
+    assert "grouped experts would stay in bf16" in gap.nearest and gap.change.gemm_format == "bf16"
+    assert "Float8" not in ex.files["memo_torchtitan.py"]

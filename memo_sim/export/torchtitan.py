@@ -275,7 +275,7 @@ def gaps(plan: Plan) -> list[Gap]:
                        "(torchtitan at this version has no expert tensor parallelism)", PlanChange(layout={"etp": 1})))
     # a quantised format on a model that is not a shipped one: its GEMMs run in bf16 in what is written, priced so
     fmt = plan.model.gemm_format
-    if fmt in CONVERTERS and _base(plan)[1] is not None:
+    if fmt in CONVERTERS and _base(plan)[1] is not None and _offered(plan.model):
         out.append(Gap(f"{fmt} GEMMs", f"bf16 GEMMs ({fmt} not written: pass "
                        + " and ".join(_converter_configs(plan.model))
                        + f" (torchtitan/components/quantization/{CONVERTERS[fmt][0]}.py) in the converters of the "
@@ -328,7 +328,15 @@ def _writes_quantised(plan: Plan, model) -> bool:
     """Whether the exported configuration sets torchtitan's converters of a quantised GEMM format (`CONVERTERS`):
     ``model`` (the plan's model as written) in one and the model one torchtitan ships (a stand-in's GEMMs are bf16,
     a gap says so)."""
-    return model.gemm_format in CONVERTERS and _base(plan)[1] is None
+    return model.gemm_format in CONVERTERS and _base(plan)[1] is None and _offered(model)
+
+
+def _offered(model) -> bool:
+    """Whether torchtitan trains ``model`` in its GEMM format (`memo_sim.frameworks.Framework.offers_gemm_format`:
+    Float8 rowwise not for a mixture of experts, whose grouped experts it would leave bf16)."""
+    from memo_sim.search.frameworks import get_framework  # noqa: PLC0415
+
+    return get_framework(FRAMEWORK).offers_gemm_format(model)
 
 
 def _mxfp8_fqns(model) -> list[str]:
