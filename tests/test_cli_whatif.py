@@ -658,6 +658,25 @@ def test_the_gap_split_names_mechanisms_where_memos_plan_does_not_fit_and_a_gap_
     assert gap_line("torchtitan", best, memo, None) == ""  # not simulated (an error): no line
 
 
+def test_a_framework_faster_than_memos_own_stack_is_said_so():
+    """Megatron's best at 396 tokens/GPU/s beside 'memo's best' at 337 (0.85x) read as if memo's plan were the one to
+    train (a review): the line says memo's own stack is the slower one there."""
+    from types import SimpleNamespace as NS
+
+    from memo_sim.layout.parallel import Layout
+    from memo_sim.policy import get_policy
+    from memo_sim.report.whatif_answer import framework_line
+
+    def cand(tgs):
+        return NS(tgs=tgs, layout=Layout(tp=8, sp=True, cp=2), policy=get_policy("full_recompute"),
+                  model=NS(recipe=NS(name="megatron", summary=""), mtp_layers=0))
+
+    line = framework_line("megatron", cand(396.0), cand(337.0))
+    assert "(0.85x); memo's own stack (its executor's kernels and mechanisms) is the slower one here: train " \
+           "megatron's plan" in line, line
+    assert "slower" not in framework_line("megatron", cand(396.0), cand(500.0))
+
+
 def test_rows_memory_numbers_come_from_their_own_tier():
     """A simulated row's host/node cell showed the analytic pinned host memory (295.48 GiB) beside the answer's
     simulated 281.63 GiB, and the JSON rows' unprefixed peak_gpu_bytes / host_bytes_per_node were analytic while

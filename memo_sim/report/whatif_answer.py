@@ -381,8 +381,11 @@ def framework_line(framework: str, best, memo_best, plain_recipe: str = "") -> s
     kept = (f" (with {framework}'s model states, {recipe.summary}; without --framework memo prices {plain_recipe}'s)"
             if recipe is not None and plain_recipe and recipe.name != plain_recipe else "")
     extra = mtp_extra(framework, best, memo_best)
+    # memo's side runs its own executor's kernels and mechanisms (`any`): below 1x they are the slower stack here
+    slower = (f"; memo's own stack (its executor's kernels and mechanisms) is the slower one here: train "
+              f"{framework}'s plan" if best and memo_best and round(memo_best.tgs / best.tgs, 2) < 1.0 else "")
     return f"{framework}'s best: {mine}; memo's best{kept}: {theirs}{ratio}" + (
-        f"; the ratio includes the {extra}" if extra else "")
+        f"; the ratio includes the {extra}" if extra else "") + slower
 
 
 def fold_notes(cands) -> list[tuple[str, str, list[str]]]:
