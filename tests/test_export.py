@@ -819,13 +819,16 @@ def test_export_given_format_names_the_option_that_takes_the_framework(tmp_path)
     assert r.exit_code == 2 and len(lines) == 1 and "export names its framework with --to" in lines[0], r.output
 
 
-def test_a_mixture_of_experts_in_fp8_rowwise_is_exported_to_torchtitan_in_bf16_named():
-    """torchtitan's Float8 converts linear layers only: a MoE plan priced in fp8-rowwise (memo's own search offers it)
-    was written with Float8LinearConverter and its experts left bf16, silently (a review): the export writes bf16
-    GEMMs and names why."""
-    plan = replace(_plan("qwen3-30b-a3b", Layout(dp=16, zero=3, dp_mode="fsdp", ep=8), ("full_recompute",), seq=8192),
+def test_a_mixture_of_experts_in_fp8_rowwise_is_exported_with_torchtitans_grouped_float8_converter():
+    """A MoE plan in fp8-rowwise: every Linear but the head and the routers' gates, and the grouped experts, as
+    torchtitan's deepseek_v3_671b_float8 writes them (Float8GroupedExpertsConverter)."""
+    plan = replace(_plan("qwen3-30b-a3b", Layout(dp=16, zero=3, dp_mode="fsdp", ep=8, kernel_fusion="compiled"),
+                         ("full_recompute",), seq=8192),
                    model=replace(get_model("qwen3-30b-a3b"), gemm_format="fp8-rowwise"), profile="h100-sxm5-80gb")
     ex = export_plan(plan, "torchtitan", price=False, nearest=True)
-    gap = next(g for g in ex.gaps if g.what.startswith("fp8-rowwise GEMMs"))
-    assert "grouped experts would stay in bf16" in gap.nearest and gap.change.gemm_format == "bf16"
-    assert "Float8" not in ex.files["memo_torchtitan.py"]
+    src = ex.files["memo_torchtitan.py"]
+    assert not any("fp8" in g.what or "Float8" in g.what for g in ex.gaps), [g.what for g in ex.gaps]
+    assert ("converters=[Float8LinearConverter.Config(recipe_name='rowwise', filter_fqns=['lm_head', 'router.gate'], "
+            "model_compile_enabled=True), Float8GroupedExpertsConverter.Config(model_compile_enabled=True)]") in src
+    assert "from torchtitan.components.quantization.float8 import Float8LinearConverter, " \
+           "Float8GroupedExpertsConverter" in src

@@ -184,8 +184,19 @@ class Float8LinearConverter:  # components/quantization/float8.py (llama3_405b's
         model.quantised |= {f for f in model.linears() if not any(t in f for t in c.filter_fqns)}
 
 
+class Float8GroupedExpertsConverter:  # components/quantization/float8.py (deepseek_v3_671b_float8's)
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        model_compile_enabled: bool = False
+
+    @staticmethod
+    def convert(c, model: Model) -> None:
+        model.experts_quantised, model.pad_multiple = True, 16  # Float8GroupedExpertsConverter.PAD_MULTIPLE
+
+
 _OWNER = {MXFP8LinearConverter.Config: MXFP8LinearConverter, MXFP8GroupedExpertsConverter.Config:
-          MXFP8GroupedExpertsConverter, Float8LinearConverter.Config: Float8LinearConverter}
+          MXFP8GroupedExpertsConverter, Float8LinearConverter.Config: Float8LinearConverter,
+          Float8GroupedExpertsConverter.Config: Float8GroupedExpertsConverter}
 
 # (module, flavour): layers, the rotary table's length, attention Linears, experts (0: dense), shared expert, dense
 # layers first: torchtitan/models/<module>/__init__.py at b5bcd76c
@@ -258,7 +269,8 @@ def titan(monkeypatch):
     mod("torchtitan.distributed.activation_checkpoint", FullAC=FullAC, SelectiveAC=SelectiveAC)
     mod("torchtitan.components.quantization.mx", MXFP8LinearConverter=MXFP8LinearConverter,
         MXFP8GroupedExpertsConverter=MXFP8GroupedExpertsConverter)
-    mod("torchtitan.components.quantization.float8", Float8LinearConverter=Float8LinearConverter)
+    mod("torchtitan.components.quantization.float8", Float8LinearConverter=Float8LinearConverter,
+        Float8GroupedExpertsConverter=Float8GroupedExpertsConverter)
     for module, functions in SHIPPED.items():
         mod(f"torchtitan.models.{module}", model_registry=_registry(module))
         mod(f"torchtitan.models.{module}.config_registry", **functions)
@@ -444,18 +456,21 @@ def test_mxfp8_converts_the_layer_gemms_only(titan, tmp_path, which):
     _start(cfg, plan.gpus)
 
 
-@pytest.mark.parametrize("which", ["llama-3.1-405b", "llama-3.1-8b", "qwen3-32b"])
+@pytest.mark.parametrize("which", ["llama-3.1-405b", "llama-3.1-8b", "qwen3-32b", "deepseek-v3", "qwen3-30b-a3b"])
 def test_float8_rowwise_converts_every_linear_but_the_head_as_llama3_405b_does(titan, which):
     """Float8's rowwise recipe (torchtitan's default at b5bcd76c, llama3_405b's converter): every Linear.Config but
-    lm_head, which memo prices in bf16 (float8.py filter_fqns), the blocks compiled; the shipped 405B configuration's
-    own converter is replaced by the same one, not stacked on it."""
-    lay = Layout(tp=8, sp=True, dp=8, zero=3, dp_mode="fsdp", kernel_fusion="compiled")
+    lm_head (and a MoE's routers' gates), which memo prices in bf16 (float8.py filter_fqns), a MoE's grouped experts
+    through Float8GroupedExpertsConverter (deepseek_v3_671b_float8's), the blocks compiled; the shipped 405B
+    configuration's own converter is replaced by the same one, not stacked on it."""
+    lay = (Layout(tp=2, sp=True, dp=32, zero=3, ep=8, kernel_fusion="compiled") if which in ("deepseek-v3",
+           "qwen3-30b-a3b") else Layout(tp=8, sp=True, dp=8, zero=3, dp_mode="fsdp", kernel_fusion="compiled"))
     plan = _plan(replace(get_model(which), gemm_format="fp8-rowwise"), lay, profile="h100-sxm5-80gb")
     ex, src = _exported(plan)
     assert not any("fp8" in g.what for g in ex.gaps), [g.what for g in ex.gaps]
     cfg = titan(src)
     model = cfg.model_spec.model
-    assert model.quantised == set(model.linears()) - {"lm_head"} and model.quantised == _layer_gemms(model)
+    assert model.quantised == _layer_gemms(model), sorted(model.quantised ^ _layer_gemms(model))[:6]
+    assert "lm_head" not in model.quantised and model.experts_quantised == plan.model.moe
     assert cfg.compile.enable and "model" in cfg.compile.components
     _start(cfg, plan.gpus)
 

@@ -47,11 +47,6 @@ def _provenance_word(p) -> str:
     return (p.provenance or {}).get("method") or "unknown"
 
 
-def format_words(f) -> str:
-    """A framework's GEMM formats, those it converts for dense models only so marked."""
-    return ", ".join(g + (" (dense models only)" if g in f.dense_only_formats else "") for g in f.gemm_formats)
-
-
 @click.command()
 def models():
     """List the model presets (a Hugging Face config.json of a dense decoder or of a mixture of experts of the
@@ -88,8 +83,7 @@ def frameworks(name, as_json):
     if as_json:
         click.echo(json.dumps({n: {"summary": f.summary, "policies": list(f.policies), "mechanisms": dict(f.mechanisms),
                                    "layouts": framework_layouts(f),
-                                   "precision": {"recipes": dict(f.recipes), "gemm_formats": list(f.gemm_formats),
-                                                 "dense_only_formats": list(f.dense_only_formats)},
+                                   "precision": {"recipes": dict(f.recipes), "gemm_formats": list(f.gemm_formats)},
                                    "not_modelled": list(f.not_modelled), "sources": list(f.sources), "file": f.path}
                                for n, f in fws.items()}, indent=1))
         return
@@ -97,7 +91,7 @@ def frameworks(name, as_json):
         click.echo("\n".join(framework_lines(fws[name])))
         return
     rows = [[n, ", ".join(f.policies), ", ".join(f"{k}={v}" for k, v in f.mechanisms),
-             ", ".join(f"{d}: {r}" for d, r in f.recipes) + ("; " if f.recipes else "") + format_words(f),
+             ", ".join(f"{d}: {r}" for d, r in f.recipes) + ("; " if f.recipes else "") + ", ".join(f.gemm_formats),
              "; ".join(f.not_modelled) or "-"] for n, f in fws.items()]
     click.echo(render_table(["name", "policies", "mechanisms", "precision (recipes; GEMM formats)", "not modelled"],
                             rows))
@@ -131,7 +125,7 @@ def framework_lines(f) -> list[str]:
            f"uneven stages {yes(f.uneven_stages)}, optimizer offload {offload}; experts: {experts}",
            "  mechanisms: " + ", ".join(f"{k}={v}" for k, v in f.mechanisms),
            "  precision: " + ", ".join(f"{d}: {r}" for d, r in f.recipes) + ("; " if f.recipes else "")
-           + "GEMM formats " + format_words(f)]
+           + "GEMM formats " + ", ".join(f.gemm_formats)]
     out += ["  not modelled:"] + [f"  - {x}" for x in f.not_modelled or ("-",)]
     out += ["  sources:"] + [f"  - {x}" for x in f.sources] + [f"  file: {f.path}"]
     return out

@@ -104,7 +104,7 @@ def best_runnable(plan: Plan, framework: str, jobs: int = 1, progress=None) -> t
     from memo_sim.search.request import WhatifRequest, answer_whatif  # noqa: PLC0415
 
     model = plan.model
-    if not get_framework(framework).offers_gemm_format(model):
+    if model.gemm_format not in get_framework(framework).gemm_formats:
         model = dataclasses.replace(model, gemm_format="bf16")
     balance = {"moe_balance": plan.layout.moe_balance} if model.moe else {}
     ans = answer_whatif(WhatifRequest(model=model, seq=plan.seq_tokens, gpus=plan.gpus,
@@ -257,12 +257,10 @@ def gemm_format_gap(plan: Plan, framework: str) -> list[Gap]:
     from memo_sim.search.frameworks import get_framework  # noqa: PLC0415
 
     fmt, fw = plan.model.gemm_format, get_framework(framework)
-    if fw.offers_gemm_format(plan.model):
+    if fmt in fw.gemm_formats:
         return []
-    why = (f"{fw.name} converts linear layers only to {fmt}: a mixture of experts' grouped experts would stay in "
-           f"{plan.model.dtype}" if fmt in fw.gemm_formats else f"{fw.name} offers {', '.join(fw.gemm_formats)}")
-    return [Gap(f"{fmt} GEMMs ({plan.model.gemm.summary})", f"{plan.model.dtype} GEMMs ({why})",
-                PlanChange(gemm_format="bf16"))]
+    return [Gap(f"{fmt} GEMMs ({plan.model.gemm.summary})", f"{plan.model.dtype} GEMMs ({fw.name} offers "
+                f"{', '.join(fw.gemm_formats)})", PlanChange(gemm_format="bf16"))]
 
 
 def rotary_gaps(m, why: str, partial: bool = True) -> list[Gap]:

@@ -98,7 +98,8 @@ MXFP8_PAD = 128
 # each quantised GEMM format torchtitan runs: (the torchtitan/components/quantization module, its linear converters,
 # the converters it adds for a MoE's grouped experts, its name in the export's words)
 CONVERTERS = {"mxfp8": ("mx", ("MXFP8LinearConverter",), ("MXFP8GroupedExpertsConverter",), "MXFP8"),
-              "fp8-rowwise": ("float8", ("Float8LinearConverter",), (), "Float8 rowwise")}
+              "fp8-rowwise": ("float8", ("Float8LinearConverter",), ("Float8GroupedExpertsConverter",),
+                              "Float8 rowwise")}
 SCHEDULES = {"1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}
 _RUNS = {"store_all": "config.activation_checkpoint = None", "full_recompute": "config.activation_checkpoint = "
          "FullAC.Config()", "op_sac": "config.activation_checkpoint = SelectiveAC.Config()"}
@@ -275,7 +276,7 @@ def gaps(plan: Plan) -> list[Gap]:
                        "(torchtitan at this version has no expert tensor parallelism)", PlanChange(layout={"etp": 1})))
     # a quantised format on a model that is not a shipped one: its GEMMs run in bf16 in what is written, priced so
     fmt = plan.model.gemm_format
-    if fmt in CONVERTERS and _base(plan)[1] is not None and _offered(plan.model):
+    if fmt in CONVERTERS and _base(plan)[1] is not None:
         out.append(Gap(f"{fmt} GEMMs", f"bf16 GEMMs ({fmt} not written: pass "
                        + " and ".join(_converter_configs(plan.model))
                        + f" (torchtitan/components/quantization/{CONVERTERS[fmt][0]}.py) in the converters of the "
@@ -328,15 +329,7 @@ def _writes_quantised(plan: Plan, model) -> bool:
     """Whether the exported configuration sets torchtitan's converters of a quantised GEMM format (`CONVERTERS`):
     ``model`` (the plan's model as written) in one and the model one torchtitan ships (a stand-in's GEMMs are bf16,
     a gap says so)."""
-    return model.gemm_format in CONVERTERS and _base(plan)[1] is None and _offered(model)
-
-
-def _offered(model) -> bool:
-    """Whether torchtitan trains ``model`` in its GEMM format (`memo_sim.frameworks.Framework.offers_gemm_format`:
-    Float8 rowwise not for a mixture of experts, whose grouped experts it would leave bf16)."""
-    from memo_sim.search.frameworks import get_framework  # noqa: PLC0415
-
-    return get_framework(FRAMEWORK).offers_gemm_format(model)
+    return model.gemm_format in CONVERTERS and _base(plan)[1] is None
 
 
 def _mxfp8_fqns(model) -> list[str]:
@@ -347,14 +340,16 @@ def _mxfp8_fqns(model) -> list[str]:
 
 def _converter_configs(model) -> list[str]:
     """The converters' Configs of ``model``'s GEMM format, each with its blocks compiled: MXFP8 on the GEMMs memo
-    prices in it (not the head, not the routers: `MXFP8_FQNS`), Float8's rowwise recipe (its default) on every
-    Linear but the output head, as llama3_405b's configuration filters it (a MoE in it is refused: its experts would
-    stay bf16, `memo_sim.frameworks` dense_only_formats)."""
+    prices in it (not the head, not the routers: `MXFP8_FQNS`); Float8's rowwise recipe (its default) on every
+    Linear but the output head and the routers' gates, as llama3_405b's and deepseek_v3_671b_float8's
+    configurations filter them, with a MoE's grouped experts through Float8GroupedExpertsConverter."""
     if model.gemm_format == "mxfp8":
         return ([f"MXFP8LinearConverter.Config(fqns={_mxfp8_fqns(model)!r}, model_compile_enabled=True)"]
                 + ([f"MXFP8GroupedExpertsConverter.Config(model_compile_enabled=True, pad_multiple={MXFP8_PAD})"]
                    if model.moe else []))
-    return ["Float8LinearConverter.Config(recipe_name='rowwise', filter_fqns=['lm_head'], model_compile_enabled=True)"]
+    skip = ["lm_head", "router.gate"] if model.moe else ["lm_head"]
+    return ([f"Float8LinearConverter.Config(recipe_name='rowwise', filter_fqns={skip!r}, model_compile_enabled=True)"]
+            + (["Float8GroupedExpertsConverter.Config(model_compile_enabled=True)"] if model.moe else []))
 
 
 def _compile_lines(base: str, compiled: bool, async_tp: bool) -> list[str]:

@@ -165,16 +165,6 @@ class _PrecisionIn(BaseModel):
     gemm_formats: tuple[Literal[GEMM_FORMATS], ...] = Field(("bf16",), min_length=1)
     fp8_saved_inputs: bool = Field(False, strict=True)  # FP8 GEMM inputs kept for backward as FP8 copies
     fp8_sp_gathers: bool = Field(False, strict=True)  # FP8 GEMM inputs all-gathered (SP) as FP8 copies
-    # formats its converters apply to linear layers only, a mixture of experts' grouped experts staying in the model
-    # dtype, which memo does not price (one format for every layer GEMM): a MoE model in one is refused
-    dense_only_formats: tuple[Literal[GEMM_FORMATS], ...] = ()
-
-    @model_validator(mode="after")
-    def _offered(self):
-        extra = [f for f in self.dense_only_formats if f not in self.gemm_formats]
-        if extra:
-            raise ValueError(f"dense_only_formats names {', '.join(extra)}, which gemm_formats does not offer")
-        return self
 
 
 class _FrameworkIn(BaseModel):
@@ -219,7 +209,6 @@ class Framework:
     gemm_formats: tuple[str, ...] = ("bf16",)  # the GEMM formats it offers
     fp8_saved_inputs: bool = False  # under FP8 it keeps the GEMM inputs for backward as FP8 copies
     fp8_sp_gathers: bool = False  # under FP8 its sequence-parallel all-gathers carry the GEMM inputs' FP8 copies
-    dense_only_formats: tuple[str, ...] = ()  # GEMM formats it offers for dense models only (`_PrecisionIn`)
     optimizer_offload: bool = False  # it can keep the optimizer's states and step on the host
     optimizer_offload_zero: tuple[int, ...] | None = None  # ... beside these ZeRO stages only (None: all it offers)
     uneven_stages: bool = False  # it can give the first / last pipeline stages their own layer counts
@@ -243,12 +232,6 @@ class Framework:
         if model.gemm_format not in self.gemm_formats:
             raise MemoError(f"--precision {model.gemm_format}: {self.name} does not offer {model.gemm_format} GEMMs "
                             f"(it offers {', '.join(self.gemm_formats)}); fix: drop it or choose another --framework")
-        if not self.offers_gemm_format(model):
-            others = [f for f in self.gemm_formats if f not in self.dense_only_formats]
-            raise MemoError(f"--precision {model.gemm_format}: {self.name} converts linear layers only to it, a "
-                            f"mixture of experts' grouped experts stay in {model.dtype}, which memo does not price; "
-                            f"fix: --precision {' or '.join(others)} (each where the profile has its tensor cores), "
-                            f"or another --framework")
         if model.gemm.quantised and (model.fp8_saved_inputs, model.fp8_sp_gathers) != (self.fp8_saved_inputs,
                                                                                      self.fp8_sp_gathers):
             model = replace(model, fp8_saved_inputs=self.fp8_saved_inputs, fp8_sp_gathers=self.fp8_sp_gathers)
@@ -266,12 +249,6 @@ class Framework:
         if model.precision is not None or recipe is None:
             return model
         return replace(model, precision=recipe)
-
-    def offers_gemm_format(self, model: ModelConfig) -> bool:
-        """Whether it trains ``model`` in its GEMM format: one it offers, and for a mixture of experts not one of its
-        ``dense_only_formats`` (its converters would leave the grouped experts in the model dtype)."""
-        return model.gemm_format in self.gemm_formats and not (model.moe and model.gemm_format in
-                                                                self.dense_only_formats)
 
     def mechanism(self, name: str):
         return dict(self.mechanisms)[name]
@@ -375,7 +352,6 @@ def _read(path: Path) -> Framework:
                      embedding_loss_slots=lay.uneven_stages if lay.embedding_loss_slots is None
                      else lay.embedding_loss_slots,
                      fp8_saved_inputs=f.precision.fp8_saved_inputs, fp8_sp_gathers=f.precision.fp8_sp_gathers,
-                     dense_only_formats=f.precision.dense_only_formats,
                      dp_modes=lay.dp_modes, chunked_attention=f.chunked_attention, shards_over_cp=lay.shards_over_cp,
                      multi_token_prediction=lay.multi_token_prediction,
                      experts=None if lay.experts is None else (lay.experts.expert_parallel,
