@@ -68,7 +68,8 @@ def test_the_review_peak_is_the_last_layers_recompute_as_the_terms_say(review):
     assert live["kept input of 32 layers"] == pytest.approx(terms["kept activations"], rel=1e-9)
     assert "None" not in text
     assert "GPU 0 peaks at 106.40 s during layer 31's recompute (op ln1, as it starts)" in text
-    assert re.search(r"live then: .* = 77\.22 GiB", text)
+    # 77.22 GiB before ZeRO 3's gathered output head (128,256 x 4,096 / tp 4 in bf16: 0.24 GiB) was counted
+    assert re.search(r"live then: .* = 77\.46 GiB", text)
     assert "the layer side of the terms' max above (layer transients + boundary 23.91 GiB >= classifier " \
            "12.45 GiB)" in text
 

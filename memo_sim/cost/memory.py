@@ -39,9 +39,9 @@ def loss_tokens(layout: Layout, batch: int, seq: int, chunk_tokens: int = CLASSI
 
 
 def model_state_parts(model: ModelConfig, layout: Layout, experts_only: bool = False) -> dict[str, float]:
-    """Model-state bytes on one GPU by part: weights, grads, master weights + optimizer, and
-    ZeRO-3's two gathered layers; ``experts_only``: the routed experts' share of each part (they are
-    split and sharded over other groups than the dense parameters, so each part has its own share)."""
+    """Model-state bytes on one GPU by part: weights, grads, master weights + optimizer, and ZeRO-3's two gathered
+    layers and gathered output head; ``experts_only``: the routed experts' share of each part (they are split and
+    sharded over other groups than the dense parameters, so each part has its own share)."""
     r = model.recipe
     g = model_gpu_params(model, layout)  # dense and routed-expert parts (`memo_sim.cost.param_split`)
     lay = layer_gpu_params(model, layout)
@@ -61,6 +61,11 @@ def model_state_parts(model: ModelConfig, layout: Layout, experts_only: bool = F
             # ZeRO-3 / FSDP: the layers whose whole weights a GPU holds at its peak (`memo_sim.dp`: two, or every
             # layer when FSDP keeps them from forward to backward)
             "gathered_layers": gathered * r.weight_bytes * layer if z >= 3 else 0.0,
+            # ZeRO-3 / FSDP: the output head gathered whole for the classifier's forward and backward (its vocab share
+            # under TP; the tied embedding where it is the head), as the layers' gathers are counted (a review:
+            # torchtitan's [norm, output] unit kept gathered through the loss)
+            "gathered_head": r.weight_bytes * model.vocab * model.hidden / layout.tp if z >= 3 and not experts_only
+            else 0.0,
             # a quantised GEMM format's weight copies: every layer's, or only the gathered ones under ZeRO-3
             "quantised_weights": weight_cache_bytes(model, gathered if z >= 3 else model.layers + model.mtp_layers,
                                                     layout, experts_only)}
