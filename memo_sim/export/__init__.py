@@ -35,7 +35,11 @@ def export_plan(plan: Plan, to: str, price: bool = True, nearest: bool = False, 
     if on_search is not None:
         on_search(module.FRAMEWORK)
     try:
-        alt, summary = best_runnable(plan, module.FRAMEWORK, jobs=jobs, progress=progress)
+        # a GEMM format the exporter cannot write for this model (torchtitan's converters on a model it does not
+        # ship) is searched without, so that the plan written is the one priced
+        writes = getattr(module, "writes_gemm_format", None)
+        alt, summary = best_runnable(plan, module.FRAMEWORK, jobs=jobs, progress=progress,
+                                     keep_format=writes is None or writes(plan))
     except MemoError as e:  # the framework's search itself refused: the nearest settings, as with --nearest
         ex.gaps.append(Gap(f"a plan {module.FRAMEWORK} runs", f"the what-if constrained to --framework "
                            f"{module.FRAMEWORK} refused ({str(e).splitlines()[0]}): the nearest settings are written"))

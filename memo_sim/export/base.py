@@ -79,7 +79,10 @@ def instead_lines(i: dict, framework: str) -> list[str]:
            f"memo predicts {framework}{version} runs, {i['label']}: {fmt_time(i['iteration_s'])}/iteration, "
            f"peak {i['peak_gpu_bytes'] / 2**30:.2f} GiB ({i['source']})."]
     if i.get("gemm_format_dropped"):
-        out.append(f"Its layer GEMMs run in bf16: {framework} does not offer memo's plan's {i['gemm_format_dropped']}.")
+        why = ("the export writes its converters only on a model it ships" if i.get("gemm_format_written") is False
+               else "it does not offer it")
+        out.append(f"Its layer GEMMs run in bf16: memo's plan's {i['gemm_format_dropped']} is not written for "
+                   f"{framework} ({why}).")
     if i.get("mtp_dropped"):
         modules = modules_words(i["mtp_dropped"], "multi-token-prediction")
         out.append(f"It trains the model without its {modules} ({framework} does not train them "
@@ -93,18 +96,20 @@ def instead_lines(i: dict, framework: str) -> list[str]:
     return out
 
 
-def best_runnable(plan: Plan, framework: str, jobs: int = 1, progress=None) -> tuple[Plan | None, dict | None]:
+def best_runnable(plan: Plan, framework: str, jobs: int = 1, progress=None,
+                  keep_format: bool = True) -> tuple[Plan | None, dict | None]:
     """The best plan memo predicts the framework version runs for the plan's model, sequence, GPUs,
     profile, global batch and, for a mixture of experts, the routed tokens' balance (a property of the
     job's router, not of the framework: `memo_sim.layout.moe_balance`), the what-if constrained to the
     framework, and its summary; (None, None) when nothing the framework offers fits. A GEMM format the
-    framework lacks is searched as bf16 (the summary's ``gemm_format_dropped`` says so)."""
+    framework lacks, or the exporter cannot write for the model (``keep_format`` False), is searched as bf16 (the
+    summary's ``gemm_format_dropped`` says so)."""
     from memo_sim.profile.loader import load_profile  # noqa: PLC0415
     from memo_sim.search.frameworks import get_framework  # noqa: PLC0415
     from memo_sim.search.request import WhatifRequest, answer_whatif  # noqa: PLC0415
 
     model = plan.model
-    if model.gemm_format not in get_framework(framework).gemm_formats:
+    if model.gemm_format not in get_framework(framework).gemm_formats or not keep_format:
         model = dataclasses.replace(model, gemm_format="bf16")
     balance = {"moe_balance": plan.layout.moe_balance} if model.moe else {}
     ans = answer_whatif(WhatifRequest(model=model, seq=plan.seq_tokens, gpus=plan.gpus,
@@ -121,6 +126,7 @@ def best_runnable(plan: Plan, framework: str, jobs: int = 1, progress=None) -> t
                  "plan_label": f"{plan.layout.label()} {plan.policy.label()}",
                  "plan_iteration_s": plan.predicted.iteration_s,
                  "gemm_format_dropped": plan.model.gemm_format if model.gemm_format != plan.model.gemm_format else None,
+                 "gemm_format_written": keep_format,  # False: offered, but not written for this model
                  "mtp_dropped": plan.model.mtp_layers - alt.model.mtp_layers or None}
 
 

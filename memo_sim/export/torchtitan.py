@@ -325,6 +325,13 @@ def _ep_borrow_gap(plan: Plan) -> list[Gap]:
                 PlanChange(layout={"zero": 3, "dp_mode": "fsdp", "reshard_after_forward": False}))]
 
 
+def writes_gemm_format(plan: Plan) -> bool:
+    """Whether the export writes the plan's GEMM format: the model dtype, or a quantised format's converters on a model
+    torchtitan ships (a stand-in's GEMMs are written in bf16: `memo_sim.export.export_plan` then searches
+    torchtitan's best plan without the format)."""
+    return plan.model.gemm_format not in CONVERTERS or _base(plan)[1] is None
+
+
 def _writes_quantised(plan: Plan, model) -> bool:
     """Whether the exported configuration sets torchtitan's converters of a quantised GEMM format (`CONVERTERS`):
     ``model`` (the plan's model as written) in one and the model one torchtitan ships (a stand-in's GEMMs are bf16,
