@@ -118,6 +118,8 @@ REFUSED = {
     "op_sac": (1, ["--layers", "4", "--policy", "op_sac", "--framework", "torchtitan"], "policy 'op_sac'"),
     "recompute_mlp": (1, ["--layers", "4", "--policy", "recompute_mlp", "--framework", "megatron"],
                       "policy 'recompute_mlp'"),
+    "fp8-rowwise": (1, ["--layers", "4", "--policy", "store_all", "--profile", "h100-sxm5-80gb", "--precision",
+                        "fp8-rowwise"], "gemm_format fp8-rowwise"),
     # multi-token-prediction modules: the executor builds them with Megatron TP only (SPPO with modules: the what-if
     # itself refuses to plan it)
     "mtp-metp_ffn": (2, ["--layers", "4", "--tp", "2", "--tp-mode", "metp_ffn", *MEMO, "--mtp-layers", "1"],
