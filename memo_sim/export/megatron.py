@@ -227,19 +227,6 @@ def _words(val: str | tuple[str, ...] | None) -> str:
 ATTENTION_BACKENDS = {"cudnn": "fused", "flash": "flash", "materialised": "unfused"}
 
 
-def priced_kernel(plan: Plan, kernel: str) -> str:
-    """The attention kernel ``kernel`` is priced as on the plan's profile (cuDNN as FlashAttention where the profile
-    has no cuDNN curves: `memo_sim.profile.schema.Efficiency.priced_attention_kernel`); ``kernel`` itself where the
-    profile does not load here."""
-    from memo_sim.errors import MemoError  # noqa: PLC0415
-    from memo_sim.profile.loader import load_profile  # noqa: PLC0415
-
-    try:
-        return load_profile(plan.profile).efficiency.priced_attention_kernel(kernel)
-    except MemoError:
-        return kernel
-
-
 def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | tuple[str, ...] | None]]:
     """(option, value: one word, a tuple of words for a list option, or None for a flag) in the order a
     reader looks for them."""
@@ -273,7 +260,7 @@ def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | tuple[str
     if m.attention_sinks:  # one learned logit per head in each softmax (GPT-OSS)
         args.append(("--softmax-type", "learnable"))
     args += _window_pattern(m)
-    kernel = priced_kernel(plan, lay.attention)
+    kernel = plan.priced_attention_kernel(lay.attention)  # cuDNN as FlashAttention where the profile prices it so
     if kernel in ATTENTION_BACKENDS:
         args.append(("--attention-backend", ATTENTION_BACKENDS[kernel]))
     if m.mtp_layers:  # on the last pipeline stage without a layout, as memo prices them (a layout writes them: 'm')

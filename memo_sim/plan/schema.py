@@ -86,18 +86,20 @@ class Plan:
         """Micro-batches per iteration (gradient accumulation steps)."""
         return self.batch // self.micro_batch
 
-    def priced_attention_kernel(self) -> str:
+    def priced_attention_kernel(self, kernel: str | None = None) -> str:
         """The attention kernel whose curves priced this plan (`memo_sim.model.layer_graph.ATTENTION_KERNELS`):
-        the layout's (`attention_kernel`), with ``cudnn`` priced as ``flash`` where the plan's profile has no cuDNN
-        curves (`memo_sim.profile.schema.Efficiency.priced_attention_kernel`). The executor's ``auto`` backend runs
+        the layout's (`attention_kernel`; ``kernel``: another of its kernels, an export's layout's), with ``cudnn``
+        priced as ``flash`` where the plan's profile has no cuDNN curves
+        (`memo_sim.profile.schema.Efficiency.priced_attention_kernel`). The executor's ``auto`` backend runs
         this kernel first where the device has it. A profile that does not load here (a file written on
-        another machine) leaves the layout's kernel."""
+        another machine) leaves the kernel as it is."""
         from memo_sim.profile.loader import load_profile  # noqa: PLC0415 - only plans that ask read a profile
 
+        kernel = self.attention_kernel if kernel is None else kernel
         try:
-            return load_profile(self.profile).efficiency.priced_attention_kernel(self.attention_kernel)
+            return load_profile(self.profile).efficiency.priced_attention_kernel(kernel)
         except MemoError:
-            return self.attention_kernel
+            return kernel
 
     @property
     def attention_kernel(self) -> str:

@@ -215,10 +215,16 @@ def precision_line(v: WhatIfView) -> str:
     if b is None:
         return words + f"; with {fmt} nothing fits"
     ratio = b.tgs / o.tgs
-    if round(ratio, 2) < 1.0:  # slower by at least the ratio's last printed digit: the bf16 plan is the one to train
+    if slower_as_printed(ratio):  # the bf16 plan is the one to train
         return (words + f"; {fmt} is SLOWER here: {ratio:.2f}x that plan's throughput; drop {fmt} from --precision "
                 f"to train it")
     return words + f"; {fmt} gives {ratio:.2f}x its throughput"
+
+
+def slower_as_printed(ratio: float) -> bool:
+    """A throughput ratio below 1 by at least its last printed digit (``{ratio:.2f}``): a tie as printed is no
+    "slower"."""
+    return round(ratio, 2) < 1.0
 
 
 def trained_model(model, framework: str):
@@ -383,7 +389,7 @@ def framework_line(framework: str, best, memo_best, plain_recipe: str = "") -> s
     extra = mtp_extra(framework, best, memo_best)
     # memo's side runs its own executor's kernels and mechanisms (`any`): below 1x they are the slower stack here
     slower = (f"; memo's own stack (its executor's kernels and mechanisms) is the slower one here: train "
-              f"{framework}'s plan" if best and memo_best and round(memo_best.tgs / best.tgs, 2) < 1.0 else "")
+              f"{framework}'s plan" if best and memo_best and slower_as_printed(memo_best.tgs / best.tgs) else "")
     return f"{framework}'s best: {mine}; memo's best{kept}: {theirs}{ratio}" + (
         f"; the ratio includes the {extra}" if extra else "") + slower
 
