@@ -120,6 +120,7 @@ class MaxLenResult:
     longest: int | None = None  # memo's longest length (a multiple of STEP), None: not even STEP
     binding: str = ""
     peak_gib: float | None = None  # memo's analytic peak at the stated maximum
+    states_gib: float | None = None  # its model states there
     status_at_max: str = ""
     wall_s: float = 0.0
 
@@ -176,6 +177,7 @@ def predict(run: MaxLenRun) -> MaxLenResult:
                                    framework=run.framework, **fixed).candidates
             c = min(cands, key=lambda c: (c.status != "OK", c.memory.peak_gpu_bytes))
             res.peak_gib, res.status_at_max = c.memory.peak_gpu_bytes / GiB, c.status
+            res.states_gib = c.memory.model_states_bytes / GiB
         except MemoError as e:
             res.status_at_max = str(e)
     res.wall_s = time.perf_counter() - t0
@@ -225,7 +227,8 @@ def report_lines(results: list[MaxLenResult]) -> list[str]:
                      f"{stated} | {longest} | {_k(r.on_grid) if run.max_tokens else ''} | {err} | {memory} |")
     lines += ["", f"- FPDT rows, what the table does not state and memo's choice: {_FPDT_CHOICES}."]
     lines += ["", "Where memo and a stated maximum part (the mechanism, or what is not pinned down):", ""]
-    lines += [f"- {rid}: {why}" for rid, why in MAXLEN_OUTLIERS if any(r.run.id == rid and r.error for r in results)]
+    lines += [f"- {rid}: {why}" for rid, why in maxlen_outliers(results) if any(r.run.id == rid and r.error
+                                                                                   for r in results)]
     lines += ["", "Maximum-length statements left out:", ""]
     lines += [f"- {what}: {why}." for what, why in LEFT_OUT]
     lines += ["", "Sources:", ""] + [f"- {s}." for s in dict.fromkeys(r.run.source for r in results)]
@@ -234,17 +237,35 @@ def report_lines(results: list[MaxLenResult]) -> list[str]:
 
 _ZERO_FLAT = ("the table's memory barely moves with the ZeRO stage (58.9, 54.5 and 52.3G at ZeRO-1, 2 and 3 without "
               "checkpointing at 64K; 65.5, 65.5 and 60.1G with offloaded checkpoints at 512K), while in memo sharding the "
-              "gradients (ZeRO-2) and then the weights (ZeRO-3) over the 8 ranks frees 13 and 17 GiB of the 41 GiB of "
-              "model states ZeRO-1 keeps (bf16 weights and gradients whole, the fp32 Adam states over 8 ranks, as "
-              "DeepSpeed's stage-1 optimizer holds them); memo's peak at the stated length exceeds the table's by "
-              "{mem} here, less at ZeRO-3 (fpdt-t6 +7%, fpdt-t9 +21%, where memo reaches the stated length). Not pinned "
-              "down: the table states neither how it measured 'HBM.' (allocated or reserved, at which moment) nor the "
-              "run's micro-batch, precision or gradient settings")
-MAXLEN_OUTLIERS = (
-    ("fpdt-t4-ul-z1", _ZERO_FLAT.format(mem="38% (81 GiB: out of memory at 64K)")),
-    ("fpdt-t7-ul-z1-ac-oc", _ZERO_FLAT.format(mem="50% (98 GiB: out of memory at 512K)")),
-    ("fpdt-t8-ul-z2-ac-oc", _ZERO_FLAT.format(mem="30% (85 GiB: out of memory at 512K)")),
-)
+              "gradients (ZeRO-2) and then the weights (ZeRO-3) over the 8 ranks takes the model states from {z1:.1f} "
+              "GiB (ZeRO-1: bf16 weights and gradients whole, the fp32 Adam states over 8 ranks, as DeepSpeed's "
+              "stage-1 optimizer holds them) to {z2:.1f} and {z3:.1f} GiB (each with the whole gradients of a layer "
+              "and of the head before their reduce-scatter; ZeRO-3 with its gathered layers and head); memo's peak at "
+              "the stated length exceeds the table's by {mem} here, {z3rows} at ZeRO-3. Not pinned down: the table "
+              "states neither how it measured 'HBM.' (allocated or reserved, at which moment) nor the run's "
+              "micro-batch, precision or gradient settings")
+# the rows whose peak memo puts 30% or more over the table's
+ZERO_FLAT_ROWS = ("fpdt-t4-ul-z1", "fpdt-t7-ul-z1-ac-oc", "fpdt-t8-ul-z2-ac-oc")
+ZERO_STATES = ("fpdt-t7-ul-z1-ac-oc", "fpdt-t8-ul-z2-ac-oc", "fpdt-t9-ul-z3-ac-oc")  # ZeRO 1, 2, 3 at the same length
+ZERO3_ROWS = ("fpdt-t6-ul-z3", "fpdt-t9-ul-z3-ac-oc")
+
+
+def _mem_words(r: MaxLenResult) -> str:
+    """memo's peak at the stated length against the table's, in words (from this run's numbers)."""
+    over = (f": out of memory at {_k(r.run.max_tokens)}" if r.status_at_max != "OK" else "")
+    return f"{100 * r.memory_error:+.0f}% ({r.peak_gib:.0f} GiB{over})"
+
+
+def maxlen_outliers(results: list[MaxLenResult]) -> list[tuple[str, str]]:
+    """(row, why) for the rows whose memory memo puts far over the table's, their numbers from ``results``."""
+    by = {r.run.id: r for r in results}
+    states = [by[rid].states_gib for rid in ZERO_STATES if rid in by]
+    if len(states) < 3 or None in states:
+        return []
+    z3rows = ", ".join(f"{rid.split('-ul')[0]} {_mem_words(by[rid])}" for rid in ZERO3_ROWS
+                       if rid in by and by[rid].memory_error is not None)
+    return [(rid, _ZERO_FLAT.format(z1=states[0], z2=states[1], z3=states[2], mem=_mem_words(by[rid]), z3rows=z3rows))
+            for rid in ZERO_FLAT_ROWS if rid in by and by[rid].memory_error is not None]
 
 
 def main() -> None:

@@ -934,17 +934,46 @@ _PRESSURE_MEASURED = (
     "its reserved peak 0.02% above its allocated one where the run's was 0.26%, so at the three tightest caps memo "
     "predicted a fit where the run failed). A gradual fall like the table's would need an allocation pattern that "
     "changes from step to step (DeepSpeed ZeRO-3's parameter gathers and frees), which this did not measure")
-_XT_MEMORY = (
+_PREDICTED: dict[str, Result] = {}  # this report's results by row, for texts that cite another row's numbers
+
+
+def _peak_words(r: Result) -> str:
+    """memo's peak of the row and its caching-allocator replay, from this run (``peak`` GiB, reserved GB)."""
+    a = dict(r.allocator)
+    reserved = f", {a['peak_reserved_bytes'] / 1e9:.1f} GB reserved at the replay's peak" if a else ""
+    return f"{r.peak_gib:.0f} GiB{reserved}"
+
+
+def _replay_words(r: Result) -> str:
+    """Whether the row's caching-allocator replay reached the GPU's capacity, from this run."""
+    n = int(dict(r.allocator).get("reorganizations", 0))
+    if not n:
+        return "does not reach its capacity (no reorganisation: nothing of memory pressure is priced)"
+    return (f"reaches its capacity {n} time{'s' if n > 1 else ''} (each reorganisation's synchronisation and "
+            "cudaMallocs priced)")
+
+
+def _other_peak(rid: str) -> str:
+    r = _PREDICTED.get(rid)
+    return f"{r.peak_gib:.0f} GiB" if r is not None and r.peak_gib is not None else "(not predicted)"
+
+
+_XT_MEMORY_TEXT = (
     "what changes from the rows memo predicts within 10% is memory. memo puts this run's peak at {peak} of the 78 "
     "usable GiB, HF's fp32 logits and their loss included (the xtuner framework data's torch_fused loss over every "
     "token of the rank) and the K/V heads {extra}; memo's replay of the iteration through the caching allocator "
-    "reaches its capacity once ({where}: one reorganisation, its synchronisation and cudaMallocs priced, well under "
-    "1% of the step). The table's own TFLOP/s fall from 128K to 256K where memory is tight (Yi-34B 191.8 to 145.3; "
-    "Llama-2-70B 189.7 at 128K SP 8 to 127.6 at 256K SP 16) and hold where it is not (Llama-2-7B, 29 GiB in memo: "
+    "{replay}. The table's own TFLOP/s fall from 128K to 256K where memory is tight (Yi-34B 191.8 to 145.3; "
+    "Llama-2-70B 189.7 at 128K SP 8 to 127.6 at 256K SP 16) and hold where it is not (Llama-2-7B, {small} in memo: "
     "180.3 to 176.9), the pattern of memory pressure rather than of the attention kernel, whose share of memo's "
     "layer is {attn}. Not pinned down: the run's memory is not stated, how often the cluster's allocator flushed its "
     "cache is not either, and the interconnect (the 'dgx-a100-selene' variant) and fp32 gradients (the 'megatron "
     "recipe' variant) each move memo by less than 1%" + _PRESSURE_MEASURED)
+
+
+def _xt_memory(extra: str, attn: str) -> Callable[[Result], str]:
+    """An XTuner memory row's text, its peak and replay from the row's own result."""
+    return lambda r: _XT_MEMORY_TEXT.format(peak=_peak_words(r), replay=_replay_words(r), extra=extra, attn=attn,
+                                            small=_other_peak("xtuner-llama2-7b-256k-sp8"))
 OUTLIERS.update({
     "xtuner-llama2-70b-32k-sp4": (
         "memo too slow: the ZeRO-3 collectives it leaves exposed. memo's compute of a micro-batch (forward 6.5 s, "
@@ -956,54 +985,53 @@ OUTLIERS.update({
         "DeepSpeed's 16-bit gradients (its engine's default) memo reduced fp32 gradients here and was +57.7%; the "
         "'megatron recipe' variant beside the row shows it. The row is comm-bound only in memo: the cluster hid "
         "nearly all of it behind the compute"),
-    "xtuner-llama2-7b-1m-sp16": (
+    "xtuner-llama2-7b-1m-sp16": lambda r, _t=(
         "memo too fast; not pinned down. Attention is 94% of memo's layer (2 heads per GPU over the whole 1M-token "
         "sequence; the Ulysses all-to-alls across the 2 nodes of SP 16 are a few percent, and Selene's wider network "
         "makes memo faster still, -15.2%). The Llama-2-7B rows up to 256K (attention 87% of the layer) are within 6%, "
         "so the gap opens with the attention calls' size: 5.6e14 FLOPs per forward call here (256K: 7e13), beyond the "
         "last point of the a100 profile's FlashAttention-2 curves (assumed, flat at 76% forward / 60% backward of the "
-        "peak from 1e14 FLOPs; never calibrated at these lengths). memo's peak is 45 GiB (HF's fp32 logits of 65,536 "
+        "peak from 1e14 FLOPs; never calibrated at these lengths). memo's peak is {peak} (HF's fp32 logits of 65,536 "
         "tokens per GPU included), so memory pressure is "
-        "unlikely. What the run does that memo does not model: XTuner's all-to-all of non-contiguous head slices"),
-    "xtuner-yi-34b-256k-sp8": _XT_MEMORY.format(
-        peak="69 GiB (83.4 GB reserved at the replay's peak)", attn="82% here against 69% at 128K, where memo is "
-        "within 7%", extra="repeated 7-fold before the all-to-all as XTuner does", where="layer 12's q, k, v "
-        "all-to-all buffer"),
-    "xtuner-llama2-70b-128k-sp8": _XT_MEMORY.format(
-        peak="63 GiB (80.9 GB reserved at the replay's peak)", attn="63%",
-        extra="repeated 8-fold before the all-to-all as XTuner does (2.4x the all-to-all bytes of one head per "
-              "rank; on NVLink a few ms a layer)", where="layer 15's q, k, v all-to-all buffer"),
-    "xtuner-llama2-70b-256k-sp16": (
+        "unlikely. What the run does that memo does not model: XTuner's all-to-all of non-contiguous head "
+        "slices"): _t.format(peak=_peak_words(r)),
+    "xtuner-yi-34b-256k-sp8": _xt_memory(
+        attn="82% here against 69% at 128K, where memo is within 7%",
+        extra="repeated 7-fold before the all-to-all as XTuner does"),
+    "xtuner-llama2-70b-128k-sp8": _xt_memory(
+        attn="63%", extra="repeated 8-fold before the all-to-all as XTuner does (2.4x the all-to-all bytes of one "
+                          "head per rank; on NVLink a few ms a layer)"),
+    "xtuner-llama2-70b-256k-sp16": lambda r, _t=(
         "memo too fast; not pinned down, memory pressure the likeliest. memo runs SP 16 over the 8 K/V heads as "
         "XTuner's 7575f2c91 does, each repeated to the 64 query heads before the all-to-all (4 K/V heads per rank "
-        "after it; before memo's xtuner data did so, one repeated head per rank: -30.3%), and puts the peak at 63 GiB "
-        "(HF's fp32 logits included; 72.4 GB reserved at the replay's peak, one reorganisation at layer 3's q, k, v "
-        "all-to-all buffer, priced well under 1% of the step) of the 78 usable GiB. The table's own TFLOP/s fall "
-        "from 189.7 at 128K SP 8 to 127.6 here, the pattern of memory pressure (see xtuner-llama2-70b-128k-sp8), "
-        "which memo's replay prices only as its one reorganisation. The repeat doubles the q, k, v all-to-all (402 "
+        "after it; before memo's xtuner data did so, one repeated head per rank: -30.3%), and puts the peak at {peak} "
+        "(HF's fp32 logits included) of the 78 usable GiB; its caching-allocator replay {replay}. The table's own "
+        "TFLOP/s fall from 189.7 at 128K SP 8 to 127.6 here, the pattern of memory pressure (see "
+        "xtuner-llama2-70b-128k-sp8). The repeat doubles the q, k, v all-to-all (402 "
         "to 805 MB a layer across the 2 nodes of SP 16 at the profile's 12.5 GB/s per GPU): 191 s a micro-batch "
         "where one repeated head per rank gave 179 s. Attention is 60% of memo's forward and 74% of its backward, in "
         "calls of 7e13 FLOPs, the size of the Llama-2-7B 256K row's (within 6%); the all-to-alls are 16% and 6%. "
         "The interconnect is not stated: Selene's 8 HDR per node makes memo faster still (-31.3%); fp32 gradients "
-        "-24.9%" + _PRESSURE_MEASURED),
-    "xtuner-llama2-70b-1m-sp64": (
+        "-24.9%" + _PRESSURE_MEASURED): _t.format(peak=_peak_words(r), replay=_replay_words(r)),
+    "xtuner-llama2-70b-1m-sp64": lambda r, _t=(
         "memo too fast; not pinned down. Here memo's repeat is XTuner's (SP 64 over 8 K/V heads: each repeated 8 times, "
         "one K and one V head per rank, the bytes of 7575f2c91's repeat to the 64 query heads), and memory is not "
-        "tight (peak 47 GiB, 52.0 GB reserved). Attention is 85% of memo's forward and 92% of its backward: one head "
+        "tight (peak {peak}). Attention is 85% of memo's forward and 92% of its backward: one head "
         "per GPU over the whole 1M-token sequence, FlashAttention calls of 2.8e14 FLOPs, beyond the last point of the "
         "a100 profile's FlashAttention-2 curves (assumed, flat at 76% forward / 60% backward of the peak from 1e14 "
         "FLOPs; never calibrated at these lengths), as in xtuner-llama2-7b-1m-sp16 (-13.4%, 5.6e14 FLOPs a call). The "
         "all-to-alls across the 8 nodes of SP 64 are 6% and 2% of memo's layer (Selene's 8 HDR per node: -27.4%). The "
         "GAS is memo's reading of the absent config (accumulative_counts = SP). What the run does that memo does not "
-        "model: XTuner's all-to-all of non-contiguous head slices"),
-    "xtuner-yi-34b-128k-sp8-16gpu": (
+        "model: XTuner's all-to-all of non-contiguous head slices"): _t.format(peak=_peak_words(r)),
+    "xtuner-yi-34b-128k-sp8-16gpu": lambda r, _t=(
         "memo too fast; not pinned down. The table states no GPU (memo runs the speed page's A100-SXM4-80GB), and the "
         "same model, length, SP and config on 32 GPUs (xtuner-yi-34b-128k-sp8) ran at 251.1 TGS, this 16-GPU run at "
         "227 (10% slower), while memo predicts both at 60.5 s an iteration: the ZeRO-3 collectives are hidden under "
-        "the compute in both, and halving the ZeRO-3 group only raises memo's peak (44 to 60 GiB, HF's fp32 logits "
-        "included). Candidates: memory pressure (see xtuner-yi-34b-256k-sp8), DeepSpeed "
+        "the compute in both, and halving the ZeRO-3 group only raises memo's peak ({other} to {mine}, HF's fp32 "
+        "logits included). Candidates: memory pressure (see xtuner-yi-34b-256k-sp8), DeepSpeed "
         "ZeRO-3's per-module gathers with half the ranks (twice the shard each rank gathers from, per layer hidden in "
-        "memo), and different hardware or software than the speed page's" + _PRESSURE_MEASURED),
+        "memo), and different hardware or software than the speed page's" + _PRESSURE_MEASURED): _t.format(
+        other=_other_peak("xtuner-yi-34b-128k-sp8"), mine=f"{r.peak_gib:.0f} GiB"),
 })
 
 # torchtitan's 2024-12 H100 rows (torchtitan@2024-12 on h100-sxm5-96gb-500w): their texts take memo's step and its
@@ -1314,6 +1342,8 @@ class Result:
     ablation: tuple[tuple[str, float | None], ...] = ()  # (mechanism switched to memo's default, error)
     sim_s: float = 0.0  # wall seconds memo took for the row (its prediction, ablations and variants)
     variants: tuple[tuple[str, float | None], ...] = ()  # (`Run.variants` label, memo's step time; None: no fit)
+    peak_gib: float | None = None  # the event simulator's peak GPU memory (GiB) of the prediction
+    allocator: tuple[tuple[str, float], ...] = ()  # its caching-allocator replay: peak reserved bytes, reorganizations
 
 
 def _simulate(run: Run, lay: Layout):
@@ -1360,8 +1390,10 @@ def _predict(run: Run, ablate: bool, with_variants: bool = True) -> Result:
         alt = replace(run, **dict(fields))
         v = _simulate(alt, alt.layout())
         variants.append((label, v.iteration_s if v.status == "OK" else None))
+    a = sim.allocator or {}
     return Result(run, sim.iteration_s, sim.iteration_s / run.published_s - 1, "OK", lay.label(), tuple(ablation),
-                  variants=tuple(variants))
+                  variants=tuple(variants), peak_gib=sim.peak_gpu_bytes / 2**30,
+                  allocator=tuple((k, float(a[k])) for k in ("peak_reserved_bytes", "reorganizations") if k in a))
 
 
 def summary(results: list[Result]) -> dict:
@@ -1467,6 +1499,7 @@ def _outlier(r: Result, notes: dict | None = None) -> str:
 
 
 def report(results: list[Result], wall_s: float, maxlen: list | None = None) -> str:
+    _PREDICTED.update({r.run.id: r for r in results})
     moe = [r for r in results if r.run.group == "moe"]
     fp8 = [r for r in results if r.run.gemm_format != "bf16"]
     results = [r for r in results if r.run.group != "moe"]

@@ -21,8 +21,8 @@ from memo_sim.units import fmt_bytes
 
 TOY = ["whatif", "--layers", "4", "--hidden", "256", "--heads", "8", "--ffn", "1024", "--seq", "2K", "--jobs", "1",
        "--gpus", "1"]
-REVIEW = ["whatif", "--model", "llama-3.1-8b", "--gpus", "8", "--profile", "h100-sxm5-80gb", "--seq", "1280K",
-          "--policy", "full_recompute", "--jobs", "1"]
+REVIEW = ["whatif", "--model", "llama-3.1-8b", "--gpus", "8", "--profile", "h100-sxm5-80gb", "--seq", "1216K",
+          "--policy", "full_recompute", "--jobs", "1"]  # at 1280K the review's layout no longer fits: see below
 
 
 def _plan(tmp_path, args) -> str:
@@ -67,11 +67,12 @@ def test_the_review_peak_is_the_last_layers_recompute_as_the_terms_say(review):
     assert live["layer 31's recompute transients + boundary activation"] == pytest.approx(work, rel=1e-9)
     assert live["kept input of 32 layers"] == pytest.approx(terms["kept activations"], rel=1e-9)
     assert "None" not in text
-    assert "GPU 0 peaks at 106.40 s during layer 31's recompute (op ln1, as it starts)" in text
-    # 77.22 GiB before ZeRO 3's gathered output head (128,256 x 4,096 / tp 4 in bf16: 0.24 GiB) was counted
-    assert re.search(r"live then: .* = 77\.46 GiB", text)
-    assert "the layer side of the terms' max above (layer transients + boundary 23.91 GiB >= classifier " \
-           "12.45 GiB)" in text
+    assert "GPU 0 peaks at 96.28 s during layer 31's recompute (op ln1, as it starts)" in text
+    # the review ran 1280K (1.25M tokens) at 77.46 GiB; ZeRO 3's unsharded gradients (a layer's and the head's whole,
+    # fp32 under the megatron recipe: 0.2 + 0.49 GiB at tp 4) took that layout past 78 GiB, so the same at 1216K
+    assert re.search(r"live then: .* = 74\.59 GiB", text)
+    assert "the layer side of the terms' max above (layer transients + boundary 22.71 GiB >= classifier " \
+           "11.95 GiB)" in text
 
 
 def test_the_review_says_which_peak_pytorch_reports_and_why_a_plan_saves_less_than_is_free(review):
@@ -87,7 +88,7 @@ def test_the_review_says_which_peak_pytorch_reports_and_why_a_plan_saves_less_th
     assert "and is the number to hold against the GPU" in line and "% of the usable" in line
     assert f"the {fmt_bytes(reserved - allocated)} more reserved are cached but free" in line
     frag = d["allocator_fragmentation"]
-    assert "14.91 GiB cached but free" in frag and "expandable_segments:True" in frag
+    assert "9.54 GiB cached but free" in frag and "expandable_segments:True" in frag
     static = _planned_peak(plan)
     if reserved > static:  # against the reserved peak PyTorch reports (a review: the advice read the terms only)
         assert f"would hold about {fmt_bytes(static)} (no cache" in frag

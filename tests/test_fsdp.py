@@ -43,8 +43,8 @@ def test_fsdp_over_the_whole_group_is_zero3_but_for_the_working_weights_shard():
     a, b = model_state_parts(M, z3), model_state_parts(M, f)
     assert b["weights"] == 0 and a["weights"] == pytest.approx(M.recipe.weight_bytes * M.params() / 32, rel=1e-3)
     assert {k: v for k, v in a.items() if k != "weights"} == {k: v for k, v in b.items() if k != "weights"}
-    assert sum(b.values()) == pytest.approx((4 + 4 + 8) * M.params() / 32 + b["gathered_layers"] + b["gathered_head"],
-                                            rel=1e-3)
+    assert sum(b.values()) == pytest.approx((4 + 4 + 8) * M.params() / 32 + b["gathered_layers"] + b["gathered_head"]
+                                            + b["unsharded_grads"], rel=1e-3)
     # the output head gathered whole for the classifier, as ZeRO 3 gathers every unit it runs (a review: torchtitan
     # keeps its [norm, output] unit gathered through the loss, which memo counted nowhere)
     assert b["gathered_head"] == a["gathered_head"] == M.recipe.weight_bytes * M.vocab * M.hidden
@@ -54,6 +54,26 @@ def test_fsdp_over_the_whole_group_is_zero3_but_for_the_working_weights_shard():
     # optimizer offload held its weights nowhere)
     off = model_state_parts(M, Layout(dp=32, zero=3, dp_mode="fsdp", optimizer_offload=True))
     assert off["weights"] == a["weights"] and off["master_and_optimizer"] == 0
+
+
+def test_zero2_and_3_hold_a_layers_and_the_heads_whole_gradients_before_their_reduce_scatter():
+    """ZeRO 2 and 3 shard the gradients, but the backward writes each one whole before it is reduce-scattered into
+    its shard: memo's executor keeps the layers' shared workspace and its first unit (embedding, head) whole
+    (`memo_exec.distributed.zero.GradSync`), DeepSpeed copies them into its bucket, FSDP2 casts the unsharded
+    gradient to its reduce dtype; the simulator counted the shards alone (the executor's estimate did not)."""
+    lay = Layout(dp=32, tp=2, zero=2)
+    whole = M.recipe.grad_bytes * (layer_gpu_params(M, lay).local + M.vocab * M.hidden / 2)
+    for z, mode in ((2, "zero"), (3, "zero"), (3, "fsdp")):
+        parts = model_state_parts(M, dataclasses.replace(lay, zero=z, dp_mode=mode))
+        assert parts["unsharded_grads"] == pytest.approx(whole)
+    assert model_state_parts(M, dataclasses.replace(lay, zero=1))["unsharded_grads"] == 0
+    # a mixture of experts: the experts' share is one layer's routed experts (no head)
+    moe = PRESETS["qwen3-30b-a3b"]
+    ep = Layout(dp=16, ep=8, zero=2)
+    assert model_state_parts(moe, ep, experts_only=True)["unsharded_grads"] == pytest.approx(
+        moe.recipe.grad_bytes * layer_gpu_params(moe, ep).expert_local)
+    assert model_state_parts(moe, ep)["unsharded_grads"] == pytest.approx(
+        moe.recipe.grad_bytes * (layer_gpu_params(moe, ep).local + moe.vocab * moe.hidden))
 
 
 def test_hsdp_shards_inside_the_node_and_reduces_across():

@@ -289,3 +289,32 @@ def test_maximum_length_rows_are_complete_and_a_quick_one_is_predicted():
     assert oom.agrees is not None
     lines = "\n".join(ml.report_lines([res, oom]))
     assert "fpdt-t1-tp" in lines and "Maximum-length rows" in lines
+
+
+def test_mechanism_texts_take_their_memory_numbers_from_the_run():
+    """The XTuner rows' texts carried peaks and a caching-allocator reorganisation typed in by hand, which a later
+    mechanism had made stale (a review found '83.4 GB reserved ... one reorganisation' where the replay reserved 76 GB
+    and reorganised nothing): each now reads its own result's peak and replay, and another row's by its id."""
+    by_id = {r.id: r for r in pr.RUNS}
+    fake = {}
+    for rid, peak in (("xtuner-llama2-7b-256k-sp8", 31.2), ("xtuner-yi-34b-128k-sp8", 46.3)):
+        fake[rid] = pr.Result(by_id[rid], 1.0, 0.0, "OK", "x", peak_gib=peak)
+    pr._PREDICTED.update(fake)
+    try:
+        for rid in ("xtuner-yi-34b-256k-sp8", "xtuner-llama2-70b-128k-sp8", "xtuner-llama2-70b-256k-sp16",
+                    "xtuner-llama2-70b-1m-sp64", "xtuner-llama2-7b-1m-sp16", "xtuner-yi-34b-128k-sp8-16gpu"):
+            for reorg in (0.0, 2.0):
+                r = pr.Result(by_id[rid], 1.0, -0.2, "OK", "x", peak_gib=71.8,
+                              allocator=(("peak_reserved_bytes", 78.1e9), ("reorganizations", reorg)))
+                text = pr._outlier(r)
+                assert "72 GiB" in text and "{" not in text, (rid, text)
+                if rid in ("xtuner-yi-34b-256k-sp8", "xtuner-llama2-70b-128k-sp8", "xtuner-llama2-70b-256k-sp16"):
+                    assert ("reaches its capacity 2 times" in text) == bool(reorg), text
+                    assert ("does not reach its capacity" in text) == (not reorg), text
+            if rid == "xtuner-yi-34b-256k-sp8":
+                assert "Llama-2-7B, 31 GiB in memo" in text
+            if rid == "xtuner-yi-34b-128k-sp8-16gpu":
+                assert "46 GiB to 72 GiB" in text
+    finally:
+        for rid in fake:
+            pr._PREDICTED.pop(rid, None)

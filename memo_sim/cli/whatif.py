@@ -43,7 +43,7 @@ from memo_sim.plan.schema import with_profile_reference, write_plan
 from memo_sim.policy import policy_names
 from memo_sim.profile.loader import load_profile
 from memo_sim.report.formats import resolve_format
-from memo_sim.report.fit_advice import fit_fixes
+from memo_sim.report.fit_advice import expandable_faster, fit_fixes
 from memo_sim.report.candidate_rows import candidates_json
 from memo_sim.report.sensitivity import sensitivity_line
 from memo_sim.report.whatif_answer import WhatIfView, executor_refuses, runner_up, trained_model
@@ -300,6 +300,8 @@ def _answer_json(ans, paths: dict, elapsed: float, show: Show) -> dict:
             # a fixed pipeline split: the same search's best with the split searched (null: none fixed)
             "searched_split_best": ans.split_best.to_json() if ans.split_best is not None else None,
             "runner_up": runner_up(shown, best),
+            # a faster configuration that ran out of memory on fragmentation alone fits with expandable segments
+            "faster_with_expandable_segments": expandable_faster(shown, best),
             "train_tokens": show.train_budget,
             **_training_json(best, show.train_budget),
             **candidates_json(shown, show.all_candidates),
@@ -329,7 +331,8 @@ def _print_answer(ans, paths: dict, elapsed: float, show: Show) -> None:
         global_batch_fixed=bool(req.global_batch),
         memo_best=ans.memo_best, plain_recipe=plain_recipe(req.model),
         train_lines=_train_lines(best, show.train_budget), bf16_best=ans.bf16_best, bf16_searched=ans.bf16_searched,
-        memo_on_framework=ans.memo_on_framework, split_line=split_words(best, ans.split_best))
+        memo_on_framework=ans.memo_on_framework, split_line=split_words(best, ans.split_best),
+        expandable=expandable_faster(shown, best))
     emit(whatif_answer(view), show.out_format)
 
 

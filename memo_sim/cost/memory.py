@@ -3,7 +3,8 @@
 Model states follow the model's mixed-precision recipe (`memo_sim.model.precision`; default
 Megatron-LM bf16: 2 + 4 + 4 + 8 = 18 bytes per parameter), sharded by ZeRO over the DP x CP x
 Ulysses group as the recipe says; ZeRO-3 also keeps two layers' gathered weights live for
-prefetch. TP divides everything, the embedding/classifier too (vocab-parallel).
+prefetch, and ZeRO-2 and 3 a layer's and the output head's whole gradients before they are
+reduce-scattered into their shards. TP divides everything, the embedding/classifier too (vocab-parallel).
 
 A quantised GEMM format (FP8) adds its copies of the linear weights (`memo_sim.cost.gemm_format`).
 
@@ -39,8 +40,9 @@ def loss_tokens(layout: Layout, batch: int, seq: int, chunk_tokens: int = CLASSI
 
 
 def model_state_parts(model: ModelConfig, layout: Layout, experts_only: bool = False) -> dict[str, float]:
-    """Model-state bytes on one GPU by part: weights, grads, master weights + optimizer, and ZeRO-3's two gathered
-    layers and gathered output head; ``experts_only``: the routed experts' share of each part (they are split and
+    """Model-state bytes on one GPU by part: weights, grads, master weights + optimizer, ZeRO-3's two gathered
+    layers and gathered output head, and (ZeRO 2 and 3) the whole gradients of a layer and of the head before their
+    reduce-scatter; ``experts_only``: the routed experts' share of each part (they are split and
     sharded over other groups than the dense parameters, so each part has its own share)."""
     r = model.recipe
     g = model_gpu_params(model, layout)  # dense and routed-expert parts (`memo_sim.cost.param_split`)
@@ -66,6 +68,13 @@ def model_state_parts(model: ModelConfig, layout: Layout, experts_only: bool = F
             # torchtitan's [norm, output] unit kept gathered through the loss)
             "gathered_head": r.weight_bytes * model.vocab * model.hidden / layout.tp if z >= 3 and not experts_only
             else 0.0,
+            # ZeRO 2 / 3: gradients sharded, but each one is produced whole by the backward and reduce-scattered into
+            # its shard afterwards: one layer's whole gradients (memo's executor: the layers' shared workspace;
+            # DeepSpeed: the bucket they are copied into; FSDP2: the unsharded gradient cast to its reduce dtype)
+            # and the output head's (its vocab share under TP; the first unit in memo's executor, which keeps it
+            # whole to the step)
+            "unsharded_grads": r.grad_bytes * (layer + (0.0 if experts_only else model.vocab * model.hidden
+                                                        / layout.tp)) if z >= 2 else 0.0,
             # a quantised GEMM format's weight copies: every layer's, or only the gathered ones under ZeRO-3
             "quantised_weights": weight_cache_bytes(model, gathered if z >= 3 else model.layers + model.mtp_layers,
                                                     layout, experts_only)}

@@ -73,3 +73,38 @@ def fit_fixes(c, gpus: int, alpha: float | None = None, policies: tuple[str, ...
         if e is not None and e.status == "OK":
             fixes.append((-e.tgs, f"{flags} ({lay.label()} {e.policy.label()}, {e.tgs:,.0f} tokens/GPU/s analytic)"))
     return [words for _k, words in sorted(fixes)[:MAX_FIXES]]
+
+
+EXPANDABLE_TRIES = 4  # faster layouts priced with expandable segments, at most, per fitting answer
+
+
+def expandable_faster(shown, best) -> dict | None:
+    """A fitting answer whose faster configurations ran out of memory on the caching allocator's fragmentation
+    alone (an OOM with no byte over capacity, the ranking's 'OOM frag': a request found no cached block big enough
+    though the peak fits): the fastest of them (analytic tier, up to `EXPANDABLE_TRIES` priced) that fits with
+    PyTorch's expandable segments and beats the best's analytic throughput, or None (`fit_fixes` names the same flag
+    when nothing fits)."""
+    from memo_sim.policy.base import uses_memory_plan  # noqa: PLC0415
+
+    if best is None or best.layout.expandable_segments:
+        return None
+    base = best.estimate.tgs
+    tried = 0
+    for c in shown:
+        if (c is best or c.status != "OOM" or c.over_bytes > 0 or c.schedule != "single_stage"
+                or c.layout.expandable_segments or uses_memory_plan(c.policy, c.layout) or c.estimate.tgs <= base):
+            continue
+        tried += 1
+        lay = replace(c.layout, expandable_segments=True)
+        e = _estimate(c, lay, c.policy.name, c.policy.alpha)
+        if e is not None and e.status == "OK" and e.tgs > base:
+            label = f"{c.layout.label()} {c.policy.label()}"
+            words = (f"faster with {EXPANDABLE_FLAG}: {label} runs out of memory only on the caching allocator's "
+                     f"fragmentation; with expandable segments it fits at {e.tgs:,.0f} tokens/GPU/s (analytic), "
+                     f"{e.tgs / base:.2f}x the best's analytic {base:,.0f}")
+            return {"flag": EXPANDABLE_FLAG, "label": f"{lay.label()} {e.policy.label()}", "tier": "analytic",
+                    "tgs_tokens_per_gpu_s": float(e.tgs), "best_analytic_tgs_tokens_per_gpu_s": float(base),
+                    "peak_gpu_bytes": float(e.peak_gpu_bytes), "words": words}
+        if tried >= EXPANDABLE_TRIES:
+            break
+    return None

@@ -48,6 +48,7 @@ class WhatIfView:
     memo_on_framework: dict | None = None  # `WhatifAnswer.memo_on_framework`
     global_batch_fixed: bool = False  # --global-batch given: every row trains the same sequences a step
     split_line: str = ""  # a fixed pipeline split against the search's own (`memo_sim.search.request.split_words`)
+    expandable: dict | None = None  # a faster plan that fits with expandable segments (`fit_advice.expandable_faster`)
 
 
 def verdict(v: WhatIfView) -> str:
@@ -311,6 +312,8 @@ def whatif_answer(v: WhatIfView) -> Answer:
         up = runner_up_line(v.shown, b)
         if up:
             a.line(f"  {up}")
+        if v.expandable:
+            a.line(f"  {v.expandable['words']}")
         for t in v.train_lines:
             a.line(f"  {t}")
         for k in (kernel_line(v), executor_line(v), margin_line(v), mfu_line(v), global_batch_line(v)):
@@ -572,7 +575,9 @@ def runner_up(shown, best) -> dict | None:
     tier = "simulated" if c.simulated is not None else "analytic"
     label = f"{c.layout.label()} {c.policy.label()}"
     it = (c.simulated["iteration_s"] if c.simulated else c.estimate.iteration_s) or None
-    words = (f"runner-up #{rank + 1} {label}: gives up {100 * loss:.1f}% of the throughput "
+    given = (f"gives up {100 * loss:.1f}% of the throughput" if round(100 * loss, 1) != 0
+             else "gives up none of the throughput (to 0.1%)")
+    words = (f"runner-up #{rank + 1} {label}: {given} "
              f"({c.tgs:,.0f} tokens/GPU/s {'sim' if c.simulated is not None else 'analytic'}) for {mem}")
     return {"rank": rank + 1, "label": label, "tier": tier, "iteration_s": it,
             "tgs_tokens_per_gpu_s": float(c.tgs) if c.tgs is not None else None,
