@@ -565,6 +565,12 @@ _ZOO_OVERLAPS = "--tp-comm-overlap, --overlap-param-gather"
 
 
 
+# beside a row: every expert the same tokens (memo's forced balance, load factor 1), which Megatron's
+# --moe-router-force-load-balancing does not give (its random logits load the EP ranks as a uniform router does)
+EQUAL_LOADS = "equal loads (forced)"
+_EQUAL = ((EQUAL_LOADS, (("moe_balance", "forced"),)),)
+
+
 def _zoo_mixtral(rid, what, tflops, balance, gemm="bf16", extra=""):
     f = megatron_moe_flops(MIXTRAL_8X22B, 256, 4096, "1e057005")
     return Run(
@@ -582,8 +588,7 @@ def _zoo_mixtral(rid, what, tflops, balance, gemm="bf16", extra=""):
         policy="store_all", dtype="bf16", moe_balance=balance, gemm_format=gemm, expected=True,
         not_modelled=(_ZOO_OVERLAPS if gemm == "bf16" else "--fp8-param-gather, bf16 Adam moments "
                       "(--use-precision-aware-optimizer), --overlap-param-gather") + extra,
-        variants=((("VPP 1 (1F1B)", (("vpp", 1),)),) + ((("forced", (("moe_balance", "forced"),)),)
-                                                       if balance == "dropless" else ())
+        variants=((("VPP 1 (1F1B)", (("vpp", 1),)),) + (_EQUAL if balance == "dropless" else ())
                   if gemm == "bf16" else (("bf16 GEMMs", (("gemm_format", "bf16"),)),)))
 
 
@@ -623,10 +628,9 @@ _QWEN3_SPLIT = ("94 layers + the embedding's and the loss's slots = 96 over pp x
 _QWEN3_NET = ("stated hardware 'NVLink 4th Generation, InfiniBand 8x50 GB/s' = the profile's 450 GB/s NVLink and "
               "50 GB/s per GPU (8 x 400 Gb/s per node)")
 _QWEN3_OVERLAPS = "--tp-comm-overlap (PR=bf16), --overlap-param-gather, --manual-gc"
-_FORCED_ASSUMED = ("balance not stated by the table: memo runs forced balance, as every 4K-sequence H100 command "
-                   "of run_235b.sh / run_h100_235b.sh passes --moe-router-force-load-balancing (memo's dropless, "
-                   "a uniform router's loads, is given beside the row)")
-_DROPLESS = (("dropless", (("moe_balance", "dropless"),)),)
+_FORCED_ASSUMED = ("balance not stated by the table: memo runs Megatron's forced balance, as every 4K-sequence H100 "
+                   "command of run_235b.sh / run_h100_235b.sh passes --moe-router-force-load-balancing: random router "
+                   "logits (memo's random balance, a uniform router's loads; equal loads are given beside the row)")
 _A3_UNSTATED = ("Megatron-FSDP's settings beside 'FSDP On' are not stated (no script or yaml of the row): memo runs "
                 "optim_grads_params (ZeRO 3: the 235B model's expert weights, 57 GB a GPU at EP 8 in bf16, fit "
                 "only sharded) with the gradients reduce-scattered in fp32, Megatron's default under bf16 "
@@ -634,7 +638,7 @@ _A3_UNSTATED = ("Megatron-FSDP's settings beside 'FSDP On' are not stated (no sc
 
 
 def _zoo_qwen3(rid, cfg, tflops, why=None, gbs=2048, seq=4096, stated_step=None, tp=2, cp=1, pp=8, vpp=4, ep=32,
-               dispatcher="deepep", balance="forced", policy="recompute_norm_act", not_modelled="", variants=(),
+               dispatcher="deepep", balance="random", policy="recompute_norm_act", not_modelled="", variants=(),
                zero=1, micro_batch=1, schedule_source=None):
     f = megatron_moe_flops(QWEN3_235B, gbs, seq, "1e057005")
     pub = stated_step if stated_step else f / (tflops * 1e12 * 256)
@@ -653,6 +657,8 @@ def _zoo_qwen3(rid, cfg, tflops, why=None, gbs=2048, seq=4096, stated_step=None,
 
 _A1 = ("Qwen3-235B-A22B, 256 H100 (32 nodes), TP 2 x PP 8 (VPP 4) x DP 16, EP 32 (across 4 nodes), ETP 1, MBS 1, "
        "GBS 2048 (GA 128), s=4096, BF16, DeepEP (flex), --recompute-modules layernorm moe_act; code moe_dev(f3e6c5)")
+# the readme's TFLOP/s per GPU of the long-context rows: (s, CP, forced balance, dropless)
+_QWEN3_LONG_TF = ((16384, 1, 295, 237), (32768, 2, 335, 277), (65536, 4, 368, 320), (131072, 8, 389, 357))
 _QWEN3_LONG = ("Qwen3-235B-A22B long context, 256 H100 (32 nodes), TP 4 x CP {cp} x PP 8 (VPP 4) x DP {dp}, EP 8 "
                "(in the node), ETP 1, MBS 1, GBS 256, s={seq}, BF16, DeepEP (flex), --recompute-modules layernorm moe, "
                "A2A_OVERLAP=0, {bal} (the readme's {tf} TFLOP/s; code not stated)")
@@ -660,8 +666,8 @@ _QWEN3_LONG = ("Qwen3-235B-A22B long context, 256 H100 (32 nodes), TP 4 x CP {cp
 
 MOE_RUNS: tuple[Run, ...] = (
     _zoo_mixtral("dropless", "dropless (aux-loss router)", 445, "dropless"),
-    _zoo_mixtral("forced", "--moe-router-force-load-balancing", 465, "forced"),
-    _zoo_mixtral("fp8-forced", "forced balance, PR=fp8 (--fp8-recipe blockwise)", 560, "forced", gemm="fp8-blockwise"),
+    _zoo_mixtral("forced", "--moe-router-force-load-balancing", 465, "random"),
+    _zoo_mixtral("fp8-forced", "forced balance, PR=fp8 (--fp8-recipe blockwise)", 560, "random", gemm="fp8-blockwise"),
     _zoo_mixtral("capacity1", "token drop: --moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity", 470,
                  "capacity:1"),
     _folding("mixtral-8x22b", MIXTRAL_8X22B, "Mixtral-8x22B", 128, 2, 8, 8, 1, 0.493, stated=487.7,
@@ -701,11 +707,11 @@ MOE_RUNS: tuple[Run, ...] = (
     # the Model Zoo's Qwen3-235B-A22B H100 rows (A1-A5 of the research notes: stated step times; A7-A10: TFLOP/s,
     # forced balance and dropless each measured)
     _zoo_qwen3("a1-ep32", _A1 + "; A2A_OVERLAP=0 (the table's row without '+1f1b overlap'); CUDA graphs not stated",
-               245, stated_step=19.7, not_modelled=_FORCED_ASSUMED, variants=_DROPLESS),
+               245, stated_step=19.7, not_modelled=_FORCED_ASSUMED, variants=_EQUAL),
     _zoo_qwen3("a2-ep32-a2a-overlap", _A1 + "; '+1f1b overlap': A2A_OVERLAP=1 (--overlap-moe-expert-parallel-comm "
                "--delay-wgrad-compute, CUDA_DEVICE_MAX_CONNECTIONS=32, 24 SMs kept from the norms); CUDA graphs not "
                "stated (run_235b.sh's H100 baseline line is this layout with A2A_OVERLAP=1 and forced balance)", 276,
-               stated_step=17.6, variants=_DROPLESS,
+               stated_step=17.6, variants=_EQUAL,
                not_modelled="the EP all-to-all overlapped with the other micro-batch's compute "
                "(--overlap-moe-expert-parallel-comm, --delay-wgrad-compute): memo runs this row as a1 and prices the "
                "all-to-all exposed, so its small error is a1's gap less what the overlap gained on the cluster, not "
@@ -715,7 +721,7 @@ MOE_RUNS: tuple[Run, ...] = (
                stated_step=17.6, tp=2, pp=1, vpp=1, ep=8, policy="full_recompute", zero=3, micro_batch=4,
                schedule_source="micro-batch 4, GA 4 (the table's MBS and GA columns), one stage",
                not_modelled=_A3_UNSTATED + "; " + _FORCED_ASSUMED,
-               variants=_DROPLESS + (("gradients reduced in bf16 (--grad-reduce-in-bf16)", (("precision", "zero"),)),)),
+               variants=_EQUAL + (("gradients reduced in bf16 (--grad-reduce-in-bf16)", (("precision", "zero"),)),)),
     _zoo_qwen3("a4-pp32-alltoall", "Qwen3-235B-A22B, 256 H100, TP 2 x PP 32 (VPP 3) x DP 4, EP 8, ETP 1, MBS 1, "
                "GBS 2048 (GA 512), s=4096, BF16, alltoall (DISPATCHER=A2A), --recompute-modules layernorm moe_act; "
                "code 1e057005", 200, stated_step=24.2, pp=32, vpp=3, ep=8, dispatcher="alltoall",
@@ -723,19 +729,19 @@ MOE_RUNS: tuple[Run, ...] = (
                                "96 model chunks of one slot each (LAYERS_PER_VP = 96 / 32 / 3 = 1 with the yaml's "
                                "--account-for-embedding/loss-in-pipeline-split; no --pipeline-model-parallel-layout "
                                "string): the first chunk runs the embedding alone, the last the loss alone",
-               not_modelled=_FORCED_ASSUMED, variants=_DROPLESS + (("VPP 1 (1F1B)", (("vpp", 1),)),)),
+               not_modelled=_FORCED_ASSUMED, variants=_EQUAL + (("VPP 1 (1F1B)", (("vpp", 1),)),)),
     _zoo_qwen3("a5-tp4", "Qwen3-235B-A22B, 256 H100 (32 nodes), TP 4 x PP 8 (VPP 4) x DP 8, EP 8 (in the node), ETP 1, "
                "EDP 4, MBS 1, GBS 2048 (GA 256), s=4096, BF16, DeepEP (flex), no recompute (the table's column is "
                "blank), A2A_OVERLAP=0; CUDA graphs not stated; code 1e057005", 167, stated_step=29.0, tp=4, ep=8,
                policy="store_all", not_modelled=_FORCED_ASSUMED,
-               variants=_DROPLESS + (("recompute_norm_act", (("policy", "recompute_norm_act"),)),)),
+               variants=_EQUAL + (("recompute_norm_act", (("policy", "recompute_norm_act"),)),)),
     *(_zoo_qwen3(f"long-{seq // 1024}k-{bal}", _QWEN3_LONG.format(cp=cp, dp=8 // cp, seq=seq, tf=tf, bal=(
                  "--moe-router-force-load-balancing" if bal == "forced" else "dropless (aux-loss router, no forced "
-                 "balance)")), tf, gbs=256, seq=seq, tp=4, cp=cp, ep=8, balance=bal, policy="recompute_moe",
+                 "balance)")), tf, gbs=256, seq=seq, tp=4, cp=cp, ep=8, balance="random" if bal == "forced" else bal,
+                 policy="recompute_moe",
                  not_modelled="" if bal == "forced" else "the aux-loss router's real expert loads (memo's dropless "
                  "takes a uniform router's)")
-      for seq, cp, forced, dropless in ((16384, 1, 295, 237), (32768, 2, 335, 277), (65536, 4, 368, 320),
-                                        (131072, 8, 389, 357))
+      for seq, cp, forced, dropless in _QWEN3_LONG_TF
       for bal, tf in (("forced", forced), ("dropless", dropless))),
     # not expressible yet (listed with the reason, never dropped)
     _folding("mixtral-8x22b-mcore", MIXTRAL_8X22B, "Mixtral-8x22B", 128, 2, 4, 8, 2, 0.463, stated=458.3,
@@ -842,12 +848,15 @@ MOE_OUTLIERS: dict[str, str | Callable[[Result], str]] = {
         "33% each), the experts' grouped GEMMs 19%, attention 12%. What the row ran that memo does not price: 96 "
         "one-layer chunks, each boundary a synchronised send between stages with one layer of compute to hide it, "
         "and the host's issuing of a layer of small kernels. " + _HOST_BOUND),
-    "moe-zoo-qwen3-235b-a5-tp4": (
+    "moe-zoo-qwen3-235b-a5-tp4": lambda r: (
         "memo too fast by far; not pinned down. memo predicts this layout faster than a1 (its EP 8 stays inside the "
         "node: dispatch and combine 16% of memo's layer against a1's 58%), the cluster measured it 47% slower (167 "
-        "against 245 TFLOP/s). Neither the balance (memo's dropless is within 1%) nor the recompute reading (the "
+        "against 245 TFLOP/s). Neither the balance ("
+        + _beside(r, EQUAL_LOADS, lambda v: f"equal loads {v:.3f} s, {100 * abs(v / r.predicted_s - 1):.1f}% from the "
+                                            "row; ")
+        + "a trained router's skew is not priced) nor the recompute reading (the "
         "table's blank column read as none; `recompute_norm_act` is beside the row) moves memo much, and the kernels "
-        "are measured now (experts 41% of memo's layer: 512 tokens per expert per micro-batch at forced balance, "
+        "are measured now (experts 41% of memo's layer: 512 tokens per expert per micro-batch at even loads, "
         "priced at 0.5-0.6 of the peak where the H200 ran these grouped GEMMs at 0.46-0.62; cuDNN attention 32%); "
         "they moved the row from -42.4% to -45.7%. What changes from a1 that memo does not price: more and shorter "
         "kernels per layer (TP 4 splits the attention projections of h=4096 four ways; each expert a quarter of a1's "
@@ -855,25 +864,29 @@ MOE_OUTLIERS: dict[str, str | Callable[[Result], str]] = {
         "launch interval), the TP-4 sequence-parallel collectives with --tp-comm-overlap's userbuffer kernels taking "
         "SMs from the GEMMs, and a store-all run with 39 micro-batches in flight on the first rank (memo: 54 of 78 "
         "GiB at peak; expandable segments, which the yaml sets, are not modelled). " + _HOST_BOUND),
-    "moe-zoo-qwen3-235b-long-16k-forced": (
-        "memo too fast at 16K (-10.9%) and within 7% at 32K-128K: the gap shrinks as attention's share of memo's "
+    "moe-zoo-qwen3-235b-long-16k-forced": lambda r: (
+        f"memo too fast at 16K ({100 * r.error:+.1f}%) and within 7% at 32K-128K: the gap shrinks as attention's "
+        "share of memo's "
         "layer grows (46% at 16K, 86% at 128K), and attention is priced on cuDNN 9.19's kernel as measured on an H200 "
         "(56-65% of the peak forward; before that measurement these rows were +1% to +21% on an assumed 45-48%), so "
         "what is left lies in the rest of the layer: this is a5's layout (TP 4, EP 8), whose 4K row is 46% too fast "
         "(see it). " + _HOST_BOUND),
     **{f"moe-zoo-qwen3-235b-long-{k}-dropless": (
         "the router's real expert loads, on top of the forced row's gap at the same length. memo's dropless takes a "
-        "uniform router's loads (the busiest of 8 EP ranks under multinomial routing: +0.4% over forced balance in "
-        "memo); the cluster measured dropless 1.24x (16K), 1.21x (32K), 1.15x (64K) and 1.09x (128K) slower than "
+        "uniform router's loads (the busiest of 8 EP ranks under multinomial routing), the loads the forced row's "
+        "random logits give too (Megatron's --moe-router-force-load-balancing: memo's random balance), so memo "
+        "predicts the two rows alike; the cluster measured dropless "
+        + ", ".join(f"{f / d:.2f}x ({s // 1024}K)" for s, _cp, f, d in _QWEN3_LONG_TF) + " slower than "
         "forced balance, the slowdown shrinking as attention takes over the layer, as an imbalance of the MoE part "
         "alone would. The aux-loss router (coefficient 1e-3) leaves the busiest EP rank well above the mean; "
         "pricing it needs the run's measured expert loads, which memo takes as an input (`--moe-balance "
         "loads:FILE`, per-expert token counts per layer) but the Model Zoo does not publish; no constant is set "
         "from these rows") for k in ("16k", "32k", "64k", "128k")},
     "moe-zoo-mixtral-8x22b-dropless": lambda r: _VPP7(r) + (
-        ". The dropless load (memo: the busiest of 8 EP ranks under a uniform router) costs "
-        + _beside(r, "forced", lambda v: f"{100 * (r.predicted_s / v - 1):.1f}% over forced balance in memo, ")
-        + "4.5% over it in the script's values"),
+        ". The dropless load (memo: the busiest of 8 EP ranks under a uniform router, as the forced row's random "
+        "logits load them too) costs "
+        + _beside(r, EQUAL_LOADS, lambda v: f"{100 * (r.predicted_s / v - 1):.1f}% over equal loads in memo; ")
+        + "the script's values put it 4.5% below the forced row's throughput"),
     "moe-zoo-mixtral-8x22b-forced": _VPP7,
     "moe-zoo-mixtral-8x22b-capacity1": _VPP7,
     "moe-zoo-mixtral-8x22b-fp8-forced": lambda r: (
@@ -1190,6 +1203,14 @@ HISTORY = (
      {"xtuner-yi-34b-32k-sp2": -0.097, "xtuner-yi-34b-128k-sp8": -0.074, "xtuner-yi-34b-256k-sp8": -0.268,
       "xtuner-llama2-70b-32k-sp4": 0.185, "xtuner-llama2-70b-128k-sp8": -0.106, "xtuner-llama2-70b-256k-sp16": -0.303,
       "xtuner-yi-34b-128k-sp8-16gpu": -0.163}),
+    ("9092b38", "2026-11-28", "before Megatron-Core's --moe-router-force-load-balancing was priced as the random "
+     "router logits it draws (RandomSTE: memo's random balance, a uniform router's loads) rather than as equal "
+     "loads (memo's forced, torchtitan's round-robin)",
+     {"moe-zoo-qwen3-235b-a1-ep32": -0.145, "moe-zoo-qwen3-235b-a2-ep32-a2a-overlap": -0.043,
+      "moe-zoo-qwen3-235b-a4-pp32-alltoall": -0.286, "moe-zoo-qwen3-235b-a5-tp4": -0.458,
+      "moe-zoo-qwen3-235b-long-16k-forced": -0.110, "moe-zoo-qwen3-235b-long-32k-forced": -0.066,
+      "moe-zoo-qwen3-235b-long-64k-forced": -0.045, "moe-zoo-qwen3-235b-long-128k-forced": -0.037,
+      "moe-zoo-mixtral-8x22b-forced": -0.135, "moe-zoo-mixtral-8x22b-fp8-forced": -0.280}),
 )
 
 
@@ -1329,6 +1350,15 @@ STEPS = (
      "others by 0.3-0.4 points; the 1M SP 64 row already repeated 8-fold), Llama-2-7B (no GQA) and every other row "
      "unchanged: dense 39 predicted at 11.4% / 28.8%, long-context 20 at 15.4% / 28.8%, the FP8 rows 12 at 14.6% / "
      "28.8%, the MoE group unchanged (16.3% / 45.7%)"),
+    ("forced balance as each framework routes it", "Megatron-Core's --moe-router-force-load-balancing replaces the "
+     "gate's logits by normal noise per token (RandomSTE in moe_utils.py, from its first commit 022bcb5afe to "
+     "d98e8a64), so its loads are a uniform router's, not equal ones: a balance of its own (`random`, priced as "
+     "dropless's busiest rank), equal loads (`forced`) being torchtitan's round-robin debug.moe_force_load_balance; "
+     "each framework's data lists the balances it routes (Megatron-LM random, dropless, capacity; torchtitan forced, "
+     "dropless; DeepSpeed dropless, capacity). The Model Zoo rows that ran the flag move by 0.1-1.8 points (a1 "
+     "-14.5% to -13.5%, a5 -45.8% to -45.4%, the 16K forced row -11.0% to -10.6%, the Mixtral-8x22B forced "
+     "script value -13.5% to -11.7%), every other row unchanged: the MoE group 18 predicted at 17.4% / 45.4% (was "
+     "17.6% / 45.8%), its long-context subgroup 8 at 12.9% / 28.2%, the dense group unchanged (11.4% / 28.8%)"),
 )
 
 

@@ -360,6 +360,9 @@ class Executor(ExecutorBase):
                                     weight_decay=self.opts.weight_decay,
                                     main_grads=self.main_grads.main if self.main_grads is not None else None)
         self.compute = LayerCompute(m, self.batch, self.seq, dt, dev, self.backend, self.scratch, self.recorder)
+        if m.moe:  # every row's position in its sequence, for a balance that routes by it (`memo_exec.moe.balance`)
+            self.compute.moe.set_balance(self.plan.layout.balance.kind,
+                                         torch.arange(self.batch * self.seq, device=dev) % self.seq)
         self.policy = make_policy(self.plan.policy, m, self.batch, self.seq, m.layers, dt, dev, self.engine,
                                   self.recorder, self.compute)
         self.policy.allocate()

@@ -9,8 +9,10 @@
   10 optimizer steps on the single process's loss curve;
 - an unbalanced routing (every token to the experts of EP rank 0: rank 1 receives no rows) that
   still matches, and the same run with the all-to-all's split sizes mutated, which must fail;
-- one-line refusals (etp > 1, the allgather dispatcher, MLA / sinks / sliding window); Qwen3-MoE's attention
-  (QK norms, heads wider than hidden / heads) runs.
+- forced balance (round-robin by position: equal counts) on dp2 x ep2 and tp2 (SP) x ep2 against the single
+  process routed so too;
+- one-line refusals (etp > 1, the allgather dispatcher, capacity balance, MLA / sinks / sliding window);
+  Qwen3-MoE's attention (QK norms, heads wider than hidden / heads) runs.
 """
 
 from __future__ import annotations
@@ -107,10 +109,11 @@ def rank_error(rank: int, world: int, case) -> str | None:
 _REF: dict = {}
 
 
-def reference(pol: str, batch: int, steps: int = 0, skew: bool = False, dtype: str = "fp64", variant: int = 0):
-    key = (pol, batch, steps, skew, dtype, variant)
+def reference(pol: str, batch: int, steps: int = 0, skew: bool = False, dtype: str = "fp64", variant: int = 0,
+              balance: str = "dropless"):
+    key = (pol, batch, steps, skew, dtype, variant, balance)
     if key not in _REF:
-        plan = plan_for({}, pol, batch, model=VARIANTS[variant])
+        plan = plan_for({"moe_balance": balance}, pol, batch, model=VARIANTS[variant])
         if skew or dtype != "fp64":
             loss, grads, _ = executor_grads(plan, dtype=dtype, setup=skew_router if skew else None)
             _REF[key] = (loss, grads, [])
@@ -124,7 +127,8 @@ def check(case: dict, results: list, world: int) -> None:
     replicas = lay.get("dp", 1)
     got = results[0]
     loss, want, losses = reference(case["pol"], case.get("batch", 1) * replicas, case.get("steps", 0),
-                                   case.get("skew", False), case.get("dtype", "fp64"), case.get("variant", 0))
+                                   case.get("skew", False), case.get("dtype", "fp64"), case.get("variant", 0),
+                                   lay.get("moe_balance", "dropless"))
     tol = TOL if case.get("dtype", "fp64") == "fp64" else 1e-5
     what = f"{lay} {case['pol']} {case.get('dtype', 'fp64')} variant {case.get('variant', 0)}"
     assert all(abs(r["loss"] - loss) <= tol * abs(loss) for r in results), (what, [r["loss"] for r in results], loss)
@@ -242,7 +246,10 @@ TWO = [dict(lay=dict(dp=2, ep=2), pol="store_all", steps=10),
        dict(lay=dict(dp=2, ep=2), pol="recompute_moe", steps=10),  # the block re-run, its all-to-alls too
        dict(lay=dict(tp=2, sp=True, ep=2), pol="recompute_moe"),
        dict(lay=dict(tp=2, sp=True, ep=2), pol="memo", variant=2),  # Qwen3-MoE: QK norms summed over the TP pair
-       dict(lay=dict(dp=2, ep=2), pol="memo", variant=3)]  # dense and MoE layers alternating
+       dict(lay=dict(dp=2, ep=2), pol="memo", variant=3),  # dense and MoE layers alternating
+       # forced balance: round-robin by position in the sequence, on each rank's rows as on one process
+       dict(lay=dict(dp=2, ep=2, moe_balance="forced"), pol="memo"),
+       dict(lay=dict(tp=2, sp=True, ep=2, moe_balance="forced"), pol="store_all")]
 
 
 def test_two_ranks_dp2_ep2_match_single_process():
@@ -318,3 +325,27 @@ def test_memo_exec_run_refuses_etp_in_one_line_exit_2(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, (r.returncode, r.stderr)
     assert r.stderr.strip().count("\n") == 0 and "etp" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_forced_balance_routes_every_expert_the_same_copies_and_is_not_the_routers_choice():
+    """memo-exec's forced balance (`memo_exec.moe.balance`): copy j of the token at position p to expert
+    (p*k + j) mod E, so each expert gets seq*k/E copies of every sequence (the simulator's load factor 1); the
+    router still weighs them (its gate gets gradients); the single process routes so too, and not as its
+    router would (else the distributed cases above could match a reference that ignored the balance)."""
+    from memo_exec.moe.balance import ROUTINGS, round_robin
+    from memo_sim.plan.executor_scope import EXEC_BALANCES
+
+    assert set(ROUTINGS.names()) | {"dropless", "measured"} == set(EXEC_BALANCES)
+    pos = torch.arange(2 * SEQ) % SEQ  # two sequences
+    idx = round_robin(pos, MOE.top_k, MOE.experts)
+    assert torch.bincount(idx.reshape(-1), minlength=MOE.experts).tolist() == [2 * SEQ * MOE.top_k // MOE.experts] * 4
+    assert all(len(set(r)) == MOE.top_k for r in idx.tolist())  # k distinct experts a token
+    # a TP rank's interleaved rows and a CP rank's two chunks route as the same positions do on one process
+    assert torch.equal(round_robin(pos[1::2], 2, 4), idx[1::2])
+    with time_limit(60):
+        forced, _g, _ = reference("memo", 1, balance="forced")
+        router, _g2, _ = reference("memo", 1)
+        loss, grads, _ = executor_grads(plan_for({"moe_balance": "forced"}, "store_all"), dtype="fp64")
+    assert abs(loss - forced) <= 1e-12 * abs(forced) and abs(forced - router) > 1e-6 * abs(router)
+    gate = [k for k in grads if k.endswith("router_w")]
+    assert gate and all(float(grads[k].norm()) > 0 for k in gate)

@@ -607,10 +607,11 @@ def test_torchtitan_module_carries_expert_parallelism(plan):
 
 
 def test_the_framework_best_keeps_the_plans_router_balance_and_says_its_gemm_format(tmp_path):
-    """The plan exported instead of memo's is searched with memo's plan's routed-token balance (a property of the
-    job's router, not the framework's: with an even router it claimed 2.3% more throughput than a capacity-1.25
-    plan), and where the framework lacks the plan's GEMM format the comment block says its GEMMs run in bf16 (a
-    user's review, 2026-11-27)."""
+    """The plan exported instead of memo's is searched with memo's plan's routed-token balance where the framework
+    runs it (a property of the job's router: with an even router it claimed 2.3% more throughput than a
+    capacity-1.25 plan), with the nearest it runs where it has no setting for it, said in one line (torchtitan at
+    b5bcd76c routes dropless or round-robin, no capacity factor), and where the framework lacks the plan's GEMM
+    format the comment block says its GEMMs run in bf16 (a user's review, 2026-11-27)."""
     r = CliRunner().invoke(cli, ["whatif", "--model", "qwen3-30b-a3b", "--gpus", "16", "--seq", "32K", "--profile",
                                  "h100-sxm5-80gb", "--tp", "2", "--ep", "16", "--policy", "recompute_moe",
                                  "--moe-balance", "capacity:1.25", "--framework", "megatron", "--precision",
@@ -620,7 +621,9 @@ def test_the_framework_best_keeps_the_plans_router_balance_and_says_its_gemm_for
                                  str(tmp_path / "e")])
     assert r.exit_code == 0, r.output
     written = next(ln for ln in r.output.splitlines() if "written instead" in ln)
-    assert "capacity1.25" in written.split("runs, ", 1)[1], written  # the framework's best, at the plan's balance
+    assert "capacity" not in written.split("runs, ", 1)[1], written  # the framework's best, at its nearest balance
+    assert ("Its experts' loads are dropless at a uniform router's loads (the busiest EP rank of top-k multinomial "
+            "routing): torchtitan has no setting for memo's plan's capacity factor 1.25") in r.output
     assert ("Its layer GEMMs run in bf16: memo's plan's fp8-blockwise is not written for torchtitan (it does not "
             "offer it).") in r.output
     # --nearest: memo's plan with torchtitan's settings, priced with torchtitan's mechanisms (its attention
@@ -631,7 +634,14 @@ def test_the_framework_best_keeps_the_plans_router_balance_and_says_its_gemm_for
     priced = next(ln for ln in r.output.splitlines() if "memo predicts the nearest plan" in ln)
     label = priced.split("(", 1)[1].split(")", 1)[0]
     assert "chunked_wrapper" in label and "cudnn" not in label and "vocab_parallel" not in label, priced
-    assert "capacity1.25" in label, priced  # the router's balance stays the job's
+    assert "capacity" not in label and "expert loads capacity factor 1.25" in r.output, priced  # a gap, dropless
+    # Megatron-LM drops and pads to a capacity factor: its best plan keeps the plan's balance
+    from memo_sim.export.base import best_runnable  # noqa: PLC0415
+    from memo_sim.plan.schema import read_plan  # noqa: PLC0415
+
+    plan = read_plan(tmp_path / "p" / "plan.json")
+    alt, summary = best_runnable(plan, "megatron")
+    assert alt.layout.moe_balance == "capacity:1.25" and summary["balance_changed"] is None
 
 
 def test_torchrun_counts_hosts_not_a_gb200_racks_nvlink_domain():
@@ -856,3 +866,26 @@ def test_a_quantised_plan_of_a_model_torchtitan_does_not_ship_is_replaced_by_its
     from memo_sim.export import torchtitan
 
     assert torchtitan.writes_gemm_format(shipped) and not torchtitan.writes_gemm_format(plan)
+
+
+@pytest.mark.parametrize("balance", ["forced", "random", "capacity:1.5", "dropless"])
+def test_expert_loads_export_as_each_frameworks_own_setting(balance):
+    """Megatron-Core's --moe-router-force-load-balancing draws random router logits (RandomSTE, moe_utils.py at
+    d98e8a64): memo's ``random`` balance, written as that flag; equal counts (``forced``) are torchtitan's
+    debug.moe_force_load_balance (round-robin, configs.py at b5bcd76c). Each framework writes the balance it has a
+    setting for and lists the others as a gap priced at its nearest (random for forced on Megatron, dropless for
+    random and capacity on torchtitan); before, a forced plan wrote Megatron's random flag as if it were equal loads,
+    and torchtitan's module dropped the balance unnoticed."""
+    plan = _plan("qwen2-moe-a2.7b", Layout(dp=8, ep=4, moe_balance=balance), ("store_all",), seq=8192)
+    meg = export_plan(plan, "megatron", price=False, nearest=True)
+    args = _check_args(meg.files["megatron.sh"], _names("megatron_options.txt"))
+    gaps = [g for g in meg.gaps if g.what.startswith("expert loads")]
+    assert ("--moe-router-force-load-balancing" in args) == (balance in ("forced", "random"))
+    assert [g.change.layout for g in gaps] == ([{"moe_balance": "random"}] if balance == "forced" else [])
+    test_torchtitan_module_sets_only_torchtitan_fields(plan)
+    tt = export_plan(plan, "torchtitan", price=False, nearest=True)
+    src = tt.files["memo_torchtitan.py"]
+    gaps = [g for g in tt.gaps if g.what.startswith("expert loads")]
+    assert ("config.debug.moe_force_load_balance = True" in src) == (balance == "forced")
+    assert [g.change.layout for g in gaps] == ([{"moe_balance": "dropless"}]
+                                               if balance in ("random", "capacity:1.5") else [])

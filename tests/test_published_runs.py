@@ -244,7 +244,8 @@ def test_expected_values_are_kept_but_not_counted():
 def test_qwen3_rows_follow_the_model_zoo_launch_files():
     """A1-A10 of the research notes: the slot split (94 layers + the embedding's and the loss's slots over pp x vpp
     chunks), their dispatcher, recompute modules and balance; A4's one-slot chunks are refused by memo itself, the
-    long-context rows (A7-A10, forced and dropless each) are marked long-context."""
+    long-context rows (A7-A10, forced and dropless each) are marked long-context; the runs that passed
+    --moe-router-force-load-balancing are priced as its random logits (balance random), equal loads beside them."""
     q = {r.id.removeprefix("moe-zoo-qwen3-235b-"): r for r in pr.RUNS if r.id.startswith("moe-zoo-qwen3-235b-")}
     for k in ("a1-ep32", "a2-ep32-a2a-overlap", "a5-tp4"):
         r = q[k]
@@ -255,19 +256,21 @@ def test_qwen3_rows_follow_the_model_zoo_launch_files():
     assert "--overlap-moe-expert-parallel-comm" in q["a2-ep32-a2a-overlap"].not_modelled
     a3 = q["a3-fsdp"]  # Megatron-FSDP: ZeRO 3 on one stage, 4 micro-batches of 4 (the table's MBS and GA)
     assert a3.why_not is None and (a3.zero, a3.pp, a3.micro_batch, a3.dp, a3.ep) == (3, 1, 4, 128, 8)
+    assert all(q[k].moe_balance == "random" for k in ("a1-ep32", "a2-ep32-a2a-overlap", "a3-fsdp", "a4-pp32-alltoall",
+                                                       "a5-tp4"))
     assert not a3.account_embedding_loss and a3.layout().expert_dp == 32
     from memo_sim.search.frameworks import get_framework
 
     assert get_framework("megatron").why_not(a3.layout()) is None
-    assert [v[0] for v in a3.variants] == ["dropless", "gradients reduced in bf16 (--grad-reduce-in-bf16)"]
+    assert [v[0] for v in a3.variants] == [pr.EQUAL_LOADS, "gradients reduced in bf16 (--grad-reduce-in-bf16)"]
     assert a3.model().precision is None and dataclasses.replace(a3, precision="zero").model().precision == "zero"
     a4 = q["a4-pp32-alltoall"]  # one slot a chunk: the embedding and the loss each a chunk of their own
     assert a4.why_not is None and a4.moe_dispatcher == "alltoall" and a4.account_embedding_loss
     lens = [len(c) for c in a4.layout().virtual_stage_ranges(94)]
-    assert lens == [0] + [1] * 94 + [0] and [v[0] for v in a4.variants] == ["dropless", "VPP 1 (1F1B)"]
+    assert lens == [0] + [1] * 94 + [0] and [v[0] for v in a4.variants] == [pr.EQUAL_LOADS, "VPP 1 (1F1B)"]
     long = [r for k, r in q.items() if k.startswith("long-")]
     assert len(long) == 8 and all(r.long_context and r.why_not is None and r.policy == "recompute_moe" for r in long)
-    assert {r.moe_balance for r in long} == {"forced", "dropless"} and {r.seq for r in long} == {16384, 32768, 65536,
+    assert {r.moe_balance for r in long} == {"random", "dropless"} and {r.seq for r in long} == {16384, 32768, 65536,
                                                                                                  131072}
 
 

@@ -289,6 +289,7 @@ class DistExecutor(ExecutorBase):
             disp = dispatcher_for(lay.moe_dispatcher, m.experts, g.ep, g.ep_rank, g.ep_group)
             disp.timer = self.recorder  # its all-to-alls become ep_comm spans of this rank's Timeline
             self.compute.moe = MoEBlock(m, disp, tp_size=self.flavour.size, tp_group=ctx.group("tp"))
+            self.compute.moe.set_balance(lay.balance.kind, self.micro_index % self.seq)  # positions of its rows
         self.layer_hooks = self.sync if self.kill_at_step is None else _KillHook(self.sync, self)
         self.schedule.build_runtimes()
         self.mtp = self.schedule.build_mtp()  # multi-token prediction (`memo_exec.mtp`), where this rank holds it

@@ -2,7 +2,9 @@
 in place of fc1 / act / fc2 on a MoE layer: it reads the layer's ln2 and returns the block's output.
 
 Math (plain PyTorch, autograd inside the block): gate GEMM ``ln2 @ router_w^T (+ router_b)``, the
-model's router (`memo_exec.moe.routers`: scores, deterministic top-k, normalised weights), the
+model's router (`memo_exec.moe.routers`: scores, deterministic top-k, normalised weights; under a forced balance
+the experts are the routing's, `memo_exec.moe.balance`, from each row's position in its sequence, `set_balance`,
+and the router weighs them), the
 dispatcher (`memo_exec.moe.dispatchers`: ``local`` or ``alltoall`` over the expert-parallel group),
 the local experts' GEMMs (`memo_exec.moe.experts`) with each copy's router weight applied inside
 their activation (the weights travel with the copies: `Dispatcher.route_probs`), combine (back to the
@@ -41,6 +43,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from memo_exec.moe.balance import routing_for
 from memo_exec.moe.comm import sp_gather_linear, sp_reduce_scatter
 from memo_exec.moe.dispatchers import Dispatcher, LocalDispatcher
 from memo_exec.moe.experts import act, run_experts
@@ -65,6 +68,21 @@ class MoEBlock:
         self.router = router_for(model.router)
         self.dispatcher = dispatcher or LocalDispatcher(model.experts)
         self.tp_size, self.tp_group = tp_size, tp_group
+        self.routing, self.positions = None, None  # the router picks (`set_balance`)
+
+    def set_balance(self, kind: str, positions: torch.Tensor) -> None:
+        """Route by the layout's balance ``kind`` (`memo_exec.moe.balance`): ``positions`` [T] the position in its
+        sequence of each row the block runs on (this rank's rows, in their order)."""
+        self.routing = routing_for(kind)
+        self.positions = positions.to(torch.int64)
+
+    def _choose(self, T: int, device) -> torch.Tensor | None:
+        if self.routing is None:
+            return None
+        if self.positions.numel() != T:
+            raise RuntimeError(f"the MoE block's balance routes {self.positions.numel()} rows, it was given {T}")
+        self.positions = self.positions.to(device)
+        return self.routing(self.positions, self.k, self.model.experts)
 
     def math(self, w, ln2: torch.Tensor, idx: torch.Tensor | None = None, layer: int | None = None,
              phase: str = "fwd"):
@@ -72,7 +90,7 @@ class MoEBlock:
         ``phase`` name the dispatcher's timed collectives (`memo_exec.moe.dispatchers`)."""
         T = ln2.shape[0]
         logits = F.linear(ln2, w.router_w, w.router_b)
-        idx, weights = self.router(logits, self.k, idx)
+        idx, weights = self.router(logits, self.k, self._choose(T, ln2.device) if idx is None else idx)
         xe, counts, state = self.dispatcher.dispatch(ln2, idx, layer, phase)
         ye = run_experts(xe, counts, w, self.swiglu, probs=self.dispatcher.route_probs(weights, state))
         y = self.dispatcher.combine(ye, state).view(T, self.k, self.h).sum(1)

@@ -27,7 +27,7 @@ def count_option(ctx, param, value):
 
 
 def moe_balance_option(ctx, param, value):
-    """``--moe-balance``: forced, dropless, capacity:F or loads:FILE (`memo_sim.layout.moe_balance`):
+    """``--moe-balance``: forced, random, dropless, capacity:F or loads:FILE (`memo_sim.layout.moe_balance`):
     a loads file (JSON: per-expert token counts, a list, or a list of lists one per MoE layer, or
     {"loads": ...}) becomes the plan's ``measured:`` setting, its numbers, not its path."""
     from memo_sim.layout.moe_balance import balance_why_not, measured_balance  # noqa: PLC0415 - lazy
@@ -265,7 +265,9 @@ def moe_layout_options(f):
                      help="MoE token dispatcher: alltoall, allgather (Megatron-Core's --moe-token-dispatcher-type) or "
                           "deepep (--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep)."),
         click.option("--moe-balance", default="dropless", show_default=True, callback=moe_balance_option,
-                     help="How routed tokens fall on the expert ranks: forced (even, as benchmark runs force), "
+                     help="How routed tokens fall on the expert ranks: forced (every expert the same tokens: "
+                          "torchtitan's debug.moe_force_load_balance), random (random router logits, uniform random "
+                          "loads: Megatron-Core's --moe-router-force-load-balancing), "
                           "dropless (a uniform router's loads), capacity:F (each expert padded/dropped to F x its "
                           "share) or loads:FILE (dropless with a router's measured per-expert token counts, JSON, "
                           "one list per MoE layer)."),

@@ -114,7 +114,8 @@ def framework_lines(f) -> list[str]:
     """One framework version in full: what `memo-sim frameworks NAME` prints."""
     yes = lambda on: "yes" if on else "no"  # noqa: E731
     experts = ("not offered" if f.experts is None else
-               f"EP {yes(f.experts[0])}, ETP {yes(f.experts[1])}, dispatchers {', '.join(f.experts[2])}")
+               f"EP {yes(f.experts.expert_parallel)}, ETP {yes(f.experts.expert_tensor_parallel)}, dispatchers "
+               f"{', '.join(f.experts.dispatchers)}, expert loads {', '.join(f.experts.balances)}")
     offload = ("no" if not f.optimizer_offload else "yes" if f.optimizer_offload_zero is None
                else f"beside ZeRO {', '.join(map(str, f.optimizer_offload_zero))}")
     out = [f"{f.name}: {f.summary}", f"  policies: {', '.join(f.policies)}",

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from memo_sim.policy.base import uses_memory_plan
 from memo_sim.errors import MemoError
+from memo_sim.layout.moe_balance import parse_balance
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import modules_words
 from memo_sim.units import fmt_time
@@ -83,6 +84,10 @@ def instead_lines(i: dict, framework: str) -> list[str]:
                else "it does not offer it")
         out.append(f"Its layer GEMMs run in bf16: memo's plan's {i['gemm_format_dropped']} is not written for "
                    f"{framework} ({why}).")
+    if i.get("balance_changed"):
+        was, now = i["balance_changed"]
+        out.append(f"Its experts' loads are {parse_balance(now).words}: {framework} has no setting for memo's "
+                   f"plan's {parse_balance(was).words}.")
     if i.get("mtp_dropped"):
         modules = modules_words(i["mtp_dropped"], "multi-token-prediction")
         out.append(f"It trains the model without its {modules} ({framework} does not train them "
@@ -100,7 +105,8 @@ def best_runnable(plan: Plan, framework: str, jobs: int = 1, progress=None,
                   keep_format: bool = True) -> tuple[Plan | None, dict | None]:
     """The best plan memo predicts the framework version runs for the plan's model, sequence, GPUs,
     profile, global batch and, for a mixture of experts, the routed tokens' balance (a property of the
-    job's router, not of the framework: `memo_sim.layout.moe_balance`), the what-if constrained to the
+    job's router: `memo_sim.layout.moe_balance`; where the framework has no setting for it, the nearest it runs,
+    `framework_balance`, and the summary's ``balance_changed`` says so), the what-if constrained to the
     framework, and its summary; (None, None) when nothing the framework offers fits. A GEMM format the
     framework lacks, or the exporter cannot write for the model (``keep_format`` False), is searched as bf16 (the
     summary's ``gemm_format_dropped`` says so)."""
@@ -111,7 +117,8 @@ def best_runnable(plan: Plan, framework: str, jobs: int = 1, progress=None,
     model = plan.model
     if model.gemm_format not in get_framework(framework).gemm_formats or not keep_format:
         model = dataclasses.replace(model, gemm_format="bf16")
-    balance = {"moe_balance": plan.layout.moe_balance} if model.moe else {}
+    changed = framework_balance(plan, framework)
+    balance = {"moe_balance": changed or plan.layout.moe_balance} if model.moe else {}
     ans = answer_whatif(WhatifRequest(model=model, seq=plan.seq_tokens, gpus=plan.gpus,
                                       profile=load_profile(plan.profile), global_batch=plan.batch * plan.layout.dp,
                                       framework=framework, jobs=jobs, **balance), progress=progress)
@@ -127,7 +134,8 @@ def best_runnable(plan: Plan, framework: str, jobs: int = 1, progress=None,
                  "plan_iteration_s": plan.predicted.iteration_s,
                  "gemm_format_dropped": plan.model.gemm_format if model.gemm_format != plan.model.gemm_format else None,
                  "gemm_format_written": keep_format,  # False: offered, but not written for this model
-                 "mtp_dropped": plan.model.mtp_layers - alt.model.mtp_layers or None}
+                 "mtp_dropped": plan.model.mtp_layers - alt.model.mtp_layers or None,
+                 "balance_changed": (plan.layout.moe_balance, changed) if changed else None}
 
 
 def price_line(n: dict) -> str:
@@ -330,6 +338,36 @@ def dp_flavour_gap(plan: Plan, framework: str) -> list[Gap]:
             + ("" if lay.reshard_after_forward else ", the gathered weights kept from the forward to the backward")
             + (f" beside {lay.pp} pipeline stages" if lay.pp > 1 else ""))
     return [Gap(what, nearest, PlanChange(layout=change))]
+
+
+# what runs instead of expert loads a framework has no setting for, nearest in price first
+# (`memo_sim.layout.moe_balance`: random routing is priced at dropless's uniform loads)
+_BALANCE_NEAREST = {"forced": ("random", "dropless"), "random": ("dropless",), "capacity": ("dropless",)}
+
+
+def framework_balance(plan: Plan, framework: str) -> str | None:
+    """The expert-load setting the framework version runs in place of the plan's (`memo_sim.frameworks`'
+    ``balances``; the nearest in price, ``_BALANCE_NEAREST``), or None where it runs the plan's (or the model has
+    no experts)."""
+    from memo_sim.search.frameworks import get_framework  # noqa: PLC0415
+
+    fw, bal = get_framework(framework), plan.layout.balance
+    if not plan.model.moe or fw.experts is None or bal.kind in fw.experts.balances:
+        return None
+    return next(k for k in _BALANCE_NEAREST.get(bal.kind, ()) + ("dropless",) if k in fw.experts.balances)
+
+
+def balance_gap(plan: Plan, framework: str) -> list[Gap]:
+    """Expert loads the framework version has no setting for: the nearest it runs instead, priced as that."""
+    from memo_sim.search.frameworks import get_framework  # noqa: PLC0415
+
+    instead, bal = framework_balance(plan, framework), plan.layout.balance
+    if instead is None:
+        return []
+    fw = get_framework(framework)
+    return [Gap(f"expert loads {bal.words}", f"{parse_balance(instead).words} ({fw.name} offers "
+                                              f"{', '.join(fw.experts.balances)})",
+                PlanChange(layout={"moe_balance": instead}))]
 
 
 def uneven_stages_gap(plan: Plan, framework: str) -> list[Gap]:

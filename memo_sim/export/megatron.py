@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import shlex
 
-from memo_sim.export.base import (Export, Gap, async_tp_gap, dp_flavour_gap, gemm_format_gap, metp_gap, nearest_plan,
-                                  not_modelled_gap, optimizer_offload_gap,
-                                  policy_gaps, price_nearest, shape_arguments, torchrun_line, ulysses_gap, zero_gap)
+from memo_sim.export.base import (Export, Gap, async_tp_gap, balance_gap, dp_flavour_gap, gemm_format_gap, metp_gap,
+                                  nearest_plan, not_modelled_gap, optimizer_offload_gap, policy_gaps, price_nearest,
+                                  shape_arguments, torchrun_line, ulysses_gap, zero_gap)
 from memo_sim.layout.kv_heads import kv_heads_why_not
 from memo_sim.model.rope import YARN_PARAMS, llama3_rope_factor, yarn_params
 from memo_sim.layout.pipeline_layout import format_layout
@@ -53,7 +53,7 @@ def gaps(plan: Plan) -> list[Gap]:
             + async_tp_gap(plan, "Megatron TP with sequence parallelism, its collectives on the critical path "
                                  "(--tp-comm-overlap, TransformerEngine's userbuffer overlap, is not priced by memo)")
             + zero_gap(plan, (0, 1, 3), "--use-distributed-optimizer, or Megatron-FSDP for ZeRO 3")
-            + dp_flavour_gap(plan, FRAMEWORK)
+            + dp_flavour_gap(plan, FRAMEWORK) + balance_gap(plan, FRAMEWORK)
             + policy_gaps(plan, _RUNS, notes={"memo": _OFFLOAD_NOTE, "full_offload": _OFFLOAD_NOTE})
             + gemm_format_gap(plan, "megatron") + optimizer_offload_gap(plan, "megatron") + _attention_gaps(plan)
             + not_modelled_gap(plan))
@@ -121,7 +121,8 @@ def _attention_gaps(plan: Plan) -> list[Gap]:
 
 
 # how memo's router and balance names read as Megatron-Core options
-_BALANCE = {"forced": [("--moe-router-force-load-balancing", None)], "dropless": [], "measured": []}
+# (forced, equal counts, has no option: `balance_gap`; --moe-router-force-load-balancing draws random logits)
+_BALANCE = {"random": [("--moe-router-force-load-balancing", None)], "dropless": [], "measured": []}
 
 
 # MLATransformerConfig's YaRN parameters that Megatron-LM's command line does not set (transformer_config.py at

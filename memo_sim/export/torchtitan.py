@@ -29,9 +29,9 @@ attention under CP).
 
 from __future__ import annotations
 
-from memo_sim.export.base import (Export, Gap, PlanChange, gemm_format_gap, metp_gap, mtp_gap, nearest_model,
-                                  nearest_plan, not_modelled_gap, optimizer_offload_gap, policy_gaps, uneven_stages_gap,
-                                  price_nearest, rotary_gaps, torchrun_line, ulysses_gap)
+from memo_sim.export.base import (Export, Gap, PlanChange, balance_gap, gemm_format_gap, metp_gap, mtp_gap,
+                                  nearest_model, nearest_plan, not_modelled_gap, optimizer_offload_gap, policy_gaps,
+                                  uneven_stages_gap, price_nearest, rotary_gaps, torchrun_line, ulysses_gap)
 from memo_sim.plan.schema import Plan
 
 FRAMEWORK = "torchtitan"  # its version in memo_sim/frameworks/data (the plans exported instead)
@@ -263,7 +263,7 @@ def gaps(plan: Plan) -> list[Gap]:
         out.append(Gap("ZeRO stage 1 (optimizer states sharded, weights and gradients whole)",
                        'FSDP2 with fsdp_reshard_after_forward = "never" (ZeRO 2: gradients sharded too)',
                        PlanChange(layout={"zero": 2})))
-    out += _ep_borrow_gap(plan)
+    out += _ep_borrow_gap(plan) + balance_gap(plan, FRAMEWORK)
     out += policy_gaps(plan, _RUNS, notes={"memo": "torchtitan offloads no activations",
                                            "full_offload": "torchtitan offloads no activations"})
     out += gemm_format_gap(plan, "torchtitan") + optimizer_offload_gap(plan, "torchtitan") + not_modelled_gap(plan)
@@ -439,6 +439,8 @@ def render(plan: Plan, applied: list[Gap]) -> str:
              # eager launches, as priced; CUDA graphs are on by default at SOURCE and the trainer refuses them beside
              # pipeline parallelism and the all-to-all EP dispatcher (torchtitan/trainer.py _validate_cuda_graphs)
              ("training.disable_cuda_graphs", True)]
+    if plan.model.moe and lay.balance.kind == "forced":  # round-robin routing: configs.py DebugConfig at SOURCE
+        sets.append(("debug.moe_force_load_balance", True))
     body = [f"    config.{k} = {v!r}" for k, v in sets]
     if other_model:  # the shipped configuration trains another model: stop, rather than train that one unnoticed
         shapes = (f"a Qwen3 MoE of the plan's shapes: {_qwen3_moe_args(plan.model)}" if _module(plan) == "qwen3"

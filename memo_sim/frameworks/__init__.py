@@ -43,8 +43,11 @@ stages; ``fsdp``, FSDP2 with HSDP and resharding after the forward or not; defau
 
 A file's ``layouts.experts`` section says how the framework trains mixture-of-experts models:
 whether it offers expert parallelism (``expert_parallel``) and expert tensor parallelism
-(``expert_tensor_parallel``), and its token dispatchers (`memo_sim.layout.moe_dispatchers`); a
-framework without the section is refused a MoE model (one line).
+(``expert_tensor_parallel``), its token dispatchers (`memo_sim.layout.moe_dispatchers`) and the
+expert-load settings it can run (``balances``, `memo_sim.layout.moe_balance`: ``forced`` where it routes
+every expert the same tokens, ``random`` where it routes by random logits, ``capacity`` where it drops and
+pads to a capacity factor; default ``dropless`` and ``measured``, its own router's loads); a framework
+without the section is refused a MoE model (one line).
 
 A file's ``precision`` section says how the framework keeps model states and which GEMM formats it
 offers: ``recipes`` maps a model dtype to the model-state recipe the framework runs it with
@@ -69,7 +72,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -78,6 +81,7 @@ from memo_sim.errors import MemoError, validated
 from memo_sim.fileio import load_yaml, read_utf8
 from memo_sim.dp import DP_MODES
 from memo_sim.layout.alloc_conf import merged_alloc_conf
+from memo_sim.layout.moe_balance import KINDS as BALANCE_KINDS
 from memo_sim.layout.moe_dispatchers import DISPATCHER_NAMES
 from memo_sim.layout.parallel import BLOCK_KERNELS, HOST_POOLS, Layout
 from memo_sim.layout.kv_heads import ULYSSES_KV_RULES
@@ -108,6 +112,18 @@ class _ExpertsIn(BaseModel):
     dispatchers: tuple[Literal[DISPATCHER_NAMES], ...] = Field(min_length=1)
     # EP borrows its ranks from TP x CP x the FSDP shard group only (torchtitan), not from replicated DP ranks
     ep_within_shards: bool = Field(False, strict=True)
+    # the expert-load settings it runs (`memo_sim.layout.moe_balance` kinds); its own router's loads always
+    balances: tuple[Literal[BALANCE_KINDS], ...] = ("dropless", "measured")
+
+
+class ExpertsOffer(NamedTuple):
+    """How a framework trains mixture-of-experts models (the file's ``layouts.experts``)."""
+
+    expert_parallel: bool
+    expert_tensor_parallel: bool
+    dispatchers: tuple[str, ...]
+    ep_within_shards: bool  # EP within TP x CP x the FSDP shard group
+    balances: tuple[str, ...]  # `memo_sim.layout.moe_balance` kinds
 
 
 class _LayoutsIn(BaseModel):
@@ -213,9 +229,7 @@ class Framework:
     optimizer_offload_zero: tuple[int, ...] | None = None  # ... beside these ZeRO stages only (None: all it offers)
     uneven_stages: bool = False  # it can give the first / last pipeline stages their own layer counts
     embedding_loss_slots: bool = False  # the embedding and the loss each take a layer's slot in its split
-    # mixture of experts: (expert parallel, expert tensor parallel, dispatchers, EP within TP x CP x the FSDP shard
-    # group); None: MoE models not offered
-    experts: tuple[bool, bool, tuple[str, ...], bool] | None = None
+    experts: ExpertsOffer | None = None  # mixture of experts (None: MoE models not offered)
     dp_modes: tuple[str, ...] = ("zero",)  # its data-parallel flavours (`memo_sim.dp`; zero: ZeRO stages)
     chunked_attention: bool = False  # it runs chunked attention (Llama 4); else a model's chunked layers run full
     shards_over_cp: bool = False  # its FSDP shards over the CP ranks too (`_LayoutsIn.shards_over_cp`)
@@ -285,13 +299,15 @@ class Framework:
             what = "the embedding and the loss in the pipeline split"
         elif (lay.ep > 1 or lay.etp > 1) and self.experts is None:
             what = "expert parallelism"
-        elif self.experts is not None and lay.ep > 1 and not self.experts[0]:
+        elif self.experts is not None and lay.ep > 1 and not self.experts.expert_parallel:
             what = "expert parallelism"
-        elif self.experts is not None and lay.etp > 1 and not self.experts[1]:
+        elif self.experts is not None and lay.etp > 1 and not self.experts.expert_tensor_parallel:
             what = "expert tensor parallelism"
-        elif self.experts is not None and lay.moe_dispatcher not in self.experts[2]:
+        elif self.experts is not None and lay.moe_dispatcher not in self.experts.dispatchers:
             what = f"the {lay.moe_dispatcher} token dispatcher"
-        elif self.experts is not None and self.experts[3] and lay.ep > 1 and (
+        elif self.experts is not None and lay.balance.kind not in self.experts.balances:
+            what = f"expert loads {lay.moe_balance}"
+        elif self.experts is not None and self.experts.ep_within_shards and lay.ep > 1 and (
                 lay.tp * (lay.dp_flavour.shard_group(lay) if lay.dp_mode == "fsdp" else lay.cp)) % (lay.ep * lay.etp):
             what = "expert parallelism beyond the ranks it borrows from (TP x CP x the FSDP shard group)"
         return None if what is None else f"{self.name} does not offer {lay.label()} ({what})"
@@ -354,10 +370,7 @@ def _read(path: Path) -> Framework:
                      fp8_saved_inputs=f.precision.fp8_saved_inputs, fp8_sp_gathers=f.precision.fp8_sp_gathers,
                      dp_modes=lay.dp_modes, chunked_attention=f.chunked_attention, shards_over_cp=lay.shards_over_cp,
                      multi_token_prediction=lay.multi_token_prediction,
-                     experts=None if lay.experts is None else (lay.experts.expert_parallel,
-                                                                lay.experts.expert_tensor_parallel,
-                                                                lay.experts.dispatchers,
-                                                                lay.experts.ep_within_shards))
+                     experts=None if lay.experts is None else ExpertsOffer(**lay.experts.model_dump()))
 
 
 @lru_cache(maxsize=1)

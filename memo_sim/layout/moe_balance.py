@@ -2,8 +2,15 @@
 input, because the step waits for the busiest rank (its expert GEMMs, and the all-to-all that
 waits for it) and no simulator can know a router's loads in advance.
 
-- ``forced``: every expert gets the same number of tokens (Megatron-Core's
-  ``--moe-router-force-load-balancing``, as benchmark runs use): load factor 1.
+- ``forced``: every expert gets the same number of tokens: load factor 1. torchtitan's
+  ``debug.moe_force_load_balance`` routes so (round-robin: copy i of a rank's tokens to expert i mod E,
+  ``_debug_force_load_balance_routing`` in torchtitan/models/common/moe.py at b5bcd76c, since 99fee810b,
+  2025-10-03). Megatron-Core's ``--moe-router-force-load-balancing`` does not: that is ``random``.
+- ``random``: Megatron-Core's ``--moe-router-force-load-balancing`` (RandomSTE in
+  megatron/core/transformer/moe/moe_utils.py from its first commit 022bcb5afe, 2025-05-24, to d98e8a64):
+  the gate's logits replaced by normal random numbers drawn per token on each rank (their gradient passed
+  straight through), so each token's k experts are a uniform draw and the loads those of uniform random
+  routing: balanced on average, the busiest rank as ``dropless`` prices it (below), not 1.
 - ``dropless`` (default): every routed token is computed, none dropped; the loads are those of a
   router that sends each token copy to an expert uniformly at random (what balancing aims at):
   the busiest of ``ep`` ranks receiving N copies in all holds the binomial's expected maximum,
@@ -28,11 +35,13 @@ import math
 from dataclasses import dataclass
 
 MAX_CAPACITY = 64.0
+SIMPLE = ("forced", "random", "dropless")  # the settings without a parameter
+KINDS = SIMPLE + ("capacity", "measured")
 
 
 @dataclass(frozen=True)
 class Balance:
-    kind: str  # forced | dropless | capacity | measured
+    kind: str  # forced | random | dropless | capacity | measured
     capacity: float = 1.0
     experts: int = 0  # measured: the expert count the loads were measured for
     factors: tuple[tuple[int, float], ...] = ()  # measured: (EP degree, load factor)
@@ -43,19 +52,36 @@ class Balance:
         dropless with measured loads): what a run that routes for real reproduces."""
         return self.kind in ("dropless", "measured")
 
+    @property
+    def words(self) -> str:
+        """How the loads are priced, in a phrase (the what-if's header line)."""
+        return {"forced": "forced: every expert the same tokens (load factor 1)",
+                "random": "random router logits (Megatron-Core's --moe-router-force-load-balancing): the busiest EP "
+                          "rank of uniform random routing",
+                "dropless": "dropless at a uniform router's loads (the busiest EP rank of top-k multinomial routing)",
+                "capacity": f"capacity factor {self.capacity:g}: every expert padded or dropped to {self.capacity:g} "
+                            f"x its share",
+                "measured": f"dropless at the router's measured loads ({self.experts} experts)"}[self.kind]
+
     def load_factor(self, copies: float, ep: int) -> float:
         """The busiest EP rank's routed tokens over the mean, for ``copies`` token copies routed in
         the EP group."""
         if self.kind == "measured":  # every EP degree dividing the experts has its factor (`parse_balance`)
             return dict(self.factors)[ep]
-        if self.kind == "forced" or ep <= 1:
-            return 1.0 if self.kind != "capacity" else self.capacity
         if self.kind == "capacity":
             return self.capacity
-        mean = copies / ep
-        if mean <= 0:
+        if self.kind == "forced" or ep <= 1:
             return 1.0
-        return 1.0 + math.sqrt(2.0 * math.log(ep) * (1.0 - 1.0 / ep) / mean)
+        return uniform_busiest(copies, ep)
+
+
+def uniform_busiest(copies: float, ep: int) -> float:
+    """The busiest of ``ep`` ranks' expected share of ``copies`` token copies routed uniformly at random, over
+    the mean (module docs: ``dropless``, ``random``)."""
+    mean = copies / ep
+    if ep <= 1 or mean <= 0:
+        return 1.0
+    return 1.0 + math.sqrt(2.0 * math.log(ep) * (1.0 - 1.0 / ep) / mean)
 
 
 def balance_why_not(text: str) -> str | None:
@@ -100,9 +126,9 @@ def measured_balance(loads: list[list[float]]) -> str:
 
 
 def parse_balance(text: str) -> Balance:
-    """``forced``, ``dropless``, ``capacity:F`` (F a number in (0, 64]) or ``measured:eE:ep=f,...``;
+    """``forced``, ``random``, ``dropless``, ``capacity:F`` (F a number in (0, 64]) or ``measured:eE:ep=f,...``;
     ValueError naming the forms."""
-    if text in ("forced", "dropless"):
+    if text in SIMPLE:
         return Balance(text)
     if isinstance(text, str) and text.startswith("measured:"):
         try:
@@ -124,5 +150,6 @@ def parse_balance(text: str) -> Balance:
             f = float("nan")
         if 0 < f <= MAX_CAPACITY:
             return Balance("capacity", f)
-    raise ValueError(f"moe balance must be forced, dropless, capacity:F (F a capacity factor in (0, {MAX_CAPACITY:g}]) "
+    raise ValueError(f"moe balance must be forced, random, dropless, capacity:F (F a capacity factor in "
+                     f"(0, {MAX_CAPACITY:g}]) "
                      f"or loads:FILE (measured per-expert token counts), got {text!r}")

@@ -249,9 +249,11 @@ def whatif_answer(v: WhatIfView) -> Answer:
            f"{v.batch_words}, {v.gpus} x {prof.gpu.model} ({prof.name})")
     for note in trained.model_notes():
         a.line(f"model: {note}")
-    if m.moe and v.best is not None and v.best.layout.moe_balance == "dropless":  # the default: say what it prices
-        a.line("expert loads: dropless at a uniform router's loads (the busiest EP rank of top-k multinomial routing); "
-               "a trained router's skew is not priced: --moe-balance loads:FILE takes measured per-expert counts")
+    if m.moe and v.best is not None:  # say what the loads are priced as
+        bal = v.best.layout.balance
+        skew = ("; a trained router's skew is not priced: --moe-balance loads:FILE takes measured per-expert counts"
+                if bal.kind == "dropless" else "")
+        a.line(f"expert loads: {bal.words}{skew}")
     if (nodes := prof.partial_node_words(v.gpus)) is not None:
         a.line(f"nodes: {nodes}")
     a.line(f"profile {prof.name}: {prof.provenance_line()}")

@@ -228,7 +228,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
                         + (f"; {' and '.join(others)} runs {tp_mode} (--framework {others[0]})" if others else
                            "; choose one of them or another --framework"))
     if model.moe and fw.experts is not None:  # what the framework's MoE training cannot run, named before the search
-        ep_ok, etp_ok, dispatchers, _borrow = fw.experts
+        ep_ok, etp_ok, dispatchers, _borrow, balances = fw.experts
         if (ep or 1) > 1 and not ep_ok:
             raise MemoError(f"--ep {ep}: {fw.name} runs no expert parallelism in memo's framework data; drop it or "
                             f"choose another --framework")
@@ -238,6 +238,9 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
         if moe_dispatcher not in dispatchers:
             raise MemoError(f"--moe-dispatcher {moe_dispatcher}: {fw.name} runs {', '.join(dispatchers)}; choose one "
                             f"of them or another --framework")
+        if (kind := parse_balance(moe_balance).kind) not in balances:
+            raise MemoError(f"--moe-balance {moe_balance}: {fw.name} runs expert loads {', '.join(balances)} in memo's "
+                            f"framework data, not {kind}; choose one of them or another --framework")
     if model.moe:
         why = measured_why_not(parse_balance(moe_balance), model.experts)
         if why:
