@@ -11,7 +11,8 @@
   still matches, and the same run with the all-to-all's split sizes mutated, which must fail;
 - forced balance (round-robin by position: equal counts) on dp2 x ep2 and tp2 (SP) x ep2 against the single
   process routed so too;
-- one-line refusals (etp > 1, the allgather dispatcher, capacity balance, MLA / sinks / sliding window);
+- the allgather dispatcher on dp2 x ep2 (with the unbalanced routing) and tp2 (SP) x ep2;
+- one-line refusals (etp > 1, the deepep dispatcher, capacity balance, MLA / sinks / sliding window);
   Qwen3-MoE's attention (QK norms, heads wider than hidden / heads) runs.
 """
 
@@ -90,7 +91,8 @@ def run_case(lay: dict, pol: str, steps: int = 0, batch: int = 1, schedule: str 
         losses = [ex.step(k).loss for k in range(steps)]
     ex.close()
     return {"loss": rec.loss, "grads": grads if ctx.rank == 0 else None, "losses": losses, "recomputed": recomputed,
-            "moe_recomputed": moe_recomputed, "offloaded": offloaded}
+            "moe_recomputed": moe_recomputed, "offloaded": offloaded,
+            "ep_ops": sorted({(e.op, e.phase) for e in rec.events if e.stream == "ep_comm"})}
 
 
 def rank_cases(rank: int, world: int, cases) -> list:
@@ -249,7 +251,12 @@ TWO = [dict(lay=dict(dp=2, ep=2), pol="store_all", steps=10),
        dict(lay=dict(dp=2, ep=2), pol="memo", variant=3),  # dense and MoE layers alternating
        # forced balance: round-robin by position in the sequence, on each rank's rows as on one process
        dict(lay=dict(dp=2, ep=2, moe_balance="forced"), pol="memo"),
-       dict(lay=dict(tp=2, sp=True, ep=2, moe_balance="forced"), pol="store_all")]
+       dict(lay=dict(tp=2, sp=True, ep=2, moe_balance="forced"), pol="store_all"),
+       # the allgather dispatcher: every rank's tokens gathered, outputs reduce-scattered
+       dict(lay=dict(dp=2, ep=2, moe_dispatcher="allgather"), pol="store_all", steps=3),
+       dict(lay=dict(dp=2, ep=2, moe_dispatcher="allgather"), pol="memo"),
+       dict(lay=dict(dp=2, ep=2, moe_dispatcher="allgather"), pol="store_all", skew=True),
+       dict(lay=dict(tp=2, sp=True, ep=2, moe_dispatcher="allgather"), pol="recompute_moe")]
 
 
 def test_two_ranks_dp2_ep2_match_single_process():
@@ -258,6 +265,10 @@ def test_two_ranks_dp2_ep2_match_single_process():
     results = spawn(rank_cases, 2, TWO, timeout=240)
     for i, case in enumerate(TWO):
         check(case, [r[i] for r in results], 2)
+        if case["lay"].get("moe_dispatcher") == "allgather":  # its collectives timed under the simulator's names
+            ops = set(results[0][i]["ep_ops"])
+            assert {("moe_dispatch_allgather_etp_ep", "fwd"), ("moe_dispatch_allgather_etp_ep", "bwd"),
+                    ("moe_combine_reducescatter_etp_ep", "fwd"), ("moe_combine_reducescatter_etp_ep", "bwd")} <= ops, ops
 
 
 def test_wrong_split_sizes_fail():
@@ -291,7 +302,7 @@ def test_four_ranks_tp2_dp2_ep2_and_pp2_ep2_match_single_process():
 # ------------------------------------------------------------------------------- refusals
 REFUSED = [
     ("etp = 2", dict(tp=2, sp=True, etp=2), MOE),
-    ("moe_dispatcher = 'allgather'", dict(dp=2, ep=2, moe_dispatcher="allgather"), MOE),
+    ("moe_dispatcher = 'deepep'", dict(dp=2, ep=2, moe_dispatcher="deepep"), MOE),
     ("moe_balance = 'capacity:1.25'", dict(dp=2, ep=2, moe_balance="capacity:1.25"), MOE),
     ("kv_lora_rank = 32", dict(), dataclasses.replace(MOE, kv_lora_rank=32, q_lora_rank=32, head_dim=16, qk_rope_dim=8,
                                                     v_head_dim=16)),
@@ -349,3 +360,16 @@ def test_forced_balance_routes_every_expert_the_same_copies_and_is_not_the_route
     assert abs(loss - forced) <= 1e-12 * abs(forced) and abs(forced - router) > 1e-6 * abs(router)
     gate = [k for k in grads if k.endswith("router_w")]
     assert gate and all(float(grads[k].norm()) > 0 for k in gate)
+
+
+def test_executor_dispatchers_are_the_contracts():
+    """The dispatchers memo-exec runs (ep > 1) are the ones `memo_sim.plan.executor_scope` lets through, and the
+    allgather one's timed collectives carry the simulator's names (`memo_sim.cost.moe.step_cost`)."""
+    from memo_exec.moe.dispatchers import AG_COMBINE, AG_DISPATCH, DISPATCHERS
+    from memo_sim.layout.moe_dispatchers import DISPATCHERS as SIM
+    from memo_sim.plan.executor_scope import EXEC_DISPATCHERS
+
+    assert set(DISPATCHERS.names()) - {"local"} == set(EXEC_DISPATCHERS)
+    steps = SIM.get("allgather")
+    assert (AG_DISPATCH, AG_COMBINE) == tuple(f"moe_{w}_{s.collective}_{s.group}" for w, s in
+                                              (("dispatch", steps.dispatch[0]), ("combine", steps.combine[0])))

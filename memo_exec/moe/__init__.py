@@ -5,7 +5,7 @@
 - `routers`: score function + deterministic top-k by ``ModelConfig.router`` (registered by name);
 - `balance`: routings that pick the experts in the router's place by ``Layout.moe_balance`` (``forced``:
   round-robin, equal counts; registered by name);
-- `dispatchers`: ``local`` (ep 1) and ``alltoall`` token dispatch / combine (registered by name);
+- `dispatchers`: ``local`` (ep 1), ``alltoall`` and ``allgather`` token dispatch / combine (registered by name);
 - `experts`: the per-expert GEMM loop; `comm`: the differentiable collectives;
 - `block`: the block `memo_exec.layer.LayerCompute` runs in place of the FFN on a MoE layer, and
   what it keeps for the backward under each activation policy;

@@ -150,6 +150,52 @@ class _GatherLinear(torch.autograd.Function):
         return _reduce_scatter(g @ w, ctx.p, ctx.group), dw, None, None
 
 
+class _EPGather(torch.autograd.Function):
+    """`_gather` over the expert-parallel group, timed as ``tag`` names it (the backward, its reduce-scatter,
+    in phase ``bwd``)."""
+
+    @staticmethod
+    def forward(ctx, t, p, group, tag):
+        ctx.p, ctx.group, ctx.tag = p, group, tag
+        with tag.span(tag.phase, t.numel() * t.element_size() * p) if tag is not None else contextlib.nullcontext():
+            return _gather(t, p, group)
+
+    @staticmethod
+    def backward(ctx, g):
+        with ctx.tag.span("bwd", g.numel() * g.element_size()) if ctx.tag is not None else contextlib.nullcontext():
+            return _reduce_scatter(g.contiguous(), ctx.p, ctx.group), None, None, None
+
+
+class _EPReduceScatter(torch.autograd.Function):
+    """`_reduce_scatter` over the expert-parallel group, timed as ``tag`` names it (the backward, its all-gather,
+    in phase ``bwd``)."""
+
+    @staticmethod
+    def forward(ctx, t, p, group, tag):
+        ctx.p, ctx.group, ctx.tag = p, group, tag
+        with tag.span(tag.phase, t.numel() * t.element_size()) if tag is not None else contextlib.nullcontext():
+            return _reduce_scatter(t, p, group)
+
+    @staticmethod
+    def backward(ctx, g):
+        with ctx.tag.span("bwd", g.numel() * g.element_size() * ctx.p) if ctx.tag is not None else \
+                contextlib.nullcontext():
+            return _gather(g.contiguous(), ctx.p, ctx.group), None, None, None
+
+
+def ep_gather(t: torch.Tensor, p: int, group, tag: A2ATag | None = None) -> torch.Tensor:
+    """Every rank's rows [n, w] of the ``p``-rank group, gathered row t*p + r = rank r's row t (as `sp_gather`),
+    differentiable (its backward reduce-scatters); an integer tensor is gathered without a graph."""
+    if not t.is_floating_point():
+        return _gather(t, p, group)
+    return _EPGather.apply(t, p, group, tag)
+
+
+def ep_reduce_scatter(t: torch.Tensor, p: int, group, tag: A2ATag | None = None) -> torch.Tensor:
+    """The inverse of `ep_gather`: rows [n * p, w] summed over the group, rank r keeping rows t*p + r."""
+    return _EPReduceScatter.apply(t, p, group, tag)
+
+
 def sp_gather(t: torch.Tensor, p: int, group) -> torch.Tensor:
     return t if p == 1 else _SPGather.apply(t, p, group)
 

@@ -16,6 +16,14 @@ outputs to their copy rows on the rank the tokens came from. Everything is diffe
   The counts are exchanged before any row moves, so every rank knows how many rows it receives
   from each peer (zero included: a rank no token is routed to still takes part in both exchanges).
 
+- ``allgather`` (Megatron-Core's ``allgather`` dispatcher, `memo_sim.layout.moe_dispatchers.allgather`): every
+  rank's rows, routing and router weights all-gathered over the EP group (`memo_exec.moe.comm.ep_gather`), each
+  rank selecting the copies of its local experts (sorted by expert), its experts' outputs put back in a zero
+  buffer of the group's copies and reduce-scattered (`ep_reduce_scatter`: each copy's output comes from the one
+  rank computing it); timed as ``moe_dispatch_allgather_etp_ep`` / ``moe_combine_reducescatter_etp_ep`` spans
+  (ETP 1: the EP group), the weights' gather untimed. Its selections are index_select / index_copy, whose
+  backwards scatter-add and gather: no regrouping permutation.
+
 Router weights (``route_probs``): each copy's weight travels with it (one more all-to-all of one element a
 row, in the router's dtype, span ``moe_dispatch_probs_alltoall_ep``, not priced by the simulator), as Megatron-Core's
 dispatchers send the permuted probabilities, so the experts apply it inside their activation and the
@@ -40,11 +48,12 @@ from __future__ import annotations
 import torch
 
 from memo_exec.errors import ExecError
-from memo_exec.moe.comm import A2ATag, all_to_all, exchange_counts
+from memo_exec.moe.comm import A2ATag, all_to_all, ep_gather, ep_reduce_scatter, exchange_counts
 from memo_sim.registry import Registry
 
 DISPATCHERS: Registry = Registry("layout.moe_dispatcher", error=ExecError,
-                                 unknown="{what} {name!r}: the executor runs {known}; plan with moe_dispatcher alltoall")
+                                 unknown="{what} {name!r}: the executor runs {known}; plan with moe_dispatcher "
+                                         "alltoall or allgather")
 
 
 def sim_op_name(which: str, collective: str = "alltoall", group: str = "ep") -> str:
@@ -167,6 +176,36 @@ class AllToAllDispatcher(Dispatcher):
         got = all_to_all(gather_rows(probs.reshape(-1, 1), order, 1, inv), out_splits, in_splits, self.group,
                          self.tag(PROBS_A2A, layer, phase))
         return gather_rows(got, regroup, 1, un_regroup).view(-1)
+
+
+AG_DISPATCH, AG_COMBINE = sim_op_name("dispatch", "allgather", "etp_ep"), sim_op_name("combine", "reducescatter",
+                                                                                      "etp_ep")
+
+
+@DISPATCHERS.register("allgather")
+class AllGatherDispatcher(Dispatcher):
+    """Megatron-Core's ``allgather`` dispatcher (module docs): every rank's tokens and routing all-gathered over the
+    EP group (``etp`` 1), each rank computing the copies routed to its local experts, the outputs reduce-scattered
+    back (each copy's output on exactly one rank, zeros elsewhere)."""
+
+    def dispatch(self, x, idx, layer=None, phase="fwd"):
+        k, ep = idx.shape[1], self.ep
+        xs = ep_gather(x, ep, self.group, self.tag(AG_DISPATCH, layer, phase))  # [ep*T, h]: row t*ep + r, rank r's
+        flat = ep_gather(idx, ep, self.group).reshape(-1)  # the gathered tokens' copies, token g's at g*k ..
+        mine = ((flat >= self.first) & (flat < self.first + self.local)).nonzero().squeeze(1)
+        sel = mine[torch.sort(flat[mine], stable=True).indices]  # this rank's copies, grouped by local expert
+        counts = torch.bincount(flat[sel] - self.first, minlength=self.local).tolist()
+        return xs.index_select(0, sel // k), counts, (sel, flat.numel(), k, layer, phase)
+
+    def combine(self, ye, state):
+        sel, n, k, layer, phase = state
+        h = ye.shape[1]
+        full = ye.new_zeros(n, h).index_copy(0, sel, ye).view(n // k, k * h)
+        return ep_reduce_scatter(full, self.ep, self.group, self.tag(AG_COMBINE, layer, phase)).view(-1, h)
+
+    def route_probs(self, probs, state):
+        sel = state[0]  # the weights gathered untimed (the simulator prices the rows' collectives only)
+        return ep_gather(probs, self.ep, self.group).reshape(-1).index_select(0, sel)
 
 
 def dispatcher_for(name: str, experts: int, ep: int, ep_rank: int, group) -> Dispatcher:

@@ -17,7 +17,8 @@ group's T*p gathered rows at 1/p of their width):
 - ``moe_in``: the received copies [R, h]; ``efc1``: [R, expert fc1]; ``eact``: [R, expert width];
 - ``copy_order``: the row permutations the gathers' backwards read, int64: the sort of the copies and its
   inverse [T*k] each, and the all-to-all dispatcher's regrouping by local expert and its inverse [R] each
-  (one process's local dispatcher has no regrouping: 16 bytes per copy fewer than counted);
+  (one process's local dispatcher has no regrouping: 16 bytes per copy fewer than counted; the all-gather
+  dispatcher keeps its selection of the copies and their token rows, [R] each, and no sort: 16 T k bytes fewer);
 - ``sfc1`` [T*p, shared fc1 / p], ``sact`` [T*p, shared / p]; with a shared-expert gate also ``sfc2`` (the
   shared output [T, h]) and the gate's sigmoid [T, 1].
 

@@ -10,9 +10,9 @@ The executor builds:
 
 - the layer's linear GEMMs in the model's dtype or ``fp8-tensorwise`` (`EXEC_GEMM_FORMATS`,
   `memo_exec.gemm_formats.GEMMS`), FP8 in the dense layer only, below ZeRO 3, at CUDA's 16-multiple shapes;
-- routed experts with expert parallelism ``ep`` over the ``alltoall`` dispatcher, ``etp`` = 1 (each expert's FFN
-  whole on one rank), dropless routing over every expert (no router groups, no output scaling) or equal counts
-  round-robin (``forced``; `EXEC_BALANCES`);
+- routed experts with expert parallelism ``ep`` over the ``alltoall`` or ``allgather`` dispatcher, ``etp`` = 1
+  (each expert's FFN whole on one rank), dropless routing over every expert (no router groups, no output
+  scaling) or equal counts round-robin (``forced``; `EXEC_BALANCES`);
 - multi-head / grouped-query attention, with any head size (``head_dim``) and QK norms (no latent attention, no
   sinks, no sliding windows, no chunked attention);
 - uncompiled kernels (``kernel_fusion`` fused), its own ring (no ``ring_merge`` passes), a static memory plan for
@@ -30,7 +30,7 @@ from memo_sim.model.config import ModelConfig
 
 EXEC_GEMM_FORMATS = ("bf16", "fp8-tensorwise")  # `memo_exec.gemm_formats.GEMMS` (a test holds them equal)
 CUDA_MULTIPLE = 16  # torch._scaled_mm on CUDA: the reduction dimension and the second operand's a multiple of this
-EXEC_DISPATCHERS = ("alltoall",)
+EXEC_DISPATCHERS = ("alltoall", "allgather")  # `memo_exec.moe.dispatchers` (a test holds them equal)
 EXEC_ROUTERS = ("softmax", "sigmoid")  # `memo_exec.moe.routers` (a test holds them equal)
 # the expert loads it routes (`memo_exec.moe.balance`: the router's own, or equal counts round-robin)
 EXEC_BALANCES = ("dropless", "measured", "forced")
@@ -114,7 +114,7 @@ def moe_why_not(model: ModelConfig, layout: Layout) -> str | None:
                 f"(expert tensor parallelism not built); plan with etp 1")
     if layout.moe_dispatcher not in EXEC_DISPATCHERS:
         return (f"plan layout {lab}: moe_dispatcher = {layout.moe_dispatcher!r}: the executor runs "
-                f"{', '.join(EXEC_DISPATCHERS)} only; plan with moe_dispatcher alltoall")
+                f"{' and '.join(EXEC_DISPATCHERS)} only; plan with moe_dispatcher alltoall")
     if layout.balance.kind not in EXEC_BALANCES:  # measured loads are a dropless router's
         return (f"plan layout {lab}: moe_balance = {layout.moe_balance!r}: the executor routes dropless with the "
                 f"model's router or forced (equal counts) only (no random routing, no capacity dropping); plan with "
