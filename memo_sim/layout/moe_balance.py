@@ -47,12 +47,6 @@ class Balance:
     factors: tuple[tuple[int, float], ...] = ()  # measured: (EP degree, load factor)
 
     @property
-    def drops_none(self) -> bool:
-        """Whether every routed token is computed by a router left to its own loads (dropless, or
-        dropless with measured loads): what a run that routes for real reproduces."""
-        return self.kind in ("dropless", "measured")
-
-    @property
     def words(self) -> str:
         """How the loads are priced, in a phrase (the what-if's header line)."""
         return {"forced": "forced: every expert the same tokens (load factor 1)",
