@@ -233,12 +233,17 @@ class ModuleRecompute(ActivationPolicy):
 
     def after_forward(self, i: int) -> None:
         st = self.storages[i - self.first]
-        st.aux = st.moe = None  # the attention state and a MoE block's routing are rebuilt by the re-run
+        # the attention state and a MoE block's routing are rebuilt by the re-run; kept: the model layer a routing
+        # keyed by layer drew from (`memo_exec.moe.balance`: a pipeline's backward binds another chunk's numbering)
+        st.aux = None
+        st.moe = None if st.moe is None else MoESaved(None, route_layer=st.moe.route_layer)
 
     def recompute(self, compute, weights, storage, i: int) -> None:
+        kept = storage.moe
         compute.recompute_full(weights, storage, i)
-        if weights.moe is not None:
-            storage.moe = MoESaved(None)  # the block's backward re-runs it, routing the rebuilt ln2 again
+        if weights.moe is not None:  # the block's backward re-runs it, routing the rebuilt ln2 again
+            storage.moe = MoESaved(None, route_layer=kept.route_layer if kept is not None else
+                                   compute.moe.route_layer(i))
 
     def storage_for_backward(self, i: int, weights) -> LayerStorage:
         st = self.storages[i - self.first]

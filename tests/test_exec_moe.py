@@ -9,8 +9,9 @@
   10 optimizer steps on the single process's loss curve;
 - an unbalanced routing (every token to the experts of EP rank 0: rank 1 receives no rows) that
   still matches, and the same run with the all-to-all's split sizes mutated, which must fail;
-- forced balance (round-robin by position: equal counts) on dp2 x ep2 and tp2 (SP) x ep2 against the single
-  process routed so too;
+- forced balance (round-robin by position: equal counts) on dp2 x ep2 and tp2 (SP) x ep2, random balance (a uniform
+  draw per layer and position) on dp2 x ep2, tp2 (SP) x ep2 and pp2 x dp2 x ep2, against the single process routed
+  so too;
 - the allgather dispatcher on dp2 x ep2 (with the unbalanced routing) and tp2 (SP) x ep2;
 - one-line refusals (etp > 1, the deepep dispatcher, capacity balance, MLA / sinks / sliding window);
   Qwen3-MoE's attention (QK norms, heads wider than hidden / heads) runs.
@@ -252,6 +253,9 @@ TWO = [dict(lay=dict(dp=2, ep=2), pol="store_all", steps=10),
        # forced balance: round-robin by position in the sequence, on each rank's rows as on one process
        dict(lay=dict(dp=2, ep=2, moe_balance="forced"), pol="memo"),
        dict(lay=dict(tp=2, sp=True, ep=2, moe_balance="forced"), pol="store_all"),
+       # random balance: a uniform draw keyed by layer and position, each rank drawing its own rows' experts
+       dict(lay=dict(dp=2, ep=2, moe_balance="random"), pol="memo"),
+       dict(lay=dict(tp=2, sp=True, ep=2, moe_balance="random"), pol="store_all"),
        # the allgather dispatcher: every rank's tokens gathered, outputs reduce-scattered
        dict(lay=dict(dp=2, ep=2, moe_dispatcher="allgather"), pol="store_all", steps=3),
        dict(lay=dict(dp=2, ep=2, moe_dispatcher="allgather"), pol="memo"),
@@ -267,8 +271,8 @@ def test_two_ranks_dp2_ep2_match_single_process():
         check(case, [r[i] for r in results], 2)
         if case["lay"].get("moe_dispatcher") == "allgather":  # its collectives timed under the simulator's names
             ops = set(results[0][i]["ep_ops"])
-            assert {("moe_dispatch_allgather_etp_ep", "fwd"), ("moe_dispatch_allgather_etp_ep", "bwd"),
-                    ("moe_combine_reducescatter_etp_ep", "fwd"), ("moe_combine_reducescatter_etp_ep", "bwd")} <= ops, ops
+            names = ("moe_dispatch_allgather_etp_ep", "moe_combine_reducescatter_etp_ep")
+            assert {(name, d) for name in names for d in ("fwd", "bwd")} <= ops, ops
 
 
 def test_wrong_split_sizes_fail():
@@ -290,7 +294,9 @@ FOUR = [dict(lay=dict(tp=2, sp=True, dp=2, ep=2), pol="store_all", steps=10),
         dict(lay=dict(tp=2, sp=True, dp=2, ep=2), pol="full_recompute"),
         dict(lay=dict(tp=2, sp=True, dp=2, ep=4), pol="memo"),
         dict(lay=dict(pp=2, dp=2, ep=2), pol="memo", batch=4, schedule="1f1b", micro=1),
-        dict(lay=dict(pp=2, dp=2, ep=2), pol="store_all", batch=4, schedule="1f1b", micro=1)]
+        dict(lay=dict(pp=2, dp=2, ep=2), pol="store_all", batch=4, schedule="1f1b", micro=1),
+        # random routing keyed by the model's layer: a stage's layers draw as the same layers do on one process
+        dict(lay=dict(pp=2, dp=2, ep=2, moe_balance="random"), pol="store_all", batch=4, schedule="1f1b", micro=1)]
 
 
 def test_four_ranks_tp2_dp2_ep2_and_pp2_ep2_match_single_process():
@@ -358,6 +364,37 @@ def test_forced_balance_routes_every_expert_the_same_copies_and_is_not_the_route
         router, _g2, _ = reference("memo", 1)
         loss, grads, _ = executor_grads(plan_for({"moe_balance": "forced"}, "store_all"), dtype="fp64")
     assert abs(loss - forced) <= 1e-12 * abs(forced) and abs(forced - router) > 1e-6 * abs(router)
+    gate = [k for k in grads if k.endswith("router_w")]
+    assert gate and all(float(grads[k].norm()) > 0 for k in gate)
+
+
+def test_random_balance_draws_uniform_k_subsets_per_layer_and_is_not_the_routers_choice():
+    """memo-exec's random balance (`memo_exec.moe.balance`, Megatron-Core's --moe-router-force-load-balancing): each
+    position's k experts a uniform draw, distinct, different across layers, the same for a rank's shard of the rows
+    as on one process; loads near uniform routing's; the single process routes so too, and not as its router would."""
+    from memo_exec.moe.balance import uniform_draw
+
+    E, k, n = 16, 4, 20000
+    pos = torch.arange(n)
+    idx = uniform_draw(pos, k, E, 3)
+    assert idx.shape == (n, k) and all(len(set(r)) == k for r in idx[:2000].tolist())
+    assert torch.equal(uniform_draw(pos[1::2], k, E, 3), idx[1::2])  # a shard draws its rows alone
+    assert torch.equal(uniform_draw(pos, k, E, 3), idx)  # deterministic
+    other = uniform_draw(pos, k, E, 4)
+    assert float((other != idx).float().mean()) > 0.5  # another layer, another draw
+    counts = torch.bincount(idx.reshape(-1), minlength=E).double()
+    expect = n * k / E
+    chi2 = float(((counts - expect) ** 2 / expect).sum())
+    assert chi2 < 45.0, chi2  # chi-square with 15 degrees of freedom: p < 1e-4 beyond 40 for a uniform draw
+    pairs = torch.bincount((idx[:, 0] * E + idx[:, 1]), minlength=E * E).reshape(E, E)
+    assert int(pairs.diagonal().sum()) == 0 and int((pairs + pairs.T).fill_diagonal_(1).min()) > 0  # every pair drawn
+    with time_limit(60):
+        drawn, _g, _ = reference("memo", 1, balance="random")
+        router, _g2, _ = reference("memo", 1)
+        forced, _g3, _ = reference("memo", 1, balance="forced")
+        loss, grads, _ = executor_grads(plan_for({"moe_balance": "random"}, "store_all"), dtype="fp64")
+    assert abs(loss - drawn) <= 1e-12 * abs(drawn)
+    assert abs(drawn - router) > 1e-6 * abs(router) and abs(drawn - forced) > 1e-6 * abs(forced)
     gate = [k for k in grads if k.endswith("router_w")]
     assert gate and all(float(grads[k].norm()) > 0 for k in gate)
 

@@ -349,6 +349,19 @@ def test_two_gloo_ranks_match_the_single_process_run():
             assert abs(a - b) <= 1e-7 * abs(b), (what, got[0]["losses"], losses)
 
 
+def test_modules_rerun_draw_random_routing_as_their_forward():
+    """Under full recompute a module's MoE layer keeps no routing and re-runs its block before the backward: a
+    routing keyed by the model layer (`memo_exec.moe.balance`'s random) must draw there as the forward drew, so the
+    gradients are store all's (which keeps the block's graph)."""
+    with time_limit(60):
+        runs = {pol: executor_grads(plan_for(MODELS["moe-d2"], pol, {"moe_balance": "random"}, batch=1),
+                                    dtype="fp64") for pol in ("store_all", "full_recompute")}
+    (loss, want, _), (got_loss, got, _) = runs["store_all"], runs["full_recompute"]
+    assert abs(got_loss - loss) <= 1e-12 * abs(loss)
+    err, worst = max_rel_error(got, want)
+    assert err <= 1e-10, (worst, err)
+
+
 RECOMPUTE = [dict(model="dense-d2", lay=dict(tp=2, sp=True), pol="full_recompute"),
              dict(model="moe-d2", lay=dict(tp=2, sp=True, ep=2), pol="full_recompute")]  # routed again, all-to-all
 

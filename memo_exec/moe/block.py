@@ -2,9 +2,9 @@
 in place of fc1 / act / fc2 on a MoE layer: it reads the layer's ln2 and returns the block's output.
 
 Math (plain PyTorch, autograd inside the block): gate GEMM ``ln2 @ router_w^T (+ router_b)``, the
-model's router (`memo_exec.moe.routers`: scores, deterministic top-k, normalised weights; under a forced balance
-the experts are the routing's, `memo_exec.moe.balance`, from each row's position in its sequence, `set_balance`,
-and the router weighs them), the
+model's router (`memo_exec.moe.routers`: scores, deterministic top-k, normalised weights; under a forced or random
+balance the experts are the routing's, `memo_exec.moe.balance`, from each row's position in its sequence,
+`set_balance`, and the layer's index, and the router weighs them), the
 dispatcher (`memo_exec.moe.dispatchers`: ``local`` or ``alltoall`` over the expert-parallel group),
 the local experts' GEMMs (`memo_exec.moe.experts`) with each copy's router weight applied inside
 their activation (the weights travel with the copies: `Dispatcher.route_probs`), combine (back to the
@@ -57,6 +57,7 @@ class MoESaved:
     # module re-run whole keeps no routing, `memo_exec.mtp.ModuleRecompute`)
     idx: torch.Tensor | None
     graph: tuple | None = None  # (ln2 leaf, block output: its graph, storage freed) under store all
+    route_layer: int = 0  # the model layer a routing keyed by layer drew from (the re-run without idx draws it again)
 
 
 class MoEBlock:
@@ -69,6 +70,9 @@ class MoEBlock:
         self.dispatcher = dispatcher or LocalDispatcher(model.experts)
         self.tp_size, self.tp_group = tp_size, tp_group
         self.routing, self.positions = None, None  # the router picks (`set_balance`)
+        # the model layer of the compute's layer 0: a pipeline chunk's first (`memo_exec.pipeline.schedules`), a
+        # routing keyed by layer draws from ``layer_base + layer``
+        self.layer_base = 0
 
     def set_balance(self, kind: str, positions: torch.Tensor) -> None:
         """Route by the layout's balance ``kind`` (`memo_exec.moe.balance`): ``positions`` [T] the position in its
@@ -76,21 +80,28 @@ class MoEBlock:
         self.routing = routing_for(kind)
         self.positions = positions.to(torch.int64)
 
-    def _choose(self, T: int, device) -> torch.Tensor | None:
+    def route_layer(self, layer: int | None) -> int:
+        """The model layer of the compute's ``layer`` (a routing keyed by layer draws from it)."""
+        return self.layer_base + (0 if layer is None else layer)
+
+    def _choose(self, T: int, device, route_layer: int) -> torch.Tensor | None:
         if self.routing is None:
             return None
         if self.positions.numel() != T:
             raise RuntimeError(f"the MoE block's balance routes {self.positions.numel()} rows, it was given {T}")
         self.positions = self.positions.to(device)
-        return self.routing(self.positions, self.k, self.model.experts)
+        return self.routing(self.positions, self.k, self.model.experts, route_layer)
 
     def math(self, w, ln2: torch.Tensor, idx: torch.Tensor | None = None, layer: int | None = None,
-             phase: str = "fwd"):
+             phase: str = "fwd", route_layer: int | None = None):
         """(block output [T, h], routing idx) with autograd where grad mode is on; ``layer`` and
-        ``phase`` name the dispatcher's timed collectives (`memo_exec.moe.dispatchers`)."""
+        ``phase`` name the dispatcher's timed collectives (`memo_exec.moe.dispatchers`); ``route_layer`` the model
+        layer a routing keyed by layer draws from (default: ``layer``'s)."""
         T = ln2.shape[0]
         logits = F.linear(ln2, w.router_w, w.router_b)
-        idx, weights = self.router(logits, self.k, self._choose(T, ln2.device) if idx is None else idx)
+        if idx is None:
+            idx = self._choose(T, ln2.device, self.route_layer(layer) if route_layer is None else route_layer)
+        idx, weights = self.router(logits, self.k, idx)
         xe, counts, state = self.dispatcher.dispatch(ln2, idx, layer, phase)
         ye = run_experts(xe, counts, w, self.swiglu, probs=self.dispatcher.route_probs(weights, state))
         y = self.dispatcher.combine(ye, state).view(T, self.k, self.h).sum(1)
@@ -108,7 +119,7 @@ class MoEBlock:
             with torch.enable_grad():
                 leaf = S.ln2.detach().requires_grad_(True)
                 y, idx = self.math(w, leaf, None, layer, phase)
-            S.moe = MoESaved(idx, (leaf, y))
+            S.moe = MoESaved(idx, (leaf, y), self.route_layer(layer))
             out.copy_(y.detach())
             # the backward needs y's graph and shape, not its values: the sum and add that made it keep no
             # output, so its storage goes back now (`memo_exec.moe.memory`: [T, h] a layer the simulator never keeps)
@@ -116,7 +127,7 @@ class MoEBlock:
             return
         with torch.no_grad():
             y, idx = self.math(w, S.ln2, None, layer, phase)
-        S.moe = MoESaved(idx)
+        S.moe = MoESaved(idx, route_layer=self.route_layer(layer))
         out.copy_(y)
 
     def backward(self, w, S, dy: torch.Tensor, layer: int, timer) -> torch.Tensor:
@@ -127,7 +138,7 @@ class MoEBlock:
         if saved.graph is None:
             with timer.span("moe_recompute", layer, "recompute"), torch.enable_grad():
                 leaf = S.ln2.detach().requires_grad_(True)
-                y, _ = self.math(w, leaf, saved.idx, layer, "recompute")
+                y, _ = self.math(w, leaf, saved.idx, layer, "recompute", saved.route_layer)
         else:
             freed = [n for n, p in w.named_parameters() if p.untyped_storage().nbytes() == 0]
             if freed:

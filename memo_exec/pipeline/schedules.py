@@ -308,16 +308,21 @@ class PipelineSchedule(Schedule):
             pol = rts[0].policy
             pol.tag, pol.layer_base, pol.timer = f"@{a.tag()}", timer.base, timer
         self.ex.compute.timer = timer
-        self._time_dispatcher(timer)
+        self._bind_moe(timer)
         return slot
 
-    def _time_dispatcher(self, timer) -> None:
-        """A MoE layer's dispatcher names its all-to-alls by the layer number the compute passes it, the chunk's
-        own (from 0): time them through the chunk's timer too, so they carry the model layer (``moe L2`` and its
-        ``moe_dispatch_alltoall_ep L2``), as the simulator's ops do. Its backward's transposes keep the timer
-        their forward was tagged with."""
-        disp = getattr(getattr(self.ex.compute, "moe", None), "dispatcher", None)
-        if disp is not None and getattr(disp, "timer", None) is not None:
+    def _bind_moe(self, timer) -> None:
+        """A MoE layer's block sees the layer number the compute passes it, the chunk's own (from 0): its dispatcher
+        times its all-to-alls through the chunk's timer, so they carry the model layer (``moe L2`` and its
+        ``moe_dispatch_alltoall_ep L2``), as the simulator's ops do (its backward's transposes keep the timer their
+        forward was tagged with), and a routing keyed by the layer (`memo_exec.moe.balance`) draws from the model
+        layer, the timer's base plus the chunk's number, as the one-process run's same layer does."""
+        moe = getattr(self.ex.compute, "moe", None)
+        if moe is None:
+            return
+        moe.layer_base = getattr(timer, "base", 0)
+        disp = moe.dispatcher
+        if getattr(disp, "timer", None) is not None:
             disp.timer = timer
 
     def _forward(self, a: Action, step: int) -> None:
@@ -341,7 +346,7 @@ class PipelineSchedule(Schedule):
                 with ex.recorder.span("final_norm", None, "fwd"):
                     hf = g.final_norm(x)
                 if slot in self.mtp_runs:  # the modules' rows join the classifier's (module docs)
-                    self._time_dispatcher(self.mtp_timer)
+                    self._bind_moe(self.mtp_timer)
                     mtp = ex.micro_batch_mtp(step, mb, self.mtp_runs[slot])
                     hf, targets, weights = mtp.forward(g, x, hf, targets, ex.global_tokens)
                 with ex.recorder.span("classifier", None, "fwd"):
@@ -397,7 +402,7 @@ class PipelineSchedule(Schedule):
             else:
                 self._backward(a)
         self.ex.compute.timer = self.ex.recorder
-        self._time_dispatcher(self.ex.recorder)
+        self._bind_moe(self.ex.recorder)
         assert not self.posted and not any(self.expected.values()), "unconsumed pipeline messages"
         for _, tr in self.sends:
             self._wait(tr)
