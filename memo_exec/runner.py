@@ -165,7 +165,8 @@ def size_plan(plan: Plan, model: ModelConfig, dtype: torch.dtype, backend, use_m
     memory plan checked against them, and the memory estimate. Needs no device: a CUDA plan can be
     sized on a CPU with the backend `memo_exec.attention.auto_backend_for` names."""
     batch, seq = plan.batch, plan.seq_tokens
-    policy = make_policy(plan.policy, model, batch, seq, model.layers, dtype, torch.device("meta"), None, None, None)
+    policy = make_policy(plan.policy, model, batch, seq, model.layers, dtype, torch.device("meta"), None, None, None,
+                         balance=plan.layout.balance)
     requests = dry_run_layer(model, batch, seq, dtype, backend.name, policy)
     arena_plan, unplanned = None, []
     mp = plan.memory_plan
@@ -361,10 +362,10 @@ class Executor(ExecutorBase):
                                     main_grads=self.main_grads.main if self.main_grads is not None else None)
         self.compute = LayerCompute(m, self.batch, self.seq, dt, dev, self.backend, self.scratch, self.recorder)
         if m.moe:  # every row's position in its sequence, for a balance that routes by it (`memo_exec.moe.balance`)
-            self.compute.moe.set_balance(self.plan.layout.balance.kind,
+            self.compute.moe.set_balance(self.plan.layout.balance,
                                          torch.arange(self.batch * self.seq, device=dev) % self.seq)
         self.policy = make_policy(self.plan.policy, m, self.batch, self.seq, m.layers, dt, dev, self.engine,
-                                  self.recorder, self.compute)
+                                  self.recorder, self.compute, balance=self.plan.layout.balance)
         self.policy.allocate()
         self.runtimes = [LayerRuntime(i, w, self.policy, self.compute, self.recorder, self.main_grads or NO_HOOKS)
                          for i, w in enumerate(self.gpt.layers)]

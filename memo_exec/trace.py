@@ -124,7 +124,7 @@ def _run_layer(plan: Plan, comp: LayerCompute, w, st, between_phases=None) -> No
     T = comp.T
     m = plan.model
     policy = make_policy(plan.policy, m, 1, T, m.layers, comp.dtype, comp.device, None, None, None,
-                         shapes=getattr(st, "shapes", None))
+                         shapes=getattr(st, "shapes", None), balance=plan.layout.balance)
     y = torch.empty(T, m.hidden, dtype=comp.dtype, device=comp.device)
     with torch.no_grad():
         comp.forward(w, st, y, 0)

@@ -13,7 +13,10 @@
   draw per layer and position) on dp2 x ep2, tp2 (SP) x ep2 and pp2 x dp2 x ep2, against the single process routed
   so too;
 - the allgather dispatcher on dp2 x ep2 (with the unbalanced routing) and tp2 (SP) x ep2;
-- one-line refusals (etp > 1, the deepep dispatcher, capacity balance, MLA / sinks / sliding window);
+- a capacity factor (Megatron-Core's token dropping with padding): the selection against the rule written out per
+  expert, padding that adds nothing, and dp2 x ep2 (dropping, padding, the unbalanced routing, the allgather
+  dispatcher) and tp2 (SP) x ep2 against the single process grouping its rows as the ranks do;
+- one-line refusals (etp > 1, the deepep dispatcher, MLA / sinks / sliding window);
   Qwen3-MoE's attention (QK norms, heads wider than hidden / heads) runs.
 """
 
@@ -112,12 +115,27 @@ def rank_error(rank: int, world: int, case) -> str | None:
 _REF: dict = {}
 
 
+def rank_groups(tp: int):
+    """A setup hook: the single process's MoE block drops to the capacity per group of rows as the ranks it stands
+    for do, each sequence of the batch on its own data-parallel rank (one a replica) and, with Megatron SP,
+    interleaved over ``tp`` ranks (`memo_exec.distributed.context.local_token_index`)."""
+    def setup(ex) -> None:
+        rows = torch.arange(ex.batch * ex.seq)
+        ex.compute.moe.set_balance(ex.plan.layout.balance, rows % ex.seq, (rows // ex.seq) * tp + rows % ex.seq % tp)
+    return setup
+
+
 def reference(pol: str, batch: int, steps: int = 0, skew: bool = False, dtype: str = "fp64", variant: int = 0,
-              balance: str = "dropless"):
-    key = (pol, batch, steps, skew, dtype, variant, balance)
+              balance: str = "dropless", tp: int = 1):
+    key = (pol, batch, steps, skew, dtype, variant, balance, tp)
     if key not in _REF:
         plan = plan_for({"moe_balance": balance}, pol, batch, model=VARIANTS[variant])
-        if skew or dtype != "fp64":
+        if balance.startswith("capacity"):  # the ranks' groups of rows (no training steps)
+            group = rank_groups(tp)
+            loss, grads, _ = executor_grads(plan, dtype=dtype, setup=lambda ex: (skew_router(ex) if skew else None,
+                                                                                 group(ex)))
+            _REF[key] = (loss, grads, [])
+        elif skew or dtype != "fp64":
             loss, grads, _ = executor_grads(plan, dtype=dtype, setup=skew_router if skew else None)
             _REF[key] = (loss, grads, [])
         else:
@@ -131,7 +149,7 @@ def check(case: dict, results: list, world: int) -> None:
     got = results[0]
     loss, want, losses = reference(case["pol"], case.get("batch", 1) * replicas, case.get("steps", 0),
                                    case.get("skew", False), case.get("dtype", "fp64"), case.get("variant", 0),
-                                   lay.get("moe_balance", "dropless"))
+                                   lay.get("moe_balance", "dropless"), lay.get("tp", 1))
     tol = TOL if case.get("dtype", "fp64") == "fp64" else 1e-5
     what = f"{lay} {case['pol']} {case.get('dtype', 'fp64')} variant {case.get('variant', 0)}"
     assert all(abs(r["loss"] - loss) <= tol * abs(loss) for r in results), (what, [r["loss"] for r in results], loss)
@@ -204,7 +222,7 @@ def test_block_math_and_params_match_the_formula(model):
         lw: LayerWeights = gpt.layers[next(i for i in range(model.layers) if not model.dense_layer_at(i))]
         x = torch.randn(24, model.hidden, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
         with torch.no_grad():
-            y, idx = MoEBlock(model).math(lw.moe, x)
+            y, idx, _ = MoEBlock(model).math(lw.moe, x)
             want = _naive_block(lw.moe, x, model)
         assert float((y - want).norm() / want.norm()) < 1e-12
         assert idx.shape == (24, model.top_k)
@@ -256,6 +274,12 @@ TWO = [dict(lay=dict(dp=2, ep=2), pol="store_all", steps=10),
        # random balance: a uniform draw keyed by layer and position, each rank drawing its own rows' experts
        dict(lay=dict(dp=2, ep=2, moe_balance="random"), pol="memo"),
        dict(lay=dict(tp=2, sp=True, ep=2, moe_balance="random"), pol="store_all"),
+       # a capacity factor: each rank drops and pads its own rows' copies to E x C (C = ceil(T k / E x F))
+       dict(lay=dict(dp=2, ep=2, moe_balance="capacity:0.75"), pol="store_all"),  # copies dropped
+       dict(lay=dict(dp=2, ep=2, moe_balance="capacity:1.5"), pol="memo"),  # dropped and padded, the block re-run
+       dict(lay=dict(dp=2, ep=2, moe_balance="capacity:1"), pol="store_all", skew=True),  # rank 1: padding only
+       dict(lay=dict(dp=2, ep=2, moe_balance="capacity:1", moe_dispatcher="allgather"), pol="full_recompute"),
+       dict(lay=dict(tp=2, sp=True, ep=2, moe_balance="capacity:0.75"), pol="recompute_moe"),
        # the allgather dispatcher: every rank's tokens gathered, outputs reduce-scattered
        dict(lay=dict(dp=2, ep=2, moe_dispatcher="allgather"), pol="store_all", steps=3),
        dict(lay=dict(dp=2, ep=2, moe_dispatcher="allgather"), pol="memo"),
@@ -309,7 +333,6 @@ def test_four_ranks_tp2_dp2_ep2_and_pp2_ep2_match_single_process():
 REFUSED = [
     ("etp = 2", dict(tp=2, sp=True, etp=2), MOE),
     ("moe_dispatcher = 'deepep'", dict(dp=2, ep=2, moe_dispatcher="deepep"), MOE),
-    ("moe_balance = 'capacity:1.25'", dict(dp=2, ep=2, moe_balance="capacity:1.25"), MOE),
     ("kv_lora_rank = 32", dict(), dataclasses.replace(MOE, kv_lora_rank=32, q_lora_rank=32, head_dim=16, qk_rope_dim=8,
                                                     v_head_dim=16)),
     ("attention_sinks = True", dict(), dataclasses.replace(MOE, attention_sinks=True)),
@@ -349,10 +372,10 @@ def test_forced_balance_routes_every_expert_the_same_copies_and_is_not_the_route
     (p*k + j) mod E, so each expert gets seq*k/E copies of every sequence (the simulator's load factor 1); the
     router still weighs them (its gate gets gradients); the single process routes so too, and not as its
     router would (else the distributed cases above could match a reference that ignored the balance)."""
-    from memo_exec.moe.balance import ROUTINGS, round_robin
+    from memo_exec.moe.balance import ROUTER_CHOOSES, ROUTINGS, round_robin
     from memo_sim.plan.executor_scope import EXEC_BALANCES
 
-    assert set(ROUTINGS.names()) | {"dropless", "measured"} == set(EXEC_BALANCES)
+    assert set(ROUTINGS.names()) | set(ROUTER_CHOOSES) == set(EXEC_BALANCES)
     pos = torch.arange(2 * SEQ) % SEQ  # two sequences
     idx = round_robin(pos, MOE.top_k, MOE.experts)
     assert torch.bincount(idx.reshape(-1), minlength=MOE.experts).tolist() == [2 * SEQ * MOE.top_k // MOE.experts] * 4
@@ -397,6 +420,80 @@ def test_random_balance_draws_uniform_k_subsets_per_layer_and_is_not_the_routers
     assert abs(drawn - router) > 1e-6 * abs(router) and abs(drawn - forced) > 1e-6 * abs(forced)
     gate = [k for k in grads if k.endswith("router_w")]
     assert gate and all(float(grads[k].norm()) > 0 for k in gate)
+
+
+def _capacity_rule(idx: torch.Tensor, weights: torch.Tensor, E: int, F: float) -> list[tuple[int, int]]:
+    """Megatron-Core's apply_router_token_dropping with pad_to_capacity, written out per expert: (row, expert) of
+    every copy, expert-major; the C = ceil(T k / E x F) rows of largest probability (zero where the row did not
+    choose the expert), ties to the lower row; every row where C exceeds the rows."""
+    import math
+
+    T, k = idx.shape
+    c = math.ceil(T * k / E * F)
+    out = []
+    for e in range(E):
+        p = [sum(float(weights[t, j]) for j in range(k) if int(idx[t, j]) == e) for t in range(T)]
+        rows = sorted(range(T), key=lambda t: (-p[t], t))
+        out += [(t, e) for t in (rows if c > T else rows[:c])]
+    return out
+
+
+def test_capacity_keeps_the_largest_probabilities_per_expert_and_pads_with_zero_weight():
+    from memo_exec.moe.capacity import padded_copies
+
+    # four tokens all to expert 0 (k 1, weight 1): capacity 2 keeps rows 0 and 1 there, pads expert 1 with them
+    src, exp = padded_copies(torch.zeros(4, 1, dtype=torch.int64), torch.ones(4, 1), 2, 1.0)
+    assert src.tolist() == [0, 1, 0, 1] and exp.tolist() == [0, 0, 1, 1]
+    g = torch.Generator().manual_seed(3)
+    for F in (0.5, 1.0, 1.5, 3.0):
+        idx = torch.stack([torch.randperm(6, generator=g)[:2] for _ in range(20)])
+        w = torch.softmax(torch.randn(20, 2, generator=g, dtype=torch.float64), -1)
+        src, exp = padded_copies(idx, w, 6, F)
+        assert list(zip(src.tolist(), exp.tolist(), strict=True)) == _capacity_rule(idx, w, 6, F), F
+        groups = torch.arange(20) % 2  # two ranks' interleaved rows: each group its own capacity
+        src, exp = padded_copies(idx, w, 6, F, groups)
+        want = [(int(torch.arange(20)[groups == r][t]), e) for r in (0, 1)
+                for t, e in _capacity_rule(idx[groups == r], w[groups == r], 6, F)]
+        assert list(zip(src.tolist(), exp.tolist(), strict=True)) == want, F
+
+
+def test_capacity_padding_adds_nothing_and_dropping_loses_the_copies():
+    """A capacity every row reaches computes every token's routed copies (the padding's weight is zero): the block's
+    output is dropless's; below it the kept copies alone, as the per-token formula over them gives."""
+    import torch.nn.functional as Fn
+
+    from memo_exec.model import GPT
+    from memo_exec.moe.block import MoEBlock
+    from memo_exec.moe.experts import ffn
+    from memo_sim.layout.moe_balance import parse_balance
+
+    model = dataclasses.replace(MOE, shared_experts=0, shared_ffn=0, shared_gate=False)
+    gpt = GPT(model, model.layers, torch.device("cpu"), torch.float64)
+    gpt.init_(0)
+    lw = gpt.layers[1].moe
+    x = torch.randn(24, model.hidden, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        y0, idx, _ = MoEBlock(model).math(lw, x)
+        for cf, full in ((2.0, True), (0.5, False)):
+            blk = MoEBlock(model)
+            blk.set_balance(parse_balance(f"capacity:{cf}"), torch.arange(24))
+            y, idx2, (src, exp) = blk.math(lw, x)
+            assert torch.equal(idx2, idx)
+            if full:
+                assert src.numel() == 24 * model.experts  # C = T: every row to every expert
+                assert float((y - y0).norm() / y0.norm()) < 1e-13
+                continue
+            assert torch.bincount(exp).tolist() == [6] * model.experts  # ceil(24 * 2 / 4 * 0.5) each
+            w = torch.softmax(Fn.linear(x, lw.router_w, lw.router_b), -1)
+            want = torch.zeros_like(x)
+            for t, e in zip(src.tolist(), exp.tolist(), strict=True):
+                chosen = idx[t].tolist()
+                p = float(w[t, e]) / float(w[t, chosen].sum()) if e in chosen else 0.0
+                b1 = lw.expert_b1[e] if lw.expert_b1 is not None else None
+                b2 = lw.expert_b2[e] if lw.expert_b2 is not None else None
+                want[t] += p * ffn(x[t:t + 1], lw.expert_w1[e], lw.expert_w2[e], b1, b2, True)[0]
+            assert float((y - want).norm() / want.norm()) < 1e-12
+            assert float((y - y0).norm() / y0.norm()) > 0.1  # copies dropped
 
 
 def test_executor_dispatchers_are_the_contracts():

@@ -21,7 +21,9 @@ import dataclasses
 import pytest
 import torch
 
+from memo_exec.moe.capacity import capacity_factor, copies_of
 from memo_exec.moe.memory import INDEX_BYTES, graph_bytes, routing_bytes
+from memo_sim.layout.moe_balance import parse_balance
 from tests.dist_harness import spawn
 from tests.exec_helpers import time_limit
 from tests.test_exec_moe import MOE, SEQ, VARIANTS, plan_for
@@ -56,7 +58,8 @@ def measure_kept(records: list) -> None:
         routed.clear()
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             orig(self, w, S, out, layer, phase)
-        for t in (S.moe.idx, *(S.moe.graph or ())):  # the routing; the graph's ln2 leaf and (freed) output
+        # the routing (and a capacity's copies); the graph's ln2 leaf and (freed) output
+        for t in (S.moe.idx, *(S.moe.copies or ()), *(S.moe.graph or ())):
             pack(t)
         records.append((layer, sum(seen.values()), routed[0]))
 
@@ -75,8 +78,9 @@ def allocated_resident(policy) -> int:
 
 # ------------------------------------------------------------------------------- one process
 @pytest.mark.parametrize("pol", ["store_all", "full_recompute", "memo", "recompute_moe"])
-@pytest.mark.parametrize("model", [MOE, ALL_MOE], ids=["moe", "all-moe"])
-def test_estimate_counts_what_the_moe_block_keeps_one_process(pol, model, monkeypatch):
+@pytest.mark.parametrize("model,balance", [(MOE, "dropless"), (ALL_MOE, "dropless"), (MOE, "capacity:1.5"),
+                                           (ALL_MOE, "capacity:0.5")], ids=["moe", "all-moe", "moe-cap", "all-moe-cap"])
+def test_estimate_counts_what_the_moe_block_keeps_one_process(pol, model, balance, monkeypatch):
     from memo_exec.moe import block
     from memo_exec.runner import Executor, RunOptions
 
@@ -86,7 +90,8 @@ def test_estimate_counts_what_the_moe_block_keeps_one_process(pol, model, monkey
     records: list = []
     measure_kept(records)
     with time_limit(60):
-        ex = Executor(plan_for({}, pol, model=model), RunOptions(device="cpu", dtype="fp32", steps=1))
+        ex = Executor(plan_for({"moe_balance": balance}, pol, model=model), RunOptions(device="cpu", dtype="fp32",
+                                                                                      steps=1))
         est = ex.estimate.terms["skeletal_resident"]
         ex.allocate()
         try:
@@ -96,17 +101,19 @@ def test_estimate_counts_what_the_moe_block_keeps_one_process(pol, model, monkey
         finally:
             ex.close()
     T, k = SEQ_TOKENS, model.top_k
+    cap = capacity_factor(parse_balance(balance))
+    sent = copies_of(T, k, model.experts, cap)  # the copies the experts compute: T x k, or E x the capacity
     fwd = {layer: (kept, r) for layer, kept, r in records}  # a re-run's records come after the forward's
     moe_layers = [i for i in range(model.layers) if not model.dense_layer_at(i)]
     assert sorted(fwd) == moe_layers
     for i in moe_layers:
         kept, r = fwd[i]
-        assert r == T * k  # one process: every copy to its experts
-        want = routing_bytes(model, T)
+        assert r == sent  # one process: every copy to its experts
+        want = routing_bytes(model, T, cap)
         if graphs[i]:  # the local dispatcher has no regrouping: its two [R] permutations are not kept
-            want += sum(graph_bytes(model, T, 4, routed=r).values()) - 2 * r * INDEX_BYTES
+            want += sum(graph_bytes(model, T, 4, routed=r, capacity=cap).values()) - 2 * r * INDEX_BYTES
         assert kept == want, (pol, i, kept, want)
-    local_dispatcher = sum(graphs[i] for i in moe_layers) * 2 * T * k * INDEX_BYTES
+    local_dispatcher = sum(graphs[i] for i in moe_layers) * 2 * sent * INDEX_BYTES
     assert est == resident + sum(kept for kept, _ in fwd.values()) + local_dispatcher, (pol, est, resident)
     if pol == "store_all" and not model.mixes_dense_layers:  # no layer writes fc1 / act: none allocated
         assert "fc1" not in ex.policy.storages[0].tensors and "act" not in ex.policy.storages[0].tensors
@@ -195,7 +202,10 @@ def rank_kept(rank: int, world: int, cases) -> list:
 CASES = [(dict(dp=2, ep=2), "store_all", 0), (dict(tp=2, sp=True, ep=2), "store_all", 0),
          (dict(dp=2, ep=2), "store_all", 1), (dict(dp=2, ep=2), "memo", 0),
          (dict(dp=2, ep=2, zero=3), "store_all", 0), (dict(dp=2, ep=2, zero=3), "store_all", 1),
-         (dict(dp=2, ep=2, zero=1), "store_all", 0), (dict(dp=2, ep=2, zero=2), "memo", 1)]
+         (dict(dp=2, ep=2, zero=1), "store_all", 0), (dict(dp=2, ep=2, zero=2), "memo", 1),
+         # a capacity factor: every rank sends and receives E x its capacity copies
+         (dict(dp=2, ep=2, moe_balance="capacity:1.5"), "store_all", 0),
+         (dict(tp=2, sp=True, ep=2, moe_balance="capacity:0.75"), "memo", 1)]
 
 
 @pytest.fixture(scope="module")
@@ -211,18 +221,20 @@ def test_estimate_counts_what_the_moe_block_keeps_two_ranks(two_ranks, case):
     lay, pol, variant = CASES[case]
     model = VARIANTS[variant]
     tp = lay.get("tp", 1)
+    cap = capacity_factor(parse_balance(lay.get("moe_balance", "dropless")))
     per_rank = [r[case] for r in two_ranks]
     for r in per_rank:
         T = r["T"]
         for layer, kept, routed in r["records"]:
-            want = routing_bytes(model, T)
+            want = routing_bytes(model, T, cap)
             if r["graphs"][layer]:
-                want += sum(graph_bytes(model, T, 4, tp, routed).values())
+                want += sum(graph_bytes(model, T, 4, tp, routed, cap).values())
             assert kept == want, (case, layer, kept, want)
     T = per_rank[0]["T"]
     moe_layers = [i for i in range(model.layers) if not model.dense_layer_at(i)]
-    for i in moe_layers:  # the pair's copies: every token's k, each rank routing its own T rows
-        assert sum(routed for r in per_rank for layer, _, routed in r["records"] if layer == i) == 2 * T * model.top_k
+    for i in moe_layers:  # the pair's copies: every token's k (or E x the capacity), each rank routing its T rows
+        assert (sum(routed for r in per_rank for layer, _, routed in r["records"] if layer == i)
+                == 2 * copies_of(T, model.top_k, model.experts, cap))
     mean_kept = sum(kept for r in per_rank for _, kept, _ in r["records"]) / 2
     for r in per_rank:
         assert r["estimate"] == r["resident"] + mean_kept, (case, r["estimate"], r["resident"], mean_kept)

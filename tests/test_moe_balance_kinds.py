@@ -59,7 +59,10 @@ def test_whatif_header_names_the_loads_priced():
     assert "-random" in r.output  # the layout label carries it
 
 
-def test_executor_runs_random_routing_and_refuses_capacity_in_one_line():
-    assert moe_why_not(get_model("qwen2-moe-a2.7b"), Layout(dp=8, ep=4, moe_balance="random")) is None
-    why = moe_why_not(get_model("qwen2-moe-a2.7b"), Layout(dp=8, ep=4, moe_balance="capacity:1.25"))
-    assert why is not None and "moe_balance = 'capacity:1.25'" in why and "\n" not in why
+def test_executor_runs_every_balance_the_simulator_prices():
+    from memo_sim.layout.moe_balance import KINDS
+    from memo_sim.plan.executor_scope import EXEC_BALANCES
+
+    assert set(EXEC_BALANCES) == set(KINDS)
+    for balance in ("forced", "random", "dropless", "capacity:1.25", "capacity:0.5"):
+        assert moe_why_not(get_model("qwen2-moe-a2.7b"), Layout(dp=8, ep=4, moe_balance=balance)) is None, balance

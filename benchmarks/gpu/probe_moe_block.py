@@ -82,7 +82,7 @@ def main() -> int:
 
     def step():
         leaf = x.detach().requires_grad_(True)
-        y, _ = block.math(w, leaf, None, 1, "fwd")
+        y, _, _ = block.math(w, leaf, None, 1, "fwd")
         torch.autograd.backward(y, dy)
         for p in w.parameters():
             p.grad = None

@@ -34,6 +34,7 @@ class ActivationPolicy(ABC):
     slot = 0
     tag = ""
     layer_base = 0
+    moe_capacity: float | None = None  # the layout's MoE capacity factor (`make_policy`'s balance), None: none
     # where this executor runs a MoE block otherwise than the simulator's policy prices it: one
     # sentence for reports (`moe_block_note`), None where the two agree
     moe_block_differs: str | None = None
@@ -79,7 +80,7 @@ class ActivationPolicy(ABC):
             return 0
         esize = torch.empty((), dtype=self.dtype, device="meta").element_size()
         tp = skeletal_widths(m)["fc1"] // self.shapes["fc1"][1]  # the TP-split width's divisor
-        per = {g: layer_kept_bytes(m, self.tokens, esize, tp, g) for g in (False, True)}
+        per = {g: layer_kept_bytes(m, self.tokens, esize, tp, g, self.moe_capacity) for g in (False, True)}
 
         def total(base: int) -> int:
             return sum(per[bool(keeps_graph(i))] for i in range(self.layers) if self.moe_layer(base + i))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from memo_exec.errors import ExecError
+from memo_exec.moe.capacity import capacity_factor
 from memo_sim.model.config import ModelConfig
 from memo_sim.registry import Registry
 
@@ -33,11 +34,15 @@ def sim_policy_name(choice) -> str:
 
 
 def make_policy(choice, model: ModelConfig, batch: int, seq: int, layers: int, dtype: torch.dtype,
-                device: torch.device, engine, timer, compute, shapes=None):
+                device: torch.device, engine, timer, compute, shapes=None, balance=None):
     """The executor policy for the simulator's policy ``choice`` (sizes only while ``engine`` is None);
-    ``shapes``: this rank's `memo_exec.layer.storage_shapes` (default: one device, the whole layer)."""
+    ``shapes``: this rank's `memo_exec.layer.storage_shapes` (default: one device, the whole layer); ``balance``:
+    the layout's MoE balance (`memo_sim.layout.moe_balance.Balance`: a capacity factor changes what a MoE block
+    keeps; default none)."""
     cls = POLICIES.get(sim_policy_name(choice))
-    return cls(choice, model, batch, seq, layers, dtype, device, engine, timer, compute, shapes)
+    policy = cls(choice, model, batch, seq, layers, dtype, device, engine, timer, compute, shapes)
+    policy.moe_capacity = capacity_factor(balance)
+    return policy
 
 
 def moe_block_note(model: ModelConfig, policy_name: str) -> str | None:

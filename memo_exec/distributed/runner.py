@@ -127,13 +127,13 @@ class DistExecutor(ExecutorBase):
         self.shapes = self.flavour.storage_shapes()
         per_set, self.activation_sets = self.schedule.activation_sets()
         self.policy = make_policy(plan.policy, m, 1, self.local_T, per_set, self.dtype,
-                                  torch.device("meta"), None, None, None, shapes=self.shapes)
+                                  torch.device("meta"), None, None, None, shapes=self.shapes, balance=lay.balance)
         self.arena_plan, self.unplanned, self.no_arena = None, [], self._arena_why_not(plan, opts)
         if self.no_arena is None:  # this rank's layer is the one-device layer: its scratch at the plan's offsets
             # checked against the layer as the whole model's policy runs it (the plan's level 1 is the one-stage
             # layer's, recompute scratch included; a chunk too short to recompute simply leaves those unused)
             whole = make_policy(plan.policy, m, self.micro, self.shard_seq, m.layers, self.dtype, torch.device("meta"),
-                                None, None, None)
+                                None, None, None, balance=lay.balance)
             self.arena_plan, self.unplanned = plan_arena(plan, m, self.micro, self.shard_seq, self.dtype, self.backend,
                                                          whole)
         self.token_index = local_token_index(ctx, self.batch, self.seq)
@@ -289,7 +289,7 @@ class DistExecutor(ExecutorBase):
             disp = dispatcher_for(lay.moe_dispatcher, m.experts, g.ep, g.ep_rank, g.ep_group)
             disp.timer = self.recorder  # its all-to-alls become ep_comm spans of this rank's Timeline
             self.compute.moe = MoEBlock(m, disp, tp_size=self.flavour.size, tp_group=ctx.group("tp"))
-            self.compute.moe.set_balance(lay.balance.kind, self.micro_index % self.seq)  # positions of its rows
+            self.compute.moe.set_balance(lay.balance, self.micro_index % self.seq)  # positions of its rows
         self.layer_hooks = self.sync if self.kill_at_step is None else _KillHook(self.sync, self)
         self.schedule.build_runtimes()
         self.mtp = self.schedule.build_mtp()  # multi-token prediction (`memo_exec.mtp`), where this rank holds it
@@ -319,7 +319,7 @@ class DistExecutor(ExecutorBase):
         """A new instance of the plan's activation policy over ``layers`` layers of this rank (not
         yet allocated), for one micro-batch's tokens."""
         return make_policy(self.plan.policy, self.model, 1, self.local_T, layers, self.dtype, self.device,
-                           self.engine, self.recorder, self.compute, shapes=self.shapes)
+                           self.engine, self.recorder, self.compute, shapes=self.shapes, balance=self.layout.balance)
 
     # ------------------------------------------------------------------ run
     def _micro_batch_tokens(self, step: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -24,7 +24,8 @@ from every copy.
   experts, not the noise's softmax with a straight-through gradient (the loads and the copies' bytes are Megatron's,
   the gate's gradient is not).
 
-Capacity dropping is not run (`memo_sim.plan.executor_scope` refuses it in one line).
+A capacity factor (``capacity:F``) keeps the router's choice and drops and pads it per expert
+(`memo_exec.moe.capacity`).
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ from memo_sim.registry import Registry
 
 ROUTINGS: Registry = Registry("layout.moe_balance", error=ExecError,
                               unknown="{what} {name!r}: the executor runs {known}")
-ROUTER_CHOOSES = ("dropless", "measured")  # the model's router picks (measured loads are a dropless router's)
+# the model's router picks (measured loads are a dropless router's; a capacity then drops and pads its choice,
+# `memo_exec.moe.capacity`)
+ROUTER_CHOOSES = ("dropless", "measured", "capacity")
 
 
 @ROUTINGS.register("forced")

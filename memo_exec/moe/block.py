@@ -44,10 +44,12 @@ import torch
 import torch.nn.functional as F
 
 from memo_exec.moe.balance import routing_for
+from memo_exec.moe.capacity import capacity_factor, padded_copies, sum_copies
 from memo_exec.moe.comm import sp_gather_linear, sp_reduce_scatter
 from memo_exec.moe.dispatchers import Dispatcher, LocalDispatcher
 from memo_exec.moe.experts import act, run_experts
 from memo_exec.moe.routers import router_for
+from memo_sim.layout.moe_balance import Balance
 from memo_sim.model.config import ModelConfig
 
 
@@ -58,6 +60,7 @@ class MoESaved:
     idx: torch.Tensor | None
     graph: tuple | None = None  # (ln2 leaf, block output: its graph, storage freed) under store all
     route_layer: int = 0  # the model layer a routing keyed by layer drew from (the re-run without idx draws it again)
+    copies: tuple | None = None  # under a capacity: (src, exp) [N] each, the copies the experts computed
 
 
 class MoEBlock:
@@ -70,15 +73,19 @@ class MoEBlock:
         self.dispatcher = dispatcher or LocalDispatcher(model.experts)
         self.tp_size, self.tp_group = tp_size, tp_group
         self.routing, self.positions = None, None  # the router picks (`set_balance`)
+        self.capacity, self.groups = None, None  # no capacity factor: every routed copy computed
         # the model layer of the compute's layer 0: a pipeline chunk's first (`memo_exec.pipeline.schedules`), a
         # routing keyed by layer draws from ``layer_base + layer``
         self.layer_base = 0
 
-    def set_balance(self, kind: str, positions: torch.Tensor) -> None:
-        """Route by the layout's balance ``kind`` (`memo_exec.moe.balance`): ``positions`` [T] the position in its
-        sequence of each row the block runs on (this rank's rows, in their order)."""
-        self.routing = routing_for(kind)
+    def set_balance(self, balance: Balance, positions: torch.Tensor, groups: torch.Tensor | None = None) -> None:
+        """Route by the layout's ``balance`` (`memo_exec.moe.balance`, `memo_exec.moe.capacity`): ``positions`` [T]
+        the position in its sequence of each row the block runs on (this rank's rows, in their order); ``groups``
+        [T]: under a capacity, the rank each row stands for (default: the rows of a call are one rank's)."""
+        self.routing = routing_for(balance.kind)
         self.positions = positions.to(torch.int64)
+        self.capacity = capacity_factor(balance)
+        self.groups = None if groups is None else groups.to(torch.int64)
 
     def route_layer(self, layer: int | None) -> int:
         """The model layer of the compute's ``layer`` (a routing keyed by layer draws from it)."""
@@ -93,41 +100,55 @@ class MoEBlock:
         return self.routing(self.positions, self.k, self.model.experts, route_layer)
 
     def math(self, w, ln2: torch.Tensor, idx: torch.Tensor | None = None, layer: int | None = None,
-             phase: str = "fwd", route_layer: int | None = None):
-        """(block output [T, h], routing idx) with autograd where grad mode is on; ``layer`` and
-        ``phase`` name the dispatcher's timed collectives (`memo_exec.moe.dispatchers`); ``route_layer`` the model
-        layer a routing keyed by layer draws from (default: ``layer``'s)."""
+             phase: str = "fwd", route_layer: int | None = None, copies: tuple | None = None):
+        """(block output [T, h], routing idx, capacity copies or None) with autograd where grad mode is on;
+        ``layer`` and ``phase`` name the dispatcher's timed collectives (`memo_exec.moe.dispatchers`);
+        ``route_layer`` the model layer a routing keyed by layer draws from (default: ``layer``'s); ``copies``
+        a forward's capacity selection, kept for the backward's re-run like ``idx``."""
         T = ln2.shape[0]
         logits = F.linear(ln2, w.router_w, w.router_b)
         if idx is None:
             idx = self._choose(T, ln2.device, self.route_layer(layer) if route_layer is None else route_layer)
         idx, weights = self.router(logits, self.k, idx)
-        xe, counts, state = self.dispatcher.dispatch(ln2, idx, layer, phase)
-        ye = run_experts(xe, counts, w, self.swiglu, probs=self.dispatcher.route_probs(weights, state))
-        y = self.dispatcher.combine(ye, state).view(T, self.k, self.h).sum(1)
+        if self.capacity is None:
+            xe, counts, state = self.dispatcher.dispatch(ln2, idx, layer, phase)
+            ye = run_experts(xe, counts, w, self.swiglu, probs=self.dispatcher.route_probs(weights, state))
+            y = self.dispatcher.combine(ye, state).view(T, self.k, self.h).sum(1)
+        else:  # each expert's C copies sent as tokens of one choice, summed back per token (`memo_exec.moe.capacity`)
+            if copies is None:
+                if self.groups is not None and self.groups.numel() != T:
+                    raise RuntimeError(f"the MoE block's capacity groups cover {self.groups.numel()} rows, it was "
+                                       f"given {T}")
+                copies = padded_copies(idx, weights, self.model.experts, self.capacity,
+                                       None if self.groups is None else self.groups.to(ln2.device))
+            src, exp = copies
+            probs = weights.new_zeros(T, self.model.experts).scatter(1, idx, weights)[src, exp]  # padding: zero
+            xe, counts, state = self.dispatcher.dispatch(ln2.index_select(0, src), exp.unsqueeze(1), layer, phase)
+            ye = run_experts(xe, counts, w, self.swiglu, probs=self.dispatcher.route_probs(probs.unsqueeze(1), state))
+            y = sum_copies(self.dispatcher.combine(ye, state), src, T)
         if w.shared_w1 is not None:  # a dense FFN on the TP group's rows: ln2 gathered in, reduce-scattered out
             a = sp_gather_linear(ln2, w.shared_w1, self.tp_size, self.tp_group)
             s = sp_reduce_scatter(F.linear(act(a, self.swiglu), w.shared_w2), self.tp_size, self.tp_group)
             if w.shared_gate is not None:
                 s = s * torch.sigmoid(F.linear(ln2, w.shared_gate))
             y = y + s
-        return y, idx
+        return y, idx, copies
 
     def forward(self, w, S, out: torch.Tensor, layer: int | None = None, phase: str = "fwd") -> None:
         """Write the block's output for every local row into ``out`` [T, h]; keep what the storage says."""
         if getattr(S, "keep_moe_internals", False):
             with torch.enable_grad():
                 leaf = S.ln2.detach().requires_grad_(True)
-                y, idx = self.math(w, leaf, None, layer, phase)
-            S.moe = MoESaved(idx, (leaf, y), self.route_layer(layer))
+                y, idx, copies = self.math(w, leaf, None, layer, phase)
+            S.moe = MoESaved(idx, (leaf, y), self.route_layer(layer), copies)
             out.copy_(y.detach())
             # the backward needs y's graph and shape, not its values: the sum and add that made it keep no
             # output, so its storage goes back now (`memo_exec.moe.memory`: [T, h] a layer the simulator never keeps)
             y.untyped_storage().resize_(0)
             return
         with torch.no_grad():
-            y, idx = self.math(w, S.ln2, None, layer, phase)
-        S.moe = MoESaved(idx, route_layer=self.route_layer(layer))
+            y, idx, copies = self.math(w, S.ln2, None, layer, phase)
+        S.moe = MoESaved(idx, route_layer=self.route_layer(layer), copies=copies)
         out.copy_(y)
 
     def backward(self, w, S, dy: torch.Tensor, layer: int, timer) -> torch.Tensor:
@@ -138,7 +159,7 @@ class MoEBlock:
         if saved.graph is None:
             with timer.span("moe_recompute", layer, "recompute"), torch.enable_grad():
                 leaf = S.ln2.detach().requires_grad_(True)
-                y, _ = self.math(w, leaf, saved.idx, layer, "recompute", saved.route_layer)
+                y, _, _ = self.math(w, leaf, saved.idx, layer, "recompute", saved.route_layer, saved.copies)
         else:
             freed = [n for n, p in w.named_parameters() if p.untyped_storage().nbytes() == 0]
             if freed:

@@ -3,13 +3,16 @@ in bytes, known before anything runs: the activation policies add it to their ``
 (`memo_exec.activations.base.ActivationPolicy.moe_kept_bytes`), which the memory estimate
 (`memo_exec.memory_estimate`, the distributed runner's) and the fit check read.
 
-Every policy keeps each MoE layer's routing (`routing_bytes`: ``idx`` [T, k] int64). A layer whose block keeps
+Every policy keeps each MoE layer's routing (`routing_bytes`: ``idx`` [T, k] int64; under a capacity factor
+also the copies the experts computed, ``src`` and ``exp`` [N] int64 each, `memo_exec.moe.capacity`). A layer whose
+block keeps
 its autograd graph (store all, selective recompute, MEMO's kept layers: ``LayerStorage.keep_moe_internals``)
 also keeps what the graph saved (`graph_bytes`), with T the rank's own rows (its sequence shard), k the top-k, e
 the model dtype's bytes, R the copies its local experts received (T*k on average over the EP group: each rank
 sends T*k and receives its share of the group's; the estimate takes the average, where the simulator prices the
-busiest rank, `memo_sim.cost.activations.routed_load`) and p the TP size (the shared experts run on the TP
-group's T*p gathered rows at 1/p of their width):
+busiest rank, `memo_sim.cost.activations.routed_load`; under a capacity factor every rank sends and receives
+exactly N = E x its capacity, its copies taking the place of the T*k routed ones below, each sent as a token of one
+choice) and p the TP size (the shared experts run on the TP group's T*p gathered rows at 1/p of their width):
 
 - ``probs``: the router's scores [T, E] (softmax or sigmoid output, model dtype; the simulator: fp32);
 - ``route_weights``: the chosen scores [T, k] and their sum [T, 1] (the normalisation's operands);
@@ -30,25 +33,31 @@ weights (model states), a grouped GEMM's offsets (El int32) and the all-to-alls'
 
 from __future__ import annotations
 
+from memo_exec.moe.capacity import copies_of
 from memo_sim.model.config import ModelConfig
 
 INDEX_BYTES = 8  # int64 routing and permutations
 
 
-def routing_bytes(model: ModelConfig, tokens: int) -> int:
-    """The routing every policy keeps for one MoE layer (``idx`` [T, k] int64)."""
-    return tokens * model.top_k * INDEX_BYTES
+def routing_bytes(model: ModelConfig, tokens: int, capacity: float | None = None) -> int:
+    """The routing every policy keeps for one MoE layer (``idx`` [T, k] int64; under ``capacity`` also the copies'
+    ``src`` and ``exp``)."""
+    kept = 0 if capacity is None else 2 * copies_of(tokens, model.top_k, model.experts, capacity)
+    return (tokens * model.top_k + kept) * INDEX_BYTES
 
 
-def graph_bytes(model: ModelConfig, tokens: int, esize: int, tp: int = 1, routed: int | None = None) -> dict[str, int]:
+def graph_bytes(model: ModelConfig, tokens: int, esize: int, tp: int = 1, routed: int | None = None,
+                capacity: float | None = None) -> dict[str, int]:
     """The tensors one MoE layer's kept autograd graph holds on one rank, by name (module docs), besides the
     routing: ``tokens`` the rank's own rows, ``esize`` the model dtype's bytes, ``tp`` the TP size, ``routed``
-    the copies the rank's experts received (default: the EP group's average, tokens x top_k)."""
+    the copies the rank's experts received (default: the EP group's average, the copies a rank sends), ``capacity``
+    the layout's capacity factor (None: none)."""
     T, k, h = tokens, model.top_k, model.hidden
-    R = T * k if routed is None else routed
+    sent = copies_of(T, k, model.experts, capacity)
+    R = sent if routed is None else routed
     out = {"probs": T * model.experts * esize, "route_weights": (T * k + T) * esize, "copy_probs": R * esize,
            "moe_in": R * h * esize, "efc1": R * model.expert_fc1_width * esize,
-           "eact": R * model.expert_width * esize, "copy_order": (2 * T * k + 2 * R) * INDEX_BYTES}
+           "eact": R * model.expert_width * esize, "copy_order": (2 * sent + 2 * R) * INDEX_BYTES}
     sw = model.shared_width
     if sw:
         rows = T * tp
@@ -60,6 +69,8 @@ def graph_bytes(model: ModelConfig, tokens: int, esize: int, tp: int = 1, routed
     return out
 
 
-def layer_kept_bytes(model: ModelConfig, tokens: int, esize: int, tp: int, keeps_graph: bool) -> int:
+def layer_kept_bytes(model: ModelConfig, tokens: int, esize: int, tp: int, keeps_graph: bool,
+                     capacity: float | None = None) -> int:
     """One MoE layer's kept bytes on one rank: the routing, plus the graph's tensors where ``keeps_graph``."""
-    return routing_bytes(model, tokens) + (sum(graph_bytes(model, tokens, esize, tp).values()) if keeps_graph else 0)
+    graph = sum(graph_bytes(model, tokens, esize, tp, capacity=capacity).values()) if keeps_graph else 0
+    return routing_bytes(model, tokens, capacity) + graph

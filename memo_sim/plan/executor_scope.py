@@ -12,7 +12,8 @@ The executor builds:
   `memo_exec.gemm_formats.GEMMS`), FP8 in the dense layer only, below ZeRO 3, at CUDA's 16-multiple shapes;
 - routed experts with expert parallelism ``ep`` over the ``alltoall`` or ``allgather`` dispatcher, ``etp`` = 1
   (each expert's FFN whole on one rank), dropless routing over every expert (no router groups, no output
-  scaling), equal counts round-robin (``forced``) or a uniform draw per token (``random``; `EXEC_BALANCES`);
+  scaling), equal counts round-robin (``forced``), a uniform draw per token (``random``) or the router's choice
+  dropped and padded to a capacity factor (``capacity:F``; `EXEC_BALANCES`);
 - multi-head / grouped-query attention, with any head size (``head_dim``) and QK norms (no latent attention, no
   sinks, no sliding windows, no chunked attention);
 - uncompiled kernels (``kernel_fusion`` fused), its own ring (no ``ring_merge`` passes), a static memory plan for
@@ -32,8 +33,9 @@ EXEC_GEMM_FORMATS = ("bf16", "fp8-tensorwise")  # `memo_exec.gemm_formats.GEMMS`
 CUDA_MULTIPLE = 16  # torch._scaled_mm on CUDA: the reduction dimension and the second operand's a multiple of this
 EXEC_DISPATCHERS = ("alltoall", "allgather")  # `memo_exec.moe.dispatchers` (a test holds them equal)
 EXEC_ROUTERS = ("softmax", "sigmoid")  # `memo_exec.moe.routers` (a test holds them equal)
-# the expert loads it routes (`memo_exec.moe.balance`: the router's own, equal counts round-robin, a uniform draw)
-EXEC_BALANCES = ("dropless", "measured", "forced", "random")
+# the expert loads it routes (`memo_exec.moe.balance`: the router's own, equal counts round-robin, a uniform draw;
+# `memo_exec.moe.capacity`: the router's dropped and padded to a capacity): every balance kind the simulator prices
+EXEC_BALANCES = ("dropless", "measured", "forced", "random", "capacity")
 # where the executor runs multi-token-prediction modules (`memo_exec.mtp`): after the head of one stage, or of a
 # micro-batch pipeline's last stage (`memo_exec.pipeline.schedules`)
 MTP_SCHEDULES = ("single_stage", "1f1b", "interleaved_1f1b")
@@ -116,9 +118,8 @@ def moe_why_not(model: ModelConfig, layout: Layout) -> str | None:
         return (f"plan layout {lab}: moe_dispatcher = {layout.moe_dispatcher!r}: the executor runs "
                 f"{' and '.join(EXEC_DISPATCHERS)} only; plan with moe_dispatcher alltoall")
     if layout.balance.kind not in EXEC_BALANCES:  # measured loads are a dropless router's
-        return (f"plan layout {lab}: moe_balance = {layout.moe_balance!r}: the executor routes dropless with the "
-                f"model's router, forced (equal counts) or random (a uniform draw) only (no capacity dropping); plan "
-                f"with moe_balance dropless, forced or random")
+        return (f"plan layout {lab}: moe_balance = {layout.moe_balance!r}: the executor routes the balances "
+                f"{', '.join(EXEC_BALANCES)} only; plan with moe_balance dropless")
     if layout.tp_mode != "megatron" and layout.tp > 1:
         return f"plan layout {lab}: tp_mode = {layout.tp_mode!r}: MoE layers run Megatron TP only; plan with tp_mode megatron"
     if layout.tp > 1 and not layout.sp:
