@@ -30,11 +30,13 @@ from typing import Callable
 
 from memo_sim.engine.simulate import simulate
 from memo_sim.frameworks import MECHANISMS
-from memo_sim.layout.parallel import Layout, check_layout
+from memo_sim.layout.parallel import Layout, check_layout, expert_group_ranks, ranks_per_node
 from memo_sim.layout.pipeline_layout import torchtitan_split
 from memo_sim.model.config import PRESETS, ModelConfig
 from memo_sim.policy import get_policy
 from memo_sim.profile.loader import load_profile
+from memo_sim.report.moe_split import moe_split
+from memo_sim.search.estimate import stage_shard
 from memo_sim.search.frameworks import get_framework
 
 NARAYANAN = ("Narayanan et al. 2021, Efficient Large-Scale Language Model Training on GPU Clusters Using "
@@ -793,6 +795,28 @@ def _beside(r: Result, label: str, text: Callable[[float], str]) -> str:
     return text(v) if v else ""
 
 
+def _moe_run(rid: str) -> Run:
+    return next(r for r in MOE_RUNS if r.id == rid)
+
+
+def _share(run: Run, *parts: str) -> str:
+    """The share of ``parts`` in one MoE layer's forward + backward as memo prices it (`memo_sim.report.moe_split`,
+    the busiest expert rank's ops alone on the GPU), in percent."""
+    split = moe_split(run.model(), run.layout(), run.micro_batch or 1, run.seq, load_profile(run.profile))
+    total = sum(v for phase in split.time_s.values() for v in phase.values())
+    return f"{100 * sum(phase.get(p, 0.0) for phase in split.time_s.values() for p in parts) / total:.0f}%"
+
+
+def _ep_nodes(run: Run) -> str:
+    """The nodes memo places the run's first EP group on (`memo_sim.layout.parallel.expert_group_ranks`), on the
+    layout it prices a layer on (a pipeline's: the stage's shard, `memo_sim.search.estimate.stage_shard`)."""
+    lay, gpn = run.layout(), load_profile(run.profile).node_gpus
+    lay = stage_shard(lay) if lay.pp > 1 else lay
+    ranks = expert_group_ranks(lay, lay.ep, lay.etp)
+    nodes = len({q // gpn for q in ranks})
+    return f"{nodes} node{'s' if nodes > 1 else ''}, {ranks_per_node(ranks, gpn)} ranks on a node"
+
+
 _VPP7 = lambda r: (  # noqa: E731
     "the interleaved schedule with one-layer chunks (VPP 7). memo gives it the whole bubble reduction of 7 chunks "
     "per GPU" + _beside(r, "VPP 1 (1F1B)", lambda v: f": this row at VPP 1 (plain 1F1B, beside the row) predicts "
@@ -816,12 +840,13 @@ _HOST_BOUND = (
     "fusions, DeepEP) issue far less than this spec (its 16 experts' Python loop alone is 10 ms of a5's forward) "
     "and are not in the device image, so their host time is not measured and memo sets none from these rows")
 MOE_OUTLIERS: dict[str, str | Callable[[Result], str]] = {
-    # the Model Zoo's Qwen3-235B-A22B rows (memo's per-layer split from `memo_sim.report.moe_split` at this commit)
-    "moe-zoo-qwen3-235b-a1-ep32": (
+    # the Model Zoo's Qwen3-235B-A22B rows (memo's per-layer split from `memo_sim.report.moe_split`, computed)
+    "moe-zoo-qwen3-235b-a1-ep32": lambda r: (
         "memo too fast; not pinned down to one mechanism. memo prices the cross-node DeepEP dispatch and combine (EP "
-        "32 over 4 nodes, 50 GB/s per GPU) at 58% of a layer, the experts' grouped GEMMs (4096 tokens per expert per "
-        "micro-batch, at the H100's measured 0.72 of the peak) at 22%, attention (cuDNN 9.19 as measured on an H200) "
-        "at 17%; the measured curves moved the row from -12.0%. "
+        f"32 over {_ep_nodes(r.run)} as memo places the ranks, 50 GB/s per GPU) at "
+        f"{_share(r.run, 'dispatch', 'combine')} of a layer, the experts' grouped GEMMs (4096 tokens per expert per "
+        f"micro-batch, at the H100's measured 0.72 of the peak) at {_share(r.run, 'experts')}, attention (cuDNN 9.19 "
+        f"as measured on an H200) at {_share(r.run, 'attention')}; the measured curves moved the row from -12.0%. "
         "What the row ran that memo does not model: the fp32 router with its aux-loss and the router/permute fusions, "
         "--manual-gc, and --tp-comm-overlap and --overlap-param-gather (those two would make memo faster still). The "
         "a2 row (the same layout with the all-to-all hidden behind the other micro-batch) ran 11% faster on the "
@@ -844,33 +869,37 @@ MOE_OUTLIERS: dict[str, str | Callable[[Result], str]] = {
         "leave a small bubble, and memo's three chunks a GPU gain little over one"
         + _beside(r, "VPP 1 (1F1B)", lambda v: f" ({v:.3f} s at VPP 1 against {r.predicted_s:.3f} s)")
         + ". memo's layer, at a rank's share (2,048 tokens of TP 2, 16 local experts of about 1,024 routed tokens "
-        "each), is the alltoall dispatcher's dispatch and combine (eight routed copies of every token over NVLink: "
-        "33% each), the experts' grouped GEMMs 19%, attention 12%. What the row ran that memo does not price: 96 "
+        f"each), is the alltoall dispatcher's dispatch and combine (eight routed copies of every token, EP 8 on "
+        f"{_ep_nodes(r.run)} as memo places the ranks: {_share(r.run, 'dispatch')} each), the experts' grouped GEMMs "
+        f"{_share(r.run, 'experts')}, attention {_share(r.run, 'attention')}. What the row ran that memo does not "
+        "price: 96 "
         "one-layer chunks, each boundary a synchronised send between stages with one layer of compute to hide it, "
         "and the host's issuing of a layer of small kernels. " + _HOST_BOUND),
     "moe-zoo-qwen3-235b-a5-tp4": lambda r: (
-        "memo too fast by far; not pinned down. memo predicts this layout faster than a1 (its EP 8 stays inside the "
-        "node: dispatch and combine 16% of memo's layer against a1's 58%), the cluster measured it 47% slower (167 "
-        "against 245 TFLOP/s). Neither the balance ("
+        "memo too fast by far; not pinned down. memo predicts this layout faster than a1 (its EP 8 on "
+        f"{_ep_nodes(r.run)} as memo places the ranks: dispatch and combine {_share(r.run, 'dispatch', 'combine')} of "
+        f"memo's layer against a1's {_share(_moe_run('moe-zoo-qwen3-235b-a1-ep32'), 'dispatch', 'combine')}), the "
+        "cluster measured it 47% slower (167 against 245 TFLOP/s). Neither the balance ("
         + _beside(r, EQUAL_LOADS, lambda v: f"equal loads {v:.3f} s, {100 * abs(v / r.predicted_s - 1):.1f}% from the "
                                             "row; ")
         + "a trained router's skew is not priced) nor the recompute reading (the "
         "table's blank column read as none; `recompute_norm_act` is beside the row) moves memo much, and the kernels "
-        "are measured now (experts 41% of memo's layer: 512 tokens per expert per micro-batch at even loads, "
-        "priced at 0.5-0.6 of the peak where the H200 ran these grouped GEMMs at 0.46-0.62; cuDNN attention 32%); "
-        "they moved the row from -42.4% to -45.7%. What changes from a1 that memo does not price: more and shorter "
+        f"are measured now (experts {_share(r.run, 'experts')} of memo's layer: 512 tokens per expert per "
+        "micro-batch at even loads, priced at 0.5-0.6 of the peak where the H200 ran these grouped GEMMs at "
+        f"0.46-0.62; cuDNN attention {_share(r.run, 'attention')}); they moved the row from -42.4% to -45.7%. What "
+        "changes from a1 that memo does not price: more and shorter "
         "kernels per layer (TP 4 splits the attention projections of h=4096 four ways; each expert a quarter of a1's "
         "tokens) with the host's launch time between them (memo prices each kernel alone on the GPU, with no CPU "
         "launch interval), the TP-4 sequence-parallel collectives with --tp-comm-overlap's userbuffer kernels taking "
         "SMs from the GEMMs, and a store-all run with 39 micro-batches in flight on the first rank (memo: 54 of 78 "
         "GiB at peak; expandable segments, which the yaml sets, are not modelled). " + _HOST_BOUND),
     "moe-zoo-qwen3-235b-long-16k-forced": lambda r: (
-        f"memo too fast at 16K ({100 * r.error:+.1f}%) and within 7% at 32K-128K: the gap shrinks as attention's "
-        "share of memo's "
-        "layer grows (46% at 16K, 86% at 128K), and attention is priced on cuDNN 9.19's kernel as measured on an H200 "
-        "(56-65% of the peak forward; before that measurement these rows were +1% to +21% on an assumed 45-48%), so "
-        "what is left lies in the rest of the layer: this is a5's layout (TP 4, EP 8), whose 4K row is 46% too fast "
-        "(see it). " + _HOST_BOUND),
+        f"memo too fast at 16K ({100 * r.error:+.1f}%) and by less at 32K-128K (their rows): the gap shrinks as "
+        f"attention's share of memo's layer grows ({_share(r.run, 'attention')} at 16K, "
+        f"{_share(_moe_run('moe-zoo-qwen3-235b-long-128k-forced'), 'attention')} at 128K), and attention is priced "
+        "on cuDNN 9.19's kernel as measured on an H200 (56-65% of the peak forward; before that measurement these "
+        "rows were +1% to +21% on an assumed 45-48%), so what is left lies in the rest of the layer: this is a5's "
+        "layout (TP 4, EP 8), whose 4K row memo predicts far too fast (see it). " + _HOST_BOUND),
     **{f"moe-zoo-qwen3-235b-long-{k}-dropless": (
         "the router's real expert loads, on top of the forced row's gap at the same length. memo's dropless takes a "
         "uniform router's loads (the busiest of 8 EP ranks under multinomial routing), the loads the forced row's "
@@ -1211,6 +1240,13 @@ HISTORY = (
       "moe-zoo-qwen3-235b-long-16k-forced": -0.110, "moe-zoo-qwen3-235b-long-32k-forced": -0.066,
       "moe-zoo-qwen3-235b-long-64k-forced": -0.045, "moe-zoo-qwen3-235b-long-128k-forced": -0.037,
       "moe-zoo-mixtral-8x22b-forced": -0.135, "moe-zoo-mixtral-8x22b-fp8-forced": -0.280}),
+    ("117d013", "2026-11-29", "before DeepEP's NVLink traffic was one send per EP rank a token reaches (DeepEP's "
+     "is_token_in_rank); it was priced as one per routed copy, the all-to-all's",
+     {"moe-zoo-qwen3-235b-a3-fsdp": 0.269, "moe-zoo-qwen3-235b-a5-tp4": -0.454,
+      "moe-zoo-qwen3-235b-long-16k-forced": -0.106, "moe-zoo-qwen3-235b-long-16k-dropless": -0.282,
+      "moe-zoo-qwen3-235b-long-32k-forced": -0.063, "moe-zoo-qwen3-235b-long-32k-dropless": -0.225,
+      "moe-zoo-qwen3-235b-long-64k-forced": -0.042, "moe-zoo-qwen3-235b-long-64k-dropless": -0.167,
+      "moe-zoo-qwen3-235b-long-128k-forced": -0.036, "moe-zoo-qwen3-235b-long-128k-dropless": -0.115}),
 )
 
 
@@ -1359,6 +1395,14 @@ STEPS = (
      "-14.5% to -13.5%, a5 -45.8% to -45.4%, the 16K forced row -11.0% to -10.6%, the Mixtral-8x22B forced "
      "script value -13.5% to -11.7%), every other row unchanged: the MoE group 18 predicted at 17.4% / 45.4% (was "
      "17.6% / 45.8%), its long-context subgroup 8 at 12.9% / 28.2%, the dense group unchanged (11.4% / 28.8%)"),
+    ("DeepEP per rank", "DeepEP sends a token once to each EP rank holding one of its experts (get_dispatch_layout's "
+     "is_token_in_rank; the rank expands it to its experts' copies itself), over NVLink as across nodes, where memo "
+     "priced one NVLink send per routed copy as the all-to-all does: Qwen3-235B's 8 of 128 experts reach 5.3 of 8 "
+     "ranks on average (`memo_sim.cost.moe.nodes_hit` over ranks), so the Model Zoo rows whose EP group memo places "
+     "on NVLink move faster (a5 -45.4% to -47.1%, the long-context rows by 1.2-3.5 points: 16K forced -10.6% to "
+     "-14.1%, dropless -28.2% to -31.0%; a3 +26.9% to +26.8%), a1 and a2 unchanged (their inter-node sends decide "
+     "the all-to-all), every other row unchanged: the MoE group 18 predicted at 18.5% / 47.1%, its long-context "
+     "subgroup 8 at 15.2% / 31.0%, the dense group unchanged (11.4% / 28.8%)"),
 )
 
 

@@ -21,18 +21,18 @@ bytes, the share bound for ranks on the same node rides NVLink and the rest the 
 at the same time, so it takes the longer of the two (`ep_alltoall_time`). All-gathers and
 reduce-scatters over ETP (routed copies) or ETP x EP (each token once: the all-gather
 dispatcher) are rings on their group's link (`memo_sim.cost.collectives`); DeepEP's deduplicated
-all-to-all sends each token over the inter-node link once per destination node
-(`ep_alltoall_dedup_time`). The collectives run on their own stream (``ep_comm``), on the layer's
+all-to-all sends each token over the inter-node link once per destination node and over NVLink once per
+destination rank (`ep_alltoall_dedup_time`). The collectives run on their own stream (``ep_comm``), on the layer's
 critical path (each waits for the op before it and the next op waits for it). Backward runs each
 collective's transpose over the same bytes. Expert ranks order ETP innermost, then EP
 (Megatron-Core's folding, `memo_sim.layout.parallel`), so an EP group's ranks are etp apart.
 Group-limited routing (``router_groups`` / ``router_group_topk``: DeepSeek-V3 takes a token's 8 experts from
 its best 4 of 8 groups) bounds the nodes a token reaches where the groups fall on whole nodes (each node
-holding whole groups): the deduplicated all-to-all sends it to fewer of them (`nodes_hit`); a plain
-all-to-all moves every routed copy either way. Not modelled: DeepEP's fewer SMs, overlap of the
-all-to-all with compute (Megatron-Core's ``--overlap-moe-expert-parallel-comm``, DeepEP), FP8 dispatch,
-token dropping's savings below capacity, the routing map and probabilities the all-gather dispatcher
-gathers beside the tokens (k fp32 values per token).
+holding whole groups) and the ranks it reaches where they fall on whole ranks: the deduplicated all-to-all sends
+it to fewer of them (`nodes_hit`); a plain all-to-all moves every routed copy either way. Not modelled: DeepEP's
+fewer SMs, overlap of the all-to-all with compute (Megatron-Core's ``--overlap-moe-expert-parallel-comm``,
+DeepEP), FP8 dispatch, token dropping's savings below capacity, the routing map and probabilities the all-gather
+dispatcher gathers beside the tokens (k fp32 values per token).
 """
 
 from __future__ import annotations
@@ -126,7 +126,8 @@ def ep_alltoall_time(size: float, layout: Layout, profile: HardwareProfile) -> f
 
 
 def nodes_hit(nodes: int, top_k: int, groups: int = 0, group_topk: int = 0) -> float:
-    """The chance that one given node of ``nodes`` holds at least one of a token's ``top_k`` experts, its
+    """The chance that one given node of ``nodes`` (or one rank of an EP group's ``nodes`` ranks: any units the
+    experts are spread over evenly) holds at least one of a token's ``top_k`` experts, its
     experts spread uniformly: 1 - (1 - 1/n)^k; under group-limited routing whose ``groups`` fall on whole
     nodes (groups a multiple of nodes), the token picks ``group_topk`` of the groups uniformly and its experts
     among theirs, so a node holding ``h`` groups is missed when the j of them picked (hypergeometric) take
@@ -146,16 +147,19 @@ def ep_alltoall_dedup_time(tokens: float, top_k: int, token_bytes: float, layout
     """DeepEP's all-to-all of a rank's ``tokens`` (the busiest rank's, each ``top_k`` routed copies of
     ``token_bytes``) over the EP group: a token crosses to each other node of the group holding one of
     its experts once (each other node hit with the chance `nodes_hit` gives: 1 - (1 - 1/n)^k for experts
-    spread uniformly over the group's n nodes, less under group-limited routing), and the copies for the
-    ranks of a node cross NVLink there; the two at once (module docs)."""
+    spread uniformly over the group's n nodes, less under group-limited routing), and to each rank holding one
+    of its experts once over NVLink (DeepEP's layout, ``get_dispatch_layout``: ``is_token_in_rank`` [tokens,
+    ranks], ``num_tokens_per_rank``; the rank expands it to its experts' copies itself): g x `nodes_hit` of the
+    g ranks on average, at most top_k, the share of them on other ranks of the node crossing NVLink (as each
+    copy of the all-to-all does); the two at once (module docs)."""
     g = layout.ep
     if g <= 1:
         return 0.0
     per_node = ranks_per_node(_group_ranks("ep", layout), profile.node_gpus)  # EP ranks on one node
     nodes = -(-g // per_node)
     nv, ib = profile.nvlink, profile.internode
-    copies = top_k * tokens
-    t_nv = (per_node - 1) * float(nv.latency) + copies * token_bytes * (per_node - 1) / per_node / float(nv.bandwidth)
+    sends = tokens * g * nodes_hit(g, top_k, groups, group_topk)  # one per EP rank a token reaches
+    t_nv = (per_node - 1) * float(nv.latency) + sends * token_bytes * (per_node - 1) / per_node / float(nv.bandwidth)
     if nodes <= 1:
         return t_nv
     hit = nodes_hit(nodes, top_k, groups, group_topk)

@@ -55,10 +55,14 @@ class MoeSplit:
 
 
 def moe_split(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile) -> MoeSplit:
-    """One MoE layer's time by part (each op's own seconds, alone on the GPU) and one GPU's memory by part."""
+    """One MoE layer's time by part (each op's own seconds, alone on the GPU; a pipeline's layer on the stage's
+    shard the simulation prices it on, `memo_sim.search.estimate.stage_shard`) and one GPU's memory by part."""
+    from memo_sim.search.estimate import stage_shard  # noqa: PLC0415
+
+    priced = stage_shard(layout) if layout.pp > 1 else layout
     time_s = {}
-    for phase, costs in (("forward", forward_costs(model, layout, batch, seq, profile)),
-                         ("backward", backward_costs(model, layout, batch, seq, profile))):
+    for phase, costs in (("forward", forward_costs(model, priced, batch, seq, profile)),
+                         ("backward", backward_costs(model, priced, batch, seq, profile))):
         parts = dict.fromkeys(PARTS, 0.0)
         for c in costs:
             parts[part_of(c.name)] += c.seconds
