@@ -45,11 +45,20 @@ EP_STREAMS = ("ep_comm",)  # the MoE dispatcher's collectives (`memo_sim.timelin
 NESTED_COMM_STREAMS = EP_STREAMS + ("comm",)
 # the TP, ring-CP and data-parallel collectives' streams: in the stream rows where a timeline has them
 COMM_STREAMS = ("comm", "cp_comm", "dp_comm")
-ALLTOALL_OPS = ("moe_dispatch_alltoall_ep", "moe_combine_alltoall_ep")  # `memo_exec.moe.dispatchers.A2A_OPS`
+# `memo_exec.moe.dispatchers.A2A_OPS`: the alltoall dispatcher's rows, and DeepEP's deduplicated ones
+ALLTOALL_OPS = ("moe_dispatch_alltoall_ep", "moe_combine_alltoall_ep", "moe_dispatch_alltoall_dedup_ep",
+                "moe_combine_alltoall_dedup_ep")
 # the executor's other ep_comm collectives, which the simulator does not price (`memo_exec.moe.dispatchers`: the
-# per-expert counts' exchange and the copies' router weights): left out of ep_comm's stream rows and the per-layer
-# all-to-all rows alike, and reported beside them (`unpriced_ep_seconds`)
-UNPRICED_EP_OPS = ("moe_dispatch_counts_alltoall_ep", "moe_dispatch_probs_alltoall_ep")
+# per-expert counts' exchange, the copies' router weights and the deepep dispatcher's slots): left out of ep_comm's
+# stream rows and the per-layer all-to-all rows alike, and reported beside them (`unpriced_ep_seconds`)
+UNPRICED_EP_OPS = ("moe_dispatch_counts_alltoall_ep", "moe_dispatch_probs_alltoall_ep",
+                   "moe_dispatch_slots_alltoall_ep")
+
+
+def alltoall_names() -> str:
+    """The rows' all-to-alls as the reports name them: each dispatcher's dispatch + combine (`ALLTOALL_OPS`)."""
+    pairs = [ALLTOALL_OPS[i:i + 2] for i in range(0, len(ALLTOALL_OPS), 2)]
+    return " or ".join(" + ".join(f"`{o}`" for o in p) for p in pairs)
 OP_CLASSES = (("forward", "compute", "fwd"), ("recompute", "compute", "recompute"), ("backward", "compute", "bwd"),
               ("offload", "d2h", "offload"), ("prefetch", "h2d", "prefetch"))
 

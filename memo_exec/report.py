@@ -250,18 +250,20 @@ def ep_unpriced_note(seconds: float) -> str:
     from memo_exec.compare import UNPRICED_EP_OPS  # noqa: PLC0415
 
     return (f"ep_comm's rows hold the dispatch and combine all-to-alls the simulator prices, as the per-layer "
-            f"all-to-all table does; the executor's {' and '.join(f'`{o}`' for o in UNPRICED_EP_OPS)} (the per-expert "
-            f"counts and the copies' router weights), which no simulator op prices, took {_fmt(seconds, 's')} more "
-            f"a step (measured, not in these rows).")
+            f"all-to-all table does; the executor's {', '.join(f'`{o}`' for o in UNPRICED_EP_OPS)} (the per-expert "
+            f"counts, the copies' router weights and the deepep dispatcher's slots), which no simulator op prices, "
+            f"took {_fmt(seconds, 's')} more a step (measured, not in these rows).")
 
 
 def alltoall_markdown(rows: list[dict], simulation: str, world: int = 1, tpct=None) -> str:
     """The per-layer MoE all-to-all table of report.md (`memo_exec.compare.alltoall_rows`)."""
+    from memo_exec.compare import alltoall_names  # noqa: PLC0415
+
     tpct = tpct or _pct
     who = "rank 0's" if world > 1 else "the run's"
     L = ["## MoE all-to-all per layer: measured vs predicted\n",
          f"The expert-parallel token dispatch and combine all-to-alls of each MoE layer (stream ep_comm: "
-         f"`moe_dispatch_alltoall_ep` + `moe_combine_alltoall_ep`, forward, recompute and backward summed; n = how "
+         f"{alltoall_names()}, forward, recompute and backward summed; n = how "
          f"many each side counted). Measured: {who} spans, median over the steady steps (on CPU the wall time "
          f"around each blocking collective, the wait for a later peer included); predicted: {simulation}.\n",
          "| layer | predicted | n | measured | n | measured / predicted | rel. error |",

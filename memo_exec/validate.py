@@ -519,12 +519,14 @@ def shown_quantities(rows: list[ValidationRow]) -> tuple:
 
 def alltoall_section(rows: list[ValidationRow]) -> list[str]:
     """Markdown: every MoE plan's all-to-all per layer, predicted vs measured (empty without one)."""
+    from memo_exec.compare import alltoall_names  # noqa: PLC0415
+
     moe = [r for r in rows if r.alltoall]
     if not moe:
         return []
     out = ["", "## MoE all-to-all per layer", "",
            "The expert-parallel dispatch + combine all-to-alls of each MoE layer (stream ep_comm: "
-           "`moe_dispatch_alltoall_ep` + `moe_combine_alltoall_ep`, forward, recompute and backward summed; n = "
+           f"{alltoall_names()}, forward, recompute and backward summed; n = "
            "how many each side counted). Measured: rank 0's spans, median over the steady steps (on a CPU the wall "
            "time around each blocking gloo collective); predicted: the simulator's ops of the same names.", "",
            "| plan | layer | predicted | n | measured | n | measured / predicted | error |",

@@ -16,7 +16,9 @@
 - a capacity factor (Megatron-Core's token dropping with padding): the selection against the rule written out per
   expert, padding that adds nothing, and dp2 x ep2 (dropping, padding, the unbalanced routing, the allgather
   dispatcher) and tp2 (SP) x ep2 against the single process grouping its rows as the ranks do;
-- one-line refusals (etp > 1, the deepep dispatcher, MLA / sinks / sliding window);
+- the deepep dispatcher (a token once per EP rank it reaches) on dp2 x ep2 (with the unbalanced routing and a
+  capacity), tp2 (SP) x ep2 and tp2 x dp2 x ep4, its rows' all-to-alls under the simulator's names;
+- one-line refusals (etp > 1, MLA / sinks / sliding window);
   Qwen3-MoE's attention (QK norms, heads wider than hidden / heads) runs.
 """
 
@@ -96,7 +98,10 @@ def run_case(lay: dict, pol: str, steps: int = 0, batch: int = 1, schedule: str 
     ex.close()
     return {"loss": rec.loss, "grads": grads if ctx.rank == 0 else None, "losses": losses, "recomputed": recomputed,
             "moe_recomputed": moe_recomputed, "offloaded": offloaded,
-            "ep_ops": sorted({(e.op, e.phase) for e in rec.events if e.stream == "ep_comm"})}
+            "ep_ops": sorted({(e.op, e.phase) for e in rec.events if e.stream == "ep_comm"}),
+            # the bytes the rows' dispatch all-to-alls sent in the forward (alltoall's or deepep's)
+            "dispatch_bytes": sum(e.nbytes for e in rec.events if e.phase == "fwd" and e.op in
+                                  ("moe_dispatch_alltoall_ep", "moe_dispatch_alltoall_dedup_ep"))}
 
 
 def rank_cases(rank: int, world: int, cases) -> list:
@@ -284,7 +289,13 @@ TWO = [dict(lay=dict(dp=2, ep=2), pol="store_all", steps=10),
        dict(lay=dict(dp=2, ep=2, moe_dispatcher="allgather"), pol="store_all", steps=3),
        dict(lay=dict(dp=2, ep=2, moe_dispatcher="allgather"), pol="memo"),
        dict(lay=dict(dp=2, ep=2, moe_dispatcher="allgather"), pol="store_all", skew=True),
-       dict(lay=dict(tp=2, sp=True, ep=2, moe_dispatcher="allgather"), pol="recompute_moe")]
+       dict(lay=dict(tp=2, sp=True, ep=2, moe_dispatcher="allgather"), pol="recompute_moe"),
+       # DeepEP's deduplicated dispatch: a token once per EP rank holding one of its experts
+       dict(lay=dict(dp=2, ep=2, moe_dispatcher="deepep"), pol="store_all", steps=3),
+       dict(lay=dict(dp=2, ep=2, moe_dispatcher="deepep"), pol="memo"),
+       dict(lay=dict(dp=2, ep=2, moe_dispatcher="deepep"), pol="store_all", skew=True),
+       dict(lay=dict(dp=2, ep=2, moe_dispatcher="deepep", moe_balance="capacity:0.75"), pol="full_recompute"),
+       dict(lay=dict(tp=2, sp=True, ep=2, moe_dispatcher="deepep"), pol="recompute_moe")]
 
 
 def test_two_ranks_dp2_ep2_match_single_process():
@@ -297,6 +308,16 @@ def test_two_ranks_dp2_ep2_match_single_process():
             ops = set(results[0][i]["ep_ops"])
             names = ("moe_dispatch_allgather_etp_ep", "moe_combine_reducescatter_etp_ep")
             assert {(name, d) for name in names for d in ("fwd", "bwd")} <= ops, ops
+        if case["lay"].get("moe_dispatcher") == "deepep":
+            ops = set(results[0][i]["ep_ops"])
+            names = ("moe_dispatch_alltoall_dedup_ep", "moe_combine_alltoall_dedup_ep")
+            assert {(name, d) for name in names for d in ("fwd", "bwd")} <= ops, ops
+    # the same routing (dp2 x ep2, store all, the first step): deepep sends a token once per rank it reaches, fewer
+    # rows than the all-to-all's k copies (2 of 4 experts a rank: a token's two experts often share one), never
+    # fewer than one per token
+    a2a, dedup = (sum(r[TWO.index(c)]["dispatch_bytes"] for r in results)
+                  for c in (TWO[0], next(c for c in TWO if c["lay"].get("moe_dispatcher") == "deepep")))
+    assert a2a / MOE.top_k <= dedup < a2a, (dedup, a2a)
 
 
 def test_wrong_split_sizes_fail():
@@ -320,7 +341,9 @@ FOUR = [dict(lay=dict(tp=2, sp=True, dp=2, ep=2), pol="store_all", steps=10),
         dict(lay=dict(pp=2, dp=2, ep=2), pol="memo", batch=4, schedule="1f1b", micro=1),
         dict(lay=dict(pp=2, dp=2, ep=2), pol="store_all", batch=4, schedule="1f1b", micro=1),
         # random routing keyed by the model's layer: a stage's layers draw as the same layers do on one process
-        dict(lay=dict(pp=2, dp=2, ep=2, moe_balance="random"), pol="store_all", batch=4, schedule="1f1b", micro=1)]
+        dict(lay=dict(pp=2, dp=2, ep=2, moe_balance="random"), pol="store_all", batch=4, schedule="1f1b", micro=1),
+        # DeepEP over 4 ranks of one expert each: a token's 2 experts on 2 of them, or on 1 (sent once)
+        dict(lay=dict(tp=2, sp=True, dp=2, ep=4, moe_dispatcher="deepep"), pol="memo")]
 
 
 def test_four_ranks_tp2_dp2_ep2_and_pp2_ep2_match_single_process():
@@ -332,7 +355,6 @@ def test_four_ranks_tp2_dp2_ep2_and_pp2_ep2_match_single_process():
 # ------------------------------------------------------------------------------- refusals
 REFUSED = [
     ("etp = 2", dict(tp=2, sp=True, etp=2), MOE),
-    ("moe_dispatcher = 'deepep'", dict(dp=2, ep=2, moe_dispatcher="deepep"), MOE),
     ("kv_lora_rank = 32", dict(), dataclasses.replace(MOE, kv_lora_rank=32, q_lora_rank=32, head_dim=16, qk_rope_dim=8,
                                                     v_head_dim=16)),
     ("attention_sinks = True", dict(), dataclasses.replace(MOE, attention_sinks=True)),
@@ -504,6 +526,14 @@ def test_executor_dispatchers_are_the_contracts():
     from memo_sim.plan.executor_scope import EXEC_DISPATCHERS
 
     assert set(DISPATCHERS.names()) - {"local"} == set(EXEC_DISPATCHERS)
-    steps = SIM.get("allgather")
-    assert (AG_DISPATCH, AG_COMBINE) == tuple(f"moe_{w}_{s.collective}_{s.group}" for w, s in
-                                              (("dispatch", steps.dispatch[0]), ("combine", steps.combine[0])))
+    # the collectives no simulator op prices are the ones the reports leave out of the ep_comm rows
+    from memo_exec.compare import UNPRICED_EP_OPS
+    from memo_exec.moe.dispatchers import COUNTS_A2A, DEDUP_SLOTS, PROBS_A2A
+
+    assert set(UNPRICED_EP_OPS) == {COUNTS_A2A, PROBS_A2A, DEDUP_SLOTS}
+    from memo_exec.moe.dispatchers import DEDUP_COMBINE, DEDUP_DISPATCH
+
+    for name, ours in (("allgather", (AG_DISPATCH, AG_COMBINE)), ("deepep", (DEDUP_DISPATCH, DEDUP_COMBINE))):
+        steps = SIM.get(name)
+        assert ours == tuple(f"moe_{w}_{s.collective}_{s.group}" for w, s in
+                             (("dispatch", steps.dispatch[0]), ("combine", steps.combine[0]))), name

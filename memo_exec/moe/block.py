@@ -113,7 +113,7 @@ class MoEBlock:
         if self.capacity is None:
             xe, counts, state = self.dispatcher.dispatch(ln2, idx, layer, phase)
             ye = run_experts(xe, counts, w, self.swiglu, probs=self.dispatcher.route_probs(weights, state))
-            y = self.dispatcher.combine(ye, state).view(T, self.k, self.h).sum(1)
+            y = self.dispatcher.combine_tokens(ye, state, T, self.k)
         else:  # each expert's C copies sent as tokens of one choice, summed back per token (`memo_exec.moe.capacity`)
             if copies is None:
                 if self.groups is not None and self.groups.numel() != T:
@@ -125,7 +125,7 @@ class MoEBlock:
             probs = weights.new_zeros(T, self.model.experts).scatter(1, idx, weights)[src, exp]  # padding: zero
             xe, counts, state = self.dispatcher.dispatch(ln2.index_select(0, src), exp.unsqueeze(1), layer, phase)
             ye = run_experts(xe, counts, w, self.swiglu, probs=self.dispatcher.route_probs(probs.unsqueeze(1), state))
-            y = sum_copies(self.dispatcher.combine(ye, state), src, T)
+            y = sum_copies(self.dispatcher.combine_tokens(ye, state, src.numel(), 1), src, T)
         if w.shared_w1 is not None:  # a dense FFN on the TP group's rows: ln2 gathered in, reduce-scattered out
             a = sp_gather_linear(ln2, w.shared_w1, self.tp_size, self.tp_group)
             s = sp_reduce_scatter(F.linear(act(a, self.swiglu), w.shared_w2), self.tp_size, self.tp_group)

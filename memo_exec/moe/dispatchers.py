@@ -24,6 +24,17 @@ outputs to their copy rows on the rank the tokens came from. Everything is diffe
   (ETP 1: the EP group), the weights' gather untimed. Its selections are index_select / index_copy, whose
   backwards scatter-add and gather: no regrouping permutation.
 
+- ``deepep`` (DeepEP through Megatron-Core's ``flex`` dispatcher, `memo_sim.layout.moe_dispatchers.deepep`): each
+  token goes once to each EP rank holding one of its experts (DeepEP's ``is_token_in_rank``), with its k slots'
+  local expert ids there (-1 where a slot's expert is elsewhere) and their router weights; the receiving rank
+  expands its rows into their copies by local expert, its experts' weighted outputs are summed per received row
+  (`memo_exec.moe.capacity.sum_copies`) and sent back one row per (token, rank), summed per token at the source
+  (`Dispatcher.combine_tokens`). Its rows' all-to-alls are timed as the simulator's ``moe_dispatch_alltoall_dedup_ep``
+  / ``moe_combine_alltoall_dedup_ep``; the counts' and the slots' exchanges apart. Run with torch's all-to-all
+  (NCCL or gloo), not DeepEP's kernels: across nodes a token goes once per rank it reaches, where DeepEP sends it
+  once per node and forwards it over NVLink there (what the simulator prices; the executor's inter-node bytes are
+  then higher), and its selections are index_select, whose backwards scatter-add.
+
 Router weights (``route_probs``): each copy's weight travels with it (one more all-to-all of one element a
 row, in the router's dtype, span ``moe_dispatch_probs_alltoall_ep``, not priced by the simulator), as Megatron-Core's
 dispatchers send the permuted probabilities, so the experts apply it inside their activation and the
@@ -48,6 +59,7 @@ from __future__ import annotations
 import torch
 
 from memo_exec.errors import ExecError
+from memo_exec.moe.capacity import sum_copies
 from memo_exec.moe.comm import A2ATag, all_to_all, ep_gather, ep_reduce_scatter, exchange_counts
 from memo_sim.registry import Registry
 
@@ -64,7 +76,6 @@ def sim_op_name(which: str, collective: str = "alltoall", group: str = "ep") -> 
 DISPATCH_A2A, COMBINE_A2A = sim_op_name("dispatch"), sim_op_name("combine")
 COUNTS_A2A = "moe_dispatch_counts_alltoall_ep"  # not priced by the simulator
 PROBS_A2A = "moe_dispatch_probs_alltoall_ep"  # the copies' router weights (one element a row): not priced either
-A2A_OPS = (DISPATCH_A2A, COMBINE_A2A)  # the rows' all-to-alls `memo_exec.compare.alltoall_rows` compares
 
 
 def _sort_copies(idx: torch.Tensor):
@@ -122,6 +133,10 @@ class Dispatcher:
 
     def combine(self, ye: torch.Tensor, state) -> torch.Tensor:
         raise NotImplementedError
+
+    def combine_tokens(self, ye: torch.Tensor, state, tokens: int, k: int) -> torch.Tensor:
+        """Each of the ``tokens`` rows' k copies' outputs summed: [tokens, h]."""
+        return self.combine(ye, state).view(tokens, k, ye.shape[1]).sum(1)
 
     def route_probs(self, probs: torch.Tensor, state) -> torch.Tensor:
         """The copies' router weights ``probs`` [T, k] sent where `dispatch` sent the copies (its ``state``),
@@ -206,6 +221,52 @@ class AllGatherDispatcher(Dispatcher):
     def route_probs(self, probs, state):
         sel = state[0]  # the weights gathered untimed (the simulator prices the rows' collectives only)
         return ep_gather(probs, self.ep, self.group).reshape(-1).index_select(0, sel)
+
+
+DEDUP_DISPATCH, DEDUP_COMBINE = sim_op_name("dispatch", "alltoall_dedup"), sim_op_name("combine", "alltoall_dedup")
+DEDUP_SLOTS = "moe_dispatch_slots_alltoall_ep"  # the slots' local expert ids and weights: not priced
+# the rows' all-to-alls `memo_exec.compare.alltoall_rows` compares (the alltoall dispatcher's and DeepEP's)
+A2A_OPS = (DISPATCH_A2A, COMBINE_A2A, DEDUP_DISPATCH, DEDUP_COMBINE)
+
+
+@DISPATCHERS.register("deepep")
+class DedupDispatcher(Dispatcher):
+    """DeepEP's deduplicated dispatch (module docs): a token once per EP rank holding one of its experts."""
+
+    def dispatch(self, x, idx, layer=None, phase="fwd"):
+        ep, El, k = self.ep, self.local, idx.shape[1]
+        dest = idx // El  # [T, k] the rank of each slot's expert
+        hit = torch.zeros(idx.shape[0], ep, dtype=torch.bool, device=idx.device).scatter_(1, dest, True)
+        rank_of, token_of = hit.t().nonzero(as_tuple=True)  # (rank, token) pairs, by rank then token
+        mine = dest.index_select(0, token_of) == rank_of.unsqueeze(1)  # [P, k] the slots on the pair's rank
+        slots = torch.where(mine, idx.index_select(0, token_of) - rank_of.unsqueeze(1) * El, -1)
+        send = hit.sum(0).to(torch.int64).view(ep, 1)
+        recv = exchange_counts(send, self.group, self.tag(COUNTS_A2A, layer, phase))
+        in_splits, out_splits = send.view(-1).tolist(), recv.view(-1).tolist()
+        got = all_to_all(x.index_select(0, token_of), out_splits, in_splits, self.group,
+                         self.tag(DEDUP_DISPATCH, layer, phase))
+        got_slots = all_to_all(slots, out_splits, in_splits, self.group, self.tag(DEDUP_SLOTS, layer, phase))
+        row, slot = (got_slots >= 0).nonzero(as_tuple=True)  # this rank's copies: (received row, slot)
+        local = got_slots[row, slot]
+        order = torch.sort(local, stable=True).indices  # grouped by local expert, received order inside
+        row, slot = row[order], slot[order]
+        counts = torch.bincount(local, minlength=El).tolist()
+        return (got.index_select(0, row), counts,
+                (token_of, mine, in_splits, out_splits, row, slot, got.shape[0], idx.shape[0], k, layer, phase))
+
+    def combine(self, ye, state):
+        token_of, mine, in_splits, out_splits, row, slot, n_got, T, k, layer, phase = state
+        per_row = sum_copies(ye, row, n_got)  # each received row's copies, weighted inside the experts
+        return all_to_all(per_row, in_splits, out_splits, self.group, self.tag(DEDUP_COMBINE, layer, phase))
+
+    def combine_tokens(self, ye, state, tokens, k):
+        return sum_copies(self.combine(ye, state), state[0], tokens)  # a token's sums from every rank it reached
+
+    def route_probs(self, probs, state):
+        token_of, mine, in_splits, out_splits, row, slot, n_got, T, k, layer, phase = state
+        w = probs.index_select(0, token_of) * mine.to(probs.dtype)  # [P, k] the weights of the pair's slots
+        got = all_to_all(w, out_splits, in_splits, self.group, self.tag(PROBS_A2A, layer, phase))
+        return got[row, slot]
 
 
 def dispatcher_for(name: str, experts: int, ep: int, ep_rank: int, group) -> Dispatcher:

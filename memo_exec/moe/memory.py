@@ -21,7 +21,10 @@ choice) and p the TP size (the shared experts run on the TP group's T*p gathered
 - ``copy_order``: the row permutations the gathers' backwards read, int64: the sort of the copies and its
   inverse [T*k] each, and the all-to-all dispatcher's regrouping by local expert and its inverse [R] each
   (one process's local dispatcher has no regrouping: 16 bytes per copy fewer than counted; the all-gather
-  dispatcher keeps its selection of the copies and their token rows, [R] each, and no sort: 16 T k bytes fewer);
+  dispatcher keeps its selection of the copies and their token rows, [R] each, and no sort: 16 T k bytes fewer;
+  the deepep dispatcher keeps its pairs' token index [P] and slot mask [P, k] (P the (token, rank) pairs it
+  sends, at most T k) and its copies' received rows and slots [R] each, in place of the sort's permutations:
+  not counted exactly);
 - ``sfc1`` [T*p, shared fc1 / p], ``sact`` [T*p, shared / p]; with a shared-expert gate also ``sfc2`` (the
   shared output [T, h]) and the gate's sigmoid [T, 1].
 

@@ -10,7 +10,8 @@ The executor builds:
 
 - the layer's linear GEMMs in the model's dtype or ``fp8-tensorwise`` (`EXEC_GEMM_FORMATS`,
   `memo_exec.gemm_formats.GEMMS`), FP8 in the dense layer only, below ZeRO 3, at CUDA's 16-multiple shapes;
-- routed experts with expert parallelism ``ep`` over the ``alltoall`` or ``allgather`` dispatcher, ``etp`` = 1
+- routed experts with expert parallelism ``ep`` over the ``alltoall``, ``allgather`` or ``deepep`` dispatcher
+  (DeepEP's deduplicated sends, over torch's all-to-all), ``etp`` = 1
   (each expert's FFN whole on one rank), dropless routing over every expert (no router groups, no output
   scaling), equal counts round-robin (``forced``), a uniform draw per token (``random``) or the router's choice
   dropped and padded to a capacity factor (``capacity:F``; `EXEC_BALANCES`);
@@ -31,7 +32,7 @@ from memo_sim.model.config import ModelConfig
 
 EXEC_GEMM_FORMATS = ("bf16", "fp8-tensorwise")  # `memo_exec.gemm_formats.GEMMS` (a test holds them equal)
 CUDA_MULTIPLE = 16  # torch._scaled_mm on CUDA: the reduction dimension and the second operand's a multiple of this
-EXEC_DISPATCHERS = ("alltoall", "allgather")  # `memo_exec.moe.dispatchers` (a test holds them equal)
+EXEC_DISPATCHERS = ("alltoall", "allgather", "deepep")  # `memo_exec.moe.dispatchers` (a test holds them equal)
 EXEC_ROUTERS = ("softmax", "sigmoid")  # `memo_exec.moe.routers` (a test holds them equal)
 # the expert loads it routes (`memo_exec.moe.balance`: the router's own, equal counts round-robin, a uniform draw;
 # `memo_exec.moe.capacity`: the router's dropped and padded to a capacity): every balance kind the simulator prices
