@@ -6,7 +6,8 @@
 - `balance`: routings that pick the experts in the router's place by ``Layout.moe_balance`` (``forced``:
   round-robin, equal counts; ``random``: a uniform draw; registered by name);
 - `capacity`: a capacity factor's dropping and padding of the router's choice (``capacity:F``);
-- `dispatchers`: ``local`` (ep 1), ``alltoall`` and ``allgather`` token dispatch / combine (registered by name);
+- `dispatchers`: ``local`` (ep 1), ``alltoall``, ``allgather`` and ``deepep`` token dispatch / combine (registered
+  by name);
 - `experts`: the per-expert GEMM loop; `comm`: the differentiable collectives;
 - `block`: the block `memo_exec.layer.LayerCompute` runs in place of the FFN on a MoE layer, and
   what it keeps for the backward under each activation policy;

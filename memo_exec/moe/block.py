@@ -5,7 +5,8 @@ Math (plain PyTorch, autograd inside the block): gate GEMM ``ln2 @ router_w^T (+
 model's router (`memo_exec.moe.routers`: scores, deterministic top-k, normalised weights; under a forced or random
 balance the experts are the routing's, `memo_exec.moe.balance`, from each row's position in its sequence,
 `set_balance`, and the layer's index, and the router weighs them), the
-dispatcher (`memo_exec.moe.dispatchers`: ``local`` or ``alltoall`` over the expert-parallel group),
+dispatcher (`memo_exec.moe.dispatchers`: ``local``, or ``alltoall``, ``allgather`` or ``deepep`` over the
+expert-parallel group; under a capacity factor each expert's copies, `memo_exec.moe.capacity`),
 the local experts' GEMMs (`memo_exec.moe.experts`) with each copy's router weight applied inside
 their activation (the weights travel with the copies: `Dispatcher.route_probs`), combine (back to the
 token's rank, the sum of its k outputs), plus the shared experts (a dense FFN of the shared

@@ -255,6 +255,8 @@ class DedupDispatcher(Dispatcher):
                 (token_of, mine, in_splits, out_splits, row, slot, got.shape[0], idx.shape[0], k, layer, phase))
 
     def combine(self, ye, state):
+        """One row per (token, rank) pair this rank sent, in the pairs' order: the rank's experts' weighted outputs
+        for the token, summed there (`combine_tokens` sums a token's pairs; not the copies' [T*k, h])."""
         token_of, mine, in_splits, out_splits, row, slot, n_got, T, k, layer, phase = state
         per_row = sum_copies(ye, row, n_got)  # each received row's copies, weighted inside the experts
         return all_to_all(per_row, in_splits, out_splits, self.group, self.tag(DEDUP_COMBINE, layer, phase))
