@@ -30,13 +30,12 @@ from typing import Callable
 
 from memo_sim.engine.simulate import simulate
 from memo_sim.frameworks import MECHANISMS
-from memo_sim.layout.parallel import Layout, check_layout, expert_group_ranks, ranks_per_node
+from memo_sim.layout.parallel import Layout, check_layout, expert_group_ranks, ranks_per_node, stage_shard
 from memo_sim.layout.pipeline_layout import torchtitan_split
 from memo_sim.model.config import PRESETS, ModelConfig
 from memo_sim.policy import get_policy
 from memo_sim.profile.loader import load_profile
 from memo_sim.report.moe_split import moe_split
-from memo_sim.search.estimate import stage_shard
 from memo_sim.search.frameworks import get_framework
 
 NARAYANAN = ("Narayanan et al. 2021, Efficient Large-Scale Language Model Training on GPU Clusters Using "
@@ -809,7 +808,7 @@ def _share(run: Run, *parts: str) -> str:
 
 def _ep_nodes(run: Run) -> str:
     """The nodes memo places the run's first EP group on (`memo_sim.layout.parallel.expert_group_ranks`), on the
-    layout it prices a layer on (a pipeline's: the stage's shard, `memo_sim.search.estimate.stage_shard`)."""
+    layout it prices a layer on (a pipeline's: the stage's shard, `memo_sim.layout.parallel.stage_shard`)."""
     lay, gpn = run.layout(), load_profile(run.profile).node_gpus
     lay = stage_shard(lay) if lay.pp > 1 else lay
     ranks = expert_group_ranks(lay, lay.ep, lay.etp)

@@ -91,7 +91,7 @@ def mtp_share(plan, profile) -> float:
     if not plan.model.mtp_layers:
         return 0.0
     from memo_sim.cost.boundary import boundary_times  # noqa: PLC0415
-    from memo_sim.search.estimate import stage_shard  # noqa: PLC0415
+    from memo_sim.layout.parallel import stage_shard  # noqa: PLC0415
 
     lay = stage_shard(plan.layout) if plan.layout.pp > 1 else plan.layout
     return boundary_times(plan.model, lay, plan.micro_batch or plan.batch, plan.seq_tokens, profile,

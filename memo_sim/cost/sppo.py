@@ -140,7 +140,7 @@ def stage_gpu_shard(layout: Layout) -> Layout:
     """What one GPU of an SPPO pipeline stage holds of ``layout``: its TP+SP shard, without the pipeline
     and data-parallel degrees and ZeRO (what a stage's per-GPU costs and bytes are priced on). The
     micro-batch pipelines' per-GPU layout also drops the virtual stages
-    (`memo_sim.search.estimate.stage_shard`). Every piece's attention runs as a block over its prefix, so the shard's
+    (`memo_sim.layout.parallel.stage_shard`). Every piece's attention runs as a block over its prefix, so the shard's
     attention kernel is the layout's block kernel (`Layout.block_kernel`: memo-exec's pieces run FlashAttention-2)."""
     return replace(layout, pp=1, dp=1, zero=0, attention=layout.block_kernel, block_attention="")
 

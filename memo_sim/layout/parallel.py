@@ -100,6 +100,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields, replace
+from functools import lru_cache
 from itertools import product
 from typing import Annotated, Any, Literal
 
@@ -455,6 +456,14 @@ def stage_rank(layout: Layout, i: int) -> int:
     then the next replica's, ``stage_stride x pp`` ranks on): where expert groups, which fold over a
     stage's GPUs (Megatron-Core's parallel folding), sit."""
     return (i // layout.stage_stride) * layout.stage_stride * layout.pp + i % layout.stage_stride
+
+
+@lru_cache(maxsize=8192)
+def stage_shard(layout: Layout) -> Layout:
+    """What one GPU of a pipeline stage runs, the layout the micro-batch pipeline and the search price a stage's
+    layers on: the layout without its pipeline, data parallelism and ZeRO (memoised: `dataclasses.replace`
+    re-validates the layout, thousands of times a query)."""
+    return replace(layout, pp=1, vpp=1, dp=1, zero=0)
 
 
 def expert_group_ranks(layout: Layout, size: int, stride: int) -> list[int]:

@@ -16,7 +16,7 @@ from memo_sim.cost.layer_time import backward_costs, forward_costs
 from memo_sim.cost.memory import model_state_parts
 from memo_sim.cost.opcost import base_op_name
 from memo_sim.cost.sppo import stage_model_state_bytes
-from memo_sim.layout.parallel import Layout
+from memo_sim.layout.parallel import Layout, stage_shard
 from memo_sim.model.config import ModelConfig
 from memo_sim.model.layer_graph import layer_tensors
 from memo_sim.profile.schema import HardwareProfile
@@ -56,9 +56,7 @@ class MoeSplit:
 
 def moe_split(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile) -> MoeSplit:
     """One MoE layer's time by part (each op's own seconds, alone on the GPU; a pipeline's layer on the stage's
-    shard the simulation prices it on, `memo_sim.search.estimate.stage_shard`) and one GPU's memory by part."""
-    from memo_sim.search.estimate import stage_shard  # noqa: PLC0415
-
+    shard the simulation prices it on, `memo_sim.layout.parallel.stage_shard`) and one GPU's memory by part."""
     priced = stage_shard(layout) if layout.pp > 1 else layout
     time_s = {}
     for phase, costs in (("forward", forward_costs(model, priced, batch, seq, profile)),

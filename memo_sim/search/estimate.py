@@ -19,7 +19,6 @@ Per layer on one GPU (from `memo_sim.cost.layer_time`):
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from functools import lru_cache
 
 from memo_sim.cost.activations import layer_rows, skeletal_bytes
 from memo_sim.cost.boundary import boundary_times
@@ -31,7 +30,7 @@ from memo_sim.cost.param_split import model_gpu_params
 from memo_sim.cost.layer_time import backward_costs, critical_time, forward_costs
 from memo_sim.cost.transfer import host_bandwidth_per_gpu, host_copy_time
 from memo_sim.cost.sppo import stage_split_key
-from memo_sim.layout.parallel import Layout
+from memo_sim.layout.parallel import Layout, stage_shard
 from memo_sim.memplan.trace_gen import per_gpu_shard
 from memo_sim.model.config import ModelConfig
 from memo_sim.policy.alpha import AlphaProblem, AlphaResult, solve_alpha_closed_form
@@ -247,13 +246,6 @@ def estimate_pipeline(model: ModelConfig, layout: Layout, batch: int, micro_batc
         tgs=tgs(batch * layout.dp, seq, total, layout.gpus), layer=lt, embedding_s=bt.embedding * m,
         classifier_s=bt.classifier * m, grad_sync_exposed_s=sync_exposed + gathers, optimizer_s=opt,
         exposed_copy_s=exposed)
-
-
-@lru_cache(maxsize=8192)
-def stage_shard(layout: Layout) -> Layout:
-    """What one GPU of a pipeline stage runs: the layout without its pipeline, data parallelism
-    and ZeRO (memoised: `dataclasses.replace` re-validates the layout, thousands of times a query)."""
-    return replace(layout, pp=1, vpp=1, dp=1, zero=0)
 
 
 @memoised_by(lambda model, layout, micro_batch, seq, profile: (

@@ -91,7 +91,7 @@ from memo_sim.engine.schedules.microbatch_fold import MICRO_BATCHES, mb_name, mb
 from memo_sim.engine.schedules.single_stage import emit_chain, layer_plan
 from memo_sim.engine.schedules.stages import FINE_OPS_LIMIT, collapse_unit, shared_embedding_sums, stage_devices
 from memo_sim.errors import MemoError
-from memo_sim.layout.parallel import Layout, stages_cross_nodes
+from memo_sim.layout.parallel import Layout, stage_shard, stages_cross_nodes
 from memo_sim.memplan.footprint import memory_breakdown
 from memo_sim.model.config import ModelConfig
 from memo_sim.policy.base import Policy, uses_memory_plan
@@ -226,7 +226,7 @@ def pipeline_costs(model: ModelConfig, layout: Layout, micro_batch: int, seq: in
                    profile: HardwareProfile) -> PipelineCosts:
     """The costs of one unit at ``micro_batch`` sequences, from the same functions the single
     stage uses (`layer_plan`, `memo_sim.cost.boundary`, `memo_sim.cost.sppo`'s per-stage terms)."""
-    shard = replace(layout, pp=1, vpp=1, dp=1, zero=0)
+    shard = stage_shard(layout)
     mem = memory_breakdown(model, shard, micro_batch, seq, policy, profile)
     lp = layer_plan(model, shard, micro_batch, seq, policy, profile, mem)
     bt = boundary_times(model, shard, micro_batch, seq, profile, recompute_mtp=policy.recomputes_mtp)
@@ -327,7 +327,7 @@ class _MicrobatchBuilder:
         self.p, self.m, self.n_vs, self.lc = p, m, n_vs, lc
         self.devices, self.orders = devices, orders
         self.fwd, self.bwd, self.rec = fwd, bwd, rec
-        self.shard = replace(layout, pp=1, vpp=1, dp=1, zero=0)
+        self.shard = stage_shard(layout)
         self.g = g = OpGraph(devices)
         self.sched = MicrobatchSchedule(g, devices, orders, costs, lc, detail=detail,
                                         ranges=ranges if layout.uneven else ())
