@@ -1246,6 +1246,13 @@ HISTORY = (
       "moe-zoo-qwen3-235b-long-32k-forced": -0.063, "moe-zoo-qwen3-235b-long-32k-dropless": -0.225,
       "moe-zoo-qwen3-235b-long-64k-forced": -0.042, "moe-zoo-qwen3-235b-long-64k-dropless": -0.167,
       "moe-zoo-qwen3-235b-long-128k-forced": -0.036, "moe-zoo-qwen3-235b-long-128k-dropless": -0.115}),
+    ("aee63ce", "2026-11-29", "before the rank order put pipeline stages outermost, as Megatron-LM, torchtitan and "
+     "DeepSpeed number ranks (memo had numbered them TP, CP, PP, DP: Megatron-LM's --use-tp-pp-dp-mapping)",
+     {"moe-folding-mixtral-8x22b": 0.050, "moe-folding-qwen2-57b": -0.085, "moe-zoo-qwen3-235b-a1-ep32": -0.135,
+      "moe-zoo-qwen3-235b-a2-ep32-a2a-overlap": -0.032, "moe-zoo-qwen3-235b-a4-pp32-alltoall": -0.283,
+      "moe-zoo-qwen3-235b-long-16k-forced": -0.141, "moe-zoo-qwen3-235b-long-16k-dropless": -0.310,
+      "moe-zoo-mixtral-8x22b-dropless": -0.155, "moe-zoo-mixtral-8x22b-forced": -0.117,
+      "moe-zoo-mixtral-8x22b-fp8-forced": -0.267, "moe-zoo-mixtral-8x22b-capacity1": -0.126}),
 )
 
 
@@ -1402,6 +1409,16 @@ STEPS = (
      "-14.1%, dropless -28.2% to -31.0%; a3 +26.9% to +26.8%), a1 and a2 unchanged (their inter-node sends decide "
      "the all-to-all), every other row unchanged: the MoE group 18 predicted at 18.5% / 47.1%, its long-context "
      "subgroup 8 at 15.2% / 31.0%, the dense group unchanged (11.4% / 28.8%)"),
+    ("rank order", "the rank order as layout data (`memo_sim.layout.rank_order`): pipeline stages outermost by "
+     "default, as Megatron-LM (order tp-cp-ep-dp-pp), torchtitan (mesh pp, dp, cp, tp) and DeepSpeed's pipeline "
+     "topology number ranks, where memo had numbered them TP, CP, PP, DP (Megatron-LM's --use-tp-pp-dp-mapping, now "
+     "an option of the megatron data): a stage is a block of consecutive ranks, so where tp x cp is below a node its "
+     "data-parallel and expert-parallel groups sit in fewer nodes and its stage hops cross nodes. The pipelined MoE "
+     "rows with TP 2 or 4 move 0.1-1.7 points slower (Mixtral-8x22B's Model Zoo script values -15.5% to -13.9%, -11.7% "
+     "to -10.0%, -26.7% to -25.0%, -12.6% to -10.9%; the Folding rows +5.0% to +5.2%, -8.5% to -8.1%; a1 -13.5% to "
+     "-13.4%, a4 -28.3% to -28.2%, the 16K rows -14.1% to -13.8%, -31.0% to -30.8%), every dense row and every row "
+     "whose tp x cp fills a node unchanged: the MoE group 18 predicted at 18.5% / 47.1%, its long-context subgroup 8 "
+     "at 15.2% / 30.8%, the dense group unchanged (11.4% / 28.8%)"),
 )
 
 

@@ -64,11 +64,14 @@ def test_pipeline_stage_alltoalls_carry_the_model_layer_and_pair_with_the_simula
     layer, and rank 0's per-layer rows have the simulator's count on both sides."""
     with time_limit(60):
         events = spawn(rank_moe_spans, 4, PP_EP, timeout=50)
+    from memo_sim.layout.rank_order import stage_of_rank
+
     holds = {0: {2}, 1: {1, 3}}  # pp rank -> its MoE layers (chunks c * pp + s; layer 0 is dense)
     for rank, ev in enumerate(events):
         moe = {e.layer for e in ev if e.op == "moe"}
         a2a = {e.layer for e in ev if e.stream == "ep_comm"}
-        assert moe == holds[rank % 2] and a2a == moe, (rank, sorted(moe), sorted(a2a))
+        stage = stage_of_rank(Layout(**PP_EP["lay"]), rank)  # ranks 0, 1 stage 0 (stages outermost)
+        assert moe == holds[stage] and a2a == moe, (rank, sorted(moe), sorted(a2a))
     plan = plan_for(PP_EP["lay"], PP_EP["pol"], PP_EP["batch"], PP_EP["schedule"], PP_EP["micro"])
     sim, note = resimulate(plan, plan.model.layers)
     assert sim is not None, note

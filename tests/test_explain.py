@@ -78,13 +78,14 @@ def test_explain_a_pipeline_plan_per_stage(tmp_path):
         # every stage's table ends at the plan's iteration (a stage done early was shown a shorter 'iteration')
         assert t["iteration_s"] == pytest.approx(d["iteration_s"], rel=1e-9)
     text = CliRunner().invoke(cli, ["explain", str(plan)]).output
-    assert "time on stage 1's GPU (a replica's rank 1)'s compute stream" in text, text  # tp1-pp2-dp4: stride 1
+    # tp1-pp2-dp4, stages outermost: stage 1 of the first replica is rank 4 (stage 0's four replicas before it)
+    assert "time on stage 1's GPU (the first replica's rank 4)'s compute stream" in text, text
     # tp 2 x pp 2: the simulated device's index was printed as 'GPU 1 (stage 1)' though stage 1 starts at rank 2
     r = CliRunner().invoke(cli, [*TOY, "--gpus", "4", "--tp", "2", "--pp", "2", "--policy", "full_recompute",
                                  "--schedule", "1f1b", "--out", str(tmp_path / "t")])
     assert r.exit_code == 0, r.output
     text = CliRunner().invoke(cli, ["explain", str(tmp_path / "t" / "plan.json")]).output
-    assert "time on stage 1's GPU (a replica's ranks 2-3)'s compute stream" in text, text
+    assert "time on stage 1's GPU (the first replica's ranks 2-3)'s compute stream" in text, text
 
 
 @pytest.mark.parametrize("extra", [

@@ -124,8 +124,9 @@ def test_the_analytic_tier_exposes_each_ranks_first_chunks_gradients_as_the_engi
     """Interleaved, each chunk reduced after its last backward: the reduction left after a rank's
     backward is its chunk 0's (virtual stage s), so with chunks of 1, 1, 3, 3 layers (chunk 0 of both
     ranks one layer) the analytic tier exposes one layer's gradients where the even split (2 each)
-    exposes two; in the engine chunk 0's reduction runs after the rank's last backward (the other chunk's
-    start earlier, each after that chunk's last backward, though some may wait for the link)."""
+    exposes two; in the engine chunk 0's reduction runs after the rank's last layer backward (beside the first
+    stage's embedding backward; the other chunk's start earlier, each after that chunk's last backward, though some
+    may wait for the link)."""
     from memo_sim.cost.sppo import stage_grad_sync
     from memo_sim.search.estimate import estimate_pipeline
 
@@ -139,7 +140,8 @@ def test_the_analytic_tier_exposes_each_ranks_first_chunks_gradients_as_the_engi
                    keep_timeline=False)
     assert res.status == "OK"
     for dev in {op.device for op in res.ops}:
-        bwd_end = max(op.end for op in res.ops if op.device == dev and op.phase == "bwd" and op.stream == "compute")
+        bwd_end = max(op.end for op in res.ops if op.device == dev and op.phase == "bwd" and op.stream == "compute"
+                      and op.layer is not None)
         grads = {op.layer: op for op in res.ops if op.device == dev and op.phase == "grad_sync" and op.layer is not None}
         first = {0: 0, 1: 1}  # chunk 0's layer on each rank (virtual stages 0 and 1)
         chunk0 = [lay for lay in grads if lay in first.values()]

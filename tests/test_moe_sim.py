@@ -366,7 +366,9 @@ def test_review_fixes_expert_states_links_and_refusals():
     t1 = params_reduce_time(mix, pipe1, H100, stage_gpu_params(mix, pipe1, 0), stride=16)
     t8 = params_reduce_time(mix, pipe8, H100, stage_gpu_params(mix, pipe8, 0), stride=16)
     assert t8 < t1 / 2
-    lay = Layout(dp=8, pp=2, ep=8)  # the stage's 8 GPUs are ranks 0, 2, ..., 14: two nodes
+    # data parallelism outermost: the stage's 8 GPUs are ranks 0, 2, ..., 14, two nodes; stages outermost, one
+    lay = Layout(dp=8, pp=2, ep=8, rank_order="tp-cp-pp-dp")
+    assert step_link("ep", Layout(dp=8, pp=2, ep=8), H100) is H100.nvlink
     assert step_link("ep", lay, H100) is H100.internode and step_link("ep", Layout(dp=8, ep=8), H100) is H100.nvlink
     ds = PRESETS["deepseek-v3"]
     g8 = model_gpu_params(ds, Layout(tp=8, dp=32, ep=32, zero=1))

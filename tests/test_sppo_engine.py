@@ -92,13 +92,19 @@ def test_analytic_tier_tracks_the_simulation(lay, n):
 def test_stage_hops_and_devices():
     lay = Layout(tp=8, pp=4)  # one stage per node: every hop crosses a node
     assert all(stage_hop_crosses_nodes(lay, s, 8) for s in range(3))
-    lay2 = Layout(tp=2, pp=4, dp=4)  # a pipeline inside a node
+    # data parallelism outermost (Megatron-LM's --use-tp-pp-dp-mapping): a replica's pipeline inside a node
+    lay2 = Layout(tp=2, pp=4, dp=4, rank_order="tp-cp-pp-dp")
     assert not any(stage_hop_crosses_nodes(lay2, s, 8) for s in range(3))
     assert C.p2p_link(lay, A100, 0) == "internode" and C.p2p_link(lay2, A100, 0) == "nvlink"
     devs = stage_devices(lay2, A100)
     assert [d.node for d in devs] == [0, 0, 0, 0] and [d.group for d in devs] == [2, 2, 2, 2]
-    devs = stage_devices(Layout(tp=4, pp=4, dp=2), A100)  # stages 0,1 on node 0, 2,3 on node 1
+    devs = stage_devices(Layout(tp=4, pp=4, dp=2, rank_order="tp-cp-pp-dp"), A100)  # stages 0,1 on node 0, 2,3 on 1
     assert [d.node for d in devs] == [0, 0, 1, 1] and all(d.group == 8 // 2 for d in devs)
+    # stages outermost (the default, every framework's): each stage's 8 GPUs fill a node, every hop leaves it
+    for pipe in (Layout(tp=2, pp=4, dp=4), Layout(tp=4, pp=4, dp=2)):
+        assert all(stage_hop_crosses_nodes(pipe, s, 8) for s in range(3)) and C.p2p_link(pipe, A100, 0) == "internode"
+        devs = stage_devices(pipe, A100)
+        assert [d.node for d in devs] == [0, 1, 2, 3] and [d.group for d in devs] == [8] * 4
 
 
 def test_layout_rules_for_pipelines():

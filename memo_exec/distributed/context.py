@@ -1,9 +1,11 @@
 """Process groups from a plan's layout, and which tokens each rank holds.
 
 `DistContext` is one rank's view of the job: a `DeviceMesh` (``init_device_mesh``) whose
-dimensions are the layout's degrees in the plan's rank order, outermost first: dp x pp x cp x
-ulysses x tp (`memo_sim.layout.parallel`: TP innermost, so a TP group is consecutive ranks), one
-process group per dimension, plus two flattened groups built from the same rank numbering:
+dimensions are the layout's degrees in the plan's rank order, outermost first (`mesh_dims`, from
+`memo_sim.layout.rank_order`): pp x dp x cp x ulysses x tp by default, as Megatron-LM, torchtitan and DeepSpeed
+number ranks, or dp x pp x cp x ulysses x tp (Megatron-LM's ``--use-tp-pp-dp-mapping``); TP innermost, so a TP
+group is consecutive ranks. One process group per dimension, plus two flattened groups built from the same rank
+numbering:
 
 - ``data``: the ranks that hold the same weights (dp x cp x ulysses, same tp and pp
   coordinate): gradients are summed over it and ZeRO shards model states over it;
@@ -35,8 +37,14 @@ import torch
 import torch.distributed as dist
 
 from memo_sim.layout.parallel import Layout
+from memo_sim.layout.rank_order import DEFAULT_RANK_ORDER, mesh_dims as order_dims
 
-MESH_DIMS = ("dp", "pp", "cp", "ulysses", "tp")  # outermost first (the plan's rank order)
+MESH_DIMS = order_dims(DEFAULT_RANK_ORDER)  # the dimensions' names (outermost first in the default order)
+
+
+def mesh_dims(layout: Layout) -> tuple[str, ...]:
+    """The mesh's dimensions in the plan's rank order, outermost first."""
+    return order_dims(layout.rank_order)
 
 
 @dataclass
@@ -83,8 +91,9 @@ class DistContext:
         return lay.flavour.shards_tokens(lay)
 
     def describe(self) -> dict:
-        return {"rank": self.rank, "world": self.world, **{f"{d}_rank": self.coords.get(d, 0) for d in MESH_DIMS},
-                "mesh": [self.size(d) for d in MESH_DIMS]}
+        dims = mesh_dims(self.layout)
+        return {"rank": self.rank, "world": self.world, **{f"{d}_rank": self.coords.get(d, 0) for d in dims},
+                "mesh": [self.size(d) for d in dims], "mesh_dims": list(dims)}
 
 
 def shard_size(layout: Layout) -> int:
@@ -95,13 +104,13 @@ def shard_size(layout: Layout) -> int:
 
 
 def mesh_shape(layout: Layout) -> tuple[int, ...]:
-    return tuple(getattr(layout, d) for d in MESH_DIMS)
+    return tuple(getattr(layout, d) for d in mesh_dims(layout))
 
 
 def coords_of(rank: int, layout: Layout) -> dict[str, int]:
-    """Mesh coordinates of a global rank (row-major over `MESH_DIMS`)."""
+    """Mesh coordinates of a global rank (row-major over `mesh_dims`)."""
     out, r = {}, rank
-    for d in reversed(MESH_DIMS):
+    for d in reversed(mesh_dims(layout)):
         n = getattr(layout, d)
         out[d] = r % n
         r //= n
@@ -110,14 +119,14 @@ def coords_of(rank: int, layout: Layout) -> dict[str, int]:
 
 def rank_of(coords: dict[str, int], layout: Layout) -> int:
     r = 0
-    for d in MESH_DIMS:
+    for d in mesh_dims(layout):
         r = r * getattr(layout, d) + coords[d]
     return r
 
 
 def _flat_groups(layout: Layout, vary: tuple[str, ...]) -> list[list[int]]:
     """All groups of ranks that differ only in the ``vary`` dimensions (every rank, same order)."""
-    fixed = [d for d in MESH_DIMS if d not in vary]
+    fixed = [d for d in mesh_dims(layout) if d not in vary]
     seen, groups = set(), []
     for r in range(layout.gpus):
         c = coords_of(r, layout)
@@ -135,9 +144,9 @@ def build_context(layout: Layout, device: torch.device, timeout_s: float | None 
     rank, world = dist.get_rank(), dist.get_world_size()
     from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415
 
-    mesh = init_device_mesh(device.type, mesh_shape(layout), mesh_dim_names=MESH_DIMS)
+    mesh = init_device_mesh(device.type, mesh_shape(layout), mesh_dim_names=mesh_dims(layout))
     ctx = DistContext(layout, rank, world, device, mesh, coords_of(rank, layout))
-    for d in MESH_DIMS:
+    for d in mesh_dims(layout):
         if getattr(layout, d) > 1:
             ctx.groups[d] = mesh.get_group(d)
     kw = {"timeout": datetime.timedelta(seconds=timeout_s)} if timeout_s else {}

@@ -1,7 +1,7 @@
 """Expert-parallel process groups (Megatron-Core's parallel folding, `memo_sim.layout.parallel`).
 
-The GPUs of one pipeline stage (dp x cp x ulysses x tp of them, TP innermost in the plan's rank
-order, `memo_exec.distributed.context`) are numbered 0.. in that order; the expert layers fold the
+The GPUs of one pipeline stage (dp x cp x ulysses x tp of them, TP innermost in either rank order,
+`memo_exec.distributed.context`) are numbered 0.. in that order; the expert layers fold the
 same GPUs as etp (innermost, 1 here) x ep x expert-dp: stage rank i has EP coordinate i mod ep and
 expert-DP coordinate i // ep. The ``ep`` group (the all-to-all's) holds the stage ranks with the
 same expert-DP coordinate, the ``expert_dp`` group (the routed experts' gradient all-reduce) those
@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from memo_exec.distributed.context import MESH_DIMS, coords_of
+from memo_exec.distributed.context import coords_of
 from memo_sim.layout.parallel import Layout
 
-STAGE_DIMS = tuple(d for d in MESH_DIMS if d != "pp")  # dp, cp, ulysses, tp: outermost first
+STAGE_DIMS = ("dp", "cp", "ulysses", "tp")  # a stage's GPUs, outermost first (either rank order)
 
 
 def stage_index(rank: int, layout: Layout) -> tuple[int, int]:

@@ -7,6 +7,7 @@ import json
 import click
 
 from memo_sim.layout.alloc_conf import EXPANDABLE_FLAG
+from memo_sim.layout.parallel import stage_first_rank
 from memo_sim.policy.base import uses_memory_plan
 from memo_sim.engine.simulate import simulate
 from memo_sim.memplan.footprint import memory_breakdown
@@ -67,10 +68,11 @@ def explain(plan_file, out_format, as_json):
                  for k, v in sorted(t.waits_s.items(), key=lambda kv: -kv[1])]
         rows.append(["iteration", fmt_time(t.iteration_s), "100.0%"])
         where = f"GPU {t.device}"
-        if len(devices) > 1:  # a stage's GPU: the simulated device is its index, its ranks are stage_stride apart
+        if len(devices) > 1:  # a stage's GPU: the simulated device is its index; its replica's stage_stride ranks
             k, stride = devices.index(t.device), plan.layout.stage_stride
-            where = (f"stage {k}'s GPU (a replica's ranks {k * stride}-{(k + 1) * stride - 1}" if stride > 1
-                     else f"stage {k}'s GPU (a replica's rank {k}") + ")"
+            first = stage_first_rank(plan.layout, k)
+            where = (f"stage {k}'s GPU (the first replica's ranks {first}-{first + stride - 1}" if stride > 1
+                     else f"stage {k}'s GPU (the first replica's rank {first}") + ")"
         a.table(["", "seconds", "share"], rows, title=f"\ntime on {where}'s compute stream (simulated):")
     if mtp:
         n = plan.model.mtp_layers

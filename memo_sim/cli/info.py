@@ -107,7 +107,7 @@ def framework_layouts(f) -> dict:
             "optimizer_offload_zero": None if f.optimizer_offload_zero is None else list(f.optimizer_offload_zero),
             "uneven_stages": f.uneven_stages, "embedding_loss_slots": f.embedding_loss_slots,
             "experts": experts if experts is None else {**experts, "dispatchers": list(experts["dispatchers"])},
-            "dp_modes": list(f.dp_modes)}
+            "dp_modes": list(f.dp_modes), "rank_orders": list(f.rank_orders)}
 
 
 def framework_lines(f) -> list[str]:
@@ -123,7 +123,8 @@ def framework_lines(f) -> list[str]:
            f"(SP {', '.join('on' if x else 'off' for x in f.sequence_parallel)}; "
            f"{', '.join(f.tp_modes)}), ring CP {yes(f.context_parallel)}, Ulysses {yes(f.ulysses)}, "
            f"ZeRO {', '.join(map(str, f.zero))} ({', '.join(f.dp_modes)}), schedules {', '.join(f.schedules)}, "
-           f"uneven stages {yes(f.uneven_stages)}, optimizer offload {offload}; experts: {experts}",
+           f"uneven stages {yes(f.uneven_stages)}, optimizer offload {offload}, rank orders "
+           f"{', '.join(f.rank_orders)}; experts: {experts}",
            "  mechanisms: " + ", ".join(f"{k}={v}" for k, v in f.mechanisms),
            "  precision: " + ", ".join(f"{d}: {r}" for d, r in f.recipes) + ("; " if f.recipes else "")
            + "GEMM formats " + ", ".join(f.gemm_formats)]

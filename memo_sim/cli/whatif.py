@@ -38,6 +38,7 @@ from memo_sim.cli.common import (
 from memo_sim.errors import MemoError, NothingFits
 from memo_sim.fileio import OutputFolder, output_folder
 from memo_sim.layout.pipeline_layout import OPTION as LAYOUT_OPTION, parse_layout
+from memo_sim.layout.rank_order import RANK_ORDER_NAMES
 from memo_sim.layout.schedule import SCHEDULE_NAMES
 from memo_sim.plan.schema import with_profile_reference, write_plan
 from memo_sim.policy import policy_names
@@ -95,6 +96,10 @@ def _simulate_top_value(ctx, param, value):
 @click.option("--dp-mode", default=None, type=click.Choice(["zero", "fsdp", "all"]),
               help="Data-parallel flavours to search: ZeRO stages, FSDP (with HSDP and resharding on/off), or all the "
                    "framework runs (default: the framework's first: zero for any, fsdp for torchtitan).")
+@click.option("--rank-order", default=None, type=click.Choice([*RANK_ORDER_NAMES, "all"]),
+              help="How a pipeline's GPUs are numbered, innermost first: tp-cp-dp-pp (stages outermost, every "
+                   "framework's default) or tp-cp-pp-dp (Megatron-LM's --use-tp-pp-dp-mapping), or all the framework "
+                   "offers (default: its first).")
 @click.option("--train-tokens", "train_tokens", default=None,
               help="Also say how long the best plan takes to train this many tokens, and the GPU-hours "
                    "(decimal multipliers: 300B, 15T, 2e12).")

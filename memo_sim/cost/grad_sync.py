@@ -120,8 +120,8 @@ def shared_embedding_seconds(model: ModelConfig, layout: Layout, profile: Hardwa
 
 
 def grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile, stride: int | None = None) -> GradSync:
-    """``stride``: how far apart the group's ranks are (default TP; a pipeline stage's replicas
-    sit TP x PP apart)."""
+    """``stride``: how far apart the group's ranks are (default TP; a pipeline stage's replicas where the rank
+    order puts them, `memo_sim.layout.rank_order.data_group_stride`)."""
     g = layout.state_shards
     link = coll.group_link(profile, g, layout.tp if stride is None else stride)
     gather_link = link  # where the weights are all-gathered

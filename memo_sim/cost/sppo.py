@@ -55,6 +55,7 @@ from memo_sim.cost.memo import memoised_by, memoising, profile_key
 from memo_sim.cost.opcost import OpCost, critical_time
 from memo_sim.errors import MemoError
 from memo_sim.layout.parallel import Layout, stage_hop_crosses_nodes, stage_layers  # noqa: F401 (stage_layers re-exported)
+from memo_sim.layout.rank_order import data_group_stride
 from memo_sim.model.config import ModelConfig
 from memo_sim.model.flops import ATTN_BWD_FACTOR, causal_attention_flops, layer_forward_flops
 from memo_sim.model.layer_graph import DTYPE_BYTES, layer_tensors
@@ -395,12 +396,14 @@ def stage_optimizer_time(model: ModelConfig, layout: Layout, stage: int, profile
 
 @memoised_by(lambda model, layout, profile: (model, layout.state_shards, layout.tp, layout.zero, layout.grad_overlap,
                                             layout.stage_stride, layout.pp, layout.ep, layout.etp, layout.dp_mode,
-                                            layout.fsdp_shard, layout.reshard_after_forward, profile_key(profile)))
+                                            layout.rank_order, layout.fsdp_shard, layout.reshard_after_forward,
+                                            profile_key(profile)))
 def stage_grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile) -> GradSync:
-    """Data-parallel collectives of one stage: over the stage's dp replicas, TP x PP ranks apart
-    (`memo_sim.cost.grad_sync`; memoised by what that reads: the group, TP, ZeRO, the overlap,
-    the stride and the stage count, whose end stages may share the embedding)."""
-    return grad_sync(model, layout, profile, stride=layout.stage_stride * layout.pp)
+    """Data-parallel collectives of one stage: over the stage's dp replicas, where the rank order puts them
+    (`memo_sim.layout.rank_order.data_group_stride`; `memo_sim.cost.grad_sync`; memoised by what that reads: the
+    group, TP, ZeRO, the overlap, the stride, the order and the stage count, whose end stages may share the
+    embedding)."""
+    return grad_sync(model, layout, profile, stride=data_group_stride(layout))
 
 
 def stage_serial_grad_reduce(model: ModelConfig, layout: Layout, profile: HardwareProfile, stage: int) -> float:
@@ -409,7 +412,7 @@ def stage_serial_grad_reduce(model: ModelConfig, layout: Layout, profile: Hardwa
     last stage), per GPU of its TP group, in one collective over its dp replicas after its whole
     backward (Megatron-LM 2021's local DDP, `memo_sim.cost.grad_sync`)."""
     return params_reduce_time(model, layout, profile, stage_gpu_params(model, layout, stage),
-                              stride=layout.stage_stride * layout.pp)
+                              stride=data_group_stride(layout))
 
 
 def p2p_bytes(model: ModelConfig, layout: Layout, batch: int, tokens: int) -> float:

@@ -370,6 +370,19 @@ def balance_gap(plan: Plan, framework: str) -> list[Gap]:
                 PlanChange(layout={"moe_balance": instead}))]
 
 
+def rank_order_gap(plan: Plan, framework: str) -> list[Gap]:
+    """A rank order the framework version does not number ranks in (`memo_sim.layout.rank_order`; it matters to a
+    pipeline with data parallelism only): its own instead, priced as that."""
+    from memo_sim.search.frameworks import get_framework  # noqa: PLC0415
+
+    lay, fw = plan.layout, get_framework(framework)
+    if lay.rank_order in fw.rank_orders or lay.pp == 1 or lay.dp == 1:
+        return []
+    return [Gap(f"ranks numbered {lay.rank_order} (innermost first)",
+                f"{fw.rank_orders[0]}, as {fw.name} numbers them",
+                PlanChange(layout={"rank_order": fw.rank_orders[0]}))]
+
+
 def uneven_stages_gap(plan: Plan, framework: str) -> list[Gap]:
     """Uneven pipeline stages where the exporter does not write them (the plan is kept: the user sets
     the split as the framework spells it)."""

@@ -15,7 +15,7 @@ import json
 import shlex
 
 from memo_sim.export.base import (Export, Gap, PlanChange, async_tp_gap, dp_flavour_gap, gemm_format_gap,
-                                  interleave_gap, metp_gap, mtp_gap, nearest_plan, rotary_gaps,
+                                  interleave_gap, metp_gap, mtp_gap, nearest_plan, rank_order_gap, rotary_gaps,
                                   not_modelled_gap, optimizer_offload_gap, policy_gaps, uneven_stages_gap, price_nearest,
                                   shape_arguments, torchrun_line)
 from memo_sim.plan.schema import Plan
@@ -45,7 +45,7 @@ def gaps(plan: Plan) -> list[Gap]:
     out += gemm_format_gap(plan, "deepspeed") + optimizer_offload_gap(plan, "deepspeed")
     out += dp_flavour_gap(plan, "deepspeed") + mtp_gap(plan, "deepspeed", "Megatron-DeepSpeed has no multi-token "
                                                                            "prediction")
-    out += uneven_stages_gap(plan, "Megatron-DeepSpeed")
+    out += uneven_stages_gap(plan, "Megatron-DeepSpeed") + rank_order_gap(plan, FRAMEWORK)
     if plan.model.bias == "qkv":  # Megatron-DeepSpeed's --disable-bias-linear drops every bias, it has no qkv-only one
         out.append(Gap(f"{plan.model.name}'s biases on the q, k and v projections only",
                        "biases on every linear layer (no flag): edit the model or drop them by hand"))

@@ -20,6 +20,7 @@ from memo_sim.export.base import (Export, Gap, async_tp_gap, balance_gap, dp_fla
 from memo_sim.layout.kv_heads import kv_heads_why_not
 from memo_sim.model.rope import YARN_PARAMS, llama3_rope_factor, yarn_params
 from memo_sim.layout.pipeline_layout import format_layout
+from memo_sim.layout.rank_order import MEGATRON_OPTION as RANK_ORDER_OPTION
 from memo_sim.plan.schema import Plan
 from memo_sim.policy.registry import policy_class
 
@@ -294,6 +295,8 @@ def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | tuple[str
             args.append(("--decoder-last-pipeline-num-layers", str(lay.last_stage_layers)))
         if lay.account_embedding_loss:
             args += [("--account-for-embedding-in-pipeline-split", None), ("--account-for-loss-in-pipeline-split", None)]
+    if lay.rank_order in RANK_ORDER_OPTION:  # data parallelism outermost (`memo_sim.layout.rank_order`)
+        args.append((RANK_ORDER_OPTION[lay.rank_order], None))
     args += [("--micro-batch-size", str(plan.micro_batch)), ("--global-batch-size", str(plan.batch * lay.dp))]
     if lay.zero >= 1 or lay.optimizer_offload:  # the CPU offload runs inside the distributed optimizer
         args.append(("--use-distributed-optimizer", None))  # Megatron-FSDP (v1) runs inside it too

@@ -30,7 +30,8 @@ attention under CP).
 from __future__ import annotations
 
 from memo_sim.export.base import (Export, Gap, PlanChange, balance_gap, gemm_format_gap, metp_gap, mtp_gap,
-                                  nearest_model, nearest_plan, not_modelled_gap, optimizer_offload_gap, policy_gaps,
+                                  rank_order_gap, nearest_model, nearest_plan, not_modelled_gap, optimizer_offload_gap,
+                                  policy_gaps,
                                   uneven_stages_gap, price_nearest, rotary_gaps, torchrun_line, ulysses_gap)
 from memo_sim.plan.schema import Plan
 
@@ -263,7 +264,7 @@ def gaps(plan: Plan) -> list[Gap]:
         out.append(Gap("ZeRO stage 1 (optimizer states sharded, weights and gradients whole)",
                        'FSDP2 with fsdp_reshard_after_forward = "never" (ZeRO 2: gradients sharded too)',
                        PlanChange(layout={"zero": 2})))
-    out += _ep_borrow_gap(plan) + balance_gap(plan, FRAMEWORK)
+    out += _ep_borrow_gap(plan) + balance_gap(plan, FRAMEWORK) + rank_order_gap(plan, FRAMEWORK)
     out += policy_gaps(plan, _RUNS, notes={"memo": "torchtitan offloads no activations",
                                            "full_offload": "torchtitan offloads no activations"})
     out += gemm_format_gap(plan, "torchtitan") + optimizer_offload_gap(plan, "torchtitan") + not_modelled_gap(plan)

@@ -57,6 +57,11 @@ version can run (default: ``bf16`` only), and under a quantised format ``fp8_sav
 GEMM inputs kept for backward as quantised copies) and ``fp8_sp_gathers`` (sequence parallelism
 all-gathers the GEMM inputs' quantised copies). `Framework.for_model` applies them to a model.
 
+A file's ``layouts.rank_orders`` lists the orders it numbers ranks in (`memo_sim.layout.rank_order`; default:
+pipeline stages outermost, every framework's own; Megatron-LM adds data parallelism outermost with
+``--use-tp-pp-dp-mapping``). A plan's order is its layout's; the what-if tries the first, or every one with
+``--rank-order all``.
+
 A file's ``layouts.uneven_stages`` lets the first and last pipeline stages have their own layer
 counts, and ``layouts.embedding_loss_slots`` (default: as ``uneven_stages``) lets the embedding and
 the loss each take a layer's slot in the split (Megatron-LM's --account-for-*-in-pipeline-split).
@@ -84,6 +89,7 @@ from memo_sim.layout.alloc_conf import merged_alloc_conf
 from memo_sim.layout.moe_balance import KINDS as BALANCE_KINDS
 from memo_sim.layout.moe_dispatchers import DISPATCHER_NAMES
 from memo_sim.layout.parallel import BLOCK_KERNELS, HOST_POOLS, Layout
+from memo_sim.layout.rank_order import DEFAULT_RANK_ORDER, RANK_ORDER_NAMES
 from memo_sim.layout.kv_heads import ULYSSES_KV_RULES
 from memo_sim.layout.ring_merge import RING_MERGE_NAMES
 from memo_sim.layout.schedule import SCHEDULE_NAMES
@@ -149,6 +155,8 @@ class _LayoutsIn(BaseModel):
     shards_over_cp: bool = Field(False, strict=True)
     # it trains a model's multi-token-prediction modules (`ModelConfig.mtp_layers`); else its runs are priced without
     multi_token_prediction: bool = Field(False, strict=True)
+    # the orders it numbers ranks in (`memo_sim.layout.rank_order`)
+    rank_orders: tuple[Literal[RANK_ORDER_NAMES], ...] = Field((DEFAULT_RANK_ORDER,), min_length=1)
 
 
 class _MechanismsIn(BaseModel):
@@ -234,6 +242,7 @@ class Framework:
     chunked_attention: bool = False  # it runs chunked attention (Llama 4); else a model's chunked layers run full
     shards_over_cp: bool = False  # its FSDP shards over the CP ranks too (`_LayoutsIn.shards_over_cp`)
     multi_token_prediction: bool = False  # it trains multi-token-prediction modules (`_LayoutsIn`)
+    rank_orders: tuple[str, ...] = (DEFAULT_RANK_ORDER,)  # the orders it numbers ranks in (`layout.rank_order`)
 
     def for_model(self, model: ModelConfig) -> ModelConfig:
         """``model`` as this framework trains it: its recipe for the model's dtype where the model
@@ -310,6 +319,8 @@ class Framework:
         elif self.experts is not None and self.experts.ep_within_shards and lay.ep > 1 and (
                 lay.tp * (lay.dp_flavour.shard_group(lay) if lay.dp_mode == "fsdp" else lay.cp)) % (lay.ep * lay.etp):
             what = "expert parallelism beyond the ranks it borrows from (TP x CP x the FSDP shard group)"
+        elif lay.rank_order not in self.rank_orders and lay.pp > 1 and lay.dp > 1:
+            what = f"rank order {lay.rank_order} (it numbers ranks {', '.join(self.rank_orders)})"
         return None if what is None else f"{self.name} does not offer {lay.label()} ({what})"
 
     def offloads_optimizer(self, zero: int) -> bool:
@@ -369,7 +380,7 @@ def _read(path: Path) -> Framework:
                      else lay.embedding_loss_slots,
                      fp8_saved_inputs=f.precision.fp8_saved_inputs, fp8_sp_gathers=f.precision.fp8_sp_gathers,
                      dp_modes=lay.dp_modes, chunked_attention=f.chunked_attention, shards_over_cp=lay.shards_over_cp,
-                     multi_token_prediction=lay.multi_token_prediction,
+                     multi_token_prediction=lay.multi_token_prediction, rank_orders=lay.rank_orders,
                      experts=None if lay.experts is None else ExpertsOffer(**lay.experts.model_dump()))
 
 

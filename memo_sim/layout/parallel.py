@@ -1,16 +1,17 @@
 """Parallel layouts and the rules that make one valid.
 
-Rank order, innermost first: TP, Ulysses, CP, PP, DP. So a TP group is ``tp`` consecutive GPUs (kept
-inside a node), and a group of degree g whose ranks are ``stride`` apart spans nodes when
-``g * stride > gpus_per_node``.
+Rank order (``rank_order``, `memo_sim.layout.rank_order`), innermost first: TP, Ulysses, CP, DP, PP by default
+(every framework's), or TP, Ulysses, CP, PP, DP (Megatron-LM's ``--use-tp-pp-dp-mapping``). So a TP group is
+``tp`` consecutive GPUs (kept inside a node), and a group of degree g whose ranks are ``stride`` apart spans nodes
+when ``g * stride > gpus_per_node``.
 
 Pipeline parallelism (``pp``; the schedules of `memo_sim.layout.schedule`: 1F1B, interleaved
 1F1B with ``vpp`` model chunks per rank, SPPO): the model's layers are split evenly into ``pp``
 stages (``pp x vpp`` chunks; the embedding on the first, the classifier on the last); inside a
-stage the layout's TP / CP / Ulysses split applies; stage s of a replica is the
-ranks ``s * stage_stride .. (s+1) * stage_stride - 1`` of its pipeline (``stage_stride`` = tp x
-ulysses x cp), and the P2P activation transfer between stages rides NVLink unless the
-hop crosses a node boundary (`stage_hop_crosses_nodes`, `stages_cross_nodes`). Validity with
+stage the layout's TP / CP / Ulysses split applies; a stage of a replica is ``stage_stride`` = tp x
+ulysses x cp consecutive ranks, stage s + 1's ``rank_order.stage_stride_of`` ranks on from stage s's (tp x
+ulysses x cp x dp with stages outermost; ``stage_first_rank``), and the P2P activation transfer between stages
+rides NVLink unless the hop crosses a node boundary (`stage_hop_crosses_nodes`, `stages_cross_nodes`). Validity with
 pp > 1 (`check_layout`): layers divisible by pp (and by pp x vpp), no METP, ZeRO at most 1
 (stages keep their own layers' weights and gradients, as Megatron-LM and DeepSpeed's pipeline
 engine do) or FSDP as torchtitan runs it beside stages (`memo_sim.dp.fsdp`); what a schedule adds it checks itself (SPPO: Megatron TP+SP only, `Sppo.check`).
@@ -114,6 +115,9 @@ from memo_sim.layout.kv_heads import ULYSSES_KV_RULES, kv_heads_why_not, kv_repe
 from memo_sim.layout.moe_balance import balance_why_not, measured_why_not, parse_balance, Balance
 from memo_sim.layout.moe_dispatchers import DISPATCHER_NAMES, Dispatcher, dispatcher
 from memo_sim.layout.pipeline_layout import OPTION as LAYOUT_OPTION, counts_label
+from memo_sim.layout.rank_order import (
+    DEFAULT_RANK_ORDER, RANK_ORDER_NAMES, replica_stride, stage_of_rank, stage_stride_of,
+)
 
 _CHUNKS = f"chunk_layers ({LAYOUT_OPTION})"  # the field, and the option that sets it
 from memo_sim.layout.ring_merge import RING_MERGE_NAMES
@@ -175,8 +179,11 @@ class Layout:
     dp_mode: str = "zero"
     fsdp_shard: int = 0  # FSDP's shard group (0: the whole data group; smaller: HSDP, replicated across the rest)
     reshard_after_forward: bool = True  # FSDP: gathered weights freed after the forward, gathered again for backward
+    rank_order: str = DEFAULT_RANK_ORDER  # how the degrees number the GPUs (`memo_sim.layout.rank_order`)
 
     def __post_init__(self) -> None:
+        if (self.pp == 1 or self.dp == 1) and self.rank_order != DEFAULT_RANK_ORDER:  # both orders number alike
+            object.__setattr__(self, "rank_order", DEFAULT_RANK_ORDER)
         if self.pp == 1 and (self.first_stage_layers or self.last_stage_layers or self.account_embedding_loss
                              or self.chunk_layers):
             object.__setattr__(self, "first_stage_layers", 0)
@@ -338,6 +345,8 @@ class Layout:
             parts.append(f"moe-{self.moe_dispatcher}")
         if self.moe_balance != "dropless":
             parts.append(self.balance.kind if self.balance.kind == "measured" else self.moe_balance.replace(":", ""))
+        if self.rank_order != DEFAULT_RANK_ORDER and self.pp > 1 and self.dp > 1:
+            parts.append(f"ranks-{self.rank_order}")
         return "-".join(parts)
 
     def to_dict(self) -> dict:
@@ -378,7 +387,8 @@ class Layout:
             if not d[k]:  # stages theirs
                 del d[k]
         for k, v in (("ep", 1), ("etp", 1), ("moe_dispatcher", "alltoall"), ("moe_balance", "dropless"),
-                     ("dp_mode", "zero"), ("fsdp_shard", 0), ("reshard_after_forward", True)):
+                     ("dp_mode", "zero"), ("fsdp_shard", 0), ("reshard_after_forward", True),
+                     ("rank_order", DEFAULT_RANK_ORDER)):
             if d[k] == v:  # and dense plans theirs
                 del d[k]
         return d
@@ -430,6 +440,7 @@ class _LayoutIn(BaseModel):
     dp_mode: Literal[DP_MODES] = "zero"
     fsdp_shard: Annotated[int, Field(strict=True, ge=0, le=MAX_DEGREE)] = 0
     reshard_after_forward: bool = Field(True, strict=True)
+    rank_order: Literal[RANK_ORDER_NAMES] = DEFAULT_RANK_ORDER
 
     @field_validator("moe_balance")
     @classmethod
@@ -453,9 +464,9 @@ def group_spans_nodes(size: int, stride: int, gpus_per_node: int) -> bool:
 
 def stage_rank(layout: Layout, i: int) -> int:
     """Global rank of the i-th GPU of pipeline stage 0 over every replica (its tp x ulysses x cp ranks,
-    then the next replica's, ``stage_stride x pp`` ranks on): where expert groups, which fold over a
+    then the next replica's, `rank_order.replica_stride` ranks on): where expert groups, which fold over a
     stage's GPUs (Megatron-Core's parallel folding), sit."""
-    return (i // layout.stage_stride) * layout.stage_stride * layout.pp + i % layout.stage_stride
+    return (i // layout.stage_stride) * replica_stride(layout) + i % layout.stage_stride
 
 
 @lru_cache(maxsize=8192)
@@ -482,14 +493,13 @@ def ranks_per_node(ranks: list[int], gpus_per_node: int) -> int:
 
 def stage_first_rank(layout: Layout, stage: int) -> int:
     """Global rank of the first GPU of pipeline stage ``stage`` in the first replica."""
-    return stage * layout.stage_stride
+    return stage * stage_stride_of(layout)
 
 
 def stage_hop_crosses_nodes(layout: Layout, stage: int, gpus_per_node: int) -> bool:
     """Whether the P2P hop from stage ``stage`` to stage ``stage + 1`` leaves the node (each GPU of
-    a stage sends to the GPU ``stage_stride`` ranks further on)."""
-    a = stage_first_rank(layout, stage)
-    return a // gpus_per_node != (a + layout.stage_stride) // gpus_per_node
+    a stage sends to its peer `rank_order.stage_stride_of` ranks further on)."""
+    return stages_cross_nodes(layout, stage, stage + 1, gpus_per_node)
 
 
 def stages_cross_nodes(layout: Layout, a: int, b: int, gpus_per_node: int) -> bool:
@@ -794,16 +804,26 @@ def enumerate_pipeline_layouts(model: ModelConfig, gpus: int, gpus_per_node: int
 def node_stage_gpus(layout: Layout, gpus_per_node: int) -> dict[int, dict[int, int]]:
     """For each node, how many of its GPUs run each pipeline stage (every replica counted).
 
-    The stage of rank r repeats every stage_stride x pp ranks, so the nodes' counts repeat every
-    lcm(stage_stride x pp, gpus_per_node) / gpus_per_node nodes: only the nodes of the first such
-    period are listed (every node whose counts differ, and the nodes of the first replica's stages),
+    A stage's GPUs come in blocks of P = `rank_order.stage_stride_of` consecutive ranks (tp x ulysses x cp, or
+    the whole stage with stages outermost), the stages repeating every P x pp ranks, so the nodes' counts repeat
+    every lcm(P x pp, gpus_per_node) / gpus_per_node nodes: only the nodes of the first such period are listed
+    (every node whose counts differ, and the nodes of the first replica's stages), and of a long period only the
+    nodes at a block's two ends and one inside it (the nodes inside a block all hold that block's stage alone),
     which keeps a million-GPU cluster to a few nodes' work."""
     out: dict[int, dict[int, int]] = {}
-    period = math.lcm(layout.stage_stride * layout.pp, gpus_per_node)
-    for r in range(min(layout.gpus, period)):
-        stage = (r // layout.stage_stride) % layout.pp
-        per = out.setdefault(r // gpus_per_node, {})
-        per[stage] = per.get(stage, 0) + 1
+    block = stage_stride_of(layout)
+    end = min(layout.gpus, math.lcm(block * layout.pp, gpus_per_node))
+    if end <= 1 << 16:
+        nodes = range(-(-end // gpus_per_node))
+    else:
+        first = [k * block // gpus_per_node for k in range(-(-end // block))]
+        last = [(min(end, (k + 1) * block) - 1) // gpus_per_node for k in range(len(first))]
+        nodes = sorted({n for a, b in zip(first, last) for n in (a, a + 1, b) if n * gpus_per_node < end})
+    for n in nodes:
+        for r in range(n * gpus_per_node, min(end, (n + 1) * gpus_per_node)):
+            per = out.setdefault(n, {})
+            stage = stage_of_rank(layout, r)
+            per[stage] = per.get(stage, 0) + 1
     return out
 
 

@@ -417,6 +417,8 @@ def searched_words(searched: dict) -> str:
         words += (f"; pipelines ({pipe['why']}): pp {', '.join(map(str, pipe['pp'])) or '-'}, "
                   f"vpp {', '.join(map(str, pipe['vpp'])) or '-'}, micro-batch "
                   f"{', '.join(map(str, pipe['micro_batch'])) or '-'}")
+        if len(pipe.get("rank_orders", ())) > 1:  # --rank-order all: each where it places the GPUs apart
+            words += f", rank orders {', '.join(pipe['rank_orders'])}"
     elif "single_stage" in searched.get("schedules", ()):
         words += "; no micro-batch pipelines (left out by --schedule, --pp 1 or the framework)"
     if searched.get("optimizer_offload"):

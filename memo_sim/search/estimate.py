@@ -251,7 +251,7 @@ def estimate_pipeline(model: ModelConfig, layout: Layout, batch: int, micro_batc
 @memoised_by(lambda model, layout, micro_batch, seq, profile: (
     model, layout.tp, layout.sp, layout.cp, layout.ulysses, layout.dp, layout.zero, micro_batch, seq,
     stage_split_key(model, layout), layout.optimizer_offload, layout.ep, layout.etp, layout.dp_mode,
-    layout.fsdp_shard, layout.reshard_after_forward, profile_key(profile)))
+    layout.fsdp_shard, layout.reshard_after_forward, layout.rank_order, profile_key(profile)))
 def _stage_terms(model: ModelConfig, layout: Layout, micro_batch: int, seq: int,
                  profile: HardwareProfile) -> tuple[float, float, float]:
     """A pipeline's per-stage terms, policy-independent (memoised by the degrees they read: every

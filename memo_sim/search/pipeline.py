@@ -37,6 +37,7 @@ from memo_sim.layout.parallel import (
     virtual_split_why_not,
 )
 from memo_sim.layout.schedule import check_schedule
+from memo_sim.layout.rank_order import DEFAULT_RANK_ORDER, order_variants
 from memo_sim.memplan.footprint import MemoryBreakdown, memory_breakdown
 from memo_sim.model.config import ModelConfig
 from memo_sim.policy import get_policy, policy_class
@@ -96,11 +97,12 @@ def _host_units(model: ModelConfig, layout: Layout, in_flight: list[int], micro_
     return _host_units_of(model.layers, layout, tuple(in_flight), micro_batches, gpus_per_node, layers)
 
 
-@memoised_by(lambda layout, gpus_per_node: (layout.stage_stride, layout.pp, layout.gpus, gpus_per_node))
+@memoised_by(lambda layout, gpus_per_node: (layout.stage_stride, layout.pp, layout.gpus, layout.rank_order,
+                                            layout.dp, gpus_per_node))
 def _node_patterns(layout: Layout, gpus_per_node: int) -> tuple[tuple[tuple[int, int], ...], ...]:
     """The distinct (stage, GPUs) mixes of the nodes of `node_stage_gpus` (a thousand-GPU cluster's
     nodes repeat a few mixes; `_host_units_of` takes maxima over nodes, which repeats do not
-    change), once per what it reads: the stage stride, pp and GPU count (layouts recur across
+    change), once per what it reads: the stage stride, pp, GPU count and rank order (layouts recur across
     micro-batches, virtual stages, ZeRO stages and TP flavours)."""
     return tuple(dict.fromkeys(tuple(per.items()) for per in node_stage_gpus(layout, gpus_per_node).values()))
 
@@ -278,6 +280,7 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
                         tp_modes: tuple[str, ...] = ("megatron",), metp_across_nodes: bool = False,
                         dp_modes: tuple[str, ...] = ("zero",), floor: Callable[[], float | None] | None = None,
                         chunks: tuple[int, ...] = (), why_not: Callable[[Layout], str | None] | None = None,
+                        rank_orders: tuple[str, ...] = (DEFAULT_RANK_ORDER,),
                         ) -> tuple[list[Candidate], list[tuple[Layout, str]], dict]:
     """Every pipeline candidate of the space (module docs) for ``policies``: (candidates,
     rejected layouts, what was searched). ``dp_modes``: the data-parallel flavours tried
@@ -285,6 +288,8 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
     resharding, `memo_sim.dp.fsdp`). ``allows``: the framework's layout filter (``why_not``: its reason); ``adapt``:
     the layout as the framework runs it (its mechanisms; `memo_sim.frameworks.Framework.adapt`).
     ``chunks``: each model chunk's layers (`Layout.chunk_layers`: ``pp`` fixed, len(chunks) / pp chunks per rank).
+    ``rank_orders``: the rank orders tried (`memo_sim.layout.rank_order`), each where it places a layout's GPUs
+    apart from the first (`order_variants`).
 
     ``floor``: called once, before the first family (a layout with its chunks, batch split and
     schedule) is built, it returns the best throughput simulated so far (None: none). A family
@@ -314,7 +319,7 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
         rejected += rej
         rejected += [(lay, why_not(lay) if why_not is not None else f"the framework does not offer {lay.label()}")
                      for lay in valid if not allows(lay)]
-        valid = [lay for lay in valid if allows(lay)]
+        valid = [v for lay in valid if allows(lay) for v in order_variants(lay, rank_orders, profile.node_gpus)]
         if adapt is not None:  # the framework's mechanisms, which a pipeline may not price yet
             adapted = [(adapt(lay), lay) for lay in valid]
             why = {id(a): check_layout(a, model, gpus, profile.node_gpus, seq) for a, _ in adapted}

@@ -34,7 +34,7 @@ from memo_sim.search.whatif import (NO_VALID_LAYOUT, WhatIfResult, candidates_fo
 FIXING = ("batch", "global_batch", "micro_batch", "tp", "cp", "ulysses", "dp", "zero", "sp", "alpha", "tp_mode",
           "metp_across_nodes", "pp", "vpp", "schedules", "subseqs", "partition", "multiplex", "optimizer_offload",
           "first_stage_layers", "last_stage_layers", "chunk_layers", "ep", "etp", "moe_dispatcher", "moe_balance", "dp_mode",
-          "alloc_conf", "allocator")
+          "alloc_conf", "allocator", "rank_order")
 SPPO_FLAGS = ("subseqs", "partition", "multiplex")  # SPPO's own options: with none of --policy, they plan SPPO
 
 
@@ -76,6 +76,7 @@ class WhatifRequest:
     dp_mode: str | None = None  # data-parallel flavours searched: zero, fsdp or all (None: the framework's first)
     alloc_conf: str | None = None  # PYTORCH_CUDA_ALLOC_CONF over the framework's (`memo_sim.layout.alloc_conf`)
     allocator: str = "caching"  # caching | plan | both: who places the transients of policies without MEMO's plan
+    rank_order: str | None = None  # rank orders a pipeline is tried in: one, or all (None: the framework's first)
     # the activation policies and schedules
     policies: tuple[str, ...] = ()
     alpha: float | None = None

@@ -167,7 +167,8 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
                    first_stage_layers: int | None = None, last_stage_layers: int | None = None,
                    chunk_layers: tuple[int, ...] | None = None, ep: int | None = None, etp: int | None = None, moe_dispatcher: str = "alltoall",
                    moe_balance: str = "dropless", dp_mode: str | None = None, alloc_conf: str | None = None,
-                   allocator: str = "caching", sppo_beside: Callable[..., SppoBeside] | None = None,
+                   allocator: str = "caching", rank_order: str | None = None,
+                   sppo_beside: Callable[..., SppoBeside] | None = None,
                    pipeline_floor: Callable[[list[Candidate]], float | None] | None = None) -> WhatIfResult:
     """Every valid layout x policy x schedule x micro-batch size (MEMO at its solved alpha) for
     ``framework``, estimated and ranked (the strategies of `SEARCH_STRATEGIES`).
@@ -203,7 +204,9 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     (`memo_sim.layout.alloc_conf`; None: the framework's). ``allocator``: who places the transients
     of the policies without MEMO's plan: ``caching`` (PyTorch's caching allocator, as the
     frameworks run), ``plan`` (a static memory plan, `Layout.memory_plan`) or ``both`` side by side
-    (single-stage layouts; a pipeline takes the caching allocator under ``both``)."""
+    (single-stage layouts; a pipeline takes the caching allocator under ``both``). ``rank_order``: the rank orders
+    a pipeline with data parallelism is tried in (`memo_sim.layout.rank_order`): one the framework offers, or ``all``
+    of them; None: the framework's first (pipeline stages outermost)."""
     if allocator not in ALLOCATORS:
         raise MemoError(f"--allocator must be one of {', '.join(ALLOCATORS)}, got {allocator!r}")
     if gpus < 1:
@@ -250,6 +253,10 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     if dp_mode is not None and dp_mode != "all" and dp_mode not in fw.dp_modes:
         raise MemoError(f"--dp-mode {dp_mode}: {fw.name} runs {', '.join(fw.dp_modes)}; choose one of them or all")
     dp_modes = fw.dp_modes if dp_mode == "all" else (dp_mode,) if dp_mode else fw.dp_modes[:1]
+    if rank_order is not None and rank_order != "all" and rank_order not in fw.rank_orders:
+        raise MemoError(f"--rank-order {rank_order}: {fw.name} numbers ranks {', '.join(fw.rank_orders)}; choose one "
+                        f"of them or all")
+    rank_orders = fw.rank_orders if rank_order == "all" else (rank_order,) if rank_order else fw.rank_orders[:1]
     if zero in (1, 2) and "zero" not in dp_modes:  # every other flavour shards all the states (ZeRO stage 3's)
         who = f"--dp-mode {dp_mode}" if dp_mode else f"{fw.name} (its data-parallel flavours: {', '.join(fw.dp_modes)})"
         raise MemoError(f"--zero {zero}: {who} shards weights, gradients and optimizer states together (ZeRO stage 3); "
@@ -376,13 +383,15 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
             micro_batch=micro_batch, allows=fw.allows, why_not=fw.why_not, adapt=pipe_adapt, tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero, sp=sp,
             pp=pp, vpp=vpp, alpha=alpha, schedules=pipes, first=first_stage_layers, last=last_stage_layers,
             chunks=chunk_layers, experts=experts, tp_modes=modes, metp_across_nodes=metp_across_nodes, dp_modes=dp_modes,
+            rank_orders=rank_orders,
             floor=(lambda: pipeline_floor(out)) if pipeline_floor is not None and not pipe_flags else None)
         out += pc
         rejected += pr
         unbuilt = (what.get("not_built") or {}).get("schedules", ())  # searched, every family left out by the bound
         searched["schedules"] += [n for n in what["schedules"] if n in unbuilt or any(c.schedule == n for c in pc)]
         searched["pipeline"] = {"pp": what["pp"], "vpp": what["vpp"], "micro_batch": what["micro_batch"],
-                                "why": "asked for" if pipe_flags else "searched by default"}
+                                "why": "asked for" if pipe_flags else "searched by default",
+                                "rank_orders": list(rank_orders)}
         if "not_built" in what:
             searched["pipeline"]["not_built"] = what["not_built"]
         state_why = what.get("state_why")  # every layout's model states alone overflow (`states_why_not`)

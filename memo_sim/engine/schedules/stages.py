@@ -1,7 +1,7 @@
 """One representative GPU per pipeline stage: the devices every pipeline schedule (SPPO, 1F1B,
 interleaved 1F1B) simulates.
 
-Stage s is represented by its first GPU (rank s·stage_stride of the first replica), standing for
+Stage s is represented by its first GPU (`memo_sim.layout.parallel.stage_first_rank`), standing for
 the GPUs of its node that run stage s (every replica's), of which those on its PCIe switch share
 the switch (`memo_sim.engine.graph.Device`); stages whose representatives share a node share its
 host memory and host-memory bandwidth. With pp = 1 the device is exactly
@@ -15,6 +15,7 @@ from memo_sim.cost.opcost import OpCost
 from memo_sim.engine.graph import Device, Op
 from memo_sim.engine.schedules.single_stage import representative_device
 from memo_sim.layout.parallel import Layout, node_stage_gpus, stage_first_rank
+from memo_sim.layout.rank_order import stage_of_rank
 from memo_sim.profile.schema import HardwareProfile
 
 
@@ -31,7 +32,7 @@ def stage_devices(layout: Layout, profile: HardwareProfile) -> list[Device]:
         node, local = divmod(r, gpn)
         switch = local // per_switch
         mates = [q for q in range(node * gpn, min((node + 1) * gpn, layout.gpus))
-                 if (q // layout.stage_stride) % layout.pp == s and (q % gpn) // per_switch == switch]
+                 if stage_of_rank(layout, q) == s and (q % gpn) // per_switch == switch]
         group = groups[node][s]
         out.append(Device(index=s, node=node, switch=switch, group=group, switch_group=max(1, len(mates)),
                           label=f"stage {s}: GPU {r} (x{group} on node {node})"))
