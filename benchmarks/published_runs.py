@@ -890,8 +890,9 @@ MOE_OUTLIERS: dict[str, str | Callable[[Result], str]] = {
         "kernels per layer (TP 4 splits the attention projections of h=4096 four ways; each expert a quarter of a1's "
         "tokens) with the host's launch time between them (memo prices each kernel alone on the GPU, with no CPU "
         "launch interval), the TP-4 sequence-parallel collectives with --tp-comm-overlap's userbuffer kernels taking "
-        "SMs from the GEMMs, and a store-all run with 39 micro-batches in flight on the first rank (memo: 54 of 78 "
-        "GiB at peak; expandable segments, which the yaml sets, are not modelled). " + _HOST_BOUND),
+        "SMs from the GEMMs, and a store-all run with 39 micro-batches in flight on the first rank (memo: "
+        f"{r.peak_gib:.0f} GiB at peak; memo's micro-batch pipelines run no caching-allocator replay, so the yaml's "
+        "expandable segments, which memo's megatron data runs without, move nothing here). " + _HOST_BOUND),
     "moe-zoo-qwen3-235b-long-16k-forced": lambda r: (
         f"memo too fast at 16K ({100 * r.error:+.1f}%) and by less at 32K-128K (their rows): the gap shrinks as "
         f"attention's share of memo's layer grows ({_share(r.run, 'attention')} at 16K, "
@@ -981,7 +982,8 @@ _PREDICTED: dict[str, Result] = {}  # this report's results by row, for texts th
 def _peak_words(r: Result) -> str:
     """memo's peak of the row and its caching-allocator replay, from this run (``peak`` GiB, reserved GB)."""
     a = dict(r.allocator)
-    reserved = f", {a['peak_reserved_bytes'] / 1e9:.1f} GB reserved at the replay's peak" if a else ""
+    reserved = (f", {a['peak_reserved_bytes'] / 1e9:.1f} GB reserved at the replay's peak"
+                if "peak_reserved_bytes" in a else "")
     return f"{r.peak_gib:.0f} GiB{reserved}"
 
 

@@ -86,7 +86,8 @@ def test_expert_groups_fold_over_the_stages_block():
 
 @pytest.mark.parametrize("order", RANK_ORDER_NAMES)
 @pytest.mark.parametrize("tp,cp,pp,dp,gpn", [(8, 1, 8, 2048, 8), (2, 1, 16, 3000, 8), (4, 2, 4, 6, 8),
-                                            (1, 1, 5, 8, 4), (2, 2, 36, 1000, 8)])
+                                            (1, 1, 5, 8, 4), (2, 2, 36, 1000, 8),
+                                            (1, 5, 27, 8, 8)])
 def test_node_stage_mixes_are_every_nodes(order, tp, cp, pp, dp, gpn):
     """`node_stage_gpus` lists only a few nodes of a big cluster: their mixes are exactly the distinct mixes of
     every node (counted rank by rank here), and the node of every stage's first GPU is among them."""
@@ -176,6 +177,39 @@ def test_the_what_if_tries_megatrons_mapping_where_asked_and_refuses_it_where_no
     assert any("ranks-tp-cp-pp-dp" in r for r in rows) and any("ranks-" not in r for r in rows)
     plain = CliRunner().invoke(cli, args + ["--framework", "megatron"])
     assert plain.exit_code == 0 and "ranks-" not in plain.output and "rank orders" not in plain.output
+    # ... and says what it did not try for its pipeline answer
+    assert ("rank order: ranks numbered tp-cp-dp-pp only; this pipeline's stages and replicas sit on other nodes in "
+            "tp-cp-pp-dp (--use-tp-pp-dp-mapping): --rank-order all tries it") in plain.output
+    assert "rank order: " not in both.output
     bad = CliRunner().invoke(cli, args + ["--framework", "torchtitan", "--rank-order", "tp-cp-pp-dp"])
     assert bad.exit_code == 2 and "--rank-order tp-cp-pp-dp: torchtitan numbers ranks tp-cp-dp-pp" in bad.output
     assert "Traceback" not in bad.output
+
+
+def test_data_outermost_rules_megatrons_equal_groups_and_memos_expert_groups_inside_a_replica():
+    """Megatron-Core (parallel_state.py at d98e8a64) asserts, in an order not ending in pp with stages, equal expert
+    and dense data-parallel sizes: etp x ep = tp x cp (a dense model's ETP being TP: cp 1); memo itself prices a
+    pipelined MoE layer on a replica's stage shard, so there the expert groups must fit a replica's stage."""
+    from memo_sim.layout.parallel import check_layout
+
+    mega = get_framework("megatron")
+    assert mega.why_not(Layout(tp=2, pp=2, dp=2, rank_order=OLD)) is None
+    assert "must be equal" in mega.why_not(Layout(tp=2, cp=2, pp=2, dp=2, rank_order=OLD))
+    assert mega.why_not(Layout(tp=2, pp=2, dp=2, ep=2, rank_order=OLD)) is None
+    assert "expert groups of 4 ranks" in mega.why_not(Layout(tp=2, pp=2, dp=2, ep=4, rank_order=OLD))
+    assert get_framework("any").why_not(Layout(tp=2, cp=2, pp=2, dp=2, rank_order=OLD)) is None
+    qwen = get_model("qwen3-30b-a3b")
+    why = check_layout(Layout(tp=2, pp=2, dp=4, ep=4, rank_order=OLD), qwen, 16, 8, 4096)
+    assert why and "must divide a replica's 2 GPUs" in why
+    assert check_layout(Layout(tp=2, pp=2, dp=4, ep=4), qwen, 16, 8, 4096) is None
+    assert check_layout(Layout(tp=2, pp=2, dp=4, ep=2, rank_order=OLD), qwen, 16, 8, 4096) is None
+
+
+def test_a_data_group_strided_over_stages_spans_its_ranks_nodes():
+    """tp1 x cp2 x pp2 x dp2, data parallelism outermost: the data group {0, 1, 4, 5} sits in one 8-GPU node."""
+    llama = get_model("llama-3.1-8b")
+    lay = Layout(cp=2, pp=2, dp=2, rank_order=OLD)
+    ranks = sorted(r for r in range(lay.gpus) if stage_of_rank(lay, r) == 0)
+    assert ranks == [0, 1, 4, 5]
+    assert stage_grad_sync(llama, lay, H100).link == "nvlink"
+    assert stage_grad_sync(llama, Layout(cp=2, pp=2, dp=8, rank_order=OLD), H100).link == "internode"

@@ -97,9 +97,9 @@ def _simulate_top_value(ctx, param, value):
               help="Data-parallel flavours to search: ZeRO stages, FSDP (with HSDP and resharding on/off), or all the "
                    "framework runs (default: the framework's first: zero for any, fsdp for torchtitan).")
 @click.option("--rank-order", default=None, type=click.Choice([*RANK_ORDER_NAMES, "all"]),
-              help="How a pipeline's GPUs are numbered, innermost first: tp-cp-dp-pp (stages outermost, every "
-                   "framework's default) or tp-cp-pp-dp (Megatron-LM's --use-tp-pp-dp-mapping), or all the framework "
-                   "offers (default: its first).")
+              help="How a micro-batch pipeline's GPUs are numbered, innermost first: tp-cp-dp-pp (stages outermost, "
+                   "every framework's default) or tp-cp-pp-dp (Megatron-LM's --use-tp-pp-dp-mapping), or all the "
+                   "framework offers (default: its first; SPPO's pipelines keep the default).")
 @click.option("--train-tokens", "train_tokens", default=None,
               help="Also say how long the best plan takes to train this many tokens, and the GPU-hours "
                    "(decimal multipliers: 300B, 15T, 2e12).")

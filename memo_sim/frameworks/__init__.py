@@ -60,7 +60,9 @@ all-gathers the GEMM inputs' quantised copies). `Framework.for_model` applies th
 A file's ``layouts.rank_orders`` lists the orders it numbers ranks in (`memo_sim.layout.rank_order`; default:
 pipeline stages outermost, every framework's own; Megatron-LM adds data parallelism outermost with
 ``--use-tp-pp-dp-mapping``). A plan's order is its layout's; the what-if tries the first, or every one with
-``--rank-order all``.
+``--rank-order all``. ``layouts.mapping_equal_groups``: in an order other than its first, with pipeline stages, the
+expert layers' groups must cover the dense layers' (Megatron-Core asserts equal data-parallel sizes and pipeline
+groups: etp x ep = tp x cp, its Ulysses being CP; a dense model's ETP is TP, so cp 1).
 
 A file's ``layouts.uneven_stages`` lets the first and last pipeline stages have their own layer
 counts, and ``layouts.embedding_loss_slots`` (default: as ``uneven_stages``) lets the embedding and
@@ -157,6 +159,8 @@ class _LayoutsIn(BaseModel):
     multi_token_prediction: bool = Field(False, strict=True)
     # the orders it numbers ranks in (`memo_sim.layout.rank_order`)
     rank_orders: tuple[Literal[RANK_ORDER_NAMES], ...] = Field((DEFAULT_RANK_ORDER,), min_length=1)
+    # in an order other than its first, with stages: the expert groups cover the dense ones (module docs)
+    mapping_equal_groups: bool = Field(False, strict=True)
 
 
 class _MechanismsIn(BaseModel):
@@ -243,6 +247,7 @@ class Framework:
     shards_over_cp: bool = False  # its FSDP shards over the CP ranks too (`_LayoutsIn.shards_over_cp`)
     multi_token_prediction: bool = False  # it trains multi-token-prediction modules (`_LayoutsIn`)
     rank_orders: tuple[str, ...] = (DEFAULT_RANK_ORDER,)  # the orders it numbers ranks in (`layout.rank_order`)
+    mapping_equal_groups: bool = False  # another order needs etp x ep = tp x cp (`_LayoutsIn`)
 
     def for_model(self, model: ModelConfig) -> ModelConfig:
         """``model`` as this framework trains it: its recipe for the model's dtype where the model
@@ -321,6 +326,12 @@ class Framework:
             what = "expert parallelism beyond the ranks it borrows from (TP x CP x the FSDP shard group)"
         elif lay.rank_order not in self.rank_orders and lay.pp > 1 and lay.dp > 1:
             what = f"rank order {lay.rank_order} (it numbers ranks {', '.join(self.rank_orders)})"
+        elif (self.mapping_equal_groups and lay.rank_order != self.rank_orders[0] and lay.pp > 1 and lay.dp > 1
+              and (lay.etp * lay.ep if lay.ep > 1 or lay.etp > 1 else lay.tp) != lay.tp * lay.cp * lay.ulysses):
+            expert = lay.etp * lay.ep if lay.ep > 1 or lay.etp > 1 else lay.tp
+            what = (f"rank order {lay.rank_order} with expert groups of {expert} ranks (etp x ep; a dense model's: "
+                    f"tp) other than the {lay.tp * lay.cp * lay.ulysses} of tp x cp: its expert and dense "
+                    f"data-parallel groups must be equal in that order")
         return None if what is None else f"{self.name} does not offer {lay.label()} ({what})"
 
     def offloads_optimizer(self, zero: int) -> bool:
@@ -381,6 +392,7 @@ def _read(path: Path) -> Framework:
                      fp8_saved_inputs=f.precision.fp8_saved_inputs, fp8_sp_gathers=f.precision.fp8_sp_gathers,
                      dp_modes=lay.dp_modes, chunked_attention=f.chunked_attention, shards_over_cp=lay.shards_over_cp,
                      multi_token_prediction=lay.multi_token_prediction, rank_orders=lay.rank_orders,
+                     mapping_equal_groups=lay.mapping_equal_groups,
                      experts=None if lay.experts is None else ExpertsOffer(**lay.experts.model_dump()))
 
 

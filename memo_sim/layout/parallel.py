@@ -246,8 +246,8 @@ class Layout:
 
     @property
     def stage_stride(self) -> int:
-        """GPUs of one pipeline stage of one replica (tp x ulysses x cp): the rank distance between
-        consecutive stages."""
+        """GPUs of one pipeline stage of one replica (tp x ulysses x cp), consecutive ranks in either rank order
+        (the distance between consecutive stages is `rank_order.stage_stride_of`)."""
         return self.tp * self.ulysses * self.cp
 
     @property
@@ -542,6 +542,12 @@ def expert_why_not(layout: Layout, model: ModelConfig) -> str | None:
     if (layout.stage_stride * layout.dp) % (layout.ep * layout.etp):
         return (f"etp x ep = {layout.etp * layout.ep} must divide the {layout.stage_stride * layout.dp} GPUs of a pipeline "
                 f"stage (tp x cp x ulysses x dp; Megatron-Core's parallel folding)")
+    if replica_stride(layout) != layout.stage_stride and layout.stage_stride % (layout.ep * layout.etp):
+        # data parallelism outside the stages: a stage's replicas are not consecutive ranks, and the stage's shard
+        # the layers are priced on (`stage_shard`) places the expert groups inside one replica
+        return (f"rank order {layout.rank_order} with pipeline stages keeps a stage's replicas apart: etp x ep = "
+                f"{layout.etp * layout.ep} must divide a replica's {layout.stage_stride} GPUs of the stage (tp x cp x "
+                f"ulysses), or number ranks {DEFAULT_RANK_ORDER}")
     if layout.tp > 1 and not layout.sp:
         return "a MoE layer with tp > 1 reads the sequence-parallel shard: turn sequence parallelism on"
     if layout.etp > 1 and not any(s.group in ("etp", "etp_ep") for s in layout.dispatcher.dispatch):
@@ -813,7 +819,7 @@ def node_stage_gpus(layout: Layout, gpus_per_node: int) -> dict[int, dict[int, i
     out: dict[int, dict[int, int]] = {}
     block = stage_stride_of(layout)
     end = min(layout.gpus, math.lcm(block * layout.pp, gpus_per_node))
-    if end <= 1 << 16:
+    if end <= 64 * gpus_per_node:
         nodes = range(-(-end // gpus_per_node))
     else:
         first = [k * block // gpus_per_node for k in range(-(-end // block))]

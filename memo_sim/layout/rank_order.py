@@ -59,11 +59,12 @@ def stage_of_rank(layout, rank: int) -> int:
 
 def data_group_stride(layout) -> int:
     """The stride `memo_sim.cost.collectives.group_link` takes for a stage's data group (its dp x cp x ulysses
-    ranks holding the same weights): TP where the group is consecutive TP groups (no pipeline, or stages
-    outermost), else the replicas' distance (their stages between)."""
+    ranks holding the same weights), whose g ranks it takes to span g x stride: TP where the group is consecutive
+    TP groups (no pipeline, or stages outermost), else the replicas' distance over cp x ulysses (the group's
+    cp x ulysses consecutive TP groups in each of dp replicas span dp x that distance)."""
     if layout.pp == 1 or layout.dp == 1 or replica_stride(layout) == layout.tp * layout.ulysses * layout.cp:
         return layout.tp
-    return replica_stride(layout)
+    return replica_stride(layout) // (layout.cp * layout.ulysses)
 
 
 def places_apart(layout, gpus_per_node: int) -> bool:

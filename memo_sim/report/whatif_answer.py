@@ -123,6 +123,25 @@ def global_batch_line(v: WhatIfView) -> str:
             f"amortise their bubble over more micro-batches and can win there")
 
 
+def rank_order_line(v: WhatIfView) -> str:
+    """Where the answer is a micro-batch pipeline whose GPUs another rank order the framework offers would place
+    apart (`memo_sim.layout.rank_order.places_apart`) and the what-if tried one order: that the other was not tried
+    (SPPO's pipelines are searched in the default order only)."""
+    from memo_sim.layout.rank_order import MEGATRON_OPTION, places_apart  # noqa: PLC0415
+    from memo_sim.search.frameworks import get_framework  # noqa: PLC0415
+
+    b = v.best
+    tried = (v.result.searched.get("pipeline") or {}).get("rank_orders", ())
+    if b is None or b.sppo is not None or len(tried) != 1 or not places_apart(b.layout, v.profile.node_gpus):
+        return ""
+    others = [o for o in get_framework(v.framework).rank_orders if o not in tried]
+    if not others:
+        return ""
+    named = ", ".join(o + (f" ({MEGATRON_OPTION[o]})" if o in MEGATRON_OPTION else "") for o in others)
+    return (f"rank order: ranks numbered {tried[0]} only; this pipeline's stages and replicas sit on other nodes in "
+            f"{named}: --rank-order all tries it")
+
+
 def margin_line(v: WhatIfView) -> str:
     """Where the answer's predicted GPU peak is within `HEADROOM` of the usable memory: how small an error of the
     prediction turns the fit over, so a thin margin is not taken for a safe one (pinned host memory is not named:
@@ -318,7 +337,8 @@ def whatif_answer(v: WhatIfView) -> Answer:
             a.line(f"  {v.expandable['words']}")
         for t in v.train_lines:
             a.line(f"  {t}")
-        for k in (kernel_line(v), executor_line(v), margin_line(v), mfu_line(v), global_batch_line(v)):
+        for k in (kernel_line(v), executor_line(v), margin_line(v), mfu_line(v), global_batch_line(v),
+                  rank_order_line(v)):
             if k:
                 a.line(f"  {k}")
     for line in (precision_line(v), v.split_line):
