@@ -341,7 +341,8 @@ FOUR = [dict(lay=dict(tp=2, sp=True, dp=2, ep=2), pol="store_all", steps=10),
         dict(lay=dict(pp=2, dp=2, ep=2), pol="memo", batch=4, schedule="1f1b", micro=1),
         dict(lay=dict(pp=2, dp=2, ep=2), pol="store_all", batch=4, schedule="1f1b", micro=1),
         # data parallelism outermost (Megatron-LM's --use-tp-pp-dp-mapping): ranks 0 and 1 are one replica's stages
-        dict(lay=dict(pp=2, dp=2, ep=2, rank_order="tp-cp-pp-dp"), pol="store_all", batch=4, schedule="1f1b", micro=1),
+        # (the experts whole on each rank: in that order memo folds expert groups inside a replica's stage only)
+        dict(lay=dict(pp=2, dp=2, rank_order="tp-cp-pp-dp"), pol="store_all", batch=4, schedule="1f1b", micro=1),
         # random routing keyed by the model's layer: a stage's layers draw as the same layers do on one process
         dict(lay=dict(pp=2, dp=2, ep=2, moe_balance="random"), pol="store_all", batch=4, schedule="1f1b", micro=1),
         # DeepEP over 4 ranks of one expert each: a token's 2 experts on 2 of them, or on 1 (sent once)
