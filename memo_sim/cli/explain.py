@@ -7,7 +7,7 @@ import json
 import click
 
 from memo_sim.layout.alloc_conf import EXPANDABLE_FLAG
-from memo_sim.layout.parallel import stage_first_rank
+from memo_sim.layout.parallel import stage_first_rank, stage_shard
 from memo_sim.policy.base import uses_memory_plan
 from memo_sim.engine.simulate import simulate
 from memo_sim.memplan.footprint import memory_breakdown
@@ -93,7 +93,6 @@ def mtp_share(plan, profile) -> float:
     if not plan.model.mtp_layers:
         return 0.0
     from memo_sim.cost.boundary import boundary_times  # noqa: PLC0415
-    from memo_sim.layout.parallel import stage_shard  # noqa: PLC0415
 
     lay = stage_shard(plan.layout) if plan.layout.pp > 1 else plan.layout
     return boundary_times(plan.model, lay, plan.micro_batch or plan.batch, plan.seq_tokens, profile,

@@ -9,7 +9,7 @@ Pipeline parallelism (``pp``; the schedules of `memo_sim.layout.schedule`: 1F1B,
 1F1B with ``vpp`` model chunks per rank, SPPO): the model's layers are split evenly into ``pp``
 stages (``pp x vpp`` chunks; the embedding on the first, the classifier on the last); inside a
 stage the layout's TP / CP / Ulysses split applies; a stage of a replica is ``stage_stride`` = tp x
-ulysses x cp consecutive ranks, stage s + 1's ``rank_order.stage_stride_of`` ranks on from stage s's (tp x
+ulysses x cp consecutive ranks, stage s + 1's ``rank_order.pp_stride`` ranks on from stage s's (tp x
 ulysses x cp x dp with stages outermost; ``stage_first_rank``), and the P2P activation transfer between stages
 rides NVLink unless the hop crosses a node boundary (`stage_hop_crosses_nodes`, `stages_cross_nodes`). Validity with
 pp > 1 (`check_layout`): layers divisible by pp (and by pp x vpp), no METP, ZeRO at most 1
@@ -116,7 +116,7 @@ from memo_sim.layout.moe_balance import balance_why_not, measured_why_not, parse
 from memo_sim.layout.moe_dispatchers import DISPATCHER_NAMES, Dispatcher, dispatcher
 from memo_sim.layout.pipeline_layout import OPTION as LAYOUT_OPTION, counts_label
 from memo_sim.layout.rank_order import (
-    DEFAULT_RANK_ORDER, RANK_ORDER_NAMES, replica_stride, stage_of_rank, stage_stride_of,
+    DEFAULT_RANK_ORDER, RANK_ORDER_NAMES, pp_stride, replica_stride, stage_of_rank,
 )
 
 _CHUNKS = f"chunk_layers ({LAYOUT_OPTION})"  # the field, and the option that sets it
@@ -247,7 +247,7 @@ class Layout:
     @property
     def stage_stride(self) -> int:
         """GPUs of one pipeline stage of one replica (tp x ulysses x cp), consecutive ranks in either rank order
-        (the distance between consecutive stages is `rank_order.stage_stride_of`)."""
+        (the distance between consecutive stages is `rank_order.pp_stride`)."""
         return self.tp * self.ulysses * self.cp
 
     @property
@@ -493,12 +493,12 @@ def ranks_per_node(ranks: list[int], gpus_per_node: int) -> int:
 
 def stage_first_rank(layout: Layout, stage: int) -> int:
     """Global rank of the first GPU of pipeline stage ``stage`` in the first replica."""
-    return stage * stage_stride_of(layout)
+    return stage * pp_stride(layout)
 
 
 def stage_hop_crosses_nodes(layout: Layout, stage: int, gpus_per_node: int) -> bool:
     """Whether the P2P hop from stage ``stage`` to stage ``stage + 1`` leaves the node (each GPU of
-    a stage sends to its peer `rank_order.stage_stride_of` ranks further on)."""
+    a stage sends to its peer `rank_order.pp_stride` ranks further on)."""
     return stages_cross_nodes(layout, stage, stage + 1, gpus_per_node)
 
 
@@ -810,14 +810,14 @@ def enumerate_pipeline_layouts(model: ModelConfig, gpus: int, gpus_per_node: int
 def node_stage_gpus(layout: Layout, gpus_per_node: int) -> dict[int, dict[int, int]]:
     """For each node, how many of its GPUs run each pipeline stage (every replica counted).
 
-    A stage's GPUs come in blocks of P = `rank_order.stage_stride_of` consecutive ranks (tp x ulysses x cp, or
+    A stage's GPUs come in blocks of P = `rank_order.pp_stride` consecutive ranks (tp x ulysses x cp, or
     the whole stage with stages outermost), the stages repeating every P x pp ranks, so the nodes' counts repeat
     every lcm(P x pp, gpus_per_node) / gpus_per_node nodes: only the nodes of the first such period are listed
     (every node whose counts differ, and the nodes of the first replica's stages), and of a long period only the
     nodes at a block's two ends and one inside it (the nodes inside a block all hold that block's stage alone),
     which keeps a million-GPU cluster to a few nodes' work."""
     out: dict[int, dict[int, int]] = {}
-    block = stage_stride_of(layout)
+    block = pp_stride(layout)
     end = min(layout.gpus, math.lcm(block * layout.pp, gpus_per_node))
     if end <= 64 * gpus_per_node:
         nodes = range(-(-end // gpus_per_node))

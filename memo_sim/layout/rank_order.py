@@ -42,7 +42,7 @@ def dim_stride(layout, dim: str) -> int:
     return math.prod(getattr(layout, d) for d in inner[:inner.index(dim)])
 
 
-def stage_stride_of(layout) -> int:
+def pp_stride(layout) -> int:
     """Ranks between a GPU of pipeline stage s and its peer of stage s + 1 (the P2P hop)."""
     return dim_stride(layout, "pp")
 
@@ -54,7 +54,7 @@ def replica_stride(layout) -> int:
 
 def stage_of_rank(layout, rank: int) -> int:
     """The pipeline stage global rank ``rank`` runs."""
-    return (rank // stage_stride_of(layout)) % layout.pp
+    return (rank // pp_stride(layout)) % layout.pp
 
 
 def data_group_stride(layout) -> int:
