@@ -201,12 +201,14 @@ class LayerWeights(nn.Module):
     TP_COLS = ("wo", "w2")
 
     def __init__(self, model: ModelConfig, layers: int, device, dtype, tp: int = 1, layer: int | None = None,
-                 experts: tuple[int, int] | None = None, moe: bool | None = None) -> None:
+                 experts: tuple[int, int] | None = None, moe: bool | None = None,
+                 expert_tp: tuple[int, int] = (1, 0)) -> None:
         """``layer``: the model layer these weights are (None: a dense layer, for sizes and traces); a MoE
         model's layer that is not a dense one (`ModelConfig.dense_layer_at`; ``moe`` given: where it is True,
         as a multi-token-prediction module's layer ``layers + k`` is of the last layer's kind, `memo_exec.mtp`)
         has the MoE block ``moe`` (`memo_exec.moe.weights`) instead of w1/w2/b1/b2, holding routed experts
-        ``[first, first + n)`` = ``experts`` (default all)."""
+        ``[first, first + n)`` = ``experts`` (default all), each as slice ``expert_tp[1]`` of ``expert_tp[0]`` under
+        expert tensor parallelism (`memo_exec.moe.weights`)."""
         super().__init__()
         h, kv, f = model.hidden, model.kv_dim // tp, model.ffn // tp
         hq = model.q_dim // tp  # the queries' width: heads x head size (hidden, but where head_dim says otherwise)
@@ -226,7 +228,7 @@ class LayerWeights(nn.Module):
             from memo_exec.moe.weights import MoEWeights  # noqa: PLC0415
 
             first, n = experts if experts is not None else (0, model.experts)
-            self.moe = MoEWeights(model, device, dtype, tp, first, n)
+            self.moe = MoEWeights(model, device, dtype, tp, first, n, expert_tp)
             self.w1 = self.w2 = self.b1 = self.b2 = None
         else:
             self.moe = None

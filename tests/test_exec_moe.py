@@ -18,7 +18,12 @@
   dispatcher) and tp2 (SP) x ep2 against the single process grouping its rows as the ranks do;
 - the deepep dispatcher (a token once per EP rank it reaches) on dp2 x ep2 (with the unbalanced routing and a
   capacity), tp2 (SP) x ep2 and tp2 x dp2 x ep4, its rows' all-to-alls under the simulator's names;
-- one-line refusals (etp > 1, MLA / sinks / sliding window);
+- expert tensor parallelism (etp 2: each expert's FFN sliced over the ETP pair, the pair's copies all-gathered,
+  the partial outputs reduce-scattered) on tp2 (SP) x etp2 (store all with 3 steps, MEMO with GELU, a capacity
+  factor, the allgather dispatcher), dp2 x etp2, and on 4 ranks tp2 x dp2 x ep2 x etp2 (alltoall and allgather),
+  tp2 x dp2 x etp2 (the slices' expert-DP all-reduce, 3 steps) and tp2 x pp2 x etp2 (1F1B), with the ETP
+  collectives timed under the simulator's names;
+- one-line refusals (etp > 1 with routed-expert biases, MLA / sinks / sliding window);
   Qwen3-MoE's attention (QK norms, heads wider than hidden / heads) runs.
 """
 
@@ -210,7 +215,10 @@ VARIANTS = [MOE, dataclasses.replace(MOE, name="moe-sigmoid-gelu", router="sigmo
             dataclasses.replace(MOE, name="moe-qwen3", head_dim=32, qk_norm=True, shared_experts=0, shared_ffn=0,
                                 shared_gate=False, moe_bias=False, dense_layers=0),
             # Llama 4 Maverick's pattern: dense layers 0 and 2 between MoE layers 1 and 3 (dense_period 2)
-            dataclasses.replace(MOE, name="moe-alternating", dense_layers=2, dense_period=2)]
+            dataclasses.replace(MOE, name="moe-alternating", dense_layers=2, dense_period=2),
+            # routed experts without biases (what expert tensor parallelism slices: `memo_exec.moe.weights`)
+            dataclasses.replace(MOE, name="moe-no-expert-bias", moe_bias=False)]
+ETP_MODEL = 4  # the variant the etp cases run (SwiGLU, shared experts with their gate)
 
 
 @pytest.mark.parametrize("model", VARIANTS, ids=lambda m: m.name)
@@ -295,7 +303,13 @@ TWO = [dict(lay=dict(dp=2, ep=2), pol="store_all", steps=10),
        dict(lay=dict(dp=2, ep=2, moe_dispatcher="deepep"), pol="memo"),
        dict(lay=dict(dp=2, ep=2, moe_dispatcher="deepep"), pol="store_all", skew=True),
        dict(lay=dict(dp=2, ep=2, moe_dispatcher="deepep", moe_balance="capacity:0.75"), pol="full_recompute"),
-       dict(lay=dict(tp=2, sp=True, ep=2, moe_dispatcher="deepep"), pol="recompute_moe")]
+       dict(lay=dict(tp=2, sp=True, ep=2, moe_dispatcher="deepep"), pol="recompute_moe"),
+       # expert tensor parallelism: each expert's FFN sliced over the pair, the pair's copies all-gathered
+       dict(lay=dict(tp=2, sp=True, etp=2), pol="store_all", variant=ETP_MODEL, steps=3),
+       dict(lay=dict(tp=2, sp=True, etp=2), pol="memo", variant=1),  # GELU: one half to slice, not two
+       dict(lay=dict(dp=2, etp=2), pol="full_recompute", variant=ETP_MODEL),  # ETP over the data-parallel pair
+       dict(lay=dict(tp=2, sp=True, etp=2, moe_balance="capacity:0.75"), pol="recompute_moe", variant=ETP_MODEL),
+       dict(lay=dict(tp=2, sp=True, etp=2, moe_dispatcher="allgather"), pol="store_all", variant=ETP_MODEL)]
 
 
 def test_two_ranks_dp2_ep2_match_single_process():
@@ -312,12 +326,27 @@ def test_two_ranks_dp2_ep2_match_single_process():
             ops = set(results[0][i]["ep_ops"])
             names = ("moe_dispatch_alltoall_dedup_ep", "moe_combine_alltoall_dedup_ep")
             assert {(name, d) for name in names for d in ("fwd", "bwd")} <= ops, ops
+        check_etp_ops(case, results[0][i])
     # the same routing (dp2 x ep2, store all, the first step): deepep sends a token once per rank it reaches, fewer
     # rows than the all-to-all's k copies (2 of 4 experts a rank: a token's two experts often share one), never
     # fewer than one per token
     a2a, dedup = (sum(r[TWO.index(c)]["dispatch_bytes"] for r in results)
                   for c in (TWO[0], next(c for c in TWO if c["lay"].get("moe_dispatcher") == "deepep")))
     assert a2a / MOE.top_k <= dedup < a2a, (dedup, a2a)
+
+
+def check_etp_ops(case: dict, got: dict) -> None:
+    """Under etp > 1 the alltoall dispatcher's experts gather and reduce-scatter over the ETP group, timed under the
+    simulator's names (`memo_sim.layout.moe_dispatchers.alltoall`); the allgather dispatcher needs no such step."""
+    lay = case["lay"]
+    if lay.get("etp", 1) == 1:
+        return
+    names = {(n, d) for n in ("moe_dispatch_allgather_etp", "moe_combine_reducescatter_etp") for d in ("fwd", "bwd")}
+    ops = set(got["ep_ops"])
+    if lay.get("moe_dispatcher", "alltoall") == "alltoall":
+        assert names <= ops, ops
+    else:
+        assert not names & ops, ops
 
 
 def test_wrong_split_sizes_fail():
@@ -346,18 +375,26 @@ FOUR = [dict(lay=dict(tp=2, sp=True, dp=2, ep=2), pol="store_all", steps=10),
         # random routing keyed by the model's layer: a stage's layers draw as the same layers do on one process
         dict(lay=dict(pp=2, dp=2, ep=2, moe_balance="random"), pol="store_all", batch=4, schedule="1f1b", micro=1),
         # DeepEP over 4 ranks of one expert each: a token's 2 experts on 2 of them, or on 1 (sent once)
-        dict(lay=dict(tp=2, sp=True, dp=2, ep=4, moe_dispatcher="deepep"), pol="memo")]
+        dict(lay=dict(tp=2, sp=True, dp=2, ep=4, moe_dispatcher="deepep"), pol="memo"),
+        # etp2 x ep2: ETP pairs {0, 1} and {2, 3}, EP pairs {0, 2} and {1, 3} (etp apart); etp2 with ep 1: the slices'
+        # gradients all-reduced over the expert-DP pairs {0, 2} and {1, 3}; etp2 on a pipeline's stages
+        dict(lay=dict(tp=2, sp=True, dp=2, ep=2, etp=2), pol="memo", variant=ETP_MODEL),
+        dict(lay=dict(tp=2, sp=True, dp=2, etp=2), pol="store_all", variant=ETP_MODEL, steps=3),
+        dict(lay=dict(tp=2, sp=True, dp=2, ep=2, etp=2, moe_dispatcher="allgather"), pol="full_recompute",
+             variant=ETP_MODEL),
+        dict(lay=dict(tp=2, sp=True, pp=2, etp=2), pol="memo", variant=ETP_MODEL, batch=2, schedule="1f1b", micro=1)]
 
 
 def test_four_ranks_tp2_dp2_ep2_and_pp2_ep2_match_single_process():
     results = spawn(rank_cases, 4, FOUR, timeout=400)
     for i, case in enumerate(FOUR):
         check(case, [r[i] for r in results], 4)
+        check_etp_ops(case, results[0][i])
 
 
 # ------------------------------------------------------------------------------- refusals
 REFUSED = [
-    ("etp = 2", dict(tp=2, sp=True, etp=2), MOE),
+    ("etp = 2 with routed-expert biases", dict(tp=2, sp=True, etp=2), MOE),
     ("kv_lora_rank = 32", dict(), dataclasses.replace(MOE, kv_lora_rank=32, q_lora_rank=32, head_dim=16, qk_rope_dim=8,
                                                     v_head_dim=16)),
     ("attention_sinks = True", dict(), dataclasses.replace(MOE, attention_sinks=True)),
@@ -378,7 +415,7 @@ def test_plans_the_executor_cannot_run_are_refused_naming_the_field(field, lay, 
     assert "\n" not in str(e.value)
 
 
-def test_memo_exec_run_refuses_etp_in_one_line_exit_2(tmp_path):
+def test_memo_exec_run_refuses_etp_with_expert_biases_in_one_line_exit_2(tmp_path):
     import subprocess
     import sys
 
@@ -389,7 +426,8 @@ def test_memo_exec_run_refuses_etp_in_one_line_exit_2(tmp_path):
                         "--nproc", "2", "--steps", "1", "--out", str(tmp_path / "run")],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, (r.returncode, r.stderr)
-    assert r.stderr.strip().count("\n") == 0 and "etp" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip().count("\n") == 0 and "etp" in r.stderr and "biases" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
 
 
 def test_forced_balance_routes_every_expert_the_same_copies_and_is_not_the_routers_choice():

@@ -35,6 +35,7 @@ class ActivationPolicy(ABC):
     tag = ""
     layer_base = 0
     moe_capacity: float | None = None  # the layout's MoE capacity factor (`make_policy`'s balance), None: none
+    moe_etp: int = 1  # the layout's expert tensor-parallel size (`make_policy`'s etp)
     # where this executor runs a MoE block otherwise than the simulator's policy prices it: one
     # sentence for reports (`moe_block_note`), None where the two agree
     moe_block_differs: str | None = None
@@ -80,7 +81,8 @@ class ActivationPolicy(ABC):
             return 0
         esize = torch.empty((), dtype=self.dtype, device="meta").element_size()
         tp = skeletal_widths(m)["fc1"] // self.shapes["fc1"][1]  # the TP-split width's divisor
-        per = {g: layer_kept_bytes(m, self.tokens, esize, tp, g, self.moe_capacity) for g in (False, True)}
+        per = {g: layer_kept_bytes(m, self.tokens, esize, tp, g, self.moe_capacity, self.moe_etp)
+               for g in (False, True)}
 
         def total(base: int) -> int:
             return sum(per[bool(keeps_graph(i))] for i in range(self.layers) if self.moe_layer(base + i))

@@ -34,14 +34,15 @@ def sim_policy_name(choice) -> str:
 
 
 def make_policy(choice, model: ModelConfig, batch: int, seq: int, layers: int, dtype: torch.dtype,
-                device: torch.device, engine, timer, compute, shapes=None, balance=None):
+                device: torch.device, engine, timer, compute, shapes=None, balance=None, etp: int = 1):
     """The executor policy for the simulator's policy ``choice`` (sizes only while ``engine`` is None);
     ``shapes``: this rank's `memo_exec.layer.storage_shapes` (default: one device, the whole layer); ``balance``:
     the layout's MoE balance (`memo_sim.layout.moe_balance.Balance`: a capacity factor changes what a MoE block
-    keeps; default none)."""
+    keeps; default none); ``etp``: the layout's expert tensor-parallel size (what a kept MoE graph holds)."""
     cls = POLICIES.get(sim_policy_name(choice))
     policy = cls(choice, model, batch, seq, layers, dtype, device, engine, timer, compute, shapes)
     policy.moe_capacity = capacity_factor(balance)
+    policy.moe_etp = etp
     return policy
 
 

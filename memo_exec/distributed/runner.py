@@ -10,9 +10,10 @@ measurement (`memo_exec.measure.Recorder`, events on device = this rank), plus
 - gradient reduction, ZeRO 0-3 and FSDP/HSDP (`memo_exec.distributed.zero.GradSync`, hooked into
   every layer's forward and backward),
 - a registered step schedule (`memo_exec.distributed.schedule`; pipelines plug in there),
-- mixture-of-experts layers (`memo_exec.moe`): the expert-parallel and expert-DP groups folded into
-  each stage's GPUs, this rank's routed experts (drawn by global expert index), the all-to-all
-  dispatcher, and with ep > 1 the experts' own gradient all-reduce (expert-DP group) and optimizer;
+- mixture-of-experts layers (`memo_exec.moe`): the expert-parallel, expert-tensor-parallel and expert-DP groups
+  folded into each stage's GPUs, this rank's routed experts (drawn by global expert index; under etp > 1 its
+  slice of each), the dispatcher, and with ep or etp > 1 the experts' own gradient all-reduce (expert-DP group)
+  and optimizer;
 - multi-token-prediction modules (`memo_exec.mtp`) on every rank of a single-stage plan, on the last rank of a
   micro-batch pipeline (`memo_exec.pipeline.schedules`; the schedule's ``holds_mtp``): each module's layer this
   rank's shard of a layer (a unit after the held layers), its norms and projection (TP-split) in the
@@ -127,7 +128,8 @@ class DistExecutor(ExecutorBase):
         self.shapes = self.flavour.storage_shapes()
         per_set, self.activation_sets = self.schedule.activation_sets()
         self.policy = make_policy(plan.policy, m, 1, self.local_T, per_set, self.dtype,
-                                  torch.device("meta"), None, None, None, shapes=self.shapes, balance=lay.balance)
+                                  torch.device("meta"), None, None, None, shapes=self.shapes, balance=lay.balance,
+                                  etp=lay.etp)
         self.arena_plan, self.unplanned, self.no_arena = None, [], self._arena_why_not(plan, opts)
         if self.no_arena is None:  # this rank's layer is the one-device layer: its scratch at the plan's offsets
             # checked against the layer as the whole model's policy runs it (the plan's level 1 is the one-stage
@@ -168,6 +170,13 @@ class DistExecutor(ExecutorBase):
         e = expert_coords(self.ctx.rank, lay)[0] if self.ctx.world > 1 else 0
         return e * E // lay.ep, E // lay.ep
 
+    def _expert_tp(self) -> tuple[int, int]:
+        """(etp, this rank's ETP coordinate): which slice of each of its experts' FFN it holds."""
+        from memo_exec.moe.groups import etp_coord  # noqa: PLC0415
+
+        lay = self.layout
+        return lay.etp, etp_coord(self.ctx.rank, lay) if self.ctx.world > 1 else 0
+
     def _make_layer(self, li: int, device, dtype):
         """This rank's shard of model layer ``li`` (a MoE layer with this rank's routed experts); ``li`` past the
         model's layers: a multi-token-prediction module's (of the last layer's kind, `memo_exec.mtp`)."""
@@ -175,7 +184,8 @@ class DistExecutor(ExecutorBase):
         if not m.moe:
             return self.flavour.make_weights(m.layers, device, dtype)
         kind = {"moe": m.mtp_moe} if li >= m.layers else {}
-        return self.flavour.make_weights(m.layers, device, dtype, layer=li, experts=self._expert_range(), **kind)
+        return self.flavour.make_weights(m.layers, device, dtype, layer=li, experts=self._expert_range(),
+                                         expert_tp=self._expert_tp(), **kind)
 
     @property
     def tp_split(self) -> TPSplit:
@@ -186,12 +196,14 @@ class DistExecutor(ExecutorBase):
     def _local_param_numel(self) -> tuple[int, int, int, int]:
         """(all parameters, the largest layer unit without its routed experts, the first unit (the embedding's, the
         final norm's, the modules' norms and projections), the routed experts) numbers of elements on this rank; the
-        routed experts are counted apart under ep > 1, where their own sync keeps them out of the units ZeRO shards
-        (`memo_exec.moe.sync`), else they are 0 and their layer's."""
+        routed experts are counted apart under ep or etp > 1, where their own sync keeps them out of the units ZeRO
+        shards (`memo_exec.moe.sync`), else they are 0 and their layer's."""
+        from memo_exec.moe.groups import experts_apart  # noqa: PLC0415
+
         meta, m = torch.device("meta"), self.model
         D = m.mtp_layers if self.schedule.holds_mtp() else 0  # a pipeline's last rank alone holds the modules
         mtp = [m.layers + k for k in range(D)]  # the modules' layers, then their norms and projections
-        split = m.moe and self.layout.ep > 1
+        split = m.moe and experts_apart(self.layout)
         sizes, experts = [], 0
         for li in self.held + mtp:
             named = list(self._make_layer(li, meta, self.dtype).named_parameters())
@@ -210,7 +222,7 @@ class DistExecutor(ExecutorBase):
         # ZeRO 3 gathers the first unit at the step's start and keeps it to the optimizer (`GradSync.begin_step`),
         # beside the layer gathered at the time
         largest = layer_unit + first_unit
-        P = total - experts  # what ZeRO shards; the routed experts under ep > 1 stay whole (`memo_exec.moe.sync`)
+        P = total - experts  # what ZeRO shards; the routed experts under ep or etp > 1 stay out (`memo_exec.moe.sync`)
         e = element_size(self.dtype)
         lay = self.layout
         D = self.ctx.size("data") if lay.zero else 1
@@ -264,8 +276,10 @@ class DistExecutor(ExecutorBase):
 
         gpt.init_(self.opts.seed, layer_fn=shard, layers=m.layers)
         self.gpt = gpt
-        # routed experts under ep > 1: their own gradient group and optimizer (`memo_exec.moe.sync`)
-        split_experts = m.moe and lay.ep > 1
+        # routed experts under ep or etp > 1: their own gradient group and optimizer (`memo_exec.moe.sync`)
+        from memo_exec.moe.groups import experts_apart  # noqa: PLC0415
+
+        split_experts = m.moe and experts_apart(lay)
         is_expert = (lambda n: split_experts and n.startswith("moe.expert_"))  # noqa: E731
         units = [gpt.outer_parameters()]  # then a unit per held layer, and per module's layer
         units += [[(n, q) for n, q in lw.named_parameters() if not is_expert(n)] for lw in gpt.unit_layers()]
@@ -284,11 +298,13 @@ class DistExecutor(ExecutorBase):
         if m.moe:
             from memo_exec.moe.block import MoEBlock  # noqa: PLC0415
             from memo_exec.moe.dispatchers import dispatcher_for  # noqa: PLC0415
+            from memo_exec.moe.etp import ExpertTP  # noqa: PLC0415
 
             g = self.expert_groups
-            disp = dispatcher_for(lay.moe_dispatcher, m.experts, g.ep, g.ep_rank, g.ep_group)
-            disp.timer = self.recorder  # its all-to-alls become ep_comm spans of this rank's Timeline
-            self.compute.moe = MoEBlock(m, disp, tp_size=self.flavour.size, tp_group=ctx.group("tp"))
+            disp = dispatcher_for(lay.moe_dispatcher, m.experts, g)
+            etp = ExpertTP(g.etp, g.etp_rank, g.etp_group)
+            disp.timer = etp.timer = self.recorder  # their collectives become ep_comm spans of this rank's Timeline
+            self.compute.moe = MoEBlock(m, disp, tp_size=self.flavour.size, tp_group=ctx.group("tp"), etp=etp)
             self.compute.moe.set_balance(lay.balance, self.micro_index % self.seq)  # positions of its rows
         self.layer_hooks = self.sync if self.kill_at_step is None else _KillHook(self.sync, self)
         self.schedule.build_runtimes()
@@ -296,7 +312,7 @@ class DistExecutor(ExecutorBase):
         self.allocated = True
 
     def _set_up_experts(self, gpt, is_expert) -> None:
-        """The EP / expert-DP groups (every rank creates every group) and, with ep > 1, the routed
+        """The EP, ETP and expert-DP groups (every rank creates every group) and, with ep or etp > 1, the routed
         experts' own gradient sync and optimizer."""
         from memo_exec.moe.groups import build_expert_groups  # noqa: PLC0415
         from memo_exec.moe.sync import ExpertGradSync  # noqa: PLC0415
@@ -319,7 +335,8 @@ class DistExecutor(ExecutorBase):
         """A new instance of the plan's activation policy over ``layers`` layers of this rank (not
         yet allocated), for one micro-batch's tokens."""
         return make_policy(self.plan.policy, self.model, 1, self.local_T, layers, self.dtype, self.device,
-                           self.engine, self.recorder, self.compute, shapes=self.shapes, balance=self.layout.balance)
+                           self.engine, self.recorder, self.compute, shapes=self.shapes, balance=self.layout.balance,
+                           etp=self.layout.etp)
 
     # ------------------------------------------------------------------ run
     def _micro_batch_tokens(self, step: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -414,13 +431,13 @@ class DistExecutor(ExecutorBase):
         for k, prefix in enumerate(prefixes):
             for n, g in self.flavour.unshard_grads(units[k + 1]).items():
                 out[f"{prefix}.{n}"] = g
-        if self.expert_sync is not None:  # routed experts: each EP rank's [E/ep, ...] gathered into [E, ...]
+        if self.expert_sync is not None:  # routed experts: each EP rank's [E/ep, ...] (ETP slices joined) [E, ...]
             from memo_exec.moe.sync import gather_experts  # noqa: PLC0415
 
             g = self.expert_groups
             for name, q in self.expert_sync.named:
                 k, n = name.split(".", 1)
-                out[f"{prefixes[int(k)]}.{n}"] = gather_experts(q.grad, g.ep, g.ep_group)
+                out[f"{prefixes[int(k)]}.{n}"] = gather_experts(q.grad, g, n.rsplit(".", 1)[-1], self.model)
         pg = self.ctx.group("pp")
         if pg is None:
             return out

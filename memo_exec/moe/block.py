@@ -7,7 +7,8 @@ balance the experts are the routing's, `memo_exec.moe.balance`, from each row's 
 `set_balance`, and the layer's index, and the router weighs them), the
 dispatcher (`memo_exec.moe.dispatchers`: ``local``, or ``alltoall``, ``allgather`` or ``deepep`` over the
 expert-parallel group; under a capacity factor each expert's copies, `memo_exec.moe.capacity`),
-the local experts' GEMMs (`memo_exec.moe.experts`) with each copy's router weight applied inside
+the local experts' GEMMs (`memo_exec.moe.experts`; under etp > 1 over the ETP group's gathered copies on this
+rank's slice of each expert, `memo_exec.moe.etp`) with each copy's router weight applied inside
 their activation (the weights travel with the copies: `Dispatcher.route_probs`), combine (back to the
 token's rank, the sum of its k outputs), plus the shared experts (a dense FFN of the shared
 width, Megatron TP-split with SP: all-gather in, reduce-scatter out; times ``sigmoid(ln2 @
@@ -48,6 +49,7 @@ from memo_exec.moe.balance import routing_for
 from memo_exec.moe.capacity import capacity_factor, padded_copies, sum_copies
 from memo_exec.moe.comm import sp_gather_linear, sp_reduce_scatter
 from memo_exec.moe.dispatchers import Dispatcher, LocalDispatcher
+from memo_exec.moe.etp import ExpertTP
 from memo_exec.moe.experts import act, run_experts
 from memo_exec.moe.routers import router_for
 from memo_sim.layout.moe_balance import Balance
@@ -66,13 +68,15 @@ class MoESaved:
 
 class MoEBlock:
     def __init__(self, model: ModelConfig, dispatcher: Dispatcher | None = None, tp_size: int = 1,
-                 tp_group=None) -> None:
+                 tp_group=None, etp: ExpertTP | None = None) -> None:
         self.model = model
         self.k, self.h = model.top_k, model.hidden
         self.swiglu = model.ffn_type == "swiglu"
         self.router = router_for(model.router)
         self.dispatcher = dispatcher or LocalDispatcher(model.experts)
         self.tp_size, self.tp_group = tp_size, tp_group
+        # expert tensor parallelism around the experts (`memo_exec.moe.etp`), unless the dispatcher's gather covers it
+        self.etp = None if etp is None or etp.size == 1 or self.dispatcher.gathers_etp else etp
         self.routing, self.positions = None, None  # the router picks (`set_balance`)
         self.capacity, self.groups = None, None  # no capacity factor: every routed copy computed
         # the model layer of the compute's layer 0: a pipeline chunk's first (`memo_exec.pipeline.schedules`), a
@@ -113,7 +117,7 @@ class MoEBlock:
         idx, weights = self.router(logits, self.k, idx)
         if self.capacity is None:
             xe, counts, state = self.dispatcher.dispatch(ln2, idx, layer, phase)
-            ye = run_experts(xe, counts, w, self.swiglu, probs=self.dispatcher.route_probs(weights, state))
+            ye = self._experts(w, xe, counts, self.dispatcher.route_probs(weights, state), layer, phase)
             y = self.dispatcher.combine_tokens(ye, state, T, self.k)
         else:  # each expert's C copies sent as tokens of one choice, summed back per token (`memo_exec.moe.capacity`)
             if copies is None:
@@ -125,7 +129,7 @@ class MoEBlock:
             src, exp = copies
             probs = weights.new_zeros(T, self.model.experts).scatter(1, idx, weights)[src, exp]  # padding: zero
             xe, counts, state = self.dispatcher.dispatch(ln2.index_select(0, src), exp.unsqueeze(1), layer, phase)
-            ye = run_experts(xe, counts, w, self.swiglu, probs=self.dispatcher.route_probs(probs.unsqueeze(1), state))
+            ye = self._experts(w, xe, counts, self.dispatcher.route_probs(probs.unsqueeze(1), state), layer, phase)
             y = sum_copies(self.dispatcher.combine_tokens(ye, state, src.numel(), 1), src, T)
         if w.shared_w1 is not None:  # a dense FFN on the TP group's rows: ln2 gathered in, reduce-scattered out
             a = sp_gather_linear(ln2, w.shared_w1, self.tp_size, self.tp_group)
@@ -134,6 +138,15 @@ class MoEBlock:
                 s = s * torch.sigmoid(F.linear(ln2, w.shared_gate))
             y = y + s
         return y, idx, copies
+
+    def _experts(self, w, xe: torch.Tensor, counts: list[int], probs: torch.Tensor, layer: int | None,
+                 phase: str) -> torch.Tensor:
+        """The local experts' outputs for the copies ``xe`` (grouped by local expert, ``counts``), weighted by
+        ``probs``; under etp > 1 through the ETP group's gather and reduce-scatter (`memo_exec.moe.etp`)."""
+        if self.etp is None:
+            return run_experts(xe, counts, w, self.swiglu, probs=probs)
+        xg, cg, pg, st = self.etp.gather(xe, counts, probs, layer, phase)
+        return self.etp.scatter(run_experts(xg, cg, w, self.swiglu, probs=pg), st)
 
     def forward(self, w, S, out: torch.Tensor, layer: int | None = None, phase: str = "fwd") -> None:
         """Write the block's output for every local row into ``out`` [T, h]; keep what the storage says."""

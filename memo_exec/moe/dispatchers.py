@@ -17,11 +17,12 @@ outputs to their copy rows on the rank the tokens came from. Everything is diffe
   from each peer (zero included: a rank no token is routed to still takes part in both exchanges).
 
 - ``allgather`` (Megatron-Core's ``allgather`` dispatcher, `memo_sim.layout.moe_dispatchers.allgather`): every
-  rank's rows, routing and router weights all-gathered over the EP group (`memo_exec.moe.comm.ep_gather`), each
-  rank selecting the copies of its local experts (sorted by expert), its experts' outputs put back in a zero
-  buffer of the group's copies and reduce-scattered (`ep_reduce_scatter`: each copy's output comes from the one
-  rank computing it); timed as ``moe_dispatch_allgather_etp_ep`` / ``moe_combine_reducescatter_etp_ep`` spans
-  (ETP 1: the EP group), the weights' gather untimed. Its selections are index_select / index_copy, whose
+  rank's rows, routing and router weights all-gathered over the ETP x EP group (`memo_exec.moe.comm.ep_gather`;
+  the EP group when etp is 1), each rank selecting the copies of its local experts (sorted by expert), its
+  experts' outputs (under etp > 1 partial: its slice of each expert) put back in a zero buffer of the group's
+  copies and reduce-scattered (`ep_reduce_scatter`: each copy's output comes from the ranks computing it, summed
+  over their slices); timed as ``moe_dispatch_allgather_etp_ep`` / ``moe_combine_reducescatter_etp_ep`` spans,
+  the weights' gather untimed. Its selections are index_select / index_copy, whose
   backwards scatter-add and gather: no regrouping permutation.
 
 - ``deepep`` (DeepEP through Megatron-Core's ``flex`` dispatcher, `memo_sim.layout.moe_dispatchers.deepep`): each
@@ -116,8 +117,30 @@ def gather_rows(x: torch.Tensor, perm: torch.Tensor, k: int = 1, inv: torch.Tens
     return _GatherRows.apply(x, perm, inverse(perm) if inv is None else inv, k)
 
 
+class _PlaceRows(torch.autograd.Function):
+    """Rows ``y`` placed at rows ``sel`` of a zero [n, w] tensor; backward: the gradient's rows ``sel``. Keeps
+    ``sel`` only (autograd's ``index_copy`` keeps its source too: the experts' outputs, [rows, h] the simulator
+    counts as transient)."""
+
+    @staticmethod
+    def forward(ctx, y, sel, n):
+        ctx.save_for_backward(sel)
+        return y.new_zeros(n, *y.shape[1:]).index_copy_(0, sel, y)
+
+    @staticmethod
+    def backward(ctx, g):
+        (sel,) = ctx.saved_tensors
+        return g.index_select(0, sel), None, None
+
+
+def place_rows(y: torch.Tensor, sel: torch.Tensor, n: int) -> torch.Tensor:
+    """A zero [n, ...] tensor with ``y``'s rows at rows ``sel`` (distinct), differentiable (`_PlaceRows`)."""
+    return _PlaceRows.apply(y, sel, n)
+
+
 class Dispatcher:
     name = "base"
+    gathers_etp = False  # its own collectives cover the ETP ranks (no ETP step around the experts, `memo_exec.moe.etp`)
 
     def __init__(self, experts: int, ep: int = 1, ep_rank: int = 0, group=None) -> None:
         self.experts, self.ep, self.ep_rank, self.group = experts, ep, ep_rank, group
@@ -200,11 +223,17 @@ AG_DISPATCH, AG_COMBINE = sim_op_name("dispatch", "allgather", "etp_ep"), sim_op
 @DISPATCHERS.register("allgather")
 class AllGatherDispatcher(Dispatcher):
     """Megatron-Core's ``allgather`` dispatcher (module docs): every rank's tokens and routing all-gathered over the
-    EP group (``etp`` 1), each rank computing the copies routed to its local experts, the outputs reduce-scattered
-    back (each copy's output on exactly one rank, zeros elsewhere)."""
+    ETP x EP group (``gather`` ranks: etp x ep, ETP innermost; the EP group when etp is 1), each rank computing the
+    copies routed to its local experts on its slice of them, the outputs reduce-scattered back (each copy's output
+    on exactly one EP coordinate's ranks, summed over their ETP slices; zeros elsewhere)."""
+    gathers_etp = True
+
+    def __init__(self, experts: int, ep: int = 1, ep_rank: int = 0, group=None, gather: int | None = None) -> None:
+        super().__init__(experts, ep, ep_rank, group)
+        self.gather = gather or ep
 
     def dispatch(self, x, idx, layer=None, phase="fwd"):
-        k, ep = idx.shape[1], self.ep
+        k, ep = idx.shape[1], self.gather
         xs = ep_gather(x, ep, self.group, self.tag(AG_DISPATCH, layer, phase))  # [ep*T, h]: row t*ep + r, rank r's
         flat = ep_gather(idx, ep, self.group).reshape(-1)  # the gathered tokens' copies, token g's at g*k ..
         mine = ((flat >= self.first) & (flat < self.first + self.local)).nonzero().squeeze(1)
@@ -215,12 +244,12 @@ class AllGatherDispatcher(Dispatcher):
     def combine(self, ye, state):
         sel, n, k, layer, phase = state
         h = ye.shape[1]
-        full = ye.new_zeros(n, h).index_copy(0, sel, ye).view(n // k, k * h)
-        return ep_reduce_scatter(full, self.ep, self.group, self.tag(AG_COMBINE, layer, phase)).view(-1, h)
+        full = place_rows(ye, sel, n).view(n // k, k * h)
+        return ep_reduce_scatter(full, self.gather, self.group, self.tag(AG_COMBINE, layer, phase)).view(-1, h)
 
     def route_probs(self, probs, state):
         sel = state[0]  # the weights gathered untimed (the simulator prices the rows' collectives only)
-        return ep_gather(probs, self.ep, self.group).reshape(-1).index_select(0, sel)
+        return ep_gather(probs, self.gather, self.group).reshape(-1).index_select(0, sel)
 
 
 DEDUP_DISPATCH, DEDUP_COMBINE = sim_op_name("dispatch", "alltoall_dedup"), sim_op_name("combine", "alltoall_dedup")
@@ -271,5 +300,10 @@ class DedupDispatcher(Dispatcher):
         return got[row, slot]
 
 
-def dispatcher_for(name: str, experts: int, ep: int, ep_rank: int, group) -> Dispatcher:
-    return DISPATCHERS.get("local" if ep == 1 else name)(experts, ep, ep_rank, group)
+def dispatcher_for(name: str, experts: int, groups) -> Dispatcher:
+    """The layout's dispatcher over a rank's `memo_exec.moe.groups.ExpertGroups`: ``local`` where the rank's
+    experts see its own rows only (ep 1, and no ETP x EP gather), the allgather dispatcher over the ETP x EP group."""
+    g = groups
+    if name == "allgather" and g.ep * g.etp > 1:
+        return AllGatherDispatcher(experts, g.ep, g.ep_rank, g.etp_ep_group, gather=g.ep * g.etp)
+    return DISPATCHERS.get("local" if g.ep == 1 else name)(experts, g.ep, g.ep_rank, g.ep_group)

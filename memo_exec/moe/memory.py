@@ -25,6 +25,10 @@ choice) and p the TP size (the shared experts run on the TP group's T*p gathered
   the deepep dispatcher keeps its pairs' token index [P] and slot mask [P, k] (P the (token, rank) pairs it
   sends, at most T k) and its copies' received rows and slots [R] each, in place of the sort's permutations:
   not counted exactly);
+- under expert tensor parallelism (etp q > 1, `memo_exec.moe.etp`) the experts run the ETP group's copies, q R
+  of them, on a 1/q slice of their width: ``copy_probs`` [q R], ``moe_in`` [q R, h], ``efc1`` [q R, expert fc1 / q],
+  ``eact`` [q R, expert width / q], and ``copy_order`` adds the gather's selection [q R] int64 (the allgather
+  dispatcher's selection over the ETP x EP group is [q R] already: counted once, 8 q R bytes more than it keeps);
 - ``sfc1`` [T*p, shared fc1 / p], ``sact`` [T*p, shared / p]; with a shared-expert gate also ``sfc2`` (the
   shared output [T, h]) and the gate's sigmoid [T, 1].
 
@@ -50,17 +54,19 @@ def routing_bytes(model: ModelConfig, tokens: int, capacity: float | None = None
 
 
 def graph_bytes(model: ModelConfig, tokens: int, esize: int, tp: int = 1, routed: int | None = None,
-                capacity: float | None = None) -> dict[str, int]:
+                capacity: float | None = None, etp: int = 1) -> dict[str, int]:
     """The tensors one MoE layer's kept autograd graph holds on one rank, by name (module docs), besides the
     routing: ``tokens`` the rank's own rows, ``esize`` the model dtype's bytes, ``tp`` the TP size, ``routed``
     the copies the rank's experts received (default: the EP group's average, the copies a rank sends), ``capacity``
-    the layout's capacity factor (None: none)."""
+    the layout's capacity factor (None: none), ``etp`` the expert tensor-parallel size."""
     T, k, h = tokens, model.top_k, model.hidden
     sent = copies_of(T, k, model.experts, capacity)
     R = sent if routed is None else routed
-    out = {"probs": T * model.experts * esize, "route_weights": (T * k + T) * esize, "copy_probs": R * esize,
-           "moe_in": R * h * esize, "efc1": R * model.expert_fc1_width * esize,
-           "eact": R * model.expert_width * esize, "copy_order": (2 * sent + 2 * R) * INDEX_BYTES}
+    G = R * etp  # the copies the experts run: the ETP group's
+    out = {"probs": T * model.experts * esize, "route_weights": (T * k + T) * esize, "copy_probs": G * esize,
+           "moe_in": G * h * esize, "efc1": G * (model.expert_fc1_width // etp) * esize,
+           "eact": G * (model.expert_width // etp) * esize,
+           "copy_order": (2 * sent + 2 * R + (G if etp > 1 else 0)) * INDEX_BYTES}
     sw = model.shared_width
     if sw:
         rows = T * tp
@@ -73,7 +79,7 @@ def graph_bytes(model: ModelConfig, tokens: int, esize: int, tp: int = 1, routed
 
 
 def layer_kept_bytes(model: ModelConfig, tokens: int, esize: int, tp: int, keeps_graph: bool,
-                     capacity: float | None = None) -> int:
+                     capacity: float | None = None, etp: int = 1) -> int:
     """One MoE layer's kept bytes on one rank: the routing, plus the graph's tensors where ``keeps_graph``."""
-    graph = sum(graph_bytes(model, tokens, esize, tp, capacity=capacity).values()) if keeps_graph else 0
+    graph = sum(graph_bytes(model, tokens, esize, tp, capacity=capacity, etp=etp).values()) if keeps_graph else 0
     return routing_bytes(model, tokens, capacity) + graph

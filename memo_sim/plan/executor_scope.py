@@ -11,9 +11,9 @@ The executor builds:
 - the layer's linear GEMMs in the model's dtype or ``fp8-tensorwise`` (`EXEC_GEMM_FORMATS`,
   `memo_exec.gemm_formats.GEMMS`), FP8 in the dense layer only, below ZeRO 3, at CUDA's 16-multiple shapes;
 - routed experts with expert parallelism ``ep`` over the ``alltoall``, ``allgather`` or ``deepep`` dispatcher
-  (DeepEP's deduplicated sends, over torch's all-to-all), ``etp`` = 1
-  (each expert's FFN whole on one rank), dropless routing over every expert (no router groups, no output
-  scaling), equal counts round-robin (``forced``), a uniform draw per token (``random``) or the router's choice
+  (DeepEP's deduplicated sends, over torch's all-to-all) and expert tensor parallelism ``etp`` (each expert's FFN
+  sliced over the ETP group, its copies all-gathered there; routed experts without biases), dropless routing over
+  every expert (no router groups, no output scaling), equal counts round-robin (``forced``), a uniform draw per token (``random``) or the router's choice
   dropped and padded to a capacity factor (``capacity:F``; `EXEC_BALANCES`);
 - multi-head / grouped-query attention, with any head size (``head_dim``) and QK norms (no latent attention, no
   sinks, no sliding windows, no chunked attention);
@@ -112,9 +112,9 @@ def moe_why_not(model: ModelConfig, layout: Layout) -> str | None:
     if model.router_scaling != 1.0:
         return (f"plan model {model.name}: router_scaling = {model.router_scaling}: the executor does not scale the "
                 f"routed experts' output; plan a model with router_scaling 1 to run")
-    if layout.etp > 1:
-        return (f"plan layout {lab}: etp = {layout.etp}: the executor keeps each expert's FFN whole on one rank "
-                f"(expert tensor parallelism not built); plan with etp 1")
+    if layout.etp > 1 and model.moe_bias:
+        return (f"plan layout {lab}: etp = {layout.etp} with routed-expert biases (model {model.name}): the executor "
+                f"slices each expert's FFN without its biases; plan with etp 1")
     if layout.moe_dispatcher not in EXEC_DISPATCHERS:
         return (f"plan layout {lab}: moe_dispatcher = {layout.moe_dispatcher!r}: the executor runs "
                 f"{' and '.join(EXEC_DISPATCHERS)} only; plan with moe_dispatcher alltoall")

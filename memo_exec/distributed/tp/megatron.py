@@ -112,10 +112,12 @@ class MegatronTP(TPFlavour):
         return storage_shapes(self.model, self.size, self.sp)
 
     def make_weights(self, layers: int, device, dtype, layer: int | None = None,
-                     experts: tuple[int, int] | None = None, moe: bool | None = None) -> LayerWeights:
+                     experts: tuple[int, int] | None = None, moe: bool | None = None,
+                     expert_tp: tuple[int, int] = (1, 0)) -> LayerWeights:
         """One layer's shard; a MoE layer (``layer``; ``moe``: its kind given, a multi-token-prediction module's)
-        holds routed experts ``experts`` = (first, count)."""
-        return LayerWeights(self.model, layers, device, dtype, tp=self.size, layer=layer, experts=experts, moe=moe)
+        holds routed experts ``experts`` = (first, count), slice ``expert_tp`` = (etp, ETP rank) of each."""
+        return LayerWeights(self.model, layers, device, dtype, tp=self.size, layer=layer, experts=experts, moe=moe,
+                            expert_tp=expert_tp)
 
     # -- which slice of a whole parameter this rank holds ---------------------------------------
     def _row_blocks(self, name: str) -> list[tuple[int, int]]:
