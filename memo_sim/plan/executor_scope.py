@@ -13,8 +13,9 @@ The executor builds:
 - routed experts with expert parallelism ``ep`` over the ``alltoall``, ``allgather`` or ``deepep`` dispatcher
   (DeepEP's deduplicated sends, over torch's all-to-all) and expert tensor parallelism ``etp`` (each expert's FFN
   sliced over the ETP group, its copies all-gathered there; routed experts without biases), dropless routing over
-  every expert (no router groups, no output scaling), equal counts round-robin (``forced``), a uniform draw per token (``random``) or the router's choice
-  dropped and padded to a capacity factor (``capacity:F``; `EXEC_BALANCES`);
+  every expert (no router groups, no output scaling), equal counts round-robin (``forced``), a uniform draw per
+  token (``random``) or the router's choice dropped and padded to a capacity factor (``capacity:F``;
+  `EXEC_BALANCES`);
 - multi-head / grouped-query attention, with any head size (``head_dim``) and QK norms (no latent attention, no
   sinks, no sliding windows, no chunked attention);
 - uncompiled kernels (``kernel_fusion`` fused), its own ring (no ``ring_merge`` passes), a static memory plan for
