@@ -217,6 +217,29 @@ class LayerHooks:
 NO_HOOKS = LayerHooks()
 
 
+class ChainedHooks(LayerHooks):
+    """Several hooks around each layer, in order (the dense units' `GradSync`, then the routed experts')."""
+
+    def __init__(self, *hooks: LayerHooks) -> None:
+        self.hooks = hooks
+
+    def before_forward(self, i: int) -> None:
+        for h in self.hooks:
+            h.before_forward(i)
+
+    def after_forward(self, i: int) -> None:
+        for h in self.hooks:
+            h.after_forward(i)
+
+    def before_backward(self, i: int) -> None:
+        for h in self.hooks:
+            h.before_backward(i)
+
+    def after_backward(self, i: int) -> None:
+        for h in self.hooks:
+            h.after_backward(i)
+
+
 class MainGrads(LayerHooks):
     """Megatron's fp32 main gradients on one device. Every parameter keeps a ``dtype`` (fp32) main
     gradient the optimizer reads; a layer's backward accumulates into 16-bit ``.grad`` buffers that

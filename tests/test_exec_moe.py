@@ -382,7 +382,12 @@ FOUR = [dict(lay=dict(tp=2, sp=True, dp=2, ep=2), pol="store_all", steps=10),
         dict(lay=dict(tp=2, sp=True, dp=2, etp=2), pol="store_all", variant=ETP_MODEL, steps=3),
         dict(lay=dict(tp=2, sp=True, dp=2, ep=2, etp=2, moe_dispatcher="allgather"), pol="full_recompute",
              variant=ETP_MODEL),
-        dict(lay=dict(tp=2, sp=True, pp=2, etp=2), pol="memo", variant=ETP_MODEL, batch=2, schedule="1f1b", micro=1)]
+        dict(lay=dict(tp=2, sp=True, pp=2, etp=2), pol="memo", variant=ETP_MODEL, batch=2, schedule="1f1b", micro=1),
+        # ZeRO over the expert-DP pairs {0, 2} and {1, 3} (the experts' own GradSync): optimizer states (3 steps on
+        # the one process's losses), gradients, weights gathered around each layer
+        dict(lay=dict(tp=2, sp=True, dp=2, ep=2, zero=1), pol="store_all", steps=3),
+        dict(lay=dict(tp=2, sp=True, dp=2, ep=2, zero=3), pol="store_all"),
+        dict(lay=dict(tp=2, sp=True, dp=2, etp=2, zero=2), pol="memo", variant=ETP_MODEL)]
 
 
 def test_four_ranks_tp2_dp2_ep2_and_pp2_ep2_match_single_process():

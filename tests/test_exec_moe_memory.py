@@ -195,7 +195,8 @@ def rank_kept(rank: int, world: int, cases) -> list:
                     "moe_recompute": sorted({e.layer for e in rec.events if e.op == "moe_recompute"}),
                     "a2a": a2a, "grads": grads if rank == 0 else None,
                     "states": (ex.estimate.terms["model_states"], sum(ex.sync.state_bytes().values())
-                               + (ex.expert_sync.state_bytes() if ex.expert_sync is not None else 0))})
+                               + (sum(ex.expert_sync.state_bytes().values()) if ex.expert_sync is not None else 0)),
+                    "expert_states": ex.expert_sync.state_bytes() if ex.expert_sync is not None else None})
         ex.close()
     return out
 
@@ -253,14 +254,41 @@ def test_estimate_counts_what_the_moe_block_keeps_two_ranks(two_ranks, case):
 @pytest.mark.parametrize("case", [i for i, c in enumerate(CASES) if c[0].get("zero", 0) < 3],
                          ids=lambda i: f"{CASES[i][0]}-{CASES[i][1]}-v{CASES[i][2]}")
 def test_the_estimates_model_states_are_what_the_rank_allocates(two_ranks, case):
-    """Under ep > 1 the routed experts stay out of ZeRO's units, whole on their rank with their own AdamW
-    (`memo_exec.moe.sync`): the estimate divided them by the data group as well (a review's MoE plan read -17%
-    against the simulator's states). Its model states are the allocated weights, gradients and optimizer states
+    """Under ep or etp > 1 the routed experts stay out of the dense units, in their own GradSync over the expert-DP
+    group (`memo_exec.moe.sync`; here 1 rank: not sharded): the estimate once divided them by the data group as
+    well (a review's MoE plan read -17% against the simulator's states). Its model states are the allocated
+    weights, gradients and optimizer states
     (ZeRO's flat units padded to the group: within 1%; under ZeRO 3 they also hold the gathered unit of the peak,
     which the units' resident shards do not)."""
     for r in two_ranks:
         est, allocated = r[case]["states"]
         assert est == pytest.approx(allocated, rel=0.01), (case, est, allocated)
+
+
+# four ranks: tp2 x dp2 with ep2 or etp2, the expert-DP pairs {0, 2} and {1, 3}
+CASES4 = [(dict(tp=2, sp=True, dp=2, ep=2), "store_all", 0),
+          (dict(tp=2, sp=True, dp=2, ep=2, zero=1), "store_all", 0),
+          (dict(tp=2, sp=True, dp=2, etp=2, zero=2), "memo", 4),
+          (dict(tp=2, sp=True, dp=2, ep=2, zero=3), "store_all", 0)]
+
+
+def test_expert_states_are_zero_sharded_over_the_expert_dp_ranks_four_ranks():
+    """The routed experts' own GradSync shards their states over the expert-DP group as the layout's ZeRO stage
+    says (the simulator's `memo_sim.cost.param_split`: a ZeRO shard holds (dense + expert) / (tp x state_shards)):
+    ZeRO 1 halves their optimizer states over the pair, ZeRO 2 their gradients too (one layer's workspace beside),
+    ZeRO 3 their weights too; the estimate's model states are what each rank allocates (within 1%, below ZeRO 3)."""
+    res = spawn(rank_kept, 4, CASES4, timeout=240)
+    z0, z1, z2, z3 = ([r[i]["expert_states"] for r in res] for i in range(4))
+    for a, b in zip(z0, z1):
+        assert a["weights"] == b["weights"] and a["gradients"] == b["gradients"]
+        assert b["optimizer"] == pytest.approx(a["optimizer"] / 2, rel=0.01), (a, b)
+    for a, c in zip(z0, z3):
+        assert c["weights"] < 0.6 * a["weights"] and c["optimizer"] == pytest.approx(a["optimizer"] / 2, rel=0.01)
+    assert all(s["gradients"] < s["weights"] for s in z2)  # the etp2 layout's shard and one layer's workspace
+    for i in range(3):
+        for r in res:
+            est, allocated = r[i]["states"]
+            assert est == pytest.approx(allocated, rel=0.01), (CASES4[i], est, allocated)
 
 
 def test_zero3_store_all_keeps_the_moe_graph_no_rerun(two_ranks):

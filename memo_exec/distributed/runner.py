@@ -48,7 +48,7 @@ from memo_exec.distributed.zero import GradSync
 from memo_exec.errors import ExecError
 from memo_exec.layer import LayerWeights
 from memo_exec.memory_estimate import MemoryEstimate
-from memo_exec.model import GPT, LayerHooks, MTPWeights
+from memo_exec.model import GPT, ChainedHooks, LayerHooks, MTPWeights
 from memo_exec.mtp import MTPRun, TPSplit, whole_projections
 from memo_exec.optim import AdamW
 from memo_exec.optim_offload import HostAdamW
@@ -193,48 +193,53 @@ class DistExecutor(ExecutorBase):
         f = self.flavour
         return TPSplit(f.size, f.rank, f.group, bool(getattr(f, "sp", False)))
 
-    def _local_param_numel(self) -> tuple[int, int, int, int]:
+    def _local_param_numel(self) -> tuple[int, int, int, int, int]:
         """(all parameters, the largest layer unit without its routed experts, the first unit (the embedding's, the
-        final norm's, the modules' norms and projections), the routed experts) numbers of elements on this rank; the
-        routed experts are counted apart under ep or etp > 1, where their own sync keeps them out of the units ZeRO
-        shards (`memo_exec.moe.sync`), else they are 0 and their layer's."""
+        final norm's, the modules' norms and projections), the routed experts, the largest layer's routed experts)
+        numbers of elements on this rank; the routed experts are counted apart under ep or etp > 1, where their own
+        sync shards them over the expert-DP group (`memo_exec.moe.sync`), else they are 0 and their layer's."""
         from memo_exec.moe.groups import experts_apart  # noqa: PLC0415
 
         meta, m = torch.device("meta"), self.model
         D = m.mtp_layers if self.schedule.holds_mtp() else 0  # a pipeline's last rank alone holds the modules
         mtp = [m.layers + k for k in range(D)]  # the modules' layers, then their norms and projections
         split = m.moe and experts_apart(self.layout)
-        sizes, experts = [], 0
+        sizes, routed = [], []
         for li in self.held + mtp:
             named = list(self._make_layer(li, meta, self.dtype).named_parameters())
-            routed = sum(q.numel() for n, q in named if split and n.startswith("moe.expert_"))
-            sizes.append(sum(q.numel() for _n, q in named) - routed)
-            experts += routed
+            routed.append(sum(q.numel() for n, q in named if split and n.startswith("moe.expert_")))
+            sizes.append(sum(q.numel() for _n, q in named) - routed[-1])
         rest = m.embedding_params() + D * (m.mtp_norm_params + m.mtp_projection_params // self.flavour.size)
-        return sum(sizes) + rest + experts, max(sizes, default=0), rest, experts
+        return sum(sizes) + rest + sum(routed), max(sizes, default=0), rest, sum(routed), max(routed, default=0)
 
     def _estimate(self) -> MemoryEstimate:
         """This rank's static device memory (model states after ZeRO, the policy's activation
         storage, and under a memory plan the layer's arena). The other transient terms are not
         estimated for distributed runs (the single-device estimate comes from a dry run of the layer on
         the meta device, which cannot run collectives)."""
-        total, layer_unit, first_unit, experts = self._local_param_numel()
+        total, layer_unit, first_unit, experts, expert_layer = self._local_param_numel()
         # ZeRO 3 gathers the first unit at the step's start and keeps it to the optimizer (`GradSync.begin_step`),
         # beside the layer gathered at the time
         largest = layer_unit + first_unit
-        P = total - experts  # what ZeRO shards; the routed experts under ep or etp > 1 stay out (`memo_exec.moe.sync`)
+        P = total - experts  # the dense units; the routed experts under ep or etp > 1 apart (`memo_exec.moe.sync`)
         e = element_size(self.dtype)
         lay = self.layout
+        # the routed experts' own GradSync: ZeRO over the expert-DP group, its layer units (no first unit)
+        De = lay.expert_dp if lay.zero and experts else 1
+        ze = lay.zero if De > 1 else 0
+        e_weights = experts * e if ze < 3 else experts * e // De + expert_layer * e
+        e_grads = experts * e if ze < 2 else experts * e // De + expert_layer * e
+        e_shard = experts // De if ze >= 1 else experts
         D = self.ctx.size("data") if lay.zero else 1
         z = lay.zero if D > 1 else 0
         D = self.ctx.size("shard") if z >= 3 else D  # FSDP/HSDP: sharded over the shard group
         # gathered at the peak: the first unit and the largest layer's, or under FSDP without resharding every unit
         # (each held layer kept from its forward to its backward, beside the embedding's)
         gathered = largest if lay.dp_mode != "fsdp" or lay.reshard_after_forward else P
-        weights = (P * e if z < 3 else P * e // D + gathered * e) + experts * e
+        weights = (P * e if z < 3 else P * e // D + gathered * e) + e_weights
         # ZeRO 2 / 3: every unit's shard, the layers' shared workspace and the first unit whole (`GradSync`)
-        grads = (P * e if z < 2 else P * e // D + largest * e) + experts * e
-        shard = (P // D if z >= 1 else P) + experts  # the parameters this rank's optimizers update
+        grads = (P * e if z < 2 else P * e // D + largest * e) + e_grads
+        shard = (P // D if z >= 1 else P) + e_shard  # the parameters this rank's optimizers update
         optimizer = 0 if lay.optimizer_offload else AdamW.state_bytes_for(shard, self.dtype)
         states = weights + grads + optimizer  # optimizer offload: AdamW's states on the host
         dev = self.policy.device_bytes()
@@ -306,23 +311,23 @@ class DistExecutor(ExecutorBase):
             disp.timer = etp.timer = self.recorder  # their collectives become ep_comm spans of this rank's Timeline
             self.compute.moe = MoEBlock(m, disp, tp_size=self.flavour.size, tp_group=ctx.group("tp"), etp=etp)
             self.compute.moe.set_balance(lay.balance, self.micro_index % self.seq)  # positions of its rows
-        self.layer_hooks = self.sync if self.kill_at_step is None else _KillHook(self.sync, self)
+        hooks = self.sync if self.expert_sync is None else ChainedHooks(self.sync, self.expert_sync)
+        self.layer_hooks = hooks if self.kill_at_step is None else _KillHook(hooks, self)
         self.schedule.build_runtimes()
         self.mtp = self.schedule.build_mtp()  # multi-token prediction (`memo_exec.mtp`), where this rank holds it
         self.allocated = True
 
     def _set_up_experts(self, gpt, is_expert) -> None:
         """The EP, ETP and expert-DP groups (every rank creates every group) and, with ep or etp > 1, the routed
-        experts' own gradient sync and optimizer."""
+        experts' own gradient sync, ZeRO stage and optimizer over the expert-DP group (`memo_exec.moe.sync`)."""
         from memo_exec.moe.groups import build_expert_groups  # noqa: PLC0415
-        from memo_exec.moe.sync import ExpertGradSync  # noqa: PLC0415
 
-        self.expert_groups = build_expert_groups(self.layout, self.ctx.rank, self.ctx.world)
-        named = [(f"{k}.{n}", q) for k, lw in enumerate(gpt.unit_layers()) for n, q in lw.named_parameters()
-                 if is_expert(n)]
-        if named:
-            self.expert_sync = ExpertGradSync(named, self.expert_groups.edp_group, self.opts.lr,
-                                              self.opts.weight_decay, self.recorder, self.layout.optimizer_offload)
+        g = self.expert_groups = build_expert_groups(self.layout, self.ctx.rank, self.ctx.world)
+        units = [[]] + [[(n, q) for n, q in lw.named_parameters() if is_expert(n)] for lw in gpt.unit_layers()]
+        if any(units):
+            self.expert_sync = GradSync(self.ctx, units, [[False] * len(u) for u in units], self.layout.zero,
+                                        self.device, self.dtype, self.opts.lr, self.opts.weight_decay, self.recorder,
+                                        over=(g.edp_group, g.edp, g.edp_rank))
 
     def make_mtp_run(self, policy) -> MTPRun:
         """The runtimes of the multi-token-prediction modules this rank holds, for one micro-batch's rows at a time
@@ -378,6 +383,8 @@ class DistExecutor(ExecutorBase):
 
     def forward_backward(self, step: int) -> float:
         self.sync.begin_step()
+        if self.expert_sync is not None:
+            self.expert_sync.begin_step()
         self.policy.begin_step()
         part = self.schedule.forward_backward(step)
         self.policy.end_step()
@@ -435,9 +442,9 @@ class DistExecutor(ExecutorBase):
             from memo_exec.moe.sync import gather_experts  # noqa: PLC0415
 
             g = self.expert_groups
-            for name, q in self.expert_sync.named:
-                k, n = name.split(".", 1)
-                out[f"{prefixes[int(k)]}.{n}"] = gather_experts(q.grad, g, n.rsplit(".", 1)[-1], self.model)
+            for k, unit in enumerate(self.expert_sync.full_grads()[1:]):
+                for n, q in unit.items():
+                    out[f"{prefixes[k]}.{n}"] = gather_experts(q, g, n.rsplit(".", 1)[-1], self.model)
         pg = self.ctx.group("pp")
         if pg is None:
             return out

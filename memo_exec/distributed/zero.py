@@ -27,6 +27,12 @@ Under ZeRO the shard group is the whole data group (S = D).
   over the shard group above what the simulator prices for FSDP (an fp32 run's, its master being the
   weights, are the same).
 
+The routed experts of a MoE model whose ranks hold different experts (ep or etp > 1) have their own
+`GradSync` (``over``: the expert data-parallel group, `memo_exec.moe.sync`): the same stages over the ranks
+holding the same slice of the same experts, as Megatron-Core's distributed optimizer shards them and the
+simulator prices them (`memo_sim.cost.param_split`); a unit holding no parameter (a dense layer's) runs no
+collective.
+
 Before the data-group reduction, gradients of parameters that every TP rank holds whole
 (LayerNorms, row-parallel biases, embedding) are all-reduced over the TP group when the tokens
 are split over it (Megatron SP): each TP rank saw only its own tokens.
@@ -92,25 +98,28 @@ class GradSync(LayerHooks):
     """Owns the flat model states of one rank and the optimizer over its shard."""
 
     def __init__(self, ctx, units: list[list[tuple[str, nn.Parameter]]], replicated: list[list[bool]], zero: int,
-                 device, dtype, lr: float, weight_decay: float, timer) -> None:
-        zero = zero if ctx.size("data") > 1 else 0  # one rank per data group: nothing to shard
+                 device, dtype, lr: float, weight_decay: float, timer, over: tuple | None = None) -> None:
+        """``over``: (group, size, coordinate) the states are reduced and sharded over in place of the data group
+        (the routed experts' expert data-parallel group; no TP sync, no FSDP: module docs)."""
+        group, size, coord = over if over is not None else (ctx.group("data"), ctx.size("data"), ctx.coord("data"))
+        zero = zero if size > 1 else 0  # one rank per group: nothing to shard
         self.ctx, self.zero, self.timer = ctx, zero, timer
-        self.data = ctx.group("data")
+        self.data = group
         self.tp = ctx.group("tp")
         lay = ctx.layout
-        self.fsdp = lay.dp_mode == "fsdp" and zero >= 3
+        self.fsdp = over is None and lay.dp_mode == "fsdp" and zero >= 3
         # FSDP's reshard_after_forward off: each layer's gathered weights kept from its forward to its backward
         self.keep_gathered = self.fsdp and not lay.reshard_after_forward
-        hsdp = self.fsdp and ctx.size("shard") < ctx.size("data")
+        hsdp = self.fsdp and ctx.size("shard") < size
         self.shard_group = ctx.group("shard") if hsdp else self.data  # what the states are sharded over
         self.replicate = ctx.group("replicate") if hsdp else None  # HSDP: the shards' copies
-        self.D = (ctx.size("shard") if hsdp else ctx.size("data")) if zero >= 1 else 1  # shards per unit
-        d = (ctx.coord("shard") if hsdp else ctx.coord("data")) if zero >= 1 else 0
+        self.D = (ctx.size("shard") if hsdp else size) if zero >= 1 else 1  # shards per unit
+        d = (ctx.coord("shard") if hsdp else coord) if zero >= 1 else 0
         self.units = [_Unit(i, named, self.D, d, device, dtype) for i, named in enumerate(units)]
         self.replicated = replicated
         # with SP every replicated weight's gradient is a partial sum over the rank's tokens; without it only the
         # QK norms' (each rank's own heads: `memo_exec.layer.HEAD_SHARED`) are
-        self.tp_sync = ctx.size("tp") > 1
+        self.tp_sync = ctx.size("tp") > 1 and over is None
         self.tp_sync_all = ctx.sp_tokens
         if zero >= 2:  # layers accumulate into one shared workspace; unit 0 keeps its own
             ws_n = max(u.padded for u in self.units[1:]) if len(self.units) > 1 else 0
@@ -155,12 +164,14 @@ class GradSync(LayerHooks):
     def _gather(self, u: _Unit) -> None:
         if u.flat.untyped_storage().nbytes() == 0:
             u.flat.untyped_storage().resize_(u.nbytes)
+        if not u.numel:
+            return
         with self.timer.span("param_all_gather", u.index - 1 if u.index else None, "comm", stream="dp_comm",
                              nbytes=u.nbytes):
             all_gather_single(u.flat, self.param_shards[u.index].detach(), group=self.shard_group)
 
     def _gathered(self, u: _Unit) -> bool:
-        return u.flat.untyped_storage().nbytes() > 0
+        return u.flat.untyped_storage().nbytes() > 0 or not u.numel
 
     # ------------------------------------------------------------------ hooks (LayerRuntime)
     def begin_step(self) -> None:
@@ -211,7 +222,7 @@ class GradSync(LayerHooks):
     def _reduce(self, u: _Unit) -> None:
         self._tp_sync(u)
         g = self.grads[u.index]
-        if self.data is None:
+        if self.data is None or not u.numel:
             return
         layer = u.index - 1 if u.index else None
         with self.timer.span("grad_reduce_scatter" if self.zero >= 1 else "grad_all_reduce", layer, "comm",
@@ -234,7 +245,7 @@ class GradSync(LayerHooks):
     def step(self) -> None:
         self.optimizer.step()
         for u in self.units:
-            if self.zero in (1, 2) and self.D > 1:
+            if self.zero in (1, 2) and self.D > 1 and u.numel:
                 with self.timer.span("param_all_gather", u.index - 1 if u.index else None, "comm", stream="dp_comm",
                                      nbytes=u.nbytes):
                     all_gather_single(u.flat, self.param_shards[u.index].detach().clone(), group=self.shard_group)
@@ -261,7 +272,7 @@ class GradSync(LayerHooks):
     def _whole(self, shards: list[torch.Tensor], fulls: list[torch.Tensor]) -> list[dict[str, torch.Tensor]]:
         out = []
         for u in self.units:
-            if self.D > 1:
+            if self.D > 1 and u.numel:
                 flat = torch.empty(u.padded, dtype=u.flat.dtype, device=u.flat.device)
                 all_gather_single(flat, shards[u.index].contiguous(), group=self.shard_group)
             else:

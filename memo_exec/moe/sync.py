@@ -4,11 +4,16 @@ Each rank holds its EP coordinate's experts (under etp > 1 its ETP coordinate's 
 `memo_exec.moe.weights`); the tokens of its whole EP group (and ETP group) reach them through the
 all-to-all (and the ETP all-gather, `memo_exec.moe.etp`), so their gradients are summed over the
 ``expert_dp`` group only (the ranks holding the same slice of the same experts: `memo_exec.moe.groups`),
-never over the dense layers' data group, and never over TP. They are kept out of
-`memo_exec.distributed.zero.GradSync`'s units (whose flat buffers are reduced and ZeRO-sharded over the data
-group) and updated here by their own AdamW
-(the same elementwise update, so the step equals the single process's). ZeRO does not shard them.
-With ep == etp == 1 the experts are ordinary replicated parameters of their layer's unit.
+never over the dense layers' data group, and never over TP. They are kept out of the dense units'
+`memo_exec.distributed.zero.GradSync` and get their own (the distributed runner's ``expert_sync``: a unit per
+layer, over the expert-DP group, ``over``), with the layout's ZeRO stage: from ZeRO 1 the experts' optimizer
+states are sharded over the expert-DP ranks, from ZeRO 2 their gradients, from ZeRO 3 their weights (gathered
+around each layer's forward and backward), as Megatron-Core's distributed optimizer does and the simulator prices
+(`memo_sim.cost.param_split`: a ZeRO shard holds (dense + expert) / (tp x state_shards)). With ep == etp == 1
+the experts are ordinary replicated parameters of their layer's unit.
+
+`gather_experts` puts a layer's whole routed-expert gradient together from the EP ranks' experts and the ETP
+ranks' slices (the tests' comparison with one process).
 """
 
 from __future__ import annotations
@@ -17,35 +22,6 @@ import torch
 import torch.distributed as dist
 
 from memo_exec.moe.weights import join_etp
-from memo_exec.optim_offload import make_adamw
-
-
-class ExpertGradSync:
-    def __init__(self, named: list[tuple[str, torch.nn.Parameter]], group, lr: float, weight_decay: float,
-                 timer, offload: bool = False) -> None:
-        self.named, self.group, self.timer = named, group, timer
-        for _, p in named:
-            p.grad = torch.zeros_like(p)
-        self.optimizer = make_adamw([p for _, p in named], offload, lr=lr, weight_decay=weight_decay,
-                                    check_finite=False)
-
-    def end_backward(self) -> None:
-        if self.group is None:
-            return
-        for _, p in self.named:
-            with self.timer.span("expert_grad_all_reduce", None, "comm", stream="dp_comm",
-                                 nbytes=p.grad.numel() * p.grad.element_size()):
-                dist.all_reduce(p.grad, group=self.group)
-
-    def step(self) -> None:
-        self.optimizer.step()
-
-    def zero_grads(self) -> None:
-        for _, p in self.named:
-            p.grad.zero_()
-
-    def state_bytes(self) -> int:
-        return sum(p.numel() * p.element_size() * 2 for _, p in self.named) + self.optimizer.state_bytes()
 
 
 def _all_gather(t: torch.Tensor, size: int, group) -> list[torch.Tensor]:
