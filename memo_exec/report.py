@@ -668,11 +668,13 @@ RANK_STREAMS = ("compute", "comm", "cp_comm", "ep_comm", "tp_p2p", "tp_bcast", "
 
 
 def rank_coordinates(ex) -> dict[str, int]:
-    """The rank's coordinates in the layout's groups: dp, pp, cp, ulysses, tp, and ep where experts are split."""
+    """The rank's coordinates in the layout's groups: dp, pp, cp, ulysses, tp, and ep / etp where experts are split."""
     out = {d: ex.ctx.coord(d) for d in ("dp", "pp", "cp", "ulysses", "tp")}
     g = getattr(ex, "expert_groups", None)
     if g is not None and getattr(g, "ep", 1) > 1:
         out["ep"] = g.ep_rank
+    if g is not None and getattr(g, "etp", 1) > 1:
+        out["etp"] = g.etp_rank
     return out
 
 

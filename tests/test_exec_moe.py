@@ -104,6 +104,10 @@ def run_case(lay: dict, pol: str, steps: int = 0, batch: int = 1, schedule: str 
     return {"loss": rec.loss, "grads": grads if ctx.rank == 0 else None, "losses": losses, "recomputed": recomputed,
             "moe_recomputed": moe_recomputed, "offloaded": offloaded,
             "ep_ops": sorted({(e.op, e.phase) for e in rec.events if e.stream == "ep_comm"}),
+            # the model layers the ETP collectives name, and those the rank's compute runs
+            "etp_layers": sorted({e.layer for e in rec.events
+                                  if e.op.endswith(("_allgather_etp", "_reducescatter_etp"))}),
+            "moe_layers": sorted({e.layer for e in rec.events if e.op == "moe"}),
             # the bytes the rows' dispatch all-to-alls sent in the forward (alltoall's or deepep's)
             "dispatch_bytes": sum(e.nbytes for e in rec.events if e.phase == "fwd" and e.op in
                                   ("moe_dispatch_alltoall_ep", "moe_dispatch_alltoall_dedup_ep"))}
@@ -326,7 +330,8 @@ def test_two_ranks_dp2_ep2_match_single_process():
             ops = set(results[0][i]["ep_ops"])
             names = ("moe_dispatch_alltoall_dedup_ep", "moe_combine_alltoall_dedup_ep")
             assert {(name, d) for name in names for d in ("fwd", "bwd")} <= ops, ops
-        check_etp_ops(case, results[0][i])
+        for r in results:  # every rank (a pipeline's later stage too)
+            check_etp_ops(case, r[i])
     # the same routing (dp2 x ep2, store all, the first step): deepep sends a token once per rank it reaches, fewer
     # rows than the all-to-all's k copies (2 of 4 experts a rank: a token's two experts often share one), never
     # fewer than one per token
@@ -345,6 +350,8 @@ def check_etp_ops(case: dict, got: dict) -> None:
     ops = set(got["ep_ops"])
     if lay.get("moe_dispatcher", "alltoall") == "alltoall":
         assert names <= ops, ops
+        # on a pipeline's later stage too, each is tagged with the model layer the rank runs (the chunk's timer)
+        assert got["etp_layers"] and got["etp_layers"] == got["moe_layers"], (got["etp_layers"], got["moe_layers"])
     else:
         assert not names & ops, ops
 
@@ -386,15 +393,19 @@ FOUR = [dict(lay=dict(tp=2, sp=True, dp=2, ep=2), pol="store_all", steps=10),
         # ZeRO over the expert-DP pairs {0, 2} and {1, 3} (the experts' own GradSync): optimizer states (3 steps on
         # the one process's losses), gradients, weights gathered around each layer
         dict(lay=dict(tp=2, sp=True, dp=2, ep=2, zero=1), pol="store_all", steps=3),
-        dict(lay=dict(tp=2, sp=True, dp=2, ep=2, zero=3), pol="store_all"),
-        dict(lay=dict(tp=2, sp=True, dp=2, etp=2, zero=2), pol="memo", variant=ETP_MODEL)]
+        dict(lay=dict(tp=2, sp=True, dp=2, ep=2, zero=3), pol="store_all", steps=3),
+        dict(lay=dict(tp=2, sp=True, dp=2, etp=2, zero=2), pol="memo", variant=ETP_MODEL, steps=3),
+        # expert-DP 2 with no dense replica (tp 4 over ep 2: the pairs {0, 2} and {1, 3}), ZeRO 2 over 2 micro-batches:
+        # each micro-batch's expert gradients reduce-scattered and added into the shard
+        dict(lay=dict(tp=4, sp=True, ep=2, zero=2), pol="store_all", batch=2, micro=1)]
 
 
 def test_four_ranks_tp2_dp2_ep2_and_pp2_ep2_match_single_process():
     results = spawn(rank_cases, 4, FOUR, timeout=400)
     for i, case in enumerate(FOUR):
         check(case, [r[i] for r in results], 4)
-        check_etp_ops(case, results[0][i])
+        for r in results:  # every rank (a pipeline's later stage too)
+            check_etp_ops(case, r[i])
 
 
 # ------------------------------------------------------------------------------- refusals

@@ -7,10 +7,13 @@ multiple of the shard-group size S); rank s of the shard group owns elements ``[
 Under ZeRO the shard group is the whole data group (S = D).
 
 - ZeRO 0: every rank keeps whole gradients and optimizer states; gradients are all-reduced.
-- ZeRO 1: whole gradients until the step ends, then reduce-scattered; each rank updates its own
+- ZeRO 1: whole gradients until the step ends, then reduce-scattered into the rank's own slice of them
+  (in place, as Megatron-LM's distributed optimizer does: no second buffer); each rank updates its own
   shard (its optimizer states are 1/D) and the shards are all-gathered back into the weights.
 - ZeRO 2: also the gradients are sharded: the layers accumulate into one shared full-size
-  gradient workspace, reduce-scattered into the unit's shard right after that layer's backward.
+  gradient workspace, reduce-scattered right after that layer's backward and added into the unit's
+  shard, so several micro-batches accumulate there (as DeepSpeed's ZeRO 2 / 3 and FSDP do under
+  gradient accumulation: a reduce-scatter per layer and micro-batch).
 - ZeRO 3: also the weights: a layer's flat buffer is materialised (all-gather) before its
   forward and before its backward (the recompute runs inside the backward) and freed after each
   (``untyped_storage().resize_(0)``); the optimizer updates the owned shard only.
@@ -133,7 +136,10 @@ class GradSync(LayerHooks):
                 g = torch.zeros(u.padded, device=device, dtype=dtype)
             self.grads.append(g)
             u.grad_views(g)
-            self.grad_shards.append(u.shard(g) if self.D == 1 else torch.zeros(u.shard_n, device=device, dtype=dtype))
+            # ZeRO 0 and 1: the owned slice of the whole gradient; ZeRO 2 / 3: the unit's own shard (the workspace is
+            # shared by the layers)
+            own = self.D == 1 or zero < 2
+            self.grad_shards.append(u.shard(g) if own else torch.zeros(u.shard_n, device=device, dtype=dtype))
         # the parameters the optimizer updates: each unit's owned shard
         if zero >= 3:
             self.param_shards = [nn.Parameter(u.shard(u.flat).detach().clone()) for u in self.units]
@@ -225,17 +231,25 @@ class GradSync(LayerHooks):
         if self.data is None or not u.numel:
             return
         layer = u.index - 1 if u.index else None
+        shard = self.grad_shards[u.index]
+        # the reduced slice lands in a fresh buffer: under ZeRO 1 the owned slice is part of the input, under ZeRO 2 / 3
+        # it is added to what earlier micro-batches left in the shard
+        part = torch.empty_like(shard) if self.zero >= 1 else None
         with self.timer.span("grad_reduce_scatter" if self.zero >= 1 else "grad_all_reduce", layer, "comm",
                              stream="dp_comm", nbytes=g.numel() * g.element_size()):
             if self.zero >= 1:
-                reduce_scatter_single(self.grad_shards[u.index], g, group=self.shard_group)
+                reduce_scatter_single(part, g, group=self.shard_group)
             else:
                 dist.all_reduce(g, group=self.data)
         if self.replicate is not None:  # HSDP: the shard's copies summed over the replicas
-            gs = self.grad_shards[u.index]
             with self.timer.span("grad_replica_all_reduce", layer, "comm", stream="dp_comm",
-                                 nbytes=gs.numel() * gs.element_size()):
-                dist.all_reduce(gs, group=self.replicate)
+                                 nbytes=part.numel() * part.element_size()):
+                dist.all_reduce(part, group=self.replicate)
+        if part is not None:
+            if self.zero >= 2:
+                shard.add_(part)
+            else:
+                shard.copy_(part)
 
     def end_backward(self) -> None:
         """After the whole backward: reduce what is not reduced yet (unit 0; every unit below ZeRO 2)."""

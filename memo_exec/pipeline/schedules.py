@@ -316,14 +316,15 @@ class PipelineSchedule(Schedule):
         times its all-to-alls through the chunk's timer, so they carry the model layer (``moe L2`` and its
         ``moe_dispatch_alltoall_ep L2``), as the simulator's ops do (its backward's transposes keep the timer their
         forward was tagged with), and a routing keyed by the layer (`memo_exec.moe.balance`) draws from the model
-        layer, the timer's base plus the chunk's number, as the one-process run's same layer does."""
+        layer, the timer's base plus the chunk's number, as the one-process run's same layer does. The same for the
+        expert tensor-parallel gather and reduce-scatter (`memo_exec.moe.etp`)."""
         moe = getattr(self.ex.compute, "moe", None)
         if moe is None:
             return
         moe.layer_base = getattr(timer, "base", 0)
-        disp = moe.dispatcher
-        if getattr(disp, "timer", None) is not None:
-            disp.timer = timer
+        for part in (moe.dispatcher, moe.etp):
+            if getattr(part, "timer", None) is not None:
+                part.timer = timer
 
     def _forward(self, a: Action, step: int) -> None:
         ex, c, mb = self.ex, a.chunk, a.mb

@@ -150,7 +150,7 @@ class MegatronTP(TPFlavour):
         return full
 
     def replicated(self, param_name: str) -> bool:
-        """Whole on every TP rank (a MoE layer's router, shared gate and, with etp 1, its routed experts)."""
+        """Whole on every TP rank (a MoE layer's router, shared gate and, where ep = etp = 1, its routed experts)."""
         return self._kind(param_name) == "whole"
 
     @torch.no_grad()
