@@ -167,7 +167,8 @@ def run_experts(xe: torch.Tensor, counts: list[int], weights, swiglu: bool, impl
         raise ValueError(f"experts impl {impl!r}: one of {', '.join(IMPLS)}")
     w1s, w2s = weights.expert_w1.unbind(0), weights.expert_w2.unbind(0)
     b1s = weights.expert_b1.unbind(0) if weights.expert_b1 is not None else None
-    b2s = weights.expert_b2.unbind(0) if weights.expert_b2 is not None else None
+    # fc2's bias: under expert tensor parallelism added by one rank of the group (`memo_exec.moe.weights`)
+    b2s = weights.expert_b2.unbind(0) if weights.expert_b2 is not None and getattr(weights, "adds_b2", True) else None
     outs, off = [], 0
     for j, n in enumerate(counts):
         if n == 0:

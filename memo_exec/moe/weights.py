@@ -15,9 +15,11 @@ Expert tensor parallelism (``etp`` p > 1, Megatron-Core's ``--expert-tensor-para
 slice j of every local expert's FFN, the column-parallel fc1's output rows (under SwiGLU slice j of the gate
 half and the same slice of the up half, so its activation pairs them as the whole expert's does) and the
 row-parallel fc2's matching input columns: ``expert_w1`` [E_local, fc1 / p, h], ``expert_w2`` [E_local, h, w / p]
-(`etp_slice`; drawn whole from the expert's generator, then sliced). Expert biases are not split (the executor
-refuses them under etp > 1, `memo_sim.plan.executor_scope`). `join_etp` puts the p slices of a gradient back
-together.
+(`etp_slice`; drawn whole from the expert's generator, then sliced). With expert biases (GPT-OSS) fc1's bias
+is sliced as its output rows, ``expert_b1`` [E_local, fc1 / p], and fc2's, whole on every ETP rank, is added by ETP
+rank 0 alone (``adds_b2``), so the group's summed partial outputs hold it once, as Megatron-Core's row-parallel
+layer adds its bias after the reduction; the other ranks' copy stays out of the graph (zero gradient, never
+updated). `join_etp` puts the p slices of a gradient back together.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class MoEWeights(nn.Module):
         super().__init__()
         h, E = model.hidden, model.experts
         self.model, (self.etp, self.etp_rank) = model, etp
+        self.adds_b2 = self.etp_rank == 0  # fc2's bias, added once over the ETP group (module docs)
         self.first = first
         self.n_local = E if n_local is None else n_local
         mk = lambda *s: nn.Parameter(torch.empty(*s, device=device, dtype=dtype))  # noqa: E731
@@ -52,7 +55,7 @@ class MoEWeights(nn.Module):
         if n:
             self.expert_w1 = mk(n, model.expert_fc1_width // self.etp, h)
             self.expert_w2 = mk(n, h, model.expert_width // self.etp)
-            self.expert_b1 = mk(n, model.expert_fc1_width) if model.moe_bias else None
+            self.expert_b1 = mk(n, model.expert_fc1_width // self.etp) if model.moe_bias else None
             self.expert_b2 = mk(n, h) if model.moe_bias else None
         else:
             self.expert_w1 = self.expert_w2 = self.expert_b1 = self.expert_b2 = None
@@ -87,6 +90,9 @@ class MoEWeights(nn.Module):
                     getattr(self, name)[j].zero_()
 
 
+_FC1_DIM = {"expert_w1": -2, "expert_b1": -1}  # the dimension of fc1's output rows
+
+
 def _fc1_blocks(model: ModelConfig, p: int, j: int) -> list[tuple[int, int]]:
     """(start, length) blocks of a whole expert's fc1 output rows that ETP rank ``j`` of ``p`` holds."""
     w = model.expert_width
@@ -95,25 +101,28 @@ def _fc1_blocks(model: ModelConfig, p: int, j: int) -> list[tuple[int, int]]:
 
 
 def etp_slice(name: str, t: torch.Tensor, model: ModelConfig, p: int, j: int) -> torch.Tensor:
-    """ETP rank ``j``'s slice of ``t``, a whole expert's ``expert_w1`` [fc1, h] or ``expert_w2`` [h, w] (or a stack
-    of them, experts first: [E, ...]), module docs."""
+    """ETP rank ``j``'s slice of ``t``, a whole expert's ``expert_w1`` [fc1, h], ``expert_b1`` [fc1] or ``expert_w2``
+    [h, w] (or a stack of them, experts first: [E, ...]), module docs."""
     if p == 1:
         return t
-    if name == "expert_w1":
-        return torch.cat([t.narrow(-2, a, n) for a, n in _fc1_blocks(model, p, j)], -2)
+    if name in _FC1_DIM:
+        d = _FC1_DIM[name]
+        return torch.cat([t.narrow(d, a, n) for a, n in _fc1_blocks(model, p, j)], d)
     if name == "expert_w2":
         w = model.expert_width
         return t.narrow(-1, j * w // p, w // p)
-    raise ValueError(f"{name}: only expert_w1 and expert_w2 are split by etp")
+    raise ValueError(f"{name}: only expert_w1, expert_b1 and expert_w2 are split by etp")
 
 
 def join_etp(name: str, parts: list[torch.Tensor], model: ModelConfig) -> torch.Tensor:
-    """The whole [E, ...] tensor from the ``p`` ETP ranks' slices (rank order), the inverse of `etp_slice`."""
+    """The whole [E, ...] tensor from the ``p`` ETP ranks' slices (rank order), the inverse of `etp_slice`; fc2's
+    bias from ETP rank 0, the one that adds it (module docs)."""
     p = len(parts)
-    if p == 1:
+    if p == 1 or name == "expert_b2":
         return parts[0]
     if name == "expert_w2":
         return torch.cat(parts, -1)
+    d = _FC1_DIM[name]
     halves = len(_fc1_blocks(model, p, 0))
-    n = parts[0].shape[-2] // halves
-    return torch.cat([q.narrow(-2, k * n, n) for k in range(halves) for q in parts], -2)
+    n = parts[0].shape[d] // halves
+    return torch.cat([q.narrow(d, k * n, n) for k in range(halves) for q in parts], d)

@@ -12,7 +12,7 @@ The executor builds:
   `memo_exec.gemm_formats.GEMMS`), FP8 in the dense layer only, below ZeRO 3, at CUDA's 16-multiple shapes;
 - routed experts with expert parallelism ``ep`` over the ``alltoall``, ``allgather`` or ``deepep`` dispatcher
   (DeepEP's deduplicated sends, over torch's all-to-all) and expert tensor parallelism ``etp`` (each expert's FFN
-  sliced over the ETP group, its copies all-gathered there; routed experts without biases), dropless routing over
+  sliced over the ETP group, its copies all-gathered there), dropless routing over
   every expert (no router groups, no output scaling), equal counts round-robin (``forced``), a uniform draw per
   token (``random``) or the router's choice dropped and padded to a capacity factor (``capacity:F``;
   `EXEC_BALANCES`);
@@ -114,9 +114,6 @@ def moe_why_not(model: ModelConfig, layout: Layout) -> str | None:
     if model.router_scaling != 1.0:
         return (f"plan model {model.name}: router_scaling = {model.router_scaling}: the executor does not scale the "
                 f"routed experts' output; plan a model with router_scaling 1 to run")
-    if layout.etp > 1 and model.moe_bias:
-        return (f"plan layout {lab}: etp = {layout.etp} with routed-expert biases (model {model.name}): the executor "
-                f"slices each expert's FFN without its biases; plan with etp 1")
     if layout.moe_dispatcher not in EXEC_DISPATCHERS:
         return (f"plan layout {lab}: moe_dispatcher = {layout.moe_dispatcher!r}: the executor runs "
                 f"{' and '.join(EXEC_DISPATCHERS)} only; plan with moe_dispatcher alltoall")
