@@ -35,6 +35,18 @@ def reference(seq: int, pol: str, batch: int, steps: int = 0, model: ModelConfig
     return one_process_run(plan_for(Layout(), seq, pol, batch=batch, model=model), steps)
 
 
+def loss_and_grads(plan, rank: int) -> tuple:
+    """One fp64 step of ``plan`` on this rank (no optimizer): the summed loss and, on rank 0, every parameter's
+    whole gradient (None elsewhere)."""
+    ex = DistExecutor(plan, RunOptions(device="cpu", dtype="fp64", steps=1), build_context(plan.layout,
+                      torch.device("cpu")), DeviceSpec("cpu"))
+    ex.allocate()
+    rec = ex.step(0, optimizer=False)
+    grads = ex.full_gradients()
+    ex.close()
+    return rec.loss, grads if rank == 0 else None
+
+
 def rank_case(rank: int, world: int, cases) -> list:
     """Per case (layout kwargs, seq, policy, batch per replica, training steps): the summed loss,
     rank 0's whole gradients, the number of layers this rank recomputed (or token-recomputed),

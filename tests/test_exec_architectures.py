@@ -27,6 +27,7 @@ from memo_sim.cli import cli as sim_cli
 from memo_sim.model.config import ModelConfig
 from memo_sim.policy import get_policy
 from memo_sim.policy.sppo import Sppo
+from tests.dist_cases import loss_and_grads
 from tests.dist_harness import spawn
 from tests.exec_helpers import bf16_within_autograd_noise, executor_grads, make_plan, max_rel_error, reference_grads, time_limit
 
@@ -153,14 +154,7 @@ def _dist_plan(arch, lay, schedule, pol, batch):
 def rank_arch_cases(rank: int, world: int, cases, refused) -> list:
     out = []
     for case in cases:
-        plan = _dist_plan(*case)
-        ctx = build_context(plan.layout, torch.device("cpu"))
-        ex = DistExecutor(plan, RunOptions(device="cpu", dtype="fp64", steps=1), ctx, DeviceSpec("cpu"))
-        ex.allocate()
-        rec = ex.step(0, optimizer=False)
-        grads = ex.full_gradients()
-        ex.close()
-        out.append((rec.loss, grads if rank == 0 else None))
+        out.append(loss_and_grads(_dist_plan(*case), rank))
     for case in refused:
         plan = _dist_plan(*case)
         try:

@@ -169,22 +169,13 @@ def test_fsdp_combinations_the_executor_does_not_run_are_refused_naming_the_fiel
 
 def fsdp_micro_case(rank: int, world: int, cases) -> list:
     """Per case (layout, policy, sequences per replica, micro-batch): the loss and rank 0's whole gradients."""
-    from memo_exec.device import DeviceSpec
-    from memo_exec.distributed.context import build_context
-    from memo_exec.distributed.runner import DistExecutor
+    from tests.dist_cases import loss_and_grads
 
     out = []
     for lay_kw, pol, batch, micro in cases:
-        lay = Layout(**lay_kw)
-        plan = plan_for(lay, SEQ, pol, batch=batch)
+        plan = plan_for(Layout(**lay_kw), SEQ, pol, batch=batch)
         plan.micro_batch = micro
-        ctx = build_context(lay, torch.device("cpu"))
-        ex = DistExecutor(plan, RunOptions(device="cpu", dtype="fp64", steps=1), ctx, DeviceSpec("cpu"))
-        ex.allocate()
-        rec = ex.step(0, optimizer=False)
-        grads = ex.full_gradients()
-        ex.close()
-        out.append((rec.loss, grads if rank == 0 else None))
+        out.append(loss_and_grads(plan, rank))
     return out
 
 

@@ -117,27 +117,6 @@ def gather_rows(x: torch.Tensor, perm: torch.Tensor, k: int = 1, inv: torch.Tens
     return _GatherRows.apply(x, perm, inverse(perm) if inv is None else inv, k)
 
 
-class _PlaceRows(torch.autograd.Function):
-    """Rows ``y`` placed at rows ``sel`` of a zero [n, w] tensor; backward: the gradient's rows ``sel``. Keeps
-    ``sel`` only (autograd's ``index_copy`` keeps its source too: the experts' outputs, [rows, h] the simulator
-    counts as transient)."""
-
-    @staticmethod
-    def forward(ctx, y, sel, n):
-        ctx.save_for_backward(sel)
-        return y.new_zeros(n, *y.shape[1:]).index_copy_(0, sel, y)
-
-    @staticmethod
-    def backward(ctx, g):
-        (sel,) = ctx.saved_tensors
-        return g.index_select(0, sel), None, None
-
-
-def place_rows(y: torch.Tensor, sel: torch.Tensor, n: int) -> torch.Tensor:
-    """A zero [n, ...] tensor with ``y``'s rows at rows ``sel`` (distinct), differentiable (`_PlaceRows`)."""
-    return _PlaceRows.apply(y, sel, n)
-
-
 class Dispatcher:
     name = "base"
     gathers_etp = False  # its own collectives cover the ETP ranks (no ETP step around the experts, `memo_exec.moe.etp`)
@@ -244,7 +223,8 @@ class AllGatherDispatcher(Dispatcher):
     def combine(self, ye, state):
         sel, n, k, layer, phase = state
         h = ye.shape[1]
-        full = place_rows(ye, sel, n).view(n // k, k * h)
+        # its outputs at their copies' rows (distinct: a sum of one), keeping only ``sel`` for the backward
+        full = sum_copies(ye, sel, n).view(n // k, k * h)
         return ep_reduce_scatter(full, self.gather, self.group, self.tag(AG_COMBINE, layer, phase)).view(-1, h)
 
     def route_probs(self, probs, state):

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from memo_exec.moe.comm import A2ATag, ep_gather, ep_reduce_scatter
-from memo_exec.moe.dispatchers import place_rows
+from memo_exec.moe.capacity import sum_copies
 
 ETP_GATHER, ETP_SCATTER = "moe_dispatch_allgather_etp", "moe_combine_reducescatter_etp"  # `memo_sim.cost.moe`
 
@@ -74,6 +74,7 @@ class ExpertTP:
 
     def scatter(self, yg: torch.Tensor, state: _Gathered) -> torch.Tensor:
         """This rank's copies' outputs [rows, h]: the group's partial outputs ``yg`` summed over the group."""
-        full = place_rows(yg, state.sel, state.padded * self.size)
+        # the outputs at their gathered rows (distinct: a sum of one, keeping only ``sel``), padding rows zero
+        full = sum_copies(yg, state.sel, state.padded * self.size)
         return ep_reduce_scatter(full, self.size, self.group, self._tag(ETP_SCATTER, state.layer,
                                                                          state.phase))[:state.rows]
