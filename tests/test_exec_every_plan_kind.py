@@ -77,6 +77,12 @@ KINDS = {
     "moe-ep2-recompute_moe": (2, ["--model", "MOE", "--ep", "2", "--policy", "recompute_moe",
                                   "--framework", "megatron"]),
     "moe-ep2-store_all": (2, ["--model", "MOE", "--ep", "2", "--policy", "store_all", "--framework", "megatron"]),
+    # expert tensor parallelism over the TP pair (`memo_exec.moe.etp`)
+    "moe-etp2": (2, ["--model", "MOE", "--tp", "2", "--ep", "1", "--etp", "2", "--policy", "recompute_moe",
+                     "--framework", "megatron"]),
+    # ZeRO 2 over 2 micro-batches a replica: each micro-batch's reduce-scattered gradient added into the shard
+    "dp2-z2-micro-batches": (2, ["--layers", "4", "--dp", "2", "--zero", "2", "--micro-batch", "1", "--global-batch",
+                                 "4", "--policy", "store_all"]),
     "pp2-cp2-memo": (4, ["--layers", "6", "--pp", "2", "--cp", "2", "--schedule", "1f1b", *MEMO]),
     "pp2-ulysses2": (4, ["--layers", "4", "--pp", "2", "--ulysses", "2", "--schedule", "1f1b",
                          "--policy", "full_recompute"]),
@@ -88,6 +94,9 @@ KINDS = {
                               *MEMO]),
     "hsdp": (4, ["--layers", "4", "--dp", "4", "--dp-mode", "fsdp", "--policy", "store_all",
                  "--framework", "torchtitan"]),
+    # FSDP with experts as torchtitan runs them: the routed experts sharded over their expert-data-parallel ranks
+    "moe-fsdp": (4, ["--model", "MOE", "--dp", "4", "--zero", "3", "--policy", "store_all",
+                     "--framework", "torchtitan"]),
     # Qwen3's attention: heads of 32 over a 64-wide model (the --head-dim override), QK norms
     "qwen3-memo": (1, ["--model", "qwen3-8b", *DENSE, "--layers", "4", "--kv-heads", "2", "--head-dim", "32", *MEMO]),
     "qwen3-tp2": (2, ["--model", "qwen3-8b", *DENSE, "--layers", "4", "--kv-heads", "2", "--head-dim", "32", "--tp", "2",
@@ -131,8 +140,6 @@ REFUSED = {
     # FP8 on two GPUs in a part that runs no FP8: the FP8 refusal, not 'run it with --nproc 2' (which would refuse it)
     "fp8-moe-two-gpus": (2, ["--model", "MOE", "--ep", "2", "--policy", "store_all", "--profile", "h100-sxm5-80gb",
                              "--precision", "fp8-tensorwise"], "not in MoE experts"),
-    "moe-fsdp": (4, ["--model", "MOE", "--dp", "4", "--zero", "3", "--policy", "store_all", "--framework", "torchtitan"],
-                 "dp_mode fsdp with mixture-of-experts layers", ["--nproc", "4"]),
     "async-tp": (4, ["--layers", "4", "--tp", "2", "--dp", "2", "--zero", "3", "--tp-mode", "async_tp",
                      "--policy", "full_recompute", "--framework", "torchtitan@2024-12"], "tp_mode 'async_tp'",
                  ["--nproc", "4"]),

@@ -24,7 +24,8 @@
   tp2 x dp2 x etp2 (the slices' expert-DP all-reduce, 3 steps) and tp2 x pp2 x etp2 (1F1B), with the ETP
   collectives timed under the simulator's names and the model layers; routed-expert biases under etp 2 (3 steps);
   an ETP pair that receives no rows; the experts' ZeRO 1-3 over the expert-DP pairs (3 steps), and ZeRO 2 over 2
-  micro-batches with expert-DP 2 and no dense replica;
+  micro-batches with expert-DP 2 and no dense replica; FSDP with ep2 on 4 ranks (the experts over their expert-DP
+  pairs, resharded or kept);
 - one-line refusals (MLA / sinks / sliding window);
   Qwen3-MoE's attention (QK norms, heads wider than hidden / heads) runs.
 """
@@ -405,7 +406,11 @@ FOUR = [dict(lay=dict(tp=2, sp=True, dp=2, ep=2), pol="store_all", steps=10),
         # each micro-batch's expert gradients reduce-scattered and added into the shard
         dict(lay=dict(tp=4, sp=True, ep=2, zero=2), pol="store_all", batch=2, micro=1),
         # every token to EP rank 0's experts: the other ETP pair gathers no rows (padded to one zero row each)
-        dict(lay=dict(tp=2, sp=True, dp=2, ep=2, etp=2), pol="store_all", skew=True)]
+        dict(lay=dict(tp=2, sp=True, dp=2, ep=2, etp=2), pol="store_all", skew=True),
+        # FSDP as torchtitan runs a MoE (efsdp): the dense weights over the 4 ranks, the experts over their expert-DP
+        # pairs, resharded after the forward or kept to the backward as the dense layers are
+        dict(lay=dict(dp=4, zero=3, dp_mode="fsdp", ep=2), pol="store_all", steps=3),
+        dict(lay=dict(dp=4, zero=3, dp_mode="fsdp", ep=2, reshard_after_forward=False), pol="memo")]
 
 
 def test_four_ranks_tp2_dp2_ep2_and_pp2_ep2_match_single_process():

@@ -167,9 +167,7 @@ def test_a_mixture_of_experts_shards_under_fsdp_as_under_zero3_and_torchtitan_se
     plan = Plan(model=moe, batch=1, seq_tokens=8192, gpus=16, layout=f, policy=get_policy("full_recompute"),
                 profile="h100-sxm5-80gb", predicted={"status": "OK", "iteration_s": 1.0, "mfu": 0.1},
                 layer_timings_s={"forward": 0.1, "backward": 0.2})
-    why = data_parallel_why_not(plan.layout, moe, plan.batch, plan.micro_batch)
-    assert why and why.startswith(f"plan layout {f.label()}: dp_mode fsdp with mixture-of-experts layers")
-    assert "\n" not in why
+    assert data_parallel_why_not(plan.layout, moe, plan.batch, plan.micro_batch) is None  # memo-exec runs it
 
 
 def test_torchtitan_shards_weights_over_its_context_parallel_ranks():

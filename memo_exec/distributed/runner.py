@@ -227,7 +227,9 @@ class DistExecutor(ExecutorBase):
         # the routed experts' own GradSync: ZeRO over the expert-DP group, its layer units (no first unit)
         De = lay.expert_dp if lay.zero and experts else 1
         ze = lay.zero if De > 1 else 0
-        e_weights = experts * e if ze < 3 else experts * e // De + expert_layer * e
+        # gathered at the peak: the largest layer's, or under FSDP without resharding every layer's (as the dense)
+        e_gathered = expert_layer if lay.dp_mode != "fsdp" or lay.reshard_after_forward else experts
+        e_weights = experts * e if ze < 3 else experts * e // De + e_gathered * e
         e_grads = experts * e if ze < 2 else experts * e // De + expert_layer * e
         e_shard = experts // De if ze >= 1 else experts
         D = self.ctx.size("data") if lay.zero else 1

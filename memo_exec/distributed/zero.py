@@ -33,8 +33,9 @@ Under ZeRO the shard group is the whole data group (S = D).
 The routed experts of a MoE model whose ranks hold different experts (ep or etp > 1) have their own
 `GradSync` (``over``: the expert data-parallel group, `memo_exec.moe.sync`): the same stages over the ranks
 holding the same slice of the same experts, as Megatron-Core's distributed optimizer shards them and the
-simulator prices them (`memo_sim.cost.param_split`); a unit holding no parameter (a dense layer's) runs no
-collective.
+simulator prices them (`memo_sim.cost.param_split`), and under FSDP as torchtitan's ``efsdp`` does
+(`memo_sim.dp.fsdp`: ZeRO 3 over those ranks, resharded after the forward or kept as the dense layers are; no
+HSDP); a unit holding no parameter (a dense layer's) runs no collective.
 
 Before the data-group reduction, gradients of parameters that every TP rank holds whole
 (LayerNorms, row-parallel biases, embedding) are all-reduced over the TP group when the tokens
@@ -103,17 +104,17 @@ class GradSync(LayerHooks):
     def __init__(self, ctx, units: list[list[tuple[str, nn.Parameter]]], replicated: list[list[bool]], zero: int,
                  device, dtype, lr: float, weight_decay: float, timer, over: tuple | None = None) -> None:
         """``over``: (group, size, coordinate) the states are reduced and sharded over in place of the data group
-        (the routed experts' expert data-parallel group; no TP sync, no FSDP: module docs)."""
+        (the routed experts' expert data-parallel group; no TP sync, no HSDP: module docs)."""
         group, size, coord = over if over is not None else (ctx.group("data"), ctx.size("data"), ctx.coord("data"))
         zero = zero if size > 1 else 0  # one rank per group: nothing to shard
         self.ctx, self.zero, self.timer = ctx, zero, timer
         self.data = group
         self.tp = ctx.group("tp")
         lay = ctx.layout
-        self.fsdp = over is None and lay.dp_mode == "fsdp" and zero >= 3
+        self.fsdp = lay.dp_mode == "fsdp" and zero >= 3
         # FSDP's reshard_after_forward off: each layer's gathered weights kept from its forward to its backward
         self.keep_gathered = self.fsdp and not lay.reshard_after_forward
-        hsdp = self.fsdp and ctx.size("shard") < size
+        hsdp = self.fsdp and over is None and ctx.size("shard") < size
         self.shard_group = ctx.group("shard") if hsdp else self.data  # what the states are sharded over
         self.replicate = ctx.group("replicate") if hsdp else None  # HSDP: the shards' copies
         self.D = (ctx.size("shard") if hsdp else size) if zero >= 1 else 1  # shards per unit

@@ -20,7 +20,8 @@ The executor builds:
   sinks, no sliding windows, no chunked attention);
 - uncompiled kernels (``kernel_fusion`` fused), its own ring (no ``ring_merge`` passes), a static memory plan for
   MEMO only;
-- FSDP on dense models, on one stage; ZeRO 2 / 3 and FSDP over several micro-batches too (each layer's gradient
+- FSDP on one stage (a mixture of experts' routed experts sharded over their expert-data-parallel ranks, as
+  torchtitan's ``efsdp``); ZeRO 2 / 3 and FSDP over several micro-batches too (each layer's gradient
   reduce-scattered after each micro-batch's backward and accumulated in the shard); a layout that splits the
   sequence, heads, K/V heads and FFN evenly over its ranks.
 - multi-token-prediction modules on one stage or on a micro-batch pipeline's last stage (``MTP_SCHEDULES``: 1F1B,
@@ -174,7 +175,7 @@ def split_why_not(layout: Layout, model: ModelConfig, batch: int, seq: int) -> s
 def data_parallel_why_not(layout: Layout, model: ModelConfig, batch: int, micro_batch: int) -> str | None:
     """Why the executor cannot run the layout's data parallelism (naming the field), or None: the simulator's rules
     first (`memo_sim.layout.parallel.dp_why_not`: ZeRO 3, a shard group dividing the data group), then the
-    executor's own: FSDP on a dense model, on one stage."""
+    executor's own: FSDP on one stage."""
     from memo_sim.layout.parallel import dp_why_not  # noqa: PLC0415
 
     lab = layout.label()
@@ -182,10 +183,6 @@ def data_parallel_why_not(layout: Layout, model: ModelConfig, batch: int, micro_
     if why:
         return f"plan layout {lab}: dp_mode {layout.dp_mode}: {why}"
     if layout.dp_mode == "fsdp":
-        if model.moe:
-            return (f"plan layout {lab}: dp_mode fsdp with mixture-of-experts layers is priced by the simulator (the "
-                    f"experts sharded over their expert-data-parallel ranks) but not run by the executor; plan with "
-                    f"dp_mode zero")
         if layout.pp > 1:
             return (f"plan layout {lab}: dp_mode fsdp beside pipeline stages (pp {layout.pp}, as torchtitan runs it) "
                     f"is priced by the simulator but not run by the executor; plan the pipeline with ZeRO 0 or 1")
