@@ -35,13 +35,15 @@ def reference(seq: int, pol: str, batch: int, steps: int = 0, model: ModelConfig
     return one_process_run(plan_for(Layout(), seq, pol, batch=batch, model=model), steps)
 
 
-def loss_and_grads(plan, rank: int) -> tuple:
+def loss_and_grads(plan, rank: int, events: list | None = None) -> tuple:
     """One fp64 step of ``plan`` on this rank (no optimizer): the summed loss and, on rank 0, every parameter's
-    whole gradient (None elsewhere)."""
+    whole gradient (None elsewhere); ``events``: a list the step's recorded spans are appended to."""
     ex = DistExecutor(plan, RunOptions(device="cpu", dtype="fp64", steps=1), build_context(plan.layout,
                       torch.device("cpu")), DeviceSpec("cpu"))
     ex.allocate()
     rec = ex.step(0, optimizer=False)
+    if events is not None:
+        events.extend(rec.events)
     grads = ex.full_gradients()
     ex.close()
     return rec.loss, grads if rank == 0 else None

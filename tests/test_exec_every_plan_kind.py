@@ -95,7 +95,7 @@ KINDS = {
     "hsdp": (4, ["--layers", "4", "--dp", "4", "--dp-mode", "fsdp", "--policy", "store_all",
                  "--framework", "torchtitan"]),
     # FSDP with experts as torchtitan runs them: the routed experts sharded over their expert-data-parallel ranks
-    "moe-fsdp": (4, ["--model", "MOE", "--dp", "4", "--zero", "3", "--policy", "store_all",
+    "moe-fsdp": (4, ["--model", "MOE", "--dp", "4", "--ep", "2", "--zero", "3", "--policy", "store_all",
                      "--framework", "torchtitan"]),
     # Qwen3's attention: heads of 32 over a 64-wide model (the --head-dim override), QK norms
     "qwen3-memo": (1, ["--model", "qwen3-8b", *DENSE, "--layers", "4", "--kv-heads", "2", "--head-dim", "32", *MEMO]),

@@ -167,15 +167,26 @@ def test_fsdp_combinations_the_executor_does_not_run_are_refused_naming_the_fiel
     assert not (tmp_path / "o").exists()
 
 
+COUNTED = ("param_all_gather", "grad_reduce_scatter")
+
+
 def fsdp_micro_case(rank: int, world: int, cases) -> list:
-    """Per case (layout, policy, sequences per replica, micro-batch): the loss and rank 0's whole gradients."""
+    """Per case (layout, policy, sequences per replica, micro-batch): the loss, rank 0's whole gradients and this
+    rank's `COUNTED` spans per layer ({op: {layer: count}})."""
     from tests.dist_cases import loss_and_grads
 
     out = []
     for lay_kw, pol, batch, micro in cases:
         plan = plan_for(Layout(**lay_kw), SEQ, pol, batch=batch)
         plan.micro_batch = micro
-        out.append(loss_and_grads(plan, rank))
+        events: list = []
+        loss, grads = loss_and_grads(plan, rank, events)
+        counts: dict[str, dict] = {}
+        for e in events:
+            if e.op in COUNTED:
+                counts.setdefault(e.op, {}).setdefault(e.layer, 0)
+                counts[e.op][e.layer] += 1
+        out.append((loss, grads, counts))
     return out
 
 
@@ -184,12 +195,32 @@ def test_fsdp_and_hsdp_accumulate_micro_batches():
     """FSDP reduce-scatters each layer's gradient after each micro-batch's backward (HSDP: then all-reduces it over
     the replicas) and adds it into the shard (`memo_exec.distributed.zero`), as FSDP2 does under gradient
     accumulation (the executor refused these plans before): dp 4 with 2 micro-batches per replica, sharded over all
-    four ranks and as HSDP (2 x 2, reshard_after_forward on and off); loss and every gradient as one process."""
+    four ranks and as HSDP (2 x 2, reshard_after_forward on and off); loss and every gradient as one process.
+    The collectives per micro-batch are the simulator's (`memo_sim.engine.schedules.single_stage`): each layer's
+    weights gathered before every micro-batch's forward, and before its backward where resharded (FSDP2 frees a kept
+    layer after its backward; the simulator once gathered it in the first micro-batch only), its gradient
+    reduce-scattered after every backward, and the embedding's and the head's after every micro-batch too (one
+    bucket here, the embedding's and the head's two in the simulator; the executor once reduced them once a step)."""
+    from memo_sim.engine.simulate import simulate
+    from memo_sim.profile.loader import load_profile
+    from tests.dist_cases import policy_of
+
     cases = [(dict(FSDP), "full_recompute", 2, 1), (dict(FSDP, fsdp_shard=2), "memo", 2, 1),
-             (dict(FSDP, fsdp_shard=2, reshard_after_forward=False), "store_all", 2, 1)]
+             (dict(FSDP, fsdp_shard=2, reshard_after_forward=False), "store_all", 2, 1),
+             (dict(FSDP, reshard_after_forward=False), "full_recompute", 2, 1)]
     runs = spawn(fsdp_micro_case, 4, cases, timeout=240)
-    for i, (lay, pol, batch, _micro) in enumerate(cases):
+    for i, (lay, pol, batch, micro) in enumerate(cases):
         ref_loss, ref_grads, _ = _reference(pol, 4 * batch)
         assert abs(runs[0][i][0] - ref_loss) <= TOL * abs(ref_loss), (lay, pol, runs[0][i][0], ref_loss)
         err, name = max_rel_error(runs[0][i][1], ref_grads)
         assert err <= TOL, (lay, pol, name, err)
+        m, layers = batch // micro, range(SMALL.layers)
+        counts = runs[0][i][2]
+        gathers = m * (2 if lay.get("reshard_after_forward", True) else 1)
+        assert {k: counts["param_all_gather"][k] for k in layers} == {k: gathers for k in layers}, counts
+        assert counts["grad_reduce_scatter"][None] == m and all(counts["grad_reduce_scatter"][k] == m for k in layers)
+        sim = simulate(SMALL, Layout(**lay), batch, SEQ, policy_of(pol), load_profile("a800-80gb"), micro_batch=micro,
+                       record=True, keep_timeline=False)
+        sim_gathers = {k: sum(o.name == "allgather_weights" and o.layer == k for o in sim.ops) for k in layers}
+        assert sim_gathers == {k: gathers for k in layers}, (lay, sim_gathers)
+        assert sum(o.name.startswith("reducescatter") and o.layer is None for o in sim.ops) == 2 * m

@@ -223,7 +223,7 @@ VARIANTS = [MOE, dataclasses.replace(MOE, name="moe-sigmoid-gelu", router="sigmo
                                 shared_gate=False, moe_bias=False, dense_layers=0),
             # Llama 4 Maverick's pattern: dense layers 0 and 2 between MoE layers 1 and 3 (dense_period 2)
             dataclasses.replace(MOE, name="moe-alternating", dense_layers=2, dense_period=2),
-            # routed experts without biases (what expert tensor parallelism slices: `memo_exec.moe.weights`)
+            # routed experts without biases (the etp cases' SwiGLU model; `MOE` itself has them)
             dataclasses.replace(MOE, name="moe-no-expert-bias", moe_bias=False)]
 ETP_MODEL = 4  # the variant the etp cases run (SwiGLU, shared experts with their gate)
 

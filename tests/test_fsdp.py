@@ -146,8 +146,8 @@ def test_a_mixture_of_experts_shards_under_fsdp_as_under_zero3_and_torchtitan_se
     """FSDP with MoE experts (torchtitan's default for its MoE models) is priced as ZeRO 3 shards it:
     the dense weights over the data group, the routed experts over their expert-data-parallel ranks;
     it was refused ('FSDP is priced for dense models'), so torchtitan's MoE search had no FSDP layout
-    while `export --to torchtitan --nearest` wrote one. HSDP with experts is refused in one line, and
-    memo-exec refuses FSDP with experts in one line."""
+    while `export --to torchtitan --nearest` wrote one. HSDP with experts is refused in one line; memo-exec runs
+    FSDP with experts (tests/test_exec_moe.py)."""
     from memo_sim.plan.executor_scope import data_parallel_why_not
     from memo_sim.plan import Plan
     from memo_sim.policy import get_policy
@@ -167,7 +167,7 @@ def test_a_mixture_of_experts_shards_under_fsdp_as_under_zero3_and_torchtitan_se
     plan = Plan(model=moe, batch=1, seq_tokens=8192, gpus=16, layout=f, policy=get_policy("full_recompute"),
                 profile="h100-sxm5-80gb", predicted={"status": "OK", "iteration_s": 1.0, "mfu": 0.1},
                 layer_timings_s={"forward": 0.1, "backward": 0.2})
-    assert data_parallel_why_not(plan.layout, moe, plan.batch, plan.micro_batch) is None  # memo-exec runs it
+    assert data_parallel_why_not(plan.layout, moe) is None  # memo-exec runs it
 
 
 def test_torchtitan_shards_weights_over_its_context_parallel_ranks():

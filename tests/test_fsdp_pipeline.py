@@ -102,7 +102,7 @@ def test_the_torchtitan_export_keeps_the_weights_and_the_executor_refuses_in_one
                 layer_timings_s={"forward": 0.1, "backward": 0.2}, micro_batch=1, schedule="1f1b")
     src = export_plan(plan, "torchtitan", price=False, nearest=True).files["memo_torchtitan.py"]
     assert "fsdp_reshard_after_forward = 'never'" in src and "pipeline_parallel_degree = 2" in src
-    why = data_parallel_why_not(plan.layout, TOY, plan.batch, plan.micro_batch)
+    why = data_parallel_why_not(plan.layout, TOY)
     assert why and "pipeline" in why and "ZeRO 0 or 1" in why and "\n" not in why
 
 

@@ -395,6 +395,13 @@ class DistExecutor(ExecutorBase):
             self.expert_sync.end_backward()
         return self._loss_sum(part)
 
+    def end_micro_batch(self) -> None:
+        """Between two micro-batches of a step: what ZeRO 2 / 3 reduce every micro-batch
+        (`GradSync.end_micro_batch`)."""
+        self.sync.end_micro_batch()
+        if self.expert_sync is not None:
+            self.expert_sync.end_micro_batch()
+
     def optimizer_step(self) -> None:
         self.sync.step()
         self.sync.zero_grads()

@@ -28,8 +28,10 @@ it allocates: ``ex.ctx``, ``ex.model``, ``ex.plan``, ``ex.layout``) and provides
   ``ex.global_tokens`` the divisor of the loss: the global batch's tokens, so that the parts sum
   to the global-batch mean) accumulating the gradients, and return this rank's part of the loss
   (a 0-dim tensor; zero on ranks without the classifier). The executor sums the parts over the
-  ``tokens`` group (and the ``pp`` group) for the reported loss, then reduces gradients once
-  (`memo_exec.distributed.zero.GradSync.end_backward`) and steps the optimizer.
+  ``tokens`` group (and the ``pp`` group) for the reported loss, then reduces what is left of the gradients
+  (`memo_exec.distributed.zero.GradSync.end_backward`: all of them below ZeRO 2; under ZeRO 2 / 3 each layer's
+  went out after each micro-batch's backward, and the single stage's embedding and head after each micro-batch
+  too, `GradSync.end_micro_batch`) and steps the optimizer.
 
 Optional hook: ``write_outputs(out_dir, plan_file) -> list[Path]``, called on every rank after
 rank 0 wrote the run's merged ``measured.json`` and ``report.md`` (no collective may run in it;
@@ -130,5 +132,7 @@ class SingleStage(Schedule):
                 loss = forward_loss(ex.gpt, ex.runtimes, inputs, targets, ex.plan.classifier_chunk_tokens,
                                     ex.recorder, norm_tokens=ex.global_tokens, mtp=ex.micro_batch_mtp(step, k))
                 loss.backward()
+            if k < m - 1:
+                ex.end_micro_batch()  # ZeRO 2 / 3: the embedding's and the head's gradients reduced now as well
             total += loss.detach().to(torch.float64)
         return total

@@ -252,6 +252,15 @@ class GradSync(LayerHooks):
             else:
                 shard.copy_(part)
 
+    def end_micro_batch(self) -> None:
+        """After a micro-batch's backward that is not the step's last: under ZeRO 2 / 3 unit 0 (the embedding, final
+        norm, head, the modules' norms and projections) is reduce-scattered into its shard as the layers are
+        (DeepSpeed and FSDP2 reduce every micro-batch's gradients; the simulator prices it so) and its buffer
+        cleared for the next; below ZeRO 2 nothing (one reduction a step)."""
+        if self.zero >= 2:
+            self._reduce(self.units[0])
+            self.grads[0].zero_()
+
     def end_backward(self) -> None:
         """After the whole backward: reduce what is not reduced yet (unit 0; every unit below ZeRO 2)."""
         for u in self.units if self.zero < 2 else self.units[:1]:

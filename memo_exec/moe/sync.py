@@ -8,7 +8,8 @@ never over the dense layers' data group, and never over TP. They are kept out of
 `memo_exec.distributed.zero.GradSync` and get their own (the distributed runner's ``expert_sync``: a unit per
 layer, over the expert-DP group, ``over``), with the layout's ZeRO stage: from ZeRO 1 the experts' optimizer
 states are sharded over the expert-DP ranks, from ZeRO 2 their gradients, from ZeRO 3 their weights (gathered
-around each layer's forward and backward), as Megatron-Core's distributed optimizer does and the simulator prices
+around each layer's forward and backward; under FSDP as the dense layers, resharded after the forward or kept,
+as torchtitan's ``efsdp`` shards them), as Megatron-Core's distributed optimizer does and the simulator prices
 (`memo_sim.cost.param_split`: a ZeRO shard holds (dense + expert) / (tp x state_shards)). With ep == etp == 1
 the experts are ordinary replicated parameters of their layer's unit.
 

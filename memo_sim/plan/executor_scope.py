@@ -172,7 +172,7 @@ def split_why_not(layout: Layout, model: ModelConfig, batch: int, seq: int) -> s
     return None
 
 
-def data_parallel_why_not(layout: Layout, model: ModelConfig, batch: int, micro_batch: int) -> str | None:
+def data_parallel_why_not(layout: Layout, model: ModelConfig) -> str | None:
     """Why the executor cannot run the layout's data parallelism (naming the field), or None: the simulator's rules
     first (`memo_sim.layout.parallel.dp_why_not`: ZeRO 3, a shard group dividing the data group), then the
     executor's own: FSDP on one stage."""
@@ -224,7 +224,7 @@ def plan_why_not(model: ModelConfig, layout: Layout, policy, schedule: str, batc
         why = (f"plan model {model.name}: experts = {model.experts}: SPPO's pieces run dense layers only; plan MoE "
                f"models with a micro-batch schedule")
     if why is None:
-        why = data_parallel_why_not(layout, model, batch, micro_batch)
+        why = data_parallel_why_not(layout, model)
     if why is None and (split := split_why_not(layout, model, micro_batch, seq)):
         why = f"plan layout {lab}: {split}"
     return why

@@ -180,7 +180,7 @@ def estimate_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int,
         total = bt.embedding + fwd + bt.classifier + bwd + sync_exposed + gathers + bt.optimizer
     else:
         sync_exposed *= m if layout.zero >= 2 else 1
-        gathers *= m if sync.gather_in_backward else 1
+        gathers *= m if layout.zero >= 3 else 1  # ZeRO 3 / FSDP: every micro-batch's forward gathers again
         exposed *= m
         total = m * (bt.embedding + fwd + bt.classifier + bwd) + sync_exposed + gathers + bt.optimizer
     return IterationEstimate(

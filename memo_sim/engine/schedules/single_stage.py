@@ -337,10 +337,12 @@ def _micro_batch(g: OpGraph, sched: Schedule, d: int, n: int, mb: int, micro_bat
                  ) -> tuple[list[Op], Op | None]:
     """One micro-batch's forward and backward (``mb`` of ``micro_batches``). ZeRO-1/2 gather each
     layer's updated weights once per iteration (in the first micro-batch's forward), ZeRO-3 before
-    every forward and backward; the gradient buckets go out once per iteration, overlapping the
+    every forward and, resharding after the forward, every backward (FSDP without resharding keeps a
+    layer's weights from its forward to its backward only: FSDP2 frees them after the backward, so each
+    micro-batch's forward gathers them again); the gradient buckets go out once per iteration, overlapping the
     last micro-batch's backward (ZeRO-2/3 reduce-scatter every micro-batch's gradients, since a
     rank keeps only its shard of them)."""
-    gather_fwd = sync.layer_gather > 0 and (mb == 0 or sync.gather_in_backward)
+    gather_fwd = sync.layer_gather > 0 and (mb == 0 or layout.zero >= 3)
     reduce_now = sync.active and (mb == micro_batches - 1 or layout.zero >= 2)
     # ---- forward --------------------------------------------------------------------------
     emb = g.add("embedding", device=d, stream="compute", kind="compute", phase="fwd", layer=None,
