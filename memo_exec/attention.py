@@ -48,6 +48,12 @@ class AttnDims:
     heads: int
     kv_heads: int
     head_dim: int
+    window: int = 0  # a sliding-window layer's: each query sees the last ``window`` tokens (0: every earlier one)
+    sinks: bool = False  # the layers add attention sinks (`memo_exec.attention_sinks`): the kernel's lse is read
+
+    def needs(self) -> list[str]:
+        """What the layers ask of a kernel beyond causal attention (for `AttentionBackend.why_not`)."""
+        return ["sliding windows"] * bool(self.window) + ["attention sinks"] * self.sinks
 
     @property
     def tokens(self) -> int:
@@ -56,6 +62,12 @@ class AttnDims:
     @property
     def group(self) -> int:
         return self.heads // self.kv_heads
+
+
+def layer_needs(model) -> dict:
+    """What a model's layers ask of the attention kernel (`AttnDims.window`, `AttnDims.sinks`), for choosing one:
+    a window where some layer slides, the lse where the layers have sinks."""
+    return {"window": model.sliding_window if model.sliding_layers else 0, "sinks": bool(model.attention_sinks)}
 
 
 def kernel_bwd_workspace(dims: AttnDims, esize: int) -> int:
@@ -95,6 +107,21 @@ class AttentionBackend(ABC):
     name = "base"
     # whether it takes scratch tensors from the layer's scratch allocator (memory-plan names attn_*)
     uses_scratch = False
+    # whether it masks keys beyond a sliding window (``AttnDims.window``), and whether its backward reads the lse it
+    # returned, so that attention sinks can rescale its output and lse around it (`memo_exec.attention_sinks`)
+    windows = False
+    sinks = False
+
+    @classmethod
+    def why_not(cls, dims: AttnDims) -> str | None:
+        """Why this backend cannot run these layers' attention, or None."""
+        lacks = [n for n in dims.needs() if not (cls.windows if n == "sliding windows" else cls.sinks)]
+        if not lacks:
+            return None
+        can = [n for n, c in _CLASSES.items() if not [x for x in dims.needs()
+                                                         if not (c.windows if x == "sliding windows" else c.sinks)]]
+        return (f"attention backend {cls.name} runs no {' or '.join(lacks)}; use --attention-backend "
+                f"{' or '.join(can) or 'math'}")
 
     @abstractmethod
     def forward(self, q, k, v, out, dims: AttnDims, scratch) -> Any:
@@ -116,6 +143,7 @@ class MathAttention(AttentionBackend):
 
     name = "math"
     uses_scratch = True
+    windows = sinks = True
 
     def __init__(self, score_budget_bytes: int = MATH_SCORE_BUDGET_BYTES) -> None:
         self.budget = score_budget_bytes
@@ -159,6 +187,7 @@ class MathAttention(AttentionBackend):
                 sc = ss[:, :g * cc, :hi]
                 torch.bmm(qq[:, :g * cc], kk[:, :hi].transpose(1, 2), out=sc)
                 sc.view(hk, g, cc, hi)[..., t0:hi].masked_fill_(mask[:cc, :cc], float("-inf"))
+                _mask_window(sc.view(hk, g, cc, hi), t0, dims.window)
                 l_c = torch.logsumexp(sc, -1)  # [hk, g*cc]
                 lse[bi].view(hk, g, s)[:, :, t0:hi].copy_(l_c.view(hk, g, cc))
                 sc.sub_(l_c.unsqueeze(-1)).exp_()
@@ -210,6 +239,7 @@ class MathAttention(AttentionBackend):
                 torch.bmm(qg, kk[:, :hi].transpose(1, 2), out=sc)
                 sc.mul_(scale)
                 sc.view(hk, g, cc, hi)[..., t0:hi].masked_fill_(mask[:cc, :cc], float("-inf"))
+                _mask_window(sc.view(hk, g, cc, hi), t0, dims.window)
                 sc.sub_(lse[bi].view(hk, g, s)[:, :, t0:hi].reshape(hk, g * cc).unsqueeze(-1)).exp_()
                 # dV += P^T dO ; dP = dO V^T ; dS = P (dP - delta) * scale
                 dvv[:, :hi].baddbmm_(sc.transpose(1, 2), dog)
@@ -228,9 +258,22 @@ class MathAttention(AttentionBackend):
             scratch.free(n)
 
 
+def _mask_window(scores: torch.Tensor, t0: int, window: int) -> None:
+    """Mask the keys a sliding window hides from query rows ``t0..`` of ``scores`` [..., rows, keys]: key j of
+    query i where j <= i - window (each query sees itself and the window - 1 tokens before it)."""
+    rows, keys = scores.shape[-2:]
+    if not window or t0 + rows - 1 < window:
+        return
+    i = torch.arange(t0, t0 + rows, device=scores.device).unsqueeze(1)
+    scores.masked_fill_(torch.arange(keys, device=scores.device).unsqueeze(0) <= i - window, float("-inf"))
+
+
 # --------------------------------------------------------------------------------------------------
 class _AtenSDPA(AttentionBackend):
-    """Shared plumbing of the aten SDPA kernels: GQA expansion and token-major copies."""
+    """Shared plumbing of the aten SDPA kernels: GQA expansion and token-major copies. Their backward reads the
+    saved lse (sinks run around them); their causal mask has no window."""
+
+    sinks = True
 
     def _qkv(self, q, k, v, dims):
         qb = bhsd(q, dims, dims.heads)
@@ -333,6 +376,7 @@ class FlashAttnPackage(AttentionBackend):
     """flash-attn 2 (``flash_attn_func``): native GQA, inputs ``[b, s, H, d]`` = our token-major layout."""
 
     name = "flash_attn"
+    windows = True  # its window_size; its backward here re-runs the forward, so it never reads a sink-rescaled lse
 
     def __init__(self) -> None:
         from flash_attn import flash_attn_func  # noqa: PLC0415 - optional dependency
@@ -346,20 +390,25 @@ class FlashAttnPackage(AttentionBackend):
         # the backward re-runs the forward, then dq, dk, dv, and the kernel's own workspace
         return T * h * esize + T * (h + 2 * kv) * esize + kernel_bwd_workspace(dims, esize)
 
+    @staticmethod
+    def _window(dims: AttnDims) -> tuple[int, int]:
+        """flash-attn's window_size: the keys left of each query it sees (-1: all)."""
+        return (dims.window - 1, 0) if dims.window else (-1, -1)
+
     def _views(self, q, k, v, dims):
         b, s, d = dims.batch, dims.seq, dims.head_dim
         return (q.view(b, s, dims.heads, d), k.view(b, s, dims.kv_heads, d), v.view(b, s, dims.kv_heads, d))
 
     def forward(self, q, k, v, out, dims, scratch):
         qv, kv, vv = self._views(q, k, v, dims)
-        o, lse, _ = self.fn(qv, kv, vv, 0.0, None, True, return_attn_probs=True)
+        o, lse, _ = self.fn(qv, kv, vv, 0.0, None, True, window_size=self._window(dims), return_attn_probs=True)
         out.view_as(o).copy_(o)
         return {"lse": lse}
 
     def backward(self, dout, q, k, v, out, aux, dq, dk, dv, dims, scratch):
         qv, kv, vv = (t.detach().requires_grad_(True) for t in self._views(q, k, v, dims))
         with torch.enable_grad():
-            o = self.fn(qv, kv, vv, 0.0, None, True)
+            o = self.fn(qv, kv, vv, 0.0, None, True, window_size=self._window(dims))
             gq, gk, gv = torch.autograd.grad(o, (qv, kv, vv), dout.view_as(o))
         dq.view_as(gq).copy_(gq)
         dk.view_as(gk).copy_(gk)
@@ -432,14 +481,17 @@ def auto_backend_for(device_type: str, dtype: torch.dtype, dims: AttnDims, prefe
     if device_type != "cuda":
         return "math"
     half = dtype in (torch.float16, torch.bfloat16)
-    if half and prefer:
+    runs = lambda name: _CLASSES[name].why_not(dims) is None  # noqa: E731 - windows, sinks (`AttnDims.needs`)
+    if half and prefer and runs(prefer[0]):
         return prefer[0]
-    if half:
+    if half and runs("flash_attn"):
         try:
             import flash_attn  # noqa: F401, PLC0415 - optional dependency
             return "flash_attn"
         except ImportError:
             pass
+    if dims.window:
+        return "math"  # of the kernels only flash-attn masks a window
     return "sdpa_flash" if half and dims.head_dim <= 256 else "sdpa_efficient"
 
 
@@ -470,6 +522,9 @@ def select_backend(name: str, device: torch.device, dtype: torch.dtype, dims: At
         raise BackendError("no attention backend runs here: " + "; ".join(errors))
     if device.type != "cuda" and name in ("sdpa_efficient", "sdpa_cudnn", "flash_attn"):
         raise BackendError(f"attention backend {name} needs a CUDA device (on CPU use math or sdpa_flash)")
+    why = _CLASSES[name].why_not(dims)
+    if why:
+        raise BackendError(why)
     backend = _instantiate(name)
     if run_probe:
         probe(backend, device, dtype, dims)

@@ -39,13 +39,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 from torch import nn
 
-from memo_exec.attention import AttentionBackend, AttnDims
+from memo_exec.attention import AttentionBackend, AttnDims, layer_needs
+from memo_exec.attention_sinks import apply_sinks, sinks_grad
+from memo_exec.errors import BackendError
 from memo_exec.device import acc_dtype
 from memo_exec.gemm_formats import layer_gemm
 from memo_sim.model.config import ModelConfig
@@ -196,8 +198,8 @@ class LayerWeights(nn.Module):
     None and absent from ``named_parameters()``."""
 
     # parameters whose rows (dim 0) / columns (dim 1) are split over the TP ranks; the rest
-    # (the norms, the row-parallel biases bo and b2) are replicated on every TP rank
-    TP_ROWS = ("wqkv", "bqkv", "w1", "b1")
+    # (the norms, the row-parallel biases bo and b2) are replicated on every TP rank; the sinks are per query head
+    TP_ROWS = ("wqkv", "bqkv", "w1", "b1", "sinks")
     TP_COLS = ("wo", "w2")
 
     def __init__(self, model: ModelConfig, layers: int, device, dtype, tp: int = 1, layer: int | None = None,
@@ -221,9 +223,14 @@ class LayerWeights(nn.Module):
         self.wo, self.bo = mk(h, hq), opt("bo", h)
         # QK norms (Qwen3): one RMSNorm weight over the head size for every query head, one for every key head
         self.lnq_w, self.lnk_w = (mk(model.qk_head_dim), mk(model.qk_head_dim)) if model.qk_norm else (None, None)
+        # attention sinks (GPT-OSS): one learned logit per query head in every softmax's denominator
+        # (`memo_exec.attention_sinks`)
+        self.sinks = mk(model.heads // tp) if model.attention_sinks else None
         self.ln2_w, self.ln2_b = mk(h), mk(h) if shift else None
         self.swiglu = model.ffn_type == "swiglu"
         self.index = layer
+        # the keys each query sees: the last ``window`` tokens (a sliding-window layer), or every earlier one (0)
+        self.window = model.window_at(layer) or 0 if layer is not None else 0
         if model.moe and layer is not None and (not model.dense_layer_at(layer) if moe is None else moe):
             from memo_exec.moe.weights import MoEWeights  # noqa: PLC0415
 
@@ -358,6 +365,9 @@ class LayerCompute(HeadNorms):
 
             self.moe = MoEBlock(m, tp_size=p, tp_group=getattr(self.tp, "group", None))
         self.dims = AttnDims(self.batch, self.seq, m.heads // p, m.n_kv_heads // p, m.qk_head_dim)
+        why = self.backend.why_not(replace(self.dims, **layer_needs(m)))  # windows, sinks: the layer's own kernel
+        if why:
+            raise BackendError(why)
         self.m = self.tp.row_mult
         self.Tg = self.batch * self.seq  # rows of the TP-split tensors (q, k, v, attn, fc1, act)
         self.T = self.Tg // self.m  # rows of x, ln1, h1, ln2 and the layer output
@@ -421,6 +431,19 @@ class LayerCompute(HeadNorms):
         if b is not None:
             out.add_(b)
 
+    def _dims(self, p: LayerWeights) -> AttnDims:
+        """The attention shape of layer ``p``: a sliding-window layer's window (`ModelConfig.window_at`)."""
+        return replace(self.dims, window=p.window) if p.window else self.dims
+
+    def _attend(self, p: LayerWeights, q, k, v, out: torch.Tensor, X):
+        """The attention core of layer ``p`` into ``out``: the backend's kernel over its window, then the layer's
+        sinks (`memo_exec.attention_sinks`); what the backward needs (the backend's state)."""
+        dims = self._dims(p)
+        aux = self.backend.forward(q, k, v, out, dims, X)
+        if p.sinks is not None:
+            apply_sinks(out, aux, p.sinks, dims)
+        return aux
+
     def _fwd_ops(self, p: LayerWeights, S: LayerStorage, layer: int, phase: str, start: int, attention: bool,
                  y_out: torch.Tensor | None, before_output: Callable[[], None] | None = None) -> None:
         X, sp, r, rg = self.scratch, self.timer.span, slice(start, self.T), slice(start * self.m, self.Tg)
@@ -439,7 +462,7 @@ class LayerCompute(HeadNorms):
         if attention:
             with sp("attention", layer, phase):
                 q, k = self._attention_qk(p, S)
-                S.aux = self.backend.forward(q, k, S.v, S.attn, self.dims, X)
+                S.aux = self._attend(p, q, k, S.v, S.attn, X)
                 self._release_qk()
                 del q, k
         with sp("out_proj", layer, phase):
@@ -530,7 +553,7 @@ class LayerCompute(HeadNorms):
             with self.timer.span("attention", layer, "recompute"):
                 out = X.get("attn_out", tuple(S.attn.shape), self.dtype)
                 q, k = self._attention_qk(p, S)
-                S.aux = self.backend.forward(q, k, S.v, out, self.dims, X)
+                S.aux = self._attend(p, q, k, S.v, out, X)
                 self._release_qk()
                 X.free("attn_out")
                 del out, q, k
@@ -620,7 +643,10 @@ class LayerCompute(HeadNorms):
             d_k = X.get("d_k", (Tg, self.kv), dt)
             d_v = X.get("d_v", (Tg, self.kv), dt)
             q, k = self._attention_qk(p, S)
-            self.backend.backward(d_attn, q, k, S.v, S.attn, S.aux, d_q, d_k, d_v, self.dims, X)
+            dims = self._dims(p)
+            if p.sinks is not None:  # before the kernel's backward, which may reuse d_attn (module attention_sinks)
+                p.sinks.grad.add_(sinks_grad(d_attn, S.attn, S.aux, p.sinks, dims))
+            self.backend.backward(d_attn, q, k, S.v, S.attn, S.aux, d_q, d_k, d_v, dims, X)
             self._release_qk()
             X.free("d_attn")
             del d_attn, q, k

@@ -16,7 +16,7 @@ import torch
 from memo_exec.activations import ActivationPolicy, make_policy
 from memo_exec.arena import AllocRecorder, ArenaPlan, ArenaScratch, CachingScratch, parse_memory_plan, \
     validate_memory_plan
-from memo_exec.attention import AttnDims, meta_stand_in, preferred_backends, select_backend
+from memo_exec.attention import AttnDims, layer_needs, meta_stand_in, preferred_backends, select_backend
 from memo_exec.data import TokenSource
 from memo_exec.device import (compute_dtype, device_free_bytes, element_size, host_available_bytes, resolve_device,
                               use_calibrated_threads)
@@ -322,7 +322,7 @@ class Executor(ExecutorBase):
                             f"(or --nproc 1: torchrun --nproc-per-node 1 -m memo_exec run)")
         self.set_up(plan, opts, resolve_device(opts.device), plan.batch)
         m = self.model
-        self.dims = AttnDims(self.batch, self.seq, m.heads, m.n_kv_heads, m.qk_head_dim)
+        self.dims = AttnDims(self.batch, self.seq, m.heads, m.n_kv_heads, m.qk_head_dim, **layer_needs(m))
         # resolved on this device (auto probes the candidates) before the layer's requests are recorded
         self.backend = select_backend(self.backend_name, self.device, self.dtype, self.dims,
                                       run_probe=opts.probe_backend, prefer=self.attention_prefer)

@@ -65,7 +65,7 @@ def rank_case(rank: int, world: int, cases) -> list:
         recomputed = len({e.layer for e in rec.events if e.phase == "recompute"})
         losses = []
         if steps:
-            ex.sync.zero_grads()
+            ex.zero_grads()
             losses = [ex.step(k).loss for k in range(steps)]
         ex.close()
         out.append((rec.loss, grads if rank == 0 else None, recomputed, losses))

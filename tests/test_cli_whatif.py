@@ -538,16 +538,19 @@ def test_rows_of_different_global_batches_say_so():
 
 
 def test_an_answer_memo_exec_refuses_says_so():
-    """GPT-OSS's answer was a MEMO plan memo-exec refuses (attention sinks), and no framework runs MEMO: the
-    what-if gave no word of it (a user's review). The answer now says memo-exec refuses it, with memo-exec's own
-    line (`memo_sim.plan.executor_scope`), and where to go; a plan memo-exec runs has no such line."""
+    """GPT-OSS's answer was a MEMO plan memo-exec refused (attention sinks, which it runs now), and no framework
+    runs MEMO: the what-if gave no word of it (a user's review). An answer memo-exec refuses (DeepSeek-V2-Lite's
+    latent attention) says so, with memo-exec's own line (`memo_sim.plan.executor_scope`), and where to go; a plan
+    memo-exec runs (GPT-OSS's now, a dense one) has no such line."""
     base = ["whatif", "--gpus", "8", "--seq", "8K", "--no-plan", "--jobs", "1", "--simulate-top", "1",
             "--profile", "h100-sxm5-80gb"]
-    oss = CliRunner().invoke(cli, base + ["--model", "gpt-oss-20b"])
-    assert oss.exit_code == 0, oss.output
-    assert "memo-exec refuses this plan (plan model gpt-oss-20b: attention_sinks = True" in oss.output
-    d = json.loads(CliRunner().invoke(cli, base + ["--model", "gpt-oss-20b", "--json"]).output)
-    assert "attention sinks" in d["executor_refuses"]
+    mla = CliRunner().invoke(cli, base + ["--model", "deepseek-v2-lite"])
+    assert mla.exit_code == 0, mla.output
+    assert "memo-exec refuses this plan (plan model deepseek-v2-lite: kv_lora_rank = 512" in mla.output
+    d = json.loads(CliRunner().invoke(cli, base + ["--model", "deepseek-v2-lite", "--json"]).output)
+    assert "multi-head latent attention" in d["executor_refuses"]
+    oss = json.loads(CliRunner().invoke(cli, base + ["--model", "gpt-oss-20b", "--json"]).output)
+    assert oss["executor_refuses"] is None
     dense = json.loads(CliRunner().invoke(cli, base + ["--model", "llama-3.1-8b", "--layers", "2", "--json"]).output)
     assert dense["executor_refuses"] is None
 

@@ -39,7 +39,19 @@ def _moe_config(tmp: Path) -> str:
     return str(p)
 
 
-# name: (GPUs, what-if flags); "MOE" is replaced by the tiny MoE config's path
+def _gpt_oss_config(tmp: Path) -> str:
+    """A tiny GPT-OSS Hugging Face config (attention sinks, sliding windows on the even layers, 4 experts, top 2)."""
+    root = Path(__file__).resolve().parent
+    d = json.loads((root / "data" / "hf" / "gpt-oss-20b" / "config.json").read_text())
+    d.update(hidden_size=64, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+             num_hidden_layers=4, vocab_size=128, num_local_experts=4, sliding_window=64,
+             layer_types=["sliding_attention", "full_attention"] * 2)
+    p = tmp / "gpt-oss.json"
+    p.write_text(json.dumps(d))
+    return str(p)
+
+
+# name: (GPUs, what-if flags); "MOE" is replaced by the tiny MoE config's path, "OSS" by the tiny GPT-OSS one
 KINDS = {
     "store_all": (1, ["--layers", "4", "--policy", "store_all"]),
     "full_recompute": (1, ["--layers", "4", "--policy", "full_recompute"]),
@@ -97,6 +109,14 @@ KINDS = {
     # FSDP with experts as torchtitan runs them: the routed experts sharded over their expert-data-parallel ranks
     "moe-fsdp": (4, ["--model", "MOE", "--dp", "4", "--ep", "2", "--zero", "3", "--policy", "store_all",
                      "--framework", "torchtitan"]),
+    # GPT-OSS: attention sinks and sliding windows (`memo_exec.attention_sinks`) under TP, beside EP
+    "gpt-oss-tp2-ep2": (4, ["--model", "OSS", "--tp", "2", "--ep", "2", "--dp", "2", *MEMO]),
+    # FSDP beside pipeline stages as torchtitan runs it: gathered once a step, each chunk reduced after its last
+    # backward (`memo_exec.distributed.zero`); dense interleaved, and MoE with the experts sharded over expert-DP
+    "pp2-fsdp": (4, ["--layers", "4", "--pp", "2", "--dp", "2", "--batch", "2", "--schedule", "interleaved_1f1b",
+                     "--zero", "3", "--policy", "full_recompute", "--framework", "torchtitan"]),
+    "moe-pp2-fsdp": (4, ["--model", "MOE", "--pp", "2", "--dp", "2", "--ep", "2", "--batch", "2", "--schedule", "1f1b",
+                         "--zero", "3", "--policy", "store_all", "--framework", "torchtitan"]),
     # Qwen3's attention: heads of 32 over a 64-wide model (the --head-dim override), QK norms
     "qwen3-memo": (1, ["--model", "qwen3-8b", *DENSE, "--layers", "4", "--kv-heads", "2", "--head-dim", "32", *MEMO]),
     "qwen3-tp2": (2, ["--model", "qwen3-8b", *DENSE, "--layers", "4", "--kv-heads", "2", "--head-dim", "32", "--tp", "2",
@@ -134,9 +154,9 @@ REFUSED = {
     "mtp-metp_ffn": (2, ["--layers", "4", "--tp", "2", "--tp-mode", "metp_ffn", *MEMO, "--mtp-layers", "1"],
                      "mtp_layers = 1 with tp_mode metp_ffn", ["--nproc", "2"]),
     # multi-device plans refused before any process starts (`memo-exec run --nproc N`)
-    "fsdp-beside-stages": (4, ["--layers", "4", "--pp", "2", "--dp", "2", "--batch", "2", "--schedule", "1f1b",
-                               "--zero", "3", "--policy", "full_recompute", "--framework", "torchtitan"],
-                           "dp_mode fsdp beside pipeline stages", ["--nproc", "4"]),
+    # sinks and windows need a rank's heads over the whole sequence: not under ring CP
+    "gpt-oss-cp2": (2, ["--model", "OSS", "--cp", "2", "--policy", "store_all"], "attention_sinks and sliding_window "
+                    "with cp 2", ["--nproc", "2"]),
     # FP8 on two GPUs in a part that runs no FP8: the FP8 refusal, not 'run it with --nproc 2' (which would refuse it)
     "fp8-moe-two-gpus": (2, ["--model", "MOE", "--ep", "2", "--policy", "store_all", "--profile", "h100-sxm5-80gb",
                              "--precision", "fp8-tensorwise"], "not in MoE experts"),
@@ -149,10 +169,10 @@ REFUSED = {
 @pytest.fixture(scope="module")
 def plans(tmp_path_factory) -> dict[str, tuple[int, Path]]:
     tmp = tmp_path_factory.mktemp("kinds")
-    moe = _moe_config(tmp)
+    models = {"MOE": _moe_config(tmp), "OSS": _gpt_oss_config(tmp)}
     out = {}
     for name, (gpus, flags, *_) in {**KINDS, **REFUSED}.items():
-        flags = [moe if f == "MOE" else f for f in flags]
+        flags = [models.get(f, f) for f in flags]
         if "--model" not in flags:
             flags = DENSE + flags
         d = tmp / name

@@ -224,3 +224,91 @@ def test_fsdp_and_hsdp_accumulate_micro_batches():
         sim_gathers = {k: sum(o.name == "allgather_weights" and o.layer == k for o in sim.ops) for k in layers}
         assert sim_gathers == {k: gathers for k in layers}, (lay, sim_gathers)
         assert sum(o.name.startswith("reducescatter") and o.layer is None for o in sim.ops) == 2 * m
+
+
+# ------------------------------------------------------------------------ FSDP beside pipeline stages
+PP_FSDP = dict(pp=2, dp=2, zero=3, dp_mode="fsdp", reshard_after_forward=False)
+
+
+def fsdp_pipeline_case(rank: int, world: int, cases) -> list:
+    """Per case (layout, schedule, policy, sequences per replica, training steps): the loss, rank 0's whole gradients,
+    this rank's `COUNTED` spans per layer, its held layers, the estimate's model states against what its GradSync
+    holds (the gathered layers' whole weights added at the peak), the losses of the training steps, the step's
+    reduce-scatter and pipeline spans (op, layer, start, end) and the model layers of each chunk."""
+    from memo_exec.device import DeviceSpec
+    from memo_exec.distributed.context import build_context
+    from memo_exec.distributed.runner import DistExecutor
+
+    out = []
+    for lay_kw, schedule, pol, batch, steps in cases:
+        plan = plan_for(Layout(**lay_kw), SEQ, pol, batch=batch)
+        plan.schedule, plan.micro_batch = schedule, 1
+        ex = DistExecutor(plan, RunOptions(device="cpu", dtype="fp64", steps=max(1, steps)),
+                          build_context(plan.layout, torch.device("cpu")), DeviceSpec("cpu"))
+        ex.allocate()
+        rec = ex.step(0, optimizer=False)
+        counts: dict[str, dict] = {}
+        for e in rec.events:
+            if e.op in COUNTED:
+                counts.setdefault(e.op, {}).setdefault(e.layer, 0)
+                counts[e.op][e.layer] += 1
+        held = sum(u.nbytes for u in ex.sync.units)  # every unit gathered at the peak (kept to its chunk's end)
+        states = (ex.estimate.terms["model_states"], ex.sync.state_bytes(), held)
+        grads = ex.full_gradients()
+        losses = []
+        if steps:
+            ex.zero_grads()
+            losses = [ex.step(k).loss for k in range(steps)]
+        spans = [(e.op, e.layer, e.start, e.end) for e in rec.events if e.op == "grad_reduce_scatter" or
+                 e.stream == "pipeline"]
+        chunks = [list(ex.schedule.chunk_layers(c)) for c in range(ex.schedule.vpp)]
+        out.append((rec.loss, grads if rank == 0 else None, counts, list(ex.held), states, losses, spans, chunks))
+        ex.close()
+    return out
+
+
+@limited(240)
+def test_fsdp_beside_pipeline_stages_matches_single_process():
+    """torchtitan's FSDP beside pipeline stages (`memo_sim.dp.fsdp`; the executor refused these plans): pp 2 x dp 2,
+    1F1B and interleaved, store all, full recompute and MEMO, 2 and 4 micro-batches a replica. Loss and every gradient
+    as one process (and a 3-step curve: the optimizer over the shards); each layer's weights gathered once a step
+    and its gradient reduce-scattered once, after its chunk's last backward, as many as the simulator's ops of the same
+    rank; the estimate's model states are what the rank holds at its peak (the whole gradients and every held layer's
+    gathered weights beside the shards)."""
+    from memo_sim.engine.simulate import simulate
+    from memo_sim.profile.loader import load_profile
+    from tests.dist_cases import policy_of, reference
+
+    cases = [(dict(PP_FSDP), "1f1b", "store_all", 2, 3), (dict(PP_FSDP, vpp=2), "interleaved_1f1b", "memo", 2, 0),
+             (dict(PP_FSDP), "1f1b", "full_recompute", 4, 0)]
+    runs = spawn(fsdp_pipeline_case, 4, cases, timeout=300)
+    for i, (lay, schedule, pol, batch, steps) in enumerate(cases):
+        ref_loss, ref_grads, ref_losses = reference(SEQ, pol, 2 * batch, steps)
+        what = (lay, schedule, pol)
+        assert abs(runs[0][i][0] - ref_loss) <= TOL * abs(ref_loss), (what, runs[0][i][0], ref_loss)
+        err, name = max_rel_error(runs[0][i][1], ref_grads)
+        assert err <= TOL, (what, name, err)
+        for a, b in zip(runs[0][i][5], ref_losses, strict=True):
+            assert abs(a - b) <= TOL * abs(b), (what, runs[0][i][5], ref_losses)
+        sim = simulate(SMALL, Layout(**lay), batch, SEQ, policy_of(pol), load_profile("a800-80gb"), schedule=schedule,
+                       micro_batch=1, record=True, keep_timeline=False)
+        for r in runs:
+            counts, held = r[i][2], r[i][3]
+            one = {None: 1, **{k: 1 for k in held}}
+            assert counts["param_all_gather"] == one and counts["grad_reduce_scatter"] == one, (what, counts)
+            for op in ("allgather_weights", "reducescatter_grads"):
+                sim_counts = {k: sum(o.name == op and o.layer == k for o in sim.ops) for k in held}
+                assert sim_counts == {k: 1 for k in held}, (what, op, sim_counts)
+            # each layer's reduce-scatter after its chunk's last backward; interleaved: chunk 1's before chunk 0's
+            # last backward starts (beside the pipeline, not at the step's end)
+            spans, chunks = r[i][6], r[i][7]
+            pipe = {op: (s, e) for op, _, s, e in spans if op.startswith("bwd@")}
+            for c, layers in enumerate(chunks):
+                for op, layer, start, _ in spans:
+                    if op == "grad_reduce_scatter" and layer in layers:
+                        assert start >= pipe[f"bwd@c{c}.mb{batch - 1}"][1], (what, layer, spans)
+                        if c == 1:
+                            assert start <= pipe[f"bwd@c0.mb{batch - 1}"][0], (what, layer, spans)
+            est, got, gathered = r[i][4]
+            assert got["gradients"] == gathered  # whole gradients through the step
+            assert abs(est - (sum(got.values()) + gathered)) <= 0.01 * est, (what, est, got, gathered)

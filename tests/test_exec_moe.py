@@ -26,7 +26,7 @@
   an ETP pair that receives no rows; the experts' ZeRO 1-3 over the expert-DP pairs (3 steps), and ZeRO 2 over 2
   micro-batches with expert-DP 2 and no dense replica; FSDP with ep2 on 4 ranks (the experts over their expert-DP
   pairs, resharded or kept);
-- one-line refusals (MLA / sinks / sliding window);
+- one-line refusals (MLA, sinks under Ulysses, sliding layers the model does not place, ...);
   Qwen3-MoE's attention (QK norms, heads wider than hidden / heads) runs.
 """
 
@@ -224,8 +224,13 @@ VARIANTS = [MOE, dataclasses.replace(MOE, name="moe-sigmoid-gelu", router="sigmo
             # Llama 4 Maverick's pattern: dense layers 0 and 2 between MoE layers 1 and 3 (dense_period 2)
             dataclasses.replace(MOE, name="moe-alternating", dense_layers=2, dense_period=2),
             # routed experts without biases (the etp cases' SwiGLU model; `MOE` itself has them)
-            dataclasses.replace(MOE, name="moe-no-expert-bias", moe_bias=False)]
+            dataclasses.replace(MOE, name="moe-no-expert-bias", moe_bias=False),
+            # GPT-OSS's attention: sinks, sliding windows on the even layers, biased projections; no shared experts
+            dataclasses.replace(MOE, name="moe-gpt-oss", attention_sinks=True, sliding_window=24, sliding_layers=2,
+                                sliding_period=2, bias="all", shared_experts=0, shared_ffn=0, shared_gate=False,
+                                dense_layers=0)]
 ETP_MODEL = 4  # the variant the etp cases run (SwiGLU, shared experts with their gate)
+OSS_MODEL = 5
 
 
 @pytest.mark.parametrize("model", VARIANTS, ids=lambda m: m.name)
@@ -410,7 +415,16 @@ FOUR = [dict(lay=dict(tp=2, sp=True, dp=2, ep=2), pol="store_all", steps=10),
         # FSDP as torchtitan runs a MoE (efsdp): the dense weights over the 4 ranks, the experts over their expert-DP
         # pairs, resharded after the forward or kept to the backward as the dense layers are
         dict(lay=dict(dp=4, zero=3, dp_mode="fsdp", ep=2), pol="store_all", steps=3),
-        dict(lay=dict(dp=4, zero=3, dp_mode="fsdp", ep=2, reshard_after_forward=False), pol="memo")]
+        dict(lay=dict(dp=4, zero=3, dp_mode="fsdp", ep=2, reshard_after_forward=False), pol="memo"),
+        # GPT-OSS's attention (sinks split with their heads over TP, windows) beside expert parallelism
+        dict(lay=dict(tp=2, sp=True, dp=2, ep=2), pol="memo", variant=OSS_MODEL, steps=3),
+        # FSDP beside pipeline stages (torchtitan's): every weight gathered once a step and each chunk's gradients
+        # reduce-scattered after its last backward; the experts whole on each rank of ep 2 (expert-DP 1), or sharded
+        # with the dense weights (ep 1)
+        dict(lay=dict(pp=2, dp=2, ep=2, zero=3, dp_mode="fsdp", reshard_after_forward=False), pol="store_all", batch=4,
+             schedule="1f1b", micro=1, steps=3),
+        dict(lay=dict(pp=2, dp=2, zero=3, dp_mode="fsdp", reshard_after_forward=False), pol="memo", batch=4,
+             schedule="1f1b", micro=1)]
 
 
 def test_four_ranks_tp2_dp2_ep2_and_pp2_ep2_match_single_process():
@@ -425,8 +439,11 @@ def test_four_ranks_tp2_dp2_ep2_and_pp2_ep2_match_single_process():
 REFUSED = [
     ("kv_lora_rank = 32", dict(), dataclasses.replace(MOE, kv_lora_rank=32, q_lora_rank=32, head_dim=16, qk_rope_dim=8,
                                                     v_head_dim=16)),
-    ("attention_sinks = True", dict(), dataclasses.replace(MOE, attention_sinks=True)),
-    ("sliding_window = 16", dict(), dataclasses.replace(MOE, sliding_window=16, sliding_layers=2)),
+    # sinks and windows run on a rank holding its heads' whole sequence (tests/test_exec_attention_sinks.py); which
+    # layers slide must be said
+    ("attention_sinks with ulysses 2", dict(ulysses=2), dataclasses.replace(MOE, attention_sinks=True)),
+    ("sliding_layers = 2 of 4 without sliding_period", dict(), dataclasses.replace(MOE, sliding_window=16,
+                                                                                    sliding_layers=2)),
     ("router_groups = 2", dict(), dataclasses.replace(MOE, router_groups=2, router_group_topk=1)),
     ("router_scaling = 2.5", dict(), dataclasses.replace(MOE, router_scaling=2.5)),
 ]

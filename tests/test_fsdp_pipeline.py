@@ -58,6 +58,19 @@ def test_a_stage_keeps_its_gathered_weights_and_its_gradients_in_the_reduce_dtyp
             2 * local)
 
 
+def test_in_fp32_a_stage_keeps_each_weights_shard_beside_its_gathered_copy():
+    """Without a master copy (fp32 working weights) the shard is the parameter FSDP2 gathers from into a new
+    buffer: beside stages both are held, the shard over the data group (the executor's model states: reports
+    of memo-exec run); with a master (bf16) the master's shard is that shard."""
+    fsdp, z1 = Layout(dp=8, pp=2, **KEEP), Layout(dp=8, pp=2, zero=1)
+    for dtype, extra in (("fp32", 4 / 8), ("bf16", 0.0)):
+        model = ModelConfig("toy", layers=8, hidden=2048, heads=16, ffn=8192, vocab=32000, dtype=dtype)
+        for s in range(2):
+            # the same whole weights and gradients as ZeRO 1 (their reduce width is theirs) and the same sharded states
+            want = stage_model_state_bytes(model, z1, s) + extra * stage_gpu_params(model, fsdp, s).local
+            assert stage_model_state_bytes(model, fsdp, s) == pytest.approx(want), (dtype, s)
+
+
 def _grad_ops(layout):
     res = simulate(TOY, layout, 4, 4096, get_policy("full_recompute"), H100, schedule="1f1b", micro_batch=1,
                    record=True, keep_timeline=False)
@@ -91,10 +104,12 @@ def test_the_search_prices_fsdp_pipelines_for_torchtitan_and_the_bound_holds():
     assert ok and len(bounds_hold(ok)) == len(ok)
 
 
-def test_the_torchtitan_export_keeps_the_weights_and_the_executor_refuses_in_one_line():
+def test_the_torchtitan_export_keeps_the_weights_and_the_executor_runs_it():
+    """The executor runs FSDP beside stages (tests/test_exec_fsdp.py against one process); it refused it before."""
     from memo_sim.export import export_plan
+    from memo_sim.layout.schedule import executor_stage_limit
     from memo_sim.plan.schema import Plan
-    from memo_sim.plan.executor_scope import data_parallel_why_not
+    from memo_sim.plan.executor_scope import plan_why_not
 
     lay = Layout(dp=8, pp=2, **KEEP)
     plan = Plan(model=TOY, batch=4, seq_tokens=4096, gpus=16, layout=lay, policy=get_policy("full_recompute"),
@@ -102,8 +117,7 @@ def test_the_torchtitan_export_keeps_the_weights_and_the_executor_refuses_in_one
                 layer_timings_s={"forward": 0.1, "backward": 0.2}, micro_batch=1, schedule="1f1b")
     src = export_plan(plan, "torchtitan", price=False, nearest=True).files["memo_torchtitan.py"]
     assert "fsdp_reshard_after_forward = 'never'" in src and "pipeline_parallel_degree = 2" in src
-    why = data_parallel_why_not(plan.layout, TOY)
-    assert why and "pipeline" in why and "ZeRO 0 or 1" in why and "\n" not in why
+    assert plan_why_not(TOY, lay, plan.policy, "1f1b", 4, 1, 4096) is None and executor_stage_limit(lay) is None
 
 
 def test_a_whatif_fixing_zero3_beside_stages_answers_and_compares_memos_best():

@@ -90,7 +90,7 @@ def run_case(layers, lay, schedule, pol, steps=0, batch=BATCH, mutate=None, plan
     grads = ex.full_gradients()
     losses = []
     if steps:
-        ex.sync.zero_grads()
+        ex.zero_grads()
         losses = [ex.step(k).loss for k in range(steps)]
     ex.close()
     ops = sorted({(e.stream, e.op) for e in rec.events})

@@ -46,14 +46,15 @@ def test_train_tokens_become_days_and_gpu_hours():
 
 def test_a_pipeline_plan_with_ring_cp_is_one_the_executor_runs():
     """[exec-complete] pipelines with ring CP, Ulysses and METP run in memo's executor
-    (`tests/test_pipeline_exec_dist.py`): its one limit inside a stage (ZeRO 2/3) is one the
-    simulator refuses with pp too."""
+    (`tests/test_pipeline_exec_dist.py`): its one limit inside a stage (ZeRO 2/3) is the simulator's with pp
+    (FSDP as torchtitan runs it beside stages runs: tests/test_exec_fsdp.py)."""
     from memo_sim.layout.parallel import Layout
     from memo_sim.layout.schedule import executor_stage_limit
 
     for lay in (Layout(pp=2, cp=2), Layout(pp=2, ulysses=2), Layout(pp=2, tp=2, sp=True, tp_mode="metp_ffn")):
         assert executor_stage_limit(lay) is None
-    assert "ZeRO 0 or 1" in executor_stage_limit(Layout(pp=2, dp=2, zero=2))
+    assert "ZeRO at most 1" in executor_stage_limit(Layout(pp=2, dp=2, zero=2))
+    assert executor_stage_limit(Layout(pp=2, dp=2, zero=3, dp_mode="fsdp", reshard_after_forward=False)) is None
 
 
 def test_every_answer_says_how_its_profile_was_obtained(tmp_path):

@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 from memo_exec.activations import make_policy
 from memo_exec.arena import ArenaScratch, CachingScratch
-from memo_exec.attention import AttnDims, select_backend
+from memo_exec.attention import AttnDims, layer_needs, select_backend
 from memo_exec.device import DeviceSpec, element_size
 from memo_exec.distributed.attention import RingAttention, UlyssesAttention
 from memo_exec.distributed.context import DistContext, local_token_index
@@ -117,7 +117,7 @@ class DistExecutor(ExecutorBase):
         p = self.flavour.size
         r = lay.kv_repeat(m.n_kv_heads, m.heads)  # K/V heads repeated before Ulysses' all-to-all (`layout.kv_heads`)
         inner_dims = AttnDims(self.micro, self.seq // lay.cp, m.heads // (p * lay.ulysses),
-                              m.n_kv_heads * r // (p * lay.ulysses), m.qk_head_dim)
+                              m.n_kv_heads * r // (p * lay.ulysses), m.qk_head_dim, **layer_needs(m))
         if lay.cp > 1:
             inner = RingAttention(ctx.group("cp"), lay.cp, ctx.coord("cp"))
         else:
@@ -182,7 +182,7 @@ class DistExecutor(ExecutorBase):
         model's layers: a multi-token-prediction module's (of the last layer's kind, `memo_exec.mtp`)."""
         m = self.model
         if not m.moe:
-            return self.flavour.make_weights(m.layers, device, dtype)
+            return self.flavour.make_weights(m.layers, device, dtype, layer=li)
         kind = {"moe": m.mtp_moe} if li >= m.layers else {}
         return self.flavour.make_weights(m.layers, device, dtype, layer=li, experts=self._expert_range(),
                                          expert_tp=self._expert_tp(), **kind)
@@ -230,7 +230,9 @@ class DistExecutor(ExecutorBase):
         # gathered at the peak: the largest layer's, or under FSDP without resharding every layer's (as the dense)
         e_gathered = expert_layer if lay.dp_mode != "fsdp" or lay.reshard_after_forward else experts
         e_weights = experts * e if ze < 3 else experts * e // De + e_gathered * e
-        e_grads = experts * e if ze < 2 else experts * e // De + expert_layer * e
+        # FSDP beside pipeline stages: whole gradients through the step, each chunk's reduced after its last backward
+        per_chunk = lay.pp > 1 and lay.dp_flavour.reduces_after_chunk
+        e_grads = experts * e if ze < 2 or per_chunk else experts * e // De + expert_layer * e
         e_shard = experts // De if ze >= 1 else experts
         D = self.ctx.size("data") if lay.zero else 1
         z = lay.zero if D > 1 else 0
@@ -240,7 +242,7 @@ class DistExecutor(ExecutorBase):
         gathered = largest if lay.dp_mode != "fsdp" or lay.reshard_after_forward else P
         weights = (P * e if z < 3 else P * e // D + gathered * e) + e_weights
         # ZeRO 2 / 3: every unit's shard, the layers' shared workspace and the first unit whole (`GradSync`)
-        grads = (P * e if z < 2 else P * e // D + largest * e) + e_grads
+        grads = (P * e if z < 2 or per_chunk else P * e // D + largest * e) + e_grads
         shard = (P // D if z >= 1 else P) + e_shard  # the parameters this rank's optimizers update
         optimizer = 0 if lay.optimizer_offload else AdamW.state_bytes_for(shard, self.dtype)
         states = weights + grads + optimizer  # optimizer offload: AdamW's states on the host
@@ -292,8 +294,10 @@ class DistExecutor(ExecutorBase):
         units += [[(n, q) for n, q in lw.named_parameters() if not is_expert(n)] for lw in gpt.unit_layers()]
         replicated = [[n.rsplit(".", 1)[-1] not in MTPWeights.TP_ROWS for n, _ in units[0]]]
         replicated += [[self.flavour.replicated(n) for n, _ in u] for u in units[1:]]
+        # each unit's collectives named by its model layer (a pipeline stage's held layers, then the modules')
+        self.unit_model_layers = self.held + [m.layers + k for k in range(len(gpt.mtp))]
         self.sync = GradSync(ctx, units, replicated, lay.zero, dev, dt, self.opts.lr, self.opts.weight_decay,
-                             self.recorder)
+                             self.recorder, layers=self.unit_model_layers)
         self.expert_groups = self.expert_sync = None
         if m.moe:
             self._set_up_experts(gpt, is_expert)
@@ -329,7 +333,7 @@ class DistExecutor(ExecutorBase):
         if any(units):
             self.expert_sync = GradSync(self.ctx, units, [[False] * len(u) for u in units], self.layout.zero,
                                         self.device, self.dtype, self.opts.lr, self.opts.weight_decay, self.recorder,
-                                        over=(g.edp_group, g.edp, g.edp_rank))
+                                        over=(g.edp_group, g.edp, g.edp_rank), layers=self.unit_model_layers)
 
     def make_mtp_run(self, policy) -> MTPRun:
         """The runtimes of the multi-token-prediction modules this rank holds, for one micro-batch's rows at a time
@@ -401,6 +405,13 @@ class DistExecutor(ExecutorBase):
         self.sync.end_micro_batch()
         if self.expert_sync is not None:
             self.expert_sync.end_micro_batch()
+
+    def end_chunk(self, positions) -> None:
+        """After a pipeline chunk's last micro-batch backward (its held layers at ``positions``): what FSDP beside
+        stages reduces then (`GradSync.end_chunk`)."""
+        self.sync.end_chunk(positions)
+        if self.expert_sync is not None:
+            self.expert_sync.end_chunk(positions)
 
     def optimizer_step(self) -> None:
         self.sync.step()

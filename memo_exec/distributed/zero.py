@@ -37,6 +37,13 @@ simulator prices them (`memo_sim.cost.param_split`), and under FSDP as torchtita
 (`memo_sim.dp.fsdp`: ZeRO 3 over those ranks, resharded after the forward or kept as the dense layers are; no
 HSDP); a unit holding no parameter (a dense layer's) runs no collective.
 
+Beside pipeline stages FSDP runs as torchtitan runs it with ``torch.distributed.pipelining`` (the simulator's
+`memo_sim.dp.fsdp`, ``reduces_after_chunk``): a layer's weights are gathered before its first micro-batch's forward
+and kept (``reshard_after_forward`` off, a layout rule there), its gradients accumulate whole over the micro-batches
+(sync off), and after a model chunk's last micro-batch backward each of its layers' gradients is reduce-scattered
+into the rank's slice and its gathered weights freed (`end_chunk`, FSDP's post-backward with the stage's last
+backward); only the optimizer states and the fp32 master weights stay sharded through the step.
+
 Before the data-group reduction, gradients of parameters that every TP rank holds whole
 (LayerNorms, row-parallel biases, embedding) are all-reduced over the TP group when the tokens
 are split over it (Megatron SP): each TP rank saw only its own tokens.
@@ -102,9 +109,13 @@ class GradSync(LayerHooks):
     """Owns the flat model states of one rank and the optimizer over its shard."""
 
     def __init__(self, ctx, units: list[list[tuple[str, nn.Parameter]]], replicated: list[list[bool]], zero: int,
-                 device, dtype, lr: float, weight_decay: float, timer, over: tuple | None = None) -> None:
+                 device, dtype, lr: float, weight_decay: float, timer, over: tuple | None = None,
+                 layers: list[int] | None = None) -> None:
         """``over``: (group, size, coordinate) the states are reduced and sharded over in place of the data group
-        (the routed experts' expert data-parallel group; no TP sync, no HSDP: module docs)."""
+        (the routed experts' expert data-parallel group; no TP sync, no HSDP: module docs). ``layers``: the model
+        layer of each unit after the first, as its collectives' spans name it (default: its position, the held
+        layers of one stage)."""
+        self.layer_of = list(layers) if layers is not None else list(range(len(units) - 1))
         group, size, coord = over if over is not None else (ctx.group("data"), ctx.size("data"), ctx.coord("data"))
         zero = zero if size > 1 else 0  # one rank per group: nothing to shard
         self.ctx, self.zero, self.timer = ctx, zero, timer
@@ -114,6 +125,9 @@ class GradSync(LayerHooks):
         self.fsdp = lay.dp_mode == "fsdp" and zero >= 3
         # FSDP's reshard_after_forward off: each layer's gathered weights kept from its forward to its backward
         self.keep_gathered = self.fsdp and not lay.reshard_after_forward
+        # FSDP beside pipeline stages: whole gradients, each chunk's reduced after its last backward (module docs)
+        self.per_chunk = self.fsdp and lay.pp > 1 and lay.dp_flavour.reduces_after_chunk
+        self.pending: set[int] = set()  # units whose backward ran since their last reduction (per_chunk)
         hsdp = self.fsdp and over is None and ctx.size("shard") < size
         self.shard_group = ctx.group("shard") if hsdp else self.data  # what the states are sharded over
         self.replicate = ctx.group("replicate") if hsdp else None  # HSDP: the shards' copies
@@ -125,21 +139,22 @@ class GradSync(LayerHooks):
         # QK norms' (each rank's own heads: `memo_exec.layer.HEAD_SHARED`) are
         self.tp_sync = ctx.size("tp") > 1 and over is None
         self.tp_sync_all = ctx.sp_tokens
-        if zero >= 2:  # layers accumulate into one shared workspace; unit 0 keeps its own
+        self.sharded_grads = zero >= 2 and not self.per_chunk  # reduced into a shard after every backward
+        if self.sharded_grads:  # layers accumulate into one shared workspace; unit 0 keeps its own
             ws_n = max(u.padded for u in self.units[1:]) if len(self.units) > 1 else 0
             self.workspace = torch.zeros(ws_n, device=device, dtype=dtype)
         self.grads = []  # the flat gradient each unit accumulates into
         self.grad_shards = []
         for u in self.units:
-            if zero >= 2 and u.index > 0:
+            if self.sharded_grads and u.index > 0:
                 g = self.workspace[:u.padded]
             else:
                 g = torch.zeros(u.padded, device=device, dtype=dtype)
             self.grads.append(g)
             u.grad_views(g)
-            # ZeRO 0 and 1: the owned slice of the whole gradient; ZeRO 2 / 3: the unit's own shard (the workspace is
-            # shared by the layers)
-            own = self.D == 1 or zero < 2
+            # ZeRO 0 and 1 (and FSDP beside stages): the owned slice of the whole gradient; ZeRO 2 / 3: the unit's own
+            # shard (the workspace is shared by the layers)
+            own = self.D == 1 or not self.sharded_grads
             self.grad_shards.append(u.shard(g) if own else torch.zeros(u.shard_n, device=device, dtype=dtype))
         # the parameters the optimizer updates: each unit's owned shard
         if zero >= 3:
@@ -155,12 +170,16 @@ class GradSync(LayerHooks):
             for u in self.units[1:]:
                 self._free(u)
 
+    def _layer(self, u: _Unit) -> int | None:
+        """The model layer a unit's spans name (None: the first unit, the embedding's and the head's)."""
+        return self.layer_of[u.index - 1] if u.index else None
+
     # ------------------------------------------------------------------ sizes
     def state_bytes(self) -> dict[str, int]:
         es = self.units[0].flat.element_size()
         full = sum(u.padded for u in self.units) * es
         return {"weights": full if self.zero < 3 else sum(u.shard_n for u in self.units) * es,
-                "gradients": full if self.zero < 2 else (self.workspace.numel() + self.units[0].padded +
+                "gradients": full if not self.sharded_grads else (self.workspace.numel() + self.units[0].padded +
                                                           sum(u.shard_n for u in self.units)) * es,
                 "optimizer": self.optimizer.state_bytes()}
 
@@ -173,7 +192,7 @@ class GradSync(LayerHooks):
             u.flat.untyped_storage().resize_(u.nbytes)
         if not u.numel:
             return
-        with self.timer.span("param_all_gather", u.index - 1 if u.index else None, "comm", stream="dp_comm",
+        with self.timer.span("param_all_gather", self._layer(u), "comm", stream="dp_comm",
                              nbytes=u.nbytes):
             all_gather_single(u.flat, self.param_shards[u.index].detach(), group=self.shard_group)
 
@@ -186,7 +205,8 @@ class GradSync(LayerHooks):
             self._gather(self.units[0])
 
     def before_forward(self, i: int) -> None:
-        if self.zero >= 3:
+        # FSDP beside stages: gathered at the first micro-batch's forward, kept to the chunk's last backward
+        if self.zero >= 3 and not (self.per_chunk and self._gathered(self.units[i + 1])):
             self._gather(self.units[i + 1])
 
     def after_forward(self, i: int) -> None:
@@ -198,11 +218,31 @@ class GradSync(LayerHooks):
             self._gather(self.units[i + 1])
 
     def after_backward(self, i: int) -> None:
+        if self.per_chunk:  # accumulated whole, reduced with its chunk (`end_chunk`)
+            self.pending.add(i + 1)
+            return
         if self.zero >= 2:
             self._reduce(self.units[i + 1])
             self.grads[i + 1].zero_()  # the shared workspace, for the next layer
         if self.zero >= 3:
             self._free(self.units[i + 1])
+
+    def end_chunk(self, positions) -> None:
+        """After a pipeline chunk's last micro-batch backward (its held layers at ``positions``): FSDP beside stages
+        reduce-scatters each of its layers' gradients, the last layer first, and frees their gathered weights
+        (module docs); otherwise nothing."""
+        if not self.per_chunk:
+            return
+        for i in sorted(positions, reverse=True):
+            if i + 1 in self.pending:
+                self._settle(self.units[i + 1])
+
+    def _settle(self, u: _Unit) -> None:
+        """FSDP beside stages: a unit's whole gradient reduced into the rank's slice, its weights freed."""
+        self._reduce(u)
+        self.pending.discard(u.index)
+        if u.index > 0:
+            self._free(u)
 
     # ------------------------------------------------------------------ reductions
     def _tp_sync(self, u: _Unit) -> None:
@@ -218,7 +258,7 @@ class GradSync(LayerHooks):
                 by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
         for grads in by_dtype.values():
             flat = torch.cat([g.reshape(-1) for g in grads])
-            with self.timer.span("tp_grad_all_reduce", u.index - 1 if u.index else None, "comm", stream="comm",
+            with self.timer.span("tp_grad_all_reduce", self._layer(u), "comm", stream="comm",
                                  nbytes=flat.numel() * flat.element_size()):
                 dist.all_reduce(flat, group=self.tp)
             at = 0
@@ -231,7 +271,7 @@ class GradSync(LayerHooks):
         g = self.grads[u.index]
         if self.data is None or not u.numel:
             return
-        layer = u.index - 1 if u.index else None
+        layer = self._layer(u)
         shard = self.grad_shards[u.index]
         # the reduced slice lands in a fresh buffer: under ZeRO 1 the owned slice is part of the input, under ZeRO 2 / 3
         # it is added to what earlier micro-batches left in the shard
@@ -247,7 +287,7 @@ class GradSync(LayerHooks):
                                  nbytes=part.numel() * part.element_size()):
                 dist.all_reduce(part, group=self.replicate)
         if part is not None:
-            if self.zero >= 2:
+            if self.sharded_grads:
                 shard.add_(part)
             else:
                 shard.copy_(part)
@@ -257,12 +297,18 @@ class GradSync(LayerHooks):
         norm, head, the modules' norms and projections) is reduce-scattered into its shard as the layers are
         (DeepSpeed and FSDP2 reduce every micro-batch's gradients; the simulator prices it so) and its buffer
         cleared for the next; below ZeRO 2 nothing (one reduction a step)."""
-        if self.zero >= 2:
+        if self.sharded_grads:
             self._reduce(self.units[0])
             self.grads[0].zero_()
 
     def end_backward(self) -> None:
-        """After the whole backward: reduce what is not reduced yet (unit 0; every unit below ZeRO 2)."""
+        """After the whole backward: reduce what is not reduced yet (unit 0; every unit below ZeRO 2; FSDP beside
+        stages: the units no chunk's end settled, e.g. the multi-token-prediction modules' layers)."""
+        if self.per_chunk:
+            for i in sorted(self.pending, reverse=True):
+                self._settle(self.units[i])
+            self._reduce(self.units[0])
+            return
         for u in self.units if self.zero < 2 else self.units[:1]:
             self._reduce(u)
 
@@ -270,7 +316,7 @@ class GradSync(LayerHooks):
         self.optimizer.step()
         for u in self.units:
             if self.zero in (1, 2) and self.D > 1 and u.numel:
-                with self.timer.span("param_all_gather", u.index - 1 if u.index else None, "comm", stream="dp_comm",
+                with self.timer.span("param_all_gather", self._layer(u), "comm", stream="dp_comm",
                                      nbytes=u.nbytes):
                     all_gather_single(u.flat, self.param_shards[u.index].detach().clone(), group=self.shard_group)
         if self.zero >= 3:

@@ -228,6 +228,7 @@ class PipelineSchedule(Schedule):
         ex.policy = PolicySet(list(pols.values()))
         self.timers = [_ChunkTimer(ex.recorder, (self.chunk_layers(c) or [0])[0]) for c in range(self.vpp)]
         starts = [sum(sizes[:c]) for c in range(self.vpp)]  # each chunk's first local layer
+        self.positions = [range(starts[c], starts[c] + sizes[c]) for c in range(self.vpp)]  # held-layer positions
         self.runtimes = {(k, c): [LayerRuntime(j, ex.gpt.layers[starts[c] + j], pols[(k, sizes[c])], ex.compute,
                                                self.timers[c], _OffsetHooks(ex.layer_hooks, starts[c]))
                                   for j in range(sizes[c])]
@@ -368,6 +369,8 @@ class PipelineSchedule(Schedule):
         y = self.outputs.pop((c, mb))
         with ex.recorder.span(f"bwd@{a.tag()}", None, "pipe_bwd", stream="pipeline"):
             torch.autograd.backward(y, dy)
+        if mb == self.m - 1:  # the chunk's last backward (FSDP beside stages reduces its gradients now)
+            ex.end_chunk(self.positions[c])
         if vs > 0:
             self._send(self._rank(vs - 1), self.inputs.pop((c, mb)).grad, f"bwd@{a.tag()}")
 

@@ -74,9 +74,7 @@ def executor_stage_limit(layout) -> str | None:
     """What memo's executor does not run inside a stage of a micro-batch pipeline (1F1B,
     interleaved), or None: every sequence layout (TP with or without SP, ring CP, Ulysses, METP's
     rings) and data parallelism run in its stages, each rank talking to the rank with its own
-    coordinates in the next stage; ZeRO 2 and 3 do not (a stage keeps its own layers' weights and
-    gradients), which the simulator refuses with pipelines too, but for FSDP as torchtitan runs it
-    beside stages (`memo_sim.dp.fsdp`), which it prices and the executor refuses."""
-    if layout.zero >= 2:
-        return "pipeline stages keep their own layers' weights and gradients: plan with ZeRO 0 or 1"
-    return None
+    coordinates in the next stage, under the data-parallel flavour's rules beside stages, the
+    simulator's (`memo_sim.dp.base.DPFlavour.pipeline_why_not`: ZeRO 0 or 1, or FSDP as torchtitan runs
+    it, `memo_sim.dp.fsdp`)."""
+    return layout.dp_flavour.pipeline_why_not(layout) if layout.pp > 1 else None

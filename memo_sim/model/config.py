@@ -465,6 +465,19 @@ class ModelConfig:
                     else f"{n - 1} dense layers before each MoE layer")
         return f"the first {self.dense_layers}"
 
+    def window_at(self, i: int) -> int | None:
+        """The sliding window of layer ``i`` (0-based; a multi-token-prediction module's ``layers + k`` as the last
+        layer): ``sliding_window`` where it slides, 0 where it attends to every earlier token; None where the model does
+        not say (``sliding_layers`` some but not all of the layers, no ``sliding_period``)."""
+        if not self.sliding_layers:
+            return 0
+        if self.sliding_layers == self.layers:
+            return self.sliding_window
+        if not self.sliding_period:
+            return None
+        i = min(i, self.layers - 1)
+        return 0 if (i + 1) % self.sliding_period == 0 else self.sliding_window
+
     def dense_layer_at(self, i: int) -> bool:
         """Whether layer ``i`` (0-based) of a mixture of experts keeps a dense FFN: one of the first
         ``dense_layers``, or with ``dense_period`` N every layer but each N-th (module docs); False for a

@@ -16,14 +16,16 @@ The executor builds:
   every expert (no router groups, no output scaling), equal counts round-robin (``forced``), a uniform draw per
   token (``random``) or the router's choice dropped and padded to a capacity factor (``capacity:F``;
   `EXEC_BALANCES`);
-- multi-head / grouped-query attention, with any head size (``head_dim``) and QK norms (no latent attention, no
-  sinks, no sliding windows, no chunked attention);
+- multi-head / grouped-query attention, with any head size (``head_dim``), QK norms, attention sinks and sliding
+  windows (GPT-OSS's, placed by ``sliding_period``; on one rank's whole sequence: Megatron TP, data parallelism,
+  pipelines, not ring CP, Ulysses or METP's rings, not SPPO's pieces; `memo_exec.attention_sinks`); no latent
+  attention, no chunked attention;
 - uncompiled kernels (``kernel_fusion`` fused), its own ring (no ``ring_merge`` passes), a static memory plan for
   MEMO only;
-- FSDP on one stage (a mixture of experts' routed experts sharded over their expert-data-parallel ranks, as
-  torchtitan's ``efsdp``); ZeRO 2 / 3 and FSDP over several micro-batches too (each layer's gradient
-  reduce-scattered after each micro-batch's backward and accumulated in the shard); a layout that splits the
-  sequence, heads, K/V heads and FFN evenly over its ranks.
+- FSDP on one stage and beside pipeline stages as torchtitan runs it (a mixture of experts' routed experts sharded
+  over their expert-data-parallel ranks, as torchtitan's ``efsdp``); ZeRO 2 / 3 and FSDP over several
+  micro-batches too (each layer's gradient reduce-scattered after each micro-batch's backward and accumulated in
+  the shard); a layout that splits the sequence, heads, K/V heads and FFN evenly over its ranks.
 - multi-token-prediction modules on one stage or on a micro-batch pipeline's last stage (``MTP_SCHEDULES``: 1F1B,
   interleaved), their projection split by Megatron TP.
 """
@@ -85,23 +87,37 @@ def gemm_why_not(model: ModelConfig, layout: Layout, schedule: str, tokens: int 
     return None
 
 
-def attention_why_not(model: ModelConfig) -> str | None:
-    """Why the executor cannot build the model's attention (latent attention, sinks, sliding windows, chunked
-    attention), or None."""
+def attention_why_not(model: ModelConfig, layout: Layout | None = None, schedule: str = "") -> str | None:
+    """Why the executor cannot build the model's attention (latent attention, chunked attention; sinks and sliding
+    windows where the sequence or the heads are split otherwise than by Megatron TP, or under SPPO; sliding layers
+    the model does not place), or None."""
     m = model
     for field_, on, what in (("kv_lora_rank", m.kv_lora_rank, "multi-head latent attention"),
-                             ("attention_sinks", m.attention_sinks, "attention sinks"),
-                             ("sliding_window", m.sliding_window, "sliding-window attention"),
                              ("attention_chunk", m.attention_chunk, "chunked attention")):
         if on:
             return (f"plan model {m.name}: {field_} = {on!r}: the executor does not build {what} yet (the simulator "
                     f"prices it); plan a model without it to run")
+    if m.sliding_layers and m.window_at(0) is None:
+        return (f"plan model {m.name}: sliding_layers = {m.sliding_layers} of {m.layers} without sliding_period: the "
+                f"executor must know which layers slide; give sliding_period (GPT-OSS: 2)")
+    what = [n for n, on in (("attention_sinks", m.attention_sinks), ("sliding_window", m.sliding_layers)) if on]
+    if not what or layout is None:
+        return None
+    head = f"plan model {m.name}: {' and '.join(what)}"
+    split = [f"{f} {getattr(layout, f)}" for f in ("cp", "ulysses") if getattr(layout, f) > 1]
+    if split:
+        return (f"{head} with {', '.join(split)}: the executor applies sinks and windows on a rank that holds the "
+                f"whole sequence of its heads (Megatron TP, data parallelism, pipelines); plan without cp / ulysses")
+    if layout.tp > 1 and layout.tp_mode != "megatron":
+        return f"{head} with tp_mode {layout.tp_mode}: the executor applies them under Megatron TP only"
+    if schedule == "sppo":
+        return f"{head} under schedule sppo: SPPO's pieces run plain causal attention; plan another schedule"
     return None
 
 
 def moe_why_not(model: ModelConfig, layout: Layout) -> str | None:
     """Why the executor cannot run this model's attention, or its MoE layers under ``layout`` (None: it can)."""
-    why = attention_why_not(model)
+    why = attention_why_not(model, layout)
     if why or not model.moe:
         return why
     lab = layout.label()
@@ -174,18 +190,14 @@ def split_why_not(layout: Layout, model: ModelConfig, batch: int, seq: int) -> s
 
 def data_parallel_why_not(layout: Layout, model: ModelConfig) -> str | None:
     """Why the executor cannot run the layout's data parallelism (naming the field), or None: the simulator's rules
-    first (`memo_sim.layout.parallel.dp_why_not`: ZeRO 3, a shard group dividing the data group), then the
-    executor's own: FSDP on one stage."""
+    (`memo_sim.layout.parallel.dp_why_not`: ZeRO 3, a shard group dividing the data group); the executor runs every
+    flavour the simulator prices, FSDP beside pipeline stages too (their own rules: `executor_stage_limit`)."""
     from memo_sim.layout.parallel import dp_why_not  # noqa: PLC0415
 
     lab = layout.label()
     why = dp_why_not(layout, model)
     if why:
         return f"plan layout {lab}: dp_mode {layout.dp_mode}: {why}"
-    if layout.dp_mode == "fsdp":
-        if layout.pp > 1:
-            return (f"plan layout {lab}: dp_mode fsdp beside pipeline stages (pp {layout.pp}, as torchtitan runs it) "
-                    f"is priced by the simulator but not run by the executor; plan the pipeline with ZeRO 0 or 1")
     return None
 
 
@@ -219,7 +231,7 @@ def plan_why_not(model: ModelConfig, layout: Layout, policy, schedule: str, batc
             return (f"{head} with {what}: the executor splits a module's projection and runs its layer with Megatron "
                     f"TP only (hidden divisible by tp); plan with --tp-mode megatron, or with --mtp-layers 0")
     why = (ring_merge_why_not(layout) or gemm_why_not(model, layout, schedule, rank_token_rows(micro_batch, seq, layout))
-           or moe_why_not(model, layout))
+           or attention_why_not(model, layout, schedule) or moe_why_not(model, layout))
     if why is None and model.moe and schedule == "sppo":
         why = (f"plan model {model.name}: experts = {model.experts}: SPPO's pieces run dense layers only; plan MoE "
                f"models with a micro-batch schedule")

@@ -126,6 +126,8 @@ class MegatronTP(TPFlavour):
         if name in ("wqkv", "bqkv"):
             h, kv = m.q_dim, m.kv_dim
             return [(r * h // p, h // p), (h + r * kv // p, kv // p), (h + kv + r * kv // p, kv // p)]
+        if name == "sinks":  # one per query head
+            return [(r * m.heads // p, m.heads // p)]
         name = name.split(".")[-1]
         f = m.shared_width if name == "shared_w1" else m.ffn
         if name in ("w1", "shared_w1") and m.ffn_type == "swiglu":
