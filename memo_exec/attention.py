@@ -34,6 +34,7 @@ from memo_sim.plan.schema import ATTENTION_BACKENDS
 
 BACKENDS = ATTENTION_BACKENDS  # the names plan.json may carry (memo_sim.plan.schema)
 AUTO_ORDER_CUDA = ("flash_attn", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "math")
+CUDA_ONLY = ("sdpa_efficient", "sdpa_cudnn", "flash_attn")  # the rest run on a CPU too
 # the backends that run a priced kernel (`memo_sim.plan.Plan.priced_attention_kernel`) where ``auto``'s
 # order would pick another: a plan priced on cuDNN's fused attention runs torch SDPA's cuDNN kernel first
 PRICED_KERNEL_BACKENDS = {"cudnn": ("sdpa_cudnn",)}
@@ -113,15 +114,21 @@ class AttentionBackend(ABC):
     sinks = False
 
     @classmethod
+    def lacks(cls, dims: AttnDims) -> list[str]:
+        """What of `AttnDims.needs` this backend does not run."""
+        return [n for n in dims.needs() if not (cls.windows if n == "sliding windows" else cls.sinks)]
+
+    @classmethod
     def why_not(cls, dims: AttnDims) -> str | None:
-        """Why this backend cannot run these layers' attention, or None."""
-        lacks = [n for n in dims.needs() if not (cls.windows if n == "sliding windows" else cls.sinks)]
+        """Why this backend cannot run the attention of a model whose layers need ``dims.needs()``, or None."""
+        lacks = cls.lacks(dims)
         if not lacks:
             return None
-        can = [n for n, c in _CLASSES.items() if not [x for x in dims.needs()
-                                                         if not (c.windows if x == "sliding windows" else c.sinks)]]
-        return (f"attention backend {cls.name} runs no {' or '.join(lacks)}; use --attention-backend "
-                f"{' or '.join(can) or 'math'}")
+        can = [n for n, c in _CLASSES.items() if not c.lacks(dims)]
+        cuda = [n for n in can if n in CUDA_ONLY]
+        return (f"attention backend {cls.name} runs no {' or '.join(lacks)} (the model's layers have them); use "
+                f"--attention-backend {' or '.join(n for n in can if n not in CUDA_ONLY)}"
+                + (f" (on CUDA also {' or '.join(cuda)})" if cuda else ""))
 
     @abstractmethod
     def forward(self, q, k, v, out, dims: AttnDims, scratch) -> Any:
@@ -495,13 +502,21 @@ def auto_backend_for(device_type: str, dtype: torch.dtype, dims: AttnDims, prefe
     return "sdpa_flash" if half and dims.head_dim <= 256 else "sdpa_efficient"
 
 
+class _MetaFlashAttn(SDPAFlash):
+    """flash-attn on the meta device: sdpa_flash's shapes (no scratch tensors, as flash-attn's) with flash-attn's
+    own reach, sliding windows and no sinks (on meta no value is computed, so the window masks none)."""
+
+    name = "flash_attn"
+    windows, sinks = FlashAttnPackage.windows, FlashAttnPackage.sinks
+
+
 def meta_stand_in(name: str) -> AttentionBackend:
-    """A backend that runs on the meta device with the same scratch requests as ``name``: the
-    backend itself when it has meta kernels (math, sdpa_flash), else sdpa_flash, which like every
-    kernel backend takes no scratch tensors."""
+    """A backend that runs on the meta device with the same scratch requests and the same reach (sinks, windows)
+    as ``name``: the backend itself when it has meta kernels (math, sdpa_flash), else sdpa_flash's kernel, which
+    like every kernel backend takes no scratch tensors."""
     if name not in BACKENDS or name == "auto":
         raise BackendError(f"attention backend must be one of {', '.join(BACKENDS[1:])}, got {name!r}")
-    return MathAttention() if name == "math" else SDPAFlash()
+    return MathAttention() if name == "math" else _MetaFlashAttn() if name == "flash_attn" else SDPAFlash()
 
 
 def select_backend(name: str, device: torch.device, dtype: torch.dtype, dims: AttnDims,
@@ -520,7 +535,7 @@ def select_backend(name: str, device: torch.device, dtype: torch.dtype, dims: At
             except BackendError as e:
                 errors.append(str(e))
         raise BackendError("no attention backend runs here: " + "; ".join(errors))
-    if device.type != "cuda" and name in ("sdpa_efficient", "sdpa_cudnn", "flash_attn"):
+    if device.type != "cuda" and name in CUDA_ONLY:
         raise BackendError(f"attention backend {name} needs a CUDA device (on CPU use math or sdpa_flash)")
     why = _CLASSES[name].why_not(dims)
     if why:

@@ -21,7 +21,7 @@ import torch
 
 from memo_exec.arena import AllocRecorder, CachingScratch
 from memo_exec.activations import make_policy, sim_policy_name
-from memo_exec.attention import (AttnDims, auto_backend_for, layer_needs, meta_stand_in, preferred_backends,
+from memo_exec.attention import (AttentionBackend, AttnDims, auto_backend_for, layer_needs, meta_stand_in, preferred_backends,
                                  select_backend)
 from memo_exec.device import DTYPES, compute_dtype, resolve_device
 from memo_exec.errors import ExecError
@@ -59,10 +59,11 @@ def _rank_shape(plan: Plan) -> tuple[int, int, int, object, dict | None]:
     return seq, rows, lay.tp, comm, storage_shapes(plan.model, lay.tp, sp)
 
 
-class _SeqParallelStandIn:
+class _SeqParallelStandIn(AttentionBackend):
     """On the meta device: the attention of one CP / Ulysses rank without its communication. The
     inner kernel runs on the head-sharded shapes Ulysses gives it (its scratch requests are real);
-    ring CP's blocks come from the caching allocator, so with CP no kernel scratch is recorded."""
+    ring CP's blocks come from the caching allocator, so with CP no kernel scratch is recorded. No sinks or
+    windows, as the ring and Ulysses backends it stands for (`memo_sim.plan.executor_scope`)."""
 
     uses_scratch = False
 

@@ -43,7 +43,8 @@ def reference(q, k, v, sinks, dims: AttnDims):
 @pytest.mark.parametrize("window,sinks", [(0, True), (5, False), (5, True)], ids=["sinks", "window", "both"])
 def test_the_kernels_with_sinks_and_windows_match_the_hugging_face_formula(backend, window, sinks):
     if window and not backend.windows:
-        with pytest.raises(BackendError, match="runs no sliding windows; use --attention-backend"):
+        with pytest.raises(BackendError, match="runs no sliding windows .*; use --attention-backend math "
+                                               r"\(on CUDA also flash_attn\)"):
             select_backend(backend.name, torch.device("cpu"), torch.float64, AttnDims(1, 16, 4, 2, 8, window=window))
         return
     dims = AttnDims(2, 16, 4, 2, 8, window=window)
@@ -67,6 +68,24 @@ def test_the_kernels_with_sinks_and_windows_match_the_hugging_face_formula(backe
     kern.backward(dout, q, k, v, out, aux, dq, dk, dv, dims, scr)
     for got, ref in zip((dq, dk, dv), grads[:3]):
         assert float((got - ref).abs().max()) < TOL
+
+
+def test_a_windowed_model_is_sized_and_traced_on_the_meta_device_for_each_kernel():
+    """The layer is dry-run on the meta device before anything is allocated, with a stand-in of the chosen kernel
+    (`memo_exec.attention.meta_stand_in`): flash-attn's runs windows (a sliding-window model whose run picks it
+    once failed there, its stand-in being sdpa_flash), sdpa_flash's refuses them naming the kernels that run."""
+    from memo_exec.trace import record_layer_trace
+    from memo_sim.model.config import with_overrides
+
+    windowed = with_overrides(SMALL, attention_sinks=False, sliding_layers=SMALL.layers, sliding_period=0)
+    for model in (windowed, SMALL):
+        plan = _plan(Layout(), "memo", 1, model)
+        for name in ("math", "flash_attn", "sdpa_flash"):
+            if (name == "sdpa_flash" or (name == "flash_attn" and model.attention_sinks)):
+                with pytest.raises(BackendError, match="runs no"):
+                    record_layer_trace(plan, "meta", "bf16", attention_backend=name)
+            else:
+                assert len(record_layer_trace(plan, "meta", "bf16", attention_backend=name)) > 0
 
 
 def test_the_sliding_layers_are_gpt_oss_layer_types():

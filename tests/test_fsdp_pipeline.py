@@ -71,6 +71,18 @@ def test_in_fp32_a_stage_keeps_each_weights_shard_beside_its_gathered_copy():
             assert stage_model_state_bytes(model, fsdp, s) == pytest.approx(want), (dtype, s)
 
 
+def test_in_fp32_experts_not_sharded_keep_no_second_copy():
+    """Routed experts over an expert-data-parallel group of 1 (ep 2 over dp 2) are not sharded: no shard beside their
+    gathered copy (memo-exec runs their states unsharded there), where the dense weights keep one (a review)."""
+    moe = ModelConfig("toy-moe", layers=8, hidden=1024, heads=16, ffn=4096, vocab=32000, dtype="fp32", experts=4,
+                      top_k=2, expert_ffn=1024)
+    fsdp, z1 = Layout(dp=2, pp=2, ep=2, **KEEP), Layout(dp=2, pp=2, ep=2, zero=1)
+    for s in range(2):
+        assert stage_model_state_bytes(moe, fsdp, s, experts_only=True) == pytest.approx(
+            stage_model_state_bytes(moe, z1, s, experts_only=True))
+        assert stage_model_state_bytes(moe, fsdp, s) > stage_model_state_bytes(moe, z1, s)
+
+
 def _grad_ops(layout):
     res = simulate(TOY, layout, 4, 4096, get_policy("full_recompute"), H100, schedule="1f1b", micro_batch=1,
                    record=True, keep_timeline=False)

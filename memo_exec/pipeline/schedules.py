@@ -3,7 +3,8 @@
 ``plan.micro_batches`` micro-batches, composed with the mesh's other dimensions (each TP / CP /
 Ulysses rank of stage s talks to the rank with the same coordinates in stage s +- 1 over the
 ``pp`` group; data-parallel replicas run their own pipelines and reduce gradients once per
-iteration).
+iteration, or under FSDP beside stages each chunk's after its last micro-batch backward,
+`memo_exec.distributed.zero.GradSync.end_chunk`).
 
 What a rank holds: model chunk ``c * pp + s`` (virtual stage) for c < vpp, each an even block of
 layers (`memo_sim.layout.parallel.stage_layers` over pp x vpp chunks, the split the simulator
