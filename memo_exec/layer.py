@@ -153,6 +153,8 @@ class LayerStorage:
         self.fp8_scales: dict[str, Any] = {}
         self.moe: Any = None  # a MoE layer's routing (and, under store all, its block's graph): `memo_exec.moe.block`
         self.keep_moe_internals = False  # set by a policy that keeps every activation (store all)
+        self.moe_recompute_act = False  # kept internals but the routed experts' activation output (recompute_norm_act)
+        self.ln2_rebuilt = False  # ln2 in a buffer other layers overwrite, rebuilt before this layer's backward
 
     def __getattr__(self, name: str) -> torch.Tensor:
         try:
@@ -165,6 +167,7 @@ class LayerStorage:
         t["x"] = x
         s = LayerStorage(t, self.stats)
         s.aux, s.moe, s.keep_moe_internals, s.fp8_scales = self.aux, self.moe, self.keep_moe_internals, self.fp8_scales
+        s.moe_recompute_act, s.ln2_rebuilt = self.moe_recompute_act, self.ln2_rebuilt
         return s
 
 

@@ -21,8 +21,8 @@ import torch
 
 from memo_exec.arena import AllocRecorder, CachingScratch
 from memo_exec.activations import make_policy, sim_policy_name
-from memo_exec.attention import (AttentionBackend, AttnDims, auto_backend_for, layer_needs, meta_stand_in, preferred_backends,
-                                 select_backend)
+from memo_exec.attention import (AttentionBackend, AttnDims, auto_backend_for, layer_needs, meta_stand_in,
+                                 preferred_backends, select_backend)
 from memo_exec.device import DTYPES, compute_dtype, resolve_device
 from memo_exec.errors import ExecError
 from memo_exec.layer import LayerCompute, LayerStorage, LayerWeights, carve_storage, norm_stats_dtype, \

@@ -89,6 +89,8 @@ KINDS = {
     "moe-ep2-recompute_moe": (2, ["--model", "MOE", "--ep", "2", "--policy", "recompute_moe",
                                   "--framework", "megatron"]),
     "moe-ep2-store_all": (2, ["--model", "MOE", "--ep", "2", "--policy", "store_all", "--framework", "megatron"]),
+    # Megatron's --recompute-modules layernorm moe_act (`memo_exec.activations.recompute_norm_act`)
+    "moe-recompute_norm_act": (1, ["--model", "MOE", "--policy", "recompute_norm_act", "--framework", "megatron"]),
     # expert tensor parallelism over the TP pair (`memo_exec.moe.etp`)
     "moe-etp2": (2, ["--model", "MOE", "--tp", "2", "--ep", "1", "--etp", "2", "--policy", "recompute_moe",
                      "--framework", "megatron"]),
@@ -138,8 +140,6 @@ REFUSED = {
     # TransformerEngine's FP8 keeps the quantised GEMM inputs; the executor keeps the high-precision ones
     "fp8-megatron": (1, ["--layers", "4", "--policy", "store_all", "--profile", "h100-sxm5-80gb",
                          "--precision", "fp8-tensorwise", "--framework", "megatron"], "fp8_saved_inputs"),
-    "moe-recompute_norm_act": (1, ["--model", "MOE", "--policy", "recompute_norm_act", "--framework", "megatron"],
-                               "policy 'recompute_norm_act'"),
     "memplan-full_recompute": (1, ["--layers", "4", "--policy", "full_recompute", "--allocator", "plan"],
                                "priced by the simulator only"),
     "compiled": (1, ["--layers", "4", "--policy", "store_all", "--framework", "torchtitan@2024-12"],
@@ -195,7 +195,7 @@ def test_the_kinds_cover_every_schedule_policy_and_sequence_layout(plans):
         seen_lay |= {"optimizer_offload"} if lay.get("optimizer_offload") else set()
     assert seen_sched == {"single_stage", "1f1b", "interleaved_1f1b", "sppo"}
     assert {"store_all", "full_recompute", "full_offload", "memo", "sppo", "selective_recompute",
-            "recompute_moe", "checkpoint_offload"} <= seen_pol
+            "recompute_moe", "recompute_norm_act", "checkpoint_offload"} <= seen_pol
     assert {"tp", "cp", "ulysses", "dp", "pp", "ep", "metp", "metp_ffn", "megatron", "fsdp",
             "optimizer_offload"} <= seen_lay
 

@@ -53,7 +53,7 @@ SEQ = 64
 MOE = ModelConfig("moe-small", 4, 64, 4, 128, vocab=128, dtype="fp32", experts=4, top_k=2, expert_ffn=48,
                   shared_experts=1, shared_ffn=32, shared_gate=True, dense_layers=1, ffn_type="swiglu",
                   norm="rmsnorm", bias="none", moe_bias=True)
-POLICIES = ("store_all", "full_recompute", "memo", "recompute_moe", "selective_recompute")
+POLICIES = ("store_all", "full_recompute", "memo", "recompute_moe", "selective_recompute", "recompute_norm_act")
 
 
 def plan_for(lay: dict, pol: str, batch: int = 1, schedule: str = "", micro: int = 0, model: ModelConfig = MOE):
@@ -181,9 +181,10 @@ def check(case: dict, results: list, world: int) -> None:
             model = VARIANTS[case.get("variant", 0)]
             assert r["moe_recomputed"] == [i for i in r["offloaded"] if not model.dense_layer_at(i)], (what, r)
         assert any(r["moe_recomputed"] for r in results) or lay.get("pp", 1) > 1, what
-    elif case["pol"] != "store_all":  # MoE blocks rebuilt from ln2 before their backward
+    elif case["pol"] not in ("store_all", "recompute_norm_act"):  # MoE blocks rebuilt from ln2 before their backward
         assert all(r["moe_recomputed"] for r in results), what
-    else:  # store all keeps every block's graph, under ZeRO 3 too (its weights re-gathered in place, as FSDP does)
+    else:  # store all keeps every block's graph, under ZeRO 3 too (its weights re-gathered in place, as FSDP does);
+        # recompute_norm_act too, but the experts' activation output
         assert all(not r["moe_recomputed"] for r in results), what
     for a, b in zip(got["losses"], losses, strict=True):
         assert abs(a - b) <= 1e-7 * abs(b), (what, got["losses"], losses)
@@ -291,6 +292,9 @@ TWO = [dict(lay=dict(dp=2, ep=2), pol="store_all", steps=10),
        dict(lay=dict(dp=2, ep=2), pol="memo", variant=1),  # sigmoid router, GELU, LayerNorm, no shared experts
        dict(lay=dict(dp=2, ep=2), pol="recompute_moe", steps=10),  # the block re-run, its all-to-alls too
        dict(lay=dict(tp=2, sp=True, ep=2), pol="recompute_moe"),
+       # Megatron's layernorm moe_act: the norms rebuilt, the block's graph kept but the experts' activation output
+       dict(lay=dict(dp=2, ep=2), pol="recompute_norm_act", steps=3),
+       dict(lay=dict(tp=2, sp=True, ep=2), pol="recompute_norm_act", variant=1),
        dict(lay=dict(tp=2, sp=True, ep=2), pol="memo", variant=2),  # Qwen3-MoE: QK norms summed over the TP pair
        dict(lay=dict(dp=2, ep=2), pol="memo", variant=3),  # dense and MoE layers alternating
        # forced balance: round-robin by position in the sequence, on each rank's rows as on one process
@@ -388,6 +392,8 @@ FOUR = [dict(lay=dict(tp=2, sp=True, dp=2, ep=2), pol="store_all", steps=10),
         dict(lay=dict(tp=2, sp=True, dp=2, ep=4), pol="memo"),
         dict(lay=dict(pp=2, dp=2, ep=2), pol="memo", batch=4, schedule="1f1b", micro=1),
         dict(lay=dict(pp=2, dp=2, ep=2), pol="store_all", batch=4, schedule="1f1b", micro=1),
+        # layernorm moe_act on a pipeline: each micro-batch in flight its own norm buffer under the kept graphs
+        dict(lay=dict(pp=2, dp=2, ep=2), pol="recompute_norm_act", batch=4, schedule="1f1b", micro=1),
         # data parallelism outermost (Megatron-LM's --use-tp-pp-dp-mapping): ranks 0 and 1 are one replica's stages
         # (the experts whole on each rank: in that order memo folds expert groups inside a replica's stage only)
         dict(lay=dict(pp=2, dp=2, rank_order="tp-cp-pp-dp"), pol="store_all", batch=4, schedule="1f1b", micro=1),

@@ -72,13 +72,13 @@ def allocated_resident(policy) -> int:
     """The bytes the policy itself allocated for its ``skeletal_resident`` term."""
     if policy.name == "full_recompute":
         return policy.x_block.numel()
-    if policy.name in ("store_all", "recompute_moe"):
+    if policy.name in ("store_all", "recompute_moe", "recompute_norm_act"):
         return sum(b.numel() for b in policy.blocks)
     return 0  # MEMO: everything in its rounding buffers
 
 
 # ------------------------------------------------------------------------------- one process
-@pytest.mark.parametrize("pol", ["store_all", "full_recompute", "memo", "recompute_moe"])
+@pytest.mark.parametrize("pol", ["store_all", "full_recompute", "memo", "recompute_moe", "recompute_norm_act"])
 @pytest.mark.parametrize("model,balance", [(MOE, "dropless"), (ALL_MOE, "dropless"), (MOE, "capacity:1.5"),
                                            (ALL_MOE, "capacity:0.5")], ids=["moe", "all-moe", "moe-cap", "all-moe-cap"])
 def test_estimate_counts_what_the_moe_block_keeps_one_process(pol, model, balance, monkeypatch):
@@ -112,13 +112,60 @@ def test_estimate_counts_what_the_moe_block_keeps_one_process(pol, model, balanc
         assert r == sent  # one process: every copy to its experts
         want = routing_bytes(model, T, cap)
         if graphs[i]:  # the local dispatcher has no regrouping: its two [R] permutations are not kept
-            want += sum(graph_bytes(model, T, 4, routed=r, capacity=cap).values()) - 2 * r * INDEX_BYTES
+            g = graph_bytes(model, T, 4, routed=r, capacity=cap)
+            want += sum(g.values()) - 2 * r * INDEX_BYTES - (g["eact"] if pol == "recompute_norm_act" else 0)
         assert kept == want, (pol, i, kept, want)
     local_dispatcher = sum(graphs[i] for i in moe_layers) * 2 * sent * INDEX_BYTES
     assert est == resident + sum(kept for kept, _ in fwd.values()) + local_dispatcher, (pol, est, resident)
     if pol == "store_all" and not model.mixes_dense_layers:  # no layer writes fc1 / act: none allocated
         assert "fc1" not in ex.policy.storages[0].tensors and "act" not in ex.policy.storages[0].tensors
 
+
+
+@pytest.mark.parametrize("pol", ["store_all", "recompute_norm_act"])
+def test_recompute_norm_act_keeps_no_expert_activation_output(pol, monkeypatch):
+    """Megatron's --recompute-modules layernorm moe_act (`memo_exec.activations.recompute_norm_act`): the block keeps
+    its graph but the routed experts' activation output, which is gone from forward to backward (a weak reference
+    to it is dead when the block's backward starts; under store all it is alive), and loss and gradients are store
+    all's (the activation rebuilt when the backward reads it)."""
+    import gc
+    import weakref
+
+    from memo_exec.moe import block, experts
+    from tests.exec_helpers import executor_grads
+
+    outputs: list = []
+    act = experts.act
+
+    def recorded(a, swiglu, probs=None):
+        y = act(a, swiglu, probs)
+        if torch.is_grad_enabled():
+            outputs.append(weakref.ref(y))
+        return y
+
+    alive: list = []
+    backward = block.MoEBlock.backward
+
+    def checked(self, w, S, dy, layer, timer):
+        gc.collect()
+        alive.append(sum(r() is not None for r in outputs))
+        outputs.clear()
+        return backward(self, w, S, dy, layer, timer)
+
+    monkeypatch.setattr(experts, "act", recorded)
+    monkeypatch.setattr(block.MoEBlock, "backward", checked)
+    with time_limit(60):
+        loss, grads, _ = executor_grads(plan_for({}, pol), dtype="fp64")
+    moe_layers = sum(not MOE.dense_layer_at(i) for i in range(MOE.layers))
+    assert len(alive) == moe_layers
+    if pol == "store_all":
+        assert alive[0] > 0, alive  # the first backward's layer kept its experts' outputs
+    else:
+        assert alive == [0] * moe_layers, alive
+    ref_loss, ref, _ = executor_grads(plan_for({}, "store_all"), dtype="fp64")
+    assert abs(loss - ref_loss) <= 1e-12 * abs(ref_loss)
+    for k in ref:
+        assert float((grads[k] - ref[k]).norm()) <= 1e-12 * float(ref[k].norm()) + 1e-300, k
 
 
 def test_kept_graph_reads_weights_gathered_back_in_place():

@@ -70,18 +70,19 @@ class ActivationPolicy(ABC):
         rows, width = self.shapes["q"]  # lse: one fp32 per (query row, head) of this rank
         return (width // self.model.qk_head_dim) * rows * self.tokens * 4
 
-    def moe_kept_bytes(self, keeps_graph=lambda i: False) -> int:
+    def moe_kept_bytes(self, keeps_graph=lambda i: False, rebuilt: tuple[str, ...] = ()) -> int:
         """What this instance's MoE layers keep beside the policy's storage (`memo_exec.moe.memory`): every MoE
         layer its routing, a layer ``i`` with ``keeps_graph(i)`` also its block's autograd graph. Layer i is model
         layer ``layer_base + i``; a pipeline chunk is bound to its layers after the estimate, so where the model
         mixes dense and MoE layers and this instance holds part of them the count is the most MoE layers (and
-        graphs) any run of this many layers holds."""
+        graphs) any run of this many layers holds; ``rebuilt``: the graph's tensors it does not keep (names of
+        `memo_exec.moe.memory.graph_bytes`)."""
         m = self.model
         if not m.moe:
             return 0
         esize = torch.empty((), dtype=self.dtype, device="meta").element_size()
         tp = skeletal_widths(m)["fc1"] // self.shapes["fc1"][1]  # the TP-split width's divisor
-        per = {g: layer_kept_bytes(m, self.tokens, esize, tp, g, self.moe_capacity, self.moe_etp)
+        per = {g: layer_kept_bytes(m, self.tokens, esize, tp, g, self.moe_capacity, self.moe_etp, rebuilt)
                for g in (False, True)}
 
         def total(base: int) -> int:

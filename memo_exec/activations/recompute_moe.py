@@ -5,7 +5,7 @@ before each layer's backward (`memo_exec.layer.LayerCompute.recompute_norms`), a
 keeps only its routing: its backward re-runs the block's forward (router, dispatch, experts,
 combine, the all-to-alls too) from the rebuilt ln2 (`memo_exec.moe.block`).
 ``recompute_norm_act`` (``layernorm moe_act``: the experts' activation alone rebuilt inside the
-block) is not run: the block keeps or re-runs its internals whole.
+block) is its own module, `memo_exec.activations.recompute_norm_act`.
 """
 
 from __future__ import annotations

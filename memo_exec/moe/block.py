@@ -66,6 +66,18 @@ class MoESaved:
     copies: tuple | None = None  # under a capacity: (src, exp) [N] each, the copies the experts computed
 
 
+def _graph_leaf(ln2: torch.Tensor, rebuilt: bool) -> torch.Tensor:
+    """The block's input as its kept graph's leaf. Where the policy keeps ln2 in a buffer the next layers overwrite
+    and rebuilds it there before this layer's backward (``recompute_norm_act``, `memo_exec.layer.LayerStorage`), the
+    leaf is a second tensor over the same memory with a version counter of its own: the graph reads the rebuilt
+    values, which the other layers' in-place writes in between would otherwise flag as modified (a ``detach`` shares
+    the counter)."""
+    if not rebuilt:
+        return ln2.detach().requires_grad_(True)
+    leaf = torch.empty(0, dtype=ln2.dtype, device=ln2.device)
+    return leaf.set_(ln2.untyped_storage(), ln2.storage_offset(), ln2.shape, ln2.stride()).requires_grad_(True)
+
+
 class MoEBlock:
     def __init__(self, model: ModelConfig, dispatcher: Dispatcher | None = None, tp_size: int = 1,
                  tp_group=None, etp: ExpertTP | None = None) -> None:
@@ -105,11 +117,13 @@ class MoEBlock:
         return self.routing(self.positions, self.k, self.model.experts, route_layer)
 
     def math(self, w, ln2: torch.Tensor, idx: torch.Tensor | None = None, layer: int | None = None,
-             phase: str = "fwd", route_layer: int | None = None, copies: tuple | None = None):
+             phase: str = "fwd", route_layer: int | None = None, copies: tuple | None = None,
+             recompute_act: bool = False):
         """(block output [T, h], routing idx, capacity copies or None) with autograd where grad mode is on;
         ``layer`` and ``phase`` name the dispatcher's timed collectives (`memo_exec.moe.dispatchers`);
         ``route_layer`` the model layer a routing keyed by layer draws from (default: ``layer``'s); ``copies``
-        a forward's capacity selection, kept for the backward's re-run like ``idx``."""
+        a forward's capacity selection, kept for the backward's re-run like ``idx``; ``recompute_act``: the routed
+        experts' activation output rebuilt for the backward, not kept (`memo_exec.moe.experts.rebuilt_act`)."""
         T = ln2.shape[0]
         logits = F.linear(ln2, w.router_w, w.router_b)
         if idx is None:
@@ -117,7 +131,7 @@ class MoEBlock:
         idx, weights = self.router(logits, self.k, idx)
         if self.capacity is None:
             xe, counts, state = self.dispatcher.dispatch(ln2, idx, layer, phase)
-            ye = self._experts(w, xe, counts, self.dispatcher.route_probs(weights, state), layer, phase)
+            ye = self._experts(w, xe, counts, self.dispatcher.route_probs(weights, state), layer, phase, recompute_act)
             y = self.dispatcher.combine_tokens(ye, state, T, self.k)
         else:  # each expert's C copies sent as tokens of one choice, summed back per token (`memo_exec.moe.capacity`)
             if copies is None:
@@ -129,7 +143,8 @@ class MoEBlock:
             src, exp = copies
             probs = weights.new_zeros(T, self.model.experts).scatter(1, idx, weights)[src, exp]  # padding: zero
             xe, counts, state = self.dispatcher.dispatch(ln2.index_select(0, src), exp.unsqueeze(1), layer, phase)
-            ye = self._experts(w, xe, counts, self.dispatcher.route_probs(probs.unsqueeze(1), state), layer, phase)
+            ye = self._experts(w, xe, counts, self.dispatcher.route_probs(probs.unsqueeze(1), state), layer, phase,
+                               recompute_act)
             y = sum_copies(self.dispatcher.combine_tokens(ye, state, src.numel(), 1), src, T)
         if w.shared_w1 is not None:  # a dense FFN on the TP group's rows: ln2 gathered in, reduce-scattered out
             a = sp_gather_linear(ln2, w.shared_w1, self.tp_size, self.tp_group)
@@ -140,20 +155,21 @@ class MoEBlock:
         return y, idx, copies
 
     def _experts(self, w, xe: torch.Tensor, counts: list[int], probs: torch.Tensor, layer: int | None,
-                 phase: str) -> torch.Tensor:
+                 phase: str, recompute_act: bool = False) -> torch.Tensor:
         """The local experts' outputs for the copies ``xe`` (grouped by local expert, ``counts``), weighted by
         ``probs``; under etp > 1 through the ETP group's gather and reduce-scatter (`memo_exec.moe.etp`)."""
         if self.etp is None:
-            return run_experts(xe, counts, w, self.swiglu, probs=probs)
+            return run_experts(xe, counts, w, self.swiglu, probs=probs, recompute_act=recompute_act)
         xg, cg, pg, st = self.etp.gather(xe, counts, probs, layer, phase)
-        return self.etp.scatter(run_experts(xg, cg, w, self.swiglu, probs=pg), st)
+        return self.etp.scatter(run_experts(xg, cg, w, self.swiglu, probs=pg, recompute_act=recompute_act), st)
 
     def forward(self, w, S, out: torch.Tensor, layer: int | None = None, phase: str = "fwd") -> None:
         """Write the block's output for every local row into ``out`` [T, h]; keep what the storage says."""
         if getattr(S, "keep_moe_internals", False):
             with torch.enable_grad():
-                leaf = S.ln2.detach().requires_grad_(True)
-                y, idx, copies = self.math(w, leaf, None, layer, phase)
+                leaf = _graph_leaf(S.ln2, getattr(S, "ln2_rebuilt", False))
+                y, idx, copies = self.math(w, leaf, None, layer, phase,
+                                           recompute_act=getattr(S, "moe_recompute_act", False))
             S.moe = MoESaved(idx, (leaf, y), self.route_layer(layer), copies)
             out.copy_(y.detach())
             # the backward needs y's graph and shape, not its values: the sum and add that made it keep no

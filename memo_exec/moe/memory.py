@@ -79,7 +79,9 @@ def graph_bytes(model: ModelConfig, tokens: int, esize: int, tp: int = 1, routed
 
 
 def layer_kept_bytes(model: ModelConfig, tokens: int, esize: int, tp: int, keeps_graph: bool,
-                     capacity: float | None = None, etp: int = 1) -> int:
-    """One MoE layer's kept bytes on one rank: the routing, plus the graph's tensors where ``keeps_graph``."""
-    graph = sum(graph_bytes(model, tokens, esize, tp, capacity=capacity, etp=etp).values()) if keeps_graph else 0
+                     capacity: float | None = None, etp: int = 1, rebuilt: tuple[str, ...] = ()) -> int:
+    """One MoE layer's kept bytes on one rank: the routing, plus the graph's tensors where ``keeps_graph`` but those
+    ``rebuilt`` for the backward instead (``eact`` under recompute_norm_act)."""
+    graph = sum(v for n, v in graph_bytes(model, tokens, esize, tp, capacity=capacity, etp=etp).items()
+                if n not in rebuilt) if keeps_graph else 0
     return routing_bytes(model, tokens, capacity) + graph

@@ -19,9 +19,9 @@ modules' forward before each layer's backward. One policy per module set memo pr
 Memory: store all's minus the group's bytes (`memo_sim.cost.activations.RECOMPUTE_GROUPS`), which
 the recompute allocates again while the layer's backward runs. The first two are for mixture-of-experts
 models (``needs_experts``), the third for dense ones (`RecomputeMlp.model_why_not`); the what-if leaves each
-out for the other kind. memo's executor runs ``recompute_moe`` (`memo_exec.activations.recompute_moe`);
-``recompute_norm_act``, whose experts' activation alone is rebuilt inside the MoE block, and ``recompute_mlp``
-it refuses in one line.
+out for the other kind. memo's executor runs ``recompute_moe`` (`memo_exec.activations.recompute_moe`) and
+``recompute_norm_act`` (`memo_exec.activations.recompute_norm_act`: the MoE block's graph kept but the experts'
+activation output, rebuilt when the backward reads it); ``recompute_mlp`` it refuses in one line.
 """
 
 from __future__ import annotations

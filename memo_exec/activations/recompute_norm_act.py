@@ -1,0 +1,29 @@
+"""Megatron-LM's ``--recompute-granularity selective --recompute-modules layernorm moe_act``
+(`memo_sim.policy.recompute_modules.RecomputeNormAct`): every layer keeps store all's skeletal tensors but the two
+norms' outputs, which live in one shared buffer and are rebuilt from the kept x and h1 before each layer's backward
+(as `memo_exec.activations.recompute_moe`), and each MoE block keeps its autograd graph, as under store all, but
+the routed experts' activation output (``eact``): the experts' second GEMM keeps how to rebuild it from their first
+GEMM's output, which the activation's backward keeps anyway, and the backward recomputes the activation when it
+reads it (`memo_exec.moe.experts.rebuilt_act`), as Megatron-Core's experts checkpoint their activation alone.
+"""
+
+from __future__ import annotations
+
+from memo_exec.activations.recompute_moe import NORMS, RecomputeMoe
+from memo_exec.activations.registry import register
+
+REBUILT = ("eact",)  # the MoE block's kept tensors this policy rebuilds (`memo_exec.moe.memory.graph_bytes`)
+
+
+@register("recompute_norm_act")
+class RecomputeNormAct(RecomputeMoe):
+    def device_bytes(self) -> dict[str, int]:
+        n = self.layers
+        return {"skeletal_resident": n * self._bytes(self._kept) + self.moe_kept_bytes(lambda i: True, REBUILT),
+                "buffers": self._bytes(NORMS),
+                "norm_stats": n * self._stats_bytes(), "lse": n * self.lse_bytes_per_layer()}
+
+    def allocate(self) -> None:
+        super().allocate()
+        for st in self.storages:  # the block's graph, less the experts' activation output, over the rebuilt ln2
+            st.keep_moe_internals = st.moe_recompute_act = st.ln2_rebuilt = True
