@@ -29,6 +29,10 @@ storage, `LayerStorage.keep_moe_internals`):
   weights and nothing is re-run (the simulator prices no recompute there). The weights' version
   counters are their own (``.data`` set once to the views), so the in-place gather trips no
   saved-tensor check; `backward` refuses a kept graph whose weights are still freed;
+- recompute_norm_act (Megatron's ``layernorm moe_act``): store all's graph but the routed experts' activation
+  output, which their second GEMM rebuilds from fc1's output when its backward reads it
+  (`memo_exec.moe.experts.rebuilt_act`), over ln2 in the policy's shared norm buffer, rebuilt before this layer's
+  backward (the graph's leaf a second tensor over it with its own version counter, `_graph_leaf`);
 - full recompute, recompute_moe and MEMO's offloaded layers: no internals: the backward re-runs the
   block's forward (all-to-alls included) from ln2 -- which the policy has restored by then, kept,
   reloaded or recomputed -- with the kept routing, then its backward (span ``moe_recompute``, phase

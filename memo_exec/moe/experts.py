@@ -61,10 +61,16 @@ def rebuilt_act(y: torch.Tensor, a: torch.Tensor, swiglu: bool, probs: torch.Ten
     def pack(t: torch.Tensor):
         if (t.data_ptr(), tuple(t.shape), t.dtype) == key:
             return _Rebuild(lambda: _act_values(a, swiglu, probs))
-        return t
+        return t, t._version  # hooked tensors skip autograd's own check of in-place changes: this one keeps it
 
     def unpack(saved):
-        return saved.fn() if isinstance(saved, _Rebuild) else saved
+        if isinstance(saved, _Rebuild):
+            return saved.fn()
+        t, version = saved
+        if t._version != version:
+            raise RuntimeError(f"the experts' second GEMM saved a tensor {tuple(t.shape)} that was modified in place "
+                               f"before its backward (version {t._version}, saved at {version})")
+        return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         yield

@@ -6,8 +6,8 @@ in bytes, known before anything runs: the activation policies add it to their ``
 Every policy keeps each MoE layer's routing (`routing_bytes`: ``idx`` [T, k] int64; under a capacity factor
 also the copies the experts computed, ``src`` and ``exp`` [N] int64 each, `memo_exec.moe.capacity`). A layer whose
 block keeps
-its autograd graph (store all, selective recompute, MEMO's kept layers: ``LayerStorage.keep_moe_internals``)
-also keeps what the graph saved (`graph_bytes`), with T the rank's own rows (its sequence shard), k the top-k, e
+its autograd graph (store all, selective recompute, MEMO's kept layers, recompute_norm_act but its ``eact``:
+``LayerStorage.keep_moe_internals``) also keeps what the graph saved (`graph_bytes`), with T the rank's own rows (its sequence shard), k the top-k, e
 the model dtype's bytes, R the copies its local experts received (T*k on average over the EP group: each rank
 sends T*k and receives its share of the group's; the estimate takes the average, where the simulator prices the
 busiest rank, `memo_sim.cost.activations.routed_load`; under a capacity factor every rank sends and receives
