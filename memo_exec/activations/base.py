@@ -8,7 +8,7 @@ import torch
 
 from memo_exec.layer import LayerCompute, LayerStorage, LayerWeights, norm_stats_dtype, skeletal_widths, \
     stats_bytes, storage_shapes
-from memo_exec.moe.memory import layer_kept_bytes
+from memo_exec.moe.memory import graph_bytes, layer_kept_bytes
 from memo_sim.model.config import ModelConfig
 
 
@@ -80,8 +80,7 @@ class ActivationPolicy(ABC):
         m = self.model
         if not m.moe:
             return 0
-        esize = torch.empty((), dtype=self.dtype, device="meta").element_size()
-        tp = skeletal_widths(m)["fc1"] // self.shapes["fc1"][1]  # the TP-split width's divisor
+        esize, tp = self._moe_sizes()
         per = {g: layer_kept_bytes(m, self.tokens, esize, tp, g, self.moe_capacity, self.moe_etp, rebuilt)
                for g in (False, True)}
 
@@ -91,6 +90,19 @@ class ActivationPolicy(ABC):
         if not m.mixes_dense_layers or self.layers >= m.layers:
             return total(self.layer_base)
         return max(total(b) for b in range(m.layers - self.layers + 1))
+
+    def _moe_sizes(self) -> tuple[int, int]:
+        """(the model dtype's bytes, the TP-split width's divisor) of `memo_exec.moe.memory`'s formulas."""
+        esize = torch.empty((), dtype=self.dtype, device="meta").element_size()
+        return esize, skeletal_widths(self.model)["fc1"] // self.shapes["fc1"][1]
+
+    def moe_graph_part(self, name: str) -> int:
+        """One MoE layer's kept-graph tensor ``name`` on this rank (`memo_exec.moe.memory.graph_bytes`; 0 for a
+        dense model)."""
+        if not self.model.moe:
+            return 0
+        esize, tp = self._moe_sizes()
+        return graph_bytes(self.model, self.tokens, esize, tp, capacity=self.moe_capacity, etp=self.moe_etp)[name]
 
     def moe_layer(self, layer: int) -> bool:
         """Whether model layer ``layer`` of a MoE model has a MoE block (`ModelConfig.dense_layer_at`)."""

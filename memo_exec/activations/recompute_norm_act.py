@@ -19,8 +19,10 @@ REBUILT = ("eact",)  # the MoE block's kept tensors this policy rebuilds (`memo_
 class RecomputeNormAct(RecomputeMoe):
     def device_bytes(self) -> dict[str, int]:
         n = self.layers
+        # the buffers: the norms' shared one and, while a MoE layer's backward runs, its rebuilt activation output
+        # (the simulator's recompute buffer holds both: `memo_sim.policy.recompute_modules`)
         return {"skeletal_resident": n * self._bytes(self._kept) + self.moe_kept_bytes(lambda i: True, REBUILT),
-                "buffers": self._bytes(NORMS),
+                "buffers": self._bytes(NORMS) + sum(self.moe_graph_part(name) for name in REBUILT),
                 "norm_stats": n * self._stats_bytes(), "lse": n * self.lse_bytes_per_layer()}
 
     def allocate(self) -> None:
