@@ -1255,6 +1255,16 @@ HISTORY = (
       "moe-zoo-qwen3-235b-long-16k-forced": -0.141, "moe-zoo-qwen3-235b-long-16k-dropless": -0.310,
       "moe-zoo-mixtral-8x22b-dropless": -0.155, "moe-zoo-mixtral-8x22b-forced": -0.117,
       "moe-zoo-mixtral-8x22b-fp8-forced": -0.267, "moe-zoo-mixtral-8x22b-capacity1": -0.126}),
+    ("45f388c", "2026-11-29", "before the embedding's and the head's weights were all-gathered from ZeRO 1 on (only "
+     "the layers' were)",
+     {"megatron2024-1.7B": -0.178, "megatron2024-7.1B": -0.168, "megatron2024-16B": -0.105, "megatron2024-32B": -0.053,
+      "torchtitan-t1-fsdp-compile": -0.135, "torchtitan-t3-fsdp128-compile": -0.137, "torchtitan-t4-2d-asynctp": -0.087,
+      "xtuner-yi-34b-32k-sp2": -0.095, "xtuner-yi-34b-128k-sp8": -0.071, "xtuner-llama2-70b-32k-sp4": 0.183,
+      "xtuner-yi-34b-128k-sp8-16gpu": -0.161, "moe-folding-mixtral-8x22b": 0.052, "moe-folding-qwen2-57b": -0.081,
+      "moe-zoo-qwen3-235b-a1-ep32": -0.134, "moe-zoo-qwen3-235b-a2-ep32-a2a-overlap": -0.030,
+      "moe-zoo-qwen3-235b-a3-fsdp": 0.268, "moe-zoo-qwen3-235b-long-16k-dropless": -0.308,
+      "moe-zoo-mixtral-8x22b-dropless": -0.139, "moe-zoo-mixtral-8x22b-forced": -0.100,
+      "moe-zoo-mixtral-8x22b-fp8-forced": -0.250, "moe-zoo-mixtral-8x22b-capacity1": -0.109}),
 )
 
 
@@ -1421,6 +1431,17 @@ STEPS = (
      "-13.4%, a4 -28.3% to -28.2%, the 16K rows -14.1% to -13.8%, -31.0% to -30.8%), every dense row and every row "
      "whose tp x cp fills a node unchanged: the MoE group 18 predicted at 18.5% / 47.1%, its long-context subgroup 8 "
      "at 15.2% / 30.8%, the dense group unchanged (11.4% / 28.8%)"),
+    ("embedding and head gathers", "the embedding's and the head's weights all-gathered as a layer's are from ZeRO 1 "
+     "on (`memo_sim.cost.grad_sync`: torchtitan's fully_shard units for tok_embeddings and [norm, output], "
+     "Megatron-LM's distributed optimizer gathering every bucket; the embedding's before the step's first op, wholly "
+     "exposed, and under ZeRO 3 with resharding again for its backward; the head's once, twice where DeepSpeed's ZeRO "
+     "3 releases it after its forward), where memo gathered the layers' alone: with 128K-token vocabularies the two "
+     "are 1-2.5 layers' worth of weights each. The ZeRO and FSDP rows move slower by 0.1-2.4 points (Megatron-LM's "
+     "2024 H100 table, vocabulary 131,072, distributed optimizer across nodes: 1.7B -17.8% to -15.4%, 7.1B -16.8% to "
+     "-15.4%, 16B -10.5% to -9.5%, 32B -5.3% to -4.8%; torchtitan's FSDP rows by 0.1-1.1; XTuner's ZeRO-3 rows by "
+     "0.1-0.3; the Model Zoo's and Folding's distributed-optimizer rows by 0.1-1.1, a3 +26.8% to +27.9%), every row "
+     "without ZeRO unchanged: dense 39 predicted at 11.3% / 28.8%, long-context 20 at 15.4% / 28.8%, the FP8 rows 12 "
+     "at 14.6% / 28.8%, the MoE group 18 at 18.5% / 47.1%, its long-context subgroup 8 at 15.1% / 30.7%"),
 )
 
 

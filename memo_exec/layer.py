@@ -47,7 +47,7 @@ from torch import nn
 
 from memo_exec.attention import AttentionBackend, AttnDims, layer_needs
 from memo_exec.attention_sinks import apply_sinks, sinks_grad
-from memo_exec.errors import BackendError
+from memo_exec.errors import BackendError, ExecError
 from memo_exec.device import acc_dtype
 from memo_exec.gemm_formats import layer_gemm
 from memo_sim.model.config import ModelConfig
@@ -543,6 +543,43 @@ class LayerCompute(HeadNorms):
             self._norm(S.x, p.ln1_w, p.ln1_b, S.ln1, S.stats[0], S.stats[1])
         with sp("ln2", layer, "recompute"):
             self._norm(S.h1, p.ln2_w, p.ln2_b, S.ln2, S.stats[2], S.stats[3])
+
+    def recompute_mlp(self, p: LayerWeights, S: LayerStorage, layer: int) -> None:
+        """Megatron's ``--recompute-modules mlp`` (the MLP checkpointed whole, its pre-MLP norm fused into fc1 under
+        TransformerEngine): rebuild ln2 (and its statistics) from the kept h1, fc1 with its sequence-parallel
+        all-gather and the activation, and re-run fc2 with its reduce-scatter into scratch, as Megatron's checkpoint
+        re-runs the whole MLP forward before its backward (the simulator prices that: `memo_sim.policy.
+        recompute_modules.RecomputeMlp`); fc2's output is dropped (the backward reads act, not it)."""
+        if p.moe is not None:
+            raise ExecError(f"layer {layer} is a MoE layer: recompute_mlp re-runs a dense MLP (plan recompute_moe or "
+                            "recompute_norm_act)")
+        X, sp, tp, f = self.scratch, self.timer.span, self.tp, self.f
+        X.set_phase("bwd")
+        X.prefix = "rc_"
+        try:
+            with sp("ln2", layer, "recompute"):
+                self._norm(S.h1, p.ln2_w, p.ln2_b, S.ln2, S.stats[2], S.stats[3])
+            with sp("fc1", layer, "recompute"):
+                ln2 = tp.gather(S.ln2, X, "ln2_gathered")
+                self.gemm.forward(ln2, p.w1, S.fc1, p.b1, self._cast(ln2, S, "fc1", "recompute"))
+                tp.release(X, "ln2_gathered")
+                del ln2
+            with sp("act", layer, "recompute"):
+                if self.swiglu:
+                    sg = X.get("silu_gate", (self.Tg, f), self.dtype)
+                    torch.ops.aten.silu.out(S.fc1[:, :f], out=sg)
+                    torch.mul(sg, S.fc1[:, f:], out=S.act)
+                    X.free("silu_gate")
+                    del sg
+                else:
+                    torch.ops.aten.gelu.out(S.fc1, approximate="none", out=S.act)
+            with sp("fc2", layer, "recompute"):
+                fc2 = X.get("fc2", (self.T, self.h), self.dtype)
+                self._row_parallel(S.act, p.w2, p.b2, fc2, X, "fc2", self._cast(S.act, S, "fc2", "recompute"))
+                X.free("fc2")
+                del fc2
+        finally:
+            X.prefix = ""
 
     def recompute_attention(self, p: LayerWeights, S: LayerStorage, layer: int) -> None:
         """Selective recompute: re-run the attention core from the kept q, k, v, rebuilding the

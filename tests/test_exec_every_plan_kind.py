@@ -119,6 +119,9 @@ KINDS = {
                      "--zero", "3", "--policy", "full_recompute", "--framework", "torchtitan"]),
     "moe-pp2-fsdp": (4, ["--model", "MOE", "--pp", "2", "--dp", "2", "--ep", "2", "--batch", "2", "--schedule", "1f1b",
                          "--zero", "3", "--policy", "store_all", "--framework", "torchtitan"]),
+    # Megatron's --recompute-modules mlp (`memo_exec.activations.recompute_mlp`), alone and under TP with SP
+    "recompute_mlp": (1, ["--layers", "4", "--policy", "recompute_mlp", "--framework", "megatron"]),
+    "recompute_mlp-tp2": (2, ["--layers", "4", "--tp", "2", "--policy", "recompute_mlp", "--framework", "megatron"]),
     # Qwen3's attention: heads of 32 over a 64-wide model (the --head-dim override), QK norms
     "qwen3-memo": (1, ["--model", "qwen3-8b", *DENSE, "--layers", "4", "--kv-heads", "2", "--head-dim", "32", *MEMO]),
     "qwen3-tp2": (2, ["--model", "qwen3-8b", *DENSE, "--layers", "4", "--kv-heads", "2", "--head-dim", "32", "--tp", "2",
@@ -145,8 +148,6 @@ REFUSED = {
     "compiled": (1, ["--layers", "4", "--policy", "store_all", "--framework", "torchtitan@2024-12"],
                  "kernel_fusion compiled"),
     "op_sac": (1, ["--layers", "4", "--policy", "op_sac", "--framework", "torchtitan"], "policy 'op_sac'"),
-    "recompute_mlp": (1, ["--layers", "4", "--policy", "recompute_mlp", "--framework", "megatron"],
-                      "policy 'recompute_mlp'"),
     "fp8-rowwise": (1, ["--layers", "4", "--policy", "store_all", "--profile", "h100-sxm5-80gb", "--precision",
                         "fp8-rowwise"], "gemm_format fp8-rowwise"),
     # multi-token-prediction modules: the executor builds them with Megatron TP only (SPPO with modules: the what-if
@@ -195,7 +196,7 @@ def test_the_kinds_cover_every_schedule_policy_and_sequence_layout(plans):
         seen_lay |= {"optimizer_offload"} if lay.get("optimizer_offload") else set()
     assert seen_sched == {"single_stage", "1f1b", "interleaved_1f1b", "sppo"}
     assert {"store_all", "full_recompute", "full_offload", "memo", "sppo", "selective_recompute",
-            "recompute_moe", "recompute_norm_act", "checkpoint_offload"} <= seen_pol
+            "recompute_moe", "recompute_norm_act", "recompute_mlp", "checkpoint_offload"} <= seen_pol
     assert {"tp", "cp", "ulysses", "dp", "pp", "ep", "metp", "metp_ffn", "megatron", "fsdp",
             "optimizer_offload"} <= seen_lay
 

@@ -431,14 +431,26 @@ FOUR = [dict(lay=dict(tp=2, sp=True, dp=2, ep=2), pol="store_all", steps=10),
              schedule="1f1b", micro=1, steps=3),
         dict(lay=dict(pp=2, dp=2, zero=3, dp_mode="fsdp", reshard_after_forward=False), pol="memo", batch=4,
              schedule="1f1b", micro=1)]
+# the ETP, ZeRO, FSDP and GPT-OSS cases in the slow selection, which CI runs beside the default one (the two take
+# about as long: .ci/run)
+FOUR, FOUR_MORE = FOUR[:10], FOUR[10:]
 
 
-def test_four_ranks_tp2_dp2_ep2_and_pp2_ep2_match_single_process():
-    results = spawn(rank_cases, 4, FOUR, timeout=400)
-    for i, case in enumerate(FOUR):
+def _four_ranks(cases):
+    results = spawn(rank_cases, 4, cases, timeout=400)
+    for i, case in enumerate(cases):
         check(case, [r[i] for r in results], 4)
         for r in results:  # every rank (a pipeline's later stage too)
             check_etp_ops(case, r[i])
+
+
+def test_four_ranks_tp2_dp2_ep2_and_pp2_ep2_match_single_process():
+    _four_ranks(FOUR)
+
+
+@pytest.mark.slow
+def test_four_ranks_etp_zero_fsdp_and_gpt_oss_match_single_process():
+    _four_ranks(FOUR_MORE)
 
 
 # ------------------------------------------------------------------------------- refusals

@@ -122,6 +122,9 @@ def test_estimate_counts_what_the_moe_block_keeps_one_process(pol, model, balanc
 
 
 
+_STORE_ALL: dict = {}  # (variant, balance) -> store all's loss and gradients (no hook changes either)
+
+
 @pytest.mark.parametrize("pol", ["store_all", "recompute_norm_act"])
 @pytest.mark.parametrize("variant,balance", [(v, "dropless") for v in range(len(VARIANTS))] + [(0, "capacity:1.5")])
 def test_recompute_norm_act_keeps_no_expert_activation_output(pol, variant, balance, monkeypatch):
@@ -164,9 +167,12 @@ def test_recompute_norm_act_keeps_no_expert_activation_output(pol, variant, bala
     assert len(alive) == moe_layers
     if pol == "store_all":
         assert alive[0] > 0, alive  # the first backward's layer kept its experts' outputs
-    else:
-        assert alive == [0] * moe_layers, alive
-    ref_loss, ref, _ = executor_grads(plan_for(lay, "store_all", model=model), dtype="fp64")
+        _STORE_ALL[(variant, balance)] = (loss, grads)  # the reference of the same case's recompute_norm_act
+        return
+    assert alive == [0] * moe_layers, alive
+    if (variant, balance) not in _STORE_ALL:  # the store-all case did not run first (a selection of one)
+        _STORE_ALL[(variant, balance)] = executor_grads(plan_for(lay, "store_all", model=model), dtype="fp64")[:2]
+    ref_loss, ref = _STORE_ALL[(variant, balance)]
     assert abs(loss - ref_loss) <= 1e-12 * abs(ref_loss)
     for k in ref:
         assert float((grads[k] - ref[k]).norm()) <= 1e-12 * float(ref[k].norm()) + 1e-300, k

@@ -530,6 +530,7 @@ def test_70b_zero3_memo_plan_exports_a_megatron_plan_that_fits(tmp_path):
     assert "model_states needs" not in out
 
 
+@pytest.mark.slow  # a 70B search on 8 GPUs: about 30 s
 def test_70b_on_8_gpus_exports_megatrons_optimizer_offload_plan(tmp_path):
     """[modern-training] Done when: the what-if's 70B plan on 8 GPUs at 4K (ZeRO 3, MEMO, the optimizer on the host)
     exported to Megatron-LM writes a plan memo predicts fits (TP 8 with the optimizer on the host: one state shard,

@@ -12,6 +12,8 @@ One module per policy, registered under the simulator's policy name (`registry`)
   and the MoE block re-run before each backward.
 - `recompute_norm_act` (``layernorm moe_act``): the norms' outputs rebuilt, the MoE block's graph kept but the
   routed experts' activation output, recomputed when the backward reads it.
+- `recompute_mlp` (``mlp``, a dense model): the MLP's norm output, fc1 and activation rebuilt, fc2 re-run,
+  before each backward.
 - `checkpoint_offload` (DeepSpeed's ``cpu_checkpointing``): full recompute with each layer's input
   on the host, through two input buffers and the rounding-buffer copy rule.
 """
@@ -19,7 +21,7 @@ One module per policy, registered under the simulator's policy name (`registry`)
 # isort: off
 from memo_exec.activations import store_all, full_recompute, full_offload, memo  # noqa: F401  (registration)
 from memo_exec.activations import selective_recompute, recompute_moe, checkpoint_offload  # noqa: F401
-from memo_exec.activations import recompute_norm_act  # noqa: F401
+from memo_exec.activations import recompute_norm_act, recompute_mlp  # noqa: F401
 # isort: on
 from memo_exec.activations.base import ActivationPolicy
 from memo_exec.activations.registry import make_policy, register, registered, sim_policy_name

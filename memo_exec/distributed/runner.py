@@ -231,7 +231,7 @@ class DistExecutor(ExecutorBase):
         e_gathered = expert_layer if lay.dp_mode != "fsdp" or lay.reshard_after_forward else experts
         e_weights = experts * e if ze < 3 else experts * e // De + e_gathered * e
         # FSDP beside pipeline stages: whole gradients through the step, each chunk's reduced after its last backward
-        per_chunk = lay.pp > 1 and lay.dp_flavour.reduces_after_chunk
+        per_chunk = lay.grads_reduced_per_chunk
         e_grads = experts * e if ze < 2 or per_chunk else experts * e // De + expert_layer * e
         e_shard = experts // De if ze >= 1 else experts
         D = self.ctx.size("data") if lay.zero else 1

@@ -126,7 +126,7 @@ class GradSync(LayerHooks):
         # FSDP's reshard_after_forward off: each layer's gathered weights kept from its forward to its backward
         self.keep_gathered = self.fsdp and not lay.reshard_after_forward
         # FSDP beside pipeline stages: whole gradients, each chunk's reduced after its last backward (module docs)
-        self.per_chunk = self.fsdp and lay.pp > 1 and lay.dp_flavour.reduces_after_chunk
+        self.per_chunk = self.fsdp and lay.grads_reduced_per_chunk
         self.pending: set[int] = set()  # units whose backward ran since their last reduction (per_chunk)
         hsdp = self.fsdp and over is None and ctx.size("shard") < size
         self.shard_group = ctx.group("shard") if hsdp else self.data  # what the states are sharded over

@@ -18,7 +18,18 @@
 - ZeRO-3: each layer's weights all-gathered before its forward and again before its backward.
 The multi-token-prediction modules' weights are gathered as a layer's (``mtp_gather``, once; the schedules
 place it before the head, whose op holds the modules' forward and backward).
-The embedding/classifier weights are small next to the layers and not gathered separately; on a
+The embedding's and the head's weights are gathered as a layer's are, each its own unit (torchtitan's
+``fully_shard(model.tok_embeddings)`` and ``fully_shard([model.norm, model.output])``; Megatron-LM's distributed
+optimizer gathers them with its other buckets): ``embedding_gather`` (the first or single stage: V x h / TP)
+before the embedding's forward and, where the layers are gathered again for their backward, before its backward
+(FSDP2's pre-backward unshards the unit, though a lookup's gradient reads no weight); ``head_gather`` (the last or
+single stage: the final norm and the classifier, or on a pipeline the tied embedding's copy, with the embedding
+copy the multi-token-prediction modules read there) once before the head, which keeps it through its backward (the
+head op holds both), again for the head's backward where the flavour drops it after the forward
+(``DPFlavour.regathers_head``: DeepSpeed's ZeRO-3 releases a module's parameters after its forward; torchtitan does
+not reshard [norm, output] after the forward); on one stage under ZeRO-3 with resharding, a tied embedding (or one
+the multi-token-prediction modules read) is gathered again for the head. A large vocabulary makes them
+no small thing: Llama 3 8B's embedding and classifier hold 1.05B of its 8.0B parameters. On a
 pipeline the first stage reduces the embedding's gradient and the last the head's (the classifier, or
 a tied embedding's copy there, and the final norm), each its own V x h / TP; on one stage a tied
 embedding's gradient is complete only after the embedding's backward (its head bucket is the norm's).
@@ -92,6 +103,9 @@ class GradSync:
     mtp_gather: float = 0.0  # ZeRO >= 1: the multi-token-prediction modules' working weights all-gathered, once
     shared_embedding_link: str = "nvlink"
     head_grad: float = 0.0  # the head's bucket (the last or single stage), after the last micro-batch's head
+    embedding_gather: float = 0.0  # ZeRO >= 1: the embedding's working weights all-gathered (first or single stage)
+    head_gather: float = 0.0  # ZeRO >= 1: the head's (last or single stage), before the head (twice where the
+    # flavour regathers it for the head's backward: module docs)
 
     @property
     def active(self) -> bool:
@@ -99,8 +113,10 @@ class GradSync:
 
     def end_bucket(self, stage: int, pp: int) -> float:
         """The bucket an end stage of ``pp`` reduces once its whole backward is done, where it does not go out
-        earlier: the embedding's on the first stage, the head's (with the modules') on the last; 0 in between."""
-        return self.embedding_grad if stage == 0 else self.head_grad + self.mtp_grad if stage == pp - 1 else 0.0
+        earlier: the embedding's on the first stage, the head's (with the modules') on the last, both on a single
+        stage (SPPO's pp 1: a review found its head's bucket left out); 0 in between."""
+        return ((self.embedding_grad if stage == 0 else 0.0)
+                + (self.head_grad + self.mtp_grad if stage == pp - 1 else 0.0))
 
 
 def shares_embedding(model: ModelConfig, layout: Layout) -> bool:
@@ -170,12 +186,22 @@ def grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile, stri
         all_r += _reduce(layout, gr * every.expert_local, ge, elink)
         if layout.zero >= 1:
             gather += _gather(w * layer.expert_local, ge, elink)
+    # the embedding's and the head's units (module docs; the embedding copy the modules read on the last stage: the
+    # head's)
+    copy = model.vocab * model.hidden / layout.tp if model.mtp_layers and layout.pp > 1 and not model.tied_embeddings \
+        else 0.0
+    # one stage, resharded after the embedding's forward: the head (or the modules) gathers the embedding again
+    again = emb_p if (layout.pp == 1 and layout.zero >= 3 and flavour.gathers_in_backward(layout)
+                      and (model.tied_embeddings or model.mtp_layers)) else 0.0
+    emb_g, head_g = ((_gather(w * emb_p, g, gather_link), _gather(w * (head_p + copy + again), g, gather_link))
+                     if layout.zero >= 1 and g > 1 else (0.0, 0.0))
+    if layout.zero >= 3 and flavour.regathers_head(layout):
+        head_g *= 2  # dropped after the head's forward and gathered again for its backward (the head op holds both)
     mtp_r = mtp_g = 0.0
     if model.mtp_layers:  # the modules' dense and routed parts, each over its own replicas, as the layers'
         mtp = gpu_params(model, layout, model.mtp_params(), model.mtp_routed_params(), model.mtp_replicated_params())
-        copy = model.vocab * model.hidden / layout.tp if layout.pp > 1 and not model.tied_embeddings else 0.0
         mtp_r = reduce(gr * (mtp.local - mtp.expert_local + copy))
-        if layout.zero >= 1 and g > 1:  # their weights gathered as a layer's are (the embedding copy is not)
+        if layout.zero >= 1 and g > 1:  # their weights gathered as a layer's are (the embedding copy with the head's)
             mtp_g = _gather(w * (mtp.local - mtp.expert_local), g, gather_link)
         if ge > 1:
             mtp_r += _reduce(layout, gr * mtp.expert_local, ge, elink)
@@ -184,4 +210,4 @@ def grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile, stri
     return GradSync(coll.link_kind(profile, link), layer_r, reduce(gr * emb_p),
                     all_r, gather, layout.zero >= 3 and flavour.gathers_in_backward(layout), layout.grad_overlap,
                     mtp_r, shared_embedding=shared, shared_embedding_link=shared_link, mtp_gather=mtp_g,
-                    head_grad=reduce(gr * head_p))
+                    head_grad=reduce(gr * head_p), embedding_gather=emb_g, head_gather=head_g)

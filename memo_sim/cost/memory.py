@@ -41,7 +41,7 @@ def loss_tokens(layout: Layout, batch: int, seq: int, chunk_tokens: int = CLASSI
 
 def model_state_parts(model: ModelConfig, layout: Layout, experts_only: bool = False) -> dict[str, float]:
     """Model-state bytes on one GPU by part: weights, grads, master weights + optimizer, ZeRO-3's two gathered
-    layers and gathered output head, and (ZeRO 2 and 3) the whole gradients of a layer and of the head before their
+    layers and gathered output head (and embedding, where FSDP keeps gathered weights to the backward), and (ZeRO 2 and 3) the whole gradients of a layer and of the head before their
     reduce-scatter; ``experts_only``: the routed experts' share of each part (they are split and
     sharded over other groups than the dense parameters, so each part has its own share)."""
     r = model.recipe
@@ -67,6 +67,11 @@ def model_state_parts(model: ModelConfig, layout: Layout, experts_only: bool = F
             # under TP; the tied embedding where it is the head), as the layers' gathers are counted (a review:
             # torchtitan's [norm, output] unit kept gathered through the loss)
             "gathered_head": r.weight_bytes * model.vocab * model.hidden / layout.tp if z >= 3 and not experts_only
+            else 0.0,
+            # ZeRO-3 / FSDP keeping gathered weights from forward to backward (FSDP2 without resharding): the
+            # embedding's unit too, where it is not the head (`memo_sim.cost.grad_sync`)
+            "gathered_embedding": r.weight_bytes * model.vocab * model.hidden / layout.tp
+            if z >= 3 and not experts_only and not model.tied_embeddings and not flavour.gathers_in_backward(layout)
             else 0.0,
             # ZeRO 2 / 3: gradients sharded, but each one is produced whole by the backward and reduce-scattered into
             # its shard afterwards: one layer's whole gradients (memo's executor: the layers' shared workspace;

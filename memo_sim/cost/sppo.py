@@ -381,8 +381,8 @@ def stage_model_state_bytes(model: ModelConfig, layout: Layout, stage: int, expe
     mtp = model.mtp_layers if stage == layout.pp - 1 else 0
     # FSDP beside stages holds its layers gathered (the weights above) beside their shards: the fp32 master shard, or
     # without a master (working weights in fp32) the sharded parameter itself, which FSDP2 gathers into a new buffer
-    kept_shard = r.weight_bytes * sharded if (layout.pp > 1 and layout.dp_flavour.reduces_after_chunk
-                                              and r.master_bytes == 0 and sharded < local) else 0.0
+    kept_shard = r.weight_bytes * sharded if (layout.grads_reduced_per_chunk and r.master_bytes == 0
+                                              and sharded < local) else 0.0
     return (r.weight_bytes + grads) * local + optim + kept_shard + weight_cache_bytes(
         model, stage_layer_count(model, layout, stage) + mtp, layout, experts_only)
 

@@ -6,7 +6,8 @@ rules the memory formulas and the gradient collectives ask for (`memo_sim.cost.m
 A flavour says over how many of those ranks the states are sharded (``shard_group``; the rest of
 the group holds replicas of each shard, HSDP), whether a layer's gathered weights are dropped after
 its forward and gathered again for its backward (``gathers_in_backward``), and how many layers'
-gathered weights a GPU holds at its peak (``gathered_layers``), and whether its shards keep the working weights
+gathered weights a GPU holds at its peak (``gathered_layers``), whether the output head's are gathered again for its
+backward (``regathers_head``), and whether its shards keep the working weights
 beside the fp32 master (``shards_working_weights``). Beside pipeline stages it says
 whether it runs there at all (``pipeline_why_not``), whether a stage reduces its gradients chunk by
 chunk after that chunk's last micro-batch backward instead of layer by layer during it
@@ -35,6 +36,11 @@ class DPFlavour:
     def gathers_in_backward(self, layout) -> bool:
         """Whether each layer's weights are gathered again before its backward."""
         return layout.zero >= 3
+
+    def regathers_head(self, layout) -> bool:
+        """Under ZeRO-3, whether the output head's weights are dropped after its forward and gathered again for its
+        backward (DeepSpeed's ZeRO-3 releases every module's parameters after its forward)."""
+        return self.gathers_in_backward(layout)
 
     def gathered_layers(self, layout, n_layers: int) -> float:
         """Layers whose gathered (whole) weights a GPU holds at its peak, beside its shards."""

@@ -47,6 +47,11 @@ class Fsdp(DPFlavour):
     def gathers_in_backward(self, layout) -> bool:
         return layout.reshard_after_forward
 
+    def regathers_head(self, layout) -> bool:
+        # torchtitan's [norm, output] unit is resharded after the forward only under its "always" policy, which memo
+        # does not price: "do not reshard_after_forward the last layers ... since FSDP would prefetch them immediately"
+        return False
+
     def gathered_layers(self, layout, n_layers: int) -> float:
         # resharded: this layer and the next one's prefetch; kept: every layer from its forward to its backward
         return 2.0 if layout.reshard_after_forward else float(n_layers)

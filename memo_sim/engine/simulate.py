@@ -66,7 +66,7 @@ def simulate(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: P
                          policy_name=policy.name)
     if why:
         raise MemoError(f"{layout.label()} {policy.label()}: {why}")
-    why = policy.model_why_not(model) or structure_why_not(layout, model) or (
+    why = policy.model_why_not(model) or policy.layout_why_not(layout) or structure_why_not(layout, model) or (
         "the optimizer on the host is priced for single-stage layouts only" if layout.optimizer_offload
         and name != "single_stage" else None) or (
         "uneven stages run a micro-batch pipeline (1f1b, interleaved_1f1b)" if layout.uneven

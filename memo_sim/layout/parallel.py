@@ -237,6 +237,12 @@ class Layout:
         return dp_flavour(self.dp_mode)
 
     @property
+    def grads_reduced_per_chunk(self) -> bool:
+        """Whole gradients held over a pipeline stage's micro-batches, each model chunk's reduced after its last
+        micro-batch's backward (FSDP beside pipeline stages: `memo_sim.dp.fsdp`, ``reduces_after_chunk``)."""
+        return self.pp > 1 and self.dp_flavour.reduces_after_chunk
+
+    @property
     def dispatcher(self) -> Dispatcher:
         return dispatcher(self.moe_dispatcher)
 

@@ -69,6 +69,12 @@ class Policy:
         asked for by name)."""
         return None
 
+    @staticmethod
+    def layout_why_not(layout) -> str | None:
+        """Why the policy cannot run on ``layout`` (None: it can; the search leaves the pair out, the simulator
+        refuses it when asked for)."""
+        return None
+
     def __post_init__(self) -> None:
         if self.takes_alpha:
             a = self.alpha

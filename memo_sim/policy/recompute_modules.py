@@ -21,7 +21,8 @@ the recompute allocates again while the layer's backward runs. The first two are
 models (``needs_experts``), the third for dense ones (`RecomputeMlp.model_why_not`); the what-if leaves each
 out for the other kind. memo's executor runs ``recompute_moe`` (`memo_exec.activations.recompute_moe`) and
 ``recompute_norm_act`` (`memo_exec.activations.recompute_norm_act`: the MoE block's graph kept but the experts'
-activation output, rebuilt when the backward reads it); ``recompute_mlp`` it refuses in one line.
+activation output, rebuilt when the backward reads it) and ``recompute_mlp`` (`memo_exec.activations.recompute_mlp`:
+the MLP's tensors in one shared buffer, the MLP re-run, fc2 with its reduce-scatter too, before each backward).
 """
 
 from __future__ import annotations
@@ -46,6 +47,16 @@ class RecomputeModules(StoreAll):
     comm_prefixes: ClassVar[tuple[str, ...]] = ()  # collectives re-run with the ops (the MoE block's all-to-alls)
     needs_experts: ClassVar[bool] = True
     megatron_modules: ClassVar[tuple[str, ...]] = ()  # its --recompute-modules words (`memo_sim.export.megatron`)
+
+    @staticmethod
+    def layout_why_not(layout) -> str | None:
+        # the modules are Megatron TP's layer parts (its LayerNormColumnParallelLinear, its MoE layer): METP's layer
+        # has none of them, and memo-exec re-runs them in the Megatron layer only (a review found the what-if
+        # answering with recompute_mlp on metp_ffn, which memo-exec refused)
+        if layout.tp > 1 and layout.tp_mode != "megatron":
+            return (f"Megatron-LM's --recompute-modules re-run parts of its own tensor-parallel layer, which tp_mode "
+                    f"{layout.tp_mode} does not have: plan with tp_mode megatron")
+        return None
 
     def dropped(self, sk) -> float:
         return sum(sk.get(g, 0.0) for g in self.groups)
@@ -109,7 +120,8 @@ class RecomputeMlp(RecomputeModules):
     summary = "keep the skeletal activations but the MLP's (its norm's, fc1's, the activation's); re-run the MLP"
     groups = ("mlp",)
     ops = ("ln2", "fc1", "act", "fc2")
-    comm_prefixes = ("allgather_ln2", "reducescatter_fc2")
+    # fc1's sequence-parallel all-gather and fc2's reduce-scatter, or without SP fc2's all-reduce (a review)
+    comm_prefixes = ("allgather_ln2", "reducescatter_fc2", "allreduce_fc2")
     needs_experts = False
     megatron_modules = ("mlp",)
 

@@ -176,6 +176,11 @@ def estimate_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int,
         gathers += n * max(0.0, sync.layer_gather - lt.backward)
     # the multi-token-prediction modules' weights, gathered beside the last layer's forward (twice under ZeRO-3)
     gathers += max(0.0, sync.mtp_gather * (2 if sync.gather_in_backward else 1) - lt.forward)
+    # the embedding's unit before the step's first op (nothing to hide it; again beside the first layer's backward
+    # under ZeRO-3), the head's beside the last layer's forward (`memo_sim.cost.grad_sync`)
+    gathers += sync.embedding_gather + max(0.0, sync.head_gather - lt.forward)
+    if sync.gather_in_backward:
+        gathers += max(0.0, sync.embedding_gather - lt.backward)
     if m == 1:
         total = bt.embedding + fwd + bt.classifier + bwd + sync_exposed + gathers + bt.optimizer
     else:
@@ -229,13 +234,14 @@ def estimate_pipeline(model: ModelConfig, layout: Layout, batch: int, micro_batc
     sync = stage_grad_sync(model, layout, profile)
     # overlapped: the last bucket (FSDP beside stages: the last chunk's, after its backward); serial
     # (``grad_overlap`` off): the slowest stage's whole reduction
-    if layout.dp_flavour.reduces_after_chunk:  # each rank's last backward is its chunk 0's (virtual stage s)
+    if layout.grads_reduced_per_chunk:  # each rank's last backward is its chunk 0's (virtual stage s)
         vr = layout.virtual_stage_ranges(model.layers) if layout.uneven else None
         last = max(len(vr[s]) for s in range(p)) if vr else -(-per // v)
     else:
         last = 1
     sync_exposed = last * sync.layer_grad if sync.overlapped else serial
-    gathers = per * max(0.0, sync.layer_gather - lt.forward) + max(0.0, sync.mtp_gather - lt.forward)
+    gathers = (per * max(0.0, sync.layer_gather - lt.forward) + max(0.0, sync.mtp_gather - lt.forward)
+               + sync.embedding_gather + max(0.0, sync.head_gather - lt.forward))  # the end stages' units, as above
     exposed = m * per * (max(0.0, lt.offload - lt.forward) + max(0.0, lt.prefetch - lt.backward - r)) \
         if policy.offloads else 0.0
     # the end stages' sum of the embedding they share, after the last bucket (`memo_sim.cost.grad_sync`)

@@ -384,6 +384,9 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
                                 continue
                         shape = _shape(model, cand, b, mb, profile, name)  # every policy's
                         for pol in policies:
+                            if why := policy_class(pol).layout_why_not(cand):
+                                rejected.append((cand, f"{pol}: {why}"))
+                                continue
                             out.append(pipeline_candidate(model, cand, pol, b, mb, seq, profile, name, alpha, shape))
     # "state_why": the layout nearest to fitting whose model states alone do not; "why_none": the last reason a layout
     # the degrees allow was not built (its chunks, batch split or schedule): what a search that builds nothing says,

@@ -454,6 +454,9 @@ def _single_stage(model, lay: Layout, plain, batch, global_batch, micro_batch, s
             rejected.append((lay, f"--micro-batch {mb} does not divide the batch ({b} sequences per replica)"))
             continue
         for pol in plain:
+            if why := policy_class(pol).layout_why_not(lay):
+                rejected.append((lay, f"{pol}: {why}"))
+                continue
             at = lay
             if lay.memory_plan and policy_class(pol).static_memory_plan:
                 if allocator != "plan":

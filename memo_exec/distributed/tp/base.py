@@ -13,8 +13,11 @@ and the (possibly layer-reduced) `ModelConfig`. Then, in this order:
    policy allocates for every layer (`memo_exec.layer.storage_shapes` for Megatron). A flavour
    whose layer saves fewer tensors still returns every name of `memo_exec.layer.SKELETAL`
    (width 0 for a tensor it never saves).
-4. ``make_weights(layers, device, dtype)`` -> an ``nn.Module`` with this rank's shard of one
-   layer (for Megatron `memo_exec.layer.LayerWeights` with ``tp=size``), and
+4. ``make_weights(layers, device, dtype, layer=None, experts=None, moe=None, expert_tp=(1, 0))`` -> an
+   ``nn.Module`` with this rank's shard of one layer (for Megatron `memo_exec.layer.LayerWeights` with ``tp=size``;
+   ``layer``: its index in the model, which decides its kind; a MoE layer holds routed experts ``experts`` = (first,
+   count), slice ``expert_tp`` = (etp, ETP rank) of each; ``moe``: the kind given, a multi-token-prediction
+   module's), and
    ``shard_(local, full)``: copy this rank's shard out of a whole layer's weights (the runner
    initialises the whole layer from the seed, so every layout starts from the same weights), and
    ``unshard_grads(grads: {name: local gradient}) -> {name: whole gradient}`` (collective over
@@ -59,7 +62,9 @@ class TPFlavour:
     def storage_shapes(self) -> dict[str, tuple[int, int]]:
         raise NotImplementedError
 
-    def make_weights(self, layers: int, device, dtype):
+    def make_weights(self, layers: int, device, dtype, layer: int | None = None,
+                     experts: tuple[int, int] | None = None, moe: bool | None = None,
+                     expert_tp: tuple[int, int] = (1, 0)):
         raise NotImplementedError
 
     def shard_(self, local, full) -> None:

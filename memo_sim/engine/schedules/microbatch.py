@@ -342,7 +342,7 @@ class _MicrobatchBuilder:
         self.n_f_of = [m * sum(len(ranges[c * p + s]) for c in range(v)) for s in range(p)]
         self.sync = costs.sync
         self.grad_op = "reducescatter_grads" if layout.zero >= 1 else "allreduce_grads"
-        self.after_chunk = layout.dp_flavour.reduces_after_chunk
+        self.after_chunk = layout.grads_reduced_per_chunk
         # the head's bucket goes out after the last micro-batch's head (Megatron-LM's buckets follow the parameters
         # in reverse: `memo_sim.cost.grad_sync`), except where a chunk's buckets follow its whole backward (FSDP)
         head = self.sync.head_grad + self.sync.mtp_grad
@@ -445,6 +445,9 @@ class _MicrobatchBuilder:
         if vs > 0:
             deps.append(self.send_f[(st.mb, vs - 1)])
         else:
+            if sync.embedding_gather > 0 and st.mb == 0:  # its unit, as a layer's (once an iteration)
+                deps.append(g.add("allgather_embedding", device=d, stream="dp_comm", kind="comm", phase="weight_gather",
+                                  layer=None, work=sync.embedding_gather, deps=[], link=sync.link))
             deps = [g.add(mb_name("embedding", st.mb), device=d, stream="compute", kind="compute", phase="fwd", layer=None,
                           work=costs.embedding_fwd, deps=deps)]
         tail = deps
@@ -482,6 +485,10 @@ class _MicrobatchBuilder:
             if sync.mtp_gather > 0 and st.mb == 0:  # the modules' weights, as a layer's (once an iteration)
                 head_deps.append(g.add("allgather_weights", device=d, stream="dp_comm", kind="comm",
                                        phase="weight_gather", layer=None, work=sync.mtp_gather,
+                                       deps=r.fwd_tail.get(r.u - 2, []), link=sync.link))
+            if sync.head_gather > 0 and st.mb == 0:  # the head's unit, kept (`memo_sim.cost.grad_sync`)
+                head_deps.append(g.add("allgather_head", device=d, stream="dp_comm", kind="comm",
+                                       phase="weight_gather", layer=None, work=sync.head_gather,
                                        deps=r.fwd_tail.get(r.u - 2, []), link=sync.link))
             # the modules' activations stay from the head to the micro-batch's backward step (they run backward
             # first in it), one set per micro-batch in flight on the last chunk (interleaved: several)

@@ -345,8 +345,11 @@ def _micro_batch(g: OpGraph, sched: Schedule, d: int, n: int, mb: int, micro_bat
     gather_fwd = sync.layer_gather > 0 and (mb == 0 or layout.zero >= 3)
     reduce_now = sync.active and (mb == micro_batches - 1 or layout.zero >= 2)
     # ---- forward --------------------------------------------------------------------------
+    # the embedding's and the head's units are gathered as a layer's (`memo_sim.cost.grad_sync`)
+    emb_deps = ([dp_op("allgather_embedding", None, sync.embedding_gather, [], "weight_gather")]
+                if gather_fwd and sync.embedding_gather > 0 else [])
     emb = g.add("embedding", device=d, stream="compute", kind="compute", phase="fwd", layer=None,
-                work=bt.embedding_fwd, deps=reorganize("embedding", None, []))
+                work=bt.embedding_fwd, deps=reorganize("embedding", None, emb_deps))
     tail = [emb]
     fwd_tail: dict[int, list[Op]] = {}
     offload: dict[int, Op] = {}
@@ -372,6 +375,8 @@ def _micro_batch(g: OpGraph, sched: Schedule, d: int, n: int, mb: int, micro_bat
     if gather_fwd and sync.mtp_gather > 0:  # the modules' weights, before the head that runs them (twice: ZeRO-3)
         head_deps.append(dp_op("allgather_weights", None, sync.mtp_gather * (2 if sync.gather_in_backward else 1),
                                fwd_tail.get(n - 2, []), "weight_gather"))
+    if gather_fwd and sync.head_gather > 0:  # kept through the head's backward, which its op holds
+        head_deps.append(dp_op("allgather_head", None, sync.head_gather, fwd_tail.get(n - 2, []), "weight_gather"))
     cls = g.add("classifier", device=d, stream="compute", kind="compute", phase="classifier", layer=None,
                 work=bt.classifier, deps=reorganize("classifier", None, head_deps),
                 mem_start=(MemAction("gpu", "classifier.working", mem.classifier_peak_bytes),),
@@ -384,6 +389,9 @@ def _micro_batch(g: OpGraph, sched: Schedule, d: int, n: int, mb: int, micro_bat
         for i in (n - 1, n - 2):
             if i >= 0:
                 gather_b[i] = dp_op("allgather_weights", i, sync.layer_gather, fwd_tail[n - 1], "weight_gather_bwd")
+            elif i == -1 and sync.embedding_gather > 0:  # the embedding's unit, two units ahead (a one-layer model)
+                gather_b[-1] = dp_op("allgather_embedding", None, sync.embedding_gather, fwd_tail[n - 1],
+                                     "weight_gather_bwd")
     if reduce_now and sync.overlapped and sync.head_grad + sync.mtp_grad > 0:  # the head's bucket, complete now
         last_dp = dp_op("reducescatter_grads" if layout.zero >= 1 else "allreduce_grads", None,
                         sync.head_grad + sync.mtp_grad, tail)
@@ -408,12 +416,15 @@ def _micro_batch(g: OpGraph, sched: Schedule, d: int, n: int, mb: int, micro_bat
         bwd_end[i] = tail
         if sync.gather_in_backward and i - 2 >= 0:
             gather_b[i - 2] = dp_op("allgather_weights", i - 2, sync.layer_gather, tail, "weight_gather_bwd")
+        if sync.gather_in_backward and sync.embedding_gather > 0 and i == 1:  # two units ahead, as a layer's
+            gather_b[-1] = dp_op("allgather_embedding", None, sync.embedding_gather, tail, "weight_gather_bwd")
         if reduce_now and sync.overlapped:
             last_dp = dp_op("reducescatter_grads" if layout.zero >= 1 else "allreduce_grads", i, sync.layer_grad,
                             tail)
 
     emb_b = g.add("embedding", device=d, stream="compute", kind="compute", phase="bwd", layer=None,
-                  work=bt.embedding_bwd, deps=reorganize("embedding.bwd", None, tail))
+                  work=bt.embedding_bwd, deps=reorganize("embedding.bwd", None, tail + (
+                      [gather_b[-1]] if -1 in gather_b else [])))
     tail = [emb_b]
     if reduce_now:  # the embedding's bucket, or (not overlapped) every gradient at once after the backward
         last_dp = dp_op("reducescatter_grads" if layout.zero >= 1 else "allreduce_grads", None,

@@ -35,7 +35,9 @@ the GPUs of its node that run stage s (every replica's), of which those on its P
 the switch (`memo_sim.engine.graph.Device`); stages whose representatives share a node share its
 host memory and host-memory bandwidth. With pp = 1 the device is exactly the representative of
 `memo_sim.engine.schedules.single_stage.representative_device`, and with N = 1 and alpha = 1 the op graph is
-the full-offload schedule's op for op (tests/test_sppo_engine.py).
+the full-offload schedule's op for op (tests/test_sppo_engine.py) without data parallelism; with it SPPO reduces the
+head's bucket with the embedding's after the backward (`GradSync.end_bucket`), one collective where the single stage
+sends the head's as soon as the head's backward is done.
 
 Not modelled: PyTorch caching-allocator reorganisations of the SPPO iteration (no replay; the
 working block is the allocator's reserved peak on one layer's requests) and ZeRO-1's overlapped
@@ -307,6 +309,9 @@ class _PipelineBuilder:
         for k, pc in enumerate(ps):
             deps = list(tail)
             if s == 0:
+                if k == 0 and self.sync.embedding_gather > 0:  # its unit, as a layer's (`memo_sim.cost.grad_sync`)
+                    deps = deps + [self.dp_op(d, "allgather_embedding", None, self.sync.embedding_gather, [],
+                                              "weight_gather")]
                 emb = g.add(_name("embedding", pc, n_k), device=d, stream="compute", kind="compute", phase="fwd",
                             layer=None, work=self.bt_of(pc.tokens).embedding_fwd, deps=deps)
                 deps = [emb]
@@ -320,8 +325,12 @@ class _PipelineBuilder:
                     layer=stage_layers_s[-1], work=seconds, nbytes=nbytes, link=link, deps=tail)
             else:
                 hold = shard_tokens_bytes(self.shard, self.batch, pc.tokens, self.model.hidden, self.dt)
+                head = list(tail)
+                if k == 0 and self.sync.head_gather > 0:  # the head's unit, two units ahead as a layer's is
+                    head.append(self.dp_op(d, "allgather_head", None, self.sync.head_gather,
+                                           self.fwd_tail.get((s, inf["n_l"] - 2), []), "weight_gather"))
                 cls = g.add(_name("classifier", pc, n_k), device=d, stream="compute", kind="compute",
-                            phase="classifier", layer=None, work=self.bt_of(pc.tokens).classifier, deps=tail,
+                            phase="classifier", layer=None, work=self.bt_of(pc.tokens).classifier, deps=head,
                             mem_start=(MemAction("gpu", "classifier.working", inf["cls_peak"]),),
                             mem_end=(MemAction("gpu", "classifier.working", -inf["cls_peak"]),
                                      MemAction("gpu", f"classifier.dgrad@{pc.tag()}", hold)))

@@ -97,6 +97,13 @@ def recurrence(model: ModelConfig, layout: Layout, batch: int, policy: Sppo, pro
         # kept the middle stages from sharing their rows
         tf = [(row[0] + n_l * max(0.0, sync.layer_gather - first_f[s]),) + row[1:] for s, row in enumerate(tf)]
         exposed = exposed_each
+    if copies and sync.embedding_gather + sync.head_gather > 0:
+        # the embedding's unit before the first piece's embedding, the head's beside the last stage's last layer
+        # (`memo_sim.cost.grad_sync`)
+        extra = [0.0] * pp
+        extra[0] += sync.embedding_gather
+        extra[pp - 1] += max(0.0, sync.head_gather - first_f[pp - 1])
+        tf = [(row[0] + extra[s],) + row[1:] for s, row in enumerate(tf)]
     hops = _hops(model, layout, batch, profile)
     same = [s > 0 and starts_of[s] == starts_of[s - 1] for s in range(pp)]  # no multiplexed split between
     fend = _forward_ends(pieces, tf, same, starts_of, hops)
