@@ -165,3 +165,30 @@ def test_memos_search_never_answers_a_recompute_module_on_metp_and_the_simulator
             simulate(model, Layout(tp=2, tp_mode=mode), 1, 32768, get_policy("recompute_mlp"), prof)
         assert "\n" not in str(e.value)
     assert get_policy("recompute_mlp").layout_why_not(Layout(tp=2)) is None
+
+
+def test_sweep_seq_over_tp_flavours_leaves_the_metp_pairs_out_or_refuses_them_by_name(tmp_path):
+    """The sequence sweep over TP flavours runs a plan's policies on each flavour's layout: a recompute module
+    policy is left out of METP's runs (the CI run of 63e04e2 failed on the README tour's sweep, which it stopped
+    with exit 2), and refused in one line where asked for by name."""
+    import json
+
+    from click.testing import CliRunner
+
+    from memo_sim.cli import cli
+
+    r = CliRunner().invoke(cli, ["whatif", "--layers", "2", "--hidden", "256", "--heads", "8", "--vocab", "512",
+                                 "--seq", "4K", "--gpus", "2", "--tp", "2", "--pp", "1", "--tp-mode", "megatron",
+                                 "--policy", "store_all", "--out", str(tmp_path / "p")])
+    assert r.exit_code == 0, r.output
+    s = CliRunner().invoke(cli, ["sweep-seq", str(tmp_path / "p" / "plan.json"), "--out", str(tmp_path / "s"),
+                                 "--seqs", "4K", "--tp-mode", "megatron,metp", "--json"])
+    assert s.exit_code == 0, s.output
+    doc = json.loads((tmp_path / "s" / "mfu_vs_seq.json").read_text())
+    pairs = {(d["layout"]["tp_mode"], d["policy"]["policy"]) for d in doc}
+    assert ("megatron", "recompute_mlp") in pairs and ("metp", "recompute_mlp") not in pairs, pairs
+    assert ("metp", "store_all") in pairs
+    bad = CliRunner().invoke(cli, ["sweep-seq", str(tmp_path / "p" / "plan.json"), "--out", str(tmp_path / "b"),
+                                   "--seqs", "4K", "--tp-mode", "megatron,metp", "--policy", "recompute_mlp"])
+    assert bad.exit_code == 2 and "tp_mode metp does not have" in bad.output and not (tmp_path / "b").exists()
+    assert len(bad.output.strip().splitlines()) == 1

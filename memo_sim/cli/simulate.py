@@ -31,7 +31,7 @@ from memo_sim.cli.common import progress_bar, progress_option
 from memo_sim.errors import MemoError
 from memo_sim.fileio import OutputFolder, atomic_write_json, output_folder
 from memo_sim.forked import beside
-from memo_sim.policy import policy_names, prices_model
+from memo_sim.policy import policy_class, policy_names, prices_model
 from memo_sim.report.formats import format_options, resolve_format
 from memo_sim.report.peaks import allocator_of, result_peak, tier_cell
 from memo_sim.report.sweep_text import run_json, runs_answer
@@ -339,7 +339,14 @@ def sweep_seq_cmd(plan_file, out_dir, seqs, profile_override, tp_modes, policies
             why = check_layout(lay, plan.model, lay.gpus, profile.node_gpus, s, plan.batch)
             if why:
                 raise MemoError(f"--seqs: {fmt_count(s)} does not fit layout {lay.label()}: {why}")
-    runs = [(s, lay, p) for lay in layouts.values() for s in lens for p in pols]
+    # a policy that cannot run on a flavour's layout (Megatron's recompute modules on METP: `Policy.layout_why_not`)
+    # is left out of that flavour's runs, or refused in one line where asked for by name
+    for lay in layouts.values():
+        for p in pols:
+            if policies and (why := policy_class(p).layout_why_not(lay)):
+                raise MemoError(f"--policy {p} on layout {lay.label()}: {why}")
+    runs = [(s, lay, p) for lay in layouts.values() for s in lens for p in pols
+            if policy_class(p).layout_why_not(lay) is None]
     _check_out(out_dir, "memo-sim sweep-seq")
     schedule = None if plan.schedule == "sppo" else plan.schedule
     with progress_bar("sequence sweep", len(runs), quiet=fmt == "json", force=progress) as step:
@@ -400,10 +407,13 @@ def _sweep_tp_modes(plan, profile, layouts, lens, pols, best_policy, outf, resul
     from memo_sim.report.figures import seq_sweep_figure
     from memo_sim.search.seq_sweep import crossover_seq, sweep_series
 
+    def runs_on(lay) -> tuple:
+        return tuple(p for p in pols if policy_class(p).layout_why_not(lay) is None)
+
     if best_policy:
-        series = [(label, lay, pols) for label, lay in layouts.items()]
+        series = [(label, lay, runs_on(lay)) for label, lay in layouts.items()]
     else:
-        series = [(f"{label} {p}", lay, (p,)) for p in pols for label, lay in layouts.items()]
+        series = [(f"{label} {p}", lay, (p,)) for p in pols for label, lay in layouts.items() if p in runs_on(lay)]
     with progress_bar("tensor-parallel modes", len(series) * len(lens), quiet=fmt == "json", force=progress) as step:
         points = sweep_series(plan.model, series, lens, profile, batch=plan.batch, jobs=jobs,
                               progress=lambda done, total: step())
