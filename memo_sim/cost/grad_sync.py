@@ -188,8 +188,7 @@ def grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile, stri
             gather += _gather(w * layer.expert_local, ge, elink)
     # the embedding's and the head's units (module docs; the embedding copy the modules read on the last stage: the
     # head's)
-    copy = model.vocab * model.hidden / layout.tp if model.mtp_layers and layout.pp > 1 and not model.tied_embeddings \
-        else 0.0
+    copy = emb_p if model.mtp_layers and layout.pp > 1 and not model.tied_embeddings else 0.0
     # one stage, resharded after the embedding's forward: the head (or the modules) gathers the embedding again
     again = emb_p if (layout.pp == 1 and layout.zero >= 3 and flavour.gathers_in_backward(layout)
                       and (model.tied_embeddings or model.mtp_layers)) else 0.0

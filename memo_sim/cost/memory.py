@@ -55,6 +55,7 @@ def model_state_parts(model: ModelConfig, layout: Layout, experts_only: bool = F
     # ZeRO 3 under a flavour whose fp32 master shard is the parameter (FSDP2): no sharded working copy beside it;
     # with the optimizer on the host the master lives there and the device keeps the working shard it copies up
     working = z < 3 or r.master_bytes == 0 or flavour.shards_working_weights or layout.optimizer_offload
+    vocab_share = model.vocab * model.hidden / layout.tp  # the embedding's (or the head's) weights on this GPU
     return {"weights": r.weight_bytes * (sh if z >= 3 else p) if working else 0.0,
             "grads": r.grad_bytes * (sh if z >= 2 else p),
             # on the host under optimizer offload (`memo_sim.cost.optimizer_offload.host_state_bytes`)
@@ -66,11 +67,10 @@ def model_state_parts(model: ModelConfig, layout: Layout, experts_only: bool = F
             # ZeRO-3 / FSDP: the output head gathered whole for the classifier's forward and backward (its vocab share
             # under TP; the tied embedding where it is the head), as the layers' gathers are counted (a review:
             # torchtitan's [norm, output] unit kept gathered through the loss)
-            "gathered_head": r.weight_bytes * model.vocab * model.hidden / layout.tp if z >= 3 and not experts_only
-            else 0.0,
+            "gathered_head": r.weight_bytes * vocab_share if z >= 3 and not experts_only else 0.0,
             # ZeRO-3 / FSDP keeping gathered weights from forward to backward (FSDP2 without resharding): the
             # embedding's unit too, where it is not the head (`memo_sim.cost.grad_sync`)
-            "gathered_embedding": r.weight_bytes * model.vocab * model.hidden / layout.tp
+            "gathered_embedding": r.weight_bytes * vocab_share
             if z >= 3 and not experts_only and not model.tied_embeddings and not flavour.gathers_in_backward(layout)
             else 0.0,
             # ZeRO 2 / 3: gradients sharded, but each one is produced whole by the backward and reduce-scattered into
@@ -78,8 +78,7 @@ def model_state_parts(model: ModelConfig, layout: Layout, experts_only: bool = F
             # DeepSpeed: the bucket they are copied into; FSDP2: the unsharded gradient cast to its reduce dtype)
             # and the output head's (its vocab share under TP; the first unit in memo's executor, which keeps it
             # whole to the step)
-            "unsharded_grads": r.grad_bytes * (layer + (0.0 if experts_only else model.vocab * model.hidden
-                                                        / layout.tp)) if z >= 2 else 0.0,
+            "unsharded_grads": r.grad_bytes * (layer + (0.0 if experts_only else vocab_share)) if z >= 2 else 0.0,
             # a quantised GEMM format's weight copies: every layer's, or only the gathered ones under ZeRO-3
             "quantised_weights": weight_cache_bytes(model, gathered if z >= 3 else model.layers + model.mtp_layers,
                                                     layout, experts_only)}
