@@ -93,13 +93,18 @@ def run_case(layers, lay, schedule, pol, steps=0, batch=BATCH, mutate=None, plan
         ex.zero_grads()
         losses = [ex.step(k).loss for k in range(steps)]
     ex.close()
+    pols = getattr(ex.policy, "policies", [ex.policy])  # a pipeline rank's instances (`PolicySet`)
     ops = sorted({(e.stream, e.op) for e in rec.events})
     offloaded = sum(e.nbytes for e in rec.events if e.stream == "d2h")
     return {"loss": rec.loss, "grads": grads if ctx.rank == 0 else None, "losses": losses, "ops": ops,
             "offloaded": offloaded,
             "layers": sorted({e.layer for e in rec.events if e.stream == "compute" and e.layer is not None}),
             "copy_layers": sorted({e.layer for e in rec.events if e.stream in ("d2h", "h2d")}), "slots": ex.schedule.n_slots if hasattr(ex.schedule, "n_slots") else 1,
-            "s": time.perf_counter() - t0, "arena": arena, "unplanned": list(ex.unplanned)}
+            "s": time.perf_counter() - t0, "arena": arena, "unplanned": list(ex.unplanned),
+            "buffers": ex.estimate.terms["buffers"], "policy_buffers": max([p.device_bytes().get("buffers", 0) for p in pols], default=0),
+            "buffer_blocks": len({b.data_ptr() for p in pols
+                                  for b in (getattr(p, n, None) for n in ("work_block", "mlp_block", "norm_block"))
+                                  if b is not None})}
 
 
 def rank_cases(rank: int, world: int, cases) -> list:
@@ -208,6 +213,20 @@ def test_pipelined_memo_runs_its_memory_plan_on_every_stage():
             # what stays with the caching allocator is the math attention kernel's own scratch, which a
             # plan for the simulator's fused attention does not name (as in one process)
             assert r[i]["unplanned"] and all(u.split(":")[1].startswith("attn_") for u in r[i]["unplanned"]), r[i]
+
+
+def test_recompute_policies_share_one_recompute_buffer_per_rank():
+    """A pipeline rank holds one activation policy per micro-batch in flight, but one recompute buffer, which one
+    micro-batch's action at a time rebuilds (the simulator counts one per stage, `memo_sim.search.pipeline`): every
+    slot's policy carves the same block, the estimate's buffers term is one policy's, and the gradients still match
+    one process (1F1B and interleaved, full recompute and recompute_mlp)."""
+    cases = [(12, {"pp": 2}, "1f1b", "full_recompute"), (12, {"pp": 2, "vpp": 2}, "interleaved_1f1b", "recompute_mlp")]
+    results = spawn(rank_cases, 2, cases, timeout=300)
+    for i, c in enumerate(cases):
+        check(results[0][i], c[0], 0, c)
+        for r in results:
+            assert r[i]["buffer_blocks"] == 1 and r[i]["buffers"] == r[i]["policy_buffers"] > 0, (c, r[i])
+        assert results[0][i]["slots"] >= 2, (c, results[0][i]["slots"])  # rank 0 holds several in flight
 
 
 def test_a_micro_batch_reading_another_ones_slot_breaks_the_gradients():

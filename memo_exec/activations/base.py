@@ -12,6 +12,27 @@ from memo_exec.moe.memory import graph_bytes, layer_kept_bytes
 from memo_sim.model.config import ModelConfig
 
 
+class SharedBlocks:
+    """A pipeline rank's device blocks that every activation slot's policy shares, one per name: the buffers no
+    layer needs outside its own forward or its rebuild and backward (a recompute buffer), which one micro-batch's
+    action at a time uses, as the simulator counts one recompute buffer per stage (`memo_sim.search.pipeline`)."""
+
+    def __init__(self) -> None:
+        self.blocks: dict[str, torch.Tensor] = {}
+
+    def block(self, name: str, nbytes: int, device: torch.device) -> torch.Tensor:
+        b = self.blocks.get(name)
+        if b is None:
+            b = self.blocks[name] = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        elif b.numel() != nbytes:  # every slot's layers have the same per-layer shapes
+            raise ValueError(f"shared block {name!r}: {nbytes} bytes asked, {b.numel()} held")
+        return b
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.numel() for b in self.blocks.values())
+
+
 class ActivationPolicy(ABC):
     """Hands each layer the storage for its forward and backward and moves data in between.
 
@@ -28,7 +49,10 @@ class ActivationPolicy(ABC):
     flight (`memo_exec.pipeline`): ``slot`` numbers the instance (the race detector's regions of
     two instances never alias), ``tag`` (e.g. ``"@c0.mb2"``) names the micro-batch it serves now
     in its copies' op names and ``layer_base`` is the model layer of its layer 0 in them (the
-    instance numbers the layers of one model chunk from 0).
+    instance numbers the layers of one model chunk from 0). A policy whose ``buffers`` are such that one
+    micro-batch's action at a time uses them (``shares_buffers``: a recompute buffer, rebuilt before each layer's
+    backward) takes them from ``shared`` (`SharedBlocks`, set by the pipeline before ``allocate``), so the rank
+    holds one set whatever its slots, as the simulator counts it.
     """
 
     slot = 0
@@ -41,6 +65,8 @@ class ActivationPolicy(ABC):
     moe_block_differs: str | None = None
     # a policy that rebuilds whole layers: the shared buffer's tensors by name, every layer's but x (`recompute_buffer`)
     recompute_work: dict[str, torch.Tensor] | None = None
+    shares_buffers = False  # `device_bytes`' "buffers" come from `buffer_block`: one set per rank (class docs)
+    shared: SharedBlocks | None = None
 
     def __init__(self, choice, model: ModelConfig, batch: int, seq: int, layers: int, dtype: torch.dtype,
                  device: torch.device, engine, timer, compute: LayerCompute | None,
@@ -107,6 +133,12 @@ class ActivationPolicy(ABC):
     def moe_layer(self, layer: int) -> bool:
         """Whether model layer ``layer`` of a MoE model has a MoE block (`ModelConfig.dense_layer_at`)."""
         return not self.model.dense_layer_at(layer)
+
+    def buffer_block(self, name: str, nbytes: int) -> torch.Tensor:
+        """A device block of the policy's ``buffers`` term: the rank's shared one (``shared``) or its own."""
+        if self.shared is None:
+            return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        return self.shared.block(name, nbytes, self.device)
 
     def _stats(self) -> torch.Tensor:
         return torch.empty(4, self.tokens, dtype=norm_stats_dtype(self.dtype, self.device), device=self.device)

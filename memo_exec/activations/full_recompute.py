@@ -13,6 +13,7 @@ from memo_exec.layer import SKELETAL, LayerStorage, carve_storage, storage_bytes
 @register("full_recompute")
 class FullRecompute(ActivationPolicy):
     _work_names = tuple(n for n in SKELETAL if n != "x")
+    shares_buffers = True
 
     def device_bytes(self) -> dict[str, int]:
         x = storage_bytes(self.model, self.tokens, self.dtype, ("x",), shapes=self.shapes)
@@ -25,8 +26,8 @@ class FullRecompute(ActivationPolicy):
         self.x_block = torch.empty(self.layers * xb, dtype=torch.uint8, device=self.device)
         xs = [carve_storage(self.x_block[i * xb:(i + 1) * xb], self.model, self.tokens, self.dtype, ("x",),
                             shapes=self.shapes)["x"] for i in range(self.layers)]
-        self.work_block = torch.empty(storage_bytes(self.model, self.tokens, self.dtype, self._work_names,
-                                                    shapes=self.shapes), dtype=torch.uint8, device=self.device)
+        self.work_block = self.buffer_block("recompute", storage_bytes(self.model, self.tokens, self.dtype,
+                                                                       self._work_names, shapes=self.shapes))
         work = carve_storage(self.work_block, self.model, self.tokens, self.dtype, self._work_names, shapes=self.shapes)
         self.recompute_work = work
         stats = self._stats()

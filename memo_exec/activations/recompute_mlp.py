@@ -21,6 +21,8 @@ MLP = ("ln2", "fc1", "act")  # `memo_sim.cost.activations.RECOMPUTE_GROUPS["mlp"
 
 @register("recompute_mlp")
 class RecomputeMlp(ActivationPolicy):
+    shares_buffers = True  # the rebuilt tensors' one buffer (`ActivationPolicy.buffer_block`)
+
     def __init__(self, *args) -> None:
         super().__init__(*args)
         names = written_skeletal(self.model)
@@ -44,7 +46,7 @@ class RecomputeMlp(ActivationPolicy):
                             "on its own; plan with tp_mode megatron or another policy")
         kb = self._bytes(self._kept)
         self.blocks = [torch.empty(kb, dtype=torch.uint8, device=self.device) for _ in range(self.layers)]
-        self.mlp_block = torch.empty(self._bytes(self._rebuilt), dtype=torch.uint8, device=self.device)
+        self.mlp_block = self.buffer_block("mlp", self._bytes(self._rebuilt))
         mlp = carve_storage(self.mlp_block, self.model, self.tokens, self.dtype, self._rebuilt, shapes=self.shapes)
         self.storages = [LayerStorage({**carve_storage(b, self.model, self.tokens, self.dtype, self._kept,
                                                        shapes=self.shapes), **mlp}, self._stats())

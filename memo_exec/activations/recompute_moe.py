@@ -22,6 +22,8 @@ NORMS = ("ln1", "ln2")
 
 @register("recompute_moe")
 class RecomputeMoe(ActivationPolicy):
+    shares_buffers = True  # the rebuilt tensors' one buffer (`ActivationPolicy.buffer_block`)
+
     def __init__(self, *args) -> None:
         super().__init__(*args)
         self._kept = tuple(n for n in written_skeletal(self.model) if n not in NORMS)
@@ -41,7 +43,7 @@ class RecomputeMoe(ActivationPolicy):
                             "on their own; plan with tp_mode megatron or another policy")
         kb = self._bytes(self._kept)
         self.blocks = [torch.empty(kb, dtype=torch.uint8, device=self.device) for _ in range(self.layers)]
-        self.norm_block = torch.empty(self._bytes(NORMS), dtype=torch.uint8, device=self.device)
+        self.norm_block = self.buffer_block("norms", self._bytes(NORMS))
         norms = carve_storage(self.norm_block, self.model, self.tokens, self.dtype, NORMS, shapes=self.shapes)
         self.storages = [LayerStorage({**carve_storage(b, self.model, self.tokens, self.dtype, self._kept,
                                                        shapes=self.shapes), **norms}, self._stats())

@@ -49,7 +49,11 @@ backward frees it; 1F1B needs ``min(pp - s, m)`` on stage s), each with its own 
 chunk's layers: store-all's blocks, full recompute's inputs, MEMO's two rounding buffers, events
 and host slots (its `memo_exec.activations.host_pool.HostPool`), so MEMO's token-wise offload,
 prefetch and recompute run per micro-batch inside the stage under the dependency rule of
-`memo_sim.policy.rounding_buffers`, and the race detector's regions of two slots never alias.
+`memo_sim.policy.rounding_buffers`, and the race detector's regions of two slots never alias. The
+one exception is a recompute buffer (full recompute's, the recompute modules' norms or MLP), which
+a layer needs only inside its own forward or its rebuild and backward, so inside one action: every
+slot's instance carves the rank's one block (`memo_exec.activations.base.SharedBlocks`), as the
+simulator counts one recompute buffer per stage.
 
 Trace (`memo_exec.measure.Recorder`, merged over ranks): per action a span on the ``pipeline``
 stream (``fwd@c<chunk>.mb<k>`` / ``bwd@...``), the layers' forward/backward/recompute spans on
@@ -92,6 +96,7 @@ import torch
 import torch.nn.functional as F
 
 from memo_exec.distributed.p2p import Transfer, finish_or_settle, post
+from memo_exec.activations.base import SharedBlocks
 from memo_exec.happens_before import Region, transfer_guard
 from memo_exec.wait_switch import wait_primitive
 from memo_exec.distributed.schedule import Schedule, register_schedule
@@ -220,10 +225,11 @@ class PipelineSchedule(Schedule):
         ex = self.ex
         sizes = [len(self.chunk_layers(c)) for c in range(self.vpp)]  # equal unless the split is uneven
         pols: dict[tuple[int, int], object] = {}
+        self.shared = SharedBlocks()  # the recompute buffer, one for the rank's slots (`ActivationPolicy.shared`)
         for k in range(self.n_slots):
             for n in sorted(set(sizes) - {0}, reverse=True):  # a chunk of one slot may hold no layer
                 pol = ex.make_activation_policy(n)
-                pol.slot = k
+                pol.slot, pol.shared = k, self.shared
                 pol.allocate()
                 pols[(k, n)] = pol
         ex.policy = PolicySet(list(pols.values()))
@@ -251,7 +257,7 @@ class PipelineSchedule(Schedule):
             rts = self.runtimes[(slot, c)]
             pol = rts[0].policy if rts else ex.make_activation_policy(1)
             if not rts and modules_recomputed(pol.choice):
-                pol.slot = slot
+                pol.slot, pol.shared = slot, self.shared
                 pol.allocate()
                 ex.policy.policies.append(pol)
             self.mtp_runs[slot] = ex.make_mtp_run(pol)
