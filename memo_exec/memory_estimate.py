@@ -9,7 +9,8 @@ Terms (bytes on the device):
   the simulator's `memo_sim.cost.gemm_format.weight_cache_bytes`).
 - ``skeletal_resident``: skeletal tensors kept across layers (store all: every layer's; full
   recompute: every layer's input).
-- ``buffers``: the two rounding buffers (offloading policies) or the one recompute buffer.
+- ``buffers``: the two rounding buffers (offloading policies; a pipeline rank's MEMO: four, two forward and
+  two prefetch, shared by its micro-batches in flight) or the one recompute buffer (a pipeline rank's: one).
 - ``lse``: every layer's attention log-sum-exp.
 - ``norm_stats``: every layer's norm statistics, mean and rstd slots (the simulator does not count these).
 - ``transient_peak``: one layer at its peak: the arena (the memory plan's largest level-1 phase

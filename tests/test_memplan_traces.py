@@ -72,3 +72,28 @@ def test_model_trace_policies():
         t = model_trace(M7, Layout(tp=8), 1, 64 * K, get_policy(pol), 10 * 2**20, 20 * 2**20)
         sk = [b for b in t.buffers if b.kind == "skeletal" and not b.id.endswith(".lse")]
         assert len(sk) >= kind_count
+
+
+def test_pipeline_level2_holds_memos_rounding_blocks_once_per_rank():
+    """Level 2 of a pipelined MEMO plan counts the rank's four rounding blocks (two forward, two prefetch) once,
+    through the step, whatever the micro-batches in flight (the executor's instances on a rank share them:
+    `memo_exec.activations.pipeline_rounding`); before, it took two per (chunk, micro-batch), so stage 0 of a
+    1F1B pipeline held 2 x (pp - s) of them. A recompute buffer stays per (chunk, micro-batch), each one
+    backward long, so the micro-batches' copies never overlap."""
+    from memo_sim.cost.activations import skeletal_bytes
+    from memo_sim.memplan.stage_plan import StageStep, stage_model_trace
+    from memo_sim.engine.schedules.microbatch import pipeline_order
+
+    model = get_model("gpt-7b")
+    lay = Layout(pp=4)
+    sk = skeletal_bytes(model, lay, 1, 4096)
+    for m in (4, 8):
+        order = [StageStep(st.kind, st.mb, st.chunk) for st in pipeline_order("1f1b")(4, m, 1, 0)]
+        tr = stage_model_trace(model, lay, 1, 4096, get_policy("memo", 0.3), 1 << 20, 1 << 20, order, 0)
+        rb = [b for b in tr.buffers if "rounding" in b.id]
+        assert sorted(b.id for b in rb) == ["rounding_forward0", "rounding_forward1", "rounding_prefetch0",
+                                            "rounding_prefetch1"], [b.id for b in rb]
+        assert all(b.size >= sk["total"] and b.lower == 0 for b in rb)
+        tr = stage_model_trace(model, lay, 1, 4096, get_policy("full_recompute"), 1 << 20, 1 << 20, order, 0)
+        spans = sorted((b.lower, b.upper) for b in tr.buffers if b.id.endswith("recompute_buffer"))
+        assert len(spans) == m and all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), spans

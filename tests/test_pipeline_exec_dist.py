@@ -102,6 +102,7 @@ def run_case(layers, lay, schedule, pol, steps=0, batch=BATCH, mutate=None, plan
             "copy_layers": sorted({e.layer for e in rec.events if e.stream in ("d2h", "h2d")}), "slots": ex.schedule.n_slots if hasattr(ex.schedule, "n_slots") else 1,
             "s": time.perf_counter() - t0, "arena": arena, "unplanned": list(ex.unplanned),
             "buffers": ex.estimate.terms["buffers"], "policy_buffers": max([p.device_bytes().get("buffers", 0) for p in pols], default=0),
+            "shared_bytes": ex.schedule.shared.nbytes if hasattr(ex.schedule, "shared") else None,
             "buffer_blocks": len({b.data_ptr() for p in pols
                                   for b in (getattr(p, n, None) for n in ("work_block", "mlp_block", "norm_block"))
                                   if b is not None})}
@@ -176,10 +177,11 @@ def test_pp2_1f1b_and_interleaved_match_one_process(pp2_results):
     assert any(s == "d2h" and op.startswith("offload@c0.mb") for s, op in ops)
     assert results[0][0]["slots"] == 2 and results[1][0]["slots"] == 1  # 1F1B: p - s micro-batches in flight
     # interleaved: rank 0 holds chunks 0 and 2 of 4 (layers 0-2 and 6-8), recorded by model layer;
-    # MEMO offloads the first layer of each 3-layer chunk (the last two stay in the rounding buffers)
+    # MEMO's rule runs over the rank's units: every layer is offloaded for some micro-batch (only the rank's last
+    # two forward units of the step stay in the forward buffers)
     k = cases.index((12, {"pp": 2, "vpp": 2}, "interleaved_1f1b", "memo", 10))
     assert results[0][k]["layers"] == [0, 1, 2, 6, 7, 8] and results[1][k]["layers"] == [3, 4, 5, 9, 10, 11]
-    assert results[0][k]["copy_layers"] == [0, 6] and results[1][k]["copy_layers"] == [3, 9]
+    assert results[0][k]["copy_layers"] == [0, 1, 2, 6, 7, 8] and results[1][k]["copy_layers"] == [3, 4, 5, 9, 10, 11]
 
 
 def test_single_stage_accumulates_micro_batches(pp2_results):
@@ -215,31 +217,37 @@ def test_pipelined_memo_runs_its_memory_plan_on_every_stage():
             assert r[i]["unplanned"] and all(u.split(":")[1].startswith("attn_") for u in r[i]["unplanned"]), r[i]
 
 
-def test_recompute_policies_share_one_recompute_buffer_per_rank():
+def test_pipeline_ranks_hold_one_set_of_activation_buffers():
     """A pipeline rank holds one activation policy per micro-batch in flight, but one recompute buffer, which one
-    micro-batch's action at a time rebuilds (the simulator counts one per stage, `memo_sim.search.pipeline`): every
-    slot's policy carves the same block, the estimate's buffers term is one policy's, and the gradients still match
-    one process (1F1B and interleaved, full recompute and recompute_mlp)."""
-    cases = [(12, {"pp": 2}, "1f1b", "full_recompute"), (12, {"pp": 2, "vpp": 2}, "interleaved_1f1b", "recompute_mlp")]
+    micro-batch's action at a time rebuilds, and MEMO's four rounding blocks (two forward, two prefetch), as the
+    simulator counts them per stage (`memo_sim.search.pipeline`): every slot's policy carves the same blocks, the
+    estimate's buffers term is what the rank allocated once, and the gradients still match one process (1F1B and
+    interleaved; full recompute, recompute_mlp and MEMO)."""
+    cases = [(12, {"pp": 2}, "1f1b", "full_recompute"), (12, {"pp": 2, "vpp": 2}, "interleaved_1f1b", "recompute_mlp"),
+             (12, {"pp": 2}, "1f1b", "memo")]
     results = spawn(rank_cases, 2, cases, timeout=300)
     for i, c in enumerate(cases):
         check(results[0][i], c[0], 0, c)
         for r in results:
-            assert r[i]["buffer_blocks"] == 1 and r[i]["buffers"] == r[i]["policy_buffers"] > 0, (c, r[i])
+            assert r[i]["buffers"] == r[i]["policy_buffers"] == r[i]["shared_bytes"] > 0, (c, r[i])
+            if c[3] != "memo":
+                assert r[i]["buffer_blocks"] == 1, (c, r[i])
         assert results[0][i]["slots"] >= 2, (c, results[0][i]["slots"])  # rank 0 holds several in flight
+    one_layer = results[0][2]["shared_bytes"] // 4  # MEMO: 2 x N_BUFFERS one-layer blocks, whatever the slots
+    assert results[0][2]["shared_bytes"] == results[1][2]["shared_bytes"] == 4 * one_layer
 
 
 def test_a_micro_batch_reading_another_ones_slot_breaks_the_gradients():
     """Mutation: every micro-batch in one activation slot (stage 0 of 1F1B holds two in flight), so
-    a backward reads activations (store all) or host slots and rounding buffers (MEMO) that a
-    later micro-batch's forward overwrote: store all's gradients no longer match; under MEMO the
-    race detector's physical regions see the other micro-batch's data at issue time."""
+    a backward reads activations (store all) or host slots (MEMO) that a later micro-batch's forward
+    overwrote: store all's gradients no longer match; under MEMO the race detector sees the later
+    micro-batch's offload write the host slot an earlier one's prefetch reads, unordered, at issue time."""
     case = (12, {"pp": 2}, "1f1b", "store_all", 0, BATCH, "one_slot")
     results = spawn(rank_cases, 2, [case], timeout=300)
     with pytest.raises(AssertionError):
         check(results[0][0], case[0], 0, case)
     errors = spawn(rank_error, 2, (12, {"pp": 2}, "1f1b", "memo", 0, BATCH, "one_slot"), timeout=300)
-    assert any(e and e.startswith("SlotMismatch:") and "@c0.mb" in e for e in errors), errors
+    assert any(e and e.startswith(("SlotMismatch:", "RaceError:")) and "@c0.mb" in e for e in errors), errors
 
 
 def test_a_reload_that_ignores_its_copy_event_is_a_race():
@@ -364,6 +372,8 @@ def test_memo_exec_run_of_a_pp4_memo_plan_writes_the_pipeline_outputs(tmp_path):
         assert row["offload_bytes"] > 0 and row["peak_bytes"] > 0
         sim = row["simulated"]
         assert sim["busy_s"] > 0 and sim["peak_bytes"] > 0 and 0 < sim["bubble_fraction"] < 1
+        # MEMO's rule over the rank's units, as the simulator runs it: the same activations go to host
+        assert row["offload_bytes"] == pytest.approx(sim["offload_bytes"], rel=1e-9), (row["stage"], row, sim)
     assert cmp["simulated_from"].startswith("memo-sim simulate of the plan")
     assert 0 < cmp["simulated_bubble_fraction"] < 1
     assert cmp["ideal_bubble_fraction"] == pytest.approx(3 / 7)

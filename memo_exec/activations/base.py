@@ -19,6 +19,14 @@ class SharedBlocks:
 
     def __init__(self) -> None:
         self.blocks: dict[str, torch.Tensor] = {}
+        self.states: dict[str, object] = {}
+
+    def state(self, name: str, make):
+        """An object the rank's instances share (made once by ``make()``), e.g. MEMO's rank-level rounding
+        buffers (`memo_exec.activations.pipeline_rounding`)."""
+        if name not in self.states:
+            self.states[name] = make()
+        return self.states[name]
 
     def block(self, name: str, nbytes: int, device: torch.device) -> torch.Tensor:
         b = self.blocks.get(name)
@@ -67,6 +75,7 @@ class ActivationPolicy(ABC):
     recompute_work: dict[str, torch.Tensor] | None = None
     shares_buffers = False  # `device_bytes`' "buffers" come from `buffer_block`: one set per rank (class docs)
     shared: SharedBlocks | None = None
+    pipelined = False  # one of a pipeline rank's instances (set before `device_bytes` and `allocate`)
 
     def __init__(self, choice, model: ModelConfig, batch: int, seq: int, layers: int, dtype: torch.dtype,
                  device: torch.device, engine, timer, compute: LayerCompute | None,
@@ -158,6 +167,11 @@ class ActivationPolicy(ABC):
         return None
 
     def close(self) -> None:
+        return None
+
+    def bind(self, kind: str, chunk: int, mb: int) -> None:
+        """A pipeline rank's schedule runs the instance for the forward or backward (``kind``) of (chunk, mb)
+        next; a policy whose buffers are the rank's numbers its layers then (MEMO); others need nothing."""
         return None
 
     # -- per layer ---------------------------------------------------------------------------------

@@ -25,6 +25,12 @@ time. The last ``KEPT_LAYERS`` layers are neither offloaded nor recomputed (a Mo
 its block's autograd graph, as under store all; an offloaded MoE layer keeps its routing only and
 re-runs the block before its backward, `memo_exec.moe.block`).
 
+On a pipeline rank (``pipelined``, set by `memo_exec.pipeline` on every instance) the device buffers are the
+rank's, shared by its instances, and the rule runs over the rank's units, as the simulator's 1F1B and interleaved
+schedules price it: `memo_exec.activations.pipeline_rounding` (four blocks: two forward, two prefetch buffers; every
+unit offloaded but the rank's last two of the step; a backward step's first prefetches beside the step before it).
+The four edges below are the same, between units of the rank.
+
 On a rank of a tensor-parallel layout the tensors have the rank's shapes (``shapes``,
 `memo_exec.layer.storage_shapes`): with sequence parallelism the TP-split tensors (q, k, v, attn,
 fc1, act) hold ``row_mult`` gathered rows per local token, so token rows ``[lo, hi)`` are their
@@ -41,13 +47,14 @@ import torch
 
 from memo_exec.activations.base import ActivationPolicy
 from memo_exec.activations.host_pool import HostPool
+from memo_exec.activations.pipeline_rounding import PipelineRounding
 from memo_exec.happens_before import Region
 from memo_exec.layer import SKELETAL, LayerStorage, carve_storage, skeletal_roles, storage_bytes
 from memo_exec.streams import CopyLabel
 from memo_exec.wait_switch import wait_primitive
 from memo_sim.policy.host_layout import offload_token_count
 from memo_sim.policy.rounding_buffers import (
-    N_BUFFERS, is_offloaded, offloaded_layer_count, output_write_waits_for, prefetch_launched_after_backward,
+    KEPT_LAYERS, N_BUFFERS, is_offloaded, offloaded_layer_count, output_write_waits_for, prefetch_launched_after_backward,
     rounding_buffer,
 )
 
@@ -72,12 +79,26 @@ class TokenOffload(ActivationPolicy):
         self.widths = {n: w for n, (_, w) in self.shapes.items()}
         self.row_mult = {n: m for n, (m, _) in self.shapes.items()}
 
+    rounding: PipelineRounding | None = None  # a pipeline rank's buffers and numbering (`allocate`, pipelined)
+
+    @property
+    def shares_buffers(self) -> bool:  # a pipeline rank's four blocks, counted once (module docs)
+        return self.pipelined
+
     def offloaded(self, i: int) -> bool:
+        if self.rounding is not None:
+            return self.rounding.offloaded(self.unit[i])
         return is_offloaded(i, self.layers)
+
+    def _kept_estimate(self, i: int) -> bool:
+        """Whether layer i keeps its MoE block's graph, for the estimate: where the instance is one of a pipeline
+        rank's, any of its layers may be among the rank's last two units (an upper bound)."""
+        return i >= self.layers - KEPT_LAYERS if self.pipelined else not self.offloaded(i)
 
     @property
     def n_offloaded(self) -> int:
-        return offloaded_layer_count(self.layers)
+        """The layers that get a host slot: on a pipeline rank every layer of the instance may be offloaded."""
+        return self.layers if self.pipelined else offloaded_layer_count(self.layers)
 
     # -- sizes -------------------------------------------------------------------------------------
     def _moved(self) -> list[tuple[str, tuple[int, int]]]:
@@ -94,8 +115,9 @@ class TokenOffload(ActivationPolicy):
 
     def device_bytes(self) -> dict[str, int]:
         # a MoE layer's routing; a kept one's block graph too (`_device_storages`)
-        return {"skeletal_resident": self.moe_kept_bytes(lambda i: not self.offloaded(i)),
-                "buffers": N_BUFFERS * storage_bytes(self.model, self.tokens, self.dtype, shapes=self.shapes),
+        blocks = (2 if self.pipelined else 1) * N_BUFFERS  # a pipeline rank: forward and prefetch buffers
+        return {"skeletal_resident": self.moe_kept_bytes(self._kept_estimate),
+                "buffers": blocks * storage_bytes(self.model, self.tokens, self.dtype, shapes=self.shapes),
                 "norm_stats": self.layers * self._stats_bytes(), "lse": self.layers * self.lse_bytes_per_layer()}
 
     def host_bytes(self) -> int:
@@ -112,8 +134,25 @@ class TokenOffload(ActivationPolicy):
             st.keep_moe_internals = not self.offloaded(i)  # the simulator's kept layers keep every tensor
         return storages
 
+    def _rank_rounding(self) -> PipelineRounding:
+        """The pipeline rank's four blocks (`ActivationPolicy.shared`), made by its first instance."""
+        nb = storage_bytes(self.model, self.tokens, self.dtype, shapes=self.shapes)
+
+        def carve(name: str) -> list[dict[str, torch.Tensor]]:
+            return [carve_storage(self.buffer_block(f"{name}{b}", nb), self.model, self.tokens, self.dtype,
+                                  shapes=self.shapes) for b in range(N_BUFFERS)]
+
+        return self.shared.state("rounding", lambda: PipelineRounding(self.engine, carve("forward"),
+                                                                       carve("prefetch")))
+
     def allocate(self) -> None:
-        self.storages = self._device_storages()
+        if self.pipelined:
+            self.rounding = self._rank_rounding()
+            self.storages = [LayerStorage(self.rounding.fwd[rounding_buffer(i)], self._stats())
+                             for i in range(self.layers)]  # re-pointed per unit (`bind`)
+            self.unit, self.k_of, self.where = list(range(self.layers)), {}, {}
+        else:
+            self.storages = self._device_storages()
         self.pool = HostPool(self.host_bytes(), self.device)
         self.host: list[dict[str, torch.Tensor]] = [
             {n: self.pool.take(((hi - lo) * self.row_mult[n], self.widths[n]), self.dtype)
@@ -150,6 +189,8 @@ class TokenOffload(ActivationPolicy):
 
     def _slot(self, i: int, n: str) -> str:
         """The device buffer layer i's tensor ``n`` lies in, in the race detector's words."""
+        if self.rounding is not None:
+            return f"{self.where[i]} {n}"
         return f"rounding buffer {rounding_buffer(i)} {n}"
 
     def _buf(self, i: int, names, rows: tuple[int, int] | None = None) -> list[Region]:
@@ -175,25 +216,66 @@ class TokenOffload(ActivationPolicy):
     # -- the four edges of the dependency rule -------------------------------------------------------
     @wait_primitive
     def _stall(self, ev, what: str, i: int) -> None:
+        i = i if self.rounding is None else self._cur  # a pipeline rank's unit: the span names the layer waiting
         with self.timer.span(f"wait_{what}", i, "stall"):
             self.engine.compute.wait_event(ev)
 
+    # on a pipeline rank the indices are the rank's units (forward u for edges 1 and 2, backward k for 3 and 4)
+    def _events(self, kind: str) -> list:
+        return getattr(self.rounding if self.rounding is not None else self, f"ev_{kind}")
+
     def _offload_waits_for_forward(self, i: int) -> None:  # edge 1
-        self.engine.d2h.wait_event(self.ev_fwd[i])
+        self.engine.d2h.wait_event(self._events("fwd")[i])
 
     def _output_write_waits_for_offload(self, j: int) -> None:  # edge 2
-        self._stall(self.ev_off[j], "offload", j)
+        self._stall(self._events("off")[j], "offload", j)
 
     def _prefetch_waits_for_backward(self, i: int) -> None:  # edge 3
-        self.engine.h2d.wait_event(self.ev_bwd[i])
+        self.engine.h2d.wait_event(self._events("bwd")[i])
 
     def _backward_waits_for_prefetch(self, j: int) -> None:  # edge 4
-        self._stall(self.ev_pf[j], "prefetch", j)
+        self._stall(self._events("pf")[j], "prefetch", j)
+
+    # -- a pipeline rank: which units the instance runs (module docs) ----------------------------------
+    def bind(self, kind: str, chunk: int, mb: int) -> None:
+        """The schedule binds the instance to a forward or backward step of (chunk, mb): a forward numbers its layers
+        as the rank's units and points them at their forward buffers; a backward numbers them in backward order (the
+        offloaded ones are pointed at their prefetch buffer when their prefetch is issued, `prefetch_unit`)."""
+        r = self.rounding
+        if r is None:
+            return
+        if kind == "fwd":
+            u0 = r.fwd_base[(chunk, mb)]
+            self.unit = [u0 + i for i in range(self.layers)]
+            for i, st in enumerate(self.storages):
+                b = rounding_buffer(u0 + i)
+                st.tensors, self.where[i] = r.fwd[b], f"forward buffer {b}"
+                st.keep_moe_internals = not r.offloaded(u0 + i)  # a kept unit keeps its MoE block's graph
+        else:
+            k0 = r.bwd_base[(chunk, mb)]
+            self.k_of = {i: k0 + self.layers - 1 - i for i in range(self.layers)}
+
+    def prefetch_unit(self, i: int, k: int, u: int) -> None:
+        """Issue the prefetch of layer i, the rank's backward unit k (forward unit u), into prefetch buffer k % 2."""
+        r, eng = self.rounding, self.engine
+        b = rounding_buffer(k)
+        self.storages[i].tensors, self.where[i] = r.pf[b], f"prefetch buffer {b}"
+        if k >= N_BUFFERS:
+            self._prefetch_waits_for_backward(k - N_BUFFERS)
+        eng.h2d.wait_event(r.ev_off[u])  # the host slot the offload wrote
+        pairs, reads, writes = self._copy(i, to_host=False)
+        eng.h2d.copy_group(pairs, CopyLabel("prefetch" + self.tag, self.layer_base + i, "prefetch",
+                                            self.layer_offload_bytes()), reads, writes)
+        eng.h2d.record(r.ev_pf[k])
 
     # -- per layer -----------------------------------------------------------------------------------
     def storage_for_forward(self, i: int) -> LayerStorage:
+        self._cur = i
         x, body = self._buf(i, ["x"]), self._buf(i, [n for n in SKELETAL if n != "x"])
         if i == 0:  # layer 0's input is copied in from the embedding output
+            j = self.rounding.input_write_waits_for(self.unit[0]) if self.rounding is not None else None
+            if j is not None:  # a pipeline rank: the buffer's unit before it may still be on its way out
+                self._output_write_waits_for_offload(j)
             self._declare("forward(0)", writes=x + body)
         else:  # later inputs were written by the previous layer's last op
             self._declare(f"forward({i})", reads=x, writes=body)
@@ -202,7 +284,9 @@ class TokenOffload(ActivationPolicy):
     def before_output_write(self, i: int) -> None:
         if i + 1 >= self.layers:
             return
-        j = output_write_waits_for(i, self.layers)
+        self._cur = i
+        r = self.rounding
+        j = output_write_waits_for(i, self.layers) if r is None else r.output_write_waits_for(self.unit[i])
         if j is not None:
             self._output_write_waits_for_offload(j)
         self._declare(f"forward({i}) output", writes=self._buf(i + 1, ["x"]))
@@ -211,11 +295,14 @@ class TokenOffload(ActivationPolicy):
         if not self.offloaded(i):
             return
         eng = self.engine
-        eng.compute.record(self.ev_fwd[i])
-        self._offload_waits_for_forward(i)
+        e = i if self.rounding is None else self.unit[i]  # the event's index: the layer, or the rank's unit
+        eng.compute.record(self._events("fwd")[e])
+        self._offload_waits_for_forward(e)
         pairs, reads, writes = self._copy(i, to_host=True)
         eng.d2h.copy_group(pairs, CopyLabel("offload" + self.tag, self.layer_base + i, "offload", self.layer_offload_bytes()), reads, writes)
-        eng.d2h.record(self.ev_off[i])
+        eng.d2h.record(self._events("off")[e])
+        if self.rounding is not None:
+            self.rounding.after_offload(e)
 
     def recompute(self, compute, weights, storage, i: int) -> None:
         if not self.offloaded(i) or self.n_off >= self.tokens:
@@ -226,14 +313,20 @@ class TokenOffload(ActivationPolicy):
         compute.recompute_tokens(weights, storage, self.n_off, i)
 
     def storage_for_backward(self, i: int, weights) -> LayerStorage:
+        self._cur = i
         if self.offloaded(i):
-            self._backward_waits_for_prefetch(i)
+            if self.rounding is not None:
+                self.rounding.check_prefetched(self.k_of[i])
+            self._backward_waits_for_prefetch(i if self.rounding is None else self.k_of[i])
         s = self.storages[i]
         self.recompute(self.compute, weights, s, i)
         self._declare(f"backward({i})", reads=self._buf(i, SKELETAL))
         return s
 
     def after_backward(self, i: int) -> None:
+        if self.rounding is not None:  # the rank's rule issues what waited for this unit
+            self.rounding.after_backward(self.k_of[i])
+            return
         j = prefetch_launched_after_backward(i, self.layers)
         if j is None:
             return

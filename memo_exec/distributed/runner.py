@@ -130,6 +130,7 @@ class DistExecutor(ExecutorBase):
         self.policy = make_policy(plan.policy, m, 1, self.local_T, per_set, self.dtype,
                                   torch.device("meta"), None, None, None, shapes=self.shapes, balance=lay.balance,
                                   etp=lay.etp)
+        self.policy.pipelined = self.schedule.pipelined  # the estimate's instances as the schedule will make them
         self.arena_plan, self.unplanned, self.no_arena = None, [], self._arena_why_not(plan, opts)
         if self.no_arena is None:  # this rank's layer is the one-device layer: its scratch at the plan's offsets
             # checked against the layer as the whole model's policy runs it (the plan's level 1 is the one-stage

@@ -80,6 +80,7 @@ def schedule_for(plan) -> type:
 
 class Schedule:
     name = "base"
+    pipelined = False  # a micro-batch pipeline's rank: its activation policies' instances share its buffers
 
     def __init__(self, ex) -> None:
         self.ex = ex

@@ -112,10 +112,12 @@ def simulated_stages(plan, layers_run: int):
     source = f"memo-sim simulate of the plan on {plan.profile}"
     it = res.iteration_s
     out = []
-    for st in res.pipeline["stages"]:
+    for s, st in enumerate(res.pipeline["stages"]):
         idle = st.get("idle_s")
         out.append({"busy_s": st.get("compute_busy_s"), "peak_bytes": st.get("peak_gpu_bytes"),
-                    "bubble_fraction": idle / it if it and idle is not None else None})
+                    "bubble_fraction": idle / it if it and idle is not None else None,
+                    # the activations the stage sends to host (MEMO's rule over its units: every one but its last two)
+                    "offload_bytes": sum(e.nbytes for e in res.timeline.events if e.device == s and e.stream == "d2h")})
     return out, source, res
 
 
@@ -154,17 +156,19 @@ def markdown(cmp: dict, memory_label: str) -> str:
          "Bubble: the share of the iteration (first action's start to the last one's end over all stages) the "
          "stage's compute is idle; ideal: (p - 1) / (v m + p - 1) for equal chunk times and free transfers.", "",
          "| stage | iteration s | busy s | bubble | ideal bubble | simulated busy s | simulated bubble | forward s "
-         f"| backward s | recompute s | receive wait s | stall s | offload MiB | {memory_label} peak MiB "
-         "| simulated peak MiB |", "|" + "---|" * 15]
+         f"| backward s | recompute s | receive wait s | stall s | offload MiB | simulated offload MiB "
+         f"| {memory_label} peak MiB | simulated peak MiB |", "|" + "---|" * 16]
     for r in cmp["stages"]:
         sim = r.get("simulated") or {}
         peak = None if r["peak_bytes"] is None else r["peak_bytes"] / 2**20
         speak = None if sim.get("peak_bytes") is None else sim["peak_bytes"] / 2**20
+        soff = None if sim.get("offload_bytes") is None else sim["offload_bytes"] / 2**20
         L.append(f"| {r['stage']} | {_f(r['iteration_s'])} | {_f(r['busy_s'])} | "
                  f"{_f(r['bubble_fraction'], '{:.1%}')} | {_f(r['ideal_bubble_fraction'], '{:.1%}')} | "
                  f"{_f(sim.get('busy_s'), '{:.4g}')} | {_f(sim.get('bubble_fraction'), '{:.1%}')} | {_f(r['forward_s'])} | "
                  f"{_f(r['backward_s'])} | {_f(r['recompute_s'])} | {_f(r['receive_wait_s'])} | {_f(r['stall_s'])} | "
-                 f"{_f(r['offload_bytes'] / 2**20, '{:.2f}')} | {_f(peak, '{:.1f}')} | {_f(speak, '{:.1f}')} |")
+                 f"{_f(r['offload_bytes'] / 2**20, '{:.2f}')} | {_f(soff, '{:.2f}')} | {_f(peak, '{:.1f}')} | "
+                 f"{_f(speak, '{:.1f}')} |")
     L += ["", f"Whole pipeline bubble: measured {_f(cmp['measured_bubble_fraction'], '{:.1%}')}, ideal "
           f"{_f(cmp['ideal_bubble_fraction'], '{:.1%}')}, simulated {_f(cmp['simulated_bubble_fraction'], '{:.1%}')}. "
           "Gantt chart: pipeline_gantt.png.", ""]

@@ -172,6 +172,8 @@ class PolicySet:
 class PipelineSchedule(Schedule):
     """One rank of a micro-batch pipeline (module docs); `vpp` chunks per rank."""
 
+    pipelined = True
+
     # test hook (never set by a run): order -> (slot of each (chunk, mb), slots), replacing `order.slots`
     slot_map = None
     guard = None  # the step's transfer guard (`forward_backward`)
@@ -229,7 +231,7 @@ class PipelineSchedule(Schedule):
         for k in range(self.n_slots):
             for n in sorted(set(sizes) - {0}, reverse=True):  # a chunk of one slot may hold no layer
                 pol = ex.make_activation_policy(n)
-                pol.slot, pol.shared = k, self.shared
+                pol.slot, pol.shared, pol.pipelined = k, self.shared, True
                 pol.allocate()
                 pols[(k, n)] = pol
         ex.policy = PolicySet(list(pols.values()))
@@ -241,6 +243,11 @@ class PipelineSchedule(Schedule):
                                   for j in range(sizes[c])]
                          for k in range(self.n_slots) for c in range(self.vpp)}
         ex.runtimes = [rt for k in range(self.n_slots) for c in range(self.vpp) for rt in self.runtimes[(k, c)]]
+        # MEMO's rounding buffers are the rank's: its rule runs over the units of this order (`pipeline_rounding`)
+        self.rounding = self.shared.states.get("rounding")
+        if self.rounding is not None:
+            self.rounding.plan(self.order, dict(enumerate(sizes)),
+                               lambda c, mb: self.runtimes[(self.slot_of[(c, mb)], c)][0].policy)
 
     def build_mtp(self) -> None:
         """The last rank's multi-token-prediction runtimes, one per activation slot its last chunk's micro-batches
@@ -315,6 +322,7 @@ class PipelineSchedule(Schedule):
         if rts:  # a chunk of the embedding or the loss alone runs no layer and no policy
             pol = rts[0].policy
             pol.tag, pol.layer_base, pol.timer = f"@{a.tag()}", timer.base, timer
+            pol.bind(a.kind, a.chunk, a.mb)
         self.ex.compute.timer = timer
         self._bind_moe(timer)
         return slot
@@ -407,7 +415,11 @@ class PipelineSchedule(Schedule):
         self.inputs: dict = {}
         self.outputs: dict = {}
         self.loss = torch.zeros((), dtype=torch.float64, device=self.ex.device)
-        for a in self.order:
+        if self.rounding is not None:
+            self.rounding.begin_step()
+        for t, a in enumerate(self.order):
+            if self.rounding is not None:  # the next step's first prefetches may start beside this one
+                self.rounding.launch(t)
             if a.kind == "fwd":
                 self._forward(a, step)
             else:

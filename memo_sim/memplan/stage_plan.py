@@ -24,7 +24,10 @@ way `memo_sim.memplan.trace_gen.model_trace` does for a whole model run in one p
 * lse and `Policy.layer_blocks` live from a layer's forward to its backward; `Policy.shared_blocks`
   are taken per (chunk, micro-batch), with that chunk's layers numbered from 0 as the policy sees a
   chunk (the executor runs one policy instance per chunk size and activation slot), from the
-  steps that (chunk, micro-batch) occupies.
+  steps that (chunk, micro-batch) occupies (a recompute buffer: one backward's steps, so the
+  micro-batches' copies can share offsets); a policy's `Policy.pipeline_rank_blocks` (MEMO's two
+  forward and two prefetch buffers, which the executor's instances on a rank share) are taken once,
+  through the whole step, in their place.
 
 The order is passed in (the schedule's per-rank order, `memo_sim.engine.schedules.microbatch`):
 the memory plan sits below the engine in the data flow and does not import it.
@@ -106,6 +109,9 @@ def stage_model_trace(model: ModelConfig, layout: Layout, micro_batch: int, seq:
         if size > 0 and hi > lo:
             bufs.append(Buffer(id_, _align(size), lo, hi, kind=kind, layer=layer, phase=phase, name=id_))
 
+    rank_blocks = policy.pipeline_rank_blocks(sk) if fwd_steps else []
+    for name, nbytes in rank_blocks:  # the rank's own, through its step (MEMO's forward and prefetch buffers)
+        add(name, nbytes, 0, end, "skeletal")
     for key, fs in fwd_steps.items():
         c, mb = key
         bs = bwd_steps[key]
@@ -124,7 +130,7 @@ def stage_model_trace(model: ModelConfig, layout: Layout, micro_batch: int, seq:
             add(f"{tag}.layer{i}.lse", sk["lse"], fs[j], bs[j] + 1, "skeletal", i)
             for name, nbytes in policy.layer_blocks(sk):
                 add(f"{tag}.layer{i}.{name}", nbytes, fs[j], bs[j] + 1, "skeletal", i)
-        if layers:
+        if layers and not rank_blocks:
             for name, nbytes, lo, hi in policy.shared_blocks(sk, _ChunkSteps(fs, bs), len(layers)):
                 add(f"{tag}.{name}", nbytes, lo, hi, "skeletal")
         if key in cls_step:

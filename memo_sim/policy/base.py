@@ -182,6 +182,11 @@ class Policy:
         """Skeletal blocks shared by all layers: (name, bytes, first step, end step)."""
         return []
 
+    def pipeline_rank_blocks(self, sk: dict[str, float]) -> list[tuple[str, float]]:
+        """Blocks a pipeline rank holds once for all its micro-batches in flight, through the step, in place of
+        `shared_blocks` per (chunk, micro-batch): (name, bytes); none by default."""
+        return []
+
     # -- naming --------------------------------------------------------------------------------------
     def label(self) -> str:
         return self.name

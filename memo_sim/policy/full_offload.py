@@ -27,3 +27,8 @@ class FullOffload(Policy):
     def shared_blocks(self, sk, steps, n_layers):
         return [(f"rounding_buffer{b}", sk["total"], steps.fwd(b), steps.end_of_backward)
                 for b in range(N_BUFFERS)]
+
+    def pipeline_rank_blocks(self, sk):
+        # a pipeline rank's forward and prefetch buffers, shared by its micro-batches in flight (the rule runs over
+        # the rank's units: `memo_sim.engine.schedules.microbatch`, `memo_exec.activations.pipeline_rounding`)
+        return [(f"rounding_{kind}{b}", sk["total"]) for kind in ("forward", "prefetch") for b in range(N_BUFFERS)]
