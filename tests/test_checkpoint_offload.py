@@ -101,3 +101,18 @@ def test_the_loss_kernels_are_the_layouts_names():
     from memo_sim.model.layer_graph import CROSS_ENTROPY_KERNELS
 
     assert tuple(KERNELS) == CROSS_ENTROPY_KERNELS  # one kernel table for time and memory, the layout's names
+
+
+def test_pipeline_rank_holds_four_input_buffers_and_one_recompute_buffer():
+    """On a micro-batch pipeline the rank's micro-batches in flight share two forward and two prefetch input buffers
+    and one recompute buffer (`memo_exec.activations.checkpoint_offload` on a pipeline rank); the stage memory counts
+    them so, where it counted the single stage's buffers twice (the recompute buffer too), and MEMO's four whole
+    rounding slots are unchanged."""
+    from memo_sim.search.pipeline import pipeline_memory
+
+    lay = Layout(pp=4)
+    sk = skeletal_bytes(M, lay, 1, 8 * K)
+    mem, _rows = pipeline_memory(M, lay, 8, 1, 8 * K, get_policy("checkpoint_offload"), A100, "1f1b")
+    assert mem.rounding_buffer_bytes == pytest.approx(4 * sk["input"] + sk["total"] - sk["input"])
+    mem, _rows = pipeline_memory(M, lay, 8, 1, 8 * K, get_policy("memo", 0.5), A100, "1f1b")
+    assert mem.rounding_buffer_bytes == pytest.approx(4 * sk["total"])

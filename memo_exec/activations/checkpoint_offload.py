@@ -9,7 +9,8 @@ back beside layer i+1's backward, by the four edges of MEMO's rounding-buffer ru
 ``offloaded_roles``); before each backward the whole layer forward re-runs from x into the work
 buffer (attention included, so the lse is rebuilt, not kept). The last ``KEPT_LAYERS`` layers keep
 their x in their buffer and are recomputed all the same (their work tensors were overwritten by the
-layers after them, as under full recompute).
+layers after them, as under full recompute). On a pipeline rank the input buffers are the rank's four
+(two forward, two prefetch: `memo_exec.activations.pipeline_rounding`) and the work buffer the rank's one.
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ class CheckpointOffload(TokenOffload):
     def device_bytes(self) -> dict[str, int]:
         x = storage_bytes(self.model, self.tokens, self.dtype, tuple(self.whole), shapes=self.shapes)
         work = storage_bytes(self.model, self.tokens, self.dtype, self._work_names, shapes=self.shapes)
+        blocks = (2 if self.pipelined else 1) * N_BUFFERS  # a pipeline rank: forward and prefetch input buffers
         return {"skeletal_resident": self.moe_kept_bytes(),  # a MoE layer's routing (its block re-run with the layer)
-                "buffers": N_BUFFERS * x + work, "norm_stats": self._stats_bytes(), "lse": self.lse_bytes_per_layer()}
+                "buffers": blocks * x + work, "norm_stats": self._stats_bytes(), "lse": self.lse_bytes_per_layer()}
 
     def _device_storages(self) -> list[LayerStorage]:
         xb = storage_bytes(self.model, self.tokens, self.dtype, tuple(self.whole), shapes=self.shapes)
@@ -49,8 +51,25 @@ class CheckpointOffload(TokenOffload):
         stats = self._stats()  # rebuilt with everything else: one set for every layer
         return [LayerStorage({**work, **xs[rounding_buffer(i)]}, stats) for i in range(self.layers)]
 
+    @property
+    def _rank_names(self):
+        return tuple(self.whole)
+
+    def _rank_tensors(self, block: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {**self.recompute_work, **block}
+
+    def _pipeline_storages(self) -> list[LayerStorage]:
+        nb = storage_bytes(self.model, self.tokens, self.dtype, self._work_names, shapes=self.shapes)
+        self.recompute_work = carve_storage(self.buffer_block("recompute", nb), self.model, self.tokens, self.dtype,
+                                            self._work_names, shapes=self.shapes)
+        stats = self._stats()  # rebuilt with everything else: one set for every layer
+        return [LayerStorage(self._rank_tensors(self.rounding.fwd[rounding_buffer(i)]), stats)
+                for i in range(self.layers)]
+
     def _slot(self, i: int, n: str) -> str:
-        return f"input buffer {rounding_buffer(i)} {n}" if n in self.whole else f"work buffer {n}"
+        if n not in self.whole:
+            return f"work buffer {n}"
+        return f"{self.where[i]} {n}" if self.rounding is not None else f"input buffer {rounding_buffer(i)} {n}"
 
     def after_forward(self, i: int) -> None:
         self.storages[i].aux = None  # the attention lse is rebuilt with everything else

@@ -134,22 +134,34 @@ class TokenOffload(ActivationPolicy):
             st.keep_moe_internals = not self.offloaded(i)  # the simulator's kept layers keep every tensor
         return storages
 
+    # a pipeline rank: the tensors its rounding blocks hold (every skeletal tensor; checkpoint offload: x), and a
+    # layer's storage over one of them
+    _rank_names = SKELETAL
+
+    def _rank_tensors(self, block: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return block
+
     def _rank_rounding(self) -> PipelineRounding:
         """The pipeline rank's four blocks (`ActivationPolicy.shared`), made by its first instance."""
-        nb = storage_bytes(self.model, self.tokens, self.dtype, shapes=self.shapes)
+        names = tuple(self._rank_names)
+        nb = storage_bytes(self.model, self.tokens, self.dtype, names, shapes=self.shapes)
 
         def carve(name: str) -> list[dict[str, torch.Tensor]]:
-            return [carve_storage(self.buffer_block(f"{name}{b}", nb), self.model, self.tokens, self.dtype,
+            return [carve_storage(self.buffer_block(f"{name}{b}", nb), self.model, self.tokens, self.dtype, names,
                                   shapes=self.shapes) for b in range(N_BUFFERS)]
 
         return self.shared.state("rounding", lambda: PipelineRounding(self.engine, carve("forward"),
                                                                        carve("prefetch")))
 
+    def _pipeline_storages(self) -> list[LayerStorage]:
+        """Each layer's storage on a pipeline rank, re-pointed at a rank block per unit (`bind`, `prefetch_unit`)."""
+        return [LayerStorage(self._rank_tensors(self.rounding.fwd[rounding_buffer(i)]), self._stats())
+                for i in range(self.layers)]
+
     def allocate(self) -> None:
         if self.pipelined:
             self.rounding = self._rank_rounding()
-            self.storages = [LayerStorage(self.rounding.fwd[rounding_buffer(i)], self._stats())
-                             for i in range(self.layers)]  # re-pointed per unit (`bind`)
+            self.storages = self._pipeline_storages()
             self.unit, self.k_of, self.where = list(range(self.layers)), {}, {}
         else:
             self.storages = self._device_storages()
@@ -249,7 +261,7 @@ class TokenOffload(ActivationPolicy):
             self.unit = [u0 + i for i in range(self.layers)]
             for i, st in enumerate(self.storages):
                 b = rounding_buffer(u0 + i)
-                st.tensors, self.where[i] = r.fwd[b], f"forward buffer {b}"
+                st.tensors, self.where[i] = self._rank_tensors(r.fwd[b]), f"forward buffer {b}"
                 st.keep_moe_internals = not r.offloaded(u0 + i)  # a kept unit keeps its MoE block's graph
         else:
             k0 = r.bwd_base[(chunk, mb)]
@@ -259,7 +271,7 @@ class TokenOffload(ActivationPolicy):
         """Issue the prefetch of layer i, the rank's backward unit k (forward unit u), into prefetch buffer k % 2."""
         r, eng = self.rounding, self.engine
         b = rounding_buffer(k)
-        self.storages[i].tensors, self.where[i] = r.pf[b], f"prefetch buffer {b}"
+        self.storages[i].tensors, self.where[i] = self._rank_tensors(r.pf[b]), f"prefetch buffer {b}"
         if k >= N_BUFFERS:
             self._prefetch_waits_for_backward(k - N_BUFFERS)
         eng.h2d.wait_event(r.ev_off[u])  # the host slot the offload wrote

@@ -51,6 +51,12 @@ class CheckpointOffload(FullRecompute):
     def static_gpu(self, sk):
         return [("input_buffers", N_BUFFERS * sk["input"])]
 
+    def pipeline_rank_blocks(self, sk):
+        # a pipeline rank's two forward and two prefetch input buffers and its one recompute buffer, shared by its
+        # micro-batches in flight (`memo_exec.activations.checkpoint_offload`)
+        return ([(f"input_{kind}{b}", sk["input"]) for kind in ("forward", "prefetch") for b in range(N_BUFFERS)]
+                + [("recompute_buffer", sk["total"] - sk["input"])])
+
     def shared_blocks(self, sk, steps, n_layers):
         return ([(f"input_buffer{b}", sk["input"], steps.fwd(b), steps.end_of_backward) for b in range(N_BUFFERS)]
                 + [("recompute_buffer", sk["total"] - sk["input"], steps.bwd(n_layers - 1), steps.end_of_backward)])

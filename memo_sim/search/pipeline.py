@@ -14,9 +14,9 @@ the first, the classifier on the last, `memo_sim.cost.sppo.stage_model_state_byt
 policy's forward-kept bytes of every layer of every chunk in flight (the count read off the
 schedule's own order, `memo_sim.engine.schedules.microbatch.stage_in_flight`: 1F1B holds
 min(p - s, m) micro-batches on stage s, the interleaved schedule its longer warm-up's chunks)
-+ the policy's static buffers (an offloading policy's rounding-buffer slots, twice: forward
-slots and the prefetch slots of the backward beside them) + one layer's working block or the
-classifier's; host bytes per node sum, over the stages whose GPUs the node holds, each GPU's
++ the policy's static buffers (`Policy.pipeline_rank_blocks`: an offloading policy's rounding-buffer
+slots twice, forward slots and the prefetch slots of the backward beside them, which the rank's
+micro-batches share; else its buffers once) + one layer's working block or the classifier's; host bytes per node sum, over the stages whose GPUs the node holds, each GPU's
 offloaded layers in flight. MEMO's alpha is solved with that count of host blocks per GPU
 (`memo_sim.search.estimate.memo_alpha` ``units``). The fullest stage is the candidate's memory.
 """
@@ -136,13 +136,14 @@ def _stage_unit_terms(model: ModelConfig, shard: Layout, micro_batch: int, seq: 
     """What one GPU of a stage holds per layer unit, whatever the pipeline around it (memoised per
     shard, micro-batch and policy): its single-stage memory (for the working block and the
     classifier), the forward-kept and lse bytes of one layer, the static buffers (an offloading
-    policy's twice), the pinned host block and the raw bytes one offloaded layer copies."""
+    policy's rank blocks), the pinned host block and the raw bytes one offloaded layer copies."""
     from memo_sim.cost.activations import skeletal_bytes
 
     one = memory_breakdown(model, shard, micro_batch, seq, policy, profile)
     sk = skeletal_bytes(model, shard, micro_batch, seq)
     kept = sum(b for _n, b in policy.forward_kept(sk))
-    buffers = policy.buffer_bytes(sk) * (2 if policy.offloads else 1)
+    # the rank's own blocks (MEMO's forward and prefetch buffers), else the policy's buffers once (a recompute buffer)
+    buffers = sum(b for _n, b in policy.pipeline_rank_blocks(sk)) or policy.buffer_bytes(sk)
     host_block = policy.host_bytes_per_layer(model, shard, micro_batch, seq, profile) if policy.offloads else 0.0
     offload = policy.offload_bytes(model, shard, micro_batch, seq) if policy.offloads else 0.0
     return one, kept, sk["lse"], buffers, host_block, offload
