@@ -188,30 +188,6 @@ def totals_rows(res: RunResult, pred: dict, source: str, layer_timings: dict | N
              "predicted_from": s} for q, u, p, m, s in rows]
 
 
-def pipeline_offload_note(plan) -> str | None:
-    """Where a pipelined offloading plan's executor offloads other layers than the simulator prices: memo-exec
-    runs one activation policy per model chunk and micro-batch in flight, each keeping the chunk's last 2
-    layers on the device (`memo_sim.policy.rounding_buffers.KEPT_LAYERS`), while the simulator runs the
-    rounding-buffer rule over all of a rank's forward units of the iteration and keeps only its last 2
-    (`memo_sim.engine.schedules.microbatch`); None where the two offload as many layer passes."""
-    from memo_sim.policy.rounding_buffers import offloaded_layer_count  # noqa: PLC0415
-
-    lay = plan.layout
-    if lay.pp == 1 or not plan.policy.offloads or plan.schedule not in ("1f1b", "interleaved_1f1b"):
-        return None
-    vr = lay.virtual_stage_ranges(plan.model.layers)
-    rank = [[len(vr[c * lay.pp + s]) for c in range(lay.vpp)] for s in range(lay.pp)]
-    m = plan.micro_batches
-    ours = [m * sum(offloaded_layer_count(n) for n in chunks) for chunks in rank]
-    sims = [offloaded_layer_count(m * sum(chunks)) for chunks in rank]
-    if ours == sims:
-        return None
-    return (f"layer passes offloaded per iteration, rank by rank: memo-exec {ours}, the simulator {sims} (memo-exec "
-            f"keeps each model chunk's last 2 layers of every micro-batch on the device, the simulator the rank's "
-            f"last 2 forward units of the iteration), so host memory, copies and the activations kept differ from "
-            f"the prediction")
-
-
 def loss_kernel_note(plan) -> str | None:
     """Where the plan is priced with another loss kernel than memo-exec runs: memo-exec computes the loss in its
     chunked head (`memo_exec.model.ChunkedHead`, the simulator's ``chunked`` kernel) whatever the plan's
@@ -471,9 +447,9 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
         L.append(f"- all {m['layers']} layers run")
     if cmp_.stale:
         L.append(f"- **{stale_line(cmp_.stale)}**")
-    for note in (pipeline_offload_note(p), loss_kernel_note(p)):
-        if note:
-            L.append(f"- **{note}**")
+    note = loss_kernel_note(p)
+    if note:
+        L.append(f"- **{note}**")
     from memo_exec.activations.registry import moe_block_note  # noqa: PLC0415
 
     note = moe_block_note(p.model, p.policy.name)

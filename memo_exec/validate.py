@@ -22,8 +22,7 @@ predicted) in a table of their own; the summary holds the mean and max
 measured ordering of the step times. Both go to ``validation.md`` and ``validation.json``. An
 expert-parallel validation whose runs give no all-to-all to compare says why in one line of the
 summary (``alltoall_not_compared``). The report also names, per policy, where the executor runs
-the MoE block (`moe_block_notes`) or a pipeline's offload (`pipeline_offload_notes`) otherwise
-than the simulator prices it, and the multi-rank runs whose ranks and other processes
+the MoE block (`moe_block_notes`) otherwise than the simulator prices it, and the multi-rank runs whose ranks and other processes
 oversubscribed the machine's cores (each run's ``oversubscribed`` line).
 
 On a CPU, peak memory is the process RSS, which the simulator's GPU memory model does not
@@ -596,7 +595,6 @@ def render_report(rows: list[ValidationRow], summary: dict, model: ModelConfig, 
                if layout is not None and layout.gpus > 1 else []),
              *([f"- attention priced: {summary['attention_pricing']}"] if summary.get("attention_pricing") else []),
              *[f"- MoE block under {n}" for n in summary.get("moe_block_notes") or []],
-             *[f"- pipeline under {n}" for n in summary.get("pipeline_offload_notes") or []],
              *([f"- **cores oversubscribed** in the runs of {', '.join(summary['oversubscribed'])}: their ranks "
                 "and other processes wanted more cores than the machine has (each run's report.md says how many), "
                 "so their step-time errors mean little"] if summary.get("oversubscribed") else []),
@@ -632,23 +630,6 @@ def render_report(rows: list[ValidationRow], summary: dict, model: ModelConfig, 
     if figure:
         lines += ["", f"Worst step-time case, predicted vs measured streams: ![]({figure})"]
     return "\n".join(lines) + "\n"
-
-
-def pipeline_offload_notes(rows: list[ValidationRow]) -> list[str]:
-    """One note per policy of the plans whose pipeline offloads other layers than the simulator prices
-    (`memo_exec.report.pipeline_offload_note`, which each such run's report.md says too)."""
-    from memo_exec.report import pipeline_offload_note  # noqa: PLC0415
-    from memo_sim.plan.schema import read_plan  # noqa: PLC0415
-
-    out: dict[str, str] = {}
-    for r in rows:
-        if r.plan_file is None:
-            continue
-        plan = read_plan(r.plan_file)
-        note = pipeline_offload_note(plan)
-        if note:
-            out.setdefault(plan.policy.name, f"{plan.policy.name}: {note}")
-    return list(out.values())
 
 
 def alltoall_not_compared_why(rows: list[ValidationRow]) -> str:
@@ -760,7 +741,6 @@ def validate(model: ModelConfig, profile: HardwareProfile, plans: list[PlanSpec]
 
     summary["attention_pricing"] = attention_pricing_words(model, layout or Layout(), [p.seq for p in plans], profile)
     summary["moe_block_notes"] = moe_block_notes(model, plans)
-    summary["pipeline_offload_notes"] = pipeline_offload_notes(rows)
     summary["oversubscribed"] = [r.label for r in rows if r.oversubscribed]
     if model.moe and (layout or Layout()).ep > 1 and not summary["errors"]["alltoall_layer_s"]["plans"]:
         summary["alltoall_not_compared"] = alltoall_not_compared_why(rows)

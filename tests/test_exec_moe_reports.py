@@ -225,8 +225,9 @@ def test_a_reader_that_leaves_early_gets_a_complete_output_folder(tmp_path):
 
 # ------------------------------------------------------------------------------- validation.md
 def test_validation_report_carries_the_pipeline_note_oversubscription_and_uncompared_alltoall(tmp_path):
-    """A pp 2 x ep 2 MEMO validation (runs faked): validation.md names the pipeline's offloaded layers as the run's
-    report does, the oversubscribed runs, and says in one line why the MoE all-to-all was not compared."""
+    """A pp 2 x ep 2 MEMO validation (runs faked): validation.md names the oversubscribed runs and says in one line
+    why the MoE all-to-all was not compared (and no pipeline offload note: the executor offloads the simulator's
+    units since 2026-11-29)."""
     def fake_runner(plan_file, run_dir, device, steps, timeout, threads=None):
         return "ran", {"totals": [{"quantity": "iteration time", "measured": 1.0, "predicted": 1.0}],
                        "moe_alltoall": [], "speed_probe": None,
@@ -238,7 +239,7 @@ def test_validation_report_carries_the_pipeline_note_oversubscription_and_uncomp
                                    device="cpu", steps=2, out_dir=tmp_path / "val", report_path=None, command="test",
                                    record=False, speed_retries=0, layout=lay, micro_batches=2, runner=fake_runner)
     text = path.read_text()
-    assert summary["pipeline_offload_notes"] and "- pipeline under memo: layer passes offloaded" in text
+    assert "pipeline_offload_notes" not in summary and "- pipeline under memo" not in text  # the two agree now
     assert "cores oversubscribed** in the runs of 64 memo(a=0.500)" in text
     assert "| MoE all-to-all per layer | 0 | not compared: no run reported an all-to-all" in text
     assert "MoE all-to-all per layer not compared" in V.summary_line(summary)

@@ -97,3 +97,16 @@ def test_pipeline_level2_holds_memos_rounding_blocks_once_per_rank():
         tr = stage_model_trace(model, lay, 1, 4096, get_policy("full_recompute"), 1 << 20, 1 << 20, order, 0)
         spans = sorted((b.lower, b.upper) for b in tr.buffers if b.id.endswith("recompute_buffer"))
         assert len(spans) == m and all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), spans
+
+
+def test_pipeline_level2_gives_no_rounding_blocks_to_a_rank_without_layers():
+    """A rank whose chunk holds no layer (the loss alone: 'chunk_layers' (16, 16, 0)) allocates no MEMO buffer in
+    the executor; level 2 takes none for it (the review of 2026-11-29 found four there)."""
+    from memo_sim.engine.schedules.microbatch import pipeline_order
+    from memo_sim.memplan.stage_plan import StageStep, stage_model_trace
+
+    lay = Layout(pp=3, chunk_layers=(16, 16, 0))
+    for stage, want in ((0, 4), (2, 0)):
+        order = [StageStep(st.kind, st.mb, st.chunk) for st in pipeline_order("1f1b")(3, 4, 1, stage)]
+        tr = stage_model_trace(M7, lay, 1, 4096, get_policy("memo", 0.3), 1 << 20, 1 << 20, order, stage)
+        assert len([b for b in tr.buffers if "rounding" in b.id]) == want, stage

@@ -133,14 +133,6 @@ class PipelineRounding:
                 self.prefetched.add(k)
             self.next_prefetch = k + 1
 
-    def prefetch_waits(self, k: int, u: int) -> None:
-        """The h2d stream waits for the backward of unit k-2 (it overwrites the buffer that read) and the offload
-        of the unit it brings back."""
-        h2d = self.engine.h2d
-        if k >= N_BUFFERS:
-            h2d.wait_event(self.ev_bwd[k - N_BUFFERS])
-        h2d.wait_event(self.ev_off[u])
-
     def check_prefetched(self, k: int) -> None:
         if k not in self.prefetched:
             raise RuntimeError(f"backward unit {k} runs before its prefetch was issued")

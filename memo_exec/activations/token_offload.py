@@ -90,11 +90,6 @@ class TokenOffload(ActivationPolicy):
             return self.rounding.offloaded(self.unit[i])
         return is_offloaded(i, self.layers)
 
-    def _kept_estimate(self, i: int) -> bool:
-        """Whether layer i keeps its MoE block's graph, for the estimate: where the instance is one of a pipeline
-        rank's, any of its layers may be among the rank's last two units (an upper bound)."""
-        return i >= self.layers - KEPT_LAYERS if self.pipelined else not self.offloaded(i)
-
     @property
     def n_offloaded(self) -> int:
         """The layers that get a host slot: on a pipeline rank every layer of the instance may be offloaded."""
@@ -116,7 +111,12 @@ class TokenOffload(ActivationPolicy):
     def device_bytes(self) -> dict[str, int]:
         # a MoE layer's routing; a kept one's block graph too (`_device_storages`)
         blocks = (2 if self.pipelined else 1) * N_BUFFERS  # a pipeline rank: forward and prefetch buffers
-        return {"skeletal_resident": self.moe_kept_bytes(self._kept_estimate),
+        resident = self.moe_kept_bytes(lambda i: not self.offloaded(i))
+        rank = {}
+        if self.pipelined:  # a rank keeps its last two units, once: their MoE graphs counted once (an upper bound)
+            resident = self.moe_kept_bytes()
+            rank = {"rank_resident": self.moe_kept_bytes(lambda i: i >= self.layers - KEPT_LAYERS) - resident}
+        return {"skeletal_resident": resident, **rank,
                 "buffers": blocks * storage_bytes(self.model, self.tokens, self.dtype, shapes=self.shapes),
                 "norm_stats": self.layers * self._stats_bytes(), "lse": self.layers * self.lse_bytes_per_layer()}
 
@@ -170,6 +170,8 @@ class TokenOffload(ActivationPolicy):
             {n: self.pool.take(((hi - lo) * self.row_mult[n], self.widths[n]), self.dtype)
              for n, (lo, hi) in self._moved()}
             for _ in range(self.n_offloaded)]
+        if self.rounding is not None:  # a pipeline rank's events are its units' (`PipelineRounding`)
+            return
         ev = self.engine.event
         self.ev_fwd = [ev(f"forward_done({i})") for i in range(self.layers)]
         self.ev_off = [ev(f"offloaded({i})") for i in range(self.layers)]

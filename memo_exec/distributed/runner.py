@@ -249,8 +249,10 @@ class DistExecutor(ExecutorBase):
         states = weights + grads + optimizer  # optimizer offload: AdamW's states on the host
         dev = self.policy.device_bytes()
         n = self.activation_sets  # one policy instance per micro-batch in flight (pipelines)
-        nb = 1 if self.policy.shares_buffers else n  # a recompute buffer: one for them all (`SharedBlocks`)
-        terms = {"model_states": states, "skeletal_resident": n * dev.get("skeletal_resident", 0),
+        # the rank's own buffers (a recompute buffer, MEMO's four blocks: `SharedBlocks`) once; none without a layer
+        nb = 0 if not self.held else 1 if self.policy.shares_buffers else n
+        terms = {"model_states": states,
+                 "skeletal_resident": n * dev.get("skeletal_resident", 0) + dev.get("rank_resident", 0),
                  "buffers": nb * dev.get("buffers", 0), "lse": n * dev.get("lse", 0),
                  "norm_stats": n * dev.get("norm_stats", 0)}
         unknown = ["transient_peak", "layer_boundary", "classifier_peak", "optimizer_step_peak"]

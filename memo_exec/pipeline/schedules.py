@@ -46,14 +46,15 @@ not waited on is refused naming it.
 Saved activations per (layer, micro-batch): a rank keeps one instance of the plan's activation
 policy per micro-batch in flight (`order.slots`: a forward takes the lowest free slot, its
 backward frees it; 1F1B needs ``min(pp - s, m)`` on stage s), each with its own storage for one
-chunk's layers: store-all's blocks, full recompute's inputs, MEMO's two rounding buffers, events
-and host slots (its `memo_exec.activations.host_pool.HostPool`), so MEMO's token-wise offload,
-prefetch and recompute run per micro-batch inside the stage under the dependency rule of
-`memo_sim.policy.rounding_buffers`, and the race detector's regions of two slots never alias. The
-one exception is a recompute buffer (full recompute's, the recompute modules' norms or MLP), which
-a layer needs only inside its own forward or its rebuild and backward, so inside one action: every
-slot's instance carves the rank's one block (`memo_exec.activations.base.SharedBlocks`), as the
-simulator counts one recompute buffer per stage.
+chunk's layers: store-all's blocks, full recompute's inputs, the layers' lse and norm statistics,
+MEMO's host slots (its `memo_exec.activations.host_pool.HostPool`). The device buffers that one
+action at a time uses are the rank's, carved by every slot's instance from one set
+(`memo_exec.activations.base.SharedBlocks`), as the simulator counts them per stage: a recompute
+buffer (full recompute's, the recompute modules' norms or MLP), and MEMO's (and checkpoint
+offload's) two forward and two prefetch buffers, over which its dependency rule
+(`memo_sim.policy.rounding_buffers`) runs across the rank's units in the order the rank runs them
+(`memo_exec.activations.pipeline_rounding`; the schedule calls its ``launch`` before each action),
+the race detector naming which micro-batch's layer each region must hold.
 
 Trace (`memo_exec.measure.Recorder`, merged over ranks): per action a span on the ``pipeline``
 stream (``fwd@c<chunk>.mb<k>`` / ``bwd@...``), the layers' forward/backward/recompute spans on
@@ -221,13 +222,14 @@ class PipelineSchedule(Schedule):
         return self._chunk_size(), self.n_slots
 
     def build_runtimes(self) -> None:
-        """One activation policy per slot and chunk size: a policy runs over one chunk's layers
-        (MEMO's rounding buffers hold that chunk's last two layers and its offload schedule counts its
-        layers), so an uneven split's chunks of different sizes each get their own instance per slot."""
+        """One activation policy per slot and chunk size: a policy runs over one chunk's layers (its storages and
+        host slots), so an uneven split's chunks of different sizes each get their own instance per slot; the
+        rank's shared buffers (`SharedBlocks`) and MEMO's numbering of the rank's units (`PipelineRounding.plan`)
+        are made here too."""
         ex = self.ex
         sizes = [len(self.chunk_layers(c)) for c in range(self.vpp)]  # equal unless the split is uneven
         pols: dict[tuple[int, int], object] = {}
-        self.shared = SharedBlocks()  # the recompute buffer, one for the rank's slots (`ActivationPolicy.shared`)
+        self.shared = SharedBlocks()  # the rank's buffers, one set for its slots (`ActivationPolicy.shared`)
         for k in range(self.n_slots):
             for n in sorted(set(sizes) - {0}, reverse=True):  # a chunk of one slot may hold no layer
                 pol = ex.make_activation_policy(n)

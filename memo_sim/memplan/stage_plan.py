@@ -109,7 +109,8 @@ def stage_model_trace(model: ModelConfig, layout: Layout, micro_batch: int, seq:
         if size > 0 and hi > lo:
             bufs.append(Buffer(id_, _align(size), lo, hi, kind=kind, layer=layer, phase=phase, name=id_))
 
-    rank_blocks = policy.pipeline_rank_blocks(sk) if fwd_steps else []
+    holds = any(vranges[st.chunk * pp + stage] for st in order)  # a rank of the embedding or the loss alone: none
+    rank_blocks = policy.pipeline_rank_blocks(sk) if holds else []
     for name, nbytes in rank_blocks:  # the rank's own, through its step (MEMO's forward and prefetch buffers)
         add(name, nbytes, 0, end, "skeletal")
     for key, fs in fwd_steps.items():
