@@ -46,3 +46,77 @@ def test_tokens_per_gpu_divide_the_jobs_tokens_over_its_ranks():
     assert _replica_gpus(_res(2, 0, dp=2)) == 2  # DP 2: two sequences over two GPUs
     assert _replica_gpus(_res(8, 0, dp=2)) == 8
     assert _replica_gpus(_res(1, 0, dp=1)) == 1
+
+
+def test_a_plans_loss_kernel_other_than_the_executors_is_named():
+    """memo-exec computes the loss in its chunked head whatever the plan's cross_entropy: a plan priced with
+    Megatron's vocab_parallel loss (and with modules, their kept loss state) says so in report.md."""
+    from memo_exec.report import loss_kernel_note
+    from memo_sim.layout.parallel import Layout
+    from memo_sim.model.config import ModelConfig
+
+    m = ModelConfig("t", 8, 256, 4, 512, vocab=96)
+
+    def plan(ce, mtp=0):
+        return SimpleNamespace(layout=Layout(cross_entropy=ce), model=replace(m, mtp_layers=mtp))
+
+    assert loss_kernel_note(plan("chunked", 1)) is None
+    note = loss_kernel_note(plan("vocab_parallel"))
+    assert "priced with the vocab_parallel loss" in note and "multi-token" not in note
+    assert "loss state of the 1 multi-token-prediction module(s)" in loss_kernel_note(plan("vocab_parallel", 1))
+    assert "multi-token" not in loss_kernel_note(plan("chunked_wrapper", 1))  # keeps nothing between its passes
+
+
+def _totals_res(world, dp, *, not_estimated=()):
+    from memo_sim.model.config import get_model
+
+    model = get_model("gpt-7b")
+    lay = SimpleNamespace(optimizer_offload=False, dp=dp, tp=1)
+    plan = SimpleNamespace(profile="h100-sxm5-80gb", layout=lay, model=model, batch=1, seq_tokens=4096,
+                           layer_timings_s={})
+    meta = {"world": world, "pinned_host_bytes": 0, "host_optimizer_bytes": 0, "tokens": 4096 * dp,
+            "device_kind": "cuda", "layers": model.layers, "memory_estimate_total_bytes": 7}
+    return SimpleNamespace(steady={"iteration_s": 2.0}, plan=plan, meta=meta,
+                           estimate=SimpleNamespace(not_estimated=not_estimated))
+
+
+def test_measured_mfu_counts_every_rank_of_a_multi_rank_run():
+    """Review of 2026-11-26: the MFU row of a multi-rank run divided the plan's per-replica batch over one GPU
+    (too high by the ranks per replica). The job's sequences over every rank: one replica over one GPU and
+    two replicas over two GPUs give the same MFU; TP 2 halves it."""
+    from memo_exec.report import totals_rows
+
+    def measured_mfu(world, dp):
+        rows = totals_rows(_totals_res(world, dp), {"mfu": 0.5}, "sim")
+        return next(r["measured"] for r in rows if r["quantity"] == "MFU")
+
+    one, dp2, tp2 = measured_mfu(1, 1), measured_mfu(2, 2), measured_mfu(2, 1)
+    assert one > 0 and dp2 == pytest.approx(one) and tp2 == pytest.approx(one / 2)
+
+
+def test_a_static_terms_estimate_is_not_compared_with_the_peak():
+    from memo_exec.report import totals_rows
+
+    def est_row(res):
+        return next(r for r in totals_rows(res, {"peak_gpu_bytes": 10.0}, "sim")
+                    if r["quantity"] == "executor's memory estimate")
+
+    assert est_row(_totals_res(1, 1))["measured"] == 7 and est_row(_totals_res(1, 1))["rel_error"] is not None
+    r = est_row(_totals_res(2, 2, not_estimated=("transient_peak", "peak_total")))
+    assert r["measured"] is None and r["rel_error"] is None
+
+
+def test_whole_prediction_names_where_it_comes_from():
+    from memo_exec.report import whole_prediction
+
+    plan = SimpleNamespace(model=SimpleNamespace(layers=4), profile="a100-sxm4-80gb",
+                           predicted=SimpleNamespace(to_dict=lambda: {"iteration_s": 1.0}))
+    sim = SimpleNamespace(to_dict=lambda: {"iteration_s": 2.0})
+    assert whole_prediction(plan, 4, sim, "re-simulated", False) == ({"iteration_s": 1.0}, "plan.predicted")
+    pred, src = whole_prediction(plan, 4, sim, "re-simulated", True)
+    assert pred == {"iteration_s": 2.0} and "--profile a100-sxm4-80gb" in src
+    # --profile with every layer, and the simulator refused: said as such, not as a layer-count mismatch
+    pred, src = whole_prediction(plan, 4, None, "the simulator refused the plan (x)", True)
+    assert pred == {} and src.startswith("not predicted with --profile a100-sxm4-80gb") and "4 ran" not in src
+    pred, src = whole_prediction(plan, 2, None, "no simpy", False)
+    assert pred == {} and "the plan is for 4 layers, 2 ran" in src
