@@ -103,6 +103,9 @@ def run_case(layers, lay, schedule, pol, steps=0, batch=BATCH, mutate=None, plan
             "s": time.perf_counter() - t0, "arena": arena, "unplanned": list(ex.unplanned),
             "buffers": ex.estimate.terms["buffers"], "policy_buffers": max([p.device_bytes().get("buffers", 0) for p in pols], default=0),
             "shared_bytes": ex.schedule.shared.nbytes if hasattr(ex.schedule, "shared") else None,
+            # what the rank's instances hold, against the estimate's terms
+            "held": {k: sum(p.device_bytes().get(k, 0) for p in pols) for k in ("skeletal_resident", "lse", "norm_stats")},
+            "estimated": {k: ex.estimate.terms[k] for k in ("skeletal_resident", "lse", "norm_stats")},
             "buffer_blocks": len({b.data_ptr() for p in pols
                                   for b in (getattr(p, n, None) for n in ("work_block", "mlp_block", "norm_block"))
                                   if b is not None})}
@@ -404,13 +407,16 @@ def test_zero_2_and_3_accumulate_micro_batches_in_their_shards():
 def test_chunks_of_their_own_sizes_match_one_process():
     """Every model chunk its own layer count (Megatron-LM's --pipeline-model-parallel-layout 'Et|t*3|t*2|t*2L':
     `Layout.chunk_layers`), 8 layers over pp 2 x vpp 2, interleaved 1F1B, store all, full recompute and MEMO:
-    loss and every gradient as one process; rank 0 runs chunks 0 and 2, rank 1 chunks 1 and 3."""
+    loss and every gradient as one process; rank 0 runs chunks 0 and 2, rank 1 chunks 1 and 3; the memory estimate's
+    per-layer terms are what the rank's instances (one per slot and chunk size) hold."""
     cases = [(8, {"pp": 2, "vpp": 2, "chunk_layers": (1, 3, 2, 2)}, "interleaved_1f1b", pol)
              for pol in ("store_all", "full_recompute", "memo")]
     results = spawn(rank_cases, 2, cases, timeout=300)
     for i, c in enumerate(cases):
         check(results[0][i], c[0], 0, c)
         assert results[0][i]["layers"] == [0, 4, 5] and results[1][i]["layers"] == [1, 2, 3, 6, 7]
+        for r in results:  # the estimate counts an instance per slot and chunk size, as the rank holds them
+            assert r[i]["estimated"] == r[i]["held"], (c, r[i]["estimated"], r[i]["held"])
 
 
 def test_uneven_interleaved_chunks_match_one_process():

@@ -127,10 +127,7 @@ class DistExecutor(ExecutorBase):
         self.held = self.schedule.layer_indices()
         self.shapes = self.flavour.storage_shapes()
         per_set, self.activation_sets = self.schedule.activation_sets()
-        self.policy = make_policy(plan.policy, m, 1, self.local_T, per_set, self.dtype,
-                                  torch.device("meta"), None, None, None, shapes=self.shapes, balance=lay.balance,
-                                  etp=lay.etp)
-        self.policy.pipelined = self.schedule.pipelined  # the estimate's instances as the schedule will make them
+        self.policy = self._meta_policy(per_set)
         self.arena_plan, self.unplanned, self.no_arena = None, [], self._arena_why_not(plan, opts)
         if self.no_arena is None:  # this rank's layer is the one-device layer: its scratch at the plan's offsets
             # checked against the layer as the whole model's policy runs it (the plan's level 1 is the one-stage
@@ -247,14 +244,22 @@ class DistExecutor(ExecutorBase):
         shard = (P // D if z >= 1 else P) + e_shard  # the parameters this rank's optimizers update
         optimizer = 0 if lay.optimizer_offload else AdamW.state_bytes_for(shard, self.dtype)
         states = weights + grads + optimizer  # optimizer offload: AdamW's states on the host
-        dev = self.policy.device_bytes()
         n = self.activation_sets  # one policy instance per micro-batch in flight (pipelines)
+        # per slot, one instance per chunk size (an uneven split's chunks: `PipelineSchedule.build_runtimes`)
+        sizes = self.schedule.activation_sizes()
+        pols = [self.policy] if sizes == [self.policy.layers] else [self._meta_policy(k) for k in sizes]
+        devs = [p.device_bytes() for p in pols]
+
+        def slot(key: str) -> int:  # one slot's instances
+            return sum(d.get(key, 0) for d in devs)
+
+        def once(key: str) -> int:  # the rank's own
+            return max((d.get(key, 0) for d in devs), default=0)
+
         # the rank's own buffers (a recompute buffer, MEMO's four blocks: `SharedBlocks`) once; none without a layer
-        nb = 0 if not self.held else 1 if self.policy.shares_buffers else n
-        terms = {"model_states": states,
-                 "skeletal_resident": n * dev.get("skeletal_resident", 0) + dev.get("rank_resident", 0),
-                 "buffers": nb * dev.get("buffers", 0), "lse": n * dev.get("lse", 0),
-                 "norm_stats": n * dev.get("norm_stats", 0)}
+        buffers = 0 if not self.held else once("buffers") if self.policy.shares_buffers else n * slot("buffers")
+        terms = {"model_states": states, "skeletal_resident": n * slot("skeletal_resident") + once("rank_resident"),
+                 "buffers": buffers, "lse": n * slot("lse"), "norm_stats": n * slot("norm_stats")}
         unknown = ["transient_peak", "layer_boundary", "classifier_peak", "optimizer_step_peak"]
         for k in unknown:
             terms[k] = 0
@@ -262,9 +267,18 @@ class DistExecutor(ExecutorBase):
             terms["transient_peak"] = self.arena_plan.arena_bytes
             unknown.remove("transient_peak")
         terms["peak_total"] = sum(terms.values())
-        host = n * self.policy.host_bytes() + (HostAdamW.host_bytes_for(shard, self.dtype) if lay.optimizer_offload else 0)
+        host = n * sum(p.host_bytes() for p in pols) + (HostAdamW.host_bytes_for(shard, self.dtype) if lay.optimizer_offload else 0)
         # peak_total holds the static terms only: compared as none too, as the terms it lacks
         return MemoryEstimate(terms, host, {}, not_estimated=(*unknown, "peak_total"))
+
+    def _meta_policy(self, layers: int):
+        """An instance of the plan's activation policy over ``layers`` layers on the meta device, as the schedule
+        will make it (its sizes, for the estimate)."""
+        lay = self.layout
+        pol = make_policy(self.plan.policy, self.model, 1, self.local_T, layers, self.dtype, torch.device("meta"),
+                          None, None, None, shapes=self.shapes, balance=lay.balance, etp=lay.etp)
+        pol.pipelined = self.schedule.pipelined
+        return pol
 
     # ------------------------------------------------------------------ allocate
     def allocate(self) -> None:

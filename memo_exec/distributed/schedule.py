@@ -16,6 +16,8 @@ it allocates: ``ex.ctx``, ``ex.model``, ``ex.plan``, ``ex.layout``) and provides
   only, in this order;
 - ``activation_sets() -> tuple[int, int]``: (layers per activation-policy instance, instances):
   one instance over every held layer by default; a pipeline keeps one per micro-batch in flight;
+- ``activation_sizes() -> list[int]``: the layer counts of the instances one set holds (an uneven
+  pipeline split: one instance per chunk size);
 - ``build_runtimes()``: allocate the activation policy (``ex.policy``, with ``begin_step`` /
   ``end_step`` / ``close``) and the layer runtimes; the default builds one policy over the held
   layers and ``ex.runtimes`` (one `memo_exec.model.LayerRuntime` per held layer);
@@ -93,6 +95,10 @@ class Schedule:
 
     def activation_sets(self) -> tuple[int, int]:
         return len(self.layer_indices()), 1
+
+    def activation_sizes(self) -> list[int]:
+        """The layer counts of the policy instances one activation set holds (one over every held layer)."""
+        return [self.activation_sets()[0]]
 
     def build_runtimes(self) -> None:
         ex = self.ex

@@ -221,6 +221,10 @@ class PipelineSchedule(Schedule):
     def activation_sets(self) -> tuple[int, int]:
         return self._chunk_size(), self.n_slots
 
+    def activation_sizes(self) -> list[int]:
+        """One instance per slot and chunk size (`build_runtimes`)."""
+        return sorted({len(self.chunk_layers(c)) for c in range(self.vpp)} - {0}, reverse=True)
+
     def build_runtimes(self) -> None:
         """One activation policy per slot and chunk size: a policy runs over one chunk's layers (its storages and
         host slots), so an uneven split's chunks of different sizes each get their own instance per slot; the
@@ -231,7 +235,7 @@ class PipelineSchedule(Schedule):
         pols: dict[tuple[int, int], object] = {}
         self.shared = SharedBlocks()  # the rank's buffers, one set for its slots (`ActivationPolicy.shared`)
         for k in range(self.n_slots):
-            for n in sorted(set(sizes) - {0}, reverse=True):  # a chunk of one slot may hold no layer
+            for n in self.activation_sizes():  # a chunk of one slot may hold no layer
                 pol = ex.make_activation_policy(n)
                 pol.slot, pol.shared, pol.pipelined = k, self.shared, True
                 pol.allocate()
