@@ -3,8 +3,8 @@ finds in the code -- and the race detector (`memo_exec.happens_before`) must ref
 `RaceError` at issue time, on every rank, within `CATCH_S` seconds.
 
 First a coverage pass: each scenario (single-device MEMO offload, SPPO on one and on two ranks,
-ring CP, METP's ring attention and a whole METP layer with the W_proj ring, the pipeline's 1F1B,
-MoE with expert parallelism; tiny models, fp64) runs once unmutated, counting the sites it calls
+ring CP, METP's ring attention and a whole METP layer with the W_proj ring, the pipeline's 1F1B
+under store all and under MEMO (its rank-level rounding blocks), MoE with expert parallelism; tiny models, fp64) runs once unmutated, counting the sites it calls
 (`memo_exec.wait_switch`), and must run clean. A site no scenario reaches fails. Then each site
 is removed (`memo_exec.wait_switch.switched`) in the first scenario that reaches it, in one fresh
 gloo spawn per removal (`tests.dist_harness.spawn`: ranks killed at its timeout, a hung rank fails
@@ -113,7 +113,7 @@ def test_every_scenario_runs_clean(coverage):
 
 
 def test_every_wait_site_is_reached(coverage):
-    missing = [f"{s} ({s.function})" for s in SITES if not _reaching(coverage, s)]
+    missing = [f"{s} ({SITES[s].function})" for s in SITES if not _reaching(coverage, s)]
     assert not missing, f"wait sites no scenario reaches: {missing}"
 
 

@@ -50,6 +50,13 @@ def _pipeline(rank: int, world: int) -> None:
     run_case(*PIPE_CASE)
 
 
+def _pipeline_memo(rank: int, world: int) -> None:
+    """MEMO on a pipeline rank: its rounding blocks and rule over the rank's units (`pipeline_rounding`)."""
+    from tests.test_pipeline_exec_dist import run_case
+
+    run_case(4, {"pp": 2}, "1f1b", "memo")
+
+
 def _moe_ep(rank: int, world: int) -> None:
     from tests.test_exec_moe import run_case
 
@@ -66,6 +73,7 @@ SCENARIOS = {
     "METP ring attention, two ranks": (2, _metp_ring),
     "METP layer and W_proj ring, two ranks": (2, _metp_layer),
     "pipeline 1F1B, two ranks": (2, _pipeline),
+    "pipeline 1F1B under MEMO, two ranks": (2, _pipeline_memo),
     "MoE EP, two ranks": (2, _moe_ep),
 }
 
