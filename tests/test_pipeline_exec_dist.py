@@ -422,10 +422,10 @@ def test_chunks_of_their_own_sizes_match_one_process():
 def test_uneven_interleaved_chunks_match_one_process():
     """Uneven model chunks under interleaved 1F1B: 14 layers over pp 2 x vpp 2 with the embedding and the
     loss each taking a layer's slot (Megatron's --account-for-embedding/loss-in-pipeline-split: chunks of
-    3, 4, 4, 3 layers), store all and full recompute: loss and every gradient as one process (MEMO's
-    rounding buffers run over chunks of one size: refused in one line)."""
+    3, 4, 4, 3 layers), store all, full recompute and MEMO (its rule over the rank's units, whatever the chunks'
+    sizes): loss and every gradient as one process."""
     cases = [(14, {"pp": 2, "vpp": 2, "account_embedding_loss": True}, "interleaved_1f1b", pol)
-             for pol in ("store_all", "full_recompute")]
+             for pol in ("store_all", "full_recompute", "memo")]
     results = spawn(rank_cases, 2, cases, timeout=300)
     for i, c in enumerate(cases):
         check(results[0][i], c[0], 0, c)
