@@ -22,8 +22,9 @@ predicted) in a table of their own; the summary holds the mean and max
 measured ordering of the step times. Both go to ``validation.md`` and ``validation.json``. An
 expert-parallel validation whose runs give no all-to-all to compare says why in one line of the
 summary (``alltoall_not_compared``). The report also names, per policy, where the executor runs
-the MoE block (`moe_block_notes`) otherwise than the simulator prices it, and the multi-rank runs whose ranks and other processes
-oversubscribed the machine's cores (each run's ``oversubscribed`` line).
+the MoE block (`moe_block_notes`) otherwise than the simulator prices it, and the multi-rank runs
+whose ranks and other processes oversubscribed the machine's cores (each run's ``oversubscribed``
+line).
 
 On a CPU, peak memory is the process RSS, which the simulator's GPU memory model does not
 predict; the memory columns then read "—" and the report says so.

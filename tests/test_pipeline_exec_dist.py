@@ -101,10 +101,12 @@ def run_case(layers, lay, schedule, pol, steps=0, batch=BATCH, mutate=None, plan
             "layers": sorted({e.layer for e in rec.events if e.stream == "compute" and e.layer is not None}),
             "copy_layers": sorted({e.layer for e in rec.events if e.stream in ("d2h", "h2d")}), "slots": ex.schedule.n_slots if hasattr(ex.schedule, "n_slots") else 1,
             "s": time.perf_counter() - t0, "arena": arena, "unplanned": list(ex.unplanned),
-            "buffers": ex.estimate.terms["buffers"], "policy_buffers": max([p.device_bytes().get("buffers", 0) for p in pols], default=0),
+            "buffers": ex.estimate.terms["buffers"],
+            "policy_buffers": max([p.device_bytes().get("buffers", 0) for p in pols], default=0),
             "shared_bytes": ex.schedule.shared.nbytes if hasattr(ex.schedule, "shared") else None,
             # what the rank's instances hold, against the estimate's terms
-            "held": {k: sum(p.device_bytes().get(k, 0) for p in pols) for k in ("skeletal_resident", "lse", "norm_stats")},
+            "held": {k: sum(p.device_bytes().get(k, 0) for p in pols)
+                     for k in ("skeletal_resident", "lse", "norm_stats")},
             "estimated": {k: ex.estimate.terms[k] for k in ("skeletal_resident", "lse", "norm_stats")},
             "buffer_blocks": len({b.data_ptr() for p in pols
                                   for b in (getattr(p, n, None) for n in ("work_block", "mlp_block", "norm_block"))

@@ -54,8 +54,8 @@ from memo_exec.streams import CopyLabel
 from memo_exec.wait_switch import wait_primitive
 from memo_sim.policy.host_layout import offload_token_count
 from memo_sim.policy.rounding_buffers import (
-    KEPT_LAYERS, N_BUFFERS, is_offloaded, offloaded_layer_count, output_write_waits_for, prefetch_launched_after_backward,
-    rounding_buffer,
+    KEPT_LAYERS, N_BUFFERS, is_offloaded, offloaded_layer_count, output_write_waits_for,
+    prefetch_launched_after_backward, rounding_buffer,
 )
 
 

@@ -267,7 +267,8 @@ class DistExecutor(ExecutorBase):
             terms["transient_peak"] = self.arena_plan.arena_bytes
             unknown.remove("transient_peak")
         terms["peak_total"] = sum(terms.values())
-        host = n * sum(p.host_bytes() for p in pols) + (HostAdamW.host_bytes_for(shard, self.dtype) if lay.optimizer_offload else 0)
+        host = (n * sum(p.host_bytes() for p in pols)
+                + (HostAdamW.host_bytes_for(shard, self.dtype) if lay.optimizer_offload else 0))
         # peak_total holds the static terms only: compared as none too, as the terms it lacks
         return MemoryEstimate(terms, host, {}, not_estimated=(*unknown, "peak_total"))
 

@@ -16,8 +16,9 @@ schedule's own order, `memo_sim.engine.schedules.microbatch.stage_in_flight`: 1F
 min(p - s, m) micro-batches on stage s, the interleaved schedule its longer warm-up's chunks)
 + the policy's static buffers (`Policy.pipeline_rank_blocks`: an offloading policy's rounding-buffer
 slots twice, forward slots and the prefetch slots of the backward beside them, which the rank's
-micro-batches share; else its buffers once) + one layer's working block or the classifier's; host bytes per node sum, over the stages whose GPUs the node holds, each GPU's
-offloaded layers in flight. MEMO's alpha is solved with that count of host blocks per GPU
+micro-batches share; else its buffers once) + one layer's working block or the classifier's; host
+bytes per node sum, over the stages whose GPUs the node holds, each GPU's offloaded layers in
+flight. MEMO's alpha is solved with that count of host blocks per GPU
 (`memo_sim.search.estimate.memo_alpha` ``units``). The fullest stage is the candidate's memory.
 """
 
