@@ -8,8 +8,9 @@
   reads) and whether the ranks oversubscribed the cores; a hand-edited plan is compared with its
   re-simulation, said in one line;
 - `memo-exec run ... | head -1` leaves a complete output folder;
-- the per-rank table has pp (and ep) columns; validation.md carries the pipeline offload note, the
-  oversubscription and a MoE all-to-all that could not be compared; validate --ep without --dp
+- the per-rank table has pp (and ep) columns; validation.md carries the oversubscription and a MoE
+  all-to-all that could not be compared (no pipeline offload note: the executor offloads the simulator's
+  units); validate --ep without --dp
   names the fix.
 """
 
@@ -224,7 +225,7 @@ def test_a_reader_that_leaves_early_gets_a_complete_output_folder(tmp_path):
 
 
 # ------------------------------------------------------------------------------- validation.md
-def test_validation_report_carries_the_pipeline_note_oversubscription_and_uncompared_alltoall(tmp_path):
+def test_validation_report_carries_the_oversubscription_and_uncompared_alltoall(tmp_path):
     """A pp 2 x ep 2 MEMO validation (runs faked): validation.md names the oversubscribed runs and says in one line
     why the MoE all-to-all was not compared (and no pipeline offload note: the executor offloads the simulator's
     units since 2026-11-29)."""

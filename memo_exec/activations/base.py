@@ -126,6 +126,15 @@ class ActivationPolicy(ABC):
             return total(self.layer_base)
         return max(total(b) for b in range(m.layers - self.layers + 1))
 
+    def moe_graph_bytes(self) -> int:
+        """One MoE layer's block graph beyond its routing (what a layer that keeps its graph adds; 0 for a dense
+        model)."""
+        if not self.model.moe:
+            return 0
+        esize, tp = self._moe_sizes()
+        return (layer_kept_bytes(self.model, self.tokens, esize, tp, True, self.moe_capacity, self.moe_etp)
+                - layer_kept_bytes(self.model, self.tokens, esize, tp, False, self.moe_capacity, self.moe_etp))
+
     def _moe_sizes(self) -> tuple[int, int]:
         """(the model dtype's bytes, the TP-split width's divisor) of `memo_exec.moe.memory`'s formulas."""
         esize = torch.empty((), dtype=self.dtype, device="meta").element_size()

@@ -66,6 +66,11 @@ class CheckpointOffload(TokenOffload):
         return [LayerStorage(self._rank_tensors(self.rounding.fwd[rounding_buffer(i)]), stats)
                 for i in range(self.layers)]
 
+    def bind(self, kind: str, chunk: int, mb: int) -> None:
+        super().bind(kind, chunk, mb)
+        for st in self.storages:  # every layer re-runs its MoE block from the rebuilt ln2 (the shared work buffer,
+            st.keep_moe_internals = False  # which later layers overwrite), the rank's last two as well
+
     def _slot(self, i: int, n: str) -> str:
         if n not in self.whole:
             return f"work buffer {n}"

@@ -113,9 +113,9 @@ class TokenOffload(ActivationPolicy):
         blocks = (2 if self.pipelined else 1) * N_BUFFERS  # a pipeline rank: forward and prefetch buffers
         resident = self.moe_kept_bytes(lambda i: not self.offloaded(i))
         rank = {}
-        if self.pipelined:  # a rank keeps its last two units, once: their MoE graphs counted once (an upper bound)
-            resident = self.moe_kept_bytes()
-            rank = {"rank_resident": self.moe_kept_bytes(lambda i: i >= self.layers - KEPT_LAYERS) - resident}
+        if self.pipelined:  # a rank keeps its last two units, in one instance or two: their MoE graphs, once per rank
+            resident = self.moe_kept_bytes()  # (an upper bound: a kept unit may be a dense layer)
+            rank = {"rank_resident": KEPT_LAYERS * self.moe_graph_bytes()}
         return {"skeletal_resident": resident, **rank,
                 "buffers": blocks * storage_bytes(self.model, self.tokens, self.dtype, shapes=self.shapes),
                 "norm_stats": self.layers * self._stats_bytes(), "lse": self.layers * self.lse_bytes_per_layer()}

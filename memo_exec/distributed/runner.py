@@ -49,7 +49,7 @@ from memo_exec.errors import ExecError
 from memo_exec.layer import LayerWeights
 from memo_exec.memory_estimate import MemoryEstimate
 from memo_exec.model import GPT, ChainedHooks, LayerHooks, MTPWeights
-from memo_exec.mtp import MTPRun, TPSplit, whole_projections
+from memo_exec.mtp import MTPRun, TPSplit, modules_recomputed, whole_projections
 from memo_exec.optim import AdamW
 from memo_exec.optim_offload import HostAdamW
 from memo_exec.runner import ExecutorBase, RunOptions, RunResult, arena_description, make_flops_fn, plan_arena, \
@@ -248,6 +248,9 @@ class DistExecutor(ExecutorBase):
         # per slot, one instance per chunk size (an uneven split's chunks: `PipelineSchedule.build_runtimes`)
         sizes = self.schedule.activation_sizes()
         pols = [self.policy] if sizes == [self.policy.layers] else [self._meta_policy(k) for k in sizes]
+        if self._modules_policy_alone():  # the modules re-run in an instance of their own per slot (an upper bound:
+            # `PipelineSchedule.build_mtp`), over the rank's blocks where its layers made them
+            pols = pols + [self._meta_policy(1, pipelined=bool(sizes) and self.schedule.pipelined)]
         devs = [p.device_bytes() for p in pols]
 
         def slot(key: str) -> int:  # one slot's instances
@@ -257,7 +260,7 @@ class DistExecutor(ExecutorBase):
             return max((d.get(key, 0) for d in devs), default=0)
 
         # the rank's own buffers (a recompute buffer, MEMO's four blocks: `SharedBlocks`) once; none without a layer
-        buffers = 0 if not self.held else once("buffers") if self.policy.shares_buffers else n * slot("buffers")
+        buffers = 0 if not pols else once("buffers") if pols[0].shares_buffers else n * slot("buffers")
         terms = {"model_states": states, "skeletal_resident": n * slot("skeletal_resident") + once("rank_resident"),
                  "buffers": buffers, "lse": n * slot("lse"), "norm_stats": n * slot("norm_stats")}
         unknown = ["transient_peak", "layer_boundary", "classifier_peak", "optimizer_step_peak"]
@@ -272,14 +275,23 @@ class DistExecutor(ExecutorBase):
         # peak_total holds the static terms only: compared as none too, as the terms it lacks
         return MemoryEstimate(terms, host, {}, not_estimated=(*unknown, "peak_total"))
 
-    def _meta_policy(self, layers: int):
+    def _meta_policy(self, layers: int, pipelined: bool | None = None):
         """An instance of the plan's activation policy over ``layers`` layers on the meta device, as the schedule
         will make it (its sizes, for the estimate)."""
         lay = self.layout
         pol = make_policy(self.plan.policy, self.model, 1, self.local_T, layers, self.dtype, torch.device("meta"),
                           None, None, None, shapes=self.shapes, balance=lay.balance, etp=lay.etp)
-        pol.pipelined = self.schedule.pipelined
+        pol.pipelined = self.schedule.pipelined if pipelined is None else pipelined
         return pol
+
+    def _modules_policy_alone(self) -> bool:
+        """Whether this rank holds the multi-token-prediction modules after a last chunk without layers, so that they
+        re-run under the plan's policy in instances of their own (`memo_exec.pipeline.schedules.PipelineSchedule
+        .build_mtp`)."""
+        sch = self.schedule
+        holds = getattr(sch, "holds_mtp", None)
+        return bool(self.model.mtp_layers and holds is not None and holds() and modules_recomputed(self.plan.policy)
+                    and not sch.chunk_layers(sch.vpp - 1))
 
     # ------------------------------------------------------------------ allocate
     def allocate(self) -> None:

@@ -270,7 +270,9 @@ class PipelineSchedule(Schedule):
             rts = self.runtimes[(slot, c)]
             pol = rts[0].policy if rts else ex.make_activation_policy(1)
             if not rts and modules_recomputed(pol.choice):
-                pol.slot, pol.shared = slot, self.shared
+                # the rank's blocks where its layers made them (checkpoint offload: its input and work buffers), else
+                # the policy's own (a rank of the loss and the modules alone: `DistExecutor._modules_policy_alone`)
+                pol.slot, pol.shared, pol.pipelined = slot, self.shared, self.rounding is not None
                 pol.allocate()
                 ex.policy.policies.append(pol)
             self.mtp_runs[slot] = ex.make_mtp_run(pol)
