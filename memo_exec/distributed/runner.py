@@ -289,9 +289,9 @@ class DistExecutor(ExecutorBase):
         re-run under the plan's policy in instances of their own (`memo_exec.pipeline.schedules.PipelineSchedule
         .build_mtp`)."""
         sch = self.schedule
-        holds = getattr(sch, "holds_mtp", None)
-        return bool(self.model.mtp_layers and holds is not None and holds() and modules_recomputed(self.plan.policy)
-                    and not sch.chunk_layers(sch.vpp - 1))
+        if not (sch.pipelined and self.model.mtp_layers and sch.holds_mtp()):  # one stage: the layers' policy
+            return False
+        return modules_recomputed(self.plan.policy) and not sch.chunk_layers(sch.vpp - 1)
 
     # ------------------------------------------------------------------ allocate
     def allocate(self) -> None:
