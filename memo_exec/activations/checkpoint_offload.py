@@ -35,9 +35,9 @@ class CheckpointOffload(TokenOffload):
     def device_bytes(self) -> dict[str, int]:
         x = storage_bytes(self.model, self.tokens, self.dtype, tuple(self.whole), shapes=self.shapes)
         work = storage_bytes(self.model, self.tokens, self.dtype, self._work_names, shapes=self.shapes)
-        blocks = (2 if self.pipelined else 1) * N_BUFFERS  # a pipeline rank: forward and prefetch input buffers
         return {"skeletal_resident": self.moe_kept_bytes(),  # a MoE layer's routing (its block re-run with the layer)
-                "buffers": blocks * x + work, "norm_stats": self._stats_bytes(), "lse": self.lse_bytes_per_layer()}
+                "buffers": self.rounding_blocks() * x + work,  # the input buffers and the work buffer
+                "norm_stats": self._stats_bytes(), "lse": self.lse_bytes_per_layer()}
 
     def _device_storages(self) -> list[LayerStorage]:
         xb = storage_bytes(self.model, self.tokens, self.dtype, tuple(self.whole), shapes=self.shapes)

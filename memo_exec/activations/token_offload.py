@@ -108,9 +108,13 @@ class TokenOffload(ActivationPolicy):
         esize = torch.empty((), dtype=self.dtype, device="meta").element_size()
         return sum(math.prod(s) for s, _ in self._host_shapes()) * esize
 
+    def rounding_blocks(self) -> int:
+        """The one-layer blocks the policy's rule runs over: two, or a pipeline rank's four (forward and prefetch)."""
+        return (2 if self.pipelined else 1) * N_BUFFERS
+
     def device_bytes(self) -> dict[str, int]:
         # a MoE layer's routing; a kept one's block graph too (`_device_storages`)
-        blocks = (2 if self.pipelined else 1) * N_BUFFERS  # a pipeline rank: forward and prefetch buffers
+        blocks = self.rounding_blocks()
         resident = self.moe_kept_bytes(lambda i: not self.offloaded(i))
         rank = {}
         if self.pipelined:  # a rank keeps its last two units, in one instance or two: their MoE graphs, once per rank
