@@ -1265,6 +1265,10 @@ HISTORY = (
       "moe-zoo-qwen3-235b-a3-fsdp": 0.268, "moe-zoo-qwen3-235b-long-16k-dropless": -0.308,
       "moe-zoo-mixtral-8x22b-dropless": -0.139, "moe-zoo-mixtral-8x22b-forced": -0.100,
       "moe-zoo-mixtral-8x22b-fp8-forced": -0.250, "moe-zoo-mixtral-8x22b-capacity1": -0.109}),
+    ("a547347", "2026-11-29", "before a pipeline's collapsed units (past FINE_OPS_LIMIT ops, one compute op and their "
+     "collectives each) kept each stream's and link's collectives apart: a MoE layer's token dispatch was merged into "
+     "TP's op and shared TP's NVLink port under contention (EP 32 crosses nodes)",
+     {"moe-zoo-qwen3-235b-a1-ep32": -0.133}),
 )
 
 

@@ -233,6 +233,35 @@ def test_the_memory_estimate_counts_the_weights_fp8_copies_as_the_simulator_does
     assert states["fp8-tensorwise"] - states["bf16"] == weight_cache_bytes(FP8, FP8.layers, Layout())
 
 
+def _estimated_states(rank: int, world: int, layout: dict) -> list[int]:
+    from memo_exec.device import DeviceSpec
+    from memo_exec.distributed.context import build_context
+    from memo_exec.distributed.runner import DistExecutor
+
+    lay = Layout(**layout)
+    out = []
+    for m in (PLAIN, FP8):
+        plan = make_plan(m, SEQ, get_policy("store_all"))
+        plan.layout, plan.gpus = lay, lay.gpus
+        ex = DistExecutor(plan, RunOptions(device="cpu", steps=1), build_context(lay, torch.device("cpu")),
+                          DeviceSpec("cpu"))
+        out.append(ex.estimate.terms["model_states"])
+        ex.close()
+    return out
+
+
+def test_the_distributed_estimate_counts_each_ranks_fp8_copies_as_the_simulator_does():
+    """The distributed executor's estimate (the device-fit check of every `--nproc` run) left the FP8 weight copies
+    out: 10% of a small plan's model states under `--nproc 1` (a review). Each rank's copies of its TP shard, as the
+    simulator prices them per GPU."""
+    from memo_sim.cost.gemm_format import weight_cache_bytes
+    from tests.dist_harness import spawn
+
+    for layout in (dict(tp=2, sp=True), dict(dp=2, zero=1)):
+        plain, fp8 = spawn(_estimated_states, 2, layout, timeout=300)[0]
+        assert fp8 - plain == weight_cache_bytes(FP8, FP8.layers, Layout(**layout)), layout
+
+
 def test_the_contract_names_the_formats_the_executor_runs():
     """memo-sim's what-if says when memo-exec refuses its answer from `memo_sim.plan.executor_scope` (no torch there):
     the formats it names are the executor's GEMM classes, and a refused plan's line is the one run_model raises."""

@@ -210,6 +210,9 @@ def test_megatron_script_of_gpt_oss_keeps_its_biases_and_sinks():
     assert not any("bias" in g or "sinks" in g or "sliding" in g for g in gaps), gaps
     # its alternating 128-token window (config.json layer_types: sliding_period 2), as Megatron's own GPT-OSS example
     assert (args["--window-size"], args["--window-attn-skip-freq"]) == ("127,0", "2")
+    # its clamped SwiGLU as Megatron's GPT-OSS example writes it (examples/gptoss/02_train.sh), not plain --swiglu
+    assert "--swiglu" not in args and "--quick-geglu" in args
+    assert (args["--glu-linear-offset"], args["--activation-func-clamp-value"]) == ("1.0", "7")
     unplaced = replace(plan, model=replace(plan.model, sliding_period=0))  # how many slide, not which: a gap
     ex = export_plan(unplaced, "megatron", price=False, nearest=True)
     assert "--window-size" not in _check_args(ex.files["megatron.sh"], _names("megatron_options.txt"))
@@ -890,3 +893,49 @@ def test_expert_loads_export_as_each_frameworks_own_setting(balance):
     assert ("config.debug.moe_force_load_balance = True" in src) == (balance == "forced")
     assert [g.change.layout for g in gaps] == ([{"moe_balance": "dropless"}]
                                                if balance in ("random", "capacity:1.5") else [])
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3", "gpt-oss-20b", "mixtral-8x7b"])
+def test_torchtitan_names_the_auxiliary_loss_of_every_moe_it_drops(name):
+    """No torchtitan MoE has a router auxiliary loss at b5bcd76c (torchtitan/models/common/moe.py balances by a
+    routing bias): exported to torchtitan, a MoE with one names it, whatever its family (a review exported GPT-OSS
+    and DeepSeek-V3 plans and only Qwen3's was named)."""
+    m = get_model(name)
+    lay = Layout(dp=32, zero=3, dp_mode="fsdp", ep=8)
+    plan = replace(_plan("qwen3-30b-a3b", lay, ("full_recompute",), seq=4096), model=m)
+    gaps = [g.what + ": " + g.nearest for g in export_plan(plan, "torchtitan", price=False, nearest=True).gaps]
+    assert sum(f"auxiliary load-balancing loss (coefficient {m.aux_loss_coef:g}" in g for g in gaps) == 1, gaps
+
+
+def test_deepspeed_writes_a_plans_tp_as_ulysses_as_its_framework_data_runs_it():
+    """memo's deepspeed data (DeepSpeed-Ulysses, what `whatif --framework deepspeed` searches) offers no TP, which
+    the what-if refuses; the export wrote --tensor-model-parallel-size 2 anyway and named no gap (a review). A TP
+    plan is written as Ulysses over as many GPUs (with a ring CP's too), the gap named and the change priced."""
+    assert not get_framework("deepspeed").tensor_parallel
+    for lay, u in ((Layout(tp=2, dp=4), 2), (Layout(tp=2, cp=2, dp=2), 4)):
+        ex = export_plan(_plan("llama-3.1-8b", lay, ("full_recompute",), seq=65536), "deepspeed", price=False,
+                         nearest=True)
+        args = _check_args(ex.files["deepspeed.sh"], _names("deepspeed_launcher_options.txt"))
+        assert args["--tensor-model-parallel-size"] == "1" and args["--ds-sequence-parallel-size"] == str(u)
+        tp = [g for g in ex.gaps if "tensor parallelism over 2 GPUs" in g.what]
+        assert len(tp) == 1 and tp[0].change == PlanChange(layout={"tp": 1, "cp": 1, "ulysses": u}), ex.gaps
+
+
+def test_export_warns_of_a_plan_whose_prediction_is_stale(tmp_path):
+    """A plan edited onto another GPU (or of another memo version) was exported with no word, and its price compared
+    with the stored step time (a review): export re-simulates it and warns on stderr, as check-plan would; a plan as
+    the what-if wrote it exports without a warning."""
+    d = tmp_path / "p"
+    r = CliRunner().invoke(cli, ["whatif", "--model", "llama-3.1-8b", "--layers", "2", "--gpus", "8", "--seq", "8K",
+                                 "--profile", "h200-141gb", "--jobs", "1", "--out", str(d)])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(cli, ["export", str(d / "plan.json"), "--to", "megatron", "--nearest", "--out",
+                                 str(tmp_path / "a")])
+    assert r.exit_code == 0 and "warning" not in r.output, r.output
+    plan = json.loads((d / "plan.json").read_text())
+    plan["profile"] = "a100-sxm4-80gb"
+    (tmp_path / "edited.json").write_text(json.dumps(plan))
+    r = CliRunner().invoke(cli, ["export", str(tmp_path / "edited.json"), "--to", "megatron", "--nearest", "--out",
+                                 str(tmp_path / "b")])
+    assert r.exit_code == 0 and "warning:" in r.output and "re-simulated now" in r.output, r.output
+    assert "check-plan" in r.output

@@ -199,3 +199,18 @@ def test_the_policy_help_says_which_policies_need_a_framework():
     assert "memo (" not in words and "@" not in words
     r = CliRunner().invoke(cli, ["whatif", "--help"])
     assert "the default framework (any) offers all but" in " ".join(r.output.split())
+
+
+def test_nothing_fits_names_memos_reason_about_a_layout_the_framework_runs():
+    """DeepSpeed runs Ulysses and expert parallelism, which memo does not model together: asked for a MoE at 32K on
+    8 GPUs it answered that DeepSpeed lacks ring CP (a layout memo built, no degree given), where the reason is
+    memo's about the layouts DeepSpeed runs (a review). A framework refusal is named only when every layout was one
+    it refuses (torchtitan asked for Ulysses)."""
+    args = ["whatif", "--model", "qwen3-30b-a3b", "--gpus", "8", "--seq", "32K", "--profile", "h100-sxm5-80gb",
+            "--global-batch", "4", "--no-plan"]
+    r = CliRunner().invoke(cli, args + ["--framework", "deepspeed"])
+    assert r.exit_code == 2 and "Ulysses with MoE layers is not modelled" in r.output, r.output
+    assert "ring context parallelism" not in r.output
+    r = CliRunner().invoke(cli, ["whatif", "--model", "llama-3.1-8b", "--gpus", "8", "--seq", "32K", "--profile",
+                                 "h100-sxm5-80gb", "--framework", "torchtitan", "--ulysses", "2", "--no-plan"])
+    assert r.exit_code == 2 and "torchtitan does not offer" in r.output and "(Ulysses)" in r.output, r.output

@@ -114,6 +114,8 @@ def _raw(folder, **over):
     ("deepseek-v3", dict(routed_scaling_factor="abc"), "routed_scaling_factor"),
     ("deepseek-v3", dict(routed_scaling_factor=True), "routed_scaling_factor"),
     ("gpt-oss-20b", dict(layer_types=["full_attention"]), "layer_types"),
+    ("gpt-oss-20b", dict(swiglu_limit=0), "swiglu_limit"),
+    ("gpt-oss-20b", dict(swiglu_limit="7"), "swiglu_limit"),
     ("llama-3.1-8b", dict(num_experts=64), "num_experts"),
     ("deepseek-v3", dict(seq_aux="yes"), "seq_aux"),
     ("gpt-oss-20b", dict(model_type="gpt-oss"), "model_type"),  # a user's review: named num_local_experts before
@@ -355,3 +357,32 @@ def test_partial_rotary_and_nope_layers_are_written_for_megatron():
     # a toy Scout of fewer layers than the period (--layers 2) is a model without NoPE layers, not an error
     assert with_overrides(PRESETS["llama-4-scout"], layers=2).nope_period == 0
     assert with_overrides(PRESETS["llama-4-scout"], layers=8).nope_period == 4
+
+
+def test_gpt_oss_reads_its_clamped_swiglu():
+    """GPT-OSS's experts run gate * sigmoid(1.702 gate) * (up + 1), clamped at swiglu_limit (7.0 in its config.json,
+    GptOssConfig's default where absent); memo read plain SwiGLU and said nothing (a review). It is read, named in the
+    model's notes (priced as SwiGLU: the same GEMMs) and equal to the preset's."""
+    oss = hf_model_fields(_raw("gpt-oss-20b"))
+    assert oss["swiglu_limit"] == 7.0 == PRESETS["gpt-oss-20b"].swiglu_limit
+    raw = _raw("gpt-oss-20b")
+    raw.pop("swiglu_limit", None)
+    assert hf_model_fields(raw)["swiglu_limit"] == 7.0
+    assert any("clamped SwiGLU" in n for n in PRESETS["gpt-oss-120b"].model_notes())
+    assert not PRESETS["mixtral-8x7b"].swiglu_limit
+
+
+def test_a_config_json_without_model_type_says_which_key_to_add(tmp_path):
+    """Without model_type and architectures a config.json read as a memo model file and answered 'layers: missing
+    field' though it has num_hidden_layers (a review): the line says what the file looks like and what to add."""
+    from click.testing import CliRunner  # noqa: PLC0415
+
+    from memo_sim.cli import cli  # noqa: PLC0415
+
+    raw = _raw("qwen3-30b-a3b")
+    raw.pop("model_type")
+    raw.pop("architectures", None)
+    (tmp_path / "noarch.json").write_text(json.dumps(raw))
+    r = CliRunner().invoke(cli, ["whatif", "--model", str(tmp_path / "noarch.json"), "--gpus", "8", "--no-plan"])
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+    assert "neither model_type nor architectures" in r.output and "add its model_type" in r.output

@@ -465,3 +465,24 @@ def test_moe_split_of_a_pipeline_is_the_layer_the_simulation_prices():
         for part in ("dispatch", "combine", "experts", "attention"):
             want = sum(c.seconds for c in costs if part_of(c.name) == part)
             assert split.time_s[phase][part] == pytest.approx(want, rel=1e-12), (phase, part)
+
+
+def test_a_collapsed_unit_keeps_the_token_dispatch_on_its_own_stream_and_link():
+    """Past `FINE_OPS_LIMIT` a pipeline's units collapse to one compute op and their collectives; the MoE
+    dispatcher's all-to-alls stay on ``ep_comm`` over the expert group's link (inter-node at EP 16), apart from
+    TP's, with each stream's seconds kept (merged into one TP op, they rode TP's NVLink and `explain` called
+    their wait tensor-parallel)."""
+    from memo_sim.engine.schedules.stages import collapse_unit  # noqa: PLC0415
+
+    wide = Layout(tp=2, dp=8, ep=16, moe_balance="forced")
+    for costs, phase in ((forward_costs(QWEN3, wide, 1, 32 * K, H100), "fwd"),
+                         (backward_costs(QWEN3, wide, 1, 32 * K, H100), "bwd")):
+        out = collapse_unit(costs, phase, wide, H100)
+        assert len(out) < len(costs)
+        for stream in ("compute", "comm", "ep_comm"):
+            before = sum(c.seconds for c in costs if c.stream == stream)
+            assert before > 0
+            assert sum(c.seconds for c in out if c.stream == stream) == pytest.approx(before)
+        ep = [c for c in out if c.stream == "ep_comm"]
+        assert ep and all(collective_link(c, wide, H100) == "internode" for c in ep)
+        assert all(collective_link(c, wide, H100) == "nvlink" for c in out if c.stream == "comm")

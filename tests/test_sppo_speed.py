@@ -61,7 +61,7 @@ def test_shared_piece_lists_keep_each_units_names_and_costs(detail):
         fc, bc = piece_costs(TOY, shard, 1, pc.start, pc.tokens, A100)
         costs = fc if phase == "fwd" else bc
         if detail == "units":
-            costs = collapse_unit(costs, phase)
+            costs = collapse_unit(costs, phase, shard, A100)
         many = len(sched.pieces[s]) > 1
         assert [o.name for o in ops] == [c.name + (f"@{pc.tag()}" if many else "") for c in costs]
         assert [o.work for o in ops] == [float(c.seconds) if c.seconds > 0 else 0.0 for c in costs]

@@ -244,6 +244,11 @@ class DistExecutor(ExecutorBase):
         shard = (P // D if z >= 1 else P) + e_shard  # the parameters this rank's optimizers update
         optimizer = 0 if lay.optimizer_offload else AdamW.state_bytes_for(shard, self.dtype)
         states = weights + grads + optimizer  # optimizer offload: AdamW's states on the host
+        m = self.model
+        if m.gemm.quantised:  # the held layers' FP8 weight copies, each rank's TP shard (FP8 runs in dense layers, ZeRO
+            # below 3 only: `memo_sim.plan.executor_scope`), as the one-device estimate counts them (a review: left out)
+            held = len(self.held) + (m.mtp_layers if self.schedule.holds_mtp() else 0)
+            states += int(m.gemm.quantised_bytes(held * m.linear_params() // lay.tp, weight=True))
         n = self.activation_sets  # one policy instance per micro-batch in flight (pipelines)
         # per slot, one instance per chunk size (an uneven split's chunks: `PipelineSchedule.build_runtimes`)
         sizes = self.schedule.activation_sizes()

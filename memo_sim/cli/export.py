@@ -26,6 +26,28 @@ def _no_format(value) -> None:
                         f"`memo-sim export plan.json --to megatron`")
 
 
+def _warn_if_stale(plan_file, plan) -> None:
+    """A plan whose stored prediction is not what memo predicts for it now (edited, or of another profile or memo
+    version: `memo_sim.plan.stale`, check-plan's and memo-exec's rule) is exported as written, with a warning on
+    stderr: a review exported a plan edited onto a smaller GPU, which no longer fits, with no word of it, and the
+    comparison below priced against its stale step time."""
+    from memo_sim.engine.simulate import simulate  # noqa: PLC0415
+    from memo_sim.plan.stale import stale_prediction  # noqa: PLC0415
+    from memo_sim.profile.loader import load_profile  # noqa: PLC0415
+
+    res = simulate(plan.model, plan.layout, plan.batch, plan.seq_tokens, plan.policy, load_profile(plan.profile),
+                   keep_timeline=False, schedule=plan.schedule, micro_batch=plan.micro_batch,
+                   classifier_chunk_tokens=plan.classifier_chunk_tokens)
+    words = stale_prediction(plan.predicted, res.status, res.iteration_s)
+    if words is None:
+        return
+    why = f" ({res.failure.message()})" if res.status != "OK" and res.failure is not None else ""
+    fits = (f"memo predicts it does not fit on {plan.profile}{why}; " if res.status != "OK" else "")
+    click.echo(f"warning: {plan_file}: {words}{why if not fits else ''}: {fits}exported as written, the comparisons "
+               f"below against its stored prediction (`memo-sim check-plan {plan_file}` re-simulates it; `memo-sim "
+               f"whatif` plans afresh)", err=True)
+
+
 @click.command("export")
 @click.argument("plan_file", type=click.Path(dir_okay=False))
 @click.option("--to", "framework", required=True, type=click.Choice(list(EXPORTERS)),
@@ -51,6 +73,8 @@ def export(plan_file, framework, out_dir, price, nearest, jobs, progress):
     from memo_sim.search.whatif import default_jobs  # noqa: PLC0415
 
     plan = read_plan(plan_file)
+    if price:
+        _warn_if_stale(plan_file, plan)
     with delayed_progress(f"searching {framework}'s plans", quiet=progress is False, force=progress) as on_progress:
         ex = export_plan(plan, framework, price=price, nearest=nearest, jobs=jobs or default_jobs(),
                          progress=on_progress, on_search=None if progress is False else _announce)

@@ -5,8 +5,10 @@ The JSON keys are DeepSpeed's own (`SOURCE`: ``deepspeed/runtime/constants.py``,
 Megatron-DeepSpeed's ``pretrain_gpt.py`` (`LAUNCHER_SOURCE`), whose ``--ds-sequence-parallel-size``
 is DeepSpeed-Ulysses and whose ``--deepspeed-activation-checkpointing`` / ``--checkpoint-in-cpu``
 select DeepSpeed's activation checkpointing and its CPU copy of the checkpoints. DeepSpeed
-expresses Ulysses, TP (Megatron's), ZeRO 0-3, DeepSpeed's pipeline engine (no interleaving) and
-full recompute, with the checkpointed layer inputs kept on the GPU or on the host.
+expresses Ulysses, ZeRO 0-3, DeepSpeed's pipeline engine (no interleaving) and full recompute, with the
+checkpointed layer inputs kept on the GPU or on the host. Megatron-DeepSpeed has Megatron's TP, but memo's
+deepspeed framework data (the DeepSpeed-Ulysses setup the what-if searches and prices) offers none: a plan's TP
+is written as Ulysses over as many GPUs, so that what is written is what `--framework deepspeed` would run.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from memo_sim.export.base import (Export, Gap, PlanChange, async_tp_gap, dp_flav
                                   not_modelled_gap, optimizer_offload_gap, policy_gaps, uneven_stages_gap, price_nearest,
                                   shape_arguments, torchrun_line)
 from memo_sim.plan.schema import Plan
+from memo_sim.search.frameworks import get_framework
 
 FRAMEWORK = "deepspeed"  # its version in memo_sim/frameworks/data (the plans exported instead)
 SOURCE = "deepspeedai/DeepSpeed@edaa7221 (2026-08-22)"
@@ -34,10 +37,17 @@ _RUNS = {"store_all": "no activation checkpointing",
 
 def gaps(plan: Plan) -> list[Gap]:
     out = []
-    if plan.layout.cp > 1:
-        out.append(Gap(f"ring context parallelism over {plan.layout.cp} GPUs",
-                       f"DeepSpeed-Ulysses over {plan.layout.cp} GPUs (--ds-sequence-parallel-size)",
-                       PlanChange(layout={"cp": 1, "ulysses": plan.layout.ulysses * plan.layout.cp})))
+    lay = plan.layout
+    if lay.cp > 1:
+        out.append(Gap(f"ring context parallelism over {lay.cp} GPUs",
+                       f"DeepSpeed-Ulysses over {lay.cp} GPUs (--ds-sequence-parallel-size)",
+                       PlanChange(layout={"cp": 1, "ulysses": lay.ulysses * lay.cp})))
+    if lay.tp > 1 and not get_framework(FRAMEWORK).tensor_parallel:  # the framework data's word (the what-if's)
+        u = lay.ulysses * lay.cp * lay.tp
+        out.append(Gap(f"Megatron tensor parallelism over {lay.tp} GPUs",
+                       f"DeepSpeed-Ulysses over {u} GPUs (--ds-sequence-parallel-size; memo's {FRAMEWORK} data, the "
+                       f"DeepSpeed-Ulysses setup `memo-sim whatif --framework {FRAMEWORK}` searches, has no TP)",
+                       PlanChange(layout={"tp": 1, "cp": 1, "ulysses": u})))
     out += metp_gap(plan) + async_tp_gap(plan, "Megatron-DeepSpeed's TP, its collectives on the critical path") \
         + interleave_gap(plan)
     # an offloading policy's nearest is cpu_checkpointing (only the layer inputs on the host), any other's full recompute
@@ -56,6 +66,9 @@ def _model_gaps(plan: Plan) -> list[Gap]:
     """What of the model the launch line does not write (a script that ran without them would train
     another model): the routed experts, latent attention, QK norms, sliding windows and sinks."""
     m, out = plan.model, []
+    if m.swiglu_limit:
+        out.append(Gap(f"GPT-OSS's clamped SwiGLU (swiglu_limit {m.swiglu_limit:g}, the up half + 1)",
+                       "plain SwiGLU (--swiglu; Megatron-DeepSpeed has no clamp or offset)"))
     if m.moe:
         out.append(Gap(f"{m.moe_layers} MoE layers of {m.experts} routed experts (top-{m.top_k}, width {m.expert_width}"
                        + (f", {m.shared_experts} shared" if m.shared_experts else "") + f") over EP {plan.layout.ep}",

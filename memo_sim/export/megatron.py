@@ -236,7 +236,10 @@ def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | tuple[str
     args = shape_arguments(plan) + [("--vocab-size", str(m.vocab))]
     if m.n_kv_heads != m.heads and not m.mla:
         args += [("--group-query-attention", None), ("--num-query-groups", str(m.n_kv_heads))]
-    if m.ffn_type == "swiglu":
+    if m.swiglu_limit:  # GPT-OSS's (examples/gptoss/02_train.sh at SOURCE): quick_gelu(gate) * (up + 1), clamped
+        args += [("--quick-geglu", None), ("--glu-linear-offset", "1.0"),
+                 ("--activation-func-clamp-value", f"{m.swiglu_limit:g}")]
+    elif m.ffn_type == "swiglu":
         args.append(("--swiglu", None))
     if m.norm == "rmsnorm":
         args += [("--normalization", "RMSNorm"), ("--position-embedding-type", "rope")]

@@ -293,6 +293,7 @@ def gaps(plan: Plan) -> list[Gap]:
                        "run should be no slower than priced"))
     if _module(plan) == "qwen3" and plan.model.moe:
         out += _qwen3_moe_gaps(plan.model)
+    out += _aux_loss_gaps(plan.model)
     m = plan.model
     if m.chunked_layers:  # no Llama 4 in torchtitan at SOURCE
         out.append(Gap(f"chunked attention ({m.attention_chunk}-token chunks on {m.chunked_layers} of {m.layers} "
@@ -381,8 +382,7 @@ def _compile_lines(base: str, compiled: bool, async_tp: bool) -> list[str]:
 def _qwen3_moe_gaps(m) -> list[Gap]:
     """What a model exported as torchtitan's Qwen3 MoE trains otherwise (torchtitan at `SOURCE`): every RMSNorm's
     epsilon is torchtitan/models/qwen3/__init__.py's _EPS, its rotary embedding is unscaled (CosSinRoPE.Config,
-    scaling "none"), and its MoE has no auxiliary loss (torchtitan/models/common/moe.py: load balancing by a
-    per-expert routing bias, MoE.Config.load_balance_coeff 1e-3, updated before each optimizer step)."""
+    scaling "none"); its router's auxiliary loss, which no torchtitan MoE has, is `_aux_loss_gaps`'s."""
     out = []
     if m.norm_eps and m.norm_eps != QWEN3_EPS:
         out.append(Gap(f"norm epsilon {m.norm_eps:g}", f"{QWEN3_EPS:g} (torchtitan's Qwen3 sets every RMSNorm's "
@@ -390,12 +390,19 @@ def _qwen3_moe_gaps(m) -> list[Gap]:
     if m.rope_scaling:
         out.append(Gap(f"rotary scaling ({m.rope_scaling})", "none (torchtitan's Qwen3 builds CosSinRoPE.Config "
                                                              "without scaling)"))
-    if m.aux_loss_coef:
-        out.append(Gap(f"the router's auxiliary load-balancing loss (coefficient {m.aux_loss_coef:g}"
-                       + (", per sequence" if m.seq_aux else "") + ")",
-                       "torchtitan's auxiliary-loss-free balancing (a routing bias per expert, updated before each "
-                       "optimizer step: MoE.Config.load_balance_coeff 1e-3; torchtitan's MoE has no auxiliary loss)"))
     return out
+
+
+def _aux_loss_gaps(m) -> list[Gap]:
+    """A router's auxiliary load-balancing loss, which no torchtitan MoE has at `SOURCE`: every model's MoE is
+    torchtitan/models/common/moe.py, balanced by a per-expert routing bias (MoE.Config.load_balance_coeff 1e-3,
+    updated before each optimizer step). Only Qwen3's was named until a review exported GPT-OSS and DeepSeek-V3."""
+    if not (m.moe and m.aux_loss_coef):
+        return []
+    return [Gap(f"the router's auxiliary load-balancing loss (coefficient {m.aux_loss_coef:g}"
+                + (", per sequence" if m.seq_aux else "") + ")",
+                "torchtitan's auxiliary-loss-free balancing (a routing bias per expert, updated before each "
+                "optimizer step: MoE.Config.load_balance_coeff 1e-3; torchtitan's MoE has no auxiliary loss)")]
 
 
 def _shapes(m) -> str:

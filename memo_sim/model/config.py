@@ -134,6 +134,7 @@ class _ModelIn(BaseModel):
     vocab: _dim(MAX_VOCAB) = 50257
     kv_heads: _dim(MAX_HEADS) | None = None
     ffn_type: Literal[FFN_TYPES] = "gelu"
+    swiglu_limit: Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)] = 0.0
     dtype: Literal[DTYPES] = "bf16"
     precision: Literal[tuple(RECIPES)] | None = None
     norm: Literal[NORMS] = "layernorm"
@@ -272,6 +273,10 @@ class ModelConfig:
     vocab: int = 50257
     kv_heads: int | None = None  # grouped-query attention; None = heads
     ffn_type: str = "gelu"  # gelu: fc1 (h->f), act, fc2 (f->h); swiglu: gate+up (h->2f), act, down
+    # GPT-OSS's SwiGLU (`swiglu_limit` > 0): gate * sigmoid(1.702 gate) * (up + 1), gate clamped above at the limit and
+    # up to [-limit, limit] (transformers' GptOssExperts; Megatron-LM's --quick-geglu --glu-linear-offset 1.0
+    # --activation-func-clamp-value); the same GEMMs and elementwise traffic as SwiGLU, priced as it (`model_notes`)
+    swiglu_limit: float = 0.0
     dtype: str = "bf16"
     precision: str | None = None  # model-state recipe (`memo_sim.model.precision`); None: by dtype
     norm: str = "layernorm"  # layernorm | rmsnorm (module docs)
@@ -353,6 +358,10 @@ class ModelConfig:
         """What the model describes that memo approximates or leaves out, one sentence each (every
         what-if shows them)."""
         out = [self.not_modelled] if self.not_modelled else []
+        if self.swiglu_limit:
+            out.append(f"GPT-OSS's clamped SwiGLU (swiglu_limit {self.swiglu_limit:g}: gate * sigmoid(1.702 gate) * "
+                       f"(up + 1), both halves clamped): priced as SwiGLU (the same GEMMs, one elementwise kernel); "
+                       f"memo-exec runs plain SwiGLU only and refuses it")
         if self.moe and self.dense_layers:
             out.append(f"{self.dense_layers} of {self.layers} layers have a dense FFN (width {self.ffn}): the model's "
                        f"parameter count and each pipeline stage's model states are exact ({self.dense_where}), "
@@ -800,12 +809,12 @@ PRESETS: dict[str, ModelConfig] = {
                                norm="rmsnorm", bias="all", tied_embeddings=False, head_dim=64, attention_sinks=True,
                                sliding_window=128, sliding_layers=12, sliding_period=2, experts=32, top_k=4,
                                moe_bias=True, rope_theta=150000.0, norm_eps=1e-5, aux_loss_coef=0.9,
-                               rope_scaling=GPT_OSS_YARN),
+                               rope_scaling=GPT_OSS_YARN, swiglu_limit=7.0),
     "gpt-oss-120b": ModelConfig("gpt-oss-120b", 36, 2880, 64, 2880, vocab=201088, kv_heads=8, ffn_type="swiglu",
                                 norm="rmsnorm", bias="all", tied_embeddings=False, head_dim=64, attention_sinks=True,
                                 sliding_window=128, sliding_layers=18, sliding_period=2, experts=128, top_k=4,
                                 moe_bias=True, rope_theta=150000.0, norm_eps=1e-5, aux_loss_coef=0.9,
-                                rope_scaling=GPT_OSS_YARN),
+                                rope_scaling=GPT_OSS_YARN, swiglu_limit=7.0),
     "glm-4.5-air": ModelConfig("glm-4.5-air", 46, 4096, 96, 10944, vocab=151552, kv_heads=8, ffn_type="swiglu",
                                norm="rmsnorm", bias="qkv", tied_embeddings=False, head_dim=128, experts=128, top_k=8,
                                expert_ffn=1408, shared_experts=1, shared_ffn=1408, dense_layers=1, router="sigmoid",
@@ -914,4 +923,12 @@ def model_from_file(path: str | Path) -> ModelConfig:
     raw.setdefault("name", path.stem)
     if not isinstance(raw["name"], str):
         raw["name"] = str(raw["name"])
-    return ModelConfig.from_dict(raw, source=str(path))
+    try:
+        return ModelConfig.from_dict(raw, source=str(path))
+    except MemoError as e:  # a config.json without the keys that say so (a review: 'layers: missing field')
+        hf = [k for k in ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size") if k in raw]
+        if not hf:
+            raise
+        raise MemoError(f"{e}; the file has Hugging Face keys ({', '.join(hf)}) but neither model_type nor "
+                        f"architectures, which make it read as a config.json: add its model_type (e.g. \"llama\", "
+                        f"\"qwen3_moe\")") from None

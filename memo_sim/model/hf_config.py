@@ -547,6 +547,10 @@ def moe_fields(raw: dict, source: str = "config.json", name: str = "hf-model") -
                 d["bias"] = "all"
         if mt == "gpt_oss":
             d.update(attention_sinks=True, moe_bias=True, bias="all" if c.get("attention_bias") else "none")
+            limit = c.get("swiglu_limit", 7.0)  # GptOssConfig's default
+            if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not 0 < limit < float("inf"):
+                raise refuse("swiglu_limit", f"must be a positive number (GPT-OSS: 7.0), got {limit!r}")
+            d["swiglu_limit"] = float(limit)
             types = c.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention"
                                               for i in range(layers)]
             if not isinstance(types, list) or len(types) != layers:

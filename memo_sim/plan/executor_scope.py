@@ -87,6 +87,15 @@ def gemm_why_not(model: ModelConfig, layout: Layout, schedule: str, tokens: int 
     return None
 
 
+def ffn_why_not(model: ModelConfig) -> str | None:
+    """Why the executor cannot build the model's FFN activation (GPT-OSS's clamped SwiGLU), or None."""
+    if model.swiglu_limit:
+        return (f"plan model {model.name}: swiglu_limit = {model.swiglu_limit:g}: the executor runs plain SwiGLU, not "
+                f"GPT-OSS's clamped one with the up half + 1 (the simulator prices it as SwiGLU); plan a model without "
+                f"it (swiglu_limit 0) to run")
+    return None
+
+
 def attention_why_not(model: ModelConfig, layout: Layout | None = None, schedule: str = "") -> str | None:
     """Why the executor cannot build the model's attention (latent attention, chunked attention; sinks and sliding
     windows where the sequence or the heads are split otherwise than by Megatron TP, or under SPPO; sliding layers
@@ -231,7 +240,7 @@ def plan_why_not(model: ModelConfig, layout: Layout, policy, schedule: str, batc
             return (f"{head} with {what}: the executor splits a module's projection and runs its layer with Megatron "
                     f"TP only (hidden divisible by tp); plan with --tp-mode megatron, or with --mtp-layers 0")
     why = (ring_merge_why_not(layout) or gemm_why_not(model, layout, schedule, rank_token_rows(micro_batch, seq, layout))
-           or attention_why_not(model, layout, schedule) or moe_why_not(model, layout))
+           or attention_why_not(model, layout, schedule) or moe_why_not(model, layout) or ffn_why_not(model))
     if why is None and model.moe and schedule == "sppo":
         why = (f"plan model {model.name}: experts = {model.experts}: SPPO's pieces run dense layers only; plan MoE "
                f"models with a micro-batch schedule")

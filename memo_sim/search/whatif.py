@@ -421,19 +421,18 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
 
 
 def framework_why_none(rejected: list[tuple[Layout, str]], fw) -> str:
-    """Why nothing fits, from the rejected layouts: the framework's refusal of a layout memo builds
-    (every layout memo could build is one the framework does not run), else the first of memo's
-    reasons about a layout the framework runs, else the framework's reason for the first layout, else
-    the first reason. The first reason alone named, under torchtitan with --ulysses 2, the METP flavour
-    torchtitan does not offer."""
+    """Why nothing fits, from the rejected layouts: the first of memo's reasons about a layout the framework runs,
+    else the framework's refusal of a layout memo builds (every layout memo could build is one the framework does
+    not run), else the framework's reason for the first layout, else the first reason. The first reason alone
+    named, under torchtitan with --ulysses 2, the METP flavour torchtitan does not offer."""
     own = f"{fw.name} does not offer"
+    for lay, why in rejected:  # memo's reason about a layout the framework runs comes first (a review: DeepSpeed's
+        if fw.allows(lay):  # Ulysses layouts of a MoE, refused by memo, were answered with its lack of ring CP)
+            return why
     for _lay, why in rejected:
         if why.startswith(own):  # no layout the degrees allow is one the framework runs: the first refusal named
             return (f"{why}, nor any other layout with the degrees given; fix: give degrees it offers (`memo-sim "
                     f"frameworks {fw.name}` lists them) or choose another --framework")
-    for lay, why in rejected:
-        if fw.allows(lay):
-            return why
     for lay, _why in rejected:
         if (fw_why := fw.why_not(lay)) is not None:
             return fw_why

@@ -319,8 +319,9 @@ class _MicrobatchBuilder:
         fwd, bwd, rec = costs.forward, costs.backward, costs.recompute
         detail = resolve_detail(detail, costs, p, m, v, lc)
         if detail == "units":
-            fwd, bwd = collapse_unit(fwd, "fwd"), collapse_unit(bwd, "bwd")
-            rec = collapse_unit(rec, "recompute") if rec else rec
+            shard = stage_shard(layout)  # the layout the chains are emitted on (their links)
+            fwd, bwd = collapse_unit(fwd, "fwd", shard, profile), collapse_unit(bwd, "bwd", shard, profile)
+            rec = collapse_unit(rec, "recompute", shard, profile) if rec else rec
         elif detail != "ops":
             raise MemoError(f"detail must be ops, units or auto, got {detail!r}")
         self.costs, self.layout, self.profile, self.policy = costs, layout, profile, policy

@@ -233,7 +233,8 @@ class _PipelineBuilder:
         if hit is None:
             fc, bc = piece_costs(self.model, self.shard, self.batch, pc.start, pc.tokens, self.profile)
             if self.detail == "units":
-                fc, bc = collapse_unit(fc, "fwd"), collapse_unit(bc, "bwd")
+                fc = collapse_unit(fc, "fwd", self.shard, self.profile)
+                bc = collapse_unit(bc, "bwd", self.shard, self.profile)
             if renamed:
                 suffix = f"@{pc.tag()}"
                 fc = [replace(c, name=f"{c.name}{suffix}") for c in fc]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from memo_sim.cost.grad_sync import GradSync
 from memo_sim.cost.opcost import OpCost
 from memo_sim.engine.graph import Device, Op
-from memo_sim.engine.schedules.single_stage import representative_device
+from memo_sim.engine.schedules.single_stage import collective_link, representative_device
 from memo_sim.layout.parallel import Layout, node_stage_gpus, stage_first_rank
 from memo_sim.layout.rank_order import stage_of_rank
 from memo_sim.profile.schema import HardwareProfile
@@ -56,20 +56,28 @@ def shared_embedding_sums(g, sync: GradSync, devices: list[Device], ends: list[l
 FINE_OPS_LIMIT = 40_000  # "auto": the op-by-op graph up to this many ops, one compute + one comm op per unit beyond
 
 
-def collapse_unit(costs: list[OpCost], phase: str) -> list[OpCost]:
-    """One unit's chain as at most three ops: its kernels but the last as one compute op, its TP
-    collectives as one ``comm`` op, and its last op as it is (the op the rounding-buffer rule makes
-    wait for the previous unit's offload). Alone on the GPU that is the chain's timing exactly;
-    under contention the collectives still share the NVLink port and the kernels still slow down
-    beside host copies. Chains with side ops are kept as they are."""
+def collapse_unit(costs: list[OpCost], phase: str, layout: Layout, profile: HardwareProfile) -> list[OpCost]:
+    """One unit's chain as a few ops: its kernels but the last as one compute op, its collectives as one op per
+    stream and link they ride (`collective_link`: TP's, a MoE dispatcher's expert group, CP's, Ulysses', in the order
+    each first appears; one op keeps its name, several take the first's with ``@+N``, so they keep its link and
+    `memo-sim explain` its label), and its last op as it is (the op the rounding-buffer rule makes wait for the
+    previous unit's offload). Alone on the GPU that is the chain's timing exactly; under contention each group's
+    collectives still share their own link's port (merged into one op named for TP, as they were, a MoE layer's
+    token dispatch rode TP's NVLink and explain called its wait tensor-parallel: a review found it) and the kernels
+    still slow down beside host copies. Chains with side ops are kept as they are."""
     if any(c.overlaps for c in costs) or len(costs) < 3:
         return costs
     head, last = costs[:-1], costs[-1]
     comp = [c for c in head if c.stream == "compute"]
-    comm = [c for c in head if c.stream != "compute"]
     out = [OpCost(f"layer_{phase}", "gemm", phase, "compute", sum(c.seconds for c in comp),
                   flops=sum(c.flops for c in comp), nbytes=sum(c.nbytes for c in comp))]
-    if comm:
-        out.append(OpCost(f"tp_collectives_{phase}", "collective", phase, comm[0].stream,
-                          sum(c.seconds for c in comm), nbytes=sum(c.nbytes for c in comm)))
+    groups: dict[tuple[str, str, bool], list[OpCost]] = {}
+    for c in head:  # Ulysses' all-to-alls apart from TP's on their shared stream (explain tells them by name)
+        if c.stream != "compute":
+            groups.setdefault((c.stream, collective_link(c, layout, profile), c.name.startswith("alltoall")),
+                              []).append(c)
+    for (stream, *_), comm in groups.items():
+        name = comm[0].name if len(comm) == 1 else f"{comm[0].name}@+{len(comm) - 1}"
+        out.append(OpCost(name, "collective", phase, stream, sum(c.seconds for c in comm),
+                          nbytes=sum(c.nbytes for c in comm)))
     return out + [last]
