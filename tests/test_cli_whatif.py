@@ -540,9 +540,8 @@ def test_rows_of_different_global_batches_say_so():
 def test_an_answer_memo_exec_refuses_says_so():
     """GPT-OSS's answer was a MEMO plan memo-exec refused (attention sinks, which it runs now), and no framework
     runs MEMO: the what-if gave no word of it (a user's review). An answer memo-exec refuses (DeepSeek-V2-Lite's
-    latent attention; GPT-OSS's, whose sinks it runs but not its clamped SwiGLU, which a later review found it ran
-    as plain SwiGLU) says so, with memo-exec's own line (`memo_sim.plan.executor_scope`), and where to go; a plan
-    memo-exec runs (a dense one) has no such line."""
+    latent attention) says so, with memo-exec's own line (`memo_sim.plan.executor_scope`), and where to go; a plan
+    memo-exec runs (GPT-OSS's now, its clamped SwiGLU too, a dense one) has no such line."""
     base = ["whatif", "--gpus", "8", "--seq", "8K", "--no-plan", "--jobs", "1", "--simulate-top", "1",
             "--profile", "h100-sxm5-80gb"]
     mla = CliRunner().invoke(cli, base + ["--model", "deepseek-v2-lite"])
@@ -551,7 +550,7 @@ def test_an_answer_memo_exec_refuses_says_so():
     d = json.loads(CliRunner().invoke(cli, base + ["--model", "deepseek-v2-lite", "--json"]).output)
     assert "multi-head latent attention" in d["executor_refuses"]
     oss = json.loads(CliRunner().invoke(cli, base + ["--model", "gpt-oss-20b", "--json"]).output)
-    assert oss["executor_refuses"].startswith("plan model gpt-oss-20b: swiglu_limit = 7: the executor runs plain")
+    assert oss["executor_refuses"] is None
     dense = json.loads(CliRunner().invoke(cli, base + ["--model", "llama-3.1-8b", "--layers", "2", "--json"]).output)
     assert dense["executor_refuses"] is None
 

@@ -111,6 +111,9 @@ KINDS = {
     # FSDP with experts as torchtitan runs them: the routed experts sharded over their expert-data-parallel ranks
     "moe-fsdp": (4, ["--model", "MOE", "--dp", "4", "--ep", "2", "--zero", "3", "--policy", "store_all",
                      "--framework", "torchtitan"]),
+    # GPT-OSS: attention sinks and sliding windows (`memo_exec.attention_sinks`) under TP, beside EP, and its clamped
+    # SwiGLU in the experts (the config's swiglu_limit, `memo_exec.moe.experts`)
+    "gpt-oss-tp2-ep2": (4, ["--model", "OSS", "--tp", "2", "--ep", "2", "--dp", "2", *MEMO]),
     # FSDP beside pipeline stages as torchtitan runs it: gathered once a step, each chunk reduced after its last
     # backward (`memo_exec.distributed.zero`); dense interleaved, and MoE with the experts sharded over expert-DP
     "pp2-fsdp": (4, ["--layers", "4", "--pp", "2", "--dp", "2", "--batch", "2", "--schedule", "interleaved_1f1b",
@@ -153,10 +156,6 @@ REFUSED = {
     "mtp-metp_ffn": (2, ["--layers", "4", "--tp", "2", "--tp-mode", "metp_ffn", *MEMO, "--mtp-layers", "1"],
                      "mtp_layers = 1 with tp_mode metp_ffn", ["--nproc", "2"]),
     # multi-device plans refused before any process starts (`memo-exec run --nproc N`)
-    # GPT-OSS's clamped SwiGLU (its config's swiglu_limit): the executor runs plain SwiGLU, so refuses it (its
-    # attention sinks and sliding windows under TP beside EP run in tests/test_exec_moe.py, a model without the clamp)
-    "gpt-oss-tp2-ep2": (4, ["--model", "OSS", "--tp", "2", "--ep", "2", "--dp", "2", *MEMO], "swiglu_limit = 7",
-                        ["--nproc", "4"]),
     # sinks and windows need a rank's heads over the whole sequence: not under ring CP
     "gpt-oss-cp2": (2, ["--model", "OSS", "--cp", "2", "--policy", "store_all"], "attention_sinks and sliding_window "
                     "with cp 2", ["--nproc", "2"]),

@@ -200,7 +200,7 @@ def _naive_block(mb, x: torch.Tensor, model: ModelConfig) -> torch.Tensor:
     logits = F.linear(x, mb.router_w, mb.router_b)
     s = torch.softmax(logits, -1) if model.router == "softmax" else torch.sigmoid(logits)
     out = torch.zeros_like(x)
-    sw = model.ffn_type == "swiglu"
+    sw = (model.swiglu_limit or True) if model.ffn_type == "swiglu" else False  # GPT-OSS's: its limit
     for t in range(x.shape[0]):
         order = sorted(range(model.experts), key=lambda e: (-float(s[t, e]), e))[:model.top_k]
         z = sum(float(s[t, e]) for e in order)
@@ -226,10 +226,11 @@ VARIANTS = [MOE, dataclasses.replace(MOE, name="moe-sigmoid-gelu", router="sigmo
             dataclasses.replace(MOE, name="moe-alternating", dense_layers=2, dense_period=2),
             # routed experts without biases (the etp cases' SwiGLU model; `MOE` itself has them)
             dataclasses.replace(MOE, name="moe-no-expert-bias", moe_bias=False),
-            # GPT-OSS's attention: sinks, sliding windows on the even layers, biased projections; no shared experts
+            # GPT-OSS's attention: sinks, sliding windows on the even layers, biased projections; no shared experts;
+            # its clamped SwiGLU (`memo_exec.moe.experts`)
             dataclasses.replace(MOE, name="moe-gpt-oss", attention_sinks=True, sliding_window=24, sliding_layers=2,
                                 sliding_period=2, bias="all", shared_experts=0, shared_ffn=0, shared_gate=False,
-                                dense_layers=0)]
+                                dense_layers=0, swiglu_limit=7.0)]
 ETP_MODEL = 4  # the variant the etp cases run (SwiGLU, shared experts with their gate)
 OSS_MODEL = 5
 

@@ -87,7 +87,8 @@ class MoEBlock:
                  tp_group=None, etp: ExpertTP | None = None) -> None:
         self.model = model
         self.k, self.h = model.top_k, model.hidden
-        self.swiglu = model.ffn_type == "swiglu"
+        # SwiGLU (True), GPT-OSS's clamped one (its limit, a float: `memo_exec.moe.experts`) or GELU (False)
+        self.swiglu = (float(model.swiglu_limit) or True) if model.ffn_type == "swiglu" else False
         self.router = router_for(model.router)
         self.dispatcher = dispatcher or LocalDispatcher(model.experts)
         self.tp_size, self.tp_group = tp_size, tp_group

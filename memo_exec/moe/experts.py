@@ -15,8 +15,12 @@ GELU as the model's ``ffn_type``; biases with ``moe_bias``), with autograd, in o
   indexing the parameter per expert would make autograd build and sum a full-size gradient per
   expert.
 
-The SwiGLU between the two GEMMs (weighted by the router probability where the experts apply it) runs
-as one Triton kernel each way on CUDA in bf16/fp16 (`memo_exec.moe.fused_swiglu`; its eager composition
+The activation is SwiGLU, GELU or GPT-OSS's clamped SwiGLU (``swiglu`` the model's ``swiglu_limit``, a float:
+gate * sigmoid(1.702 gate) * (up + 1), the gate clamped above at the limit and up to [-limit, limit], as
+transformers' GptOssExperts and Megatron-LM's quick_geglu with --glu-linear-offset 1 and
+--activation-func-clamp-value run it; its backward is autograd's over the same formula, recomputed from fc1's
+output, which is all the activation keeps either way). The SwiGLU between the two GEMMs (weighted by the router
+probability where the experts apply it) runs as one Triton kernel each way on CUDA in bf16/fp16 (`memo_exec.moe.fused_swiglu`; its eager composition
 below everywhere else): on an H200 it took Mixtral-8x7B's block at 8K tokens from 37.4 to 30.1 ms
 (reports/gpu-h200-2026-11-27.md).
 
@@ -96,14 +100,38 @@ def ffn(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, b1, b2, swiglu: boo
     return out + (b2 if probs is None else probs.unsqueeze(1).to(out.dtype) * b2)
 
 
-def act(a: torch.Tensor, swiglu: bool, probs: torch.Tensor | None = None) -> torch.Tensor:
-    """SwiGLU (`_SwiGLU`: ``silu(gate) * up`` over the two halves of ``a``) or GELU; with ``probs``
-    ([rows], the router's dtype) each row times its router weight, keeping only ``a`` and ``probs`` (`_WeightedAct`)."""
+GPT_OSS_ALPHA = 1.702  # GPT-OSS's sigmoid slope (transformers' GptOssExperts.alpha; Megatron-LM's quick_gelu)
+
+
+def act(a: torch.Tensor, swiglu: bool | float, probs: torch.Tensor | None = None) -> torch.Tensor:
+    """SwiGLU (`_SwiGLU`: ``silu(gate) * up`` over the two halves of ``a``; a float ``swiglu``: GPT-OSS's clamped one,
+    module docs) or GELU (False); with ``probs`` ([rows], the router's dtype) each row times its router weight,
+    keeping only ``a`` and ``probs`` (`_WeightedAct`)."""
     if probs is not None:
         return _WeightedAct.apply(a, probs, swiglu)
     if swiglu:
-        return _SwiGLU.apply(a)
+        return _SwiGLU.apply(a, swiglu)
     return F.gelu(a)
+
+
+def _limit(swiglu: bool | float) -> float:
+    """GPT-OSS's clamp (a float ``swiglu``), or 0.0 for plain SwiGLU (True) and GELU (False)."""
+    return float(swiglu) if isinstance(swiglu, float) else 0.0
+
+
+def _gpt_oss(a: torch.Tensor, limit: float) -> torch.Tensor:
+    """GPT-OSS's activation over ``a = [gate | up]`` (module docs)."""
+    f = a.shape[1] // 2
+    g, u = a[:, :f].clamp(max=limit), a[:, f:].clamp(min=-limit, max=limit)
+    return g * torch.sigmoid(GPT_OSS_ALPHA * g) * (u + 1)
+
+
+def _gpt_oss_grad(a: torch.Tensor, dy: torch.Tensor, limit: float) -> torch.Tensor:
+    """d a of `_gpt_oss` for the output gradient ``dy`` (autograd's, recomputed from ``a``)."""
+    with torch.enable_grad():
+        x = a.detach().requires_grad_(True)
+        (da,) = torch.autograd.grad(_gpt_oss(x, limit), x, dy)
+    return da
 
 
 class _SwiGLU(torch.autograd.Function):
@@ -115,19 +143,22 @@ class _SwiGLU(torch.autograd.Function):
     two products, silu's backward)."""
 
     @staticmethod
-    def forward(ctx, a):
+    def forward(ctx, a, swiglu=True):
         ctx.save_for_backward(a)
-        if fused_swiglu.usable(a):
+        ctx.limit = _limit(swiglu)
+        if not ctx.limit and fused_swiglu.usable(a):
             return fused_swiglu.forward(a, None)
-        return _plain_act(a, True)
+        return _plain_act(a, swiglu)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy):
         (a,) = ctx.saved_tensors
+        if ctx.limit:
+            return _gpt_oss_grad(a, dy, ctx.limit), None
         if fused_swiglu.usable(a):
-            return fused_swiglu.backward(a, None, dy)[0]
-        return _SwiGLU.grad(a, dy)
+            return fused_swiglu.backward(a, None, dy)[0], None
+        return _SwiGLU.grad(a, dy), None
 
     @staticmethod
     def grad(a: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
@@ -153,7 +184,7 @@ class _WeightedAct(torch.autograd.Function):
     def forward(ctx, a, p, swiglu):
         ctx.save_for_backward(a, p)
         ctx.swiglu = swiglu
-        if swiglu and fused_swiglu.usable(a):
+        if swiglu and not _limit(swiglu) and fused_swiglu.usable(a):
             return fused_swiglu.forward(a, p)
         ct = _compute_dtype(a)
         return (_plain_act(a, swiglu).to(ct) * p.to(ct).unsqueeze(1)).to(a.dtype)
@@ -162,13 +193,16 @@ class _WeightedAct(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dy):
         a, p = ctx.saved_tensors
-        if ctx.swiglu and fused_swiglu.usable(a):
+        limit = _limit(ctx.swiglu)
+        if ctx.swiglu and not limit and fused_swiglu.usable(a):
             da, dp = fused_swiglu.backward(a, p, dy)
             return da, dp, None
         ct = _compute_dtype(a)
         y = _plain_act(a, ctx.swiglu)  # recomputed from a, as the fused kernel does
         dp = (dy.to(ct) * y.to(ct)).sum(1).to(p.dtype)
         dyw = (dy.to(ct) * p.to(ct).unsqueeze(1)).to(a.dtype)
+        if limit:
+            return _gpt_oss_grad(a, dyw, limit), dp, None
         if ctx.swiglu:
             return _SwiGLU.grad(a, dyw), dp, None
         return torch.ops.aten.gelu_backward(dyw, a), dp, None
@@ -179,8 +213,11 @@ def _compute_dtype(a: torch.Tensor) -> torch.dtype:
     return torch.promote_types(a.dtype, torch.float32)
 
 
-def _plain_act(a: torch.Tensor, swiglu: bool) -> torch.Tensor:
-    """The activation alone, no autograd bookkeeping of its own: ``silu(g) * u`` over ``a = [g | u]`` or GELU."""
+def _plain_act(a: torch.Tensor, swiglu: bool | float) -> torch.Tensor:
+    """The activation alone, no autograd bookkeeping of its own: ``silu(g) * u`` over ``a = [g | u]``, GPT-OSS's
+    (a float ``swiglu``: `_gpt_oss`) or GELU."""
+    if _limit(swiglu):
+        return _gpt_oss(a, _limit(swiglu))
     if swiglu:
         f = a.shape[1] // 2
         return F.silu(a[:, :f]) * a[:, f:]

@@ -88,11 +88,12 @@ def gemm_why_not(model: ModelConfig, layout: Layout, schedule: str, tokens: int 
 
 
 def ffn_why_not(model: ModelConfig) -> str | None:
-    """Why the executor cannot build the model's FFN activation (GPT-OSS's clamped SwiGLU), or None."""
-    if model.swiglu_limit:
-        return (f"plan model {model.name}: swiglu_limit = {model.swiglu_limit:g}: the executor runs plain SwiGLU, not "
-                f"GPT-OSS's clamped one with the up half + 1 (the simulator prices it as SwiGLU); plan a model without "
-                f"it (swiglu_limit 0) to run")
+    """Why the executor cannot build the model's FFN activation, or None: GPT-OSS's clamped SwiGLU runs in the routed
+    and shared experts (`memo_exec.moe.experts`), not in a dense FFN (GPT-OSS has none)."""
+    if model.swiglu_limit and (not model.moe or model.dense_layers):
+        where = "a dense model's FFN" if not model.moe else f"its {model.dense_layers} dense-FFN layers"
+        return (f"plan model {model.name}: swiglu_limit = {model.swiglu_limit:g}: the executor runs GPT-OSS's clamped "
+                f"SwiGLU in MoE experts only, not in {where}; plan a model without it (swiglu_limit 0) to run")
     return None
 
 
