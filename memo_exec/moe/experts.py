@@ -20,9 +20,9 @@ gate * sigmoid(1.702 gate) * (up + 1), the gate clamped above at the limit and u
 transformers' GptOssExperts and Megatron-LM's quick_geglu with --glu-linear-offset 1 and
 --activation-func-clamp-value run it; its backward is autograd's over the same formula, recomputed from fc1's
 output, which is all the activation keeps either way). The SwiGLU between the two GEMMs (weighted by the router
-probability where the experts apply it) runs as one Triton kernel each way on CUDA in bf16/fp16 (`memo_exec.moe.fused_swiglu`; its eager composition
-below everywhere else): on an H200 it took Mixtral-8x7B's block at 8K tokens from 37.4 to 30.1 ms
-(reports/gpu-h200-2026-11-27.md).
+probability where the experts apply it) runs as one Triton kernel each way on CUDA in bf16/fp16
+(`memo_exec.moe.fused_swiglu`, plain SwiGLU only; its eager composition below everywhere else): on an H200 it
+took Mixtral-8x7B's block at 8K tokens from 37.4 to 30.1 ms (reports/gpu-h200-2026-11-27.md).
 
 Measured on an H200 (reports/gpu-h200-2026-11-26-moe.md; benchmarks/gpu/probe_moe_host.py): 60
 experts of Qwen2-MoE at 8K tokens, forward + backward, 76.6 ms as the loop with per-expert indexing
