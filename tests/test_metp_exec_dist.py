@@ -62,9 +62,9 @@ def _check(world, modes, policies):
         ref_loss, ref_grads = refs[pol]
         for rank in range(world):
             assert abs(got[rank][k][0] - ref_loss) <= RTOL * abs(ref_loss), (lay, pol, rank)
-            if pol == "memo":  # the dropped rows were rebuilt by the rings (fc1/act; metp: h1 too)
-                ops = got[rank][k][2]
-                assert "p2p_ffn_w0" in ops and (lay["tp_mode"] != "metp" or "p2p_wproj0" in ops), ops
+            if pol == "memo":  # the dropped rows were rebuilt (metp: h1 by the W_proj ring); fc1 and act are
+                ops = got[rank][k][2]  # never kept, so no FFN ring re-runs them (the backward's steps recompute them)
+                assert "p2p_ffn_w0" not in ops and (lay["tp_mode"] != "metp" or "p2p_wproj0" in ops), ops
         grads = got[0][k][1]
         assert set(grads) == set(ref_grads)
         for name, g in ref_grads.items():
@@ -120,3 +120,39 @@ def test_memo_exec_run_writes_the_ring_steps_per_rank(tmp_path):
     for s in ("tp_p2p", "tp_bcast"):
         assert f"| {s} | busy |" in report and f"| {s} | exposed |" in report
     assert "ring wait s" in report
+
+
+def _estimates(rank: int, world: int, cases) -> list:
+    from memo_exec.device import DeviceSpec
+    from memo_exec.distributed.context import build_context
+    from memo_exec.distributed.runner import DistExecutor
+    from memo_exec.runner import RunOptions
+    from memo_sim.layout.parallel import Layout
+    from tests.dist_cases import plan_for
+
+    out = []
+    for lay_kw, pol in cases:
+        lay = Layout(**lay_kw)
+        ex = DistExecutor(plan_for(lay, SEQ, pol), RunOptions(device="cpu", steps=1),  # the plan's dtype, as priced
+                          build_context(lay, torch.device("cpu")), DeviceSpec("cpu"))
+        out.append(dict(ex.estimate.terms))
+        ex.close()
+    return out
+
+
+def test_metp_ranks_keep_and_offload_what_the_simulator_prices():
+    """METP's fc1 and act are ring blocks the backward recomputes (papers/metp.txt sec. 3; the simulator's
+    block_tensors): the executor kept them as every FFN column of its rows, 2x the simulator's skeletal bytes under
+    store-all and 2.6x its MEMO buffers on the README's tour plan (a review). A rank's skeletal and buffer terms are
+    the simulator's now."""
+    from memo_exec.compare import sim_memory_breakdown
+    from memo_sim.layout.parallel import Layout
+    from tests.dist_cases import plan_for
+
+    cases = [(dict(tp=2, sp=True, tp_mode=m), pol) for m in ("metp_ffn", "metp") for pol in ("store_all", "memo")]
+    got = spawn(_estimates, 2, cases, timeout=300)[0]
+    for (lay_kw, pol), terms in zip(cases, got):
+        plan = plan_for(Layout(**lay_kw), SEQ, pol)
+        sim = sim_memory_breakdown(plan, plan.model.layers)
+        assert terms["skeletal_resident"] == sim["skeletal_resident_bytes"], (lay_kw, pol, terms, sim)
+        assert terms["buffers"] == sim["rounding_buffer_bytes"], (lay_kw, pol, terms, sim)

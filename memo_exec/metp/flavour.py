@@ -10,15 +10,19 @@ weight shards: METP's block i of W_in / b1 (its rows, gate and up halves for Swi
 gathering and which parameters are replicated are Megatron's. What differs is the layer compute
 (`METPLayerCompute`) and what it saves:
 
-- ``metp_ffn``: x, ln1, h1, ln2 local rows; q, k, v, attn Megatron's gathered head shards; fc1
-  and act this rank's token rows over every FFN column (the row blocks the ring writes);
-- ``metp``: x, ln1, attn (all heads), h1, ln2, fc1, act local rows; no q, k, v (the MHA backward
+- ``metp_ffn``: x, ln1, h1, ln2 local rows; q, k, v, attn Megatron's gathered head shards;
+- ``metp``: x, ln1, attn (all heads), h1, ln2 local rows; no q, k, v (the MHA backward
   recomputes them per head group); the attention's log-sum-exp in ``S.aux``.
+
+Neither keeps fc1 or act: they exist only as the FFN ring's per-step blocks, which the backward's steps
+recompute (papers/metp.txt sec. 3: "the forward pass evicts intermediate results to save memory, we recompute
+them in the backward pass"; the simulator's ``block_tensors``, `memo_sim.tp.metp_ffn`). They were kept as every
+FFN column of the rank's rows before, with the backward reading them: a review measured 2x the simulator's
+skeletal bytes under store-all and 2.4x its offload under MEMO.
 
 MEMO's token-wise recompute rebuilds local rows [start, T): ln1, h1 (``metp``: the W_proj ring
 of `memo_exec.metp.mha.proj_recompute`; ``metp_ffn``: Megatron's row-parallel projection of the
-gathered rows), ln2, and fc1 / act by a ring of the W_in blocks (`memo_exec.metp.ffn.ffn_forward`
-with ``with_out=False``). Every ring step and transfer is a span of the executor's timer under
+gathered rows) and ln2. Every ring step and transfer is a span of the executor's timer under
 the simulator's op names (`memo_exec.metp.ffn`, `memo_exec.metp.mha`).
 
 The rings count their tensors in a `memo_exec.metp.ledger.Ledger` built on the layer's scratch:
@@ -161,12 +165,10 @@ class METPLayerCompute(HeadNorms):
             del proj
         with sp("ln2", layer, phase):
             self._norm(S.h1[r], p.ln2_w, p.ln2_b, S.ln2[r], S.stats[2, r], S.stats[3, r])
-        own = {k: v.detach() for k, v in self._ffn_own(p).items()}
-        if y_out is None:
-            ffn_forward(S.ln2, own, opts, self.swiglu, self._ledger(), S.fc1, S.act, start, with_out=False,
-                        phase=phase)
+        if y_out is None:  # a recompute: fc1 and act are never kept (the backward's ring steps rebuild each block)
             return
-        out = ffn_forward(S.ln2, own, opts, self.swiglu, self._ledger(), S.fc1, S.act, phase=phase)
+        own = {k: v.detach() for k, v in self._ffn_own(p).items()}
+        out = ffn_forward(S.ln2, own, opts, self.swiglu, self._ledger(), phase=phase)
         if before_output is not None:
             before_output()
         with sp("add2", layer, phase):
@@ -218,7 +220,7 @@ class METPLayerCompute(HeadNorms):
         own = self._ffn_own(p)
         grads = {k: v.grad for k, v in own.items()}
         d_ln2 = ffn_backward(S.ln2, dy, {k: v.detach() for k, v in own.items()}, grads, opts, self.swiglu,
-                             self._ledger(), S.fc1, S.act)
+                             self._ledger())  # each step recomputes its T_ij, D_ij block (Algorithm 2)
         with sp("ln2", layer, "bwd"):
             dn = self._norm_backward(d_ln2, S.h1, S.stats[2].view(T, 1), S.stats[3].view(T, 1), p.ln2_w, p.ln2_b)
             del d_ln2
@@ -299,7 +301,8 @@ class _METPBase(MegatronTP):
     def storage_shapes(self) -> dict[str, tuple[int, int]]:
         p = self.size
         w = skeletal_widths(self.model)
-        out = {n: (1, w[n]) for n in SKELETAL}  # local rows, every column (ln1, h1, ln2, fc1, act, x)
+        out = {n: (1, w[n]) for n in SKELETAL}  # local rows, every column (ln1, h1, ln2, attn, x)
+        out.update(fc1=(1, 0), act=(1, 0))  # blocks of the FFN ring only, recomputed by its backward steps
         if self.full_mha:
             out.update(q=(1, 0), k=(1, 0), v=(1, 0))  # recomputed per head group in the backward
         else:
