@@ -114,7 +114,7 @@ _QUIET_DEFAULTS = {"head_dim": 0, "qk_norm": False, "attention_sinks": False, "s
                    "router_group_topk": 0,
                    "router_scaling": 1.0, "rope_theta": 0.0, "norm_eps": 0.0, "aux_loss_coef": 0.0,
                    "seq_aux": False, "rope_scaling": "", "rotary_fraction": 0.0, "nope_period": 0,
-                   "mtp_layers": 0, "not_modelled": ""}
+                   "mtp_layers": 0, "not_modelled": "", "swiglu_limit": 0.0}
 
 
 def _dim(hi: int):
@@ -134,7 +134,7 @@ class _ModelIn(BaseModel):
     vocab: _dim(MAX_VOCAB) = 50257
     kv_heads: _dim(MAX_HEADS) | None = None
     ffn_type: Literal[FFN_TYPES] = "gelu"
-    swiglu_limit: Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)] = 0.0
+    swiglu_limit: Annotated[float, Field(strict=True, ge=0, le=1e6, allow_inf_nan=False)] = 0.0
     dtype: Literal[DTYPES] = "bf16"
     precision: Literal[tuple(RECIPES)] | None = None
     norm: Literal[NORMS] = "layernorm"
