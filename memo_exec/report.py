@@ -420,6 +420,16 @@ def cpu_speed_lines(m: dict) -> list[str]:
     return out
 
 
+def offload_line(pd: dict, pinned_bytes: int) -> str:
+    """The memory section's line on a token-wise offloading policy (its ``describe()``): what goes to host, whole or
+    by its first rows; a part with no tensor is left out."""
+    moved = [f"{', '.join(pd['whole'])} whole"] if pd["whole"] else []
+    if pd["split"]:
+        moved.append(f"{', '.join(pd['split'])}: first {pd['offload_tokens']} of {pd['tokens']} tokens")
+    return (f"- offload: {pd['offloaded_layers']} layers; per layer {pd['layer_offload_bytes'] / GiB:.4f} GiB "
+            f"({'; '.join(moved) or 'nothing'}); pinned pool {pinned_bytes / GiB:.4f} GiB")
+
+
 def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | None = None) -> str:
     m, p = (meta or res.meta), res.plan
     st = res.steady
@@ -590,9 +600,7 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
     L.append("## Memory\n")
     pd = m.get("policy_detail", {})
     if "offload_tokens" in pd:
-        L.append(f"- offload: {pd['offloaded_layers']} layers; per layer {pd['layer_offload_bytes'] / GiB:.4f} GiB "
-                 f"({', '.join(pd['whole'])} whole; {', '.join(pd['split'])}: first {pd['offload_tokens']} of "
-                 f"{pd['tokens']} tokens); pinned pool {m.get('pinned_host_bytes', 0) / GiB:.4f} GiB")
+        L.append(offload_line(pd, m.get("pinned_host_bytes", 0)))
     hp = m.get("host_pool") or {}
     if hp.get("warning"):
         L.append(f"- **host pool: {hp['method']}**: {hp['warning']}")

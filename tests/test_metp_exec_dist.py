@@ -135,7 +135,7 @@ def _estimates(rank: int, world: int, cases) -> list:
         lay = Layout(**lay_kw)
         ex = DistExecutor(plan_for(lay, SEQ, pol), RunOptions(device="cpu", steps=1),  # the plan's dtype, as priced
                           build_context(lay, torch.device("cpu")), DeviceSpec("cpu"))
-        out.append(dict(ex.estimate.terms))
+        out.append((dict(ex.estimate.terms), ex._meta_policy(ex.model.layers).describe()))
         ex.close()
     return out
 
@@ -146,13 +146,18 @@ def test_metp_ranks_keep_and_offload_what_the_simulator_prices():
     store-all and 2.6x its MEMO buffers on the README's tour plan (a review). A rank's skeletal and buffer terms are
     the simulator's now."""
     from memo_exec.compare import sim_memory_breakdown
+    from memo_exec.report import offload_line
     from memo_sim.layout.parallel import Layout
     from tests.dist_cases import plan_for
 
     cases = [(dict(tp=2, sp=True, tp_mode=m), pol) for m in ("metp_ffn", "metp") for pol in ("store_all", "memo")]
     got = spawn(_estimates, 2, cases, timeout=300)[0]
-    for (lay_kw, pol), terms in zip(cases, got):
+    for (lay_kw, pol), (terms, detail) in zip(cases, got):
         plan = plan_for(Layout(**lay_kw), SEQ, pol)
         sim = sim_memory_breakdown(plan, plan.model.layers)
         assert terms["skeletal_resident"] == sim["skeletal_resident_bytes"], (lay_kw, pol, terms, sim)
         assert terms["buffers"] == sim["rounding_buffer_bytes"], (lay_kw, pol, terms, sim)
+        if pol == "memo":  # the run's report names what goes to host: never a tensor the rank keeps none of
+            assert not {"fc1", "act"} & {*detail["whole"], *detail["split"]}, (lay_kw, detail)
+            line = offload_line(detail, 0)
+            assert "fc1" not in line and "act" not in line and "x, attn whole" in line, line

@@ -361,4 +361,5 @@ class TokenOffload(ActivationPolicy):
     def describe(self) -> dict:
         return {"policy": self.name, "fraction": self.fraction, "offload_tokens": self.n_off, "tokens": self.tokens,
                 "offloaded_layers": self.n_offloaded, "layer_offload_bytes": self.layer_offload_bytes(),
-                "whole": self.whole, "split": self.split}
+                # what moves (a tensor this rank keeps none of, e.g. METP's fc1 and act, is not named)
+                "whole": [n for n in self.whole if self.widths[n]], "split": [n for n in self.split if self.widths[n]]}
