@@ -1269,6 +1269,9 @@ HISTORY = (
      "collectives each) kept each stream's and link's collectives apart: a MoE layer's token dispatch was merged into "
      "TP's op and shared TP's NVLink port under contention (EP 32 crosses nodes)",
      {"moe-zoo-qwen3-235b-a1-ep32": -0.133}),
+    ("8c39622", "2026-11-29", "before a quantised format's casts around the routed experts' grouped GEMMs were priced "
+     "(the dense layers' were; an expected-value row, in no mean)",
+     {"moe-zoo-mixtral-8x22b-fp8-forced": -0.249}),
 )
 
 

@@ -810,3 +810,12 @@ def test_nothing_fits_on_reserved_memory_names_expandable_segments():
     assert r.exit_code == 3, r.output
     fixes = next(ln for ln in r.output.splitlines() if "would fit with:" in ln)
     assert "--alloc-conf expandable_segments:True (" in fixes, fixes
+
+
+def test_a_vpp_that_leaves_no_pipeline_says_so():
+    """A review: --vpp 2 beside --tp 8 on 8 GPUs answered "no factorisation of the GPU count matches the fixed
+    degrees", naming neither --vpp nor the pipeline it needs."""
+    r = CliRunner().invoke(cli, ["whatif", "--model", "llama-3.1-8b", "--gpus", "8", "--seq", "8K", "--vpp", "2",
+                                 "--tp", "8", "--no-plan"])
+    assert r.exit_code == 2 and r.output.count("\n") == 1, r.output
+    assert "--vpp 2 needs a pipeline of at least 2 stages beside --tp 8 on 8 GPUs" in r.output

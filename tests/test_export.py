@@ -939,3 +939,25 @@ def test_export_warns_of_a_plan_whose_prediction_is_stale(tmp_path):
                                  str(tmp_path / "b")])
     assert r.exit_code == 0 and "warning:" in r.output and "re-simulated now" in r.output, r.output
     assert "check-plan" in r.output
+
+
+def test_torchtitan_shards_over_the_cp_ranks_and_a_plan_it_expresses_is_priced_with_its_mechanisms(tmp_path):
+    """A review: a Megatron plan (ZeRO 0, CP 2) exported to torchtitan said "every part of the plan is expressed"
+    and wrote data_parallel_shard_degree 1, which torchtitan runs as FSDP over the CP ranks (its dp_shard_cp mesh;
+    memo's torchtitan data refuses the replicated layout); and a plan every part of which a framework expresses was
+    not priced with the framework's own mechanisms (its attention, loss, allocator), which it runs."""
+    p = _plan("llama-3.1-8b", Layout(tp=2, sp=True, cp=2, dp=2), ("full_recompute",), seq=32768)
+    ex = export_plan(p, "torchtitan", nearest=True, price=False)
+    g = next(g for g in ex.gaps if "replicated over the 2 context-parallel ranks (ZeRO 0)" in g.what)
+    assert g.change == PlanChange(layout={"zero": 3, "dp_mode": "fsdp", "fsdp_shard": 2})
+    assert "data_parallel_replicate_degree 2" in g.nearest
+    src = ex.files["memo_torchtitan.py"]
+    assert "data_parallel_shard_degree = 1" in src and "data_parallel_replicate_degree = 2" in src, src
+    lay = replace(p.layout, zero=3, dp_mode="fsdp")
+    assert get_framework("torchtitan").why_not(lay) is None  # the nearest is one torchtitan's data runs
+    assert not [g for g in export_plan(replace(p, layout=lay), "torchtitan", price=False).gaps if "ZeRO 0" in g.what]
+    whole = write_plan(_plan(policy=("full_recompute",)), tmp_path / "plan.json")  # Megatron expresses all of it
+    r = CliRunner().invoke(cli, ["export", str(whole), "--to", "megatron", "--out", str(tmp_path / "m"), "--nearest"])
+    assert r.exit_code == 0, r.output
+    assert "every part of the plan is expressed in Megatron-LM, which runs it with its own mechanisms:" in r.output
+    assert "memo predicts the nearest plan (" in r.output and "cross_entropy chunked -> vocab_parallel" in r.output

@@ -239,6 +239,29 @@ def test_torchaos_float8_tp_gathers_the_quantised_inputs_and_megatrons_does_not(
             assert a[name] == pytest.approx(t[name] / 2 if fp8 else t[name], rel=1e-6), name
 
 
+def test_torchaos_float8_casts_the_weights_at_every_use_and_keeps_no_copy():
+    """torchtitan's Float8Linear (torchao's matmul_with_hp_or_float8_args) saves the high-precision weight and casts
+    it in each GEMM's forward, recompute and backward: no FP8 weight copy in the model states and no re-cast after
+    the optimizer step, where TransformerEngine (megatron) keeps the copies (a review: a torchtitan FP8 plan of
+    Llama-3.1-8B was charged 13 GiB of copies torchao does not keep and refused as OOM)."""
+    from memo_sim.cost.gemm_format import weight_recast_bytes
+    from memo_sim.model.layer_graph import forward_ops
+    from memo_sim.search.frameworks import get_framework
+
+    m8 = fmt(LLAMA, "fp8-rowwise")
+    ao, cached = get_framework("torchtitan").for_model(m8), get_framework("any").for_model(m8)
+    assert ao.fp8_weights_per_use and not cached.fp8_weights_per_use
+    assert not get_framework("torchtitan").for_model(LLAMA).fp8_weights_per_use  # bf16 models untouched
+    lay, seq = Layout(tp=2, sp=True), 8192
+    assert model_state_parts(ao, lay)["quantised_weights"] == 0 == weight_recast_bytes(ao, LLAMA.layers, lay)
+    assert model_state_parts(cached, lay)["quantised_weights"] == weight_cache_bytes(cached, LLAMA.layers, lay) > 0
+    i, o = next(op.gemm for op in forward_ops(LLAMA) if op.name == "fc2")  # row-parallel: its input split by TP
+    w = m8.gemm.cast_bytes(i / lay.tp * o, 2, weight=True)
+    for phase in (forward_costs, backward_costs):  # one weight cast more in each, per GEMM
+        a, c = _op(phase(ao, lay, 1, seq, H100), "fc2").seconds, _op(phase(cached, lay, 1, seq, H100), "fc2").seconds
+        assert a - c == pytest.approx(memory_bound_op_time(w, H100), rel=1e-9), phase
+
+
 def test_framework_files_carry_their_precision_and_layout_settings():
     from memo_sim.search.frameworks import FRAMEWORKS
 
@@ -297,3 +320,22 @@ def test_blockwise_gemms_are_no_faster_than_tensorwise_on_hopper(profile, name):
         cast = {n: memory_bound_op_time(fmt(LLAMA, n).gemm.cast_bytes(seq * LLAMA.hidden, 2), prof)
                 for n in ("fp8-tensorwise", name)}
         assert bw.seconds - cast[name] >= (tw.seconds - cast["fp8-tensorwise"]) * (1 - 1e-9)
+
+
+def test_the_executors_fp8_refusals_name_a_plan_it_runs():
+    """A review: a megatron FP8 plan was told to plan with --framework torchtitan, which offers no format the executor
+    runs, and a torchtitan fp8-rowwise plan to plan with fp8-tensorwise, which torchtitan refuses: every refusal
+    names the ways to a plan it runs (fp8-tensorwise under --framework any or torchtitan@2024-12, whose plans it
+    accepts)."""
+    from memo_sim.plan.executor_scope import gemm_why_not
+    from memo_sim.search.frameworks import get_framework
+
+    lay = Layout(tp=1)
+    for fw, f in (("megatron", "fp8-tensorwise"), ("torchtitan", "fp8-rowwise"), ("megatron", "mxfp8")):
+        why = gemm_why_not(get_framework(fw).for_model(fmt(LLAMA, f)), lay, "single_stage")
+        assert why and why.endswith("plan with --precision bf16, or fp8-tensorwise under --framework any or "
+                                    "torchtitan@2024-12, to run it"), why
+    per_use = dataclasses.replace(fmt(LLAMA, "fp8-tensorwise"), fp8_weights_per_use=True)
+    assert "fp8_weights_per_use" in gemm_why_not(per_use, lay, "single_stage")
+    for fw in ("any", "torchtitan@2024-12"):
+        assert gemm_why_not(get_framework(fw).for_model(fmt(LLAMA, "fp8-tensorwise")), lay, "single_stage") is None

@@ -125,15 +125,17 @@ def memory_terms(plan, mem) -> dict:
 
 # explain's memory terms: stable keys (--json's ``memory_terms_by_kind_bytes``) and their words
 MEMORY_TERM_WORDS = {"model_states": "model states", "kept_activations": "kept activations",
-                     "buffers": "rounding / recompute buffers", "lse": "attention lse",
+                     "buffers": "rounding / static buffers", "lse": "attention lse",
+                     "recompute_buffer": "recompute buffer (in a backward)",
                      "layer_transients": "layer transients ({placed})", "boundary_activation": "boundary activation",
-                     "classifier": "classifier (beside transients, max of the two)"}
+                     "classifier": "classifier (or the three above it)"}
 
 
 def memory_terms_by_kind(mem) -> dict:
     """The per-GPU memory terms at the peak by stable key (`MEMORY_TERM_WORDS`)."""
     return {"model_states": mem.model_states_bytes, "kept_activations": mem.skeletal_resident_bytes,
-            "buffers": mem.rounding_buffer_bytes, "lse": mem.lse_bytes, "layer_transients": mem.transient_peak_bytes,
+            "buffers": mem.rounding_buffer_bytes - mem.backward_buffer_bytes, "lse": mem.lse_bytes,
+            "recompute_buffer": mem.backward_buffer_bytes, "layer_transients": mem.transient_peak_bytes,
             "boundary_activation": mem.layer_boundary_bytes, "classifier": mem.classifier_peak_bytes}
 
 
@@ -215,9 +217,10 @@ def peak_lines(device: int, p: dict | None, mem) -> list[str]:
     else:
         side = ("classifier" if p["phase"] == "classifier" else
                 "layer" if p["layer"] is not None and p["phase"] in ("fwd", "bwd", "recompute") else None)
-    layer_side = mem.transient_peak_bytes + mem.layer_boundary_bytes
+    layer_side = mem.layer_side_bytes()
     terms = "layer" if layer_side >= mem.classifier_peak_bytes else "classifier"
-    sizes = {"layer": f"layer transients + boundary {fmt_bytes(layer_side)}",
+    sizes = {"layer": f"layer transients + boundary{' + recompute buffer' if mem.backward_buffer_bytes else ''} "
+                      f"{fmt_bytes(layer_side)}",
              "classifier": f"classifier {fmt_bytes(mem.classifier_peak_bytes)}"}
     other = "classifier" if terms == "layer" else "layer"
     if side == terms:
@@ -266,8 +269,7 @@ def fragmentation_words(plan, res, mem) -> str | None:
     frag = al["fragmentation_at_peak"]
     reserved = al.get("reserved_at_peak_allocated_bytes") or al.get("peak_reserved_bytes") or 0
     cached, planned = mem.transient_caching_allocator_bytes, mem.transient_planned_bytes
-    resident = mem.peak_gpu_bytes - max(cached + mem.layer_boundary_bytes, mem.classifier_peak_bytes)
-    save = mem.peak_gpu_bytes - (resident + max(planned + mem.layer_boundary_bytes, mem.classifier_peak_bytes))
+    save = mem.peak_gpu_bytes - mem.peak_with(planned)
     retries = al.get("reorganizations", 0)
     head = (f"fragmentation: {100 * frag:.1f}% of the {fmt_bytes(reserved)} reserved when the allocation peaks is "
             f"not allocated ({fmt_bytes(frag * reserved)} cached but free; peak reserved "
@@ -279,7 +281,7 @@ def fragmentation_words(plan, res, mem) -> str | None:
     if free > 0 and not plan.layout.expandable_segments:  # what PyTorch's own setting gives back
         head += (f"; expandable segments ({EXPANDABLE_FLAG}, priced by the what-if) map the cache "
                  f"in place and give most of the {fmt_bytes(free)} cached but free back")
-    static = resident + max(planned + mem.layer_boundary_bytes, mem.classifier_peak_bytes)
+    static = mem.peak_with(planned)
     below_reserved = (al.get("peak_reserved_bytes") or 0) - static
     if below_reserved > 0:  # against what PyTorch would report: the cache is what a static plan does not hold
         tail = (f"; {plan_words} would hold about {fmt_bytes(static)} (no cache, its layer transients "
@@ -293,7 +295,7 @@ def fragmentation_words(plan, res, mem) -> str | None:
                 "allocator, its arena allocated the whole iteration at its largest layer's transients)")
     else:
         why = (f"the classifier's {fmt_bytes(mem.classifier_peak_bytes)} sets it" if mem.classifier_peak_bytes
-               >= cached + mem.layer_boundary_bytes else "its planned transients are no smaller")
+               >= mem.layer_side_bytes(cached) else "its planned transients are no smaller")
         tail = (f"; {plan_words} would not lower the peak above ({why})"
                 + (", only drop the retries" if retries else ""))
     return head + tail

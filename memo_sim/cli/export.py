@@ -98,4 +98,6 @@ def export(plan_file, framework, out_dir, price, nearest, jobs, progress):
             click.echo("  " + price_line(ex.nearest))
     else:
         click.echo(f"  every part of the {'plan written' if ex.instead is not None else 'plan'} is expressed in "
-                   f"{ex.framework}")
+                   f"{ex.framework}" + (", which runs it with its own mechanisms:" if ex.nearest is not None else ""))
+        if ex.nearest is not None:
+            click.echo("  " + price_line(ex.nearest))

@@ -78,14 +78,15 @@ def layer_gemm_bytes(model: ModelConfig, m: float, k: float, n: float) -> float:
     return (m * k + k * n) * fmt.element_bytes + m * n * d
 
 
-def cast_seconds(model: ModelConfig, profile: HardwareProfile, elements: float, amax_fused: bool = False) -> float:
+def cast_seconds(model: ModelConfig, profile: HardwareProfile, elements: float, amax_fused: bool = False,
+                 weight: bool = False) -> float:
     """One activation or gradient cast of ``elements`` elements (0 when the format is not quantised);
     ``amax_fused``: the kernel that wrote the tensor already took its amax (a compiled block,
-    `memo_sim.model.kernel_fusion`), so the cast reads it once."""
+    `memo_sim.model.kernel_fusion`), so the cast reads it once; ``weight``: a weight's (its scale blocks)."""
     fmt = model.gemm
     if not fmt.quantised:
         return 0.0
-    nbytes = fmt.cast_bytes(elements, DTYPE_BYTES[model.dtype])
+    nbytes = fmt.cast_bytes(elements, DTYPE_BYTES[model.dtype], weight=weight)
     if amax_fused and fmt.amax_pass:
         nbytes -= elements * DTYPE_BYTES[model.dtype]
     return memory_bound_op_time(nbytes, profile)
@@ -105,18 +106,41 @@ def linear_params_on_gpu(model: ModelConfig, layout: Layout, layers: float, owne
     return layers * (dense + routed)
 
 
+def gemm_cast_seconds(model: ModelConfig, profile: HardwareProfile, phase: str, m: float, k: float, n: float,
+                      amax_in: bool = False, amax_out: bool = False, input_kept: bool = False) -> float:
+    """The casts around one quantised GEMM out[m, n] = x[m, k] W[k, n] (0 when the format is not quantised):
+    forward (and recompute) its input; backward its output gradient and, unless its quantised copy was kept
+    (``input_kept``: TransformerEngine's ``fp8_saved_inputs``), the input again for the weight gradient (memo keeps
+    the high-precision input, as torchao's Float8Linear does); and the weight where it is cast at every use
+    (`weight_use_cast_seconds`). ``amax_in`` / ``amax_out``: a compiled block took the tensor's amax already."""
+    if phase != "bwd":
+        t = cast_seconds(model, profile, m * k, amax_in)
+    else:
+        t = cast_seconds(model, profile, m * n, amax_out) + (0.0 if input_kept else cast_seconds(model, profile, m * k))
+    return t + weight_use_cast_seconds(model, profile, k * n)
+
+
+def weight_use_cast_seconds(model: ModelConfig, profile: HardwareProfile, elements: float) -> float:
+    """A GEMM's weight of ``elements`` elements cast where the framework casts it at every use
+    (``ModelConfig.fp8_weights_per_use``: torchao's Float8Linear casts the high-precision weight in the forward,
+    the recompute and again in the backward, keeping no copy); 0 where the copies are kept (`weight_cache_bytes`)."""
+    return cast_seconds(model, profile, elements, weight=True) if model.fp8_weights_per_use else 0.0
+
+
 def weight_cache_bytes(model: ModelConfig, layers: float, layout: Layout, experts_only: bool = False) -> float:
-    """The quantised copies of ``layers`` layers' linear weights on one GPU (`linear_params_on_gpu`)."""
+    """The quantised copies of ``layers`` layers' linear weights on one GPU (`linear_params_on_gpu`); none where the
+    framework casts the weights at every use (`weight_use_cast_seconds`)."""
     fmt = model.gemm
-    if not fmt.quantised:
+    if not fmt.quantised or model.fp8_weights_per_use:
         return 0.0
     return fmt.quantised_bytes(linear_params_on_gpu(model, layout, layers, experts_only=experts_only), weight=True)
 
 
 def weight_recast_bytes(model: ModelConfig, layers: float, layout: Layout, owned: bool = False) -> float:
     """HBM bytes of re-casting ``layers`` layers' linear weights after the optimizer step (read the
-    working weights, write the quantised copies); ``owned``: only the GPU's ZeRO-3 shard."""
+    working weights, write the quantised copies); ``owned``: only the GPU's ZeRO-3 shard; none where the weights are
+    cast at every use instead (`weight_use_cast_seconds`)."""
     fmt = model.gemm
-    if not fmt.quantised:
+    if not fmt.quantised or model.fp8_weights_per_use:
         return 0.0
     return fmt.cast_bytes(linear_params_on_gpu(model, layout, layers, owned), model.recipe.weight_bytes, weight=True)

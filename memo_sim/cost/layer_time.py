@@ -23,7 +23,7 @@ from memo_sim.cost.activations import tensor_bytes, tokens_per_gpu
 from memo_sim.model.flops import ATTN_BWD_FACTOR, op_flops
 from memo_sim.cost.memo import memoised
 from memo_sim.cost.attention_kernel import materialised_attention
-from memo_sim.cost.gemm_format import cast_seconds, layer_gemm_time
+from memo_sim.cost.gemm_format import gemm_cast_seconds, layer_gemm_time
 from memo_sim.cost.kernel_time import (attention_bwd_time, attention_fwd_time, gemm_time, memory_bound_op_time,
                                        memory_bound_time)
 from memo_sim.cost.opcost import OpCost, chain_dependencies, chain_tail, critical_time  # noqa: F401  (re-exported)
@@ -89,11 +89,10 @@ def _compute_cost(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, se
         # backward: the output gradient, and the input again for the weight gradient (memo keeps the
         # high-precision input for backward, as torchao's Float8Linear does, and re-casts it there)
         # (a compiled block takes the amax where a memory-bound kernel writes the tensor: `model.kernel_fusion`)
-        if phase != "bwd":
-            t += cast_seconds(model, profile, m * k, amax_fused_forward(model, layout.kernel_fusion, op.inputs[0]))
-        else:  # the output gradient; the input too unless its quantised copy was kept (fp8_saved_inputs)
-            t += cast_seconds(model, profile, m * n, amax_fused_backward(model, layout.kernel_fusion, op.outputs[0])) + (
-                0.0 if model.fp8_saved_inputs and op.inputs[0] in FP8_SAVED_INPUTS else cast_seconds(model, profile, m * k))
+        fused = layout.kernel_fusion
+        t += gemm_cast_seconds(model, profile, phase, m, k, n, amax_fused_forward(model, fused, op.inputs[0]),
+                               amax_fused_backward(model, fused, op.outputs[0]),
+                               model.fp8_saved_inputs and op.inputs[0] in FP8_SAVED_INPUTS)
         return OpCost(op.name, "gemm", phase, "compute", t, flops=f)
     if op.kind == "attention":
         if layout.attention == "materialised":

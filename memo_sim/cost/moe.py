@@ -41,7 +41,7 @@ from math import comb
 
 from memo_sim.cost import collectives as coll
 from memo_sim.cost.activations import routed_load, shard_tokens, tokens_per_gpu
-from memo_sim.cost.gemm_format import layer_gemm_time
+from memo_sim.cost.gemm_format import gemm_cast_seconds, layer_gemm_time
 from memo_sim.cost.kernel_time import memory_bound_op_time
 from memo_sim.cost.opcost import OpCost
 from memo_sim.layout.moe_dispatchers import Step
@@ -73,12 +73,15 @@ def expert_gemm_shape(op: OpSpec, model: ModelConfig, layout: Layout, batch: int
 
 def expert_gemm_cost(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile,
                      phase: str, fraction: float = 1.0) -> OpCost:
-    """The grouped GEMM of the rank's local experts (module docs)."""
+    """The grouped GEMM of the rank's local experts (module docs), with a quantised format's casts around each
+    expert's GEMM as a dense layer's (`memo_sim.cost.gemm_format.gemm_cast_seconds`; the permuted tokens' copies
+    are not kept for backward by any framework memo models: MoE inputs are not in ``FP8_SAVED_INPUTS``)."""
     local, m, k, n = expert_gemm_shape(op, model, layout, batch, seq, fraction)
     one = layer_gemm_time(model, profile, m, k, n)
     f, t = local * 2.0 * m * k * n, local * one
     if phase == "bwd":
         f, t = f * GEMM_BWD_FACTOR, t * GEMM_BWD_FACTOR
+    t += local * gemm_cast_seconds(model, profile, phase, m, k, n)
     return OpCost(op.name, "gemm", phase, "compute", t, flops=f)
 
 

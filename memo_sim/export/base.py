@@ -184,9 +184,8 @@ def nearest_model(plan: Plan, gaps: list[Gap]):
 def price_nearest(plan: Plan, gaps: list[Gap], framework: str) -> dict | None:
     """memo's prediction for the nearest plan on the plan's profile, run with ``framework``'s
     mechanisms (its attention kernel, loss, allocator settings: `Framework.adapt`), as that framework
-    would run it (None when no gap changes the plan; ``error`` when it cannot be simulated)."""
-    if not any(g.change != PlanChange() for g in gaps):
-        return None
+    would run it (None when neither a gap nor the framework's mechanisms change the plan; ``error`` when it cannot be
+    simulated)."""
     from memo_sim.engine.simulate import simulate  # noqa: PLC0415 - the simulator only when pricing
     from memo_sim.profile.loader import load_profile  # noqa: PLC0415
     from memo_sim.search.frameworks import get_framework  # noqa: PLC0415
@@ -197,6 +196,8 @@ def price_nearest(plan: Plan, gaps: list[Gap], framework: str) -> dict | None:
     prof = load_profile(plan.profile)
     mine, layout = layout, get_framework(framework).adapt(layout, prof)
     mechanisms = mechanism_changes(mine, layout, prof)
+    if not mechanisms and not any(g.change != PlanChange() for g in gaps):  # (a review: a Megatron plan's cuDNN
+        return None  # attention and vocab-parallel loss exported to torchtitan as "every part expressed")
     model = nearest_model(plan, gaps)
     dropped = plan.model.mtp_layers - model.mtp_layers
     label = (f"{layout.label()} {policy.label()}" + (f" {schedule}" if layout.pp > 1 else "")

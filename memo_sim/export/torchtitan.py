@@ -109,7 +109,8 @@ _AC = {"full_recompute": "FullAC", "op_sac": "SelectiveAC"}
 
 
 # what a model is, beside its shapes: its name and notes, and how it is trained (dtype, recipe, GEMM format)
-_NOT_SHAPE = ("name", "not_modelled", "dtype", "precision", "gemm_format", "fp8_saved_inputs", "fp8_sp_gathers")
+_NOT_SHAPE = ("name", "not_modelled", "dtype", "precision", "gemm_format", "fp8_saved_inputs", "fp8_sp_gathers",
+             "fp8_weights_per_use")
 
 
 def _preset(model) -> str:
@@ -264,7 +265,8 @@ def gaps(plan: Plan) -> list[Gap]:
         out.append(Gap("ZeRO stage 1 (optimizer states sharded, weights and gradients whole)",
                        'FSDP2 with fsdp_reshard_after_forward = "never" (ZeRO 2: gradients sharded too)',
                        PlanChange(layout={"zero": 2})))
-    out += _ep_borrow_gap(plan) + balance_gap(plan, FRAMEWORK) + rank_order_gap(plan, FRAMEWORK)
+    borrow = _ep_borrow_gap(plan)
+    out += (borrow or _cp_shard_gap(plan)) + balance_gap(plan, FRAMEWORK) + rank_order_gap(plan, FRAMEWORK)
     out += policy_gaps(plan, _RUNS, notes={"memo": "torchtitan offloads no activations",
                                            "full_offload": "torchtitan offloads no activations"})
     out += gemm_format_gap(plan, "torchtitan") + optimizer_offload_gap(plan, "torchtitan") + not_modelled_gap(plan)
@@ -325,6 +327,22 @@ def _ep_borrow_gap(plan: Plan) -> list[Gap]:
                 "forward to the backward): torchtitan's EP borrows its ranks from data_parallel_shard_degree x "
                 "context_parallel_degree x tensor_parallel_degree (torchtitan/distributed/parallel_dims.py)",
                 PlanChange(layout={"zero": 3, "dp_mode": "fsdp", "reshard_after_forward": False}))]
+
+
+def _cp_shard_gap(plan: Plan) -> list[Gap]:
+    """Weights replicated over the context-parallel ranks (ZeRO 0): torchtitan's FSDP shards over
+    data_parallel_shard_degree x context_parallel_degree whatever the first is (its dp_shard_cp mesh: written with
+    data_parallel_shard_degree 1, FSDP2 still shards over the CP ranks, memo's torchtitan data refusing the replicated
+    layout so); the nearest: FSDP over the CP ranks, replicated over the plan's DP (HSDP where dp > 1)."""
+    lay = plan.layout
+    if lay.cp * lay.ulysses == 1 or lay.zero != 0:
+        return []
+    shard = lay.cp * lay.ulysses  # Ulysses is written as CP (`ulysses_gap`)
+    return [Gap(f"weights, gradients and optimizer states replicated over the {shard} context-parallel ranks (ZeRO 0)",
+                f"FSDP2 over them (torchtitan shards over data_parallel_shard_degree x context_parallel_degree, its "
+                f"dp_shard_cp mesh: torchtitan/distributed/parallel_dims.py)"
+                + (f", replicated over data_parallel_replicate_degree {lay.dp}" if lay.dp > 1 else ""),
+                PlanChange(layout={"zero": 3, "dp_mode": "fsdp", "fsdp_shard": shard if lay.dp > 1 else 0}))]
 
 
 def writes_gemm_format(plan: Plan) -> bool:

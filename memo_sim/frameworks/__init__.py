@@ -54,8 +54,9 @@ offers: ``recipes`` maps a model dtype to the model-state recipe the framework r
 (`memo_sim.model.precision`; a dtype not named takes memo's default, and a recipe the user names
 with ``--precision`` wins), ``gemm_formats`` lists the formats (`memo_sim.model.gemm_formats`) the
 version can run (default: ``bf16`` only), and under a quantised format ``fp8_saved_inputs`` (the
-GEMM inputs kept for backward as quantised copies) and ``fp8_sp_gathers`` (sequence parallelism
-all-gathers the GEMM inputs' quantised copies). `Framework.for_model` applies them to a model.
+GEMM inputs kept for backward as quantised copies), ``fp8_sp_gathers`` (sequence parallelism
+all-gathers the GEMM inputs' quantised copies) and ``fp8_weights_per_use`` (the linear weights cast at every
+use, no quantised copy kept). `Framework.for_model` applies them to a model.
 
 A file's ``layouts.rank_orders`` lists the orders it numbers ranks in (`memo_sim.layout.rank_order`; default:
 pipeline stages outermost, every framework's own; Megatron-LM adds data parallelism outermost with
@@ -193,6 +194,7 @@ class _PrecisionIn(BaseModel):
     gemm_formats: tuple[Literal[GEMM_FORMATS], ...] = Field(("bf16",), min_length=1)
     fp8_saved_inputs: bool = Field(False, strict=True)  # FP8 GEMM inputs kept for backward as FP8 copies
     fp8_sp_gathers: bool = Field(False, strict=True)  # FP8 GEMM inputs all-gathered (SP) as FP8 copies
+    fp8_weights_per_use: bool = Field(False, strict=True)  # FP8 weights cast at every use, no copy kept
 
 
 class _FrameworkIn(BaseModel):
@@ -237,6 +239,7 @@ class Framework:
     gemm_formats: tuple[str, ...] = ("bf16",)  # the GEMM formats it offers
     fp8_saved_inputs: bool = False  # under FP8 it keeps the GEMM inputs for backward as FP8 copies
     fp8_sp_gathers: bool = False  # under FP8 its sequence-parallel all-gathers carry the GEMM inputs' FP8 copies
+    fp8_weights_per_use: bool = False  # under FP8 it casts the linear weights at every use and keeps no FP8 copy
     optimizer_offload: bool = False  # it can keep the optimizer's states and step on the host
     optimizer_offload_zero: tuple[int, ...] | None = None  # ... beside these ZeRO stages only (None: all it offers)
     uneven_stages: bool = False  # it can give the first / last pipeline stages their own layer counts
@@ -260,9 +263,10 @@ class Framework:
         if model.gemm_format not in self.gemm_formats:
             raise MemoError(f"--precision {model.gemm_format}: {self.name} does not offer {model.gemm_format} GEMMs "
                             f"(it offers {', '.join(self.gemm_formats)}); fix: drop it or choose another --framework")
-        if model.gemm.quantised and (model.fp8_saved_inputs, model.fp8_sp_gathers) != (self.fp8_saved_inputs,
-                                                                                     self.fp8_sp_gathers):
-            model = replace(model, fp8_saved_inputs=self.fp8_saved_inputs, fp8_sp_gathers=self.fp8_sp_gathers)
+        fp8 = {"fp8_saved_inputs": self.fp8_saved_inputs, "fp8_sp_gathers": self.fp8_sp_gathers,
+               "fp8_weights_per_use": self.fp8_weights_per_use}
+        if model.gemm.quantised and any(getattr(model, k) != v for k, v in fp8.items()):
+            model = replace(model, **fp8)
         if model.chunked_layers and not self.chunked_attention:  # as its script would run the model
             note = (f"chunked attention ({model.attention_chunk}-token chunks on {model.chunked_layers} layers): "
                     f"{self.name} has none, priced as full causal attention")
@@ -390,6 +394,7 @@ def _read(path: Path) -> Framework:
                      embedding_loss_slots=lay.uneven_stages if lay.embedding_loss_slots is None
                      else lay.embedding_loss_slots,
                      fp8_saved_inputs=f.precision.fp8_saved_inputs, fp8_sp_gathers=f.precision.fp8_sp_gathers,
+                     fp8_weights_per_use=f.precision.fp8_weights_per_use,
                      dp_modes=lay.dp_modes, chunked_attention=f.chunked_attention, shards_over_cp=lay.shards_over_cp,
                      multi_token_prediction=lay.multi_token_prediction, rank_orders=lay.rank_orders,
                      mapping_equal_groups=lay.mapping_equal_groups,

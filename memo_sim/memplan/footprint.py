@@ -61,6 +61,26 @@ class MemoryBreakdown:
     host_bytes_per_gpu: float  # raw offloaded bytes
     host_bytes_per_node: float  # pinned, as the host layout allocates them
     host_capacity_bytes: float
+    # the part of ``rounding_buffer_bytes`` allocated at a layer's recompute and freed after its backward (full
+    # recompute's buffer: `Policy.backward_buffer_bytes`): live beside a layer's backward, not beside the classifier
+    backward_buffer_bytes: float = 0.0
+
+    @property
+    def held_bytes(self) -> float:
+        """What is live beside both sides of the peak: model states, kept activations, lse and the static buffers."""
+        return (self.model_states_bytes + self.skeletal_resident_bytes + self.rounding_buffer_bytes
+                - self.backward_buffer_bytes + self.lse_bytes)
+
+    def layer_side_bytes(self, transient: float | None = None) -> float:
+        """A layer's side of the peak: its transients (``transient``, default the ones used), the activation handed
+        between layers and the buffer the policy allocates for the backward."""
+        t = self.transient_peak_bytes if transient is None else transient
+        return t + self.layer_boundary_bytes + self.backward_buffer_bytes
+
+    def peak_with(self, transient: float | None = None) -> float:
+        """The peak, the larger of a layer's side and the classifier's beside what both hold, with a layer's
+        transients at ``transient`` (default the ones used: ``peak_gpu_bytes``)."""
+        return self.held_bytes + max(self.layer_side_bytes(transient), self.classifier_peak_bytes)
 
     @property
     def oom_by(self) -> float:
@@ -127,7 +147,7 @@ def memory_breakdown(model: ModelConfig, layout: Layout, batch: int, seq: int, p
     """Memoised: what depends only on (model, per-GPU shard, batch, seq, policy) -- skeletal bytes,
     level-1 traces, the caching-allocator replay, offloaded and pinned bytes per layer -- is
     computed once (`_shard_terms`); model states (DP and ZeRO) and the node's GPUs are arithmetic."""
-    sk, resident, buffers, planned, cached, classifier, host_layer, pinned_layer = _shard_terms(
+    sk, resident, buffers, backward_buffer, planned, cached, classifier, host_layer, pinned_layer = _shard_terms(
         model, per_gpu_shard(layout), batch, seq, policy, profile, classifier_chunk_tokens)
     n = model.layers
     states = model_state_bytes(model, layout)
@@ -135,7 +155,10 @@ def memory_breakdown(model: ModelConfig, layout: Layout, batch: int, seq: int, p
     transient = planned if uses_memory_plan(policy, layout) else cached
     # embedding output / final layer output (the next layer's input) is live beside a layer's work
     boundary = sk["input"]
-    peak = states + resident + buffers + lse_all + max(transient + boundary, classifier)
+    # a buffer allocated for the backward only (full recompute's) is not live beside the classifier, which runs
+    # before any backward
+    peak = states + resident + buffers - backward_buffer + lse_all + max(transient + boundary + backward_buffer,
+                                                                         classifier)
     offloaded_layers = policy.offloaded_layers(n)
     optim_host = host_state_bytes(model, layout, model_gpu_params(model, layout))  # under optimizer offload
     host_gpu = offloaded_layers * host_layer + optim_host
@@ -146,20 +169,22 @@ def memory_breakdown(model: ModelConfig, layout: Layout, batch: int, seq: int, p
         lse_bytes=lse_all, transient_peak_bytes=transient, transient_planned_bytes=planned,
         transient_caching_allocator=cached, layer_boundary_bytes=boundary, classifier_peak_bytes=classifier,
         peak_gpu_bytes=peak, gpu_capacity_bytes=profile.usable_gpu_memory, host_bytes_per_gpu=host_gpu,
-        host_bytes_per_node=host_node, host_capacity_bytes=profile.host_capacity(gpus_node))
+        host_bytes_per_node=host_node, host_capacity_bytes=profile.host_capacity(gpus_node),
+        backward_buffer_bytes=backward_buffer)
 
 
 @memoised(maxsize=1 << 14)
 def _shard_terms(model: ModelConfig, shard: Layout, batch: int, seq: int, policy: Policy,
                  profile: HardwareProfile, classifier_chunk_tokens: int) -> tuple:
     """The terms of `memory_breakdown` that one GPU's shard of the layer fixes (DP and ZeRO do
-    not): skeletal bytes by role, the policy's resident and buffer bytes, the planned and the
+    not): skeletal bytes by role, the policy's resident and buffer bytes (and the part of them allocated for the
+    backward only), the planned and the
     caching-allocator transient peak, the classifier's peak, raw and pinned host bytes per
     offloaded layer. Shared between callers: read, never modify."""
     sk = skeletal_bytes(model, shard, batch, seq)
     n = model.layers
     cached = partial(_caching_reserved, model, shard, batch, seq, policy)
-    return (sk, policy.resident_bytes(sk, n), policy.buffer_bytes(sk),
+    return (sk, policy.resident_bytes(sk, n), policy.buffer_bytes(sk), policy.backward_buffer_bytes(sk),
             transient_peak_bytes(model, shard, batch, seq, policy),
             cached if uses_memory_plan(policy, shard) else cached(),
             classifier_peak_bytes(model, shard, batch, seq, classifier_chunk_tokens,

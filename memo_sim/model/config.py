@@ -114,7 +114,8 @@ _QUIET_DEFAULTS = {"head_dim": 0, "qk_norm": False, "attention_sinks": False, "s
                    "router_group_topk": 0,
                    "router_scaling": 1.0, "rope_theta": 0.0, "norm_eps": 0.0, "aux_loss_coef": 0.0,
                    "seq_aux": False, "rope_scaling": "", "rotary_fraction": 0.0, "nope_period": 0,
-                   "mtp_layers": 0, "not_modelled": "", "swiglu_limit": 0.0}
+                   "mtp_layers": 0, "not_modelled": "", "swiglu_limit": 0.0,
+                   "fp8_weights_per_use": False}
 
 
 def _dim(hi: int):
@@ -143,6 +144,7 @@ class _ModelIn(BaseModel):
     gemm_format: Literal[GEMM_FORMATS] = "bf16"
     fp8_saved_inputs: bool = Field(False, strict=True)
     fp8_sp_gathers: bool = Field(False, strict=True)
+    fp8_weights_per_use: bool = Field(False, strict=True)
     head_dim: Annotated[int, Field(strict=True, ge=0, le=MAX_HIDDEN)] = 0
     qk_norm: bool = Field(False, strict=True)
     attention_sinks: bool = Field(False, strict=True)
@@ -289,6 +291,10 @@ class ModelConfig:
     # with a quantised format: sequence parallelism's all-gathers of the column-parallel GEMMs' inputs carry
     # the quantised copies (torchao's Float8 TP styles cast before the all-gather); set by the framework
     fp8_sp_gathers: bool = False
+    # with a quantised format: the linear weights are cast at every use (each GEMM's forward, recompute and backward)
+    # and no quantised copy is kept (torchao's Float8Linear); else their copies are kept across the step's
+    # micro-batches and re-cast once after the optimizer step (TransformerEngine, memo's executor); set by the framework
+    fp8_weights_per_use: bool = False
     # attention beyond hidden / heads (module docs; 0 / False: as hidden / heads gives)
     head_dim: int = 0  # query/key head size (no-rope part under latent attention); 0: hidden // heads
     qk_norm: bool = False

@@ -63,13 +63,18 @@ def gemm_why_not(model: ModelConfig, layout: Layout, schedule: str, tokens: int 
     if fmt == EXEC_GEMM_FORMATS[0]:
         return None
     what = f"plan model {model.name}: gemm_format {fmt}"
+    # the frameworks whose FP8 is the executor's (high-precision inputs saved, weight copies kept per step): memo's own
+    # data and torchtitan@2024-12's tensorwise Float8 (megatron keeps FP8 inputs, torchtitan now no weight copy)
+    fix = (f"plan with --precision bf16, or {EXEC_GEMM_FORMATS[1]} under --framework any or torchtitan@2024-12, "
+           "to run it")
     if fmt not in EXEC_GEMM_FORMATS:
-        return (f"{what}: the executor runs {', '.join(EXEC_GEMM_FORMATS)} GEMMs only; plan with --precision "
-                f"{' or '.join(EXEC_GEMM_FORMATS)} to run it")
+        return f"{what}: the executor runs {', '.join(EXEC_GEMM_FORMATS)} GEMMs only; {fix}"
     if model.fp8_saved_inputs:
         return (f"{what}: fp8_saved_inputs (TransformerEngine keeps the FP8 copies of the GEMM inputs): the executor "
-                f"keeps the high-precision inputs as torchao's Float8Linear does; plan with --framework torchtitan "
-                f"or any to run it")
+                f"keeps the high-precision inputs as torchao's Float8Linear does; {fix}")
+    if model.fp8_weights_per_use:
+        return (f"{what}: fp8_weights_per_use (torchao casts the weights at every use and keeps no FP8 copy): the "
+                f"executor keeps each layer's FP8 weight copies through a step; {fix}")
     part = ("MoE experts" if model.moe else f"tp_mode {layout.tp_mode}" if layout.metp
             else "SPPO's pieces" if schedule == "sppo" else None)
     if part:

@@ -168,6 +168,11 @@ class Policy:
         """(tensor, bytes) allocated when the recompute starts, freed after the backward."""
         return []
 
+    def backward_buffer_bytes(self, sk: dict[str, float]) -> float:
+        """The part of `buffer_bytes` allocated at a layer's recompute and freed after its backward
+        (`recompute_allocated`): not live beside the classifier, which runs before any backward."""
+        return sum(b for _n, b in self.recompute_allocated(sk))
+
     def static_gpu(self, sk: dict[str, float]) -> list[tuple[str, float]]:
         """(tensor, bytes) allocated before the iteration and held throughout."""
         return []

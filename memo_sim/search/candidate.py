@@ -225,14 +225,16 @@ def binding_words(c: Candidate) -> str:
             f = c.simulated["failure"]
             return (f"GPU memory: {f['tensor']} needs {fmt_bytes(f['requested_bytes'])} with "
                     f"{fmt_bytes(f['in_use_bytes'])} of {fmt_bytes(f['capacity_bytes'])} in use (simulated)")
-        layer = m.transient_peak_bytes + m.layer_boundary_bytes  # the peak holds the larger of these two
+        layer = m.layer_side_bytes()  # the peak holds the larger of these two
+        rec = (f", its recompute buffer {fmt_bytes(m.backward_buffer_bytes)}" if m.backward_buffer_bytes else "")
         last = (f"the classifier and loss {fmt_bytes(m.classifier_peak_bytes)} (above a layer's transients and "
-                f"input, {fmt_bytes(layer)})" if m.classifier_peak_bytes > layer else
-                f"transients {fmt_bytes(m.transient_peak_bytes)}, the layer's input {fmt_bytes(m.layer_boundary_bytes)}")
+                f"input{' and recompute buffer' if rec else ''}, {fmt_bytes(layer)})" if m.classifier_peak_bytes > layer
+                else f"transients {fmt_bytes(m.transient_peak_bytes)}, the layer's input "
+                f"{fmt_bytes(m.layer_boundary_bytes)}{rec}")
         return (f"GPU memory: peak {fmt_bytes(m.peak_gpu_bytes)} of {fmt_bytes(m.gpu_capacity_bytes)} usable "
                 f"(model states {fmt_bytes(m.model_states_bytes)}, kept activations "
-                f"{fmt_bytes(m.skeletal_resident_bytes + m.lse_bytes)}, buffers {fmt_bytes(m.rounding_buffer_bytes)}, "
-                f"{last})")
+                f"{fmt_bytes(m.skeletal_resident_bytes + m.lse_bytes)}, buffers "
+                f"{fmt_bytes(m.rounding_buffer_bytes - m.backward_buffer_bytes)}, {last})")
     if c.status == "OOHM":
         return "pinned host memory: " + host_memory_words(c)
     if c.policy.takes_alpha and c.layout.pp == 1 and offloaded_layer_count(c.model.layers) == 0:

@@ -103,8 +103,7 @@ def _fits(cands) -> bool:
 def _allocated_peak(c: Candidate) -> float:
     """The candidate's analytic peak with a layer's transients counted as live at once (as a static
     memory plan places them) instead of as the caching allocator reserves them."""
-    m = c.memory
-    return m.peak_gpu_bytes - m.transient_peak_bytes + m.transient_planned_bytes
+    return c.memory.peak_with(c.memory.transient_planned_bytes)
 
 
 def _expandable_words(c: Candidate) -> str:

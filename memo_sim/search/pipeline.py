@@ -144,10 +144,13 @@ def _stage_unit_terms(model: ModelConfig, shard: Layout, micro_batch: int, seq: 
     sk = skeletal_bytes(model, shard, micro_batch, seq)
     kept = sum(b for _n, b in policy.forward_kept(sk))
     # the rank's own blocks (MEMO's forward and prefetch buffers), else the policy's buffers once (a recompute buffer)
-    buffers = sum(b for _n, b in policy.pipeline_rank_blocks(sk)) or policy.buffer_bytes(sk)
+    rank_blocks = sum(b for _n, b in policy.pipeline_rank_blocks(sk))
+    buffers = rank_blocks or policy.buffer_bytes(sk)
+    # a recompute buffer allocated for a layer's backward only (not beside the classifier: `MemoryBreakdown`)
+    backward = 0.0 if rank_blocks else policy.backward_buffer_bytes(sk)
     host_block = policy.host_bytes_per_layer(model, shard, micro_batch, seq, profile) if policy.offloads else 0.0
     offload = policy.offload_bytes(model, shard, micro_batch, seq) if policy.offloads else 0.0
-    return one, kept, sk["lse"], buffers, host_block, offload
+    return one, kept, sk["lse"], buffers, backward, host_block, offload
 
 
 class _Shape(NamedTuple):
@@ -180,13 +183,16 @@ def pipeline_memory(model: ModelConfig, layout: Layout, batch: int, micro_batch:
     stage (``shape``: `_shape` of the arguments, where the caller has it)."""
     flights, (_worst, units, offloaded, node_units), all_states, shard = (
         shape or _shape(model, layout, batch, micro_batch, profile, schedule))
-    one, kept, lse, buffers, host_block, offload = _stage_unit_terms(model, shard, micro_batch, seq, policy, profile)
-    work = one.transient_peak_bytes + one.layer_boundary_bytes
+    one, kept, lse, buffers, backward, host_block, offload = _stage_unit_terms(model, shard, micro_batch, seq,
+                                                                               policy, profile)
+    work = one.transient_peak_bytes + one.layer_boundary_bytes + backward
     last = layout.pp - 1
     # each stage's peak: its states, its layers in flight, the buffers and the working block (the classifier's
-    # on the last stage, where larger); the fullest is the first of the largest
-    peaks = [states + u * kept + buffers + work for states, u in zip(all_states, units)]
-    peaks[last] = all_states[last] + units[last] * kept + buffers + max(work, one.classifier_peak_bytes)
+    # on the last stage, where larger, beside the buffers but one allocated for the backward); the fullest is the
+    # first of the largest
+    static = buffers - backward
+    peaks = [states + u * kept + static + work for states, u in zip(all_states, units)]
+    peaks[last] = all_states[last] + units[last] * kept + static + max(work, one.classifier_peak_bytes)
     if model.mtp_layers:  # the multi-token-prediction modules' activations of the other last-chunk micro-batches
         m = batch // micro_batch  # in flight (interleaved), kept from their head to their backward step
         sizes = tuple(tuple(int(s == last and c == layout.vpp - 1) for c in range(layout.vpp)) for s in range(last + 1))
@@ -202,7 +208,8 @@ def pipeline_memory(model: ModelConfig, layout: Layout, batch: int, micro_batch:
     u = units[ws]
     mem = MemoryBreakdown(
         model_states_bytes=all_states[ws], skeletal_resident_bytes=u * (kept - lse),
-        rounding_buffer_bytes=buffers, lse_bytes=u * lse, transient_peak_bytes=one.transient_peak_bytes,
+        rounding_buffer_bytes=buffers, backward_buffer_bytes=backward, lse_bytes=u * lse,
+        transient_peak_bytes=one.transient_peak_bytes,
         transient_planned_bytes=one.transient_planned_bytes,
         transient_caching_allocator=one.transient_caching_allocator,
         layer_boundary_bytes=one.layer_boundary_bytes, classifier_peak_bytes=one.classifier_peak_bytes,
