@@ -416,8 +416,9 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     if not out and why_none == no_factorisation and vpp is not None and vpp > 1 and (pp is None or pp > 1):
         fixed = [f"--{k} {v}" for k, v in (("tp", tp), ("cp", cp), ("ulysses", ulysses), ("dp", dp)) if v]
         why_none += (f" (--vpp {vpp} needs a pipeline of at least 2 stages"
-                     + (f" beside {' x '.join(fixed)}" if fixed else "") + f" on {gpus} GPUs, and {model.layers} layers "
-                     "in pp x vpp chunks: give fewer GPUs to the fixed degrees, or drop --vpp)")
+                     + (f" beside {' x '.join(fixed)}" if fixed else "")
+                     + f" on {gpus} GPUs, and {model.layers} layers in pp x vpp chunks: give fewer GPUs to the fixed "
+                     "degrees, or drop --vpp)")
     if not out:  # a valid request whose every layout's model states alone overflow: nothing fits (exit 3)
         error = NothingFits if state_why and why_none == state_why else MemoError
         raise error(f"{NO_VALID_LAYOUT} for {gpus} GPUs with the degrees given: {why_none}")
