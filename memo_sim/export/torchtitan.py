@@ -339,7 +339,7 @@ def _cp_shard_gap(plan: Plan) -> list[Gap]:
         return []
     shard = lay.cp * lay.ulysses  # Ulysses is written as CP (`ulysses_gap`)
     return [Gap(f"weights, gradients and optimizer states replicated over the {shard} context-parallel ranks (ZeRO 0)",
-                f"FSDP2 over them (torchtitan shards over data_parallel_shard_degree x context_parallel_degree, its "
+                "FSDP2 over them (torchtitan shards over data_parallel_shard_degree x context_parallel_degree, its "
                 "dp_shard_cp mesh: torchtitan/distributed/parallel_dims.py)"
                 + (f", replicated over data_parallel_replicate_degree {lay.dp}" if lay.dp > 1 else ""),
                 PlanChange(layout={"zero": 3, "dp_mode": "fsdp", "fsdp_shard": shard if lay.dp > 1 else 0}))]
