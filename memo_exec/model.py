@@ -5,7 +5,8 @@ and the model's multi-token-prediction modules (``mtp``, `MTPWeights`; run by `m
 No positional embedding (causal attention orders tokens; the cost of rotary embeddings is not
 modelled), so the parameter count is exactly `ModelConfig.params()` + `ModelConfig.mtp_params()`
 (`ModelConfig.trained_params`, which the MFU formula and the model states use), plus the vocabulary's
-padding rows (`padded_vocab`).
+padding rows (`padded_vocab`). Under tensor parallelism the embedding and the classifier hold the TP rank's
+vocabulary rows (``vocab_split``: `memo_exec.vocab_parallel`), as the simulator prices them.
 
 Each layer is one `torch.autograd.Function` whose backward is written by hand
 (`memo_exec.layer.LayerCompute`); what it keeps for the backward is decided by the activation
@@ -40,14 +41,21 @@ def check_architecture(model: ModelConfig, built: dict[str, tuple], path: str, i
 VOCAB_ROW_MULTIPLE = 128  # Megatron-LM's --make-vocab-size-divisible-by default
 
 
-def padded_vocab(vocab: int) -> int:
-    """Rows of the embedding and classifier weights: the vocabulary padded to a multiple of 128, as
-    Megatron-LM pads it. The classifier's GEMMs then have aligned leading dimensions: on an H100
-    (2026-11-25, benchmarks/gpu/probe_executor.py) the 32K-token classifier of GPT-7B took 338 ms
-    with 50,257 rows and 85 ms with 50,304 (its GEMMs at 113-152 vs 684-768 TFLOP/s). The padded
+def padded_vocab(vocab: int, tp: int = 1) -> int:
+    """Rows of the embedding and classifier weights: the vocabulary padded to a multiple of 128 (x ``tp`` under
+    tensor parallelism, each TP rank then holding 1/tp of the rows: `memo_exec.vocab_parallel`), as Megatron-LM
+    pads it (``--make-vocab-size-divisible-by`` x tp). The classifier's GEMMs then have aligned leading
+    dimensions: on an H100 (2026-11-25, benchmarks/gpu/probe_executor.py) the 32K-token classifier of GPT-7B
+    took 338 ms with 50,257 rows and 85 ms with 50,304 (its GEMMs at 113-152 vs 684-768 TFLOP/s). The padded
     rows start at zero, are never looked up and get no probability (`ChunkedHead` masks their
     logits), so the model computes what the unpadded one does."""
-    return -(-vocab // VOCAB_ROW_MULTIPLE) * VOCAB_ROW_MULTIPLE
+    m = VOCAB_ROW_MULTIPLE * tp
+    return -(-vocab // m) * m
+
+
+def vocab_rows(vocab: int, tp: int = 1) -> int:
+    """Rows of the embedding (and of the classifier) one of ``tp`` TP ranks holds."""
+    return padded_vocab(vocab, tp) // tp
 
 
 def vocab_padding_params(model: ModelConfig) -> int:
@@ -97,16 +105,20 @@ class MTPWeights(nn.Module):
 
 class GPT(nn.Module):
     def __init__(self, model: ModelConfig, layers: int, device: torch.device, dtype: torch.dtype,
-                 mtp_layer=None, tp: tuple[int, int] = (1, 0), mtp: bool = True) -> None:
+                 mtp_layer=None, tp: tuple[int, int] = (1, 0), mtp: bool = True, vocab_split=None) -> None:
         """``layers`` of the model's layers (the distributed executor adds its own); the model's
         ``mtp_layers`` modules, each ``MTPWeights`` around ``mtp_layer(i)`` (model layer i = ``model.layers +
         k``; default one device's whole layer of the last layer's kind) with ``tp`` = (size, rank) of its
         projection's split; none where ``mtp`` is False (a pipeline rank before the last: the modules live on the
-        last stage, `memo_exec.pipeline.schedules`)."""
+        last stage, `memo_exec.pipeline.schedules`). ``vocab_split``: this rank's rows of the vocabulary under TP
+        (`memo_exec.vocab_parallel.VocabSplit`: the embedding and the classifier hold them, its collectives run
+        the lookup and the loss); None: every row (one device)."""
         super().__init__()
         self.cfg = model
+        self.vocab_split = vocab_split
         h = model.hidden
-        rows = padded_vocab(model.vocab)
+        rows = vocab_rows(model.vocab) if vocab_split is None else vocab_split.rows
+        self.vocab_start = 0 if vocab_split is None else vocab_split.start  # this rank's first vocabulary row
         self.wte = nn.Parameter(torch.empty(rows, h, device=device, dtype=dtype))
         # the untied classifier [V, h]; its gradient comes from the classifier only, wte's from the input side
         self.lm_head = (None if model.tied_embeddings
@@ -124,6 +136,28 @@ class GPT(nn.Module):
     def head(self) -> nn.Parameter:
         """The classifier's weight [V, h]: the tied embedding or the untied ``lm_head``."""
         return self.wte if self.lm_head is None else self.lm_head
+
+    VOCAB_ROWS = ("wte", "lm_head")  # split over the TP ranks by vocabulary rows where ``vocab_split`` is given
+
+    def split_over_tp(self, name: str) -> bool:
+        """Whether the outer parameter ``name`` (`outer_parameters`) holds this TP rank's part only (its gradient is
+        not summed over the TP group): the vocabulary's rows under ``vocab_split``, the modules' projections."""
+        return ((self.vocab_split is not None and name in self.VOCAB_ROWS)
+                or name.rsplit(".", 1)[-1] in MTPWeights.TP_ROWS)
+
+    def embed(self, inputs: torch.Tensor) -> torch.Tensor:
+        """The token embedding of ``inputs`` (autograd; this rank's rows under TP + SP): a lookup, or under
+        ``vocab_split`` the masked lookup of this rank's vocabulary rows summed over the TP group."""
+        if self.vocab_split is None:
+            return F.embedding(inputs, self.wte)
+        return self.vocab_split.embed(inputs, self.wte)
+
+    def classify(self, hf: torch.Tensor, targets: torch.Tensor, chunk: int, norm_tokens: int | None = None,
+                 scratch: torch.Tensor | None = None, row_weights: torch.Tensor | None = None) -> torch.Tensor:
+        """The chunked classifier and cross-entropy of the final-normed rows ``hf`` (`ChunkedHead`), over this
+        rank's vocabulary rows under ``vocab_split``."""
+        return ChunkedHead.apply(hf, self.head, targets, chunk, norm_tokens, self.vocab, scratch, row_weights,
+                                 self.vocab_split)
 
     def outer_parameters(self) -> list[tuple[str, nn.Parameter]]:
         """(name, parameter) of everything outside the layers (embedding, classifier, final norm, and the
@@ -150,12 +184,12 @@ class GPT(nn.Module):
         last, each its layer (model layer ``layers + k``, handed over alike) then its projection."""
         g = torch.Generator(device=self.wte.device).manual_seed(seed)
         with torch.no_grad():
-            _init_rows_(self.wte, self.cfg.vocab, g)
+            _init_rows_(self.wte, self.cfg.vocab, g, self.vocab_start)
             self.lnf_w.fill_(1.0)
             if self.lnf_b is not None:
                 self.lnf_b.zero_()
             if self.lm_head is not None:
-                _init_rows_(self.lm_head, self.cfg.vocab, g)
+                _init_rows_(self.lm_head, self.cfg.vocab, g, self.vocab_start)
         if layer_fn is None:
             for lw in self.layers:
                 lw.init_(g, seed=seed)
@@ -339,11 +373,13 @@ class LayerFn(torch.autograd.Function):
         return ctx.rt.backward(dy), None
 
 
-def _init_rows_(w: torch.Tensor, vocab: int, g: torch.Generator) -> None:
-    """The first ``vocab`` rows drawn as an unpadded weight would be (the generator advances alike),
-    the padding rows zero."""
-    w[:vocab].copy_(torch.randn((vocab, w.shape[1]), generator=g, device=w.device).mul_(0.02))
-    w[vocab:].zero_()
+def _init_rows_(w: torch.Tensor, vocab: int, g: torch.Generator, start: int = 0) -> None:
+    """Rows ``start..`` of the weight whose first ``vocab`` rows are drawn as an unpadded weight would be (drawn
+    whole: the generator advances alike on every TP rank, which keeps its rows), the padding rows zero."""
+    whole = torch.randn((vocab, w.shape[1]), generator=g, device=w.device)
+    w.zero_()
+    n = max(0, min(w.shape[0], vocab - start))
+    w[:n].copy_(whole[start:start + n].mul_(0.02))
 
 
 class ChunkedHead(torch.autograd.Function):
@@ -352,14 +388,22 @@ class ChunkedHead(torch.autograd.Function):
     that the ranks' parts sum to the mean); gradients are formed in the forward pass. With
     ``row_weights`` (one per row, in the accumulation dtype) each row's loss and gradient are
     weighted by it instead (the model's and its multi-token-prediction modules' rows in one pass,
-    `memo_exec.mtp`: 1 / tokens for the model's, 0 for a position a module has no label for)."""
+    `memo_exec.mtp`: 1 / tokens for the model's, 0 for a position a module has no label for).
+    With ``split`` (`memo_exec.vocab_parallel.VocabSplit`) ``W`` is this TP rank's vocabulary rows: the
+    TP group's rows in, each chunk's log-sum-exp and target logits combined over the group, ``d_hf``
+    summed back to this rank's rows (the loss this rank's rows' part)."""
 
     @staticmethod
     def forward(ctx, hf: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, chunk: int,
                 norm_tokens: int | None = None, vocab: int | None = None,
-                scratch: torch.Tensor | None = None, row_weights: torch.Tensor | None = None) -> torch.Tensor:
+                scratch: torch.Tensor | None = None, row_weights: torch.Tensor | None = None,
+                split=None) -> torch.Tensor:
         T = norm_tokens or hf.shape[0]
         acc = acc_dtype(hf.dtype)
+        own = None  # under TP + SP: which of the group's rows are this rank's (its loss)
+        if split is not None:
+            hf, targets, row_weights, own = split.rows_in(hf, targets, row_weights)
+        start = 0 if split is None else split.start  # the vocabulary row of W's first
         d_hf = torch.empty_like(hf)
         d_w = torch.zeros_like(w)
         total = torch.zeros((), dtype=acc, device=hf.device)
@@ -371,14 +415,22 @@ class ChunkedHead(torch.autograd.Function):
             hc, tc = hf[c0:c1], targets[c0:c1]
             logits = torch.mm(hc, w.t(), out=place.logits(c1 - c0)) if place.rows else torch.mm(hc, w.t())
             lf = place.widened(logits) if place.rows else (logits.to(acc) if logits.dtype != acc else logits)
-            if vocab is not None and vocab < lf.shape[1]:
-                lf[:, vocab:] = float("-inf")  # padding rows (`padded_vocab`): no probability, no gradient
-            lse = torch.logsumexp(lf, dim=-1)
+            if vocab is not None and vocab - start < lf.shape[1]:
+                lf[:, max(0, vocab - start):] = float("-inf")  # padding rows (`padded_vocab`): no probability
             wc = row_weights[c0:c1] if row_weights is not None else None
-            nll = lse - lf.gather(1, tc.unsqueeze(1)).squeeze(1)
+            if split is None:
+                lse = torch.logsumexp(lf, dim=-1)
+                nll = lse - lf.gather(1, tc.unsqueeze(1)).squeeze(1)
+                at, hit = tc.unsqueeze(1), None
+            else:
+                lse, nll, at, hit = split.lse_nll(lf, tc)
+            if own is not None:
+                nll = nll * own[c0:c1]
             total += nll.sum() if wc is None else (nll * wc).sum()
             lf.sub_(lse.unsqueeze(1)).exp_()
-            lf.scatter_add_(1, tc.unsqueeze(1), torch.full((c1 - c0, 1), -1.0, dtype=acc, device=hf.device))
+            one = (torch.full((c1 - c0, 1), -1.0, dtype=acc, device=hf.device) if hit is None
+                   else -hit.to(acc).unsqueeze(1))  # the target's column where this rank holds it
+            lf.scatter_add_(1, at, one)
             if wc is None:
                 lf.mul_(1.0 / T)
             else:
@@ -387,6 +439,8 @@ class ChunkedHead(torch.autograd.Function):
             torch.mm(g, w, out=d_hf[c0:c1])
             d_w.addmm_(g.t(), hc)
             del logits, lf, lse, g, nll
+        if split is not None:
+            d_hf = split.rows_out(d_hf)
         ctx.save_for_backward(d_hf, d_w)
         return (total / T).to(acc) if row_weights is None else total.to(acc)
 
@@ -395,7 +449,7 @@ class ChunkedHead(torch.autograd.Function):
     def backward(ctx, g: torch.Tensor):
         d_hf, d_w = ctx.saved_tensors
         scale = g.to(d_hf.dtype)
-        return d_hf.mul_(scale), d_w.mul_(scale), None, None, None, None, None, None
+        return d_hf.mul_(scale), d_w.mul_(scale), None, None, None, None, None, None, None
 
 
 class ChunkPlace:
@@ -456,7 +510,7 @@ def forward_loss(gpt: GPT, runtimes: list[LayerRuntime], inputs: torch.Tensor, t
     last layer's output and join the classifier's rows, the loss then the model's plus theirs, weighted."""
     h = gpt.cfg.hidden
     with timer.span("embedding", None, "fwd"):
-        x = F.embedding(inputs.reshape(-1), gpt.wte)
+        x = gpt.embed(inputs.reshape(-1))
     for rt in runtimes:
         x = LayerFn.apply(x, rt)
     with timer.span("final_norm", None, "fwd"):
@@ -466,7 +520,7 @@ def forward_loss(gpt: GPT, runtimes: list[LayerRuntime], inputs: torch.Tensor, t
         hf, targets, weights = mtp.forward(gpt, x.reshape(-1, h), hf, targets, norm_tokens or hf.shape[0])
     with timer.span("classifier", None, "fwd"):
         scratch = arena.between_layers() if arena is not None else None  # `memo_exec.arena.ArenaScratch`
-        loss = ChunkedHead.apply(hf, gpt.head, targets, chunk, norm_tokens, gpt.vocab, scratch, weights)
+        loss = gpt.classify(hf, targets, chunk, norm_tokens, scratch, weights)
     return loss
 
 

@@ -368,7 +368,7 @@ class MTPRun:
     def module(self, k: int, h: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
         """Module k's layer output (autograd) from the hidden state ``h`` and its tokens ``tok`` (module docs)."""
         with self.timer.span(SPAN, None, "fwd", flops=0.0):
-            e = F.embedding(tok, self.gpt.wte)
+            e = self.gpt.embed(tok)
         if self.recompute:
             return _Checkpointed.apply(h, e, self, k, *_input_parameters(self.gpt.mtp[k]))
         y = self.inputs(k, e, h, "fwd")

@@ -48,12 +48,13 @@ from memo_exec.distributed.zero import GradSync
 from memo_exec.errors import ExecError
 from memo_exec.layer import LayerWeights
 from memo_exec.memory_estimate import MemoryEstimate
-from memo_exec.model import GPT, ChainedHooks, LayerHooks, MTPWeights
+from memo_exec.model import GPT, ChainedHooks, LayerHooks, vocab_rows
 from memo_exec.mtp import MTPRun, TPSplit, modules_recomputed, whole_projections
 from memo_exec.optim import AdamW
 from memo_exec.optim_offload import HostAdamW
 from memo_exec.runner import ExecutorBase, RunOptions, RunResult, arena_description, make_flops_fn, plan_arena, \
     run_model, run_steps
+from memo_exec.vocab_parallel import VocabSplit
 from memo_sim.plan.schema import Plan
 
 
@@ -207,7 +208,9 @@ class DistExecutor(ExecutorBase):
             named = list(self._make_layer(li, meta, self.dtype).named_parameters())
             routed.append(sum(q.numel() for n, q in named if split and n.startswith("moe.expert_")))
             sizes.append(sum(q.numel() for _n, q in named) - routed[-1])
-        rest = m.embedding_params() + D * (m.mtp_norm_params + m.mtp_projection_params // self.flavour.size)
+        # the embedding and an untied classifier: this TP rank's vocabulary rows (`memo_exec.vocab_parallel`)
+        vocab = (1 if m.tied_embeddings else 2) * vocab_rows(m.vocab, self.flavour.size) * m.hidden
+        rest = vocab + m.norm_params + D * (m.mtp_norm_params + m.mtp_projection_params // self.flavour.size)
         return sum(sizes) + rest + sum(routed), max(sizes, default=0), rest, sum(routed), max(routed, default=0)
 
     def _estimate(self) -> MemoryEstimate:
@@ -309,8 +312,10 @@ class DistExecutor(ExecutorBase):
         self.scratch = ArenaScratch(dev, self.arena_plan) if self.arena_plan is not None else CachingScratch(dev)
         # embedding, final norm, the multi-token-prediction modules where this rank holds them (its shards); the held
         # layers below (every rank draws the same generator sequence: a pipeline's copies of the embedding are equal)
+        self.vocab_split = VocabSplit.of(self.flavour, ctx, m.vocab)  # this TP rank's vocabulary rows
         gpt = GPT(m, 0, dev, dt, mtp_layer=lambda li: self._make_layer(li, dev, dt),
-                  tp=(self.flavour.size, self.flavour.rank), mtp=self.schedule.holds_mtp())
+                  tp=(self.flavour.size, self.flavour.rank), mtp=self.schedule.holds_mtp(),
+                  vocab_split=self.vocab_split)
         gpt.layers = torch.nn.ModuleList(self._make_layer(li, dev, dt) for li in self.held)
         local = dict(zip(self.held, gpt.layers)) | {m.layers + k: mod.layer for k, mod in enumerate(gpt.mtp)}
 
@@ -328,7 +333,7 @@ class DistExecutor(ExecutorBase):
         is_expert = (lambda n: split_experts and n.startswith("moe.expert_"))  # noqa: E731
         units = [gpt.outer_parameters()]  # then a unit per held layer, and per module's layer
         units += [[(n, q) for n, q in lw.named_parameters() if not is_expert(n)] for lw in gpt.unit_layers()]
-        replicated = [[n.rsplit(".", 1)[-1] not in MTPWeights.TP_ROWS for n, _ in units[0]]]
+        replicated = [[not gpt.split_over_tp(n) for n, _ in units[0]]]
         replicated += [[self.flavour.replicated(n) for n, _ in u] for u in units[1:]]
         # each unit's collectives named by its model layer (a pipeline stage's held layers, then the modules')
         self.unit_model_layers = self.held + [m.layers + k for k in range(len(gpt.mtp))]
@@ -475,11 +480,17 @@ class DistExecutor(ExecutorBase):
         """Every parameter's whole weights by `GPT` parameter name (a collective; dense single-stage
         layouts: what the FSDP tests compare after a step)."""
         units = self.sync.full_params()
-        out = whole_projections(units[0], self.tp_split)
+        out = self._whole_first_unit(units[0])
         for k, prefix in enumerate(self._unit_prefixes()):
             for n, w in self.flavour.unshard_grads(units[k + 1]).items():  # the same gather as a gradient's
                 out[f"{prefix}.{n}"] = w
         return out
+
+    def _whole_first_unit(self, named: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The first unit's tensors with the TP-split ones gathered (the modules' projections, the vocabulary's
+        rows; a collective)."""
+        out = whole_projections(named, self.tp_split)
+        return out if self.vocab_split is None else self.vocab_split.whole(out)
 
     def _unit_prefixes(self) -> list[str]:
         """The `GPT` parameter-name prefix of each layer unit: the held layers', then the modules' layers'."""
@@ -489,7 +500,7 @@ class DistExecutor(ExecutorBase):
         """Every parameter's whole, reduced gradient by `GPT` parameter name (a collective; call
         after ``step(k, optimizer=False)``)."""
         units = self.sync.full_grads()
-        out = whole_projections(units[0], self.tp_split)
+        out = self._whole_first_unit(units[0])
         prefixes = self._unit_prefixes()
         for k, prefix in enumerate(prefixes):
             for n, g in self.flavour.unshard_grads(units[k + 1]).items():

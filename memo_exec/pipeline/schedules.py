@@ -94,14 +94,13 @@ list of actions).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from memo_exec.distributed.p2p import Transfer, finish_or_settle, post
 from memo_exec.activations.base import SharedBlocks
 from memo_exec.happens_before import Region, transfer_guard
 from memo_exec.wait_switch import wait_primitive
 from memo_exec.distributed.schedule import Schedule, register_schedule
-from memo_exec.model import ChunkedHead, LayerFn, LayerHooks, LayerRuntime
+from memo_exec.model import LayerFn, LayerHooks, LayerRuntime
 from memo_exec.mtp import modules_recomputed
 from memo_exec.pipeline.order import Action, messages_from, slots, stage_order, virtual_stage
 from memo_sim.layout.schedule import executor_stage_limit
@@ -361,7 +360,7 @@ class PipelineSchedule(Schedule):
             if vs == 0:
                 inputs, _ = ex.micro_batch_rows(step, mb)
                 with ex.recorder.span("embedding", None, "fwd"):
-                    x = F.embedding(inputs, ex.gpt.wte)
+                    x = ex.gpt.embed(inputs)
             for rt in self.runtimes[(slot, c)]:
                 x = LayerFn.apply(x, rt)
             if vs == self.last_vs:
@@ -375,8 +374,7 @@ class PipelineSchedule(Schedule):
                     mtp = ex.micro_batch_mtp(step, mb, self.mtp_runs[slot])
                     hf, targets, weights = mtp.forward(g, x, hf, targets, ex.global_tokens)
                 with ex.recorder.span("classifier", None, "fwd"):
-                    y = ChunkedHead.apply(hf, g.head, targets, ex.plan.classifier_chunk_tokens, ex.global_tokens,
-                                          g.vocab, None, weights)
+                    y = g.classify(hf, targets, ex.plan.classifier_chunk_tokens, ex.global_tokens, None, weights)
                 self.loss += y.detach().to(torch.float64)
             else:
                 y = x

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from memo_exec.layer import LayerWeights
-from memo_exec.model import GPT, ChunkedHead, norm
+from memo_exec.model import GPT, norm
 from memo_exec.sppo.kvcache import KVCache, PrefixAttention
 from memo_sim.layout.parallel import stage_layers
 from memo_sim.model.config import ModelConfig
@@ -84,7 +84,7 @@ class Stage:
 
     def embed(self, inputs: torch.Tensor, k: int) -> torch.Tensor:
         pc = self.pieces[k]
-        return F.embedding(inputs[:, pc.start:pc.end], self.gpt.wte)
+        return self.gpt.embed(inputs[:, pc.start:pc.end])
 
     def layer(self, x: torch.Tensor, j: int, k: int) -> torch.Tensor:
         """The stage's layer j over piece k."""
@@ -94,5 +94,4 @@ class Stage:
         """This piece's share of the mean cross-entropy (its summed loss / ``norm_tokens``)."""
         pc = self.pieces[k]
         hf = self.gpt.final_norm(x).reshape(-1, self.cfg.hidden)
-        return ChunkedHead.apply(hf, self.gpt.head, targets[:, pc.start:pc.end].reshape(-1), self.chunk,
-                                 self.norm_tokens, self.gpt.vocab)
+        return self.gpt.classify(hf, targets[:, pc.start:pc.end].reshape(-1), self.chunk, self.norm_tokens)

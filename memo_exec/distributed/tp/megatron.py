@@ -10,6 +10,9 @@ Column-parallel qkv and fc1 (this rank's heads / FFN columns), row-parallel out_
   row t): the collective runs rank-major and a strided copy reorders;
 - without SP, ``gather`` is the identity (every rank holds every token) and ``reduce`` is an
   all-reduce.
+
+The embedding and the classifier outside the layers hold the rank's vocabulary rows under every flavour
+(`memo_exec.vocab_parallel`, built by the runner from the flavour's group).
 """
 
 from __future__ import annotations
