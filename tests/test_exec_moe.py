@@ -333,6 +333,7 @@ TWO = [dict(lay=dict(dp=2, ep=2), pol="store_all", steps=10),
        dict(lay=dict(dp=2, etp=2, moe_dispatcher="allgather"), pol="memo", steps=3)]
 
 
+@pytest.mark.slow  # 39 s of the default selection (CI, 2026-11-29): the slow one runs beside it with time to spare
 def test_two_ranks_dp2_ep2_match_single_process():
     """dp2 dense x ep2 experts: every policy, ZeRO 1, an unbalanced routing, 10 steps; dp2 with ep 1;
     tp2 (SP) x ep2."""

@@ -339,3 +339,22 @@ def test_the_executors_fp8_refusals_name_a_plan_it_runs():
     assert "fp8_weights_per_use" in gemm_why_not(per_use, lay, "single_stage")
     for fw in ("any", "torchtitan@2024-12"):
         assert gemm_why_not(get_framework(fw).for_model(fmt(LLAMA, "fp8-tensorwise")), lay, "single_stage") is None
+
+
+def test_a_routed_experts_grouped_gemm_pays_its_casts_once_over_its_tokens():
+    """The dense GEMMs paid their FP8 casts, the experts' grouped GEMMs none; now each cast is one kernel over the
+    rank's routed rows (the permuted buffer), not one per expert (a launch each: 32 local experts made DeepSeek-V3's
+    FP8 layer slower than its casts' bytes say)."""
+    from memo_sim.cost import moe
+    from memo_sim.cost.gemm_format import cast_seconds, layer_gemm_time
+    from memo_sim.model.layer_graph import forward_ops
+
+    ds = fmt(PRESETS["deepseek-v3"], "fp8-tensorwise")
+    lay = Layout(tp=2, sp=True, ep=8, dp=8)
+    op = next(o for o in forward_ops(ds) if o.name == "expert_fc1")
+    local, m, k, n = moe.expert_gemm_shape(op, ds, lay, 1, 4096)
+    assert local == 32
+    fwd = moe.expert_gemm_cost(op, ds, lay, 1, 4096, H100, "fwd").seconds
+    assert fwd - local * layer_gemm_time(ds, H100, m, k, n) == pytest.approx(cast_seconds(ds, H100, local * m * k))
+    bf16 = moe.expert_gemm_cost(op, PRESETS["deepseek-v3"], lay, 1, 4096, H100, "fwd").seconds
+    assert bf16 == pytest.approx(local * layer_gemm_time(PRESETS["deepseek-v3"], H100, m, k, n))

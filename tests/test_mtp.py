@@ -65,9 +65,20 @@ def _projection_comm(lay, toks, forward_only=False):
 def test_the_projection_runs_in_the_layers_gemm_format_and_gathers_over_tp():
     """Megatron-LM runs ``eh_proj`` inside the FP8 context and splits it as a column-parallel linear whose output is
     gathered: an FP8 recipe makes the module cheaper by the projection's GEMMs, and tensor parallelism adds its
-    collectives (all-reduce of the input gradient without sequence parallelism)."""
+    collectives (all-reduce of the input gradient without sequence parallelism). The module's layer is compared apart:
+    DeepSeek-V3's MoE layer at EP 8 runs 32 local experts of 520 tokens, whose FP8 GEMMs on the measured curve gain
+    less than their casts cost."""
+    from memo_sim.cost.layer_time import backward_costs, forward_costs
+    from memo_sim.cost.opcost import critical_time
+
     fp8 = replace(DS, gemm_format="fp8-tensorwise")
-    assert boundary_times(fp8, LAY, 1, 4096, H100).mtp < boundary_times(DS, LAY, 1, 4096, H100).mtp
+
+    def outside_the_layer(m) -> float:
+        layer = critical_time(forward_costs(m, LAY, 1, 4096, H100)) + critical_time(backward_costs(m, LAY, 1, 4096,
+                                                                                                   H100))
+        return boundary_times(m, LAY, 1, 4096, H100).mtp - layer
+
+    assert outside_the_layer(fp8) < outside_the_layer(DS)
     from memo_sim.cost.boundary import mtp_projection_comm
 
     toks = tokens_per_gpu(LAY, 1, 4096)
@@ -207,6 +218,7 @@ def test_full_recompute_reruns_the_module_and_a_split_loss_keeps_its_state_meanw
     assert rerun.mtp - kept.mtp == pytest.approx(again)
 
 
+@pytest.mark.slow  # 38 s of the default selection (CI, 2026-11-29): the slow one runs beside it with time to spare
 def test_a_framework_that_leaves_the_module_out_says_so_in_the_header_json_and_layout_errors(tmp_path):
     import json
 

@@ -79,6 +79,7 @@ def test_tp_ranks_hold_their_vocabulary_rows_and_match_one_process():
     _check(CASES, spawn(_rank, 2, CASES, timeout=600))
 
 
+@pytest.mark.slow  # four gloo ranks: the default selection is CI's longer one
 def test_zero_units_hold_the_vocabulary_shards_four_ranks():
     """The embedding's unit (ZeRO 1 / 3 sharded over the data group) holds the TP rank's vocabulary rows; the
     loss and the gradients gathered over both are one process's."""

@@ -57,7 +57,9 @@ def _warn_if_stale(plan_file, plan) -> None:
 @click.option("--out", "out_dir", default="export", show_default=True, type=click.Path(file_okay=False),
               help="Folder the framework's files are written to.")
 @click.option("--price/--no-price", default=True, show_default=True,
-              help="Simulate the nearest plan the framework can run where it cannot express the plan.")
+              help="Simulate the nearest plan the framework runs (with --nearest, or where every part is expressed "
+                   "but the framework's mechanisms differ); the default's search for the framework's best plan, "
+                   "where one is written instead, simulates its plans either way.")
 @click.option("--nearest", is_flag=True,
               help="Where the framework cannot express the plan, write the plan with its nearest settings "
                    "(default: the best plan memo predicts the framework runs, beside what it gives up).")

@@ -107,17 +107,22 @@ def linear_params_on_gpu(model: ModelConfig, layout: Layout, layers: float, owne
 
 
 def gemm_cast_seconds(model: ModelConfig, profile: HardwareProfile, phase: str, m: float, k: float, n: float,
-                      amax_in: bool = False, amax_out: bool = False, input_kept: bool = False) -> float:
+                      amax_in: bool = False, amax_out: bool = False, input_kept: bool = False,
+                      groups: int = 1) -> float:
     """The casts around one quantised GEMM out[m, n] = x[m, k] W[k, n] (0 when the format is not quantised):
     forward (and recompute) its input; backward its output gradient and, unless its quantised copy was kept
     (``input_kept``: TransformerEngine's ``fp8_saved_inputs``), the input again for the weight gradient (memo keeps
     the high-precision input, as torchao's Float8Linear does); and the weight where it is cast at every use
-    (`weight_use_cast_seconds`). ``amax_in`` / ``amax_out``: a compiled block took the tensor's amax already."""
+    (`weight_use_cast_seconds`). ``amax_in`` / ``amax_out``: a compiled block took the tensor's amax already.
+    ``groups``: a grouped GEMM of that many such GEMMs (a rank's local experts), each cast one kernel over them all
+    (the permuted tokens in one buffer, the experts' weights as one multi-tensor cast)."""
+    g = groups
     if phase != "bwd":
-        t = cast_seconds(model, profile, m * k, amax_in)
+        t = cast_seconds(model, profile, g * m * k, amax_in)
     else:
-        t = cast_seconds(model, profile, m * n, amax_out) + (0.0 if input_kept else cast_seconds(model, profile, m * k))
-    return t + weight_use_cast_seconds(model, profile, k * n)
+        t = cast_seconds(model, profile, g * m * n, amax_out) + (
+            0.0 if input_kept else cast_seconds(model, profile, g * m * k))
+    return t + weight_use_cast_seconds(model, profile, g * k * n)
 
 
 def weight_use_cast_seconds(model: ModelConfig, profile: HardwareProfile, elements: float) -> float:

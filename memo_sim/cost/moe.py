@@ -81,7 +81,7 @@ def expert_gemm_cost(op: OpSpec, model: ModelConfig, layout: Layout, batch: int,
     f, t = local * 2.0 * m * k * n, local * one
     if phase == "bwd":
         f, t = f * GEMM_BWD_FACTOR, t * GEMM_BWD_FACTOR
-    t += local * gemm_cast_seconds(model, profile, phase, m, k, n)
+    t += gemm_cast_seconds(model, profile, phase, m, k, n, groups=local)
     return OpCost(op.name, "gemm", phase, "compute", t, flops=f)
 
 
