@@ -201,6 +201,7 @@ def test_trace_of_a_tp_cp_plan_records_one_ranks_layer(tmp_path):
     assert r.exit_code == 2 and "--device meta" in r.output
 
 
+@pytest.mark.slow
 def test_whatif_pipelined_memo_plan_runs_its_memory_plan_under_nproc(tmp_path):
     """[exec-complete] item 2: the what-if's pp 2 x dp 2 MEMO plan carries its memory plan (level 2 per
     pipeline rank) and `memo-exec run --nproc 4 --device cpu` runs it with each stage's layer scratch at

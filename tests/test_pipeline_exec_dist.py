@@ -338,6 +338,7 @@ def test_pipelines_with_ring_cp_ulysses_and_metp_match_one_process(slow):
             assert all(r[i]["offloaded"] > 0 for r in results), c
 
 
+@pytest.mark.slow
 def test_memo_exec_run_of_a_pp4_memo_plan_writes_the_pipeline_outputs(tmp_path):
     """`memo-exec run plan.json --nproc 4 --device cpu` of a pp4 MEMO 1F1B plan: the merged trace
     holds every stage's per-micro-batch forward/backward, recompute, offload and receive waits;

@@ -4,7 +4,8 @@ finds in the code -- and the race detector (`memo_exec.happens_before`) must ref
 
 First a coverage pass: each scenario (single-device MEMO offload, SPPO on one and on two ranks,
 ring CP, METP's ring attention and a whole METP layer with the W_proj ring, the pipeline's 1F1B
-under store all and under MEMO (its rank-level rounding blocks), MoE with expert parallelism; tiny
+under store all and under MEMO (its rank-level rounding blocks), MoE with expert parallelism, ZeRO 3 (its
+all-gathers issued a layer ahead); tiny
 models, fp64) runs once unmutated, counting the sites it calls (`memo_exec.wait_switch`), and must
 run clean. A site no scenario reaches fails. Then each site is removed
 (`memo_exec.wait_switch.switched`) in the first scenario that reaches it, in one fresh gloo spawn

@@ -63,6 +63,14 @@ def _moe_ep(rank: int, world: int) -> None:
     run_case(dict(dp=2, ep=2), "memo")
 
 
+def _zero3(rank: int, world: int) -> None:
+    """ZeRO 3 on two data-parallel ranks: each layer's all-gather issued one layer ahead (`GradSync.prefetching`)."""
+    from memo_sim.layout.parallel import Layout
+    from tests.dist_cases import loss_and_grads, plan_for
+
+    loss_and_grads(plan_for(Layout(dp=2, zero=3), 128, "store_all"), rank)
+
+
 # name -> (ranks, run), in the order a site's removal picks its scenario (cheapest first)
 SCENARIOS = {
     "MEMO offload, one device": (1, _memo_offload),
@@ -75,6 +83,7 @@ SCENARIOS = {
     "pipeline 1F1B, two ranks": (2, _pipeline),
     "pipeline 1F1B under MEMO, two ranks": (2, _pipeline_memo),
     "MoE EP, two ranks": (2, _moe_ep),
+    "ZeRO 3, two ranks": (2, _zero3),
 }
 
 

@@ -220,7 +220,7 @@ class DistExecutor(ExecutorBase):
         the meta device, which cannot run collectives)."""
         total, layer_unit, first_unit, experts, expert_layer = self._local_param_numel()
         # ZeRO 3 gathers the first unit at the step's start and keeps it to the optimizer (`GradSync.begin_step`),
-        # beside the layer gathered at the time
+        # beside the layer that runs and the next one's weights, gathered ahead
         largest = layer_unit + first_unit
         P = total - experts  # the dense units; the routed experts under ep or etp > 1 apart (`memo_exec.moe.sync`)
         e = element_size(self.dtype)
@@ -228,19 +228,20 @@ class DistExecutor(ExecutorBase):
         # the routed experts' own GradSync: ZeRO over the expert-DP group, its layer units (no first unit)
         De = lay.expert_dp if lay.zero and experts else 1
         ze = lay.zero if De > 1 else 0
-        # gathered at the peak: the largest layer's, or under FSDP without resharding every layer's (as the dense)
-        e_gathered = expert_layer if lay.dp_mode != "fsdp" or lay.reshard_after_forward else experts
-        e_weights = experts * e if ze < 3 else experts * e // De + e_gathered * e
         # FSDP beside pipeline stages: whole gradients through the step, each chunk's reduced after its last backward
         per_chunk = lay.grads_reduced_per_chunk
+        # gathered at the peak: the largest layer's and the next one's, gathered ahead (`GradSync.prefetching`), or
+        # under FSDP without resharding every layer's (as the dense)
+        e_gathered = 2 * expert_layer if lay.dp_mode != "fsdp" or lay.reshard_after_forward else experts
+        e_weights = experts * e if ze < 3 else experts * e // De + e_gathered * e
         e_grads = experts * e if ze < 2 or per_chunk else experts * e // De + expert_layer * e
         e_shard = experts // De if ze >= 1 else experts
         D = self.ctx.size("data") if lay.zero else 1
         z = lay.zero if D > 1 else 0
         D = self.ctx.size("shard") if z >= 3 else D  # FSDP/HSDP: sharded over the shard group
-        # gathered at the peak: the first unit and the largest layer's, or under FSDP without resharding every unit
-        # (each held layer kept from its forward to its backward, beside the embedding's)
-        gathered = largest if lay.dp_mode != "fsdp" or lay.reshard_after_forward else P
+        # gathered at the peak: the first unit, the largest layer's and the next one's prefetch, or under FSDP without
+        # resharding every unit (each held layer kept from its forward to its backward, beside the embedding's)
+        gathered = largest + layer_unit if lay.dp_mode != "fsdp" or lay.reshard_after_forward else P
         weights = (P * e if z < 3 else P * e // D + gathered * e) + e_weights
         # ZeRO 2 / 3: every unit's shard, the layers' shared workspace and the first unit whole (`GradSync`)
         grads = (P * e if z < 2 or per_chunk else P * e // D + largest * e) + e_grads

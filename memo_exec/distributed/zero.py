@@ -16,7 +16,12 @@ Under ZeRO the shard group is the whole data group (S = D).
   gradient accumulation: a reduce-scatter per layer and micro-batch).
 - ZeRO 3: also the weights: a layer's flat buffer is materialised (all-gather) before its
   forward and before its backward (the recompute runs inside the backward) and freed after each
-  (``untyped_storage().resize_(0)``); the optimizer updates the owned shard only.
+  (``untyped_storage().resize_(0)``); the optimizer updates the owned shard only. Each gather is issued
+  one layer ahead (``async_op``) and waited for where its layer starts, so it runs under the layer before
+  (`GradSync.prefetching`), as the simulator prices ZeRO 3 and FSDP (`memo_sim.dp.base.DPFlavour.gathered_layers`:
+  two layers' weights gathered at a time): the next layer's in a forward (layers 0 and 1 from the step's
+  start), the one below in a backward, and the last two layers' at the forward's end. A unit is never freed
+  while its gather runs (`_free` waits for it first).
 - FSDP (ZeRO 3 with two differences, `memo_sim.dp.fsdp`): HSDP shards over a sub-group of the
   data group (``fsdp_shard`` = S < D; the ``shard`` / ``replicate`` groups of
   `memo_exec.distributed.context`): the all-gathers and reduce-scatters run over the shard group and
@@ -70,6 +75,8 @@ import torch
 import torch.distributed as dist
 
 from memo_exec.distributed.collectives import all_gather_single, reduce_scatter_single
+from memo_exec.happens_before import Region, transfer_guard
+from memo_exec.wait_switch import wait_primitive
 from torch import nn
 
 from memo_exec.layer import HEAD_SHARED
@@ -105,6 +112,21 @@ class _Unit:
         return t[self.lo:self.lo + self.shard_n]
 
 
+class _Gathering:
+    """A unit's all-gather issued ahead of its layer (`GradSync._prefetch`): in flight until ``wait``, which the
+    guard (`memo_exec.happens_before.TransferGuard`, None: the check is off) is told of."""
+
+    def __init__(self, work, span, guard, token: int) -> None:
+        self.work, self.span, self.guard, self.token = work, span, guard, token
+
+    @wait_primitive
+    def wait(self) -> None:
+        self.work.wait()
+        self.span.__exit__(None, None, None)
+        if self.guard is not None:
+            self.guard.waited(self.token)
+
+
 class GradSync(LayerHooks):
     """Owns the flat model states of one rank and the optimizer over its shard."""
 
@@ -128,6 +150,13 @@ class GradSync(LayerHooks):
         # FSDP beside pipeline stages: whole gradients, each chunk's reduced after its last backward (module docs)
         self.per_chunk = self.fsdp and lay.grads_reduced_per_chunk
         self.pending: set[int] = set()  # units whose backward ran since their last reduction (per_chunk)
+        # ZeRO 3 / FSDP on one stage: each unit's gather issued one layer ahead of its use (module docs); a pipeline
+        # stage's FSDP gathers a layer once, at its first micro-batch's forward, and keeps it (nothing to prefetch)
+        self.prefetching = zero >= 3 and not self.per_chunk
+        self.inflight: dict[int, _Gathering] = {}  # unit -> its all-gather, issued and not waited for yet
+        # the gathers in flight and the reads of their buffers: a layer that reads weights its gather has not written
+        # (a wait removed) is refused at once (`memo_exec.happens_before`)
+        self.guard = transfer_guard() if self.prefetching else None
         hsdp = self.fsdp and over is None and ctx.size("shard") < size
         self.shard_group = ctx.group("shard") if hsdp else self.data  # what the states are sharded over
         self.replicate = ctx.group("replicate") if hsdp else None  # HSDP: the shards' copies
@@ -185,7 +214,15 @@ class GradSync(LayerHooks):
 
     # ------------------------------------------------------------------ ZeRO-3 materialisation
     def _free(self, u: _Unit) -> None:
+        self._ready(u)  # never drop the storage an all-gather is still writing
+        self._use(u, f"freeing unit {u.index}'s gathered weights", write=True)
         u.flat.untyped_storage().resize_(0)
+
+    def _use(self, u: _Unit, what: str, write: bool = False) -> None:
+        """Tell the guard the compute side reads (or drops) unit ``u``'s gathered weights now."""
+        if self.guard is not None and u.numel and u.flat.untyped_storage().nbytes():
+            region = [Region.of(u.flat, f"unit {u.index} weights")]
+            self.guard.access(what, reads=() if write else region, writes=region if write else ())
 
     def _gather(self, u: _Unit) -> None:
         if u.flat.untyped_storage().nbytes() == 0:
@@ -199,23 +236,62 @@ class GradSync(LayerHooks):
     def _gathered(self, u: _Unit) -> bool:
         return u.flat.untyped_storage().nbytes() > 0 or not u.numel
 
+    def _prefetch(self, index: int) -> None:
+        """Issue unit ``index``'s all-gather without waiting for it (a unit that is gathered, being gathered, holds
+        nothing or does not exist: nothing). Its span runs from the issue to the wait (`_ready`): an upper bound of the
+        transfer, whose part outside the compute spans is what the layer waited for it."""
+        if not self.prefetching or not 0 < index < len(self.units) or index in self.inflight:
+            return
+        u = self.units[index]
+        if self._gathered(u):
+            return
+        u.flat.untyped_storage().resize_(u.nbytes)
+        shard = self.param_shards[u.index].detach()
+        token = (self.guard.posted(f"param_all_gather of unit {index}", sends=[Region.of(shard, f"unit {index} shard")],
+                                   recvs=[Region.of(u.flat, f"unit {index} weights")]) if self.guard is not None else 0)
+        span = self.timer.span("param_all_gather", self._layer(u), "comm", stream="dp_comm", nbytes=u.nbytes)
+        span.__enter__()
+        work = all_gather_single(u.flat, shard, group=self.shard_group, async_op=True)
+        self.inflight[index] = _Gathering(work, span, self.guard, token)
+
+    def _ready(self, u: _Unit) -> None:
+        """Wait for unit ``u``'s prefetched all-gather, if one runs: its weights are whole after this."""
+        issued = self.inflight.pop(u.index, None)
+        if issued is not None:
+            issued.wait()
+
+    def _materialise(self, u: _Unit) -> None:
+        """Unit ``u`` whole before its layer runs: its prefetch waited for, else gathered now."""
+        if u.index in self.inflight:
+            self._ready(u)
+        else:
+            self._gather(u)
+
     # ------------------------------------------------------------------ hooks (LayerRuntime)
     def begin_step(self) -> None:
         if self.zero >= 3:
             self._gather(self.units[0])
+            self._prefetch(1)  # layer 0's, beside the first unit's (the simulator's two layers from the start)
 
     def before_forward(self, i: int) -> None:
         # FSDP beside stages: gathered at the first micro-batch's forward, kept to the chunk's last backward
         if self.zero >= 3 and not (self.per_chunk and self._gathered(self.units[i + 1])):
-            self._gather(self.units[i + 1])
+            self._materialise(self.units[i + 1])
+            self._use(self.units[i + 1], f"layer {i}'s forward")
+            self._prefetch(i + 2)  # the next layer's, under this one
 
     def after_forward(self, i: int) -> None:
         if self.zero >= 3 and not self.keep_gathered:
             self._free(self.units[i + 1])
+            if i + 2 == len(self.units):  # the forward's last layer: the backward's first two, under the head
+                self._prefetch(i + 1)
+                self._prefetch(i)
 
     def before_backward(self, i: int) -> None:
         if self.zero >= 3 and not (self.keep_gathered and self._gathered(self.units[i + 1])):
-            self._gather(self.units[i + 1])
+            self._materialise(self.units[i + 1])
+            self._use(self.units[i + 1], f"layer {i}'s backward")
+            self._prefetch(i)  # the layer below's, under this one's backward
 
     def after_backward(self, i: int) -> None:
         if self.per_chunk:  # accumulated whole, reduced with its chunk (`end_chunk`)
@@ -313,6 +389,8 @@ class GradSync(LayerHooks):
             self._reduce(u)
 
     def step(self) -> None:
+        for index in list(self.inflight):  # none after a whole backward (a forward without one leaves its last two)
+            self._free(self.units[index])  # waited for, then dropped: gathered again, updated, where a layer next runs
         self.optimizer.step()
         for u in self.units:
             if self.zero in (1, 2) and self.D > 1 and u.numel:
