@@ -117,12 +117,14 @@ class _Gathering:
     guard (`memo_exec.happens_before.TransferGuard`, None: the check is off) is told of."""
 
     def __init__(self, work, span, guard, token: int) -> None:
+        """``span``: the gather's open span, closed at the wait (None: its work's completion closes it)."""
         self.work, self.span, self.guard, self.token = work, span, guard, token
 
     @wait_primitive
     def wait(self) -> None:
         self.work.wait()
-        self.span.__exit__(None, None, None)
+        if self.span is not None:
+            self.span.__exit__(None, None, None)
         if self.guard is not None:
             self.guard.waited(self.token)
 
@@ -238,8 +240,9 @@ class GradSync(LayerHooks):
 
     def _prefetch(self, index: int) -> None:
         """Issue unit ``index``'s all-gather without waiting for it (a unit that is gathered, being gathered, holds
-        nothing or does not exist: nothing). Its span runs from the issue to the wait (`_ready`): an upper bound of the
-        transfer, whose part outside the compute spans is what the layer waited for it."""
+        nothing or does not exist: nothing). Its span runs from the issue to the gather's end on gloo (its future's
+        callback closes it), and to the wait (`_ready`) under NCCL, whose stream the host cannot mark: there an upper
+        bound of the transfer, whose part outside the compute spans is what the layer waited for it."""
         if not self.prefetching or not 0 < index < len(self.units) or index in self.inflight:
             return
         u = self.units[index]
@@ -252,7 +255,10 @@ class GradSync(LayerHooks):
         span = self.timer.span("param_all_gather", self._layer(u), "comm", stream="dp_comm", nbytes=u.nbytes)
         span.__enter__()
         work = all_gather_single(u.flat, shard, group=self.shard_group, async_op=True)
-        self.inflight[index] = _Gathering(work, span, self.guard, token)
+        at_end = u.flat.device.type == "cpu"  # gloo: the span ends as the gather does
+        if at_end:
+            work.get_future().then(lambda _done, sp=span: sp.__exit__(None, None, None))
+        self.inflight[index] = _Gathering(work, None if at_end else span, self.guard, token)
 
     def _ready(self, u: _Unit) -> None:
         """Wait for unit ``u``'s prefetched all-gather, if one runs: its weights are whole after this."""
