@@ -155,22 +155,21 @@ def memory_breakdown(model: ModelConfig, layout: Layout, batch: int, seq: int, p
     transient = planned if uses_memory_plan(policy, layout) else cached
     # embedding output / final layer output (the next layer's input) is live beside a layer's work
     boundary = sk["input"]
-    # a buffer allocated for the backward only (full recompute's) is not live beside the classifier, which runs
-    # before any backward
-    peak = states + resident + buffers - backward_buffer + lse_all + max(transient + boundary + backward_buffer,
-                                                                         classifier)
     offloaded_layers = policy.offloaded_layers(n)
     optim_host = host_state_bytes(model, layout, model_gpu_params(model, layout))  # under optimizer offload
     host_gpu = offloaded_layers * host_layer + optim_host
     gpus_node = active_gpus_per_node or min(layout.gpus, profile.node_gpus)
     host_node = gpus_node * (offloaded_layers * pinned_layer + optim_host)
-    return MemoryBreakdown(
+    mem = MemoryBreakdown(
         model_states_bytes=states, skeletal_resident_bytes=resident, rounding_buffer_bytes=buffers,
         lse_bytes=lse_all, transient_peak_bytes=transient, transient_planned_bytes=planned,
         transient_caching_allocator=cached, layer_boundary_bytes=boundary, classifier_peak_bytes=classifier,
-        peak_gpu_bytes=peak, gpu_capacity_bytes=profile.usable_gpu_memory, host_bytes_per_gpu=host_gpu,
+        peak_gpu_bytes=0.0, gpu_capacity_bytes=profile.usable_gpu_memory, host_bytes_per_gpu=host_gpu,
         host_bytes_per_node=host_node, host_capacity_bytes=profile.host_capacity(gpus_node),
         backward_buffer_bytes=backward_buffer)
+    # the peak: the larger of a layer's side (with full recompute's buffer, allocated for the backward only) and the
+    # classifier's, which runs before any backward (`MemoryBreakdown.peak_with`)
+    return replace(mem, peak_gpu_bytes=mem.peak_with())
 
 
 @memoised(maxsize=1 << 14)
