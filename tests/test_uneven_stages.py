@@ -7,6 +7,7 @@ parameters, optimizer step and activations in flight), bounded, exported, and ru
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -101,18 +102,26 @@ def test_uneven_pipeline_is_searched_and_fixed_by_megatrons_options(tmp_path):
 
 
 def test_llama_405b_pp16_on_16k_gpus_in_seconds():
-    """The issue's query: 126 layers over 16 stages (7, 8 x 14, 7), a plan in under 30 s."""
-    t0 = time.perf_counter()
+    """The issue's query: 126 layers over 16 stages (7, 8 x 14, 7), a plan in under 30 s of CPU time (this process's
+    and its search workers': on the idle 2-core VM about 10 s of wall time; CI's two selections side by side once
+    stretched the wall time to 31 s, 2026-11-30, where the CPU time does not grow)."""
+    c0, t0 = _cpu_seconds(), time.perf_counter()
     r = CliRunner().invoke(cli, ["whatif", "--model", "llama-3.1-405b", "--gpus", "16384", "--seq", "128K", "--tp",
                                  "8", "--cp", "16", "--pp", "16", "--profile", "h100-sxm5-80gb", "--framework",
                                  "megatron", "--no-plan", "--json"])
-    wall = time.perf_counter() - t0
+    cpu, wall = _cpu_seconds() - c0, time.perf_counter() - t0
     assert r.exit_code == 0, r.output[-2000:]
     best = json.loads(r.output)["candidates"][0]
     # uneven stages: 1F1B with 7-layer end stages, or interleaved chunks with the embedding and loss slots
     assert best["status"] == "OK" and ("pp16f7l7" in best["layout"] or "el" in best["layout"].split("-")[2])
     assert best["simulated_status"] == "OK"
-    assert wall < 30, wall
+    assert cpu < 30, (cpu, wall)
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds of this process and of its children that have exited (the what-if's worker processes)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
 def test_plans_and_programs_are_held_to_the_rules(tmp_path):
