@@ -1096,9 +1096,10 @@ _TITAN_CP = (
 _TITAN_CP_RING = ("; (2) PyTorch's experimental context parallelism of 2024-12 beyond what memo prices of it: "
                   "its fp32 merges, accumulations and packing are priced (ring_merge torch_cp, counted from its "
                   "code; one merge step measured at 1.84 ms on an H200 and 2.33 ms on an H100 "
-                  "for 32K tokens x 32 heads), but it runs one SDPA call per ring step where memo prices its zigzag "
-                  "blocks (its non-causal half blocks measured as fast as the causal one) and all-gathers K/V "
-                  "(rotate method allgather) where memo prices ring shifts, each hidden under a block")
+                  "for 32K tokens x 32 heads), and so is its K/V exchange, one all-gather issued at ring step 0 and "
+                  "waited for at step 1 (rotate method allgather), which on this row's NVLink hides under step 0's "
+                  "kernel; but it runs one SDPA call per ring step where memo prices its zigzag "
+                  "blocks (its non-causal half blocks measured as fast as the causal one)")
 _TITAN_FSDP = (
     "memo too fast on a GEMM-bound 8K step (Llama 3.1 8B, FSDP, per-op selective checkpointing, compiled): memo's step "
     "is {memo}, {gemm} of it the layers' GEMMs (forward, backward and the re-run ones: the curve memo-exec calibrate "
@@ -1272,6 +1273,9 @@ HISTORY = (
     ("8c39622", "2026-11-29", "before a quantised format's casts around the routed experts' grouped GEMMs were priced "
      "(the dense layers' were; an expected-value row, in no mean)",
      {"moe-zoo-mixtral-8x22b-fp8-forced": -0.249}),
+    ("1e0c26e", "2026-11-30", "before PyTorch's experimental CP exchanged K/V as one all-gather beside ring step 0 "
+     "alone (memo priced ring shifts, each beside a step's blocks)",
+     {"torchtitan-t6-cp4": -0.176, "torchtitan-t6-cp8": -0.283}),
 )
 
 
@@ -1449,6 +1453,15 @@ STEPS = (
      "0.1-0.3; the Model Zoo's and Folding's distributed-optimizer rows by 0.1-1.1, a3 +26.8% to +27.9%), every row "
      "without ZeRO unchanged: dense 39 predicted at 11.3% / 28.8%, long-context 20 at 15.4% / 28.8%, the FP8 rows 12 "
      "at 14.6% / 28.8%, the MoE group 18 at 18.5% / 47.1%, its long-context subgroup 8 at 15.1% / 30.7%"),
+    ("K/V all-gather", "PyTorch's experimental context parallelism exchanges K/V as its allgather rotate method does "
+     "(torchtitan@2024-12's default; `memo_sim.layout.ring_merge` kv_allgather, `_AllGatherRotater` of "
+     "torch/distributed/tensor/experimental/_attention.py): one all-gather of the packed K/V issued at ring step 0 "
+     "and waited for at step 1, so beside step 0's blocks alone, in the forward and the backward (whose dK/dV still "
+     "shift one step at a time), the gathered chunks held through the pass; memo priced cp - 1 shifts each beside a "
+     "step. Only where the gather outlasts step 0 does a row move: torchtitan's 405B CP rows, whose CP group spans "
+     "nodes (TP 8 fills each), CP 4 -17.6% to -16.3% and CP 8 -28.3% to -23.7%; the 8B CP rows' gathers on NVLink "
+     "hide under step 0, every other row unchanged: dense 39 predicted at 11.1% / 28.8%, long-context 20 at 15.1% / "
+     "28.8%, the FP8 rows 12 at 14.1% / 28.8%, the MoE group unchanged (18 at 18.5% / 47.1%)"),
 )
 
 

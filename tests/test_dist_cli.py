@@ -148,6 +148,7 @@ def _check_outputs(doc: dict, out: Path, world: int) -> None:
     assert len(rows) == world
 
 
+@pytest.mark.slow  # 21 s in CI (2026-11-30): in the slow selection, to balance CI's two processes
 def test_nproc_run_writes_a_merged_trace_and_per_rank_report(tmp_path):
     p = _plan(tmp_path, Layout(cp=2, zero=1), seq=128)
     doc = _run_nproc(p, tmp_path / "o", 2, 2)
@@ -232,9 +233,9 @@ def test_killed_rank_reads_torchruns_root_cause():
     assert killed_rank("no summary") is None
 
 
-# the Ulysses twin in the slow selection (34 s), to balance CI's two processes
-@pytest.mark.parametrize("group", [["--cp", "2"], pytest.param(["--ulysses", "2"], marks=pytest.mark.slow)],
-                         ids=["pp2-cp2", "pp2-ulysses2"])
+# both in the slow selection (29 s and 27 s in CI, 2026-11-30), to balance CI's two processes
+@pytest.mark.slow
+@pytest.mark.parametrize("group", [["--cp", "2"], ["--ulysses", "2"]], ids=["pp2-cp2", "pp2-ulysses2"])
 def test_whatif_pipeline_plan_with_a_sequence_group_runs_under_nproc(tmp_path, group):
     """[exec-complete] the what-if's pp 2 x ring CP 2 and pp 2 x Ulysses 2 MEMO plans (1F1B, 2
     micro-batches, 3 layers a stage) run under `memo-exec run --nproc 4 --device cpu`: every rank

@@ -6,7 +6,9 @@ Scanning a sequence length upward in steps of 128K per 8 GPUs, the best MEMO pla
 bytes. (A rounding of alpha *up* past the host-memory cap once made plans fit, fail and fit again.)
 The step grows with the GPUs as the longest fitting sequence does, so every scan takes about as many
 steps as the 8-GPU one (gpt-7b on 64 GPUs in 128K steps took 376 s: `pytest -m slow --durations=60`
-beside the default selection on the 2-core VM, 2026-11-27).
+beside the default selection on the 2-core VM, 2026-11-27). The scans cover 8 to 64 GPUs and four
+models with five scans: gpt-7b's 16- and 32-GPU scans (14 and 30 s in CI, 2026-11-30) left out, those
+GPU counts scanned by gpt-30b and gpt-65b.
 """
 
 import itertools
@@ -23,8 +25,7 @@ from memo_sim.policy.rounding_buffers import offloaded_layer_count
 
 K = 1024
 A800 = load_profile("a800-80gb")
-SCANS = [("gpt-7b", 8), ("gpt-7b", 16), ("gpt-7b", 32), ("gpt-7b", 64), ("gpt-13b", 8), ("gpt-30b", 16),
-         ("gpt-65b", 32)]
+SCANS = [("gpt-7b", 8), ("gpt-7b", 64), ("gpt-13b", 8), ("gpt-30b", 16), ("gpt-65b", 32)]
 
 
 def _fits(model, gpus, seq) -> bool:

@@ -82,6 +82,7 @@ def test_70b_on_8_gpus_at_4k_fits_with_the_optimizer_on_the_host():
     assert r.exit_code == 2 and len(lines) == 1 and "torchtitan does not offer it" in lines[0], r.output
 
 
+@pytest.mark.slow  # 23 s in CI (2026-11-30): in the slow selection, to balance CI's two processes
 def test_exports_and_the_executor(tmp_path):
     r = CliRunner().invoke(cli, ["whatif", "--model", "llama-3.1-70b", "--gpus", "8", "--seq", "4K", "--policy",
                                  "full_recompute", "--out", str(tmp_path / "p")])

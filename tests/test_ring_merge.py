@@ -1,6 +1,7 @@
 """Ring CP's passes beside its kernels (`Layout.ring_merge`, `memo_sim.layout.ring_merge`): PyTorch's
 experimental context parallelism merges each ring step's output and log-sum-exp and accumulates each
-step's gradients in fp32 eager ops; torchtitan@2024-12 runs it, the other frameworks price none."""
+step's gradients in fp32 eager ops, and gathers K/V at once; torchtitan@2024-12 runs it, the other
+frameworks price none."""
 
 from __future__ import annotations
 
@@ -12,9 +13,13 @@ from click.testing import CliRunner
 
 from memo_exec.cli import cli as exec_cli
 from memo_sim.cli import cli as sim_cli
+from memo_sim.cost import collectives as coll
 from memo_sim.cost import ring_attention
 from memo_sim.cost.activations import tokens_per_gpu
 from memo_sim.cost.layer_time import backward_costs, forward_costs, full_recompute_costs
+from memo_sim.cost.opcost import base_op_name, critical_time
+from memo_sim.cost.ring_attention import zigzag_step_blocks
+from memo_sim.memplan.trace_gen import attention_buffers
 from memo_sim.layout.parallel import Layout, check_layout
 from memo_sim.layout.ring_merge import RING_MERGE_NAMES, ring_merge
 from memo_sim.model.config import PRESETS
@@ -67,6 +72,65 @@ def test_a_torch_cp_layer_pays_its_merge_passes_and_sends_repeated_kv_and_fp32_g
         ring_attention.ring_shift_bytes(LLAMA, plain, 1, seq)
     # without CP nothing is priced
     assert not _named(forward_costs(LLAMA, replace(torch_cp, cp=1), 1, seq, H100), "cp_ring_merge")
+
+
+def test_torch_cp_gathers_kv_at_step_0_and_waits_for_it_at_step_1():
+    # PyTorch's CP at its allgather rotate method (torchtitan@2024-12's default): one all-gather of the packed
+    # K/V issued at ring step 0 and waited for at step 1, so it runs beside step 0's blocks alone; the later
+    # steps' blocks after it (`attention_ring_steps`); the backward's dK/dV still shift one step at a time.
+    # Llama 3.1 405B, TP 8 x CP 8: the CP group spans 8 nodes, where the gather outlasts step 0
+    model, seq = PRESETS["llama-3.1-405b"], 262144
+    lay = Layout(tp=8, cp=8, ring_merge="torch_cp")
+    shift = ring_attention.ring_shift_bytes(model, lay, 1, seq)
+    link = coll.group_link(H100, 8, 8)
+    assert link is H100.internode
+    gather_s = coll.ring_allgather_time(8 * shift, 8, *coll.link_params(link, "all_gather"))
+    plain = [c for c in forward_costs(model, replace(lay, ring_merge="none"), 1, seq, H100) if c.kind == "attention"]
+    for costs, phase in ((forward_costs(model, lay, 1, seq, H100), "fwd"),
+                         (backward_costs(model, lay, 1, seq, H100), "bwd")):
+        names = [c.name for c in costs]
+        assert "cp_ring_kv" not in names
+        k = names.index("cp_allgather_kv")
+        gather, first = costs[k], costs[k + 1]
+        assert (gather.stream, gather.overlaps, gather.phase) == ("cp_comm", 1, phase)
+        assert gather.nbytes == pytest.approx(7 * shift) and gather.seconds == pytest.approx(gather_s)
+        rest = costs[names.index("attention_ring_steps")]
+        assert first.name == "attention" and base_op_name(rest.name) == "attention"
+        # step 0 runs the rank's own chunks: its 2 causal diagonal blocks and 1 full block of the 2·8 + 1 blocks
+        assert zigzag_step_blocks(8, 3, 0) == [(3, 3, True), (12, 3, False), (12, 12, True)]
+        share = ring_attention.first_step_share(first.flops + rest.flops, H100, model.dtype, model.qk_head_dim,
+                                                lay.block_kernel, 8, phase)
+        assert first.seconds == pytest.approx(share * (first.seconds + rest.seconds))
+        assert 0.5 / 8 < share < 2 / 8
+        # the phase waits for the gather's excess over step 0: forward 38 ms of gather beside 13 ms of step 0;
+        # the backward's step 0 (39 ms) hides it
+        hidden = [replace(c, seconds=0.0) if c.name == "cp_allgather_kv" else c for c in costs]
+        assert (gather.seconds > 2 * first.seconds) == (phase == "fwd")
+        assert critical_time(costs) == pytest.approx(critical_time(hidden) + max(0.0, gather.seconds - first.seconds))
+        if phase == "fwd":
+            assert first.seconds + rest.seconds == pytest.approx(plain[0].seconds)
+        else:  # the dK/dV: cp - 1 shifts beside the later steps, the last one home after them
+            dkv = ring_attention.ring_shift_bytes(model, lay, 1, seq, grads=True)
+            assert names.index("cp_ring_dkv") == names.index("attention_ring_steps") - 1
+            assert costs[names.index("cp_ring_dkv")].nbytes == pytest.approx(7 * dkv)
+            assert costs[names.index("cp_ring_dkv_home")].nbytes == pytest.approx(dkv)
+    # a ring that shifts K/V (every other framework's) keeps one exchange beside the whole kernel
+    costs = forward_costs(model, replace(lay, ring_merge="none"), 1, seq, H100)
+    assert "cp_ring_kv" in [c.name for c in costs] and "cp_allgather_kv" not in [c.name for c in costs]
+
+
+def test_torch_cp_holds_the_gathered_kv_through_the_attention():
+    model, seq = PRESETS["llama-3.1-405b"], 262144
+    lay = Layout(tp=8, cp=8, ring_merge="torch_cp")
+    tb = {"q": 10.0, "k": 1.0, "v": 1.0, "attn": 10.0, "lse": 0.5}
+    for phase in ("fwd", "bwd"):
+        bufs = dict(attention_buffers(model, lay, tb, phase, 1, seq))
+        assert "cp_kv_double_buffer" not in bufs
+        assert bufs["cp_kv_allgather"] == pytest.approx(9 * (10 + 10))  # the 8 chunks and the one sent, at q heads
+        plain = dict(attention_buffers(model, replace(lay, ring_merge="none"), tb, phase, 1, seq))
+        assert plain["cp_kv_double_buffer"] == pytest.approx(2 * 2) and "cp_kv_allgather" not in plain
+    assert dict(attention_buffers(model, lay, tb, "bwd", 1, seq))["cp_dkv_fp32_in_flight"] == pytest.approx(
+        2 * 20 * 2)  # fp32 dK/dV at the query heads, in use and in flight (bf16 model: x 4/2)
 
 
 def test_the_layout_field_round_trips_and_a_bad_name_is_one_line():

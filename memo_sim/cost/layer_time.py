@@ -204,6 +204,29 @@ def _cp_ring(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: 
                   nbytes=kv * steps, overlaps=1)
 
 
+def _cp_gathered(att: OpCost, model: ModelConfig, layout: Layout, batch: int, seq: int,
+                 profile: HardwareProfile) -> list[OpCost]:
+    """An attention pass whose ring gathers K/V at once (`memo_sim.layout.ring_merge` ``kv_allgather``): the
+    all-gather beside ring step 0's blocks alone, the later steps after it (``<op>_ring_steps``); in backward
+    the dK/dV shifts of those steps beside them (their last shift is `_cp_dkv_home`)."""
+    kv = ring_attention.ring_shift_bytes(model, layout, batch, seq)
+    link = coll.group_link(profile, layout.cp, layout.tp * layout.ulysses)
+    gather = OpCost("cp_allgather_kv", "collective", att.phase, "cp_comm",
+                    coll.ring_allgather_time(kv * layout.cp, layout.cp, *coll.link_params(link, "all_gather")),
+                    nbytes=kv * (layout.cp - 1), overlaps=1)
+    share = ring_attention.first_step_share(att.flops, profile, model.dtype, model.qk_head_dim, layout.block_kernel,
+                                            layout.cp, att.phase)
+    first = replace(att, seconds=att.seconds * share, flops=att.flops * share)
+    rest = replace(att, name=f"{att.name}_ring_steps", seconds=att.seconds * (1 - share), flops=att.flops * (1 - share))
+    if att.phase != "bwd":
+        return [gather, first, rest]
+    dkv = ring_attention.ring_shift_bytes(model, layout, batch, seq, grads=True)
+    steps = layout.cp - 1
+    shifts = OpCost("cp_ring_dkv", "collective", "bwd", "cp_comm", steps * _cp_shift_seconds(dkv, layout, profile),
+                    nbytes=dkv * steps, overlaps=1)
+    return [gather, first, shifts, rest]
+
+
 def _cp_dkv_home(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile) -> OpCost:
     """The backward's last dK/dV shift, posted after the last step's blocks and waited for before the
     attention's backward returns: on the critical path (`memo_sim.cost.ring_attention`)."""
@@ -300,7 +323,8 @@ def _ops_with_comm(ops: list[OpSpec], model: ModelConfig, layout: Layout, batch:
         if op.kind == "attention" and layout.ulysses > 1:  # K and V sent with each head repeated r times
             kv = layout.kv_repeat(model.n_kv_heads, model.heads) * (model.kv_dim + model.v_dim)
             out.append(_ulysses_alltoall(model, layout, batch, seq, profile, phase, model.q_dim + kv, "alltoall_qkv"))
-        if op.kind == "attention" and layout.cp > 1:
+        gathered = op.kind == "attention" and ring_attention.gathers_kv(model, layout, seq)
+        if op.kind == "attention" and layout.cp > 1 and not gathered:
             out.append(_cp_ring(model, layout, batch, seq, profile, phase))
         if phase == "bwd" and op.name not in free:
             out += _sp_regather(op, model, layout, batch, seq, profile)
@@ -315,7 +339,8 @@ def _ops_with_comm(ops: list[OpSpec], model: ModelConfig, layout: Layout, batch:
             if feeds is not None:  # no GEMM right after it: the collective on the critical path
                 out.append(feeds)
                 feeds = None
-            out.append(_compute_cost(op, model, layout, batch, seq, profile, phase, fraction))
+            cost = _compute_cost(op, model, layout, batch, seq, profile, phase, fraction)
+            out += _cp_gathered(cost, model, layout, batch, seq, profile) if gathered else [cost]
         if op.kind == "attention" and layout.cp > 1 and ring_attention.applies(model, layout, seq):
             merge = ring_attention.ring_merge_cost(model, layout, batch, seq, profile, phase, fraction)
             if merge is not None:  # the ring's merge / accumulation passes (`memo_sim.layout.ring_merge`)

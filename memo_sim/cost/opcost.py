@@ -16,9 +16,10 @@ from dataclasses import dataclass
 
 
 # An op priced in parts keeps its name with one of these suffixes on the parts after the first (async TP's
-# last GEMM chunk and its backward's weight gradient, `memo_sim.cost.layer_time`): `base_op_name` reads
-# through them, for whatever picks ops by name (policies' recompute lists, the figures' parts).
-PART_SUFFIXES = ("_last_chunk", "_wgrad")
+# last GEMM chunk and its backward's weight gradient; the ring steps after an all-gather of K/V,
+# `memo_sim.cost.layer_time`): `base_op_name` reads through them, for whatever picks ops by name
+# (policies' recompute lists, the figures' parts).
+PART_SUFFIXES = ("_last_chunk", "_wgrad", "_ring_steps")
 
 
 def base_op_name(name: str) -> str:

@@ -32,6 +32,12 @@ commit pinned); ring-flash-attention (``dk_buffer.to(torch.float32)``) and memo'
 executor (`memo_exec.device.acc_dtype`) accumulate and send them in fp32, twice the bytes of a bf16
 model's, which is not priced (on a CPU, where the executor's models are fp32, the two agree).
 
+An implementation that exchanges K/V as one all-gather (``kv_allgather`` of `memo_sim.layout.ring_merge`:
+PyTorch's experimental CP at its allgather rotate method) issues it at step 0 and waits for it at step 1:
+the gather, cp - 1 shifts' bytes on the CP group's link (`memo_sim.cost.collectives.ring_allgather_time`),
+runs beside step 0's blocks alone (`first_step_share`), in the forward and the backward, whose dK/dV still
+go round one shift a step beside the later steps' blocks.
+
 **Passes beside the kernels** (`ring_merge_cost`): an implementation that merges each step's partial
 output and accumulates each step's gradients in separate passes over HBM (``Layout.ring_merge``,
 `memo_sim.layout.ring_merge`: PyTorch's experimental CP) pays those bytes on the compute stream, one op
@@ -62,18 +68,17 @@ def zigzag_chunks(cp: int, rank: int) -> tuple[int, int]:
     return rank, 2 * cp - 1 - rank
 
 
+def zigzag_step_blocks(cp: int, rank: int, step: int) -> list[tuple[int, int, bool]]:
+    """(query chunk, key chunk, causal) of the blocks rank ``rank`` runs at ring step ``step``, when it
+    holds the K/V chunks of rank (rank - step) mod cp; a key chunk after the query chunk is fully
+    masked and skipped, the equal one is the causal diagonal block."""
+    src = (rank - step) % cp
+    return [(qi, ki, ki == qi) for qi in zigzag_chunks(cp, rank) for ki in zigzag_chunks(cp, src) if ki <= qi]
+
+
 def zigzag_blocks(cp: int, rank: int) -> list[tuple[int, int, bool]]:
-    """(query chunk, key chunk, causal) of every block rank ``rank`` runs over the cp ring steps:
-    at step j it holds the K/V chunks of rank (rank - j) mod cp; a key chunk after the query chunk
-    is fully masked and skipped, the equal one is the causal diagonal block."""
-    out = []
-    for j in range(cp):
-        src = (rank - j) % cp
-        for qi in zigzag_chunks(cp, rank):
-            for ki in zigzag_chunks(cp, src):
-                if ki <= qi:
-                    out.append((qi, ki, ki == qi))
-    return out
+    """Every block rank ``rank`` runs over the cp ring steps (`zigzag_step_blocks`)."""
+    return [b for j in range(cp) for b in zigzag_step_blocks(cp, rank, j)]
 
 
 @lru_cache(maxsize=64)
@@ -89,16 +94,42 @@ def applies(model: ModelConfig, layout: Layout, seq: int) -> bool:
     return layout.cp > 1 and layout.attention != "materialised" and model.attention_flop_fraction(seq) == 1.0
 
 
+def _blocks_time(full: int, causal: int, f_full: float, profile: HardwareProfile, dtype: str, head_dim: int | None,
+                 kernel: str, phase: str) -> float:
+    price = attention_bwd_time if phase == "bwd" else attention_fwd_time
+    return (full * price(f_full, profile, dtype, head_dim, kernel, "full")
+            + causal * price(f_full / 2, profile, dtype, head_dim, kernel, "causal"))
+
+
+def gathers_kv(model: ModelConfig, layout: Layout, seq: int) -> bool:
+    """Whether a layer's ring gathers K/V at once (`memo_sim.layout.ring_merge` ``kv_allgather``) over
+    blocks priced here (`applies`)."""
+    return ring_merge(layout.ring_merge).kv_allgather and applies(model, layout, seq)
+
+
 def ring_attention_time(flops: float, profile: HardwareProfile, dtype: str, head_dim: int | None, kernel: str,
                         cp: int, phase: str) -> float:
     """Seconds of one rank's attention pass of ``flops`` (the rank's causal/cp share: forward FLOPs,
     or the backward kernel's own for ``phase`` "bwd") as its zigzag blocks: each full block holds
     c² of the rank's 2·cp·c² score elements' worth of FLOPs, a causal one half of that."""
     full, causal = block_counts(cp)
+    return _blocks_time(full, causal, flops / (full + causal / 2), profile, dtype, head_dim, kernel, phase)
+
+
+def first_step_share(flops: float, profile: HardwareProfile, dtype: str, head_dim: int | None, kernel: str,
+                     cp: int, phase: str) -> float:
+    """The share of `ring_attention_time` that ring step 0 takes: the blocks of the rank's own two
+    chunks (`zigzag_step_blocks` at step 0: both causal diagonal blocks and the full one of its mirror
+    chunk over its own), the only compute an all-gather of K/V issued at step 0 runs beside."""
+    full, causal = block_counts(cp)
     f_full = flops / (full + causal / 2)
-    price = attention_bwd_time if phase == "bwd" else attention_fwd_time
-    return (full * price(f_full, profile, dtype, head_dim, kernel, "full")
-            + causal * price(f_full / 2, profile, dtype, head_dim, kernel, "causal"))
+    first = zigzag_step_blocks(cp, 0, 0)
+    first_causal = sum(1 for _q, _k, c in first if c)
+    total = _blocks_time(full, causal, f_full, profile, dtype, head_dim, kernel, phase)
+    if total <= 0:
+        return 1.0 / cp
+    return _blocks_time(len(first) - first_causal, first_causal, f_full, profile, dtype, head_dim, kernel,
+                        phase) / total
 
 
 

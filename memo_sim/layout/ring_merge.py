@@ -1,6 +1,8 @@
 """Ring-CP implementations' passes over HBM beside their attention kernels (``Layout.ring_merge``,
 framework data): merging each ring step's partial output into the running one, accumulating each
-step's gradients, and packing what the ring sends. Priced in `memo_sim.cost.ring_attention`.
+step's gradients, and packing what the ring sends; and how the implementation exchanges K/V (a shift
+beside each step, or one all-gather). Priced in `memo_sim.cost.ring_attention` and
+`memo_sim.cost.layer_time`, its buffers in `memo_sim.memplan.trace_gen`.
 
 - ``none``: nothing priced beside the kernels and the shifts: memo's executor and the frameworks
   whose ring corrections were not counted from their sources (TransformerEngine's, ring-flash-attention's).
@@ -25,6 +27,16 @@ step's gradients, and packing what the ring sends. Priced in `memo_sim.cost.ring
   torch.cat of the halves (8): 13 B/KV; every step the fp32 dK, dV concatenated for the send
   (8 B/KV); the K/V packed for each of the cp - 1 sends (4 B/KV). dK/dV travel in fp32.
 
+  Its K/V exchange is one all-gather (``kv_allgather``): the rotate method torchtitan's
+  ``--experimental.context_parallel_rotate_method`` defaults to (allgather), ``_AllGatherRotater``:
+  ``exchange_buffers`` at ring step 0 issues one ``all_gather_tensor`` of the packed K/V over the CP
+  group (later calls only count the step), and ``next_buffer`` at step 1 waits for it and hands out
+  each step's chunk of it. So the whole exchange, cp - 1 shifts' bytes, runs beside step 0's kernel
+  alone, in the forward and again in the backward (``_templated_ring_attention_backward`` makes its
+  K/V rotater the same way), and the gathered K/V, cp chunks, are held through the pass. The
+  backward's dK/dV go round the ring one step at a time (its dK/dV rotater is ``_RotateMethod.ALL_TO_ALL``,
+  a ``permute_tensor`` to the next rank, waited for at the next step), as memo prices every ring's.
+
 Checked on an H200 with torch's own ``_SDPAMerger`` and ``_partial_update`` (torch 2.11,
 benchmarks/gpu/probe_ring_merge.py, reports/data/gpu-h200-2026-11-26-ring-merge.json; 32K tokens x 32
 heads x 128): a whole-output merge step 1.54 ms, a half-output one 1.42 ms, a gradient += 0.48 ms, a
@@ -42,7 +54,8 @@ class RingMerge:
     """Bytes per element (module docs) of a ring implementation's passes; ``*_first`` once per layer
     pass, ``*_step`` per ring step after the first, ``*_send`` per send; ``kv_at_query_heads``: the
     ring's K/V (and their gradients) are repeated to the query heads; ``dkv_bytes``: the element size
-    dK/dV travel in (0: the model dtype's)."""
+    dK/dV travel in (0: the model dtype's); ``kv_allgather``: the K/V exchange is one all-gather issued
+    at ring step 0 and waited for at step 1 (module docs), not a shift beside every step."""
 
     name: str
     fwd_q_first: float = 0.0
@@ -55,6 +68,7 @@ class RingMerge:
     bwd_kv_send: float = 0.0
     kv_at_query_heads: bool = False
     dkv_bytes: int = 0
+    kv_allgather: bool = False
 
     def bytes(self, cp: int, q_elems: float, kv_elems: float, phase: str) -> float:
         """HBM bytes of one layer pass (``phase`` "fwd" or "bwd"; a recompute is a forward) on a CP
@@ -74,7 +88,7 @@ RING_MERGES: dict[str, RingMerge] = {
     # KV: 4 zeroed + 10 at step 0 + 8 its send packing + 6 cast back = 28 once, 13 + 8 per later step, 4 per K/V send
     "torch_cp": RingMerge("torch_cp", fwd_q_first=12, fwd_q_step=38, fwd_kv_send=4,
                           bwd_q_first=10, bwd_q_step=10, bwd_kv_first=28, bwd_kv_step=21, bwd_kv_send=4,
-                          kv_at_query_heads=True, dkv_bytes=4),
+                          kv_at_query_heads=True, dkv_bytes=4, kv_allgather=True),
 }
 RING_MERGE_NAMES: tuple[str, ...] = tuple(RING_MERGES)
 
