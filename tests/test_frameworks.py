@@ -56,7 +56,8 @@ EXPECTED = {"attention": ("materialised", "flash", "time"), "grad_overlap": (Fal
             "kernel_fusion": ("fused", "compiled", "time"),
             # SP's backward re-gather beside the data-gradient GEMM instead of before it (a TP + SP layout)
             "sp_regather_overlap": (False, True, "time"),
-            # PyTorch's CP merges and accumulates each ring step in separate fp32 passes (a CP layout)
+            # PyTorch's CP merges and accumulates each ring step in separate fp32 passes and gathers K/V at once
+            # beside step 0 alone (a CP layout; its buffers move memory too)
             "ring_merge": ("torch_cp", "none", "time"),
             # XTuner 2024's Ulysses sends every K/V head repeated to the query heads (a GQA model under Ulysses)
             "ulysses_kv": ("query_heads", "minimal", "time"),

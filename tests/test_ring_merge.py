@@ -23,6 +23,7 @@ from memo_sim.memplan.trace_gen import attention_buffers
 from memo_sim.layout.parallel import Layout, check_layout
 from memo_sim.layout.ring_merge import RING_MERGE_NAMES, ring_merge
 from memo_sim.model.config import PRESETS
+from memo_sim.policy.registry import get_policy
 from memo_sim.profile.loader import load_profile
 from memo_sim.search.frameworks import get_framework
 
@@ -105,7 +106,7 @@ def test_torch_cp_gathers_kv_at_step_0_and_waits_for_it_at_step_1():
         # the phase waits for the gather's excess over step 0: forward 38 ms of gather beside 13 ms of step 0;
         # the backward's step 0 (39 ms) hides it
         hidden = [replace(c, seconds=0.0) if c.name == "cp_allgather_kv" else c for c in costs]
-        assert (gather.seconds > 2 * first.seconds) == (phase == "fwd")
+        assert gather.seconds > 2 * first.seconds if phase == "fwd" else gather.seconds < first.seconds
         assert critical_time(costs) == pytest.approx(critical_time(hidden) + max(0.0, gather.seconds - first.seconds))
         if phase == "fwd":
             assert first.seconds + rest.seconds == pytest.approx(plain[0].seconds)
@@ -120,17 +121,42 @@ def test_torch_cp_gathers_kv_at_step_0_and_waits_for_it_at_step_1():
 
 
 def test_torch_cp_holds_the_gathered_kv_through_the_attention():
+    # counted from _templated_ring_attention(_backward): a K/V chunk at the query heads is q + attn = 20 bytes here
+    # (bf16, 4 B an fp32 element: x 2). Both passes at step 0: K, V made contiguous (torchtitan hands them
+    # transposed), packed for the all-gather, and the 8 gathered chunks: 10 chunks. Backward, while a step's kernel
+    # runs: the fp32 dK/dV received, the one packed for the send (referenced until the next wait) and the
+    # permute's output (3 fp32 chunks), the last step's dK/dV kernel outputs (1 chunk) and the fp32 grad_query
     model, seq = PRESETS["llama-3.1-405b"], 262144
+    assert model.dtype == "bf16"
     lay = Layout(tp=8, cp=8, ring_merge="torch_cp")
     tb = {"q": 10.0, "k": 1.0, "v": 1.0, "attn": 10.0, "lse": 0.5}
-    for phase in ("fwd", "bwd"):
-        bufs = dict(attention_buffers(model, lay, tb, phase, 1, seq))
-        assert "cp_kv_double_buffer" not in bufs
-        assert bufs["cp_kv_allgather"] == pytest.approx(9 * (10 + 10))  # the 8 chunks and the one sent, at q heads
-        plain = dict(attention_buffers(model, replace(lay, ring_merge="none"), tb, phase, 1, seq))
-        assert plain["cp_kv_double_buffer"] == pytest.approx(2 * 2) and "cp_kv_allgather" not in plain
-    assert dict(attention_buffers(model, lay, tb, "bwd", 1, seq))["cp_dkv_fp32_in_flight"] == pytest.approx(
-        2 * 20 * 2)  # fp32 dK/dV at the query heads, in use and in flight (bf16 model: x 4/2)
+    fwd = dict(attention_buffers(model, lay, tb, "fwd", 1, seq))
+    bwd = dict(attention_buffers(model, lay, tb, "bwd", 1, seq))
+    assert fwd["cp_kv_allgather"] == bwd["cp_kv_allgather"] == pytest.approx(10 * 20)
+    assert bwd["cp_dkv_fp32_in_flight"] == pytest.approx(3 * 20 * 2)
+    assert bwd["cp_step_dkv_outputs"] == pytest.approx(20) and bwd["cp_dq_accumulator_fp32"] == pytest.approx(10 * 2)
+    assert "cp_kv_double_buffer" not in fwd and "cp_kv_double_buffer" not in bwd
+    # memo's own ring (and every framework's but PyTorch's): the K/V double buffer and 2 fp32 dK/dV chunks, as before
+    plain_fwd, plain_bwd = (dict(attention_buffers(model, replace(lay, ring_merge="none"), tb, ph, 1, seq))
+                            for ph in ("fwd", "bwd"))
+    assert plain_fwd["cp_kv_double_buffer"] == plain_bwd["cp_kv_double_buffer"] == pytest.approx(2 * 2)
+    assert plain_bwd["cp_dkv_fp32_in_flight"] == pytest.approx(2 * 2 * 2)
+    assert not {"cp_kv_allgather", "cp_step_dkv_outputs", "cp_dq_accumulator_fp32"} & (set(plain_fwd) | set(plain_bwd))
+
+
+def test_torch_cp_recompute_re_runs_the_gather_and_a_window_is_refused():
+    model, seq = PRESETS["llama-3.1-405b"], 262144
+    lay = Layout(tp=8, cp=8, ring_merge="torch_cp")
+    fwd = [c.name for c in forward_costs(model, lay, 1, seq, H100)]
+    again = [c.name for c in full_recompute_costs(model, lay, 1, seq, H100)]
+    assert again == fwd and {"cp_allgather_kv", "attention", "attention_ring_steps"} <= set(again)
+    selective = [c.name for c in get_policy("selective_recompute").recompute_costs(model, lay, 1, seq, H100)]
+    assert selective == ["cp_allgather_kv", "attention", "attention_ring_steps"]
+    # PyTorch's CP of 2024-12 runs causal attention over the whole sequence: a sliding-window model is refused
+    windowed = replace(LLAMA, sliding_window=4096, sliding_layers=LLAMA.layers)
+    why = check_layout(replace(lay, tp=1), windowed, 8, 8, 65536)
+    assert why and why.startswith("ring_merge torch_cp:") and "--cp 1" in why
+    assert check_layout(replace(lay, tp=1, ring_merge="none"), windowed, 8, 8, 65536) is None
 
 
 def test_the_layout_field_round_trips_and_a_bad_name_is_one_line():

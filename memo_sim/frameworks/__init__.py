@@ -30,9 +30,10 @@ policies, and how it runs what the simulator models as a switch
 - ``sp_regather_overlap`` (optional, default false): under sequence parallelism the backward all-gathers
   a column-parallel GEMM's input again for its weight gradient; true where the framework issues that
   all-gather asynchronously beside the data-gradient GEMM (`memo_sim.layout.parallel`);
-- ``ring_merge`` (optional, default ``none``): the passes over HBM the framework's ring CP runs beside
-  its attention kernels, ``torch_cp`` for PyTorch's experimental context parallelism's fp32 merges
-  and accumulations (`memo_sim.layout.ring_merge`);
+- ``ring_merge`` (optional, default ``none``): the framework's ring-CP implementation: the passes over HBM
+  it runs beside its attention kernels, how it exchanges K/V and the buffers it holds, ``torch_cp`` for
+  PyTorch's experimental context parallelism's fp32 merges and accumulations and its one K/V all-gather
+  (`memo_sim.layout.ring_merge`);
 - ``ulysses_kv`` (optional, default ``minimal``): how the framework's Ulysses repeats a GQA model's K/V
   heads before its all-to-all, ``minimal`` (one head per rank where the ranks outnumber the heads),
   ``query_heads`` (every K/V head repeated to the query heads) or ``whole`` (never repeated:

@@ -89,9 +89,10 @@ the GPU, at the next device synchronisation (`memo_sim.memplan.iteration_replay`
 `Layout.to_dict` when off. ``sp_regather_overlap``: under sequence parallelism the backward of a
 column-parallel GEMM all-gathers its input again for the weight gradient (`cost.layer_time`);
 Megatron-LM issues that all-gather asynchronously beside the data-gradient GEMM (True), memo's
-executor before it (False, left out of `Layout.to_dict`). ``ring_merge``: the passes over HBM a ring-CP
-implementation runs beside its kernels (`memo_sim.layout.ring_merge`: ``torch_cp``, PyTorch's
-experimental context parallelism's fp32 merges, or ``none``, left out of `Layout.to_dict`).
+executor before it (False, left out of `Layout.to_dict`). ``ring_merge``: the ring-CP implementation's
+passes over HBM beside its kernels, how it exchanges K/V and the buffers it holds (`memo_sim.layout.ring_merge`:
+``torch_cp``, PyTorch's experimental context parallelism's fp32 merges and one K/V all-gather, or ``none``, left
+out of `Layout.to_dict`).
 ``ulysses_kv``: how K/V heads are repeated before Ulysses' all-to-all (`memo_sim.layout.kv_heads`:
 ``minimal``, as few repeats as give every rank one head, left out of `Layout.to_dict`; ``query_heads``,
 XTuner 2024's repeat to the query heads).
@@ -120,7 +121,7 @@ from memo_sim.layout.rank_order import (
 )
 
 _CHUNKS = f"chunk_layers ({LAYOUT_OPTION})"  # the field, and the option that sets it
-from memo_sim.layout.ring_merge import RING_MERGE_NAMES
+from memo_sim.layout.ring_merge import RING_MERGE_NAMES, ring_merge
 from memo_sim.model.kernel_fusion import KERNEL_FUSIONS
 from memo_sim.model.layer_graph import ATTENTION_KERNELS, CROSS_ENTROPY_KERNELS
 
@@ -634,6 +635,10 @@ def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: i
         return f"kernel_fusion must be one of {', '.join(KERNEL_FUSIONS)}, got {layout.kernel_fusion!r}"
     if layout.ring_merge not in RING_MERGE_NAMES:
         return f"ring_merge must be one of {', '.join(RING_MERGE_NAMES)}, got {layout.ring_merge!r}"
+    if layout.cp > 1 and ring_merge(layout.ring_merge).kv_allgather and model.attention_flop_fraction(seq) < 1.0:
+        return (f"ring_merge {layout.ring_merge}: PyTorch's experimental context parallelism gathers every K/V "
+                f"chunk for causal attention over the whole sequence, and {model.name}'s sliding-window or chunked "
+                f"layers at {seq} tokens are not what it runs: use --cp 1 or another framework")
     if layout.ulysses_kv not in ULYSSES_KV_RULES:
         return f"ulysses_kv must be one of {', '.join(ULYSSES_KV_RULES)}, got {layout.ulysses_kv!r}"
     if layout.host_pool not in HOST_POOLS:

@@ -37,6 +37,15 @@ beside each step, or one all-gather). Priced in `memo_sim.cost.ring_attention` a
   backward's dK/dV go round the ring one step at a time (its dK/dV rotater is ``_RotateMethod.ALL_TO_ALL``,
   a ``permute_tensor`` to the next rank, waited for at the next step), as memo prices every ring's.
 
+  Its buffers while a layer's attention runs (`RingMerge.buffers`, counted from the same code; one chunk
+  is the rank's K and V as the ring holds them): the cp gathered chunks, the packed one it sends, and the
+  contiguous copy of K and V it makes first (``key.contiguous()``: torchtitan hands SDPA K and V transposed,
+  so the copy is real; it lives until step 1), cp + 2 chunks at step 0, in both passes (the backward
+  packs its sends without freeing the last, so cp + 2 again at its later steps); in backward also three
+  fp32 dK/dV chunks while a step's kernel runs (the one received, the one packed for the send, still
+  referenced until the next wait, and the permute's output), the previous step's dK/dV kernel outputs
+  (model dtype, released when the next kernel returns), and the fp32 dQ accumulated over the steps.
+
 Checked on an H200 with torch's own ``_SDPAMerger`` and ``_partial_update`` (torch 2.11,
 benchmarks/gpu/probe_ring_merge.py, reports/data/gpu-h200-2026-11-26-ring-merge.json; 32K tokens x 32
 heads x 128): a whole-output merge step 1.54 ms, a half-output one 1.42 ms, a gradient += 0.48 ms, a
@@ -55,7 +64,10 @@ class RingMerge:
     pass, ``*_step`` per ring step after the first, ``*_send`` per send; ``kv_at_query_heads``: the
     ring's K/V (and their gradients) are repeated to the query heads; ``dkv_bytes``: the element size
     dK/dV travel in (0: the model dtype's); ``kv_allgather``: the K/V exchange is one all-gather issued
-    at ring step 0 and waited for at step 1 (module docs), not a shift beside every step."""
+    at ring step 0 and waited for at step 1 (module docs), not a shift beside every step; the buffers
+    (`buffers`): ``kv_copies`` K/V chunks copied before the ring starts, ``dkv_chunks`` fp32 dK/dV chunks
+    live while a backward step's kernel runs, ``dkv_outputs`` earlier steps' dK/dV kernel outputs still
+    held, ``dq_fp32`` an fp32 dQ accumulator over the steps."""
 
     name: str
     fwd_q_first: float = 0.0
@@ -69,6 +81,10 @@ class RingMerge:
     kv_at_query_heads: bool = False
     dkv_bytes: int = 0
     kv_allgather: bool = False
+    kv_copies: int = 0
+    dkv_chunks: int = 2
+    dkv_outputs: int = 0
+    dq_fp32: bool = False
 
     def bytes(self, cp: int, q_elems: float, kv_elems: float, phase: str) -> float:
         """HBM bytes of one layer pass (``phase`` "fwd" or "bwd"; a recompute is a forward) on a CP
@@ -81,6 +97,24 @@ class RingMerge:
                     + kv_elems * (self.bwd_kv_first + (self.bwd_kv_step + self.bwd_kv_send) * later))
         return q_elems * (self.fwd_q_first + self.fwd_q_step * later) + kv_elems * self.fwd_kv_send * later
 
+    def buffers(self, cp: int, kv: float, q: float, d: int, phase: str) -> list[tuple[str, float]]:
+        """(name, bytes) of the ring's K/V and gradient buffers live while a layer's attention runs on a rank
+        of a CP group of ``cp`` (module docs): ``kv`` the bytes of one K/V chunk as the ring holds it, ``q``
+        of the rank's queries, ``d`` the model dtype's bytes an element. A ring of shifts holds a K/V double
+        buffer (the chunk in use and the one arriving) and, in backward, its fp32 dK/dV in use and in flight."""
+        if self.kv_allgather:  # the gathered chunks, the packed one sent, the copies made first
+            out = [("cp_kv_allgather", (cp + 1 + self.kv_copies) * kv)]
+        else:
+            out = [("cp_kv_double_buffer", (2 + self.kv_copies) * kv)]
+        if phase != "bwd":
+            return out
+        out.append(("cp_dkv_fp32_in_flight", self.dkv_chunks * kv * 4 / d))
+        if self.dkv_outputs:
+            out.append(("cp_step_dkv_outputs", self.dkv_outputs * kv))
+        if self.dq_fp32:
+            out.append(("cp_dq_accumulator_fp32", q * 4 / d))
+        return out
+
 
 RING_MERGES: dict[str, RingMerge] = {
     "none": RingMerge("none"),
@@ -88,7 +122,8 @@ RING_MERGES: dict[str, RingMerge] = {
     # KV: 4 zeroed + 10 at step 0 + 8 its send packing + 6 cast back = 28 once, 13 + 8 per later step, 4 per K/V send
     "torch_cp": RingMerge("torch_cp", fwd_q_first=12, fwd_q_step=38, fwd_kv_send=4,
                           bwd_q_first=10, bwd_q_step=10, bwd_kv_first=28, bwd_kv_step=21, bwd_kv_send=4,
-                          kv_at_query_heads=True, dkv_bytes=4, kv_allgather=True),
+                          kv_at_query_heads=True, dkv_bytes=4, kv_allgather=True, kv_copies=1, dkv_chunks=3,
+                          dkv_outputs=1, dq_fp32=True),
 }
 RING_MERGE_NAMES: tuple[str, ...] = tuple(RING_MERGES)
 

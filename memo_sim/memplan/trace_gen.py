@@ -46,7 +46,6 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import lru_cache
 
-from memo_sim.cost import ring_attention
 from memo_sim.cost.activations import skeletal_bytes, tensor_bytes, tokens_per_gpu
 from memo_sim.cost.attention_kernel import score_matrices
 from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS, classifier_peak_bytes
@@ -102,9 +101,10 @@ def attention_buffers(model: ModelConfig, layout: Layout, tb: dict[str, float], 
     - forward: the kernel's fp32 log-sum-exp-sized scratch (lse bytes);
       ring CP (cp > 1): the K/V double buffer, the chunk being received beside the one in use,
       2·(k + v); the fp32 output accumulator the partial results merge into, attn·4/d; a ring that
-      gathers K/V at once (`memo_sim.layout.ring_merge` ``kv_allgather``) holds the cp gathered chunks
-      and the packed one it sent, (cp + 1)·(k + v), instead of the double buffer; where the ring sees
-      K/V repeated to the query heads (``kv_at_query_heads``) each chunk is q + attn;
+      gathers K/V at once (`memo_sim.layout.ring_merge` ``kv_allgather``: PyTorch's CP) holds the cp
+      gathered chunks, the packed one it sent and its contiguous copy of K/V instead of the double
+      buffer (`RingMerge.buffers`); where the ring sees K/V repeated to the query heads
+      (``kv_at_query_heads``) each chunk is q + attn;
       Ulysses (u > 1): the all-to-all outputs, head-sharded q, k, v (q + r·(k + v), r the K/V
       repeat factor of `memo_sim.layout.kv_heads`: each rank one repeated K/V head where tp·u
       exceeds the K/V heads; ring CP's K/V buffers are r·(k + v) then too) and the attention
@@ -113,7 +113,9 @@ def attention_buffers(model: ModelConfig, layout: Layout, tb: dict[str, float], 
       beside the projections the layer keeps.
     - backward: the kernel's scratch (2·lse) plus FlashAttention's fp32 dQ accumulator, q·4/d
       (one buffer, ``attention_bwd_workspace``); ring CP: the K/V double buffer 2·(k + v) and the
-      fp32 dK/dV travelling the ring, in use and in flight, 2·(k + v)·4/d; Ulysses: the
+      fp32 dK/dV travelling the ring, in use and in flight, 2·(k + v)·4/d (PyTorch's CP: its K/V
+      chunks as in the forward, three fp32 dK/dV chunks, the last step's dK/dV kernel outputs and an fp32
+      dQ accumulator, `RingMerge.buffers`); Ulysses: the
       all-to-all buffers of the incoming attention gradient (attn) and of dq, dk, dv (q + r·(k + v)).
     - materialised attention (``layout.attention``, `memo_sim.cost.attention_kernel`), e the
       GPU's score elements n_b·s²: forward, at the dropout, the softmax output, the dropout mask
@@ -131,23 +133,21 @@ def attention_buffers(model: ModelConfig, layout: Layout, tb: dict[str, float], 
     qkv = tb["q"] + kv
     ring = ring_merge(layout.ring_merge)
     ring_kv = tb["q"] + tb["attn"] if ring.kv_at_query_heads else kv  # one K/V chunk as the ring holds it
-    # the ring's K/V buffers: the cp gathered chunks and the packed one sent, or a double buffer
-    kv_bufs = (("cp_kv_allgather", (layout.cp + 1) * ring_kv) if ring_attention.gathers_kv(model, layout, seq)
-               else ("cp_kv_double_buffer", 2 * ring_kv))
+    ring_bufs = ring.buffers(layout.cp, ring_kv, tb["q"], d, phase)  # the ring's K/V and gradient buffers
     # QK norms (Qwen3): the normalised queries and keys the kernel reads, beside the kept projections (the executor
     # normalises in scratch where the kernel runs, `memo_exec.layer.LayerCompute._attention_qk`)
     qk = [("q_normed", tb["q"]), ("k_normed", tb["k"])] if model.qk_norm else []
     if phase == "fwd":
         out = qk + ([("materialised_scores", mat * (2 * d + 1))] if mat else [("attention_workspace", tb["lse"])])
         if layout.cp > 1:
-            out += [kv_bufs, ("cp_out_accumulator_fp32", tb["attn"] * FP32 / d)]
+            out += [*ring_bufs, ("cp_out_accumulator_fp32", tb["attn"] * FP32 / d)]
         if layout.ulysses > 1:
             out += [("ulysses_qkv_alltoall", qkv), ("ulysses_attn_alltoall", tb["attn"])]
         return out
     out = qk + ([("materialised_scores_bwd", mat * (4 * d + 1))] if mat
                 else [("attention_bwd_workspace", attention_bwd_workspace_bytes(tb["lse"], tb["q"], d))])
     if layout.cp > 1:
-        out += [kv_bufs, ("cp_dkv_fp32_in_flight", 2 * ring_kv * FP32 / d)]
+        out += ring_bufs
     if layout.ulysses > 1:
         out += [("ulysses_dattn_alltoall", tb["attn"]), ("ulysses_dqkv_alltoall", qkv)]
     return out
