@@ -159,6 +159,26 @@ def test_torch_cp_recompute_re_runs_the_gather_and_a_window_is_refused():
     assert check_layout(replace(lay, tp=1, ring_merge="none"), windowed, 8, 8, 65536) is None
 
 
+def test_torchtitan_2024_12_searches_a_windowed_model_without_cp_and_refuses_cp_in_one_line(tmp_path):
+    model = tmp_path / "swa.yaml"
+    model.write_text("name: toy-swa\nlayers: 4\nhidden: 512\nheads: 8\nkv_heads: 2\nffn: 1408\nvocab: 32000\n"
+                     "ffn_type: swiglu\nnorm: rmsnorm\nsliding_window: 1024\nsliding_layers: 4\n")
+    args = ["whatif", "--model", str(model), "--gpus", "2", "--seq", "16K", "--framework", "torchtitan@2024-12",
+            "--profile", "h100-sxm5-80gb", "--no-plan", "--json"]
+    r = CliRunner().invoke(sim_cli, args)
+    assert r.exit_code == 0, r.output[-800:]
+    rows = json.loads(r.output)["candidates"]
+    assert rows and all(c["layout_degrees"]["cp"] == 1 for c in rows)
+    r = CliRunner().invoke(sim_cli, [*args, "--cp", "2"])
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: --cp 2: torchtitan@2024-12"), r.output
+    assert "sliding-window" in lines[0] and "drop --cp" in lines[0]
+    # another framework's ring runs it
+    r = CliRunner().invoke(sim_cli, [*args[:-4], "--framework", "megatron", "--profile", "h100-sxm5-80gb", "--no-plan",
+                                     "--json", "--cp", "2"])
+    assert r.exit_code == 0, r.output[-800:]
+
+
 def test_the_layout_field_round_trips_and_a_bad_name_is_one_line():
     lay = Layout(cp=2, ring_merge="torch_cp")
     assert "merge-torch_cp" in lay.label() and "merge" not in Layout(cp=2).label()

@@ -37,6 +37,7 @@ from memo_sim.layout.alloc_conf import parse_alloc_conf
 from memo_sim.layout.moe_balance import measured_why_not, parse_balance
 from memo_sim.layout.parallel import ExpertChoice, Layout, enumerate_layouts, offload_why_not
 from memo_sim.layout.pipeline_layout import OPTION as LAYOUT_OPTION
+from memo_sim.layout.ring_merge import ring_merge
 from memo_sim.layout.schedule import SCHEDULE_NAMES, check_schedule, default_schedule, schedule_runs_policy
 from memo_sim.tp import TP_MODES
 from memo_sim.memplan.footprint import memory_breakdown
@@ -230,6 +231,13 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
         raise MemoError(f"--tp-mode {tp_mode}: {fw.name} runs TP as {', '.join(fw.tp_modes)}"
                         + (f"; {' and '.join(others)} runs {tp_mode} (--framework {others[0]})" if others else
                            "; choose one of them or another --framework"))
+    if ring_merge(dict(fw.mechanisms).get("ring_merge", "none")).kv_allgather and model.attention_flop_fraction(seq) < 1:
+        # its CP gathers every K/V chunk for causal attention over the whole sequence (`check_layout`): CP 1 only
+        if (cp or 1) > 1:
+            raise MemoError(f"--cp {cp}: {fw.name}'s context parallelism (PyTorch's experimental CP) runs causal "
+                            f"attention over the whole sequence, not {model.name}'s sliding-window or chunked layers "
+                            f"at {seq} tokens; drop --cp or choose another --framework")
+        cp = 1
     if model.moe and fw.experts is not None:  # what the framework's MoE training cannot run, named before the search
         ep_ok, etp_ok, dispatchers, _borrow, balances = fw.experts
         if (ep or 1) > 1 and not ep_ok:
