@@ -45,6 +45,9 @@ PIPE = _plan("llama-3.1-70b", Layout(tp=4, cp=2, pp=4, dp=2, zero=1), ("full_rec
 PIPE_V = _plan("llama-3.1-70b", Layout(tp=4, cp=2, pp=4, vpp=2, dp=2, zero=1), ("memo", 0.3), seq=32768, batch=8,
                micro=1, sched="interleaved_1f1b")
 ULY = _plan("qwen2.5-7b", Layout(ulysses=4, dp=2, zero=3), ("full_offload",), seq=65536)
+NVFP4 = replace(_plan("llama-3.1-70b", Layout(tp=4, sp=True, pp=2, dp=8, zero=1), ("selective_recompute",),
+                      seq=8192, batch=8, micro=1, sched="1f1b"),
+                model=replace(get_model("llama-3.1-70b"), gemm_format="nvfp4"), profile="b200-180gb")
 
 
 def _check_args(script: str, allowed: dict[str, str]) -> dict[str, str | None]:
@@ -83,7 +86,8 @@ def _check_args(script: str, allowed: dict[str, str]) -> dict[str, str | None]:
     return seen
 
 
-@pytest.mark.parametrize("plan", [MEMO, PIPE, PIPE_V, ULY], ids=["memo", "tp-cp-pp", "interleaved-memo", "ulysses"])
+@pytest.mark.parametrize("plan", [MEMO, PIPE, PIPE_V, ULY, NVFP4],
+                         ids=["memo", "tp-cp-pp", "interleaved-memo", "ulysses", "nvfp4"])
 def test_megatron_script_uses_megatron_options(plan):
     ex = export_plan(plan, "megatron", price=False, nearest=True)
     args = _check_args(ex.files["megatron.sh"], _names("megatron_options.txt"))

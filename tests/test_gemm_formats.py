@@ -34,7 +34,7 @@ def fmt(model, name):
 
 
 def test_registered_formats_and_refusal_of_an_unknown_one():
-    assert GEMM_FORMATS == ("bf16", "fp8-tensorwise", "fp8-rowwise", "fp8-blockwise", "mxfp8")
+    assert GEMM_FORMATS == ("bf16", "fp8-tensorwise", "fp8-rowwise", "fp8-blockwise", "mxfp8", "nvfp4")
     with pytest.raises(MemoError, match="GEMM format must be one of bf16, fp8-tensorwise"):
         gemm_format("fp9")
     with pytest.raises(MemoError, match="gemm_format"):
@@ -358,3 +358,101 @@ def test_a_routed_experts_grouped_gemm_pays_its_casts_once_over_its_tokens():
     assert fwd - local * layer_gemm_time(ds, H100, m, k, n) == pytest.approx(cast_seconds(ds, H100, local * m * k))
     bf16 = moe.expert_gemm_cost(op, PRESETS["deepseek-v3"], lay, 1, 4096, H100, "fwd").seconds
     assert bf16 == pytest.approx(local * layer_gemm_time(PRESETS["deepseek-v3"], H100, m, k, n))
+
+
+# ---------------------------------------------------------------------------------------------------- NVFP4
+def test_nvfp4_elements_are_half_a_byte_with_an_e4m3_scale_per_16():
+    """NVFP4 (TransformerEngine's NVFP4BlockScaling): E2M1 elements (half a byte), an E4M3 scale (one byte) per 16
+    elements, two copies (row-wise and the transposed column-wise one: TN only), at the profile's FP4 peak; its
+    copies are half MXFP8's and more, less than an FP8 cast writes."""
+    n = 128 * 1024
+    nv = gemm_format("nvfp4")
+    assert nv.peak == "fp4" and nv.element_bytes == 0.5 and nv.scale_bytes == 1 and nv.scale_block == 16
+    assert nv.quantised_bytes(n) == 2 * (n / 2 + n / 16) < gemm_format("mxfp8").quantised_bytes(n)
+
+
+def test_nvfp4_gemms_run_at_the_fp4_peak_and_megatron_keeps_half_byte_inputs():
+    from memo_sim.model.layer_graph import layer_tensors
+    from memo_sim.search.frameworks import get_framework
+
+    lay, seq = Layout(tp=1), 65536
+    nv = fmt(LLAMA, "nvfp4")
+    bf = _op(forward_costs(LLAMA, lay, 1, seq, B200), "fc1")
+    f4 = _op(forward_costs(nv, lay, 1, seq, B200), "fc1")
+    cast = memory_bound_op_time(nv.gemm.cast_bytes(seq * LLAMA.hidden, 2), B200)
+    # the B200's dense FP4 rate (9,000 TFLOP/s) against its bf16 one (2,250), the same fractions of peak (no FP4
+    # curve measured: the bf16 GEMM curve's, an assumption the profile's sensitivity line covers)
+    assert B200.peak("fp4") == 4 * B200.peak("bf16")
+    assert f4.seconds - cast == pytest.approx(bf.seconds / 4, rel=1e-6)
+    mx = _op(forward_costs(fmt(LLAMA, "mxfp8"), lay, 1, seq, B200), "fc1")
+    assert f4.seconds < mx.seconds
+    # TransformerEngine keeps the quantised copy of a GEMM input for the weight gradient: half a byte an element and
+    # an E4M3 scale per 16 (MXFP8: a byte and an E8M0 scale per 32)
+    meg = get_framework("megatron").for_model(nv)
+    assert meg.fp8_saved_inputs and layer_tensors(meg)["ln1"].dtype_bytes == 0.5 + 1 / 16
+    assert layer_tensors(get_framework("megatron").for_model(fmt(LLAMA, "mxfp8")))["ln1"].dtype_bytes == 1 + 1 / 32
+    with pytest.raises(MemoError, match="profile h100-sxm5-80gb .* has no fp4 peak .*FP4 tensor cores"):
+        check_gemm_format(nv, H100)
+    check_gemm_format(nv, B200)
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--profile", "h100-sxm5-80gb"], "has no fp4 peak"),
+    (["--profile", "b200-180gb", "--framework", "torchtitan"], "torchtitan does not offer nvfp4"),
+    (["--profile", "b200-180gb", "--framework", "megatron@2023"], "megatron@2023 does not offer nvfp4"),
+])
+def test_nvfp4_where_it_does_not_run_is_one_line_exit_2(args, words):
+    r = _invoke(["whatif", "--model", "llama-3.1-8b", "--gpus", "8", "--seq", "8K", "--no-plan", "--precision",
+                 "nvfp4", *args])
+    assert r.exit_code == 2, r.output
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and words in lines[0], r.output
+
+
+def test_nvfp4_plan_exports_megatrons_fp4_options_and_the_executor_refuses_it(tmp_path):
+    from memo_sim.export import export_plan
+    from memo_sim.plan.schema import read_plan
+    from memo_sim.plan.executor_scope import gemm_why_not
+
+    r = _invoke(["whatif", "--model", "llama-3.1-8b", "--gpus", "8", "--seq", "8K", "--profile", "b200-180gb",
+                 "--precision", "nvfp4", "--framework", "megatron", "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    plan = read_plan(tmp_path / "plan.json")
+    assert plan.model.gemm_format == "nvfp4"
+    script = export_plan(plan, "megatron", price=False).files["megatron.sh"]
+    assert "--fp4-format e2m1" in script and "--fp4-recipe nvfp4" in script and "--fp8-" not in script
+    why = gemm_why_not(plan.model, plan.layout, plan.schedule)
+    assert why.startswith("plan model llama-3.1-8b: gemm_format nvfp4: the executor runs bf16, fp8-tensorwise")
+
+
+def test_nvfp4_rotated_columnwise_cast_reads_again_and_saved_copies_carry_their_scales():
+    """A review of the first NVFP4 pricing: TransformerEngine writes an input's or an output gradient's Hadamard-
+    rotated column-wise copy in a kernel of its own (three reads: the amaxes, the row-wise cast, the rotated
+    column-wise cast), a weight's copies in one cast (two reads); the 2D weight scales are stored per 16 elements
+    of each copy; the copy kept for the weight gradient carries its scales (every block-scaled format)."""
+    n = 128 * 1024
+    nv = gemm_format("nvfp4")
+    assert nv.cast_bytes(n, 2) == 3 * 2 * n + 2 * (n / 2 + n / 16)
+    assert nv.cast_bytes(n, 2, weight=True) == 2 * 2 * n + 2 * (n / 2 + n / 16)
+    assert nv.quantised_bytes(n, weight=True) == nv.quantised_bytes(n) == 2 * (n / 2 + n / 16)
+    assert gemm_format("fp8-tensorwise").cast_bytes(n, 2) == gemm_format("fp8-tensorwise").cast_bytes(n, 2, True)
+    saved = {f: gemm_format(f).saved_element_bytes for f in GEMM_FORMATS}
+    assert saved == {"bf16": 0.0, "fp8-tensorwise": 1.0, "fp8-rowwise": 1.0, "fp8-blockwise": 1 + 4 / 128,
+                     "mxfp8": 1 + 1 / 32, "nvfp4": 0.5 + 1 / 16}
+
+
+@pytest.mark.parametrize("name", ["fp8-tensorwise", "mxfp8", "nvfp4"])
+def test_the_gradients_of_quantised_saved_inputs_are_in_the_model_dtype(name):
+    """A review: the backward trace sized d_ln1, d_ln2 and d_act as the quantised copies the layer keeps of ln1, ln2
+    and act (TransformerEngine's), a half (FP8) or a quarter (NVFP4) of the bf16 gradients the kernels write."""
+    from memo_sim.memplan.trace_gen import layer_backward_trace
+    from memo_sim.model.layer_graph import layer_tensors
+    from memo_sim.search.frameworks import get_framework
+
+    meg = get_framework("megatron").for_model(fmt(LLAMA, name))
+    assert meg.fp8_saved_inputs
+    tokens = 8192
+    sizes = {b.name: b.size for b in layer_backward_trace(meg, Layout(tp=1), 1, tokens).buffers}
+    for t, width in (("ln1", LLAMA.hidden), ("ln2", LLAMA.hidden), ("act", LLAMA.ffn)):
+        assert layer_tensors(meg)[t].dtype_bytes == meg.gemm.saved_element_bytes < 2
+        assert sizes[f"d_{t}"] == pytest.approx(tokens * width * 2, rel=1e-3), (t, sizes[f"d_{t}"])

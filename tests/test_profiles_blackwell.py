@@ -152,3 +152,46 @@ def test_a_plan_on_part_of_a_gb200_rack_pins_only_its_own_trays_memory():
     words = _run(["whatif", "--model", "llama-3.1-8b", "--gpus", "8", "--seq", "2M", "--profile", "gb200-nvl72",
                   "--policy", "memo", "--no-plan", "--jobs", "1", "--simulate-top", "1"])
     assert "(the 2 of the node's 18 hosts of 4 GPUs that its 8 GPUs take, " in words, words
+
+
+def test_gb300_nvl72_is_blackwell_ultra_with_one_and_a_half_times_the_fp4_rate():
+    """The GB300 NVL72 rack (Blackwell Ultra): the GB200's bf16 and FP8 rates, 1.5x its dense FP4 rate (three times
+    FP8's, not twice as on Blackwell), 279 GB of HBM3e a GPU, one 800 Gb/s NIC a GPU; its Graces' memory as the
+    GB300 table gives it (17 TB at 14 TB/s), their links the GB200's (said assumed in each value's source). NVFP4
+    GEMMs make a 70B step faster than MXFP8's, MXFP8's than bf16's, and every plan fits."""
+    from memo_exec.calibrate.datasheet import known_peak
+
+    p, gb200 = load_profile("gb300-nvl72"), load_profile("gb200-nvl72")
+    out = _run(["profiles"])
+    row = next(ln for ln in out.splitlines() if ln.startswith("gb300-nvl72 "))
+    assert "  72  " in row and "  datasheet  " in row and "Blackwell Ultra" in row
+    assert p.provenance == {"method": "datasheet", "summary": SUMMARY} and not p.calibrated
+    assert p.node_gpus == 72 and p.host_gpus == 4
+    assert p.peak("bf16") == gb200.peak("bf16") and p.peak("fp8") == gb200.peak("fp8") == 2 * p.peak("bf16")
+    assert p.peak("fp4") == pytest.approx(1.5 * gb200.peak("fp4")) == pytest.approx(3 * p.peak("fp8"))
+    fp4 = p.gpu.peak_flops["fp4"].source
+    assert "1,080 PFLOPS without" in fp4 and "dense" in fp4 and "GB300" in fp4
+    assert float(p.gpu_memory) == pytest.approx(279e9) and float(p.internode.bandwidth) == pytest.approx(100e9)
+    # the rack's Graces: the GB300 table's 17 TB at 14 TB/s; their NVLink-C2C links the GB200's (said assumed)
+    assert float(p.host.memory_bytes) == float(gb200.host.memory_bytes)
+    assert float(p.host.memory_bandwidth) == pytest.approx(14e12)
+    assert float(p.host.memory_bandwidth) < float(gb200.host.memory_bandwidth)
+    assert "GB300 NVL72 specifications: 17 TB" in p.host.memory_bytes.source
+    assert "assumed the GB200" in p.host_link.d2h_bandwidth.source
+    # the kernel curves: the B200's public attention measurements and the assumed GEMM fractions, said so
+    assert p.efficiency.gemm.source.startswith("assumed: same fractions of peak as the H100 profile's assumptions")
+    assert p.efficiency.attention_fwd.source.startswith("public B200 measurements")
+    assert "doubled SFU exponential rate" in p.efficiency.attention_fwd.source
+    from memo_exec.calibrate.sanity import check
+
+    assert check(p, {"env": {"device_kind": "cuda"}}, "bf16") == []  # calibrate's plausibility checks pass
+    assert known_peak("NVIDIA GB300").bf16_tflops == 2500.0
+    steps = {}
+    for f in ("bf16", "mxfp8", "nvfp4"):
+        d = json.loads(_run(["whatif", "--model", "llama-3.1-70b", "--gpus", "72", "--seq", "8K", "--profile",
+                             "gb300-nvl72", "--precision", f, "--framework", "megatron", "--no-plan", "--json",
+                             "--jobs", "1"]))
+        best = d["candidates"][0]
+        assert best["status"] == "OK" and best["peak_gpu_bytes"] <= best["gpu_capacity_bytes"]
+        steps[f] = best["simulated_iteration_s"]
+    assert steps["nvfp4"] < steps["mxfp8"] < steps["bf16"], steps

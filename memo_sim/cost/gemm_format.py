@@ -3,7 +3,7 @@ the casts' HBM bytes and time, the quantised weight copies kept in memory and th
 each optimizer step, and the check that the profile's GPU has the tensor cores for it.
 
 The GEMMs themselves (`layer_gemm_time`) run at the profile's peak for the format
-(``peak_flops.fp8``, ``.mxfp8``) times the format's own efficiency curve where the profile measured
+(``peak_flops.fp8``, ``.mxfp8``, ``.fp4``) times the format's own efficiency curve where the profile measured
 one (``efficiency.gemm_formats``: the Hopper profiles' fp8_tensorwise curve, torch._scaled_mm timed
 on an H200, `benchmarks/gpu/hopper_curves.py`), else the model dtype's GEMM curve, the same
 fractions of peak as the dtype's GEMMs of the same FLOPs: an assumption the profile's sensitivity
@@ -43,7 +43,7 @@ def check_gemm_format(model: ModelConfig, profile: HardwareProfile) -> None:
 
         from memo_sim.model.gemm_formats import gemm_format  # noqa: PLC0415
 
-        known = set(DTYPE_BYTES) | {gemm_format(n).peak for n in GEMM_FORMATS} | {"fp4"}  # keys something reads
+        known = set(DTYPE_BYTES) | {gemm_format(n).peak for n in GEMM_FORMATS}  # keys something reads
         near = difflib.get_close_matches(fmt.peak, [k for k in profile.gpu.peak_flops if k not in known], n=1,
                                          cutoff=0.5)
         typo = f"; its gpu.peak_flops.{near[0]} is read as no format's: rename it {fmt.peak}" if near else ""

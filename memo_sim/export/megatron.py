@@ -214,6 +214,9 @@ def moe_arguments(plan: Plan, lay) -> list[tuple[str, str | None]]:
 # the GEMM formats as --fp8-recipe values (megatron/training/arguments.py, _add_transformer_engine_args);
 # --fp8-format hybrid: E4M3 in forward, E5M2 for gradients
 FP8_RECIPES = {"fp8-tensorwise": "tensorwise", "fp8-blockwise": "blockwise", "mxfp8": "mxfp8"}
+# the 4-bit formats as --fp4-recipe values (TransformerConfig's fp4_recipe at d98e8a64, with fp4 = --fp4-format e2m1;
+# Megatron refuses --fp4-format beside --fp8-format)
+FP4_RECIPES = {"nvfp4": "nvfp4"}
 
 
 def _words(val: str | tuple[str, ...] | None) -> str:
@@ -276,6 +279,8 @@ def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | tuple[str
         args.append((f"--{m.dtype}", None))
     if m.gemm_format in FP8_RECIPES:
         args += [("--fp8-format", "hybrid"), ("--fp8-recipe", FP8_RECIPES[m.gemm_format])]
+    elif m.gemm_format in FP4_RECIPES:
+        args += [("--fp4-format", "e2m1"), ("--fp4-recipe", FP4_RECIPES[m.gemm_format])]
     args += moe_arguments(plan, lay)
     args.append(("--tensor-model-parallel-size", str(lay.tp)))
     if lay.tp > 1 and lay.sp:

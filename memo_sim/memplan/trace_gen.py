@@ -54,7 +54,8 @@ from memo_sim.layout.ring_merge import ring_merge
 from memo_sim.cost.metp import block_sizes
 from memo_sim.request_trace import Buffer, RequestTrace
 from memo_sim.model.config import ModelConfig
-from memo_sim.model.layer_graph import DTYPE_BYTES, UNPLACED, attention_bwd_workspace_bytes, forward_ops, layer_tensors
+from memo_sim.model.layer_graph import (DTYPE_BYTES, FP8_SAVED_INPUTS, UNPLACED, attention_bwd_workspace_bytes,
+                                        forward_ops, layer_tensors)
 from memo_sim.memplan.ring_trace import RING_TRACES
 from memo_sim.policy.base import Policy
 from memo_sim.policy.rounding_buffers import offloaded_layer_count
@@ -270,6 +271,10 @@ def _layer_forward_trace(model: ModelConfig, layout: Layout, batch: int, seq: in
 def _layer_backward_trace(model: ModelConfig, layout: Layout, batch: int, seq: int, frac: float) -> RequestTrace:
     tens = layer_tensors(model, layout.tp_mode)
     tb = {n: tensor_bytes(t, layout, batch, seq) for n, t in tens.items()}
+    # an input's gradient is in the model dtype where the layer keeps a quantised copy of the input (FP8_SAVED_INPUTS:
+    # ln1, ln2, act at the format's bytes; d_ln1, d_ln2, d_act are not quantised)
+    gb = {n: tensor_bytes(replace(t, dtype_bytes=DTYPE_BYTES[model.dtype]), layout, batch, seq)
+          if n in FP8_SAVED_INPUTS else tb[n] for n, t in tens.items()}
     full_h = tokens_per_gpu(layout, batch, seq) * model.hidden * DTYPE_BYTES[model.dtype]
     sp = layout.sp and layout.tp > 1
     bs = block_sizes(model, layout, batch, seq) if layout.metp else {}
@@ -321,7 +326,7 @@ def _layer_backward_trace(model: ModelConfig, layout: Layout, batch: int, seq: i
             else:
                 name = f"d_{i}"
             partial = op.kind == "gemm" and op.tp_comm_after != "reduce" and layout.tp > 1 and op.scope == "tp"
-            b.alloc(name + ("_partial" if partial else ""), full_h if partial else tb[i])
+            b.alloc(name + ("_partial" if partial else ""), full_h if partial else gb[i])
             produced.append((name, partial))
         b.tick()
         for o in op.outputs:

@@ -112,14 +112,14 @@ def block_tensors(tp_mode: str) -> frozenset[str]:
 class TensorSpec:
     name: str
     width: int  # elements per token for the whole layer (before any parallel split)
-    dtype_bytes: int
+    dtype_bytes: float  # an element's bytes (a quantised saved input: the format's, NVFP4's half a byte)
     tp_split: bool  # split across TP ranks even without sequence parallelism
     role: str  # MEMO category: input / attn / other (skeletal), lse (kept), transient
     saved: bool  # skeletal: kept from forward for backward
     routed: int = 0  # top-k copies per token: a routed MoE tensor (its width counts them), else 0
     etp_whole: bool = False  # a routed tensor each expert-TP rank holds for the whole ETP group's tokens
 
-    def bytes_per_token(self) -> int:
+    def bytes_per_token(self) -> float:
         return self.width * self.dtype_bytes
 
 
@@ -202,7 +202,8 @@ def layer_tensors(model: ModelConfig, tp_mode: str = "megatron") -> MappingProxy
     blocks = block_tensors(tp_mode)
     b = DTYPE_BYTES[model.dtype]
     # the GEMM inputs that only their GEMM's weight gradient reads: kept as the format's quantised copy
-    # where the framework keeps that one (`ModelConfig.fp8_saved_inputs`; scales not counted)
+    # where the framework keeps that one (`ModelConfig.fp8_saved_inputs`; with its block scales:
+    # `GemmFormat.saved_element_bytes`)
     fp8 = FP8_SAVED_INPUTS if model.fp8_saved_inputs and model.gemm.quantised else ()
     k = model.top_k
     width = {"h": model.hidden, "kv": model.kv_dim, "f1": model.fc1_width, "f": model.ffn, "heads": model.heads,
@@ -214,7 +215,7 @@ def layer_tensors(model: ModelConfig, tp_mode: str = "megatron") -> MappingProxy
     # q, v and attn are as wide as the queries, the values and the attention output (hidden for a standard layer)
     rename = {"q": "q", "v": "v", "attn": "attn"}
     specs = [TensorSpec(n, width[rename.get(n, w)], LSE_BYTES if role == "lse" else
-                        int(model.gemm.element_bytes) if n in fp8 else b, split,
+                        model.gemm.saved_element_bytes if n in fp8 else b, split,
                         "transient" if n in blocks else role, saved and n not in blocks,
                         routed=k if n in _ROUTED else 0, etp_whole=n in _ETP_WHOLE)
              for n, w, split, role, saved in _tensor_rows(model)]

@@ -44,12 +44,15 @@ class GemmFormat:
     summary: str
     sources: tuple[str, ...]
     peak: str | None = None  # the profile's peak key for the layer GEMMs; None: the model's dtype
-    element_bytes: float = 0.0  # bytes per quantised element (0: not quantised)
+    element_bytes: float = 0.0  # bytes per quantised element (0: not quantised; NVFP4's E2M1: 0.5)
     copies: int = 0  # quantised copies a cast writes (row-wise and column-wise / transposed)
     amax_pass: bool = False  # the scale needs the tensor's amax first: one more read before the cast
+    # an activation's or gradient's column-wise copy is written by a kernel of its own, which reads the tensor again
+    # (NVFP4's Hadamard-rotated copy for the weight gradient); a weight's copies come from one cast
+    separate_columnwise_cast: bool = False
     scale_block: int = 0  # activation / gradient elements per scale along the reduction dim (0: per tensor)
     weight_scale_block: int = 0  # weight elements per scale (0: per tensor)
-    scale_bytes: int = 4  # bytes per scale (fp32; MXFP8's E8M0: 1)
+    scale_bytes: int = 4  # bytes per scale (fp32; MXFP8's E8M0 and NVFP4's E4M3: 1)
     needs: str = ""  # which GPUs have the tensor cores, for the refusal
     # a format whose kernels run another's tensor-core work and more (fp8-blockwise: tensorwise FP8's MMAs plus
     # a scale per block): where the profile measured no curve of its own, it runs no faster than that one's
@@ -66,8 +69,17 @@ class GemmFormat:
         return self.copies * (elements * self.element_bytes + scales)
 
     def cast_bytes(self, elements: float, hp_bytes: int, weight: bool = False) -> float:
-        """HBM bytes of quantising ``elements`` elements of ``hp_bytes`` each: the reads (two with an
-        amax pass) and the quantised copies written."""
+        """HBM bytes of quantising ``elements`` elements of ``hp_bytes`` each: the reads (one more with an
+        amax pass, and one more where an activation's column-wise copy has its own kernel) and the quantised
+        copies written."""
         if not self.quantised:
             return 0.0
-        return elements * hp_bytes * (2 if self.amax_pass else 1) + self.quantised_bytes(elements, weight)
+        reads = 1 + self.amax_pass + (self.separate_columnwise_cast and not weight)
+        return elements * hp_bytes * reads + self.quantised_bytes(elements, weight)
+
+    @property
+    def saved_element_bytes(self) -> float:
+        """Bytes per element of the one quantised copy a framework keeps of a GEMM input for its weight gradient
+        (`memo_sim.model.layer_graph.FP8_SAVED_INPUTS`): the element and its share of the block scales (a per-tensor
+        scale counts nothing)."""
+        return self.element_bytes + (self.scale_bytes / self.scale_block if self.scale_block else 0.0)
