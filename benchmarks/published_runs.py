@@ -1276,6 +1276,9 @@ HISTORY = (
     ("1e0c26e", "2026-11-30", "before PyTorch's experimental CP exchanged K/V as one all-gather beside ring step 0 "
      "alone (memo priced ring shifts, each beside a step's blocks)",
      {"torchtitan-t6-cp4": -0.176, "torchtitan-t6-cp8": -0.283}),
+    ("ed6470f", "2026-11-30", "before the norms' and the activation's kernels moved the model dtype where Megatron "
+     "keeps quantised copies of their outputs (priced at the copies' size; an expected-value row, in no mean)",
+     {"moe-zoo-mixtral-8x22b-fp8-forced": -0.209}),
 )
 
 
@@ -1462,6 +1465,11 @@ STEPS = (
      "nodes (TP 8 fills each), CP 4 -17.6% to -16.3% and CP 8 -28.3% to -23.7%; the 8B CP rows' gathers on NVLink "
      "hide under step 0, every other row unchanged: dense 39 predicted at 11.1% / 28.8%, long-context 20 at 15.1% / "
      "28.8%, the FP8 rows 12 at 14.1% / 28.8%, the MoE group unchanged (18 at 18.5% / 47.1%)"),
+    ("ed6470f + the next commit", "NVFP4 GEMMs (TransformerEngine's NVFP4BlockScaling) and a GB300 NVL72 profile, which "
+     "no published row runs; under Megatron's kept quantised GEMM inputs (TransformerEngine's fp8_saved_inputs) the "
+     "copies now carry their block scales, the backward's d_ln1 / d_ln2 / d_act are in the model dtype (they were "
+     "sized as the copies) and the norms and the activation write the model dtype: no counted row runs Megatron's "
+     "FP8, so every group is unchanged; the expected-value Mixtral-8x22B FP8 row -20.9% to -20.6%"),
 )
 
 

@@ -363,8 +363,8 @@ def test_a_routed_experts_grouped_gemm_pays_its_casts_once_over_its_tokens():
 # ---------------------------------------------------------------------------------------------------- NVFP4
 def test_nvfp4_elements_are_half_a_byte_with_an_e4m3_scale_per_16():
     """NVFP4 (TransformerEngine's NVFP4BlockScaling): E2M1 elements (half a byte), an E4M3 scale (one byte) per 16
-    elements, two copies (row-wise and the transposed column-wise one: TN only), at the profile's FP4 peak; its
-    copies are half MXFP8's and more, less than an FP8 cast writes."""
+    elements, two copies (row-wise and the transposed column-wise one: TN only), at the profile's FP4 peak; its two
+    copies (half a byte and a sixteenth of a scale byte an element) are smaller than MXFP8's."""
     n = 128 * 1024
     nv = gemm_format("nvfp4")
     assert nv.peak == "fp4" and nv.element_bytes == 0.5 and nv.scale_bytes == 1 and nv.scale_block == 16
@@ -372,6 +372,9 @@ def test_nvfp4_elements_are_half_a_byte_with_an_e4m3_scale_per_16():
 
 
 def test_nvfp4_gemms_run_at_the_fp4_peak_and_megatron_keeps_half_byte_inputs():
+    """The layer GEMMs at the B200's dense FP4 rate (four times its bf16 one) plus their casts; Megatron's
+    TransformerEngine keeps half-byte copies with their scales of the inputs a weight gradient reads; the H100 has
+    no FP4 tensor cores."""
     from memo_sim.model.layer_graph import layer_tensors
     from memo_sim.search.frameworks import get_framework
 
@@ -442,9 +445,12 @@ def test_nvfp4_rotated_columnwise_cast_reads_again_and_saved_copies_carry_their_
 
 
 @pytest.mark.parametrize("name", ["fp8-tensorwise", "mxfp8", "nvfp4"])
-def test_the_gradients_of_quantised_saved_inputs_are_in_the_model_dtype(name):
+@pytest.mark.parametrize("tp", [1, 2])
+def test_the_gradients_of_quantised_saved_inputs_are_in_the_model_dtype(name, tp):
     """A review: the backward trace sized d_ln1, d_ln2 and d_act as the quantised copies the layer keeps of ln1, ln2
-    and act (TransformerEngine's), a half (FP8) or a quarter (NVFP4) of the bf16 gradients the kernels write."""
+    and act (TransformerEngine's), a half (FP8) or a quarter (NVFP4) of the bf16 gradients the kernels write; under
+    TP with sequence parallelism d_ln1 and d_ln2 are the reduce-scatters of full-length partial sums, each the
+    rank's shard in the model dtype (a second review: that path kept the quantised size)."""
     from memo_sim.memplan.trace_gen import layer_backward_trace
     from memo_sim.model.layer_graph import layer_tensors
     from memo_sim.search.frameworks import get_framework
@@ -452,7 +458,25 @@ def test_the_gradients_of_quantised_saved_inputs_are_in_the_model_dtype(name):
     meg = get_framework("megatron").for_model(fmt(LLAMA, name))
     assert meg.fp8_saved_inputs
     tokens = 8192
-    sizes = {b.name: b.size for b in layer_backward_trace(meg, Layout(tp=1), 1, tokens).buffers}
-    for t, width in (("ln1", LLAMA.hidden), ("ln2", LLAMA.hidden), ("act", LLAMA.ffn)):
+    sizes = {b.name: b.size for b in layer_backward_trace(meg, Layout(tp=tp, sp=True), 1, tokens).buffers}
+    for t, width in (("ln1", LLAMA.hidden / tp), ("ln2", LLAMA.hidden / tp), ("act", LLAMA.ffn / tp)):
         assert layer_tensors(meg)[t].dtype_bytes == meg.gemm.saved_element_bytes < 2
         assert sizes[f"d_{t}"] == pytest.approx(tokens * width * 2, rel=1e-3), (t, sizes[f"d_{t}"])
+    if tp > 1:
+        assert sizes["d_ln1_partial"] == sizes["d_ln2_partial"] == pytest.approx(tokens * LLAMA.hidden * 2, rel=1e-3)
+
+
+@pytest.mark.parametrize("name", ["fp8-tensorwise", "nvfp4"])
+def test_norm_and_activation_kernels_move_the_model_dtype_where_the_layer_keeps_quantised_inputs(name):
+    """A second review: under Megatron's kept quantised inputs the norms and the activation were priced writing the
+    kept copy's bytes, though they write the model dtype and the GEMM's cast reads it: their time is the bf16 run's
+    (the casts are priced apart, `gemm_cast_seconds`)."""
+    from memo_sim.search.frameworks import get_framework
+
+    lay, seq, prof = Layout(tp=1), 8192, B200
+    meg = get_framework("megatron").for_model(fmt(LLAMA, name))
+    bf = get_framework("megatron").for_model(LLAMA)
+    for phase_costs in (forward_costs, backward_costs):
+        for op in ("ln1", "ln2", "act"):
+            assert _op(phase_costs(meg, lay, 1, seq, prof), op).seconds == \
+                pytest.approx(_op(phase_costs(bf, lay, 1, seq, prof), op).seconds, rel=1e-9), (phase_costs, op)

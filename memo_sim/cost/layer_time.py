@@ -45,9 +45,15 @@ def _elementwise_bytes(op: OpSpec, model: ModelConfig, layout: Layout, batch: in
 
 @lru_cache(maxsize=1024)
 def _op_tensors(op: OpSpec, model: ModelConfig, tp_mode: str) -> tuple:
-    """The `TensorSpec`s an op reads and writes, in order (looked up once per op, model and mode)."""
+    """The `TensorSpec`s an op reads and writes, in order (looked up once per op, model and mode). A GEMM input the
+    layer keeps as the format's quantised copy (``fp8_saved_inputs``: ln1, ln2, act) is written by its norm or
+    activation kernel in the model dtype, and the GEMM's cast (`gemm_cast_seconds`) reads it from there: the kernel
+    moves the model dtype's bytes, not the kept copy's (a review: they were priced at the copy's size)."""
     tensors = layer_tensors(model, tp_mode)
-    return tuple(tensors[name] for name in op.inputs + op.outputs)
+    hp = DTYPE_BYTES[model.dtype]
+    kept = FP8_SAVED_INPUTS if model.fp8_saved_inputs and model.gemm.quantised else ()
+    return tuple(replace(tensors[name], dtype_bytes=hp) if name in kept else tensors[name]
+                 for name in op.inputs + op.outputs)
 
 
 def gemm_shape(op: OpSpec, layout: Layout, batch: int, seq: int, fraction: float = 1.0) -> tuple[float, float, float]:

@@ -340,7 +340,7 @@ def _layer_backward_trace(model: ModelConfig, layout: Layout, batch: int, seq: i
             b.free(name)
         for name, partial in produced:
             if partial:
-                b.alloc(name, tb[op.inputs[0]])  # reduce-scatter / all-reduce output
+                b.alloc(name, gb[op.inputs[0]])  # reduce-scatter / all-reduce output (the model dtype)
                 b.tick()
                 b.free(name + "_partial")
             if name.endswith("_part"):
