@@ -121,7 +121,7 @@ from memo_sim.layout.rank_order import (
 )
 
 _CHUNKS = f"chunk_layers ({LAYOUT_OPTION})"  # the field, and the option that sets it
-from memo_sim.layout.ring_merge import RING_MERGE_NAMES, ring_merge
+from memo_sim.layout.ring_merge import RING_MERGE_NAMES, whole_sequence_only
 from memo_sim.model.kernel_fusion import KERNEL_FUSIONS
 from memo_sim.model.layer_graph import ATTENTION_KERNELS, CROSS_ENTROPY_KERNELS
 
@@ -635,7 +635,7 @@ def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: i
         return f"kernel_fusion must be one of {', '.join(KERNEL_FUSIONS)}, got {layout.kernel_fusion!r}"
     if layout.ring_merge not in RING_MERGE_NAMES:
         return f"ring_merge must be one of {', '.join(RING_MERGE_NAMES)}, got {layout.ring_merge!r}"
-    if layout.cp > 1 and ring_merge(layout.ring_merge).kv_allgather and model.attention_flop_fraction(seq) < 1.0:
+    if layout.cp > 1 and whole_sequence_only(layout.ring_merge, model, seq):
         return (f"ring_merge {layout.ring_merge}: PyTorch's experimental context parallelism gathers every K/V "
                 f"chunk for causal attention over the whole sequence, and {model.name}'s sliding-window or chunked "
                 f"layers at {seq} tokens are not what it runs: use --cp 1 or another framework")

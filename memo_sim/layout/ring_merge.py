@@ -130,3 +130,10 @@ RING_MERGE_NAMES: tuple[str, ...] = tuple(RING_MERGES)
 
 def ring_merge(name: str) -> RingMerge:
     return RING_MERGES[name]
+
+
+def whole_sequence_only(name: str, model, seq: int) -> bool:
+    """Whether ring ``name`` cannot run ``model`` at ``seq`` tokens under CP: a ring that gathers every K/V chunk
+    (PyTorch's experimental CP) runs causal attention over the whole sequence, not sliding-window or chunked
+    layers (the one rule `memo_sim.layout.parallel.check_layout` and the what-if's search both ask)."""
+    return ring_merge(name).kv_allgather and model.attention_flop_fraction(seq) < 1.0

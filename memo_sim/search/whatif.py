@@ -37,7 +37,7 @@ from memo_sim.layout.alloc_conf import parse_alloc_conf
 from memo_sim.layout.moe_balance import measured_why_not, parse_balance
 from memo_sim.layout.parallel import ExpertChoice, Layout, enumerate_layouts, offload_why_not
 from memo_sim.layout.pipeline_layout import OPTION as LAYOUT_OPTION
-from memo_sim.layout.ring_merge import ring_merge
+from memo_sim.layout.ring_merge import whole_sequence_only
 from memo_sim.layout.schedule import SCHEDULE_NAMES, check_schedule, default_schedule, schedule_runs_policy
 from memo_sim.tp import TP_MODES
 from memo_sim.memplan.footprint import memory_breakdown
@@ -231,7 +231,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
         raise MemoError(f"--tp-mode {tp_mode}: {fw.name} runs TP as {', '.join(fw.tp_modes)}"
                         + (f"; {' and '.join(others)} runs {tp_mode} (--framework {others[0]})" if others else
                            "; choose one of them or another --framework"))
-    if ring_merge(dict(fw.mechanisms).get("ring_merge", "none")).kv_allgather and model.attention_flop_fraction(seq) < 1:
+    if whole_sequence_only(dict(fw.mechanisms).get("ring_merge", "none"), model, seq):
         # its CP gathers every K/V chunk for causal attention over the whole sequence (`check_layout`): CP 1 only
         if (cp or 1) > 1:
             raise MemoError(f"--cp {cp}: {fw.name}'s context parallelism (PyTorch's experimental CP) runs causal "
