@@ -68,7 +68,8 @@ def dense_view(model: ModelConfig) -> ModelConfig:
     if not model.moe:
         return model
     return dataclasses.replace(model, experts=0, top_k=0, expert_ffn=0, shared_experts=0, shared_ffn=0,
-                               shared_gate=False, dense_layers=0, dense_period=0, moe_bias=False)
+                               shared_gate=False, dense_layers=0, dense_period=0, moe_bias=False, router_groups=0,
+                               router_group_topk=0, router_scaling=1.0)
 
 
 def _tensor_specs(model: ModelConfig):

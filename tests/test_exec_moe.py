@@ -202,12 +202,21 @@ def _naive_block(mb, x: torch.Tensor, model: ModelConfig) -> torch.Tensor:
     out = torch.zeros_like(x)
     sw = (model.swiglu_limit or True) if model.ffn_type == "swiglu" else False  # GPT-OSS's: its limit
     for t in range(x.shape[0]):
-        order = sorted(range(model.experts), key=lambda e: (-float(s[t, e]), e))[:model.top_k]
+        allowed = range(model.experts)
+        if model.router_groups:  # a group's score: the sum of its top_k / group_topk best experts' scores
+            size = model.experts // model.router_groups
+            best = [sum(sorted((float(s[t, e]) for e in range(g * size, (g + 1) * size)),
+                               reverse=True)[:model.top_k // model.router_group_topk])
+                    for g in range(model.router_groups)]
+            picked = sorted(range(model.router_groups), key=lambda g: (-best[g], g))[:model.router_group_topk]
+            allowed = [e for e in allowed if e // size in picked]
+        order = sorted(allowed, key=lambda e: (-float(s[t, e]), e))[:model.top_k]
         z = sum(float(s[t, e]) for e in order)
         for e in order:
             b1 = mb.expert_b1[e] if mb.expert_b1 is not None else None
             b2 = mb.expert_b2[e] if mb.expert_b2 is not None else None
-            out[t] += float(s[t, e]) / z * ffn(x[t:t + 1], mb.expert_w1[e], mb.expert_w2[e], b1, b2, sw)[0]
+            out[t] += model.router_scaling * float(s[t, e]) / z * ffn(x[t:t + 1], mb.expert_w1[e], mb.expert_w2[e],
+                                                                     b1, b2, sw)[0]
     if mb.shared_w1 is not None:
         sh = ffn(x, mb.shared_w1, mb.shared_w2, None, None, sw)
         if mb.shared_gate is not None:
@@ -230,9 +239,15 @@ VARIANTS = [MOE, dataclasses.replace(MOE, name="moe-sigmoid-gelu", router="sigmo
             # its clamped SwiGLU (`memo_exec.moe.experts`)
             dataclasses.replace(MOE, name="moe-gpt-oss", attention_sinks=True, sliding_window=24, sliding_layers=2,
                                 sliding_period=2, bias="all", shared_experts=0, shared_ffn=0, shared_gate=False,
-                                dense_layers=0, swiglu_limit=7.0)]
+                                dense_layers=0, swiglu_limit=7.0),
+            # DeepSeek-V3's routing: sigmoid scores, each token's top-4 from its best 2 of 4 groups of two experts
+            # (a group scored by its top-2, as V3's 8 of 256 from 4 of 8 groups), the weights scaled by 2.5
+            # (routed_scaling_factor); a shared expert, one dense layer
+            dataclasses.replace(MOE, name="moe-grouped", router="sigmoid", experts=8, top_k=4, router_groups=4,
+                                router_group_topk=2, router_scaling=2.5)]
 ETP_MODEL = 4  # the variant the etp cases run (SwiGLU, shared experts with their gate)
 OSS_MODEL = 5
+GROUPED_MODEL = 6
 
 
 @pytest.mark.parametrize("model", VARIANTS, ids=lambda m: m.name)
@@ -256,12 +271,75 @@ def test_block_math_and_params_match_the_formula(model):
 
 
 def test_top_k_ties_pick_the_lower_expert_index():
-    from memo_exec.moe.routers import softmax_router, top_k
+    from memo_exec.moe.routers import router_for, top_k
 
     s = torch.tensor([[0.2, 0.3, 0.3, 0.2], [1.0, 1.0, 1.0, 1.0]])
     assert top_k(s, 2).tolist() == [[1, 2], [0, 1]]
-    idx, w = softmax_router(torch.zeros(3, 4), 2)
+    idx, w = router_for(MOE)(torch.zeros(3, 4), 2)
     assert idx.tolist() == [[0, 1]] * 3 and torch.allclose(w, torch.full((3, 2), 0.5))
+
+
+def test_group_limited_routing_picks_from_the_best_groups_and_scales_the_weights():
+    """Megatron-LM's group_limited_topk: a group scored by the sum of its top_k / group_topk best scores, the experts
+    of the other groups out of reach however high they score; the normalised weights times router_scaling."""
+    from memo_exec.moe.routers import router_for, top_k
+
+    # 4 groups of 2 experts. Top 4 of 2 groups, a group scored by its 2 best (here both) experts: row 0's expert 0
+    # scores highest but its group (0.9 + 0.0) loses to groups 3 (0.6 + 0.45) and 1 (0.5 + 0.5)
+    s = torch.tensor([[0.9, 0.0, 0.5, 0.5, 0.1, 0.1, 0.6, 0.45],
+                      [0.1, 0.1, 0.5, 0.5, 0.5, 0.5, 0.2, 0.2]])
+    assert top_k(s, 4).tolist() == [[0, 6, 2, 3], [2, 3, 4, 5]]  # not limited
+    assert top_k(s, 4, groups=4, group_topk=2).tolist() == [[6, 2, 3, 7], [2, 3, 4, 5]]
+    # top 2 of 1 group: row 1's groups 1 and 2 tie (1.0), the lower one is picked
+    assert top_k(s, 2, groups=4, group_topk=1).tolist() == [[6, 7], [2, 3]]
+    # top 1 of 2 groups (top_k below the groups picked): a group scored by its best expert
+    assert top_k(s, 1, groups=4, group_topk=2).tolist() == [[0], [2]]
+    model = VARIANTS[GROUPED_MODEL]
+    assert (model.top_k, model.router_groups, model.router_group_topk, model.router_scaling) == (4, 4, 2, 2.5)
+    logits = torch.logit(s.double())
+    idx, w = router_for(model)(logits, 4)
+    assert idx.tolist() == [[6, 2, 3, 7], [2, 3, 4, 5]]
+    want = torch.tensor([[0.6, 0.5, 0.5, 0.45], [0.5] * 4], dtype=torch.float64)
+    assert torch.allclose(w, want / want.sum(-1, keepdim=True) * 2.5)
+    # the forward's routing kept for the backward: the same experts, the weights from the new scores
+    idx2, w2 = router_for(model)(logits, 4, idx)
+    assert idx2 is idx and torch.equal(w2, w)
+
+
+GLM_CONFIG = {"model_type": "glm4_moe", "architectures": ["Glm4MoeForCausalLM"], "hidden_size": 64,
+              "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+              "intermediate_size": 128, "moe_intermediate_size": 32, "n_routed_experts": 8, "num_experts_per_tok": 4,
+              "n_shared_experts": 1, "first_k_dense_replace": 1, "n_group": 4, "topk_group": 2,
+              "routed_scaling_factor": 2.5, "norm_topk_prob": True, "vocab_size": 256, "rms_norm_eps": 1e-5,
+              "rope_theta": 10000, "partial_rotary_factor": 0.5, "attention_bias": True, "use_qk_norm": False,
+              "num_nextn_predict_layers": 0, "tie_word_embeddings": False, "hidden_act": "silu"}
+
+
+def test_a_glm_moe_config_is_planned_and_run_with_its_grouped_scaled_routing(tmp_path):
+    """A GLM-4.5-shaped Hugging Face config (sigmoid routing from 2 of 4 expert groups, weights scaled by 2.5, a dense
+    first layer, a shared expert): the what-if's plan runs in memo-exec (it refused router groups and scaling before
+    2026-11-30, and its dense layers' view of the model kept the groups without the experts)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from memo_exec.cli import cli as exec_cli
+    from memo_sim.cli import cli as sim_cli
+    from memo_sim.plan.schema import read_plan
+
+    cfg = tmp_path / "glm.json"
+    cfg.write_text(json.dumps(GLM_CONFIG))
+    with time_limit(120):
+        r = CliRunner().invoke(sim_cli, ["whatif", "--model", str(cfg), "--gpus", "1", "--seq", "256", "--dtype", "fp32",
+                                         "--policy", "memo", "--profile", "h100-sxm5-80gb", "--out", str(tmp_path / "p")])
+        assert r.exit_code == 0, r.output
+        m = read_plan(tmp_path / "p" / "plan.json").model
+        assert (m.router, m.router_groups, m.router_group_topk, m.router_scaling, m.dense_layers) == \
+            ("sigmoid", 4, 2, 2.5, 1)
+        r = CliRunner().invoke(exec_cli, ["run", str(tmp_path / "p" / "plan.json"), "--device", "cpu", "--steps", "1",
+                                          "--out", str(tmp_path / "run")])
+        assert r.exit_code == 0, r.output
+    assert (tmp_path / "run" / "report.md").is_file()
 
 
 @pytest.mark.parametrize("pol", POLICIES)
@@ -298,6 +376,8 @@ TWO = [dict(lay=dict(dp=2, ep=2), pol="store_all", steps=10),
        dict(lay=dict(tp=2, sp=True, ep=2), pol="recompute_norm_act", variant=1),
        dict(lay=dict(tp=2, sp=True, ep=2), pol="memo", variant=2),  # Qwen3-MoE: QK norms summed over the TP pair
        dict(lay=dict(dp=2, ep=2), pol="memo", variant=3),  # dense and MoE layers alternating
+       # DeepSeek-V3's group-limited routing and scaled weights, each token's experts from its best two groups
+       dict(lay=dict(tp=2, sp=True, ep=2), pol="memo", variant=GROUPED_MODEL),
        # forced balance: round-robin by position in the sequence, on each rank's rows as on one process
        dict(lay=dict(dp=2, ep=2, moe_balance="forced"), pol="memo"),
        dict(lay=dict(tp=2, sp=True, ep=2, moe_balance="forced"), pol="store_all"),
@@ -464,8 +544,6 @@ REFUSED = [
     ("attention_sinks with ulysses 2", dict(ulysses=2), dataclasses.replace(MOE, attention_sinks=True)),
     ("sliding_layers = 2 of 4 without sliding_period", dict(), dataclasses.replace(MOE, sliding_window=16,
                                                                                     sliding_layers=2)),
-    ("router_groups = 2", dict(), dataclasses.replace(MOE, router_groups=2, router_group_topk=1)),
-    ("router_scaling = 2.5", dict(), dataclasses.replace(MOE, router_scaling=2.5)),
 ]
 
 

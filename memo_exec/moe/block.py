@@ -89,7 +89,7 @@ class MoEBlock:
         self.k, self.h = model.top_k, model.hidden
         # SwiGLU (True), GPT-OSS's clamped one (its limit, a float: `memo_exec.moe.experts`) or GELU (False)
         self.swiglu = (float(model.swiglu_limit) or True) if model.ffn_type == "swiglu" else False
-        self.router = router_for(model.router)
+        self.router = router_for(model)
         self.dispatcher = dispatcher or LocalDispatcher(model.experts)
         self.tp_size, self.tp_group = tp_size, tp_group
         # expert tensor parallelism around the experts (`memo_exec.moe.etp`), unless the dispatcher's gather covers it

@@ -1,48 +1,85 @@
-"""MoE routers by name (``ModelConfig.router``): the score function and top-k over the gate's logits.
+"""MoE routers by name (``ModelConfig.router``): the score function, then top-k over the scores.
 
-A router is a function ``(logits [T, E], k, idx=None) -> (idx [T, k] int64, weights [T, k])``
-registered with ``@ROUTERS.register("name")``. ``idx`` given (the routing a forward chose, kept
-for the backward) selects those experts instead of choosing again, so a recompute from a slightly
-different input never changes where tokens go (and so never changes the all-to-all's split sizes).
-Top-k is deterministic: a stable descending sort, so tied scores pick the lower expert index.
-Both routers normalise the chosen weights to sum to 1 (the sim's `memo_sim.model.moe_routers`).
+A score function ``logits [T, E] -> scores [T, E]`` is registered with ``@ROUTERS.register("name")``;
+`router_for` makes the model's `Router` of it: ``(logits, k, idx=None) -> (idx [T, k] int64,
+weights [T, k])``. ``idx`` given (the routing a forward chose, kept for the backward) selects those
+experts instead of choosing again, so a recompute from a slightly different input never changes
+where tokens go (and so never changes the all-to-all's split sizes). Top-k is deterministic: a
+stable descending sort, so tied scores pick the lower expert index (a tied group the lower group).
+The chosen weights are normalised to sum to 1 (the sim's `memo_sim.model.moe_routers`), then
+multiplied by the model's ``router_scaling`` (DeepSeek-V3's and GLM-4.5's routed_scaling_factor,
+Megatron-LM's --moe-router-topk-scaling-factor).
+
+Group-limited routing (``router_groups`` / ``router_group_topk``: DeepSeek-V3's n_group / topk_group,
+Megatron-LM's --moe-router-num-groups / --moe-router-group-topk): the experts in equal groups, a group
+scored by the sum of its ``top_k // router_group_topk`` best scores (Megatron-LM's
+`group_limited_topk`, DeepSeek-V3's top-2 of 8 over 4 groups; at least one score where top_k is below
+the groups picked), each token's experts the top-k of its ``router_group_topk`` best groups.
 The sigmoid router's DeepSeek-V3 correction bias (a buffer for the selection only, updated from the
 loads outside the gradient) starts at zero and is not updated here, so it is left out.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 
 from memo_exec.errors import ExecError
+from memo_sim.model.config import ModelConfig
 from memo_sim.registry import Registry
 
 ROUTERS: Registry = Registry("model.router", error=ExecError, unknown="{what} {name!r}: the executor runs {known}")
 
 
-def top_k(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices of the k largest scores of each row; ties go to the lower index."""
-    return torch.sort(scores.detach(), dim=-1, descending=True, stable=True).indices[:, :k].contiguous()
+def _descending(scores: torch.Tensor, k: int) -> torch.Tensor:
+    return torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :k]
 
 
-def _normalised(scores: torch.Tensor, k: int, idx: torch.Tensor | None):
-    if idx is None:
-        idx = top_k(scores, k)
-    w = scores.gather(1, idx)
-    return idx, w / w.sum(-1, keepdim=True)
+def top_k(scores: torch.Tensor, k: int, groups: int = 0, group_topk: int = 0) -> torch.Tensor:
+    """Indices of the k largest scores of each row; ties go to the lower index. With ``groups``, only
+    from each row's ``group_topk`` best groups of experts (`router_groups_why_not` holds for them)."""
+    s = scores.detach()
+    if groups:
+        T, E = s.shape
+        per_group = s.view(T, groups, E // groups)
+        best = torch.sort(per_group, dim=-1, descending=True).values[..., :max(1, k // group_topk)].sum(-1)
+        keep = torch.zeros(T, groups, dtype=torch.bool, device=s.device)
+        keep.scatter_(1, _descending(best, group_topk), True)
+        s = s.masked_fill(~keep.repeat_interleave(E // groups, dim=1), float("-inf"))
+    return _descending(s, k).contiguous()
 
 
 @ROUTERS.register("softmax")
-def softmax_router(logits: torch.Tensor, k: int, idx: torch.Tensor | None = None):
-    """Softmax over all experts' logits, top-k, the k weights renormalised to sum to 1."""
-    return _normalised(torch.softmax(logits, dim=-1), k, idx)
+def softmax_scores(logits: torch.Tensor) -> torch.Tensor:
+    """Softmax over all experts' logits."""
+    return torch.softmax(logits, dim=-1)
 
 
 @ROUTERS.register("sigmoid")
-def sigmoid_router(logits: torch.Tensor, k: int, idx: torch.Tensor | None = None):
-    """A sigmoid per expert, top-k, the k weights normalised to sum to 1."""
-    return _normalised(torch.sigmoid(logits), k, idx)
+def sigmoid_scores(logits: torch.Tensor) -> torch.Tensor:
+    """A sigmoid per expert."""
+    return torch.sigmoid(logits)
 
 
-def router_for(name: str):
-    return ROUTERS.get(name)
+@dataclass(frozen=True)
+class Router:
+    """A model's router: its score function, group limit and output scale."""
+
+    scores: Callable[[torch.Tensor], torch.Tensor]
+    groups: int = 0
+    group_topk: int = 0
+    scaling: float = 1.0
+
+    def __call__(self, logits: torch.Tensor, k: int, idx: torch.Tensor | None = None):
+        s = self.scores(logits)
+        if idx is None:
+            idx = top_k(s, k, self.groups, self.group_topk)
+        w = s.gather(1, idx)
+        w = w / w.sum(-1, keepdim=True)
+        return idx, (w * self.scaling if self.scaling != 1.0 else w)
+
+
+def router_for(model: ModelConfig) -> Router:
+    return Router(ROUTERS.get(model.router), model.router_groups, model.router_group_topk, model.router_scaling)

@@ -12,8 +12,9 @@ The executor builds:
   `memo_exec.gemm_formats.GEMMS`), FP8 in the dense layer only, below ZeRO 3, at CUDA's 16-multiple shapes;
 - routed experts with expert parallelism ``ep`` over the ``alltoall``, ``allgather`` or ``deepep`` dispatcher
   (DeepEP's deduplicated sends, over torch's all-to-all) and expert tensor parallelism ``etp`` (each expert's FFN
-  sliced over the ETP group, its copies all-gathered there), dropless routing over
-  every expert (no router groups, no output scaling), equal counts round-robin (``forced``), a uniform draw per
+  sliced over the ETP group, its copies all-gathered there), dropless routing (softmax or
+  sigmoid scores, group-limited where the model has ``router_groups``, the weights scaled by ``router_scaling``;
+  the sigmoid router's correction bias left at zero), equal counts round-robin (``forced``), a uniform draw per
   token (``random``) or the router's choice dropped and padded to a capacity factor (``capacity:F``;
   `EXEC_BALANCES`);
 - multi-head / grouped-query attention, with any head size (``head_dim``), QK norms, attention sinks and sliding
@@ -136,16 +137,9 @@ def moe_why_not(model: ModelConfig, layout: Layout) -> str | None:
     if why or not model.moe:
         return why
     lab = layout.label()
-    if model.router_groups:
-        return (f"plan model {model.name}: router_groups = {model.router_groups}: the executor routes over every "
-                f"expert (group-limited routing not built; the simulator prices it); plan a model without router "
-                f"groups to run")
     if model.router not in EXEC_ROUTERS:
         return (f"plan model {model.name}: router = {model.router!r}: the executor runs the {', '.join(EXEC_ROUTERS)} "
                 f"routers (the simulator prices it); plan a model with one of them to run")
-    if model.router_scaling != 1.0:
-        return (f"plan model {model.name}: router_scaling = {model.router_scaling}: the executor does not scale the "
-                f"routed experts' output; plan a model with router_scaling 1 to run")
     if layout.moe_dispatcher not in EXEC_DISPATCHERS:
         return (f"plan layout {lab}: moe_dispatcher = {layout.moe_dispatcher!r}: the executor runs "
                 f"{' and '.join(EXEC_DISPATCHERS)} only; plan with moe_dispatcher alltoall")
