@@ -330,8 +330,9 @@ def test_a_glm_moe_config_is_planned_and_run_with_its_grouped_scaled_routing(tmp
     cfg = tmp_path / "glm.json"
     cfg.write_text(json.dumps(GLM_CONFIG))
     with time_limit(120):
-        r = CliRunner().invoke(sim_cli, ["whatif", "--model", str(cfg), "--gpus", "1", "--seq", "256", "--dtype", "fp32",
-                                         "--policy", "memo", "--profile", "h100-sxm5-80gb", "--out", str(tmp_path / "p")])
+        r = CliRunner().invoke(sim_cli, ["whatif", "--model", str(cfg), "--gpus", "1", "--seq", "256", "--dtype",
+                                         "fp32", "--policy", "memo", "--profile", "h100-sxm5-80gb",
+                                         "--out", str(tmp_path / "p")])
         assert r.exit_code == 0, r.output
         m = read_plan(tmp_path / "p" / "plan.json").model
         assert (m.router, m.router_groups, m.router_group_topk, m.router_scaling, m.dense_layers) == \
