@@ -51,10 +51,12 @@ class AttnDims:
     head_dim: int
     window: int = 0  # a sliding-window layer's: each query sees the last ``window`` tokens (0: every earlier one)
     sinks: bool = False  # the layers add attention sinks (`memo_exec.attention_sinks`): the kernel's lse is read
+    chunk: int = 0  # a chunked layer's (Llama 4): each query sees the earlier keys of its own ``chunk`` tokens only
 
     def needs(self) -> list[str]:
         """What the layers ask of a kernel beyond causal attention (for `AttentionBackend.why_not`)."""
-        return ["sliding windows"] * bool(self.window) + ["attention sinks"] * self.sinks
+        return (["sliding windows"] * bool(self.window) + ["attention sinks"] * self.sinks
+                + ["chunked attention"] * bool(self.chunk))
 
     @property
     def tokens(self) -> int:
@@ -66,9 +68,11 @@ class AttnDims:
 
 
 def layer_needs(model) -> dict:
-    """What a model's layers ask of the attention kernel (`AttnDims.window`, `AttnDims.sinks`), for choosing one:
-    a window where some layer slides, the lse where the layers have sinks."""
-    return {"window": model.sliding_window if model.sliding_layers else 0, "sinks": bool(model.attention_sinks)}
+    """What a model's layers ask of the attention kernel (`AttnDims.window`, `AttnDims.sinks`, `AttnDims.chunk`), for
+    choosing one: a window where some layer slides, the lse where the layers have sinks, chunks where some layer is
+    chunked."""
+    return {"window": model.sliding_window if model.sliding_layers else 0, "sinks": bool(model.attention_sinks),
+            "chunk": model.attention_chunk if model.chunked_layers else 0}
 
 
 def kernel_bwd_workspace(dims: AttnDims, esize: int) -> int:
@@ -108,15 +112,18 @@ class AttentionBackend(ABC):
     name = "base"
     # whether it takes scratch tensors from the layer's scratch allocator (memory-plan names attn_*)
     uses_scratch = False
-    # whether it masks keys beyond a sliding window (``AttnDims.window``), and whether its backward reads the lse it
-    # returned, so that attention sinks can rescale its output and lse around it (`memo_exec.attention_sinks`)
+    # whether it masks keys beyond a sliding window (``AttnDims.window``), whether its backward reads the lse it
+    # returned, so that attention sinks can rescale its output and lse around it (`memo_exec.attention_sinks`), and
+    # whether it masks the keys of earlier chunks (``AttnDims.chunk``)
     windows = False
     sinks = False
+    chunks = False
 
     @classmethod
     def lacks(cls, dims: AttnDims) -> list[str]:
         """What of `AttnDims.needs` this backend does not run."""
-        return [n for n in dims.needs() if not (cls.windows if n == "sliding windows" else cls.sinks)]
+        runs = {"sliding windows": cls.windows, "attention sinks": cls.sinks, "chunked attention": cls.chunks}
+        return [n for n in dims.needs() if not runs[n]]
 
     @classmethod
     def why_not(cls, dims: AttnDims) -> str | None:
@@ -150,7 +157,7 @@ class MathAttention(AttentionBackend):
 
     name = "math"
     uses_scratch = True
-    windows = sinks = True
+    windows = sinks = chunks = True
 
     def __init__(self, score_budget_bytes: int = MATH_SCORE_BUDGET_BYTES) -> None:
         self.budget = score_budget_bytes
@@ -194,7 +201,7 @@ class MathAttention(AttentionBackend):
                 sc = ss[:, :g * cc, :hi]
                 torch.bmm(qq[:, :g * cc], kk[:, :hi].transpose(1, 2), out=sc)
                 sc.view(hk, g, cc, hi)[..., t0:hi].masked_fill_(mask[:cc, :cc], float("-inf"))
-                _mask_window(sc.view(hk, g, cc, hi), t0, dims.window)
+                _mask_reach(sc.view(hk, g, cc, hi), t0, dims)
                 l_c = torch.logsumexp(sc, -1)  # [hk, g*cc]
                 lse[bi].view(hk, g, s)[:, :, t0:hi].copy_(l_c.view(hk, g, cc))
                 sc.sub_(l_c.unsqueeze(-1)).exp_()
@@ -246,7 +253,7 @@ class MathAttention(AttentionBackend):
                 torch.bmm(qg, kk[:, :hi].transpose(1, 2), out=sc)
                 sc.mul_(scale)
                 sc.view(hk, g, cc, hi)[..., t0:hi].masked_fill_(mask[:cc, :cc], float("-inf"))
-                _mask_window(sc.view(hk, g, cc, hi), t0, dims.window)
+                _mask_reach(sc.view(hk, g, cc, hi), t0, dims)
                 sc.sub_(lse[bi].view(hk, g, s)[:, :, t0:hi].reshape(hk, g * cc).unsqueeze(-1)).exp_()
                 # dV += P^T dO ; dP = dO V^T ; dS = P (dP - delta) * scale
                 dvv[:, :hi].baddbmm_(sc.transpose(1, 2), dog)
@@ -265,14 +272,18 @@ class MathAttention(AttentionBackend):
             scratch.free(n)
 
 
-def _mask_window(scores: torch.Tensor, t0: int, window: int) -> None:
-    """Mask the keys a sliding window hides from query rows ``t0..`` of ``scores`` [..., rows, keys]: key j of
-    query i where j <= i - window (each query sees itself and the window - 1 tokens before it)."""
+def _mask_reach(scores: torch.Tensor, t0: int, dims: AttnDims) -> None:
+    """Mask the earlier keys a layer's window or chunk hides from query rows ``t0..`` of ``scores`` [..., rows,
+    keys] (the causal mask is the caller's): under a sliding window key j of query i where j <= i - window (each
+    query sees itself and the window - 1 tokens before it); under chunks key j where j < (i // chunk) * chunk (each
+    query sees the earlier keys of its own chunk)."""
     rows, keys = scores.shape[-2:]
-    if not window or t0 + rows - 1 < window:
-        return
     i = torch.arange(t0, t0 + rows, device=scores.device).unsqueeze(1)
-    scores.masked_fill_(torch.arange(keys, device=scores.device).unsqueeze(0) <= i - window, float("-inf"))
+    j = torch.arange(keys, device=scores.device).unsqueeze(0)
+    if dims.window and t0 + rows - 1 >= dims.window:
+        scores.masked_fill_(j <= i - dims.window, float("-inf"))
+    if dims.chunk and t0 + rows - 1 >= dims.chunk:
+        scores.masked_fill_(j < i // dims.chunk * dims.chunk, float("-inf"))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -497,8 +508,8 @@ def auto_backend_for(device_type: str, dtype: torch.dtype, dims: AttnDims, prefe
             return "flash_attn"
         except ImportError:
             pass
-    if dims.window:
-        return "math"  # of the kernels only flash-attn masks a window
+    if dims.window or dims.chunk:
+        return "math"  # of the kernels only flash-attn masks a window, none the keys of earlier chunks
     return "sdpa_flash" if half and dims.head_dim <= 256 else "sdpa_efficient"
 
 
@@ -507,7 +518,7 @@ class _MetaFlashAttn(SDPAFlash):
     own reach, sliding windows and no sinks (on meta no value is computed, so the window masks none)."""
 
     name = "flash_attn"
-    windows, sinks = FlashAttnPackage.windows, FlashAttnPackage.sinks
+    windows, sinks, chunks = FlashAttnPackage.windows, FlashAttnPackage.sinks, FlashAttnPackage.chunks
 
 
 def meta_stand_in(name: str) -> AttentionBackend:

@@ -235,6 +235,8 @@ class LayerWeights(nn.Module):
         self.index = layer
         # the keys each query sees: the last ``window`` tokens (a sliding-window layer), or every earlier one (0)
         self.window = model.window_at(layer) or 0 if layer is not None else 0
+        # a chunked layer's (Llama 4): each query sees the earlier keys of its own ``chunk`` tokens (0: not chunked)
+        self.chunk = model.chunk_at(layer) or 0 if layer is not None else 0
         if model.moe and layer is not None and (not model.dense_layer_at(layer) if moe is None else moe):
             from memo_exec.moe.weights import MoEWeights  # noqa: PLC0415
 
@@ -436,8 +438,9 @@ class LayerCompute(HeadNorms):
             out.add_(b)
 
     def _dims(self, p: LayerWeights) -> AttnDims:
-        """The attention shape of layer ``p``: a sliding-window layer's window (`ModelConfig.window_at`)."""
-        return replace(self.dims, window=p.window) if p.window else self.dims
+        """The attention shape of layer ``p``: a sliding-window layer's window (`ModelConfig.window_at`), a chunked
+        layer's chunk (`ModelConfig.chunk_at`)."""
+        return replace(self.dims, window=p.window, chunk=p.chunk) if p.window or p.chunk else self.dims
 
     def _attend(self, p: LayerWeights, q, k, v, out: torch.Tensor, X):
         """The attention core of layer ``p`` into ``out``: the backend's kernel over its window, then the layer's

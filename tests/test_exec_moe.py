@@ -199,6 +199,7 @@ def _naive_block(mb, x: torch.Tensor, model: ModelConfig) -> torch.Tensor:
 
     logits = F.linear(x, mb.router_w, mb.router_b)
     s = torch.softmax(logits, -1) if model.router == "softmax" else torch.sigmoid(logits)
+    llama4 = model.router == "sigmoid_topk"  # Llama 4: the sigmoid of the chosen logit, on the expert's input
     out = torch.zeros_like(x)
     sw = (model.swiglu_limit or True) if model.ffn_type == "swiglu" else False  # GPT-OSS's: its limit
     for t in range(x.shape[0]):
@@ -211,12 +212,15 @@ def _naive_block(mb, x: torch.Tensor, model: ModelConfig) -> torch.Tensor:
             picked = sorted(range(model.router_groups), key=lambda g: (-best[g], g))[:model.router_group_topk]
             allowed = [e for e in allowed if e // size in picked]
         order = sorted(allowed, key=lambda e: (-float(s[t, e]), e))[:model.top_k]
-        z = sum(float(s[t, e]) for e in order)
+        z = 1.0 if llama4 else sum(float(s[t, e]) for e in order)
         for e in order:
             b1 = mb.expert_b1[e] if mb.expert_b1 is not None else None
             b2 = mb.expert_b2[e] if mb.expert_b2 is not None else None
-            out[t] += model.router_scaling * float(s[t, e]) / z * ffn(x[t:t + 1], mb.expert_w1[e], mb.expert_w2[e],
-                                                                     b1, b2, sw)[0]
+            p = model.router_scaling * float(s[t, e]) / z
+            if llama4:
+                out[t] += ffn(p * x[t:t + 1], mb.expert_w1[e], mb.expert_w2[e], b1, b2, sw)[0]
+            else:
+                out[t] += p * ffn(x[t:t + 1], mb.expert_w1[e], mb.expert_w2[e], b1, b2, sw)[0]
     if mb.shared_w1 is not None:
         sh = ffn(x, mb.shared_w1, mb.shared_w2, None, None, sw)
         if mb.shared_gate is not None:
@@ -244,10 +248,17 @@ VARIANTS = [MOE, dataclasses.replace(MOE, name="moe-sigmoid-gelu", router="sigmo
             # (a group scored by its top-2, as V3's 8 of 256 from 4 of 8 groups), the weights scaled by 2.5
             # (routed_scaling_factor); a shared expert, one dense layer
             dataclasses.replace(MOE, name="moe-grouped", router="sigmoid", experts=8, top_k=4, router_groups=4,
-                                router_group_topk=2, router_scaling=2.5)]
+                                router_group_topk=2, router_scaling=2.5),
+            # Llama 4's: top-1 of the logits, its sigmoid scaling the expert's input, a shared expert; chunked attention
+            # (16-token chunks) on layers 0-2, layer 3 full (chunked_period 4); dense and MoE layers alternating
+            # (Maverick's)
+            dataclasses.replace(MOE, name="moe-llama4", router="sigmoid_topk", top_k=1, shared_gate=False,
+                                attention_chunk=16, chunked_layers=3, chunked_period=4, dense_layers=2,
+                                dense_period=2)]
 ETP_MODEL = 4  # the variant the etp cases run (SwiGLU, shared experts with their gate)
 OSS_MODEL = 5
 GROUPED_MODEL = 6
+LLAMA4_MODEL = 7
 
 
 @pytest.mark.parametrize("model", VARIANTS, ids=lambda m: m.name)
@@ -379,6 +390,8 @@ TWO = [dict(lay=dict(dp=2, ep=2), pol="store_all", steps=10),
        dict(lay=dict(dp=2, ep=2), pol="memo", variant=3),  # dense and MoE layers alternating
        # DeepSeek-V3's group-limited routing and scaled weights, each token's experts from its best two groups
        dict(lay=dict(tp=2, sp=True, ep=2), pol="memo", variant=GROUPED_MODEL),
+       # Llama 4's router (its weight on the expert's input) and chunked attention over the TP pair's heads
+       dict(lay=dict(tp=2, sp=True, ep=2), pol="memo", variant=LLAMA4_MODEL),
        # forced balance: round-robin by position in the sequence, on each rank's rows as on one process
        dict(lay=dict(dp=2, ep=2, moe_balance="forced"), pol="memo"),
        dict(lay=dict(tp=2, sp=True, ep=2, moe_balance="forced"), pol="store_all"),
@@ -513,7 +526,11 @@ FOUR = [dict(lay=dict(tp=2, sp=True, dp=2, ep=2), pol="store_all", steps=10),
         dict(lay=dict(pp=2, dp=2, ep=2, zero=3, dp_mode="fsdp", reshard_after_forward=False), pol="store_all", batch=4,
              schedule="1f1b", micro=1, steps=3),
         dict(lay=dict(pp=2, dp=2, zero=3, dp_mode="fsdp", reshard_after_forward=False), pol="memo", batch=4,
-             schedule="1f1b", micro=1)]
+             schedule="1f1b", micro=1),
+        # Llama 4 on two stages: the second stage's layers 2 (chunked) and 3 (full attention, MoE) placed by the
+        # model's layer index
+        dict(lay=dict(pp=2, dp=2, ep=2), pol="full_recompute", batch=4, schedule="1f1b", micro=1,
+             variant=LLAMA4_MODEL)]
 # the ETP, ZeRO, FSDP and GPT-OSS cases in the slow selection, which CI runs beside the default one (the two take
 # about as long: .ci/run)
 FOUR, FOUR_MORE = FOUR[:10], FOUR[10:]

@@ -160,6 +160,10 @@ def test_megatron_script_carries_the_models_numerics_and_names_what_it_cannot():
     assert args["--rotary-percent"] == "0.5" and not any("rotary" in g for g in gaps), gaps
     args, gaps = script("llama-4-scout")
     assert args["--no-rope-freq"] == "4" and not any("NoPE" in g for g in gaps), gaps
+    # its router's weight scales the expert's input (TransformerConfig's moe_apply_probs_on_input); a weight on the
+    # output (every other router) writes nothing
+    assert "--moe-apply-probs-on-input" in args and args["--moe-router-topk"] == "1"
+    assert "--moe-apply-probs-on-input" not in script("glm-4.5-air")[0]
 
 
 def test_deepspeed_script_carries_the_models_rotary_base_and_norm_epsilon():

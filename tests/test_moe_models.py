@@ -271,8 +271,10 @@ def test_chunked_attention_counts_each_chunks_causal_square():
     from memo_sim.plan.executor_scope import plan_why_not
     from memo_sim.policy import get_policy
 
-    why = plan_why_not(m, Layout(ep=2, dp=2), get_policy("store_all"), "single_stage", 2, 2, 16384)
-    assert "attention_chunk = 8192: the executor does not build chunked attention" in why
+    # the executor masks the chunks on a rank holding its heads' whole sequence (tests/test_exec_llama4.py)
+    assert plan_why_not(m, Layout(ep=2, dp=2), get_policy("store_all"), "single_stage", 2, 2, 16384) is None
+    why = plan_why_not(m, Layout(ep=2, cp=2), get_policy("store_all"), "single_stage", 2, 2, 16384)
+    assert "attention_chunk with cp 2" in why, why
     from memo_sim.policy import policy_class
 
     dense = replace(m, experts=0, top_k=0, shared_experts=0, shared_ffn=0, router="softmax", name="dense-chunked")
@@ -282,7 +284,7 @@ def test_chunked_attention_counts_each_chunks_causal_square():
 def test_llama_4s_router_is_its_own_and_megatron_writes_no_expert_bias():
     """Llama 4 routes by the sigmoid of the chosen logits with no correction bias: the Megatron script turned on
     --moe-router-enable-expert-bias (DeepSeek-V3's aux-loss-free bias; a user's review); DeepSeek-V3 keeps it. The
-    executor's routers are the contract's list (a plan with another router is refused in one line)."""
+    executor's routers are the contract's list, every router the simulator prices."""
     pytest.importorskip("torch")
     from memo_exec.moe.routers import ROUTERS as EXEC
     from memo_sim.export.megatron import arguments
@@ -298,9 +300,12 @@ def test_llama_4s_router_is_its_own_and_megatron_writes_no_expert_bias():
         assert args["--moe-router-score-function"] == "sigmoid"
         assert ("--moe-router-enable-expert-bias" in args) == bias, (name, args)
     assert PRESETS["llama-4-scout"].router == "sigmoid_topk"
-    assert "router = 'sigmoid_topk': the executor runs" in moe_why_not(
-        ModelConfig.from_dict({**PRESETS["llama-4-scout"].to_dict(), "attention_chunk": 0, "chunked_layers": 0,
-                               "chunked_period": 0}), Layout(ep=2, dp=2))
+    # the executor runs it since 2026-11-30 (its weight on the experts' input, tests/test_exec_moe.py), and every
+    # router the simulator prices
+    assert moe_why_not(PRESETS["llama-4-scout"], Layout(ep=2, dp=2)) is None
+    from memo_sim.model.moe_routers import ROUTER_NAMES
+
+    assert set(EXEC_ROUTERS) == set(ROUTER_NAMES)
 
 
 def test_llama_4_exports_name_its_chunked_attention_and_price_a_frameworks_plan_without_it():

@@ -162,11 +162,17 @@ class MoEBlock:
     def _experts(self, w, xe: torch.Tensor, counts: list[int], probs: torch.Tensor, layer: int | None,
                  phase: str, recompute_act: bool = False) -> torch.Tensor:
         """The local experts' outputs for the copies ``xe`` (grouped by local expert, ``counts``), weighted by
-        ``probs``; under etp > 1 through the ETP group's gather and reduce-scatter (`memo_exec.moe.etp`)."""
+        ``probs`` (inside the activation, or, Llama 4's router, on the input: ``x * p`` into the experts, as
+        Megatron-LM's --moe-apply-probs-on-input multiplies the permuted tokens); under etp > 1 through the ETP
+        group's gather and reduce-scatter (`memo_exec.moe.etp`)."""
+        if self.router.on_input:
+            xe, probs = xe * probs.view(-1, 1).to(xe.dtype), xe.new_ones(xe.shape[0])
         if self.etp is None:
-            return run_experts(xe, counts, w, self.swiglu, probs=probs, recompute_act=recompute_act)
+            return run_experts(xe, counts, w, self.swiglu, probs=None if self.router.on_input else probs,
+                               recompute_act=recompute_act)
         xg, cg, pg, st = self.etp.gather(xe, counts, probs, layer, phase)
-        return self.etp.scatter(run_experts(xg, cg, w, self.swiglu, probs=pg, recompute_act=recompute_act), st)
+        return self.etp.scatter(run_experts(xg, cg, w, self.swiglu, probs=None if self.router.on_input else pg,
+                                            recompute_act=recompute_act), st)
 
     def forward(self, w, S, out: torch.Tensor, layer: int | None = None, phase: str = "fwd") -> None:
         """Write the block's output for every local row into ``out`` [T, h]; keep what the storage says."""

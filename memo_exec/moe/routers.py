@@ -1,12 +1,16 @@
 """MoE routers by name (``ModelConfig.router``): the score function, then top-k over the scores.
 
-A score function ``logits [T, E] -> scores [T, E]`` is registered with ``@ROUTERS.register("name")``;
-`router_for` makes the model's `Router` of it: ``(logits, k, idx=None) -> (idx [T, k] int64,
-weights [T, k])``. ``idx`` given (the routing a forward chose, kept for the backward) selects those
+A score function ``logits [T, E] -> scores [T, E]`` is registered by the router's name with ``ROUTERS.add``;
+`router_for` makes the model's `Router` of it, with what the router's description says
+(`memo_sim.model.moe_routers`: whether the chosen weights are normalised, whether they scale the experts'
+input): ``(logits, k, idx=None) -> (idx [T, k] int64, weights [T, k])``. ``idx`` given (the routing a
+forward chose, kept for the backward) selects those
 experts instead of choosing again, so a recompute from a slightly different input never changes
 where tokens go (and so never changes the all-to-all's split sizes). Top-k is deterministic: a
 stable descending sort, so tied scores pick the lower expert index (a tied group the lower group).
-The chosen weights are normalised to sum to 1 (the sim's `memo_sim.model.moe_routers`), then
+The chosen weights are normalised to sum to 1 (the sim's `memo_sim.model.moe_routers`; not Llama 4's
+``sigmoid_topk``: the sigmoid of each chosen logit as it is, applied to the expert's input, as transformers'
+Llama4TextMoe and Megatron-LM's --moe-apply-probs-on-input do, `memo_exec.moe.block`), then
 multiplied by the model's ``router_scaling`` (DeepSeek-V3's and GLM-4.5's routed_scaling_factor,
 Megatron-LM's --moe-router-topk-scaling-factor).
 
@@ -51,35 +55,35 @@ def top_k(scores: torch.Tensor, k: int, groups: int = 0, group_topk: int = 0) ->
     return _descending(s, k).contiguous()
 
 
-@ROUTERS.register("softmax")
-def softmax_scores(logits: torch.Tensor) -> torch.Tensor:
-    """Softmax over all experts' logits."""
-    return torch.softmax(logits, dim=-1)
-
-
-@ROUTERS.register("sigmoid")
-def sigmoid_scores(logits: torch.Tensor) -> torch.Tensor:
-    """A sigmoid per expert."""
-    return torch.sigmoid(logits)
+# score functions, each monotonic per expert (so top-k of the scores is top-k of the logits)
+ROUTERS.add("softmax", lambda logits: torch.softmax(logits, dim=-1))  # softmax over all experts' logits
+ROUTERS.add("sigmoid", torch.sigmoid)  # a sigmoid per expert
+ROUTERS.add("sigmoid_topk", torch.sigmoid)  # Llama 4's: the chosen logits' sigmoid, not normalised, on the input
 
 
 @dataclass(frozen=True)
 class Router:
-    """A model's router: its score function, group limit and output scale."""
+    """A model's router: its score function, group limit, output scale, and (from the router's description)
+    whether the chosen weights are normalised and whether they scale the experts' input."""
 
     scores: Callable[[torch.Tensor], torch.Tensor]
     groups: int = 0
     group_topk: int = 0
     scaling: float = 1.0
+    normalised: bool = True
+    on_input: bool = False
 
     def __call__(self, logits: torch.Tensor, k: int, idx: torch.Tensor | None = None):
         s = self.scores(logits)
         if idx is None:
             idx = top_k(s, k, self.groups, self.group_topk)
         w = s.gather(1, idx)
-        w = w / w.sum(-1, keepdim=True)
+        if self.normalised:
+            w = w / w.sum(-1, keepdim=True)
         return idx, (w * self.scaling if self.scaling != 1.0 else w)
 
 
 def router_for(model: ModelConfig) -> Router:
-    return Router(ROUTERS.get(model.router), model.router_groups, model.router_group_topk, model.router_scaling)
+    spec = model.moe_router
+    return Router(ROUTERS.get(model.router), model.router_groups, model.router_group_topk, model.router_scaling,
+                  spec.normalised, spec.weights_input)

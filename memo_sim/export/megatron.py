@@ -199,6 +199,8 @@ def moe_arguments(plan: Plan, lay) -> list[tuple[str, str | None]]:
                  ("--moe-router-group-topk", str(m.router_group_topk))]
     if m.router_scaling != 1.0:
         args.append(("--moe-router-topk-scaling-factor", repr(m.router_scaling)))
+    if r.weights_input and m.top_k == 1:  # Llama 4's weight on the expert's input (Megatron-Core asserts top-1)
+        args.append(("--moe-apply-probs-on-input", None))
     args += [("--expert-model-parallel-size", str(lay.ep)), ("--expert-tensor-parallel-size", str(lay.etp)),
              ("--moe-token-dispatcher-type", lay.dispatcher.megatron), ("--moe-grouped-gemm", None)]
     if lay.dispatcher.megatron_backend:

@@ -493,6 +493,19 @@ class ModelConfig:
         i = min(i, self.layers - 1)
         return 0 if (i + 1) % self.sliding_period == 0 else self.sliding_window
 
+    def chunk_at(self, i: int) -> int | None:
+        """The attention chunk of layer ``i`` (0-based; a multi-token-prediction module's ``layers + k`` as the last
+        layer): ``attention_chunk`` where it is chunked, 0 where it attends to every earlier token; None where the
+        model does not say (``chunked_layers`` some but not all of the layers, no ``chunked_period``)."""
+        if not self.chunked_layers:
+            return 0
+        if self.chunked_layers == self.layers:
+            return self.attention_chunk
+        if not self.chunked_period:
+            return None
+        i = min(i, self.layers - 1)
+        return 0 if (i + 1) % self.chunked_period == 0 else self.attention_chunk
+
     def dense_layer_at(self, i: int) -> bool:
         """Whether layer ``i`` (0-based) of a mixture of experts keeps a dense FFN: one of the first
         ``dense_layers``, or with ``dense_period`` N every layer but each N-th (module docs); False for a

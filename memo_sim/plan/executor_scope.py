@@ -19,8 +19,9 @@ The executor builds:
   `EXEC_BALANCES`);
 - multi-head / grouped-query attention, with any head size (``head_dim``), QK norms, attention sinks and sliding
   windows (GPT-OSS's, placed by ``sliding_period``; on one rank's whole sequence: Megatron TP, data parallelism,
-  pipelines, not ring CP, Ulysses or METP's rings, not SPPO's pieces; `memo_exec.attention_sinks`); no latent
-  attention, no chunked attention;
+  pipelines, not ring CP, Ulysses or METP's rings, not SPPO's pieces; `memo_exec.attention_sinks`), and chunked
+  attention (Llama 4's, placed by ``chunked_period``, under the same rule; the math kernel masks the earlier
+  chunks); no latent attention;
 - uncompiled kernels (``kernel_fusion`` fused), its own ring (no ``ring_merge`` passes), a static memory plan for
   MEMO only;
 - FSDP on one stage and beside pipeline stages as torchtitan runs it (a mixture of experts' routed experts sharded
@@ -39,7 +40,7 @@ from memo_sim.model.config import ModelConfig
 EXEC_GEMM_FORMATS = ("bf16", "fp8-tensorwise")  # `memo_exec.gemm_formats.GEMMS` (a test holds them equal)
 CUDA_MULTIPLE = 16  # torch._scaled_mm on CUDA: the reduction dimension and the second operand's a multiple of this
 EXEC_DISPATCHERS = ("alltoall", "allgather", "deepep")  # `memo_exec.moe.dispatchers` (a test holds them equal)
-EXEC_ROUTERS = ("softmax", "sigmoid")  # `memo_exec.moe.routers` (a test holds them equal)
+EXEC_ROUTERS = ("softmax", "sigmoid", "sigmoid_topk")  # `memo_exec.moe.routers` (a test holds them equal)
 # the expert loads it routes (`memo_exec.moe.balance`: the router's own, equal counts round-robin, a uniform draw;
 # `memo_exec.moe.capacity`: the router's dropped and padded to a capacity): every balance kind the simulator prices
 EXEC_BALANCES = ("dropless", "measured", "forced", "random", "capacity")
@@ -104,26 +105,29 @@ def ffn_why_not(model: ModelConfig) -> str | None:
 
 
 def attention_why_not(model: ModelConfig, layout: Layout | None = None, schedule: str = "") -> str | None:
-    """Why the executor cannot build the model's attention (latent attention, chunked attention; sinks and sliding
-    windows where the sequence or the heads are split otherwise than by Megatron TP, or under SPPO; sliding layers
-    the model does not place), or None."""
+    """Why the executor cannot build the model's attention (latent attention; sinks, sliding windows and chunks
+    where the sequence or the heads are split otherwise than by Megatron TP, or under SPPO; sliding or chunked
+    layers the model does not place), or None."""
     m = model
-    for field_, on, what in (("kv_lora_rank", m.kv_lora_rank, "multi-head latent attention"),
-                             ("attention_chunk", m.attention_chunk, "chunked attention")):
-        if on:
-            return (f"plan model {m.name}: {field_} = {on!r}: the executor does not build {what} yet (the simulator "
-                    f"prices it); plan a model without it to run")
+    if m.kv_lora_rank:
+        return (f"plan model {m.name}: kv_lora_rank = {m.kv_lora_rank!r}: the executor does not build multi-head "
+                f"latent attention yet (the simulator prices it); plan a model without it to run")
     if m.sliding_layers and m.window_at(0) is None:
         return (f"plan model {m.name}: sliding_layers = {m.sliding_layers} of {m.layers} without sliding_period: the "
                 f"executor must know which layers slide; give sliding_period (GPT-OSS: 2)")
-    what = [n for n, on in (("attention_sinks", m.attention_sinks), ("sliding_window", m.sliding_layers)) if on]
+    if m.chunked_layers and m.chunk_at(0) is None:
+        return (f"plan model {m.name}: chunked_layers = {m.chunked_layers} of {m.layers} without chunked_period: the "
+                f"executor must know which layers are chunked; give chunked_period (Llama 4: 4)")
+    what = [n for n, on in (("attention_sinks", m.attention_sinks), ("sliding_window", m.sliding_layers),
+                            ("attention_chunk", m.chunked_layers)) if on]
     if not what or layout is None:
         return None
     head = f"plan model {m.name}: {' and '.join(what)}"
     split = [f"{f} {getattr(layout, f)}" for f in ("cp", "ulysses") if getattr(layout, f) > 1]
     if split:
-        return (f"{head} with {', '.join(split)}: the executor applies sinks and windows on a rank that holds the "
-                f"whole sequence of its heads (Megatron TP, data parallelism, pipelines); plan without cp / ulysses")
+        return (f"{head} with {', '.join(split)}: the executor applies sinks, windows and chunks on a rank that holds "
+                f"the whole sequence of its heads (Megatron TP, data parallelism, pipelines); plan without cp, "
+                f"ulysses")
     if layout.tp > 1 and layout.tp_mode != "megatron":
         return f"{head} with tp_mode {layout.tp_mode}: the executor applies them under Megatron TP only"
     if schedule == "sppo":

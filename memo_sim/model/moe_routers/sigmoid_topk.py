@@ -3,7 +3,8 @@ transformers' Llama4Router: no normalisation of the chosen weights, no correctio
 loss where the model has one). Megatron-Core's ``--moe-router-score-function sigmoid`` without the expert bias
 picks the same experts with the same weights (the sigmoid is monotonic) where the weights are not normalised. The
 same fp32 passes as the other routers. Llama 4 applies the weight to the experts' input, not their output: the
-same FLOPs and bytes, which is all the simulator prices; memo's executor does not run this router.
+same FLOPs, which the simulator prices (the weighted input the experts' first GEMM keeps beside the
+unweighted one, k x hidden per token, is not counted); memo's executor runs it so (`memo_exec.moe.routers`).
 """
 
 from __future__ import annotations
@@ -13,4 +14,4 @@ from memo_sim.model.moe_routers.registry import ROUTERS
 
 ROUTERS.add("sigmoid_topk", Router("sigmoid_topk", "top-k of the logits weighted by their sigmoid (Llama 4)",
                                    score_passes=2, balancing="auxiliary loss where the model has one",
-                                   score_function="sigmoid"))
+                                   score_function="sigmoid", normalised=False, weights_input=True))
