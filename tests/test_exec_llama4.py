@@ -133,3 +133,32 @@ def test_a_llama_4_config_is_planned_and_run_and_its_chunks_change_the_loss(tmp_
                                                                     chunked_period=0))
         unchunked, _, _ = one_process_run(whole)
     assert abs(chunked - unchunked) > 1e-7 * abs(chunked), (chunked, unchunked)
+
+
+def test_the_routers_weight_on_the_input_is_exported_at_top_1_and_named_a_gap_above():
+    """Megatron-LM's --moe-apply-probs-on-input runs top-1 only (experts.py asserts it): a top-2 model with Llama 4's
+    router gets no flag and a gap naming what the script runs instead (a review)."""
+    from memo_sim.export.megatron import arguments, gaps
+    from memo_sim.policy import get_policy
+    from tests.exec_helpers import make_plan
+
+    top2 = dataclasses.replace(PRESETS["llama-4-scout"], top_k=2)
+    plan = make_plan(top2, 4096, get_policy("store_all"))
+    assert "--moe-apply-probs-on-input" not in dict(arguments(plan, []))
+    assert any("weight on the experts' input (sigmoid_topk, top-2)" in g.what for g in gaps(plan))
+    top1 = make_plan(PRESETS["llama-4-scout"], 4096, get_policy("store_all"))
+    assert not any("experts' input" in g.what for g in gaps(top1))
+
+
+def test_a_capacity_with_expert_biases_under_input_weights_is_refused_in_one_line():
+    """A padded copy carries weight 0: on the experts' input it would still add its expert's biases (a review)."""
+    from memo_sim.plan.executor_scope import plan_why_not
+    from memo_sim.policy.registry import get_policy
+
+    m = ModelConfig("l4b", 4, 64, 4, 128, vocab=128, experts=4, top_k=1, expert_ffn=48, router="sigmoid_topk",
+                    moe_bias=True)
+    why = plan_why_not(m, Layout(moe_balance="capacity:1.5"), get_policy("store_all"), "single_stage", 1, 1, 32)
+    assert why and "expert biases" in why and "plan dropless" in why and "\n" not in why, why
+    assert plan_why_not(m, Layout(), get_policy("store_all"), "single_stage", 1, 1, 32) is None
+    assert plan_why_not(dataclasses.replace(m, moe_bias=False), Layout(moe_balance="capacity:1.5"),
+                        get_policy("store_all"), "single_stage", 1, 1, 32) is None

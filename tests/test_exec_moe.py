@@ -354,6 +354,21 @@ def test_a_glm_moe_config_is_planned_and_run_with_its_grouped_scaled_routing(tmp
     assert (tmp_path / "run" / "report.md").is_file()
 
 
+def test_softmax_routing_scores_the_groups_on_the_logits():
+    """Megatron-LM's default softmax router takes the top-k of the logits (its softmax after), its sigmoid router
+    the top-k of the sigmoids: groups of two, the best group's two experts. Row 0's groups (3, -10) and (1, 1) rank
+    group 1 first on the logits' sums, group 0 on the softmax probabilities' (a review: the executor summed
+    probabilities); row 1's (6, -0.5) and (1, 1) rank group 0 first on the logits, group 1 on the sigmoids."""
+    from memo_exec.moe.routers import router_for
+
+    model = dataclasses.replace(MOE, experts=4, top_k=2, router_groups=2, router_group_topk=1)
+    logits = torch.tensor([[3.0, -10.0, 1.0, 1.0], [6.0, -0.5, 1.0, 1.0]], dtype=torch.float64)
+    idx, w = router_for(model)(logits, 2)
+    assert idx.tolist() == [[2, 3], [0, 1]] and torch.allclose(w[0], torch.tensor([0.5, 0.5], dtype=torch.float64))
+    sig = dataclasses.replace(model, router="sigmoid")
+    assert router_for(sig)(logits, 2)[0].tolist() == [[2, 3], [2, 3]]
+
+
 @pytest.mark.parametrize("pol", POLICIES)
 def test_single_process_policies_agree(pol):
     """Store all keeps the blocks' graphs, full recompute, MEMO and recompute_moe (Megatron's

@@ -16,7 +16,9 @@ Megatron-LM's --moe-router-topk-scaling-factor).
 
 Group-limited routing (``router_groups`` / ``router_group_topk``: DeepSeek-V3's n_group / topk_group,
 Megatron-LM's --moe-router-num-groups / --moe-router-group-topk): the experts in equal groups, a group
-scored by the sum of its ``top_k // router_group_topk`` best scores (Megatron-LM's
+scored by the sum of its ``top_k // router_group_topk`` best scores (the logits under softmax routing, which
+Megatron-LM's default runs top-k on before its softmax; HF DeepSeek-V2's greedy takes a group's best probability)
+(Megatron-LM's
 `group_limited_topk`, DeepSeek-V3's top-2 of 8 over 4 groups; at least one score where top_k is below
 the groups picked), each token's experts the top-k of its ``router_group_topk`` best groups.
 The sigmoid router's DeepSeek-V3 correction bias (a buffer for the selection only, updated from the
@@ -72,11 +74,12 @@ class Router:
     scaling: float = 1.0
     normalised: bool = True
     on_input: bool = False
+    groups_on_logits: bool = False  # groups scored on the logits (softmax routing), not on the scores
 
     def __call__(self, logits: torch.Tensor, k: int, idx: torch.Tensor | None = None):
         s = self.scores(logits)
         if idx is None:
-            idx = top_k(s, k, self.groups, self.group_topk)
+            idx = top_k(logits if self.groups and self.groups_on_logits else s, k, self.groups, self.group_topk)
         w = s.gather(1, idx)
         if self.normalised:
             w = w / w.sum(-1, keepdim=True)
@@ -86,4 +89,4 @@ class Router:
 def router_for(model: ModelConfig) -> Router:
     spec = model.moe_router
     return Router(ROUTERS.get(model.router), model.router_groups, model.router_group_topk, model.router_scaling,
-                  spec.normalised, spec.weights_input)
+                  spec.normalised, spec.weights_input, spec.score_function == "softmax")

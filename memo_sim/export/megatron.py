@@ -114,6 +114,10 @@ def _attention_gaps(plan: Plan) -> list[Gap]:
     if m.chunked_layers:  # arguments.py at d98e8a64 has --no-rope-freq, no chunked attention
         out.append(Gap(f"chunked attention ({m.attention_chunk}-token chunks on {m.chunked_layers} of {m.layers} "
                        f"layers)", "full causal attention on every layer: Megatron-LM has no chunked attention"))
+    if m.moe and m.moe_router.weights_input and m.top_k > 1:  # experts.py asserts moe_router_topk 1 under the flag
+        out.append(Gap(f"the router's weight on the experts' input ({m.router}, top-{m.top_k})",
+                       "the weights on the experts' output, normalised: Megatron-LM's --moe-apply-probs-on-input "
+                       "runs top-1 only"))
     if m.sliding_layers and not _window_pattern(m):  # how many layers slide, not which: the pattern is the user's
         out.append(Gap(f"a {m.sliding_window}-token sliding window on {m.sliding_layers} of {m.layers} layers",
                        f"full causal attention on every layer: add --window-size {m.sliding_window - 1},0 and the "

@@ -302,14 +302,14 @@ def sppo_memory(model: ModelConfig, layout: Layout, batch: int, seq: int, policy
                                                           offloaded)
         return v
 
-    for s, pieces in enumerate(stage_pieces):
-        n_l = len(layers[s])
+    def walk(pieces, n_l: int, last_stage: bool, states: float) -> tuple:
+        """One stage's walk (module docs): what it gives depends on these only, so the stages that share them (a
+        pipeline's middle stages) walk once."""
         n_k = len(pieces)
         n_u = n_k * n_l
         longest = max(p.tokens for p in pieces)
         transient, boundary, classifier = sppo_unit_working_bytes(model, layout, batch, longest)
         work = transient + boundary
-        last_stage = s == layout.pp - 1
         ub_off = [ub(p, k < n_k - 1, True) for k, p in enumerate(pieces)]
         ub_keep = [ub(p, k < n_k - 1, False) for k, p in enumerate(pieces)]
         kv_piece = [u.kv for u in ub_keep]
@@ -322,7 +322,6 @@ def sppo_memory(model: ModelConfig, layout: Layout, batch: int, seq: int, policy
         for u in range(n_u):
             b = (ub_off if u < n_off else ub_keep)[u // n_l]
             sk_u[u], lse_u[u], off_u[u] = b.skeletal, b.lse, b.offload
-        states = stage_model_state_bytes(model, layout, s)
         skel = lse = dkv = dgrad = 0.0
         peak, where, snap = -1.0, None, (0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
         for u in range(n_u):  # forward
@@ -362,7 +361,16 @@ def sppo_memory(model: ModelConfig, layout: Layout, batch: int, seq: int, policy
             if k < n_k - 1:
                 dkv -= kv_piece[k]
         host_gpu = sum(ub_off[u // n_l].host_block for u in range(n_off))
-        phase, u = where
+        return (peak, where, snap, transient, boundary, kv_all, dkv_peak, kept, host_gpu, sum(off_u[:n_off]))
+
+    walks: dict[tuple, tuple] = {}
+    for s, pieces in enumerate(stage_pieces):
+        n_l = len(layers[s])
+        states = stage_model_state_bytes(model, layout, s)
+        key = (tuple((p.sub, p.part, p.parts, p.start, p.end) for p in pieces), n_l, s == layout.pp - 1, states)
+        if key not in walks:
+            walks[key] = walk(pieces, n_l, s == layout.pp - 1, states)
+        peak, (phase, u), snap, transient, boundary, kv_all, dkv_peak, kept, host_gpu, host_per_gpu = walks[key]
         k, j = divmod(u, n_l)
         at = f"classifier {pieces[k].tag()}" if phase == "classifier" else f"{phase} {pieces[k].tag()} L{layers[s][j]}"
         sk_p, lse_p, dkv_p, dgrad_p, work_p, cls_p = snap
@@ -372,7 +380,7 @@ def sppo_memory(model: ModelConfig, layout: Layout, batch: int, seq: int, policy
             transient_planned_bytes=transient, transient_caching_allocator=transient,
             layer_boundary_bytes=boundary if work_p else 0.0, classifier_peak_bytes=cls_p,
             peak_gpu_bytes=peak, gpu_capacity_bytes=profile.usable_gpu_memory,
-            host_bytes_per_gpu=sum(off_u[:n_off]), host_bytes_per_node=0.0,
+            host_bytes_per_gpu=host_per_gpu, host_bytes_per_node=0.0,
             host_capacity_bytes=profile.host_capacity(min(layout.gpus, profile.node_gpus)))
         out.append(StageMemory(s, bd, kv_all, dkv_peak, max(0.0, kept), at, host_gpu))
     per_node = node_stage_gpus(layout, profile.node_gpus)

@@ -14,7 +14,8 @@ The executor builds:
   (DeepEP's deduplicated sends, over torch's all-to-all) and expert tensor parallelism ``etp`` (each expert's FFN
   sliced over the ETP group, its copies all-gathered there), dropless routing (softmax or
   sigmoid scores, group-limited where the model has ``router_groups``, the weights scaled by ``router_scaling``;
-  the sigmoid router's correction bias left at zero), equal counts round-robin (``forced``), a uniform draw per
+  the sigmoid router's correction bias left at zero; Llama 4's ``sigmoid_topk`` weighting the experts' input, not
+  under a capacity where the experts have biases), equal counts round-robin (``forced``), a uniform draw per
   token (``random``) or the router's choice dropped and padded to a capacity factor (``capacity:F``;
   `EXEC_BALANCES`);
 - multi-head / grouped-query attention, with any head size (``head_dim``), QK norms, attention sinks and sliding
@@ -147,6 +148,9 @@ def moe_why_not(model: ModelConfig, layout: Layout) -> str | None:
     if layout.moe_dispatcher not in EXEC_DISPATCHERS:
         return (f"plan layout {lab}: moe_dispatcher = {layout.moe_dispatcher!r}: the executor runs "
                 f"{' and '.join(EXEC_DISPATCHERS)} only; plan with moe_dispatcher alltoall")
+    if model.moe_router.weights_input and model.moe_bias and layout.balance.kind == "capacity":
+        return (f"plan layout {lab}: moe_balance = {layout.moe_balance!r} with router {model.router!r} and expert "
+                f"biases: a padded copy (weight 0 on its input) would add its expert's biases; plan dropless")
     if layout.balance.kind not in EXEC_BALANCES:  # measured loads are a dropless router's
         return (f"plan layout {lab}: moe_balance = {layout.moe_balance!r}: the executor routes the balances "
                 f"{', '.join(EXEC_BALANCES)} only; plan with moe_balance dropless")
