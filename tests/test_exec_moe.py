@@ -545,7 +545,9 @@ FOUR = [dict(lay=dict(tp=2, sp=True, dp=2, ep=2), pol="store_all", steps=10),
         # Llama 4 on two stages: the second stage's layers 2 (chunked) and 3 (full attention, MoE) placed by the
         # model's layer index
         dict(lay=dict(pp=2, dp=2, ep=2), pol="full_recompute", batch=4, schedule="1f1b", micro=1,
-             variant=LLAMA4_MODEL)]
+             variant=LLAMA4_MODEL),
+        # Llama 4's weight on the input of the ETP pair's gathered copies (as Megatron-Core's experts apply it)
+        dict(lay=dict(tp=2, sp=True, dp=2, ep=2, etp=2), pol="memo", variant=LLAMA4_MODEL)]
 # the ETP, ZeRO, FSDP and GPT-OSS cases in the slow selection, which CI runs beside the default one (the two take
 # about as long: .ci/run)
 FOUR, FOUR_MORE = FOUR[:10], FOUR[10:]

@@ -271,7 +271,8 @@ CASES = [(dict(dp=2, ep=2), "store_all", 0), (dict(tp=2, sp=True, ep=2), "store_
          (dict(dp=2, ep=2, moe_dispatcher="allgather"), "store_all", 0),
          # Llama 4's router: the weight on the experts' input keeps the copies before the multiply too, no
          # normalisation's operands (a review, 2026-11-30: counted 15,872 bytes short a layer at T 64)
-         (dict(tp=2, sp=True, ep=2), "store_all", LLAMA4_MODEL)]
+         (dict(tp=2, sp=True, ep=2), "store_all", LLAMA4_MODEL),
+         (dict(tp=2, sp=True, etp=2), "store_all", LLAMA4_MODEL)]
 
 
 @pytest.fixture(scope="module")
@@ -384,4 +385,10 @@ def test_moe_memory_names_match_the_simulators_where_they_agree():
     g = graph_bytes(model, SEQ_TOKENS, 4)
     for n in ("moe_in", "efc1", "eact", "sfc1", "sact", "sfc2"):
         assert g[n] == tensor_bytes(specs[n], lay, 1, SEQ_TOKENS), n
+    # Llama 4's router: the weighted copies beside the dispatched ones, in both
+    llama4 = dataclasses.replace(VARIANTS[LLAMA4_MODEL], dtype="fp32")
+    g4, specs4 = graph_bytes(llama4, SEQ_TOKENS, 4), layer_tensors(llama4)
+    for n in ("moe_in", "moe_in_w", "efc1", "eact"):
+        assert g4[n] == tensor_bytes(specs4[n], lay, 1, SEQ_TOKENS), n
+    assert "moe_in_w" not in g and "moe_in_w" not in specs
     assert g["probs"] == tensor_bytes(specs["probs"], lay, 1, SEQ_TOKENS)  # fp32: the simulator's fp32 scores

@@ -391,3 +391,26 @@ def test_a_config_json_without_model_type_says_which_key_to_add(tmp_path):
     r = CliRunner().invoke(cli, ["whatif", "--model", str(tmp_path / "noarch.json"), "--gpus", "8", "--no-plan"])
     assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
     assert "neither model_type nor architectures" in r.output and "add its model_type" in r.output
+
+
+def test_llama_4s_input_weighting_is_an_op_and_keeps_the_weighted_copies():
+    """Llama 4's router weights each dispatched copy before the experts (Megatron-Core's --moe-apply-probs-on-input):
+    the layer graph has the multiply (moe_in -> moe_in_w, which the first expert GEMM reads) and keeps both copies,
+    k x hidden per token of the layer more than a router weighting the output (as memo-exec's block keeps them,
+    tests/test_exec_moe_memory.py); no other router has the op."""
+    from dataclasses import replace
+
+    from memo_sim.cost.activations import skeletal_bytes
+    from memo_sim.layout.parallel import Layout
+    from memo_sim.model.layer_graph import forward_ops, layer_tensors
+
+    m = PRESETS["llama-4-scout"]
+    ops = {op.name: op for op in forward_ops(m)}
+    assert (ops["weight_input"].inputs, ops["weight_input"].outputs) == (("moe_in",), ("moe_in_w",))
+    assert ops["expert_fc1"].inputs == ("moe_in_w",) and layer_tensors(m)["moe_in_w"].saved
+    out_weighted = replace(m, router="sigmoid")  # the same shapes, the weight on the experts' output
+    assert "weight_input" not in {op.name for op in forward_ops(out_weighted)}
+    lay, seq = Layout(), 4096
+    extra = skeletal_bytes(m, lay, 1, seq)["total"] - skeletal_bytes(out_weighted, lay, 1, seq)["total"]
+    assert extra == m.top_k * m.hidden * seq * 2  # bf16 copies of the one-GPU layer's tokens
+    assert skeletal_bytes(m, lay, 1, seq)["moe_block"] - skeletal_bytes(out_weighted, lay, 1, seq)["moe_block"] == extra

@@ -165,14 +165,20 @@ class MoEBlock:
         ``probs`` (inside the activation, or, Llama 4's router, on the input: ``x * p`` into the experts, as
         Megatron-LM's --moe-apply-probs-on-input multiplies the permuted tokens); under etp > 1 through the ETP
         group's gather and reduce-scatter (`memo_exec.moe.etp`)."""
-        if self.router.on_input:
-            xe, probs = xe * probs.view(-1, 1).to(xe.dtype), xe.new_ones(xe.shape[0])
         if self.etp is None:
-            return run_experts(xe, counts, w, self.swiglu, probs=None if self.router.on_input else probs,
-                               recompute_act=recompute_act)
+            xe, probs = self._weighted_input(xe, probs)
+            return run_experts(xe, counts, w, self.swiglu, probs=probs, recompute_act=recompute_act)
         xg, cg, pg, st = self.etp.gather(xe, counts, probs, layer, phase)
-        return self.etp.scatter(run_experts(xg, cg, w, self.swiglu, probs=None if self.router.on_input else pg,
-                                            recompute_act=recompute_act), st)
+        xg, pg = self._weighted_input(xg, pg)  # the ETP group's copies, as Megatron-Core's experts weight them
+        return self.etp.scatter(run_experts(xg, cg, w, self.swiglu, probs=pg, recompute_act=recompute_act), st)
+
+    def _weighted_input(self, xe: torch.Tensor, probs: torch.Tensor) -> tuple:
+        """(the experts' input, the weights their activation applies): ``xe`` and ``probs`` as they are, or under a
+        router weighting the input (Llama 4's) ``xe`` times each copy's weight and no weights after (the multiply
+        keeps ``xe`` and the weights; the experts' first GEMM keeps the product: `memo_exec.moe.memory`)."""
+        if not self.router.on_input:
+            return xe, probs
+        return xe * probs.view(-1, 1).to(xe.dtype), None
 
     def forward(self, w, S, out: torch.Tensor, layer: int | None = None, phase: str = "fwd") -> None:
         """Write the block's output for every local row into ``out`` [T, h]; keep what the storage says."""

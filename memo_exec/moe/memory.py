@@ -17,11 +17,11 @@ choice) and p the TP size (the shared experts run on the TP group's T*p gathered
 - ``probs``: the router's scores [T, E] (softmax or sigmoid output, model dtype; the simulator: fp32);
 - ``route_weights``: the chosen scores [T, k] and their sum [T, 1] (the normalisation's operands; a router that
   does not normalise, Llama 4's, keeps none);
-- ``copy_probs``: each received copy's router weight [R] (the experts' weighted activation keeps it; a router
-  weighting the experts' input, Llama 4's, keeps the R of its own rows for that multiply, under ETP too);
+- ``copy_probs``: each received copy's router weight [R] (the experts' weighted activation keeps it, or the
+  multiply of a router weighting the experts' input, Llama 4's);
 - ``moe_in``: the received copies [R, h]; ``efc1``: [R, expert fc1]; ``eact``: [R, expert width];
-- ``moe_in_unweighted``: under a router weighting the experts' input, the received copies before the multiply
-  [R, h] (its weight's gradient reads them; ``moe_in`` is then the weighted copies the first GEMM keeps);
+- ``moe_in_w``: under a router weighting the experts' input, the weighted copies [R, h] the first GEMM keeps
+  (``moe_in`` then kept by the multiply, for its weight's gradient; the simulator's names);
 - ``copy_order``: the row permutations the gathers' backwards read, int64: the sort of the copies and its
   inverse [T*k] each, and the all-to-all dispatcher's regrouping by local expert and its inverse [R] each
   (one process's local dispatcher has no regrouping: 16 bytes per copy fewer than counted; the all-gather
@@ -68,15 +68,14 @@ def graph_bytes(model: ModelConfig, tokens: int, esize: int, tp: int = 1, routed
     R = sent if routed is None else routed
     G = R * etp  # the copies the experts run: the ETP group's
     router = model.moe_router
-    on_input = router.weights_input
-    out = {"probs": T * model.experts * esize, "copy_probs": (R if on_input else G) * esize,
+    out = {"probs": T * model.experts * esize, "copy_probs": G * esize,
            "moe_in": G * h * esize, "efc1": G * (model.expert_fc1_width // etp) * esize,
            "eact": G * (model.expert_width // etp) * esize,
            "copy_order": (2 * sent + 2 * R + (G if etp > 1 else 0)) * INDEX_BYTES}
     if router.normalised:
         out["route_weights"] = (T * k + T) * esize
-    if on_input:
-        out["moe_in_unweighted"] = R * h * esize
+    if router.weights_input:
+        out["moe_in_w"] = G * h * esize
     sw = model.shared_width
     if sw:
         rows = T * tp

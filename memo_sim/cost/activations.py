@@ -74,7 +74,7 @@ def row_bytes(t: TensorSpec, layout: Layout) -> float:
 # the MoE block's saved tensors (router probabilities, the dispatched tokens, the experts' and shared
 # experts' intermediates, the shared output a shared gate keeps; a name the model does not keep counts nothing)
 RECOMPUTE_GROUPS = {"norms": ("ln1", "ln2"), "moe_act": ("eact",),
-                    "moe_block": ("probs", "moe_in", "efc1", "eact", "sfc1", "sact", "sfc2"),
+                    "moe_block": ("probs", "moe_in", "moe_in_w", "efc1", "eact", "sfc1", "sact", "sfc2"),
                     # a dense MLP checkpointed whole with its norm (TransformerEngine's LayerNormColumnParallelLinear
                     # fuses the pre-MLP norm into fc1, so the checkpoint's input is the residual stream)
                     "mlp": ("ln2", "fc1", "act")}

@@ -34,7 +34,11 @@ MoE block (`_moe_ops`)::
     [shared experts: sfc1 = ln2 @ Ws1, sact, sfc2 = sact @ Ws2, TP-split as a dense FFN]
     y = h1 + moe_out (+ sfc2, times sigmoid(ln2 @ w) under a shared gate)
 
-The routed tensors (moe_in, efc1, eact, efc2) hold top-k rows per token (``routed``: the busiest
+A router that weights the experts' input (Llama 4's ``sigmoid_topk``; Megatron-Core's --moe-apply-probs-on-input)
+multiplies each dispatched copy by its weight before the experts (``weight_input``: moe_in -> moe_in_w, which
+expert_fc1 reads); the multiply keeps moe_in for its weight's gradient, the GEMM keeps moe_in_w.
+
+The routed tensors (moe_in, moe_in_w, efc1, eact, efc2) hold top-k rows per token (``routed``: the busiest
 expert-parallel rank holds more, `memo_sim.cost.activations.tensor_bytes`); moe_in and efc2 are
 whole over the expert tensor-parallel ranks (``etp_whole``: each ETP rank holds the ETP group's
 tokens at full width). Qwen3's QK norms (two RMSNorms over q and k) are not priced as ops.
@@ -178,7 +182,10 @@ def _tensor_rows(model: ModelConfig) -> tuple:
     if not model.moe:
         return tuple(rows + list(_TENSORS[10:]))
     rows += [("probs", "experts32", False, "other", True),
-             ("moe_in", "k_h", True, "other", True),
+             ("moe_in", "k_h", True, "other", True)]
+    if model.moe_router.weights_input:  # the weighted copies the experts' first GEMM reads (Llama 4)
+        rows.append(("moe_in_w", "k_h", True, "other", True))
+    rows += [
              ("efc1", "k_ef1", True, "other", True),
              ("eact", "k_ef", True, "other", True),
              ("efc2", "k_h", True, "transient", False),
@@ -191,8 +198,8 @@ def _tensor_rows(model: ModelConfig) -> tuple:
     return tuple(rows + [("y", "h", False, "transient", False)])
 
 
-_ROUTED = ("moe_in", "efc1", "eact", "efc2")
-_ETP_WHOLE = ("moe_in", "efc2")
+_ROUTED = ("moe_in", "moe_in_w", "efc1", "eact", "efc2")
+_ETP_WHOLE = ("moe_in", "moe_in_w", "efc2")
 
 
 @lru_cache(maxsize=256)
@@ -248,8 +255,12 @@ def _moe_ops(model: ModelConfig) -> list[OpSpec]:
     ops = [OpSpec("router", "gemm", ("ln2",), ("probs",), gemm=e, scope="shard"),
            OpSpec("route", "elementwise", ("probs",), ("probs",)),
            OpSpec("permute", "elementwise", ("ln2",), ("moe_in",)),
-           OpSpec("dispatch", "moe_comm", ("moe_in",), ("moe_in",)),
-           OpSpec("expert_fc1", "gemm", ("moe_in",), ("efc1",), gemm=(h, fe1), scope="expert"),
+           OpSpec("dispatch", "moe_comm", ("moe_in",), ("moe_in",))]
+    fc1_in = "moe_in"
+    if model.moe_router.weights_input:  # each copy times its router weight before the experts (Llama 4)
+        ops.append(OpSpec("weight_input", "elementwise", ("moe_in",), ("moe_in_w",)))
+        fc1_in = "moe_in_w"
+    ops += [OpSpec("expert_fc1", "gemm", (fc1_in,), ("efc1",), gemm=(h, fe1), scope="expert"),
            OpSpec("expert_act", "elementwise", ("efc1",), ("eact",)),
            OpSpec("expert_fc2", "gemm", ("eact",), ("efc2",), gemm=(fe, h), scope="expert"),
            OpSpec("combine", "moe_comm", ("efc2",), ("efc2",)),
@@ -353,7 +364,7 @@ UNPLACED = {
 # The MoE block's transients and gradients: the executor's MoE block (memo_exec/moe) allocates them through the
 # caching allocator, beside the static arena (the simulator counts them there too, `memo_sim.memplan.trace_gen`)
 _MOE_WHY = "the MoE block's tensor: allocated by the caching allocator beside the static arena (memo_exec/moe)"
-_MOE_TENSORS = ("probs", "moe_in", "efc1", "eact", "efc2", "moe_out", "sfc1", "sact", "sfc2")
+_MOE_TENSORS = ("probs", "moe_in", "moe_in_w", "efc1", "eact", "efc2", "moe_out", "sfc1", "sact", "sfc2")
 UNPLACED["fwd"].update({n: _MOE_WHY for n in ("dispatch_recv", "combine_recv", "efc2", "moe_out", "sfc2")})
 UNPLACED["bwd"].update({f"d_{n}": _MOE_WHY for n in _MOE_TENSORS})
 UNPLACED["bwd"].update({n: _MOE_WHY for n in ("dispatch_grad_recv", "combine_grad_recv")})

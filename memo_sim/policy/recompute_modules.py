@@ -35,7 +35,7 @@ from memo_sim.cost.opcost import base_op_name
 from memo_sim.policy.registry import register
 from memo_sim.policy.store_all import StoreAll
 
-_MOE_BLOCK_OPS = ("router", "route", "permute", "expert_fc1", "expert_act", "expert_fc2", "unpermute",
+_MOE_BLOCK_OPS = ("router", "route", "permute", "weight_input", "expert_fc1", "expert_act", "expert_fc2", "unpermute",
                   "shared_fc1", "shared_act", "shared_fc2")
 
 

@@ -24,7 +24,7 @@ from memo_sim.profile.schema import HardwareProfile
 # the parts of a MoE layer's time, in the order a layer runs them; each op name maps to one
 PARTS = ("attention", "router", "dispatch", "experts", "combine", "shared experts", "norms and adds", "other comm")
 _ATTENTION = {"qkv", "q_down", "q_lnorm", "q_up", "q_proj", "kv_down", "kv_lnorm", "kv_up", "attention", "out_proj"}
-_EXPERTS = {"permute", "expert_fc1", "expert_act", "expert_fc2", "unpermute"}
+_EXPERTS = {"permute", "weight_input", "expert_fc1", "expert_act", "expert_fc2", "unpermute"}
 
 
 def part_of(name: str) -> str:

@@ -3,8 +3,9 @@ transformers' Llama4Router: no normalisation of the chosen weights, no correctio
 loss where the model has one). Megatron-Core's ``--moe-router-score-function sigmoid`` without the expert bias
 picks the same experts with the same weights (the sigmoid is monotonic) where the weights are not normalised. The
 same fp32 passes as the other routers. Llama 4 applies the weight to the experts' input, not their output: the
-same FLOPs, which the simulator prices (the weighted input the experts' first GEMM keeps beside the
-unweighted one, k x hidden per token, is not counted); memo's executor runs it so (`memo_exec.moe.routers`).
+same GEMM FLOPs; the multiply is its own op, and the weighted copies the experts' first GEMM keeps sit beside the
+unweighted ones the multiply keeps (`memo_sim.model.layer_graph`: moe_in_w); memo's executor runs it so
+(`memo_exec.moe.routers`).
 """
 
 from __future__ import annotations
