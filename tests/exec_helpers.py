@@ -162,3 +162,21 @@ def one_process_run(plan: Plan, steps: int = 0) -> tuple:
         finally:
             ex.close()
     return loss, grads, losses
+
+
+def whatif_plan_of_config(tmp_path, config: dict, *args: str):
+    """A Hugging Face ``config`` written to ``tmp_path`` and planned by `memo-sim whatif` in process (one GPU, 256
+    tokens, fp32, MEMO, h100-sxm5-80gb, then ``args``): the path of the plan.json it wrote."""
+    import json
+
+    from click.testing import CliRunner
+
+    from memo_sim.cli import cli as sim_cli
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(config))
+    r = CliRunner().invoke(sim_cli, ["whatif", "--model", str(cfg), "--gpus", "1", "--seq", "256", "--dtype", "fp32",
+                                     "--policy", "memo", "--profile", "h100-sxm5-80gb", "--out", str(tmp_path / "p"),
+                                     *args])
+    assert r.exit_code == 0, r.output
+    return tmp_path / "p" / "plan.json"

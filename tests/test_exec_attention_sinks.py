@@ -24,7 +24,8 @@ TOL = 1e-9  # fp64
 
 
 def reference(q, k, v, sinks, dims: AttnDims):
-    """Hugging Face's eager attention with sinks (GPT-OSS) and a sliding window, on [b, s, H, d] views."""
+    """Hugging Face's eager attention with sinks (GPT-OSS), a sliding window and chunks (Llama 4: each query sees the
+    keys of its own chunk only), on [b, s, H, d] views."""
     b, s, H, d, g = dims.batch, dims.seq, dims.heads, dims.head_dim, dims.group
     qh = q.view(b, s, H, d).transpose(1, 2)
     kh = k.view(b, s, dims.kv_heads, d).transpose(1, 2).repeat_interleave(g, 1)
@@ -32,6 +33,8 @@ def reference(q, k, v, sinks, dims: AttnDims):
     scores = qh @ kh.transpose(-1, -2) / math.sqrt(d)
     i, j = torch.arange(s).unsqueeze(1), torch.arange(s).unsqueeze(0)
     hidden = (j > i) | ((j <= i - dims.window) if dims.window else torch.zeros_like(j > i))
+    if dims.chunk:
+        hidden |= j // dims.chunk != i // dims.chunk
     scores = scores.masked_fill(hidden, float("-inf"))
     if sinks is not None:
         scores = torch.cat([scores, sinks.view(1, H, 1, 1).expand(b, H, s, 1)], -1)

@@ -7,8 +7,6 @@ refuses in one line, and a Llama 4 Hugging Face config planned by the what-if an
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 
 import pytest
 
@@ -19,21 +17,9 @@ from memo_exec.attention import AttnDims, MathAttention, select_backend  # noqa:
 from memo_exec.errors import BackendError  # noqa: E402
 from memo_sim.layout.parallel import Layout  # noqa: E402
 from memo_sim.model.config import PRESETS, ModelConfig  # noqa: E402
+from tests.test_exec_attention_sinks import reference  # noqa: E402 (the formula: sinks, windows, chunks)
 
 TOL = 1e-9  # fp64
-
-
-def chunked_reference(q, k, v, dims: AttnDims):
-    """Causal attention where each query sees the keys of its own chunk only (transformers' Llama 4 chunked
-    mask), on [b, s, H, d] views."""
-    b, s, H, d, g = dims.batch, dims.seq, dims.heads, dims.head_dim, dims.group
-    qh = q.view(b, s, H, d).transpose(1, 2)
-    kh = k.view(b, s, dims.kv_heads, d).transpose(1, 2).repeat_interleave(g, 1)
-    vh = v.view(b, s, dims.kv_heads, d).transpose(1, 2).repeat_interleave(g, 1)
-    scores = qh @ kh.transpose(-1, -2) / math.sqrt(d)
-    i, j = torch.arange(s).unsqueeze(1), torch.arange(s).unsqueeze(0)
-    scores = scores.masked_fill((j > i) | (j // dims.chunk != i // dims.chunk), float("-inf"))
-    return (torch.softmax(scores, -1) @ vh).transpose(1, 2).reshape(b * s, H * d)
 
 
 @pytest.mark.parametrize("chunk", [5, 16, 40])
@@ -45,7 +31,7 @@ def test_the_math_kernel_masks_earlier_chunks_as_the_formula(chunk):
     q, k, v = (torch.randn(32, w, generator=g, dtype=torch.float64) for w in (32, 16, 16))
     dout = torch.randn(32, 32, generator=g, dtype=torch.float64)
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-    want = chunked_reference(*leaves, dims)
+    want = reference(*leaves, None, dims)
     grads = torch.autograd.grad(want, leaves, dout)
     kern, scr = MathAttention(score_budget_bytes=2 * 4 * 16 * 8 * 3), CachingScratch(torch.device("cpu"))
     assert kern.chunk_tokens(dims, torch.float64) == 3  # query blocks of 3 rows: blocks straddle the chunk edges
@@ -57,7 +43,7 @@ def test_the_math_kernel_masks_earlier_chunks_as_the_formula(chunk):
     for got, ref in zip((dq, dk, dv), grads):
         assert float((got - ref).abs().max()) < TOL
     if chunk == 5:  # the chunks change the answer (the formula above could not pass a kernel that ignores them)
-        plain = chunked_reference(q, k, v, dataclasses.replace(dims, chunk=16))
+        plain = reference(q, k, v, None, dataclasses.replace(dims, chunk=16))
         assert float((plain - out).abs().max()) > 1e-3
 
 
@@ -110,18 +96,11 @@ def test_a_llama_4_config_is_planned_and_run_and_its_chunks_change_the_loss(tmp_
     from click.testing import CliRunner
 
     from memo_exec.cli import cli as exec_cli
-    from memo_sim.cli import cli as sim_cli
     from memo_sim.plan.schema import read_plan
-    from tests.exec_helpers import one_process_run, time_limit
+    from tests.exec_helpers import one_process_run, time_limit, whatif_plan_of_config
 
-    cfg = tmp_path / "llama4.json"
-    cfg.write_text(json.dumps(LLAMA4_CONFIG))
     with time_limit(120):
-        r = CliRunner().invoke(sim_cli, ["whatif", "--model", str(cfg), "--gpus", "1", "--seq", "256", "--dtype",
-                                         "fp32", "--policy", "memo", "--profile", "h100-sxm5-80gb",
-                                         "--out", str(tmp_path / "p")])
-        assert r.exit_code == 0, r.output
-        plan = read_plan(tmp_path / "p" / "plan.json")
+        plan = read_plan(whatif_plan_of_config(tmp_path, LLAMA4_CONFIG))
         m = plan.model
         assert (m.router, m.top_k, m.attention_chunk, m.chunked_layers, m.chunked_period, m.dense_period) == \
             ("sigmoid_topk", 1, 64, 3, 4, 2)

@@ -330,22 +330,14 @@ def test_a_glm_moe_config_is_planned_and_run_with_its_grouped_scaled_routing(tmp
     """A GLM-4.5-shaped Hugging Face config (sigmoid routing from 2 of 4 expert groups, weights scaled by 2.5, a dense
     first layer, a shared expert): the what-if's plan runs in memo-exec (it refused router groups and scaling before
     2026-11-30, and its dense layers' view of the model kept the groups without the experts)."""
-    import json
-
     from click.testing import CliRunner
 
     from memo_exec.cli import cli as exec_cli
-    from memo_sim.cli import cli as sim_cli
     from memo_sim.plan.schema import read_plan
+    from tests.exec_helpers import whatif_plan_of_config
 
-    cfg = tmp_path / "glm.json"
-    cfg.write_text(json.dumps(GLM_CONFIG))
     with time_limit(120):
-        r = CliRunner().invoke(sim_cli, ["whatif", "--model", str(cfg), "--gpus", "1", "--seq", "256", "--dtype",
-                                         "fp32", "--policy", "memo", "--profile", "h100-sxm5-80gb",
-                                         "--out", str(tmp_path / "p")])
-        assert r.exit_code == 0, r.output
-        m = read_plan(tmp_path / "p" / "plan.json").model
+        m = read_plan(whatif_plan_of_config(tmp_path, GLM_CONFIG)).model
         assert (m.router, m.router_groups, m.router_group_topk, m.router_scaling, m.dense_layers) == \
             ("sigmoid", 4, 2, 2.5, 1)
         r = CliRunner().invoke(exec_cli, ["run", str(tmp_path / "p" / "plan.json"), "--device", "cpu", "--steps", "1",

@@ -414,3 +414,15 @@ def test_llama_4s_input_weighting_is_an_op_and_keeps_the_weighted_copies():
     extra = skeletal_bytes(m, lay, 1, seq)["total"] - skeletal_bytes(out_weighted, lay, 1, seq)["total"]
     assert extra == m.top_k * m.hidden * seq * 2  # bf16 copies of the one-GPU layer's tokens
     assert skeletal_bytes(m, lay, 1, seq)["moe_block"] - skeletal_bytes(out_weighted, lay, 1, seq)["moe_block"] == extra
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_memos_recompute_rebuilds_every_other_tensor_the_layer_keeps(name):
+    """MEMO drops alpha of every "other" skeletal tensor's rows and re-runs ops to rebuild them: each such tensor
+    is an op's output among `recompute_ops` (a review: Llama 4's weighted expert input had no op re-run)."""
+    from memo_sim.model.layer_graph import layer_tensors, recompute_ops
+
+    m = PRESETS[name]
+    rebuilt = {o for op in recompute_ops(m) for o in op.outputs}
+    other = {t.name for t in layer_tensors(m).values() if t.saved and t.role == "other"}
+    assert other <= rebuilt, (name, sorted(other - rebuilt))

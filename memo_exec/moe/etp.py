@@ -8,8 +8,8 @@ group's copies for those experts (grouped by local expert), `ExpertTP.gather` al
 order), with their router weights; every rank runs all of them through its slice; `ExpertTP.scatter` sums
 the partial outputs over the group and hands each rank the rows of its own copies
 (``moe_combine_reducescatter_etp``), which the dispatcher's combine sends back. fc1 is column-parallel and
-fc2 row-parallel over the slice, and the router weight scales the activation row by row, so the sum of the
-slices' outputs is the whole expert's output.
+fc2 row-parallel over the slice, and the router weight scales the activation (or, Llama 4's, the gathered input)
+row by row, so the sum of the slices' outputs is the whole expert's output.
 
 The ranks hold different numbers of copies: the counts are all-gathered first (an int64 [local experts]
 per rank, untimed, as the all-to-all dispatcher's counts exchange), then each rank's rows padded with zero rows

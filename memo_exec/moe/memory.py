@@ -30,7 +30,8 @@ choice) and p the TP size (the shared experts run on the TP group's T*p gathered
   sends, at most T k) and its copies' received rows and slots [R] each, in place of the sort's permutations:
   not counted exactly);
 - under expert tensor parallelism (etp q > 1, `memo_exec.moe.etp`) the experts run the ETP group's copies, q R
-  of them, on a 1/q slice of their width: ``copy_probs`` [q R], ``moe_in`` [q R, h], ``efc1`` [q R, expert fc1 / q],
+  of them, on a 1/q slice of their width: ``copy_probs`` [q R], ``moe_in`` [q R, h] (and ``moe_in_w``, weighted
+  after the gather), ``efc1`` [q R, expert fc1 / q],
   ``eact`` [q R, expert width / q], and ``copy_order`` adds the gather's selection [q R] int64 (the allgather
   dispatcher's selection over the ETP x EP group is [q R] already: counted once, 8 q R bytes more than it keeps);
 - ``sfc1`` [T*p, shared fc1 / p], ``sact`` [T*p, shared / p]; with a shared-expert gate also ``sfc2`` (the

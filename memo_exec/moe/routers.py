@@ -1,4 +1,5 @@
-"""MoE routers by name (``ModelConfig.router``): the score function, then top-k over the scores.
+"""MoE routers by name (``ModelConfig.router``): the score function, then top-k (over the scores, or within
+groups), the chosen weights from the scores.
 
 A score function ``logits [T, E] -> scores [T, E]`` is registered by the router's name with ``ROUTERS.add``;
 `router_for` makes the model's `Router` of it, with what the router's description says
@@ -16,11 +17,11 @@ Megatron-LM's --moe-router-topk-scaling-factor).
 
 Group-limited routing (``router_groups`` / ``router_group_topk``: DeepSeek-V3's n_group / topk_group,
 Megatron-LM's --moe-router-num-groups / --moe-router-group-topk): the experts in equal groups, a group
-scored by the sum of its ``top_k // router_group_topk`` best scores (the logits under softmax routing, which
-Megatron-LM's default runs top-k on before its softmax; HF DeepSeek-V2's greedy takes a group's best probability)
-(Megatron-LM's
-`group_limited_topk`, DeepSeek-V3's top-2 of 8 over 4 groups; at least one score where top_k is below
-the groups picked), each token's experts the top-k of its ``router_group_topk`` best groups.
+scored by the sum of its ``top_k // router_group_topk`` best scores, as Megatron-LM's `group_limited_topk`
+(DeepSeek-V3's top-2 of 8 over 4 groups; at least one score where top_k is below the groups picked), on the
+logits under softmax routing (Megatron-LM's default runs top-k on them before its softmax; HF DeepSeek-V2's greedy
+takes a group's best probability instead), each token's experts the top-k of its ``router_group_topk`` best
+groups.
 The sigmoid router's DeepSeek-V3 correction bias (a buffer for the selection only, updated from the
 loads outside the gradient) starts at zero and is not updated here, so it is left out.
 """

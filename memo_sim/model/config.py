@@ -251,6 +251,19 @@ def _check_period(layers: int, kind: str, period: int, count: int, full: str = "
                          f"matches, or 0")
 
 
+def _pattern_at(layers: int, i: int, count: int, period: int, value: int) -> int | None:
+    """``value`` where layer ``i`` is one of the ``count`` layers a pattern of ``period`` places (every N-th layer
+    full, the N - 1 before it of the kind; a multi-token-prediction module's ``layers + k`` as the last layer), 0
+    where it is full, None where the pattern is not said (some but not all layers, no period)."""
+    if not count:
+        return 0
+    if count == layers:
+        return value
+    if not period:
+        return None
+    return 0 if (min(i, layers - 1) + 1) % period == 0 else value
+
+
 def _counted(method):
     """A parameter count of the (frozen) model, computed once per model: the search asks for them for
     every candidate."""
@@ -484,27 +497,13 @@ class ModelConfig:
         """The sliding window of layer ``i`` (0-based; a multi-token-prediction module's ``layers + k`` as the last
         layer): ``sliding_window`` where it slides, 0 where it attends to every earlier token; None where the model does
         not say (``sliding_layers`` some but not all of the layers, no ``sliding_period``)."""
-        if not self.sliding_layers:
-            return 0
-        if self.sliding_layers == self.layers:
-            return self.sliding_window
-        if not self.sliding_period:
-            return None
-        i = min(i, self.layers - 1)
-        return 0 if (i + 1) % self.sliding_period == 0 else self.sliding_window
+        return _pattern_at(self.layers, i, self.sliding_layers, self.sliding_period, self.sliding_window)
 
     def chunk_at(self, i: int) -> int | None:
         """The attention chunk of layer ``i`` (0-based; a multi-token-prediction module's ``layers + k`` as the last
         layer): ``attention_chunk`` where it is chunked, 0 where it attends to every earlier token; None where the
         model does not say (``chunked_layers`` some but not all of the layers, no ``chunked_period``)."""
-        if not self.chunked_layers:
-            return 0
-        if self.chunked_layers == self.layers:
-            return self.attention_chunk
-        if not self.chunked_period:
-            return None
-        i = min(i, self.layers - 1)
-        return 0 if (i + 1) % self.chunked_period == 0 else self.attention_chunk
+        return _pattern_at(self.layers, i, self.chunked_layers, self.chunked_period, self.attention_chunk)
 
     def dense_layer_at(self, i: int) -> bool:
         """Whether layer ``i`` (0-based) of a mixture of experts keeps a dense FFN: one of the first

@@ -39,7 +39,7 @@ multiplies each dispatched copy by its weight before the experts (``weight_input
 expert_fc1 reads); the multiply keeps moe_in for its weight's gradient, the GEMM keeps moe_in_w.
 
 The routed tensors (moe_in, moe_in_w, efc1, eact, efc2) hold top-k rows per token (``routed``: the busiest
-expert-parallel rank holds more, `memo_sim.cost.activations.tensor_bytes`); moe_in and efc2 are
+expert-parallel rank holds more, `memo_sim.cost.activations.tensor_bytes`); moe_in, moe_in_w and efc2 are
 whole over the expert tensor-parallel ranks (``etp_whole``: each ETP rank holds the ETP group's
 tokens at full width). Qwen3's QK norms (two RMSNorms over q and k) are not priced as ops.
 
@@ -335,10 +335,10 @@ def recompute_ops(model: ModelConfig, tp_mode: str = "megatron") -> list[OpSpec]
 
 # the ops MEMO's token-wise recompute re-runs (`recompute_ops`): every op rebuilding an "other" skeletal
 # tensor, and out_proj + add1 for h1; latent attention's projections and the MoE block's routing, dispatch
-# (the recomputed rows go to their experts again) and expert / shared FFN inputs
+# (the recomputed rows go to their experts again, Llama 4's weighted again) and expert / shared FFN inputs
 RECOMPUTED = frozenset({"ln1", "qkv", "out_proj", "add1", "ln2", "fc1", "act",
                         "q_down", "q_lnorm", "q_up", "q_proj", "kv_down", "kv_lnorm", "kv_up",
-                        "router", "route", "permute", "dispatch", "expert_fc1", "expert_act",
+                        "router", "route", "permute", "dispatch", "weight_input", "expert_fc1", "expert_act",
                         "shared_fc1", "shared_act"})
 # ops re-run only where the model keeps their output: the shared experts' second GEMM under a shared gate
 RECOMPUTED_IF_KEPT = frozenset({"shared_fc2"})
