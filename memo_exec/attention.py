@@ -277,6 +277,8 @@ def _mask_reach(scores: torch.Tensor, t0: int, dims: AttnDims) -> None:
     keys] (the causal mask is the caller's): under a sliding window key j of query i where j <= i - window (each
     query sees itself and the window - 1 tokens before it); under chunks key j where j < (i // chunk) * chunk (each
     query sees the earlier keys of its own chunk)."""
+    if not (dims.window or dims.chunk):  # plain causal attention: nothing to build
+        return
     rows, keys = scores.shape[-2:]
     i = torch.arange(t0, t0 + rows, device=scores.device).unsqueeze(1)
     j = torch.arange(keys, device=scores.device).unsqueeze(0)
