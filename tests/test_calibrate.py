@@ -19,6 +19,7 @@ from memo_exec.calibrate.attention import BlockCase, fit_ring_blocks, ring_block
 from memo_exec.calibrate.datasheet import default_base, known_peak
 from memo_exec.calibrate.fit import curve_is_monotone, fit_copy_model, fit_efficiency_curve, fit_latency_bandwidth
 from memo_exec.calibrate.memory import _classify
+from memo_exec.calibrate.microbench import Progress
 from memo_exec.calibrate.writer import build_profile, load_base, write_profile
 from memo_sim.cli import cli as sim_cli
 from memo_sim.cost.kernel_time import attention_bwd_time, gemm_time, memory_bound_time
@@ -263,6 +264,36 @@ def test_profiles_from_raw_results_with_and_without_base(cpu_run, tmp_path):
     old = copy.deepcopy(raw)
     old["attention"].pop("ring_blocks", None)
     assert not any(k.startswith("attention_block") for k in build_profile("old", old, base)["efficiency"])
+
+
+def test_remeasured_attention_keeps_the_ring_blocks_measurements(cpu_run, monkeypatch):
+    """The sanity check re-measures the parts whose fits it finds implausible (`memo_exec.calibrate.sanity`); none
+    of its checks reads the ring's blocks, so re-measuring attention times the whole-sequence cases again and
+    keeps the blocks' rows, re-fitted to the peak (they were 22 s of a 2-core quick calibration's re-measure)."""
+    from memo_exec.calibrate import attention as attn_bench
+    from memo_exec.calibrate import suite
+
+    _out, _r, raw = cpu_run
+    rings = raw["attention"]["ring_blocks"]
+    assert rings["measured"], rings  # the CPU's whole-sequence backend is not the ring's block kernel
+
+    def no_ring(*_a, **_k):
+        raise AssertionError("the ring's blocks were timed again")
+
+    timed = []
+
+    def run_attention(bench, cases, dtype, backend_name, progress):  # the first run's rows, as if timed again
+        timed.append(len(cases))
+        return raw["attention"]["backend"], [dict(r) for r in raw["attention"]["rows"]]
+
+    monkeypatch.setattr(attn_bench, "measure_ring_blocks", no_ring)
+    monkeypatch.setattr(attn_bench, "run_attention", run_attention)
+    opts = suite.CalibrateOptions(name="cpu-test", device="cpu", quick=True)
+    again = suite.remeasure(opts, raw, ("attention",), Progress(enabled=False))
+    assert timed == [len(raw["attention"]["rows"])] and again["remeasured"] == ["attention"]
+    blocks = again["attention"]["ring_blocks"]
+    assert blocks["rows"] == rings["rows"]
+    assert blocks == attn_bench.fit_ring_blocks(rings, again["peak"]["value"])
 
 
 def test_writer_cuda_branch_takes_topology_from_base(cpu_run, tmp_path):

@@ -135,7 +135,6 @@ def test_recompute_norm_act_keeps_no_expert_activation_output(pol, variant, bala
     all's (the activation rebuilt when the backward reads it); every model variant and a capacity factor. (The
     estimate test above cannot see inside `rebuilt_act`'s own saved-tensor hooks, which autograd applies in place of
     its counting ones: this test is the one that catches an activation output kept after all.)"""
-    import gc
     import weakref
 
     from memo_exec.moe import block, experts
@@ -154,7 +153,8 @@ def test_recompute_norm_act_keeps_no_expert_activation_output(pol, variant, bala
     backward = block.MoEBlock.backward
 
     def checked(self, w, S, dy, layer, timer):
-        gc.collect()
+        # no gc.collect(): an output freed only by the cycle collector would still hold its memory when the
+        # backward starts; and a full collection in a long test session costs about a second a layer
         alive.append(sum(r() is not None for r in outputs))
         outputs.clear()
         return backward(self, w, S, dy, layer, timer)

@@ -424,10 +424,11 @@ def _measure_gemms(out: dict, bench: Bench, grid: Grid, dtype, dtype_name: str, 
 
 
 def _measure_attention(out: dict, bench: Bench, grid: Grid, dtype, backend_name: str, progress: Progress,
-                       extra_shapes: tuple[tuple[int, int], ...] = ()) -> None:
+                       extra_shapes: tuple[tuple[int, int], ...] = (), ring_blocks: dict | None = None) -> None:
     """The grid's attention cases, fitted; ``extra_shapes`` (``--attention-shapes``: (heads, head_dim)
     pairs a model needs) timed at the grid's lengths too and kept apart (``extra_rows``): the profile's
-    measured times hold them (`memo_sim.cost.attention_measured`), the curves stay the grid's."""
+    measured times hold them (`memo_sim.cost.attention_measured`), the curves stay the grid's. ``ring_blocks``
+    (a re-measurement's: the ring's blocks as measured before) is re-fitted to the peak, not timed again."""
     extra_shapes = [hd for hd in extra_shapes if hd not in grid.attn_heads_dims]
     cases = attn_bench.attention_cases(grid.attn_seqs, grid.attn_heads_dims)
     extra = attn_bench.attention_cases(grid.attn_seqs, extra_shapes)
@@ -439,6 +440,9 @@ def _measure_attention(out: dict, bench: Bench, grid: Grid, dtype, backend_name:
     progress.note(f"  attention per score element beyond its FLOPs: forward {a['fwd_score_time'] * 1e9:.3f} ns, "
                   f"backward {a['bwd_score_time'] * 1e9:.3f} ns "
                   f"({len(a['score_fit']['fwd'])} (seq, heads) cases at two head sizes)")
+    if ring_blocks is not None:
+        a["ring_blocks"] = attn_bench.fit_ring_blocks(ring_blocks, out["peak"]["value"])
+        return
     # ring CP's block kernel where it is not this backend's (`attention.measure_ring_blocks`)
     a["ring_blocks"] = attn_bench.measure_ring_blocks(bench, grid.attn_seqs, grid.attn_heads_dims, dtype, backend,
                                                       out["peak"]["value"], progress, extra_shapes)
@@ -482,7 +486,10 @@ REMEASURABLE = ("gemm", "attention", "copies")
 def remeasure(opts: CalibrateOptions, raw: dict, parts: tuple[str, ...], progress: Progress) -> dict:
     """A copy of ``raw`` (a `run_suite` result) with ``parts`` (of `REMEASURABLE`) measured and
     fitted again, on the same device, sizes and options. On CPU the GEMMs set the peak the
-    attention efficiencies are relative to, so re-measuring them re-fits attention too."""
+    attention efficiencies are relative to, so re-measuring them re-fits attention too. The ring's
+    blocks are not timed again with attention: no plausibility check reads them
+    (`memo_exec.calibrate.sanity`), so their measurements stay, re-fitted to the peak (on a 2-core CPU
+    their 48 timings are about 22 s of a quick calibration's re-measured attention)."""
     spec, peak = check_options(opts)
     dev = spec.torch_device
     grid = grid_for(spec.kind, opts.quick)
@@ -493,7 +500,8 @@ def remeasure(opts: CalibrateOptions, raw: dict, parts: tuple[str, ...], progres
     if "gemm" in parts:
         _measure_gemms(out, bench, grid, dtype, raw["dtype"], spec, peak, progress)
     if "attention" in parts:
-        _measure_attention(out, bench, grid, dtype, opts.attention_backend, progress, opts.attention_shapes)
+        _measure_attention(out, bench, grid, dtype, opts.attention_backend, progress, opts.attention_shapes,
+                           ring_blocks=(raw.get("attention") or {}).get("ring_blocks"))
     elif "gemm" in parts and not spec.is_cuda:  # the same attention measurements, relative to the new peak
         a = out["attention"]
         out["attention"] = dict(_fit_attention(a["rows"], out["peak"]["value"]), backend=a["backend"],
