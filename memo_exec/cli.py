@@ -361,7 +361,8 @@ def trace_cmd(plan_file, device, out_file, dtype, attention_backend, target, cud
                    "answers on the profile print)")
 @click.option("--speed-retries", default=1, show_default=True, type=click.IntRange(0, 5),
               help="CPU: run a plan again when the machine's speed (a reference GEMM after each step) moved more "
-                   f"than {SPEED_DRIFT_LIMIT:.0%} from the calibration's during its run")
+                   f"than {SPEED_DRIFT_LIMIT:.0%} from the calibration's during its run (no more, once a plan's "
+                   "runs all drifted one way: the speed moved since the calibration)")
 @user_errors("while validating")
 def validate_cmd(profile_name, model_name, layers, hidden, heads, ffn, vocab, dtype, dp, ep, tp, cp, pp, micro_batches,
                  seqs, policies, alphas, budget_s, device, steps, out_dir, report_path, progress, record,

@@ -19,7 +19,10 @@ caches written over before each repeat, `memo_exec.calibrate.microbench.Bench`),
 `SPEED_DRIFT_LIMIT` away from the calibration's as a run on another machine. The calibration
 measures its GEMMs (the rates most of a step's time is priced at) once more when the samples
 before and after them are that far apart, and `memo_exec.validate` runs such a run again
-(``--speed-retries``).
+(``--speed-retries``), unless an earlier plan's runs all drifted past the limit on one side
+(`persistent_drift`): then the machine runs at another speed than when it was calibrated, not for a
+moment, and running again would measure the same; the later plans run once and the report says to
+calibrate again.
 """
 
 from __future__ import annotations
@@ -88,6 +91,17 @@ class SpeedProbe:
                 "samples": [list(s) for s in self.samples], "discarded": [list(s) for s in self.discarded]}
 
 
+def persistent_drift(discarded: list[float], kept: float | None) -> bool:
+    """Whether a plan's runs all drifted past `SPEED_DRIFT_LIMIT` on one side of the calibration: the runs set
+    aside (``discarded``, percent, at least one) and the kept one (``kept``, percent): the machine's speed moved
+    since the calibration, where a moment's load would have passed by the next run."""
+    if not discarded or kept is None:
+        return False
+    runs = [*discarded, kept]
+    return all(abs(d) > 100.0 * SPEED_DRIFT_LIMIT for d in runs) and (all(d > 0 for d in runs)
+                                                                      or all(d < 0 for d in runs))
+
+
 def drift(run: dict | None, calibration: dict | None) -> float | None:
     """run / calibration - 1 of the two probes' median samples, or None where either is missing."""
     if not run or not calibration:
@@ -99,7 +113,8 @@ def drift(run: dict | None, calibration: dict | None) -> float | None:
 def run_speeds(runs: list[tuple[str, dict | None, list[float]]], calibration: dict | None) -> dict:
     """The machine's speed while a validation measured: the calibration's probe and each run's
     (``runs``: plan label, the kept run's probe summary, the drifts of runs set aside), the drift
-    of each kept run, and the runs beyond `SPEED_DRIFT_LIMIT` (``unsteady``)."""
+    of each kept run, the runs beyond `SPEED_DRIFT_LIMIT` (``unsteady``) and the plans whose runs all drifted past it
+    on one side (``persistent``, `persistent_drift`)."""
     rows = []
     for label, probe, discarded in runs:
         d = drift(probe, calibration)
@@ -111,7 +126,8 @@ def run_speeds(runs: list[tuple[str, dict | None, list[float]]], calibration: di
             "calibration_spread_pct": (calibration or {}).get("spread_pct"), "runs": rows,
             "max_abs_drift_pct": max(drifts) if drifts else None,
             "unsteady": [r["plan"] for r in rows if r["drift_pct"] is not None
-                         and abs(r["drift_pct"]) > 100.0 * SPEED_DRIFT_LIMIT]}
+                         and abs(r["drift_pct"]) > 100.0 * SPEED_DRIFT_LIMIT],
+            "persistent": [r["plan"] for r in rows if persistent_drift(r["discarded_drifts_pct"], r["drift_pct"])]}
 
 
 def speed_reason(provenance: dict, summary: dict) -> str | None:

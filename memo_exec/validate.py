@@ -54,7 +54,7 @@ from pathlib import Path
 from memo_exec.allocator_counters import not_measured
 from memo_exec.errors import ExecError
 from memo_exec.host_share import CpuShareMeter
-from memo_exec.speed_probe import SPEED_DRIFT_LIMIT, drift, run_speeds
+from memo_exec.speed_probe import SPEED_DRIFT_LIMIT, drift, persistent_drift, run_speeds
 from memo_sim.fileio import atomic_write_json, atomic_write_text
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
@@ -396,7 +396,10 @@ def run_validation(model: ModelConfig, profile: HardwareProfile, plans: list[Pla
     wall time: each gets a timeout from what is left, shared in proportion to the plans' predicted
     cost; a plan that no longer fits is a ``skipped`` row. A CPU run during which the machine's
     speed moved more than `SPEED_DRIFT_LIMIT` from the calibration's (`memo_exec.speed_probe`) is
-    run again, up to ``speed_retries`` times; the drifts of the runs set aside stay in the row."""
+    run again, up to ``speed_retries`` times; the drifts of the runs set aside stay in the row. Once a plan's runs
+    all drifted past the limit on one side (`memo_exec.speed_probe.persistent_drift`: the machine's speed moved
+    since the calibration), the later plans run once: running again would measure the same speed (on the 2-core
+    VM with a profile calibrated days before, every plan ran twice)."""
     t0 = time.monotonic()
     rows: list[ValidationRow] = []
     todo = []  # (index, spec, plan file, predicted quantities, sim)
@@ -436,6 +439,9 @@ def run_validation(model: ModelConfig, profile: HardwareProfile, plans: list[Pla
                and abs(d := drift(doc.get("speed_probe"), cal_probe) or 0.0) > SPEED_DRIFT_LIMIT):
             row.discarded_drifts_pct.append(round(100.0 * d, 1))
             status, doc = runner(Path(row.plan_file), run_dir, device, steps, timeout, cpu_threads(profile))
+        kept = drift(doc.get("speed_probe"), cal_probe) if status == "ran" else None
+        if persistent_drift(row.discarded_drifts_pct, None if kept is None else 100.0 * kept):
+            speed_retries = 0  # the machine's speed moved since the calibration: the later plans run once
         row.status, row.run_dir = status, str(run_dir)
         row.allocator = allocator_comparison(replays[k], measured_allocator(run_dir) if status == "ran" else
                                              not_measured(f"the plan did not run ({status})"))
@@ -667,6 +673,9 @@ def _speed_lines(speed: dict | None) -> list[str]:
     unsteady = (f"; beyond ±{speed['limit_pct']:.0f}%: {', '.join(speed['unsteady'])} (those runs measured another "
                 "machine than the one calibrated)" if speed["unsteady"]
                 else f"; every run within ±{speed['limit_pct']:.0f}%" if runs else "")  # nothing measured: no claim
+    if speed.get("persistent"):
+        unsteady += (f"; {speed['persistent'][0]}'s runs all drifted past ±{speed['limit_pct']:.0f}% on one side: the "
+                     "machine's speed moved since the calibration, so the plans after it ran once; calibrate again")
     return [f"- machine speed ({speed['reference']}, GFLOP/s): {speed['calibration_median_gflops']} while calibrating "
             f"(spread {speed['calibration_spread_pct']}%), after each run's steps: {runs or 'not measured'}{unsteady}"]
 

@@ -9,7 +9,8 @@ pytest.importorskip("torch")
 
 from memo_exec import validate as V  # noqa: E402
 from memo_exec.host_share import busy_reason  # noqa: E402
-from memo_exec.speed_probe import SPEED_DRIFT_LIMIT, SpeedProbe, drift, run_speeds, speed_reason  # noqa: E402
+from memo_exec.speed_probe import (  # noqa: E402
+    SPEED_DRIFT_LIMIT, SpeedProbe, drift, persistent_drift, run_speeds, speed_reason)
 
 
 def _probe(median, spread=2.0):
@@ -85,6 +86,44 @@ def test_a_drifted_run_is_run_again(tmp_path):
                             speed_retries=0)
     assert len(calls) == 1 and rows[0].discarded_drifts_pct == []
     assert abs(drift(rows[0].speed_probe, prof.provenance["speed_probe"])) > SPEED_DRIFT_LIMIT
+
+
+def test_a_speed_moved_since_the_calibration_stops_the_retries(tmp_path):
+    """A plan whose runs both drifted 30% slow measured a machine slower than at calibration, not a moment's load:
+    the plans after it run once (a profile calibrated days before ran every plan twice in the GPU batch's dry run,
+    52 s for 3 tiny plans), and the report says to calibrate again. A drift that passes is still run again."""
+    from memo_exec.validate import _speed_lines
+    from memo_sim.model.config import ModelConfig
+    from memo_sim.profile.loader import load_profile
+
+    base = load_profile("h100-sxm5-80gb")
+    prof = dataclasses.replace(base, provenance={**base.provenance, "speed_probe": _probe(80.0)})
+    model = ModelConfig("toy", 2, 64, 4, 256, vocab=128, dtype="fp32")
+    specs = V.plan_set([256], ["store_all", "full_recompute", "memo"], [0.5])
+    calls = []
+
+    def runs(medians):
+        it = iter(medians)
+        calls.clear()
+
+        def runner(plan_file, run_dir, device, steps, timeout, threads):
+            calls.append(run_dir.name)
+            return "ran", {"totals": [{"quantity": "iteration time", "measured": 0.01}],
+                           "speed_probe": _probe(next(it))}
+        return V.run_validation(model, prof, specs, device="cpu", steps=1, out_dir=tmp_path, runner=runner)
+
+    rows = runs([56.0, 57.0, 55.0, 58.0])  # -30%, -28.75%: the first plan's two runs; the others once
+    assert calls == ["plan-00", "plan-00", "plan-01", "plan-02"], calls
+    assert rows[0].discarded_drifts_pct == [-30.0]
+    assert rows[1].discarded_drifts_pct == rows[2].discarded_drifts_pct == []
+    speed = run_speeds([(r.label, r.speed_probe, r.discarded_drifts_pct) for r in rows], prof.provenance["speed_probe"])
+    assert speed["persistent"] == [rows[0].label] and len(speed["unsteady"]) == 3
+    assert "calibrate again" in _speed_lines(speed)[0]
+    rows = runs([56.0, 79.0, 56.0, 80.0, 81.0])  # a moment's load: each drifted plan is run again
+    assert calls == ["plan-00", "plan-00", "plan-01", "plan-01", "plan-02"], calls
+    speed = run_speeds([(r.label, r.speed_probe, r.discarded_drifts_pct) for r in rows], prof.provenance["speed_probe"])
+    assert speed["persistent"] == [] and "calibrate again" not in _speed_lines(speed)[0]
+    assert not persistent_drift([-30.0], 25.0) and not persistent_drift([], -30.0) and persistent_drift([40.0], 20.0)
 
 
 def test_validation_claims_no_run_speed_it_did_not_measure():
