@@ -19,6 +19,8 @@ case printed as one JSON line (and all of them written to ``--out``/kernels.json
 - attention_short: causal attention at 1K-8K tokens, 32 and 8 (TP-split) heads of 128, batch 1 and 4.
 - gemm_shapes: a sweep of layer-GEMM shapes (tokens in {2K, 8K, 32K} x in x out), bf16 and FP8.
 - grouped_sweep: 8 local experts' GEMMs at 64..4096 tokens per expert, a torch.mm loop and torch._grouped_mm.
+- attention_long: causal flash attention at 128K-1M tokens over the 32-1 heads a Ulysses rank keeps (not in the
+  default run: ``--only attention_long``).
 - grouped: routed-expert GEMMs (FC1 to 2f for SwiGLU, FC2 back to h) of Mixtral-8x7B,
   Qwen3-30B-A3B, DeepSeek-V3 (8 local experts of 256 at EP 32), GPT-OSS-120B; one loop of
   `torch.mm` per expert and `torch._grouped_mm` where torch has it.
@@ -261,6 +263,29 @@ def attention_short(a, dev, dt, timer):
                         emit(section="attention_short", backend=name, s=s, heads=H, batch=b, error=f"{type(e).__name__}: {e}"[:300])
 
 
+def attention_long(a, dev, dt, timer):
+    """Causal attention on the flash backend (FlashAttention-2, as XTuner's Ulysses rows call it) at the lengths and
+    head counts of a Ulysses rank at 256K-1M tokens: the few heads a rank keeps over the whole sequence (Llama-2-7B's
+    32 heads over SP 16: 2 heads at 1M; Llama-2-70B's 64 over SP 64: 1), beside 128K x 32 heads of about the same
+    FLOPs a call as 256K x 8. Tests whether a call's efficiency holds past 1e14 FLOPs, the largest size any profile's
+    attention curve was measured at."""
+    cases = ((128, 32), (256, 8), (512, 4), (1024, 2), (1024, 1)) if a.dry_run else \
+        ((131072, 32), (262144, 8), (524288, 4), (1048576, 2), (1048576, 1))
+    for name, be in backends(dev)[:1]:
+        for s, H in cases:
+            try:
+                q, k, v = (leaf((1, H, s, 128), dev, dt) for _ in range(3))
+                tf, tb = time_attention(timer, be, q, k, v, True)
+                fl = attn_flops(s, s, H, 128, True)
+                emit(section="attention_long", backend=name, s=s, heads=H, head_dim=128, causal=True, fwd_s=tf,
+                     bwd_s=tb, fwd_flops=fl, fwd_eff=fl / tf / PEAK_BF16, bwd_eff=2.5 * fl / tb / PEAK_BF16 if tb else None)
+                del q, k, v
+            except Exception as e:  # noqa: BLE001
+                emit(section="attention_long", backend=name, s=s, heads=H, error=f"{type(e).__name__}: {e}"[:300])
+            if dev == "cuda":
+                torch.cuda.empty_cache()
+
+
 def gemm_shapes(a, dev, dt, timer):
     """A sweep of layer-GEMM shapes (tokens x in -> out), bf16 and FP8 tensor-wise, as nn.Linear's forward
     (x @ w.t()): data for a shape-aware GEMM model (tile and wave quantization), not used by one yet."""
@@ -314,13 +339,14 @@ def grouped_sweep(a, dev, dt, timer):
 
 
 SECTIONS = {"attention": attention, "ring": ring, "gemm": gemm, "grouped": grouped, "attention_short": attention_short,
-            "gemm_shapes": gemm_shapes, "grouped_sweep": grouped_sweep}
+            "gemm_shapes": gemm_shapes, "grouped_sweep": grouped_sweep, "attention_long": attention_long}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=os.environ.get("OUT"))
-    ap.add_argument("--only", default=",".join(SECTIONS), help=f"sections, of {', '.join(SECTIONS)}")
+    ap.add_argument("--only", default=",".join(k for k in SECTIONS if k != "attention_long"),
+                    help=f"sections, of {', '.join(SECTIONS)}")
     ap.add_argument("--name", default="kernels.json", help="file name under --out")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--budget", type=float, default=240.0, help="seconds; sections not started past it are skipped")
