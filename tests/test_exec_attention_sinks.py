@@ -31,7 +31,7 @@ def reference(q, k, v, sinks, dims: AttnDims):
     kh = k.view(b, s, dims.kv_heads, d).transpose(1, 2).repeat_interleave(g, 1)
     vh = v.view(b, s, dims.kv_heads, d).transpose(1, 2).repeat_interleave(g, 1)
     scores = qh @ kh.transpose(-1, -2) / math.sqrt(d)
-    i, j = torch.arange(s).unsqueeze(1), torch.arange(s).unsqueeze(0)
+    i, j = torch.arange(s, device=q.device).unsqueeze(1), torch.arange(s, device=q.device).unsqueeze(0)
     hidden = (j > i) | ((j <= i - dims.window) if dims.window else torch.zeros_like(j > i))
     if dims.chunk:
         hidden |= j // dims.chunk != i // dims.chunk
