@@ -967,6 +967,14 @@ OUTLIERS = {"megatron2024-1.7B": _H100, "megatron2024-7.1B": _H100, "megatron202
 # the long-context XTuner rows (issue #45 item 1; memo's per-layer split from `memo_sim.cost.layer_time` and the peak
 # from the simulation at this commit, a100-sxm4-80gb)
 # a repeating allocation pattern under a capped caching allocator, measured (benchmarks/gpu/probe_allocator_pressure.py)
+_LONG_CALL_MEASURED = (
+    ". Measured since (reports/gpu-h200-2026-11-30.md, benchmarks/gpu/probe_kernels.py --only attention_long): on an "
+    "H200, FlashAttention-2 (SDPA's flash kernel, causal, head dim 128) kept its efficiency from 1.4e14 to 5.6e14 "
+    "FLOPs a call over the few heads a Ulysses rank keeps (128K x 32 heads, 256K x 8, 512K x 4, 1M x 2, 1M x 1: "
+    "forward 0.326 to 0.312 of the bf16 peak, backward 0.325 to 0.327), so the call's size alone does not lose "
+    "13-25% on Hopper; the A100's kernel at these sizes is still not measured")
+
+
 _PRESSURE_MEASURED = (
     ". Measured since (reports/gpu-h200-2026-11-27-allocator-pressure.md): on one H200 a store-all plan whose "
     "allocations repeat every step (GPT-7B, 8 layers, 32K) ran at the same speed (1.397-1.399 s a step against "
@@ -1037,7 +1045,7 @@ OUTLIERS.update({
         "peak from 1e14 FLOPs; never calibrated at these lengths). memo's peak is {peak} (HF's fp32 logits of 65,536 "
         "tokens per GPU included), so memory pressure is "
         "unlikely. What the run does that memo does not model: XTuner's all-to-all of non-contiguous head "
-        "slices"): _t.format(peak=_peak_words(r)),
+        "slices" + _LONG_CALL_MEASURED): _t.format(peak=_peak_words(r)),
     "xtuner-yi-34b-256k-sp8": _xt_memory(
         attn="82% here against 69% at 128K, where memo is within 7%",
         extra="repeated 7-fold before the all-to-all as XTuner does"),
@@ -1065,7 +1073,8 @@ OUTLIERS.update({
         "FLOPs; never calibrated at these lengths), as in xtuner-llama2-7b-1m-sp16 (-13.4%, 5.6e14 FLOPs a call). The "
         "all-to-alls across the 8 nodes of SP 64 are 6% and 2% of memo's layer (Selene's 8 HDR per node: -27.4%). The "
         "GAS is memo's reading of the absent config (accumulative_counts = SP). What the run does that memo does not "
-        "model: XTuner's all-to-all of non-contiguous head slices"): _t.format(peak=_peak_words(r)),
+        "model: XTuner's all-to-all of non-contiguous head slices" + _LONG_CALL_MEASURED):
+    _t.format(peak=_peak_words(r)),
     "xtuner-yi-34b-128k-sp8-16gpu": lambda r, _t=(
         "memo too fast; not pinned down. The table states no GPU (memo runs the speed page's A100-SXM4-80GB), and the "
         "same model, length, SP and config on 32 GPUs (xtuner-yi-34b-128k-sp8) ran at 251.1 TGS, this 16-GPU run at "

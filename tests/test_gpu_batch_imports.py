@@ -161,12 +161,42 @@ def test_dry_run_writes_the_gpu_files_under_the_image_restriction(tmp_path):
     assert val["profile_path"].endswith("cpu-dry-run.yaml")
     summary = (out / "summary.md").read_text()
     assert "| validate | ok |" in summary and "Validation: 3 of 3 plans ran" in summary
+    assert f"tree digest {rb.tree_digest()} " in summary and env_doc["tree_digest"] == rb.tree_digest()
     import tarfile
 
     with tarfile.open(out / "batch.tar.gz") as tar:
         names = tar.getnames()
     assert "batch/profile/cpu-dry-run.yaml" in names and "batch/validate/plans/plan-02.json" in names
     assert any(n.startswith("batch/validate/runs/plan-02/") and n.endswith("report.md") for n in names)
+
+
+def test_the_tree_digest_follows_the_files_the_batch_runs(tmp_path):
+    """The batch names its tree by the files themselves (the device's copy carried older git metadata than its
+    files): a changed, added or renamed source file changes the digest, caches and other suffixes do not, and
+    ``--tree-digest`` prints this checkout's."""
+    spec = importlib.util.spec_from_file_location("run_batch", GPU_DIR / "run_batch.py")
+    rb = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rb)
+    (tmp_path / "memo_sim" / "__pycache__").mkdir(parents=True)
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "memo_sim" / "a.py").write_text("A = 1\n")
+    (tmp_path / "tests" / "t.py").write_text("T = 1\n")
+    first = rb.tree_digest(tmp_path)
+    (tmp_path / "memo_sim" / "__pycache__" / "a.cpython-311.py").write_text("cache")
+    (tmp_path / "memo_sim" / "figure.png").write_bytes(b"\x89PNG")
+    assert rb.tree_digest(tmp_path) == first
+    (tmp_path / "memo_sim" / "a.py").write_text("A = 2\n")
+    changed = rb.tree_digest(tmp_path)
+    assert changed != first
+    (tmp_path / "memo_sim" / "a.py").rename(tmp_path / "memo_sim" / "b.py")
+    assert rb.tree_digest(tmp_path) not in (first, changed)
+    (tmp_path / "memo_sim" / "b.py").rename(tmp_path / "memo_sim" / "a.py")
+    (tmp_path / "hardware_profiles").mkdir()
+    (tmp_path / "hardware_profiles" / "x.yaml").write_text("name: x\n")
+    assert rb.tree_digest(tmp_path) != changed
+    r = subprocess.run([sys.executable, str(GPU_DIR / "run_batch.py"), "--tree-digest"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == rb.tree_digest(), r.stderr
 
 
 def _fake_wheel(folder: Path, name: str, version: str, requires: list[str]) -> None:

@@ -17,7 +17,8 @@ fails is recorded and the batch goes on where it can):
    ``--dry-run`` installs nothing (the carried wheels are for CPython 3.12 on x86-64) and uses this
    interpreter's packages.
 2. environment: nvidia-smi, Python, torch and its CUDA/cuDNN/NCCL versions, the device, host RAM
-   (/proc/meminfo), CPU count, the installed wheels, the git commit.
+   (/proc/meminfo), CPU count, the installed wheels, the git commit and the tree's digest (`tree_digest`: the
+   device's copy can carry older git metadata than its files; ``--tree-digest`` prints a checkout's to compare).
 3. calibrate: ``memo-exec calibrate --quick`` writes ``profile.yaml``; its host memory is this
    machine's (MemTotal), not the built-in profile's. ``--profile FILE`` (a first call's profile.yaml)
    skips it: a second call on the same machine keeps those minutes for the plans.
@@ -40,6 +41,7 @@ succeeded, else 1.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -56,6 +58,10 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 OUT_FILES = ("summary.md", "env.json", "profile.yaml", "pytest-gpu.log", "validation.md", "validation.json",
              "validation-moe.md", "batch.tar.gz")
+# What `tree_digest` reads: the code and data a batch runs, as the files lie (the device's copy of the tree can
+# carry older git metadata than its files: 2026-11-27 and 2026-11-30 batches named an earlier commit)
+TREE_PARTS = ("pyproject.toml", "memo_sim", "memo_exec", "hardware_profiles", "benchmarks/gpu", "tests")
+TREE_SUFFIXES = (".py", ".yaml", ".yml", ".json", ".toml", ".txt")
 ARCHIVE_FILE_LIMIT = 4 * 2**20  # a file larger than this stays out of batch.tar.gz (listed in summary.md)
 ENTRY_MODULES = ("memo_sim.api", "memo_sim.cli", "memo_exec.cli", "memo_exec.validate", "memo_exec.calibrate.command",
                  "memo_exec.runner", "memo_sim.memplan.planner", "mip", "highspy")
@@ -177,6 +183,7 @@ class Batch:
                                                timeout=10).stdout.strip() or None
         except (OSError, subprocess.TimeoutExpired):
             env["git_commit"] = None
+        env["tree_digest"] = tree_digest()
         smi = shutil.which("nvidia-smi")
         if smi:
             try:
@@ -261,8 +268,8 @@ class Batch:
             elif dst == "validation-moe.md" and self.args.moe_seconds <= 0:
                 atomic_write_text(self.out / dst, "not run: --moe-seconds 0\n")
             else:
-                atomic_write_text(self.out / dst, f"not written: the step that writes it did not finish "
-                                                  f"(see summary.md)\n")
+                atomic_write_text(self.out / dst, "not written: the step that writes it did not finish "
+                                                  "(see summary.md)\n")
         env["steps"] = self.steps
         atomic_write_json(self.out / "env.json", env)
         left_out = self.archive()
@@ -291,7 +298,8 @@ class Batch:
         pe = env.get("python_env") or {}
         mem = env.get("meminfo") or {}
         L = [f"# GPU batch {'(dry run) ' if self.args.dry_run else ''}{env['date_utc']}", "",
-             f"- command: `{' '.join([Path(sys.argv[0]).name, *sys.argv[1:]])}`; git {env.get('git_commit')}",
+             f"- command: `{' '.join([Path(sys.argv[0]).name, *sys.argv[1:]])}`; git {env.get('git_commit')}; "
+             f"tree digest {env.get('tree_digest')} (`run_batch.py --tree-digest` prints a checkout's)",
              f"- device: {(pe.get('device') or {}).get('name', self.args.device)}; torch {pe.get('torch')} "
              f"(CUDA {pe.get('cuda_runtime')}, cuDNN {pe.get('cudnn')}, NCCL {pe.get('nccl')}); Python "
              f"{pe.get('python')}; {pe.get('cpus')} CPUs; host RAM {mem.get('MemTotal', 0) / 2**30:.1f} GiB "
@@ -333,6 +341,24 @@ class Batch:
         return "\n".join(L) + "\n"
 
 
+def tree_digest(root: Path = REPO) -> str:
+    """The first 16 hex digits of a sha256 over the relative path and the bytes of every file under `TREE_PARTS`
+    with a `TREE_SUFFIXES` suffix (caches left out), in path order: it names the tree a batch ran where the copied
+    tree's git commit cannot (compare with ``run_batch.py --tree-digest`` on a checkout)."""
+    files = []
+    for part in TREE_PARTS:
+        p = root / part
+        if p.is_file():
+            files.append(p)
+        elif p.is_dir():
+            files += [f for f in p.rglob("*") if f.is_file() and f.suffix in TREE_SUFFIXES
+                      and not any(d in ("__pycache__", ".pytest_cache") for d in f.relative_to(root).parts)]
+    h = hashlib.sha256()
+    for rel, f in sorted((f.relative_to(root).as_posix(), f) for f in files):
+        h.update(rel.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
 def _pct(v) -> str:
     return "—" if v is None else f"{v:.1f}%"
 
@@ -372,7 +398,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds kept for the MoE plans after the dense ones (0: no MoE plans)")
     ap.add_argument("--min-validate", type=float, default=200.0,
                     help="seconds kept for validate when the GPU tests' timeout is set")
+    ap.add_argument("--tree-digest", action="store_true",
+                    help="print this checkout's tree digest (the one summary.md names) and exit")
     args = ap.parse_args(argv)
+    if args.tree_digest:
+        print(tree_digest())
+        return 0
     if not args.out:
         print("error: no --out and no $OUT", file=sys.stderr)
         return 2
