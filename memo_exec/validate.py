@@ -574,7 +574,7 @@ def allocator_section(rows: list[ValidationRow], summary: dict) -> list[str]:
     e = summary["allocator_errors"]["reserved_bytes.all.peak"]
     out += ["", f"- reserved peak |error| over {e['plans']} plans: median {_abs_pct(e['median_abs_error_pct'])}, "
                 f"mean {_abs_pct(e['mean_abs_error_pct'])}, max {_abs_pct(e['max_abs_error_pct'])}"]
-    return out
+    return out + [f"- under {n}" for n in summary.get("allocator_notes") or []]
 
 
 def render_report(rows: list[ValidationRow], summary: dict, model: ModelConfig, profile: HardwareProfile,
@@ -652,6 +652,15 @@ def alltoall_not_compared_why(rows: list[ValidationRow]) -> str:
     if not any(a.get("measured_count") for a in a2a):
         return "the runs timed no dispatch / combine all-to-all on the layers the simulator priced"
     return "no layer was timed by both the runs and the simulator"
+
+
+def allocator_notes(plans: list[PlanSpec]) -> list[str]:
+    """One note per policy of the plans whose memory the executor holds otherwise than the simulator's caching-
+    allocator replay frees it (`memo_exec.activations.registry.allocator_note`)."""
+    from memo_exec.activations.registry import allocator_note  # noqa: PLC0415
+
+    names = dict.fromkeys(p.policy.name for p in plans if p.policy is not None)
+    return [n for n in (allocator_note(p) for p in names) if n]
 
 
 def moe_block_notes(model: ModelConfig, plans: list[PlanSpec]) -> list[str]:
@@ -751,6 +760,7 @@ def validate(model: ModelConfig, profile: HardwareProfile, plans: list[PlanSpec]
 
     summary["attention_pricing"] = attention_pricing_words(model, layout or Layout(), [p.seq for p in plans], profile)
     summary["moe_block_notes"] = moe_block_notes(model, plans)
+    summary["allocator_notes"] = allocator_notes(plans)
     summary["oversubscribed"] = [r.label for r in rows if r.oversubscribed]
     if model.moe and (layout or Layout()).ep > 1 and not summary["errors"]["alltoall_layer_s"]["plans"]:
         summary["alltoall_not_compared"] = alltoall_not_compared_why(rows)

@@ -81,6 +81,36 @@ def test_comparison_of_a_real_replay_with_fake_measurements():
     json.dumps(row.to_dict())  # validation.json holds it
 
 
+def test_the_recompute_policies_buffer_is_named_beside_the_replay():
+    """memo-exec keeps a recompute policy's re-run tensors in one buffer for the whole run, where the replay frees
+    each after its last backward reader (an H200 measured the replay 8-18% under memo-exec's full-recompute peaks:
+    reports/gpu-h200-2026-11-30.md): validation.md says so under the allocator rows of those policies only."""
+    from memo_sim.memplan.iteration_requests import iteration_stream
+    from memo_sim.memplan.iteration_stream import FREE, MALLOC
+
+    # the replay's side of the note: a re-run tensor freed while later backward requests of its layer come
+    reqs = iteration_stream(MODEL, Layout(), 1, SEQ, get_policy("full_recompute")).iteration
+    names = [bid for _kind, bid, _nb in reqs]
+    rec = [i for i, (kind, bid, _nb) in enumerate(reqs) if kind == FREE and bid.startswith("L1.rec.")]
+    later = [i for i, (kind, bid, _nb) in enumerate(reqs) if kind == MALLOC and bid.startswith("L1.bwd.")]
+    assert rec and later and min(rec) < max(later), names
+    plans = [V.PlanSpec(SEQ, get_policy(n)) for n in ("store_all", "full_recompute", "selective_recompute",
+                                                       "recompute_mlp", "checkpoint_offload")]
+    plans += [V.PlanSpec(SEQ, get_policy("memo", 0.5)), V.PlanSpec(SEQ, None, "skipped: no fit")]
+    notes = V.allocator_notes(plans)
+    assert [n.split(":")[0] for n in notes] == ["full_recompute", "recompute_mlp", "checkpoint_offload"]
+    assert all("one recompute buffer allocated for the whole run" in n for n in notes)
+    policy = get_policy("full_recompute")
+    sim, pa, _ = _replay(policy)
+    fake = {"measured": True, "alloc_conf": "", "snapshot_segments": 3, "memory_stats": dict(pa["memory_stats"])}
+    row = V.ValidationRow("4K full_recompute", "ran", V._empty(), allocator=V.allocator_comparison(pa, fake))
+    summary = {**V.summarize([row]), "allocator_notes": V.allocator_notes([V.PlanSpec(SEQ, policy)])}
+    text = "\n".join(V.allocator_section([row], summary))
+    assert text.rstrip().endswith("- under full_recompute: memo-exec " + notes[0].split("memo-exec ", 1)[1])
+    alone = "\n".join(V.allocator_section([row], {**summary, "allocator_notes": V.allocator_notes(plans[:1])}))
+    assert "under " not in alone.split("reserved peak |error|", 1)[1]
+
+
 def test_cpu_run_says_why_nothing_was_measured(tmp_path):
     out = tmp_path / "val"
     r = CliRunner().invoke(exec_cli, ["validate", "--profile", "h100-sxm5-80gb", *TOY, "--seqs", "256",

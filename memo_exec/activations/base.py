@@ -41,6 +41,14 @@ class SharedBlocks:
         return sum(b.numel() for b in self.blocks.values())
 
 
+# the recompute policies' buffer against the replay (`ActivationPolicy.allocator_differs`): measured on an H200,
+# reports/gpu-h200-2026-11-30.md
+RECOMPUTE_BUFFER_DIFFERS = (
+    "keeps the re-run tensors in one recompute buffer allocated for the whole run, where the simulator's "
+    "caching-allocator replay frees each after the last backward op that reads it, as autograd does in the "
+    "frameworks: the replay's allocated and reserved peaks are expected below this run's")
+
+
 class ActivationPolicy(ABC):
     """Hands each layer the storage for its forward and backward and moves data in between.
 
@@ -71,6 +79,9 @@ class ActivationPolicy(ABC):
     # where this executor runs a MoE block otherwise than the simulator's policy prices it: one
     # sentence for reports (`moe_block_note`), None where the two agree
     moe_block_differs: str | None = None
+    # where this executor holds memory otherwise than the simulator's caching-allocator replay frees it: one sentence
+    # for validation reports (`allocator_note`), None where the two agree
+    allocator_differs: str | None = None
     # a policy that rebuilds whole layers: the shared buffer's tensors by name, every layer's but x (`recompute_buffer`)
     recompute_work: dict[str, torch.Tensor] | None = None
     shares_buffers = False  # `device_bytes`' "buffers" come from `buffer_block`: one set per rank (class docs)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from memo_exec.activations.base import RECOMPUTE_BUFFER_DIFFERS
 from memo_exec.activations.registry import register
 from memo_exec.activations.token_offload import TokenOffload
 from memo_exec.layer import SKELETAL, LayerStorage, carve_storage, storage_bytes
@@ -26,6 +27,7 @@ from memo_sim.policy.rounding_buffers import N_BUFFERS, rounding_buffer
 @register("checkpoint_offload")
 class CheckpointOffload(TokenOffload):
     moe_block_differs = None  # the whole layer is re-run, its MoE block with it, as the simulator prices it
+    allocator_differs = RECOMPUTE_BUFFER_DIFFERS  # its work buffer, as full recompute's
 
     def __init__(self, *args) -> None:
         super().__init__(*args)

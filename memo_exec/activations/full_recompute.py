@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from memo_exec.activations.base import ActivationPolicy
+from memo_exec.activations.base import RECOMPUTE_BUFFER_DIFFERS, ActivationPolicy
 from memo_exec.activations.registry import register
 from memo_exec.layer import SKELETAL, LayerStorage, carve_storage, storage_bytes
 
@@ -14,6 +14,7 @@ from memo_exec.layer import SKELETAL, LayerStorage, carve_storage, storage_bytes
 class FullRecompute(ActivationPolicy):
     _work_names = tuple(n for n in SKELETAL if n != "x")
     shares_buffers = True
+    allocator_differs = RECOMPUTE_BUFFER_DIFFERS
 
     def device_bytes(self) -> dict[str, int]:
         x = storage_bytes(self.model, self.tokens, self.dtype, ("x",), shapes=self.shapes)

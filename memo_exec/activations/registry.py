@@ -46,6 +46,15 @@ def make_policy(choice, model: ModelConfig, batch: int, seq: int, layers: int, d
     return policy
 
 
+def allocator_note(policy_name: str) -> str | None:
+    """How the executor's ``policy_name`` holds memory otherwise than the simulator's caching-allocator replay frees
+    it (the policy class's ``allocator_differs``), else None."""
+    if policy_name not in POLICIES.names():
+        return None
+    differs = POLICIES.get(policy_name).allocator_differs
+    return f"{policy_name}: memo-exec {differs}" if differs else None
+
+
 def moe_block_note(model: ModelConfig, policy_name: str) -> str | None:
     """For a MoE model: how the executor's ``policy_name`` runs the MoE block otherwise than the
     simulator prices it (the policy class's ``moe_block_differs``), else None."""
