@@ -659,8 +659,13 @@ def allocator_notes(plans: list[PlanSpec]) -> list[str]:
     allocator replay frees it (`memo_exec.activations.registry.allocator_note`)."""
     from memo_exec.activations.registry import allocator_note  # noqa: PLC0415
 
+    return _policy_notes(plans, allocator_note)
+
+
+def _policy_notes(plans: list[PlanSpec], note) -> list[str]:
+    """``note(policy name)`` of each policy of the plans, once, where it has one."""
     names = dict.fromkeys(p.policy.name for p in plans if p.policy is not None)
-    return [n for n in (allocator_note(p) for p in names) if n]
+    return [n for n in (note(p) for p in names) if n]
 
 
 def moe_block_notes(model: ModelConfig, plans: list[PlanSpec]) -> list[str]:
@@ -668,8 +673,7 @@ def moe_block_notes(model: ModelConfig, plans: list[PlanSpec]) -> list[str]:
     prices it (`memo_exec.activations.registry.moe_block_note`)."""
     from memo_exec.activations.registry import moe_block_note  # noqa: PLC0415
 
-    names = dict.fromkeys(p.policy.name for p in plans if p.policy is not None)
-    return [n for n in (moe_block_note(model, p) for p in names) if n]
+    return _policy_notes(plans, lambda name: moe_block_note(model, name))
 
 
 def _speed_lines(speed: dict | None) -> list[str]:

@@ -46,19 +46,19 @@ def make_policy(choice, model: ModelConfig, batch: int, seq: int, layers: int, d
     return policy
 
 
+def _class_note(policy_name: str, attr: str) -> str | None:
+    """``"<policy>: memo-exec <sentence>"`` from the policy class's ``attr`` sentence, None where it has none."""
+    differs = getattr(POLICIES.get(policy_name), attr) if policy_name in POLICIES.names() else None
+    return f"{policy_name}: memo-exec {differs}" if differs else None
+
+
 def allocator_note(policy_name: str) -> str | None:
     """How the executor's ``policy_name`` holds memory otherwise than the simulator's caching-allocator replay frees
     it (the policy class's ``allocator_differs``), else None."""
-    if policy_name not in POLICIES.names():
-        return None
-    differs = POLICIES.get(policy_name).allocator_differs
-    return f"{policy_name}: memo-exec {differs}" if differs else None
+    return _class_note(policy_name, "allocator_differs")
 
 
 def moe_block_note(model: ModelConfig, policy_name: str) -> str | None:
     """For a MoE model: how the executor's ``policy_name`` runs the MoE block otherwise than the
     simulator prices it (the policy class's ``moe_block_differs``), else None."""
-    if not model.moe or policy_name not in POLICIES.names():
-        return None
-    differs = POLICIES.get(policy_name).moe_block_differs
-    return f"{policy_name}: memo-exec {differs}" if differs else None
+    return _class_note(policy_name, "moe_block_differs") if model.moe else None
