@@ -185,6 +185,17 @@ def test_layouts_that_split_the_sequence_or_ring_the_weights_are_refused_in_one_
     assert why and "give sliding_period" in why, why
 
 
+@pytest.mark.parametrize("window,chunk", [(0, 0), (48, 0), (0, 32)])
+def test_the_reference_formula_runs_on_the_inputs_device(window, chunk):
+    """The formula the CUDA test below holds the kernels to builds its masks where its inputs lie (its first GPU run
+    failed on a CPU mask over CUDA scores: reports/gpu-h200-2026-11-30.md); the meta device catches a CPU tensor
+    mixed in without a GPU."""
+    dims = AttnDims(2, 128, 8, 2, 64, window=window, sinks=True, chunk=chunk)
+    q, k, v = (torch.empty(256, w, device="meta") for w in (512, 128, 128))
+    out = reference(q, k, v, torch.empty(8, device="meta"), dims)
+    assert out.device.type == "meta" and tuple(out.shape) == (256, 512)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("name", ["sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "flash_attn"])
