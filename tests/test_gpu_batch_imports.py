@@ -161,7 +161,8 @@ def test_dry_run_writes_the_gpu_files_under_the_image_restriction(tmp_path):
     assert val["profile_path"].endswith("cpu-dry-run.yaml")
     summary = (out / "summary.md").read_text()
     assert "| validate | ok |" in summary and "Validation: 3 of 3 plans ran" in summary
-    assert f"tree digest {rb.tree_digest()} " in summary and env_doc["tree_digest"] == rb.tree_digest()
+    # the digest of the files the batch ran (compared with a checkout's in the digest's own test)
+    assert re.fullmatch(r"[0-9a-f]{16}", env_doc["tree_digest"]) and f"tree digest {env_doc['tree_digest']} " in summary
     import tarfile
 
     with tarfile.open(out / "batch.tar.gz") as tar:

@@ -278,7 +278,8 @@ def attention_long(a, dev, dt, timer):
                 tf, tb = time_attention(timer, be, q, k, v, True)
                 fl = attn_flops(s, s, H, 128, True)
                 emit(section="attention_long", backend=name, s=s, heads=H, head_dim=128, causal=True, fwd_s=tf,
-                     bwd_s=tb, fwd_flops=fl, fwd_eff=fl / tf / PEAK_BF16, bwd_eff=2.5 * fl / tb / PEAK_BF16 if tb else None)
+                     bwd_s=tb, fwd_flops=fl, fwd_eff=fl / tf / PEAK_BF16,
+                     bwd_eff=2.5 * fl / tb / PEAK_BF16 if tb else None)
                 del q, k, v
             except Exception as e:  # noqa: BLE001
                 emit(section="attention_long", backend=name, s=s, heads=H, error=f"{type(e).__name__}: {e}"[:300])
