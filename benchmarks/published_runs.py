@@ -966,7 +966,7 @@ _H100 = ("memo too fast, by more as the model shrinks (1.7B -17.8%, 7.1B -16.8%,
 OUTLIERS = {"megatron2024-1.7B": _H100, "megatron2024-7.1B": _H100, "megatron2024-16B": _H100}
 # the long-context XTuner rows (issue #45 item 1; memo's per-layer split from `memo_sim.cost.layer_time` and the peak
 # from the simulation at this commit, a100-sxm4-80gb)
-# a repeating allocation pattern under a capped caching allocator, measured (benchmarks/gpu/probe_allocator_pressure.py)
+# FlashAttention-2 at the calls of a Ulysses rank at 1M tokens, measured (benchmarks/gpu/probe_kernels.py)
 _LONG_CALL_MEASURED = (
     ". Measured since (reports/gpu-h200-2026-11-30.md, benchmarks/gpu/probe_kernels.py --only attention_long): on an "
     "H200, FlashAttention-2 (SDPA's flash kernel, causal, head dim 128) kept its efficiency from 1.4e14 to 5.6e14 "
@@ -975,6 +975,7 @@ _LONG_CALL_MEASURED = (
     "13-25% on Hopper; the A100's kernel at these sizes is still not measured")
 
 
+# a repeating allocation pattern under a capped caching allocator, measured (benchmarks/gpu/probe_allocator_pressure.py)
 _PRESSURE_MEASURED = (
     ". Measured since (reports/gpu-h200-2026-11-27-allocator-pressure.md): on one H200 a store-all plan whose "
     "allocations repeat every step (GPT-7B, 8 layers, 32K) ran at the same speed (1.397-1.399 s a step against "

@@ -764,7 +764,9 @@ def validate(model: ModelConfig, profile: HardwareProfile, plans: list[PlanSpec]
 
     summary["attention_pricing"] = attention_pricing_words(model, layout or Layout(), [p.seq for p in plans], profile)
     summary["moe_block_notes"] = moe_block_notes(model, plans)
-    summary["allocator_notes"] = allocator_notes(plans)
+    # under the policies whose replay a run was compared with (not a static plan's, nor a plan that did not run)
+    summary["allocator_notes"] = allocator_notes([p for p, r in zip(plans, rows)
+                                                  if (r.allocator or {}).get("status") == "compared"])
     summary["oversubscribed"] = [r.label for r in rows if r.oversubscribed]
     if model.moe and (layout or Layout()).ep > 1 and not summary["errors"]["alltoall_layer_s"]["plans"]:
         summary["alltoall_not_compared"] = alltoall_not_compared_why(rows)

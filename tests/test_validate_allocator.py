@@ -98,8 +98,9 @@ def test_the_recompute_policies_buffer_is_named_beside_the_replay():
                                                        "recompute_mlp", "checkpoint_offload")]
     plans += [V.PlanSpec(SEQ, get_policy("memo", 0.5)), V.PlanSpec(SEQ, None, "skipped: no fit")]
     notes = V.allocator_notes(plans)
-    assert [n.split(":")[0] for n in notes] == ["full_recompute", "recompute_mlp", "checkpoint_offload"]
-    assert all("one recompute buffer allocated for the whole run" in n for n in notes)
+    # the MLP / MoE recomputes: the replay holds their re-run tensors as one block for the backward, as they do
+    assert [n.split(":")[0] for n in notes] == ["full_recompute", "checkpoint_offload"]
+    assert all("one work buffer allocated for the whole run" in n for n in notes)
     policy = get_policy("full_recompute")
     sim, pa, _ = _replay(policy)
     fake = {"measured": True, "alloc_conf": "", "snapshot_segments": 3, "memory_stats": dict(pa["memory_stats"])}

@@ -41,10 +41,11 @@ class SharedBlocks:
         return sum(b.numel() for b in self.blocks.values())
 
 
-# the recompute policies' buffer against the replay (`ActivationPolicy.allocator_differs`): measured on an H200,
-# reports/gpu-h200-2026-11-30.md
+# the whole-layer re-runs' work buffer against the replay (`ActivationPolicy.allocator_differs`: full recompute and
+# checkpoint offload, whose re-run tensors the replay frees one by one; measured on an H200,
+# reports/gpu-h200-2026-11-30.md)
 RECOMPUTE_BUFFER_DIFFERS = (
-    "keeps the re-run tensors in one recompute buffer allocated for the whole run, where the simulator's "
+    "keeps a layer's re-run tensors in one work buffer allocated for the whole run, where the simulator's "
     "caching-allocator replay frees each after the last backward op that reads it, as autograd does in the "
     "frameworks: the replay's allocated and reserved peaks are expected below this run's")
 

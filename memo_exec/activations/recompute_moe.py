@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from memo_exec.activations.base import RECOMPUTE_BUFFER_DIFFERS, ActivationPolicy
+from memo_exec.activations.base import ActivationPolicy
 from memo_exec.activations.registry import register
 from memo_exec.errors import ExecError
 from memo_exec.layer import LayerStorage, carve_storage, storage_bytes, written_skeletal
@@ -23,7 +23,6 @@ NORMS = ("ln1", "ln2")
 @register("recompute_moe")
 class RecomputeMoe(ActivationPolicy):
     shares_buffers = True  # the rebuilt tensors' one buffer (`ActivationPolicy.buffer_block`)
-    allocator_differs = RECOMPUTE_BUFFER_DIFFERS
 
     def __init__(self, *args) -> None:
         super().__init__(*args)
