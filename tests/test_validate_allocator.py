@@ -112,6 +112,29 @@ def test_the_recompute_policies_buffer_is_named_beside_the_replay():
     assert "under " not in alone.split("reserved peak |error|", 1)[1]
 
 
+def test_the_note_stands_only_under_a_compared_replay(tmp_path):
+    """validate() names the buffer under a policy whose run was compared with its replay, not under one whose run
+    failed (nothing of the replay was held against a run)."""
+    plans = V.plan_set([SEQ], ["full_recompute", "checkpoint_offload"], [])
+    stats = {k: 1 for k, _, _ in V.ALLOCATOR_QUANTITIES}
+
+    def runner(plan_file, run_dir, device, steps, timeout, threads):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if run_dir.name == "plan-01":
+            return "failed (exit 1): boom", {}
+        block = {"measured": True, "alloc_conf": "", "snapshot_segments": 1, "memory_stats": stats}
+        (run_dir / "measured.json").write_text(json.dumps({"format": "memo-timeline", "version": 1, "events": [],
+                                                           "memory": [], "meta": {"allocator": block}}))
+        return "ran", {"totals": [{"quantity": "iteration time", "measured": 0.01}]}
+
+    _path, summary = V.validate(MODEL, load_profile("h100-sxm5-80gb"), plans, device="cpu", steps=1,
+                                out_dir=tmp_path, report_path=None, command="test", runner=runner, record=False)
+    assert [n.split(":")[0] for n in summary["allocator_notes"]] == ["full_recompute"]
+    md = (tmp_path / "validation.md").read_text()
+    assert "- under full_recompute: memo-exec keeps a layer's re-run tensors" in md
+    assert "under checkpoint_offload" not in md
+
+
 def test_cpu_run_says_why_nothing_was_measured(tmp_path):
     out = tmp_path / "val"
     r = CliRunner().invoke(exec_cli, ["validate", "--profile", "h100-sxm5-80gb", *TOY, "--seqs", "256",
