@@ -986,3 +986,22 @@ def test_torchtitan_shards_over_the_cp_ranks_and_a_plan_it_expresses_is_priced_w
     assert r.exit_code == 0, r.output
     assert "every part of the plan is expressed in Megatron-LM, which runs it with its own mechanisms:" in r.output
     assert "memo predicts the nearest plan (" in r.output and "cross_entropy chunked -> vocab_parallel" in r.output
+
+
+def test_a_plan_the_frameworks_own_mechanisms_put_out_of_memory_exports_its_best_plan(tmp_path):
+    """A user's review (2026-11-30): Qwen3-30B-A3B at tp4 ep4 store_all on 16 H100s at 32K fits with memo's chunked
+    loss but not with Megatron's vocab-parallel one; the export wrote that plan's script saying only "Every part of
+    the plan is expressed below", the out-of-memory price on the terminal alone. It writes Megatron's best plan
+    instead, saying why, and with --nearest the script itself carries the price."""
+    args = ["--model", "qwen3-30b-a3b", "--gpus", "16", "--seq", "32K", "--profile", "h100-sxm5-80gb", "--tp", "4",
+            "--ep", "4", "--policy", "store_all", "--jobs", "1"]
+    plan, out, ex = _instead(tmp_path, args)
+    assert ex.instead is not None and ex.instead.get("does_not_fit"), out
+    assert "is expressible in Megatron-LM, but with its own mechanisms (cross_entropy chunked -> vocab_parallel" in out
+    assert "memo predicts it does not fit: OOM" in out and "; written instead: the best plan" in out
+    assert ex.instead["peak_gpu_bytes"] < 78 * 2**30 and ex.instead["label"] != ex.instead["plan_label"]
+    near = export_plan(plan, "megatron", nearest=True)
+    assert near.instead is None and not near.gaps and near.nearest["status"] != "OK"
+    block = near.comment_block()
+    assert "Every part of the plan is expressed below; Megatron-LM runs it with its own mechanisms:" in block, block
+    assert "# memo predicts the nearest plan (" in block and "does not fit" in block

@@ -30,7 +30,7 @@ def export_plan(plan: Plan, to: str, price: bool = True, nearest: bool = False, 
     except KeyError:
         raise MemoError(f"--to {to!r}: no exporter; choose one of {', '.join(EXPORTERS)}") from None
     ex = module.export(plan, price=price)
-    if nearest or not any(g.change != PlanChange() for g in ex.gaps):
+    if nearest or not (any(g.change != PlanChange() for g in ex.gaps) or _out_of_memory(ex.nearest)):
         return ex
     if on_search is not None:
         on_search(module.FRAMEWORK)
@@ -49,7 +49,16 @@ def export_plan(plan: Plan, to: str, price: bool = True, nearest: bool = False, 
                            f"--framework {module.FRAMEWORK}: the nearest settings of memo's plan are written"))
         return ex
     summary["why"] = [g.what for g in ex.gaps if g.change != PlanChange()]  # what memo's plan has that it lacks
+    if _out_of_memory(ex.nearest):
+        summary["does_not_fit"] = (f"with its own mechanisms ({', '.join(ex.nearest['mechanisms']) or 'none'}), "
+                                   f"memo predicts it does not fit: {ex.nearest['failure'] or ex.nearest['status']}")
     return module.export(alt, price=price, instead=summary)
+
+
+def _out_of_memory(priced: dict | None) -> bool:
+    """Whether the plan as the framework runs it (`price_nearest`'s answer) was simulated and does not fit: its
+    script would stop there, so the framework's best plan is written instead, as for a plan it cannot express."""
+    return priced is not None and not priced.get("error") and priced.get("status") not in (None, "OK")
 
 
 __all__ = ["EXPORTERS", "Export", "Gap", "export_plan"]

@@ -63,7 +63,10 @@ class Export:
             lines += instead_lines(self.instead, self.framework)
         if not self.gaps:
             lines.append(f"Every part of the {'plan written' if self.instead is not None else 'plan'} is expressed "
-                         "below.")
+                         "below" + (f"; {self.framework} runs it with its own mechanisms:" if self.nearest is not None
+                                    else "."))
+            if self.nearest is not None:  # (a review: a script the framework's mechanisms put out of memory said
+                lines.append(price_line(self.nearest))  # nothing of it in the file, only on the terminal)
         else:
             lines.append("Not expressible in this framework (the nearest setting is written instead):")
             lines += [f"  - {g.what}: {g.nearest}" for g in self.gaps]
@@ -76,7 +79,12 @@ def instead_lines(i: dict, framework: str) -> list[str]:
     """Why another plan than the one asked for was exported, and what it gives up."""
     version = "" if i["framework"] == framework else f" ({i['framework']})"
     why = f" ({'; '.join(i['why'])})" if i.get("why") else ""
-    out = [f"memo's plan ({i['plan_label']}) is not expressible in {framework}{why}; written instead: the best plan "
+    plan = (f"memo's plan ({i['plan_label']}) is not expressible in {framework}{why}" if i.get("why") or
+            not i.get("does_not_fit") else f"memo's plan ({i['plan_label']}) is expressible in {framework}, but "
+            f"{i['does_not_fit']}")
+    if i.get("why") and i.get("does_not_fit"):
+        plan += f"; as {framework} runs its nearest settings, {i['does_not_fit']}"
+    out = [f"{plan}; written instead: the best plan "
            f"memo predicts {framework}{version} runs, {i['label']}: {fmt_time(i['iteration_s'])}/iteration, "
            f"peak {i['peak_gpu_bytes'] / 2**30:.2f} GiB ({i['source']})."]
     if i.get("gemm_format_dropped"):
