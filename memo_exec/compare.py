@@ -106,7 +106,7 @@ def stale_prediction(plan, sim) -> str | None:
         return None
     from memo_sim.plan.stale import stale_prediction as stale_words  # noqa: PLC0415
 
-    words = stale_words(plan.predicted, sim.status, sim.iteration_s)
+    words = stale_words(plan.predicted, sim.status, sim.iteration_s, getattr(sim, "peak_gpu_bytes", None))
     if words is None:
         return None
     why = ("the plan was edited, or predicted with another profile or memo version" if plan.predicted.source ==

@@ -93,3 +93,17 @@ def test_a_plan_that_no_longer_fits_is_said_to_and_exits_3(tmp_path):
     first = r.output.splitlines()[0]
     assert r.exit_code == 3 and "but does not fit: simulated OOM" in first, r.output
     assert "stored prediction OK, re-simulated now OOM" in r.output
+    # the simulated peak of a run that stopped is none, not the bytes in use when it stopped printed as a peak
+    # (a review: "peak (the simulated iteration) 0 B" for a plan whose model states alone did not fit)
+    assert "peak (the simulated iteration)" in r.output and "none: OOM, " in r.output, r.output
+
+
+def test_a_plan_whose_stored_peak_is_not_its_re_simulations_is_said_to_be_stale(toy, tmp_path):
+    """A review (2026-11-30): a plan edited from EP 1 to EP 8 kept its step time within 1% of the stored one, and
+    check-plan printed the stored peak (66.39 GiB) and, lines below, the re-simulated one (57.33 GiB) with no word of
+    the difference: the stale rule compared step times only."""
+    r = _variant(toy, tmp_path, lambda d: d["predicted"].update(peak_gpu_bytes=d["predicted"]["peak_gpu_bytes"] * 1.2))
+    assert r.exit_code == 0 and "stored prediction peak GPU " in r.output and ", re-simulated now " in r.output, \
+        r.output
+    r = CliRunner().invoke(cli, ["check-plan", str(toy)])
+    assert "stored prediction" not in r.output, r.output

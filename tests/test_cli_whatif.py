@@ -567,6 +567,34 @@ def test_fewer_layers_keep_the_share_of_sliding_and_dense_layers():
 
     v3 = with_overrides(get_model("deepseek-v3"), layers=30)  # 3 of 61 dense: 1 of 30, the rest MoE
     assert (v3.dense_layers, v3.moe_layers) == (1, 29)
+    # at least one of each kind the model has (a review: --layers 4 left DeepSeek-V3 no dense layer, unsaid)
+    assert (with_overrides(get_model("deepseek-v3"), layers=4).dense_layers,
+            with_overrides(get_model("deepseek-v3"), layers=1).dense_layers) == (1, 0)
+
+
+def test_ffn_on_a_model_whose_every_layer_is_moe_is_refused_in_one_line():
+    """A review (2026-11-30): `--ffn 1536` on Qwen3-30B-A3B (every layer MoE, experts 768 wide) left the model as it
+    was and said nothing. A Mixtral-style model's experts take their width from the FFN, and a model with dense
+    layers has them for --ffn to set: both stay accepted."""
+    r = CliRunner().invoke(cli, ["whatif", "--model", "qwen3-30b-a3b", "--ffn", "1536", "--layers", "2", "--gpus", "8",
+                                 "--seq", "8K", "--no-plan"])
+    assert r.exit_code == 2 and "--ffn 1536: every layer of qwen3-30b-a3b is a MoE layer" in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1
+    from memo_sim.model.config import get_model, with_overrides
+
+    assert with_overrides(get_model("mixtral-8x7b"), ffn=7168).expert_width == 7168
+    assert with_overrides(get_model("deepseek-v3"), layers=4, ffn=9216).ffn == 9216
+
+
+def test_a_capacity_factor_below_one_says_its_dropped_copies_count_in_mfu():
+    """A review (2026-11-30): MFU rose from 40.7% to 49.3% as --moe-balance capacity:F fell from dropless to 0.25 on
+    one layout, with no word that the dropped copies' expert work is counted but not done."""
+    args = ["whatif", "--model", "qwen3-30b-a3b", "--layers", "2", "--gpus", "8", "--seq", "8K", "--ep", "8",
+            "--profile", "h100-sxm5-80gb", "--no-plan", "--jobs", "1", "--simulate-top", "1", "--moe-balance"]
+    low, high = (CliRunner().invoke(cli, args + [b]) for b in ("capacity:0.5", "capacity:1.25"))
+    assert low.exit_code == 0 and high.exit_code == 0, (low.output, high.output)
+    assert "at least 50% of the routed copies are dropped and not computed, while MFU counts" in low.output, low.output
+    assert "dropped and not computed" not in high.output
 
 
 def test_a_toy_whose_vocabulary_dominates_writes_its_plan_and_says_why_mfu_passes_100(tmp_path):

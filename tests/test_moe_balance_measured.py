@@ -73,7 +73,9 @@ def test_whatif_reads_a_loads_file_and_the_plan_keeps_the_numbers(tmp_path):
 
 @pytest.mark.parametrize("content,needle", [("not json", "cannot be read"),
                                             ("[1, 2, 3]", "loads are of 3 experts, the model has 128"),
-                                            ("[[1e308, 1e308]]", "finite"), ("[[1, -2]]", ">= 0")])
+                                            ("[[1e308, 1e308]]", "finite"), ("[[1, -2]]", ">= 0"),
+                                            # one expert with most of a layer's copies: no top-8 router's counts
+                                            (json.dumps([[1000] + [1] * 127]), "a top-8 router can send one expert")])
 def test_a_bad_loads_file_is_one_line(tmp_path, content, needle):
     path = tmp_path / "loads.json"
     path.write_text(content)

@@ -172,7 +172,8 @@ def add_memory_part(a: Answer, plan, res, mem, peaks: dict | None = None) -> Non
     else:
         rows = [[k, fmt_bytes(v)] for k, v in memory_terms(plan, mem).items()]
         rows += [["peak (the terms above)", analytic_peak(mem, plan.policy, plan.layout).text()],
-                 ["peak (the simulated iteration)", result_peak(res).text()],
+                 ["peak (the simulated iteration)", result_peak(res).text() if res.status == "OK" else
+                  f"none: {res.status}, {fmt_bytes(res.peak_gpu_bytes)} in use when it stopped"],
                  ["usable GPU memory", fmt_bytes(res.gpu_capacity_bytes)]]
         a.table(["", "bytes"], rows, title="\nGPU memory per GPU:")
     for d, p in peaks.items():
@@ -187,7 +188,7 @@ def add_memory_part(a: Answer, plan, res, mem, peaks: dict | None = None) -> Non
     if words:
         a.line("  " + words)
     a.line(f"\npinned host memory per node: {fmt_bytes(res.peak_host_bytes_per_node)} of "
-           f"{fmt_bytes(res.host_capacity_bytes)}")
+           f"{fmt_bytes(res.host_capacity_bytes)}" + ("" if res.status == "OK" else " when the run stopped"))
 
 
 def peak_lines(device: int, p: dict | None, mem) -> list[str]:

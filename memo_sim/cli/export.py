@@ -38,7 +38,7 @@ def _warn_if_stale(plan_file, plan) -> None:
     res = simulate(plan.model, plan.layout, plan.batch, plan.seq_tokens, plan.policy, load_profile(plan.profile),
                    keep_timeline=False, schedule=plan.schedule, micro_batch=plan.micro_batch,
                    classifier_chunk_tokens=plan.classifier_chunk_tokens)
-    words = stale_prediction(plan.predicted, res.status, res.iteration_s)
+    words = stale_prediction(plan.predicted, res.status, res.iteration_s, res.peak_gpu_bytes)
     if words is None:
         return
     why = f" ({res.failure.message()})" if res.status != "OK" and res.failure is not None else ""

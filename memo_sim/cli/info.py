@@ -188,7 +188,7 @@ def _stale_prediction(plan, res) -> str | None:
     version), or None (`memo_sim.plan.stale`, memo-exec's rule too)."""
     from memo_sim.plan.stale import stale_prediction  # noqa: PLC0415
 
-    words = stale_prediction(plan.predicted, res.status, res.iteration_s)
+    words = stale_prediction(plan.predicted, res.status, res.iteration_s, res.peak_gpu_bytes)
     if words is None:
         return None
     return (f"{words}: the plan was edited, or predicted with another profile or memo version"

@@ -87,11 +87,22 @@ def balance_why_not(text: str) -> str | None:
     return None
 
 
-def measured_why_not(balance: Balance, experts: int) -> str | None:
-    """Why measured loads cannot price a model of ``experts`` routed experts, or None."""
-    if balance.kind == "measured" and balance.experts != experts:
+def measured_why_not(balance: Balance, experts: int, top_k: int = 1) -> str | None:
+    """Why measured loads cannot price a model of ``experts`` routed experts, each token routed to ``top_k`` distinct
+    ones, or None. Top-k routing gives no expert more than 1/k of a layer's copies, so the one-expert-a-rank factor
+    (the mean over the layers of the busiest expert's count over the mean count) is at most E/k (a review: a file
+    with one expert holding every copy of a top-8 model was taken as measured loads)."""
+    if balance.kind != "measured":
+        return None
+    if balance.experts != experts:
         return (f"moe balance measured: the loads are of {balance.experts} experts, the model has {experts}; "
                 f"measure the model's own router")
+    alone = dict(balance.factors).get(experts, 1.0)
+    if alone > experts / top_k * (1 + 1e-3):
+        return (f"moe balance measured: the busiest expert holds {alone / experts:.1%} of a layer's routed copies on "
+                f"average, more than the 1/{top_k} a top-{top_k} router can send one expert (each token goes to "
+                f"{top_k} distinct experts); give per-expert counts of routed token copies, every layer's summing "
+                f"to top-k x its tokens")
     return None
 
 

@@ -539,7 +539,7 @@ def expert_why_not(layout: Layout, model: ModelConfig) -> str | None:
         return None
     if model.experts % layout.ep:
         return f"the {model.experts} experts do not split evenly over ep {layout.ep}; pick an ep that divides them"
-    why = measured_why_not(layout.balance, model.experts)
+    why = measured_why_not(layout.balance, model.experts, model.top_k)
     if why:
         return why
     if model.expert_width % layout.etp:

@@ -853,8 +853,9 @@ def with_overrides(base: ModelConfig, source: str = "model flags", rename: bool 
     """``base`` with the given fields replaced (None: left as it is), the one rule both CLIs use: ``hidden``
     keeps the FFN widths' ratio to the width (GPT: 4h), the dense FFN's unless ``ffn`` is given, the
     routed and shared experts' always (they have no flag). ``layers`` keeps the share of the layers that slide
-    (``sliding_layers``) and of a MoE model's dense layers (``dense_layers``, at least one MoE layer left), rounded:
-    GPT-OSS-20B's 12 sliding layers of 24 are 1 of ``--layers 2``. The head dimension and MLA's ranks are the
+    (``sliding_layers``) and of a MoE model's dense layers (``dense_layers``, at least one MoE layer left), rounded,
+    and at least one of each kind the model has: GPT-OSS-20B's 12 sliding layers of 24 are 1 of ``--layers 2``,
+    DeepSeek-V3's 3 dense layers of 61 are 1 of ``--layers 4``. The head dimension and MLA's ranks are the
     preset's (heads x head_dim need not be the width). ``rename``: another model is named ``NAME-custom``
     (the same one with its GEMMs in another format alone keeps its name); a flag giving the model's own value changes
     nothing (``--mtp-layers 1`` on DeepSeek-V3 keeps its name)."""
@@ -869,8 +870,8 @@ def with_overrides(base: ModelConfig, source: str = "model flags", rename: bool 
     if over.get("layers") is not None and "sliding_layers" not in over and "dense_layers" not in over:
         n = over["layers"]
         for k, most in (("sliding_layers", n), ("chunked_layers", n), ("dense_layers", n - 1)):  # a MoE keeps one
-            if d.get(k):
-                d[k] = max(0, min(most, round(d[k] * n / base.layers)))
+            if d.get(k):  # at least one where the model has some (a review: DeepSeek-V3's 3 dense layers of 61
+                d[k] = max(min(1, most), min(most, round(d[k] * n / base.layers)))  # were 0 of --layers 4)
         for k, period in (("sliding_layers", "sliding_period"), ("chunked_layers", "chunked_period"),
                           ("dense_layers", "dense_period")):
             if d.get(period) and k == "dense_layers" and n < d[period]:  # no MoE layer in the pattern: first k
@@ -890,7 +891,12 @@ def with_overrides(base: ModelConfig, source: str = "model flags", rename: bool 
     if "heads" in over and "kv_heads" not in over and base.kv_heads is not None and over["heads"] % kv:
         raise MemoError(f"--heads {over['heads']}: {base.name} has {kv} K/V heads, which must divide the query heads; "
                         f"give --heads a multiple of {kv}, or --kv-heads")
-    return ModelConfig.from_dict(d, source=source)
+    out = ModelConfig.from_dict(d, source=source)
+    if "ffn" in over and out.moe and out.expert_ffn and not out.mixes_dense_layers:
+        raise MemoError(f"--ffn {over['ffn']}: every layer of {base.name} is a MoE layer, whose experts' width "
+                        f"({out.expert_ffn}) is their own and follows --hidden; no layer has a dense FFN for --ffn to "
+                        f"set: leave --ffn out, or give a model file with the expert width you want (expert_ffn)")
+    return out
 
 
 def get_model(name: str) -> ModelConfig:

@@ -272,6 +272,9 @@ def whatif_answer(v: WhatIfView) -> Answer:
         bal = v.best.layout.balance
         skew = ("; a trained router's skew is not priced: --moe-balance loads:FILE takes measured per-expert counts"
                 if bal.kind == "dropless" else "")
+        if bal.kind == "capacity" and bal.capacity < 1:  # (a review: MFU rose as the factor fell, unexplained)
+            skew = (f"; at least {1 - bal.capacity:.0%} of the routed copies are dropped and not computed, while MFU "
+                    f"counts the model FLOPs of every routed copy: it rises as the factor falls")
         a.line(f"expert loads: {bal.words}{skew}")
     if (nodes := prof.partial_node_words(v.gpus)) is not None:
         a.line(f"nodes: {nodes}")

@@ -253,7 +253,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
             raise MemoError(f"--moe-balance {moe_balance}: {fw.name} runs expert loads {', '.join(balances)} in memo's "
                             f"framework data, not {kind}; choose one of them or another --framework")
     if model.moe:
-        why = measured_why_not(parse_balance(moe_balance), model.experts)
+        why = measured_why_not(parse_balance(moe_balance), model.experts, model.top_k)
         if why:
             raise MemoError(f"--moe-balance: {why}")
     adapt = _adapter(lambda lay: fw.adapt(lay, profile), alloc_conf)
