@@ -1,5 +1,9 @@
 """Errors a user can fix. The CLI prints them as one line and exits with code 2."""
 
+import os
+import signal
+import threading
+
 
 class MemoError(Exception):
     """Bad input or an impossible request; the message names the field and the fix."""
@@ -69,12 +73,57 @@ def parsed_or_one_line(make, say):
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a command stopped by Ctrl-C
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP (``kill``, a scheduler's stop, a closed terminal) raised as Ctrl-C is, so that the same
+    clean-up runs: a staging folder discarded, a launcher's ranks stopped (a review: ``timeout`` sent SIGTERM to
+    ``memo-exec run --nproc 2``, whose ranks ran on as orphans, and to a run that left its staging folder)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+TERMINATING = ("SIGTERM", "SIGHUP")
+# the variables torchrun sets on its ranks: a rank keeps the default action, which its launcher reads as a rank
+# killed by a signal (`memo_exec.distributed.launch.killed_rank`)
+RANK_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+
+def _raise_terminated(installer: int):
+    def handler(signum, frame):
+        if os.getpid() != installer:  # a forked worker of this process (a pool's): the default action, as before
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        raise Terminated(signum)
+
+    return handler
+
+
+def _catch_termination() -> dict:
+    """Install `Terminated` for the signals of `TERMINATING` left at their default action, in the main thread of a
+    process that is not a torchrun rank; returns the handlers to restore."""
+    if threading.current_thread() is not threading.main_thread() or all(k in os.environ for k in RANK_ENV):
+        return {}
+    before = {}
+    for name in TERMINATING:
+        sig = getattr(signal, name, None)
+        if sig is not None and signal.getsignal(sig) == signal.SIG_DFL:
+            before[sig] = signal.signal(sig, _raise_terminated(os.getpid()))
+    return before
+
+
 def guarded(run, say, leave):
-    """``run()``, with Ctrl-C as the line ``interrupted`` and exit code 130, and an operating-system
-    error as one line and exit code 1 (``say(line)`` writes a line, ``leave(code)`` exits): what
+    """``run()``, with Ctrl-C as the line ``interrupted`` and exit code 130, SIGTERM and SIGHUP as the line
+    ``terminated (SIGTERM)`` and exit code 128 + the signal (`Terminated`: the clean-up of Ctrl-C runs), and an
+    operating-system error as one line and exit code 1 (``say(line)`` writes a line, ``leave(code)`` exits): what
     both command-line tools promise for every command."""
+    before = _catch_termination()
     try:
         return run()
+    except Terminated as e:
+        say(f"terminated ({signal.Signals(e.signum).name})")
+        leave(128 + e.signum)
     except KeyboardInterrupt:
         say("interrupted")
         leave(EXIT_INTERRUPTED)
@@ -83,6 +132,9 @@ def guarded(run, say, leave):
     except OSError as e:
         say(environment_error_line(e))
         leave(1)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 def environment_error_line(e: OSError) -> str:

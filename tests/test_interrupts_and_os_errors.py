@@ -272,3 +272,77 @@ def test_real_sigint_mid_run_exits_130_and_leaves_no_output(tmp_path):
     assert b"[memo-exec] step" in first and p.returncode == 130, err.decode()[-2000:]
     assert err.decode().strip().splitlines()[-1] == "interrupted" and b"Traceback" not in err
     assert not (tmp_path / "run").exists() and not [q for q in tmp_path.iterdir() if q.name.endswith(".partial")]
+
+
+def _rank_processes(marker: str) -> list[int]:
+    """Processes whose command line holds ``marker`` (a test's own folder), this one excluded."""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit() and int(d) != os.getpid():
+            try:
+                with open(f"/proc/{d}/cmdline", "rb") as f:
+                    if marker.encode() in f.read():
+                        out.append(int(d))
+            except OSError:
+                continue
+    return out
+
+
+def _terminate_at_first_step(cmd, tmp_path, needle=b"[memo-exec] step"):
+    """Start ``cmd``, send SIGTERM once its stderr shows ``needle``, and return (exit status, stderr)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    p = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, bufsize=0,
+                         start_new_session=True)
+    try:
+        first = p.stderr.readline()
+        while first and needle not in first:
+            first = p.stderr.readline()
+        p.send_signal(signal.SIGTERM)
+        _out, err = p.communicate(timeout=120)
+    finally:
+        p.kill()
+    assert needle in first, err.decode()[-2000:]
+    return p.returncode, err.decode()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_sigterm_stops_a_search_and_a_run_as_ctrl_c_does(tmp_path):
+    """A review (2026-11-30): SIGTERM (``timeout``, ``kill``, a scheduler) took the default action, which skipped the
+    clean-up Ctrl-C runs: a run's staging folder was left behind. Both tools now exit 143 with the one line
+    ``terminated (SIGTERM)``, no traceback, nothing written."""
+    rc, err = _terminate_at_first_step(
+        [sys.executable, "-m", "memo_sim.cli", "whatif", "--model", "gpt-175b", "--gpus", "64", "--seq", "64K",
+         "--simulate-top", "10000", "--jobs", "1", "--no-plan", "--progress"], tmp_path, b"simulating")
+    assert rc == 143 and err.strip().splitlines()[-1] == "terminated (SIGTERM)" and "Traceback" not in err, err
+    assert not list(tmp_path.iterdir())
+    r = CliRunner().invoke(sim_cli, TOY + ["--out", str(tmp_path / "plan")])
+    assert r.exit_code == 0, r.output
+    rc, err = _terminate_at_first_step([sys.executable, "-m", "memo_exec", "run", str(tmp_path / "plan" / "plan.json"),
+                                        "--device", "cpu", "--steps", "100000", "--progress", "--out",
+                                        str(tmp_path / "run")], tmp_path)
+    assert rc == 143 and err.strip().splitlines()[-1] == "terminated (SIGTERM)" and "Traceback" not in err, err
+    assert not (tmp_path / "run").exists() and not [q for q in tmp_path.iterdir() if q.name.endswith(".partial")]
+
+
+@pytest.mark.slow  # torchrun and two gloo ranks: about 15 s
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_sigterm_to_the_nproc_launcher_stops_its_ranks(tmp_path):
+    """A review (2026-11-30): SIGTERM to `memo-exec run --nproc 2` killed the launcher alone; torchrun and both ranks
+    ran on as orphans to the last step. The launcher now stops them as on Ctrl-C and says where the incomplete
+    outputs are."""
+    r = CliRunner().invoke(sim_cli, ["whatif", "--layers", "2", "--hidden", "64", "--heads", "4", "--ffn", "256",
+                                     "--vocab", "128", "--dtype", "fp32", "--seq", "512", "--gpus", "2", "--tp", "2",
+                                     "--policy", "store_all", "--jobs", "1", "--out", str(tmp_path / "plan")])
+    assert r.exit_code == 0, r.output
+    rc, err = _terminate_at_first_step([sys.executable, "-m", "memo_exec", "run", str(tmp_path / "plan" / "plan.json"),
+                                        "--device", "cpu", "--nproc", "2", "--steps", "100000", "--progress", "--out",
+                                        str(tmp_path / "run")], tmp_path)
+    assert rc == 143 and err.strip().splitlines()[-1] == "terminated (SIGTERM)" and "Traceback" not in err, err
+    assert "memo-exec: the 2 ranks were stopped; the incomplete outputs and launcher.log stay in " in err, err
+    import time
+
+    deadline = time.monotonic() + 20
+    while _rank_processes(str(tmp_path)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _rank_processes(str(tmp_path)), "ranks left running"
+    assert not (tmp_path / "run").exists()

@@ -283,9 +283,11 @@ def launch_nproc(nproc: int, argv: list[str], out_dir: str, progress: bool, show
                     warned.add(s)
                     print(s, file=sys.stderr, flush=True)
             rc = proc.wait()
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM / SIGHUP (`memo_sim.errors.Terminated`): stop the ranks too
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait()
+            print(f"memo-exec: the {nproc} ranks were stopped; the incomplete outputs and launcher.log stay in "
+                  f"{out_dir}", file=sys.stderr, flush=True)
             raise
         out.seek(0)
         said = out.read()
