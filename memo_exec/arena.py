@@ -182,15 +182,20 @@ def parse_memory_plan(mp: MemoryPlan, plan_elem_bytes: int, exec_elem_bytes: int
                      unplaced={ph: dict(body.unplaced) for ph, body in phases.items()})
 
 
-def validate_memory_plan(ap: ArenaPlan, recorder: AllocRecorder, backend: str = "") -> list[str]:
+def validate_memory_plan(ap: ArenaPlan, recorder: AllocRecorder, backend: str = "",
+                         fewer_layers: tuple[int, int] | None = None) -> list[str]:
     """Check the plan against the recorded request sequence (recorded with attention backend
-    ``backend``); return the names it leaves unplaced."""
+    ``backend``; ``fewer_layers``: (the run's, the plan's) layer counts where the run has fewer, whose layer may
+    request fewer tensors than the plan places); return the names it leaves unplaced."""
     for ph, offs in ap.offsets.items():
         known = set(recorder.names(ph))
         for name in sorted(offs):
             if name in known:
                 continue
             why = unplaced_reason(ap, ph, name)
+            if why is None and fewer_layers is not None:  # (a review: --layers 2 of a MEMO plan was refused here)
+                why = (f"not requested by a run of {fewer_layers[0]} of the plan's {fewer_layers[1]} layers "
+                       f"(--layers): its policy's layer at that count does not allocate it")
             if why is None:
                 other = (f"; the plan was recorded with the math attention backend (attn_* scratch) and this run "
                          f"uses {backend}: record the layer trace with --attention-backend {backend}"

@@ -171,7 +171,7 @@ def size_plan(plan: Plan, model: ModelConfig, dtype: torch.dtype, backend, use_m
     arena_plan, unplanned = None, []
     mp = plan.memory_plan
     if mp is not None and use_memory_plan and mp.phases:
-        arena_plan, unplanned = _checked_arena(plan, requests, dtype, backend.name)
+        arena_plan, unplanned = _checked_arena(plan, requests, dtype, backend.name, model.layers)
     dims = AttnDims(batch, seq, model.heads, model.n_kv_heads, model.qk_head_dim)
     meta_gpt = GPT(model, model.layers, torch.device("meta"), dtype)
     largest = max(p.numel() for p in meta_gpt.parameters())
@@ -450,16 +450,20 @@ def plan_arena(plan: Plan, model: ModelConfig, batch: int, seq: int, dtype: torc
     """The plan's level-1 memory plan checked against the executor's layer (``batch`` x ``seq`` tokens,
     the attention ``backend`` that will run, the executor ``policy``'s recompute), recorded on the meta
     device: the arena to place the layer's scratch in, and the scratch it leaves to the caching allocator."""
-    return _checked_arena(plan, dry_run_layer(model, batch, seq, dtype, backend.name, policy), dtype, backend.name)
+    return _checked_arena(plan, dry_run_layer(model, batch, seq, dtype, backend.name, policy), dtype, backend.name,
+                          model.layers)
 
 
-def _checked_arena(plan: Plan, requests: AllocRecorder, dtype: torch.dtype, backend_name: str
+def _checked_arena(plan: Plan, requests: AllocRecorder, dtype: torch.dtype, backend_name: str, layers: int
                    ) -> tuple[ArenaPlan, list[str]]:
     """The plan's level 1 scaled to the executor's element width and checked against the recorded
-    ``requests`` (a `MemoryPlanError` names what does not fit); with the names it leaves unplaced."""
+    ``requests`` of a run of ``layers`` layers (a `MemoryPlanError` names what does not fit); with the names it
+    leaves unplaced. A run of fewer layers than the plan's (``--layers``) may leave a planned tensor unallocated:
+    MEMO recomputes no token of a 2-layer run, so the plan's re-run tensors are not requested."""
     mp = plan.memory_plan
     ap = parse_memory_plan(mp, mp.element_bytes or DTYPE_BYTES[plan.model.dtype], element_size(dtype))
-    return ap, validate_memory_plan(ap, requests, backend_name)
+    fewer = (layers, plan.model.layers) if layers < plan.model.layers else None
+    return ap, validate_memory_plan(ap, requests, backend_name, fewer)
 
 
 def run_steps(ex, layers: int, caching_allocator_tensors, progress=None) -> RunResult:

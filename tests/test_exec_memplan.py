@@ -201,3 +201,23 @@ def test_plans_of_very_short_models_run_with_their_memory_plan(tmp_path, layers)
             assert res.steps and ex.arena_plan is not None  # the transients sat at the plan's offsets
         finally:
             ex.close()
+
+
+def test_fewer_layers_of_a_memo_plan_run_with_its_memory_plan(tmp_path):
+    """A review (2026-11-30): `memo-exec run --layers 2` of a 4-layer MEMO plan was refused ('rc_proj' is not a tensor
+    this executor's layer allocates in bwd): a 2-layer run recomputes nothing, so its layer never requests the plan's
+    re-run tensors. They are named as not placed, and the rest of the plan places the layer's scratch."""
+    from memo_sim.cli import cli as sim_cli
+    from memo_sim.plan.schema import read_plan
+
+    r = CliRunner().invoke(sim_cli, ["whatif", "--layers", "4", "--hidden", "128", "--heads", "4", "--ffn", "512",
+                                     "--vocab", "512", "--dtype", "fp32", "--seq", "1K", "--gpus", "1", "--policy",
+                                     "memo", "--alpha", "0.3", "--jobs", "1", "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    ex = Executor(read_plan(tmp_path / "plan.json"), RunOptions(device="cpu", steps=1, layers=2))
+    try:
+        res = ex.run()
+        assert res.steps and ex.arena_plan is not None
+        assert any("(--layers)" in why for why in ex.arena_plan.ignored.values()), ex.arena_plan.ignored
+    finally:
+        ex.close()
