@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -119,6 +120,10 @@ def test_memo_exec_run_nproc2_reports_the_pipeline(tmp_path):
     for f in ("measured_pipeline/pipeline_gantt.png", "simulated_pipeline/pipeline_gantt.png", "sppo_pipeline.md"):
         assert (out / f).stat().st_size > 0
     assert "sppo schedule" in r.stdout
+    # the printed paths are where the files are (a review: both charts printed as out/pipeline_gantt.png)
+    printed = [p.strip(" ,") for p in r.stdout.split("wrote ")[-1].split(" (sppo schedule)")[0].split(", ")]
+    assert str(out / "measured_pipeline" / "pipeline_gantt.png") in printed, r.stdout
+    assert all(Path(p).exists() for p in printed), (printed, r.stdout)
     report = (out / "report.md").read_text()
     assert "## Offload per subsequence" in report and "## Per rank" in report
     assert "SPPO pipeline: measured against simulated" in report and "| stage |" in report

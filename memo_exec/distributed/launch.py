@@ -227,11 +227,17 @@ def quiet_echo(echo):
     return out
 
 
-def shown_path(p, final: str | None = None) -> Path:
+def shown_path(p, final: str | None = None, stage: str | None = None) -> Path:
     """Where a file the ranks wrote will be once the launcher moves the staged outputs into
-    ``final`` (default: the folder `OUT_ENV` names)."""
+    ``final`` (default: the folder `OUT_ENV` names): its path under ``stage`` (the folder they were written to) kept,
+    so that a schedule's figures in subfolders keep theirs."""
     final = final or os.environ.get(OUT_ENV)
-    return Path(final) / Path(p).name if final else Path(p)
+    if not final:
+        return Path(p)
+    try:
+        return Path(final) / Path(p).relative_to(stage) if stage is not None else Path(final) / Path(p).name
+    except ValueError:  # not under the stage
+        return Path(final) / Path(p).name
 
 
 def launch_nproc(nproc: int, argv: list[str], out_dir: str, progress: bool, shown_out: str | None = None
@@ -333,7 +339,16 @@ def schedule_outputs(schedule, out_dir: str, plan_file: str, report) -> dict:
     if extra:
         report = Path(report)
         atomic_write_text(report, report.read_text().rstrip("\n") + "\n\n" + "\n".join(extra))
-    return {f"{schedule.name}:{p.name}": p for p in written}
+    # keyed by the path under the output folder: SPPO's measured and simulated Gantt charts share a file name (a
+    # review: one key for both, the simulated one listed at the measured one's path, neither at its own)
+    return {f"{schedule.name}:{_under(p, out_dir)}": p for p in written}
+
+
+def _under(p: Path, folder: str) -> str:
+    try:
+        return Path(p).relative_to(folder).as_posix()
+    except ValueError:
+        return Path(p).name
 
 
 def merge_rank_meta(res, payloads: list[dict], world: int, device) -> None:
@@ -430,14 +445,14 @@ def run_rank(plan_file: str, opts, out_dir: str, as_json: bool, timeout_s: float
                        "losses": [s["loss"] for s in res.summaries], "per_rank": rows,
                        "speed_probe": res.meta.get("speed_probe"), "cores": res.meta.get("cores"),
                        "oversubscribed": res.meta.get("oversubscribed"), **comparison.to_dict(),
-                       "files": {k: str(shown_path(v, shown_out)) for k, v in paths.items()}}
+                       "files": {k: str(shown_path(v, shown_out, out_dir)) for k, v in paths.items()}}
                 echo(json.dumps(doc, indent=1, default=float))
             else:
                 where = f"in this process ({ex.schedule.name} schedule)" if in_process else f"on {world} ranks"
                 echo(f"{res.meta['model']} {res.meta['policy']} {res.meta['layout']} {where} "
                      f"({res.meta['device']}): {st['iteration_s']:.4f} s/iteration (rank 0), "
                      f"{res.meta['tokens'] / st['iteration_s']:,.0f} tokens/s, loss {res.summaries[-1]['loss']:.4f}")
-                shown = {k: shown_path(v, shown_out) for k, v in paths.items()}
+                shown = {k: shown_path(v, shown_out, out_dir) for k, v in paths.items()}
                 merged = "" if in_process else f" (merged over {world} ranks)"
                 echo(f"wrote {shown['report']}, {shown['measured']}, {shown['trace']}{merged}")
                 extra = [str(v) for k, v in shown.items() if ":" in k]
