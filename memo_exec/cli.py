@@ -135,6 +135,8 @@ def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens
         sys.stderr.flush()
         os._exit(0)
     use_profile(plan, profile)  # a profile that does not load stops here, before anything runs
+    if profile is None:  # the plan's own, as check-plan loads it (a review: a plan check-plan refused ran here)
+        _plan_profile_loads(plan, plan_file)
     if nproc is None and plan.layout.gpus == 1 and distributed_only(plan):  # e.g. SPPO with pp = 1
         _run_one_process(plan_file, opts, out_dir, as_json, pg_timeout, progress)
         return
@@ -174,6 +176,18 @@ def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens
 
         raise ExecError(multi_device_words(plan, plan_file, rank_device(device, 0).kind))
     _run_single(plan, plan_file, opts, out_dir, as_json, progress)
+
+
+def _plan_profile_loads(plan, plan_file) -> None:
+    """Refuse, with `memo-sim check-plan`'s line, a plan whose profile does not load here: the run's prediction and
+    comparison need it (`--profile` names another)."""
+    from memo_sim.errors import MemoError  # noqa: PLC0415
+    from memo_sim.profile.loader import load_profile  # noqa: PLC0415
+
+    try:
+        load_profile(plan.profile)
+    except MemoError as e:
+        raise ExecError(f"{plan_file}: profile: {str(e).splitlines()[0]}; or give --profile NAME|FILE") from None
 
 
 def _say(text: str) -> None:

@@ -181,3 +181,20 @@ def test_every_removed_offset_of_a_pipelined_plan_is_refused_by_both(tmp_path, p
                 else f"memory_plan.stages[{key}].offsets: no offset for 1 block(s) of the rank's micro-batches ({name})")
         assert want in ex_line, ex_line
         assert sim_line.split(": ", 1)[1] in ex_line
+
+
+def test_a_plan_whose_profile_does_not_load_is_refused_as_check_plan_refuses_it(tmp_path, memo_plan):
+    """A review (2026-11-30): a plan naming a profile that does not exist here was refused by check-plan (exit 2) and
+    trained by memo-exec run (exit 0, 'the simulator refused the plan' in its report). Both refuse it with the same
+    line now, and --profile still runs it on another profile."""
+    d = dict(memo_plan, profile="nope-gpu")
+    f = tmp_path / "plan.json"
+    f.write_text(json.dumps(d))
+    sim = CliRunner().invoke(sim_cli, ["check-plan", str(f)])
+    run = CliRunner().invoke(exec_cli, ["run", str(f), "--device", "cpu", "--steps", "1", "--out", str(tmp_path / "o")])
+    assert sim.exit_code == 2 and run.exit_code == 2, (sim.output, run.output)
+    assert _one_error_line(run).startswith(_one_error_line(sim)) and "or give --profile" in run.output, run.output
+    assert not (tmp_path / "o").exists()
+    ok = CliRunner().invoke(exec_cli, ["run", str(f), "--device", "cpu", "--steps", "1", "--profile", "a800-80gb",
+                                       "--out", str(tmp_path / "o")])
+    assert ok.exit_code == 0, ok.output
