@@ -198,3 +198,14 @@ def test_a_plan_whose_profile_does_not_load_is_refused_as_check_plan_refuses_it(
     ok = CliRunner().invoke(exec_cli, ["run", str(f), "--device", "cpu", "--steps", "1", "--profile", "a800-80gb",
                                        "--out", str(tmp_path / "o")])
     assert ok.exit_code == 0, ok.output
+
+
+def test_a_plan_of_an_unknown_framework_is_refused_by_both(tmp_path, memo_plan):
+    """A review (2026-11-30): a plan with "framework": "jax" was read by check-plan, run and export; only sweep-seq
+    refused it, once it re-ran the search."""
+    f = tmp_path / "plan.json"
+    f.write_text(json.dumps(dict(memo_plan, framework="jax")))
+    sim = CliRunner().invoke(sim_cli, ["check-plan", str(f)])
+    run = _run(f, tmp_path / "o")
+    assert _one_error_line(sim) == _one_error_line(run), (sim.output, run.output)
+    assert "framework: 'jax' is not a framework memo knows; write one of any, " in sim.output

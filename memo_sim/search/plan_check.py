@@ -25,6 +25,7 @@ from memo_sim.memplan.trace_gen import layer_backward_trace, layer_forward_trace
 from memo_sim.plan.schema import Plan
 from memo_sim.profile.loader import load_profile
 from memo_sim.request_trace import RequestTrace
+from memo_sim.search.frameworks import FRAMEWORKS
 
 
 def plan_problems(plan: Plan) -> list[str]:
@@ -44,6 +45,8 @@ def runnable_problems(plan: Plan, memory_plan: bool = True,
     refuses a plan with the lines `memo-sim check-plan` refuses it with (``traces``: see
     `memory_plan_problems`)."""
     out = []
+    if plan.framework not in FRAMEWORKS:  # (a review: "jax" was read, and only sweep-seq refused it, later)
+        out.append(f"framework: {plan.framework!r} is not a framework memo knows; write one of {', '.join(FRAMEWORKS)}")
     check = getattr(plan.policy, "check", None)  # SPPO: the subsequence plan must fit the layout and length
     why = check(plan.model, plan.layout, plan.batch, plan.seq_tokens) if check else None
     if why:
