@@ -210,11 +210,16 @@ def executor_line(v: WhatIfView) -> str:
     """Where memo's own answer is a plan its executor refuses (a model part it does not build, a GEMM format it
     does not run): the refusal, so the answer is not taken for a runnable plan, and where to go instead."""
     b = v.best
-    if v.framework != "any" or b is None:
+    if b is None:
         return ""
     why = executor_refuses(b)
     if not why:
         return ""
+    if v.framework != "any":  # a framework's plan is for that framework (a review: nothing said memo-exec refuses it)
+        base = v.framework.split("@")[0]
+        to = (f"; `memo-sim export --to {base}` of its plan file writes it for {v.framework}"
+              if base in ("megatron", "torchtitan", "deepspeed") else "")
+        return f"memo-exec refuses this plan ({why}){to}"
     return (f"memo-exec refuses this plan ({why}); `memo-sim export` of its plan file (--to megatron or torchtitan) "
             f"writes the nearest plan a framework runs, priced beside it")
 
