@@ -266,6 +266,9 @@ def test_moe_split_of_a_pipeline_counts_its_fullest_stages_states():
     want = (r.weight_bytes + r.grad_bytes) * n + (r.master_bytes + r.optimizer_bytes) * n / 2
     assert s.memory_bytes["expert states"] == pytest.approx(want, rel=1e-9)
     assert f"stage {stages.index(max(stages))}, the fullest of 4" in s.label
+    # and explain's table says so in its title (a review: the stage was only in the label, which explain never printed)
+    assert s.states_of == f"stage {stages.index(max(stages))}, the fullest of 4"
+    assert moe_split(m, Layout(tp=2, sp=True, dp=4, ep=2, zero=1), 1, 4 * K, H100).states_of == ""
 
 
 def test_deepep_sends_each_token_across_nodes_once_per_node():

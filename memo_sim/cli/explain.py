@@ -82,7 +82,8 @@ def explain(plan_file, out_format, as_json):
         a.table(["", "forward", "backward", "share"], moe_split_rows(split),
                 title="\none MoE layer by part (analytic: each op alone on the GPU, the busiest expert rank):")
         a.table(["", "bytes"], [[k, fmt_bytes(v)] for k, v in split.memory_bytes.items()],
-                title="\nGPU memory by MoE part (analytic):")
+                title="\nGPU memory by MoE part (analytic" + (f"; the model states of {split.states_of}, a layer's "
+                                                                      f"activations" if split.states_of else "") + "):")
     add_memory_part(a, plan, res, mem, peaks)
     emit(a, resolve_format(out_format, False))
 

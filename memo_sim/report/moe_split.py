@@ -52,6 +52,7 @@ class MoeSplit:
     label: str  # model, layout, tokens and the profile with its provenance (every number here is analytic)
     time_s: dict[str, dict[str, float]]  # phase (forward, backward) -> part -> seconds of one layer
     memory_bytes: dict[str, float]  # dense / expert states, dispatch buffers, one layer's saved expert / other activations
+    states_of: str = ""  # a pipeline's: whose GPU the states are ("stage 7, the fullest of 8"), '' for one stage
 
 
 def moe_split(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile) -> MoeSplit:
@@ -65,12 +66,13 @@ def moe_split(model: ModelConfig, layout: Layout, batch: int, seq: int, profile:
         for c in costs:
             parts[part_of(c.name)] += c.seconds
         time_s[phase] = parts
-    where = ""
+    where = of = ""
     if layout.pp > 1:  # a pipeline: the states of its fullest stage's GPU (each stage holds its own layers)
         stage = max(range(layout.pp), key=lambda s: stage_model_state_bytes(model, layout, s))
         states = stage_model_state_bytes(model, layout, stage)
         expert_states = stage_model_state_bytes(model, layout, stage, experts_only=True)
-        where = f"; states of stage {stage}, the fullest of {layout.pp}"
+        of = f"stage {stage}, the fullest of {layout.pp}"
+        where = f"; states of {of}"
     else:
         states = sum(model_state_parts(model, layout).values())
         expert_states = sum(model_state_parts(model, layout, experts_only=True).values())  # each part its own share
@@ -86,7 +88,7 @@ def moe_split(model: ModelConfig, layout: Layout, batch: int, seq: int, profile:
               "other activations (one layer)": other}
     method = (profile.provenance or {}).get("method") or "source unstated"
     prof = f"{profile.name}, " + ("calibrated" if profile.calibrated else f"not calibrated ({method})")
-    return MoeSplit(f"{model.name} {layout.label()}, {seq} tokens x {batch} ({prof}{where})", time_s, memory)
+    return MoeSplit(f"{model.name} {layout.label()}, {seq} tokens x {batch} ({prof}{where})", time_s, memory, of)
 
 
 def moe_split_rows(split: MoeSplit) -> list[list[str]]:
