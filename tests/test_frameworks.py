@@ -215,3 +215,24 @@ def test_nothing_fits_names_memos_reason_about_a_layout_the_framework_runs():
     r = CliRunner().invoke(cli, ["whatif", "--model", "llama-3.1-8b", "--gpus", "8", "--seq", "32K", "--profile",
                                  "h100-sxm5-80gb", "--framework", "torchtitan", "--ulysses", "2", "--no-plan"])
     assert r.exit_code == 2 and "torchtitan does not offer" in r.output and "(Ulysses)" in r.output, r.output
+
+
+def test_deepspeeds_moe_layers_run_beside_zero_1_and_2_only():
+    """DeepSpeed's engine (deepspeed/runtime/engine.py at edaa7221) stops a model with native MoE layers under ZeRO
+    stage 3 ('Native DeepSpeed MoE is not supported with ZeRO Stage 3'): memo's deepspeed data ranked such plans for a
+    mixture of experts (a review found its EP plans exported as a dense model). A dense model keeps stage 3."""
+    fw = get_framework("deepspeed")
+    moe, dense = get_model("qwen3-30b-a3b"), get_model("llama-3.1-8b")
+    lay = Layout(ulysses=1, dp=16, ep=8, zero=3)
+    assert fw.experts.zero == (0, 1, 2) and fw.for_layouts_of(dense) is fw and fw.why_not(lay) is None
+    why = fw.for_layouts_of(moe).why_not(lay)
+    assert why and "ZeRO stage 3 beside MoE layers (it runs them beside stages 0, 1, 2)" in why
+    assert fw.for_layouts_of(moe).why_not(replace(lay, zero=2)) is None
+    args = ["whatif", "--model", "qwen3-30b-a3b", "--layers", "2", "--gpus", "16", "--seq", "8K", "--profile",
+            "h100-sxm5-80gb", "--framework", "deepspeed", "--no-plan", "--jobs", "1", "--simulate-top", "1"]
+    r = CliRunner().invoke(cli, args + ["--zero", "3"])
+    assert r.exit_code == 2 and "--zero 3: deepspeed runs MoE layers beside ZeRO stages 0, 1, 2" in r.output, r.output
+    import json
+
+    rows = json.loads(CliRunner().invoke(cli, args + ["--json"]).output)["candidates"]
+    assert rows and all(c["layout_degrees"]["zero"] < 3 for c in rows), {c["layout"] for c in rows}

@@ -99,8 +99,9 @@ def frameworks(name, as_json):
 
 def framework_layouts(f) -> dict:
     """The layouts a framework version offers, as its file's ``layouts`` section names them."""
-    experts = None if f.experts is None else dict(zip(("expert_parallel", "expert_tensor_parallel", "dispatchers",
-                                                        "ep_within_shards"), f.experts))
+    experts = None if f.experts is None else {k: v for k, v in f.experts._asdict().items() if k != "balances"}
+    if experts is not None and experts["zero"] is not None:
+        experts["zero"] = list(experts["zero"])
     return {"tensor_parallel": f.tensor_parallel, "sequence_parallel": list(f.sequence_parallel),
             "context_parallel": f.context_parallel, "ulysses": f.ulysses, "zero": list(f.zero),
             "tp_modes": list(f.tp_modes), "schedules": list(f.schedules), "optimizer_offload": f.optimizer_offload,

@@ -47,8 +47,9 @@ whether it offers expert parallelism (``expert_parallel``) and expert tensor par
 (``expert_tensor_parallel``), its token dispatchers (`memo_sim.layout.moe_dispatchers`) and the
 expert-load settings it can run (``balances``, `memo_sim.layout.moe_balance`: ``forced`` where it routes
 every expert the same tokens, ``random`` where it routes by random logits, ``capacity`` where it drops and
-pads to a capacity factor; default ``dropless`` and ``measured``, its own router's loads); a framework
-without the section is refused a MoE model (one line).
+pads to a capacity factor; default ``dropless`` and ``measured``, its own router's loads) and the ZeRO stages its
+MoE layers run beside (``zero``, default every stage it offers: DeepSpeed's native MoE refuses ZeRO stage 3); a
+framework without the section is refused a MoE model (one line).
 
 A file's ``precision`` section says how the framework keeps model states and which GEMM formats it
 offers: ``recipes`` maps a model dtype to the model-state recipe the framework runs it with
@@ -124,6 +125,8 @@ class _ExpertsIn(BaseModel):
     ep_within_shards: bool = Field(False, strict=True)
     # the expert-load settings it runs (`memo_sim.layout.moe_balance` kinds); its own router's loads always
     balances: tuple[Literal[BALANCE_KINDS], ...] = ("dropless", "measured")
+    # the ZeRO stages its MoE layers run beside (None: every stage it offers)
+    zero: tuple[Literal[0, 1, 2, 3], ...] | None = None
 
 
 class ExpertsOffer(NamedTuple):
@@ -134,6 +137,11 @@ class ExpertsOffer(NamedTuple):
     dispatchers: tuple[str, ...]
     ep_within_shards: bool  # EP within TP x CP x the FSDP shard group
     balances: tuple[str, ...]  # `memo_sim.layout.moe_balance` kinds
+    zero: tuple[int, ...] | None = None  # the ZeRO stages its MoE layers run beside (None: all it offers)
+
+    @property
+    def zero_words(self) -> str:
+        return ", ".join(map(str, self.zero or ()))
 
 
 class _LayoutsIn(BaseModel):
@@ -252,6 +260,12 @@ class Framework:
     multi_token_prediction: bool = False  # it trains multi-token-prediction modules (`_LayoutsIn`)
     rank_orders: tuple[str, ...] = (DEFAULT_RANK_ORDER,)  # the orders it numbers ranks in (`layout.rank_order`)
     mapping_equal_groups: bool = False  # another order needs etp x ep = tp x cp (`_LayoutsIn`)
+    trains_moe: bool = False  # the layouts asked of it are a mixture of experts' (`for_layouts_of`)
+
+    def for_layouts_of(self, model: ModelConfig) -> "Framework":
+        """This framework as it lays out ``model``: a mixture of experts' layouts keep to what its MoE layers run
+        beside (``experts.zero``)."""
+        return replace(self, trains_moe=True) if model.moe and not self.trains_moe else self
 
     def for_model(self, model: ModelConfig) -> ModelConfig:
         """``model`` as this framework trains it: its recipe for the model's dtype where the model
@@ -326,6 +340,9 @@ class Framework:
             what = f"the {lay.moe_dispatcher} token dispatcher"
         elif self.experts is not None and lay.balance.kind not in self.experts.balances:
             what = f"expert loads {lay.moe_balance}"
+        elif self.trains_moe and self.experts is not None and self.experts.zero is not None and \
+                lay.zero not in self.experts.zero:
+            what = f"ZeRO stage {lay.zero} beside MoE layers (it runs them beside stages {self.experts.zero_words})"
         elif self.experts is not None and self.experts.ep_within_shards and lay.ep > 1 and (
                 lay.tp * (lay.dp_flavour.shard_group(lay) if lay.dp_mode == "fsdp" else lay.cp)) % (lay.ep * lay.etp):
             what = "expert parallelism beyond the ranks it borrows from (TP x CP x the FSDP shard group)"

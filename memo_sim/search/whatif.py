@@ -239,7 +239,11 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
                             f"at {seq} tokens; drop --cp or choose another --framework")
         cp = 1
     if model.moe and fw.experts is not None:  # what the framework's MoE training cannot run, named before the search
-        ep_ok, etp_ok, dispatchers, _borrow, balances = fw.experts
+        ep_ok, etp_ok, dispatchers, balances = (fw.experts.expert_parallel, fw.experts.expert_tensor_parallel,
+                                                fw.experts.dispatchers, fw.experts.balances)
+        if zero is not None and fw.experts.zero is not None and zero not in fw.experts.zero:
+            raise MemoError(f"--zero {zero}: {fw.name} runs MoE layers beside ZeRO stages {fw.experts.zero_words} in "
+                            f"memo's framework data; choose one of them or another --framework")
         if (ep or 1) > 1 and not ep_ok:
             raise MemoError(f"--ep {ep}: {fw.name} runs no expert parallelism in memo's framework data; drop it or "
                             f"choose another --framework")
@@ -271,6 +275,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
                         f"use --zero 3 or 0" + (", or --dp-mode zero" if "zero" in fw.dp_modes else
                                                  ", or another --framework"))
     model = fw.for_model(model)  # the framework's model-state recipe; a GEMM format it lacks is refused
+    fw = fw.for_layouts_of(model)  # a mixture of experts' layouts: what its MoE layers run beside (ZeRO stages)
     if policies is not None:
         for p in policies:
             if p in policy_names() and policy_class(p).needs_experts and not model.moe:
