@@ -315,13 +315,24 @@ def test_deepspeed_config_and_launcher():
     args = _check_args(store.files["deepspeed.sh"], _names("deepspeed_launcher_options.txt"))
     assert "--checkpoint-activations" not in args and "--disable-bias-linear" in args
     assert not any("architecture" in g.what for g in store.gaps)
-    # a MoE model: its experts and QK norms are listed as not written, its head size written
+    # a MoE model: its QK norms are listed as not written, its head size written; its experts are DeepSpeed-MoE's
+    # (softmax top-8, no shared experts, every layer MoE), written as such: experts 768 wide on every layer
     moe = export_plan(_plan("qwen3-30b-a3b", Layout(dp=8, zero=1, ep=8), ("full_recompute",), seq=8192), "deepspeed",
                       price=False, nearest=True)
     what = " ".join(g.what for g in moe.gaps)
-    assert "128 routed experts" in what and "QK norms" in what, what
+    assert "routed experts" not in what and "QK norms" in what, what
     assert "Every part of the plan is expressed" not in moe.files["deepspeed.sh"]
-    assert _check_args(moe.files["deepspeed.sh"], _names("deepspeed_launcher_options.txt"))["--kv-channels"] == "128"
+    args = _check_args(moe.files["deepspeed.sh"], _names("deepspeed_launcher_options.txt"))
+    assert args["--kv-channels"] == "128"
+    assert (args["--num-experts"], args["--topk"], args["--moe-expert-parallel-size"], args["--expert-interval"],
+            args["--ffn-hidden-size"]) == ("128", "8", "8", "1", "768")
+    assert "--create-moe-param-group" in args and "--disable-moe-token-dropping" in args
+    # a model DeepSpeed-MoE cannot build (Qwen2-MoE's shared expert) keeps the gap, saying what it lacks
+    ds = export_plan(_plan("qwen2-moe-a2.7b", Layout(dp=8, zero=1, ep=4), ("full_recompute",), seq=8192), "deepspeed",
+                     price=False, nearest=True)
+    gap = next(g for g in ds.gaps if "routed experts" in g.what)
+    assert "which has no " in gap.nearest and "shared experts" in gap.nearest, gap.nearest
+    assert "--num-experts" not in _check_args(ds.files["deepspeed.sh"], _names("deepspeed_launcher_options.txt"))
 
 
 def test_deepspeed_parses_its_config_where_installed(tmp_path):

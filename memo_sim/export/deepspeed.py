@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import shlex
 
-from memo_sim.export.base import (Export, Gap, PlanChange, async_tp_gap, dp_flavour_gap, gemm_format_gap,
+from memo_sim.export.base import (Export, Gap, PlanChange, async_tp_gap, balance_gap, dp_flavour_gap, gemm_format_gap,
                                   interleave_gap, metp_gap, mtp_gap, nearest_plan, rank_order_gap, rotary_gaps,
                                   not_modelled_gap, optimizer_offload_gap, policy_gaps, uneven_stages_gap, price_nearest,
                                   shape_arguments, torchrun_line)
@@ -59,7 +59,7 @@ def gaps(plan: Plan) -> list[Gap]:
     if plan.model.bias == "qkv":  # Megatron-DeepSpeed's --disable-bias-linear drops every bias, it has no qkv-only one
         out.append(Gap(f"{plan.model.name}'s biases on the q, k and v projections only",
                        "biases on every linear layer (no flag): edit the model or drop them by hand"))
-    return out + _model_gaps(plan) + not_modelled_gap(plan)
+    return out + _moe_layout_gaps(plan) + _model_gaps(plan) + not_modelled_gap(plan)
 
 
 def _model_gaps(plan: Plan) -> list[Gap]:
@@ -69,12 +69,11 @@ def _model_gaps(plan: Plan) -> list[Gap]:
     if m.swiglu_limit:
         out.append(Gap(f"GPT-OSS's clamped SwiGLU (swiglu_limit {m.swiglu_limit:g}, the up half + 1)",
                        "plain SwiGLU (--swiglu; Megatron-DeepSpeed has no clamp or offset)"))
-    if m.moe:
+    if m.moe and (why := moe_why_not(m)):
         out.append(Gap(f"{m.moe_layers} MoE layers of {m.experts} routed experts (top-{m.top_k}, width {m.expert_width}"
                        + (f", {m.shared_experts} shared" if m.shared_experts else "") + f") over EP {plan.layout.ep}",
-                       "not written: Megatron-DeepSpeed's --num-experts / --moe-expert-parallel-size run DeepSpeed-MoE, "
-                       "whose router, expert width and shared experts differ; the script as written trains the dense "
-                       "model"))
+                       f"not written: Megatron-DeepSpeed's --num-experts / --moe-expert-parallel-size run DeepSpeed-MoE, "
+                       f"which has no {'; no '.join(why)}; the script as written trains the dense model"))
     for on, what in ((m.mla, "multi-head latent attention (low-rank q / kv projections)"), (m.qk_norm, "QK norms"),
                      (m.sliding_layers, f"a {m.sliding_window}-token sliding window on {m.sliding_layers} layers"),
                      (m.chunked_layers, f"{m.attention_chunk}-token chunked attention on {m.chunked_layers} layers"),
@@ -94,6 +93,66 @@ def _model_gaps(plan: Plan) -> list[Gap]:
     elif m.norm == "rmsnorm" and m.rope_theta != int(m.rope_theta):
         out.append(Gap(f"the rotary base {m.rope_theta:g}", "its integer part: Megatron-DeepSpeed's "
                        "--rotary-position-embeddings-theta takes an integer"))
+    return out
+
+
+def moe_why_not(m) -> list[str]:
+    """What of the model's MoE block DeepSpeed-MoE (deepspeed/moe/sharded_moe.py's TopKGate at edaa7221: softmax over
+    the experts, the top k, their weights renormalised; experts of Megatron-DeepSpeed's ParallelMLP, --ffn-hidden-size
+    wide, on every --expert-interval-th layer) cannot build, in words; empty where it builds it as the model has it."""
+    out = []
+    if m.router != "softmax" or m.router_groups or m.router_scaling != 1.0:
+        out.append(f"{m.router} router" + (" with groups" if m.router_groups else "")
+                   + (f" scaled by {m.router_scaling:g}" if m.router_scaling != 1.0 else "")
+                   + " (its gate is a softmax top-k, renormalised)")
+    if m.shared_experts:
+        out.append("shared experts (its --mlp-type residual is a dense MLP mixed in by a learned coefficient)")
+    if m.moe_bias:
+        out.append("biases on the experts and the gate")
+    if m.mixes_dense_layers and not (m.dense_period == 2 and m.ffn == m.expert_width):
+        out.append(f"dense layers {m.dense_where} of width {m.ffn} beside experts of width {m.expert_width} (its "
+                   f"--expert-interval N puts experts of the dense FFN's width on every N-th layer)")
+    return out
+
+
+def _moe_arguments(plan: Plan, lay) -> list[tuple[str, str | None]]:
+    """Megatron-DeepSpeed's DeepSpeed-MoE flags for a model `moe_why_not` passes (megatron/arguments.py at 4efb479d):
+    the experts, top-k and EP, every layer or every second one MoE, the router's top-2 choice by argmax (its default
+    samples the second expert), the loads (dropless, or dropped and padded to the capacity factor), and the MoE
+    parameter groups ZeRO's optimizer needs (deepspeed/runtime/zero/stage_1_and_2.py asserts them)."""
+    m = plan.model
+    args = [("--num-experts", str(m.experts)), ("--moe-expert-parallel-size", str(lay.ep)), ("--topk", str(m.top_k)),
+            ("--expert-interval", "2" if m.mixes_dense_layers else "1"), ("--create-moe-param-group", None)]
+    if m.top_k == 2:
+        args.append(("--disable-moe-top2-2nd-expert-sampling", None))
+    bal = lay.balance
+    if bal.kind == "capacity":
+        args.append(("--moe-train-capacity-factor", f"{bal.capacity:g}"))
+    else:  # dropless, or measured loads (a router's own, none dropped)
+        args.append(("--disable-moe-token-dropping", None))
+    if m.aux_loss_coef:  # DeepSpeed-MoE's default coefficient is 0.1
+        args.append(("--moe-loss-coeff", f"{m.aux_loss_coef:g}"))
+    return args
+
+
+def _moe_layout_gaps(plan: Plan) -> list[Gap]:
+    """What of an expressible MoE plan's layout DeepSpeed-MoE runs otherwise: expert TP (memo's deepspeed data has
+    none), another dispatcher than its all-to-all, and ZeRO 3 (its engine refuses native MoE there)."""
+    m, lay = plan.model, plan.layout
+    if not m.moe:
+        return []
+    out = balance_gap(plan, FRAMEWORK)  # forced or random loads: none of its settings
+    if moe_why_not(m):
+        return out
+    if lay.etp > 1:
+        out.append(Gap(f"expert tensor parallelism over {lay.etp} GPUs", "each expert whole on its EP rank (memo's "
+                       f"{FRAMEWORK} data runs no expert TP)", PlanChange(layout={"etp": 1})))
+    if lay.moe_dispatcher != "alltoall":
+        out.append(Gap(f"the {lay.moe_dispatcher} token dispatcher", "DeepSpeed-MoE's all-to-all",
+                       PlanChange(layout={"moe_dispatcher": "alltoall"})))
+    if lay.zero == 3:
+        out.append(Gap("ZeRO stage 3 beside MoE layers", "ZeRO stage 2 (DeepSpeed's engine refuses native MoE layers "
+                       "under stage 3)", PlanChange(layout={"zero": 2})))
     return out
 
 
@@ -171,6 +230,10 @@ def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | None]]:
             args.append(("--partition-activations", None))
         if pol.offloads:
             args.append(("--checkpoint-in-cpu", None))
+    if m.moe and not moe_why_not(m):
+        args += _moe_arguments(plan, lay)
+        if not m.mixes_dense_layers:  # every FFN is the experts': theirs is the width --ffn-hidden-size gives
+            args = [(k, str(m.expert_width) if k == "--ffn-hidden-size" else v) for k, v in args]
     args += [("--deepspeed", None), ("--deepspeed_config", CONFIG_FILE)]
     return args
 
