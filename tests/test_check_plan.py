@@ -107,3 +107,27 @@ def test_a_plan_whose_stored_peak_is_not_its_re_simulations_is_said_to_be_stale(
         r.output
     r = CliRunner().invoke(cli, ["check-plan", str(toy)])
     assert "stored prediction" not in r.output, r.output
+
+
+def test_a_plan_edited_to_a_length_its_layout_cannot_split_is_refused_by_check_plan_and_export(tmp_path):
+    """A review (2026-11-30): a CP 4 x TP 8 plan edited to 131,073 tokens was valid for check-plan (exit 0) and exported
+    with --seq-length 131073 beside --context-parallel-size 4, where the what-if refuses that length. Both refuse it
+    now with the what-if's reason, the fix in the plan's own field; maxseq's names its own --step."""
+    w = CliRunner().invoke(cli, ["whatif", "--layers", "2", "--hidden", "256", "--heads", "8", "--ffn", "1024",
+                                 "--vocab", "1024", "--seq", "2K", "--gpus", "2", "--cp", "2", "--policy",
+                                 "full_recompute", "--jobs", "1", "--out", str(tmp_path / "p")])
+    assert w.exit_code == 0, w.output
+    d = json.loads((tmp_path / "p" / "plan.json").read_text())
+    d["seq_tokens"] += 1
+    f = tmp_path / "odd.json"
+    f.write_text(json.dumps(d))
+    for args in (["check-plan", str(f)], ["export", str(f), "--to", "megatron", "--out", str(tmp_path / "x")]):
+        r = CliRunner().invoke(cli, args)
+        assert r.exit_code == 2 and "layout: sequence length 2049 not divisible into 4 equal chunks" in r.output, \
+            (args, r.output)
+        assert "seq_tokens 2052 (or 2048) divides" in r.output and len(r.output.strip().splitlines()) == 1
+    assert not (tmp_path / "x").exists()
+    m = CliRunner().invoke(cli, ["maxseq", "--layers", "2", "--hidden", "256", "--heads", "8", "--ffn", "1024",
+                                 "--vocab", "1024", "--gpus", "2", "--cp", "2", "--step", "1001", "--policy",
+                                 "full_recompute"])
+    assert m.exit_code == 2 and "; --step 1004 (or 1000) divides" in m.output, m.output

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from memo_sim.cli.common import progress_option
-from memo_sim.errors import MemoError
+from memo_sim.errors import MemoError, PlanError
 from memo_sim.export import EXPORTERS, export_plan
 from memo_sim.export.base import instead_lines, price_line
 from memo_sim.fileio import atomic_write_text, output_folder
@@ -48,6 +48,18 @@ def _warn_if_stale(plan_file, plan) -> None:
                f"whatif` plans afresh)", err=True)
 
 
+def _refuse_a_layout_the_whatif_refuses(plan_file, plan) -> None:
+    """A plan whose layout the what-if refuses for its model and length (an edited plan: `memo-sim check-plan`'s
+    `layout_problem`) is refused in one line: the script would not run (a review: 131,073 tokens exported beside
+    --context-parallel-size 4 --sequence-parallel)."""
+    from memo_sim.profile.loader import load_profile  # noqa: PLC0415
+    from memo_sim.search.plan_check import layout_problem  # noqa: PLC0415
+
+    why = layout_problem(plan, load_profile(plan.profile))
+    if why:
+        raise PlanError(f"{plan_file}: {why}")
+
+
 @click.command("export")
 @click.argument("plan_file", type=click.Path(dir_okay=False))
 @click.option("--to", "framework", required=True, type=click.Choice(list(EXPORTERS)),
@@ -75,6 +87,7 @@ def export(plan_file, framework, out_dir, price, nearest, jobs, progress):
     from memo_sim.search.whatif import default_jobs  # noqa: PLC0415
 
     plan = read_plan(plan_file)
+    _refuse_a_layout_the_whatif_refuses(plan_file, plan)
     if price:
         _warn_if_stale(plan_file, plan)
     with delayed_progress(f"searching {framework}'s plans", quiet=progress is False, force=progress) as on_progress:

@@ -189,7 +189,9 @@ def max_seq(model: ModelConfig, gpus: int, profile: HardwareProfile, policy: str
     except NothingFits as e:  # every layout's model states alone overflow: no length fits (exit 3, as the what-if)
         return MaxSeqAnswer(policy, step, None, None, step, str(e).split(": ", 1)[-1], allocator, True)
     if isinstance(cands, str):  # no candidate at all, not one out of memory: the request itself (a policy the
-        raise MemoError(cands)  # framework lacks, degrees that no layout of the GPUs matches) is refused
+        # framework lacks, degrees that no layout of the GPUs matches) is refused; a length the split does not
+        # take is maxseq's first step, its --step (a review: the what-if's '--seq N divides' named a flag it lacks)
+        raise MemoError(cands.replace("; --seq ", "; --step "))
     if not _fits(cands):
         alone = all(c.memory.model_states_bytes > c.memory.gpu_capacity_bytes for c in cands)
         return MaxSeqAnswer(policy, step, None, None, step, binding_constraint(cands), allocator, alone)

@@ -19,6 +19,7 @@ of the simulator is checked here, before anything runs:
 from __future__ import annotations
 
 from memo_sim.errors import MemoError
+from memo_sim.layout.parallel import check_layout
 from memo_sim.memplan.placement_check import validate_placement
 from memo_sim.memplan.stage_plan import stage_model_trace
 from memo_sim.memplan.trace_gen import layer_backward_trace, layer_forward_trace, unplaced_in
@@ -32,10 +33,23 @@ def plan_problems(plan: Plan) -> list[str]:
     """One line per problem (``field: what; fix``); empty when the plan can run as written."""
     out = []
     try:
-        load_profile(plan.profile)
+        profile = load_profile(plan.profile)
     except MemoError as e:
         out.append(f"profile: {e}")
+    else:
+        why = layout_problem(plan, profile)
+        if why:
+            out.append(why)
     return out + runnable_problems(plan)
+
+
+def layout_problem(plan: Plan, profile) -> str | None:
+    """The plan's layout against its model, length and ``profile``'s nodes, as the what-if checks a candidate
+    (`memo_sim.layout.parallel.check_layout`): ``layout: why; fix``, or None (a review: a plan edited to 131,073
+    tokens under CP 4 and SP was valid for check-plan and exported, where the what-if refuses that length)."""
+    why = check_layout(plan.layout, plan.model, plan.gpus, profile.node_gpus, plan.seq_tokens,
+                       plan.micro_batch or plan.batch, metp_across_nodes=True)  # a what-if option the plan keeps
+    return f"layout: {why.replace('; --seq ', '; seq_tokens ')}" if why else None
 
 
 def runnable_problems(plan: Plan, memory_plan: bool = True,
