@@ -306,6 +306,9 @@ def test_deepspeed_config_and_launcher():
     # --recompute-granularity full; --deepspeed-activation-checkpointing picks DeepSpeed's implementation)
     args = _check_args(ex.files["deepspeed.sh"], _names("deepspeed_launcher_options.txt"))
     assert "--checkpoint-activations" in args and "--deepspeed-activation-checkpointing" in args
+    # the config's stage on the launch line too: pretrain_gpt.py partitions the model as it builds it only under
+    # --zero-stage 3 (its default is 1; a review)
+    assert args["--zero-stage"] == "3"
     # Qwen2.5's architecture as Megatron-DeepSpeed spells it; its q/k/v-only biases are a gap (no such flag)
     assert args["--normalization"] == "rmsnorm" and "--swiglu" in args and "--use-rotary-position-embeddings" in args
     assert "--no-position-embedding" in args and "--untie-embeddings-and-output-weights" in args

@@ -234,7 +234,10 @@ def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | None]]:
         args += _moe_arguments(plan, lay)
         if not m.mixes_dense_layers:  # every FFN is the experts': theirs is the width --ffn-hidden-size gives
             args = [(k, str(m.expert_width) if k == "--ffn-hidden-size" else v) for k, v in args]
-    args += [("--deepspeed", None), ("--deepspeed_config", CONFIG_FILE)]
+    # ZeRO 3 on the launch line too: pretrain_gpt.py builds the model under deepspeed.zero.Init(enabled=args.zero_stage
+    # == 3), and every other use of the flag (default 1) asks for 3 alone (a review: a ZeRO-3 plan's every rank built
+    # the whole model before partitioning it)
+    args += [("--zero-stage", "3")] * (lay.zero == 3) + [("--deepspeed", None), ("--deepspeed_config", CONFIG_FILE)]
     return args
 
 
