@@ -341,3 +341,18 @@ def test_maxseq_takes_the_caching_allocators_settings():
         plain["answers"][0]["max_seq_tokens"]
     bad = CliRunner().invoke(cli, [*args[:-1], "--alloc-conf", "bogus:1"])
     assert bad.exit_code == 2 and "alloc_conf: unknown key 'bogus'" in bad.output
+
+
+def test_a_failure_of_the_allocator_replay_gives_no_time():
+    """A review (2026-11-30): the caching-allocator replay's out-of-memory was said to happen 'at 0.0 us' (layer 77's
+    forward at the start of the iteration): the replay orders the requests and keeps no clock, so it gives none."""
+    from memo_sim.engine.simulate import simulate
+    from memo_sim.layout.parallel import Layout
+    from memo_sim.policy import get_policy
+    from memo_sim.search.frameworks import get_framework
+
+    lay = get_framework("memo-paper").adapt(Layout(tp=8, sp=True), A800)
+    r = simulate(M7, lay, 1, 512 * K, get_policy("full_recompute"), A800, keep_timeline=False)
+    assert r.status == "OOM" and r.failure.time_s is None, r.failure
+    assert r.failure.message().startswith("OOM in the caching-allocator replay: L"), r.failure.message()
+    assert "at 0.0" not in r.failure.message()

@@ -61,7 +61,7 @@ HOST_DEVICE_BASE = -1  # node n's host memory is sampled as device -1 - n
 @dataclass(frozen=True)
 class Failure:
     status: str  # OOM | OOHM
-    time_s: float
+    time_s: float | None  # None: found by the caching-allocator replay of the iteration, which keeps no clock
     tensor: str
     requested_bytes: float
     in_use_bytes: float
@@ -74,7 +74,8 @@ class Failure:
         from memo_sim.units import fmt_bytes, fmt_time
 
         where = "GPU memory" if self.status == "OOM" else "pinned host memory"
-        return (f"{self.status} at {fmt_time(self.time_s)}: {self.tensor} needs {fmt_bytes(self.requested_bytes)} "
+        when = f"at {fmt_time(self.time_s)}" if self.time_s is not None else "in the caching-allocator replay"
+        return (f"{self.status} {when}: {self.tensor} needs {fmt_bytes(self.requested_bytes)} "
                 f"with {fmt_bytes(self.in_use_bytes)} of {fmt_bytes(self.capacity_bytes)} {where} in use"
                 + (f" (op {self.op}" + (f", layer {self.layer})" if self.layer is not None else ")") if self.op else ""))
 

@@ -386,7 +386,9 @@ def memory_figure(timeline: Timeline, path: str | Path) -> Path:
     axes[-1].set_xlabel(f"time in the iteration ({unit})")
     fail = meta.get("failure")
     title = " | ".join(str(meta[k]) for k in ("model", "layout", "policy") if meta.get(k))
-    if fail:
+    if fail and fail.get("time_s") is None:  # found by the caching-allocator replay, which has no clock
+        title += f" | {fail['status']} in the caching-allocator replay ({fail['tensor']})"
+    elif fail:
         title += f" | {fail['status']} at {fail['time_s']:.3f} s ({fail['tensor']})"
         for ax in axes:
             ax.axvline(fail["time_s"] / scale, color="#C44E52", lw=1)

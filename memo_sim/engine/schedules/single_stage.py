@@ -498,7 +498,8 @@ def simulate_single_stage(model: ModelConfig, layout: Layout, batch: int, seq: i
     failure = out.failure
     if failure is None and replay is not None and replay.oom:
         ev = replay.oom_event
-        failure = Failure("OOM", 0.0, f"{replay.oom_request} (caching-allocator fragmentation)",
+        # the replay's order of requests has no clock: no time is given (a review: 'OOM at 0.0 us' for layer 77's)
+        failure = Failure("OOM", None, f"{replay.oom_request} (caching-allocator fragmentation)",
                           float(ev.requested_bytes) if ev else 0.0, float(ev.allocated_bytes) if ev else 0.0,
                           sched.memory.gpu_capacity_bytes, dev, None, None)
     status = failure.status if failure else "OK"
