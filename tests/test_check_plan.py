@@ -131,3 +131,16 @@ def test_a_plan_edited_to_a_length_its_layout_cannot_split_is_refused_by_check_p
                                  "--vocab", "1024", "--gpus", "2", "--cp", "2", "--step", "1001", "--policy",
                                  "full_recompute"])
     assert m.exit_code == 2 and "; --step 1004 (or 1000) divides" in m.output, m.output
+
+
+def test_simulating_an_fp8_plan_on_a_profile_without_fp8_names_the_plans_field(tmp_path):
+    """A review (2026-11-30): `simulate PLAN --profile a100-sxm4-80gb` of an FP8 plan said 'fix: drop --precision
+    fp8-tensorwise', a flag the command has not: the format is the plan's model.gemm_format."""
+    w = CliRunner().invoke(cli, ["whatif", "--model", "llama-3.1-8b", "--layers", "2", "--gpus", "1", "--seq", "2K",
+                                 "--profile", "h100-sxm5-80gb", "--precision", "fp8-tensorwise", "--jobs", "1",
+                                 "--simulate-top", "1", "--out", str(tmp_path / "p")])
+    assert w.exit_code == 0, w.output
+    r = CliRunner().invoke(cli, ["simulate", str(tmp_path / "p" / "plan.json"), "--profile", "a100-sxm4-80gb",
+                                 "--out", str(tmp_path / "s")])
+    assert r.exit_code == 2 and "model.gemm_format fp8-tensorwise: profile a100-sxm4-80gb" in r.output, r.output
+    assert "--precision" not in r.output and len(r.output.strip().splitlines()) == 1

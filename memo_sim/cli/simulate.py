@@ -47,9 +47,19 @@ def _load_plan_and_profile(plan_file: str, profile_override: str | None):
 
     from memo_sim.cost.gemm_format import check_gemm_format
 
+    from memo_sim.errors import MemoError
+
     plan = read_plan(plan_file)
     profile = load_profile(profile_override or plan.profile)
-    check_gemm_format(plan.model, profile)
+    try:
+        check_gemm_format(plan.model, profile)
+    except MemoError as e:  # the plan's format, not a flag given here (a review: 'fix: drop --precision')
+        if "--precision" not in str(e):
+            raise
+        raise MemoError(f"{plan_file}: model.gemm_format {plan.model.gemm_format}: profile {profile.name} "
+                        f"({profile.gpu.model}) has no {plan.model.gemm.peak} peak; fix: give --profile one that "
+                        f"lists gpu.peak_flops.{plan.model.gemm.peak}, or plan afresh for this GPU (memo-sim whatif "
+                        f"--profile {profile.name})") from None
     return plan, profile
 
 
