@@ -337,14 +337,17 @@ def test_heads_over_a_gqa_preset_name_the_kv_heads_that_have_no_flag():
 
 def test_hidden_override_scales_the_ffn_unless_ffn_is_given():
     from memo_sim.cli.common import build_model
+    from memo_sim.errors import MemoError
 
     m = build_model("gpt-7b", None, 2048, None, None, None)
     assert m.hidden == 2048 and m.ffn == 4 * 2048  # GPT's 4h, not the preset's 16384
     assert build_model("gpt-7b", None, 2048, None, 1000, None).ffn == 1000
     moe = build_model("mixtral-8x7b", None, 2048, None, None, None)
     assert moe.expert_width == 14336 // 2
-    qwen = build_model("qwen2-moe-a2.7b", None, 64, None, 256, None)  # --ffn sets the dense FFN only
-    assert qwen.ffn == 256 and qwen.expert_ffn == round(1408 * 64 / 2048) and qwen.shared_ffn == round(5632 * 64 / 2048)
+    qwen = build_model("qwen2-moe-a2.7b", None, 64, None, None, None)  # the experts' widths follow --hidden
+    assert qwen.expert_ffn == round(1408 * 64 / 2048) and qwen.shared_ffn == round(5632 * 64 / 2048)
+    with pytest.raises(MemoError, match="--ffn 256: every layer of qwen2-moe-a2.7b is a MoE layer"):
+        build_model("qwen2-moe-a2.7b", None, 64, None, 256, None)  # no dense FFN for --ffn to set
 
 
 @pytest.mark.parametrize("flags, says", [
