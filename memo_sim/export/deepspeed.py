@@ -72,8 +72,9 @@ def _model_gaps(plan: Plan) -> list[Gap]:
     if m.moe and (why := moe_why_not(m)):
         out.append(Gap(f"{m.moe_layers} MoE layers of {m.experts} routed experts (top-{m.top_k}, width {m.expert_width}"
                        + (f", {m.shared_experts} shared" if m.shared_experts else "") + f") over EP {plan.layout.ep}",
-                       f"not written: Megatron-DeepSpeed's --num-experts / --moe-expert-parallel-size run DeepSpeed-MoE, "
-                       f"which has no {'; no '.join(why)}; the script as written trains the dense model"))
+                       "not written: Megatron-DeepSpeed's --num-experts / --moe-expert-parallel-size run "
+                       f"DeepSpeed-MoE, which has no {'; no '.join(why)}; the script as written trains the dense "
+                       "model"))
     for on, what in ((m.mla, "multi-head latent attention (low-rank q / kv projections)"), (m.qk_norm, "QK norms"),
                      (m.sliding_layers, f"a {m.sliding_window}-token sliding window on {m.sliding_layers} layers"),
                      (m.chunked_layers, f"{m.attention_chunk}-token chunked attention on {m.chunked_layers} layers"),
