@@ -193,9 +193,10 @@ def validate_memory_plan(ap: ArenaPlan, recorder: AllocRecorder, backend: str = 
             if name in known:
                 continue
             why = unplaced_reason(ap, ph, name)
-            if why is None and fewer_layers is not None:  # (a review: --layers 2 of a MEMO plan was refused here)
-                why = (f"not requested by a run of {fewer_layers[0]} of the plan's {fewer_layers[1]} layers "
-                       f"(--layers): its policy's layer at that count does not allocate it")
+            if why is None and fewer_layers is not None and name.startswith("rc_") and \
+                    not any(n.startswith("rc_") for n in known):  # (a review: --layers 2 of MEMO was refused here)
+                why = (f"a re-run tensor, and a run of {fewer_layers[0]} of the plan's {fewer_layers[1]} layers "
+                       f"(--layers) re-runs nothing")
             if why is None:
                 other = (f"; the plan was recorded with the math attention backend (attn_* scratch) and this run "
                          f"uses {backend}: record the layer trace with --attention-backend {backend}"

@@ -2,6 +2,7 @@
 the field; null predictions print as n/a (`memo_sim.search.plan_check`)."""
 
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -96,6 +97,12 @@ def test_a_plan_that_no_longer_fits_is_said_to_and_exits_3(tmp_path):
     # the simulated peak of a run that stopped is none, not the bytes in use when it stopped printed as a peak
     # (a review: "peak (the simulated iteration) 0 B" for a plan whose model states alone did not fit)
     assert "peak (the simulated iteration)" in r.output and "none: OOM, " in r.output, r.output
+    # what was in use when it stopped is the failure's, as the binding line says (a review: the highest level reached
+    # before it was printed there)
+    import re
+
+    in_use = re.search(r"binding: OOM at [^:]+: .* needs [0-9.]+ [KMGT]?i?B with ([0-9.]+ [KMGT]?i?B) of", r.output)
+    assert in_use and f"none: OOM, {in_use.group(1)} in use when it stopped" in r.output, r.output
 
 
 def test_a_plan_whose_stored_peak_is_not_its_re_simulations_is_said_to_be_stale(toy, tmp_path):
@@ -144,3 +151,19 @@ def test_simulating_an_fp8_plan_on_a_profile_without_fp8_names_the_plans_field(t
                                  "--out", str(tmp_path / "s")])
     assert r.exit_code == 2 and "model.gemm_format fp8-tensorwise: profile a100-sxm4-80gb" in r.output, r.output
     assert "--precision" not in r.output and len(r.output.strip().splitlines()) == 1
+
+
+def test_a_plan_of_more_devices_than_its_cpu_profiles_node_stays_valid(tmp_path):
+    """A review (2026-11-30) of the layout check check-plan gained: memo-exec validate writes TP 2 plans on a CPU
+    profile whose node is one device (every rank on this machine), and check-plan refused them ('tp=2 must divide the 1
+    GPUs of a node'). The node is sized as validate sizes it; the what-if's search keeps its own rule."""
+    w = CliRunner().invoke(cli, ["whatif", "--layers", "2", "--hidden", "256", "--heads", "8", "--ffn", "1024",
+                                 "--vocab", "1024", "--seq", "2K", "--gpus", "2", "--tp", "2", "--policy",
+                                 "full_recompute", "--dtype", "fp32", "--jobs", "1", "--out", str(tmp_path / "p")])
+    assert w.exit_code == 0, w.output
+    d = json.loads((tmp_path / "p" / "plan.json").read_text())
+    d["profile"] = str(Path(__file__).parent / "data" / "profiles" / "cpu-quick-vm.yaml")
+    f = tmp_path / "cpu.json"
+    f.write_text(json.dumps(d))
+    r = CliRunner().invoke(cli, ["check-plan", str(f)])
+    assert r.exit_code == 0 and "layout:" not in r.output, r.output

@@ -554,7 +554,7 @@ def test_an_answer_memo_exec_refuses_says_so():
     meg = CliRunner().invoke(cli, base + ["--model", "deepseek-v2-lite", "--framework", "megatron"])
     assert meg.exit_code == 0, meg.output
     assert "memo-exec refuses this plan (plan model deepseek-v2-lite: kv_lora_rank = 512" in meg.output
-    assert "`memo-sim export --to megatron` of its plan file writes it for megatron" in meg.output
+    assert "`memo-sim export --to megatron` of its plan file writes it for megatron (the version" in meg.output
     d = json.loads(CliRunner().invoke(cli, base + ["--model", "deepseek-v2-lite", "--json"]).output)
     assert "multi-head latent attention" in d["executor_refuses"]
     oss = json.loads(CliRunner().invoke(cli, base + ["--model", "gpt-oss-20b", "--json"]).output)

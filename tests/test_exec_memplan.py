@@ -218,6 +218,8 @@ def test_fewer_layers_of_a_memo_plan_run_with_its_memory_plan(tmp_path):
     try:
         res = ex.run()
         assert res.steps and ex.arena_plan is not None
-        assert any("(--layers)" in why for why in ex.arena_plan.ignored.values()), ex.arena_plan.ignored
+        assert any("(--layers) re-runs nothing" in why for why in ex.arena_plan.ignored.values()), \
+            ex.arena_plan.ignored
+        assert all(k.split(":")[1].startswith("rc_") for k, why in ex.arena_plan.ignored.items() if "--layers" in why)
     finally:
         ex.close()

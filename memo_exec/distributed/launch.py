@@ -40,7 +40,9 @@ DEFAULT_PG_TIMEOUT_S = 600
 
 
 def in_torchrun() -> bool:
-    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+    from memo_sim.errors import RANK_ENV  # noqa: PLC0415 - the variables torchrun sets on its ranks
+
+    return all(k in os.environ for k in RANK_ENV)
 
 
 def env_rank() -> tuple[int, int, int]:

@@ -174,7 +174,7 @@ def add_memory_part(a: Answer, plan, res, mem, peaks: dict | None = None) -> Non
         rows = [[k, fmt_bytes(v)] for k, v in memory_terms(plan, mem).items()]
         rows += [["peak (the terms above)", analytic_peak(mem, plan.policy, plan.layout).text()],
                  ["peak (the simulated iteration)", result_peak(res).text() if res.status == "OK" else
-                  f"none: {res.status}, {fmt_bytes(res.peak_gpu_bytes)} in use when it stopped"],
+                  f"none: {res.status}, {fmt_bytes(res.failure.in_use_bytes)} in use when it stopped"],
                  ["usable GPU memory", fmt_bytes(res.gpu_capacity_bytes)]]
         a.table(["", "bytes"], rows, title="\nGPU memory per GPU:")
     for d, p in peaks.items():

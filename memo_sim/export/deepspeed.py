@@ -151,9 +151,12 @@ def _moe_layout_gaps(plan: Plan) -> list[Gap]:
     if lay.moe_dispatcher != "alltoall":
         out.append(Gap(f"the {lay.moe_dispatcher} token dispatcher", "DeepSpeed-MoE's all-to-all",
                        PlanChange(layout={"moe_dispatcher": "alltoall"})))
-    if lay.zero == 3:
-        out.append(Gap("ZeRO stage 3 beside MoE layers", "ZeRO stage 2 (DeepSpeed's engine refuses native MoE layers "
-                       "under stage 3)", PlanChange(layout={"zero": 2})))
+    stages = get_framework(FRAMEWORK).experts.zero  # the stages its MoE layers run beside (framework data)
+    if stages is not None and lay.zero not in stages:
+        nearest = max((z for z in stages if z < lay.zero), default=min(stages))
+        out.append(Gap(f"ZeRO stage {lay.zero} beside MoE layers", f"ZeRO stage {nearest} (DeepSpeed's engine refuses "
+                       f"native MoE layers under stage {lay.zero}; memo's {FRAMEWORK} data)",
+                       PlanChange(layout={"zero": nearest})))
     return out
 
 

@@ -669,13 +669,22 @@ def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: i
             + [f"tp {layout.tp} (sequence parallel)"] * (layout.sp and layout.tp > 1) \
             + [f"{flavour.seq_chunk_factor} ring chunks of {layout.tp_mode}"] * (flavour.seq_chunk_factor > 1)
         fit = -(-seq // chunks) * chunks
-        return (f"sequence length {seq} not divisible into {chunks} equal chunks ({' x '.join(parts) or 'one'}); "
-                f"--seq {fit}" + (f" (or {seq - seq % chunks})" if seq > chunks else "") + " divides")
+        return (f"sequence length {seq} not divisible into {chunks} equal chunks ({' x '.join(parts) or 'one'})"
+                f"{SEQ_FIX}{fit}" + (f" (or {seq - seq % chunks})" if seq > chunks else "") + " divides")
     if layout.zero and layout.state_shards == 1:
         return "ZeRO needs a data/context-parallel group larger than 1"
     if batch < 1:
         return "batch must be at least 1"
     return None
+
+
+SEQ_FIX = "; --seq "  # how `check_layout` names the length that divides: the what-if's flag
+
+
+def seq_fix_names(why: str, name: str) -> str:
+    """`check_layout`'s reason with the length it proposes named as ``name`` (maxseq's --step, a plan's seq_tokens)
+    in place of the what-if's --seq."""
+    return why.replace(SEQ_FIX, f"; {name} ")
 
 
 def _divisors(n: int) -> list[int]:

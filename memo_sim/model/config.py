@@ -854,8 +854,9 @@ def with_overrides(base: ModelConfig, source: str = "model flags", rename: bool 
     keeps the FFN widths' ratio to the width (GPT: 4h), the dense FFN's unless ``ffn`` is given, the
     routed and shared experts' always (they have no flag). ``layers`` keeps the share of the layers that slide
     (``sliding_layers``) and of a MoE model's dense layers (``dense_layers``, at least one MoE layer left), rounded,
-    and at least one of each kind the model has: GPT-OSS-20B's 12 sliding layers of 24 are 1 of ``--layers 2``,
-    DeepSeek-V3's 3 dense layers of 61 are 1 of ``--layers 4``. The head dimension and MLA's ranks are the
+    and at least one of each where the model has some (a period, where it places them, decides instead):
+    GPT-OSS-20B's 12 sliding layers of 24 are 1 of ``--layers 2``, DeepSeek-V3's 3 dense layers of 61 are 1 of
+    ``--layers 4``. The head dimension and MLA's ranks are the
     preset's (heads x head_dim need not be the width). ``rename``: another model is named ``NAME-custom``
     (the same one with its GEMMs in another format alone keeps its name); a flag giving the model's own value changes
     nothing (``--mtp-layers 1`` on DeepSeek-V3 keeps its name)."""

@@ -217,8 +217,8 @@ def executor_line(v: WhatIfView) -> str:
         return ""
     if v.framework != "any":  # a framework's plan is for that framework (a review: nothing said memo-exec refuses it)
         base = v.framework.split("@")[0]
-        to = (f"; `memo-sim export --to {base}` of its plan file writes it for {v.framework}"
-              if base in ("megatron", "torchtitan", "deepspeed") else "")
+        to = (f"; `memo-sim export --to {base}` of its plan file writes it for {base} (the version its exporter "
+              f"names)" if base in ("megatron", "torchtitan", "deepspeed") else "")
         return f"memo-exec refuses this plan ({why}){to}"
     return (f"memo-exec refuses this plan ({why}); `memo-sim export` of its plan file (--to megatron or torchtitan) "
             f"writes the nearest plan a framework runs, priced beside it")

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from memo_sim.layout.alloc_conf import EXPANDABLE_FLAG
+from memo_sim.layout.parallel import seq_fix_names
 from memo_sim.policy.base import uses_memory_plan
 from memo_sim.errors import MemoError, NothingFits
 from memo_sim.memplan.iteration_replay import replay_iteration
@@ -191,7 +192,7 @@ def max_seq(model: ModelConfig, gpus: int, profile: HardwareProfile, policy: str
     if isinstance(cands, str):  # no candidate at all, not one out of memory: the request itself (a policy the
         # framework lacks, degrees that no layout of the GPUs matches) is refused; a length the split does not
         # take is maxseq's first step, its --step (a review: the what-if's '--seq N divides' named a flag it lacks)
-        raise MemoError(cands.replace("; --seq ", "; --step "))
+        raise MemoError(seq_fix_names(cands, "--step"))
     if not _fits(cands):
         alone = all(c.memory.model_states_bytes > c.memory.gpu_capacity_bytes for c in cands)
         return MaxSeqAnswer(policy, step, None, None, step, binding_constraint(cands), allocator, alone)

@@ -19,7 +19,7 @@ of the simulator is checked here, before anything runs:
 from __future__ import annotations
 
 from memo_sim.errors import MemoError
-from memo_sim.layout.parallel import check_layout
+from memo_sim.layout.parallel import check_layout, seq_fix_names
 from memo_sim.memplan.placement_check import validate_placement
 from memo_sim.memplan.stage_plan import stage_model_trace
 from memo_sim.memplan.trace_gen import layer_backward_trace, layer_forward_trace, unplaced_in
@@ -47,9 +47,11 @@ def layout_problem(plan: Plan, profile) -> str | None:
     """The plan's layout against its model, length and ``profile``'s nodes, as the what-if checks a candidate
     (`memo_sim.layout.parallel.check_layout`): ``layout: why; fix``, or None (a review: a plan edited to 131,073
     tokens under CP 4 and SP was valid for check-plan and exported, where the what-if refuses that length)."""
-    why = check_layout(plan.layout, plan.model, plan.gpus, profile.node_gpus, plan.seq_tokens,
-                       plan.micro_batch or plan.batch, metp_across_nodes=True)  # a what-if option the plan keeps
-    return f"layout: {why.replace('; --seq ', '; seq_tokens ')}" if why else None
+    # the node as memo-exec validate sizes it (its plans run every rank on one machine: a CPU profile's node is one
+    # device), so a plan's TP is not held to the profile's node here; the what-if's search is
+    why = check_layout(plan.layout, plan.model, plan.gpus, max(profile.node_gpus, plan.gpus), plan.seq_tokens,
+                       plan.micro_batch or plan.batch)
+    return f"layout: {seq_fix_names(why, 'seq_tokens')}" if why else None
 
 
 def runnable_problems(plan: Plan, memory_plan: bool = True,
