@@ -236,10 +236,7 @@ def shown_path(p, final: str | None = None, stage: str | None = None) -> Path:
     final = final or os.environ.get(OUT_ENV)
     if not final:
         return Path(p)
-    try:
-        return Path(final) / Path(p).relative_to(stage) if stage is not None else Path(final) / Path(p).name
-    except ValueError:  # not under the stage
-        return Path(final) / Path(p).name
+    return Path(final) / (_under(p, stage) if stage is not None else Path(p).name)
 
 
 def launch_nproc(nproc: int, argv: list[str], out_dir: str, progress: bool, shown_out: str | None = None
@@ -347,6 +344,7 @@ def schedule_outputs(schedule, out_dir: str, plan_file: str, report) -> dict:
 
 
 def _under(p: Path, folder: str) -> str:
+    """``p``'s path under ``folder`` (its name where it is not under it)."""
     try:
         return Path(p).relative_to(folder).as_posix()
     except ValueError:

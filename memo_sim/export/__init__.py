@@ -49,7 +49,7 @@ def export_plan(plan: Plan, to: str, price: bool = True, nearest: bool = False, 
                            f"--framework {module.FRAMEWORK}: the nearest settings of memo's plan are written"))
         return ex
     summary["why"] = [g.what for g in ex.gaps if g.change != PlanChange()]  # what memo's plan has that it lacks
-    if _out_of_memory(ex.nearest):
+    if _out_of_memory(ex.nearest) and not summary["why"]:  # expressed, but out of memory as the framework runs it
         summary["does_not_fit"] = (f"with its own mechanisms ({', '.join(ex.nearest['mechanisms']) or 'none'}), "
                                    f"memo predicts it does not fit: {ex.nearest['failure'] or ex.nearest['status']}")
     return module.export(alt, price=price, instead=summary)

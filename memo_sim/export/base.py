@@ -82,8 +82,6 @@ def instead_lines(i: dict, framework: str) -> list[str]:
     plan = (f"memo's plan ({i['plan_label']}) is not expressible in {framework}{why}" if i.get("why") or
             not i.get("does_not_fit") else f"memo's plan ({i['plan_label']}) is expressible in {framework}, but "
             f"{i['does_not_fit']}")
-    if i.get("why") and i.get("does_not_fit"):
-        plan += f"; as {framework} runs its nearest settings, {i['does_not_fit']}"
     out = [f"{plan}; written instead: the best plan "
            f"memo predicts {framework}{version} runs, {i['label']}: {fmt_time(i['iteration_s'])}/iteration, "
            f"peak {i['peak_gpu_bytes'] / 2**30:.2f} GiB ({i['source']})."]
