@@ -18,6 +18,7 @@ from memo_sim.report.explain import PHASE_WORDS, gpu_devices, peak_moments, time
 from memo_sim.report.formats import Answer, emit, format_options, resolve_format
 from memo_sim.report.peaks import analytic_peak, result_peak
 from memo_sim.search.estimate import memo_alpha
+from memo_sim.search.plan_check import refuse_layout_problem
 from memo_sim.units import fmt_bytes, fmt_count, fmt_time
 
 _ALPHA_WORDS = {"overlap": "the offload of one layer's bytes must hide under that layer's forward",
@@ -33,6 +34,7 @@ def explain(plan_file, out_format, as_json):
     as_json = resolve_format(out_format, as_json) == "json"
     plan = read_plan(plan_file)
     profile = load_profile(plan.profile)
+    refuse_layout_problem(plan_file, plan, profile)  # as check-plan and export refuse it
     res = simulate_plan(plan, profile)
     devices = gpu_devices(res)
     times = [time_breakdown(res, d) for d in devices]

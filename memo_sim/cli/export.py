@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from memo_sim.cli.common import progress_option
-from memo_sim.errors import MemoError, PlanError
+from memo_sim.errors import MemoError
 from memo_sim.export import EXPORTERS, export_plan
 from memo_sim.export.base import instead_lines, price_line
 from memo_sim.fileio import atomic_write_text, output_folder
@@ -53,11 +53,9 @@ def _refuse_a_layout_the_whatif_refuses(plan_file, plan) -> None:
     `layout_problem`) is refused in one line: the script would not run (a review: 131,073 tokens exported beside
     --context-parallel-size 4 --sequence-parallel)."""
     from memo_sim.profile.loader import load_profile  # noqa: PLC0415
-    from memo_sim.search.plan_check import layout_problem  # noqa: PLC0415
+    from memo_sim.search.plan_check import refuse_layout_problem  # noqa: PLC0415
 
-    why = layout_problem(plan, load_profile(plan.profile))
-    if why:
-        raise PlanError(f"{plan_file}: {why}")
+    refuse_layout_problem(plan_file, plan, load_profile(plan.profile))
 
 
 @click.command("export")

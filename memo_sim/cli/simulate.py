@@ -60,6 +60,9 @@ def _load_plan_and_profile(plan_file: str, profile_override: str | None):
                         f"({profile.gpu.model}) has no {plan.model.gemm.peak} peak; fix: give --profile one that "
                         f"lists gpu.peak_flops.{plan.model.gemm.peak}, or plan afresh for this GPU (memo-sim whatif "
                         f"--profile {profile.name})") from None
+    from memo_sim.search.plan_check import refuse_layout_problem
+
+    refuse_layout_problem(plan_file, plan, profile)  # as check-plan and export refuse it
     return plan, profile
 
 
@@ -272,8 +275,13 @@ def sweep_alpha_cmd(plan_file, out_dir, alphas, profile_override, out_format, as
                               schedule=None if plan.schedule == "sppo" else plan.schedule,
                               micro_batch=plan.micro_batch)
     from memo_sim.search.estimate import memo_alpha
+    from memo_sim.search.pipeline import pipeline_memo_alpha
 
-    solved = memo_alpha(plan.model, plan.layout, plan.micro_batch, plan.seq_tokens, profile)
+    if plan.layout.pp > 1:  # the search's solve: every stage's blocks in flight, the node's GPUs sharing its host
+        solved = pipeline_memo_alpha(plan.model, plan.layout, plan.batch, plan.micro_batch, plan.seq_tokens, profile,
+                                     plan.schedule)
+    else:
+        solved = memo_alpha(plan.model, plan.layout, plan.micro_batch, plan.seq_tokens, profile)
     solver_alpha = solved.alpha if solved.feasible else None
     solver_words = (f"solver's alpha: {solver_alpha:.3f} ({solved.reason()})" if solver_alpha is not None
                     else f"solver's alpha: infeasible ({solved.reason()})")

@@ -29,6 +29,7 @@ Bad text is one `MemoError` line naming the key and the fix.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from memo_sim.errors import MemoError
 
@@ -204,3 +205,20 @@ def merged_alloc_conf(expandable_segments: bool, alloc_conf: str) -> AllocConf:
                      roundup_power2_divisions=conf.roundup_power2_divisions,
                      garbage_collection_threshold=conf.garbage_collection_threshold,
                      per_process_memory_fraction=conf.per_process_memory_fraction, other=conf.other)
+
+
+@lru_cache(maxsize=256)
+def memory_fraction(alloc_conf: str) -> float | None:
+    """A layout's ``per_process_memory_fraction`` (None: none set)."""
+    return parse_alloc_conf(alloc_conf).per_process_memory_fraction if alloc_conf else None
+
+
+def gpu_limit_bytes(profile, alloc_conf: str) -> float:
+    """The GPU bytes a rank's process may hold, the one capacity every memory check of its layout is
+    against: the profile's usable memory, or less under ``per_process_memory_fraction``, which caps
+    all the process allocates through PyTorch (its model states, its memory plan's arena, every
+    tensor): ``allowed_memory_maximum`` is the fraction of the device's total memory
+    (`memo_sim.memplan.allocator_config.AllocatorConfig.limit_bytes`, the replay's own limit)."""
+    usable = profile.usable_gpu_memory
+    f = memory_fraction(alloc_conf)
+    return usable if f is None else min(usable, f * profile.gpu_memory)

@@ -33,6 +33,7 @@ from memo_sim.cost.memo import memoised
 from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS, classifier_peak_bytes, model_state_bytes
 from memo_sim.cost.param_split import model_gpu_params
 from memo_sim.cost.optimizer_offload import host_state_bytes
+from memo_sim.layout.alloc_conf import gpu_limit_bytes
 from memo_sim.layout.parallel import Layout
 from memo_sim.memplan.baseline import caching_allocator_layer_report
 from memo_sim.memplan.trace_gen import _layer_backward_trace, layer_forward_trace, per_gpu_shard, static_plan_peak_bytes
@@ -164,7 +165,7 @@ def memory_breakdown(model: ModelConfig, layout: Layout, batch: int, seq: int, p
         model_states_bytes=states, skeletal_resident_bytes=resident, rounding_buffer_bytes=buffers,
         lse_bytes=lse_all, transient_peak_bytes=transient, transient_planned_bytes=planned,
         transient_caching_allocator=cached, layer_boundary_bytes=boundary, classifier_peak_bytes=classifier,
-        peak_gpu_bytes=0.0, gpu_capacity_bytes=profile.usable_gpu_memory, host_bytes_per_gpu=host_gpu,
+        peak_gpu_bytes=0.0, gpu_capacity_bytes=gpu_limit_bytes(profile, layout.alloc_conf), host_bytes_per_gpu=host_gpu,
         host_bytes_per_node=host_node, host_capacity_bytes=profile.host_capacity(gpus_node),
         backward_buffer_bytes=backward_buffer)
     # the peak: the larger of a layer's side (with full recompute's buffer, allocated for the backward only) and the
@@ -379,7 +380,7 @@ def sppo_memory(model: ModelConfig, layout: Layout, batch: int, seq: int, policy
             rounding_buffer_bytes=0.0, lse_bytes=lse_p, transient_peak_bytes=transient if work_p else 0.0,
             transient_planned_bytes=transient, transient_caching_allocator=transient,
             layer_boundary_bytes=boundary if work_p else 0.0, classifier_peak_bytes=cls_p,
-            peak_gpu_bytes=peak, gpu_capacity_bytes=profile.usable_gpu_memory,
+            peak_gpu_bytes=peak, gpu_capacity_bytes=gpu_limit_bytes(profile, layout.alloc_conf),
             host_bytes_per_gpu=host_per_gpu, host_bytes_per_node=0.0,
             host_capacity_bytes=profile.host_capacity(min(layout.gpus, profile.node_gpus)))
         out.append(StageMemory(s, bd, kv_all, dkv_peak, max(0.0, kept), at, host_gpu))

@@ -103,12 +103,14 @@ def _layer_times(model: ModelConfig, shard: Layout, batch: int, seq: int, policy
 
 
 def memo_alpha(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile,
-               solver=solve_alpha_closed_form, units: int | None = None) -> AlphaResult:
+               solver=solve_alpha_closed_form, units: int | None = None, active: int | None = None) -> AlphaResult:
     """MEMO's alpha for this layout from profiled layer sizes and forward time.
 
     ``units``: layer blocks one GPU holds on host at once (default: the model's offloaded layers,
     one iteration of one micro-batch); a pipeline stage holds its layers of every micro-batch in
-    flight (`memo_sim.search.pipeline`). ``batch`` is one micro-batch's sequences.
+    flight (`memo_sim.search.pipeline`). ``batch`` is one micro-batch's sequences. ``active``: the GPUs of a
+    node that share its host memory and copy at once (default: the layout's GPUs on one node; a pipeline's
+    stage, solved on its shard without the pipeline, passes its whole layout's: every stage's GPUs there).
 
     The continuous problem's alpha is floored to whole token rows, and host memory is checked
     with the bytes exactly as the executor allocates them (`memo_sim.policy.host_layout`); where
@@ -116,7 +118,7 @@ def memo_alpha(model: ModelConfig, layout: Layout, batch: int, seq: int, profile
     with the rows), so the result never exceeds a constraint."""
     sk = skeletal_bytes(model, layout, batch, seq)
     f = _forward_backward_times(model, per_gpu_shard(layout), batch, seq, profile)[0]
-    active = active_gpus_per_node(layout, profile)
+    active = active or active_gpus_per_node(layout, profile)
     bw = host_bandwidth_per_gpu(profile, "d2h", active)
     # the copy latency is paid once per layer: take it off the time budget
     budget = max(0.0, f - float(profile.host_link.latency))

@@ -33,6 +33,7 @@ from memo_sim.cost.memory import mtp_activation_bytes
 from memo_sim.cost.sppo import stage_model_state_bytes, stage_split_key
 from memo_sim.errors import MemoError
 from memo_sim.engine.schedules.microbatch import micro_batch_pipelines, stage_in_flight, stage_in_flight_layers
+from memo_sim.layout.alloc_conf import gpu_limit_bytes
 from memo_sim.layout.parallel import (
     ExpertChoice, Layout, _divisors, check_layout, enumerate_layouts, node_stage_gpus, uneven_split,
     virtual_split_why_not,
@@ -47,7 +48,9 @@ from memo_sim.policy.rounding_buffers import KEPT_LAYERS
 from memo_sim.profile.schema import HardwareProfile
 from memo_sim.search.bound import pipeline_family_tgs_bound
 from memo_sim.search.candidate import Candidate
-from memo_sim.search.estimate import estimate_pipeline, memo_alpha, pipeline_bubble, stage_shard
+from memo_sim.search.estimate import (
+    active_gpus_per_node, estimate_pipeline, memo_alpha, pipeline_bubble, stage_shard,
+)
 from memo_sim.units import fmt_bytes
 
 MAX_VPP = 4  # interleaving: up to this many chunks per rank (Megatron-LM's runs use 2-4; more adds P2P per micro-batch)
@@ -71,10 +74,11 @@ def states_why_not(model: ModelConfig, layout: Layout, profile: HardwareProfile)
     building it (a cluster-scale query's pipelines are mostly such families)."""
     states = _stage_states(model, layout)
     worst = max(range(layout.pp), key=states.__getitem__)
-    if states[worst] <= profile.usable_gpu_memory:
+    cap = gpu_limit_bytes(profile, layout.alloc_conf)
+    if states[worst] <= cap:
         return ""
     return (f"stage {worst}'s model states alone ({fmt_bytes(states[worst])}) exceed the GPU's usable "
-            f"{fmt_bytes(profile.usable_gpu_memory)}: no policy, micro-batch or schedule fits")
+            f"{fmt_bytes(cap)}: no policy, micro-batch or schedule fits")
 
 
 def micro_batch_sizes(batch: int, fixed: int | None = None) -> list[int]:
@@ -213,7 +217,7 @@ def pipeline_memory(model: ModelConfig, layout: Layout, batch: int, micro_batch:
         transient_planned_bytes=one.transient_planned_bytes,
         transient_caching_allocator=one.transient_caching_allocator,
         layer_boundary_bytes=one.layer_boundary_bytes, classifier_peak_bytes=one.classifier_peak_bytes,
-        peak_gpu_bytes=top, gpu_capacity_bytes=profile.usable_gpu_memory,
+        peak_gpu_bytes=top, gpu_capacity_bytes=gpu_limit_bytes(profile, layout.alloc_conf),
         host_bytes_per_gpu=(max(offloaded) if stage is None else offloaded[ws]) * offload, host_bytes_per_node=host_node,
         host_capacity_bytes=profile.host_capacity(min(layout.gpus, profile.node_gpus)))
     return mem, rows
@@ -232,8 +236,7 @@ def pipeline_candidate(model: ModelConfig, layout: Layout, policy_name: str, bat
         if alpha is not None:
             a, note = alpha, "fixed by --alpha"
         else:
-            units = shape.host_units[0]
-            res = _stage_alpha(model, _without_pipeline(layout), micro_batch, seq, profile, max(1, units))
+            res = pipeline_memo_alpha(model, layout, batch, micro_batch, seq, profile, schedule, shape)
             a, note = res.alpha_or_zero, res.note()
     choice = get_policy(policy_name, a)
     est = partial(estimate_pipeline, model, layout, batch, micro_batch, seq, choice, profile)  # priced on first read
@@ -244,6 +247,16 @@ def pipeline_candidate(model: ModelConfig, layout: Layout, policy_name: str, bat
                      micro_batch=micro_batch, pipeline=info)
 
 
+def pipeline_memo_alpha(model: ModelConfig, layout: Layout, batch: int, micro_batch: int, seq: int,
+                        profile: HardwareProfile, schedule: str, shape: _Shape | None = None):
+    """MEMO's alpha (`memo_sim.policy.alpha.AlphaResult`) of a pipeline: solved for the host blocks a GPU
+    of its fullest node holds in flight, every stage's GPUs on that node sharing its host memory and
+    copying at once (module docs)."""
+    shape = shape or _shape(model, layout, batch, micro_batch, profile, schedule)
+    return _stage_alpha(model, _without_pipeline(layout), micro_batch, seq, profile, max(1, shape.host_units[0]),
+                        active_gpus_per_node(layout, profile))
+
+
 @lru_cache(maxsize=1 << 16)
 def _without_pipeline(layout: Layout) -> Layout:
     return replace(layout, pp=1, vpp=1)
@@ -251,10 +264,11 @@ def _without_pipeline(layout: Layout) -> Layout:
 
 @memoised(maxsize=1 << 16)
 def _stage_alpha(model: ModelConfig, layout: Layout, micro_batch: int, seq: int, profile: HardwareProfile,
-                 units: int):
-    """`memo_alpha` of a stage's GPU holding ``units`` host blocks (memoised: the schedules,
-    virtual-stage counts and pipeline depths of one layout often hold as many)."""
-    return memo_alpha(model, layout, micro_batch, seq, profile, units=units)
+                 units: int, active: int):
+    """`memo_alpha` of a stage's GPU holding ``units`` host blocks, its node's ``active`` GPUs (every
+    stage's there) sharing the host (memoised: the schedules, virtual-stage counts and pipeline depths
+    of one layout often hold as many)."""
+    return memo_alpha(model, layout, micro_batch, seq, profile, units=units, active=active)
 
 
 def default_pipeline_batch(pp: int, micro_batch: int | None) -> int:

@@ -18,7 +18,7 @@ of the simulator is checked here, before anything runs:
 
 from __future__ import annotations
 
-from memo_sim.errors import MemoError
+from memo_sim.errors import MemoError, PlanError
 from memo_sim.layout.parallel import check_layout, seq_fix_names
 from memo_sim.memplan.placement_check import validate_placement
 from memo_sim.memplan.stage_plan import stage_model_trace
@@ -52,6 +52,15 @@ def layout_problem(plan: Plan, profile) -> str | None:
     why = check_layout(plan.layout, plan.model, plan.gpus, max(profile.node_gpus, plan.gpus), plan.seq_tokens,
                        plan.micro_batch or plan.batch)
     return f"layout: {seq_fix_names(why, 'seq_tokens')}" if why else None
+
+
+def refuse_layout_problem(plan_file, plan: Plan, profile) -> None:
+    """Raise `PlanError` (one line, exit 2) where `layout_problem` finds one: every command that reads a plan
+    (simulate, explain, the sweeps, export, check-plan) refuses the layouts the what-if refuses (a review: a plan
+    edited to ZeRO 3 beside a pipeline, refused by check-plan, was simulated as its ZeRO-1 twin under a z3 label)."""
+    why = layout_problem(plan, profile)
+    if why:
+        raise PlanError(f"{plan_file}: {why}")
 
 
 def runnable_problems(plan: Plan, memory_plan: bool = True,

@@ -23,12 +23,14 @@ from memo_sim.engine.result import SimResult
 from memo_sim.engine.simulate import Progress, simulate
 from memo_sim.errors import MemoError
 from memo_sim.forked import FORKS
+from memo_sim.layout.alloc_conf import gpu_limit_bytes
 from memo_sim.layout.parallel import Layout, check_layout
 from memo_sim.layout.schedule import schedule_runs_policy
 from memo_sim.model.config import ModelConfig
 from memo_sim.policy import get_policy, policy_class
 from memo_sim.profile.schema import HardwareProfile
 from memo_sim.search.estimate import memo_alpha
+from memo_sim.search.pipeline import pipeline_memo_alpha
 from memo_sim.search.whatif import Candidate, make_candidate
 
 T = TypeVar("T")
@@ -87,7 +89,10 @@ def policy_run(model: ModelConfig, layout: Layout, batch: int, seq: int, policy:
         return simulate(model, layout, batch, seq, pol, profile, keep_timeline=False)
     alpha = None
     if policy_class(policy).takes_alpha:
-        a = memo_alpha(model, layout, micro_batch, seq, profile)
+        if layout.pp > 1 and schedule is not None:  # the search's pipeline solve (`memo_sim.search.pipeline`)
+            a = pipeline_memo_alpha(model, layout, batch, micro_batch or batch, seq, profile, schedule)
+        else:
+            a = memo_alpha(model, layout, micro_batch, seq, profile)
         alpha = a.alpha if a.feasible else 0.0
     return simulate(model, layout, batch, seq, get_policy(policy, alpha), profile, schedule=schedule,
                     micro_batch=micro_batch, keep_timeline=False)
@@ -149,7 +154,7 @@ def sweep_series(model: ModelConfig, series: list[tuple[str, Layout, tuple[str, 
 def _point(model: ModelConfig, label: str, lay: Layout, s: int, profile: HardwareProfile, policies: tuple[str, ...],
            batch: int, simulate_fit: bool) -> SeqPoint:
     """Series ``label``'s point at ``s`` tokens: the best of ``policies`` on ``lay``, simulated where it fits."""
-    cap = profile.usable_gpu_memory
+    cap = gpu_limit_bytes(profile, lay.alloc_conf)
     why = check_layout(lay, model, lay.gpus, profile.node_gpus, s, batch)
     if why:
         return SeqPoint(label, lay.label(), s, "-", "invalid", math.nan, None, None, None, None, 0.0, cap, why)

@@ -339,6 +339,11 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
         searched["sppo"] = "not searched for mixture-of-experts models (SPPO's planner is built for dense layers)"
         sppo_not_searched = ("--policy sppo: SPPO is not searched for mixture-of-experts models (its planner is "
                              "built for dense layers); choose another --policy")
+    elif sppo_tried and alloc_conf:  # its planner and engine run PyTorch's allocator defaults, the full GPU
+        sppo_tried = False
+        searched["sppo"] = ("not searched with --alloc-conf (SPPO's planner sizes its stages for PyTorch's allocator "
+                            "defaults on the whole GPU)")
+        sppo_not_searched = "--policy sppo with --alloc-conf: SPPO plans the allocator's defaults; drop --alloc-conf"
     elif sppo_tried and global_batch is not None:
         if dp is None:  # one batch per replica for every layout: the global batch fixes it only with dp fixed
             sppo_tried = False
@@ -377,6 +382,8 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
         for lay in _allocator_variants(valid, allocator):
             out += _single_stage(model, lay, plain, batch, global_batch, micro_batch, seq, profile, alpha, rejected,
                                  allocator)
+        if rejected and why_none == no_factorisation:  # the layouts were valid: a policy's or the batch's refusal
+            why_none = framework_why_none(rejected, fw)
     at_sppo = (len(out), len(rejected))  # where SPPO's candidates and rejections go
     # a layout the other policies' search refused says why nothing fits better than SPPO's own rules (a --cp
     # given for a ring-CP layout is not the mistake 'sppo splits by TP+SP only' would call it)

@@ -91,6 +91,7 @@ from memo_sim.engine.schedules.microbatch_fold import MICRO_BATCHES, mb_name, mb
 from memo_sim.engine.schedules.single_stage import emit_chain, layer_plan
 from memo_sim.engine.schedules.stages import FINE_OPS_LIMIT, collapse_unit, shared_embedding_sums, stage_devices
 from memo_sim.errors import MemoError
+from memo_sim.layout.alloc_conf import gpu_limit_bytes
 from memo_sim.layout.parallel import Layout, stage_shard, stages_cross_nodes
 from memo_sim.memplan.footprint import memory_breakdown
 from memo_sim.model.config import ModelConfig
@@ -599,9 +600,11 @@ def host_capacity(sched: MicrobatchSchedule, profile: HardwareProfile) -> float:
 
 
 def run_microbatch_pipeline(sched: MicrobatchSchedule, profile: HardwareProfile, *, contention: bool = True,
-                            record: bool = False, keep_memory: bool = True):
-    """Run the graph in the engine; (engine, run, per-stage rows)."""
-    engine = Engine(sched.graph, profile, contention=contention, gpu_capacity=profile.usable_gpu_memory,
+                            record: bool = False, keep_memory: bool = True, gpu_capacity: float | None = None):
+    """Run the graph in the engine; (engine, run, per-stage rows). ``gpu_capacity``: the layout's
+    (`memo_sim.layout.alloc_conf.gpu_limit_bytes`; default the profile's usable memory)."""
+    cap = profile.usable_gpu_memory if gpu_capacity is None else gpu_capacity
+    engine = Engine(sched.graph, profile, contention=contention, gpu_capacity=cap,
                     host_capacity=host_capacity(sched, profile), record_links=record, keep_memory=keep_memory)
     run = engine.run()
     check_deadlock(engine, run, "pipeline schedule")
@@ -639,7 +642,8 @@ def _run_whole(costs, layout, profile, policy, n_layers, m, order, *, detail, co
                record) -> _Outcome:
     sched = build_microbatch_pipeline(costs, layout, profile, policy, n_layers, m, order, detail=detail)
     engine, run, _rows = run_microbatch_pipeline(sched, profile, contention=contention, record=record,
-                                                 keep_memory=keep_timeline)
+                                                 keep_memory=keep_timeline,
+                                                 gpu_capacity=gpu_limit_bytes(profile, layout.alloc_conf))
     return _Outcome(sched, run.end_time, run.failure, run.peak_gpu_bytes, run.peak_host_bytes, run.start_gpu_bytes,
                     run.end_gpu_bytes, run.end_host_bytes, len(run.ops), _compute_busy(sched),
                     *exposed_wait_totals(run.ops, (COPY_STREAMS, (P2P_STREAM,))), _layer_timings(sched),
@@ -668,7 +672,8 @@ def _run_folded(costs, layout, profile, policy, n_layers, m, order, *, detail, c
     anchors = [sched.forwards.get((0, w * plan.step, 0)) for w in plan.anchor_windows()]
     if any(a is None for a in anchors):
         return None
-    u = unfold_window(run, anchors, plan.copies, plan.step, MICRO_BATCHES, gpu_capacity=profile.usable_gpu_memory,
+    u = unfold_window(run, anchors, plan.copies, plan.step, MICRO_BATCHES,
+                      gpu_capacity=gpu_limit_bytes(profile, layout.alloc_conf),
                       host_capacity=host_capacity(sched, profile), devices=sched.graph.devices,
                       routes=engine.routes if contention else None)
     if u is None or (u.failure is not None and (keep_timeline or u.tie)):
@@ -743,7 +748,8 @@ def simulate_microbatch(name: str, order: Order, model: ModelConfig, layout: Lay
         "policy": policy.label(), "profile": profile.name, "seq_tokens": seq, "batch": batch, "gpus": layout.gpus,
         "schedule": name, "micro_batch": micro_batch,
         "status": status, "iteration_s": it, "mfu": mfu, "contention": contention,
-        "gpu_capacity_bytes": profile.usable_gpu_memory, "host_capacity_bytes": host_capacity(sched, profile),
+        "gpu_capacity_bytes": gpu_limit_bytes(profile, layout.alloc_conf),
+        "host_capacity_bytes": host_capacity(sched, profile),
         "representative": {"device": worst.index, "gpus_on_node": worst.group, "gpus_on_pcie_switch": worst.switch_group},
         "middle_layer": timed_layer(sched)[1],
         "failure": failure.to_dict() if failure else None,
@@ -761,7 +767,7 @@ def simulate_microbatch(name: str, order: Order, model: ModelConfig, layout: Lay
         model=model, layout=layout, batch=batch, seq=seq, policy=policy, profile=profile.name, status=status,
         iteration_s=it, mfu=mfu, tgs=tgs, peak_gpu_bytes=max(out.peak_gpu.values()),
         peak_host_bytes_per_node=max(out.peak_host.values()),
-        gpu_capacity_bytes=profile.usable_gpu_memory, host_capacity_bytes=host_capacity(sched, profile),
+        gpu_capacity_bytes=gpu_limit_bytes(profile, layout.alloc_conf), host_capacity_bytes=host_capacity(sched, profile),
         exposed_copy_s=out.exposed_copy_s, layer_timings=out.layer_timings,
         timeline=tl, failure=failure, contention=contention, sim_wall_s=time.perf_counter() - t0,
         n_ops=out.n_ops, start_gpu_bytes=out.start_gpu.get(worst.index, 0.0),

@@ -13,6 +13,7 @@ from memo_sim.cost.sppo import (
     stage_model_state_bytes,
 )
 from memo_sim.errors import MemoError
+from memo_sim.layout.alloc_conf import gpu_limit_bytes
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
 from memo_sim.policy.sppo import Sppo
@@ -65,7 +66,7 @@ def _fitting_partition(model, layout, batch, seq, profile, subseqs, partition) -
     """The unmultiplexed plan with its subsequence bounds, or None where the sequence does not split
     so or the memory floor (`memory_floor`) overflows the GPU."""
     pol = _partition(model, stage_gpu_shard(layout), batch, seq, subseqs, partition)
-    return pol if pol is not None and memory_floor(model, layout, batch, pol) <= profile.usable_gpu_memory else None
+    return pol if pol is not None and memory_floor(model, layout, batch, pol) <= gpu_limit_bytes(profile, layout.alloc_conf) else None
 
 
 def bound_plan(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile, subseqs: int,

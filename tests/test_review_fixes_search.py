@@ -1,0 +1,70 @@
+"""Fixes from the 2026-11-30 user reviews of the search: each test fails on the code before its fix."""
+
+import json
+
+from click.testing import CliRunner
+
+from memo_sim.cli import cli
+
+
+def run(args):
+    return CliRunner().invoke(cli, args, catch_exceptions=False)
+
+
+def test_a_pipelines_memo_alpha_shares_the_node_host_memory_with_every_stage(tmp_path):
+    # The pipeline's alpha used to be solved on the stage shard with pp dropped, whose GPUs are half the
+    # node's: each GPU was given twice its host share, "host memory full" rows needed twice the host, and
+    # at 1M tokens nothing fitted where a lower alpha does.
+    r = run(["whatif", "--pp", "2", "--policy", "memo", "--seq", "1M", "--no-plan", "--json"])
+    assert r.exit_code == 0, r.output
+    cands = json.loads(r.output)["candidates"]
+    assert cands[0]["status"] == "OK"
+    solved = [c for c in cands if c["alpha_note"] in ("host memory full", "all tokens offloaded within both limits",
+                                                        "offload time = layer forward time")]
+    assert solved
+    for c in solved:
+        assert c["analytic_host_bytes_per_node"] <= c["host_capacity_bytes"], c
+
+
+def test_a_memory_fraction_caps_every_row_pipelines_and_memory_plans_too():
+    # per_process_memory_fraction used to cap the single stage's caching-allocator replay only: pipeline rows and
+    # memory-plan rows were checked against the whole GPU, and the answer was a 77.6 GiB pipeline under a 24 GiB cap.
+    limit = 0.3 * 80 * 2**30
+    r = run(["whatif", "--model", "llama-3.1-8b", "--gpus", "8", "--profile", "h100-sxm5-80gb", "--seq", "32K",
+             "--no-plan", "--json", "--alloc-conf", "per_process_memory_fraction:0.3",
+             "--policy", "store_all", "--policy", "memo", "--policy", "sppo"])
+    assert r.exit_code == 0, r.output
+    obj = json.loads(r.output)
+    assert "alloc-conf" in obj["searched"]["sppo"]  # SPPO's planner runs the allocator's defaults: not searched
+    fits = [c for c in obj["candidates"] if c["status"] == "OK"]
+    assert any(c["schedule"] != "single_stage" for c in obj["candidates"])
+    assert fits and all(c["peak_gpu_bytes"] <= limit for c in fits), [(c["layout"], c["peak_gpu_bytes"]) for c in fits]
+    assert all(c["gpu_capacity_bytes"] <= limit for c in obj["candidates"])
+
+
+def test_a_policy_that_does_not_suit_the_fixed_layout_is_the_reason_given():
+    # The policy's refusal used to be recorded after the reason was chosen: "no factorisation of the GPU count
+    # matches the fixed degrees", for tp 8 on 8 GPUs.
+    r = CliRunner().invoke(cli, ["whatif", "--seq", "384K", "--policy", "recompute_mlp", "--tp", "8", "--tp-mode",
+                                 "metp", "--no-plan"])
+    assert r.exit_code == 2
+    assert "tp_mode metp does not have: plan with tp_mode megatron" in r.output
+    assert "no factorisation" not in r.output
+
+
+def test_simulate_explain_and_the_sweeps_refuse_a_layout_check_plan_refuses(tmp_path):
+    # An edited plan (ZeRO 3 beside pipeline stages) was simulated and explained as its ZeRO-1 twin under a z3 label,
+    # while check-plan and export refused it.
+    r = run(["whatif", "--model", "llama-3.1-8b", "--gpus", "8", "--seq", "8K", "--pp", "4", "--tp", "1", "--dp", "2",
+             "--zero", "1", "--vpp", "1", "--batch", "8", "--micro-batch", "1", "--profile", "h100-sxm5-80gb",
+             "--framework", "megatron", "--policy", "full_recompute", "--out", str(tmp_path / "w")])
+    assert r.exit_code == 0, r.output
+    obj = json.loads((tmp_path / "w" / "plan.json").read_text())
+    obj["layout"]["zero"] = 3
+    bad = tmp_path / "z3.json"
+    bad.write_text(json.dumps(obj))
+    for args in (["simulate", str(bad), "--out", str(tmp_path / "s")], ["explain", str(bad)],
+                 ["sweep-seq", str(bad), "--seqs", "8K", "--out", str(tmp_path / "q")], ["check-plan", str(bad)]):
+        r = CliRunner().invoke(cli, args)
+        assert r.exit_code == 2, (args, r.output)
+        assert "layout: pipeline stages keep their own layers' weights and gradients: ZeRO at most 1" in r.output
