@@ -68,3 +68,17 @@ def test_simulate_explain_and_the_sweeps_refuse_a_layout_check_plan_refuses(tmp_
         r = CliRunner().invoke(cli, args)
         assert r.exit_code == 2, (args, r.output)
         assert "layout: pipeline stages keep their own layers' weights and gradients: ZeRO at most 1" in r.output
+
+
+def test_tp_that_does_not_divide_an_nvl72_node_runs_where_the_job_fits_in_the_node():
+    # A GB200 NVL72 node is 72 GPUs: "tp must divide the node" left TP 1-4, 6, 8, 9, 12, 18, 24, 36, 72, and TP 16
+    # over 64 GPUs of one rack was refused. Past one node the group holding the node's last rank crosses it.
+    from memo_sim.layout.parallel import Layout, check_layout, enumerate_layouts
+    from memo_sim.model.config import get_model
+
+    model = get_model("gpt-175b")
+    assert check_layout(Layout(tp=16, dp=4), model, 64, 72, 32768) is None
+    why = check_layout(Layout(tp=16, dp=9), model, 144, 72, 32768)
+    assert why and "tp=16 must divide the 72 GPUs of a node, or the 144 GPUs fit in one node" in why
+    valid, _rej = enumerate_layouts(model, 64, 72, 32768)
+    assert any(lay.tp == 16 for lay in valid)

@@ -652,8 +652,9 @@ def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: i
     if why:
         return why
     across = metp_across_nodes and layout.metp and layout.tp > gpus_per_node and layout.tp % gpus_per_node == 0
-    if (layout.tp > gpus_per_node or gpus_per_node % layout.tp) and not across:
-        return f"tp={layout.tp} must divide the {gpus_per_node} GPUs of a node (TP stays inside a node)"
+    if not tp_inside_nodes(layout.tp, gpus, gpus_per_node) and not across:
+        return (f"tp={layout.tp} must divide the {gpus_per_node} GPUs of a node, or the {gpus} GPUs fit in one node "
+                f"(TP stays inside a node)")
     if model.heads % (layout.tp * layout.ulysses):
         return f"heads ({model.heads}) not divisible by tp x ulysses ({layout.tp * layout.ulysses})"
     why = kv_heads_why_not(layout.tp, layout.ulysses, model.n_kv_heads, layout.ulysses_kv)  # `layout.kv_heads`
@@ -685,6 +686,13 @@ def seq_fix_names(why: str, name: str) -> str:
     """`check_layout`'s reason with the length it proposes named as ``name`` (maxseq's --step, a plan's seq_tokens)
     in place of the what-if's --seq."""
     return why.replace(SEQ_FIX, f"; {name} ")
+
+
+def tp_inside_nodes(tp: int, gpus: int, gpus_per_node: int) -> bool:
+    """Whether every TP group (``tp`` consecutive ranks) lies inside one node of ``gpus_per_node``: where tp
+    divides the node, or the job's ``gpus`` fit in one node (a 72-GPU NVLink domain runs TP 16 over 64 of its
+    GPUs; past one node, the group holding the node's last rank would cross into the next)."""
+    return tp <= gpus_per_node and (gpus_per_node % tp == 0 or gpus <= gpus_per_node)
 
 
 def _divisors(n: int) -> list[int]:
@@ -751,7 +759,7 @@ def enumerate_layouts(model: ModelConfig, gpus: int, gpus_per_node: int, seq: in
     # inside a node (or whole nodes for a METP ring), Ulysses dividing the heads, ring CP's 2cp
     # chunks dividing the sequence. A degree the user fixes is kept, and refused with its reason.
     across = metp_across_nodes and any(tp_flavour(m).runs_rings for m in tp_modes)
-    tps = choices(tp) if tp is not None else [t for t in _divisors(gpus) if (t <= gpus_per_node and gpus_per_node % t == 0)
+    tps = choices(tp) if tp is not None else [t for t in _divisors(gpus) if tp_inside_nodes(t, gpus, gpus_per_node)
                                             or (across and t % gpus_per_node == 0)]
     ulys = choices(ulysses) if ulysses is not None else [u for u in _divisors(gpus) if model.heads % u == 0]
     cps = choices(cp) if cp is not None else [c for c in _divisors(gpus) if c == 1 or seq % (2 * c) == 0]
