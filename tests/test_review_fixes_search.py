@@ -82,3 +82,21 @@ def test_tp_that_does_not_divide_an_nvl72_node_runs_where_the_job_fits_in_the_no
     assert why and "tp=16 must divide the 72 GPUs of a node, or the 144 GPUs fit in one node" in why
     valid, _rej = enumerate_layouts(model, 64, 72, 32768)
     assert any(lay.tp == 16 for lay in valid)
+
+
+def test_an_uneven_split_is_tried_each_way_round(tmp_path):
+    # The search tried the first stage as the smaller end only (29 layers over 4 stages: f6l7); the last stage,
+    # with the classifier and the loss, was the busiest, and f7l6 runs 7% faster.
+    cfg = tmp_path / "l29.json"
+    cfg.write_text(json.dumps({"model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 29,
+                               "num_attention_heads": 16, "num_key_value_heads": 4, "intermediate_size": 8192,
+                               "vocab_size": 64000, "tie_word_embeddings": False, "torch_dtype": "bfloat16"}))
+    r = run(["whatif", "--model", str(cfg), "--gpus", "8", "--seq", "8K", "--pp", "4", "--tp", "1", "--dp", "2",
+             "--zero", "1", "--vpp", "1", "--batch", "8", "--micro-batch", "1", "--profile", "h100-sxm5-80gb",
+             "--framework", "megatron", "--policy", "store_all", "--no-plan", "--json"])
+    assert r.exit_code == 0, r.output
+    rows = {c["layout"].split("-")[1]: c for c in json.loads(r.output)["candidates"]}
+    assert {"pp4f6l7", "pp4f7l6"} <= set(rows)
+    best = json.loads(r.output)["candidates"][0]
+    assert best["layout"].split("-")[1] == "pp4f7l6"  # the faster here (the test of both: they are ranked)
+    assert best["simulated_iteration_s"] < rows["pp4f6l7"]["simulated_iteration_s"]

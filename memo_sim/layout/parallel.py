@@ -746,11 +746,14 @@ def enumerate_layouts(model: ModelConfig, gpus: int, gpus_per_node: int, seq: in
     # the expert choice's, and the K/V repeat rule of the framework the layouts are for (which K/V head counts
     # a Ulysses degree can spread: `memo_sim.layout.kv_heads`)
     moe_kw = {"moe_dispatcher": experts.dispatcher, "moe_balance": experts.balance, "ulysses_kv": ulysses_kv}
+    splits = [(first, last)]
     if pp > 1 and first is None and last is None and not chunks:
         first, last = uneven_split(model.layers, pp) or (0, 0)
-    ends = {"first_stage_layers": first or 0, "last_stage_layers": last or 0} if pp > 1 else {}
+        splits = [(first, last)] + [(last, first)] * (first != last)  # the larger end first too (module docs)
+    ends_options = [{"first_stage_layers": f or 0, "last_stage_layers": lst or 0} if pp > 1 else {}
+                    for f, lst in splits]
     if chunks:
-        ends = {"chunk_layers": tuple(chunks), "vpp": max(1, len(chunks) // pp)}
+        ends_options = [{"chunk_layers": tuple(chunks), "vpp": max(1, len(chunks) // pp)}]
     valid: list[Layout] = []
     rejected: list[tuple[Layout, str]] = []
     choices = lambda fixed: [fixed] if fixed is not None else _divisors(gpus)  # noqa: E731
@@ -774,7 +777,7 @@ def enumerate_layouts(model: ModelConfig, gpus: int, gpus_per_node: int, seq: in
         for s, z, mode in product(sps, zs, tp_modes):
             if not tp_flavour(mode).applies(t, s):
                 continue
-            for e, et in experts.options(model, t * c * u * d, t):
+            for (e, et), ends in product(experts.options(model, t * c * u * d, t), ends_options):
                 base = Layout(tp=t, sp=s if t > 1 else True, cp=c, ulysses=u, dp=d, zero=z, tp_mode=mode, pp=pp, **ends,
                               ep=e, etp=et, **moe_kw)
                 for lay in _dp_variants(base, dp_modes, gpus_per_node):
@@ -782,7 +785,7 @@ def enumerate_layouts(model: ModelConfig, gpus: int, gpus_per_node: int, seq: in
                     (rejected.append((lay, why)) if why else valid.append(lay))
     if dp is not None and tp is not None and cp is not None and ulysses is not None and not valid and not rejected:
         lay = Layout(tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero or 0, sp=True if sp is None else sp,
-                     tp_mode=tp_modes[0] if len(tp_modes) == 1 else "megatron", pp=pp, **ends,
+                     tp_mode=tp_modes[0] if len(tp_modes) == 1 else "megatron", pp=pp, **ends_options[0],
                      ep=experts.ep or 1, etp=experts.etp or 1, **moe_kw)
         rejected.append((lay, check_layout(lay, model, gpus, gpus_per_node, seq, metp_across_nodes=metp_across_nodes)
                          or "inconsistent degrees"))
@@ -991,9 +994,12 @@ def virtual_stage_layers(n_layers: int, pp: int, vpp: int = 1, first: int = 0, l
 
 def uneven_split(n_layers: int, pp: int) -> tuple[int, int] | None:
     """The split the search tries where ``n_layers`` does not divide into ``pp`` stages: the stages between
-    hold ceil(n / pp) layers each, the first and the last share the rest (the first the smaller half),
-    each at least one layer and at most the others' count (so the embedding and the loss fall on the
-    lighter end stages, as Megatron-LM's --account-for-embedding/loss-in-pipeline-split intend);
+    hold ceil(n / pp) layers each, the first and the last share the rest (the first the smaller half; the
+    search tries the other way round too, `enumerate_layouts`: the first stage holds the most micro-batches
+    in flight, the last the classifier and the loss, and which end to lighten depends on the run: a review
+    found the last stage the busiest, and torchtitan's generated split gives the extra layers to the
+    earliest stages), each at least one layer and at most the others' count (so the embedding and the loss
+    fall on the lighter end stages, as Megatron-LM's --account-for-embedding/loss-in-pipeline-split intend);
     None where no such split exists (too many stages)."""
     if pp < 2 or n_layers % pp == 0:
         return None
