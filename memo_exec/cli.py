@@ -148,8 +148,8 @@ def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens
         backend_for(rank_device(device, 0))
         from memo_sim.fileio import OutputFolder  # noqa: PLC0415
 
-        # rank 0 writes into a staging folder beside --out, moved in when every rank succeeded; a
-        # failed or interrupted run leaves --out untouched and keeps the stage (its launcher.log,
+        # rank 0 writes into a staging folder in --out (beside it where it is created), moved in when every rank
+        # succeeded; a failed or interrupted run leaves --out untouched and keeps the stage (its launcher.log,
         # which the error line names) as the incomplete folder
         outf = OutputFolder(out_dir, "memo-exec run", RUN_OUTPUT_FLOOR_BYTES)
         argv = [plan_file, "--steps", str(steps), "--out", str(outf.stage), "--seed", str(seed), "--lr", repr(lr),
@@ -225,7 +225,7 @@ with less free space than this is refused before any work (`memo_sim.fileio.Outp
 def _run_one_process(plan_file, opts, out_dir, as_json, pg_timeout, progress) -> None:
     """A one-device plan whose schedule lives in the distributed executor (`distributed_only`):
     the distributed executor in this process, a process group of one (no torchrun), its outputs
-    staged beside --out and moved in at the end."""
+    staged in --out (beside it where it is created) and moved in at the end."""
     from memo_exec.distributed.launch import run_rank  # noqa: PLC0415
     from memo_sim.fileio import output_folder  # noqa: PLC0415
 
@@ -246,8 +246,8 @@ def _run_single(plan, plan_file, opts, out_dir, as_json, progress) -> None:
         if progress:
             click.echo(f"[memo-exec] step {done}/{total}: {rec.iteration_s:.3f} s, loss {rec.loss:.4f}", err=True)
 
-    # the outputs are staged beside --out from the start (an unwritable --out fails before any
-    # step) and moved in together at the end; a failure or interrupt leaves --out as it was
+    # the outputs are staged in --out (beside it where it is created) from the start (an unwritable --out fails
+    # before any step) and moved in together at the end; a failure or interrupt leaves --out as it was
     with output_folder(out_dir, "memo-exec run", RUN_OUTPUT_FLOOR_BYTES) as outf:
         from memo_exec.host_share import CpuShareMeter, append_run_share  # noqa: PLC0415
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -28,7 +29,10 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     gets the permissions a plain ``open`` would give it (0666 less the umask)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise _named(e, path) from None
     try:
         os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as fh:
@@ -36,13 +40,20 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(e, OSError) and e.errno is not None:  # the file asked for, not the temporary one
+            raise _named(e, path) from None
         raise
     return path
+
+
+def _named(e: OSError, path: str | os.PathLike) -> OSError:
+    """``e`` (an operating-system error) naming ``path``: its errno's class (PermissionError, ...), its words."""
+    return OSError(e.errno, e.strerror or str(e), str(path))
 
 
 def read_utf8(path: str | os.PathLike, error: type[MemoError] = MemoError) -> str:
@@ -95,23 +106,29 @@ MANIFEST = "manifest.json"  # written last into a command's --out: the list of f
 class OutputFolder:
     """A command's outputs, written as one set (`output_folder`).
 
-    ``stage`` is a fresh folder beside ``out`` (``.NAME.XXXX.partial``), created before any work,
-    so an output folder that cannot be written (or has clearly too little free space for
-    ``need_bytes``) fails at once. The command writes there; `commit` first marks ``out``'s
-    manifest ``"complete": false`` (an interrupt from here on leaves a folder that says it is
-    incomplete), moves each staged file into ``out`` (``os.replace``: atomic per file) and writes
-    the new manifest, complete, last. A failure
-    or interrupt before `commit` removes the stage and leaves ``out`` exactly as it was."""
+    ``stage`` is a fresh folder (``.NAME.XXXX.partial``) in the folder `commit` writes: inside ``out`` where it
+    exists, else beside it (where `commit` creates it), so that creating it before any work tests exactly the
+    place the set goes (an ``out`` that cannot be written, or that has clearly too little free space for
+    ``need_bytes``, fails at once: one line naming --out, exit status 2; a read-only parent of a writable
+    ``out`` does not matter) and every move is within one file system. The command writes there; `commit`
+    first marks ``out``'s manifest ``"complete": false`` (an interrupt from here on leaves a folder that says it
+    is incomplete), moves each staged file into ``out`` (``os.replace``: atomic per file) and writes the new
+    manifest, complete, last; an operating-system error there (a folder where a file goes) is one line naming
+    --out and the file, exit status 2. A failure or interrupt before `commit` removes the stage and leaves
+    ``out`` exactly as it was."""
 
     def __init__(self, out: str | os.PathLike, command: str, need_bytes: int = 0) -> None:
         self.out = Path(out)
         self.command = command
+        self.removed: list[str] = []  # the earlier outputs `commit` removed (`_earlier`)
         if self.out.exists() and not self.out.is_dir():
             raise MemoError(f"--out {self.out}: exists and is not a folder; choose a folder")
+        # the one folder `commit` writes: --out, or where it creates --out (a review: the stage beside an existing
+        # read-only --out passed this check, and the run failed after its work naming a temporary file)
+        where = self.out if self.out.is_dir() else self.out.parent
         try:
-            self.out.parent.mkdir(parents=True, exist_ok=True)
-            self.stage = Path(tempfile.mkdtemp(prefix=f".{self.out.name or 'out'}.", suffix=".partial",
-                                               dir=self.out.parent))
+            where.mkdir(parents=True, exist_ok=True)
+            self.stage = Path(tempfile.mkdtemp(prefix=f".{self.out.name or 'out'}.", suffix=".partial", dir=where))
         except OSError as e:  # the user's choice of folder, checked before any work: bad input
             raise MemoError(f"--out {self.out}: cannot write there ({e.strerror or e}); choose a folder you can "
                             f"write") from None
@@ -133,11 +150,29 @@ class OutputFolder:
         return self.out / Path(staged).name
 
     def commit(self) -> list[Path]:
+        """Move the staged set into ``out`` (the moved paths); `removed` lists the earlier outputs removed. An
+        empty stage still removes this command's earlier outputs (a what-if that found no plan leaves no earlier
+        plan.json to be simulated for it), and leaves a folder with none of them untouched."""
+        entries = sorted(self.stage.iterdir())
+        previous = _manifest(self.out / MANIFEST)
+        if not entries and not self._earlier(previous, set(), remove=False)[1]:
+            self.discard()
+            return []
+        try:
+            return self._commit(entries, previous)
+        except OSError as e:  # writing into the user's folder (a folder where a file goes, read-only): bad input
+            raise MemoError(f"--out {self.out}: cannot write {e.filename or self.out} ({e.strerror or e}); "
+                            f"{_write_fix(e)}") from None
+
+    def _commit(self, entries: list[Path], previous: dict | None) -> list[Path]:
         import shutil
 
         self.out.mkdir(parents=True, exist_ok=True)
-        entries = sorted(self.stage.iterdir())
-        previous = _manifest(self.out / MANIFEST)
+        for f in entries:  # a folder where a file goes (or a file where a folder goes): refused before any move
+            dest = self.out / f.name
+            if dest.is_dir() != f.is_dir() and (dest.exists() or dest.is_symlink()):
+                code = errno.EISDIR if dest.is_dir() else errno.ENOTDIR
+                raise OSError(code, os.strerror(code), str(dest))
         # from here until the new manifest, --out is a mix of old and new files: say so in it
         atomic_write_json(self.out / MANIFEST, {"command": self.command, "complete": False, "files": []})
         moved = []
@@ -145,11 +180,15 @@ class OutputFolder:
             dest = self.out / f.name
             if f.is_dir() and dest.is_dir():
                 shutil.rmtree(dest)
-            os.replace(f, dest)
+            try:
+                os.replace(f, dest)
+            except OSError as e:
+                raise _named(e, dest) from None
             moved.append(dest)
         files = [p for d in moved for p in ([d] if d.is_file() else sorted(d.rglob("*"))) if p.is_file()]
         names = {str(p.relative_to(self.out)) for p in files}
         kept, removed = self._earlier(previous, names)
+        self.removed = removed
         atomic_write_json(self.out / MANIFEST, {
             "command": self.command, "options": _invoked_options(), "written_utc": _utc_now(), "complete": True,
             "files": [_entry(self.out, p, self.command) for p in files] + kept,
@@ -157,12 +196,14 @@ class OutputFolder:
         self.discard()
         return moved
 
-    def _earlier(self, previous: dict | None, written: set[str]) -> tuple[list[dict], list[str]]:
+    def _earlier(self, previous: dict | None, written: set[str],
+                 remove: bool = True) -> tuple[list[dict], list[str]]:
         """What the folder's previous manifest listed and this set did not rewrite: an earlier output of this
         same command (a figure another option set made), untouched since it was written (its size and
         modification time as the manifest recorded them), is stale and removed, so that one command's re-run
         leaves its own outputs only; a file changed since (a hand-edited plan), another command's, or one whose
-        path leaves the folder, is never removed: listed as it is, with its command."""
+        path leaves the folder, is never removed: listed as it is, with its command. ``remove=False``: the same
+        lists, nothing removed."""
         if not previous:
             return [], []
         kept, removed = [], []
@@ -177,7 +218,8 @@ class OutputFolder:
             by = e.get("command") or previous.get("command")
             st = f.stat()
             if by == self.command and (e.get("bytes"), e.get("mtime_ns")) == (st.st_size, st.st_mtime_ns):
-                f.unlink()
+                if remove:
+                    f.unlink()
                 removed.append(name)
             else:
                 kept.append({**_entry(self.out, f, by), **({"changed_since_written": True}
@@ -188,6 +230,17 @@ class OutputFolder:
         import shutil
 
         shutil.rmtree(self.stage, ignore_errors=True)
+
+
+def _write_fix(e: OSError) -> str:
+    """The fix of an operating-system error met writing into --out."""
+    if e.errno == errno.EISDIR:
+        return "a folder has that name: move it away or choose another --out"
+    if e.errno == errno.ENOTDIR:
+        return "a file has that name: move it away or choose another --out"
+    if e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+        return "free some space or choose another --out"
+    return "check its permissions or choose another --out"
 
 
 def _entry(out: Path, p: Path, command: str | None) -> dict:
@@ -253,4 +306,7 @@ class output_folder:  # noqa: N801 - used as a context manager, like open()
                 raise
         else:
             self.folder.discard()
+            where = getattr(exc, "filename", None) if isinstance(exc, OSError) else None
+            if isinstance(where, str) and self.folder.stage in Path(where).parents:  # the user's path, not the stage
+                raise _named(exc, self.folder.out / Path(where).relative_to(self.folder.stage)) from None
         return False

@@ -100,3 +100,21 @@ def test_an_uneven_split_is_tried_each_way_round(tmp_path):
     best = json.loads(r.output)["candidates"][0]
     assert best["layout"].split("-")[1] == "pp4f7l6"  # the faster here (the test of both: they are ranked)
     assert best["simulated_iteration_s"] < rows["pp4f6l7"]["simulated_iteration_s"]
+
+
+def test_a_whatif_request_is_checked_as_the_commands_options_are():
+    # A program's WhatifRequest took gpus=2**40 (a 549,755,813,888-way DP answer), allocator_lag=-1 and sp="yes",
+    # and split policies="memo" into its letters.
+    import pytest
+
+    from memo_sim.api import WhatifRequest, get_model
+    from memo_sim.errors import MemoError
+
+    model = get_model("gpt-7b")
+    for kw, says in (({"gpus": 2**40}, "WhatifRequest.gpus = 1099511627776: give at most 1,048,576"),
+                     ({"allocator_lag": -1}, "WhatifRequest.allocator_lag = -1"),
+                     ({"sp": "yes"}, "WhatifRequest.sp = 'yes': give True, False, or None"),
+                     ({"policies": ("memo", 3)}, "WhatifRequest.policies")):
+        with pytest.raises(MemoError, match=says.replace("(", r"\(").replace("'", ".")):
+            WhatifRequest(**{"model": model, "seq": 4096, "gpus": 8, "profile": "a800-80gb", **kw})
+    assert WhatifRequest(model=model, seq=4096, gpus=8, profile="a800-80gb", policies="memo").policies == ("memo",)

@@ -119,6 +119,29 @@ def build_model(model_name: str, layers, hidden, heads, ffn, vocab, dtype=None, 
                           dtype=dtype, kv_heads=kv_heads, head_dim=head_dim, mtp_layers=mtp_layers, **prec)
 
 
+def asked_policy(name: str, model: ModelConfig, layout=None, alpha: float | None = None,
+                 default_alpha: float | None = None):
+    """The policy ``name`` for ``model`` on ``layout`` with --alpha ``alpha`` (None: not given; ``default_alpha``
+    for a policy that takes one), or one line (`MemoError`) where the what-if and the simulator refuse it: the
+    policy's own answers (`Policy.needs_experts`, `Policy.model_why_not`, `Policy.layout_why_not`,
+    `Policy.takes_alpha`) to the options given (a review: memplan planned recompute_moe for a dense model,
+    recompute_mlp on METP and for a mixture of experts, and dropped an --alpha full_recompute takes none of)."""
+    from memo_sim.policy import get_policy, policy_class  # noqa: PLC0415 - lazy
+
+    cls = policy_class(name)
+    if cls.needs_experts and not model.moe:
+        raise MemoError(f"--policy {name} rebuilds MoE tensors: model {model.name} has no experts; choose another "
+                        f"--policy")
+    if why := cls.model_why_not(model):
+        raise MemoError(f"--policy {name}: {why}; fix: choose another --policy")
+    if layout is not None and (why := cls.layout_why_not(layout)):
+        raise MemoError(f"--policy {name} on layout {layout.label()}: {why}")
+    if alpha is not None and not cls.takes_alpha:
+        raise MemoError(f"--alpha {alpha} sets MEMO's offloaded fraction, but --policy {name} takes none: drop "
+                        f"--alpha or use --policy memo")
+    return get_policy(name, (default_alpha if alpha is None else alpha) if cls.takes_alpha else None)
+
+
 def progress_bar(label: str, total: int, quiet: bool = False, force: bool | None = None):
     """A click progress bar on stderr; returns a context manager yielding a step() callable.
     Silent when ``quiet`` (e.g. --json), when there is nothing to count, or when stderr is not a

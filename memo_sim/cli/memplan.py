@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import click
 
-from memo_sim.cli.common import (BATCH, DEGREE, build_model, count_option, model_options, profile_option,
-                                 progress_option, status_line)
+from memo_sim.cli.common import (BATCH, DEGREE, asked_policy, build_model, count_option, model_options,
+                                 profile_option, progress_option, status_line)
 from memo_sim.errors import MemoError
 from memo_sim.policy import policy_names
 from memo_sim.profile.loader import load_profile
 from memo_sim.report.formats import emit, format_options, resolve_format
 from memo_sim.report.memplan_text import memplan_answer
+
+MEMO_ALPHA = 0.5  # the memo policy's alpha where --alpha is not given
 
 
 @click.command()
@@ -26,7 +28,8 @@ from memo_sim.report.memplan_text import memplan_answer
 @click.option("--tp-mode", default="megatron", show_default=True, type=click.Choice(["megatron", "metp_ffn", "metp"]),
               help="Tensor-parallel flavour (METP's level-1 traces hold its ring's blocks and double buffers).")
 @click.option("--policy", default="memo", show_default=True, type=click.Choice(policy_names()))
-@click.option("--alpha", default=0.5, show_default=True, type=click.FloatRange(0, 1))
+@click.option("--alpha", type=click.FloatRange(0, 1),
+              help=f"MEMO's offloaded fraction (--policy memo; default {MEMO_ALPHA}); other policies take none.")
 @profile_option("Profile whose GPU capacity the caching-allocator baseline uses.")
 @click.option("--time-limit", default=10.0, show_default=True, type=click.FloatRange(0.1, 3600),
               help="Seconds per DSA solve.")
@@ -50,7 +53,7 @@ def memplan(model_name, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, d
     profile = load_profile(profile_name)
     if csv_file and trace_file:
         raise MemoError("give either --csv or --trace, not both")
-    # staged beside --out before any work: an unwritable --out fails at once, a failure leaves the old one
+    # staged in --out (or where it is created) before any work: an unwritable --out fails at once
     folder = output_folder(out_dir, "memo-sim memplan") if out_dir else contextlib.nullcontext(None)
     with folder as outf, status_line("memplan", quiet=quiet, force=progress) as say:
         if csv_file or trace_file:
@@ -93,13 +96,12 @@ def _plan_model(model, profile, seq, batch, tp, cp, ulysses, sp, tp_mode, policy
     from memo_sim.layout.parallel import Layout, check_layout
     from memo_sim.memplan.baseline import caching_allocator_layer_report
     from memo_sim.memplan.planner import plan_memory
-    from memo_sim.policy import get_policy, policy_class
 
     lay = Layout(tp=tp, cp=cp, ulysses=ulysses, sp=sp, tp_mode=tp_mode)
+    pol = asked_policy(policy, model, lay, alpha, MEMO_ALPHA)  # what the what-if and the simulator refuse, refused
     why = check_layout(lay, model, lay.gpus, profile.node_gpus, seq, batch)
     if why:
         raise MemoError(f"layout {lay.label()}: {why}")
-    pol = get_policy(policy, alpha if policy_class(policy).takes_alpha else None)
     say(f"bi-level plan of {model.name} {lay.label()} {pol.label()} (time limit {time_limit:g} s per solve)")
     plan = plan_memory(model, lay, batch, seq, pol, time_limit_s=time_limit, solver=solver)
     say("replaying the caching allocator on one layer")  # the baseline: one layer's forward + backward requests

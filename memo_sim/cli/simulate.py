@@ -250,7 +250,8 @@ def _write_sweep(outf, name: str, results, figure, answer, fmt: str | None = "ta
 
 
 def _check_out(out_dir: str, command: str) -> None:
-    """Fail now, before the work, if --out cannot be written (the outputs are staged beside it)."""
+    """Fail now, before the work, if --out cannot be written (the outputs are staged in it, or beside it where
+    it is created)."""
     OutputFolder(out_dir, command).discard()
 
 

@@ -167,7 +167,8 @@ def whatif(**options):
     rows that do the same thing under two policy names (memo at alpha=1 and full_offload) once.
 
     Exit status: 0 when a plan fits (plan.json written unless --no-plan), 3 when no candidate
-    fits (nothing written; the advice names what was not searched), 2 on bad input.
+    fits (no plan written, and the plan.json and plan-sppo.json an earlier what-if wrote into --out
+    removed, as said; the advice names what was not searched), 2 on bad input.
     """
     t0 = time.perf_counter()
     show = Show.from_options(options)
@@ -182,19 +183,36 @@ def whatif(**options):
             ans = answer_whatif(req, progress=on_progress, while_waiting=None if show.no_plan else prebuild_plan)
     except NothingFits as e:  # no layout was built: every one's model states alone overflow (exit 3, answered)
         return _nothing_built(req, show, str(e))
-    paths = {}
-    plans = {} if show.no_plan else {name: with_profile_reference(plan, options["profile_name"])
-                                     for name, plan in ans.plans().items()}
-    if plans:
-        with output_folder(show.out_dir, "memo-sim whatif") as outf:  # one set, staged beside --out, manifest last
-            paths = {name: outf.path(write_plan(plan, outf.stage / name)) for name, plan in plans.items()}
+    paths, removed = _write_plans(show, {name: with_profile_reference(plan, options["profile_name"])
+                                         for name, plan in ans.plans().items()} if not show.no_plan else {})
     elapsed = time.perf_counter() - t0
     if show.as_json:
-        click.echo(json.dumps(_answer_json(ans, paths, elapsed, show)))  # compact: the C encoder, 3x faster
+        # compact: the C encoder, 3x faster
+        click.echo(json.dumps(dict(_answer_json(ans, paths, elapsed, show), removed_stale=removed)))
     else:
         _print_answer(ans, paths, elapsed, show)
     if ans.best is None:
+        _say_removed(show, removed)
         click.get_current_context().exit(NOTHING_FITS)
+
+
+def _write_plans(show: Show, plans: dict) -> tuple[dict, list[str]]:
+    """Write ``plans`` (file name -> plan) into --out as one set (`memo_sim.fileio.output_folder`: staged, the
+    manifest last): their paths by name, and the earlier outputs of this command the set removed. No plans (nothing
+    fits) is an empty set, which removes the earlier plan.json and plan-sppo.json too (a review: they stayed, and
+    `simulate` of that plan.json answered the earlier question). --no-plan leaves --out as it is."""
+    if show.no_plan:
+        return {}, []
+    with output_folder(show.out_dir, "memo-sim whatif") as outf:
+        paths = {name: outf.path(write_plan(plan, outf.stage / name)) for name, plan in plans.items()}
+    return paths, outf.removed
+
+
+def _say_removed(show: Show, removed: list[str]) -> None:
+    """The line of a what-if that found no plan and removed the earlier one (on stderr beside csv and md)."""
+    if removed and not show.as_json:
+        click.echo(f"removed the earlier {', '.join(removed)} from --out {show.out_dir}: an earlier what-if's plans, "
+                   f"not this question's", err=show.out_format != "table")
 
 
 def _nothing_built(req: WhatifRequest, show: Show, why: str) -> None:
@@ -203,13 +221,16 @@ def _nothing_built(req: WhatifRequest, show: Show, why: str) -> None:
     from memo_sim.search.whatif import not_searched  # noqa: PLC0415
 
     advice = not_searched(req.gpus, req.searched_policies, req.framework, req.fixed())
+    _, removed = _write_plans(show, {})
     if show.as_json:
         click.echo(json.dumps({"model": req.model.to_dict(), "seq_tokens": req.seq, "gpus": req.gpus,
                                "profile": req.profile.name, "framework": req.framework, "nothing_fits": True,
-                               "why": why, "not_searched": advice, "candidates": [], "plan_file": None}))
+                               "why": why, "not_searched": advice, "candidates": [], "plan_file": None,
+                               "removed_stale": removed}))
     else:
         click.echo(f"answer: nothing fits (exit status {NOTHING_FITS}, no plan.json): {why}")
         click.echo("not searched: " + "; ".join(advice))
+        _say_removed(show, removed)
     click.get_current_context().exit(NOTHING_FITS)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
 
+from memo_sim.layout.parallel import MAX_DEGREE
 from memo_sim.layout.schedule import schedule_runs_policy
 from memo_sim.policy import prices_model
 from memo_sim.model.config import ModelConfig
@@ -97,7 +98,8 @@ class WhatifRequest:
 
     def __post_init__(self):
         for name in ("policies", "schedules"):  # a list from a program or click's tuple: one hashable value
-            object.__setattr__(self, name, tuple(getattr(self, name) or ()))
+            v = getattr(self, name) or ()
+            object.__setattr__(self, name, (v,) if isinstance(v, str) else tuple(v))  # one name: not its letters
         self._check()
 
     def _check(self) -> None:
@@ -127,6 +129,19 @@ class WhatifRequest:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise bad(name, "give a whole number of at least 1" + ("" if name in ("seq", "gpus", "jobs")
                                                                        else ", or None to search it"))
+            if name in ("gpus", "tp", "cp", "ulysses", "dp", "pp", "vpp", "ep", "etp") and v > MAX_DEGREE:
+                raise bad(name, f"give at most {MAX_DEGREE:,} (the command's limit: more is a typo, not a cluster)")
+        for name in ("sp", "optimizer_offload", "multiplex"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
+                raise bad(name, "give True, False, or None to search it")
+        if not isinstance(self.metp_across_nodes, bool):
+            raise bad("metp_across_nodes", "give True or False")
+        if isinstance(self.allocator_lag, bool) or not isinstance(self.allocator_lag, int) \
+                or not 0 <= self.allocator_lag <= 64:
+            raise bad("allocator_lag", "give a whole number from 0 to 64 (--allocator-lag's range)")
+        for name in ("policies", "schedules"):
+            if not all(isinstance(x, str) for x in getattr(self, name)):
+                raise bad(name, "give names (strings), e.g. ('memo', 'full_recompute')")
         if self.zero is not None and (isinstance(self.zero, bool) or self.zero not in (0, 1, 2, 3)):
             raise bad("zero", "give a ZeRO stage 0 to 3, or None to search it")
         if self.alpha is not None and (isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float))
