@@ -118,3 +118,16 @@ def test_a_whatif_request_is_checked_as_the_commands_options_are():
         with pytest.raises(MemoError, match=says.replace("(", r"\(").replace("'", ".")):
             WhatifRequest(**{"model": model, "seq": 4096, "gpus": 8, "profile": "a800-80gb", **kw})
     assert WhatifRequest(model=model, seq=4096, gpus=8, profile="a800-80gb", policies="memo").policies == ("memo",)
+
+
+def test_the_fit_advice_names_no_fix_the_whatif_refuses():
+    # "it would fit with --policy recompute_mlp" on a METP layout (recompute_mlp refuses METP), and "--cp 2" under
+    # DeepSpeed, whose framework data has no ring CP.
+    r = CliRunner().invoke(cli, ["whatif", "--seq", "512K", "--policy", "store_all", "--no-plan"])
+    assert r.exit_code == 3 and "would fit with" in r.output
+    assert "--policy recompute_mlp" not in r.output
+    r = CliRunner().invoke(cli, ["whatif", "--model", "llama-3.1-8b", "--profile", "a100-sxm4-80gb", "--framework",
+                                 "deepspeed", "--ulysses", "8", "--zero", "3", "--policy", "checkpoint_offload",
+                                 "--seq", "736K", "--no-plan"])
+    assert r.exit_code == 3 and "would fit with" in r.output
+    assert "--cp " not in r.output and "--tp " not in r.output

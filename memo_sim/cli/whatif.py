@@ -290,8 +290,9 @@ def _fixes(ans, shown: list) -> list[str]:
     ranking with duplicates folded, `fold_duplicates`)."""
     from memo_sim.search.frameworks import get_framework  # noqa: PLC0415
 
-    offered = get_framework(ans.request.framework).policies  # a --policy the framework refuses fixes nothing
-    return fit_fixes(shown[0], ans.request.gpus, ans.request.alpha, offered) if ans.best is None and shown else []
+    fw = get_framework(ans.request.framework)  # a --policy or a layout the framework refuses fixes nothing
+    return fit_fixes(shown[0], ans.request.gpus, ans.request.alpha, fw.policies, fw.allows) \
+        if ans.best is None and shown else []
 
 
 def _answer_json(ans, paths: dict, elapsed: float, show: Show) -> dict:

@@ -47,17 +47,23 @@ def _layout_variants(c, gpus: int):
     return out
 
 
-def fit_fixes(c, gpus: int, alpha: float | None = None, policies: tuple[str, ...] | None = None) -> list[str]:
+def fit_fixes(c, gpus: int, alpha: float | None = None, policies: tuple[str, ...] | None = None,
+              allows=None) -> list[str]:
     """Up to `MAX_FIXES` one-change variants of candidate ``c`` that fit (analytic tier), in words;
-    ``policies``: the ones a --policy variant may name (the framework's; None: every one)."""
+    ``policies``: the ones a --policy variant may name (the framework's; None: every one); ``allows``: whether
+    the framework runs a layout (None: every one). A variant the what-if would refuse is never named (a review:
+    --policy recompute_mlp was advised on a METP layout, --cp 2 under DeepSpeed, which has no ring CP)."""
     from memo_sim.layout.schedule import schedule_runs_policy
-    from memo_sim.policy import policy_names
+    from memo_sim.policy import policy_class, policy_names
 
     if c.status == "OK" or c.schedule != "single_stage":
         return []
     fixes = []
     for p in policy_names():
         if p == c.policy.name or schedule_runs_policy("sppo", p) or (policies is not None and p not in policies):
+            continue
+        cls = policy_class(p)
+        if (cls.needs_experts and not c.model.moe) or cls.model_why_not(c.model) or cls.layout_why_not(c.layout):
             continue
         e = _estimate(c, c.layout, p, alpha)
         if e is not None and e.status == "OK":
@@ -69,6 +75,8 @@ def fit_fixes(c, gpus: int, alpha: float | None = None, policies: tuple[str, ...
     if not c.layout.expandable_segments and not uses_memory_plan(c.policy, c.layout):  # PyTorch's one-flag fix
         variants.append((EXPANDABLE_FLAG, replace(c.layout, expandable_segments=True)))
     for flags, lay in variants:
+        if allows is not None and not allows(lay):
+            continue
         e = _estimate(c, lay, c.policy.name, alpha)
         if e is not None and e.status == "OK":
             fixes.append((-e.tgs, f"{flags} ({lay.label()} {e.policy.label()}, {e.tgs:,.0f} tokens/GPU/s analytic)"))
