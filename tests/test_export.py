@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from memo_sim.cli import cli
 from memo_sim.export import EXPORTERS, export_plan
-from memo_sim.export.base import PlanChange
+from memo_sim.export.base import PlanChange, nearest_plan
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import get_model
 from memo_sim.plan.schema import Plan, read_plan, write_plan
@@ -245,13 +245,22 @@ def test_torchtitan_starts_gpt_oss_120b_from_its_own_configuration(tmp_path):
 
 
 def test_an_interleaved_plan_of_its_own_chunk_sizes_is_priced_as_1f1b_where_the_framework_runs_that():
-    """DeepSpeed runs 1F1B: the nearest plan kept the plan's 4 chunk counts over pp x 1 chunks and could not be
-    priced; each rank now holds its chunks' layers (a reviewer's finding, 2026-11-27)."""
+    """A framework that runs 1F1B (`interleave_gap`): the nearest plan kept the plan's 4 chunk counts over pp x 1
+    chunks and could not be priced; each rank now holds its chunks' layers (a reviewer's finding, 2026-11-27).
+    DeepSpeed, whose framework data runs no pipeline, prices it as one stage (a review, `_pipeline_gap`)."""
+    from memo_sim.export.base import interleave_gap, price_nearest
+
     plan = _plan(layout=Layout(pp=2, vpp=2, chunk_layers=(7, 9, 8, 8)), policy=("store_all",), seq=4096, batch=4,
                  micro=1, sched="interleaved_1f1b")
+    gaps = interleave_gap(plan)
+    lay, _, schedule = nearest_plan(plan, gaps)
+    assert lay.chunk_layers == (15, 17) and lay.vpp == 1 and schedule == "1f1b"  # rank 0: 7 + 8, rank 1: 9 + 8
+    priced = price_nearest(plan, gaps, "megatron")
+    assert priced["status"] in ("OK", "OOM") and not priced.get("error"), priced
+    assert "c15-17" in priced["label"] and "1f1b" in priced["label"]
     ex = export_plan(plan, "deepspeed", nearest=True)
     assert ex.nearest["status"] in ("OK", "OOM") and not ex.nearest.get("error"), ex.nearest
-    assert "c15-17" in ex.nearest["label"] and "1f1b" in ex.nearest["label"]  # rank 0: 7 + 8, rank 1: 9 + 8
+    assert "pp" not in ex.nearest["label"].split()[0] and "1f1b" not in ex.nearest["label"]
 
 
 def test_a_multi_node_launch_line_carries_torchruns_rendezvous():
@@ -294,9 +303,9 @@ def test_deepspeed_config_and_launcher():
                 yield from (paths(v, pre + k + ".") if isinstance(v, dict) else [pre + k])
 
         assert set(paths(cfg)) <= set(allowed), set(paths(cfg)) - set(allowed)
-        lay = plan.layout
+        lay = nearest_plan(plan, ex.gaps)[0]  # PIPE's 4 stages are data-parallel replicas in DeepSpeed's one stage
         assert cfg["train_batch_size"] == cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] \
-            * lay.dp
+            * lay.dp == plan.batch * plan.layout.dp
         _check_args(ex.files["deepspeed.sh"], _names("deepspeed_launcher_options.txt"))
     ex = export_plan(ULY, "deepspeed", price=False, nearest=True)
     cfg = json.loads(ex.files["ds_config.json"])
@@ -498,9 +507,10 @@ def test_not_expressible_block_lists_each_gap_and_its_price():
 
 
 def test_pipeline_plan_nearest_cost_is_simulated():
-    ex = export_plan(PIPE_V, "deepspeed", nearest=True)  # DeepSpeed has neither ring CP nor interleaving nor MEMO
+    ex = export_plan(PIPE_V, "deepspeed", nearest=True)  # DeepSpeed has neither ring CP nor a pipeline nor MEMO
     whats = " ".join(g.what for g in ex.gaps)
-    assert "ring context parallelism" in whats and "interleaved 1F1B" in whats and "MEMO" in whats
+    assert "ring context parallelism" in whats and "pipeline stages" in whats and "interleaved 1F1B" in whats
+    assert "MEMO" in whats
     assert ex.nearest is not None and ex.nearest.get("status") in ("OK", "OOM", "OOHM"), ex.nearest
 
 
@@ -817,15 +827,15 @@ def test_torchtitan_knows_a_config_of_its_model_under_another_name():
 def test_torchtitans_fsdp_is_a_gap_in_megatron_and_deepspeed(lay):
     """FSDP2 as torchtitan runs it (kept weights, HSDP, beside pipeline stages) is not Megatron-FSDP (a reviewer's
     finding, 2026-11-27: such plans exported with --use-megatron-fsdp and no gap): its nearest is the framework's own
-    ZeRO over the whole data group, ZeRO 1 beside stages."""
+    ZeRO over the whole data group, ZeRO 1 beside Megatron's stages (DeepSpeed's data runs them as one stage)."""
     plan = _plan("gpt-7b", lay, ("full_recompute",), seq=4096, batch=4, micro=1 if lay.pp > 1 else 0,
                  sched="1f1b" if lay.pp > 1 else "")
     for fw in ("megatron", "deepspeed"):
         ex = export_plan(plan, fw, price=False, nearest=True)
         gap = [g for g in ex.gaps if g.what.startswith("data-parallel flavour fsdp")]
         assert len(gap) == 1, [g.what for g in ex.gaps]
-        want = {"dp_mode": "zero", "fsdp_shard": 0, "reshard_after_forward": True} | ({"zero": 1} if lay.pp > 1
-                                                                                     else {})
+        want = {"dp_mode": "zero", "fsdp_shard": 0, "reshard_after_forward": True} | (
+            {"zero": 1} if lay.pp > 1 and fw == "megatron" else {})
         assert gap[0].change.layout == want
     sh = export_plan(plan, "megatron", price=False, nearest=True).files["megatron.sh"]
     assert ("--use-megatron-fsdp" in sh) == (lay.pp == 1) == ("unset CUDA_DEVICE_MAX_CONNECTIONS" in sh)

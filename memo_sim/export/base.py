@@ -20,10 +20,15 @@ from memo_sim.errors import MemoError
 from memo_sim.layout.moe_balance import parse_balance
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import modules_words
+from memo_sim.model.precision import RECIPES, default_recipe
 from memo_sim.units import fmt_time
 from memo_sim.layout.schedule import default_schedule
 from memo_sim.plan.schema import Plan
 from memo_sim.policy import Policy, get_policy
+
+
+# a gradient reduction's element width in words (`PrecisionRecipe.grad_reduce_bytes`)
+_REDUCE_WORDS = {4: "fp32", 2: "16 bits"}
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,7 @@ class PlanChange:
     schedule: str | None = None
     gemm_format: str | None = None  # the layer GEMMs' format the framework runs instead
     mtp_layers: int | None = None  # the multi-token-prediction modules it trains instead (`mtp_gap`)
+    batch: int | None = None  # the sequences per replica it runs instead (the global batch kept over more replicas)
 
 
 @dataclass(frozen=True)
@@ -175,6 +181,32 @@ def nearest_plan(plan: Plan, gaps: list[Gap]) -> tuple[Layout, Policy, str]:
     return layout, policy, schedule
 
 
+def nearest_batch(plan: Plan, gaps: list[Gap]) -> int:
+    """The sequences per replica the framework runs instead: the last gap's that changes them, else the plan's."""
+    return next((g.change.batch for g in reversed(gaps) if g.change.batch is not None), plan.batch)
+
+
+def framework_recipe(plan: Plan, framework: str) -> str | None:
+    """The model-state recipe (`memo_sim.model.precision`) ``framework`` trains the plan's model with where it is not
+    the plan's, else None: the recipe the plan's own framework data gave its dtype (DeepSpeed's ``zero``: 16-bit
+    gradients, reduced in 16 bits) is that framework's, not the plan's, and ``framework`` runs its own (its data's
+    for the dtype, else memo's default); a recipe the plan's framework data does not give (named with
+    ``--precision``) is kept, as `Framework.for_model` keeps it."""
+    from memo_sim.search.frameworks import get_framework  # noqa: PLC0415
+
+    m = plan.model
+    if plan.framework == framework:
+        return None
+    try:
+        given = dict(get_framework(plan.framework).recipes).get(m.dtype)
+    except MemoError:  # a plan of a framework version this memo does not have: its recipe kept
+        return None
+    if m.precision not in (None, given):
+        return None
+    theirs = dict(get_framework(framework).recipes).get(m.dtype) or default_recipe(m.dtype)
+    return theirs if theirs != m.recipe.name else None
+
+
 def nearest_model(plan: Plan, gaps: list[Gap]):
     """The plan's model as the framework runs it: a GEMM format it lacks replaced (`gemm_format_gap`), the
     multi-token-prediction modules it does not train left out (`mtp_gap`)."""
@@ -187,11 +219,13 @@ def nearest_model(plan: Plan, gaps: list[Gap]):
     return dataclasses.replace(plan.model, **over) if over else plan.model
 
 
-def price_nearest(plan: Plan, gaps: list[Gap], framework: str) -> dict | None:
+def price_nearest(plan: Plan, gaps: list[Gap], framework: str, own: dict | None = None) -> dict | None:
     """memo's prediction for the nearest plan on the plan's profile, run with ``framework``'s
-    mechanisms (its attention kernel, loss, allocator settings: `Framework.adapt`), as that framework
-    would run it (None when neither a gap nor the framework's mechanisms change the plan; ``error`` when it cannot be
-    simulated)."""
+    mechanisms (its attention kernel, loss, allocator settings: `Framework.adapt`; its model-state recipe,
+    `framework_recipe`), as that framework would run it (None when neither a gap nor the framework's mechanisms change
+    the plan; ``error`` when it cannot be simulated). ``own``: layout fields the framework runs its own way for a part
+    of the plan it expresses (torchtitan's FSDP2 for a ZeRO-3 plan), applied after the gaps and named among the
+    mechanisms."""
     from memo_sim.engine.simulate import simulate  # noqa: PLC0415 - the simulator only when pricing
     from memo_sim.profile.loader import load_profile  # noqa: PLC0415
     from memo_sim.search.frameworks import get_framework  # noqa: PLC0415
@@ -202,15 +236,25 @@ def price_nearest(plan: Plan, gaps: list[Gap], framework: str) -> dict | None:
     prof = load_profile(plan.profile)
     mine, layout = layout, get_framework(framework).adapt(layout, prof)
     mechanisms = mechanism_changes(mine, layout, prof)
+    own = {k: v for k, v in (own or {}).items() if getattr(layout, k) != v}
+    mechanisms += [f"{k} {getattr(layout, k)} -> {v}" for k, v in own.items()]
+    layout = dataclasses.replace(layout, **own) if own else layout
+    model = nearest_model(plan, gaps)
+    recipe = framework_recipe(plan, framework)
+    if recipe is not None:  # (a review: a DeepSpeed plan exported to torchtitan priced with DeepSpeed's 16-bit
+        # gradient reduce, where torchtitan's FSDP2 reduces in fp32)
+        width = RECIPES[recipe].grad_reduce_bytes
+        mechanisms.append(f"precision {model.recipe.name} -> {recipe} (gradients reduced in "
+                          f"{_REDUCE_WORDS.get(width, f'{width}-byte elements')})")
+        model = dataclasses.replace(model, precision=recipe)
     if not mechanisms and not any(g.change != PlanChange() for g in gaps):  # (a review: a Megatron plan's cuDNN
         return None  # attention and vocab-parallel loss exported to torchtitan as "every part expressed")
-    model = nearest_model(plan, gaps)
     dropped = plan.model.mtp_layers - model.mtp_layers
     label = (f"{layout.label()} {policy.label()}" + (f" {schedule}" if layout.pp > 1 else "")
              + (f" {model.gemm_format} GEMMs" if model.gemm_format != plan.model.gemm_format else "")
              + (f", without its {modules_words(dropped, 'multi-token-prediction')}" if dropped else ""))
     try:
-        res = simulate(model, layout, plan.batch, plan.seq_tokens, policy, load_profile(plan.profile),
+        res = simulate(model, layout, nearest_batch(plan, gaps), plan.seq_tokens, policy, load_profile(plan.profile),
                        keep_timeline=False, schedule=schedule, micro_batch=plan.micro_batch,
                        classifier_chunk_tokens=plan.classifier_chunk_tokens)
     except MemoError as e:
@@ -396,8 +440,10 @@ def uneven_stages_gap(plan: Plan, framework: str) -> list[Gap]:
     lay = plan.layout
     if lay.pp < 2 or not lay.uneven:
         return []
-    if lay.chunk_layers:  # every model chunk its own count (virtual stage c x pp + s)
-        return [Gap(f"uneven model chunks ({', '.join(map(str, lay.chunk_layers))} layers, virtual stages in order)",
+    if lay.chunk_layers or lay.vpp > 1:  # every model chunk its own count (virtual stage c x pp + s): a rank's total
+        # is not what the framework is told (a review: 6, 10, 10, 6 for chunks of 3, 5, 5, 3, 3, 5, 5, 3)
+        counts = lay.chunk_layers or tuple(len(r) for r in lay.virtual_stage_ranges(plan.model.layers))
+        return [Gap(f"uneven model chunks ({', '.join(map(str, counts))} layers, virtual stages in order)",
                     f"not written: set {framework}'s split to these counts")]
     counts = lay.stage_layer_counts(plan.model.layers)
     return [Gap(f"uneven pipeline stages ({', '.join(map(str, counts))} layers)",

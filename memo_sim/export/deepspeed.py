@@ -5,21 +5,23 @@ The JSON keys are DeepSpeed's own (`SOURCE`: ``deepspeed/runtime/constants.py``,
 Megatron-DeepSpeed's ``pretrain_gpt.py`` (`LAUNCHER_SOURCE`), whose ``--ds-sequence-parallel-size``
 is DeepSpeed-Ulysses and whose ``--deepspeed-activation-checkpointing`` / ``--checkpoint-in-cpu``
 select DeepSpeed's activation checkpointing and its CPU copy of the checkpoints. DeepSpeed
-expresses Ulysses, ZeRO 0-3, DeepSpeed's pipeline engine (no interleaving) and full recompute, with the
-checkpointed layer inputs kept on the GPU or on the host. Megatron-DeepSpeed has Megatron's TP, but memo's
-deepspeed framework data (the DeepSpeed-Ulysses setup the what-if searches and prices) offers none: a plan's TP
-is written as Ulysses over as many GPUs, so that what is written is what `--framework deepspeed` would run.
+expresses Ulysses, ZeRO 0-3 and full recompute, with the checkpointed layer inputs kept on the GPU or on the host.
+Megatron-DeepSpeed has Megatron's TP and DeepSpeed's pipeline engine, but memo's deepspeed framework data (the
+DeepSpeed-Ulysses setup the what-if searches and prices) offers neither (its schedules: single stage; the pipeline
+engine is not modelled): a plan's TP is written as Ulysses over as many GPUs and its pipeline as one stage
+(`_pipeline_gap`), so that what is written is what `--framework deepspeed` would run.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 
 from memo_sim.export.base import (Export, Gap, PlanChange, async_tp_gap, balance_gap, dp_flavour_gap, gemm_format_gap,
-                                  interleave_gap, metp_gap, mtp_gap, nearest_plan, rank_order_gap, rotary_gaps,
-                                  not_modelled_gap, optimizer_offload_gap, policy_gaps, uneven_stages_gap, price_nearest,
-                                  shape_arguments, torchrun_line)
+                                  interleave_gap, metp_gap, mtp_gap, nearest_batch, nearest_plan, rank_order_gap,
+                                  rotary_gaps, not_modelled_gap, optimizer_offload_gap, policy_gaps, uneven_stages_gap,
+                                  price_nearest, shape_arguments, torchrun_line)
 from memo_sim.plan.schema import Plan
 from memo_sim.search.frameworks import get_framework
 
@@ -48,18 +50,52 @@ def gaps(plan: Plan) -> list[Gap]:
                        f"DeepSpeed-Ulysses over {u} GPUs (--ds-sequence-parallel-size; memo's {FRAMEWORK} data, the "
                        f"DeepSpeed-Ulysses setup `memo-sim whatif --framework {FRAMEWORK}` searches, has no TP)",
                        PlanChange(layout={"tp": 1, "cp": 1, "ulysses": u})))
-    out += metp_gap(plan) + async_tp_gap(plan, "Megatron-DeepSpeed's TP, its collectives on the critical path") \
-        + interleave_gap(plan)
-    # an offloading policy's nearest is cpu_checkpointing (only the layer inputs on the host), any other's full recompute
+    out += metp_gap(plan) + async_tp_gap(plan, "Megatron-DeepSpeed's TP, its collectives on the critical path")
+    pipe = _pipeline_gap(plan, nearest_plan(plan, out)[0])  # after the TP and CP gaps: Ulysses over their GPUs
+    out += pipe or interleave_gap(plan)
+    # an offloading policy's nearest is cpu_checkpointing (the layer inputs on the host), any other's full recompute
     out += policy_gaps(plan, _RUNS, fallback="checkpoint_offload" if plan.policy.offloads else "full_recompute")
     out += gemm_format_gap(plan, "deepspeed") + optimizer_offload_gap(plan, "deepspeed")
-    out += dp_flavour_gap(plan, "deepspeed") + mtp_gap(plan, "deepspeed", "Megatron-DeepSpeed has no multi-token "
-                                                                           "prediction")
-    out += uneven_stages_gap(plan, "Megatron-DeepSpeed") + rank_order_gap(plan, FRAMEWORK)
+    # the data-parallel flavour as it runs on the one stage written (ZeRO 3 no longer beside stages)
+    one = dataclasses.replace(plan, layout=dataclasses.replace(plan.layout, pp=1, vpp=1)) if pipe else plan
+    out += dp_flavour_gap(one, "deepspeed") + mtp_gap(plan, "deepspeed", "Megatron-DeepSpeed has no multi-token "
+                                                                          "prediction")
+    if not pipe:
+        out += uneven_stages_gap(plan, "Megatron-DeepSpeed") + rank_order_gap(plan, FRAMEWORK)
     if plan.model.bias == "qkv":  # Megatron-DeepSpeed's --disable-bias-linear drops every bias, it has no qkv-only one
         out.append(Gap(f"{plan.model.name}'s biases on the q, k and v projections only",
                        "biases on every linear layer (no flag): edit the model or drop them by hand"))
     return out + _moe_layout_gaps(plan) + _model_gaps(plan) + not_modelled_gap(plan)
+
+
+_SCHEDULE_WORDS = {"1f1b": "1F1B", "interleaved_1f1b": "interleaved 1F1B", "sppo": "SPPO"}
+
+
+def _pipeline_gap(plan: Plan, lay) -> list[Gap]:
+    """Pipeline stages, which memo's deepspeed data does not run (its schedules: single stage; DeepSpeed's pipeline
+    engine is not modelled, and `memo-sim whatif --framework deepspeed --pp N` is refused): one stage instead, as the
+    exporter writes TP as Ulysses, so that what is written is what that framework data prices. The stages' GPUs
+    become data-parallel replicas where the replica's sequences split over them (the global batch kept), else
+    Ulysses ranks (the replica's batch kept). ``lay``: the plan's layout after the earlier gaps (TP and CP as
+    Ulysses). It was written with --pipeline-model-parallel-size and priced as Megatron's 1F1B (a review)."""
+    if lay.pp == 1 or any(s != "single_stage" for s in get_framework(FRAMEWORK).schedules):
+        return []
+    pp, sched = lay.pp, _SCHEDULE_WORDS.get(plan.schedule, plan.schedule)
+    what = (f"{pp} pipeline stages" + (f" of {lay.vpp} model chunks each" if lay.vpp > 1 else "")
+            + f" ({sched}, {plan.micro_batches} micro-batches per replica)")
+    why = f"memo's {FRAMEWORK} data runs no pipeline (DeepSpeed's pipeline engine is not modelled)"
+    one = {"pp": 1, "vpp": 1}
+    if plan.batch % pp == 0 and (plan.batch // pp) % plan.micro_batch == 0:
+        dp, batch = lay.dp * pp, plan.batch // pp
+        return [Gap(what, f"one stage, the stages' GPUs data-parallel replicas (dp {dp}, {batch} "
+                          f"sequence{'s' if batch != 1 else ''} per replica: the global batch of {plan.batch * lay.dp} "
+                          f"kept; --no-pipeline-parallel): {why}",
+                    PlanChange(layout={**one, "dp": dp}, schedule="single_stage", batch=batch))]
+    u = lay.ulysses * pp
+    return [Gap(what, f"one stage, the stages' GPUs DeepSpeed-Ulysses ranks (Ulysses over {u} GPUs, the {plan.batch} "
+                      f"sequences per replica not splitting into {pp} replicas; --ds-sequence-parallel-size, "
+                      f"--no-pipeline-parallel): {why}",
+                PlanChange(layout={**one, "ulysses": u}, schedule="single_stage"))]
 
 
 def _model_gaps(plan: Plan) -> list[Gap]:
@@ -188,11 +224,11 @@ def _architecture(plan: Plan) -> list[tuple[str, str | None]]:
 
 def config(plan: Plan, applied: list[Gap]) -> dict:
     lay, pol, _ = nearest_plan(plan, applied)
-    m = plan.model
+    m, batch = plan.model, nearest_batch(plan, applied)  # a pipeline's replicas' sequences (`_pipeline_gap`)
     cfg = {
-        "train_batch_size": plan.batch * lay.dp,
+        "train_batch_size": batch * lay.dp,
         "train_micro_batch_size_per_gpu": plan.micro_batch,
-        "gradient_accumulation_steps": plan.micro_batches,
+        "gradient_accumulation_steps": batch // plan.micro_batch,
         "zero_optimization": {"stage": lay.zero, "overlap_comm": True, "contiguous_gradients": True,
                               **({"offload_optimizer": {"device": "cpu", "pin_memory": True}}
                                  if lay.optimizer_offload else {})},
@@ -214,7 +250,8 @@ def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | None]]:
     lay, pol, _ = nearest_plan(plan, applied)
     m = plan.model
     args = shape_arguments(plan) + [
-        ("--micro-batch-size", str(plan.micro_batch)), ("--global-batch-size", str(plan.batch * lay.dp)),
+        ("--micro-batch-size", str(plan.micro_batch)),
+        ("--global-batch-size", str(nearest_batch(plan, applied) * lay.dp)),
         ("--tensor-model-parallel-size", str(lay.tp)), ("--pipeline-model-parallel-size", str(lay.pp)),
     ]
     if m.n_kv_heads != m.heads:

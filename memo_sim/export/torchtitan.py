@@ -13,8 +13,9 @@ checkpointing, or ``None``), and ``config.compile`` (``CompileConfig``) as price
 (``enable`` with ``"model"`` in ``components``) for a plan whose blocks are compiled (``Layout.kernel_fusion``),
 for async TP and for torchao's quantised formats, else not (`_compile_lines`). torchtitan expresses TP
 with SP (async TP: ``CompileConfig.enable_async_tensor_parallel``), CP, PP with ``1F1B`` / ``Interleaved1F1B``, DP by
-replication (ZeRO 0) or FSDP2 sharding (``data_parallel_shard_degree``; ZeRO 3, or ZeRO 2 with
-``fsdp_reshard_after_forward = "never"``) and full or per-op selective activation checkpointing.
+replication (ZeRO 0) or FSDP2 sharding (``data_parallel_shard_degree``: ZeRO 3, memo's ``fsdp`` flavour; a ZeRO 1
+or 2 plan is written and priced as FSDP2 with ``fsdp_reshard_after_forward = "never"``, `_fsdp_gap`) and full or
+per-op selective activation checkpointing.
 
 What else the written configuration sets so that torchtitan at `SOURCE` starts it as priced: each layer's
 ``attention.rope.max_context_length`` where the shipped flavour's rotary table is shorter than the plan's
@@ -260,11 +261,7 @@ def pipeline_split(plan: Plan) -> tuple[int, int, int] | None:
 
 
 def gaps(plan: Plan) -> list[Gap]:
-    out = ulysses_gap(plan) + metp_gap(plan)
-    if plan.layout.zero == 1:
-        out.append(Gap("ZeRO stage 1 (optimizer states sharded, weights and gradients whole)",
-                       'FSDP2 with fsdp_reshard_after_forward = "never" (ZeRO 2: gradients sharded too)',
-                       PlanChange(layout={"zero": 2})))
+    out = ulysses_gap(plan) + metp_gap(plan) + _fsdp_gap(plan)
     borrow = _ep_borrow_gap(plan)
     out += (borrow or _cp_shard_gap(plan)) + balance_gap(plan, FRAMEWORK) + rank_order_gap(plan, FRAMEWORK)
     out += policy_gaps(plan, _RUNS, notes={"memo": "torchtitan offloads no activations",
@@ -315,9 +312,9 @@ def _ep_borrow_gap(plan: Plan) -> list[Gap]:
     """Expert parallelism beside replicated data parallelism (ZeRO 0) where TP x CP is too few ranks for it: torchtitan
     at `SOURCE` borrows the EP ranks from data_parallel_shard_degree x context_parallel_degree x tensor_parallel_degree
     (torchtitan/distributed/parallel_dims.py ParallelDims._validate raises "expert_parallel_degree (N) must divide
-    dp_shard * cp * tp"), and ZeRO 0 is written with data_parallel_shard_degree 1 (ZeRO 1 becomes ZeRO 2 already).
+    dp_shard * cp * tp"), and ZeRO 0 is written with data_parallel_shard_degree 1 (ZeRO 1 and 2 are FSDP2 already).
     The nearest: FSDP2 over the whole data group kept gathered after the forward (memo's fsdp flavour, which also
-    runs beside pipeline stages, as torchtitan's does), written as the ZeRO-2 gap's is."""
+    runs beside pipeline stages, as torchtitan's does), written as `_fsdp_gap`'s is."""
     lay = plan.layout
     if not (plan.model.moe and lay.ep > 1 and lay.zero == 0 and (lay.tp * lay.cp * lay.ulysses) % lay.ep):
         return []
@@ -327,6 +324,33 @@ def _ep_borrow_gap(plan: Plan) -> list[Gap]:
                 "forward to the backward): torchtitan's EP borrows its ranks from data_parallel_shard_degree x "
                 "context_parallel_degree x tensor_parallel_degree (torchtitan/distributed/parallel_dims.py)",
                 PlanChange(layout={"zero": 3, "dp_mode": "fsdp", "reshard_after_forward": False}))]
+
+
+def _fsdp_gap(plan: Plan) -> list[Gap]:
+    """ZeRO 1 or 2, which torchtitan does not offer (memo's torchtitan data: ZeRO 0 or 3, as FSDP2): written as FSDP2
+    over the data group with fsdp_reshard_after_forward = "never", so the nearest plan is that one, ZeRO 3 in the
+    fsdp flavour with the weights kept gathered from the forward to the backward (also beside pipeline stages, where
+    torchtitan's apply_fsdp reshards nothing either). It was priced as ZeRO 2, which torchtitan's data refuses, and
+    beside stages as a layout memo refuses (a review)."""
+    lay = plan.layout
+    if lay.zero not in (1, 2):
+        return []
+    sharded = "optimizer states" + (" and gradients" if lay.zero == 2 else "")
+    whole = "weights" + (" and gradients" if lay.zero == 1 else "")
+    return [Gap(f"ZeRO stage {lay.zero} ({sharded} sharded, {whole} whole)",
+                'FSDP2 over the data group with fsdp_reshard_after_forward = "never" (ZeRO 3: weights, gradients and '
+                "optimizer states sharded, each layer's weights kept gathered from its forward to its backward)",
+                PlanChange(layout={"zero": 3, "dp_mode": "fsdp", "fsdp_shard": 0, "reshard_after_forward": False}))]
+
+
+def fsdp_runs(lay) -> dict:
+    """How torchtitan runs a ZeRO-3 layout of the ``zero`` flavour (DeepSpeed's, Megatron-FSDP's), which the export
+    writes as data_parallel_shard_degree over the data group without fsdp_reshard_after_forward: FSDP2 (memo's fsdp
+    flavour), resharding after the forward on one stage, not beside pipeline stages (torchtitan's ``"default"``
+    policy); {} for any other layout."""
+    if lay.zero != 3 or lay.dp_mode == "fsdp":
+        return {}
+    return {"dp_mode": "fsdp", "fsdp_shard": 0, "reshard_after_forward": lay.pp == 1}
 
 
 def _cp_shard_gap(plan: Plan) -> list[Gap]:
@@ -436,8 +460,8 @@ def render(plan: Plan, applied: list[Gap]) -> str:
     base, other_model = _base(plan)
     if lay.dp_mode == "fsdp":  # FSDP2 over its shard group (with CP inside it, as torchtitan's mesh puts it)
         dp_shard = max(1, lay.dp_flavour.shard_group(lay) // (lay.cp * lay.ulysses))
-    else:
-        dp_shard = lay.dp if lay.zero >= 2 else 1
+    else:  # ZeRO 3 of the zero flavour (FSDP2 over the data group: `fsdp_runs`) or replicas
+        dp_shard = lay.dp if lay.zero == 3 else 1
     dp_rep = lay.dp // dp_shard
     sets = [
         ("parallelism.data_parallel_replicate_degree", dp_rep),
@@ -449,7 +473,7 @@ def render(plan: Plan, applied: list[Gap]) -> str:
     ]
     if plan.model.moe:
         sets.append(("parallelism.expert_parallel_degree", lay.ep))
-    if lay.zero == 2 or (lay.dp_mode == "fsdp" and not lay.reshard_after_forward):
+    if lay.dp_mode == "fsdp" and not lay.reshard_after_forward:  # ZeRO 1 and 2 too (`_fsdp_gap`)
         sets.append(("parallelism.fsdp_reshard_after_forward", "never"))
     if lay.pp > 1:
         sets += [("parallelism.pipeline_parallel_schedule", SCHEDULES[schedule]),
@@ -527,7 +551,7 @@ def export(plan: Plan, price: bool = True, instead: dict | None = None) -> Expor
     g = gaps(plan)
     ex = Export("torchtitan", SOURCE, {}, g, "")
     ex.instead = instead
-    ex.nearest = price_nearest(plan, g, FRAMEWORK) if price else None
+    ex.nearest = price_nearest(plan, g, FRAMEWORK, own=fsdp_runs(nearest_plan(plan, g)[0])) if price else None
     launch = ("PYTHONPATH=$PWD:$PYTHONPATH " + torchrun_line(plan, "-m torchtitan.train")
               + f" --module memo_torchtitan --config {FUNCTION}")
     ex.files[FILE] = "\n".join([ex.comment_block(), "#", f"# Run from a torchtitan checkout: {launch}", "",
