@@ -131,3 +131,11 @@ def test_the_fit_advice_names_no_fix_the_whatif_refuses():
                                  "--seq", "736K", "--no-plan"])
     assert r.exit_code == 3 and "would fit with" in r.output
     assert "--cp " not in r.output and "--tp " not in r.output
+
+
+def test_the_interleaved_micro_batch_count_refusal_names_the_split_it_counts():
+    # "the micro-batch count (1)" for --batch 6: the count of the last micro-batch size tried, unnamed.
+    r = CliRunner().invoke(cli, ["whatif", "--model", "llama-3.1-8b", "--gpus", "8", "--seq", "8K", "--pp", "4",
+                                 "--vpp", "2", "--batch", "6", "--no-plan"])
+    assert r.exit_code == 2
+    assert "micro-batch count (1: 6 sequences per replica in micro-batches of 6) to be a multiple of pp (4)" in r.output

@@ -64,7 +64,8 @@ def check_schedule(schedule: str, *, pp: int, vpp: int, layers: int, batch: int,
         if layers % (pp * vpp) and not uneven:
             return f"{layers} layers do not split evenly into pp x vpp = {pp * vpp} model chunks"
         if m % pp:
-            return f"interleaved_1f1b needs the micro-batch count ({m}) to be a multiple of pp ({pp})"
+            return (f"interleaved_1f1b needs the micro-batch count ({m}: {batch} sequences per replica in micro-batches "
+                    f"of {micro_batch}) to be a multiple of pp ({pp})")
     elif vpp != 1:
         return f"virtual stages (vpp = {vpp}) belong to interleaved_1f1b, not {schedule}"
     return None
