@@ -65,9 +65,56 @@ def read_utf8(path: str | os.PathLike, error: type[MemoError] = MemoError) -> st
         raise error(f"{path}: not UTF-8 text (byte {e.start}); save it as UTF-8") from None
 
 
+class DuplicateKeyError(yaml.YAMLError):
+    """A key given twice in one mapping of a YAML document: ``args`` its dotted path and the lines of both."""
+
+    def __str__(self) -> str:
+        where, lines = self.args
+        return f"{where} is given twice{lines}; YAML keeps the last one silently: delete one of them"
+
+
+_MERGE = "tag:yaml.org,2002:merge"
+
+
 def load_yaml(text: str) -> Any:
-    """``yaml.safe_load`` of ``text`` (libyaml's safe loader where present); raises `yaml.YAMLError`."""
-    return yaml.load(text, Loader=_SAFE_LOADER)
+    """``yaml.safe_load`` of ``text`` (libyaml's safe loader where present); raises `yaml.YAMLError`, and
+    `DuplicateKeyError` where one mapping gives a key twice (YAML keeps the last silently, hiding the value a
+    reader of the file sees first: a review's profile with ``hbm_bandwidth`` twice)."""
+    loader = _SAFE_LOADER(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _refuse_twice(node)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _refuse_twice(root: yaml.Node) -> None:
+    """Raise `DuplicateKeyError` at the first mapping of the composed document ``root`` that gives a scalar key
+    twice (merge keys aside)."""
+    seen: set[int] = set()
+    stack: list[tuple[yaml.Node, str]] = [(root, "")]
+    while stack:
+        node, where = stack.pop()
+        if id(node) in seen:  # an alias of a node walked already
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            first: dict[tuple[str, str], int] = {}
+            inner = []
+            for k, v in node.value:
+                key = (k.tag, k.value) if isinstance(k, yaml.ScalarNode) and k.tag != _MERGE else None
+                path = f"{where}.{k.value}" if where and key else (str(k.value) if key else where)
+                if key is not None and key in first:
+                    raise DuplicateKeyError(path, f" (lines {first[key]} and {k.start_mark.line + 1})")
+                if key is not None:
+                    first[key] = k.start_mark.line + 1
+                inner.append((v, path))
+            stack.extend(reversed(inner))  # the file's order: the first mapping with a key twice is named
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(reversed([(v, f"{where}[{i}]") for i, v in enumerate(node.value)]))
 
 
 def read_json(path: str | os.PathLike, error: type[MemoError] = MemoError, what: str = "file") -> Any:

@@ -39,3 +39,18 @@ def test_bad_framework_file_is_one_line(tmp_path):
     with pytest.raises(MemoError) as e:
         _read(bad)
     assert "cannot parse framework file" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_key_given_twice_is_refused_in_every_yaml_memo_reads():
+    # YAML keeps the last of two equal keys silently (a review's profile gave hbm_bandwidth twice); memo's one YAML
+    # reader refuses it for every file it reads (profiles, framework data, models, plans), naming both lines.
+    import pytest
+    import yaml
+
+    from memo_sim.fileio import DuplicateKeyError, load_yaml
+
+    with pytest.raises(DuplicateKeyError, match=r"gpu\.hbm is given twice \(lines 2 and 3\)"):
+        load_yaml("gpu:\n  hbm: 1\n  hbm: 2\n")
+    assert issubclass(DuplicateKeyError, yaml.YAMLError)  # callers' "not valid YAML" handling still applies
+    assert load_yaml("a: &x {b: 1}\nc:\n  <<: *x\n  d: 2\n") == {"a": {"b": 1}, "c": {"b": 1, "d": 2}}
+    assert load_yaml("") is None

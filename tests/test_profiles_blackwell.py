@@ -156,7 +156,7 @@ def test_a_plan_on_part_of_a_gb200_rack_pins_only_its_own_trays_memory():
 
 def test_gb300_nvl72_is_blackwell_ultra_with_one_and_a_half_times_the_fp4_rate():
     """The GB300 NVL72 rack (Blackwell Ultra): the GB200's bf16 and FP8 rates, 1.5x its dense FP4 rate (three times
-    FP8's, not twice as on Blackwell), 279 GB of HBM3e a GPU, one 800 Gb/s NIC a GPU; its Graces' memory as the
+    FP8's, not twice as on Blackwell), 284,208 MiB of HBM3e a GPU (the driver's total), one 800 Gb/s NIC a GPU; its Graces' memory as the
     GB300 table gives it (17 TB at 14 TB/s), their links the GB200's (said assumed in each value's source). NVFP4
     GEMMs make a 70B step faster than MXFP8's, MXFP8's than bf16's, and every plan fits."""
     from memo_exec.calibrate.datasheet import known_peak
@@ -171,7 +171,7 @@ def test_gb300_nvl72_is_blackwell_ultra_with_one_and_a_half_times_the_fp4_rate()
     assert p.peak("fp4") == pytest.approx(1.5 * gb200.peak("fp4")) == pytest.approx(3 * p.peak("fp8"))
     fp4 = p.gpu.peak_flops["fp4"].source
     assert "1,080 PFLOPS without" in fp4 and "dense" in fp4 and "GB300" in fp4
-    assert float(p.gpu_memory) == pytest.approx(279e9) and float(p.internode.bandwidth) == pytest.approx(100e9)
+    assert float(p.gpu_memory) == pytest.approx(284208 * 2**20) and float(p.internode.bandwidth) == pytest.approx(100e9)
     # the rack's Graces: the GB300 table's 17 TB at 14 TB/s; their NVLink-C2C links the GB200's (said assumed)
     assert float(p.host.memory_bytes) == float(gb200.host.memory_bytes)
     assert float(p.host.memory_bandwidth) == pytest.approx(14e12)

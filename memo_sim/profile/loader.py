@@ -4,7 +4,11 @@ A quantity is written ``{value: 80, unit: GiB, source: "NVIDIA datasheet"}``; a 
 ``{x: FLOP, points: [[1e9, 0.3], [1e12, 0.75]], source: "..."}``. The file is validated once,
 by the pydantic models below: an unknown key, a missing field, a wrong unit, a missing source,
 a value that is not a finite number or lies outside its dimension's physical range (`RANGES`)
-is a `ProfileError` of one line naming the file, the field and the fix.
+is a `ProfileError` of one line naming the file, the field and the fix. Then `memo_sim.profile.plausible`
+checks each datasheet field against the devices it describes (a 1000x unit slip: ``80 TB`` of GPU memory), the
+fields against each other (an fp8 peak below the bf16 one, ``gpus_per_host`` not dividing ``gpus_per_node``) and
+the ``efficiency.gemm_formats`` keys against the GEMM formats; a key given twice in one mapping of the file is
+refused before any of it (YAML and JSON keep the last silently; `profile_document`).
 The optional ``validation`` section records the iteration-time error measured for the profile
 (``median_abs_iteration_error`` as a fraction, ``plans``, ``device``, ``date``, the Kendall tau of
 the step-time ordering and the ``validation.json`` it came from); ``memo-exec validate`` writes it
@@ -30,7 +34,8 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from memo_sim.errors import MemoError, ProfileError, validated
-from memo_sim.fileio import load_yaml, read_utf8
+from memo_sim.fileio import DuplicateKeyError, load_yaml, read_utf8
+from memo_sim.profile.plausible import check_profile
 from memo_sim.profile.schema import (
     ATTENTION_TIME_KERNELS, COLLECTIVES, DEFAULT_ALLOCATOR_COSTS, AllocatorCosts, AttentionTimes, CollectiveFit, Curve,
     Efficiency, GPUSpec, HardwareProfile, HostLink, HostSpec, Link, Quantity,
@@ -300,6 +305,7 @@ def parse_profile(raw: Any, source: str) -> HardwareProfile:
                            f"profiles` lists or a YAML with 'schema: {SCHEMA}' (copy one of hardware_profiles/, "
                            f"or measure one with memo-exec calibrate)")
     d = validated(_ProfileIn, raw, source, ProfileError)
+    check_profile(d, raw, source)  # each datasheet field plausible, the fields consistent (plausible.py)
     g, e, hl, h = d.gpu, d.efficiency, d.host_link, d.host
     al = g.allocator
     return HardwareProfile(
@@ -344,13 +350,39 @@ def _read_file(path: Path) -> Any:
         text = read_utf8(path, ProfileError)
     except OSError as e:
         raise ProfileError(f"{path}: cannot read ({e.strerror})") from None
+    return profile_document(text, str(path), path.suffix == ".json")
+
+
+class _Twice(Exception):
+    """A key given twice in one JSON object."""
+
+
+def profile_document(text: str, source: str, json_file: bool) -> Any:
+    """A profile file's document: JSON, or YAML as `memo_sim.fileio.load_yaml` reads it. A key given twice in
+    one mapping (``hbm_bandwidth:`` twice under ``gpu:``) is a `ProfileError` naming it: YAML and JSON keep the
+    last one silently, which hides the value a reader of the file sees first."""
+    kind = "JSON" if json_file else "YAML"
     try:
-        return json.loads(text) if path.suffix == ".json" else load_yaml(text)
+        return json.loads(text, object_pairs_hook=_unique_pairs) if json_file else load_yaml(text)
+    except (_Twice, DuplicateKeyError) as e:
+        where = e.args[0] if isinstance(e, _Twice) else str(e)
+        raise ProfileError(f"{source}: {where}") from None
     except (yaml.YAMLError, json.JSONDecodeError) as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise ProfileError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'} ({first})") from None
+        raise ProfileError(f"{source}: not valid {kind} ({first})") from None
     except RecursionError:
-        raise ProfileError(f"{path}: nested too deeply to be a profile; check the file") from None
+        raise ProfileError(f"{source}: nested too deeply to be a profile; check the file") from None
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict:
+    """A JSON object's pairs as a dict; a key given twice raises `_Twice`."""
+    out: dict = {}
+    for k, v in pairs:
+        if k in out:
+            raise _Twice(f"key {k!r} is given twice in one object; JSON keeps the last one silently: delete one "
+                         f"of them")
+        out[k] = v
+    return out
 
 
 def list_profiles() -> dict[str, Path]:
