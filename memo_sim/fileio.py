@@ -162,7 +162,8 @@ class OutputFolder:
     is incomplete), moves each staged file into ``out`` (``os.replace``: atomic per file) and writes the new
     manifest, complete, last; an operating-system error there (a folder where a file goes) is one line naming
     --out and the file, exit status 2. A failure or interrupt before `commit` removes the stage and leaves
-    ``out`` exactly as it was."""
+    ``out``'s files exactly as they were (a caller that keeps a failed stage, memo-exec's launcher, keeps it hidden
+    in ``out``)."""
 
     def __init__(self, out: str | os.PathLike, command: str, need_bytes: int = 0) -> None:
         self.out = Path(out)

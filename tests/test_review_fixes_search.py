@@ -139,3 +139,27 @@ def test_the_interleaved_micro_batch_count_refusal_names_the_split_it_counts():
                                  "--vpp", "2", "--batch", "6", "--no-plan"])
     assert r.exit_code == 2
     assert "micro-batch count (1: 6 sequences per replica in micro-batches of 6) to be a multiple of pp (4)" in r.output
+
+
+def test_sweep_alpha_of_an_sppo_pipeline_plan_solves_alpha_on_the_schedule_it_runs(tmp_path):
+    # The pipeline alpha solve was handed the plan's "sppo" schedule, which is not a micro-batch pipeline: the sweep
+    # ran every alpha, then failed (exit 2) and wrote nothing.
+    r = run(["whatif", "--policy", "sppo", "--pp", "2", "--seq", "64K", "--out", str(tmp_path / "w")])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(cli, ["sweep-alpha", str(tmp_path / "w" / "plan.json"), "--alphas", "0.5", "--out",
+                                 str(tmp_path / "a")])
+    assert r.exit_code == 0, r.output
+    assert "solver's alpha" in (tmp_path / "a" / "alpha_sweep.json").read_text() or "solver's alpha" in r.output
+
+
+def test_export_nearest_refuses_settings_that_cannot_run(tmp_path):
+    # A 16-stage TP-8 plan of a 96-head model exported to DeepSpeed with --nearest was written as one stage with
+    # Ulysses over 128 GPUs (--ds-sequence-parallel-size 128), which no run can start.
+    r = run(["whatif", "--model", "gpt-175b", "--gpus", "128", "--seq", "4K", "--tp", "8", "--pp", "16", "--batch",
+             "2", "--micro-batch", "1", "--policy", "full_recompute", "--profile", "a100-sxm4-80gb",
+             "--out", str(tmp_path / "w")])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(cli, ["export", str(tmp_path / "w" / "plan.json"), "--to", "deepspeed", "--nearest",
+                                 "--out", str(tmp_path / "x")])
+    assert r.exit_code == 2, r.output
+    assert "heads (96) not divisible by tp x ulysses (128); drop --nearest" in r.output

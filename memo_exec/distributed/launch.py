@@ -146,7 +146,7 @@ def killed_rank(torchrun_log: str) -> tuple[int, int] | None:
     return int(rank.group(1)), int(code.group(1))
 
 
-OUT_ENV = "MEMO_EXEC_OUT"  # the --out the user named, when the ranks write into a staging folder beside it
+OUT_ENV = "MEMO_EXEC_OUT"  # the --out the user named, when the ranks write into a staging folder (in it or beside)
 LOAD_ENV = "MEMO_EXEC_LOAD_1MIN"  # the machine's 1-minute load average when the launcher started the ranks
 OVERSUBSCRIBED_SLACK_CORES = 0.5  # ranks' threads + other processes' cores beyond the cores by more: oversubscribed
 

@@ -280,7 +280,7 @@ def sweep_alpha_cmd(plan_file, out_dir, alphas, profile_override, out_format, as
 
     if plan.layout.pp > 1:  # the search's solve: every stage's blocks in flight, the node's GPUs sharing its host
         solved = pipeline_memo_alpha(plan.model, plan.layout, plan.batch, plan.micro_batch, plan.seq_tokens, profile,
-                                     plan.schedule)
+                                     "1f1b" if plan.schedule == "sppo" else plan.schedule)  # as the sweep runs it
     else:
         solved = memo_alpha(plan.model, plan.layout, plan.micro_batch, plan.seq_tokens, profile)
     solver_alpha = solved.alpha if solved.feasible else None
