@@ -199,3 +199,11 @@ def test_nothing_built_removes_the_earlier_plans_too(monkeypatch, tmp_path):
     assert not (out / "plan.json").exists()
     r = _whatif(kept)
     assert r.exit_code == 3 and "removed" not in r.output and plan.exists(), r.output
+
+
+def test_memplan_of_a_file_refuses_the_model_options_it_would_ignore():
+    # --csv / --trace plan the file's own tensors: --alpha, --tp and the model's options beside them were ignored.
+    csv = str(Path(__file__).parent / "data" / "dsa" / "A.1048576.csv")
+    r = CliRunner().invoke(cli, ["memplan", "--csv", csv, "--alpha", "0.3", "--tp", "2"])
+    assert r.exit_code == 2
+    assert "--tp, --alpha: --csv plans the file's own tensors, which these options do not change" in r.output

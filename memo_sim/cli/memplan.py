@@ -53,6 +53,11 @@ def memplan(model_name, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, d
     profile = load_profile(profile_name)
     if csv_file and trace_file:
         raise MemoError("give either --csv or --trace, not both")
+    if csv_file or trace_file:  # the file holds its own tensors: the model's, layout's and policy's options plan none
+        given = _given_model_options()
+        if given:
+            raise MemoError(f"{', '.join(given)}: --{'csv' if csv_file else 'trace'} plans the file's own tensors, "
+                            f"which these options do not change; drop them (or the file, to plan a model)")
     # staged in --out (or where it is created) before any work: an unwritable --out fails at once
     folder = output_folder(out_dir, "memo-sim memplan") if out_dir else contextlib.nullcontext(None)
     with folder as outf, status_line("memplan", quiet=quiet, force=progress) as say:
@@ -88,6 +93,20 @@ def _plan_file(csv_file, trace_file, profile, time_limit, solver, say):
     result = {"source": csv_file or trace_file, "buffers": len(trace), **sol.to_json_obj(),
               "caching_allocator": _allocator_summary(base)}
     return result, [("memplan.png", trace, sol.offsets, int(sol.peak_bytes))]
+
+
+_FILE_IGNORES = ("model_name", "layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab", "dtype",
+                 "mtp_layers", "precision", "seq", "batch", "tp", "cp", "ulysses", "sp", "tp_mode", "policy", "alpha")
+
+
+def _given_model_options() -> list[str]:
+    """The options of a model's plan given on the command line (a review: --alpha beside --csv was ignored)."""
+    from click.core import ParameterSource  # noqa: PLC0415
+
+    ctx = click.get_current_context()
+    by_name = {p.name: p for p in ctx.command.params}
+    given = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+    return [by_name[n].opts[0] for n in _FILE_IGNORES if n in by_name and ctx.get_parameter_source(n) in given]
 
 
 def _plan_model(model, profile, seq, batch, tp, cp, ulysses, sp, tp_mode, policy, alpha, time_limit, solver, say):
