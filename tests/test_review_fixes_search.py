@@ -163,3 +163,12 @@ def test_export_nearest_refuses_settings_that_cannot_run(tmp_path):
                                  "--out", str(tmp_path / "x")])
     assert r.exit_code == 2, r.output
     assert "heads (96) not divisible by tp x ulysses (128); drop --nearest" in r.output
+
+
+def test_an_mfu_above_100_percent_says_why():
+    # fp32 weights with FP8 GEMMs: "MFU 225.3% (of the fp32 peak)" with no word of why it passes 100%.
+    r = run(["whatif", "--model", "llama-3.1-8b", "--gpus", "8", "--seq", "8K", "--profile", "h100-sxm5-80gb",
+             "--dtype", "fp32", "--precision", "fp8-tensorwise", "--no-plan", "--policy", "full_recompute"])
+    assert r.exit_code == 0, r.output
+    line = next(ln for ln in r.output.splitlines() if ln.startswith("answer:"))
+    assert "(of the fp32 peak: above 100% because the layer GEMMs run in fp8-tensorwise, whose peak is" in line

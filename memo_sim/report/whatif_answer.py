@@ -72,7 +72,12 @@ def verdict(v: WhatIfView) -> str:
     mfu = b.simulated["mfu"] if b.simulated else b.estimate.mfu
     it_words = f"{fmt_time(it)}/iteration ({tier}), " if it else ""
     low = v.model.gemm_format != "bf16"  # an FP8 plan's MFU counts its FLOPs against the model dtype's peak
-    mfu_words = (f"MFU {100 * mfu:.1f}%" + (f" (of the {v.model.dtype} peak)" if low else "") + ", "
+    over = ""  # above 100%: the GEMMs' format runs faster than the dtype's peak MFU is counted against
+    if low and mfu is not None and mfu > 1.0:
+        gemm_peak, dtype_peak = v.profile.peak(v.model.gemm.peak), v.profile.peak(v.model.dtype)
+        over = (f": above 100% because the layer GEMMs run in {v.model.gemm_format}, whose peak is "
+                f"{gemm_peak / dtype_peak:.0f}x the {v.model.dtype} one")
+    mfu_words = (f"MFU {100 * mfu:.1f}%" + (f" (of the {v.model.dtype} peak{over})" if low else "") + ", "
                  if mfu is not None else "")
     m = b.memory
     pinned = b.host_bytes_per_node
