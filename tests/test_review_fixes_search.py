@@ -152,17 +152,19 @@ def test_sweep_alpha_of_an_sppo_pipeline_plan_solves_alpha_on_the_schedule_it_ru
     assert "solver's alpha" in (tmp_path / "a" / "alpha_sweep.json").read_text() or "solver's alpha" in r.output
 
 
-def test_export_nearest_refuses_settings_that_cannot_run(tmp_path):
+def test_export_nearest_says_when_deepspeeds_one_stage_cannot_run(tmp_path):
     # A 16-stage TP-8 plan of a 96-head model exported to DeepSpeed with --nearest was written as one stage with
-    # Ulysses over 128 GPUs (--ds-sequence-parallel-size 128), which no run can start.
+    # Ulysses over 128 GPUs (--ds-sequence-parallel-size 128), which no run can start, with no word of it.
     r = run(["whatif", "--model", "gpt-175b", "--gpus", "128", "--seq", "4K", "--tp", "8", "--pp", "16", "--batch",
              "2", "--micro-batch", "1", "--policy", "full_recompute", "--profile", "a100-sxm4-80gb",
              "--out", str(tmp_path / "w")])
     assert r.exit_code == 0, r.output
     r = CliRunner().invoke(cli, ["export", str(tmp_path / "w" / "plan.json"), "--to", "deepspeed", "--nearest",
                                  "--out", str(tmp_path / "x")])
-    assert r.exit_code == 2, r.output
-    assert "heads (96) not divisible by tp x ulysses (128); drop --nearest" in r.output
+    assert r.exit_code == 0, r.output
+    assert "no one-stage DeepSpeed layout of these GPUs keeps the 2 sequences per replica: heads (96) not divisible" \
+        in r.output
+    assert "the Ulysses degree written below cannot run" in r.output
 
 
 def test_an_mfu_above_100_percent_says_why():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from memo_sim.cost.gemm_format import check_profile_gemm_formats
 from memo_sim.errors import MemoError
 from memo_sim.model.config import PRESETS
 from memo_sim.plan.schema import read_plan
@@ -28,6 +29,7 @@ def profiles():
     for name, path in sorted(list_profiles().items()):
         try:
             p = load_profile(path)
+            check_profile_gemm_formats(p)  # as the what-if checks it (the formats are registered downstream)
             fp8 = p.gpu.peak_flops.get("fp8")
             rows.append([name, p.gpu.model, fmt_bytes(p.gpu_memory), f"{p.peak() / 1e12:.0f}",
                          f"{float(fp8) / 1e12:.0f}" if fp8 is not None else "-", str(p.node_gpus),

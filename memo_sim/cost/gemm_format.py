@@ -14,6 +14,8 @@ core, the classifier and the embedding stay in the model dtype.
 
 from __future__ import annotations
 
+import difflib
+
 from memo_sim.cost.kernel_time import gemm_bytes, gemm_time, memory_bound_op_time
 from memo_sim.errors import MemoError
 from memo_sim.layout.parallel import Layout
@@ -29,8 +31,10 @@ def check_profile_gemm_formats(profile: HardwareProfile) -> None:
     known = [f for f in GEMM_FORMATS if f != "bf16"]
     for name, _curve in profile.efficiency.gemm_formats:
         if name not in known:
-            raise MemoError(f"profile {profile.name}: efficiency.gemm_formats.{name}: no such GEMM format; fix: name "
-                            f"one of {', '.join(known)}")
+            near = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+            meant = f"did you mean {near[0]!r}? " if near else ""
+            raise MemoError(f"profile {profile.path or profile.name}: efficiency.gemm_formats.{name}: no such GEMM "
+                            f"format; {meant}fix: name one of {', '.join(known)}")
 
 
 def check_gemm_format(model: ModelConfig, profile: HardwareProfile) -> None:

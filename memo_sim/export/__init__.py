@@ -11,7 +11,7 @@ from types import ModuleType
 
 from memo_sim.errors import MemoError
 from memo_sim.export import deepspeed, megatron, torchtitan
-from memo_sim.export.base import Export, Gap, PlanChange, best_runnable, nearest_batch, nearest_plan
+from memo_sim.export.base import Export, Gap, PlanChange, best_runnable
 from memo_sim.plan.schema import Plan
 
 EXPORTERS: dict[str, ModuleType] = {"megatron": megatron, "torchtitan": torchtitan, "deepspeed": deepspeed}
@@ -30,8 +30,6 @@ def export_plan(plan: Plan, to: str, price: bool = True, nearest: bool = False, 
     except KeyError:
         raise MemoError(f"--to {to!r}: no exporter; choose one of {', '.join(EXPORTERS)}") from None
     ex = module.export(plan, price=price)
-    if nearest:
-        _refuse_unrunnable_nearest(plan, ex, to)
     if nearest or not (any(g.change != PlanChange() for g in ex.gaps) or _out_of_memory(ex.nearest)):
         return ex
     if on_search is not None:
@@ -55,21 +53,6 @@ def export_plan(plan: Plan, to: str, price: bool = True, nearest: bool = False, 
         summary["does_not_fit"] = (f"with its own mechanisms ({', '.join(ex.nearest['mechanisms']) or 'none'}), "
                                    f"memo predicts it does not fit: {ex.nearest['failure'] or ex.nearest['status']}")
     return module.export(alt, price=price, instead=summary)
-
-
-def _refuse_unrunnable_nearest(plan: Plan, ex: Export, to: str) -> None:
-    """--nearest writes the plan's nearest settings; where the gaps' changes together make a layout the what-if
-    refuses, the script would not start: one line (a review: a 16-stage TP-8 plan of a 96-head model exported to
-    DeepSpeed as one stage with Ulysses over 128 GPUs)."""
-    from memo_sim.layout.parallel import check_layout  # noqa: PLC0415
-    from memo_sim.profile.loader import load_profile  # noqa: PLC0415
-
-    lay = nearest_plan(plan, ex.gaps)[0]
-    node = max(load_profile(plan.profile).node_gpus, lay.gpus)  # as check-plan sizes it (`layout_problem`)
-    why = check_layout(lay, plan.model, lay.gpus, node, plan.seq_tokens, nearest_batch(plan, ex.gaps))
-    if why:
-        raise MemoError(f"--nearest: the nearest {to} settings of the plan ({lay.label()}) cannot run: {why}; drop "
-                        f"--nearest to export the best plan {to} runs")
 
 
 def _out_of_memory(priced: dict | None) -> bool:

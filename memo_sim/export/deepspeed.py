@@ -22,6 +22,7 @@ from memo_sim.export.base import (Export, Gap, PlanChange, async_tp_gap, balance
                                   interleave_gap, metp_gap, mtp_gap, nearest_batch, nearest_plan, rank_order_gap,
                                   rotary_gaps, not_modelled_gap, optimizer_offload_gap, policy_gaps, uneven_stages_gap,
                                   price_nearest, shape_arguments, torchrun_line)
+from memo_sim.layout.parallel import check_layout
 from memo_sim.plan.schema import Plan
 from memo_sim.search.frameworks import get_framework
 
@@ -92,6 +93,14 @@ def _pipeline_gap(plan: Plan, lay) -> list[Gap]:
                           f"kept; --no-pipeline-parallel): {why}",
                     PlanChange(layout={**one, "dp": dp}, schedule="single_stage", batch=batch))]
     u = lay.ulysses * pp
+    ulysses = dataclasses.replace(lay, pp=1, vpp=1, ulysses=u, first_stage_layers=0, last_stage_layers=0,
+                                  chunk_layers=())
+    bad = check_layout(ulysses, plan.model, ulysses.gpus, max(ulysses.gpus, 1), plan.seq_tokens, plan.batch)
+    if bad:  # (a review: a 96-head model's 16 stages of TP 8 as Ulysses over 128 GPUs, which cannot start)
+        why += f"; and no one-stage DeepSpeed layout of these GPUs keeps the {plan.batch} sequences per replica: {bad}"
+        return [Gap(what, f"not expressible in DeepSpeed: {why} (the Ulysses degree written below cannot run; "
+                          f"`memo-sim export` without --nearest writes the best plan DeepSpeed runs)",
+                    PlanChange(layout={**one, "ulysses": u}, schedule="single_stage"))]
     return [Gap(what, f"one stage, the stages' GPUs DeepSpeed-Ulysses ranks (Ulysses over {u} GPUs, the {plan.batch} "
                       f"sequences per replica not splitting into {pp} replicas; --ds-sequence-parallel-size, "
                       f"--no-pipeline-parallel): {why}",

@@ -14,17 +14,17 @@ unit: GB/s}``, a bf16 peak in GFLOP/s) and the what-if answers on it. Here, afte
   slower than fp32);
 * the counts: ``node.gpus_per_host`` divides ``node.gpus_per_node`` (hosts of equal size), and
   ``host_link.gpus_per_socket`` is at most the GPUs of one host and divides them (a calibrated profile's node is the
-  GPUs it saw, 6 of an 8-GPU box say, whose sockets it may fill unevenly: there only "at most");
-* ``efficiency.gemm_formats``: each key a GEMM format `memo_sim.model.gemm_formats` registers (a key no format has
-  would never be read; `memo_sim.cost.gemm_format.check_profile_gemm_formats` says the same for a profile built
-  in code).
+  GPUs it saw, 6 of an 8-GPU box say, whose sockets it may fill unevenly: there only "at most").
+
+``efficiency.gemm_formats``' keys name GEMM formats, which are registered downstream of the profile
+(`memo_sim.model.gemm_formats`): `memo_sim.cost.gemm_format.check_profile_gemm_formats` checks them, for the
+what-if and for `memo-sim profiles`' listing alike.
 
 The first problem is a `ProfileError` of one line naming the file, the field and the fix.
 """
 
 from __future__ import annotations
 
-import difflib
 import math
 from typing import Any
 
@@ -107,7 +107,6 @@ def check_profile(d: Any, raw: dict, source: str) -> None:
     if not cpu:
         _peaks_in_order(g.peak_flops, raw, source, is_measured)
     _counts(d, source)
-    _gemm_formats(d.efficiency.gemm_formats, source)
 
 
 def _peaks_in_order(peaks: dict, raw: dict, source: str, is_measured) -> None:
@@ -144,21 +143,6 @@ def _counts(d: Any, source: str) -> None:
         raise ProfileError(
             f"{source}: host_link.gpus_per_socket: {socket} {'is more than' if socket > per else 'does not divide'} "
             f"{name} ({per}); a host's GPUs are split evenly over its sockets: give one of {_divisors(per)}")
-
-
-def _gemm_formats(curves: dict | None, source: str) -> None:
-    """Each ``efficiency.gemm_formats`` key a quantised GEMM format's name."""
-    if not curves:
-        return
-    from memo_sim.model.gemm_formats import GEMM_FORMATS  # noqa: PLC0415 - registered downstream of the profile
-
-    known = [f for f in GEMM_FORMATS if f != "bf16"]
-    for name in curves:
-        if name not in known:
-            near = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
-            meant = f"did you mean {near[0]!r}? " if near else ""
-            raise ProfileError(f"{source}: efficiency.gemm_formats.{name}: no such GEMM format; {meant}name one of "
-                               f"{', '.join(known)}")
 
 
 def _written(raw: dict, field: str) -> tuple[Any, str]:
