@@ -72,14 +72,16 @@ def _write_outputs(timeline, out: Path, layers_text: str | None, device: int = 0
     draws the memory figure and writes the rest (`memo_sim.forked.beside`); the paths written,
     those of ``also`` last."""
     from memo_sim.report.chrome_trace import write_chrome_trace
-    from memo_sim.report.figures import gantt_figure, memory_figure, parse_layer_range
+    from memo_sim.report.figures import gantt_figure, has_gantt_panels, memory_figure, parse_layer_range
 
     n_layers = timeline.meta.get("layers")
     layers = parse_layer_range(layers_text, n_layers)
     piped = bool((timeline.meta or {}).get("pipeline"))
     mine = [(write_chrome_trace, (timeline, out / "trace.json"))]
     theirs = []
-    if timeline.events and (layers is not None or not piped):  # a pipeline: its Gantt chart below instead
+    stopped = (timeline.meta or {}).get("status", "OK") != "OK"  # a failed run's default layers may have no events
+    if timeline.events and (layers is not None or not piped) and not (
+            stopped and layers is None and not has_gantt_panels(timeline, device)):  # a pipeline: its chart below
         mine.append((gantt_figure, (timeline, out / "gantt.png", layers, device)))
     if timeline.memory:
         theirs.insert(0, (memory_figure, (timeline, out / "memory.png")))
@@ -189,11 +191,18 @@ def simulate_cmd(plan_file, out_dir, layers_text, profile_override, no_contentio
                        f"{st['in_flight']} chunk forwards in flight, peak GPU {fmt_bytes(st['peak_gpu_bytes'])} "
                        f"(simulated, {allocator_of(plan.policy, plan.layout)}), "
                        f"busy {fmt_time(st['compute_busy_s'])}"
-                       + (f", bubble {100 * bub:.1f}% of its work" if bub is not None else ""))
-        ideal = r.pipeline["ideal_bubble_ratio"]
+                       + (f", idle {100 * bub:.1f}% of its work (waiting for other stages' "
+                          f"activations and gradients {100 * st['stage_wait_s'] / st['compute_busy_s']:.1f}%; the "
+                          f"rest on its own collectives and copies, a tied embedding's gradient sum, and after its last "
+                          f"op)" if bub is not None else ""))
+        ideal, it = r.pipeline["ideal_bubble_ratio"], r.iteration_s
+        rows = r.pipeline["stages"]
+        waits = sum(st["stage_wait_s"] for st in rows) / (len(rows) * it) if it else None
         click.echo(f"  bubble (p - 1)/(v m) = {100 * ideal:.1f}% for equal stages; idle share of the iteration "
-                   + (f"{100 * r.pipeline['bubble_fraction']:.1f}%" if r.pipeline["bubble_fraction"] is not None
-                      else "-"))
+                   + (f"{100 * r.pipeline['bubble_fraction']:.1f}%, of it waiting for other stages' "
+                      f"activations and gradients {100 * waits:.1f}%"
+                      if r.pipeline["bubble_fraction"] is not None and waits is not None else "-")
+                   + " (memo-sim explain PLAN: what each stage waits on)")
     pred = plan.predicted.iteration_s
     if r.ok and isinstance(pred, (int, float)) and pred > 0:
         click.echo(f"plan predicted {fmt_time(pred)} ({plan.predicted.source}); "
@@ -205,6 +214,10 @@ def simulate_cmd(plan_file, out_dir, layers_text, profile_override, no_contentio
     folded = f" ({r.folded} of {n} {what} unfolded from a periodic run of {n - r.folded})" if r.folded else ""
     click.echo(f"simulated {r.n_ops} ops{folded} in {r.sim_wall_s:.2f} s; wrote " + ", ".join(p.name for p in written)
                + f" to {out}")
+    if not r.ok:  # as check-plan: the plan does not run as it stands (its outputs show where it stopped)
+        from memo_sim.cli.whatif import NOTHING_FITS  # noqa: PLC0415
+
+        click.get_current_context().exit(NOTHING_FITS)
 
 
 @click.command("plot")

@@ -108,7 +108,7 @@ def default_layer_range(timeline: Timeline) -> tuple[int, int]:
     layers = sorted({e.layer for e in timeline.events if e.layer is not None})
     if not layers:
         return 0, 0
-    if mid is None:
+    if mid is None or not layers[0] <= mid <= layers[-1]:  # a run that stopped early (OOM) before its middle layer
         mid = layers[len(layers) // 2]
     return max(layers[0], mid - 1), min(layers[-1], mid + 1)
 
@@ -143,6 +143,16 @@ def _device_panels(timeline: Timeline, device: int, layers: tuple[int, int]):
               for name, (t0, t1) in windows]
     drawn = {e.stream for *_w, evs in panels for e in evs}
     return panels, sorted(drawn, key=lambda s: (STREAMS.index(s) if s in STREAMS else len(STREAMS), s))
+
+
+def has_gantt_panels(timeline: Timeline, device: int = 0, layers: tuple[int, int] | None = None) -> bool:
+    """Whether `gantt_figure` has a panel to draw for ``device`` (a run that stopped before any layer's forward,
+    out of memory at its start, has none)."""
+    try:
+        _device_panels(timeline, device, layers or default_layer_range(timeline))
+    except MemoError:
+        return False
+    return True
 
 
 def gantt_figure(timeline: Timeline, path: str | Path, layers: tuple[int, int] | None = None,

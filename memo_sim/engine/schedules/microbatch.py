@@ -84,7 +84,7 @@ from memo_sim.engine.core import Engine, Failure, gc_paused
 from memo_sim.engine.periodic import unfold_window
 from memo_sim.engine.graph import Device, MemAction, Op, OpGraph, gpus_on_nodes
 from memo_sim.engine.result import (
-    SimResult, _span, check_deadlock, exposed_wait_parts_of, exposed_wait_totals, rates,
+    SimResult, _span, check_deadlock, exposed_wait_by_device, exposed_wait_parts_of, rates,
     timeline_events,
 )
 from memo_sim.engine.schedules.microbatch_fold import MICRO_BATCHES, mb_name, mb_tensor, plan_window_fold
@@ -571,8 +571,10 @@ class _MicrobatchBuilder:
 
 
 def stage_rows(sched: MicrobatchSchedule, orders: list[list[Step]], end_time: float, failure, peak_gpu: dict,
-               busy: dict) -> list[dict]:
-    """Per stage: its node, chunks, micro-batches in flight, peak, busy and idle time, bubble."""
+               busy: dict, p2p_waits: dict) -> list[dict]:
+    """Per stage: its node, chunks, micro-batches in flight, peak, busy and idle time, bubble (idle over busy:
+    every wait, as a measurement sees it), and of the idle time the waits on other stages (``stage_wait_s``:
+    their work, then the transfer; the rest waits on the stage's own collectives and copies)."""
     it = end_time if failure is None else None
     rows = []
     for s, dev in enumerate(sched.devices):
@@ -583,6 +585,7 @@ def stage_rows(sched: MicrobatchSchedule, orders: list[list[Step]], end_time: fl
                      "in_flight": in_flight(orders[s]),
                      "peak_gpu_bytes": peak_gpu[dev.index], "model_states_bytes": sched.costs.model_states[s],
                      "compute_busy_s": b, "idle_s": (it - b) if it else None,
+                     "stage_wait_s": p2p_waits.get(dev.index, 0.0),
                      "bubble_ratio": ((it - b) / b) if it and b > 0 else None})
     return rows
 
@@ -608,7 +611,8 @@ def run_microbatch_pipeline(sched: MicrobatchSchedule, profile: HardwareProfile,
                     host_capacity=host_capacity(sched, profile), record_links=record, keep_memory=keep_memory)
     run = engine.run()
     check_deadlock(engine, run, "pipeline schedule")
-    rows = stage_rows(sched, sched.orders, run.end_time, run.failure, run.peak_gpu_bytes, _compute_busy(sched))
+    rows = stage_rows(sched, sched.orders, run.end_time, run.failure, run.peak_gpu_bytes, _compute_busy(sched),
+                      exposed_wait_by_device(run.ops, ((P2P_STREAM,),))[0])
     return engine, run, rows
 
 
@@ -626,8 +630,8 @@ class _Outcome:
     end_host: dict
     n_ops: int
     busy: dict  # device -> compute-stream seconds
-    exposed_copy_s: float
-    exposed_p2p_s: float
+    copy_waits: dict  # device -> its compute path's seconds waiting on host copies (`exposed_wait_by_device`)
+    p2p_waits: dict  # device -> the same on the pipeline's transfers (other stages' work, then the transfer)
     layer_timings: dict
     events: list
     memory: list
@@ -646,7 +650,7 @@ def _run_whole(costs, layout, profile, policy, n_layers, m, order, *, detail, co
                                                  gpu_capacity=gpu_limit_bytes(profile, layout.alloc_conf))
     return _Outcome(sched, run.end_time, run.failure, run.peak_gpu_bytes, run.peak_host_bytes, run.start_gpu_bytes,
                     run.end_gpu_bytes, run.end_host_bytes, len(run.ops), _compute_busy(sched),
-                    *exposed_wait_totals(run.ops, (COPY_STREAMS, (P2P_STREAM,))), _layer_timings(sched),
+                    *exposed_wait_by_device(run.ops, (COPY_STREAMS, (P2P_STREAM,))), _layer_timings(sched),
                     timeline_events(run) if keep_timeline else [], list(run.memory), run.link_capacity,
                     run.link_carried, run.link_log, run.ops if record else [])
 
@@ -692,9 +696,20 @@ def _run_folded(costs, layout, profile, policy, n_layers, m, order, *, detail, c
         # a static allocation that does not fit stops the engine before the iteration starts
         sched, u.end_time, failure, u.peak_gpu, u.peak_host,
         u.end_gpu if failure is not None and failure.op is None else run.start_gpu_bytes, u.end_gpu, u.end_host,
-        u.n_ops, _unfolded_busy(u, sched), u.exposed_wait_seconds(copy_parts), u.exposed_wait_seconds(p2p_parts),
+        u.n_ops, _unfolded_busy(u, sched), _waits_by_device(u, run.ops, copy_parts),
+        _waits_by_device(u, run.ops, p2p_parts),
         timings, u.timeline_events() if keep_timeline else [], list(u.samples()) if keep_timeline else [],
         run.link_capacity, u.link_carried, folded=plan.copies * plan.step)
+
+
+def _waits_by_device(u, ops: list, parts: dict[int, float]) -> dict[int, float]:
+    """Per GPU, the whole run's exposed waits (``parts``: the short run's, op uid -> seconds;
+    `memo_sim.engine.result.exposed_wait_by_device`)."""
+    device = {op.uid: op.device for op in ops}
+    mine: dict[int, dict[int, float]] = {}
+    for uid, x in parts.items():
+        mine.setdefault(device[uid], {})[uid] = x
+    return {d: u.exposed_wait_seconds(p) for d, p in mine.items()}
 
 
 def _unfolded_busy(u, sched: MicrobatchSchedule) -> dict[int, float]:
@@ -732,7 +747,7 @@ def simulate_microbatch(name: str, order: Order, model: ModelConfig, layout: Lay
         out = _run_whole(*args, detail=detail, contention=contention, keep_timeline=keep_timeline, record=record)
     sched = out.sched
     orders = [order(layout.pp, m, layout.vpp, s) for s in range(layout.pp)]
-    rows = stage_rows(sched, orders, out.end_time, out.failure, out.peak_gpu, out.busy)
+    rows = stage_rows(sched, orders, out.end_time, out.failure, out.peak_gpu, out.busy, out.p2p_waits)
     failure = out.failure
     status = failure.status if failure else "OK"
     it, mfu, tgs = rates(out.end_time, failure, model, layout, batch, seq, profile)
@@ -740,7 +755,7 @@ def simulate_microbatch(name: str, order: Order, model: ModelConfig, layout: Lay
     busy = sum(r["compute_busy_s"] for r in rows)
     pipe = {"schedule": name, "pp": layout.pp, "vpp": layout.vpp, "micro_batches": m, "micro_batch": micro_batch,
             "detail": sched.detail, "stages": rows, "worst_stage": worst.index,
-            "exposed_p2p_s": out.exposed_p2p_s,
+            "exposed_p2p_s": max(out.p2p_waits.values(), default=0.0),
             "bubble_fraction": (1 - busy / (len(rows) * it)) if it else None,
             "ideal_bubble_ratio": (layout.pp - 1) / (layout.vpp * m)}
     meta = {
@@ -768,7 +783,7 @@ def simulate_microbatch(name: str, order: Order, model: ModelConfig, layout: Lay
         iteration_s=it, mfu=mfu, tgs=tgs, peak_gpu_bytes=max(out.peak_gpu.values()),
         peak_host_bytes_per_node=max(out.peak_host.values()),
         gpu_capacity_bytes=gpu_limit_bytes(profile, layout.alloc_conf), host_capacity_bytes=host_capacity(sched, profile),
-        exposed_copy_s=out.exposed_copy_s, layer_timings=out.layer_timings,
+        exposed_copy_s=max(out.copy_waits.values(), default=0.0), layer_timings=out.layer_timings,
         timeline=tl, failure=failure, contention=contention, sim_wall_s=time.perf_counter() - t0,
         n_ops=out.n_ops, start_gpu_bytes=out.start_gpu.get(worst.index, 0.0),
         end_gpu_bytes=out.end_gpu[worst.index], end_host_bytes=out.end_host[node],
