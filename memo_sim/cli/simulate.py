@@ -193,8 +193,8 @@ def simulate_cmd(plan_file, out_dir, layers_text, profile_override, no_contentio
                        f"busy {fmt_time(st['compute_busy_s'])}"
                        + (f", idle {100 * bub:.1f}% of its work (waiting for other stages' "
                           f"activations and gradients {100 * st['stage_wait_s'] / st['compute_busy_s']:.1f}%; the "
-                          f"rest on its own collectives and copies, a tied embedding's gradient sum, and after its last "
-                          f"op)" if bub is not None else ""))
+                          f"rest on its own collectives and copies, a tied embedding's gradient sum, and after its "
+                          f"last op)" if bub is not None else ""))
         ideal, it = r.pipeline["ideal_bubble_ratio"], r.iteration_s
         rows = r.pipeline["stages"]
         waits = sum(st["stage_wait_s"] for st in rows) / (len(rows) * it) if it else None

@@ -219,7 +219,8 @@ def pipeline_memory(model: ModelConfig, layout: Layout, batch: int, micro_batch:
         # only the last stage holds the classifier (a review: a middle stage's peak was given with the last one's
         # classifier among its terms, which then did not add up to it)
         layer_boundary_bytes=one.layer_boundary_bytes,
-        classifier_peak_bytes=one.classifier_peak_bytes if ws == last else 0.0, peak_gpu_bytes=top, gpu_capacity_bytes=gpu_limit_bytes(profile, layout.alloc_conf),
+        classifier_peak_bytes=one.classifier_peak_bytes if ws == last else 0.0, peak_gpu_bytes=top,
+        gpu_capacity_bytes=gpu_limit_bytes(profile, layout.alloc_conf),
         host_bytes_per_gpu=(max(offloaded) if stage is None else offloaded[ws]) * offload, host_bytes_per_node=host_node,
         host_capacity_bytes=profile.host_capacity(min(layout.gpus, profile.node_gpus)))
     return mem, rows
