@@ -242,8 +242,11 @@ def answer_whatif(req: WhatifRequest, progress=None, while_waiting=None) -> What
             fixed["tp_mode"] = "all"  # a flavour only the framework runs (async TP): memo's own flavours
         try:
             # searched as the what-if searches (a single simulated plan named a plan the plain what-if ranks third)
+            # a --policy asked for is kept as the degrees are (a review: --policy full_recompute compared with memo's
+            # store_all), where memo runs it
+            pols = req.policies if req.policies and set(req.policies) <= set(anyf.policies) else None
             memo_best = rank(same, req.seq, req.gpus, req.profile, simulate_top=req.simulate_top,
-                             allocator_lag=req.allocator_lag, jobs=req.jobs, **fixed).best
+                             allocator_lag=req.allocator_lag, jobs=req.jobs, policies=pols, **fixed).best
         except MemoError as e:  # memo's own search has no layout for the fixed degrees: no comparison line
             if not str(e).startswith(NO_VALID_LAYOUT):
                 raise
