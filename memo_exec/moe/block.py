@@ -2,9 +2,9 @@
 in place of fc1 / act / fc2 on a MoE layer: it reads the layer's ln2 and returns the block's output.
 
 Math (plain PyTorch, autograd inside the block): gate GEMM ``ln2 @ router_w^T (+ router_b)``, the
-model's router (`memo_exec.moe.routers`: scores, deterministic top-k, normalised weights; under a forced or random
-balance the experts are the routing's, `memo_exec.moe.balance`, from each row's position in its sequence,
-`set_balance`, and the layer's index, and the router weighs them), the
+model's router (`memo_exec.moe.routers`: scores, deterministic top-k, weights normalised where the model says so;
+under a forced or random balance the experts are the routing's, `memo_exec.moe.balance`, from each row's position
+in its sequence, `set_balance`, and the layer's index, and the router weighs them), the
 dispatcher (`memo_exec.moe.dispatchers`: ``local``, or ``alltoall``, ``allgather`` or ``deepep`` over the
 expert-parallel group; under a capacity factor each expert's copies, `memo_exec.moe.capacity`),
 the local experts' GEMMs (`memo_exec.moe.experts`; under etp > 1 over the ETP group's gathered copies on this

@@ -9,19 +9,22 @@ forward chose, kept for the backward) selects those
 experts instead of choosing again, so a recompute from a slightly different input never changes
 where tokens go (and so never changes the all-to-all's split sizes). Top-k is deterministic: a
 stable descending sort, so tied scores pick the lower expert index (a tied group the lower group).
-The chosen weights are normalised to sum to 1 (the sim's `memo_sim.model.moe_routers`; not Llama 4's
-``sigmoid_topk``: the sigmoid of each chosen logit as it is, applied to the expert's input, as transformers'
-Llama4TextMoe and Megatron-LM's --moe-apply-probs-on-input do, `memo_exec.moe.block`), then
-multiplied by the model's ``router_scaling`` (DeepSeek-V3's and GLM-4.5's routed_scaling_factor,
-Megatron-LM's --moe-router-topk-scaling-factor).
+The chosen weights are normalised to sum to 1 where the model says so (`ModelConfig.weights_normalised`:
+Hugging Face's norm_topk_prob, Mixtral's, Qwen3-MoE's and DeepSeek-V3's; under softmax routing a softmax over the
+k chosen logits, Megatron-LM's default), else each the score as it is (DeepSeek-V2's and Qwen2-MoE's: the softmax
+over all the experts, Megatron-LM's --moe-router-pre-softmax; Llama 4's ``sigmoid_topk``: the sigmoid of each chosen
+logit, applied to the expert's input, as transformers' Llama4TextMoe and Megatron-LM's --moe-apply-probs-on-input
+do, `memo_exec.moe.block`), then multiplied by the model's ``router_scaling`` (DeepSeek-V3's and GLM-4.5's
+routed_scaling_factor, Megatron-LM's --moe-router-topk-scaling-factor).
 
 Group-limited routing (``router_groups`` / ``router_group_topk``: DeepSeek-V3's n_group / topk_group,
 Megatron-LM's --moe-router-num-groups / --moe-router-group-topk): the experts in equal groups, a group
 scored by the sum of its ``top_k // router_group_topk`` best scores, as Megatron-LM's `group_limited_topk`
 (DeepSeek-V3's top-2 of 8 over 4 groups; at least one score where top_k is below the groups picked), on the
-logits under softmax routing (Megatron-LM's default runs top-k on them before its softmax; HF DeepSeek-V2's greedy
-takes a group's best probability instead), each token's experts the top-k of its ``router_group_topk`` best
-groups.
+logits under normalised softmax routing (Megatron-LM's default runs top-k on them before its softmax), on the
+probabilities under unnormalised softmax routing (--moe-router-pre-softmax runs top-k after it; HF DeepSeek-V2's
+group_limited_greedy takes a group's best probability instead), each token's experts the top-k of its
+``router_group_topk`` best groups.
 The sigmoid router's DeepSeek-V3 correction bias (a buffer for the selection only, updated from the
 loads outside the gradient) starts at zero and is not updated here, so it is left out.
 """
@@ -75,7 +78,7 @@ class Router:
     scaling: float = 1.0
     normalised: bool = True
     on_input: bool = False
-    groups_on_logits: bool = False  # groups scored on the logits (softmax routing), not on the scores
+    groups_on_logits: bool = False  # groups scored on the logits (normalised softmax routing), not on the scores
 
     def __call__(self, logits: torch.Tensor, k: int, idx: torch.Tensor | None = None):
         s = self.scores(logits)
@@ -88,6 +91,6 @@ class Router:
 
 
 def router_for(model: ModelConfig) -> Router:
-    spec = model.moe_router
+    spec, normalised = model.moe_router, model.weights_normalised
     return Router(ROUTERS.get(model.router), model.router_groups, model.router_group_topk, model.router_scaling,
-                  spec.normalised, spec.weights_input, spec.score_function == "softmax")
+                  normalised, spec.weights_input, spec.score_function == "softmax" and normalised)

@@ -151,6 +151,9 @@ def moe_why_not(m) -> list[str]:
         out.append(f"{m.router} router" + (" with groups" if m.router_groups else "")
                    + (f" scaled by {m.router_scaling:g}" if m.router_scaling != 1.0 else "")
                    + " (its gate is a softmax top-k, renormalised)")
+    elif not m.weights_normalised and m.top_k > 1:  # top2gating / topkgating divide by the chosen weights' sum
+        out.append(f"top-{m.top_k} router weights left as the softmax over all the experts gives them (norm_topk_prob "
+                   f"false; its gate renormalises them)")
     if m.shared_experts:
         out.append("shared experts (its --mlp-type residual is a dense MLP mixed in by a learned coefficient)")
     if m.moe_bias:

@@ -57,7 +57,7 @@ def gaps(plan: Plan) -> list[Gap]:
             + dp_flavour_gap(plan, FRAMEWORK) + balance_gap(plan, FRAMEWORK)
             + policy_gaps(plan, _RUNS, notes={"memo": _OFFLOAD_NOTE, "full_offload": _OFFLOAD_NOTE})
             + gemm_format_gap(plan, "megatron") + optimizer_offload_gap(plan, "megatron") + _attention_gaps(plan)
-            + not_modelled_gap(plan))
+            + _router_gaps(plan.model) + not_modelled_gap(plan))
 
 
 def _ulysses_gaps(plan: Plan) -> list[Gap]:
@@ -123,6 +123,37 @@ def _attention_gaps(plan: Plan) -> list[Gap]:
                        f"full causal attention on every layer: add --window-size {m.sliding_window - 1},0 and the "
                        "model's layer pattern as --window-attn-skip-freq by hand"))
     return out
+
+
+def pre_softmax(m) -> bool:
+    """Whether the script writes --moe-router-pre-softmax (TransformerConfig.moe_router_pre_softmax at `SOURCE`: the
+    softmax over every expert, then top-k, the chosen probabilities as they are; without it top-k of the logits,
+    then a softmax over the k: the weights renormalised): softmax routing whose weights are not renormalised
+    (``weights_normalised`` False, norm_topk_prob false: DeepSeek-V2's, Qwen2-MoE's), and softmax top-1, which
+    TransformerConfig refuses without it (a softmax over one logit has no gradient; `_router_gaps` names the weight
+    it gives)."""
+    return m.moe and m.moe_router.score_function == "softmax" and (not m.weights_normalised or m.top_k == 1)
+
+
+def _router_gaps(m) -> list[Gap]:
+    """The chosen routing weights Megatron-Core computes otherwise than the model (topk_routing_with_score_function,
+    megatron/core/transformer/moe/moe_utils.py at `SOURCE`): softmax top-1 renormalised (a weight of 1) runs only
+    under --moe-router-pre-softmax, its weight the probability; a sigmoid router's weights are renormalised exactly
+    where top-k is above 1, whatever the model says (--moe-router-pre-softmax changes nothing there). Llama 4's
+    weight on the input above top-1 is `_attention_gaps`'s."""
+    if not m.moe or (m.moe_router.weights_input and m.top_k > 1):
+        return []
+    norm, k, fn = m.weights_normalised, m.top_k, m.moe_router.score_function
+    if fn == "softmax" and k == 1 and norm:
+        return [Gap("the router's top-1 weight renormalised to 1", "the chosen expert's softmax probability over "
+                    "every expert (--moe-router-pre-softmax: Megatron-Core refuses softmax top-1 without it)")]
+    if fn == "sigmoid" and norm != (k > 1):
+        if k > 1:
+            return [Gap(f"the router's top-{k} sigmoid weights not renormalised (norm_topk_prob false)",
+                        "renormalised to sum to 1: Megatron-Core's sigmoid router renormalises every top-k above 1")]
+        return [Gap("the router's top-1 sigmoid weight renormalised to 1", "the sigmoid of the chosen expert's logit: "
+                    "Megatron-Core's sigmoid router renormalises only a top-k above 1")]
+    return []
 
 
 # how memo's router and balance names read as Megatron-Core options
@@ -192,6 +223,8 @@ def moe_arguments(plan: Plan, lay) -> list[tuple[str, str | None]]:
         args.append(("--moe-router-score-function", r.score_function))
         if r.expert_bias:
             args.append(("--moe-router-enable-expert-bias", None))
+    if pre_softmax(m):  # the chosen weights the softmax over every expert, not renormalised (DeepSeek-V2, Qwen2-MoE)
+        args.append(("--moe-router-pre-softmax", None))
     # the balance loss beside it: per sequence (DeepSeek's seq_aux) or per micro-batch (GShard's); a router balanced
     # by its expert bias without a coefficient has none
     balance = "seq_aux_loss" if m.seq_aux else "aux_loss" if not r.expert_bias or m.aux_loss_coef else "none"

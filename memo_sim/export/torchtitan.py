@@ -424,8 +424,13 @@ def _compile_lines(base: str, compiled: bool, async_tp: bool) -> list[str]:
 def _qwen3_moe_gaps(m) -> list[Gap]:
     """What a model exported as torchtitan's Qwen3 MoE trains otherwise (torchtitan at `SOURCE`): every RMSNorm's
     epsilon is torchtitan/models/qwen3/__init__.py's _EPS, its rotary embedding is unscaled (CosSinRoPE.Config,
-    scaling "none"); its router's auxiliary loss, which no torchtitan MoE has, is `_aux_loss_gaps`'s."""
+    scaling "none"), its router renormalises the top-k weights (_build_qwen3_moe_layers' route_norm=True); its
+    router's auxiliary loss, which no torchtitan MoE has, is `_aux_loss_gaps`'s."""
     out = []
+    if not m.weights_normalised:  # a qwen3_moe config.json's norm_topk_prob false (transformers' default)
+        out.append(Gap(f"the router's top-{m.top_k} weights as the softmax over all the experts gives them, not "
+                       "renormalised (norm_topk_prob false)", "renormalised to sum to 1 (torchtitan's Qwen3 MoE builds "
+                       "its router with route_norm=True)"))
     if m.norm_eps and m.norm_eps != QWEN3_EPS:
         out.append(Gap(f"norm epsilon {m.norm_eps:g}", f"{QWEN3_EPS:g} (torchtitan's Qwen3 sets every RMSNorm's "
                                                         "epsilon to its module's _EPS)"))

@@ -62,6 +62,15 @@ memo-exec builds them there; a Hugging Face config whose dense layers follow nei
 simulator prices every layer's time and activations as a MoE layer's (one repeated layer; each
 what-if names it).
 
+The router's chosen weights (``router_normalised``, Hugging Face's ``norm_topk_prob``): True (the default), the k
+chosen weights renormalised to sum to 1 (Mixtral, Qwen3-MoE, DeepSeek-V3, GLM-4.5, GPT-OSS; under softmax routing
+the same as a softmax over the k chosen logits, Megatron-LM's default); False, each chosen weight the score as the
+router gave it (DeepSeek-V2, Qwen1.5-MoE / Qwen2-MoE: the softmax over all the experts, top-k, not renormalised;
+Megatron-LM's --moe-router-pre-softmax). A router that never normalises (Llama 4's ``sigmoid_topk``,
+`memo_sim.model.moe_routers`) leaves the field unread: `ModelConfig.weights_normalised` is what the executor and
+the exports read. The simulator's cost does not change with it: the same gate GEMM, scores and top-k, and the k
+chosen weights' division per token inside the router's score pass either way (`Router.score_passes`).
+
 Multi-token prediction (``mtp_layers`` D: DeepSeek-V3's and GLM-4.5's ``num_nextn_predict_layers``, Megatron-LM's
 --mtp-num-layers): D modules after the last layer, each predicting one token further. A module is a layer of
 the last layer's kind (a MoE layer for DeepSeek-V3, as Megatron-LM builds and its training.py counts it), the
@@ -111,7 +120,7 @@ _QUIET_DEFAULTS = {"head_dim": 0, "qk_norm": False, "attention_sinks": False, "s
                    "q_lora_rank": 0, "kv_lora_rank": 0, "qk_rope_dim": 0, "v_head_dim": 0, "experts": 0, "top_k": 0,
                    "expert_ffn": 0, "shared_experts": 0, "shared_ffn": 0, "shared_gate": False, "dense_layers": 0,
                    "dense_period": 0, "router": "softmax", "moe_bias": False, "router_groups": 0,
-                   "router_group_topk": 0,
+                   "router_group_topk": 0, "router_normalised": True,
                    "router_scaling": 1.0, "rope_theta": 0.0, "norm_eps": 0.0, "aux_loss_coef": 0.0,
                    "seq_aux": False, "rope_scaling": "", "rotary_fraction": 0.0, "nope_period": 0,
                    "mtp_layers": 0, "not_modelled": "", "swiglu_limit": 0.0,
@@ -171,6 +180,7 @@ class _ModelIn(BaseModel):
     router_groups: Annotated[int, Field(strict=True, ge=0, le=MAX_EXPERTS)] = 0
     router_group_topk: Annotated[int, Field(strict=True, ge=0, le=MAX_EXPERTS)] = 0
     router_scaling: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)] = 1.0
+    router_normalised: bool = Field(True, strict=True)
     rope_theta: Annotated[float, Field(ge=0, le=1e12, allow_inf_nan=False)] = 0.0
     norm_eps: Annotated[float, Field(ge=0, le=1.0, allow_inf_nan=False)] = 0.0
     aux_loss_coef: Annotated[float, Field(ge=0, le=1e3, allow_inf_nan=False)] = 0.0
@@ -339,6 +349,8 @@ class ModelConfig:
     router_groups: int = 0
     router_group_topk: int = 0
     router_scaling: float = 1.0  # the routed experts' output scale (routed_scaling_factor): no cost
+    # the k chosen weights renormalised to sum to 1 (norm_topk_prob; module docs): no cost
+    router_normalised: bool = True
     # numerics the exports write and the simulator does not price (module docs; 0: not stated)
     rope_theta: float = 0.0
     norm_eps: float = 0.0
@@ -470,6 +482,12 @@ class ModelConfig:
     @property
     def moe_router(self) -> Router:
         return router(self.router)
+
+    @property
+    def weights_normalised(self) -> bool:
+        """Whether the k chosen routing weights are renormalised to sum to 1: the model's ``router_normalised``
+        where its router normalises at all (not Llama 4's ``sigmoid_topk``; module docs)."""
+        return self.router_normalised and self.moe_router.normalised
 
     @property
     def moe_layers(self) -> int:
@@ -806,12 +824,12 @@ PRESETS: dict[str, ModelConfig] = {
     "qwen2-moe-a2.7b": ModelConfig("qwen2-moe-a2.7b", 24, 2048, 16, 5632, vocab=151936, ffn_type="swiglu",
                                    norm="rmsnorm", bias="qkv", tied_embeddings=False, experts=60, top_k=4,
                                    expert_ffn=1408, shared_experts=1, shared_ffn=5632, shared_gate=True,
-                                   rope_theta=1e6, norm_eps=1e-6, aux_loss_coef=0.001),
+                                   router_normalised=False, rope_theta=1e6, norm_eps=1e-6, aux_loss_coef=0.001),
     "deepseek-v2-lite": ModelConfig("deepseek-v2-lite", 27, 2048, 16, 10944, vocab=102400, ffn_type="swiglu",
                                     norm="rmsnorm", bias="none", tied_embeddings=False, head_dim=128, kv_lora_rank=512,
                                     qk_rope_dim=64, v_head_dim=128, experts=64, top_k=6, expert_ffn=1408,
-                                    shared_experts=2, shared_ffn=1408, dense_layers=1, rope_theta=10000.0,
-                                    norm_eps=1e-6, aux_loss_coef=0.001, seq_aux=True,
+                                    shared_experts=2, shared_ffn=1408, dense_layers=1, router_normalised=False,
+                                    rope_theta=10000.0, norm_eps=1e-6, aux_loss_coef=0.001, seq_aux=True,
                                     rope_scaling="yarn factor 40, mscale 0.707, mscale_all_dim 0.707, "
                                                  "original_max_position_embeddings 4096, beta_fast 32, beta_slow 1"),
     "deepseek-v3": ModelConfig("deepseek-v3", 61, 7168, 128, 18432, vocab=129280, ffn_type="swiglu", norm="rmsnorm",

@@ -16,6 +16,9 @@ sliding-window attention, attention sinks, biased router and experts), ``glm4_mo
 routing beside grouped-query attention, q/k/v biases, optional QK norms) and ``llama4_text`` (Llama 4: a shared expert
 beside the routed ones, interleaved dense layers, chunked attention); their parameter counts
 match transformers' models built on the meta device (tests/data/hf/moe_param_counts.json).
+A router's ``norm_topk_prob`` (whether its k chosen weights are renormalised to sum to 1) is read as memo's
+``router_normalised`` for the families whose router takes it, each family's default where the file leaves it out
+(`_NORM_TOPK`).
 DeepSeek-V3's and GLM-4.5's multi-token-prediction modules (``num_nextn_predict_layers``) are read as
 ``mtp_layers`` (`memo_sim.model.config`): priced, and left out of the parameter count, as transformers does not
 build them either. A ``quantization_config`` (DeepSeek-V3's fp8
@@ -57,6 +60,12 @@ _GELU = ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "gelu_python", "q
 _DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "bf16": "bf16", "fp16": "fp16",
            "fp32": "fp32", "float": "fp32", "half": "fp16"}
 _MOE_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", "num_experts_per_tok")
+# the families whose router renormalises its k chosen weights as ``norm_topk_prob`` says (memo's router_normalised;
+# each family's default in _DEFAULTS: transformers' configuration classes, Qwen2-MoE's, Qwen3-MoE's and DeepSeek-V2's
+# false, DeepSeek-V3's and GLM-4.5's true; DeepSeek-V2's as DeepSeek's own modeling code reads it, transformers'
+# port leaving them unnormalised whatever the key). Mixtral and GPT-OSS always renormalise (MixtralSparseMoeBlock;
+# GptOssTopKRouter, a softmax over the top-k logits) and Llama 4 never does (its sigmoid): the key is not read there
+_NORM_TOPK = ("qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "glm4_moe")
 
 # Each family's defaults for the fields memo reads (transformers' configuration classes).
 _DEFAULTS: dict[str, dict[str, Any]] = {
@@ -73,20 +82,21 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
                 "num_experts_per_tok": 2},
     "qwen2_moe": {"tie_word_embeddings": False, "hidden_act": "silu", "use_sliding_window": False,
                   "decoder_sparse_step": 1, "mlp_only_layers": [], "num_experts_per_tok": 4, "num_experts": 60,
-                  "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632, "qkv_bias": True},
+                  "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632, "qkv_bias": True,
+                  "norm_topk_prob": False},
     "qwen3_moe": {"tie_word_embeddings": False, "hidden_act": "silu", "use_sliding_window": False,
                   "decoder_sparse_step": 1, "mlp_only_layers": [], "attention_bias": False, "num_experts_per_tok": 8,
-                  "num_experts": 128, "moe_intermediate_size": 768},
+                  "num_experts": 128, "moe_intermediate_size": 768, "norm_topk_prob": False},
     "deepseek_v2": {"tie_word_embeddings": False, "hidden_act": "silu", "attention_bias": False,
                     "first_k_dense_replace": 0, "moe_layer_freq": 1, "n_shared_experts": None, "scoring_func": "softmax",
                     "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
                     "v_head_dim": 128, "num_nextn_predict_layers": 0, "topk_method": "greedy", "n_group": None,
-                    "topk_group": None, "routed_scaling_factor": 1.0},
+                    "topk_group": None, "routed_scaling_factor": 1.0, "norm_topk_prob": False},
     "deepseek_v3": {"tie_word_embeddings": False, "hidden_act": "silu", "attention_bias": False,
                     "first_k_dense_replace": 3, "moe_layer_freq": 1, "n_shared_experts": 1, "scoring_func": "sigmoid",
                     "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
                     "v_head_dim": 128, "num_nextn_predict_layers": 0, "topk_method": "noaux_tc", "n_group": 8,
-                    "topk_group": 4, "routed_scaling_factor": 2.5},
+                    "topk_group": 4, "routed_scaling_factor": 2.5, "norm_topk_prob": True},
     "gpt_oss": {"tie_word_embeddings": False, "hidden_act": "silu", "attention_bias": True, "num_local_experts": 128,
                 "num_experts_per_tok": 4, "sliding_window": 128, "head_dim": 64},
     # transformers 5.24.0's Glm4MoeConfig (head_dim: hidden / heads where absent, as its attention reads it)
@@ -94,7 +104,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
                  "moe_intermediate_size": 1408, "num_experts_per_tok": 8, "n_shared_experts": 1,
                  "n_routed_experts": 128, "routed_scaling_factor": 1.0, "n_group": 1, "topk_group": 1,
                  "first_k_dense_replace": 1, "use_qk_norm": False, "num_nextn_predict_layers": 1,
-                 "partial_rotary_factor": 0.5},
+                 "partial_rotary_factor": 0.5, "norm_topk_prob": True},
     # transformers 5.24.0's Llama4TextConfig
     "llama4_text": {"tie_word_embeddings": False, "hidden_act": "silu", "attention_bias": False, "head_dim": 128,
                     "intermediate_size": 8192, "intermediate_size_mlp": 16384, "num_local_experts": 16,
@@ -534,6 +544,10 @@ def moe_fields(raw: dict, source: str = "config.json", name: str = "hf-model") -
             only = c.get("mlp_only_layers") or []
             if not isinstance(only, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in only):
                 raise refuse("mlp_only_layers", f"must be a list of layer indices, got {only!r}")
+            outside = [i for i in only if not 0 <= i < layers]
+            if outside:  # transformers builds no such layer: a typo, not a dense layer
+                raise refuse("mlp_only_layers", f"index {outside[0]} out of range 0..{layers - 1} (the {layers} "
+                                                f"layers of num_hidden_layers); give indices of layers the model has")
             moe_at = [i for i in range(layers) if i not in only and (i + 1) % step == 0]
         if mt == "qwen2_moe":
             if c.get("qkv_bias", True):
@@ -578,6 +592,12 @@ def moe_fields(raw: dict, source: str = "config.json", name: str = "hf-model") -
                  f"(and Megatron's --moe-layer-freq)")
     if not 1 <= top_k <= experts:
         raise refuse("num_experts_per_tok", f"{top_k} is not between 1 and the {experts} experts")
+    if mt in _NORM_TOPK:
+        norm = c.get("norm_topk_prob")
+        if not isinstance(norm, bool):
+            raise refuse("norm_topk_prob", f"must be true or false, got {norm!r}")
+        if not norm:
+            d["router_normalised"] = False
     if moe_layers == 0:
         raise refuse("num_hidden_layers", "no layer is a MoE layer under this configuration's layer pattern")
     d.update(experts=experts, top_k=top_k, expert_ffn=0 if expert_ffn == d["ffn"] else expert_ffn,

@@ -26,7 +26,9 @@ class Router:
     buffers: str = ""  # learned state kept as a buffer, not a parameter (not counted in the parameters)
     score_function: str = "softmax"  # over the gate's logits (Megatron-Core's --moe-router-score-function)
     expert_bias: bool = False  # a per-expert correction bias balances the loads (--moe-router-enable-expert-bias)
-    normalised: bool = True  # the k chosen weights normalised to sum to 1
+    # the router renormalises the k chosen weights to sum to 1 where the model says so (`ModelConfig.router_normalised`,
+    # Hugging Face's norm_topk_prob); False: never (Llama 4's), whatever the model says
+    normalised: bool = True
     # the chosen weight scales the expert's input, not its output (Llama 4; Megatron-Core's --moe-apply-probs-on-input)
     weights_input: bool = False
 

@@ -2,7 +2,8 @@
 ``--moe-router-score-function sigmoid --moe-router-enable-expert-bias``): a sigmoid per expert, a
 per-expert correction bias added for the selection only (updated outside the gradient, from the
 experts' loads: a buffer, not a parameter), group-limited top-k, and the chosen weights
-normalised. The same fp32 passes as softmax routing; no auxiliary loss term of note."""
+normalised where the model says so (norm_topk_prob: DeepSeek-V3's and GLM-4.5's true). The same fp32 passes as
+softmax routing; no auxiliary loss term of note."""
 
 from __future__ import annotations
 
