@@ -97,9 +97,10 @@ def fit_params(collective: str, g: int, intercept: float, slope: float) -> tuple
     return b / slope, max(0.0, intercept) / a
 
 
-def group_link(profile: HardwareProfile, size: int, stride: int) -> Link:
-    """NVLink for a group inside a node, the inter-node link for one that spans nodes."""
-    return profile.internode if group_spans_nodes(size, stride, profile.node_gpus) else profile.nvlink
+def group_link(profile: HardwareProfile, size: int, stride: int, gpus: int = 0) -> Link:
+    """NVLink for groups inside a node, the inter-node link where one spans nodes (``gpus``: the job's, so that
+    every group is looked at, `memo_sim.layout.parallel.group_spans_nodes`; 0: the first group)."""
+    return profile.internode if group_spans_nodes(size, stride, profile.node_gpus, gpus) else profile.nvlink
 
 
 def link_kind(profile: HardwareProfile, link: Link) -> str:

@@ -54,7 +54,7 @@ from dataclasses import dataclass
 
 from memo_sim.cost import collectives as coll
 from memo_sim.cost.param_split import GpuParams, gpu_params, layer_gpu_params, model_gpu_params
-from memo_sim.layout.parallel import Layout, expert_group_ranks, ranks_per_node, stages_cross_nodes
+from memo_sim.layout.parallel import Layout, expert_group_placements, stages_cross_nodes
 from memo_sim.model.config import ModelConfig
 from memo_sim.profile.schema import HardwareProfile
 
@@ -77,14 +77,21 @@ def params_reduce_time(model: ModelConfig, layout: Layout, profile: HardwareProf
     a pipeline stage's serial reduction of all its gradients at once (``stride`` as in `grad_sync`)."""
     g, gr, t = layout.state_shards, model.recipe.grad_reduce_bytes, 0.0
     if g > 1:
-        link = coll.group_link(profile, g, layout.tp if stride is None else stride)
+        link = coll.group_link(profile, g, layout.tp if stride is None else stride, layout.gpus)
         t += _reduce(layout, gr * (params.local - params.expert_local), g, link)
     ge = layout.expert_dp if model.moe else 1
     if ge > 1 and params.expert_local:
-        ranks = expert_group_ranks(layout, ge, layout.ep * layout.etp)
-        elink = profile.internode if ranks_per_node(ranks, profile.node_gpus) < ge else profile.nvlink
-        t += _reduce(layout, gr * params.expert_local, ge, elink)
+        t += _reduce(layout, gr * params.expert_local, ge, expert_dp_link(layout, ge, profile))
     return t
+
+
+def expert_dp_link(layout: Layout, ge: int, profile: HardwareProfile):
+    """The link of the routed experts' data-parallel groups (``ge`` replicas ``ep x etp`` ranks apart): the
+    inter-node one where any group of any stage spans nodes (`memo_sim.layout.parallel.expert_group_placements`;
+    a review: only the first group of stage 0 was looked at, so stage 1's groups across a node boundary were priced
+    on NVLink)."""
+    places = expert_group_placements(layout, ge, layout.ep * layout.etp, profile.node_gpus)
+    return profile.internode if any(len(p) > 1 for p in places) else profile.nvlink
 
 
 @dataclass(frozen=True)
@@ -139,7 +146,7 @@ def grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile, stri
     """``stride``: how far apart the group's ranks are (default TP; a pipeline stage's replicas where the rank
     order puts them, `memo_sim.layout.rank_order.data_group_stride`)."""
     g = layout.state_shards
-    link = coll.group_link(profile, g, layout.tp if stride is None else stride)
+    link = coll.group_link(profile, g, layout.tp if stride is None else stride, layout.gpus)
     gather_link = link  # where the weights are all-gathered
     ge = layout.expert_dp if model.moe else 1  # the routed experts' replicas (they have their own group)
     shared, shared_link = shared_embedding_seconds(model, layout, profile)
@@ -153,8 +160,8 @@ def grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile, stri
             return 0.0
     elif shard != g:  # HSDP (`memo_sim.dp.fsdp`): reduce-scatter over the shard group, all-reduce the shard across replicas
         replicas = g // shard
-        s_link = coll.group_link(profile, shard, layout.tp)
-        r_link = coll.group_link(profile, replicas, layout.tp * shard)
+        s_link = coll.group_link(profile, shard, layout.tp, layout.gpus)
+        r_link = coll.group_link(profile, replicas, layout.tp * shard, layout.gpus)
         link = r_link if r_link is profile.internode else s_link
 
         def reduce(nbytes: float) -> float:
@@ -178,8 +185,7 @@ def grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile, stri
     gather = _gather(w * layer_p, g, gather_link) if layout.zero >= 1 and g > 1 else 0.0
     layer_r, all_r = reduce(gr * layer_p), reduce(gr * all_p)
     if ge > 1:  # the routed experts over their own replicas, where the expert ranks sit (module docs)
-        ranks = expert_group_ranks(layout, ge, layout.ep * layout.etp)
-        elink = profile.internode if ranks_per_node(ranks, profile.node_gpus) < ge else profile.nvlink
+        elink = expert_dp_link(layout, ge, profile)
         if elink is profile.internode:
             link = elink
         layer_r += _reduce(layout, gr * layer.expert_local, ge, elink)

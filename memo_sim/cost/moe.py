@@ -18,7 +18,10 @@ and weight-gradient GEMMs, twice the forward, as for every layer GEMM.
 
 Collectives. An all-to-all over EP moves each rank's top-k copies (``routed``): of its ``size``
 bytes, the share bound for ranks on the same node rides NVLink and the rest the inter-node link,
-at the same time, so it takes the longer of the two (`ep_alltoall_time`). All-gathers and
+at the same time, so it takes the longer of the two (`ep_alltoall_time`). Every group of the layout is looked at
+(`group_placements`): where a group crosses a node boundary (EP 6 on nodes of 8: ranks 6-11) its rank with the
+fewest peers on its node sends the most over the inter-node link, and the step waits for it; a group's collective
+rides the inter-node link where any group spans nodes (`step_link`). All-gathers and
 reduce-scatters over ETP (routed copies) or ETP x EP (each token once: the all-gather
 dispatcher) are rings on their group's link (`memo_sim.cost.collectives`); DeepEP's deduplicated
 all-to-all sends each token over the inter-node link once per destination node and over NVLink once per
@@ -33,6 +36,12 @@ it to fewer of them (`nodes_hit`); a plain all-to-all moves every routed copy ei
 fewer SMs, overlap of the all-to-all with compute (Megatron-Core's ``--overlap-moe-expert-parallel-comm``,
 DeepEP), FP8 dispatch, token dropping's savings below capacity, the routing map and probabilities the all-gather
 dispatcher gathers beside the tokens (k fp32 values per token).
+
+Buffers. A rank receives the dispatch's tokens, and the combine sends the expert outputs from, a buffer the
+dispatcher sizes itself (`dispatcher_buffer_bytes`): the bytes of its ``buffer_step``, as that step is priced
+(`step_bytes`): the all-to-all's routed copies, the all-gather dispatcher's whole ETP x EP group's tokens (its
+gather's output, and the unpermuted outputs its reduce-scatter starts from). The memory planner's layer traces
+allocate it (`memo_sim.memplan.trace_gen`).
 """
 
 from __future__ import annotations
@@ -46,7 +55,7 @@ from memo_sim.cost.kernel_time import memory_bound_op_time
 from memo_sim.cost.opcost import OpCost
 from memo_sim.layout.moe_dispatchers import Step
 from memo_sim.layout.moe_dispatchers.base import GROUPS
-from memo_sim.layout.parallel import Layout, expert_group_ranks, ranks_per_node
+from memo_sim.layout.parallel import Layout, expert_group_placements
 from memo_sim.model.config import ModelConfig
 from memo_sim.model.layer_graph import DTYPE_BYTES, OpSpec
 from memo_sim.profile.schema import HardwareProfile, Link
@@ -101,31 +110,41 @@ def group_size_stride(group: str, layout: Layout) -> tuple[int, int]:
     return layout.etp * layout.ep, 1
 
 
-def _group_ranks(group: str, layout: Layout) -> list[int]:
+def group_placements(group: str, layout: Layout, profile: HardwareProfile) -> tuple[tuple[int, ...], ...]:
+    """How every group of a dispatcher group kind sits on the profile's nodes (each placement its ranks' counts
+    per node; `memo_sim.layout.parallel.expert_group_placements`: every group of every stage, memoised)."""
     g, stride = group_size_stride(group, layout)
-    return expert_group_ranks(layout, g, stride)
+    return expert_group_placements(layout, g, stride, profile.node_gpus)
 
 
 def step_link(step_group: str, layout: Layout, profile: HardwareProfile) -> Link:
-    """The link a dispatcher group's collective rides: the inter-node link for a group over nodes
-    (`memo_sim.layout.parallel.expert_group_ranks`: where the expert ranks sit), NVLink otherwise."""
-    ranks = _group_ranks(step_group, layout)
-    return profile.internode if ranks_per_node(ranks, profile.node_gpus) < len(ranks) else profile.nvlink
+    """The link a dispatcher group's collective rides: the inter-node link where any group of the layout spans
+    nodes (`group_placements`: the step waits for its slowest group), NVLink otherwise."""
+    spans = any(len(p) > 1 for p in group_placements(step_group, layout, profile))
+    return profile.internode if spans else profile.nvlink
+
+
+def _alltoall_rank_time(size: float, g: int, local: int, profile: HardwareProfile) -> float:
+    """An EP rank's all-to-all of ``size`` bytes with ``local`` of the group's ``g`` ranks (itself included) on
+    its node (module docs)."""
+    if local >= g:
+        return coll.alltoall_time(size, g, *coll.link_params(profile.nvlink, "all_to_all"))
+    nv_bw, nv_lat = coll.link_params(profile.nvlink, "all_to_all")
+    ib_bw, ib_lat = coll.link_params(profile.internode, "all_to_all")
+    t_nv = (local - 1) * (nv_lat + size / (g * nv_bw))
+    t_ib = (g - local) * ib_lat + size * (g - local) / (g * ib_bw)
+    return max(t_nv, t_ib)
 
 
 def ep_alltoall_time(size: float, layout: Layout, profile: HardwareProfile) -> float:
     """An all-to-all of ``size`` bytes per rank over the EP group: the peers on the node over NVLink,
-    the others over the inter-node link, both at once (module docs)."""
+    the others over the inter-node link, both at once (module docs); the slowest rank of every EP group of the
+    layout (`group_placements`: a group across a node boundary has ranks with few peers on their node)."""
     g = layout.ep
     if g <= 1:
         return 0.0
-    local = ranks_per_node(_group_ranks("ep", layout), profile.node_gpus)  # EP peers on one node, self included
-    if local >= g:
-        return coll.alltoall_time(size, g, *coll.link_params(profile.nvlink, "all_to_all"))
-    (nv_bw, nv_lat), (ib_bw, ib_lat) = (coll.link_params(lk, "all_to_all") for lk in (profile.nvlink, profile.internode))
-    t_nv = (local - 1) * (nv_lat + size / (g * nv_bw))
-    t_ib = (g - local) * ib_lat + size * (g - local) / (g * ib_bw)
-    return max(t_nv, t_ib)
+    locals_ = {c for p in group_placements("ep", layout, profile) for c in p}  # EP peers on a rank's node, self in
+    return max(_alltoall_rank_time(size, g, c, profile) for c in locals_)
 
 
 def nodes_hit(nodes: int, top_k: int, groups: int = 0, group_topk: int = 0) -> float:
@@ -158,15 +177,26 @@ def ep_alltoall_dedup_time(tokens: float, top_k: int, token_bytes: float, layout
     g = layout.ep
     if g <= 1:
         return 0.0
-    per_node = ranks_per_node(_group_ranks("ep", layout), profile.node_gpus)  # EP ranks on one node
-    nodes = -(-g // per_node)
-    nv, ib = profile.nvlink, profile.internode
     sends = tokens * g * nodes_hit(g, top_k, groups, group_topk)  # one per EP rank a token reaches
+    return max(_dedup_rank_time(tokens, sends, top_k, token_bytes, g, p, i, profile, groups, group_topk)
+               for p in group_placements("ep", layout, profile) for i in range(len(p)) if p.index(p[i]) == i)
+
+
+def _dedup_rank_time(tokens: float, sends: float, top_k: int, token_bytes: float, g: int, placement: tuple[int, ...],
+                     at: int, profile: HardwareProfile, groups: int, group_topk: int) -> float:
+    """`ep_alltoall_dedup_time` for a rank on the ``at``-th node of its group's ``placement`` (its ranks per node):
+    the other nodes it reaches, each with the chance one of a token's experts is there (`nodes_hit` where the
+    group's nodes hold as many of its ranks each, 1 - (1 - c / g)^k for a node holding c of them otherwise)."""
+    nv, ib = profile.nvlink, profile.internode
+    per_node, nodes = placement[at], len(placement)
     t_nv = (per_node - 1) * float(nv.latency) + sends * token_bytes * (per_node - 1) / per_node / float(nv.bandwidth)
     if nodes <= 1:
         return t_nv
-    hit = nodes_hit(nodes, top_k, groups, group_topk)
-    t_ib = (nodes - 1) * float(ib.latency) + tokens * token_bytes * (nodes - 1) * hit / float(ib.bandwidth)
+    if len(set(placement)) == 1:
+        remote = (nodes - 1) * nodes_hit(nodes, top_k, groups, group_topk)
+    else:
+        remote = sum(1.0 - (1.0 - c / g) ** top_k for j, c in enumerate(placement) if j != at)
+    t_ib = (nodes - 1) * float(ib.latency) + tokens * token_bytes * remote / float(ib.bandwidth)
     return max(t_nv, t_ib)
 
 
@@ -181,6 +211,16 @@ def step_bytes(step: Step, model: ModelConfig, layout: Layout, batch: int, seq: 
     if step.collective in ("alltoall", "alltoall_dedup"):
         return copies * d
     return copies * layout.etp * d  # the ETP group's copies, gathered on every ETP rank
+
+
+def dispatcher_buffer_bytes(op_name: str, model: ModelConfig, layout: Layout, batch: int, seq: int,
+                            fraction: float = 1.0) -> float:
+    """A rank's receive buffer of the layer graph's ``dispatch`` or ``combine`` op (and of its gradients in the
+    backward: the transpose moves the same bytes), in the model dtype: the bytes of the step the dispatcher names
+    for it (`memo_sim.layout.moe_dispatchers.base.Dispatcher.buffer_step`), as its collective is priced
+    (`step_bytes`): the all-to-all's routed copies (gathered over ETP), the all-gather dispatcher's every token of
+    the ETP x EP group."""
+    return step_bytes(layout.dispatcher.buffer_step(op_name), model, layout, batch, seq, fraction)
 
 
 def step_cost(op: OpSpec, step: Step, model: ModelConfig, layout: Layout, batch: int, seq: int,

@@ -401,12 +401,12 @@ def stage_optimizer_time(model: ModelConfig, layout: Layout, stage: int, profile
 @memoised_by(lambda model, layout, profile: (model, layout.state_shards, layout.tp, layout.zero, layout.grad_overlap,
                                             layout.stage_stride, layout.pp, layout.ep, layout.etp, layout.dp_mode,
                                             layout.rank_order, layout.fsdp_shard, layout.reshard_after_forward,
-                                            profile_key(profile)))
+                                            layout.gpus, layout.dp, profile_key(profile)))
 def stage_grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile) -> GradSync:
     """Data-parallel collectives of one stage: over the stage's dp replicas, where the rank order puts them
     (`memo_sim.layout.rank_order.data_group_stride`; `memo_sim.cost.grad_sync`; memoised by what that reads: the
     group, TP, ZeRO, the overlap, the stride, the order and the stage count, whose end stages may share the
-    embedding)."""
+    embedding, and the job's GPUs, over which every group's link is looked at)."""
     return grad_sync(model, layout, profile, stride=data_group_stride(layout))
 
 

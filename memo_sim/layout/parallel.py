@@ -2,8 +2,9 @@
 
 Rank order (``rank_order``, `memo_sim.layout.rank_order`), innermost first: TP, Ulysses, CP, DP, PP by default
 (every framework's), or TP, Ulysses, CP, PP, DP (Megatron-LM's ``--use-tp-pp-dp-mapping``). So a TP group is
-``tp`` consecutive GPUs (kept inside a node), and a group of degree g whose ranks are ``stride`` apart spans nodes
-when ``g * stride > gpus_per_node``.
+``tp`` consecutive GPUs (kept inside a node), and the groups of degree g whose ranks are ``stride`` apart span nodes
+when ``g * stride > gpus_per_node``, or where their blocks of g x stride ranks do not divide a node and one of them
+crosses a node boundary (`group_spans_nodes`; expert groups, over a stage's GPUs: `expert_group_placements`).
 
 Pipeline parallelism (``pp``; the schedules of `memo_sim.layout.schedule`: 1F1B, interleaved
 1F1B with ``vpp`` model chunks per rank, SPPO): the model's layers are split evenly into ``pp``
@@ -465,8 +466,20 @@ class _LayoutIn(BaseModel):
         return self
 
 
-def group_spans_nodes(size: int, stride: int, gpus_per_node: int) -> bool:
-    return size > 1 and size * stride > gpus_per_node
+def group_spans_nodes(size: int, stride: int, gpus_per_node: int, gpus: int = 0) -> bool:
+    """Whether any group of ``size`` ranks ``stride`` apart spans nodes, the groups tiling the ranks in blocks of
+    size x stride consecutive ones from rank 0 (TP, Ulysses, CP, a stage's data group): a block larger than a node,
+    or, over the job's ``gpus`` ranks, a block across a node boundary (each then holds a group across it: blocks
+    of 6 on nodes of 8 over 24 GPUs, ranks 6-11 and 12-17). ``gpus`` 0 (a caller that does not know the job's
+    size): the first block only, which speaks for every block where the block divides a node or is larger than
+    one."""
+    block = size * stride
+    if size <= 1 or block > gpus_per_node:
+        return size > 1
+    if not gpus or gpus_per_node % block == 0:
+        return False
+    period = block * (gpus_per_node // math.gcd(block, gpus_per_node))  # the blocks' places on nodes repeat
+    return any(a // gpus_per_node != (a + block - 1) // gpus_per_node for a in range(0, min(gpus, period), block))
 
 
 def stage_rank(layout: Layout, i: int) -> int:
@@ -486,8 +499,47 @@ def stage_shard(layout: Layout) -> Layout:
 
 def expert_group_ranks(layout: Layout, size: int, stride: int) -> list[int]:
     """Global ranks of the first expert group of ``size`` ranks ``stride`` apart in the stage's GPU order
-    (EP: size ep, stride etp; ETP: etp, 1; the expert data-parallel group: expert_dp, etp x ep)."""
+    (EP: size ep, stride etp; ETP: etp, 1; the expert data-parallel group: expert_dp, etp x ep). The first group
+    alone: where the groups sit over nodes, every group of every stage, is `expert_group_placements`."""
     return [stage_rank(layout, k * stride) for k in range(size)]
+
+
+def expert_group_placements(layout: Layout, size: int, stride: int, gpus_per_node: int) -> tuple[tuple[int, ...], ...]:
+    """How every expert group of ``size`` ranks ``stride`` apart in a stage's GPU order (as `expert_group_ranks`)
+    sits on the nodes, over every group of every pipeline stage: the distinct placements, each the counts of the
+    group's ranks on the nodes it touches, largest first (``(6,)`` a group inside a node, ``(4, 2)`` one of 6 ranks
+    across a boundary). What depends on where a group sits (its link, its all-to-all's inter-node share) is priced
+    by the worst of them: a collective's step waits for its slowest group. Memoised on the degrees; only the groups
+    of one period of the placements are looked at (module ``_group_placements``)."""
+    return _group_placements(size, stride, layout.stage_stride * layout.dp, layout.stage_stride,
+                             replica_stride(layout), pp_stride(layout), layout.pp, gpus_per_node)
+
+
+@lru_cache(maxsize=8192)
+def _group_placements(size: int, stride: int, stage_gpus: int, stage_stride: int, rep_stride: int,
+                      stage_step: int, pp: int, gpus_per_node: int) -> tuple[tuple[int, ...], ...]:
+    """`expert_group_placements` from the degrees: stage s's i-th GPU is rank s x ``stage_step`` + `stage_rank`
+    (i), and the groups tile the stage's GPU order in blocks of size x stride. Moving a group on by t GPUs of the
+    stage's order (a multiple of the block, and of a replica's ``stage_stride`` where the replicas are not
+    consecutive) moves its ranks on by a fixed count, so the placements repeat once that count reaches a multiple
+    of the node; the stages' offsets repeat likewise: a million-GPU layout looks at a few nodes' groups."""
+    node = gpus_per_node
+    block = size * stride
+    consecutive = rep_stride == stage_stride  # stage_rank(i) = i
+    t = block if consecutive else math.lcm(block, stage_stride)
+    shift = t if consecutive else t // stage_stride * rep_stride
+    end = min(stage_gpus, t * (node // math.gcd(shift, node)))
+    out: set[tuple[int, ...]] = set()
+    for s in range(min(pp, node // math.gcd(stage_step, node))):
+        for first in range(0, end, block):
+            for o in range(stride):
+                counts: dict[int, int] = {}
+                for k in range(size):
+                    i = first + o + k * stride
+                    n = (s * stage_step + (i // stage_stride) * rep_stride + i % stage_stride) // node
+                    counts[n] = counts.get(n, 0) + 1
+                out.add(tuple(sorted(counts.values(), reverse=True)))
+    return tuple(sorted(out))
 
 
 def ranks_per_node(ranks: list[int], gpus_per_node: int) -> int:
@@ -802,8 +854,8 @@ def _dp_variants(lay: Layout, dp_modes: tuple[str, ...], gpus_per_node: int) -> 
     if "fsdp" in dp_modes:
         n = lay.state_shards
         node = gpus_per_node // lay.tp if gpus_per_node % lay.tp == 0 else 0  # the group's ranks on one node
-        shards = [0] + ([node] if 2 <= node < n and n % node == 0 and group_spans_nodes(n, lay.tp, gpus_per_node)
-                        else [])
+        spans = group_spans_nodes(n, lay.tp, gpus_per_node, lay.gpus)
+        shards = [0] + ([node] if 2 <= node < n and n % node == 0 and spans else [])
         # FSDP over the whole group with resharding is ZeRO-3 to the byte and the second: tried as ZeRO-3 where both run
         out += [replace(lay, dp_mode="fsdp", fsdp_shard=sh, reshard_after_forward=rs)
                 for sh in shards for rs in (True, False) if not (sh == 0 and rs and "zero" in dp_modes)]

@@ -49,6 +49,7 @@ from functools import lru_cache
 from memo_sim.cost.activations import skeletal_bytes, tensor_bytes, tokens_per_gpu
 from memo_sim.cost.attention_kernel import score_matrices
 from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS, classifier_peak_bytes
+from memo_sim.cost.moe import dispatcher_buffer_bytes
 from memo_sim.layout.parallel import Layout
 from memo_sim.layout.ring_merge import ring_merge
 from memo_sim.cost.metp import block_sizes
@@ -234,8 +235,8 @@ def _layer_forward_trace(model: ModelConfig, layout: Layout, batch: int, seq: in
                 rings.add(group)
                 RING_TRACES[group].forward(b, bs, layout.tp, tb, DTYPE_BYTES[model.dtype])
             continue
-        if op.kind == "moe_comm":  # the dispatcher's receive buffer (its output replaces its input)
-            b.alloc(f"{op.name}_recv", tb[op.inputs[0]])
+        if op.kind == "moe_comm":  # the dispatcher's receive buffer, as it sizes it (its output replaces its input)
+            b.alloc(f"{op.name}_recv", dispatcher_buffer_bytes(op.name, model, layout, batch, seq))
             b.tick()
             b.free(f"{op.name}_recv")
             continue
@@ -299,8 +300,8 @@ def _layer_backward_trace(model: ModelConfig, layout: Layout, batch: int, seq: i
             b.tick()  # residual: gradient flows through unchanged (accumulated in place)
             continue
         if op.kind == "moe_comm" or set(op.outputs) <= set(op.inputs):
-            if op.kind == "moe_comm":  # the gradients' exchange: a receive buffer
-                b.alloc(f"{op.name}_grad_recv", tb[op.inputs[0]])
+            if op.kind == "moe_comm":  # the gradients' exchange (the transpose): a buffer of the forward's size
+                b.alloc(f"{op.name}_grad_recv", dispatcher_buffer_bytes(op.name, model, layout, batch, seq))
                 b.tick()
                 b.free(f"{op.name}_grad_recv")
             else:

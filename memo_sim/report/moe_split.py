@@ -14,6 +14,7 @@ from pathlib import Path
 from memo_sim.cost.activations import tensor_bytes
 from memo_sim.cost.layer_time import backward_costs, forward_costs
 from memo_sim.cost.memory import model_state_parts
+from memo_sim.cost.moe import dispatcher_buffer_bytes
 from memo_sim.cost.opcost import base_op_name
 from memo_sim.cost.sppo import stage_model_state_bytes
 from memo_sim.layout.parallel import Layout, stage_shard
@@ -82,7 +83,8 @@ def moe_split(model: ModelConfig, layout: Layout, batch: int, seq: int, profile:
     other = sum(tb[n] for n, t in tens.items() if t.saved and not t.routed and t.role != "lse")
     memory = {"dense states": round(states - expert_states), "expert states": round(expert_states),
               # the dispatcher's receive buffers of one layer (dispatch and combine; `memo_sim.memplan.trace_gen`)
-              "dispatch buffers": tb.get("moe_in", 0.0) + tb.get("efc2", 0.0),
+              "dispatch buffers": sum(dispatcher_buffer_bytes(op, model, layout, batch, seq)
+                                      for op in ("dispatch", "combine")),
               # what one layer saves for its backward (its policy keeps, offloads or rebuilds them)
               "expert activations (one layer)": routed,
               "other activations (one layer)": other}

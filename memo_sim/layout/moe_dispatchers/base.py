@@ -45,3 +45,14 @@ class Dispatcher:
     combine: tuple[Step, ...]
     megatron: str  # --moe-token-dispatcher-type
     megatron_backend: str = ""  # --moe-flex-dispatcher-backend (the flex dispatcher's)
+
+    def buffer_step(self, op: str) -> Step:
+        """The step whose bytes a rank's receive buffer of the layer graph's ``dispatch`` / ``combine`` op holds
+        (`memo_sim.cost.moe.dispatcher_buffer_bytes` sizes it, as the step is priced): dispatch's last step's
+        output (the tokens as they arrive: the all-to-all's routed copies, gathered over ETP; the all-gather
+        dispatcher's tokens of the whole ETP x EP group, before it picks its local experts' copies out), combine's
+        first step's input (the outputs as they leave: the all-gather dispatcher's unpermuted group-sized buffer,
+        which it reduce-scatters)."""
+        if op not in ("dispatch", "combine"):
+            raise ValueError(f"a dispatcher's buffers are its dispatch's and its combine's, not {op!r}")
+        return self.dispatch[-1] if op == "dispatch" else self.combine[0]
