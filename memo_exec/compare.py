@@ -118,14 +118,21 @@ def sim_memory_breakdown(plan, layers: int) -> dict | None:
     """The simulator's memory breakdown for the plan with ``layers`` layers (``to_dict()``), or None
     when it cannot be computed; a micro-batch pipeline's is stage 0's, in the plan's schedule and
     micro-batch (`memo_sim.search.pipeline.pipeline_memory`): rank 0 holds stage 0, and its estimate is
-    what the terms are compared with (the plan's peak, the fullest stage's, is the totals' row)."""
+    what the terms are compared with (the plan's peak, the fullest stage's, is the totals' row); an SPPO plan's
+    (any ``pp``) is stage 0's of the SPPO walk (`memo_sim.memplan.footprint.sppo_memory`, the plan's own
+    ``memory_breakdown_bytes`` where stage 0 is the fullest), not the single-stage `memory_breakdown`, which
+    prices a whole layer's activations for one sequence and none of the SPPO pieces."""
     try:
         from memo_sim.api import load_profile, memory_breakdown, pipeline_memory  # noqa: PLC0415
         from memo_sim.errors import MemoError  # noqa: PLC0415
+        from memo_sim.memplan.footprint import sppo_memory  # noqa: PLC0415
     except ImportError:
         return None
     model = dataclasses.replace(plan.model, layers=layers)
     try:
+        if plan.schedule == "sppo":
+            pm = sppo_memory(model, plan.layout, plan.batch, plan.seq_tokens, plan.policy, load_profile(plan.profile))
+            return pm.stages[0].breakdown.to_dict()
         if plan.layout.pp > 1 and plan.schedule in ("1f1b", "interleaved_1f1b"):
             mem, _rows = pipeline_memory(model, plan.layout, plan.batch, plan.micro_batch, plan.seq_tokens, plan.policy,
                                          load_profile(plan.profile), plan.schedule, stage=0)

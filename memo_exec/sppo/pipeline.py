@@ -314,8 +314,11 @@ class StageRunner:
         mine = w.grad.detach().clone()
         theirs = torch.empty_like(mine)
         what = f"tied embedding gradient of stage {other}"
-        self._wait(post([(peer, mine)], [(peer, theirs)], self.group, guard=self.guard,
-                        name=f"tied_embedding_grad from stage {other}", received=[what]))
+        # one span on dp_comm, as the 1F1B executor's (`memo_exec.pipeline.schedules`): the simulator's op of the
+        # same sum (`memo_sim.cost.grad_sync.shared_embedding_seconds`)
+        with self._span("sum_shared_embedding_grad", "comm", stream="dp_comm"):
+            self._wait(post([(peer, mine)], [(peer, theirs)], self.group, guard=self.guard,
+                            name=f"tied_embedding_grad from stage {other}", received=[what]))
         if self.guard is not None:
             self.guard.access("tied embedding gradient sum", [Region.of(theirs, "the received tied gradient", what)])
         w.grad.add_(theirs)
