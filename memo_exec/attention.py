@@ -532,6 +532,13 @@ def meta_stand_in(name: str) -> AttentionBackend:
     return MathAttention() if name == "math" else _MetaFlashAttn() if name == "flash_attn" else SDPAFlash()
 
 
+def device_why_not(name: str, device) -> None:
+    """Refuse, in one line, an attention backend that needs CUDA on another device (every run alike: one device,
+    a TP rank, or a ring CP rank, whose ring runs its own kernel)."""
+    if device.type != "cuda" and name in CUDA_ONLY:
+        raise BackendError(f"attention backend {name} needs a CUDA device (on CPU use math or sdpa_flash)")
+
+
 def select_backend(name: str, device: torch.device, dtype: torch.dtype, dims: AttnDims,
                    run_probe: bool = True, prefer: tuple[str, ...] = ()) -> AttentionBackend:
     """The backend ``name`` (or, for ``auto``, the first that works here: on CUDA ``prefer`` first,
@@ -548,8 +555,7 @@ def select_backend(name: str, device: torch.device, dtype: torch.dtype, dims: At
             except BackendError as e:
                 errors.append(str(e))
         raise BackendError("no attention backend runs here: " + "; ".join(errors))
-    if device.type != "cuda" and name in CUDA_ONLY:
-        raise BackendError(f"attention backend {name} needs a CUDA device (on CPU use math or sdpa_flash)")
+    device_why_not(name, device)
     why = _CLASSES[name].why_not(dims)
     if why:
         raise BackendError(why)

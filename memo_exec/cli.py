@@ -119,6 +119,9 @@ def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens
                       tokens_file=tokens_file, seed=seed, lr=lr, use_memory_plan=not no_memory_plan, profile=profile)
     # what check-plan refuses, refused here too, before anything runs (every rank alike under torchrun)
     plan = read_plan(plan_file)
+    from memo_exec.alloc_settings import set_env  # noqa: PLC0415
+
+    set_env(plan.layout, device)  # before anything touches CUDA (the ranks --nproc launches inherit it)
     check_plan_contract(plan, plan_file, not no_memory_plan, device, attention_backend)
     if in_torchrun():
         from memo_exec.distributed.launch import CommFailure, run_rank  # noqa: PLC0415
@@ -134,11 +137,17 @@ def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
+    mp = plan.memory_plan  # said once the run has run (an error stays the one line a refusal prints)
+    warn = (f"warning: {plan_file}: memory_plan is missing: the {plan.policy.label()} plan's scratch ran on the "
+            f"caching allocator, not the static memory plan the simulator priced; re-create the plan with memo-sim "
+            f"whatif, or pass --no-memory-plan" if getattr(plan.policy, "static_memory_plan", False)
+            and not no_memory_plan and (mp is None or not mp.phases) else None)
     use_profile(plan, profile)  # a profile that does not load stops here, before anything runs
     if profile is None:  # the plan's own, as check-plan loads it (a review: a plan check-plan refused ran here)
         _plan_profile_loads(plan, plan_file)
     if nproc is None and plan.layout.gpus == 1 and distributed_only(plan):  # e.g. SPPO with pp = 1
         _run_one_process(plan_file, opts, out_dir, as_json, pg_timeout, progress)
+        _warn(warn)
         return
     if nproc is not None:
         from memo_exec.distributed.launch import backend_for, launch_nproc, rank_device  # noqa: PLC0415
@@ -169,6 +178,7 @@ def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens
         append_run_share(os.path.join(str(outf.stage), "report.md"), meter.result, rank_device(device, 0).kind)
         outf.commit()
         _say(said)  # rank 0's summary (or --json document), once every output is in place
+        _warn(warn)
         return
     if plan.layout.gpus > 1:
         run_model(plan, opts)  # what no process count runs (FP8 GEMMs, a compiled plan, ...): said, not --nproc
@@ -176,6 +186,12 @@ def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens
 
         raise ExecError(multi_device_words(plan, plan_file, rank_device(device, 0).kind))
     _run_single(plan, plan_file, opts, out_dir, as_json, progress)
+    _warn(warn)
+
+
+def _warn(line: str | None) -> None:
+    if line:
+        click.echo(line, err=True)
 
 
 def _plan_profile_loads(plan, plan_file) -> None:
@@ -275,14 +291,16 @@ def _run_single(plan, plan_file, opts, out_dir, as_json, progress) -> None:
         doc = {"model": res.meta["model"], "policy": res.meta["policy"], "device": res.meta["device"],
                "layers": res.meta["layers"], "tokens": res.meta["tokens"], "steady_state": st,
                "losses": [s["loss"] for s in res.summaries], "speed_probe": res.meta.get("speed_probe"),
-               **comparison.to_dict(), "notes": [note] if note else [],
+               **comparison.to_dict(),
+               "notes": [n for n in (note, res.meta.get("allocator_settings_note")) if n],
                "files": {k: str(v) for k, v in paths.items()}}
         _say(json.dumps(doc, indent=1, default=float) + "\n")
         return
     _say(f"{res.meta['model']} {res.meta['policy']} on {res.meta['device']}: "
          f"{st['iteration_s']:.4f} s/iteration, {res.meta['tokens'] / st['iteration_s']:,.0f} tokens/s, "
          f"loss {res.summaries[-1]['loss']:.4f}\n"
-         f"wrote {paths['report']}, {paths['measured']}, {paths['trace']}\n")
+         f"wrote {paths['report']}, {paths['measured']}, {paths['trace']}\n"
+         + (f"{res.meta['allocator_settings_note']}\n" if res.meta.get("allocator_settings_note") else ""))
     if note:
         click.echo(note, err=True)
 
@@ -409,7 +427,12 @@ def validate_cmd(profile_name, model_name, layers, hidden, heads, ffn, vocab, dt
 
     why = expert_why_not(layout, model)
     if why:  # a layout that does not fit the model: one line before anything runs
-        raise click.BadParameter(why + _expert_ranks_fix(layout), param_hint="--ep")
+        raise click.BadParameter(why + _expert_ranks_fix(layout, model), param_hint="--ep")
+    if model.layers % pp:  # validate splits the layers evenly (no first / last stage counts of its own)
+        fit = [k for k in range(1, model.layers + 1) if model.layers % k == 0]
+        raise click.BadParameter(f"{model.layers} layers do not split evenly into {pp} pipeline stages (validate "
+                                 f"splits them evenly): give --layers a multiple of {pp}, or --pp "
+                                 f"{', '.join(map(str, fit))}", param_hint="--pp")
     from memo_exec.validate import batch_split  # noqa: PLC0415
     from memo_sim.layout.parallel import check_layout  # noqa: PLC0415
     from memo_sim.layout.schedule import check_schedule  # noqa: PLC0415
@@ -446,11 +469,14 @@ def validate_cmd(profile_name, model_name, layers, hidden, heads, ffn, vocab, dt
         click.echo(f"note: attention priced {summary['attention_pricing']}", err=True)
 
 
-def _expert_ranks_fix(layout) -> str:
+def _expert_ranks_fix(layout, model) -> str:
     """What to give validate when its expert ranks do not fold into a stage's ranks (etp x ep must divide
-    tp x cp x dp): the smallest --dp that holds them, or '' where that is not what failed."""
+    tp x cp x dp): the smallest --dp that holds them, or '' where that is not what failed; on a dense model, a
+    MoE --model (no --dp makes a dense model's experts)."""
     import math  # noqa: PLC0415
 
+    if not model.moe:
+        return "; --ep needs a MoE model: give --model with experts (e.g. --model qwen2-moe-a2.7b), or drop --ep"
     need, stage = layout.ep * layout.etp, layout.stage_stride
     if (stage * layout.dp) % need == 0:
         return ""

@@ -617,7 +617,12 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
             L.append("- plan names this executor accepts but does not place: " +
                      "; ".join(f"{k} ({v})" for k, v in mp["plan_names_not_placed"].items()))
     else:
-        L.append("- memory plan: none (every scratch tensor from the caching allocator)")
+        why = m.get("memory_plan_not_used")  # the distributed rank's reason (`DistExecutor._arena_why_not`)
+        L.append(f"- memory plan: none ({why + ': ' if why else ''}every scratch tensor from the caching allocator)")
+    if m.get("allocator_settings"):  # the plan's (`memo_exec.alloc_settings`)
+        note = m.get("allocator_settings_note")
+        L.append(f"- **{note.removeprefix('note: ')}**" if note else
+                 f"- allocator settings: {m['allocator_settings']} (the plan's layout.alloc_conf, applied on CUDA)")
     L.append("- through the caching allocator:")
     for line in m.get("caching_allocator", []):
         L.append(f"  - {line}")

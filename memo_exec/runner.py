@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from memo_exec.activations import ActivationPolicy, make_policy
+from memo_exec.alloc_settings import apply_fraction, capped_free, cpu_line, fraction, plan_text
 from memo_exec.arena import AllocRecorder, ArenaPlan, ArenaScratch, CachingScratch, parse_memory_plan, \
     validate_memory_plan
 from memo_exec.attention import AttnDims, layer_needs, meta_stand_in, preferred_backends, select_backend
@@ -222,6 +223,7 @@ class ExecutorBase:
         self.plan, self.opts = plan, opts
         self.model = run_model(plan, opts)
         self.device_spec, self.device = device_spec, device_spec.torch_device
+        apply_fraction(plan.layout, device_spec)  # the plan's memory fraction, before the first CUDA allocation
         self.cpu_threads, self._threads_before = None, torch.get_num_threads()
         if not device_spec.is_cuda:  # the CPU's caching allocator, as `memo-exec calibrate` measured with
             keep_freed_memory()
@@ -287,6 +289,8 @@ class ExecutorBase:
             "memory_estimate_detail_bytes": self.estimate.detail,
             "memory_estimate_total_bytes": self.estimate.total, "host_estimate_bytes": self.estimate.host,
             "profile": self.plan.profile, "cpu_threads": self.cpu_threads,
+            "allocator_settings": plan_text(self.plan.layout),
+            "allocator_settings_note": cpu_line(self.plan.layout, self.device_spec),
             **({"mtp_layers": m.mtp_layers, "mtp_params": m.mtp_params(), "mtp_loss_scale": MTP_LOSS_SCALE}
                if m.mtp_layers else {}),
         }
@@ -335,9 +339,11 @@ class Executor(ExecutorBase):
 
     # ------------------------------------------------------------------ sizes
     def _check_fit(self) -> None:
-        free, _ = device_free_bytes(self.device_spec)
+        free = capped_free(self.plan.layout, self.device_spec, *device_free_bytes(self.device_spec))
         what = f"{self.model.name} ({self.model.layers} layers, {self.tokens} tokens, {self.plan.policy.label()})"
         where = f"cuda:{self.device_spec.index}" if self.device_spec.is_cuda else "this host"
+        if self.device_spec.is_cuda and (f := fraction(self.plan.layout)) is not None:
+            where += f" under the plan's per_process_memory_fraction {f:g}"
         check_fit(self.estimate, device_free=free, host_available=host_available_bytes(),
                   on_cuda=self.device_spec.is_cuda, what=what, where=where,
                   hint="; try --layers N" if self.model.layers > 2 else "")

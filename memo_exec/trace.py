@@ -42,7 +42,7 @@ def _rank_shape(plan: Plan) -> tuple[int, int, int, object, dict | None]:
         return plan.seq_tokens, plan.batch * plan.seq_tokens, 1, IDENTITY_TP, None
     if lay.metp or lay.pp > 1:
         raise ExecError(f"plan layout {lay.label()}: memo-exec trace records Megatron TP / CP / Ulysses / DP layers; "
-                        f"tp_mode {lay.tp_mode} and pp > 1 are not traced")
+                        f"{f'tp_mode {lay.tp_mode}' if lay.metp else f'pp = {lay.pp}'} is not traced")
     from memo_sim.plan.executor_scope import split_why_not  # noqa: PLC0415
     from memo_exec.distributed.tp.megatron import SizesOnlyComm  # noqa: PLC0415
     from memo_exec.layer import storage_shapes  # noqa: PLC0415

@@ -445,6 +445,7 @@ def run_rank(plan_file: str, opts, out_dir: str, as_json: bool, timeout_s: float
                        "losses": [s["loss"] for s in res.summaries], "per_rank": rows,
                        "speed_probe": res.meta.get("speed_probe"), "cores": res.meta.get("cores"),
                        "oversubscribed": res.meta.get("oversubscribed"), **comparison.to_dict(),
+                       "notes": [n for n in (res.meta.get("allocator_settings_note"),) if n],
                        "files": {k: str(shown_path(v, shown_out, out_dir)) for k, v in paths.items()}}
                 echo(json.dumps(doc, indent=1, default=float))
             else:
@@ -458,6 +459,8 @@ def run_rank(plan_file: str, opts, out_dir: str, as_json: bool, timeout_s: float
                 extra = [str(v) for k, v in shown.items() if ":" in k]
                 if extra:
                     echo(f"wrote {', '.join(extra)} ({ex.schedule.name} schedule)")
+                if res.meta.get("allocator_settings_note"):  # the plan's allocator settings on a CPU
+                    echo(res.meta["allocator_settings_note"])
         try:  # no rank tears its group down while rank 0 still writes the outputs
             dist.barrier()
         except (RuntimeError, dist.DistError) as e:

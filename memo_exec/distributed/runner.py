@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 from memo_exec.activations import make_policy
 from memo_exec.arena import ArenaScratch, CachingScratch
-from memo_exec.attention import AttnDims, layer_needs, select_backend
+from memo_exec.attention import AttnDims, device_why_not, layer_needs, select_backend
 from memo_exec.device import DeviceSpec, element_size
 from memo_exec.distributed.attention import RingAttention, UlyssesAttention
 from memo_exec.distributed.context import DistContext, local_token_index
@@ -120,6 +120,7 @@ class DistExecutor(ExecutorBase):
         inner_dims = AttnDims(self.micro, self.seq // lay.cp, m.heads // (p * lay.ulysses),
                               m.n_kv_heads * r // (p * lay.ulysses), m.qk_head_dim, **layer_needs(m))
         if lay.cp > 1:
+            device_why_not(self.backend_name, self.device)  # asked for, as a one-device run refuses it
             inner = RingAttention(ctx.group("cp"), lay.cp, ctx.coord("cp"))
         else:
             inner = select_backend(self.backend_name, self.device, self.dtype, inner_dims,

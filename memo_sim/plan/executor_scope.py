@@ -191,7 +191,8 @@ def split_why_not(layout: Layout, model: ModelConfig, batch: int, seq: int) -> s
     if shard % layout.ulysses:
         return f"the CP shard of {shard} tokens is not divisible by ulysses = {layout.ulysses}"
     if layout.tp > 1 and (batch * shard // layout.ulysses) % layout.tp:
-        return f"{batch * shard // layout.ulysses} tokens per shard are not divisible by tp = {layout.tp}"
+        return (f"seq_tokens {seq}: {batch * shard // layout.ulysses} tokens per shard are not divisible by tp = "
+                f"{layout.tp}; plan a seq_tokens that is a multiple of {layout.tp * layout.cp * layout.ulysses}")
     heads_split = layout.tp * layout.ulysses
     if model.heads % heads_split:
         return f"{model.heads} heads are not divisible by tp x ulysses = {heads_split}"
@@ -202,6 +203,17 @@ def split_why_not(layout: Layout, model: ModelConfig, batch: int, seq: int) -> s
         return why
     if model.ffn % layout.tp:
         return f"ffn {model.ffn} is not divisible by tp = {layout.tp}"
+    return None
+
+
+def sppo_why_not(layout: Layout) -> str | None:
+    """Why the executor cannot run an SPPO plan's layout (naming the field), or None: its SPPO stages run one rank
+    each (`memo_exec.sppo.plugin`), so no TP, ring CP or Ulysses inside a stage."""
+    split = [f for f in ("tp", "cp", "ulysses") if getattr(layout, f) > 1]
+    if split:
+        return (f"plan layout {layout.label()}: {', '.join(f'{f} = {getattr(layout, f)}' for f in split)} under "
+                f"schedule sppo: the executor's SPPO stages run one rank each (tp = cp = ulysses = 1); plan with "
+                f"{' '.join(f'--{f} 1' for f in split)} (TP+SP inside an SPPO stage is not executed yet)")
     return None
 
 
@@ -223,10 +235,10 @@ def plan_why_not(model: ModelConfig, layout: Layout, policy, schedule: str, batc
     """The first refusal of `memo-exec run` the plan alone decides (module docs), or None: a static memory plan
     for a policy without one of its own (``policy``: the plan's `memo_sim.policy` object), compiled kernels, a
     ring with merge passes, multi-token-prediction modules beyond the executor's (`MTP_SCHEDULES`, Megatron TP), the
-    GEMM format, the attention and the MoE layers (`gemm_why_not`, `moe_why_not`), a MoE model under SPPO, the data
-    parallelism (`data_parallel_why_not`) and the split over the ranks (`split_why_not`). Not here (the executor's
-    own, from its built parts): full METP's architecture, a schedule's split of the layers, an attention backend the
-    device lacks."""
+    GEMM format, the attention and the MoE layers (`gemm_why_not`, `moe_why_not`), a MoE model or a split stage
+    under SPPO (`sppo_why_not`), the data parallelism (`data_parallel_why_not`) and the split over the ranks
+    (`split_why_not`). Not here (the executor's own, from its built parts): full METP's architecture, a schedule's
+    split of the layers, an attention backend the device lacks."""
     lab = layout.label()
     if layout.memory_plan and not policy.static_memory_plan:
         return (f"plan layout {lab}: memory_plan: a static memory plan for the {policy.name} policy is priced by the "
@@ -252,6 +264,8 @@ def plan_why_not(model: ModelConfig, layout: Layout, policy, schedule: str, batc
     if why is None and model.moe and schedule == "sppo":
         why = (f"plan model {model.name}: experts = {model.experts}: SPPO's pieces run dense layers only; plan MoE "
                f"models with a micro-batch schedule")
+    if why is None and schedule == "sppo":
+        why = sppo_why_not(layout)
     if why is None:
         why = data_parallel_why_not(layout, model)
     if why is None and (split := split_why_not(layout, model, micro_batch, seq)):

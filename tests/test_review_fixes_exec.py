@@ -1,0 +1,132 @@
+"""Review fixes of memo-exec: SPPO with TP refused by the what-if and up front, the plan's allocator settings
+applied (or said to have no effect on CPU), validate's and trace's one-line messages naming what applies."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from memo_sim.layout.parallel import Layout
+
+PROFILE = "h100-sxm5-80gb"
+
+TOY = ["--layers", "4", "--hidden", "256", "--heads", "8", "--vocab", "512", "--dtype", "fp32", "--seq", "1K",
+       "--profile", PROFILE]
+
+
+def _cli(tool: str, *args: str) -> subprocess.CompletedProcess:
+    exe = os.path.join(os.path.dirname(sys.executable), tool.replace("memo_", "memo-"))
+    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=300)
+
+
+def _whatif(tmp_path, *args: str) -> dict:
+    r = _cli("memo_sim", "whatif", *TOY, *args, "--json", "--out", str(tmp_path / "plan"))
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_whatif_says_executor_refuses_sppo_with_tp(tmp_path):
+    doc = _whatif(tmp_path, "--gpus", "4", "--pp", "2", "--tp", "2", "--policy", "sppo", "--subseqs", "4")
+    assert "tp = 2 under schedule sppo" in (doc["executor_refuses"] or "")
+
+
+def test_exec_run_refuses_sppo_with_tp_before_nproc_advice(tmp_path):
+    _whatif(tmp_path, "--gpus", "4", "--pp", "2", "--tp", "2", "--policy", "sppo", "--subseqs", "4")
+    r = _cli("memo_exec", "run", str(tmp_path / "plan" / "plan.json"), "--device", "cpu", "--out",
+             str(tmp_path / "o"))
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "tp = 2 under schedule sppo" in lines[0] and "--nproc" not in lines[0]
+
+
+def test_alloc_conf_goes_into_the_environment_on_cuda(monkeypatch):
+    from memo_exec.alloc_settings import ENV, set_env  # noqa: PLC0415
+
+    monkeypatch.delenv(ENV, raising=False)
+    lay = Layout(expandable_segments=True, alloc_conf="max_split_size_mb:64,per_process_memory_fraction:0.5")
+    set_env(lay, "cuda")
+    assert os.environ[ENV] == "expandable_segments:True,max_split_size_mb:64"
+    monkeypatch.delenv(ENV)
+    set_env(lay, "cpu")  # no effect on a CPU: the environment is left alone
+    assert ENV not in os.environ
+
+
+def test_alloc_conf_refuses_a_different_environment(monkeypatch):
+    from memo_exec.alloc_settings import ENV, set_env  # noqa: PLC0415
+    from memo_exec.errors import ExecError  # noqa: PLC0415
+
+    monkeypatch.setenv(ENV, "max_split_size_mb:128")
+    with pytest.raises(ExecError, match="layout.alloc_conf"):
+        set_env(Layout(expandable_segments=True), "cuda")
+
+
+def test_alloc_conf_on_cpu_is_said_in_one_line(tmp_path):
+    _whatif(tmp_path, "--gpus", "1", "--policy", "store_all", "--alloc-conf", "per_process_memory_fraction:0.5")
+    out = tmp_path / "o"
+    r = _cli("memo_exec", "run", str(tmp_path / "plan" / "plan.json"), "--device", "cpu", "--steps", "2",
+             "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    said = [ln for ln in r.stdout.splitlines() if "per_process_memory_fraction:0.5" in ln]
+    assert len(said) == 1 and "no effect on CPU" in said[0]
+    assert "no effect on CPU" in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize("args, want, not_want", [
+    (("--pp", "5"), "give --layers a multiple of 5", "decoder-first"),
+    (("--layers", "1", "--pp", "2"), "give --layers a multiple of 2", "decoder-first"),
+    (("--ep", "2"), "--ep needs a MoE model", "give --dp"),
+])
+def test_validate_suggests_what_it_accepts(tmp_path, args, want, not_want):
+    r = _cli("memo_exec", "validate", "--profile", PROFILE, "--device", "cpu", *args, "--out",
+             str(tmp_path / "v"))
+    assert r.returncode == 2
+    assert want in r.stderr and not_want not in r.stderr
+
+
+def test_trace_names_only_the_reason_that_applies(tmp_path):
+    _whatif(tmp_path, "--gpus", "2", "--pp", "2", "--policy", "store_all")
+    r = _cli("memo_exec", "trace", str(tmp_path / "plan" / "plan.json"), "--out", str(tmp_path / "t.json"))
+    assert r.returncode == 2
+    assert "pp = 2 is not traced" in r.stderr and "tp_mode" not in r.stderr
+
+
+def test_odd_tokens_under_tp_name_seq_tokens_and_a_fix():
+    from memo_sim.model.config import ModelConfig  # noqa: PLC0415
+    from memo_sim.plan.executor_scope import split_why_not  # noqa: PLC0415
+
+    model = ModelConfig(name="t", layers=2, hidden=256, heads=8, ffn=1024, vocab=512)
+    why = split_why_not(Layout(tp=2), model, 1, 1023)
+    assert why.startswith("seq_tokens 1023") and "multiple of 2" in why
+
+
+def test_tp_memo_report_says_why_no_memory_plan(tmp_path):
+    _whatif(tmp_path, "--gpus", "2", "--tp", "2", "--policy", "memo")
+    out = tmp_path / "o"
+    r = _cli("memo_exec", "run", str(tmp_path / "plan" / "plan.json"), "--device", "cpu", "--nproc", "2",
+             "--steps", "2", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "- memory plan: none (no memory plan for a layer split by tp 2:" in (out / "report.md").read_text()
+
+
+def test_memo_plan_without_memory_plan_warns_in_one_line(tmp_path):
+    _whatif(tmp_path, "--gpus", "1", "--policy", "memo")
+    doc = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    assert doc.pop("memory_plan", None) is not None
+    plan = tmp_path / "nomp.json"
+    plan.write_text(json.dumps(doc))
+    r = _cli("memo_exec", "run", str(plan), "--device", "cpu", "--steps", "1", "--out", str(tmp_path / "o"))
+    warned = [ln for ln in r.stderr.splitlines() if "memory_plan is missing" in ln]
+    assert len(warned) == 1 and "--no-memory-plan" in warned[0]
+
+
+def test_ring_cp_refuses_a_cuda_only_backend_on_cpu(tmp_path):
+    _whatif(tmp_path, "--gpus", "2", "--cp", "2", "--policy", "store_all")
+    r = _cli("memo_exec", "run", str(tmp_path / "plan" / "plan.json"), "--device", "cpu", "--nproc", "2",
+             "--attention-backend", "sdpa_cudnn", "--steps", "1", "--out", str(tmp_path / "o"))
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "sdpa_cudnn needs a CUDA device" in lines[0], r.stderr
