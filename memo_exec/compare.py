@@ -123,9 +123,8 @@ def sim_memory_breakdown(plan, layers: int) -> dict | None:
     ``memory_breakdown_bytes`` where stage 0 is the fullest), not the single-stage `memory_breakdown`, which
     prices a whole layer's activations for one sequence and none of the SPPO pieces."""
     try:
-        from memo_sim.api import load_profile, memory_breakdown, pipeline_memory  # noqa: PLC0415
+        from memo_sim.api import load_profile, memory_breakdown, pipeline_memory, sppo_memory  # noqa: PLC0415
         from memo_sim.errors import MemoError  # noqa: PLC0415
-        from memo_sim.memplan.footprint import sppo_memory  # noqa: PLC0415
     except ImportError:
         return None
     model = dataclasses.replace(plan.model, layers=layers)

@@ -9,7 +9,7 @@ from memo_sim.engine.schedules import registered_schedules
 from memo_sim.engine.simulate import SimResult, simulate, sweep_alpha
 from memo_sim.layout.parallel import Layout, check_layout
 from memo_sim.layout.schedule import SCHEDULE_NAMES, check_schedule, default_schedule
-from memo_sim.memplan.footprint import MemoryBreakdown, memory_breakdown
+from memo_sim.memplan.footprint import MemoryBreakdown, memory_breakdown, sppo_memory
 from memo_sim.memplan.greedy import greedy_trace
 from memo_sim.memplan.iteration_replay import engine_replay
 from memo_sim.memplan.planner import BiLevelPlan, plan_memory
@@ -45,6 +45,7 @@ __all__ = [
     "SCHEDULE_NAMES", "check_schedule", "default_schedule", "estimate_pipeline", "pipeline_memory",
     "registered_schedules", "collective_fit_params", "attention_pricing_words", "loss_kernel",
     "Sppo", "SppoPoint", "SppoSearch", "multiplex_phases", "partition_bounds", "search_sppo", "solve_point",
+    "sppo_memory",
 ]
 
 

@@ -30,6 +30,7 @@ from memo_exec.distributed.schedule import Schedule, register_schedule
 from memo_exec.errors import ExecError
 from memo_exec.sppo.pipeline import StageRunner
 from memo_exec.sppo.stage import stage_layer_ids
+from memo_sim.plan.executor_scope import sppo_why_not
 
 
 @register("sppo")
@@ -75,9 +76,9 @@ class SppoSchedule(Schedule):
         if ex.plan.micro_batches > 1:
             return (f"sppo splits each sequence into subsequences, not the batch into micro-batches: plan with "
                     f"micro_batch = batch ({ex.batch})")
-        if lay.tp > 1 or lay.cp > 1 or lay.ulysses > 1:
-            return ("the executor's SPPO stages run one rank each (tp = cp = ulysses = 1); "
-                    "plan with --tp 1 (TP+SP inside a stage is not executed yet)")
+        split = sppo_why_not(lay)  # the rule the what-if's executor_refuses names too
+        if split:
+            return split
         if lay.zero >= 2:
             return "sppo keeps a stage's weights and gradients whole: plan with ZeRO 0 or 1"
         why = pol.check(ex.model, lay, ex.batch, ex.seq)
