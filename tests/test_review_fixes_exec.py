@@ -130,3 +130,28 @@ def test_ring_cp_refuses_a_cuda_only_backend_on_cpu(tmp_path):
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "sdpa_cudnn needs a CUDA device" in lines[0], r.stderr
+
+
+def test_plan_policy_messages_name_the_field_and_a_fix(tmp_path):
+    """A MEMO plan with policy.alpha null, an SPPO policy with no bounds: one line naming the field and a fix."""
+    import json as _json
+
+    from click.testing import CliRunner as _Runner
+
+    from memo_sim.cli import cli as _sim
+    from memo_sim.layout.parallel import Layout as _Layout
+    from memo_sim.model.config import get_model as _model
+    from memo_sim.policy.sppo import Sppo as _Sppo
+
+    out = _Runner().invoke(_sim, ["whatif", "--layers", "4", "--hidden", "256", "--heads", "8", "--vocab", "512",
+                                  "--seq", "1K", "--gpus", "1", "--policy", "memo", "--profile", "a800-80gb",
+                                  "--out", str(tmp_path / "w")])
+    assert out.exit_code == 0, out.output
+    plan = _json.loads((tmp_path / "w" / "plan.json").read_text())
+    plan["policy"]["alpha"] = None
+    (tmp_path / "bad.json").write_text(_json.dumps(plan))
+    out = _Runner().invoke(_sim, ["check-plan", str(tmp_path / "bad.json")])
+    assert out.exit_code == 2 and "policy.alpha" in out.output and "Traceback" not in out.output, out.output
+    sppo = _Sppo(subseqs=2, bounds=())
+    why = sppo.check(_model("gpt-7b"), _Layout(pp=2, tp=1), 1, 8192)
+    assert "policy.bounds" in why and "memo-sim whatif --policy sppo" in why

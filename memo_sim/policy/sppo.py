@@ -138,7 +138,8 @@ class Sppo(Policy):
         if layout.zero > 1:
             return "sppo keeps each stage's weights and gradients whole: ZeRO 0 or 1"
         if not self.bounds:
-            return "the subsequence partition is not solved"
+            return ("the subsequence partition is not solved (policy.bounds is empty): re-create the plan with "
+                    "memo-sim whatif --policy sppo, which solves it")
         if self.bounds[-1] != seq:
             return f"the subsequence bounds end at {self.bounds[-1]}, not at the sequence length {seq}"
         g = granule(layout)
