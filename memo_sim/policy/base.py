@@ -84,9 +84,9 @@ class Policy:
         if self.takes_alpha:
             a = self.alpha
             if isinstance(a, bool) or not isinstance(a, (int, float)) or not (0.0 <= a <= 1.0):
-                raise MemoError(f"alpha (--alpha, or policy.alpha in a plan file) must lie in [0, 1] for the {self.name} "
-                                f"policy, got {a!r}: give a number such as 0.5, or leave --alpha out and let the "
-                                f"what-if solve it")
+                raise MemoError(f"alpha (--alpha, or policy.alpha in a plan file) must lie in [0, 1] for the "
+                                f"{self.name} policy, got {a!r}: give a number such as 0.5, or leave --alpha out "
+                                f"and let the what-if solve it")
         elif self.alpha is not None:
             raise MemoError(f"alpha applies only to the memo policy, not {self.name}")
 
