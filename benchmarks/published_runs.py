@@ -1289,9 +1289,6 @@ HISTORY = (
     ("ed6470f", "2026-11-30", "before the norms' and the activation's kernels moved the model dtype where Megatron "
      "keeps quantised copies of their outputs (priced at the copies' size; an expected-value row, in no mean)",
      {"moe-zoo-mixtral-8x22b-fp8-forced": -0.209}),
-    ("cc8a10b", "2026-12-01", "before full and selective recompute rebuilt the attention lse with the recompute, one "
-     "layer's at a time (every layer's was kept from its forward to its backward, as store_all keeps it)",
-     {"korthikanti-22B-selective": -0.0353}),
 )
 
 
@@ -1483,14 +1480,6 @@ STEPS = (
      "copies now carry their block scales, the backward's d_ln1 / d_ln2 / d_act are in the model dtype (they were "
      "sized as the copies) and the norms and the activation write the model dtype: no counted row runs Megatron's "
      "FP8, so every group is unchanged; the expected-value Mixtral-8x22B FP8 row -20.9% to -20.6%"),
-    ("87597f3 and 46b8e44 (2026-12-01)", "two user reviews' mechanisms: every expert group and data group of every "
-     "stage priced, the slowest deciding (the first group of stage 0 was), the all-gather dispatcher's buffers at its "
-     "whole group's tokens, and full and selective recompute rebuilding the attention lse with the recompute (every "
-     "layer's was kept): no published layout has a group across a node boundary or the all-gather dispatcher, so "
-     "the step times are unchanged but korthikanti-22B-selective's (-3.5% to -3.6%, its caching allocator's replay "
-     "with one lse less per layer); the maximum-length rows with offloaded checkpoints reach 8-12K further (fpdt-t7 "
-     "372K to 384K, t8 498K to 506K, t9 616K to 624K), each on the same grid step, and their memory at the stated "
-     "length is 0.1-0.3 GiB lower; every group's mean and max as before"),
 )
 
 
