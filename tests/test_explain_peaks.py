@@ -70,10 +70,8 @@ def test_the_review_peak_is_the_last_layers_recompute_as_the_terms_say(review):
     assert "GPU 0 peaks at 96.28 s during layer 31's recompute (op ln1, as it starts)" in text
     # the review ran 1280K (1.25M tokens) at 77.46 GiB; ZeRO 3's unsharded gradients (a layer's and the head's whole,
     # fp32 under the megatron recipe: 0.2 + 0.49 GiB at tp 4) took that layout past 78 GiB, so the same at 1216K
-    # 74.59 GiB until 2026-12-01, when full recompute kept every layer's lse (32 x 19 MiB; now layer 31's alone, on
-    # the layer side below: 29.24 GiB then)
-    assert re.search(r"live then: .* = 74\.01 GiB", text)
-    assert "the layer side of the terms' max above (layer transients + boundary + recompute buffer 29.26 GiB >= " \
+    assert re.search(r"live then: .* = 74\.59 GiB", text)
+    assert "the layer side of the terms' max above (layer transients + boundary + recompute buffer 29.24 GiB >= " \
            "classifier 11.95 GiB)" in text
 
 
@@ -90,8 +88,7 @@ def test_the_review_says_which_peak_pytorch_reports_and_why_a_plan_saves_less_th
     assert "and is the number to hold against the GPU" in line and "% of the usable" in line
     assert f"the {fmt_bytes(reserved - allocated)} more reserved are cached but free" in line
     frag = d["allocator_fragmentation"]
-    # 9.54 GiB until 2026-12-01: every layer's 19 MiB lse, kept from its forward, sat between the cached blocks
-    assert "6.55 GiB cached but free" in frag and "expandable_segments:True" in frag
+    assert "9.54 GiB cached but free" in frag and "expandable_segments:True" in frag
     static = _planned_peak(plan)
     if reserved > static:  # against the reserved peak PyTorch reports (a review: the advice read the terms only)
         assert f"would hold about {fmt_bytes(static)} (no cache" in frag

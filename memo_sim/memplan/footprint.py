@@ -1,8 +1,8 @@
 """Peak GPU memory and pinned host memory of one training iteration, by policy.
 
 peak = model states + skeletal bytes the policy keeps resident + its static skeletal buffers
-+ every layer's lse (`Policy.keeps_lse`) + max(one layer's transient peak + the activation handed
-between layers (+ a recomputing policy's buffer and the one layer's lse it rebuilds), the classifier's peak).
++ every layer's lse + max(one layer's transient peak + the activation handed between layers,
+the classifier's peak).
 
 Transients: the largest live set of one layer's forward or backward requests (the level-1
 traces of `memo_sim.memplan.trace_gen`). A policy with a static memory plan (MEMO) occupies
@@ -65,21 +65,18 @@ class MemoryBreakdown:
     # the part of ``rounding_buffer_bytes`` allocated at a layer's recompute and freed after its backward (full
     # recompute's buffer: `Policy.backward_buffer_bytes`): live beside a layer's backward, not beside the classifier
     backward_buffer_bytes: float = 0.0
-    # the part of ``lse_bytes`` allocated at a layer's recompute and freed after its backward: the one layer's lse a
-    # policy that re-runs the attention forward rebuilds (`Policy.rebuilt_lse_bytes`), not beside the classifier
-    backward_lse_bytes: float = 0.0
 
     @property
     def held_bytes(self) -> float:
         """What is live beside both sides of the peak: model states, kept activations, lse and the static buffers."""
         return (self.model_states_bytes + self.skeletal_resident_bytes + self.rounding_buffer_bytes
-                - self.backward_buffer_bytes + self.lse_bytes - self.backward_lse_bytes)
+                - self.backward_buffer_bytes + self.lse_bytes)
 
     def layer_side_bytes(self, transient: float | None = None) -> float:
         """A layer's side of the peak: its transients (``transient``, default the ones used), the activation handed
-        between layers and the buffer (and rebuilt lse) the policy allocates for the backward."""
+        between layers and the buffer the policy allocates for the backward."""
         t = self.transient_peak_bytes if transient is None else transient
-        return t + self.layer_boundary_bytes + self.backward_buffer_bytes + self.backward_lse_bytes
+        return t + self.layer_boundary_bytes + self.backward_buffer_bytes
 
     def peak_with(self, transient: float | None = None) -> float:
         """The peak, the larger of a layer's side and the classifier's beside what both hold, with a layer's
@@ -155,8 +152,7 @@ def memory_breakdown(model: ModelConfig, layout: Layout, batch: int, seq: int, p
         model, per_gpu_shard(layout), batch, seq, policy, profile, classifier_chunk_tokens)
     n = model.layers
     states = model_state_bytes(model, layout)
-    rebuilt_lse = policy.rebuilt_lse_bytes(sk)  # one layer's, while its backward runs
-    lse_all = n * policy.kept_lse_bytes(sk) + rebuilt_lse
+    lse_all = n * sk["lse"]
     transient = planned if uses_memory_plan(policy, layout) else cached
     # embedding output / final layer output (the next layer's input) is live beside a layer's work
     boundary = sk["input"]
@@ -171,7 +167,7 @@ def memory_breakdown(model: ModelConfig, layout: Layout, batch: int, seq: int, p
         transient_caching_allocator=cached, layer_boundary_bytes=boundary, classifier_peak_bytes=classifier,
         peak_gpu_bytes=0.0, gpu_capacity_bytes=gpu_limit_bytes(profile, layout.alloc_conf), host_bytes_per_gpu=host_gpu,
         host_bytes_per_node=host_node, host_capacity_bytes=profile.host_capacity(gpus_node),
-        backward_buffer_bytes=backward_buffer, backward_lse_bytes=rebuilt_lse)
+        backward_buffer_bytes=backward_buffer)
     # the peak: the larger of a layer's side (with full recompute's buffer, allocated for the backward only) and the
     # classifier's, which runs before any backward (`MemoryBreakdown.peak_with`)
     return replace(mem, peak_gpu_bytes=mem.peak_with())

@@ -128,12 +128,9 @@ def stage_model_trace(model: ModelConfig, layout: Layout, micro_batch: int, seq:
         for j, i in enumerate(layers):
             add(f"{tag}.layer{i}.fwd", fwd_block, fs[j], fs[j] + 1, "pseudo", i, "fwd")
             add(f"{tag}.layer{i}.bwd", bwd_block, bs[j], bs[j] + 1, "pseudo", i, "bwd")
-            if policy.kept_lse_bytes(sk):
-                add(f"{tag}.layer{i}.lse", policy.kept_lse_bytes(sk), fs[j], bs[j] + 1, "skeletal", i)
+            add(f"{tag}.layer{i}.lse", sk["lse"], fs[j], bs[j] + 1, "skeletal", i)
             for name, nbytes in policy.layer_blocks(sk):
                 add(f"{tag}.layer{i}.{name}", nbytes, fs[j], bs[j] + 1, "skeletal", i)
-        if layers and policy.rebuilt_lse_bytes(sk):  # one layer's lse at a time, rebuilt with its recompute
-            add(f"{tag}.recompute_lse", policy.rebuilt_lse_bytes(sk), min(bs), max(bs) + 1, "skeletal")
         if layers and not rank_blocks:
             for name, nbytes, lo, hi in policy.shared_blocks(sk, _ChunkSteps(fs, bs), len(layers)):
                 add(f"{tag}.{name}", nbytes, lo, hi, "skeletal")

@@ -37,8 +37,7 @@ tokens' proj and the W_proj ring's double buffer (each flavour's ``recompute_scr
 
 Level 2 (whole model): embedding output, one pseudo block per layer forward and backward of the
 level-1 peak, skeletal blocks by policy (all layers' skeletal tensors for store-all, layer
-inputs for full recompute, two rounding buffers for offloading policies), lse of every layer
-(of the one layer in backward where the policy re-runs the attention forward: `Policy.keeps_lse`),
+inputs for full recompute, two rounding buffers for offloading policies), lse of every layer,
 one classifier chunk's logits, the final hidden state and its gradient.
 """
 
@@ -397,13 +396,11 @@ def model_trace(model: ModelConfig, layout: Layout, batch: int, seq: int, policy
     for i in range(n):
         add(f"layer{i}.fwd", fwd_block, st.fwd(i), st.fwd(i) + 1, "pseudo", i, "fwd")
         add(f"layer{i}.bwd", bwd_block, st.bwd(i), st.bwd(i) + 1, "pseudo", i, "bwd")
-        add(f"layer{i}.lse", policy.kept_lse_bytes(sk), st.fwd(i), st.bwd(i) + 1, "skeletal", i)
+        add(f"layer{i}.lse", sk["lse"], st.fwd(i), st.bwd(i) + 1, "skeletal", i)
         for name, nbytes in policy.layer_blocks(sk):
             add(f"layer{i}.{name}", nbytes, st.fwd(i), st.bwd(i) + 1, "skeletal", i)
     for name, nbytes, lo, hi in policy.shared_blocks(sk, st, n):
         add(name, nbytes, lo, hi, "skeletal")
-    # the lse a recomputing layer rebuilds, one layer's at a time through the backward (`Policy.keeps_lse`)
-    add("recompute_lse", policy.rebuilt_lse_bytes(sk), st.bwd(n - 1), st.end_of_backward, "skeletal")
     c = st.classifier
     add("final_hidden", x, c, c + 1, "transient")
     add("final_hidden_grad", x, c, c + 2, "transient")

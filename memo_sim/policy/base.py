@@ -9,9 +9,7 @@ its name.
 Byte arguments ``sk`` are one layer's per-GPU skeletal bytes by MEMO role, as
 `memo_sim.cost.activations.skeletal_bytes` returns them: ``input`` (the layer input x),
 ``attn`` (attention output), ``other`` (the rest, split token-wise by MEMO), ``lse`` (the
-attention log-sum-exp: kept on the GPU from each layer's forward to its backward by a policy that
-does not re-run the attention forward before the backward, `Policy.keeps_lse`; rebuilt with the
-recompute, one layer's at a time, by one that does) and ``total`` (input + attn + other).
+attention log-sum-exp, kept on the GPU by every policy) and ``total`` (input + attn + other).
 """
 
 from __future__ import annotations
@@ -54,9 +52,6 @@ class Policy:
     recomputes_attention: ClassVar[bool] = False  # the whole layer forward re-runs before backward
     static_memory_plan: ClassVar[bool] = False  # transients placed by MEMO's bi-level plan
     needs_experts: ClassVar[bool] = False  # only for mixture-of-experts models (it rebuilds MoE tensors)
-    # each layer's attention lse stays on the GPU from its forward to its backward; False where the attention forward
-    # re-runs before the backward (full recompute, selective recompute), which rebuilds it one layer at a time
-    keeps_lse: ClassVar[bool] = True
     # the skeletal roles an offloading policy copies to host whole (the "other" ones by ``offload_fraction_other``)
     offloaded_roles: ClassVar[tuple[str, ...]] = ("input", "attn")
     summary: ClassVar[str] = ""
@@ -167,35 +162,18 @@ class Policy:
         """Static working buffers for skeletal tensors (rounding buffers, recompute buffer)."""
         return 0.0
 
-    def kept_lse_bytes(self, sk: dict[str, float]) -> float:
-        """One layer's lse bytes kept from its forward to its backward (`keeps_lse`), else 0."""
-        return sk["lse"] if self.keeps_lse else 0.0
-
-    def rebuilt_lse_bytes(self, sk: dict[str, float]) -> float:
-        """One layer's lse bytes allocated with its recompute and freed after its backward (one
-        layer's at a time) where the policy does not keep it (`keeps_lse`), else 0."""
-        return 0.0 if self.keeps_lse else sk["lse"]
-
     def forward_kept(self, sk: dict[str, float]) -> list[tuple[str, float]]:
         """(tensor, bytes) a layer allocates at its forward and frees after its backward."""
-        return [("lse", sk["lse"])] if self.keeps_lse else []
+        return [("lse", sk["lse"])]
 
     def recompute_allocated(self, sk: dict[str, float]) -> list[tuple[str, float]]:
-        """(tensor, bytes) allocated when the recompute starts, freed after the backward: the
-        policy's rebuilt tensors (`recompute_buffer`) and the lse it does not keep."""
-        rebuilt = self.recompute_buffer(sk)
-        return (([("recomputed", rebuilt)] if rebuilt > 0 else [])
-                + ([("lse", sk["lse"])] if not self.keeps_lse else []))
-
-    def recompute_buffer(self, sk: dict[str, float]) -> float:
-        """One layer's rebuilt skeletal bytes, allocated at its recompute and freed after its backward."""
-        return 0.0
+        """(tensor, bytes) allocated when the recompute starts, freed after the backward."""
+        return []
 
     def backward_buffer_bytes(self, sk: dict[str, float]) -> float:
         """The part of `buffer_bytes` allocated at a layer's recompute and freed after its backward
-        (`recompute_buffer`): not live beside the classifier, which runs before any backward. The
-        rebuilt lse (`rebuilt_lse_bytes`) is not a buffer: the memory accounts carry it as lse."""
-        return self.recompute_buffer(sk)
+        (`recompute_allocated`): not live beside the classifier, which runs before any backward."""
+        return sum(b for _n, b in self.recompute_allocated(sk))
 
     def static_gpu(self, sk: dict[str, float]) -> list[tuple[str, float]]:
         """(tensor, bytes) allocated before the iteration and held throughout."""

@@ -21,7 +21,6 @@ the blocking ``.cpu()`` copies of its earlier releases are not modelled.
 
 from __future__ import annotations
 
-from memo_sim.policy.base import Policy
 from memo_sim.policy.full_recompute import FullRecompute
 from memo_sim.policy.registry import register
 from memo_sim.policy.rounding_buffers import N_BUFFERS
@@ -40,7 +39,7 @@ class CheckpointOffload(FullRecompute):
         return 0.0  # no layer's input stays on the device past its offload
 
     def forward_kept(self, sk):
-        return Policy.forward_kept(self, sk)  # the input goes to host: at most the lse (`keeps_lse`)
+        return [("lse", sk["lse"])]
 
     def layer_blocks(self, sk):
         return []

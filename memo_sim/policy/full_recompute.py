@@ -1,7 +1,5 @@
 """Full recompute (activation checkpointing): keep each layer's input, re-run the whole layer
-forward before its backward into one shared buffer. The re-run attention forward rebuilds the layer's lse,
-which then lives only while that layer's backward runs (`Policy.keeps_lse`), as under Megatron-LM's
---recompute-granularity full and torch.utils.checkpoint."""
+forward before its backward into one shared buffer."""
 
 from __future__ import annotations
 
@@ -14,7 +12,6 @@ from memo_sim.policy.registry import register
 class FullRecompute(Policy):
     name = "full_recompute"
     recomputes_attention = True
-    keeps_lse = False
     summary = "keep layer inputs; re-run each layer's forward before its backward"
 
     @property
@@ -35,10 +32,10 @@ class FullRecompute(Policy):
         return sk["total"] - sk["input"]
 
     def forward_kept(self, sk):
-        return [("input", sk["input"])] + super().forward_kept(sk)
+        return [("input", sk["input"]), ("lse", sk["lse"])]
 
-    def recompute_buffer(self, sk):
-        return sk["total"] - sk["input"]
+    def recompute_allocated(self, sk):
+        return [("recomputed", sk["total"] - sk["input"])]
 
     def layer_blocks(self, sk):
         return [("input", sk["input"])]

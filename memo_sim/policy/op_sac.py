@@ -58,8 +58,8 @@ class OpSac(RecomputeModules):
     def dropped(self, sk) -> float:
         return sk.get("op_sac_dropped", 0.0) - sk.get("op_sac_extra", 0.0)  # net of w2's output, which it keeps
 
-    def recompute_buffer(self, sk):
-        return sk.get("op_sac_dropped", 0.0)
+    def recompute_allocated(self, sk):
+        return [("recomputed", sk.get("op_sac_dropped", 0.0))]
 
     def buffer_bytes(self, sk):
         return sk.get("op_sac_dropped", 0.0)  # one layer's rebuilt tensors at a time

@@ -75,11 +75,11 @@ class RecomputeModules(StoreAll):
         return n_layers * (sk["total"] - self.dropped(sk) + self.kept_scores(sk))
 
     def forward_kept(self, sk):
-        out = [("skeletal", sk["total"] - self.dropped(sk) + self.kept_lse_bytes(sk))]
+        out = [("skeletal", sk["total"] - self.dropped(sk) + sk["lse"])]
         return out + ([("scores", self.kept_scores(sk))] if self.kept_scores(sk) > 0 else [])
 
-    def recompute_buffer(self, sk):
-        return self.dropped(sk)
+    def recompute_allocated(self, sk):
+        return [("recomputed", self.dropped(sk))]
 
     def buffer_bytes(self, sk):
         return self.dropped(sk)  # one layer's rebuilt tensors at a time

@@ -22,7 +22,6 @@ from memo_sim.policy.store_all import StoreAll
 class SelectiveRecompute(StoreAll):
     name = "selective_recompute"
     summary = "keep every layer's skeletal activations; re-run each layer's attention core before its backward"
-    keeps_lse = False  # the re-run attention core rebuilds the lse, one layer's at a time (memo-exec's too)
 
     def kept_scores(self, sk) -> float:
         return 0.0

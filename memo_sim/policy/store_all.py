@@ -20,7 +20,7 @@ class StoreAll(Policy):
         return n_layers * (sk["total"] + self.kept_scores(sk))
 
     def forward_kept(self, sk):
-        out = [("skeletal", sk["total"] + self.kept_lse_bytes(sk))]
+        out = [("skeletal", sk["total"] + sk["lse"])]
         return out + ([("scores", self.kept_scores(sk))] if self.kept_scores(sk) > 0 else [])
 
     def layer_blocks(self, sk):
