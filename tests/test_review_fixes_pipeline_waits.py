@@ -100,3 +100,23 @@ def test_simulate_of_a_plan_that_does_not_fit_exits_3_after_writing(tmp_path):
     out = CliRunner().invoke(cli, ["simulate", str(tmp_path / "big.json"), "--out", str(tmp_path / "s")])
     assert out.exit_code == 3, out.output
     assert "Traceback" not in out.output and (tmp_path / "s" / "timeline.json").exists()
+
+
+def test_a_stage_without_layers_holds_no_layer_buffers():
+    """An executor review: a first stage holding only the embedding (Megatron-LM's layout 'E|t*4L') was given a
+    layer's buffers and working block (0.016 GiB on a toy; memo-exec allocates none): its peak is its states."""
+    from dataclasses import replace as _replace
+
+    from memo_sim.search.pipeline import pipeline_memory
+
+    model = _replace(get_model("gpt-7b"), layers=4)
+    lay = Layout(tp=1, pp=2, chunk_layers=(0, 4))
+    for policy in ("memo", "store_all", "full_recompute"):
+        pol = get_policy(policy, 0.5) if policy == "memo" else get_policy(policy)
+        mem, rows = pipeline_memory(model, lay, 2, 1, 4096, pol, A800, "1f1b", stage=0)
+        assert rows[0]["layers_in_flight"] == 0
+        assert mem.peak_gpu_bytes == rows[0]["peak_gpu_bytes"] == pytest.approx(rows[0]["model_states_bytes"])
+        assert mem.rounding_buffer_bytes == mem.transient_peak_bytes == mem.layer_boundary_bytes == 0
+        assert mem.peak_with() == pytest.approx(mem.peak_gpu_bytes)
+        full, _ = pipeline_memory(model, lay, 2, 1, 4096, pol, A800, "1f1b", stage=1)
+        assert full.peak_with() == pytest.approx(full.peak_gpu_bytes) and full.transient_peak_bytes > 0

@@ -192,11 +192,13 @@ def pipeline_memory(model: ModelConfig, layout: Layout, batch: int, micro_batch:
     work = one.transient_peak_bytes + one.layer_boundary_bytes + backward
     last = layout.pp - 1
     # each stage's peak: its states, its layers in flight, the buffers and the working block (the classifier's
-    # on the last stage, where larger, beside the buffers but one allocated for the backward); the fullest is the
+    # on the last stage, where larger, beside the buffers but one allocated for the backward); a stage with no
+    # layer (the embedding or the loss alone) holds no layer buffers and no working block; the fullest is the
     # first of the largest
     static = buffers - backward
-    peaks = [states + u * kept + static + work for states, u in zip(all_states, units)]
-    peaks[last] = all_states[last] + units[last] * kept + static + max(work, one.classifier_peak_bytes)
+    peaks = [states + (u * kept + static + work if u else 0.0) for states, u in zip(all_states, units)]
+    peaks[last] = (all_states[last] + (units[last] * kept + static if units[last] else 0.0)
+                   + max(work if units[last] else 0.0, one.classifier_peak_bytes))
     if model.mtp_layers:  # the multi-token-prediction modules' activations of the other last-chunk micro-batches
         m = batch // micro_batch  # in flight (interleaved), kept from their head to their backward step
         sizes = tuple(tuple(int(s == last and c == layout.vpp - 1) for c in range(layout.vpp)) for s in range(last + 1))
@@ -210,15 +212,16 @@ def pipeline_memory(model: ModelConfig, layout: Layout, batch: int, micro_batch:
     ws = peaks.index(max(peaks)) if stage is None else stage
     top = peaks[ws]
     u = units[ws]
+    has = 1.0 if u else 0.0  # a stage without layers: no buffers, no working block (its terms add up to its peak)
     mem = MemoryBreakdown(
         model_states_bytes=all_states[ws], skeletal_resident_bytes=u * (kept - lse),
-        rounding_buffer_bytes=buffers, backward_buffer_bytes=backward, lse_bytes=u * lse,
-        transient_peak_bytes=one.transient_peak_bytes,
-        transient_planned_bytes=one.transient_planned_bytes,
-        transient_caching_allocator=one.transient_caching_allocator,
+        rounding_buffer_bytes=has * buffers, backward_buffer_bytes=has * backward, lse_bytes=u * lse,
+        transient_peak_bytes=has * one.transient_peak_bytes,
+        transient_planned_bytes=has * one.transient_planned_bytes,
+        transient_caching_allocator=one.transient_caching_allocator if u else 0.0,
         # only the last stage holds the classifier (a review: a middle stage's peak was given with the last one's
         # classifier among its terms, which then did not add up to it)
-        layer_boundary_bytes=one.layer_boundary_bytes,
+        layer_boundary_bytes=has * one.layer_boundary_bytes,
         classifier_peak_bytes=one.classifier_peak_bytes if ws == last else 0.0, peak_gpu_bytes=top,
         gpu_capacity_bytes=gpu_limit_bytes(profile, layout.alloc_conf),
         host_bytes_per_gpu=(max(offloaded) if stage is None else offloaded[ws]) * offload, host_bytes_per_node=host_node,
