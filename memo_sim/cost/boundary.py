@@ -124,7 +124,7 @@ def mtp_projection_comm(model: ModelConfig, layout: Layout, toks: float, profile
     if tp == 1:
         return 0.0, 0.0
     row = toks * model.hidden * DTYPE_BYTES[model.dtype]  # one [T, h] tensor of the micro-batch, all ranks' rows
-    link = coll.group_link(profile, tp, 1)
+    link = coll.layout_group_link(profile, layout, tp, 1)
 
     def gather(nbytes: float) -> float:
         return coll.ring_allgather_time(nbytes, tp, *coll.link_params(link, "all_gather"))

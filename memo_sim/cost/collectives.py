@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 
 from memo_sim.profile.schema import COLLECTIVES, HardwareProfile, Link
-from memo_sim.layout.parallel import group_spans_nodes
+from memo_sim.layout.parallel import Layout, group_spans_nodes, placed_gpus
 
 
 def ring_allgather_time(size: float, g: int, bw: float, lat: float) -> float:
@@ -101,6 +101,12 @@ def group_link(profile: HardwareProfile, size: int, stride: int, gpus: int = 0) 
     """NVLink for groups inside a node, the inter-node link where one spans nodes (``gpus``: the job's, so that
     every group is looked at, `memo_sim.layout.parallel.group_spans_nodes`; 0: the first group)."""
     return profile.internode if group_spans_nodes(size, stride, profile.node_gpus, gpus) else profile.nvlink
+
+
+def layout_group_link(profile: HardwareProfile, layout: Layout, size: int, stride: int) -> Link:
+    """`group_link` of a group inside the layout's tp x ulysses x cp block (TP, Ulysses, CP), every group of the
+    job looked at (`memo_sim.layout.parallel.placed_gpus`: a stage shard's whole layout's)."""
+    return group_link(profile, size, stride, placed_gpus(layout))
 
 
 def link_kind(profile: HardwareProfile, link: Link) -> str:

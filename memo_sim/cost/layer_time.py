@@ -146,7 +146,7 @@ def _tp_collective(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, s
     if layout.tp == 1 or op.tp_comm_after is None:
         return None
     size = tokens_per_gpu(layout, batch, seq) * model.hidden * DTYPE_BYTES[model.dtype] * fraction
-    link = coll.group_link(profile, layout.tp, 1)
+    link = coll.layout_group_link(profile, layout, layout.tp, 1)
     if layout.sp:
         # forward: all-gather before a column-parallel gemm, reduce-scatter after a row-parallel one;
         # backward swaps them.
@@ -178,7 +178,7 @@ def _sp_regather(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, seq
     if layout.tp == 1 or not layout.sp or op.name not in sp_regathered(model):
         return []
     size = tokens_per_gpu(layout, batch, seq) * model.hidden * DTYPE_BYTES[model.dtype]
-    link = coll.group_link(profile, layout.tp, 1)
+    link = coll.layout_group_link(profile, layout, layout.tp, 1)
     t = coll.ring_allgather_time(size, layout.tp, *coll.link_params(link, "all_gather"))
     return [OpCost(f"allgather_{op.name}_input", "collective", "bwd", "comm", t, nbytes=size,
                    overlaps=1 if layout.sp_regather_overlap else 0)]
@@ -187,14 +187,14 @@ def _sp_regather(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, seq
 def _ulysses_alltoall(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile,
                       phase: str, width: int, name: str) -> OpCost:
     size = tokens_per_gpu(layout, batch, seq) * width * DTYPE_BYTES[model.dtype] / layout.tp
-    link = coll.group_link(profile, layout.ulysses, layout.tp)
+    link = coll.layout_group_link(profile, layout, layout.ulysses, layout.tp)
     t = coll.alltoall_time(size, layout.ulysses, *coll.link_params(link, "all_to_all"))
     return OpCost(name, "collective", phase, "comm", t, nbytes=size)
 
 
 def _cp_shift_seconds(nbytes: float, layout: Layout, profile: HardwareProfile) -> float:
     """One ring-CP shift of ``nbytes`` to the next rank of the CP group, on the link that group spans."""
-    link = coll.group_link(profile, layout.cp, layout.tp * layout.ulysses)
+    link = coll.layout_group_link(profile, layout, layout.cp, layout.tp * layout.ulysses)
     return coll.sendrecv_time(nbytes, float(link.bandwidth), float(link.latency))
 
 
@@ -216,7 +216,7 @@ def _cp_gathered(att: OpCost, model: ModelConfig, layout: Layout, batch: int, se
     all-gather beside ring step 0's blocks alone, the later steps after it (``<op>_ring_steps``); in backward
     the dK/dV shifts of those steps beside them (their last shift is `_cp_dkv_home`)."""
     kv = ring_attention.ring_shift_bytes(model, layout, batch, seq)
-    link = coll.group_link(profile, layout.cp, layout.tp * layout.ulysses)
+    link = coll.layout_group_link(profile, layout, layout.cp, layout.tp * layout.ulysses)
     gather = OpCost("cp_allgather_kv", "collective", att.phase, "cp_comm",
                     coll.ring_allgather_time(kv * layout.cp, layout.cp, *coll.link_params(link, "all_gather")),
                     nbytes=kv * (layout.cp - 1), overlaps=1)

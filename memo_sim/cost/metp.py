@@ -267,7 +267,7 @@ def block_sizes(model: ModelConfig, layout: Layout, batch: int, seq: int) -> dic
 
 
 def _link(profile: HardwareProfile, layout: Layout) -> tuple[float, float]:
-    lk = coll.group_link(profile, layout.tp, 1)
+    lk = coll.layout_group_link(profile, layout, layout.tp, 1)
     return float(lk.bandwidth), float(lk.latency)
 
 

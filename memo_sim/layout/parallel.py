@@ -102,7 +102,7 @@ XTuner 2024's repeat to the query heads).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
 from itertools import product
 from typing import Annotated, Any, Literal
@@ -182,8 +182,14 @@ class Layout:
     fsdp_shard: int = 0  # FSDP's shard group (0: the whole data group; smaller: HSDP, replicated across the rest)
     reshard_after_forward: bool = True  # FSDP: gathered weights freed after the forward, gathered again for backward
     rank_order: str = DEFAULT_RANK_ORDER  # how the degrees number the GPUs (`memo_sim.layout.rank_order`)
+    # a stage shard's (`stage_shard`, pp = dp = 1) place in its whole layout, where its expert groups sit:
+    # (stage GPUs, stage stride, replica stride, ranks between stages, stages); () for a whole layout. Never in a
+    # plan file (`to_dict`): derived from the degrees each time a shard is made.
+    stage_place: tuple[int, ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
+        if self.stage_place and (self.pp > 1 or self.dp > 1):  # a whole layout places its own groups
+            object.__setattr__(self, "stage_place", ())
         if (self.pp == 1 or self.dp == 1) and self.rank_order != DEFAULT_RANK_ORDER:  # both orders number alike
             object.__setattr__(self, "rank_order", DEFAULT_RANK_ORDER)
         if self.pp == 1 and (self.first_stage_layers or self.last_stage_layers or self.account_embedding_loss
@@ -359,6 +365,7 @@ class Layout:
 
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self)}  # every field is a scalar (no deep copy needed)
+        del d["stage_place"]  # a shard's, derived from its whole layout's degrees
         if self.pp == 1:  # plans without a pipeline keep their pre-SPPO shape
             del d["pp"]
         if self.vpp == 1:  # and those without virtual stages their pre-interleaving one
@@ -493,8 +500,20 @@ def stage_rank(layout: Layout, i: int) -> int:
 def stage_shard(layout: Layout) -> Layout:
     """What one GPU of a pipeline stage runs, the layout the micro-batch pipeline and the search price a stage's
     layers on: the layout without its pipeline, data parallelism and ZeRO (memoised: `dataclasses.replace`
-    re-validates the layout, thousands of times a query)."""
-    return replace(layout, pp=1, vpp=1, dp=1, zero=0)
+    re-validates the layout, thousands of times a query). An expert-parallel layout's shard keeps where the
+    whole layout's stages sit (``stage_place``): its expert groups fold over the stage's data-parallel ranks too,
+    and a later stage's groups may cross a node boundary the first stage's do not (EP 16 over 64-GPU stages of a
+    72-GPU NVLink domain: stage 1's GPUs 64-79 span two domains), and so do its dense groups (`placed_gpus`)."""
+    place = (layout.stage_stride * layout.dp, layout.stage_stride, replica_stride(layout), pp_stride(layout),
+             layout.pp) if layout.pp > 1 or layout.dp > 1 else ()
+    return replace(layout, pp=1, vpp=1, dp=1, zero=0, stage_place=place)
+
+
+def placed_gpus(layout: Layout) -> int:
+    """The GPUs a layout's tp x ulysses x cp blocks tile from rank 0, in either rank order (`group_spans_nodes`'s
+    ``gpus``): the job's, a stage shard's whole layout's (``stage_place``): a later stage's CP group of 16 on a
+    72-GPU NVLink domain (ranks 64-79) crosses it where the first stage's do not."""
+    return layout.stage_place[0] * layout.stage_place[4] if layout.stage_place else layout.gpus
 
 
 def expert_group_ranks(layout: Layout, size: int, stride: int) -> list[int]:
@@ -511,6 +530,8 @@ def expert_group_placements(layout: Layout, size: int, stride: int, gpus_per_nod
     across a boundary). What depends on where a group sits (its link, its all-to-all's inter-node share) is priced
     by the worst of them: a collective's step waits for its slowest group. Memoised on the degrees; only the groups
     of one period of the placements are looked at (module ``_group_placements``)."""
+    if layout.stage_place:  # a stage's shard: its whole layout's groups
+        return _group_placements(size, stride, *layout.stage_place, gpus_per_node)
     return _group_placements(size, stride, layout.stage_stride * layout.dp, layout.stage_stride,
                              replica_stride(layout), pp_stride(layout), layout.pp, gpus_per_node)
 

@@ -110,14 +110,14 @@ def collective_link(cost: OpCost, layout: Layout, profile: HardwareProfile) -> s
     ``tp_bcast``: the representative's NVLink port, or the inter-node link for a METP group that
     spans nodes) over the TP group."""
     if cost.stream in TP_RING_STREAMS:
-        return coll.link_kind(profile, coll.group_link(profile, layout.tp, 1))
+        return coll.link_kind(profile, coll.layout_group_link(profile, layout, layout.tp, 1))
     if cost.name.startswith("moe_"):  # a MoE dispatcher's collective over its expert group
         return coll.link_kind(profile, moe_group_link(cost.name, layout, profile))
     if cost.stream == "cp_comm" or cost.name.startswith("cp_"):
-        return coll.link_kind(profile, coll.group_link(profile, layout.cp, layout.tp * layout.ulysses))
+        return coll.link_kind(profile, coll.layout_group_link(profile, layout, layout.cp, layout.tp * layout.ulysses))
     if cost.name.startswith("alltoall"):
-        return coll.link_kind(profile, coll.group_link(profile, layout.ulysses, layout.tp))
-    return coll.link_kind(profile, coll.group_link(profile, layout.tp, 1))
+        return coll.link_kind(profile, coll.layout_group_link(profile, layout, layout.ulysses, layout.tp))
+    return coll.link_kind(profile, coll.layout_group_link(profile, layout, layout.tp, 1))
 
 
 _SHAPES: dict[tuple[int, int, int], tuple] = {}  # (id(costs), id(layout), id(profile)) -> (costs, layout, profile, (rows, tail, shape))
