@@ -563,6 +563,12 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
                  "the meta device, which cannot run the collectives), so they, the total and the row `executor's "
                  "memory estimate` above read — (a sum of the static terms against the predicted peak would read as "
                  "an error).")
+        unsized = [r["term"] for r in cmp_.memory if r["executor_bytes"] is None
+                   and r["term"] in ("skeletal_resident", "buffers", "lse", "norm_stats")]
+        if unsized:  # the policy's activations are kept by autograd (`ActivationPolicy.unsized_terms`)
+            L.append("")
+            L.append(f"Under this plan's policy ({p.policy.name}) the activations ({', '.join(unsized)}) are kept by "
+                     "autograd as the step runs, not sized before it, so they read — too.")
     det = m.get("memory_estimate_detail_bytes") or {}
     if det:
         L.append("")

@@ -127,6 +127,11 @@ def test_memo_exec_run_nproc2_reports_the_pipeline(tmp_path):
     report = (out / "report.md").read_text()
     assert "## Offload per subsequence" in report and "## Per rank" in report
     assert "SPPO pipeline: measured against simulated" in report and "| stage |" in report
+    # the stage keeps its activations through autograd: its estimate does not size them (they read -100% as 0 B)
+    for term in ("skeletal_resident", "lse"):
+        row = next(ln for ln in report.splitlines() if ln.startswith(f"| {term} |"))
+        assert row.split("|")[3].strip() == "—" and row.split("|")[4].strip() == "—", row
+    assert "Under this plan's policy (sppo) the activations (skeletal_resident, lse, norm_stats)" in report
     cmp = json.loads((out / "sppo_pipeline.json").read_text())
     assert [st["stage"] for st in cmp["stages"]] == [0, 1]
     for st in cmp["stages"]:

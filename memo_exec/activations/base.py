@@ -86,6 +86,9 @@ class ActivationPolicy(ABC):
     # a policy that rebuilds whole layers: the shared buffer's tensors by name, every layer's but x (`recompute_buffer`)
     recompute_work: dict[str, torch.Tensor] | None = None
     shares_buffers = False  # `device_bytes`' "buffers" come from `buffer_block`: one set per rank (class docs)
+    # `device_bytes` terms this policy cannot size before the step (autograd keeps them): the memory comparison
+    # reads them as not estimated, neither 0 bytes nor a -100% error
+    unsized_terms: tuple[str, ...] = ()
     shared: SharedBlocks | None = None
     pipelined = False  # one of a pipeline rank's instances (set before `device_bytes` and `allocate`)
 

@@ -274,6 +274,7 @@ class DistExecutor(ExecutorBase):
         terms = {"model_states": states, "skeletal_resident": n * slot("skeletal_resident") + once("rank_resident"),
                  "buffers": buffers, "lse": n * slot("lse"), "norm_stats": n * slot("norm_stats")}
         unknown = ["transient_peak", "layer_boundary", "classifier_peak", "optimizer_step_peak"]
+        unknown += sorted({k for p in pols for k in p.unsized_terms})  # kept by autograd: not sized before the step
         for k in unknown:
             terms[k] = 0
         if self.arena_plan is not None:  # the layer's planned scratch: the arena this rank allocates

@@ -38,6 +38,9 @@ class SppoActivations(ActivationPolicy):
     """The activation-policy slot of an SPPO plan (module docs)."""
 
     pinned_bytes = 0  # the host pool after a step (set by the schedule: measured, not estimated)
+    # the stage's pieces keep their activations through autograd (and K/V in `memo_exec.sppo.kvcache`): nothing
+    # here sizes them before the step, so the report compares them as not estimated (they read -100% as 0 bytes)
+    unsized_terms = ("skeletal_resident", "lse", "norm_stats")
 
     def device_bytes(self) -> dict[str, int]:
         return {"skeletal_resident": 0, "buffers": 0, "lse": 0, "norm_stats": 0}

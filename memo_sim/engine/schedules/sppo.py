@@ -541,14 +541,16 @@ def simulate_sppo(model: ModelConfig, layout: Layout, batch: int, seq: int, poli
 
 
 def pipeline_layer_timings(sched) -> dict[str, float]:
-    """Simulated seconds of one unit (the middle piece through the middle layer of stage 0)."""
-    ps = sched.pieces[0]
-    k = len(ps) // 2
+    """Simulated seconds of one layer of the sequence (the plan's ``layer_timings_s``, as a micro-batch's layer in
+    the other schedules): the middle layer of stage 0 over every piece of the sequence, each piece's forward,
+    backward and copies summed (memo-exec's report measures a layer so, its copies of every subsequence; it was
+    one piece's, compared there with the whole layer's)."""
     layer = sched.layers[0][len(sched.layers[0]) // 2]
-    out = {"forward": _span(sched.phases.get((0, k, layer, "fwd"))),
-           "backward": _span(sched.phases.get((0, k, layer, "bwd"))), "recompute": 0.0}
+    pieces = range(len(sched.pieces[0]))
+    out = {"forward": sum(_span(sched.phases.get((0, k, layer, "fwd"))) for k in pieces),
+           "backward": sum(_span(sched.phases.get((0, k, layer, "bwd"))) for k in pieces), "recompute": 0.0}
     for kind in ("offload", "prefetch"):
-        op = sched.copies.get((0, k, layer, kind))
-        out[kind] = (op.end - op.start) if op is not None and op.end is not None else 0.0
+        ops = [sched.copies.get((0, k, layer, kind)) for k in pieces]
+        out[kind] = sum(op.end - op.start for op in ops if op is not None and op.end is not None)
     return out
 
