@@ -569,6 +569,14 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
             L.append("")
             L.append(f"Under this plan's policy ({p.policy.name}) the activations ({', '.join(unsized)}) are kept by "
                      "autograd as the step runs, not sized before it, so they read — too.")
+    if p.model.mixes_dense_layers:  # the README's named approximation of a mixed model, in the report it moves
+        L.append("")
+        n_dense = p.model.dense_layers
+        L.append(f"The simulator prices {p.model.name}'s {n_dense} dense-FFN layer{'s' if n_dense > 1 else ''} "
+                 f"({p.model.dense_where}) "
+                 "as MoE layers in time and activations (one repeated layer; their parameters counted exactly); "
+                 "this executor keeps each layer's own tensors (a dense layer's fc1 and act, a MoE layer's block), "
+                 "so the activation terms differ by that much.")
     det = m.get("memory_estimate_detail_bytes") or {}
     if det:
         L.append("")

@@ -167,6 +167,21 @@ class ActivationPolicy(ABC):
         """Whether model layer ``layer`` of a MoE model has a MoE block (`ModelConfig.dense_layer_at`)."""
         return not self.model.dense_layer_at(layer)
 
+    def layer_names(self, names: tuple[str, ...], i: int) -> tuple[str, ...]:
+        """The tensors of ``names`` this instance's layer ``i`` writes: less fc1 and act where that layer is a MoE
+        layer (its block replaces them and keeps its own, `memo_exec.moe.block`; the simulator's MoE layer has
+        neither). A pipeline chunk is bound to its layers after allocation (`moe_kept_bytes`), so an instance
+        holding part of a model that mixes dense and MoE layers keeps them at every position some run of this many
+        layers puts a dense layer at (DeepSeek-V3's first 3 on a stage of 4: positions 0-2)."""
+        m = self.model
+        if not m.moe:
+            return names
+        if self.layers >= m.layers:
+            dense = m.dense_layer_at(self.layer_base + i)
+        else:
+            dense = any(m.dense_layer_at(b + i) for b in range(m.layers - self.layers + 1))
+        return names if dense else tuple(n for n in names if n not in ("fc1", "act"))
+
     def buffer_block(self, name: str, nbytes: int) -> torch.Tensor:
         """A device block of the policy's ``buffers`` term: the rank's shared one (``shared``) or its own."""
         if self.shared is None:

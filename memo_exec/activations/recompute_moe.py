@@ -31,9 +31,16 @@ class RecomputeMoe(ActivationPolicy):
     def _bytes(self, names) -> int:
         return storage_bytes(self.model, self.tokens, self.dtype, names, shapes=self.shapes)
 
+    def _kept_at(self, i: int) -> tuple[str, ...]:
+        """What layer ``i`` keeps: `_kept` less fc1 and act on a MoE layer (`ActivationPolicy.layer_names`)."""
+        return self.layer_names(self._kept, i)
+
+    def _kept_bytes(self) -> int:
+        return sum(self._bytes(self._kept_at(i)) for i in range(self.layers))
+
     def device_bytes(self) -> dict[str, int]:
         n = self.layers
-        return {"skeletal_resident": n * self._bytes(self._kept) + self.moe_kept_bytes(),  # MoE: the routing only
+        return {"skeletal_resident": self._kept_bytes() + self.moe_kept_bytes(),  # MoE: the routing only
                 "buffers": self._bytes(NORMS),
                 "norm_stats": n * self._stats_bytes(), "lse": n * self.lse_bytes_per_layer()}
 
@@ -41,13 +48,13 @@ class RecomputeMoe(ActivationPolicy):
         if self.compute is not None and not hasattr(self.compute, "recompute_norms"):
             raise ExecError(f"policy recompute_moe: the {type(self.compute).__name__} layer does not rebuild its norms "
                             "on their own; plan with tp_mode megatron or another policy")
-        kb = self._bytes(self._kept)
-        self.blocks = [torch.empty(kb, dtype=torch.uint8, device=self.device) for _ in range(self.layers)]
+        self.blocks = [torch.empty(self._bytes(self._kept_at(i)), dtype=torch.uint8, device=self.device)
+                       for i in range(self.layers)]
         self.norm_block = self.buffer_block("norms", self._bytes(NORMS))
         norms = carve_storage(self.norm_block, self.model, self.tokens, self.dtype, NORMS, shapes=self.shapes)
-        self.storages = [LayerStorage({**carve_storage(b, self.model, self.tokens, self.dtype, self._kept,
+        self.storages = [LayerStorage({**carve_storage(b, self.model, self.tokens, self.dtype, self._kept_at(i),
                                                        shapes=self.shapes), **norms}, self._stats())
-                         for b in self.blocks]  # keep_moe_internals stays False: the block keeps its routing only
+                         for i, b in enumerate(self.blocks)]  # keep_moe_internals stays False: its routing only
 
     def recompute(self, compute, weights, storage, i: int) -> None:
         compute.recompute_norms(weights, storage, i)

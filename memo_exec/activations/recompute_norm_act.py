@@ -21,7 +21,7 @@ class RecomputeNormAct(RecomputeMoe):
         n = self.layers
         # the buffers: the norms' shared one and, while a MoE layer's backward runs, its rebuilt activation output
         # (the simulator's recompute buffer holds both: `memo_sim.policy.recompute_modules`)
-        return {"skeletal_resident": n * self._bytes(self._kept) + self.moe_kept_bytes(lambda i: True, REBUILT),
+        return {"skeletal_resident": self._kept_bytes() + self.moe_kept_bytes(lambda i: True, REBUILT),
                 "buffers": self._bytes(NORMS) + sum(self.moe_graph_part(name) for name in REBUILT),
                 "norm_stats": n * self._stats_bytes(), "lse": n * self.lse_bytes_per_layer()}
 

@@ -1,0 +1,64 @@
+"""A MoE model that mixes dense-FFN layers in (DeepSeek-V3's first 3, GLM-4.5-Air's first, Llama 4's alternate
+ones) gave every layer's preallocated storage a dense layer's fc1 and act under store all, recompute_moe and
+recompute_norm_act, though a MoE layer's block writes neither (DeepSeek-V3: 58 layers each holding an unused
+[T, 2 x 18432] and [T, 18432]). Each layer now holds what it writes (`ActivationPolicy.layer_names`); a pipeline
+chunk's instance, bound to its layers after allocation, keeps them at the positions some run of its length puts a
+dense layer at."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from memo_exec.activations.registry import make_policy
+from memo_exec.layer import storage_bytes
+from memo_sim.policy import get_policy
+from tests.exec_helpers import time_limit
+from tests.test_exec_moe import MOE, SEQ, plan_for
+
+DEEPSEEK_LIKE = dataclasses.replace(MOE, layers=6, dense_layers=3)  # the first 3 dense, as DeepSeek-V3's
+
+
+def _policy(pol: str, model, layers: int):
+    return make_policy(get_policy(pol), model, 1, SEQ, layers, torch.float32, torch.device("cpu"), None, None, None)
+
+
+@pytest.mark.parametrize("pol", ["store_all", "recompute_moe", "recompute_norm_act"])
+def test_a_moe_layer_holds_no_dense_ffn_storage(pol):
+    """One process, every layer: the dense layers (0-2) keep fc1 and act, the MoE layers (3-5) neither; the
+    estimate's skeletal term is what the blocks hold plus what the MoE blocks keep."""
+    from memo_exec.runner import Executor, RunOptions
+
+    with time_limit(60):
+        ex = Executor(plan_for({}, pol, model=DEEPSEEK_LIKE), RunOptions(device="cpu", dtype="fp32", steps=1))
+        try:
+            ex.allocate()
+            pol_ = ex.policy
+            for i in range(6):
+                names = set(pol_.storages[i].tensors)
+                assert ({"fc1", "act"} <= names) == (i < 3), (i, sorted(names))
+            blocks = sum(b.numel() for b in pol_.blocks)
+            assert ex.estimate.terms["skeletal_resident"] == blocks + pol_.moe_kept_bytes(
+                lambda i: pol != "recompute_moe", ("eact",) if pol == "recompute_norm_act" else ())
+            ffn = storage_bytes(DEEPSEEK_LIKE, SEQ, torch.float32, ("fc1", "act"))
+            per_layer = max(b.numel() for b in pol_.blocks)
+            assert blocks == 6 * per_layer - 3 * ffn  # three MoE layers' fc1 and act no longer allocated
+            ex.forward_backward(0)  # the dense and MoE layers run on their storage
+        finally:
+            ex.close()
+
+
+def test_a_pipeline_chunks_instance_keeps_the_dense_ffn_where_a_dense_layer_may_fall():
+    """An instance of 2 layers of the 6 (a stage of 2): positions 0 and 1 can hold one of the first 3 layers, so
+    both keep fc1 and act; with the dense layers the first 1 of 6, only position 0 can."""
+    both = _policy("store_all", DEEPSEEK_LIKE, 2)
+    assert all({"fc1", "act"} <= set(both.layer_names(("x", "fc1", "act"), i)) for i in (0, 1))
+    one = _policy("store_all", dataclasses.replace(MOE, layers=6, dense_layers=1), 2)
+    assert one.layer_names(("x", "fc1", "act"), 0) == ("x", "fc1", "act")
+    assert one.layer_names(("x", "fc1", "act"), 1) == ("x",)
+    from memo_sim.model.config import ModelConfig
+
+    dense = _policy("store_all", ModelConfig("dense-small", 4, 64, 4, 128, vocab=128, dtype="fp32"), 4)
+    assert dense.layer_names(("x", "fc1", "act"), 3) == ("x", "fc1", "act")  # a dense model: every layer its FFN
