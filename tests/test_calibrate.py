@@ -308,6 +308,7 @@ def test_writer_cuda_branch_takes_topology_from_base(cpu_run, tmp_path):
     assert float(prof.gpu.reserved_bytes) == pytest.approx(2e9, rel=1e-3)
     assert prof.host.pinned_rounding == "power_of_two" and "HostPool" in prof.host.pinned_rounding_source
     assert d["provenance"]["driver"] == "580.00"
+    assert prof.gpu.compute_capability == (9, 0)  # the device's, where the FP8 GEMM layouts depend on it
     node = build_profile("h100-node", as_cuda_run(raw), load_base("h100-sxm5-80gb"), node_from_base=True)
     assert node["node"]["gpus_per_node"]["value"] == 8 and node["host"]["memory"]["unit"] == "TB"
 

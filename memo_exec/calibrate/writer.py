@@ -154,6 +154,10 @@ def gpu_section(b: Build) -> dict:
     slow_q = b.measured("gpu.copy_compute_slowdown", q(min(1.0, max(0.0, slow)), "ratio", slow_src))
     gpu = {"model": r["env"]["device"], "memory": gpu_mem, "reserved": reserved, "peak_flops": peaks,
            "hbm_bandwidth": hbm_q, "copy_compute_slowdown": slow_q}
+    if r["env"].get("compute_capability"):  # a CUDA device's (`memo_sim.cost.gemm_format.fp8_gemm_any_layout`)
+        gpu["compute_capability"] = b.measured("gpu.compute_capability", {
+            "value": r["env"]["compute_capability"],
+            "source": f"measured: torch.cuda.get_device_properties major.minor, {at}"})
     alloc, alloc_measured, alloc_not_measured = allocator_fields(r, at, b.base)
     if alloc is not None:  # absent: the simulator's assumed defaults (CPU, or nothing measured or in the base)
         gpu["allocator"] = alloc

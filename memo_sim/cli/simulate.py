@@ -45,7 +45,7 @@ def _load_plan_and_profile(plan_file: str, profile_override: str | None):
     from memo_sim.plan.schema import read_plan
     from memo_sim.profile.loader import load_profile
 
-    from memo_sim.cost.gemm_format import check_gemm_format
+    from memo_sim.cost.gemm_format import check_gemm_format, for_profile
 
     from memo_sim.errors import MemoError
 
@@ -63,6 +63,7 @@ def _load_plan_and_profile(plan_file: str, profile_override: str | None):
     from memo_sim.search.plan_check import refuse_layout_problem
 
     refuse_layout_problem(plan_file, plan, profile)  # as check-plan and export refuse it
+    plan.model = for_profile(plan.model, profile)  # another --profile: its FP8 library's copies on that GPU
     return plan, profile
 
 

@@ -15,6 +15,7 @@ core, the classifier and the embedding stay in the model dtype.
 from __future__ import annotations
 
 import difflib
+from dataclasses import replace
 
 from memo_sim.cost.kernel_time import gemm_bytes, gemm_time, memory_bound_op_time
 from memo_sim.errors import MemoError
@@ -153,3 +154,22 @@ def weight_recast_bytes(model: ModelConfig, layers: float, layout: Layout, owned
     if not fmt.quantised or model.fp8_weights_per_use:
         return 0.0
     return fmt.cast_bytes(linear_params_on_gpu(model, layout, layers, owned), model.recipe.weight_bytes, weight=True)
+
+
+def fp8_gemm_any_layout(profile: HardwareProfile) -> bool:
+    """Whether the profile's GPU runs FP8 GEMMs on any operand layout, not only TN (A row-major, B column-major):
+    TransformerEngine's ``is_non_tn_fp8_gemm_supported`` (transformer_engine/pytorch/utils.py: compute capability
+    10.x and 11.x, Blackwell, and 13.0 on); a profile that states no capability is taken as TN-only (Hopper's)."""
+    cc = profile.gpu.compute_capability
+    return cc is not None and ((10, 0) <= cc < (12, 0) or cc >= (13, 0))
+
+
+def for_profile(model: ModelConfig, profile: HardwareProfile) -> ModelConfig:
+    """``model`` as its framework's FP8 library runs it on the profile's GPU: TransformerEngine (the framework that
+    keeps the GEMM inputs' quantised copies, ``fp8_saved_inputs``) writes no transposed copy of a per-tensor-scaled
+    tensor where the GPU's FP8 GEMMs take any layout (``fp8_transposes`` off: one copy of each weight, input and
+    gradient; its Float8Quantizer and Float8CurrentScalingQuantizer make the transpose only when
+    ``not is_non_tn_fp8_gemm_supported()``, and its tests count a Blackwell module's cached FP8 weights at one byte
+    per element, two on Hopper). torchao's Float8Linear and memo's executor cast both copies whatever the GPU."""
+    single = model.gemm.transposed_copy and model.fp8_saved_inputs and fp8_gemm_any_layout(profile)
+    return model if model.fp8_transposes != single else replace(model, fp8_transposes=not single)

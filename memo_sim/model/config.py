@@ -85,7 +85,8 @@ from __future__ import annotations
 
 import difflib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -124,7 +125,7 @@ _QUIET_DEFAULTS = {"head_dim": 0, "qk_norm": False, "attention_sinks": False, "s
                    "router_scaling": 1.0, "rope_theta": 0.0, "norm_eps": 0.0, "aux_loss_coef": 0.0,
                    "seq_aux": False, "rope_scaling": "", "rotary_fraction": 0.0, "nope_period": 0,
                    "mtp_layers": 0, "not_modelled": "", "swiglu_limit": 0.0,
-                   "fp8_weights_per_use": False}
+                   "fp8_weights_per_use": False, "fp8_transposes": True}
 
 
 def _dim(hi: int):
@@ -154,6 +155,7 @@ class _ModelIn(BaseModel):
     fp8_saved_inputs: bool = Field(False, strict=True)
     fp8_sp_gathers: bool = Field(False, strict=True)
     fp8_weights_per_use: bool = Field(False, strict=True)
+    fp8_transposes: bool = Field(True, strict=True)
     head_dim: Annotated[int, Field(strict=True, ge=0, le=MAX_HIDDEN)] = 0
     qk_norm: bool = Field(False, strict=True)
     attention_sinks: bool = Field(False, strict=True)
@@ -318,6 +320,10 @@ class ModelConfig:
     # and no quantised copy is kept (torchao's Float8Linear); else their copies are kept across the step's
     # micro-batches and re-cast once after the optimizer step (TransformerEngine, memo's executor); set by the framework
     fp8_weights_per_use: bool = False
+    # with a format whose second copy is a transpose (``GemmFormat.transposed_copy``): whether the casts write it;
+    # False where the GPU's FP8 GEMMs take any layout and the framework keeps one copy (TransformerEngine on
+    # Blackwell); set from the framework and the profile together (`memo_sim.cost.gemm_format.for_profile`)
+    fp8_transposes: bool = True
     # attention beyond hidden / heads (module docs; 0 / False: as hidden / heads gives)
     head_dim: int = 0  # query/key head size (no-rope part under latent attention); 0: hidden // heads
     qk_norm: bool = False
@@ -376,8 +382,9 @@ class ModelConfig:
 
     @property
     def gemm(self) -> GemmFormat:
-        """The layer GEMMs' format (`memo_sim.model.gemm_formats`)."""
-        return gemm_format(self.gemm_format)
+        """The layer GEMMs' format (`memo_sim.model.gemm_formats`), with one copy fewer where its casts skip the
+        transposed copy (``fp8_transposes`` off)."""
+        return _gemm(self.gemm_format, self.fp8_transposes)
 
     @property
     def gemm_words(self) -> str:
@@ -765,6 +772,13 @@ class ModelConfig:
             d = {"name": source, **d}
         m = validated(_ModelIn, d, source)
         return cls(**m.model_dump())
+
+
+@lru_cache(maxsize=64)
+def _gemm(name: str, transposes: bool) -> GemmFormat:
+    """`ModelConfig.gemm`: the format called ``name``, less its transposed copy where ``transposes`` is off."""
+    fmt = gemm_format(name)
+    return fmt if transposes or not fmt.transposed_copy else replace(fmt, copies=fmt.copies - 1)
 
 
 # GPT-OSS's rotary scaling as its config.json states it (`memo_sim.model.rope.rope_scaling_words`)

@@ -162,6 +162,12 @@ class _AllocatorIn(_In):
     cuda_free_throughput: Bandwidth
 
 
+class _CapabilityIn(_In):
+    """``gpu.compute_capability``: {value: "10.0", source: ...} (major.minor, as torch.cuda.get_device_capability)."""
+    value: Annotated[str, StringConstraints(strict=True, pattern=r"^\d{1,2}\.\d$")]
+    source: _NonEmpty
+
+
 class _GPUIn(_In):
     model: _NonEmpty
     memory: Bytes
@@ -171,6 +177,7 @@ class _GPUIn(_In):
     hbm_bandwidth: Bandwidth
     copy_compute_slowdown: Ratio
     allocator: _AllocatorIn | None = None  # optional: profiles written before it exist
+    compute_capability: _CapabilityIn | None = None  # optional: profiles written before it exist
 
     @model_validator(mode="after")
     def _reserved_below_memory(self):
@@ -313,7 +320,8 @@ def parse_profile(raw: Any, source: str) -> HardwareProfile:
         description=d.description,
         gpu=GPUSpec(g.model, g.memory, g.reserved, dict(g.peak_flops), g.hbm_bandwidth, g.copy_compute_slowdown,
                     AllocatorCosts(al.sync, al.cuda_malloc_latency, al.cuda_malloc_throughput, al.cuda_free_latency,
-                                   al.cuda_free_throughput) if al is not None else DEFAULT_ALLOCATOR_COSTS),
+                                   al.cuda_free_throughput) if al is not None else DEFAULT_ALLOCATOR_COSTS,
+                    tuple(int(x) for x in g.compute_capability.value.split(".")) if g.compute_capability else None),
         efficiency=Efficiency(e.gemm.typed(), e.attention_fwd.typed(), e.attention_bwd.typed(), e.elementwise,
                               **{k: q for k in _EFFICIENCY_TIMES if (q := getattr(e, k)) is not None},
                               **{k: c.typed() for k in _EFFICIENCY_CURVES if (c := getattr(e, k)) is not None},

@@ -101,6 +101,9 @@ class GPUSpec:
     hbm_bandwidth: Quantity
     copy_compute_slowdown: Quantity  # fractional compute slowdown while a host copy runs (HBM contention)
     allocator: AllocatorCosts = DEFAULT_ALLOCATOR_COSTS  # cudaMalloc / cudaFree / synchronise costs
+    # CUDA compute capability (major, minor): what the GPU's kernels can take (FP8 GEMM layouts,
+    # `memo_sim.cost.gemm_format.fp8_gemm_any_layout`); None where the profile does not say (taken as Hopper's)
+    compute_capability: tuple[int, int] | None = None
 
 
 _NOT_MEASURED = ("not measured: this profile has none (written before memo measured it, or calibrated with one "

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Callable
 
+from memo_sim.cost.gemm_format import for_profile
 from memo_sim.engine.core import gc_paused
 from memo_sim.engine.simulate import Progress, simulate
 from memo_sim.errors import MemoError, NothingFits
@@ -275,6 +276,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
                         f"use --zero 3 or 0" + (", or --dp-mode zero" if "zero" in fw.dp_modes else
                                                  ", or another --framework"))
     model = fw.for_model(model)  # the framework's model-state recipe; a GEMM format it lacks is refused
+    model = for_profile(model, profile)  # and its FP8 library's copies on this GPU
     fw = fw.for_layouts_of(model)  # a mixture of experts' layouts: what its MoE layers run beside (ZeRO stages)
     if policies is not None:
         for p in policies:

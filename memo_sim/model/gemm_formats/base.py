@@ -12,7 +12,9 @@ gradient) at the profile's ``peak`` for it, on operands of ``element_bytes``, an
   "TN" layout, so the weight-gradient GEMM needs the transposed input and gradient, and the
   data-gradient GEMM the transposed weight: TransformerEngine's fused cast-transpose writes both
   (``copies`` = 2); MXFP8's scales run along the reduction dimension, so its row-wise and
-  column-wise quantisations are two copies too.
+  column-wise quantisations are two copies too. Blackwell's FP8 GEMMs take any layout, so a per-tensor-scaled
+  format's second copy, a plain transpose (``transposed_copy``), is not written there where the framework's library
+  knows it (``ModelConfig.fp8_transposes``, `memo_sim.cost.gemm_format.for_profile`).
 - **weights**: the quantised copies of every linear weight (``copies`` of them with scales)
   are kept across the iteration's micro-batches and re-cast once per step, after the optimizer
   updates the high-precision weights (memory: `memo_sim.cost.gemm_format.weight_cache_bytes`;
@@ -46,6 +48,9 @@ class GemmFormat:
     peak: str | None = None  # the profile's peak key for the layer GEMMs; None: the model's dtype
     element_bytes: float = 0.0  # bytes per quantised element (0: not quantised; NVFP4's E2M1: 0.5)
     copies: int = 0  # quantised copies a cast writes (row-wise and column-wise / transposed)
+    # the second copy is the first one transposed (a per-tensor scale: the same numbers), which only a GPU whose FP8
+    # GEMMs take the TN layout alone needs (module docs); a per-row or per-block scale makes it a copy of its own
+    transposed_copy: bool = False
     amax_pass: bool = False  # the scale needs the tensor's amax first: one more read before the cast
     # an activation's or gradient's column-wise copy is written by a kernel of its own, which reads the tensor again
     # (NVFP4's Hadamard-rotated copy for the weight gradient); a weight's copies come from one cast
