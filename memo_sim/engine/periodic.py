@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 from memo_sim.engine.core import HOST_DEVICE_BASE, EngineRun, Failure
 from memo_sim.engine.events import MEMORY_SAMPLE, OP_END, OP_START
 from memo_sim.engine.graph import Op
+from memo_sim.engine.result import busy_time
 from memo_sim.timeline import MemorySample, TimelineEvent
 
 FOLD_LAYERS = 10  # layers the short schedule lays out
@@ -400,9 +401,9 @@ class Unfolded:
     def phase_spans(self, index: int, phases: tuple[str, ...], copies: tuple[str, ...],
                     keep=None) -> dict[str, float]:
         """Seconds of the phases of the whole run's ops of index ``index`` (a layer, or a
-        micro-batch; `Labels`) that ``keep(op)`` keeps (default all: first op's start to last
-        op's end; 0 unless all ran) and of its copies (0 unless it ran), as
-        `memo_sim.engine.simulate.layer_timings`."""
+        micro-batch; `Labels`) that ``keep(op)`` keeps (default all: the time some of them ran, the union of
+        their intervals, `memo_sim.engine.result.busy_time`; 0 unless all ran) and of its copies (0 unless it
+        ran), as `memo_sim.engine.simulate.layer_timings`."""
         spans: dict[str, list] = {p: [] for p in phases}
         out: dict[str, float] = {}
         for si, seg in enumerate(self.segments):
@@ -419,7 +420,7 @@ class Unfolded:
                         out[op.phase] = (op.end - op.start) if ended else 0.0
         for p, xs in spans.items():
             ends, starts = xs[0::2], xs[1::2]
-            out[p] = 0.0 if not xs or any(e is None for e in ends) else max(ends) - min(starts)
+            out[p] = 0.0 if not xs or any(e is None for e in ends) else busy_time(list(zip(starts, ends)))
         for c in copies:
             out.setdefault(c, 0.0)
         return out
