@@ -175,7 +175,7 @@ def simulate_cmd(plan_file, out_dir, layers_text, profile_override, no_contentio
             devices = gpu_devices(r)
             for d in devices:
                 name = "memory_snapshot.pickle" if len(devices) == 1 else f"memory_snapshot-stage{d}.pickle"
-                written.append(write_snapshot(predicted_snapshot(r, d), stage / name))
+                written.append(write_snapshot(predicted_snapshot(r, profile, d), stage / name))
     out = Path(out_dir)
     from memo_sim.cli.explain import binding_words  # noqa: PLC0415 - the same words as memo-sim explain
     from memo_sim.report.formats import plural  # noqa: PLC0415

@@ -298,6 +298,19 @@ def record_stream_lag(model: ModelConfig, layout: Layout, batch: int, seq: int, 
     return iteration_stream(model, layout, batch, seq, policy, classifier_chunk_tokens).phases
 
 
+def allocator_config(profile: HardwareProfile, capacity_bytes: int | None = None, expandable_segments: bool = False,
+                     max_split_size_bytes: int | None = None, alloc_conf: str = "") -> AllocatorConfig:
+    """The caching allocator a GPU of ``profile`` runs with ``PYTORCH_CUDA_ALLOC_CONF``'s settings
+    (`replay_iteration`'s arguments): its capacity ``profile.usable_gpu_memory`` unless ``capacity_bytes``."""
+    cap = int(profile.usable_gpu_memory if capacity_bytes is None else capacity_bytes)
+    if alloc_conf:
+        cfg = AllocatorConfig.from_conf(cap, merged_alloc_conf(expandable_segments, alloc_conf),
+                                        device_bytes=int(float(profile.gpu.memory_bytes)))
+        return cfg if max_split_size_bytes is None else replace(cfg, max_split_size_bytes=max_split_size_bytes)
+    return AllocatorConfig(capacity_bytes=cap, expandable_segments=expandable_segments,
+                           max_split_size_bytes=max_split_size_bytes)
+
+
 def replay_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy,
                      profile: HardwareProfile, *, iterations: int | None = None,
                      classifier_chunk_tokens: int = CLASSIFIER_CHUNK_TOKENS,
@@ -320,17 +333,10 @@ def replay_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, p
     are one static arena and the rest is replayed (see the module docs; ``static_memory_plan``
     says so).
     """
-    cap = int(profile.usable_gpu_memory if capacity_bytes is None else capacity_bytes)
+    cfg = allocator_config(profile, capacity_bytes, expandable_segments, max_split_size_bytes, alloc_conf)
+    cap = cfg.capacity_bytes
     if stream_lag_phases is None and layout.nccl_record_stream:
         stream_lag_phases = record_stream_lag(model, layout, batch, seq, policy, classifier_chunk_tokens)
-    if alloc_conf:
-        cfg = AllocatorConfig.from_conf(cap, merged_alloc_conf(expandable_segments, alloc_conf),
-                                        device_bytes=int(float(profile.gpu.memory_bytes)))
-        if max_split_size_bytes is not None:
-            cfg = replace(cfg, max_split_size_bytes=max_split_size_bytes)
-    else:
-        cfg = AllocatorConfig(capacity_bytes=cap, expandable_segments=expandable_segments,
-                              max_split_size_bytes=max_split_size_bytes)
     plain = (iterations is None or type(iterations) is int) and (stream_lag_phases is None
                                                                  or type(stream_lag_phases) is int)
     if not plain:  # let replay_stream say what is wrong with them

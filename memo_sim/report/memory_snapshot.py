@@ -7,7 +7,13 @@ then each op's allocations at its start and frees at its end. `allocation_stream
 order with the tensor names (each sample matched to the allocation of its instant whose size it
 adds), so the trace's running total is the simulator's memory curve and its peak the simulated
 peak. Addresses come from memo's model of PyTorch's caching allocator
-(`memo_sim.memplan.caching_allocator`) serving the same requests in the same order; for a policy
+(`memo_sim.memplan.caching_allocator`) serving the same requests in the same order, on the GPU's usable memory with
+the layout's allocator settings (`memo_sim.memplan.iteration_replay.allocator_config`, as `memo-sim explain`'s
+replay): where a request finds no room it frees the cached segments and tries again, as PyTorch does (the trace's
+``segment_free`` entries), so the segments never hold more than the GPU has (a review: an unbounded model kept
+79.59 GiB of segments for a plan that fits in 78 GiB). Where even that fails (the simulator's requests are lumps of
+a layer's tensors, whose rounding the per-tensor replay does not pay) the addresses are an unbounded allocator's and
+the snapshot says so (``memo_note``). For a policy
 with a static memory plan (MEMO) the runtime places a layer's transients inside one arena, which
 the simulator's requests stand for as lumps (the arena's phase peaks), so the addresses there are
 the lumps' under the caching allocator, not the plan's offsets. Frames name the tensor, the layer
@@ -31,7 +37,10 @@ from pathlib import Path
 from memo_sim.engine.result import SimResult
 from memo_sim.errors import MemoError
 from memo_sim.fileio import atomic_write_bytes
+from memo_sim.memplan.allocator_report import AllocatorOutOfMemory
 from memo_sim.memplan.caching_allocator import AllocatorConfig, CachingAllocatorModel
+from memo_sim.memplan.iteration_replay import allocator_config
+from memo_sim.profile.schema import HardwareProfile
 
 
 @dataclass(frozen=True)
@@ -70,14 +79,29 @@ def allocation_stream(res: SimResult, device: int = 0) -> list[Allocation]:
     return out
 
 
-def predicted_snapshot(res: SimResult, device: int = 0) -> dict:
-    """The snapshot dict of ``device`` (see the module docs)."""
+def predicted_snapshot(res: SimResult, profile: HardwareProfile | None = None, device: int = 0) -> dict:
+    """The snapshot dict of ``device`` (see the module docs) on ``profile``'s GPU (None: an unbounded one)."""
     stream = allocation_stream(res, device)
-    model = CachingAllocatorModel(AllocatorConfig(capacity_bytes=1 << 62))
+    if profile is not None:
+        lay = res.layout
+        try:
+            return _snapshot(stream, allocator_config(profile, None, lay.expandable_segments, None, lay.alloc_conf),
+                             device)
+        except AllocatorOutOfMemory as e:
+            snap = _snapshot(stream, AllocatorConfig(capacity_bytes=1 << 62), device)
+            snap["memo_note"] = (f"the simulator's lumped requests did not fit {profile.name}'s usable memory in the "
+                                 f"caching-allocator model ({e}); addresses are an unbounded allocator's")
+            return snap
+    return _snapshot(stream, AllocatorConfig(capacity_bytes=1 << 62), device)
+
+
+def _snapshot(stream: list[Allocation], config: AllocatorConfig, device: int) -> dict:
+    """`predicted_snapshot` with the allocator ``config``."""
+    model = CachingAllocatorModel(config)
     live: dict[str, list[tuple[str, int]]] = {}
     trace: list[dict] = []
     frames_of: dict[str, list[dict]] = {}
-    n_segments = 0
+    held = {sg["address"]: sg["size"] for sg in model.segments()}
     for k, a in enumerate(stream):
         frames = [{"filename": "model" if a.layer is None else f"layer {a.layer}", "line": 0,
                    "name": f"{a.tensor} ({a.phase})"}]
@@ -86,23 +110,24 @@ def predicted_snapshot(res: SimResult, device: int = 0) -> dict:
         if a.nbytes > 0:
             bid = f"{a.tensor}#{k}"
             addr = model.malloc(bid, max(size, 1), step=k)
-            segs = model.segments()
-            if len(segs) > n_segments:
-                for sg in segs:
-                    if sg["address"] <= addr < sg["address"] + sg["size"]:
-                        trace.append({"action": "segment_alloc", "addr": sg["address"], "size": sg["size"],
-                                      "stream": 0, "time_us": t_us, "frames": frames})
-                n_segments = len(segs)
+            now = {sg["address"]: sg["size"] for sg in model.segments()}
+            for base in sorted(set(held) - set(now)):  # released to make room (PyTorch's free-and-retry)
+                trace.append({"action": "segment_free", "addr": base, "size": held[base], "stream": 0,
+                              "time_us": t_us, "frames": frames})
+            for base in sorted(b for b in now if held.get(b) != now[b]):  # new, or an expandable one grown
+                trace.append({"action": "segment_alloc", "addr": base, "size": now[base] - held.get(base, 0),
+                              "stream": 0, "time_us": t_us, "frames": frames})
+            held = now
             live.setdefault(a.tensor, []).append((bid, size))
             frames_of[bid] = frames
             trace.append({"action": "alloc", "addr": addr, "size": size, "stream": 0, "time_us": t_us,
                           "frames": frames})
         else:
-            held = live.get(a.tensor) or []
-            if not held:
+            mine = live.get(a.tensor) or []
+            if not mine:
                 raise MemoError(f"the simulator frees {a.tensor!r} at {a.time_s} s without an allocation")
-            i = min(range(len(held)), key=lambda j: (abs(held[j][1] - size), -j))
-            bid, was = held.pop(i)
+            i = min(range(len(mine)), key=lambda j: (abs(mine[j][1] - size), -j))
+            bid, was = mine.pop(i)
             addr = model.address_of(bid)
             for action in ("free_requested", "free_completed"):
                 trace.append({"action": action, "addr": addr, "size": was, "stream": 0, "time_us": t_us,
