@@ -539,14 +539,18 @@ class LayerCompute(HeadNorms):
         finally:
             self.scratch.prefix = ""
 
-    def recompute_norms(self, p: LayerWeights, S: LayerStorage, layer: int) -> None:
-        """Megatron's ``--recompute-modules layernorm``: rebuild the two norms' outputs (and their
-        statistics) from the kept x and h1 before the layer's backward."""
+    def recompute_norms(self, p: LayerWeights, S: LayerStorage, layer: int,
+                        norms: tuple[str, ...] = ("ln1", "ln2")) -> None:
+        """Megatron's ``--recompute-modules layernorm``: rebuild the ``norms``' outputs (and their statistics) from
+        the kept x and h1 before the layer's backward (`memo_sim.model.layer_graph.separate_norms`: the pre-MLP
+        norm, and the input norm where it is a module of its own)."""
         sp = self.timer.span
-        with sp("ln1", layer, "recompute"):
-            self._norm(S.x, p.ln1_w, p.ln1_b, S.ln1, S.stats[0], S.stats[1])
-        with sp("ln2", layer, "recompute"):
-            self._norm(S.h1, p.ln2_w, p.ln2_b, S.ln2, S.stats[2], S.stats[3])
+        if "ln1" in norms:
+            with sp("ln1", layer, "recompute"):
+                self._norm(S.x, p.ln1_w, p.ln1_b, S.ln1, S.stats[0], S.stats[1])
+        if "ln2" in norms:
+            with sp("ln2", layer, "recompute"):
+                self._norm(S.h1, p.ln2_w, p.ln2_b, S.ln2, S.stats[2], S.stats[3])
 
     def recompute_mlp(self, p: LayerWeights, S: LayerStorage, layer: int) -> None:
         """Megatron's ``--recompute-modules mlp`` (the MLP checkpointed whole, its pre-MLP norm fused into fc1 under

@@ -175,7 +175,7 @@ class ModuleStore(StoreAll):
     def moe_layer(self, layer: int) -> bool:
         return self.model.mtp_moe
 
-    def _names(self) -> tuple[str, ...]:
+    def _names(self, i: int) -> tuple[str, ...]:
         """A MoE layer writes no fc1 and act (its block keeps its own), whatever the model's other layers."""
         return tuple(n for n in SKELETAL if not (self.model.mtp_moe and n in ("fc1", "act")))
 

@@ -306,7 +306,8 @@ def test_deepep_sends_each_token_across_nodes_once_per_node():
 def test_megatron_recompute_modules_drop_and_rebuild_their_tensors():
     """Megatron-LM's --recompute-modules (`memo_sim.policy.recompute_modules`): store all's memory minus
     the group's tensors, and the group's ops (the MoE block's all-to-alls with recompute_moe) re-run."""
-    from memo_sim.cost.activations import skeletal_bytes
+    from memo_sim.cost.activations import layer_tensor_bytes, skeletal_bytes
+    from memo_sim.model.config import PRESETS
     from memo_sim.policy import get_policy
 
     lay = Layout(tp=2, dp=8, ep=8)
@@ -316,9 +317,14 @@ def test_megatron_recompute_modules_drop_and_rebuild_their_tensors():
     assert store.resident_bytes(sk, 48) - na.resident_bytes(sk, 48) == pytest.approx(48 * (sk["norms"] + sk["moe_act"]))
     assert store.resident_bytes(sk, 48) - moe.resident_bytes(sk, 48) == pytest.approx(48 * (sk["norms"] + sk["moe_block"]))
     names = {c.name for c in moe.recompute_costs(QWEN3, lay, 1, 32 * K, H100)}
-    assert {"ln1", "ln2", "router", "expert_fc1", "expert_fc2", "moe_dispatch_alltoall_ep", "moe_combine_alltoall_ep"} <= names
-    assert "attention" not in names
-    assert {c.name for c in na.recompute_costs(QWEN3, lay, 1, 32 * K, H100)} == {"ln1", "ln2", "expert_act"}
+    assert {"ln2", "router", "expert_fc1", "expert_fc2", "moe_dispatch_alltoall_ep", "moe_combine_alltoall_ep"} <= names
+    # Qwen3's input norm is fused into QKV in Megatron's TransformerEngine layer: kept, not re-run (`separate_norms`)
+    assert "attention" not in names and "ln1" not in names
+    assert {c.name for c in na.recompute_costs(QWEN3, lay, 1, 32 * K, H100)} == {"ln2", "expert_act"}
+    ln2 = skeletal_bytes(QWEN3, lay, 1, 32 * K)["norms"]
+    assert ln2 == pytest.approx(layer_tensor_bytes(QWEN3, lay, 1, 32 * K)["ln2"])
+    dsv3 = PRESETS["deepseek-v3"]  # multi-latent attention: its input norm is a TENorm of its own, rebuilt too
+    assert {c.name for c in na.recompute_costs(dsv3, lay, 1, 4 * K, H100)} == {"ln1", "ln2", "expert_act"}
     r = CliRunner().invoke(cli, ["whatif", "--model", "llama-3.1-8b", "--gpus", "8", "--seq", "8K", "--no-plan",
                                  "--framework", "megatron", "--policy", "recompute_moe"])
     assert r.exit_code == 2 and "no experts" in r.output

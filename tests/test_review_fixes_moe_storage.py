@@ -62,3 +62,27 @@ def test_a_pipeline_chunks_instance_keeps_the_dense_ffn_where_a_dense_layer_may_
 
     dense = _policy("store_all", ModelConfig("dense-small", 4, 64, 4, 128, vocab=128, dtype="fp32"), 4)
     assert dense.layer_names(("x", "fc1", "act"), 3) == ("x", "fc1", "act")  # a dense model: every layer its FFN
+
+
+@pytest.mark.parametrize("pol", ["recompute_moe", "recompute_norm_act"])
+def test_megatrons_layernorm_recompute_rebuilds_only_the_norms_of_their_own(pol):
+    """Megatron-LM's ``--recompute-modules layernorm`` rebuilds a norm only where it is a module of its own: its
+    TransformerEngine layer fuses a non-MLA model's input norm into QKV, which keeps its output (a review found both
+    norms dropped). The executor keeps ln1 in each layer's block and rebuilds ln2 alone in the shared buffer."""
+    from memo_exec.runner import Executor, RunOptions
+
+    with time_limit(60):
+        ex = Executor(plan_for({}, pol), RunOptions(device="cpu", dtype="fp32", steps=1))
+        try:
+            ex.allocate()
+            p = ex.policy
+            assert p.norms == ("ln2",)
+            ln1 = storage_bytes(MOE, SEQ, torch.float32, ("ln1",))
+            assert ex.estimate.terms["buffers"] - (p.moe_graph_part("eact") if pol == "recompute_norm_act" else 0) \
+                == storage_bytes(MOE, SEQ, torch.float32, ("ln2",))
+            for i, st in enumerate(p.storages):
+                assert st.tensors["ln1"].untyped_storage().data_ptr() != st.tensors["ln2"].untyped_storage().data_ptr()
+                assert p.blocks[i].numel() >= ln1  # ln1 in the layer's own block
+            ex.forward_backward(0)
+        finally:
+            ex.close()

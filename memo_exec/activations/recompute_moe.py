@@ -1,7 +1,9 @@
 """Megatron-LM's ``--recompute-granularity selective --recompute-modules layernorm moe``
 (`memo_sim.policy.recompute_modules.RecomputeMoe`): every layer keeps store all's skeletal tensors
-but the two norms' outputs, which live in one shared buffer and are rebuilt from the kept x and h1
-before each layer's backward (`memo_exec.layer.LayerCompute.recompute_norms`), and the MoE block
+but the norms' outputs Megatron rebuilds (`memo_sim.model.layer_graph.separate_norms`: the pre-MLP norm's, and the
+input norm's under multi-latent attention, whose input norm is a module of its own), which live in one shared buffer
+and are rebuilt from the kept h1 (and x) before each layer's backward
+(`memo_exec.layer.LayerCompute.recompute_norms`), and the MoE block
 keeps only its routing: its backward re-runs the block's forward (router, dispatch, experts,
 combine, the all-to-alls too) from the rebuilt ln2 (`memo_exec.moe.block`).
 ``recompute_norm_act`` (``layernorm moe_act``: the experts' activation alone rebuilt inside the
@@ -16,8 +18,7 @@ from memo_exec.activations.base import ActivationPolicy
 from memo_exec.activations.registry import register
 from memo_exec.errors import ExecError
 from memo_exec.layer import LayerStorage, carve_storage, storage_bytes, written_skeletal
-
-NORMS = ("ln1", "ln2")
+from memo_sim.model.layer_graph import separate_norms
 
 
 @register("recompute_moe")
@@ -26,7 +27,8 @@ class RecomputeMoe(ActivationPolicy):
 
     def __init__(self, *args) -> None:
         super().__init__(*args)
-        self._kept = tuple(n for n in written_skeletal(self.model) if n not in NORMS)
+        self.norms = separate_norms(self.model)  # the rebuilt norms' outputs
+        self._kept = tuple(n for n in written_skeletal(self.model) if n not in self.norms)
 
     def _bytes(self, names) -> int:
         return storage_bytes(self.model, self.tokens, self.dtype, names, shapes=self.shapes)
@@ -41,7 +43,7 @@ class RecomputeMoe(ActivationPolicy):
     def device_bytes(self) -> dict[str, int]:
         n = self.layers
         return {"skeletal_resident": self._kept_bytes() + self.moe_kept_bytes(),  # MoE: the routing only
-                "buffers": self._bytes(NORMS),
+                "buffers": self._bytes(self.norms),
                 "norm_stats": n * self._stats_bytes(), "lse": n * self.lse_bytes_per_layer()}
 
     def allocate(self) -> None:
@@ -50,11 +52,11 @@ class RecomputeMoe(ActivationPolicy):
                             "on their own; plan with tp_mode megatron or another policy")
         self.blocks = [torch.empty(self._bytes(self._kept_at(i)), dtype=torch.uint8, device=self.device)
                        for i in range(self.layers)]
-        self.norm_block = self.buffer_block("norms", self._bytes(NORMS))
-        norms = carve_storage(self.norm_block, self.model, self.tokens, self.dtype, NORMS, shapes=self.shapes)
+        self.norm_block = self.buffer_block("norms", self._bytes(self.norms))
+        norms = carve_storage(self.norm_block, self.model, self.tokens, self.dtype, self.norms, shapes=self.shapes)
         self.storages = [LayerStorage({**carve_storage(b, self.model, self.tokens, self.dtype, self._kept_at(i),
                                                        shapes=self.shapes), **norms}, self._stats())
                          for i, b in enumerate(self.blocks)]  # keep_moe_internals stays False: its routing only
 
     def recompute(self, compute, weights, storage, i: int) -> None:
-        compute.recompute_norms(weights, storage, i)
+        compute.recompute_norms(weights, storage, i, self.norms)

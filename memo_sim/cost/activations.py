@@ -21,7 +21,7 @@ from functools import lru_cache
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
 from memo_sim.cost.attention_kernel import DROPOUT_MASK_BYTES, score_matrices
-from memo_sim.model.layer_graph import DTYPE_BYTES, TensorSpec, block_tensors, layer_tensors
+from memo_sim.model.layer_graph import DTYPE_BYTES, TensorSpec, block_tensors, layer_tensors, separate_norms
 
 
 def tokens_per_gpu(layout: Layout, batch: int, seq: int) -> float:
@@ -70,7 +70,8 @@ def row_bytes(t: TensorSpec, layout: Layout) -> float:
 
 
 # saved tensors Megatron-LM's --recompute-modules rebuild, by module group (their bytes are keys of
-# `skeletal_bytes`; `memo_sim.policy.recompute_modules`): the norms' outputs, the MoE activation's output,
+# `skeletal_bytes`; `memo_sim.policy.recompute_modules`): the norms' outputs (those that are modules of their own:
+# `memo_sim.model.layer_graph.separate_norms`, the pre-MLP norm alone but under MLA), the MoE activation's output,
 # the MoE block's saved tensors (router probabilities, the dispatched tokens, the experts' and shared
 # experts' intermediates, the shared output a shared gate keeps; a name the model does not keep counts nothing)
 RECOMPUTE_GROUPS = {"norms": ("ln1", "ln2"), "moe_act": ("eact",),
@@ -124,11 +125,12 @@ def _skeletal_bytes_dict(model: ModelConfig, layout: Layout, batch: int, seq: in
     """
     out = {"input": 0.0, "attn": 0.0, "other": 0.0, "lse": 0.0}
     groups = dict.fromkeys(RECOMPUTE_GROUPS, 0.0)
+    named = {**RECOMPUTE_GROUPS, "norms": separate_norms(model)}  # the norms that are modules of their own
     for t in layer_tensors(model, layout.tp_mode).values():
         if t.saved:
             b = tensor_bytes(t, layout, batch, seq)
             out[t.role] += b
-            for g, names in RECOMPUTE_GROUPS.items():
+            for g, names in named.items():
                 if t.name in names:
                     groups[g] += b
     out["total"] = out["input"] + out["attn"] + out["other"]

@@ -163,6 +163,16 @@ _TENSORS = (
 # GEMM inputs read in backward only by their GEMM's weight gradient (the norms' outputs feed QKV and the
 # FFN's first GEMM, the activation the second; the attention output is also the attention kernel's, so not it)
 FP8_SAVED_INPUTS = ("ln1", "ln2", "act")
+
+
+def separate_norms(model: ModelConfig) -> tuple[str, ...]:
+    """The norm outputs Megatron-LM's ``--recompute-modules layernorm`` rebuilds: the norms that are modules of their
+    own (megatron/core/transformer/transformer_layer.py: ``recompute_input_layernorm`` / ``recompute_pre_mlp_layernorm``
+    only where the norm is not an ``IdentityOp``). Its TransformerEngine layer spec fuses the input norm into QKV
+    (``TELayerNormColumnParallelLinear``, which keeps the norm's output for its weight gradient) except under
+    multi-latent attention, whose ``input_layernorm`` is a ``TENorm``; a MoE layer's pre-MLP norm is its own
+    ``TENorm`` (the experts cannot fuse it). So: both norms with MLA, the pre-MLP norm alone otherwise."""
+    return ("ln1", "ln2") if model.mla else ("ln2",)
 # the tensors a Megatron-mode layer keeps for its backward in activation buffers (lse, a few MB,
 # stays with the attention kernel's state)
 SKELETAL_NAMES = tuple(n for n, _w, _s, role, saved in _TENSORS if saved and role != "lse")

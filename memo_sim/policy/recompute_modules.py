@@ -3,8 +3,10 @@
 d98e8a64): keep every skeletal tensor but those the named modules produce, and re-run those
 modules' forward before each layer's backward. One policy per module set memo prices:
 
-- ``recompute_norm_act`` (``layernorm moe_act``): the two norms' outputs and the MoE activation's
-  (SwiGLU) output are dropped and rebuilt by re-running the norms and the experts' activation;
+- ``recompute_norm_act`` (``layernorm moe_act``): the norms' outputs and the MoE activation's
+  (SwiGLU) output are dropped and rebuilt by re-running the norms and the experts' activation (the norms that are
+  modules of their own in Megatron's TransformerEngine layer: the pre-MLP norm, and the input norm only under
+  multi-latent attention, `memo_sim.model.layer_graph.separate_norms`; a review found both counted for Qwen3's);
 - ``recompute_moe`` (``layernorm moe``, the MoE block checkpointed whole): the norms' outputs and
   every tensor the MoE block saves (router probabilities, the dispatched tokens, the experts' and
   shared experts' intermediates) are dropped; the norms and the whole MoE block (router, dispatch,
@@ -32,6 +34,7 @@ from typing import ClassVar
 
 from memo_sim.cost.layer_time import forward_costs
 from memo_sim.cost.opcost import base_op_name
+from memo_sim.model.layer_graph import separate_norms
 from memo_sim.policy.registry import register
 from memo_sim.policy.store_all import StoreAll
 
@@ -68,8 +71,12 @@ class RecomputeModules(StoreAll):
         return self.groups, self.ops, self.comm_prefixes
 
     def recompute_costs(self, model, layout, batch, seq, profile):
+        # the norms among the ops: those that are modules of their own (`separate_norms`: an input norm fused into
+        # QKV keeps its output and is not re-run)
+        ops = tuple(o for o in self.ops if o not in ("ln1", "ln2") or o in separate_norms(model)) \
+            if "norms" in self.groups else self.ops
         return [replace(c, phase="recompute") for c in forward_costs(model, layout, batch, seq, profile)
-                if base_op_name(c.name) in self.ops or c.name.startswith(self.comm_prefixes or ("\0",))]
+                if base_op_name(c.name) in ops or c.name.startswith(self.comm_prefixes or ("\0",))]
 
     def resident_bytes(self, sk, n_layers):
         return n_layers * (sk["total"] - self.dropped(sk) + self.kept_scores(sk))
