@@ -998,7 +998,8 @@ def _rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, mod
 
         if mode == SIMULATE_BOUND:
             try:
-                result.tier2 = simulate_by_bound(fitting, run, batch=max(PARALLEL_MIN, 2 * jobs), always=extra)
+                # decisions PARALLEL_MIN at a time whatever --jobs (the serial run's), the pool fed 2 x jobs at once
+                result.tier2 = simulate_by_bound(fitting, run, batch=PARALLEL_MIN, window=2 * jobs, always=extra)
                 result.tier2.add_not_built((result.searched.get("pipeline") or {}).get("not_built"))
                 head = [c for c in result.candidates if c.simulated is not None]
                 if while_waiting is not None and ahead:
