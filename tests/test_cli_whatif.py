@@ -357,12 +357,10 @@ def test_hidden_override_scales_the_ffn_unless_ffn_is_given():
                                      "(or 992) divides"),  # not SPPO's rule; the fix named (a review)
     (["--dp-mode", "fsdp", "--zero", "1"], "--zero 1: --dp-mode fsdp shards weights, gradients and optimizer states"),
     (["--framework", "torchtitan", "--zero", "1"], "--zero 1: torchtitan (its data-parallel flavours: fsdp)"),
-    # a TP flavour another version of the framework runs: that version named (a user's review)
-    (["--framework", "torchtitan", "--tp-mode", "async_tp"],
-     "--tp-mode async_tp: torchtitan runs TP as megatron; torchtitan@2024-12 runs async_tp"),
+    # a TP flavour another framework runs: that one named (a user's review)
     (["--framework", "megatron", "--tp-mode", "metp"],
      "--tp-mode metp: megatron runs TP as megatron; any runs metp (--framework any)"),
-    (["--tp-mode", "async_tp"], "any runs TP as megatron, metp_ffn, metp; torchtitan@2024-12 runs async_tp"),
+    (["--tp-mode", "async_tp"], "any runs TP as megatron, metp_ffn, metp; torchtitan and torchtitan@2024-12 run async_tp"),
     (["--top", "0"], "--top"),
 ])
 def test_impossible_fixed_degrees_name_their_flags(flags, says, tmp_path):

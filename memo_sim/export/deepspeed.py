@@ -4,7 +4,9 @@ The JSON keys are DeepSpeed's own (`SOURCE`: ``deepspeed/runtime/constants.py``,
 ``runtime/zero/config.py``, ``runtime/activation_checkpointing/config.py``); the launcher is
 Megatron-DeepSpeed's ``pretrain_gpt.py`` (`LAUNCHER_SOURCE`), whose ``--ds-sequence-parallel-size``
 is DeepSpeed-Ulysses and whose ``--deepspeed-activation-checkpointing`` / ``--checkpoint-in-cpu``
-select DeepSpeed's activation checkpointing and its CPU copy of the checkpoints. DeepSpeed
+select DeepSpeed's activation checkpointing and its CPU copy of the checkpoints, and whose
+``--use-flash-attn-v2`` turns on the FlashAttention-2 kernel memo prices (`FLASH_FLAG`). A Ulysses degree the
+model's heads do not split over is capped, the rest data parallelism, or the export refused (`_heads_gap`). DeepSpeed
 expresses Ulysses, ZeRO 0-3 and full recompute, with the checkpointed layer inputs kept on the GPU or on the host.
 Megatron-DeepSpeed has Megatron's TP and DeepSpeed's pipeline engine, but memo's deepspeed framework data (the
 DeepSpeed-Ulysses setup the what-if searches and prices) offers neither (its schedules: single stage; the pipeline
@@ -18,6 +20,7 @@ import dataclasses
 import json
 import shlex
 
+from memo_sim.errors import MemoError
 from memo_sim.export.base import (Export, Gap, PlanChange, async_tp_gap, balance_gap, dp_flavour_gap, gemm_format_gap,
                                   interleave_gap, metp_gap, mtp_gap, nearest_batch, nearest_plan, rank_order_gap,
                                   rotary_gaps, not_modelled_gap, optimizer_offload_gap, policy_gaps, uneven_stages_gap,
@@ -51,8 +54,10 @@ def gaps(plan: Plan) -> list[Gap]:
                        f"DeepSpeed-Ulysses over {u} GPUs (--ds-sequence-parallel-size; memo's {FRAMEWORK} data, the "
                        f"DeepSpeed-Ulysses setup `memo-sim whatif --framework {FRAMEWORK}` searches, has no TP)",
                        PlanChange(layout={"tp": 1, "cp": 1, "ulysses": u})))
+    out += _heads_gap(plan, out)  # the Ulysses degree those make, where the heads do not split over it
     out += metp_gap(plan) + async_tp_gap(plan, "Megatron-DeepSpeed's TP, its collectives on the critical path")
-    pipe = _pipeline_gap(plan, nearest_plan(plan, out)[0])  # after the TP and CP gaps: Ulysses over their GPUs
+    # after the TP and CP gaps: Ulysses over their GPUs, the replica's sequences `_heads_gap`'s where it split them
+    pipe = _pipeline_gap(dataclasses.replace(plan, batch=nearest_batch(plan, out)), nearest_plan(plan, out)[0])
     out += pipe or interleave_gap(plan)
     # an offloading policy's nearest is cpu_checkpointing (the layer inputs on the host), any other's full recompute
     out += policy_gaps(plan, _RUNS, fallback="checkpoint_offload" if plan.policy.offloads else "full_recompute")
@@ -66,7 +71,73 @@ def gaps(plan: Plan) -> list[Gap]:
     if plan.model.bias == "qkv":  # Megatron-DeepSpeed's --disable-bias-linear drops every bias, it has no qkv-only one
         out.append(Gap(f"{plan.model.name}'s biases on the q, k and v projections only",
                        "biases on every linear layer (no flag): edit the model or drop them by hand"))
-    return out + _moe_layout_gaps(plan) + _model_gaps(plan) + not_modelled_gap(plan)
+    return out + _moe_layout_gaps(plan) + _model_gaps(plan) + _attention_gap(plan) + not_modelled_gap(plan)
+
+
+def _heads_gap(plan: Plan, earlier: list[Gap]) -> list[Gap]:
+    """The Ulysses degree the TP and CP gaps make (``earlier``) where the model's heads do not split over it:
+    Megatron-DeepSpeed asserts ``num_attention_heads % sequence_parallel_world_size == 0`` (megatron/model/
+    transformer.py:618 at 4efb479d), and memo's what-if refuses such a layout (`check_layout`). The nearest: the
+    largest Ulysses degree dividing it that the heads split over, the rest of its GPUs data-parallel replicas, the
+    replica's sequences split over them (the global batch kept); where the sequences do not split so, no DeepSpeed
+    layout of the plan's GPUs runs it, and the export is refused in one line (a review: a 32-head model written with
+    Ulysses over 64 GPUs, priced as a layout memo refuses)."""
+    lay, _, _ = nearest_plan(plan, earlier)
+    if lay.ulysses == 1 or not _layout_why_not(plan, lay, plan.batch):
+        return []
+    u, why = lay.ulysses, _layout_why_not(plan, lay, plan.batch)
+    for d in sorted((d for d in range(1, u) if u % d == 0), reverse=True):
+        r = u // d
+        batch = plan.batch // r
+        if plan.batch % r or batch % plan.micro_batch:
+            continue
+        cap = dataclasses.replace(lay, ulysses=d, dp=lay.dp * r)
+        if _layout_why_not(plan, cap, batch) is None:
+            return [Gap(f"DeepSpeed-Ulysses over {u} GPUs (the plan's TP x CP x Ulysses), which cannot run: {why}",
+                        f"DeepSpeed-Ulysses over {d} GPUs (--ds-sequence-parallel-size {d}), the other GPUs data-"
+                        f"parallel replicas (dp {cap.dp}, {batch} sequence{'s' if batch != 1 else ''} per replica: "
+                        f"the global batch of {plan.batch * lay.dp} kept)",
+                        PlanChange(layout={"ulysses": d, "dp": cap.dp}, batch=batch))]
+    heads = ("; Megatron-DeepSpeed asserts num_attention_heads % the sequence-parallel size == 0"
+             if plan.model.heads % u else "")
+    raise MemoError(f"--to deepspeed: no DeepSpeed layout runs this plan on its {plan.gpus} GPUs: its TP x CP x "
+                    f"Ulysses is DeepSpeed-Ulysses over {u} GPUs there, which cannot run ({why}{heads}), and a "
+                    f"smaller Ulysses degree "
+                    f"needs the {plan.batch} sequence{'s' if plan.batch != 1 else ''} per replica split over more "
+                    f"replicas (micro-batch {plan.micro_batch}); export a plan with a larger global batch, or to "
+                    f"another framework")
+
+
+def _layout_why_not(plan: Plan, lay, batch: int) -> str | None:
+    """Why ``lay`` (tp 1: the TP and CP gaps' Ulysses) cannot run the plan's model as DeepSpeed runs it (its
+    mechanisms: `Framework.adapt`, the K/V heads' rule among them), else None; stages are `_pipeline_gap`'s."""
+    one = dataclasses.replace(get_framework(FRAMEWORK).adapt(lay), pp=1, vpp=1, first_stage_layers=0,
+                              last_stage_layers=0, chunk_layers=())
+    return check_layout(one, plan.model, one.gpus, max(one.gpus, 1), plan.seq_tokens, batch)
+
+
+# the FlashAttention kernel memo's deepspeed data prices (mechanisms.attention: flash, FlashAttention-2's curves), as
+# Megatron-DeepSpeed's flag (megatron/arguments.py:930 at 4efb479d): all its attention flags are off by default, and
+# without one ParallelAttention runs CoreAttention (megatron/model/transformer.py:607-612), the whole s x s scores
+# in memory (a review: a 64K-token plan written so ran out of memory). --use-flash-attn-v2 is FlashAttention-2's
+# flash_attn_varlen_func (transformer.py:409), which DeepSpeed-Ulysses' DistributedAttention gathers for in the
+# [b, s, h, d] layout (gather_idx 1, transformer.py:623); the Ulysses examples at that commit write it
+# (examples_deepspeed/sequence_parallel/ds_pretrain_gpt_6.7B_fpdt_32k.sh) or --use-flash-attn-triton (the others,
+# a Triton FlashAttention memo does not price)
+FLASH_FLAG = "--use-flash-attn-v2"
+
+
+def _attention_gap(plan: Plan) -> list[Gap]:
+    """The plan's attention kernel where it is not the FlashAttention-2 the launch line writes (`FLASH_FLAG`): cuDNN's
+    fused attention (TransformerEngine's, which Megatron-DeepSpeed does not run) or the materialised s x s scores.
+    The nearest plan is priced with the framework's kernel already (`price_nearest`: its mechanisms), so the gap
+    changes nothing more."""
+    kernel = plan.priced_attention_kernel()
+    if kernel == "flash":
+        return []
+    words = {"cudnn": "cuDNN's fused attention", "materialised": "materialised attention (the s x s scores)"}
+    return [Gap(f"the {words.get(kernel, kernel)} kernel", f"FlashAttention-2 ({FLASH_FLAG}: memo's {FRAMEWORK} "
+                                                           "data's attention kernel)")]
 
 
 _SCHEDULE_WORDS = {"1f1b": "1F1B", "interleaved_1f1b": "interleaved 1F1B", "sppo": "SPPO"}
@@ -268,7 +339,7 @@ def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | None]]:
     ]
     if m.n_kv_heads != m.heads:
         args.append(("--num-key-value-heads", str(m.n_kv_heads)))
-    args += _architecture(plan)
+    args += _architecture(plan) + [(FLASH_FLAG, None)]
     if lay.pp == 1:
         args.append(("--no-pipeline-parallel", None))
     if lay.ulysses > 1:

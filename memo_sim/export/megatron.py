@@ -15,8 +15,8 @@ from __future__ import annotations
 import shlex
 
 from memo_sim.export.base import (Export, Gap, async_tp_gap, balance_gap, dp_flavour_gap, gemm_format_gap, metp_gap,
-                                  nearest_plan, not_modelled_gap, optimizer_offload_gap, policy_gaps, price_nearest,
-                                  shape_arguments, torchrun_line, ulysses_gap, zero_gap)
+                                  nearest_batch, nearest_plan, not_modelled_gap, optimizer_offload_gap, policy_gaps,
+                                  price_nearest, shape_arguments, torchrun_line, ulysses_gap, zero_gap)
 from memo_sim.layout.kv_heads import kv_heads_why_not
 from memo_sim.model.rope import YARN_PARAMS, llama3_rope_factor, yarn_params
 from memo_sim.layout.pipeline_layout import format_layout
@@ -250,9 +250,14 @@ def moe_arguments(plan: Plan, lay) -> list[tuple[str, str | None]]:
     return args
 
 
-# the GEMM formats as --fp8-recipe values (megatron/training/arguments.py, _add_transformer_engine_args);
-# --fp8-format hybrid: E4M3 in forward, E5M2 for gradients
+# the GEMM formats as --fp8-recipe values (megatron/training/arguments.py, _add_transformer_engine_args)
 FP8_RECIPES = {"fp8-tensorwise": "tensorwise", "fp8-blockwise": "blockwise", "mxfp8": "mxfp8"}
+# and their --fp8-format, as memo prices each (`memo_sim.model.gemm_formats`): tensorwise current scaling in "hybrid"
+# (E4M3 in forward, E5M2 for gradients: TransformerEngine's Float8CurrentScaling default), the block-scaled recipes
+# in E4M3 everywhere (TransformerEngine's Float8BlockScaling and MXFP8BlockScaling default to Format.E4M3, and
+# Megatron-LM's docs write --fp8-format e4m3 beside --fp8-recipe blockwise / mxfp8); a review found hybrid written
+# for all three (memo's fp8-rowwise, torchao's recipe, is not a Megatron one)
+FP8_FORMATS = {"fp8-tensorwise": "hybrid", "fp8-blockwise": "e4m3", "mxfp8": "e4m3"}
 # the 4-bit formats as --fp4-recipe values (TransformerConfig's fp4_recipe at d98e8a64, with fp4 = --fp4-format e2m1;
 # Megatron refuses --fp4-format beside --fp8-format)
 FP4_RECIPES = {"nvfp4": "nvfp4"}
@@ -317,7 +322,7 @@ def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | tuple[str
     if m.dtype in ("bf16", "fp16"):
         args.append((f"--{m.dtype}", None))
     if m.gemm_format in FP8_RECIPES:
-        args += [("--fp8-format", "hybrid"), ("--fp8-recipe", FP8_RECIPES[m.gemm_format])]
+        args += [("--fp8-format", FP8_FORMATS[m.gemm_format]), ("--fp8-recipe", FP8_RECIPES[m.gemm_format])]
     elif m.gemm_format in FP4_RECIPES:
         args += [("--fp4-format", "e2m1"), ("--fp4-recipe", FP4_RECIPES[m.gemm_format])]
     args += moe_arguments(plan, lay)
@@ -359,6 +364,22 @@ def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | tuple[str
     return args + _RECOMPUTE[pol.name]  # a policy Megatron-LM does not run is a gap: full recompute instead
 
 
+def _plan_header(plan: Plan, applied: list[Gap]) -> list[str]:
+    """The script's '# the plan:' line, memo's plan as it was searched, and where the gaps change it (--nearest)
+    a '# written:' line of the nearest plan the options below set (a review: the header named the plan's layout
+    above a script of another)."""
+    lay, pol, schedule = nearest_plan(plan, applied)
+    batch = nearest_batch(plan, applied)
+    seqs = f"{batch} sequence{'s' if batch != 1 else ''} per replica"
+    out = [f"# the plan: {plan.model.name}, {plan.seq_tokens} tokens x {plan.batch} "
+           f"sequence{'s' if plan.batch != 1 else ''} per replica, "
+           f"{plan.layout.label()}, {plan.policy.label()}, schedule {plan.schedule}"]
+    if (lay, pol.label(), schedule, batch) != (plan.layout, plan.policy.label(), plan.schedule, plan.batch):
+        out.append(f"# written (the nearest Megatron-LM runs, gaps above): {seqs}, {lay.label()}, {pol.label()}, "
+                   f"schedule {schedule}")
+    return out
+
+
 def export(plan: Plan, price: bool = True, instead: dict | None = None) -> Export:
     g = gaps(plan)
     ex = Export("Megatron-LM", SOURCE, {}, g, "")
@@ -367,9 +388,7 @@ def export(plan: Plan, price: bool = True, instead: dict | None = None) -> Expor
     args = arguments(plan, g)
     tr = torchrun_line(plan, "pretrain_gpt.py")
     lines = ["#!/usr/bin/env bash", ex.comment_block(), "#",
-             f"# the plan: {plan.model.name}, {plan.seq_tokens} tokens x {plan.batch} "
-             f"sequence{'s' if plan.batch != 1 else ''} per replica, "
-             f"{plan.layout.label()}, {plan.policy.label()}, schedule {plan.schedule}",
+             *_plan_header(plan, g),
              "# Add your data, tokenizer, optimizer and checkpoint arguments (--data-path, --tokenizer-type, --lr ...).",
              "set -euo pipefail",
              # Megatron-FSDP asserts the variable is unset or above 1 (validate_args at SOURCE); TP's overlap wants 1

@@ -12,7 +12,8 @@ and ``config.activation_checkpoint`` (``FullAC.Config()``, ``SelectiveAC.Config(
 checkpointing, or ``None``), and ``config.compile`` (``CompileConfig``) as priced: the model's blocks compiled
 (``enable`` with ``"model"`` in ``components``) for a plan whose blocks are compiled (``Layout.kernel_fusion``),
 for async TP and for torchao's quantised formats, else not (`_compile_lines`). torchtitan expresses TP
-with SP (async TP: ``CompileConfig.enable_async_tensor_parallel``), CP, PP with ``1F1B`` / ``Interleaved1F1B``, DP by
+with SP (async TP: ``CompileConfig.enable_async_tensor_parallel``), CP, PP with ``1F1B`` / ``Interleaved1F1B`` (the
+split as three numbers, or each model part's modules where those cannot say it: `module_fqns`), DP by
 replication (ZeRO 0) or FSDP2 sharding (``data_parallel_shard_degree``: ZeRO 3, memo's ``fsdp`` flavour; a ZeRO 1
 or 2 plan is written and priced as FSDP2 with ``fsdp_reshard_after_forward = "never"``, `_fsdp_gap`) and full or
 per-op selective activation checkpointing.
@@ -111,7 +112,7 @@ _AC = {"full_recompute": "FullAC", "op_sac": "SelectiveAC"}
 
 # what a model is, beside its shapes: its name and notes, and how it is trained (dtype, recipe, GEMM format)
 _NOT_SHAPE = ("name", "not_modelled", "dtype", "precision", "gemm_format", "fp8_saved_inputs", "fp8_sp_gathers",
-             "fp8_weights_per_use")
+             "fp8_weights_per_use", "fp8_transposes")
 
 
 def _preset(model) -> str:
@@ -260,6 +261,36 @@ def pipeline_split(plan: Plan) -> tuple[int, int, int] | None:
     return (m, first_less, last_less) if _titan_counts(n, k, first_less, last_less) == counts else None
 
 
+def module_fqns(plan: Plan) -> list[list[str]] | None:
+    """The plan's model chunks as ``ParallelismConfig.module_fqns_per_model_part`` (torchtitan/config/configs.py:187
+    at `SOURCE`), virtual stages in order: the module names of torchtitan's ``Decoder`` (models/common/decoder.py:248-
+    255, the base of its Llama 3, Qwen3, DeepSeek-V3 and GPT-OSS models: ``tok_embeddings``, ``layers.<i>`` of a
+    ModuleDict keyed by the layer's index, ``norm``, ``lm_head``), the embedding on the first chunk and the norm and
+    head on the last, as ``_generate_llm_fqn_per_model_part`` (distributed/pipeline_parallel.py:357) names them.
+    pipeline_llm takes the list as given (pipeline_parallel.py:88), each rank building the chunks of its virtual
+    stages (``_pipeline_module_split``), so every split is expressed, the uneven ones `pipeline_split`'s three
+    numbers cannot say (a review: those were a gap); None where a chunk would hold no module."""
+    parts = [[f"layers.{i}" for i in r] for r in plan.layout.virtual_stage_ranges(plan.model.layers)]
+    parts[0].insert(0, "tok_embeddings")
+    parts[-1] += ["norm", "lm_head"]
+    return parts if all(parts) else None
+
+
+def _dispatcher_gap(plan: Plan) -> list[Gap]:
+    """A MoE token dispatcher torchtitan's data does not run (its experts' dispatchers: all-to-all): every torchtitan
+    MoE at `SOURCE` dispatches by all-to-all over the EP ranks (models/common/token_dispatcher.py:228
+    AllToAllTokenDispatcher; DeepEP and HybridEP backends memo's torchtitan data does not offer), so the nearest plan
+    is priced with it, as `memo_sim.export.deepspeed` does for DeepSpeed-MoE (a review: an allgather plan was kept and
+    not listed)."""
+    from memo_sim.search.frameworks import get_framework  # noqa: PLC0415
+
+    lay, experts = plan.layout, get_framework(FRAMEWORK).experts
+    if not plan.model.moe or experts is None or lay.moe_dispatcher in experts.dispatchers:
+        return []
+    return [Gap(f"the {lay.moe_dispatcher} token dispatcher", "torchtitan's all-to-all (AllToAllTokenDispatcher, "
+                "torchtitan/models/common/token_dispatcher.py)", PlanChange(layout={"moe_dispatcher": "alltoall"}))]
+
+
 def gaps(plan: Plan) -> list[Gap]:
     out = ulysses_gap(plan) + metp_gap(plan) + _fsdp_gap(plan)
     borrow = _ep_borrow_gap(plan)
@@ -269,8 +300,9 @@ def gaps(plan: Plan) -> list[Gap]:
     out += gemm_format_gap(plan, "torchtitan") + optimizer_offload_gap(plan, "torchtitan") + not_modelled_gap(plan)
     out += mtp_gap(plan, "torchtitan", "memo's torchtitan data and export do not offer it: torchtitan's DeepSeek-V3 "
                                        "MTP, model_registry num_mtp_layers, runs without PP and CP only")
-    if plan.layout.pp > 1 and pipeline_split(plan) is None:
+    if plan.layout.pp > 1 and pipeline_split(plan) is None and module_fqns(plan) is None:
         out += uneven_stages_gap(plan, "torchtitan (module_fqns_per_model_part)")
+    out += _dispatcher_gap(plan)
     if plan.layout.etp > 1:
         out.append(Gap(f"expert tensor parallelism over {plan.layout.etp} ranks", "experts whole on each EP rank "
                        "(torchtitan at this version has no expert tensor parallelism)", PlanChange(layout={"etp": 1})))
@@ -460,6 +492,13 @@ def _shapes(m) -> str:
             f"vocabulary {m.vocab}")
 
 
+def _value(v) -> str:
+    """A setting's value as Python source: its repr, a list of lists (`module_fqns`) one inner list a line."""
+    if isinstance(v, list) and v and all(isinstance(x, list) for x in v):
+        return "[\n" + "".join(f"        {x!r},\n" for x in v) + "    ]"
+    return repr(v)
+
+
 def render(plan: Plan, applied: list[Gap]) -> str:
     lay, pol, schedule = nearest_plan(plan, applied)
     base, other_model = _base(plan)
@@ -483,11 +522,13 @@ def render(plan: Plan, applied: list[Gap]) -> str:
     if lay.pp > 1:
         sets += [("parallelism.pipeline_parallel_schedule", SCHEDULES[schedule]),
                  ("parallelism.num_pp_microbatches", plan.micro_batches)]
-        split = pipeline_split(plan)
-        if split is not None:  # else the gap above says so
+        split, fqns = pipeline_split(plan), module_fqns(plan)
+        if split is not None:
             sets += [("parallelism.pipeline_parallel_layers_per_stage", split[0]),
                      ("parallelism.pipeline_parallel_first_stage_less_layers", split[1]),
                      ("parallelism.pipeline_parallel_last_stage_less_layers", split[2])]
+        elif fqns is not None:  # each model part's modules (else the gap above says so)
+            sets.append(("parallelism.module_fqns_per_model_part", fqns))
     sets += [("training.max_context_length", plan.seq_tokens),
              ("training.num_tokens_per_microbatch_per_dp_rank", plan.micro_batch * plan.seq_tokens),
              ("training.num_tokens_per_train_step", plan.batch * lay.dp * plan.seq_tokens),
@@ -496,7 +537,7 @@ def render(plan: Plan, applied: list[Gap]) -> str:
              ("training.disable_cuda_graphs", True)]
     if plan.model.moe and lay.balance.kind == "forced":  # round-robin routing: configs.py DebugConfig at SOURCE
         sets.append(("debug.moe_force_load_balance", True))
-    body = [f"    config.{k} = {v!r}" for k, v in sets]
+    body = [f"    config.{k} = {_value(v)}" for k, v in sets]
     if other_model:  # the shipped configuration trains another model: stop, rather than train that one unnoticed
         shapes = (f"a Qwen3 MoE of the plan's shapes: {_qwen3_moe_args(plan.model)}" if _module(plan) == "qwen3"
                   else f"a model of the plan's shapes ({_shapes(plan.model)})")

@@ -229,8 +229,9 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
         runs = [n for n, f in FRAMEWORKS.items() if tp_mode in f.tp_modes]
         family = [n for n in runs if n.split("@")[0] == fw.name.split("@")[0]]
         others = family or runs  # the framework's own versions first, else any framework that runs it
+        verb = "runs" if len(others) == 1 else "run"
         raise MemoError(f"--tp-mode {tp_mode}: {fw.name} runs TP as {', '.join(fw.tp_modes)}"
-                        + (f"; {' and '.join(others)} runs {tp_mode} (--framework {others[0]})" if others else
+                        + (f"; {' and '.join(others)} {verb} {tp_mode} (--framework {others[0]})" if others else
                            "; choose one of them or another --framework"))
     if whole_sequence_only(dict(fw.mechanisms).get("ring_merge", "none"), model, seq):
         # its CP gathers every K/V chunk for causal attention over the whole sequence (`check_layout`): CP 1 only
