@@ -569,6 +569,11 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
             L.append("")
             L.append(f"Under this plan's policy ({p.policy.name}) the activations ({', '.join(unsized)}) are kept by "
                      "autograd as the step runs, not sized before it, so they read — too.")
+    if p.model.qk_norm and p.model.qk_norm_kept:  # the framework's autograd keeps them; memo-exec normalises again
+        L.append("")
+        L.append("The plan keeps the QK norms' outputs beside the projections, as its framework's autograd does "
+                 "(`model.qk_norm_kept`); this executor keeps the projections alone and normalises them again where "
+                 "the attention kernel runs, so its skeletal term is smaller by the normalised queries and keys.")
     if p.model.mixes_dense_layers:  # the README's named approximation of a mixed model, in the report it moves
         L.append("")
         n_dense = p.model.dense_layers

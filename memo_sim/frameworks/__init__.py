@@ -217,6 +217,8 @@ class _FrameworkIn(BaseModel):
     precision: _PrecisionIn = _PrecisionIn()
     not_modelled: tuple[str, ...] = ()
     chunked_attention: bool = Field(False, strict=True)  # it runs Llama 4's chunked attention (else full causal)
+    # QK norms (Qwen3): their outputs kept for the backward beside the projections (`ModelConfig.qk_norm_kept`)
+    qk_norm_outputs_kept: bool = Field(True, strict=True)
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -256,6 +258,7 @@ class Framework:
     experts: ExpertsOffer | None = None  # mixture of experts (None: MoE models not offered)
     dp_modes: tuple[str, ...] = ("zero",)  # its data-parallel flavours (`memo_sim.dp`; zero: ZeRO stages)
     chunked_attention: bool = False  # it runs chunked attention (Llama 4); else a model's chunked layers run full
+    qk_norm_outputs_kept: bool = True  # a QK-norm model's normalised queries and keys kept (`ModelConfig.qk_norm_kept`)
     shards_over_cp: bool = False  # its FSDP shards over the CP ranks too (`_LayoutsIn.shards_over_cp`)
     multi_token_prediction: bool = False  # it trains multi-token-prediction modules (`_LayoutsIn`)
     rank_orders: tuple[str, ...] = (DEFAULT_RANK_ORDER,)  # the orders it numbers ranks in (`layout.rank_order`)
@@ -282,6 +285,8 @@ class Framework:
                "fp8_weights_per_use": self.fp8_weights_per_use}
         if model.gemm.quantised and any(getattr(model, k) != v for k, v in fp8.items()):
             model = replace(model, **fp8)
+        if model.qk_norm and model.qk_norm_kept != self.qk_norm_outputs_kept:  # as it keeps them for the backward
+            model = replace(model, qk_norm_kept=self.qk_norm_outputs_kept)
         if model.chunked_layers and not self.chunked_attention:  # as its script would run the model
             note = (f"chunked attention ({model.attention_chunk}-token chunks on {model.chunked_layers} layers): "
                     f"{self.name} has none, priced as full causal attention")
@@ -414,6 +419,7 @@ def _read(path: Path) -> Framework:
                      fp8_saved_inputs=f.precision.fp8_saved_inputs, fp8_sp_gathers=f.precision.fp8_sp_gathers,
                      fp8_weights_per_use=f.precision.fp8_weights_per_use,
                      dp_modes=lay.dp_modes, chunked_attention=f.chunked_attention, shards_over_cp=lay.shards_over_cp,
+                     qk_norm_outputs_kept=f.qk_norm_outputs_kept,
                      multi_token_prediction=lay.multi_token_prediction, rank_orders=lay.rank_orders,
                      mapping_equal_groups=lay.mapping_equal_groups,
                      experts=None if lay.experts is None else ExpertsOffer(**lay.experts.model_dump()))

@@ -138,7 +138,8 @@ def attention_buffers(model: ModelConfig, layout: Layout, tb: dict[str, float], 
     ring_bufs = ring.buffers(layout.cp, ring_kv, tb["q"], d, phase)  # the ring's K/V and gradient buffers
     # QK norms (Qwen3): the normalised queries and keys the kernel reads, beside the kept projections (the executor
     # normalises in scratch where the kernel runs, `memo_exec.layer.LayerCompute._attention_qk`)
-    qk = [("q_normed", tb["q"]), ("k_normed", tb["k"])] if model.qk_norm else []
+    # (a framework that keeps them, ``qk_norm_kept``, holds them among the saved tensors instead)
+    qk = [("q_normed", tb["q"]), ("k_normed", tb["k"])] if model.qk_norm and not model.qk_norm_kept else []
     if phase == "fwd":
         out = qk + ([("materialised_scores", mat * (2 * d + 1))] if mat else [("attention_workspace", tb["lse"])])
         if layout.cp > 1:

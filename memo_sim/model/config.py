@@ -125,7 +125,7 @@ _QUIET_DEFAULTS = {"head_dim": 0, "qk_norm": False, "attention_sinks": False, "s
                    "router_scaling": 1.0, "rope_theta": 0.0, "norm_eps": 0.0, "aux_loss_coef": 0.0,
                    "seq_aux": False, "rope_scaling": "", "rotary_fraction": 0.0, "nope_period": 0,
                    "mtp_layers": 0, "not_modelled": "", "swiglu_limit": 0.0,
-                   "fp8_weights_per_use": False, "fp8_transposes": True}
+                   "fp8_weights_per_use": False, "fp8_transposes": True, "qk_norm_kept": False}
 
 
 def _dim(hi: int):
@@ -158,6 +158,7 @@ class _ModelIn(BaseModel):
     fp8_transposes: bool = Field(True, strict=True)
     head_dim: Annotated[int, Field(strict=True, ge=0, le=MAX_HIDDEN)] = 0
     qk_norm: bool = Field(False, strict=True)
+    qk_norm_kept: bool = Field(False, strict=True)
     attention_sinks: bool = Field(False, strict=True)
     sliding_window: Annotated[int, Field(strict=True, ge=0, le=1 << 30)] = 0
     sliding_layers: Annotated[int, Field(strict=True, ge=0, le=MAX_LAYERS)] = 0
@@ -327,6 +328,11 @@ class ModelConfig:
     # attention beyond hidden / heads (module docs; 0 / False: as hidden / heads gives)
     head_dim: int = 0  # query/key head size (no-rope part under latent attention); 0: hidden // heads
     qk_norm: bool = False
+    # with QK norms: whether the layer keeps their outputs (the normalised, rotated queries and keys the attention
+    # kernel saves) beside the projections (the norms' saved inputs), as a framework's autograd does (Megatron-LM's
+    # TransformerEngine norms, torchtitan's); False: memo's executor, which normalises them again wherever the kernel
+    # runs (a transient, `memo_sim.memplan.trace_gen`). Set by the framework (`Framework.for_model`)
+    qk_norm_kept: bool = False
     attention_sinks: bool = False
     sliding_window: int = 0
     sliding_layers: int = 0

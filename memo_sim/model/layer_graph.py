@@ -181,14 +181,18 @@ SKELETAL_NAMES = tuple(n for n, _w, _s, role, saved in _TENSORS if saved and rol
 def _tensor_rows(model: ModelConfig) -> tuple:
     """(name, width key, tp_split, role, saved) of one layer's tensors, in op order, for the model's
     attention and FFN kinds (the dense table `_TENSORS` unchanged for a dense standard layer)."""
-    if not (model.mla or model.moe):
+    kept_qk = model.qk_norm and model.qk_norm_kept
+    if not (model.mla or model.moe or kept_qk):
         return _TENSORS
     rows = list(_TENSORS[:2])  # x, ln1
     if model.mla:
         if model.q_lora_rank:
             rows += [("q_lat", "qlr", False, "other", True), ("q_latn", "qlr", False, "other", True)]
         rows += [("kv_lat", "kvlr_rope", False, "other", True), ("kv_latn", "kvlr", False, "other", True)]
-    rows += list(_TENSORS[2:10])  # q, k, v, attn, lse, proj, h1, ln2
+    rows += list(_TENSORS[2:5])  # q, k, v
+    if kept_qk:  # the QK norms' outputs the attention kernel keeps, beside their inputs (``qk_norm_kept``)
+        rows += [("q_normed", "q", True, "other", True), ("k_normed", "kv", True, "other", True)]
+    rows += list(_TENSORS[5:10])  # attn, lse, proj, h1, ln2
     if not model.moe:
         return tuple(rows + list(_TENSORS[10:]))
     rows += [("probs", "experts32", False, "other", True),
@@ -230,7 +234,7 @@ def layer_tensors(model: ModelConfig, tp_mode: str = "megatron") -> MappingProxy
              "k_ef1": k * model.expert_fc1_width, "k_ef": k * model.expert_width,
              "sf1": model.fc1_of(model.shared_width), "sf": model.shared_width}
     # q, v and attn are as wide as the queries, the values and the attention output (hidden for a standard layer)
-    rename = {"q": "q", "v": "v", "attn": "attn"}
+    rename = {"q": "q", "v": "v", "attn": "attn", "q_normed": "q"}
     specs = [TensorSpec(n, width[rename.get(n, w)], LSE_BYTES if role == "lse" else
                         model.gemm.saved_element_bytes if n in fp8 else b, split,
                         "transient" if n in blocks else role, saved and n not in blocks,
