@@ -116,3 +116,69 @@ def expandable_faster(shown, best) -> dict | None:
         if tried >= EXPANDABLE_TRIES:
             break
     return None
+
+
+SPLIT_UNIT = 1024  # lengths named as split-friendly: multiples of the GPU count times this (72 GPUs: 72K, 1008K)
+SPLIT_TRIES = 3  # lengths checked at most, per answer
+
+
+def split_factor(seq: int, gpus: int) -> int:
+    """The factor of ``gpus`` that no sequence split of ``seq`` tokens can take: `memo_sim.layout.parallel.check_layout`
+    asks the sequence to divide into ulysses x cp (x 2 with ring CP: Megatron-LM's load-balanced chunks, 2 per CP
+    rank, megatron/training/utils.py ``get_batch_on_this_cp_rank``) x tp (with sequence parallelism) equal
+    chunks, so that product divides ``seq`` and the rest of the GPU count (this factor at least) stays in data or
+    pipeline parallelism. 1: the length does not limit the split."""
+    from math import gcd
+
+    return gpus // gcd(gpus, seq) if seq > 0 and gpus > 0 else 1
+
+
+def split_limit_words(seq: int, gpus: int) -> str:
+    """Where the length limits the sequence-splitting degrees (`split_factor` > 1): why, in words; else ""."""
+    from memo_sim.units import fmt_count
+
+    m = split_factor(seq, gpus)
+    if m <= 1:
+        return ""
+    return (f"the length limits the sequence split: ulysses x cp (2 x cp chunks with ring CP) x tp (with sequence "
+            f"parallelism) must divide the {fmt_count(seq)} tokens; the {gpus} GPUs' factor {m} does not divide them, "
+            f"so every layout keeps a factor {m} of its GPUs out of the split (in data or pipeline parallelism), "
+            f"whatever its memory")
+
+
+def fewer_gpus(seq: int, gpus: int) -> int | None:
+    """The largest GPU count below ``gpus`` that ``seq`` splits over whole (`split_factor` 1), above the split the
+    length allows on ``gpus`` (fewer would split it no further), or None."""
+    from math import gcd
+
+    low = gcd(gpus, seq)
+    return next((g for g in range(gpus - 1, low, -1) if seq % g == 0), None)
+
+
+def split_lengths(seq: int, gpus: int, above: int = 0, below: int | None = None) -> list[int]:
+    """Lengths the ``gpus`` GPUs split over whole (multiples of ``gpus`` x `SPLIT_UNIT`), longest first: those
+    after ``above`` and up to ``below`` (default ``seq``), `SPLIT_TRIES` at most (none equal to ``seq``)."""
+    unit = gpus * SPLIT_UNIT
+    top = (below if below is not None else seq) // unit
+    return [k * unit for k in range(top, 0, -1) if k * unit > above and k * unit != seq][:SPLIT_TRIES]
+
+
+def split_fixes(seq: int, gpus: int, fits, lengths: list[int] | None = None) -> list[tuple[str, int, int, str]]:
+    """Where the length limits the sequence split (`split_factor`): the changes that fit, each checked by the
+    search (``fits(seq, gpus)``: the best fitting plan's label there, or None): the largest GPU count the length
+    splits over (`fewer_gpus`), then the first of ``lengths`` (default `split_lengths`) that fits on ``gpus``.
+    Each as (kind ``gpus`` or ``seq``, the length, the GPU count, the plan's label); a change that does not fit
+    is not named."""
+    if split_factor(seq, gpus) <= 1:
+        return []
+    out = []
+    g = fewer_gpus(seq, gpus)
+    label = fits(seq, g) if g else None
+    if label:
+        out.append(("gpus", seq, g, label))
+    for n in (split_lengths(seq, gpus) if lengths is None else lengths):
+        label = fits(n, gpus)
+        if label:
+            out.append(("seq", n, gpus, label))
+            break
+    return out

@@ -180,6 +180,34 @@ def _layout_dict(layout: Layout) -> dict:
     return layout.to_dict()
 
 
+def need_of_capacity(need: float, capacity: float, what: str = "", need_what: str = "") -> str:
+    """``need`` (``need_what`` after it) of ``capacity`` (``what`` after it) in words, with digits enough to tell
+    the two apart: a need over the capacity is never printed as equal to it (a review: pinned host memory of
+    1680 GiB against 1676.4 GiB usable read "1.64 TiB of 1.64 TiB"); where the two round alike at two decimals,
+    more are printed and the excess is named. maxseq's words and the what-if's take it from here."""
+    from memo_sim.units import fmt_bytes
+
+    a, b = fmt_bytes(need), fmt_bytes(capacity)
+    over = ""
+    if a == b and need != capacity:
+        unit, size = _unit_of(max(abs(need), abs(capacity)))
+        for digits in range(3, 7):
+            a, b = f"{need / size:.{digits}f} {unit}", f"{capacity / size:.{digits}f} {unit}"
+            if a != b:
+                break
+        if need > capacity:
+            over = f", {fmt_bytes(need - capacity)} over"
+    return f"{a}{' ' + need_what if need_what else ''} of {b}{' ' + what if what else ''}{over}"
+
+
+def _unit_of(n: float) -> tuple[str, float]:
+    """The unit `memo_sim.units.fmt_bytes` prints ``n`` bytes in, and its size."""
+    for unit, size in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= size:
+            return unit, float(size)
+    return "B", 1.0
+
+
 def host_memory_words(c: Candidate) -> str:
     """Pinned host memory of a candidate in words: layers x GPUs x pinned bytes per layer against
     the node's usable memory, and how much the host layout's rounding adds to the raw bytes."""
@@ -198,7 +226,7 @@ def host_memory_words(c: Candidate) -> str:
     pinned = (m.host_bytes_per_node - gpus * optim) / (gpus * n_off)
     words = (f"{n_off} offloaded layers x {gpus} GPUs x {fmt_bytes(pinned)} pinned per layer"
              + (f" + {gpus} GPUs' optimizer states of {fmt_bytes(optim)}" if optim > 0 else "")
-             + f" = {fmt_bytes(m.host_bytes_per_node)} of {fmt_bytes(m.host_capacity_bytes)} usable per node")
+             + f" = {need_of_capacity(m.host_bytes_per_node, m.host_capacity_bytes, 'usable per node')}")
     used, hosts = c.profile.hosts_taken(gpus)
     if used < hosts:  # a node of several hosts (GB200 NVL72): the memory of the hosts the plan's GPUs take
         words += (f" (the {used} of the node's {hosts} hosts of {c.profile.host_gpus} GPUs that its {gpus} GPUs take, "
@@ -225,16 +253,16 @@ def binding_words(c: Candidate) -> str:
             f = c.simulated["failure"]
             return (f"GPU memory: {f['tensor']} needs {fmt_bytes(f['requested_bytes'])} with "
                     f"{fmt_bytes(f['in_use_bytes'])} of {fmt_bytes(f['capacity_bytes'])} in use (simulated)")
-        layer = m.layer_side_bytes()  # the peak holds the larger of these two
-        rec = (f", its recompute buffer {fmt_bytes(m.backward_buffer_bytes)}" if m.backward_buffer_bytes else "")
-        last = (f"the classifier and loss {fmt_bytes(m.classifier_peak_bytes)} (above a layer's transients and "
-                f"input{' and recompute buffer' if rec else ''}, {fmt_bytes(layer)})" if m.classifier_peak_bytes > layer
-                else f"transients {fmt_bytes(m.transient_peak_bytes)}, the layer's input "
-                f"{fmt_bytes(m.layer_boundary_bytes)}{rec}")
-        return (f"GPU memory: peak {fmt_bytes(m.peak_gpu_bytes)} of {fmt_bytes(m.gpu_capacity_bytes)} usable "
-                f"(model states {fmt_bytes(m.model_states_bytes)}, kept activations "
-                f"{fmt_bytes(m.skeletal_resident_bytes + m.lse_bytes)}, buffers "
-                f"{fmt_bytes(m.rounding_buffer_bytes - m.backward_buffer_bytes)}, {last})")
+        t = memory_term_words(m)  # the peak holds the larger of a layer's side and the classifier's
+        layer = m.layer_side_bytes()
+        rec = (f", its recompute buffer {fmt_bytes(t['recompute buffer'])}" if "recompute buffer" in t else "")
+        last = (f"the classifier and loss {fmt_bytes(t['classifier'])} (above a layer's transients and "
+                f"input{' and recompute buffer' if m.backward_buffer_bytes else ''}, {fmt_bytes(layer)})"
+                if "classifier" in t else f"transients {fmt_bytes(t['transients'])}, the layer's input "
+                f"{fmt_bytes(t['layer input'])}{rec}")
+        return (f"GPU memory: peak {need_of_capacity(m.peak_gpu_bytes, m.gpu_capacity_bytes, 'usable')} "
+                f"(model states {fmt_bytes(t['model states'])}, kept activations "
+                f"{fmt_bytes(t['kept activations'])}, buffers {fmt_bytes(t['buffers'])}, {last})")
     if c.status == "OOHM":
         return "pinned host memory: " + host_memory_words(c)
     if c.policy.takes_alpha and c.layout.pp == 1 and offloaded_layer_count(c.model.layers) == 0:
@@ -253,10 +281,20 @@ def binding_words(c: Candidate) -> str:
 
 
 def memory_term_words(m) -> dict[str, float]:
-    """A `MemoryBreakdown`'s terms by the names the what-if's and maxseq's words give them."""
-    return {"model states": m.model_states_bytes, "kept activations": m.skeletal_resident_bytes + m.lse_bytes,
-            "buffers": m.rounding_buffer_bytes, "transients": m.transient_peak_bytes,
-            "classifier": m.classifier_peak_bytes}
+    """The terms of a `MemoryBreakdown`'s peak by the names the what-if's and maxseq's words give them: what both sides
+    hold (model states, kept activations, the static buffers), then the side that makes the peak
+    (`MemoryBreakdown.peak_with`): the classifier and loss, or a layer's transients, its input and the recompute
+    buffer. The recompute buffer (``backward_buffer_bytes``) is live beside a layer's backward only, so it is not a
+    buffer of a classifier peak (a review: maxseq named "classifier 71.95 GiB, buffers 13.50 GiB" above an 80.74 GiB
+    peak, the what-if 1.50 GiB of buffers for the same plan). The one list both commands name terms from."""
+    held = {"model states": m.model_states_bytes, "kept activations": m.skeletal_resident_bytes + m.lse_bytes,
+            "buffers": m.rounding_buffer_bytes - m.backward_buffer_bytes}
+    if m.classifier_peak_bytes > m.layer_side_bytes():
+        return {**held, "classifier": m.classifier_peak_bytes}
+    side = {"transients": m.transient_peak_bytes, "layer input": m.layer_boundary_bytes}
+    if m.backward_buffer_bytes:
+        side["recompute buffer"] = m.backward_buffer_bytes
+    return {**held, **side}
 
 
 def gpu_headroom_words(c) -> str:

@@ -24,7 +24,7 @@ side say how much longer a sequence the memory plan trains.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 from memo_sim.layout.alloc_conf import EXPANDABLE_FLAG
@@ -34,7 +34,7 @@ from memo_sim.errors import MemoError, NothingFits
 from memo_sim.memplan.iteration_replay import replay_iteration
 from memo_sim.model.config import ModelConfig
 from memo_sim.profile.schema import HardwareProfile
-from memo_sim.search.candidate import binding_words, memory_term_words
+from memo_sim.search.candidate import binding_words, memory_term_words, need_of_capacity
 from memo_sim.search.seq_sweep import in_order
 from memo_sim.search.whatif import Candidate, candidates_for, rank
 from memo_sim.units import fmt_bytes, fmt_count
@@ -140,13 +140,13 @@ def binding_constraint(cands: list[Candidate] | str) -> str:
     c = min(cands, key=_over_share)
     m = c.memory
     if c.status == "OOHM":
-        return (f"pinned host memory: {fmt_bytes(m.host_bytes_per_node)} per node of {fmt_bytes(m.host_capacity_bytes)} "
-                f"({c.layout.label()} {c.policy.label()})")
+        host = need_of_capacity(m.host_bytes_per_node, m.host_capacity_bytes, need_what="per node")
+        return f"pinned host memory: {host} ({c.layout.label()} {c.policy.label()})"
     terms = memory_term_words(m)  # named as the what-if names them
     big = sorted(terms.items(), key=lambda kv: -kv[1])[:2]
-    host = (f"; pinned host memory too: {fmt_bytes(m.host_bytes_per_node)} per node of "
-            f"{fmt_bytes(m.host_capacity_bytes)}" if _host_over(c) else "")
-    return (f"GPU memory: {fmt_bytes(m.peak_gpu_bytes)} of {fmt_bytes(m.gpu_capacity_bytes)} "
+    host_words = need_of_capacity(m.host_bytes_per_node, m.host_capacity_bytes, need_what="per node")
+    host = f"; pinned host memory too: {host_words}" if _host_over(c) else ""
+    return (f"GPU memory: {need_of_capacity(m.peak_gpu_bytes, m.gpu_capacity_bytes)} "
             f"({c.layout.label()} {c.policy.label()}; largest: "
             + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in big) + ")" + host)
 
@@ -172,6 +172,76 @@ def _host_over(c: Candidate) -> bool:
 def max_seq(model: ModelConfig, gpus: int, profile: HardwareProfile, policy: str, *, step: int = 128 * 1024,
             framework: str = "any", simulate: bool = True, allocator: str = "caching",
             fixed: dict | None = None) -> MaxSeqAnswer:
+    """The longest multiple of ``step`` tokens ``policy`` trains on ``gpus`` GPUs (module docs), with what binds at
+    the first length that fails; where that length limits the sequence split, the binding says so and what the
+    search fits instead (`split_binding`)."""
+    ans = _max_seq(model, gpus, profile, policy, step=step, framework=framework, simulate=simulate,
+                   allocator=allocator, fixed=fixed)
+    return split_binding(ans, model, gpus, profile, framework, dict(fixed or {}))
+
+
+def split_binding(ans: MaxSeqAnswer, model, gpus: int, profile, framework: str, fixed: dict) -> MaxSeqAnswer:
+    """``ans`` with its binding words extended where its first failing length limits the sequence split
+    (`memo_sim.report.fit_advice.split_factor`: the GPU count has a factor the length does not divide, which every
+    layout keeps in data parallelism): why, and the changes the search fits (`fit_advice.split_fixes`): the
+    failing length on fewer GPUs it splits over, or the longest multiple of the GPU count x 1K past the answer that
+    fits (--step of that unit finds it). A review: a full GB200 NVL72 rack answered 768K for full_recompute while
+    1008K fits there and 64 GPUs fit 4.625M; the binding named GPU memory only."""
+    from memo_sim.report.fit_advice import SPLIT_UNIT, split_factor, split_fixes, split_limit_words
+
+    seq = ans.next_seq
+    if ans.states_alone or split_factor(seq, gpus) <= 1:
+        return ans
+
+    def fits(n: int, g: int) -> str | None:
+        return _fitting_label(model, n, g, profile, ans.policy, framework, ans.allocator, fixed)
+
+    unit = gpus * SPLIT_UNIT
+    longest = _longest_multiple(unit, (ans.max_seq or 0) // unit + 1, lambda n: fits(n, gpus) is not None)
+    fixes = split_fixes(seq, gpus, fits, lengths=[longest] if longest else [])
+    named = [f"--gpus {g} ({fmt_count(n)} fits there: {label})" if kind == "gpus" else
+             f"--step {fmt_count(unit)} (lengths the {gpus} GPUs split over: {fmt_count(n)} fits: {label})"
+             for kind, n, g, label in fixes]
+    words = f"; {split_limit_words(seq, gpus)}" + (f"; it fits with {' or '.join(named)}" if named else "")
+    return replace(ans, binding=ans.binding + words)
+
+
+SPLIT_MAX_STEPS = 64  # multiples of the split unit `split_binding` looks at, at most
+
+
+def _longest_multiple(unit: int, k: int, fits) -> int | None:
+    """The longest multiple of ``unit`` from ``k`` units on that ``fits(tokens)``, by doubling then bisecting as
+    `max_seq` does (where k units do not fit: None)."""
+    if not fits(k * unit):
+        return None
+    lo, hi = k, 2 * k
+    while hi <= SPLIT_MAX_STEPS and fits(hi * unit):
+        lo, hi = hi, 2 * hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid * unit) else (lo, mid)
+    return lo * unit
+
+
+def _fitting_label(model, seq, gpus, profile, policy, framework, allocator, fixed) -> str | None:
+    """The best plan that fits ``seq`` tokens on ``gpus`` GPUs as `max_seq` checks a length (`_fits`: analytic,
+    and the caching allocator's replay), in words; None where none fits or no layout is valid."""
+    try:
+        cands = _ranked(model, seq, gpus, profile, policy, framework, allocator, fixed)
+    except MemoError:  # NothingFits too
+        return None
+    if isinstance(cands, str):
+        return None
+    ok = [c for c in cands if c.status == "OK" and _replay_oom(c) is None]
+    if not ok:
+        return None
+    b = max(ok, key=lambda c: c.tgs)
+    return f"{b.layout.label()} {b.policy.label()}, {b.tgs:,.0f} tokens/GPU/s analytic, checked by the search"
+
+
+def _max_seq(model: ModelConfig, gpus: int, profile: HardwareProfile, policy: str, *, step: int = 128 * 1024,
+             framework: str = "any", simulate: bool = True, allocator: str = "caching",
+             fixed: dict | None = None) -> MaxSeqAnswer:
     """The longest multiple of ``step`` tokens ``policy`` trains on ``gpus`` GPUs (module docs).
     ``fixed``: what the search may not choose, as `memo_sim.search.whatif.candidates_for`'s keyword
     arguments (``tp``, ``cp``, ``ulysses``, ``dp``, ``zero``, ``sp``, ``tp_mode``, ``pp``,
