@@ -27,15 +27,21 @@ def test_the_line_is_about_the_answer_not_the_analytic_tiers_best(monkeypatch):
     stays best' beside a pipeline answer)."""
     from types import SimpleNamespace as NS
 
+    analytic = {"A": 100.0, "B": 105.0, "C": 200.0}
+
     def cand(name, tgs, simulated=True):
-        return NS(status="OK", sppo=None, tgs=tgs, simulated={} if simulated else None, layout=NS(label=lambda: name),
-                  policy=NS(label=lambda: "memo"))
+        return NS(status="OK", sppo=None, tgs=tgs, simulated={"tgs": tgs} if simulated else None,
+                  layout=NS(label=lambda: name), policy=NS(label=lambda: "memo"), estimate=NS(tgs=analytic[name]))
 
     a, b, c = cand("A", 110.0), cand("B", 105.0), cand("C", 200.0, simulated=False)
-    analytic = {"A": 100.0, "B": 105.0, "C": 200.0}
     monkeypatch.setattr(S, "_scores", lambda cands, profile, alpha: [
         analytic[x.layout.label()] * (1.0 if profile is None else 0.9) for x in cands])
     monkeypatch.setattr(S, "perturbed", lambda profile, what, f: None)
+    # C, the analytic row, could overtake by its estimate: simulated (a copy), it runs at 90 and stays behind
+    from memo_sim.search import prune
+
+    monkeypatch.setattr(prune, "tgs_upper_bound", lambda x: x.estimate.tgs)
+    monkeypatch.setattr(S, "_simulated", lambda x: NS(tgs=90.0))
     s = S.sensitivity([a, b, c], profile="base")
     assert s["base"] == "A memo" and s["answer"] and s["checked"] == 2
     assert all(v == "A memo" for g in s["groups"].values() for v in g.values())

@@ -7,6 +7,14 @@ ranking on the analytic tier (cheap: no simulation), scales each plan's ranked t
 ran it) by its analytic change, and says whether the answer stays the best of them.
 A calibrated profile measured these inputs, so it gets no line.
 
+Where the bound search left plans unsimulated (`memo_sim.search.prune`), the best of them by analytic estimate are
+re-estimated too: a plan whose reach (its proved bound, or its analytic throughput times the largest simulated over
+analytic ratio among the plans simulated, whichever is lower), scaled by its change, beats the answer's scaled
+throughput under a perturbation could overtake it there. Up to `CHALLENGERS` of them are simulated
+(copies: the ranking keeps its rows) and compared like the others; past that the line says "may change" for that
+perturbation rather than "stays best" (a review: the default search said the answer stays best with network
+bandwidth +25% where `--simulate-top all` showed it change).
+
 The plausible errors are assumptions, printed with the line: kernel efficiency 20% (the largest
 gap the fitted A800 profile shows against published runs is 17%, `tests/test_published_runs.py`),
 host-link bandwidth 25% (pinned copies reach roughly three quarters of a PCIe link's datasheet
@@ -22,6 +30,7 @@ from memo_sim.profile.schema import Curve, HardwareProfile, Quantity
 
 PERTURBATIONS = {"kernel efficiency": 0.20, "host-link bandwidth": 0.25, "network bandwidth": 0.25}
 CHECKED = 8  # fitting candidates re-estimated per perturbation
+CHALLENGERS = 4  # unsimulated plans simulated at most, where their proved bound could overtake under a perturbation
 TIE = 1e-9  # relative throughput difference below which two plans tie (a float residue, not a faster plan)
 
 
@@ -101,13 +110,62 @@ def sensitivity(shown, profile: HardwareProfile, alpha: float | None = None) -> 
     if len(cands) < 2:
         return None
     base_scores = _scores(cands, profile, alpha)
-    out = {"base": _label(head), "answer": head is ok[0], "checked": len(cands), "groups": {}}
+    # the plans the bound search did not simulate (a simulated answer's tier), the best of them by analytic estimate,
+    # each at most its proved bound and its analytic throughput times the largest simulated / analytic ratio of the
+    # plans simulated here (the analytic tier's optimism, as this query measured it)
+    from memo_sim.search.prune import tgs_upper_bound  # noqa: PLC0415
+
+    others = [c for c in ok if c.sppo is None and tier and c.simulated is None][:CHECKED]
+    k = max((c.tgs / c.estimate.tgs for c in cands if c.simulated and c.estimate.tgs), default=1.0)
+
+    def reach_of(c) -> float:
+        return min(tgs_upper_bound(c), c.estimate.tgs * max(1.0, k))
+    other_base = _scores(others, profile, alpha)
+    out = {"base": _label(head), "answer": head is ok[0], "checked": len(cands), "groups": {}, "unproved": {}}
+    flagged = []  # (perturbation group, key, the checked plans' best scaled throughput, [(challenger, ratio)])
     for what, err in PERTURBATIONS.items():
-        out["groups"][what] = {
-            f"{sign}{100 * err:.0f}%": _best(cands, base_scores, _scores(cands, perturbed(profile, what, 1 + s * err),
-                                                                          alpha))
-            for sign, s in (("-", -1), ("+", 1))}
+        runs = {}
+        for sign, s in (("-", -1), ("+", 1)):
+            p = perturbed(profile, what, 1 + s * err)
+            key = f"{sign}{100 * err:.0f}%"
+            scores = _scores(cands, p, alpha)
+            runs[key] = _best(cands, base_scores, scores)
+            top = max((c.tgs * x / b for c, b, x in zip(cands, base_scores, scores) if b and x is not None),
+                      default=None)
+            over = [(c, x / b) for c, b, x in zip(others, other_base, _scores(others, p, alpha))
+                    if top is not None and b and x is not None and reach_of(c) * x / b > top * (1 + TIE)]
+            if over:
+                flagged.append((what, key, top, over))
+        out["groups"][what] = runs
+    # the challengers, simulated in order of how far their scaled estimates reach, at most CHALLENGERS of them
+    reach: dict[int, tuple[float, object]] = {}
+    for _what, _key, top, over in flagged:
+        for c, ratio in over:
+            r = reach_of(c) * ratio / top
+            if r > reach.get(id(c), (0.0, None))[0]:
+                reach[id(c)] = (r, c)
+    sims = {i: _simulated(c) for i, (_r, c) in sorted(reach.items(), key=lambda kv: -kv[1][0])[:CHALLENGERS]}
+    for what, key, top, over in flagged:
+        for c, ratio in over:
+            sim = sims.get(id(c), "unsimulated")
+            if sim == "unsimulated":
+                out["unproved"].setdefault((what, key), _label(c))
+            elif sim is not None and sim.tgs * ratio > top * (1 + TIE):
+                top = sim.tgs * ratio
+                out["groups"][what][key] = _label(c)
     return out
+
+
+def _simulated(c):
+    """A copy of candidate ``c`` simulated (tier 2, as the what-if simulates; the ranking keeps its row), None where
+    it does not fit there."""
+    import copy  # noqa: PLC0415
+
+    from memo_sim.search.whatif import simulate_candidates  # noqa: PLC0415
+
+    twin = copy.copy(c)
+    simulate_candidates([twin])
+    return twin if twin.simulated and twin.simulated.get("status") == "OK" else None
 
 
 def sensitivity_line(shown, profile: HardwareProfile, alpha: float | None = None) -> str:
@@ -117,17 +175,23 @@ def sensitivity_line(shown, profile: HardwareProfile, alpha: float | None = None
     s = sensitivity(shown, profile, alpha)
     if s is None:
         return ""
-    stays, changes = [], []
+    stays, changes, unproved = [], [], []
     for what, runs in s["groups"].items():
         moved = {k: v for k, v in runs.items() if v != s["base"]}
+        open_ = {k: s["unproved"][(what, k)] for k in runs if (what, k) in s.get("unproved", {}) and k not in moved}
         if moved:
             # None: none of the re-estimated plans fits under that perturbation
             changes.append(f"{what} " + ", ".join(f"{k} -> {v or 'none of them fits'}" for k, v in moved.items()))
-        else:
+        if open_:
+            unproved.append(f"{what} " + ", ".join(f"{k} (to {v}, not simulated: its reach so scaled is above "
+                                                   f"the answer's)" for k, v in open_.items()))
+        if not moved and not open_:
             stays.append(f"{what} ±{next(iter(runs))[1:]}")
     who = "the answer" if s.get("answer", True) else "the best plan but SPPO's (whose search is not re-run)"
     head = (f"sensitivity (uncalibrated profile; the best {s['checked']} fitting plans of the answer's tier "
             f"re-estimated on the analytic tier, each from its ranked throughput): {who} {s['base']}")
+    maybe = f"; may change with {'; '.join(unproved)}" if unproved else ""
     if not changes:
-        return head + " stays best with " + ", ".join(stays)
-    return head + " changes with " + "; ".join(changes) + (f" (stays with {', '.join(stays)})" if stays else "")
+        return head + (" stays best with " + ", ".join(stays) if stays else "") + maybe
+    return (head + " changes with " + "; ".join(changes) + (f" (stays with {', '.join(stays)})" if stays else "")
+            + maybe)
