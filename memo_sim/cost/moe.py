@@ -186,17 +186,23 @@ def _dedup_rank_time(tokens: float, sends: float, top_k: int, token_bytes: float
                      at: int, profile: HardwareProfile, groups: int, group_topk: int) -> float:
     """`ep_alltoall_dedup_time` for a rank on the ``at``-th node of its group's ``placement`` (its ranks per node):
     the other nodes it reaches, each with the chance one of a token's experts is there (`nodes_hit` where the
-    group's nodes hold as many of its ranks each, 1 - (1 - c / g)^k for a node holding c of them otherwise)."""
+    group's nodes hold as many of its ranks each, 1 - (1 - c / g)^k for a node holding c of them otherwise), and
+    what arrives at its own node's network ports from the other nodes' ranks, spread over the node's c ranks'
+    ports: every rank of node j sends each token there with that node's chance, so a node holding few of the
+    group's ranks receives from many (a review: EP 64 as 8 + 56 ranks across two racks, 17.3 GB into the small
+    side's 8 ports, 43 ms, priced as the 9.5 ms its ranks send); the same as the send side where every node
+    holds as many ranks."""
     nv, ib = profile.nvlink, profile.internode
     per_node, nodes = placement[at], len(placement)
     t_nv = (per_node - 1) * float(nv.latency) + sends * token_bytes * (per_node - 1) / per_node / float(nv.bandwidth)
     if nodes <= 1:
         return t_nv
     if len(set(placement)) == 1:
-        remote = (nodes - 1) * nodes_hit(nodes, top_k, groups, group_topk)
+        remote = received = (nodes - 1) * nodes_hit(nodes, top_k, groups, group_topk)
     else:
         remote = sum(1.0 - (1.0 - c / g) ** top_k for j, c in enumerate(placement) if j != at)
-    t_ib = (nodes - 1) * float(ib.latency) + tokens * token_bytes * remote / float(ib.bandwidth)
+        received = (g - per_node) * (1.0 - (1.0 - per_node / g) ** top_k) / per_node
+    t_ib = (nodes - 1) * float(ib.latency) + tokens * token_bytes * max(remote, received) / float(ib.bandwidth)
     return max(t_nv, t_ib)
 
 
