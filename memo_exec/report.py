@@ -569,6 +569,12 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
             L.append("")
             L.append(f"Under this plan's policy ({p.policy.name}) the activations ({', '.join(unsized)}) are kept by "
                      "autograd as the step runs, not sized before it, so they read — too.")
+    if p.model.moe and p.policy.name == "recompute_moe":  # where the rebuilt block's tensors are counted
+        L.append("")
+        L.append("Under recompute_moe the simulator's buffers term is its recompute buffer: the rebuilt norm and every "
+                 "tensor the re-run MoE block keeps for its backward, one layer's at a time; this executor re-runs the "
+                 "block under autograd, whose saved tensors are the backward's own allocations (not in its buffers "
+                 "term, and not estimated beside the layer's transients), so the two buffers terms differ by them.")
     if p.model.qk_norm and p.model.qk_norm_kept:  # the framework's autograd keeps them; memo-exec normalises again
         L.append("")
         L.append("The plan keeps the QK norms' outputs beside the projections, as its framework's autograd does "

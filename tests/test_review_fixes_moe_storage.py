@@ -86,3 +86,20 @@ def test_megatrons_layernorm_recompute_rebuilds_only_the_norms_of_their_own(pol)
             ex.forward_backward(0)
         finally:
             ex.close()
+
+
+def test_the_report_says_where_the_rebuilt_moe_block_is_counted(tmp_path):
+    """Under recompute_moe the simulator's buffers term holds the re-run block's tensors (its recompute buffer), the
+    executor's does not (autograd allocates them in the backward): the report says so beside the two numbers."""
+    import subprocess
+    import sys
+
+    from memo_sim.plan.schema import write_plan
+
+    write_plan(plan_for({}, "recompute_moe"), tmp_path / "plan.json")
+    r = subprocess.run([sys.executable, "-m", "memo_exec.cli", "run", str(tmp_path / "plan.json"), "--device", "cpu",
+                        "--steps", "1", "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "Under recompute_moe the simulator's buffers term is its recompute buffer" in report
+    assert "dense-FFN layer (the first 1)" in report  # the mixed model's approximation named too
