@@ -14,8 +14,10 @@ import zlib
 from dataclasses import dataclass
 from functools import lru_cache
 
-from memo_sim.cost.activations import skeletal_bytes, tensor_bytes
-from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS, classifier_peak_bytes, model_state_parts
+from memo_sim.cost.activations import skeletal_bytes, tensor_bytes, tokens_per_gpu
+from memo_sim.cost.loss_kernels import loss_kernel
+from memo_sim.cost.memory import (CLASSIFIER_CHUNK_TOKENS, classifier_peak_bytes, model_state_parts,
+                                  mtp_activation_bytes, mtp_head_row_bytes)
 from memo_sim.layout.parallel import Layout
 from memo_sim.memplan.iteration_stream import FREE, FREE_STREAM, MALLOC, ROLES, IterationStream, Request
 from memo_sim.memplan.trace_gen import layer_backward_trace, layer_forward_trace, per_gpu_shard, placed_only
@@ -273,11 +275,13 @@ class _StreamRecipe:
     logits: int  # one classifier chunk's working bytes
     templates: _LayerTemplates
     recomputes: tuple[bool, ...]  # per layer: its backward runs the recompute template
+    # the multi-token-prediction modules' tensors kept over the head, each its own request (`_mtp_requests`)
+    mtp: tuple[Request, ...] = ()
 
     def request_sizes(self) -> set[int]:
         """The sizes the iteration's requests ask for."""
         t = self.templates
-        return {self.x, self.logits} | {size for tpl in (t.forward, t.backward, t.backward_recompute)
+        return {self.x, self.logits} | {size for tpl in (t.forward, t.backward, t.backward_recompute, self.mtp)
                                         for kind, _bid, size in tpl if kind == MALLOC}
 
     def content_key(self, static: bool = True) -> bytes:
@@ -287,7 +291,7 @@ class _StreamRecipe:
         requests and phases alone)."""
         t = self.templates
         text = repr((self.static if static else None, self.x, self.logits, t.forward, t.backward,
-                     t.backward_recompute, t.arena, self.recomputes))
+                     t.backward_recompute, t.arena, self.recomputes) + ((self.mtp,) if self.mtp else ()))
         return zlib.compress(text.encode(), 1)
 
 
@@ -309,11 +313,48 @@ def _stream_recipe(model: ModelConfig, layout: Layout, batch: int, seq: int, pol
     templates = _shard_templates(model, per_gpu_shard(layout), batch, seq, policy)
     if templates.arena:  # the static memory plan's arena, allocated once (memo_exec/arena.py)
         static.append((MALLOC, ARENA_ID, templates.arena))
-    head = classifier_peak_bytes(model, layout, batch, seq, classifier_chunk_tokens,
-                                 recompute_mtp=policy.recomputes_mtp)
+    rec_mtp = policy.recomputes_mtp
+    # the main head's own term: the modules' share (`mtp_activation_bytes`) is requested tensor by tensor
+    head = (classifier_peak_bytes(model, layout, batch, seq, classifier_chunk_tokens, recompute_mtp=rec_mtp)
+            - mtp_activation_bytes(model, layout, batch, seq, rec_mtp))
     logits = _nbytes(max(1.0, head - 2 * sk["input"]))
     return _StreamRecipe(tuple(static), x, logits, templates,
-                         tuple(bool(policy.recomputes_layer(i, n)) for i in range(n)))
+                         tuple(bool(policy.recomputes_layer(i, n)) for i in range(n)),
+                         _mtp_requests(model, layout, batch, seq, rec_mtp))
+
+
+def _mtp_module_tensors(model: ModelConfig, layout: Layout, batch: int, seq: int, layer_part: float,
+                        recompute: bool) -> list[tuple[str, float]]:
+    """One module's kept tensors but its loss's and head's, ``layer_part`` bytes in all (`mtp_activation_bytes`'s
+    per-module term): under ``recompute`` its two inputs, the hidden state and the embedding (Megatron-LM
+    multi_token_prediction.py:1492 ``_checkpointed_forward`` saves them alone); otherwise its layer's saved tensors
+    one by one (`layer_tensors`, as `skeletal_bytes` sums them), the attention's score-sized tensors, and the rest: the
+    projection's input (the concatenated normed halves, 2h a token; multi_token_prediction.py
+    ``_concat_embeddings``, line 1331) and the normed embedding and hidden state (h a token each)."""
+    if recompute:
+        return [("hidden", layer_part / 2), ("embedding", layer_part / 2)]
+    out = [(t, tensor_bytes(spec, layout, batch, seq)) for t, spec in layer_tensors(model, layout.tp_mode).items()
+           if spec.saved]
+    out.append(("scores", skeletal_bytes(model, layout, batch, seq)["scores"]))
+    rest = max(0.0, layer_part - sum(b for _, b in out))
+    return out + [("projection_input", rest / 2), ("normed_embedding", rest / 4), ("normed_hidden", rest / 4)]
+
+
+def _mtp_requests(model: ModelConfig, layout: Layout, batch: int, seq: int, recompute: bool) -> tuple[Request, ...]:
+    """The multi-token-prediction modules' tensors kept from their forward to their backward, each its own malloc as
+    PyTorch makes them (`mtp_activation_bytes`, split): per module its kept tensors (`_mtp_module_tensors`), its
+    loss's saved fp32 softmax where the loss kernel keeps one (Megatron-LM's vocab-parallel cross entropy saves
+    exp_logits, tensor_parallel/cross_entropy.py:181, fusions/fused_cross_entropy.py:119) and its final-normed rows
+    with their gradient (`mtp_head_row_bytes`). Sending them inside the head's one request asked the allocator for
+    a block no framework allocates (a review: 78.8 GiB on DeepSeek-V3). () without modules."""
+    k = model.mtp_layers
+    if not k:
+        return ()
+    rows = mtp_head_row_bytes(model, layout, batch, seq) / k
+    loss = tokens_per_gpu(layout, batch, seq) * model.vocab / layout.tp * loss_kernel(layout.cross_entropy).kept_fp32
+    layer_part = (mtp_activation_bytes(model, layout, batch, seq, recompute) / k - rows) - loss
+    per = _mtp_module_tensors(model, layout, batch, seq, layer_part, recompute) + [("loss", loss), ("head_rows", rows)]
+    return tuple((MALLOC, f"mtp{i}.{name}", _nbytes(b)) for i in range(k) for name, b in per if b > 0)
 
 
 def _stream_name(model: ModelConfig, layout: Layout, seq: int, policy: Policy) -> str:
@@ -321,14 +362,31 @@ def _stream_name(model: ModelConfig, layout: Layout, seq: int, policy: Policy) -
 
 
 def _build_stream(r: _StreamRecipe, name: str) -> IterationStream:
-    reqs, phase_of, names = _iteration_requests(r.x, r.logits, r.templates, r.recomputes)
+    reqs, phase_of, names = _iteration_requests(r.x, r.logits, r.templates, r.recomputes, r.mtp)
     return IterationStream(r.static, reqs, phase_of, name=name, phase_names=names)
 
 
+def _mtp_forward(mtp: tuple[Request, ...], logits: int) -> tuple[Request, ...]:
+    """The modules' forward, one after the other: each one's kept tensors, then its own head's logits and their
+    copies, the main head's size (the same output layer and loss over the same tokens: Megatron-LM
+    multi_token_prediction.py:1013 ``process_mtp_loss`` calls ``output_layer``), freed once its loss is taken. Live
+    beside fewer modules and no final norm, they never raise the head's peak."""
+    out: list[Request] = []
+    modules = sorted({bid.split(".")[0] for _kind, bid, _size in mtp})
+    for m in modules:
+        out += [r for r in mtp if r[1].split(".")[0] == m]
+        out += [(MALLOC, f"{m}.chunk", logits), (FREE, f"{m}.chunk", 0)]
+    return tuple(out)
+
+
 @lru_cache(maxsize=64)
-def _iteration_requests(x: int, logits: int, tpl: _LayerTemplates, recomputes: tuple[bool, ...]) -> tuple:
+def _iteration_requests(x: int, logits: int, tpl: _LayerTemplates, recomputes: tuple[bool, ...],
+                        mtp: tuple[Request, ...] = ()) -> tuple:
     """(requests, phase of each, phase names) of one iteration: what a stream holds besides its
-    static requests and name (recipes that differ only in those share one)."""
+    static requests and name (recipes that differ only in those share one). ``mtp``: the modules'
+    kept tensors, allocated in the head's phase before the main head's and freed after its backward
+    (Megatron-LM gpt_model.py:712 runs the modules after the decoder, before the output layer at
+    line 807)."""
     n = len(recomputes)
     reqs: list[Request] = [(MALLOC, "x0", x)]  # embedding output = layer 0's input
     phase_of: list[int] = [0]
@@ -346,8 +404,10 @@ def _iteration_requests(x: int, logits: int, tpl: _LayerTemplates, recomputes: t
     # classifier: final norm output, one chunk's logits (+ fp32 softmax and gradient), the gradient
     # of the last layer's output; the last layer's output dies with the final norm's backward
     phase += 1
-    cls = ((MALLOC, "cls.final_norm", x), (MALLOC, "cls.chunk", logits), (FREE, "cls.chunk", 0),
-           (MALLOC, f"g{n}", x), (FREE, "cls.final_norm", 0), (FREE, f"x{n}", 0))
+    cls = (_mtp_forward(mtp, logits) + ((MALLOC, "cls.final_norm", x), (MALLOC, "cls.chunk", logits),
+                                         (FREE, "cls.chunk", 0), (MALLOC, f"g{n}", x))
+           + tuple((FREE, bid, 0) for _kind, bid, _size in reversed(mtp))
+           + ((FREE, "cls.final_norm", 0), (FREE, f"x{n}", 0)))
     reqs.extend(cls)
     phase_of.extend([phase] * len(cls))
     for i in range(n - 1, -1, -1):

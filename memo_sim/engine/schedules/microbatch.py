@@ -564,10 +564,30 @@ class _MicrobatchBuilder:
             tail = [g.add(mb_name("embedding", st.mb), device=d, stream="compute", kind="compute", phase="bwd", layer=None,
                           work=costs.embedding_bwd, deps=tail)]
         if vs == self.n_vs - 1 and costs.mtp_kept_bytes > 0:  # the modules' activations, freed as the step starts
-            ops = g.ops[first:]
-            op = next((o for o in ops if o.stream == "compute"), ops[0])
-            op.mem_start = (MemAction("gpu", mb_tensor(st.mb, "mtp.kept"), -costs.mtp_kept_bytes),) + op.mem_start
+            self.free_mtp_kept(st.mb, g.ops[first:], deps)
         r.tail = tail
+
+    def free_mtp_kept(self, mb: int, ops: list, deps: list) -> None:
+        """Free the modules' kept activations as the micro-batch's backward step starts: at its first compute op,
+        or, where the last chunk holds no layers (a layout ending ``|mL``: the head and the modules alone, whose
+        backward the classifier op already carries), as its last compute dependency ends, so the block is gone
+        before the next step's ops allocate (a send of the step would start beside them at the same instant). A
+        classifier right before the step never holds it at all (Megatron-LM runs the modules' backward first in
+        the step, megatron/core/pipeline_parallel/schedules.py:539 ``backward_step``)."""
+        tensor, size = mb_tensor(mb, "mtp.kept"), self.costs.mtp_kept_bytes
+        op = next((o for o in ops if o.stream == "compute"), None)
+        if op is not None:
+            op.mem_start = (MemAction("gpu", tensor, -size),) + op.mem_start
+            return
+        last = max((o for o in deps if o.stream == "compute"), key=lambda o: o.uid, default=None)
+        if last is None:  # nothing computed before it either: the step's first op, as before
+            ops[0].mem_start = (MemAction("gpu", tensor, -size),) + ops[0].mem_start
+            return
+        alloc = MemAction("gpu", tensor, size)
+        if alloc in last.mem_end:  # the step follows its own classifier: the block never outlives it
+            last.mem_end = tuple(a for a in last.mem_end if a != alloc)
+        else:
+            last.mem_end = last.mem_end + (MemAction("gpu", tensor, -size),)
 
 
 def stage_rows(sched: MicrobatchSchedule, orders: list[list[Step]], end_time: float, failure, peak_gpu: dict,
