@@ -116,6 +116,15 @@ def mtp_activation_bytes(model: ModelConfig, layout: Layout, batch: int, seq: in
     modules."""
     if not model.mtp_layers:
         return 0.0
+    parts = mtp_module_parts(model, layout, batch, seq, recompute)
+    return model.mtp_layers * sum(parts.values())
+
+
+def mtp_module_parts(model: ModelConfig, layout: Layout, batch: int, seq: int, recompute: bool = False) -> dict:
+    """One multi-token-prediction module's part of `mtp_activation_bytes` on one GPU, by kind: ``kept`` (its layer's
+    saved tensors and the projection's inputs, or under ``recompute`` its two inputs), ``loss`` (its loss's state)
+    and ``head_rows`` (its final-normed rows and their gradient, `mtp_head_row_bytes`); the caching-allocator
+    replay requests each apart (`memo_sim.memplan.iteration_requests`)."""
     d = DTYPE_BYTES[model.dtype]
     tokens = tokens_per_gpu(layout, batch, seq)
     if recompute:
@@ -124,7 +133,8 @@ def mtp_activation_bytes(model: ModelConfig, layout: Layout, batch: int, seq: in
         sk = skeletal_bytes(model, layout, batch, seq)
         kept = sk["total"] + sk["lse"] + sk["scores"] + tokens * 4 * model.hidden * d
     loss = tokens * model.vocab / layout.tp * loss_kernel(layout.cross_entropy).kept_fp32
-    return model.mtp_layers * (kept + loss) + mtp_head_row_bytes(model, layout, batch, seq)
+    rows = mtp_head_row_bytes(model, layout, batch, seq) / model.mtp_layers if model.mtp_layers else 0.0
+    return {"kept": kept, "loss": loss, "head_rows": rows}
 
 
 def mtp_head_row_bytes(model: ModelConfig, layout: Layout, batch: int, seq: int) -> float:

@@ -17,7 +17,7 @@ from functools import lru_cache
 from memo_sim.cost.activations import skeletal_bytes, tensor_bytes, tokens_per_gpu
 from memo_sim.cost.loss_kernels import loss_kernel
 from memo_sim.cost.memory import (CLASSIFIER_CHUNK_TOKENS, classifier_peak_bytes, model_state_parts,
-                                  mtp_activation_bytes, mtp_head_row_bytes)
+                                  mtp_activation_bytes, mtp_module_parts)
 from memo_sim.layout.parallel import Layout
 from memo_sim.memplan.iteration_stream import FREE, FREE_STREAM, MALLOC, ROLES, IterationStream, Request
 from memo_sim.memplan.trace_gen import layer_backward_trace, layer_forward_trace, per_gpu_shard, placed_only
@@ -350,10 +350,9 @@ def _mtp_requests(model: ModelConfig, layout: Layout, batch: int, seq: int, reco
     k = model.mtp_layers
     if not k:
         return ()
-    rows = mtp_head_row_bytes(model, layout, batch, seq) / k
-    loss = tokens_per_gpu(layout, batch, seq) * model.vocab / layout.tp * loss_kernel(layout.cross_entropy).kept_fp32
-    layer_part = (mtp_activation_bytes(model, layout, batch, seq, recompute) / k - rows) - loss
-    per = _mtp_module_tensors(model, layout, batch, seq, layer_part, recompute) + [("loss", loss), ("head_rows", rows)]
+    parts = mtp_module_parts(model, layout, batch, seq, recompute)
+    per = (_mtp_module_tensors(model, layout, batch, seq, parts["kept"], recompute)
+           + [("loss", parts["loss"]), ("head_rows", parts["head_rows"])])
     return tuple((MALLOC, f"mtp{i}.{name}", _nbytes(b)) for i in range(k) for name, b in per if b > 0)
 
 
