@@ -14,8 +14,7 @@ import zlib
 from dataclasses import dataclass
 from functools import lru_cache
 
-from memo_sim.cost.activations import skeletal_bytes, tensor_bytes, tokens_per_gpu
-from memo_sim.cost.loss_kernels import loss_kernel
+from memo_sim.cost.activations import skeletal_bytes, tensor_bytes
 from memo_sim.cost.memory import (CLASSIFIER_CHUNK_TOKENS, classifier_peak_bytes, model_state_parts,
                                   mtp_activation_bytes, mtp_module_parts)
 from memo_sim.layout.parallel import Layout
