@@ -114,6 +114,9 @@ WIDTH = 100  # the text answer fits a terminal this wide
 def maxseq_answer(model, gpus, profile, framework, step, answers, elapsed_s, fixed: dict | None = None) -> Answer:
     """A verdict, one narrow table (policy, longest, plan, MFU, the first failing length), and the
     binding constraint at that length per policy as wrapped notes below it."""
+    from memo_sim.report.fit_advice import split_step, split_step_words  # noqa: PLC0415
+
+    asked, step = step, split_step(step, gpus)  # the step searched (`memo_sim.search.maxseq.max_seq`)
     best = max((a for a in answers if a.max_seq), key=lambda a: a.max_seq, default=None)
     if best is None:
         verdict = f"answer: no policy trains {fmt_count(step)} tokens on {gpus} x {profile.gpu.model}"
@@ -129,6 +132,8 @@ def maxseq_answer(model, gpus, profile, framework, step, answers, elapsed_s, fix
                f"(e.g. {fmt_count(step // 16)}) looks there")
     a.line(f"{model.name}, {gpus} x {profile.gpu.model} ({profile.name}), framework {framework}, "
            f"step {fmt_count(step)}")
+    if (why := split_step_words(asked, gpus)):  # the lengths searched are not the multiples of --step: say so
+        a.line(textwrap.fill(why, WIDTH, subsequent_indent="  "))
     if (nodes := profile.partial_node_words(gpus)) is not None:
         a.line(f"nodes: {nodes}")
     a.line(textwrap.fill(f"profile {profile.name}: {profile.provenance_line()}", WIDTH, subsequent_indent="  "))

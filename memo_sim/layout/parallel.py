@@ -865,6 +865,34 @@ def enumerate_layouts(model: ModelConfig, gpus: int, gpus_per_node: int, seq: in
     return valid, rejected
 
 
+def _off_default(lay: Layout, cp: int | None, ulysses: int | None) -> int:
+    """How many of the sequence-splitting degrees the user left open (``cp``, ``ulysses`` None) ``lay`` sets past
+    their default 1 (`enumerate_layouts` tries every divisor of the GPUs for them)."""
+    return int(cp is None and lay.cp != 1) + int(ulysses is None and lay.ulysses != 1)
+
+
+def default_reason(why: str, rejected: list[tuple[Layout, str]], pick, *, cp: int | None = None,
+                   ulysses: int | None = None) -> str:
+    """The reason no layout is valid, as a search names it: ``why`` (the reason ``pick`` chose from every rejection)
+    where it is about a layout that sets no more open sequence-splitting degrees (`_off_default`) than the fewest
+    any rejection sets; else ``pick`` of the rejections at that fewest first, the layouts the fixed degrees
+    describe, then ``why`` with the degrees its layout was searched at. A review: --tp 1 --cp 1 --ep 8 --pp 2
+    --rank-order tp-cp-pp-dp on 144 GPUs named only 'Ulysses with MoE layers is not modelled' (a ulysses 2 layout
+    nobody asked for) where the rank order's unequal expert and dense data-parallel groups refused the ulysses 1
+    layouts (Megatron-LM megatron/core/parallel_state.py L898-902 at d98e8a6: 'When not using pp-last rank
+    ordering, the data parallel size of the attention and moe layers must be the same')."""
+    if not rejected:
+        return why
+    least = min(_off_default(lay, cp, ulysses) for lay, _w in rejected)
+    at = [(lay, w) for lay, w in rejected if _off_default(lay, cp, ulysses) == least]
+    if why not in {w for _lay, w in rejected} or why in {w for _lay, w in at}:
+        return why
+    lay = next(lay for lay, w in rejected if w == why)
+    searched = [f"{k} {v}" for k, v, given in (("cp", lay.cp, cp), ("ulysses", lay.ulysses, ulysses))
+                if given is None and v != 1]
+    return f"{pick(at)}; with {' and '.join(searched)} (searched, not given): {why}"
+
+
 def _dp_variants(lay: Layout, dp_modes: tuple[str, ...], gpus_per_node: int) -> list[Layout]:
     """``lay`` under each data-parallel flavour asked for (`enumerate_layouts`)."""
     if lay.zero != 3:

@@ -133,6 +133,39 @@ def split_factor(seq: int, gpus: int) -> int:
     return gpus // gcd(gpus, seq) if seq > 0 and gpus > 0 else 1
 
 
+def split_step(step: int, gpus: int) -> int:
+    """The step maxseq searches in for ``step`` on ``gpus`` GPUs: ``step`` times the odd part of the GPUs' factor it
+    does not split over (`split_odd_factor`), so that the lengths searched split over all the GPUs that the step's
+    powers of 2 already do. Fit is monotone only along such lengths: 72 GPUs = 8 x 9 at --step 128K fit 1.5M,
+    failed 1.625M (13 x 2^17: the factor 9 stays out of every split) and fit 9216K again (a review: maxseq answered
+    1.5M as the longest multiple of the step). A step short of powers of 2 (--step 1001 with --cp 2) is kept, and
+    refused with the length that divides (`memo_sim.layout.parallel.check_layout`)."""
+    return step * split_odd_factor(step, gpus) if step > 0 else step
+
+
+def split_odd_factor(step: int, gpus: int) -> int:
+    """The odd part of `split_factor` (``step``, ``gpus``): 9 for 128K on 72 GPUs; 1 where only powers of 2 are
+    missing."""
+    m = split_factor(step, gpus)
+    while m % 2 == 0:
+        m //= 2
+    return m
+
+
+def split_step_words(step: int, gpus: int) -> str:
+    """Why maxseq searches a step other than ``step`` (`split_step`), in words; "" where it searches ``step``."""
+    from memo_sim.units import fmt_count
+
+    m = split_odd_factor(step, gpus)
+    if m <= 1:
+        return ""
+    return (f"step {fmt_count(step * m)} searched (--step {fmt_count(step)} x {m}): the {gpus} GPUs' factor {m} "
+            f"does not divide {fmt_count(step)}, and a length it does not divide keeps that factor out of every "
+            f"sequence split, so only multiples of {fmt_count(step * m)} (lengths the {gpus} GPUs split over) "
+            f"are searched; --step {fmt_count(gpus * SPLIT_UNIT)} (the GPU count x 1K) searches finer, in more "
+            "rankings")
+
+
 def split_limit_words(seq: int, gpus: int) -> str:
     """Where the length limits the sequence-splitting degrees (`split_factor` > 1): why, in words; else ""."""
     from memo_sim.units import fmt_count

@@ -174,9 +174,14 @@ def max_seq(model: ModelConfig, gpus: int, profile: HardwareProfile, policy: str
             fixed: dict | None = None) -> MaxSeqAnswer:
     """The longest multiple of ``step`` tokens ``policy`` trains on ``gpus`` GPUs (module docs), with what binds at
     the first length that fails; where that length limits the sequence split, the binding says so and what the
-    search fits instead (`split_binding`)."""
-    ans = _max_seq(model, gpus, profile, policy, step=step, framework=framework, simulate=simulate,
-                   allocator=allocator, fixed=fixed)
+    search fits instead (`split_binding`). Where ``gpus`` has a factor ``step`` does not divide (72 GPUs at 128K:
+    9), the multiples of `fit_advice.split_step` are searched (the answer's ``step``): fit is monotone only along
+    lengths the GPUs split over, and a length that keeps a factor out of every split fails short of longer
+    lengths that fit (a review: 1.5M answered, 1.625M failed, 9216K fits on 72 GPUs)."""
+    from memo_sim.report.fit_advice import split_step
+
+    ans = _max_seq(model, gpus, profile, policy, step=split_step(step, gpus), framework=framework,
+                   simulate=simulate, allocator=allocator, fixed=fixed)
     return split_binding(ans, model, gpus, profile, framework, dict(fixed or {}))
 
 
@@ -197,30 +202,39 @@ def split_binding(ans: MaxSeqAnswer, model, gpus: int, profile, framework: str, 
         return _fitting_label(model, n, g, profile, ans.policy, framework, ans.allocator, fixed)
 
     unit = gpus * SPLIT_UNIT
-    longest = _longest_multiple(unit, (ans.max_seq or 0) // unit + 1, lambda n: fits(n, gpus) is not None)
+    longest, capped = _longest_multiple(unit, (ans.max_seq or 0) // unit + 1, lambda n: fits(n, gpus) is not None)
     fixes = split_fixes(seq, gpus, fits, lengths=[longest] if longest else [])
+    more = " (or longer: the search stops there)" if capped else ""
     named = [f"--gpus {g} ({fmt_count(n)} fits there: {label})" if kind == "gpus" else
-             f"--step {fmt_count(unit)} (lengths the {gpus} GPUs split over: {fmt_count(n)} fits: {label})"
+             f"--step {fmt_count(unit)} (lengths the {gpus} GPUs split over: {fmt_count(n)} fits{more}: {label})"
              for kind, n, g, label in fixes]
     words = f"; {split_limit_words(seq, gpus)}" + (f"; it fits with {' or '.join(named)}" if named else "")
     return replace(ans, binding=ans.binding + words)
 
 
-SPLIT_MAX_STEPS = 64  # multiples of the split unit `split_binding` looks at, at most
+SPLIT_MAX_STEPS = 64  # multiples of the split unit `split_binding` looks at, at most (the cap is tested itself)
 
 
-def _longest_multiple(unit: int, k: int, fits) -> int | None:
-    """The longest multiple of ``unit`` from ``k`` units on that ``fits(tokens)``, by doubling then bisecting as
-    `max_seq` does (where k units do not fit: None)."""
+def _longest_multiple(unit: int, k: int, fits) -> tuple[int | None, bool]:
+    """(the longest multiple of ``unit`` from ``k`` units on that ``fits(tokens)``, whether the search stopped at
+    its cap), by doubling then bisecting as `max_seq` does, between a length that fits and one that failed, both
+    tested: doubling past `SPLIT_MAX_STEPS` units tests the cap instead, and where the cap (or ``k``, when above
+    it) fits, that is the answer, capped (a review: 44 units fit, 88 > 64 was never tested and was bisected
+    as failing, while 88 fits). Where ``k`` units do not fit: (None, False)."""
     if not fits(k * unit):
-        return None
-    lo, hi = k, 2 * k
-    while hi <= SPLIT_MAX_STEPS and fits(hi * unit):
-        lo, hi = hi, 2 * hi
+        return None, False
+    lo = k
+    while True:
+        hi = min(2 * lo, max(SPLIT_MAX_STEPS, k))
+        if hi <= lo:  # the cap fits: untested lengths above it are not called failing
+            return lo * unit, True
+        if not fits(hi * unit):
+            break
+        lo = hi
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if fits(mid * unit) else (lo, mid)
-    return lo * unit
+    return lo * unit, False
 
 
 def _fitting_label(model, seq, gpus, profile, policy, framework, allocator, fixed) -> str | None:

@@ -36,7 +36,7 @@ from memo_sim.errors import MemoError, NothingFits
 from memo_sim.engine.schedules.microbatch import micro_batch_pipelines
 from memo_sim.layout.alloc_conf import parse_alloc_conf
 from memo_sim.layout.moe_balance import measured_why_not, parse_balance
-from memo_sim.layout.parallel import ExpertChoice, Layout, enumerate_layouts, offload_why_not
+from memo_sim.layout.parallel import ExpertChoice, Layout, default_reason, enumerate_layouts, offload_why_not
 from memo_sim.layout.pipeline_layout import OPTION as LAYOUT_OPTION
 from memo_sim.layout.ring_merge import whole_sequence_only
 from memo_sim.layout.schedule import SCHEDULE_NAMES, check_schedule, default_schedule, schedule_runs_policy
@@ -444,6 +444,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
                      "degrees, or drop --vpp)")
     if not out:  # a valid request whose every layout's model states alone overflow: nothing fits (exit 3)
         error = NothingFits if state_why and why_none == state_why else MemoError
+        why_none = default_reason(why_none, rejected, lambda r: framework_why_none(r, fw), cp=cp, ulysses=ulysses)
         raise error(f"{NO_VALID_LAYOUT} for {gpus} GPUs with the degrees given: {why_none}")
     out.sort(key=Candidate.sort_key)
     return WhatIfResult(out, rejected, sppo=search, searched=searched)
