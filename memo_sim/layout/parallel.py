@@ -679,6 +679,10 @@ def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: i
     why = offload_why_not(layout) or expert_why_not(layout, model) or dp_why_not(layout, model)
     if why:
         return why
+    if model.moe:  # what the token dispatcher's kernels can run (DeepEP's ranks and GPUs per node)
+        why = layout.dispatcher.group_why_not(layout.ep, gpus_per_node)
+        if why:
+            return why
     if layout.metp and model.gemm.quantised:
         return f"METP's rings are priced with {model.dtype} GEMMs only ({model.gemm_format} GEMMs run Megatron TP)"
     if layout.uneven and layout.pp < 2:

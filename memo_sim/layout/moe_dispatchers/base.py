@@ -45,6 +45,22 @@ class Dispatcher:
     combine: tuple[Step, ...]
     megatron: str  # --moe-token-dispatcher-type
     megatron_backend: str = ""  # --moe-flex-dispatcher-backend (the flex dispatcher's)
+    # what its kernels can run (0: no limit): the EP group's ranks, and the GPUs of a node (an NVLink domain),
+    # with the source of both (`group_why_not`)
+    max_ranks: int = 0
+    max_node_gpus: int = 0
+    limits_source: str = ""
+
+    def group_why_not(self, ep: int, node_gpus: int) -> str | None:
+        """Why the dispatcher cannot run an EP group of ``ep`` ranks on nodes of ``node_gpus`` GPUs, or None."""
+        if self.max_ranks and ep > self.max_ranks:
+            return (f"the {self.name} dispatcher's kernels run at most {self.max_ranks} ranks ({self.limits_source}): "
+                    f"ep {ep} is more; use ep <= {self.max_ranks} or another dispatcher (alltoall)")
+        if self.max_node_gpus and ep > 1 and node_gpus > self.max_node_gpus:
+            return (f"the {self.name} dispatcher's kernels run nodes of at most {self.max_node_gpus} GPUs "
+                    f"({self.limits_source}): this profile's nodes (NVLink domains) hold {node_gpus}; use another "
+                    f"dispatcher (alltoall)")
+        return None
 
     def buffer_step(self, op: str) -> Step:
         """The step whose bytes a rank's receive buffer of the layer graph's ``dispatch`` / ``combine`` op holds

@@ -14,4 +14,10 @@ DISPATCHERS.add("deepep", Dispatcher(
     "deepep", "DeepEP: each token over the inter-node link once per destination node, NVLink inside it",
     dispatch=(Step("alltoall_dedup", "ep", "routed"),),
     combine=(Step("alltoall_dedup", "ep", "routed"),),
-    megatron="flex", megatron_backend="deepep"))
+    megatron="flex", megatron_backend="deepep",
+    # its normal (training) kernels: NUM_MAX_NVL_PEERS = 8 GPUs of a node over NVLink, NUM_MAX_RDMA_PEERS = 20 nodes
+    # (deep_ep/buffer.py; csrc's buffer check unless low-latency mode); the maintainers: 'the normal mode doesn't
+    # support GB200 yet' (deepseek-ai/DeepEP issue 392), not on NVL72 publicly (issue 579, 2026-02)
+    max_ranks=160, max_node_gpus=8,
+    limits_source="DeepEP's normal kernels: NUM_MAX_NVL_PEERS 8 x NUM_MAX_RDMA_PEERS 20; no GB200 NVL72 support, "
+                  "deepseek-ai/DeepEP issues 392 and 579"))
