@@ -43,3 +43,16 @@ def test_the_runner_up_says_when_second_place_is_not_proved():
     assert up["unsimulated_possibly_faster"] > 0 and "second place not proved" in up["words"]
     every = CliRunner().invoke(cli, [*ARGS, "--json", "--simulate-top", "all"])
     assert json.loads(every.output)["runner_up"]["unsimulated_possibly_faster"] == 0
+
+
+def test_the_metp_verdict_says_where_a_sides_best_was_not_built():
+    """A review: under the bound search METP's best plan (tp2+metp_ffn-pp2v4-dp4-z1, 2,841 tokens/GPU/s simulated)
+    lay in a pipeline family the search never built, so the verdict compared a METP plan at 2,720 as its best. The
+    line says so where an unbuilt family's proved bound is above the plan it compares for that side."""
+    args = ["whatif", "--model", "llama-3.1-70b", "--layers", "8", "--seq", "8K", "--gpus", "16", "--profile",
+            "a100-sxm4-80gb", "--no-plan", "--jobs", "1"]
+    r = CliRunner().invoke(cli, args)
+    line = next(ln for ln in r.output.splitlines() if ln.startswith("METP vs Megatron TP"))
+    assert "METP's best may lie in a pipeline family the bound search did not build" in line
+    every = CliRunner().invoke(cli, [*args, "--simulate-top", "all"])
+    assert "did not build" not in next(ln for ln in every.output.splitlines() if ln.startswith("METP vs"))

@@ -367,7 +367,7 @@ def whatif_answer(v: WhatIfView) -> Answer:
         a.line(f"  {label} moves and rebuilds the same bytes as {kept}: folded into {', '.join(where)}")
     line = metp_verdict(v.shown)
     if line:
-        a.line(line)
+        a.line(line + unbuilt_side_words(v.shown, v.result.searched))
     line = sppo_verdict(v.shown)
     if line:
         a.line(line)
@@ -734,6 +734,24 @@ def _verdict_line(cands, what: str) -> str:
     v = next(v for v in VERDICTS if v.what == what)
     pair = sides(cands, v)
     return compare_line(v.what, pair[0], pair[1], v.a_name, v.b_name) if pair else ""
+
+
+def unbuilt_side_words(cands, searched: dict) -> str:
+    """Where the bound search did not build a micro-batch pipeline family whose proved bound is above the throughput
+    of the plan the METP verdict compares for its side (METP or Megatron TP), that the side's best may lie there
+    (a review: METP's best, tp2+metp_ffn-pp2v4-dp4-z1 at 2,841 tokens/GPU/s, was in such a family, and the verdict
+    compared a METP plan at 2,720); "" otherwise."""
+    from memo_sim.search.verdicts import METP_VS_MEGATRON, sides  # noqa: PLC0415
+
+    by_tp = ((searched.get("pipeline") or {}).get("not_built") or {}).get("best_bound_by_tp") or {}
+    pair = sides(cands, METP_VS_MEGATRON)
+    if not by_tp or pair is None:
+        return ""
+    out = [f"{name}'s best may lie in a pipeline family the bound search did not build (its proved bound "
+           f"{by_tp[kind]:,.0f} tokens/GPU/s, above the {c.tgs:,.0f} compared)"
+           for name, kind, c in (("METP", "metp", pair[0]), ("Megatron TP", "megatron_tp", pair[1]))
+           if by_tp.get(kind, 0.0) > c.tgs]
+    return f"; {'; '.join(out)}: --simulate-top all builds it" if out else ""
 
 
 def metp_verdict(cands) -> str:

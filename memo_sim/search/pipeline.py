@@ -410,6 +410,11 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
                                 not_built["candidates"] += len(policies)
                                 top = not_built["best_bound_tgs"]
                                 not_built["best_bound_tgs"] = ub if top is None else max(top, ub)
+                                # by the TP flavour it runs: a verdict's side may have its best there
+                                # (`memo_sim.report.whatif_answer.unbuilt_side_words`)
+                                kind = "metp" if cand.metp else "megatron_tp" if cand.tp > 1 else "no_tp"
+                                side = not_built.setdefault("best_bound_by_tp", {})
+                                side[kind] = max(side.get(kind, 0.0), ub)
                                 continue
                         shape = _shape(model, cand, b, mb, profile, name)  # every policy's
                         for pol in policies:
