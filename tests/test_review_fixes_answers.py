@@ -153,7 +153,7 @@ def test_whatif_host_overrun_shows_the_excess():
 
 def test_split_factor_and_what_splits():
     """[review 4] 1M tokens over 72 GPUs: the factor 9 stays out of every split; 64 GPUs and 1008K split whole."""
-    from memo_sim.report.fit_advice import fewer_gpus, split_factor, split_lengths
+    from memo_sim.search.split_lengths import fewer_gpus, split_factor, split_lengths
 
     assert split_factor(1 << 20, 72) == 9 and split_factor(1 << 20, 64) == 1
     assert fewer_gpus(1 << 20, 72) == 64

@@ -32,7 +32,7 @@ def test_maxseq_on_a_rack_searches_lengths_the_gpus_split_over():
 def test_split_step():
     """[review 1] The step searched is --step times the odd part of the GPUs' factor it does not divide; unchanged
     where none, or where only powers of 2 are missing (--step 1001 on 2 GPUs: refused with the length that divides)."""
-    from memo_sim.report.fit_advice import split_factor, split_step
+    from memo_sim.search.split_lengths import split_factor, split_step
 
     assert split_step(128 * K, 72) == 1152 * K and split_factor(1152 * K, 72) == 1
     assert split_step(128 * K, 8) == 128 * K and split_step(72 * K, 72) == 72 * K

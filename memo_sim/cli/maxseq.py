@@ -114,7 +114,7 @@ WIDTH = 100  # the text answer fits a terminal this wide
 def maxseq_answer(model, gpus, profile, framework, step, answers, elapsed_s, fixed: dict | None = None) -> Answer:
     """A verdict, one narrow table (policy, longest, plan, MFU, the first failing length), and the
     binding constraint at that length per policy as wrapped notes below it."""
-    from memo_sim.report.fit_advice import split_step, split_step_words  # noqa: PLC0415
+    from memo_sim.search.split_lengths import split_step, split_step_words  # noqa: PLC0415
 
     asked, step = step, split_step(step, gpus)  # the step searched (`memo_sim.search.maxseq.max_seq`)
     best = max((a for a in answers if a.max_seq), key=lambda a: a.max_seq, default=None)

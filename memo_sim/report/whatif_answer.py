@@ -128,11 +128,11 @@ def _fits_with(v: WhatIfView, seq: int, gpus: int) -> str | None:
 
 
 def split_line(v: WhatIfView) -> str:
-    """Where nothing fits and the length limits the sequence-splitting degrees (`fit_advice.split_factor`): why, and
-    the changes the search fits (`fit_advice.split_fixes`: fewer GPUs the length splits over, or a length the GPUs
+    """Where nothing fits and the length limits the sequence-splitting degrees (`memo_sim.search.split_lengths.split_factor`): why, and
+    the changes the search fits (`split_lengths.split_fixes`: fewer GPUs the length splits over, or a length the GPUs
     split over), as flags; "" otherwise (a review: a full GB200 NVL72 rack at 1M tokens blamed GPU memory and
     advised --gpus 144, while 64 GPUs or 1008K tokens fit)."""
-    from memo_sim.report.fit_advice import split_fixes, split_limit_words  # noqa: PLC0415
+    from memo_sim.search.split_lengths import split_fixes, split_limit_words  # noqa: PLC0415
 
     if v.best is not None or not v.shown:
         return ""

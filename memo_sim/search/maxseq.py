@@ -175,10 +175,10 @@ def max_seq(model: ModelConfig, gpus: int, profile: HardwareProfile, policy: str
     """The longest multiple of ``step`` tokens ``policy`` trains on ``gpus`` GPUs (module docs), with what binds at
     the first length that fails; where that length limits the sequence split, the binding says so and what the
     search fits instead (`split_binding`). Where ``gpus`` has a factor ``step`` does not divide (72 GPUs at 128K:
-    9), the multiples of `fit_advice.split_step` are searched (the answer's ``step``): fit is monotone only along
+    9), the multiples of `memo_sim.search.split_lengths.split_step` are searched (the answer's ``step``): fit is monotone only along
     lengths the GPUs split over, and a length that keeps a factor out of every split fails short of longer
     lengths that fit (a review: 1.5M answered, 1.625M failed, 9216K fits on 72 GPUs)."""
-    from memo_sim.report.fit_advice import split_step
+    from memo_sim.search.split_lengths import split_step
 
     ans = _max_seq(model, gpus, profile, policy, step=split_step(step, gpus), framework=framework,
                    simulate=simulate, allocator=allocator, fixed=fixed)
@@ -187,12 +187,12 @@ def max_seq(model: ModelConfig, gpus: int, profile: HardwareProfile, policy: str
 
 def split_binding(ans: MaxSeqAnswer, model, gpus: int, profile, framework: str, fixed: dict) -> MaxSeqAnswer:
     """``ans`` with its binding words extended where its first failing length limits the sequence split
-    (`memo_sim.report.fit_advice.split_factor`: the GPU count has a factor the length does not divide, which every
-    layout keeps in data parallelism): why, and the changes the search fits (`fit_advice.split_fixes`): the
+    (`memo_sim.search.split_lengths.split_factor`: the GPU count has a factor the length does not divide, which every
+    layout keeps in data parallelism): why, and the changes the search fits (`split_lengths.split_fixes`): the
     failing length on fewer GPUs it splits over, or the longest multiple of the GPU count x 1K past the answer that
     fits (--step of that unit finds it). A review: a full GB200 NVL72 rack answered 768K for full_recompute while
     1008K fits there and 64 GPUs fit 4.625M; the binding named GPU memory only."""
-    from memo_sim.report.fit_advice import SPLIT_UNIT, split_factor, split_fixes, split_limit_words
+    from memo_sim.search.split_lengths import SPLIT_UNIT, split_factor, split_fixes, split_limit_words
 
     seq = ans.next_seq
     if ans.states_alone or split_factor(seq, gpus) <= 1:
