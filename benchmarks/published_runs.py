@@ -1289,6 +1289,14 @@ HISTORY = (
     ("ed6470f", "2026-11-30", "before the norms' and the activation's kernels moved the model dtype where Megatron "
      "keeps quantised copies of their outputs (priced at the copies' size; an expected-value row, in no mean)",
      {"moe-zoo-mixtral-8x22b-fp8-forced": -0.209}),
+    ("f1ca22c", "2026-12-01", "before Megatron's --recompute-modules layernorm re-ran only the norms that are "
+     "modules of their own (memo re-ran the input norm too, which its TransformerEngine layer fuses into QKV and "
+     "keeps: `memo_sim.model.layer_graph.separate_norms`)",
+     {"moe-zoo-qwen3-235b-a1-ep32": -0.132, "moe-zoo-qwen3-235b-a2-ep32-a2a-overlap": -0.029,
+      "moe-zoo-qwen3-235b-a4-pp32-alltoall": -0.282, "moe-zoo-qwen3-235b-long-16k-dropless": -0.307,
+      "moe-zoo-qwen3-235b-long-32k-forced": -0.091, "moe-zoo-qwen3-235b-long-32k-dropless": -0.248,
+      "moe-zoo-qwen3-235b-long-64k-forced": -0.064, "moe-zoo-qwen3-235b-long-64k-dropless": -0.186,
+      "moe-zoo-qwen3-235b-long-128k-dropless": -0.127}),
 )
 
 
@@ -1480,6 +1488,14 @@ STEPS = (
      "copies now carry their block scales, the backward's d_ln1 / d_ln2 / d_act are in the model dtype (they were "
      "sized as the copies) and the norms and the activation write the model dtype: no counted row runs Megatron's "
      "FP8, so every group is unchanged; the expected-value Mixtral-8x22B FP8 row -20.9% to -20.6%"),
+    ("separate norms", "Megatron-LM's --recompute-modules layernorm re-runs only the norms that are modules of their "
+     "own (its TransformerEngine layer fuses a non-MLA model's input norm into QKV, which keeps its output; "
+     "`memo_sim.model.layer_graph.separate_norms`): the Model Zoo's Qwen3-235B rows that recompute layernorm move "
+     "faster by 0.1 point (a1 -13.2% to -13.3%, the long-context dropless 16K -30.7% to -30.8%); in the same run "
+     "QK norms kept under a framework's autograd, FP8 one copy on Blackwell, DeepEP's receive side, a stage's place "
+     "in its layout and the bound search's fixed batch moved no row: dense 39 predicted at 11.1% / 28.8%, "
+     "long-context 20 at 15.1% / 28.8%, the FP8 rows 12 at 14.1% / 28.8%, the MoE group 18 at 18.5% / 47.1%, its "
+     "long-context subgroup 8 at 15.2% / 30.8%"),
 )
 
 
