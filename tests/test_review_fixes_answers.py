@@ -5,38 +5,16 @@ cell of a row the caching allocator never replayed."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 from click.testing import CliRunner
 
 from memo_sim.layout.parallel import Layout
 from memo_sim.policy import get_policy
+from tests.test_whatif_verdicts import Cand, Est  # the verdict tests' candidates
 
 GiB = 2**30
 K = 1024
-
-
-@dataclass
-class Est:
-    iteration_s: float | None = None
-    tgs: float = 0.0
-
-
-@dataclass
-class Cand:
-    layout: Layout
-    policy: object
-    tgs: float
-    peak: float
-    status: str = "OK"
-    sppo: object = None
-    simulated: dict | None = None
-    estimate: Est = field(default_factory=Est)
-
-    @property
-    def memory(self):
-        return SimpleNamespace(peak_gpu_bytes=self.peak)
 
 
 def _sim(peak):

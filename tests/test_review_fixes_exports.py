@@ -18,19 +18,12 @@ from memo_sim.model.config import get_model
 from memo_sim.plan.schema import Plan, write_plan
 from memo_sim.policy import get_policy
 from memo_sim.search.frameworks import get_framework
+from tests.test_export import _names  # name -> kind of a checked-in option list
 
 DATA = Path(__file__).parent / "data" / "export"
 PROFILE = "h100-sxm5-80gb"
 
 
-def _names(file: str) -> dict[str, str]:
-    """name -> kind of a checked-in option list (tests/data/export)."""
-    out = {}
-    for line in (DATA / file).read_text().splitlines():
-        if line.strip() and not line.startswith("#"):
-            name, _, kind = line.partition(" ")
-            out[name] = kind.strip()
-    return out
 
 
 def _plan(layout: Layout, model="llama-3.1-8b", batch=1, seq=16384, policy=("full_recompute",), sched="",

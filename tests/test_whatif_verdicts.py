@@ -23,6 +23,7 @@ class Mem:
 @dataclass
 class Est:
     iteration_s: float | None = None
+    tgs: float = 0.0  # the analytic throughput (a verdict side's best by it, tests/test_review_fixes_answers.py)
 
 
 @dataclass
