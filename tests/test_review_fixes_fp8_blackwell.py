@@ -83,3 +83,24 @@ def test_the_what_if_prices_the_blackwell_copy(tmp_path):
         c = res.candidates[0]
         states[prof.name] = c.memory.model_states_bytes
     assert states["h100-sxm5-80gb"] - states["b200-180gb"] == pytest.approx(4 * LLAMA.linear_params(), rel=1e-6)
+
+
+def test_transformer_engine_keeps_the_attention_output_twice_but_under_selective_recompute():
+    """TransformerEngine's Linear keeps its quantised input for the weight gradient, so under FP8 the output
+    projection holds a copy of the attention output beside the kernel's own (a review: 28.5h a token kept where
+    29.5h is); Megatron's selective recompute checkpoints the attention core, whose output only that copy keeps."""
+    from memo_sim.cost.activations import skeletal_bytes
+    from memo_sim.policy import get_policy
+
+    te = _framework_model("megatron", "fp8-tensorwise")
+    lay, seq = Layout(cp=8), 128 * 1024
+    sk = skeletal_bytes(te, lay, 1, seq)
+    per_token = seq / 8 * te.hidden
+    # 34h in bf16; ln1, ln2 and act at one byte an element (1h + 1h + 3.5h kept instead of twice that): 28.5h; and
+    # the projection's one-byte copy of the attention output: 1h more
+    assert sk["total"] / per_token == pytest.approx(29.5)
+    assert sk["attn_kernel_out"] == pytest.approx(2 * per_token)
+    store, sel = get_policy("store_all"), get_policy("selective_recompute")
+    assert store.resident_bytes(sk, 32) - sel.resident_bytes(sk, 32) == pytest.approx(32 * 2 * per_token)
+    bf16 = skeletal_bytes(_framework_model("megatron", "bf16"), lay, 1, seq)
+    assert bf16["attn_kernel_out"] == 0.0 and sel.resident_bytes(bf16, 32) == store.resident_bytes(bf16, 32)

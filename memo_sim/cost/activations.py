@@ -136,6 +136,10 @@ def _skeletal_bytes_dict(model: ModelConfig, layout: Layout, batch: int, seq: in
     out["total"] = out["input"] + out["attn"] + out["other"]
     out.update(groups)
     out["scores"] = materialised_score_bytes(model, layout, batch, seq)
+    # the attention kernel's own output where the output projection keeps a quantised copy of it too
+    # (`memo_sim.model.layer_graph.fp8_attention_copy`): what re-running the attention core drops (selective recompute)
+    tens = layer_tensors(model, layout.tp_mode)
+    out["attn_kernel_out"] = tensor_bytes(tens["attn"], layout, batch, seq) if "attn_fp8" in tens else 0.0
     out["op_sac_dropped"], out["op_sac_extra"] = _op_sac_bytes(model, layout, batch, seq)
     return out
 

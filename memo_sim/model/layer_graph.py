@@ -165,6 +165,15 @@ _TENSORS = (
 FP8_SAVED_INPUTS = ("ln1", "ln2", "act")
 
 
+def fp8_attention_copy(model: ModelConfig) -> bool:
+    """Whether a layer keeps the attention output twice: where the framework keeps the quantised copies of the GEMM
+    inputs for the weight gradients (``fp8_saved_inputs``: TransformerEngine's Linear saves its quantised
+    ``inputmat``), the output projection keeps its copy of the attention output beside the attention kernel's own
+    output, which the kernel's backward reads (`FP8_SAVED_INPUTS` leaves attn out for that reason: the copy is a
+    tensor of its own, ``attn_fp8``, at the format's bytes; a review found it uncounted)."""
+    return bool(model.fp8_saved_inputs and model.gemm.quantised)
+
+
 def separate_norms(model: ModelConfig) -> tuple[str, ...]:
     """The norm outputs Megatron-LM's ``--recompute-modules layernorm`` rebuilds: the norms that are modules of their
     own (megatron/core/transformer/transformer_layer.py: ``recompute_input_layernorm`` / ``recompute_pre_mlp_layernorm``
@@ -182,7 +191,8 @@ def _tensor_rows(model: ModelConfig) -> tuple:
     """(name, width key, tp_split, role, saved) of one layer's tensors, in op order, for the model's
     attention and FFN kinds (the dense table `_TENSORS` unchanged for a dense standard layer)."""
     kept_qk = model.qk_norm and model.qk_norm_kept
-    if not (model.mla or model.moe or kept_qk):
+    twin = fp8_attention_copy(model)
+    if not (model.mla or model.moe or kept_qk or twin):
         return _TENSORS
     rows = list(_TENSORS[:2])  # x, ln1
     if model.mla:
@@ -192,7 +202,10 @@ def _tensor_rows(model: ModelConfig) -> tuple:
     rows += list(_TENSORS[2:5])  # q, k, v
     if kept_qk:  # the QK norms' outputs the attention kernel keeps, beside their inputs (``qk_norm_kept``)
         rows += [("q_normed", "q", True, "other", True), ("k_normed", "kv", True, "other", True)]
-    rows += list(_TENSORS[5:10])  # attn, lse, proj, h1, ln2
+    rows.append(_TENSORS[5])  # attn
+    if twin:  # the output projection's quantised copy of it, beside the kernel's own (`fp8_attention_copy`)
+        rows.append(("attn_fp8", "attn", True, "other", True))
+    rows += list(_TENSORS[6:10])  # lse, proj, h1, ln2
     if not model.moe:
         return tuple(rows + list(_TENSORS[10:]))
     rows += [("probs", "experts32", False, "other", True),
@@ -225,7 +238,7 @@ def layer_tensors(model: ModelConfig, tp_mode: str = "megatron") -> MappingProxy
     # the GEMM inputs that only their GEMM's weight gradient reads: kept as the format's quantised copy
     # where the framework keeps that one (`ModelConfig.fp8_saved_inputs`; with its block scales:
     # `GemmFormat.saved_element_bytes`)
-    fp8 = FP8_SAVED_INPUTS if model.fp8_saved_inputs and model.gemm.quantised else ()
+    fp8 = FP8_SAVED_INPUTS + ("attn_fp8",) if model.fp8_saved_inputs and model.gemm.quantised else ()
     k = model.top_k
     width = {"h": model.hidden, "kv": model.kv_dim, "f1": model.fc1_width, "f": model.ffn, "heads": model.heads,
              "q": model.q_dim, "v": model.v_dim, "attn": model.attn_dim, "qlr": model.q_lora_rank,
@@ -234,7 +247,7 @@ def layer_tensors(model: ModelConfig, tp_mode: str = "megatron") -> MappingProxy
              "k_ef1": k * model.expert_fc1_width, "k_ef": k * model.expert_width,
              "sf1": model.fc1_of(model.shared_width), "sf": model.shared_width}
     # q, v and attn are as wide as the queries, the values and the attention output (hidden for a standard layer)
-    rename = {"q": "q", "v": "v", "attn": "attn", "q_normed": "q"}
+    rename = {"q": "q", "v": "v", "attn": "attn", "q_normed": "q", "attn_fp8": "attn"}
     specs = [TensorSpec(n, width[rename.get(n, w)], LSE_BYTES if role == "lse" else
                         model.gemm.saved_element_bytes if n in fp8 else b, split,
                         "transient" if n in blocks else role, saved and n not in blocks,

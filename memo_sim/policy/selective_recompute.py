@@ -26,6 +26,18 @@ class SelectiveRecompute(StoreAll):
     def kept_scores(self, sk) -> float:
         return 0.0
 
+    # where the output projection keeps a quantised copy of the attention output (TransformerEngine under FP8), the
+    # kernel's own output is the checkpointed core's and is not kept: Megatron-LM's selective recompute checkpoints
+    # core_attention, whose output only linear_proj (its FP8 copy) saves (`sk["attn_kernel_out"]`; 0 otherwise)
+    def resident_bytes(self, sk, n_layers):
+        return n_layers * (sk["total"] - sk.get("attn_kernel_out", 0.0))
+
+    def forward_kept(self, sk):
+        return [("skeletal", sk["total"] - sk.get("attn_kernel_out", 0.0) + sk["lse"])]
+
+    def layer_blocks(self, sk):
+        return [("skeletal", sk["total"] - sk.get("attn_kernel_out", 0.0))]
+
     def recomputes_layer(self, layer, n_layers):
         return True
 
