@@ -61,3 +61,26 @@ def test_a_wider_window_feeds_more_at_once(monkeypatch):
     cands = [_Cand(100 - i, 1.0) for i in range(40)]  # every bound above the best: all simulated
     _rep, _sim, calls = _run(cands, 16)
     assert calls[0] == 16
+
+
+def test_every_json_row_carries_its_proved_bound_and_the_claim_checks_out():
+    """The bound search's claim, checkable from ``--json`` (a review could check it only through the Python API):
+    every fitting row carries the proved upper bound on its throughput; no simulated row beats its bound, and every
+    row the search did not simulate has a bound below the best simulated throughput."""
+    import json
+
+    from click.testing import CliRunner
+
+    from memo_sim.cli import cli
+
+    r = CliRunner().invoke(cli, ["whatif", "--model", "llama-3.1-8b", "--layers", "12", "--seq", "32K", "--gpus", "8",
+                                 "--batch", "4", "--micro-batch", "1", "--schedule", "single_stage", "--profile",
+                                 "h100-sxm5-80gb", "--no-plan", "--jobs", "1", "--json"])
+    rows = json.loads(r.output)["candidates"]
+    fit = [x for x in rows if x["status"] == "OK"]
+    assert fit and all(x["proved_bound_tgs_tokens_per_gpu_s"] is not None for x in fit)
+    assert all(x["proved_bound_tgs_tokens_per_gpu_s"] is None for x in rows if x["status"] != "OK")
+    sim = [x for x in fit if x["tier"] == "simulated"]
+    best = max(x["simulated_tgs_tokens_per_gpu_s"] for x in sim if x["simulated_status"] == "OK")
+    assert all(x["simulated_tgs_tokens_per_gpu_s"] <= x["proved_bound_tgs_tokens_per_gpu_s"] * (1 + 1e-9) for x in sim)
+    assert all(x["proved_bound_tgs_tokens_per_gpu_s"] < best for x in fit if x["tier"] != "simulated")

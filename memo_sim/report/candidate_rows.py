@@ -15,8 +15,14 @@ LISTED_MAX = 2000  # rows listed in full by default when the ranking holds more
 
 
 def candidate_row(rank: int, c) -> dict:
-    """One candidate's row: its rank (1 = best), `Candidate.to_json` and its one peak."""
-    return dict(rank=rank, **c.to_json(), peak=candidate_peak(c).to_json())
+    """One candidate's row: its rank (1 = best), `Candidate.to_json`, its one peak and, for a plan that fits, the
+    proved upper bound on its throughput the bound search ranks and skips it by (`memo_sim.search.prune.
+    tgs_upper_bound`), so a reader can check that no simulated row beats its bound and that every skipped one lies
+    below the best (a review could check it only through the Python API)."""
+    from memo_sim.search.prune import tgs_upper_bound  # noqa: PLC0415
+
+    bound = float(tgs_upper_bound(c)) if c.status == "OK" else None
+    return dict(rank=rank, **c.to_json(), peak=candidate_peak(c).to_json(), proved_bound_tgs_tokens_per_gpu_s=bound)
 
 
 def listed(shown: list, everything: bool = False) -> tuple[list[int], list[int]]:
