@@ -360,7 +360,8 @@ def test_hidden_override_scales_the_ffn_unless_ffn_is_given():
     # a TP flavour another framework runs: that one named (a user's review)
     (["--framework", "megatron", "--tp-mode", "metp"],
      "--tp-mode metp: megatron runs TP as megatron; any runs metp (--framework any)"),
-    (["--tp-mode", "async_tp"], "any runs TP as megatron, metp_ffn, metp; torchtitan and torchtitan@2024-12 run async_tp"),
+    (["--tp-mode", "async_tp"],
+     "any runs TP as megatron, metp_ffn, metp; torchtitan and torchtitan@2024-12 run async_tp"),
     (["--top", "0"], "--top"),
 ])
 def test_impossible_fixed_degrees_name_their_flags(flags, says, tmp_path):

@@ -45,8 +45,8 @@ def test_snapshot_peak_is_the_simulated_peak_and_memory_viz_reads_it(policy, lay
         frees = [e for e in snap["device_traces"][0] if e["action"] == "free_completed"]
         assert allocs and all(e["frames"][0]["name"] for e in allocs)
         assert len(frees) <= len(allocs)
-    assert max(abs(trace_peak_bytes(predicted_snapshot(r, profile, d))) for d in devices) == pytest.approx(r.peak_gpu_bytes,
-                                                                                              abs=1e3)
+    assert max(abs(trace_peak_bytes(predicted_snapshot(r, profile, d))) for d in devices) == pytest.approx(
+        r.peak_gpu_bytes, abs=1e3)
 
 
 def test_simulate_writes_the_snapshot(tmp_path):

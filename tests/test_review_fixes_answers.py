@@ -70,7 +70,8 @@ def test_metp_line_compares_like_with_like_end_to_end():
 def _breakdown(classifier: float):
     from memo_sim.memplan.footprint import MemoryBreakdown
 
-    return MemoryBreakdown(model_states_bytes=7 * GiB, skeletal_resident_bytes=1 * GiB, rounding_buffer_bytes=13.5 * GiB,
+    return MemoryBreakdown(model_states_bytes=7 * GiB, skeletal_resident_bytes=1 * GiB,
+                           rounding_buffer_bytes=13.5 * GiB,
                            lse_bytes=0.0, transient_peak_bytes=10 * GiB, transient_planned_bytes=10 * GiB,
                            transient_caching_allocator=10 * GiB, layer_boundary_bytes=1 * GiB,
                            classifier_peak_bytes=classifier, peak_gpu_bytes=0.0, gpu_capacity_bytes=78 * GiB,
@@ -176,15 +177,16 @@ def test_a_row_never_replayed_is_not_labelled_allocator():
     """[review] A pipeline row read 'sim/allocator' though the caching allocator never replayed it (explain's
     allocator_memory_stats None): its peak is the allocated one."""
     from memo_sim.report.peaks import candidate_peak
-    from memo_sim.report.whatif_answer import peak_text, tier_allocator_cell
 
     c = SimpleNamespace(policy=get_policy("full_recompute"), layout=Layout(tp=8, pp=4, vpp=2),
                         memory=SimpleNamespace(peak_gpu_bytes=77 * GiB),
                         simulated={"peak_gpu_bytes": 77.3 * GiB,
                                    "allocator": {"static_memory_plan": False, "replayed": False}})
-    assert tier_allocator_cell(c, candidate_peak(c)) == "sim/allocated"
-    assert peak_text(c) == "77.30 GiB (simulated, allocated: no caching-allocator replay)"
+    p = candidate_peak(c)  # one Peak says it everywhere: the table cell, the words and --json's peak
+    assert p.short_source == "sim/allocated" and p.to_json()["replayed"] is False
+    assert p.text() == "77.30 GiB (simulated, allocated: no caching-allocator replay)"
     c.simulated["allocator"] = {"static_memory_plan": False, "peak_reserved_bytes": 78 * GiB,
                                 "fragmentation_at_peak": 0.01}
-    assert tier_allocator_cell(c, candidate_peak(c)) == "sim/allocator"  # replayed: as before
-    assert peak_text(c) == "77.30 GiB (simulated, caching allocator)"
+    p = candidate_peak(c)
+    assert p.short_source == "sim/allocator" and "replayed" not in p.to_json()  # replayed: as before
+    assert p.text() == "77.30 GiB (simulated, caching allocator)"

@@ -34,23 +34,43 @@ class Peak:
     bytes: float
     tier: str  # SIMULATED | ANALYTIC
     allocator: str  # MEMORY_PLAN | CACHING_ALLOCATOR
+    # False: a simulated caching-allocator peak no allocator replay reserved (the micro-batch pipelines and SPPO sum
+    # their allocations: ``"replayed": False``), the allocated peak with no reserved cache above it (a review saw
+    # 'sim/allocator' on a pipeline row whose explain had no allocator memory stats)
+    replayed: bool = True
+
+    @property
+    def not_replayed(self) -> bool:
+        return not self.replayed and self.tier == SIMULATED and self.allocator == CACHING_ALLOCATOR
+
+    @property
+    def allocator_words(self) -> str:
+        """The allocator beside the number: ``caching allocator``, or ``allocated: no caching-allocator replay``."""
+        return "allocated: no caching-allocator replay" if self.not_replayed else self.allocator
 
     @property
     def source(self) -> str:
         """``simulated, caching allocator``: the words printed beside the number."""
-        return f"{self.tier}, {self.allocator}"
+        return f"{self.tier}, {self.allocator_words}"
 
     @property
     def short_source(self) -> str:
-        """The source in a table cell: ``sim/allocator``, ``analytic/mem plan``."""
-        return f"{tier_cell(self.tier)}/{'mem plan' if self.allocator == MEMORY_PLAN else 'allocator'}"
+        """The source in a table cell: ``sim/allocator``, ``analytic/mem plan``, ``sim/allocated`` (not replayed)."""
+        kind = "allocated" if self.not_replayed else "mem plan" if self.allocator == MEMORY_PLAN else "allocator"
+        return f"{tier_cell(self.tier)}/{kind}"
 
     def text(self) -> str:
         """``24.81 GiB (simulated, caching allocator)``."""
         return f"{fmt_bytes(self.bytes)} ({self.source})"
 
     def to_json(self) -> dict:
-        return {"bytes": self.bytes, "tier": self.tier, "allocator": self.allocator}
+        out = {"bytes": self.bytes, "tier": self.tier, "allocator": self.allocator}
+        return out if not self.not_replayed else {**out, "replayed": False}
+
+
+def _replayed(allocator: dict | None) -> bool:
+    """Whether a simulation's allocator summary says the caching allocator replayed its requests."""
+    return (allocator or {}).get("replayed") is not False
 
 
 def allocator_of(policy, layout) -> str:
@@ -61,7 +81,8 @@ def allocator_of(policy, layout) -> str:
 def candidate_peak(c) -> Peak:
     """A what-if candidate's peak: simulated where tier 2 ran it, else analytic."""
     if c.simulated is not None and c.simulated.get("peak_gpu_bytes") is not None:
-        return Peak(float(c.simulated["peak_gpu_bytes"]), SIMULATED, allocator_of(c.policy, c.layout))
+        return Peak(float(c.simulated["peak_gpu_bytes"]), SIMULATED, allocator_of(c.policy, c.layout),
+                    _replayed(c.simulated.get("allocator")))
     return analytic_peak(c.memory, c.policy, c.layout)
 
 
@@ -72,7 +93,8 @@ def analytic_peak(breakdown, policy, layout) -> Peak:
 
 def result_peak(r) -> Peak:
     """An event-simulator result's peak (`memo_sim.engine.simulate.SimResult`)."""
-    return Peak(float(r.peak_gpu_bytes), SIMULATED, allocator_of(r.policy, r.layout))
+    return Peak(float(r.peak_gpu_bytes), SIMULATED, allocator_of(r.policy, r.layout),
+                _replayed(getattr(r, "allocator", None)))
 
 
 def planned_peak(plan) -> Peak | None:

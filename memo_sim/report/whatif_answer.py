@@ -92,7 +92,7 @@ def verdict(v: WhatIfView) -> str:
         host = (f" (PyTorch's reserved peak {fmt_bytes(reserved)} (simulated, caching allocator replay), "
                 f"{100 * reserved / m.gpu_capacity_bytes:.0f}% of it, cache included: memo-sim explain)" + host)
     return (f"answer: {b.layout.label()} {b.policy.label()} fits: {it_words}{mfu_words}"
-            f"{b.tgs:,.0f} tokens/GPU/s, peak GPU {peak_text(b, p)} of {fmt_bytes(m.gpu_capacity_bytes)}{host}, "
+            f"{b.tgs:,.0f} tokens/GPU/s, peak GPU {p.text()} of {fmt_bytes(m.gpu_capacity_bytes)}{host}, "
             f"{plural(b.global_batch, 'sequence')} a step" + (f" -> {v.plan_path}" if v.plan_path else ""))
 
 
@@ -128,10 +128,10 @@ def _fits_with(v: WhatIfView, seq: int, gpus: int) -> str | None:
 
 
 def split_line(v: WhatIfView) -> str:
-    """Where nothing fits and the length limits the sequence-splitting degrees (`memo_sim.search.split_lengths.split_factor`): why, and
-    the changes the search fits (`split_lengths.split_fixes`: fewer GPUs the length splits over, or a length the GPUs
-    split over), as flags; "" otherwise (a review: a full GB200 NVL72 rack at 1M tokens blamed GPU memory and
-    advised --gpus 144, while 64 GPUs or 1008K tokens fit)."""
+    """Where nothing fits and the length limits the sequence-splitting degrees
+    (`memo_sim.search.split_lengths.split_factor`): why, and the changes the search fits (`split_lengths.split_fixes`:
+    fewer GPUs the length splits over, or a length the GPUs split over), as flags; "" otherwise (a review: a full GB200
+    NVL72 rack at 1M tokens blamed GPU memory and advised --gpus 144, while 64 GPUs or 1008K tokens fit)."""
     from memo_sim.search.split_lengths import split_fixes, split_limit_words  # noqa: PLC0415
 
     if v.best is not None or not v.shown:
@@ -292,7 +292,7 @@ def precision_line(v: WhatIfView) -> str:
     it = (o.simulated or {}).get("iteration_s") or o.estimate.iteration_s
     tier = "simulated" if o.simulated else "analytic"
     words = (f"without {fmt} GEMMs (all in {dt}) the same search's best is {o.layout.label()} {o.policy.label()}: "
-             f"{fmt_time(it)}/iteration ({tier}), {o.tgs:,.0f} tokens/GPU/s, peak GPU {peak_text(o)}")
+             f"{fmt_time(it)}/iteration ({tier}), {o.tgs:,.0f} tokens/GPU/s, peak GPU {candidate_peak(o).text()}")
     if b is None:
         return words + f"; with {fmt} nothing fits"
     ratio = b.tgs / o.tgs
@@ -358,7 +358,7 @@ def whatif_answer(v: WhatIfView) -> Answer:
                         "named; frag/retries: the caching allocator's reserved-but-unallocated share at the peak and "
                         "its retries per iteration"
                       + ("; sim/allocated: the simulated allocated peak, not replayed through the caching allocator "
-                         "(no reserved cache counted)" if any(_not_replayed(c, candidate_peak(c))
+                         "(no reserved cache counted)" if any(candidate_peak(c).not_replayed
                                                               for _i, c in rows[:budget]) else "")
                       + ("; schedule: its name, then micro-batches x sequences per micro-batch"
                          if _split(rows[:budget]) else "")
@@ -544,7 +544,7 @@ def ranked_table(rows) -> tuple[list[str], list[list[str]]]:
         tgs = sm["tgs_tokens_per_gpu_s"] if sm else e.tgs
         r = [str(i + 1), c.layout.label(), _policy_cell(c),
              "-" if c.policy.alpha is None else f"{c.policy.alpha:.3f}", status_text(c.status, c.over_bytes),
-             tier_allocator_cell(c, p), fmt_time(it) if it else "-", f"{100 * mfu:.1f}%" if mfu is not None else "-",
+             p.short_source, fmt_time(it) if it else "-", f"{100 * mfu:.1f}%" if mfu is not None else "-",
              f"{tgs:.0f}" if tgs else "-", fmt_bytes(p.bytes), allocator_cell(sm), fmt_bytes(c.host_bytes_per_node),
              fmt_time(sm["exposed_copy_s"] if sm else e.exposed_copy_s)]
         if gbs:
@@ -572,7 +572,7 @@ def tier_table(rows, simulated: bool) -> tuple[list[str], list[list[str]]]:
             r.append(fmt_time(sm["iteration_s"]) if sm["iteration_s"] else "-")
         r += [f"{100 * (sm['mfu'] if sm else e.mfu):.1f}%" if (sm is None or sm["mfu"] is not None) else "-",
               f"{(sm['tgs_tokens_per_gpu_s'] if sm else e.tgs):.0f}" if (sm is None or sm["tgs_tokens_per_gpu_s"])
-              else "-", fmt_bytes(p.bytes), _allocator_words(c, p), allocator_cell(sm),
+              else "-", fmt_bytes(p.bytes), p.allocator_words, allocator_cell(sm),
               fmt_bytes(c.host_bytes_per_node),
               fmt_time(sm["exposed_copy_s"] if sm else e.exposed_copy_s)]
         if split:
@@ -583,38 +583,6 @@ def tier_table(rows, simulated: bool) -> tuple[list[str], list[list[str]]]:
         + ["MFU", "TGS", f"peak GPU ({'sim' if simulated else 'analytic'})", "allocator", "frag/retries", "host/node",
            "copy stall"]
     return head, out
-
-
-NOT_REPLAYED = "allocated"  # a simulated caching-allocator peak that no allocator replay reserved
-
-
-def _not_replayed(c, p) -> bool:
-    """Whether ``c``'s simulated peak ``p`` is on the caching allocator but was never replayed through it: the
-    micro-batch pipelines and SPPO sum their allocations (`memo_sim.engine.schedules.microbatch`, ``"replayed":
-    False``; `memo_sim.engine.schedules.sppo`), so their peak is the allocated one, no reserved cache above it."""
-    a = (getattr(c, "simulated", None) or {}).get("allocator") or {}
-    return (a.get("replayed") is False and getattr(p, "tier", None) == "simulated"
-            and getattr(p, "allocator", None) == CACHING_ALLOCATOR)
-
-
-def tier_allocator_cell(c, p) -> str:
-    """The ranked table's tier/allocator cell of ``c`` (peak ``p``): `memo_sim.report.peaks.Peak.short_source`, but
-    ``sim/allocated`` where the caching allocator was not replayed (`_not_replayed`; a review saw ``sim/allocator``
-    on a pipeline row whose explain had no allocator memory stats)."""
-    return f"sim/{NOT_REPLAYED}" if _not_replayed(c, p) else p.short_source
-
-
-def peak_text(c, p=None) -> str:
-    """``c``'s peak (``p``, default `candidate_peak`) with its source in words (`Peak.text`), the source saying
-    "allocated, no caching-allocator replay" where the caching allocator never replayed it (`_not_replayed`)."""
-    p = candidate_peak(c) if p is None else p
-    return (f"{fmt_bytes(p.bytes)} ({p.tier}, {NOT_REPLAYED}: no caching-allocator replay)" if _not_replayed(c, p)
-            else p.text())
-
-
-def _allocator_words(c, p) -> str:
-    """The --details tables' allocator cell: `Peak.allocator`, or that the allocated peak was not replayed."""
-    return f"{CACHING_ALLOCATOR}, {NOT_REPLAYED} (no replay)" if _not_replayed(c, p) else p.allocator
 
 
 def allocator_cell(sm: dict | None) -> str:
@@ -670,7 +638,7 @@ def metp_table(metp_rows: list[dict], shown) -> tuple[list[str], list[list[str]]
 
 def _plan_words(c) -> str:
     tier = "sim" if c.simulated is not None else "analytic"
-    return f"{c.layout.label()} {c.policy.label()} ({c.tgs:,.0f} tokens/GPU/s {tier}, peak {peak_text(c)})"
+    return f"{c.layout.label()} {c.policy.label()} ({c.tgs:,.0f} tokens/GPU/s {tier}, peak {candidate_peak(c).text()})"
 
 
 def compare_line(what: str, a, b, a_name: str, b_name: str) -> str:
@@ -696,8 +664,8 @@ def runner_up(shown, best) -> dict | None:
     loss = 1.0 - c.tgs / best.tgs if best.tgs else 0.0
     mine, theirs = candidate_peak(c), candidate_peak(best)
     diff = theirs.bytes - mine.bytes
-    mem = (f"{fmt_bytes(abs(diff))} {'less' if diff >= 0 else 'more'} GPU memory (peak {peak_text(c, mine)})"
-           if diff else f"the same peak GPU ({peak_text(c, mine)})")
+    mem = (f"{fmt_bytes(abs(diff))} {'less' if diff >= 0 else 'more'} GPU memory (peak {mine.text()})"
+           if diff else f"the same peak GPU ({mine.text()})")
     tier = "simulated" if c.simulated is not None else "analytic"
     label = f"{c.layout.label()} {c.policy.label()}"
     it = (c.simulated["iteration_s"] if c.simulated else c.estimate.iteration_s) or None

@@ -172,12 +172,12 @@ def _host_over(c: Candidate) -> bool:
 def max_seq(model: ModelConfig, gpus: int, profile: HardwareProfile, policy: str, *, step: int = 128 * 1024,
             framework: str = "any", simulate: bool = True, allocator: str = "caching",
             fixed: dict | None = None) -> MaxSeqAnswer:
-    """The longest multiple of ``step`` tokens ``policy`` trains on ``gpus`` GPUs (module docs), with what binds at
-    the first length that fails; where that length limits the sequence split, the binding says so and what the
-    search fits instead (`split_binding`). Where ``gpus`` has a factor ``step`` does not divide (72 GPUs at 128K:
-    9), the multiples of `memo_sim.search.split_lengths.split_step` are searched (the answer's ``step``): fit is monotone only along
-    lengths the GPUs split over, and a length that keeps a factor out of every split fails short of longer
-    lengths that fit (a review: 1.5M answered, 1.625M failed, 9216K fits on 72 GPUs)."""
+    """The longest multiple of ``step`` tokens ``policy`` trains on ``gpus`` GPUs (module docs), with what binds at the
+    first length that fails; where that length limits the sequence split, the binding says so and what the search fits
+    instead (`split_binding`). Where ``gpus`` has a factor ``step`` does not divide (72 GPUs at 128K: 9), the multiples
+    of `memo_sim.search.split_lengths.split_step` are searched (the answer's ``step``): fit is monotone only along
+    lengths the GPUs split over, and a length that keeps a factor out of every split fails short of longer lengths that
+    fit (a review: 1.5M answered, 1.625M failed, 9216K fits on 72 GPUs)."""
     from memo_sim.search.split_lengths import split_step
 
     ans = _max_seq(model, gpus, profile, policy, step=split_step(step, gpus), framework=framework,
