@@ -105,12 +105,32 @@ def run_case(layers, lay, schedule, pol, steps=0, batch=BATCH, mutate=None, plan
             "policy_buffers": max([p.device_bytes().get("buffers", 0) for p in pols], default=0),
             "shared_bytes": ex.schedule.shared.nbytes if hasattr(ex.schedule, "shared") else None,
             # what the rank's instances hold, against the estimate's terms
-            "held": {k: sum(p.device_bytes().get(k, 0) for p in pols)
-                     for k in ("skeletal_resident", "lse", "norm_stats")},
-            "estimated": {k: ex.estimate.terms[k] for k in ("skeletal_resident", "lse", "norm_stats")},
+            # the device bytes the instances' layer storages hold, each block once (the rank's shared blocks apart)
+            "held": _held_bytes(pols, ex.schedule.shared.blocks if hasattr(ex.schedule, "shared") else {}),
+            "estimated": ex.estimate.terms["skeletal_resident"] + ex.estimate.terms["norm_stats"],
+            # one slot's largest instance (what a slot needs: one chunk at a time uses it), and its host slots
+            "largest": ex.schedule.n_slots * max(p.device_bytes().get("skeletal_resident", 0)
+                                                 + p.device_bytes().get("norm_stats", 0) for p in pols)
+            if hasattr(ex.schedule, "n_slots") and pols else None,
+            "pinned": int(getattr(ex.policy, "pinned_bytes", 0)), "host_estimated": ex.estimate.host,
+            "host_largest": ex.schedule.n_slots * max(p.host_bytes() for p in pols)
+            if hasattr(ex.schedule, "n_slots") and pols else None,
             "buffer_blocks": len({b.data_ptr() for p in pols
                                   for b in (getattr(p, n, None) for n in ("work_block", "mlp_block", "norm_block"))
                                   if b is not None})}
+
+
+def _held_bytes(pols, shared: dict) -> int:
+    """Device bytes under the instances' layer storages (saved tensors, norm statistics), each storage once, less
+    the rank's shared blocks (recompute and rounding buffers)."""
+    skip = {b.untyped_storage().data_ptr() for b in shared.values()}
+    seen: dict[int, int] = {}
+    for p in pols:
+        for st in p.storages:
+            for t in (*st.tensors.values(), st.stats):
+                if t is not None and t.untyped_storage().data_ptr() not in skip:
+                    seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(seen.values())
 
 
 def rank_cases(rank: int, world: int, cases) -> list:
@@ -411,15 +431,20 @@ def test_chunks_of_their_own_sizes_match_one_process():
     """Every model chunk its own layer count (Megatron-LM's --pipeline-model-parallel-layout 'Et|t*3|t*2|t*2L':
     `Layout.chunk_layers`), 8 layers over pp 2 x vpp 2, interleaved 1F1B, store all, full recompute and MEMO:
     loss and every gradient as one process; rank 0 runs chunks 0 and 2, rank 1 chunks 1 and 3; the memory estimate's
-    per-layer terms are what the rank's instances (one per slot and chunk size) hold."""
+    per-layer terms are what the rank's instances (one per slot and chunk size) hold, and a slot holds its largest
+    chunk's storage and host slots, which its smaller chunk's instance takes a prefix of (`SlotBlocks`: one chunk at
+    a time uses a slot; each instance its own held rank 0's chunks of 1 and 2 layers 3 layers' storage a slot)."""
     cases = [(8, {"pp": 2, "vpp": 2, "chunk_layers": (1, 3, 2, 2)}, "interleaved_1f1b", pol)
              for pol in ("store_all", "full_recompute", "memo")]
     results = spawn(rank_cases, 2, cases, timeout=300)
     for i, c in enumerate(cases):
         check(results[0][i], c[0], 0, c)
         assert results[0][i]["layers"] == [0, 4, 5] and results[1][i]["layers"] == [1, 2, 3, 6, 7]
-        for r in results:  # the estimate counts an instance per slot and chunk size, as the rank holds them
-            assert r[i]["estimated"] == r[i]["held"], (c, r[i]["estimated"], r[i]["held"])
+        for r in results:  # the estimate counts a slot's largest instance, as the rank holds them
+            assert r[i]["estimated"] == r[i]["held"] == r[i]["largest"] > 0, (c, r[i])
+            assert r[i]["pinned"] == r[i]["host_estimated"] == r[i]["host_largest"], (c, r[i])
+        if c[3] == "memo":
+            assert results[0][i]["pinned"] > 0, results[0][i]
 
 
 def test_uneven_interleaved_chunks_match_one_process():

@@ -41,6 +41,37 @@ class SharedBlocks:
         return sum(b.numel() for b in self.blocks.values())
 
 
+class SlotBlocks:
+    """One activation slot's blocks on a pipeline rank, by name, shared by the slot's instances of different sizes.
+
+    A slot serves one (chunk, micro-batch) at a time (`memo_exec.pipeline.order.slots`: a forward takes it, its
+    backward frees it), so where an uneven split gives a rank chunks of different layer counts, the slot's instance
+    over a 2-layer chunk and its instance over a 1-layer chunk are never live together: the second takes its layer
+    blocks, norm statistics and host slots from the first's (a prefix of each), as the simulator counts a stage's
+    activations by the chunks in flight. Made the instance per slot and size, each its own, a rank of Megatron's
+    ``--account-for-embedding-in-pipeline-split`` (chunks of 2 and 1 layers) held 3 layers' storage a slot for 2
+    (a toy pp2 v3 MEMO plan: pinned pool +121% of the simulator's)."""
+
+    def __init__(self) -> None:
+        self.blocks: dict[str, object] = {}
+
+    def take(self, name: str, nbytes: int, make):
+        """The slot's block ``name`` cut to ``nbytes`` (``make(nbytes)`` the first time). A later instance asking
+        more than the block holds (a model mixing dense and MoE layers, whose smaller instances keep a dense layer's
+        tensors at more positions) gets a block of its own."""
+        b = self.blocks.get(name)
+        if b is None:
+            b = self.blocks[name] = make(nbytes)
+            return b
+        if _nbytes(b) < nbytes:
+            return make(nbytes)
+        return b.view_of(nbytes) if hasattr(b, "view_of") else b[:nbytes]
+
+
+def _nbytes(block) -> int:
+    return block.nbytes if hasattr(block, "view_of") else block.numel()
+
+
 # the whole-layer re-runs' work buffer against the replay (`ActivationPolicy.allocator_differs`: full recompute and
 # checkpoint offload, whose re-run tensors the replay frees one by one; measured on an H200,
 # reports/gpu-h200-2026-11-30.md)
@@ -90,6 +121,7 @@ class ActivationPolicy(ABC):
     # reads them as not estimated, neither 0 bytes nor a -100% error
     unsized_terms: tuple[str, ...] = ()
     shared: SharedBlocks | None = None
+    slot_blocks: SlotBlocks | None = None  # a pipeline slot's blocks, shared with its other sizes' instances
     pipelined = False  # one of a pipeline rank's instances (set before `device_bytes` and `allocate`)
 
     def __init__(self, choice, model: ModelConfig, batch: int, seq: int, layers: int, dtype: torch.dtype,
@@ -188,8 +220,21 @@ class ActivationPolicy(ABC):
             return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
         return self.shared.block(name, nbytes, self.device)
 
-    def _stats(self) -> torch.Tensor:
-        return torch.empty(4, self.tokens, dtype=norm_stats_dtype(self.dtype, self.device), device=self.device)
+    def layer_block(self, name: str, nbytes: int) -> torch.Tensor:
+        """A device block this instance's layers alone use (a layer's saved tensors): its own, or on a pipeline rank
+        its slot's block ``name`` (`SlotBlocks`)."""
+        def make(n: int) -> torch.Tensor:
+            return torch.empty(n, dtype=torch.uint8, device=self.device)
+
+        return make(nbytes) if self.slot_blocks is None else self.slot_blocks.take(name, nbytes, make)
+
+    def _stats(self, name: str = "stats") -> torch.Tensor:
+        """A layer's norm statistics (4 x tokens; ``name``: which layer's, for a slot's shared blocks)."""
+        dt = norm_stats_dtype(self.dtype, self.device)
+        if self.slot_blocks is None:
+            return torch.empty(4, self.tokens, dtype=dt, device=self.device)
+        nb = 4 * self.tokens * torch.empty((), dtype=dt, device="meta").element_size()
+        return self.layer_block(name, nb).view(dt).view(4, self.tokens)
 
     def _stats_bytes(self) -> int:
         return stats_bytes(self.tokens, self.dtype)

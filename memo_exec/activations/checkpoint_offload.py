@@ -64,7 +64,7 @@ class CheckpointOffload(TokenOffload):
         nb = storage_bytes(self.model, self.tokens, self.dtype, self._work_names, shapes=self.shapes)
         self.recompute_work = carve_storage(self.buffer_block("recompute", nb), self.model, self.tokens, self.dtype,
                                             self._work_names, shapes=self.shapes)
-        stats = self._stats()  # rebuilt with everything else: one set for every layer
+        stats = self._stats("stats")  # rebuilt with everything else: one set for every layer
         return [LayerStorage(self._rank_tensors(self.rounding.fwd[rounding_buffer(i)]), stats)
                 for i in range(self.layers)]
 

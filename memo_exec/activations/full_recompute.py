@@ -3,8 +3,6 @@ layer's backward by re-running the layer forward (attention included)."""
 
 from __future__ import annotations
 
-import torch
-
 from memo_exec.activations.base import RECOMPUTE_BUFFER_DIFFERS, ActivationPolicy
 from memo_exec.activations.registry import register
 from memo_exec.layer import SKELETAL, LayerStorage, carve_storage, storage_bytes
@@ -24,7 +22,7 @@ class FullRecompute(ActivationPolicy):
 
     def allocate(self) -> None:
         xb = storage_bytes(self.model, self.tokens, self.dtype, ("x",), shapes=self.shapes)
-        self.x_block = torch.empty(self.layers * xb, dtype=torch.uint8, device=self.device)
+        self.x_block = self.layer_block("x", self.layers * xb)  # a slot's smaller instance: a prefix
         xs = [carve_storage(self.x_block[i * xb:(i + 1) * xb], self.model, self.tokens, self.dtype, ("x",),
                             shapes=self.shapes)["x"] for i in range(self.layers)]
         self.work_block = self.buffer_block("recompute", storage_bytes(self.model, self.tokens, self.dtype,

@@ -53,6 +53,17 @@ class HostPool:
         if device.type == "cuda" and self.nbytes > 0:
             self._page_lock()
         self._off = 0
+        self.owner = True  # False: a view of another pool's first bytes (`view_of`), which it neither counts nor frees
+
+    def view_of(self, nbytes: int) -> "HostPool":
+        """A pool over this one's first ``nbytes``, taking its slots from the start again: a pipeline slot's instance
+        over fewer layers reuses the slot's host slots (`memo_exec.activations.base.SlotBlocks`)."""
+        if nbytes > self.nbytes:
+            raise ExecError(f"host pool view of {nbytes} bytes over a pool of {self.nbytes}")
+        view = object.__new__(HostPool)
+        view.__dict__.update(self.__dict__)
+        view.nbytes, view.buf, view._off, view.owner, view.registered = nbytes, self.buf[:nbytes], 0, False, False
+        return view
 
     def _page_lock(self) -> None:
         rc = _register(self.buf.data_ptr(), self.nbytes)

@@ -9,8 +9,6 @@ for a mixture of experts, whose blocks recompute_moe and recompute_norm_act rebu
 
 from __future__ import annotations
 
-import torch
-
 from memo_exec.activations.base import ActivationPolicy
 from memo_exec.activations.registry import register
 from memo_exec.errors import ExecError
@@ -45,12 +43,12 @@ class RecomputeMlp(ActivationPolicy):
             raise ExecError(f"policy recompute_mlp: the {type(self.compute).__name__} layer does not re-run its MLP "
                             "on its own; plan with tp_mode megatron or another policy")
         kb = self._bytes(self._kept)
-        self.blocks = [torch.empty(kb, dtype=torch.uint8, device=self.device) for _ in range(self.layers)]
+        self.blocks = [self.layer_block(f"layer {i}", kb) for i in range(self.layers)]
         self.mlp_block = self.buffer_block("mlp", self._bytes(self._rebuilt))
         mlp = carve_storage(self.mlp_block, self.model, self.tokens, self.dtype, self._rebuilt, shapes=self.shapes)
         self.storages = [LayerStorage({**carve_storage(b, self.model, self.tokens, self.dtype, self._kept,
-                                                       shapes=self.shapes), **mlp}, self._stats())
-                         for b in self.blocks]
+                                                       shapes=self.shapes), **mlp}, self._stats(f"stats {i}"))
+                         for i, b in enumerate(self.blocks)]
 
     def recompute(self, compute, weights, storage, i: int) -> None:
         compute.recompute_mlp(weights, storage, i)

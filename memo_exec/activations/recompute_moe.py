@@ -12,8 +12,6 @@ block) is its own module, `memo_exec.activations.recompute_norm_act`.
 
 from __future__ import annotations
 
-import torch
-
 from memo_exec.activations.base import ActivationPolicy
 from memo_exec.activations.registry import register
 from memo_exec.errors import ExecError
@@ -50,12 +48,11 @@ class RecomputeMoe(ActivationPolicy):
         if self.compute is not None and not hasattr(self.compute, "recompute_norms"):
             raise ExecError(f"policy recompute_moe: the {type(self.compute).__name__} layer does not rebuild its norms "
                             "on their own; plan with tp_mode megatron or another policy")
-        self.blocks = [torch.empty(self._bytes(self._kept_at(i)), dtype=torch.uint8, device=self.device)
-                       for i in range(self.layers)]
+        self.blocks = [self.layer_block(f"layer {i}", self._bytes(self._kept_at(i))) for i in range(self.layers)]
         self.norm_block = self.buffer_block("norms", self._bytes(self.norms))
         norms = carve_storage(self.norm_block, self.model, self.tokens, self.dtype, self.norms, shapes=self.shapes)
         self.storages = [LayerStorage({**carve_storage(b, self.model, self.tokens, self.dtype, self._kept_at(i),
-                                                       shapes=self.shapes), **norms}, self._stats())
+                                                       shapes=self.shapes), **norms}, self._stats(f"stats {i}"))
                          for i, b in enumerate(self.blocks)]  # keep_moe_internals stays False: its routing only
 
     def recompute(self, compute, weights, storage, i: int) -> None:

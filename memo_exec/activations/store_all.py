@@ -8,8 +8,6 @@ every layer a dense layer's, DeepSeek-V3's 58 MoE layers each a dense FFN's fc1 
 
 from __future__ import annotations
 
-import torch
-
 from memo_exec.activations.base import ActivationPolicy
 from memo_exec.activations.registry import register
 from memo_exec.layer import LayerStorage, carve_storage, storage_bytes, written_skeletal
@@ -30,10 +28,9 @@ class StoreAll(ActivationPolicy):
                 "norm_stats": n * self._stats_bytes(), "lse": n * self.lse_bytes_per_layer()}
 
     def allocate(self) -> None:
-        self.blocks = [torch.empty(self._layer_bytes(i), dtype=torch.uint8, device=self.device)
-                       for i in range(self.layers)]
+        self.blocks = [self.layer_block(f"layer {i}", self._layer_bytes(i)) for i in range(self.layers)]
         self.storages = [LayerStorage(carve_storage(b, self.model, self.tokens, self.dtype, self._names(i),
-                                                    shapes=self.shapes), self._stats())
+                                                    shapes=self.shapes), self._stats(f"stats {i}"))
                          for i, b in enumerate(self.blocks)]
         for st in self.storages:  # a MoE block keeps its internal activations (its autograd graph) too
             st.keep_moe_internals = True

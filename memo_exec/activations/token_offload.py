@@ -159,7 +159,7 @@ class TokenOffload(ActivationPolicy):
 
     def _pipeline_storages(self) -> list[LayerStorage]:
         """Each layer's storage on a pipeline rank, re-pointed at a rank block per unit (`bind`, `prefetch_unit`)."""
-        return [LayerStorage(self._rank_tensors(self.rounding.fwd[rounding_buffer(i)]), self._stats())
+        return [LayerStorage(self._rank_tensors(self.rounding.fwd[rounding_buffer(i)]), self._stats(f"stats {i}"))
                 for i in range(self.layers)]
 
     def allocate(self) -> None:
@@ -169,7 +169,7 @@ class TokenOffload(ActivationPolicy):
             self.unit, self.k_of, self.where = list(range(self.layers)), {}, {}
         else:
             self.storages = self._device_storages()
-        self.pool = HostPool(self.host_bytes(), self.device)
+        self.pool = self._host_pool()
         self.host: list[dict[str, torch.Tensor]] = [
             {n: self.pool.take(((hi - lo) * self.row_mult[n], self.widths[n]), self.dtype)
              for n, (lo, hi) in self._moved()}
@@ -182,9 +182,17 @@ class TokenOffload(ActivationPolicy):
         self.ev_bwd = [ev(f"backward_done({i})") for i in range(self.layers)]
         self.ev_pf = [ev(f"prefetched({i})") for i in range(self.layers)]
 
+    def _host_pool(self) -> HostPool:
+        """The instance's host slots: its own pool, or on a pipeline rank its slot's (`SlotBlocks`: an instance over
+        fewer layers takes the first of the slot's host slots, each layer's the same size)."""
+        if self.slot_blocks is None:
+            return HostPool(self.host_bytes(), self.device)
+        return self.slot_blocks.take("host slots", self.host_bytes(), lambda n: HostPool(n, self.device))
+
     @property
     def pinned_bytes(self) -> int:
-        return self.pool.nbytes if hasattr(self, "pool") else 0
+        """The host pool this instance allocated (0 where it took its slot's: counted once, by its owner)."""
+        return self.pool.nbytes if hasattr(self, "pool") and self.pool.owner else 0
 
     def close(self) -> None:
         if hasattr(self, "pool"):

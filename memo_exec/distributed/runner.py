@@ -263,8 +263,15 @@ class DistExecutor(ExecutorBase):
             pols = pols + [self._meta_policy(1, pipelined=bool(sizes) and self.schedule.pipelined)]
         devs = [p.device_bytes() for p in pols]
 
-        def slot(key: str) -> int:  # one slot's instances
-            return sum(d.get(key, 0) for d in devs)
+        # one slot's instances: the largest's blocks, which the smaller take a prefix of (`SlotBlocks`); where the
+        # model mixes dense and MoE layers a smaller instance may keep more at a position and take a block of its
+        # own there, so the sum over the slot's instances bounds it
+        shared_slot = not self.model.mixes_dense_layers
+
+        def slot(key: str) -> int:
+            vals = [d.get(key, 0) for d in devs[:len(sizes)]]
+            rest = sum(d.get(key, 0) for d in devs[len(sizes):])  # the modules' own instance (not a slot's)
+            return (max(vals, default=0) if shared_slot else sum(vals)) + rest
 
         def once(key: str) -> int:  # the rank's own
             return max((d.get(key, 0) for d in devs), default=0)
@@ -281,7 +288,8 @@ class DistExecutor(ExecutorBase):
             terms["transient_peak"] = self.arena_plan.arena_bytes
             unknown.remove("transient_peak")
         terms["peak_total"] = sum(terms.values())
-        host = (n * sum(p.host_bytes() for p in pols)
+        slot_host = [p.host_bytes() for p in pols[:len(sizes)]]  # one slot's host slots, shared as its blocks
+        host = (n * (max(slot_host, default=0) + sum(p.host_bytes() for p in pols[len(sizes):]))
                 + (HostAdamW.host_bytes_for(shard, self.dtype) if lay.optimizer_offload else 0))
         # peak_total holds the static terms only: compared as none too, as the terms it lacks
         return MemoryEstimate(terms, host, {}, not_estimated=(*unknown, "peak_total"))

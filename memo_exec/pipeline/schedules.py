@@ -96,7 +96,7 @@ from __future__ import annotations
 import torch
 
 from memo_exec.distributed.p2p import Transfer, finish_or_settle, post
-from memo_exec.activations.base import SharedBlocks
+from memo_exec.activations.base import SharedBlocks, SlotBlocks
 from memo_exec.happens_before import Region, transfer_guard
 from memo_exec.wait_switch import wait_primitive
 from memo_exec.distributed.schedule import Schedule, register_schedule
@@ -226,7 +226,8 @@ class PipelineSchedule(Schedule):
 
     def build_runtimes(self) -> None:
         """One activation policy per slot and chunk size: a policy runs over one chunk's layers (its storages and
-        host slots), so an uneven split's chunks of different sizes each get their own instance per slot; the
+        host slots), so an uneven split's chunks of different sizes each get their own instance per slot, over the
+        slot's blocks (`SlotBlocks`: one chunk at a time uses a slot, so the smaller take the largest's); the
         rank's shared buffers (`SharedBlocks`) and MEMO's numbering of the rank's units (`PipelineRounding.plan`)
         are made here too."""
         ex = self.ex
@@ -234,9 +235,10 @@ class PipelineSchedule(Schedule):
         pols: dict[tuple[int, int], object] = {}
         self.shared = SharedBlocks()  # the rank's buffers, one set for its slots (`ActivationPolicy.shared`)
         for k in range(self.n_slots):
+            slot_blocks = SlotBlocks()  # the slot's instances of different sizes share its blocks, largest first
             for n in self.activation_sizes():  # a chunk of one slot may hold no layer
                 pol = ex.make_activation_policy(n)
-                pol.slot, pol.shared, pol.pipelined = k, self.shared, True
+                pol.slot, pol.shared, pol.pipelined, pol.slot_blocks = k, self.shared, True, slot_blocks
                 pol.allocate()
                 pols[(k, n)] = pol
         ex.policy = PolicySet(list(pols.values()))
