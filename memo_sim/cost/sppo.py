@@ -322,13 +322,18 @@ def stage_split_key(model: ModelConfig, layout: Layout) -> tuple:
             layout.chunk_layers, layout.vpp if layout.uneven or model.mixes_dense_layers else 1)
 
 
+def stage_layer_indices(model: ModelConfig, layout: Layout, stage: int) -> list[int]:
+    """The model layers one pipeline rank holds over its chunks (chunk c is virtual stage c x pp + stage)."""
+    vr = layout.virtual_stage_ranges(model.layers)
+    return [i for c in range(layout.vpp) for i in vr[c * layout.pp + stage]]
+
+
 def stage_dense_layer_count(model: ModelConfig, layout: Layout, stage: int) -> int:
     """A MoE model's dense-FFN layers among one pipeline rank's (where `ModelConfig.dense_layer_at` places
     them, the pattern memo's Megatron export writes as --moe-layer-freq); 0 for a dense model."""
     if not model.mixes_dense_layers:
         return 0
-    vr = layout.virtual_stage_ranges(model.layers)
-    return sum(model.dense_layer_at(i) for c in range(layout.vpp) for i in vr[c * layout.pp + stage])
+    return sum(model.dense_layer_at(i) for i in stage_layer_indices(model, layout, stage))
 
 
 def stage_params(model: ModelConfig, layout: Layout, stage: int) -> float:

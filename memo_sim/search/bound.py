@@ -31,9 +31,10 @@ from typing import Callable
 from memo_sim.cost.boundary import boundary_times
 from memo_sim.cost.grad_sync import grad_sync
 from memo_sim.cost.layer_time import critical_time
-from memo_sim.cost.sppo import stage_layer_counts, stage_optimizer_time
+from memo_sim.cost.sppo import stage_layer_counts, stage_layer_indices, stage_optimizer_time
 from memo_sim.errors import MemoError
 from memo_sim.memplan.trace_gen import per_gpu_shard
+from memo_sim.model.attention_kinds import distinct_kinds, kind_model, layer_kinds
 from memo_sim.model.flops import tgs
 from memo_sim.search.estimate import _forward_backward_times, stage_shard
 from memo_sim.search.sppo.estimate import recurrence
@@ -89,7 +90,7 @@ def pipeline_iteration_bound(model, lay, policy, batch: int, micro_batch: int, s
     """`pipeline_bound` of a micro-batch pipeline candidate; ``policy`` None: its recompute left
     out, a bound for every policy of the layout, batch split and schedule at once (a policy
     adds recompute chains, never removes an op: `pipeline_family_tgs_bound`)."""
-    p, v = lay.pp, lay.vpp
+    p = lay.pp
     mb = micro_batch
     m = batch // mb
     shard = stage_shard(lay)
@@ -104,18 +105,28 @@ def pipeline_iteration_bound(model, lay, policy, batch: int, micro_batch: int, s
     opt0 = stage_optimizer_time(model, lay, 0, profile)
     # rank s cannot start before micro-batch 0 has run forward through virtual stages 0 .. s-1 (chunk 0 of
     # ranks 0 .. s-1), then runs its own units, then micro-batch 0's backward returns through them
-    vr = lay.virtual_stage_ranges(model.layers) if lay.uneven else None
-    lc = model.layers // (p * v)  # layers per chunk (even split)
-    counts = stage_layer_counts(model, lay) if lay.uneven else [v * lc] * p
+    vr = lay.virtual_stage_ranges(model.layers)
+    counts = stage_layer_counts(model, lay)
+    # each layer's forward, backward and recompute: its attention kind's where those differ (the chains the
+    # micro-batch pipeline emits per layer, `memo_sim.engine.schedules.microbatch.PipelineCosts.phases_of`)
+    kinds = layer_kinds(model)
+    times = {k: _phase_times(kind_model(model, k), shard, mb, seq, policy, profile) if policy is not None
+             else (*_forward_backward_times(kind_model(model, k), shard, mb, seq, profile), 0.0)
+             for k in distinct_kinds(model)}
+
+    def fbr(i: int) -> tuple[float, float, float]:
+        return times[kinds[i]] if kinds else (f, b, r)
+
+    r_least = min((t[2] for t in times.values()), default=r)  # the recomputed units' count, not which: the least
     best = 0.0
     for s in range(p):
         n_f = m * counts[s]  # forward units of the rank
         recomputed = policy.recomputed_count(n_f) if r > 0 else 0
-        own = n_f * (f + b) + recomputed * r
+        own = m * sum(sum(fbr(i)[:2]) for i in stage_layer_indices(model, lay, s)) + recomputed * r_least
         own += m * (bt.embedding if s == 0 else 0.0) + m * (bt.classifier if s == p - 1 else 0.0)
-        before = sum(len(vr[i]) for i in range(s)) if vr is not None else s * lc
-        lead = bt.embedding_fwd + before * f if s else 0.0
-        tail = before * b + bt.embedding_bwd if s else 0.0
+        before = [i for vs in range(s) for i in vr[vs]]
+        lead = bt.embedding_fwd + sum(fbr(i)[0] for i in before) if s else 0.0
+        tail = sum(fbr(i)[1] for i in before) + bt.embedding_bwd if s else 0.0
         best = max(best, lead + own + tail + opt0)
     return best
 

@@ -32,6 +32,7 @@ from memo_sim.cost.transfer import host_bandwidth_per_gpu, host_copy_time
 from memo_sim.cost.sppo import stage_split_key
 from memo_sim.layout.parallel import Layout, stage_shard
 from memo_sim.memplan.trace_gen import per_gpu_shard
+from memo_sim.model.attention_kinds import distinct_kinds, kind_model, kinds_of
 from memo_sim.model.config import ModelConfig
 from memo_sim.policy.alpha import AlphaProblem, AlphaResult, solve_alpha_closed_form
 from memo_sim.policy.base import Policy
@@ -216,20 +217,31 @@ def estimate_pipeline(model: ModelConfig, layout: Layout, batch: int, micro_batc
     off: the slowest stage's reduction of all its gradients at once), ZeRO-1's exposed
     weight gathers (each layer's first forward), the end stages' sum of a shared embedding's gradient
     and the slowest stage's optimizer step."""
-    from memo_sim.cost.sppo import stage_grad_sync, stage_layer_counts
+    from memo_sim.cost.sppo import stage_grad_sync, stage_layer_counts, stage_layer_indices
 
     p, v = layout.pp, layout.vpp
     m = batch // micro_batch
     shard = stage_shard(layout)
-    lt = _layer_times(model, shard, micro_batch, seq, policy, profile, active_gpus_per_node(layout, profile))
+    active = active_gpus_per_node(layout, profile)
+    lt = _layer_times(model, shard, micro_batch, seq, policy, profile, active)
     per_stage = stage_layer_counts(model, layout)
     per = max(per_stage)  # the fullest stage's layers: its weight gathers and exposed copies per micro-batch
-    r = lt.recompute if policy.recomputes_layer(0, model.layers) else 0.0
-    f_unit = max(lt.forward, lt.offload) if policy.offloads else lt.forward
-    b_unit = max(lt.backward + r, lt.prefetch) if policy.offloads else lt.backward + r
+    recomputes = policy.recomputes_layer(0, model.layers)
+
+    def units(t: LayerTimes) -> float:  # one layer's forward and backward units (module docs)
+        r = t.recompute if recomputes else 0.0
+        f_unit = max(t.forward, t.offload) if policy.offloads else t.forward
+        return f_unit + (max(t.backward + r, t.prefetch) if policy.offloads else t.backward + r)
+
+    # a stage's layers at their attention kinds' times where those differ (`memo_sim.model.attention_kinds`)
+    by_kind = {k: units(_layer_times(kind_model(model, k), shard, micro_batch, seq, policy, profile, active))
+               for k in distinct_kinds(model)}
+    layers_work = [sum(n * by_kind[k] for k, n in kinds_of(model, stage_layer_indices(model, layout, s)).items())
+                   if by_kind else per_stage[s] * units(lt) for s in range(p)]
+    r = lt.recompute if recomputes else 0.0
     bt = boundary_times(model, shard, micro_batch, seq, profile, recompute_mtp=policy.recomputes_mtp)
-    work = [per_stage[s] * (f_unit + b_unit) + (bt.embedding if s == 0 else 0.0)
-            + (bt.classifier if s == p - 1 else 0.0) for s in range(p)]
+    work = [layers_work[s] + (bt.embedding if s == 0 else 0.0) + (bt.classifier if s == p - 1 else 0.0)
+            for s in range(p)]
     hops, serial, opt = _stage_terms(model, layout, micro_batch, seq, profile)
     top = max(work)
     pipe = (m - 1) * top + sum(work) / v + (1 - 1 / v) * top + hops

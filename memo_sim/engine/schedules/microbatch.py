@@ -94,6 +94,7 @@ from memo_sim.errors import MemoError
 from memo_sim.layout.alloc_conf import gpu_limit_bytes
 from memo_sim.layout.parallel import Layout, stage_shard, stages_cross_nodes
 from memo_sim.memplan.footprint import memory_breakdown
+from memo_sim.model.attention_kinds import distinct_kinds, kind_model, layer_kinds
 from memo_sim.model.config import ModelConfig
 from memo_sim.policy.base import Policy, uses_memory_plan
 from memo_sim.policy.rounding_buffers import is_offloaded, output_write_waits_for
@@ -221,6 +222,28 @@ class PipelineCosts:
     # the multi-token-prediction modules' activations one micro-batch keeps on the last stage from its head to its
     # backward step (`memo_sim.cost.memory.mtp_activation_bytes`; within the head they are in ``classifier_bytes``)
     mtp_kept_bytes: float = 0.0
+    # where the layers' attention differs and its placement is stated (`memo_sim.model.attention_kinds`): each
+    # layer's kind, and the forward, backward and recompute op lists of each kind (() / {}: every layer's the above)
+    layer_kinds: tuple = ()
+    kind_phases: dict = field(default_factory=dict)
+
+    def phases_of(self, layer: int) -> tuple[list[OpCost], list[OpCost], list[OpCost]]:
+        """(forward, backward, recompute) of model layer ``layer``: its kind's, or the repeated layer's."""
+        if self.layer_kinds:
+            return self.kind_phases[self.layer_kinds[layer]]
+        return self.forward, self.backward, self.recompute
+
+
+def kind_phases(model: ModelConfig, shard: Layout, micro_batch: int, seq: int, policy: Policy,
+                profile: HardwareProfile, mem) -> dict:
+    """Each attention kind's (forward, backward, recompute) on a stage's shard (`memo_sim.model.attention_kinds`;
+    {} where every layer is priced alike), over the repeated layer's memory terms (a layer's kept and transient
+    bytes do not depend on how many keys its queries attend to)."""
+    out = {}
+    for kind in distinct_kinds(model):
+        lp = layer_plan(kind_model(model, kind), shard, micro_batch, seq, policy, profile, mem)
+        out[kind] = (lp.forward, lp.backward, lp.recompute)
+    return out
 
 
 def pipeline_costs(model: ModelConfig, layout: Layout, micro_batch: int, seq: int, policy: Policy,
@@ -240,7 +263,8 @@ def pipeline_costs(model: ModelConfig, layout: Layout, micro_batch: int, seq: in
         dict(lp.skeletal), lp.working_bytes, mem.classifier_peak_bytes, lp.offload_bytes, lp.host_block_bytes,
         p2p_bytes(model, layout, micro_batch, seq), secs, stage_grad_sync(model, layout, profile),
         tuple(stage_serial_grad_reduce(model, layout, profile, s) for s in range(layout.pp)),
-        mtp_activation_bytes(model, shard, micro_batch, seq, policy.recomputes_mtp))
+        mtp_activation_bytes(model, shard, micro_batch, seq, policy.recomputes_mtp),
+        layer_kinds(model), kind_phases(model, shard, micro_batch, seq, policy, profile, mem))
 
 
 @dataclass
@@ -317,25 +341,31 @@ class _MicrobatchBuilder:
         orders = [order(p, m, v, s) for s in range(p)]
         for o in orders:
             check_order(o, m, v)
-        fwd, bwd, rec = costs.forward, costs.backward, costs.recompute
         detail = resolve_detail(detail, costs, p, m, v, lc)
-        if detail == "units":
-            shard = stage_shard(layout)  # the layout the chains are emitted on (their links)
-            fwd, bwd = collapse_unit(fwd, "fwd", shard, profile), collapse_unit(bwd, "bwd", shard, profile)
-            rec = collapse_unit(rec, "recompute", shard, profile) if rec else rec
-        elif detail != "ops":
+        if detail not in ("ops", "units"):
             raise MemoError(f"detail must be ops, units or auto, got {detail!r}")
+        shard = stage_shard(layout)  # the layout the chains are emitted on (their links)
+
+        def lists(fwd, bwd, rec) -> dict:  # a layer's op lists by phase, collapsed to one op each for ``units``
+            if detail == "units":
+                fwd, bwd = collapse_unit(fwd, "fwd", shard, profile), collapse_unit(bwd, "bwd", shard, profile)
+                rec = collapse_unit(rec, "recompute", shard, profile) if rec else rec
+            return {"fwd": fwd, "bwd": bwd, "recompute": rec}
+
         self.costs, self.layout, self.profile, self.policy = costs, layout, profile, policy
         self.p, self.m, self.n_vs, self.lc = p, m, n_vs, lc
         self.devices, self.orders = devices, orders
-        self.fwd, self.bwd, self.rec = fwd, bwd, rec
+        self.base = lists(costs.forward, costs.backward, costs.recompute)
+        # layers whose attention differs (`PipelineCosts.layer_kinds`): each kind's lists
+        self.kind_lists = {k: lists(*ph) for k, ph in costs.kind_phases.items()}
+        self.rec = self.base["recompute"]
         self.shard = stage_shard(layout)
         self.g = g = OpGraph(devices)
         self.sched = MicrobatchSchedule(g, devices, orders, costs, lc, detail=detail,
                                         ranges=ranges if layout.uneven else ())
         self.ranges = ranges
         # every op of micro-batch k is named ``<op>@m<k>`` (the figures colour by it); one list per phase and k
-        self.tagged: dict[tuple[str, int], list[OpCost]] = {}
+        self.tagged: dict[tuple, list[OpCost]] = {}
         sk = costs.skeletal
         self.kept = tuple(policy.forward_kept(sk))
         self.rec_alloc = tuple(policy.recompute_allocated(sk))
@@ -361,11 +391,13 @@ class _MicrobatchBuilder:
         self.finish()
         return self.sched
 
-    def phase_costs(self, phase: str, mb: int) -> list[OpCost]:
-        hit = self.tagged.get((phase, mb))
+    def phase_costs(self, phase: str, mb: int, layer: int) -> list[OpCost]:
+        """Model layer ``layer``'s ops of ``phase`` for micro-batch ``mb`` (its attention kind's where they differ)."""
+        kind = self.costs.layer_kinds[layer] if self.costs.layer_kinds else None
+        hit = self.tagged.get((phase, mb, kind))
         if hit is None:
-            base = {"fwd": self.fwd, "bwd": self.bwd, "recompute": self.rec}[phase]
-            hit = self.tagged[(phase, mb)] = [replace(c, name=mb_name(c.name, mb)) for c in base]
+            base = (self.base if kind is None else self.kind_lists[kind])[phase]
+            hit = self.tagged[(phase, mb, kind)] = [replace(c, name=mb_name(c.name, mb)) for c in base]
         return hit
 
     def link(self, a: int, b: int) -> str:
@@ -464,7 +496,7 @@ class _MicrobatchBuilder:
             start = held(st.mb, layer, self.kept) + (
                 (MemAction("gpu", mb_tensor(st.mb, f"L{layer}.slot"), slot),) if slot else ())
             w = output_write_waits_for(u, n_f) if slot else None
-            ops, tail = emit_chain(g, self.phase_costs("fwd", st.mb), device=d, layer=layer, phase="fwd", deps=deps,
+            ops, tail = emit_chain(g, self.phase_costs("fwd", st.mb, layer), device=d, layer=layer, phase="fwd", deps=deps,
                                    layout=self.shard, profile=self.profile,
                                    mem_start=start + (working(st.mb, layer, "fwd"),),
                                    mem_end=(working(st.mb, layer, "fwd", -1.0),),
@@ -536,7 +568,7 @@ class _MicrobatchBuilder:
                 sched.copies[(s, st.mb, layer, "prefetch")] = pf
                 deps = deps + [pf]
             if rec and self.policy.recomputes_layer(u, n_f):
-                ops, tail = emit_chain(g, self.phase_costs("recompute", st.mb), device=d, layer=layer,
+                ops, tail = emit_chain(g, self.phase_costs("recompute", st.mb, layer), device=d, layer=layer,
                                        phase="recompute", deps=deps, layout=self.shard, profile=self.profile,
                                        mem_start=held(st.mb, layer, rec_alloc) + (working(st.mb, layer, "recompute"),),
                                        mem_end=(working(st.mb, layer, "recompute", -1.0),))
@@ -544,7 +576,7 @@ class _MicrobatchBuilder:
                 deps = tail
             freed = held(st.mb, layer, rec_alloc + self.kept, -1.0) + (
                 (MemAction("gpu", mb_tensor(st.mb, f"L{layer}.slot"), -slot),) if slot else ())
-            ops, tail = emit_chain(g, self.phase_costs("bwd", st.mb), device=d, layer=layer, phase="bwd", deps=deps,
+            ops, tail = emit_chain(g, self.phase_costs("bwd", st.mb, layer), device=d, layer=layer, phase="bwd", deps=deps,
                                    layout=self.shard, profile=self.profile, mem_start=(working(st.mb, layer, "bwd"),),
                                    mem_end=(working(st.mb, layer, "bwd", -1.0),) + freed)
             sched.phases[(s, st.mb, layer, "bwd")] = ops
