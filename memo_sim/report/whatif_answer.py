@@ -432,6 +432,10 @@ def gap_line(framework: str, best, memo_best, on_framework: dict | None) -> str:
         return ""
     if not on_framework:
         return ""
+    if on_framework.get("not_runnable"):  # the framework's mechanisms do not run memo's layout at all
+        return (f"the gap split: memo's best layout with {framework}'s mechanisms ({on_framework['layout_label']}) "
+                f"is not one {framework} runs ({on_framework['not_runnable']}), so the "
+                f"{memo_best.tgs / best.tgs:.2f}x is memo's layout and mechanisms together")
     if on_framework.get("same_mechanisms"):  # memo's best runs the framework's mechanisms: its layout and policy are
         if memo_best.tgs <= best.tgs:  # the whole gap
             return ""
@@ -669,8 +673,13 @@ def runner_up(shown, best) -> dict | None:
     tier = "simulated" if c.simulated is not None else "analytic"
     label = f"{c.layout.label()} {c.policy.label()}"
     it = (c.simulated["iteration_s"] if c.simulated else c.estimate.iteration_s) or None
-    given = (f"gives up {100 * loss:.1f}% of the throughput" if round(100 * loss, 1) != 0
-             else "gives up none of the throughput (to 0.1%)")
+    if round(100 * loss, 1) > 0:
+        given = f"gives up {100 * loss:.1f}% of the throughput"
+    elif round(100 * loss, 1) == 0:
+        given = "gives up none of the throughput (to 0.1%)"
+    else:  # only an analytic row ranked below a simulated answer can show more (perfect overlap: an upper estimate)
+        given = (f"shows {-100 * loss:.1f}% more throughput on the analytic tier (perfect overlap, an upper "
+                 f"estimate; not simulated)")
     words = (f"runner-up #{rank + 1} {label}: {given} "
              f"({c.tgs:,.0f} tokens/GPU/s {'sim' if c.simulated is not None else 'analytic'}) for {mem}")
     # the bound search proves the answer only: plans it skipped whose proved bound is above the runner-up's

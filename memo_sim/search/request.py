@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
 
-from memo_sim.layout.parallel import MAX_DEGREE
+from memo_sim.layout.parallel import MAX_DEGREE, check_layout
 from memo_sim.layout.schedule import schedule_runs_policy
 from memo_sim.policy import prices_model
 from memo_sim.model.config import ModelConfig
@@ -253,8 +253,15 @@ def answer_whatif(req: WhatifRequest, progress=None, while_waiting=None) -> What
             memo_best = None
     memo_on_framework = None  # memo's best with the framework's mechanisms: what of the gap its layout and policy give
     if memo_best is not None and memo_best.sppo is None:
-        lay = get_framework(req.framework).adapt(memo_best.layout, req.profile)
-        if lay == memo_best.layout:  # memo's best already runs the framework's mechanisms (`gap_line` says so)
+        fw = get_framework(req.framework)
+        lay = fw.adapt(memo_best.layout, req.profile)
+        # the framework's mechanisms may make memo's layout one it cannot run (a review: megatron's whole K/V heads
+        # over tp x ulysses 16 of Llama-3.1-405B's 8): no split then, and the answer says why
+        why = fw.why_not(lay) or check_layout(lay, memo_best.model, req.gpus, req.profile.node_gpus, req.seq,
+                                              memo_best.micro_batch, metp_across_nodes=True)
+        if why:
+            memo_on_framework = {"not_runnable": why, "layout_label": lay.label()}
+        elif lay == memo_best.layout:  # memo's best already runs the framework's mechanisms (`gap_line` says so)
             memo_on_framework = {"same_mechanisms": True, "layout_label": lay.label()}
         else:
             try:
