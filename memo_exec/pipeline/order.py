@@ -54,10 +54,7 @@ def interleaved(pp: int, v: int, m: int, rank: int) -> list[Action]:
     if m % pp:
         raise ValueError(f"interleaved 1F1B needs the micro-batch count ({m}) to be a multiple of pp ({pp})")
     total = m * v
-    if m == pp:
-        w = total
-    else:
-        w = min((pp - rank - 1) * 2 + (v - 1) * pp, total)
+    w = min((pp - rank - 1) * 2 + (v - 1) * pp, total)  # the simulator's rule (`memo_sim.engine.schedules.interleaved`)
     fwd = lambda k: Action("fwd", _chunk(k, pp, v, True), _mb(k, pp, v))  # noqa: E731
     bwd = lambda k: Action("bwd", _chunk(k, pp, v, False), _mb(k, pp, v))  # noqa: E731
     out = [fwd(k) for k in range(w)]
