@@ -69,7 +69,7 @@ def test_mistral_slides_every_layer_and_reads_its_head_dim(tmp_path):
     ministral = {**small, "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
                  "rope_theta": 100000000.0, "sliding_window": 32768, "tie_word_embeddings": False}
     mi = ModelConfig.from_dict(hf_model_fields(ministral, name="ministral"))
-    assert (mi.head_dim, mi.sliding_window, mi.sliding_layers, mi.params()) == (0, 32768, 36, 8_019_808_256)
+    assert (mi.head_dim, mi.sliding_window, mi.sliding_layers, mi.params()) == (128, 32768, 36, 8_019_808_256)
     # the same text model inside Mistral-3's multimodal wrapper: read from text_config, the vision tower named
     wrapper = {"architectures": ["Mistral3ForConditionalGeneration"], "model_type": "mistral3",
                "torch_dtype": "bfloat16", "text_config": {k: v for k, v in small.items() if k != "architectures"},
@@ -169,7 +169,7 @@ def test_families_map_to_the_architecture_fields():
     q3 = ModelConfig.from_dict(hf_model_fields(_llama(model_type="qwen3", head_dim=256), name="q3"))
     assert (q3.qk_norm, q3.head_dim, q3.bias, q3.q_dim) == (True, 256, "none", 32 * 256)
     q3b = ModelConfig.from_dict(hf_model_fields(_llama(model_type="qwen3", attention_bias=True), name="q3b"))
-    assert (q3b.bias, q3b.head_dim) == ("all", 0)  # head_dim 128 x 32 heads = hidden: left implicit
+    assert (q3b.bias, q3b.head_dim) == ("all", 128)  # head_dim 128 x 32 heads = hidden: kept
     with pytest.raises(MemoError, match="x/config.json: max_window_layers: "):  # which layers slide: unsaid
         hf_model_fields(_llama(model_type="qwen3", use_sliding_window=True), source="x/config.json")
     # Qwen's window covers the layers from max_window_layers on: none of the 32 at 32, the last 4 at 28

@@ -199,15 +199,15 @@ def _model_gaps(plan: Plan) -> list[Gap]:
             out.append(Gap(what, "not written (Megatron-DeepSpeed has no flag for it): add it to the model by hand"))
     # the model's numerics (`memo_sim.model.config`): the rotary base and the norm epsilon are written
     # (`_architecture`); the rotary scaling and a base the model does not state are not
-    if m.norm == "rmsnorm" and m.rope_scaling:
+    if m.rope_scaling:  # every model memo prices is rotary (`_architecture`)
         out.append(Gap(f"the rotary embedding's scaling ({m.rope_scaling})",
                        "unscaled rotary embeddings (Megatron-DeepSpeed has no flag for it): add it by hand"))
-    if m.norm == "rmsnorm":  # --rotary-percent is written (`_architecture`); NoPE layers have no flag
-        out += rotary_gaps(m, "Megatron-DeepSpeed has no flag for it", partial=False)
+    # --rotary-percent is written (`_architecture`); NoPE layers have no flag
+    out += rotary_gaps(m, "Megatron-DeepSpeed has no flag for it", partial=False)
     if m.norm == "rmsnorm" and not m.rope_theta:
         out.append(Gap("the rotary base (the model does not state it)",
                        "Megatron-DeepSpeed's default --rotary-position-embeddings-theta 10000: set the model's own"))
-    elif m.norm == "rmsnorm" and m.rope_theta != int(m.rope_theta):
+    elif m.rope_theta != int(m.rope_theta):
         out.append(Gap(f"the rotary base {m.rope_theta:g}", "its integer part: Megatron-DeepSpeed's "
                        "--rotary-position-embeddings-theta takes an integer"))
     return out
@@ -283,17 +283,22 @@ def _architecture(plan: Plan) -> list[tuple[str, str | None]]:
     """The model's FFN, norm, position embedding, biases and embeddings as Megatron-DeepSpeed's
     megatron/arguments.py spells them (--swiglu, --normalization rmsnorm, --use-rotary-position-embeddings
     with --no-position-embedding and --rotary-position-embeddings-theta, an integer there, --layernorm-epsilon,
-    which its RMSNorm layers take too, --disable-bias-linear, --untie-embeddings-and-output-weights)."""
+    which its RMSNorm layers take too, --disable-bias-linear, --untie-embeddings-and-output-weights).
+
+    The rotary embedding is written for every model, LayerNorm ones too: memo counts no position table (GPT-NeoX is
+    rotary, memo's GPT presets are priced so), and a review found them left on learned absolute positions, the
+    default (arguments.py at 4efb479d lines 633-642; --use-rotary-position-embeddings turns the table off, lines
+    314-317; --rotary-percent, megatron/model/language_model.py line 431, GPT-NeoX's rotary_pct)."""
     m, args = plan.model, []
     if m.ffn_type == "swiglu":
         args.append(("--swiglu", None))
-    if m.norm == "rmsnorm":  # memo's RMSNorm models are the rotary ones (Llama, Mistral, Qwen)
-        args += [("--normalization", "rmsnorm"), ("--use-rotary-position-embeddings", None),
-                 ("--no-position-embedding", None)]
-        if m.rope_theta:  # the config's rotary base (the default is 10000; Llama-3.1 500000, Qwen3 1e6)
-            args.append(("--rotary-position-embeddings-theta", str(int(m.rope_theta))))
-        if m.rotary_fraction:  # GLM-4.5's partial rotary
-            args.append(("--rotary-percent", f"{m.rotary_fraction:g}"))
+    if m.norm == "rmsnorm":
+        args.append(("--normalization", "rmsnorm"))
+    args += [("--use-rotary-position-embeddings", None), ("--no-position-embedding", None)]
+    if m.rope_theta:  # the config's rotary base (the default is 10000; Llama-3.1 500000, Qwen3 1e6)
+        args.append(("--rotary-position-embeddings-theta", str(int(m.rope_theta))))
+    if m.rotary_fraction:  # GLM-4.5's and GPT-NeoX's partial rotary
+        args.append(("--rotary-percent", f"{m.rotary_fraction:g}"))
     if m.norm_eps:
         args.append(("--layernorm-epsilon", f"{m.norm_eps:g}"))
     if m.head_dim and not m.mla:  # heads of their own size (Qwen3's 128 at hidden / heads = 64)

@@ -100,7 +100,7 @@ def _attention_gaps(plan: Plan) -> list[Gap]:
         out.append(Gap("the attention output projection's bias (q, k, v and o biases without MLP biases)",
                        "q, k, v biases alone (--disable-bias-linear --add-qkv-bias): Megatron's linear biases "
                        "would put biases on the MLP too"))
-    if (m.norm == "rmsnorm" and m.rope_scaling and llama3_rope_factor(m.rope_scaling) is None
+    if (m.rope_scaling and llama3_rope_factor(m.rope_scaling) is None
             and not mla_yarn_arguments(m)):
         yarn = m.rope_scaling.startswith("yarn")
         out.append(Gap(f"the rotary embedding's scaling ({m.rope_scaling})",
@@ -276,6 +276,26 @@ def _words(val: str | tuple[str, ...] | None) -> str:
 ATTENTION_BACKENDS = {"cudnn": "fused", "flash": "flash", "materialised": "unfused"}
 
 
+def rotary_arguments(m) -> list[tuple[str, str | None]]:
+    """The rotary embedding memo prices for every model (it counts no position table: GPT-NeoX's rotary, memo's GPT
+    presets too), written as such whatever the norm; a review found LayerNorm models left on Megatron's default
+    --position-embedding-type learned_absolute (megatron/training/arguments.py at d98e8a64, line 2397), an unpriced
+    table of --max-position-embeddings rows. --rotary-percent (line 2420, GPTModel's rotary_percent in
+    megatron/core/models/gpt/gpt_model.py line 186) writes a partial rotary: GLM-4.5's 0.5, GPT-NeoX's rotary_pct."""
+    args: list[tuple[str, str | None]] = [("--position-embedding-type", "rope")]
+    if m.rope_theta:  # the config's rotary base (Megatron's default is 10000; Llama-3.1 500000, Qwen3 1e6)
+        args.append(("--rotary-base", f"{m.rope_theta:.0f}"))
+    if (factor := llama3_rope_factor(m.rope_scaling)) is not None:  # Llama 3.x's, with Meta's parameters
+        args += [("--use-rope-scaling", None), ("--rope-scaling-factor", f"{factor:g}")]
+    args += mla_yarn_arguments(m)  # DeepSeek's YaRN under latent attention
+    if m.rotary_fraction:  # GLM-4.5's and GPT-NeoX's partial rotary
+        args.append(("--rotary-percent", f"{m.rotary_fraction:g}"))
+    if m.nope_period:  # Llama 4's NoPE layers; an integer N needs layers divisible by N (transformer_config.py)
+        n = m.nope_period
+        args.append(("--no-rope-freq", str(n) if m.layers % n == 0 else every_nth(m.layers, n)))
+    return args
+
+
 def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | tuple[str, ...] | None]]:
     """(option, value: one word, a tuple of words for a list option, or None for a flag) in the order a
     reader looks for them."""
@@ -289,17 +309,8 @@ def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | tuple[str
     elif m.ffn_type == "swiglu":
         args.append(("--swiglu", None))
     if m.norm == "rmsnorm":
-        args += [("--normalization", "RMSNorm"), ("--position-embedding-type", "rope")]
-        if m.rope_theta:  # the config's rotary base (Megatron's default is 10000; Llama-3.1 500000, Qwen3 1e6)
-            args.append(("--rotary-base", f"{m.rope_theta:.0f}"))
-        if (factor := llama3_rope_factor(m.rope_scaling)) is not None:  # Llama 3.x's, with Meta's parameters
-            args += [("--use-rope-scaling", None), ("--rope-scaling-factor", f"{factor:g}")]
-        args += mla_yarn_arguments(m)  # DeepSeek's YaRN under latent attention
-        if m.rotary_fraction:  # GLM-4.5's partial rotary
-            args.append(("--rotary-percent", f"{m.rotary_fraction:g}"))
-        if m.nope_period:  # Llama 4's NoPE layers; an integer N needs layers divisible by N (transformer_config.py)
-            n = m.nope_period
-            args.append(("--no-rope-freq", str(n) if m.layers % n == 0 else every_nth(m.layers, n)))
+        args.append(("--normalization", "RMSNorm"))
+    args += rotary_arguments(m)
     if m.norm_eps:
         args.append(("--norm-epsilon", f"{m.norm_eps:g}"))
     # Megatron's linear biases are all or none (with --add-qkv-bias for q, k, v alone): a SwiGLU model's "all" (its

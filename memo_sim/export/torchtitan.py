@@ -46,12 +46,19 @@ BASES = {"llama-3.1-8b": "llama3_8b", "llama-3.1-70b": "llama3_70b", "llama-3.1-
 # where the exported function sets config.model_spec with the plan's GEMM format's converters
 REGISTRY = {"llama3_8b": ("llama3", "8B"), "llama3_70b": ("llama3", "70B"), "llama3_405b": ("llama3", "405B"),
             "qwen3_30b_a3b": ("qwen3", "30B-A3B"), "deepseek_v3_671b": ("deepseek_v3", "671B"),
+            "deepseek_v3_16b": ("deepseek_v3", "16B"),
             "gpt_oss_20b": ("gpt_oss", "20b"), "gpt_oss_120b": ("gpt_oss", "120b"), "qwen3_14b": ("qwen3", "14B"),
             "qwen3_32b": ("qwen3", "32B")}
 # the other shipped configurations (torchtitan/models/<module>/config_registry.py at SOURCE): (module, function, the
 # model_registry flavour the function's model_spec is set to where the model has no function of its own: Qwen3-8B,
-# whose flavour "8B" ships without a pretraining configuration, from qwen3_14b's) -- the MoE ones and Qwen3's
-SHIPPED = {"deepseek-v3": ("deepseek_v3", "deepseek_v3_671b", None), "qwen3-30b-a3b": ("qwen3", "qwen3_30b_a3b", None),
+# whose flavour "8B" ships without a pretraining configuration, from qwen3_14b's) -- the MoE ones and Qwen3's.
+# DeepSeek-V2-Lite is deepseek_v3_16b (config_registry.py line 141: flavour "16B", deepseek_v3/__init__.py lines
+# 389-436: 27 layers of dim 2048, 16 heads, q_lora_rank 0, kv_lora_rank 512, 64 experts top-6 of 1408 with 2 shared,
+# one dense layer of 10944, vocab 102400, a softmax router without route_norm or scaling); a review found it started
+# from deepseek_v3_671b
+SHIPPED = {"deepseek-v3": ("deepseek_v3", "deepseek_v3_671b", None),
+           "deepseek-v2-lite": ("deepseek_v3", "deepseek_v3_16b", None),
+           "qwen3-30b-a3b": ("qwen3", "qwen3_30b_a3b", None),
            "gpt-oss-20b": ("gpt_oss", "gpt_oss_20b", None), "gpt-oss-120b": ("gpt_oss", "gpt_oss_120b", None),
            "qwen3-14b": ("qwen3", "qwen3_14b", None),
            "qwen3-32b": ("qwen3", "qwen3_32b", None), "qwen3-8b": ("qwen3", "qwen3_14b", "8B")}
@@ -73,18 +80,20 @@ QWEN3_MOE_THETA = {"30B-A3B": 1000000.0, "235B-A22B": 5000000.0}
 QWEN3_EPS = 1e-6
 QWEN3_MOE_BASE = "qwen3_30b_a3b"  # the one Qwen3 MoE pretraining configuration (config_registry.py at SOURCE)
 # the rotary table each flavour is built with (RoPE.Config.max_context_length at SOURCE: llama3/__init__.py _8b, _70b,
-# _405b 131072; qwen3/__init__.py _8b, _14b, _32b, _30b_a3b, _235b_a22b 40960; deepseek_v3/__init__.py _671b 4096 * 4;
-# gpt_oss/__init__.py _20b, _120b 131072). Decoder.Config.update_from_config (models/common/decoder.py) raises
+# _405b 131072; qwen3/__init__.py _8b, _14b, _32b, _30b_a3b, _235b_a22b 40960; deepseek_v3/__init__.py _671b and
+# _16b 4096 * 4; gpt_oss/__init__.py _20b, _120b 131072). Decoder.Config.update_from_config (models/common/decoder.py) raises
 # "Training sequence length ... exceeds attention RoPE maximum supported sequence length" where
 # training.max_context_length is longer than the first attention layer's, then sets every layer's to it: the export
 # sets each layer's attention.rope.max_context_length to the plan's sequence where it is longer (the table's length
 # only, not its frequencies: models/common/rope.py _precompute_cache)
 ROPE_MAX = {**{("llama3", f): 131072 for f in ("8B", "70B", "405B")},
             **{("qwen3", f): 40960 for f in ("8B", "14B", "32B", "30B-A3B", "235B-A22B")},
-            ("deepseek_v3", "671B"): 16384, **{("gpt_oss", f): 131072 for f in ("20b", "120b")}}
+            ("deepseek_v3", "671B"): 16384, ("deepseek_v3", "16B"): 16384,
+            **{("gpt_oss", f): 131072 for f in ("20b", "120b")}}
 # the compile settings (enable, components, enable_async_tensor_parallel) of the shipped configurations that are not
 # CompileConfig()'s (False, ["model", "loss"], False): config_registry.py at SOURCE
-SHIPPED_COMPILE = {"llama3_405b": (True, ("model", "loss"), True), "deepseek_v3_671b": (True, ("loss",), False)}
+SHIPPED_COMPILE = {"llama3_405b": (True, ("model", "loss"), True), "deepseek_v3_671b": (True, ("loss",), False),
+                   "deepseek_v3_16b": (True, ("loss",), False)}
 # the shipped configurations whose model_spec carries converters (llama3_405b: Float8LinearConverter, rowwise, lm_head
 # filtered): a plan priced in bf16 sets model_spec without them
 SHIPPED_CONVERTERS = ("llama3_405b",)

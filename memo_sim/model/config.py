@@ -820,11 +820,12 @@ PRESETS: dict[str, ModelConfig] = {
            ("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, "qkv", 1e6, 1e-6, ""),
            ("qwen2.5-72b", 80, 8192, 64, 8, 29568, 152064, "qkv", 0.0, 0.0, ""),
            ("mistral-7b", 32, 4096, 32, 8, 14336, 32768, "none", 0.0, 0.0, ""))},
-    # Qwen3 (dense): heads of 128 whatever hidden / heads is, an RMSNorm over each query and key head; the
+    # Qwen3 (dense): heads of 128 whatever hidden / heads is (kept under --hidden, as the config.json's head_dim is
+    # read), an RMSNorm over each query and key head; the
     # config.json of Qwen/Qwen3-8B, -14B, -32B (tests/data/hf holds them, and the counts transformers gives them)
     **{name: ModelConfig(name, layers, hidden, heads, ffn, vocab=151936, kv_heads=8, ffn_type="swiglu",
                          norm="rmsnorm", bias="none", tied_embeddings=False,
-                         head_dim=0 if heads * 128 == hidden else 128, qk_norm=True, rope_theta=1e6, norm_eps=1e-6)
+                         head_dim=128, qk_norm=True, rope_theta=1e6, norm_eps=1e-6)
        for name, layers, hidden, heads, ffn in (("qwen3-8b", 36, 4096, 32, 12288), ("qwen3-14b", 40, 5120, 40, 17408),
                                                 ("qwen3-32b", 64, 5120, 64, 25600))},
     # mixtures of experts, from the Hugging Face config.json of each (tests/data/hf holds them, and the
@@ -876,7 +877,7 @@ PRESETS: dict[str, ModelConfig] = {
                                expert_ffn=1408, shared_experts=1, shared_ffn=1408, dense_layers=1, router="sigmoid",
                                rope_theta=1000000.0, norm_eps=1e-5, rotary_fraction=0.5, mtp_layers=1),
     "llama-4-scout": ModelConfig("llama-4-scout", 48, 5120, 40, 8192, vocab=202048, kv_heads=8, ffn_type="swiglu",
-                                 norm="rmsnorm", bias="none", tied_embeddings=False, attention_chunk=8192,
+                                 norm="rmsnorm", bias="none", tied_embeddings=False, head_dim=128, attention_chunk=8192,
                                  chunked_layers=36, chunked_period=4, experts=16, top_k=1, shared_experts=1,
                                  shared_ffn=8192, router="sigmoid_topk", rope_theta=500000.0, norm_eps=1e-5,
                                  aux_loss_coef=0.001, rope_scaling="llama3 factor 16, high_freq_factor 1",
@@ -938,13 +939,29 @@ def with_overrides(base: ModelConfig, source: str = "model flags", rename: bool 
     return out
 
 
+# the presets whose Hugging Face repository names are not theirs (lower case, without the organisation): the one
+# place `get_model` finds them by (a review: --model mistralai/Mixtral-8x7B-v0.1 was 'unknown')
+HF_NAMES = {"mixtral-8x7b-v0.1": "mixtral-8x7b", "mistral-7b-v0.3": "mistral-7b",
+            "llama-4-scout-17b-16e": "llama-4-scout", "llama-2-7b-hf": "llama-2-7b", "llama-2-70b-hf": "llama-2-70b",
+            "qwen1.5-moe-a2.7b": "qwen2-moe-a2.7b"}
+
+
+def preset_key(name: str) -> str:
+    """The preset ``name`` means: itself, lower-cased, without a Hugging Face organisation (``Qwen/Qwen3-32B``), and
+    through `HF_NAMES` where Hugging Face spells the model otherwise (``mistralai/Mixtral-8x7B-v0.1``)."""
+    key = name.lower()
+    if key.count("/") == 1 and key.split("/", 1)[1] in (*PRESETS, *HF_NAMES):  # an HF repo id
+        key = key.split("/", 1)[1]
+    return HF_NAMES.get(key, key)
+
+
 def get_model(name: str) -> ModelConfig:
-    """A preset by name (as Hugging Face spells it too: ``Qwen3-32B``, ``Qwen/Qwen3-32B``), or a model file."""
+    """A preset by name (as Hugging Face spells it too: ``Qwen3-32B``, ``Qwen/Qwen3-32B``,
+    ``mistralai/Mixtral-8x7B-v0.1``), or a model file."""
     p = Path(name)
     if p.suffix in (".json", ".yaml", ".yml") or p.is_dir():
         return model_from_file(p)
-    key = name.lower()
-    key = key.split("/", 1)[1] if key.count("/") == 1 and key.split("/", 1)[1] in PRESETS else key  # an HF repo id
+    key = preset_key(name)
     if key in PRESETS:
         return PRESETS[key]
     near = difflib.get_close_matches(key, PRESETS, n=1, cutoff=0.8)

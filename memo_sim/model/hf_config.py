@@ -31,9 +31,17 @@ model_type of its own whose ``architectures`` is a family's class (Kimi-K2) as t
 named in the model's notes.
 
 What memo cannot model is refused with one line naming the field: mixture-of-experts fields in a
-dense family, sliding-window attention in a dense family but Mistral's and Qwen's, cross-attention or
+dense family, a non-null ``sliding_window`` in a family whose attention does not read it (all but Mistral, Mixtral,
+Qwen's and GPT-OSS: `_refuse_window`), cross-attention or
 encoder-decoder models, GPT-NeoX's parallel residual, a head dimension other than hidden / heads
-in gpt2, gpt_neox or qwen2, biases on the MLP of a gated FFN, an activation it does not know.
+in gpt2, gpt_neox or qwen2, biases on the MLP of a gated FFN, an activation it does not know. Boolean fields are
+JSON booleans or null (`_flag`: a string "false" is refused, not read as true), ``rope_scaling`` a mapping or null,
+``num_key_value_heads`` absent (multi-head attention) or a whole number >= 1.
+
+A ``head_dim`` the file states is kept for the families that read it (qwen3, llama, mistral and the MoE ones), even
+where it is hidden / heads, so that ``--hidden`` keeps the head size as README says. GPT-NeoX's ``rotary_pct``
+(0.25 by default) is read as ``rotary_fraction``; GPT-2's learned position table (``wpe``) is neither counted nor
+priced, and named in the model's notes.
 """
 
 from __future__ import annotations
@@ -59,6 +67,9 @@ _SILU = ("silu", "swish")
 _GELU = ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "gelu_python", "quick_gelu")
 _DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "bf16": "bf16", "fp16": "fp16",
            "fp32": "fp32", "float": "fp32", "half": "fp16"}
+# the families whose attention reads ``sliding_window`` (Mistral and Mixtral on every layer, Qwen's with
+# use_sliding_window, GPT-OSS on its sliding layers); `_refuse_window` refuses it in the others
+_READS_WINDOW = ("mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss")
 _MOE_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", "num_experts_per_tok")
 # the families whose router renormalises its k chosen weights as ``norm_topk_prob`` says (memo's router_normalised;
 # each family's default in _DEFAULTS: transformers' configuration classes, Qwen2-MoE's, Qwen3-MoE's and DeepSeek-V2's
@@ -77,7 +88,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     "gpt2": {"activation_function": "gelu_new", "n_inner": None, "add_cross_attention": False,
              "tie_word_embeddings": True},
     "gpt_neox": {"tie_word_embeddings": False, "hidden_act": "gelu", "use_parallel_residual": True,
-                 "attention_bias": True},
+                 "attention_bias": True, "rotary_pct": 0.25},
     "mixtral": {"tie_word_embeddings": False, "hidden_act": "silu", "sliding_window": None, "num_local_experts": 8,
                 "num_experts_per_tok": 2},
     "qwen2_moe": {"tie_word_embeddings": False, "hidden_act": "silu", "use_sliding_window": False,
@@ -223,10 +234,9 @@ def hf_model_fields(raw: dict, source: str = "config.json", name: str = "hf-mode
         if raw.get(f):
             raise refuse(f, f"{raw[f]} experts in a {mt!r} configuration: mixture-of-experts layers are read for "
                             f"the families {', '.join(MOE_FAMILIES)}")
-    if raw.get("is_encoder_decoder") or raw.get("add_cross_attention"):
-        fld = "is_encoder_decoder" if raw.get("is_encoder_decoder") else "add_cross_attention"
-        raise refuse(fld, "cross-attention / encoder-decoder models are not modelled (decoder-only)")
     c = {**_DEFAULTS[mt], **raw}
+    _refuse_cross_attention(c, refuse)
+    _refuse_window(c, mt, refuse)
 
     def need(*keys: str) -> int:
         for k in keys:
@@ -244,7 +254,7 @@ def hf_model_fields(raw: dict, source: str = "config.json", name: str = "hf-mode
     else:
         hidden, layers = need("hidden_size"), need("num_hidden_layers")
         heads, ffn = need("num_attention_heads"), need("intermediate_size")
-        kv = c.get("num_key_value_heads") or heads
+        kv = _kv_heads(c, heads, refuse)
         act_field = "hidden_act"
     vocab = need("vocab_size")
     act = c.get(act_field)
@@ -264,17 +274,17 @@ def hf_model_fields(raw: dict, source: str = "config.json", name: str = "hf-mode
                                  f"{', '.join(('qwen3', *_HEAD_DIM))} and the MoE ones read head_dim)")
     sliding = (_qwen_sliding(c, layers, refuse) if mt in ("qwen2", "qwen3")
                else _mistral_sliding(c, layers, refuse) if mt == "mistral" else {})
-    if mt == "gpt_neox" and c.get("use_parallel_residual"):
+    if mt == "gpt_neox" and _flag(c, "use_parallel_residual", refuse):
         raise refuse("use_parallel_residual", "true: attention and MLP side by side (parallel residual) "
                                               "is not modelled; memo's layer is sequential pre-norm")
-    if c.get("mlp_bias"):
+    if _flag(c, "mlp_bias", refuse):
         raise refuse("mlp_bias", "true: biases on a gated MLP are not modelled")
     if mt == "qwen2":
         bias = "qkv"  # Qwen2 always has q/k/v biases, no others
     elif mt in ("llama", "mistral", "qwen3"):
-        bias = "all" if c.get("attention_bias") else "none"  # on q, k, v and o (a SwiGLU FFN has none)
+        bias = "all" if _flag(c, "attention_bias", refuse) else "none"  # on q, k, v and o (a SwiGLU FFN has none)
     else:  # GPT-2 and GPT-NeoX: biases on every linear layer
-        if mt == "gpt_neox" and not c.get("attention_bias", True):
+        if mt == "gpt_neox" and not _flag(c, "attention_bias", refuse, default=True):
             raise refuse("attention_bias", "false with MLP biases is not modelled")
         bias = "all"
     dtype, tied = _dtype_and_tied(c, refuse)
@@ -283,10 +293,25 @@ def hf_model_fields(raw: dict, source: str = "config.json", name: str = "hf-mode
              norm="rmsnorm" if gated else "layernorm", bias=bias, tied_embeddings=tied, **sliding)
     if mt == "qwen3":
         d.update(qk_norm=True)
-    if head_dim is not None and head_dim * heads != hidden:
+    if mt == "gpt_neox":  # GPTNeoXAttention turns the first rotary_pct of each head (0.25 by default)
+        d.update(_rotary_fraction(c, "rotary_pct", refuse))
+    if mt == "gpt2":
+        add_note(d, f"GPT-2's learned position table (wpe: {c.get('n_positions', 1024)!r} x {hidden}) is neither "
+                 f"counted nor priced: memo plans and exports rotary positions")
+    if head_dim is not None and mt in ("qwen3", *_HEAD_DIM):  # the file's own head size, kept under --hidden
         d.update(head_dim=head_dim)
     d.update(_numerics(c, refuse, moe=False))
     return _with_quantization_note(d, raw)
+
+
+def _rotary_fraction(c: dict, key: str, refuse) -> dict:
+    """``rotary_fraction`` from ``key`` (GLM-4.5's partial_rotary_factor 0.5, GPT-NeoX's rotary_pct 0.25, their
+    configuration classes' defaults in _DEFAULTS): the share of each head the rotary embedding turns, which the exports
+    write (Megatron's --rotary-percent); none where it is the whole head."""
+    prf = c.get(key, 1.0)
+    if isinstance(prf, bool) or not isinstance(prf, (int, float)) or not 0 < prf <= 1:
+        raise refuse(key, f"must be a share of each head in (0, 1], got {prf!r}")
+    return {"rotary_fraction": float(prf)} if prf != 1.0 else {}
 
 
 def _mistral_sliding(c: dict, layers: int, refuse) -> dict:
@@ -304,7 +329,7 @@ def _qwen_sliding(c: dict, layers: int, refuse) -> dict:
     """Qwen's sliding window: with ``use_sliding_window`` the layers from ``max_window_layers`` on attend to the last
     ``sliding_window`` tokens (transformers' Qwen2/Qwen3 layer types), as memo's ``sliding_layers`` count them; none
     where ``max_window_layers`` reaches the layer count (or the window is off)."""
-    if not c.get("use_sliding_window"):
+    if not _flag(c, "use_sliding_window", refuse):
         return {}
     mwl = c.get("max_window_layers")
     if isinstance(mwl, bool) or not isinstance(mwl, int) or mwl < 0:
@@ -322,7 +347,10 @@ def _numerics(c: dict, refuse, moe: bool) -> dict:
     """The numerics the exports write (`memo_sim.model.config` module docs): the rotary base, the norms' epsilon,
     a MoE router's aux-loss coefficient (read from a MoE family only) and the rotary scaling in words; a field
     the file leaves out stays unstated (0 / ''), the framework's default."""
-    rp = c.get("rope_parameters") if isinstance(c.get("rope_parameters"), dict) else {}
+    for k in ("rope_scaling", "rope_parameters"):  # a string or a number was read as no scaling (a review)
+        if c.get(k) is not None and not isinstance(c[k], dict):
+            raise refuse(k, f"must be a mapping (rope_type, factor, ...) or null, got {c[k]!r}")
+    rp = c.get("rope_parameters") or {}
     keys = {"rope_theta": ("rope_theta", "rotary_emb_base"), "norm_eps": ("rms_norm_eps", "layer_norm_eps",
                                                                           "layer_norm_epsilon"),
             "aux_loss_coef": ("router_aux_loss_coef", "aux_loss_alpha") if moe else ()}
@@ -387,12 +415,58 @@ def _whole(c: dict, key: str, refuse, minimum: int = 1) -> int:
     return v
 
 
+def _flag(c: dict, key: str, refuse, default: bool = False) -> bool:
+    """A boolean field read strictly: true or false, ``default`` where it is absent or null. A string was read by its
+    truthiness (a review: attention_bias "false" added biases, use_sliding_window "false" turned the window on), so
+    anything but a JSON boolean is refused, as transformers' configuration classes would type it."""
+    v = c.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise refuse(key, f"must be true or false, got {v!r}")
+    return v
+
+
+def _kv_heads(c: dict, heads: int, refuse) -> int:
+    """``num_key_value_heads``: the query heads (multi-head attention) where it is absent or null, else a whole number
+    >= 1; 0 was read as absent (a review), a model without K/V heads being no model."""
+    if c.get("num_key_value_heads") is None:
+        return heads
+    return _whole(c, "num_key_value_heads", refuse)
+
+
+def _top_k_bounds(top_k: int, experts: int, refuse) -> None:
+    """The router's k between 1 and the routed experts, named as ``num_experts_per_tok`` in every family."""
+    if not 1 <= top_k <= experts:
+        raise refuse("num_experts_per_tok", f"{top_k} is not between 1 and the {experts} experts")
+
+
+def _refuse_cross_attention(c: dict, refuse) -> None:
+    """Encoder-decoder or cross-attention configurations (``is_encoder_decoder``, ``add_cross_attention``, strictly
+    true or false): memo models decoders only."""
+    for fld in ("is_encoder_decoder", "add_cross_attention"):
+        if _flag(c, fld, refuse):
+            raise refuse(fld, "cross-attention / encoder-decoder models are not modelled (decoder-only)")
+
+
+def _refuse_window(c: dict, mt: str, refuse) -> None:
+    """A ``sliding_window`` in a family whose modelling code does not read it (transformers' Llama, GPT-2, GPT-NeoX,
+    DeepSeek, GLM-4.5 and Llama 4 attend over the full causal context whatever the key says): refused rather than
+    planned as full attention in silence (a review), as README says."""
+    w = c.get("sliding_window")
+    if w is not None and mt not in _READS_WINDOW:
+        raise refuse("sliding_window", f"{w!r}: sliding-window attention is not read for {mt} (memo reads it for "
+                                       f"{', '.join(_READS_WINDOW)}); give null for full attention, or write a memo "
+                                       f"model file (sliding_window, sliding_layers)")
+
+
 def _deepseek_routing(c: dict, d: dict, layers: int, need, refuse, scoring: str, freq: int,
                       groups_on: bool) -> tuple[int, int, int, list[int]]:
     """DeepSeek's routed experts, as DeepSeek-V2/V3 and GLM-4.5 configure them, into ``d`` (router, groups, scaling,
     shared experts, MTP modules): (experts, top_k, expert width, the MoE layers' indices). ``groups_on``: the top-k
     method picks from groups (V2's group_limited_greedy, V3's and GLM's noaux_tc; V2's greedy ignores them)."""
     experts, top_k = need("n_routed_experts"), need("num_experts_per_tok")
+    _top_k_bounds(top_k, experts, refuse)  # before the groups' rule, which would name n_group for it (a review)
     expert_ffn = need("moe_intermediate_size")
     shared = c.get("n_shared_experts") or 0
     first = need("first_k_dense_replace", 0)
@@ -441,9 +515,7 @@ def _llama4(c: dict, d: dict, layers: int, heads: int, hidden: int, kv: int, nee
         raise refuse("moe_layers", f"must be a list of layer indices below {layers}, got {moe_at!r}")
     d.update(kv_heads=None if kv == heads else kv, router="sigmoid_topk", shared_experts=1, shared_ffn=expert_ffn,
              ffn=need("intermediate_size_mlp") if len(moe_at) < layers else expert_ffn)
-    head_dim = need("head_dim")
-    if head_dim * heads != hidden:
-        d["head_dim"] = head_dim
+    d["head_dim"] = need("head_dim")  # Llama4TextAttention's own head size, kept under --hidden
     rope = c.get("no_rope_layers") or [int((i + 1) % 4 != 0) for i in range(layers)]  # transformers' default
     if not isinstance(rope, list) or len(rope) != layers:
         raise refuse("no_rope_layers", f"must list the {layers} layers (1: rotary and chunked, 0: full), got {rope!r}")
@@ -454,7 +526,7 @@ def _llama4(c: dict, d: dict, layers: int, heads: int, hidden: int, kv: int, nee
     if chunk and chunked:
         d.update(attention_chunk=_whole(c, "attention_chunk_size", refuse), chunked_layers=chunked,
                  chunked_period=period)
-    if c.get("use_qk_norm"):
+    if _flag(c, "use_qk_norm", refuse):
         add_note(d, "QK norm: an L2 norm of the rotary layers' queries and keys, without weights (not priced)")
     if period:
         d["nope_period"] = period
@@ -495,8 +567,8 @@ def moe_fields(raw: dict, source: str = "config.json", name: str = "hf-model") -
 
     mt = raw["model_type"]
     c = {**_DEFAULTS[mt], **raw}
-    if c.get("is_encoder_decoder") or c.get("add_cross_attention"):
-        raise refuse("is_encoder_decoder", "cross-attention / encoder-decoder models are not modelled (decoder-only)")
+    _refuse_cross_attention(c, refuse)
+    _refuse_window(c, mt, refuse)
     need = lambda k, lo=1: _whole(c, k, refuse, lo)  # noqa: E731
     hidden, layers, heads = need("hidden_size"), need("num_hidden_layers"), need("num_attention_heads")
     vocab, ffn = need("vocab_size"), need("intermediate_size")
@@ -504,7 +576,7 @@ def moe_fields(raw: dict, source: str = "config.json", name: str = "hf-model") -
         raise refuse("hidden_act", f"{c.get('hidden_act')!r} with a gated MLP is not modelled (SwiGLU: silu)")
     d: dict = dict(name=name, layers=layers, hidden=hidden, heads=heads, ffn=ffn, vocab=vocab, ffn_type="swiglu",
                    norm="rmsnorm", bias="none")
-    kv = c.get("num_key_value_heads") or heads
+    kv = _kv_heads(c, heads, refuse)
     if mt in ("deepseek_v2", "deepseek_v3"):
         d.update(kv_heads=None, kv_lora_rank=need("kv_lora_rank"), q_lora_rank=c.get("q_lora_rank") or 0,
                  qk_rope_dim=need("qk_rope_head_dim"), head_dim=need("qk_nope_head_dim"), v_head_dim=need("v_head_dim"))
@@ -515,22 +587,17 @@ def moe_fields(raw: dict, source: str = "config.json", name: str = "hf-model") -
                                                                need("moe_layer_freq"),
                                                                c.get("topk_method") in ("group_limited_greedy",
                                                                                         "noaux_tc"))
-        if c.get("attention_bias"):
+        if _flag(c, "attention_bias", refuse):
             raise refuse("attention_bias", "true: biases on latent attention are not modelled")
     elif mt == "llama4_text":
         experts, top_k, expert_ffn, moe_at = _llama4(c, d, layers, heads, hidden, kv, need, refuse)
     elif mt == "glm4_moe":  # DeepSeek-V3's routing (sigmoid with a correction bias) beside grouped-query attention
         experts, top_k, expert_ffn, moe_at = _deepseek_routing(c, d, layers, need, refuse, "sigmoid", 1, True)
-        d.update(kv_heads=None if kv == heads else kv, qk_norm=bool(c.get("use_qk_norm")),
-                 bias="qkv" if c.get("attention_bias") else "none")  # q, k and v biased; o never (Glm4MoeAttention)
-        head_dim = c.get("head_dim")
-        if head_dim is not None and head_dim * heads != hidden:
+        d.update(kv_heads=None if kv == heads else kv, qk_norm=_flag(c, "use_qk_norm", refuse),
+                 bias="qkv" if _flag(c, "attention_bias", refuse) else "none")  # o never biased (Glm4MoeAttention)
+        if c.get("head_dim") is not None:  # the file's own head size, kept under --hidden (a review)
             d["head_dim"] = need("head_dim")
-        prf = c.get("partial_rotary_factor", 1.0)
-        if isinstance(prf, bool) or not isinstance(prf, (int, float)) or not 0 < prf <= 1:
-            raise refuse("partial_rotary_factor", f"must be a share of each head in (0, 1], got {prf!r}")
-        if prf != 1.0:
-            d["rotary_fraction"] = float(prf)
+        d.update(_rotary_fraction(c, "partial_rotary_factor", refuse))
     else:
         d.update(kv_heads=None if kv == heads else kv)
         if mt in ("mixtral", "gpt_oss"):
@@ -550,17 +617,17 @@ def moe_fields(raw: dict, source: str = "config.json", name: str = "hf-model") -
                                                 f"layers of num_hidden_layers); give indices of layers the model has")
             moe_at = [i for i in range(layers) if i not in only and (i + 1) % step == 0]
         if mt == "qwen2_moe":
-            if c.get("qkv_bias", True):
+            if _flag(c, "qkv_bias", refuse, default=True):
                 d["bias"] = "qkv"
             sw = need("shared_expert_intermediate_size", 0)
             if sw:
                 d.update(shared_experts=1, shared_ffn=sw, shared_gate=True)
         if mt == "qwen3_moe":
             d.update(qk_norm=True)
-            if c.get("attention_bias"):
+            if _flag(c, "attention_bias", refuse):
                 d["bias"] = "all"
         if mt == "gpt_oss":
-            d.update(attention_sinks=True, moe_bias=True, bias="all" if c.get("attention_bias") else "none")
+            d.update(attention_sinks=True, moe_bias=True, bias="all" if _flag(c, "attention_bias", refuse) else "none")
             limit = c.get("swiglu_limit", 7.0)  # GptOssConfig's default
             if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not 0 < limit < float("inf"):
                 raise refuse("swiglu_limit", f"must be a positive number (GPT-OSS: 7.0), got {limit!r}")
@@ -577,8 +644,7 @@ def moe_fields(raw: dict, source: str = "config.json", name: str = "hf-model") -
             d.update(sliding_window=need("sliding_window"), sliding_layers=layers)
         elif mt in ("qwen2_moe", "qwen3_moe"):
             d.update(_qwen_sliding(c, layers, refuse))
-        head_dim = c.get("head_dim")
-        if head_dim is not None and head_dim * heads != hidden:
+        if c.get("head_dim") is not None:  # the file's own head size, kept under --hidden (a review)
             d["head_dim"] = need("head_dim")
     moe_layers = len(moe_at)
     dense_at = sorted(set(range(layers)) - set(moe_at))
@@ -590,8 +656,7 @@ def moe_fields(raw: dict, source: str = "config.json", name: str = "hf-model") -
         add_note(d, f"the dense-FFN layers are layers {where}, neither the first {len(dense_at)} nor one MoE layer in "
                  f"every N: memo counts them exactly in the model but places them first in pipeline stages' states "
                  f"(and Megatron's --moe-layer-freq)")
-    if not 1 <= top_k <= experts:
-        raise refuse("num_experts_per_tok", f"{top_k} is not between 1 and the {experts} experts")
+    _top_k_bounds(top_k, experts, refuse)
     if mt in _NORM_TOPK:
         norm = c.get("norm_topk_prob")
         if not isinstance(norm, bool):
@@ -620,6 +685,8 @@ def with_defaults(f: Path, raw: dict) -> dict:
             full = AutoConfig.for_model(**raw).to_dict()
         except Exception:  # noqa: BLE001 - a file transformers cannot read is still read as JSON
             return raw
+        if raw["model_type"] in _HEAD_DIM and "head_dim" not in raw:  # LlamaConfig's hidden / heads, not the file's
+            full.pop("head_dim", None)  # own: it follows --hidden, as without transformers
         return {**full, **raw}
     return raw
 
