@@ -33,7 +33,8 @@ def test_layer_kinds_follow_the_stated_placement():
     assert kind_model(SW, (0, 0)).attention_flop_fraction(SEQ) == 1.0
     assert kind_model(SW, (4096, 0)).attention_flop_fraction(SEQ) < 0.25
     unplaced = ModelConfig("sw6u", 6, 1024, 8, 4096, vocab=32000, sliding_window=4096, sliding_layers=3)
-    assert layer_kinds(unplaced) == () and "is not stated" in unplaced_words(unplaced)
+    assert layer_kinds(unplaced) == () and "have no period placing them" in unplaced_words(unplaced)
+    assert unplaced_words(unplaced) in unplaced.model_notes()
     assert layer_kinds(ModelConfig("d", 6, 1024, 8, 4096, vocab=32000)) == () and unplaced_words(SW) == ""
 
 

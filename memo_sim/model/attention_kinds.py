@@ -62,10 +62,11 @@ def kinds_of(model: ModelConfig, layers) -> dict[Kind, int]:
 def unplaced_words(model: ModelConfig) -> str:
     """'' unless the model's sliding-window or chunked layers lie where it does not say: a pipeline stage's layers
     are then priced at the mean of the model's (module docs)."""
-    some = [what for what, n, period in (("sliding-window", model.sliding_layers, model.sliding_period),
-                                         ("chunked", model.chunked_layers, model.chunked_period))
+    some = [f"{n} {what}" for what, n, period in (("sliding-window", model.sliding_layers, model.sliding_period),
+                                                  ("chunked", model.chunked_layers, model.chunked_period))
             if n and n < model.layers and not period]
     if not some:
         return ""
-    return (f"which layers are {' and '.join(some)} is not stated: a pipeline stage's layers are priced at the mean "
-            f"attention of the model's {model.layers} layers")
+    return (f"the {' and '.join(some)} layers have no period placing them (Qwen's window from max_window_layers "
+            f"on has none in memo): a pipeline stage's layers are priced at the mean attention of the model's "
+            f"{model.layers} layers, whichever it holds")

@@ -406,6 +406,10 @@ class ModelConfig:
             out.append(f"GPT-OSS's clamped SwiGLU (swiglu_limit {self.swiglu_limit:g}: gate * sigmoid(1.702 gate) * "
                        f"(up + 1), both halves clamped): priced as SwiGLU (the same GEMMs, one elementwise kernel); "
                        f"memo-exec runs it in the experts")
+        from memo_sim.model.attention_kinds import unplaced_words  # noqa: PLC0415 (it imports this module)
+
+        if unplaced_words(self):
+            out.append(unplaced_words(self))
         if self.moe and self.dense_layers:
             out.append(f"{self.dense_layers} of {self.layers} layers have a dense FFN (width {self.ffn}): the model's "
                        f"parameter count and each pipeline stage's model states are exact ({self.dense_where}), "
