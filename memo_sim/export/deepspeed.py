@@ -71,7 +71,23 @@ def gaps(plan: Plan) -> list[Gap]:
     if plan.model.bias == "qkv":  # Megatron-DeepSpeed's --disable-bias-linear drops every bias, it has no qkv-only one
         out.append(Gap(f"{plan.model.name}'s biases on the q, k and v projections only",
                        "biases on every linear layer (no flag): edit the model or drop them by hand"))
+    out += _gqa_ulysses_gap(plan, nearest_plan(plan, out)[0])
     return out + _moe_layout_gaps(plan) + _model_gaps(plan) + _attention_gap(plan) + not_modelled_gap(plan)
+
+
+def _gqa_ulysses_gap(plan: Plan, lay) -> list[Gap]:
+    """Megatron-DeepSpeed's Ulysses splits q, k and v of equal widths: with --ds-sequence-parallel-size above 1 its
+    attention asserts ``self.projection_size == self.kv_projection_size`` (megatron/model/transformer.py lines 728-729
+    at 4efb479d, since 8415d03e), so a model with fewer K/V heads than query heads stops at its first forward (a
+    review: Llama-3.1-70B over Ulysses 8 was written as expressed). ``lay``: the layout written."""
+    m = plan.model
+    if lay.ulysses == 1 or m.mla or not m.kv_heads or m.kv_heads == m.heads:
+        return []
+    return [Gap(f"DeepSpeed-Ulysses over {lay.ulysses} GPUs with {m.kv_heads} K/V heads for {m.heads} query heads "
+                f"(grouped-query)",
+                "written as planned, but Megatron-DeepSpeed's attention asserts projection_size == kv_projection_size "
+                "under --ds-sequence-parallel-size (transformer.py lines 728-729 at 4efb479d): the script stops at its "
+                "first forward unless the K/V heads are repeated to the query heads in the model by hand")]
 
 
 def _heads_gap(plan: Plan, earlier: list[Gap]) -> list[Gap]:
