@@ -13,7 +13,7 @@ from memo_sim.engine.schedules.single_stage import layer_plan
 from memo_sim.engine.simulate import simulate
 from memo_sim.layout.parallel import Layout
 from memo_sim.memplan.footprint import memory_breakdown
-from memo_sim.model.attention_kinds import kind_model, kinds_of, layer_kinds, unplaced_words
+from memo_sim.model.attention_kinds import kind_model, kinds_of, layer_kinds
 from memo_sim.model.config import ModelConfig
 from memo_sim.profile.loader import load_profile
 from memo_sim.search.bound import lower_bound
@@ -33,9 +33,9 @@ def test_layer_kinds_follow_the_stated_placement():
     assert kind_model(SW, (0, 0)).attention_flop_fraction(SEQ) == 1.0
     assert kind_model(SW, (4096, 0)).attention_flop_fraction(SEQ) < 0.25
     unplaced = ModelConfig("sw6u", 6, 1024, 8, 4096, vocab=32000, sliding_window=4096, sliding_layers=3)
-    assert layer_kinds(unplaced) == () and "have no period placing them" in unplaced_words(unplaced)
-    assert unplaced_words(unplaced) in unplaced.model_notes()
-    assert layer_kinds(ModelConfig("d", 6, 1024, 8, 4096, vocab=32000)) == () and unplaced_words(SW) == ""
+    assert layer_kinds(unplaced) == () and "have no period placing them" in unplaced.unplaced_attention_words()
+    assert unplaced.unplaced_attention_words() in unplaced.model_notes()
+    assert layer_kinds(ModelConfig("d", 6, 1024, 8, 4096, vocab=32000)) == () and SW.unplaced_attention_words() == ""
 
 
 @pytest.mark.parametrize("policy", ["store_all", "full_recompute"])

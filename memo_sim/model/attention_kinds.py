@@ -8,7 +8,7 @@ layer, 6-11 two) runs its own layers' attention, so where the placement is state
 ``chunked_period``, or every layer of one kind) the micro-batch pipelines price each layer as its kind
 (`memo_sim.engine.schedules.microbatch`, `memo_sim.search.estimate.estimate_pipeline`,
 `memo_sim.search.bound.pipeline_iteration_bound`). Where it is not stated (``window_at`` None: some layers slide,
-which ones not said) every layer stays at the mean, which `unplaced_words` names.
+which ones not said) every layer stays at the mean, which `ModelConfig.unplaced_attention_words` names.
 """
 
 from __future__ import annotations
@@ -57,16 +57,3 @@ def kinds_of(model: ModelConfig, layers) -> dict[Kind, int]:
         for i in layers:
             out[kinds[i]] = out.get(kinds[i], 0) + 1
     return out
-
-
-def unplaced_words(model: ModelConfig) -> str:
-    """'' unless the model's sliding-window or chunked layers lie where it does not say: a pipeline stage's layers
-    are then priced at the mean of the model's (module docs)."""
-    some = [f"{n} {what}" for what, n, period in (("sliding-window", model.sliding_layers, model.sliding_period),
-                                                  ("chunked", model.chunked_layers, model.chunked_period))
-            if n and n < model.layers and not period]
-    if not some:
-        return ""
-    return (f"the {' and '.join(some)} layers have no period placing them (Qwen's window from max_window_layers "
-            f"on has none in memo): a pipeline stage's layers are priced at the mean attention of the model's "
-            f"{model.layers} layers, whichever it holds")

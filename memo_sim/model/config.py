@@ -406,10 +406,8 @@ class ModelConfig:
             out.append(f"GPT-OSS's clamped SwiGLU (swiglu_limit {self.swiglu_limit:g}: gate * sigmoid(1.702 gate) * "
                        f"(up + 1), both halves clamped): priced as SwiGLU (the same GEMMs, one elementwise kernel); "
                        f"memo-exec runs it in the experts")
-        from memo_sim.model.attention_kinds import unplaced_words  # noqa: PLC0415 (it imports this module)
-
-        if unplaced_words(self):
-            out.append(unplaced_words(self))
+        if self.unplaced_attention_words():
+            out.append(self.unplaced_attention_words())
         if self.moe and self.dense_layers:
             out.append(f"{self.dense_layers} of {self.layers} layers have a dense FFN (width {self.ffn}): the model's "
                        f"parameter count and each pipeline stage's model states are exact ({self.dense_where}), "
@@ -527,6 +525,18 @@ class ModelConfig:
             return ("alternating, a dense layer before each MoE layer" if n == 2
                     else f"{n - 1} dense layers before each MoE layer")
         return f"the first {self.dense_layers}"
+
+    def unplaced_attention_words(self) -> str:
+        """'' unless the sliding-window or chunked layers have no period placing them: a pipeline stage's layers are
+        then priced at the mean of the model's (`memo_sim.model.attention_kinds`)."""
+        some = [f"{n} {what}" for what, n, period in (("sliding-window", self.sliding_layers, self.sliding_period),
+                                                      ("chunked", self.chunked_layers, self.chunked_period))
+                if n and n < self.layers and not period]
+        if not some:
+            return ""
+        return (f"the {' and '.join(some)} layers have no period placing them (Qwen's window from max_window_layers "
+                f"on has none in memo): a pipeline stage's layers are priced at the mean attention of the model's "
+                f"{self.layers} layers, whichever it holds")
 
     def window_at(self, i: int) -> int | None:
         """The sliding window of layer ``i`` (0-based; a multi-token-prediction module's ``layers + k`` as the last
