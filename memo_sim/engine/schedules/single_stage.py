@@ -64,6 +64,7 @@ import time
 from dataclasses import dataclass, field
 from functools import partial
 
+from memo_sim.units import fmt_bytes
 from memo_sim.cost import collectives as coll
 from memo_sim.cost.optimizer_offload import host_state_bytes
 from memo_sim.cost.activations import skeletal_bytes
@@ -499,7 +500,11 @@ def simulate_single_stage(model: ModelConfig, layout: Layout, batch: int, seq: i
     if failure is None and replay is not None and replay.oom:
         ev = replay.oom_event
         # the replay's order of requests has no clock: no time is given (a review: 'OOM at 0.0 us' for layer 77's)
-        failure = Failure("OOM", None, f"{replay.oom_request} (caching-allocator fragmentation)",
+        # the reserved bytes say why it failed where the allocated ones leave room (a review: 'needs 3.50 GiB with
+        # 44.61 GiB of 78.00 GiB in use' named the allocated bytes alone)
+        held = (f": {fmt_bytes(ev.reserved_bytes)} reserved, {fmt_bytes(ev.cached_free_bytes)} of it free in pieces of "
+                f"segments still in use" if ev else "")
+        failure = Failure("OOM", None, f"{replay.oom_request} (caching-allocator fragmentation{held})",
                           float(ev.requested_bytes) if ev else 0.0, float(ev.allocated_bytes) if ev else 0.0,
                           sched.memory.gpu_capacity_bytes, dev, None, None)
     status = failure.status if failure else "OK"
