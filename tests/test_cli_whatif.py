@@ -195,7 +195,9 @@ def test_an_out_of_memory_candidate_names_terms_that_add_up_to_its_peak():
         c = Candidate(model, lay, pol, 1, seq, prof, estimate_iteration(model, lay, 1, seq, pol, prof), m)
         words = binding_words(c)
         assert c.status == "OOM" and ("classifier and loss" in words) == classifier, words
-        sizes = [float(x) for x in re.findall(r"([0-9.]+) GiB", words.split("usable (", 1)[1].split(" (above")[0])]
+        unit = {"GiB": 1.0, "MiB": 1 / 1024, "KiB": 1 / 2**20, "B": 1 / 2**30}
+        sizes = [float(x) * unit[u] for x, u in re.findall(r"([0-9.]+) (GiB|MiB|KiB|B)\b",
+                                                            words.split("usable (", 1)[1].split(" (above")[0])]
         assert sum(sizes) == pytest.approx(m.peak_gpu_bytes / 2**30, abs=0.02 * len(sizes)), words
 
 

@@ -262,7 +262,9 @@ def binding_words(c: Candidate) -> str:
                 f"{fmt_bytes(t['layer input'])}{rec}")
         return (f"GPU memory: peak {need_of_capacity(m.peak_gpu_bytes, m.gpu_capacity_bytes, 'usable')} "
                 f"(model states {fmt_bytes(t['model states'])}, kept activations "
-                f"{fmt_bytes(t['kept activations'])}, buffers {fmt_bytes(t['buffers'])}, {last})")
+                f"{fmt_bytes(t['kept activations'])}"
+                + (f", attention lse {fmt_bytes(t['attention lse'])}" if "attention lse" in t else "")
+                + f", buffers {fmt_bytes(t['buffers'])}, {last})")
     if c.status == "OOHM":
         return "pinned host memory: " + host_memory_words(c)
     if c.policy.takes_alpha and c.layout.pp == 1 and offloaded_layer_count(c.model.layers) == 0:
@@ -287,8 +289,11 @@ def memory_term_words(m) -> dict[str, float]:
     buffer. The recompute buffer (``backward_buffer_bytes``) is live beside a layer's backward only, so it is not a
     buffer of a classifier peak (a review: maxseq named "classifier 71.95 GiB, buffers 13.50 GiB" above an 80.74 GiB
     peak, the what-if 1.50 GiB of buffers for the same plan). The one list both commands name terms from."""
-    held = {"model states": m.model_states_bytes, "kept activations": m.skeletal_resident_bytes + m.lse_bytes,
-            "buffers": m.rounding_buffer_bytes - m.backward_buffer_bytes}
+    # the attention lse a term of its own, as explain names it (a review: 'kept activations 1.25 GiB' here where
+    # explain showed kept 0 B and the lse 1.25 GiB)
+    held = {"model states": m.model_states_bytes, "kept activations": m.skeletal_resident_bytes,
+            "attention lse": m.lse_bytes, "buffers": m.rounding_buffer_bytes - m.backward_buffer_bytes}
+    held = {k: v for k, v in held.items() if v or k != "attention lse"}
     if m.classifier_peak_bytes > m.layer_side_bytes():
         return {**held, "classifier": m.classifier_peak_bytes}
     side = {"transients": m.transient_peak_bytes, "layer input": m.layer_boundary_bytes}
