@@ -353,4 +353,5 @@ def test_solvers_stop_at_their_time_limit_with_the_best_plan_so_far():
     sol = solve_dsa(trace, time_limit_s=1e-6, solver="mip-highs")
     assert sol.peak_bytes >= sol.lower_bound_bytes and sol.gap >= 0
     assert "time limit reached" in sol.phases[0].detail
-    assert any(p.phase.startswith("mip") and "not-built" in p.detail for p in sol.phases)
+    # the MIP is not set up once the greedy used the whole limit (a review: a 0.1 s limit ran 0.63 s)
+    assert any(p.phase.startswith("mip") and "not run: the time limit" in p.detail for p in sol.phases)

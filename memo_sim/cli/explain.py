@@ -158,6 +158,23 @@ def memory_json(plan, res, mem, peaks: dict) -> dict:
             "allocator_fragmentation": fragmentation_words(plan, res, mem)}
 
 
+def memory_rows(plan, res, mem) -> list[list[str]]:
+    """The rows of the per-GPU memory table: a term or peak, its size alone (a CSV writes the column as integer
+    bytes, `memo_sim.report.formats.csv_numbers`; a review found "69.12 GiB (analytic, memory plan)" under a
+    ``bytes`` header), and how the peaks were found in a column of their own."""
+    rows = [[k, fmt_bytes(v), ""] for k, v in memory_terms(plan, mem).items()]
+    analytic = analytic_peak(mem, plan.policy, plan.layout)
+    rows.append(["peak (the terms above)", fmt_bytes(analytic.bytes), analytic.source])
+    if res.status == "OK":
+        sim = result_peak(res)
+        rows.append(["peak (the simulated iteration)", fmt_bytes(sim.bytes), sim.source])
+    else:  # no peak (what was in use when the run stopped is not one): none in the size column, the words beside
+        rows.append(["peak (the simulated iteration)", "-",
+                     f"none: {res.status}, {fmt_bytes(res.failure.in_use_bytes)} in use when it stopped"])
+    rows.append(["usable GPU memory", fmt_bytes(res.gpu_capacity_bytes), ""])
+    return rows
+
+
 def add_memory_part(a: Answer, plan, res, mem, peaks: dict | None = None) -> None:
     """The memory breakdown at the peak (per stage for a pipeline), when each GPU peaks and what is
     live then (`peak_lines`), the caching allocator replay's counters and which of them PyTorch
@@ -173,12 +190,7 @@ def add_memory_part(a: Answer, plan, res, mem, peaks: dict | None = None) -> Non
         a.table(["stage", f"peak (analytic, {alloc})", f"peak (simulated, {alloc})"], rows,
                 title=f"\nGPU memory per stage (usable {fmt_bytes(res.gpu_capacity_bytes)}):")
     else:
-        rows = [[k, fmt_bytes(v)] for k, v in memory_terms(plan, mem).items()]
-        rows += [["peak (the terms above)", analytic_peak(mem, plan.policy, plan.layout).text()],
-                 ["peak (the simulated iteration)", result_peak(res).text() if res.status == "OK" else
-                  f"none: {res.status}, {fmt_bytes(res.failure.in_use_bytes)} in use when it stopped"],
-                 ["usable GPU memory", fmt_bytes(res.gpu_capacity_bytes)]]
-        a.table(["", "bytes"], rows, title="\nGPU memory per GPU:")
+        a.table(["", "size", "how"], memory_rows(plan, res, mem), title="\nGPU memory per GPU:")
     for d, p in peaks.items():
         for line in peak_lines(d, p, None if stages else mem):
             a.line(line)
@@ -186,7 +198,7 @@ def add_memory_part(a: Answer, plan, res, mem, peaks: dict | None = None) -> Non
     if ms:  # the caching allocator replayed over the iteration, in torch.cuda.memory_stats()'s words
         a.line("  caching allocator, simulated replay of one iteration (torch.cuda.memory_stats() keys): "
                + ", ".join(f"{k} {fmt_bytes(v) if k.endswith('.peak') else v}" for k, v in ms.items()))
-        a.line("  " + torch_words(res, ms))
+        a.line("  " + torch_words(res, ms, None if stages else mem))
     words = fragmentation_words(plan, res, mem)
     if words:
         a.line("  " + words)
@@ -242,9 +254,10 @@ def peak_lines(device: int, p: dict | None, mem) -> list[str]:
     return lines
 
 
-def torch_words(res, ms: dict) -> str:
-    """Which of the peaks printed PyTorch would report, and why they differ (``ms``: the caching
-    allocator replay's `memo_sim.memplan.replay_result.IterationReplay.memory_stats`)."""
+def torch_words(res, ms: dict, mem=None) -> str:
+    """Which of the peaks printed PyTorch would report, why they differ, and which decides fit (``ms``: the
+    caching allocator replay's `memo_sim.memplan.replay_result.IterationReplay.memory_stats`; ``mem``: the
+    analytic terms, whose recompute buffer explains a peak above the replay's reserved one)."""
     reserved, allocated = ms["reserved_bytes.all.peak"], ms["allocated_bytes.all.peak"]
     diff = reserved - res.peak_gpu_bytes
     cap = res.gpu_capacity_bytes
@@ -253,12 +266,32 @@ def torch_words(res, ms: dict) -> str:
             + (f" ({100 * reserved / cap:.0f}% of the usable {fmt_bytes(cap)})" if cap else "")
             + f" and torch.cuda.max_memory_allocated() ~ {fmt_bytes(allocated)} (the replay's reserved_bytes.all.peak "
             "and allocated_bytes.all.peak: each tensor of the iteration sent through the allocator, its cached "
-            "segments reused and split; the plan fits where that reserved peak does). "
+            "segments reused and split). "
             f"The peak above ({result_peak(res).text()}) is the event simulator's own high-water mark, each term "
             "one block while its phase runs, the layer transients at the caching allocator's footprint of one "
             f"layer replayed alone: the reserved peak is {fmt_bytes(abs(diff))} {'above' if diff >= 0 else 'below'} "
-            f"it, and is the number to hold against the GPU. Allocated counts live tensors only: the "
+            f"it. {_decides_words(diff, mem)}. Allocated counts live tensors only: the "
             f"{fmt_bytes(max(0, reserved - allocated))} more reserved are cached but free")
+
+
+def _decides_words(diff: float, mem) -> str:
+    """Which of the two peaks decides fit: a plan fits where both hold (the what-if, maxseq and simulate hold the
+    peak above against the GPU, and the replay must find room for every request), so the higher. Where that is the
+    peak above under a whole-layer recompute, why: the policy's executor keeps the re-run tensors in one buffer
+    (memo_exec/activations/base.py RECOMPUTE_BUFFER_DIFFERS), which the terms count and the replay, freeing each
+    after its last use as autograd does, does not. A review: this line called the lower reserved peak "the number
+    to hold against the GPU" while the fit was decided on the peak above."""
+    head = ("A plan fits where both hold (the peak above within the GPU, as the what-if, maxseq and simulate hold "
+            "it, and the replay finding room for every request), so the higher of the two decides and is the number "
+            "to hold against the GPU: ")
+    if diff >= 0:
+        return head + "here the reserved peak"
+    why = ("here the peak above, each term at its largest" if mem is None or not mem.backward_buffer_bytes else
+           f"here the peak above, which holds the policy's re-run tensors as one recompute buffer "
+           f"({fmt_bytes(mem.backward_buffer_bytes)}) through a layer's backward, as its executor keeps them in one "
+           f"work buffer (memo-exec, memo_exec/activations/base.py RECOMPUTE_BUFFER_DIFFERS), where the replay frees "
+           f"each after the last backward op that reads it, as autograd does in the frameworks")
+    return head + why
 
 
 def fragmentation_words(plan, res, mem) -> str | None:

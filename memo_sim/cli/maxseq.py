@@ -122,7 +122,9 @@ def maxseq_answer(model, gpus, profile, framework, step, answers, elapsed_s, fix
         verdict = f"answer: no policy trains {fmt_count(step)} tokens on {gpus} x {profile.gpu.model}"
     else:
         verdict = (f"answer: {best.policy} trains the longest sequence, {fmt_count(best.max_seq)} tokens"
-                   + (f" ({best.best.layout.label()} {best.best.policy.label()})" if best.best else ""))
+                   + (f" ({best.best.layout.label()} {best.best.policy.label()})" if best.best else "")
+                   + (f"; {fmt_count(max(best.fits_past_failure))} also fits past a failure (below)"
+                      if best.fits_past_failure else ""))
     a = Answer(verdict)
     if best is None and answers and all(x.states_alone for x in answers):  # no length at all: say so
         a.line(f"the model states alone exceed the GPU memory on every layout searched over {plural(gpus, 'GPU')}: "
@@ -153,8 +155,25 @@ def maxseq_answer(model, gpus, profile, framework, step, answers, elapsed_s, fix
     for ans in answers:
         a.line(textwrap.fill(f"{_row_name(ans, answers)} at {fmt_count(ans.next_seq)}: {ans.binding}", WIDTH,
                              initial_indent="  ", subsequent_indent="    "))
+        if (past := _past_failure_words(ans)):
+            a.line(textwrap.fill(f"{_row_name(ans, answers)}: {past}", WIDTH, initial_indent="  ",
+                                 subsequent_indent="    "))
     a.line(f"{elapsed_s:.1f} s")
     return a
+
+
+def _past_failure_words(ans) -> str:
+    """The grid lengths past the first failure that fit after all, or how far past it the search looked
+    (`memo_sim.search.maxseq._past_failure`; a review: 480K answered, 544K and 640K fit)."""
+    if ans.looked_past_failure_to is None:
+        return ""
+    if ans.fits_past_failure:
+        return (f"longer lengths fit past a failure: {', '.join(fmt_count(n) for n in ans.fits_past_failure)} "
+                f"(analytic and the caching allocator's replay, not simulated; fitting is not monotone under the "
+                f"caching allocator, whose segments fall differently at each length; looked up to "
+                f"{fmt_count(ans.looked_past_failure_to)})")
+    return (f"no longer length fits past the failure, up to {fmt_count(ans.looked_past_failure_to)} (the caching "
+            f"allocator's replay is not monotone in the length: a few steps past the failure were tried)")
 
 
 def _row_name(ans, answers) -> str:

@@ -62,7 +62,7 @@ def memplan(model_name, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, d
     folder = output_folder(out_dir, "memo-sim memplan") if out_dir else contextlib.nullcontext(None)
     with folder as outf, status_line("memplan", quiet=quiet, force=progress) as say:
         if csv_file or trace_file:
-            result, drawings = _plan_file(csv_file, trace_file, profile, time_limit, solver, say)
+            result, drawings = _plan_file(csv_file, trace_file, profile, _profile_given(), time_limit, solver, say)
         else:
             model = build_model(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, kv_heads, head_dim,
                                 mtp_layers)
@@ -75,11 +75,39 @@ def memplan(model_name, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, d
             draw_placement(tr, offsets, peak, outf.stage / name)
             figures.append(str(outf.path(name)))
     result["figures"] = figures
-    emit(memplan_answer(result), fmt, result)
+    answer = memplan_answer(result)
+    if "arena_bytes" in result:  # a model's plan: its arena against the GPU (a file's: memplan_answer says it)
+        answer.line(_arena_fit_words(result, profile))
+    emit(answer, fmt, result)
 
 
-def _plan_file(csv_file, trace_file, profile, time_limit, solver, say):
-    """A DSA plan of an id,lower,upper,size CSV or a memo-trace, with the caching allocator's replay."""
+def _profile_given() -> bool:
+    """Whether --profile was given (a file's plan then replays on that GPU's usable memory)."""
+    from click.core import ParameterSource  # noqa: PLC0415
+
+    src = click.get_current_context().get_parameter_source("profile_name")
+    return src in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+
+
+def _arena_fit_words(result: dict, profile) -> str:
+    """Whether a model plan's static arena (level 2: the whole iteration's planned bytes, `memo_sim.memplan.planner`)
+    fits ``profile``'s usable GPU memory (a review: a 533.50 GiB arena was answered without a word on the GPU)."""
+    from memo_sim.units import fmt_bytes  # noqa: PLC0415
+
+    cap = result["capacity_bytes"]
+    if result["fits_capacity"]:  # level 2 holds the activations alone (`memo_sim.memplan.trace_gen.model_trace`)
+        return (f"the arena fits {profile.name}'s usable GPU memory ({fmt_bytes(cap)}); the model states and what "
+                f"the plan leaves to the caching allocator come on top (memo-sim whatif prices the whole GPU)")
+    return (f"does not fit {profile.name}'s usable GPU memory: the arena alone needs "
+            f"{fmt_bytes(result['arena_bytes'])} of {fmt_bytes(cap)}")
+
+
+def _plan_file(csv_file, trace_file, profile, given, time_limit, solver, say):
+    """A DSA plan of an id,lower,upper,size CSV or a memo-trace, with the caching allocator's replay: on
+    ``profile``'s usable GPU memory where ``given`` (--profile given; the answer then says whether the plan fits
+    it, and the replay frees its cache and retries or runs out where PyTorch would), else on one large enough for
+    the file (a review: --profile h100-sxm5-80gb was answered with 79.00 GiB reserved on its 78 GiB and no
+    reorganisation)."""
     from memo_sim.memplan.caching_allocator import AllocatorConfig, replay
     from memo_sim.memplan.solve import solve_dsa
     from memo_sim.request_trace import RequestTrace
@@ -89,9 +117,13 @@ def _plan_file(csv_file, trace_file, profile, time_limit, solver, say):
     say(f"{len(trace)} buffers; solving (time limit {time_limit:g} s)")
     sol = solve_dsa(trace, time_limit_s=time_limit, solver=solver, progress=say)
     say("replaying the caching allocator")
-    base = replay(trace, AllocatorConfig(capacity_bytes=max(int(profile.usable_gpu_memory), 4 * sol.peak_bytes)))
+    cap = int(profile.usable_gpu_memory) if given else None
+    base = replay(trace, AllocatorConfig(capacity_bytes=cap if given else
+                                         max(int(profile.usable_gpu_memory), 4 * sol.peak_bytes)))
     result = {"source": csv_file or trace_file, "buffers": len(trace), **sol.to_json_obj(),
               "caching_allocator": _allocator_summary(base)}
+    if given:
+        result.update(capacity_bytes=cap, fits_capacity=sol.peak_bytes <= cap, profile=profile.name)
     return result, [("memplan.png", trace, sol.offsets, int(sol.peak_bytes))]
 
 
@@ -125,8 +157,11 @@ def _plan_model(model, profile, seq, batch, tp, cp, ulysses, sp, tp_mode, policy
     plan = plan_memory(model, lay, batch, seq, pol, time_limit_s=time_limit, solver=solver)
     say("replaying the caching allocator on one layer")  # the baseline: one layer's forward + backward requests
     base = caching_allocator_layer_report(model, lay, batch, seq, pol, int(profile.usable_gpu_memory))
+    cap = int(profile.usable_gpu_memory)
     result = {"model": model.name, "layout": lay.label(), "policy": pol.label(), "seq_tokens": seq,
-              **plan.summary(), "arena_bytes": plan.arena_bytes, "caching_allocator_layer": _allocator_summary(base)}
+              **plan.summary(), "arena_bytes": plan.arena_bytes, "capacity_bytes": cap,
+              "fits_capacity": plan.arena_bytes <= cap, "profile": profile.name,
+              "caching_allocator_layer": _allocator_summary(base)}
     return result, [(f"memplan-{name}.png", tr, sol.offsets, int(sol.peak_bytes))
                     for name, sol, tr in (("fwd", plan.fwd, plan.fwd_trace), ("bwd", plan.bwd, plan.bwd_trace),
                                           ("model", plan.model, plan.model_trace))]

@@ -125,6 +125,24 @@ def simulate_output_floor(layers: int) -> int:
     return SIM_FIGURES_FLOOR_BYTES + layers * SIM_EVENTS_PER_LAYER_FLOOR * SIM_BYTES_PER_EVENT_FLOOR
 
 
+def _time_the_replay_oom(r, profile, classifier_chunk_tokens: int) -> None:
+    """Give a caching-allocator replay's OOM (whose failure the engine leaves without a time, op and layer:
+    `memo_sim.engine.core.Failure`) the start of the phase whose request failed, on the simulator's clock
+    (`memo_sim.report.memory_snapshot.replay_oom_site`), in ``r.failure`` and the timeline's meta, so the summary
+    and the console name the tensor and the time as README promises (a review: time_s/op/layer null)."""
+    from dataclasses import replace
+
+    from memo_sim.report.memory_snapshot import replay_oom_site
+
+    if r.failure is None or r.failure.time_s is not None:
+        return
+    site = replay_oom_site(r, profile, classifier_chunk_tokens)
+    if site is None:
+        return
+    r.failure = replace(r.failure, time_s=site.time_s, op=site.op, layer=site.layer)
+    r.timeline.meta["failure"] = r.failure.to_dict()
+
+
 @click.command("simulate")
 @click.argument("plan_file", type=click.Path(dir_okay=False))
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output folder.")
@@ -149,6 +167,7 @@ def simulate_cmd(plan_file, out_dir, layers_text, profile_override, no_contentio
 
     plan, profile = _load_plan_and_profile(plan_file, profile_override)
     parse_layer_range(layers_text, plan.model.layers)  # a bad --layers is refused before anything is written
+    warnings: list[str] = []
     with output_folder(out_dir, "memo-sim simulate", simulate_output_floor(plan.model.layers)) as outf:  # staged first
         r = simulate(plan.model, plan.layout, plan.batch, plan.seq_tokens, plan.policy, profile,
                      schedule=plan.schedule, micro_batch=plan.micro_batch, allocator_lag=allocator_lag,
@@ -156,6 +175,7 @@ def simulate_cmd(plan_file, out_dir, layers_text, profile_override, no_contentio
                      detail=detail, record=memory_snapshot)
         stage = outf.stage
         r.timeline.meta["plan_file"] = str(plan_file)
+        _time_the_replay_oom(r, profile, plan.classifier_chunk_tokens)
         *written, timeline_json = _write_outputs(r.timeline, stage, layers_text,
                                                  also=((r.timeline.write_json, (stage / "timeline.json",)),))
         written.insert(0, timeline_json)
@@ -175,7 +195,10 @@ def simulate_cmd(plan_file, out_dir, layers_text, profile_override, no_contentio
             devices = gpu_devices(r)
             for d in devices:
                 name = "memory_snapshot.pickle" if len(devices) == 1 else f"memory_snapshot-stage{d}.pickle"
-                written.append(write_snapshot(predicted_snapshot(r, profile, d), stage / name))
+                snap = predicted_snapshot(r, profile, d, plan.classifier_chunk_tokens)
+                written.append(write_snapshot(snap, stage / name))
+                if snap.get("memo_note"):  # a review: said only inside the pickle
+                    warnings.append(f"warning: {name}: {snap['memo_note']}")
     out = Path(out_dir)
     from memo_sim.cli.explain import binding_words  # noqa: PLC0415 - the same words as memo-sim explain
     from memo_sim.report.formats import plural  # noqa: PLC0415
@@ -215,6 +238,8 @@ def simulate_cmd(plan_file, out_dir, layers_text, profile_override, no_contentio
     folded = f" ({r.folded} of {n} {what} unfolded from a periodic run of {n - r.folded})" if r.folded else ""
     click.echo(f"simulated {r.n_ops} ops{folded} in {r.sim_wall_s:.2f} s; wrote " + ", ".join(p.name for p in written)
                + f" to {out}")
+    for line in warnings:
+        click.echo(line, err=True)
     if not r.ok:  # as check-plan: the plan does not run as it stands (its outputs show where it stopped)
         from memo_sim.cli.whatif import NOTHING_FITS  # noqa: PLC0415
 

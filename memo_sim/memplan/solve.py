@@ -106,6 +106,22 @@ def _check_args(time_limit_s: float, solver: str, capacity: int | None) -> None:
         raise DSAInputError(f"capacity: must be a positive integer of bytes or None, got {capacity!r}")
 
 
+# python-mip's statuses of a search the solver interrupted (OptimizationStatus.FEASIBLE: "the search was
+# interrupted before concluding if this is the optimal solution"; NO_SOLUTION_FOUND: "a time limit was reached");
+# the only limit `solve_mip` sets besides the gaps, which end with OPTIMAL, is max_seconds
+_STOPPED_AT_LIMIT = ("feasible", "no_solution_found")
+
+
+def _mip_words(mr, time_limit_s: float, left: float) -> str:
+    """The MIP phase's detail: how it ended (stopped at the time limit, its ``left`` seconds of ``time_limit_s``,
+    rather than python-mip's "status feasible"), the solver's bound, build and solve time, its notes."""
+    how = (f"stopped at the time limit ({left:.2f} s of the {time_limit_s:g} s left to it)"
+           if mr.status in _STOPPED_AT_LIMIT else f"status {mr.status}")
+    extra = "; ".join(mr.notes)
+    return (f"{how}, solver bound {mr.bound}, build {mr.build_time_s:.2f}s, solve {mr.solve_time_s:.2f}s"
+            + (f"; {extra}" if extra else ""))
+
+
 def solve_dsa(trace: RequestTrace, *, time_limit_s: float = 30.0, solver: str = "auto",
               capacity: int | None = None, rel_gap: float = 0.0,
               progress: Callable[[str], None] | None = None) -> DSASolution:
@@ -186,19 +202,21 @@ def solve_dsa(trace: RequestTrace, *, time_limit_s: float = 30.0, solver: str = 
 
     want_mip = solver in ("mip-highs", "mip-cbc") or (
         solver == "auto" and inst.n <= AUTO_MIP_MAX_BUFFERS)
-    if want_mip and not settled():
+    left = deadline - time.perf_counter()
+    if want_mip and not settled() and left <= 0:
+        # a review: the MIP was set up with 0.5 s after a greedy that had used the whole limit (0.1 s: 0.63 s)
+        phase(f"mip-{'cbc' if solver == 'mip-cbc' else 'highs'}", best_peak,
+              f"not run: the time limit ({float(time_limit_s):g} s) was reached before it; the best plan so far "
+              f"stands")
+    elif want_mip and not settled():
         which = "cbc" if solver == "mip-cbc" else "highs"
-        left = max(deadline - time.perf_counter(), 0.5)
         start = min(cands, key=lambda c: peak_of(inst, c[0]))[0]
         mr = solve_mip(inst, start, solver=which, time_limit_s=left, lower_bound=lower, rel_gap=rel_gap)
         if mr.improved and mr.offsets is not None and mr.peak is not None and mr.peak < best_peak:
             cands.append((mr.offsets, f"mip-{mr.solver}"))
             best_peak = mr.peak
         lower = max(lower, min(mr.bound, best_peak))
-        extra = "; ".join(mr.notes)
-        phase(f"mip-{mr.solver}", best_peak,
-              f"status {mr.status}, solver bound {mr.bound}, build {mr.build_time_s:.2f}s, "
-              f"solve {mr.solve_time_s:.2f}s" + (f"; {extra}" if extra else ""))
+        phase(f"mip-{mr.solver}", best_peak, _mip_words(mr, float(time_limit_s), left))
 
     # Validate, best first; an invalid candidate is dropped with a note.
     say("checking the plan")

@@ -1,8 +1,11 @@
 """The longest sequence that trains: per policy, in steps of a chosen size, with what binds next.
 
-Fit is monotone in the sequence length (`tests/test_fit_monotone.py`), so the answer is found by
+Fit is monotone in the sequence length on paper (`tests/test_fit_monotone.py`), so the answer is found by
 doubling the length until nothing fits and bisecting between the last fit and the first
-failure: O(log(max / step)) what-if rankings per policy instead of one per step. At the
+failure: O(log(max / step)) what-if rankings per policy instead of one per step. The caching
+allocator's replay is not monotone (its segments fall differently at each length), so with
+``allocator="caching"`` a few grid lengths past the first failure are tried as well (`_past_failure`)
+and the ones that fit are reported beside the answer (``fits_past_failure``), not as it. At the
 longest length the best plan is simulated for its MFU (the what-if's proved-bound tier); where the
 event simulator runs no plan there (its own allocator and schedule can run out of memory where the
 replay below fits), the answer steps down 1, 2, 4, ... lengths to one it runs and bisects back up,
@@ -14,8 +17,11 @@ layer's transients as the allocator reserves them (`memo_sim.memplan.baseline`),
 single-stage candidate without a static memory plan fits only when the allocator's replay of its
 iterations (`memo_sim.memplan.iteration_replay`) never runs out of device memory, with the cache's
 fragmentation and retries; a length where every analytically fitting candidate fails the replay
-binds on "reserved memory", and so does one whose least-over candidate would fit with its
-transients counted as allocated (live at once), as a static memory plan places them. Candidates
+binds on "reserved memory". One whose least-over candidate would fit with its transients counted as
+allocated (live at once), as a static memory plan places them, binds on "GPU memory on the caching
+allocator's terms": the analytic peak, which decides fit, lumps one layer's transients as the allocator
+reserves them and, under a whole-layer recompute, the re-run tensors as the one buffer the policy's
+executor holds (`_lumped_words`); it is not the replay's reserved peak, which can be lower. Candidates
 are replayed in increasing analytic peak, stopping at the first that fits (a replay costs 10-50 ms).
 ``allocator`` is the what-if's (`memo_sim.search.whatif.candidates_for`): ``caching`` (what the
 framework runs), ``plan`` (every policy on a static memory plan), so that the two answers side by
@@ -52,13 +58,20 @@ class MaxSeqAnswer:
     binding: str  # what fails at next_seq, in words
     allocator: str = "caching"  # the what-if's --allocator this answer searched with
     states_alone: bool = False  # not one step fits, and every candidate's model states alone exceed its GPU
+    # the grid lengths past the first failure (`PAST_FAILURE_STEPS`) that fit (analytic and the replay, not
+    # simulated), and the longest length looked at there (None: not looked)
+    fits_past_failure: tuple[int, ...] = ()
+    looked_past_failure_to: int | None = None
 
     def to_json(self) -> dict:
         b = self.best
         return {"policy": self.policy, "allocator": self.allocator, "step_tokens": self.step,
                 "max_seq_tokens": self.max_seq,
                 "best": b.to_json() if b else None, "mfu": (b.simulated or {}).get("mfu") if b else None,
-                "next_seq_tokens": self.next_seq, "binding": self.binding}
+                "next_seq_tokens": self.next_seq, "binding": self.binding,
+                "fits_past_failure_tokens": list(self.fits_past_failure),
+                "longest_fit_past_failure_tokens": max(self.fits_past_failure, default=None),
+                "looked_past_failure_to_tokens": self.looked_past_failure_to}
 
 
 def _ranked(model, seq, gpus, profile, policy, framework, allocator="caching", fixed=None) -> list[Candidate] | str:
@@ -107,6 +120,22 @@ def _allocated_peak(c: Candidate) -> float:
     return c.memory.peak_with(c.memory.transient_planned_bytes)
 
 
+def _lumped_words(m) -> str:
+    """What the analytic peak that decides a caching-allocator candidate's fit (`MemoryBreakdown.peak_gpu_bytes`)
+    lumps, and why it is not the whole-iteration replay's reserved peak: a layer's transients as the allocator
+    reserves one layer's requests alone, and under a whole-layer recompute the re-run tensors as one buffer held
+    through the backward, as the policy's executor allocates them (memo_exec/activations/base.py
+    RECOMPUTE_BUFFER_DIFFERS), where the replay frees each after its last use as autograd does, and reserves less.
+    A review: maxseq called this lumped sum "reserved memory", which explain then put above the replay's."""
+    words = (f"the terms' peak, which decides fit: a layer's transients as the caching allocator reserves one "
+             f"layer's requests alone ({fmt_bytes(m.transient_caching_allocator_bytes)})")
+    if m.backward_buffer_bytes:
+        words += (f" beside the recompute buffer ({fmt_bytes(m.backward_buffer_bytes)}: the policy's executor keeps "
+                  f"a layer's re-run tensors in one buffer through its backward, where the replay of the whole "
+                  f"iteration frees each after its last use and reserves less)")
+    return words
+
+
 def _expandable_words(c: Candidate) -> str:
     """Where the caching allocator's reserved memory binds and its cache is not mapped in place: PyTorch's own fix."""
     return ("" if c.layout.expandable_segments else f"; {EXPANDABLE_FLAG} maps the cache in place (the same "
@@ -132,11 +161,11 @@ def binding_constraint(cands: list[Candidate] | str) -> str:
     if on_reserved:  # fits as allocated bytes, not as the caching allocator reserves them
         c = min(on_reserved, key=_allocated_peak)
         m, allocated = c.memory, _allocated_peak(c)
-        return (f"reserved memory (caching allocator): {fmt_bytes(m.peak_gpu_bytes)} of "
-                f"{fmt_bytes(m.gpu_capacity_bytes)} with a layer's transients as the allocator reserves them "
-                f"({fmt_bytes(m.transient_caching_allocator_bytes)}); {fmt_bytes(m.transient_planned_bytes)} of "
-                f"them are live at once, and allocated so the step would take {fmt_bytes(allocated)} and fit, "
-                f"as on a static memory plan ({c.layout.label()} {c.policy.label()})" + _expandable_words(c))
+        return (f"GPU memory on the caching allocator's terms: {fmt_bytes(m.peak_gpu_bytes)} of "
+                f"{fmt_bytes(m.gpu_capacity_bytes)}, {_lumped_words(m)}; {fmt_bytes(m.transient_planned_bytes)} "
+                f"of a layer's transients are live at once, and allocated so the step would take "
+                f"{fmt_bytes(allocated)} and fit, as on a static memory plan ({c.layout.label()} "
+                f"{c.policy.label()})" + _expandable_words(c))
     c = min(cands, key=_over_share)
     m = c.memory
     if c.status == "OOHM":
@@ -298,6 +327,36 @@ def _max_seq(model: ModelConfig, gpus: int, profile: HardwareProfile, policy: st
             lo = mid
         else:
             hi, fail = mid, c
+    def fits_at(k: int) -> bool:
+        try:
+            return _fits(_ranked(model, k * step, gpus, profile, policy, framework, allocator, fixed))
+        except MemoError:  # NothingFits: not at this length either
+            return False
+
+    past = _past_failure(hi, fits_at) if allocator == "caching" else None
+    ans = _simulated_answer(model, gpus, profile, policy, step, framework, simulate, allocator, fixed, lo, hi, fail)
+    if past is None:
+        return ans
+    return replace(ans, fits_past_failure=tuple(k * step for k in past[0]), looked_past_failure_to=past[1] * step)
+
+
+PAST_FAILURE_STEPS = 4  # grid lengths tried past the first failure, at most (and no more than +25% of it)
+
+
+def _past_failure(hi: int, fits) -> tuple[list[int], int]:
+    """(the steps past the first failing one, ``hi`` steps, that ``fits(steps)``, the last step looked at): up to
+    `PAST_FAILURE_STEPS` steps or +25% of ``hi``, whichever is fewer (at least one). Fitting is monotone in the
+    length on paper and on a static memory plan (`tests/test_fit_monotone.py`), not in the caching allocator's
+    replay, whose segments fall differently at each length (a review: full_recompute tp4 cp2 on 8 A800s fails the
+    replay at 512K, fits at 544K and 640K; the bisection answered 480K)."""
+    last = min(hi + PAST_FAILURE_STEPS, max(hi + 1, (hi * 5) // 4), MAX_STEPS)
+    return [k for k in range(hi + 1, last + 1) if fits(k)], last
+
+
+def _simulated_answer(model, gpus, profile, policy, step, framework, simulate, allocator, fixed, lo: int, hi: int,
+                      fail) -> MaxSeqAnswer:
+    """`_max_seq`'s answer from its bisection (``lo`` steps fit, ``hi`` steps fail with the candidates ``fail``):
+    ``lo`` where the event simulator runs its best plan (or ``simulate`` is off), else the longest length it runs."""
     if not simulate:
         return MaxSeqAnswer(policy, step, lo * step, None, hi * step, binding_constraint(fail), allocator)
     # the longest length whose best plan the event simulator also runs (its own allocator and schedule can run
