@@ -62,7 +62,11 @@ EXPECTED = {"attention": ("materialised", "flash", "time"), "grad_overlap": (Fal
             # XTuner 2024's Ulysses sends every K/V head repeated to the query heads (a GQA model under Ulysses)
             "ulysses_kv": ("query_heads", "minimal", "time"),
             # ring CP's blocks on FlashAttention-2 (memo-exec's) beside a layer kernel of cuDNN's (a Hopper profile)
-            "block_attention": ("flash", "", "time")}
+            "block_attention": ("flash", "", "time"),
+            # memo-exec's Ulysses backward sends q, k, v and out again besides the gradients (a Ulysses layout)
+            "ulysses_bwd_resend": (True, False, "time"),
+            # memo-exec's ring sends its dK/dV accumulators in fp32, twice a bf16 model's bytes (a CP layout)
+            "ring_dkv_fp32": (True, False, "time")}
 
 
 @pytest.mark.parametrize("mechanism", sorted(MECHANISMS))
@@ -74,6 +78,7 @@ def test_each_mechanism_moves_the_prediction_the_expected_way(mechanism):
     model = get_model("llama-3.1-8b" if mechanism == "ulysses_kv" else "gpt-7b")
     prof = load_profile("h100-sxm5-80gb" if mechanism == "block_attention" else "a100-sxm4-80gb")
     base = {"ring_merge": Layout(tp=4, cp=2), "ulysses_kv": Layout(ulysses=4, dp=2, zero=3),
+            "ulysses_bwd_resend": Layout(ulysses=4, dp=2, zero=3), "ring_dkv_fp32": Layout(tp=4, cp=2),
             "block_attention": Layout(tp=4, cp=2, attention="cudnn")}.get(
         mechanism, Layout(tp=2, sp=mechanism == "sp_regather_overlap", dp=4))
     worse, better = (replace(base, **{MECHANISMS[mechanism]: v}) for v in (worse_v, better_v))

@@ -8,6 +8,7 @@ answer is the longest sequence, at a length it chooses), so it is not among them
 from __future__ import annotations
 
 import json
+import re
 
 from click.testing import CliRunner
 
@@ -44,7 +45,9 @@ def test_one_configuration_one_peak_per_source(tmp_path):
     assert f"predicted peak GPU {sim_text}" in _run(["check-plan", plan])
     assert sim_text in _run(["simulate", plan, "--out", str(tmp_path / "sim")])
     ex = _run(["explain", plan])
-    assert sim_text in ex and ana_text in ex
+    # the memory table: each peak's size in the size column, its source in the next (one unit a CSV column)
+    assert re.search(rf"peak \(the simulated iteration\)\s+{re.escape(fmt_bytes(sim))}\s+{re.escape(SIM[1:-1])}", ex)
+    assert re.search(rf"peak \(the terms above\)\s+{re.escape(fmt_bytes(ana))}\s+{re.escape(ANA[1:-1])}", ex)
     exj = json.loads(_run(["explain", plan, "--json"]))
     assert exj["simulated_peak_gpu_bytes"] == sim and exj["analytic_peak_gpu_bytes"] == ana
 

@@ -192,6 +192,22 @@ def _ulysses_alltoall(model: ModelConfig, layout: Layout, batch: int, seq: int, 
     return OpCost(name, "collective", phase, "comm", t, nbytes=size)
 
 
+def _ulysses_backward_resend(model: ModelConfig, layout: Layout, batch: int, seq: int,
+                             profile: HardwareProfile) -> list[OpCost]:
+    """The all-to-alls a Ulysses backward that keeps no head-sharded tensors sends besides the gradients'
+    (``layout.ulysses_bwd_resend``): memo's executor (memo_exec/distributed/attention.py
+    UlyssesAttention.backward) sends q, k and v (each K/V head repeated r times) and the attention output out to
+    head-sharded again before the kernel's backward, beside dout, and dq, dk, dv back after it: 8 all-to-alls where
+    an autograd Ulysses sends the 4 of the gradients (DeepSpeed's _SeqAllToAll; TransformerEngine's
+    AttnFuncWithCPAndQKVOA2A.backward, dout then dq, dk, dv), which ``alltoall_qkv`` and ``alltoall_attn`` price.
+    So q, k, v and out once more, before the kernel (its inputs); one op for the four of them."""
+    if not layout.ulysses_bwd_resend or layout.ulysses == 1:
+        return []
+    kv = layout.kv_repeat(model.n_kv_heads, model.heads) * (model.kv_dim + model.v_dim)
+    width = model.q_dim + kv + model.attn_dim
+    return [_ulysses_alltoall(model, layout, batch, seq, profile, "bwd", width, "alltoall_bwd_inputs")]
+
+
 def _cp_shift_seconds(nbytes: float, layout: Layout, profile: HardwareProfile) -> float:
     """One ring-CP shift of ``nbytes`` to the next rank of the CP group, on the link that group spans."""
     link = coll.layout_group_link(profile, layout, layout.cp, layout.tp * layout.ulysses)
@@ -329,6 +345,8 @@ def _ops_with_comm(ops: list[OpSpec], model: ModelConfig, layout: Layout, batch:
         if op.kind == "attention" and layout.ulysses > 1:  # K and V sent with each head repeated r times
             kv = layout.kv_repeat(model.n_kv_heads, model.heads) * (model.kv_dim + model.v_dim)
             out.append(_ulysses_alltoall(model, layout, batch, seq, profile, phase, model.q_dim + kv, "alltoall_qkv"))
+            if phase == "bwd":
+                out += _ulysses_backward_resend(model, layout, batch, seq, profile)
         gathered = op.kind == "attention" and ring_attention.gathers_kv(model, layout, seq)
         if op.kind == "attention" and layout.cp > 1 and not gathered:
             out.append(_cp_ring(model, layout, batch, seq, profile, phase))

@@ -26,11 +26,15 @@ and the dK/dV accumulators cp times: every accumulator arrives home after cp shi
 one is posted after the last step's blocks and waited for before the backward returns, so nothing
 hides it (ring-flash-attention's zigzag backward at 0fc25b46: ``d_kv_comm.wait()`` after the loop;
 memo's executor: the ``_wait`` after its loop; TransformerEngine's p2p CP also waits for each step's
-incoming dK/dV before adding its own, where after its loop the last one goes was not checked). The accumulators are priced in the model's dtype, as TransformerEngine allocates them
-(``dkv_ = torch.empty_like(kv_)`` in the versions of its context_parallel.py a code search showed, no
-commit pinned); ring-flash-attention (``dk_buffer.to(torch.float32)``) and memo's
-executor (`memo_exec.device.acc_dtype`) accumulate and send them in fp32, twice the bytes of a bf16
-model's, which is not priced (on a CPU, where the executor's models are fp32, the two agree).
+incoming dK/dV before adding its own, where after its loop the last one goes was not checked). The accumulators
+travel in the dtype the framework accumulates them in (`ring_shift_bytes`): the model's for TransformerEngine's
+p2p CP (transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py
+AttnFuncWithCPAndKVP2P.backward outside FP8: ``p2p_comm_buffers = [torch.empty((2, *kv.shape), dtype=kv.dtype,
+...)]`` and ``dkv = p2p_comm_buffers[(i + 1) % 2][1]``, the version the code search stores, no commit pinned);
+fp32 for memo's executor (memo_exec/distributed/attention.py RingAttention.backward: ``part``, ``acc_a``,
+``acc_b`` of `memo_exec.device.acc_dtype`; ``Layout.ring_dkv_fp32``, the ``any`` framework's data) and
+PyTorch's CP (``ring_merge`` torch_cp), twice the bytes of a bf16 model's (a review found memo's executor's
+priced at the model dtype's); ring-flash-attention (``dk_buffer.to(torch.float32)``) too.
 
 An implementation that exchanges K/V as one all-gather (``kv_allgather`` of `memo_sim.layout.ring_merge`:
 PyTorch's experimental CP at its allgather rotate method) issues it at step 0 and waits for it at step 1:
@@ -61,6 +65,8 @@ from memo_sim.layout.ring_merge import ring_merge
 from memo_sim.model.config import ModelConfig
 from memo_sim.model.layer_graph import DTYPE_BYTES
 from memo_sim.profile.schema import HardwareProfile
+
+FP32_BYTES = 4  # the accumulation dtype's element (memo_exec.device.acc_dtype: fp32 below fp64)
 
 
 def zigzag_chunks(cp: int, rank: int) -> tuple[int, int]:
@@ -146,10 +152,12 @@ def ring_kv_elements(model: ModelConfig, layout: Layout, batch: int, seq: int) -
 def ring_shift_bytes(model: ModelConfig, layout: Layout, batch: int, seq: int, grads: bool = False) -> float:
     """Bytes of one K/V shift of a rank (``grads``: of its dK/dV accumulators): `ring_kv_elements` in the
     model's dtype, the accumulators in the element size the ring sends them in where it says one
-    (`memo_sim.layout.ring_merge`: fp32 for PyTorch's CP)."""
+    (`memo_sim.layout.ring_merge`: fp32 for PyTorch's CP), else in fp32 where the framework accumulates them so
+    (``layout.ring_dkv_fp32``: memo's executor's `memo_exec.device.acc_dtype`; module docs)."""
     size = DTYPE_BYTES[model.dtype]
     if grads:
-        size = ring_merge(layout.ring_merge).dkv_bytes or size
+        acc = max(size, FP32_BYTES) if layout.ring_dkv_fp32 else size
+        size = ring_merge(layout.ring_merge).dkv_bytes or acc
     return ring_kv_elements(model, layout, batch, seq) * size
 
 

@@ -37,7 +37,16 @@ policies, and how it runs what the simulator models as a switch
 - ``ulysses_kv`` (optional, default ``minimal``): how the framework's Ulysses repeats a GQA model's K/V
   heads before its all-to-all, ``minimal`` (one head per rank where the ranks outnumber the heads),
   ``query_heads`` (every K/V head repeated to the query heads) or ``whole`` (never repeated:
-  TransformerEngine's all-to-all CP; `memo_sim.layout.kv_heads`).
+  TransformerEngine's all-to-all CP; `memo_sim.layout.kv_heads`);
+- ``ulysses_bwd_resend`` (optional, default false): the framework's Ulysses backward all-to-alls q, k, v, the
+  attention output and its gradient to head-sharded again before the kernel's backward (memo's executor,
+  memo_exec/distributed/attention.py UlyssesAttention.backward), where an autograd implementation keeps the
+  head-sharded tensors from the forward and sends the gradients alone (DeepSpeed's _SeqAllToAll, Megatron's
+  TransformerEngine a2a CP; `memo_sim.cost.layer_time`);
+- ``ring_dkv_fp32`` (optional, default false): the framework's ring CP accumulates the travelling dK/dV in fp32
+  and sends them so (memo's executor, `memo_exec.device.acc_dtype`), where TransformerEngine's p2p CP sends them in
+  the model's dtype (`memo_sim.cost.ring_attention.ring_shift_bytes`; PyTorch's CP says its own through
+  ``ring_merge`` torch_cp).
 
 A file's ``layouts.dp_modes`` lists its data-parallel flavours (`memo_sim.dp`: ``zero``, the ZeRO
 stages; ``fsdp``, FSDP2 with HSDP and resharding after the forward or not; default ``[zero]``).
@@ -113,7 +122,8 @@ MECHANISMS = {"attention": "attention", "block_attention": "block_attention", "g
               "host_pool": "host_pool", "expandable_segments": "expandable_segments", "alloc_conf": "alloc_conf",
               "nccl_record_stream": "nccl_record_stream", "kernel_fusion": "kernel_fusion",
               "sp_regather_overlap": "sp_regather_overlap", "ring_merge": "ring_merge",
-              "ulysses_kv": "ulysses_kv"}
+              "ulysses_kv": "ulysses_kv", "ulysses_bwd_resend": "ulysses_bwd_resend",
+              "ring_dkv_fp32": "ring_dkv_fp32"}
 
 
 class _ExpertsIn(BaseModel):
@@ -187,6 +197,8 @@ class _MechanismsIn(BaseModel):
     sp_regather_overlap: bool = Field(False, strict=True)  # SP's backward re-gather beside the dgrad GEMM
     ring_merge: Literal[RING_MERGE_NAMES] = "none"  # ring CP's passes beside its kernels (`layout.ring_merge`)
     ulysses_kv: Literal[ULYSSES_KV_RULES] = "minimal"  # K/V heads before Ulysses' all-to-all (`layout.kv_heads`)
+    ulysses_bwd_resend: bool = Field(False, strict=True)  # Ulysses' backward re-sends q, k, v, out, dout
+    ring_dkv_fp32: bool = Field(False, strict=True)  # ring CP's dK/dV travel in fp32
 
     @model_validator(mode="after")
     def _conf(self):
@@ -386,6 +398,7 @@ def mechanism_changes(mine: Layout, theirs: Layout, profile) -> list[str]:
     other curves on ``profile``: a ring's attention runs as its blocks, a layer kernel's otherwise)."""
     eff = profile.efficiency
     moot = {"ulysses_kv": theirs.ulysses == 1, "ring_merge": theirs.cp == 1,
+            "ulysses_bwd_resend": theirs.ulysses == 1, "ring_dkv_fp32": theirs.cp == 1,
             "sp_regather_overlap": not (theirs.tp > 1 and theirs.sp),
             "attention": theirs.runs_blocks() or eff.priced_attention_kernel(mine.attention)
             == eff.priced_attention_kernel(theirs.attention),

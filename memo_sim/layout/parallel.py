@@ -97,6 +97,13 @@ out of `Layout.to_dict`).
 ``ulysses_kv``: how K/V heads are repeated before Ulysses' all-to-all (`memo_sim.layout.kv_heads`:
 ``minimal``, as few repeats as give every rank one head, left out of `Layout.to_dict`; ``query_heads``,
 XTuner 2024's repeat to the query heads).
+``ulysses_bwd_resend``: Ulysses' backward all-to-alls the attention's inputs and output again before the kernel's
+backward (memo's executor: q, k, v, out and dout to head-sharded, then dq, dk, dv back; True, set by the ``any``
+framework's data) where a framework's autograd keeps the head-sharded tensors and sends the gradients alone (dout,
+then dq, dk, dv: False, left out of `Layout.to_dict`; `memo_sim.cost.layer_time`). ``ring_dkv_fp32``: ring CP's
+dK/dV accumulators travel in fp32 (memo's executor accumulates them in `memo_exec.device.acc_dtype`; True, set by
+the ``any`` framework's data) rather than the model's dtype (TransformerEngine's p2p CP; False, left out of
+`Layout.to_dict`; `memo_sim.cost.ring_attention.ring_shift_bytes`).
 """
 
 from __future__ import annotations
@@ -160,6 +167,8 @@ class Layout:
     sp_regather_overlap: bool = False  # SP's backward re-gather beside the data-gradient GEMM (module docs)
     ring_merge: str = "none"  # ring CP's passes beside its kernels: none | torch_cp (`memo_sim.layout.ring_merge`)
     ulysses_kv: str = "minimal"  # K/V heads before Ulysses' all-to-all: minimal | query_heads (`layout.kv_heads`)
+    ulysses_bwd_resend: bool = False  # Ulysses' backward sends q, k, v, out and dout again (module docs)
+    ring_dkv_fp32: bool = False  # ring CP's dK/dV accumulators travel in fp32 (module docs)
     memory_plan: bool = False  # a static memory plan places the transients whatever the policy (`policy.base.uses_memory_plan`)
     optimizer_offload: bool = False  # master weights, Adam and its step on the host (`cost.optimizer_offload`)
     # uneven pipeline stages (Megatron-LM's --decoder-first/last-pipeline-num-layers; 0: not set): the first
@@ -394,6 +403,10 @@ class Layout:
             del d["ring_merge"]
         if self.ulysses_kv == "minimal":  # and plans with the fewest K/V repeats theirs
             del d["ulysses_kv"]
+        if not self.ulysses_bwd_resend:  # and plans whose Ulysses backward sends the gradients alone theirs
+            del d["ulysses_bwd_resend"]
+        if not self.ring_dkv_fp32:  # and plans whose ring sends dK/dV in the model's dtype theirs
+            del d["ring_dkv_fp32"]
         if not self.memory_plan:  # and plans on the allocator their policy runs with theirs
             del d["memory_plan"]
         if not self.optimizer_offload:  # and plans with the optimizer on the GPU theirs
@@ -442,6 +455,8 @@ class _LayoutIn(BaseModel):
     sp_regather_overlap: bool = Field(False, strict=True)
     ring_merge: Literal[RING_MERGE_NAMES] = "none"
     ulysses_kv: Literal[ULYSSES_KV_RULES] = "minimal"
+    ulysses_bwd_resend: bool = Field(False, strict=True)
+    ring_dkv_fp32: bool = Field(False, strict=True)
     memory_plan: bool = Field(False, strict=True)
     optimizer_offload: bool = Field(False, strict=True)
     first_stage_layers: Annotated[int, Field(strict=True, ge=0, le=1 << 12)] = 0

@@ -30,8 +30,11 @@ class Metp(MetpFfn):
         if layout.cp > 1 or layout.ulysses > 1:
             return "two-level METP attention is not combined with ring CP or Ulysses (use metp_ffn)"
         if model.bias not in METP_QKV_BIASES:
-            return (f"two-level METP attention moves QKV weight blocks with their bias; {model.name} has no QKV bias "
-                    f"(bias {model.bias}): use metp_ffn")
+            # the executor's build limit, kept in the simulator so that every METP plan it writes runs (a review
+            # read it as the scheme's: a missing bias would only move no bias blocks)
+            return (f"memo's executor builds two-level METP attention around a QKV bias (memo_exec.metp.flavour) and "
+                    f"{model.name} has none (bias {model.bias}); the simulator offers only plans it runs: use "
+                    f"metp_ffn (METP on the FFN, Megatron TP on attention)")
         if model.n_kv_heads % layout.tp:
             return f"kv heads ({model.n_kv_heads}) not divisible by tp ({layout.tp}) (METP's outer loop over head groups)"
         return None
