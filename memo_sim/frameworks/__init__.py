@@ -163,6 +163,9 @@ class _LayoutsIn(BaseModel):
     zero: tuple[Literal[0, 1, 2, 3], ...] = Field(min_length=1)
     tp_modes: tuple[Literal[TP_MODES], ...] = ("megatron",)
     schedules: tuple[Literal[SCHEDULE_NAMES], ...] = ("single_stage",)  # `memo_sim.layout.schedule`
+    # the schedules it runs with at least as many micro-batches as pipeline stages (PyTorch's Schedule1F1B raises
+    # below that: torchtitan; Megatron-LM runs fewer)
+    microbatches_at_least_stages: tuple[Literal[SCHEDULE_NAMES], ...] = ()
     optimizer_offload: bool = Field(False, strict=True)  # the optimizer's states and step on the host
     # the ZeRO stages it keeps the optimizer on the host beside (None: every stage it offers)
     optimizer_offload_zero: tuple[Literal[0, 1, 2, 3], ...] | None = None
@@ -258,6 +261,7 @@ class Framework:
     not_modelled: tuple[str, ...] = ()
     path: str = ""
     schedules: tuple[str, ...] = ("single_stage",)  # the schedules it runs (`memo_sim.layout.schedule`)
+    microbatches_at_least_stages: tuple[str, ...] = ()  # ... of them with m >= pp only (`schedule_why_not`)
     recipes: tuple[tuple[str, str], ...] = ()  # (model dtype, model-state recipe it runs it with)
     gemm_formats: tuple[str, ...] = ("bf16",)  # the GEMM formats it offers
     fp8_saved_inputs: bool = False  # under FP8 it keeps the GEMM inputs for backward as FP8 copies
@@ -373,6 +377,15 @@ class Framework:
                     f"data-parallel groups must be equal in that order")
         return None if what is None else f"{self.name} does not offer {lay.label()} ({what})"
 
+    def schedule_why_not(self, schedule: str, pp: int, micro_batches: int) -> str | None:
+        """None where the framework runs ``schedule`` over ``pp`` stages with ``micro_batches`` micro-batches, else
+        why not (one phrase; a review: torchtitan's 1F1B planned and exported with 2 micro-batches over 4 stages,
+        which PyTorch's Schedule1F1B refuses as it starts)."""
+        if schedule in self.microbatches_at_least_stages and pp > 1 and micro_batches < pp:
+            return (f"{self.name} runs {schedule} with at least as many micro-batches as pipeline stages, got "
+                    f"{micro_batches} for pp {pp} (PyTorch's Schedule1F1B raises below that)")
+        return None
+
     def offloads_optimizer(self, zero: int) -> bool:
         """Whether it keeps the optimizer's states and step on the host beside ZeRO stage ``zero``."""
         return self.optimizer_offload and (self.optimizer_offload_zero is None or zero in self.optimizer_offload_zero)
@@ -424,7 +437,8 @@ def _read(path: Path) -> Framework:
     return Framework(f.name, f.summary, f.policies, f.sources, lay.tensor_parallel, lay.sequence_parallel,
                      lay.context_parallel, lay.ulysses, lay.zero, lay.tp_modes,
                      tuple((k, getattr(f.mechanisms, k)) for k in MECHANISMS), f.not_modelled, str(path),
-                     lay.schedules, recipes=tuple(f.precision.recipes.items()), gemm_formats=f.precision.gemm_formats,
+                     lay.schedules, microbatches_at_least_stages=lay.microbatches_at_least_stages,
+                     recipes=tuple(f.precision.recipes.items()), gemm_formats=f.precision.gemm_formats,
                      optimizer_offload=lay.optimizer_offload, optimizer_offload_zero=lay.optimizer_offload_zero,
                      uneven_stages=lay.uneven_stages,
                      embedding_loss_slots=lay.uneven_stages if lay.embedding_loss_slots is None

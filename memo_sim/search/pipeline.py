@@ -310,6 +310,7 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
                         dp_modes: tuple[str, ...] = ("zero",), floor: Callable[[], float | None] | None = None,
                         chunks: tuple[int, ...] = (), why_not: Callable[[Layout], str | None] | None = None,
                         rank_orders: tuple[str, ...] = (DEFAULT_RANK_ORDER,),
+                        schedule_why_not: Callable[[str, int, int], str | None] | None = None,
                         ) -> tuple[list[Candidate], list[tuple[Layout, str]], dict]:
     """Every pipeline candidate of the space (module docs) for ``policies``: (candidates,
     rejected layouts, what was searched). ``dp_modes``: the data-parallel flavours tried
@@ -384,8 +385,13 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
                             continue
                         why = check_schedule(name, pp=p, vpp=v, layers=model.layers, batch=b, micro_batch=mb,
                                              policy_name="store_all", uneven=cand.uneven)
+                        if not why and schedule_why_not is not None:  # the framework's own rule (torchtitan: m >= pp)
+                            why = schedule_why_not(name, p, b // mb)
                         if why:
-                            searched["why_none"] = why if why.startswith(name) else f"{name}: {why}"
+                            # a schedule that takes other virtual stages says less than another's reason (fixed vpp 1:
+                            # interleaved's 'needs 2 virtual stages' hid 1F1B's)
+                            if "virtual stages" not in why or not searched.get("why_none"):
+                                searched["why_none"] = why if why.startswith(name) else f"{name}: {why}"
                             continue
                         why = states_why_not(model, cand, profile)
                         if why:  # no policy, micro-batch or schedule of this layout fits: not built

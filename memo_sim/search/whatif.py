@@ -406,7 +406,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
             micro_batch=micro_batch, allows=fw.allows, why_not=fw.why_not, adapt=pipe_adapt, tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero, sp=sp,
             pp=pp, vpp=vpp, alpha=alpha, schedules=pipes, first=first_stage_layers, last=last_stage_layers,
             chunks=chunk_layers, experts=experts, tp_modes=modes, metp_across_nodes=metp_across_nodes, dp_modes=dp_modes,
-            rank_orders=rank_orders,
+            rank_orders=rank_orders, schedule_why_not=fw.schedule_why_not,
             floor=(lambda: pipeline_floor(out)) if pipeline_floor is not None and not pipe_flags else None)
         out += pc
         rejected += pr
