@@ -377,6 +377,23 @@ class Framework:
                     f"data-parallel groups must be equal in that order")
         return None if what is None else f"{self.name} does not offer {lay.label()} ({what})"
 
+    def fixed_why_not(self, *, tp: int | None = None, cp: int | None = None, ulysses: int | None = None,
+                      zero: int | None = None, sp: bool | None = None) -> str | None:
+        """Where a degree the request fixes is one the framework never offers, why (one phrase), else None: the
+        answer then names it rather than a rejected layout's first reason (a review: --zero 1 under megatron@2021
+        said 'does not offer tp4+sp-pp2-z1 (TP with sequence parallelism)')."""
+        if zero is not None and zero not in self.zero:
+            return f"{self.name} does not offer ZeRO stage {zero} (it offers {', '.join(map(str, self.zero))})"
+        if tp is not None and tp > 1 and not self.tensor_parallel:
+            return f"{self.name} does not offer tensor parallelism (--tp {tp})"
+        if cp is not None and cp > 1 and not self.context_parallel:
+            return f"{self.name} does not offer ring context parallelism (--cp {cp})"
+        if ulysses is not None and ulysses > 1 and not self.ulysses:
+            return f"{self.name} does not offer Ulysses (--ulysses {ulysses})"
+        if sp is not None and (tp is None or tp > 1) and sp not in self.sequence_parallel:
+            return f"{self.name} does not offer TP with{'' if sp else 'out'} sequence parallelism"
+        return None
+
     def schedule_why_not(self, schedule: str, pp: int, micro_batches: int) -> str | None:
         """None where the framework runs ``schedule`` over ``pp`` stages with ``micro_batches`` micro-batches, else
         why not (one phrase; a review: torchtitan's 1F1B planned and exported with 2 micro-batches over 4 stages,

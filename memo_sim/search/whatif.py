@@ -444,7 +444,8 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
                      "degrees, or drop --vpp)")
     if not out:  # a valid request whose every layout's model states alone overflow: nothing fits (exit 3)
         error = NothingFits if state_why and why_none == state_why else MemoError
-        why_none = default_reason(why_none, rejected, lambda r: framework_why_none(r, fw), cp=cp, ulysses=ulysses)
+        why_none = (fw.fixed_why_not(tp=tp, cp=cp, ulysses=ulysses, zero=zero, sp=sp)
+                    or default_reason(why_none, rejected, lambda r: framework_why_none(r, fw), cp=cp, ulysses=ulysses))
         raise error(f"{NO_VALID_LAYOUT} for {gpus} GPUs with the degrees given: {why_none}")
     out.sort(key=Candidate.sort_key)
     return WhatIfResult(out, rejected, sppo=search, searched=searched)
