@@ -139,3 +139,4 @@ def test_whatifs_alpha_sweep_rows_name_their_tier_in_json(tmp_path):
     assert r.exit_code == 0, r.output
     rows = json.loads(r.stdout)["sweep"]
     assert rows and {row["tier"] for row in rows} == {"simulated"}
+    assert len(r.stdout.strip().splitlines()) == 1  # compact, as README says of whatif --json (it was indented)

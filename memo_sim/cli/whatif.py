@@ -439,8 +439,8 @@ def _sweep_alpha(req, result, show: Show, t0: float) -> None:
                                f"best of {len(layouts)} valid layouts of the degrees not fixed (fix them too to "
                                f"choose one)",
                                "solver_alpha": solved, "figure": str(png),
-                               "sweep": [run_json(r) for r in res], "elapsed_s": time.perf_counter() - t0},
-                              indent=1))
+                               "sweep": [run_json(r) for r in res], "elapsed_s": time.perf_counter() - t0}))
+        # compact, as every --json of whatif (README: one line; a review found the sweep's 443 lines)
         return
     from memo_sim.report.formats import emit
 
