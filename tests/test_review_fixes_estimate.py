@@ -53,3 +53,16 @@ def test_the_gap_split_never_prices_a_layout_the_framework_cannot_run(tmp_path):
     assert "not divisible by tp x ulysses" in split["not_runnable"], split
     res = CliRunner().invoke(cli, args)
     assert "is not one megatron runs (kv heads (8)" in res.output and "runs 138" not in res.output
+
+
+def test_the_tier_two_line_names_no_skipped_bound_where_none_was_skipped():
+    """A review: '0 skipped by a proved bound; the closest skipped bound is 9.9% below' (the skipped plans were all
+    simulated since, for the verdict lines)."""
+    from memo_sim.search.prune import SIMULATE_BOUND, PruneReport
+
+    r = PruneReport(SIMULATE_BOUND, 10, 10, 0, margin=0.099, best_tgs=100.0, for_verdicts=3)
+    assert "closest" not in r.line() and "0 skipped by a proved bound" in r.line()
+    r.add_not_built({"candidates": 4, "families": 2, "best_bound_tgs": 95.0})
+    assert "the closest bound of a pipeline family left unbuilt is 5.0% below" in r.line(), r.line()
+    assert "the closest skipped bound is 1.0%" in PruneReport(SIMULATE_BOUND, 10, 5, 5, margin=0.01,
+                                                              best_tgs=1.0).line()
