@@ -434,14 +434,14 @@ def validate_cmd(profile_name, model_name, layers, hidden, heads, ffn, vocab, dt
                                  f"splits them evenly): give --layers a multiple of {pp}, or --pp "
                                  f"{', '.join(map(str, fit))}", param_hint="--pp")
     from memo_exec.validate import batch_split  # noqa: PLC0415
-    from memo_sim.layout.parallel import check_layout  # noqa: PLC0415
+    from memo_sim.layout.parallel import check_layout, seq_fix_names  # noqa: PLC0415
     from memo_sim.layout.schedule import check_schedule  # noqa: PLC0415
 
     batch, micro, schedule = batch_split(layout, micro_batches)
     for s in seq_list:  # the same refusals the what-if gives, before anything runs
         why = check_layout(layout, model, layout.gpus, max(profile.node_gpus, layout.gpus), s, batch)
-        if why:
-            raise click.BadParameter(why, param_hint="--tp/--cp/--pp/--dp")
+        if why:  # the length that divides named by validate's own option, not the what-if's --seq
+            raise click.BadParameter(seq_fix_names(why, "--seqs"), param_hint="--tp/--cp/--pp/--dp")
     for p in pols:
         why = check_schedule(schedule, pp=layout.pp, vpp=layout.vpp, layers=model.layers, batch=batch,
                              micro_batch=micro, policy_name=p)

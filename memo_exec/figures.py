@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import replace
 from pathlib import Path
 
@@ -120,17 +121,20 @@ def overlay_gantt(pred: Timeline, meas: Timeline, path: Path, title: str, ranks:
 
 
 def layer_figure(predicted: dict, measured: list[tuple[str, dict]], per_layer: list[tuple[str, dict]],
-                 step: int, path: Path, note: str = "") -> Path:
-    """Left: one layer's time per op class, the plan's prediction (``predicted``: layer_timings_s)
-    beside each rank's measurement (``measured``: (label, steady-state dict)); on a log axis when
-    the bars differ by more than `LOG_RATIO` (a CPU run of a GPU plan), every predicted value
-    written on its bar. Right: the measured time of every layer in the last step, a colour per op
-    class and a line style per rank (``per_layer``: (label, {phase: {layer: seconds}}))."""
+                 step: int, path: Path, note: str = "", predicted_from: str = "") -> Path:
+    """Left: one layer's time per op class, the prediction (``predicted``: layer_timings_s; the plan's, or the
+    re-simulation's where the report's per-layer rows use it: ``predicted_from`` names them in the legend, as
+    the rows' source column does, `memo_exec.report.predicted_layer_timings`) beside each rank's measurement
+    (``measured``: (label, steady-state dict)); on a log axis when the bars differ by more than `LOG_RATIO` (a
+    CPU run of a GPU plan), every predicted value written on its bar. Right: the measured time of every layer
+    in the last step, a colour per op class and a line style per rank (``per_layer``: (label, {phase: {layer:
+    seconds}}))."""
     fig = Figure(figsize=(12, 4.2))
     FigureCanvasAgg(fig)
     ax1, ax2 = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.2, 1]})
     ops = [op for op in LAYER_OPS if predicted.get(op[1]) or any(st.get(op[2]) for _l, st in measured)]
-    series = [("predicted", "#8C8C8C", [predicted.get(k) for _l, k, _m in ops])]
+    label = "\n".join(textwrap.wrap(f"predicted ({predicted_from})", 48)) if predicted_from else "predicted"
+    series = [(label, "#8C8C8C", [predicted.get(k) for _l, k, _m in ops])]
     blues = ("#4C72B0", "#2F4B7C", "#6A8FD0", "#1B2F57", "#8FA9DD", "#3A5A98", "#A9BFE8", "#243B66")
     series += [(f"measured, {lab}" if lab else "measured", blues[i % len(blues)], [st.get(m) for *_x, m in ops])
                for i, (lab, st) in enumerate(measured)]

@@ -70,6 +70,10 @@ class Comparison:
     # MoE: the ep_comm collectives the simulator does not price (`memo_exec.compare.UNPRICED_EP_OPS`), measured
     # seconds a step (median over the steady steps), left out of the ep_comm rows; None where none ran
     ep_unpriced_s: float | None = None
+    # one layer's predicted times the per-layer rows and layers.png show, and where they come from
+    # (`predicted_layer_timings`): the re-simulation's wherever the iteration rows' are
+    layer_timings: dict = dataclasses.field(default_factory=dict)
+    layer_timings_from: str = "plan.layer_timings_s"
 
     def predicted_iteration(self) -> float | None:
         """The iteration time the totals compare with (the plan's, or the re-simulation's where
@@ -121,14 +125,33 @@ def compare_run(res: RunResult) -> Comparison:
     ptl = sim.timeline if sim is not None else None
     rank0 = ptl.of_device(0) if ptl is not None else None
     breakdown = sim_memory_breakdown(plan, n)
-    totals = totals_rows(res, pred, source, pred.get("layer_timings_s") if stale else None)
+    lt, lt_name = predicted_layer_timings(plan, pred, stale, other_profile, sim_note)
+    totals = totals_rows(res, pred, source, lt, lt_name)
     if plan.layout.metp:
         totals += ring_rows(measured, sim, sim_note)
     unpriced = [unpriced_ep_seconds(t) for t in measured]
     return Comparison(totals, stream_rows(measured, rank0), op_rows(measured, rank0, bool(plan.model.mtp_layers)),
                       res.estimate.compare(breakdown), source, sim_note, ptl, alltoall_rows(measured, rank0),
                       times_comparable=times_comparable(res.meta, plan.profile), stale=stale,
-                      ep_unpriced_s=steady_value(unpriced) if any(unpriced) else None)
+                      ep_unpriced_s=steady_value(unpriced) if any(unpriced) else None,
+                      layer_timings=lt, layer_timings_from=lt_name)
+
+
+def predicted_layer_timings(plan, pred: dict, stale: str | None, other_profile: bool, sim_note: str
+                            ) -> tuple[dict, str]:
+    """(one layer's predicted times, where they come from) for the per-layer rows and ``layers.png``: from the
+    same prediction as the iteration rows (``pred``, `whole_prediction`) wherever those come from the
+    re-simulation -- a ``stale`` plan, or ``--profile`` (``other_profile``: `memo_exec.runner` has set
+    ``plan.profile`` to it, so the plan's stored ``layer_timings_s`` are another profile's and must not stand
+    beside the re-simulation's iteration time) -- else the plan's stored ``layer_timings_s``."""
+    if other_profile and not pred:  # the simulator did not predict on --profile: nothing of the plan's stands in
+        return {}, f"not predicted with --profile {plan.profile}: {sim_note}"
+    if other_profile:
+        return dict(pred.get("layer_timings_s") or {}), \
+            f"the re-simulation's layer timings (--profile {plan.profile})"
+    if stale and pred.get("layer_timings_s") is not None:
+        return dict(pred["layer_timings_s"]), "the re-simulation's layer timings"
+    return dict(plan.layer_timings_s or {}), "plan.layer_timings_s"
 
 
 def ring_rows(measured: list, sim, sim_note: str) -> list[dict]:
@@ -146,12 +169,15 @@ def ring_rows(measured: list, sim, sim_note: str) -> list[dict]:
              "predicted_from": src if p is not None else "the simulator reports the sum only"} for q, p, m in rows]
 
 
-def totals_rows(res: RunResult, pred: dict, source: str, layer_timings: dict | None = None) -> list[dict]:
-    """The whole-iteration and per-layer rows; ``layer_timings``: the re-simulation's, in place of the plan's
-    stored ``layer_timings_s`` (a stale plan, `memo_exec.compare.stale_prediction`)."""
+def totals_rows(res: RunResult, pred: dict, source: str, layer_timings: dict | None = None,
+                layer_timings_from: str | None = None) -> list[dict]:
+    """The whole-iteration and per-layer rows; ``layer_timings`` (``layer_timings_from`` names them,
+    `predicted_layer_timings`): the re-simulation's, in place of the plan's stored ``layer_timings_s`` (a stale
+    plan, `memo_exec.compare.stale_prediction`, or ``--profile``)."""
     st = res.steady
     lt = layer_timings if layer_timings is not None else (res.plan.layer_timings_s or {})
-    lt_name = "the re-simulation's layer timings" if layer_timings is not None else "plan.layer_timings_s"
+    lt_name = layer_timings_from or ("the re-simulation's layer timings" if layer_timings is not None
+                                     else "plan.layer_timings_s")
     tokens = res.meta["tokens"]
     it = st.get("iteration_s")
     cuda = res.meta["device_kind"] == "cuda"
@@ -341,8 +367,8 @@ def write_outputs(res: RunResult, out_dir: str | Path, plan_path: str | Path | N
         figs["overlay_error"] = cmp_.simulation
     last = res.summaries[-1]
     try:
-        figs["layers"] = layer_figure(res.plan.layer_timings_s or {}, [("", res.steady)], [("", last["per_layer"])],
-                                      last["step"], out / "layers.png")
+        figs["layers"] = layer_figure(cmp_.layer_timings, [("", res.steady)], [("", last["per_layer"])],
+                                      last["step"], out / "layers.png", predicted_from=cmp_.layer_timings_from)
     except Exception as e:  # noqa: BLE001
         figs["layers_error"] = f"{type(e).__name__}: {e}"
     paths.update({k: v for k, v in figs.items() if isinstance(v, Path)})
@@ -722,7 +748,10 @@ def _busy(summaries: list[dict]) -> dict[str, float]:
     return {k: steady_value([s["stream_busy_s"].get(k, 0.0) for s in use]) for k in keys}
 
 
-def rank_rows(payloads: list[dict], predicted_iteration: float | None) -> list[dict]:
+def rank_rows(payloads: list[dict], predicted_iteration: float | None, micro_batches: int = 1) -> list[dict]:
+    """Every rank's row of the 'Per rank' table; ``micro_batches``: the plan's per iteration, so a rank's
+    ``iteration_tokens`` (its ``local_tokens``, one micro-batch's rows, times them) count the iteration's tokens
+    as the headline tokens/s does (a review read 512 'tokens' for pp 2 over 4 micro-batches of 512)."""
     rows = []
     for p in payloads:
         st = p["steady"]
@@ -731,7 +760,9 @@ def rank_rows(payloads: list[dict], predicted_iteration: float | None) -> list[d
         unpriced = p.get("ep_unpriced_s")
         if unpriced is not None and "ep_comm" in busy:  # as the stream rows: the priced all-to-alls only
             busy["ep_comm"] = max(0.0, busy["ep_comm"] - unpriced)
-        rows.append({"rank": p["rank"], **p["coords"], "local_tokens": p["local_tokens"], "iteration_s": it,
+        rows.append({"rank": p["rank"], **p["coords"], "local_tokens": p["local_tokens"],
+                     "micro_batches": micro_batches, "iteration_tokens": p["local_tokens"] * micro_batches,
+                     "iteration_s": it,
                      "iteration_rel_error": rel_error(it, predicted_iteration),
                      "layer_forward_s": st.get("layer_forward_s"), "layer_backward_s": st.get("layer_backward_s"),
                      "layer_recompute_s": st.get("layer_recompute_s"),
@@ -789,7 +820,7 @@ def per_rank_markdown(rows: list[dict], predicted_iteration: float | None, memor
          "|" + "---|" * (8 + len(coords) + len(streams) + unpriced + ring)]
     for r in rows:
         mem = None if r["peak_memory_bytes"] is None else r["peak_memory_bytes"] / 2**30
-        L.append(f"| {r['rank']} | " + " | ".join(str(r.get(c, 0)) for c in coords) + f" | {r['local_tokens']} | "
+        L.append(f"| {r['rank']} | " + " | ".join(str(r.get(c, 0)) for c in coords) + f" | {_rank_tokens(r)} | "
                  f"{_f(r['iteration_s'])} | {_f(r['iteration_rel_error'], '{:+.1%}') if comparable else NOT_COMPARABLE} | "
                  f"{_f(r['layer_forward_s'])} | {_f(r['layer_backward_s'])} | "
                  + " | ".join(_f(r["busy_s"].get(s)) for s in streams)
@@ -797,6 +828,7 @@ def per_rank_markdown(rows: list[dict], predicted_iteration: float | None, memor
                  + (f" | {_f(r.get('ring_stall_s'))}" if ring else "")
                  + f" | {_f(mem, '{:.2f}')} | {_f(r['last_loss'], '{:.6f}')} |")
     sp = spread([r["iteration_s"] for r in rows])
+    L += ["", tokens_note(rows)]
     if unpriced:
         L += ["", "ep_comm busy s: the dispatch and combine all-to-alls the simulator prices (as the stream rows); "
               "ep unpriced s: the per-expert counts' and router weights' all-to-alls, which it does not price."]
@@ -807,12 +839,29 @@ def per_rank_markdown(rows: list[dict], predicted_iteration: float | None, memor
     return "\n".join(L)
 
 
+def _rank_tokens(row: dict) -> int:
+    """The tokens column of a rank: the iteration's (`rank_rows`), else one micro-batch's (a row without them)."""
+    return row.get("iteration_tokens", row["local_tokens"])
+
+
+def tokens_note(rows: list[dict]) -> str:
+    """What the 'Per rank' table's tokens column counts (`rank_rows`)."""
+    r = rows[0] if rows else {}
+    if "iteration_tokens" not in r:
+        return ("tokens: the token rows of one micro-batch on the rank (its share under sequence, context and "
+                "Ulysses parallelism), not the iteration's.")
+    return (f"tokens: the token rows the rank's layers ran in one iteration, as the headline tokens/s counts an "
+            f"iteration: {r['micro_batches']} micro-batch(es) of {r['local_tokens']} rows on rank {r['rank']} (a "
+            f"micro-batch's share under sequence, context and Ulysses parallelism; measured.json's per_rank rows keep "
+            f"it as local_tokens).")
+
+
 def write_rank_outputs(payloads: list[dict], res0, out_dir: str | Path, plan_file: str | Path,
                        paths: dict, comparison) -> list[dict]:
     """Rank 0: merged trace and measured timeline, per-rank rows appended to report.md."""
     out = Path(out_dir)
     pred = comparison.predicted_iteration()  # the totals' prediction (--profile re-predicts it)
-    rows = rank_rows(payloads, pred)
+    rows = rank_rows(payloads, pred, res0.plan.micro_batches)
     meta = dict(res0.meta)
     meta.update({"plan_file": str(plan_file), "per_rank": rows, "iteration_spread": spread([r["iteration_s"]
                                                                                            for r in rows])})
@@ -845,10 +894,11 @@ def rank_figures(payloads: list[dict], rows: list[dict], tl: Timeline, res0, com
     draw = {
         "timeline.png": lambda p: gantt_figure(shown, p, devices=ids, note=note),
         "memory.png": lambda p: memory_figure(shown, p),
-        "layers.png": lambda p: layer_figure(res0.plan.layer_timings_s or {},
+        "layers.png": lambda p: layer_figure(comparison.layer_timings,
                                              [(name[r], by_rank[r]["steady"]) for r in ids],
                                              [(name[r], last[r]["per_layer"]) for r in ids],
-                                             last[ids[0]]["step"], p, note),
+                                             last[ids[0]]["step"], p, note,
+                                             predicted_from=comparison.layer_timings_from),
     }
     if comparison.predicted_timeline is not None:
         draw["gantt_overlay.png"] = lambda p: overlay_gantt(

@@ -66,7 +66,10 @@ EXPECTED = {"attention": ("materialised", "flash", "time"), "grad_overlap": (Fal
             # memo-exec's Ulysses backward sends q, k, v and out again besides the gradients (a Ulysses layout)
             "ulysses_bwd_resend": (True, False, "time"),
             # memo-exec's ring sends its dK/dV accumulators in fp32, twice a bf16 model's bytes (a CP layout)
-            "ring_dkv_fp32": (True, False, "time")}
+            "ring_dkv_fp32": (True, False, "time"),
+            # memo-exec keeps the embedding's, the untied head's and the final norm's gradients whole together under
+            # ZeRO 2 / 3, where buckets hold one vocabulary matrix at a time (an untied model)
+            "head_grads_unit": (True, False, "model states")}
 
 
 @pytest.mark.parametrize("mechanism", sorted(MECHANISMS))
@@ -75,7 +78,7 @@ def test_each_mechanism_moves_the_prediction_the_expected_way(mechanism):
 
     assert set(EXPECTED) == set(MECHANISMS)  # a new switch needs its expected direction here
     worse_v, better_v, what = EXPECTED[mechanism]
-    model = get_model("llama-3.1-8b" if mechanism == "ulysses_kv" else "gpt-7b")
+    model = get_model("llama-3.1-8b" if mechanism in ("ulysses_kv", "head_grads_unit") else "gpt-7b")
     prof = load_profile("h100-sxm5-80gb" if mechanism == "block_attention" else "a100-sxm4-80gb")
     base = {"ring_merge": Layout(tp=4, cp=2), "ulysses_kv": Layout(ulysses=4, dp=2, zero=3),
             "ulysses_bwd_resend": Layout(ulysses=4, dp=2, zero=3), "ring_dkv_fp32": Layout(tp=4, cp=2),
@@ -91,6 +94,11 @@ def test_each_mechanism_moves_the_prediction_the_expected_way(mechanism):
         pol = get_policy("memo", 0.37)
         assert (memory_breakdown(model, worse, 1, 65536, pol, prof).host_bytes_per_node
                 > memory_breakdown(model, better, 1, 65536, pol, prof).host_bytes_per_node)
+    elif what == "model states":  # ZeRO 2's whole gradients beside the shards
+        from memo_sim.cost.memory import model_state_bytes
+
+        worse, better = (replace(Layout(dp=8, zero=2), **{MECHANISMS[mechanism]: v}) for v in (worse_v, better_v))
+        assert model_state_bytes(model, worse) > model_state_bytes(model, better)
     elif what == "allocator retries":  # an unplanned policy's iteration under the caching allocator
         from memo_sim.memplan.iteration_replay import replay_iteration
 

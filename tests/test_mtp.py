@@ -305,8 +305,9 @@ def test_zero_gathers_the_modules_weights_before_the_head():
 def test_interleaved_last_chunk_keeps_each_micro_batchs_module_activations():
     """The modules' activations live from the head to the micro-batch's backward step (they run backward first in
     it, as Megatron-LM's and memo-exec's do): on the last stage one set per micro-batch in flight on the last chunk,
-    which interleaved 1F1B has pp of at m = pp (every forward of the warm-up before the first backward), one
-    otherwise. Simulated and analytic (`pipeline_memory`) peaks agree."""
+    one under interleaved 1F1B at m = pp as at m = 3 pp (its warm-up, (p - s - 1) x 2 + (v - 1) x p forwards, runs
+    the last stage's first chunk only, as Megatron-LM's since 4295be1a6c; before, every forward warmed up at m = pp
+    and the last chunk held pp sets). Simulated and analytic (`pipeline_memory`) peaks agree."""
     from memo_sim.cost.memory import mtp_activation_bytes
     from memo_sim.engine.simulate import simulate
     from memo_sim.policy import get_policy
@@ -327,7 +328,7 @@ def test_interleaved_last_chunk_keeps_each_micro_batchs_module_activations():
             assert peak[mtp] == pytest.approx(rows[3]["peak_gpu_bytes"])
         grown[m] = peak[1] - peak[0]
     kept = mtp_activation_bytes(replace(base, mtp_layers=1), stage_shard(lay), 1, 4096)
-    assert grown[4] - grown[12] == pytest.approx(3 * kept)
+    assert grown[4] == pytest.approx(grown[12]) and grown[4] >= kept
 
 
 TOY_MTP = ("name: toy\nlayers: 4\nhidden: 256\nheads: 4\nkv_heads: 2\nffn: 512\nvocab: 1024\nffn_type: swiglu\n"

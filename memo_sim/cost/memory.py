@@ -3,8 +3,10 @@
 Model states follow the model's mixed-precision recipe (`memo_sim.model.precision`; default
 Megatron-LM bf16: 2 + 4 + 4 + 8 = 18 bytes per parameter), sharded by ZeRO over the DP x CP x
 Ulysses group as the recipe says; ZeRO-3 also keeps two layers' gathered weights live for
-prefetch, and ZeRO-2 and 3 a layer's and the output head's whole gradients before they are
-reduce-scattered into their shards. TP divides everything, the embedding/classifier too (vocab-parallel).
+prefetch, and ZeRO-2 and 3 a layer's and the output head's whole gradients (memo's executor: the embedding /
+head / final norm unit's, ``Layout.head_grads_unit``) before they are reduce-scattered into their shards (a MoE
+layer's routed experts only where their expert data-parallel group shards them: `sharded_layer_params`). TP divides
+everything, the embedding/classifier too (vocab-parallel).
 
 A quantised GEMM format (FP8) adds its copies of the linear weights (`memo_sim.cost.gemm_format`).
 
@@ -46,9 +48,8 @@ def model_state_parts(model: ModelConfig, layout: Layout, experts_only: bool = F
     sharded over other groups than the dense parameters, so each part has its own share)."""
     r = model.recipe
     g = model_gpu_params(model, layout)  # dense and routed-expert parts (`memo_sim.cost.param_split`)
-    lay = layer_gpu_params(model, layout)
-    p, sh, layer = (g.expert_local, g.expert_sharded, lay.expert_local) if experts_only else (g.local, g.sharded,
-                                                                                             lay.local)
+    p, sh = (g.expert_local, g.expert_sharded) if experts_only else (g.local, g.sharded)
+    layer = sharded_layer_params(model, layout, experts_only)
     z = layout.zero
     flavour = layout.dp_flavour
     gathered = flavour.gathered_layers(layout, model.layers)
@@ -76,12 +77,38 @@ def model_state_parts(model: ModelConfig, layout: Layout, experts_only: bool = F
             # ZeRO 2 / 3: gradients sharded, but each one is produced whole by the backward and reduce-scattered into
             # its shard afterwards: one layer's whole gradients (memo's executor: the layers' shared workspace;
             # DeepSpeed: the bucket they are copied into; FSDP2: the unsharded gradient cast to its reduce dtype)
-            # and the output head's (its vocab share under TP; the first unit in memo's executor, which keeps it
-            # whole to the step)
-            "unsharded_grads": r.grad_bytes * (layer + (0.0 if experts_only else vocab_share)) if z >= 2 else 0.0,
+            # and the output head's (its vocab share under TP: a framework's buckets reduce-scatter it before the
+            # embedding's gradient is made), or where the layout says so (``head_grads_unit``: memo's executor) the
+            # unit of the embedding, the untied head and the final norm, whole together to the step
+            "unsharded_grads": r.grad_bytes * (layer + (0.0 if experts_only else unsharded_head_params(model, layout)
+                                                        if layout.head_grads_unit else vocab_share))
+            if z >= 2 else 0.0,
             # a quantised GEMM format's weight copies: every layer's, or only the gathered ones under ZeRO-3
             "quantised_weights": weight_cache_bytes(model, gathered if z >= 3 else model.layers + model.mtp_layers,
                                                     layout, experts_only)}
+
+
+def sharded_layer_params(model: ModelConfig, layout: Layout, experts_only: bool = False) -> float:
+    """One layer's parameters on one GPU that ZeRO 2 / 3 shards, and so holds whole only for a while (its gradients
+    before their reduce-scatter, under ZeRO 3 its gathered weights): the dense part, and the routed experts only where
+    their expert data-parallel group (``Layout.expert_dp``) has more than one rank. With ep x etp = dp x tp the group
+    is one rank: nothing shards the experts, whose whole weights and gradients the ``weights`` and ``grads`` parts
+    already count (memo's executor: its experts' `memo_exec.distributed.zero.GradSync` runs ZeRO 0 over a group of
+    one, ``zero = zero if size > 1 else 0``; Megatron-Core's distributed optimizer shards them over the expert
+    data-parallel group, ``megatron/core/distributed/distributed_data_parallel.py`` ``expt_dp_group``, line 150, as
+    `memo_sim.cost.param_split` prices them). ``experts_only``: the experts' part alone."""
+    lay = layer_gpu_params(model, layout)
+    experts = lay.expert_local if layout.expert_dp > 1 else 0.0
+    return experts if experts_only else lay.local - lay.expert_local + experts
+
+
+def unsharded_head_params(model: ModelConfig, layout: Layout) -> float:
+    """The parameters of the unit outside the layers on one GPU -- the token embedding, the head where it is not tied
+    to it (each its vocab share under TP) and the final norm (whole on every TP rank) -- whose gradients memo's
+    executor keeps whole to the step under ZeRO 2 / 3 (`memo_exec.distributed.zero`, unit 0: "unit 0 keeps its
+    own"); `ModelConfig.embedding_params` split as the model's are."""
+    matrices = (1 if model.tied_embeddings else 2) * model.vocab * model.hidden
+    return matrices / layout.tp + model.norm_params
 
 
 def model_state_bytes(model: ModelConfig, layout: Layout) -> float:

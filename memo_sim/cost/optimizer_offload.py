@@ -2,10 +2,16 @@
 ``--optimizer-cpu-offload``, its HybridDeviceOptimizer with the whole shard offloaded; DeepSpeed's
 ZeRO-Offload, ``zero_optimization.offload_optimizer``), written once.
 
-With ``Layout.optimizer_offload`` the fp32 master weights and Adam's two moments of the shard a GPU
-updates (the precision recipe's ``master_bytes + optimizer_bytes`` per parameter, sharded as ZeRO
-says) live in the host's memory, beside an fp32 copy of the shard's gradients; the GPU keeps the
-working weights and the gradient buffer. Each step then:
+With ``Layout.optimizer_offload`` an fp32 copy of the weights and Adam's two moments of the shard a GPU
+updates (``HOST_MASTER_BYTES + optimizer_bytes`` per parameter, sharded as ZeRO says) live in the host's
+memory, beside an fp32 copy of the shard's gradients; the GPU keeps the working weights and the gradient
+buffer. The host's weight copy is there whatever the precision recipe: with the fp32 recipe (no master copy on
+the GPU, ``master_bytes`` 0) the host still needs weights of its own to run Adam on, as Megatron-Core's
+HybridDeviceOptimizer clones every offloaded GPU parameter to the host whatever its dtype
+(``megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py`` ``_get_sub_optimizer_param_groups``,
+``param.detach().clone().cpu().pin_memory()``, line 274 at d98e8a64) and keeps a host gradient of the same
+dtype beside it (``_set_sub_optimizer_grads``, lines 109-112); memo-exec's `memo_exec.optim_offload.HostAdamW`
+holds the same 16 bytes per parameter. Each step then:
 
 1. copies the shard's gradients to the host (the recipe's ``grad_bytes`` per parameter) over the
    GPU's host link, every GPU of the node the job uses at once (`memo_sim.cost.transfer.host_copy_time` with
@@ -32,6 +38,9 @@ from memo_sim.profile.schema import HardwareProfile
 FP32 = 4
 # Adam on the host per parameter: read master, m, v and the fp32 gradient (4 x 4), write master, m, v (3 x 4)
 CPU_ADAM_BYTES_PER_PARAM = 7 * FP32
+# the host's fp32 weights Adam updates: the recipe's master copy moved off the GPU, or (fp32 recipe, whose GPU
+# weights are the master) a copy of the GPU's weights (module docs)
+HOST_MASTER_BYTES = FP32
 
 
 def shard_params(params: GpuParams, layout: Layout) -> float:
@@ -41,12 +50,13 @@ def shard_params(params: GpuParams, layout: Layout) -> float:
 
 
 def host_state_bytes(model: ModelConfig, layout: Layout, params: GpuParams) -> float:
-    """Host bytes one GPU's offloaded optimizer holds: master weights, Adam's moments and the fp32
-    gradient copy of its shard (0 without offload)."""
+    """Host bytes one GPU's offloaded optimizer holds: fp32 master weights (``HOST_MASTER_BYTES``, whatever
+    the recipe's ``master_bytes``: module docs), Adam's moments and the fp32 gradient copy of its shard
+    (0 without offload)."""
     if not layout.optimizer_offload:
         return 0.0
     r = model.recipe
-    return (r.master_bytes + r.optimizer_bytes + FP32) * shard_params(params, layout)
+    return (HOST_MASTER_BYTES + r.optimizer_bytes + FP32) * shard_params(params, layout)
 
 
 def offloaded_step_seconds(model: ModelConfig, layout: Layout, params: GpuParams, profile: HardwareProfile) -> float:

@@ -43,6 +43,10 @@ policies, and how it runs what the simulator models as a switch
   memo_exec/distributed/attention.py UlyssesAttention.backward), where an autograd implementation keeps the
   head-sharded tensors from the forward and sends the gradients alone (DeepSpeed's _SeqAllToAll, Megatron's
   TransformerEngine a2a CP; `memo_sim.cost.layer_time`);
+- ``head_grads_unit`` (optional, default false): under ZeRO 2 / 3 the framework holds the gradients of the
+  embedding, an untied head and the final norm whole together until the step (memo's executor's first gradient
+  unit, memo_exec/distributed/zero.py), where per-parameter buckets reduce-scatter the head's before the
+  embedding's is made (`memo_sim.cost.memory.model_state_parts`);
 - ``ring_dkv_fp32`` (optional, default false): the framework's ring CP accumulates the travelling dK/dV in fp32
   and sends them so (memo's executor, `memo_exec.device.acc_dtype`), where TransformerEngine's p2p CP sends them in
   the model's dtype (`memo_sim.cost.ring_attention.ring_shift_bytes`; PyTorch's CP says its own through
@@ -123,7 +127,7 @@ MECHANISMS = {"attention": "attention", "block_attention": "block_attention", "g
               "nccl_record_stream": "nccl_record_stream", "kernel_fusion": "kernel_fusion",
               "sp_regather_overlap": "sp_regather_overlap", "ring_merge": "ring_merge",
               "ulysses_kv": "ulysses_kv", "ulysses_bwd_resend": "ulysses_bwd_resend",
-              "ring_dkv_fp32": "ring_dkv_fp32"}
+              "ring_dkv_fp32": "ring_dkv_fp32", "head_grads_unit": "head_grads_unit"}
 
 
 class _ExpertsIn(BaseModel):
@@ -202,6 +206,7 @@ class _MechanismsIn(BaseModel):
     ulysses_kv: Literal[ULYSSES_KV_RULES] = "minimal"  # K/V heads before Ulysses' all-to-all (`layout.kv_heads`)
     ulysses_bwd_resend: bool = Field(False, strict=True)  # Ulysses' backward re-sends q, k, v, out, dout
     ring_dkv_fp32: bool = Field(False, strict=True)  # ring CP's dK/dV travel in fp32
+    head_grads_unit: bool = Field(False, strict=True)  # ZeRO 2 / 3: embedding, head, norm gradients whole together
 
     @model_validator(mode="after")
     def _conf(self):
@@ -429,6 +434,7 @@ def mechanism_changes(mine: Layout, theirs: Layout, profile) -> list[str]:
     eff = profile.efficiency
     moot = {"ulysses_kv": theirs.ulysses == 1, "ring_merge": theirs.cp == 1,
             "ulysses_bwd_resend": theirs.ulysses == 1, "ring_dkv_fp32": theirs.cp == 1,
+            "head_grads_unit": theirs.zero < 2,
             "sp_regather_overlap": not (theirs.tp > 1 and theirs.sp),
             "attention": theirs.runs_blocks() or eff.priced_attention_kernel(mine.attention)
             == eff.priced_attention_kernel(theirs.attention),

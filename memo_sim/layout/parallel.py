@@ -103,7 +103,11 @@ framework's data) where a framework's autograd keeps the head-sharded tensors an
 then dq, dk, dv: False, left out of `Layout.to_dict`; `memo_sim.cost.layer_time`). ``ring_dkv_fp32``: ring CP's
 dK/dV accumulators travel in fp32 (memo's executor accumulates them in `memo_exec.device.acc_dtype`; True, set by
 the ``any`` framework's data) rather than the model's dtype (TransformerEngine's p2p CP; False, left out of
-`Layout.to_dict`; `memo_sim.cost.ring_attention.ring_shift_bytes`).
+`Layout.to_dict`; `memo_sim.cost.ring_attention.ring_shift_bytes`). ``head_grads_unit``: under ZeRO 2 / 3 the
+gradients of the embedding, an untied head and the final norm are held whole together until the step (memo's
+executor: its first gradient unit; True, set by the ``any`` framework's data), where a framework's per-parameter
+buckets reduce-scatter the head's before the embedding's is made (one vocabulary matrix whole at a time: False,
+left out of `Layout.to_dict`; `memo_sim.cost.memory.model_state_parts`).
 """
 
 from __future__ import annotations
@@ -169,6 +173,7 @@ class Layout:
     ulysses_kv: str = "minimal"  # K/V heads before Ulysses' all-to-all: minimal | query_heads (`layout.kv_heads`)
     ulysses_bwd_resend: bool = False  # Ulysses' backward sends q, k, v, out and dout again (module docs)
     ring_dkv_fp32: bool = False  # ring CP's dK/dV accumulators travel in fp32 (module docs)
+    head_grads_unit: bool = False  # ZeRO 2 / 3: embedding, head and final norm gradients whole together (module docs)
     memory_plan: bool = False  # a static memory plan places the transients whatever the policy (`policy.base.uses_memory_plan`)
     optimizer_offload: bool = False  # master weights, Adam and its step on the host (`cost.optimizer_offload`)
     # uneven pipeline stages (Megatron-LM's --decoder-first/last-pipeline-num-layers; 0: not set): the first
@@ -407,6 +412,8 @@ class Layout:
             del d["ulysses_bwd_resend"]
         if not self.ring_dkv_fp32:  # and plans whose ring sends dK/dV in the model's dtype theirs
             del d["ring_dkv_fp32"]
+        if not self.head_grads_unit:  # and plans whose head gradients go out bucket by bucket theirs
+            del d["head_grads_unit"]
         if not self.memory_plan:  # and plans on the allocator their policy runs with theirs
             del d["memory_plan"]
         if not self.optimizer_offload:  # and plans with the optimizer on the GPU theirs
@@ -457,6 +464,7 @@ class _LayoutIn(BaseModel):
     ulysses_kv: Literal[ULYSSES_KV_RULES] = "minimal"
     ulysses_bwd_resend: bool = Field(False, strict=True)
     ring_dkv_fp32: bool = Field(False, strict=True)
+    head_grads_unit: bool = Field(False, strict=True)
     memory_plan: bool = Field(False, strict=True)
     optimizer_offload: bool = Field(False, strict=True)
     first_stage_layers: Annotated[int, Field(strict=True, ge=0, le=1 << 12)] = 0
