@@ -121,7 +121,8 @@ def test_presets_found_by_hugging_face_names(hf_name, preset):
 # G: LayerNorm models were exported with learned absolute positions, which memo neither counts nor prices
 NEOX = {"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox", "hidden_size": 2048,
         "intermediate_size": 8192, "num_attention_heads": 16, "num_hidden_layers": 24, "vocab_size": 50304,
-        "rotary_pct": 0.25, "rotary_emb_base": 10000, "use_parallel_residual": False, "hidden_act": "gelu", "torch_dtype": "float16"}
+        "rotary_pct": 0.25, "rotary_emb_base": 10000, "use_parallel_residual": False, "hidden_act": "gelu",
+        "torch_dtype": "float16"}
 
 
 def _export_words(model, framework: str) -> list[str]:

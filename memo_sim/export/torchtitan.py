@@ -81,7 +81,8 @@ QWEN3_EPS = 1e-6
 QWEN3_MOE_BASE = "qwen3_30b_a3b"  # the one Qwen3 MoE pretraining configuration (config_registry.py at SOURCE)
 # the rotary table each flavour is built with (RoPE.Config.max_context_length at SOURCE: llama3/__init__.py _8b, _70b,
 # _405b 131072; qwen3/__init__.py _8b, _14b, _32b, _30b_a3b, _235b_a22b 40960; deepseek_v3/__init__.py _671b and
-# _16b 4096 * 4; gpt_oss/__init__.py _20b, _120b 131072). Decoder.Config.update_from_config (models/common/decoder.py) raises
+# _16b 4096 * 4; gpt_oss/__init__.py _20b, _120b 131072). Decoder.Config.update_from_config (models/common/decoder.py)
+# raises
 # "Training sequence length ... exceeds attention RoPE maximum supported sequence length" where
 # training.max_context_length is longer than the first attention layer's, then sets every layer's to it: the export
 # sets each layer's attention.rope.max_context_length to the plan's sequence where it is longer (the table's length
@@ -312,7 +313,8 @@ def _microbatch_gap(plan: Plan) -> list[Gap]:
         return []
     batch = lay.pp * plan.micro_batch
     return [Gap(f"1F1B with {m} micro-batch{'es' if m != 1 else ''} over {lay.pp} pipeline stages",
-                f"{lay.pp} micro-batches of {plan.micro_batch}, the replica's batch raised to {batch} sequences ({why})",
+                f"{lay.pp} micro-batches of {plan.micro_batch}, the replica's batch raised to {batch} sequences "
+                f"({why})",
                 PlanChange(batch=batch))]
 
 

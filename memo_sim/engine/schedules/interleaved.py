@@ -7,10 +7,10 @@ micro-batch. Rank s runs ``(p - s - 1)·2 + (v - 1)·p`` warm-up forwards (at mo
 alternates one forward and one backward, then drains (Megatron-LM's
 ``forward_backward_pipelining_with_interleaving``, `get_pp_rank_microbatches` at d98e8a64; m a multiple of p;
 PyTorch's ``ScheduleInterleaved1F1B``, which torchtitan runs, warms up as many). Megatron-LM before 4295be1a6c
-(2024-11-01) warmed up all m·v where m = p; memo orders its older versions as today's (module docs of
-`memo_sim.frameworks`' megatron@2021-2023 data say so): the last stages then held more chunks in flight. With equal chunk times the
-bubble is (p - 1) / (v·m) of the work; a rank holds more chunks' activations in flight than 1F1B
-(its warm-up is longer), each 1/v of a stage's. The op graph is
+(2024-11-01) warmed up all m·v where m = p; memo orders its older versions as today's (the megatron@2021-2023
+framework data say so): the last stages then held more chunks in flight. With equal chunk times the bubble is
+(p - 1) / (v·m) of the work; a rank holds more chunks' activations in flight than 1F1B (its warm-up is longer),
+each 1/v of a stage's. The op graph is
 `memo_sim.engine.schedules.microbatch`'s.
 """
 

@@ -496,7 +496,8 @@ class _MicrobatchBuilder:
             start = held(st.mb, layer, self.kept) + (
                 (MemAction("gpu", mb_tensor(st.mb, f"L{layer}.slot"), slot),) if slot else ())
             w = output_write_waits_for(u, n_f) if slot else None
-            ops, tail = emit_chain(g, self.phase_costs("fwd", st.mb, layer), device=d, layer=layer, phase="fwd", deps=deps,
+            ops, tail = emit_chain(g, self.phase_costs("fwd", st.mb, layer), device=d, layer=layer, phase="fwd",
+                                   deps=deps,
                                    layout=self.shard, profile=self.profile,
                                    mem_start=start + (working(st.mb, layer, "fwd"),),
                                    mem_end=(working(st.mb, layer, "fwd", -1.0),),
@@ -576,7 +577,8 @@ class _MicrobatchBuilder:
                 deps = tail
             freed = held(st.mb, layer, rec_alloc + self.kept, -1.0) + (
                 (MemAction("gpu", mb_tensor(st.mb, f"L{layer}.slot"), -slot),) if slot else ())
-            ops, tail = emit_chain(g, self.phase_costs("bwd", st.mb, layer), device=d, layer=layer, phase="bwd", deps=deps,
+            ops, tail = emit_chain(g, self.phase_costs("bwd", st.mb, layer), device=d, layer=layer, phase="bwd",
+                                   deps=deps,
                                    layout=self.shard, profile=self.profile, mem_start=(working(st.mb, layer, "bwd"),),
                                    mem_end=(working(st.mb, layer, "bwd", -1.0),) + freed)
             sched.phases[(s, st.mb, layer, "bwd")] = ops
