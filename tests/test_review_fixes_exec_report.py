@@ -21,14 +21,12 @@ from memo_exec.cli import cli
 from memo_sim.policy import get_policy
 from memo_sim.plan.schema import write_plan
 from tests.exec_helpers import make_plan, time_limit
+from tests.test_exec_cli import LT, PRED  # the plan's predicted values and layer timings the CLI tests use
 from memo_sim.model.config import ModelConfig
 
 torch.set_num_threads(1)
 
 SMALL = ModelConfig("review-test", 2, 64, 4, 256, vocab=128)
-PRED = {"status": "OK", "iteration_s": 0.05, "mfu": 0.4, "tgs_tokens_per_gpu_s": 5000.0, "peak_gpu_bytes": 2.0e8,
-        "peak_host_bytes_per_node": 1.0e6, "exposed_copy_s": 0.0}
-LT = {"forward": 0.004, "backward": 0.008, "recompute": 0.001, "offload": 0.002, "prefetch": 0.002}
 
 
 @pytest.fixture(autouse=True)
