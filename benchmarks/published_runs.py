@@ -1297,6 +1297,10 @@ HISTORY = (
       "moe-zoo-qwen3-235b-long-32k-forced": -0.091, "moe-zoo-qwen3-235b-long-32k-dropless": -0.248,
       "moe-zoo-qwen3-235b-long-64k-forced": -0.064, "moe-zoo-qwen3-235b-long-64k-dropless": -0.186,
       "moe-zoo-qwen3-235b-long-128k-dropless": -0.127}),
+    ("5682aa3", "2026-12-01", "before interleaved 1F1B at as many micro-batches as stages warmed up every chunk "
+     "forward (Megatron-LM's rule before 4295be1a6c, 2024-11-01; PyTorch's ScheduleInterleaved1F1B, which torchtitan "
+     "runs, warms up (v - 1) x p + 2 (p - 1 - s) in every version, `_get_warmup_ops`)",
+     {"torchtitan-t5-interleaved": -0.114}),
 )
 
 
@@ -1496,6 +1500,13 @@ STEPS = (
      "in its layout and the bound search's fixed batch moved no row: dense 39 predicted at 11.1% / 28.8%, "
      "long-context 20 at 15.1% / 28.8%, the FP8 rows 12 at 14.1% / 28.8%, the MoE group 18 at 18.5% / 47.1%, its "
      "long-context subgroup 8 at 15.2% / 30.8%"),
+    ("interleaved warm-up", "interleaved 1F1B at m = pp warms up (v - 1) x p + 2 (p - 1 - s) chunk forwards as "
+     "Megatron-LM has since 4295be1a6c and PyTorch's ScheduleInterleaved1F1B always has, where every chunk forward "
+     "warmed up: torchtitan's Table 5 interleaved row (8 micro-batches over 8 stages) -11.4% to -13.9%, a shorter "
+     "bubble; in the same run a pipeline's layers at their own attention kind, framework any's Ulysses backward and "
+     "ring dK/dV, a MoE layer's experts whole where their expert data-parallel group is one rank and the optimizer "
+     "host copy moved no row: dense 39 predicted at 11.2% / 28.8%, long-context 20 at 15.1% / 28.8%, the FP8 rows 12 "
+     "at 14.3% / 28.8%, the MoE group 18 at 18.5% / 47.1%, its long-context subgroup 8 at 15.2% / 30.8%"),
 )
 
 
