@@ -210,7 +210,9 @@ def live_at_peak(res: SimResult, device: int, samples: list, k: int) -> tuple[di
     return {n: b for n, b in live.items() if abs(b) > tol}, cause
 
 
-_LAYER_TENSOR = re.compile(r"^(?:mb(?P<mb>\d+)\.)?L(?P<layer>\d+)(?:@(?P<tag>[^.]+))?\.(?P<rest>.+)$")
+# a tag may hold a dot: a multiplexed SPPO piece split again is ``s0.1`` (`memo_sim.cost.sppo.Piece.tag`; a review:
+# "1.skeletal" read as the role "1", the split pieces' rows left out of the kept activations)
+_LAYER_TENSOR = re.compile(r"^(?:mb(?P<mb>\d+)\.)?L(?P<layer>\d+)(?:@(?P<tag>s\d+(?:\.\d+)?|[^.]+))?\.(?P<rest>.+)$")
 _WORKING = ("fwd.working", "bwd.working", "recompute.working")
 ROLE_WORDS = {"input": "kept input", "skeletal": "kept activations", "lse": "attention lse",
               "recomputed": "recomputed tensors", "scores": "kept attention scores",

@@ -40,7 +40,7 @@ from memo_sim.layout.parallel import ExpertChoice, Layout, default_reason, enume
 from memo_sim.layout.pipeline_layout import OPTION as LAYOUT_OPTION
 from memo_sim.layout.ring_merge import whole_sequence_only
 from memo_sim.layout.schedule import SCHEDULE_NAMES, check_schedule, default_schedule, schedule_runs_policy
-from memo_sim.tp import TP_MODES
+from memo_sim.tp import TP_MODES, tp_flavour
 from memo_sim.memplan.footprint import memory_breakdown
 from memo_sim.model.config import ModelConfig
 from memo_sim.policy import get_policy, policy_class, policy_names, prices_model
@@ -156,6 +156,27 @@ def _chunk_layout_vpp(chunks: tuple[int, ...], pp: int | None, vpp: int | None, 
     if v > 1 and "interleaved_1f1b" not in allowed:
         raise MemoError(f"{opt}: {v} stages per rank run the interleaved_1f1b schedule, which is left out")
     return v
+
+
+def _sppo_flags_why_not(dp_mode, rank_order, allocator, vpp, schedules, first, last, chunks, micro_batch, tp_mode,
+                        tp, sp, pp, multiplex) -> None:
+    """Refuse, in one line, a flag SPPO's search does not take where SPPO is the only policy asked for: it runs even
+    stages of its own schedule with ZeRO 0 or 1 beside them, in memo's rank order, on the caching allocator, and
+    splits a stage's tokens by Megatron TP with SP (a review: --dp-mode fsdp, --rank-order and --allocator plan were
+    ignored, and --vpp 2, --schedule 1f1b or --tp-mode metp named unrelated reasons)."""
+    flags = [(dp_mode not in (None, "zero"), f"--dp-mode {dp_mode}"), (rank_order is not None, "--rank-order"),
+             (allocator != "caching", f"--allocator {allocator}"), (vpp is not None and vpp > 1, f"--vpp {vpp}"),
+             (bool(schedules) and set(schedules) != {"sppo"}, "--schedule other than sppo"),
+             (first is not None or last is not None, "--decoder-first/last-pipeline-num-layers"),
+             (bool(chunks), "--pipeline-model-parallel-layout"), (micro_batch is not None, "--micro-batch"),
+             (tp_mode not in ("all", "megatron"), f"--tp-mode {tp_mode}"), (tp is not None and tp > 1 and sp is False,
+                                                                         "--no-sp"),
+             (bool(multiplex) and pp == 1, "--multiplex with --pp 1 (multiplexing needs pp >= 2)")]
+    said = [words for on, words in flags if on]
+    if said:
+        raise MemoError(f"--policy sppo does not take {', '.join(said)}: SPPO runs even stages of its own schedule, "
+                        f"ZeRO 0 or 1 beside them, Megatron TP with SP inside, memo's rank order and the caching "
+                        f"allocator; drop {'it' if len(said) == 1 else 'them'} or ask for another --policy")
 
 
 def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, *, batch: int | None = None,
@@ -298,6 +319,17 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     sppo_fixed = subseqs is not None or partition is not None or multiplex is not None
     if sppo_fixed and not sppo_pols:
         raise MemoError("--subseqs, --partition and --multiplex plan SPPO pipelines: add --policy sppo")
+    if tp_mode not in ("all", "megatron"):  # a fixed flavour's own degree and SP rules, named (a review: --tp 1
+        # --tp-mode metp said 'no factorisation of the GPU count matches the fixed degrees')
+        fl = tp_flavour(tp_mode)
+        if tp is not None and tp < fl.min_tp:
+            raise MemoError(f"--tp-mode {tp_mode} needs --tp {fl.min_tp} or more, got --tp {tp}")
+        if fl.requires_sp and sp is False:
+            raise MemoError(f"--tp-mode {tp_mode} shards every activation over the TP ranks as Megatron SP does: "
+                            f"drop --no-sp")
+    if sppo_pols and not plain:  # SPPO alone: a flag its search does not take is refused, not ignored (a review)
+        _sppo_flags_why_not(dp_mode, rank_order, allocator, vpp, schedules, first_stage_layers, last_stage_layers,
+                            chunk_layers, micro_batch, tp_mode, tp, sp, pp, multiplex)
     if vpp is not None and vpp > 1 and "interleaved_1f1b" not in allowed:
         raise MemoError(f"--vpp {vpp}: virtual stages run the interleaved_1f1b schedule, which "
                         f"{'--schedule' if schedules else fw.name} leaves out")

@@ -35,6 +35,19 @@ class Metp(MetpFfn):
             return (f"memo's executor builds two-level METP attention around a QKV bias (memo_exec.metp.flavour) and "
                     f"{model.name} has none (bias {model.bias}); the simulator offers only plans it runs: use "
                     f"metp_ffn (METP on the FFN, Megatron TP on attention)")
+        # the executor's other build limits (memo_exec.metp.flavour FULL_METP_ARCHITECTURE), which `memo_sim.cost.metp`
+        # prices no other way either (a review: --head-dim 256 priced at the hidden width, 70.7% MFU; a sliding
+        # window priced as full causal attention)
+        if model.qk_norm or model.qk_head_dim * model.heads != model.hidden or model.value_head_dim != model.qk_head_dim:
+            return (f"two-level METP attention is built and priced for heads of hidden / heads without QK norms; "
+                    f"{model.name} has {model.heads} heads of {model.qk_head_dim} in {model.hidden}"
+                    f"{' and QK norms' if model.qk_norm else ''}: use metp_ffn (METP on the FFN, Megatron TP on "
+                    f"attention)")
+        what = [n for n, on in (("sliding windows", model.sliding_layers), ("chunked attention", model.chunked_layers),
+                                ("attention sinks", model.attention_sinks)) if on]
+        if what:
+            return (f"two-level METP attention runs full causal attention round its inner K/V ring; {model.name} has "
+                    f"{' and '.join(what)}: use metp_ffn (METP on the FFN, Megatron TP on attention)")
         if model.n_kv_heads % layout.tp:
             return f"kv heads ({model.n_kv_heads}) not divisible by tp ({layout.tp}) (METP's outer loop over head groups)"
         return None
