@@ -47,3 +47,17 @@ def test_explain_reads_a_split_sppo_pieces_tag():
     m = _LAYER_TENSOR.match("L3@s0.1.skeletal")
     assert (m["layer"], m["tag"], m["rest"]) == ("3", "s0.1", "skeletal")
     assert _LAYER_TENSOR.match("mb1.L3.fwd.working")["rest"] == "fwd.working"
+
+
+def test_the_executors_fp8_refusal_of_a_moe_plan_offers_bf16_alone():
+    """A review: a MoE fp8-rowwise plan was told to plan fp8-tensorwise under --framework any, which the executor then
+    refuses for its experts."""
+    from dataclasses import replace
+
+    from memo_sim.plan.executor_scope import gemm_why_not
+
+    moe = replace(get_model("qwen3-30b-a3b"), gemm_format="fp8-rowwise")
+    why = gemm_why_not(moe, Layout(dp=8), "single_stage")
+    assert why.endswith("plan with --precision bf16 to run it") and "fp8-tensorwise under" not in why, why
+    dense = replace(get_model("llama-3.1-8b"), gemm_format="fp8-rowwise")
+    assert "fp8-tensorwise under --framework any" in gemm_why_not(dense, Layout(dp=8), "single_stage")

@@ -68,7 +68,12 @@ def gemm_why_not(model: ModelConfig, layout: Layout, schedule: str, tokens: int 
     what = f"plan model {model.name}: gemm_format {fmt}"
     # the frameworks whose FP8 is the executor's (high-precision inputs saved, weight copies kept per step): memo's own
     # data and torchtitan@2024-12's tensorwise Float8 (megatron keeps FP8 inputs, torchtitan now no weight copy)
-    fix = (f"plan with --precision bf16, or {EXEC_GEMM_FORMATS[1]} under --framework any or torchtitan@2024-12, "
+    part = ("MoE experts" if model.moe else f"tp_mode {layout.tp_mode}" if layout.metp
+            else "SPPO's pieces" if schedule == "sppo" else None)
+    # where the parts run no FP8 GEMM in the executor at all, bf16 is the one fix (a review: a MoE model was sent to
+    # fp8-tensorwise under any, which the next line refuses for its experts)
+    fix = ("plan with --precision bf16 to run it" if part else
+           f"plan with --precision bf16, or {EXEC_GEMM_FORMATS[1]} under --framework any or torchtitan@2024-12, "
            "to run it")
     if fmt not in EXEC_GEMM_FORMATS:
         return f"{what}: the executor runs {', '.join(EXEC_GEMM_FORMATS)} GEMMs only; {fix}"
@@ -78,8 +83,6 @@ def gemm_why_not(model: ModelConfig, layout: Layout, schedule: str, tokens: int 
     if model.fp8_weights_per_use:
         return (f"{what}: fp8_weights_per_use (torchao casts the weights at every use and keeps no FP8 copy): the "
                 f"executor keeps each layer's FP8 weight copies through a step; {fix}")
-    part = ("MoE experts" if model.moe else f"tp_mode {layout.tp_mode}" if layout.metp
-            else "SPPO's pieces" if schedule == "sppo" else None)
     if part:
         return f"{what}: the executor runs FP8 GEMMs in the dense layer only, not in {part}; plan with --precision bf16"
     if layout.zero >= 3:
