@@ -605,10 +605,17 @@ def stage_hop_crosses_nodes(layout: Layout, stage: int, gpus_per_node: int) -> b
     return stages_cross_nodes(layout, stage, stage + 1, gpus_per_node)
 
 
+@lru_cache(maxsize=8192)
 def stages_cross_nodes(layout: Layout, a: int, b: int, gpus_per_node: int) -> bool:
-    """Whether the P2P hop between pipeline stages ``a`` and ``b`` of one replica (any two; the
-    interleaved schedule's hop from the last stage back to the first among them) leaves the node."""
-    return stage_first_rank(layout, a) // gpus_per_node != stage_first_rank(layout, b) // gpus_per_node
+    """Whether the P2P hop between pipeline stages ``a`` and ``b`` (any two; the interleaved schedule's hop from the
+    last stage back to the first among them) leaves the node: every GPU of stage ``a`` sends to its peer in stage
+    ``b``, ``(b - a)`` x `pp_stride` ranks on, and the hop waits for its slowest pair, so it leaves the node where any
+    pair does (a review: tp8-dp8-pp2 on 72-GPU NVL72 domains, ranks 0 and 64 in one rack, 56 of the 64 pairs in two,
+    priced on NVLink by the first pair alone)."""
+    step, node = (b - a) * pp_stride(layout), gpus_per_node
+    first = a * pp_stride(layout)
+    return any((first + r) // node != (first + r + step) // node
+               for r in (stage_rank(layout, i) for i in range(layout.stage_stride * layout.dp)))
 
 
 def pipeline_spans_nodes(layout: Layout, gpus_per_node: int) -> bool:

@@ -1027,9 +1027,18 @@ def _rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, mod
 
         pool = Tier2Pool(fitting, jobs, allocator_lag=allocator_lag) if mode == SIMULATE_BOUND else None
 
+        shown = {"done": 0}  # simulated so far, over every batch (the bound search's come 4 at a time)
+
+        def counted(base: int):
+            """The batch's progress as the whole tier's: its count on top of the batches before, out of the fitting
+            candidates (the most tier 2 simulates; a review: the bar restarted each batch and sat at 25%)."""
+            return None if progress is None else (lambda done, _total: progress(base + done, len(fitting) or 1))
+
         def run(cands: list[Candidate]) -> None:
-            simulate_candidates(cands, progress=progress, allocator_lag=allocator_lag, jobs=jobs,
+            base = shown["done"]
+            simulate_candidates(cands, progress=counted(base), allocator_lag=allocator_lag, jobs=jobs,
                                 ahead=ahead[0] if ahead else None, pool=pool)
+            shown["done"] = base + len(cands)
 
         if mode == SIMULATE_BOUND:
             try:
@@ -1040,6 +1049,8 @@ def _rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, mod
                 if while_waiting is not None and ahead:
                     ahead[0].idle = partial(_idle_on_best, head, while_waiting)
                 result.tier2.add_verdict_sides(_simulate_verdict_sides(result.candidates, head, run, bounded=True))
+                if progress is not None:  # the rest skipped by their proved bound: the tier is done
+                    progress(len(fitting), len(fitting) or 1)
             finally:
                 pool.close()
         else:
