@@ -505,7 +505,9 @@ def test_deepseek_compiled_blocks_are_compiled(titan):
     _, src = _exported(plan)
     cfg = titan(src)
     assert _compiled(cfg) and "loss" in cfg.compile.components
-    assert not _compiled(titan(_exported(DSV3)[1]))
+    # a plan priced uncompiled in bf16 is written uncompiled (its fp8-blockwise is written as the nearest format
+    # torchtitan runs on the B200, MXFP8, whose blocks compile: a review)
+    assert not _compiled(titan(_exported(replace(DSV3, model=replace(DSV3.model, gemm_format="bf16")))[1]))
     _start(cfg, plan.gpus)
 
 

@@ -275,7 +275,8 @@ def test_framework_files_carry_their_precision_and_layout_settings():
     # at b5bcd76c torchtitan's Float8 recipes are rowwise only (fp8-rowwise, grouped experts too), and its
     # generated stage split takes lighter first / last stages (configs.py
     # pipeline_parallel_first/last_stage_less_layers)
-    assert got["torchtitan"] == (("bf16", "fp8-rowwise", "mxfp8"), False, False, True, {})
+    # and NVFP4 (torchtitan/components/quantization/nvfp4.py NVFP4LinearConverter, a review)
+    assert got["torchtitan"] == (("bf16", "fp8-rowwise", "mxfp8", "nvfp4"), False, False, True, {})
     assert got["any"] == (GEMM_FORMATS, False, True, True, {})
     assert got["deepspeed"] == (("bf16",), False, True, False, {"fp16": "zero", "bf16": "zero"})
     assert got["megatron@2021"] == (("bf16",), False, False, False, {"fp16": "zero"})
@@ -404,7 +405,6 @@ def test_nvfp4_gemms_run_at_the_fp4_peak_and_megatron_keeps_half_byte_inputs():
 
 @pytest.mark.parametrize("args,words", [
     (["--profile", "h100-sxm5-80gb"], "has no fp4 peak"),
-    (["--profile", "b200-180gb", "--framework", "torchtitan"], "torchtitan does not offer nvfp4"),
     (["--profile", "b200-180gb", "--framework", "megatron@2023"], "megatron@2023 does not offer nvfp4"),
 ])
 def test_nvfp4_where_it_does_not_run_is_one_line_exit_2(args, words):

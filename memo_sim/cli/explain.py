@@ -12,6 +12,7 @@ from memo_sim.policy.base import uses_memory_plan
 from memo_sim.engine.simulate import simulate
 from memo_sim.memplan.footprint import memory_breakdown
 from memo_sim.plan.schema import read_plan
+from memo_sim.cost.gemm_format import plan_for_profile
 from memo_sim.model.config import modules_words
 from memo_sim.profile.loader import load_profile
 from memo_sim.report.explain import PHASE_WORDS, gpu_devices, peak_moments, time_breakdown
@@ -35,6 +36,7 @@ def explain(plan_file, out_format, as_json):
     plan = read_plan(plan_file)
     profile = load_profile(plan.profile)
     refuse_layout_problem(plan_file, plan, profile)  # as check-plan and export refuse it
+    plan_for_profile(plan, profile)  # its FP8 library's copies on this GPU, as simulate prices them
     res = simulate_plan(plan, profile)
     devices = gpu_devices(res)
     times = [time_breakdown(res, d) for d in devices]

@@ -149,6 +149,7 @@ def check_plan(plan_file, out_format, as_json):
         plan_breakdown,
         simulate_plan,
     )
+    from memo_sim.cost.gemm_format import plan_for_profile
     from memo_sim.errors import PlanError
     from memo_sim.report.explain import peak_moments
     from memo_sim.search.plan_check import plan_problems
@@ -158,6 +159,7 @@ def check_plan(plan_file, out_format, as_json):
     if problems:
         raise PlanError(f"{plan_file}: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
     profile = load_profile(plan.profile)
+    plan_for_profile(plan, profile)  # its FP8 library's copies on this GPU, as simulate and explain price them
     res = simulate_plan(plan, profile)
     mem = plan_breakdown(plan, profile)
     binding = binding_words(plan, profile, res)

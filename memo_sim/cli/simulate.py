@@ -45,7 +45,7 @@ def _load_plan_and_profile(plan_file: str, profile_override: str | None):
     from memo_sim.plan.schema import read_plan
     from memo_sim.profile.loader import load_profile
 
-    from memo_sim.cost.gemm_format import check_gemm_format, for_profile
+    from memo_sim.cost.gemm_format import check_gemm_format, plan_for_profile
 
     from memo_sim.errors import MemoError
 
@@ -56,6 +56,8 @@ def _load_plan_and_profile(plan_file: str, profile_override: str | None):
     except MemoError as e:  # the plan's format, not a flag given here (a review: 'fix: drop --precision')
         if "--precision" not in str(e):
             raise
+        if "compute_capability" in str(e):  # the GPU's generation, not a missing peak (`MIN_CAPABILITY`)
+            raise MemoError(f"{plan_file}: model.gemm_format {plan.model.gemm_format}: {e}") from None
         raise MemoError(f"{plan_file}: model.gemm_format {plan.model.gemm_format}: profile {profile.name} "
                         f"({profile.gpu.model}) has no {plan.model.gemm.peak} peak; fix: give --profile one that "
                         f"lists gpu.peak_flops.{plan.model.gemm.peak}, or plan afresh for this GPU (memo-sim whatif "
@@ -63,7 +65,7 @@ def _load_plan_and_profile(plan_file: str, profile_override: str | None):
     from memo_sim.search.plan_check import refuse_layout_problem
 
     refuse_layout_problem(plan_file, plan, profile)  # as check-plan and export refuse it
-    plan.model = for_profile(plan.model, profile)  # another --profile: its FP8 library's copies on that GPU
+    plan_for_profile(plan, profile)  # another --profile: its FP8 library's copies on that GPU (as explain, check-plan)
     return plan, profile
 
 

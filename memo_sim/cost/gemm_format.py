@@ -39,8 +39,9 @@ def check_profile_gemm_formats(profile: HardwareProfile) -> None:
 
 
 def check_gemm_format(model: ModelConfig, profile: HardwareProfile) -> None:
-    """A one-line `MemoError` when the profile's GPU has no peak for the model's GEMM format, or when its
-    profile names a GEMM format that does not exist (`check_profile_gemm_formats`)."""
+    """A one-line `MemoError` when the profile's GPU has no peak for the model's GEMM format, when its stated compute
+    capability is below the format's (`_check_capability`), or when its profile names a GEMM format that does not
+    exist (`check_profile_gemm_formats`)."""
     check_profile_gemm_formats(profile)
     fmt = model.gemm
     if fmt.quantised and fmt.peak not in profile.gpu.peak_flops:
@@ -55,6 +56,28 @@ def check_gemm_format(model: ModelConfig, profile: HardwareProfile) -> None:
         raise MemoError(f"--precision {fmt.name}: profile {profile.name} ({profile.gpu.model}) has no {fmt.peak} peak "
                         f"(needs {fmt.needs}){typo}; fix: drop --precision {fmt.name} or use a profile that lists "
                         f"gpu.peak_flops.{fmt.peak}")
+    _check_capability(model, profile)
+
+
+# the least compute capability whose tensor cores run each quantised format, as TransformerEngine checks it
+# (transformer_engine/pytorch/quantization.py at d0067d0d: _compute_fp8_support line 149, 8.9 on Ada and Hopper;
+# _compute_fp8_block_scaling_support line 178, 9.0; _compute_mxfp8_support line 162 and _compute_nvfp4_support line
+# 171, 'Device compute capability 10.0 or higher required'); torchtitan's NVFP4 and MXFP8 converters refuse below
+# SM100 too (torchtitan/components/quantization/nvfp4.py line 291)
+MIN_CAPABILITY = {"fp8-tensorwise": (8, 9), "fp8-rowwise": (8, 9), "fp8-blockwise": (9, 0), "mxfp8": (10, 0),
+                  "nvfp4": (10, 0)}
+
+
+def _check_capability(model: ModelConfig, profile: HardwareProfile) -> None:
+    """A one-line `MemoError` where the profile states a compute capability below the format's (`MIN_CAPABILITY`):
+    a Hopper profile with an mxfp8 or fp4 peak added does not run MXFP8 or NVFP4 GEMMs."""
+    cc, need = profile.gpu.compute_capability, MIN_CAPABILITY.get(model.gemm_format)
+    if cc is None or need is None or cc >= need:
+        return
+    fmt = model.gemm_format
+    raise MemoError(f"--precision {fmt}: profile {profile.name} ({profile.gpu.model}) states gpu.compute_capability "
+                    f"{cc[0]}.{cc[1]}; {fmt} GEMMs need compute capability {need[0]}.{need[1]} or higher "
+                    f"(TransformerEngine's support checks); fix: drop --precision {fmt} or use a profile of such a GPU")
 
 
 def gemm_peak_key(model: ModelConfig) -> str:
@@ -173,3 +196,44 @@ def for_profile(model: ModelConfig, profile: HardwareProfile) -> ModelConfig:
     per element, two on Hopper). torchao's Float8Linear and memo's executor cast both copies whatever the GPU."""
     single = model.gemm.transposed_copy and model.fp8_saved_inputs and fp8_gemm_any_layout(profile)
     return model if model.fp8_transposes != single else replace(model, fp8_transposes=not single)
+
+
+# each quantised format's nearest others, nearest first: the same scaling family first (per-tensor and per-row
+# scales are one FP8 GEMM on the same tensor cores; block scales are MXFP8's on Blackwell), then the rest; a
+# format the GPU does not run is passed over (`gpu_runs`), so blockwise falls to mxfp8 on Blackwell and rowwise on
+# Hopper, and mxfp8 (or nvfp4) to rowwise on Hopper
+NEAREST_FORMATS = {"fp8-tensorwise": ("fp8-rowwise", "fp8-blockwise", "mxfp8"),
+                   "fp8-rowwise": ("fp8-tensorwise", "fp8-blockwise", "mxfp8"),
+                   "fp8-blockwise": ("mxfp8", "fp8-rowwise", "fp8-tensorwise"),
+                   "mxfp8": ("fp8-rowwise", "fp8-blockwise", "fp8-tensorwise"),
+                   "nvfp4": ("mxfp8", "fp8-blockwise", "fp8-rowwise", "fp8-tensorwise")}
+
+
+def gpu_runs(name: str, model: ModelConfig, profile: HardwareProfile) -> bool:
+    """Whether the profile's GPU runs ``model``'s layer GEMMs in the format ``name`` (`check_gemm_format` passes)."""
+    try:
+        check_gemm_format(replace(model, gemm_format=name), profile)
+    except MemoError:
+        return False
+    return True
+
+
+def nearest_format(model: ModelConfig, offered, profile: HardwareProfile | None) -> str:
+    """The GEMM format a framework that offers ``offered`` runs in place of ``model``'s: its own where offered, else
+    the nearest quantised one offered that the GPU runs (`NEAREST_FORMATS`), else the model dtype's (bf16); bf16
+    too where the profile is unknown (None)."""
+    fmt = model.gemm_format
+    if fmt in offered:
+        return fmt
+    if profile is None:
+        return "bf16"
+    return next((f for f in NEAREST_FORMATS.get(fmt, ()) if f in offered and gpu_runs(f, model, profile)), "bf16")
+
+
+def plan_for_profile(plan, profile: HardwareProfile):
+    """``plan`` with its model as its framework's FP8 library runs it on ``profile``'s GPU (`for_profile`), in place:
+    every command that prices a plan file (simulate, explain, check-plan) derives ``fp8_transposes`` anew rather than
+    trusting the file's (a plan without the field, or planned for another GPU, priced two FP8 copies on a Blackwell
+    where simulate priced one: a review)."""
+    plan.model = for_profile(plan.model, profile)
+    return plan

@@ -94,8 +94,8 @@ def instead_lines(i: dict, framework: str) -> list[str]:
     if i.get("gemm_format_dropped"):
         why = ("the export writes its converters only on a model it ships" if i.get("gemm_format_written") is False
                else "it does not offer it")
-        out.append(f"Its layer GEMMs run in bf16: memo's plan's {i['gemm_format_dropped']} is not written for "
-                   f"{framework} ({why}).")
+        out.append(f"Its layer GEMMs run in {i.get('gemm_format_searched') or 'bf16'}: memo's plan's "
+                   f"{i['gemm_format_dropped']} is not written for {framework} ({why}).")
     if i.get("balance_changed"):
         was, now = i["balance_changed"]
         out.append(f"Its experts' loads are {parse_balance(now).words}: {framework} has no setting for memo's "
@@ -120,15 +120,16 @@ def best_runnable(plan: Plan, framework: str, jobs: int = 1, progress=None,
     job's router: `memo_sim.layout.moe_balance`; where the framework has no setting for it, the nearest it runs,
     `framework_balance`, and the summary's ``balance_changed`` says so), the what-if constrained to the
     framework, and its summary; (None, None) when nothing the framework offers fits. A GEMM format the
-    framework lacks, or the exporter cannot write for the model (``keep_format`` False), is searched as bf16 (the
-    summary's ``gemm_format_dropped`` says so)."""
+    framework lacks is searched as the nearest one it offers that the GPU runs (`target_gemm_format`), one the exporter
+    cannot write for the model (``keep_format`` False) as bf16 (the summary's ``gemm_format_dropped`` and
+    ``gemm_format_searched`` say so)."""
     from memo_sim.profile.loader import load_profile  # noqa: PLC0415
-    from memo_sim.search.frameworks import get_framework  # noqa: PLC0415
     from memo_sim.search.request import WhatifRequest, answer_whatif  # noqa: PLC0415
 
     model = plan.model
-    if model.gemm_format not in get_framework(framework).gemm_formats or not keep_format:
-        model = dataclasses.replace(model, gemm_format="bf16")
+    written = target_gemm_format(plan, framework) if keep_format else "bf16"
+    if written != model.gemm_format:
+        model = dataclasses.replace(model, gemm_format=written)
     changed = framework_balance(plan, framework)
     balance = {"moe_balance": changed or plan.layout.moe_balance} if model.moe else {}
     ans = answer_whatif(WhatifRequest(model=model, seq=plan.seq_tokens, gpus=plan.gpus,
@@ -146,6 +147,7 @@ def best_runnable(plan: Plan, framework: str, jobs: int = 1, progress=None,
                  "plan_iteration_s": plan.predicted.iteration_s,
                  "gemm_format_dropped": plan.model.gemm_format if model.gemm_format != plan.model.gemm_format else None,
                  "gemm_format_written": keep_format,  # False: offered, but not written for this model
+                 "gemm_format_searched": model.gemm_format,
                  "mtp_dropped": plan.model.mtp_layers - alt.model.mtp_layers or None,
                  "balance_changed": (plan.layout.moe_balance, changed) if changed else None}
 
@@ -316,16 +318,39 @@ def policy_gaps(plan: Plan, runs: dict[str, str], fallback: str = "full_recomput
     return gaps
 
 
+def target_gemm_format(plan: Plan, framework: str) -> str:
+    """The GEMM format the framework version runs the plan's layer GEMMs in: the plan's where it offers it, else the
+    nearest quantised format it offers that the plan's GPU runs (`memo_sim.cost.gemm_format.nearest_format`: a
+    Megatron fp8-tensorwise plan runs torchtitan's Float8 rowwise, not bf16), else bf16 (a profile that does not load:
+    bf16)."""
+    from memo_sim.cost.gemm_format import nearest_format  # noqa: PLC0415
+    from memo_sim.profile.loader import load_profile  # noqa: PLC0415
+    from memo_sim.search.frameworks import get_framework  # noqa: PLC0415
+
+    offered = get_framework(framework).gemm_formats
+    if plan.model.gemm_format in offered:
+        return plan.model.gemm_format
+    try:
+        profile = load_profile(plan.profile)
+    except MemoError:
+        profile = None
+    return nearest_format(plan.model, offered, profile)
+
+
 def gemm_format_gap(plan: Plan, framework: str) -> list[Gap]:
     """The plan's GEMM format where the framework version (`memo_sim.frameworks` data) does not offer
-    it: the model dtype's GEMMs instead, priced."""
+    it: the nearest format it offers that the plan's GPU runs (`target_gemm_format`) instead, priced; the model
+    dtype's where it offers none."""
     from memo_sim.search.frameworks import get_framework  # noqa: PLC0415
 
     fmt, fw = plan.model.gemm_format, get_framework(framework)
     if fmt in fw.gemm_formats:
         return []
-    return [Gap(f"{fmt} GEMMs ({plan.model.gemm.summary})", f"{plan.model.dtype} GEMMs ({fw.name} offers "
-                f"{', '.join(fw.gemm_formats)})", PlanChange(gemm_format="bf16"))]
+    new = target_gemm_format(plan, framework)
+    what = (f"{new} GEMMs, the nearest format {fw.name} offers that the GPU runs" if new != "bf16" else
+            f"{plan.model.dtype} GEMMs")
+    return [Gap(f"{fmt} GEMMs ({plan.model.gemm.summary})", f"{what} ({fw.name} offers "
+                f"{', '.join(fw.gemm_formats)})", PlanChange(gemm_format=new))]
 
 
 def rotary_gaps(m, why: str, partial: bool = True) -> list[Gap]:

@@ -23,18 +23,23 @@ What else the written configuration sets so that torchtitan at `SOURCE` starts i
 sequence (`ROPE_MAX`: ``Decoder.Config.update_from_config`` refuses a longer ``training.max_context_length``);
 ``training.disable_cuda_graphs`` (memo prices eager launches, and torchtitan refuses CUDA graphs beside pipeline
 parallelism and the all-to-all EP dispatcher); the converters of the plan's quantised GEMM format (`CONVERTERS`) on
-the GEMMs memo prices in it only (MXFP8's include-list `MXFP8_FQNS`: not the output head, not the routers; Float8
-rowwise with ``filter_fqns=['lm_head']``, as llama3_405b's); and ``config.model_spec`` anew where the shipped
+the GEMMs memo prices in it only (MXFP8's and NVFP4's include-list `MXFP8_FQNS`: not the output head, not the
+routers; Float8 rowwise with ``filter_fqns=['lm_head']``, as llama3_405b's), or of the nearest format torchtitan
+offers where it lacks the plan's (`memo_sim.export.base.target_gemm_format`: Float8 rowwise for a Megatron
+fp8-tensorwise plan); and ``config.model_spec`` anew where the shipped
 configuration's model is not the one priced (llama3_405b's Float8 converter under a bf16 plan, gpt_oss's varlen
 attention under CP).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from memo_sim.export.base import (Export, Gap, PlanChange, balance_gap, gemm_format_gap, metp_gap, mtp_gap,
                                   rank_order_gap, nearest_model, nearest_plan, not_modelled_gap, optimizer_offload_gap,
                                   policy_gaps,
-                                  uneven_stages_gap, price_nearest, rotary_gaps, torchrun_line, ulysses_gap)
+                                  uneven_stages_gap, price_nearest, rotary_gaps, target_gemm_format, torchrun_line,
+                                  ulysses_gap)
 from memo_sim.plan.schema import Plan
 
 FRAMEWORK = "torchtitan"  # its version in memo_sim/frameworks/data (the plans exported instead)
@@ -112,7 +117,10 @@ MXFP8_PAD = 128
 # the converters it adds for a MoE's grouped experts, its name in the export's words)
 CONVERTERS = {"mxfp8": ("mx", ("MXFP8LinearConverter",), ("MXFP8GroupedExpertsConverter",), "MXFP8"),
               "fp8-rowwise": ("float8", ("Float8LinearConverter",), ("Float8GroupedExpertsConverter",),
-                              "Float8 rowwise")}
+                              "Float8 rowwise"),
+              # nvfp4.py at SOURCE: NVFP4LinearConverter (line 268) swaps dense Linear.Configs only; it has no
+              # grouped-experts converter, so a MoE's routed experts stay bf16 (`_nvfp4_moe_gap`)
+              "nvfp4": ("nvfp4", ("NVFP4LinearConverter",), (), "NVFP4")}
 SCHEDULES = {"1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}
 _RUNS = {"store_all": "config.activation_checkpoint = None", "full_recompute": "config.activation_checkpoint = "
          "FullAC.Config()", "op_sac": "config.activation_checkpoint = SelectiveAC.Config()"}
@@ -324,7 +332,7 @@ def gaps(plan: Plan) -> list[Gap]:
     out += (borrow or _cp_shard_gap(plan)) + balance_gap(plan, FRAMEWORK) + rank_order_gap(plan, FRAMEWORK)
     out += policy_gaps(plan, _RUNS, notes={"memo": "torchtitan offloads no activations",
                                            "full_offload": "torchtitan offloads no activations"})
-    out += gemm_format_gap(plan, "torchtitan") + optimizer_offload_gap(plan, "torchtitan") + not_modelled_gap(plan)
+    out += _format_gaps(plan) + optimizer_offload_gap(plan, "torchtitan") + not_modelled_gap(plan)
     out += mtp_gap(plan, "torchtitan", "memo's torchtitan data and export do not offer it: torchtitan's DeepSeek-V3 "
                                        "MTP, model_registry num_mtp_layers, runs without PP and CP only")
     if plan.layout.pp > 1 and pipeline_split(plan) is None and module_fqns(plan) is None:
@@ -333,13 +341,7 @@ def gaps(plan: Plan) -> list[Gap]:
     if plan.layout.etp > 1:
         out.append(Gap(f"expert tensor parallelism over {plan.layout.etp} ranks", "experts whole on each EP rank "
                        "(torchtitan at this version has no expert tensor parallelism)", PlanChange(layout={"etp": 1})))
-    # a quantised format on a model that is not a shipped one: its GEMMs run in bf16 in what is written, priced so
-    fmt = plan.model.gemm_format
-    if fmt in CONVERTERS and _base(plan)[1] is not None:
-        out.append(Gap(f"{fmt} GEMMs", f"bf16 GEMMs ({fmt} not written: pass "
-                       + " and ".join(_converter_configs(plan.model))
-                       + f" (torchtitan/components/quantization/{CONVERTERS[fmt][0]}.py) in the converters of the "
-                         "model's model_registry for config.model_spec)", PlanChange(gemm_format="bf16")))
+    fmt = target_gemm_format(plan, FRAMEWORK)
     if _writes_quantised(plan, plan.model) and plan.layout.kernel_fusion != "compiled":
         out.append(Gap(f"{CONVERTERS[fmt][3]} GEMMs in blocks priced uncompiled (memo's hand-fused kernels, "
                        "kernel_fusion fused)",
@@ -349,6 +351,7 @@ def gaps(plan: Plan) -> list[Gap]:
                        "is required for highest performance'; llama3_405b's Float8 sets model_compile_enabled from "
                        "its compile settings); compiled blocks fuse more than the hand-fused kernels priced, so the "
                        "run should be no slower than priced"))
+    out += _nvfp4_moe_gap(plan)
     if _module(plan) == "qwen3" and plan.model.moe:
         out += _qwen3_moe_gaps(plan.model)
     out += _aux_loss_gaps(plan.model)
@@ -428,11 +431,25 @@ def _cp_shard_gap(plan: Plan) -> list[Gap]:
                 PlanChange(layout={"zero": 3, "dp_mode": "fsdp", "fsdp_shard": shard if lay.dp > 1 else 0}))]
 
 
+def _format_gaps(plan: Plan) -> list[Gap]:
+    """The plan's GEMM format as written: torchtitan's nearest where it lacks the plan's (`gemm_format_gap`); and a
+    quantised format (the plan's or that nearest one) on a model that is not a shipped one runs in bf16 in what is
+    written, priced so (this gap alone then: the first gap's format is the one priced, `nearest_model`)."""
+    fmt = target_gemm_format(plan, FRAMEWORK)
+    if fmt not in CONVERTERS or _base(plan)[1] is None:
+        return gemm_format_gap(plan, FRAMEWORK)
+    model = replace(plan.model, gemm_format=fmt)
+    return [Gap(f"{plan.model.gemm_format} GEMMs", f"bf16 GEMMs ({fmt} not written: pass "
+                + " and ".join(_converter_configs(model))
+                + f" (torchtitan/components/quantization/{CONVERTERS[fmt][0]}.py) in the converters of the "
+                  "model's model_registry for config.model_spec)", PlanChange(gemm_format="bf16"))]
+
+
 def writes_gemm_format(plan: Plan) -> bool:
-    """Whether the export writes the plan's GEMM format: the model dtype, or a quantised format's converters on a model
-    torchtitan ships (a stand-in's GEMMs are written in bf16: `memo_sim.export.export_plan` then searches
-    torchtitan's best plan without the format)."""
-    return plan.model.gemm_format not in CONVERTERS or _base(plan)[1] is None
+    """Whether the export writes the GEMM format torchtitan runs the plan in (`target_gemm_format`): the model dtype,
+    or a quantised format's converters on a model torchtitan ships (a stand-in's GEMMs are written in bf16:
+    `memo_sim.export.export_plan` then searches torchtitan's best plan without the format)."""
+    return target_gemm_format(plan, FRAMEWORK) not in CONVERTERS or _base(plan)[1] is None
 
 
 def _writes_quantised(plan: Plan, model) -> bool:
@@ -440,6 +457,17 @@ def _writes_quantised(plan: Plan, model) -> bool:
     ``model`` (the plan's model as written) in one and the model one torchtitan ships (a stand-in's GEMMs are bf16,
     a gap says so)."""
     return model.gemm_format in CONVERTERS and _base(plan)[1] is None
+
+
+def _nvfp4_moe_gap(plan: Plan) -> list[Gap]:
+    """A MoE's routed experts under NVFP4: torchtitan's NVFP4LinearConverter converts dense ``Linear.Config`` nodes
+    only (nvfp4.py at SOURCE, ``convert`` traverses ``Linear.Config``, lines 300-316) and ships no grouped-experts
+    converter, so the grouped experts' GEMMs run in bf16 where memo prices them in NVFP4."""
+    if not (_writes_quantised(plan, plan.model) and plan.model.gemm_format == "nvfp4" and plan.model.moe):
+        return []
+    return [Gap("the routed experts' grouped GEMMs in NVFP4", "the routed experts' grouped GEMMs in bf16 (torchtitan "
+                "at this version has NVFP4LinearConverter for dense Linears only, no NVFP4 grouped-experts "
+                "converter: torchtitan/components/quantization/nvfp4.py); the run is slower than priced")]
 
 
 def _mxfp8_fqns(model) -> list[str]:
@@ -450,13 +478,18 @@ def _mxfp8_fqns(model) -> list[str]:
 
 def _converter_configs(model) -> list[str]:
     """The converters' Configs of ``model``'s GEMM format, each with its blocks compiled: MXFP8 on the GEMMs memo
-    prices in it (not the head, not the routers: `MXFP8_FQNS`); Float8's rowwise recipe (its default) on every
-    Linear but the output head and the routers' gates, as llama3_405b's and deepseek_v3_671b_float8's
-    configurations filter them, with a MoE's grouped experts through Float8GroupedExpertsConverter."""
+    prices in it (not the head, not the routers: `MXFP8_FQNS`); NVFP4 on the same include-list
+    (nvfp4.py at SOURCE, NVFP4LinearConverter.Config.fqns, lines 271-279: substring match, empty converts every Linear,
+    the head too; its only other field, model_compile_enabled, from QuantizationConverter.Config); Float8's rowwise
+    recipe (its default) on every Linear but the output head and the routers' gates, as llama3_405b's and
+    deepseek_v3_671b_float8's configurations filter them, with a MoE's grouped experts through
+    Float8GroupedExpertsConverter."""
     if model.gemm_format == "mxfp8":
         return ([f"MXFP8LinearConverter.Config(fqns={_mxfp8_fqns(model)!r}, model_compile_enabled=True)"]
                 + ([f"MXFP8GroupedExpertsConverter.Config(model_compile_enabled=True, pad_multiple={MXFP8_PAD})"]
                    if model.moe else []))
+    if model.gemm_format == "nvfp4":
+        return [f"NVFP4LinearConverter.Config(fqns={_mxfp8_fqns(model)!r}, model_compile_enabled=True)"]
     skip = ["lm_head", "router.gate"] if model.moe else ["lm_head"]
     return ([f"Float8LinearConverter.Config(recipe_name='rowwise', filter_fqns={skip!r}, model_compile_enabled=True)"]
             + (["Float8GroupedExpertsConverter.Config(model_compile_enabled=True)"] if model.moe else []))

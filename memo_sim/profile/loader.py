@@ -35,7 +35,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 
 from memo_sim.errors import MemoError, ProfileError, validated
 from memo_sim.fileio import DuplicateKeyError, load_yaml, read_utf8
-from memo_sim.profile.plausible import check_profile
+from memo_sim.profile.plausible import PRECISION_BITS, check_profile
 from memo_sim.profile.schema import (
     ATTENTION_TIME_KERNELS, COLLECTIVES, DEFAULT_ALLOCATOR_COSTS, AllocatorCosts, AttentionTimes, CollectiveFit, Curve,
     Efficiency, GPUSpec, HardwareProfile, HostLink, HostSpec, Link, Quantity,
@@ -313,6 +313,7 @@ def parse_profile(raw: Any, source: str) -> HardwareProfile:
                            f"or measure one with memo-exec calibrate)")
     d = validated(_ProfileIn, raw, source, ProfileError)
     check_profile(d, raw, source)  # each datasheet field plausible, the fields consistent (plausible.py)
+    _narrow_peaks_bounded(dict(d.gpu.peak_flops), raw, source)
     g, e, hl, h = d.gpu, d.efficiency, d.host_link, d.host
     al = g.allocator
     return HardwareProfile(
@@ -339,6 +340,29 @@ def parse_profile(raw: Any, source: str) -> HardwareProfile:
         provenance=dict(d.provenance or {}),
         validation=d.validation.model_dump() if d.validation is not None else {},
     )
+
+
+# the most a narrow format's dense peak is of the bf16 one, by bits (`PRECISION_BITS`): every datasheet's FP8 (and
+# MXFP8, FP6) rate is twice its bf16 one (H100, H200, B200, GB200, GB300), FP4 four times (B200, GB200) to six
+# (Blackwell Ultra GB300: 15 of 2.5 PFLOP/s dense); a little over, so that a datasheet rounding passes and a
+# sparse or mistyped peak (fp8 19790 on an H100: 20x) does not
+NARROW_PEAK_MAX = {8: 2.5, 6: 2.5, 4: 6.5}
+
+
+def _narrow_peaks_bounded(peaks: dict, raw: Any, source: str) -> None:
+    """A `ProfileError` of one line where an FP8/FP6/FP4 peak is more than `NARROW_PEAK_MAX` times the bf16 one
+    (plausible.py orders the peaks from below only)."""
+    bf16 = peaks.get("bf16")
+    if not bf16:
+        return
+    for key, value in peaks.items():
+        most = NARROW_PEAK_MAX.get(PRECISION_BITS.get(key, 0))
+        if most is not None and float(value) > most * float(bf16):
+            written = raw["gpu"]["peak_flops"][key]
+            written = f"{written.get('value')} {written.get('unit', '')}" if isinstance(written, dict) else written
+            raise ProfileError(f"{source}: gpu.peak_flops.{key}: {written} is "
+                               f"{float(value) / float(bf16):.1f}x gpu.peak_flops.bf16, more than {most}x (no GPU's "
+                               f"datasheet has more); check the value and its unit (dense, not sparse)")
 
 
 def profile_dirs() -> list[Path]:
