@@ -4,6 +4,7 @@ reduce-scatters outlasting the backward were counted as hidden, the estimate hal
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from click.testing import CliRunner
 
@@ -41,18 +42,34 @@ def test_an_analytic_runner_up_above_a_simulated_answer_is_not_a_negative_loss(m
     assert "gives up -" not in words and "12.7% more throughput on the analytic tier" in words, words
 
 
-def test_the_gap_split_never_prices_a_layout_the_framework_cannot_run(tmp_path):
+def test_the_gap_split_never_prices_a_layout_the_framework_cannot_run():
     """A review: memo's best (Ulysses 2 beside TP 8) adapted to Megatron's mechanisms splits Llama-3.1-405B's 8 K/V
     heads whole over 16 ranks, which Megatron refuses; the split priced it at 1.03x all the same."""
-    args = ["whatif", "--model", "llama-3.1-405b", "--gpus", "512", "--seq", "8K", "--tp", "8", "--pp", "16",
-            "--zero", "1", "--profile", "h100-sxm5-80gb", "--framework", "megatron", "--simulate-top", "2", "--jobs",
-            "1", "--no-plan", "--policy", "full_recompute", "--global-batch", "64", "--out", str(tmp_path / "o")]
-    res = CliRunner().invoke(cli, args + ["--json"])
-    assert res.exit_code == 0, res.output
-    split = json.loads(res.output)["memo_best_on_framework"]
-    assert "not divisible by tp x ulysses" in split["not_runnable"], split
-    res = CliRunner().invoke(cli, args)
-    assert "is not one megatron runs (kv heads (8)" in res.output and "runs 138" not in res.output
+    from types import SimpleNamespace
+
+    from memo_sim.layout.parallel import Layout
+    from memo_sim.model.config import get_model
+    from memo_sim.profile.loader import load_profile
+    from memo_sim.report.whatif_answer import gap_line
+    from memo_sim.search.frameworks import get_framework
+    from memo_sim.search.request import framework_runs_why_not
+
+    fw, prof = get_framework("megatron"), load_profile("h100-sxm5-80gb")
+    mine = Layout(tp=8, sp=True, ulysses=2, pp=16, vpp=4, dp=2, zero=1, account_embedding_loss=True)
+    best = SimpleNamespace(model=get_model("llama-3.1-405b"), micro_batch=1, tgs=138.0, layout=mine)
+    req = SimpleNamespace(gpus=512, profile=prof, seq=8192)
+    why = framework_runs_why_not(fw, fw.adapt(mine, prof), best, req)
+    assert "not divisible by tp x ulysses" in why, why
+    ok = replace(mine, ulysses=1, dp=4)
+    assert framework_runs_why_not(fw, fw.adapt(ok, prof), replace_ns(best, layout=ok), req) is None
+    words = gap_line("megatron", SimpleNamespace(tgs=134.0), best, {"not_runnable": why, "layout_label": "x"})
+    assert "is not one megatron runs (kv heads (8)" in words and "runs 138" not in words, words
+
+
+def replace_ns(ns, **kw):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(**{**vars(ns), **kw})
 
 
 def test_the_tier_two_line_names_no_skipped_bound_where_none_was_skipped():

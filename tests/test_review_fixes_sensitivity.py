@@ -20,17 +20,24 @@ def _line(*extra) -> str:
     return next(ln for ln in r.output.splitlines() if ln.startswith("sensitivity"))
 
 
-def test_the_bound_search_says_what_simulating_every_plan_says():
+# the network perturbation at which a Ulysses plan overtakes here: 25% before memo-exec's Ulysses backward was priced
+# as it sends it (q, k, v, out and dout again, 2026-12-01), which moved the flip beyond 25%
+NETWORK = {**sens.PERTURBATIONS, "network bandwidth": 0.5}
+
+
+def test_the_bound_search_says_what_simulating_every_plan_says(monkeypatch):
+    monkeypatch.setattr(sens, "PERTURBATIONS", NETWORK)
     bound, every = _line(), _line("--simulate-top", "all")
-    assert "changes with network bandwidth +25% -> tp1-uly2-dp4-z2-cudnn store_all" in every
+    assert "changes with network bandwidth +50% -> tp1-uly2-dp4-z2-cudnn store_all" in every
     assert bound.split(": ", 1)[1] == every.split(": ", 1)[1]  # the verdict alike (the count of plans aside)
 
 
 def test_a_challenger_left_unsimulated_makes_it_may_change(monkeypatch):
     monkeypatch.setattr(sens, "CHALLENGERS", 0)
+    monkeypatch.setattr(sens, "PERTURBATIONS", NETWORK)
     line = _line()
-    assert "may change with network bandwidth +25% (to tp1-uly2-dp4-z2-cudnn store_all, not simulated" in line
-    assert "stays best with" in line and "network bandwidth ±25%" not in line
+    assert "may change with network bandwidth +50% (to tp1-uly2-dp4-z" in line and ", not simulated" in line
+    assert "stays best with" in line and "network bandwidth ±50%" not in line
 
 
 def test_the_runner_up_says_when_second_place_is_not_proved():

@@ -68,7 +68,9 @@ def test_a_runner_up_as_fast_as_the_best_gives_up_none_not_minus_zero():
     assert "gives up none of the throughput (to 0.1%)" in words and "-0.0%" not in words, words
 
 
-EXPANDABLE = ["whatif", "--model", "llama-3.1-8b", "--profile", "h100-sxm5-80gb", "--gpus", "8", "--seq", "1.25M",
+# 1.25M until 2026-12-01, when memo-exec's Ulysses backward and embedding / head gradient unit were priced and the
+# case stopped fitting at all; at 1.0625M the same holds (a CP plan answers, tp2 x Ulysses 4 faster with the flag)
+EXPANDABLE = ["whatif", "--model", "llama-3.1-8b", "--profile", "h100-sxm5-80gb", "--gpus", "8", "--seq", "1.0625M",
               "--policy", "full_recompute", "--jobs", "1", "--no-plan"]
 
 

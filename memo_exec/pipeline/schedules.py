@@ -72,12 +72,10 @@ into the layer's autograd context would follow it into that backward. What does 
    before or after a wait or an action. The trace could not hold the per-micro-batch receive
    waits (issue 27 asks for them; they are what separates a stage's bubble from its transfer
    time), and a per-action span could only be approximated from inside the module.
-2. The order. ``ScheduleInterleaved1F1B`` does not follow Megatron-LM's order, which the simulator
-   prices, when the micro-batch count equals pp: Megatron runs every forward first
-   (``num_warmup_microbatches = total`` for m = pp), torch caps the warm-up at
-   ``(v - 1) pp + 2 (pp - 1 - r)`` (``_get_warmup_ops``) and alternates earlier; for pp 4, v 2,
-   m 4 (this issue's test case) ranks 2 and 3 run a different order (ranks 0 and 1, and
-   m = 8, agree).
+2. The order. Megatron-LM before 4295be1a6c (2024-11-01) ran every forward first where the
+   micro-batch count equals pp, which torch's ``ScheduleInterleaved1F1B`` never did (it caps the warm-up
+   at ``(v - 1) pp + 2 (pp - 1 - r)``, ``_get_warmup_ops``); today both warm up so, as the simulator
+   and `memo_exec.pipeline.order` do; what remains is below.
 3. The micro-batch index reaches the stage module only if smuggled in as a tensor kwarg split by
    ``TensorChunkSpec`` (the module is called as ``submod(*args, **kwargs)``), the activation slot
    would have to be derived from the schedule's ``pipeline_order`` (entries of the private

@@ -255,10 +255,7 @@ def answer_whatif(req: WhatifRequest, progress=None, while_waiting=None) -> What
     if memo_best is not None and memo_best.sppo is None:
         fw = get_framework(req.framework)
         lay = fw.adapt(memo_best.layout, req.profile)
-        # the framework's mechanisms may make memo's layout one it cannot run (a review: megatron's whole K/V heads
-        # over tp x ulysses 16 of Llama-3.1-405B's 8): no split then, and the answer says why
-        why = fw.why_not(lay) or check_layout(lay, memo_best.model, req.gpus, req.profile.node_gpus, req.seq,
-                                              memo_best.micro_batch, metp_across_nodes=True)
+        why = framework_runs_why_not(fw, lay, memo_best, req)
         if why:
             memo_on_framework = {"not_runnable": why, "layout_label": lay.label()}
         elif lay == memo_best.layout:  # memo's best already runs the framework's mechanisms (`gap_line` says so)
@@ -283,6 +280,14 @@ def answer_whatif(req: WhatifRequest, progress=None, while_waiting=None) -> What
                 raise
     return WhatifAnswer(req, result, memo_best, advice, bf16_best, bf16_searched, memo_on_framework,
                         _searched_split_best(req, result))
+
+
+def framework_runs_why_not(fw, lay, memo_best: Candidate, req: WhatifRequest) -> str | None:
+    """Why the framework cannot run memo's best layout with its own mechanisms (``lay``: `Framework.adapt` of it), or
+    None: its mechanisms may make the layout one it refuses (a review: megatron's whole K/V heads over tp x ulysses
+    16 of Llama-3.1-405B's 8 were priced at 1.03x all the same); the gap split then says so and prices nothing."""
+    return fw.why_not(lay) or check_layout(lay, memo_best.model, req.gpus, req.profile.node_gpus, req.seq,
+                                           memo_best.micro_batch, metp_across_nodes=True)
 
 
 SPLIT_FLAGS = ("first_stage_layers", "last_stage_layers", "chunk_layers")  # the request's fixed pipeline split
