@@ -290,7 +290,10 @@ def test_remeasured_attention_keeps_the_ring_blocks_measurements(cpu_run, monkey
     monkeypatch.setattr(attn_bench, "run_attention", run_attention)
     opts = suite.CalibrateOptions(name="cpu-test", device="cpu", quick=True)
     again = suite.remeasure(opts, raw, ("attention",), Progress(enabled=False))
-    assert timed == [len(raw["attention"]["rows"])] and again["remeasured"] == ["attention"]
+    # beside what the fixture's own calibration re-measured (a loaded machine's first copy timings can read
+    # implausible: CI beside other jobs re-measured them once)
+    assert timed == [len(raw["attention"]["rows"])]
+    assert set(again["remeasured"]) == {"attention"} | set(raw.get("remeasured", []))
     blocks = again["attention"]["ring_blocks"]
     assert blocks["rows"] == rings["rows"]
     assert blocks == attn_bench.fit_ring_blocks(rings, again["peak"]["value"])
