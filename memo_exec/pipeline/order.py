@@ -13,8 +13,8 @@ micro-batch. Orders follow Megatron-LM's ``schedules.py``:
   micro-batches k; the forward of k runs chunk ``(k mod (pp v)) // pp`` on micro-batch
   ``(k // (pp v)) pp + k mod pp``, the backward of k the same micro-batch on chunk
   ``v - 1 - (k mod (pp v)) // pp``; warm-up ``(pp - r - 1) 2 + (v - 1) pp`` forwards, capped at
-  ``m v`` (also where m = pp, as Megatron-LM since 4295be1a6c and torch's ScheduleInterleaved1F1B); then one forward and one backward alternately; then the
-  remaining backwards.
+  ``m v`` (also where m = pp, as Megatron-LM since 4295be1a6c and torch's ScheduleInterleaved1F1B); then one
+  forward and one backward alternately; then the remaining backwards.
 """
 
 from __future__ import annotations

@@ -38,7 +38,8 @@ class Metp(MetpFfn):
         # the executor's other build limits (memo_exec.metp.flavour FULL_METP_ARCHITECTURE), which `memo_sim.cost.metp`
         # prices no other way either (a review: --head-dim 256 priced at the hidden width, 70.7% MFU; a sliding
         # window priced as full causal attention)
-        if model.qk_norm or model.qk_head_dim * model.heads != model.hidden or model.value_head_dim != model.qk_head_dim:
+        standard = model.qk_head_dim * model.heads == model.hidden and model.value_head_dim == model.qk_head_dim
+        if model.qk_norm or not standard:
             return (f"two-level METP attention is built and priced for heads of hidden / heads without QK norms; "
                     f"{model.name} has {model.heads} heads of {model.qk_head_dim} in {model.hidden}"
                     f"{' and QK norms' if model.qk_norm else ''}: use metp_ffn (METP on the FFN, Megatron TP on "
