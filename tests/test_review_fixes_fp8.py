@@ -152,3 +152,18 @@ def test_an_fp8_peak_twenty_times_bf16_is_refused(tmp_path):
 @pytest.mark.parametrize("name", ["b200-180gb", "gb200-nvl72", "gb300-nvl72", "h100-sxm5-80gb", "h200-141gb"])
 def test_the_shipped_profiles_peaks_pass_the_bound(name):
     load_profile(name)
+
+
+def test_explain_says_which_peak_an_fp8_plans_mfu_is_of(tmp_path):
+    """A review: explain printed 'MFU 80.7%' for an FP8 plan where the what-if says '(of the bf16 peak)'."""
+    from click.testing import CliRunner
+
+    from memo_sim.cli import cli
+
+    out = tmp_path / "p"
+    r = CliRunner().invoke(cli, ["whatif", "--model", "llama-3.1-8b", "--layers", "2", "--gpus", "8", "--seq", "8K",
+                                 "--profile", "h100-sxm5-80gb", "--precision", "fp8-tensorwise", "--framework",
+                                 "megatron", "--jobs", "1", "--simulate-top", "1", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    first = CliRunner().invoke(cli, ["explain", str(out / "plan.json")]).output.splitlines()[0]
+    assert "(of the bf16 peak)" in first, first

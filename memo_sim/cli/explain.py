@@ -61,7 +61,9 @@ def explain(plan_file, out_format, as_json):
             "failure": res.failure.message() if res.failure is not None else None}, indent=1))
         return
     a = Answer()
-    it = f"{fmt_time(res.iteration_s)}/iteration, MFU {100 * res.mfu:.1f}%" if res.ok else res.failure.message()
+    # an FP8 plan's MFU counts its FLOPs against the model dtype's peak, said as the what-if says it (a review)
+    low = f" (of the {plan.model.dtype} peak)" if plan.model.gemm_format != "bf16" else ""
+    it = f"{fmt_time(res.iteration_s)}/iteration, MFU {100 * res.mfu:.1f}%{low}" if res.ok else res.failure.message()
     a.verdict = (f"{plan.model.name}{plan.model.gemm_words}, {fmt_count(plan.seq_tokens)} tokens x {plan.batch}, {plan.layout.label()}, "
                  f"{plan.policy.label()} on {plan.gpus} x {profile.gpu.model}: {res.status}, {it}")
     a.line(f"binding: {binding}")
