@@ -52,7 +52,8 @@ def test_ring_cp_buffers():
     k and v, each kv_dim wide, so one K/V chunk is k + v = 2·(s/(c·t))·kv_dim·d bytes.
     Forward: the chunk in use and the one being received, 2·(k + v), plus the fp32 output
     accumulator of the merged partial results, (s/(c·t))·h·4. Backward: the K/V double buffer
-    again, plus fp32 dK/dV in use and in flight, 2·(k + v)·4/d."""
+    again, plus dK/dV in use and in flight, 2·(k + v)·a/d: a = d for TransformerEngine's ring (Megatron-LM's
+    layouts), a = 4 where the framework accumulates them in fp32 (memo's executor: ``ring_dkv_fp32``)."""
     s, c, t, h, kvd, d = 256 * K, 4, 2, 4096, 4096, 2
     lay = Layout(tp=t, cp=c)
     toks = s / (c * t)
@@ -61,7 +62,9 @@ def test_ring_cp_buffers():
     assert _sizes(fwd, "cp_kv_double_buffer") == [_aligned(2 * kv)]
     assert _sizes(fwd, "cp_out_accumulator_fp32") == [_aligned(toks * h * 4)]
     assert _sizes(bwd, "cp_kv_double_buffer") == [_aligned(2 * kv)]
-    assert _sizes(bwd, "cp_dkv_fp32_in_flight") == [_aligned(2 * kv * 4 / d)]
+    assert _sizes(bwd, "cp_dkv_in_flight") == [_aligned(2 * kv)]
+    ours = layer_backward_trace(M7, Layout(tp=t, cp=c, ring_dkv_fp32=True), 1, s)
+    assert _sizes(ours, "cp_dkv_in_flight") == [_aligned(2 * kv * 4 / d)]
     # without CP none of them
     assert not _sizes(layer_forward_trace(M7, Layout(tp=t), 1, s), "cp_kv_double_buffer")
 

@@ -133,14 +133,18 @@ def test_torch_cp_holds_the_gathered_kv_through_the_attention():
     fwd = dict(attention_buffers(model, lay, tb, "fwd", 1, seq))
     bwd = dict(attention_buffers(model, lay, tb, "bwd", 1, seq))
     assert fwd["cp_kv_allgather"] == bwd["cp_kv_allgather"] == pytest.approx(10 * 20)
-    assert bwd["cp_dkv_fp32_in_flight"] == pytest.approx(3 * 20 * 2)
+    assert bwd["cp_dkv_in_flight"] == pytest.approx(3 * 20 * 2)
     assert bwd["cp_step_dkv_outputs"] == pytest.approx(20) and bwd["cp_dq_accumulator_fp32"] == pytest.approx(10 * 2)
     assert "cp_kv_double_buffer" not in fwd and "cp_kv_double_buffer" not in bwd
-    # memo's own ring (and every framework's but PyTorch's): the K/V double buffer and 2 fp32 dK/dV chunks, as before
+    # every other ring: the K/V double buffer and 2 dK/dV chunks, in fp32 where the framework accumulates them so
+    # (memo's executor, Layout.ring_dkv_fp32), else in the model's dtype (TransformerEngine's p2p CP sends and
+    # adds dK/dV in kv.dtype): a review found TE's priced at fp32
     plain_fwd, plain_bwd = (dict(attention_buffers(model, replace(lay, ring_merge="none"), tb, ph, 1, seq))
                             for ph in ("fwd", "bwd"))
     assert plain_fwd["cp_kv_double_buffer"] == plain_bwd["cp_kv_double_buffer"] == pytest.approx(2 * 2)
-    assert plain_bwd["cp_dkv_fp32_in_flight"] == pytest.approx(2 * 2 * 2)
+    assert plain_bwd["cp_dkv_in_flight"] == pytest.approx(2 * 2)
+    ours = dict(attention_buffers(model, replace(lay, ring_merge="none", ring_dkv_fp32=True), tb, "bwd", 1, seq))
+    assert ours["cp_dkv_in_flight"] == pytest.approx(2 * 2 * 2)
     assert not {"cp_kv_allgather", "cp_step_dkv_outputs", "cp_dq_accumulator_fp32"} & (set(plain_fwd) | set(plain_bwd))
 
 

@@ -66,7 +66,6 @@ from memo_sim.model.config import ModelConfig
 from memo_sim.model.layer_graph import DTYPE_BYTES
 from memo_sim.profile.schema import HardwareProfile
 
-FP32_BYTES = 4  # the accumulation dtype's element (memo_exec.device.acc_dtype: fp32 below fp64)
 
 
 def zigzag_chunks(cp: int, rank: int) -> tuple[int, int]:
@@ -156,8 +155,7 @@ def ring_shift_bytes(model: ModelConfig, layout: Layout, batch: int, seq: int, g
     (``layout.ring_dkv_fp32``: memo's executor's `memo_exec.device.acc_dtype`; module docs)."""
     size = DTYPE_BYTES[model.dtype]
     if grads:
-        acc = max(size, FP32_BYTES) if layout.ring_dkv_fp32 else size
-        size = ring_merge(layout.ring_merge).dkv_bytes or acc
+        size = ring_merge(layout.ring_merge).dkv_element_bytes(size, layout.ring_dkv_fp32)
     return ring_kv_elements(model, layout, batch, seq) * size
 
 

@@ -66,7 +66,7 @@ class RingMerge:
     dK/dV travel in (0: the model dtype's); ``kv_allgather``: the K/V exchange is one all-gather issued
     at ring step 0 and waited for at step 1 (module docs), not a shift beside every step; the buffers
     (`buffers`): ``kv_copies`` K/V chunks copied before the ring starts, ``dkv_chunks`` fp32 dK/dV chunks
-    live while a backward step's kernel runs, ``dkv_outputs`` earlier steps' dK/dV kernel outputs still
+    live while a backward step's kernel runs (fp32 for torch_cp's), ``dkv_outputs`` earlier steps' dK/dV kernel outputs still
     held, ``dq_fp32`` an fp32 dQ accumulator over the steps."""
 
     name: str
@@ -97,18 +97,27 @@ class RingMerge:
                     + kv_elems * (self.bwd_kv_first + (self.bwd_kv_step + self.bwd_kv_send) * later))
         return q_elems * (self.fwd_q_first + self.fwd_q_step * later) + kv_elems * self.fwd_kv_send * later
 
-    def buffers(self, cp: int, kv: float, q: float, d: int, phase: str) -> list[tuple[str, float]]:
+    def dkv_element_bytes(self, d: int, fp32_accumulators: bool) -> int:
+        """The element size the ring's dK/dV travel and are held in: the implementation's own where it says
+        one (``dkv_bytes``), else fp32 where the framework accumulates them so (``Layout.ring_dkv_fp32``:
+        memo's executor), else the model dtype's ``d`` (TransformerEngine's p2p CP;
+        `memo_sim.cost.ring_attention` module docs)."""
+        return self.dkv_bytes or (max(d, 4) if fp32_accumulators else d)
+
+    def buffers(self, cp: int, kv: float, q: float, d: int, phase: str,
+                dkv_d: int | None = None) -> list[tuple[str, float]]:
         """(name, bytes) of the ring's K/V and gradient buffers live while a layer's attention runs on a rank
         of a CP group of ``cp`` (module docs): ``kv`` the bytes of one K/V chunk as the ring holds it, ``q``
-        of the rank's queries, ``d`` the model dtype's bytes an element. A ring of shifts holds a K/V double
-        buffer (the chunk in use and the one arriving) and, in backward, its fp32 dK/dV in use and in flight."""
+        of the rank's queries, ``d`` the model dtype's bytes an element, ``dkv_d`` those of a dK/dV element
+        (`dkv_element_bytes`; None: fp32). A ring of shifts holds a K/V double buffer (the chunk in use and
+        the one arriving) and, in backward, its dK/dV in use and in flight."""
         if self.kv_allgather:  # the gathered chunks, the packed one sent, the copies made first
             out = [("cp_kv_allgather", (cp + 1 + self.kv_copies) * kv)]
         else:
             out = [("cp_kv_double_buffer", (2 + self.kv_copies) * kv)]
         if phase != "bwd":
             return out
-        out.append(("cp_dkv_fp32_in_flight", self.dkv_chunks * kv * 4 / d))
+        out.append(("cp_dkv_in_flight", self.dkv_chunks * kv * (dkv_d or 4) / d))
         if self.dkv_outputs:
             out.append(("cp_step_dkv_outputs", self.dkv_outputs * kv))
         if self.dq_fp32:

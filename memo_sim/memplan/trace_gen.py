@@ -115,7 +115,9 @@ def attention_buffers(model: ModelConfig, layout: Layout, tb: dict[str, float], 
       beside the projections the layer keeps.
     - backward: the kernel's scratch (2·lse) plus FlashAttention's fp32 dQ accumulator, q·4/d
       (one buffer, ``attention_bwd_workspace``); ring CP: the K/V double buffer 2·(k + v) and the
-      fp32 dK/dV travelling the ring, in use and in flight, 2·(k + v)·4/d (PyTorch's CP: its K/V
+      dK/dV travelling the ring, in use and in flight, 2·(k + v)·a/d, a the element size they travel in
+      (`RingMerge.dkv_element_bytes`: 4 where the framework accumulates them in fp32, memo's executor; the
+      model dtype's for TransformerEngine's p2p CP) (PyTorch's CP: its K/V
       chunks as in the forward, three fp32 dK/dV chunks, the last step's dK/dV kernel outputs and an fp32
       dQ accumulator, `RingMerge.buffers`); Ulysses: the
       all-to-all buffers of the incoming attention gradient (attn) and of dq, dk, dv (q + r·(k + v)).
@@ -135,7 +137,8 @@ def attention_buffers(model: ModelConfig, layout: Layout, tb: dict[str, float], 
     qkv = tb["q"] + kv
     ring = ring_merge(layout.ring_merge)
     ring_kv = tb["q"] + tb["attn"] if ring.kv_at_query_heads else kv  # one K/V chunk as the ring holds it
-    ring_bufs = ring.buffers(layout.cp, ring_kv, tb["q"], d, phase)  # the ring's K/V and gradient buffers
+    # the ring's K/V and gradient buffers, its dK/dV in the element size they travel in
+    ring_bufs = ring.buffers(layout.cp, ring_kv, tb["q"], d, phase, ring.dkv_element_bytes(d, layout.ring_dkv_fp32))
     # QK norms (Qwen3): the normalised queries and keys the kernel reads, beside the kept projections (the executor
     # normalises in scratch where the kernel runs, `memo_exec.layer.LayerCompute._attention_qk`)
     # (a framework that keeps them, ``qk_norm_kept``, holds them among the saved tensors instead)
