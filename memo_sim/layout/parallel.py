@@ -691,9 +691,12 @@ def offload_why_not(layout: Layout) -> str | None:
 
 
 def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: int,
-                 seq: int, batch: int = 1, metp_across_nodes: bool = False) -> str | None:
+                 seq: int, batch: int = 1, metp_across_nodes: bool = False,
+                 node_gpus: int | None = None) -> str | None:
     """Return None if the layout is valid, else the reason it is rejected. ``metp_across_nodes``
-    lets a METP group span whole nodes (its ring then rides the inter-node link)."""
+    lets a METP group span whole nodes (its ring then rides the inter-node link). ``node_gpus``: the
+    profile's own node where ``gpus_per_node`` is widened for TP (a plan's check, `memo_sim.search.plan_check`),
+    the node the MoE dispatcher's kernels run on (None: ``gpus_per_node``)."""
     for f in ("tp", "cp", "ulysses", "dp", "pp", "vpp"):
         v = getattr(layout, f)
         if not isinstance(v, int) or v < 1:
@@ -710,7 +713,8 @@ def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: i
     if why:
         return why
     if model.moe:  # what the token dispatcher's kernels can run (DeepEP's ranks and GPUs per node)
-        why = layout.dispatcher.group_why_not(layout.ep, gpus_per_node)
+        why = (layout.dispatcher.group_why_not(layout.ep, node_gpus or gpus_per_node)
+               or layout.dispatcher.balance_why_not(layout.balance.kind))
         if why:
             return why
     if layout.metp and model.gemm.quantised:

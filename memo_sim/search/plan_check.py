@@ -48,9 +48,11 @@ def layout_problem(plan: Plan, profile) -> str | None:
     (`memo_sim.layout.parallel.check_layout`): ``layout: why; fix``, or None (a review: a plan edited to 131,073
     tokens under CP 4 and SP was valid for check-plan and exported, where the what-if refuses that length)."""
     # the node as memo-exec validate sizes it (its plans run every rank on one machine: a CPU profile's node is one
-    # device), so a plan's TP is not held to the profile's node here; the what-if's search is
+    # device), so a plan's TP is not held to the profile's node here; the what-if's search is. The MoE dispatcher's
+    # kernels see the profile's own node (a review: a 16-GPU DeepEP plan on 8-GPU nodes, written by the what-if,
+    # was refused by every command that read it, as if its node held 16)
     why = check_layout(plan.layout, plan.model, plan.gpus, max(profile.node_gpus, plan.gpus), plan.seq_tokens,
-                       plan.micro_batch or plan.batch)
+                       plan.micro_batch or plan.batch, node_gpus=profile.node_gpus)
     return f"layout: {seq_fix_names(why, 'seq_tokens')}" if why else None
 
 

@@ -50,6 +50,17 @@ class Dispatcher:
     max_ranks: int = 0
     max_node_gpus: int = 0
     limits_source: str = ""
+    # whether its kernels take expert inputs padded to a capacity (`memo_sim.layout.moe_balance` ``capacity:F``),
+    # with the source where they do not (`balance_why_not`)
+    pads_to_capacity: bool = True
+    no_padding_source: str = ""
+
+    def balance_why_not(self, kind: str) -> str | None:
+        """Why the dispatcher cannot run the expert-load setting ``kind`` (`memo_sim.layout.moe_balance`), or None."""
+        if kind == "capacity" and not self.pads_to_capacity:
+            return (f"the {self.name} dispatcher does not pad expert inputs to a capacity ({self.no_padding_source}): "
+                    f"use --moe-balance dropless, or another dispatcher (alltoall) with capacity")
+        return None
 
     def group_why_not(self, ep: int, node_gpus: int) -> str | None:
         """Why the dispatcher cannot run an EP group of ``ep`` ranks on nodes of ``node_gpus`` GPUs, or None."""

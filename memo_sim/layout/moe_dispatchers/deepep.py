@@ -20,4 +20,9 @@ DISPATCHERS.add("deepep", Dispatcher(
     # support GB200 yet' (deepseek-ai/DeepEP issue 392), not on NVL72 publicly (issue 579, 2026-02)
     max_ranks=160, max_node_gpus=8,
     limits_source="DeepEP's normal kernels: NUM_MAX_NVL_PEERS 8 x NUM_MAX_RDMA_PEERS 20; no GB200 NVL72 support, "
-                  "deepseek-ai/DeepEP issues 392 and 579"))
+                  "deepseek-ai/DeepEP issues 392 and 579",
+    # Megatron-LM's TransformerConfig.__post_init__ at d98e8a64: ValueError "Flex token dispatcher with deepep backend
+    # does not support moe_pad_expert_input_to_capacity" (a review: memo priced and exported the pair)
+    pads_to_capacity=False,
+    no_padding_source="Megatron-LM refuses --moe-pad-expert-input-to-capacity with the flex dispatcher's deepep "
+                      "backend, TransformerConfig at d98e8a64"))
