@@ -190,8 +190,10 @@ def add_memory_part(a: Answer, plan, res, mem, peaks: dict | None = None) -> Non
     if stages:  # a pipeline: each stage holds its own layers, micro-batches or subsequences
         rows = [[str(s["stage"]), fmt_bytes(s["analytic_peak_gpu_bytes"]), fmt_bytes(s["peak_gpu_bytes"])]
                 for s in stages]
+        # the simulated column as the result names its peak: a pipeline's allocations summed, no allocator replay
+        # (a review: 'peak (simulated, caching allocator)' beside a binding line saying no replay ran)
         alloc = analytic_peak(mem, plan.policy, plan.layout).allocator
-        a.table(["stage", f"peak (analytic, {alloc})", f"peak (simulated, {alloc})"], rows,
+        a.table(["stage", f"peak (analytic, {alloc})", f"peak ({result_peak(res).source})"], rows,
                 title=f"\nGPU memory per stage (usable {fmt_bytes(res.gpu_capacity_bytes)}):")
     else:
         a.table(["", "size", "how"], memory_rows(plan, res, mem), title="\nGPU memory per GPU:")

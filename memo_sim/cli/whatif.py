@@ -346,7 +346,7 @@ def _print_answer(ans, paths: dict, elapsed: float, show: Show) -> None:
     req, result, best = ans.request, ans.result, ans.best
     batch_words = (f"{req.global_batch} sequences per iteration" if req.global_batch
                    else f"{req.batch} per replica" if req.batch
-                   else "1 per replica" + (" (a pipeline's: pp micro-batches)"
+                   else "1 per replica" + (" (pipeline rows: pp micro-batches)"
                                            if (result.searched.get("pipeline") or {}).get("pp") else ""))
     shown = fold_duplicates(result.candidates)
     view = WhatIfView(

@@ -103,4 +103,4 @@ def planned_peak(plan) -> Peak | None:
     if not isinstance(pred.peak_gpu_bytes, (int, float)):
         return None
     tier = SIMULATED if str(pred.source).startswith("sim") else ANALYTIC
-    return Peak(float(pred.peak_gpu_bytes), tier, allocator_of(plan.policy, plan.layout))
+    return Peak(float(pred.peak_gpu_bytes), tier, allocator_of(plan.policy, plan.layout), _replayed(pred.allocator))

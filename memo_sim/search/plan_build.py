@@ -90,6 +90,10 @@ def bare_plan(c, classifier_chunk_tokens: int = CLASSIFIER_CHUNK_TOKENS) -> Plan
         "exposed_copy_s": sim["exposed_copy_s"] if sim else e.exposed_copy_s,
         "analytic_iteration_s": e.iteration_s,
         "memory_breakdown_bytes": {k: v for k, v in c.memory.to_dict().items() if k != "status"},
+        # a simulated peak no caching-allocator replay reserved (a pipeline's summed allocations), so that what reads
+        # the plan names it as the what-if did (`memo_sim.report.peaks.planned_peak`)
+        **({"allocator": {"replayed": False}} if sim and (sim.get("allocator") or {}).get("replayed") is False
+           else {}),
     }
     timings = dict(sim["layer_timings_s"]) if sim and "layer_timings_s" in sim else e.layer.to_dict()
     return Plan(model=c.model, batch=c.batch, seq_tokens=c.seq, gpus=c.layout.gpus,
