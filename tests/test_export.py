@@ -190,13 +190,14 @@ def test_deepspeed_script_carries_the_models_rotary_base_and_norm_epsilon():
 
 
 @pytest.mark.parametrize("kernel, profile, backend", [
-    ("cudnn", "h100-sxm5-80gb", "fused"), ("flash", "h100-sxm5-80gb", "flash"),
-    ("materialised", "h100-sxm5-80gb", "unfused"),
+    ("cudnn", "h100-sxm5-80gb", "fused"), ("flash", "h100-sxm5-80gb", "fused"),
+    ("materialised", "h100-sxm5-80gb", "fused"),
     ("cudnn", "a800-80gb", "flash"),  # no cuDNN curves on the A800 profile: priced as FlashAttention, written so
 ])
 def test_megatron_script_pins_the_attention_kernel_the_plan_is_priced_on(kernel, profile, backend):
     """Megatron's --attention-backend defaults to auto (TransformerEngine's choice); the script left it there while
-    the plan was priced on cuDNN's fused attention (a review): it pins the kernel the plan is priced on."""
+    the plan was priced on cuDNN's fused attention (a review): it pins the kernel the nearest plan is priced on
+    (Megatron's TransformerEngine attention, `Framework.adapt`; a review found flash written where cuDNN was priced)."""
     plan = replace(_plan("llama-3.1-8b", Layout(tp=2, sp=True, dp=2, zero=1, attention=kernel), ("full_recompute",),
                          seq=8192), profile=profile)
     ex = export_plan(plan, "megatron", price=False, nearest=True)

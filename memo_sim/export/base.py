@@ -512,13 +512,25 @@ def gpus_per_host(plan: Plan) -> int:
 
 def torchrun_line(plan: Plan, script: str) -> str:
     """torchrun's process counts for the plan's GPUs on hosts of the profile's size (a GB200 NVL72's
-    compute trays of 4 GPUs, not its 72-GPU NVLink domain)."""
+    compute trays of 4 GPUs, not its 72-GPU NVLink domain), filled in order as the simulator places them: every
+    host full but the last, which runs the rest (a review: a 6-GPU plan on hosts of 4 was launched as 2 x 4 = 8
+    ranks, and Megatron-LM and torchtitan derive the data-parallel size from the world size: another job). torchrun
+    takes a different --nproc-per-node on each host: its agent's ``_assign_worker_ranks``
+    (torch/distributed/elastic/agent/server/api.py, torch 2.13.0) sums every host's local world size through the
+    rendezvous store and gives each host the ranks after those of the hosts before it, under the static rendezvous
+    too, unless TORCH_ELASTIC_WORKER_IDENTICAL is 1 (its fast path assumes equal hosts: the line sets it to 0)."""
     per = min(plan.gpus, gpus_per_host(plan))
     nodes = -(-plan.gpus // per)
     if nodes == 1:
         return f"torchrun --nnodes 1 --nproc-per-node {per} {script}"
+    rank = f"${{NODE_RANK:?set NODE_RANK, 0..{nodes - 1}}}"
+    last = plan.gpus - (nodes - 1) * per
+    # the last host's count from its rank, the rank checked as it is read (bash expands the words in order)
+    count = (str(per) if last == per else
+             f"\"$(( {rank} < {nodes - 1} ? {per} : {last} ))\"")
+    env = "" if last == per else "TORCH_ELASTIC_WORKER_IDENTICAL=0 "
     # several hosts: torchrun's static rendezvous, each host its rank and the first host's address from the
     # environment the job scheduler sets (the script refuses to start without them)
-    return (f"torchrun --nnodes {nodes} --nproc-per-node {per} --node-rank \"${{NODE_RANK:?set NODE_RANK, "
-            f"0..{nodes - 1}}}\" --master-addr \"${{MASTER_ADDR:?set MASTER_ADDR, the first host}}\" "
+    return (f"{env}torchrun --nnodes {nodes} --nproc-per-node {count} --node-rank \"{rank}\" "
+            f"--master-addr \"${{MASTER_ADDR:?set MASTER_ADDR, the first host}}\" "
             f"--master-port \"${{MASTER_PORT:-29500}}\" {script}")

@@ -382,8 +382,16 @@ def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | None]]:
     # ZeRO 3 on the launch line too: pretrain_gpt.py builds the model under deepspeed.zero.Init(enabled=args.zero_stage
     # == 3), and every other use of the flag (default 1) asks for 3 alone (a review: a ZeRO-3 plan's every rank built
     # the whole model before partitioning it)
-    args += [("--zero-stage", "3")] * (lay.zero == 3) + [("--deepspeed", None), ("--deepspeed_config", CONFIG_FILE)]
-    return args
+    args += [("--zero-stage", "3")] * (lay.zero == 3)
+    if lay.optimizer_offload:  # ds_config's offload_optimizer takes DeepSpeed's CPU Adam: without --cpu-optimizer
+        # Megatron-DeepSpeed builds its GPU Adam (get_megatron_optimizer, megatron/optimizer/__init__.py:83 at
+        # 4efb479d; the flag megatron/arguments.py:948) and hands it to deepspeed.initialize, whose
+        # _configure_optimizer raises ZeRORuntimeException for a client optimizer under ZeRO-Offload that is not
+        # DeepSpeedCPUAdam (zero_force_ds_cpu_optimizer, default true: deepspeed/runtime/engine.py at edaa7221);
+        # with it, DeepSpeedCPUAdam (--cpu_torch_adam, torch's AdamW, would stop there too). A review: the script
+        # stopped at start-up
+        args.append(("--cpu-optimizer", None))
+    return args + [("--deepspeed", None), ("--deepspeed_config", CONFIG_FILE)]
 
 
 def export(plan: Plan, price: bool = True, instead: dict | None = None) -> Export:
@@ -395,8 +403,10 @@ def export(plan: Plan, price: bool = True, instead: dict | None = None) -> Expor
     body = [f"    {opt}" + (f" {shlex.quote(val)}" if val is not None else "") for opt, val in arguments(plan, g)]
     lines = ["#!/usr/bin/env bash", ex.comment_block(), "#",
              "# Run from a Megatron-DeepSpeed checkout; add data, tokenizer and optimizer arguments.",
-             "set -euo pipefail", torchrun_line(plan, "pretrain_gpt.py") + " \\"]
+             "set -euo pipefail", (tr := torchrun_line(plan, "pretrain_gpt.py")) + " \\"]
     lines += [b + " \\" for b in body[:-1]] + [body[-1], ""]
     ex.files[LAUNCH_FILE] = "\n".join(lines)
-    ex.launch = f"bash {LAUNCH_FILE}  # reads {CONFIG_FILE}"
+    ex.launch = f"bash {LAUNCH_FILE}  # reads {CONFIG_FILE}" + (
+        ", on each node with NODE_RANK and MASTER_ADDR set (torchrun's static rendezvous)" if "--node-rank" in tr
+        else "")
     return ex

@@ -23,6 +23,7 @@ from memo_sim.layout.pipeline_layout import format_layout
 from memo_sim.layout.rank_order import MEGATRON_OPTION as RANK_ORDER_OPTION
 from memo_sim.plan.schema import Plan
 from memo_sim.policy.registry import policy_class
+from memo_sim.search.frameworks import get_framework
 
 FRAMEWORK = "megatron"  # its version in memo_sim/frameworks/data (the plans exported instead)
 SOURCE = "NVIDIA/Megatron-LM@d98e8a64 (2026-08-22)"
@@ -42,8 +43,14 @@ _RUNS = {name: " ".join(f"{o} {v if isinstance(v, str) else ' '.join(v)}" for o,
          "no recompute (every activation kept)" for name, args in _RECOMPUTE.items()}
 
 
-_OFFLOAD_NOTE = ("Megatron's --cpu-offloading --cpu-offloading-num-layers N, with Transformer Engine, moves "
-                 "whole layers' activations to the host, not a fraction of each layer's token rows")
+# Megatron-LM's activation offload at d98e8a64: --cpu-offloading-num-layers N (a ModelParallelConfig field through
+# ArgumentGroupFactory) turns cpu_offloading on (validate_args: `if args.cpu_offloading_num_layers > 0:
+# args.cpu_offloading = True`); cpu_offloading itself is excluded from the generated options (arguments.py's list of
+# TransformerConfig fields with no CLI argument), so there is no --cpu-offloading (a review found the note naming it).
+# TransformerConfig refuses it beside pipeline stages or activation recompute
+_OFFLOAD_NOTE = ("Megatron's --cpu-offloading-num-layers N (which turns its cpu_offloading on), with Transformer "
+                 "Engine, moves whole layers' activations to the host, not a fraction of each layer's token rows, "
+                 "and runs without pipeline stages or recompute only")
 
 
 def gaps(plan: Plan) -> list[Gap]:
@@ -299,7 +306,8 @@ def rotary_arguments(m) -> list[tuple[str, str | None]]:
 def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | tuple[str, ...] | None]]:
     """(option, value: one word, a tuple of words for a list option, or None for a flag) in the order a
     reader looks for them."""
-    m, (lay, pol, _schedule) = plan.model, nearest_plan(plan, applied)
+    m = plan.model
+    lay, pol, _ = nearest_plan(plan, applied)
     args = shape_arguments(plan) + [("--vocab-size", str(m.vocab))]
     if m.n_kv_heads != m.heads and not m.mla:
         args += [("--group-query-attention", None), ("--num-query-groups", str(m.n_kv_heads))]
@@ -323,7 +331,11 @@ def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | tuple[str
     if m.attention_sinks:  # one learned logit per head in each softmax (GPT-OSS)
         args.append(("--softmax-type", "learnable"))
     args += _window_pattern(m)
-    kernel = plan.priced_attention_kernel(lay.attention)  # cuDNN as FlashAttention where the profile prices it so
+    # the kernel the nearest plan is priced on: the layout as Megatron-LM runs it (`Framework.adapt`, as
+    # `price_nearest` adapts it: TransformerEngine's cuDNN attention), its ring's blocks where it runs as blocks
+    # (TransformerEngine's CP steps run the backend chosen), cuDNN as FlashAttention where the profile prices it so
+    # (a review: a torchtitan plan's flash written beside a nearest plan priced on cuDNN)
+    kernel = plan.priced_attention_kernel(get_framework(FRAMEWORK).adapt(lay).attention_kernel())
     if kernel in ATTENTION_BACKENDS:
         args.append(("--attention-backend", ATTENTION_BACKENDS[kernel]))
     if m.mtp_layers:  # on the last pipeline stage without a layout, as memo prices them (a layout writes them: 'm')
@@ -357,10 +369,13 @@ def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | tuple[str
         if lay.last_stage_layers:
             args.append(("--decoder-last-pipeline-num-layers", str(lay.last_stage_layers)))
         if lay.account_embedding_loss:
-            args += [("--account-for-embedding-in-pipeline-split", None), ("--account-for-loss-in-pipeline-split", None)]
+            args += [("--account-for-embedding-in-pipeline-split", None),
+                     ("--account-for-loss-in-pipeline-split", None)]
     if lay.rank_order in RANK_ORDER_OPTION:  # data parallelism outermost (`memo_sim.layout.rank_order`)
         args.append((RANK_ORDER_OPTION[lay.rank_order], None))
-    args += [("--micro-batch-size", str(plan.micro_batch)), ("--global-batch-size", str(plan.batch * lay.dp))]
+    # the replica's sequences the nearest plan is priced with (`nearest_batch`), as the other exports write them
+    args += [("--micro-batch-size", str(plan.micro_batch)),
+             ("--global-batch-size", str(nearest_batch(plan, applied) * lay.dp))]
     if lay.zero >= 1 or lay.optimizer_offload:  # the CPU offload runs inside the distributed optimizer
         args.append(("--use-distributed-optimizer", None))  # Megatron-FSDP (v1) runs inside it too
     if lay.zero == 3:  # Megatron-FSDP: weights, gradients and optimizer states sharded (the framework data's sources)
@@ -400,7 +415,8 @@ def export(plan: Plan, price: bool = True, instead: dict | None = None) -> Expor
     tr = torchrun_line(plan, "pretrain_gpt.py")
     lines = ["#!/usr/bin/env bash", ex.comment_block(), "#",
              *_plan_header(plan, g),
-             "# Add your data, tokenizer, optimizer and checkpoint arguments (--data-path, --tokenizer-type, --lr ...).",
+             "# Add your data, tokenizer, optimizer and checkpoint arguments (--data-path, --tokenizer-type, "
+             "--lr ...).",
              "set -euo pipefail",
              # Megatron-FSDP asserts the variable is unset or above 1 (validate_args at SOURCE); TP's overlap wants 1
              "unset CUDA_DEVICE_MAX_CONNECTIONS" if ("--use-megatron-fsdp", None) in args

@@ -36,7 +36,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from memo_sim.export.base import (Export, Gap, PlanChange, balance_gap, gemm_format_gap, metp_gap, mtp_gap,
-                                  rank_order_gap, nearest_model, nearest_plan, not_modelled_gap, optimizer_offload_gap,
+                                  rank_order_gap, nearest_batch, nearest_model, nearest_plan, not_modelled_gap,
+                                  optimizer_offload_gap,
                                   policy_gaps,
                                   uneven_stages_gap, price_nearest, rotary_gaps, target_gemm_format, torchrun_line,
                                   ulysses_gap)
@@ -561,6 +562,9 @@ def _value(v) -> str:
 
 def render(plan: Plan, applied: list[Gap]) -> str:
     lay, pol, schedule = nearest_plan(plan, applied)
+    # the replica's sequences priced (`nearest_batch`: `_microbatch_gap` raises them to a micro-batch per stage; a
+    # review found the file writing the plan's 2 micro-batches beside a nearest plan priced with 4)
+    batch = nearest_batch(plan, applied)
     base, other_model = _base(plan)
     if lay.dp_mode == "fsdp":  # FSDP2 over its shard group (with CP inside it, as torchtitan's mesh puts it)
         dp_shard = max(1, lay.dp_flavour.shard_group(lay) // (lay.cp * lay.ulysses))
@@ -581,7 +585,7 @@ def render(plan: Plan, applied: list[Gap]) -> str:
         sets.append(("parallelism.fsdp_reshard_after_forward", "never"))
     if lay.pp > 1:
         sets += [("parallelism.pipeline_parallel_schedule", SCHEDULES[schedule]),
-                 ("parallelism.num_pp_microbatches", plan.micro_batches)]
+                 ("parallelism.num_pp_microbatches", batch // plan.micro_batch)]
         split, fqns = pipeline_split(plan), module_fqns(plan)
         if split is not None:
             sets += [("parallelism.pipeline_parallel_layers_per_stage", split[0]),
@@ -591,7 +595,7 @@ def render(plan: Plan, applied: list[Gap]) -> str:
             sets.append(("parallelism.module_fqns_per_model_part", fqns))
     sets += [("training.max_context_length", plan.seq_tokens),
              ("training.num_tokens_per_microbatch_per_dp_rank", plan.micro_batch * plan.seq_tokens),
-             ("training.num_tokens_per_train_step", plan.batch * lay.dp * plan.seq_tokens),
+             ("training.num_tokens_per_train_step", batch * lay.dp * plan.seq_tokens),
              # eager launches, as priced; CUDA graphs are on by default at SOURCE and the trainer refuses them beside
              # pipeline parallelism and the all-to-all EP dispatcher (torchtitan/trainer.py _validate_cuda_graphs)
              ("training.disable_cuda_graphs", True)]

@@ -444,8 +444,11 @@ def mechanism_changes(mine: Layout, theirs: Layout, profile) -> list[str]:
     def shown(k: str, f: str, lay: Layout) -> str:  # a blocks' kernel of "" reads as the layer kernel's
         return lay.block_kernel if k == "block_attention" else getattr(lay, f)
 
+    # compared as shown: a ring's blocks on the layer kernel ("") of flash and of cudnn are other kernels though
+    # both fields read "" (a review: a torchtitan plan's ring on FlashAttention-2 exported to Megatron-LM, priced on
+    # TransformerEngine's cuDNN, named no kernel change)
     return [f"{k} {shown(k, f, mine)} -> {shown(k, f, theirs)}" for k, f in MECHANISMS.items()
-            if getattr(mine, f) != getattr(theirs, f) and not moot.get(k, False)]
+            if shown(k, f, mine) != shown(k, f, theirs) and not moot.get(k, False)]
 
 
 def _read(path: Path) -> Framework:
