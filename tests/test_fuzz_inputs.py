@@ -159,7 +159,7 @@ def drive(cli, args, folder: Path, inputs: set[str], must_refuse: bool = False):
 
 # -- profiles -------------------------------------------------------------------------------------
 NAN_PROFILE = ((("gpu", "memory", "value"), "set", float("nan"), True))
-PROFILE_NAMED = dict(PROFILE, description="A800 (réplica for the fuzz test: a non-ASCII character)")
+PROFILE_NAMED = dict(PROFILE, name="fuzz", description="A800 (réplica for the fuzz test: a non-ASCII character)")
 
 
 @contextmanager

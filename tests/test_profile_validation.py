@@ -125,11 +125,15 @@ def test_a_misspelt_peak_key_is_named_where_a_format_asks_for_its_peak(tmp_path)
 
 def test_a_profile_is_found_by_the_name_it_declares(tmp_path, monkeypatch):
     """Every answer prints a profile's name: field, but --profile looked for the file name only (a user's
-    review): a file cluster-a.yaml declaring name: my-h100-4gpu is found by either."""
+    review): a file cluster-a.yaml declaring name: my-h100-4gpu is found by its declared name, and by its file name
+    only where the two agree (a later review: a copied profile found by its file name but declaring the stock name
+    wrote plans every later command re-priced on the stock profile)."""
     text = (REPO_PROFILES / "h100-sxm5-80gb.yaml").read_text().replace("name: h100-sxm5-80gb", "name: my-h100-4gpu", 1)
     (tmp_path / "cluster-a.yaml").write_text(text)
     monkeypatch.setenv("MEMO_PROFILES", str(tmp_path))
-    assert load_profile("my-h100-4gpu").name == "my-h100-4gpu" == load_profile("cluster-a").name
+    assert load_profile("my-h100-4gpu").name == "my-h100-4gpu"
+    with pytest.raises(ProfileError, match="set `name: cluster-a` in the file"):
+        load_profile("cluster-a")
     with pytest.raises(ProfileError, match="not found"):
         load_profile("my-h100-8gpu")
 

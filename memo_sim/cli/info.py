@@ -28,7 +28,7 @@ def profiles():
     rows = []
     for name, path in sorted(list_profiles().items()):
         try:
-            p = load_profile(path)
+            p = load_profile(name)  # by name, as --profile finds it: a file declaring another name is INVALID
             check_profile_gemm_formats(p)  # as the what-if checks it (the formats are registered downstream)
             fp8 = p.gpu.peak_flops.get("fp8")
             rows.append([name, p.gpu.model, fmt_bytes(p.gpu_memory), f"{p.peak() / 1e12:.0f}",

@@ -249,16 +249,18 @@ class _PlanIn(BaseModel):
 
 
 def with_profile_reference(plan: Plan, given: str) -> Plan:
-    """``plan`` recording its profile as the user gave it: a profile named by its name stays the
-    name; one read from a file (``--profile cpu.yaml``, what `memo-exec calibrate` writes) is
-    recorded by the file's absolute path, so check-plan, simulate and memo-exec find it again
-    (its bare name resolves only inside a profile folder)."""
+    """``plan`` recording its profile as the user gave it (``given``, what `memo_sim.profile.loader.load_profile`
+    was called with): one read from a file (``--profile cpu.yaml``, what `memo-exec calibrate` writes) by the
+    file's absolute path, so check-plan, simulate and memo-exec find it again (its bare name resolves only inside a
+    profile folder); one named by its name by that name, the one looked up, not the ``name:`` the file declares
+    (a review: my-b200.yaml declaring ``name: b200-180gb`` wrote plans that re-priced on the stock B200; the loader
+    now refuses that mismatch too, `memo_sim.profile.loader._named`). The test for a file is the loader's."""
     import dataclasses
 
     p = Path(given)
-    if str(given) == plan.profile or not (p.suffix in (".yaml", ".yml", ".json") or p.exists()):
-        return plan
-    return dataclasses.replace(plan, profile=str(p.resolve()))
+    if p.suffix in (".yaml", ".yml", ".json") or p.exists():
+        return dataclasses.replace(plan, profile=str(p.resolve()))
+    return plan if str(given) == plan.profile else dataclasses.replace(plan, profile=str(given))
 
 
 def write_plan(plan: Plan, path: str | Path) -> Path:

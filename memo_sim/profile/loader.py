@@ -18,7 +18,8 @@ synchronise cost), is complete or absent: profiles written before it existed loa
 `memo_sim.profile.schema.DEFAULT_ALLOCATOR_COSTS`, whose sources say they are assumed defaults.
 
 Profiles are looked up by name in, in order: the folders of ``$MEMO_PROFILES`` (os.pathsep
-separated), ``./hardware_profiles`` and the repository's ``hardware_profiles/``.
+separated), ``./hardware_profiles`` and the repository's ``hardware_profiles/``: first by file name (``NAME.yaml``,
+whose ``name:`` must then be ``NAME``: `_named`), else by the ``name:`` a file declares.
 """
 
 from __future__ import annotations
@@ -458,4 +459,19 @@ def load_profile(name_or_path: str | os.PathLike) -> HardwareProfile:
             f"profile {str(name_or_path)!r} not found; {hint}known: {', '.join(sorted(known)) or 'none'} "
             f"(or pass a file path, or add a folder to $MEMO_PROFILES)"
         )
-    return parse_profile(_read_file(known[str(name_or_path)]), str(known[str(name_or_path)]))
+    return _named(parse_profile(_read_file(known[str(name_or_path)]), str(known[str(name_or_path)])),
+                  str(name_or_path))
+
+
+def _named(profile: HardwareProfile, asked: str) -> HardwareProfile:
+    """``profile``, found by its file name ``asked``, where its ``name:`` is ``asked`` too; else a `ProfileError`.
+    Every answer prints the ``name:`` and a plan records the profile by name, which the loader looks up again
+    (`memo_sim.plan.schema.with_profile_reference`): a copy of b200-180gb.yaml saved as my-b200.yaml with its
+    ``name:`` kept printed ``(b200-180gb)`` on its own numbers, and its plan re-priced on the stock B200 (a review:
+    9.11 s predicted, 942.68 ms re-simulated, no warning). A file found by the name it declares is consistent by
+    construction; one loaded by its path is recorded by that path."""
+    if profile.name == asked:
+        return profile
+    raise ProfileError(f"{profile.path}: name: is {profile.name!r}, but the file was found as profile {asked!r} "
+                       f"(its file name); answers print the name: and plans look the profile up by it again, so the "
+                       f"two must agree: set `name: {asked}` in the file (or pass the file's path to --profile)")

@@ -12,9 +12,13 @@ unit: GB/s}``, a bf16 peak in GFLOP/s) and the what-if answers on it. Here, afte
 * the peaks' order: a narrower floating-point format's dense peak is at least a wider one's where both are given
   (fp32 <= tf32 <= bf16, fp16 <= fp8 <= fp6 <= fp4), on accelerators (a CPU without bf16 instructions runs bf16
   slower than fp32);
+* the latencies (links, a collective's fitted step, a memory-bound op's call, the allocator's calls) and the
+  allocator's throughputs, by the same ranges: a latency in seconds or milliseconds where microseconds were meant
+  (NVLink at ``{value: 8, unit: s}`` or ``ms``) priced a what-if at up to 1632 s an iteration, exit 0 (a review);
 * the counts: ``node.gpus_per_host`` divides ``node.gpus_per_node`` (hosts of equal size), and
-  ``host_link.gpus_per_socket`` is at most the GPUs of one host and divides them (a calibrated profile's node is the
-  GPUs it saw, 6 of an 8-GPU box say, whose sockets it may fill unevenly: there only "at most").
+  ``host_link.gpus_per_socket`` and ``host_link.gpus_per_pcie_switch`` are at most the GPUs of one host and divide
+  them (a calibrated profile's node is the GPUs it saw, 6 of an 8-GPU box say, whose sockets and switches it may
+  fill unevenly: there only "at most").
 
 ``efficiency.gemm_formats``' keys name GEMM formats, which are registered downstream of the profile
 (`memo_sim.model.gemm_formats`): `memo_sim.cost.gemm_format.check_profile_gemm_formats` checks them, for the
@@ -53,6 +57,24 @@ ACCELERATOR: dict[str, tuple[str, float, float, str]] = {
                                                "17 TB"),
     "host.memory_bandwidth": ("bandwidth", 1e9, 1e14, "1 GB/s .. 100 TB/s a node, one DDR channel to a GB200 "
                                                       "NVL72 rack's 18.4 TB/s"),
+    # the latencies: every shipped profile assumes 8 us (NVLink), 12-15 us (inter-node over IB) and 10 us (a
+    # cudaMemcpyAsync's launch); a GPU's transports reach down to about a microsecond (an NVLink hop, NCCL's LL
+    # protocol) and up to tens of microseconds (a TCP socket between nodes): the ranges keep a decade on each side
+    "nvlink.latency": ("time", 1e-7, 1e-4, "0.1 us .. 100 us per message, an NVLink hop to a PCIe peer copy"),
+    "internode.latency": ("time", 1e-7, 1e-3, "0.1 us .. 1 ms per message, RDMA to a TCP socket"),
+    "host_link.latency": ("time", 1e-7, 1e-4, "0.1 us .. 100 us per copy, a cudaMemcpyAsync's launch and setup"),
+    # a collective's fitted per-step latency is a line's intercept (`memo_sim.cost.collectives.fit_params`): 0 is
+    # a fit, not a slip (the committed CPU calibrations fit all_to_all at 0 us)
+    "collectives.latency": ("time", 0.0, 1e-3, "0 .. 1 ms per step, a fitted intercept"),
+    "efficiency.kernel_latency": ("time", 1e-7, 1e-3, "0.1 us .. 1 ms per memory-bound op call, a kernel launch "
+                                                      "and its operands' first touch"),
+    # PyTorch's caching allocator's device calls (`memo_sim.profile.schema.AllocatorCosts`): the shipped profiles
+    # assume 20 us per synchronise and 50 us per cudaMalloc / cudaFree, 2 and 1 TB/s mapped and unmapped
+    "gpu.allocator.sync": ("time", 1e-7, 1e-2, "0.1 us .. 10 ms per reorganisation's synchronise"),
+    "gpu.allocator.cuda_malloc_latency": ("time", 1e-7, 1e-2, "0.1 us .. 10 ms per cudaMalloc call"),
+    "gpu.allocator.cuda_free_latency": ("time", 1e-7, 1e-2, "0.1 us .. 10 ms per cudaFree call"),
+    "gpu.allocator.cuda_malloc_throughput": ("bandwidth", 1e9, 1e14, "1 GB/s .. 100 TB/s of device memory mapped"),
+    "gpu.allocator.cuda_free_throughput": ("bandwidth", 1e9, 1e14, "1 GB/s .. 100 TB/s of device memory unmapped"),
 }
 # a CPU calibrated as a device (`memo-exec calibrate --device cpu`): its "GPU memory" is the budget of host RAM a
 # rank may use, its links shared-memory copies; the ranges keep a small VM's and a large server's
@@ -67,7 +89,22 @@ CPU: dict[str, tuple[str, float, float, str]] = {
     "host_link.pcie_switch_bandwidth": ("bandwidth", 1e6, 1e13, "1 MB/s .. 10 TB/s"),
     "host.memory": ("bytes", 2.0**20, 1 * PiB, "1 MiB .. 1 PiB"),
     "host.memory_bandwidth": ("bandwidth", 1e7, 1e15, "10 MB/s .. 1 PB/s"),
+    # gloo over shared memory or loopback TCP: the committed CPU calibrations measured 1 ms send/recv and 1-8 ms
+    # collective steps (measured, so not range-checked; a hand-written CPU profile gets these ranges)
+    "nvlink.latency": ("time", 1e-7, 0.1, "0.1 us .. 100 ms"),
+    "internode.latency": ("time", 1e-7, 0.1, "0.1 us .. 100 ms"),
+    "host_link.latency": ("time", 1e-7, 0.1, "0.1 us .. 100 ms"),
+    "collectives.latency": ("time", 0.0, 0.1, "0 .. 100 ms per step, a fitted intercept"),
+    "efficiency.kernel_latency": ("time", 1e-7, 0.1, "0.1 us .. 100 ms"),
+    "gpu.allocator.sync": ("time", 1e-7, 0.1, "0.1 us .. 100 ms"),
+    "gpu.allocator.cuda_malloc_latency": ("time", 1e-7, 0.1, "0.1 us .. 100 ms"),
+    "gpu.allocator.cuda_free_latency": ("time", 1e-7, 0.1, "0.1 us .. 100 ms"),
+    "gpu.allocator.cuda_malloc_throughput": ("bandwidth", 1e6, 1e15, "1 MB/s .. 1 PB/s"),
+    "gpu.allocator.cuda_free_throughput": ("bandwidth", 1e6, 1e15, "1 MB/s .. 1 PB/s"),
 }
+
+ALLOCATOR_FIELDS = ("sync", "cuda_malloc_latency", "cuda_malloc_throughput", "cuda_free_latency",
+                    "cuda_free_throughput")
 
 # bits of the floating-point formats whose dense tensor-core peaks are ordered (integer formats are not: Blackwell
 # Ultra cut its INT8 rate below its bf16 one); formats of equal width are not compared (a V100 has no bf16 units)
@@ -93,10 +130,19 @@ def check_profile(d: Any, raw: dict, source: str) -> None:
               ("host_link.d2h_bandwidth", d.host_link.d2h_bandwidth),
               ("host_link.h2d_bandwidth", d.host_link.h2d_bandwidth),
               ("host_link.pcie_switch_bandwidth", d.host_link.pcie_switch_bandwidth),
-              ("host.memory", d.host.memory), ("host.memory_bandwidth", d.host.memory_bandwidth)]
+              ("host.memory", d.host.memory), ("host.memory_bandwidth", d.host.memory_bandwidth),
+              ("nvlink.latency", d.nvlink.latency), ("internode.latency", d.internode.latency),
+              ("host_link.latency", d.host_link.latency),
+              *((f"{name}.collectives.{k}.latency", fit.latency) for name, link in (("nvlink", d.nvlink),
+                                                                                   ("internode", d.internode))
+                for k, fit in (link.collectives or {}).items())]
+    if d.efficiency.kernel_latency is not None:
+        fields.append(("efficiency.kernel_latency", d.efficiency.kernel_latency))
+    if g.allocator is not None:  # absent: `DEFAULT_ALLOCATOR_COSTS`, not the file's
+        fields += [(f"gpu.allocator.{k}", getattr(g.allocator, k)) for k in ALLOCATOR_FIELDS]
     table = CPU if cpu else ACCELERATOR
     for field, q in fields:
-        dimension, lo, hi, words = table[field.rsplit(".", 1)[0] if field.startswith("gpu.peak_flops.") else field]
+        dimension, lo, hi, words = table[_range_key(field)]
         if not is_measured(field) and not lo <= float(q) <= hi:
             who = "a CPU profile (provenance.device_kind: cpu)" if cpu else "a GPU or accelerator"
             value, unit = _written(raw, field)
@@ -107,6 +153,17 @@ def check_profile(d: Any, raw: dict, source: str) -> None:
     if not cpu:
         _peaks_in_order(g.peak_flops, raw, source, is_measured)
     _counts(d, source)
+
+
+def _range_key(field: str) -> str:
+    """The `ACCELERATOR` / `CPU` key of ``field``: a dtype's peak takes gpu.peak_flops', a collective's fitted latency
+    (nvlink.collectives.all_gather.latency) ``collectives.latency``."""
+    parts = field.split(".")
+    if field.startswith("gpu.peak_flops."):
+        return "gpu.peak_flops"
+    if len(parts) == 4 and parts[1] == "collectives":
+        return "collectives.latency"
+    return field
 
 
 def _peaks_in_order(peaks: dict, raw: dict, source: str, is_measured) -> None:
@@ -127,7 +184,8 @@ def _peaks_in_order(peaks: dict, raw: dict, source: str, is_measured) -> None:
 
 
 def _counts(d: Any, source: str) -> None:
-    """gpus_per_host divides gpus_per_node; gpus_per_socket at most (and, uncalibrated, a divisor of) one host's."""
+    """gpus_per_host divides gpus_per_node; gpus_per_socket and gpus_per_pcie_switch at most (and, uncalibrated, a
+    divisor of) one host's."""
     node = int(float(d.node.gpus_per_node))
     host = int(float(d.node.gpus_per_host)) if d.node.gpus_per_host is not None else None
     if host is not None and (host > node or node % host):
@@ -139,10 +197,16 @@ def _counts(d: Any, source: str) -> None:
     socket = int(float(d.host_link.gpus_per_socket))
     prov = d.provenance or {}
     calibrated = prov.get("method") == "calibrated" or prov.get("tool") == "memo-exec calibrate"
-    if socket > per or (per % socket and not calibrated):
-        raise ProfileError(
-            f"{source}: host_link.gpus_per_socket: {socket} {'is more than' if socket > per else 'does not divide'} "
-            f"{name} ({per}); a host's GPUs are split evenly over its sockets: give one of {_divisors(per)}")
+    # a PCIe switch (a GB200's NVLink-C2C link) sits in one host and its uplink is shared by the GPUs under it
+    # (`memo_sim.cost.transfer`: min(copying GPUs, gpus_per_pcie_switch) share it): more than a host's GPUs, or
+    # switches holding unequal counts, is no host's board (a review: 16 on an 8-GPU node priced 10.78 s, not 2.76 s)
+    switch = int(float(d.host_link.gpus_per_pcie_switch))
+    for field, count, what in (("host_link.gpus_per_socket", socket, "sockets"),
+                               ("host_link.gpus_per_pcie_switch", switch, "PCIe switches")):
+        if count > per or (per % count and not calibrated):
+            raise ProfileError(
+                f"{source}: {field}: {count} {'is more than' if count > per else 'does not divide'} {name} ({per}); "
+                f"a host's GPUs are split evenly over its {what}: give one of {_divisors(per)}")
 
 
 def _written(raw: dict, field: str) -> tuple[Any, str]:

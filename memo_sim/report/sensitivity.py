@@ -1,6 +1,7 @@
 """Which assumed inputs of an uncalibrated profile could change the what-if's ranking.
 
-An uncalibrated profile's kernel efficiency curves, host-link (PCIe) bandwidths and network
+An uncalibrated profile's kernel efficiency curves (all of them: GEMM, FP8 and other formats' GEMMs,
+FlashAttention-2, cuDNN and ring-block attention), host-link (PCIe) bandwidths and network
 bandwidths are datasheet numbers or assumptions. `sensitivity_line` scales each group by its
 plausible error, down and up (`PERTURBATIONS`), re-estimates the best fitting plans of the
 ranking on the analytic tier (cheap: no simulation), scales each plan's ranked throughput (simulated where tier 2
@@ -23,10 +24,10 @@ rate on common servers) and network bandwidth 25% (NCCL's bus bandwidth against 
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 
 from memo_sim.errors import MemoError
-from memo_sim.profile.schema import Curve, HardwareProfile, Quantity
+from memo_sim.profile.schema import Curve, Efficiency, HardwareProfile, Quantity
 
 PERTURBATIONS = {"kernel efficiency": 0.20, "host-link bandwidth": 0.25, "network bandwidth": 0.25}
 CHECKED = 8  # fitting candidates re-estimated per perturbation
@@ -42,12 +43,21 @@ def _curve(c: Curve, f: float) -> Curve:
     return Curve(tuple((x, min(1.0, y * f)) for x, y in c.points), c.source)
 
 
+def _efficiency_scaled(e: Efficiency, f: float) -> Efficiency:
+    """``e`` with every efficiency curve it has scaled by ``f``: each `Curve` field of `Efficiency` (gemm, the
+    FlashAttention-2 ``attention_*``, cuDNN's ``attention_cudnn_*``, ring CP's ``attention_block_*``) and each
+    quantised GEMM format's own curve (``gemm_formats``), found by type so that a curve added to the schema is
+    scaled too. Scaling only gemm and attention_fwd/bwd left a cuDNN or FP8 plan, priced on the other curves, almost
+    where it was (a review: a B200 256K plan +2.6% where ~+24% was claimed). The per-call and per-score-element
+    times and the elementwise share are not curves and stay as they are."""
+    curves = {k.name: _curve(v, f) for k in fields(e) if isinstance(v := getattr(e, k.name), Curve)}
+    return replace(e, **curves, gemm_formats=tuple((name, _curve(c, f)) for name, c in e.gemm_formats))
+
+
 def perturbed(profile: HardwareProfile, what: str, f: float) -> HardwareProfile:
     """``profile`` with one group of assumed inputs scaled by ``f``."""
     if what == "kernel efficiency":
-        e = profile.efficiency
-        return replace(profile, efficiency=replace(e, gemm=_curve(e.gemm, f), attention_fwd=_curve(e.attention_fwd, f),
-                                                   attention_bwd=_curve(e.attention_bwd, f)))
+        return replace(profile, efficiency=_efficiency_scaled(profile.efficiency, f))
     if what == "host-link bandwidth":
         h = profile.host_link
         return replace(profile, host_link=replace(h, d2h_bandwidth=_q(h.d2h_bandwidth, f),
