@@ -208,6 +208,37 @@ def _ulysses_backward_resend(model: ModelConfig, layout: Layout, batch: int, seq
     return [_ulysses_alltoall(model, layout, batch, seq, profile, "bwd", width, "alltoall_bwd_inputs")]
 
 
+def _ulysses_qkv_width(model: ModelConfig, layout: Layout) -> int:
+    """Width of q, k and v (or dq, dk, dv) on a Ulysses all-to-all: K and V with each head repeated r times."""
+    return model.q_dim + layout.kv_repeat(model.n_kv_heads, model.heads) * (model.kv_dim + model.v_dim)
+
+
+def _ulysses_before(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile,
+                    phase: str) -> list[OpCost]:
+    """The Ulysses all-to-alls before the attention kernel, in the order they run. Forward (and recompute): q, k,
+    v to head-sharded (``alltoall_qkv``). Backward: the inputs the executor sends again (`_ulysses_backward_resend`),
+    then dout, the attention output's gradient, at the attention output's width (``alltoall_attn``): the kernel's
+    backward reads it (memo_exec/distributed/attention.py UlyssesAttention.backward: q, k, v, out, then dout, then
+    the inner backward; DeepSpeed's _SeqAllToAll.backward and TransformerEngine's AttnFuncWithCPAndQKVOA2A.backward,
+    dout before the kernel). A review: the backward kept the forward's order, the q/k/v-wide op before the kernel."""
+    if phase != "bwd":
+        return [_ulysses_alltoall(model, layout, batch, seq, profile, phase, _ulysses_qkv_width(model, layout),
+                                  "alltoall_qkv")]
+    return (_ulysses_backward_resend(model, layout, batch, seq, profile)
+            + [_ulysses_alltoall(model, layout, batch, seq, profile, phase, model.attn_dim, "alltoall_attn")])
+
+
+def _ulysses_after(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile,
+                   phase: str) -> list[OpCost]:
+    """The Ulysses all-to-all after the attention kernel: forward, its output back to sequence-sharded
+    (``alltoall_attn``); backward, dq, dk and dv back to sequence-sharded at q, k and v's width (``alltoall_qkv``,
+    the same bytes as the forward's: each rank's copies of a repeated K/V head sum on the way back)."""
+    if phase != "bwd":
+        return [_ulysses_alltoall(model, layout, batch, seq, profile, phase, model.attn_dim, "alltoall_attn")]
+    return [_ulysses_alltoall(model, layout, batch, seq, profile, phase, _ulysses_qkv_width(model, layout),
+                              "alltoall_qkv")]
+
+
 def _cp_shift_seconds(nbytes: float, layout: Layout, profile: HardwareProfile) -> float:
     """One ring-CP shift of ``nbytes`` to the next rank of the CP group, on the link that group spans."""
     link = coll.layout_group_link(profile, layout, layout.cp, layout.tp * layout.ulysses)
@@ -342,11 +373,8 @@ def _ops_with_comm(ops: list[OpSpec], model: ModelConfig, layout: Layout, batch:
         if op.kind == "moe_comm":  # the token dispatcher's collectives (`memo_sim.cost.moe`)
             out += moe.dispatcher_costs(op, model, layout, batch, seq, profile, phase, fraction)
             continue
-        if op.kind == "attention" and layout.ulysses > 1:  # K and V sent with each head repeated r times
-            kv = layout.kv_repeat(model.n_kv_heads, model.heads) * (model.kv_dim + model.v_dim)
-            out.append(_ulysses_alltoall(model, layout, batch, seq, profile, phase, model.q_dim + kv, "alltoall_qkv"))
-            if phase == "bwd":
-                out += _ulysses_backward_resend(model, layout, batch, seq, profile)
+        if op.kind == "attention" and layout.ulysses > 1:
+            out += _ulysses_before(model, layout, batch, seq, profile, phase)
         gathered = op.kind == "attention" and ring_attention.gathers_kv(model, layout, seq)
         if op.kind == "attention" and layout.cp > 1 and not gathered:
             out.append(_cp_ring(model, layout, batch, seq, profile, phase))
@@ -372,7 +400,7 @@ def _ops_with_comm(ops: list[OpSpec], model: ModelConfig, layout: Layout, batch:
         if op.kind == "attention" and layout.cp > 1 and phase == "bwd":
             out.append(_cp_dkv_home(model, layout, batch, seq, profile))
         if op.kind == "attention" and layout.ulysses > 1:
-            out.append(_ulysses_alltoall(model, layout, batch, seq, profile, phase, model.attn_dim, "alltoall_attn"))
+            out += _ulysses_after(model, layout, batch, seq, profile, phase)
         c = None if op.name in free else _tp_collective(op, model, layout, batch, seq, profile, phase, fraction)
         if c is None:
             continue

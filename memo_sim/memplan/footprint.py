@@ -109,8 +109,21 @@ class MemoryBreakdown:
     def __hash__(self) -> int:
         return hash(self._values())
 
+    @property
+    def over_share(self) -> float:
+        """How far the plan is from fitting: each overflow (GPU memory, pinned host memory per node) as a share of its
+        own capacity, the two added. Bytes over a GPU's 80 GiB and over a node's 1.6 TiB are not comparable as bytes,
+        and `status` names one overflow only (OOM before OOHM), so a plan over both is farther than one over either by
+        the same amount (a review: a ZeRO-0 row 75 GiB over the GPU and 1.11 TiB over the host ranked "closest" ahead
+        of ZeRO-3 rows over the host alone by the same 1.11 TiB). A capacity of zero with bytes on it is infinitely
+        over."""
+        return (_share(self.oom_by, self.gpu_capacity_bytes)
+                + _share(self.oohm_by, self.host_capacity_bytes))
+
     @cached_property  # read for every sort and filter of a query's candidates; the fields are frozen
     def status(self) -> str:
+        """The plan file's status (`memo_sim.plan.contract.STATUSES`): OOM where the GPU overflows (whatever the host
+        does: `oohm_by` and `over_share` keep the host's overflow), else OOHM where the pinned host memory does."""
         if self.oom_by > 0:
             return "OOM"
         if self.oohm_by > 0:
@@ -122,6 +135,13 @@ class MemoryBreakdown:
         d["transient_caching_allocator_bytes"] = self.transient_caching_allocator_bytes
         d["status"] = self.status
         return d
+
+
+def _share(over: float, capacity: float) -> float:
+    """``over`` bytes as a share of ``capacity`` (infinite over a capacity of zero; none over, zero)."""
+    if over <= 0:
+        return 0.0
+    return over / capacity if capacity > 0 else float("inf")
 
 
 def transient_peak_bytes(model: ModelConfig, layout: Layout, batch: int, seq: int,
@@ -241,10 +261,12 @@ class PipelineMemory:
         from memo_sim.units import fmt_bytes
 
         b, w = self.breakdown, self.worst
-        if b.status == "OOM":
+        if b.status == "OOM":  # the host's overflow too, where there is one (the status names the GPU's only)
+            host = (f"; pinned host too: {fmt_bytes(b.host_bytes_per_node)} per node of "
+                    f"{fmt_bytes(b.host_capacity_bytes)}" if b.oohm_by > 0 else "")
             return (f"OOM on stage {w.stage} at {w.peak_at}: {fmt_bytes(b.peak_gpu_bytes)} of "
                     f"{fmt_bytes(b.gpu_capacity_bytes)} (K/V cache {fmt_bytes(w.kv_cache_bytes)}, dK/dV "
-                    f"{fmt_bytes(w.dkv_peak_bytes)}, kept activations {fmt_bytes(w.kept_bytes)})")
+                    f"{fmt_bytes(w.dkv_peak_bytes)}, kept activations {fmt_bytes(w.kept_bytes)}){host}")
         if b.status == "OOHM":
             return (f"OOHM: {fmt_bytes(b.host_bytes_per_node)} pinned per node of "
                     f"{fmt_bytes(b.host_capacity_bytes)}")

@@ -78,6 +78,25 @@ class Candidate:
         return self.memory.oom_by if self.memory.status == "OOM" else self.memory.oohm_by
 
     @property
+    def host_over_bytes(self) -> float:
+        """Pinned host bytes per node over the node's usable memory (the candidate's own tier), whatever the status:
+        an OOM row's status and `over_bytes` name the GPU's overflow only, and this is the host's beside it."""
+        return max(0.0, self.host_bytes_per_node - self.memory.host_capacity_bytes)
+
+    @property
+    def over_share(self) -> float:
+        """How far the candidate is from fitting, what ranks the ones that do not (`sort_key`, the what-if's
+        "closest"): a simulated failure's request past its capacity as a share of it (the event simulator stops at
+        its first failure: memo_sim/engine/core.py ``_fail``), else both analytic overflows, GPU and pinned host,
+        each as a share of its capacity, added (`MemoryBreakdown.over_share`: a plan over both memories is farther
+        than one over either by the same amount)."""
+        f = (self.simulated or {}).get("failure")
+        if f:
+            cap = f["capacity_bytes"]
+            return self.over_bytes / cap if cap > 0 else (float("inf") if self.over_bytes > 0 else 0.0)
+        return self.memory.over_share
+
+    @property
     def tgs(self) -> float:
         """Tokens per GPU per second: simulated where tier 2 ran, else analytic."""
         return self.simulated["tgs_tokens_per_gpu_s"] if self.simulated else self.estimate.tgs
@@ -86,8 +105,8 @@ class Candidate:
         """Fitting first, by throughput; equal throughputs by the lower peak GPU memory (the same time for
         less memory: ZeRO 3 beside ZeRO 2 where the gathers hide). Exact ties only, so the proved-bound
         search, which simulates every candidate whose bound reaches the best, ranks as the exhaustive one."""
-        if self.status != "OK":  # a simulated failure has no throughput
-            return (True, self.over_bytes, 0.0, 0.0)
+        if self.status != "OK":  # a simulated failure has no throughput; both overflows count (`over_share`)
+            return (True, self.over_share, 0.0, 0.0)
         return (False, 0.0, -self.tgs, self.peak_gpu_bytes)
 
     def _own_tier(self, simulated_key: str, analytic: float) -> float:
@@ -215,8 +234,10 @@ def host_memory_words(c: Candidate) -> str:
 
     m = c.memory
     n_off = c.policy.offloaded_layers(c.model.layers)
-    if n_off == 0 or m.host_bytes_per_node <= 0:
+    if m.host_bytes_per_node <= 0:
         return "nothing is offloaded to host memory"
+    if n_off == 0:  # no activation offloaded, yet pinned bytes (the optimizer's states on the host): the total
+        return need_of_capacity(m.host_bytes_per_node, m.host_capacity_bytes, "usable per node", "pinned")
     from memo_sim.cost.optimizer_offload import host_state_bytes
     from memo_sim.cost.param_split import model_gpu_params
 
@@ -247,7 +268,7 @@ def binding_words(c: Candidate) -> str:
     with the terms that fill it), or which limit fixed MEMO's alpha."""
     from memo_sim.units import fmt_bytes, fmt_time
 
-    m, e = c.memory, c.estimate
+    m = c.memory  # the estimate read only where the words use it (a deferred candidate stays unpriced)
     if c.status == "OOM" or (c.simulated is None and m.status == "OOM"):
         if c.simulated and c.simulated.get("failure"):
             f = c.simulated["failure"]
@@ -260,11 +281,14 @@ def binding_words(c: Candidate) -> str:
                 f"input{' and recompute buffer' if m.backward_buffer_bytes else ''}, {fmt_bytes(layer)})"
                 if "classifier" in t else f"transients {fmt_bytes(t['transients'])}, the layer's input "
                 f"{fmt_bytes(t['layer input'])}{rec}")
+        # the status names the GPU only; a plan over the pinned host memory as well says so, or more GPU memory
+        # would read as the fix (a review: "OOM +7.88 GiB" with 2.74 TiB pinned per node of 1.64 TiB)
+        host = f"; pinned host memory too: {host_memory_words(c)}" if m.oohm_by > 0 else ""
         return (f"GPU memory: peak {need_of_capacity(m.peak_gpu_bytes, m.gpu_capacity_bytes, 'usable')} "
                 f"(model states {fmt_bytes(t['model states'])}, kept activations "
                 f"{fmt_bytes(t['kept activations'])}"
                 + (f", attention lse {fmt_bytes(t['attention lse'])}" if "attention lse" in t else "")
-                + f", buffers {fmt_bytes(t['buffers'])}, {last})")
+                + f", buffers {fmt_bytes(t['buffers'])}, {last})" + host)
     if c.status == "OOHM":
         return "pinned host memory: " + host_memory_words(c)
     if c.policy.takes_alpha and c.layout.pp == 1 and offloaded_layer_count(c.model.layers) == 0:
@@ -276,6 +300,7 @@ def binding_words(c: Candidate) -> str:
         if "host memory" in c.alpha_note:
             return f"alpha {c.policy.alpha:.3f}: host memory full -- {host_memory_words(c)}" + gpu_headroom_words(c)
         if "offload time" in c.alpha_note:
+            e = c.estimate
             return (f"alpha {c.policy.alpha:.3f}: the offload of one layer ({fmt_time(e.layer.offload)}) "
                     f"hides under its forward ({fmt_time(e.layer.forward)}); more would stall compute")
         return f"alpha {c.policy.alpha:.3f}: {c.alpha_note}"

@@ -4,8 +4,9 @@ Fit is monotone in the sequence length on paper (`tests/test_fit_monotone.py`), 
 doubling the length until nothing fits and bisecting between the last fit and the first
 failure: O(log(max / step)) what-if rankings per policy instead of one per step. The caching
 allocator's replay is not monotone (its segments fall differently at each length), so with
-``allocator="caching"`` a few grid lengths past the first failure are tried as well (`_past_failure`)
-and the ones that fit are reported beside the answer (``fits_past_failure``), not as it. At the
+``allocator="caching"``, where the first failing length failed in that replay (`_replay_failed`), a few grid
+lengths past it are tried as well (`_past_failure`) and the ones that fit are reported beside the answer
+(``fits_past_failure``), not as it. At the
 longest length the best plan is simulated for its MFU (the what-if's proved-bound tier); where the
 event simulator runs no plan there (its own allocator and schedule can run out of memory where the
 replay below fits), the answer steps down 1, 2, 4, ... lengths to one it runs and bisects back up,
@@ -96,10 +97,17 @@ def _ranked(model, seq, gpus, profile, policy, framework, allocator="caching", f
         return cands
 
 
+def _replayed(c: Candidate) -> bool:
+    """Whether the caching allocator's replay decides the candidate's fit: it runs on that allocator (no static
+    memory plan: MEMO places its tensors by its plan, `uses_memory_plan`) and the replay covers its schedule (one
+    stage; pipelines and SPPO are priced on paper only)."""
+    return not uses_memory_plan(c.policy, c.layout) and c.schedule == "single_stage"
+
+
 def _replay_oom(c: Candidate):
     """The caching allocator's out-of-memory event for a candidate that runs on it (None: it fits,
-    or a static memory plan / a schedule the replay does not cover places its tensors)."""
-    if uses_memory_plan(c.policy, c.layout) or c.schedule != "single_stage":
+    or a static memory plan / a schedule the replay does not cover places its tensors: `_replayed`)."""
+    if not _replayed(c):
         return None
     r = replay_iteration(c.model, c.layout, c.micro_batch or c.batch, c.seq, c.policy, c.profile,
                          expandable_segments=c.layout.expandable_segments, alloc_conf=c.layout.alloc_conf)
@@ -166,7 +174,9 @@ def binding_constraint(cands: list[Candidate] | str) -> str:
                 f"of a layer's transients are live at once, and allocated so the step would take "
                 f"{fmt_bytes(allocated)} and fit, as on a static memory plan ({c.layout.label()} "
                 f"{c.policy.label()})" + _expandable_words(c))
-    c = min(cands, key=_over_share)
+    # the least over as the what-if ranks its closest (`Candidate.over_share`): the GPU's and the pinned host's
+    # overflows, each a share of its capacity, added (a GPU-OOM candidate may be far over the host too)
+    c = min(cands, key=lambda c: c.over_share)
     m = c.memory
     if c.status == "OOHM":
         host = need_of_capacity(m.host_bytes_per_node, m.host_capacity_bytes, need_what="per node")
@@ -178,18 +188,6 @@ def binding_constraint(cands: list[Candidate] | str) -> str:
     return (f"GPU memory: {need_of_capacity(m.peak_gpu_bytes, m.gpu_capacity_bytes)} "
             f"({c.layout.label()} {c.policy.label()}; largest: "
             + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in big) + ")" + host)
-
-
-def _over_share(c: Candidate) -> float:
-    """How far over its memory a candidate is, as a share of that memory, the larger of the GPU's and the pinned
-    host's (bytes over a GPU's 80 GiB and over a node's 1.6 TiB are not comparable as bytes; a GPU-OOM candidate
-    may be far over the host too)."""
-    m = c.memory
-    gpu = (c.over_bytes / m.gpu_capacity_bytes if m.gpu_capacity_bytes > 0 else float("inf")) \
-        if c.status == "OOM" else 0.0
-    host = (max(0.0, m.host_bytes_per_node - m.host_capacity_bytes) / m.host_capacity_bytes
-            if m.host_capacity_bytes > 0 else float("inf") if m.host_bytes_per_node > 0 else 0.0)
-    return max(gpu, host)
 
 
 def _host_over(c: Candidate) -> bool:
@@ -333,11 +331,22 @@ def _max_seq(model: ModelConfig, gpus: int, profile: HardwareProfile, policy: st
         except MemoError:  # NothingFits: not at this length either
             return False
 
-    past = _past_failure(hi, fits_at) if allocator == "caching" else None
+    past = _past_failure(hi, fits_at) if allocator == "caching" and _replay_failed(fail) else None
     ans = _simulated_answer(model, gpus, profile, policy, step, framework, simulate, allocator, fixed, lo, hi, fail)
     if past is None:
         return ans
     return replace(ans, fits_past_failure=tuple(k * step for k in past[0]), looked_past_failure_to=past[1] * step)
+
+
+def _replay_failed(cands) -> bool:
+    """Whether the first failing length failed in the caching allocator's replay: some candidate there fits on
+    paper and the replay decides its fit (`_replayed`; `_fits` replays only those). Only then can a longer length
+    fit: on paper and on a static memory plan fit is monotone in the length (`tests/test_fit_monotone.py`), so
+    where every candidate failed on paper (MEMO on its memory plan, pipelines and SPPO, which are not replayed),
+    nothing past the failure is scanned, and the words about the replay are not printed (a review: a pipeline's
+    full_recompute and MEMO at --allocator both printed "the caching allocator's replay is not monotone")."""
+    return not isinstance(cands, str) and any(isinstance(c, Candidate) and c.status == "OK" and _replayed(c)
+                                              for c in cands)
 
 
 PAST_FAILURE_STEPS = 4  # grid lengths tried past the first failure, at most (and no more than +25% of it)

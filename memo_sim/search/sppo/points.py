@@ -70,5 +70,5 @@ class SppoPoint:
                 "threshold_bytes": round(self.alpha.threshold_bytes), "alphas": list(self.alpha.alphas),
                 "bounds": list(self.policy.bounds), "bubble_ratio": bubble_ratio(self.layout.pp, self.policy.subseqs)}
 
-def _rank_key(p: SppoPoint) -> tuple:
-    return (p.status != "OK", p.over_bytes if p.status != "OK" else 0.0, -p.tgs)
+def _rank_key(p: SppoPoint) -> tuple:  # both overflows, as `Candidate.sort_key` (`MemoryBreakdown.over_share`)
+    return (p.status != "OK", p.memory.breakdown.over_share if p.status != "OK" else 0.0, -p.tgs)
