@@ -210,8 +210,47 @@ def totals_rows(res: RunResult, pred: dict, source: str, layer_timings: dict | N
     if not cuda:
         rows.append(("process RSS peak (CPU: model, activations and the host pool)", "bytes", None,
                      st.get("peak_allocated_bytes"), "not predicted"))
-    return [{"quantity": q, "unit": u, "predicted": p, "measured": m, "rel_error": rel_error(m, p),
-             "predicted_from": s} for q, u, p, m, s in rows]
+    # bytes in another element width than the plan's: their error would be the widths' ratio (`dtype_not_comparable`)
+    why = dtype_not_comparable(getattr(res.plan.model, "dtype", None), res.meta.get("dtype"))
+    out = []
+    for q, u, p, m, s in rows:
+        row = {"quantity": q, "unit": u, "predicted": p, "measured": m, "rel_error": rel_error(m, p),
+               "predicted_from": s}
+        if why and u == "bytes" and row["rel_error"] is not None:
+            row["rel_error"], row["not_comparable"] = None, why
+        out.append(row)
+    return out
+
+
+def dtype_not_comparable(plan_dtype: str | None, run_dtype: str | None) -> str | None:
+    """``not comparable (ran fp32, plan bf16)`` where the run's element width differs from the plan's, else None.
+
+    ``run_dtype``: the run's compute dtype as torch names it (``meta["dtype"]``, "float32"); ``plan_dtype``: the
+    plan's model dtype, whose width (`memo_sim.model.layer_graph.DTYPE_BYTES`) the simulator counts every byte in.
+    The executor's activations, host pool, buffers and model states take the run's width, so each byte count is the
+    plan's times the widths' ratio: its relative error (or the bytes beside the simulated ones) would be that ratio,
+    not an error of the prediction. report.md, pipeline.md and sppo_pipeline.md say it in these words (a review: a
+    bf16 plan run in fp32 read "pinned host memory +100.0%" beside a term table that read the same bytes "not
+    comparable"). Unknown names (a run record without a dtype): None."""
+    plan_width = DTYPE_BYTES.get(plan_dtype or "")
+    dt = getattr(torch, run_dtype or "", None)
+    if plan_width is None or not isinstance(dt, torch.dtype) or element_size(dt) == plan_width:
+        return None
+    return f"{NOT_COMPARABLE} (ran {memo_dtype_name(run_dtype)}, plan {plan_dtype})"
+
+
+def dtype_cell(cell: str, why: str | None, none: str = "—") -> str:
+    """A simulated byte count's cell in pipeline.md or sppo_pipeline.md, with ``why`` (`dtype_not_comparable`) said
+    beside it; an empty cell (``none``) as it is."""
+    return cell if why is None or cell == none else f"{cell}, {why}"
+
+
+def dtype_line(why: str) -> str:
+    """The line under a table whose simulated bytes are in the plan's element width and measured ones in the run's
+    (pipeline.md, sppo_pipeline.md; report.md's rows read the same words)."""
+    return (f"**Bytes: {why}**: the run's offloaded bytes and peaks are in its element width, the simulated ones in "
+            "the plan's, so they differ by the widths' ratio, not by an error of the prediction; plan in the run's "
+            "dtype (the what-if's `--dtype`) to compare them.")
 
 
 def loss_kernel_note(plan) -> str | None:
@@ -274,9 +313,11 @@ def alltoall_markdown(rows: list[dict], simulation: str, world: int = 1, tpct=No
 
     t = lambda v: "—" if v is None else fmt_time(v)  # noqa: E731 - microseconds where they are
     for r in rows:
-        ratio = "—" if r["ratio"] is None else f"{r['ratio']:.2f}"
+        err = tpct(r["rel_error"])
+        # no ratio beside an error that is not comparable (another machine's times): it would be that error plus one
+        ratio = "—" if r["ratio"] is None or err.startswith(NOT_COMPARABLE) else f"{r['ratio']:.2f}"
         L.append(f"| {r['layer']} | {t(r['predicted_s'])} | {r['predicted_count']} | "
-                 f"{t(r['measured_s'])} | {r['measured_count']} | {ratio} | {tpct(r['rel_error'])} |")
+                 f"{t(r['measured_s'])} | {r['measured_count']} | {ratio} | {err} |")
     return "\n".join(L)
 
 
@@ -452,7 +493,10 @@ def offload_line(pd: dict, pinned_bytes: int) -> str:
     moved = [f"{', '.join(pd['whole'])} whole"] if pd["whole"] else []
     if pd["split"]:
         moved.append(f"{', '.join(pd['split'])}: first {pd['offload_tokens']} of {pd['tokens']} tokens")
-    return (f"- offload: {pd['offloaded_layers']} layers; per layer {pd['layer_offload_bytes'] / GiB:.4f} GiB "
+    # a pipeline rank's rule runs over its (layer, micro-batch) units (`memo_exec.pipeline.schedules.PolicySet`)
+    what = (f"{pd['offloaded_units']} of the rank's {pd['units']} (layer, micro-batch) units" if "units" in pd
+            else f"{pd['offloaded_layers']} layers")
+    return (f"- offload: {what}; per layer {pd['layer_offload_bytes'] / GiB:.4f} GiB "
             f"({'; '.join(moved) or 'nothing'}); pinned pool {pinned_bytes / GiB:.4f} GiB")
 
 
@@ -512,8 +556,9 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
     L.append("|---|---:|---:|---:|---|")
     for r in rows:
         pct = tpct if r["unit"] in TIME_UNITS else _pct
+        err = r.get("not_comparable") or pct(r["rel_error"])  # bytes of another element width (`totals_rows`)
         L.append(f"| {r['quantity']} | {_fmt(r['predicted'], r['unit'])} | {_fmt(r['measured'], r['unit'])} | "
-                 f"{pct(r['rel_error'])} | {r['predicted_from']} |")
+                 f"{err} | {r['predicted_from']} |")
     L.append("")
     L.append("Relative error = (measured − predicted) / predicted. Layer times are sums of the compute-stream ops "
              "of one layer (stalls excluded), averaged over layers; offload/prefetch are the copy-stream spans of "
@@ -562,7 +607,7 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
     L.append("|---|---:|---:|---:|")
     plan_width = DTYPE_BYTES.get(p.model.dtype)
     run_width = element_size(getattr(torch, m["dtype"]))
-    widths_differ = bool(plan_width) and plan_width != run_width
+    widths_differ = dtype_not_comparable(p.model.dtype, m["dtype"]) is not None
     # another element width: every term's error would be the widths' ratio, not the estimate's
     mpct = _not_comparable if widths_differ else _pct
     for r in cmp_.memory:

@@ -113,7 +113,10 @@ def run_case(layers, lay, schedule, pol, steps=0, batch=BATCH, mutate=None, plan
                                                  + p.device_bytes().get("norm_stats", 0) for p in pols)
             if hasattr(ex.schedule, "n_slots") and pols else None,
             "pinned": int(getattr(ex.policy, "pinned_bytes", 0)), "host_estimated": ex.estimate.host,
-            "host_largest": ex.schedule.n_slots * max(p.host_bytes() for p in pols)
+            # per slot its largest instance's host slots (the smaller take a prefix: `SlotBlocks`), each slot sized
+            # for the units the rank's order offloads there (`PipelineSchedule.host_layers`)
+            "host_largest": sum(max((p.host_bytes() for p in pols if getattr(p, "slot", None) == k), default=0)
+                                for k in range(ex.schedule.n_slots))
             if hasattr(ex.schedule, "n_slots") and pols else None,
             "buffer_blocks": len({b.data_ptr() for p in pols
                                   for b in (getattr(p, n, None) for n in ("work_block", "mlp_block", "norm_block"))

@@ -90,10 +90,21 @@ class TokenOffload(ActivationPolicy):
             return self.rounding.offloaded(self.unit[i])
         return is_offloaded(i, self.layers)
 
+    # a pipeline rank: the host slots this instance takes, set by the schedule before `allocate`
+    # (`memo_exec.pipeline.schedules.PipelineSchedule.host_layers`); None: one for every layer (an upper bound)
+    host_layers: int | None = None
+
     @property
     def n_offloaded(self) -> int:
-        """The layers that get a host slot: on a pipeline rank every layer of the instance may be offloaded."""
-        return self.layers if self.pipelined else offloaded_layer_count(self.layers)
+        """The layers that get a host slot (layers 0 .. n-1: the offloaded layers of a chunk are a prefix of it).
+        One process: every layer but the last `KEPT_LAYERS`. A pipeline rank: the layers of the (chunk,
+        micro-batch)s its slot serves whose units the rank's order offloads (``host_layers``), as the simulator
+        counts a stage's host blocks; a host slot for every layer of every slot took twice the plan's pinned
+        bytes (a review: pp 2, 4 layers, 2 micro-batches; stage 0's second slot serves the rank's last two units,
+        which stay on the device)."""
+        if not self.pipelined:
+            return offloaded_layer_count(self.layers)
+        return self.layers if self.host_layers is None else min(self.layers, self.host_layers)
 
     # -- sizes -------------------------------------------------------------------------------------
     def _moved(self) -> list[tuple[str, tuple[int, int]]]:
@@ -125,7 +136,11 @@ class TokenOffload(ActivationPolicy):
                 "norm_stats": self.layers * self._stats_bytes(), "lse": self.layers * self.lse_bytes_per_layer()}
 
     def host_bytes(self) -> int:
-        return self.n_offloaded * HostPool.layout_bytes(self._host_shapes())
+        return self.host_bytes_for(self.n_offloaded)
+
+    def host_bytes_for(self, layers: int) -> int:
+        """The pinned bytes of ``layers`` host slots (each one layer's offloaded rows, in the pool's layout)."""
+        return layers * HostPool.layout_bytes(self._host_shapes())
 
     # -- allocation --------------------------------------------------------------------------------
     def _device_storages(self) -> list[LayerStorage]:
@@ -204,6 +219,8 @@ class TokenOffload(ActivationPolicy):
     # they must hold ("layer i x"), so a copy to or from the wrong slot is a race or a mismatch.
     def _host_slot(self, i: int, to_host: bool) -> dict[str, torch.Tensor]:
         """The host tensors layer i's offload (``to_host``) writes or its prefetch reads (the slot choice)."""
+        if i >= len(self.host):  # the schedule sized the instance's host slots for fewer layers than it offloads
+            raise RuntimeError(f"layer {i}{self.tag} is offloaded but the instance holds {len(self.host)} host slots")
         return self.host[i]
 
     def _content(self, i: int, n: str) -> str:

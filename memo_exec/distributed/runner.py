@@ -289,7 +289,14 @@ class DistExecutor(ExecutorBase):
             unknown.remove("transient_peak")
         terms["peak_total"] = sum(terms.values())
         slot_host = [p.host_bytes() for p in pols[:len(sizes)]]  # one slot's host slots, shared as its blocks
-        host = (n * (max(slot_host, default=0) + sum(p.host_bytes() for p in pols[len(sizes):]))
+        # an offloading policy on a pipeline rank: each slot's host slots for the units the rank's order offloads
+        # there (`PipelineSchedule.host_layers`), as `build_runtimes` sizes them (a review: every layer of every slot)
+        per_slot = getattr(self.schedule, "host_layers", None) if sizes else None
+        if per_slot is not None and hasattr(pols[0], "host_bytes_for"):
+            pool = sum(pols[0].host_bytes_for(h) for h in per_slot().values())
+        else:
+            pool = n * max(slot_host, default=0)
+        host = (pool + n * sum(p.host_bytes() for p in pols[len(sizes):])
                 + (HostAdamW.host_bytes_for(shard, self.dtype) if lay.optimizer_offload else 0))
         # peak_total holds the static terms only: compared as none too, as the terms it lacks
         return MemoryEstimate(terms, host, {}, not_estimated=(*unknown, "peak_total"))

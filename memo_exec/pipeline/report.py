@@ -133,7 +133,10 @@ def compare(measured: Timeline, plan) -> tuple[dict, object]:
         r["simulated"] = sim[r["stage"]] if sim and r["stage"] < len(sim) else None
     busy = sum(r["busy_s"] for r in rows)
     it = rows[0]["iteration_s"] if rows else 0.0
-    return {"plan": {"schedule": plan.schedule, "layout": lay.label(), "policy": plan.policy.label(),
+    from memo_exec.report import dtype_not_comparable  # noqa: PLC0415 - report.md's rule, in its words
+
+    return {"dtype_not_comparable": dtype_not_comparable(plan.model.dtype, measured.meta.get("dtype")),
+            "plan": {"schedule": plan.schedule, "layout": lay.label(), "policy": plan.policy.label(),
                      "pp": lay.pp, "vpp": lay.vpp, "micro_batches": m, "micro_batch": plan.micro_batch,
                      "seq_tokens": plan.seq_tokens},
             "measured_device": measured.meta.get("device"), "stages": rows,
@@ -158,6 +161,9 @@ def markdown(cmp: dict, memory_label: str) -> str:
          "| stage | iteration s | busy s | bubble | ideal bubble | simulated busy s | simulated bubble | forward s "
          f"| backward s | recompute s | receive wait s | stall s | offload MiB | simulated offload MiB "
          f"| {memory_label} peak MiB | simulated peak MiB |", "|" + "---|" * 16]
+    from memo_exec.report import dtype_cell, dtype_line  # noqa: PLC0415 - report.md's words
+
+    why = cmp.get("dtype_not_comparable")  # the run's element width is not the plan's: bytes differ by the ratio
     for r in cmp["stages"]:
         sim = r.get("simulated") or {}
         peak = None if r["peak_bytes"] is None else r["peak_bytes"] / 2**20
@@ -167,8 +173,10 @@ def markdown(cmp: dict, memory_label: str) -> str:
                  f"{_f(r['bubble_fraction'], '{:.1%}')} | {_f(r['ideal_bubble_fraction'], '{:.1%}')} | "
                  f"{_f(sim.get('busy_s'), '{:.4g}')} | {_f(sim.get('bubble_fraction'), '{:.1%}')} | {_f(r['forward_s'])} | "
                  f"{_f(r['backward_s'])} | {_f(r['recompute_s'])} | {_f(r['receive_wait_s'])} | {_f(r['stall_s'])} | "
-                 f"{_f(r['offload_bytes'] / 2**20, '{:.2f}')} | {_f(soff, '{:.2f}')} | {_f(peak, '{:.1f}')} | "
-                 f"{_f(speak, '{:.1f}')} |")
+                 f"{_f(r['offload_bytes'] / 2**20, '{:.2f}')} | {dtype_cell(_f(soff, '{:.2f}'), why, 'n/a')} | "
+                 f"{_f(peak, '{:.1f}')} | {dtype_cell(_f(speak, '{:.1f}'), why, 'n/a')} |")
+    if why and any((r.get("simulated") or {}).get("offload_bytes") is not None for r in cmp["stages"]):
+        L += ["", dtype_line(why)]
     L += ["", f"Whole pipeline bubble: measured {_f(cmp['measured_bubble_fraction'], '{:.1%}')}, ideal "
           f"{_f(cmp['ideal_bubble_fraction'], '{:.1%}')}, simulated {_f(cmp['simulated_bubble_fraction'], '{:.1%}')}. "
           "Gantt chart: pipeline_gantt.png.", ""]

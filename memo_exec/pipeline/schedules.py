@@ -103,6 +103,7 @@ from memo_exec.mtp import modules_recomputed
 from memo_exec.pipeline.order import Action, messages_from, slots, stage_order, virtual_stage
 from memo_sim.layout.schedule import executor_stage_limit
 from memo_sim.layout.parallel import stage_layers
+from memo_sim.policy.rounding_buffers import is_offloaded, offloaded_layer_count
 
 
 class _OffsetHooks(LayerHooks):
@@ -164,7 +165,12 @@ class PolicySet:
     def describe(self) -> dict:
         # a rank whose chunks hold no layer (the embedding or the loss alone, vpp 1) keeps no activations
         first = self.policies[0].describe() if self.policies else {"policy": "none (no layer on this rank)"}
-        return {**first, "instances": len(self.policies), "instances_are": "one per micro-batch in flight on this rank"}
+        out = {**first, "instances": len(self.policies), "instances_are": "one per micro-batch in flight on this rank"}
+        rounding = getattr(self.policies[0], "rounding", None) if self.policies else None
+        if rounding is not None:  # an offloading policy's rule runs over the rank's (layer, micro-batch) units: what
+            # it offloads is counted in those (pipeline.md's offloaded bytes), not in one instance's layers
+            out.update(units=rounding.n_f, offloaded_units=offloaded_layer_count(rounding.n_f))
+        return out
 
 
 class PipelineSchedule(Schedule):
@@ -222,6 +228,26 @@ class PipelineSchedule(Schedule):
         """One instance per slot and chunk size (`build_runtimes`)."""
         return sorted({len(self.chunk_layers(c)) for c in range(self.vpp)} - {0}, reverse=True)
 
+    def host_layers(self) -> dict[int, int]:
+        """Per activation slot, the host slots an offloading policy's instance takes there: the most layers of one
+        (chunk, micro-batch) the slot serves whose units the rank's order offloads. The units are numbered as
+        `memo_exec.activations.pipeline_rounding.PipelineRounding.plan` numbers them (the rank's forward layers in
+        the order it runs them) and the rule is `memo_sim.policy.rounding_buffers`' (every unit but the rank's last
+        `KEPT_LAYERS` of the step), so a chunk's offloaded layers are a prefix of it. This is the simulator's count
+        of a stage's host blocks (`memo_sim.search.pipeline._host_units_of`: its layers in flight, less the last two
+        where the rank holds every forward at once): on stage 0 of pp 2 with 2 micro-batches the second slot serves
+        micro-batch 1 alone, whose units are the rank's last two, and takes none."""
+        sizes = [len(self.chunk_layers(c)) for c in range(self.vpp)]
+        n_f = sum(sizes[a.chunk] for a in self.order if a.kind == "fwd")
+        need = dict.fromkeys(range(self.n_slots), 0)
+        u = 0
+        for a in self.order:
+            if a.kind == "fwd":
+                k = self.slot_of[(a.chunk, a.mb)]
+                need[k] = max(need[k], sum(is_offloaded(u + i, n_f) for i in range(sizes[a.chunk])))
+                u += sizes[a.chunk]
+        return need
+
     def build_runtimes(self) -> None:
         """One activation policy per slot and chunk size: a policy runs over one chunk's layers (its storages and
         host slots), so an uneven split's chunks of different sizes each get their own instance per slot, over the
@@ -232,11 +258,14 @@ class PipelineSchedule(Schedule):
         sizes = [len(self.chunk_layers(c)) for c in range(self.vpp)]  # equal unless the split is uneven
         pols: dict[tuple[int, int], object] = {}
         self.shared = SharedBlocks()  # the rank's buffers, one set for its slots (`ActivationPolicy.shared`)
+        host = self.host_layers()
         for k in range(self.n_slots):
             slot_blocks = SlotBlocks()  # the slot's instances of different sizes share its blocks, largest first
             for n in self.activation_sizes():  # a chunk of one slot may hold no layer
                 pol = ex.make_activation_policy(n)
                 pol.slot, pol.shared, pol.pipelined, pol.slot_blocks = k, self.shared, True, slot_blocks
+                if hasattr(pol, "host_layers"):  # an offloading policy: host slots for what the slot offloads
+                    pol.host_layers = host[k]
                 pol.allocate()
                 pols[(k, n)] = pol
         ex.policy = PolicySet(list(pols.values()))
@@ -253,6 +282,10 @@ class PipelineSchedule(Schedule):
         if self.rounding is not None:
             self.rounding.plan(self.order, dict(enumerate(sizes)),
                                lambda c, mb: self.runtimes[(self.slot_of[(c, mb)], c)][0].policy)
+            for bu in self.rounding.backward_units:  # `host_layers` and the rounding's numbering agree
+                if self.rounding.offloaded(bu.unit) and bu.layer >= bu.policy.n_offloaded:
+                    raise RuntimeError(f"pp rank {self.s}: unit {bu.unit} is offloaded from layer {bu.layer} of an "
+                                       f"instance with {bu.policy.n_offloaded} host slots")
 
     def build_mtp(self) -> None:
         """The last rank's multi-token-prediction runtimes, one per activation slot its last chunk's micro-batches

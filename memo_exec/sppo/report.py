@@ -157,7 +157,10 @@ def compare(measured: Timeline, plan, sim: dict | None, sim_tl: Timeline | None 
     rows = stage_rows(tl, _with_stage_devices(measured, plan))
     stalls = _with_stage_devices(measured, plan)
     subs = subsequence_rows(tl, plan.layout.pp, stalls)
-    out = {"plan": {"layout": plan.layout.label(), "policy": plan.policy.label(), "seq_tokens": plan.seq_tokens,
+    from memo_exec.report import dtype_not_comparable  # noqa: PLC0415 - report.md's rule, in its words
+
+    out = {"dtype_not_comparable": dtype_not_comparable(plan.model.dtype, measured.meta.get("dtype")),
+           "plan": {"layout": plan.layout.label(), "policy": plan.policy.label(), "seq_tokens": plan.seq_tokens,
                     "bounds": list(plan.policy.bounds), "alphas": [float(a) for a in plan.policy.alphas]},
            "measured_device": measured.meta.get("device"), "measured_peak": measured_peak_kind(measured),
            "stages": rows,
@@ -196,6 +199,9 @@ def markdown(cmp: dict) -> str:
          "absolute times differ where the devices differ; the bubble shares compare.", "",
          "| stage | measured iteration s | busy s | bubble | simulated bubble | receive wait s | prefetch stall s "
          f"| offload MiB | measured peak MiB ({kind}) | simulated GPU peak MiB |", "|" + "---|" * 10]
+    from memo_exec.report import dtype_cell, dtype_line  # noqa: PLC0415 - report.md's words
+
+    why = cmp.get("dtype_not_comparable")  # the run's element width is not the plan's: bytes differ by the ratio
     for r in cmp["stages"]:
         sim = r.get("simulated") or {}
         peak = None if r["peak_bytes"] is None else r["peak_bytes"] / 2**20
@@ -203,11 +209,14 @@ def markdown(cmp: dict) -> str:
         L.append(f"| {r['stage']} | {_f(r['iteration_s'])} | {_f(r['compute_busy_s'])} | "
                  f"{_f(r['bubble_fraction'], '{:.1%}')} | {_f(sim.get('bubble_fraction'), '{:.1%}')} | "
                  f"{_f(r['receive_wait_s'])} | {_f(r['prefetch_stall_s'])} | "
-                 f"{_f(r['offload_bytes'] / 2**20, '{:.2f}')} | {_f(peak, '{:.1f}')} | {_f(speak, '{:.1f}')} |")
+                 f"{_f(r['offload_bytes'] / 2**20, '{:.2f}')} | {_f(peak, '{:.1f}')} | "
+                 f"{dtype_cell(_f(speak, '{:.1f}'), why)} |")
     L += ["", f"Whole pipeline bubble: measured {_f(cmp.get('measured_bubble_fraction'), '{:.1%}')}, simulated "
           f"{_f(cmp.get('simulated_bubble_fraction'), '{:.1%}')}; simulated exposed copy time "
           f"{_f(cmp.get('simulated_exposed_copy_s'))} s. Gantt charts: measured_pipeline/pipeline_gantt.png, "
           "simulated_pipeline/pipeline_gantt.png.", ""]
+    if why:
+        L += [dtype_line(why), ""]
     if kind == "process RSS":
         L += ["The measured peak of a CPU run is the process RSS (the model, the activations and the host pool of "
               "the offloaded rows in one address space, plus PyTorch itself); the simulated peak is the GPU's "
@@ -225,7 +234,8 @@ def markdown(cmp: dict) -> str:
             smib = None if sim.get("offload_bytes") is None else sim["offload_bytes"] / 2**20
             t = "{:.6f}"
             L.append(f"| {r['stage']} | {r['subsequence']} | {_f(r['offload_bytes'] / 2**20, '{:.3f}')} | "
-                     f"{_f(smib, '{:.3f}')} | {_f(r['copy_busy_s'], t)} | {_f(sim.get('copy_busy_s'), t)} | "
+                     f"{dtype_cell(_f(smib, '{:.3f}'), why)} | {_f(r['copy_busy_s'], t)} | "
+                     f"{_f(sim.get('copy_busy_s'), t)} | "
                      f"{_f(r['copy_exposed_s'], t)} | {_f(sim.get('copy_exposed_s'), t)} | "
                      f"{_f(r['prefetch_stall_s'], t)} |")
         L.append("")
