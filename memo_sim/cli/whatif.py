@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 import time
 from dataclasses import dataclass, fields
 
@@ -178,7 +179,7 @@ def whatif(**options):
     if show.sweep_alpha:  # MEMO's alpha on one layout (no SPPO search)
         return _sweep_alpha(req, sweep_candidates(req), show, t0)
     try:
-        with delayed_progress("simulating", show.quiet, force=show.progress) as on_progress:
+        with search_progress("simulating", show.quiet, force=show.progress) as on_progress:
             # the best plan's memory plan built while this process waits for SPPO's simulation, if it does
             ans = answer_whatif(req, progress=on_progress, while_waiting=None if show.no_plan else prebuild_plan)
     except NothingFits as e:  # no layout was built: every one's model states alone overflow (exit 3, answered)
@@ -326,7 +327,7 @@ def _answer_json(ans, paths: dict, elapsed: float, show: Show) -> dict:
             "bf16_searched": ans.bf16_searched,
             # a fixed pipeline split: the same search's best with the split searched (null: none fixed)
             "searched_split_best": ans.split_best.to_json() if ans.split_best is not None else None,
-            "runner_up": runner_up(shown, best),
+            "runner_up": runner_up(shown, best, result.tier2.mode if result.tier2 is not None else None),
             # a faster configuration that ran out of memory on fragmentation alone fits with expandable segments
             "faster_with_expandable_segments": expandable_faster(shown, best),
             "train_tokens": show.train_budget,
@@ -388,6 +389,71 @@ def delayed_progress(label: str, quiet: bool, force: bool | None = None):
                 state["shown"] += 1
 
         yield progress
+
+
+STATUS_EVERY_S = (0.1, 1.0)  # the least time between two updates of one stage: on a terminal, off one (--progress)
+
+
+class SearchStatus:
+    """The what-if's progress on stderr as a status line that names the stage under way
+    (`memo_sim.search.whatif.rank` calls ``stage(words)``: pricing, the bound search with its count and bound gap,
+    the verdict lines' sides) and counts ``progress(done, total)`` only where the total is what will run; the
+    seconds elapsed, no ETA (a review: a click bar out of every fitting candidate sat silent for 14.7 s, then
+    showed 0% and an ETA of 6 minutes for a search that ended 4 s later, in ~450 redraws). On a terminal the line
+    is rewritten in place (``\r``, erase to the end of line) and erased at the end, so a short run leaves nothing;
+    off a terminal (``--progress``) the label alone on the first line, then one line per update. Updates of one
+    stage come at most every `STATUS_EVERY_S`; a new stage is shown at once."""
+
+    def __init__(self, label: str, stream, tty: bool):
+        self.label, self.stream, self.tty = label, stream, tty
+        self.t0 = time.perf_counter()
+        self._last = (None, -1e9)  # (stage words before the first ':', when shown)
+        self._started = False
+        self._shown = False
+
+    def stage(self, words: str) -> None:
+        now = time.perf_counter()
+        key = words.split(":")[0]
+        if key == self._last[0] and now - self._last[1] < STATUS_EVERY_S[0 if self.tty else 1]:
+            return
+        self._last = (key, now)
+        line = f"{self.label} [{now - self.t0:.1f} s] {words}"
+        if self.tty:
+            self.stream.write("\r\x1b[K" + line[:200])
+            self._shown = True
+        else:
+            if not self._started:
+                self.stream.write(f"{self.label}\n")
+                self._started = True
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def __call__(self, done: int, total: int) -> None:
+        self.stage(f"simulating: {done} of {total}")
+
+    def close(self) -> None:
+        if self.tty and self._shown:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+
+
+def _no_progress(done: int, total: int) -> None:
+    """A quiet run's progress: nothing shown (and no ``stage``)."""
+
+
+@contextlib.contextmanager
+def search_progress(label: str, quiet: bool, force: bool | None = None):
+    """A `SearchStatus` on stderr where progress is shown: ``force`` (``--progress/--no-progress``) decides, else
+    only on a terminal and never when ``quiet`` (--json)."""
+    on = force if force is not None else (not quiet and sys.stderr.isatty())
+    if not on:
+        yield _no_progress
+        return
+    status = SearchStatus(label, sys.stderr, sys.stderr.isatty())
+    try:
+        yield status
+    finally:
+        status.close()
 
 
 METP_COMPARED = 5  # METP candidates compared with their Megatron TP+SP twins

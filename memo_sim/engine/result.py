@@ -64,6 +64,16 @@ class SimResult:
     def ok(self) -> bool:
         return self.status == "OK"
 
+    def in_use_at_failure(self, status: str, peak: float) -> float:
+        """The bytes in use when the run failed, of the memory a ``status`` failure (OOM: GPU, OOHM: host) runs out
+        of: the failure's own count where it is of that memory, else ``peak`` (the engine's peak, which stopped at
+        the failure). A caching-allocator OOM (`memo_sim.engine.schedules.single_stage.simulate`: the replay of the
+        whole iteration fails where the engine run completed) is found after the engine ran to the end: its
+        ``peak`` is the completed run's, and the replay's allocated bytes at the failing request are the ones in
+        use (a review: 77.76 GiB in the JSON beside '67.97 GiB in use' in the failure's words)."""
+        f = self.failure
+        return float(f.in_use_bytes) if f is not None and f.status == status else peak
+
     def to_dict(self) -> dict:
         """Summary in the keys the what-if and plan.json use (units in key names), no timeline."""
         return {
@@ -74,8 +84,9 @@ class SimResult:
             # a failed run has no peak: the memory in use when it stopped is below the capacity it ran out of
             "peak_gpu_bytes": self.peak_gpu_bytes if self.ok else None,
             "peak_host_bytes_per_node": self.peak_host_bytes_per_node if self.ok else None,
-            **({} if self.ok else {"in_use_at_failure_bytes": self.peak_gpu_bytes,
-                                   "in_use_at_failure_host_bytes_per_node": self.peak_host_bytes_per_node}),
+            **({} if self.ok else {"in_use_at_failure_bytes": self.in_use_at_failure("OOM", self.peak_gpu_bytes),
+                                   "in_use_at_failure_host_bytes_per_node": self.in_use_at_failure(
+                                       "OOHM", self.peak_host_bytes_per_node)}),
             "gpu_capacity_bytes": self.gpu_capacity_bytes,
             "host_capacity_bytes": self.host_capacity_bytes,
             "exposed_copy_s": self.exposed_copy_s,

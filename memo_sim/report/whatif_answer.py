@@ -353,8 +353,9 @@ def whatif_answer(v: WhatIfView) -> Answer:
                       "each fitting first, by throughput)"
                       + (f", first {budget}" if budget < len(rows) else "")
                       + "; tier: sim = the event simulator (contention, copy stalls), analytic = perfect overlap "
-                        "(an upper estimate of throughput, not the proved bound tier 2 skips a plan by: an "
-                        "analytic row can show more than the best simulated); peak GPU by the tier and allocator "
+                        "(an estimate, not a bound either way: an analytic row can show more than the best "
+                        "simulated, and an offload-bound plan can simulate faster than its estimate; the proved "
+                        "bound tier 2 skips a plan by is a separate figure); peak GPU by the tier and allocator "
                         "named; frag/retries: the caching allocator's reserved-but-unallocated share at the peak and "
                         "its retries per iteration"
                       + ("; sim/allocated: the simulated allocated peak, not replayed through the caching allocator "
@@ -399,7 +400,7 @@ def whatif_answer(v: WhatIfView) -> Answer:
         why = binding_words(b)
         if why:
             a.line(f"  {why}")
-        up = runner_up_line(v.shown, b)
+        up = runner_up_line(v.shown, b, tier2.mode if tier2 is not None else None)
         if up:
             a.line(f"  {up}")
         if v.expandable:
@@ -521,6 +522,17 @@ def searched_words(searched: dict) -> str:
     return words
 
 
+def status_cell(c) -> str:
+    """A row's status: `memo_sim.report.table.status_text` of its own overflow, and where the status is OOM and the
+    pinned host memory overflows too, the host's beside it ("OOM +75.42 GiB, host +1.11 TiB"): the plan-file status
+    names the GPU only, and a row reading "OOM +7.88 GiB" with 2.74 TiB pinned per node of 1.64 TiB said more GPU
+    memory would fix it (a review)."""
+    words = status_text(c.status, c.over_bytes)
+    if c.status == "OOM" and c.host_over_bytes > 0:
+        words += f", host +{fmt_bytes(c.host_over_bytes)}"
+    return words
+
+
 def _policy_cell(c) -> str:
     return c.policy.label() if c.sppo is not None else c.policy.name
 
@@ -547,8 +559,10 @@ def ranked_table(rows) -> tuple[list[str], list[list[str]]]:
         mfu = sm["mfu"] if sm else e.mfu
         tgs = sm["tgs_tokens_per_gpu_s"] if sm else e.tgs
         r = [str(i + 1), c.layout.label(), _policy_cell(c),
-             "-" if c.policy.alpha is None else f"{c.policy.alpha:.3f}", status_text(c.status, c.over_bytes),
-             p.short_source, fmt_time(it) if it else "-", f"{100 * mfu:.1f}%" if mfu is not None else "-",
+             "-" if c.policy.alpha is None else f"{c.policy.alpha:.3f}", status_cell(c),
+             # a simulated row that failed has no peak of its own: its tier is the simulator's, its peak analytic
+             p.short_source if sm is None or p.tier == "simulated" else f"sim (failed; peak {p.short_source})",
+             fmt_time(it) if it else "-", f"{100 * mfu:.1f}%" if mfu is not None else "-",
              f"{tgs:.0f}" if tgs else "-", fmt_bytes(p.bytes), allocator_cell(sm), fmt_bytes(c.host_bytes_per_node),
              fmt_time(sm["exposed_copy_s"] if sm else e.exposed_copy_s)]
         if gbs:
@@ -570,7 +584,7 @@ def tier_table(rows, simulated: bool) -> tuple[list[str], list[list[str]]]:
         e, sm = c.estimate, c.simulated
         p = candidate_peak(c)
         r = [str(i + 1), c.layout.label(), _policy_cell(c),
-             "-" if c.policy.alpha is None else f"{c.policy.alpha:.3f}", status_text(c.status, c.over_bytes),
+             "-" if c.policy.alpha is None else f"{c.policy.alpha:.3f}", status_cell(c),
              fmt_time(e.iteration_s)]
         if simulated:
             r.append(fmt_time(sm["iteration_s"]) if sm["iteration_s"] else "-")
@@ -600,18 +614,21 @@ def allocator_cell(sm: dict | None) -> str:
 
 
 def _tier_tables(a: Answer, rows, budget: int) -> None:
+    """--details: each tier's table, each with its first ``budget`` (--top) rows (a review: the analytic table got
+    what the simulated one left of one shared budget, so 54 simulated rows over --top 15 hid it)."""
     sim_rows = [(i, c) for i, c in rows if c.simulated is not None]
     ana_rows = [(i, c) for i, c in rows if c.simulated is None]
     if sim_rows:
         a.table(*tier_table(sim_rows[:budget], simulated=True),
                 title=f"Simulated (tier 2: the event simulator, with link contention and copy stalls), "
-                      f"{plural(len(sim_rows), 'candidate')}:")
-    rest = budget - min(budget, len(sim_rows))
-    if ana_rows and rest:
-        a.table(*tier_table(ana_rows[:rest], simulated=False),
-                title=f"Analytic only (tier 1: perfect overlap, no contention; not simulated, so their MFU is an "
-                      f"upper estimate and not comparable with the rows above), {plural(len(ana_rows), 'candidate')}"
-                      f"{f', first {rest}' if rest < len(ana_rows) else ''}:")
+                      f"{plural(len(sim_rows), 'candidate')}{f', first {budget}' if budget < len(sim_rows) else ''}:")
+    if ana_rows and budget:
+        a.table(*tier_table(ana_rows[:budget], simulated=False),
+                title=f"Analytic only (tier 1: perfect overlap, no contention; not simulated: an estimate, not a "
+                      f"bound either way, an offload-bound plan can simulate faster or slower, so not comparable "
+                      f"with the rows above; the proved throughput bound tier 2 skips a plan by is a separate "
+                      f"figure, --json's proved_bound_tgs_tokens_per_gpu_s), "
+                      f"{plural(len(ana_rows), 'candidate')}{f', first {budget}' if budget < len(ana_rows) else ''}:")
 
 
 def _same(c, layout_label: str, policy_label: str):
@@ -657,10 +674,11 @@ def compare_line(what: str, a, b, a_name: str, b_name: str) -> str:
             + ("" if same_tier else "; different tiers, so read the ratio as rough"))
 
 
-def runner_up(shown, best) -> dict | None:
+def runner_up(shown, best, mode: str | None = None) -> dict | None:
     """What the runner-up (the next fitting plan of the ranking) gives up against ``best``:
     throughput, and the GPU memory it saves or costs (peaks with their source): the --json
-    answer's ``runner_up``; ``words`` is the table answer's line."""
+    answer's ``runner_up``; ``words`` is the table answer's line. ``mode``: tier 2's
+    (`memo_sim.search.prune.PruneReport.mode`: bound, all or top; None: bound)."""
     rank = next((i for i, c in enumerate(shown) if c is not best and c.status == "OK"), None)
     if best is None or rank is None:
         return None
@@ -677,9 +695,9 @@ def runner_up(shown, best) -> dict | None:
         given = f"gives up {100 * loss:.1f}% of the throughput"
     elif round(100 * loss, 1) == 0:
         given = "gives up none of the throughput (to 0.1%)"
-    else:  # only an analytic row ranked below a simulated answer can show more (perfect overlap: an upper estimate)
-        given = (f"shows {-100 * loss:.1f}% more throughput on the analytic tier (perfect overlap, an upper "
-                 f"estimate; not simulated)")
+    else:  # only an analytic row ranked below a simulated answer can show more (perfect overlap: an estimate)
+        given = (f"shows {-100 * loss:.1f}% more throughput on the analytic tier (perfect overlap, an estimate, "
+                 f"not a bound; not simulated)")
     words = (f"runner-up #{rank + 1} {label}: {given} "
              f"({c.tgs:,.0f} tokens/GPU/s {'sim' if c.simulated is not None else 'analytic'}) for {mem}")
     # the bound search proves the answer only: plans it skipped whose proved bound is above the runner-up's
@@ -688,18 +706,22 @@ def runner_up(shown, best) -> dict | None:
 
     between = 0 if c.simulated is None else sum(
         1 for u in shown if u.simulated is None and u.status == "OK" and u.sppo is None and tgs_upper_bound(u) > c.tgs)
-    if between:
-        words += (f"; second place not proved: {between} plan{'s' if between != 1 else ''} the bound search did not "
-                  f"simulate could run faster (--simulate-top all ranks them)")
+    plans = f"{between} plan{'s' if between != 1 else ''}"
+    if between and mode == "top":  # no bound search ran: tier 2 simulated the analytic tier's best N (a review)
+        words += (f"; second place not proved: {plans} not simulated (--simulate-top N simulates the analytic "
+                  f"tier's best N only) could run faster (--simulate-top bound or all ranks them)")
+    elif between:
+        words += (f"; second place not proved: {plans} the bound search did not simulate could run faster "
+                  f"(--simulate-top all ranks them)")
     return {"rank": rank + 1, "label": label, "tier": tier, "iteration_s": it,
             "tgs_tokens_per_gpu_s": float(c.tgs) if c.tgs is not None else None,
             "throughput_given_up_fraction": float(loss), "peak_gpu_bytes": mine.bytes, "peak_source": mine.source,
             "unsimulated_possibly_faster": between, "words": words}
 
 
-def runner_up_line(shown, best) -> str:
+def runner_up_line(shown, best, mode: str | None = None) -> str:
     """`runner_up` in words ("" when there is none)."""
-    up = runner_up(shown, best)
+    up = runner_up(shown, best, mode)
     return up["words"] if up else ""
 
 

@@ -17,7 +17,7 @@ best that many, as before).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, fields
 from typing import Callable
 
 from memo_sim.errors import MemoError
@@ -60,17 +60,50 @@ class PruneReport:
     # simulated before the pipelines were priced (`memo_sim.search.pipeline.pipeline_candidates`' ``floor``)
     not_built: int = 0
     not_built_families: int = 0
+    not_built_margin: float | None = None  # 1 - (the best unbuilt family's bound / best simulated throughput)
+    skipped_margin: float | None = None  # 1 - (the best bound still skipped / best simulated throughput)
+    failed: int = 0  # of ``simulated``: out of memory in the simulation (fit by the analytic tier only)
+    # top N: fitting plans left unsimulated whose proved bound is above the best simulated throughput (the answer is
+    # not proved best while there are any; `set_unproved`)
+    unproved: int = 0
+    top: int = 0  # top N: the N asked for (``simulate_top``)
+    # each fitting candidate's proved throughput bound by id (`simulate_by_bound`'s), so the margin can be recomputed
+    # when plans it skipped are simulated since; not part of the report's JSON
+    bounds: dict | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "bounds"}
 
-    def add_verdict_sides(self, n: int) -> None:
+    def add_verdict_sides(self, n: int, still_skipped: list | None = None, open_skipped: list | None = None) -> None:
         """``n`` more candidates simulated for the verdict lines (`memo_sim.search.verdicts`),
-        each one the search had skipped (bound mode) or left out (top N)."""
+        each one the search had skipped (bound mode) or left out (top N). ``still_skipped`` (bound
+        mode): the fitting candidates not simulated after them; the skipped count and the proof margin are
+        theirs (a review: the margin stayed the one of a plan simulated since for a verdict line, 0.2% where
+        the closest still skipped was 1.09% below). ``open_skipped``: those of them the margin is of (default: all):
+        the what-if leaves out a plan whose twin under another policy name was simulated (the same bytes moved and
+        rebuilt, `memo_sim.search.whatif.behaviour_key`: its throughput is known, and the ranking folds it into the
+        simulated row)."""
         self.simulated += n
         self.for_verdicts += n
-        if self.mode == SIMULATE_BOUND:
+        if self.mode != SIMULATE_BOUND:
+            return
+        if still_skipped is None:
             self.skipped_by_bound -= n
+            return
+        self.skipped_by_bound = len(still_skipped)
+        skipped = None
+        among = still_skipped if open_skipped is None else open_skipped
+        if among and self.best_tgs and self.bounds is not None:
+            top = max(self.bounds[id(c)] if id(c) in self.bounds else tgs_upper_bound(c) for c in among)
+            skipped = 1.0 - top / self.best_tgs
+        self.skipped_margin = skipped
+        self.margin = _closest(skipped, self.not_built_margin)
+
+    def set_unproved(self, unsimulated: list) -> None:
+        """Top N: count the fitting ``unsimulated`` candidates whose proved bound is above the best simulated
+        throughput: any of them could be the best plan (no bound search ran to rule them out)."""
+        if self.best_tgs:
+            self.unproved = sum(1 for c in unsimulated if tgs_upper_bound(c) > self.best_tgs)
 
     def add_not_built(self, not_built: dict | None) -> None:
         """Count the pipeline families the bound left unbuilt (``searched["pipeline"]["not_built"]``)
@@ -81,29 +114,51 @@ class PruneReport:
         self.not_built_families += not_built["families"]
         top = not_built.get("best_bound_tgs")
         if top is not None and self.best_tgs:
-            m = 1.0 - top / self.best_tgs
-            self.margin = m if self.margin is None else min(self.margin, m)
+            self.not_built_margin = 1.0 - top / self.best_tgs
+            self.margin = _closest(self.margin, self.not_built_margin)
 
     def line(self) -> str:
-        extra = (f"; {self.for_verdicts} more simulated so that each verdict line compares two simulated plans"
-                 if self.for_verdicts else "")
+        """The tier-2 line: how many simulated (of them, how many for the verdict lines: part of the count, not
+        beside it; a review read '60 simulated ... 32 more simulated' as 92), skipped, and the proof's margin."""
+        extra = ""
         if self.not_built:
             extra += (f"; {self.not_built} micro-batch pipeline candidates ({self.not_built_families} layout, batch "
                       f"split and schedule families) not built: each family's proved bound is below the best "
                       f"throughput simulated before the pipelines were priced (--simulate-top all builds them)")
+        failed = (f"; {self.failed} of the simulated ran out of memory there (the analytic tier fit them)"
+                  if self.failed else "")
         if self.mode != SIMULATE_BOUND:
+            first = self.fitting if self.mode == SIMULATE_ALL else min(self.top, self.fitting)
+            how = "every one" if self.mode == SIMULATE_ALL else f"the analytic best {first}"
+            if (sppo := self.simulated - self.for_verdicts - first) > 0:  # `memo_sim.search.whatif.sppo_always`'s
+                how += f", {sppo} of SPPO's points (its heuristic's choice and its best)"
+            if self.for_verdicts:
+                how += (f", and {self.for_verdicts} for the verdict lines so that each verdict line compares two "
+                        f"simulated plans")
+            many = self.unproved != 1
+            unproved = ("" if not self.unproved else
+                        f"; the answer is not proved best: {self.unproved} fitting plan{'s' if many else ''} not "
+                        f"simulated {'have' if many else 'has'} a proved bound above its throughput (--simulate-top "
+                        f"bound simulates until none has)")
             return (f"tier 2: {self.simulated} of the {self.fitting} candidates the analytic tier fits simulated "
-                    f"({'every one' if self.mode == SIMULATE_ALL else 'the analytic best'}){extra}")
+                    f"({how}){failed}{unproved}{extra}")
         # what the margin is the bound of: a skipped plan's, else an unbuilt pipeline family's; where every plan
         # skipped was simulated since (for the verdicts) and none was left unbuilt, nothing stands on it (a review:
         # '0 skipped by a proved bound; the closest skipped bound is 9.9% below')
-        whose = ("the closest skipped bound" if self.skipped_by_bound > 0 else
-                 "the closest bound of a pipeline family left unbuilt" if self.not_built else None)
-        proof = ("" if self.margin is None or whose is None else
-                 f"; {whose} is {100 * self.margin:.1f}% below the best simulated throughput "
-                 f"(proof margin; allowed gap {100 * self.allowed_gap:g}%)")
-        return (f"tier 2: {self.simulated} of the {self.fitting} candidates the analytic tier fits simulated, "
-                f"{self.skipped_by_bound} skipped by a proved bound{proof}{extra}")
+        # each named with its own margin (a review: 0.8% was an unbuilt family's, said of the closest skipped plan)
+        skipped = (self.skipped_margin if self.skipped_margin is not None else
+                   self.margin if self.not_built_margin is None else None)
+        parts = [f"{whose} is {100 * m:.1f}% below the best simulated throughput" for whose, m, on in (
+            ("the closest skipped bound", skipped, self.skipped_by_bound > 0),
+            ("the closest bound of a pipeline family left unbuilt", self.not_built_margin, self.not_built > 0))
+            if on and m is not None]
+        proof = (f"; {', and '.join(parts)} (proof margin; allowed gap {100 * self.allowed_gap:g}%)"
+                 if parts else "")
+        how = ("" if not self.for_verdicts else
+               f" ({self.simulated - self.for_verdicts} by the bound search, {self.for_verdicts} after it so that "
+               f"each verdict line compares two simulated plans)")
+        return (f"tier 2: {self.simulated} of the {self.fitting} candidates the analytic tier fits simulated{how}, "
+                f"{self.skipped_by_bound} skipped by a proved bound{proof}{failed}{extra}")
 
 
 def tgs_upper_bound(c) -> float:
@@ -121,7 +176,8 @@ def _better(best: float | None, s: dict | None) -> float | None:
 
 
 def simulate_by_bound(fitting: list, simulate: Callable[[list], object], *, batch: int = 4,
-                      always: list | None = None, window: int | None = None) -> PruneReport:
+                      always: list | None = None, window: int | None = None,
+                      on_step: Callable[[int, float | None], None] | None = None) -> PruneReport:
     """Simulate ``fitting`` candidates (``simulate(list)`` fills each one's ``simulated``) in order
     of `tgs_upper_bound`, ``batch`` at a time, until the next bound is below the best simulated
     throughput; ``always`` (e.g. SPPO's heuristic choice) are simulated in the first batch too.
@@ -131,7 +187,11 @@ def simulate_by_bound(fitting: list, simulate: Callable[[list], object], *, batc
     ``window`` (a multiple of ``batch``; default ``batch``): how many positions one ``simulate`` call takes, so that
     a process pool has work for all its processes; the decisions stay ``batch`` at a time, and a candidate simulated
     past the position where they stop is un-simulated, so the result is the same whatever the window (a review:
-    ``--jobs 4`` simulated in batches of 8 and ranked 79 plans where ``--jobs 1`` ranked 76)."""
+    ``--jobs 4`` simulated in batches of 8 and ranked 79 plans where ``--jobs 1`` ranked 76).
+
+    ``on_step(simulated, gap)`` after each window's decisions: how many are simulated, and the bound gap, how far
+    the next candidate's bound is above the best simulated throughput (a fraction; the search stops where it falls
+    below 0; None before anything fitting was simulated or when none is left), for a progress line."""
     ub = {id(c): tgs_upper_bound(c) for c in fitting}
     order = sorted(fitting, key=lambda c: -ub[id(c)])
     extra = [c for c in (always or []) if c.simulated is None]
@@ -170,13 +230,28 @@ def simulate_by_bound(fitting: list, simulate: Callable[[list], object], *, batc
             if id(c) not in accepted:
                 c.simulated = None
         i = j
+        if on_step is not None:
+            on_step(done, bound_gap(ub[id(order[i])], best) if i < len(order) else None)
     if extra:
         simulate(extra)
         done += len(extra)
     skipped = [c for c in order[i:] if c.simulated is None]
     margin = (1.0 - max(ub[id(c)] for c in skipped) / best) if skipped and best else None
-    return PruneReport(SIMULATE_BOUND, len(fitting), done, len(skipped), margin=margin, best_tgs=best)
+    return PruneReport(SIMULATE_BOUND, len(fitting), done, len(skipped), margin=margin, best_tgs=best, bounds=ub,
+                       skipped_margin=margin)
 
 
-__all__ = ["ALLOWED_GAP", "PruneReport", "SIMULATE_ALL", "SIMULATE_BOUND", "SIMULATE_MODES", "parse_simulate_top",
+def bound_gap(bound: float, best: float | None) -> float | None:
+    """How far a throughput ``bound`` is above the ``best`` simulated throughput, as a fraction (negative: below it,
+    where the bound search stops); None with no best yet."""
+    return bound / best - 1.0 if best else None
+
+
+def _closest(a: float | None, b: float | None) -> float | None:
+    """The smaller of two margins (None: none)."""
+    return b if a is None else a if b is None else min(a, b)
+
+
+__all__ = ["ALLOWED_GAP", "PruneReport", "bound_gap",
+           "SIMULATE_ALL", "SIMULATE_BOUND", "SIMULATE_MODES", "parse_simulate_top",
            "simulate_by_bound", "tgs_upper_bound"]

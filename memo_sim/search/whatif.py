@@ -192,7 +192,8 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
                    moe_balance: str = "dropless", dp_mode: str | None = None, alloc_conf: str | None = None,
                    allocator: str = "caching", rank_order: str | None = None,
                    sppo_beside: Callable[..., SppoBeside] | None = None,
-                   pipeline_floor: Callable[[list[Candidate]], float | None] | None = None) -> WhatIfResult:
+                   pipeline_floor: Callable[[list[Candidate]], float | None] | None = None,
+                   on_stage: Callable[[str], None] | None = None) -> WhatIfResult:
     """Every valid layout x policy x schedule x micro-batch size (MEMO at its solved alpha) for
     ``framework``, estimated and ranked (the strategies of `SEARCH_STRATEGIES`).
 
@@ -229,7 +230,9 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     frameworks run), ``plan`` (a static memory plan, `Layout.memory_plan`) or ``both`` side by side
     (single-stage layouts; a pipeline takes the caching allocator under ``both``). ``rank_order``: the rank orders
     a pipeline with data parallelism is tried in (`memo_sim.layout.rank_order`): one the framework offers, or ``all``
-    of them; None: the framework's first (pipeline stages outermost)."""
+    of them; None: the framework's first (pipeline stages outermost). ``on_stage(words)``: told as each stage of
+    the pricing starts (the what-if's progress line, `memo_sim.cli.whatif.search_progress`)."""
+    say = on_stage or (lambda _words: None)
     if allocator not in ALLOCATORS:
         raise MemoError(f"--allocator must be one of {', '.join(ALLOCATORS)}, got {allocator!r}")
     if gpus < 1:
@@ -398,8 +401,10 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
         if sppo_beside is not None:  # in a forked child while the rest is priced here
             beside = sppo_beside(run_sppo, (model, profile))
         else:
+            say("SPPO's search of its (SP, PP, N) points (tier 1, analytic)")
             search, sppo_cands, sppo_rejected, sppo_why = run_sppo()
     if plain and "single_stage" in allowed and (pp is None or pp == 1) and (vpp is None or vpp == 1):
+        say("pricing the single-stage layouts x policies (tier 1, analytic)")
         valid, rej = enumerate_layouts(model, gpus, profile.node_gpus, seq, tp=tp, cp=cp, ulysses=ulysses,
                                        dp=dp, zero=zero, sp=sp, tp_modes=modes,
                                        metp_across_nodes=metp_across_nodes, experts=experts, dp_modes=dp_modes,
@@ -433,6 +438,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
             if sppo_why and not out and not said_before_sppo:
                 why_none = sppo_why
     if plain and pipes and (pp is None or pp > 1) and not optimizer_offload:  # every schedule the framework runs
+        say(f"{len(out)} candidates priced; pricing the micro-batch pipelines (tier 1, analytic)")
         pc, pr, what = pipeline_candidates(
             model, seq, gpus, profile, policies=plain, batch=batch, global_batch=global_batch,
             micro_batch=micro_batch, allows=fw.allows, why_not=fw.why_not, adapt=pipe_adapt, tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero, sp=sp,
@@ -454,6 +460,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
         if (pr or said) and not out:
             why_none, pipes_said = said or framework_why_none(pr, fw), True
     if beside is not None:  # SPPO's rows where the search run here puts them (above)
+        say(f"{len(out)} candidates priced; waiting for SPPO's search of its (SP, PP, N) points")
         search, sppo_cands, sppo_rejected, sppo_why = beside.result()
         out[at_sppo[0]:at_sppo[0]] = sppo_cands
         rejected[at_sppo[1]:at_sppo[1]] = sppo_rejected
@@ -1004,21 +1011,43 @@ def _simulate_verdict_sides(candidates: list[Candidate], head: list[Candidate], 
     return n
 
 
+def _bound_words(what: str, simulated: int, gap: float | None) -> str:
+    """The bound search's progress in words: how many simulated and the bound gap (`memo_sim.search.prune.bound_gap`:
+    it ends where the next bound falls below the best simulated throughput)."""
+    words = f"{what}: {simulated} simulated"
+    if gap is not None:
+        words += (f", the next bound {100 * gap:.1f}% above the best simulated" if gap >= 0 else
+                  ", every bound left below the best simulated")
+    return words
+
+
 def _rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, mode, progress, allocator_lag: int,
           sppo_simulate: int, jobs: int, ahead: list, fixed: dict, while_waiting=None) -> WhatIfResult:
     """`rank` with SPPO's search beside the rest where ``fixed`` says so (``ahead``: what it simulates).
     The bound search starts before the micro-batch pipelines are priced: on the candidates listed by
     then, in this process (SPPO's search may hold the other core), so that a pipeline family whose
-    proved bound is below its best is never built (`candidates_for`'s ``pipeline_floor``)."""
+    proved bound is below its best is never built (`candidates_for`'s ``pipeline_floor``).
+
+    Progress: where ``progress`` has a ``stage(words)`` method (`memo_sim.cli.whatif.search_progress`), each stage
+    is named as it starts and the bound search's count and bound gap as it goes (a review: a bar counted out of
+    every fitting candidate while the bound search simulated 31-47 of them, showed nothing for the 75-95% of the
+    run spent pricing, and its ETA multiplied by plans it would skip); ``progress(done, total)`` itself is called
+    only where the total is what tier 2 will simulate (``all`` or a count), never with the fitting count as a
+    guess."""
+    stage = getattr(progress, "stage", None) or (lambda _words: None)
     if mode == SIMULATE_BOUND:
         def floor(listed: list[Candidate]) -> float | None:
             fit = [c for c in listed if c.memory.status == "OK"]
+            what = f"bound search over the {len(fit)} fitting candidates priced before the pipelines"
+            stage(what)
             return simulate_by_bound(fit, lambda cands: simulate_candidates(
-                cands, allocator_lag=allocator_lag, jobs=1, ahead=ahead[0] if ahead else None)).best_tgs
+                cands, allocator_lag=allocator_lag, jobs=1, ahead=ahead[0] if ahead else None),
+                on_step=lambda k, gap: stage(_bound_words(what, k, gap))).best_tgs
 
         fixed = dict(fixed, pipeline_floor=floor)
+    stage("pricing the candidates (tier 1, analytic)")
     with gc_paused():  # tens of thousands of long-lived candidates and memos, no garbage cycles
-        result = candidates_for(model, seq, gpus, profile, **fixed)
+        result = candidates_for(model, seq, gpus, profile, **dict(fixed, on_stage=stage))
     if mode:
         fitting = [c for c in result.candidates if c.memory.status == "OK"]
         extra = []  # the bound search skips SPPO's candidates by their proved bound like any other
@@ -1027,12 +1056,25 @@ def _rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, mod
 
         pool = Tier2Pool(fitting, jobs, allocator_lag=allocator_lag) if mode == SIMULATE_BOUND else None
 
-        shown = {"done": 0}  # simulated so far, over every batch (the bound search's come 4 at a time)
+        # simulated so far over every batch; the stage's words, bound gap and total (None: unknown); its count is
+        # ``offset`` (simulated before it) plus what it simulated since ``since`` (``done`` when it started)
+        shown = {"done": 0, "words": "", "gap": None, "total": None, "offset": 0, "since": 0}
+
+        def begin(words: str, offset: int = 0, total: int | None = None) -> None:
+            shown.update(words=words, gap=None, total=total, offset=offset, since=shown["done"])
+            stage(words)
 
         def counted(base: int):
-            """The batch's progress as the whole tier's: its count on top of the batches before, out of the fitting
-            candidates (the most tier 2 simulates; a review: the bar restarted each batch and sat at 25%)."""
-            return None if progress is None else (lambda done, _total: progress(base + done, len(fitting) or 1))
+            """The batch's progress as the whole tier's: its count on top of the batches before (a review: the bar
+            restarted each batch and sat at 25%); out of what tier 2 will simulate where that is known
+            (``shown["total"]``), else named with the bound gap (`_bound_words`)."""
+            def told(done: int, _total: int) -> None:
+                k = shown["offset"] + base + done - shown["since"]
+                if shown["total"] is not None and progress is not None:
+                    progress(k, shown["total"])
+                else:
+                    stage(_bound_words(shown["words"], k, shown["gap"]))
+            return None if progress is None else told
 
         def run(cands: list[Candidate]) -> None:
             base = shown["done"]
@@ -1041,25 +1083,41 @@ def _rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, mod
             shown["done"] = base + len(cands)
 
         if mode == SIMULATE_BOUND:
+            def step(k: int, gap: float | None) -> None:
+                shown["gap"] = gap
+                stage(_bound_words(shown["words"], k, gap))
+
             try:
                 # decisions PARALLEL_MIN at a time whatever --jobs (the serial run's), the pool fed 2 x jobs at once
-                result.tier2 = simulate_by_bound(fitting, run, batch=PARALLEL_MIN, window=2 * jobs, always=extra)
+                begin(f"bound search over {len(fitting)} fitting candidates",
+                      sum(1 for c in fitting if c.simulated is not None))
+                result.tier2 = simulate_by_bound(fitting, run, batch=PARALLEL_MIN, window=2 * jobs, always=extra,
+                                                 on_step=step)
                 result.tier2.add_not_built((result.searched.get("pipeline") or {}).get("not_built"))
                 head = [c for c in result.candidates if c.simulated is not None]
                 if while_waiting is not None and ahead:
                     ahead[0].idle = partial(_idle_on_best, head, while_waiting)
-                result.tier2.add_verdict_sides(_simulate_verdict_sides(result.candidates, head, run, bounded=True))
-                if progress is not None:  # the rest skipped by their proved bound: the tier is done
-                    progress(len(fitting), len(fitting) or 1)
+                begin("simulating the verdict lines' sides")
+                n = _simulate_verdict_sides(result.candidates, head, run, bounded=True)
+                still = [c for c in fitting if c.simulated is None]
+                plans = {behaviour_key(c) for c in fitting if c.simulated is not None}
+                result.tier2.add_verdict_sides(n, still, [c for c in still if behaviour_key(c) not in plans])
             finally:
                 pool.close()
         else:
             head = fitting if mode == SIMULATE_ALL else fitting[:mode]
             ids = {id(h) for h in head}
             head = head + [c for c in extra if id(c) not in ids]
+            begin(f"simulating {len(head)} of the {len(fitting)} fitting candidates", total=len(head))
             run(head)
-            result.tier2 = PruneReport("all" if mode == SIMULATE_ALL else "top", len(fitting), len(head), 0)
+            result.tier2 = PruneReport("all" if mode == SIMULATE_ALL else "top", len(fitting), len(head), 0,
+                                       top=0 if mode == SIMULATE_ALL else mode)
+            begin("simulating the verdict lines' sides")
             result.tier2.add_verdict_sides(_simulate_verdict_sides(result.candidates, head, run))
+            result.tier2.best_tgs = max((c.simulated["tgs_tokens_per_gpu_s"] for c in fitting if c.simulated
+                                         and c.simulated["status"] == "OK"), default=None)
+            result.tier2.set_unproved([c for c in fitting if c.simulated is None])  # a review: top N said nothing
+        result.tier2.failed = sum(1 for c in fitting if c.simulated is not None and c.simulated["status"] != "OK")
         ids = {id(h) for h in head}
         result.candidates = sorted(head, key=Candidate.sort_key) + [c for c in result.candidates
                                                                     if id(c) not in ids]
