@@ -23,3 +23,15 @@ def test_a_pipeline_plans_peak_is_named_as_the_what_if_named_it(tmp_path):
     assert "(simulated, allocated: no caching-allocator replay)" in r.output.splitlines()[2]
     assert "peak (simulated, caching allocator)" not in r.output
     assert "peak (simulated, allocated: no caching-allocator replay)" in r.output
+
+
+def test_a_pipeline_stage_is_charged_no_host_block_for_units_it_never_offloads():
+    """MEMO on a pipeline rank offloads every (layer, micro-batch) unit but its last KEPT_LAYERS (2): the last stage of
+    pp 2 with a layer a stage and 2 micro-batches offloads nothing, yet the analytic tier charged it a host block for
+    the one it holds in flight (a review of memo-exec's pool, which holds none there). Where the rank holds more
+    units over the iteration than in flight, the count is unchanged."""
+    from memo_sim.layout.parallel import Layout
+    from memo_sim.search.pipeline import _host_units_of
+
+    assert _host_units_of(2, Layout(pp=2), (2, 1), 2, 8) == (0, (2, 1), (0, 0), 0)
+    assert _host_units_of(4, Layout(pp=2), (4, 1), 4, 8) == (4, (8, 2), (6, 2), 8)

@@ -126,6 +126,11 @@ def _host_units_of(layers: int, layout: Layout, in_flight: tuple[int, ...], micr
         units = tuple(k * per_chunk for k in in_flight)
     every = micro_batches * layout.vpp
     offloaded = tuple(max(0, u - KEPT_LAYERS) if k == every else u for u, k in zip(units, in_flight))
+    # never more than the (layer, micro-batch) units the rank offloads over the iteration: every one but its last
+    # KEPT_LAYERS (a review: the last stage of pp 2 with a layer a stage and 2 micro-batches offloads nothing, and was
+    # charged a host block; memo-exec's pool, `PipelineSchedule.host_layers`, holds none)
+    offloaded = tuple(min(o, max(0, micro_batches * n - KEPT_LAYERS))
+                      for o, n in zip(offloaded, layout.stage_layer_counts(layers)))
     worst = node_units = 0
     for per in _node_patterns(layout, gpus_per_node):
         gpus = sum(n for _s, n in per)
