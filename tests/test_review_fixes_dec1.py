@@ -35,3 +35,14 @@ def test_a_pipeline_stage_is_charged_no_host_block_for_units_it_never_offloads()
 
     assert _host_units_of(2, Layout(pp=2), (2, 1), 2, 8) == (0, (2, 1), (0, 0), 0)
     assert _host_units_of(4, Layout(pp=2), (4, 1), 4, 8) == (4, (8, 2), (6, 2), 8)
+
+
+def test_an_uneven_split_with_no_pipeline_to_split_is_refused():
+    """--decoder-first-pipeline-num-layers on one GPU: no pipeline is valid, and the what-if answered a single-stage
+    plan without a word (with --pp 1 the same flag was refused in one line) (a review)."""
+    args = ["whatif", "--layers", "4", "--hidden", "256", "--heads", "8", "--ffn", "1024", "--vocab", "1024", "--seq",
+            "2K", "--gpus", "1", "--decoder-first-pipeline-num-layers", "2", "--no-plan", "--jobs", "1"]
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+    assert "--decoder-first/last-pipeline-num-layers: no pipeline layout is valid" in r.output
+    assert "no layout of pp >= 2 over 1 GPU)" in r.output

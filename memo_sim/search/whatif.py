@@ -446,6 +446,12 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
             chunks=chunk_layers, experts=experts, tp_modes=modes, metp_across_nodes=metp_across_nodes, dp_modes=dp_modes,
             rank_orders=rank_orders, schedule_why_not=fw.schedule_why_not,
             floor=(lambda: pipeline_floor(out)) if pipeline_floor is not None and not pipe_flags else None)
+        if uneven_flags and not pc and not what.get("not_built"):  # the split asked for splits nothing searched
+            why = (what.get("state_why") or what.get("why_none") or (pr[0][1] if pr else
+                   f"no layout of pp >= 2 over {gpus} GPU{'s' if gpus > 1 else ''}"))
+            # a review: the flags were dropped without a word where no pipeline was valid (one GPU)
+            raise MemoError(f"--decoder-first/last-pipeline-num-layers: no pipeline layout is valid with the degrees "
+                            f"given ({why}): drop them, or give GPUs and degrees a pipeline of pp >= 2 can split")
         out += pc
         rejected += pr
         unbuilt = (what.get("not_built") or {}).get("schedules", ())  # searched, every family left out by the bound
