@@ -90,7 +90,7 @@ def cli() -> None:
 @click.option("--tokens", "tokens_file", default=None, type=click.Path(dir_okay=False),
               help=".npy or .bin (uint16) token ids; default synthetic")
 @click.option("--dtype", default=None, type=click.Choice(["bf16", "fp32", "fp64"]),
-              help="compute dtype (default bf16 on CUDA, fp32 on CPU)")
+              help="compute dtype (default: the plan's model dtype on CUDA, fp32 on CPU; fp64 on CPU only)")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--lr", default=3e-4, show_default=True, type=float)
 @click.option("--no-memory-plan", is_flag=True, help="ignore plan.memory_plan (caching allocator only)")
@@ -328,12 +328,16 @@ def trace_cmd(plan_file, device, out_file, dtype, attention_backend, target, cud
     if plan.layout.kernel_fusion != "fused":  # the executor's layer runs uncompiled
         raise ExecError(f"plan layout {plan.layout.label()}: kernel_fusion {plan.layout.kernel_fusion}: the executor's "
                         "layer runs uncompiled, so its trace would not be the plan's; plan with fused kernels to trace it")
-    from memo_sim.plan.executor_scope import gemm_why_not, rank_token_rows  # noqa: PLC0415
+    from memo_sim.plan.executor_scope import plan_why_not  # noqa: PLC0415
 
-    why = gemm_why_not(plan.model, plan.layout, plan.schedule,
-                       rank_token_rows(plan.micro_batch or plan.batch, plan.seq_tokens, plan.layout))
-    if why:  # a format the layer does not run as priced: its trace would not be the plan's
+    # the refusals of `memo-exec run` the plan alone decides (`memo_exec.runner.run_model`): a layer the executor
+    # does not build as priced (GEMM format, latent attention, MoE, ...) has no trace of the plan's (a review: an MLA
+    # plan run refuses in one line crashed here in the attention's reshape)
+    why = plan_why_not(plan.model, plan.layout, plan.policy, plan.schedule, plan.batch,
+                       plan.micro_batch or plan.batch, plan.seq_tokens)
+    if why:
         raise ExecError(why)
+    _trace_outputs_writable(plan, device, out_file, cuda_history, write_plan)
     tr = record_layer_trace(plan, device, dtype, attention_backend, target)
     tr.write_json(out_file)
     click.echo(f"wrote {out_file}: {len(tr)} buffers, max live {tr.max_live_bytes() / 2**20:.1f} MiB")
@@ -347,6 +351,32 @@ def trace_cmd(plan_file, device, out_file, dtype, attention_backend, target, cud
         click.echo(f"wrote {write_plan}: arena {plan.memory_plan.transient_arena_bytes / 2**20:.1f} MiB")
 
 
+def _trace_outputs_writable(plan, device, out_file, cuda_history, write_plan) -> None:
+    """Refuse, before anything is recorded or written, what would fail after the trace was written (a review: with
+    --cuda-history on a machine without CUDA, --out was written and the error then named a --device cuda the user
+    never gave; an unwritable --write-plan failed after --out was written): --cuda-history's CUDA device
+    (`memo_exec.trace.record_cuda_history` records on --device, cuda for meta) and every output path
+    (`memo_sim.fileio.check_output_file`: a device node or a folder that cannot be written is one line)."""
+    from memo_sim.fileio import check_output_file  # noqa: PLC0415
+
+    if cuda_history:
+        import torch  # noqa: PLC0415
+
+        on = device if device != "meta" else "cuda"
+        if not on.startswith("cuda"):
+            raise ExecError(f"--cuda-history records the CUDA caching allocator: it needs --device cuda (or meta, "
+                            f"then recorded on cuda), not {device}; give --device cuda or drop --cuda-history")
+        if not torch.cuda.is_available():
+            raise ExecError("--cuda-history records the CUDA caching allocator, which needs a CUDA device, and torch "
+                            "sees none here; drop --cuda-history, or trace on a machine with a GPU")
+        if plan.layout.gpus > 1:
+            raise ExecError(f"plan layout {plan.layout.label()}: --cuda-history records single-device plans only; "
+                            f"drop --cuda-history")
+    for field, path in (("--out", out_file), ("--cuda-history", cuda_history), ("--write-plan", write_plan)):
+        if path:
+            check_output_file(path, field)
+
+
 @cli.command("validate", help="Predict a set of plans with a (calibrated) profile, run each in its own process, "
              "and tabulate predicted vs measured (validation.md, validation.json).")
 @click.option("--profile", "profile_name", required=True, help="hardware profile to predict with: a name or a "
@@ -355,10 +385,10 @@ def trace_cmd(plan_file, device, out_file, dtype, attention_backend, target, cud
               help="preset or model .yaml/.json; default a 4-layer toy (the last 2 layers of every policy stay on the "
                    "device, so the first 2 are offloaded or recomputed)")
 @click.option("--layers", type=click.IntRange(min=1), default=None)
-@click.option("--hidden", type=int, default=None)
-@click.option("--heads", type=int, default=None)
-@click.option("--ffn", type=int, default=None)
-@click.option("--vocab", type=int, default=None)
+@click.option("--hidden", type=click.IntRange(min=1), default=None)  # 0 refused, not read as "the toy's"
+@click.option("--heads", type=click.IntRange(min=1), default=None)
+@click.option("--ffn", type=click.IntRange(min=1), default=None)
+@click.option("--vocab", type=click.IntRange(min=1), default=None)
 @click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default=None,
               help="model dtype (default bf16 on CUDA, fp32 on CPU)")
 @click.option("--dp", type=click.IntRange(min=1), default=1, show_default=True,
@@ -403,7 +433,7 @@ def validate_cmd(profile_name, model_name, layers, hidden, heads, ffn, vocab, dt
 
     import torch
 
-    from memo_exec.validate import plan_set, summary_line, validate
+    from memo_exec.validate import check_outputs, comma_items, plan_set, summary_line, validate
     from memo_sim.layout.parallel import Layout
     from memo_sim.model.config import get_model, with_overrides
     from memo_sim.profile.loader import load_profile
@@ -416,12 +446,12 @@ def validate_cmd(profile_name, model_name, layers, hidden, heads, ffn, vocab, dt
     base = get_model(model_name) if model_name else TOY_MODEL
     model = with_overrides(base, rename=False, layers=layers or None, hidden=hidden or None, heads=heads or None,
                            ffn=ffn or None, vocab=vocab or None, dtype=dtype or ("bf16" if dev.startswith("cuda") else "fp32"))
-    seq_list = [parse_count(s.strip(), "--seqs") for s in seqs.split(",") if s.strip()]
+    seq_list = [parse_count(s, "--seqs") for s in comma_items(seqs, "--seqs", "length", "1K,2K")]
     try:
-        alpha_list = [a.strip() if a.strip() == "sim" else float(a) for a in alphas.split(",") if a.strip()]
+        alpha_list = [a if a == "sim" else float(a) for a in comma_items(alphas, "--alphas", "alpha", "0.25,0.5,sim")]
     except ValueError:
         raise click.BadParameter("expected comma-separated numbers or 'sim'", param_hint="--alphas") from None
-    pols = [p.strip() for p in policies.split(",") if p.strip()]
+    pols = comma_items(policies, "--policies", "policy", "store_all,memo")
     layout = Layout(dp=dp, ep=ep, tp=tp, sp=tp > 1, cp=cp, pp=pp)
     from memo_sim.layout.parallel import expert_why_not  # noqa: PLC0415
 
@@ -454,6 +484,7 @@ def validate_cmd(profile_name, model_name, layers, hidden, heads, ffn, vocab, dt
         res = memo_alpha(model, layout, 1, seq, profile)
         return (res.alpha if res.feasible else None), res.reason()
 
+    check_outputs(out_dir, report_path, profile, dev, record)  # every output path, before any plan is predicted
     plans = plan_set(seq_list, pols, alpha_list, alpha_for)
     command = "memo-exec " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     if progress is None:

@@ -167,6 +167,44 @@ def plan_set(seqs: list[int], policies: list[str], alphas: list, alpha_for=None)
     return out
 
 
+def comma_items(text: str, flag: str, what: str, example: str) -> list[str]:
+    """The stripped items of a comma-separated option; an empty item (``1K,,2K``, a trailing comma, nothing at all)
+    is refused in one line naming ``flag``, as memo-sim refuses it (`memo_sim.cli.simulate.sweep_seq_cmd`'s
+    "an empty length between commas"), instead of being dropped silently."""
+    items = [t.strip() for t in text.split(",")]
+    if not all(items):
+        raise ExecError(f"{flag} {text!r}: an empty {what} between commas; give a list like {example}")
+    return items
+
+
+REPORT_NAME, JSON_NAME, FIGURE_NAME = "validation.md", "validation.json", "worst-gantt.png"  # written into --out
+
+
+def check_outputs(out_dir: str | Path, report_path: str | Path | None, profile: HardwareProfile, device: str,
+                  record: bool) -> None:
+    """Refuse, before any plan is predicted or run, an output that could not be written (a review: ``--report`` in
+    a folder that could not be written failed after every run, leaving plans/, runs/ and a figure behind; ``--out
+    afile/sub`` was exit status 1 naming no option): ``--report``, the profile's file where the validation is
+    recorded in it, each file `validate` writes into ``--out``, its plans/ and runs/ folders, and ``--out`` itself
+    (`memo_sim.fileio.OutputFolder`'s check, the one ``memo-exec run --out`` makes: a folder created and written,
+    nothing else left). One line naming the option, exit status 2."""
+    from memo_sim.fileio import OutputFolder, check_output_file, check_output_folder  # noqa: PLC0415
+
+    out = Path(out_dir)
+    check_output_folder(out, "--out")
+    if report_path:
+        check_output_file(report_path, "--report")
+    if record and not_recorded_why(profile, str(device)) is None:  # the file its validation block goes into
+        check_output_file(profile.path, "--profile", "; or pass --no-record")
+    for name in (JSON_NAME, FIGURE_NAME) + (() if report_path else (REPORT_NAME,)):
+        check_output_file(out / name, "--out")
+    for sub in ("plans", "runs"):
+        if (out / sub).exists() and not (out / sub).is_dir():
+            raise ExecError(f"--out {out}: {out / sub} is a file where validate writes a folder; move it away or "
+                            f"choose another --out")
+    OutputFolder(out, "memo-exec validate").discard()
+
+
 def batch_split(layout: Layout | None, micro_batches: int = 1) -> tuple[int, int, str]:
     """(sequences per replica, per micro-batch, schedule) of a validation plan: one sequence, or under a
     pipeline ``micro_batches`` micro-batches of one sequence through 1F1B (interleaved with vpp > 1)."""
@@ -750,6 +788,7 @@ def validate(model: ModelConfig, profile: HardwareProfile, plans: list[PlanSpec]
     writing the report."""
     if not plans:
         raise ExecError("no plans to validate: give at least one sequence length and policy")
+    check_outputs(out_dir, report_path, profile, device, record)  # before any plan is predicted, written or run
     out = Path(out_dir)
     load0 = _load_1min()
     with CpuShareMeter() as share:
@@ -784,14 +823,14 @@ def validate(model: ModelConfig, profile: HardwareProfile, plans: list[PlanSpec]
         if worst.predicted_timeline is not None and measured.exists():
             mt = Timeline.read_json(measured)
             dev = mt.meta.get("device") or device
-            figure = str(overlay_gantt(worst.predicted_timeline, mt, out / "worst-gantt.png",
+            figure = str(overlay_gantt(worst.predicted_timeline, mt, out / FIGURE_NAME,
                                        f"{worst.label}: predicted vs measured"))
-    target = Path(report_path) if report_path else out / "validation.md"
+    target = Path(report_path) if report_path else out / REPORT_NAME
     if figure is not None:  # a link relative to the report, which may lie elsewhere (--report)
         figure = os.path.relpath(os.path.abspath(figure), os.path.dirname(os.path.abspath(target)))
     text = render_report(rows, summary, model, profile, str(dev), command, figure, layout)
     atomic_write_text(target, text)
-    json_path = atomic_write_json(out / "validation.json", {
+    json_path = atomic_write_json(out / JSON_NAME, {
         "model": model.to_dict(), "layout": (layout or Layout()).label(), "profile": profile.name,
         "profile_path": profile.path, "device": str(dev),
         "command": command, "summary": summary, "rows": [r.to_dict() for r in rows]})

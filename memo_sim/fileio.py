@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -24,11 +25,109 @@ def _umask() -> int:
     return mask
 
 
+class NotAFileError(MemoError):
+    """An output path that names something other than a regular file (a device, a named pipe, a socket): the
+    atomic write (a temporary file renamed over it) would replace that node with a file, so it is refused."""
+
+
+def _kind(mode: int) -> str | None:
+    """What a file of ``mode`` (``st_mode``) is, in words, or None for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    for test, words in ((stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"),
+                        (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
+                        (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return words
+    return "not a regular file"
+
+
+def write_target(path: str | os.PathLike) -> tuple[Path, str | None]:
+    """``(the file a write of path replaces, why that is refused or None)``, changing nothing. A symbolic link is
+    followed (``os.path.realpath``) and its target is written, the link kept, as ``open(path, "w")`` would (a
+    review: ``--out link.json`` replaced the link with a file and left its target as it was); a link that loops is
+    refused. An existing target that is not a regular file (a folder, a device such as a copy of /dev/null, a named
+    pipe, a socket) is refused: the rename of `atomic_write_bytes` would replace that node with a plain file (a
+    review: ``--out fakenull``, a character device, became a regular file)."""
+    p = Path(path)
+    if os.path.islink(p):
+        p = Path(os.path.realpath(p))
+        if os.path.islink(p):  # realpath stops at a link it cannot resolve (a loop)
+            return p, "is a symbolic link that loops; give the path of a file"
+    try:
+        mode = os.stat(p).st_mode
+    except OSError:  # not there yet (the write creates it), or unreachable (the write says why, naming it)
+        return p, None
+    kind = _kind(mode)
+    if kind is None:
+        return p, None
+    if kind == "a folder":
+        return p, "is a folder; give the path of a file"
+    return p, (f"is {kind}, not a regular file; memo writes an output by renaming a new file over the old one, "
+               f"which would replace it: give the path of a regular file")
+
+
+def check_output_file(path: str | os.PathLike, field: str, fix: str = "") -> Path:
+    """Refuse, before any work and writing nothing, an output file that `atomic_write_bytes` could not write: one
+    line naming ``field`` (the option, e.g. ``--report``) and the fix (``fix`` added to it, e.g. "or pass
+    --no-record"): a target that is not a regular file (`write_target`), or a folder on the way that is a file or
+    that this process cannot write in (``os.access``: no permission, or a read-only mount). Returns the file a write
+    replaces."""
+    target, why = write_target(path)
+    if why:
+        raise NotAFileError(f"{field} {path}: {why}{fix}")
+    folder = target.parent
+    while not folder.exists() and folder != folder.parent:  # the first folder there: the write creates the rest
+        folder = folder.parent
+    if not folder.is_dir():
+        raise MemoError(f"{field} {path}: cannot write there ({folder} is a file, not a folder); choose a path you "
+                        f"can write{fix}")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise MemoError(f"{field} {path}: cannot write there ({folder} is read-only or not ours to write in); "
+                        f"choose a path you can write{fix}")
+    return target
+
+
+def check_output_folder(out: str | os.PathLike, field: str) -> None:
+    """Refuse, before any work and creating nothing, an output folder that cannot be made or written: one line
+    naming ``field`` in the words of `OutputFolder`'s own check (which probes by creating its stage, so a command
+    that checks its files first leaves nothing behind when one of them is refused)."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise MemoError(f"{field} {out}: exists and is not a folder; choose a folder")
+    folder = out
+    while not folder.exists() and folder != folder.parent:  # the first folder there: the command creates the rest
+        folder = folder.parent
+    why = (f"{folder} is a file, not a folder" if not folder.is_dir() else
+           None if os.access(folder, os.W_OK | os.X_OK) else f"{folder} is read-only or not ours to write in")
+    if why:
+        raise MemoError(f"{field} {out}: cannot write there ({why}); choose a folder you can write")
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """Write ``data`` to ``path`` via a temporary file in the same folder and a rename; the file
-    gets the permissions a plain ``open`` would give it (0666 less the umask)."""
+    gets the permissions a plain ``open`` would give it (0666 less the umask). A symbolic link's target is
+    written (the link kept); a path that is not a regular file is refused (`write_target`): a folder with the
+    operating system's error (IsADirectoryError), a device, named pipe or socket with `NotAFileError`, before
+    anything is written."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    target, why = write_target(path)
+    if why and os.path.isdir(target):  # as the rename would fail over it, naming the path asked for
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+    if why:
+        raise NotAFileError(f"{path}: {why}")
+    if target != path:  # a link: write its target, in the target's folder (the rename stays on one file system)
+        try:
+            _atomic_write(target, data)
+        except OSError as e:
+            raise _named(e, path) from None
+        return path
+    return _atomic_write(path, data)
+
+
+def _atomic_write(path: Path, data: bytes) -> Path:
+    """The temporary file in ``path``'s folder, written, synced and renamed over ``path``."""
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as e:
@@ -178,8 +277,10 @@ class OutputFolder:
             where.mkdir(parents=True, exist_ok=True)
             self.stage = Path(tempfile.mkdtemp(prefix=f".{self.out.name or 'out'}.", suffix=".partial", dir=where))
         except OSError as e:  # the user's choice of folder, checked before any work: bad input
-            raise MemoError(f"--out {self.out}: cannot write there ({e.strerror or e}); choose a folder you can "
-                            f"write") from None
+            # a file on the way (afile/sub): mkdir says "File exists" of it; say which path is a file
+            file = next((p for p in (where, *where.parents) if p.exists() and not p.is_dir()), None)
+            why = f"{file} is a file, not a folder" if file is not None else (e.strerror or e)
+            raise MemoError(f"--out {self.out}: cannot write there ({why}); choose a folder you can write") from None
         self._check_space(need_bytes)
 
     def _check_space(self, need_bytes: int) -> None:

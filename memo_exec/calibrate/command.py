@@ -19,6 +19,7 @@ import click
 
 from memo_exec.errors import user_errors
 from memo_sim.errors import MemoError, usage_line
+from memo_sim.fileio import check_output_file, check_output_folder
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 DEFAULT_OUT = "hardware_profiles"
@@ -51,10 +52,16 @@ def calibrate(name: str, device: str = "auto", quick: bool = False, out_dir: str
     if not name or not NAME_RE.match(name):
         raise MemoError(f"--name must be letters, digits, '.', '_' or '-' (a file name), got {name!r}")
     path = Path(out_dir) / f"{name}.yaml"
-    if path.exists() and not force:
-        raise MemoError(f"{path} exists; pass --force to overwrite it or choose another --name")
     if Path(out_dir).exists() and not Path(out_dir).is_dir():
         raise MemoError(f"--out-dir {out_dir} is not a folder")
+    # every output path before any measurement, writing nothing (a review: --out-dir afile/sub and --raw-out in a
+    # folder that could not be written failed after minutes of measuring)
+    check_output_folder(out_dir, "--out-dir")
+    check_output_file(path, "--out-dir")
+    if raw_out:
+        check_output_file(raw_out, "--raw-out")
+    if path.exists() and not force:
+        raise MemoError(f"{path} exists; pass --force to overwrite it or choose another --name")
     opts = CalibrateOptions(name=name, device=device, quick=quick, peak_tflops=peak_tflops,
                             attention_backend=attention_backend,
                             cpu_budget_bytes=parse_bytes(gpu_memory, "--gpu-memory") if gpu_memory else None,
