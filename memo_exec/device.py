@@ -58,7 +58,7 @@ def resolve_device(name: str | None) -> DeviceSpec:
 
 
 def compute_dtype(model_dtype: str, device: DeviceSpec, override: str | None = None) -> torch.dtype:
-    """bf16 on CUDA (the plan's dtype), fp32 on CPU unless ``override`` (fp32|fp64|bf16) says otherwise."""
+    """The plan's model dtype on CUDA, fp32 on CPU, unless ``override`` (fp32|fp64|bf16) says otherwise."""
     if override is not None:
         if override not in DTYPES:
             raise ExecError(f"--dtype must be one of {', '.join(DTYPES)}, got {override!r}")
